@@ -1,0 +1,1 @@
+"""accumguard: gradient accumulation that equals the large batch."""
