@@ -1,1 +1,50 @@
-"""accumguard: gradient accumulation that equals the large batch."""
+"""accumguard: gradient accumulation that provably equals the large batch.
+
+The public API is small: :class:`Accumulator` drives any supported engine
+correctly; :class:`Boundary` is the framework-free state machine behind it;
+:func:`run_on_ranks` runs a function on real distributed ranks;
+:func:`reference_run` is the single-process truth everything is compared to.
+Optional parts (DeepSpeed, plots, the CLI) are imported only when used.
+"""
+
+from accumguard.accumulator import AccumulationConfig, Accumulator, StepResult, Window
+from accumguard.core import Boundary
+from accumguard.engines import Engine, resolve_engine
+from accumguard.errors import (
+    AccumguardError,
+    AccumguardWarning,
+    AccumulationError,
+    ConfigError,
+    DistributedError,
+    RankFailedError,
+    RankTimeoutError,
+    UsageError,
+)
+from accumguard.launch import run_on_ranks
+from accumguard.reference import reference_run, relative_update_error
+from accumguard.scaling import GradReduction, loss_scale
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AccumguardError",
+    "AccumguardWarning",
+    "AccumulationConfig",
+    "AccumulationError",
+    "Accumulator",
+    "Boundary",
+    "ConfigError",
+    "DistributedError",
+    "Engine",
+    "GradReduction",
+    "RankFailedError",
+    "RankTimeoutError",
+    "StepResult",
+    "UsageError",
+    "Window",
+    "loss_scale",
+    "reference_run",
+    "relative_update_error",
+    "resolve_engine",
+    "run_on_ranks",
+]

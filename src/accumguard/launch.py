@@ -22,6 +22,7 @@ import contextlib
 import datetime
 import multiprocessing as mp
 import os
+import pickle
 import queue
 import signal
 import tempfile
@@ -87,7 +88,9 @@ def _worker(
         try:
             value = fn(rank, world_size, *args)
             # Report before the teardown barrier, so a hang is blamed on the rank that hung.
-            results.put((rank, "ok", value))
+            # Plain pickle: torch's queue pickler would pass tensors as shared-memory handles
+            # that die with this process.
+            results.put((rank, "ok", pickle.dumps(value)))
         finally:
             with contextlib.suppress(Exception):
                 dist.barrier()
@@ -184,7 +187,7 @@ def run_on_ranks(
                     continue
             if status == "error":
                 raise RankFailedError(rank, value)
-            out[rank] = value
+            out[rank] = pickle.loads(value)
         for p in procs:
             p.join(timeout=10)
         return [out[r] for r in range(world_size)]

@@ -1,0 +1,110 @@
+"""The contract every engine adapter fulfils.
+
+An adapter translates the Accumulator's four questions into one engine's API:
+
+1. *How do I run a micro-step?* :meth:`Engine.micro_step` returns the context
+   that forward **and** backward run in (DDP's ``no_sync`` must span the
+   forward, or the next backward syncs anyway: failure class F11).
+2. *What does your reduction do to gradients?* :meth:`Engine.reduction` is
+   data (:class:`~accumguard.scaling.GradReduction`); the Accumulator composes
+   it with K, N and W in :func:`~accumguard.scaling.loss_scale`.
+3. *What happens at the boundary?* :meth:`sync`, :meth:`clip_grad_norm`,
+   :meth:`optimizer_step`, :meth:`zero_grad`, called in that order.
+4. *How many gradient collectives did you issue?* :meth:`grad_collectives`.
+
+To add an engine: subclass :class:`Engine` in a new module of this package,
+implement the abstract methods, and teach :func:`accumguard.engines.resolve_engine`
+to recognise its wrapped model type.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from accumguard.scaling import GradReduction
+
+__all__ = ["Engine", "dist_info"]
+
+
+def dist_info(process_group: Any = None) -> tuple[int, int]:
+    """``(rank, world_size)`` in ``process_group``, or ``(0, 1)`` outside torch.distributed."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return 0, 1
+    return dist.get_rank(process_group), dist.get_world_size(process_group)
+
+
+class Engine(ABC):
+    """One training engine, driven by the Accumulator through a fixed protocol.
+
+    Subclasses set ``name`` and ``sync_mode`` ("deferred": one gradient
+    reduction per window; "eager": one per micro-step; "none": single process).
+    """
+
+    name: str = "engine"
+    sync_mode: str = "none"
+
+    def __init__(self, model: torch.nn.Module, *, process_group: Any = None) -> None:
+        self.model = model
+        self.process_group = process_group
+        self.rank, self.world_size = dist_info(process_group)
+
+    # -- lifecycle ---------------------------------------------------------
+    def bind(self, optimizer: torch.optim.Optimizer | None, accumulation_steps: int) -> None:  # noqa: B027
+        """Called once by the Accumulator before the first micro-step."""
+
+    def close(self) -> None:  # noqa: B027
+        """Restore every engine setting this adapter changed (previous values, not defaults)."""
+
+    @property
+    def device(self) -> torch.device:
+        """Where small bookkeeping tensors (counts) must live for this engine's collectives."""
+        for p in self.model.parameters():
+            return p.device
+        return torch.device("cpu")
+
+    # -- the four questions ----------------------------------------------------
+    @abstractmethod
+    def reduction(self) -> GradReduction:
+        """What the engine's reduction does to gradients (as data, for :func:`loss_scale`)."""
+
+    @contextlib.contextmanager
+    def micro_step(self, *, is_last: bool) -> Iterator[None]:
+        """Context that a micro-step's forward and backward both run in."""
+        yield
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backpropagate an already scaled loss."""
+        loss.backward()
+
+    def sync(self) -> None:  # noqa: B027
+        """Finish any gradient reduction still pending at the boundary."""
+
+    def parameters_with_grad(self) -> list[torch.Tensor]:
+        return [p for p in self.model.parameters() if p.grad is not None]
+
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        """Clip by the *global* norm of the synchronised gradient; return the norm before clipping."""
+        return torch.nn.utils.clip_grad_norm_(self.parameters_with_grad(), max_norm)
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, scaler: Any = None) -> None:
+        if scaler is not None:
+            scaler.step(optimizer)
+        else:
+            optimizer.step()
+
+    def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
+        optimizer.zero_grad(set_to_none=True)
+
+    def grad_collectives(self) -> int | None:
+        """Gradient collectives issued so far, or ``None`` if this engine cannot count them."""
+        return 0 if self.world_size == 1 else None
+
+    def describe(self) -> str:
+        return f"{self.name} (sync={self.sync_mode}, world={self.world_size})"

@@ -1,0 +1,90 @@
+"""``DistributedDataParallel``: averages gradients over ranks during backward.
+
+DDP decides whether a backward all-reduces when the *forward* runs (it reads
+``require_backward_grad_sync`` there), so a deferred micro-step puts forward
+and backward inside ``no_sync()``. The adapter counts DDP's bucket all-reduces
+through a communication hook that does exactly what DDP's built-in reduction
+does (divide by W, all-reduce SUM), so counting does not change the numbers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from accumguard.engines.base import Engine
+from accumguard.errors import ConfigError
+from accumguard.scaling import GradReduction
+
+
+class _CommCounter:
+    """State of the counting comm hook: bucket all-reduces and backward passes that synced."""
+
+    def __init__(self, process_group: Any) -> None:
+        self.process_group = process_group
+        self.bucket_reductions = 0
+        self.sync_rounds = 0
+
+
+def _counting_allreduce(state, bucket):  # noqa: ANN001 - DDP rejects string annotations here
+    """DDP's own reduction (divide by W, all-reduce SUM), counted."""
+    state.bucket_reductions += 1
+    if bucket.is_last():
+        state.sync_rounds += 1
+    group = state.process_group if state.process_group is not None else dist.group.WORLD
+    tensor = bucket.buffer()
+    tensor.div_(group.size())
+    work = dist.all_reduce(tensor, group=group, async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0])
+
+
+class DDPEngine(Engine):
+    """Adapter for a ``DistributedDataParallel``-wrapped model.
+
+    ``sync="deferred"`` (default) runs micro-steps 1..K-1 under ``no_sync``:
+    one all-reduce round per optimizer step. ``sync="eager"`` reduces every
+    micro-step (K rounds; only useful to compare). ``count_collectives``
+    installs the counting hook; turn it off if you register your own hook.
+    """
+
+    name = "ddp"
+
+    def __init__(self, model: DistributedDataParallel, *, sync: str = "deferred",
+                 count_collectives: bool = True) -> None:
+        if not isinstance(model, DistributedDataParallel):
+            raise ConfigError(
+                f"DDPEngine needs a DistributedDataParallel model, got {type(model).__name__}; "
+                "wrap it first: model = DistributedDataParallel(model)"
+            )
+        if sync not in ("deferred", "eager"):
+            raise ConfigError(f"sync ({sync!r}) must be 'deferred' or 'eager'")
+        super().__init__(model, process_group=model.process_group)
+        self.sync_mode = sync
+        self._counter: _CommCounter | None = None
+        if count_collectives:
+            counter = _CommCounter(model.process_group)
+            model.register_comm_hook(counter, _counting_allreduce)
+            self._counter = counter
+
+    def reduction(self) -> GradReduction:
+        return GradReduction(world_size=self.world_size, averages_over_ranks=True)
+
+    @contextlib.contextmanager
+    def micro_step(self, *, is_last: bool) -> Iterator[None]:
+        if is_last or self.sync_mode == "eager":
+            yield
+        else:
+            with self.model.no_sync():
+                yield
+
+    def grad_collectives(self) -> int | None:
+        return None if self._counter is None else self._counter.sync_rounds
+
+    @property
+    def bucket_reductions(self) -> int | None:
+        """Individual bucket all-reduces (a large model has several buckets per sync round)."""
+        return None if self._counter is None else self._counter.bucket_reductions

@@ -1,0 +1,19 @@
+"""Single process, plain ``nn.Module``: the engine does nothing to gradients."""
+
+from __future__ import annotations
+
+from accumguard.engines.base import Engine
+from accumguard.scaling import GradReduction
+
+
+class LocalEngine(Engine):
+    """A model trained in one process (or replicated by hand: then no rank averaging happens)."""
+
+    name = "local"
+    sync_mode = "none"
+
+    def reduction(self) -> GradReduction:
+        return GradReduction(world_size=1, averages_over_ranks=False)
+
+    def grad_collectives(self) -> int:
+        return 0

@@ -1,0 +1,86 @@
+"""Small built-in model and deterministic synthetic data (no downloads, ever).
+
+Token-level data with padding and an ignore index, so every micro-batch and
+every rank holds a different number of valid tokens: the setting in which
+mean-of-means bugs (F5, F6) show up.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["IGNORE_INDEX", "TokenMLP", "make_rank_batches", "token_loss", "count_tokens",
+           "windows_for_reference"]
+
+IGNORE_INDEX = -100
+
+
+class TokenMLP(nn.Module):
+    """Per-token classifier: embedding → MLP → vocabulary logits. Tiny and fast on CPU."""
+
+    def __init__(self, vocab: int = 32, dim: int = 16, hidden: int = 32) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.fc1 = nn.Linear(dim, hidden)
+        self.fc2 = nn.Linear(hidden, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.tanh(self.fc1(self.embed(tokens))))
+
+
+def token_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Any]:
+    """Sum of per-token cross-entropies over valid tokens, and the number of valid tokens."""
+    logits = model(batch["tokens"])
+    labels = batch["labels"]
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
+                           ignore_index=IGNORE_INDEX, reduction="sum")
+    return loss, (labels != IGNORE_INDEX).sum()
+
+
+def count_tokens(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Valid (non-ignored) tokens of a micro-batch: the ``count_fn`` for :func:`token_loss`."""
+    return (batch["labels"] != IGNORE_INDEX).sum()
+
+
+def make_rank_batches(*, seed: int, world_size: int, micro_batches: int, micro_batch_size: int = 4,
+                      seq_len: int = 12, vocab: int = 32, uneven: bool = True,
+                      vary_batch_size: bool = False) -> list[list[dict[str, torch.Tensor]]]:
+    """``out[rank][i]``: micro-batch i of ``rank``; identical on every process for one seed.
+
+    ``uneven`` gives each sequence a random valid length (padding labelled
+    :data:`IGNORE_INDEX`); ``vary_batch_size`` also varies the number of rows.
+    """
+    g = torch.Generator().manual_seed(seed)
+    out: list[list[dict[str, torch.Tensor]]] = []
+    for _ in range(world_size):
+        rank_batches = []
+        for _ in range(micro_batches):
+            rows = micro_batch_size
+            if vary_batch_size:
+                rows = int(torch.randint(1, micro_batch_size + 1, (1,), generator=g))
+            tokens = torch.randint(0, vocab, (rows, seq_len), generator=g)
+            labels = torch.roll(tokens, -1, dims=1) * 7 % vocab
+            if uneven:
+                lengths = torch.randint(1, seq_len + 1, (rows,), generator=g)
+                mask = torch.arange(seq_len)[None, :] >= lengths[:, None]
+                labels = labels.masked_fill(mask, IGNORE_INDEX)
+            rank_batches.append({"tokens": tokens, "labels": labels})
+        out.append(rank_batches)
+    return out
+
+
+def windows_for_reference(rank_batches: list[list[Any]], accumulation_steps: int,
+                          drop_last_window: bool = False) -> list[list[Any]]:
+    """All ranks' micro-batches of each window, in the order a K-window loop consumes them."""
+    n = len(rank_batches[0])
+    windows = []
+    for start in range(0, n, accumulation_steps):
+        stop = min(start + accumulation_steps, n)
+        if drop_last_window and stop - start < accumulation_steps:
+            break
+        windows.append([b for rank in rank_batches for b in rank[start:stop]])
+    return windows

@@ -1,0 +1,120 @@
+"""Shared pieces of the equivalence tests: a grid case, its data, its reference, its errors.
+
+Workers (run on real ranks via :func:`accumguard.run_on_ranks`) train and return
+parameter snapshots; the parent process computes the independent single-process
+reference and the relative update errors. Engine tests reuse all of this.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from accumguard.reference import ReferenceRun, reference_run, relative_update_error
+from accumguard.toy import TokenMLP, make_rank_batches, token_loss, windows_for_reference
+
+# fp32 target vs fp64 reference, relative to the update: the mission's criterion.
+FP32_UPDATE_TOL = 1e-5
+# A broken loop must be off by at least this much for the comparison to mean anything.
+BROKEN_MIN_ERROR = 1e-2
+
+
+@dataclass(frozen=True)
+class Case:
+    """One point of the equivalence grid."""
+
+    accumulation_steps: int = 4
+    micro_batches: int = 8  # per rank; not a multiple of K leaves a partial final window
+    optimizer: str = "sgd"
+    scheduler: bool = False
+    max_grad_norm: float | None = None
+    scaler: bool = False
+    uneven: bool = True
+    vary_batch_size: bool = False
+    normalization: str = "sum"
+    drop_last_window: bool = False
+    sync: str = "deferred"
+    seed: int = 0
+
+    def with_(self, **kw: Any) -> Case:
+        return replace(self, **kw)
+
+
+def make_model(case: Case) -> torch.nn.Module:
+    torch.manual_seed(1000 + case.seed)
+    return TokenMLP()
+
+
+def make_data(case: Case, world_size: int) -> list[list[dict[str, torch.Tensor]]]:
+    return make_rank_batches(seed=case.seed, world_size=world_size,
+                             micro_batches=case.micro_batches, uneven=case.uneven,
+                             vary_batch_size=case.vary_batch_size)
+
+
+def make_optimizer(case: Case, params: Any) -> torch.optim.Optimizer:
+    if case.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=0.5, momentum=0.9)
+    if case.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1)
+    raise AssertionError(case.optimizer)
+
+
+def make_scheduler(case: Case, opt: torch.optim.Optimizer) -> Any:
+    if not case.scheduler:
+        return None
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1.0 + s))
+
+
+def reference_for(case: Case, world_size: int) -> ReferenceRun:
+    data = make_data(case, world_size)
+    windows = windows_for_reference(data, case.accumulation_steps, case.drop_last_window)
+    return reference_run(
+        make_model(case), lambda p: make_optimizer(case, p), windows, token_loss,
+        make_scheduler=(lambda o: make_scheduler(case, o)) if case.scheduler else None,
+        max_grad_norm=case.max_grad_norm)
+
+
+def update_errors(case: Case, world_size: int,
+                  snapshots: list[dict[str, torch.Tensor]]) -> list[float]:
+    """Relative update error after every optimizer step (asserts the step count matches)."""
+    ref = reference_for(case, world_size)
+    assert len(snapshots) == len(ref.params), (
+        f"{case}: {len(snapshots)} optimizer steps, reference took {len(ref.params)}")
+    return [relative_update_error(ref.initial, s, r) for s, r in zip(snapshots, ref.params,
+                                                                    strict=True)]
+
+
+def train_with_accumulator(case: Case, model: torch.nn.Module, engine: Any,
+                           batches: list[Any], optimizer: Any = None,
+                           scheduler: Any = None) -> tuple[list[dict], list[int | None], Any]:
+    """Run ``case`` through an Accumulator; return per-step snapshots, collectives per step,
+    and the Accumulator. ``engine`` is an Engine instance or name."""
+    from accumguard import Accumulator
+    from accumguard.reference import flat_params
+    from accumguard.toy import count_tokens
+
+    opt = optimizer if optimizer is not None else make_optimizer(case, model.parameters())
+    sched = scheduler if scheduler is not None else make_scheduler(case, opt)
+    scaler = torch.amp.GradScaler("cpu") if case.scaler else None
+    acc = Accumulator(
+        model, opt, accumulation_steps=case.accumulation_steps, engine=engine,
+        scheduler=sched, scaler=scaler, max_grad_norm=case.max_grad_norm,
+        normalization=case.normalization,
+        count_fn=count_tokens if case.normalization == "sum" else None,
+        drop_last_window=case.drop_last_window)
+
+    def loss(batch: Any) -> torch.Tensor:
+        s, n = token_loss(model, batch)
+        return s if case.normalization == "sum" else s / n
+
+    snaps: list[dict] = []
+    colls: list[int | None] = []
+    for window in acc.windows(batches):
+        before = acc.grad_collectives
+        window.run(loss)
+        after = acc.grad_collectives
+        colls.append(None if after is None or before is None else after - before)
+        snaps.append(flat_params(model))
+    return snaps, colls, acc
