@@ -233,6 +233,7 @@ class Accumulator:
         self.count_fn = count_fn or batch_size
         self.callbacks = list(on_boundary)
         self.engine.bind(optimizer, accumulation_steps)
+        self.engine.check_options(max_grad_norm=max_grad_norm, scaler=scaler, scheduler=scheduler)
         self._boundary = Boundary(accumulation_steps, reducer=self.engine.sync,
                                   stepper=self._step)
         self._active: MicroStep | None = None

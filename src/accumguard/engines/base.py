@@ -59,6 +59,11 @@ class Engine(ABC):
     def bind(self, optimizer: torch.optim.Optimizer | None, accumulation_steps: int) -> None:  # noqa: B027
         """Called once by the Accumulator before the first micro-step."""
 
+    def check_options(self, *, max_grad_norm: float | None, scaler: Any = None,  # noqa: B027
+                      scheduler: Any = None) -> None:
+        """Called once by the Accumulator after :meth:`bind`: raise ConfigError for options
+        this engine cannot honour (e.g. DeepSpeed clips and scales losses itself)."""
+
     def close(self) -> None:  # noqa: B027
         """Restore every engine setting this adapter changed (previous values, not defaults)."""
 
