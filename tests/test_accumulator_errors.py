@@ -56,19 +56,17 @@ def test_loss_not_scalar() -> None:
     micro = next(iter(window))
     with pytest.raises(UsageError, match=r"scalar loss tensor, got a tensor of shape"), micro:
         micro.backward(model(micro.batch["tokens"]).sum(-1))
-    with pytest.raises(UsageError, match="got a float"):
-        with micro:
-            micro.backward(1.0)  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="got a float"), micro:
+        micro.backward(1.0)  # type: ignore[arg-type]
 
 
 def test_backward_twice() -> None:
     model, _, acc, data = _setup()
     window = next(acc.windows(data))
     micro = next(iter(window))
-    with pytest.raises(UsageError, match="backward\\(\\) called twice in micro-step 0"):
-        with micro:
-            micro.backward(token_loss(model, micro.batch)[0])
-            micro.backward(token_loss(model, micro.batch)[0])
+    with pytest.raises(UsageError, match="backward\\(\\) called twice in micro-step 0"), micro:
+        micro.backward(token_loss(model, micro.batch)[0])
+        micro.backward(token_loss(model, micro.batch)[0])
 
 
 def test_micro_step_without_backward() -> None:
