@@ -1,0 +1,201 @@
+"""FSDP2 (``fully_shard``): gradients are reduce-scattered into sharded DTensor grads.
+
+Two sync modes, both exact:
+
+* ``deferred`` (default): micro-steps 1..K-1 run with
+  ``set_requires_gradient_sync(False)`` and ``set_is_last_backward(False)``, so
+  each rank keeps the *unsharded* gradient and accumulates into it; the last
+  micro-step reduce-scatters once. One reduce-scatter round per optimizer step,
+  but unsharded-gradient memory during the window.
+* ``eager``: every micro-step reduce-scatters and FSDP2 accumulates into the
+  sharded gradient. K rounds per step, sharded-gradient memory only.
+
+**Why sum, not FSDP2's average.** FSDP2 divides by the data-parallel size by
+default; the adapter instead sets the gradient divide factor to 1.0 on *every*
+FSDP module (the setter is per module, it does not recurse) and declares
+``averages_over_ranks=False``: the loss of each micro-step is then scaled by
+exactly 1/N and the reduction is a plain sum, so one factor is applied once.
+Keeping the average would mean scaling the loss by W/N and letting the
+collective divide by W: two roundings that cancel only when W is a power of
+two, and a divisor that depends on the mesh (HSDP divides by shard × replicate
+size) and on any factor the user set before. The sum needs none of that. Gloo has no
+``PREMUL_SUM``, which FSDP2 uses for a custom factor, so on gloo the adapter
+also sets ``set_force_sum_reduction_for_comms(True)`` (a SUM collective and a
+no-op division by 1.0); on NCCL it leaves that switch alone.
+
+Every FSDP2 setting the adapter touches is read from the FSDP state first and
+restored by :meth:`FSDP2Engine.close`, per parameter group.
+
+**Counting.** The adapter wraps each parameter group's reduce-scatter comm
+object (the hook FSDP2 exposes as ``set_custom_reduce_scatter``) in a counter
+that delegates to the comm that was there: ``reduce_scatters`` counts calls
+(one per FSDP module that reduced), :meth:`FSDP2Engine.grad_collectives` counts
+*rounds*: micro-steps in which at least one reduce-scatter ran. While the
+adapter is active the comm is a custom one, so FSDP2 setters that insist on its
+default comm (``set_symm_mem_for_comm``, ...) must be called before creating the
+adapter, or with ``count_collectives=False``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from accumguard.engines.base import Engine
+from accumguard.errors import ConfigError
+from accumguard.scaling import GradReduction
+
+__all__ = ["FSDP2Engine"]
+
+
+class _CountingReduceScatter:
+    """FSDP2 reduce-scatter comm that counts its calls and delegates to the previous comm."""
+
+    def __init__(self, inner: Any, engine: FSDP2Engine) -> None:
+        self.inner = inner
+        self.engine = engine
+
+    def allocate(self, size: Sequence[int], *, dtype: torch.dtype,
+                 device: torch.device) -> torch.Tensor:
+        return self.inner.allocate(size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any,
+                 op: Any, async_op: bool = False) -> Any:
+        self.engine.reduce_scatters += 1
+        return self.inner(output_tensor, input_tensor, group, op, async_op)
+
+
+def _backend_for(device: torch.device, group: Any) -> str:
+    """The backend name that serves ``device`` in ``group`` (``"cpu:gloo,cuda:nccl"`` aware)."""
+    backend = str(dist.get_backend(group))
+    if ":" not in backend:
+        return backend
+    for part in backend.split(","):
+        dev, _, name = part.partition(":")
+        if dev == device.type:
+            return name
+    return backend
+
+
+class FSDP2Engine(Engine):
+    """Adapter for a model whose root (and submodules) went through ``fully_shard``.
+
+    Args:
+        model: the *root* FSDP2 module (the one you call forward on).
+        sync: ``"deferred"`` (one reduce-scatter round per optimizer step) or
+            ``"eager"`` (one per micro-step; sharded-gradient memory).
+        count_collectives: wrap FSDP2's reduce-scatter comm to count calls.
+    """
+
+    name = "fsdp2"
+    # Per-parameter-group FSDP2 settings this adapter changes, saved and restored verbatim.
+    _SETTINGS = ("gradient_divide_factor", "force_sum_reduction_for_comms", "reduce_grads",
+                 "all_reduce_grads", "_reduce_scatter_comm")
+
+    def __init__(self, model: torch.nn.Module, *, sync: str = "deferred",
+                 count_collectives: bool = True) -> None:
+        from torch.distributed.fsdp import FSDPModule
+
+        if not isinstance(model, FSDPModule):
+            raise ConfigError(
+                f"FSDP2Engine needs the root module returned by fully_shard, got "
+                f"{type(model).__name__}; call fully_shard(submodule) on each block and then "
+                "fully_shard(model) on the root before creating the Accumulator")
+        if sync not in ("deferred", "eager"):
+            raise ConfigError(f"sync ({sync!r}) must be 'deferred' (one reduce-scatter per "
+                              "optimizer step) or 'eager' (one per micro-step)")
+        self.sync_mode = sync
+        self._fsdp_modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
+        self._groups = [g for m in self._fsdp_modules
+                        for g in m._get_fsdp_state()._fsdp_param_groups]
+        super().__init__(model, process_group=self._data_parallel_group(model))
+        self.reduce_scatters = 0
+        self._rounds = 0
+        self._saved: list[tuple[Any, dict[str, Any]]] = []
+        self._saved_is_last = model._get_fsdp_state()._state_ctx.is_last_backward
+        force_sum = _backend_for(self.device, self.process_group) == "gloo"
+        for g in self._groups:
+            missing = [k for k in self._SETTINGS if not hasattr(g, k)]
+            if missing:
+                raise ConfigError(
+                    f"this torch ({torch.__version__}) FSDP2 parameter group has no {missing}; "
+                    "accumguard reads them to restore FSDP2's settings on close() and was "
+                    "written against torch 2.13. Use a supported torch or report the version")
+            self._saved.append((g, {k: getattr(g, k) for k in self._SETTINGS}))
+        for m in self._fsdp_modules:
+            m.set_gradient_divide_factor(1.0)
+            if force_sum:
+                m.set_force_sum_reduction_for_comms(True)
+        if count_collectives:
+            for g in self._groups:
+                g._reduce_scatter_comm = _CountingReduceScatter(g._reduce_scatter_comm, self)
+        self._counting = count_collectives
+
+    @staticmethod
+    def _data_parallel_group(model: torch.nn.Module) -> Any:
+        """The process group FSDP2 reduce-scatters over (from the parameters' 1-D mesh)."""
+        from torch.distributed.tensor import DTensor
+
+        meshes = {p.device_mesh for p in model.parameters() if isinstance(p, DTensor)}
+        if not meshes:
+            raise ConfigError("the FSDP2 model has no sharded (DTensor) parameters; expected "
+                              "fully_shard to have sharded at least one module")
+        if len(meshes) > 1 or next(iter(meshes)).ndim != 1:
+            raise ConfigError(
+                f"FSDP2Engine supports one 1-D data-parallel mesh, got "
+                f"{sorted(str(m) for m in meshes)}; HSDP and FSDP+TP meshes are not supported "
+                "yet. Shard with fully_shard(module, mesh=init_device_mesh(dev, (world,)))")
+        return next(iter(meshes)).get_group()
+
+    def reduction(self) -> GradReduction:
+        # Divide factor 1.0 on every FSDP module: the reduce-scatter is a plain sum.
+        return GradReduction(world_size=self.world_size, averages_over_ranks=False)
+
+    def _set_sync(self, enabled: bool) -> None:
+        self.model.set_requires_gradient_sync(enabled)  # recurses over every FSDP module
+        self.model.set_is_last_backward(enabled)
+
+    @contextlib.contextmanager
+    def micro_step(self, *, is_last: bool) -> Iterator[None]:
+        # Set before forward, so the whole forward+backward of this micro-step sees one mode.
+        # is_last_backward=False on a deferred micro-step skips FSDP2's end-of-backward
+        # finalisation (waits on reductions that did not happen); the last one runs it.
+        self._set_sync(is_last or self.sync_mode == "eager")
+        before = self.reduce_scatters
+        try:
+            yield
+        finally:
+            if self.reduce_scatters > before:
+                self._rounds += 1
+
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        """Clip by the global norm over all shards; return that norm as a plain tensor.
+
+        ``clip_grad_norm_`` on DTensor gradients computes a norm that is partial
+        per rank and reduced over the mesh when it scales the gradients, so the
+        clip coefficient is global. ``full_tensor()`` materialises it for the caller.
+        """
+        norm = torch.nn.utils.clip_grad_norm_(self.parameters_with_grad(), max_norm)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        return norm
+
+    def grad_collectives(self) -> int | None:
+        """Reduce-scatter *rounds* (micro-steps that reduced), whatever the number of modules."""
+        return self._rounds if self._counting else None
+
+    def close(self) -> None:
+        """Put back every setting read at construction, per parameter group."""
+        for group, settings in self._saved:
+            for key, value in settings.items():
+                setattr(group, key, value)
+        self._saved = []
+        self.model.set_is_last_backward(self._saved_is_last)
+
+    def describe(self) -> str:
+        return (f"{self.name} (sync={self.sync_mode}, world={self.world_size}, sum reduction, "
+                f"{len(self._fsdp_modules)} FSDP modules)")
