@@ -63,7 +63,7 @@ class ConfigParseError(ConfigError):
         super().__init__(f"{where}: {message}")
 
 
-class ConfigDict(dict):  # type: ignore[type-arg]
+class ConfigDict(dict[str, Any]):
     """A plain ``dict`` that also remembers where it came from.
 
     ``key_lines`` maps a key path tuple (``("zero_optimization", "stage")``) to
@@ -574,6 +574,7 @@ def _check_precision_and_clipping(c: _Collector, ga: int | None) -> None:
             "AG203",
             "`gradient_clipping` is not set, so DeepSpeed clips the global gradient norm at 1.0; "
             "a plain PyTorch loop without clip_grad_norm_ does not, so the two runs differ",
+            key=("gradient_clipping",),
         )
     bf16 = _enabled(cfg.get("bf16")) or _enabled(cfg.get("bfloat16"))
     fp16 = _enabled(cfg.get("fp16"))
