@@ -1,0 +1,312 @@
+"""DeepSpeed (``deepspeed.initialize``), ZeRO stages 0-3: the adapter owns the boundary.
+
+How the engine is driven, and why (checked against DeepSpeed 0.19.8):
+
+* **The boundary is set explicitly**, ``engine.set_gradient_accumulation_boundary(is_last)``
+  before every micro-step's backward, instead of relying on the engine's own
+  micro-step counter (``(micro_steps + 1) % gradient_accumulation_steps``).
+  The counter is only right when every window has exactly the config's GA
+  micro-steps and ``step()`` is called after every backward; a short final
+  window would leave it out of phase for the rest of the run (F13), and a
+  config GA of 1 makes *every* backward a boundary, which on ZeRO-1/2 resets
+  the accumulated partition so only the last micro-batch survives (F2). With
+  the flag set by the adapter the engine reduces and steps exactly where the
+  Accumulator's window ends, whatever its length.
+* ``engine.backward(loss, scale_wrt_gas=False)``: the engine applies no ÷GA of
+  its own; its only operation on gradients is the average over the W
+  data-parallel ranks, declared in :meth:`reduction`, and
+  :func:`accumguard.scaling.loss_scale` composes it with N. No K anywhere else.
+* ``engine.step()`` once per window, at the boundary (the flag is True then),
+  so the optimizer steps exactly once per window; DeepSpeed zeroes the
+  gradients inside ``step()``.
+
+Two modes:
+
+* ``sync="eager"``: the engine's normal reduction. ZeRO-2/3 reduce (and
+  partition) gradients in every micro-step's backward (K reductions per step);
+  ZeRO-0/1 reduce only at the boundary. Needs config
+  ``gradient_accumulation_steps == K`` (the engine's config then describes the
+  real batch).
+* ``sync="deferred"`` (ZeRO 1/2/3): the window's backwards run inside
+  ``engine.coalesce_grad_reduction()``; leaving the block (in :meth:`sync`)
+  issues one reduction pass, so one gradient reduction per optimizer step.
+  DeepSpeed defines one such block as one optimizer step, so the config must
+  say ``gradient_accumulation_steps: 1``; with GA = K the engine would wait for
+  K ``step()`` calls and (with its own counter) never step.
+* ``sync="auto"`` (default): deferred on ZeRO 1-3 when the config's GA is 1,
+  eager when it equals K (or on ZeRO-0, which has no coalescing and already
+  reduces only at the boundary).
+
+Clipping: DeepSpeed clips inside ``step()`` with config ``gradient_clipping``
+(default 1.0 when the key is absent: F9), on the reduced, possibly partitioned
+gradient. Clipping it again here would clip twice, and clipping ZeRO
+partitions by hand would duplicate its internals, so **the engine clips and
+the adapter never does**: an Accumulator ``max_grad_norm`` must equal the
+config's value (else ConfigError), and the adapter only reports the norm.
+
+A ``torch.amp.GradScaler`` is refused (DeepSpeed has its own loss scaling for
+fp16), and so is an Accumulator scheduler when the engine already owns one
+(it would step twice).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from accumguard.engines.base import Engine
+from accumguard.errors import AccumguardWarning, ConfigError, UsageError
+from accumguard.scaling import GradReduction
+
+__all__ = ["DeepSpeedEngineAdapter"]
+
+log = logging.getLogger("accumguard")
+
+_MODES = ("auto", "eager", "deferred")
+
+
+def _is_deepspeed_engine(model: Any) -> bool:
+    return any(c.__module__.startswith("deepspeed.") and c.__name__ == "DeepSpeedEngine"
+               for c in type(model).__mro__)
+
+
+def _raw_config(engine: Any) -> dict[str, Any]:
+    """The config dict DeepSpeed parsed (keys the user set, defaults absent)."""
+    cfg = getattr(getattr(engine, "_config", None), "_param_dict", None)
+    if isinstance(cfg, dict):
+        return cfg
+    raw = getattr(engine, "config", None)
+    if isinstance(raw, dict):
+        return raw
+    if raw is not None:  # a path
+        from accumguard.dsconfig import load_config
+
+        return dict(load_config(raw))
+    return {}
+
+
+class DeepSpeedEngineAdapter(Engine):
+    """Adapter for a ``deepspeed.DeepSpeedEngine`` (the first value ``deepspeed.initialize``
+    returns). Pass ``optimizer=None`` to the Accumulator: the engine owns its optimizer.
+
+    Args:
+        model: the DeepSpeed engine.
+        sync: ``"auto"``, ``"eager"`` or ``"deferred"`` (see the module docstring).
+    """
+
+    name = "deepspeed"
+
+    def __init__(self, model: Any, *, sync: str = "auto") -> None:
+        if not _is_deepspeed_engine(model):
+            raise ConfigError(
+                f"DeepSpeedEngineAdapter needs the engine returned by deepspeed.initialize, got "
+                f"{type(model).__name__}; pass `engine, optimizer, _, _ = "
+                "deepspeed.initialize(model=..., config=...)` and give the Accumulator `engine`")
+        if sync not in _MODES:
+            raise ConfigError(f"sync ({sync!r}) must be one of {_MODES}")
+        if getattr(model, "optimizer", None) is None:
+            raise ConfigError(
+                "the DeepSpeed engine has no optimizer; pass optimizer=... to "
+                "deepspeed.initialize or an \"optimizer\" section in its config")
+        super().__init__(model, process_group=None)
+        self.engine = model
+        self.stage = int(model.zero_optimization_stage())
+        self.rank, self.world_size = int(model.global_rank), int(model.dp_world_size)
+        self.config = _raw_config(model)
+        self.requested_sync = sync
+        self.sync_mode = sync  # resolved in bind(), when K is known
+        self.accumulation_steps: int | None = None
+        self._coalesce: Any = None  # the open coalesce_grad_reduction() context, if any
+        self._saved_flag: Any = None
+        self._norm: torch.Tensor | None = None
+
+    # -- lifecycle -------------------------------------------------------------------
+    def bind(self, optimizer: torch.optim.Optimizer | None, accumulation_steps: int) -> None:
+        if optimizer is not None and optimizer is not self.engine.optimizer and \
+                optimizer is not getattr(self.engine, "basic_optimizer", None):
+            raise ConfigError(
+                f"the Accumulator got optimizer {type(optimizer).__name__}, which is not the "
+                "DeepSpeed engine's optimizer; pass optimizer=None (the engine steps its own)")
+        k = accumulation_steps
+        self.accumulation_steps = k
+        ga = int(self.engine.gradient_accumulation_steps())
+        self.sync_mode = self._resolve_mode(ga, k)
+        self._check_config(k)
+        self._saved_flag = self.engine._is_gradient_accumulation_boundary
+        log.info("accumguard: DeepSpeed ZeRO-%d, sync=%s, config GA=%d, K=%d, clipping=%g",
+                 self.stage, self.sync_mode, ga, k, self.clip_value)
+
+    def _resolve_mode(self, ga: int, k: int) -> str:
+        mode = self.requested_sync
+        if mode == "auto":
+            if self.stage == 0:
+                mode = "eager"
+            elif ga == 1:
+                mode = "deferred"
+            elif ga == k:
+                mode = "eager"
+            else:
+                raise ConfigError(
+                    f"DeepSpeed gradient_accumulation_steps is {ga} but the Accumulator runs "
+                    f"K={k} micro-steps per optimizer step; the engine would step every {ga} "
+                    "backwards instead of every window. Set gradient_accumulation_steps to 1 "
+                    f"(coalesced reduction, cheapest) or to {k} (the engine's native GA)")
+        if mode == "deferred":
+            if self.stage == 0:
+                raise ConfigError(
+                    "sync='deferred' needs ZeRO stage 1, 2 or 3 (engine.coalesce_grad_reduction "
+                    "does not support stage 0); use sync='eager': on stage 0 the engine already "
+                    "all-reduces once per optimizer step, at the boundary")
+            if ga != 1:
+                raise ConfigError(
+                    f"sync='deferred' needs DeepSpeed gradient_accumulation_steps 1, got {ga}: "
+                    "one coalesce_grad_reduction() block is one optimizer step for DeepSpeed, "
+                    f"and with GA {ga} it waits for {ga} step() calls (the optimizer stalls). "
+                    "Set \"gradient_accumulation_steps\": 1 (keep K in the Accumulator), or use "
+                    f"sync='eager' with gradient_accumulation_steps {k}")
+        elif ga != k:
+            why = ("every backward is a boundary, so ZeRO-1/2 keep only the last micro-batch "
+                   "(F2)" if ga == 1 else f"the engine's batch is {ga} micro-steps, not {k}")
+            raise ConfigError(
+                f"sync='eager' needs DeepSpeed gradient_accumulation_steps == K ({k}), got "
+                f"{ga}: {why}. Set \"gradient_accumulation_steps\": {k}, or use "
+                "sync='deferred' with gradient_accumulation_steps 1")
+        return mode
+
+    def _check_config(self, k: int) -> None:
+        """Static checks of the config (accumguard.dsconfig): errors raise, warnings warn."""
+        from accumguard.dsconfig import check_config
+
+        deferred = self.sync_mode == "deferred"
+        findings = check_config(self.config, world_size=self.world_size, accumulation_steps=k,
+                                coalesced=deferred)
+        if deferred and k > 1:
+            # The K backwards of a coalesced window accumulate like GA = K: check precision too.
+            as_ga = {**self.config, "gradient_accumulation_steps": k}
+            findings += [f for f in check_config(as_ga, world_size=self.world_size)
+                         if f.code == "AG204"]
+        errors = []
+        for f in findings:
+            severity = getattr(f.severity, "value", f.severity)
+            text = f"{f.code} {f.message}; fix: {f.fix}"
+            if severity == "error":
+                errors.append(text)
+            elif severity == "warning":
+                warnings.warn(f"accumguard: DeepSpeed config: {text}", AccumguardWarning,
+                              stacklevel=4)
+            else:
+                log.info("accumguard: DeepSpeed config: %s", text)
+        if errors:
+            raise ConfigError("DeepSpeed config problems:\n  " + "\n  ".join(errors))
+
+    def check_options(self, *, max_grad_norm: float | None, scaler: Any = None,
+                      scheduler: Any = None) -> None:
+        if scaler is not None:
+            raise ConfigError(
+                "a torch GradScaler cannot be used with DeepSpeed: the engine scales fp16 losses "
+                "itself (config \"fp16\": {\"enabled\": true} uses dynamic loss scaling). Pass "
+                "scaler=None")
+        if scheduler is not None and getattr(self.engine, "lr_scheduler", None) is not None:
+            raise ConfigError(
+                "the DeepSpeed engine already has an LR scheduler (stepped inside engine.step()) "
+                "and the Accumulator was given one too: it would step twice per optimizer step. "
+                "Give the scheduler to only one of them")
+        clip = self.clip_value
+        if max_grad_norm is not None and not math.isclose(max_grad_norm, clip, rel_tol=1e-12):
+            seen = ("absent (DeepSpeed then clips at 1.0)" if "gradient_clipping" not in
+                    self.config else f"{clip:g}")
+            raise ConfigError(
+                f"the Accumulator's max_grad_norm is {max_grad_norm:g} but the DeepSpeed config's "
+                f"gradient_clipping is {seen}. DeepSpeed clips inside engine.step(), so accumguard "
+                "leaves clipping to it and never clips a second time. Set "
+                f"\"gradient_clipping\": {max_grad_norm:g} in the config (or max_grad_norm=None)")
+        if max_grad_norm is None and clip > 0 and "gradient_clipping" in self.config:
+            log.info("accumguard: DeepSpeed clips at gradient_clipping=%g inside engine.step() "
+                     "(from its config; the Accumulator's max_grad_norm is None)", clip)
+
+    @property
+    def clip_value(self) -> float:
+        """The max norm DeepSpeed clips at inside ``step()`` (0 = no clipping)."""
+        return float(self.engine.gradient_clipping())
+
+    def close(self) -> None:
+        if self._coalesce is not None:
+            ctx, self._coalesce = self._coalesce, None
+            ctx.__exit__(None, None, None)
+        if self.accumulation_steps is not None:
+            # No public API sets the flag back to "unset" (None: the engine's own counter
+            # decides again), so the attribute is restored directly.
+            self.engine._is_gradient_accumulation_boundary = self._saved_flag
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device(self.engine.device)
+
+    # -- the four questions -----------------------------------------------------------
+    def reduction(self) -> GradReduction:
+        # backward(scale_wrt_gas=False): no ÷GA. ZeRO 0-3 average over the data-parallel ranks.
+        return GradReduction(world_size=self.world_size, averages_over_ranks=True,
+                             divides_by=1.0)
+
+    @contextlib.contextmanager
+    def micro_step(self, *, is_last: bool) -> Iterator[None]:
+        if self.accumulation_steps is None:
+            raise UsageError("micro_step() before bind(); construct an Accumulator with this "
+                             "engine, it binds the adapter")
+        if self.sync_mode == "deferred" and self._coalesce is None:
+            # The block opens at the window's first micro-step and closes in sync().
+            self._coalesce = self.engine.coalesce_grad_reduction()
+            self._coalesce.__enter__()
+        self.engine.set_gradient_accumulation_boundary(bool(is_last))
+        yield
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.engine.backward(loss, scale_wrt_gas=False)
+
+    def sync(self) -> None:
+        if self._coalesce is not None:
+            ctx, self._coalesce = self._coalesce, None
+            ctx.__exit__(None, None, None)  # one reduction pass over the window's gradients
+
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        """Clipping happens inside ``engine.step()``; return the pre-clip global norm.
+
+        On ZeRO 1-3 DeepSpeed computes the norm during ``step()``: the tensor
+        returned here is filled in place right after it (NaN until then). On
+        stage 0 the reduced gradient sits in ``param.grad``, so it is measured now.
+        """
+        assert math.isclose(max_norm, self.clip_value, rel_tol=1e-12), "checked in check_options"
+        if self.stage == 0:
+            grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
+            norms = torch.stack([g.detach().double().norm() for g in grads])
+            return torch.linalg.vector_norm(norms).float()
+        self._norm = torch.full((), math.nan)
+        return self._norm
+
+    def optimizer_step(self, optimizer: Any, scaler: Any = None) -> None:
+        if scaler is not None:
+            raise ConfigError("a GradScaler cannot be used with DeepSpeed; pass scaler=None")
+        self.engine.set_gradient_accumulation_boundary(True)
+        self.engine.step()
+        if self._norm is not None:
+            norm = self.engine.get_global_grad_norm()
+            if norm is not None:
+                self._norm.fill_(float(norm))
+            self._norm = None
+
+    def zero_grad(self, optimizer: Any) -> None:
+        """Nothing to do: ``engine.step()`` zeroes (or frees) the gradients at the boundary."""
+
+    def grad_collectives(self) -> int | None:
+        """DeepSpeed's reductions are not observable without patching its comm module."""
+        return None
+
+    def describe(self) -> str:
+        return (f"deepspeed ZeRO-{self.stage} (sync={self.sync_mode}, world={self.world_size}, "
+                f"gradient_clipping={self.clip_value:g})")
