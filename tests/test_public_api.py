@@ -10,6 +10,7 @@ import accumguard
 
 EXPECTED = {
     "AccumguardError", "AccumguardWarning", "AccumulationConfig", "AccumulationError",
+    "AccumulationGuard", "guard",
     "Accumulator", "Boundary", "ConfigError", "DistributedError", "Engine", "GradReduction",
     "RankFailedError", "RankTimeoutError", "StepResult", "UsageError", "Window", "loss_scale",
     "reference_run", "relative_update_error", "resolve_engine", "run_on_ranks",

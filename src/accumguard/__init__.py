@@ -3,7 +3,8 @@
 The public API is small: :class:`Accumulator` drives any supported engine
 correctly; :class:`Boundary` is the framework-free state machine behind it;
 :func:`run_on_ranks` runs a function on real distributed ranks;
-:func:`reference_run` is the single-process truth everything is compared to.
+:func:`reference_run` is the single-process truth everything is compared to;
+:func:`guard` watches any training loop at run time.
 Optional parts (DeepSpeed, plots, the CLI) are imported only when used.
 """
 
@@ -20,6 +21,7 @@ from accumguard.errors import (
     RankTimeoutError,
     UsageError,
 )
+from accumguard.guard import AccumulationGuard, guard  # binds the name to the function
 from accumguard.launch import run_on_ranks
 from accumguard.reference import reference_run, relative_update_error
 from accumguard.scaling import GradReduction, loss_scale
@@ -31,6 +33,7 @@ __all__ = [
     "AccumguardWarning",
     "AccumulationConfig",
     "AccumulationError",
+    "AccumulationGuard",
     "Accumulator",
     "Boundary",
     "ConfigError",
@@ -42,6 +45,7 @@ __all__ = [
     "StepResult",
     "UsageError",
     "Window",
+    "guard",
     "loss_scale",
     "reference_run",
     "relative_update_error",

@@ -1,0 +1,114 @@
+"""Overhead of the runtime guard per optimizer step: guarded / unguarded, same loop, same run.
+
+Each repetition times ``--steps`` optimizer steps (K micro-steps each: forward, backward;
+then clip, AdamW step, scheduler step, zero_grad) once without and once with
+``accumguard.guard.guard(...)`` installed, alternating which goes first; the reported
+ratio is the median over repetitions of guarded/unguarded process CPU time. Single process, one
+thread, CPU: the guard's cost is Python work per event, so this is its honest measure.
+
+    python benchmarks/bench_guard.py                    # both models, markdown table
+    python benchmarks/bench_guard.py --reps 31 --steps 30 --models toy
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from accumguard.guard import guard
+from accumguard.toy import TokenMLP, make_rank_batches, token_loss
+
+MODELS: dict[str, dict[str, Any]] = {
+    # the toy of the test suite: 2.2 k parameters, 4x12 tokens per micro-batch
+    "toy": {"model": {}, "data": {"micro_batch_size": 4, "seq_len": 12, "vocab": 32}},
+    # 1.6 M parameters, 4x32 tokens per micro-batch
+    "mlp-1.6M": {"model": {"vocab": 1024, "dim": 256, "hidden": 1024},
+                 "data": {"micro_batch_size": 4, "seq_len": 32, "vocab": 1024}},
+}
+
+
+def _setup(name: str, k: int, steps: int) -> tuple[torch.nn.Module, Any, Any, list]:
+    torch.manual_seed(0)
+    spec = MODELS[name]
+    model = TokenMLP(**spec["model"])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    data = make_rank_batches(seed=0, world_size=1, micro_batches=k * steps, **spec["data"])[0]
+    return model, opt, sched, data
+
+
+def _train(model: torch.nn.Module, opt: Any, sched: Any, data: list, k: int) -> None:
+    for i, batch in enumerate(data):
+        token_loss(model, batch)[0].backward()
+        if (i + 1) % k == 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+
+
+def _timed(fn: Callable[[], None]) -> float:
+    # CPU time of this process: on a shared machine, wall time mostly measures the
+    # neighbours; the guard's cost is CPU work in this process, which this captures.
+    t0 = time.process_time()
+    fn()
+    return time.process_time() - t0
+
+
+def bench(name: str, *, k: int, steps: int, reps: int) -> dict[str, float]:
+    model, opt, sched, data = _setup(name, k, steps)
+
+    def plain() -> None:
+        _train(model, opt, sched, data, k)
+
+    def guarded() -> None:
+        with guard(model, opt, accumulation_steps=k, scheduler=sched):
+            _train(model, opt, sched, data, k)
+
+    plain()
+    guarded()  # warm-up both paths
+    t_plain, t_guard, ratios = [], [], []
+    for rep in range(reps):
+        if rep % 2 == 0:
+            a = _timed(plain)
+            b = _timed(guarded)
+        else:
+            b = _timed(guarded)
+            a = _timed(plain)
+        t_plain.append(a / steps)
+        t_guard.append(b / steps)
+        ratios.append(b / a)
+    n_params = sum(p.numel() for p in model.parameters())
+    return {"params": n_params, "plain_ms": 1e3 * statistics.median(t_plain),
+            "guard_ms": 1e3 * statistics.median(t_guard), "ratio": statistics.median(ratios),
+            "ratio_q1": statistics.quantiles(ratios, n=4)[0],
+            "ratio_q3": statistics.quantiles(ratios, n=4)[2]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--k", type=int, default=4, help="accumulation steps")
+    parser.add_argument("--steps", type=int, default=20, help="optimizer steps per timing")
+    parser.add_argument("--reps", type=int, default=21, help="interleaved repetitions")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    print(f"torch {torch.__version__}, 1 thread, K={args.k}, {args.steps} optimizer steps per "
+          f"timing, {args.reps} interleaved repetitions, median")
+    print()
+    print("| model | parameters | unguarded CPU ms/step | guarded CPU ms/step | guarded/unguarded "
+          "(median) | IQR of the ratio |")
+    print("|---|---:|---:|---:|---:|---|")
+    for name in args.models:
+        r = bench(name, k=args.k, steps=args.steps, reps=args.reps)
+        print(f"| {name} | {r['params']:,} | {r['plain_ms']:.3f} | {r['guard_ms']:.3f} | "
+              f"{r['ratio']:.3f}x | {r['ratio_q1']:.3f}-{r['ratio_q3']:.3f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
