@@ -1,0 +1,133 @@
+"""The ``accumguard`` CLI, in-process: exit codes, the demo table's key lines, the JSON schema.
+
+``accumguard demo --quick`` runs once for the module (2 real gloo ranks: DDP and
+ZeRO-1, Accumulator, a correct loop and broken loops, 2 optimizer steps).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from accumguard import __version__
+from accumguard.cli import main
+
+
+def _run(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def quick_demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, str, Path]:
+    out_dir = tmp_path_factory.mktemp("demo")
+    code, out, _ = _run(["demo", "--quick", "--out", str(out_dir)])
+    return code, out, out_dir
+
+
+def test_demo_quick_exit_code_and_table(quick_demo: tuple[int, str, Path]) -> None:
+    code, out, _ = quick_demo
+    assert code == 0, out
+    lines = out.splitlines()
+    header = next(line for line in lines if line.startswith("engine"))
+    for col in ("loop", "expected", "verdict", "rel. update err", "diagnosis", "coll/step"):
+        assert col in header
+
+    def row(engine: str, loop: str) -> list[str]:
+        line = next(x for x in lines if x.split()[:2] == [engine, loop])
+        return line.split()
+
+    acc = row("ddp", "accumulator")
+    assert acc[2:4] == ["pass", "PASS"] and acc[-1] == "yes"
+    assert row("ddp", "correct")[3] == "PASS"
+    f1 = row("ddp", "bug-F1")
+    assert f1[2:4] == ["F1", "FAIL"] and "F1" in f1[5:] and f1[-1] == "yes"
+    f5 = row("ddp", "bug-F5")
+    assert f5[3] == "FAIL" and f5[-1] == "yes"
+    assert row("zero1", "accumulator")[3] == "PASS"
+    assert row("zero1", "bug-F3")[-1] == "yes"
+    assert "all verdicts as expected" in out
+    assert any("diagnosed F5" in x for x in lines)
+
+
+def test_demo_quick_json_schema(quick_demo: tuple[int, str, Path]) -> None:
+    _, _, out_dir = quick_demo
+    doc = json.loads((out_dir / "demo-report.json").read_text())
+    assert doc["version"] == 1 and doc["accumguard"] == __version__
+    assert doc["passed"] is True
+    assert doc["setup"]["accumulation_steps"] == 4 and doc["setup"]["world_size"] == 2
+    assert doc["setup"]["engines"] == ["ddp", "zero1"]
+    fields = {"engine", "loop", "kind", "expected", "verdict", "as_expected",
+              "max_update_error", "diagnosis", "collectives_per_step", "optimizer_steps"}
+    assert doc["rows"] and all(fields <= set(r) for r in doc["rows"])
+    keys = {f"{r['engine']}/{r['loop']}" for r in doc["rows"]}
+    assert keys == set(doc["reports"])
+    f1 = doc["reports"]["ddp/bug-F1"]
+    assert f1["passed"] is False and f1["diagnosis"]["bug_id"] == "F1"
+    assert f1["optimizer_steps"] == 8  # 2 windows of K=4, stepped every micro-step
+    acc = doc["reports"]["ddp/accumulator"]
+    assert acc["passed"] is True and len(acc["losses"]) == 2
+    assert (out_dir / "demo-loss.png").stat().st_size > 1000
+
+
+def test_no_arguments_prints_help_and_version() -> None:
+    code, out, _ = _run([])
+    assert code == 0 and "demo" in out and "check-config" in out and "curves" in out
+    code, out, _ = _run(["--version"])
+    assert code == 0 and __version__ in out
+
+
+def test_usage_errors_exit_2_with_one_line() -> None:
+    code, _, err = _run(["demo", "--engines", "megatron"])
+    assert code == 2
+    assert err.startswith("accumguard: error:") and "megatron" in err
+    assert len(err.strip().splitlines()) == 1
+    code, _, err = _run(["frobnicate"])
+    assert code == 2
+    code, _, err = _run(["curves", "--ks", "1,x"])
+    assert code == 2 and "--ks" in err
+    code, _, err = _run(["curves", "--ks", "3"])  # 3 does not divide the 8 sequences
+    assert code == 2 and "divisor" in err
+
+
+def test_delegated_subcommands(tmp_path: Path) -> None:
+    code, out, _ = _run(["audit", "--help"])
+    assert code == 0 and "MODULE:SETUP" in out
+    script = tmp_path / "train.py"
+    script.write_text("for i, b in enumerate(loader):\n    loss = model(b)\n    loss.backward()\n"
+                      "    optimizer.step()\n    optimizer.zero_grad()\n")
+    code, _, _ = _run(["lint", str(script)])
+    assert code in (0, 1)
+    code, _, err = _run(["check-config", str(tmp_path / "missing.json")])
+    assert code == 2
+    cfg = tmp_path / "ds.json"
+    cfg.write_text('{"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 4}')
+    code, _, _ = _run(["check-config", str(cfg)])
+    assert code in (0, 1)
+
+
+def test_curves_overlap(tmp_path: Path) -> None:
+    code, out, err = _run(["curves", "--ks", "1,2,8", "--steps", "3", "--out", str(tmp_path),
+                           "--no-plot"])
+    assert code == 0, err
+    assert "curves overlap" in out
+    doc = json.loads((tmp_path / "curves.json").read_text())
+    assert doc["max_deviation"] < 1e-5
+    assert set(doc["losses"]) == {"1", "2", "8"} and len(doc["losses"]["8"]) == 3
+
+
+def test_bench_passes_options_through() -> None:
+    import subprocess
+    import sys
+
+    # The benchmark runs in its own process (as `accumguard bench` does): --help is cheap.
+    proc = subprocess.run([sys.executable, "-m", "accumguard.cli", "bench", "--help"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "--rounds" in proc.stdout
