@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from accumguard.guard import guard
-from accumguard.toy import TokenMLP, make_rank_batches, token_loss
+from accumguard.toy import TinyCausalLM, TokenMLP, make_lm_batches, make_rank_batches, token_loss
 
 MODELS: dict[str, dict[str, Any]] = {
     # the toy of the test suite: 2.2 k parameters, 4x12 tokens per micro-batch
@@ -29,16 +29,20 @@ MODELS: dict[str, dict[str, Any]] = {
     # 1.6 M parameters, 4x32 tokens per micro-batch
     "mlp-1.6M": {"model": {"vocab": 1024, "dim": 256, "hidden": 1024},
                  "data": {"micro_batch_size": 4, "seq_len": 32, "vocab": 1024}},
+    # the demo's model: tiny causal transformer LM, 4x32 tokens per micro-batch
+    "demo-lm": {"cls": TinyCausalLM, "batches": make_lm_batches, "model": {},
+                "data": {"micro_batch_size": 4, "seq_len": 32}},
 }
 
 
 def _setup(name: str, k: int, steps: int) -> tuple[torch.nn.Module, Any, Any, list]:
     torch.manual_seed(0)
     spec = MODELS[name]
-    model = TokenMLP(**spec["model"])
+    model = spec.get("cls", TokenMLP)(**spec["model"])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    data = make_rank_batches(seed=0, world_size=1, micro_batches=k * steps, **spec["data"])[0]
+    make = spec.get("batches", make_rank_batches)
+    data = make(seed=0, world_size=1, micro_batches=k * steps, **spec["data"])[0]
     return model, opt, sched, data
 
 
