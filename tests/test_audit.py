@@ -280,3 +280,38 @@ def test_a_bad_setup_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="steps"):
         audit(SETUP, ddp_loop, steps=0)
 
+
+
+# -- DeepSpeed: gradient collectives are counted at the deepspeed.comm level -----------------
+DS_LOOPS = ("deepspeed-z2/correct", "deepspeed-z2/bug-F2", "deepspeed-z3/accumulator",
+            "deepspeed-z3/correct")
+
+
+@pytest.fixture(scope="module")
+def ds_reports() -> dict[str, AuditReport]:
+    pytest.importorskip("deepspeed")
+    from accumguard.demo import demo_setup
+    from accumguard.loops import catalog
+
+    items = {it.key: it for it in catalog(("deepspeed-z2", "deepspeed-z3"))}
+    setup = demo_setup(model="mlp", steps=2)
+    return audit_many(setup, {k: items[k].loop for k in DS_LOOPS}, timeout=600)
+
+
+def test_deepspeed_gradient_reductions_per_step(ds_reports: dict[str, AuditReport]) -> None:
+    """ZeRO-3 reduce-scatters bypass torch.distributed; its step-time norm all-reduce is no
+    gradient reduction. Accumulator (coalesced): 1 round per step; the engine's native GA=K
+    (eager) and the GA=1 manual loop (F2): K rounds per step, one per backward."""
+    expected = {"deepspeed-z2/correct": K, "deepspeed-z2/bug-F2": K,
+                "deepspeed-z3/accumulator": 1, "deepspeed-z3/correct": K}
+    for key, rounds in expected.items():
+        rep = ds_reports[key]
+        assert rep.engine == "deepspeed" and rep.optimizer_steps == 2, key
+        assert [s.counts.grad_collective_rounds for s in rep.steps] == [rounds] * 2, key
+        # Counted once, not again where deepspeed.comm calls torch.distributed.
+        assert [s.counts.grad_collective_calls for s in rep.steps] == [rounds] * 2, key
+        assert all(s.counts.step_reduce_calls >= 1 for s in rep.steps), key
+    for key in ("deepspeed-z2/correct", "deepspeed-z3/accumulator", "deepspeed-z3/correct"):
+        assert ds_reports[key].passed, (key, ds_reports[key].failures)
+    bug = ds_reports["deepspeed-z2/bug-F2"]
+    assert not bug.passed and bug.diagnosis is not None and bug.diagnosis.bug_id == "F2"

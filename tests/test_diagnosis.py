@@ -229,3 +229,57 @@ def test_an_unknown_bug_is_unexplained() -> None:
     d = diagnose(setup, data, obs, rep)
     assert not d.explained and d.bug_id == "unexplained"
     assert d.closest is not None and "unexplained" in d.summary()
+
+
+def scaled_loss(model, batch, c: float):  # noqa: ANN001, ANN201
+    s, n = token_loss(model, batch)
+    return c * s, n
+
+
+def one_window(rank: int, world: int) -> list:
+    return make_rank_batches(seed=6, world_size=world, micro_batches=K)[rank]
+
+
+def test_a_correct_loop_off_by_rounding_is_ok_not_f9() -> None:
+    """Gradient norm 1 + 5e-6: clipping at 1.0 moves the prediction by 5e-6 < the 1e-5
+    tolerance, so it cannot be told from the correct update. A correct loop whose update is
+    1.5e-5 short (rounding) is nearer to that F9 prediction (1e-5) than to OK (1.5e-5), and
+    must still read OK."""
+    data = [one_window(r, 2) for r in range(2)]
+    windows = windows_for_reference(data, K)
+    g = reference_run(build_model(), make_optimizer, windows, token_loss).grads[0]
+    norm = float(torch.sqrt(sum(t.pow(2).sum() for t in g.values())))
+    loss = functools.partial(scaled_loss, c=(1 + 5e-6) / norm)
+    setup = AuditSetup(build_model=build_model, make_optimizer=make_optimizer,
+                       rank_batches=one_window, loss_fn=loss, accumulation_steps=K)
+    good = reference_run(build_model(), make_optimizer, windows, loss)
+    init = flat_params(build_model())
+    short = [{k: init[k] + (1 - 1.5e-5) * (v - init[k]) for k, v in good.params[0].items()}]
+    obs, rep = _fake(setup, short, None, n_ref=1)
+    d = diagnose(setup, data, obs, rep)
+    assert d.explained and d.bug_id == "OK", d.summary()
+    assert all(c.id != "F9" for c in d.candidates), [c.id for c in d.candidates]
+
+
+def test_a_shared_cache_reuses_the_simulations() -> None:
+    """Several diagnoses of one setup and batches (one audit_many call) share the simulated
+    trajectories: the second diagnosis of the same observation runs no backward at all."""
+    from accumguard.diagnosis import DiagnosisCache
+
+    setup = AuditSetup(build_model=build_model, make_optimizer=make_optimizer,
+                       rank_batches=uneven_batches, loss_fn=big_loss, accumulation_steps=K)
+    data = [uneven_batches(r, 2) for r in range(2)]
+    observed = reference_run(build_model(), make_optimizer, windows_for_reference(data, K),
+                             big_loss, max_grad_norm=1.0)
+    obs, rep = _fake(setup, observed.params, None)
+    cache = DiagnosisCache()
+    first = diagnose(setup, data, obs, rep, cache=cache)
+    used = cache.grad_evaluations
+    assert first.bug_id == "F9" and used > 0
+    again = diagnose(setup, data, obs, rep, cache=cache)
+    assert cache.grad_evaluations == used
+    assert (again.bug_id, again.residual) == (first.bug_id, first.residual)
+    # The cache is per setup and batches: other batches rebuild it.
+    sim = cache._sim
+    diagnose(setup, [list(rank) for rank in data], obs, rep, cache=cache)
+    assert cache._sim is not sim

@@ -75,6 +75,15 @@ _REDUCE_OPS = ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor"
                "_reduce_scatter_base", "reduce_scatter_single", "all_reduce_coalesced")
 _OTHER_OPS = ("all_gather", "all_gather_into_tensor", "_all_gather_base", "broadcast",
               "all_gather_single", "all_to_all_single")
+# The same at the deepspeed.comm level, patched once deepspeed is imported: its torch backend
+# keeps its own reference to torch.distributed.reduce_scatter_tensor (ZeRO-2/3 reduce-scatters
+# never reach the torch.distributed attribute), and DeepSpeed code calls these by module
+# attribute on deepspeed.comm (the package) while reduce_scatter_fn calls the comm module's
+# reduce_scatter_tensor: both namespaces are wrapped, a call is counted at its outermost level.
+_DS_REDUCE_OPS = ("all_reduce", "inference_all_reduce", "all_reduce_coalesced", "reduce",
+                  "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_fn")
+_DS_OTHER_OPS = ("all_gather", "all_gather_into_tensor", "allgather_fn", "all_gather_coalesced",
+                 "broadcast", "all_to_all_single")
 
 ProgressFn = Callable[[str, int, int], None]
 
@@ -123,6 +132,9 @@ class StepCounts:
     zero_grad: int = 0
     zero_grad_in_window: int = 0
     loss_calls: int = 0
+    # Reduce collectives issued inside DeepSpeed's engine.step() (its gradient-norm and
+    # overflow all-reduces): not gradient reductions, so counted apart.
+    step_reduce_calls: int = 0
 
     def add(self, other: StepCounts) -> None:
         for k in self.__dataclass_fields__:
@@ -334,11 +346,30 @@ def audit_many(
     all_batches = _all_rank_batches(setup, world, steps)
     reports = {}
     with _single_thread():
+        # Every loop of this call shares the setup, the world size and the batches, so the
+        # reference (the parent's most expensive step for a passing loop) is computed once.
+        ref = _reference(setup, all_batches, reference_dtype)
+        # Likewise the diagnosis's simulations, shared by the broken loops of this call.
+        from accumguard.diagnosis import DiagnosisCache
+
+        cache = DiagnosisCache()
         for i, key in enumerate(names):
             obs = [per_rank[r][i] for r in range(world)]
             reports[key] = _build_report(key, setup, obs, all_batches, world, reference_dtype,
-                                         tolerance, diagnose, elapsed / len(names))
+                                         tolerance, diagnose, elapsed / len(names), ref, cache)
     return reports
+
+
+def _reference(setup: AuditSetup, all_batches: list[list[Any]],
+               reference_dtype: torch.dtype) -> Any:
+    """The single-process large-batch reference on the canonical K-windows."""
+    from accumguard.reference import reference_run
+    from accumguard.toy import windows_for_reference
+
+    windows = windows_for_reference(all_batches, setup.accumulation_steps)
+    return reference_run(setup.build_model(), setup.make_optimizer, windows, setup.loss_fn,
+                         make_scheduler=setup.make_scheduler, max_grad_norm=setup.max_grad_norm,
+                         dtype=reference_dtype)
 
 
 @contextlib.contextmanager
@@ -507,6 +538,9 @@ class _Observer:
         self._wrapper: Any = None
         self._continuing = False
         self._undo: list[Callable[[], None]] = []
+        self._comm_depth = 0
+        self._engine_step_depth = 0
+        self._ds_installed = False
 
     # -- installation ---------------------------------------------------------------
     @contextlib.contextmanager
@@ -544,21 +578,64 @@ class _Observer:
         self._undo.append(lambda: setattr(self.ctx, "on_loss", None))
         for op in _REDUCE_OPS + _OTHER_OPS:
             if hasattr(dist, op):
-                self._patch(dist, op, lambda orig, op=op: self._counting(orig, op))
+                self._patch(dist, op, lambda orig, op=op: self._counting(orig, op in _REDUCE_OPS))
+        if "deepspeed.comm.comm" in sys.modules:
+            self._install_deepspeed()
         sched = torch.optim.lr_scheduler.LRScheduler
         self._patch(sched, "step", self._wrap_sched)
         self._patch(torch.optim.Optimizer, "zero_grad", self._wrap_zero("optimizer"))
         self._patch(torch.nn.Module, "zero_grad", self._wrap_zero("module"))
 
-    def _counting(self, orig: Callable[..., Any], op: str) -> Callable[..., Any]:
+    def _install_deepspeed(self) -> None:
+        """Count at the deepspeed.comm level, and mark DeepSpeedEngine.step. Called at install
+        when deepspeed is already imported, else at the first forward through a DeepSpeed
+        engine (before any backward, so no gradient collective is missed)."""
+        if self._ds_installed:
+            return
+        self._ds_installed = True
+        for name in ("deepspeed.comm", "deepspeed.comm.comm"):
+            mod = sys.modules.get(name)
+            if mod is None:
+                continue
+            for op in _DS_REDUCE_OPS + _DS_OTHER_OPS:
+                if callable(getattr(mod, op, None)):
+                    self._patch(mod, op, lambda orig, op=op: self._counting(
+                        orig, op in _DS_REDUCE_OPS))
+        engine_mod = sys.modules.get("deepspeed.runtime.engine")
+        engine_cls = getattr(engine_mod, "DeepSpeedEngine", None)
+        if engine_cls is not None:
+            self._patch(engine_cls, "step", self._wrap_engine_step)
+
+    def _wrap_engine_step(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        obs = self
+
+        def step(engine: Any, *args: Any, **kwargs: Any) -> Any:
+            obs._engine_step_depth += 1
+            try:
+                return orig(engine, *args, **kwargs)
+            finally:
+                obs._engine_step_depth -= 1
+
+        return step
+
+    def _counting(self, orig: Callable[..., Any], reduces: bool) -> Callable[..., Any]:
         def wrapped(*args: Any, **kwargs: Any) -> Any:
-            if not self._observing:
-                if op in _REDUCE_OPS and self.pending.backward > 0:
-                    self.pending.grad_collective_calls += 1
-                    self._mark_round()
-                else:
-                    self.pending.other_collective_calls += 1
-            return orig(*args, **kwargs)
+            # Only the outermost call counts: deepspeed.comm calls torch.distributed, and
+            # reduce_scatter_fn calls reduce_scatter_tensor.
+            if self._observing or self._comm_depth:
+                return orig(*args, **kwargs)
+            if reduces and self._engine_step_depth:
+                self.pending.step_reduce_calls += 1
+            elif reduces and self.pending.backward > 0:
+                self.pending.grad_collective_calls += 1
+                self._mark_round()
+            else:
+                self.pending.other_collective_calls += 1
+            self._comm_depth += 1
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                self._comm_depth -= 1
 
         return wrapped
 
@@ -652,6 +729,7 @@ class _Observer:
         self.engine = kind
         self._wrapper = wrapper
         if kind == "deepspeed":
+            self._install_deepspeed()
             with contextlib.suppress(Exception):
                 self.engine_info = {
                     "zero_stage": int(wrapper.zero_optimization_stage()),
@@ -879,16 +957,12 @@ def _update_tolerance(tol: float, u: float | None, step: int, initial: dict[str,
 
 def _build_report(name: str, setup: AuditSetup, obs: list[dict[str, Any]],
                   all_batches: list[list[Any]], world: int, reference_dtype: torch.dtype,
-                  tolerance: float | None, diagnose: bool, duration: float) -> AuditReport:
-    from accumguard.reference import reference_run
-    from accumguard.toy import windows_for_reference
-
+                  tolerance: float | None, diagnose: bool, duration: float,
+                  ref: Any = None, cache: Any = None) -> AuditReport:
     k = setup.accumulation_steps
     o0 = obs[0]
-    windows = windows_for_reference(all_batches, k)
-    ref = reference_run(setup.build_model(), setup.make_optimizer, windows, setup.loss_fn,
-                        make_scheduler=setup.make_scheduler, max_grad_norm=setup.max_grad_norm,
-                        dtype=reference_dtype)
+    if ref is None:
+        ref = _reference(setup, all_batches, reference_dtype)
     dtypes = o0["param_dtypes"]
     pdtype = _DTYPES.get(dtypes[0], torch.float32) if len(dtypes) == 1 else torch.float32
     if len(dtypes) > 1:
@@ -995,7 +1069,7 @@ def _build_report(name: str, setup: AuditSetup, obs: list[dict[str, Any]],
         from accumguard.diagnosis import diagnose as run_diagnosis
 
         try:
-            report.diagnosis = run_diagnosis(setup, all_batches, obs, report)
+            report.diagnosis = run_diagnosis(setup, all_batches, obs, report, cache=cache)
         except Exception as exc:  # noqa: BLE001 - a failed diagnosis must not hide the verdict
             report.notes.append(f"diagnosis failed: {type(exc).__name__}: {exc}")
     return report
@@ -1013,6 +1087,10 @@ def _count_notes(o0: dict[str, Any], k: int, notes: list[str], steps: list[StepR
                      "reduce_scatter*, reduce) made after a backward, counted by a wrapper; a "
                      "round is one or more such calls between two backwards")
     if eng == "deepspeed":
+        notes.append("DeepSpeed: collectives are counted at the deepspeed.comm level (once per "
+                     "call, not again in torch.distributed); reduce calls inside engine.step() "
+                     "(gradient-norm / overflow all-reduces) are not gradient reductions and are "
+                     "counted apart as step_reduce_calls")
         notes.append("zero_grad of the DeepSpeed engine is DeepSpeed's own method and is not "
                      "counted; torch optimizer and module zero_grad are")
     rounds = [s.counts.grad_collective_rounds for s in steps]

@@ -54,6 +54,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import sys
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -69,6 +70,14 @@ __all__ = ["DeepSpeedEngineAdapter"]
 log = logging.getLogger("accumguard")
 
 _MODES = ("auto", "eager", "deferred")
+# Gradient reductions as DeepSpeed issues them: looked up at call time on deepspeed.comm (its
+# torch backend bypasses torch.distributed.reduce_scatter_tensor); all_to_all_single is the
+# quantized (qgZ) reduction, which coalesced_collectives imported by name.
+_DS_REDUCTIONS = ("all_reduce", "inference_all_reduce", "all_reduce_coalesced", "reduce",
+                  "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_fn",
+                  "all_to_all_single")
+_DS_COMM_MODULES = ("deepspeed.comm", "deepspeed.comm.comm",
+                    "deepspeed.runtime.comm.coalesced_collectives")
 
 
 def _is_deepspeed_engine(model: Any) -> bool:
@@ -125,6 +134,7 @@ class DeepSpeedEngineAdapter(Engine):
         self._coalesce: Any = None  # the open coalesce_grad_reduction() context, if any
         self._saved_flag: Any = None
         self._norm: torch.Tensor | None = None
+        self._rounds = 0
 
     # -- lifecycle -------------------------------------------------------------------
     def bind(self, optimizer: torch.optim.Optimizer | None, accumulation_steps: int) -> None:
@@ -267,12 +277,45 @@ class DeepSpeedEngineAdapter(Engine):
         yield
 
     def backward(self, loss: torch.Tensor) -> None:
-        self.engine.backward(loss, scale_wrt_gas=False)
+        with self._counting_round():
+            self.engine.backward(loss, scale_wrt_gas=False)
 
     def sync(self) -> None:
         if self._coalesce is not None:
             ctx, self._coalesce = self._coalesce, None
-            ctx.__exit__(None, None, None)  # one reduction pass over the window's gradients
+            with self._counting_round():
+                ctx.__exit__(None, None, None)  # one reduction pass over the window's gradients
+
+    @contextlib.contextmanager
+    def _counting_round(self) -> Iterator[None]:
+        """Gradient reductions happen in backward (eager ZeRO-2/3; ZeRO-0/1 at the boundary)
+        or when the coalesced block closes, never in step() (whose norm/overflow all-reduces
+        are not gradient reductions). Wrap deepspeed.comm's reduce functions for this call
+        only; a call that issued at least one is one round."""
+        seen = [0]
+        patched: list[tuple[Any, str, Any]] = []
+
+        def counted(real: Any) -> Any:
+            def call(*args: Any, **kwargs: Any) -> Any:
+                seen[0] += 1
+                return real(*args, **kwargs)
+
+            return call
+
+        for name in _DS_COMM_MODULES:
+            module = sys.modules.get(name)
+            for op in _DS_REDUCTIONS:
+                real = getattr(module, op, None) if module is not None else None
+                if callable(real):
+                    patched.append((module, op, real))
+                    setattr(module, op, counted(real))
+        try:
+            yield
+        finally:
+            for module, op, real in reversed(patched):
+                setattr(module, op, real)
+            if seen[0]:
+                self._rounds += 1
 
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
         """Clipping happens inside ``engine.step()``; return the pre-clip global norm.
@@ -304,8 +347,10 @@ class DeepSpeedEngineAdapter(Engine):
         """Nothing to do: ``engine.step()`` zeroes (or frees) the gradients at the boundary."""
 
     def grad_collectives(self) -> int | None:
-        """DeepSpeed's reductions are not observable without patching its comm module."""
-        return None
+        """Gradient-reduction *rounds* so far: backward() or sync() calls that issued at least
+        one deepspeed.comm reduction (like the DDP and FSDP2 adapters, whatever the number of
+        buckets). Step-time norm/overflow all-reduces are not counted."""
+        return self._rounds
 
     def describe(self) -> str:
         return (f"deepspeed ZeRO-{self.stage} (sync={self.sync_mode}, world={self.world_size}, "
