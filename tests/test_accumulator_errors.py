@@ -163,3 +163,91 @@ def test_ranks_with_different_micro_batch_counts_error_instead_of_hanging() -> N
     assert "DistributedError" in info.value.remote_traceback
     assert "different numbers of micro-batches in window 1: [2, 1]" in str(info.value)
     assert issubclass(RankFailedError, DistributedError)
+
+
+def test_exception_in_a_micro_step_aborts_only_its_window() -> None:
+    """A caught error (say an OOM skipped on purpose) discards the window; training goes on
+    exactly as if the window had never been there."""
+    model, opt, acc, data = _setup(k=2)
+    torch.manual_seed(0)
+    clean = TokenMLP()
+    clean.load_state_dict(model.state_dict())
+    clean_acc = Accumulator(clean, torch.optim.SGD(clean.parameters(), lr=0.1),
+                            accumulation_steps=2, count_fn=count_tokens)
+    windows = acc.windows(data)
+    window = next(windows)
+    for micro in window:
+        try:
+            with micro:
+                micro.backward(token_loss(model, micro.batch)[0])
+                if micro.index == 1:
+                    raise MemoryError("pretend out of memory")
+        except MemoryError:
+            break
+    assert window.aborted and window.result is not None and window.result.skipped
+    assert all(p.grad is None for p in model.parameters())
+    for w in windows:
+        w.run(lambda b: token_loss(model, b)[0])
+    for w in clean_acc.windows(data[2:]):
+        w.run(lambda b: token_loss(clean, b)[0])
+    assert acc.optimizer_steps == 1 and acc.skipped_windows == 1
+    for a, b in zip(model.parameters(), clean.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_a_step_skipped_by_the_grad_scaler_is_reported_as_skipped() -> None:
+    torch.manual_seed(0)
+    model = TokenMLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    scaler = torch.amp.GradScaler("cpu")
+    acc = Accumulator(model, opt, accumulation_steps=2, count_fn=count_tokens,
+                      scheduler=sched, scaler=scaler)
+    before = [p.detach().clone() for p in model.parameters()]
+    data = make_rank_batches(seed=0, world_size=1, micro_batches=2)[0]
+    for w in acc.windows(data):
+        w.run(lambda b: token_loss(model, b)[0] * float("inf"))  # an overflowing loss
+    assert acc.history[-1].skipped and acc.optimizer_steps == 0
+    assert opt.param_groups[0]["lr"] == 0.1  # the scheduler did not run ahead of the optimizer
+    assert all(torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
+
+
+def _local_engine_in_a_group(rank: int, world: int) -> list:
+    out = []
+    for mode in ("sum", "mean"):
+        torch.manual_seed(0)
+        model = TokenMLP()
+        opt = torch.optim.SGD(model.parameters(), lr=1.0)
+        acc = Accumulator(model, opt, accumulation_steps=2, normalization=mode,
+                          count_fn=count_tokens if mode == "sum" else None)
+        data = make_rank_batches(seed=rank, world_size=1, micro_batches=2, uneven=False)[0]
+        for w in acc.windows(data):
+            w.run(lambda b, mode=mode, model=model: token_loss(model, b)[0] if mode == "sum"
+                  else token_loss(model, b)[0] / count_tokens(b))
+        out.append([p.detach().clone() for p in model.parameters()])
+    return out
+
+
+def test_local_engine_ignores_an_existing_process_group() -> None:
+    """An unwrapped model trains on this process's data alone, in both modes, even under
+    torch.distributed: no all-gather another rank could miss, no division by W."""
+    for sum_params, mean_params in run_on_ranks(_local_engine_in_a_group, 2, timeout=90):
+        for a, b in zip(sum_params, mean_params, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def _two_hooks(rank: int, world: int) -> str:
+    from accumguard.engines.ddp import DDPEngine
+
+    model = DDP(TokenMLP())
+    DDPEngine(model)
+    try:
+        DDPEngine(model)
+    except ConfigError as err:
+        return str(err)
+    return "no error"
+
+
+def test_a_second_counting_hook_is_a_clear_error() -> None:
+    msg = run_on_ranks(_two_hooks, 2, timeout=60)[0]
+    assert "count_collectives=False" in msg

@@ -73,3 +73,17 @@ def test_hang_times_out_and_leaves_no_process() -> None:
 def test_bad_world_size_is_a_clear_error() -> None:
     with pytest.raises(ConfigError, match="world_size"):
         run_on_ranks(_sum_ranks, 0)
+
+
+def _raise_early_on_rank0(rank: int, world: int) -> None:
+    if rank == 0:
+        raise RuntimeError("early failure")
+    time.sleep(2)  # then rank 1 waits in the teardown barrier that rank 0 never enters
+
+
+def test_error_is_reported_before_the_teardown_barrier_times_out() -> None:
+    t0 = time.monotonic()
+    with pytest.raises(RankFailedError, match="early failure") as info:
+        run_on_ranks(_raise_early_on_rank0, 2, timeout=120)
+    assert info.value.rank == 0
+    assert time.monotonic() - t0 < 30  # not the 96 s process-group timeout

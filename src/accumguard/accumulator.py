@@ -161,6 +161,7 @@ class Window:
         self.skipped = global_count == 0
         self.is_partial = len(batches) < acc.config.accumulation_steps
         self.result: StepResult | None = None
+        self.aborted = False
         self._entered = 0
         self._world_micro_steps = world_micro_steps
 
@@ -408,6 +409,7 @@ class Accumulator:
         self._active = None
         ctx.__exit__(None, None, None)
         if failed:
+            self._abort(micro.window)
             return
         if not micro._did_backward:
             raise UsageError(
@@ -416,6 +418,17 @@ class Accumulator:
         micro.window._entered += 1
         self._boundary.micro_step(window_size=len(micro.window))
 
+    def _abort(self, w: Window) -> None:
+        """An exception escaped a micro-step: drop the window's partial gradients (nothing of
+        it may reach the next window, F7) and reset the count, so training can go on after
+        the caller handled the error (e.g. skipped an out-of-memory batch on every rank)."""
+        self.engine.abort_window(self.optimizer)
+        self._boundary.count = 0
+        self._finish(w, skipped=True, grad_norm=None, lrs=())
+        w.aborted = True
+        log.warning("accumguard: window %d aborted by an exception in micro-step; its partial "
+                    "gradients were discarded and no optimizer step was taken", w.index)
+
     def _check_window_finished(self) -> None:
         w = self._window
         if w is None or w.result is not None:
@@ -423,7 +436,8 @@ class Accumulator:
         raise UsageError(
             f"window {w.index} was left after {w._entered} of {len(w)} micro-steps; its "
             "gradients would leak into the next window (failure class F7). Run every "
-            "micro-step of a window (do not `break` out of it)")
+            "micro-step of a window (do not `break` out of it); a micro-step that raises "
+            "aborts its window by itself")
 
     # -- the boundary --------------------------------------------------------------
     def _step(self) -> None:
@@ -437,13 +451,18 @@ class Accumulator:
             norm = self.engine.clip_grad_norm(self.config.max_grad_norm)
         lrs = tuple(float(g["lr"]) for g in self._param_groups())
         self.engine.optimizer_step(opt, self.scaler)
+        stepped = True
         if self.scaler is not None:
+            scale = self.scaler.get_scale()
             self.scaler.update()
-        if self.scheduler is not None:
+            # The scaler skips the step (inf/NaN gradient) exactly when it lowers the scale.
+            stepped = self.scaler.get_scale() >= scale
+        if self.scheduler is not None and stepped:
             self.scheduler.step()
         self.engine.zero_grad(opt)
-        self.optimizer_steps += 1
-        self._finish(w, skipped=False, grad_norm=norm, lrs=lrs)
+        if stepped:
+            self.optimizer_steps += 1
+        self._finish(w, skipped=not stepped, grad_norm=norm, lrs=lrs)
 
     def _param_groups(self) -> list[dict[str, Any]]:
         opt = self.optimizer

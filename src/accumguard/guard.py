@@ -246,6 +246,12 @@ class AccumulationGuard:
         from torch.nn.parallel import DistributedDataParallel
 
         self._ddp = model if isinstance(model, DistributedDataParallel) else None
+        if check_sync_every is not None and self._ddp is None:
+            raise ConfigError(
+                f"check_sync_every={check_sync_every} compares the synchronised gradient across "
+                f"ranks, which only a DistributedDataParallel model replicates; got "
+                f"{type(model).__name__} (sharded engines hold different shards on each rank "
+                "by design). Drop check_sync_every for this model")
         # Cached once: model.parameters() walks the module tree on every call.
         self._params = [p for p in model.parameters() if p.requires_grad]
         self._param_ids = frozenset(id(p) for p in self._params)

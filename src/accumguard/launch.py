@@ -73,6 +73,7 @@ def _worker(
 
     torch.set_num_threads(1)
     timeout = datetime.timedelta(seconds=pg_timeout)
+    failed: bool | None = None
     try:
         if store_addr is not None:
             os.environ["MASTER_PORT"] = str(store_addr[1])
@@ -85,19 +86,26 @@ def _worker(
                                     world_size=world_size, timeout=timeout)
         if backend == "nccl":
             torch.cuda.set_device(rank % torch.cuda.device_count())
+        failed = True
         try:
             value = fn(rank, world_size, *args)
             # Report before the teardown barrier, so a hang is blamed on the rank that hung.
             # Plain pickle: torch's queue pickler would pass tensors as shared-memory handles
             # that die with this process.
             results.put((rank, "ok", pickle.dumps(value)))
+            failed = False
+        except BaseException:  # noqa: BLE001 - report now, not after a teardown barrier
+            results.put((rank, "error", traceback.format_exc()))
+            raise
         finally:
-            with contextlib.suppress(Exception):
-                dist.barrier()
+            if not failed:  # a failed rank skips the barrier the others may never reach
+                with contextlib.suppress(Exception):
+                    dist.barrier()
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
     except BaseException:  # noqa: BLE001 - every failure must reach the parent
-        results.put((rank, "error", traceback.format_exc()))
+        if failed is None:  # init failed; fn's own failures were reported above
+            results.put((rank, "error", traceback.format_exc()))
 
 
 def _kill(procs: list[mp.process.BaseProcess]) -> None:

@@ -37,9 +37,13 @@ def cast_floats(obj: Any, dtype: torch.dtype) -> Any:
 def flat_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Detached CPU float64 copies of the parameters, by name (wrapper prefixes stripped)."""
     out = {}
-    for name, p in model.named_parameters():
-        for prefix in ("module.", "_orig_mod.", "_fsdp_wrapped_module."):
-            name = name.replace(prefix, "")
+    wrappers = {"module", "_orig_mod", "_fsdp_wrapped_module"}
+    for full_name, p in model.named_parameters():
+        parts = full_name.split(".")
+        while len(parts) > 1 and parts[0] in wrappers:
+            parts = parts[1:]
+        name = ".".join(parts)
+        assert name not in out, f"two parameters map to {name!r} after stripping wrappers"
         t = p.detach()
         if hasattr(t, "full_tensor"):
             t = t.full_tensor()

@@ -64,6 +64,11 @@ class Engine(ABC):
         """Called once by the Accumulator after :meth:`bind`: raise ConfigError for options
         this engine cannot honour (e.g. DeepSpeed clips and scales losses itself)."""
 
+    def abort_window(self, optimizer: torch.optim.Optimizer | None) -> None:
+        """An exception left the window unfinished: discard its partial gradients."""
+        if optimizer is not None:
+            optimizer.zero_grad(set_to_none=True)
+
     def close(self) -> None:  # noqa: B027
         """Restore every engine setting this adapter changed (previous values, not defaults)."""
 

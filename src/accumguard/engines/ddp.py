@@ -67,7 +67,14 @@ class DDPEngine(Engine):
         self._counter: _CommCounter | None = None
         if count_collectives:
             counter = _CommCounter(model.process_group)
-            model.register_comm_hook(counter, _counting_allreduce)
+            try:
+                model.register_comm_hook(counter, _counting_allreduce)
+            except RuntimeError as err:
+                raise ConfigError(
+                    "this DDP model already has a communication hook (yours, or the counting "
+                    "hook of an earlier accumguard adapter: DDP allows one per model and "
+                    "cannot remove it); pass DDPEngine(model, count_collectives=False) and "
+                    "the adapter will not count all-reduces") from err
             self._counter = counter
 
     def reduction(self) -> GradReduction:

@@ -132,6 +132,7 @@ class DeepSpeedEngineAdapter(Engine):
         self.sync_mode = sync  # resolved in bind(), when K is known
         self.accumulation_steps: int | None = None
         self._coalesce: Any = None  # the open coalesce_grad_reduction() context, if any
+        self._aborted = False  # an exception interrupted a coalesced window (see abort_window)
         self._saved_flag: Any = None
         self._norm: torch.Tensor | None = None
         self._rounds = 0
@@ -245,6 +246,17 @@ class DeepSpeedEngineAdapter(Engine):
         """The max norm DeepSpeed clips at inside ``step()`` (0 = no clipping)."""
         return float(self.engine.gradient_clipping())
 
+    def abort_window(self, optimizer: Any) -> None:
+        """PARTIAL: DeepSpeed has no API to discard a half-accumulated window. In eager mode
+        the engine's gradients are zeroed; in deferred mode the open coalesced block cannot be
+        left without its flush (a collective only this rank would enter), so the adapter is
+        marked unusable and every later micro-step says so."""
+        if self._coalesce is not None:
+            self._coalesce = None
+            self._aborted = True
+        else:
+            self.engine.zero_grad()
+
     def close(self) -> None:
         if self._coalesce is not None:
             ctx, self._coalesce = self._coalesce, None
@@ -269,6 +281,11 @@ class DeepSpeedEngineAdapter(Engine):
         if self.accumulation_steps is None:
             raise UsageError("micro_step() before bind(); construct an Accumulator with this "
                              "engine, it binds the adapter")
+        if self._aborted:
+            raise UsageError(
+                "an exception interrupted a coalesced (sync='deferred') DeepSpeed window, and "
+                "DeepSpeed cannot discard half-reduced gradients; rebuild the engine (or "
+                "restore the last checkpoint) before training on")
         if self.sync_mode == "deferred" and self._coalesce is None:
             # The block opens at the window's first micro-step and closes in sync().
             self._coalesce = self.engine.coalesce_grad_reduction()
@@ -327,6 +344,8 @@ class DeepSpeedEngineAdapter(Engine):
         assert math.isclose(max_norm, self.clip_value, rel_tol=1e-12), "checked in check_options"
         if self.stage == 0:
             grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
+            if not grads:
+                return torch.zeros(())
             norms = torch.stack([g.detach().double().norm() for g in grads])
             return torch.linalg.vector_norm(norms).float()
         self._norm = torch.full((), math.nan)

@@ -12,6 +12,12 @@ class LocalEngine(Engine):
     name = "local"
     sync_mode = "none"
 
+    def __init__(self, model, **options) -> None:  # noqa: ANN001, ANN003
+        super().__init__(model, **options)
+        # An unwrapped model is trained by this process alone, even when a process group
+        # exists: no count all-gather, N is this process's count.
+        self.world_size = 1
+
     def reduction(self) -> GradReduction:
         return GradReduction(world_size=1, averages_over_ranks=False)
 
