@@ -251,3 +251,23 @@ def _two_hooks(rank: int, world: int) -> str:
 def test_a_second_counting_hook_is_a_clear_error() -> None:
     msg = run_on_ranks(_two_hooks, 2, timeout=60)[0]
     assert "count_collectives=False" in msg
+
+
+def test_boundary_callbacks_see_each_step_once_with_its_numbers() -> None:
+    """on_boundary: one call per optimizer step with N, the LR used and the pre-clip norm."""
+    torch.manual_seed(0)
+    model = TokenMLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    seen = []
+    acc = Accumulator(model, opt, accumulation_steps=3, scheduler=sched, max_grad_norm=0.01,
+                      count_fn=count_tokens, on_boundary=[seen.append])
+    data = make_rank_batches(seed=0, world_size=1, micro_batches=7)[0]
+    for w in acc.windows(data):
+        w.run(lambda b: token_loss(model, b)[0])
+    assert [r.step for r in seen] == [1, 2, 3]
+    assert [r.micro_steps for r in seen] == [3, 3, 1]
+    assert [r.lrs for r in seen] == [(0.5,), (0.25,), (0.125,)]
+    expected_counts = [sum(float(count_tokens(b)) for b in data[i:i + 3]) for i in (0, 3, 6)]
+    assert [r.count for r in seen] == expected_counts
+    assert all(r.grad_norm is not None and float(r.grad_norm) > 0.01 for r in seen)
