@@ -26,7 +26,12 @@ from accumguard.launch import run_on_ranks
 from accumguard.reference import reference_run, relative_update_error
 from accumguard.scaling import GradReduction, loss_scale
 
-__version__ = "0.1.0"
+try:
+    from importlib.metadata import version as _version
+
+    __version__ = _version("accumguard")
+except Exception:  # noqa: BLE001 - running from a source tree that is not installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "AccumguardError",

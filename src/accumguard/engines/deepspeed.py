@@ -123,10 +123,23 @@ class DeepSpeedEngineAdapter(Engine):
             raise ConfigError(
                 "the DeepSpeed engine has no optimizer; pass optimizer=... to "
                 "deepspeed.initialize or an \"optimizer\" section in its config")
+        for needed in ("set_gradient_accumulation_boundary", "coalesce_grad_reduction"):
+            if not hasattr(model, needed):
+                raise ConfigError(
+                    f"this DeepSpeed engine has no `{needed}`; accumguard drives DeepSpeed "
+                    "through it and was tested with DeepSpeed 0.19.8: upgrade deepspeed")
         super().__init__(model, process_group=None)
         self.engine = model
         self.stage = int(model.zero_optimization_stage())
         self.rank, self.world_size = int(model.global_rank), int(model.dp_world_size)
+        import torch.distributed as dist
+
+        if dist.is_initialized() and dist.get_world_size() != self.world_size:
+            raise ConfigError(
+                f"DeepSpeed's data-parallel size ({self.world_size}) differs from the world "
+                f"size ({dist.get_world_size()}): tensor/pipeline/sequence parallelism is not "
+                "supported yet (the window's sample count would be gathered over the wrong "
+                "ranks). Use the adapter with pure data parallelism")
         self.config = _raw_config(model)
         self.requested_sync = sync
         self.sync_mode = sync  # resolved in bind(), when K is known
