@@ -118,3 +118,17 @@ def train_with_accumulator(case: Case, model: torch.nn.Module, engine: Any,
         colls.append(None if after is None or before is None else after - before)
         snaps.append(flat_params(model))
     return snaps, colls, acc
+
+
+def engine_cases(seed: int) -> list[Case]:
+    """The three cases every sharded/ZeRO engine grid runs (seeds ``seed``..``seed + 2``)."""
+    return [
+        # partial final window (10 = 4 + 4 + 2), uneven batch sizes, scheduler, clipping active
+        Case(accumulation_steps=4, micro_batches=10, optimizer="adamw", scheduler=True,
+             max_grad_norm=0.2, vary_batch_size=True, seed=seed),
+        # K = 1: every micro-step is a boundary
+        Case(accumulation_steps=1, micro_batches=3, optimizer="sgd", max_grad_norm=0.2,
+             seed=seed + 1),
+        # no clipping, partial window (9 = 4 + 4 + 1)
+        Case(accumulation_steps=4, micro_batches=9, optimizer="sgd", seed=seed + 2),
+    ]

@@ -21,6 +21,7 @@ from accumguard.toy import token_loss, windows_for_reference
 from helpers import (
     FP32_UPDATE_TOL,
     Case,
+    engine_cases,
     make_data,
     make_model,
     make_optimizer,
@@ -29,15 +30,7 @@ from helpers import (
     train_with_accumulator,
 )
 
-CASES = [
-    # partial final window (10 = 4 + 4 + 2), uneven batch sizes, scheduler, clipping active
-    Case(accumulation_steps=4, micro_batches=10, optimizer="adamw", scheduler=True,
-         max_grad_norm=0.2, vary_batch_size=True, seed=21),
-    # K = 1: every micro-step is a boundary
-    Case(accumulation_steps=1, micro_batches=3, optimizer="sgd", max_grad_norm=0.2, seed=22),
-    # no clipping, partial window (9 = 4 + 4 + 1)
-    Case(accumulation_steps=4, micro_batches=9, optimizer="sgd", seed=23),
-]
+CASES = engine_cases(21)
 GRID = [case.with_(sync=sync) for sync in ("deferred", "eager") for case in CASES]
 
 

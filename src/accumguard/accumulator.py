@@ -31,7 +31,13 @@ import torch
 
 from accumguard.core import Boundary, check_accumulation_steps
 from accumguard.engines import Engine, resolve_engine
-from accumguard.errors import AccumguardWarning, ConfigError, DistributedError, UsageError
+from accumguard.errors import (
+    AccumguardWarning,
+    ConfigError,
+    DistributedError,
+    UsageError,
+    rank_prefix,
+)
 from accumguard.scaling import GradReduction, loss_scale
 
 __all__ = ["AccumulationConfig", "Accumulator", "MicroStep", "StepResult", "Window", "batch_size"]
@@ -152,7 +158,7 @@ class Window:
     """The K (or fewer, at the end of data) micro-batches of one optimizer step."""
 
     def __init__(self, acc: Accumulator, index: int, batches: list[Any], counts: list[float],
-                 global_count: float, world_micro_steps: int) -> None:
+                 global_count: float) -> None:
         self.acc = acc
         self.index = index
         self.batches = batches
@@ -163,7 +169,17 @@ class Window:
         self.result: StepResult | None = None
         self.aborted = False
         self._entered = 0
-        self._world_micro_steps = world_micro_steps
+        # The factors of this window, derived once: what each micro-step's loss is multiplied
+        # by before backward, and the same for an engine that does nothing (this rank's share
+        # of the window loss, for StepResult.loss).
+        self._grad_scale = self._loss_share = 0.0
+        if not self.skipped:
+            mode, engine = acc.config.normalization, acc.engine
+            self._grad_scale = loss_scale(mode=mode, reduction=engine.reduction(),
+                                          global_count=global_count, window_micro_steps=len(self))
+            self._loss_share = loss_scale(
+                mode=mode, reduction=GradReduction(world_size=engine.world_size),
+                global_count=global_count, window_micro_steps=len(self))
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -330,8 +346,7 @@ class Accumulator:
                     "over samples, or make all micro-batches equal (DataLoader(drop_last=True))"
                 )
         local_counts = [float(x) for x in c.tolist()] if counts else []
-        self._window = Window(self, self.windows_seen, batches, local_counts, global_count,
-                              global_micro)
+        self._window = Window(self, self.windows_seen, batches, local_counts, global_count)
         if global_count == 0:
             warnings.warn(
                 f"accumguard: window {self.windows_seen} holds no samples/tokens on any rank "
@@ -390,14 +405,8 @@ class Accumulator:
                     "pass a count_fn that returns the same count (e.g. valid tokens) to the "
                     "Accumulator")
         w = micro.window
-        scale = loss_scale(mode=self.config.normalization, reduction=self.engine.reduction(),
-                           global_count=w.global_count, window_micro_steps=len(w))
-        scaled = loss.reshape(()) * scale
-        # This rank's share of the window loss: the same formula for an engine that does nothing.
-        plain = GradReduction(world_size=self.engine.world_size)
-        share = loss.detach().reshape(()) * loss_scale(
-            mode=self.config.normalization, reduction=plain, global_count=w.global_count,
-            window_micro_steps=len(w))
+        scaled = loss.reshape(()) * w._grad_scale
+        share = loss.detach().reshape(()) * w._loss_share
         self._loss_acc = share if self._loss_acc is None else self._loss_acc + share
         if self.scaler is not None:
             scaled = self.scaler.scale(scaled)
@@ -530,5 +539,5 @@ class Accumulator:
         self.close()
 
     def _prefix(self) -> str:
-        return f"[rank {self.engine.rank}] " if self.engine.world_size > 1 else ""
+        return rank_prefix(self.engine.rank if self.engine.world_size > 1 else None)
 

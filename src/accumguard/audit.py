@@ -54,7 +54,7 @@ import torch
 
 from accumguard.contract import AuditSetup, Loop, LoopContext
 from accumguard.errors import ConfigError
-from accumguard.reference import flat_params, relative_update_error
+from accumguard.reference import canonical_name, flat_params, relative_update_error
 
 __all__ = [
     "AuditReport",
@@ -468,12 +468,6 @@ def _observe_loops(rank: int, world: int, setup: AuditSetup, names: list[str],
 
 
 # ----------------------------------------------------------------------------- the observer
-def _strip(name: str) -> str:
-    for prefix in ("module.", "_orig_mod.", "_fsdp_wrapped_module."):
-        name = name.replace(prefix, "")
-    return name
-
-
 def _gather_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Full parameters by name: DTensor → ``full_tensor()``; DeepSpeed ZeRO-3 gathered."""
     params = [p for p in model.parameters()]
@@ -776,7 +770,7 @@ class _Observer:
                 self.q.put((self.name, len(self.records)))
 
     def _capture_grads(self, opt: torch.optim.Optimizer) -> dict[str, torch.Tensor] | None:
-        names = {id(p): _strip(n) for n, p in self.model.named_parameters()}
+        names = {id(p): canonical_name(n) for n, p in self.model.named_parameters()}
         out: dict[str, torch.Tensor] = {}
         self._observing = True
         try:

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from accumguard.contract import AuditSetup
-from accumguard.reference import cast_floats, relative_update_error
+from accumguard.reference import canonical_name, cast_floats, relative_update_error
 
 __all__ = ["Candidate", "Diagnosis", "DiagnosisCache", "diagnose", "FIXES", "TITLES"]
 
@@ -237,7 +237,7 @@ class _Sim:
         self.M = len(batches[0])
         self.K = setup.accumulation_steps
         self.base = setup.build_model().to(dtype)
-        self.names = [_strip(n) for n, _ in self.base.named_parameters()]
+        self.names = [canonical_name(n) for n, _ in self.base.named_parameters()]
         self.shapes = [p.shape for p in self.base.parameters()]
         self.counts = [[self._count(b) for b in rank] for rank in self.batches]
         # Per-micro-batch gradients g(r, i) are what every hypothesis spends its time on, and
@@ -341,12 +341,6 @@ class _Sim:
             traj.append(self.params(reps[0]))
         assert first is not None
         return traj, first
-
-
-def _strip(name: str) -> str:
-    for prefix in ("module.", "_orig_mod.", "_fsdp_wrapped_module."):
-        name = name.replace(prefix, "")
-    return name
 
 
 # ----------------------------------------------------------------------------- hypotheses

@@ -57,7 +57,13 @@ from typing import Any
 import torch
 
 from accumguard.core import check_accumulation_steps
-from accumguard.errors import AccumguardWarning, AccumulationError, ConfigError, UsageError
+from accumguard.errors import (
+    AccumguardWarning,
+    AccumulationError,
+    ConfigError,
+    UsageError,
+    rank_prefix,
+)
 
 __all__ = [
     "AccumulationGuard",
@@ -692,7 +698,7 @@ class AccumulationGuard:
                  expected: str, fix: str) -> None:
         where = f"window {self.window}" + ("" if micro_step is None
                                            else f", micro-step {micro_step}")
-        prefix = f"[rank {self._rank}] " if self._world > 1 else ""
+        prefix = rank_prefix(self._rank if self._world > 1 else None)
         message = (f"{prefix}[{cls.rule} {cls.title}] {where}: saw {seen}; expected {expected}. "
                    f"Fix: {fix}.")
         self.violations.append(Violation(rule=cls.rule, error=cls.__name__, window=self.window,

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 __all__ = ["ReferenceRun", "reference_run", "relative_update_error", "cast_floats",
-           "flat_params"]
+           "flat_params", "canonical_name"]
 
 
 def cast_floats(obj: Any, dtype: torch.dtype) -> Any:
@@ -34,15 +34,23 @@ def cast_floats(obj: Any, dtype: torch.dtype) -> Any:
     return obj
 
 
+_WRAPPERS = frozenset({"module", "_orig_mod", "_fsdp_wrapped_module"})
+
+
+def canonical_name(name: str) -> str:
+    """A parameter's name without the leading wrapper parts DDP, ``torch.compile`` or FSDP1
+    add (``module.fc.weight`` → ``fc.weight``); inner parts that merely look alike stay."""
+    parts = name.split(".")
+    while len(parts) > 1 and parts[0] in _WRAPPERS:
+        parts = parts[1:]
+    return ".".join(parts)
+
+
 def flat_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Detached CPU float64 copies of the parameters, by name (wrapper prefixes stripped)."""
     out = {}
-    wrappers = {"module", "_orig_mod", "_fsdp_wrapped_module"}
     for full_name, p in model.named_parameters():
-        parts = full_name.split(".")
-        while len(parts) > 1 and parts[0] in wrappers:
-            parts = parts[1:]
-        name = ".".join(parts)
+        name = canonical_name(full_name)
         assert name not in out, f"two parameters map to {name!r} after stripping wrappers"
         t = p.detach()
         if hasattr(t, "full_tensor"):

@@ -89,20 +89,28 @@ def _emit(text: str, output: str | None) -> None:
         sys.stdout.write(text)
 
 
+def _parse(parser: argparse.ArgumentParser,
+           argv: list[str] | None) -> tuple[argparse.Namespace, list[str], list[str]] | int:
+    """Parse ``argv`` and its --select/--ignore codes, or return the exit code argparse chose
+    (2 on a usage error or unknown code, 0 on --help) instead of exiting the process."""
+    try:
+        args = parser.parse_args(argv)
+        select, ignore = _codes(args.select), _codes(args.ignore)
+        _check_codes(parser, select + ignore)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    return args, select, ignore
+
+
 def lint_main(argv: list[str] | None = None) -> int:
     """Run ``accumguard lint``; return the exit code (0 clean, 1 findings, 2 usage/parse error)."""
     from accumguard.lint.rules import LintError, iter_python_files, lint_file
 
     parser = build_lint_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # argparse exits 2 on usage errors, 0 on --help
-        return int(exc.code or 0)
-    select, ignore = _codes(args.select), _codes(args.ignore)
-    try:
-        _check_codes(parser, select + ignore)
-    except SystemExit as exc:
-        return int(exc.code or EXIT_ERROR)
+    parsed = _parse(parser, argv)
+    if isinstance(parsed, int):
+        return parsed
+    args, select, ignore = parsed
     findings = []
     errors: list[LintError] = []
     for path in iter_python_files(args.paths):
@@ -128,20 +136,15 @@ def check_config_main(argv: list[str] | None = None) -> int:
     from accumguard.errors import ConfigError
 
     parser = build_check_config_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:
-        return int(exc.code or 0)
+    parsed = _parse(parser, argv)
+    if isinstance(parsed, int):
+        return parsed
+    args, select, ignore = parsed
     for name in ("world_size", "accumulation_steps"):
         value = getattr(args, name)
         if value is not None and value < 1:
             print(f"{parser.prog}: error: --{name.replace('_', '-')} must be >= 1, got {value}", file=sys.stderr)
             return EXIT_ERROR
-    select, ignore = _codes(args.select), _codes(args.ignore)
-    try:
-        _check_codes(parser, select + ignore)
-    except SystemExit as exc:
-        return int(exc.code or EXIT_ERROR)
     findings = []
     failed = False
     for path in args.configs:
