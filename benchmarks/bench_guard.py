@@ -2,7 +2,7 @@
 
 Each repetition times ``--steps`` optimizer steps (K micro-steps each: forward, backward;
 then clip, AdamW step, scheduler step, zero_grad) once without and once with
-``accumguard.guard.guard(...)`` installed, alternating which goes first; the reported
+``accumguard.runtime.guard.guard(...)`` installed, alternating which goes first; the reported
 ratio is the median over repetitions of guarded/unguarded process CPU time. Single process, one
 thread, CPU: the guard's cost is Python work per event, so this is its honest measure.
 
@@ -20,8 +20,14 @@ from typing import Any
 
 import torch
 
-from accumguard.guard import guard
-from accumguard.toy import TinyCausalLM, TokenMLP, make_lm_batches, make_rank_batches, token_loss
+from accumguard.demo.toy import (
+    TinyCausalLM,
+    TokenMLP,
+    make_lm_batches,
+    make_rank_batches,
+    token_loss,
+)
+from accumguard.runtime.guard import guard
 
 MODELS: dict[str, dict[str, Any]] = {
     # the toy of the test suite: 2.2 k parameters, 4x12 tokens per micro-batch

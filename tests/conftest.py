@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
+
+# Tests live in sub-folders mirroring the package; they share tests/helpers.py.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 _LEAKY = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 

@@ -12,8 +12,13 @@ from typing import Any
 
 import torch
 
-from accumguard.reference import ReferenceRun, reference_run, relative_update_error
-from accumguard.toy import TokenMLP, make_rank_batches, token_loss, windows_for_reference
+from accumguard.demo.toy import TokenMLP, make_rank_batches, token_loss
+from accumguard.verify.reference import (
+    ReferenceRun,
+    reference_run,
+    relative_update_error,
+    windows_for_reference,
+)
 
 # fp32 target vs fp64 reference, relative to the update: the mission's criterion.
 FP32_UPDATE_TOL = 1e-5
@@ -92,8 +97,8 @@ def train_with_accumulator(case: Case, model: torch.nn.Module, engine: Any,
     """Run ``case`` through an Accumulator; return per-step snapshots, collectives per step,
     and the Accumulator. ``engine`` is an Engine instance or name."""
     from accumguard import Accumulator
-    from accumguard.reference import flat_params
-    from accumguard.toy import count_tokens
+    from accumguard.demo.toy import count_tokens
+    from accumguard.verify.reference import flat_params
 
     opt = optimizer if optimizer is not None else make_optimizer(case, model.parameters())
     sched = scheduler if scheduler is not None else make_scheduler(case, opt)

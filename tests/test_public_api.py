@@ -26,7 +26,7 @@ def test_all_is_frozen() -> None:
 def test_import_does_not_pull_optional_or_cli_libraries() -> None:
     code = ("import sys, accumguard; "
             "heavy = [m for m in ('deepspeed', 'matplotlib', 'rich', 'accumguard.cli', "
-            "'accumguard.lint', 'accumguard.demo') if m in sys.modules]; print(heavy)")
+            "'accumguard.static.lint', 'accumguard.demo.demo') if m in sys.modules]; print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "[]", out.stdout
@@ -37,7 +37,7 @@ def test_ships_py_typed() -> None:
 
 
 def test_every_error_is_one_hierarchy() -> None:
-    from accumguard import errors
+    from accumguard.core import errors
 
     classes = [c for c in vars(errors).values()
                if isinstance(c, type) and issubclass(c, Exception)]

@@ -5,33 +5,44 @@ correctly; :class:`Boundary` is the framework-free state machine behind it;
 :func:`run_on_ranks` runs a function on real distributed ranks;
 :func:`reference_run` is the single-process truth everything is compared to;
 :func:`guard` watches any training loop at run time.
-Optional parts (DeepSpeed, plots, the CLI) are imported only when used.
+
+Imports are lazy (PEP 562): ``import accumguard`` costs nothing until a name is
+used, so ``accumguard.static`` runs without torch and the pytest plugin does not
+slow down every test session. Layers, bottom up (each imports only lower ones):
+``core`` → ``static`` | ``engines`` → ``accumulate`` → ``observe`` →
+``integrations`` → ``runtime`` → ``verify`` → ``demo`` | ``cli``.
 """
 
-from accumguard.accumulator import AccumulationConfig, Accumulator, StepResult, Window
-from accumguard.core import Boundary
-from accumguard.engines import Engine, resolve_engine
-from accumguard.errors import (
-    AccumguardError,
-    AccumguardWarning,
-    AccumulationError,
-    ConfigError,
-    DistributedError,
-    RankFailedError,
-    RankTimeoutError,
-    UsageError,
-)
-from accumguard.guard import AccumulationGuard, guard  # binds the name to the function
-from accumguard.launch import run_on_ranks
-from accumguard.reference import reference_run, relative_update_error
-from accumguard.scaling import GradReduction, loss_scale
+from __future__ import annotations
 
-try:
-    from importlib.metadata import version as _version
+import importlib
+from typing import TYPE_CHECKING, Any
 
-    __version__ = _version("accumguard")
-except Exception:  # noqa: BLE001 - running from a source tree that is not installed
-    __version__ = "0+unknown"
+# public name -> module that defines it
+_EXPORTS = {
+    "AccumguardError": "accumguard.core.errors",
+    "AccumguardWarning": "accumguard.core.errors",
+    "AccumulationError": "accumguard.core.errors",
+    "ConfigError": "accumguard.core.errors",
+    "DistributedError": "accumguard.core.errors",
+    "RankFailedError": "accumguard.core.errors",
+    "RankTimeoutError": "accumguard.core.errors",
+    "UsageError": "accumguard.core.errors",
+    "Boundary": "accumguard.core.boundary",
+    "GradReduction": "accumguard.core.scaling",
+    "loss_scale": "accumguard.core.scaling",
+    "AccumulationConfig": "accumguard.accumulate.accumulator",
+    "Accumulator": "accumguard.accumulate.accumulator",
+    "StepResult": "accumguard.accumulate.accumulator",
+    "Window": "accumguard.accumulate.accumulator",
+    "Engine": "accumguard.engines.base",
+    "resolve_engine": "accumguard.engines.registry",
+    "AccumulationGuard": "accumguard.runtime.guard",
+    "guard": "accumguard.runtime.guard",
+    "run_on_ranks": "accumguard.runtime.launch",
+    "reference_run": "accumguard.verify.reference",
+    "relative_update_error": "accumguard.verify.reference",
+}
 
 __all__ = [
     "AccumguardError",
@@ -57,3 +68,48 @@ __all__ = [
     "resolve_engine",
     "run_on_ranks",
 ]
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from accumguard.accumulate.accumulator import (
+        AccumulationConfig,
+        Accumulator,
+        StepResult,
+        Window,
+    )
+    from accumguard.core.boundary import Boundary
+    from accumguard.core.errors import (
+        AccumguardError,
+        AccumguardWarning,
+        AccumulationError,
+        ConfigError,
+        DistributedError,
+        RankFailedError,
+        RankTimeoutError,
+        UsageError,
+    )
+    from accumguard.core.scaling import GradReduction, loss_scale
+    from accumguard.engines.base import Engine
+    from accumguard.engines.registry import resolve_engine
+    from accumguard.runtime.guard import AccumulationGuard, guard
+    from accumguard.runtime.launch import run_on_ranks
+    from accumguard.verify.reference import reference_run, relative_update_error
+
+
+def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        try:
+            from importlib.metadata import version
+
+            return version("accumguard")
+        except Exception:  # noqa: BLE001 - running from a source tree that is not installed
+            return "0+unknown"
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'accumguard' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*__all__, "__version__"])

@@ -6,15 +6,15 @@ An adapter translates the Accumulator's four questions into one engine's API:
    that forward **and** backward run in (DDP's ``no_sync`` must span the
    forward, or the next backward syncs anyway: failure class F11).
 2. *What does your reduction do to gradients?* :meth:`Engine.reduction` is
-   data (:class:`~accumguard.scaling.GradReduction`); the Accumulator composes
-   it with K, N and W in :func:`~accumguard.scaling.loss_scale`.
+   data (:class:`~accumguard.core.scaling.GradReduction`); the Accumulator composes
+   it with K, N and W in :func:`~accumguard.core.scaling.loss_scale`.
 3. *What happens at the boundary?* :meth:`sync`, :meth:`clip_grad_norm`,
    :meth:`optimizer_step`, :meth:`zero_grad`, called in that order.
 4. *How many gradient collectives did you issue?* :meth:`grad_collectives`.
 
 To add an engine: subclass :class:`Engine` in a new module of this package,
-implement the abstract methods, and teach :func:`accumguard.engines.resolve_engine`
-to recognise its wrapped model type.
+implement the abstract methods, and register it in :mod:`accumguard.engines.registry`
+(or, from another package, through the ``accumguard.engines`` entry-point group).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from accumguard.scaling import GradReduction
+from accumguard.core.scaling import GradReduction
 
 __all__ = ["Engine", "dist_info"]
 
@@ -49,6 +49,8 @@ class Engine(ABC):
 
     name: str = "engine"
     sync_mode: str = "none"
+    #: True when the engine holds the optimizer itself (DeepSpeed): the caller passes none.
+    owns_optimizer: bool = False
 
     def __init__(self, model: torch.nn.Module, *, process_group: Any = None) -> None:
         self.model = model

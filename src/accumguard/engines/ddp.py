@@ -16,9 +16,9 @@ from typing import Any
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from accumguard.core.errors import ConfigError
+from accumguard.core.scaling import GradReduction
 from accumguard.engines.base import Engine
-from accumguard.errors import ConfigError
-from accumguard.scaling import GradReduction
 
 
 class _CommCounter:

@@ -15,7 +15,7 @@ How the engine is driven, and why (checked against DeepSpeed 0.19.8):
 * ``engine.backward(loss, scale_wrt_gas=False)``: the engine applies no ÷GA of
   its own; its only operation on gradients is the average over the W
   data-parallel ranks, declared in :meth:`reduction`, and
-  :func:`accumguard.scaling.loss_scale` composes it with N. No K anywhere else.
+  :func:`accumguard.core.scaling.loss_scale` composes it with N. No K anywhere else.
 * ``engine.step()`` once per window, at the boundary (the flag is True then),
   so the optimizer steps exactly once per window; DeepSpeed zeroes the
   gradients inside ``step()``.
@@ -61,9 +61,10 @@ from typing import Any
 
 import torch
 
+from accumguard.core.errors import AccumguardWarning, ConfigError, UsageError
+from accumguard.core.scaling import GradReduction
 from accumguard.engines.base import Engine
-from accumguard.errors import AccumguardWarning, ConfigError, UsageError
-from accumguard.scaling import GradReduction
+from accumguard.engines.registry import is_deepspeed_engine
 
 __all__ = ["DeepSpeedEngineAdapter"]
 
@@ -80,11 +81,6 @@ _DS_COMM_MODULES = ("deepspeed.comm", "deepspeed.comm.comm",
                     "deepspeed.runtime.comm.coalesced_collectives")
 
 
-def _is_deepspeed_engine(model: Any) -> bool:
-    return any(c.__module__.startswith("deepspeed.") and c.__name__ == "DeepSpeedEngine"
-               for c in type(model).__mro__)
-
-
 def _raw_config(engine: Any) -> dict[str, Any]:
     """The config dict DeepSpeed parsed (keys the user set, defaults absent)."""
     cfg = getattr(getattr(engine, "_config", None), "_param_dict", None)
@@ -94,7 +90,7 @@ def _raw_config(engine: Any) -> dict[str, Any]:
     if isinstance(raw, dict):
         return raw
     if raw is not None:  # a path
-        from accumguard.dsconfig import load_config
+        from accumguard.static.dsconfig import load_config
 
         return dict(load_config(raw))
     return {}
@@ -110,9 +106,10 @@ class DeepSpeedEngineAdapter(Engine):
     """
 
     name = "deepspeed"
+    owns_optimizer = True
 
     def __init__(self, model: Any, *, sync: str = "auto") -> None:
-        if not _is_deepspeed_engine(model):
+        if not is_deepspeed_engine(model):
             raise ConfigError(
                 f"DeepSpeedEngineAdapter needs the engine returned by deepspeed.initialize, got "
                 f"{type(model).__name__}; pass `engine, optimizer, _, _ = "
@@ -204,8 +201,8 @@ class DeepSpeedEngineAdapter(Engine):
         return mode
 
     def _check_config(self, k: int) -> None:
-        """Static checks of the config (accumguard.dsconfig): errors raise, warnings warn."""
-        from accumguard.dsconfig import check_config
+        """Static checks of the config (accumguard.static.dsconfig): errors raise, warnings warn."""
+        from accumguard.static.dsconfig import check_config
 
         deferred = self.sync_mode == "deferred"
         findings = check_config(self.config, world_size=self.world_size, accumulation_steps=k,

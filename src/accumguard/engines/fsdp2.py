@@ -45,9 +45,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from accumguard.core.errors import ConfigError
+from accumguard.core.scaling import GradReduction
 from accumguard.engines.base import Engine
-from accumguard.errors import ConfigError
-from accumguard.scaling import GradReduction
 
 __all__ = ["FSDP2Engine"]
 

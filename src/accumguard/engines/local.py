@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from accumguard.core.scaling import GradReduction
 from accumguard.engines.base import Engine
-from accumguard.scaling import GradReduction
 
 
 class LocalEngine(Engine):

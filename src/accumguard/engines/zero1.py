@@ -20,9 +20,9 @@ from typing import Any
 
 from torch.nn.parallel import DistributedDataParallel
 
+from accumguard.core.errors import ConfigError
 from accumguard.engines.base import dist_info
 from accumguard.engines.ddp import DDPEngine
-from accumguard.errors import ConfigError
 
 __all__ = ["Zero1Engine"]
 

@@ -1,0 +1,84 @@
+"""The one exception hierarchy of accumguard.
+
+Every error the library raises on purpose derives from :class:`AccumguardError`,
+so ``except AccumguardError`` catches all of them and nothing else::
+
+    AccumguardError
+    ├── ConfigError (ValueError)          bad argument or engine config; raised at construction
+    ├── UsageError (RuntimeError)         the API was driven in an illegal order
+    ├── AccumulationError (RuntimeError)  the accumulation contract was broken at run time
+    │   └── (guard violations subclass this: see accumguard.runtime.guard)
+    ├── DistributedError (RuntimeError)   a rank crashed, hung, or ranks disagreed
+    │   ├── RankFailedError               a worker raised; carries rank and traceback
+    │   └── RankTimeoutError              a worker did not finish in time
+    └── MissingDependencyError (ImportError)  an optional extra is not installed
+
+Warnings use :class:`AccumguardWarning`. Messages follow one shape: what was
+seen, what was expected, and how to fix it.
+"""
+
+from __future__ import annotations
+
+
+class AccumguardError(Exception):
+    """Base class of every error accumguard raises on purpose."""
+
+
+class ConfigError(AccumguardError, ValueError):
+    """A constructor argument or an engine configuration is invalid."""
+
+
+class UsageError(AccumguardError, RuntimeError):
+    """The API was called in an order that cannot be correct (e.g. two backwards
+    in one micro-step)."""
+
+
+class AccumulationError(AccumguardError, RuntimeError):
+    """The accumulation contract (one sync, one step per window, ...) was broken."""
+
+
+class DistributedError(AccumguardError, RuntimeError):
+    """A distributed run failed: a rank crashed, hung, or ranks disagreed."""
+
+
+class RankFailedError(DistributedError):
+    """A worker rank raised. ``rank`` and ``remote_traceback`` say where and why."""
+
+    def __init__(self, rank: int, remote_traceback: str, message: str | None = None) -> None:
+        self.rank = rank
+        self.remote_traceback = remote_traceback
+        super().__init__(message or f"[rank {rank}] worker raised:\n{remote_traceback}")
+
+
+class RankTimeoutError(DistributedError):
+    """One or more ranks did not finish within the timeout."""
+
+    def __init__(self, ranks: list[int], timeout: float) -> None:
+        self.ranks = ranks
+        self.timeout = timeout
+        names = ", ".join(f"rank {r}" for r in ranks)
+        super().__init__(
+            f"{names} did not finish within {timeout:.0f} s and were killed. A rank that "
+            "waits forever usually sits in a collective that another rank never entered "
+            "(different number of micro-batches per rank, or a rank that returned early); "
+            "raise the timeout only if the work is genuinely that slow."
+        )
+
+
+class MissingDependencyError(AccumguardError, ImportError):
+    """An optional dependency is needed for this feature."""
+
+    def __init__(self, package: str, extra: str, feature: str) -> None:
+        super().__init__(
+            f"{feature} needs the '{package}' package, which is not installed. "
+            f"Install it with: pip install 'accumguard[{extra}]'"
+        )
+
+
+class AccumguardWarning(UserWarning):
+    """A suspicious but not necessarily wrong setup (e.g. an engine default that clips)."""
+
+
+def rank_prefix(rank: int | None) -> str:
+    """``"[rank N] "`` for distributed messages, ``""`` outside a process group."""
+    return "" if rank is None else f"[rank {rank}] "

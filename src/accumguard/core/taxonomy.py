@@ -1,0 +1,134 @@
+"""The failure taxonomy: every known way gradient accumulation goes silently wrong.
+
+This is the one place where a failure class is named, explained and given its
+fix. The diagnosis, the runtime guard, the lint rules, ``watch`` and the demo
+all refer to classes by id and read the words from here, so a class is added
+(or a fix reworded) in exactly one place. Pure Python: the static checks import
+it without torch.
+
+Notation: ``g_i`` is micro-batch i's gradient of its *summed* loss, ``n_i`` its
+sample/token count, ``N`` the sum of the counts over the window's micro-steps and
+ranks. The intended gradient is ``G = sum(g_i) / N``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["FailureClass", "TAXONOMY", "describe", "fix_for", "title"]
+
+
+@dataclass(frozen=True)
+class FailureClass:
+    """One bug class: what goes wrong, what the optimizer receives instead, the fix."""
+
+    id: str
+    title: str
+    mechanism: str
+    fix: str
+
+
+def _fc(id_: str, title_: str, mechanism: str, fix: str) -> FailureClass:
+    return FailureClass(id_, title_, mechanism, fix)
+
+
+_CLASSES = (
+    _fc("OK", "correct large-batch update", "the optimizer receives G",
+        "Nothing to fix: the update matches the large batch."),
+    _fc("F1", "optimizer step (and zero_grad) every micro-step",
+        "K small steps on single micro-batch means; K times the step count",
+        "Call optimizer.step(), scheduler.step() and zero_grad() only at the window boundary "
+        "(every K micro-steps), letting gradients accumulate in between; or drive the loop "
+        "with accumguard.Accumulator."),
+    _fc("F1b", "optimizer step every micro-step, zero_grad only at the boundary",
+        "each micro-step applies the running partial sum g_1 + ... + g_i",
+        "Move optimizer.step() under the same boundary condition as zero_grad(): step once "
+        "per window, after its last backward."),
+    _fc("F2", "engine boundary reset: only the last micro-batch reaches the optimizer",
+        "the engine treats every backward as a boundary (DeepSpeed ZeRO-1/2 with config GA=1 "
+        "and a manual loop); the optimizer gets the last g_i only",
+        "Let the engine see the boundary: DeepSpeed config gradient_accumulation_steps=K with "
+        "engine.backward/engine.step every micro-step, or GA=1 with the K backwards inside "
+        "engine.coalesce_grad_reduction() and one engine.step() after them."),
+    _fc("F3", "zero_grad inside the window: only the last micro-batch reaches the optimizer",
+        "gradients are cleared between the backwards of one window; the last g_i survives",
+        "Call zero_grad() once per window, after the optimizer step, never between the "
+        "backwards of one window."),
+    _fc("F2/F3", "last micro-batch only (engine boundary reset F2, or zero_grad inside the "
+        "window F3)", "only the last micro-step's gradient reaches the optimizer",
+        "Call zero_grad() only after the optimizer step (F3); with DeepSpeed, make the "
+        "engine's gradient_accumulation_steps agree with your loop or use "
+        "engine.coalesce_grad_reduction() (F2)."),
+    _fc("F4", "LR scheduler stepped more than once per optimizer step",
+        "correct gradient, but the learning rate runs K (or W) times ahead in its schedule",
+        "Step the LR scheduler once per optimizer step, at the boundary, on the optimizer's "
+        "step count (not per micro-step, not once per process for a shared schedule)."),
+    _fc("F5", "mean of per-micro-batch means / K (uneven token counts)",
+        "sum(g_i / n_i) / K instead of sum(g_i) / N",
+        "Sum per-token losses and divide by the window's total count N (all micro-steps, all "
+        "ranks; all-reduce the count once per window) instead of averaging each micro-batch "
+        "and dividing by K."),
+    _fc("F6", "mean over ranks of rank-local means (uneven counts across ranks)",
+        "the average over ranks of each rank's own normalised gradient",
+        "Divide by the global count: all-reduce the window's token count and scale the summed "
+        "loss by W/N_global, since DDP then averages over the W ranks."),
+    _fc("F7", "final partial window scaled by 1/K, dropped, or leaked into the next window",
+        "the leftover gradient is too small, missing, or added to the next step",
+        "Normalise the final partial window by its own count (not by K) and step on it, or "
+        "drop it explicitly on every rank; clear gradients at every epoch end."),
+    _fc("F8", "gradient clipped per micro-step (or before unscale)",
+        "each g_i is shrunk separately before the sum",
+        "Clip once per optimizer step, after the gradients are synchronised (and unscaled), on "
+        "the global norm."),
+    _fc("F9", "engine default clipping the user did not ask for",
+        "G uniformly shrunk to norm 1 (DeepSpeed gradient_clipping defaults to 1.0)",
+        "Set DeepSpeed's gradient_clipping explicitly (0.0 disables it) to the clipping you "
+        "intend; its default clips at 1.0."),
+    _fc("F10", "averaging over ranks missing or doubled",
+        "W*G (all_reduce SUM without /W) or G/W (a mean averaged again)",
+        "Average over ranks exactly once: after a manual all_reduce(SUM) divide by W, and do "
+        "not divide again when DDP/FSDP already averages."),
+    _fc("F11", "gradient sync flag wrong for the micro-step",
+        "the sync decision does not cover the window: set after the forward, inverted "
+        "(the last micro-batch arrives one step late) or never re-enabled (no reduction)",
+        "Enter no_sync() (or set require_backward_grad_sync / set_requires_gradient_sync) "
+        "before the forward, False on the first K-1 micro-steps and True on the last."),
+    _fc("F12", "low-precision gradient accumulation",
+        "bf16/fp16 gradients summed in low precision: rounding drift growing with K",
+        "Accumulate gradients in fp32 (fp32 gradient buffers or master weights, FSDP2 "
+        "reduce_dtype=float32, DeepSpeed data_types.grad_accum_dtype='fp32'), not in "
+        "bf16/fp16."),
+    _fc("F13", "accumulation counter off by one: windows of K-1 / K+1 micro-steps",
+        "the boundary drifts after resume or across epochs",
+        "Derive the boundary from (micro_step + 1) % K with a counter reset at every "
+        "boundary, and save/restore it with the checkpoint."),
+    _fc("F14", "double gating: the engine accumulates K and the caller loops K around step()",
+        "the optimizer steps every K-th window, on the last micro-batch only, scaled 1/K^2",
+        "Gate the boundary in one place only: either call engine.backward()/engine.step() on "
+        "every micro-batch and let DeepSpeed's gradient_accumulation_steps=K decide, or set "
+        "it to 1 and accumulate in your loop inside engine.coalesce_grad_reduction()."),
+    _fc("NO_UPDATE", "no update: the parameters did not move",
+        "no gradient reached the optimizer (sync never re-enabled, gradients cleared before "
+        "step, or the step was skipped)",
+        "Check that the last micro-step of each window synchronises gradients and that "
+        "optimizer.step() runs before zero_grad()."),
+)
+
+TAXONOMY: dict[str, FailureClass] = {c.id: c for c in _CLASSES}
+
+
+def title(class_id: str) -> str:
+    """The one-line name of ``class_id`` (the id itself when unknown)."""
+    c = TAXONOMY.get(class_id)
+    return c.title if c else class_id
+
+
+def fix_for(class_id: str) -> str:
+    """The canonical fix for ``class_id`` (empty when unknown)."""
+    c = TAXONOMY.get(class_id)
+    return c.fix if c else ""
+
+
+def describe(class_id: str) -> str:
+    """``"F3 — zero_grad inside the window: ..."``: the id with its title, for messages."""
+    return f"{class_id} — {title(class_id)}"

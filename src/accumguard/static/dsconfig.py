@@ -1,0 +1,670 @@
+"""Pure-Python checks of a DeepSpeed config for gradient-accumulation mistakes.
+
+Used two ways: by ``accumguard check-config`` on a file, and by the DeepSpeed
+engine adapter at construction time on the dict it is about to hand to
+``deepspeed.initialize``. It therefore imports nothing but the standard
+library (never ``deepspeed`` itself) and never raises for a *questionable*
+config — it returns :class:`~accumguard.static.findings.Finding` objects and lets
+the caller decide. It raises :class:`ConfigParseError` only when the text is
+not a config at all.
+
+Facts encoded here (checked against DeepSpeed 0.19.8):
+
+* ``train_batch_size == train_micro_batch_size_per_gpu * gradient_accumulation_steps
+  * world_size``; given two of the three, DeepSpeed derives the third with
+  integer division (so a non-divisible pair fails later with an assertion);
+  given only one of the batch sizes, GA is 1.
+* ``gradient_clipping`` defaults to 1.0: an unset key clips.
+* With bf16/fp16 and GA > 1 the accumulation buffer is low precision unless
+  ``data_types.grad_accum_dtype`` is ``"fp32"``.
+* ZeRO-2/3 reduce gradients on every micro-step when GA > 1.
+
+DeepSpeed reads its config with hjson, so users write comments and trailing
+commas; :func:`load_config` tolerates both without needing the hjson package
+and reports syntax errors at the line of the *original* text.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from accumguard.core.errors import ConfigError
+from accumguard.static.findings import RULES, Finding, Severity
+
+__all__ = [
+    "ConfigDict",
+    "ConfigParseError",
+    "check_config",
+    "load_config",
+    "parse_config_text",
+    "resolved_accumulation_steps",
+]
+
+AUTO = "auto"
+
+
+class ConfigParseError(ConfigError):
+    """The config text is not JSON (even after removing comments and trailing commas).
+
+    ``line``/``col`` are 1-based positions in the original text.
+    """
+
+    def __init__(self, message: str, *, path: str | None, line: int, col: int) -> None:
+        self.path = path
+        self.line = line
+        self.col = col
+        where = f"{path or '<config>'}:{line}:{col}"
+        super().__init__(f"{where}: {message}")
+
+
+class ConfigDict(dict[str, Any]):
+    """A plain ``dict`` that also remembers where it came from.
+
+    ``key_lines`` maps a key path tuple (``("zero_optimization", "stage")``) to
+    the 1-based line of that key in the source text, so findings can point at
+    it; ``source`` is the file path, if any.
+    """
+
+    key_lines: dict[tuple[str, ...], int]
+    source: str | None
+
+    def __init__(
+        self,
+        data: Mapping[str, Any],
+        *,
+        key_lines: dict[tuple[str, ...], int] | None = None,
+        source: str | None = None,
+    ) -> None:
+        super().__init__(data)
+        self.key_lines = key_lines or {}
+        self.source = source
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def _strip_comments_and_trailing_commas(text: str) -> str:
+    """Blank out ``//``, ``#`` and ``/* */`` comments and trailing commas.
+
+    Every removed character becomes a space (newlines are kept), so offsets and
+    line numbers in the result are those of the original text, which lets a
+    ``json`` error point at the user's line.
+    """
+    out = list(text)
+    n = len(text)
+    i = 0
+    last_sig = -1  # index in `out` of the last significant (non-blank) character
+    while i < n:
+        c = text[i]
+        if c == '"':
+            last_sig = i
+            i += 1
+            while i < n and text[i] != '"':
+                if text[i] == "\\":
+                    i += 1
+                if i < n and text[i] == "\n":
+                    break  # unterminated string: let json report it
+                i += 1
+            last_sig = min(i, n - 1)
+            i += 1
+            continue
+        if c == "#" or (c == "/" and i + 1 < n and text[i + 1] == "/"):
+            while i < n and text[i] != "\n":
+                out[i] = " "
+                i += 1
+            continue
+        if c == "/" and i + 1 < n and text[i + 1] == "*":
+            end = text.find("*/", i + 2)
+            stop = n if end < 0 else end + 2
+            for j in range(i, stop):
+                if out[j] != "\n":
+                    out[j] = " "
+            i = stop
+            continue
+        if c in "}]" and last_sig >= 0 and out[last_sig] == ",":
+            out[last_sig] = " "
+        if not c.isspace():
+            last_sig = i
+        i += 1
+    return "".join(out)
+
+
+_TOKEN = re.compile(r'"(?:[^"\\\n]|\\.)*"|[{}\[\]:,]')
+
+
+def _key_lines(clean: str) -> dict[tuple[str, ...], int]:
+    """Map each object key path to its line, by a light scan of the (valid) JSON text."""
+    lines: dict[tuple[str, ...], int] = {}
+    # stack of (path, is_object, current_key)
+    stack: list[list[Any]] = []
+    tokens = list(_TOKEN.finditer(clean))
+    for idx, m in enumerate(tokens):
+        tok = m.group()
+        if tok in "{[":
+            if stack:
+                parent_path, parent_is_obj, key = stack[-1]
+                path = (*parent_path, key) if parent_is_obj and key is not None else (*parent_path, "[]")
+            else:
+                path = ()
+            stack.append([path, tok == "{", None])
+        elif tok in "}]":
+            if stack:
+                stack.pop()
+        elif tok.startswith('"') and stack and stack[-1][1]:
+            nxt = tokens[idx + 1].group() if idx + 1 < len(tokens) else ""
+            if nxt == ":":
+                try:
+                    key = json.loads(tok)
+                except ValueError:
+                    key = tok.strip('"')
+                stack[-1][2] = key
+                lines.setdefault((*stack[-1][0], key), clean.count("\n", 0, m.start()) + 1)
+    return lines
+
+
+def parse_config_text(text: str, *, path: str | None = None) -> ConfigDict:
+    """Parse DeepSpeed config text (JSON with comments/trailing commas) into a :class:`ConfigDict`.
+
+    Raises :class:`ConfigParseError` with the original line and column when
+    the text is not valid, or when the top level is not an object.
+    """
+    clean = _strip_comments_and_trailing_commas(text)
+    try:
+        data = json.loads(clean)
+    except json.JSONDecodeError as exc:
+        raise ConfigParseError(
+            f"not valid JSON: {exc.msg}. DeepSpeed configs are JSON; comments (//, #, /* */) "
+            "and trailing commas are accepted, unquoted keys and single quotes are not",
+            path=path,
+            line=exc.lineno,
+            col=exc.colno,
+        ) from None
+    if not isinstance(data, dict):
+        raise ConfigParseError(
+            f"the top level is a {type(data).__name__}; a DeepSpeed config is a JSON object "
+            '({"train_batch_size": ..., ...})',
+            path=path,
+            line=1,
+            col=1,
+        )
+    return ConfigDict(data, key_lines=_key_lines(clean), source=path)
+
+
+def load_config(path_or_dict: str | os.PathLike[str] | Mapping[str, Any]) -> ConfigDict:
+    """Load a DeepSpeed config from a file path or take a dict as is.
+
+    A dict passes through (copied into a :class:`ConfigDict` without line
+    information), so the engine adapter can call this on whatever the user gave
+    ``deepspeed.initialize``. A path is read as UTF-8 and parsed with
+    :func:`parse_config_text`. Raises :class:`ConfigParseError` for bad syntax
+    and :class:`~accumguard.core.errors.ConfigError` for a missing file.
+    """
+    if isinstance(path_or_dict, Mapping):
+        if isinstance(path_or_dict, ConfigDict):
+            return path_or_dict
+        return ConfigDict(path_or_dict)
+    path = os.fspath(path_or_dict)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(
+            f"DeepSpeed config {path!r} does not exist; pass the path of the JSON file you give "
+            "deepspeed.initialize(config=...)"
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read DeepSpeed config {path!r}: {exc}") from None
+    return parse_config_text(text, path=path)
+
+
+# --------------------------------------------------------------------------- helpers
+
+_BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+
+# Top-level keys DeepSpeed (0.19) reads; used only to avoid calling a real key misspelled.
+_KNOWN_TOP = frozenset(
+    {
+        "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+        "managed_gradient_accumulation", "optimizer", "scheduler", "fp16", "bf16", "bfloat16",
+        "amp", "torch_autocast", "gradient_clipping", "zero_optimization",
+        "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "steps_per_print",
+        "wall_clock_breakdown", "memory_breakdown", "dump_state", "prescale_gradients",
+        "gradient_predivide_factor", "gradient_allreduce_op", "communication_data_type",
+        "seq_parallel_communication_data_type", "data_types", "sparse_gradients",
+        "disable_allgather", "disable_python_gc", "dataloader_drop_last", "activation_checkpointing",
+        "flops_profiler", "tensorboard", "wandb", "csv_monitor", "comet", "monitor_config",
+        "comms_logger", "checkpoint", "aio", "elasticity", "pipeline", "curriculum_learning",
+        "data_efficiency", "compression_training", "autotuning", "hybrid_engine", "nebula",
+        "weight_quantization", "compile", "timers", "use_data_before_expert_parallelism",
+        "data_parallel_group", "global_rank", "log_level", "sparse_attention", "quantize_training",
+        "eigenvalue", "progressive_layer_drop", "graph_harvesting", "tensor_parallel",
+        "sequence_parallel_size",
+    }
+)
+
+# Keys where a typo silently changes accumulation, clipping or precision, per section.
+_RELEVANT: dict[tuple[str, ...], tuple[str, ...]] = {
+    (): (
+        "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+        "gradient_clipping", "data_types", "zero_optimization", "bf16", "fp16",
+        "prescale_gradients", "gradient_predivide_factor", "communication_data_type",
+    ),
+    ("zero_optimization",): (
+        "stage", "overlap_comm", "contiguous_gradients", "reduce_scatter", "reduce_bucket_size",
+        "allgather_partitions", "allgather_bucket_size", "offload_optimizer", "offload_param",
+        "round_robin_gradients", "sub_group_size", "stage3_prefetch_bucket_size",
+        "stage3_param_persistence_threshold", "stage3_max_live_parameters",
+        "stage3_max_reuse_distance", "stage3_gather_16bit_weights_on_model_save",
+        "use_multi_rank_bucket_allreduce", "load_from_fp32_weights", "elastic_checkpoint",
+        "ignore_unused_parameters", "legacy_stage1", "cpu_offload", "zero_hpz_partition_size",
+        "zero_quantized_weights", "zero_quantized_gradients", "mics_shard_size",
+        "compute_grad_norm", "prefetch_bucket_size", "param_persistence_threshold",
+        "model_persistence_threshold", "max_live_parameters", "max_reuse_distance",
+        "gather_16bit_weights_on_model_save", "stage3_model_persistence_threshold",
+        "memory_efficient_linear", "pipeline_loading_checkpoint", "override_module_apply",
+        "log_trace_cache_warnings", "enable_sanity_checks", "mics_hierarchical_params_gather",
+        "zero_quantized_nontrainable_weights", "parameter_alignment", "leaf_module",
+        "module_granularity_threshold", "use_all_reduce_for_fetch_params",
+        "stage3_use_all_reduce_for_fetch_params", "allgather_sequential",
+        "stage3_allgather_sequential", "stage3_module_granularity_threshold",
+        "stage3_gather_fp16_weights_on_model_save", "cpu_offload_param",
+        "cpu_offload_use_pin_memory", "zenflow", "save_muon_momentum_buffer_in_memory",
+    ),
+    ("data_types",): ("grad_accum_dtype", "param_dtype", "buffer_dtype", "keep_in_fp32_modules"),
+    ("bf16",): (
+        "enabled", "immediate_grad_update", "check_overflow", "bf16_master_weights_and_grads",
+        "bf16_optimizer_states", "loss_scale", "auto_cast",
+    ),
+    ("fp16",): (
+        "enabled", "loss_scale", "auto_cast", "initial_scale_power", "loss_scale_window",
+        "hysteresis", "consecutive_hysteresis", "min_loss_scale", "fp16_master_weights_and_grads",
+        "type",
+    ),
+}
+# Only these are *suggested* for typos (so a typo of e.g. a monitor key is not our business).
+_SUGGEST: dict[tuple[str, ...], tuple[str, ...]] = {
+    (): (
+        "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+        "gradient_clipping", "data_types", "zero_optimization", "bf16", "fp16",
+        "prescale_gradients", "gradient_predivide_factor", "communication_data_type",
+    ),
+    ("zero_optimization",): ("stage", "overlap_comm", "contiguous_gradients", "reduce_scatter",
+                             "reduce_bucket_size"),
+    ("data_types",): ("grad_accum_dtype",),
+    ("bf16",): ("enabled",),
+    ("fp16",): ("enabled",),
+}
+_ACCUM_WORDS = re.compile(r"accum|batch|clip|grad", re.IGNORECASE)
+
+
+def _get(cfg: Mapping[str, Any], *path: str) -> Any:
+    node: Any = cfg
+    for part in path:
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _has(cfg: Mapping[str, Any], *path: str) -> bool:
+    node: Any = cfg
+    for part in path:
+        if not isinstance(node, Mapping) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def _positive_int(value: Any) -> int | None:
+    """An int (or integral float/str, as hjson users write them) > 0, else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if value > 0 else None
+    if isinstance(value, float) and value.is_integer() and value > 0:
+        return int(value)
+    if isinstance(value, str) and value.strip().isdigit() and int(value) > 0:
+        return int(value)
+    return None
+
+
+def _enabled(section: Any) -> bool:
+    if isinstance(section, Mapping):
+        v = section.get("enabled", False)
+        # "auto" (Hugging Face) may or may not enable it: not counted, to avoid guessing
+        return v is True or (isinstance(v, str) and v.lower() == "true")
+    return section is True
+
+
+def resolved_accumulation_steps(
+    cfg: Mapping[str, Any], *, world_size: int | None = None
+) -> int | None:
+    """The gradient_accumulation_steps DeepSpeed will use, or ``None`` when it cannot be known.
+
+    Mirrors DeepSpeed's derivation: explicit value wins; with train_batch_size
+    and the micro batch it is ``tbs // (micro * W)`` (needs ``world_size``);
+    with only one batch size given it is 1. ``"auto"`` values give ``None``.
+    """
+    ga = cfg.get("gradient_accumulation_steps")
+    if ga is not None:
+        return _positive_int(ga)
+    tbs = cfg.get("train_batch_size")
+    micro = cfg.get("train_micro_batch_size_per_gpu")
+    if AUTO in (tbs, micro):
+        return None
+    tbs_i, micro_i = _positive_int(tbs), _positive_int(micro)
+    if tbs_i is not None and micro_i is not None:
+        if world_size is None:
+            return None
+        return tbs_i // (micro_i * world_size) or None
+    if tbs_i is not None or micro_i is not None:
+        return 1
+    return None
+
+
+# --------------------------------------------------------------------------- checks
+
+
+class _Collector:
+    """Builds findings with the rule's severity/fix and the key's line."""
+
+    def __init__(self, cfg: Mapping[str, Any]) -> None:
+        self.cfg = cfg
+        self.lines: dict[tuple[str, ...], int] = getattr(cfg, "key_lines", {}) or {}
+        self.path: str | None = getattr(cfg, "source", None)
+        self.findings: list[Finding] = []
+
+    def add(
+        self,
+        code: str,
+        message: str,
+        *,
+        key: tuple[str, ...] = (),
+        fix: str | None = None,
+        severity: Severity | None = None,
+    ) -> None:
+        rule = RULES[code]
+        line = None
+        # point at the key, or the closest enclosing key that exists
+        for n in range(len(key), 0, -1):
+            if key[:n] in self.lines:
+                line = self.lines[key[:n]]
+                break
+        self.findings.append(
+            Finding(
+                code=code,
+                severity=severity or rule.severity,
+                message=message,
+                fix=fix or rule.fix,
+                key=".".join(key) or None,
+                line=line,
+                col=1 if line is not None else None,
+                path=self.path,
+                confidence=rule.confidence,
+            )
+        )
+
+
+def _check_values(c: _Collector) -> dict[str, int | str | None]:
+    """Validate the three batch values; return them as int, ``"auto"`` or ``None`` (absent/invalid)."""
+    vals: dict[str, int | str | None] = {}
+    for key in _BATCH_KEYS:
+        if key not in c.cfg:
+            vals[key] = None
+            continue
+        raw = c.cfg[key]
+        if raw == AUTO:
+            vals[key] = AUTO
+            continue
+        v = _positive_int(raw)
+        if v is None:
+            c.add(
+                "AG200",
+                f"`{key}` is {raw!r}; expected a positive integer (or \"auto\" with the Hugging Face "
+                "Trainer)",
+                key=(key,),
+            )
+        vals[key] = v
+    return vals
+
+
+def _check_arithmetic(
+    c: _Collector, vals: dict[str, int | str | None], world_size: int | None
+) -> None:
+    tbs, micro, ga = (vals[k] for k in _BATCH_KEYS)
+    if AUTO in (tbs, micro, ga):
+        autos = [k for k in _BATCH_KEYS if vals[k] == AUTO]
+        c.add(
+            "AG207",
+            f"{', '.join('`' + k + '`' for k in autos)} {'is' if len(autos) == 1 else 'are'} \"auto\": "
+            "the Hugging Face Trainer fills them from TrainingArguments (per_device_train_batch_size, "
+            "gradient_accumulation_steps); plain deepspeed.initialize rejects \"auto\"",
+            key=(autos[0],),
+        )
+        return
+    present = {k: v for k, v in zip(_BATCH_KEYS, (tbs, micro, ga), strict=True) if isinstance(v, int)}
+    if not any(k in c.cfg for k in ("train_batch_size", "train_micro_batch_size_per_gpu")):
+        c.add(
+            "AG201",
+            "neither `train_batch_size` nor `train_micro_batch_size_per_gpu` is set; DeepSpeed "
+            "needs at least one of them to know the batch",
+            fix="set train_micro_batch_size_per_gpu and gradient_accumulation_steps "
+            "(DeepSpeed derives train_batch_size = micro x GA x world size)",
+        )
+        return
+    if isinstance(tbs, int) and isinstance(micro, int) and isinstance(ga, int):
+        per_rank = micro * ga
+        if world_size is not None:
+            if tbs != per_rank * world_size:
+                c.add(
+                    "AG201",
+                    f"train_batch_size ({tbs}) != train_micro_batch_size_per_gpu ({micro}) x "
+                    f"gradient_accumulation_steps ({ga}) x world size ({world_size}) = "
+                    f"{per_rank * world_size}; DeepSpeed refuses to start",
+                    key=("train_batch_size",),
+                    fix=f"set train_batch_size to {per_rank * world_size}, or remove it and let "
+                    "DeepSpeed derive it",
+                )
+        elif tbs % per_rank != 0:
+            c.add(
+                "AG201",
+                f"train_batch_size ({tbs}) is not a multiple of train_micro_batch_size_per_gpu "
+                f"({micro}) x gradient_accumulation_steps ({ga}) = {per_rank}: no world size "
+                "satisfies train_batch_size = micro x GA x W",
+                key=("train_batch_size",),
+                fix="remove train_batch_size and let DeepSpeed derive it from micro x GA x W",
+            )
+        return
+    if world_size is None:
+        return
+    # two of three given: DeepSpeed derives the third with integer division; check it is exact
+    if isinstance(tbs, int) and isinstance(micro, int) and "gradient_accumulation_steps" not in present:
+        if tbs % (micro * world_size) != 0:
+            c.add(
+                "AG201",
+                f"gradient_accumulation_steps is derived as train_batch_size ({tbs}) / "
+                f"(micro {micro} x world size {world_size}), which is not an integer; DeepSpeed "
+                "truncates it and then fails its batch assertion",
+                key=("train_batch_size",),
+                fix="make train_batch_size a multiple of micro x world size, or set "
+                "gradient_accumulation_steps explicitly instead of train_batch_size",
+            )
+    elif isinstance(tbs, int) and isinstance(ga, int) and tbs % (ga * world_size) != 0:
+        c.add(
+            "AG201",
+            f"train_micro_batch_size_per_gpu is derived as train_batch_size ({tbs}) / (GA {ga} x "
+            f"world size {world_size}), which is not an integer",
+            key=("train_batch_size",),
+            fix="make train_batch_size a multiple of GA x world size, or set "
+            "train_micro_batch_size_per_gpu explicitly",
+        )
+
+
+def _check_ga_vs_loop(
+    c: _Collector,
+    vals: dict[str, int | str | None],
+    *,
+    world_size: int | None,
+    accumulation_steps: int | None,
+    coalesced: bool,
+) -> None:
+    if accumulation_steps is None or vals["gradient_accumulation_steps"] == AUTO:
+        return
+    ga = resolved_accumulation_steps(c.cfg, world_size=world_size)
+    if ga is None:
+        return
+    ga_desc = (
+        f"gradient_accumulation_steps is {ga}"
+        if "gradient_accumulation_steps" in c.cfg
+        else f"gradient_accumulation_steps is absent (so DeepSpeed uses {ga})"
+    )
+    if coalesced:
+        if ga != 1:
+            c.add(
+                "AG202",
+                f"{ga_desc} but the loop coalesces {accumulation_steps} backwards per step(): the "
+                "engine then waits for GA step() calls and steps every "
+                f"{accumulation_steps * ga} micro-batches",
+                key=("gradient_accumulation_steps",),
+                fix="set gradient_accumulation_steps to 1 when you wrap the K backwards in "
+                "engine.coalesce_grad_reduction() and call step() once",
+            )
+        return
+    if ga == accumulation_steps:
+        return
+    if ga == 1 and accumulation_steps > 1:
+        msg = (
+            f"{ga_desc} but the loop accumulates {accumulation_steps} micro-batches per step: "
+            "the engine treats every backward as a boundary, and ZeRO-1/2 then train on the last "
+            "micro-batch only"
+        )
+    else:
+        msg = (
+            f"{ga_desc} but the loop accumulates {accumulation_steps} micro-batches per step: "
+            "the engine's boundary and the loop's disagree"
+        )
+    c.add(
+        "AG202",
+        msg,
+        key=("gradient_accumulation_steps",),
+        fix=f"set \"gradient_accumulation_steps\": {accumulation_steps} and call engine.backward() "
+        "and engine.step() on every micro-batch (the engine gates the step); or keep 1 and wrap "
+        "the K backwards in `with engine.coalesce_grad_reduction():`",
+    )
+
+
+def _effective_ga_for_costs(
+    c: _Collector, vals: dict[str, int | str | None], world_size: int | None, k: int | None
+) -> int | None:
+    ga = resolved_accumulation_steps(c.cfg, world_size=world_size)
+    if ga is None and vals["gradient_accumulation_steps"] == AUTO:
+        return k
+    return ga
+
+
+def _check_precision_and_clipping(c: _Collector, ga: int | None) -> None:
+    cfg = c.cfg
+    if "gradient_clipping" not in cfg:
+        c.add(
+            "AG203",
+            "`gradient_clipping` is not set, so DeepSpeed clips the global gradient norm at 1.0; "
+            "a plain PyTorch loop without clip_grad_norm_ does not, so the two runs differ",
+            key=("gradient_clipping",),
+        )
+    bf16 = _enabled(cfg.get("bf16")) or _enabled(cfg.get("bfloat16"))
+    fp16 = _enabled(cfg.get("fp16"))
+    if (bf16 or fp16) and ga is not None and ga > 1:
+        dtype = _get(cfg, "data_types", "grad_accum_dtype")
+        if dtype is None or (isinstance(dtype, str) and dtype.lower() not in ("fp32", "float32")):
+            prec = "bf16" if bf16 else "fp16"
+            seen = "is not set" if dtype is None else f"is {dtype!r}"
+            c.add(
+                "AG204",
+                f"{prec} is enabled with gradient_accumulation_steps {ga} and "
+                f"`data_types.grad_accum_dtype` {seen}: {ga} micro-gradients are summed in "
+                f"{prec}, and the rounding error grows with the number of micro-steps",
+                key=("data_types", "grad_accum_dtype") if dtype is not None else (prec,),
+            )
+
+
+def _check_zero_costs(c: _Collector, ga: int | None) -> None:
+    stage_raw = _get(c.cfg, "zero_optimization", "stage")
+    stage = _positive_int(stage_raw) if stage_raw is not None else None
+    if stage not in (2, 3) or ga is None or ga <= 1:
+        return
+    if _has(c.cfg, "zero_optimization", "overlap_comm"):
+        return
+    c.add(
+        "AG205",
+        f"ZeRO stage {stage} with gradient_accumulation_steps {ga} reduces gradients on each of the "
+        f"{ga} micro-steps ({ga} reductions per optimizer step) and `overlap_comm` is not chosen",
+        key=("zero_optimization", "stage"),
+    )
+
+
+def _check_keys(c: _Collector) -> None:
+    for section, known in _RELEVANT.items():
+        node = _get(c.cfg, *section) if section else c.cfg
+        if not isinstance(node, Mapping):
+            continue
+        known_all = _KNOWN_TOP if not section else frozenset(known)
+        suggest = _SUGGEST[section]
+        for key in node:
+            if not isinstance(key, str) or key in known_all or key in known:
+                continue
+            match = difflib.get_close_matches(key, suggest, n=1, cutoff=0.75)
+            if not match and not (section == () and _ACCUM_WORDS.search(key)):
+                continue
+            where = ".".join((*section, key))
+            if match:
+                target = ".".join((*section, match[0]))
+                msg = f"unknown key `{where}`: did you mean `{target}`?"
+                if match[0] in node:
+                    msg += f" (`{target}` is also set; this one is ignored)"
+                fix = f"rename `{where}` to `{target}`"
+            else:
+                msg = (
+                    f"unknown key `{where}` looks accumulation-related but DeepSpeed does not read it"
+                )
+                fix = "remove it or use one of: " + ", ".join(suggest[:4])
+            c.add("AG206", msg, key=(*section, key), fix=fix)
+
+
+def check_config(
+    cfg: Mapping[str, Any],
+    *,
+    world_size: int | None = None,
+    accumulation_steps: int | None = None,
+    coalesced: bool = False,
+) -> list[Finding]:
+    """Check a DeepSpeed config dict for accumulation mistakes.
+
+    ``world_size`` (data-parallel ranks) enables the exact batch arithmetic;
+    ``accumulation_steps`` is the number of micro-batches the *training loop*
+    runs per optimizer step (compared with the config's GA); ``coalesced`` says
+    the loop wraps those backwards in ``engine.coalesce_grad_reduction()`` and
+    calls ``step()`` once, in which case the config's GA must be 1.
+
+    Returns findings sorted by line; never raises for a questionable config.
+    Raises :class:`~accumguard.core.errors.ConfigError` only for bad arguments.
+    """
+    for name, value in (("world_size", world_size), ("accumulation_steps", accumulation_steps)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ConfigError(f"`{name}` ({value!r}) must be a positive int or None")
+    c = _Collector(cfg)
+    vals = _check_values(c)
+    _check_arithmetic(c, vals, world_size)
+    _check_ga_vs_loop(
+        c, vals, world_size=world_size, accumulation_steps=accumulation_steps, coalesced=coalesced
+    )
+    ga = _effective_ga_for_costs(c, vals, world_size, accumulation_steps)
+    _check_precision_and_clipping(c, ga)
+    _check_zero_costs(c, ga)
+    _check_keys(c)
+    return sorted(c.findings, key=lambda f: (f.line or 0, f.code))
+

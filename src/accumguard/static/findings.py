@@ -1,0 +1,247 @@
+"""The rule catalogue and the one record every static check produces.
+
+Both halves of the static tooling — the script linter (``accumguard lint``,
+codes ``AG1xx``) and the DeepSpeed config checker (``accumguard check-config``,
+codes ``AG2xx``) — report :class:`Finding` objects, so that one set of
+formatters (text, JSON, SARIF) and one exit-code policy serve both. Codes are
+stable: a code is never reused for a different meaning, because users pin them
+in ``--select``/``--ignore`` and in ``# accumguard: ignore[CODE]`` comments.
+
+This module is imported by :mod:`accumguard.static.dsconfig`, which the DeepSpeed
+engine adapter imports at construction time, so it must stay stdlib-only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import Enum
+
+
+class Severity(str, Enum):
+    """How sure we are that training is wrong.
+
+    ``error``: the pattern makes the update differ from the large-batch update.
+    ``warning``: wrong under a common condition we cannot see statically.
+    ``info``: correct but costly or worth a conscious choice.
+    """
+
+    ERROR = "error"
+    WARNING = "warning"
+    INFO = "info"
+
+
+class Confidence(str, Enum):
+    """How often the heuristic behind a rule is right on real scripts (documented in docs/rules.md)."""
+
+    HIGH = "high"
+    MEDIUM = "medium"
+    LOW = "low"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One check: its stable code, the failure class it detects, and the canonical fix."""
+
+    code: str
+    name: str
+    failure_class: str
+    severity: Severity
+    confidence: Confidence
+    summary: str
+    fix: str
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem found in a script or a config.
+
+    ``line``/``col`` are 1-based and ``None`` when unknown (e.g. a config key
+    that is *missing*). ``key`` is the dotted config key path for config
+    findings (``"zero_optimization.stage"``) and ``None`` for script findings.
+    """
+
+    code: str
+    severity: Severity
+    message: str
+    fix: str
+    key: str | None = None
+    line: int | None = None
+    col: int | None = None
+    path: str | None = None
+    confidence: Confidence = Confidence.HIGH
+    end_line: int | None = None
+    end_col: int | None = None
+
+    @property
+    def failure_class(self) -> str:
+        """The mission's failure class (``F1``..``F13``) this code belongs to, or ``""``."""
+        rule = RULES.get(self.code)
+        return rule.failure_class if rule else ""
+
+    def with_path(self, path: str) -> Finding:
+        """Return a copy attributed to ``path`` (findings are built before the path is known)."""
+        return replace(self, path=path)
+
+    def sort_key(self) -> tuple[str, int, int, str]:
+        """Order findings by file, position, then code, as linters conventionally do."""
+        return (self.path or "", self.line or 0, self.col or 0, self.code)
+
+
+def _rule(
+    code: str,
+    name: str,
+    failure_class: str,
+    severity: Severity,
+    confidence: Confidence,
+    summary: str,
+    fix: str,
+) -> Rule:
+    return Rule(code, name, failure_class, severity, confidence, summary, fix)
+
+
+E, W, N = Severity.ERROR, Severity.WARNING, Severity.INFO
+HI, MED, LO = Confidence.HIGH, Confidence.MEDIUM, Confidence.LOW
+
+#: Every rule, by code. ``docs/rules.md`` documents each with a wrong and a right example.
+RULES: dict[str, Rule] = {
+    r.code: r
+    for r in (
+        # ---- script rules (accumguard lint) ----
+        _rule(
+            "AG101", "step-every-micro-step", "F1", E, HI,
+            "optimizer step() inside the micro-batch loop without an accumulation-boundary condition",
+            "guard the step (and zero_grad/scheduler/clip with it) with the boundary, e.g. "
+            "`if (i + 1) % accum_steps == 0:`, or move it after the micro-batch loop",
+        ),
+        _rule(
+            "AG102", "zero-grad-in-window", "F3", E, HI,
+            "zero_grad() inside the accumulation window erases the gradients of the earlier micro-batches",
+            "call zero_grad() only at the boundary, right after the optimizer step "
+            "(or before the first micro-batch of a window)",
+        ),
+        _rule(
+            "AG103", "scheduler-every-micro-step", "F4", E, HI,
+            "LR scheduler step() on every micro-step runs the schedule K times too fast",
+            "step the scheduler next to the optimizer step, under the same boundary condition",
+        ),
+        _rule(
+            "AG104", "mean-of-means-loss", "F5", W, LO,
+            "loss divided by the accumulation steps while the loss is a mean over a variable number "
+            "of tokens (padding/ignore_index in sight): this averages per-micro-batch means",
+            "sum the per-token loss (reduction='sum') and divide by the number of valid tokens of the "
+            "whole window, counted over all micro-batches (and ranks) before the first backward",
+        ),
+        _rule(
+            "AG105", "clip-in-window", "F8", E, HI,
+            "gradient clipping / unscale_ inside the accumulation window acts on a partial gradient",
+            "unscale and clip once, at the boundary, right before the optimizer step "
+            "(e.g. under `if accelerator.sync_gradients:`)",
+        ),
+        _rule(
+            "AG106", "sync-flag-after-forward", "F11", E, HI,
+            "DDP decides at forward time whether the backward all-reduces: a no_sync() that wraps "
+            "only the backward, or require_backward_grad_sync set after the forward, has no effect "
+            "on this micro-step",
+            "enter `with model.no_sync():` (or set require_backward_grad_sync) before the forward, "
+            "so it spans forward and backward",
+        ),
+        _rule(
+            "AG107", "all-reduce-sum-no-average", "F10", E, MED,
+            "gradients all-reduced with SUM and never divided by the world size: the optimizer "
+            "gets W times the gradient",
+            "use op=ReduceOp.AVG, or divide the gradients by dist.get_world_size() after the all-reduce",
+        ),
+        _rule(
+            "AG108", "double-average", "F10", W, MED,
+            "gradients reduced or divided by the world size by hand while the model is wrapped in "
+            "DDP/FSDP, which already averages them",
+            "drop the manual reduction (DDP already averaged), or drop DDP and keep exactly one average",
+        ),
+        _rule(
+            "AG109", "deepspeed-config-ga-1", "F2", E, HI,
+            "DeepSpeed engine driven with K backwards per step() while its config has "
+            "gradient_accumulation_steps 1 (or absent): ZeRO-1/2 keep only the last micro-batch",
+            "set gradient_accumulation_steps to K in the config and call engine.backward()/engine.step() "
+            "on every micro-batch (the engine gates the step), or wrap the K backwards in "
+            "`with engine.coalesce_grad_reduction():`",
+        ),
+        _rule(
+            "AG110", "deepspeed-double-gating", "F13", E, MED,
+            "engine.step() gated by hand while the DeepSpeed config also accumulates: the engine "
+            "counts one micro-step per step() call, so it steps every K x GA micro-batches",
+            "let the engine gate: call engine.step() after every engine.backward() and drop the manual "
+            "boundary condition",
+        ),
+        # ---- config rules (accumguard check-config) ----
+        _rule(
+            "AG200", "config-invalid-value", "", E, HI,
+            "a batch-size or accumulation value has the wrong type or is not positive",
+            "use a positive integer (or \"auto\" when the Hugging Face Trainer fills the config)",
+        ),
+        _rule(
+            "AG201", "batch-arithmetic", "", E, HI,
+            "train_batch_size must equal train_micro_batch_size_per_gpu x gradient_accumulation_steps "
+            "x world size",
+            "fix one of the three values, or give only two of them and let DeepSpeed derive the third",
+        ),
+        _rule(
+            "AG202", "config-ga-mismatch", "F2", E, HI,
+            "the training loop accumulates K micro-batches but the config's gradient_accumulation_steps "
+            "differs",
+            "set gradient_accumulation_steps to the loop's K (or use engine.coalesce_grad_reduction() "
+            "with gradient_accumulation_steps 1)",
+        ),
+        _rule(
+            "AG203", "default-clipping", "F9", W, HI,
+            "gradient_clipping is not set: DeepSpeed (>= 0.19) clips the gradient norm at 1.0 by default",
+            "set \"gradient_clipping\" explicitly: 0.0 to disable, or the max-norm you mean",
+        ),
+        _rule(
+            "AG204", "low-precision-accumulation", "F12", W, MED,
+            "bf16/fp16 training with gradient accumulation and no fp32 gradient accumulation: "
+            "rounding error grows with K",
+            "add \"data_types\": {\"grad_accum_dtype\": \"fp32\"}",
+        ),
+        _rule(
+            "AG205", "zero-reductions-per-micro-step", "", N, HI,
+            "ZeRO stage 2/3 with gradient accumulation reduces gradients on every micro-step "
+            "(K reductions per optimizer step)",
+            "decide consciously: keep it, overlap it (zero_optimization.overlap_comm), or reduce once "
+            "per step with `engine.coalesce_grad_reduction()` / accumguard's deferred mode "
+            "(cost table in docs/performance.md)",
+        ),
+        _rule(
+            "AG206", "misspelled-key", "", W, MED,
+            "unknown config key relevant to accumulation (probably misspelled): DeepSpeed ignores or "
+            "rejects it and uses the default",
+            "rename it to the suggested key",
+        ),
+        _rule(
+            "AG207", "auto-values", "", N, HI,
+            "\"auto\" values are filled by the Hugging Face Trainer from its TrainingArguments; "
+            "the batch arithmetic can only be checked once they are concrete",
+            "pass --accumulation-steps/--world-size to check what the loop will use, or write numbers",
+        ),
+    )
+}
+
+del E, W, N, HI, MED, LO
+
+
+def rule_matches(code: str, patterns: list[str]) -> bool:
+    """True when ``code`` equals or starts with one of ``patterns`` (``AG1`` selects AG101..AG199)."""
+    return any(code.startswith(p.strip().upper()) for p in patterns if p.strip())
+
+
+def filter_findings(
+    findings: list[Finding], *, select: list[str] | None, ignore: list[str] | None
+) -> list[Finding]:
+    """Apply ``--select``/``--ignore`` (prefix match, ignore wins)."""
+    out = []
+    for f in findings:
+        if select and not rule_matches(f.code, select):
+            continue
+        if ignore and rule_matches(f.code, ignore):
+            continue
+        out.append(f)
+    return out

@@ -1,0 +1,146 @@
+"""Render findings as text (ruff style), JSON, or SARIF 2.1.0.
+
+Text is for people and for editor/CI problem matchers: the first line of each
+finding is exactly ``path:line:col: CODE message``; an indented ``help:`` line
+follows unless ``concise`` is set. JSON is a flat list for scripts. SARIF is
+what GitHub code scanning and most IDEs ingest.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from accumguard.static.findings import RULES, Finding, Severity
+
+__all__ = ["FORMATS", "render"]
+
+FORMATS = ("text", "concise", "json", "sarif")
+
+_SARIF_LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "note"}
+
+
+def _loc(f: Finding) -> str:
+    return f"{f.path or '<config>'}:{f.line or 1}:{f.col or 1}"
+
+
+def render_text(findings: Sequence[Finding], *, concise: bool = False) -> str:
+    """One ``path:line:col: CODE message`` line per finding (+ ``help:`` unless concise) and a summary."""
+    lines: list[str] = []
+    for f in findings:
+        key = f" [{f.key}]" if f.key and f.line is None else ""
+        lines.append(f"{_loc(f)}: {f.code} {f.message}{key}")
+        if not concise:
+            lines.append(f"  help: {f.fix}")
+    if findings:
+        n_err = sum(f.severity is Severity.ERROR for f in findings)
+        lines.append(
+            f"Found {len(findings)} finding{'s' if len(findings) != 1 else ''} ({n_err} error"
+            f"{'s' if n_err != 1 else ''})."
+        )
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+def _as_dict(f: Finding) -> dict[str, Any]:
+    rule = RULES.get(f.code)
+    return {
+        "code": f.code,
+        "name": rule.name if rule else None,
+        "failure_class": f.failure_class or None,
+        "severity": f.severity.value,
+        "confidence": f.confidence.value,
+        "message": f.message,
+        "fix": f.fix,
+        "path": f.path,
+        "line": f.line,
+        "column": f.col,
+        "end_line": f.end_line,
+        "end_column": f.end_col,
+        "key": f.key,
+    }
+
+
+def render_json(findings: Sequence[Finding]) -> str:
+    """A JSON array of finding objects (stable field names; ``null`` where unknown)."""
+    return json.dumps([_as_dict(f) for f in findings], indent=2) + "\n"
+
+
+def render_sarif(findings: Sequence[Finding], *, tool_version: str = "0.1.0") -> str:
+    """A SARIF 2.1.0 log with one run; every rule used is described in the driver."""
+    used = sorted({f.code for f in findings})
+    rules = []
+    for code in used:
+        r = RULES.get(code)
+        if r is None:
+            continue
+        rules.append(
+            {
+                "id": r.code,
+                "name": r.name,
+                "shortDescription": {"text": r.summary},
+                "fullDescription": {"text": r.summary},
+                "help": {"text": f"Fix: {r.fix}"},
+                "helpUri": f"https://github.com/accumguard/accumguard/blob/main/docs/rules.md#{r.code.lower()}",
+                "defaultConfiguration": {"level": _SARIF_LEVEL[r.severity]},
+                "properties": {
+                    "failureClass": r.failure_class,
+                    "confidence": r.confidence.value,
+                },
+            }
+        )
+    index = {r["id"]: i for i, r in enumerate(rules)}
+    results = []
+    for f in findings:
+        region: dict[str, Any] = {"startLine": f.line or 1, "startColumn": f.col or 1}
+        if f.end_line:
+            region["endLine"] = f.end_line
+        if f.end_col:
+            region["endColumn"] = f.end_col
+        result: dict[str, Any] = {
+            "ruleId": f.code,
+            "level": _SARIF_LEVEL[f.severity],
+            "message": {"text": f"{f.message}. Fix: {f.fix}"},
+            "locations": [
+                {
+                    "physicalLocation": {
+                        "artifactLocation": {"uri": (f.path or "").replace("\\", "/")},
+                        "region": region,
+                    }
+                }
+            ],
+        }
+        if f.code in index:
+            result["ruleIndex"] = index[f.code]
+        if f.key:
+            result["properties"] = {"configKey": f.key}
+        results.append(result)
+    log = {
+        "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
+        "version": "2.1.0",
+        "runs": [
+            {
+                "tool": {
+                    "driver": {
+                        "name": "accumguard",
+                        "version": tool_version,
+                        "informationUri": "https://github.com/accumguard/accumguard",
+                        "rules": rules,
+                    }
+                },
+                "results": results,
+            }
+        ],
+    }
+    return json.dumps(log, indent=2) + "\n"
+
+
+def render(findings: Sequence[Finding], fmt: str) -> str:
+    """Dispatch on ``fmt`` (one of :data:`FORMATS`)."""
+    if fmt == "json":
+        return render_json(findings)
+    if fmt == "sarif":
+        return render_sarif(findings)
+    if fmt in ("text", "concise"):
+        return render_text(findings, concise=fmt == "concise")
+    raise ValueError(f"unknown output format {fmt!r}; expected one of {', '.join(FORMATS)}")

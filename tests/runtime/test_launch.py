@@ -1,0 +1,89 @@
+"""The spawn harness: results by rank, errors with rank and traceback, hard timeouts, no orphans."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from accumguard.core.errors import ConfigError, RankFailedError, RankTimeoutError
+from accumguard.runtime.launch import run_on_ranks
+
+
+def _sum_ranks(rank: int, world: int, scale: float) -> dict:
+    t = torch.tensor([float(rank + 1)])
+    dist.all_reduce(t)
+    return {"rank": rank, "world": world, "sum": t.item() * scale,
+            "omp": os.environ.get("OMP_NUM_THREADS"), "pid": os.getpid()}
+
+
+def _raise_on_rank1(rank: int, world: int) -> None:
+    if rank == 1:
+        raise ValueError("boom from rank one")
+    dist.barrier()  # rank 0 would wait forever for rank 1 without the harness
+
+
+def _hang_on_rank0(rank: int, world: int) -> None:
+    if rank == 0:
+        time.sleep(600)
+
+
+@pytest.mark.parametrize("rendezvous", ["tcp", "file"])
+def test_results_in_rank_order(rendezvous: str) -> None:
+    out = run_on_ranks(_sum_ranks, 2, (2.0,), rendezvous=rendezvous, timeout=60)
+    assert [o["rank"] for o in out] == [0, 1]
+    assert all(o["sum"] == 6.0 and o["world"] == 2 and o["omp"] == "1" for o in out)
+
+
+def test_worker_error_names_rank_and_traceback() -> None:
+    t0 = time.monotonic()
+    with pytest.raises(RankFailedError) as info:
+        run_on_ranks(_raise_on_rank1, 2, timeout=60)
+    assert info.value.rank == 1
+    assert "boom from rank one" in str(info.value)
+    assert "_raise_on_rank1" in info.value.remote_traceback
+    assert time.monotonic() - t0 < 30  # the waiting rank 0 was killed, not waited for
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is dead too
+        return f.read().split()[2] != "Z"
+
+
+def test_hang_times_out_and_leaves_no_process() -> None:
+    import multiprocessing as mp
+
+    before = {p.pid for p in mp.active_children()}
+    t0 = time.monotonic()
+    with pytest.raises(RankTimeoutError) as info:
+        run_on_ranks(_hang_on_rank0, 2, timeout=8)
+    assert info.value.ranks == [0]
+    assert time.monotonic() - t0 < 25
+    leftover = [p for p in mp.active_children() if p.pid not in before and _pid_alive(p.pid)]
+    assert leftover == []
+
+
+def test_bad_world_size_is_a_clear_error() -> None:
+    with pytest.raises(ConfigError, match="world_size"):
+        run_on_ranks(_sum_ranks, 0)
+
+
+def _raise_early_on_rank0(rank: int, world: int) -> None:
+    if rank == 0:
+        raise RuntimeError("early failure")
+    time.sleep(2)  # then rank 1 waits in the teardown barrier that rank 0 never enters
+
+
+def test_error_is_reported_before_the_teardown_barrier_times_out() -> None:
+    t0 = time.monotonic()
+    with pytest.raises(RankFailedError, match="early failure") as info:
+        run_on_ranks(_raise_early_on_rank0, 2, timeout=120)
+    assert info.value.rank == 0
+    assert time.monotonic() - t0 < 30  # not the 96 s process-group timeout

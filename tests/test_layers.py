@@ -1,0 +1,123 @@
+"""The architecture is enforced, not only drawn: each layer imports only the layers below it.
+
+Every ``import``/``from ... import`` of an accumguard module is read from the
+source (including imports inside functions: a lazy import is still a dependency),
+so a new upward edge fails here with the file and line.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "accumguard"
+
+# Bottom (0) to top. A module may import its own layer and any lower one.
+LAYERS = {
+    "core": 0,
+    "static": 1,
+    "engines": 2,
+    "accumulate": 3,
+    "observe": 4,
+    "integrations": 5,
+    "runtime": 6,
+    "verify": 7,
+    "demo": 8,
+    "cli": 9,
+}
+
+
+def _layer(module: str) -> str | None:
+    parts = module.split(".")
+    if len(parts) < 2 or parts[0] != "accumguard":
+        return None
+    return parts[1] if parts[1] in LAYERS else None
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.append((node.lineno, node.module))
+            if node.module == "accumguard":
+                out += [(node.lineno, f"accumguard.{a.name}") for a in node.names]
+    return out
+
+
+def test_every_package_is_assigned_a_layer() -> None:
+    packages = {p.name for p in SRC.iterdir() if (p / "__init__.py").exists()}
+    assert packages == set(LAYERS), f"assign a layer to {packages ^ set(LAYERS)}"
+    stray = [p.name for p in SRC.glob("*.py") if p.name != "__init__.py"]
+    assert not stray, f"top-level modules outside any layer: {stray}"
+
+
+def test_no_upward_imports() -> None:
+    violations = []
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC.parent).with_suffix("")
+        here = _layer(".".join(rel.parts))
+        if here is None:
+            continue  # the package __init__ re-exports lazily and may name any layer
+        for line, target in _imports(path):
+            there = _layer(target)
+            if there is not None and LAYERS[there] > LAYERS[here]:
+                violations.append(f"{path.relative_to(SRC.parent)}:{line}: {here} imports {target}")
+    assert not violations, "upward imports:\n" + "\n".join(violations)
+
+
+def test_static_imports_without_torch(tmp_path: Path) -> None:
+    # A meta-path finder that refuses torch: as if torch were not installed.
+    blocker = tmp_path / "block_torch.py"
+    blocker.write_text(
+        "import sys\n"
+        "class _Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'torch' or name.startswith('torch.'):\n"
+        "            raise ImportError('torch is blocked in this test')\n"
+        "sys.meta_path.insert(0, _Block())\n")
+    code = ("import block_torch, accumguard.static, accumguard.static.lint, "
+            "accumguard.static.dsconfig, accumguard.cli.lint\n"
+            "from accumguard.static.lint import lint_source\n"
+            "print(len(lint_source('import os\\n')))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(SRC.parent)])}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "0"
+
+
+def test_package_import_is_lazy() -> None:
+    code = "import sys, accumguard; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("plugin", ["accumguard.verify.pytest_plugin"])
+def test_pytest_plugin_costs_nothing_at_startup(plugin: str) -> None:
+    # Importing the plugin module is what every pytest session pays; it must not pull torch.
+    code = (f"import sys, time; t = time.perf_counter(); import {plugin}; "
+            "print(time.perf_counter() - t, 'torch' in sys.modules)")
+    best = min(
+        float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             check=True, timeout=60).stdout.split()[0])
+        for _ in range(3))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60).stdout.split()
+    assert out[1] == "False", "the pytest plugin imports torch at start-up"
+    # pytest itself is imported by the plugin; the budget is for what accumguard adds.
+    base = min(
+        float(subprocess.run([sys.executable, "-c",
+                              "import time; t = time.perf_counter(); import pytest; "
+                              "print(time.perf_counter() - t)"],
+                             capture_output=True, text=True, check=True, timeout=60).stdout)
+        for _ in range(3))
+    assert best - base <= 0.1, f"plugin import costs {best - base:.3f} s over pytest itself"
