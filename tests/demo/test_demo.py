@@ -7,7 +7,6 @@ test_cli.py; here the slow test runs the demo on DeepSpeed ZeRO 1/2/3 for real
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 from pathlib import Path
@@ -73,7 +72,7 @@ def test_exit_code_follows_expectations() -> None:
 
 @pytest.mark.slow
 @pytest.mark.deepspeed
-@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed")
+@pytest.mark.deepspeed
 def test_demo_on_deepspeed(tmp_path: Path) -> None:
     stream = io.StringIO()
     result = run_demo(DemoOptions(engines=parse_engines("deepspeed"), out=tmp_path,

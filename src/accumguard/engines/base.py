@@ -93,7 +93,7 @@ class Engine(ABC):
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backpropagate an already scaled loss."""
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
 
     def sync(self) -> None:  # noqa: B027
         """Finish any gradient reduction still pending at the boundary."""
@@ -113,6 +113,36 @@ class Engine(ABC):
 
     def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
         optimizer.zero_grad(set_to_none=True)
+
+    # -- non-finite values ------------------------------------------------------
+    def nonfinite_grads(self, norm: torch.Tensor | None) -> torch.Tensor | None:
+        """After :meth:`sync` (and clipping): a 0-d bool tensor, True when the synchronised
+        gradient holds a NaN/Inf, **identical on every rank** (the Accumulator branches on
+        it, so ranks must agree or the next collective hangs). ``None``: the engine decides
+        inside :meth:`optimizer_step` itself and :meth:`step_applied` reports it.
+
+        Default: replicated gradients (plain process, DDP, ZeRO-1: after DDP's all-reduce
+        every rank holds the same bits, and a NaN on any rank's gradient reaches all of
+        them). ``norm`` is the clipping norm when clipping ran (global by contract), so
+        it is reused and nothing else is computed. Otherwise the max-abs over gradients:
+        it never overflows for finite values and propagates NaN, and needs no collective.
+        """
+        if norm is not None:
+            return ~torch.isfinite(torch.as_tensor(norm))
+        grads = [p.grad.detach() for p in self.parameters_with_grad()]
+        if not grads:
+            return torch.zeros((), dtype=torch.bool)
+        maxes = torch._foreach_norm(grads, float("inf"))
+        return ~torch.isfinite(torch.stack([m.float() for m in maxes]).max())
+
+    def step_applied(self) -> bool:
+        """Whether the last :meth:`optimizer_step` changed the parameters (``False`` when the
+        engine skipped it on its own, e.g. DeepSpeed on a gradient overflow)."""
+        return True
+
+    def skip_detail(self) -> str:
+        """Why the engine skipped the last step (after ``step_applied()`` returned False)."""
+        return "the engine skipped the optimizer step"
 
     def grad_collectives(self) -> int | None:
         """Gradient collectives issued so far, or ``None`` if this engine cannot count them."""

@@ -30,12 +30,12 @@ class _CommCounter:
         self.sync_rounds = 0
 
 
-def _counting_allreduce(state, bucket):  # noqa: ANN001 - DDP rejects string annotations here
+def _counting_allreduce(state, bucket):  # type: ignore[no-untyped-def]  # noqa: ANN001 - DDP rejects string annotations
     """DDP's own reduction (divide by W, all-reduce SUM), counted."""
     state.bucket_reductions += 1
     if bucket.is_last():
         state.sync_rounds += 1
-    group = state.process_group if state.process_group is not None else dist.group.WORLD
+    group: Any = state.process_group if state.process_group is not None else dist.group.WORLD
     tensor = bucket.buffer()
     tensor.div_(group.size())
     work = dist.all_reduce(tensor, group=group, async_op=True)
@@ -85,7 +85,8 @@ class DDPEngine(Engine):
         if is_last or self.sync_mode == "eager":
             yield
         else:
-            with self.model.no_sync():
+            ddp: Any = self.model
+            with ddp.no_sync():
                 yield
 
     def grad_collectives(self) -> int | None:

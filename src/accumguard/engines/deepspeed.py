@@ -160,14 +160,24 @@ class DeepSpeedEngineAdapter(Engine):
         self.sync_mode = self._resolve_mode(ga, k)
         self._check_config(k)
         self._saved_flag = self.engine._is_gradient_accumulation_boundary
-        log.info("accumguard: DeepSpeed ZeRO-%d, sync=%s, config GA=%d, K=%d, clipping=%g",
-                 self.stage, self.sync_mode, ga, k, self.clip_value)
+        why = self._coalescing_unsupported() if self.sync_mode == "eager" else ""
+        log.info("accumguard: DeepSpeed ZeRO-%d, sync=%s, config GA=%d, K=%d, clipping=%g%s",
+                 self.stage, self.sync_mode, ga, k, self.clip_value,
+                 f" (eager: {why})" if why else "")
 
     def _resolve_mode(self, ga: int, k: int) -> str:
         mode = self.requested_sync
+        unsupported = self._coalescing_unsupported()
         if mode == "auto":
             if self.stage == 0:
                 mode = "eager"
+            elif ga == 1 and unsupported:
+                raise ConfigError(
+                    f"DeepSpeed gradient_accumulation_steps is 1, which needs the coalesced "
+                    f"reduction (sync='deferred'), but {unsupported}. Set "
+                    f"\"gradient_accumulation_steps\": {k} in the DeepSpeed config: the adapter "
+                    "then drives the engine's native accumulation (sync='eager'; K gradient "
+                    "reductions per step on ZeRO-2/3)")
             elif ga == 1:
                 mode = "deferred"
             elif ga == k:
@@ -184,6 +194,10 @@ class DeepSpeedEngineAdapter(Engine):
                     "sync='deferred' needs ZeRO stage 1, 2 or 3 (engine.coalesce_grad_reduction "
                     "does not support stage 0); use sync='eager': on stage 0 the engine already "
                     "all-reduces once per optimizer step, at the boundary")
+            if unsupported:
+                raise ConfigError(
+                    f"sync='deferred' needs engine.coalesce_grad_reduction(), but {unsupported}. "
+                    f"Use sync='eager' with \"gradient_accumulation_steps\": {k} in the config")
             if ga != 1:
                 raise ConfigError(
                     f"sync='deferred' needs DeepSpeed gradient_accumulation_steps 1, got {ga}: "
@@ -199,6 +213,26 @@ class DeepSpeedEngineAdapter(Engine):
                 f"{ga}: {why}. Set \"gradient_accumulation_steps\": {k}, or use "
                 "sync='deferred' with gradient_accumulation_steps 1")
         return mode
+
+    def _coalescing_unsupported(self) -> str:
+        """Why ``coalesce_grad_reduction()`` would fail on this engine ("" if it works).
+
+        DeepSpeed 0.19.8 raises NotImplementedError at the *first micro-step* for stage 0,
+        pipeline parallelism, and optimizer wrappers without the per-parameter reduction
+        hooks the block relies on (BF16_Optimizer for bf16 + fp32 gradient accumulation,
+        FP16_Optimizer); the adapter asks the same questions up front instead."""
+        eng = self.engine
+        if self.stage == 0:
+            return "ZeRO stage 0 has no coalesced reduction"
+        if getattr(eng, "pipeline_parallelism", False):
+            return "pipeline parallelism does not support it"
+        managed = getattr(eng, "managed_gradient_accumulation", None)
+        if callable(managed) and not managed():
+            return "the config sets managed_gradient_accumulation false"
+        if not hasattr(eng.optimizer, "_coalesce_grad_reduction"):
+            return (f"the engine's optimizer wrapper {type(eng.optimizer).__name__} does not "
+                    "support it (DeepSpeed routes its gradients around the coalescing hooks)")
+        return ""
 
     def _check_config(self, k: int) -> None:
         """Static checks of the config (accumguard.static.dsconfig): errors raise, warnings warn."""
@@ -351,13 +385,21 @@ class DeepSpeedEngineAdapter(Engine):
         returned here is filled in place right after it (NaN until then). On
         stage 0 the reduced gradient sits in ``param.grad``, so it is measured now.
         """
-        assert math.isclose(max_norm, self.clip_value, rel_tol=1e-12), "checked in check_options"
-        if self.stage == 0:
+        if not math.isclose(max_norm, self.clip_value, rel_tol=1e-12):
+            raise ConfigError(
+                f"clip_grad_norm({max_norm:g}) but DeepSpeed clips at gradient_clipping="
+                f"{self.clip_value:g} inside engine.step(); expected the same value (the "
+                "Accumulator checks this at construction). Set max_grad_norm to the config's "
+                "gradient_clipping")
+        if self.stage == 0 and not hasattr(self.engine.optimizer, "overflow"):
+            # Plain torch optimizer: the reduced, unscaled gradient is in param.grad now.
             grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
             if not grads:
                 return torch.zeros(())
             norms = torch.stack([g.detach().double().norm() for g in grads])
             return torch.linalg.vector_norm(norms).float()
+        # ZeRO 1-3 and the fp16/bf16 wrappers compute the (unscaled) global norm in step():
+        # read it back from engine.get_global_grad_norm() right after (NaN until then).
         self._norm = torch.full((), math.nan)
         return self._norm
 
@@ -371,6 +413,32 @@ class DeepSpeedEngineAdapter(Engine):
             if norm is not None:
                 self._norm.fill_(float(norm))
             self._norm = None
+
+    def nonfinite_grads(self, norm: torch.Tensor | None) -> torch.Tensor | None:
+        """ZeRO 1-3 and the fp16/bf16 wrappers check the reduced gradient for overflow inside
+        ``step()`` (one all-reduced flag, so every rank agrees) and skip the step: the
+        adapter reads that back in :meth:`step_applied` instead of checking a second time.
+        Stage 0 with a plain torch optimizer checks nothing: there the reduced gradient
+        sits, identical on every rank, in ``param.grad`` and is checked here."""
+        if hasattr(self.engine.optimizer, "overflow"):
+            return None
+        return super().nonfinite_grads(norm)
+
+    def parameters_with_grad(self) -> list[torch.Tensor]:
+        return [p for p in self.engine.module.parameters() if p.grad is not None]
+
+    def step_applied(self) -> bool:
+        was = getattr(self.engine, "was_step_applied", None)
+        return bool(was()) if callable(was) else True
+
+    def skip_detail(self) -> str:
+        opt = self.engine.optimizer
+        scale = getattr(opt, "cur_scale", None) or getattr(opt, "loss_scale", None)
+        extra = f"; its fp16 loss scale is now {float(scale):g}" if (
+            self.engine.fp16_enabled() and isinstance(scale, (int, float))) else ""
+        return ("DeepSpeed found NaN/Inf in the reduced gradient and skipped the optimizer step "
+                f"(engine.was_step_applied() is False, skipped_steps={self.engine.skipped_steps})"
+                + extra)
 
     def zero_grad(self, optimizer: Any) -> None:
         """Nothing to do: ``engine.step()`` zeroes (or frees) the gradients at the boundary."""

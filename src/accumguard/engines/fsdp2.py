@@ -61,7 +61,8 @@ class _CountingReduceScatter:
 
     def allocate(self, size: Sequence[int], *, dtype: torch.dtype,
                  device: torch.device) -> torch.Tensor:
-        return self.inner.allocate(size, dtype=dtype, device=device)
+        out: torch.Tensor = self.inner.allocate(size, dtype=dtype, device=device)
+        return out
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any,
                  op: Any, async_op: bool = False) -> Any:
@@ -132,7 +133,8 @@ class FSDP2Engine(Engine):
                 m.set_force_sum_reduction_for_comms(True)
         if count_collectives:
             for g in self._groups:
-                g._reduce_scatter_comm = _CountingReduceScatter(g._reduce_scatter_comm, self)
+                g._reduce_scatter_comm = _CountingReduceScatter(  # type: ignore[assignment]
+                    g._reduce_scatter_comm, self)
         self._counting = count_collectives
 
     @staticmethod
@@ -156,8 +158,9 @@ class FSDP2Engine(Engine):
         return GradReduction(world_size=self.world_size, averages_over_ranks=False)
 
     def _set_sync(self, enabled: bool) -> None:
-        self.model.set_requires_gradient_sync(enabled)  # recurses over every FSDP module
-        self.model.set_is_last_backward(enabled)
+        fsdp: Any = self.model
+        fsdp.set_requires_gradient_sync(enabled)  # recurses over every FSDP module
+        fsdp.set_is_last_backward(enabled)
 
     @contextlib.contextmanager
     def micro_step(self, *, is_last: bool) -> Iterator[None]:
@@ -184,6 +187,24 @@ class FSDP2Engine(Engine):
             norm = norm.full_tensor()
         return norm
 
+    def nonfinite_grads(self, norm: torch.Tensor | None) -> torch.Tensor | None:
+        """Gradients are sharded after the reduce-scatter: a NaN from one rank's micro-step
+        lands only in the shard that owns it, so a rank-local check would let ranks
+        disagree. With clipping the norm is already global (reused, free); without it,
+        one scalar all-reduce of "this rank's shards hold a NaN/Inf" per window."""
+        if norm is not None:
+            return ~torch.isfinite(torch.as_tensor(norm))
+        local = [g.to_local() if hasattr(g, "to_local") else g
+                 for g in (p.grad for p in self.parameters_with_grad())]
+        local = [g.detach() for g in local if g.numel() > 0]
+        bad = torch.zeros((), dtype=torch.float32, device=self.device)
+        if local:
+            maxes = torch.stack([m.float() for m in torch._foreach_norm(local, float("inf"))])
+            bad = (~torch.isfinite(maxes.max())).float().to(self.device)
+        if self.world_size > 1:
+            dist.all_reduce(bad, group=self.process_group)
+        return bad > 0
+
     def grad_collectives(self) -> int | None:
         """Reduce-scatter *rounds* (micro-steps that reduced), whatever the number of modules."""
         return self._rounds if self._counting else None
@@ -194,7 +215,8 @@ class FSDP2Engine(Engine):
             for key, value in settings.items():
                 setattr(group, key, value)
         self._saved = []
-        self.model.set_is_last_backward(self._saved_is_last)
+        fsdp: Any = self.model
+        fsdp.set_is_last_backward(self._saved_is_last)
 
     def describe(self) -> str:
         return (f"{self.name} (sync={self.sync_mode}, world={self.world_size}, sum reduction, "

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from accumguard.core.errors import ConfigError
 from accumguard.core.scaling import GradReduction
+from typing import Any
+
+import torch
+
 from accumguard.engines.base import Engine
 
 
@@ -12,7 +17,7 @@ class LocalEngine(Engine):
     name = "local"
     sync_mode = "none"
 
-    def __init__(self, model, **options) -> None:  # noqa: ANN001, ANN003
+    def __init__(self, model: torch.nn.Module, **options: Any) -> None:
         super().__init__(model, **options)
         # An unwrapped model is trained by this process alone, even when a process group
         # exists: no count all-gather, N is this process's count.
