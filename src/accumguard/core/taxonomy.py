@@ -107,6 +107,13 @@ _CLASSES = (
         "Gate the boundary in one place only: either call engine.backward()/engine.step() on "
         "every micro-batch and let DeepSpeed's gradient_accumulation_steps=K decide, or set "
         "it to 1 and accumulate in your loop inside engine.coalesce_grad_reduction()."),
+    _fc("LOSS_SCALE", "token weights off: the loss is not normalised by the window's count",
+        "tokens carry weights other than 1/N (a constant factor, or a pattern that is neither "
+        "a per-micro-batch nor a per-rank mean)",
+        "Sum per-token losses over the micro-batch and divide by the window's global token "
+        "count N once (all micro-steps, all ranks), accounting for what the engine divides by "
+        "(DDP averages over ranks, Accelerate's backward divides by its "
+        "gradient_accumulation_steps, Lightning divides by accumulate_grad_batches)."),
     _fc("NO_UPDATE", "no update: the parameters did not move",
         "no gradient reached the optimizer (sync never re-enabled, gradients cleared before "
         "step, or the step was skipped)",
