@@ -1,0 +1,146 @@
+"""Accelerate: the Accumulator driven through an ``Accelerator``, and the checks attached.
+
+One change to an Accelerate loop: replace ``with accelerator.accumulate(model): ...
+accelerator.backward(loss_mean)`` by::
+
+    acc = accumulator(accelerator, model, optimizer, scheduler=scheduler, count_fn=count_tokens)
+    for window in acc.windows(dataloader):          # the prepared dataloader
+        window.run(lambda batch: summed_token_loss(model, batch))
+
+Why: ``accelerator.backward`` divides every micro-batch's loss by
+``gradient_accumulation_steps``; with a token-mean loss and uneven token counts
+that is failure class F5. Here the loss is a *sum*, and the scale that makes the
+optimizer receive ``Σ g_i / N`` (N over all micro-steps and ranks) is derived in
+:func:`accumguard.core.scaling.loss_scale` from what Accelerate does: DDP averages
+over ranks, ``backward`` divides by its own GA (declared as data by
+:class:`AccelerateEngine`, not undone by hand).
+
+The scheduler: Accelerate's prepared ``AcceleratedScheduler`` steps its inner
+scheduler ``num_processes`` times per optimizer step when ``split_batches=False``
+(it assumes a schedule sized in single-process batches). The fp64 large-batch
+reference steps the schedule once per optimizer step, so by default
+(``scheduler_steps="one"``) the Accumulator steps the *inner* scheduler once;
+``scheduler_steps="accelerate"`` keeps Accelerate's convention (logged).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from accumguard.accumulate.accumulator import Accumulator
+from accumguard.core.errors import ConfigError
+from accumguard.core.scaling import GradReduction
+from accumguard.engines.base import Engine
+from accumguard.integrations._checks import AccumulationChecks, unwrap_scheduler
+
+__all__ = ["AccelerateEngine", "accumulator", "watch"]
+
+log = logging.getLogger("accumguard")
+
+
+class AccelerateEngine(Engine):
+    """Adapter for a model prepared by an ``accelerate.Accelerator`` (plain or DDP).
+
+    Micro-steps 1..K-1 run under ``accelerator.no_sync(model)`` (spanning the
+    forward) with Accelerate's ``sync_gradients`` off, so the prepared optimizer
+    does not step; the last one syncs. ``backward`` is ``accelerator.backward``,
+    whose division by ``gradient_accumulation_steps`` is declared in
+    :meth:`reduction` and compensated by the one scaling function.
+    """
+
+    name = "accelerate"
+
+    def __init__(self, accelerator: Any, model: torch.nn.Module) -> None:
+        dt = getattr(accelerator, "distributed_type", None)
+        dtype = str(getattr(dt, "value", dt))
+        if dtype not in ("NO", "MULTI_CPU", "MULTI_GPU", "MULTI_XPU", "MULTI_NPU", "MULTI_MLU",
+                         "MULTI_HPU"):
+            raise ConfigError(
+                f"the accelerate integration drives plain data parallelism (DDP or one process); "
+                f"this Accelerator runs {dtype}. For DeepSpeed or FSDP, use accumguard's own "
+                "engines on the unwrapped engine objects")
+        super().__init__(model)
+        self.accelerator = accelerator
+        self.sync_mode = "deferred" if self.world_size > 1 else "none"
+        self._previous_sync: bool | None = None
+
+    def reduction(self) -> GradReduction:
+        return GradReduction(world_size=self.world_size, averages_over_ranks=self.world_size > 1,
+                             divides_by=float(self.accelerator.gradient_accumulation_steps))
+
+    @contextlib.contextmanager
+    def micro_step(self, *, is_last: bool) -> Iterator[None]:
+        acc = self.accelerator
+        if self._previous_sync is None:
+            self._previous_sync = bool(acc.sync_gradients)
+        acc.sync_gradients = is_last  # the prepared optimizer steps only when this is True
+        if is_last:
+            yield
+        else:
+            with acc.no_sync(self.model):
+                yield
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.accelerator.backward(loss)
+
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        return self.accelerator.clip_grad_norm_(self.model.parameters(), max_norm)
+
+    def abort_window(self, optimizer: Any) -> None:
+        self.accelerator.sync_gradients = True  # else the prepared optimizer ignores zero_grad
+        super().abort_window(optimizer)
+
+    def close(self) -> None:
+        if self._previous_sync is not None:
+            self.accelerator.sync_gradients = self._previous_sync
+            self._previous_sync = None
+
+
+def accumulator(accelerator: Any, model: torch.nn.Module, optimizer: Any, *,
+                accumulation_steps: int | None = None, scheduler: Any = None,
+                scheduler_steps: str = "one", count_fn: Callable[[Any], Any] | None = None,
+                max_grad_norm: float | None = None, **options: Any) -> Accumulator:
+    """An :class:`~accumguard.Accumulator` on Accelerate's prepared objects.
+
+    ``accumulation_steps`` defaults to the Accelerator's ``gradient_accumulation_steps``.
+    Iterate ``acc.windows(prepared_dataloader)``; the loss passed to ``backward`` is the
+    **sum** over tokens (``count_fn`` counts them, e.g. ``(batch["labels"] != -100).sum()``).
+    The final partial window (an epoch length not a multiple of K) steps on its own count;
+    iterable datasets without a length work the same. ``options`` go to the Accumulator.
+    """
+    if scheduler_steps not in ("one", "accelerate"):
+        raise ConfigError(f"scheduler_steps ({scheduler_steps!r}) must be 'one' (the schedule "
+                          "advances once per optimizer step, like the large-batch reference) "
+                          "or 'accelerate' (Accelerate's num_processes steps per optimizer "
+                          "step when split_batches=False)")
+    k = accumulation_steps if accumulation_steps is not None else int(
+        accelerator.gradient_accumulation_steps)
+    sched = scheduler
+    if scheduler is not None and scheduler_steps == "one":
+        sched = unwrap_scheduler(scheduler)
+    elif scheduler is not None:
+        log.info("accumguard: Accelerate steps the LR schedule %d time(s) per optimizer step",
+                 1 if getattr(scheduler, "split_batches", True) else accelerator.num_processes)
+    return Accumulator(model, optimizer, accumulation_steps=k,
+                       engine=AccelerateEngine(accelerator, model), scheduler=sched,
+                       count_fn=count_fn, max_grad_norm=max_grad_norm, **options)
+
+
+def watch(accelerator: Any, model: torch.nn.Module, optimizer: Any, *, scheduler: Any = None,
+          accumulation_steps: int | None = None, **options: Any) -> AccumulationChecks:
+    """Attach the accumulation checks to Accelerate objects (any loop: yours or ours).
+
+    Returns the :class:`~accumguard.integrations._checks.AccumulationChecks`; read
+    ``.findings`` (F5 for a token mean through ``accelerator.backward`` with uneven
+    counts, F4 when the prepared scheduler runs W× per optimizer step, ...) and
+    ``close()`` it at the end. ``options`` go to ``AccumulationChecks``.
+    """
+    k = accumulation_steps if accumulation_steps is not None else int(
+        accelerator.gradient_accumulation_steps)
+    return AccumulationChecks(model, optimizer, accumulation_steps=k, scheduler=scheduler,
+                              **options)

@@ -1,0 +1,104 @@
+"""Accelerate on 2 gloo ranks: the Accumulator through a prepared Accelerator equals the fp64
+large-batch reference; the plain ``accelerator.backward(token_mean)`` default does not and is
+flagged F5 (and its W× scheduler F4) by the checks."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import fw_common as fw  # noqa: E402
+
+from accumguard.runtime.launch import run_on_ranks  # noqa: E402
+
+pytest.importorskip("accelerate")
+pytest.importorskip("transformers")
+
+K = 4
+LR = 0.3
+SAMPLES = 40  # 20 micro-batches of 2 -> 10 per rank -> windows of 4, 4 and a partial 2
+
+
+def _opt(params: Any) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=LR, momentum=0.9)
+
+
+def _sched(opt: torch.optim.Optimizer) -> Any:
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1.0 + s))
+
+
+def _worker(rank: int, world: int) -> dict[str, Any]:
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader
+
+    from accumguard.integrations.accelerate import accumulator, watch
+
+    out: dict[str, Any] = {}
+    for mode in ("exact", "default"):
+        accel = Accelerator(gradient_accumulation_steps=K, cpu=True)
+        model = fw.tiny_llama(0)
+        opt = _opt(model.parameters())
+        sched = _sched(opt)
+        loader = DataLoader(fw.token_samples(SAMPLES, seed=3), batch_size=2, shuffle=False)
+        model, opt, loader, sched = accel.prepare(model, opt, loader, sched)
+        checks = watch(accel, model, opt, scheduler=sched)
+        windows: list[list[dict]] = []
+        snaps: list[dict] = []
+        if mode == "exact":
+            acc = accumulator(accel, model, opt, scheduler=sched, count_fn=fw.count_tokens)
+            for window in acc.windows(loader):
+                windows.append([fw.plain(b) for b in window.batches])
+                window.run(lambda b: fw.sum_loss(model, b)[0])
+                snaps.append(fw.flat_params(model))
+            acc.close()
+        else:  # the documented Accelerate loop with a token-mean loss
+            current: list[dict] = []
+            for batch in loader:
+                with accel.accumulate(model):
+                    current.append(fw.plain(batch))
+                    accel.backward(fw.mean_loss(model, batch))
+                    opt.step()
+                    sched.step()
+                    opt.zero_grad()
+                if accel.sync_gradients:
+                    windows.append(current)
+                    current = []
+                    snaps.append(fw.flat_params(model))
+        checks.close()
+        out[mode] = {"windows": windows, "snaps": snaps, "checked": checks.checked_steps,
+                     "findings": sorted({f.class_id for f in checks.findings})}
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs() -> list[dict[str, Any]]:
+    return run_on_ranks(_worker, 2, timeout=240)
+
+
+def _errors(runs: list[dict[str, Any]], mode: str) -> list[float]:
+    return fw.update_errors(fw.tiny_llama(0), _opt, _sched,
+                            [r[mode]["windows"] for r in runs], runs[0][mode]["snaps"])
+
+
+def test_accumulator_through_accelerate_equals_the_reference(runs: list[dict[str, Any]]) -> None:
+    sizes = [len(w) for w in runs[0]["exact"]["windows"]]
+    assert sizes == [K, K, 2], sizes  # a partial final window
+    errs = _errors(runs, "exact")
+    assert max(errs) <= fw.EXACT_TOL, errs
+    for r in runs:
+        assert r["exact"]["findings"] == [], r["exact"]["findings"]
+        assert r["exact"]["checked"] == 3
+
+
+def test_accelerate_default_token_mean_differs_and_is_flagged(runs: list[dict[str, Any]]) -> None:
+    errs = _errors(runs, "default")
+    assert max(errs) >= fw.BROKEN_MIN, errs
+    for r in runs:
+        # F5: each micro-batch's mean divided by K; F4: the prepared scheduler steps W times.
+        assert r["default"]["findings"] == ["F4", "F5"], r["default"]["findings"]
