@@ -1,0 +1,108 @@
+"""Cheap per-parameter gradient checksums and the gradient-conservation verdict.
+
+A checksum of a gradient ``g`` is three numbers: ``sum(g)``, the sum over its even
+flat positions, and ``sum(|g|)`` (the scale, for tolerances). The first two are
+linear, so the checksum of a sum of contributions is the sum of their checksums;
+two functionals, because a softmax output's gradient sums to zero over classes.
+
+Conservation: the gradient the optimizer receives must be the sum of what the
+window's backward passes contributed. A contribution is measured as
+``checksum(after backward) - checksum(before backward)``; when nothing touches the
+gradients between backward passes these telescope. A reset inside the window
+(``zero_grad`` between micro-steps, an engine that overwrites at every backward)
+shows as a *wipe*: the gradient before backward i differs from the one after
+backward i-1. A wipe is an error only if the optimizer then receives the wiped
+gradient and not the sum (an fp32 gradient-buffer pattern moves ``.grad`` aside
+between backwards and puts the full sum back before the step: correct).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["Conservation", "checksums", "conservation"]
+
+
+def _local(g: torch.Tensor) -> torch.Tensor:
+    to_local = getattr(g, "to_local", None)  # FSDP2 DTensor: this rank's shard
+    return to_local() if callable(to_local) else g
+
+
+@torch.no_grad()
+def checksums(params: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``[P, 3]`` float64 CPU: (sum, even-position sum, abs sum) of each ``.grad`` (0 if None)."""
+    rows = []
+    zero = None
+    for p in params:
+        g = p.grad
+        if g is None:
+            if zero is None:
+                zero = torch.zeros(3, dtype=torch.float64)
+            rows.append(zero)
+            continue
+        flat = _local(g.detach()).reshape(-1)
+        rows.append(torch.stack([flat.sum(), flat[::2].sum(), flat.abs().sum()])
+                    .to(torch.float64))
+    if not rows:
+        return torch.zeros((0, 3), dtype=torch.float64)
+    return torch.stack(rows).cpu()
+
+
+@dataclass(frozen=True)
+class Conservation:
+    """The verdict for one optimizer step.
+
+    ``wiped``: relative size of the gradient removed between the window's backward
+    passes; ``stale``: relative size of gradient present before the window's first
+    backward (left from the previous step); ``received``: relative difference of
+    what the optimizer received from the sum of the contributions (up to a common
+    scale, which clipping and unscaling apply). ``ok`` is the verdict.
+    """
+
+    params: int
+    wiped: float
+    stale: float
+    received: float
+    ok: bool
+    reason: str
+
+
+def _rel(x: torch.Tensor, scale: float) -> float:
+    return float(x[:, :2].abs().sum()) / scale if scale > 0 else 0.0
+
+
+def conservation(*, starts: list[torch.Tensor], ends: list[torch.Tensor],
+                 received: torch.Tensor, tol: float) -> Conservation:
+    """Judge one window from the checksums before/after each backward and at the step.
+
+    All tensors are ``[P, 3]`` over the same parameters. ``tol`` is relative (derived
+    from the gradient dtype by the caller).
+    """
+    n = int(received.shape[0])
+    contrib = sum((e - s for s, e in zip(starts, ends, strict=True)),
+                  torch.zeros_like(received))
+    scale = float(sum(float((e - s)[:, 2].abs().sum()) for s, e in zip(starts, ends,
+                                                                       strict=True)))
+    scale = max(scale, float(received[:, 2].sum()), 1e-30)
+    stale = _rel(starts[0], scale) if starts else 0.0
+    wiped_t = torch.zeros_like(received)
+    for i in range(1, len(starts)):
+        wiped_t += ends[i - 1] - starts[i]
+    wiped = _rel(wiped_t, scale)
+    # what the optimizer got vs the sum of contributions, up to one positive scale
+    a = received[:, :2].reshape(-1)
+    b = contrib[:, :2].reshape(-1)
+    denom = float(b @ b)
+    c = float(a @ b) / denom if denom > 0 else 1.0
+    c = c if c > 0 else 1.0
+    resid = float((a - c * b).abs().sum()) / max(float(a.abs().sum()), float(b.abs().sum()) * c,
+                                                 1e-30)
+    received_rel = resid
+    if stale > tol and received_rel > tol:
+        return Conservation(n, wiped, stale, received_rel, False, "stale")
+    if wiped > tol and received_rel > tol:
+        return Conservation(n, wiped, stale, received_rel, False, "wiped")
+    return Conservation(n, wiped, stale, received_rel, True, "")

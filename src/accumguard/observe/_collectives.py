@@ -1,0 +1,95 @@
+"""Counting collectives where they are issued: ``torch.distributed`` and ``deepspeed.comm``.
+
+This is the one place that knows which collective functions exist and which of them
+reduce gradients. Only the outermost call counts (``deepspeed.comm`` calls
+``torch.distributed``; ``reduce_scatter_fn`` calls ``reduce_scatter_tensor``), and calls
+made by accumguard itself (:meth:`CollectiveCounter.paused`) are not counted.
+
+DDP's bucket all-reduces are issued from C++ and never reach these functions; the
+observer infers them from DDP's sync flag at forward time instead (DDP's own rule).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from accumguard.observe._patch import Patches
+
+__all__ = ["CollectiveCounter", "DS_COMM_MODULES", "DS_REDUCE_OPS", "TORCH_REDUCE_OPS"]
+
+TORCH_REDUCE_OPS = ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor",
+                    "_reduce_scatter_base", "all_reduce_coalesced")
+TORCH_OTHER_OPS = ("all_gather", "all_gather_into_tensor", "_all_gather_base", "broadcast",
+                   "all_to_all", "all_to_all_single", "barrier", "all_gather_object")
+# deepspeed.comm issues these (its torch backend may bypass torch.distributed's names);
+# all_to_all_single is its quantized gradient reduction, imported by name elsewhere.
+DS_REDUCE_OPS = ("all_reduce", "inference_all_reduce", "all_reduce_coalesced", "reduce",
+                 "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_fn",
+                 "all_to_all_single")
+DS_OTHER_OPS = ("all_gather", "all_gather_into_tensor", "allgather_fn", "all_gather_coalesced",
+                "broadcast", "barrier")
+DS_COMM_MODULES = ("deepspeed.comm", "deepspeed.comm.comm",
+                   "deepspeed.runtime.comm.coalesced_collectives")
+
+
+class CollectiveCounter:
+    """Wraps the collective functions and calls ``on_call(op, reduces)`` per outermost call."""
+
+    def __init__(self, on_call: Callable[[str, bool], None]) -> None:
+        self.on_call = on_call
+        self._depth = 0
+        self._paused = 0
+        self._ds_done = False
+        self.patches = Patches()
+
+    def install_torch(self) -> None:
+        import torch.distributed as dist
+
+        for op in TORCH_REDUCE_OPS + TORCH_OTHER_OPS:
+            if hasattr(dist, op):
+                self.patches.wrap(dist, op, self._counting(op, op in TORCH_REDUCE_OPS))
+
+    def install_deepspeed(self) -> None:
+        """Wrap ``deepspeed.comm`` (call again once it is imported; idempotent)."""
+        if self._ds_done or "deepspeed.comm.comm" not in sys.modules:
+            return
+        self._ds_done = True
+        for name in DS_COMM_MODULES:
+            mod = sys.modules.get(name)
+            if mod is None:
+                continue
+            for op in DS_REDUCE_OPS + DS_OTHER_OPS:
+                if callable(getattr(mod, op, None)):
+                    self.patches.wrap(mod, op, self._counting(op, op in DS_REDUCE_OPS))
+
+    def uninstall(self) -> None:
+        self.patches.undo()
+        self._ds_done = False
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Collectives issued inside are accumguard's own: not counted."""
+        self._paused += 1
+        try:
+            yield
+        finally:
+            self._paused -= 1
+
+    def _counting(self, op: str, reduces: bool) -> Callable[[Callable[..., Any]], Any]:
+        def make(orig: Callable[..., Any]) -> Callable[..., Any]:
+            def call(*args: Any, **kwargs: Any) -> Any:
+                if self._depth or self._paused:
+                    return orig(*args, **kwargs)
+                self._depth += 1
+                try:
+                    self.on_call(op, reduces)
+                    return orig(*args, **kwargs)
+                finally:
+                    self._depth -= 1
+
+            return call
+
+        return make

@@ -1,0 +1,119 @@
+"""What the observation layer reports: one dataclass per event kind, and the listener
+protocol that the guard and ``watch`` implement."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from accumguard.observe._checksum import Conservation
+
+__all__ = ["BackwardEvent", "EngineInfo", "ForwardEvent", "Listener", "StepEvent",
+           "ZeroGradEvent", "SchedulerEvent", "ClipEvent"]
+
+
+@dataclass
+class ForwardEvent:
+    """A forward of a watched (root) module with grad enabled."""
+
+    step: int
+    micro: int  # backward passes so far in the window
+    engine: str  # "ddp" | "fsdp2" | "deepspeed" | "local"
+    sync: bool | None  # DDP/FSDP2 gradient-sync flag at forward (None: not applicable)
+    module: Any = field(repr=False, default=None)
+
+
+@dataclass
+class BackwardEvent:
+    """One backward pass (the outermost ``Tensor.backward``/``autograd.backward``/
+    ``engine.backward``/``accelerator.backward`` call)."""
+
+    step: int
+    micro: int  # 0-based position in the window
+    source: str
+    loss: float | None = None
+    sync_forward: bool | None = None  # DDP/FSDP2 flag at the forward feeding this backward
+    sync_backward: bool | None = None  # the flag when backward began
+    engine: str = "local"
+    reductions: int = 0  # gradient-reducing collectives issued inside this backward
+    ds_boundary: bool | None = None  # DeepSpeed: engine boundary flag at this backward
+    ds_coalescing: bool = False  # DeepSpeed: inside coalesce_grad_reduction / no_sync
+    forwards: int = 0  # watched forwards since the previous backward
+
+
+@dataclass
+class ZeroGradEvent:
+    step: int
+    micro: int
+    kind: str  # "optimizer" | "module"
+    owner: Any = field(repr=False, default=None)
+
+
+@dataclass
+class SchedulerEvent:
+    step: int
+    micro: int
+    count: int  # this scheduler's steps so far (not counting the constructor's)
+    optimizer_steps: int  # steps of the scheduler's optimizer so far
+    in_step: bool  # inside an engine/optimizer step (DeepSpeed steps its own scheduler)
+    owner: Any = field(repr=False, default=None)
+
+
+@dataclass
+class ClipEvent:
+    step: int
+    micro: int
+    function: str
+    params: list[Any] = field(repr=False, default_factory=list)
+
+
+@dataclass
+class EngineInfo:
+    """The configuration an engine really runs with (DeepSpeed: read from the engine)."""
+
+    engine: str
+    zero_stage: int | None = None
+    gradient_accumulation_steps: int | None = None
+    gradient_clipping: float | None = None
+    clipping_set_by_user: bool | None = None
+    managed_accumulation: bool | None = None
+    micro_batch: int | None = None
+
+
+@dataclass
+class StepEvent:
+    """One optimizer step (outermost: an inner optimizer stepped by an engine or a wrapper
+    is part of its caller's step). ``applied`` is False when every gradient was None or
+    the engine skipped the update."""
+
+    step: int
+    backwards: int
+    window_loss: float | None
+    applied: bool
+    source: str  # "torch" | "deepspeed"
+    optimizer: str
+    engine: str = "local"
+    zero_grads: int = 0  # zero_grad calls between the window's first backward and this step
+    zero_grads_between: int = 0  # ... between two backwards of the window
+    scheduler_steps: int = 0  # scheduler steps in the window before this step
+    clips: int = 0
+    clip_micros: list[int] = field(default_factory=list)  # backward index after each clip
+    reductions: int = 0  # gradient collectives in the window (backwards + between)
+    reduction_rounds: int = 0  # backwards (or flushes) that issued at least one
+    sync_micros: list[bool | None] = field(default_factory=list)  # per backward: synced?
+    sync_mismatch: list[int] = field(default_factory=list)  # micro-steps whose flag flipped
+    ds_boundaries: list[bool | None] = field(default_factory=list)
+    ds_coalescing: list[bool] = field(default_factory=list)
+    engine_step_calls: int = 0  # DeepSpeed engine.step() calls in the window
+    max_backwards_per_engine_step: int = 0
+    grad_norm: float | None = None  # DeepSpeed's global norm (pre-clip) when available
+    conservation: Conservation | None = None
+    checksum: list[float] | None = None  # (sum, even sum, abs sum) of what the optimizer got
+    wall: float = 0.0
+    updates: dict[str, Any] | None = field(repr=False, default=None)
+
+
+class Listener(Protocol):
+    """Receives events; each method is optional (looked up with ``getattr``)."""
+
+    def on_step(self, event: StepEvent) -> None: ...

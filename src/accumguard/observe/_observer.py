@@ -1,0 +1,724 @@
+"""The observer: one set of patches and hooks that turns a training process into events.
+
+What is observed, and where (each patch keeps the signature and is undone on
+:meth:`Observer.uninstall`):
+
+* forward of a watched module: hooks on the modules given, or (``auto_roots``) a
+  global forward hook that treats the outermost module call as the model and reads
+  DDP's ``require_backward_grad_sync`` / FSDP2's gradient-sync state there;
+* backward: ``Tensor.backward``, ``torch.autograd.backward``, DeepSpeed's
+  ``engine.backward`` and Accelerate's ``accelerator.backward`` (the outermost call is
+  one backward pass, whatever the model returned);
+* optimizer steps: torch's global step hooks (the outermost step: an
+  ``AcceleratedOptimizer`` or ``ZeroRedundancyOptimizer`` steps an inner one) and
+  ``DeepSpeedEngine.step`` (a step only when the engine really updated);
+* ``zero_grad`` of optimizers and modules, LR-scheduler steps (Accelerate's
+  scheduler wrapper counted once), clipping (``torch.nn.utils.clip_grad_norm_``
+  patched where torch defines it, so later ``from torch.nn.utils import ...`` sees
+  the wrapper), gradient collectives (:mod:`._collectives`), DeepSpeed's config;
+* gradient checksums before/after each backward and at the step, for the
+  conservation verdict (:mod:`._checksum`), on engines whose gradients live in
+  ``.grad`` (not DeepSpeed ZeRO >= 1, whose gradients live in engine buffers).
+
+Events go to listeners (the guard, ``watch``'s recorder). A listener may raise from
+``on_step_start``/``on_backward_start``/``on_zero_grad``/``on_scheduler_step``/
+``on_clip`` to stop the action before it happens (the guard does).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterable
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from accumguard.observe._checksum import checksums, conservation
+from accumguard.observe._collectives import CollectiveCounter
+from accumguard.observe._events import (
+    BackwardEvent,
+    ClipEvent,
+    EngineInfo,
+    ForwardEvent,
+    SchedulerEvent,
+    StepEvent,
+    ZeroGradEvent,
+)
+from accumguard.observe._imports import when_imported
+from accumguard.observe._patch import Patches
+
+__all__ = ["Observer"]
+
+_CLIP_FUNCS = ("clip_grad_norm_", "clip_grad_norm", "clip_grad_value_")
+
+
+def _tol_for(dtype: torch.dtype) -> float:
+    """Relative conservation tolerance: a lost micro-batch is O(1/K), rounding is O(eps)."""
+    return {torch.float64: 1e-6, torch.float32: 1e-3}.get(dtype, 3e-2)
+
+
+class _Window:
+    """What happened since the previous optimizer step."""
+
+    def __init__(self) -> None:
+        self.backwards: list[BackwardEvent] = []
+        self.loss: torch.Tensor | float | None = 0.0
+        self.loss_ok = True
+        self.zero_grads = 0
+        self.zero_between = 0
+        self.sched = 0
+        self.clip_micros: list[int] = []
+        self.reductions_between = 0
+        self.rounds_between = 0
+        self.forwards = 0
+        self.engine_step_calls = 0
+        self.bw_since_engine_step = 0
+        self.max_bw_per_engine_step = 0
+        self.starts: list[torch.Tensor] = []
+        self.ends: list[torch.Tensor] = []
+        self.zero_since_backward = 0
+
+
+class Observer:
+    """Installs the observation layer in this process and reports events to listeners.
+
+    Args:
+        roots: modules to watch (forward hooks on them). ``None`` with ``auto_roots``
+            watches the outermost module of every forward.
+        auto_roots: use a global forward hook (``watch``); the guard passes its model.
+        conservation: take gradient checksums for the conservation verdict.
+        record_updates: keep each applied step's parameter update (float64 CPU, local
+            shards) on the step event.
+        every: check conservation on every N-th window only (cost control).
+    """
+
+    def __init__(self, roots: Iterable[torch.nn.Module] | None = None, *,
+                 auto_roots: bool = False, conservation: bool = True,
+                 record_updates: bool = False, every: int = 1) -> None:
+        self.listeners: list[Any] = []
+        self.roots: dict[int, torch.nn.Module] = {}
+        self._given_roots = list(roots or [])
+        self.auto_roots = auto_roots
+        self.check_conservation = conservation
+        self.record_updates = record_updates
+        self.every = max(1, int(every))
+        self.patches = Patches()
+        self.counter = CollectiveCounter(self._on_collective)
+        self.installed = False
+        self.step = 0  # optimizer steps recorded
+        self.backward_total = 0
+        self.engine = "local"
+        self.engine_info: EngineInfo | None = None
+        self.declared_k: dict[str, int] = {}
+        self._w = _Window()
+        self._fwd_depth = 0
+        self._bw_depth = 0
+        self._bw_current: BackwardEvent | None = None
+        self._opt_depth = 0
+        self._ds_step_depth = 0
+        self._inner_stepped = False
+        self._sched_depth = 0
+        self._accel_sched_inner = 0
+        self._zero_depth = 0
+        self._in_observer = 0
+        self._last_sync_forward: bool | None = None
+        self._tracked: list[torch.Tensor] = []
+        self._tracked_names: dict[int, str] = {}
+        self._tracked_ids: set[int] = set()
+        self._fsdp_groups: dict[int, list[Any]] = {}
+        self._ds_engine: Any = None
+        self._sched_counts: dict[int, int] = {}
+        self._opt_steps: dict[int, int] = {}
+        self._before: dict[str, torch.Tensor] | None = None
+        self._step_checksum: torch.Tensor | None = None
+        self._step_members: list[bool] | None = None
+        self._step_applied = True
+        self._step_t0 = 0.0
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def add_listener(self, listener: Any) -> None:
+        self.listeners.append(listener)
+
+    def install(self) -> Observer:
+        if self.installed:
+            return self
+        self.installed = True
+        from torch.nn.modules import module as module_mod
+        from torch.optim.optimizer import (
+            register_optimizer_step_post_hook,
+            register_optimizer_step_pre_hook,
+        )
+
+        p = self.patches
+        p.add(register_optimizer_step_pre_hook(self._opt_pre).remove)
+        p.add(register_optimizer_step_post_hook(self._opt_post).remove)
+        for m in self._given_roots:
+            self._add_root(m)
+            p.add(m.register_forward_pre_hook(self._root_pre).remove)
+        if self.auto_roots:
+            p.add(module_mod.register_module_forward_pre_hook(self._global_pre).remove)
+            p.add(module_mod.register_module_forward_hook(self._global_post,
+                                                          always_call=True).remove)
+        p.wrap(torch.Tensor, "backward", self._backward_wrapper("tensor"))
+        p.wrap(torch.autograd, "backward", self._backward_wrapper("autograd"))
+        p.wrap(torch.optim.Optimizer, "zero_grad", self._zero_wrapper("optimizer"))
+        p.wrap(torch.nn.Module, "zero_grad", self._zero_wrapper("module"))
+        sched = torch.optim.lr_scheduler
+        p.wrap(sched.LRScheduler, "step", self._sched_wrapper)
+        if "step" in vars(sched.ReduceLROnPlateau):
+            p.wrap(sched.ReduceLROnPlateau, "step", self._sched_wrapper)
+        import torch.nn.utils as nn_utils
+        import torch.nn.utils.clip_grad as clip_mod
+
+        for mod in (clip_mod, nn_utils):
+            for name in _CLIP_FUNCS:
+                if callable(getattr(mod, name, None)):
+                    p.wrap(mod, name, self._clip_wrapper(name))
+        if torch.distributed.is_available():
+            self.counter.install_torch()
+        p.add(self.counter.uninstall)
+        self._hook_libraries()
+        return self
+
+    def uninstall(self) -> None:
+        self.installed = False
+        self.patches.undo()
+
+    def __enter__(self) -> Observer:
+        return self.install()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.uninstall()
+
+    def _hook_libraries(self) -> None:
+        """Patch DeepSpeed, Accelerate, HF and Lightning when (if) they are imported."""
+        when_imported("deepspeed.runtime.engine", self._patch_deepspeed)
+        when_imported("deepspeed.comm.comm", lambda _m: self.counter.install_deepspeed())
+        when_imported("accelerate.accelerator", self._patch_accelerate)
+        when_imported("accelerate.scheduler", self._patch_accel_sched)
+        when_imported("transformers.training_args", self._patch_hf_args)
+        for name in ("lightning.pytorch.trainer.trainer", "pytorch_lightning.trainer.trainer"):
+            when_imported(name, self._patch_lightning)
+
+    def _active(self) -> bool:
+        return self.installed and not self._in_observer
+
+    # -- library patches ----------------------------------------------------------------------
+    def _patch_deepspeed(self, mod: ModuleType) -> None:
+        if not self.installed:
+            return
+        cls = getattr(mod, "DeepSpeedEngine", None)
+        if cls is None:
+            return
+        self.patches.wrap(cls, "backward", self._ds_backward_wrapper)
+        self.patches.wrap(cls, "step", self._ds_step_wrapper)
+        self.counter.install_deepspeed()
+
+    def _patch_accelerate(self, mod: ModuleType) -> None:
+        if not self.installed:
+            return
+        cls = getattr(mod, "Accelerator", None)
+        if cls is None:
+            return
+        obs = self
+
+        def make_backward(orig: Callable[..., Any]) -> Callable[..., Any]:
+            def backward(acc: Any, loss: Any, *args: Any, **kwargs: Any) -> Any:
+                k = getattr(acc, "gradient_accumulation_steps", None)
+                if isinstance(k, int) and k >= 1:
+                    obs.declared_k.setdefault("accelerate", k)
+                return obs._run_backward("accelerate", loss, None,
+                                         lambda: orig(acc, loss, *args, **kwargs))
+
+            return backward
+
+        self.patches.wrap(cls, "backward", make_backward)
+
+    def _patch_accel_sched(self, mod: ModuleType) -> None:
+        if not self.installed:
+            return
+        cls = getattr(mod, "AcceleratedScheduler", None)
+        if cls is None:
+            return
+        obs = self
+
+        def make(orig: Callable[..., Any]) -> Callable[..., Any]:
+            def step(sched: Any, *args: Any, **kwargs: Any) -> Any:
+                # Accelerate steps the wrapped scheduler once per process (by design) and
+                # skips inside accumulation: one call that stepped is one scheduler step.
+                obs._sched_depth += 1
+                before = obs._accel_sched_inner
+                try:
+                    return orig(sched, *args, **kwargs)
+                finally:
+                    obs._sched_depth -= 1
+                    if obs._accel_sched_inner > before and obs._sched_depth == 0:
+                        obs._count_sched(getattr(sched, "scheduler", sched))
+
+            return step
+
+        self.patches.wrap(cls, "step", make)
+
+    def _patch_hf_args(self, mod: ModuleType) -> None:
+        cls = getattr(mod, "TrainingArguments", None)
+        if cls is None or not self.installed:
+            return
+        obs = self
+
+        def make(orig: Callable[..., Any]) -> Callable[..., Any]:
+            def post_init(args: Any, *a: Any, **kw: Any) -> Any:
+                out = orig(args, *a, **kw)
+                k = getattr(args, "gradient_accumulation_steps", None)
+                if isinstance(k, int):
+                    obs.declared_k["transformers"] = k
+                return out
+
+            return post_init
+
+        self.patches.wrap(cls, "__post_init__", make)
+
+    def _patch_lightning(self, mod: ModuleType) -> None:
+        cls = getattr(mod, "Trainer", None)
+        if cls is None or not self.installed:
+            return
+        obs = self
+
+        def make(orig: Callable[..., Any]) -> Callable[..., Any]:
+            def init(trainer: Any, *a: Any, **kw: Any) -> Any:
+                out = orig(trainer, *a, **kw)
+                k = getattr(trainer, "accumulate_grad_batches", None)
+                if isinstance(k, int):
+                    obs.declared_k["lightning"] = k
+                return out
+
+            return init
+
+        self.patches.wrap(cls, "__init__", make)
+
+    # -- roots and engines ------------------------------------------------------------------
+    def _add_root(self, module: torch.nn.Module) -> None:
+        if id(module) in self.roots:
+            return
+        self.roots[id(module)] = module
+        kind = _engine_kind(module)
+        if kind != "local" and self.engine in ("local", "zero1"):
+            self.engine = kind
+        if kind == "deepspeed":
+            self._ds_engine = module
+            self._note_ds_engine(module)
+        base = getattr(module, "module", module) if kind == "deepspeed" else module
+        with self._quiet():
+            for name, prm in base.named_parameters():
+                if prm.requires_grad and id(prm) not in self._tracked_ids:
+                    self._tracked_ids.add(id(prm))
+                    self._tracked.append(prm)
+                    self._tracked_names[id(prm)] = name
+        if kind == "fsdp2":
+            self._fsdp_groups[id(module)] = _fsdp_param_groups(module)
+
+    def _note_ds_engine(self, engine: Any) -> None:
+        if self.engine_info is not None:
+            return
+        with contextlib.suppress(Exception):
+            raw = getattr(getattr(engine, "_config", None), "_param_dict", None) or {}
+            managed = getattr(engine, "managed_gradient_accumulation", None)
+            self.engine_info = EngineInfo(
+                engine="deepspeed",
+                zero_stage=int(engine.zero_optimization_stage()),
+                gradient_accumulation_steps=int(engine.gradient_accumulation_steps()),
+                gradient_clipping=float(engine.gradient_clipping() or 0.0),
+                clipping_set_by_user="gradient_clipping" in raw,
+                managed_accumulation=bool(managed()) if callable(managed) else True,
+                micro_batch=int(engine.train_micro_batch_size_per_gpu()))
+            self._emit("on_engine", self.engine_info)
+
+    def _sync_flag(self, module: Any) -> bool | None:
+        kind = _engine_kind(module)
+        if kind == "ddp":
+            return bool(getattr(module, "require_backward_grad_sync", True))
+        if kind == "fsdp2":
+            groups = self._fsdp_groups.get(id(module)) or []
+            flags = [bool(getattr(g, "reduce_grads", True)) for g in groups]
+            return all(flags) if flags else None
+        return None
+
+    def _root_pre(self, module: Any, args: Any) -> None:
+        if self._active() and torch.is_grad_enabled():
+            self._on_forward(module)
+
+    def _global_pre(self, module: Any, args: Any) -> None:
+        self._fwd_depth += 1
+        if self._fwd_depth == 1 and self._active() and torch.is_grad_enabled():
+            self._add_root(module)
+            self._on_forward(module)
+
+    def _global_post(self, module: Any, args: Any, output: Any) -> None:
+        self._fwd_depth = max(0, self._fwd_depth - 1)
+
+    def _on_forward(self, module: Any) -> None:
+        sync = self._sync_flag(module)
+        self._last_sync_forward = sync
+        self._w.forwards += 1
+        kind = _engine_kind(module)
+        self._emit("on_forward", ForwardEvent(self.step, len(self._w.backwards), kind, sync,
+                                              module))
+
+    # -- backward ----------------------------------------------------------------------------
+    def _backward_wrapper(self, source: str) -> Callable[[Callable[..., Any]], Any]:
+        obs = self
+
+        def make(orig: Callable[..., Any]) -> Callable[..., Any]:
+            def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+                if obs._bw_depth or not obs._active():
+                    return orig(tensors, *args, **kwargs)
+                return obs._run_backward(source, tensors, None,
+                                         lambda: orig(tensors, *args, **kwargs))
+
+            return backward
+
+        return make
+
+    def _ds_backward_wrapper(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        obs = self
+
+        def backward(engine: Any, loss: Any, *args: Any, **kwargs: Any) -> Any:
+            if obs._bw_depth or not obs._active():
+                return orig(engine, loss, *args, **kwargs)
+            return obs._run_backward("deepspeed", loss, engine,
+                                     lambda: orig(engine, loss, *args, **kwargs))
+
+        return backward
+
+    def _run_backward(self, source: str, loss: Any, engine: Any,
+                      call: Callable[[], Any]) -> Any:
+        if self._bw_depth or not self._active():
+            return call()
+        w = self._w
+        ev = BackwardEvent(step=self.step, micro=len(w.backwards), source=source,
+                           engine=self.engine, forwards=w.forwards)
+        w.forwards = 0
+        if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+            ev_loss = loss.detach()
+            if w.loss_ok and w.loss is not None:
+                w.loss = w.loss + ev_loss.to(torch.float64)
+        else:
+            w.loss_ok = False
+        ev.sync_forward = self._last_sync_forward
+        self._last_sync_forward = None
+        for root in self.roots.values():
+            flag = self._sync_flag(root)
+            if flag is not None:
+                ev.sync_backward = flag
+                break
+        if engine is None and self._ds_engine is not None and source == "accelerate":
+            engine = self._ds_engine
+        if engine is not None:
+            if id(engine) not in self.roots:
+                self._add_root(engine)
+            with contextlib.suppress(Exception):
+                ev.ds_boundary = bool(engine.is_gradient_accumulation_boundary())
+                ev.ds_coalescing = bool(getattr(engine, "inside_no_sync_ctxt", False))
+        track = self._tracking()
+        if track:
+            w.starts.append(self._checksums())
+        self._emit("on_backward_start", ev)
+        self._bw_depth += 1
+        self._bw_current = ev
+        try:
+            return call()
+        finally:
+            self._bw_depth -= 1
+            self._bw_current = None
+            if track and len(w.starts) > len(w.ends):
+                w.ends.append(self._checksums())
+            w.backwards.append(ev)
+            w.bw_since_engine_step += 1
+            w.zero_since_backward = 0
+            self.backward_total += 1
+            self._emit("on_backward", ev)
+
+    # -- collectives -------------------------------------------------------------------------
+    def _on_collective(self, op: str, reduces: bool) -> None:
+        if not reduces or self._in_observer:
+            return
+        if self._bw_current is not None:
+            self._bw_current.reductions += 1
+        elif not (self._opt_depth or self._ds_step_depth):
+            self._w.reductions_between += 1
+
+    # -- optimizer steps ---------------------------------------------------------------------
+    def _opt_pre(self, opt: Any, args: Any, kwargs: Any) -> None:
+        self._opt_depth += 1
+        if not self._active():
+            return
+        self._inner_stepped = True
+        if self._opt_depth > 1 or self._ds_step_depth:
+            return
+        applied = any(p.grad is not None for g in opt.param_groups for p in g["params"])
+        if self.engine == "local" and type(opt).__name__ == "ZeroRedundancyOptimizer":
+            self.engine = "zero1"
+        self._begin_step(opt, applied)
+
+    def _opt_post(self, opt: Any, args: Any, kwargs: Any) -> None:
+        self._opt_depth = max(0, self._opt_depth - 1)
+        if not self._active():
+            return
+        self._opt_steps[id(opt)] = self._opt_steps.get(id(opt), 0) + 1
+        if self._opt_depth or self._ds_step_depth:
+            return
+        self._end_step("torch", type(opt).__name__, self._step_applied, None, opt)
+
+    def _ds_step_wrapper(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        obs = self
+
+        def step(engine: Any, *args: Any, **kwargs: Any) -> Any:
+            if not obs._active() or obs._ds_step_depth:
+                return orig(engine, *args, **kwargs)
+            if id(engine) not in obs.roots:
+                obs._add_root(engine)
+            w = obs._w
+            w.engine_step_calls += 1
+            w.max_bw_per_engine_step = max(w.max_bw_per_engine_step, w.bw_since_engine_step)
+            w.bw_since_engine_step = 0
+            before = getattr(engine, "global_steps", None)
+            boundary = None
+            with contextlib.suppress(Exception):
+                boundary = bool(engine.is_gradient_accumulation_boundary())
+            managed = getattr(engine, "managed_gradient_accumulation", None)
+            if callable(managed) and not managed():
+                boundary = True
+            if boundary:
+                obs._begin_step(getattr(engine, "optimizer", None), True, engine=engine)
+            obs._ds_step_depth += 1
+            try:
+                return orig(engine, *args, **kwargs)
+            finally:
+                obs._ds_step_depth -= 1
+                after = getattr(engine, "global_steps", None)
+                stepped = boundary or (before is not None and after != before)
+                if stepped:
+                    applied = bool(getattr(engine, "_step_applied", True))
+                    norm = None
+                    with contextlib.suppress(Exception):
+                        n = engine.get_global_grad_norm()
+                        norm = float(n) if n is not None else None
+                    if not boundary:
+                        obs._begin_step(getattr(engine, "optimizer", None), True, engine=engine)
+                    obs._end_step("deepspeed", type(getattr(engine, "optimizer", None)).__name__,
+                                  applied, norm, engine)
+
+        return step
+
+    def _begin_step(self, opt: Any, applied: bool, engine: Any = None) -> None:
+        self._step_t0 = time.perf_counter()
+        self._step_applied = applied
+        w = self._w
+        self._step_checksum = None
+        self._step_members = None
+        if self._tracking() and w.starts and len(w.starts) == len(w.ends):
+            self._step_checksum = self._checksums()
+            members = {id(p) for g in getattr(opt, "param_groups", []) for p in g["params"]}
+            self._step_members = [id(p) in members for p in self._tracked]
+        if self.record_updates:
+            self._before = self._snapshot(opt, engine)
+        self._emit("on_step_start", self)
+
+    def _end_step(self, source: str, opt_name: str, applied: bool, norm: float | None,
+                  owner: Any) -> None:
+        w = self._w
+        updates = None
+        if self.record_updates and self._before is not None and applied:
+            after = self._snapshot(owner if source == "torch" else None,
+                                   owner if source == "deepspeed" else None)
+            updates = {k: (after[k] - v) for k, v in self._before.items() if k in after}
+        self._before = None
+        cons = None
+        chk = None
+        if self._step_checksum is not None and self._step_members is not None:
+            mask = torch.tensor(self._step_members, dtype=torch.bool)
+            if bool(mask.any()) and len(w.starts) == len(w.backwards):
+                received = self._step_checksum[mask]
+                dtype = next((p.dtype for p, m in zip(self._tracked, self._step_members,
+                                                      strict=False) if m), torch.float32)
+                cons = conservation(starts=[s[mask] for s in w.starts],
+                                    ends=[e[mask] for e in w.ends], received=received,
+                                    tol=_tol_for(dtype))
+                chk = [float(x) for x in received.sum(0)]
+        loss: float | None = None
+        if w.loss_ok and w.backwards and isinstance(w.loss, torch.Tensor):
+            loss = float(w.loss)
+        elif w.loss_ok and w.backwards:
+            loss = float(w.loss or 0.0)
+        syncs = [b.sync_forward if b.sync_forward is not None else b.sync_backward
+                 for b in w.backwards]
+        ev = StepEvent(
+            step=self.step, backwards=len(w.backwards), window_loss=loss, applied=applied,
+            source=source, optimizer=opt_name, engine=self.engine,
+            zero_grads=w.zero_grads, zero_grads_between=w.zero_between,
+            scheduler_steps=w.sched, clips=len(w.clip_micros),
+            clip_micros=list(w.clip_micros),
+            reductions=sum(b.reductions for b in w.backwards) + w.reductions_between,
+            reduction_rounds=sum(1 for b in w.backwards if b.reductions)
+            + (1 if w.reductions_between else 0),
+            sync_micros=syncs,
+            sync_mismatch=[b.micro for b in w.backwards if b.sync_forward is not None
+                           and b.sync_backward is not None
+                           and b.sync_forward != b.sync_backward],
+            ds_boundaries=[b.ds_boundary for b in w.backwards],
+            ds_coalescing=[b.ds_coalescing for b in w.backwards],
+            engine_step_calls=w.engine_step_calls,
+            max_backwards_per_engine_step=w.max_bw_per_engine_step,
+            grad_norm=norm, conservation=cons, checksum=chk,
+            wall=time.perf_counter() - self._step_t0, updates=updates)
+        self.step += 1
+        self._w = _Window()
+        self._emit("on_step", ev)
+
+    # -- zero_grad, schedulers, clipping --------------------------------------------------------
+    def _zero_wrapper(self, kind: str) -> Callable[[Callable[..., Any]], Any]:
+        obs = self
+
+        def make(orig: Callable[..., Any]) -> Callable[..., Any]:
+            def zero_grad(this: Any, *args: Any, **kwargs: Any) -> Any:
+                if obs._zero_depth or not obs._active() or obs._opt_depth or obs._ds_step_depth:
+                    return orig(this, *args, **kwargs)
+                w = obs._w
+                ev = ZeroGradEvent(obs.step, len(w.backwards), kind, this)
+                obs._emit("on_zero_grad", ev)
+                if w.backwards:
+                    w.zero_grads += 1
+                    w.zero_between += 1
+                obs._zero_depth += 1
+                try:
+                    return orig(this, *args, **kwargs)
+                finally:
+                    obs._zero_depth -= 1
+
+            return zero_grad
+
+        return make
+
+    def _sched_wrapper(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        obs = self
+
+        def step(sched: Any, *args: Any, **kwargs: Any) -> Any:
+            initial = getattr(sched, "_step_count", 1) == 0
+            if obs._sched_depth:
+                obs._accel_sched_inner += 0 if initial else 1
+                return orig(sched, *args, **kwargs)
+            obs._sched_depth += 1
+            try:
+                out = orig(sched, *args, **kwargs)
+            finally:
+                obs._sched_depth -= 1
+            if not initial and obs._active():
+                obs._count_sched(sched)
+            return out
+
+        return step
+
+    def _count_sched(self, sched: Any) -> None:
+        count = self._sched_counts.get(id(sched), 0) + 1
+        self._sched_counts[id(sched)] = count
+        opt = getattr(sched, "optimizer", None)
+        opt_steps = self._opt_steps.get(id(opt), self.step) if opt is not None else self.step
+        in_step = bool(self._opt_depth or self._ds_step_depth)
+        self._w.sched += 0 if in_step else 1
+        self._emit("on_scheduler_step", SchedulerEvent(self.step, len(self._w.backwards), count,
+                                                       opt_steps, in_step, sched))
+
+    def _clip_wrapper(self, name: str) -> Callable[[Callable[..., Any]], Any]:
+        obs = self
+
+        def make(orig: Callable[..., Any]) -> Callable[..., Any]:
+            def clip(parameters: Any, *args: Any, **kwargs: Any) -> Any:
+                if not obs._active() or obs._ds_step_depth:
+                    return orig(parameters, *args, **kwargs)
+                params = [parameters] if isinstance(parameters, torch.Tensor) \
+                    else list(parameters)
+                obs._emit("on_clip", ClipEvent(obs.step, len(obs._w.backwards), name, params))
+                obs._w.clip_micros.append(len(obs._w.backwards))
+                return orig(params, *args, **kwargs)
+
+            return clip
+
+        return make
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _emit(self, method: str, event: Any) -> None:
+        for listener in list(self.listeners):
+            fn = getattr(listener, method, None)
+            if fn is not None:
+                fn(event)
+
+    @contextlib.contextmanager
+    def _quiet(self) -> Any:
+        self._in_observer += 1
+        try:
+            with self.counter.paused():
+                yield
+        finally:
+            self._in_observer -= 1
+
+    def _tracking(self) -> bool:
+        if not self.check_conservation or not self._tracked:
+            return False
+        if self.engine_info is not None and (self.engine_info.zero_stage or 0) >= 1:
+            return False  # ZeRO >= 1 keeps gradients in engine buffers, not in .grad
+        return self.step % self.every == 0
+
+    def _checksums(self) -> torch.Tensor:
+        with self._quiet():
+            return checksums(self._tracked)
+
+    def _snapshot(self, opt: Any, engine: Any) -> dict[str, torch.Tensor]:
+        """Float64 CPU copies of the local parameters (shards) the step updates."""
+        out: dict[str, torch.Tensor] = {}
+        with self._quiet(), torch.no_grad():
+            if engine is not None:
+                for name, prm in getattr(engine, "module", engine).named_parameters():
+                    t = getattr(prm, "ds_tensor", None)
+                    t = prm if t is None else t
+                    out[name] = _local(t).detach().to("cpu", torch.float64).clone()
+                return out
+            groups = getattr(opt, "param_groups", [])
+            i = 0
+            for g in groups:
+                for prm in g["params"]:
+                    name = self._tracked_names.get(id(prm), f"param{i}")
+                    i += 1
+                    out[name] = _local(prm).detach().to("cpu", torch.float64).clone()
+        return out
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    to_local = getattr(t, "to_local", None)
+    return to_local() if callable(to_local) else t
+
+
+def _engine_kind(module: Any) -> str:
+    for cls in type(module).__mro__:
+        name = cls.__name__
+        if name == "DistributedDataParallel":
+            return "ddp"
+        if name == "FSDPModule":
+            return "fsdp2"
+        if name == "DeepSpeedEngine" and cls.__module__.startswith("deepspeed"):
+            return "deepspeed"
+    return "local"
+
+
+def _fsdp_param_groups(module: Any) -> list[Any]:
+    """FSDP2's per-module parameter groups (their ``reduce_grads`` is the sync flag)."""
+    groups = []
+    for m in module.modules():
+        get_state = getattr(m, "_get_fsdp_state", None)
+        if get_state is None:
+            continue
+        with contextlib.suppress(Exception):
+            pg = get_state()._fsdp_param_group
+            if pg is not None:
+                groups.append(pg)
+    return groups

@@ -1,0 +1,300 @@
+"""Injecting the observation layer into an unmodified command, and the per-rank recording.
+
+A child command started with :func:`observed_env` (``accumguard watch``, ``accumguard
+invariance``) runs with the directory :data:`BOOTSTRAP_DIR` first on ``PYTHONPATH``.
+Its ``sitecustomize`` (which then runs any pre-existing ``sitecustomize``) calls
+:func:`start_agent` in every Python process of the command: the launcher (``torchrun``,
+``deepspeed``, ``accelerate launch``) and each rank. Nothing happens until torch is
+imported; then an :class:`~accumguard.observe.Observer` is installed and a recorder
+writes, per rank, ``<dir>/rank-<R>.jsonl`` (R = ``RANK`` or the torch.distributed rank,
+0 for a single process). A process that never runs a backward or an optimizer step
+(the launcher) writes nothing.
+
+The recording, one JSON object per line (flushed at every optimizer step, at exit, in
+``dist.destroy_process_group`` and on SIGTERM):
+
+* ``{"kind": "start", "rank", "world", "pid", "argv"}`` first;
+* ``{"kind": "engine", ...}``: the configuration the engine really runs with;
+* ``{"kind": "step", "rank", "step", "backwards", "window_loss", "applied", ...}`` per
+  optimizer step: ``step`` counts optimizer steps from 0; ``backwards`` the backward
+  passes since the previous step; ``window_loss`` the sum of ``float(loss)`` over them
+  (the tensor ``backward`` was called on, or the loss given to ``engine.backward`` /
+  ``accelerator.backward``; null if one was not a scalar); ``applied`` False when every
+  gradient was None or the engine skipped the update. Further keys: ``engine``,
+  ``zero_grads_between``, ``scheduler_steps``, ``clip_micros``, ``reductions``,
+  ``reduction_rounds``, ``sync_micros``, ``sync_mismatch``, ``ds_boundaries``,
+  ``ds_coalescing``, ``engine_step_calls``, ``max_backwards_per_engine_step``,
+  ``grad_norm``, ``conservation`` ({params, wiped, stale, received, ok, reason} or
+  null), ``checksum`` (what the optimizer received, for cross-rank agreement), ``wall``;
+* ``{"kind": "scheduler", "step", "micro", "count", "optimizer_steps", "in_step"}``;
+* ``{"kind": "end", "reason", "pending_backwards", "declared_k"}`` last (``reason``:
+  ``exit``, ``max_steps``, ``destroy_process_group``, ``signal``).
+
+Options (environment, set by :func:`observed_env`): ``ACCUMGUARD_RECORD_UPDATES=1``
+keeps each applied step's update (param after - before, float64 CPU, this rank's
+shard/partition) and saves ``<dir>/updates-rank-<R>.pt`` (``torch.save`` of a list, one
+``{param_name: tensor}`` per step) at exit; ``ACCUMGUARD_MAX_STEPS=N`` flushes
+everything after N optimizer steps and ends the process with exit code 0 (after a
+barrier when torch.distributed is initialised: all ranks reach step N together);
+``ACCUMGUARD_OBSERVE_EVERY=N`` checks conservation on every N-th window only.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["BOOTSTRAP_DIR", "ENV_DIR", "ENV_EVERY", "ENV_MAX_STEPS", "ENV_RECORD_UPDATES",
+           "observed_env", "start_agent"]
+
+ENV_DIR = "ACCUMGUARD_OBSERVE_DIR"
+ENV_RECORD_UPDATES = "ACCUMGUARD_RECORD_UPDATES"
+ENV_MAX_STEPS = "ACCUMGUARD_MAX_STEPS"
+ENV_EVERY = "ACCUMGUARD_OBSERVE_EVERY"
+ENV_DECLARED_K = "ACCUMGUARD_DECLARED_K"
+BOOTSTRAP_DIR = Path(__file__).resolve().parent / "_bootstrap"
+
+_agent: _Agent | None = None
+
+
+def observed_env(base_env: Mapping[str, str] | None, out_dir: str | os.PathLike[str], *,
+                 record_updates: bool = False, max_steps: int | None = None,
+                 every: int = 1) -> dict[str, str]:
+    """The environment for a child command whose every Python process is observed.
+
+    ``base_env`` (``os.environ`` when None) is copied; the bootstrap directory is put
+    first on ``PYTHONPATH`` (keeping the rest, so an existing ``sitecustomize`` still
+    runs: ours chains to it); ``out_dir`` receives ``rank-<R>.jsonl`` (and
+    ``updates-rank-<R>.pt`` with ``record_updates``). ``max_steps`` ends each rank
+    cleanly (exit 0) after that many optimizer steps. ``every`` checks gradient
+    conservation on every N-th optimizer step only.
+    """
+    env = dict(os.environ if base_env is None else base_env)
+    out = Path(out_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    parts = [str(BOOTSTRAP_DIR)]
+    # the package itself must stay importable for the bootstrap (editable or installed)
+    pkg_root = str(Path(__file__).resolve().parents[2])
+    parts.append(pkg_root)
+    old = env.get("PYTHONPATH", "")
+    parts += [p for p in old.split(os.pathsep) if p and p not in parts]
+    env["PYTHONPATH"] = os.pathsep.join(parts)
+    env[ENV_DIR] = str(out)
+    env.pop(ENV_RECORD_UPDATES, None)
+    env.pop(ENV_MAX_STEPS, None)
+    if record_updates:
+        env[ENV_RECORD_UPDATES] = "1"
+    if max_steps is not None:
+        if max_steps < 1:
+            raise ValueError(f"max_steps ({max_steps}) must be >= 1")
+        env[ENV_MAX_STEPS] = str(int(max_steps))
+    env[ENV_EVERY] = str(max(1, int(every)))
+    return env
+
+
+def start_agent() -> None:
+    """Called by the bootstrap ``sitecustomize`` in every process of the command: observe
+    this process once torch is imported (never importing torch itself)."""
+    global _agent
+    out_dir = os.environ.get(ENV_DIR)
+    if not out_dir or _agent is not None:
+        return
+    from accumguard.observe._imports import when_imported
+
+    _agent = _Agent(Path(out_dir))
+    when_imported("torch", _agent.install)
+
+
+class _Agent:
+    """Owns the observer of this process and writes its recording."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.out_dir = out_dir
+        self.record_updates = os.environ.get(ENV_RECORD_UPDATES, "") not in ("", "0")
+        max_steps = os.environ.get(ENV_MAX_STEPS, "")
+        self.max_steps = int(max_steps) if max_steps.strip().isdigit() else None
+        every = os.environ.get(ENV_EVERY, "1")
+        self.every = int(every) if every.strip().isdigit() else 1
+        self.observer: Any = None
+        self.fh: Any = None
+        self.rank: int | None = None
+        self.buffer: list[dict[str, Any]] = []
+        self.updates: list[dict[str, Any]] = []
+        self.closed = False
+        self.seen_activity = False
+
+    # -- installation -------------------------------------------------------------------
+    def install(self, _torch: Any = None) -> None:
+        from accumguard.observe._observer import Observer
+
+        self.observer = Observer(auto_roots=True, record_updates=self.record_updates,
+                                 every=self.every)
+        self.observer.add_listener(self)
+        self.observer.install()
+        atexit.register(self.close, "exit")
+        self._wrap_destroy()
+        with contextlib.suppress(ValueError, OSError):  # not the main thread
+            if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+                signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _wrap_destroy(self) -> None:
+        import torch.distributed as dist
+
+        if not dist.is_available():
+            return
+        agent = self
+
+        def make(orig: Any) -> Any:
+            def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+                agent.flush("destroy_process_group")
+                return orig(*args, **kwargs)
+
+            return destroy_process_group
+
+        self.observer.patches.wrap(dist, "destroy_process_group", make)
+        dc = sys.modules.get("torch.distributed.distributed_c10d")
+        if dc is not None:
+            self.observer.patches.wrap(dc, "destroy_process_group", make)
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        self.close("signal")
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    # -- listener -------------------------------------------------------------------------
+    def on_engine(self, info: Any) -> None:
+        from dataclasses import asdict
+
+        self._write({"kind": "engine", **asdict(info)})
+
+    def on_backward(self, ev: Any) -> None:
+        self.seen_activity = True
+
+    def on_scheduler_step(self, ev: Any) -> None:
+        self._write({"kind": "scheduler", "step": ev.step, "micro": ev.micro, "count": ev.count,
+                     "optimizer_steps": ev.optimizer_steps, "in_step": ev.in_step})
+
+    def on_step(self, ev: Any) -> None:
+        from dataclasses import asdict
+
+        self.seen_activity = True
+        rec = {k: v for k, v in asdict(ev).items() if k not in ("updates", "conservation")}
+        rec["conservation"] = asdict(ev.conservation) if ev.conservation is not None else None
+        rec = {"kind": "step", "rank": self._rank(), **rec}
+        self._write(rec)
+        if self.record_updates and ev.updates is not None:
+            self.updates.append(ev.updates)
+        self._flush_file()
+        if self.max_steps is not None and ev.step + 1 >= self.max_steps:
+            self._stop_at_max_steps()
+
+    # -- output -----------------------------------------------------------------------------
+    def _rank(self) -> int:
+        if self.rank is not None:
+            return self.rank
+        rank = os.environ.get("RANK")
+        if rank is not None and rank.strip().isdigit():
+            return int(rank)
+        with contextlib.suppress(Exception):
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                return int(dist.get_rank())
+        return 0
+
+    def _world(self) -> int:
+        world = os.environ.get("WORLD_SIZE")
+        if world is not None and world.strip().isdigit():
+            return int(world)
+        with contextlib.suppress(Exception):
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                return int(dist.get_world_size())
+        return 1
+
+    def _write(self, rec: dict[str, Any]) -> None:
+        self.buffer.append(rec)
+
+    def _open(self) -> None:
+        if self.fh is not None:
+            return
+        self.rank = self._rank()
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        path = self.out_dir / f"rank-{self.rank}.jsonl"
+        try:
+            self.fh = open(path, "x", encoding="utf-8")  # noqa: SIM115 - kept open, closed at exit
+        except FileExistsError:
+            self.fh = open(self.out_dir / f"rank-{self.rank}.pid-{os.getpid()}.jsonl", "w",  # noqa: SIM115
+                           encoding="utf-8")
+        start = {"kind": "start", "rank": self.rank, "world": self._world(), "pid": os.getpid(),
+                 "argv": list(sys.argv), "time": time.time()}
+        self.fh.write(json.dumps(start) + "\n")
+
+    def _flush_file(self) -> None:
+        if not self.buffer:
+            return
+        if self.fh is None:
+            if not self.seen_activity:
+                return
+            self._open()
+        for rec in self.buffer:
+            self.fh.write(json.dumps(rec, default=_jsonable) + "\n")
+        self.buffer.clear()
+        self.fh.flush()
+
+    def flush(self, reason: str = "") -> None:
+        with contextlib.suppress(Exception):
+            self._flush_file()
+
+    def close(self, reason: str) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        obs = self.observer
+        if obs is not None and (self.seen_activity or self.fh is not None):
+            pending = len(obs._w.backwards)
+            self.seen_activity = self.seen_activity or pending > 0
+            self._write({"kind": "end", "reason": reason, "pending_backwards": pending,
+                         "steps": obs.step, "backwards_total": obs.backward_total,
+                         "declared_k": dict(obs.declared_k), "engine": obs.engine})
+        with contextlib.suppress(Exception):
+            self._flush_file()
+        if self.record_updates and self.updates:
+            with contextlib.suppress(Exception):
+                import torch
+
+                torch.save(self.updates, self.out_dir / f"updates-rank-{self._rank()}.pt")
+        if self.fh is not None:
+            with contextlib.suppress(Exception):
+                self.fh.close()
+        if obs is not None:
+            obs.uninstall()
+
+    def _stop_at_max_steps(self) -> None:
+        self.close("max_steps")
+        with contextlib.suppress(Exception):
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+                dist.barrier()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(0)
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, float):
+        return x
+    with contextlib.suppress(Exception):
+        return float(x)
+    return repr(x)
