@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import logging
 import math
+import numbers
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 
@@ -34,17 +35,26 @@ from accumguard.core.errors import (
     AccumguardWarning,
     ConfigError,
     DistributedError,
+    NonFiniteError,
     UsageError,
     rank_prefix,
 )
 from accumguard.core.scaling import GradReduction, loss_scale
 from accumguard.engines import Engine, resolve_engine
 
-__all__ = ["AccumulationConfig", "Accumulator", "MicroStep", "StepResult", "Window", "batch_size"]
+__all__ = ["AccumulationConfig", "Accumulator", "MicroStep", "NonFinitePolicy", "StepResult",
+           "Window", "batch_size"]
 
 log = logging.getLogger("accumguard")
 
 _STATE_VERSION = 1
+_STATE_KEYS = ("version", "accumulation_steps", "normalization", "windows_seen",
+               "optimizer_steps", "skipped_windows", "micro_batches_consumed")
+
+#: What a window with a NaN/Inf loss or gradient does: ``"skip"`` it on every rank (no
+#: optimizer step, scheduler held, gradients discarded, a warning) or ``"raise"``
+#: :class:`~accumguard.core.errors.NonFiniteError` (after discarding it the same way).
+NonFinitePolicy = Literal["skip", "raise"]
 
 
 def batch_size(batch: Any) -> int:
@@ -73,6 +83,68 @@ def batch_size(batch: Any) -> int:
     )
 
 
+@dataclass(frozen=True)
+class _BadCount:
+    """A count_fn result that is not a number: carried to the all-gather, raised there."""
+
+    seen: str
+
+
+def _as_count(x: Any) -> Any:
+    """``x`` if it is a usable count (a real number or a 1-element real tensor), else a
+    :class:`_BadCount` describing it. Values (negative, NaN) are checked after the gather."""
+    if isinstance(x, torch.Tensor):
+        if x.numel() == 1 and not (x.is_complex() or x.dtype == torch.bool):
+            return x
+        return _BadCount(f"a {x.dtype} tensor of shape {tuple(x.shape)}")
+    if isinstance(x, numbers.Real) and not isinstance(x, bool):
+        return x
+    return _BadCount(f"{x!r:.40} (a {type(x).__name__})")
+
+
+def _check_callables(**objs: Any) -> None:
+    """Catch the common mix-ups (a list of optimizers, a scheduler class, a count that is
+    not a function) at construction, instead of as an AttributeError mid-training."""
+    needs = {"optimizer": ("step", "zero_grad", "param_groups"), "scheduler": ("step",),
+             "scaler": ("scale", "unscale_", "step", "update", "get_scale")}
+    for name, obj in objs.items():
+        if obj is None:
+            continue
+        if name == "count_fn":
+            if not callable(obj):
+                raise ConfigError(f"`count_fn` ({obj!r:.60}) must be a function of a micro-batch "
+                                  "returning its number of samples/tokens")
+            continue
+        missing = [a for a in needs[name] if not hasattr(obj, a)]
+        if missing or isinstance(obj, type):
+            fix = {"optimizer": "a torch.optim.Optimizer instance (one optimizer; build one "
+                                "over all parameters, or param groups)",
+                   "scheduler": "an LR scheduler instance, e.g. "
+                                "torch.optim.lr_scheduler.LambdaLR(optimizer, ...)",
+                   "scaler": "a torch.amp.GradScaler instance"}[name]
+            raise ConfigError(f"`{name}` is {obj!r:.60} (a {type(obj).__name__}, missing "
+                              f"{missing or ['an instance']}); expected {fix}")
+
+
+def _check_optimizer_params(model: Any, optimizer: Any) -> None:
+    """The optimizer must hold parameters, and some of them must be the model's: otherwise
+    every step is a silent no-op on the model being trained."""
+    params = [p for g in optimizer.param_groups for p in g.get("params", [])]
+    if not params:
+        raise ConfigError(
+            f"the {type(optimizer).__name__} holds no parameters (empty param_groups); "
+            "expected the model's parameters. Build it as Optimizer(model.parameters(), ...)")
+    if not isinstance(model, torch.nn.Module):
+        return
+    mine = {id(p) for p in model.parameters()}
+    if mine and not any(id(p) in mine for p in params):
+        raise ConfigError(
+            f"the {type(optimizer).__name__} holds {len(params)} parameters but none of them "
+            "belongs to the model given to the Accumulator, so no step would change it. Build "
+            "the optimizer from this model's parameters (after wrapping it: for FSDP2, after "
+            "fully_shard)")
+
+
 @dataclass(frozen=True, kw_only=True)
 class AccumulationConfig:
     """What the Accumulator does, validated once at construction.
@@ -88,23 +160,33 @@ class AccumulationConfig:
     normalization: str = "sum"
     max_grad_norm: float | None = None
     drop_last_window: bool = False
+    nonfinite: NonFinitePolicy = "skip"
 
     def __post_init__(self) -> None:
         check_accumulation_steps(self.accumulation_steps)
-        if self.normalization not in ("sum", "mean"):
+        if not isinstance(self.normalization, str) or self.normalization not in ("sum", "mean"):
             raise ConfigError(
                 f"`normalization` ({self.normalization!r}) must be 'sum' (loss_fn returns the "
                 "sum over samples/tokens; exact for uneven sizes) or 'mean' (equal-size "
                 "micro-batches, loss already averaged)"
             )
         if self.max_grad_norm is not None and not (
-            isinstance(self.max_grad_norm, (int, float)) and self.max_grad_norm > 0
+            isinstance(self.max_grad_norm, (int, float))
+            and not isinstance(self.max_grad_norm, bool) and self.max_grad_norm > 0
             and math.isfinite(self.max_grad_norm)
         ):
             raise ConfigError(
                 f"`max_grad_norm` ({self.max_grad_norm!r}) must be a positive finite number, "
                 "or None to disable clipping"
             )
+        if not isinstance(self.drop_last_window, bool):
+            raise ConfigError(f"`drop_last_window` ({self.drop_last_window!r}) must be True or "
+                              "False")
+        if not isinstance(self.nonfinite, str) or self.nonfinite not in get_args(NonFinitePolicy):
+            raise ConfigError(
+                f"`nonfinite` ({self.nonfinite!r}) must be 'skip' (a window with a NaN/Inf "
+                "loss or gradient is skipped on every rank, with a warning) or 'raise' "
+                "(NonFiniteError after discarding it)")
 
 
 @dataclass(frozen=True)
@@ -114,6 +196,9 @@ class StepResult:
     ``loss`` is this rank's share of the window's normalised loss (the sum over
     ranks is the loss of the full effective batch). ``count`` is N, over all
     micro-steps and ranks. ``lrs`` are the learning rates the step used.
+    ``skipped``: no optimizer step was taken for this window (and the scheduler
+    did not advance); ``skip_reason`` says why (non-finite values, an overflow
+    the GradScaler or DeepSpeed skipped, an empty window, an exception).
     """
 
     step: int
@@ -124,6 +209,7 @@ class StepResult:
     grad_norm: torch.Tensor | None
     lrs: tuple[float, ...]
     skipped: bool = False
+    skip_reason: str | None = None
 
 
 class MicroStep:
@@ -169,6 +255,9 @@ class Window:
         self.result: StepResult | None = None
         self.aborted = False
         self._entered = 0
+        # First micro-step whose loss was NaN/Inf on this rank (-1: none); a device tensor,
+        # so watching for it costs no host sync per micro-step.
+        self._bad_micro: torch.Tensor | None = None
         # The factors of this window, derived once: what each micro-step's loss is multiplied
         # by before backward, and the same for an engine that does nothing (this rank's share
         # of the window loss, for StepResult.loss).
@@ -199,7 +288,9 @@ class Window:
                     micro.backward(*out)
                 else:
                     micro.backward(out)
-        assert self.result is not None
+        if self.result is None:
+            raise UsageError(f"window {self.index} did not finish; run() must be called on the "
+                             "current window, once")
         return self.result
 
 
@@ -219,6 +310,8 @@ class Accumulator:
         count_fn: samples/tokens of a micro-batch (default: :func:`batch_size`).
         drop_last_window: skip a short final window instead of stepping on it.
         on_boundary: callbacks called with a :class:`StepResult` after each step.
+        nonfinite: ``"skip"`` (default) or ``"raise"``: what a window in which any rank
+            produced a NaN/Inf loss or gradient does (see :data:`NonFinitePolicy`).
     """
 
     def __init__(
@@ -235,20 +328,35 @@ class Accumulator:
         count_fn: Callable[[Any], Any] | None = None,
         drop_last_window: bool = False,
         on_boundary: Iterable[Callable[[StepResult], None]] = (),
+        nonfinite: NonFinitePolicy = "skip",
     ) -> None:
         self.config = AccumulationConfig(
             accumulation_steps=accumulation_steps, normalization=normalization,
-            max_grad_norm=max_grad_norm, drop_last_window=drop_last_window)
+            max_grad_norm=max_grad_norm, drop_last_window=drop_last_window, nonfinite=nonfinite)
+        _check_callables(optimizer=optimizer, scheduler=scheduler, scaler=scaler,
+                         count_fn=count_fn)
         self.engine = resolve_engine(model, optimizer, engine)
         if optimizer is None and not self.engine.owns_optimizer:
             raise ConfigError(f"optimizer is None, but the {self.engine.name} engine needs the "
                               "optimizer to step; pass it as the second argument")
+        if optimizer is not None and not self.engine.owns_optimizer:
+            _check_optimizer_params(model, optimizer)
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.scaler = scaler
         self.count_fn = count_fn or batch_size
-        self.callbacks = list(on_boundary)
+        if callable(on_boundary):
+            on_boundary = (on_boundary,)
+        try:
+            self.callbacks = list(on_boundary)
+        except TypeError:
+            raise ConfigError(f"`on_boundary` ({on_boundary!r}) must be a list of callables "
+                              "taking a StepResult") from None
+        for cb in self.callbacks:
+            if not callable(cb):
+                raise ConfigError(f"`on_boundary` holds {cb!r}, which is not callable; pass "
+                                  "functions taking a StepResult")
         self.engine.bind(optimizer, accumulation_steps)
         self.engine.check_options(max_grad_norm=max_grad_norm, scaler=scaler, scheduler=scheduler)
         self._boundary = Boundary(accumulation_steps, reducer=self.engine.sync,
@@ -262,11 +370,16 @@ class Accumulator:
         self.micro_batches_consumed = 0
         self.history: list[StepResult] = []
         self._logged = False
+        self._pending_error: BaseException | None = None
 
     # -- data --------------------------------------------------------------
     def windows(self, data: Iterable[Any]) -> Iterator[Window]:
         """Group ``data`` into windows of K micro-batches, prefetched so that the window's
         size and sample count (over all ranks) are known before its first backward."""
+        if data is None or isinstance(data, (str, bytes)) or not hasattr(data, "__iter__"):
+            raise UsageError(
+                f"windows() got {type(data).__name__} as data; expected an iterable of "
+                "micro-batches (a DataLoader, a list, a generator). Pass your loader")
         it = iter(data)
         k = self.config.accumulation_steps
         first = True
@@ -277,7 +390,7 @@ class Accumulator:
                 batches.append(batch)
                 if len(batches) == k:
                     break
-            counts = [self.count_fn(b) for b in batches]
+            counts = [_as_count(self.count_fn(b)) for b in batches]
             local_n, global_n, ranks_n = self._window_stats(batches, counts)
             if first and global_n == 0:
                 raise UsageError(
@@ -302,9 +415,11 @@ class Accumulator:
                 self._window = None
                 return
             window = self._window
-            assert window is not None
+            if window is None:  # pragma: no cover - _window_stats always builds one
+                raise UsageError("internal: no window was built for a non-empty batch list")
             if window.skipped:
-                self._finish(window, skipped=True, grad_norm=None, lrs=())
+                self._finish(window, skipped=True, grad_norm=None, lrs=(),
+                             reason="the window holds no samples/tokens on any rank (count 0)")
             yield window
             if len(batches) < k:
                 return
@@ -315,13 +430,19 @@ class Accumulator:
         Also stores the :class:`Window` being built in ``self._window``.
         """
         dev = self.engine.device
+        # A count of the wrong type is reported through the same all-gather (5th entry), so
+        # every rank raises together instead of one rank raising and the others hanging.
+        bad = next((x for x in counts if isinstance(x, _BadCount)), None)
         if counts:
-            c = torch.stack([torch.as_tensor(x, dtype=torch.float64, device=dev).reshape(())
+            c = torch.stack([torch.as_tensor(0.0 if isinstance(x, _BadCount) else x,
+                                             dtype=torch.float64, device=dev).reshape(())
                              for x in counts])
-            stats = torch.stack([torch.tensor(float(len(batches)), dtype=torch.float64,
-                                              device=dev), c.sum(), c.min(), c.max()])
+            f64 = {"dtype": torch.float64, "device": dev}
+            stats = torch.stack([torch.tensor(float(len(batches)), **f64), c.sum(), c.min(),
+                                 c.max(), torch.tensor(float(bad is not None), **f64)])
         else:
-            stats = torch.tensor([0.0, 0.0, math.inf, -math.inf], dtype=torch.float64, device=dev)
+            stats = torch.tensor([0.0, 0.0, math.inf, -math.inf, 0.0], dtype=torch.float64,
+                                 device=dev)
         if self.engine.world_size > 1:
             import torch.distributed as dist
 
@@ -330,6 +451,7 @@ class Accumulator:
             rows = torch.stack(gathered).tolist()
         else:
             rows = [stats.tolist()]
+        self._check_counts(rows, bad, counts)
         ranks_n = [int(r[0]) for r in rows]
         global_micro = sum(ranks_n)
         global_count = sum(r[1] for r in rows)
@@ -359,6 +481,32 @@ class Accumulator:
                      self.engine.describe(), self.config.normalization, global_micro,
                      global_count)
         return len(batches), global_micro, ranks_n
+
+    def _check_counts(self, rows: list[list[float]], bad: _BadCount | None,
+                      counts: list[Any]) -> None:
+        """Counts must be finite numbers >= 0 on every rank (decided from the gathered rows,
+        which are the same on every rank, so all ranks raise together)."""
+        multi = len(rows) > 1
+        where = (lambda r: f" on rank {r}") if multi else (lambda r: "")
+        typed = [r for r, row in enumerate(rows) if row[4] > 0]
+        if typed:
+            seen = (f"{bad.seen}" if bad is not None else
+                    "a value that is not a number")
+            raise ConfigError(
+                f"{self._prefix()}count_fn returned {seen}{where(typed[0])} in window "
+                f"{self.windows_seen}; expected a real number >= 0 (samples or valid tokens "
+                "of the micro-batch) or a 1-element tensor. Fix count_fn, e.g. "
+                "count_fn=lambda b: (b['labels'] != -100).sum()")
+        for r, row in enumerate(rows):
+            if row[0] > 0 and (not math.isfinite(row[1]) or row[2] < 0):
+                mine = [x for x in counts if not isinstance(x, _BadCount)]
+                vals = (f" (this rank's counts: {[float(torch.as_tensor(x)) for x in mine]})"
+                        if r == self.engine.rank or not multi else "")
+                raise ConfigError(
+                    f"{self._prefix()}count_fn returned a negative, NaN or infinite count"
+                    f"{where(r)} in window {self.windows_seen}: sum {row[1]:g}, min "
+                    f"{row[2]:g}{vals}; expected finite counts >= 0 (N divides the loss: a "
+                    "NaN/inf N freezes training, a negative one steps uphill). Fix count_fn")
 
     # -- micro-steps -----------------------------------------------------------
     def _enter(self, micro: MicroStep) -> None:
@@ -392,12 +540,22 @@ class Accumulator:
             raise UsageError(
                 f"backward() needs a scalar loss tensor, got {seen}; reduce it first, e.g. "
                 "loss.sum() (normalization='sum') or loss.mean() ('mean')")
+        if not loss.requires_grad:
+            raise UsageError(
+                "backward() got a loss that does not require grad (seen: requires_grad=False; "
+                "it was detached, computed under torch.no_grad()/inference_mode, or from "
+                "parameters with requires_grad=False); expected the loss straight from the "
+                "model's forward. Do not call .detach()/.item() on it before backward()")
         if count is not None:
             if self.config.normalization == "mean":
                 raise UsageError(
                     "a count was passed to backward() but normalization='mean' ignores counts; "
                     "either drop the count, or use normalization='sum' with a summed loss")
-            seen = float(torch.as_tensor(count).item())
+            checked = _as_count(count)
+            if isinstance(checked, _BadCount):
+                raise UsageError(f"backward() got count={checked.seen}; expected the micro-"
+                                 "batch's count as a number or a 1-element tensor")
+            seen = float(torch.as_tensor(checked).item())
             if seen != micro.count:
                 raise UsageError(
                     f"backward() got count={seen:g} but count_fn reported {micro.count:g} for "
@@ -405,8 +563,22 @@ class Accumulator:
                     "pass a count_fn that returns the same count (e.g. valid tokens) to the "
                     "Accumulator")
         w = micro.window
-        scaled = loss.reshape(()) * w._grad_scale
-        share = loss.detach().reshape(()) * w._loss_share
+        value = loss.detach().reshape(())
+        finite = torch.isfinite(value)
+        # Non-finite policy, without a host sync: remember the first bad micro-step on the
+        # device, and make a NaN/Inf loss poison *every* gradient it reaches (× NaN instead
+        # of × 1). The poison then travels with the gradients through the engine's own
+        # reduction (DDP all-reduce, FSDP2 reduce-scatter, DeepSpeed), so the boundary's
+        # check on the reduced gradient sees it on every rank with no extra collective.
+        idx = torch.full((), micro.index, dtype=torch.int64, device=value.device)
+        if w._bad_micro is None:
+            w._bad_micro = torch.where(finite, -1, idx)
+        else:
+            w._bad_micro = torch.where((w._bad_micro < 0) & ~finite, idx, w._bad_micro)
+        poison = torch.where(finite, 1.0, math.nan).to(value.dtype)
+        # × exactly 1.0 is exact in every dtype: the fast path's numbers are unchanged.
+        scaled = (loss.reshape(()) * w._grad_scale) * poison
+        share = value * w._loss_share
         self._loss_acc = share if self._loss_acc is None else self._loss_acc + share
         if self.scaler is not None:
             scaled = self.scaler.scale(scaled)
@@ -426,6 +598,9 @@ class Accumulator:
                 "backward(); call micro.backward(loss) once inside every micro-step")
         micro.window._entered += 1
         self._boundary.micro_step(window_size=len(micro.window))
+        if self._pending_error is not None:  # nonfinite="raise": the window is already closed
+            err, self._pending_error = self._pending_error, None
+            raise err
 
     def _abort(self, w: Window) -> None:
         """An exception escaped a micro-step: drop the window's partial gradients (nothing of
@@ -433,7 +608,8 @@ class Accumulator:
         the caller handled the error (e.g. skipped an out-of-memory batch on every rank)."""
         self.engine.abort_window(self.optimizer)
         self._boundary.count = 0
-        self._finish(w, skipped=True, grad_norm=None, lrs=())
+        self._finish(w, skipped=True, grad_norm=None, lrs=(),
+                     reason="an exception in a micro-step aborted the window")
         w.aborted = True
         log.warning("accumguard: window %d aborted by an exception in micro-step; its partial "
                     "gradients were discarded and no optimizer step was taken", w.index)
@@ -451,27 +627,99 @@ class Accumulator:
     # -- the boundary --------------------------------------------------------------
     def _step(self) -> None:
         w = self._window
-        assert w is not None and w.result is None
-        opt = self.optimizer
-        if self.scaler is not None:
-            self.scaler.unscale_(opt)
+        if w is None or w.result is not None:  # pragma: no cover - the Boundary fires once
+            raise UsageError("internal: the boundary fired without an open window")
+        opt, scaler = self.optimizer, self.scaler
+        if scaler is not None:
+            scaler.unscale_(opt)
         norm = None
         if self.config.max_grad_norm is not None:
             norm = self.engine.clip_grad_norm(self.config.max_grad_norm)
         lrs = tuple(float(g["lr"]) for g in self._param_groups())
-        self.engine.optimizer_step(opt, self.scaler)
-        stepped = True
-        if self.scaler is not None:
-            scale = self.scaler.get_scale()
-            self.scaler.update()
-            # The scaler skips the step (inf/NaN gradient) exactly when it lowers the scale.
-            stepped = self.scaler.get_scale() >= scale
+        # The non-finite flag, the same on every rank (see Engine.nonfinite_grads): the clip
+        # norm when there is one, the replicated gradient otherwise. One host sync per window.
+        bad = self.engine.nonfinite_grads(norm)
+        reason: str | None = None
+        expected_overflow = scaler is not None
+        if bad is not None and bool(bad):
+            if scaler is not None:
+                # GradScaler saw the same inf/NaN in unscale_(): its step() skips and update()
+                # lowers the scale, exactly as without accumguard.
+                before = scaler.get_scale()
+                self.engine.optimizer_step(opt, scaler)
+                scaler.update()
+                reason = (f"GradScaler found inf/NaN in the gradients and skipped the step "
+                          f"(loss scale {before:g} -> {scaler.get_scale():g})")
+            else:
+                reason = "the reduced gradient holds NaN/Inf"
+            self.engine.abort_window(opt)  # discard the window's gradients
+            stepped = False
+        else:
+            self.engine.optimizer_step(opt, scaler)
+            stepped = self.engine.step_applied()
+            if not stepped:
+                reason = self.engine.skip_detail()
+                expected_overflow = self.engine.dynamic_loss_scale
+            if scaler is not None:
+                scale = scaler.get_scale()
+                scaler.update()
+                # The scaler skips the step (inf/NaN gradient) exactly when it lowers the scale.
+                if scaler.get_scale() < scale:
+                    stepped = False
+                    reason = (f"GradScaler found inf/NaN in the gradients and skipped the step "
+                              f"(loss scale {scale:g} -> {scaler.get_scale():g})")
         if self.scheduler is not None and stepped:
             self.scheduler.step()
         self.engine.zero_grad(opt)
         if stepped:
             self.optimizer_steps += 1
-        self._finish(w, skipped=not stepped, grad_norm=norm, lrs=lrs)
+        else:
+            reason = self._report_nonfinite(w, reason or "the optimizer step was skipped",
+                                            expected_overflow)
+        self._finish(w, skipped=not stepped, grad_norm=norm, lrs=lrs, reason=reason)
+
+    def _report_nonfinite(self, w: Window, cause: str, expected_overflow: bool) -> str:
+        """The slow path (a window was skipped): say which rank's loss went bad at which
+        micro-step, warn, and arm NonFiniteError for nonfinite="raise". The extra all-gather
+        runs only here, and every rank gets here together (the decision was global)."""
+        bad_micro = w._bad_micro
+        local = (torch.full((1,), -1, dtype=torch.int64) if bad_micro is None
+                 else bad_micro.reshape(1).to(torch.int64))
+        if self.engine.world_size > 1:
+            import torch.distributed as dist
+
+            local = local.to(self.engine.device)
+            gathered = [torch.empty_like(local) for _ in range(self.engine.world_size)]
+            dist.all_gather(gathered, local, group=self.engine.process_group)
+            per_rank = [int(x) for x in torch.cat(gathered).tolist()]
+        else:
+            per_rank = [int(local.item())]
+        losses = {r: m for r, m in enumerate(per_rank) if m >= 0}
+        multi = self.engine.world_size > 1
+        if losses:
+            where = "; ".join((f"rank {r} " if multi else "") + f"micro-step {m}"
+                              for r, m in sorted(losses.items()))
+            what = f"non-finite loss (NaN/Inf) at {where}"
+        else:
+            what = f"{cause} although every loss of the window was finite"
+            if expected_overflow:
+                what = cause
+        text = (f"window {w.index} skipped on every rank (no optimizer step, scheduler held, "
+                f"gradients discarded): {what}")
+        raising = self.config.nonfinite == "raise" and (bool(losses) or not expected_overflow)
+        if raising:
+            self._pending_error = NonFiniteError(
+                f"{self._prefix()}accumguard: {text}. Find the batch or operation that "
+                "produces it (torch.autograd.set_detect_anomaly(True) names the op), or build "
+                "the Accumulator with nonfinite='skip' to skip such windows and go on",
+                window=w.index, ranks=losses)
+        else:
+            hint = ("normal while an fp16 loss scale adapts" if expected_overflow and not losses
+                    else "nonfinite='raise' stops training instead")
+            warnings.warn(f"{self._prefix()}accumguard: {text} ({hint})", AccumguardWarning,
+                          stacklevel=2)
+            log.warning("accumguard: %s", text)
+        return what
 
     def _param_groups(self) -> list[dict[str, Any]]:
         opt = self.optimizer
@@ -479,13 +727,15 @@ class Accumulator:
             opt = getattr(self.model, "optimizer", None)
         return list(getattr(opt, "param_groups", []))
 
-    def _finish(self, w: Window, *, skipped: bool, grad_norm: Any, lrs: tuple) -> None:
+    def _finish(self, w: Window, *, skipped: bool, grad_norm: Any, lrs: tuple,
+                reason: str | None = None) -> None:
         if skipped:
             self.skipped_windows += 1
         self.windows_seen += 1
         w.result = StepResult(step=self.optimizer_steps, window=w.index, micro_steps=len(w),
                               count=w.global_count, loss=None if skipped else self._loss_acc,
-                              grad_norm=grad_norm, lrs=lrs, skipped=skipped)
+                              grad_norm=grad_norm, lrs=lrs, skipped=skipped,
+                              skip_reason=reason if skipped else None)
         self.history.append(w.result)
         for cb in self.callbacks:
             cb(w.result)
@@ -507,6 +757,22 @@ class Accumulator:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore progress saved by :meth:`state_dict`; K and the normalisation must match."""
+        if not isinstance(state, dict):
+            raise ConfigError(
+                f"load_state_dict() got a {type(state).__name__}; expected the dict returned by "
+                "Accumulator.state_dict(). Pass checkpoint['accumulator'] (whatever key you "
+                "saved it under), not the whole checkpoint or a list")
+        missing = [k for k in _STATE_KEYS if k not in state]
+        if missing:
+            raise ConfigError(
+                f"the Accumulator state lacks {missing} (seen keys: {sorted(state)}); expected "
+                "the dict returned by Accumulator.state_dict(). Save and load that dict as is")
+        bad = [k for k in _STATE_KEYS[3:] if isinstance(state[k], bool)
+               or not isinstance(state[k], int) or state[k] < 0]
+        if bad:
+            raise ConfigError(
+                f"the Accumulator state has invalid {bad} ({[state[k] for k in bad]}); expected "
+                "non-negative ints as written by Accumulator.state_dict()")
         for key in ("accumulation_steps", "normalization"):
             mine = getattr(self.config, key)
             if state.get(key) != mine:

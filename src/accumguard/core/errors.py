@@ -7,6 +7,7 @@ so ``except AccumguardError`` catches all of them and nothing else::
     ├── ConfigError (ValueError)          bad argument or engine config; raised at construction
     ├── UsageError (RuntimeError)         the API was driven in an illegal order
     ├── AccumulationError (RuntimeError)  the accumulation contract was broken at run time
+    │   ├── NonFiniteError                a window met a NaN/Inf loss or gradient (nonfinite="raise")
     │   └── (guard violations subclass this: see accumguard.runtime.guard)
     ├── DistributedError (RuntimeError)   a rank crashed, hung, or ranks disagreed
     │   ├── RankFailedError               a worker raised; carries rank and traceback
@@ -35,6 +36,19 @@ class UsageError(AccumguardError, RuntimeError):
 
 class AccumulationError(AccumguardError, RuntimeError):
     """The accumulation contract (one sync, one step per window, ...) was broken."""
+
+
+class NonFiniteError(AccumulationError):
+    """A window produced a non-finite loss or gradient and the Accumulator was built with
+    ``nonfinite="raise"``. The window was already discarded (no optimizer step, scheduler
+    held, gradients zeroed) on every rank, so catching this and going on is safe.
+    ``window`` is the window index; ``ranks`` maps each rank whose loss was non-finite to
+    the first micro-step where it was (empty when only the gradient was)."""
+
+    def __init__(self, message: str, *, window: int, ranks: dict[int, int]) -> None:
+        self.window = window
+        self.ranks = ranks
+        super().__init__(message)
 
 
 class DistributedError(AccumguardError, RuntimeError):

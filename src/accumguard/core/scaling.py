@@ -12,7 +12,10 @@ Nothing else in accumguard divides by K, N or W.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+from accumguard.core.errors import ConfigError, UsageError
 
 __all__ = ["GradReduction", "loss_scale"]
 
@@ -49,10 +52,26 @@ def loss_scale(
     Accumulator checks before calling this).
     """
     engine = reduction.divides_by * (reduction.world_size if reduction.averages_over_ranks else 1)
+    # Explicit checks, not asserts: they must hold under `python -O` too, where a negative or
+    # NaN count would otherwise step the wrong way or poison every parameter silently.
+    if not (math.isfinite(engine) and engine > 0):
+        raise ConfigError(
+            f"the engine's gradient reduction factor is {engine!r} (world_size="
+            f"{reduction.world_size}, divides_by={reduction.divides_by}); expected a positive "
+            "finite number. Fix the engine adapter's reduction()")
     if mode == "sum":
-        assert global_count > 0, "a window with no samples is skipped before scaling"
+        if isinstance(global_count, bool) or not isinstance(global_count, (int, float)) or \
+                not math.isfinite(global_count) or global_count <= 0:
+            raise UsageError(
+                f"loss_scale(mode='sum') got global_count={global_count!r}; expected a positive "
+                "finite number of samples/tokens in the window. The Accumulator skips empty "
+                "windows before scaling; check count_fn returns counts >= 0")
         return engine / global_count
     if mode == "mean":
-        assert window_micro_steps > 0
+        if isinstance(window_micro_steps, bool) or not isinstance(window_micro_steps, int) or \
+                window_micro_steps <= 0:
+            raise UsageError(
+                f"loss_scale(mode='mean') got window_micro_steps={window_micro_steps!r}; "
+                "expected a positive int (the micro-steps of the window)")
         return engine / (window_micro_steps * reduction.world_size)
-    raise AssertionError(f"unknown normalisation mode {mode!r}")
+    raise ConfigError(f"unknown normalisation mode {mode!r}; expected 'sum' or 'mean'")

@@ -129,11 +129,17 @@ class Engine(ABC):
         """
         if norm is not None:
             return ~torch.isfinite(torch.as_tensor(norm))
-        grads = [p.grad.detach() for p in self.parameters_with_grad()]
+        grads = [p.grad.detach() for p in self.parameters_with_grad() if p.grad is not None]
         if not grads:
             return torch.zeros((), dtype=torch.bool)
         maxes = torch._foreach_norm(grads, float("inf"))
         return ~torch.isfinite(torch.stack([m.float() for m in maxes]).max())
+
+    @property
+    def dynamic_loss_scale(self) -> bool:
+        """True when the engine scales losses dynamically (fp16), so that an overflow-skipped
+        step is routine rather than a sign of broken numerics."""
+        return False
 
     def step_applied(self) -> bool:
         """Whether the last :meth:`optimizer_step` changed the parameters (``False`` when the

@@ -397,7 +397,8 @@ class DeepSpeedEngineAdapter(Engine):
             if not grads:
                 return torch.zeros(())
             norms = torch.stack([g.detach().double().norm() for g in grads])
-            return torch.linalg.vector_norm(norms).float()
+            total: torch.Tensor = torch.linalg.vector_norm(norms).float()
+            return total
         # ZeRO 1-3 and the fp16/bf16 wrappers compute the (unscaled) global norm in step():
         # read it back from engine.get_global_grad_norm() right after (NaN until then).
         self._norm = torch.full((), math.nan)
@@ -426,6 +427,10 @@ class DeepSpeedEngineAdapter(Engine):
 
     def parameters_with_grad(self) -> list[torch.Tensor]:
         return [p for p in self.engine.module.parameters() if p.grad is not None]
+
+    @property
+    def dynamic_loss_scale(self) -> bool:
+        return bool(self.engine.fp16_enabled())
 
     def step_applied(self) -> bool:
         was = getattr(self.engine, "was_step_applied", None)

@@ -194,9 +194,12 @@ class FSDP2Engine(Engine):
         one scalar all-reduce of "this rank's shards hold a NaN/Inf" per window."""
         if norm is not None:
             return ~torch.isfinite(torch.as_tensor(norm))
-        local = [g.to_local() if hasattr(g, "to_local") else g
-                 for g in (p.grad for p in self.parameters_with_grad())]
-        local = [g.detach() for g in local if g.numel() > 0]
+        local: list[torch.Tensor] = []
+        for p in self.parameters_with_grad():
+            g: Any = p.grad
+            shard = (g.to_local() if hasattr(g, "to_local") else g).detach()
+            if shard.numel() > 0:
+                local.append(shard)
         bad = torch.zeros((), dtype=torch.float32, device=self.device)
         if local:
             maxes = torch.stack([m.float() for m in torch._foreach_norm(local, float("inf"))])

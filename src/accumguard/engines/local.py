@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from accumguard.core.errors import ConfigError
-from accumguard.core.scaling import GradReduction
 from typing import Any
 
 import torch
 
+from accumguard.core.errors import ConfigError
+from accumguard.core.scaling import GradReduction
 from accumguard.engines.base import Engine
 
 
@@ -18,6 +18,11 @@ class LocalEngine(Engine):
     sync_mode = "none"
 
     def __init__(self, model: torch.nn.Module, **options: Any) -> None:
+        if not isinstance(model, torch.nn.Module):
+            raise ConfigError(
+                f"the model is a {type(model).__name__} ({model!r:.60}); expected a "
+                "torch.nn.Module (plain, DistributedDataParallel or fully_shard) or the engine "
+                "returned by deepspeed.initialize. Pass the model object itself")
         super().__init__(model, **options)
         # An unwrapped model is trained by this process alone, even when a process group
         # exists: no count all-gather, N is this process's count.
