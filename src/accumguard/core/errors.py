@@ -5,6 +5,7 @@ so ``except AccumguardError`` catches all of them and nothing else::
 
     AccumguardError
     ├── ConfigError (ValueError)          bad argument or engine config; raised at construction
+    │   └── LintError                     a script/config file cannot be analysed; path:line:col
     ├── UsageError (RuntimeError)         the API was driven in an illegal order
     ├── AccumulationError (RuntimeError)  the accumulation contract was broken at run time
     │   ├── NonFiniteError                a window met a NaN/Inf loss or gradient (nonfinite="raise")
@@ -27,6 +28,18 @@ class AccumguardError(Exception):
 
 class ConfigError(AccumguardError, ValueError):
     """A constructor argument or an engine configuration is invalid."""
+
+
+class LintError(ConfigError):
+    """A script or config file cannot be analysed (syntax error, unreadable, nested too
+    deeply, too large). ``path``/``line``/``col`` (1-based) say where, ruff style."""
+
+    def __init__(self, path: str, line: int, col: int, message: str) -> None:
+        self.path = path
+        self.line = line
+        self.col = col
+        self.message = message
+        super().__init__(f"{path}:{line}:{col}: {message}")
 
 
 class UsageError(AccumguardError, RuntimeError):
