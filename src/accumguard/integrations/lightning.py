@@ -1,0 +1,152 @@
+"""Lightning: one callback for exact token-normalised accumulation and the checks.
+
+The change to a LightningModule is one word, the loss is summed instead of
+averaged (``reduction="sum"``); the Trainer gets one callback::
+
+    trainer = Trainer(accumulate_grad_batches=4, callbacks=[AccumguardCallback(exact=True)])
+
+Why: with automatic optimisation Lightning divides every micro-batch's loss by
+``accumulate_grad_batches`` (also in a short final window), so a token-mean loss
+with uneven token counts is failure class F5. With ``exact=True`` the callback
+counts each micro-batch's valid tokens (``count_fn``, on ``on_train_batch_start``),
+all-reduces the window's count N once, and in ``on_before_optimizer_step`` (after
+the last backward and DDP's averaging, before clipping and the step) multiplies
+the accumulated gradient by ``K·W/N`` (automatic: undoes Lightning's ``1/K`` and
+DDP's ``1/W``) or ``W/N`` (manual optimisation, where Lightning does not divide):
+the optimizer receives ``Σ g_i / N``. Scaling the accumulated gradient by one
+scalar equals scaling every micro-step's loss by it, up to fp32 rounding.
+
+The logged/progress-bar ``loss`` is then the sum over tokens divided by K (log
+your own mean if you want one). Supported strategies: single device and DDP.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from accumguard.core.errors import ConfigError, MissingDependencyError
+from accumguard.integrations._checks import AccumulationChecks, Finding
+
+try:  # the standalone package is what this was tested with; the unified one is the same API
+    import pytorch_lightning as pl
+except ImportError:  # pragma: no cover - depends on the environment
+    try:
+        import lightning.pytorch as pl  # type: ignore[no-redef]
+    except ImportError as err:
+        raise MissingDependencyError("pytorch-lightning", "lightning",
+                                     "accumguard.integrations.lightning") from err
+
+__all__ = ["AccumguardCallback", "default_count"]
+
+
+def default_count(batch: Any) -> torch.Tensor:
+    """Valid tokens of a ``{"labels": ...}`` batch (labels ``-100`` are ignored)."""
+    labels = batch.get("labels") if isinstance(batch, dict) else None
+    if not isinstance(labels, torch.Tensor):
+        raise ConfigError(
+            "exact=True needs the number of valid tokens of each batch; the batch has no "
+            "'labels' tensor, so pass AccumguardCallback(count_fn=lambda batch: <count>)")
+    return (labels != -100).sum()
+
+
+class AccumguardCallback(pl.Callback):
+    """Exact token-normalised accumulation (``exact=True``) and accumulation checks.
+
+    Args:
+        exact: rescale the accumulated gradient so the optimizer gets ``Σ g_i / N``;
+            ``training_step`` must then return the **sum** of token losses.
+        count_fn: valid tokens of a batch (default :func:`default_count`).
+        check: run the checks (token weights F5/F6/F10/F7, scheduler steps F4).
+        accumulation_steps: K for manual optimisation (default: the Trainer's
+            ``accumulate_grad_batches``).
+        strict, every_n_steps, logits_module: passed to the checks.
+
+    Findings are logged (logger ``accumguard``), kept in :attr:`findings` and in
+    ``trainer.callback_metrics["accumguard_findings"]`` (their count).
+    """
+
+    def __init__(self, *, exact: bool = False, count_fn: Callable[[Any], Any] | None = None,
+                 check: bool = True, accumulation_steps: int | None = None,
+                 strict: bool = False, every_n_steps: int = 1,
+                 logits_module: torch.nn.Module | None = None) -> None:
+        super().__init__()
+        self.exact = exact
+        self.count_fn = count_fn or default_count
+        self.check = check
+        self.accumulation_steps = accumulation_steps
+        self.strict = strict
+        self.every_n_steps = every_n_steps
+        self.logits_module = logits_module
+        self.checks: AccumulationChecks | None = None
+        self.findings: list[Finding] = []
+        self.window_counts: list[float] = []
+        self._count = 0.0
+        self._world = 1
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        strategy = type(trainer.strategy).__name__
+        if self.exact and strategy not in ("SingleDeviceStrategy", "DDPStrategy"):
+            raise ConfigError(
+                f"AccumguardCallback(exact=True) supports the single-device and DDP strategies; "
+                f"this Trainer uses {strategy}, whose gradient reduction it does not model. Use "
+                "strategy='ddp', or accumguard's engines for FSDP/DeepSpeed")
+        self._world = int(trainer.world_size)
+        k = self.accumulation_steps or int(trainer.accumulate_grad_batches)
+        if self.check and trainer.optimizers:
+            configs = getattr(trainer, "lr_scheduler_configs", [])
+            sched = configs[0].scheduler if configs else None
+            self.checks = AccumulationChecks(
+                pl_module, trainer.optimizers[0], accumulation_steps=k, scheduler=sched,
+                averages_over_ranks=self._world > 1, logits_module=self.logits_module,
+                every_n_steps=self.every_n_steps, strict=self.strict,
+                on_finding=self._on_finding)
+
+    def _on_finding(self, finding: Finding) -> None:
+        self.findings.append(finding)
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
+                             batch_idx: int) -> None:
+        if self.exact:
+            self._count += float(self.count_fn(batch))
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        if not self.exact:
+            return
+        n = torch.tensor([self._count], dtype=torch.float64)
+        self._count = 0.0
+        if self._world > 1:
+            backend = torch.distributed.get_backend()
+            dev = pl_module.device if backend == "nccl" else torch.device("cpu")
+            n = n.to(dev)
+            torch.distributed.all_reduce(n)
+        total = float(n.item())
+        self.window_counts.append(total)
+        if total == 0:
+            factor = 0.0  # no valid token anywhere in the window: the step must not move
+        else:
+            k = int(trainer.accumulate_grad_batches) if pl_module.automatic_optimization else 1
+            factor = k * self._world / total
+        with torch.no_grad():
+            for p in pl_module.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(factor)
+        if self.checks is not None:
+            self.checks.scale_next_window(factor)
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if self.checks is not None:
+            trainer.callback_metrics["accumguard_findings"] = torch.tensor(
+                float(len(self.findings)))
+
+    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+        if self.checks is not None:
+            self.checks.close()
+            self.checks = None
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        # After an exception on_fit_end does not run: still remove every hook.
+        self.on_fit_end(trainer, pl_module)
