@@ -29,6 +29,8 @@ K = args.k
 for _epoch in range(args.epochs):
     for i, (x, y) in enumerate(data):
         last = (i + 1) % K == 0 or i + 1 == len(data)
+        if args.bug == "F3":
+            model.zero_grad()  # every micro-step: only the last micro-batch survives
         if args.bug == "F13":
             last = (i + 1) % (K + 1) == 0
         if args.bug == "F11":
@@ -44,8 +46,6 @@ for _epoch in range(args.epochs):
             with contextlib.nullcontext() if last else model.no_sync():
                 loss = torch.nn.functional.cross_entropy(model(x), y) / K
                 loss.backward()
-        if args.bug == "F3":
-            opt.zero_grad()
         if args.bug == "F8":
             clip_grad_norm_(model.parameters(), 0.5)
         if args.bug == "F4":

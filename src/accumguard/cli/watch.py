@@ -1,0 +1,223 @@
+"""``accumguard watch [options] -- COMMAND ...``: run an unmodified training command with
+the observation layer injected into every rank, then report findings.
+
+Exit code: 1 when an error-level finding exists, else the command's own exit code
+(2 when it could not be started). The command's stdout/stderr pass through untouched;
+accumguard's report goes to stderr (and ``--json``). SIGINT/SIGTERM are forwarded to
+the command's process group, so no rank is left behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["watch_main", "build_parser"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="accumguard watch",
+        description="Run COMMAND (python, torchrun, deepspeed, accelerate launch) unmodified "
+                    "with accumguard's observation layer in every rank; report accumulation "
+                    "bugs (class, rank, step, micro-step, evidence, fix).")
+    p.add_argument("--accumulation-steps", "-k", type=int, default=None, metavar="K",
+                   help="micro-steps per optimizer step (default: what the run declares, "
+                        "else inferred from the observed pattern)")
+    p.add_argument("--json", default=None, metavar="PATH", help="write the report as JSON")
+    p.add_argument("--every", type=int, default=1, metavar="N",
+                   help="check gradient conservation on every N-th optimizer step (default 1)")
+    p.add_argument("--keep", default=None, metavar="DIR",
+                   help="keep the per-rank recordings in DIR (default: a temporary folder)")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ...")
+    return p
+
+
+def watch_main(argv: Sequence[str]) -> int:
+    args = build_parser().parse_args(list(argv))
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        print("accumguard watch: error: no command given; usage: accumguard watch -- python "
+              "train.py", file=sys.stderr)
+        return 2
+    if args.accumulation_steps is not None and args.accumulation_steps < 1:
+        print("accumguard watch: error: --accumulation-steps must be >= 1", file=sys.stderr)
+        return 2
+    if shutil.which(command[0]) is None and not Path(command[0]).exists():
+        print(f"accumguard watch: error: command not found: {command[0]!r}", file=sys.stderr)
+        return 127
+    from accumguard.runtime.watch import observed_env
+
+    tmp = None
+    if args.keep:
+        out_dir = Path(args.keep)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for old in out_dir.glob("rank-*.jsonl"):
+            old.unlink()
+    else:
+        tmp = tempfile.TemporaryDirectory(prefix="accumguard-watch-")
+        out_dir = Path(tmp.name)
+    try:
+        env = observed_env(None, out_dir, every=args.every)
+        code, signalled = _run(command, env)
+        return _report(out_dir, args, code, signalled)
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+
+
+def _run(command: list[str], env: dict[str, str]) -> tuple[int, str | None]:
+    """Run in a new process group; forward SIGINT/SIGTERM to the group; reap it all."""
+    try:
+        proc = subprocess.Popen(command, env=env, start_new_session=True)
+    except (FileNotFoundError, PermissionError) as exc:
+        print(f"accumguard watch: error: cannot start {command[0]!r}: {exc}", file=sys.stderr)
+        return 127, None
+    received: list[int] = []
+
+    def forward(signum: int, frame: Any) -> None:
+        received.append(signum)
+        _kill_group(proc.pid, signum)
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while True:
+            try:
+                code = proc.wait()
+                break
+            except KeyboardInterrupt:  # pragma: no cover - handled by the forwarder
+                continue
+        if received:
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and _group_alive(proc.pid):
+                time.sleep(0.1)
+            _kill_group(proc.pid, signal.SIGKILL)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    sig = None
+    if code < 0:
+        sig = signal.Signals(-code).name
+        code = 128 - code
+    elif received:
+        sig = signal.Signals(received[0]).name
+    return code, sig
+
+
+def _kill_group(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def _report(out_dir: Path, args: argparse.Namespace, code: int, signalled: str | None) -> int:
+    from accumguard.runtime.watch_findings import analyze, load_recordings
+
+    rec = load_recordings(out_dir)
+    findings, k, k_source = analyze(rec, k_flag=args.accumulation_steps)
+    steps = {r: s for r, s in rec.steps.items()}
+    n_steps = max((len(s) for s in steps.values()), default=0)
+    errors = [f for f in findings if f.severity == "error"]
+    problems = []
+    if signalled:
+        problems.append(f"the command was killed by {signalled} (exit code {code})")
+    elif code != 0:
+        problems.append(f"the command exited with code {code}")
+    if n_steps == 0:
+        backwards = sum(int(e.get("backwards_total", 0)) for e in rec.end.values())
+        problems.append("no optimizer step was observed" + (
+            f" ({backwards} backward passes)" if backwards else
+            " (no backward pass either: is this a training command that uses torch?)"))
+    report = {
+        "command": list(args.command),
+        "exit_code": code,
+        "signal": signalled,
+        "ranks": rec.ranks,
+        "accumulation_steps": k,
+        "accumulation_steps_source": k_source,
+        "engine": {str(r): v for r, v in rec.engine.items()},
+        "findings": [f.as_dict() for f in findings],
+        "problems": problems,
+        "steps": _summary(rec),
+    }
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2, default=str), encoding="utf-8")
+    _print(report, findings)
+    if errors:
+        return 1
+    return code
+
+
+def _summary(rec: Any) -> list[dict[str, Any]]:
+    rows = []
+    rank0 = rec.steps.get(min(rec.steps), []) if rec.steps else []
+    for s in rank0:
+        cons = s.get("conservation") or {}
+        rows.append({"step": s["step"], "backwards": s["backwards"], "applied": s["applied"],
+                     "scheduler_steps": s.get("scheduler_steps", 0),
+                     "grad_collective_rounds": s.get("reduction_rounds", 0),
+                     "conservation_error": cons.get("received") if cons else None,
+                     "window_loss": s.get("window_loss")})
+    return rows
+
+
+def _print(report: dict[str, Any], findings: list[Any]) -> None:
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:  # pragma: no cover - rich is a dependency of the cli extra
+        Console = None  # type: ignore[assignment,misc]  # noqa: N806
+    lines = [f"accumguard watch: {len(report['ranks'])} rank(s), "
+             f"{len(report['steps'])} optimizer step(s) on rank {min(report['ranks'], default=0)}, "
+             f"K = {report['accumulation_steps']} ({report['accumulation_steps_source']})"]
+    lines += [f"  {p}" for p in report["problems"]]
+    if Console is None:
+        print("\n".join(lines), file=sys.stderr)
+        for f in findings:
+            print(f"  [{f.severity}] {f.cls} rank {f.rank} step {f.step} micro {f.micro}: "
+                  f"{f.evidence}. Fix: {f.fix}", file=sys.stderr)
+        return
+    console = Console(stderr=True, highlight=False)
+    for line in lines:
+        console.print(line, markup=False)
+    if report["steps"]:
+        t = Table(title="per optimizer step (first rank)")
+        for col in ("step", "backwards", "applied", "sched", "grad coll.", "conservation err"):
+            t.add_column(col)
+        for row in report["steps"][:50]:
+            ce = row["conservation_error"]
+            t.add_row(str(row["step"]), str(row["backwards"]), str(row["applied"]),
+                      str(row["scheduler_steps"]), str(row["grad_collective_rounds"]),
+                      "-" if ce is None else f"{ce:.1e}")
+        console.print(t)
+    if not findings:
+        console.print("no accumulation finding", markup=False)
+    for f in findings:
+        where = f"rank {f.rank}" if f.rank is not None else "all ranks"
+        where += f", step {f.step}" if f.step is not None else ""
+        where += f", micro-step {f.micro}" if f.micro is not None else ""
+        console.print(f"[{'red' if f.severity == 'error' else 'yellow'}]{f.severity.upper()} "
+                      f"{f.cls}[/] — {f.title} ({where})")
+        console.print(f"  evidence: {f.evidence}", markup=False)
+        console.print(f"  fix: {f.fix}", markup=False)
