@@ -6,6 +6,7 @@ Subcommands::
     accumguard audit          audit your own loop (accumguard.cli.audit)
     accumguard lint           static checks of training scripts (accumguard.cli.lint)
     accumguard check-config   checks of a DeepSpeed config (accumguard.cli.lint)
+    accumguard watch          observe an unmodified training command (accumguard.cli.watch)
     accumguard invariance     your script at K = 1, 4, ... compared step by step (accumguard.cli.invariance)
     accumguard curves         loss curves for K = 1, 2, 4, 8 at one effective batch
     accumguard bench          the engine benchmark (benchmarks/bench_engines.py)
@@ -38,6 +39,8 @@ _DELEGATED = {
                      "check a DeepSpeed config for accumulation mistakes"),
     "invariance": ("accumguard.cli.invariance", "invariance_main",
                    "run your script once per K at one effective batch and compare every step"),
+    "watch": ("accumguard.cli.watch", "watch_main",
+              "run your unmodified training command and report accumulation bugs"),
 }
 
 
