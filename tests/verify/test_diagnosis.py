@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from types import SimpleNamespace
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -29,6 +27,7 @@ from accumguard.verify.audit import AuditReport, StepCounts, audit_many
 from accumguard.verify.contract import AuditSetup, LoopContext
 from accumguard.verify.diagnosis import diagnose
 from accumguard.verify.reference import flat_params, reference_run, windows_for_reference
+from accumguard.verify.report import LoopObservation, StepRecord
 
 K = 4
 CLIP = 0.2
@@ -120,6 +119,7 @@ def reports_bf16(both) -> dict[str, AuditReport]:
 
 def test_bf16_correct_loop_passes_and_mean_of_means_is_caught(reports_bf16) -> None:
     ok, bad = reports_bf16["bf16_correct"], reports_bf16["bf16_mean_of_means"]
+    # bf16 throughout: gradients summed in bf16 over K micro-steps and W ranks.
     assert ok.param_dtype == "bfloat16" and ok.tolerance == 2 * (K + 2) * 2.0 ** -8
     assert ok.passed, ok.failures
     assert ok.max_grad_error <= ok.tolerance
@@ -178,13 +178,31 @@ def uneven_batches(rank: int, world: int) -> list:
 
 
 def _fake(setup: AuditSetup, traj: list[dict], grads: list | None, *, engine: str = "ddp",
-          engine_info: dict | None = None, n_ref: int = 2):
+          engine_info: dict | None = None, n_ref: int = 2,
+          zero_grads: list[int] | None = None):
+    """An observation and report as the audit builds them, for a trajectory computed here."""
     init = flat_params(setup.build_model())
-    obs = {"params": traj, "initial": init, "grads": grads or [None] * len(traj)}
-    rep = SimpleNamespace(param_dtype="float32", tolerance=1e-5, optimizer_steps=len(traj),
-                          reference_steps=n_ref, totals=StepCounts(), steps=[],
-                          ranks_max_param_diff=0.0, engine=engine,
-                          engine_info=engine_info or {}, accumulation_steps=setup.accumulation_steps)
+    records = [StepCounts(optimizer_steps=1, zero_grad=(zero_grads or [1] * len(traj))[i])
+               for i in range(len(traj))]
+    obs = LoopObservation(
+        name="fake", initial=init, params=list(traj), grads=grads or [None] * len(traj),
+        lrs=[], records=records, trailing=StepCounts(), loss_sums=[], loss_counts=[],
+        engine=engine, engine_info=engine_info or {}, outer_optimizers=[],
+        param_dtypes=["float32"], snapshot_failed=None, notes=[])
+    moved = any(any(not torch.equal(p[k], init[k]) for k in init) for p in traj)
+    steps = [StepRecord(step=i, update_error=None, grad_error=None, lr=None, ref_lr=None,
+                        loss=None, ref_loss=None, counts=c) for i, c in enumerate(records)]
+    totals = StepCounts()
+    for c in records:
+        totals.add(c)
+    rep = AuditReport(
+        name="fake", passed=False, tolerance=1e-5, tolerance_reason="", world_size=2,
+        accumulation_steps=setup.accumulation_steps, epochs=setup.epochs, engine=engine,
+        param_dtype="float32", compute_dtype="float32", reference_dtype="float64",
+        optimizer_steps=len(traj), reference_steps=n_ref, steps=steps, totals=totals,
+        first_divergence=None, failures=["fake"], notes=[], losses=[], loss_source="reference",
+        gradients_observed=grads is not None, ranks_max_param_diff=0.0, trailing_backward=0,
+        duration_s=0.0, parameters_moved=moved, engine_info=engine_info or {})
     return [obs, obs], rep
 
 

@@ -31,12 +31,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
 import torch
 
 from accumguard.core.boundary import check_accumulation_steps
 from accumguard.core.errors import ConfigError
+from accumguard.verify.report import Precision
 
 __all__ = ["AuditSetup", "LoopContext", "Loop"]
 
@@ -50,6 +51,17 @@ class AuditSetup:
     the order the loop consumes them. ``loss_fn(model, batch)`` returns the
     **sum** of per-sample/per-token losses and the count. Must be picklable
     (module-level functions), because ranks are separate processes.
+
+    ``epochs``: how many passes the loop makes over ``rank_batches`` (the same
+    micro-batches in the same order each pass). Windows restart at every epoch: the
+    reference steps on ``ceil(M/K)`` windows per epoch, the last one partial.
+
+    ``precision``: the dtype the loop *computes* in (forward/backward): ``"auto"``
+    detects autocast, FSDP2 ``MixedPrecisionPolicy`` and low-precision parameters;
+    declare ``"bf16"``/``"fp16"`` for what cannot be seen from outside (a bf16
+    working copy of fp32 master weights). Gradients are expected to be
+    *accumulated* in fp32 (in the parameters' dtype for a model that is bf16
+    throughout); the tolerance follows (``accumguard.verify.tolerance``).
     """
 
     build_model: Callable[[], torch.nn.Module]
@@ -60,9 +72,17 @@ class AuditSetup:
     make_scheduler: Callable[[torch.optim.Optimizer], Any] | None = None
     max_grad_norm: float | None = None
     count_fn: Callable[[Any], Any] | None = None
+    epochs: int = 1
+    precision: Precision = "auto"
 
     def __post_init__(self) -> None:
         check_accumulation_steps(self.accumulation_steps)
+        if isinstance(self.epochs, bool) or not isinstance(self.epochs, int) or self.epochs < 1:
+            raise ConfigError(f"AuditSetup.epochs ({self.epochs!r}) must be a positive int: the "
+                              "number of passes the loop makes over rank_batches")
+        if self.precision not in get_args(Precision):
+            raise ConfigError(f"AuditSetup.precision ({self.precision!r}) must be one of "
+                              f"{', '.join(get_args(Precision))}: the dtype the loop computes in")
         for name in ("build_model", "make_optimizer", "rank_batches", "loss_fn"):
             if not callable(getattr(self, name)):
                 raise ConfigError(f"AuditSetup.{name} must be callable, got "
@@ -92,6 +112,11 @@ class LoopContext:
     @property
     def accumulation_steps(self) -> int:
         return self.setup.accumulation_steps
+
+    @property
+    def epochs(self) -> int:
+        """Passes over ``batches`` the loop is expected to make (``setup.epochs``)."""
+        return self.setup.epochs
 
     @property
     def max_grad_norm(self) -> float | None:

@@ -82,11 +82,15 @@ def reference_run(
     make_scheduler: Callable[[torch.optim.Optimizer], Any] | None = None,
     max_grad_norm: float | None = None,
     dtype: torch.dtype = torch.float64,
+    autocast: torch.dtype | None = None,
 ) -> ReferenceRun:
     """Step a private copy of ``model`` once per window on all of the window's micro-batches.
 
     ``loss_fn(model, batch)`` returns ``(sum of per-sample losses, count)``.
     ``windows[i]`` lists every micro-batch of window i, of every rank.
+    ``autocast``: run the forward under ``torch.autocast(dtype=autocast)`` (weights and
+    gradients stay ``dtype``): the large batch at a low compute precision, whose distance
+    from the fp64 run measures what that precision alone costs on this model and data.
     """
     ref = copy.deepcopy(model).to(dtype)
     params = [p for p in ref.parameters() if p.requires_grad]
@@ -98,8 +102,10 @@ def reference_run(
         total = torch.zeros((), dtype=dtype)
         count = 0.0
         for batch in window:
-            s, n = loss_fn(ref, cast_floats(batch, dtype))
-            total = total + s
+            with (torch.autocast("cpu", dtype=autocast) if autocast is not None
+                  else contextlib.nullcontext()):
+                s, n = loss_fn(ref, cast_floats(batch, dtype))
+            total = total + s.to(dtype)
             count += float(n)
         if count == 0:
             run.params.append(flat_params(ref))
