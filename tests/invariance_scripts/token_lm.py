@@ -7,6 +7,7 @@ labelled -100), so micro-batches hold different numbers of tokens.
 ``--normalise mean``: per-micro-batch token mean / K (the 2024 transformers bug, F5): the
 update depends on K. ``--normalise sum``: summed token loss / the window's token count over
 all micro-steps and ranks (times W, since DDP averages): the update does not depend on K.
+``--zero-grad-each-micro`` adds the F3 bug (only the last micro-batch reaches the optimizer).
 K and MB fall back to the environment (ACCUMGUARD_K, ACCUMGUARD_MICRO_BATCH) when not given.
 """
 
@@ -54,6 +55,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--dropout", type=float, default=0.0)
     p.add_argument("--lr", type=float, default=0.5)
+    p.add_argument("--zero-grad-each-micro", action="store_true",
+                   help="the F3 bug: clear gradients before every micro-step's backward")
     args = p.parse_args()
     k, mb = args.accum, args.micro_batch
 
@@ -78,6 +81,8 @@ def main() -> None:
         for i, (x, y) in enumerate(window):
             sync = i == k - 1
             ctx = model.no_sync() if distributed and not sync else contextlib.nullcontext()
+            if args.zero_grad_each_micro:
+                model.zero_grad()
             with ctx:
                 logits = model(x).reshape(-1, VOCAB)
                 if args.normalise == "mean":

@@ -276,7 +276,7 @@ def test_install_from_env_seeds() -> None:
 @pytest.fixture
 def no_observer(monkeypatch: pytest.MonkeyPatch) -> None:
     # These commands fail before anything is recorded: the observer's env is not needed.
-    monkeypatch.setattr(inv, "_observer_env", lambda d: {})
+    monkeypatch.setattr(inv, "_observer_env", lambda d, o: {})
 
 
 def _alive(pid: int) -> bool:
@@ -302,7 +302,7 @@ def test_failing_command_reports_exit_code(tmp_path: Path, no_observer: None) ->
     # Exits 0 but the observation layer saw nothing (not observed / never stepped).
     opts = InvarianceOptions(command=(sys.executable, "-c", "import os; os.environ['ACCUMGUARD_K']"),
                              ks=(1, 4), steps=1, timeout=60)
-    with pytest.raises(CommandFailedError, match="recorded nothing"):
+    with pytest.raises(CommandFailedError, match="no process of it ran a backward"):
         inv.run_invariance(opts)
 
 
@@ -331,7 +331,7 @@ def test_sigterm_kills_the_command(tmp_path: Path) -> None:
     """SIGTERM to `accumguard invariance` takes the command and its children down with it."""
     pidfile = tmp_path / "pid"
     code = ("import sys; from accumguard.verify import invariance as inv; "
-            "inv._observer_env = lambda d: {}; "
+            "inv._observer_env = lambda d, o: {}; "
             "from accumguard.cli.invariance import invariance_main; "
             "sys.exit(invariance_main(sys.argv[1:]))")
     proc = subprocess.Popen([sys.executable, "-c", code, "--ks", "1,4", "--", sys.executable,
@@ -361,3 +361,7 @@ def test_cli_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert invariance_main(["--ks", "1,4"]) == 2
     assert "no command given" in capsys.readouterr().err
     assert invariance_main(["--bogus", "--", "python"]) == 2
+    capsys.readouterr()
+    plain = SCRIPTS / "no_placeholder.py"
+    assert invariance_main(["--ks", "1,4", "--", sys.executable, str(plain)]) == 2
+    assert "every K would run the same training" in capsys.readouterr().err

@@ -250,12 +250,6 @@ def _split(argv: list[str]) -> tuple[list[str], list[str] | None]:
     return argv, None
 
 
-def _watch_findings(observe_dir: Path) -> tuple[list[dict[str, Any]], str]:
-    from accumguard.verify.invariance import watch_findings
-
-    return watch_findings(observe_dir)
-
-
 def invariance_main(argv: list[str]) -> int:
     """``accumguard invariance``: returns the exit code."""
     parser = build_parser()
@@ -276,7 +270,7 @@ def invariance_main(argv: list[str]) -> int:
                                  batch=args.batch, no_dropout=args.no_dropout,
                                  tolerance=args.tolerance, timeout=args.timeout, seed=args.seed,
                                  workdir=Path(args.keep) if args.keep else None)
-        report = run_invariance(opts, findings_for=_watch_findings)
+        report = run_invariance(opts)
     except CommandFailedError as exc:
         print(f"accumguard invariance: error: {exc}", file=sys.stderr)
         return EXIT_ERROR

@@ -66,6 +66,7 @@ __all__ = [
     "compare_runs",
     "build_report",
     "run_invariance",
+    "watch_findings",
     "JSON_VERSION",
 ]
 
@@ -78,8 +79,6 @@ ENV_MB = "ACCUMGUARD_MICRO_BATCH"
 ENV_BATCH = "ACCUMGUARD_BATCH"
 ENV_SEED = "ACCUMGUARD_SEED"
 ENV_NO_DROPOUT = "ACCUMGUARD_NO_DROPOUT"
-ENV_RECORD_UPDATES = "ACCUMGUARD_RECORD_UPDATES"
-ENV_MAX_STEPS = "ACCUMGUARD_MAX_STEPS"
 
 # fp32: two fp32 runs that add the same numbers in different orders (K partial sums,
 # the ranks' reduction) each sit within a few 1e-7 of the exact update; over a few
@@ -655,21 +654,29 @@ def _least_precise(dtypes: Sequence[str]) -> str | None:
 
 
 # ----------------------------------------------------------------------------- running
-def _observer_env(observe_dir: Path) -> dict[str, str]:
-    """The environment that makes every Python process of the command load the observer."""
-    from accumguard.runtime.watch import observer_env  # the one observation layer's bootstrap
+_HOOKS_BOOTSTRAP = Path(__file__).resolve().parent / "_invariance_bootstrap"
 
-    return observer_env(observe_dir)
+
+def _observer_env(observe_dir: Path, opts: InvarianceOptions) -> dict[str, str]:
+    """The environment that makes every Python process of the command load the observer
+    (recording updates, stopping after ``opts.steps`` steps) and invariance's seed/dropout
+    hook, whose bootstrap the observer's bootstrap runs next (it chains)."""
+    from accumguard.runtime.watch import BOOTSTRAP_DIR, observed_env
+
+    env = observed_env(os.environ, observe_dir, record_updates=True, max_steps=opts.steps)
+    parts = env.get("PYTHONPATH", "").split(os.pathsep)
+    at = parts.index(str(BOOTSTRAP_DIR)) + 1 if str(BOOTSTRAP_DIR) in parts else 0
+    parts.insert(at, str(_HOOKS_BOOTSTRAP))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in parts if p)
+    return env
 
 
 def _child_env(opts: InvarianceOptions, k: int, mb: int | None, observe_dir: Path
                ) -> dict[str, str]:
     env = dict(os.environ)
-    env.update(_observer_env(observe_dir))
+    env.update(_observer_env(observe_dir, opts))
     env.update({
         ENV_K: str(k),
-        ENV_RECORD_UPDATES: "1",
-        ENV_MAX_STEPS: str(opts.steps),
         ENV_SEED: str(opts.seed),
         "PYTHONHASHSEED": str(opts.seed),
         "PYTHONUNBUFFERED": "1",
@@ -679,6 +686,7 @@ def _child_env(opts: InvarianceOptions, k: int, mb: int | None, observe_dir: Pat
         env[ENV_BATCH] = str(opts.batch)
     else:
         env.pop(ENV_MB, None)
+        env.pop(ENV_BATCH, None)
     if opts.no_dropout:
         env[ENV_NO_DROPOUT] = "1"
     else:
@@ -764,8 +772,8 @@ def _describe_exit(code: int) -> str:
 
 
 def run_invariance(opts: InvarianceOptions, *, stream: TextIO | None = None,
-                   findings_for: Callable[[Path], tuple[list[dict[str, Any]], str]] | None = None
-                   ) -> InvarianceReport:
+                   findings_for: Callable[[RunRecord], tuple[list[dict[str, Any]], str]]
+                   | None = None) -> InvarianceReport:
     """Run the command once per K, load the recordings, compare with the first K.
 
     Raises :class:`ConfigError` for bad input before anything runs, and
@@ -775,6 +783,7 @@ def run_invariance(opts: InvarianceOptions, *, stream: TextIO | None = None,
     it is called for every run that diverged.
     """
     stream = stream if stream is not None else sys.stderr
+    findings_for = findings_for if findings_for is not None else watch_findings
     notes = check_command(opts.command, batch=opts.batch)
     for n in notes:  # printed now: they matter most when the run then fails
         print(f"accumguard invariance: warning: {n}", file=stream, flush=True)
@@ -809,18 +818,17 @@ def run_invariance(opts: InvarianceOptions, *, stream: TextIO | None = None,
         report = build_report(runs, command=opts.command, batch=opts.batch, steps=opts.steps,
                               tolerance=opts.tolerance, no_dropout=opts.no_dropout,
                               warnings_=notes)
-        if findings_for is not None:
-            for comp in report.comparisons:
-                if comp.diverged:
-                    run = next(r for r in runs if r.k == comp.k)
-                    try:
-                        found, text = findings_for(run.observe_dir)
-                    except Exception as exc:  # noqa: BLE001 - findings are an extra, not the verdict
-                        report.warnings.append(f"K={comp.k}: watch findings unavailable "
-                                               f"({type(exc).__name__}: {exc})")
-                        continue
-                    report.findings[comp.k] = found
-                    report.findings_text[comp.k] = text
+        for comp in report.comparisons:
+            if comp.diverged:
+                run = next(r for r in runs if r.k == comp.k)
+                try:
+                    found, text = findings_for(run)
+                except Exception as exc:  # noqa: BLE001 - findings are an extra, not the verdict
+                    report.warnings.append(f"K={comp.k}: watch findings unavailable "
+                                           f"({type(exc).__name__}: {exc})")
+                    continue
+                report.findings[comp.k] = found
+                report.findings_text[comp.k] = text
         report.elapsed_s = time.monotonic() - t0
         return report
     except _Interrupted as exc:
@@ -829,6 +837,33 @@ def run_invariance(opts: InvarianceOptions, *, stream: TextIO | None = None,
     finally:
         if own_tmp is not None:
             own_tmp.cleanup()
+
+
+def watch_findings(run: RunRecord) -> tuple[list[dict[str, Any]], str]:
+    """What ``accumguard watch`` finds in one run's recording (K known: the run's own).
+
+    Returns the findings as dicts (the observation layer's fields plus
+    ``optimizer_step``, 1-based like the rest of this report) and one text line each.
+    """
+    from accumguard.runtime.watch_findings import analyze, load_recordings
+
+    found, _k, _source = analyze(load_recordings(run.observe_dir), k_flag=run.k)
+    out: list[dict[str, Any]] = []
+    lines: list[str] = []
+    for f in found:
+        d = dict(f.as_dict())
+        step = d.get("step")
+        d["optimizer_step"] = step + 1 if isinstance(step, int) else None
+        out.append(d)
+        where = ", ".join(x for x in (
+            f"rank {d['rank']}" if d.get("rank") is not None else "",
+            f"step {d['optimizer_step']}" if d["optimizer_step"] is not None else "",
+            f"micro-step {d['micro']}" if d.get("micro") is not None else "") if x)
+        lines.append(f"{d.get('severity', '?')} {d.get('cls', '?')} ({d.get('title', '')})"
+                     f"{' at ' + where if where else ''}: {d.get('evidence', '')}")
+        if d.get("fix") and d.get("severity") == "error":
+            lines.append(f"  fix: {d['fix']}")
+    return out, "\n".join(lines)
 
 
 def _check_run(run: RunRecord, opts: InvarianceOptions) -> None:
@@ -842,10 +877,12 @@ def _check_run(run: RunRecord, opts: InvarianceOptions) -> None:
             "placeholders) and run again", k=run.k, exit_code=code)
     if run.world_size == 0:
         raise CommandFailedError(
-            f"K={run.k}: the command exited with code 0 but the observation layer recorded "
-            f"nothing in {run.observe_dir}: the command did not start Python with the "
-            "inherited environment (PYTHONPATH), or it resets it. Run the Python launcher "
-            "directly (python, torchrun, deepspeed, accelerate launch)", k=run.k, exit_code=0)
+            f"K={run.k}: the command exited with code 0 but no process of it ran a backward "
+            f"pass or an optimizer step under the observation layer (nothing recorded in "
+            f"{run.observe_dir}). Either the script never trains at this K (too little data "
+            "for one window?), or the command does not start Python with the inherited "
+            "environment (a wrapper that resets PYTHONPATH): run the Python launcher directly "
+            "(python, torchrun, deepspeed, accelerate launch)", k=run.k, exit_code=0)
     if steps == 0:
         raise CommandFailedError(
             f"K={run.k}: the command exited with code 0 but never stepped an optimizer "
