@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from accumguard.static.lint.rules import lint_file
+from accumguard.static.lint import lint_file
 
 CORPUS = Path(__file__).resolve().parents[1] / "lint_corpus"
 SCRIPTS = sorted(CORPUS.glob("*.py"))

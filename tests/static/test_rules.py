@@ -10,8 +10,7 @@ import pytest
 
 from accumguard.cli.lint import lint_main
 from accumguard.static import RULES
-from accumguard.static.lint import lint_source
-from accumguard.static.lint.rules import LintError
+from accumguard.static.lint import LintError, lint_source
 
 
 def codes(src: str) -> list[tuple[str, int]]:
@@ -268,9 +267,9 @@ def test_cli_directory(buggy: Path) -> None:
 
 def test_cli_json(buggy: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert lint_main([str(buggy), "--format", "json"]) == 1
-    data = json.loads(capsys.readouterr().out)
-    assert len(data) == 1
-    item = data[0]
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["schema_version"] == 1 and doc["tool"] == "accumguard lint"
+    (item,) = doc["findings"]
     assert item["code"] == "AG101" and item["line"] == 5 and item["column"] == 5
     assert item["severity"] == "error" and item["failure_class"] == "F1"
     assert item["fix"] and item["message"] and item["path"] == str(buggy)
@@ -324,7 +323,7 @@ def test_cli_no_args_is_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
 def test_cli_output_file(buggy: Path, tmp_path: Path) -> None:
     out = tmp_path / "report.json"
     assert lint_main([str(buggy), "--format", "json", "-o", str(out)]) == 1
-    assert json.loads(out.read_text())[0]["code"] == "AG101"
+    assert json.loads(out.read_text())["findings"][0]["code"] == "AG101"
 
 
 def test_every_rule_is_documented() -> None:
@@ -346,16 +345,58 @@ def test_itertools_accumulate_is_not_accumulation_evidence() -> None:
     ) == []
 
 
-def test_deepspeed_config_found_from_dict_literal() -> None:
-    src = """
+@pytest.mark.parametrize("stage", [0, 1, 2, 3, None])
+def test_deepspeed_config_found_from_dict_literal(stage: int | None) -> None:
+    zero = "" if stage is None else f', "zero_optimization": {{"stage": {stage}}}'
+    src = f"""
     import deepspeed
-    engine, _, _, _ = deepspeed.initialize(model=m, config={"train_batch_size": 8})
+    engine, _, _, _ = deepspeed.initialize(model=m, config={{"train_batch_size": 8,
+        "gradient_clipping": 0.0{zero}}})
     for i, b in enumerate(loader):
         engine.backward(engine(b))
         if (i + 1) % 4 == 0:
             engine.step()
     """
-    assert codes(src) == [("AG109", 7)]
+    # ZeRO-1/2 keep the last micro-batch only with GA 1; ZeRO-0 (the default) and 3 are right
+    assert codes(src) == ([("AG109", 8)] if stage in (1, 2) else [])
+
+
+def test_deepspeed_managed_false_is_the_documented_fix() -> None:
+    src = """
+    import deepspeed
+    cfg = {"train_micro_batch_size_per_gpu": 2, "gradient_clipping": 1.0,
+           "zero_optimization": {"stage": 2}, "managed_gradient_accumulation": False}
+    engine, _, _, _ = deepspeed.initialize(model=m, config=cfg)
+    for i, b in enumerate(loader):
+        engine.backward(engine(b))
+        if (i + 1) % 4 == 0:
+            engine.step()
+    """
+    assert codes(src) == []
+    assert codes(src.replace("False", "True")) == [("AG109", 9)]
+
+
+def test_config_checks_apply_to_dict_literals() -> None:
+    src = """
+    import deepspeed
+    ds_config = {
+        "train_micro_batch_size_per_gpu": 4,
+        "gradient_accumulation_steps": 8,
+        "train_batch_size": 30,
+        "zero_optimization": {"stage": 1},
+    }
+    engine, _, _, _ = deepspeed.initialize(model=m, config=ds_config)
+    """
+    # batch arithmetic (no W fits 30 = 4 x 8 x W) at its key's line; clipping unset at the dict
+    assert codes(src) == [("AG203", 3), ("AG201", 6)]
+    fixed = src.replace('"train_batch_size": 30,', '"train_batch_size": 64, "gradient_clipping": 0.0,')
+    assert codes(fixed) == []
+    # computed values are not judged, a **spread hides keys: no absence-based finding
+    assert codes(src.replace('"train_batch_size": 30,', '"train_batch_size": args.tbs, **extra,')) == []
+    # a key set after the literal counts
+    later = src.replace("    engine, _", '    ds_config["gradient_clipping"] = 1.0\n    engine, _').replace(
+        '"train_batch_size": 30,', "")
+    assert codes(later) == []
 
 
 def test_deepspeed_without_config_in_sight_is_not_guessed() -> None:

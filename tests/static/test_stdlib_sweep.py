@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from accumguard.static.lint.rules import LintError, lint_file
+from accumguard.static.lint import LintError, lint_file
 
 MAX_BYTES = 300_000
 

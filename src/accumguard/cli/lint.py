@@ -62,7 +62,8 @@ def build_check_config_parser(prog: str = "accumguard check-config") -> argparse
     """The ``check-config`` argument parser."""
     p = argparse.ArgumentParser(
         prog=prog,
-        description="Check DeepSpeed config files (JSON with comments) for accumulation mistakes.",
+        description="Check DeepSpeed config files (read with hjson, exactly as DeepSpeed reads them) "
+        "for accumulation mistakes.",
     )
     p.add_argument("configs", nargs="+", metavar="CONFIG", help="DeepSpeed JSON config file(s)")
     p.add_argument("--world-size", type=int, metavar="W", help="data-parallel ranks, for the batch arithmetic")
@@ -103,36 +104,41 @@ def _parse(parser: argparse.ArgumentParser,
 
 
 def lint_main(argv: list[str] | None = None) -> int:
-    """Run ``accumguard lint``; return the exit code (0 clean, 1 findings, 2 usage/parse error)."""
-    from accumguard.static.lint.rules import LintError, iter_python_files, lint_file
+    """Run ``accumguard lint``; return the exit code (0 clean, 1 findings, 2 usage/parse error).
+
+    ``--select``/``--ignore`` choose the rules that run (not a filter applied afterwards).
+    Any file that cannot be analysed is reported as ``path:line:col: message`` on stderr
+    and makes the exit code 2; the other files are still checked.
+    """
+    from accumguard.core.errors import LintError
+    from accumguard.static.lint import lint_paths
 
     parser = build_lint_parser()
     parsed = _parse(parser, argv)
     if isinstance(parsed, int):
         return parsed
     args, select, ignore = parsed
-    findings = []
-    errors: list[LintError] = []
-    for path in iter_python_files(args.paths):
-        if not path.exists():
-            errors.append(LintError(str(path), 1, 1, "no such file or directory"))
-            continue
-        try:
-            findings.extend(lint_file(path))
-        except LintError as exc:
-            errors.append(exc)
-    findings = filter_findings(findings, select=select or None, ignore=ignore or None)
+    try:
+        findings, errors = lint_paths(args.paths, select=select or None, ignore=ignore or None)
+    except (LintError, OSError, MemoryError, RecursionError) as exc:  # last line of defence
+        print(f"{parser.prog}: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_ERROR
     for err in errors:
         print(f"{err.path}:{err.line}:{err.col}: {err.message}", file=sys.stderr)
-    _emit(render(findings, args.format), args.output)
+    _emit(render(findings, args.format, tool="accumguard lint"), args.output)
     if errors:
         return EXIT_ERROR
     return EXIT_FINDINGS if findings else EXIT_CLEAN
 
 
 def check_config_main(argv: list[str] | None = None) -> int:
-    """Run ``accumguard check-config``; return the exit code (0 clean, 1 findings, 2 usage/parse error)."""
-    from accumguard.core.errors import ConfigError
+    """Run ``accumguard check-config``; return the exit code (0 clean, 1 findings, 2 usage/parse error).
+
+    Configs are read exactly as DeepSpeed reads them (hjson, duplicate keys refused);
+    a config DeepSpeed could not read, a missing file, a file nested too deeply or too
+    large are reported on stderr with their position and exit code 2.
+    """
+    from accumguard.core.errors import ConfigError, LintError
     from accumguard.static.dsconfig import check_config, load_config
 
     parser = build_check_config_parser()
@@ -150,8 +156,12 @@ def check_config_main(argv: list[str] | None = None) -> int:
     for path in args.configs:
         try:
             cfg = load_config(path)
+        except LintError as exc:
+            print(f"{exc.path}:{exc.line}:{exc.col}: {exc.message}", file=sys.stderr)
+            failed = True
+            continue
         except ConfigError as exc:
-            print(str(exc) if str(exc).startswith(path) else f"{path}:1:1: {exc}", file=sys.stderr)
+            print(f"{path}:1:1: {exc}", file=sys.stderr)
             failed = True
             continue
         findings.extend(
@@ -163,7 +173,7 @@ def check_config_main(argv: list[str] | None = None) -> int:
             )
         )
     findings = filter_findings(findings, select=select or None, ignore=ignore or None)
-    _emit(render(findings, args.format), args.output)
+    _emit(render(findings, args.format, tool="accumguard check-config"), args.output)
     if failed:
         return EXIT_ERROR
     return EXIT_FINDINGS if findings else EXIT_CLEAN

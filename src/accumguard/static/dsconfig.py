@@ -19,48 +19,77 @@ Facts encoded here (checked against DeepSpeed 0.19.8):
   ``data_types.grad_accum_dtype`` is ``"fp32"``.
 * ZeRO-2/3 reduce gradients on every micro-step when GA > 1.
 
-DeepSpeed reads its config with hjson, so users write comments and trailing
-commas; :func:`load_config` tolerates both without needing the hjson package
-and reports syntax errors at the line of the *original* text.
+DeepSpeed reads a config file with ``hjson.load(..., object_pairs_hook=<refuse
+duplicate keys>)``; :func:`load_config` does exactly the same, so it accepts what
+DeepSpeed accepts (comments, trailing commas, unquoted keys and values, omitted
+root braces) and refuses what DeepSpeed refuses (duplicate keys, at any depth).
+A separate iterative scan of the text keeps each key's original line for the
+findings and refuses, with a clear error, inputs that are nested too deeply or
+too large to be a config (DeepSpeed itself would die in a ``RecursionError``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
-import json
 import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from accumguard.core.errors import ConfigError
+import hjson
+
+from accumguard.core.errors import ConfigError, LintError
 from accumguard.static.findings import RULES, Finding, Severity
 
 __all__ = [
     "ConfigDict",
     "ConfigParseError",
+    "MAX_BYTES",
+    "MAX_DEPTH",
+    "UNKNOWN",
     "check_config",
     "load_config",
+    "managed_accumulation",
     "parse_config_text",
     "resolved_accumulation_steps",
+    "zero_stage",
 ]
 
 AUTO = "auto"
+UNKNOWN_MARK = "<unknown>"  # a batch value computed in the script (see UNKNOWN)
 
 
-class ConfigParseError(ConfigError):
-    """The config text is not JSON (even after removing comments and trailing commas).
+class ConfigParseError(LintError):
+    """The config text cannot be read as DeepSpeed reads it (hjson syntax error,
+    duplicate key, not an object, nested too deeply, too large).
 
     ``line``/``col`` are 1-based positions in the original text.
     """
 
     def __init__(self, message: str, *, path: str | None, line: int, col: int) -> None:
-        self.path = path
-        self.line = line
-        self.col = col
-        where = f"{path or '<config>'}:{line}:{col}"
-        super().__init__(f"{where}: {message}")
+        super().__init__(path or "<config>", line, col, message)
+
+
+class _Unknown:
+    """A value the static analysis cannot know (a config written in a script as
+    ``{"train_micro_batch_size_per_gpu": args.bs}``): checks neither validate nor
+    use it, but the key counts as present."""
+
+    _instance: _Unknown | None = None
+
+    def __new__(cls) -> _Unknown:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "<unknown>"
+
+
+#: The one :class:`_Unknown` value.
+UNKNOWN = _Unknown()
 
 
 class ConfigDict(dict[str, Any]):
@@ -68,11 +97,14 @@ class ConfigDict(dict[str, Any]):
 
     ``key_lines`` maps a key path tuple (``("zero_optimization", "stage")``) to
     the 1-based line of that key in the source text, so findings can point at
-    it; ``source`` is the file path, if any.
+    it; ``source`` is the file path, if any. ``partial`` is True when the
+    config may hold keys we cannot see (a dict literal with ``**base``): checks
+    that fire on an *absent* key are then skipped.
     """
 
     key_lines: dict[tuple[str, ...], int]
     source: str | None
+    partial: bool
 
     def __init__(
         self,
@@ -80,120 +112,228 @@ class ConfigDict(dict[str, Any]):
         *,
         key_lines: dict[tuple[str, ...], int] | None = None,
         source: str | None = None,
+        partial: bool = False,
     ) -> None:
         super().__init__(data)
         self.key_lines = key_lines or {}
         self.source = source
+        self.partial = partial
 
 
 # --------------------------------------------------------------------------- parsing
 
+#: Deeper than this is no DeepSpeed config (real ones nest 3-4 levels); hjson's
+#: recursive decoder (and so DeepSpeed) fails with RecursionError a few hundred deeper.
+MAX_DEPTH = 100
+#: Real configs are a few KB; beyond this the file is not a config (and the pure-Python
+#: hjson decoder would take seconds).
+MAX_BYTES = 1 << 20
 
-def _strip_comments_and_trailing_commas(text: str) -> str:
-    """Blank out ``//``, ``#`` and ``/* */`` comments and trailing commas.
+_WS = frozenset(" \t\r\n\ufeff")
+_LITERAL = re.compile(r"(?:-?\d[\d.eE+\-]*|true|false|null)[ \t]*(?=[,\]}]|#|//|/\*|$)")
 
-    Every removed character becomes a space (newlines are kept), so offsets and
-    line numbers in the result are those of the original text, which lets a
-    ``json`` error point at the user's line.
+
+class _Scan:
+    """One iterative pass over hjson text: key lines, duplicate keys, nesting depth.
+
+    Never recursive (so any depth is safe) and never raises on malformed text: it
+    gives up quietly and the hjson decoder reports the syntax error. It follows
+    hjson's grammar closely enough to attribute lines; the decoder stays the judge
+    of what is valid.
     """
-    out = list(text)
-    n = len(text)
-    i = 0
-    last_sig = -1  # index in `out` of the last significant (non-blank) character
-    while i < n:
-        c = text[i]
-        if c == '"':
-            last_sig = i
-            i += 1
-            while i < n and text[i] != '"':
-                if text[i] == "\\":
-                    i += 1
-                if i < n and text[i] == "\n":
-                    break  # unterminated string: let json report it
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.key_lines: dict[tuple[str, ...], int] = {}
+        self.duplicates: list[tuple[tuple[str, ...], int, int]] = []
+        self.max_depth = 0
+        self.deepest_line = 1
+        with contextlib.suppress(IndexError, ValueError):  # malformed: the decoder says where
+            self._run()
+
+    def _line(self, pos: int) -> int:
+        return self.text.count("\n", 0, pos) + 1
+
+    def _skip(self, i: int) -> int:
+        t, n = self.text, len(self.text)
+        while i < n:
+            c = t[i]
+            if c in _WS:
                 i += 1
-            last_sig = min(i, n - 1)
-            i += 1
-            continue
-        if c == "#" or (c == "/" and i + 1 < n and text[i + 1] == "/"):
-            while i < n and text[i] != "\n":
-                out[i] = " "
-                i += 1
-            continue
-        if c == "/" and i + 1 < n and text[i + 1] == "*":
-            end = text.find("*/", i + 2)
-            stop = n if end < 0 else end + 2
-            for j in range(i, stop):
-                if out[j] != "\n":
-                    out[j] = " "
-            i = stop
-            continue
-        if c in "}]" and last_sig >= 0 and out[last_sig] == ",":
-            out[last_sig] = " "
-        if not c.isspace():
-            last_sig = i
-        i += 1
-    return "".join(out)
-
-
-_TOKEN = re.compile(r'"(?:[^"\\\n]|\\.)*"|[{}\[\]:,]')
-
-
-def _key_lines(clean: str) -> dict[tuple[str, ...], int]:
-    """Map each object key path to its line, by a light scan of the (valid) JSON text."""
-    lines: dict[tuple[str, ...], int] = {}
-    # stack of (path, is_object, current_key)
-    stack: list[list[Any]] = []
-    tokens = list(_TOKEN.finditer(clean))
-    for idx, m in enumerate(tokens):
-        tok = m.group()
-        if tok in "{[":
-            if stack:
-                parent_path, parent_is_obj, key = stack[-1]
-                path = (*parent_path, key) if parent_is_obj and key is not None else (*parent_path, "[]")
+            elif c == "#" or t.startswith("//", i):
+                j = t.find("\n", i)
+                i = n if j < 0 else j + 1
+            elif t.startswith("/*", i):
+                j = t.find("*/", i + 2)
+                i = n if j < 0 else j + 2
             else:
-                path = ()
-            stack.append([path, tok == "{", None])
-        elif tok in "}]":
-            if stack:
-                stack.pop()
-        elif tok.startswith('"') and stack and stack[-1][1]:
-            nxt = tokens[idx + 1].group() if idx + 1 < len(tokens) else ""
-            if nxt == ":":
-                try:
-                    key = json.loads(tok)
-                except ValueError:
-                    key = tok.strip('"')
-                stack[-1][2] = key
-                lines.setdefault((*stack[-1][0], key), clean.count("\n", 0, m.start()) + 1)
-    return lines
+                break
+        return i
+
+    def _string(self, i: int) -> tuple[str, int]:
+        """A quoted string at ``i``; return (value, index after it)."""
+        t = self.text
+        if t.startswith("\'\'\'", i):
+            j = t.find("\'\'\'", i + 3)
+            j = len(t) if j < 0 else j
+            return t[i + 3:j], j + 3
+        q = t[i]
+        j = i + 1
+        out: list[str] = []
+        while j < len(t) and t[j] != q:
+            if t[j] == "\\":
+                j += 1
+            if t[j] == "\n":
+                raise ValueError("unterminated string")
+            out.append(t[j])
+            j += 1
+        return "".join(out), j + 1
+
+    def _run(self) -> None:
+        t, n = self.text, len(self.text)
+        # frame: [path, is_object, keys seen {key: line}, current key]
+        stack: list[list[Any]] = []
+        i = self._skip(0)
+        if i < n and t[i] not in "{[":
+            stack.append([(), True, {}, None])  # hjson: root braces may be omitted
+        while True:
+            i = self._skip(i)
+            if i >= n:
+                return
+            c = t[i]
+            frame = stack[-1] if stack else None
+            if c == ",":
+                i += 1
+                continue
+            if c in "}]":
+                if stack:
+                    stack.pop()
+                i += 1
+                continue
+            if frame is not None and frame[1] and frame[3] is None:
+                # a key: quoted, or every character up to the colon
+                if c in "\"'":
+                    key, i = self._string(i)
+                else:
+                    j = i
+                    while j < n and t[j] not in ":,{}[]\n":
+                        j += 1
+                    key, i = t[i:j].strip(), j
+                i = self._skip(i)
+                if i >= n or t[i] != ":":
+                    return
+                line = self._line(i)
+                path = (*frame[0], key)
+                if key in frame[2]:
+                    self.duplicates.append((path, frame[2][key], line))
+                else:
+                    frame[2][key] = line
+                    self.key_lines.setdefault(path, line)
+                frame[3] = key
+                i += 1
+                continue
+            # a value
+            if c in "{[":
+                if frame is None:
+                    path: tuple[str, ...] = ()
+                elif frame[1]:
+                    path = (*frame[0], frame[3])
+                else:
+                    path = (*frame[0], "[]")
+                stack.append([path, c == "{", {}, None])
+                if len(stack) > self.max_depth:
+                    self.max_depth = len(stack)
+                    self.deepest_line = self._line(i)
+                i += 1
+            elif c in "\"'":
+                _, i = self._string(i)
+            else:
+                eol = t.find("\n", i)
+                eol = n if eol < 0 else eol
+                m = _LITERAL.match(t, i, eol)
+                i = m.end() if m else eol
+            if frame is not None and frame[1]:
+                frame[3] = None
+
+
+class _DuplicateKeys(ValueError):
+    """Raised from hjson's object hook, like DeepSpeed's dict_raise_error_on_duplicate_keys."""
+
+    def __init__(self, keys: list[str]) -> None:
+        self.keys = keys
+        super().__init__(f"Duplicate keys in DeepSpeed config: {keys}")
+
+
+def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        raise _DuplicateKeys([k for k, _ in pairs if k in seen or seen.add(k)])  # type: ignore[func-returns-value]
+    return out
+
+
+def _too_large(size: int, path: str | None) -> ConfigParseError:
+    return ConfigParseError(
+        f"the input is {size / 1e6:.1f} MB; a DeepSpeed config is a few KB (limit "
+        f"{MAX_BYTES // 1024} KB). Check that this is the config you pass to "
+        "deepspeed.initialize(config=...)",
+        path=path, line=1, col=1,
+    )
 
 
 def parse_config_text(text: str, *, path: str | None = None) -> ConfigDict:
-    """Parse DeepSpeed config text (JSON with comments/trailing commas) into a :class:`ConfigDict`.
+    """Parse DeepSpeed config text exactly as DeepSpeed does (hjson, duplicate keys refused)
+    into a :class:`ConfigDict` whose ``key_lines`` point into the original text.
 
-    Raises :class:`ConfigParseError` with the original line and column when
-    the text is not valid, or when the top level is not an object.
+    Raises :class:`ConfigParseError` with the original line and column when DeepSpeed
+    could not read the text, when the top level is not an object, or when the input is
+    nested too deeply or too large to be a config.
     """
-    clean = _strip_comments_and_trailing_commas(text)
-    try:
-        data = json.loads(clean)
-    except json.JSONDecodeError as exc:
+    if len(text) > MAX_BYTES:
+        raise _too_large(len(text), path)
+    scan = _Scan(text)
+    if scan.max_depth > MAX_DEPTH:
         raise ConfigParseError(
-            f"not valid JSON: {exc.msg}. DeepSpeed configs are JSON; comments (//, #, /* */) "
-            "and trailing commas are accepted, unquoted keys and single quotes are not",
-            path=path,
-            line=exc.lineno,
-            col=exc.colno,
+            f"objects/arrays nested {scan.max_depth} levels deep (line {scan.deepest_line}); a "
+            f"DeepSpeed config nests a few levels (limit {MAX_DEPTH}) and DeepSpeed's hjson "
+            "reader fails with RecursionError on such input. Check that this is the right file",
+            path=path, line=scan.deepest_line, col=1,
+        )
+    try:
+        data = hjson.loads(text, object_pairs_hook=_refuse_duplicates)
+    except _DuplicateKeys as exc:
+        if scan.duplicates:
+            key, first, again = scan.duplicates[0]
+            where = ".".join(key)
+            raise ConfigParseError(
+                f"duplicate key `{where}` (lines {first} and {again}); DeepSpeed refuses the "
+                f"config (ValueError: {exc}). Keep one of them",
+                path=path, line=again, col=1,
+            ) from None
+        raise ConfigParseError(f"{exc}; DeepSpeed refuses the config. Keep one of each key",
+                               path=path, line=1, col=1) from None
+    except hjson.HjsonDecodeError as exc:
+        raise ConfigParseError(
+            f"not valid hjson/JSON: {exc.msg}. DeepSpeed reads configs with hjson: comments, "
+            "trailing commas and unquoted keys are fine, but this is not",
+            path=path, line=exc.lineno or 1, col=exc.colno or 1,
         ) from None
+    except RecursionError:
+        raise ConfigParseError(
+            "nested too deeply to read (DeepSpeed's hjson reader fails with RecursionError)",
+            path=path, line=scan.deepest_line, col=1,
+        ) from None
+    except (ValueError, TypeError, IndexError) as exc:  # hjson internals on odd input
+        raise ConfigParseError(f"cannot be read as hjson: {exc}", path=path, line=1, col=1) from None
     if not isinstance(data, dict):
         raise ConfigParseError(
-            f"the top level is a {type(data).__name__}; a DeepSpeed config is a JSON object "
+            f"the top level is a {type(data).__name__}; a DeepSpeed config is an object "
             '({"train_batch_size": ..., ...})',
             path=path,
             line=1,
             col=1,
         )
-    return ConfigDict(data, key_lines=_key_lines(clean), source=path)
+    return ConfigDict(data, key_lines=scan.key_lines, source=path)
 
 
 def load_config(path_or_dict: str | os.PathLike[str] | Mapping[str, Any]) -> ConfigDict:
@@ -202,8 +342,8 @@ def load_config(path_or_dict: str | os.PathLike[str] | Mapping[str, Any]) -> Con
     A dict passes through (copied into a :class:`ConfigDict` without line
     information), so the engine adapter can call this on whatever the user gave
     ``deepspeed.initialize``. A path is read as UTF-8 and parsed with
-    :func:`parse_config_text`. Raises :class:`ConfigParseError` for bad syntax
-    and :class:`~accumguard.core.errors.ConfigError` for a missing file.
+    :func:`parse_config_text`. Raises :class:`ConfigParseError` for text DeepSpeed
+    cannot read and :class:`~accumguard.core.errors.ConfigError` for a missing file.
     """
     if isinstance(path_or_dict, Mapping):
         if isinstance(path_or_dict, ConfigDict):
@@ -211,7 +351,10 @@ def load_config(path_or_dict: str | os.PathLike[str] | Mapping[str, Any]) -> Con
         return ConfigDict(path_or_dict)
     path = os.fspath(path_or_dict)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        p = Path(path)
+        if p.is_file() and p.stat().st_size > MAX_BYTES:
+            raise _too_large(p.stat().st_size, path)  # before reading it all
+        text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(
             f"DeepSpeed config {path!r} does not exist; pass the path of the JSON file you give "
@@ -355,8 +498,10 @@ def resolved_accumulation_steps(
         return _positive_int(ga)
     tbs = cfg.get("train_batch_size")
     micro = cfg.get("train_micro_batch_size_per_gpu")
-    if AUTO in (tbs, micro):
+    if AUTO in (tbs, micro) or UNKNOWN in (tbs, micro):
         return None
+    if getattr(cfg, "partial", False):
+        return None  # GA may hide in the part we cannot see
     tbs_i, micro_i = _positive_int(tbs), _positive_int(micro)
     if tbs_i is not None and micro_i is not None:
         if world_size is None:
@@ -364,6 +509,38 @@ def resolved_accumulation_steps(
         return tbs_i // (micro_i * world_size) or None
     if tbs_i is not None or micro_i is not None:
         return 1
+    return None
+
+
+def zero_stage(cfg: Mapping[str, Any]) -> int | None:
+    """The ZeRO stage DeepSpeed will use (0 when the key is absent), None when unknown."""
+    if getattr(cfg, "partial", False) and "zero_optimization" not in cfg:
+        return None
+    section = cfg.get("zero_optimization")
+    if section is None:
+        return 0
+    if not isinstance(section, Mapping):
+        return None
+    stage = section.get("stage", 0)
+    if isinstance(stage, bool):
+        return None
+    if isinstance(stage, int) and 0 <= stage <= 3:
+        return stage
+    if isinstance(stage, str) and stage.strip() in ("0", "1", "2", "3"):
+        return int(stage)
+    return None
+
+
+def managed_accumulation(cfg: Mapping[str, Any]) -> bool | None:
+    """``managed_gradient_accumulation`` (DeepSpeed default True; False makes every
+    ``step()`` the boundary, so a hand-gated loop is right). None when unknown."""
+    if "managed_gradient_accumulation" not in cfg:
+        return None if getattr(cfg, "partial", False) else True
+    v = cfg["managed_gradient_accumulation"]
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.lower() in ("true", "false"):
+        return v.lower() == "true"
     return None
 
 
@@ -418,6 +595,9 @@ def _check_values(c: _Collector) -> dict[str, int | str | None]:
             vals[key] = None
             continue
         raw = c.cfg[key]
+        if raw is UNKNOWN:
+            vals[key] = UNKNOWN_MARK
+            continue
         if raw == AUTO:
             vals[key] = AUTO
             continue
@@ -437,6 +617,8 @@ def _check_arithmetic(
     c: _Collector, vals: dict[str, int | str | None], world_size: int | None
 ) -> None:
     tbs, micro, ga = (vals[k] for k in _BATCH_KEYS)
+    if UNKNOWN_MARK in (tbs, micro, ga):
+        return  # computed in the script: nothing to check statically
     if AUTO in (tbs, micro, ga):
         autos = [k for k in _BATCH_KEYS if vals[k] == AUTO]
         c.add(
@@ -449,6 +631,8 @@ def _check_arithmetic(
         return
     present = {k: v for k, v in zip(_BATCH_KEYS, (tbs, micro, ga), strict=True) if isinstance(v, int)}
     if not any(k in c.cfg for k in ("train_batch_size", "train_micro_batch_size_per_gpu")):
+        if getattr(c.cfg, "partial", False):
+            return
         c.add(
             "AG201",
             "neither `train_batch_size` nor `train_micro_batch_size_per_gpu` is set; DeepSpeed "
@@ -569,7 +753,8 @@ def _effective_ga_for_costs(
 
 def _check_precision_and_clipping(c: _Collector, ga: int | None) -> None:
     cfg = c.cfg
-    if "gradient_clipping" not in cfg:
+    partial = getattr(cfg, "partial", False)
+    if "gradient_clipping" not in cfg and not partial:
         c.add(
             "AG203",
             "`gradient_clipping` is not set, so DeepSpeed clips the global gradient norm at 1.0; "
@@ -580,6 +765,8 @@ def _check_precision_and_clipping(c: _Collector, ga: int | None) -> None:
     fp16 = _enabled(cfg.get("fp16"))
     if (bf16 or fp16) and ga is not None and ga > 1:
         dtype = _get(cfg, "data_types", "grad_accum_dtype")
+        if dtype is UNKNOWN or (dtype is None and partial):
+            return
         if dtype is None or (isinstance(dtype, str) and dtype.lower() not in ("fp32", "float32")):
             prec = "bf16" if bf16 else "fp16"
             seen = "is not set" if dtype is None else f"is {dtype!r}"
@@ -597,7 +784,7 @@ def _check_zero_costs(c: _Collector, ga: int | None) -> None:
     stage = _positive_int(stage_raw) if stage_raw is not None else None
     if stage not in (2, 3) or ga is None or ga <= 1:
         return
-    if _has(c.cfg, "zero_optimization", "overlap_comm"):
+    if _has(c.cfg, "zero_optimization", "overlap_comm") or getattr(c.cfg, "partial", False):
         return
     c.add(
         "AG205",

@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import Enum
 
+from accumguard.core import taxonomy
+
 
 class Severity(str, Enum):
     """How sure we are that training is wrong.
@@ -50,6 +52,11 @@ class Rule:
     summary: str
     fix: str
 
+    @property
+    def class_title(self) -> str:
+        """The failure class's one-line name, from :mod:`accumguard.core.taxonomy` ("" if none)."""
+        return taxonomy.title(self.failure_class) if self.failure_class else ""
+
 
 @dataclass(frozen=True)
 class Finding:
@@ -74,9 +81,15 @@ class Finding:
 
     @property
     def failure_class(self) -> str:
-        """The mission's failure class (``F1``..``F13``) this code belongs to, or ``""``."""
+        """The failure class (``F1``..``F14``, see core/taxonomy.py) of this code, or ``""``."""
         rule = RULES.get(self.code)
         return rule.failure_class if rule else ""
+
+    @property
+    def class_title(self) -> str:
+        """The failure class's title, read from the taxonomy."""
+        rule = RULES.get(self.code)
+        return rule.class_title if rule else ""
 
     def with_path(self, path: str) -> Finding:
         """Return a copy attributed to ``path`` (findings are built before the path is known)."""
@@ -125,7 +138,7 @@ RULES: dict[str, Rule] = {
             "step the scheduler next to the optimizer step, under the same boundary condition",
         ),
         _rule(
-            "AG104", "mean-of-means-loss", "F5", W, LO,
+            "AG104", "mean-of-means-loss", "F5", W, MED,
             "loss divided by the accumulation steps while the loss is a mean over a variable number "
             "of tokens (padding/ignore_index in sight): this averages per-micro-batch means",
             "sum the per-token loss (reduction='sum') and divide by the number of valid tokens of the "
@@ -166,11 +179,39 @@ RULES: dict[str, Rule] = {
             "`with engine.coalesce_grad_reduction():`",
         ),
         _rule(
-            "AG110", "deepspeed-double-gating", "F13", E, MED,
+            "AG110", "deepspeed-double-gating", "F14", E, MED,
             "engine.step() gated by hand while the DeepSpeed config also accumulates: the engine "
             "counts one micro-step per step() call, so it steps every K x GA micro-batches",
             "let the engine gate: call engine.step() after every engine.backward() and drop the manual "
             "boundary condition",
+        ),
+        _rule(
+            "AG111", "sync-flag-polarity", "F11", E, HI,
+            "gradient sync flag (FSDP2 set_requires_gradient_sync / DDP require_backward_grad_sync) "
+            "inverted, or switched off and never switched back on",
+            "sync on the last micro-step of each window only: "
+            "`model.set_requires_gradient_sync(is_last)` before its forward, with "
+            "`is_last = (i + 1) % K == 0`",
+        ),
+        _rule(
+            "AG112", "loss-divided-by-world", "F10", E, MED,
+            "loss divided by the world size before backward under DDP/FSDP, which already averages "
+            "over ranks",
+            "drop the division by the world size: DDP/FSDP average the gradients over ranks already",
+        ),
+        _rule(
+            "AG113", "rank-local-token-mean", "F6", W, MED,
+            "loss normalised by this rank's own token count under DDP/FSDP: DDP averages "
+            "rank-local means",
+            "all-reduce the window's token count once (dist.all_reduce(n_tokens)) and scale the "
+            "summed loss by world_size / n_tokens_global",
+        ),
+        _rule(
+            "AG114", "scheduler-per-process", "F4", E, HI,
+            "LR scheduler stepped once per process for each optimizer step: the schedule runs "
+            "W times ahead",
+            "step the scheduler once per optimizer step on every rank (each rank owns its scheduler); "
+            "size the schedule in optimizer steps",
         ),
         # ---- config rules (accumguard check-config) ----
         _rule(

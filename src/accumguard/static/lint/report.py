@@ -2,8 +2,10 @@
 
 Text is for people and for editor/CI problem matchers: the first line of each
 finding is exactly ``path:line:col: CODE message``; an indented ``help:`` line
-follows unless ``concise`` is set. JSON is a flat list for scripts. SARIF is
-what GitHub code scanning and most IDEs ingest.
+follows unless ``concise`` is set. JSON is one object, ``{"schema_version": 1,
+"tool", "tool_version", "findings": [...]}`` (the same version key as the audit's
+JSON; schema in tests/static/lint_output.schema.json). SARIF 2.1.0 is what GitHub
+code scanning and most IDEs ingest. Versions come from the installed package.
 """
 
 from __future__ import annotations
@@ -14,9 +16,20 @@ from typing import Any
 
 from accumguard.static.findings import RULES, Finding, Severity
 
-__all__ = ["FORMATS", "render"]
+__all__ = ["FORMATS", "JSON_SCHEMA_VERSION", "render", "tool_version"]
 
 FORMATS = ("text", "concise", "json", "sarif")
+JSON_SCHEMA_VERSION = 1
+
+
+def tool_version() -> str:
+    """The installed accumguard version (``0+unknown`` from a source tree that is not installed)."""
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+
+        return version("accumguard")
+    except (ImportError, PackageNotFoundError):
+        return "0+unknown"
 
 _SARIF_LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "note"}
 
@@ -32,7 +45,8 @@ def render_text(findings: Sequence[Finding], *, concise: bool = False) -> str:
         key = f" [{f.key}]" if f.key and f.line is None else ""
         lines.append(f"{_loc(f)}: {f.code} {f.message}{key}")
         if not concise:
-            lines.append(f"  help: {f.fix}")
+            cls = f" [{f.failure_class}: {f.class_title}]" if f.failure_class else ""
+            lines.append(f"  help: {f.fix}{cls}")
     if findings:
         n_err = sum(f.severity is Severity.ERROR for f in findings)
         lines.append(
@@ -48,6 +62,7 @@ def _as_dict(f: Finding) -> dict[str, Any]:
         "code": f.code,
         "name": rule.name if rule else None,
         "failure_class": f.failure_class or None,
+        "failure_class_title": f.class_title or None,
         "severity": f.severity.value,
         "confidence": f.confidence.value,
         "message": f.message,
@@ -61,12 +76,19 @@ def _as_dict(f: Finding) -> dict[str, Any]:
     }
 
 
-def render_json(findings: Sequence[Finding]) -> str:
-    """A JSON array of finding objects (stable field names; ``null`` where unknown)."""
-    return json.dumps([_as_dict(f) for f in findings], indent=2) + "\n"
+def render_json(findings: Sequence[Finding], *, tool: str = "accumguard lint") -> str:
+    """One JSON object: schema version, tool, tool version and the findings (stable field
+    names; ``null`` where unknown)."""
+    doc = {
+        "schema_version": JSON_SCHEMA_VERSION,
+        "tool": tool,
+        "tool_version": tool_version(),
+        "findings": [_as_dict(f) for f in findings],
+    }
+    return json.dumps(doc, indent=2) + "\n"
 
 
-def render_sarif(findings: Sequence[Finding], *, tool_version: str = "0.1.0") -> str:
+def render_sarif(findings: Sequence[Finding], *, version: str | None = None) -> str:
     """A SARIF 2.1.0 log with one run; every rule used is described in the driver."""
     used = sorted({f.code for f in findings})
     rules = []
@@ -85,6 +107,7 @@ def render_sarif(findings: Sequence[Finding], *, tool_version: str = "0.1.0") ->
                 "defaultConfiguration": {"level": _SARIF_LEVEL[r.severity]},
                 "properties": {
                     "failureClass": r.failure_class,
+                    "failureClassTitle": r.class_title,
                     "confidence": r.confidence.value,
                 },
             }
@@ -123,7 +146,7 @@ def render_sarif(findings: Sequence[Finding], *, tool_version: str = "0.1.0") ->
                 "tool": {
                     "driver": {
                         "name": "accumguard",
-                        "version": tool_version,
+                        "version": version or tool_version(),
                         "informationUri": "https://github.com/accumguard/accumguard",
                         "rules": rules,
                     }
@@ -135,10 +158,10 @@ def render_sarif(findings: Sequence[Finding], *, tool_version: str = "0.1.0") ->
     return json.dumps(log, indent=2) + "\n"
 
 
-def render(findings: Sequence[Finding], fmt: str) -> str:
+def render(findings: Sequence[Finding], fmt: str, *, tool: str = "accumguard lint") -> str:
     """Dispatch on ``fmt`` (one of :data:`FORMATS`)."""
     if fmt == "json":
-        return render_json(findings)
+        return render_json(findings, tool=tool)
     if fmt == "sarif":
         return render_sarif(findings)
     if fmt in ("text", "concise"):

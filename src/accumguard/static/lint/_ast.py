@@ -1,0 +1,174 @@
+"""Small, pure AST helpers and the identifier patterns the lint rules share.
+
+Kept apart from the rules so that each rule module reads as the decision it
+makes, not as tree plumbing. Nothing here knows about findings.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+
+LOOPS = (ast.For, ast.AsyncFor, ast.While)
+SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef)
+
+#: identifiers that show accumulation is going on
+ACCUM_RE = re.compile(
+    r"grad(ient)?s?_?acc|accum|micro_?(batch|step|bs)|n_?micro|num_?micro|_micro$|^micro"
+)
+#: identifiers that, in an ``if`` test, mean "this is the boundary"
+BOUNDARY_RE = re.compile(
+    r"last|boundary|sync|final"
+    r"|(should|do|take|need|time_to|ready_to|is)_?(to_)?(step|update|optim|apply)"
+    r"|(step|update|optim)_?now"
+)
+#: boundary names whose truth means "this *is* the boundary" (used for polarity)
+POSITIVE_BOUNDARY_RE = re.compile(
+    r"^(is_)?last|_last|boundary|sync_grad|should_sync|do_sync|final|ready"
+    r"|(should|do|take|need|time_to|ready_to|is)_?(to_)?(step|update|optim|apply)"
+    r"|(step|update|optim)_?now"
+)
+OPTIM_RE = re.compile(r"optim|^opt(_|\d|$)|_opt(\d*)$|^o?pt?imi[sz]er")
+SCHED_RE = re.compile(r"sched|^lr_?s|warmup")
+ENGINE_RE = re.compile(r"engine")
+SCALER_RE = re.compile(r"scaler")
+WORLD_RE = re.compile(
+    r"world|get_world_size|num_processes|nprocs|n_gpu|num_gpus|n_ranks|num_ranks|dp_size"
+    r"|data_parallel_size"
+)
+#: identifiers of a per-micro-batch / per-rank count of valid tokens or samples
+COUNT_RE = re.compile(r"tok|count|valid|mask|num_items|n_items|denom|n_label|num_label|nonpad")
+#: identifiers that say a count covers the whole window or all ranks (the right normaliser)
+GLOBAL_COUNT_RE = re.compile(r"global|total|window|all_?reduce|step_tok|per_step|batch_tok")
+FRAMEWORK_BACKWARD = frozenset({"accelerator", "fabric", "self", "autograd", "torch", "amp"})
+CLIP_FUNCS = frozenset(
+    {"clip_grad_norm_", "clip_grad_value_", "clip_grad_norm", "clip_gradients", "clip_grad_value"}
+)
+UNSCALE_FUNCS = frozenset({"unscale_", "unscale_gradients"})
+OPTIMIZER_CLASSES = frozenset(
+    {"sgd", "adam", "adamw", "adagrad", "adadelta", "adamax", "nadam", "radam", "rmsprop", "lbfgs",
+     "sparseadam", "adafactor", "lion", "lamb", "fusedadam", "deepspeedcpuadam", "adamw8bit",
+     "paged_adamw", "muon", "optimizers", "configure_optimizers", "create_optimizer"}
+)
+#: the tensor being all-reduced is a gradient (not grad_input/grad_output of a custom autograd op)
+GRAD_TENSOR_RE = re.compile(r"^(grad|grads|gradients?|flat_grads?|grad_buf\w*|\w+_grads?)$")
+WINDOW_FUNCS = frozenset({"training_step", "train_step"})
+DDP_WRAPPERS = frozenset(
+    {"DistributedDataParallel", "DDP", "fully_shard", "FullyShardedDataParallel", "FSDP"}
+)
+
+
+def dotted(node: ast.AST | None) -> str | None:
+    """``a.b.c`` for a Name/Attribute chain; ``a.b()`` style calls give ``a.b()``; else None."""
+    parts: list[str] = []
+    while True:
+        if isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        elif isinstance(node, ast.Name):
+            parts.append(node.id)
+            return ".".join(reversed(parts))
+        elif isinstance(node, ast.Call) and not node.args and not node.keywords:
+            inner = dotted(node.func)
+            if inner is None:
+                return None
+            parts.append(inner + "()")
+            return ".".join(reversed(parts))
+        else:
+            return None
+
+
+def last_part(name: str | None) -> str:
+    """Last identifier of a dotted name, lower-cased (``self.optimizer`` -> ``optimizer``)."""
+    if not name:
+        return ""
+    return name.rsplit(".", 1)[-1].rstrip("()").lower()
+
+
+def identifiers(node: ast.AST) -> Iterator[str]:
+    """Every identifier in ``node`` (names, attributes, args, keywords), lower-cased."""
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Name):
+            yield sub.id.lower()
+        elif isinstance(sub, ast.Attribute):
+            yield sub.attr.lower()
+        elif isinstance(sub, ast.arg) or isinstance(sub, ast.keyword) and sub.arg:
+            yield sub.arg.lower()
+
+
+def walk_local(node: ast.AST) -> Iterator[ast.AST]:
+    """Like :func:`ast.walk` but does not enter nested function/class/lambda definitions."""
+    stack = [node]
+    while stack:
+        cur = stack.pop()
+        yield cur
+        for child in ast.iter_child_nodes(cur):
+            if isinstance(child, SCOPES):
+                continue
+            stack.append(child)
+
+
+def local_identifiers(node: ast.AST) -> Iterator[str]:
+    """:func:`identifiers` without entering nested scopes."""
+    for sub in walk_local(node):
+        if isinstance(sub, ast.Name):
+            yield sub.id.lower()
+        elif isinstance(sub, ast.Attribute):
+            yield sub.attr.lower()
+        elif isinstance(sub, ast.arg) or isinstance(sub, ast.keyword) and sub.arg:
+            yield sub.arg.lower()
+
+
+def call_attr(call: ast.Call) -> str | None:
+    """The method/function name of a call: ``x.y.step(...)`` -> ``step``, ``f(...)`` -> ``f``."""
+    if isinstance(call.func, ast.Attribute):
+        return call.func.attr
+    if isinstance(call.func, ast.Name):
+        return call.func.id
+    return None
+
+
+def receiver(call: ast.Call) -> ast.AST | None:
+    """The object a method is called on (``a.b`` for ``a.b.step()``), None for a plain call."""
+    return call.func.value if isinstance(call.func, ast.Attribute) else None
+
+
+def is_backward(call: ast.Call) -> bool:
+    """``x.backward(...)`` or Lightning's ``self.manual_backward(...)``."""
+    return isinstance(call.func, ast.Attribute) and call.func.attr in ("backward", "manual_backward")
+
+
+def terminates(body: list[ast.stmt]) -> bool:
+    """The block ends by leaving the iteration (continue/return/break/raise)."""
+    return bool(body) and isinstance(body[-1], ast.Continue | ast.Return | ast.Break | ast.Raise)
+
+
+def has_mod(node: ast.AST) -> bool:
+    """A numeric ``%`` somewhere in ``node`` (string formatting excluded)."""
+    for sub in ast.walk(node):
+        if (
+            isinstance(sub, ast.BinOp)
+            and isinstance(sub.op, ast.Mod)
+            and not (isinstance(sub.left, ast.Constant) and isinstance(sub.left.value, str | bytes))
+            and not isinstance(sub.left, ast.JoinedStr)
+        ):
+            return True
+    return False
+
+
+def position(node: ast.AST) -> tuple[int, int]:
+    """(line, col) of a node, for ordering."""
+    return getattr(node, "lineno", 0), getattr(node, "col_offset", 0)
+
+
+def names_in(node: ast.AST) -> set[str]:
+    """Dotted names (``loss``, ``self.loss``) read or written anywhere in ``node``."""
+    out: set[str] = set()
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Name | ast.Attribute):
+            d = dotted(sub)
+            if d:
+                out.add(d)
+    return out

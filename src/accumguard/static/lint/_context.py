@@ -1,0 +1,812 @@
+"""What every lint rule needs to know about one file, computed once.
+
+:class:`FileContext` walks the tree once (the parent map and the nodes by type),
+then answers the questions the rules ask — "which loops are accumulation
+windows?", "is this call only reached at the boundary?", "what is this
+object?", "which DeepSpeed config does the script use?" — caching each answer
+per node or scope so that the whole analysis stays linear in the file size
+(a 5 MB script is linted in seconds). Rules never walk the whole tree on their
+own; they ask the context.
+
+How "inside the accumulation window" is decided (docs/rules.md has the user's
+version):
+
+1. A *window* is the innermost loop whose body (not counting nested function or
+   class definitions) calls ``.backward(`` (``loss.backward()``,
+   ``scaler.scale(loss).backward()``, ``accelerator.backward(loss)``,
+   ``engine.backward(loss)``, ``self.manual_backward(loss)``). A function named
+   ``training_step``/``train_step`` that calls backward outside any loop is a
+   window too: the framework calls it once per micro-batch.
+2. A window is an *accumulation* window only when the code shows accumulation:
+   an accumulation-like name, a modulo in an ``if`` that gates a step,
+   ``no_sync`` or ``accelerator.accumulate`` — in the window, its function, its
+   class (or the module, for top-level loops); for a DeepSpeed engine, a config
+   in sight with GA > 1. Names inside an inner loop that only sums losses before
+   one backward do not count: that loop is K = 1.
+3. A call is *guarded* when an enclosing ``if`` (up to the window) tests a
+   boundary, or an earlier ``if <boundary>: continue`` skips it; calls inside
+   ``accelerator.accumulate(...)`` are gated by Accelerate.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from accumguard.static import dsconfig
+from accumguard.static.findings import RULES, Finding
+from accumguard.static.lint._ast import (
+    ACCUM_RE,
+    BOUNDARY_RE,
+    CLIP_FUNCS,
+    DDP_WRAPPERS,
+    ENGINE_RE,
+    FRAMEWORK_BACKWARD,
+    FUNCS,
+    LOOPS,
+    OPTIM_RE,
+    OPTIMIZER_CLASSES,
+    POSITIVE_BOUNDARY_RE,
+    SCALER_RE,
+    SCHED_RE,
+    SCOPES,
+    UNSCALE_FUNCS,
+    WINDOW_FUNCS,
+    WORLD_RE,
+    call_attr,
+    dotted,
+    has_mod,
+    identifiers,
+    is_backward,
+    last_part,
+    local_identifiers,
+    receiver,
+    terminates,
+    walk_local,
+)
+
+_DS_BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+_DS_CONFIG_NAME = re.compile(r"ds_?conf|deepspeed_?conf|ds_?cfg|zero_?conf")
+_MAX_JSON_CANDIDATES = 32  # string literals naming a .json file we try to open
+
+
+@dataclass
+class WindowFacts:
+    """The calls of one window that the rules reason about, classified once."""
+
+    window: ast.AST
+    steps: list[tuple[ast.Call, str]] = field(default_factory=list)  # (call, kind)
+    zero_grads: list[tuple[ast.Call, str]] = field(default_factory=list)  # kind: optimizer|model
+    clips: list[ast.Call] = field(default_factory=list)
+    engine_backward: bool = False
+    accumulating: bool = False
+    accelerate: bool = False
+    summed_loss: bool = False
+    #: optimizer steps that run on every micro-step (AG101): the root cause that
+    #: explains the zero_grad/scheduler/clip next to them, which are then not reported
+    unguarded_optimizer_steps: list[ast.Call] = field(default_factory=list)
+    engine_steps_unguarded: bool = False
+
+
+@dataclass(frozen=True)
+class DsConfigRef:
+    """The DeepSpeed config a script uses, as far as it can be read statically."""
+
+    cfg: dsconfig.ConfigDict
+    where: str  # "ds_config.json:4" or "dict literal at line 12"
+    node: ast.AST  # the string literal or the dict
+    literal: bool  # written in the script (its findings belong to the script)
+
+    @property
+    def ga(self) -> int | None:
+        """GA for AG109/AG110: None when absent and not derivable (DeepSpeed then uses 1)."""
+        ga = dsconfig.resolved_accumulation_steps(self.cfg)
+        if "gradient_accumulation_steps" not in self.cfg and ga is None:
+            return None
+        return ga
+
+    @property
+    def stage(self) -> int | None:
+        return dsconfig.zero_stage(self.cfg)
+
+    @property
+    def managed(self) -> bool | None:
+        return dsconfig.managed_accumulation(self.cfg)
+
+
+class FileContext:
+    """Facts about one parsed file, each computed on first use and cached."""
+
+    def __init__(self, tree: ast.Module, path: Path | None) -> None:
+        self.tree = tree
+        self.path = path
+        self.parents: dict[ast.AST, ast.AST] = {}
+        self.nodes: dict[type, list[ast.AST]] = {}
+        wanted = (
+            ast.Call, ast.For, ast.AsyncFor, ast.While, ast.FunctionDef, ast.AsyncFunctionDef,
+            ast.Assign, ast.AnnAssign, ast.AugAssign, ast.NamedExpr, ast.With, ast.AsyncWith,
+            ast.Import, ast.ImportFrom, ast.Dict, ast.Constant, ast.BinOp,
+        )
+        parents = self.parents
+        nodes = self.nodes
+        for node in ast.walk(tree):
+            if isinstance(node, wanted):
+                nodes.setdefault(type(node), []).append(node)
+            for child in ast.iter_child_nodes(node):
+                parents[child] = node
+        self.optimizers: set[str] = set()
+        self.schedulers: set[str] = set()
+        self.engines: set[str] = set()
+        self.deepspeed = False
+        self.ddp_wrapped = False
+        self.explicit_ds_boundary = False
+        self.boundary_flags: set[str] = set()
+        self._assigns: list[tuple[list[str], ast.AST]] = []
+        self._flags_ready = False
+        self._cache: dict[tuple[str, int], Any] = {}
+        self._collect_facts()
+        self.ds_backward_receivers = self._collect_ds_backward_receivers()
+
+    # ---------------------------------------------------------------- nodes and findings
+
+    def of(self, *types: type) -> list[Any]:
+        """Nodes of the given types, in walk order per type."""
+        out: list[ast.AST] = []
+        for t in types:
+            out.extend(self.nodes.get(t, ()))
+        return out
+
+    def finding(self, code: str, node: ast.AST, message: str, fix: str | None = None) -> Finding:
+        """A script finding at ``node`` with the rule's severity, confidence and fix."""
+        rule = RULES[code]
+        return Finding(
+            code=code,
+            severity=rule.severity,
+            message=message,
+            fix=fix or rule.fix,
+            line=getattr(node, "lineno", 1),
+            col=getattr(node, "col_offset", 0) + 1,
+            end_line=getattr(node, "end_lineno", None),
+            end_col=(getattr(node, "end_col_offset", None) or 0) + 1,
+            confidence=rule.confidence,
+        )
+
+    def _cached(self, kind: str, node: ast.AST, compute: Any) -> Any:
+        key = (kind, id(node))
+        if key not in self._cache:
+            self._cache[key] = compute()
+        return self._cache[key]
+
+    def enclosing(self, node: ast.AST, kinds: tuple[type, ...]) -> ast.AST | None:
+        cur = self.parents.get(node)
+        while cur is not None and not isinstance(cur, kinds):
+            cur = self.parents.get(cur)
+        return cur
+
+    def scope_of(self, node: ast.AST) -> ast.AST:
+        """The function around ``node``, or the module."""
+        return self.enclosing(node, FUNCS) or self.tree
+
+    # ---------------------------------------------------------------- facts
+
+    def _collect_facts(self) -> None:
+        assigns: list[tuple[list[str], ast.AST]] = []
+        for node in self.of(ast.Import, ast.ImportFrom, ast.Call, ast.Assign, ast.AnnAssign, ast.NamedExpr):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                mods = [a.name for a in node.names]
+                if isinstance(node, ast.ImportFrom) and node.module:
+                    mods.append(node.module)
+                if any(m.split(".")[0] == "deepspeed" for m in mods):
+                    self.deepspeed = True
+            elif isinstance(node, ast.Call):
+                name = call_attr(node) or ""
+                if name in DDP_WRAPPERS:
+                    self.ddp_wrapped = True
+                if name in ("coalesce_grad_reduction", "set_gradient_accumulation_boundary", "no_sync"):
+                    self.explicit_ds_boundary = True
+            else:
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                value = node.value
+                if value is None:
+                    continue
+                names: list[str] = []
+                for t in targets:
+                    if isinstance(t, ast.Tuple | ast.List):
+                        names.extend(d for d in (dotted(e) for e in t.elts) if d)
+                        self._classify_unpack(t, value)
+                    elif (d := dotted(t)) is not None:
+                        names.append(d)
+                        self._classify_assign(d, value)
+                assigns.append((names, value))
+        self._assigns = assigns
+
+    def _classify_assign(self, target: str, value: ast.AST) -> None:
+        if not isinstance(value, ast.Call):
+            return
+        callee = dotted(value.func) or ""
+        last = last_part(callee)
+        if last in OPTIMIZER_CLASSES or ("optim" in callee.lower() and "sched" not in callee.lower()):
+            if "lr_scheduler" in callee or "sched" in last:
+                self.schedulers.add(target)
+            else:
+                self.optimizers.add(target)
+        elif "sched" in callee.lower() or re.search(
+            r"schedule|^(step|multistep|exponential|cosine|onecycle|lambda|linear)lr", last
+        ):
+            self.schedulers.add(target)
+        elif callee.startswith("deepspeed.") and last == "initialize":
+            self.engines.add(target)
+
+    def _classify_unpack(self, target: ast.Tuple | ast.List, value: ast.AST) -> None:
+        if isinstance(value, ast.Call) and last_part(dotted(value.func)) == "initialize":
+            callee = dotted(value.func) or ""
+            if "deepspeed" in callee or self.deepspeed:
+                elts = target.elts
+                if elts and (d := dotted(elts[0])):
+                    self.engines.add(d)
+                if len(elts) > 1 and (d := dotted(elts[1])):
+                    self.optimizers.add(d)
+                if len(elts) > 3 and (d := dotted(elts[3])):
+                    self.schedulers.add(d)
+
+    def _collect_ds_backward_receivers(self) -> set[str]:
+        out: set[str] = set()
+        if not self.deepspeed:
+            return out
+        for n in self.of(ast.Call):
+            if is_backward(n) and n.args:
+                name = dotted(receiver(n))
+                if name and last_part(name) not in FRAMEWORK_BACKWARD and "scale" not in name:
+                    out.add(name)
+        return out
+
+    def _ensure_boundary_flags(self) -> None:
+        """Names assigned from a boundary test (``is_last = k == K - 1``), to a fixpoint."""
+        if self._flags_ready:
+            return
+        self._flags_ready = True
+        flags = self.boundary_flags
+        for _ in range(4):
+            before = len(flags)
+            for names, value in self._assigns:
+                if names and not flags.issuperset(names) and self._boundary_test_uncached(value):
+                    flags.update(names)
+            if len(flags) == before:
+                break
+
+    # ---------------------------------------------------------------- classification
+
+    def is_boundary_test(self, expr: ast.AST) -> bool:
+        """Does ``expr`` (an ``if`` test) decide "this micro-step is the boundary"?"""
+        self._ensure_boundary_flags()
+        return bool(self._cached("boundary", expr, lambda: self._boundary_test_uncached(expr)))
+
+    def _boundary_test_uncached(self, expr: ast.AST) -> bool:
+        if has_mod(expr):
+            return True
+        for sub in ast.walk(expr):
+            if isinstance(sub, ast.Name | ast.Attribute):
+                d = dotted(sub)
+                if d and d in self.boundary_flags:
+                    return True
+                ident = (sub.id if isinstance(sub, ast.Name) else sub.attr).lower()
+                if BOUNDARY_RE.search(ident) or ACCUM_RE.search(ident):
+                    return True
+            elif isinstance(sub, ast.Call) and call_attr(sub) == "len":
+                # `i == len(loader) - 1`: the last batch, i.e. a boundary
+                parent = self.parents.get(sub)
+                if isinstance(parent, ast.BinOp | ast.Compare):
+                    return True
+        return False
+
+    def boundary_polarity(self, expr: ast.AST) -> bool | None:
+        """True when ``expr`` is truthy exactly at the boundary (``(i+1) % K == 0``,
+        ``is_last``), False when it is truthy exactly off the boundary (``not is_last``,
+        ``i % K != K - 1``, ``micro < K - 1``), None when it cannot be told."""
+        self._ensure_boundary_flags()
+        if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.Not):
+            inner = self.boundary_polarity(expr.operand)
+            return None if inner is None else not inner
+        if isinstance(expr, ast.BoolOp):
+            pols = {self.boundary_polarity(v) for v in expr.values} - {None}
+            return pols.pop() if len(pols) == 1 else None
+        if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Mod):
+            return False  # `(i + 1) % K` is truthy off the boundary
+        if isinstance(expr, ast.Compare) and len(expr.ops) == 1:
+            op = expr.ops[0]
+            sides = (expr.left, expr.comparators[0])
+            if not self._boundary_test_uncached(expr):
+                return None
+            if any(has_mod(s) for s in sides):
+                if isinstance(op, ast.Eq):
+                    return True
+                if isinstance(op, ast.NotEq | ast.Gt):
+                    return False
+                return None
+            if isinstance(op, ast.Eq | ast.GtE | ast.Gt):
+                return True
+            if isinstance(op, ast.NotEq | ast.Lt | ast.LtE):
+                return False
+            return None
+        if isinstance(expr, ast.Name | ast.Attribute | ast.Call):
+            target = expr.func if isinstance(expr, ast.Call) else expr
+            d = dotted(target)
+            ident = last_part(d)
+            if ident and (POSITIVE_BOUNDARY_RE.search(ident) or (d in self.boundary_flags and not ACCUM_RE.search(ident))):
+                if d in self.boundary_flags:
+                    src = self._flag_source(d)
+                    if src is not None:
+                        return self.boundary_polarity(src)
+                return True
+        return None
+
+    def _flag_source(self, name: str) -> ast.AST | None:
+        for names, value in self._assigns:
+            if names == [name]:
+                return value
+        return None
+
+    def kind_of_receiver(self, recv: ast.AST | None) -> str:
+        """'engine' | 'scheduler' | 'optimizer' | 'scaler' | 'other' for the object a method is called on."""
+        name = dotted(recv)
+        if name is None:
+            # e.g. self.optimizers()[0].step() or opts[i].step()
+            if isinstance(recv, ast.Subscript):
+                return self.kind_of_receiver(recv.value)
+            return "other"
+        last = last_part(name)
+        if name in self.engines or ENGINE_RE.search(last):
+            return "engine"
+        if name in self.schedulers or SCHED_RE.search(last):
+            return "scheduler"
+        if name in self.optimizers or OPTIM_RE.search(last):
+            return "optimizer"
+        if SCALER_RE.search(last):
+            return "scaler"
+        if self.deepspeed and name in self.ds_backward_receivers:
+            return "engine"
+        return "other"
+
+    # ---------------------------------------------------------------- windows
+
+    def windows(self) -> list[ast.AST]:
+        """Innermost loops (and window functions) above each backward call."""
+        return self._cached("windows", self.tree, self._windows_uncached)  # type: ignore[no-any-return]
+
+    def _windows_uncached(self) -> list[ast.AST]:
+        out: list[ast.AST] = []
+        seen: set[ast.AST] = set()
+        for call in self.of(ast.Call):
+            if not is_backward(call):
+                continue
+            cur = self.parents.get(call)
+            while cur is not None and not isinstance(cur, LOOPS + SCOPES):
+                cur = self.parents.get(cur)
+            if isinstance(cur, FUNCS) and not (
+                cur.name in WINDOW_FUNCS or cur.name.startswith("training_step")
+            ):
+                continue
+            if cur is None or isinstance(cur, ast.ClassDef | ast.Lambda) or cur in seen:
+                continue
+            seen.add(cur)
+            out.append(cur)
+        # a loop that contains a window loop is not itself a window (nanoGPT: outer loop steps)
+        not_innermost: set[ast.AST] = set()
+        for w in out:
+            if not isinstance(w, LOOPS):
+                continue
+            cur = self.parents.get(w)
+            while cur is not None and not isinstance(cur, SCOPES):
+                if cur in seen:
+                    not_innermost.add(cur)
+                cur = self.parents.get(cur)
+        out = [w for w in out if w not in not_innermost]
+        out.sort(key=lambda n: (getattr(n, "lineno", 0), getattr(n, "col_offset", 0)))
+        return out
+
+    def _inner_summing_loops(self, window: ast.AST) -> list[ast.AST]:
+        """Loops inside ``window`` without a backward that build the loss (``loss += ...``):
+        the micro-batches of such a loop are summed into one graph, one backward: K = 1."""
+        out = []
+        for sub in walk_local(window):
+            if sub is window or not isinstance(sub, LOOPS):
+                continue
+            if any(isinstance(n, ast.Call) and is_backward(n) for n in walk_local(sub)):
+                continue
+            for n in walk_local(sub):
+                tgt: ast.AST | None = None
+                if isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Add):
+                    tgt = n.target
+                elif isinstance(n, ast.Assign) and isinstance(n.value, ast.BinOp) and isinstance(n.value.op, ast.Add):
+                    tgt = n.targets[0]
+                elif isinstance(n, ast.Call) and call_attr(n) == "append":
+                    tgt = receiver(n)
+                if tgt is not None and any("loss" in i for i in identifiers(tgt)):
+                    out.append(sub)
+                    break
+        return out
+
+    def _scope_shows_accumulation(self, node: ast.AST, skip: frozenset[ast.AST] = frozenset()) -> bool:
+        def compute() -> bool:
+            for sub in walk_local(node):
+                if sub in skip:
+                    continue
+                # a modulo that gates a step (not `if i % 100 == 0: print(...)`)
+                if isinstance(sub, ast.If) and has_mod(sub.test) and self._gates_step(sub):
+                    return True
+                if (
+                    isinstance(sub, ast.Call)
+                    and isinstance(sub.func, ast.Attribute)
+                    and sub.func.attr in ("no_sync", "accumulate", "no_backward_sync")
+                    and dotted(sub.func.value) != "itertools"
+                ):
+                    return True
+            idents = local_identifiers(node)
+            if skip:
+                skipped = {i for s in skip for i in local_identifiers(s)}
+                idents = (i for i in local_identifiers(node) if i not in skipped)
+            # bare `accumulate` is itertools.accumulate / index_put_(accumulate=True)
+            return any(ACCUM_RE.search(i) for i in idents if i != "accumulate")
+
+        if skip:
+            return compute()
+        return bool(self._cached("scope_accum", node, compute))
+
+    @staticmethod
+    def _gates_step(node: ast.If) -> bool:
+        for stmt in (*node.body, *node.orelse):
+            for sub in walk_local(stmt):
+                if isinstance(sub, ast.Call) and call_attr(sub) in ("step", "zero_grad"):
+                    return True
+        return terminates(node.body)
+
+    def shows_accumulation(self, window: ast.AST, skip: frozenset[ast.AST] = frozenset()) -> bool:
+        """Does the code around ``window`` show gradient accumulation (see module doc)?"""
+        if self._scope_shows_accumulation(window, skip):
+            return True
+        fn = window if isinstance(window, FUNCS) else self.enclosing(window, FUNCS)
+        if fn is None:
+            return self._scope_shows_accumulation(self.tree, skip)
+        if self._scope_shows_accumulation(fn, skip):
+            return True
+        cls = self.enclosing(fn, (ast.ClassDef,))
+        if cls is not None:
+            return bool(self._cached(
+                "class_accum", cls,
+                lambda: any(ACCUM_RE.search(i) for i in identifiers(cls) if i != "accumulate"),
+            ))
+        return False
+
+    def in_accelerate_accumulate(self, node: ast.AST, window: ast.AST) -> bool:
+        """True when ``node`` is under ``with <x>.accumulate(...)`` (or the window holds one)."""
+        cur: ast.AST | None = node
+        while cur is not None and not isinstance(cur, ast.Module):
+            if isinstance(cur, ast.With | ast.AsyncWith) and any(
+                _is_accumulate_call(item.context_expr) for item in cur.items
+            ):
+                return True
+            cur = self.parents.get(cur)
+        return any(_is_accumulate_call(sub) for sub in walk_local(window))
+
+    def guarded(self, node: ast.AST, window: ast.AST) -> bool:
+        """Is ``node`` only reached at an accumulation boundary (within ``window``)?"""
+        child = node
+        cur = self.parents.get(node)
+        while cur is not None:
+            if isinstance(cur, ast.If | ast.IfExp) and child is not cur.test and self.is_boundary_test(cur.test):
+                return True
+            if isinstance(cur, ast.While) and cur is not window and self.is_boundary_test(cur.test):
+                return True
+            # an earlier `if <boundary>: continue` (or the else branch) in the same block
+            for body_name in ("body", "orelse", "finalbody"):
+                body = getattr(cur, body_name, None)
+                if isinstance(body, list) and child in body:
+                    for prev in body[: body.index(child)]:
+                        if (
+                            isinstance(prev, ast.If)
+                            and (terminates(prev.body) or terminates(prev.orelse))
+                            and self.is_boundary_test(prev.test)
+                        ):
+                            return True
+            if cur is window:
+                return False
+            child = cur
+            cur = self.parents.get(cur)
+        return False
+
+    def window_facts(self, window: ast.AST) -> WindowFacts:
+        """The classified calls of ``window`` and whether it accumulates (cached)."""
+        return self._cached("facts", window, lambda: self._window_facts(window))  # type: ignore[no-any-return]
+
+    def _window_facts(self, window: ast.AST) -> WindowFacts:
+        f = WindowFacts(window)
+        calls = [n for n in walk_local(window) if isinstance(n, ast.Call)]
+        calls.sort(key=lambda n: (n.lineno, n.col_offset))
+        for call in calls:
+            attr = call_attr(call)
+            recv = receiver(call)
+            if attr == "step":
+                kind = self.kind_of_receiver(recv)
+                if kind == "scaler" and call.args:
+                    kind = "optimizer"
+                if kind in ("optimizer", "scheduler", "engine"):
+                    f.steps.append((call, kind))
+            elif attr == "zero_grad" and recv is not None:
+                kind = self.kind_of_receiver(recv)
+                if kind != "engine":
+                    f.zero_grads.append((call, "optimizer" if kind == "optimizer" else "model"))
+            elif attr in CLIP_FUNCS or (attr in UNSCALE_FUNCS and recv is not None):
+                f.clips.append(call)
+            elif is_backward(call) and self.kind_of_receiver(recv) == "engine" and call.args:
+                f.engine_backward = True
+        summing = self._inner_summing_loops(window)
+        f.summed_loss = bool(summing)
+        ds = self.ds_config() if f.engine_backward else None
+        ds_ga = ds.ga if ds is not None else None
+        f.accumulating = self.shows_accumulation(window, frozenset(summing)) or (
+            ds_ga is not None and ds_ga > 1
+        )
+        f.accelerate = self.in_accelerate_accumulate(window, window)
+        f.engine_steps_unguarded = any(
+            k == "engine" and not self.guarded(c, window) for c, k in f.steps
+        )
+        if f.accumulating and not f.accelerate:
+            f.unguarded_optimizer_steps = [
+                c for c, k in f.steps if k == "optimizer" and not self.guarded(c, window)
+            ]
+        return f
+
+    def is_window(self, node: ast.AST) -> bool:
+        windows = self._cached("window_set", self.tree, lambda: set(self.windows()))
+        return node in windows
+
+    # ---------------------------------------------------------------- values by name
+
+    def _derived_names(self, pattern: re.Pattern[str]) -> set[str]:
+        """Names assigned (to a fixpoint) from an expression mentioning ``pattern``:
+        ``size = float(dist.get_world_size())``, ``K = args.grad_accum_steps``."""
+        def compute() -> set[str]:
+            out: set[str] = set()
+            for _ in range(3):
+                before = len(out)
+                for names, value in self._assigns:
+                    if names and len(names) == 1 and names[0] not in out and self._mentions(value, pattern, out):
+                        out.update(names)
+                if len(out) == before:
+                    break
+            return out
+        return self._cached("derived:" + pattern.pattern, self.tree, compute)  # type: ignore[no-any-return]
+
+    @staticmethod
+    def _mentions(expr: ast.AST, pattern: re.Pattern[str], names: set[str]) -> bool:
+        for sub in ast.walk(expr):
+            if isinstance(sub, ast.Name | ast.Attribute):
+                d = dotted(sub)
+                if d is not None and d in names:
+                    return True
+                ident = sub.id if isinstance(sub, ast.Name) else sub.attr
+                if pattern.search(ident.lower()):
+                    return True
+            elif (
+                isinstance(sub, ast.Constant)
+                and isinstance(sub.value, str)
+                and len(sub.value) < 40
+                and pattern.search(sub.value.lower())
+            ):
+                return True
+        return False
+
+    def mentions_world(self, expr: ast.AST) -> bool:
+        """``expr`` is (or is built from) the world size."""
+        return self._mentions(expr, WORLD_RE, self._derived_names(WORLD_RE))
+
+    def mentions_accum(self, expr: ast.AST) -> bool:
+        """``expr`` is (or is built from) the number of accumulation steps."""
+        return self._mentions(expr, ACCUM_RE, self._derived_names(ACCUM_RE))
+
+    # ---------------------------------------------------------------- script-level facts
+
+    def is_training_script(self) -> bool:
+        """A backward and an optimizer step in the same file: a training loop, not library code."""
+        def compute() -> bool:
+            calls = self.of(ast.Call)
+            has_backward = any(is_backward(c) for c in calls)
+            has_step = any(
+                call_attr(c) == "step" and self.kind_of_receiver(receiver(c)) in ("optimizer", "scaler", "engine")
+                for c in calls
+            )
+            return has_backward and has_step
+        return bool(self._cached("training", self.tree, compute))
+
+    def all_reduced_names(self, scope: ast.AST) -> set[str]:
+        """Dotted names passed to an all-reduce in ``scope`` (counts, losses, gradients)."""
+        def compute() -> set[str]:
+            out: set[str] = set()
+            for n in walk_local(scope):
+                if isinstance(n, ast.Call) and call_attr(n) in (
+                    "all_reduce", "all_reduce_coalesced", "reduce", "gather", "all_gather",
+                    "reduce_tensor", "sync_tensor",
+                ) and n.args:
+                    out.update(d for d in (dotted(s) for s in ast.walk(n.args[0])) if d)
+            return out
+        return self._cached("allreduced", scope, compute)  # type: ignore[no-any-return]
+
+    def backward_losses(self, scope: ast.AST) -> list[tuple[ast.Call, set[str]]]:
+        """Each backward call in ``scope`` with the dotted names its loss is built from
+        (``loss.backward()`` -> {loss}; ``scaler.scale(loss).backward()`` -> {loss, scaler};
+        ``accelerator.backward(loss)`` -> {loss})."""
+        def compute() -> list[tuple[ast.Call, set[str]]]:
+            out = []
+            for n in walk_local(scope):
+                if isinstance(n, ast.Call) and is_backward(n):
+                    recv = receiver(n)
+                    src: set[str] = set()
+                    name = dotted(recv)
+                    framework = name is not None and (
+                        last_part(name) in FRAMEWORK_BACKWARD or self.kind_of_receiver(recv) == "engine"
+                    )
+                    if recv is not None and not framework:
+                        src |= {d for d in (dotted(s) for s in ast.walk(recv)) if d}
+                    for a in n.args[:1]:
+                        src |= {d for d in (dotted(s) for s in ast.walk(a)) if d}
+                    out.append((n, src))
+            return out
+        return self._cached("backward_losses", scope, compute)  # type: ignore[no-any-return]
+
+    # ---------------------------------------------------------------- DeepSpeed config
+
+    def ds_config(self) -> DsConfigRef | None:
+        """The DeepSpeed config the script names (a .json path literal or a dict literal)."""
+        return self._cached("ds_config", self.tree, self._find_ds_config)  # type: ignore[no-any-return]
+
+    def ds_config_literals(self) -> list[DsConfigRef]:
+        """Every dict literal (or ``dict(...)`` call) in the script that is a DeepSpeed config."""
+        return self._cached("ds_literals", self.tree, self._ds_literals)  # type: ignore[no-any-return]
+
+    def _ds_literals(self) -> list[DsConfigRef]:
+        out: list[DsConfigRef] = []
+        candidates: list[ast.AST] = list(self.of(ast.Dict))
+        candidates += [c for c in self.of(ast.Call) if isinstance(c.func, ast.Name) and c.func.id == "dict" and c.keywords]
+        for node in candidates:
+            parent = self.parents.get(node)
+            if isinstance(parent, ast.Dict) or (
+                isinstance(parent, ast.keyword)
+                and isinstance(grand := self.parents.get(parent), ast.Call)
+                and dotted(grand.func) == "dict"
+            ):
+                continue  # a nested section: read with its parent
+            keys = _literal_keys(node)
+            named = self._is_config_argument(node) or self._assigned_to_config_name(node)
+            if not (set(keys) & set(_DS_BATCH_KEYS) or ("zero_optimization" in keys and (named or len(keys) > 1))):
+                continue
+            cfg = _config_from_literal(node)
+            if cfg is None:
+                continue
+            self._apply_later_updates(node, cfg)
+            out.append(DsConfigRef(cfg, f"dict literal at line {node.lineno}", node, literal=True))
+        return out
+
+    def _is_config_argument(self, node: ast.AST) -> bool:
+        parent = self.parents.get(node)
+        return isinstance(parent, ast.keyword) and parent.arg in ("config", "config_params", "ds_config")
+
+    def _assigned_to_config_name(self, node: ast.AST) -> bool:
+        parent = self.parents.get(node)
+        if isinstance(parent, ast.Assign | ast.AnnAssign):
+            targets = parent.targets if isinstance(parent, ast.Assign) else [parent.target]
+            return any(_DS_CONFIG_NAME.search(last_part(dotted(t))) for t in targets)
+        return False
+
+    def _apply_later_updates(self, node: ast.AST, cfg: dsconfig.ConfigDict) -> None:
+        """``cfg["gradient_clipping"] = 1.0`` / ``cfg.update(...)`` after ``cfg = {...}``."""
+        parent = self.parents.get(node)
+        if not isinstance(parent, ast.Assign) or len(parent.targets) != 1:
+            return
+        name = dotted(parent.targets[0])
+        if name is None:
+            return
+        for n in self.of(ast.Assign):
+            for t in n.targets:
+                if (
+                    isinstance(t, ast.Subscript)
+                    and dotted(t.value) == name
+                    and isinstance(t.slice, ast.Constant)
+                    and isinstance(t.slice.value, str)
+                ):
+                    cfg[t.slice.value] = _literal_value(n.value)
+                    cfg.key_lines.setdefault((t.slice.value,), n.lineno)
+        for c in self.of(ast.Call):
+            if call_attr(c) in ("update", "setdefault") and dotted(receiver(c)) == name:
+                cfg.partial = True
+
+    def _find_ds_config(self) -> DsConfigRef | None:
+        base = self.path.parent if self.path is not None else None
+        tried = 0
+        for node in self.of(ast.Constant):
+            if (
+                base is None
+                or not isinstance(node.value, str)
+                or len(node.value) >= 300
+                or not re.search(r"\.(h?json|jsonc?)$", node.value)
+            ):
+                continue
+            tried += 1
+            if tried > _MAX_JSON_CANDIDATES:
+                break
+            for cand in (base / node.value, Path(node.value)):
+                try:
+                    if not cand.is_file():
+                        continue
+                    cfg = dsconfig.load_config(cand)
+                except (OSError, ValueError):
+                    continue
+                if not any(k in cfg for k in (*_DS_BATCH_KEYS, "zero_optimization")):
+                    continue
+                line = cfg.key_lines.get(("gradient_accumulation_steps",))
+                return DsConfigRef(cfg, node.value + (f":{line}" if line else ""), node, literal=False)
+        literals = self.ds_config_literals()
+        return literals[0] if literals else None
+
+
+def _is_accumulate_call(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "accumulate"
+
+
+def _literal_keys(node: ast.AST) -> list[str]:
+    if isinstance(node, ast.Dict):
+        return [k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)]
+    if isinstance(node, ast.Call):
+        return [k.arg for k in node.keywords if k.arg]
+    return []
+
+
+def _literal_value(node: ast.AST) -> Any:
+    """The value of a literal; nested dicts keep UNKNOWN for what is computed."""
+    if isinstance(node, ast.Dict) or (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "dict"):
+        sub = _config_from_literal(node)
+        return dsconfig.UNKNOWN if sub is None else dict(sub)
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return dsconfig.UNKNOWN
+
+
+def _config_from_literal(node: ast.AST, prefix: tuple[str, ...] = ()) -> dsconfig.ConfigDict | None:
+    """A :class:`ConfigDict` from a dict literal / ``dict(...)``, with each key's line;
+    computed values become ``UNKNOWN`` and ``**spread`` makes it partial."""
+    items: Iterable[tuple[ast.AST | None, ast.AST, int]]
+    if isinstance(node, ast.Dict):
+        items = [(k, v, (k or v).lineno) for k, v in zip(node.keys, node.values, strict=True)]
+    elif isinstance(node, ast.Call):
+        items = [(ast.Constant(k.arg) if k.arg else None, k.value, k.value.lineno) for k in node.keywords]
+        if node.args:
+            return None
+    else:
+        return None
+    data: dict[str, Any] = {}
+    lines: dict[tuple[str, ...], int] = {}
+    partial = False
+    for k, v, line in items:
+        if k is None:
+            partial = True  # {**base, ...}
+            continue
+        if not (isinstance(k, ast.Constant) and isinstance(k.value, str)):
+            partial = True
+            continue
+        key = k.value
+        lines[(*prefix, key)] = line
+        if isinstance(v, ast.Dict) or (isinstance(v, ast.Call) and isinstance(v.func, ast.Name) and v.func.id == "dict"):
+            sub = _config_from_literal(v, (*prefix, key))
+            if sub is None:
+                data[key] = dsconfig.UNKNOWN
+            else:
+                data[key] = dict(sub)
+                lines.update(sub.key_lines)
+                partial = partial or sub.partial
+        else:
+            data[key] = _literal_value(v)
+    return dsconfig.ConfigDict(data, key_lines=lines, partial=partial)

@@ -1,0 +1,246 @@
+"""Loss-normalisation rules: what the loss is divided by before backward.
+
+The intended gradient is the sum of per-token gradients over the whole window
+and all ranks, divided by the global count N. Three ways to miss it that can be
+seen in the source:
+
+AG104 (F5) the loss is a per-micro-batch token mean and is divided by K: a mean of
+      micro-batch means (wrong whenever micro-batches hold different token counts).
+AG112 (F10) under DDP/FSDP the loss is divided by the world size before backward;
+      DDP already averages over ranks, so the gradient is G / W.
+AG113 (F6) under DDP/FSDP the loss is divided by this rank's own token count, never
+      all-reduced: DDP then averages rank-local means.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+from accumguard.static.findings import Finding
+from accumguard.static.lint._ast import (
+    ACCUM_RE,
+    COUNT_RE,
+    GLOBAL_COUNT_RE,
+    WORLD_RE,
+    call_attr,
+    dotted,
+    identifiers,
+    receiver,
+    walk_local,
+)
+from accumguard.static.lint._context import FileContext
+from accumguard.static.lint.registry import rule
+
+_TOKEN_MEAN_KEYWORDS = frozenset(
+    {"ignore_index", "attention_mask", "loss_mask", "padding_mask", "pad_token_id", "label_mask",
+     "labels_mask", "token_mask", "mask"}
+)
+_TOKEN_MEAN_NAMES = frozenset({"attention_mask", "ignore_index", "loss_mask", "pad_token_id"})
+_NORMALISED_BY_COUNT = ("token", "num_items", "n_items", "count", "n_valid", "num_valid", "denom", "normali")
+_COUNT_CALLS = frozenset({"sum", "count_nonzero", "numel", "nonzero"})
+
+
+def _division(node: ast.AST) -> tuple[ast.AST, ast.AST] | None:
+    """(dividend, divisor) of ``a / b`` or ``a /= b``."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+        return node.left, node.right
+    if isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Div):
+        return node.target, node.value
+    return None
+
+
+def _is_loss(expr: ast.AST) -> bool:
+    return any("loss" in i or i in ("cross_entropy", "nll") for i in identifiers(expr))
+
+
+def _assigned_names(ctx: FileContext, node: ast.AST) -> set[str]:
+    """The names a division's result lands in (``loss = x / W`` -> {loss})."""
+    if isinstance(node, ast.AugAssign):
+        d = dotted(node.target)
+        return {d} if d else set()
+    cur = ctx.parents.get(node)
+    while isinstance(cur, ast.BinOp | ast.UnaryOp | ast.Call | ast.Attribute):
+        cur = ctx.parents.get(cur)
+    if isinstance(cur, ast.Assign):
+        return {d for d in (dotted(t) for t in cur.targets) if d}
+    if isinstance(cur, ast.AnnAssign | ast.AugAssign):
+        d = dotted(cur.target)
+        return {d} if d else set()
+    return set()
+
+
+def _flows_to_backward(ctx: FileContext, node: ast.AST) -> bool:
+    """Is the division part of the loss that is back-propagated (same function)?"""
+    scope = ctx.scope_of(node)
+    targets = _assigned_names(ctx, node)
+    line = getattr(node, "lineno", 0)
+    for call, src in ctx.backward_losses(scope):
+        cur = ctx.parents.get(node)
+        while cur is not None and cur is not scope:
+            if cur is call:
+                return True
+            cur = ctx.parents.get(cur)
+        if targets & src and call.lineno >= line:
+            return True
+    return False
+
+
+def _is_count(divisor: ast.AST) -> bool:
+    """``n_tokens``, ``mask.sum()``, ``(labels != -100).sum()``: a count of this micro-batch/rank."""
+    ids = list(identifiers(divisor))
+    if any(WORLD_RE.search(i) or ACCUM_RE.search(i) or GLOBAL_COUNT_RE.search(i) for i in ids):
+        return False
+    if any(COUNT_RE.search(i) for i in ids):
+        return True
+    for sub in ast.walk(divisor):
+        if isinstance(sub, ast.Call) and call_attr(sub) in _COUNT_CALLS:
+            recv = receiver(sub)
+            if recv is not None and any(isinstance(n, ast.Compare) for n in ast.walk(recv)):
+                return True
+    return False
+
+
+def _under_wrapper_branch(ctx: FileContext, node: ast.AST) -> bool:
+    import re
+
+    cur = ctx.parents.get(node)
+    while cur is not None and not isinstance(cur, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        if isinstance(cur, ast.If) and any(
+            re.search(r"ddp|fsdp|wrap|distributed|parallel|shard", i) for i in identifiers(cur.test)
+        ):
+            return True
+        cur = ctx.parents.get(cur)
+    return False
+
+
+def _divisions(ctx: FileContext) -> Iterator[tuple[ast.AST, ast.AST, ast.AST]]:
+    for node in ctx.of(ast.BinOp, ast.AugAssign):
+        d = _division(node)
+        if d is not None:
+            yield node, d[0], d[1]
+
+
+def _token_mean_hints(ctx: FileContext, scope: ast.AST) -> tuple[bool, bool]:
+    """(token-mean hints in sight, loss summed with reduction='sum') for ``scope``."""
+    def compute() -> tuple[bool, bool]:
+        hints = summed = False
+        for sub in ast.walk(scope):
+            if isinstance(sub, ast.keyword) and sub.arg:
+                if sub.arg in _TOKEN_MEAN_KEYWORDS:
+                    hints = True
+                elif sub.arg == "reduction" and isinstance(sub.value, ast.Constant) and sub.value.value == "sum":
+                    summed = True
+            elif isinstance(sub, ast.Name | ast.Attribute):
+                ident = sub.id if isinstance(sub, ast.Name) else sub.attr
+                if ident.lower() in _TOKEN_MEAN_NAMES:
+                    hints = True
+            elif isinstance(sub, ast.Constant) and sub.value in ("attention_mask", "loss_mask") or (
+                isinstance(sub, ast.UnaryOp)
+                and isinstance(sub.op, ast.USub)
+                and isinstance(sub.operand, ast.Constant)
+                and sub.operand.value == 100
+            ):
+                hints = True
+        return hints, summed
+    return ctx._cached("token_hints", scope, compute)  # type: ignore[no-any-return]
+
+
+def _divides_by_k(ctx: FileContext, window: ast.AST) -> list[tuple[ast.AST, ast.AST]]:
+    """Divisions of a loss by the accumulation steps in ``window``: (node, dividend)."""
+    out = []
+    for sub in walk_local(window):
+        d = _division(sub)
+        if d is None:
+            continue
+        ids = list(identifiers(d[1]))
+        if not ctx.mentions_accum(d[1]) or any(n in i for i in ids for n in _NORMALISED_BY_COUNT):
+            continue
+        if _is_loss(d[0]):
+            out.append((sub, d[0]))
+    return out
+
+
+def _per_micro_batch_token_mean(window: ast.AST) -> bool:
+    """The window computes a loss as a division by a count of this micro-batch."""
+    for sub in walk_local(window):
+        d = _division(sub)
+        if d is not None and _is_count(d[1]) and (_is_loss(d[0]) or any(
+            isinstance(n, ast.Call) and call_attr(n) == "sum" for n in ast.walk(d[0])
+        )):
+            return True
+    return False
+
+
+@rule("AG104")
+def mean_of_means(ctx: FileContext) -> Iterator[Finding]:
+    for window in ctx.windows():
+        facts = ctx.window_facts(window)
+        if not facts.accumulating or facts.summed_loss:
+            continue
+        by_k = _divides_by_k(ctx, window)
+        if not by_k:
+            continue
+        scope = window if isinstance(window, ast.FunctionDef | ast.AsyncFunctionDef) else ctx.scope_of(window)
+        explicit = _per_micro_batch_token_mean(window)
+        hints, summed = _token_mean_hints(ctx, scope)
+        if not explicit and (not hints or summed):
+            continue
+        for node, _ in by_k:
+            yield ctx.finding(
+                "AG104",
+                node,
+                "the loss is divided by the number of accumulation steps, but it is a mean over "
+                + ("this micro-batch's own token count" if explicit else
+                   "a variable number of tokens (padding mask / ignore_index in sight)")
+                + ": dividing per-micro-batch means by K weights short micro-batches too much "
+                "(mean of means)",
+            )
+
+
+@rule("AG112")
+def loss_divided_by_world_under_ddp(ctx: FileContext) -> Iterator[Finding]:
+    if not ctx.ddp_wrapped or not ctx.is_training_script():
+        return
+    for node, dividend, divisor in _divisions(ctx):
+        if not ctx.mentions_world(divisor) or not _is_loss(dividend):
+            continue
+        if any(isinstance(s, ast.BinOp) and isinstance(s.op, ast.Mult) and any(
+            WORLD_RE.search(i) for i in identifiers(s)) for s in ast.walk(dividend)):
+            continue
+        if _under_wrapper_branch(ctx, node) or not _flows_to_backward(ctx, node):
+            continue
+        yield ctx.finding(
+            "AG112",
+            node,
+            "the loss is divided by the world size before backward while the model is wrapped in "
+            "DDP/FSDP, which already averages gradients over ranks: the optimizer receives G / W",
+        )
+
+
+@rule("AG113")
+def rank_local_token_mean_under_ddp(ctx: FileContext) -> Iterator[Finding]:
+    if not ctx.ddp_wrapped or not ctx.is_training_script():
+        return
+    for node, dividend, divisor in _divisions(ctx):
+        if not _is_count(divisor) or not (_is_loss(dividend) or any(
+            isinstance(n, ast.Call) and call_attr(n) == "sum" for n in ast.walk(dividend)
+        )):
+            continue
+        scope = ctx.scope_of(node)
+        count_names = {d for d in (dotted(s) for s in ast.walk(divisor)) if d}
+        if count_names & ctx.all_reduced_names(scope) or count_names & ctx.all_reduced_names(ctx.tree):
+            continue
+        if _under_wrapper_branch(ctx, node) or not _flows_to_backward(ctx, node):
+            continue
+        window = ctx.enclosing(node, (ast.For, ast.AsyncFor, ast.While))
+        if window is not None and ctx.is_window(window):
+            facts = ctx.window_facts(window)
+            if facts.accumulating and _divides_by_k(ctx, window):
+                continue  # AG104 (F5) reports this loss
+        yield ctx.finding(
+            "AG113",
+            node,
+            "under DDP/FSDP the loss is divided by this rank's own token count, which is never "
+            "all-reduced: DDP then averages rank-local means, so ranks with fewer tokens weigh more",
+        )

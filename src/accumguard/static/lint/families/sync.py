@@ -1,0 +1,164 @@
+"""Gradient-sync flag rules (F11): the reduction must happen on the last micro-step only.
+
+AG106 the DDP flag is set after the forward (DDP reads it during the forward), or
+      ``no_sync()`` wraps only the backward.
+AG111 the flag has the wrong polarity: off on the boundary and on elsewhere
+      (inverted: the last micro-batch arrives one step late), or switched off and
+      never switched back on (no reduction at all). Covers FSDP2's
+      ``set_requires_gradient_sync(flag)`` and DDP's ``require_backward_grad_sync = flag``.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+from accumguard.static.findings import Finding
+from accumguard.static.lint._ast import (
+    LOOPS,
+    SCOPES,
+    call_attr,
+    dotted,
+    is_backward,
+    receiver,
+    walk_local,
+)
+from accumguard.static.lint._context import FileContext
+from accumguard.static.lint.registry import rule
+
+
+def _is_forward_of(call: ast.Call, recv: str) -> bool:
+    name = dotted(call.func)
+    return name is not None and name in (recv, recv + ".forward")
+
+
+def _forward_inside(node: ast.AST, recv: str) -> bool:
+    return any(isinstance(n, ast.Call) and _is_forward_of(n, recv) for n in walk_local(node))
+
+
+def _forward_before(ctx: FileContext, node: ast.stmt, recv: str) -> ast.Call | None:
+    """A forward call of ``recv`` earlier in the same loop iteration, feeding a later backward."""
+    loop = ctx.enclosing(node, LOOPS + SCOPES)
+    if not isinstance(loop, LOOPS):
+        return None
+    header = set(walk_local(loop.iter if isinstance(loop, ast.For | ast.AsyncFor) else loop.test))
+    if not any(
+        isinstance(b, ast.Call) and is_backward(b) and b.lineno >= node.lineno for b in walk_local(loop)
+    ):
+        return None
+    for n in walk_local(loop):
+        if (
+            isinstance(n, ast.Call)
+            and n not in header
+            and _is_forward_of(n, recv)
+            and (n.lineno, n.col_offset) < (node.lineno, node.col_offset)
+        ):
+            return n
+    return None
+
+
+@rule("AG106")
+def sync_flag_after_forward(ctx: FileContext) -> Iterator[Finding]:
+    for node in ctx.of(ast.With, ast.AsyncWith):
+        for item in node.items:
+            e = item.context_expr
+            if not (isinstance(e, ast.Call) and call_attr(e) == "no_sync"):
+                continue
+            recv = dotted(receiver(e))
+            if recv is None or not any(isinstance(n, ast.Call) and is_backward(n) for n in walk_local(node)):
+                continue
+            if _forward_inside(node, recv):
+                continue
+            fwd = _forward_before(ctx, node, recv)
+            if fwd is None:
+                continue
+            yield ctx.finding(
+                "AG106",
+                node,
+                f"`{recv}.no_sync()` wraps the backward but not the forward (line {fwd.lineno}): "
+                "DDP arms the all-reduce during the forward, so this backward still synchronises "
+                "on every micro-step",
+            )
+    for node in ctx.of(ast.Assign):
+        for t in node.targets:
+            if isinstance(t, ast.Attribute) and t.attr == "require_backward_grad_sync":
+                recv = dotted(t.value)
+                if recv is None:
+                    continue
+                fwd = _forward_before(ctx, node, recv)
+                if fwd is None:
+                    continue
+                yield ctx.finding(
+                    "AG106",
+                    node,
+                    f"`{recv}.require_backward_grad_sync` is set after the forward (line "
+                    f"{fwd.lineno}) of this micro-step: DDP reads it during the forward, so the "
+                    "last micro-step's backward is not all-reduced",
+                )
+
+
+def _sync_settings(ctx: FileContext) -> list[tuple[ast.AST, ast.AST, str]]:
+    """(statement or call, value expression, receiver) of every sync-flag setting."""
+    out: list[tuple[ast.AST, ast.AST, str]] = []
+    for call in ctx.of(ast.Call):
+        if call_attr(call) == "set_requires_gradient_sync" and isinstance(call.func, ast.Attribute):
+            value = call.args[0] if call.args else next(
+                (k.value for k in call.keywords if k.arg == "requires_gradient_sync"), None
+            )
+            if value is not None:
+                out.append((call, value, dotted(call.func.value) or "model"))
+    for node in ctx.of(ast.Assign):
+        for t in node.targets:
+            if isinstance(t, ast.Attribute) and t.attr == "require_backward_grad_sync":
+                out.append((node, node.value, dotted(t.value) or "model"))
+    return out
+
+
+def _effective(ctx: FileContext, node: ast.AST, value: ast.AST) -> str:
+    """'boundary' (on exactly at the boundary), 'inverted', 'off', 'on' or 'unknown'."""
+    pol = ctx.boundary_polarity(value) if not isinstance(value, ast.Constant) else None
+    if pol is not None:
+        return "boundary" if pol else "inverted"
+    if not (isinstance(value, ast.Constant) and isinstance(value.value, bool)):
+        return "unknown"
+    on = value.value
+    # the first enclosing `if` that tests a boundary decides when this constant applies
+    child, cur = node, ctx.parents.get(node)
+    while cur is not None and not isinstance(cur, SCOPES):
+        if isinstance(cur, ast.If) and child is not cur.test:
+            p = ctx.boundary_polarity(cur.test)
+            if p is not None:
+                at_boundary = p if child in cur.body else not p
+                return "boundary" if on == at_boundary else "inverted"
+        child, cur = cur, ctx.parents.get(cur)
+    return "on" if on else "off"
+
+
+@rule("AG111")
+def sync_flag_polarity(ctx: FileContext) -> Iterator[Finding]:
+    if not ctx.windows():
+        return
+    settings = _sync_settings(ctx)
+    if not settings:
+        return
+    kinds = [(node, recv, _effective(ctx, node, value)) for node, value, recv in settings]
+    re_enabled = {recv for _, recv, k in kinds if k in ("boundary", "on", "unknown")}
+    for node, recv, kind in kinds:
+        what = (
+            f"`{recv}.set_requires_gradient_sync(...)`" if isinstance(node, ast.Call)
+            else f"`{recv}.require_backward_grad_sync`"
+        )
+        if kind == "inverted":
+            yield ctx.finding(
+                "AG111",
+                node,
+                f"{what} is inverted: gradients are synchronised off the boundary and not on it, "
+                "so the last micro-batches of a window reach the optimizer one step late",
+            )
+        elif kind == "off" and recv not in re_enabled:
+            yield ctx.finding(
+                "AG111",
+                node,
+                f"{what} switches gradient synchronisation off and nothing switches it back on: "
+                "no reduction ever happens, each rank steps on its own gradient",
+            )
