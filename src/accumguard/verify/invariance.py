@@ -368,8 +368,8 @@ def load_run(observe_dir: Path, *, k: int, micro_batch: int | None = None,
     for i in range(n):
         recs = [per_rank[r][i] for r, _ in files]
         losses = [r.get("window_loss") for r in recs]
-        loss = (None if any(not isinstance(x, (int, float)) for x in losses)
-                else float(sum(losses)))
+        numbers = [float(x) for x in losses if isinstance(x, (int, float))]
+        loss = float(sum(numbers)) if len(numbers) == len(losses) else None
         run.steps.append(StepRecord(index=int(recs[0].get("step", i)), window_loss=loss,
                                     backwards=[int(r.get("backwards", 0) or 0) for r in recs],
                                     applied=[bool(r.get("applied", True)) for r in recs]))
@@ -485,8 +485,10 @@ def _update_diff(ref: RunRecord, run: RunRecord, index: int) -> tuple[float | No
             if ta is None or tb is None:
                 problems.append(f"rank {rank}: parameter {name!r} updated only at "
                                 f"K={ref.k if tb is None else run.k}")
-            za = ta.double() if ta is not None else torch.zeros_like(tb, dtype=torch.float64)
-            zb = tb.double() if tb is not None else torch.zeros_like(ta, dtype=torch.float64)
+            like = ta if ta is not None else tb
+            assert like is not None  # the name came from a or b
+            za = ta.double() if ta is not None else torch.zeros_like(like, dtype=torch.float64)
+            zb = tb.double() if tb is not None else torch.zeros_like(like, dtype=torch.float64)
             num += float(torch.sum((zb - za) ** 2))
             den += float(torch.sum(za ** 2))
     if not seen:
@@ -723,7 +725,7 @@ def _forward_signals() -> Iterator[None]:
     def handler(signum: int, _frame: Any) -> None:
         raise _Interrupted(signum)
 
-    previous: dict[int, Any] = {}
+    previous: dict[signal.Signals, Any] = {}
     try:
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(ValueError):  # not the main thread: leave as is
