@@ -299,6 +299,13 @@ def test_failing_command_reports_exit_code(tmp_path: Path, no_observer: None) ->
     with pytest.raises(CommandFailedError, match=r"K=4: the command exited with code 3") as e:
         inv.run_invariance(opts)
     assert e.value.exit_code == 3 and e.value.k == 4
+    # Killed by a signal: named, with the (negative) exit code.
+    opts = InvarianceOptions(command=(sys.executable, "-c", "import os, signal; "
+                                      "os.kill(os.getpid(), signal.SIGKILL)  # {K}"),
+                             ks=(1, 4), steps=1, timeout=60)
+    with pytest.raises(CommandFailedError, match=r"K=1: the command was killed by SIGKILL "
+                                                 r"\(exit code -9\)"):
+        inv.run_invariance(opts)
     # Exits 0 but the observation layer saw nothing (not observed / never stepped).
     opts = InvarianceOptions(command=(sys.executable, "-c", "import os; os.environ['ACCUMGUARD_K']"),
                              ks=(1, 4), steps=1, timeout=60)
