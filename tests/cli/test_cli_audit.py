@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,11 +17,19 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import accumguard.cli.report
+import accumguard.verify
 from accumguard.cli.audit import audit_main
 from accumguard.demo.toy import TokenMLP, count_tokens, make_rank_batches, token_loss
 from accumguard.verify.contract import AuditSetup, LoopContext
 
 K = 2
+SCHEMA = json.loads((Path(accumguard.verify.__file__).parent / "audit.schema.json").read_text())
+
+
+def _validate(doc: dict) -> None:
+    from verify.schema_check import validate
+
+    validate(doc, SCHEMA)
 
 
 def _model() -> torch.nn.Module:
@@ -88,7 +97,8 @@ def test_a_correct_loop_exits_0_and_writes_json(tmp_path, capsys) -> None:
     assert code == 0, text
     assert "PASS" in text and "good_loop" in text and "engine=ddp" in text
     doc = json.loads(out.read_text())
-    assert doc["schema_version"] == 1 and doc["passed"] is True
+    assert doc["schema_version"] == 2 and doc["passed"] is True
+    _validate(doc)
     rep = doc["reports"]["good_loop"]
     assert rep["optimizer_steps"] == rep["reference_steps"] == 1  # --steps 1
     for key in ("tolerance", "tolerance_reason", "steps", "totals", "first_divergence",
@@ -111,7 +121,9 @@ def test_a_broken_loop_exits_1_with_diagnosis(tmp_path, capsys, monkeypatch) -> 
     assert "first divergence: step 0" in text
     assert "diagnosis: F5" in text and "fix:" in text
     assert "float32 reference" in text
-    rep = json.loads(out.read_text())["reports"]["mean_of_means_loop"]
+    doc = json.loads(out.read_text())
+    _validate(doc)
+    rep = doc["reports"]["mean_of_means_loop"]
     assert rep["passed"] is False and rep["diagnosis"]["bug_id"] == "F5"
     assert rep["reference_dtype"] == "float32"
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+
 import pytest
 import torch
 import torch.distributed as dist

@@ -19,10 +19,10 @@ from accumguard.verify.audit import AuditReport, ProgressFn
 
 __all__ = ["format_text", "print_report", "write_json", "progress", "JSON_SCHEMA_VERSION"]
 
-JSON_SCHEMA_VERSION = 1
+JSON_SCHEMA_VERSION = 2  # 2: epochs, compute_dtype, tolerance_model, per-step grad_tolerance, diagnosis basis
 
-_STEP_COLUMNS = ("step", "update err", "grad err", "lr", "ref lr", "loss", "bwd", "grad comm",
-                 "opt", "sched", "zero_grad")
+_STEP_COLUMNS = ("step", "update err", "tol", "grad err", "lr", "ref lr", "loss", "bwd",
+                 "grad comm", "opt", "sched", "zero_grad")
 
 
 def _fmt(x: Any, spec: str = ".2e") -> str:
@@ -39,7 +39,8 @@ def _rows(report: AuditReport) -> list[list[str]]:
     rows = []
     for s in report.steps:
         c = s.counts
-        rows.append([str(s.step), _fmt(s.update_error), _fmt(s.grad_error), _fmt(s.lr),
+        rows.append([str(s.step), _fmt(s.update_error), _fmt(s.update_tolerance, ".1e"),
+                     _fmt(s.grad_error), _fmt(s.lr),
                      _fmt(s.ref_lr), _fmt(s.loss, ".4f"), str(c.backward),
                      str(c.grad_collective_rounds), str(c.optimizer_steps),
                      str(c.scheduler_steps), str(c.zero_grad)])
@@ -51,7 +52,9 @@ def _header(report: AuditReport) -> list[str]:
     lines = [
         f"{verdict}  {report.name}: engine={report.engine}, world_size={report.world_size}, "
         f"K={report.accumulation_steps}, {report.optimizer_steps} optimizer steps "
-        f"(reference {report.reference_steps}), params {report.param_dtype} vs "
+        f"(reference {report.reference_steps})"
+        + (f", {report.epochs} epochs" if report.epochs > 1 else "")
+        + f", params {report.param_dtype}, compute {report.compute_dtype} vs "
         f"{report.reference_dtype} reference",
         f"max relative update error {_fmt(report.max_update_error)}, max gradient error "
         f"{_fmt(report.max_grad_error) if report.gradients_observed else 'not observable'}; "
@@ -125,8 +128,8 @@ def print_report(report: AuditReport, file: TextIO | None = None) -> None:
         table.add_column(col, justify="right")
     tol = report.tolerance
     for s, row in zip(report.steps, _rows(report), strict=True):
-        bad = (s.update_error is not None and s.update_error > tol) or (
-            s.grad_error is not None and s.grad_error > tol)
+        bad = (s.update_error is not None and s.update_error > (s.update_tolerance or tol)) or (
+            s.grad_error is not None and s.grad_error > (s.grad_tolerance or tol))
         table.add_row(*row, style="red" if bad else None)
     console.print(table)
     for line in _footer(report):
