@@ -287,15 +287,64 @@ DS_LOOPS = ("deepspeed-z2/correct", "deepspeed-z2/bug-F2", "deepspeed-z3/accumul
             "deepspeed-z3/correct")
 
 
-@pytest.fixture(scope="module")
-def ds_reports() -> dict[str, AuditReport]:
-    pytest.importorskip("deepspeed")
+def ds_double_gated_loop(ctx: LoopContext) -> None:
+    """F14: DeepSpeed config GA = K *and* a manual K-loop with one engine.step() per window:
+    the engine counts one micro-step per step() call, so the optimizer steps every K-th
+    window, on the last micro-batch, scaled by the engine's 1/K."""
+    from accumguard.demo.loops import wrap_engine
+
+    w = wrap_engine(ctx, "deepspeed-z2", ds_ga=ctx.accumulation_steps)
+    engine = w.model
+    for window in [ctx.batches[s:s + ctx.accumulation_steps]
+                   for s in range(0, len(ctx.batches), ctx.accumulation_steps)]:
+        n = _global_count(window)
+        for batch in window:
+            loss, _ = ctx.loss_fn(engine, batch)
+            engine.backward(loss * ctx.world_size / n)
+        before = engine.global_steps
+        engine.step()
+        if w.scheduler is not None and engine.global_steps > before:
+            w.scheduler.step()  # once per real optimizer step, as DeepSpeed's own would
+
+
+def _ds_in_place(rank: int, world: int) -> tuple[dict, dict]:
+    """Both DeepSpeed setups in ONE spawn (DeepSpeed starts once): the demo's loops, and
+    the double-gating loop at K=2 over 4 windows (so that its optimizer steps twice)."""
     from accumguard.demo.demo import demo_setup
     from accumguard.demo.loops import catalog
 
     items = {it.key: it for it in catalog(("deepspeed-z2", "deepspeed-z3"))}
-    setup = demo_setup(model="mlp", steps=2)
-    return audit_many(setup, {k: items[k].loop for k in DS_LOOPS}, timeout=600)
+    main = audit_many(demo_setup(model="mlp", steps=2),
+                      {k: items[k].loop for k in DS_LOOPS}, timeout=600)
+    f14 = audit_many(demo_setup(model="mlp", steps=4, accumulation_steps=2),
+                     {"double_gated": ds_double_gated_loop,
+                      "correct": items["deepspeed-z2/correct"].loop}, timeout=600)
+    return main, f14
+
+
+@pytest.fixture(scope="module")
+def ds_both() -> tuple[dict, dict]:
+    pytest.importorskip("deepspeed")
+    from accumguard import run_on_ranks
+
+    return run_on_ranks(_ds_in_place, 2, (), timeout=900)[0]
+
+
+@pytest.fixture(scope="module")
+def ds_reports(ds_both) -> dict[str, AuditReport]:
+    return ds_both[0]
+
+
+def test_deepspeed_double_gating_is_f14(ds_both) -> None:
+    bad, ok = ds_both[1]["double_gated"], ds_both[1]["correct"]
+    assert ok.passed, ok.failures
+    assert ok.optimizer_steps == ok.reference_steps == 4
+    assert not bad.passed and bad.optimizer_steps == 2  # every K-th of 4 windows
+    d = bad.diagnosis
+    assert d is not None and d.explained and d.bug_id == "F14", d and d.summary()
+    assert d.residual is not None and d.residual <= d.threshold
+    assert d.scale_label.startswith("1/K"), d.summary()
+    assert any("gradient_accumulation_steps=2" in e for e in d.evidence)
 
 
 def test_deepspeed_gradient_reductions_per_step(ds_reports: dict[str, AuditReport]) -> None:
