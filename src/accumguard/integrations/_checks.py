@@ -21,7 +21,15 @@ What it measures, without changing a number the loop computes:
   received: ``OK``, F5 (each micro-batch normalised by its own count), F6
   (each rank by its own count), F10 (off by the world size), F7 (a partial
   window scaled as a full one), or ``LOSS_SCALE`` (any other constant factor).
-  It also counts LR-scheduler steps per optimizer step (F4).
+  It also counts LR-scheduler steps per optimizer step on the *inner* scheduler
+  (F4; Accelerate's wrapper steps it W times).
+* The boundary contract comes from the one observation layer,
+  :class:`accumguard.observe.Observer` (the layer ``accumguard watch`` injects):
+  gradient conservation (F3, F2/F3, F7 stale gradient), clipping inside the
+  window (F8), the DDP sync flag of the last micro-step (F11), windows longer
+  than K (F13). :func:`boundary_findings` maps its step events to findings; it
+  mirrors the per-window rules of ``runtime.watch_findings`` and should be
+  replaced by them once they move down to ``observe``.
 """
 
 from __future__ import annotations
@@ -37,8 +45,8 @@ import torch
 from accumguard.core.errors import AccumulationError, ConfigError, rank_prefix
 from accumguard.core.taxonomy import fix_for, title
 
-__all__ = ["AccumulationChecks", "Finding", "TokenWeightProbe", "classify_window",
-           "find_logits_module", "unwrap_optimizer", "unwrap_scheduler"]
+__all__ = ["AccumulationChecks", "Finding", "TokenWeightProbe", "boundary_findings",
+           "classify_window", "find_logits_module", "unwrap_optimizer", "unwrap_scheduler"]
 
 log = logging.getLogger("accumguard")
 
@@ -218,6 +226,38 @@ def classify_window(ranks: list[torch.Tensor], *, world_size: int, averages_over
     return _finding(step, "LOSS_SCALE", seen)
 
 
+def boundary_findings(event: Any, *, accumulation_steps: int) -> list[Finding]:
+    """Findings from one :class:`accumguard.observe.StepEvent` (what the observer saw
+    between two optimizer steps on this rank)."""
+    out: list[Finding] = []
+    step, n = int(event.step), int(event.backwards)
+    cons = event.conservation
+    if cons is not None and not cons.ok:
+        if cons.reason == "stale":
+            out.append(_finding(step, "F7", f"gradient left from before this window (relative "
+                                f"size {cons.stale:.3g}) reached the optimizer: gradients were "
+                                "not cleared after the previous step"))
+        else:
+            cls = "F3" if int(event.zero_grads_between) else "F2/F3"
+            out.append(_finding(step, cls, f"gradient conservation broken: {cons.wiped:.3g} "
+                                "(relative) of the window's gradient was removed between its "
+                                f"{n} backward passes"
+                                + (f"; zero_grad() ran {event.zero_grads_between} time(s) "
+                                   "inside the window" if cls == "F3" else "")))
+    early = [c for c in event.clip_micros if c < n]
+    if early:
+        out.append(_finding(step, "F8", f"gradients clipped after backward pass {early[0]} of "
+                            f"{n} in the window, before its last one"))
+    syncs = event.sync_micros
+    if event.engine == "ddp" and syncs and syncs[-1] is False:
+        out.append(_finding(step, "F11", "the window's last micro-step ran with DDP gradient "
+                            "sync off: the optimizer stepped on unsynchronised gradients"))
+    if accumulation_steps > 1 and n > accumulation_steps:
+        out.append(_finding(step, "F13", f"{n} backward passes before one optimizer step; "
+                            f"K = {accumulation_steps}"))
+    return out
+
+
 class AccumulationChecks:
     """Probe + optimizer/scheduler hooks; findings after every (``every_n_steps``-th) step.
 
@@ -233,13 +273,15 @@ class AccumulationChecks:
         strict: raise :class:`~accumguard.core.errors.AccumulationError` on a finding
             instead of logging it.
         on_finding: called with every :class:`Finding`.
+        observe: also run the observation layer (:class:`accumguard.observe.Observer`,
+            rooted at ``model``) for the boundary contract; see :func:`boundary_findings`.
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: Any, *, accumulation_steps: int,
                  scheduler: Any = None, averages_over_ranks: bool | None = None,
                  logits_module: torch.nn.Module | None = None, every_n_steps: int = 1,
                  strict: bool = False, on_finding: Callable[[Finding], None] | None = None,
-                 process_group: Any = None) -> None:
+                 process_group: Any = None, observe: bool = True) -> None:
         if not isinstance(every_n_steps, int) or every_n_steps < 1:
             raise ConfigError(f"every_n_steps ({every_n_steps!r}) must be a positive int")
         import torch.distributed as dist
@@ -274,6 +316,13 @@ class AccumulationChecks:
 
             self._sched_previous = previous
             self.scheduler.step = counted_step
+        self.observer: Any = None
+        if observe:
+            from accumguard.observe import Observer
+
+            self.observer = Observer(roots=[model], conservation=True, every=every_n_steps)
+            self.observer.add_listener(self)
+            self.observer.install()
 
     # -- lifecycle -----------------------------------------------------------------------
     def close(self) -> None:
@@ -281,6 +330,9 @@ class AccumulationChecks:
         if self.probe is None:
             return
         self._check_scheduler(self.steps - 1)
+        if self.observer is not None:
+            self.observer.uninstall()
+            self.observer = None
         self.probe.close()
         self._step_handle.remove()
         if self.scheduler is not None:
@@ -317,6 +369,11 @@ class AccumulationChecks:
                                   averages_over_ranks=self.averages_over_ranks,
                                   accumulation_steps=self.accumulation_steps, step=step)
         if finding is not None:
+            self._report(finding)
+
+    def on_step(self, event: Any) -> None:
+        """Observer listener: the boundary contract of the step that just ended."""
+        for finding in boundary_findings(event, accumulation_steps=self.accumulation_steps):
             self._report(finding)
 
     def _check_scheduler(self, step: int) -> None:

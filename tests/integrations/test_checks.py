@@ -1,0 +1,117 @@
+"""The checks behind the framework callbacks, in one process (fast): the token-weight probe
+recovers each micro-step's weight, classify_window names the pattern, the observation layer
+supplies the boundary contract, and nothing of a framework is imported until used."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+from accumguard.core.errors import AccumulationError
+from accumguard.demo.toy import TokenMLP, count_tokens, make_rank_batches, token_loss
+from accumguard.integrations._checks import AccumulationChecks, classify_window
+
+
+def _recs(rows: list[tuple[float, float]]) -> torch.Tensor:
+    """Records with weight s and count n: (n, s·d, d) for an arbitrary d."""
+    return torch.tensor([[n, s * 0.7 * n, 0.7 * n] for n, s in rows], dtype=torch.float64)
+
+
+def _cls(ranks: list[list[tuple[float, float]]], k: int = 2) -> str:
+    f = classify_window([_recs(r) for r in ranks], world_size=len(ranks),
+                        averages_over_ranks=len(ranks) > 1, accumulation_steps=k, step=0)
+    return "OK" if f is None else f.class_id
+
+
+def test_classify_window_names_each_pattern() -> None:
+    # Two ranks (DDP averages: an exact loop weights each token W/N before the average).
+    n = [[3, 9], [5, 1]]
+    total = 18
+    assert _cls([[(c, 2 / total) for c in r] for r in n]) == "OK"
+    assert _cls([[(c, 1 / (2 * c)) for c in r] for r in n]) == "F5"  # mean per micro-batch / K
+    assert _cls([[(c, 1 / sum(r)) for c in r] for r in n]) == "F6"  # rank-local mean
+    assert _cls([[(c, 1 / total) for c in r] for r in n]) == "F10"  # DDP average not undone
+    assert _cls([[(c, 5 / total) for c in r] for r in n]) == "LOSS_SCALE"
+    # One rank, a partial window of 1 micro-step normalised as if K = 4 were there.
+    assert _cls([[(7, 1 / 28)]], k=4) == "F7"
+    # Equal counts: a mean of means is exact, nothing to report.
+    assert _cls([[(4, 1 / 8), (4, 1 / 8)]]) == "OK"
+
+
+def _train(loss_mode: str, *, k: int = 4, sched_steps: int = 1, zero_inside: bool = False,
+           strict: bool = False) -> AccumulationChecks:
+    torch.manual_seed(0)
+    model = TokenMLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    batches = make_rank_batches(seed=1, world_size=1, micro_batches=2 * k)[0]
+    checks = AccumulationChecks(model, opt, accumulation_steps=k, scheduler=sched,
+                                strict=strict, logits_module=model.fc2)
+    try:
+        for start in range(0, len(batches), k):
+            window = batches[start:start + k]
+            total = sum(float(count_tokens(b)) for b in window)
+            for i, b in enumerate(window):
+                s, n = token_loss(model, b)
+                loss = s / total if loss_mode == "exact" else s / n / k
+                loss.backward()
+                if zero_inside and i == k - 2:
+                    opt.zero_grad()
+            opt.step()
+            for _ in range(sched_steps):
+                sched.step()
+            opt.zero_grad()
+    finally:
+        checks.close()
+    return checks
+
+
+def test_probe_exact_loop_has_no_findings_and_mean_of_means_is_f5() -> None:
+    ok = _train("exact")
+    assert ok.findings == [] and ok.checked_steps == 2
+    bad = _train("mean")
+    assert [f.class_id for f in bad.findings] == ["F5", "F5"]
+    assert "same total weight (0.25)" in bad.findings[0].evidence
+
+
+def test_scheduler_stepped_twice_is_f4() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        c = _train("exact", sched_steps=2)
+    assert [f.class_id for f in c.findings] == ["F4", "F4"]
+
+
+def test_zero_grad_inside_the_window_is_seen_by_the_observation_layer() -> None:
+    c = _train("exact", zero_inside=True)
+    # The loss weights were right (the probe is silent); the gradient of the first micro-steps
+    # was wiped before the step, which only gradient conservation sees.
+    assert [f.class_id for f in c.findings] == ["F3", "F3"], c.findings
+
+
+def test_strict_raises_at_the_first_finding() -> None:
+    with pytest.raises(AccumulationError, match="F5"):
+        _train("mean", strict=True)
+
+
+def test_close_removes_every_hook() -> None:
+    model = TokenMLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    before = (dict(model.fc2._forward_hooks), "step" in vars(sched), torch.Tensor.backward)
+    AccumulationChecks(model, opt, accumulation_steps=2, scheduler=sched).close()
+    after = (dict(model.fc2._forward_hooks), "step" in vars(sched), torch.Tensor.backward)
+    assert before == after
+    assert not opt._optimizer_step_post_hooks
+
+
+def test_integrations_import_no_framework() -> None:
+    code = ("import sys, accumguard.integrations, accumguard.integrations.accelerate; "
+            "print(sorted(m for m in ('transformers', 'pytorch_lightning', 'lightning', "
+            "'accelerate') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120)
+    assert out.stdout.strip() == "[]", out.stdout
