@@ -101,13 +101,19 @@ def identifiers(node: ast.AST) -> Iterator[str]:
 def walk_local(node: ast.AST) -> Iterator[ast.AST]:
     """Like :func:`ast.walk` but does not enter nested function/class/lambda definitions."""
     stack = [node]
-    while stack:
-        cur = stack.pop()
+    pop, push = stack.pop, stack.append
+    AST = ast.AST
+    while stack:  # inlined iter_child_nodes: this generator is the linter's hot path
+        cur = pop()
         yield cur
-        for child in ast.iter_child_nodes(cur):
-            if isinstance(child, SCOPES):
-                continue
-            stack.append(child)
+        for name in cur._fields:
+            v = getattr(cur, name, None)
+            if isinstance(v, list):
+                for item in v:
+                    if isinstance(item, AST) and not isinstance(item, SCOPES):
+                        push(item)
+            elif isinstance(v, AST) and not isinstance(v, SCOPES):
+                push(v)
 
 
 def local_identifiers(node: ast.AST) -> Iterator[str]:

@@ -133,11 +133,27 @@ class FileContext:
         )
         parents = self.parents
         nodes = self.nodes
-        for node in ast.walk(tree):
-            if isinstance(node, wanted):
-                nodes.setdefault(type(node), []).append(node)
-            for child in ast.iter_child_nodes(node):
-                parents[child] = node
+        wanted_set = set(wanted)
+        AST = ast.AST
+        stack: list[ast.AST] = [tree]
+        pop, push = stack.pop, stack.append
+        while stack:  # one traversal, inlined: this loop dominates the cost of big files
+            node = pop()
+            t = type(node)
+            if t in wanted_set:
+                nodes.setdefault(t, []).append(node)
+            for name in node._fields:
+                v = getattr(node, name, None)
+                if isinstance(v, list):
+                    for item in v:
+                        if isinstance(item, AST):
+                            parents[item] = node
+                            push(item)
+                elif isinstance(v, AST):
+                    parents[v] = node
+                    push(v)
+        for lst in nodes.values():  # source order, as ast.walk's callers expect
+            lst.sort(key=_pos)
         self.optimizers: set[str] = set()
         self.schedulers: set[str] = set()
         self.engines: set[str] = set()
@@ -180,6 +196,10 @@ class FileContext:
         if key not in self._cache:
             self._cache[key] = compute()
         return self._cache[key]
+
+    def local_nodes(self, node: ast.AST) -> list[ast.AST]:
+        """``walk_local(node)`` as a list, cached (windows and functions are walked by several rules)."""
+        return self._cached("local", node, lambda: list(walk_local(node)))  # type: ignore[no-any-return]
 
     def enclosing(self, node: ast.AST, kinds: tuple[type, ...]) -> ast.AST | None:
         cur = self.parents.get(node)
@@ -412,7 +432,7 @@ class FileContext:
         """Loops inside ``window`` without a backward that build the loss (``loss += ...``):
         the micro-batches of such a loop are summed into one graph, one backward: K = 1."""
         out = []
-        for sub in walk_local(window):
+        for sub in self.local_nodes(window):
             if sub is window or not isinstance(sub, LOOPS):
                 continue
             if any(isinstance(n, ast.Call) and is_backward(n) for n in walk_local(sub)):
@@ -432,7 +452,7 @@ class FileContext:
 
     def _scope_shows_accumulation(self, node: ast.AST, skip: frozenset[ast.AST] = frozenset()) -> bool:
         def compute() -> bool:
-            for sub in walk_local(node):
+            for sub in self.local_nodes(node):
                 if sub in skip:
                     continue
                 # a modulo that gates a step (not `if i % 100 == 0: print(...)`)
@@ -490,7 +510,7 @@ class FileContext:
             ):
                 return True
             cur = self.parents.get(cur)
-        return any(_is_accumulate_call(sub) for sub in walk_local(window))
+        return any(_is_accumulate_call(sub) for sub in self.local_nodes(window))
 
     def guarded(self, node: ast.AST, window: ast.AST) -> bool:
         """Is ``node`` only reached at an accumulation boundary (within ``window``)?"""
@@ -524,7 +544,7 @@ class FileContext:
 
     def _window_facts(self, window: ast.AST) -> WindowFacts:
         f = WindowFacts(window)
-        calls = [n for n in walk_local(window) if isinstance(n, ast.Call)]
+        calls = [n for n in self.local_nodes(window) if isinstance(n, ast.Call)]
         calls.sort(key=lambda n: (n.lineno, n.col_offset))
         for call in calls:
             attr = call_attr(call)
@@ -750,6 +770,10 @@ class FileContext:
                 return DsConfigRef(cfg, node.value + (f":{line}" if line else ""), node, literal=False)
         literals = self.ds_config_literals()
         return literals[0] if literals else None
+
+
+def _pos(node: ast.AST) -> tuple[int, int]:
+    return getattr(node, "lineno", 0), getattr(node, "col_offset", 0)
 
 
 def _is_accumulate_call(node: ast.AST) -> bool:

@@ -27,7 +27,6 @@ from accumguard.static.lint._ast import (
     dotted,
     identifiers,
     receiver,
-    walk_local,
 )
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint.registry import rule
@@ -149,7 +148,7 @@ def _token_mean_hints(ctx: FileContext, scope: ast.AST) -> tuple[bool, bool]:
 def _divides_by_k(ctx: FileContext, window: ast.AST) -> list[tuple[ast.AST, ast.AST]]:
     """Divisions of a loss by the accumulation steps in ``window``: (node, dividend)."""
     out = []
-    for sub in walk_local(window):
+    for sub in ctx.local_nodes(window):
         d = _division(sub)
         if d is None:
             continue
@@ -161,9 +160,9 @@ def _divides_by_k(ctx: FileContext, window: ast.AST) -> list[tuple[ast.AST, ast.
     return out
 
 
-def _per_micro_batch_token_mean(window: ast.AST) -> bool:
+def _per_micro_batch_token_mean(ctx: FileContext, window: ast.AST) -> bool:
     """The window computes a loss as a division by a count of this micro-batch."""
-    for sub in walk_local(window):
+    for sub in ctx.local_nodes(window):
         d = _division(sub)
         if d is not None and _is_count(d[1]) and (_is_loss(d[0]) or any(
             isinstance(n, ast.Call) and call_attr(n) == "sum" for n in ast.walk(d[0])
@@ -182,7 +181,7 @@ def mean_of_means(ctx: FileContext) -> Iterator[Finding]:
         if not by_k:
             continue
         scope = window if isinstance(window, ast.FunctionDef | ast.AsyncFunctionDef) else ctx.scope_of(window)
-        explicit = _per_micro_batch_token_mean(window)
+        explicit = _per_micro_batch_token_mean(ctx, window)
         hints, summed = _token_mean_hints(ctx, scope)
         if not explicit and (not hints or summed):
             continue
