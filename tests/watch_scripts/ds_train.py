@@ -1,0 +1,74 @@
+"""A DeepSpeed training script (``deepspeed ds_train.py`` style). ``--mode``:
+
+``native`` (config GA=K, backward/step every micro-batch: correct), ``coalesce``
+(config GA=1, K backwards inside ``engine.coalesce_grad_reduction()``: correct),
+``boundary`` (GA=1 with ``set_gradient_accumulation_boundary``: correct on ZeRO-0/3 only
+in DeepSpeed's own docs; here used on stage 3), ``manual`` (GA=1, K backwards, one
+step: F2 on ZeRO-1/2), ``double`` (GA=K and a K-loop around one step: F14).
+``--no-clip`` leaves gradient_clipping unset (DeepSpeed clips at 1.0: F9 with a big loss).
+"""
+
+import argparse
+import contextlib
+
+import deepspeed
+import torch
+
+p = argparse.ArgumentParser()
+p.add_argument("--mode", default="native")
+p.add_argument("--stage", type=int, default=2)
+p.add_argument("--k", type=int, default=4)
+p.add_argument("--steps", type=int, default=3)
+p.add_argument("--no-clip", action="store_true")
+p.add_argument("--local_rank", type=int, default=0)
+args = p.parse_args()
+
+deepspeed.init_distributed(dist_backend="gloo")
+torch.manual_seed(0)
+K = args.k
+ga = K if args.mode in ("native", "double") else 1
+config = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": ga,
+          "zero_optimization": {"stage": args.stage},
+          "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}}}
+if not args.no_clip:
+    config["gradient_clipping"] = 0.0
+model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.GELU(), torch.nn.Linear(32, 1))
+engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                       config=config)
+rank = torch.distributed.get_rank()
+g = torch.Generator().manual_seed(rank)
+
+
+def micro():  # noqa: ANN201
+    x = torch.randn(4, 8, generator=g)
+    scale = 100.0 if args.no_clip else 1.0
+    return engine(x).pow(2).mean() * scale
+
+
+for _ in range(args.steps):
+    if args.mode == "native":
+        for _ in range(K):
+            engine.backward(micro())
+            engine.step()
+    elif args.mode == "coalesce":
+        with engine.coalesce_grad_reduction():
+            for _ in range(K):
+                engine.backward(micro() / K, scale_wrt_gas=False)
+        engine.step()
+    elif args.mode == "boundary":
+        for j in range(K):
+            engine.set_gradient_accumulation_boundary(j == K - 1)
+            engine.backward(micro() / K, scale_wrt_gas=False)
+        engine.step()
+    elif args.mode == "manual":
+        for _ in range(K):
+            engine.backward(micro() / K)
+        engine.step()
+    elif args.mode == "double":
+        for _ in range(K):
+            for _ in range(K):
+                engine.backward(micro())
+            engine.step()
+with contextlib.suppress(Exception):
+    torch.distributed.barrier()
+print("done", args.mode)

@@ -1,0 +1,127 @@
+"""Single-process loops in several real-world styles; ``--case`` picks one.
+
+Correct: ``namespace`` (model returns a SimpleNamespace, a trainer class), ``heads``
+(loss from several heads), ``gan`` (two optimizers), ``fp32buf`` (bf16 model, fp32
+gradient buffers), ``k1`` (no accumulation), ``epochs`` (3 epochs of 10 batches, K=4,
+the short window of each epoch stepped and normalised by its own count).
+Broken: ``leak`` (epochs without stepping the partial window: it leaks into the next).
+"""
+
+import argparse
+import types
+
+import torch
+from torch.nn.utils import clip_grad_norm_
+
+p = argparse.ArgumentParser()
+p.add_argument("--case", required=True)
+args = p.parse_args()
+torch.manual_seed(0)
+
+
+class Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.Linear(6, 12)
+        self.a = torch.nn.Linear(12, 3)
+        self.b = torch.nn.Linear(12, 1)
+
+    def forward(self, x, y):  # noqa: ANN001, ANN201
+        h = torch.relu(self.body(x))
+        logits = self.a(h)
+        return types.SimpleNamespace(logits=logits, aux=self.b(h),
+                                     loss=torch.nn.functional.cross_entropy(logits, y,
+                                                                            reduction="sum"))
+
+
+def batch(n: int = 4):  # noqa: ANN201
+    return torch.randn(n, 6), torch.randint(0, 3, (n,))
+
+
+class Trainer:
+    def __init__(self, k: int) -> None:
+        self.model = Net()
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.05, momentum=0.9)
+        self.k = k
+
+    def fit(self, steps: int) -> None:
+        for _ in range(steps):
+            batches = [batch() for _ in range(self.k)]
+            n = sum(len(y) for _, y in batches)
+            for x, y in batches:
+                out = self.model(x, y)
+                (out.loss / n).backward()
+            clip_grad_norm_(self.model.parameters(), 5.0)
+            self.opt.step()
+            self.opt.zero_grad()
+
+
+if args.case == "namespace":
+    Trainer(k=4).fit(4)
+elif args.case == "k1":
+    Trainer(k=1).fit(6)
+elif args.case == "heads":
+    m = Net()
+    opt = torch.optim.Adam(m.parameters(), lr=1e-3)
+    for i in range(12):
+        x, y = batch()
+        out = m(x, y)
+        loss = out.loss / 16 + 0.1 * out.aux.pow(2).mean() / 4
+        loss.backward()
+        if (i + 1) % 4 == 0:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+elif args.case == "gan":
+    G = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.ReLU(), torch.nn.Linear(8, 6))
+    D = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    og = torch.optim.Adam(G.parameters(), lr=1e-3)
+    od = torch.optim.Adam(D.parameters(), lr=1e-3)
+    bce = torch.nn.BCEWithLogitsLoss()
+    for _ in range(5):
+        real, z = torch.randn(4, 6), torch.randn(4, 3)
+        od.zero_grad()
+        fake = G(z)
+        d_loss = bce(D(real), torch.ones(4, 1)) + bce(D(fake.detach()), torch.zeros(4, 1))
+        d_loss.backward()
+        od.step()
+        og.zero_grad()
+        g_loss = bce(D(fake), torch.ones(4, 1))
+        g_loss.backward()
+        og.step()
+elif args.case == "fp32buf":
+    m = Net().to(torch.bfloat16)
+    master = [q.detach().float().clone().requires_grad_(True) for q in m.parameters()]
+    opt = torch.optim.AdamW(master, lr=1e-3)
+    bufs = [torch.zeros_like(q) for q in master]
+    for i in range(12):
+        x, y = batch()
+        m(x.bfloat16(), y).loss.div(16).backward()
+        for b, q in zip(bufs, m.parameters()):
+            if q.grad is not None:
+                b += q.grad.float()
+                q.grad = None
+        if (i + 1) % 4 == 0:
+            for b, q in zip(bufs, master):
+                q.grad = b.clone()
+                b.zero_()
+            opt.step()
+            opt.zero_grad()
+            with torch.no_grad():
+                for q, mq in zip(m.parameters(), master):
+                    q.copy_(mq)
+elif args.case in ("epochs", "leak"):
+    m = Net()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    data = [batch() for _ in range(10)]
+    K = 4
+    for _epoch in range(3):
+        for i, (x, y) in enumerate(data):
+            last = (i + 1) % K == 0 or (args.case == "epochs" and i + 1 == len(data))
+            count = K * 4 if (i // K) < len(data) // K else (len(data) % K) * 4
+            (m(x, y).loss / count).backward()
+            if last:
+                opt.step()
+                opt.zero_grad()
+else:
+    raise SystemExit(f"unknown case {args.case}")
+print("ok", args.case)
