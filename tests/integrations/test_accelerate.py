@@ -54,7 +54,7 @@ def _worker(rank: int, world: int) -> dict[str, Any]:
             acc = accumulator(accel, model, opt, scheduler=sched, count_fn=fw.count_tokens)
             for window in acc.windows(loader):
                 windows.append([fw.plain(b) for b in window.batches])
-                window.run(lambda b: fw.sum_loss(model, b)[0])
+                window.run(lambda b, m=model: fw.sum_loss(m, b)[0])
                 snaps.append(fw.flat_params(model))
             acc.close()
         else:  # the documented Accelerate loop with a token-mean loss
