@@ -1,11 +1,11 @@
-# GA 1 in the config + one coalesced reduction per step: correct and cheap
+# corpus: style=deepspeed class=OK
 import deepspeed
 
-engine, optimizer, _, _ = deepspeed.initialize(model=model, config="ds_config_ga1.json")
-micro_batches_per_step = 4
-for batch in loader:
+ds_config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+             "gradient_clipping": 0.0, "zero_optimization": {"stage": 2}}
+engine, _, _, _ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=ds_config)
+for step in range(steps):
     with engine.coalesce_grad_reduction():
-        for micro in batch.chunk(micro_batches_per_step):
-            loss = engine(micro).sum() / batch.numel()
-            engine.backward(loss, scale_wrt_gas=False)
+        for _ in range(K):
+            engine.backward(engine(next(it)), scale_wrt_gas=False)
     engine.step()

@@ -71,6 +71,9 @@ from accumguard.static.lint._ast import (
 
 _DS_BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 _DS_CONFIG_NAME = re.compile(r"ds_?conf|deepspeed_?conf|ds_?cfg|zero_?conf")
+_CONFIG_KEYWORDS = frozenset(
+    {"config", "config_params", "ds_config", "deepspeed", "hf_ds_config", "deepspeed_config"}
+)
 _MAX_JSON_CANDIDATES = 32  # string literals naming a .json file we try to open
 
 
@@ -100,6 +103,7 @@ class DsConfigRef:
     where: str  # "ds_config.json:4" or "dict literal at line 12"
     node: ast.AST  # the string literal or the dict
     literal: bool  # written in the script (its findings belong to the script)
+    hf: bool = False  # handed to the Hugging Face Trainer (TrainingArguments(deepspeed=...))
 
     @property
     def ga(self) -> int | None:
@@ -570,6 +574,8 @@ class FileContext:
         f.accumulating = self.shows_accumulation(window, frozenset(summing)) or (
             ds_ga is not None and ds_ga > 1
         )
+        if f.accumulating and not (ds_ga is not None and ds_ga > 1) and self._plain_k1_shape(window, f):
+            f.accumulating = False
         f.accelerate = self.in_accelerate_accumulate(window, window)
         f.engine_steps_unguarded = any(
             k == "engine" and not self.guarded(c, window) for c, k in f.steps
@@ -594,7 +600,13 @@ class FileContext:
             for _ in range(3):
                 before = len(out)
                 for names, value in self._assigns:
-                    if names and len(names) == 1 and names[0] not in out and self._mentions(value, pattern, out):
+                    v = _unwrap_alias(value)
+                    if (
+                        v is not None
+                        and len(names) == 1
+                        and names[0] not in out
+                        and self._mentions(v, pattern, out)
+                    ):
                         out.update(names)
                 if len(out) == before:
                     break
@@ -627,6 +639,19 @@ class FileContext:
     def mentions_accum(self, expr: ast.AST) -> bool:
         """``expr`` is (or is built from) the number of accumulation steps."""
         return self._mentions(expr, ACCUM_RE, self._derived_names(ACCUM_RE))
+
+    def _plain_k1_shape(self, window: ast.AST, f: WindowFacts) -> bool:
+        """zero_grad -> backward -> step, all unguarded, and nothing in the window itself says
+        accumulation (the evidence was elsewhere in the file, e.g. ``micro_batch_size = 1``)."""
+        if self._scope_shows_accumulation(window):
+            return False
+        backwards = [n for n in self.local_nodes(window) if isinstance(n, ast.Call) and is_backward(n)]
+        if not backwards:
+            return False
+        first = min((b.lineno, b.col_offset) for b in backwards)
+        return any(
+            (z.lineno, z.col_offset) < first and not self.guarded(z, window) for z, _ in f.zero_grads
+        )
 
     # ---------------------------------------------------------------- script-level facts
 
@@ -700,19 +725,60 @@ class FileContext:
             ):
                 continue  # a nested section: read with its parent
             keys = _literal_keys(node)
-            named = self._is_config_argument(node) or self._assigned_to_config_name(node)
-            if not (set(keys) & set(_DS_BATCH_KEYS) or ("zero_optimization" in keys and (named or len(keys) > 1))):
+            if not (set(keys) & set(_DS_BATCH_KEYS) or "zero_optimization" in keys):
                 continue
+            if not self._used_as_config(node):
+                continue  # a template or a fragment (library code), not a config
             cfg = _config_from_literal(node)
             if cfg is None:
                 continue
             self._apply_later_updates(node, cfg)
-            out.append(DsConfigRef(cfg, f"dict literal at line {node.lineno}", node, literal=True))
+            out.append(DsConfigRef(cfg, f"dict literal at line {node.lineno}", node, literal=True,
+                                   hf=self._handed_to_hf(node)))
         return out
 
     def _is_config_argument(self, node: ast.AST) -> bool:
         parent = self.parents.get(node)
-        return isinstance(parent, ast.keyword) and parent.arg in ("config", "config_params", "ds_config")
+        if isinstance(parent, ast.keyword):
+            return parent.arg in _CONFIG_KEYWORDS
+        return isinstance(parent, ast.Call) and last_part(dotted(parent.func)) == "initialize" and self.deepspeed
+
+    def _used_as_config(self, node: ast.AST) -> bool:
+        """The dict is handed to DeepSpeed: ``initialize(config=<it>)``, ``TrainingArguments(
+        deepspeed=<it>)``, ``DeepSpeedPlugin(hf_ds_config=<it>)``, directly or through the name
+        it is assigned to, or it is a ``ds_config = {...}`` of a training script."""
+        if self._is_config_argument(node):
+            return True
+        parent = self.parents.get(node)
+        if not isinstance(parent, ast.Assign | ast.AnnAssign):
+            return False
+        targets = parent.targets if isinstance(parent, ast.Assign) else [parent.target]
+        names = {d for d in (dotted(t) for t in targets) if d}
+        for kw in self._config_keywords():
+            if dotted(kw.value) in names:
+                return True
+        for call in self.of(ast.Call):
+            if call_attr(call) == "initialize" and any(dotted(a) in names for a in call.args):
+                return True
+        return self._assigned_to_config_name(node) and self.is_training_script()
+
+    def _handed_to_hf(self, node: ast.AST) -> bool:
+        """The dict goes to ``TrainingArguments(deepspeed=...)`` (directly or by name): the
+        Trainer fills "auto" values and clips at its own max_grad_norm (1.0 by default)."""
+        parent = self.parents.get(node)
+        if isinstance(parent, ast.keyword):
+            return parent.arg == "deepspeed"
+        if isinstance(parent, ast.Assign):
+            names = {d for d in (dotted(t) for t in parent.targets) if d}
+            return any(kw.arg == "deepspeed" and dotted(kw.value) in names for kw in self._config_keywords())
+        return False
+
+    def _config_keywords(self) -> list[ast.keyword]:
+        def compute() -> list[ast.keyword]:
+            return [
+                kw for call in self.of(ast.Call) for kw in call.keywords if kw.arg in _CONFIG_KEYWORDS
+            ]
+        return self._cached("config_kw", self.tree, compute)  # type: ignore[no-any-return]
 
     def _assigned_to_config_name(self, node: ast.AST) -> bool:
         parent = self.parents.get(node)
@@ -770,6 +836,19 @@ class FileContext:
                 return DsConfigRef(cfg, node.value + (f":{line}" if line else ""), node, literal=False)
         literals = self.ds_config_literals()
         return literals[0] if literals else None
+
+
+def _unwrap_alias(value: ast.AST) -> ast.AST | None:
+    """The aliased expression of ``float(dist.get_world_size())``, ``args.grad_accum``,
+    ``len(micro_batches)`` or ``int(os.environ["WORLD_SIZE"])``; None for arithmetic or
+    anything else (a name derived from W by a computation is not W)."""
+    while isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in (
+        "int", "float", "len"
+    ) and len(value.args) == 1:
+        value = value.args[0]
+    if isinstance(value, ast.Name | ast.Attribute | ast.Subscript | ast.Call | ast.Constant):
+        return value
+    return None
 
 
 def _pos(node: ast.AST) -> tuple[int, int]:

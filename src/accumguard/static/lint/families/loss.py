@@ -15,6 +15,7 @@ AG113 (F6) under DDP/FSDP the loss is divided by this rank's own token count, ne
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 
 from accumguard.static.findings import Finding
@@ -37,6 +38,7 @@ _TOKEN_MEAN_KEYWORDS = frozenset(
 )
 _TOKEN_MEAN_NAMES = frozenset({"attention_mask", "ignore_index", "loss_mask", "pad_token_id"})
 _NORMALISED_BY_COUNT = ("token", "num_items", "n_items", "count", "n_valid", "num_valid", "denom", "normali")
+_GLOBAL_ONLY = re.compile(r"global|all_?reduce|world")
 _COUNT_CALLS = frozenset({"sum", "count_nonzero", "numel", "nonzero"})
 
 
@@ -85,10 +87,13 @@ def _flows_to_backward(ctx: FileContext, node: ast.AST) -> bool:
     return False
 
 
-def _is_count(divisor: ast.AST) -> bool:
-    """``n_tokens``, ``mask.sum()``, ``(labels != -100).sum()``: a count of this micro-batch/rank."""
+def _is_count(divisor: ast.AST, *, micro_batch: bool = True) -> bool:
+    """``n_tokens``, ``mask.sum()``, ``(labels != -100).sum()``: a count of this micro-batch
+    (``micro_batch``: names saying window/total/global are not) or of this rank (only
+    names saying global are not; whether it was all-reduced is checked by the caller)."""
     ids = list(identifiers(divisor))
-    if any(WORLD_RE.search(i) or ACCUM_RE.search(i) or GLOBAL_COUNT_RE.search(i) for i in ids):
+    scope_re = GLOBAL_COUNT_RE if micro_batch else _GLOBAL_ONLY
+    if any(WORLD_RE.search(i) or ACCUM_RE.search(i) or scope_re.search(i) for i in ids):
         return False
     if any(COUNT_RE.search(i) for i in ids):
         return True
@@ -101,8 +106,6 @@ def _is_count(divisor: ast.AST) -> bool:
 
 
 def _under_wrapper_branch(ctx: FileContext, node: ast.AST) -> bool:
-    import re
-
     cur = ctx.parents.get(node)
     while cur is not None and not isinstance(cur, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
         if isinstance(cur, ast.If) and any(
@@ -222,7 +225,7 @@ def rank_local_token_mean_under_ddp(ctx: FileContext) -> Iterator[Finding]:
     if not ctx.ddp_wrapped or not ctx.is_training_script():
         return
     for node, dividend, divisor in _divisions(ctx):
-        if not _is_count(divisor) or not (_is_loss(dividend) or any(
+        if not _is_count(divisor, micro_batch=False) or not (_is_loss(dividend) or any(
             isinstance(n, ast.Call) and call_attr(n) == "sum" for n in ast.walk(dividend)
         )):
             continue

@@ -39,6 +39,9 @@ def scheduler_per_process(ctx: FileContext) -> Iterator[Finding]:
     for loop in ctx.of(ast.For, ast.AsyncFor):
         if not isinstance(loop.iter, ast.Call) or call_attr(loop.iter) != "range" or not loop.iter.args:
             continue
+        args = loop.iter.args
+        if len(args) > 2 or (len(args) == 2 and not (isinstance(args[0], ast.Constant) and args[0].value == 0)):
+            continue  # range(start, stop): not "once per process"
         if not ctx.mentions_world(loop.iter.args[-1]):
             continue
         for stmt in loop.body:

@@ -1,0 +1,13 @@
+# corpus: style=hf class=F5
+import torch
+
+gradient_accumulation_steps = 4
+for step, batch in enumerate(train_dataloader):
+    outputs = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
+    loss = outputs.loss
+    loss = loss / gradient_accumulation_steps  # expect: AG104
+    loss.backward()
+    if (step + 1) % gradient_accumulation_steps == 0:
+        optimizer.step()
+        lr_scheduler.step()
+        optimizer.zero_grad()
