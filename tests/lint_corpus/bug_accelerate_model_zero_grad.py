@@ -1,3 +1,4 @@
+# corpus: style=accelerate class=F3
 from accelerate import Accelerator
 
 

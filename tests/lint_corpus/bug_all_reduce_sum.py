@@ -1,3 +1,4 @@
+# corpus: style=torch_distributed class=F10
 # hand-rolled data parallelism with accumulation
 import torch.distributed as dist
 

@@ -1,3 +1,4 @@
+# corpus: style=plain class=F8
 import torch
 
 scaler = torch.amp.GradScaler("cuda")

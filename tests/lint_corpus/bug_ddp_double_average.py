@@ -1,3 +1,4 @@
+# corpus: style=ddp class=F10
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 

@@ -1,3 +1,4 @@
+# corpus: style=deepspeed class=F14
 import deepspeed
 
 

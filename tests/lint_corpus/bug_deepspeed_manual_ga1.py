@@ -1,3 +1,4 @@
+# corpus: style=deepspeed class=F2
 # open-instruct style: the loop accumulates by hand, the config says GA 1
 import deepspeed
 

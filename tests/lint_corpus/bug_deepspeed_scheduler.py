@@ -1,3 +1,4 @@
+# corpus: style=deepspeed class=F4
 # the engine gates its step (GA 4 in the config) but the user's own scheduler steps per micro-batch
 import deepspeed
 from torch.optim.lr_scheduler import OneCycleLR

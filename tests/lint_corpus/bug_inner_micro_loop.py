@@ -1,3 +1,4 @@
+# corpus: style=plain class=F1
 import torch
 
 

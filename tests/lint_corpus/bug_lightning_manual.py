@@ -1,3 +1,4 @@
+# corpus: style=lightning class=F1
 import lightning as L
 
 

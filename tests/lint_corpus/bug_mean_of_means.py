@@ -1,3 +1,4 @@
+# corpus: style=hf class=F5
 # HF-style causal LM fine-tuning: padded batches, mean loss per micro-batch, divided by K
 import torch
 import torch.nn.functional as F

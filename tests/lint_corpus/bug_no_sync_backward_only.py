@@ -1,3 +1,4 @@
+# corpus: style=ddp class=F11
 import torch
 from torch.nn.parallel import DistributedDataParallel
 

@@ -1,3 +1,4 @@
+# corpus: style=plain class=F4
 import torch
 from transformers import get_linear_schedule_with_warmup
 

@@ -1,3 +1,4 @@
+# corpus: style=nanogpt class=F11
 # build-nanogpt style: the sync flag is flipped between forward and backward
 import torch
 import torch.distributed as dist

@@ -1,3 +1,4 @@
+# corpus: style=trainer_class class=F1
 import torch
 
 

@@ -1,3 +1,4 @@
+# corpus: style=while_loop class=F4
 # a while loop with a hand-kept micro-step counter; the scheduler ignores it
 micro_step = 0
 accumulation_steps = 4

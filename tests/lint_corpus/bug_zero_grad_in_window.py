@@ -1,3 +1,4 @@
+# corpus: style=plain class=F3
 import torch
 from torch import nn
 

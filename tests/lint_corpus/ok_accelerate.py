@@ -1,3 +1,4 @@
+# corpus: style=accelerate class=OK
 from accelerate import Accelerator
 
 accelerator = Accelerator(gradient_accumulation_steps=4)

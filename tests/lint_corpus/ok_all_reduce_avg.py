@@ -1,3 +1,4 @@
+# corpus: style=torch_distributed class=OK
 import torch.distributed as dist
 
 

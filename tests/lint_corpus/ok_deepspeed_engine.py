@@ -1,3 +1,4 @@
+# corpus: style=deepspeed class=OK
 # DeepSpeed drives accumulation itself: backward and step on every micro-batch
 import argparse
 

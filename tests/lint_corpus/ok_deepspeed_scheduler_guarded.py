@@ -1,3 +1,4 @@
+# corpus: style=deepspeed class=OK
 import deepspeed
 
 engine, optimizer, loader, _ = deepspeed.initialize(model=model, config={

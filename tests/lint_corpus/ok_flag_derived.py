@@ -1,3 +1,4 @@
+# corpus: style=plain class=OK
 import torch
 
 

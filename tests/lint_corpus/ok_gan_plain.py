@@ -1,3 +1,4 @@
+# corpus: style=gan class=OK
 # two optimizers, no accumulation: stepping every batch is right
 import torch
 

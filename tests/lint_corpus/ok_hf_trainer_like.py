@@ -1,3 +1,4 @@
+# corpus: style=hf class=OK
 # Hugging Face Trainer-like: the inner loop calls training_step, which does one backward
 import contextlib
 import functools

@@ -1,3 +1,4 @@
+# corpus: style=lightning class=OK
 import lightning as L
 
 

@@ -1,3 +1,4 @@
+# corpus: style=nanogpt class=OK
 # nanoGPT-style: globals, an inner micro-step loop, DDP sync flag set before the forward
 import os
 import torch

@@ -1,3 +1,4 @@
+# corpus: style=ddp class=OK
 import contextlib
 
 import torch

@@ -1,3 +1,4 @@
+# corpus: style=k1 class=OK
 """Plain training, no accumulation: step every batch is correct."""
 import torch
 from torch import nn

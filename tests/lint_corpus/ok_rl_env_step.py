@@ -1,3 +1,4 @@
+# corpus: style=rl class=OK
 # RL: env.step() is not an optimizer step; no accumulation in sight
 import torch
 

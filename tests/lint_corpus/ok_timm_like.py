@@ -1,3 +1,4 @@
+# corpus: style=timm class=OK
 # timm-style train_one_epoch: need_update flag, backward inside local closures, no_sync
 import time
 from contextlib import suppress

@@ -1,3 +1,4 @@
+# corpus: style=hf class=OK
 # torchtitan-style: sum the token losses, divide by the window's token count
 import torch
 import torch.nn.functional as F

@@ -1,3 +1,4 @@
+# corpus: style=trainer_class class=OK
 import torch
 
 
