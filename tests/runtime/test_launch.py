@@ -87,3 +87,56 @@ def test_error_is_reported_before_the_teardown_barrier_times_out() -> None:
         run_on_ranks(_raise_early_on_rank0, 2, timeout=120)
     assert info.value.rank == 0
     assert time.monotonic() - t0 < 30  # not the 96 s process-group timeout
+
+
+def _exit_on_rank1(rank: int, world: int) -> None:
+    if rank == 1:
+        os._exit(3)  # dies without reporting; rank 0's collective then breaks
+    time.sleep(0.5)
+    dist.barrier()
+
+
+def _signal_on_rank1(rank: int, world: int) -> None:
+    import signal
+
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.5)
+    dist.barrier()
+
+
+@pytest.mark.parametrize(("fn", "text"), [(_exit_on_rank1, "exited with code 3"),
+                                          (_signal_on_rank1, "killed by signal SIGKILL")])
+def test_the_rank_that_died_is_the_one_named(fn, text: str) -> None:  # noqa: ANN001
+    with pytest.raises(RankFailedError) as info:
+        run_on_ranks(fn, 2, timeout=60)
+    assert info.value.rank == 1, str(info.value)
+    assert text in str(info.value)
+    assert str(info.value).startswith("[rank 1]")
+
+
+@pytest.mark.parametrize("timeout", [0, -1, float("nan"), float("inf")])
+def test_a_timeout_that_cannot_work_is_refused_up_front(timeout: float) -> None:
+    with pytest.raises(ConfigError, match=r"timeout .* must be a positive number"):
+        run_on_ranks(_sum_ranks, 2, (1.0,), timeout=timeout)
+
+
+def test_more_ranks_than_the_machine_can_start_are_refused(monkeypatch) -> None:  # noqa: ANN001
+    from accumguard.runtime.launch import max_ranks
+
+    monkeypatch.delenv("ACCUMGUARD_MAX_RANKS", raising=False)
+    limit = max_ranks()
+    assert limit >= 2
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError, match=r"more ranks than this machine can start"):
+        run_on_ranks(_sum_ranks, limit + 1, (1.0,), timeout=60)
+    assert time.monotonic() - t0 < 2  # refused before anything started
+    monkeypatch.setenv("ACCUMGUARD_MAX_RANKS", "1")
+    assert max_ranks() == 1
+
+
+def test_a_timeout_while_starting_says_so() -> None:
+    err = RankTimeoutError([0, 1], 5.0, starting=[0, 1])
+    assert "had finished starting" in str(err) and "too loaded" in str(err)
+    err = RankTimeoutError([0], 5.0, starting=[])
+    assert "collective" in str(err)

@@ -78,18 +78,27 @@ class RankFailedError(DistributedError):
 
 
 class RankTimeoutError(DistributedError):
-    """One or more ranks did not finish within the timeout."""
+    """One or more ranks did not finish within the timeout. ``starting``: the ones among
+    them that had not even joined the process group (a machine too loaded for W ranks)."""
 
-    def __init__(self, ranks: list[int], timeout: float) -> None:
+    def __init__(self, ranks: list[int], timeout: float,
+                 starting: list[int] | None = None) -> None:
         self.ranks = ranks
         self.timeout = timeout
+        self.starting = list(starting or [])
         names = ", ".join(f"rank {r}" for r in ranks)
-        super().__init__(
-            f"{names} did not finish within {timeout:.0f} s and were killed. A rank that "
-            "waits forever usually sits in a collective that another rank never entered "
-            "(different number of micro-batches per rank, or a rank that returned early); "
-            "raise the timeout only if the work is genuinely that slow."
-        )
+        if self.starting and len(self.starting) == len(ranks):
+            why = ("None of them had finished starting (importing torch, joining the "
+                   "rendezvous): this machine is too slow or too loaded for this many ranks. "
+                   "Use fewer ranks or a longer timeout")
+        else:
+            why = ("A rank that waits forever usually sits in a collective that another rank "
+                   "never entered (different number of micro-batches per rank, or a rank that "
+                   "returned early); raise the timeout only if the work is genuinely that slow")
+            if self.starting:
+                why = (f"{', '.join(f'rank {r}' for r in self.starting)} had not finished "
+                       f"starting. {why}")
+        super().__init__(f"{names} did not finish within {timeout:g} s and were killed. {why}.")
 
 
 class MissingDependencyError(AccumguardError, ImportError):

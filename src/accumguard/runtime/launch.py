@@ -9,7 +9,16 @@ demo all go through :func:`run_on_ranks`. Its guarantees:
 * a worker that raises is reported as :class:`RankFailedError` with its rank
   and traceback, and the other ranks are killed instead of waiting forever;
 * a hard wall-clock timeout; on expiry every rank's process group is killed
-  (:class:`RankTimeoutError`), so no orphan survives the call;
+  (:class:`RankTimeoutError`, naming the ranks that were still *starting* apart from
+  the ones that hung), so no orphan survives the call;
+* the rank that died is the one named: a rank that exits (``os._exit``, a signal, a
+  native crash) without reporting is blamed, not the peer whose collective then broke;
+* SIGTERM, SIGINT or SIGHUP to the parent (a CI cancellation, a job scheduler, a
+  closed terminal) terminates every rank's process group (SIGTERM, a short grace,
+  then SIGKILL) before the parent dies of the same signal; each rank also asks the
+  kernel to kill it if the parent dies without cleaning up (``PR_SET_PDEATHSIG``);
+* arguments that cannot work are refused up front: a timeout that is not positive,
+  more ranks than this machine can start;
 * ``barrier`` + ``destroy_process_group`` in ``finally`` on every rank.
 
 The function must be importable by the child (a module-level function), since
@@ -20,20 +29,32 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import math
 import multiprocessing as mp
 import os
 import pickle
 import queue
 import signal
+import sys
 import tempfile
+import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from types import FrameType
 from typing import Any
 
 from accumguard.core.errors import ConfigError, RankFailedError, RankTimeoutError
 
-__all__ = ["run_on_ranks", "free_env"]
+__all__ = ["run_on_ranks", "free_env", "max_ranks"]
+
+#: Signals of the parent that end every rank (then the parent, as the signal would have).
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+#: Seconds a rank gets to exit after SIGTERM before it is killed.
+KILL_GRACE = 1.5
+# Rough resident size of one CPU rank with torch imported and a small model (measured
+# 300-400 MB here); used to refuse a world size the machine cannot hold.
+_RANK_MEMORY = 300 * 2**20
 
 # Variables a parent torchrun job would leak into our workers.
 _LEAKY_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -46,6 +67,37 @@ def free_env() -> dict[str, str]:
         for k, v in os.environ.items()
         if k not in _LEAKY_ENV and not k.startswith("TORCHELASTIC_")
     }
+
+
+def max_ranks() -> int:
+    """How many ranks this machine can start in reasonable time: 4 per usable CPU core and
+    what the available memory holds at ~300 MB a rank (``ACCUMGUARD_MAX_RANKS`` overrides)."""
+    override = os.environ.get("ACCUMGUARD_MAX_RANKS")
+    if override and override.isdigit() and int(override) > 0:
+        return int(override)
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    limit = 4 * cpus
+    with contextlib.suppress(OSError, ValueError), open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                limit = min(limit, int(line.split()[1]) * 1024 // _RANK_MEMORY)
+    return max(2, limit)
+
+
+def _die_with_parent() -> None:
+    """Linux: the kernel SIGKILLs this rank when the parent dies, even by SIGKILL (which no
+    handler sees). Elsewhere a no-op; the parent's signal handlers still clean up."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
 
 
 def _worker(
@@ -61,8 +113,12 @@ def _worker(
     env: dict[str, str],
 ) -> None:
     # Own process group, so that the parent can kill this rank and anything it started.
+    parent = os.getppid()
     with contextlib.suppress(OSError):
         os.setpgrp()
+    _die_with_parent()
+    if os.getppid() != parent:  # the parent died before the death signal was armed
+        os._exit(1)
     os.environ.update(env)
     os.environ.update(
         {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
@@ -86,6 +142,7 @@ def _worker(
                                     world_size=world_size, timeout=timeout)
         if backend == "nccl":
             torch.cuda.set_device(rank % torch.cuda.device_count())
+        results.put((rank, "started", b""))
         failed = True
         try:
             value = fn(rank, world_size, *args)
@@ -108,16 +165,84 @@ def _worker(
             results.put((rank, "error", traceback.format_exc()))
 
 
-def _kill(procs: list[mp.process.BaseProcess]) -> None:
-    for p in procs:
-        if p.pid is None:
-            continue
+def _kill(procs: list[mp.process.BaseProcess], grace: float = 0.0) -> None:
+    """End every rank and everything it started (its own process group): SIGTERM, up to
+    ``grace`` seconds to exit, then SIGKILL."""
+    live = [p for p in procs if p.pid is not None]
+    if grace > 0:
+        for p in live:
+            with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
+                os.killpg(p.pid, signal.SIGTERM)  # type: ignore[arg-type]
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(p.is_alive() for p in live):
+            time.sleep(0.05)
+    for p in live:
         with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
-            os.killpg(p.pid, signal.SIGKILL)
+            os.killpg(p.pid, signal.SIGKILL)  # type: ignore[arg-type]
         with contextlib.suppress(Exception):
             p.kill()
-    for p in procs:
+    for p in live:
         p.join(timeout=5)
+
+
+class _ParentSignal(BaseException):
+    """Raised in the parent by a forwarded signal, so ``finally`` blocks clean up first."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(f"received {signal.Signals(signum).name}")
+
+
+@contextlib.contextmanager
+def _forward_signals() -> Iterator[None]:
+    """While ranks run: SIGTERM/SIGINT/SIGHUP become an exception in the parent (so the
+    spawner's ``finally`` terminates the ranks), and once they are gone the parent dies
+    of the same signal with its previous handler (exit status 128 + signal, as expected
+    by shells and schedulers; SIGINT stays a KeyboardInterrupt). Only the main thread
+    can install handlers; elsewhere the parent-death signal of each rank still applies."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous: dict[int, Any] = {}
+    fired: list[int] = []
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if fired:  # a second signal must not interrupt the cleanup the first one started
+            return
+        fired.append(signum)
+        raise _ParentSignal(signum)
+
+    for sig in FORWARDED_SIGNALS:
+        with contextlib.suppress(ValueError, OSError):
+            previous[sig] = signal.signal(sig, handler)
+    try:
+        yield
+    except _ParentSignal as got:
+        _restore(previous)
+        previous = {}
+        if got.signum == signal.SIGINT:
+            raise KeyboardInterrupt from None
+        os.kill(os.getpid(), got.signum)  # the previous handler (default: die) takes it
+        time.sleep(1.0)  # pragma: no cover - a handler that returns: carry on as interrupted
+        raise
+    finally:
+        _restore(previous)
+
+
+def _restore(previous: dict[int, Any]) -> None:
+    for sig, old in previous.items():
+        with contextlib.suppress(ValueError, OSError, TypeError):
+            signal.signal(sig, old)
+
+
+def _exit_text(code: int | None) -> str:
+    if code is None:
+        return "is still running"
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by signal {signal.Signals(-code).name}"
+        return f"was killed by signal {-code}"
+    return f"exited with code {code}"
 
 
 def run_on_ranks(
@@ -136,8 +261,20 @@ def run_on_ranks(
     Raises :class:`RankFailedError` for the first rank that raised (others are
     killed), :class:`RankTimeoutError` when ``timeout`` seconds pass first.
     """
-    if not isinstance(world_size, int) or world_size < 1:
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ConfigError(f"world_size ({world_size!r}) must be a positive int, e.g. 2")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or \
+            not math.isfinite(timeout) or timeout <= 0:
+        raise ConfigError(
+            f"timeout ({timeout!r}) must be a positive number of seconds; expected the time "
+            "the whole run may take, e.g. 300 (0 would kill the ranks before they start)")
+    limit = max_ranks()
+    if world_size > limit:
+        raise ConfigError(
+            f"world_size {world_size} is more ranks than this machine can start in time "
+            f"(limit {limit}: 4 per usable CPU core and ~300 MB of available memory per "
+            "rank); expected at most that. Use fewer ranks (the accumulation is checked the "
+            "same with 2), or set ACCUMGUARD_MAX_RANKS to override")
     if rendezvous not in ("tcp", "file"):
         raise ConfigError(f"rendezvous ({rendezvous!r}) must be 'tcp' or 'file'")
     import torch.distributed as dist
@@ -169,39 +306,92 @@ def run_on_ranks(
         for r in range(world_size)
     ]
     out: dict[int, Any] = {}
-    try:
-        for p in procs:
-            p.start()
-        deadline = time.monotonic() + timeout
-        while len(out) < world_size:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise RankTimeoutError(sorted(set(range(world_size)) - set(out)), timeout)
-            try:
-                rank, status, value = results.get(timeout=min(remaining, 0.5))
-            except queue.Empty:
-                dead = [r for r, p in enumerate(procs)
-                        if r not in out and p.exitcode is not None]
-                if dead:
-                    # Give a late result a moment to arrive through the queue.
-                    try:
-                        rank, status, value = results.get(timeout=2.0)
-                    except queue.Empty:
-                        r = dead[0]
-                        raise RankFailedError(
-                            r, f"process exited with code {procs[r].exitcode} "
-                            "without reporting (killed, or crashed in native code)") from None
-                else:
-                    continue
-            if status == "error":
-                raise RankFailedError(rank, value)
-            out[rank] = pickle.loads(value)
-        for p in procs:
-            p.join(timeout=10)
-        return [out[r] for r in range(world_size)]
-    finally:
-        _kill([p for p in procs if p.is_alive() or p.exitcode is None])
-        results.close()
-        if tmpdir is not None:
-            tmpdir.cleanup()
-        del store
+    started: set[int] = set()
+    grace = 0.0
+    # The ranks are ended inside the signal context: the parent dies of a forwarded signal
+    # only after this `finally` has run.
+    with _forward_signals():
+        try:
+            for p in procs:
+                p.start()
+            _collect(procs, results, out, started, timeout)
+            for p in procs:
+                p.join(timeout=10)
+            return [out[r] for r in range(world_size)]
+        except _ParentSignal:
+            grace = KILL_GRACE  # let ranks run their own cleanup first
+            raise
+        finally:
+            _kill([p for p in procs if p.is_alive() or p.exitcode is None], grace=grace)
+            results.close()
+            if tmpdir is not None:
+                tmpdir.cleanup()
+            del store
+
+
+def _collect(procs: list[Any], results: Any, out: dict[int, Any], started: set[int],
+             timeout: float) -> None:
+    """Read results until every rank reported; raise for the rank that really failed."""
+    world_size = len(procs)
+    deadline = time.monotonic() + timeout
+    while len(out) < world_size:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            missing = sorted(set(range(world_size)) - set(out))
+            raise RankTimeoutError(missing, timeout,
+                                   starting=[r for r in missing if r not in started])
+        try:
+            rank, status, value = results.get(timeout=min(remaining, 0.5))
+        except queue.Empty:
+            dead = _silent_deaths(procs, out, set())
+            if dead:
+                # Give a late result a moment to arrive through the queue.
+                try:
+                    rank, status, value = results.get(timeout=2.0)
+                except queue.Empty:
+                    r = dead[0]
+                    raise RankFailedError(
+                        r, f"process {_exit_text(procs[r].exitcode)} without reporting "
+                        "(os._exit, a signal, or a crash in native code)") from None
+            else:
+                continue
+        if status == "started":
+            started.add(rank)
+            continue
+        if status == "error":
+            _raise_root_cause(procs, results, out, rank, value)
+        out[rank] = pickle.loads(value)
+
+
+def _silent_deaths(procs: list[Any], out: dict[int, Any], errored: set[int]) -> list[int]:
+    return [r for r, p in enumerate(procs)
+            if r not in out and r not in errored and p.exitcode is not None]
+
+
+def _raise_root_cause(procs: list[Any], results: Any, out: dict[int, Any], rank: int,
+                      remote: str) -> None:
+    """A rank raised. If another rank died *without* reporting (os._exit, a signal), that
+    one is the cause and this error its consequence (its collective lost a peer): wait a
+    moment for such a death, and blame the dead rank, quoting the other's error."""
+    errored = {rank}
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        dead = _silent_deaths(procs, out, errored)
+        if dead:
+            r = dead[0]
+            # A report from the dead rank may still be in the pipe: it wins if it is there.
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    late_rank, status, value = results.get(timeout=0.3)
+                    if late_rank == r and status == "error":
+                        raise RankFailedError(r, value)
+            last = remote.strip().splitlines()[-1] if remote.strip() else "an error"
+            raise RankFailedError(
+                r, f"process {_exit_text(procs[r].exitcode)} without reporting (os._exit, a "
+                f"signal, or a crash in native code); rank {rank} then failed with: {last}")
+        if all(p.exitcode is None for i, p in enumerate(procs) if i not in out and i != rank):
+            # Every other rank is alive: give a dying one a moment, then stop waiting.
+            time.sleep(0.1)
+        else:
+            time.sleep(0.05)
+    raise RankFailedError(rank, remote)
