@@ -20,6 +20,33 @@ __all__ = ["audit_main", "load_object", "build_parser"]
 EXIT_PASS, EXIT_FAIL, EXIT_ERROR = 0, 1, 2
 
 
+def positive_seconds(text: str) -> float:
+    """argparse type: a positive, finite number of seconds (``--timeout 0`` cannot work:
+    the ranks would be killed before they start)."""
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(
+            f"{text} must be a positive number of seconds, e.g. 300 (0 would kill the ranks "
+            "before they start)")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type: a positive int (ranks, steps)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} must be a positive integer, e.g. 2")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="accumguard audit",
@@ -30,13 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "MODULE is a dotted module name or a path to a .py file")
     p.add_argument("loop", metavar="MODULE:LOOP",
                    help="your loop, loop(ctx) -> None (a module-level function)")
-    p.add_argument("--world-size", type=int, default=2, help="ranks to spawn (default 2)")
+    p.add_argument("--world-size", type=positive_int, default=2,
+                   help="ranks to spawn (default 2)")
     p.add_argument("--steps", type=int, default=None,
                    help="audit only the first N optimizer steps (default: all data)")
     p.add_argument("--json", metavar="FILE", default=None, help="write the full report as JSON")
     p.add_argument("--fp32-reference", action="store_true",
                    help="compute the reference in float32 instead of float64 (faster, looser)")
-    p.add_argument("--timeout", type=float, default=300.0,
+    p.add_argument("--timeout", type=positive_seconds, default=300.0,
                    help="kill all ranks after S seconds (default 300)")
     p.add_argument("--tolerance", type=float, default=None,
                    help="override the relative-error tolerance (default: from the dtype)")

@@ -48,6 +48,12 @@ class _Error(Exception):
     """A one-line error for the user (exit code 2)."""
 
 
+def _positive_seconds(text: str) -> float:
+    from accumguard.cli.audit import positive_seconds
+
+    return positive_seconds(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from accumguard import __version__
 
@@ -75,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--no-plot", action="store_true", help="do not write the PNG")
     d.add_argument("--steps", type=int, default=None,
                    help="optimizer steps per loop (default 3; 2 with --quick)")
-    d.add_argument("--timeout", type=float, default=600.0,
+    d.add_argument("--timeout", type=_positive_seconds, default=600.0,
                    help="kill the ranks of an engine family after S seconds (default 600)")
 
     for name, (_, _, text) in _DELEGATED.items():
