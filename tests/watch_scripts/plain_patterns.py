@@ -96,18 +96,18 @@ elif args.case == "fp32buf":
     for i in range(12):
         x, y = batch()
         m(x.bfloat16(), y).loss.div(16).backward()
-        for b, q in zip(bufs, m.parameters()):
+        for b, q in zip(bufs, m.parameters(), strict=True):
             if q.grad is not None:
                 b += q.grad.float()
                 q.grad = None
         if (i + 1) % 4 == 0:
-            for b, q in zip(bufs, master):
+            for b, q in zip(bufs, master, strict=True):
                 q.grad = b.clone()
                 b.zero_()
             opt.step()
             opt.zero_grad()
             with torch.no_grad():
-                for q, mq in zip(m.parameters(), master):
+                for q, mq in zip(m.parameters(), master, strict=True):
                     q.copy_(mq)
 elif args.case in ("epochs", "leak"):
     m = Net()

@@ -10,6 +10,7 @@ the command's process group, so no rank is left behind.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -117,10 +118,8 @@ def _run(command: list[str], env: dict[str, str]) -> tuple[int, str | None]:
 
 
 def _kill_group(pgid: int, signum: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _group_alive(pgid: int) -> bool:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Conservation", "checksums", "conservation"]
+__all__ = ["Conservation", "checksums", "conservation", "grad_versions"]
 
 
 def _local(g: torch.Tensor) -> torch.Tensor:
@@ -34,21 +34,33 @@ def _local(g: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def checksums(params: Sequence[torch.Tensor]) -> torch.Tensor:
     """``[P, 3]`` float64 CPU: (sum, even-position sum, abs sum) of each ``.grad`` (0 if None)."""
-    rows = []
-    zero = None
+    out = torch.zeros((len(params), 3), dtype=torch.float64)
+    idx = []
+    flats = []
+    for i, p in enumerate(params):
+        g = p.grad
+        if g is not None:
+            idx.append(i)
+            flats.append(_local(g.detach()).reshape(-1))
+    if not flats:
+        return out
+    sums = torch.stack([f.sum() for f in flats] + [f[::2].sum() for f in flats])
+    abs_sums = torch.stack(torch._foreach_norm(flats, 1)) if hasattr(torch, "_foreach_norm") \
+        else torch.stack([f.abs().sum() for f in flats])
+    n = len(flats)
+    rows = torch.stack([sums[:n], sums[n:], abs_sums.to(sums.dtype)], dim=1)
+    out[idx] = rows.to("cpu", torch.float64)
+    return out
+
+
+def grad_versions(params: Sequence[torch.Tensor]) -> list[tuple[int, int] | None]:
+    """Identity and in-place version of each ``.grad``: equal lists mean untouched grads,
+    so a checksum need not be recomputed."""
+    out: list[tuple[int, int] | None] = []
     for p in params:
         g = p.grad
-        if g is None:
-            if zero is None:
-                zero = torch.zeros(3, dtype=torch.float64)
-            rows.append(zero)
-            continue
-        flat = _local(g.detach()).reshape(-1)
-        rows.append(torch.stack([flat.sum(), flat[::2].sum(), flat.abs().sum()])
-                    .to(torch.float64))
-    if not rows:
-        return torch.zeros((0, 3), dtype=torch.float64)
-    return torch.stack(rows).cpu()
+        out.append(None if g is None else (id(g), int(g._version)))
+    return out
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from accumguard.observe._checksum import checksums, conservation
+from accumguard.observe._checksum import checksums, conservation, grad_versions
 from accumguard.observe._collectives import CollectiveCounter
 from accumguard.observe._events import (
     BackwardEvent,
@@ -92,11 +92,14 @@ class Observer:
         record_updates: keep each applied step's parameter update (float64 CPU, local
             shards) on the step event.
         every: check conservation on every N-th window only (cost control).
+        budget: with ``every=1``, skip windows while the checksums have cost more than
+            this fraction of the run's wall time (the first windows are always checked).
     """
 
     def __init__(self, roots: Iterable[torch.nn.Module] | None = None, *,
                  auto_roots: bool = False, conservation: bool = True,
-                 record_updates: bool = False, every: int = 1) -> None:
+                 record_updates: bool = False, every: int = 1,
+                 budget: float | None = None) -> None:
         self.listeners: list[Any] = []
         self.roots: dict[int, torch.nn.Module] = {}
         self._given_roots = list(roots or [])
@@ -104,6 +107,10 @@ class Observer:
         self.check_conservation = conservation
         self.record_updates = record_updates
         self.every = max(1, int(every))
+        self.budget = budget
+        self._t_start = time.perf_counter()
+        self._t_checks = 0.0
+        self._window_checked: bool | None = None
         self.patches = Patches()
         self.counter = CollectiveCounter(self._on_collective)
         self.installed = False
@@ -125,6 +132,7 @@ class Observer:
         self._in_observer = 0
         self._last_sync_forward: bool | None = None
         self._tracked: list[torch.Tensor] = []
+        self._end_versions: list[tuple[int, int] | None] = []
         self._tracked_names: dict[int, str] = {}
         self._tracked_ids: set[int] = set()
         self._fsdp_groups: dict[int, list[Any]] = {}
@@ -421,8 +429,18 @@ class Observer:
                 ev.ds_boundary = bool(engine.is_gradient_accumulation_boundary())
                 ev.ds_coalescing = bool(getattr(engine, "inside_no_sync_ctxt", False))
         track = self._tracking()
+        t0 = time.perf_counter()
         if track:
-            w.starts.append(self._checksums())
+            # Unchanged grads since the previous backward's end (same tensors, same in-place
+            # version): reuse that checksum instead of recomputing it.
+            versions = grad_versions(self._tracked)
+            if w.ends and versions == self._end_versions:
+                w.starts.append(w.ends[-1])
+            elif not w.ends and all(v is None for v in versions):
+                w.starts.append(torch.zeros((len(self._tracked), 3), dtype=torch.float64))
+            else:
+                w.starts.append(self._checksums())
+            self._t_checks += time.perf_counter() - t0
         self._emit("on_backward_start", ev)
         self._bw_depth += 1
         self._bw_current = ev
@@ -432,7 +450,10 @@ class Observer:
             self._bw_depth -= 1
             self._bw_current = None
             if track and len(w.starts) > len(w.ends):
+                t0 = time.perf_counter()
                 w.ends.append(self._checksums())
+                self._end_versions = grad_versions(self._tracked)
+                self._t_checks += time.perf_counter() - t0
             w.backwards.append(ev)
             w.bw_since_engine_step += 1
             w.zero_since_backward = 0
@@ -518,9 +539,12 @@ class Observer:
         self._step_checksum = None
         self._step_members = None
         if self._tracking() and w.starts and len(w.starts) == len(w.ends):
-            self._step_checksum = self._checksums()
+            t0 = time.perf_counter()
+            same = grad_versions(self._tracked) == self._end_versions
+            self._step_checksum = w.ends[-1] if same else self._checksums()
             members = {id(p) for g in getattr(opt, "param_groups", []) for p in g["params"]}
             self._step_members = [id(p) in members for p in self._tracked]
+            self._t_checks += time.perf_counter() - t0
         if self.record_updates:
             self._before = self._snapshot(opt, engine)
         self._emit("on_step_start", self)
@@ -536,6 +560,7 @@ class Observer:
         self._before = None
         cons = None
         chk = None
+        t0 = time.perf_counter()
         if self._step_checksum is not None and self._step_members is not None:
             mask = torch.tensor(self._step_members, dtype=torch.bool)
             if bool(mask.any()) and len(w.starts) == len(w.backwards):
@@ -546,6 +571,7 @@ class Observer:
                                     ends=[e[mask] for e in w.ends], received=received,
                                     tol=_tol_for(dtype))
                 chk = [float(x) for x in received.sum(0)]
+            self._t_checks += time.perf_counter() - t0
         loss: float | None = None
         if w.loss_ok and w.backwards and isinstance(w.loss, torch.Tensor):
             loss = float(w.loss)
@@ -574,6 +600,7 @@ class Observer:
             wall=time.perf_counter() - self._step_t0, updates=updates)
         self.step += 1
         self._w = _Window()
+        self._window_checked = None
         self._emit("on_step", ev)
 
     # -- zero_grad, schedulers, clipping --------------------------------------------------------
@@ -667,7 +694,13 @@ class Observer:
             return False
         if self.engine_info is not None and (self.engine_info.zero_stage or 0) >= 1:
             return False  # ZeRO >= 1 keeps gradients in engine buffers, not in .grad
-        return self.step % self.every == 0
+        if self._window_checked is None:  # decided once per window, at its first event
+            ok = self.step % self.every == 0
+            if ok and self.budget is not None and self.step >= 2:
+                elapsed = time.perf_counter() - self._t_start
+                ok = self._t_checks <= self.budget * elapsed
+            self._window_checked = ok
+        return self._window_checked
 
     def _checksums(self) -> torch.Tensor:
         with self._quiet():
@@ -698,8 +731,18 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return to_local() if callable(to_local) else t
 
 
+_KINDS: dict[type, str] = {}
+
+
 def _engine_kind(module: Any) -> str:
-    for cls in type(module).__mro__:
+    kind = _KINDS.get(type(module))
+    if kind is None:
+        kind = _KINDS[type(module)] = _kind_of(type(module))
+    return kind
+
+
+def _kind_of(typ: type) -> str:
+    for cls in typ.__mro__:
         name = cls.__name__
         if name == "DistributedDataParallel":
             return "ddp"

@@ -143,10 +143,9 @@ def _rank_findings(rank: int, steps: list[dict[str, Any]], info: dict[str, Any],
     ds_ga = info.get("gradient_accumulation_steps")
     stage = info.get("zero_stage")
     managed = info.get("managed_accumulation", True)
-    for i, w in enumerate(windows):
+    for w in windows:
         n = w["window"]
         step = w["step"]
-        last_window = i == len(windows) - 1
         # F14: DeepSpeed accumulates K itself and the loop runs several backwards per step()
         if (isinstance(ds_ga, int) and ds_ga > 1 and managed
                 and int(w.get("max_backwards_per_engine_step", 0)) > 1):
