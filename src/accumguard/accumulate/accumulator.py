@@ -140,8 +140,8 @@ def _check_optimizer_params(model: Any, optimizer: Any) -> None:
     if mine and not any(id(p) in mine for p in params):
         raise ConfigError(
             f"the {type(optimizer).__name__} holds {len(params)} parameters but none of them "
-            "belongs to the model given to the Accumulator, so no step would change it. Build "
-            "the optimizer from this model's parameters (after wrapping it: for FSDP2, after "
+            "belongs to the model given to the Accumulator, so no step would change it; "
+            "expected this model's parameters. Build the optimizer from them (after wrapping it: for FSDP2, after "
             "fully_shard)")
 
 
