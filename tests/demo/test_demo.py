@@ -1,28 +1,30 @@
-"""``accumguard demo`` as a library: options, expectations, and the DeepSpeed matrix.
+"""``accumguard demo`` as a library: options, expectations, the summary and the pictures.
 
 The torch engines' loops are audited in test_loops.py and the CLI's quick demo in
-test_cli.py; here the slow test runs the demo on DeepSpeed ZeRO 1/2/3 for real
-(one spawn: Accumulator, native-GA loop, the seed's GA=1 bug F2).
+test_cli.py; the DeepSpeed matrix and the story run for real in test_demo_story.py.
 """
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 
 import pytest
 
 from accumguard.core.errors import ConfigError
+from accumguard.core.taxonomy import fix_for, title
+from accumguard.demo import story
+from accumguard.demo.console import summary_lines
 from accumguard.demo.demo import (
     DemoOptions,
     DemoResult,
     DemoRow,
     demo_setup,
     parse_engines,
-    run_demo,
 )
 from accumguard.demo.loops import ENGINES
+from accumguard.demo.plots import STORY_PNG, plot_story
+from accumguard.demo.story import MATCH_TOLERANCE, WORSE_MARGIN, StoryResult, story_runs
 
 
 def test_parse_engines() -> None:
@@ -68,28 +70,86 @@ def test_exit_code_follows_expectations() -> None:
     assert result(_row(True), _row(None, "SKIP")).exit_code == 0
     assert result(_row(True), _row(False, "FAIL")).exit_code == 1
     assert result(_row(None, "SKIP")).exit_code == 1  # nothing ran: not a success
+    failed_story = result(_row(True))
+    failed_story.story = _story({"deepspeed-z2/accumulator": 1e-2})
+    assert failed_story.exit_code == 1                # a story expectation failed
 
 
-@pytest.mark.slow
-@pytest.mark.deepspeed
-@pytest.mark.deepspeed
-def test_demo_on_deepspeed(tmp_path: Path) -> None:
-    stream = io.StringIO()
-    result = run_demo(DemoOptions(engines=parse_engines("deepspeed"), out=tmp_path,
-                                  steps=3, plot=False), stream=stream)
-    text = stream.getvalue()
-    assert result.exit_code == 0, text
-    by_key = {r.key: r for r in result.rows}
-    for stage in (1, 2, 3):
-        assert by_key[f"deepspeed-z{stage}/accumulator"].verdict == "PASS", text
-        assert by_key[f"deepspeed-z{stage}/correct"].verdict == "PASS", text
-    for stage in (1, 2):
-        f2 = by_key[f"deepspeed-z{stage}/bug-F2"]
-        assert f2.verdict == "FAIL" and f2.diagnosis == "F2", text
-    # The Accumulator's coalesced path reduces gradients once per optimizer step.
-    assert by_key["deepspeed-z2/accumulator"].collectives_per_step == 1
-    doc = json.loads((tmp_path / "demo-report.json").read_text())
-    assert doc["passed"] is True and len(doc["rows"]) == len(result.rows)
+def test_story_by_default_except_quick() -> None:
+    assert DemoOptions().run_story and not DemoOptions(quick=True).run_story
+    assert not DemoOptions(story=False).run_story and DemoOptions(quick=True, story=True).run_story
+
+
+# ----------------------------------------------------------------------------- the story, offline
+def _story(offsets: dict[str, float] | None = None, steps: int = 32) -> StoryResult:
+    """A story judged from synthetic curves: the reference falls; each run is the reference
+    plus ``offsets[key]`` (the hand loop +1.5 unless given)."""
+    offsets = {"deepspeed-z2/bug-F2": 1.5, **(offsets or {})}
+    ref = [4.0 * 0.95 ** i for i in range(steps + 1)]
+    got = {key: [x + offsets.get(key, 0.0) * i / steps for i, x in enumerate(ref)]
+           for key, _, _ in story_runs()}
+    keys = [key for key, _, _ in story_runs() if key != story.REFERENCE_KEY]
+    series = [story._judge(key, label, expected, got, keys)
+              for key, label, expected in story_runs()]
+    return StoryResult(steps=steps, accumulation_steps=4, world_size=2, micro_batch_rows=4,
+                       lr=1.0, eval_sequences=64, eval_tokens=500, series=series, notes=[])
+
+
+def test_story_judges_each_run_against_the_large_batch() -> None:
+    ok = _story()
+    assert ok.ok and all(s.as_expected for s in ok.series)
+    assert ok.headline() == "ZeRO-2 hand loop: +1.50 loss at step 32; trains on 1/4 of the data"
+    # A correct run off by more than the tolerance fails; within it, passes.
+    assert not _story({"deepspeed-z2/accumulator": 2 * MATCH_TOLERANCE}).ok
+    assert _story({"deepspeed-z2/accumulator": MATCH_TOLERANCE / 2}).ok
+    # The hand loop must end clearly worse, not merely different.
+    assert not _story({"deepspeed-z2/bug-F2": WORSE_MARGIN / 2}).ok
+    assert not _story({"deepspeed-z2/bug-F2": -0.5}).ok
+    # A run with another number of optimizer steps than the large batch fails.
+    bad = _story()
+    got = {s.key: s.eval_loss for s in bad.series}
+    got["ddp/accumulator"] = got["ddp/accumulator"][:-1]
+    s = story._judge("ddp/accumulator", "x", "match", got, list(got))
+    assert s.as_expected is False and "31 optimizer steps" in s.note
+
+
+def test_story_json_is_strict_and_has_samples() -> None:
+    doc = _story().to_dict()
+    json.dumps(doc, allow_nan=False)
+    by_key = {s["key"]: s for s in doc["series"]}
+    f2 = by_key["deepspeed-z2/bug-F2"]
+    assert f2["optimizer_steps"] == 32 and len(f2["samples"]) == len(f2["eval_loss"]) == 33
+    assert f2["samples"][1] == doc["samples_per_step"] == 32
+    nan = _story()
+    nan.series[2].eval_loss[-1] = float("nan")
+    assert json.dumps(nan.to_dict(), allow_nan=False)
+
+
+def _broken(engine: str, bug: str, err: float, steps: int = 3) -> DemoRow:
+    return DemoRow(engine=engine, loop=f"bug-{bug}", kind="broken", expected=bug,
+                   description=f"the {bug} loop", verdict="FAIL", as_expected=True,
+                   max_update_error=err, diagnosis=bug, optimizer_steps=steps,
+                   reference_steps=3)
+
+
+def test_summary_is_three_lines_per_class_in_the_taxonomy_words() -> None:
+    rows = [_broken("deepspeed-z1", "F2", 0.8), _broken("deepspeed-z2", "F2", 0.81),
+            _broken("ddp", "F1", 0.83, steps=12), _row(True)]
+    lines = summary_lines(rows, _story())
+    assert len(lines) == 6
+    f2, how, fix = lines[:3]
+    assert f2.startswith("F2 (deepspeed-z1, deepspeed-z2): ") and title("F2") in f2
+    assert "81%" in how and "8.1e-01" in how and "+1.50 higher" in how
+    assert fix.strip() == f"fix: {fix_for('F2')}"
+    assert "12 optimizer steps instead of 3" in lines[4]
+    assert lines[5].strip() == f"fix: {fix_for('F1')}"
+    assert summary_lines([_row(True)]) == []
+
+
+def test_pictures_are_written_and_small(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    path = plot_story(_story(), tmp_path)
+    assert path.name == STORY_PNG and 10_000 < path.stat().st_size < 200_000
 
 
 def test_cli_modules_import_no_optional_dependency() -> None:

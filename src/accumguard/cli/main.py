@@ -76,9 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated: ddp, zero1, fsdp2 (both), fsdp2-zero2, fsdp2-zero3, "
                         "deepspeed (all), deepspeed-z1/z2/z3, all (default: all)")
     d.add_argument("--out", default="accumguard-out", metavar="DIR",
-                   help="output folder for demo-report.json and demo-loss.png "
+                   help="output folder for demo-report.json and the PNGs "
                         "(default ./accumguard-out)")
-    d.add_argument("--no-plot", action="store_true", help="do not write the PNG")
+    d.add_argument("--no-plot", action="store_true", help="do not write the PNGs")
+    d.add_argument("--no-story", action="store_true",
+                   help="skip the story part (32 steps of the ZeRO-2 hand loop vs the large "
+                        "batch; skipped anyway with --quick)")
     d.add_argument("--steps", type=int, default=None,
                    help="optimizer steps per loop (default 3; 2 with --quick)")
     d.add_argument("--timeout", type=_positive_seconds, default=600.0,
@@ -128,7 +131,8 @@ def _demo(args: argparse.Namespace) -> int:
     else:
         engines = QUICK_ENGINES if args.quick else ENGINES
     opts = DemoOptions(engines=engines, quick=args.quick, out=Path(args.out),
-                       plot=not args.no_plot, steps=args.steps, timeout=args.timeout)
+                       plot=not args.no_plot, steps=args.steps, timeout=args.timeout,
+                       story=False if args.no_story else None)
     return run_demo(opts).exit_code
 
 

@@ -6,30 +6,37 @@ the ignore index, so valid-token counts differ between micro-batches and
 ranks), W = 2 CPU ranks, K = 4. For each engine it audits, in ONE spawn per
 engine family, the Accumulator, a correct hand-written loop and the broken
 loops of :func:`accumguard.demo.loops.catalog`, then prints a table, writes a JSON
-report and a loss-curve plot.
+report and a plot of each loop's update error per step.
+
+Then the story (:mod:`accumguard.demo.story`, ``story=False`` / ``--no-story`` to
+skip): the seed report's "ZeRO-2 with accumulation trains worse", trained for
+32 steps and plotted. The output ends with three lines per failure class seen
+(:mod:`accumguard.demo.console`): what was wrong, by how much, the fix.
 
 The demo's verdict is about *expectations*: the Accumulator and the correct
 loops must pass, every broken loop must fail **and** be diagnosed as its
-class. Exit code 0 when all of that holds, 1 otherwise.
+class, and in the story the hand loop must end worse than the large batch while
+the correct runs end within 1e-3 of it. Exit code 0 when all of that holds, 1
+otherwise.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import math
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import torch
 
 from accumguard.core.errors import ConfigError
-from accumguard.demo.loops import ENGINES, CatalogLoop, catalog, engine_available, engine_title
+from accumguard.demo.console import STORY_HEADERS, Output, story_lines, summary_lines
+from accumguard.demo.loops import ENGINES, CatalogLoop, catalog, engine_available
 from accumguard.demo.toy import (
     TinyCausalLM,
     TokenMLP,
@@ -39,6 +46,9 @@ from accumguard.demo.toy import (
     token_loss,
 )
 from accumguard.verify.contract import AuditSetup
+
+if TYPE_CHECKING:  # pragma: no cover - types only
+    from accumguard.demo.story import StoryResult
 
 __all__ = ["DemoOptions", "DemoRow", "DemoResult", "demo_setup", "run_demo", "parse_engines"]
 
@@ -138,11 +148,14 @@ class DemoResult:
     json_path: Path | None = None
     plot_path: Path | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    story: StoryResult | None = None
+    story_plot_path: Path | None = None
 
     @property
     def ok(self) -> bool:
         return all(r.as_expected is not False for r in self.rows) and \
-            any(r.as_expected for r in self.rows)
+            any(r.as_expected for r in self.rows) and \
+            (self.story is None or self.story.ok)
 
     @property
     def exit_code(self) -> int:
@@ -152,7 +165,9 @@ class DemoResult:
 @dataclass(frozen=True, kw_only=True)
 class DemoOptions:
     """What ``accumguard demo`` runs. ``steps``: optimizer steps audited per loop
-    (default 3, quick 2); ``engines``: keys of :data:`accumguard.demo.loops.ENGINES`."""
+    (default 3, quick 2); ``engines``: keys of :data:`accumguard.demo.loops.ENGINES`;
+    ``story``: run the story part (default: yes, except with ``quick``; it trains its
+    own fixed runs whatever ``engines`` says)."""
 
     engines: tuple[str, ...] = ENGINES
     quick: bool = False  # a smaller matrix and 2 steps (for tests / a smoke check)
@@ -164,6 +179,7 @@ class DemoOptions:
     accumulation_steps: int = 4
     timeout: float = 600.0
     bugs: tuple[str, ...] | None = None
+    story: bool | None = None
 
     def __post_init__(self) -> None:
         for e in self.engines:
@@ -179,6 +195,10 @@ class DemoOptions:
     @property
     def n_steps(self) -> int:
         return self.steps if self.steps is not None else (2 if self.quick else 3)
+
+    @property
+    def run_story(self) -> bool:
+        return self.story if self.story is not None else not self.quick
 
 
 def parse_engines(text: str) -> tuple[str, ...]:
@@ -207,86 +227,6 @@ def _family(engine: str) -> str:
     """Loops of one family share ONE spawn: torch engines start in seconds, DeepSpeed ranks
     pay a long import once."""
     return "deepspeed" if engine.startswith("deepspeed") else "torch"
-
-
-# ----------------------------------------------------------------------------- output
-class _Output:
-    """Progress and table, with rich on a terminal and plain text elsewhere (CI logs, tests)."""
-
-    def __init__(self, stream: TextIO) -> None:
-        self.stream = stream
-        self.rich = None
-        if getattr(stream, "isatty", lambda: False)():
-            try:
-                from rich.console import Console
-
-                self.rich = Console(file=stream)
-            except ImportError:  # plain text fallback
-                self.rich = None
-
-    def line(self, text: str = "") -> None:
-        if self.rich is not None:
-            self.rich.print(text, highlight=False, markup=False)
-        else:
-            print(text, file=self.stream, flush=True)
-
-    @contextlib.contextmanager
-    def progress(self, total: int) -> Iterator[Callable[[str, int], None]]:
-        """Yields ``advance(label, steps)``; a rich bar, or one line per finished label."""
-        if self.rich is not None:
-            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-            with Progress(TextColumn("{task.description}"), BarColumn(),
-                          TextColumn("{task.completed}/{task.total} steps"),
-                          TimeElapsedColumn(), console=self.rich, transient=False) as bar:
-                task = bar.add_task("starting ranks", total=total)
-
-                def advance(label: str, n: int) -> None:
-                    bar.update(task, advance=n, description=label)
-
-                yield advance
-            return
-        done = [0]
-
-        def advance_plain(label: str, n: int) -> None:
-            done[0] += n
-            print(f"  [{done[0]:>3}/{total} steps] {label}", file=self.stream, flush=True)
-
-        yield advance_plain
-
-    def table(self, rows: list[DemoRow]) -> None:
-        headers = ["engine", "loop", "expected", "verdict", "rel. update err", "diagnosis",
-                   "opt steps", "coll/step", "ok"]
-        cells = [[r.engine, r.loop, r.expected, r.verdict, _fmt_err(r.max_update_error),
-                  r.diagnosis or ("-" if r.verdict == "PASS" else (r.note or "-")),
-                  "-" if r.optimizer_steps is None else f"{r.optimizer_steps}/{r.reference_steps}",
-                  "-" if r.collectives_per_step is None else f"{r.collectives_per_step:g}",
-                  {True: "yes", False: "NO", None: "-"}[r.as_expected]] for r in rows]
-        if self.rich is not None:
-            from rich.table import Table
-
-            t = Table(title="accumguard demo: loops vs the single-process large batch")
-            for h in headers:
-                t.add_column(h, overflow="fold")
-            for c, r in zip(cells, rows, strict=True):
-                style = {True: None, False: "bold red", None: "dim"}[r.as_expected]
-                t.add_row(*c, style=style)
-            self.rich.print(t)
-            return
-        widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
-        fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-        self.line(fmt.format(*headers))
-        self.line("  ".join("-" * w for w in widths))
-        for c in cells:
-            self.line(fmt.format(*c).rstrip())
-
-
-def _fmt_err(x: float | None) -> str:
-    if x is None:
-        return "-"
-    if not math.isfinite(x):
-        return "inf"
-    return f"{x:.1e}"
 
 
 # ----------------------------------------------------------------------------- running
@@ -374,7 +314,7 @@ def run_demo(opts: DemoOptions, stream: TextIO | None = None) -> DemoResult:
     """Run the matrix, print progress and the table to ``stream``, write the JSON report
     (and the plot unless ``opts.plot`` is False) into ``opts.out``."""
     stream = stream if stream is not None else sys.stdout
-    out = _Output(stream)
+    out = Output(stream)
     t0 = time.monotonic()
     setup = demo_setup(model=opts.model, steps=opts.n_steps,
                        accumulation_steps=opts.accumulation_steps)
@@ -429,25 +369,78 @@ def run_demo(opts: DemoOptions, stream: TextIO | None = None) -> DemoResult:
     ordered = [rows[it.key] for it in items]
     out.line("")
     out.table(ordered)
-    elapsed = time.monotonic() - t0
-    result = DemoResult(rows=ordered, reports=reports, notes=notes, elapsed_s=elapsed,
+    result = DemoResult(rows=ordered, reports=reports, notes=notes, elapsed_s=0.0,
                         out_dir=Path(opts.out), timings=timings)
     _explain(out, result)
+    if opts.run_story:
+        result.story = _story_part(out, opts, timings)
+    elif opts.quick:
+        out.line("note: the story part (ZeRO-2 hand loop vs the large batch over 32 steps) "
+                 "is skipped with --quick")
+    result.elapsed_s = time.monotonic() - t0
     result.out_dir.mkdir(parents=True, exist_ok=True)
     result.json_path = _write_json(result, opts, setup)
     if opts.plot:
-        try:
-            result.plot_path = _plot(result, opts)
-        except ImportError:
-            out.line("note: matplotlib is not installed, no plot written "
-                     "(pip install 'accumguard[plot]')")
+        _write_plots(out, result, opts)
     out.line(f"report: {result.json_path}")
-    if result.plot_path is not None:
-        out.line(f"plot:   {result.plot_path}")
+    for path in (result.plot_path, result.story_plot_path):
+        if path is not None:
+            out.line(f"plot:   {path}")
     verdict = "all verdicts as expected" if result.ok else "SOME VERDICTS NOT AS EXPECTED"
-    out.line(f"{verdict} ({elapsed:.0f} s; per engine family: "
+    out.line(f"{verdict} ({result.elapsed_s:.0f} s; "
              + ", ".join(f"{k} {v:.0f} s" for k, v in timings.items()) + ")")
+    lines = summary_lines(result.rows, result.story)
+    if lines:
+        out.line("")
+        out.line("what went wrong, by how much, and the fix:")
+        for text in lines:
+            out.line(text)
     return result
+
+
+def _story_part(out: Output, opts: DemoOptions, timings: dict[str, float]) -> StoryResult:
+    """Train the story's runs (one spawn) and print its table and headline."""
+    import importlib.util
+
+    from accumguard.demo.story import STORY_STEPS, run_story
+
+    out.line("")
+    out.line(f"story: training the LM for {STORY_STEPS} optimizer steps: the large batch "
+             "(1 process), DDP + Accumulator, and DeepSpeed ZeRO-2 with the hand loop, with "
+             "the Accumulator and with its own GA (one spawn, ~30-60 s)...")
+    tf = time.monotonic()
+    setup = demo_setup(model="lm", steps=STORY_STEPS, accumulation_steps=opts.accumulation_steps)
+    prev_threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the parent's large batch runs beside 2 ranks on shared cores
+    try:
+        story = run_story(setup, world_size=opts.world_size, timeout=opts.timeout,
+                          deepspeed=importlib.util.find_spec("deepspeed") is not None)
+    finally:
+        torch.set_num_threads(prev_threads)
+    timings["story"] = round(time.monotonic() - tf, 1)
+    heading, cells, oks = story_lines(story)
+    out.line("")
+    out.grid(heading, STORY_HEADERS, cells, oks)
+    for note in story.notes:
+        out.line(f"note: {note}")
+    headline = story.headline()
+    if headline:
+        out.line(headline)
+    return story
+
+
+def _write_plots(out: Output, result: DemoResult, opts: DemoOptions) -> None:
+    try:
+        from accumguard.demo.plots import plot_story, plot_update_errors
+
+        result.plot_path = plot_update_errors(
+            result.rows, result.reports, opts.engines, result.out_dir,
+            accumulation_steps=opts.accumulation_steps, world_size=opts.world_size)
+        if result.story is not None:
+            result.story_plot_path = plot_story(result.story, result.out_dir)
+    except ImportError:
+        out.line("note: matplotlib is not installed, no plot written "
+                 "(pip install 'accumguard[plot]')")
 
 
 def _describe(opts: DemoOptions, setup: AuditSetup) -> str:
@@ -459,7 +452,7 @@ def _describe(opts: DemoOptions, setup: AuditSetup) -> str:
             f"{opts.n_steps} optimizer steps per loop, reference: one fp64 process")
 
 
-def _explain(out: _Output, result: DemoResult) -> None:
+def _explain(out: Output, result: DemoResult) -> None:
     """Under the table: the diagnosis and fix of each broken loop, and anything unexpected."""
     out.line("")
     for r in result.rows:
@@ -483,62 +476,19 @@ def _write_json(result: DemoResult, opts: DemoOptions, setup: AuditSetup) -> Pat
         "torch": torch.__version__,
         "setup": {"model": opts.model, "world_size": opts.world_size,
                   "accumulation_steps": opts.accumulation_steps, "steps": opts.n_steps,
-                  "engines": list(opts.engines), "quick": opts.quick},
+                  "engines": list(opts.engines), "quick": opts.quick,
+                  "story": result.story is not None},
         "passed": result.ok,
         "elapsed_s": round(result.elapsed_s, 1),
         "timings_s": result.timings,
         "notes": result.notes,
         "rows": [asdict(r) for r in result.rows],
         "reports": reports,
+        # The story part: per-run eval loss after 0..N optimizer steps (None when skipped).
+        "story": None if result.story is None else result.story.to_dict(),
     }
     path = result.out_dir / "demo-report.json"
     path.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
-    return path
-
-
-def _plot(result: DemoResult, opts: DemoOptions) -> Path:
-    """Loss per micro-batch consumed: reference vs Accumulator vs broken loops, per engine."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    engines = [e for e in opts.engines
-               if any(not isinstance(result.reports.get(r.key), (dict, type(None)))
-                      for r in result.rows if r.engine == e)]
-    path = result.out_dir / "demo-loss.png"
-    cols = min(3, max(1, len(engines)))
-    rows_n = max(1, math.ceil(len(engines) / cols))
-    fig, axes = plt.subplots(rows_n, cols, figsize=(5 * cols, 3.6 * rows_n), squeeze=False)
-    k = opts.accumulation_steps
-    for ax, engine in zip(axes.flat, engines, strict=False):
-        ref_drawn = False
-        for r in result.rows:
-            rep = result.reports.get(r.key)
-            if r.engine != engine or rep is None or isinstance(rep, dict):
-                continue
-            if not ref_drawn and rep.steps and all(s.ref_loss is not None for s in rep.steps):
-                xs = [(s.step + 1) * k for s in rep.steps]
-                ax.plot(xs, [s.ref_loss for s in rep.steps], "k--", lw=2.5, alpha=0.6,
-                        label="reference (1 process, full batch)")
-                ref_drawn = True
-            if not rep.losses:
-                continue
-            per = k * rep.reference_steps / max(1, rep.optimizer_steps)
-            xs = [(i + 1) * per for i in range(len(rep.losses))]
-            style = "-" if r.kind != "broken" else ":"
-            label = r.loop if r.kind != "broken" else f"{r.loop} ({r.diagnosis or '?'})"
-            ax.plot(xs, rep.losses, style, marker="o", ms=3, label=label)
-        ax.set_title(engine_title(engine), fontsize=9)
-        ax.set_xlabel("micro-batches per rank")
-        ax.set_ylabel("loss (full effective batch)")
-        ax.legend(fontsize=7)
-    for ax in list(axes.flat)[len(engines):]:
-        ax.axis("off")
-    fig.suptitle(f"accumguard demo: K={k}, W={opts.world_size}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
 
 
