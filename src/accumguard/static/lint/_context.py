@@ -754,13 +754,39 @@ class FileContext:
             return False
         targets = parent.targets if isinstance(parent, ast.Assign) else [parent.target]
         names = {d for d in (dotted(t) for t in targets) if d}
-        for kw in self._config_keywords():
-            if dotted(kw.value) in names:
-                return True
-        for call in self.of(ast.Call):
-            if call_attr(call) == "initialize" and any(dotted(a) in names for a in call.args):
-                return True
+        if names & self._config_argument_names():
+            return True
         return self._assigned_to_config_name(node) and self.is_training_script()
+
+    def _config_argument_names(self) -> set[str]:
+        """Names passed as a config: ``config=cfg`` keywords and ``initialize(..., cfg)``."""
+        def compute() -> set[str]:
+            out = {d for kw in self._config_keywords() if (d := dotted(kw.value))}
+            for call in self.of(ast.Call):
+                if call_attr(call) == "initialize":
+                    out.update(d for a in call.args if (d := dotted(a)))
+            return out
+        return self._cached("config_names", self.tree, compute)  # type: ignore[no-any-return]
+
+    def _updates_by_name(self) -> tuple[dict[str, list[ast.Assign]], set[str]]:
+        """``name["key"] = value`` statements by name, and names with ``.update()``/``.setdefault()``."""
+        def compute() -> tuple[dict[str, list[ast.Assign]], set[str]]:
+            subs: dict[str, list[ast.Assign]] = {}
+            for n in self.of(ast.Assign):
+                for t in n.targets:
+                    if (
+                        isinstance(t, ast.Subscript)
+                        and isinstance(t.slice, ast.Constant)
+                        and isinstance(t.slice.value, str)
+                        and (d := dotted(t.value))
+                    ):
+                        subs.setdefault(d, []).append(n)
+            updated = {
+                d for c in self.of(ast.Call)
+                if call_attr(c) in ("update", "setdefault") and (d := dotted(receiver(c)))
+            }
+            return subs, updated
+        return self._cached("updates", self.tree, compute)  # type: ignore[no-any-return]
 
     def _handed_to_hf(self, node: ast.AST) -> bool:
         """The dict goes to ``TrainingArguments(deepspeed=...)`` (directly or by name): the
@@ -795,19 +821,14 @@ class FileContext:
         name = dotted(parent.targets[0])
         if name is None:
             return
-        for n in self.of(ast.Assign):
+        subs, updated = self._updates_by_name()
+        for n in subs.get(name, ()):
             for t in n.targets:
-                if (
-                    isinstance(t, ast.Subscript)
-                    and dotted(t.value) == name
-                    and isinstance(t.slice, ast.Constant)
-                    and isinstance(t.slice.value, str)
-                ):
+                if isinstance(t, ast.Subscript) and isinstance(t.slice, ast.Constant) and dotted(t.value) == name:
                     cfg[t.slice.value] = _literal_value(n.value)
                     cfg.key_lines.setdefault((t.slice.value,), n.lineno)
-        for c in self.of(ast.Call):
-            if call_attr(c) in ("update", "setdefault") and dotted(receiver(c)) == name:
-                cfg.partial = True
+        if name in updated:
+            cfg.partial = True
 
     def _find_ds_config(self) -> DsConfigRef | None:
         base = self.path.parent if self.path is not None else None
