@@ -93,7 +93,7 @@ class Output:
         widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
         fmt = "  ".join(f"{{:<{w}}}" for w in widths)
         self.line(heading)
-        self.line(fmt.format(*headers))
+        self.line(fmt.format(*headers).rstrip())
         self.line("  ".join("-" * w for w in widths))
         for c in cells:
             self.line(fmt.format(*c).rstrip())
