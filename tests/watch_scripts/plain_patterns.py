@@ -4,17 +4,21 @@ Correct: ``namespace`` (model returns a SimpleNamespace, a trainer class), ``hea
 (loss from several heads), ``gan`` (two optimizers), ``fp32buf`` (bf16 model, fp32
 gradient buffers), ``k1`` (no accumulation), ``epochs`` (3 epochs of 10 batches, K=4,
 the short window of each epoch stepped and normalised by its own count).
-Broken: ``leak`` (epochs without stepping the partial window: it leaks into the next).
+``token_budget`` (windows of varying length by a token budget).
+Broken: ``leak`` (epochs without stepping the partial window: it leaks into the next, F7),
+``first_short`` (``i % K == 0`` with i from 0: a first window of 1, F13).
+``--sweep DIR`` runs every case in this one process, each recorded in ``DIR/<case>``
+(the clipping is looked up at call time: ``clip_grad_norm_`` below is bound at import).
 """
 
 import argparse
 import types
 
 import torch
-from torch.nn.utils import clip_grad_norm_
 
 p = argparse.ArgumentParser()
-p.add_argument("--case", required=True)
+p.add_argument("--case", default=None)
+p.add_argument("--sweep", default=None, help="run every case, each recorded in DIR/<case>")
 args = p.parse_args()
 torch.manual_seed(0)
 
@@ -51,16 +55,20 @@ class Trainer:
             for x, y in batches:
                 out = self.model(x, y)
                 (out.loss / n).backward()
-            clip_grad_norm_(self.model.parameters(), 5.0)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 5.0)
             self.opt.step()
             self.opt.zero_grad()
 
 
-if args.case == "namespace":
+def namespace() -> None:
     Trainer(k=4).fit(4)
-elif args.case == "k1":
+
+
+def k1() -> None:
     Trainer(k=1).fit(6)
-elif args.case == "heads":
+
+
+def heads() -> None:
     m = Net()
     opt = torch.optim.Adam(m.parameters(), lr=1e-3)
     for i in range(12):
@@ -71,7 +79,9 @@ elif args.case == "heads":
         if (i + 1) % 4 == 0:
             opt.step()
             opt.zero_grad(set_to_none=True)
-elif args.case == "gan":
+
+
+def gan() -> None:
     G = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.ReLU(), torch.nn.Linear(8, 6))
     D = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
     og = torch.optim.Adam(G.parameters(), lr=1e-3)
@@ -88,7 +98,9 @@ elif args.case == "gan":
         g_loss = bce(D(fake), torch.ones(4, 1))
         g_loss.backward()
         og.step()
-elif args.case == "fp32buf":
+
+
+def fp32buf() -> None:
     m = Net().to(torch.bfloat16)
     master = [q.detach().float().clone().requires_grad_(True) for q in m.parameters()]
     opt = torch.optim.AdamW(master, lr=1e-3)
@@ -109,19 +121,66 @@ elif args.case == "fp32buf":
             with torch.no_grad():
                 for q, mq in zip(m.parameters(), master, strict=True):
                     q.copy_(mq)
-elif args.case in ("epochs", "leak"):
+
+
+def epochs(case: str) -> None:
+    """3 epochs of 10 batches, K = 4. ``epochs``: the short last window of each epoch is
+    stepped with its own count (correct). ``leak``: it is not stepped and leaks into the
+    next epoch's first window (F7). ``first_short``: the boundary test ``i % K == 0``
+    with i from 0 steps after the first micro-batch (windows 1, 4, 4, ...: F13)."""
     m = Net()
     opt = torch.optim.SGD(m.parameters(), lr=0.05)
     data = [batch() for _ in range(10)]
     K = 4
     for _epoch in range(3):
         for i, (x, y) in enumerate(data):
-            last = (i + 1) % K == 0 or (args.case == "epochs" and i + 1 == len(data))
+            if case == "first_short":
+                (m(x, y).loss / (K * 4)).backward()
+                if i % K == 0:
+                    opt.step()
+                    opt.zero_grad()
+                continue
+            last = (i + 1) % K == 0 or (case == "epochs" and i + 1 == len(data))
             count = K * 4 if (i // K) < len(data) // K else (len(data) % K) * 4
             (m(x, y).loss / count).backward()
             if last:
                 opt.step()
                 opt.zero_grad()
+
+
+def token_budget() -> None:
+    """Accumulate until a token budget is reached: micro-batches of varying length, so
+    windows of 3 to 6 micro-batches; the loss normalised by the window's own count:
+    correct, with no fixed K."""
+    m = Net()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    lengths = [6, 4, 4, 2, 2, 2, 4, 4, 2, 4, 4, 4, 4, 2, 2, 2, 2, 6, 6, 4, 4, 4, 2, 2, 4]
+    pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for n in lengths:
+        pending.append(batch(n))
+        total = sum(len(y) for _, y in pending)
+        if total >= 14:
+            for x, y in pending:
+                (m(x, y).loss / total).backward()
+            opt.step()
+            opt.zero_grad()
+            pending = []
+
+
+CASES = {"namespace": namespace, "k1": k1, "heads": heads, "gan": gan, "fp32buf": fp32buf,
+         "epochs": lambda: epochs("epochs"), "leak": lambda: epochs("leak"),
+         "first_short": lambda: epochs("first_short"), "token_budget": token_budget}
+
+if args.sweep:
+    from pathlib import Path
+
+    from accumguard.runtime.watch import recording
+
+    for name, fn in CASES.items():
+        with recording(Path(args.sweep) / name):
+            fn()
+elif args.case in CASES:
+    CASES[args.case]()
 else:
     raise SystemExit(f"unknown case {args.case}")
-print("ok", args.case)
+print("ok", args.case or args.sweep)

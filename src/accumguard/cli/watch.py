@@ -131,10 +131,17 @@ def _group_alive(pgid: int) -> bool:
 
 
 def _report(out_dir: Path, args: argparse.Namespace, code: int, signalled: str | None) -> int:
-    from accumguard.runtime.watch_findings import analyze, load_recordings
+    from accumguard.runtime.watch_declared import declared_k
+    from accumguard.runtime.watch_findings import NUMBERING, analyze, load_recordings
 
     rec = load_recordings(out_dir)
-    findings, k, k_source = analyze(rec, k_flag=args.accumulation_steps)
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    script = None
+    if not args.accumulation_steps:
+        script = declared_k(command, world=max(1, rec.world))
+    findings, k, k_source = analyze(rec, k_flag=args.accumulation_steps, script=script)
     steps = {r: s for r, s in rec.steps.items()}
     n_steps = max((len(s) for s in steps.values()), default=0)
     errors = [f for f in findings if f.severity == "error"]
@@ -155,6 +162,10 @@ def _report(out_dir: Path, args: argparse.Namespace, code: int, signalled: str |
         "ranks": rec.ranks,
         "accumulation_steps": k,
         "accumulation_steps_source": k_source,
+        "script_declaration": None if script is None else {
+            "name": script.name, "value": script.value, "path": script.path,
+            "line": script.line, "how": script.how, "divides_loss": script.divides_loss},
+        "numbering": NUMBERING,
         "engine": {str(r): v for r, v in rec.engine.items()},
         "findings": [f.as_dict() for f in findings],
         "problems": problems,
@@ -173,7 +184,7 @@ def _summary(rec: Any) -> list[dict[str, Any]]:
     rank0 = rec.steps.get(min(rec.steps), []) if rec.steps else []
     for s in rank0:
         cons = s.get("conservation") or {}
-        rows.append({"step": s["step"], "backwards": s["backwards"], "applied": s["applied"],
+        rows.append({"step": int(s["step"]) + 1, "backwards": s["backwards"], "applied": s["applied"],
                      "scheduler_steps": s.get("scheduler_steps", 0),
                      "grad_collective_rounds": s.get("reduction_rounds", 0),
                      "conservation_error": cons.get("received") if cons else None,
@@ -201,7 +212,7 @@ def _print(report: dict[str, Any], findings: list[Any]) -> None:
     for line in lines:
         console.print(line, markup=False)
     if report["steps"]:
-        t = Table(title="per optimizer step (first rank)")
+        t = Table(title="per optimizer step (first rank; steps from 1)")
         for col in ("step", "backwards", "applied", "sched", "grad coll.", "conservation err"):
             t.add_column(col)
         for row in report["steps"][:50]:

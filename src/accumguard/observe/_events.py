@@ -8,8 +8,9 @@ from typing import Any, Protocol
 
 from accumguard.observe._checksum import Conservation
 
-__all__ = ["BackwardEvent", "EngineInfo", "ForwardEvent", "Listener", "StepEvent",
-           "ZeroGradEvent", "SchedulerEvent", "ClipEvent"]
+__all__ = ["BackwardEvent", "EngineInfo", "EngineStepEvent", "ForwardEvent", "Listener",
+           "ScalerEvent", "StepEvent", "StepStartEvent", "ZeroGradEvent", "SchedulerEvent",
+           "ClipEvent"]
 
 
 @dataclass
@@ -39,6 +40,9 @@ class BackwardEvent:
     ds_boundary: bool | None = None  # DeepSpeed: engine boundary flag at this backward
     ds_coalescing: bool = False  # DeepSpeed: inside coalesce_grad_reduction / no_sync
     forwards: int = 0  # watched forwards since the previous backward
+    # attribution (``Observer(attribute=True)``): True when this backward reached the output
+    # of a watched root's forward, False when it did not (another model's loss), None unknown
+    reached: bool | None = None
 
 
 @dataclass
@@ -102,6 +106,7 @@ class StepEvent:
     reduction_rounds: int = 0  # backwards (or flushes) that issued at least one
     sync_micros: list[bool | None] = field(default_factory=list)  # per backward: synced?
     sync_mismatch: list[int] = field(default_factory=list)  # micro-steps whose flag flipped
+    sync_backward: list[bool | None] = field(default_factory=list)  # per backward: flag at it
     ds_boundaries: list[bool | None] = field(default_factory=list)
     ds_coalescing: list[bool] = field(default_factory=list)
     engine_step_calls: int = 0  # DeepSpeed engine.step() calls in the window
@@ -110,7 +115,47 @@ class StepEvent:
     conservation: Conservation | None = None
     checksum: list[float] | None = None  # (sum, even sum, abs sum) of what the optimizer got
     wall: float = 0.0
+    param_dtype: str | None = None  # dtype of the parameters this step updated ("float32")
     updates: dict[str, Any] | None = field(repr=False, default=None)
+
+
+@dataclass
+class StepStartEvent:
+    """An optimizer step about to run (``on_step_start``; a listener may raise to stop it).
+
+    ``owner`` is the torch optimizer (outermost) or the DeepSpeed engine that steps;
+    ``conservation`` the verdict on the gradient it is about to receive (None when the
+    window was not checked)."""
+
+    step: int
+    backwards: int
+    source: str  # "torch" | "deepspeed"
+    applied: bool  # False: every gradient of the optimizer is None (a no-op step)
+    engine: str = "local"
+    conservation: Conservation | None = None
+    owner: Any = field(repr=False, default=None)
+
+
+@dataclass
+class EngineStepEvent:
+    """A DeepSpeed ``engine.step()`` call, boundary or not (``on_engine_step``, before it
+    runs); ``backwards``: backward passes since the previous ``engine.step()`` call."""
+
+    step: int
+    boundary: bool
+    backwards: int
+    owner: Any = field(repr=False, default=None)
+
+
+@dataclass
+class ScalerEvent:
+    """``GradScaler.unscale_`` (``on_unscale``, before) or ``GradScaler.update``
+    (``on_scaler_update``, after); outermost calls only."""
+
+    step: int
+    micro: int
+    kind: str  # "unscale" | "update"
+    owner: Any = field(repr=False, default=None)
 
 
 class Listener(Protocol):

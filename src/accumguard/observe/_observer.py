@@ -41,9 +41,12 @@ from accumguard.observe._events import (
     BackwardEvent,
     ClipEvent,
     EngineInfo,
+    EngineStepEvent,
     ForwardEvent,
+    ScalerEvent,
     SchedulerEvent,
     StepEvent,
+    StepStartEvent,
     ZeroGradEvent,
 )
 from accumguard.observe._imports import when_imported
@@ -94,12 +97,14 @@ class Observer:
         every: check conservation on every N-th window only (cost control).
         budget: with ``every=1``, skip windows while the checksums have cost more than
             this fraction of the run's wall time (the first windows are always checked).
+        attribute: with ``roots``, mark each backward that reaches the output of a root's
+            forward (``BackwardEvent.reached``): the guard counts only its model's backwards.
     """
 
     def __init__(self, roots: Iterable[torch.nn.Module] | None = None, *,
                  auto_roots: bool = False, conservation: bool = True,
                  record_updates: bool = False, every: int = 1,
-                 budget: float | None = None) -> None:
+                 budget: float | None = None, attribute: bool = False) -> None:
         self.listeners: list[Any] = []
         self.roots: dict[int, torch.nn.Module] = {}
         self._given_roots = list(roots or [])
@@ -111,6 +116,11 @@ class Observer:
         self._t_start = time.perf_counter()
         self._t_checks = 0.0
         self._window_checked: bool | None = None
+        self.attribute = attribute
+        self.force_checks = 0  # check conservation on the next N windows whatever the budget
+        self._unattributed = False  # a root forward whose output had no autograd node
+        self._step_cons: Any = None
+        self._scaler_depth = 0
         self.patches = Patches()
         self.counter = CollectiveCounter(self._on_collective)
         self.installed = False
@@ -165,6 +175,8 @@ class Observer:
         for m in self._given_roots:
             self._add_root(m)
             p.add(m.register_forward_pre_hook(self._root_pre).remove)
+            if self.attribute:
+                p.add(m.register_forward_hook(self._root_post).remove)
         if self.auto_roots:
             p.add(module_mod.register_module_forward_pre_hook(self._global_pre).remove)
             p.add(module_mod.register_module_forward_hook(self._global_post,
@@ -184,6 +196,10 @@ class Observer:
             for name in _CLIP_FUNCS:
                 if callable(getattr(mod, name, None)):
                     p.wrap(mod, name, self._clip_wrapper(name))
+        scaler_cls = getattr(getattr(torch, "amp", None), "GradScaler", None)
+        if scaler_cls is not None:
+            p.wrap(scaler_cls, "unscale_", self._scaler_wrapper("unscale"))
+            p.wrap(scaler_cls, "update", self._scaler_wrapper("update"))
         if torch.distributed.is_available():
             self.counter.install_torch()
         p.add(self.counter.uninstall)
@@ -356,6 +372,23 @@ class Observer:
         if self._active() and torch.is_grad_enabled():
             self._on_forward(module)
 
+    def _root_post(self, module: Any, args: Any, output: Any) -> None:
+        """Attribution: a pre-hook on the autograd nodes of the root's output marks the
+        backward that reaches them (any output type: tensors found in containers and in
+        plain objects such as ``SimpleNamespace(loss=...)``)."""
+        if not self._active() or not torch.is_grad_enabled():
+            return
+        nodes = _grad_fns(output)
+        if not nodes:
+            self._unattributed = True  # unknown: count the next backward as the root's
+        for node in nodes:
+            node.register_prehook(self._reach)
+
+    def _reach(self, grad_outputs: Any) -> None:
+        ev = self._bw_current
+        if ev is not None and self.installed:
+            ev.reached = True
+
     def _global_pre(self, module: Any, args: Any) -> None:
         self._fwd_depth += 1
         if self._fwd_depth == 1 and self._active() and torch.is_grad_enabled():
@@ -406,6 +439,9 @@ class Observer:
         w = self._w
         ev = BackwardEvent(step=self.step, micro=len(w.backwards), source=source,
                            engine=self.engine, forwards=w.forwards)
+        if self.attribute and self._given_roots:
+            ev.reached = None if self._unattributed else False
+            self._unattributed = False
         w.forwards = 0
         if isinstance(loss, torch.Tensor) and loss.numel() == 1:
             ev_loss = loss.detach()
@@ -480,7 +516,11 @@ class Observer:
         applied = any(p.grad is not None for g in opt.param_groups for p in g["params"])
         if self.engine == "local" and type(opt).__name__ == "ZeroRedundancyOptimizer":
             self.engine = "zero1"
-        self._begin_step(opt, applied)
+        try:
+            self._begin_step(opt, applied)
+        except BaseException:
+            self._opt_depth -= 1  # a listener stopped the step: torch runs no post hook
+            raise
 
     def _opt_post(self, opt: Any, args: Any, kwargs: Any) -> None:
         self._opt_depth = max(0, self._opt_depth - 1)
@@ -502,6 +542,7 @@ class Observer:
             w = obs._w
             w.engine_step_calls += 1
             w.max_bw_per_engine_step = max(w.max_bw_per_engine_step, w.bw_since_engine_step)
+            since = w.bw_since_engine_step
             w.bw_since_engine_step = 0
             before = getattr(engine, "global_steps", None)
             boundary = None
@@ -510,6 +551,7 @@ class Observer:
             managed = getattr(engine, "managed_gradient_accumulation", None)
             if callable(managed) and not managed():
                 boundary = True
+            obs._emit("on_engine_step", EngineStepEvent(obs.step, bool(boundary), since, engine))
             if boundary:
                 obs._begin_step(getattr(engine, "optimizer", None), True, engine=engine)
             obs._ds_step_depth += 1
@@ -545,9 +587,31 @@ class Observer:
             members = {id(p) for g in getattr(opt, "param_groups", []) for p in g["params"]}
             self._step_members = [id(p) in members for p in self._tracked]
             self._t_checks += time.perf_counter() - t0
+        self._step_cons = self._verdict()
         if self.record_updates:
             self._before = self._snapshot(opt, engine)
-        self._emit("on_step_start", self)
+        self._emit("on_step_start", StepStartEvent(
+            step=self.step, backwards=len(w.backwards),
+            source="torch" if engine is None else "deepspeed", applied=applied,
+            engine=self.engine, conservation=self._step_cons,
+            owner=opt if engine is None else engine))
+
+    def _verdict(self) -> Any:
+        """Conservation verdict on what the step about to run receives (None: unchecked)."""
+        w = self._w
+        if self._step_checksum is None or self._step_members is None:
+            return None
+        t0 = time.perf_counter()
+        cons = None
+        mask = torch.tensor(self._step_members, dtype=torch.bool)
+        if bool(mask.any()) and len(w.starts) == len(w.backwards):
+            dtype = next((p.dtype for p, m in zip(self._tracked, self._step_members,
+                                                  strict=False) if m), torch.float32)
+            cons = conservation(starts=[s[mask] for s in w.starts],
+                                ends=[e[mask] for e in w.ends],
+                                received=self._step_checksum[mask], tol=_tol_for(dtype))
+        self._t_checks += time.perf_counter() - t0
+        return cons
 
     def _end_step(self, source: str, opt_name: str, applied: bool, norm: float | None,
                   owner: Any) -> None:
@@ -558,20 +622,12 @@ class Observer:
                                    owner if source == "deepspeed" else None)
             updates = {k: (after[k] - v) for k, v in self._before.items() if k in after}
         self._before = None
-        cons = None
+        cons = self._step_cons
+        self._step_cons = None
         chk = None
-        t0 = time.perf_counter()
-        if self._step_checksum is not None and self._step_members is not None:
+        if cons is not None and self._step_members is not None:
             mask = torch.tensor(self._step_members, dtype=torch.bool)
-            if bool(mask.any()) and len(w.starts) == len(w.backwards):
-                received = self._step_checksum[mask]
-                dtype = next((p.dtype for p, m in zip(self._tracked, self._step_members,
-                                                      strict=False) if m), torch.float32)
-                cons = conservation(starts=[s[mask] for s in w.starts],
-                                    ends=[e[mask] for e in w.ends], received=received,
-                                    tol=_tol_for(dtype))
-                chk = [float(x) for x in received.sum(0)]
-            self._t_checks += time.perf_counter() - t0
+            chk = [float(x) for x in self._step_checksum[mask].sum(0)]
         loss: float | None = None
         if w.loss_ok and w.backwards and isinstance(w.loss, torch.Tensor):
             loss = float(w.loss)
@@ -592,12 +648,14 @@ class Observer:
             sync_mismatch=[b.micro for b in w.backwards if b.sync_forward is not None
                            and b.sync_backward is not None
                            and b.sync_forward != b.sync_backward],
+            sync_backward=[b.sync_backward for b in w.backwards],
             ds_boundaries=[b.ds_boundary for b in w.backwards],
             ds_coalescing=[b.ds_coalescing for b in w.backwards],
             engine_step_calls=w.engine_step_calls,
             max_backwards_per_engine_step=w.max_bw_per_engine_step,
             grad_norm=norm, conservation=cons, checksum=chk,
-            wall=time.perf_counter() - self._step_t0, updates=updates)
+            wall=time.perf_counter() - self._step_t0, param_dtype=_param_dtype(owner),
+            updates=updates)
         self.step += 1
         self._w = _Window()
         self._window_checked = None
@@ -645,6 +703,29 @@ class Observer:
             return out
 
         return step
+
+    def _scaler_wrapper(self, kind: str) -> Callable[[Callable[..., Any]], Any]:
+        obs = self
+
+        def make(orig: Callable[..., Any]) -> Callable[..., Any]:
+            def call(scaler: Any, *args: Any, **kwargs: Any) -> Any:
+                if obs._scaler_depth or not obs._active():
+                    return orig(scaler, *args, **kwargs)
+                ev = ScalerEvent(obs.step, len(obs._w.backwards), kind, scaler)
+                if kind == "unscale":
+                    obs._emit("on_unscale", ev)
+                obs._scaler_depth += 1
+                try:
+                    out = orig(scaler, *args, **kwargs)
+                finally:
+                    obs._scaler_depth -= 1
+                if kind == "update":
+                    obs._emit("on_scaler_update", ev)
+                return out
+
+            return call
+
+        return make
 
     def _count_sched(self, sched: Any) -> None:
         count = self._sched_counts.get(id(sched), 0) + 1
@@ -695,6 +776,10 @@ class Observer:
         if self.engine_info is not None and (self.engine_info.zero_stage or 0) >= 1:
             return False  # ZeRO >= 1 keeps gradients in engine buffers, not in .grad
         if self._window_checked is None:  # decided once per window, at its first event
+            if self.force_checks > 0:
+                self.force_checks -= 1
+                self._window_checked = True
+                return True
             ok = self.step % self.every == 0
             if ok and self.budget is not None and self.step >= 2:
                 elapsed = time.perf_counter() - self._t_start
@@ -724,6 +809,48 @@ class Observer:
                     i += 1
                     out[name] = _local(prm).detach().to("cpu", torch.float64).clone()
         return out
+
+
+def _param_dtype(owner: Any) -> str | None:
+    """The dtype of the parameters a step updates (an optimizer's groups, or a DeepSpeed
+    engine's module); the least precise when mixed. Invariance's tolerance reads it."""
+    dtypes: set[torch.dtype] = set()
+    with contextlib.suppress(Exception):
+        module = getattr(owner, "module", None)  # a DeepSpeed engine: its model's parameters
+        if isinstance(module, torch.nn.Module):
+            dtypes = {p.dtype for p in module.parameters() if p.requires_grad}
+        else:
+            dtypes = {p.dtype for g in getattr(owner, "param_groups", []) for p in g["params"]}
+    for dt in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        if dt in dtypes:
+            return str(dt).replace("torch.", "")
+    return str(next(iter(dtypes))).replace("torch.", "") if dtypes else None
+
+
+def _grad_fns(output: Any, depth: int = 0) -> list[Any]:
+    """Autograd nodes of the tensors in a forward's output, searched through dicts, lists,
+    tuples, dataclasses and plain objects (two levels deep, at most 16 nodes)."""
+    if isinstance(output, torch.Tensor):
+        return [output.grad_fn] if output.grad_fn is not None else []
+    if depth >= 3 or output is None or isinstance(output, (str, bytes, int, float, bool)):
+        return []
+    values: Iterable[Any]
+    if isinstance(output, dict):
+        values = output.values()
+    elif isinstance(output, (list, tuple)):
+        values = output
+    elif hasattr(output, "__dataclass_fields__"):
+        values = [getattr(output, f, None) for f in output.__dataclass_fields__]
+    elif hasattr(output, "__dict__") and not isinstance(output, torch.nn.Module):
+        values = list(vars(output).values())
+    else:
+        return []
+    out: list[Any] = []
+    for v in values:
+        out += _grad_fns(v, depth + 1)
+        if len(out) >= 16:
+            break
+    return out
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

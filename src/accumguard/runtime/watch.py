@@ -48,12 +48,12 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 __all__ = ["BOOTSTRAP_DIR", "ENV_DIR", "ENV_EVERY", "ENV_MAX_STEPS", "ENV_RECORD_UPDATES",
-           "observed_env", "start_agent"]
+           "observed_env", "recording", "start_agent"]
 
 ENV_DIR = "ACCUMGUARD_OBSERVE_DIR"
 ENV_RECORD_UPDATES = "ACCUMGUARD_RECORD_UPDATES"
@@ -110,19 +110,53 @@ def start_agent() -> None:
     from accumguard.observe._imports import when_imported
 
     _agent = _Agent(Path(out_dir))
-    when_imported("torch", _agent.install)
+    when_imported("torch", _install_all)
+
+
+def _install_all(_torch: Any = None) -> None:
+    """Once torch is imported: the observer, then ``accumguard invariance``'s seed/dropout
+    hooks (a no-op unless ``ACCUMGUARD_SEED``/``ACCUMGUARD_NO_DROPOUT`` are set): one
+    bootstrap for both commands."""
+    assert _agent is not None
+    _agent.install()
+    from accumguard.observe.invariance_hooks import install_from_env
+
+    install_from_env()
+
+
+@contextlib.contextmanager
+def recording(out_dir: str | os.PathLike[str], *, record_updates: bool = False,
+              every: int = 1) -> Iterator[Any]:
+    """Observe a block of this process and write its recording to ``out_dir`` (the same
+    ``rank-<R>.jsonl`` as under ``accumguard watch``), then remove every patch.
+
+    Runs several scenarios in one process (one directory each) where starting a command
+    per scenario would cost a Python and torch start-up each time; the recording is
+    analysed with :func:`accumguard.runtime.watch_findings.load_recordings`. Yields the
+    :class:`~accumguard.observe.Observer`.
+    """
+    agent = _Agent(Path(out_dir), record_updates=record_updates, every=every)
+    agent.install(handlers=False)
+    try:
+        yield agent.observer
+    finally:
+        agent.close("exit")
 
 
 class _Agent:
     """Owns the observer of this process and writes its recording."""
 
-    def __init__(self, out_dir: Path) -> None:
+    def __init__(self, out_dir: Path, *, record_updates: bool | None = None,
+                 every: int | None = None) -> None:
         self.out_dir = out_dir
-        self.record_updates = os.environ.get(ENV_RECORD_UPDATES, "") not in ("", "0")
+        self.record_updates = (os.environ.get(ENV_RECORD_UPDATES, "") not in ("", "0")
+                               if record_updates is None else record_updates)
         max_steps = os.environ.get(ENV_MAX_STEPS, "")
-        self.max_steps = int(max_steps) if max_steps.strip().isdigit() else None
-        every = os.environ.get(ENV_EVERY, "1")
-        self.every = int(every) if every.strip().isdigit() else 1
+        self.max_steps = (int(max_steps) if max_steps.strip().isdigit() and every is None
+                          else None)
+        env_every = os.environ.get(ENV_EVERY, "1")
+        self.every = every if every is not None else (
+            int(env_every) if env_every.strip().isdigit() else 1)
         self.observer: Any = None
         self.fh: Any = None
         self.rank: int | None = None
@@ -132,7 +166,7 @@ class _Agent:
         self.seen_activity = False
 
     # -- installation -------------------------------------------------------------------
-    def install(self, _torch: Any = None) -> None:
+    def install(self, _torch: Any = None, *, handlers: bool = True) -> None:
         from accumguard.observe._observer import Observer
 
         # every=1 (default): conservation checked on as many windows as ~3 % of the run's
@@ -141,8 +175,10 @@ class _Agent:
                                  every=self.every, budget=0.03 if self.every == 1 else None)
         self.observer.add_listener(self)
         self.observer.install()
-        atexit.register(self.close, "exit")
         self._wrap_destroy()
+        if not handlers:  # in-process recording(): the caller closes it
+            return
+        atexit.register(self.close, "exit")
         with contextlib.suppress(ValueError, OSError):  # not the main thread
             if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
                 signal.signal(signal.SIGTERM, self._on_sigterm)
