@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from accumguard.cli.lint import check_config_main
 from accumguard.core.errors import ConfigError
@@ -253,3 +255,105 @@ def test_corpus_configs_check_as_documented() -> None:
     corpus = Path(__file__).resolve().parents[1] / "lint_corpus"
     assert check_config_main([str(corpus / "ds_config_ga4.json"), "--accumulation-steps", "4"]) == 0
     assert check_config_main([str(corpus / "ds_config_ga1.json"), "--accumulation-steps", "4"]) == 1
+
+
+# ---------------------------------------------------------------- read exactly as DeepSpeed reads
+
+
+def deepspeed_reads(text: str) -> dict | None:
+    """What DeepSpeed 0.19.8's DeepSpeedConfig does with a config file's text, or None if it fails."""
+    import hjson
+    from deepspeed.runtime.config_utils import dict_raise_error_on_duplicate_keys
+
+    try:
+        data = hjson.loads(text, object_pairs_hook=dict_raise_error_on_duplicate_keys)
+    except (ValueError, RecursionError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def ours_reads(text: str) -> dict | None:
+    try:
+        return dict(parse_config_text(text))
+    except ConfigParseError:
+        return None
+
+
+PARITY_CASES = [
+    '{"train_batch_size": 8}',
+    "{train_batch_size: 8, zero_optimization: {stage: 2}}",
+    "train_batch_size: 8\nzero_optimization: {\n  stage: 2\n}\n",  # root braces omitted
+    "{\n  # hash\n  // slashes\n  /* block */\n  gradient_clipping: 1.0,\n}",
+    "{\n  a: quoteless string value\n  b: 'single'\n  c: '''\n    multi\n    '''\n}",
+    '{"a": 1, "a": 2}',  # duplicate: DeepSpeed refuses
+    "{zero_optimization: {stage: 1, stage: 2}}",  # nested duplicate
+    '{"a": 1 "b": 2}',
+    "{\n\"a\": 1\n\"b\": 2\n}",  # newline separates members in hjson
+    "{a b: 1}",
+    "[1, 2]",
+    "",
+    "{a: {b: [1, {c: 2}, 3]}}",
+    '{"a": auto}',
+    "{a: 1}}",
+    '{"train_batch_size": 8, "note": "// not a comment # either"}',
+]
+
+
+@pytest.mark.parametrize("text", PARITY_CASES)
+def test_same_acceptance_and_values_as_deepspeed(text: str) -> None:
+    assert ours_reads(text) == deepspeed_reads(text)
+
+
+def test_unquoted_hjson_config_keeps_original_lines(tmp_path: Path) -> None:
+    text = "# DeepSpeed config\n{\n  train_micro_batch_size_per_gpu: 4\n  // GA below\n" \
+        "  gradient_accumulation_steps: 8\n  train_batch_size: 48\n  zero_optimization: {\n" \
+        "    stage: 2\n  }\n}\n"
+    cfg = load_config(write(tmp_path, text))
+    assert cfg.key_lines[("gradient_accumulation_steps",)] == 5
+    assert cfg.key_lines[("zero_optimization", "stage")] == 8
+    found = {f.code: f.line for f in check_config(cfg, world_size=2)}
+    assert found["AG201"] == 6 and found["AG203"] is None
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "lines"),
+    [
+        ('{\n  "train_batch_size": 8,\n  "gradient_clipping": 1,\n  "train_batch_size": 16\n}', "train_batch_size", (2, 4)),
+        ("{\n  zero_optimization: {\n    stage: 1\n    stage: 2\n  }\n}", "zero_optimization.stage", (3, 4)),
+    ],
+)
+def test_duplicate_keys_refused_with_both_lines(tmp_path: Path, text: str, key: str,
+                                                lines: tuple[int, int],
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(ConfigParseError) as info:
+        parse_config_text(text)
+    assert info.value.line == lines[1]
+    assert f"`{key}`" in str(info.value) and f"lines {lines[0]} and {lines[1]}" in str(info.value)
+    p = write(tmp_path, text)
+    assert check_config_main([str(p)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"{p}:{lines[1]}:1: duplicate key")
+    assert "Traceback" not in err
+
+
+def test_config_parse_error_is_a_lint_error() -> None:
+    from accumguard.core.errors import AccumguardError, ConfigError, LintError
+
+    with pytest.raises(LintError) as info:
+        parse_config_text("{a: 1}}")
+    assert isinstance(info.value, ConfigError) and isinstance(info.value, AccumguardError)
+
+
+_PIECES = [
+    "{", "}", "[", "]", ",", ":", "\n", " ", "#c\n", "//c\n", "/*c*/", "'''x'''", '"k"', "'k'",
+    "stage", "train_batch_size", "a", "b", "1", "-3", "2.5", "true", "null", "x y", '"\\u00e9"',
+    '"a\\"b"', "\t", "auto",
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(_PIECES), max_size=40))
+def test_random_hjson_like_text_parity_with_deepspeed(pieces: list[str]) -> None:
+    """Random near-hjson text: we accept exactly what DeepSpeed accepts, with the same values."""
+    text = "".join(pieces)
+    assert ours_reads(text) == deepspeed_reads(text)

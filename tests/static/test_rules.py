@@ -435,3 +435,155 @@ def test_manual_reduction_on_the_non_ddp_branch_is_fine() -> None:
             optimizer.step()
         """
     ) == []
+
+
+# ---------------------------------------------------------------- registry and catalogue
+
+
+def test_every_script_code_has_exactly_one_check_and_families_are_modules() -> None:
+    from accumguard.static.lint.registry import all_checks
+
+    checks = all_checks()
+    owners: dict[str, list[str]] = {}
+    for c in checks:
+        for code in c.codes:
+            owners.setdefault(code, []).append(c.name)
+    script_codes = [c for c in RULES if c.startswith("AG1")]
+    assert all(len(owners.get(c, [])) == 1 for c in script_codes), owners
+    assert {c.family for c in checks} == {"window", "schedule", "loss", "sync", "reduce", "deepspeed"}
+
+
+def test_select_is_applied_before_rules_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    from accumguard.static.lint import registry
+
+    def explode(ctx: object) -> list[object]:
+        raise AssertionError("an unselected rule ran")
+
+    checks = registry.all_checks()
+    monkeypatch.setattr(registry, "all_checks", lambda: [*checks, registry.Check(("AG105",), "test", explode)])
+    assert [f.code for f in lint_source(BUGGY, select=["AG101"])] == ["AG101"]
+    assert lint_source(BUGGY, select=["AG1"], ignore=["AG105", "AG101"]) == []
+    with pytest.raises(AssertionError, match="unselected rule ran"):
+        lint_source(BUGGY, select=["AG105"])
+    names = [c.name for c in registry.selected_checks(["AG11"], None)]
+    assert names == ["sync_flag_polarity", "loss_divided_by_world_under_ddp",
+                     "rank_local_token_mean_under_ddp", "scheduler_per_process"] or set(names) == {
+        "sync_flag_polarity", "loss_divided_by_world_under_ddp", "rank_local_token_mean_under_ddp",
+        "scheduler_per_process", "engine_gating"}
+
+
+def test_registry_refuses_codes_outside_the_catalogue() -> None:
+    from accumguard.static.lint.registry import rule
+
+    with pytest.raises(ValueError, match="AG199"):
+        rule("AG199")(lambda ctx: [])
+
+
+def test_failure_class_words_come_from_the_taxonomy() -> None:
+    from accumguard.core import taxonomy
+
+    for r in RULES.values():
+        if r.failure_class:
+            assert r.failure_class in taxonomy.TAXONOMY
+            assert r.class_title == taxonomy.TAXONOMY[r.failure_class].title
+    assert RULES["AG110"].failure_class == "F14"
+    (f,) = lint_source(BUGGY)
+    assert f.class_title == taxonomy.title("F1")
+
+
+def test_lint_error_is_part_of_the_hierarchy() -> None:
+    from accumguard.core.errors import AccumguardError, ConfigError
+
+    with pytest.raises(AccumguardError) as info:
+        lint_source("def f(:\n", path="x.py")
+    assert isinstance(info.value, LintError) and isinstance(info.value, ConfigError)
+    assert (info.value.path, info.value.line) == ("x.py", 1)
+
+
+# ---------------------------------------------------------------- issue 11: false alarms and misses
+
+
+def test_k1_loop_summing_losses_is_not_accumulation() -> None:
+    src = """
+    for batch in loader:
+        optimizer.zero_grad()
+        loss = 0
+        for micro_batch in batch.split(micro_bs):
+            loss += model(micro_batch).mean()
+        loss.backward()
+        optimizer.step()
+    """
+    assert codes(src) == []
+    # the same loop with a backward per micro-batch and a step per micro-batch is F1
+    bad = src.replace("            loss += model(micro_batch).mean()\n        loss.backward()",
+                      "            (model(micro_batch).mean() / n_micro).backward()\n            optimizer.step()")
+    assert [c for c, _ in codes(bad)] == ["AG101"]
+
+
+def test_in_place_division_on_data_counts_as_averaging() -> None:
+    src = """
+    world = dist.get_world_size()
+    for x, y in loader:
+        optimizer.zero_grad()
+        loss_fn(model(x), y).backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad.data)
+            p.grad.data /= world
+        optimizer.step()
+    """
+    assert codes(src) == []
+    assert [c for c, _ in codes(src.replace("            p.grad.data /= world\n", ""))] == ["AG107"]
+
+
+@pytest.mark.parametrize(
+    ("flag", "expected"),
+    [
+        ("micro == K - 1", []),
+        ("micro < K - 1", ["AG111"]),
+        ("not is_last", ["AG111"]),
+        ("is_last", []),
+        ("(micro + 1) % K != 0", ["AG111"]),
+        ("(micro + 1) % K == 0", []),
+        ("some_helper(micro)", []),  # unknown polarity: no guess
+    ],
+)
+def test_sync_flag_polarity(flag: str, expected: list[str]) -> None:
+    src = f"""
+    fully_shard(model)
+    for step in range(steps):
+        for micro in range(K):
+            is_last = micro == K - 1
+            model.set_requires_gradient_sync({flag})
+            (model(next(it)).sum() / K).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    """
+    assert [c for c, _ in codes(src)] == expected
+
+
+def test_loss_divided_by_world_only_under_ddp_and_only_when_backpropagated() -> None:
+    src = """
+    model = DDP(net)
+    world_size = dist.get_world_size()
+    for x, y in loader:
+        loss = crit(model(x), y) / world_size
+        loss.backward()
+        optimizer.step()
+    """
+    assert [c for c, _ in codes(src)] == ["AG112"]
+    assert codes(src.replace("model = DDP(net)", "model = net")) == []
+    logging = src.replace("loss = crit(model(x), y) / world_size\n        loss.backward()",
+                          "loss = crit(model(x), y)\n        loss.backward()\n        shown = loss.item() / world_size")
+    assert codes(logging) == []
+
+
+def test_scheduler_per_process() -> None:
+    src = """
+    for batch in loader:
+        loss.backward()
+        optimizer.step()
+        for _ in range(accelerator.num_processes):
+            lr_scheduler.step()
+    """
+    assert [c for c, _ in codes(src)] == ["AG114"]
+    assert codes(src.replace("range(accelerator.num_processes)", "range(2, n_layers)")) == []

@@ -499,10 +499,9 @@ class FileContext:
             return True
         cls = self.enclosing(fn, (ast.ClassDef,))
         if cls is not None:
-            return bool(self._cached(
-                "class_accum", cls,
-                lambda: any(ACCUM_RE.search(i) for i in identifiers(cls) if i != "accumulate"),
-            ))
+            # the class's own settings (class attributes, `self.x = ...` in __init__), not every
+            # identifier of a big class (a test class mentions accumulation in other methods)
+            return bool(self._cached("class_accum", cls, lambda: _class_settings_accumulate(cls)))
         return False
 
     def in_accelerate_accumulate(self, node: ast.AST, window: ast.AST) -> bool:
@@ -857,6 +856,20 @@ class FileContext:
                 return DsConfigRef(cfg, node.value + (f":{line}" if line else ""), node, literal=False)
         literals = self.ds_config_literals()
         return literals[0] if literals else None
+
+
+def _class_settings_accumulate(cls: ast.ClassDef) -> bool:
+    targets: list[ast.AST] = []
+    for stmt in cls.body:
+        if isinstance(stmt, ast.Assign | ast.AnnAssign):
+            targets += stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+        elif isinstance(stmt, ast.FunctionDef) and stmt.name == "__init__":
+            for sub in ast.walk(stmt):
+                if isinstance(sub, ast.Assign | ast.AnnAssign):
+                    targets += sub.targets if isinstance(sub, ast.Assign) else [sub.target]
+                elif isinstance(sub, ast.arg):
+                    targets.append(ast.Name(sub.arg))
+    return any(ACCUM_RE.search(i) and i != "accumulate" for t in targets for i in identifiers(t))
 
 
 def _unwrap_alias(value: ast.AST) -> ast.AST | None:

@@ -55,6 +55,11 @@ def _is_loss(expr: ast.AST) -> bool:
     return any("loss" in i or i in ("cross_entropy", "nll") for i in identifiers(expr))
 
 
+def _is_loss_division(ctx: FileContext, node: ast.AST, dividend: ast.AST) -> bool:
+    """The dividend is a loss, or the result is stored under a loss name (``loss = crit(...) / W``)."""
+    return _is_loss(dividend) or any("loss" in n.lower() for n in _assigned_names(ctx, node))
+
+
 def _assigned_names(ctx: FileContext, node: ast.AST) -> set[str]:
     """The names a division's result lands in (``loss = x / W`` -> {loss})."""
     if isinstance(node, ast.AugAssign):
@@ -158,7 +163,7 @@ def _divides_by_k(ctx: FileContext, window: ast.AST) -> list[tuple[ast.AST, ast.
         ids = list(identifiers(d[1]))
         if not ctx.mentions_accum(d[1]) or any(n in i for i in ids for n in _NORMALISED_BY_COUNT):
             continue
-        if _is_loss(d[0]):
+        if _is_loss_division(ctx, sub, d[0]):
             out.append((sub, d[0]))
     return out
 
@@ -205,7 +210,7 @@ def loss_divided_by_world_under_ddp(ctx: FileContext) -> Iterator[Finding]:
     if not ctx.ddp_wrapped or not ctx.is_training_script():
         return
     for node, dividend, divisor in _divisions(ctx):
-        if not ctx.mentions_world(divisor) or not _is_loss(dividend):
+        if not ctx.mentions_world(divisor) or not _is_loss_division(ctx, node, dividend):
             continue
         if any(isinstance(s, ast.BinOp) and isinstance(s.op, ast.Mult) and any(
             WORLD_RE.search(i) for i in identifiers(s)) for s in ast.walk(dividend)):
@@ -225,7 +230,7 @@ def rank_local_token_mean_under_ddp(ctx: FileContext) -> Iterator[Finding]:
     if not ctx.ddp_wrapped or not ctx.is_training_script():
         return
     for node, dividend, divisor in _divisions(ctx):
-        if not _is_count(divisor, micro_batch=False) or not (_is_loss(dividend) or any(
+        if not _is_count(divisor, micro_batch=False) or not (_is_loss_division(ctx, node, dividend) or any(
             isinstance(n, ast.Call) and call_attr(n) == "sum" for n in ast.walk(dividend)
         )):
             continue
