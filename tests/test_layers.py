@@ -13,8 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 SRC = Path(__file__).resolve().parents[1] / "src" / "accumguard"
 
 # Bottom (0) to top. A module may import its own layer and any lower one.
@@ -101,23 +99,16 @@ def test_package_import_is_lazy() -> None:
     assert out.stdout.strip() == "False"
 
 
-@pytest.mark.parametrize("plugin", ["accumguard.verify.pytest_plugin"])
-def test_pytest_plugin_costs_nothing_at_startup(plugin: str) -> None:
-    # Importing the plugin module is what every pytest session pays; it must not pull torch.
-    code = (f"import sys, time; t = time.perf_counter(); import {plugin}; "
-            "print(time.perf_counter() - t, 'torch' in sys.modules)")
-    best = min(
-        float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             check=True, timeout=60).stdout.split()[0])
-        for _ in range(3))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, timeout=60).stdout.split()
-    assert out[1] == "False", "the pytest plugin imports torch at start-up"
-    # pytest itself is imported by the plugin; the budget is for what accumguard adds.
-    base = min(
-        float(subprocess.run([sys.executable, "-c",
-                              "import time; t = time.perf_counter(); import pytest; "
-                              "print(time.perf_counter() - t)"],
-                             capture_output=True, text=True, check=True, timeout=60).stdout)
-        for _ in range(3))
-    assert best - base <= 0.1, f"plugin import costs {best - base:.3f} s over pytest itself"
+def test_pytest_plugin_costs_nothing_at_startup() -> None:
+    # Every pytest session of an environment with accumguard installed loads the plugin:
+    # it may add only itself and its package to what pytest already imported (never torch),
+    # and its own import time (CPU time, best of 5: the machine is shared) stays <= 0.1 s.
+    code = ("import sys, time, pytest; before = set(sys.modules); t = time.process_time(); "
+            "import accumguard.verify.pytest_plugin; dt = time.process_time() - t; "
+            "print(dt, sorted(set(sys.modules) - before))")
+    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           check=True, timeout=60).stdout.split(" ", 1) for _ in range(5)]
+    added = ast.literal_eval(runs[0][1])  # the printed list of module names
+    assert "torch" not in added, added
+    assert all(m.split(".")[0] == "accumguard" for m in added), added
+    assert min(float(r[0]) for r in runs) <= 0.1
