@@ -223,12 +223,12 @@ class _Scan:
                 if i >= n or t[i] != ":":
                     return
                 line = self._line(i)
-                path = (*frame[0], key)
+                key_path: tuple[str, ...] = (*frame[0], key)
                 if key in frame[2]:
-                    self.duplicates.append((path, frame[2][key], line))
+                    self.duplicates.append((key_path, frame[2][key], line))
                 else:
                     frame[2][key] = line
-                    self.key_lines.setdefault(path, line)
+                    self.key_lines.setdefault(key_path, line)
                 frame[3] = key
                 i += 1
                 continue

@@ -94,7 +94,7 @@ def identifiers(node: ast.AST) -> Iterator[str]:
             yield sub.id.lower()
         elif isinstance(sub, ast.Attribute):
             yield sub.attr.lower()
-        elif isinstance(sub, ast.arg) or isinstance(sub, ast.keyword) and sub.arg:
+        elif isinstance(sub, ast.arg | ast.keyword) and sub.arg:
             yield sub.arg.lower()
 
 
@@ -123,7 +123,7 @@ def local_identifiers(node: ast.AST) -> Iterator[str]:
             yield sub.id.lower()
         elif isinstance(sub, ast.Attribute):
             yield sub.attr.lower()
-        elif isinstance(sub, ast.arg) or isinstance(sub, ast.keyword) and sub.arg:
+        elif isinstance(sub, ast.arg | ast.keyword) and sub.arg:
             yield sub.arg.lower()
 
 

@@ -435,7 +435,7 @@ class FileContext:
     def _inner_summing_loops(self, window: ast.AST) -> list[ast.AST]:
         """Loops inside ``window`` without a backward that build the loss (``loss += ...``):
         the micro-batches of such a loop are summed into one graph, one backward: K = 1."""
-        out = []
+        out: list[ast.AST] = []
         for sub in self.local_nodes(window):
             if sub is window or not isinstance(sub, LOOPS):
                 continue
@@ -501,7 +501,9 @@ class FileContext:
         if cls is not None:
             # the class's own settings (class attributes, `self.x = ...` in __init__), not every
             # identifier of a big class (a test class mentions accumulation in other methods)
-            return bool(self._cached("class_accum", cls, lambda: _class_settings_accumulate(cls)))
+            return bool(self._cached(
+                "class_accum", cls, lambda: _class_settings_accumulate(cls)  # type: ignore[arg-type]
+            ))
         return False
 
     def in_accelerate_accumulate(self, node: ast.AST, window: ast.AST) -> bool:
@@ -732,7 +734,7 @@ class FileContext:
             if cfg is None:
                 continue
             self._apply_later_updates(node, cfg)
-            out.append(DsConfigRef(cfg, f"dict literal at line {node.lineno}", node, literal=True,
+            out.append(DsConfigRef(cfg, f"dict literal at line {getattr(node, 'lineno', 1)}", node, literal=True,
                                    hf=self._handed_to_hf(node)))
         return out
 
@@ -823,7 +825,12 @@ class FileContext:
         subs, updated = self._updates_by_name()
         for n in subs.get(name, ()):
             for t in n.targets:
-                if isinstance(t, ast.Subscript) and isinstance(t.slice, ast.Constant) and dotted(t.value) == name:
+                if (
+                    isinstance(t, ast.Subscript)
+                    and isinstance(t.slice, ast.Constant)
+                    and isinstance(t.slice.value, str)
+                    and dotted(t.value) == name
+                ):
                     cfg[t.slice.value] = _literal_value(n.value)
                     cfg.key_lines.setdefault((t.slice.value,), n.lineno)
         if name in updated:
@@ -935,9 +942,9 @@ def _config_from_literal(node: ast.AST, prefix: tuple[str, ...] = ()) -> dsconfi
             partial = True
             continue
         key = k.value
-        lines[(*prefix, key)] = line
+        lines[prefix + (key,)] = line
         if isinstance(v, ast.Dict) or (isinstance(v, ast.Call) and isinstance(v.func, ast.Name) and v.func.id == "dict"):
-            sub = _config_from_literal(v, (*prefix, key))
+            sub = _config_from_literal(v, prefix + (key,))
             if sub is None:
                 data[key] = dsconfig.UNKNOWN
             else:
