@@ -1,0 +1,123 @@
+"""The K a training script declares, read statically from its source (no import, no run)."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from accumguard.runtime.watch_declared import declared_k, script_of_command
+
+
+def _script(tmp_path: Path, source: str, name: str = "train.py") -> Path:
+    path = tmp_path / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(source), encoding="utf-8")
+    return path
+
+
+NANOGPT = """
+gradient_accumulation_steps = 5 * 8
+batch_size = 12
+ddp = int(os.environ.get('RANK', -1)) != -1
+if ddp:
+    ddp_world_size = int(os.environ['WORLD_SIZE'])
+    assert gradient_accumulation_steps % ddp_world_size == 0
+    gradient_accumulation_steps //= ddp_world_size
+for micro_step in range(gradient_accumulation_steps):
+    loss = loss / gradient_accumulation_steps
+"""
+
+
+@pytest.mark.parametrize(("world", "expected"), [(1, 40), (2, 20), (4, 10)])
+def test_nanogpt_world_size_form(tmp_path: Path, world: int, expected: int) -> None:
+    path = _script(tmp_path, NANOGPT)
+    k = declared_k(["torchrun", "--nproc-per-node", str(world), str(path)], world=world)
+    assert k is not None and k.value == expected
+    assert k.divides_loss and k.line == 2 and k.where == f"{path}:2"
+
+
+def test_nanogpt_configurator_override(tmp_path: Path) -> None:
+    path = _script(tmp_path, NANOGPT)
+    k = declared_k(["python", str(path), "--gradient_accumulation_steps=1"])
+    assert k is not None and k.value == 1 and "command line" in k.how
+
+
+ARGPARSE = """
+import argparse
+p = argparse.ArgumentParser()
+p.add_argument('--grad-accum', '-g', type=int, default=4)
+p.add_argument('--lr', type=float, default=1e-3)
+args = p.parse_args()
+for i, (x, y) in enumerate(loader):
+    loss = criterion(model(x), y) / args.grad_accum
+    loss.backward()
+"""
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    ([], 4), (["--grad-accum", "1"], 1), (["--grad-accum=8"], 8), (["-g", "2"], 2),
+    (["--lr", "4"], 4),
+])
+def test_argparse_default_and_command_line(tmp_path: Path, args: list[str],
+                                           expected: int) -> None:
+    path = _script(tmp_path, ARGPARSE)
+    k = declared_k(["python", "-u", str(path), *args])
+    assert k is not None and k.name == "grad_accum" and k.value == expected
+    assert k.divides_loss
+
+
+def test_dataclass_field_alias_and_div_call(tmp_path: Path) -> None:
+    path = _script(tmp_path, """
+        from dataclasses import dataclass, field
+        @dataclass
+        class TrainConfig:
+            accumulation_steps: int = field(default=8)
+            lr: float = 1e-3
+        cfg = TrainConfig()
+        K = cfg.accumulation_steps
+        out.loss.div(K).backward()
+    """)
+    k = declared_k(["deepspeed", "--num_gpus", "2", str(path)])
+    assert k is not None and k.value == 8 and k.divides_loss
+
+
+def test_environment_default_and_override(tmp_path: Path) -> None:
+    path = _script(tmp_path, """
+        import os
+        ACCUM_STEPS = int(os.environ.get("ACCUM_STEPS", 4))
+        (loss_fn(pred, target) / ACCUM_STEPS).backward()
+    """)
+    assert declared_k(["python", str(path)], environ={}).value == 4
+    assert declared_k(["python", str(path)], environ={"ACCUM_STEPS": "1"}).value == 1
+
+
+def test_bare_k_only_when_it_divides_the_loss(tmp_path: Path) -> None:
+    unrelated = _script(tmp_path, "K = 4\nlogits = model(x)[:, :K]\n", "a.py")
+    assert declared_k(["python", str(unrelated)]) is None
+    used = _script(tmp_path, "K = 4\nloss = crit(model(x), y) / K\nloss.backward()\n", "b.py")
+    k = declared_k(["python", str(used)])
+    assert k is not None and k.name == "K" and k.value == 4
+
+
+def test_unknown_value_and_no_declaration(tmp_path: Path) -> None:
+    path = _script(tmp_path, "grad_accum = compute_accum(cfg)\nloss = l / grad_accum\n")
+    k = declared_k(["python", str(path)])
+    assert k is not None and k.value is None
+    plain = _script(tmp_path, "opt.step()\n", "plain.py")
+    assert declared_k(["python", str(plain)]) is None
+
+
+def test_script_of_command_forms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = _script(tmp_path, "x = 1\n", "pkg/train.py")
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    assert script_of_command(["accelerate", "launch", "--num_processes", "2", str(path), "--a",
+                              "1"]) == (path, ["--a", "1"])
+    assert script_of_command([
+        "python", "-m", "torch.distributed.run", "--nproc-per-node", "2", str(path)]) == (path, [])
+    found = script_of_command(["python", "-m", "pkg.train", "--k", "2"], cwd=str(tmp_path))
+    assert found == (tmp_path / "pkg" / "train.py", ["--k", "2"])
+    assert script_of_command(["python", "-c", "print(1)"]) is None
+    broken = _script(tmp_path, "def (:\n", "broken.py")
+    assert declared_k(["python", str(broken)]) is None  # never raises on a bad script

@@ -1,0 +1,107 @@
+"""Window and sync-flag rules of ``accumguard watch`` on synthetic recordings (pure Python).
+
+The real-library runs are in ``test_watch.py``; here each rule is pinned down on the
+shapes that separate a bug from a correct loop: which K is trusted, which short or long
+window is a counter bug (F13), a leak (F7) or legitimate, and what FSDP2's flag means.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from accumguard.runtime.watch_declared import ScriptK
+from accumguard.runtime.watch_findings import RunRecording, analyze
+
+
+def _rec(windows: list[int], *, engine: str = "local", syncs: list[list[bool]] | None = None,
+         applied: list[bool] | None = None) -> RunRecording:
+    steps: list[dict[str, Any]] = []
+    for i, n in enumerate(windows):
+        s: dict[str, Any] = {"kind": "step", "rank": 0, "step": i, "backwards": n,
+                             "applied": True if applied is None else applied[i],
+                             "engine": engine}
+        if syncs is not None:
+            s["sync_backward"] = syncs[i]
+            s["sync_micros"] = syncs[i]
+        steps.append(s)
+    return RunRecording(steps={0: steps}, end={0: {"kind": "end"}})
+
+
+def _errors(rec: RunRecording, **kw: Any) -> dict[str, Any]:
+    found, _, _ = analyze(rec, **kw)
+    return {f.cls: f for f in found if f.severity == "error"}
+
+
+def _script(value: int | None, divides: bool = True) -> ScriptK:
+    return ScriptK(name="grad_accum", value=value, path="train.py", line=7,
+                   how="argparse default", divides_loss=divides, divide_line=20)
+
+
+# ----------------------------------------------------------------------------- F1
+def test_f1_from_the_script_declaration() -> None:
+    rec = _rec([1] * 8)
+    assert _errors(rec) == {}  # the run alone says K = 1
+    errs = _errors(rec, script=_script(4))
+    assert set(errs) == {"F1"}
+    assert "train.py:7" in errs["F1"].evidence and errs["F1"].step == 1
+
+
+@pytest.mark.parametrize("script", [_script(1), _script(None), _script(4, divides=False)])
+def test_f1_stays_quiet_or_a_note_when_unsure(script: ScriptK) -> None:
+    found, _, _ = analyze(_rec([1] * 8), script=script)
+    assert not [f for f in found if f.severity == "error"], found
+    if script.value == 4:
+        assert [f.cls for f in found] == ["F1"] and found[0].severity == "note"
+
+
+def test_script_k_agreeing_with_the_run_is_the_source() -> None:
+    _, k, source = analyze(_rec([4, 4, 4]), script=_script(4))
+    assert k == 4 and source == "declared in the script (train.py:7)"
+    _, k, source = analyze(_rec([2, 2, 2]), script=_script(4))  # disagrees: inferred
+    assert k == 2 and source.startswith("inferred")
+
+
+# ----------------------------------------------------------------------------- F13 / F7
+def test_short_first_window_is_an_off_by_one() -> None:
+    errs = _errors(_rec([1, 4, 4, 2, 4, 4, 2, 4, 4]))  # `i % K == 0` with i from 0
+    assert set(errs) == {"F13"} and errs["F13"].step == 1
+
+
+@pytest.mark.parametrize("windows", [
+    [4, 4, 2, 4, 4, 2, 4, 4, 2],  # epochs of 10, the short last window stepped: correct
+    [4, 4, 4, 3],  # the run's last window is short: correct
+    [3, 5, 4, 6, 3, 4],  # windows by a token budget: no fixed K
+])
+def test_legitimate_window_shapes(windows: list[int]) -> None:
+    assert _errors(_rec(windows)) == {}
+
+
+def test_leak_after_epoch_end_is_f7_constant_long_is_f13() -> None:
+    errs = _errors(_rec([4, 4, 6, 4, 6, 4]))
+    assert set(errs) == {"F7"} and errs["F7"].step == 3
+    errs = _errors(_rec([5, 5, 5, 5]), k_flag=4)
+    assert set(errs) == {"F13"}
+    errs = _errors(_rec([3, 3, 3, 3]), k_flag=4)
+    assert set(errs) == {"F13"}
+
+
+# ----------------------------------------------------------------------------- sync flags
+def test_fsdp2_flags() -> None:
+    ok = _rec([4, 4], engine="fsdp2", syncs=[[False, False, False, True]] * 2)
+    assert _errors(ok, k_flag=4) == {}
+    inverted = _rec([4, 4], engine="fsdp2", syncs=[[True, True, True, False]] * 2)
+    errs = _errors(inverted, k_flag=4)
+    assert set(errs) == {"F11"} and "inverted" in errs["F11"].evidence
+    assert errs["F11"].micro == 4
+    never = _rec([4, 4], engine="fsdp2", syncs=[[False] * 4] * 2, applied=[False, False])
+    assert set(_errors(never, k_flag=4)) == {"NO_UPDATE"}
+    wasteful = _rec([4, 4], engine="fsdp2", syncs=[[True] * 4] * 2)
+    found, _, _ = analyze(wasteful, k_flag=4)
+    assert [(f.cls, f.severity) for f in found] == [("OK", "note")]
+
+
+def test_a_gradless_first_step_is_not_no_update() -> None:
+    rec = _rec([0, 4, 4, 4], applied=[False, True, True, True])
+    assert _errors(rec) == {}
