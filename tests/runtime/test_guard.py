@@ -96,8 +96,10 @@ def test_correct_loop_passes_and_counts() -> None:
      "zero_grad() after 1 of 4 backward passes"),
     ("grad_none_inside_window", ZeroGradInsideWindowError, "window 0, micro-step 1",
      "gradients were cleared (set to None) before backward pass 2"),
-    ("scheduler_every_micro_step", SchedulerStepError, "window 0, micro-step 0",
-     "scheduler.step() after 1 of 4 backward passes"),
+    # the first scheduler step may precede the optimizer step (a one-step shift, not F4);
+    # the second one in the window is the error
+    ("scheduler_every_micro_step", SchedulerStepError, "window 0, micro-step 1",
+     "scheduler.step() after 2 of 4 backward passes: 2 scheduler steps for 0 optimizer"),
     ("double_scheduler_step", SchedulerStepError, "window 0, micro-step 3",
      "a second scheduler.step()"),
     ("no_zero_grad", GradientLeakError, "window 0",

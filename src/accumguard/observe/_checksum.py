@@ -80,6 +80,7 @@ class Conservation:
     received: float
     ok: bool
     reason: str
+    first_wipe: int | None = None  # first backward (0-based) that began on a wiped gradient
 
 
 def _rel(x: torch.Tensor, scale: float) -> float:
@@ -101,8 +102,12 @@ def conservation(*, starts: list[torch.Tensor], ends: list[torch.Tensor],
     scale = max(scale, float(received[:, 2].sum()), 1e-30)
     stale = _rel(starts[0], scale) if starts else 0.0
     wiped_t = torch.zeros_like(received)
+    first_wipe = None
     for i in range(1, len(starts)):
-        wiped_t += ends[i - 1] - starts[i]
+        gap = ends[i - 1] - starts[i]
+        wiped_t += gap
+        if first_wipe is None and _rel(gap, scale) > tol:
+            first_wipe = i
     wiped = _rel(wiped_t, scale)
     # what the optimizer got vs the sum of contributions, up to one positive scale
     a = received[:, :2].reshape(-1)
@@ -116,5 +121,5 @@ def conservation(*, starts: list[torch.Tensor], ends: list[torch.Tensor],
     if stale > tol and received_rel > tol:
         return Conservation(n, wiped, stale, received_rel, False, "stale")
     if wiped > tol and received_rel > tol:
-        return Conservation(n, wiped, stale, received_rel, False, "wiped")
-    return Conservation(n, wiped, stale, received_rel, True, "")
+        return Conservation(n, wiped, stale, received_rel, False, "wiped", first_wipe)
+    return Conservation(n, wiped, stale, received_rel, True, "", first_wipe)

@@ -54,7 +54,11 @@ from accumguard.observe._patch import Patches
 
 __all__ = ["Observer"]
 
-_CLIP_FUNCS = ("clip_grad_norm_", "clip_grad_norm", "clip_grad_value_")
+_CLIP_FUNCS = ("clip_grad_norm_", "clip_grad_norm", "clip_grad_value_", "clip_grads_with_norm_")
+# Looked up as module globals by clip_grad_norm_ at call time: patching them also sees the
+# calls made through an alias bound before install (``from torch.nn.utils import ...`` at
+# the top of a script that installs the guard later).
+_CLIP_INNER = ("_clip_grads_with_norm_",)
 
 
 def _tol_for(dtype: torch.dtype) -> float:
@@ -121,6 +125,7 @@ class Observer:
         self._unattributed = False  # a root forward whose output had no autograd node
         self._step_cons: Any = None
         self._scaler_depth = 0
+        self._clip_depth = 0
         self.patches = Patches()
         self.counter = CollectiveCounter(self._on_collective)
         self.installed = False
@@ -196,6 +201,9 @@ class Observer:
             for name in _CLIP_FUNCS:
                 if callable(getattr(mod, name, None)):
                     p.wrap(mod, name, self._clip_wrapper(name))
+        for name in _CLIP_INNER:
+            if callable(getattr(clip_mod, name, None)):
+                p.wrap(clip_mod, name, self._clip_wrapper("clip_grad_norm_"))
         scaler_cls = getattr(getattr(torch, "amp", None), "GradScaler", None)
         if scaler_cls is not None:
             p.wrap(scaler_cls, "unscale_", self._scaler_wrapper("unscale"))
@@ -742,13 +750,17 @@ class Observer:
 
         def make(orig: Callable[..., Any]) -> Callable[..., Any]:
             def clip(parameters: Any, *args: Any, **kwargs: Any) -> Any:
-                if not obs._active() or obs._ds_step_depth:
+                if not obs._active() or obs._ds_step_depth or obs._clip_depth:
                     return orig(parameters, *args, **kwargs)
                 params = [parameters] if isinstance(parameters, torch.Tensor) \
                     else list(parameters)
                 obs._emit("on_clip", ClipEvent(obs.step, len(obs._w.backwards), name, params))
                 obs._w.clip_micros.append(len(obs._w.backwards))
-                return orig(params, *args, **kwargs)
+                obs._clip_depth += 1  # the outermost clipping call is the event
+                try:
+                    return orig(params, *args, **kwargs)
+                finally:
+                    obs._clip_depth -= 1
 
             return clip
 

@@ -1,0 +1,128 @@
+"""What the runtime guard reports: its violation classes and its records.
+
+Every violation names its failure class (the id of :mod:`accumguard.core.taxonomy`)
+in ``rule``; ``title`` is the illegal transition in a few words::
+
+    AccumulationError
+    └── GuardViolation                 rule, window, micro_step, seen, expected
+        ├── StepInsideWindowError      F1  optimizer.step() before the window is complete
+        ├── ExtraStepError             F1  a second step in one window / a step with no backward
+        ├── EngineBoundaryResetError   F2  DeepSpeed ZeRO-1/2 reset its gradients mid-window
+        ├── ZeroGradInsideWindowError  F3  gradient removed inside the window never reached the step
+        ├── SchedulerStepError         F4  scheduler steps != optimizer steps
+        ├── GradientLeakError          F7  gradients not cleared between windows / window unfinished
+        ├── ClipInsideWindowError      F8  clip or unscale before the window's last backward
+        ├── GradientSyncError          F11 the window's last micro-step did not all-reduce
+        ├── GradientDesyncError        F11 post-sync gradients differ across ranks
+        ├── WindowOverrunError         F13 more backward passes than the window holds
+        └── DoubleGatingError          F14 DeepSpeed accumulates K and the loop loops K
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from accumguard.core.errors import AccumulationError
+
+__all__ = [
+    "ClipInsideWindowError", "DoubleGatingError", "EngineBoundaryResetError", "ExtraStepError",
+    "GradientDesyncError", "GradientLeakError", "GradientSyncError", "GuardNote",
+    "GuardViolation", "SchedulerStepError", "StepInsideWindowError", "Violation",
+    "WindowOverrunError", "WindowRecord", "ZeroGradInsideWindowError",
+]
+
+
+class GuardViolation(AccumulationError):
+    """The runtime guard saw the accumulation contract broken.
+
+    ``rule`` is the failure-class id (``"F1"`` ...), ``window`` and ``micro_step``
+    (0-based) say where, ``seen``/``expected`` what.
+    """
+
+    rule = "F?"
+    title = "accumulation contract"
+
+    def __init__(self, message: str, *, window: int, micro_step: int | None, seen: str,
+                 expected: str) -> None:
+        super().__init__(message)
+        self.window = window
+        self.micro_step = micro_step
+        self.seen = seen
+        self.expected = expected
+
+
+class StepInsideWindowError(GuardViolation):
+    rule, title = "F1", "optimizer step inside the window"
+
+
+class ExtraStepError(GuardViolation):
+    rule, title = "F1", "more than one optimizer step per window"
+
+
+class EngineBoundaryResetError(GuardViolation):
+    rule, title = "F2", "engine accumulation boundary inside the window"
+
+
+class ZeroGradInsideWindowError(GuardViolation):
+    rule, title = "F3", "zero_grad inside the window"
+
+
+class SchedulerStepError(GuardViolation):
+    rule, title = "F4", "LR-scheduler steps differ from optimizer steps"
+
+
+class GradientLeakError(GuardViolation):
+    rule, title = "F7", "gradient leaks across windows"
+
+
+class ClipInsideWindowError(GuardViolation):
+    rule, title = "F8", "clip/unscale not at the boundary"
+
+
+class GradientSyncError(GuardViolation):
+    rule, title = "F11", "gradient synchronisation on the wrong micro-step"
+
+
+class GradientDesyncError(GuardViolation):
+    rule, title = "F11", "post-sync gradients differ across ranks"
+
+
+class WindowOverrunError(GuardViolation):
+    rule, title = "F13", "window longer than accumulation_steps"
+
+
+class DoubleGatingError(GuardViolation):
+    rule, title = "F14", "double gating of the accumulation boundary"
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One observed violation (kept in :attr:`AccumulationGuard.violations`, in both modes)."""
+
+    rule: str
+    error: str
+    window: int
+    micro_step: int | None
+    message: str
+
+
+@dataclass(frozen=True)
+class GuardNote:
+    """A correct but wasteful (or unverifiable) pattern: reported, never raised."""
+
+    kind: str
+    window: int
+    micro_step: int | None
+    message: str
+
+
+@dataclass(frozen=True)
+class WindowRecord:
+    """What one closed window did: the per-window counts the guard checked."""
+
+    index: int
+    backward_passes: int
+    sync_rounds: int
+    optimizer_steps: int
+    scheduler_steps: int
+    zero_grads: int
