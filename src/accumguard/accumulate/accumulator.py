@@ -641,7 +641,10 @@ class Accumulator:
         bad = self.engine.nonfinite_grads(norm)
         reason: str | None = None
         expected_overflow = scaler is not None
-        if bad is not None and bool(bad):
+        is_bad = False
+        if bad is not None:
+            is_bad = self._decide_nonfinite(w, bad)
+        if is_bad:
             if scaler is not None:
                 # GradScaler saw the same inf/NaN in unscale_(): its step() skips and update()
                 # lowers the scale, exactly as without accumguard.
@@ -677,6 +680,28 @@ class Accumulator:
             reason = self._report_nonfinite(w, reason or "the optimizer step was skipped",
                                             expected_overflow)
         self._finish(w, skipped=not stepped, grad_norm=norm, lrs=lrs, reason=reason)
+
+    def _decide_nonfinite(self, w: Window, bad: torch.Tensor) -> bool:
+        """Whether to skip the window, from the engine's global gradient flag and this rank's
+        loss flag, read in one host sync. A non-finite loss poisons the gradients it reaches,
+        so the gradient flag covers it on every rank; only a loss with no gradient path to
+        any parameter (e.g. the NaN mean of an empty micro-batch) leaves them finite. On one
+        process that window is skipped too; across ranks the flags could differ, so the
+        rank only warns (a skip decided alone would desynchronise the ranks)."""
+        local = (torch.full((), -1, dtype=torch.int64, device=bad.device)
+                 if w._bad_micro is None else w._bad_micro.to(bad.device))
+        grad_bad, loss_micro = (int(x) for x in
+                                torch.stack([bad.to(torch.int64).reshape(()), local]).tolist())
+        if self.engine.world_size == 1:
+            return bool(grad_bad) or loss_micro >= 0
+        if loss_micro >= 0 and not grad_bad:
+            warnings.warn(
+                f"{self._prefix()}accumguard: window {w.index}: the loss was NaN/Inf at "
+                f"micro-step {loss_micro} on this rank but no gradient was (the loss has no "
+                "gradient path to any parameter, e.g. the mean of an empty micro-batch); the "
+                "window was stepped on every rank. Use a summed loss (0 for an empty batch)",
+                AccumguardWarning, stacklevel=4)
+        return bool(grad_bad)
 
     def _report_nonfinite(self, w: Window, cause: str, expected_overflow: bool) -> str:
         """The slow path (a window was skipped): say which rank's loss went bad at which

@@ -11,6 +11,7 @@ specific wrapper (ZeRO-1 over DDP) is found before the general one.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -77,7 +78,11 @@ _BUILTIN = (
 ENGINE_NAMES = ("auto", *(s.name for s in _BUILTIN))
 
 
-def _third_party() -> list[EngineSpec]:
+@functools.lru_cache(maxsize=1)
+def _third_party() -> tuple[EngineSpec, ...]:
+    """Entry-point adapters, read once per process: scanning every installed distribution's
+    metadata costs ~25 ms, which an Accumulator built per test case (or per epoch) would pay
+    each time. ``_third_party.cache_clear()`` re-reads them."""
     from importlib.metadata import entry_points
 
     specs = []
@@ -90,7 +95,7 @@ def _third_party() -> list[EngineSpec]:
                 "an accumguard Engine subclass with a classmethod matches(model, optimizer)")
         specs.append(EngineSpec(getattr(cls, "name", ep.name), f"{cls.__module__}:{cls.__name__}",
                                 matches))
-    return specs
+    return tuple(specs)
 
 
 def _specs() -> list[EngineSpec]:
