@@ -23,6 +23,7 @@ import torch
 
 from accumguard.core.errors import ConfigError
 from accumguard.observe import invariance_hooks
+from accumguard.verify import _invariance_run as inv_run
 from accumguard.verify import invariance as inv
 from accumguard.verify.invariance import (
     CommandFailedError,
@@ -276,7 +277,7 @@ def test_install_from_env_seeds() -> None:
 @pytest.fixture
 def no_observer(monkeypatch: pytest.MonkeyPatch) -> None:
     # These commands fail before anything is recorded: the observer's env is not needed.
-    monkeypatch.setattr(inv, "_observer_env", lambda d, o: {})
+    monkeypatch.setattr(inv_run, "_observer_env", lambda d, o: {})
 
 
 def _alive(pid: int) -> bool:
@@ -338,7 +339,8 @@ def test_sigterm_kills_the_command(tmp_path: Path) -> None:
     """SIGTERM to `accumguard invariance` takes the command and its children down with it."""
     pidfile = tmp_path / "pid"
     code = ("import sys; from accumguard.verify import invariance as inv; "
-            "inv._observer_env = lambda d, o: {}; "
+            "import accumguard.verify._invariance_run as r; "
+            "r._observer_env = lambda d, o: {}; "
             "from accumguard.cli.invariance import invariance_main; "
             "sys.exit(invariance_main(sys.argv[1:]))")
     proc = subprocess.Popen([sys.executable, "-c", code, "--ks", "1,4", "--", sys.executable,

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from accumguard.verify import _invariance_run as inv_run
 from accumguard.verify import invariance as inv
 
 SCRIPT = Path(__file__).resolve().parents[1] / "invariance_scripts" / "token_lm.py"
@@ -72,6 +73,9 @@ def test_sum_over_count_agrees(tmp_path: Path) -> None:
     # fp32 rounding only (measured ~3e-7), far under the 1e-4 tolerance.
     assert report["comparisons"][0]["max_update_rel_diff"] < 1e-5
     assert report["runs"][1]["micro_batch"] == 2
+    # the step records carry the parameters' dtype: the tolerance is derived from it
+    assert [r["param_dtype"] for r in report["runs"]] == ["float32", "float32"]
+    assert report["tolerance_reason"].startswith("float32 parameters")
 
 
 def test_ddp_no_sync_two_ranks_agrees(tmp_path: Path) -> None:
@@ -94,6 +98,8 @@ def test_boundary_bug_gets_watch_findings(tmp_path: Path) -> None:
     assert report["first_divergent_step"] == 1
     classes = {f["cls"] for f in report["findings"]["4"] if f["severity"] == "error"}
     assert classes & {"F3", "F2/F3"}, report["findings"]
+    # one numbering: watch's findings count optimizer steps from 1, like the table
+    assert {f["step"] for f in report["findings"]["4"] if f["severity"] == "error"} == {1}
     assert "watch findings for the K=4 run:" in text
 
 
@@ -108,14 +114,16 @@ def test_failing_command_after_steps(tmp_path: Path) -> None:
 
 
 def test_bootstrap_chain_installs_seed_and_dropout_hooks(tmp_path: Path) -> None:
-    """The observation layer's bootstrap runs invariance's, which runs the environment's own
-    sitecustomize; in the child, dropout is the identity and torch is seeded."""
+    """The one bootstrap (the observation layer's) applies invariance's seed and dropout
+    hooks and runs the environment's own sitecustomize; in the child, dropout is the
+    identity and torch is seeded."""
     own = tmp_path / "own"
     own.mkdir()
     (own / "sitecustomize.py").write_text("import os\nos.environ['OWN_SITECUSTOMIZE'] = 'ran'\n")
     opts = inv.InvarianceOptions(command=("python",), ks=(1, 4), steps=1, no_dropout=True,
                                  seed=5)
-    env = inv._child_env(opts, 4, 2, tmp_path / "obs")
+    env = inv_run._child_env(opts, 4, 2, tmp_path / "obs")
+    assert not any("invariance_bootstrap" in part for part in env["PYTHONPATH"].split(os.pathsep))
     env["PYTHONPATH"] += os.pathsep + str(own)
     code = ("import os, torch\n"
             "x = torch.ones(100)\n"
@@ -133,6 +141,6 @@ def test_bootstrap_chain_installs_seed_and_dropout_hooks(tmp_path: Path) -> None
 
 def test_child_env_defaults(tmp_path: Path) -> None:
     opts = inv.InvarianceOptions(command=("python",), ks=(1, 4), steps=1)
-    env = inv._child_env(opts, 1, None, tmp_path / "obs")
+    env = inv_run._child_env(opts, 1, None, tmp_path / "obs")
     assert "ACCUMGUARD_NO_DROPOUT" not in env and env["ACCUMGUARD_K"] == "1"
     assert env["ACCUMGUARD_RECORD_UPDATES"] == "1" and env["ACCUMGUARD_MAX_STEPS"] == "1"

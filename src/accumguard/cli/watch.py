@@ -93,6 +93,7 @@ def _run(command: list[str], env: dict[str, str]) -> tuple[int, str | None]:
         _kill_group(proc.pid, signum)
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    code = 0
     try:
         while True:
             try:

@@ -150,7 +150,7 @@ class _Reader:
     # -- reading ---------------------------------------------------------------------------
     def result(self) -> ScriptK | None:
         nodes = sorted((n for n in ast.walk(self.tree) if hasattr(n, "lineno")),
-                       key=lambda n: (n.lineno, n.col_offset))
+                       key=lambda n: (getattr(n, "lineno", 0), getattr(n, "col_offset", 0)))
         for node in nodes:
             self._visit(node)
         names = [n for n in self.decls if _is_k_name(n) or n in self.divided]

@@ -426,7 +426,8 @@ def _cross_rank(rec: RunRecording) -> list[Finding]:
         row = by_step[step]
         if len(row) < 2 or any(s.get("engine") == "fsdp2" for s in row.values()):
             continue
-        sums = {r: s.get("checksum") for r, s in row.items() if s.get("checksum")}
+        sums: dict[int, list[float]] = {r: s["checksum"] for r, s in row.items()
+                                        if s.get("checksum")}
         if len(sums) < 2:
             continue
         vals = list(sums.values())
