@@ -39,18 +39,25 @@ def _worker(rank: int, world: int) -> dict[str, Any]:
 
     from accumguard.integrations.accelerate import accumulator, watch
 
+    class Stream(torch.utils.data.IterableDataset):
+        """The same samples as a stream without a length."""
+
+        def __iter__(self) -> Any:
+            return iter(fw.token_samples(SAMPLES, seed=3))
+
     out: dict[str, Any] = {}
-    for mode in ("exact", "default"):
+    for mode in ("exact", "default", "iterable"):
         accel = Accelerator(gradient_accumulation_steps=K, cpu=True)
         model = fw.tiny_llama(0)
         opt = _opt(model.parameters())
         sched = _sched(opt)
-        loader = DataLoader(fw.token_samples(SAMPLES, seed=3), batch_size=2, shuffle=False)
+        data = Stream() if mode == "iterable" else fw.token_samples(SAMPLES, seed=3)
+        loader = DataLoader(data, batch_size=2, shuffle=False)
         model, opt, loader, sched = accel.prepare(model, opt, loader, sched)
-        checks = watch(accel, model, opt, scheduler=sched)
+        checks = watch(accel, model, opt, scheduler=sched, every_n_steps=1)
         windows: list[list[dict]] = []
         snaps: list[dict] = []
-        if mode == "exact":
+        if mode in ("exact", "iterable"):
             acc = accumulator(accel, model, opt, scheduler=sched, count_fn=fw.count_tokens)
             for window in acc.windows(loader):
                 windows.append([fw.plain(b) for b in window.batches])
@@ -86,14 +93,16 @@ def _errors(runs: list[dict[str, Any]], mode: str) -> list[float]:
                             [r[mode]["windows"] for r in runs], runs[0][mode]["snaps"])
 
 
-def test_accumulator_through_accelerate_equals_the_reference(runs: list[dict[str, Any]]) -> None:
-    sizes = [len(w) for w in runs[0]["exact"]["windows"]]
-    assert sizes == [K, K, 2], sizes  # a partial final window
-    errs = _errors(runs, "exact")
+@pytest.mark.parametrize("mode", ["exact", "iterable"])
+def test_accumulator_through_accelerate_equals_the_reference(runs: list[dict[str, Any]],
+                                                             mode: str) -> None:
+    sizes = [len(w) for w in runs[0][mode]["windows"]]
+    assert sizes == [K, K, 2], sizes  # a partial final window (also for a stream with no len)
+    errs = _errors(runs, mode)
     assert max(errs) <= fw.EXACT_TOL, errs
     for r in runs:
-        assert r["exact"]["findings"] == [], r["exact"]["findings"]
-        assert r["exact"]["checked"] == 3
+        assert r[mode]["findings"] == [], r[mode]["findings"]
+        assert r[mode]["checked"] == 3
 
 
 def test_accelerate_default_token_mean_differs_and_is_flagged(runs: list[dict[str, Any]]) -> None:

@@ -43,14 +43,14 @@ def test_classify_window_names_each_pattern() -> None:
 
 
 def _train(loss_mode: str, *, k: int = 4, sched_steps: int = 1, zero_inside: bool = False,
-           strict: bool = False) -> AccumulationChecks:
+           strict: bool = False, every: int = 1, windows: int = 2) -> AccumulationChecks:
     torch.manual_seed(0)
     model = TokenMLP()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    batches = make_rank_batches(seed=1, world_size=1, micro_batches=2 * k)[0]
+    batches = make_rank_batches(seed=1, world_size=1, micro_batches=windows * k)[0]
     checks = AccumulationChecks(model, opt, accumulation_steps=k, scheduler=sched,
-                                strict=strict, logits_module=model.fc2)
+                                strict=strict, logits_module=model.fc2, every_n_steps=every)
     try:
         for start in range(0, len(batches), k):
             window = batches[start:start + k]
@@ -76,6 +76,32 @@ def test_probe_exact_loop_has_no_findings_and_mean_of_means_is_f5() -> None:
     bad = _train("mean")
     assert [f.class_id for f in bad.findings] == ["F5", "F5"]
     assert "same total weight (0.25)" in bad.findings[0].evidence
+
+
+def test_sampling_checks_one_step_in_n_and_probes_nothing_in_between() -> None:
+    c = _train("mean", every=3, windows=5)
+    assert [f.step for f in c.findings] == [0, 3] and c.checked_steps == 2
+    assert c.steps == 5
+
+
+def test_bf16_logits_exact_loop_is_not_flagged_and_mean_still_is() -> None:
+    def run(mode: str) -> list[str]:
+        torch.manual_seed(0)
+        model = TokenMLP().to(torch.bfloat16)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        data = make_rank_batches(seed=2, world_size=1, micro_batches=4)[0]
+        with AccumulationChecks(model, opt, accumulation_steps=4, logits_module=model.fc2,
+                                observe=False) as c:
+            total = sum(float(count_tokens(b)) for b in data)
+            for b in data:
+                s, n = token_loss(model, b)
+                (s / total if mode == "exact" else s / n / 4).backward()
+            opt.step()
+            assert c.probe.low_precision  # judged with the low-precision tolerance
+        return [f.class_id for f in c.findings]
+
+    assert run("exact") == []
+    assert run("mean") == ["F5"]
 
 
 def test_scheduler_stepped_twice_is_f4() -> None:

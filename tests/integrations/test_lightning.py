@@ -89,7 +89,7 @@ def _worker(rank: int, world: int) -> dict[str, Any]:
     for name, loss, manual, exact in [("exact", "sum", False, True),
                                       ("default", "mean", False, False),
                                       ("manual", "sum", True, True)]:
-        cb = AccumguardCallback(exact=exact, accumulation_steps=K)
+        cb = AccumguardCallback(exact=exact, accumulation_steps=K, every_n_steps=1)
         rec = Recorder()
         trainer = pl.Trainer(
             accelerator="cpu", devices=world, strategy="ddp", max_epochs=1,

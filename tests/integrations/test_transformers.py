@@ -109,7 +109,7 @@ def _worker(rank: int, world: int) -> dict[str, Any]:
             per_device_train_batch_size=2, gradient_accumulation_steps=K, num_train_epochs=1,
             max_grad_norm=0.0, report_to="none", save_strategy="no", disable_tqdm=True,
             logging_steps=1, seed=0)
-        cb = AccumguardCallback()
+        cb = AccumguardCallback(every_n_steps=1)
         trainer = Recording(model=model, args=args, train_dataset=_data(),
                             optimizers=(opt, _sched(opt)), callbacks=[cb])
         trainer.mode, trainer.current = mode, []

@@ -36,7 +36,11 @@ from accumguard.accumulate.accumulator import Accumulator
 from accumguard.core.errors import ConfigError
 from accumguard.core.scaling import GradReduction
 from accumguard.engines.base import Engine
-from accumguard.integrations._checks import AccumulationChecks, unwrap_scheduler
+from accumguard.integrations._checks import (
+    DEFAULT_EVERY_N_STEPS,
+    AccumulationChecks,
+    unwrap_scheduler,
+)
 
 __all__ = ["AccelerateEngine", "accumulator", "watch"]
 
@@ -132,15 +136,17 @@ def accumulator(accelerator: Any, model: torch.nn.Module, optimizer: Any, *,
 
 
 def watch(accelerator: Any, model: torch.nn.Module, optimizer: Any, *, scheduler: Any = None,
-          accumulation_steps: int | None = None, **options: Any) -> AccumulationChecks:
+          accumulation_steps: int | None = None, every_n_steps: int = DEFAULT_EVERY_N_STEPS,
+          **options: Any) -> AccumulationChecks:
     """Attach the accumulation checks to Accelerate objects (any loop: yours or ours).
 
     Returns the :class:`~accumguard.integrations._checks.AccumulationChecks`; read
     ``.findings`` (F5 for a token mean through ``accelerator.backward`` with uneven
     counts, F4 when the prepared scheduler runs W× per optimizer step, ...) and
-    ``close()`` it at the end. ``options`` go to ``AccumulationChecks``.
+    ``close()`` it at the end. One step in ``every_n_steps`` is checked (the scheduler
+    count every step). ``options`` go to ``AccumulationChecks``.
     """
     k = accumulation_steps if accumulation_steps is not None else int(
         accelerator.gradient_accumulation_steps)
     return AccumulationChecks(model, optimizer, accumulation_steps=k, scheduler=scheduler,
-                              **options)
+                              every_n_steps=every_n_steps, **options)

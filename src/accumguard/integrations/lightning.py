@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from accumguard.core.errors import ConfigError, MissingDependencyError
-from accumguard.integrations._checks import AccumulationChecks, Finding
+from accumguard.integrations._checks import DEFAULT_EVERY_N_STEPS, AccumulationChecks, Finding
 
 try:  # the standalone package is what this was tested with; the unified one is the same API
     import pytorch_lightning as pl
@@ -70,7 +70,7 @@ class AccumguardCallback(pl.Callback):
 
     def __init__(self, *, exact: bool = False, count_fn: Callable[[Any], Any] | None = None,
                  check: bool = True, accumulation_steps: int | None = None,
-                 strict: bool = False, every_n_steps: int = 1,
+                 strict: bool = False, every_n_steps: int = DEFAULT_EVERY_N_STEPS,
                  logits_module: torch.nn.Module | None = None) -> None:
         super().__init__()
         self.exact = exact

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from accumguard.core.errors import AccumguardWarning, ConfigError, MissingDependencyError
-from accumguard.integrations._checks import AccumulationChecks, Finding
+from accumguard.integrations._checks import DEFAULT_EVERY_N_STEPS, AccumulationChecks, Finding
 
 try:
     from transformers import TrainerCallback
@@ -123,7 +123,7 @@ class AccumguardCallback(TrainerCallback):  # type: ignore[misc]
     :class:`~accumguard.core.errors.AccumulationError` at the first finding.
     """
 
-    def __init__(self, *, strict: bool = False, every_n_steps: int = 1,
+    def __init__(self, *, strict: bool = False, every_n_steps: int = DEFAULT_EVERY_N_STEPS,
                  logits_module: torch.nn.Module | None = None) -> None:
         self.strict = strict
         self.every_n_steps = every_n_steps
