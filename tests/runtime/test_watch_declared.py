@@ -121,3 +121,22 @@ def test_script_of_command_forms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert script_of_command(["python", "-c", "print(1)"]) is None
     broken = _script(tmp_path, "def (:\n", "broken.py")
     assert declared_k(["python", str(broken)]) is None  # never raises on a bad script
+
+
+@pytest.mark.parametrize(("name", "strong"), [
+    ("gradient_accumulation_steps", True), ("grad_accum", True), ("accum_iter", True),
+    ("GRAD_ACCUM_STEPS", True), ("gradient_accumulation_iters", True), ("n_accum", True),
+    ("accumulate_grad_batches", True), ("grad_acc_steps", True), ("update_freq", True),
+    ("acc", False), ("accuracy", False), ("acc_val", False), ("batch_size", False),
+])
+def test_k_like_names(tmp_path: Path, name: str, strong: bool) -> None:
+    path = _script(tmp_path, f"{name} = 4\nloss = crit(out, y)\nloss.backward()\n")
+    k = declared_k(["python", str(path)])
+    assert (k is not None and k.value == 4) == strong
+
+
+def test_nanogpt_config_file_argument(tmp_path: Path) -> None:
+    path = _script(tmp_path, NANOGPT)
+    cfg = _script(tmp_path, "gradient_accumulation_steps = 1\nbatch_size = 64\n", "cfg.py")
+    k = declared_k(["python", str(path), str(cfg)])
+    assert k is not None and k.value == 1 and "config file" in k.how

@@ -29,10 +29,10 @@ __all__ = ["ScriptK", "declared_k", "script_of_command"]
 
 # K-like names (matched on the last part of a dotted name, case-insensitive).
 _K_NAME = re.compile(
-    r"^(gradient_accumulation_steps|gradient_accumulation|grad_accum(ulation)?(_steps|_iters?|"
-    r"_every)?|accum(ulation)?(_steps|_iters?|_iterations|_every|_freq)?|accumulate_grad_batches|"
-    r"accumulate_(steps|every)|acc_steps|ga_steps|n_accum(_steps)?|num_accum(ulation)?_steps|"
-    r"update_freq)$", re.IGNORECASE)
+    r"^((n|num)_)?(grad(ient)?_?)?accum(ulation|ulate)?(_grad)?"
+    r"(_steps?|_iters?|_iterations|_every|_freq|_batches|_count|_micro_?steps)?$"
+    r"|^(grad(ient)?_)?acc(_steps?|_iters?)$|^grad(ient)?_acc$|^ga_steps$|^update_freq$",
+    re.IGNORECASE)
 # A bare K/ACCUM is a K only when the loss is divided by it.
 _WEAK_K_NAME = re.compile(r"^(k|num_micro_steps|micro_steps)$", re.IGNORECASE)
 _WORLD_NAME = re.compile(r"world_size|world|nproc|num_gpus|n_gpus|ngpus|num_processes",
@@ -345,7 +345,28 @@ class _Reader:
                     continue
                 value = int(raw) if raw.strip().isdigit() else None
                 return value, f"command line {opt} {raw}"
+        for arg in self.args:  # nanoGPT's configurator: `python train.py config/x.py`
+            if arg.endswith(".py") and not arg.startswith("-"):
+                found = _assigned_in(Path(arg), name)
+                if found is not None:
+                    return found
         return None
+
+
+def _assigned_in(path: Path, name: str) -> tuple[int | None, str] | None:
+    """A top-level ``name = <int>`` in a config file the script executes."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name
+                                                for t in node.targets):
+            v = node.value
+            value = v.value if isinstance(v, ast.Constant) and isinstance(v.value, int) \
+                and not isinstance(v.value, bool) else None
+            return value, f"config file {path}:{node.lineno}"
+    return None
 
 
 def _names(node: ast.AST) -> list[str]:
