@@ -12,6 +12,9 @@ from collections.abc import Iterator
 
 LOOPS = (ast.For, ast.AsyncFor, ast.While)
 SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+#: leaf singletons (Load, Add, And, Not, Eq...) no rule looks at: not walked
+_LEAVES = (ast.expr_context, ast.operator, ast.boolop, ast.unaryop, ast.cmpop)
+_SKIP_LOCAL = SCOPES + _LEAVES
 FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef)
 
 #: identifiers that show accumulation is going on
@@ -89,13 +92,33 @@ def last_part(name: str | None) -> str:
 
 def identifiers(node: ast.AST) -> Iterator[str]:
     """Every identifier in ``node`` (names, attributes, args, keywords), lower-cased."""
-    for sub in ast.walk(node):
+    for sub in walk_all(node):
         if isinstance(sub, ast.Name):
             yield sub.id.lower()
         elif isinstance(sub, ast.Attribute):
             yield sub.attr.lower()
         elif isinstance(sub, ast.arg | ast.keyword) and sub.arg:
             yield sub.arg.lower()
+
+
+def walk_all(node: ast.AST) -> Iterator[ast.AST]:
+    """Every node under ``node`` (like :func:`ast.walk`, order aside, operator and context
+    leaves skipped), without ast.walk's per-call import and deque: it is called on many
+    small expressions."""
+    stack = [node]
+    pop, push = stack.pop, stack.append
+    AST = ast.AST
+    while stack:
+        cur = pop()
+        yield cur
+        for name in cur._fields:
+            v = getattr(cur, name, None)
+            if isinstance(v, list):
+                for item in v:
+                    if isinstance(item, AST) and not isinstance(item, _LEAVES):
+                        push(item)
+            elif isinstance(v, AST) and not isinstance(v, _LEAVES):
+                push(v)
 
 
 def walk_local(node: ast.AST) -> Iterator[ast.AST]:
@@ -110,9 +133,9 @@ def walk_local(node: ast.AST) -> Iterator[ast.AST]:
             v = getattr(cur, name, None)
             if isinstance(v, list):
                 for item in v:
-                    if isinstance(item, AST) and not isinstance(item, SCOPES):
+                    if isinstance(item, AST) and not isinstance(item, _SKIP_LOCAL):
                         push(item)
-            elif isinstance(v, AST) and not isinstance(v, SCOPES):
+            elif isinstance(v, AST) and not isinstance(v, _SKIP_LOCAL):
                 push(v)
 
 
@@ -153,7 +176,7 @@ def terminates(body: list[ast.stmt]) -> bool:
 
 def has_mod(node: ast.AST) -> bool:
     """A numeric ``%`` somewhere in ``node`` (string formatting excluded)."""
-    for sub in ast.walk(node):
+    for sub in walk_all(node):
         if (
             isinstance(sub, ast.BinOp)
             and isinstance(sub.op, ast.Mod)
@@ -172,7 +195,7 @@ def position(node: ast.AST) -> tuple[int, int]:
 def names_in(node: ast.AST) -> set[str]:
     """Dotted names (``loss``, ``self.loss``) read or written anywhere in ``node``."""
     out: set[str] = set()
-    for sub in ast.walk(node):
+    for sub in walk_all(node):
         if isinstance(sub, ast.Name | ast.Attribute):
             d = dotted(sub)
             if d:

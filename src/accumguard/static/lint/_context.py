@@ -66,6 +66,7 @@ from accumguard.static.lint._ast import (
     local_identifiers,
     receiver,
     terminates,
+    walk_all,
     walk_local,
 )
 
@@ -139,6 +140,7 @@ class FileContext:
         nodes = self.nodes
         wanted_set = set(wanted)
         AST = ast.AST
+        skip = (ast.expr_context, ast.operator, ast.boolop, ast.unaryop, ast.cmpop)  # leaf singletons
         stack: list[ast.AST] = [tree]
         pop, push = stack.pop, stack.append
         while stack:  # one traversal, inlined: this loop dominates the cost of big files
@@ -150,10 +152,10 @@ class FileContext:
                 v = getattr(node, name, None)
                 if isinstance(v, list):
                     for item in v:
-                        if isinstance(item, AST):
+                        if isinstance(item, AST) and not isinstance(item, skip):
                             parents[item] = node
                             push(item)
-                elif isinstance(v, AST):
+                elif isinstance(v, AST) and not isinstance(v, skip):
                     parents[v] = node
                     push(v)
         for lst in nodes.values():  # source order, as ast.walk's callers expect
@@ -312,7 +314,7 @@ class FileContext:
     def _boundary_test_uncached(self, expr: ast.AST) -> bool:
         if has_mod(expr):
             return True
-        for sub in ast.walk(expr):
+        for sub in walk_all(expr):
             if isinstance(sub, ast.Name | ast.Attribute):
                 d = dotted(sub)
                 if d and d in self.boundary_flags:
@@ -469,16 +471,19 @@ class FileContext:
                     and dotted(sub.func.value) != "itertools"
                 ):
                     return True
-            idents = local_identifiers(node)
+            idents = self.identifier_set(node)
             if skip:
-                skipped = {i for s in skip for i in local_identifiers(s)}
-                idents = (i for i in local_identifiers(node) if i not in skipped)
+                idents = idents.difference(*(self.identifier_set(s) for s in skip))
             # bare `accumulate` is itertools.accumulate / index_put_(accumulate=True)
-            return any(ACCUM_RE.search(i) for i in idents if i != "accumulate")
+            return any(_accum_name(i) for i in idents)
 
         if skip:
             return compute()
         return bool(self._cached("scope_accum", node, compute))
+
+    def identifier_set(self, node: ast.AST) -> set[str]:
+        """The distinct lower-cased identifiers of ``node`` outside nested scopes (cached)."""
+        return self._cached("idents", node, lambda: set(local_identifiers(node)))  # type: ignore[no-any-return]
 
     @staticmethod
     def _gates_step(node: ast.If) -> bool:
@@ -616,7 +621,7 @@ class FileContext:
 
     @staticmethod
     def _mentions(expr: ast.AST, pattern: re.Pattern[str], names: set[str]) -> bool:
-        for sub in ast.walk(expr):
+        for sub in walk_all(expr):
             if isinstance(sub, ast.Name | ast.Attribute):
                 d = dotted(sub)
                 if d is not None and d in names:
@@ -672,12 +677,12 @@ class FileContext:
         """Dotted names passed to an all-reduce in ``scope`` (counts, losses, gradients)."""
         def compute() -> set[str]:
             out: set[str] = set()
-            for n in walk_local(scope):
+            for n in self.local_nodes(scope):
                 if isinstance(n, ast.Call) and call_attr(n) in (
                     "all_reduce", "all_reduce_coalesced", "reduce", "gather", "all_gather",
                     "reduce_tensor", "sync_tensor",
                 ) and n.args:
-                    out.update(d for d in (dotted(s) for s in ast.walk(n.args[0])) if d)
+                    out.update(d for d in (dotted(s) for s in walk_all(n.args[0])) if d)
             return out
         return self._cached("allreduced", scope, compute)  # type: ignore[no-any-return]
 
@@ -687,7 +692,7 @@ class FileContext:
         ``accelerator.backward(loss)`` -> {loss})."""
         def compute() -> list[tuple[ast.Call, set[str]]]:
             out = []
-            for n in walk_local(scope):
+            for n in self.local_nodes(scope):
                 if isinstance(n, ast.Call) and is_backward(n):
                     recv = receiver(n)
                     src: set[str] = set()
@@ -696,9 +701,9 @@ class FileContext:
                         last_part(name) in FRAMEWORK_BACKWARD or self.kind_of_receiver(recv) == "engine"
                     )
                     if recv is not None and not framework:
-                        src |= {d for d in (dotted(s) for s in ast.walk(recv)) if d}
+                        src |= {d for d in (dotted(s) for s in walk_all(recv)) if d}
                     for a in n.args[:1]:
-                        src |= {d for d in (dotted(s) for s in ast.walk(a)) if d}
+                        src |= {d for d in (dotted(s) for s in walk_all(a)) if d}
                     out.append((n, src))
             return out
         return self._cached("backward_losses", scope, compute)  # type: ignore[no-any-return]
@@ -865,13 +870,26 @@ class FileContext:
         return literals[0] if literals else None
 
 
+_ACCUM_NAMES: dict[str, bool] = {}
+
+
+def _accum_name(ident: str) -> bool:
+    """``ACCUM_RE`` on an identifier, memoised (a big file repeats the same few names)."""
+    hit = _ACCUM_NAMES.get(ident)
+    if hit is None:
+        hit = ident != "accumulate" and ACCUM_RE.search(ident) is not None
+        if len(_ACCUM_NAMES) < 100_000:
+            _ACCUM_NAMES[ident] = hit
+    return hit
+
+
 def _class_settings_accumulate(cls: ast.ClassDef) -> bool:
     targets: list[ast.AST] = []
     for stmt in cls.body:
         if isinstance(stmt, ast.Assign | ast.AnnAssign):
             targets += stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
         elif isinstance(stmt, ast.FunctionDef) and stmt.name == "__init__":
-            for sub in ast.walk(stmt):
+            for sub in walk_all(stmt):
                 if isinstance(sub, ast.Assign | ast.AnnAssign):
                     targets += sub.targets if isinstance(sub, ast.Assign) else [sub.target]
                 elif isinstance(sub, ast.arg):

@@ -28,6 +28,7 @@ from accumguard.static.lint._ast import (
     dotted,
     identifiers,
     receiver,
+    walk_all,
 )
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint.registry import rule
@@ -79,17 +80,27 @@ def _assigned_names(ctx: FileContext, node: ast.AST) -> set[str]:
 def _flows_to_backward(ctx: FileContext, node: ast.AST) -> bool:
     """Is the division part of the loss that is back-propagated (same function)?"""
     scope = ctx.scope_of(node)
-    targets = _assigned_names(ctx, node)
-    line = getattr(node, "lineno", 0)
-    for call, src in ctx.backward_losses(scope):
-        cur = ctx.parents.get(node)
-        while cur is not None and cur is not scope:
-            if cur is call:
-                return True
-            cur = ctx.parents.get(cur)
-        if targets & src and call.lineno >= line:
+    backwards = ctx.backward_losses(scope)
+    calls = ctx._cached("backward_ids", scope, lambda: {id(call) for call, _ in backwards})
+    cur = ctx.parents.get(node)
+    while cur is not None and cur is not scope:  # inside `(loss / W).backward()`
+        if id(cur) in calls:
             return True
-    return False
+        cur = ctx.parents.get(cur)
+    targets = _assigned_names(ctx, node)
+    if not targets:
+        return False
+    line = getattr(node, "lineno", 0)
+    by_name = ctx._cached("backward_by_name", scope, lambda: _index_by_name(backwards))
+    return any(call.lineno >= line for t in targets for call in by_name.get(t, ()))
+
+
+def _index_by_name(backwards: list[tuple[ast.Call, set[str]]]) -> dict[str, list[ast.Call]]:
+    out: dict[str, list[ast.Call]] = {}
+    for call, src in backwards:
+        for name in src:
+            out.setdefault(name, []).append(call)
+    return out
 
 
 def _is_count(divisor: ast.AST, *, micro_batch: bool = True) -> bool:
@@ -102,10 +113,10 @@ def _is_count(divisor: ast.AST, *, micro_batch: bool = True) -> bool:
         return False
     if any(COUNT_RE.search(i) for i in ids):
         return True
-    for sub in ast.walk(divisor):
+    for sub in walk_all(divisor):
         if isinstance(sub, ast.Call) and call_attr(sub) in _COUNT_CALLS:
             recv = receiver(sub)
-            if recv is not None and any(isinstance(n, ast.Compare) for n in ast.walk(recv)):
+            if recv is not None and any(isinstance(n, ast.Compare) for n in walk_all(recv)):
                 return True
     return False
 
@@ -132,7 +143,7 @@ def _token_mean_hints(ctx: FileContext, scope: ast.AST) -> tuple[bool, bool]:
     """(token-mean hints in sight, loss summed with reduction='sum') for ``scope``."""
     def compute() -> tuple[bool, bool]:
         hints = summed = False
-        for sub in ast.walk(scope):
+        for sub in ctx.local_nodes(scope):
             if isinstance(sub, ast.keyword) and sub.arg:
                 if sub.arg in _TOKEN_MEAN_KEYWORDS:
                     hints = True
@@ -173,7 +184,7 @@ def _per_micro_batch_token_mean(ctx: FileContext, window: ast.AST) -> bool:
     for sub in ctx.local_nodes(window):
         d = _division(sub)
         if d is not None and _is_count(d[1]) and (_is_loss(d[0]) or any(
-            isinstance(n, ast.Call) and call_attr(n) == "sum" for n in ast.walk(d[0])
+            isinstance(n, ast.Call) and call_attr(n) == "sum" for n in walk_all(d[0])
         )):
             return True
     return False
@@ -213,7 +224,7 @@ def loss_divided_by_world_under_ddp(ctx: FileContext) -> Iterator[Finding]:
         if not ctx.mentions_world(divisor) or not _is_loss_division(ctx, node, dividend):
             continue
         if any(isinstance(s, ast.BinOp) and isinstance(s.op, ast.Mult) and any(
-            WORLD_RE.search(i) for i in identifiers(s)) for s in ast.walk(dividend)):
+            WORLD_RE.search(i) for i in identifiers(s)) for s in walk_all(dividend)):
             continue
         if _under_wrapper_branch(ctx, node) or not _flows_to_backward(ctx, node):
             continue
@@ -231,11 +242,11 @@ def rank_local_token_mean_under_ddp(ctx: FileContext) -> Iterator[Finding]:
         return
     for node, dividend, divisor in _divisions(ctx):
         if not _is_count(divisor, micro_batch=False) or not (_is_loss_division(ctx, node, dividend) or any(
-            isinstance(n, ast.Call) and call_attr(n) == "sum" for n in ast.walk(dividend)
+            isinstance(n, ast.Call) and call_attr(n) == "sum" for n in walk_all(dividend)
         )):
             continue
         scope = ctx.scope_of(node)
-        count_names = {d for d in (dotted(s) for s in ast.walk(divisor)) if d}
+        count_names = {d for d in (dotted(s) for s in walk_all(divisor)) if d}
         if count_names & ctx.all_reduced_names(scope) or count_names & ctx.all_reduced_names(ctx.tree):
             continue
         if _under_wrapper_branch(ctx, node) or not _flows_to_backward(ctx, node):

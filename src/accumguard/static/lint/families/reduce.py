@@ -17,6 +17,7 @@ from accumguard.static.lint._ast import (
     dotted,
     identifiers,
     last_part,
+    walk_all,
 )
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint.registry import rule
@@ -28,7 +29,7 @@ def _divides_by_world(ctx: FileContext, scope: ast.AST) -> bool:
     """Anything in ``scope`` divided (``/``, ``/=``, ``*=``, ``div_``...) by a world size,
     including in place on ``.data`` (``p.grad.data /= world``)."""
     def compute() -> bool:
-        for sub in ast.walk(scope):
+        for sub in walk_all(scope):
             divisor: ast.AST | None = None
             if isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Div | ast.Mult):
                 divisor = sub.right

@@ -11,7 +11,7 @@ import ast
 from collections.abc import Iterator
 
 from accumguard.static.findings import Finding
-from accumguard.static.lint._ast import call_attr, dotted, receiver
+from accumguard.static.lint._ast import call_attr, dotted, receiver, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint.registry import rule
 
@@ -45,7 +45,7 @@ def scheduler_per_process(ctx: FileContext) -> Iterator[Finding]:
         if not ctx.mentions_world(loop.iter.args[-1]):
             continue
         for stmt in loop.body:
-            for sub in ast.walk(stmt):
+            for sub in walk_all(stmt):
                 if (
                     isinstance(sub, ast.Call)
                     and call_attr(sub) == "step"
