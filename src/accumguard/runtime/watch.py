@@ -8,7 +8,9 @@ Its ``sitecustomize`` (which then runs any pre-existing ``sitecustomize``) calls
 imported; then an :class:`~accumguard.observe.Observer` is installed and a recorder
 writes, per rank, ``<dir>/rank-<R>.jsonl`` (R = ``RANK`` or the torch.distributed rank,
 0 for a single process). A process that never runs a backward or an optimizer step
-(the launcher) writes nothing.
+(the launcher) writes nothing. The same bootstrap then applies ``accumguard
+invariance``'s seed/dropout hooks (:func:`accumguard.observe.invariance_hooks.install_from_env`,
+a no-op unless its variables are set): one bootstrap for both commands.
 
 The recording, one JSON object per line (flushed at every optimizer step, at exit, in
 ``dist.destroy_process_group`` and on SIGTERM):
@@ -25,7 +27,10 @@ The recording, one JSON object per line (flushed at every optimizer step, at exi
   ``reduction_rounds``, ``sync_micros``, ``sync_mismatch``, ``ds_boundaries``,
   ``ds_coalescing``, ``engine_step_calls``, ``max_backwards_per_engine_step``,
   ``grad_norm``, ``conservation`` ({params, wiped, stale, received, ok, reason} or
-  null), ``checksum`` (what the optimizer received, for cross-rank agreement), ``wall``;
+  null), ``checksum`` (what the optimizer received, for cross-rank agreement), ``wall``,
+  ``sync_backward`` (the DDP/FSDP2 sync flag at each backward), ``param_dtype`` (of the
+  parameters the optimizer stepped: ``accumguard invariance``'s tolerance reads it).
+  The raw ``step`` counts from 0; every report shows it 1-based;
 * ``{"kind": "scheduler", "step", "micro", "count", "optimizer_steps", "in_step"}``;
 * ``{"kind": "end", "reason", "pending_backwards", "declared_k"}`` last (``reason``:
   ``exit``, ``max_steps``, ``destroy_process_group``, ``signal``).
