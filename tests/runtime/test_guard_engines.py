@@ -81,10 +81,40 @@ def _deepspeed(rank: int, world: int, stage: int, mode: str, pass_optimizer: boo
     return g
 
 
+def _accelerate(rank: int, world: int, bug: str | None) -> Any:
+    """Accelerate's prepared objects: a DDP model, an ``AcceleratedOptimizer`` (which used
+    to fail with AttributeError on ``_optimizer_step_pre_hooks``), an
+    ``AcceleratedScheduler`` (steps its inner scheduler W times per call, by design)."""
+    from accelerate import Accelerator
+
+    accel = Accelerator(gradient_accumulation_steps=K, cpu=True)
+    model = make_model(CASE)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+    model, opt, sched = accel.prepare(model, opt, sched)
+    data = make_data(CASE, world)[rank]
+    with guard(model, opt, accumulation_steps=K, scheduler=sched) as g:
+        for batch in data:
+            if bug == "step_outside_accumulate":  # no accumulate(): every call steps
+                accel.backward(token_loss(model, batch)[0] / 100)
+                opt.step()
+                sched.step()
+                opt.zero_grad()
+                continue
+            with accel.accumulate(model):
+                accel.backward(token_loss(model, batch)[0] / 100)
+                opt.step()
+                sched.step()
+                opt.zero_grad()
+    return g
+
+
 def _all(rank: int, world: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for bug in (None, "zero_grad_inside_window"):
         out[f"fsdp2-{bug}"] = _outcome(lambda bug=bug: _fsdp2(rank, world, bug))
+    for bug in (None, "step_outside_accumulate"):
+        out[f"accelerate-{bug}"] = _outcome(lambda bug=bug: _accelerate(rank, world, bug))
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="gloo")  # reuses the harness's process group
@@ -114,6 +144,18 @@ def test_fsdp2_zero_grad_inside_window_is_still_f3(results: list[dict]) -> None:
         out = r["fsdp2-zero_grad_inside_window"]
         assert out["error"] == "ZeroGradInsideWindowError", out
         assert "[F3 " in out["message"] and "window 0, micro-step 0" in out["message"]
+
+
+def test_accelerate_prepared_objects_attach_and_pass(results: list[dict]) -> None:
+    for r in results:
+        out = r["accelerate-None"]
+        assert out["error"] is None, out
+        s = out["summary"]
+        assert (s["optimizer_steps"], s["backward_passes"], s["scheduler_steps"]) == (2, 8, 2)
+        assert s["sync_rounds"] == 2  # accumulate() defers DDP's all-reduce to the last one
+        bad = r["accelerate-step_outside_accumulate"]
+        assert bad["error"] == "StepInsideWindowError", bad
+        assert "window 0, micro-step 0" in bad["message"]
 
 
 @pytest.mark.parametrize("key", ["ds2-native", "ds3-native", "ds2-coalesce"])

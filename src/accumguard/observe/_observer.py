@@ -86,6 +86,7 @@ class _Window:
         self.starts: list[torch.Tensor] = []
         self.ends: list[torch.Tensor] = []
         self.zero_since_backward = 0
+        self.data_passes: list[int] = []  # backward count when a DataLoader pass began
 
 
 class Observer:
@@ -142,6 +143,7 @@ class Observer:
         self._ds_step_depth = 0
         self._inner_stepped = False
         self._sched_depth = 0
+        self._in_data_pass = 0
         self._accel_sched_inner = 0
         self._zero_depth = 0
         self._in_observer = 0
@@ -190,6 +192,7 @@ class Observer:
         p.wrap(torch.autograd, "backward", self._backward_wrapper("autograd"))
         p.wrap(torch.optim.Optimizer, "zero_grad", self._zero_wrapper("optimizer"))
         p.wrap(torch.nn.Module, "zero_grad", self._zero_wrapper("module"))
+        p.wrap(torch.utils.data.DataLoader, "__iter__", self._data_pass_wrapper)
         sched = torch.optim.lr_scheduler
         p.wrap(sched.LRScheduler, "step", self._sched_wrapper)
         if "step" in vars(sched.ReduceLROnPlateau):
@@ -649,6 +652,7 @@ class Observer:
             zero_grads=w.zero_grads, zero_grads_between=w.zero_between,
             scheduler_steps=w.sched, clips=len(w.clip_micros),
             clip_micros=list(w.clip_micros),
+            data_pass_starts=list(w.data_passes),
             reductions=sum(b.reductions for b in w.backwards) + w.reductions_between,
             reduction_rounds=sum(1 for b in w.backwards if b.reductions)
             + (1 if w.reductions_between else 0),
@@ -692,6 +696,22 @@ class Observer:
             return zero_grad
 
         return make
+
+    def _data_pass_wrapper(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        """A new pass over a DataLoader (an epoch): where it falls in the window tells a
+        leftover leaking into the next epoch (F7) from a counter that is off (F13)."""
+        obs = self
+
+        def __iter__(loader: Any) -> Any:  # noqa: N807 - the wrapped dunder
+            if obs._active() and torch.is_grad_enabled() and not obs._in_data_pass:
+                obs._w.data_passes.append(len(obs._w.backwards))
+            obs._in_data_pass += 1  # a subclass's __iter__ calling super() is one pass
+            try:
+                return orig(loader)
+            finally:
+                obs._in_data_pass -= 1
+
+        return __iter__
 
     def _sched_wrapper(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         obs = self

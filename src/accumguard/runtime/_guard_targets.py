@@ -25,6 +25,7 @@ __all__ = ["Targets", "ranks_checksum_table", "resolve_targets"]
 _INNER = ("optimizer", "_optimizer", "optim")  # Accelerate, Lightning, ZeroRedundancyOptimizer
 
 
+
 @dataclass
 class Targets:
     model: torch.nn.Module
@@ -63,13 +64,13 @@ def _first_param(opt: Any) -> Any:
     return None
 
 
-def _chain(obj: Any) -> Iterator[Any]:
+def _chain(obj: Any, attrs: tuple[str, ...] = _INNER) -> Iterator[Any]:
     """``obj`` and the objects it wraps (Accelerate/Lightning/ZeRO wrappers), outermost first."""
     seen: set[int] = set()
     while obj is not None and id(obj) not in seen:
         seen.add(id(obj))
         yield obj
-        obj = next((getattr(obj, a) for a in _INNER if getattr(obj, a, None) is not None
+        obj = next((getattr(obj, a) for a in attrs if getattr(obj, a, None) is not None
                     and hasattr(getattr(obj, a), "step")), None)
 
 
@@ -99,7 +100,8 @@ def resolve_targets(model: Any, optimizer: Any, scheduler: Any, scaler: Any) -> 
         opt_ids = {id(o) for o in chain}
     base = getattr(model, "module", model) if engine is not None else model
     params = [p for p in base.parameters() if p.requires_grad]
-    sched_ids = frozenset(id(s) for s in _chain(scheduler)) if scheduler is not None \
+    sched_ids = frozenset(id(s) for s in _chain(scheduler, ("scheduler",))) \
+        if scheduler is not None \
         else frozenset()
     return Targets(model=model, params=params, param_ids=frozenset(id(p) for p in params),
                    optimizer_ids=frozenset(opt_ids), deepspeed=engine,

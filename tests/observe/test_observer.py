@@ -1,0 +1,172 @@
+"""The observation layer on its own (single process, tiny models): one event per hook kind,
+patches gone on exit with the wrapped signatures kept, clipping seen through an alias bound
+before install, a step whose gradients are all None recorded as not applied, backward
+attribution to the watched model, and the conservation verdict."""
+
+from __future__ import annotations
+
+import inspect
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from torch.nn.utils import clip_grad_norm_ as early_alias  # bound before any Observer exists
+
+from accumguard.observe import Observer
+
+
+class Recorder:
+    """A listener that keeps every event by method name."""
+
+    def __init__(self) -> None:
+        self.events: dict[str, list[Any]] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        if not name.startswith("on_"):
+            raise AttributeError(name)
+        return lambda ev: self.events.setdefault(name, []).append(ev)
+
+    def kinds(self) -> set[str]:
+        return set(self.events)
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+
+
+def _loss(model: torch.nn.Module, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return model(torch.randn(3, 4, generator=g)).pow(2).mean()
+
+
+def _observe(model: torch.nn.Module, **kw: Any) -> tuple[Observer, Recorder]:
+    obs = Observer(roots=[model], **kw)
+    rec = Recorder()
+    obs.add_listener(rec)
+    return obs, rec
+
+
+def test_one_event_per_hook_kind() -> None:
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    scaler = torch.amp.GradScaler("cpu")
+    obs, rec = _observe(model)
+    with obs:
+        scaler.scale(_loss(model, 0)).backward()  # Tensor.backward
+        torch.autograd.backward(scaler.scale(_loss(model, 1)))  # torch.autograd.backward
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        scaler.update()
+        sched.step()
+        opt.zero_grad()
+        model.zero_grad()
+    assert rec.kinds() >= {"on_forward", "on_backward_start", "on_backward", "on_unscale",
+                           "on_clip", "on_step_start", "on_step", "on_scaler_update",
+                           "on_scheduler_step", "on_zero_grad"}
+    assert [b.source for b in rec.events["on_backward"]] == ["tensor", "autograd"]
+    assert len(rec.events["on_forward"]) == 2
+    (step,) = rec.events["on_step"]
+    assert (step.backwards, step.applied, step.clips, step.clip_micros) == (2, True, 1, [2])
+    (start,) = rec.events["on_step_start"]
+    assert start.owner is opt and start.applied and start.source == "torch"
+    assert start.conservation is not None and start.conservation.ok
+    assert [z.kind for z in rec.events["on_zero_grad"]] == ["optimizer", "module"]
+    assert rec.events["on_scheduler_step"][0].owner is sched
+    assert [e.kind for e in rec.events["on_unscale"] + rec.events["on_scaler_update"]] == [
+        "unscale", "update"]
+
+
+def test_patches_are_removed_and_signatures_kept() -> None:
+    targets = [(torch.Tensor, "backward"), (torch.autograd, "backward"),
+               (torch.optim.Optimizer, "zero_grad"), (torch.nn.Module, "zero_grad"),
+               (torch.optim.lr_scheduler.LRScheduler, "step"),
+               (torch.nn.utils, "clip_grad_norm_"), (torch.nn.utils.clip_grad, "clip_grad_norm_"),
+               (torch.nn.utils.clip_grad, "_clip_grads_with_norm_"),
+               (torch.amp.GradScaler, "unscale_"), (torch.amp.GradScaler, "update")]
+    before = {(id(o), n): getattr(o, n) for o, n in targets}
+    own = {(id(o), n): n in vars(o) for o, n in targets}
+    sigs = {(id(o), n): inspect.signature(getattr(o, n)) for o, n in targets}
+    model = _model()
+    with Observer(roots=[model], attribute=True):
+        for o, n in targets:
+            assert getattr(o, n) is not before[id(o), n], n  # wrapped while installed
+            assert inspect.signature(getattr(o, n)) == sigs[id(o), n], n
+        # Accelerate checks this parameter before calling zero_grad(set_to_none=...)
+        assert "set_to_none" in inspect.signature(torch.optim.Optimizer.zero_grad).parameters
+    for o, n in targets:
+        assert getattr(o, n) is before[id(o), n], n
+        assert (n in vars(o)) == own[id(o), n], n
+    assert not model._forward_pre_hooks and not model._forward_hooks
+    from torch.optim.optimizer import _global_optimizer_pre_hooks
+
+    assert not _global_optimizer_pre_hooks
+
+
+def test_clip_through_an_alias_bound_before_install_is_seen() -> None:
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    obs, rec = _observe(model)
+    with obs:
+        _loss(model, 0).backward()
+        early_alias(model.parameters(), 1.0)  # the original function object
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # the patched name: once
+        opt.step()
+    clips = rec.events["on_clip"]
+    assert len(clips) == 2 and all(c.function == "clip_grad_norm_" for c in clips)
+    assert {id(p) for p in clips[0].params} == {id(p) for p in model.parameters()}
+
+
+def test_step_with_every_gradient_none_is_not_applied() -> None:
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    obs, rec = _observe(model)
+    with obs:
+        opt.step()  # no backward: every .grad is None, AdamW skips every parameter
+        _loss(model, 0).backward()
+        opt.step()
+    first, second = rec.events["on_step"]
+    assert (first.applied, first.backwards) == (False, 0)
+    assert (second.applied, second.backwards) == (True, 1)
+    assert [s.applied for s in rec.events["on_step_start"]] == [False, True]
+
+
+def test_attribution_marks_backwards_of_the_watched_model_only() -> None:
+    gen, disc = _model(), torch.nn.Linear(2, 1)
+
+    class Wrapped(torch.nn.Module):  # returns a plain object holding the tensors
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = gen
+
+        def forward(self, x: torch.Tensor) -> SimpleNamespace:
+            return SimpleNamespace(out=self.net(x), extra="text")
+
+    root = Wrapped()
+    obs, rec = _observe(root, attribute=True)
+    with obs:
+        fake = root(torch.randn(3, 4)).out
+        disc(fake.detach()).sum().backward()  # does not reach the root's output
+        disc(fake).sum().backward()  # does
+    assert [b.reached for b in rec.events["on_backward"]] == [False, True]
+    assert [b.forwards for b in rec.events["on_backward"]] == [1, 0]
+
+
+def test_conservation_verdict_for_zero_grad_inside_the_window() -> None:
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    obs, rec = _observe(model)
+    with obs:
+        for bug in (False, True):
+            for i in range(3):
+                _loss(model, i).backward()
+                if bug and i < 2:
+                    opt.zero_grad()
+            opt.step()
+            opt.zero_grad()
+    ok, broken = [s.conservation for s in rec.events["on_step_start"]]
+    assert ok.ok and ok.wiped == 0.0
+    assert not broken.ok and broken.reason == "wiped" and broken.first_wipe == 1
+    assert rec.events["on_step"][1].zero_grads_between == 2
