@@ -75,7 +75,9 @@ _DS_CONFIG_NAME = re.compile(r"ds_?conf|deepspeed_?conf|ds_?cfg|zero_?conf")
 _CONFIG_KEYWORDS = frozenset(
     {"config", "config_params", "ds_config", "deepspeed", "hf_ds_config", "deepspeed_config"}
 )
-_MAX_JSON_CANDIDATES = 32  # string literals naming a .json file we try to open
+_MAX_JSON_CANDIDATES = 32
+#: a loop over these iterates the micro-batches of one window
+_MICRO_ITER_RE = re.compile(r"window(?!s)|micro|chunk|accum")  # string literals naming a .json file we try to open
 
 
 @dataclass
@@ -438,6 +440,12 @@ class FileContext:
         """Loops inside ``window`` without a backward that build the loss (``loss += ...``):
         the micro-batches of such a loop are summed into one graph, one backward: K = 1."""
         out: list[ast.AST] = []
+        fed: set[str] = set()  # names the window's backward calls are built from
+        for n in self.local_nodes(window):
+            if isinstance(n, ast.Call) and is_backward(n):
+                for part in (receiver(n), *n.args[:1]):
+                    if part is not None:
+                        fed.update(d for d in (dotted(x) for x in walk_all(part)) if d)
         for sub in self.local_nodes(window):
             if sub is window or not isinstance(sub, LOOPS):
                 continue
@@ -451,7 +459,7 @@ class FileContext:
                     tgt = n.targets[0]
                 elif isinstance(n, ast.Call) and call_attr(n) == "append":
                     tgt = receiver(n)
-                if tgt is not None and any("loss" in i for i in identifiers(tgt)):
+                if tgt is not None and (dotted(tgt) in fed or any("loss" in i for i in identifiers(tgt))):
                     out.append(sub)
                     break
         return out
@@ -580,7 +588,12 @@ class FileContext:
         f.accumulating = self.shows_accumulation(window, frozenset(summing)) or (
             ds_ga is not None and ds_ga > 1
         )
-        if f.accumulating and not (ds_ga is not None and ds_ga > 1) and self._plain_k1_shape(window, f):
+        iterates_micro_batches = isinstance(window, ast.For | ast.AsyncFor) and any(
+            _MICRO_ITER_RE.search(i) for i in identifiers(window.iter)
+        )
+        if iterates_micro_batches:
+            f.accumulating = True  # `for mb in window:` / `for micro in batch.chunk(K):`
+        elif f.accumulating and not (ds_ga is not None and ds_ga > 1) and self._plain_k1_shape(window, f):
             f.accumulating = False
         f.accelerate = self.in_accelerate_accumulate(window, window)
         f.engine_steps_unguarded = any(
@@ -647,17 +660,15 @@ class FileContext:
         return self._mentions(expr, ACCUM_RE, self._derived_names(ACCUM_RE))
 
     def _plain_k1_shape(self, window: ast.AST, f: WindowFacts) -> bool:
-        """zero_grad -> backward -> step, all unguarded, and nothing in the window itself says
-        accumulation (the evidence was elsewhere in the file, e.g. ``micro_batch_size = 1``)."""
+        """backward, step and zero_grad all unguarded in the window, and nothing in the window
+        itself says accumulation (the evidence was elsewhere in the function or file, e.g.
+        ``micro_batch_size = 1`` or a reference loop over whole windows): one step per
+        backward, nothing accumulated, K = 1."""
         if self._scope_shows_accumulation(window):
             return False
-        backwards = [n for n in self.local_nodes(window) if isinstance(n, ast.Call) and is_backward(n)]
-        if not backwards:
+        if not any(k == "optimizer" and not self.guarded(c, window) for c, k in f.steps):
             return False
-        first = min((b.lineno, b.col_offset) for b in backwards)
-        return any(
-            (z.lineno, z.col_offset) < first and not self.guarded(z, window) for z, _ in f.zero_grads
-        )
+        return any(not self.guarded(z, window) for z, _ in f.zero_grads)
 
     # ---------------------------------------------------------------- script-level facts
 
