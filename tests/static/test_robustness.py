@@ -217,3 +217,13 @@ def test_json_output_of_every_corpus_script_parses(capsys: pytest.CaptureFixture
     assert lint_main([str(CORPUS), "--format", "json"]) == 1
     doc = json.loads(capsys.readouterr().out)
     assert len(doc["findings"]) > 50
+
+
+def test_lint_refuses_a_file_over_the_size_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from accumguard.static.lint import runner
+
+    monkeypatch.setattr(runner, "MAX_BYTES", 1000)
+    p = tmp_path / "gen.py"
+    p.write_text("x = 1\n" * 400)
+    code, out, err = run_cli(lint_main, p.read_bytes(), ".py")
+    assert code == 2 and out == "" and "limit" in err and "input.py:1:1:" in err
