@@ -111,7 +111,7 @@ def plain_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize(("case", "expected"), [
     ("namespace", set()), ("k1", set()), ("heads", set()), ("gan", set()),
     ("fp32buf", set()), ("epochs", set()), ("token_budget", set()),
-    ("leak", {"F7"}), ("first_short", {"F13"}),
+    ("loader_ok", set()), ("leak", {"F7"}), ("loader_leak", {"F7"}), ("first_short", {"F13"}),
 ])
 def test_single_process_patterns(plain_sweep: Path, case: str, expected: set[str]) -> None:
     """No K given: inferred from the windows (a correct script must not need ``-k``)."""

@@ -105,3 +105,19 @@ def test_fsdp2_flags() -> None:
 def test_a_gradless_first_step_is_not_no_update() -> None:
     rec = _rec([0, 4, 4, 4], applied=[False, True, True, True])
     assert _errors(rec) == {}
+
+
+def test_dataloader_passes_separate_leak_from_late_boundary() -> None:
+    """Epochs of 5 batches with K = 4 that never step the leftover: windows 4, 5, 5 look
+    like a constant K+1 (F13) by sizes alone; the DataLoader pass starting inside the long
+    windows shows the leak (F7)."""
+    rec = _rec([4, 5, 5])
+    steps = rec.steps[0]
+    steps[0]["data_pass_starts"] = [0]
+    steps[1]["data_pass_starts"] = [1]
+    steps[2]["data_pass_starts"] = [1]
+    errs = _errors(rec, k_flag=4)
+    assert set(errs) == {"F7"} and errs["F7"].step == 2
+    late = _rec([5, 5, 5])  # one pass, the boundary test off by one: F13
+    late.steps[0][0]["data_pass_starts"] = [0]
+    assert set(_errors(late, k_flag=4)) == {"F13"}

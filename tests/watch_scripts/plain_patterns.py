@@ -6,7 +6,9 @@ gradient buffers), ``k1`` (no accumulation), ``epochs`` (3 epochs of 10 batches,
 the short window of each epoch stepped and normalised by its own count).
 ``token_budget`` (windows of varying length by a token budget).
 Broken: ``leak`` (epochs without stepping the partial window: it leaks into the next, F7),
-``first_short`` (``i % K == 0`` with i from 0: a first window of 1, F13).
+``first_short`` (``i % K == 0`` with i from 0: a first window of 1, F13),
+``loader_leak`` (a DataLoader's leftover leaks into the next epoch: F7; ``loader_ok`` steps
+it: correct).
 ``--sweep DIR`` runs every case in this one process, each recorded in ``DIR/<case>``
 (the clipping is looked up at call time: ``clip_grad_norm_`` below is bound at import).
 """
@@ -148,6 +150,23 @@ def epochs(case: str) -> None:
                 opt.zero_grad()
 
 
+def loader_epochs(case: str) -> None:
+    """A DataLoader of 5 batches, K = 4, 3 epochs. ``loader_ok`` steps the short last
+    window of each epoch; ``loader_leak`` does not: its leftover leaks into the next
+    epoch (windows 4, 5, 5: by sizes alone a constant K+1, the DataLoader pass shows F7)."""
+    m = Net()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    ds = torch.utils.data.TensorDataset(torch.randn(20, 6), torch.randint(0, 3, (20,)))
+    loader = torch.utils.data.DataLoader(ds, batch_size=4)
+    K = 4
+    for _epoch in range(3):
+        for i, (x, y) in enumerate(loader):
+            (m(x, y).loss / 16).backward()
+            if (i + 1) % K == 0 or (case == "loader_ok" and i + 1 == len(loader)):
+                opt.step()
+                opt.zero_grad()
+
+
 def token_budget() -> None:
     """Accumulate until a token budget is reached: micro-batches of varying length, so
     windows of 3 to 6 micro-batches; the loss normalised by the window's own count:
@@ -169,7 +188,9 @@ def token_budget() -> None:
 
 CASES = {"namespace": namespace, "k1": k1, "heads": heads, "gan": gan, "fp32buf": fp32buf,
          "epochs": lambda: epochs("epochs"), "leak": lambda: epochs("leak"),
-         "first_short": lambda: epochs("first_short"), "token_budget": token_budget}
+         "first_short": lambda: epochs("first_short"), "token_budget": token_budget,
+         "loader_ok": lambda: loader_epochs("loader_ok"),
+         "loader_leak": lambda: loader_epochs("loader_leak")}
 
 if args.sweep:
     from pathlib import Path

@@ -125,8 +125,16 @@ class KResolution:
 
 
 def _inferred(rec: RunRecording) -> int | None:
-    sizes = [w["window"] for steps in rec.steps.values() for w in _windows(steps)]
+    """The most common window, not counting windows that span two passes over a DataLoader
+    (a leftover leaked into the next epoch is not the loop's K)."""
+    windows = [w for steps in rec.steps.values() for w in _windows(steps)]
+    inside = [w for w in windows if not _spans_passes(w)]
+    sizes = [int(w["window"]) for w in (inside or windows)]
     return Counter(sizes).most_common(1)[0][0] if sizes else None
+
+
+def _spans_passes(w: dict[str, Any]) -> bool:
+    return any(0 < j < int(w["window"]) for j in w.get("data_pass_starts") or [])
 
 
 def resolve_k(rec: RunRecording, flag: int | None, script: ScriptK | None = None
@@ -330,6 +338,27 @@ def _window_findings(rank: int, windows: list[dict[str, Any]], info: dict[str, A
             and not (engine_ga and (int(w["window"]) == ds_ga
                                     or int(w.get("max_backwards_per_engine_step", 0)) > 1))]
     regular = sum(1 for n in sizes if n == k)
+    if long and any(w.get("data_pass_starts") for w in windows):
+        # DataLoader passes were seen: a long window that began in one pass (epoch) and
+        # ended in the next is a leak; one inside a single pass is a late boundary
+        crossed = [w for w in long if _spans_passes(w)]
+        if crossed:
+            w, n0 = crossed[0], int(crossed[0]["window"])
+            j = next(j for j in w["data_pass_starts"] if 0 < j < n0)
+            out.append(_mk("F7", "error", rank, w["step"], n0 - 1,
+                           f"a window of {n0} backward passes (K = {k}) before optimizer step "
+                           f"{_n(w['step'])}: {j} micro-step(s) left at the end of a pass over "
+                           "the DataLoader (an epoch) were not stepped and leaked into the "
+                           "next epoch's first window"))
+        long = [w for w in long if w not in crossed]
+        if long:
+            n0 = int(long[0]["window"])
+            out.append(_mk("F13", sev, rank, long[0]["step"], n0 - 1,
+                           f"{len(long)} window(s) of {n0} backward passes inside one pass "
+                           f"over the data (K = {k}), e.g. before optimizer step "
+                           f"{_n(long[0]['step'])}: the boundary comes {n0 - k} micro-step(s) "
+                           "late"))
+        long = []
     if long:
         n0 = int(long[0]["window"])
         constant = len({int(w["window"]) for w in long}) == 1 and len(long) >= regular
@@ -360,14 +389,18 @@ def _window_findings(rank: int, windows: list[dict[str, Any]], info: dict[str, A
 
 def _f1(rank: int, windows: list[dict[str, Any]], res: KResolution) -> list[Finding]:
     """Step every micro-step: K > 1 declared and (nearly) every window has one backward."""
-    k = res.k
     script = res.script
-    if res.strength == "script" or (res.strength == "inferred" and script is not None):
-        k = script.value if script is not None else None
+    if res.strength in ("flag", "runtime"):
+        k = res.k
+    elif script is not None:
+        k = script.value
+    else:
+        return []
     if k is None or k <= 1:
         return []
     ones = [w for w in windows if int(w["window"]) == 1]
-    if len(ones) < max(2, len(windows) // 2):
+    # nearly every window: epochs whose last window holds one micro-batch are not F1
+    if len(ones) < 2 or 4 * len(ones) < 3 * len(windows):
         return []
     text = f"{len(ones)} of {len(windows)} optimizer steps came after a single backward pass"
     if res.strength in ("flag", "runtime"):
