@@ -7,5 +7,7 @@ boundary. Engine specifics live below it, in :mod:`accumguard.engines`.
 """
 
 from accumguard.accumulate.accumulator import AccumulationConfig, Accumulator, StepResult, Window
+from accumguard.accumulate.checkpoint import load_checkpoint, save_checkpoint
 
-__all__ = ["AccumulationConfig", "Accumulator", "StepResult", "Window"]
+__all__ = ["AccumulationConfig", "Accumulator", "StepResult", "Window", "load_checkpoint",
+           "save_checkpoint"]

@@ -769,16 +769,19 @@ class Accumulator:
     def state_dict(self) -> dict[str, Any]:
         """The Accumulator's progress; valid only at a boundary (save after a window)."""
         w = self._window
-        if self._active is not None or (w is not None and not w.skipped and w.result is None
-                                        and w._entered > 0):
+        if self._active is not None or (w is not None and w.result is None):
+            done = 0 if w is None else w._entered
             raise UsageError(
-                "state_dict() called in the middle of a window; a checkpoint must be taken at "
-                "a boundary (after the window's last micro-step), or the resumed run would "
-                "lose the gradients accumulated so far")
+                f"state_dict() called in the middle of window {self.windows_seen} ({done} of "
+                f"{0 if w is None else len(w)} micro-steps done; its micro-batches are already "
+                "taken from the data); expected a boundary. Save after the window's last "
+                "micro-step (after window.run(), or after the inner `for micro in window` "
+                "loop), or the resumed run would lose that window's data and gradients")
         return {"version": _STATE_VERSION, "accumulation_steps": self.config.accumulation_steps,
                 "normalization": self.config.normalization, "windows_seen": self.windows_seen,
                 "optimizer_steps": self.optimizer_steps, "skipped_windows": self.skipped_windows,
-                "micro_batches_consumed": self.micro_batches_consumed}
+                "micro_batches_consumed": self.micro_batches_consumed,
+                "world_size": self.engine.world_size}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore progress saved by :meth:`state_dict`; K and the normalisation must match."""
@@ -805,6 +808,14 @@ class Accumulator:
                     f"checkpoint has {key}={state.get(key)!r} but this Accumulator has {mine!r}; "
                     "resuming with a different value changes the effective batch mid-run. "
                     "Construct the Accumulator with the checkpoint's value")
+        saved_world = state.get("world_size", self.engine.world_size)
+        if saved_world != self.engine.world_size:
+            raise ConfigError(
+                f"checkpoint was written by {saved_world} ranks but this run has "
+                f"{self.engine.world_size}; resuming on another world size changes the "
+                f"effective batch (K x micro-batch x ranks) mid-run and the data each rank "
+                f"reads. Resume on {saved_world} ranks, or start a new run (and scale K so "
+                "K x world stays the same) without loading this state")
         if state.get("version") != _STATE_VERSION:
             raise ConfigError(f"unknown Accumulator state version {state.get('version')!r}; "
                               f"this accumguard writes version {_STATE_VERSION}")
