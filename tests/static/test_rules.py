@@ -440,7 +440,7 @@ def test_manual_reduction_on_the_non_ddp_branch_is_fine() -> None:
 # ---------------------------------------------------------------- registry and catalogue
 
 
-def test_every_script_code_has_exactly_one_check_and_families_are_modules() -> None:
+def test_every_script_code_has_a_check_and_families_are_modules() -> None:
     from accumguard.static.lint.registry import all_checks
 
     checks = all_checks()
@@ -449,7 +449,7 @@ def test_every_script_code_has_exactly_one_check_and_families_are_modules() -> N
         for code in c.codes:
             owners.setdefault(code, []).append(c.name)
     script_codes = [c for c in RULES if c.startswith("AG1")]
-    assert all(len(owners.get(c, [])) == 1 for c in script_codes), owners
+    assert all(owners.get(c) for c in script_codes), owners
     assert {c.family for c in checks} == {"window", "schedule", "loss", "sync", "reduce", "deepspeed"}
 
 

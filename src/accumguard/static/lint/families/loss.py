@@ -103,22 +103,52 @@ def _index_by_name(backwards: list[tuple[ast.Call, set[str]]]) -> dict[str, list
     return out
 
 
-def _is_count(divisor: ast.AST, *, micro_batch: bool = True) -> bool:
-    """``n_tokens``, ``mask.sum()``, ``(labels != -100).sum()``: a count of this micro-batch
-    (``micro_batch``: names saying window/total/global are not) or of this rank (only
-    names saying global are not; whether it was all-reduced is checked by the caller)."""
-    ids = list(identifiers(divisor))
-    scope_re = GLOBAL_COUNT_RE if micro_batch else _GLOBAL_ONLY
-    if any(WORLD_RE.search(i) or ACCUM_RE.search(i) or scope_re.search(i) for i in ids):
-        return False
-    if any(COUNT_RE.search(i) for i in ids):
+def _counts_tokens(expr: ast.AST) -> bool:
+    """``expr`` computes a count: a count-like name (``n_tokens``, ``mask``), a string key
+    (``b["mask"]``), or ``.sum()`` of a comparison (``(labels != -100).sum()``)."""
+    if any(COUNT_RE.search(i) for i in identifiers(expr)):
         return True
-    for sub in walk_all(divisor):
+    for sub in walk_all(expr):
+        if isinstance(sub, ast.Constant) and isinstance(sub.value, str) and COUNT_RE.search(sub.value.lower()):
+            return True
         if isinstance(sub, ast.Call) and call_attr(sub) in _COUNT_CALLS:
             recv = receiver(sub)
             if recv is not None and any(isinstance(n, ast.Compare) for n in walk_all(recv)):
                 return True
     return False
+
+
+def _count_names(ctx: FileContext) -> set[str]:
+    """Names assigned from a count (``n_local = sum(int(b["mask"].sum()) for b in window)``)."""
+    def compute() -> set[str]:
+        out: set[str] = set()
+        for node in ctx.of(ast.Assign, ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if node.value is None or len(targets) != 1 or not (d := dotted(targets[0])):
+                continue
+            if not isinstance(node.value, ast.Call | ast.BinOp | ast.Subscript | ast.Attribute | ast.Name):
+                continue
+            if _counts_tokens(node.value) and not ctx.mentions_world(node.value):
+                out.add(d)
+        return out
+    return ctx._cached("count_names", ctx.tree, compute)  # type: ignore[no-any-return]
+
+
+def _is_count(ctx: FileContext, divisor: ast.AST, *, micro_batch: bool = True) -> bool:
+    """``n_tokens``, ``mask.sum()``, ``(labels != -100).sum()``, or a name assigned from such a
+    count: a count of this micro-batch (``micro_batch``: names saying window/total/global are
+    not) or of this rank (only names saying global are not; whether it was all-reduced is
+    checked by the caller)."""
+    ids = list(identifiers(divisor))
+    scope_re = GLOBAL_COUNT_RE if micro_batch else _GLOBAL_ONLY
+    if any(WORLD_RE.search(i) or ACCUM_RE.search(i) or scope_re.search(i) for i in ids):
+        return False
+    if _counts_tokens(divisor):
+        return True
+    if micro_batch:
+        return False  # a name computed elsewhere may be the window's count: no guess
+    names = {d for d in (dotted(s) for s in walk_all(divisor)) if d}
+    return bool(names & _count_names(ctx))
 
 
 def _under_wrapper_branch(ctx: FileContext, node: ast.AST) -> bool:
@@ -183,7 +213,7 @@ def _per_micro_batch_token_mean(ctx: FileContext, window: ast.AST) -> bool:
     """The window computes a loss as a division by a count of this micro-batch."""
     for sub in ctx.local_nodes(window):
         d = _division(sub)
-        if d is not None and _is_count(d[1]) and (_is_loss(d[0]) or any(
+        if d is not None and _is_count(ctx, d[1]) and (_is_loss(d[0]) or any(
             isinstance(n, ast.Call) and call_attr(n) == "sum" for n in walk_all(d[0])
         )):
             return True
@@ -241,7 +271,7 @@ def rank_local_token_mean_under_ddp(ctx: FileContext) -> Iterator[Finding]:
     if not ctx.ddp_wrapped or not ctx.is_training_script():
         return
     for node, dividend, divisor in _divisions(ctx):
-        if not _is_count(divisor, micro_batch=False) or not (_is_loss_division(ctx, node, dividend) or any(
+        if not _is_count(ctx, divisor, micro_batch=False) or not (_is_loss_division(ctx, node, dividend) or any(
             isinstance(n, ast.Call) and call_attr(n) == "sum" for n in walk_all(dividend)
         )):
             continue

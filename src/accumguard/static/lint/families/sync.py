@@ -134,10 +134,39 @@ def _effective(ctx: FileContext, node: ast.AST, value: ast.AST) -> str:
     return "on" if on else "off"
 
 
+def _no_sync_polarity(ctx: FileContext, call: ast.Call) -> str:
+    """'inverted' when ``model.no_sync()`` is chosen exactly at the boundary (``no_sync() if
+    is_last else nullcontext()``, or ``with no_sync():`` under ``if is_last:``)."""
+    child, cur = call, ctx.parents.get(call)
+    while cur is not None and not isinstance(cur, SCOPES):
+        if isinstance(cur, ast.IfExp | ast.If) and child is not cur.test:
+            p = ctx.boundary_polarity(cur.test)
+            if p is not None:
+                in_true_branch = child is cur.body or (isinstance(cur, ast.If) and child in cur.body)
+                active_at_boundary = p if in_true_branch else not p
+                return "inverted" if active_at_boundary else "ok"
+        child, cur = cur, ctx.parents.get(cur)
+    return "unknown"
+
+
 @rule("AG111")
 def sync_flag_polarity(ctx: FileContext) -> Iterator[Finding]:
     if not ctx.windows():
         return
+    for call in ctx.of(ast.Call):
+        if (
+            call_attr(call) == "no_sync"
+            and isinstance(call.func, ast.Attribute)
+            and _no_sync_polarity(ctx, call) == "inverted"
+        ):
+            recv = dotted(call.func.value) or "model"
+            yield ctx.finding(
+                "AG111",
+                call,
+                f"`{recv}.no_sync()` is chosen on the boundary micro-step and not on the others: "
+                "the gradients are all-reduced on every micro-step but the last, whose "
+                "contribution stays unsynchronised",
+            )
     settings = _sync_settings(ctx)
     if not settings:
         return
