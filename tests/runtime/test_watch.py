@@ -167,6 +167,14 @@ def test_torchrun_f1_with_k_from_the_script(tmp_path: Path) -> None:
     assert proc.stdout.strip() == "trained"  # the command's output passes through
 
 
+def test_torchrun_fsdp2_inverted_sync_flag(tmp_path: Path) -> None:
+    """FSDP2 under the CLI: sync on micro-steps 1..3 and off on the last (inverted)."""
+    code, findings, report, _ = _watch(tmp_path, _torchrun("sweep_dist.py", "run",
+                                                           "fsdp2_inverted"), k=4)
+    assert report["ranks"] == [0, 1]
+    assert code == 1 and _errors(findings) == {"F11"}, findings
+
+
 def test_accelerate_launch_correct(tmp_path: Path) -> None:
     pytest.importorskip("accelerate")
     cmd = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",

@@ -1,7 +1,8 @@
 """Many accumulation loops on 2 real gloo ranks in ONE torchrun launch, each recorded by
 the observation layer in its own directory (``accumguard.runtime.watch.recording``).
 
-``torchrun --nproc-per-node 2 sweep_dist.py OUT_DIR [NAME ...]``. Each scenario is a
+``torchrun --nproc-per-node 2 sweep_dist.py OUT_DIR [NAME ...]``
+(``sweep_dist.py run NAME``: one scenario, not recorded, for ``accumguard watch``). Each scenario is a
 3-step (K = 4) training of a small MLP written the way users write it: DDP, FSDP2
 (``fully_shard`` + ``set_requires_gradient_sync``), torch ``ZeroRedundancyOptimizer``
 over DDP, Accelerate's ``accumulate()``. The name says what it is: ``*_ok`` correct,
@@ -150,6 +151,14 @@ SCENARIOS: dict[str, Callable[[], None]] = {
 
 
 def main() -> None:
+    if sys.argv[1] == "run":  # one scenario, unrecorded: for `accumguard watch -- ...`
+        dist.init_process_group("gloo")
+        try:
+            SCENARIOS[sys.argv[2]]()
+        finally:
+            dist.barrier()
+            dist.destroy_process_group()
+        return
     out = Path(sys.argv[1])
     names = sys.argv[2:] or list(SCENARIOS)
     dist.init_process_group("gloo")
