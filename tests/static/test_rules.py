@@ -587,3 +587,45 @@ def test_scheduler_per_process() -> None:
     """
     assert [c for c, _ in codes(src)] == ["AG114"]
     assert codes(src.replace("range(accelerator.num_processes)", "range(2, n_layers)")) == []
+
+
+@pytest.mark.parametrize(
+    ("test", "expected"),
+    [
+        ("(i + 1) % K == 0", ["AG111"]),  # no_sync on the last micro-step: inverted
+        ("(i + 1) % K != 0", []),
+        ("i % K == 0", []),  # the *first* micro-step (a counter from 0): polarity unknown
+        ("not is_last", []),
+        ("is_last", ["AG111"]),
+    ],
+)
+def test_no_sync_chosen_on_the_boundary_is_inverted(test: str, expected: list[str]) -> None:
+    src = f"""
+    model = DDP(net)
+    for i, batch in enumerate(loader):
+        is_last = (i + 1) % K == 0
+        if {test}:
+            with model.no_sync():
+                (model(batch).sum() / K).backward()
+        else:
+            (model(batch).sum() / K).backward()
+        if is_last:
+            optimizer.step()
+            optimizer.zero_grad()
+    """
+    assert [c for c, _ in codes(src)] == expected
+
+
+def test_grads_cleared_by_hand() -> None:
+    src = """
+    for i, (x, y) in enumerate(loader):
+        for p in model.parameters():
+            p.grad = None
+        (crit(model(x), y) / accum).backward()
+        if (i + 1) % accum == 0:
+            optimizer.step()
+    """
+    assert codes(src) == [("AG102", 4)]
+    # accumulating into an own buffer, then clearing .grad, is a hand-written accumulation
+    own = src.replace("            p.grad = None", "            buf[p] += p.grad\n            p.grad = None")
+    assert codes(own) == []

@@ -343,20 +343,19 @@ class FileContext:
             pols = {self.boundary_polarity(v) for v in expr.values} - {None}
             return pols.pop() if len(pols) == 1 else None
         if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Mod):
-            return False  # `(i + 1) % K` is truthy off the boundary
+            # `(i + 1) % K` is truthy off the boundary; `i % K` is truthy off the *first* step
+            return False if _last_offset(expr.left) else None
         if isinstance(expr, ast.Compare) and len(expr.ops) == 1:
             op = expr.ops[0]
             sides = (expr.left, expr.comparators[0])
             if not self._boundary_test_uncached(expr):
                 return None
-            if any(has_mod(s) for s in sides):
-                if isinstance(op, ast.Eq):
-                    return True
-                if isinstance(op, ast.NotEq | ast.Gt):
-                    return False
+            # `(i + 1) % K == 0`, `i % K == K - 1`, `micro == K - 1`, `i + 1 == len(loader)` name
+            # the last micro-step; `i % K == 0` or `micro == 0` the first one: no polarity then
+            if not any(_last_offset(x) for x in sides):
                 return None
             if isinstance(op, ast.Eq | ast.GtE | ast.Gt):
-                return True
+                return not isinstance(op, ast.Gt) or not any(has_mod(x) for x in sides)
             if isinstance(op, ast.NotEq | ast.Lt | ast.LtE):
                 return False
             return None
@@ -906,6 +905,22 @@ def _class_settings_accumulate(cls: ast.ClassDef) -> bool:
                 elif isinstance(sub, ast.arg):
                     targets.append(ast.Name(sub.arg))
     return any(ACCUM_RE.search(i) and i != "accumulate" for t in targets for i in identifiers(t))
+
+
+def _last_offset(expr: ast.AST) -> bool:
+    """``x + 1``, ``K - 1`` or ``len(...)`` in ``expr``: the comparison is about the *last*
+    micro-step of a window (a counter from 0 compared with K needs the offset)."""
+    for sub in walk_all(expr):
+        if (
+            isinstance(sub, ast.BinOp)
+            and isinstance(sub.op, ast.Add | ast.Sub)
+            and isinstance(sub.right, ast.Constant)
+            and sub.right.value == 1
+        ):
+            return True
+        if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name) and sub.func.id == "len":
+            return True
+    return False
 
 
 def _unwrap_alias(value: ast.AST) -> ast.AST | None:
