@@ -159,7 +159,8 @@ def resolve_k(rec: RunRecording, flag: int | None, script: ScriptK | None = None
             return KResolution(k, "DeepSpeed config gradient_accumulation_steps", "runtime")
     inferred = _inferred(rec)
     if (script is not None and script.value is not None and script.value >= 1
-            and (inferred is None or inferred == script.value)):
+            and (inferred is None or inferred in (1, script.value))):
+        # windows of one backward against a declared K > 1 is the F1 question (_f1)
         return KResolution(script.value, f"declared in the script ({script.where})",
                            "script", script)
     if inferred is None:
