@@ -38,6 +38,7 @@ VARIANTS = {
     "checks, 1 step in 10 (default)": {"observe": True, "every_n_steps": 10},
     "checks, every step": {"observe": True, "every_n_steps": 1},
     "probe only, every step": {"observe": False, "every_n_steps": 1},
+    "probe only, 1 step in 10": {"observe": False, "every_n_steps": 10},
 }
 
 
