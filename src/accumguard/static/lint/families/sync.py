@@ -137,7 +137,8 @@ def _effective(ctx: FileContext, node: ast.AST, value: ast.AST) -> str:
 def _no_sync_polarity(ctx: FileContext, call: ast.Call) -> str:
     """'inverted' when ``model.no_sync()`` is chosen exactly at the boundary (``no_sync() if
     is_last else nullcontext()``, or ``with no_sync():`` under ``if is_last:``)."""
-    child, cur = call, ctx.parents.get(call)
+    child: ast.AST = call
+    cur = ctx.parents.get(call)
     while cur is not None and not isinstance(cur, SCOPES):
         if isinstance(cur, ast.IfExp | ast.If) and child is not cur.test:
             p = ctx.boundary_polarity(cur.test)

@@ -80,7 +80,7 @@ def _grad_clears(ctx: FileContext, window: ast.AST) -> Iterator[ast.AST]:
         other_reads = [
             a for a in ctx.local_nodes(loop)
             if isinstance(a, ast.Attribute) and a.attr == "grad" and a is not target
-            and not (isinstance(n, ast.Call) and a is n.func.value)
+            and not (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and a is n.func.value)
         ]
         if not other_reads:
             yield n

@@ -1,0 +1,280 @@
+"""Which DeepSpeed config a script uses, read statically: a ``.json`` path literal next to
+the script, or a dict literal / ``dict(...)`` handed to DeepSpeed.
+
+Split from :mod:`._context` (the per-file facts); :class:`FileContext` creates one
+:class:`DsConfigFinder` on first use. A literal becomes a :class:`~accumguard.static.dsconfig.ConfigDict`
+with each key's line, ``UNKNOWN`` for computed values and ``partial`` for ``**spread``,
+so the AG2xx checks can run on it as on a file.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from accumguard.static import dsconfig
+from accumguard.static.lint._ast import call_attr, dotted, last_part, receiver
+
+if TYPE_CHECKING:
+    from accumguard.static.lint._context import FileContext
+
+_DS_BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+_DS_CONFIG_NAME = re.compile(r"ds_?conf|deepspeed_?conf|ds_?cfg|zero_?conf")
+_CONFIG_KEYWORDS = frozenset(
+    {"config", "config_params", "ds_config", "deepspeed", "hf_ds_config", "deepspeed_config"}
+)
+_MAX_JSON_CANDIDATES = 32  # string literals naming a .json file we try to open
+
+
+@dataclass(frozen=True)
+class DsConfigRef:
+    """The DeepSpeed config a script uses, as far as it can be read statically."""
+
+    cfg: dsconfig.ConfigDict
+    where: str  # "ds_config.json:4" or "dict literal at line 12"
+    node: ast.AST  # the string literal or the dict
+    literal: bool  # written in the script (its findings belong to the script)
+    hf: bool = False  # handed to the Hugging Face Trainer (TrainingArguments(deepspeed=...))
+
+    @property
+    def ga(self) -> int | None:
+        """GA for AG109/AG110: None when absent and not derivable (DeepSpeed then uses 1)."""
+        ga = dsconfig.resolved_accumulation_steps(self.cfg)
+        if "gradient_accumulation_steps" not in self.cfg and ga is None:
+            return None
+        return ga
+
+    @property
+    def stage(self) -> int | None:
+        return dsconfig.zero_stage(self.cfg)
+
+    @property
+    def managed(self) -> bool | None:
+        return dsconfig.managed_accumulation(self.cfg)
+
+
+class DsConfigFinder:
+    """Finds the DeepSpeed config(s) of one file; answers cached in the file's context."""
+
+    def __init__(self, ctx: FileContext) -> None:
+        self.ctx = ctx
+
+
+    def ds_config(self) -> DsConfigRef | None:
+        """The DeepSpeed config the script names (a .json path literal or a dict literal)."""
+        return self.ctx._cached("ds_config", self.ctx.tree, self._find_ds_config)  # type: ignore[no-any-return]
+
+    def ds_config_literals(self) -> list[DsConfigRef]:
+        """Every dict literal (or ``dict(...)`` call) in the script that is a DeepSpeed config."""
+        return self.ctx._cached("ds_literals", self.ctx.tree, self._ds_literals)  # type: ignore[no-any-return]
+
+    def _ds_literals(self) -> list[DsConfigRef]:
+        out: list[DsConfigRef] = []
+        candidates: list[ast.AST] = list(self.ctx.of(ast.Dict))
+        candidates += [c for c in self.ctx.of(ast.Call) if isinstance(c.func, ast.Name) and c.func.id == "dict" and c.keywords]
+        for node in candidates:
+            parent = self.ctx.parents.get(node)
+            if isinstance(parent, ast.Dict) or (
+                isinstance(parent, ast.keyword)
+                and isinstance(grand := self.ctx.parents.get(parent), ast.Call)
+                and dotted(grand.func) == "dict"
+            ):
+                continue  # a nested section: read with its parent
+            keys = _literal_keys(node)
+            if not (set(keys) & set(_DS_BATCH_KEYS) or "zero_optimization" in keys):
+                continue
+            if not self._used_as_config(node):
+                continue  # a template or a fragment (library code), not a config
+            cfg = _config_from_literal(node)
+            if cfg is None:
+                continue
+            self._apply_later_updates(node, cfg)
+            out.append(DsConfigRef(cfg, f"dict literal at line {getattr(node, 'lineno', 1)}", node, literal=True,
+                                   hf=self._handed_to_hf(node)))
+        return out
+
+    def _is_config_argument(self, node: ast.AST) -> bool:
+        parent = self.ctx.parents.get(node)
+        if isinstance(parent, ast.keyword):
+            return parent.arg in _CONFIG_KEYWORDS
+        return isinstance(parent, ast.Call) and last_part(dotted(parent.func)) == "initialize" and self.ctx.deepspeed
+
+    def _used_as_config(self, node: ast.AST) -> bool:
+        """The dict is handed to DeepSpeed: ``initialize(config=<it>)``, ``TrainingArguments(
+        deepspeed=<it>)``, ``DeepSpeedPlugin(hf_ds_config=<it>)``, directly or through the name
+        it is assigned to, or it is a ``ds_config = {...}`` of a training script."""
+        if self._is_config_argument(node):
+            return True
+        parent = self.ctx.parents.get(node)
+        if not isinstance(parent, ast.Assign | ast.AnnAssign):
+            return False
+        targets = parent.targets if isinstance(parent, ast.Assign) else [parent.target]
+        names = {d for d in (dotted(t) for t in targets) if d}
+        if names & self._config_argument_names():
+            return True
+        return self._assigned_to_config_name(node) and self.ctx.is_training_script()
+
+    def _config_argument_names(self) -> set[str]:
+        """Names passed as a config: ``config=cfg`` keywords and ``initialize(..., cfg)``."""
+        def compute() -> set[str]:
+            out = {d for kw in self._config_keywords() if (d := dotted(kw.value))}
+            for call in self.ctx.of(ast.Call):
+                if call_attr(call) == "initialize":
+                    out.update(d for a in call.args if (d := dotted(a)))
+            return out
+        return self.ctx._cached("config_names", self.ctx.tree, compute)  # type: ignore[no-any-return]
+
+    def _updates_by_name(self) -> tuple[dict[str, list[ast.Assign]], set[str]]:
+        """``name["key"] = value`` statements by name, and names with ``.update()``/``.setdefault()``."""
+        def compute() -> tuple[dict[str, list[ast.Assign]], set[str]]:
+            subs: dict[str, list[ast.Assign]] = {}
+            for n in self.ctx.of(ast.Assign):
+                for t in n.targets:
+                    if (
+                        isinstance(t, ast.Subscript)
+                        and isinstance(t.slice, ast.Constant)
+                        and isinstance(t.slice.value, str)
+                        and (d := dotted(t.value))
+                    ):
+                        subs.setdefault(d, []).append(n)
+            updated = {
+                d for c in self.ctx.of(ast.Call)
+                if call_attr(c) in ("update", "setdefault") and (d := dotted(receiver(c)))
+            }
+            return subs, updated
+        return self.ctx._cached("updates", self.ctx.tree, compute)  # type: ignore[no-any-return]
+
+    def _handed_to_hf(self, node: ast.AST) -> bool:
+        """The dict goes to ``TrainingArguments(deepspeed=...)`` (directly or by name): the
+        Trainer fills "auto" values and clips at its own max_grad_norm (1.0 by default)."""
+        parent = self.ctx.parents.get(node)
+        if isinstance(parent, ast.keyword):
+            return parent.arg == "deepspeed"
+        if isinstance(parent, ast.Assign):
+            names = {d for d in (dotted(t) for t in parent.targets) if d}
+            return any(kw.arg == "deepspeed" and dotted(kw.value) in names for kw in self._config_keywords())
+        return False
+
+    def _config_keywords(self) -> list[ast.keyword]:
+        def compute() -> list[ast.keyword]:
+            return [
+                kw for call in self.ctx.of(ast.Call) for kw in call.keywords if kw.arg in _CONFIG_KEYWORDS
+            ]
+        return self.ctx._cached("config_kw", self.ctx.tree, compute)  # type: ignore[no-any-return]
+
+    def _assigned_to_config_name(self, node: ast.AST) -> bool:
+        parent = self.ctx.parents.get(node)
+        if isinstance(parent, ast.Assign | ast.AnnAssign):
+            targets = parent.targets if isinstance(parent, ast.Assign) else [parent.target]
+            return any(_DS_CONFIG_NAME.search(last_part(dotted(t))) for t in targets)
+        return False
+
+    def _apply_later_updates(self, node: ast.AST, cfg: dsconfig.ConfigDict) -> None:
+        """``cfg["gradient_clipping"] = 1.0`` / ``cfg.update(...)`` after ``cfg = {...}``."""
+        parent = self.ctx.parents.get(node)
+        if not isinstance(parent, ast.Assign) or len(parent.targets) != 1:
+            return
+        name = dotted(parent.targets[0])
+        if name is None:
+            return
+        subs, updated = self._updates_by_name()
+        for n in subs.get(name, ()):
+            for t in n.targets:
+                if (
+                    isinstance(t, ast.Subscript)
+                    and isinstance(t.slice, ast.Constant)
+                    and isinstance(t.slice.value, str)
+                    and dotted(t.value) == name
+                ):
+                    cfg[t.slice.value] = _literal_value(n.value)
+                    cfg.key_lines.setdefault((t.slice.value,), n.lineno)
+        if name in updated:
+            cfg.partial = True
+
+    def _find_ds_config(self) -> DsConfigRef | None:
+        base = self.ctx.path.parent if self.ctx.path is not None else None
+        tried = 0
+        for node in self.ctx.of(ast.Constant):
+            if (
+                base is None
+                or not isinstance(node.value, str)
+                or len(node.value) >= 300
+                or not re.search(r"\.(h?json|jsonc?)$", node.value)
+            ):
+                continue
+            tried += 1
+            if tried > _MAX_JSON_CANDIDATES:
+                break
+            for cand in (base / node.value, Path(node.value)):
+                try:
+                    if not cand.is_file():
+                        continue
+                    cfg = dsconfig.load_config(cand)
+                except (OSError, ValueError):
+                    continue
+                if not any(k in cfg for k in (*_DS_BATCH_KEYS, "zero_optimization")):
+                    continue
+                line = cfg.key_lines.get(("gradient_accumulation_steps",))
+                return DsConfigRef(cfg, node.value + (f":{line}" if line else ""), node, literal=False)
+        literals = self.ds_config_literals()
+        return literals[0] if literals else None
+
+
+def _literal_keys(node: ast.AST) -> list[str]:
+    if isinstance(node, ast.Dict):
+        return [k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)]
+    if isinstance(node, ast.Call):
+        return [k.arg for k in node.keywords if k.arg]
+    return []
+
+
+def _literal_value(node: ast.AST) -> Any:
+    """The value of a literal; nested dicts keep UNKNOWN for what is computed."""
+    if isinstance(node, ast.Dict) or (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "dict"):
+        sub = _config_from_literal(node)
+        return dsconfig.UNKNOWN if sub is None else dict(sub)
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return dsconfig.UNKNOWN
+
+
+def _config_from_literal(node: ast.AST, prefix: tuple[str, ...] = ()) -> dsconfig.ConfigDict | None:
+    """A :class:`ConfigDict` from a dict literal / ``dict(...)``, with each key's line;
+    computed values become ``UNKNOWN`` and ``**spread`` makes it partial."""
+    items: Iterable[tuple[ast.AST | None, ast.AST, int]]
+    if isinstance(node, ast.Dict):
+        items = [(k, v, (k or v).lineno) for k, v in zip(node.keys, node.values, strict=True)]
+    elif isinstance(node, ast.Call):
+        items = [(ast.Constant(k.arg) if k.arg else None, k.value, k.value.lineno) for k in node.keywords]
+        if node.args:
+            return None
+    else:
+        return None
+    data: dict[str, Any] = {}
+    lines: dict[tuple[str, ...], int] = {}
+    partial = False
+    for k, v, line in items:
+        if k is None:
+            partial = True  # {**base, ...}
+            continue
+        if not (isinstance(k, ast.Constant) and isinstance(k.value, str)):
+            partial = True
+            continue
+        key = k.value
+        lines[prefix + (key,)] = line
+        if isinstance(v, ast.Dict) or (isinstance(v, ast.Call) and isinstance(v.func, ast.Name) and v.func.id == "dict"):
+            sub = _config_from_literal(v, prefix + (key,))
+            if sub is None:
+                data[key] = dsconfig.UNKNOWN
+            else:
+                data[key] = dict(sub)
+                lines.update(sub.key_lines)
+                partial = partial or sub.partial
+        else:
+            data[key] = _literal_value(v)
+    return dsconfig.ConfigDict(data, key_lines=lines, partial=partial)
