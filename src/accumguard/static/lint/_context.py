@@ -6,7 +6,10 @@ windows?", "is this call only reached at the boundary?", "what is this
 object?", "which DeepSpeed config does the script use?" — caching each answer
 per node or scope so that the whole analysis stays linear in the file size
 (a 5 MB script is linted in seconds). Rules never walk the whole tree on their
-own; they ask the context.
+own; they ask the context. (Why ~750 lines in one module: the facts depend on each
+other — windows on receivers, guards on boundary flags, accumulation on both — and
+share one cache; the DeepSpeed config discovery, which depends on nothing else, lives
+in :mod:`._dsrefs`.)
 
 How "inside the accumulation window" is decided (docs/rules.md has the user's
 version):
