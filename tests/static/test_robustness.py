@@ -175,13 +175,19 @@ def _training_script(target_bytes: int, seed: int = 0) -> str:
     return "\n".join(parts)
 
 
+# Peak memory from /proc's VmHWM (kB): ru_maxrss of a child can carry the forked parent's
+# peak across exec on Linux, which would hide the small file's real footprint.
 _MEASURE = """
 import resource, sys, time
 from accumguard.static.lint import lint_file
 t = time.process_time()
 n = len(lint_file(sys.argv[1]))
 cpu = time.process_time() - t
-print(cpu, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, n)
+try:
+    peak = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:"))
+except OSError:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(cpu, peak, n)
 """
 
 
