@@ -87,7 +87,7 @@ def plain(batch: dict[str, Any]) -> dict[str, torch.Tensor]:
 
 def update_errors(model: torch.nn.Module, make_opt: Any, make_sched: Any,
                   rank_windows: list[list[list[dict]]], snapshots: list[dict],
-                  loss_fn: Any = sum_loss) -> list[float]:
+                  loss_fn: Any = sum_loss, max_grad_norm: float | None = None) -> list[float]:
     """Relative update error after every step vs the fp64 large-batch reference.
 
     ``rank_windows[r][j]`` lists the micro-batches rank r consumed in optimizer step j.
@@ -95,7 +95,8 @@ def update_errors(model: torch.nn.Module, make_opt: Any, make_sched: Any,
     steps = len(rank_windows[0])
     assert all(len(w) == steps for w in rank_windows), [len(w) for w in rank_windows]
     windows = [[b for rank in rank_windows for b in rank[j]] for j in range(steps)]
-    ref = reference_run(model, make_opt, windows, loss_fn, make_scheduler=make_sched)
+    ref = reference_run(model, make_opt, windows, loss_fn, make_scheduler=make_sched,
+                        max_grad_norm=max_grad_norm)
     assert len(snapshots) == len(ref.params), (len(snapshots), len(ref.params))
     return [relative_update_error(ref.initial, s, r) for s, r in zip(snapshots, ref.params,
                                                                     strict=True)]

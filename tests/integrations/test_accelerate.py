@@ -23,6 +23,7 @@ pytest.importorskip("transformers")
 K = 4
 LR = 0.3
 SAMPLES = 40  # 20 micro-batches of 2 -> 10 per rank -> windows of 4, 4 and a partial 2
+CLIP = 0.5  # below the gradient norms of this model: clipping is active
 
 
 def _opt(params: Any) -> torch.optim.Optimizer:
@@ -58,7 +59,9 @@ def _worker(rank: int, world: int) -> dict[str, Any]:
         windows: list[list[dict]] = []
         snaps: list[dict] = []
         if mode in ("exact", "iterable"):
-            acc = accumulator(accel, model, opt, scheduler=sched, count_fn=fw.count_tokens)
+            # the stream also clips (through accelerator.clip_grad_norm_, once per window)
+            acc = accumulator(accel, model, opt, scheduler=sched, count_fn=fw.count_tokens,
+                              max_grad_norm=CLIP if mode == "iterable" else None)
             for window in acc.windows(loader):
                 windows.append([fw.plain(b) for b in window.batches])
                 window.run(lambda b, m=model: fw.sum_loss(m, b)[0])
@@ -79,6 +82,8 @@ def _worker(rank: int, world: int) -> dict[str, Any]:
                     snaps.append(fw.flat_params(model))
         checks.close()
         out[mode] = {"windows": windows, "snaps": snaps, "checked": checks.checked_steps,
+                     "norms": [float(r.grad_norm) for r in acc.history
+                               if r.grad_norm is not None] if mode != "default" else [],
                      "findings": sorted({f.class_id for f in checks.findings})}
     return out
 
@@ -90,7 +95,8 @@ def runs() -> list[dict[str, Any]]:
 
 def _errors(runs: list[dict[str, Any]], mode: str) -> list[float]:
     return fw.update_errors(fw.tiny_llama(0), _opt, _sched,
-                            [r[mode]["windows"] for r in runs], runs[0][mode]["snaps"])
+                            [r[mode]["windows"] for r in runs], runs[0][mode]["snaps"],
+                            max_grad_norm=CLIP if mode == "iterable" else None)
 
 
 @pytest.mark.parametrize("mode", ["exact", "iterable"])
@@ -103,6 +109,8 @@ def test_accumulator_through_accelerate_equals_the_reference(runs: list[dict[str
     for r in runs:
         assert r[mode]["findings"] == [], r[mode]["findings"]
         assert r[mode]["checked"] == 3
+    if mode == "iterable":
+        assert min(runs[0][mode]["norms"]) > CLIP, runs[0][mode]["norms"]  # clipping was active
 
 
 def test_accelerate_default_token_mean_differs_and_is_flagged(runs: list[dict[str, Any]]) -> None:

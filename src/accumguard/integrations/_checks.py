@@ -150,7 +150,8 @@ class TokenWeightProbe:
         if (not self.active or not isinstance(logits, torch.Tensor) or not logits.requires_grad
                 or not torch.is_grad_enabled()):
             return
-        logits.register_hook(functools.partial(self._on_grad, logits.detach()))
+        logits.register_hook(  # type: ignore[no-untyped-call]
+            functools.partial(self._on_grad, logits.detach()))
 
     def _on_grad(self, logits: torch.Tensor, grad: torch.Tensor) -> None:
         # Few, fused ops: this runs once per micro-step on a [tokens, vocab] tensor.

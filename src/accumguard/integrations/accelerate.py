@@ -93,7 +93,8 @@ class AccelerateEngine(Engine):
         self.accelerator.backward(loss)
 
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
-        return self.accelerator.clip_grad_norm_(self.model.parameters(), max_norm)
+        norm: torch.Tensor = self.accelerator.clip_grad_norm_(self.model.parameters(), max_norm)
+        return norm
 
     def abort_window(self, optimizer: Any) -> None:
         self.accelerator.sync_gradients = True  # else the prepared optimizer ignores zero_grad

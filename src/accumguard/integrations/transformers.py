@@ -113,7 +113,7 @@ def exact_token_loss(trainer: Any, logits: torch.Tensor, labels: torch.Tensor,
     return total * scale / num_items_in_batch
 
 
-class AccumguardCallback(TrainerCallback):  # type: ignore[misc]
+class AccumguardCallback(TrainerCallback):
     """Runs the accumulation checks inside a ``Trainer``.
 
     Findings (F5 for a token mean that ignores ``num_items_in_batch``, F4 for a scheduler
