@@ -71,7 +71,7 @@ class _Window:
 
     def __init__(self) -> None:
         self.backwards: list[BackwardEvent] = []
-        self.loss: torch.Tensor | float | None = 0.0
+        self.losses: list[torch.Tensor] = []  # summed once, at the step (not per backward)
         self.loss_ok = True
         self.zero_grads = 0
         self.zero_between = 0
@@ -456,8 +456,8 @@ class Observer:
         w.forwards = 0
         if isinstance(loss, torch.Tensor) and loss.numel() == 1:
             ev_loss = loss.detach()
-            if w.loss_ok and w.loss is not None:
-                w.loss = w.loss + ev_loss.to(torch.float64)
+            if w.loss_ok:
+                w.losses.append(ev_loss)
         else:
             w.loss_ok = False
         ev.sync_forward = self._last_sync_forward
@@ -640,10 +640,8 @@ class Observer:
             mask = torch.tensor(self._step_members, dtype=torch.bool)
             chk = [float(x) for x in self._step_checksum[mask].sum(0)]
         loss: float | None = None
-        if w.loss_ok and w.backwards and isinstance(w.loss, torch.Tensor):
-            loss = float(w.loss)
-        elif w.loss_ok and w.backwards:
-            loss = float(w.loss or 0.0)
+        if w.loss_ok and w.backwards:
+            loss = _window_loss(w.losses)
         syncs = [b.sync_forward if b.sync_forward is not None else b.sync_backward
                  for b in w.backwards]
         ev = StepEvent(
@@ -857,6 +855,16 @@ def _param_dtype(owner: Any) -> str | None:
         if dt in dtypes:
             return str(dt).replace("torch.", "")
     return str(next(iter(dtypes))).replace("torch.", "") if dtypes else None
+
+
+def _window_loss(losses: list[torch.Tensor]) -> float:
+    """Sum in float64 of the window's scalar losses (one reduction per step)."""
+    if not losses:
+        return 0.0
+    try:
+        return float(torch.stack([x.reshape(()) for x in losses]).to(torch.float64).sum())
+    except RuntimeError:  # mixed devices or dtypes
+        return float(sum(float(x) for x in losses))
 
 
 def _grad_fns(output: Any, depth: int = 0) -> list[Any]:
