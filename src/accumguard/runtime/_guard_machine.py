@@ -8,6 +8,10 @@ a correct but wasteful or unverifiable pattern, reported and never raised). The
 machine knows nothing of hooks: :class:`accumguard.runtime.guard.AccumulationGuard`
 feeds it the observation layer's events that concern its model and optimizer.
 
+Size (~550 lines): more than half of it is :data:`RULES`, the message table; it stays
+next to the transitions that use it so that each illegal transition and its one message
+are read together.
+
 Checks that need the numbers (did the gradient removed inside the window reach the
 optimizer? did ranks agree?) are verdicts computed by :mod:`accumguard.observe` and
 passed in with the step; the machine only decides what they mean.
