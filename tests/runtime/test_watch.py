@@ -49,8 +49,17 @@ def _torchrun(script: str, *args: str) -> list[str]:
             str(SCRIPTS / script), *args]
 
 
+_PORT_TAKEN = ("EADDRINUSE", "Address already in use", "DistNetworkError")
+
+
 def _sweep(tmp: Path, command: list[str], timeout: float) -> Path:
     proc = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=timeout)
+    if proc.returncode and any(m in proc.stderr for m in _PORT_TAKEN) and "--master-port" \
+            in command:  # the free port was taken by another process meanwhile: new port
+        command = [str(_port()) if i and command[i - 1] == "--master-port" else c
+                   for i, c in enumerate(command)]
+        proc = subprocess.run(command, env=_env(), capture_output=True, text=True,
+                              timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return tmp
 
