@@ -18,7 +18,11 @@ demo all go through :func:`run_on_ranks`. Its guarantees:
   then SIGKILL) before the parent dies of the same signal; each rank also asks the
   kernel to kill it if the parent dies without cleaning up (``PR_SET_PDEATHSIG``);
 * arguments that cannot work are refused up front: a timeout that is not positive,
-  more ranks than this machine can start;
+  more ranks than this machine can start, more ``nccl`` ranks than visible GPUs;
+* each rank's device is decided by one pure function, :func:`rank_device`: ``cuda:rank``
+  under ``nccl``, bound with ``set_device`` and ``device_id`` *before*
+  ``init_process_group``; the CPU under ``gloo``, where ``set_device`` is never called
+  (a host with one GPU visible must still run 2 CPU ranks);
 * ``barrier`` + ``destroy_process_group`` in ``finally`` on every rank.
 
 The function must be importable by the child (a module-level function), since
@@ -42,11 +46,14 @@ import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from accumguard.core.errors import ConfigError, RankFailedError, RankTimeoutError
 
-__all__ = ["run_on_ranks", "free_env", "max_ranks"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["run_on_ranks", "free_env", "max_ranks", "rank_device", "uses_cuda"]
 
 #: Signals of the parent that end every rank (then the parent, as the signal would have).
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -85,6 +92,65 @@ def max_ranks() -> int:
             if line.startswith("MemAvailable:"):
                 limit = min(limit, int(line.split()[1]) * 1024 // _RANK_MEMORY)
     return max(2, limit)
+
+
+def uses_cuda(backend: str) -> bool:
+    """Whether ``backend`` reduces on GPUs: ``nccl``, alone or in a mixed backend string
+    such as ``"cpu:gloo,cuda:nccl"``. Every other backend (gloo, mpi) runs on the CPU."""
+    return "nccl" in backend.lower()
+
+
+def _visible_gpus() -> int:
+    """CUDA devices this process can see (0 without CUDA). Does not initialise CUDA."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def rank_device(backend: str, local_rank: int, local_world_size: int,
+                device_count: int | None = None) -> torch.device:
+    """The ``torch.device`` a rank computes on, or a :class:`ConfigError` when it has none.
+
+    Pure given ``device_count`` (the visible GPUs; read from torch when ``None``), so the
+    decision is unit-tested without a GPU. Under ``nccl`` each local rank owns one GPU,
+    ``cuda:local_rank``: two ranks on one GPU make NCCL fail with "Duplicate GPU detected",
+    so more local ranks than GPUs is refused, never wrapped around. Under any other
+    backend the rank computes on the CPU whatever GPUs are visible: ``LOCAL_RANK`` must
+    not pick a GPU there (rank 1 on a 1-GPU host would ``set_device(1)`` and crash).
+    """
+    import torch
+
+    if not uses_cuda(backend):
+        return torch.device("cpu")
+    seen = _visible_gpus() if device_count is None else device_count
+    if local_world_size > seen or not 0 <= local_rank < seen:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        where = f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""
+        raise ConfigError(
+            f"backend {backend!r} with {local_world_size} rank(s) on this host needs one GPU "
+            f"per rank; seen {seen} visible CUDA device(s){where}, expected at least "
+            f"{max(local_world_size, local_rank + 1)}. Fix: use at most {seen} rank(s) per "
+            "host, make more GPUs visible, or use backend='gloo' for CPU ranks"
+            if seen else
+            f"backend {backend!r} needs CUDA GPUs; seen none visible{where} (torch "
+            f"{torch.__version__}, cuda available: {torch.cuda.is_available()}), expected "
+            f"{max(local_world_size, local_rank + 1)}. Fix: run on a CUDA host with a CUDA "
+            "build of torch, or use backend='gloo' for CPU ranks")
+    return torch.device("cuda", local_rank)
+
+
+def _bind_device(backend: str, rank: int, world_size: int) -> dict[str, Any]:
+    """Bind this rank to its device *before* ``init_process_group`` and return the extra
+    ``init_process_group`` keywords: ``device_id`` under nccl (the group is then bound to
+    that GPU and initialised eagerly, and NCCL never guesses the device from
+    ``current_device()``); nothing under gloo, where ``set_device`` is never called."""
+    import torch
+
+    device = rank_device(backend, rank, world_size)
+    if device.type != "cuda":
+        return {}
+    torch.cuda.set_device(device)
+    return {"device_id": device}
 
 
 def _die_with_parent() -> None:
@@ -131,17 +197,16 @@ def _worker(
     timeout = datetime.timedelta(seconds=pg_timeout)
     failed: bool | None = None
     try:
+        bound = _bind_device(backend, rank, world_size)
         if store_addr is not None:
             os.environ["MASTER_PORT"] = str(store_addr[1])
             store = dist.TCPStore(store_addr[0], store_addr[1], world_size, is_master=False,
                                   timeout=timeout)
             dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                                    timeout=timeout)
+                                    timeout=timeout, **bound)
         else:
             dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank,
-                                    world_size=world_size, timeout=timeout)
-        if backend == "nccl":
-            torch.cuda.set_device(rank % torch.cuda.device_count())
+                                    world_size=world_size, timeout=timeout, **bound)
         results.put((rank, "started", b""))
         failed = True
         try:
@@ -277,6 +342,9 @@ def run_on_ranks(
             "same with 2), or set ACCUMGUARD_MAX_RANKS to override")
     if rendezvous not in ("tcp", "file"):
         raise ConfigError(f"rendezvous ({rendezvous!r}) must be 'tcp' or 'file'")
+    # Every rank runs on this host: under nccl it needs its own GPU. Refused here, in the
+    # parent, before any process starts (device_count() does not initialise CUDA).
+    rank_device(backend, world_size - 1, world_size)
     import torch.distributed as dist
 
     child_env = {**free_env(), "OMP_NUM_THREADS": "1", **(env or {})}
