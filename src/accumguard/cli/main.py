@@ -3,6 +3,7 @@
 Subcommands::
 
     accumguard demo           the audit on a built-in model, across engines and loops
+                              (--frameworks: HF Trainer, Lightning, Accelerate)
     accumguard audit          audit your own loop (accumguard.cli.audit)
     accumguard lint           static checks of training scripts (accumguard.cli.lint)
     accumguard check-config   checks of a DeepSpeed config (accumguard.cli.lint)
@@ -86,6 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="optimizer steps per loop (default 3; 2 with --quick)")
     d.add_argument("--timeout", type=_positive_seconds, default=600.0,
                    help="kill the ranks of an engine family after S seconds (default 600)")
+    d.add_argument("--frameworks", nargs="?", const="all", default=None, metavar="LIST",
+                   help="instead of the engines: the transformers Trainer, Lightning and "
+                        "Accelerate, each framework's broken default vs the accumguard way "
+                        "(optional comma-separated subset; writes frameworks-report.json and "
+                        "frameworks-update-error.png)")
 
     for name, (_, _, text) in _DELEGATED.items():
         sub.add_parser(name, help=text, add_help=False)
@@ -123,6 +129,8 @@ def _load(module: str, func: str, command: str) -> Callable[[list[str]], int]:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    if args.frameworks is not None:
+        return _demo_frameworks(args)
     from accumguard.demo.demo import QUICK_ENGINES, DemoOptions, parse_engines, run_demo
     from accumguard.demo.loops import ENGINES
 
@@ -134,6 +142,22 @@ def _demo(args: argparse.Namespace) -> int:
                        plot=not args.no_plot, steps=args.steps, timeout=args.timeout,
                        story=False if args.no_story else None)
     return run_demo(opts).exit_code
+
+
+def _demo_frameworks(args: argparse.Namespace) -> int:
+    # A flag of the demo, not a subcommand: same purpose (broken vs accumguard against the
+    # fp64 reference), same --out/--no-plot/--timeout; the engine options do not apply.
+    from accumguard.demo.frameworks import parse_frameworks, run_frameworks_demo
+
+    clash = [flag for flag, on in (("--engines", args.engines), ("--quick", args.quick),
+                                   ("--no-story", args.no_story),
+                                   ("--steps", args.steps is not None)) if on]
+    if clash:
+        raise _Error(f"{', '.join(clash)} select(s) engine runs and cannot be combined with "
+                     "--frameworks; run `accumguard demo --frameworks` alone")
+    result = run_frameworks_demo(parse_frameworks(args.frameworks), out_dir=Path(args.out),
+                                 plot=not args.no_plot, timeout=args.timeout)
+    return result.exit_code
 
 
 def _curves(args: argparse.Namespace) -> int:

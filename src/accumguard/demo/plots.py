@@ -19,12 +19,15 @@ from accumguard.demo.loops import engine_title
 
 if TYPE_CHECKING:  # pragma: no cover - types only
     from accumguard.demo.demo import DemoRow
+    from accumguard.demo.frameworks import FrameworkRow
     from accumguard.demo.story import StoryResult
 
-__all__ = ["plot_update_errors", "plot_story", "UPDATE_ERROR_PNG", "STORY_PNG"]
+__all__ = ["plot_update_errors", "plot_story", "plot_framework_errors", "UPDATE_ERROR_PNG",
+           "STORY_PNG", "FRAMEWORKS_PNG"]
 
 UPDATE_ERROR_PNG = "demo-update-error.png"
 STORY_PNG = "demo-story.png"
+FRAMEWORKS_PNG = "frameworks-update-error.png"
 
 
 def _pyplot() -> Any:
@@ -154,3 +157,46 @@ def plot_story(story: StoryResult, out_dir: Path, path: Path | None = None) -> P
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return path
+
+
+def plot_framework_errors(rows: list[FrameworkRow], out_dir: Path, *, tolerance: float,
+                          accumulation_steps: int, world_size: int) -> Path:
+    """``accumguard demo --frameworks``: one log-scale panel per framework, the relative
+    update error per optimizer step of its broken default and of the accumguard way."""
+    plt = _pyplot()
+    shown = list(dict.fromkeys(r.framework for r in rows if r.update_errors))
+    fig, axes = plt.subplots(1, len(shown), figsize=(4.6 * len(shown), 3.6), squeeze=False)
+    for ax, fw in zip(axes.flat, shown, strict=True):
+        for r in rows:
+            if r.framework != fw or not r.update_errors:
+                continue
+            steps = list(range(1, len(r.update_errors) + 1))
+            errs = [max(e, 1e-9) for e in r.update_errors]
+            broken = r.run == "broken"
+            label = ("default: " if broken else "accumguard: ") + r.label
+            if broken and r.classes:
+                label += f" [{','.join(r.classes)}]"
+            ax.plot(steps, errs, ls=":" if broken else "-", lw=2 if broken else 1.4,
+                    marker="x" if broken else "o", color="tab:red" if broken else "tab:blue",
+                    label=label)
+            n = len(steps)
+        ax.axhline(tolerance, color="0.5", ls="--", lw=1, label=f"tolerance {tolerance:g}")
+        ax.set_yscale("log")
+        ax.set_ylim(1e-8, 10)
+        ax.set_xlim(0.8, n + 0.2)
+        ax.set_title(_FRAMEWORK_TITLES.get(fw, fw), fontsize=9)
+        ax.set_xlabel("optimizer step (last window partial)")
+        ax.set_ylabel("rel. update error vs fp64 reference")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.legend(fontsize=6, loc="center", bbox_to_anchor=(0.5, 0.55))
+    fig.suptitle(f"accumguard demo --frameworks: ‖Δθ − Δθ_ref‖ / ‖Δθ_ref‖ per step "
+                 f"(K={accumulation_steps}, W={world_size}, uneven token counts)", fontsize=10)
+    fig.tight_layout()
+    path = Path(out_dir) / FRAMEWORKS_PNG
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+_FRAMEWORK_TITLES = {"transformers": "transformers Trainer", "lightning": "Lightning",
+                     "accelerate": "Accelerate"}
