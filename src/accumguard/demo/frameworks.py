@@ -167,6 +167,7 @@ FRAMEWORKS: dict[str, dict[str, Any]] = {
         "pip": "pip install 'accumguard[transformers]'",
         "broken": "compute_loss override: token mean, num_items_in_batch ignored",
         "exact": "compute_loss with exact_token_loss(...) + AccumguardCallback()",
+        "short": ("token-mean compute_loss", "exact_token_loss"),
     },
     "lightning": {
         "title": "Lightning",
@@ -174,6 +175,7 @@ FRAMEWORKS: dict[str, dict[str, Any]] = {
         "pip": "pip install 'accumguard[lightning]' 'accumguard[transformers]'",
         "broken": "accumulate_grad_batches=4, training_step returns the token mean",
         "exact": "summed loss + AccumguardCallback(exact=True)",
+        "short": ("token mean / K", "AccumguardCallback(exact=True)"),
     },
     "accelerate": {
         "title": "Accelerate",
@@ -181,6 +183,7 @@ FRAMEWORKS: dict[str, dict[str, Any]] = {
         "pip": "pip install 'accumguard[accelerate]' 'accumguard[transformers]'",
         "broken": "accelerator.accumulate + accelerator.backward(token mean)",
         "exact": "accumulator(accelerator, ...).windows(loader), summed loss",
+        "short": ("accelerator.backward(token mean)", "accumulator(accelerator, ...)"),
     },
 }
 
@@ -410,6 +413,11 @@ class FrameworkRow:
     window_sizes: list[int] = field(default_factory=list)
     findings: list[dict[str, Any]] = field(default_factory=list)
     note: str = ""
+
+    @property
+    def short(self) -> str:
+        """The run in a few words (the PNG's legend)."""
+        return str(FRAMEWORKS[self.framework]["short"][self.run == "exact"])
 
     @property
     def classes(self) -> list[str]:

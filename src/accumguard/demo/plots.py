@@ -173,7 +173,7 @@ def plot_framework_errors(rows: list[FrameworkRow], out_dir: Path, *, tolerance:
             steps = list(range(1, len(r.update_errors) + 1))
             errs = [max(e, 1e-9) for e in r.update_errors]
             broken = r.run == "broken"
-            label = ("default: " if broken else "accumguard: ") + r.label
+            label = ("default: " if broken else "accumguard: ") + r.short
             if broken and r.classes:
                 label += f" [{','.join(r.classes)}]"
             ax.plot(steps, errs, ls=":" if broken else "-", lw=2 if broken else 1.4,
@@ -188,7 +188,7 @@ def plot_framework_errors(rows: list[FrameworkRow], out_dir: Path, *, tolerance:
         ax.set_xlabel("optimizer step (last window partial)")
         ax.set_ylabel("rel. update error vs fp64 reference")
         ax.xaxis.get_major_locator().set_params(integer=True)
-        ax.legend(fontsize=6, loc="center", bbox_to_anchor=(0.5, 0.55))
+        ax.legend(fontsize=7, loc="center", bbox_to_anchor=(0.5, 0.55))
     fig.suptitle(f"accumguard demo --frameworks: ‖Δθ − Δθ_ref‖ / ‖Δθ_ref‖ per step "
                  f"(K={accumulation_steps}, W={world_size}, uneven token counts)", fontsize=10)
     fig.tight_layout()
