@@ -26,6 +26,7 @@ from accumguard.verify.reference import (
 from helpers import (
     FP32_UPDATE_TOL,
     Case,
+    cpu_mesh,
     engine_cases,
     make_data,
     make_model,
@@ -37,6 +38,9 @@ from helpers import (
 CASES = engine_cases(11)
 GRID = [(case.with_(sync=sync), reshard) for reshard in (False, True)
         for sync in ("deferred", "eager") for case in CASES]
+# window_memory="unsharded": deferred sync, both resharding settings of the user.
+UNSHARDED = [(case.with_(sync="deferred"), reshard) for reshard in (False, True)
+             for case in CASES]
 
 
 @functools.cache
@@ -56,9 +60,10 @@ def _shard(case: Case, reshard: bool) -> torch.nn.Module:
     from torch.distributed.fsdp import fully_shard
 
     model = make_model(case)
+    mesh = cpu_mesh()  # gloo ranks: FSDP2's default mesh is CUDA if CUDA is visible
     for sub in (model.embed, model.fc1, model.fc2):
-        fully_shard(sub, reshard_after_forward=reshard)
-    fully_shard(model, reshard_after_forward=reshard)
+        fully_shard(sub, reshard_after_forward=reshard, mesh=mesh)
+    fully_shard(model, reshard_after_forward=reshard, mesh=mesh)
     return model
 
 
@@ -72,7 +77,9 @@ def _settings(model: torch.nn.Module) -> dict:
             for i, g in enumerate(m._get_fsdp_state()._fsdp_param_groups):
                 out[f"{name or 'root'}[{i}]"] = (
                     g.gradient_divide_factor, g.force_sum_reduction_for_comms, g.reduce_grads,
-                    g.all_reduce_grads, type(g._reduce_scatter_comm).__name__)
+                    g.all_reduce_grads, type(g._reduce_scatter_comm).__name__,
+                    g.reshard_after_backward, g.post_forward_mesh_info is None,
+                    type(g._all_gather_comm).__name__)
     return out
 
 
@@ -87,7 +94,7 @@ def _restore_check(case: Case, world: int, rank: int) -> dict:
     model.embed.set_force_sum_reduction_for_comms(True)
     model.set_is_last_backward(False)
     before = _settings(model)
-    engine = FSDP2Engine(model, sync="deferred")
+    engine = FSDP2Engine(model, sync="deferred", window_memory="unsharded")
     during = _settings(model)
     _, _, acc = train_with_accumulator(case, model, engine, make_data(case, world)[rank][:4])
     acc.close()
@@ -118,8 +125,21 @@ def _fsdp2_grid(rank: int, world: int, grid: list) -> dict:
                     "norms": norms, "reduce_scatters": engine.reduce_scatters,
                     "rounds": engine.grad_collectives()})
         acc.close()
+    unsharded = []
+    for case, reshard in UNSHARDED:
+        runs = {}
+        for memory in ("sharded", "unsharded"):
+            model = _shard(case, reshard)
+            engine = FSDP2Engine(model, sync=case.sync, window_memory=memory)
+            snaps, colls, acc = train_with_accumulator(case, model, engine,
+                                                       make_data(case, world)[rank])
+            runs[memory] = {"snaps": snaps, "colls": colls, "steps": acc.optimizer_steps,
+                            "all_gathers": engine.all_gathers, "groups": len(engine._groups),
+                            "windows": acc.windows_seen}
+            acc.close()
+        unsharded.append(runs)
     return {"grid": out, "restore": _restore_check(CASES[2], world, rank),
-            "seconds": time.perf_counter() - t0}
+            "unsharded": unsharded, "seconds": time.perf_counter() - t0}
 
 
 @pytest.fixture(scope="module")
@@ -183,3 +203,32 @@ def test_fsdp2_close_restores_previous_settings(fsdp2_results: dict) -> None:
     assert r["during"]["fc2[0]"][4] == "_CountingReduceScatter"
     assert r["before"]["fc2[0]"][4] == "DefaultReduceScatter"
     assert r["auto"] == "FSDP2Engine"
+
+
+def test_fsdp2_unsharded_window_matches_reference(fsdp2_results: dict) -> None:
+    """window_memory='unsharded' gives the same updates as the reference (and one gradient
+    round per step), and all-gathers parameters once per window instead of per micro-step."""
+    for (case, reshard), runs in zip(UNSHARDED, fsdp2_results["unsharded"], strict=True):
+        res = runs["unsharded"]
+        errors = _errors(case, res["snaps"])
+        assert max(errors) <= FP32_UPDATE_TOL, (_ids((case, reshard)), errors)
+        assert res["colls"] == [1] * res["steps"], res["colls"]
+        sharded = runs["sharded"]["all_gathers"]
+        per_gather_round = res["groups"]  # one all-gather per FSDP parameter group
+        if case.accumulation_steps > 1:
+            assert res["all_gathers"] < sharded, (_ids((case, reshard)), res, sharded)
+        # at most one forward + one backward gather round per window (the latter only when
+        # the user's reshard_after_forward is on), never one per micro-step
+        rounds = 2 if reshard else 1
+        assert res["all_gathers"] <= per_gather_round * rounds * res["windows"], res
+        print(f"{_ids((case, reshard))}: all-gathers sharded {sharded}, unsharded "
+              f"{res['all_gathers']}, max error {max(errors):.2e}")
+
+
+def test_fsdp2_unsharded_restores_resharding(fsdp2_results: dict) -> None:
+    r = fsdp2_results["restore"]
+    # reshard_after_backward / reshard_after_forward read back as the user had them
+    assert [v[5:7] for k, v in r["after"].items() if k != "is_last_backward"] == \
+        [v[5:7] for k, v in r["before"].items() if k != "is_last_backward"]
+    assert r["during"]["fc2[0]"][7] == "_CountingAllGather"
+    assert r["after"]["fc2[0]"][7] == "DefaultAllGather"

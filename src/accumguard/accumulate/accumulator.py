@@ -41,6 +41,7 @@ from accumguard.core.errors import (
 )
 from accumguard.core.scaling import GradReduction, loss_scale
 from accumguard.engines import Engine, resolve_engine
+from accumguard.engines.precision import AccumulationDtype
 
 __all__ = ["AccumulationConfig", "Accumulator", "MicroStep", "NonFinitePolicy", "StepResult",
            "Window", "batch_size"]
@@ -161,6 +162,7 @@ class AccumulationConfig:
     max_grad_norm: float | None = None
     drop_last_window: bool = False
     nonfinite: NonFinitePolicy = "skip"
+    accumulation_dtype: AccumulationDtype = "auto"
 
     def __post_init__(self) -> None:
         check_accumulation_steps(self.accumulation_steps)
@@ -187,6 +189,13 @@ class AccumulationConfig:
                 f"`nonfinite` ({self.nonfinite!r}) must be 'skip' (a window with a NaN/Inf "
                 "loss or gradient is skipped on every rank, with a warning) or 'raise' "
                 "(NonFiniteError after discarding it)")
+        if not isinstance(self.accumulation_dtype, str) or (
+                self.accumulation_dtype not in get_args(AccumulationDtype)):
+            raise ConfigError(
+                f"`accumulation_dtype` ({self.accumulation_dtype!r}) must be 'auto' (sum the "
+                "window's gradients in fp32 when parameters are bf16/fp16), 'float32' (the "
+                "same, and refuse an engine setup that cannot) or 'native' (sum in the "
+                "parameters' dtype, as the engine does by itself)")
 
 
 @dataclass(frozen=True)
@@ -312,6 +321,11 @@ class Accumulator:
         on_boundary: callbacks called with a :class:`StepResult` after each step.
         nonfinite: ``"skip"`` (default) or ``"raise"``: what a window in which any rank
             produced a NaN/Inf loss or gradient does (see :data:`NonFinitePolicy`).
+        accumulation_dtype: ``"auto"`` (default: bf16/fp16 gradients are summed over the
+            window in fp32: main-gradient buffers on local/DDP, a checked ``reduce_dtype``
+            on FSDP2, a checked ``grad_accum_dtype`` on DeepSpeed), ``"float32"`` (required,
+            ConfigError with the fix otherwise) or ``"native"``; see
+            :mod:`accumguard.engines.precision`. The chosen dtype is ``self.accumulation_dtype``.
     """
 
     def __init__(
@@ -329,10 +343,12 @@ class Accumulator:
         drop_last_window: bool = False,
         on_boundary: Iterable[Callable[[StepResult], None]] = (),
         nonfinite: NonFinitePolicy = "skip",
+        accumulation_dtype: AccumulationDtype = "auto",
     ) -> None:
         self.config = AccumulationConfig(
             accumulation_steps=accumulation_steps, normalization=normalization,
-            max_grad_norm=max_grad_norm, drop_last_window=drop_last_window, nonfinite=nonfinite)
+            max_grad_norm=max_grad_norm, drop_last_window=drop_last_window, nonfinite=nonfinite,
+            accumulation_dtype=accumulation_dtype)
         _check_callables(optimizer=optimizer, scheduler=scheduler, scaler=scaler,
                          count_fn=count_fn)
         self.engine = resolve_engine(model, optimizer, engine)
@@ -359,6 +375,8 @@ class Accumulator:
                                   "functions taking a StepResult")
         self.engine.bind(optimizer, accumulation_steps)
         self.engine.check_options(max_grad_norm=max_grad_norm, scaler=scaler, scheduler=scheduler)
+        #: The dtype the window's gradient sum is kept in ("float32", or e.g. "bfloat16").
+        self.accumulation_dtype = self.engine.set_accumulation_dtype(accumulation_dtype)
         self._boundary = Boundary(accumulation_steps, reducer=self.engine.sync,
                                   stepper=self._step)
         self._active: MicroStep | None = None

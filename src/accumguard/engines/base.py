@@ -74,6 +74,45 @@ class Engine(ABC):
     def close(self) -> None:  # noqa: B027
         """Restore every engine setting this adapter changed (previous values, not defaults)."""
 
+    # -- precision of the window's gradient sum --------------------------------------
+    #: fp32 main-gradient buffers, when this adapter accumulates in fp32 itself (local, DDP).
+    main_grads: Any = None
+
+    def set_accumulation_dtype(self, mode: str) -> str:
+        """Called once by the Accumulator (``accumulation_dtype=...``, see
+        :mod:`accumguard.engines.precision`); returns the dtype the window's gradients are
+        summed in (``"float32"`` or a low-precision dtype name) for logs and reports.
+
+        Default, for engines that do not say: nothing is changed, and ``"float32"`` is refused
+        when trainable parameters are bf16/fp16 (the sum would silently stay in low precision).
+        """
+        from accumguard.core.errors import ConfigError
+        from accumguard.engines.precision import low_precision_params
+
+        low = low_precision_params(self.model.parameters())
+        if low and mode == "float32":
+            raise ConfigError(
+                f"accumulation_dtype='float32' was asked for, but the {self.name} engine "
+                f"adapter cannot sum the gradients of its {low[0].dtype} parameters in fp32; "
+                "use accumulation_dtype='native' (accepting low-precision sums) or fp32 "
+                "parameters with autocast")
+        return str(low[0].dtype).removeprefix("torch.") if low else "float32"
+
+    def _enable_main_grads(self, mode: str) -> str:
+        """fp32 main-gradient buffers for engines whose gradients live in ``p.grad`` of the
+        model's own parameters (local, DDP): on for ``"float32"``, and for ``"auto"`` when a
+        trainable parameter is bf16/fp16."""
+        from accumguard.engines.precision import MainGrads, low_precision_params
+
+        low = low_precision_params(self.model.parameters())
+        if not low:
+            return "float32"
+        if mode == "native":
+            return str(low[0].dtype).removeprefix("torch.")
+        if self.main_grads is None:
+            self.main_grads = MainGrads([p for p in self.model.parameters() if p.requires_grad])
+        return "float32"
+
     @property
     def device(self) -> torch.device:
         """Where small bookkeeping tensors (counts) must live for this engine's collectives."""

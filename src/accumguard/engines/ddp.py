@@ -65,6 +65,7 @@ class DDPEngine(Engine):
         super().__init__(model, process_group=model.process_group)
         self.sync_mode = sync
         self._counter: _CommCounter | None = None
+        self._main_rounds = 0  # fp32 main-gradient all-reduces (see set_accumulation_dtype)
         if count_collectives:
             counter = _CommCounter(model.process_group)
             try:
@@ -80,17 +81,55 @@ class DDPEngine(Engine):
     def reduction(self) -> GradReduction:
         return GradReduction(world_size=self.world_size, averages_over_ranks=True)
 
+    def set_accumulation_dtype(self, mode: str) -> str:
+        """fp32 main gradients: every micro-step runs under ``no_sync`` and the boundary
+        all-reduces the fp32 buffer once (a flat fp32 all-reduce, divided by W like DDP's own
+        reduction), so neither the window's sum nor the reduction is done in bf16/fp16."""
+        dtype = self._enable_main_grads(mode)
+        if self.main_grads is not None and self.sync_mode == "eager":
+            raise ConfigError(
+                "DDPEngine(sync='eager') with fp32 gradient accumulation of bf16/fp16 "
+                "parameters: eager mode reduces every micro-step in the parameters' dtype. "
+                "Use sync='deferred' (default), or accumulation_dtype='native'")
+        return dtype
+
+    def sync(self) -> None:
+        if self.main_grads is None:
+            return
+        group: Any = self.process_group if self.process_group is not None else dist.group.WORLD
+        world = group.size()
+
+        def all_reduce_mean(flat: Any) -> None:
+            flat.div_(world)
+            dist.all_reduce(flat, group=group)
+
+        self.main_grads.flush(all_reduce_mean)
+        self._main_rounds += 1
+
+    def abort_window(self, optimizer: Any) -> None:
+        if self.main_grads is not None:
+            self.main_grads.discard()
+        super().abort_window(optimizer)
+
+    def close(self) -> None:
+        if self.main_grads is not None:
+            self.main_grads.close()
+            self.main_grads = None
+
     @contextlib.contextmanager
     def micro_step(self, *, is_last: bool) -> Iterator[None]:
-        if is_last or self.sync_mode == "eager":
+        ddp: Any = self.model
+        # With fp32 main gradients every micro-step is local: the boundary reduces the buffer.
+        if self.main_grads is None and (is_last or self.sync_mode == "eager"):
             yield
         else:
-            ddp: Any = self.model
             with ddp.no_sync():
                 yield
 
     def grad_collectives(self) -> int | None:
-        return None if self._counter is None else self._counter.sync_rounds
+        if self._counter is None:
+            return None
+        return self._counter.sync_rounds + self._main_rounds
 
     @property
     def bucket_reductions(self) -> int | None:

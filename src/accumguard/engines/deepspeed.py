@@ -165,6 +165,30 @@ class DeepSpeedEngineAdapter(Engine):
                  self.stage, self.sync_mode, ga, k, self.clip_value,
                  f" (eager: {why})" if why else "")
 
+    def set_accumulation_dtype(self, mode: str) -> str:
+        """DeepSpeed sums micro-gradients itself, in ``data_types.grad_accum_dtype`` (default:
+        the training precision). Checked, not changed: with bf16/fp16 and K > 1 a missing or
+        low-precision ``grad_accum_dtype`` is warned about by the config check (AG204) under
+        ``"auto"`` and refused under ``"float32"``."""
+        cfg = self.config
+        prec = ("bf16" if any(isinstance(cfg.get(key), dict) and cfg[key].get("enabled")
+                              for key in ("bf16", "bfloat16"))
+                else "fp16" if isinstance(cfg.get("fp16"), dict) and cfg["fp16"].get("enabled")
+                else None)
+        dtype = (cfg.get("data_types") or {}).get("grad_accum_dtype")
+        fp32 = isinstance(dtype, str) and dtype.lower() in ("fp32", "float32")
+        if prec is None or fp32 or (self.accumulation_steps or 1) <= 1:
+            return "float32"
+        if mode == "float32":
+            raise ConfigError(
+                f"accumulation_dtype='float32' was asked for, but the DeepSpeed config enables "
+                f"{prec} with `data_types.grad_accum_dtype` "
+                f"{'unset' if dtype is None else repr(dtype)}: the {self.accumulation_steps} "
+                f"micro-gradients of a window would be summed in {prec}. Add "
+                '"data_types": {"grad_accum_dtype": "fp32"} to the DeepSpeed config, or pass '
+                "accumulation_dtype='native' to accept it")
+        return {"bf16": "bfloat16", "fp16": "float16"}[prec]
+
     def _resolve_mode(self, ga: int, k: int) -> str:
         mode = self.requested_sync
         unsupported = self._coalescing_unsupported()

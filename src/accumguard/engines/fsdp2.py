@@ -26,6 +26,21 @@ no-op division by 1.0); on NCCL it leaves that switch alone.
 Every FSDP2 setting the adapter touches is read from the FSDP state first and
 restored by :meth:`FSDP2Engine.close`, per parameter group.
 
+**Window memory** (``window_memory``). ``"sharded"`` (default) leaves FSDP2's resharding
+as configured: with ``reshard_after_backward`` on (FSDP2's default) every micro-step
+all-gathers the parameters again. ``"unsharded"`` trades memory for communication:
+micro-steps 1..K-1 run with ``reshard_after_backward=False`` and ``reshard_after_forward``
+off, so the parameters gathered by the window's first forward stay unsharded until the
+last micro-step's backward reshards them (one all-gather round per window instead of K,
+plus the unsharded parameters' memory for the window). The settings are restored at the
+boundary and by :meth:`FSDP2Engine.close`.
+
+**Precision.** With ``MixedPrecisionPolicy(param_dtype=bf16)`` and no fp32
+``reduce_dtype``, FSDP2 sums the window's micro-gradients (and reduces them) in bf16;
+:meth:`FSDP2Engine.set_accumulation_dtype` warns (``"auto"``) or refuses (``"float32"``)
+with the fix. With ``reduce_dtype=torch.float32`` the deferred mode's unsharded
+gradients are upcast and summed in fp32 by FSDP2 itself.
+
 **Counting.** The adapter wraps each parameter group's reduce-scatter comm
 object (the hook FSDP2 exposes as ``set_custom_reduce_scatter``) in a counter
 that delegates to the comm that was there: ``reduce_scatters`` counts calls
@@ -40,7 +55,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 import torch.distributed as dist
@@ -49,7 +64,10 @@ from accumguard.core.errors import ConfigError
 from accumguard.core.scaling import GradReduction
 from accumguard.engines.base import Engine
 
-__all__ = ["FSDP2Engine"]
+__all__ = ["FSDP2Engine", "WindowMemory"]
+
+#: Where FSDP2 parameters live between a window's micro-steps (see the module docstring).
+WindowMemory = Literal["sharded", "unsharded"]
 
 
 class _CountingReduceScatter:
@@ -68,6 +86,24 @@ class _CountingReduceScatter:
                  op: Any, async_op: bool = False) -> Any:
         self.engine.reduce_scatters += 1
         return self.inner(output_tensor, input_tensor, group, op, async_op)
+
+
+class _CountingAllGather:
+    """FSDP2 all-gather comm that counts its calls and delegates to the previous comm."""
+
+    def __init__(self, inner: Any, engine: FSDP2Engine) -> None:
+        self.inner = inner
+        self.engine = engine
+
+    def allocate(self, size: Sequence[int], *, dtype: torch.dtype,
+                 device: torch.device) -> torch.Tensor:
+        out: torch.Tensor = self.inner.allocate(size, dtype=dtype, device=device)
+        return out
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any,
+                 async_op: bool = False) -> Any:
+        self.engine.all_gathers += 1
+        return self.inner(output_tensor, input_tensor, group, async_op)
 
 
 def _backend_for(device: torch.device, group: Any) -> str:
@@ -89,16 +125,21 @@ class FSDP2Engine(Engine):
         model: the *root* FSDP2 module (the one you call forward on).
         sync: ``"deferred"`` (one reduce-scatter round per optimizer step) or
             ``"eager"`` (one per micro-step; sharded-gradient memory).
-        count_collectives: wrap FSDP2's reduce-scatter comm to count calls.
+        count_collectives: wrap FSDP2's reduce-scatter and all-gather comms to count calls.
+        window_memory: ``"sharded"`` (default; FSDP2's own resharding, an all-gather per
+            micro-step) or ``"unsharded"`` (parameters stay unsharded for the window's
+            micro-steps: one all-gather round per window, more memory); see the module doc.
     """
 
     name = "fsdp2"
     # Per-parameter-group FSDP2 settings this adapter changes, saved and restored verbatim.
     _SETTINGS = ("gradient_divide_factor", "force_sum_reduction_for_comms", "reduce_grads",
-                 "all_reduce_grads", "_reduce_scatter_comm")
+                 "all_reduce_grads", "_reduce_scatter_comm", "_all_gather_comm",
+                 "reshard_after_backward", "post_forward_mesh_info")
 
     def __init__(self, model: torch.nn.Module, *, sync: str = "deferred",
-                 count_collectives: bool = True) -> None:
+                 count_collectives: bool = True,
+                 window_memory: WindowMemory = "sharded") -> None:
         from torch.distributed.fsdp import FSDPModule
 
         if not isinstance(model, FSDPModule):
@@ -109,12 +150,19 @@ class FSDP2Engine(Engine):
         if sync not in ("deferred", "eager"):
             raise ConfigError(f"sync ({sync!r}) must be 'deferred' (one reduce-scatter per "
                               "optimizer step) or 'eager' (one per micro-step)")
+        if window_memory not in get_args(WindowMemory):
+            raise ConfigError(
+                f"window_memory ({window_memory!r}) must be 'sharded' (FSDP2's resharding as "
+                "configured) or 'unsharded' (keep parameters unsharded for the window's "
+                "micro-steps: fewer all-gathers, more memory)")
         self.sync_mode = sync
+        self.window_memory = window_memory
         self._fsdp_modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
         self._groups = [g for m in self._fsdp_modules
                         for g in m._get_fsdp_state()._fsdp_param_groups]
         super().__init__(model, process_group=self._data_parallel_group(model))
         self.reduce_scatters = 0
+        self.all_gathers = 0
         self._rounds = 0
         self._saved: list[tuple[Any, dict[str, Any]]] = []
         self._saved_is_last = model._get_fsdp_state()._state_ctx.is_last_backward
@@ -135,6 +183,8 @@ class FSDP2Engine(Engine):
             for g in self._groups:
                 g._reduce_scatter_comm = _CountingReduceScatter(  # type: ignore[assignment]
                     g._reduce_scatter_comm, self)
+                g._all_gather_comm = _CountingAllGather(  # type: ignore[assignment]
+                    g._all_gather_comm, self)
         self._counting = count_collectives
 
     @staticmethod
@@ -168,12 +218,75 @@ class FSDP2Engine(Engine):
         # is_last_backward=False on a deferred micro-step skips FSDP2's end-of-backward
         # finalisation (waits on reductions that did not happen); the last one runs it.
         self._set_sync(is_last or self.sync_mode == "eager")
+        if self.window_memory == "unsharded":
+            self._keep_unsharded(not is_last)
         before = self.reduce_scatters
         try:
             yield
         finally:
             if self.reduce_scatters > before:
                 self._rounds += 1
+
+    def _keep_unsharded(self, keep: bool) -> None:
+        """Keep parameters unsharded after this micro-step's forward and backward (``keep``),
+        or, on the last micro-step, reshard after backward as the user configured."""
+        for g, saved in self._saved:
+            g.post_forward_mesh_info = None  # no reshard after forward inside the window
+            g.reshard_after_backward = False if keep else saved["reshard_after_backward"]
+
+    def sync(self) -> None:
+        if self.window_memory == "unsharded":
+            for g, saved in self._saved:
+                g.post_forward_mesh_info = saved["post_forward_mesh_info"]
+
+    def abort_window(self, optimizer: torch.optim.Optimizer | None) -> None:
+        """Also reshard parameters a window left unsharded (``window_memory="unsharded"``)."""
+        super().abort_window(optimizer)
+        if self.window_memory == "unsharded":
+            self.sync()
+            for m in self._fsdp_modules:
+                m.reshard()
+            for g, saved in self._saved:
+                g.reshard_after_backward = saved["reshard_after_backward"]
+
+    def set_accumulation_dtype(self, mode: str) -> str:
+        """Check that FSDP2 itself sums the window in fp32 (it owns the gradients): with a
+        low-precision compute dtype the unsharded gradients are upcast only when
+        ``reduce_dtype`` is fp32; in eager mode the sharded gradients are summed in the
+        parameters' stored dtype."""
+        from accumguard.engines.precision import LOW_PRECISION
+
+        worst: torch.dtype | None = None
+        for g in self._groups:
+            mp = g.mp_policy
+            for fp in g.fsdp_params:
+                stored = fp.sharded_param.dtype
+                compute = mp.param_dtype or stored
+                reduce = mp.reduce_dtype or compute
+                if compute in LOW_PRECISION and reduce in LOW_PRECISION:
+                    worst = reduce
+                elif self.sync_mode == "eager" and stored in LOW_PRECISION:
+                    worst = stored
+        if worst is None:
+            return "float32"
+        name = str(worst).removeprefix("torch.")
+        if mode == "native":
+            return name
+        text = (f"FSDP2 would sum this window's gradients in {name} (parameters or "
+                f"MixedPrecisionPolicy.param_dtype in {name} with no fp32 reduce_dtype"
+                f"{', or sharded ' + name + ' gradients in eager mode' if self.sync_mode == 'eager' else ''}"
+                "): the rounding error grows with K (failure class F12). Fix: fully_shard(..., "
+                "mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, "
+                "reduce_dtype=torch.float32)) on every module, fp32 stored parameters, "
+                "sync='deferred', or accumulation_dtype='native' to accept it")
+        if mode == "float32":
+            raise ConfigError(f"accumulation_dtype='float32': {text}")
+        import warnings
+
+        from accumguard.core.errors import AccumguardWarning
+
+        warnings.warn(f"accumguard: {text}", AccumguardWarning, stacklevel=4)
+        return name
 
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
         """Clip by the global norm over all shards; return that norm as a plain tensor.

@@ -31,5 +31,22 @@ class LocalEngine(Engine):
     def reduction(self) -> GradReduction:
         return GradReduction(world_size=1, averages_over_ranks=False)
 
+    def set_accumulation_dtype(self, mode: str) -> str:
+        return self._enable_main_grads(mode)
+
+    def sync(self) -> None:
+        if self.main_grads is not None:
+            self.main_grads.flush()
+
+    def abort_window(self, optimizer: torch.optim.Optimizer | None) -> None:
+        if self.main_grads is not None:
+            self.main_grads.discard()
+        super().abort_window(optimizer)
+
+    def close(self) -> None:
+        if self.main_grads is not None:
+            self.main_grads.close()
+            self.main_grads = None
+
     def grad_collectives(self) -> int:
         return 0
