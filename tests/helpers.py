@@ -137,3 +137,14 @@ def engine_cases(seed: int) -> list[Case]:
         # no clipping, partial window (9 = 4 + 4 + 1)
         Case(accumulation_steps=4, micro_batches=9, optimizer="sgd", seed=seed + 2),
     ]
+
+
+def cpu_mesh() -> Any:
+    """A 1-D CPU device mesh over the whole (gloo) world, for ``fully_shard(..., mesh=...)``.
+
+    FSDP2's default mesh is CUDA whenever CUDA is visible, even under gloo: every test
+    that shards on CPU ranks passes this mesh so the suite runs unchanged on a GPU host."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("cpu", (dist.get_world_size(),))

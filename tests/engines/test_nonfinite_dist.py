@@ -21,6 +21,8 @@ from accumguard import AccumguardWarning, Accumulator, run_on_ranks
 from accumguard.core.errors import NonFiniteError
 from accumguard.demo.toy import TokenMLP, count_tokens, make_rank_batches, token_loss
 
+from helpers import cpu_mesh
+
 K = 2
 WINDOWS = 3
 BAD_WINDOW, BAD_MICRO, BAD_RANK = 1, 1, 1
@@ -74,9 +76,10 @@ def _build(engine: str, sync: str) -> tuple[torch.nn.Module, Any, Any]:
     if engine == "fsdp2":
         from torch.distributed.fsdp import fully_shard
 
+        mesh = cpu_mesh()  # gloo ranks: FSDP2's default mesh is CUDA if CUDA is visible
         for sub in (model.embed, model.fc1, model.fc2):
-            fully_shard(sub)
-        fully_shard(model)
+            fully_shard(sub, mesh=mesh)
+        fully_shard(model, mesh=mesh)
     if engine == "zero1":
         from torch.distributed.optim import ZeroRedundancyOptimizer
 

@@ -143,9 +143,11 @@ def accumulator_loop(ctx: LoopContext) -> None:
 
 
 def fsdp_loop(ctx: LoopContext, bug: str = "") -> None:
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    model = fully_shard(ctx.model)
+    # The rank's device type: FSDP2's default mesh is CUDA whenever CUDA is visible.
+    model = fully_shard(ctx.model, mesh=init_device_mesh(ctx.device.type, (ctx.world_size,)))
     opt = ctx.make_optimizer(model.parameters())
     sched = ctx.make_scheduler(opt)
     for window in _windows(ctx):

@@ -122,9 +122,18 @@ def _deepspeed_config(ctx: LoopContext, stage: int, ga: int,
     return cfg
 
 
-def _quiet_deepspeed() -> Any:
-    """Import DeepSpeed for CPU ranks, with its INFO logging and deprecation noise off."""
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+def _backend() -> str:
+    import torch.distributed as dist
+
+    return str(dist.get_backend()) if dist.is_initialized() else "gloo"
+
+
+def _quiet_deepspeed(device: torch.device) -> Any:
+    """Import DeepSpeed with its INFO logging and deprecation noise off. CPU ranks get the
+    CPU accelerator (else DeepSpeed picks CUDA whenever a GPU is visible, even under gloo,
+    and binds ``LOCAL_RANK`` as a GPU); GPU ranks keep DeepSpeed's own detection."""
+    if device.type == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     # DeepSpeed on CPU warns about deprecated torch.distributed calls on every collective;
     # in a rank of the demo that noise would bury the table.
     warnings.simplefilter("ignore")
@@ -159,16 +168,20 @@ def wrap_engine(ctx: LoopContext, engine: str, *, ds_ga: int = 1,
                                           **probe.defaults)
         return Wrapped(ddp, opt, ctx.make_scheduler(opt))
     if engine.startswith("fsdp2"):
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
         reshard = engine == "fsdp2-zero3"
+        # An explicit mesh on the rank's device type: FSDP2's default mesh is CUDA whenever
+        # CUDA is visible, even for CPU ranks under gloo.
+        mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
         for block in getattr(model, "blocks", ()):
-            fully_shard(block, reshard_after_forward=reshard)
-        fully_shard(model, reshard_after_forward=reshard)
+            fully_shard(block, reshard_after_forward=reshard, mesh=mesh)
+        fully_shard(model, reshard_after_forward=reshard, mesh=mesh)
         opt = ctx.make_optimizer(model.parameters())
         return Wrapped(model, opt, ctx.make_scheduler(opt))
-    deepspeed = _quiet_deepspeed()
-    deepspeed.init_distributed(dist_backend="gloo")
+    deepspeed = _quiet_deepspeed(ctx.device)
+    deepspeed.init_distributed(dist_backend=_backend())  # reuses the audit's process group
     stage = int(engine[-1])
     opt = ctx.make_optimizer(model.parameters())
     eng, _, _, _ = deepspeed.initialize(model=model, optimizer=opt,
@@ -190,7 +203,9 @@ def _global_count(ctx: LoopContext, window: list[Any]) -> float:
     is never mistaken for a gradient collective)."""
     import torch.distributed as dist
 
-    local = torch.tensor([sum(_count(ctx, b) for b in window)], dtype=torch.float64)
+    # On the rank's device: NCCL has no CPU path ("no backend for cpu").
+    local = torch.tensor([sum(_count(ctx, b) for b in window)], dtype=torch.float64,
+                         device=ctx.device)
     if ctx.world_size == 1:
         return float(local)
     out = [torch.zeros_like(local) for _ in range(ctx.world_size)]

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from accumguard.verify.contract import AuditSetup
-from accumguard.verify.reference import canonical_name, cast_floats
+from accumguard.verify.reference import canonical_name, cast_floats, move_to
 
 __all__ = ["Sim", "Hyp", "hypotheses", "chunks", "clip"]
 
@@ -132,12 +132,14 @@ class Sim:
     def __init__(self, setup: AuditSetup, batches: list[list[Any]], dtype: torch.dtype) -> None:
         self.setup = setup
         self.dtype = dtype
-        self.batches = [[cast_floats(b, dtype) for b in rank] for rank in batches]
+        # The diagnosis replays on the CPU like the reference, whatever device the loop used.
+        self.batches = [[cast_floats(move_to(b, "cpu"), dtype) for b in rank]
+                        for rank in batches]
         self.W = len(batches)
         self.M = len(batches[0])
         self.K = setup.accumulation_steps
         self.E = setup.epochs
-        self.base = setup.build_model().to(dtype)
+        self.base = setup.build_model().to("cpu", dtype)
         self.names = [canonical_name(n) for n, _ in self.base.named_parameters()]
         self.counts = [[self._count(b) for b in rank] for rank in self.batches]
         # Per-micro-batch gradients g(r, i) are what every hypothesis spends its time on, and

@@ -9,7 +9,10 @@ afterwards (see ``docs/audit.md``, "What is observed, and how"):
 * parameters are snapshotted lazily after each step (at the next forward or step or at the
   end), so engines that copy weights back after the inner step are seen right;
 * forward hooks count forwards/backwards and read the compute precision (autocast, FSDP2
-  ``MixedPrecisionPolicy``); collective wrappers count gradient reductions;
+  ``MixedPrecisionPolicy``, TF32 switched back on by a loop on a CUDA device); collective
+  wrappers count gradient reductions;
+* every gradient and parameter is copied to CPU float64 as it is observed, whatever the
+  loop's device, so every comparison with the (CPU fp64) reference happens on the CPU;
 * ``LRScheduler.step``, ``Optimizer.zero_grad`` and ``Module.zero_grad`` are wrapped with
   ``functools.wraps``, so code that inspects their signature (Accelerate looks for
   ``set_to_none``) sees the original one.
@@ -317,6 +320,12 @@ class Observer:
                 if torch.is_autocast_enabled(device):
                     dt = torch.get_autocast_dtype(device)
                     self.compute_dtypes.add(f"autocast {str(dt).replace('torch.', '')}")
+        if self.ctx.device.type == "cuda" and (torch.backends.cuda.matmul.allow_tf32
+                                               or torch.backends.cudnn.allow_tf32):
+            # The audit switched TF32 off; the loop switched it back on. TF32 keeps fp16's
+            # 10-bit mantissa, so the compute precision (and the tolerance, which names
+            # this source) is judged as float16's: the last word is what is parsed.
+            self.compute_dtypes.add("TF32 switched on by the loop (10-bit mantissa) ~ float16")
         with contextlib.suppress(Exception):
             policy = module._get_fsdp_state()._mp_policy
             if policy.param_dtype is not None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import time
 import traceback
 from collections.abc import Callable
@@ -40,6 +41,7 @@ from accumguard.verify.reference import (
     _WRAPPERS,
     ReferenceRun,
     _single_thread,
+    move_to,
     windows_for_reference,
 )
 from accumguard.verify.report import (
@@ -161,9 +163,13 @@ def audit_many(
 
     if dist.is_available() and dist.is_initialized():
         rank, world = dist.get_rank(), dist.get_world_size()
-        mine = _observe_loops(rank, world, setup, names, fns, steps, None)
+        device = audit_device()
+        mine = _observe_loops(rank, world, setup, names, fns, steps, None, device)
         gathered: list[Any] = [None] * world
-        dist.all_gather_object(gathered, mine)
+        # all_gather_object stages through the *current* CUDA device under nccl: make it
+        # this rank's, in case the caller never called set_device.
+        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+            dist.all_gather_object(gathered, mine)
         per_rank = gathered
     else:
         per_rank = _spawn(setup, names, fns, world_size, backend, timeout, steps, progress)
@@ -294,22 +300,65 @@ def _rank_main(rank: int, world: int, setup: AuditSetup, names: list[str], fns: 
     return _observe_loops(rank, world, setup, names, fns, steps, q)
 
 
+def audit_device() -> torch.device:
+    """This rank's compute device under the live process group: ``cuda:LOCAL_RANK`` under
+    nccl, the CPU under gloo or without a group (the one decision,
+    :func:`accumguard.runtime.launch.rank_device`). ``LOCAL_RANK``/``LOCAL_WORLD_SIZE``
+    come from torchrun or from the audit's own spawner; without them, the global ones."""
+    import torch.distributed as dist
+
+    from accumguard.runtime.launch import rank_device
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return torch.device("cpu")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    return rank_device(str(dist.get_backend()), local, local_world)
+
+
+@contextlib.contextmanager
+def _fp32_matmuls() -> Any:
+    """TF32 off while loops are audited, then the previous settings back. With TF32 an
+    "fp32" CUDA matmul or convolution rounds its inputs to a 10-bit mantissa (about 1e-3
+    relative), far above the fp32 tolerance the report would state. Only CUDA reads
+    these flags; on the CPU this changes nothing. A loop that switches TF32 back on is
+    seen by the observer and judged at that precision (see ``Observer._note_precision``)."""
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    before = (matmul.allow_tf32, cudnn.allow_tf32)
+    matmul.allow_tf32 = False
+    cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        matmul.allow_tf32, cudnn.allow_tf32 = before
+
+
 def _observe_loops(rank: int, world: int, setup: AuditSetup, names: list[str],
-                   fns: list[Loop], steps: int | None, q: Any) -> list[LoopObservation]:
+                   fns: list[Loop], steps: int | None, q: Any,
+                   device: torch.device | None = None) -> list[LoopObservation]:
+    device = audit_device() if device is None else torch.device(device)
     out = []
-    for key, fn in zip(names, fns, strict=True):
-        model = setup.build_model()
-        ctx = LoopContext(rank=rank, world_size=world, setup=setup, model=model,
-                          batches=_rank_batches(setup, rank, world, steps))
-        obs = Observer(ctx, key, q if rank == 0 else None)
-        try:
-            with obs.installed():
-                fn(ctx)
-                obs.finish()
-        except BaseException as exc:  # noqa: BLE001 - re-raised with the loop's name
-            raise RuntimeError(f"loop {key!r} raised on rank {rank}:\n"
-                               f"{traceback.format_exc()}") from exc
-        out.append(obs.result())
+    on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    with _fp32_matmuls(), on_device:
+        for key, fn in zip(names, fns, strict=True):
+            # Built where the reference is built (the CPU, deterministic), then moved: the
+            # loop starts from bit-identical weights on any device.
+            model = setup.build_model().to(device)
+            batches = _rank_batches(setup, rank, world, steps)
+            if device.type != "cpu":
+                batches = move_to(batches, device)
+            ctx = LoopContext(rank=rank, world_size=world, setup=setup, model=model,
+                              batches=batches, device=device)
+            obs = Observer(ctx, key, q if rank == 0 else None)
+            try:
+                with obs.installed():
+                    fn(ctx)
+                    obs.finish()
+            except BaseException as exc:  # noqa: BLE001 - re-raised with the loop's name
+                raise RuntimeError(f"loop {key!r} raised on rank {rank}:\n"
+                                   f"{traceback.format_exc()}") from exc
+            out.append(obs.result())
     return out
 
 

@@ -94,8 +94,13 @@ class LoopContext:
     """What a loop under audit receives on each rank.
 
     ``model`` is a fresh ``setup.build_model()`` (already observed: do not
-    rebuild it, wrap it). ``batches`` is this rank's data, possibly cut to the
-    audited number of steps. Compute losses with :meth:`loss_fn` when you can:
+    rebuild it, wrap it), already moved to ``device``. ``batches`` is this rank's
+    data, possibly cut to the audited number of steps, its tensors on ``device``.
+    ``device`` is where this rank computes: ``cuda:LOCAL_RANK`` under nccl, the CPU
+    under gloo (:func:`accumguard.runtime.launch.rank_device`); create any tensor a
+    collective sees (a token count to all-reduce) there, since NCCL has no CPU path.
+    The model is built on the CPU and then moved, so its weights are bit-identical to
+    the reference's, which stays on the CPU in fp64. Compute losses with :meth:`loss_fn` when you can:
     the audit then records the loss your loop actually saw (for loss curves);
     a loop that computes the loss itself still works, the report then shows
     the reference loss instead.
@@ -106,6 +111,7 @@ class LoopContext:
     setup: AuditSetup
     model: torch.nn.Module
     batches: list[Any]
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     # Called with (loss_sum, count) after every ``loss_fn``; set by the audit's observer.
     on_loss: Callable[[torch.Tensor, Any], None] | None = field(default=None, repr=False)
 

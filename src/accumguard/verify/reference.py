@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["ReferenceRun", "reference_run", "relative_update_error", "cast_floats",
+__all__ = ["ReferenceRun", "reference_run", "relative_update_error", "cast_floats", "move_to",
            "flat_params", "canonical_name", "windows_for_reference"]
 
 
@@ -32,6 +32,20 @@ def cast_floats(obj: Any, dtype: torch.dtype) -> Any:
         return {k: cast_floats(v, dtype) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return type(obj)(cast_floats(v, dtype) for v in obj)
+    return obj
+
+
+def move_to(obj: Any, device: torch.device | str) -> Any:
+    """``obj`` with every tensor (in dicts, lists, tuples) on ``device``; dtypes unchanged.
+    Tensors already there are returned as they are (no copy on the CPU-only path)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: move_to(v, device) for k, v in obj.items()}
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple
+        return type(obj)(*(move_to(v, device) for v in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(move_to(v, device) for v in obj)
     return obj
 
 
@@ -92,7 +106,9 @@ def reference_run(
     gradients stay ``dtype``): the large batch at a low compute precision, whose distance
     from the fp64 run measures what that precision alone costs on this model and data.
     """
-    ref = copy.deepcopy(model).to(dtype)
+    # On the CPU whatever device ``model`` is on: the reference is the CPU fp64 run, and
+    # every comparison happens there (observed tensors arrive as CPU float64 too).
+    ref = copy.deepcopy(model).to("cpu", dtype)
     params = [p for p in ref.parameters() if p.requires_grad]
     opt = make_optimizer(params)
     sched = make_scheduler(opt) if make_scheduler is not None else None
@@ -104,7 +120,7 @@ def reference_run(
         for batch in window:
             with (torch.autocast("cpu", dtype=autocast) if autocast is not None
                   else contextlib.nullcontext()):
-                s, n = loss_fn(ref, cast_floats(batch, dtype))
+                s, n = loss_fn(ref, cast_floats(move_to(batch, "cpu"), dtype))
             total = total + s.to(dtype)
             count += float(n)
         if count == 0:
@@ -117,8 +133,8 @@ def reference_run(
         (total / count).backward()
         if max_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-        run.grads.append({n: (p.grad.detach().clone() if p.grad is not None else
-                              torch.zeros_like(p)).double() for n, p in ref.named_parameters()})
+        run.grads.append({n: (p.grad.detach() if p.grad is not None else torch.zeros_like(p))
+                          .to("cpu", torch.float64, copy=True) for n, p in ref.named_parameters()})
         run.lrs.append(tuple(float(g["lr"]) for g in opt.param_groups))
         opt.step()
         if sched is not None:
