@@ -27,9 +27,8 @@ What it measures, without changing a number the loop computes:
   :class:`accumguard.observe.Observer` (the layer ``accumguard watch`` injects):
   gradient conservation (F3, F2/F3, F7 stale gradient), clipping inside the
   window (F8), the DDP sync flag of the last micro-step (F11), windows longer
-  than K (F13). :func:`boundary_findings` maps its step events to findings; it
-  mirrors the per-window rules of ``runtime.watch_findings`` and should be
-  replaced by them once they move down to ``observe``.
+  than K (F13). :func:`boundary_findings` applies the per-window rules of
+  :mod:`accumguard.observe.rules` (the ones ``accumguard watch`` runs) to each step event.
 """
 
 from __future__ import annotations
@@ -44,6 +43,7 @@ import torch
 
 from accumguard.core.errors import AccumulationError, ConfigError, rank_prefix
 from accumguard.core.taxonomy import fix_for, title
+from accumguard.observe.rules import live_findings, step_record
 
 __all__ = ["DEFAULT_EVERY_N_STEPS", "AccumulationChecks", "Finding", "TokenWeightProbe", "boundary_findings",
            "classify_window", "find_logits_module", "unwrap_optimizer", "unwrap_scheduler"]
@@ -242,35 +242,13 @@ def classify_window(ranks: list[torch.Tensor], *, world_size: int, averages_over
 
 
 def boundary_findings(event: Any, *, accumulation_steps: int) -> list[Finding]:
-    """Findings from one :class:`accumguard.observe.StepEvent` (what the observer saw
-    between two optimizer steps on this rank)."""
-    out: list[Finding] = []
-    step, n = int(event.step), int(event.backwards)
-    cons = event.conservation
-    if cons is not None and not cons.ok:
-        if cons.reason == "stale":
-            out.append(_finding(step, "F7", f"gradient left from before this window (relative "
-                                f"size {cons.stale:.3g}) reached the optimizer: gradients were "
-                                "not cleared after the previous step"))
-        else:
-            cls = "F3" if int(event.zero_grads_between) else "F2/F3"
-            out.append(_finding(step, cls, f"gradient conservation broken: {cons.wiped:.3g} "
-                                "(relative) of the window's gradient was removed between its "
-                                f"{n} backward passes"
-                                + (f"; zero_grad() ran {event.zero_grads_between} time(s) "
-                                   "inside the window" if cls == "F3" else "")))
-    early = [c for c in event.clip_micros if c < n]
-    if early:
-        out.append(_finding(step, "F8", f"gradients clipped after backward pass {early[0]} of "
-                            f"{n} in the window, before its last one"))
-    syncs = event.sync_micros
-    if event.engine == "ddp" and syncs and syncs[-1] is False:
-        out.append(_finding(step, "F11", "the window's last micro-step ran with DDP gradient "
-                            "sync off: the optimizer stepped on unsynchronised gradients"))
-    if accumulation_steps > 1 and n > accumulation_steps:
-        out.append(_finding(step, "F13", f"{n} backward passes before one optimizer step; "
-                            f"K = {accumulation_steps}"))
-    return out
+    """Error-level findings from one :class:`accumguard.observe.StepEvent` (what the
+    observer saw between two optimizer steps on this rank), by the per-window rules of
+    :func:`accumguard.observe.rules.live_findings` (the rules ``accumguard watch`` runs)."""
+    record = step_record(event, 0)
+    return [_finding(int(event.step), f.cls, f.evidence)
+            for f in live_findings(record, rank=None, k=accumulation_steps)
+            if f.severity == "error"]
 
 
 class AccumulationChecks:

@@ -226,13 +226,10 @@ class _Agent:
                      "optimizer_steps": ev.optimizer_steps, "in_step": ev.in_step})
 
     def on_step(self, ev: Any) -> None:
-        from dataclasses import asdict
+        from accumguard.observe.rules import step_record
 
         self.seen_activity = True
-        rec = {k: v for k, v in asdict(ev).items() if k not in ("updates", "conservation")}
-        rec["conservation"] = asdict(ev.conservation) if ev.conservation is not None else None
-        rec = {"kind": "step", "rank": self._rank(), **rec}
-        self._write(rec)
+        self._write(step_record(ev, self._rank()))
         if self.record_updates and ev.updates is not None:
             self.updates.append(ev.updates)
         self._flush_file()

@@ -1,0 +1,552 @@
+"""The per-window rules: from recorded optimizer steps to findings (pure Python).
+
+The ONE place that knows what a window of step records means. ``accumguard watch``
+(:mod:`accumguard.runtime.watch_findings`) applies :func:`analyze` to the per-rank
+recordings after the run; the framework callbacks (:mod:`accumguard.integrations`)
+apply :func:`live_findings` to each :class:`~accumguard.observe.StepEvent` as it
+happens. Both read a step as the dict :func:`step_record` makes of it (the line
+``watch`` writes to ``rank-<R>.jsonl``).
+
+Each finding names a failure class of :mod:`accumguard.core.taxonomy`, the rank, the
+optimizer step and micro-step, the evidence and the fix. Severity is honest: an
+``error`` names a mathematical difference in what the optimizer receives; a correct
+but wasteful pattern (syncing every micro-step, ``no_sync`` spanning only the
+backward) is a ``note`` with the measured extra collectives.
+
+No torch here: the watch CLI analyses recordings without importing it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from accumguard.core.taxonomy import fix_for, title
+
+__all__ = ["NUMBERING", "DeclaredK", "Finding", "KResolution", "RunRecording", "analyze",
+           "conservation_class", "live_findings", "load_recordings", "resolve_k", "step_record",
+           "windows"]
+
+
+class DeclaredK(Protocol):
+    """A K the script's source declares (``runtime.watch_declared.DeclaredK`` is one)."""
+
+    value: int | None
+    divides_loss: bool
+
+    @property
+    def where(self) -> str: ...
+
+    def describe(self) -> str: ...
+
+#: One numbering in every output of ``watch`` and ``invariance`` (findings, tables, JSON):
+#: optimizer steps and micro-steps count from 1. (The raw recording counts from 0.)
+NUMBERING = "1-based: step 1 is the first optimizer step, micro-step 1 the first backward " \
+            "of its window"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One finding; ``step`` and ``micro`` are 1-based (:data:`NUMBERING`)."""
+
+    cls: str
+    severity: str  # "error" | "note"
+    rank: int | None
+    step: int | None
+    micro: int | None
+    evidence: str
+    fix: str
+    title: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class RunRecording:
+    """Everything the ranks wrote: ``steps[rank]`` (step records), engine info, ends."""
+
+    steps: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    schedulers: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    engine: dict[int, dict[str, Any]] = field(default_factory=dict)
+    end: dict[int, dict[str, Any]] = field(default_factory=dict)
+    world: int = 1
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted(set(self.steps) | set(self.end))
+
+
+def load_recordings(out_dir: Path) -> RunRecording:
+    rec = RunRecording()
+    for path in sorted(out_dir.glob("rank-*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by a kill
+            kind = r.get("kind")
+            if kind == "start":
+                rank = int(r.get("rank", 0))
+                rec.world = max(rec.world, int(r.get("world", 1)))
+                rec.steps.setdefault(rank, [])
+            elif kind == "step":
+                rec.steps.setdefault(int(r["rank"]), []).append(r)
+            elif kind == "scheduler":
+                rec.schedulers.setdefault(rank, []).append(r)
+            elif kind == "engine":
+                rec.engine[rank] = r
+            elif kind == "end":
+                rec.end[rank] = r
+    return rec
+
+
+def _mk(cls: str, severity: str, rank: int | None, step: int | None, micro: int | None,
+        evidence: str) -> Finding:
+    """``step``/``micro``: the recording's 0-based indices, shown 1-based."""
+    return Finding(cls, severity, rank, None if step is None else step + 1,
+                   None if micro is None else micro + 1, evidence, fix_for(cls), title(cls))
+
+
+def _n(step: int) -> int:
+    """A recorded (0-based) step index as the user sees it."""
+    return int(step) + 1
+
+
+def step_record(event: Any, rank: int) -> dict[str, Any]:
+    """The record of one :class:`~accumguard.observe.StepEvent` that the rules read (and
+    ``watch`` writes as a JSON line): every field but the tensors of ``updates``.
+    (Shallow: ``dataclasses.asdict`` deep-copied every list, on every step.)"""
+    rec = {}
+    for k in event.__dataclass_fields__:
+        if k not in ("updates", "conservation"):
+            v = getattr(event, k)
+            rec[k] = list(v) if isinstance(v, list) else v
+    cons = event.conservation
+    rec["conservation"] = asdict(cons) if cons is not None else None
+    return {"kind": "step", "rank": rank, **rec}
+
+
+def conservation_class(cons: dict[str, Any], zero_grads_between: int) -> str:
+    """The class of a broken conservation verdict: gradient left from the previous window
+    (F7), removed by a ``zero_grad`` inside the window (F3), or removed by something else
+    between backwards (F2/F3: an engine reset or a hand-written clear)."""
+    if cons.get("reason") == "stale":
+        return "F7"
+    return "F3" if zero_grads_between else "F2/F3"
+
+
+def live_findings(record: dict[str, Any], *, rank: int | None, k: int | None
+                  ) -> list[Finding]:
+    """The rules that one window decides on its own, applied as the step happens (the
+    framework callbacks): conservation (F7/F3/F2/F3), clipping inside the window (F8),
+    the last micro-step's sync flag (F11; wasteful syncs are notes), DeepSpeed double
+    gating (F14) and boundary resets (F2), and a window longer than the declared K
+    (F13, or F7 when it crossed into a new pass over the DataLoader). Rules that need
+    the whole run (F1, F13 origin, F4 counts, cross-rank F11) stay in :func:`analyze`."""
+    ws = _windows([record])
+    if not ws:
+        return []
+    w = ws[0]
+    out = _rank_findings(rank if rank is not None else 0, ws, {}, k, True)
+    if rank is None:
+        out = [Finding(f.cls, f.severity, None, f.step, f.micro, f.evidence, f.fix, f.title)
+               for f in out]
+    n = int(w["window"])
+    if k is not None and k > 1 and n > k:
+        leak = _spans_passes(w)
+        out.append(_mk("F7" if leak else "F13", "error", rank, w["step"], n - 1,
+                       f"{n} backward passes before one optimizer step (K = {k})"
+                       + (": micro-steps left at the end of a pass over the DataLoader "
+                          "leaked into the next pass's window" if leak else
+                          f": the boundary comes {n - k} micro-step(s) late")))
+    return out
+
+
+def windows(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Public name of :func:`_windows` (applied steps, no-op steps folded in)."""
+    return _windows(steps)
+
+
+def _windows(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Applied steps with the backward passes of preceding no-op steps folded in (a step
+    whose gradients were all None changes nothing: the window goes on)."""
+    out = []
+    carry = 0
+    for s in steps:
+        if not s.get("applied", True):
+            carry += int(s["backwards"])
+            continue
+        w = dict(s)
+        w["window"] = int(s["backwards"]) + carry
+        carry = 0
+        out.append(w)
+    return out
+
+
+@dataclass(frozen=True)
+class KResolution:
+    """K for the analysis, where it came from, and how much it can be trusted."""
+
+    k: int | None
+    source: str
+    strength: str  # "flag" | "runtime" | "script" | "inferred" | "none"
+    script: DeclaredK | None = None
+
+    @property
+    def declared(self) -> bool:
+        return self.strength in ("flag", "runtime", "script")
+
+
+def _inferred(rec: RunRecording) -> int | None:
+    """The most common window, not counting windows that span two passes over a DataLoader
+    (a leftover leaked into the next epoch is not the loop's K)."""
+    windows = [w for steps in rec.steps.values() for w in _windows(steps)]
+    inside = [w for w in windows if not _spans_passes(w)]
+    sizes = [int(w["window"]) for w in (inside or windows)]
+    return Counter(sizes).most_common(1)[0][0] if sizes else None
+
+
+def _spans_passes(w: dict[str, Any]) -> bool:
+    return any(0 < j < int(w["window"]) for j in w.get("data_pass_starts") or [])
+
+
+def resolve_k(rec: RunRecording, flag: int | None, script: DeclaredK | None = None
+              ) -> KResolution:
+    """K from the flag, from what the run declared at run time (Accelerate, HF, Lightning,
+    DeepSpeed GA > 1), from the script's source, or inferred from the windows.
+
+    A K the script declares is used as declared only when the run agrees with it (its
+    most common window is K) or when every window has one backward (the F1 signature,
+    judged by :func:`_f1_from_script`); otherwise the inferred K is used and a note
+    says the two differ.
+    """
+    if flag:
+        return KResolution(flag, "--accumulation-steps", "flag")
+    for end in rec.end.values():
+        for source, k in (end.get("declared_k") or {}).items():
+            if isinstance(k, int) and k >= 1:
+                return KResolution(k, f"declared by {source}", "runtime")
+    for info in rec.engine.values():
+        k = info.get("gradient_accumulation_steps")
+        if isinstance(k, int) and k > 1:
+            return KResolution(k, "DeepSpeed config gradient_accumulation_steps", "runtime")
+    inferred = _inferred(rec)
+    if (script is not None and script.value is not None and script.value >= 1
+            and (inferred is None or inferred in (1, script.value))):
+        # windows of one backward against a declared K > 1 is the F1 question (_f1)
+        return KResolution(script.value, f"declared in the script ({script.where})",
+                           "script", script)
+    if inferred is None:
+        return KResolution(None, "no optimizer step", "none", script)
+    return KResolution(inferred, "inferred from the observed windows", "inferred", script)
+
+
+def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK | None = None
+            ) -> tuple[list[Finding], int | None, str]:
+    """All findings of the run, K and where K came from. ``script``: the K the command's
+    script declares (:func:`accumguard.runtime.watch_declared.declared_k`)."""
+    res = resolve_k(rec, k_flag, script)
+    findings: list[Finding] = []
+    for rank in rec.ranks:
+        steps = rec.steps.get(rank, [])
+        info = rec.engine.get(rank, {})
+        findings += _rank_findings(rank, steps, info, res.k, res.declared)
+        findings += _window_findings(rank, _windows(steps), info, res)
+        findings += _no_update(rank, steps)
+        findings += _scheduler_findings(rank, rec.schedulers.get(rank, []))
+    findings += _cross_rank(rec)
+    # one finding per (class, rank) is enough to act on; keep the first
+    seen: set[tuple[str, int | None, str]] = set()
+    unique = []
+    for f in findings:
+        key = (f.cls, f.rank, f.severity)
+        if key not in seen:
+            seen.add(key)
+            unique.append(f)
+    return unique, res.k, res.source
+
+
+def _rank_findings(rank: int, steps: list[dict[str, Any]], info: dict[str, Any],
+                   k: int | None, declared: bool) -> list[Finding]:
+    out: list[Finding] = []
+    windows = _windows(steps)
+    ds_ga = info.get("gradient_accumulation_steps")
+    stage = info.get("zero_stage")
+    managed = info.get("managed_accumulation", True)
+    for w in windows:
+        n = w["window"]
+        step = w["step"]
+        # F14: DeepSpeed accumulates K itself and the loop runs several backwards per step()
+        if (isinstance(ds_ga, int) and ds_ga > 1 and managed
+                and int(w.get("max_backwards_per_engine_step", 0)) > 1):
+            out.append(_mk("F14", "error", rank, step, None,
+                           f"DeepSpeed gradient_accumulation_steps={ds_ga} and "
+                           f"{w['max_backwards_per_engine_step']} backward passes per "
+                           f"engine.step() call; the optimizer stepped after {n} backward "
+                           "passes"))
+            continue
+        # F2: DeepSpeed ZeRO-1/2 reduced-and-reset at a non-final backward of the window
+        bounds = w.get("ds_boundaries") or []
+        coal = w.get("ds_coalescing") or []
+        if stage in (1, 2) and managed and n > 1 and len(bounds) == int(w["backwards"]):
+            early = [j for j, b in enumerate(bounds[:-1]) if b and not
+                     (coal[j] if j < len(coal) else False)]
+            if early:
+                out.append(_mk("F2", "error", rank, step, early[0],
+                               f"ZeRO-{stage}: backward passes {[j + 1 for j in early]} of a "
+                               f"window of {n} ran at an engine accumulation boundary "
+                               f"(gradient_accumulation_steps={ds_ga}); each one resets the "
+                               "engine's gradient partition, so only the last micro-batch "
+                               "reaches the optimizer"))
+                continue
+        early_clips = [c for c in (w.get("clip_micros") or []) if c < int(w["backwards"])]
+        cons = w.get("conservation")
+        clipped = bool(early_clips) and not int(w.get("zero_grads_between", 0))
+        if cons and not cons.get("ok", True) and not (clipped and cons.get("reason") != "stale"):
+            # (a clip between backwards shrinks the accumulated gradient: F8 below says so)
+            if cons.get("reason") == "stale":
+                out.append(_mk("F7", "error", rank, step, 0,
+                               f"gradient left from before this window (relative size "
+                               f"{cons['stale']:.3g}) reached optimizer step {_n(step)}: "
+                               "gradients were not cleared after the previous step"))
+            else:
+                cls = conservation_class(cons, int(w.get("zero_grads_between", 0)))
+                out.append(_mk(cls, "error", rank, step, None,
+                               f"gradient conservation broken at step {_n(step)}: "
+                               f"{cons['wiped']:.3g} (relative) of the window's accumulated "
+                               f"gradient was removed between backward passes and the optimizer "
+                               f"received {cons['received']:.3g} off the sum of the {n} "
+                               "micro-steps' contributions"
+                               + (f"; zero_grad() ran {w['zero_grads_between']} time(s) inside "
+                                  "the window" if cls == "F3" else "")))
+        # F8: clipping before the window's last backward
+        if early_clips:
+            out.append(_mk("F8", "error", rank, step, early_clips[0] - 1,
+                           f"clip_grad_norm_ ran after backward pass {early_clips[0]} of "
+                           f"{w['backwards']} in the window ({len(w['clip_micros'])} clip calls "
+                           "for one optimizer step)"))
+        out += _sync_findings(rank, w)
+    # F9: DeepSpeed's default clipping active on a run that did not ask for it
+    clip = info.get("gradient_clipping")
+    if info and clip and not info.get("clipping_set_by_user", True):
+        norms = [(s["step"], s.get("grad_norm")) for s in steps if s.get("grad_norm") is not None]
+        hit = [(st, nm) for st, nm in norms if nm > clip * (1 + 1e-6)]
+        if hit:
+            out.append(_mk("F9", "error", rank, hit[0][0], None,
+                           f"the DeepSpeed config does not set gradient_clipping, the engine "
+                           f"clips at {clip:g}, and the gradient norm was {hit[0][1]:.4g} at "
+                           f"step {_n(hit[0][0])}: every such update was shrunk"))
+        elif norms:
+            out.append(_mk("F9", "note", rank, None, None,
+                           f"DeepSpeed clips at {clip:g} by default (gradient_clipping not set); "
+                           "no step exceeded it in this run"))
+    return out
+
+
+def _sync_findings(rank: int, w: dict[str, Any]) -> list[Finding]:
+    """DDP (flag at the forward decides) and FSDP2 (flag at the backward decides): the
+    window's last backward must synchronise; syncing earlier ones is only wasteful."""
+    engine = w.get("engine")
+    step = w["step"]
+    if engine == "ddp":
+        syncs = w.get("sync_micros") or []
+        what = "DDP sync off at its forward (require_backward_grad_sync=False / inside no_sync)"
+    elif engine == "fsdp2":
+        syncs = w.get("sync_backward") or w.get("sync_micros") or []
+        what = "FSDP2 gradient sync off (set_requires_gradient_sync(False))"
+    else:
+        return []
+    if not syncs or any(s is None for s in syncs):
+        return []
+    mism = w.get("sync_mismatch") or [] if engine == "ddp" else []
+    if syncs[-1] is False:
+        synced = [j + 1 for j, s in enumerate(syncs) if s]
+        return [_mk("F11", "error", rank, step, len(syncs) - 1,
+                    f"the window's last backward (micro-step {len(syncs)} of {len(syncs)}) ran "
+                    f"with {what}; the optimizer stepped on gradients not reduced across ranks"
+                    + (f" (micro-step(s) {synced} synchronised: the flag is inverted)"
+                       if synced else "")
+                    + (f"; the flag flipped between forward and backward on micro-step(s) "
+                       f"{[m + 1 for m in mism]}" if mism else ""))]
+    extra = sum(1 for s in syncs[:-1] if s)
+    if not extra:
+        return []
+    how = (f" (no_sync entered after the forward on micro-step(s) {[m + 1 for m in mism]}: "
+           "it only wraps the backward, DDP had already decided to reduce)" if mism else "")
+    fix = ("run forward and backward of micro-steps 1..K-1 inside model.no_sync()"
+           if engine == "ddp" else "call model.set_requires_gradient_sync(False) before "
+           "micro-steps 1..K-1 and True before the last")
+    return [_mk("OK", "note", rank, step, None,
+                f"correct but wasteful: {extra} extra gradient reduction round(s) per optimizer "
+                f"step on non-final micro-steps{how}; {fix} to save them")]
+
+
+def _window_findings(rank: int, windows: list[dict[str, Any]], info: dict[str, Any],
+                     res: KResolution) -> list[Finding]:
+    """Window sizes against K: F1 (one backward per step while K > 1 is declared), F13
+    (a first window shorter than K, or windows constantly K-1 / K+1), F7 (a window longer
+    than K among windows of K: leftover micro-steps of an epoch leaked into the next)."""
+    k = res.k
+    out: list[Finding] = []
+    if not windows:
+        return out
+    sizes = [int(w["window"]) for w in windows]
+    ds_ga = info.get("gradient_accumulation_steps")
+    out += _f1(rank, windows, res)
+    if k is None or k <= 1 or all(n == 1 for n in sizes):
+        return out
+    sev = "error" if res.declared else "note"
+    # a first window shorter than K, followed by windows of K: the counter's origin is off
+    rest = sizes[1:]
+    steady = all(n <= k for n in rest) and 2 * rest.count(k) >= len(rest)  # windows of K after
+    if len(sizes) >= 2 and sizes[0] < k and sizes[1] == k:
+        out.append(_mk("F13", "error" if res.declared or (len(sizes) >= 3 and steady)
+                       else "note", rank,
+                       windows[0]["step"], sizes[0] - 1,
+                       f"the first optimizer step came after {sizes[0]} backward pass(es), the "
+                       f"next after {sizes[1]} (K = {k}): the boundary test counts from the "
+                       "wrong origin (e.g. `i % K == 0` with i from 0); only the last window "
+                       "of an epoch or run may be short"))
+    engine_ga = isinstance(ds_ga, int) and ds_ga > 1
+    long = [w for w in windows if int(w["window"]) > k  # (F14 explains double gating)
+            and not (engine_ga and (int(w["window"]) == ds_ga
+                                    or int(w.get("max_backwards_per_engine_step", 0)) > 1))]
+    regular = sum(1 for n in sizes if n == k)
+    if long and any(w.get("data_pass_starts") for w in windows):
+        # DataLoader passes were seen: a long window that began in one pass (epoch) and
+        # ended in the next is a leak; one inside a single pass is a late boundary
+        crossed = [w for w in long if _spans_passes(w)]
+        if crossed:
+            w, n0 = crossed[0], int(crossed[0]["window"])
+            j = next(j for j in w["data_pass_starts"] if 0 < j < n0)
+            out.append(_mk("F7", "error", rank, w["step"], n0 - 1,
+                           f"a window of {n0} backward passes (K = {k}) before optimizer step "
+                           f"{_n(w['step'])}: {j} micro-step(s) left at the end of a pass over "
+                           "the DataLoader (an epoch) were not stepped and leaked into the "
+                           "next epoch's first window"))
+        long = [w for w in long if w not in crossed]
+        if long:
+            n0 = int(long[0]["window"])
+            out.append(_mk("F13", sev, rank, long[0]["step"], n0 - 1,
+                           f"{len(long)} window(s) of {n0} backward passes inside one pass "
+                           f"over the data (K = {k}), e.g. before optimizer step "
+                           f"{_n(long[0]['step'])}: the boundary comes {n0 - k} micro-step(s) "
+                           "late"))
+        long = []
+    if long:
+        n0 = int(long[0]["window"])
+        constant = len({int(w["window"]) for w in long}) == 1 and len(long) >= regular
+        if constant:
+            out.append(_mk("F13", sev, rank, long[0]["step"], n0 - 1,
+                           f"{len(long)} window(s) of {n0} backward passes (K = {k}), e.g. "
+                           f"before optimizer step {_n(long[0]['step'])}: the boundary comes "
+                           f"{n0 - k} micro-step(s) late"))
+        else:
+            # a leak leaves no short window before the last; a loop whose windows vary
+            # (a token budget per step) has short ones too: then only a note
+            mid_short = any(n < k for n in sizes[:-1])
+            leak = (not mid_short and len({int(w["window"]) for w in long}) == 1
+                    and regular > len(long))
+            out.append(_mk("F7", "error" if leak else "note", rank, long[0]["step"],
+                           n0 - 1,
+                           f"a window of {n0} backward passes before optimizer step "
+                           f"{_n(long[0]['step'])} among {regular} windows of K = {k}: "
+                           f"{n0 - k} micro-step(s) left over at the end of an epoch (or data "
+                           "pass) were not stepped and leaked into the next window"))
+    short = [w for w in windows[1:-1] if 1 < int(w["window"]) < k]
+    if res.declared and len(short) >= 2 and all(int(w["window"]) == k - 1 for w in short) \
+            and len(short) >= regular:
+        out.append(_mk("F13", "error", rank, short[0]["step"], None,
+                       f"{len(short)} windows of {k - 1} backward passes; K = {k}"))
+    return out
+
+
+def _f1(rank: int, windows: list[dict[str, Any]], res: KResolution) -> list[Finding]:
+    """Step every micro-step: K > 1 declared and (nearly) every window has one backward."""
+    script = res.script
+    if res.strength in ("flag", "runtime"):
+        k = res.k
+    elif script is not None:
+        k = script.value
+    else:
+        return []
+    if k is None or k <= 1:
+        return []
+    ones = [w for w in windows if int(w["window"]) == 1]
+    # nearly every window: epochs whose last window holds one micro-batch are not F1
+    if len(ones) < 2 or 4 * len(ones) < 3 * len(windows):
+        return []
+    text = f"{len(ones)} of {len(windows)} optimizer steps came after a single backward pass"
+    if res.strength in ("flag", "runtime"):
+        return [_mk("F1", "error", rank, ones[0]["step"], 0, f"{text}; K = {k} ({res.source})")]
+    assert script is not None
+    if script.divides_loss and len(ones) >= len(windows) - 1:
+        return [_mk("F1", "error", rank, ones[0]["step"], 0,
+                    f"{text}, while the script declares K: {script.describe()}: each step "
+                    f"applies one micro-batch's gradient divided by {k}")]
+    return [_mk("F1", "note", rank, ones[0]["step"], 0,
+                f"{text}, while the script declares K: {script.describe()}. If it meant to "
+                "accumulate, the optimizer steps on every micro-step; pass "
+                "--accumulation-steps to decide")]
+
+
+def _no_update(rank: int, steps: list[dict[str, Any]]) -> list[Finding]:
+    """Optimizer steps after backward passes in which no gradient reached the optimizer."""
+    skipped = [s for s in steps if not s.get("applied", True)]
+    if not skipped or not any(int(s.get("backwards", 0)) for s in steps):
+        return []
+    never = not any(s.get("applied", True) for s in steps)
+    fsdp_off = [s for s in skipped if s.get("engine") == "fsdp2" and s.get("sync_backward")
+                and not any(s["sync_backward"])]
+    if not (never or fsdp_off):
+        return []
+    first = (fsdp_off or skipped)[0]
+    why = (" (every backward ran with FSDP2 gradient sync off: set_requires_gradient_sync("
+           "True) was never called before a window's last backward, so no gradient was "
+           "reduced)" if fsdp_off else "")
+    return [_mk("NO_UPDATE", "error", rank, first["step"], None,
+                f"{len(skipped)} of {len(steps)} optimizer steps found every gradient None "
+                f"(first: step {_n(first['step'])}, after {sum(int(s.get('backwards', 0)) for s in steps)} "
+                f"backward passes in the run){why}: the parameters did not move")]
+
+
+def _scheduler_findings(rank: int, events: list[dict[str, Any]]) -> list[Finding]:
+    for e in events:
+        if not e.get("in_step") and int(e["count"]) > int(e["optimizer_steps"]) + 1:
+            micro = int(e["micro"])  # backward passes before it: after micro-step `micro`
+            return [_mk("F4", "error", rank, int(e["step"]), micro - 1 if micro else None,
+                        f"the LR scheduler stepped {e['count']} times while its optimizer "
+                        f"stepped {e['optimizer_steps']} times")]
+    return []
+
+
+def _cross_rank(rec: RunRecording) -> list[Finding]:
+    """What reached the optimizer must agree across ranks on replicated-gradient engines."""
+    ranks = [r for r in rec.ranks if rec.steps.get(r)]
+    if len(ranks) < 2:
+        return []
+    by_step: dict[int, dict[int, dict[str, Any]]] = {}
+    for r in ranks:
+        for s in _windows(rec.steps[r]):
+            by_step.setdefault(int(s["step"]), {})[r] = s
+    for step in sorted(by_step):
+        row = by_step[step]
+        if len(row) < 2 or any(s.get("engine") == "fsdp2" for s in row.values()):
+            continue
+        sums: dict[int, list[float]] = {r: s["checksum"] for r, s in row.items()
+                                        if s.get("checksum")}
+        if len(sums) < 2:
+            continue
+        vals = list(sums.values())
+        scale = max(abs(v[2]) for v in vals) or 1e-30
+        spread = max(abs(a[i] - b[i]) for a in vals for b in vals for i in (0, 1))
+        if spread > 1e-5 * scale:
+            text = ", ".join(f"rank {r}: {v[0]:.6g}" for r, v in sorted(sums.items()))
+            return [_mk("F11", "error", None, step, None,
+                        f"the gradient the optimizer received differs across ranks at step "
+                        f"{_n(step)} (checksums {text}): ranks train different models")]
+    return []
