@@ -96,17 +96,29 @@ def test_usage_errors_exit_2_with_one_line() -> None:
 def test_delegated_subcommands(tmp_path: Path) -> None:
     code, out, _ = _run(["audit", "--help"])
     assert code == 0 and "MODULE:SETUP" in out
+    # lint: a plain K = 1 loop has no finding (0); the same loop accumulating is AG101 (1)
     script = tmp_path / "train.py"
     script.write_text("for i, b in enumerate(loader):\n    loss = model(b)\n    loss.backward()\n"
                       "    optimizer.step()\n    optimizer.zero_grad()\n")
-    code, _, _ = _run(["lint", str(script)])
-    assert code in (0, 1)
+    code, out, _ = _run(["lint", str(script)])
+    assert code == 0, out
+    script.write_text("accum_steps = 4\nfor i, b in enumerate(loader):\n    loss = model(b) / accum_steps\n"
+                      "    loss.backward()\n    optimizer.step()\n")
+    code, out, _ = _run(["lint", str(script)])
+    assert code == 1 and "AG101" in out, out
+    code, _, err = _run(["lint", str(tmp_path / "missing.py")])
+    assert code == 2, err
+    # check-config: a missing file is 2; no gradient_clipping is AG203 (1); a complete config is 0
     code, _, err = _run(["check-config", str(tmp_path / "missing.json")])
     assert code == 2
     cfg = tmp_path / "ds.json"
     cfg.write_text('{"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 4}')
-    code, _, _ = _run(["check-config", str(cfg)])
-    assert code in (0, 1)
+    code, out, _ = _run(["check-config", str(cfg)])
+    assert code == 1 and "AG203" in out, out
+    cfg.write_text('{"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 4, '
+                   '"gradient_clipping": 1.0}')
+    code, out, _ = _run(["check-config", str(cfg)])
+    assert code == 0, out
 
 
 def test_curves_overlap(tmp_path: Path) -> None:

@@ -1,4 +1,6 @@
-# corpus: style=ddp class=F11
+# corpus: style=ddp class=OK
+# no_sync around the backward alone: DDP armed the all-reduce at the forward, so every
+# micro-step syncs. Correct (the average is taken every time), only wasteful: a note.
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
@@ -9,7 +11,7 @@ def train(model, optimizer, loader, accum_iter):
         out = ddp_model(x)
         loss = torch.nn.functional.mse_loss(out, y) / accum_iter
         if (it + 1) % accum_iter != 0:
-            with ddp_model.no_sync():  # expect: AG106
+            with ddp_model.no_sync():  # expect: AG116
                 loss.backward()
         else:
             loss.backward()

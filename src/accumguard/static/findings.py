@@ -152,10 +152,10 @@ RULES: dict[str, Rule] = {
         ),
         _rule(
             "AG106", "sync-flag-after-forward", "F11", E, HI,
-            "DDP decides at forward time whether the backward all-reduces: a no_sync() that wraps "
-            "only the backward, or require_backward_grad_sync set after the forward, has no effect "
-            "on this micro-step",
-            "enter `with model.no_sync():` (or set require_backward_grad_sync) before the forward, "
+            "DDP decides at forward time whether the backward all-reduces: require_backward_grad_sync "
+            "set after the forward acts one micro-step late, so the last micro-step of the window "
+            "(whose forward saw the previous micro-step's False) is not all-reduced",
+            "set require_backward_grad_sync (or enter `with model.no_sync():`) before the forward, "
             "so it spans forward and backward",
         ),
         _rule(
@@ -212,6 +212,22 @@ RULES: dict[str, Rule] = {
             "W times ahead",
             "step the scheduler once per optimizer step on every rank (each rank owns its scheduler); "
             "size the schedule in optimizer steps",
+        ),
+        _rule(
+            "AG115", "boundary-counter-off-by-one", "F13", E, HI,
+            "the step is gated by a micro-batch counter compared off by one (`i % K == 0` with i "
+            "counting from 0, the step after the backward): the first window has 1 (or K+1) "
+            "micro-batches instead of K",
+            "test the counter after it counts this micro-batch: `if (i + 1) % K == 0:` for a counter "
+            "from 0 (enumerate/range), or increment it before the test",
+        ),
+        _rule(
+            "AG116", "sync-every-micro-step", "", N, HI,
+            "DDP's sync is switched off only after the forward (no_sync() around the backward alone, "
+            "or require_backward_grad_sync turned off after the forward): correct, but every "
+            "micro-step still all-reduces",
+            "put the forward inside `with model.no_sync():` (or set require_backward_grad_sync "
+            "before the forward) to save K-1 all-reduces per optimizer step",
         ),
         # ---- config rules (accumguard check-config) ----
         _rule(

@@ -107,7 +107,7 @@ class FileContext:
         wanted = (
             ast.Call, ast.For, ast.AsyncFor, ast.While, ast.FunctionDef, ast.AsyncFunctionDef,
             ast.Assign, ast.AnnAssign, ast.AugAssign, ast.NamedExpr, ast.With, ast.AsyncWith,
-            ast.Import, ast.ImportFrom, ast.Dict, ast.Constant, ast.BinOp,
+            ast.Import, ast.ImportFrom, ast.Dict, ast.Constant, ast.BinOp, ast.ClassDef,
         )
         parents = self.parents
         nodes = self.nodes
@@ -185,6 +185,10 @@ class FileContext:
         while cur is not None and not isinstance(cur, kinds):
             cur = self.parents.get(cur)
         return cur
+
+    def assignments(self) -> list[tuple[list[str], ast.AST]]:
+        """Every ``names = value`` of the file (targets as dotted names), in source order."""
+        return self._assigns
 
     def scope_of(self, node: ast.AST) -> ast.AST:
         """The function around ``node``, or the module."""
@@ -334,6 +338,9 @@ class FileContext:
             target = expr.func if isinstance(expr, ast.Call) else expr
             d = dotted(target)
             ident = last_part(d)
+            if isinstance(expr, ast.Call) and (body := self.predicates().get(ident)) is not None:
+                # `self.is_sync_step(step)` with `def is_sync_step(...): return (step + 1) % K == 0`
+                return self.boundary_polarity(body)
             if ident and (POSITIVE_BOUNDARY_RE.search(ident) or (d in self.boundary_flags and not ACCUM_RE.search(ident))):
                 if d in self.boundary_flags:
                     src = self._flag_source(d)
@@ -341,6 +348,25 @@ class FileContext:
                         return self.boundary_polarity(src)
                 return True
         return None
+
+    def predicates(self) -> dict[str, ast.AST]:
+        """Functions of the file whose body is one ``return <expr>`` (boundary helpers such as
+        ``def is_sync_step(self, i): return (i + 1) % self.k == 0``), by lower-cased name; a
+        name defined twice with different bodies is left out."""
+        def compute() -> dict[str, ast.AST]:
+            out: dict[str, ast.AST] = {}
+            clash: set[str] = set()
+            for fn in self.of(ast.FunctionDef):
+                body = [b for b in fn.body if not (isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant))]
+                if len(body) == 1 and isinstance(body[0], ast.Return) and body[0].value is not None:
+                    name = fn.name.lower()
+                    if name in out:
+                        clash.add(name)
+                    out[name] = body[0].value
+            for name in clash:
+                del out[name]
+            return out
+        return self._cached("predicates", self.tree, compute)  # type: ignore[no-any-return]
 
     def _flag_source(self, name: str) -> ast.AST | None:
         for names, value in self._assigns:
@@ -621,6 +647,68 @@ class FileContext:
                 return True
         return False
 
+    def int_value(self, expr: ast.AST | None, *, defaults: bool = True) -> int | None:
+        """The integer ``expr`` holds, when the file says so in one way: a literal, a name whose
+        every assignment is the same integer literal, or ``args.x`` / ``cfg.x`` whose argparse
+        ``default=`` or class-field default is an integer (what the script runs with by default)."""
+        if isinstance(expr, ast.Constant):
+            return expr.value if type(expr.value) is int else None
+        d = dotted(expr)
+        if d is None:
+            return None
+        values = set(self._int_assignments().get(d, ()))
+        if not values and "." in d and defaults:
+            values = self._int_defaults().get(last_part(d), set())
+        return next(iter(values)) if len(values) == 1 and None not in values else None
+
+    def _int_assignments(self) -> dict[str, set[int | None]]:
+        """Every value assigned to each name: the integer literal, or None for anything else."""
+        def compute() -> dict[str, set[int | None]]:
+            out: dict[str, set[int | None]] = {}
+            for names, value in self._assigns:
+                if len(names) == 1:
+                    v = value.value if isinstance(value, ast.Constant) and type(value.value) is int else None
+                    out.setdefault(names[0], set()).add(v)
+                else:
+                    for name in names:
+                        out.setdefault(name, set()).add(None)
+            for n in self.of(ast.AugAssign):
+                if (d := dotted(n.target)) is not None:
+                    out.setdefault(d, set()).add(None)
+            return out
+        return self._cached("int_assigns", self.tree, compute)  # type: ignore[no-any-return]
+
+    def _int_defaults(self) -> dict[str, set[int | None]]:
+        """argparse ``add_argument("--grad-accum", default=4)`` and class fields
+        ``gradient_accumulation_steps: int = 4``, by lower-cased attribute name."""
+        def compute() -> dict[str, set[int | None]]:
+            out: dict[str, set[int | None]] = {}
+            for call in self.of(ast.Call):
+                if call_attr(call) != "add_argument":
+                    continue
+                default = next((k.value for k in call.keywords if k.arg == "default"), None)
+                dest = next((k.value.value for k in call.keywords
+                             if k.arg == "dest" and isinstance(k.value, ast.Constant)), None)
+                if dest is None:
+                    flags = [a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+                    long = [f for f in flags if f.startswith("--")] or flags
+                    dest = long[0].lstrip("-").replace("-", "_") if long else None
+                if isinstance(dest, str) and default is not None:
+                    v = default.value if isinstance(default, ast.Constant) and type(default.value) is int else None
+                    out.setdefault(dest.lower(), set()).add(v)
+            for cls in self.of(ast.ClassDef):
+                for stmt in cls.body:
+                    if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.value is not None:
+                        field_default = stmt.value
+                        iv = (
+                            field_default.value
+                            if isinstance(field_default, ast.Constant) and type(field_default.value) is int
+                            else None
+                        )
+                        out.setdefault(stmt.target.id.lower(), set()).add(iv)
+            return out
+        return self._cached("int_defaults", self.tree, compute)  # type: ignore[no-any-return]
+
     def mentions_world(self, expr: ast.AST) -> bool:
         """``expr`` is (or is built from) the world size."""
         return self._mentions(expr, WORLD_RE, self._derived_names(WORLD_RE))
@@ -698,6 +786,10 @@ class FileContext:
     def ds_config_literals(self) -> list[DsConfigRef]:
         """Every dict literal (or ``dict(...)`` call) in the script that is a DeepSpeed config."""
         return self._ds_finder().ds_config_literals()
+
+    def ds_finder(self) -> DsConfigFinder:
+        """The file's DeepSpeed config finder (value expressions of a config's keys)."""
+        return self._ds_finder()
 
     def _ds_finder(self) -> DsConfigFinder:
         from accumguard.static.lint._dsrefs import DsConfigFinder

@@ -39,6 +39,7 @@ class DsConfigRef:
     node: ast.AST  # the string literal or the dict
     literal: bool  # written in the script (its findings belong to the script)
     hf: bool = False  # handed to the Hugging Face Trainer (TrainingArguments(deepspeed=...))
+    name: str | None = None  # the variable the config is assigned to (``cfg = {...}``/``json.load``)
 
     @property
     def ga(self) -> int | None:
@@ -92,9 +93,11 @@ class DsConfigFinder:
             cfg = _config_from_literal(node)
             if cfg is None:
                 continue
-            self._apply_later_updates(node, cfg)
+            name = self._holder_name(node)
+            if name is not None:
+                self._apply_later_updates(name, cfg)
             out.append(DsConfigRef(cfg, f"dict literal at line {getattr(node, 'lineno', 1)}", node, literal=True,
-                                   hf=self._handed_to_hf(node)))
+                                   hf=self._handed_to_hf(node), name=name))
         return out
 
     def _is_config_argument(self, node: ast.AST) -> bool:
@@ -173,14 +176,33 @@ class DsConfigFinder:
             return any(_DS_CONFIG_NAME.search(last_part(dotted(t))) for t in targets)
         return False
 
-    def _apply_later_updates(self, node: ast.AST, cfg: dsconfig.ConfigDict) -> None:
+    def _holder_name(self, node: ast.AST) -> str | None:
+        """The variable a config literal, or a config file's ``json.load(...)``, is assigned to:
+        ``cfg = {...}``, ``cfg = json.load(open("ds.json"))``, or ``with open("ds.json") as f:
+        cfg = json.load(f)``."""
+        cur: ast.AST | None = node
+        while cur is not None and not isinstance(cur, ast.stmt):
+            cur = self.ctx.parents.get(cur)
+        if isinstance(cur, ast.Assign) and len(cur.targets) == 1:
+            return dotted(cur.targets[0])
+        if isinstance(cur, ast.AnnAssign):
+            return dotted(cur.target)
+        if isinstance(cur, ast.With | ast.AsyncWith):
+            handles = {
+                dotted(item.optional_vars) for item in cur.items
+                if item.optional_vars is not None and any(sub is node for sub in ast.walk(item.context_expr))
+            } - {None}
+            for stmt in cur.body:
+                if (
+                    isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
+                    and any(dotted(sub) in handles for sub in ast.walk(stmt.value)
+                            if isinstance(sub, ast.Name))
+                ):
+                    return dotted(stmt.targets[0])
+        return None
+
+    def _apply_later_updates(self, name: str, cfg: dsconfig.ConfigDict) -> None:
         """``cfg["gradient_clipping"] = 1.0`` / ``cfg.update(...)`` after ``cfg = {...}``."""
-        parent = self.ctx.parents.get(node)
-        if not isinstance(parent, ast.Assign) or len(parent.targets) != 1:
-            return
-        name = dotted(parent.targets[0])
-        if name is None:
-            return
         subs, updated = self._updates_by_name()
         for n in subs.get(name, ()):
             for t in n.targets:
@@ -194,6 +216,29 @@ class DsConfigFinder:
                     cfg.key_lines.setdefault((t.slice.value,), n.lineno)
         if name in updated:
             cfg.partial = True
+
+    def value_node(self, ref: DsConfigRef, key: str) -> ast.AST | None:
+        """The expression that sets top-level ``key`` in the script: the last
+        ``cfg["key"] = <expr>`` on the config's variable, else the literal's entry."""
+        if ref.name is not None:
+            subs, _ = self._updates_by_name()
+            hits = [
+                n.value for n in subs.get(ref.name, ())
+                for t in n.targets
+                if isinstance(t, ast.Subscript) and isinstance(t.slice, ast.Constant) and t.slice.value == key
+            ]
+            if hits:
+                return hits[-1]
+        node = ref.node
+        if isinstance(node, ast.Dict):
+            for k, v in zip(node.keys, node.values, strict=True):
+                if isinstance(k, ast.Constant) and k.value == key:
+                    return v
+        elif isinstance(node, ast.Call) and not isinstance(node.func, ast.Attribute):
+            for kw in node.keywords:
+                if kw.arg == key:
+                    return kw.value
+        return None
 
     def _find_ds_config(self) -> DsConfigRef | None:
         base = self.ctx.path.parent if self.ctx.path is not None else None
@@ -219,7 +264,14 @@ class DsConfigFinder:
                 if not any(k in cfg for k in (*_DS_BATCH_KEYS, "zero_optimization")):
                     continue
                 line = cfg.key_lines.get(("gradient_accumulation_steps",))
-                return DsConfigRef(cfg, node.value + (f":{line}" if line else ""), node, literal=False)
+                where = node.value + (f":{line}" if line else "")
+                name = self._holder_name(node)
+                if name is not None:
+                    raw = dict(cfg)
+                    self._apply_later_updates(name, cfg)
+                    if dict(cfg) != raw:
+                        where += " as updated in the script"
+                return DsConfigRef(cfg, where, node, literal=False, name=name)
         literals = self.ds_config_literals()
         return literals[0] if literals else None
 

@@ -19,8 +19,17 @@ from collections.abc import Iterator
 
 from accumguard.static import dsconfig
 from accumguard.static.findings import Finding
-from accumguard.static.lint._ast import LOOPS, call_attr, dotted, receiver, walk_local
+from accumguard.static.lint._ast import (
+    FUNCS,
+    LOOPS,
+    call_attr,
+    dotted,
+    receiver,
+    walk_all,
+    walk_local,
+)
 from accumguard.static.lint._context import FileContext
+from accumguard.static.lint._dsrefs import DsConfigRef
 from accumguard.static.lint.registry import rule
 
 _CONFIG_CODES = ("AG200", "AG201", "AG203", "AG204", "AG205", "AG206", "AG207")
@@ -40,7 +49,8 @@ def _hand_gated_steps(ctx: FileContext) -> Iterator[tuple[ast.AST, ast.Call]]:
             continue
         if engine_steps or not isinstance(window, LOOPS):
             continue
-        outer = ctx.enclosing(window, LOOPS)
+        # the loop around the micro-batch loop, or (a `train_step(batch)` helper) its function
+        outer = ctx.enclosing(window, LOOPS + FUNCS)
         if outer is None:
             continue
         for n in walk_local(outer):
@@ -54,6 +64,88 @@ def _hand_gated_steps(ctx: FileContext) -> Iterator[tuple[ast.AST, ast.Call]]:
                 break
 
 
+def _loop_k_names(ctx: FileContext, window: ast.AST, site: ast.Call) -> set[str]:
+    """Dotted names the loop uses as its K: the modulo of the step's guard, the micro-batch
+    loop's ``range(K)`` / ``batch.chunk(K)``, a divisor of the loss in the window."""
+    exprs: list[ast.AST] = []
+    cur = ctx.parents.get(site)
+    while cur is not None and cur is not window:
+        if isinstance(cur, ast.If):
+            exprs += [n.right for n in walk_all(cur.test) if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod)]
+        cur = ctx.parents.get(cur)
+    if isinstance(window, ast.For | ast.AsyncFor):
+        it = window.iter
+        if isinstance(it, ast.Call) and dotted(it.func) == "enumerate" and it.args:
+            it = it.args[0]
+        if isinstance(it, ast.Call) and it.args:
+            name = call_attr(it)
+            if name == "range":
+                exprs.append(it.args[-1] if len(it.args) < 3 else it.args[1])
+            elif name in ("chunk", "split", "tensor_split", "array_split"):
+                exprs.append(it.args[0])
+    exprs += [n.right for n in ctx.local_nodes(window) if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div)]
+    return {d for e in exprs if (d := dotted(e)) is not None}
+
+
+def _factors(expr: ast.AST | None) -> list[ast.AST]:
+    if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Mult):
+        return _factors(expr.left) + _factors(expr.right)
+    return [] if expr is None else [expr]
+
+
+def _config_ga(ctx: FileContext, ref: DsConfigRef, k_names: set[str]) -> tuple[str, str]:
+    """('one' | 'many' | 'unknown', how the config's gradient_accumulation_steps was read)."""
+    cfg = ref.cfg
+    finder = ctx.ds_finder()
+    if "gradient_accumulation_steps" not in cfg:
+        if cfg.partial:
+            return "unknown", ""
+        tbs, micro = cfg.get("train_batch_size"), cfg.get("train_micro_batch_size_per_gpu")
+        if tbs is None or micro is None:
+            return "one", "absent (DeepSpeed then uses 1)"
+        if isinstance(tbs, int) and isinstance(micro, int):
+            # GA = train_batch_size / (micro x W): 1 for sure only when the two are equal
+            return ("one", "1 (train_batch_size = micro batch size)") if tbs == micro else ("unknown", "")
+        t_node = finder.value_node(ref, "train_batch_size")
+        m_node = finder.value_node(ref, "train_micro_batch_size_per_gpu")
+        if t_node is None or m_node is None:
+            return "unknown", ""
+        rest = _factors(t_node)
+        for f in _factors(m_node):
+            match = next((r for r in rest if ast.dump(r) == ast.dump(f)), None)
+            if match is None:
+                return "unknown", ""
+            rest.remove(match)
+        rest = [r for r in rest if not ctx.mentions_world(r)]
+        if not rest:
+            return "one", "1 (train_batch_size = micro batch x world size)"
+        if len(rest) == 1:
+            return _ga_expression(ctx, rest[0], k_names, "derived from train_batch_size as ")
+        return "unknown", ""
+    raw = cfg["gradient_accumulation_steps"]
+    if type(raw) is int and raw > 0:
+        return ("one" if raw == 1 else "many"), str(raw)
+    if raw is not dsconfig.UNKNOWN:
+        return "unknown", ""  # "auto" (filled by the HF Trainer) or an invalid value (AG200)
+    node = finder.value_node(ref, "gradient_accumulation_steps")
+    return ("unknown", "") if node is None else _ga_expression(ctx, node, k_names, "")
+
+
+def _ga_expression(ctx: FileContext, node: ast.AST, k_names: set[str], prefix: str) -> tuple[str, str]:
+    """GA written as an expression: the loop's own K (then GA = K), or an integer in sight."""
+    text = f"{prefix}`{ast.unparse(node)}`"
+    d = dotted(node)
+    if d is not None and d in k_names:
+        literal = ctx.int_value(node, defaults=False)
+        if literal == 1:
+            return "unknown", ""  # K = 1: the loop does not accumulate
+        return "many", f"{text}, the loop's own K"
+    value = ctx.int_value(node)
+    if value is None or value < 1:
+        return "unknown", ""
+    return ("one" if value == 1 else "many"), f"{text} = {value}"
+
+
 @rule("AG109", "AG110")
 def engine_gating(ctx: FileContext) -> Iterator[Finding]:
     if ctx.explicit_ds_boundary:
@@ -63,10 +155,10 @@ def engine_gating(ctx: FileContext) -> Iterator[Finding]:
         return  # no config in sight: do not guess
     if ref.managed is False:
         return  # step() is the boundary: a hand-gated loop is what this mode expects
-    ga = ref.ga
-    for _, site in _hand_gated_steps(ctx):
+    for window, site in _hand_gated_steps(ctx):
         name = dotted(receiver(site)) or "engine"
-        if ga is None or ga <= 1:
+        verdict, how = _config_ga(ctx, ref, _loop_k_names(ctx, window, site))
+        if verdict == "one":
             stage = ref.stage
             if stage not in (1, 2):
                 continue  # ZeRO-0/3 accumulate right with GA 1; unknown stage: no guess
@@ -74,17 +166,16 @@ def engine_gating(ctx: FileContext) -> Iterator[Finding]:
                 "AG109",
                 site,
                 f"`{name}.step()` is called once per several `backward()` calls, but the DeepSpeed "
-                f"config ({ref.where}) has gradient_accumulation_steps "
-                f"{'absent' if ga is None else ga} on ZeRO-{stage}: every backward is a boundary, "
-                "so the optimizer trains on the last micro-batch only",
+                f"config ({ref.where}) has gradient_accumulation_steps {how} on ZeRO-{stage}: every "
+                "backward is a boundary, so the optimizer trains on the last micro-batch only",
             )
-        else:
+        elif verdict == "many":
             yield ctx.finding(
                 "AG110",
                 site,
                 f"`{name}.step()` is gated by hand while the DeepSpeed config ({ref.where}) has "
-                f"gradient_accumulation_steps {ga}: the engine counts one micro-step per step() call, "
-                f"so it steps every K x {ga} micro-batches, on the last micro-batch only",
+                f"gradient_accumulation_steps {how}: the engine counts one micro-step per step() "
+                "call, so it steps every K x GA micro-batches, on the last micro-batch only",
             )
 
 
