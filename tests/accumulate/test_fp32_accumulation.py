@@ -114,3 +114,26 @@ def test_fp32_params_unchanged_and_bad_mode_refused() -> None:
     assert acc.accumulation_dtype == "float32" and acc.engine.main_grads is None
     with pytest.raises(ConfigError, match="accumulation_dtype"):
         Accumulator(model, opt, accumulation_steps=2, accumulation_dtype="fp8")  # type: ignore[arg-type]
+
+
+def test_deepspeed_grad_accum_dtype_rule() -> None:
+    """bf16/fp16 with K > 1 needs data_types.grad_accum_dtype fp32: 'float32' refuses with
+    the fix, 'auto'/'native' report the low-precision dtype (AG204 warns at bind)."""
+    from types import SimpleNamespace
+
+    from accumguard.engines.deepspeed import DeepSpeedEngineAdapter
+
+    def dtype(config: dict, mode: str, k: int = 8) -> str:
+        fake = SimpleNamespace(config=config, accumulation_steps=k)
+        return DeepSpeedEngineAdapter.set_accumulation_dtype(fake, mode)  # type: ignore[arg-type]
+
+    bf16 = {"bf16": {"enabled": True}}
+    assert dtype(bf16, "auto") == "bfloat16"
+    assert dtype(bf16, "native") == "bfloat16"
+    with pytest.raises(ConfigError, match='"grad_accum_dtype": "fp32"'):
+        dtype(bf16, "float32")
+    with pytest.raises(ConfigError, match="fp16"):
+        dtype({"fp16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp16"}}, "float32")
+    assert dtype({**bf16, "data_types": {"grad_accum_dtype": "fp32"}}, "float32") == "float32"
+    assert dtype(bf16, "float32", k=1) == "float32"  # nothing is accumulated
+    assert dtype({}, "float32") == "float32"

@@ -139,7 +139,40 @@ def _fsdp2_grid(rank: int, world: int, grid: list) -> dict:
             acc.close()
         unsharded.append(runs)
     return {"grid": out, "restore": _restore_check(CASES[2], world, rank),
-            "unsharded": unsharded, "seconds": time.perf_counter() - t0}
+            "unsharded": unsharded, "precision": _precision_check(CASES[0]),
+            "seconds": time.perf_counter() - t0}
+
+
+def _precision_check(case: Case) -> dict:
+    """MixedPrecisionPolicy(param_dtype=bf16) without / with an fp32 reduce_dtype under each
+    accumulation_dtype: what the Accumulator reports, warns and refuses."""
+    import warnings
+
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from accumguard import Accumulator
+    from accumguard.core.errors import AccumguardWarning, ConfigError
+
+    out = {}
+    for reduce in (None, torch.float32):
+        for mode in ("auto", "float32", "native"):
+            model = make_model(case)
+            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce)
+            for sub in (model.embed, model.fc1, model.fc2):
+                fully_shard(sub, mp_policy=mp)
+            fully_shard(model, mp_policy=mp)
+            opt = make_optimizer(case, model.parameters())
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                try:
+                    acc = Accumulator(model, opt, accumulation_steps=4, accumulation_dtype=mode)
+                    seen = acc.accumulation_dtype
+                    acc.close()
+                except ConfigError as err:
+                    seen = "ConfigError: " + str(err)
+            warned = [str(w.message) for w in caught if issubclass(w.category, AccumguardWarning)]
+            out[(str(reduce), mode)] = (seen, warned)
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -229,3 +262,14 @@ def test_fsdp2_unsharded_restores_resharding(fsdp2_results: dict) -> None:
         [v[5:7] for k, v in r["before"].items() if k != "is_last_backward"]
     assert r["during"]["fc2[0]"][7] == "_CountingAllGather"
     assert r["after"]["fc2[0]"][7] == "DefaultAllGather"
+
+
+def test_fsdp2_bf16_without_fp32_reduce_dtype_is_flagged(fsdp2_results: dict) -> None:
+    p = fsdp2_results["precision"]
+    seen, warned = p[("None", "auto")]
+    assert seen == "bfloat16" and warned and "reduce_dtype=torch.float32" in warned[0], p
+    assert p[("None", "float32")][0].startswith("ConfigError") and \
+        "reduce_dtype=torch.float32" in p[("None", "float32")][0]
+    assert p[("None", "native")] == ("bfloat16", [])
+    for mode in ("auto", "float32", "native"):
+        assert p[("torch.float32", mode)] == ("float32", []), (mode, p)

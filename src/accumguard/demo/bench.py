@@ -119,7 +119,7 @@ def _build_ddp(args: Any, sync: str) -> Callable[[list], None]:
     return _run_accumulator(model, opt, DDPEngine(model, sync=sync), args.k)
 
 
-def _build_fsdp2(args: Any, sync: str) -> Callable[[list], None]:
+def _build_fsdp2(args: Any, sync: str, memory: str = "sharded") -> Callable[[list], None]:
     from torch.distributed.fsdp import fully_shard
 
     from accumguard.engines.fsdp2 import FSDP2Engine
@@ -130,7 +130,8 @@ def _build_fsdp2(args: Any, sync: str) -> Callable[[list], None]:
             fully_shard(layer, reshard_after_forward=False)
     fully_shard(model, reshard_after_forward=False)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    return _run_accumulator(model, opt, FSDP2Engine(model, sync=sync), args.k)
+    engine = FSDP2Engine(model, sync=sync, window_memory=memory)  # type: ignore[arg-type]
+    return _run_accumulator(model, opt, engine, args.k)
 
 
 def _build_deepspeed(args: Any, stage: int, sync: str) -> Callable[[list], None]:
@@ -166,6 +167,8 @@ def configurations(args: Any) -> dict[str, Callable[[], Callable[[list], None]]]
     else:
         cfgs["FSDP2 deferred"] = lambda: _build_fsdp2(args, "deferred")
         cfgs["FSDP2 eager"] = lambda: _build_fsdp2(args, "eager")
+        cfgs["FSDP2 deferred, window_memory=unsharded"] = (
+            lambda: _build_fsdp2(args, "deferred", "unsharded"))
     if not args.no_deepspeed:
         for stage in DS_STAGES:
             for sync in ("eager", "deferred"):
@@ -237,6 +240,110 @@ def memory_worker(rank: int, world: int, args: Any, name: str) -> float:
     return peak_rss_mb()
 
 
+# -- precision: bf16 parameters, fp32 vs bf16 accumulation -----------------------------------
+
+def precision_rows(ks: tuple[int, ...] = (4, 64, 512), dim: int = 64, micro: int = 4,
+                   ) -> list[dict[str, Any]]:
+    """bf16 parameters, single process, per K and ``accumulation_dtype``: relative errors of
+    the gradient an SGD step receives, against (a) the fp64 reference of the whole batch
+    (includes the bf16 forward/backward of each micro-step, which no accumulation can fix)
+    and (b) the exact (fp64) sum of the very bf16 micro-gradients the run computed: the
+    accumulation error alone; plus (b) for the fp32 window sum before its cast to bf16,
+    seconds per optimizer step and the main-gradient buffer's bytes."""
+    from accumguard import Accumulator
+
+    def loss(m: nn.Module, b: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return ((m(b[0].to(torch.bfloat16)).float() - b[1]) ** 2).sum()
+
+    def bf16_copy(base: nn.Module) -> nn.Module:
+        m = nn.Sequential(nn.Linear(dim, dim), nn.Tanh(), nn.Linear(dim, dim))
+        m.load_state_dict(base.state_dict())
+        return m.to(torch.bfloat16)
+
+    def flat_grad(m: nn.Module) -> torch.Tensor:
+        return torch.cat([p.grad.double().flatten() for p in m.parameters()
+                          if p.grad is not None])
+
+    def rel(x: torch.Tensor, ref: torch.Tensor) -> float:
+        return float((x - ref).norm() / ref.norm())
+
+    rows = []
+    for k in ks:
+        g = torch.Generator().manual_seed(k)
+        data = [(torch.randn(micro, dim, generator=g) + 1.0, torch.randn(micro, dim, generator=g))
+                for _ in range(k)]
+        torch.manual_seed(0)
+        base = nn.Sequential(nn.Linear(dim, dim), nn.Tanh(), nn.Linear(dim, dim))
+        base.load_state_dict(bf16_copy(base).state_dict())  # same (bf16-rounded) start
+        ref = bf16_copy(base).double()
+        total = sum(((ref(x.double()) - y.double()) ** 2).sum() for x, y in data)
+        (total / (k * micro)).backward()
+        ref_g = flat_grad(ref)
+        exact = torch.zeros_like(ref_g)  # exact sum of the bf16 micro-gradients
+        one = bf16_copy(base)
+        for b in data:
+            one.zero_grad(set_to_none=True)
+            loss(one, b).backward()
+            exact += flat_grad(one)
+        exact /= k * micro
+        for mode in ("native", "auto"):
+            model = bf16_copy(base)
+            seen: list[torch.Tensor] = []
+            opt = torch.optim.SGD(model.parameters(), lr=0.0)
+            opt.register_step_pre_hook(lambda o, a, kw, m=model, s=seen: s.append(flat_grad(m)))
+            acc = Accumulator(model, opt, accumulation_steps=k,
+                              accumulation_dtype=mode)  # type: ignore[arg-type]
+            main = acc.engine.main_grads
+            if main is not None:
+                main.keep_last = True
+            t0 = time.perf_counter()
+            for w in acc.windows(data):
+                w.run(lambda b, m=model: loss(m, b))
+            secs = time.perf_counter() - t0
+            last = main.last_sum if main is not None else None
+            rows.append({"K": k, "accumulation": acc.accumulation_dtype,
+                         "error_vs_fp64": rel(seen[0], ref_g),
+                         "accumulation_error": rel(seen[0], exact),
+                         "fp32_sum_accumulation_error": (None if last is None else
+                                                         rel(last.double(), exact)),
+                         "seconds": secs, "extra_bytes": 0 if main is None else main.nbytes})
+            acc.close()
+    return rows
+
+
+def precision_table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| K | accumulation | step gradient vs fp64 reference | step gradient vs exact sum "
+             "of the bf16 micro-gradients | fp32 window sum vs that exact sum | s / step | "
+             "extra memory (bytes) |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        se = r["fp32_sum_accumulation_error"]
+        lines.append(f"| {r['K']} | {r['accumulation']} | {r['error_vs_fp64']:.2e} | "
+                     f"{r['accumulation_error']:.2e} | {'-' if se is None else f'{se:.2e}'} | "
+                     f"{r['seconds']:.3f} | {r['extra_bytes']} |")
+    return "\n".join(lines)
+
+
+def chart(res: dict[str, Any], path: str) -> None:
+    """PNG: × limit per configuration, RSS growth beside it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    med = {n: statistics.median(v) for n, v in res["times"].items()}
+    limit = med["limit (compute + 1 all-reduce)"]
+    names = list(med)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 0.4 * len(names) + 1.5), sharey=True)
+    a.barh(names, [med[n] / limit for n in names])
+    a.axvline(1.0, color="k", lw=0.8)
+    a.set_xlabel("× limit (s / step, median)")
+    a.invert_yaxis()
+    b.barh(names, [res["rss_delta_mb"][n] for n in names], color="tab:orange")
+    b.set_xlabel("RSS growth, rank 0 (MB)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
 # -- report --------------------------------------------------------------------------------------
 
 def table(result: dict[str, Any], args: Any, mem: dict[str, list[float]] | None) -> str:
@@ -271,7 +378,17 @@ def main(argv: list[str] | None = None) -> int:
                    help="also measure peak RSS of each configuration in its own spawn (slow)")
     p.add_argument("--json", help="write raw results to this file")
     p.add_argument("--timeout", type=float, default=1800)
+    p.add_argument("--png", help="write a bar chart (× limit, memory) to this PNG file")
+    p.add_argument("--precision", action="store_true",
+                   help="only the bf16 accumulation precision table (K = 4, 64, 512)")
     args = p.parse_args(argv)
+    if args.precision:
+        rows = precision_rows()
+        print(precision_table(rows))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=1)
+        return 0
     if args.quick:
         args.rounds, args.steps = 3, 1
     if not args.no_deepspeed:
@@ -294,10 +411,12 @@ def main(argv: list[str] | None = None) -> int:
                for name in res["times"]}
     print(f"# {datetime.date.today()}  torch {torch.__version__}  model {res['params'] / 1e6:.2f} M "
           f"params, K={args.k}, micro={args.micro}, 2 gloo ranks x 1 thread, {args.rounds} rounds "
-          f"x {args.steps} steps; peak RSS over the whole run: rank 0 "
+          f"x {args.steps} steps; load average {os.getloadavg()[0]:.1f}; peak RSS over the whole run: rank 0 "
           f"{results[0]['peak_rss_mb']:.0f} MB, rank 1 {results[1]['peak_rss_mb']:.0f} MB; "
           f"wall {time.perf_counter() - t0:.0f} s")
     print(table(res, args, mem))
+    if args.png:
+        chart(res, args.png)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "results": results, "isolated_memory": mem}, f, indent=1)
