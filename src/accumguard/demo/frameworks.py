@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -249,7 +250,7 @@ def _run_transformers(rank: int, world: int) -> dict[str, Any]:
                 output_dir=tmp, use_cpu=True, per_device_train_batch_size=2,
                 gradient_accumulation_steps=K, num_train_epochs=1, max_grad_norm=0.0,
                 report_to="none", save_strategy="no", disable_tqdm=True, logging_steps=1,
-                seed=0)
+                ddp_find_unused_parameters=False, seed=0)
             cb = AccumguardCallback(every_n_steps=1)
             trainer = Recording(model=model, args=args, train_dataset=hf_samples(SAMPLES, 7),
                                 optimizers=(opt, _sched(opt)), callbacks=[cb])
@@ -268,6 +269,9 @@ def _run_lightning(rank: int, world: int) -> dict[str, Any]:
     from accumguard.integrations import lightning as agl
 
     pl = agl.pl  # the Lightning package the integration was built on
+    # Lightning sets its loggers to INFO when imported: its banners would bury the table.
+    for name in ("pytorch_lightning", "lightning.pytorch", "lightning", "lightning_fabric"):
+        logging.getLogger(name).setLevel(logging.ERROR)
 
     class LM(pl.LightningModule):  # type: ignore[name-defined,misc]
         def __init__(self, summed: bool) -> None:
@@ -375,7 +379,6 @@ def _worker(rank: int, world: int, names: tuple[str, ...]) -> dict[str, Any]:
     """
     import contextlib
     import io
-    import logging
     import warnings
 
     # The frameworks' banners, per-step log prints and deprecation warnings would bury the
