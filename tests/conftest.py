@@ -10,6 +10,10 @@ import pytest
 # Tests live in sub-folders mirroring the package; they share tests/helpers.py.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+# Count DDP's gradient all-reduces in every test (the counting comm hook is off by default in
+# production; see accumguard.engines.ddp). Set here so that spawned ranks inherit it.
+os.environ.setdefault("ACCUMGUARD_COUNT_COLLECTIVES", "1")
+
 _LEAKY = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 

@@ -84,6 +84,15 @@ def batch_size(batch: Any) -> int:
     )
 
 
+def _check_count(index: int, seen: float, expected: float) -> None:
+    if seen != expected:
+        raise UsageError(
+            f"backward() got count={seen:g} but count_fn reported {expected:g} for this "
+            f"micro-batch (micro-step {index}). The window's N is fixed before the first "
+            "backward, so pass a count_fn that returns the same count (e.g. valid tokens) to "
+            "the Accumulator")
+
+
 @dataclass(frozen=True)
 class _BadCount:
     """A count_fn result that is not a number: carried to the all-gather, raised there."""
@@ -267,6 +276,8 @@ class Window:
         # First micro-step whose loss was NaN/Inf on this rank (-1: none); a device tensor,
         # so watching for it costs no host sync per micro-step.
         self._bad_micro: torch.Tensor | None = None
+        # Tensor counts passed to backward(), checked against count_fn at the boundary.
+        self._count_checks: list[tuple[int, torch.Tensor]] = []
         # The factors of this window, derived once: what each micro-step's loss is multiplied
         # by before backward, and the same for an engine that does nothing (this rank's share
         # of the window loss, for StepResult.loss).
@@ -573,13 +584,12 @@ class Accumulator:
             if isinstance(checked, _BadCount):
                 raise UsageError(f"backward() got count={checked.seen}; expected the micro-"
                                  "batch's count as a number or a 1-element tensor")
-            seen = float(torch.as_tensor(checked).item())
-            if seen != micro.count:
-                raise UsageError(
-                    f"backward() got count={seen:g} but count_fn reported {micro.count:g} for "
-                    "this micro-batch. The window's N is fixed before the first backward, so "
-                    "pass a count_fn that returns the same count (e.g. valid tokens) to the "
-                    "Accumulator")
+            if isinstance(checked, torch.Tensor):
+                # A device tensor: compared at the boundary (reading it here would be a host
+                # sync per micro-step).
+                micro.window._count_checks.append((micro.index, checked.detach().reshape(())))
+            else:
+                _check_count(micro.index, float(checked), micro.count)
         w = micro.window
         value = loss.detach().reshape(())
         finite = torch.isfinite(value)
@@ -648,6 +658,17 @@ class Accumulator:
         if w is None or w.result is not None:  # pragma: no cover - the Boundary fires once
             raise UsageError("internal: the boundary fired without an open window")
         opt, scaler = self.optimizer, self.scaler
+        if w._count_checks:
+            # One host read for the window's tensor counts (see _backward); a mismatch
+            # discards the window before any step.
+            seen = torch.stack([t.to(torch.float64).cpu() for _, t in w._count_checks]).tolist()
+            checks, w._count_checks = w._count_checks, []
+            for (index, _), value in zip(checks, seen, strict=True):
+                try:
+                    _check_count(index, float(value), w.counts[index])
+                except UsageError:
+                    self._abort(w)
+                    raise
         if scaler is not None:
             scaler.unscale_(opt)
         norm = None

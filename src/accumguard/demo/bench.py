@@ -116,7 +116,7 @@ def _build_ddp(args: Any, sync: str) -> Callable[[list], None]:
 
     model = DDP(make_model(args.dim, args.hidden))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    return _run_accumulator(model, opt, DDPEngine(model, sync=sync), args.k)
+    return _run_accumulator(model, opt, DDPEngine(model, sync=sync, count_collectives=False), args.k)
 
 
 def _build_fsdp2(args: Any, sync: str, memory: str = "sharded") -> Callable[[list], None]:

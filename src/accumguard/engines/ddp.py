@@ -5,11 +5,18 @@ DDP decides whether a backward all-reduces when the *forward* runs (it reads
 and backward inside ``no_sync()``. The adapter counts DDP's bucket all-reduces
 through a communication hook that does exactly what DDP's built-in reduction
 does (divide by W, all-reduce SUM), so counting does not change the numbers.
+
+The counting hook is **off by default**: a Python comm hook replaces DDP's C++
+built-in reduction (the GIL is taken once per bucket) and DDP allows one hook per
+model, so it would collide with the user's own (e.g. compression) hook. Turn it on
+with ``count_collectives=True`` or, for a whole test run or audit, the environment
+variable ``ACCUMGUARD_COUNT_COLLECTIVES=1`` (the test suite sets it).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +26,9 @@ from torch.nn.parallel import DistributedDataParallel
 from accumguard.core.errors import ConfigError
 from accumguard.core.scaling import GradReduction
 from accumguard.engines.base import Engine
+
+#: Environment switch for the counting comm hook when ``count_collectives`` is not given.
+COUNT_ENV = "ACCUMGUARD_COUNT_COLLECTIVES"
 
 
 class _CommCounter:
@@ -47,14 +57,15 @@ class DDPEngine(Engine):
 
     ``sync="deferred"`` (default) runs micro-steps 1..K-1 under ``no_sync``:
     one all-reduce round per optimizer step. ``sync="eager"`` reduces every
-    micro-step (K rounds; only useful to compare). ``count_collectives``
-    installs the counting hook; turn it off if you register your own hook.
+    micro-step (K rounds; only useful to compare). ``count_collectives=True``
+    installs the counting hook (``None``, the default: only when the environment sets
+    ``ACCUMGUARD_COUNT_COLLECTIVES=1``); without it :meth:`grad_collectives` is ``None``.
     """
 
     name = "ddp"
 
     def __init__(self, model: DistributedDataParallel, *, sync: str = "deferred",
-                 count_collectives: bool = True) -> None:
+                 count_collectives: bool | None = None) -> None:
         if not isinstance(model, DistributedDataParallel):
             raise ConfigError(
                 f"DDPEngine needs a DistributedDataParallel model, got {type(model).__name__}; "
@@ -66,6 +77,8 @@ class DDPEngine(Engine):
         self.sync_mode = sync
         self._counter: _CommCounter | None = None
         self._main_rounds = 0  # fp32 main-gradient all-reduces (see set_accumulation_dtype)
+        if count_collectives is None:
+            count_collectives = os.environ.get(COUNT_ENV, "") == "1"
         if count_collectives:
             counter = _CommCounter(model.process_group)
             try:

@@ -35,13 +35,14 @@ class Zero1Engine(DDPEngine):
         optimizer: its ``ZeroRedundancyOptimizer`` (over ``model.parameters()``).
         sync: ``"deferred"`` (default; one all-reduce round per optimizer step) or
             ``"eager"`` (one per micro-step).
-        count_collectives: install DDP's counting comm hook.
+        count_collectives: install DDP's counting comm hook (default: see
+            :class:`~accumguard.engines.ddp.DDPEngine`).
     """
 
     name = "zero1"
 
     def __init__(self, model: DistributedDataParallel, optimizer: Any, *,
-                 sync: str = "deferred", count_collectives: bool = True) -> None:
+                 sync: str = "deferred", count_collectives: bool | None = None) -> None:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         if not isinstance(optimizer, ZeroRedundancyOptimizer):
