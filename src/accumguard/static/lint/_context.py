@@ -491,9 +491,18 @@ class FileContext:
 
     @staticmethod
     def _gates_step(node: ast.If) -> bool:
-        for stmt in (*node.body, *node.orelse):
-            for sub in walk_local(stmt):
-                if isinstance(sub, ast.Call) and call_attr(sub) in ("step", "zero_grad"):
+        """The ``if`` decides when a step (or zero_grad) happens on gradients accumulated
+        outside it. A branch that computes its own gradient first (``zero_grad(); loss.backward();
+        opt.step()``: WGAN's generator every n_critic batches, RL's train_freq) is a periodic
+        update, not an accumulation boundary."""
+        for branch in (node.body, node.orelse):
+            calls = sorted((s for stmt in branch for s in walk_local(stmt) if isinstance(s, ast.Call)), key=_pos)
+            first_backward = next((i for i, c in enumerate(calls) if is_backward(c)), None)
+            for i, c in enumerate(calls):
+                name = call_attr(c)
+                if name == "step" and (first_backward is None or i < first_backward):
+                    return True
+                if name == "zero_grad" and first_backward is None:
                     return True
         return terminates(node.body)
 

@@ -30,6 +30,7 @@ from accumguard.static.lint._ast import (
     position,
     receiver,
     walk_all,
+    walk_local,
 )
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint.registry import rule
@@ -411,6 +412,9 @@ def boundary_counter_off_by_one(ctx: FileContext) -> Iterator[Finding]:
                 continue
             seen.add(id(guard_if))
             pos = position(call)
+            inside = set(map(id, walk_local(guard_if)))
+            if any(id(b) in inside and position(b) < pos for b in backwards):
+                continue  # the guarded block computes its own gradient (WGAN's n_critic, RL train_freq)
             before_step = [b for b in backwards if position(b) < pos and not _exclusive(ctx, b, call)]
             after = bool(before_step)
             if not after and not all(position(b) > pos for b in backwards):
