@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import weakref
 from collections.abc import Callable, Iterable
 from types import ModuleType
 from typing import Any
@@ -111,7 +112,10 @@ class Observer:
                  record_updates: bool = False, every: int = 1,
                  budget: float | None = None, attribute: bool = False) -> None:
         self.listeners: list[Any] = []
+        self._handlers: dict[str, list[Any]] = {}  # method name -> bound listener methods
+        self._dtypes: dict[int, str | None] = {}
         self.roots: dict[int, torch.nn.Module] = {}
+        self._sync_roots: list[Any] = []  # roots with a gradient-sync flag (DDP, FSDP2)
         self._given_roots = list(roots or [])
         self.auto_roots = auto_roots
         self.check_conservation = conservation
@@ -137,6 +141,9 @@ class Observer:
         self.declared_k: dict[str, int] = {}
         self._w = _Window()
         self._fwd_depth = 0
+        # modules called at the top level -> their depth-counting post hook (weak: a loss
+        # module built on every step takes its hook with it when it is freed)
+        self._depth_hooked: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
         self._bw_depth = 0
         self._bw_current: BackwardEvent | None = None
         self._opt_depth = 0
@@ -165,6 +172,7 @@ class Observer:
     # -- lifecycle ------------------------------------------------------------------------
     def add_listener(self, listener: Any) -> None:
         self.listeners.append(listener)
+        self._handlers.clear()
 
     def install(self) -> Observer:
         if self.installed:
@@ -185,9 +193,9 @@ class Observer:
             if self.attribute:
                 p.add(m.register_forward_hook(self._root_post).remove)
         if self.auto_roots:
+            # one global pre-hook; the depth (which call is top level) is kept by a post
+            # hook on the modules seen at the top level only, not on every submodule call
             p.add(module_mod.register_module_forward_pre_hook(self._global_pre).remove)
-            p.add(module_mod.register_module_forward_hook(self._global_post,
-                                                          always_call=True).remove)
         p.wrap(torch.Tensor, "backward", self._backward_wrapper("tensor"))
         p.wrap(torch.autograd, "backward", self._backward_wrapper("autograd"))
         p.wrap(torch.optim.Optimizer, "zero_grad", self._zero_wrapper("optimizer"))
@@ -220,6 +228,10 @@ class Observer:
     def uninstall(self) -> None:
         self.installed = False
         self.patches.undo()
+        for handle in list(self._depth_hooked.values()):
+            handle.remove()
+        self._depth_hooked.clear()
+        self._fwd_depth = 0
 
     def __enter__(self) -> Observer:
         return self.install()
@@ -340,6 +352,8 @@ class Observer:
         kind = _engine_kind(module)
         if kind != "local" and self.engine in ("local", "zero1"):
             self.engine = kind
+        if kind in ("ddp", "fsdp2"):
+            self._sync_roots.append(module)
         if kind == "deepspeed":
             self._ds_engine = module
             self._note_ds_engine(module)
@@ -401,21 +415,32 @@ class Observer:
             ev.reached = True
 
     def _global_pre(self, module: Any, args: Any) -> None:
+        """Every module call. A call at depth 0 is a top-level forward (a root); only the
+        modules ever called at the top level carry a depth-counting post hook, so a
+        submodule's call costs one set lookup (the former global post hook with
+        ``always_call`` ran on every submodule call)."""
+        hooked = module in self._depth_hooked
+        if self._fwd_depth and not hooked:
+            return  # inside a top-level forward: not a root
+        if not hooked:
+            self._depth_hooked[module] = module.register_forward_hook(self._depth_post,
+                                                                      always_call=True)
         self._fwd_depth += 1
         if self._fwd_depth == 1 and self._active() and torch.is_grad_enabled():
             self._add_root(module)
             self._on_forward(module)
 
-    def _global_post(self, module: Any, args: Any, output: Any) -> None:
-        self._fwd_depth = max(0, self._fwd_depth - 1)
+    def _depth_post(self, module: Any, args: Any, output: Any) -> None:
+        if self._fwd_depth:
+            self._fwd_depth -= 1
 
     def _on_forward(self, module: Any) -> None:
         sync = self._sync_flag(module)
         self._last_sync_forward = sync
         self._w.forwards += 1
-        kind = _engine_kind(module)
-        self._emit("on_forward", ForwardEvent(self.step, len(self._w.backwards), kind, sync,
-                                              module))
+        if self._wants("on_forward"):
+            self._emit("on_forward", ForwardEvent(self.step, len(self._w.backwards),
+                                                  _engine_kind(module), sync, module))
 
     # -- backward ----------------------------------------------------------------------------
     def _backward_wrapper(self, source: str) -> Callable[[Callable[..., Any]], Any]:
@@ -462,7 +487,7 @@ class Observer:
             w.loss_ok = False
         ev.sync_forward = self._last_sync_forward
         self._last_sync_forward = None
-        for root in self.roots.values():
+        for root in self._sync_roots:  # DDP/FSDP2 roots only (not every loss module seen)
             flag = self._sync_flag(root)
             if flag is not None:
                 ev.sync_backward = flag
@@ -664,7 +689,7 @@ class Observer:
             engine_step_calls=w.engine_step_calls,
             max_backwards_per_engine_step=w.max_bw_per_engine_step,
             grad_norm=norm, conservation=cons, checksum=chk,
-            wall=time.perf_counter() - self._step_t0, param_dtype=_param_dtype(owner),
+            wall=time.perf_counter() - self._step_t0, param_dtype=self._dtype_of(owner),
             updates=updates)
         self.step += 1
         self._w = _Window()
@@ -786,10 +811,20 @@ class Observer:
 
     # -- helpers ----------------------------------------------------------------------------
     def _emit(self, method: str, event: Any) -> None:
-        for listener in list(self.listeners):
-            fn = getattr(listener, method, None)
-            if fn is not None:
-                fn(event)
+        fns = self._handlers.get(method)
+        if fns is None:
+            fns = self._handlers[method] = [fn for fn in (getattr(x, method, None)
+                                                          for x in self.listeners) if fn]
+        for fn in fns:
+            fn(event)
+
+    def _wants(self, method: str) -> bool:
+        """Does any listener take ``method``? (Lets hot paths skip building an event.)"""
+        fns = self._handlers.get(method)
+        if fns is None:
+            fns = self._handlers[method] = [fn for fn in (getattr(x, method, None)
+                                                          for x in self.listeners) if fn]
+        return bool(fns)
 
     @contextlib.contextmanager
     def _quiet(self) -> Any:
@@ -816,6 +851,14 @@ class Observer:
                 ok = self._t_checks <= self.budget * elapsed
             self._window_checked = ok
         return self._window_checked
+
+    def _dtype_of(self, owner: Any) -> str | None:
+        """:func:`_param_dtype`, once per optimizer/engine (it walks every parameter; a
+        model does not change dtype between steps)."""
+        key = id(owner)
+        if key not in self._dtypes:
+            self._dtypes[key] = _param_dtype(owner)
+        return self._dtypes[key]
 
     def _checksums(self) -> torch.Tensor:
         with self._quiet():
