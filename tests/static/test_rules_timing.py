@@ -308,3 +308,45 @@ def test_engine_step_after_micro_loop_in_a_helper_function(tmp_path: Path) -> No
         engine.step()
     """))
     assert [(f.code, f.line) for f in lint_file(script)] == [("AG110", 7)]
+
+
+@pytest.mark.parametrize(
+    ("choice", "expected"),
+    [
+        # chosen after the forward: DDP ignores it, whatever its polarity (every micro-step syncs)
+        ("model.no_sync() if not is_last else contextlib.nullcontext()", "AG116"),
+        ("model.no_sync() if is_last else contextlib.nullcontext()", "AG116"),
+    ],
+)
+def test_no_sync_context_chosen_after_the_forward(choice: str, expected: str) -> None:
+    src = f"""
+    model = DDP(net)
+    for i, b in enumerate(loader):
+        is_last = (i + 1) % K == 0
+        loss = model(b).sum() / K
+        ctx = {choice}
+        with ctx:
+            loss.backward()
+        if is_last:
+            opt.step(); opt.zero_grad()
+    """
+    assert found(src) == [(expected, 7, "info")]
+    # the same choice before the forward is judged by its polarity (AG111 when inverted)
+    before = src.replace("    loss = model(b).sum() / K\n    ctx", "    ctx").replace(
+        "        loss.backward()", "        (model(b).sum() / K).backward()")
+    assert [c for c, _, _ in found(before)] == (["AG111"] if "if is_last" in choice else [])
+
+
+def test_inverted_no_sync_after_the_forward_on_fsdp1_is_still_inverted() -> None:
+    # FSDP (v1) honours no_sync at backward time: chosen on the boundary, it skips the last sync
+    src = """
+    model = FSDP(net)
+    for i, b in enumerate(loader):
+        is_last = (i + 1) % K == 0
+        loss = model(b).sum() / K
+        with (model.no_sync() if is_last else contextlib.nullcontext()):
+            loss.backward()
+        if is_last:
+            opt.step(); opt.zero_grad()
+    """
+    assert [c for c, _, _ in found(src)] == ["AG111"]

@@ -42,6 +42,7 @@ from accumguard.static.lint._ast import (
     dotted,
     is_backward,
     last_part,
+    position,
     receiver,
     walk_local,
 )
@@ -124,43 +125,79 @@ def ddp_flag_after_forward(ctx: FileContext, node: ast.AST) -> bool:
     return False
 
 
+def _no_sync_block(ctx: FileContext, call: ast.Call) -> ast.With | ast.AsyncWith | None:
+    """The ``with`` block a ``X.no_sync()`` call is active in: ``with X.no_sync():``,
+    ``with (X.no_sync() if c else nullcontext()):``, or ``ctx = X.no_sync() if ...`` then
+    ``with ctx:`` later in the same loop iteration (or function)."""
+    cur: ast.AST | None = ctx.parents.get(call)
+    while isinstance(cur, ast.expr):
+        cur = ctx.parents.get(cur)
+    if isinstance(cur, ast.withitem):
+        block = ctx.parents.get(cur)
+        return block if isinstance(block, ast.With | ast.AsyncWith) else None
+    if isinstance(cur, ast.Assign) and len(cur.targets) == 1 and isinstance(cur.targets[0], ast.Name):
+        name = cur.targets[0].id
+        scope = ctx.enclosing(cur, LOOPS + SCOPES) or ctx.tree
+        for n in ctx.local_nodes(scope):
+            if (
+                isinstance(n, ast.With | ast.AsyncWith)
+                and position(n) > position(cur)
+                and any(isinstance(i.context_expr, ast.Name) and i.context_expr.id == name for i in n.items)
+            ):
+                return n
+    return None
+
+
+def _backward_only(ctx: FileContext, call: ast.Call) -> tuple[ast.AST, ast.Call] | None:
+    """(with block, forward) when ``call`` (``X.no_sync()``) spans a backward but not X's
+    forward, which ran earlier in the same iteration."""
+    recv = dotted(receiver(call))
+    block = _no_sync_block(ctx, call)
+    if recv is None or block is None:
+        return None
+    if not any(isinstance(n, ast.Call) and is_backward(n) for n in ctx.local_nodes(block)):
+        return None
+    if _forward_inside(block, recv):
+        return None
+    fwd = _forward_before(ctx, block, recv)
+    return None if fwd is None else (block, fwd)
+
+
 @rule("AG106", "AG116")
 def sync_flag_after_forward(ctx: FileContext) -> Iterator[Finding]:
-    for node in ctx.of(ast.With, ast.AsyncWith):
-        for item in node.items:
-            e = item.context_expr
-            if not (isinstance(e, ast.Call) and call_attr(e) == "no_sync"):
-                continue
-            recv = dotted(receiver(e))
-            if recv is None or not any(isinstance(n, ast.Call) and is_backward(n) for n in walk_local(node)):
-                continue
-            if _forward_inside(node, recv):
-                continue
-            fwd = _forward_before(ctx, node, recv)
-            if fwd is None:
-                continue
-            wrapper = _wrapper_of(ctx, recv)
-            if wrapper in ("fsdp1", "engine"):
-                continue  # their no_sync is read at backward time: it works around the backward
-            hedge = "" if wrapper == "ddp" else " (if it is a DDP module)"
-            yield ctx.finding(
-                "AG116",
-                node,
-                f"`{recv}.no_sync()` wraps the backward but not the forward (line {fwd.lineno}){hedge}: "
-                "DDP decides at the forward to all-reduce, so every micro-step still synchronises. "
-                "The gradient is right; K-1 all-reduces per optimizer step are wasted",
-            )
+    noted: set[int] = set()
+    for call in ctx.of(ast.Call):
+        if call_attr(call) != "no_sync" or not isinstance(call.func, ast.Attribute):
+            continue
+        hit = _backward_only(ctx, call)
+        if hit is None or id(hit[0]) in noted:
+            continue
+        block, fwd = hit
+        recv = dotted(receiver(call)) or "model"
+        wrapper = _wrapper_of(ctx, recv)
+        if wrapper in ("fsdp1", "engine"):
+            continue  # their no_sync is read at backward time: it works around the backward
+        noted.add(id(block))
+        hedge = "" if wrapper == "ddp" else " (if it is a DDP module)"
+        yield ctx.finding(
+            "AG116",
+            block,
+            f"`{recv}.no_sync()` wraps the backward but not the forward (line {fwd.lineno}){hedge}: "
+            "DDP decides at the forward to all-reduce, so every micro-step still synchronises. "
+            "The gradient is right; K-1 all-reduces per optimizer step are wasted",
+        )
     reported: set[tuple[int, str]] = set()  # (loop, receiver): an if/else pair is one bug
     for node in ctx.of(ast.Assign):
         for t in node.targets:
             if not (isinstance(t, ast.Attribute) and t.attr == "require_backward_grad_sync"):
                 continue
-            recv = dotted(t.value)
-            if recv is None:
+            flag_recv = dotted(t.value)
+            if flag_recv is None:
                 continue
-            fwd = _forward_before(ctx, node, recv)
-            if fwd is None:
+            flag_fwd = _forward_before(ctx, node, flag_recv)
+            if flag_fwd is None:
                 continue
+            recv, fwd = flag_recv, flag_fwd
             kind = _effective(ctx, node, node.value)
             key = (id(ctx.enclosing(node, LOOPS)), recv)
             if key in reported:
@@ -265,6 +302,8 @@ def sync_flag_polarity(ctx: FileContext) -> Iterator[Finding]:
             and _no_sync_polarity(ctx, call) == "inverted"
         ):
             recv = dotted(call.func.value) or "model"
+            if _backward_only(ctx, call) is not None and _wrapper_of(ctx, recv) not in ("fsdp1", "engine"):
+                continue  # DDP ignores a no_sync entered after the forward: no effect (AG116)
             yield ctx.finding(
                 "AG111",
                 call,
