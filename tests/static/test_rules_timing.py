@@ -350,3 +350,21 @@ def test_inverted_no_sync_after_the_forward_on_fsdp1_is_still_inverted() -> None
             opt.step(); opt.zero_grad()
     """
     assert [c for c, _, _ in found(src)] == ["AG111"]
+
+
+def test_counter_bumped_inside_a_with_block_counts_as_every_iteration() -> None:
+    src = """
+    step = 0
+    for batch in loader:
+        with torch.autocast("cuda"):
+            loss = model(batch) / accum
+            {bump_in_with}
+        loss.backward()
+        if step % accum == 0:
+            optimizer.step(); optimizer.zero_grad()
+        {bump_after}
+    """
+    assert found(src.format(bump_in_with="step += 1", bump_after="")) == []
+    assert found(src.format(bump_in_with="", bump_after="step += 1")) == [("AG115", 8, "error")]
+    # bumped only under a condition: not a plain micro-batch counter, not judged
+    assert found(src.format(bump_in_with="", bump_after="if ok: step += 1")) == []

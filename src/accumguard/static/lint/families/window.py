@@ -314,12 +314,27 @@ def _counter_start(ctx: FileContext, window: ast.AST, top: ast.stmt, counter: st
     inc = writes[0]
     if not (
         isinstance(inc, ast.AugAssign) and isinstance(inc.op, ast.Add)
-        and _int_constant(inc.value) == 1 and inc in body
+        and _int_constant(inc.value) == 1 and _every_iteration(ctx, inc, window)
     ):
         return None
-    bump = 1 if body.index(inc) < body.index(top) else 0
+    bump = 1 if position(inc) < position(top) else 0
     init = _initial_value(ctx, window, counter)
     return _UNKNOWN_START if init is None else init + bump
+
+
+def _every_iteration(ctx: FileContext, node: ast.AST, window: ast.AST) -> bool:
+    """``node`` runs once in every iteration of ``window``: a statement of its body, or
+    inside ``with`` blocks (or a ``try`` body) there, never under an ``if`` or a loop."""
+    cur = ctx.parents.get(node)
+    child = node
+    while cur is not None and cur is not window:
+        if isinstance(cur, ast.Try):
+            if child not in cur.body and child not in cur.finalbody:
+                return False
+        elif not isinstance(cur, ast.With | ast.AsyncWith):
+            return False
+        child, cur = cur, ctx.parents.get(cur)
+    return cur is window and child in getattr(window, "body", [])
 
 
 def _assignments_by_name(ctx: FileContext, scope: ast.AST) -> dict[str, list[ast.AST]]:
