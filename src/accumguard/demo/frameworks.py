@@ -115,7 +115,7 @@ def sum_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[to
     return loss, count_tokens(batch)
 
 
-def shifted_sum_loss(model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, Any]:
+def shifted_sum_loss(model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, Any]:
     """Summed next-token CE over valid shifted labels (HF convention), and their count."""
     logits = model(input_ids=batch["input_ids"]).logits[..., :-1, :]
     labels = batch["labels"][..., 1:]
@@ -127,7 +127,7 @@ def shifted_sum_loss(model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor,
 def mean_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """The usual per-micro-batch token mean (the F5 setting when accumulated)."""
     s, n = sum_loss(model, batch)
-    return s / n
+    return s / torch.as_tensor(n)
 
 
 def plain(batch: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -136,7 +136,7 @@ def plain(batch: dict[str, Any]) -> dict[str, torch.Tensor]:
 
 
 def update_errors(model: torch.nn.Module, make_opt: Any, make_sched: Any,
-                  rank_windows: list[list[list[dict]]], snapshots: list[dict],
+                  rank_windows: list[list[list[dict[str, Any]]]], snapshots: list[dict[str, Any]],
                   loss_fn: Any = sum_loss, max_grad_norm: float | None = None) -> list[float]:
     """Relative update error after every step vs the fp64 large-batch reference.
 
@@ -214,9 +214,9 @@ def _run_transformers(rank: int, world: int) -> dict[str, Any]:
         """Records each micro-batch it trains on; ``exact`` picks the loss."""
 
         exact = True
-        current: list[dict]
+        current: list[dict[str, Any]]
 
-        def compute_loss(self, model: Any, inputs: dict, return_outputs: bool = False,
+        def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
                          num_items_in_batch: Any = None) -> Any:
             self.current.append(plain(inputs))
             out = model(input_ids=inputs["input_ids"])
@@ -231,8 +231,8 @@ def _run_transformers(rank: int, world: int) -> dict[str, Any]:
     class Snapshots(TrainerCallback):
         def __init__(self, trainer: Recording) -> None:
             self.trainer = trainer
-            self.windows: list[list[dict]] = []
-            self.snaps: list[dict] = []
+            self.windows: list[list[dict[str, Any]]] = []
+            self.snaps: list[dict[str, Any]] = []
 
         def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None,
                         **kw: Any) -> None:
@@ -243,7 +243,7 @@ def _run_transformers(rank: int, world: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for run in ("broken", "exact"):
         model = tiny_gpt2(0)
-        model.loss_type = "ForCausalLM"  # GPT-2's None makes the Trainer count unshifted labels
+        model.loss_type = "ForCausalLM"  # type: ignore[assignment]  # GPT-2's None makes the Trainer count unshifted labels
         opt = _opt(model.parameters())
         with tempfile.TemporaryDirectory(prefix="accumguard-hf-") as tmp:
             args = TrainingArguments(
@@ -259,7 +259,7 @@ def _run_transformers(rank: int, world: int) -> dict[str, Any]:
             trainer.add_callback(snaps)
             trainer.train()
         out[run] = {"windows": snaps.windows, "snaps": snaps.snaps,
-                    "findings": _findings(trainer.state.accumguard_findings)}
+                    "findings": _findings(trainer.state.accumguard_findings)}  # type: ignore[attr-defined]
     return out
 
 
@@ -268,18 +268,18 @@ def _run_lightning(rank: int, world: int) -> dict[str, Any]:
 
     from accumguard.integrations import lightning as agl
 
-    pl = agl.pl  # the Lightning package the integration was built on
+    pl: Any = agl.pl  # type: ignore[attr-defined]  # the Lightning package the integration was built on
     # Lightning sets its loggers to INFO when imported: its banners would bury the table.
     for name in ("pytorch_lightning", "lightning.pytorch", "lightning", "lightning_fabric"):
         logging.getLogger(name).setLevel(logging.ERROR)
 
-    class LM(pl.LightningModule):  # type: ignore[name-defined,misc]
+    class LM(pl.LightningModule):  # type: ignore[misc]
         def __init__(self, summed: bool) -> None:
             super().__init__()
             self.model = tiny_llama(0)
             self.summed = summed
 
-        def training_step(self, batch: dict, idx: int) -> torch.Tensor:
+        def training_step(self, batch: dict[str, Any], idx: int) -> torch.Tensor:
             if self.summed:
                 return sum_loss(self.model, batch)[0]  # the one change: sum, not mean
             return mean_loss(self.model, batch)
@@ -289,11 +289,11 @@ def _run_lightning(rank: int, world: int) -> dict[str, Any]:
             return {"optimizer": opt,
                     "lr_scheduler": {"scheduler": _sched(opt), "interval": "step"}}
 
-    class Recorder(pl.Callback):  # type: ignore[name-defined,misc]
+    class Recorder(pl.Callback):  # type: ignore[misc]
         def __init__(self) -> None:
-            self.windows: list[list[dict]] = []
-            self.snaps: list[dict] = []
-            self.current: list[dict] = []
+            self.windows: list[list[dict[str, Any]]] = []
+            self.snaps: list[dict[str, Any]] = []
+            self.current: list[dict[str, Any]] = []
             self.step = 0
 
         def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, i: int) -> None:
@@ -317,7 +317,8 @@ def _run_lightning(rank: int, world: int) -> dict[str, Any]:
             accumulate_grad_batches=K, callbacks=[cb, rec], logger=False,
             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
             num_sanity_val_steps=0)
-        loader = DataLoader(token_samples(SAMPLES, seed=5), batch_size=2, shuffle=False)
+        loader: Any = DataLoader(token_samples(SAMPLES, seed=5),  # type: ignore[arg-type]
+                                 batch_size=2, shuffle=False)
         trainer.fit(LM(summed=exact), loader)
         out[run] = {"windows": rec.windows, "snaps": rec.snaps, "findings": _findings(cb.findings)}
     return out
@@ -335,20 +336,21 @@ def _run_accelerate(rank: int, world: int) -> dict[str, Any]:
         model = tiny_llama(0)
         opt = _opt(model.parameters())
         sched = _sched(opt)
-        loader = DataLoader(token_samples(SAMPLES, seed=3), batch_size=2, shuffle=False)
+        loader: Any = DataLoader(token_samples(SAMPLES, seed=3),  # type: ignore[arg-type]
+                                 batch_size=2, shuffle=False)
         model, opt, loader, sched = accel.prepare(model, opt, loader, sched)
         checks = watch(accel, model, opt, scheduler=sched, every_n_steps=1)
-        windows: list[list[dict]] = []
-        snaps: list[dict] = []
+        windows: list[list[dict[str, Any]]] = []
+        snaps: list[dict[str, Any]] = []
         if run == "exact":
             acc = accumulator(accel, model, opt, scheduler=sched, count_fn=count_tokens)
             for window in acc.windows(loader):
                 windows.append([plain(b) for b in window.batches])
-                window.run(lambda b, m=model: sum_loss(m, b)[0])
+                window.run(lambda b, m=model: sum_loss(m, b)[0])  # type: ignore[misc]
                 snaps.append(flat_params(model))
             acc.close()
         else:  # the documented Accelerate loop with a token-mean loss
-            current: list[dict] = []
+            current: list[dict[str, Any]] = []
             for batch in loader:
                 with accel.accumulate(model):
                     current.append(plain(batch))
@@ -586,8 +588,8 @@ def run_frameworks_demo(names: tuple[str, ...] | None = None, *, out_dir: Path |
     path = out_dir / REPORT_JSON
     path.write_text(json.dumps(_to_json(result), indent=2))
     files.append(str(path))
-    for f in files:
-        out.line(f"wrote {f}")
+    for fname in files:
+        out.line(f"wrote {fname}")
     n_bad = sum(r.as_expected is False for r in rows)
     out.line(f"verdict: {'every run as expected' if result.passed else f'{n_bad} run(s) NOT as expected'}"
              f" ({result.elapsed_s:.0f} s)")
