@@ -1,23 +1,14 @@
 """The accumulation checks the framework callbacks run (internal to ``integrations``).
 
-**Temporary home.** This is observation-layer work: when ``accumguard.observe``
-exposes the same measurements (per-micro-step token weights, scheduler steps per
-optimizer step), :class:`TokenWeightProbe`, :class:`AccumulationChecks` and
-:func:`classify_window` move there and the callbacks import them from there.
-
 What it measures, without changing a number the loop computes:
 
-* :class:`TokenWeightProbe` hooks the module that produces the logits. For a
-  token cross-entropy the gradient of the loss w.r.t. one token's logits row is
-  ``s · (softmax(z) − onehot(y))``: its only negative entry sits at the label,
-  rows of ignored tokens are zero, and ``s`` is the weight the loop gave each
-  token of that micro-batch (``1/N`` when exact). From the gradient and the
-  logits it recovers, per micro-step, the valid-token count ``n_i`` and the
-  weight ``s_i``: no labels, no knowledge of the loss code, one ``logsumexp``
-  and one ``argmin`` over the logits per micro-step.
+* :class:`~accumguard.observe.tokens.TokenWeightProbe` (observation layer) hooks the
+  module that produces the logits and recovers, per micro-step, the valid-token count
+  ``n_i`` and the weight ``s_i`` the loss gave each token (see its module).
 * :class:`AccumulationChecks` groups those records into windows (an optimizer
   step post-hook ends a window), gathers them over ranks (two small
-  all-gathers per step), and :func:`classify_window` names what the optimizer
+  all-gathers per step), and :func:`classify_window` (the verdict of
+  :func:`accumguard.observe.rules.classify_token_weights`) names what the optimizer
   received: ``OK``, F5 (each micro-batch normalised by its own count), F6
   (each rank by its own count), F10 (off by the world size), F7 (a partial
   window scaled as a full one), or ``LOSS_SCALE`` (any other constant factor).
@@ -43,7 +34,14 @@ import torch
 
 from accumguard.core.errors import AccumulationError, ConfigError, rank_prefix
 from accumguard.core.taxonomy import fix_for, title
-from accumguard.observe.rules import live_findings, step_record
+from accumguard.observe.rules import (
+    WEIGHT_TOL,
+    WEIGHT_TOL_LOW_PRECISION,
+    classify_token_weights,
+    live_findings,
+    step_record,
+)
+from accumguard.observe.tokens import TokenWeightProbe, find_logits_module
 
 __all__ = ["DEFAULT_EVERY_N_STEPS", "AccumulationChecks", "Finding", "TokenWeightProbe", "boundary_findings",
            "classify_window", "find_logits_module", "unwrap_optimizer", "unwrap_scheduler"]
@@ -55,11 +53,6 @@ log = logging.getLogger("accumguard")
 # benchmarks/bench_integrations.py). Pass every_n_steps=1 to check every step.
 DEFAULT_EVERY_N_STEPS = 10
 
-# Relative spread below which token weights count as equal. The probe is exact up to fp32
-# rounding of one logsumexp (~1e-6 relative); real normalisation bugs differ by far more.
-WEIGHT_TOL = 1e-3
-# With bf16/fp16 logits the gradient itself carries ~3 significant digits.
-WEIGHT_TOL_LOW_PRECISION = 3e-2
 
 
 @dataclass(frozen=True)
@@ -84,27 +77,6 @@ def _finding(step: int, class_id: str, evidence: str) -> Finding:
                    fix=fix_for(class_id))
 
 
-def find_logits_module(model: torch.nn.Module) -> torch.nn.Module:
-    """The module whose output is the logits: a transformers model's output embeddings
-    (``lm_head``), searched through wrappers (DDP, a LightningModule holding a model), else
-    the last ``nn.Linear`` registered in ``model``."""
-    for m in model.modules():
-        get = getattr(m, "get_output_embeddings", None)
-        if callable(get):
-            out = get()
-            if isinstance(out, torch.nn.Module):
-                return out
-    last = None
-    for m in model.modules():
-        if isinstance(m, torch.nn.Linear):
-            last = m
-    if last is None:
-        raise ConfigError(
-            f"found no module producing logits in {type(model).__name__} (no "
-            "get_output_embeddings(), no nn.Linear); pass logits_module=<the output layer>")
-    return last
-
-
 def unwrap_optimizer(opt: Any) -> torch.optim.Optimizer:
     """The torch optimizer inside Accelerate's ``AcceleratedOptimizer`` or Lightning's
     ``LightningOptimizer`` (hooks must sit on the object that really steps)."""
@@ -125,120 +97,16 @@ def unwrap_scheduler(sched: Any) -> Any:
     return inner if inner is not None and hasattr(inner, "step") else sched
 
 
-class TokenWeightProbe:
-    """Per micro-step ``(valid tokens, Σ token weight·(1−p_y), Σ (1−p_y))`` from dL/dlogits.
-
-    The ratio of the last two is the weight ``s_i`` the loss gave each token of the
-    micro-batch; see the module docstring. Records accumulate in :attr:`records` until
-    :meth:`take` collects them.
-    """
-
-    def __init__(self, module: torch.nn.Module) -> None:
-        self.records: list[torch.Tensor] = []
-        self.scale = 1.0  # multiplies the weights of records taken next (set by exact paths)
-        self.active = True  # off on steps that are not checked: no cost there
-        self.low_precision = False  # a bf16/fp16 logits gradient was seen
-        self._handle = module.register_forward_hook(self._on_forward)
-
-    def close(self) -> None:
-        self._handle.remove()
-
-    def _on_forward(self, module: Any, args: Any, output: Any) -> None:
-        logits = output
-        if not isinstance(logits, torch.Tensor):
-            logits = getattr(output, "logits", None)
-        if (not self.active or not isinstance(logits, torch.Tensor) or not logits.requires_grad
-                or not torch.is_grad_enabled()):
-            return
-        logits.register_hook(  # type: ignore[no-untyped-call]
-            functools.partial(self._on_grad, logits.detach()))
-
-    def _on_grad(self, logits: torch.Tensor, grad: torch.Tensor) -> None:
-        # Few, fused ops: this runs once per micro-step on a [tokens, vocab] tensor.
-        with torch.no_grad():
-            v = grad.shape[-1]
-            g = grad.reshape(-1, v)
-            if g.dtype not in (torch.float32, torch.float64):
-                self.low_precision = True
-                g = g.float()  # bf16/fp16 logits: judge in fp32, the tolerance assumes it
-            gy, y = g.min(dim=-1)  # the label's entry: s·(p_y − 1) < 0
-            valid = (gy < 0).to(gy.dtype)  # ignored tokens have an all-zero row
-            z = logits.reshape(-1, v).to(gy.dtype)
-            log_p = z.gather(-1, y.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(z, dim=-1)
-            one_minus_p = -torch.expm1(log_p)
-            # Σ over valid tokens of s·(1 − p_y), Σ (1 − p_y), and the count (gy is 0 off them)
-            self.records.append(torch.stack([valid.sum(), -gy.sum(),
-                                             torch.dot(one_minus_p, valid)]))
-
-    def take(self) -> torch.Tensor:
-        """The records since the last call, as an ``[m, 3]`` float64 tensor (weights scaled)."""
-        recs = (torch.stack(self.records).to("cpu", torch.float64) if self.records
-                else torch.zeros(0, 3, dtype=torch.float64))
-        self.records = []
-        if self.scale != 1.0 and len(recs):
-            recs[:, 1] *= self.scale
-        self.scale = 1.0
-        return recs
-
-
 def classify_window(ranks: list[torch.Tensor], *, world_size: int, averages_over_ranks: bool,
                     accumulation_steps: int, step: int, tol: float = WEIGHT_TOL
                     ) -> Finding | None:
-    """Name what the optimizer received from the probe records of one window.
-
-    ``ranks[r]`` is rank r's ``[m, 3]`` records. Returns ``None`` when every valid token
-    carried the weight ``1/N`` (or when there is nothing to judge).
-    """
-    rows = [(r, i, float(n), float(num), float(den)) for r, recs in enumerate(ranks)
-            for i, (n, num, den) in enumerate(recs.tolist())]
-    rows = [x for x in rows if x[2] > 0 and x[4] > 0]
-    if not rows:
-        return None
-    total = sum(x[2] for x in rows)
-    avg = 1.0 / world_size if averages_over_ranks else 1.0
-    # w: the weight one token of micro-step i finally carries; exact means w * total == 1.
-    ratio = [x[3] / x[4] * avg * total for x in rows]
-    counts = [x[2] for x in rows]
-
-    def flat(vals: list[float]) -> bool:
-        lo, hi = min(vals), max(vals)
-        return hi > 0 and (hi - lo) <= tol * hi
-
-    def near(a: float, b: float) -> bool:
-        return abs(a - b) <= tol * abs(b)
-
-    lo, hi = min(ratio), max(ratio)
-    if near(lo, 1.0) and near(hi, 1.0):
-        return None
-    per_micro = [r * n / total for r, n in zip(ratio, counts, strict=True)]  # w_i * n_i
-    micro_steps = max(len(recs) for recs in ranks)
-    seen = (f"micro-steps with {min(counts):g}..{max(counts):g} valid tokens (N={total:g} over "
-            f"{len(rows)} micro-batches on {world_size} rank(s)) gave their tokens weights from "
-            f"{lo:.4g}/N to {hi:.4g}/N; exact is 1/N for every token")
-    if flat(ratio):
-        r = (lo + hi) / 2
-        if world_size > 1 and (near(r, world_size) or near(r, 1.0 / world_size)):
-            return _finding(step, "F10", f"{seen}: every weight is {r:.4g}/N, off by the world "
-                            f"size {world_size}")
-        if micro_steps < accumulation_steps and near(r, micro_steps / accumulation_steps):
-            return _finding(step, "F7", f"{seen}: a partial window of {micro_steps} of "
-                            f"{accumulation_steps} micro-steps normalised as a full one")
-        return _finding(step, "LOSS_SCALE", f"{seen}: every weight is {r:.4g}/N")
-    if flat(per_micro):
-        c = sum(per_micro) / len(per_micro)
-        return _finding(step, "F5", f"{seen}; each micro-step's tokens got the same total weight "
-                        f"({c:.4g}) whatever their count, i.e. a per-micro-batch mean "
-                        f"(total weight {c * len(rows):.4g}, exact 1)")
-    by_rank: dict[int, list[int]] = {}
-    for j, x in enumerate(rows):
-        by_rank.setdefault(x[0], []).append(j)
-    if len(by_rank) > 1 and all(flat([ratio[j] for j in js]) for js in by_rank.values()):
-        rank_mass = [sum(per_micro[j] for j in js) for js in by_rank.values()]
-        if flat(rank_mass):
-            return _finding(step, "F6", f"{seen}; each rank's tokens got the same total weight "
-                            "whatever the rank's count, i.e. a mean over ranks of rank-local "
-                            "means")
-    return _finding(step, "LOSS_SCALE", seen)
+    """Name what the optimizer received from the probe records of one window
+    (:func:`accumguard.observe.rules.classify_token_weights`; ``ranks[r]`` is rank r's
+    ``[m, 3]`` records). None when every valid token carried the weight ``1/N``."""
+    verdict = classify_token_weights([recs.tolist() for recs in ranks], world_size=world_size,
+                                     averages_over_ranks=averages_over_ranks,
+                                     accumulation_steps=accumulation_steps, tol=tol)
+    return None if verdict is None else _finding(step, verdict[0], verdict[1])
 
 
 def boundary_findings(event: Any, *, accumulation_steps: int) -> list[Finding]:

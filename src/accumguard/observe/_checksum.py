@@ -45,11 +45,8 @@ def checksums(params: Sequence[torch.Tensor]) -> torch.Tensor:
     if not flats:
         return out
     sums = torch.stack([f.sum() for f in flats] + [f[::2].sum() for f in flats])
-    if flats[0].device.type != "cpu" and hasattr(torch, "_foreach_norm"):
-        abs_sums = torch.stack(torch._foreach_norm(flats, 1))  # one fused launch on a GPU
-    else:
-        # on CPU the fused L1 norm is ~2.5x slower than abs().sum() (measured, torch 2.13)
-        abs_sums = torch.stack([f.abs().sum() for f in flats])
+    abs_sums = torch.stack(torch._foreach_norm(flats, 1)) if hasattr(torch, "_foreach_norm") \
+        else torch.stack([f.abs().sum() for f in flats])
     n = len(flats)
     rows = torch.stack([sums[:n], sums[n:], abs_sums.to(sums.dtype)], dim=1)
     out[idx] = rows.to("cpu", torch.float64)

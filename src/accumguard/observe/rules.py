@@ -26,7 +26,8 @@ from typing import Any, Protocol
 
 from accumguard.core.taxonomy import fix_for, title
 
-__all__ = ["NUMBERING", "DeclaredK", "Finding", "KResolution", "RunRecording", "analyze",
+__all__ = ["NUMBERING", "WEIGHT_TOL", "WEIGHT_TOL_LOW_PRECISION", "DeclaredK", "Finding",
+           "KResolution", "RunRecording", "analyze", "classify_token_weights",
            "conservation_class", "live_findings", "load_recordings", "resolve_k", "step_record",
            "windows"]
 
@@ -550,3 +551,74 @@ def _cross_rank(rec: RunRecording) -> list[Finding]:
                         f"the gradient the optimizer received differs across ranks at step "
                         f"{_n(step)} (checksums {text}): ranks train different models")]
     return []
+
+
+# -- token weights (the probe of :mod:`accumguard.observe.tokens`) -------------------------
+
+#: Relative spread below which token weights count as equal. The probe is exact up to fp32
+#: rounding of one logsumexp (~1e-6 relative); real normalisation bugs differ by far more.
+WEIGHT_TOL = 1e-3
+#: With bf16/fp16 logits the gradient itself carries ~3 significant digits.
+WEIGHT_TOL_LOW_PRECISION = 3e-2
+
+
+def classify_token_weights(ranks: list[list[list[float]]], *, world_size: int,
+                           averages_over_ranks: bool, accumulation_steps: int,
+                           tol: float = WEIGHT_TOL) -> tuple[str, str] | None:
+    """Name what the optimizer received from the probe records of one window:
+    ``(class, evidence)``, or None when every valid token carried the weight ``1/N``
+    (or there is nothing to judge).
+
+    ``ranks[r]`` is rank r's records ``[n_i, Σ s·(1−p_y), Σ (1−p_y)]``, one per
+    micro-step. Classes: F5 (each micro-batch normalised by its own count), F6 (each
+    rank by its own count), F10 (off by the world size), F7 (a partial window scaled
+    as a full one), LOSS_SCALE (any other factor).
+    """
+    rows = [(r, i, float(n), float(num), float(den)) for r, recs in enumerate(ranks)
+            for i, (n, num, den) in enumerate(recs)]
+    rows = [x for x in rows if x[2] > 0 and x[4] > 0]
+    if not rows:
+        return None
+    total = sum(x[2] for x in rows)
+    avg = 1.0 / world_size if averages_over_ranks else 1.0
+    # w: the weight one token of micro-step i finally carries; exact means w * total == 1.
+    ratio = [x[3] / x[4] * avg * total for x in rows]
+    counts = [x[2] for x in rows]
+
+    def flat(vals: list[float]) -> bool:
+        lo, hi = min(vals), max(vals)
+        return hi > 0 and (hi - lo) <= tol * hi
+
+    def near(a: float, b: float) -> bool:
+        return abs(a - b) <= tol * abs(b)
+
+    lo, hi = min(ratio), max(ratio)
+    if near(lo, 1.0) and near(hi, 1.0):
+        return None
+    per_micro = [r * n / total for r, n in zip(ratio, counts, strict=True)]  # w_i * n_i
+    micro_steps = max(len(recs) for recs in ranks)
+    seen = (f"micro-steps with {min(counts):g}..{max(counts):g} valid tokens (N={total:g} over "
+            f"{len(rows)} micro-batches on {world_size} rank(s)) gave their tokens weights from "
+            f"{lo:.4g}/N to {hi:.4g}/N; exact is 1/N for every token")
+    if flat(ratio):
+        r = (lo + hi) / 2
+        if world_size > 1 and (near(r, world_size) or near(r, 1.0 / world_size)):
+            return "F10", f"{seen}: every weight is {r:.4g}/N, off by the world size {world_size}"
+        if micro_steps < accumulation_steps and near(r, micro_steps / accumulation_steps):
+            return "F7", (f"{seen}: a partial window of {micro_steps} of {accumulation_steps} "
+                          "micro-steps normalised as a full one")
+        return "LOSS_SCALE", f"{seen}: every weight is {r:.4g}/N"
+    if flat(per_micro):
+        c = sum(per_micro) / len(per_micro)
+        return "F5", (f"{seen}; each micro-step's tokens got the same total weight ({c:.4g}) "
+                      f"whatever their count, i.e. a per-micro-batch mean (total weight "
+                      f"{c * len(rows):.4g}, exact 1)")
+    by_rank: dict[int, list[int]] = {}
+    for j, x in enumerate(rows):
+        by_rank.setdefault(x[0], []).append(j)
+    if len(by_rank) > 1 and all(flat([ratio[j] for j in js]) for js in by_rank.values()):
+        rank_mass = [sum(per_micro[j] for j in js) for js in by_rank.values()]
+        if flat(rank_mass):
+            return "F6", (f"{seen}; each rank's tokens got the same total weight whatever the "
+                          "rank's count, i.e. a mean over ranks of rank-local means")
+    return "LOSS_SCALE", seen

@@ -1,0 +1,101 @@
+"""The token-weight probe: per micro-step, how many tokens had a label and what weight the
+loss gave each of them, read from the gradient of the logits (no labels, no loss code).
+
+For a token cross-entropy the gradient of the loss w.r.t. one token's logits row is
+``s · (softmax(z) − onehot(y))``: its only negative entry sits at the label, rows of
+ignored tokens are zero, and ``s`` is the weight the loop gave each token of that
+micro-batch (``1/N`` when exact). From the gradient and the logits the probe recovers
+the valid-token count ``n_i`` and ``Σ s·(1−p_y)``, ``Σ (1−p_y)`` (their ratio is
+``s_i``): one ``logsumexp`` and one ``argmin`` over the logits per micro-step. The
+verdict on a window's records is :func:`accumguard.observe.rules.classify_token_weights`.
+
+Used by the framework callbacks (:mod:`accumguard.integrations`); one place for both.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from accumguard.core.errors import ConfigError
+
+__all__ = ["TokenWeightProbe", "find_logits_module"]
+
+
+def find_logits_module(model: torch.nn.Module) -> torch.nn.Module:
+    """The module whose output is the logits: a transformers model's output embeddings
+    (``lm_head``), searched through wrappers (DDP, a LightningModule holding a model), else
+    the last ``nn.Linear`` registered in ``model``."""
+    for m in model.modules():
+        get = getattr(m, "get_output_embeddings", None)
+        if callable(get):
+            out = get()
+            if isinstance(out, torch.nn.Module):
+                return out
+    last = None
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear):
+            last = m
+    if last is None:
+        raise ConfigError(
+            f"found no module producing logits in {type(model).__name__} (no "
+            "get_output_embeddings(), no nn.Linear); pass logits_module=<the output layer>")
+    return last
+
+
+class TokenWeightProbe:
+    """Per micro-step ``(valid tokens, Σ token weight·(1−p_y), Σ (1−p_y))`` from dL/dlogits.
+
+    The ratio of the last two is the weight ``s_i`` the loss gave each token of the
+    micro-batch; see the module docstring. Records accumulate in :attr:`records` until
+    :meth:`take` collects them.
+    """
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.records: list[torch.Tensor] = []
+        self.scale = 1.0  # multiplies the weights of records taken next (set by exact paths)
+        self.active = True  # off on steps that are not checked: no cost there
+        self.low_precision = False  # a bf16/fp16 logits gradient was seen
+        self._handle = module.register_forward_hook(self._on_forward)
+
+    def close(self) -> None:
+        self._handle.remove()
+
+    def _on_forward(self, module: Any, args: Any, output: Any) -> None:
+        logits = output
+        if not isinstance(logits, torch.Tensor):
+            logits = getattr(output, "logits", None)
+        if (not self.active or not isinstance(logits, torch.Tensor) or not logits.requires_grad
+                or not torch.is_grad_enabled()):
+            return
+        logits.register_hook(  # type: ignore[no-untyped-call]
+            functools.partial(self._on_grad, logits.detach()))
+
+    def _on_grad(self, logits: torch.Tensor, grad: torch.Tensor) -> None:
+        # Few, fused ops: this runs once per micro-step on a [tokens, vocab] tensor.
+        with torch.no_grad():
+            v = grad.shape[-1]
+            g = grad.reshape(-1, v)
+            if g.dtype not in (torch.float32, torch.float64):
+                self.low_precision = True
+                g = g.float()  # bf16/fp16 logits: judge in fp32, the tolerance assumes it
+            gy, y = g.min(dim=-1)  # the label's entry: s·(p_y − 1) < 0
+            valid = (gy < 0).to(gy.dtype)  # ignored tokens have an all-zero row
+            z = logits.reshape(-1, v).to(gy.dtype)
+            log_p = z.gather(-1, y.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(z, dim=-1)
+            one_minus_p = -torch.expm1(log_p)
+            # Σ over valid tokens of s·(1 − p_y), Σ (1 − p_y), and the count (gy is 0 off them)
+            self.records.append(torch.stack([valid.sum(), -gy.sum(),
+                                             torch.dot(one_minus_p, valid)]))
+
+    def take(self) -> torch.Tensor:
+        """The records since the last call, as an ``[m, 3]`` float64 tensor (weights scaled)."""
+        recs = (torch.stack(self.records).to("cpu", torch.float64) if self.records
+                else torch.zeros(0, 3, dtype=torch.float64))
+        self.records = []
+        if self.scale != 1.0 and len(recs):
+            recs[:, 1] *= self.scale
+        self.scale = 1.0
+        return recs
