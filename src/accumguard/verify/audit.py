@@ -12,7 +12,8 @@ function or a ``functools.partial`` of one). See ``docs/audit.md``.
 
 How it works. :func:`audit` starts W ranks with :func:`accumguard.runtime.launch.run_on_ranks`
 (or runs in place when a process group is already initialised, e.g. under
-``torchrun``). On every rank the loop runs on a fresh ``setup.build_model()``
+``torchrun``). On every rank the loop runs on a fresh ``setup.build_model()`` (built on
+the CPU, then moved with the batches to the rank's device, :func:`audit_device`; TF32 off)
 under an :class:`~accumguard.verify._observer.Observer` that needs no cooperation
 from the loop. The parent process computes the fp64 reference
 (:func:`accumguard.verify.reference.reference_run` on the canonical K-windows of
