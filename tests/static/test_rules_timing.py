@@ -368,3 +368,22 @@ def test_counter_bumped_inside_a_with_block_counts_as_every_iteration() -> None:
     assert found(src.format(bump_in_with="", bump_after="step += 1")) == [("AG115", 8, "error")]
     # bumped only under a condition: not a plain micro-batch counter, not judged
     assert found(src.format(bump_in_with="", bump_after="if ok: step += 1")) == []
+
+
+@pytest.mark.parametrize(
+    ("setup", "expected"),
+    [
+        ("K = 4", "error"),
+        ("K = cfg['gradient_accumulation_steps'] if use_ds else 1", "error"),  # computed, not 1
+        ("if use_ds:\n    K = cfg['gradient_accumulation_steps']\nelse:\n    K = 1", "warning"),
+        ("p.add_argument('--k', type=int, default=1)\nK = args.k", "error"),  # K itself is a name
+        ("p.add_argument('--k', type=int, default=1)", "warning"),  # args.k defaults to 1
+    ],
+)
+def test_off_by_one_is_a_warning_when_k_may_be_1(setup: str, expected: str) -> None:
+    # with K = 1, `i % 1 == 0` steps on every micro-batch: right; only K > 1 is off by one
+    k = "args.k" if setup.startswith("p.add_argument") and "K =" not in setup else "K"
+    src = setup + f"\nfor i, b in enumerate(loader):\n    (model(b) / {k}).backward()\n" \
+        f"    if i % {k} == 0:\n        optimizer.step(); optimizer.zero_grad()\n"
+    (f,) = lint_source(src)
+    assert f.code == "AG115" and f.severity.value == expected

@@ -670,6 +670,19 @@ class FileContext:
             values = self._int_defaults().get(last_part(d), set())
         return next(iter(values)) if len(values) == 1 and None not in values else None
 
+    def int_candidates(self, expr: ast.AST | None) -> set[int | None]:
+        """Every integer the file gives ``expr`` (None for a computed value): its literal, each
+        assignment to the name, and for ``args.x`` / ``cfg.x`` the argparse or field default."""
+        if isinstance(expr, ast.Constant):
+            return {expr.value if type(expr.value) is int else None}
+        d = dotted(expr)
+        if d is None:
+            return {None}
+        values = set(self._int_assignments().get(d, ()))
+        if "." in d:
+            values |= self._int_defaults().get(last_part(d), set())
+        return values or {None}
+
     def _int_assignments(self) -> dict[str, set[int | None]]:
         """Every value assigned to each name: the integer literal, or None for anything else."""
         def compute() -> dict[str, set[int | None]]:

@@ -462,7 +462,7 @@ def boundary_counter_off_by_one(ctx: FileContext) -> Iterator[Finding]:
             if n1 in ((1, 0), (0, 0)):
                 continue  # K micro-batches, or a no-op step before any backward
             where = "after" if after else "before"
-            yield ctx.finding(
+            finding = ctx.finding(
                 "AG115",
                 guard_if,
                 f"the step runs when `{ast.unparse(guard_if.test)}`, {where} this micro-batch's "
@@ -470,3 +470,14 @@ def boundary_counter_off_by_one(ctx: FileContext) -> Iterator[Finding]:
                 f"window has {_window_size_text(*n1)} micro-batch{'' if n1 == (0, 1) else 'es'} "
                 "instead of K",
             )
+            if 1 in ctx.int_candidates(guard.modulus):
+                # `K = 1` in some configuration (a fallback, an argparse default): `i % 1 == 0`
+                # steps every micro-batch, which is right for K = 1
+                finding = replace(
+                    finding,
+                    message=finding.message + f" (when `{ast.unparse(guard.modulus)}` > 1; the file "
+                    "also sets it to 1, where this is right)",
+                    severity=Severity.WARNING,
+                    confidence=Confidence.MEDIUM,
+                )
+            yield finding
