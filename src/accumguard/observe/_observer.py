@@ -144,6 +144,7 @@ class Observer:
         # modules called at the top level -> their depth-counting post hook (weak: a loss
         # module built on every step takes its hook with it when it is freed)
         self._depth_hooked: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        self._hooked_ids: set[int] = set()  # fast negative test for the map above
         self._bw_depth = 0
         self._bw_current: BackwardEvent | None = None
         self._opt_depth = 0
@@ -231,6 +232,7 @@ class Observer:
         for handle in list(self._depth_hooked.values()):
             handle.remove()
         self._depth_hooked.clear()
+        self._hooked_ids.clear()
         self._fwd_depth = 0
 
     def __enter__(self) -> Observer:
@@ -419,12 +421,15 @@ class Observer:
         modules ever called at the top level carry a depth-counting post hook, so a
         submodule's call costs one set lookup (the former global post hook with
         ``always_call`` ran on every submodule call)."""
-        hooked = module in self._depth_hooked
+        if self._fwd_depth and id(module) not in self._hooked_ids:
+            return  # inside a top-level forward, not a module seen at the top level
+        hooked = module in self._depth_hooked  # (ids are reused: the weak map decides)
         if self._fwd_depth and not hooked:
-            return  # inside a top-level forward: not a root
+            return
         if not hooked:
             self._depth_hooked[module] = module.register_forward_hook(self._depth_post,
                                                                       always_call=True)
+            self._hooked_ids.add(id(module))
         self._fwd_depth += 1
         if self._fwd_depth == 1 and self._active() and torch.is_grad_enabled():
             self._add_root(module)
