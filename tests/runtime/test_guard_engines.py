@@ -16,7 +16,7 @@ from accumguard import run_on_ranks
 from accumguard.demo.toy import token_loss
 from accumguard.runtime.guard import guard
 
-from helpers import Case, make_data, make_model
+from helpers import Case, cpu_mesh, make_data, make_model
 
 K = 4
 CASE = Case(accumulation_steps=K, micro_batches=8, seed=5)
@@ -35,7 +35,7 @@ def _fsdp2(rank: int, world: int, bug: str | None) -> Any:
     from torch.distributed.fsdp import fully_shard
 
     model = make_model(CASE)
-    fully_shard(model, reshard_after_forward=False)
+    fully_shard(model, reshard_after_forward=False, mesh=cpu_mesh())
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     data = make_data(CASE, world)[rank]
     with guard(model, opt, accumulation_steps=K) as g:
