@@ -41,9 +41,11 @@ from accumguard.observe._collectives import CollectiveCounter
 from accumguard.observe._events import (
     BackwardEvent,
     ClipEvent,
+    CollectiveEvent,
     EngineInfo,
     EngineStepEvent,
     ForwardEvent,
+    OptimizerCallEvent,
     ScalerEvent,
     SchedulerEvent,
     StepEvent,
@@ -539,6 +541,9 @@ class Observer:
 
     # -- collectives -------------------------------------------------------------------------
     def _on_collective(self, op: str, reduces: bool) -> None:
+        if not self._in_observer and self._wants("on_collective"):
+            self._emit("on_collective", CollectiveEvent(self.step, op, reduces,
+                                                        bool(self._ds_step_depth)))
         if not reduces or self._in_observer:
             return
         if self._bw_current is not None:
@@ -552,6 +557,9 @@ class Observer:
         if not self._active():
             return
         self._inner_stepped = True
+        if self._wants("on_optimizer_call"):
+            self._emit("on_optimizer_call", OptimizerCallEvent(
+                self.step, self._opt_depth, bool(self._ds_step_depth), opt))
         if self._opt_depth > 1 or self._ds_step_depth:
             return
         applied = any(p.grad is not None for g in opt.param_groups for p in g["params"])
@@ -666,7 +674,8 @@ class Observer:
         cons = self._step_cons
         self._step_cons = None
         chk = None
-        if cons is not None and self._step_members is not None:
+        if cons is not None and self._step_members is not None \
+                and self._step_checksum is not None:
             mask = torch.tensor(self._step_members, dtype=torch.bool)
             chk = [float(x) for x in self._step_checksum[mask].sum(0)]
         loss: float | None = None
