@@ -18,6 +18,8 @@ from accumguard import Accumulator, ConfigError, UsageError, run_on_ranks
 from accumguard.accumulate.checkpoint import load_checkpoint, save_checkpoint
 from accumguard.demo.toy import TokenMLP, count_tokens, make_rank_batches, token_loss
 
+from helpers import cpu_mesh
+
 K = 2
 WINDOWS = 4
 SAVE_AFTER = 2  # windows
@@ -33,9 +35,10 @@ def _build(engine: str, k: int = K) -> tuple[Any, Accumulator, Any]:
     elif engine == "fsdp2":
         from torch.distributed.fsdp import fully_shard
 
+        mesh = cpu_mesh()  # explicit: FSDP2's default mesh is CUDA whenever CUDA is visible
         for sub in (model.embed, model.fc1, model.fc2):
-            fully_shard(sub)
-        fully_shard(model)
+            fully_shard(sub, mesh=mesh)
+        fully_shard(model, mesh=mesh)
     opt = torch.optim.SGD(model.parameters(), lr=0.3, momentum=0.9)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.8)
     acc = Accumulator(model, opt, accumulation_steps=k, scheduler=sched, count_fn=count_tokens,

@@ -84,12 +84,15 @@ def ddp(bug: str) -> None:
 
 # ----------------------------------------------------------------------------- FSDP2
 def fsdp2(bug: str) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     model = mlp()
+    # explicit: FSDP2's default mesh is CUDA whenever CUDA is visible, even under gloo
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     for layer in (model[0], model[2]):
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for i, (x, y) in enumerate(data()):
         last = (i + 1) % K == 0
