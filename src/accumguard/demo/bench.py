@@ -109,14 +109,15 @@ def _run_accumulator(model: Any, opt: Any, engine: Any, k: int) -> Callable[[lis
     return run
 
 
-def _build_ddp(args: Any, sync: str) -> Callable[[list], None]:
+def _build_ddp(args: Any, sync: str, count: bool = False) -> Callable[[list], None]:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from accumguard.engines.ddp import DDPEngine
 
     model = DDP(make_model(args.dim, args.hidden))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    return _run_accumulator(model, opt, DDPEngine(model, sync=sync, count_collectives=False), args.k)
+    return _run_accumulator(model, opt, DDPEngine(model, sync=sync, count_collectives=count),
+                            args.k)
 
 
 def _build_fsdp2(args: Any, sync: str, memory: str = "sharded") -> Callable[[list], None]:
@@ -159,6 +160,7 @@ def configurations(args: Any) -> dict[str, Callable[[], Callable[[list], None]]]
         "limit (compute + 1 all-reduce)": lambda: _build_local(args, with_allreduce=True),
         "DDP deferred": lambda: _build_ddp(args, "deferred"),
         "DDP eager": lambda: _build_ddp(args, "eager"),
+        "DDP deferred, counting comm hook": lambda: _build_ddp(args, "deferred", count=True),
     }
     try:
         import accumguard.engines.fsdp2  # noqa: F401
