@@ -159,6 +159,30 @@ class ScalerEvent:
     owner: Any = field(repr=False, default=None)
 
 
+@dataclass
+class OptimizerCallEvent:
+    """Every torch optimizer ``step()`` call, nested or not (``on_optimizer_call``, before
+    it runs): the moment an optimizer receives its gradient. ``depth`` 1 is the outermost
+    torch step; ``in_engine`` is True inside DeepSpeed's ``engine.step`` (whose inner
+    optimizer may step once per parameter group). The audit copies the gradient here."""
+
+    step: int
+    depth: int
+    in_engine: bool
+    owner: Any = field(repr=False, default=None)
+
+
+@dataclass
+class CollectiveEvent:
+    """One outermost collective call (``on_collective``, before it runs); ``in_engine``:
+    inside DeepSpeed's ``engine.step`` (its norm/overflow all-reduces)."""
+
+    step: int
+    op: str
+    reduces: bool
+    in_engine: bool
+
+
 class Listener(Protocol):
     """Receives events; each method is optional (looked up with ``getattr``)."""
 
