@@ -436,30 +436,56 @@ def _silent_deaths(procs: list[Any], out: dict[int, Any], errored: set[int]) -> 
             if r not in out and r not in errored and p.exitcode is not None]
 
 
+# Phrases of the error a rank gets when a *peer* went away mid-collective: a consequence,
+# not a cause (gloo, NCCL and torch.distributed's own wording).
+_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+              "DistBackendError", "remote process exited", "communicator was aborted",
+              "Socket Timeout", "Connection refused")
+
+
+def _is_peer_lost(remote: str) -> bool:
+    return any(s in remote for s in _PEER_LOST)
+
+
 def _raise_root_cause(procs: list[Any], results: Any, out: dict[int, Any], rank: int,
                       remote: str) -> None:
-    """A rank raised. If another rank died *without* reporting (os._exit, a signal), that
-    one is the cause and this error its consequence (its collective lost a peer): wait a
-    moment for such a death, and blame the dead rank, quoting the other's error."""
+    """A rank raised. Find the rank that *caused* it before blaming this one: another rank
+    that died without reporting (os._exit, a signal), or, when this error only says that a
+    peer went away mid-collective, another rank's own error arriving a moment later. Wait up
+    to 2 s for either; otherwise this rank is the cause."""
     errored = {rank}
+    secondary = _is_peer_lost(remote)
     deadline = time.monotonic() + 2.0
     while time.monotonic() < deadline:
         dead = _silent_deaths(procs, out, errored)
         if dead:
             r = dead[0]
-            # A report from the dead rank may still be in the pipe: it wins if it is there.
+            # A report from the dead rank may still be in the pipe: then it did not die
+            # silently. Its error is the cause only if ours merely says a peer went away.
             with contextlib.suppress(queue.Empty):
                 while True:
                     late_rank, status, value = results.get(timeout=0.3)
                     if late_rank == r and status == "error":
-                        raise RankFailedError(r, value)
+                        if secondary and not _is_peer_lost(value):
+                            raise RankFailedError(r, value)
+                        raise RankFailedError(rank, remote)
             last = remote.strip().splitlines()[-1] if remote.strip() else "an error"
             raise RankFailedError(
                 r, f"process {_exit_text(procs[r].exitcode)} without reporting (os._exit, a "
                 f"signal, or a crash in native code); rank {rank} then failed with: {last}")
-        if all(p.exitcode is None for i, p in enumerate(procs) if i not in out and i != rank):
-            # Every other rank is alive: give a dying one a moment, then stop waiting.
-            time.sleep(0.1)
-        else:
-            time.sleep(0.05)
+        if not secondary:
+            # A genuine error of this rank: only a silent death elsewhere can outrank it.
+            if all(p.exitcode is None for i, p in enumerate(procs) if i not in out and i != rank):
+                time.sleep(0.1)
+            else:
+                time.sleep(0.05)
+            continue
+        with contextlib.suppress(queue.Empty):
+            other, status, value = results.get(timeout=0.1)
+            if status == "error" and other not in errored:
+                errored.add(other)
+                if not _is_peer_lost(value):
+                    raise RankFailedError(other, value)
+            elif status == "ok":
+                out[other] = pickle.loads(value)
     raise RankFailedError(rank, remote)
