@@ -23,6 +23,8 @@ What is observed, and where (each patch keeps the signature and is undone on
 Events go to listeners (the guard, ``watch``'s recorder). A listener may raise from
 ``on_step_start``/``on_backward_start``/``on_zero_grad``/``on_scheduler_step``/
 ``on_clip`` to stop the action before it happens (the guard does).
+
+Size (~990 lines): the patches of every library the layer observes (torch, DeepSpeed, Accelerate, schedulers, clipping, collectives) and the event dispatch. Known debt: the per-library patches should move to one module per library, as the engines are.
 """
 
 from __future__ import annotations

@@ -21,6 +21,8 @@ Facts encoded here (checked against DeepSpeed 0.19.8):
 
 Configs are read by :mod:`accumguard.static._dsparse` (re-exported here) exactly
 as DeepSpeed reads them: hjson, duplicate keys refused, original lines kept.
+
+Size (~550 lines): the DeepSpeed config rules (AG2xx) are a table of small checks that share one resolved view of the config; they stay together.
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ drive the replicas themselves.
 
 Indices: ``M`` micro-batches per rank per epoch, ``E`` epochs (the same
 micro-batches every epoch), ``K`` the accumulation steps, ``W`` ranks.
+
+Size (~510 lines): one simulation per failure class, kept side by side so that a new class is added next to the ones it must be told apart from.
 """
 
 from __future__ import annotations
