@@ -18,6 +18,7 @@ Size (~510 lines): one simulation per failure class, kept side by side so that a
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import warnings
 from collections.abc import Callable, Sequence
@@ -112,6 +113,12 @@ class Hyp:
     per_rank: bool = False
     sched_per_step: Callable[[int], int] | None = None
     sched_before: Callable[[int], int] | None = None
+    # (before, after) scheduler steps around optimizer step number s, when the count follows
+    # what was observed per step rather than the window's length.
+    sched_at: Callable[[int], tuple[int, int]] | None = None
+    # Scale only the steps on a partial window (fewer than K micro-batches); the diagnosis
+    # searches that scale on the trajectory (the first gradient is a full window's).
+    partial_scale: bool = False
     clip: float | None | str = "setup"
     scale_fit: bool = False
     fixed_scales: tuple[float, ...] = (1.0,)
@@ -234,14 +241,17 @@ class Sim:
         traj: Traj = []
         first: torch.Tensor | None = None
         mx = self.clip_of(h)
-        for step in (h.steps or default_steps)(self.M, self.K, self.E):
+        for s, step in enumerate((h.steps or default_steps)(self.M, self.K, self.E)):
             vecs = h.combine(Win(self, step, reps))
+            sc = scale if not h.partial_scale or len(step[0]) < self.K else 1.0
             if first is None:
-                first = clip(vecs[0] * scale, mx)
+                first = clip(vecs[0] * sc, mx)
             after = h.sched_per_step(len(step[0])) if h.sched_per_step else 1
             before = h.sched_before(len(step[0])) if h.sched_before else 0
+            if h.sched_at is not None:
+                before, after = h.sched_at(s)
             for rep, v in zip(reps, vecs, strict=True):
-                self.apply(rep, clip(v * scale, mx), after, before)
+                self.apply(rep, clip(v * sc, mx), after, before)
             traj.append(self.params(reps[0]))
         if first is None:
             first = torch.zeros(sum(p.numel() for p in self.base.parameters()),
@@ -381,8 +391,15 @@ def _rank_mean(w: Win, f: Callable[[int], torch.Tensor]) -> torch.Tensor:
     return sum(f(r) for r in range(w.W)) / w.W
 
 
-def hypotheses(setup: AuditSetup, sim: Sim, low_precision: torch.dtype | None) -> list[Hyp]:
-    """Every hypothesis that can apply to this setup and data ("OK" first)."""
+def hypotheses(setup: AuditSetup, sim: Sim, low_precision: torch.dtype | None, *,
+               sched_counts: Sequence[int] | None = None,
+               clip_seen: float | None = None) -> list[Hyp]:
+    """Every hypothesis that can apply to this setup and data ("OK" first).
+
+    ``sched_counts``: the scheduler steps observed per optimizer step (F4 then follows
+    them, whatever the windows' lengths); ``clip_seen``: the norm of the first observed
+    gradient, the threshold a loop that clips by hand without telling the setup would
+    leave there (F8 when the setup has no ``max_grad_norm``)."""
     K, W, M, E = sim.K, sim.W, sim.M, sim.E
     last = lambda w: w.L - 1  # noqa: E731
     hs = [
@@ -431,6 +448,8 @@ def hypotheses(setup: AuditSetup, sim: Sim, low_precision: torch.dtype | None) -
     if M % K:
         hs.append(Hyp("F7", "partial window divided by K",
                       lambda w: [w.correct() * (w.L / w.K)]))
+        hs.append(Hyp("F7", "partial window scaled by a constant, full windows exact",
+                      lambda w: [w.correct()], partial_scale=True))
         hs.append(Hyp("F7", "partial window dropped", lambda w: [w.correct()], steps=_dropped))
         if E > 1:
             for merge in (False, True):
@@ -477,11 +496,43 @@ def hypotheses(setup: AuditSetup, sim: Sim, low_precision: torch.dtype | None) -
         hs.append(Hyp("F4", "scheduler stepped after every micro-step's backward",
                       lambda w: [w.correct()], sched_per_step=lambda n: 1,
                       sched_before=lambda n: n - 1))
+        hs.append(Hyp("F4", "scheduler stepped after every backward, all before the "
+                      "optimizer step (len(window) times per step)",
+                      lambda w: [w.correct()], sched_per_step=lambda n: 0,
+                      sched_before=lambda n: n))
         hs.append(Hyp("F4", "scheduler stepped K times after each optimizer step",
                       lambda w: [w.correct()], sched_per_step=lambda n: n))
+    if (setup.make_scheduler is not None and sched_counts
+            and any(c != 1 for c in sched_counts)):
+        seen = list(sched_counts)
+
+        def at(s: int, before: bool) -> tuple[int, int]:
+            c = seen[s] if s < len(seen) else 1
+            return (c, 0) if before else (0, c)
+
+        for before in (True, False):
+            hs.append(Hyp("F4", "scheduler stepped as often as observed per optimizer step ("
+                          + ("before" if before else "after") + " it)",
+                          lambda w: [w.correct()],
+                          sched_at=functools.partial(at, before=before)))
     if setup.make_scheduler is not None and W > 1 and W != K:
         hs.append(Hyp("F4", "scheduler stepped once per process (W times) per optimizer step",
                       lambda w: [w.correct()], sched_per_step=lambda n: W))
+    mx_loop = setup.max_grad_norm if setup.max_grad_norm is not None else clip_seen
+    if mx_loop is not None and mx_loop > 0 and K > 1:
+        c = mx_loop
+
+        def clip_running(w: Win) -> list[torch.Tensor]:
+            # clip_grad_norm_ after every backward of a synchronised loop (DDP reducing each
+            # backward): the running sum of the window's gradient is clipped, then the next
+            # micro-batch's gradient is added to the clipped sum.
+            acc = torch.zeros(())
+            for j in range(w.L):
+                acc = clip(acc + sum(w.g(r, j) for r in range(w.W)) / w.N, c)
+            return [acc]
+
+        hs.append(Hyp("F8", f"running sum clipped after every backward (at {c:.3g})",
+                      clip_running))
     if setup.max_grad_norm is not None and K > 1:
         mx = setup.max_grad_norm
 

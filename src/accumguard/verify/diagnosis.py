@@ -164,7 +164,9 @@ def _diagnose(sim: Sim, setup: AuditSetup, observations: list[LoopObservation],
         return distance(traj, first, observed, first)
 
     tol = float(report.tolerance)
-    hyps = hypotheses(setup, sim, lp)
+    sched_counts = [st.counts.scheduler_steps for st in report.steps]
+    clip_seen = float(g0_flat.norm()) if g0_flat is not None else None
+    hyps = hypotheses(setup, sim, lp, sched_counts=sched_counts, clip_seen=clip_seen)
     assert hyps[0].id == "OK"
     n_obs = len(observed)
     ok_run = sim.run(hyps[0], 1.0) if hyps[0].n_steps(M, K, E) == n_obs else None
@@ -250,7 +252,9 @@ def _fit(sim: Sim, h: Hyp, residual: Any, g0_flat: torch.Tensor | None, K: int,
     traj, first = sim.run(h, scales[0])
     tried = {scales[0]: residual(traj, first)}
     runs = {scales[0]: (traj, first)}
-    if h.scale_fit:
+    if h.partial_scale:
+        scales.extend(_search_partial_scale(sim, h, residual, K))
+    elif h.scale_fit:
         if g0_flat is not None and float(first.norm()) > 0:
             unit = first / scales[0]
             s = float(g0_flat @ unit / (unit @ unit))
@@ -269,6 +273,36 @@ def _fit(sim: Sim, h: Hyp, residual: Any, g0_flat: torch.Tensor | None, K: int,
             best = c
     assert best is not None
     return best, runs
+
+
+def _search_partial_scale(sim: Sim, h: Hyp, residual: Any, K: int) -> list[float]:
+    """Scales of the partial window worth trying: the first gradient is a full window's, so
+    the scale is searched on the trajectory (golden section on log s over [1/(4K), 4K] after a
+    coarse grid; the residual of one scaled window is unimodal in practice). Runs that
+    retrace the correct trajectory up to the partial window reuse its cached gradients."""
+    def f(x: float) -> float:
+        return float(residual(*sim.run(h, math.exp(x))))
+
+    lo, hi = math.log(1.0 / (4 * K)), math.log(4.0 * K)
+    grid = [lo + (hi - lo) * i / 12 for i in range(13)]
+    vals = [f(x) for x in grid]
+    if not any(math.isfinite(v) for v in vals):
+        return []
+    i = min(range(len(grid)), key=lambda j: vals[j])
+    a, b = grid[max(0, i - 1)], grid[min(len(grid) - 1, i + 1)]
+    phi = (math.sqrt(5) - 1) / 2
+    c, d = b - phi * (b - a), a + phi * (b - a)
+    fc, fd = f(c), f(d)
+    for _ in range(30):
+        if fc < fd:
+            b, d, fd = d, c, fc
+            c = b - phi * (b - a)
+            fc = f(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + phi * (b - a)
+            fd = f(d)
+    return [math.exp(grid[i]), math.exp((a + b) / 2)]
 
 
 def _rounding_drift(cands: list[Candidate], ok: float, from_ok: dict[int, float],
