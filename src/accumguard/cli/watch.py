@@ -133,7 +133,12 @@ def _group_alive(pgid: int) -> bool:
 
 def _report(out_dir: Path, args: argparse.Namespace, code: int, signalled: str | None) -> int:
     from accumguard.runtime.watch_declared import declared_k
-    from accumguard.runtime.watch_findings import NUMBERING, analyze, load_recordings
+    from accumguard.runtime.watch_findings import (
+        NUMBERING,
+        analyze,
+        collective_positions,
+        load_recordings,
+    )
 
     rec = load_recordings(out_dir)
     command = list(args.command)
@@ -151,6 +156,8 @@ def _report(out_dir: Path, args: argparse.Namespace, code: int, signalled: str |
         problems.append(f"the command was killed by {signalled} (exit code {code})")
     elif code != 0:
         problems.append(f"the command exited with code {code}")
+    if signalled or code != 0:
+        problems += collective_positions(rec)
     if n_steps == 0:
         backwards = sum(int(e.get("backwards_total", 0)) for e in rec.end.values())
         problems.append("no optimizer step was observed" + (

@@ -7,6 +7,12 @@ made by accumguard itself (:meth:`CollectiveCounter.paused`) are not counted.
 
 DDP's bucket all-reduces are issued from C++ and never reach these functions; the
 observer infers them from DDP's sync flag at forward time instead (DDP's own rule).
+
+The counter also remembers, in memory only, the collective this process is inside
+(:attr:`CollectiveCounter.open`), the last one it left (``last_done``) and the last one
+that raised (``failed``): ``accumguard watch`` writes them when the process ends, so a
+rank stuck in a collective its peer never entered is named with its position (no I/O
+per call: a tuple per outermost call).
 """
 
 from __future__ import annotations
@@ -46,6 +52,26 @@ class CollectiveCounter:
         self._paused = 0
         self._ds_done = False
         self.patches = Patches()
+        # the caller's position at entry, e.g. (optimizer step, backwards in window,
+        # inside a backward); set by the observer
+        self.position: Callable[[], tuple[int, int, bool]] | None = None
+        self.calls: dict[str, int] = {}  # outermost calls per op name
+        self.open: tuple[Any, ...] | None = None  # (op, call, step, micro, in_backward)
+        self.last_done: tuple[Any, ...] | None = None
+        self.failed: tuple[Any, ...] | None = None  # the open tuple + (error text,)
+
+    def state(self) -> dict[str, Any]:
+        """What :attr:`open`/``last_done``/``failed`` say, as JSON-ready dicts."""
+        def one(t: tuple[Any, ...] | None) -> dict[str, Any] | None:
+            if t is None:
+                return None
+            d = {"op": t[0], "call": t[1], "step": t[2], "micro": t[3], "in_backward": t[4]}
+            if len(t) > 5:
+                d["error"] = t[5]
+            return d
+
+        return {"open": one(self.open), "last_done": one(self.last_done),
+                "failed": one(self.failed), "calls": dict(self.calls)}
 
     def install_torch(self) -> None:
         import torch.distributed as dist
@@ -86,11 +112,21 @@ class CollectiveCounter:
                 if self._depth or self._paused:
                     return orig(*args, **kwargs)
                 self._depth += 1
+                n = self.calls[op] = self.calls.get(op, 0) + 1
+                pos = self.position() if self.position is not None else (None, None, False)
+                here = self.open = (op, n, *pos)
                 try:
                     self.on_call(op, reduces)
-                    return orig(*args, **kwargs)
+                    out = orig(*args, **kwargs)
+                except BaseException as exc:
+                    # stays open: the rank never left this collective normally
+                    self.failed = (*here, f"{type(exc).__name__}: {str(exc)[:300]}")
+                    raise
                 finally:
                     self._depth -= 1
+                self.last_done = here
+                self.open = None
+                return out
 
             return call
 

@@ -137,6 +137,7 @@ class Observer:
         self._clip_depth = 0
         self.patches = Patches()
         self.counter = CollectiveCounter(self._on_collective)
+        self.counter.position = self._collective_position
         self.installed = False
         self.step = 0  # optimizer steps recorded
         self.backward_total = 0
@@ -488,10 +489,14 @@ class Observer:
             ev.reached = None if self._unattributed else False
             self._unattributed = False
         w.forwards = 0
-        if isinstance(loss, torch.Tensor) and loss.numel() == 1:
-            ev_loss = loss.detach()
-            if w.loss_ok:
-                w.losses.append(ev_loss)
+        if not w.loss_ok:
+            pass
+        elif not self._wants("on_step"):
+            # Only the step record reads the window loss (no listener takes it: the guard):
+            # keep no loss tensors; a listener added later sees this window's loss unknown.
+            w.loss_ok = False
+        elif isinstance(loss, torch.Tensor) and loss.numel() == 1:
+            w.losses.append(loss.detach())
         else:
             w.loss_ok = False
         ev.sync_forward = self._last_sync_forward
@@ -542,6 +547,11 @@ class Observer:
             self._emit("on_backward", ev)
 
     # -- collectives -------------------------------------------------------------------------
+    def _collective_position(self) -> tuple[int, int, bool]:
+        """(optimizer step, backward passes so far in the window, inside a backward): where
+        a collective was entered, for the report of a rank that never left it."""
+        return self.step, len(self._w.backwards), self._bw_current is not None
+
     def _on_collective(self, op: str, reduces: bool) -> None:
         if not self._in_observer and self._wants("on_collective"):
             self._emit("on_collective", CollectiveEvent(self.step, op, reduces,
@@ -675,6 +685,13 @@ class Observer:
         self._before = None
         cons = self._step_cons
         self._step_cons = None
+        if not self._wants("on_step"):
+            # No listener takes the step record (the guard): skip building it (the window
+            # loss reduction, its host copy and a dozen per-window lists).
+            self.step += 1
+            self._w = _Window()
+            self._window_checked = None
+            return
         chk = None
         if cons is not None and self._step_members is not None \
                 and self._step_checksum is not None:

@@ -32,8 +32,11 @@ The recording, one JSON object per line (flushed at every optimizer step, at exi
   parameters the optimizer stepped: ``accumguard invariance``'s tolerance reads it).
   The raw ``step`` counts from 0; every report shows it 1-based;
 * ``{"kind": "scheduler", "step", "micro", "count", "optimizer_steps", "in_step"}``;
-* ``{"kind": "end", "reason", "pending_backwards", "declared_k"}`` last (``reason``:
-  ``exit``, ``max_steps``, ``destroy_process_group``, ``signal``).
+* ``{"kind": "end", "reason", "pending_backwards", "declared_k", "collective"}`` last
+  (``reason``: ``exit``, ``max_steps``, ``destroy_process_group``, ``signal``;
+  ``collective``: ``{open, last_done, failed, calls}`` from
+  :meth:`~accumguard.observe._collectives.CollectiveCounter.state`: the collective the
+  rank was inside when it ended, the last it left, the last that raised).
 
 Options (environment, set by :func:`observed_env`): ``ACCUMGUARD_RECORD_UPDATES=1``
 keeps each applied step's update (param after - before, float64 CPU, this rank's
@@ -300,12 +303,16 @@ class _Agent:
             return
         self.closed = True
         obs = self.observer
-        if obs is not None and (self.seen_activity or self.fh is not None):
+        # a rank stuck in (or failed in) a collective before its first step is still named
+        stuck = obs is not None and (obs.counter.open is not None
+                                     or obs.counter.failed is not None)
+        if obs is not None and (self.seen_activity or self.fh is not None or stuck):
             pending = len(obs._w.backwards)
-            self.seen_activity = self.seen_activity or pending > 0
+            self.seen_activity = self.seen_activity or pending > 0 or stuck
             self._write({"kind": "end", "reason": reason, "pending_backwards": pending,
                          "steps": obs.step, "backwards_total": obs.backward_total,
-                         "declared_k": dict(obs.declared_k), "engine": obs.engine})
+                         "declared_k": dict(obs.declared_k), "engine": obs.engine,
+                         "collective": obs.counter.state()})
         with contextlib.suppress(Exception):
             self._flush_file()
         if self.record_updates and self.updates:
