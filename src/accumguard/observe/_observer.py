@@ -489,10 +489,14 @@ class Observer:
             ev.reached = None if self._unattributed else False
             self._unattributed = False
         w.forwards = 0
-        if isinstance(loss, torch.Tensor) and loss.numel() == 1:
-            ev_loss = loss.detach()
-            if w.loss_ok:
-                w.losses.append(ev_loss)
+        if not w.loss_ok:
+            pass
+        elif not self._wants("on_step"):
+            # Only the step record reads the window loss (no listener takes it: the guard):
+            # keep no loss tensors; a listener added later sees this window's loss unknown.
+            w.loss_ok = False
+        elif isinstance(loss, torch.Tensor) and loss.numel() == 1:
+            w.losses.append(loss.detach())
         else:
             w.loss_ok = False
         ev.sync_forward = self._last_sync_forward
@@ -681,6 +685,13 @@ class Observer:
         self._before = None
         cons = self._step_cons
         self._step_cons = None
+        if not self._wants("on_step"):
+            # No listener takes the step record (the guard): skip building it (the window
+            # loss reduction, its host copy and a dozen per-window lists).
+            self.step += 1
+            self._w = _Window()
+            self._window_checked = None
+            return
         chk = None
         if cons is not None and self._step_members is not None \
                 and self._step_checksum is not None:

@@ -66,12 +66,18 @@ class Phase(enum.Enum):
     FULL = "full"
     STEPPED = "stepped"
 
+    # Members are singletons: hash by identity (Enum's own __hash__ is a Python call,
+    # run on every ILLEGAL lookup, i.e. at every backward and step).
+    __hash__ = object.__hash__
+
 
 class Event(enum.Enum):
     BACKWARD = "backward"
     STEP = "step"
     CLIP = "clip"
     UNSCALE = "unscale"
+
+    __hash__ = object.__hash__  # see Phase
 
 
 @dataclass(frozen=True)

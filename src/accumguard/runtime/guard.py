@@ -37,6 +37,7 @@ checked on the first windows and then on as many as ~1 % of the run's time allow
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -165,6 +166,10 @@ class AccumulationGuard(GuardMachine):
         self.observer: Any = None
         self._ever_reached = False
         self._leak_suspect: bool | None = None
+        # The forward's sync flag matters to a DDP model only: without one the observer
+        # finds no ``on_forward`` listener and builds no event per micro-step.
+        self.on_forward: Callable[[Any], None] | None = (
+            self._on_ddp_forward if self.targets.ddp is not None else None)
 
     # -- lifecycle -------------------------------------------------------------------------
     def install(self) -> AccumulationGuard:
@@ -207,8 +212,8 @@ class AccumulationGuard(GuardMachine):
             self.observer = None
 
     # -- observer events -------------------------------------------------------------------
-    def on_forward(self, ev: Any) -> None:
-        if self.targets.ddp is not None and ev.module is self.model:
+    def _on_ddp_forward(self, ev: Any) -> None:
+        if ev.module is self.model:
             self.forward(ev.sync)
 
     def on_backward_start(self, ev: Any) -> None:
