@@ -112,3 +112,44 @@ def test_pytest_plugin_costs_nothing_at_startup() -> None:
     assert "torch" not in added, added
     assert all(m.split(".")[0] == "accumguard" for m in added), added
     assert min(float(r[0]) for r in runs) <= 0.1
+
+
+def _module_graph() -> dict[str, set[str]]:
+    mods = {}
+    for path in SRC.rglob("*.py"):
+        parts = path.relative_to(SRC.parent).with_suffix("").parts
+        mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for m, path in mods.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                # `from pkg import mod` depends on pkg and, when it is a module, on pkg.mod
+                targets = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            graph[m].update(t for t in targets if t in mods and t != m)
+    return graph
+
+
+def test_no_import_cycle_between_modules() -> None:
+    # Within a layer too: a cycle (even through a TYPE_CHECKING or a lazy import) means two
+    # modules should share a third, lower one (as demo/records.py and static/lint/_rule.py do).
+    graph = _module_graph()
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def visit(m: str, stack: list[str]) -> None:
+        state[m] = 1
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                cycles.append([*stack[stack.index(n):], n])
+            elif n not in state:
+                visit(n, [*stack, n])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from accumguard.cli.main import main
+from accumguard.cli import main
 from accumguard.demo import frameworks as fwd
 from accumguard.demo.plots import FRAMEWORKS_PNG
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from accumguard.core.taxonomy import fix_for, title
 
 if TYPE_CHECKING:  # pragma: no cover - types only
-    from accumguard.demo.demo import DemoRow
+    from accumguard.demo.records import DemoRow
     from accumguard.demo.story import StoryResult
 
 __all__ = ["Output", "fmt_err", "summary_lines", "story_lines"]

@@ -39,6 +39,7 @@ import torch
 from accumguard.core.errors import ConfigError
 from accumguard.demo.console import STORY_HEADERS, Output, story_lines, summary_lines
 from accumguard.demo.loops import ENGINES, CatalogLoop, catalog, engine_available
+from accumguard.demo.records import DemoRow
 from accumguard.demo.toy import (
     TinyCausalLM,
     TokenMLP,
@@ -115,31 +116,6 @@ def demo_setup(*, model: str = "lm", steps: int = 3, accumulation_steps: int = 4
 
 
 # ----------------------------------------------------------------------------- results
-@dataclass
-class DemoRow:
-    """One cell of the matrix: a loop on an engine, what was expected, what was seen."""
-
-    engine: str
-    loop: str
-    kind: str
-    expected: str
-    description: str
-    verdict: str                 # PASS | FAIL | SKIP | ERROR
-    as_expected: bool | None     # None: not run (skipped)
-    max_update_error: float | None = None
-    diagnosis: str | None = None
-    diagnosis_summary: str | None = None
-    runner_up: str | None = None
-    collectives_per_step: float | None = None
-    optimizer_steps: int | None = None
-    reference_steps: int | None = None
-    note: str = ""
-
-    @property
-    def key(self) -> str:
-        return f"{self.engine}/{self.loop}"
-
-
 @dataclass
 class DemoResult:
     rows: list[DemoRow]

@@ -28,13 +28,14 @@ import json
 import logging
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 import torch
 import torch.nn.functional as F
 
+from accumguard.demo.records import FrameworkRow
 from accumguard.verify.reference import flat_params, reference_run, relative_update_error
 
 __all__ = ["BROKEN_MIN", "EXACT_TOL", "FRAMEWORKS", "FrameworkRow", "FrameworksResult",
@@ -406,32 +407,6 @@ def _worker(rank: int, world: int, names: tuple[str, ...]) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- verdicts
 @dataclass
-class FrameworkRow:
-    """One run: a framework's broken default or the accumguard way, judged."""
-
-    framework: str
-    run: str  # "broken" or "exact"
-    label: str
-    expected: str  # "F5" (broken) or "pass"
-    verdict: str  # PASS, FAIL, SKIP, ERROR
-    as_expected: bool | None
-    max_update_error: float | None = None
-    update_errors: list[float] = field(default_factory=list)
-    window_sizes: list[int] = field(default_factory=list)
-    findings: list[dict[str, Any]] = field(default_factory=list)
-    note: str = ""
-
-    @property
-    def short(self) -> str:
-        """The run in a few words (the PNG's legend)."""
-        return str(FRAMEWORKS[self.framework]["short"][self.run == "exact"])
-
-    @property
-    def classes(self) -> list[str]:
-        return sorted({f["class_id"] for f in self.findings})
-
-
-@dataclass
 class FrameworksResult:
     rows: list[FrameworkRow]
     elapsed_s: float
@@ -472,11 +447,17 @@ def _missing(name: str) -> list[str]:
     return missing
 
 
-def _judge(name: str, run: str, ranks: list[dict[str, Any]]) -> FrameworkRow:
+def _row(name: str, run: str, verdict: str, as_expected: bool | None, note: str = "") -> FrameworkRow:
+    """A row for ``name``'s ``run`` ("broken" or "exact"), labelled from :data:`FRAMEWORKS`."""
     info = FRAMEWORKS[name]
-    expected = "pass" if run == "exact" else "F5"
-    row = FrameworkRow(framework=name, run=run, label=info[run], expected=expected,
-                       verdict="ERROR", as_expected=False)
+    return FrameworkRow(framework=name, run=run, label=info[run],
+                        expected="pass" if run == "exact" else "F5", verdict=verdict,
+                        as_expected=as_expected, note=note,
+                        short=info["short"][run == "exact"])
+
+
+def _judge(name: str, run: str, ranks: list[dict[str, Any]]) -> FrameworkRow:
+    row = _row(name, run, "ERROR", False)
     data = [r[name][run] for r in ranks]
     row.window_sizes = [len(w) for w in data[0]["windows"]]
     build, loss_fn = _REFERENCE[name]
@@ -530,8 +511,7 @@ def run_frameworks_demo(names: tuple[str, ...] | None = None, *, out_dir: Path |
         missing = _missing(n)
         if missing:
             note = f"not installed ({', '.join(missing)}): {FRAMEWORKS[n]['pip']}"
-            rows += [FrameworkRow(n, run, FRAMEWORKS[n][run], "pass" if run == "exact" else "F5",
-                                  "SKIP", None, note=note) for run in ("broken", "exact")]
+            rows += [_row(n, run, "SKIP", None, note=note) for run in ("broken", "exact")]
         else:
             runnable.append(n)
     out.line(f"accumguard demo --frameworks: {', '.join(runnable) or 'nothing to run'} on "
@@ -546,9 +526,8 @@ def run_frameworks_demo(names: tuple[str, ...] | None = None, *, out_dir: Path |
             timings[n] = max(float(r[n]["elapsed_s"]) for r in ranks)
             errors = [r[n]["error"] for r in ranks if "error" in r[n]]
             if errors:
-                rows += [FrameworkRow(n, run, FRAMEWORKS[n][run],
-                                      "pass" if run == "exact" else "F5", "ERROR", False,
-                                      note=errors[0]) for run in ("broken", "exact")]
+                rows += [_row(n, run, "ERROR", False, note=errors[0])
+                         for run in ("broken", "exact")]
                 continue
             rows += [_judge(n, run, ranks) for run in ("broken", "exact")]
         timings["references"] = time.perf_counter() - t2

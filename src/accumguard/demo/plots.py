@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING, Any
 from accumguard.demo.loops import engine_title
 
 if TYPE_CHECKING:  # pragma: no cover - types only
-    from accumguard.demo.demo import DemoRow
-    from accumguard.demo.frameworks import FrameworkRow
+    from accumguard.demo.records import DemoRow, FrameworkRow
     from accumguard.demo.story import StoryResult
 
 __all__ = ["plot_update_errors", "plot_story", "plot_framework_errors", "UPDATE_ERROR_PNG",

@@ -37,7 +37,7 @@ import ast
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from accumguard.static.findings import RULES, Finding
 from accumguard.static.lint._ast import (
@@ -70,9 +70,7 @@ from accumguard.static.lint._ast import (
     walk_all,
     walk_local,
 )
-
-if TYPE_CHECKING:
-    from accumguard.static.lint._dsrefs import DsConfigFinder, DsConfigRef
+from accumguard.static.lint._dsrefs import DsConfigFinder, DsConfigRef
 
 #: a loop over these iterates the micro-batches of one window
 _MICRO_ITER_RE = re.compile(r"window(?!s)|micro|chunk|accum")  # string literals naming a .json file we try to open
@@ -814,8 +812,6 @@ class FileContext:
         return self._ds_finder()
 
     def _ds_finder(self) -> DsConfigFinder:
-        from accumguard.static.lint._dsrefs import DsConfigFinder
-
         return self._cached("ds_finder", self.tree, lambda: DsConfigFinder(self))  # type: ignore[no-any-return]
 
 

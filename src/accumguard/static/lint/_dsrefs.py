@@ -14,13 +14,26 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from accumguard.static import dsconfig
 from accumguard.static.lint._ast import call_attr, dotted, last_part, receiver
 
-if TYPE_CHECKING:
-    from accumguard.static.lint._context import FileContext
+
+class FileFacts(Protocol):
+    """What the finder reads of a file's context (:class:`._context.FileContext` has it);
+    a protocol so that this module does not import the context that creates it."""
+
+    tree: ast.AST
+    path: Path | None
+    parents: dict[ast.AST, ast.AST]
+    deepspeed: bool
+
+    def of(self, *types: type) -> list[Any]: ...
+
+    def is_training_script(self) -> bool: ...
+
+    def _cached(self, kind: str, node: ast.AST, compute: Any) -> Any: ...
 
 _DS_BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 _DS_CONFIG_NAME = re.compile(r"ds_?conf|deepspeed_?conf|ds_?cfg|zero_?conf")
@@ -61,7 +74,7 @@ class DsConfigRef:
 class DsConfigFinder:
     """Finds the DeepSpeed config(s) of one file; answers cached in the file's context."""
 
-    def __init__(self, ctx: FileContext) -> None:
+    def __init__(self, ctx: FileFacts) -> None:
         self.ctx = ctx
 
 

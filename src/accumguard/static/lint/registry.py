@@ -12,51 +12,20 @@ docs/rules.md), then write the function in the family module it belongs to.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
-from accumguard.static.findings import RULES, Finding, rule_matches
+from accumguard.static.findings import Finding, rule_matches
 from accumguard.static.lint._context import FileContext
+from accumguard.static.lint._rule import CHECKS, Check, rule
 
 __all__ = ["Check", "all_checks", "rule", "run_checks", "selected_checks"]
-
-CheckFn = Callable[[FileContext], Iterable[Finding]]
-
-
-@dataclass(frozen=True)
-class Check:
-    """One registered rule: the codes it may emit, its family, and the function."""
-
-    codes: tuple[str, ...]
-    family: str
-    fn: CheckFn
-
-    @property
-    def name(self) -> str:
-        return self.fn.__name__
-
-
-_CHECKS: list[Check] = []
-
-
-def rule(*codes: str) -> Callable[[CheckFn], CheckFn]:
-    """Register ``fn`` as the check for ``codes`` (each must be in the catalogue)."""
-
-    def register(fn: CheckFn) -> CheckFn:
-        unknown = [c for c in codes if c not in RULES]
-        if unknown:
-            raise ValueError(f"rule {fn.__name__} emits {unknown}, which are not in findings.RULES")
-        _CHECKS.append(Check(tuple(codes), fn.__module__.rsplit(".", 1)[-1], fn))
-        return fn
-
-    return register
 
 
 def all_checks() -> list[Check]:
     """Every registered check (importing the families registers them)."""
     import accumguard.static.lint.families  # noqa: F401  (registers the rules)
 
-    return list(_CHECKS)
+    return list(CHECKS)
 
 
 def _wanted(code: str, select: Sequence[str] | None, ignore: Sequence[str] | None) -> bool:

@@ -30,7 +30,7 @@ from accumguard.static.lint._ast import (
 )
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._dsrefs import DsConfigRef
-from accumguard.static.lint.registry import rule
+from accumguard.static.lint._rule import rule
 
 _CONFIG_CODES = ("AG200", "AG201", "AG203", "AG204", "AG205", "AG206", "AG207")
 

@@ -31,7 +31,7 @@ from accumguard.static.lint._ast import (
     walk_all,
 )
 from accumguard.static.lint._context import FileContext
-from accumguard.static.lint.registry import rule
+from accumguard.static.lint._rule import rule
 
 _TOKEN_MEAN_KEYWORDS = frozenset(
     {"ignore_index", "attention_mask", "loss_mask", "padding_mask", "pad_token_id", "label_mask",

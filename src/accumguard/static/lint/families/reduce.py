@@ -20,7 +20,7 @@ from accumguard.static.lint._ast import (
     walk_all,
 )
 from accumguard.static.lint._context import FileContext
-from accumguard.static.lint.registry import rule
+from accumguard.static.lint._rule import rule
 
 _DIV_CALLS = frozenset({"div_", "div", "mul_", "true_divide_", "divide_", "mul"})
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from accumguard.static.findings import Finding
 from accumguard.static.lint._ast import call_attr, dotted, receiver, walk_all
 from accumguard.static.lint._context import FileContext
-from accumguard.static.lint.registry import rule
+from accumguard.static.lint._rule import rule
 
 
 @rule("AG103")

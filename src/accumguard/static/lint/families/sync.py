@@ -47,7 +47,7 @@ from accumguard.static.lint._ast import (
     walk_local,
 )
 from accumguard.static.lint._context import FileContext
-from accumguard.static.lint.registry import rule
+from accumguard.static.lint._rule import rule
 
 
 def _is_forward_of(call: ast.Call, recv: str) -> bool:
