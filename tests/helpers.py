@@ -148,3 +148,25 @@ def cpu_mesh() -> Any:
     from torch.distributed.device_mesh import init_device_mesh
 
     return init_device_mesh("cpu", (dist.get_world_size(),))
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 for a launcher's rendezvous (asked of the OS, then closed:
+    a tiny race that the launchers' own retries absorb)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def launcher_env() -> dict[str, str]:
+    """This process's environment without any surrounding job's rendezvous or accumguard
+    settings, one thread per rank and DeepSpeed on the CPU: for real launcher commands."""
+    import os
+
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("TORCHELASTIC", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_",
+                                "ACCUMGUARD_"))}
+    env.update(OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
+    return env

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,13 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import free_port
+
 SCRIPT = Path(__file__).with_name("multinode_train.py")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _torchrun(args: list[str], out: Path) -> subprocess.Popen[str]:
@@ -45,10 +40,10 @@ def _wait(procs: list[subprocess.Popen[str]], timeout: float = 240) -> None:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
     one, two = tmp_path_factory.mktemp("one_agent"), tmp_path_factory.mktemp("two_agents")
-    port = _free_port()
+    port = free_port()
     _wait([_torchrun(["--nproc-per-node", "2", "--master-addr", "127.0.0.1",
                       "--master-port", str(port)], one)])
-    endpoint = f"127.0.0.1:{_free_port()}"
+    endpoint = f"127.0.0.1:{free_port()}"
     common = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
               "--rdzv-endpoint", endpoint, "--rdzv-id", "accumguard-multinode"]
     _wait([_torchrun([*common, "--node-rank", "0"], two),

@@ -16,8 +16,6 @@ Two kinds of runs:
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -26,26 +24,14 @@ import pytest
 
 from accumguard.runtime.watch_findings import analyze, load_recordings
 
+from helpers import free_port, launcher_env
+
 SCRIPTS = Path(__file__).resolve().parents[1] / "watch_scripts"
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("TORCHELASTIC", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_",
-                                "ACCUMGUARD_"))}
-    env.update(OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
-    return env
 
 
 def _torchrun(script: str, *args: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-            "--master-addr", "127.0.0.1", "--master-port", str(_port()),
+            "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
             str(SCRIPTS / script), *args]
 
 
@@ -53,12 +39,12 @@ _PORT_TAKEN = ("EADDRINUSE", "Address already in use", "DistNetworkError")
 
 
 def _sweep(tmp: Path, command: list[str], timeout: float) -> Path:
-    proc = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(command, env=launcher_env(), capture_output=True, text=True, timeout=timeout)
     if proc.returncode and any(m in proc.stderr for m in _PORT_TAKEN) and "--master-port" \
             in command:  # the free port was taken by another process meanwhile: new port
-        command = [str(_port()) if i and command[i - 1] == "--master-port" else c
+        command = [str(free_port()) if i and command[i - 1] == "--master-port" else c
                    for i, c in enumerate(command)]
-        proc = subprocess.run(command, env=_env(), capture_output=True, text=True,
+        proc = subprocess.run(command, env=launcher_env(), capture_output=True, text=True,
                               timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return tmp
@@ -156,7 +142,7 @@ def _watch(tmp_path: Path, command: list[str], *, k: int | None = None,
     argv = [sys.executable, "-m", "accumguard.cli", "watch", "--json", str(report)]
     if k is not None:
         argv += ["--accumulation-steps", str(k)]
-    proc = subprocess.run([*argv, "--", *command], env=_env(), capture_output=True, text=True,
+    proc = subprocess.run([*argv, "--", *command], env=launcher_env(), capture_output=True, text=True,
                           timeout=timeout)
     data = json.loads(report.read_text()) if report.exists() else {}
     assert data, f"no report; stderr:\n{proc.stderr[-3000:]}"
@@ -188,7 +174,7 @@ def test_accelerate_launch_correct(tmp_path: Path) -> None:
     pytest.importorskip("accelerate")
     cmd = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
            "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_ip",
-           "127.0.0.1", "--main_process_port", str(_port()), str(SCRIPTS / "accel_train.py")]
+           "127.0.0.1", "--main_process_port", str(free_port()), str(SCRIPTS / "accel_train.py")]
     code, findings, report, _ = _watch(tmp_path, cmd)
     assert report["ranks"] == [0, 1]
     assert report["accumulation_steps"] == 4
@@ -197,7 +183,7 @@ def test_accelerate_launch_correct(tmp_path: Path) -> None:
 
 def test_deepspeed_launcher_native(tmp_path: Path) -> None:
     pytest.importorskip("deepspeed")
-    cmd = ["deepspeed", "--num_gpus", "2", "--master_port", str(_port()),
+    cmd = ["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()),
            str(SCRIPTS / "ds_train.py"), "--mode", "native", "--stage", "2"]
     code, findings, report, _ = _watch(tmp_path, cmd, timeout=400)
     assert report["engine"], "the DeepSpeed config was not recorded"

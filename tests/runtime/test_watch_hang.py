@@ -10,8 +10,6 @@ the other rank last finished. The counter's bookkeeping is checked without a spa
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,21 +18,9 @@ import pytest
 
 from accumguard.observe._collectives import CollectiveCounter
 
+from helpers import free_port, launcher_env
+
 SCRIPTS = Path(__file__).resolve().parents[1] / "watch_scripts"
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("TORCHELASTIC", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_",
-                                "ACCUMGUARD_"))}
-    env.update(OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
-    return env
 
 
 def test_counter_keeps_the_open_and_the_failed_collective() -> None:
@@ -66,9 +52,9 @@ def test_watch_names_the_rank_and_the_collective(tmp_path: Path, then: str) -> N
     report = tmp_path / "report.json"
     command = [sys.executable, "-m", "accumguard.cli", "watch", "--json", str(report), "--",
                sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-               "--master-addr", "127.0.0.1", "--master-port", str(_port()),
+               "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
                str(SCRIPTS / "hang_skip.py"), "--then", then]
-    proc = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(command, env=launcher_env(), capture_output=True, text=True, timeout=180)
     assert proc.returncode != 0
     data = json.loads(report.read_text())
     problems = data["problems"]

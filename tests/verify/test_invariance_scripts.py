@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,19 +18,15 @@ from pathlib import Path
 from accumguard.verify import _invariance_run as inv_run
 from accumguard.verify import invariance as inv
 
+from helpers import free_port
+
 SCRIPT = Path(__file__).resolve().parents[1] / "invariance_scripts" / "token_lm.py"
 TIMEOUT = 300
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _torchrun(*args: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-            "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), *args]
+            "--master-addr", "127.0.0.1", "--master-port", str(free_port()), *args]
 
 
 def _invariance(tmp_path: Path, name: str, command: list[str], *extra: str
