@@ -118,6 +118,10 @@ class StepEvent:
     wall: float = 0.0
     param_dtype: str | None = None  # dtype of the parameters this step updated ("float32")
     updates: dict[str, Any] | None = field(repr=False, default=None)
+    # per loss call of the window (cross_entropy/nll_loss that reached the optimizer):
+    # [site, order at that site in its backward, micro (0-based), valid count n,
+    #  per-token weight, low precision, reduction]; None: fewer than 2 micro-steps had one
+    losses: list[list[Any]] | None = None
 
 
 @dataclass

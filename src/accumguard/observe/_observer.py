@@ -16,6 +16,9 @@ What is observed, and where (each patch keeps the signature and is undone on
   scheduler wrapper counted once), clipping (``torch.nn.utils.clip_grad_norm_``
   patched where torch defines it, so later ``from torch.nn.utils import ...`` sees
   the wrapper), gradient collectives (:mod:`._collectives`), DeepSpeed's config;
+* loss calls: ``torch.nn.functional.cross_entropy``/``nll_loss`` (patched where torch
+  defines them): each call's valid count and the gradient its output received, for
+  the per-token weights of a window (:mod:`._losses`, the F5 rule);
 * gradient checksums before/after each backward and at the step, for the
   conservation verdict (:mod:`._checksum`), on engines whose gradients live in
   ``.grad`` (not DeepSpeed ZeRO >= 1, whose gradients live in engine buffers).
@@ -55,6 +58,7 @@ from accumguard.observe._events import (
     ZeroGradEvent,
 )
 from accumguard.observe._imports import when_imported
+from accumguard.observe._losses import LossRecorder
 from accumguard.observe._patch import Patches
 
 __all__ = ["Observer"]
@@ -137,6 +141,7 @@ class Observer:
         self._clip_depth = 0
         self.patches = Patches()
         self.counter = CollectiveCounter(self._on_collective)
+        self.losses = LossRecorder(self)  # cross-entropy calls and their token weights (F5)
         self.counter.position = self._collective_position
         self.installed = False
         self.step = 0  # optimizer steps recorded
@@ -207,6 +212,7 @@ class Observer:
         p.wrap(torch.optim.Optimizer, "zero_grad", self._zero_wrapper("optimizer"))
         p.wrap(torch.nn.Module, "zero_grad", self._zero_wrapper("module"))
         p.wrap(torch.utils.data.DataLoader, "__iter__", self._data_pass_wrapper)
+        self.losses.install(p)
         sched = torch.optim.lr_scheduler
         p.wrap(sched.LRScheduler, "step", self._sched_wrapper)
         if "step" in vars(sched.ReduceLROnPlateau):
@@ -541,6 +547,7 @@ class Observer:
                 self._end_versions = grad_versions(self._tracked)
                 self._t_checks += time.perf_counter() - t0
             w.backwards.append(ev)
+            self.losses.end_backward()
             w.bw_since_engine_step += 1
             w.zero_since_backward = 0
             self.backward_total += 1
@@ -691,6 +698,7 @@ class Observer:
             self.step += 1
             self._w = _Window()
             self._window_checked = None
+            self.losses.reset()
             return
         chk = None
         if cons is not None and self._step_members is not None \
@@ -723,7 +731,7 @@ class Observer:
             max_backwards_per_engine_step=w.max_bw_per_engine_step,
             grad_norm=norm, conservation=cons, checksum=chk,
             wall=time.perf_counter() - self._step_t0, param_dtype=self._dtype_of(owner),
-            updates=updates)
+            updates=updates, losses=self.losses.take(applied))
         self.step += 1
         self._w = _Window()
         self._window_checked = None

@@ -30,8 +30,8 @@ from accumguard.core.taxonomy import fix_for, title
 
 __all__ = ["NUMBERING", "WEIGHT_TOL", "WEIGHT_TOL_LOW_PRECISION", "DeclaredK", "Finding",
            "KResolution", "RunRecording", "analyze", "classify_token_weights",
-           "conservation_class", "live_findings", "load_recordings", "resolve_k", "step_record",
-           "windows"]
+           "conservation_class", "live_findings", "load_recordings", "loss_weight_findings",
+           "resolve_k", "step_record", "windows"]
 
 
 class DeclaredK(Protocol):
@@ -261,7 +261,9 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
         findings += _window_findings(rank, _windows(steps), info, res)
         findings += _no_update(rank, steps)
         findings += _scheduler_findings(rank, rec.schedulers.get(rank, []))
+        findings += loss_weight_findings(rank, _windows(steps))
     findings += _cross_rank(rec)
+    findings += _cross_rank_weights(rec)
     # one finding per (class, rank) is enough to act on; keep the first
     seen: set[tuple[str, int | None, str]] = set()
     unique = []
@@ -624,3 +626,121 @@ def classify_token_weights(ranks: list[list[list[float]]], *, world_size: int,
             return "F6", (f"{seen}; each rank's tokens got the same total weight whatever the "
                           "rank's count, i.e. a mean over ranks of rank-local means")
     return "LOSS_SCALE", seen
+
+
+# -- per-token weights of the loss calls (:mod:`accumguard.observe._losses`) --------------
+
+#: Relative spread below which the total weights of one call site's micro-steps count as
+#: equal (the F5 signature). With F5 they are bitwise equal (the same 1/K reached every
+#: call) or off by fp32 rounding of 1/(n_i K) (~1e-7); the token weights of a real bug
+#: differ by the spread of the counts, kept at least 10x the mass spread (below).
+MASS_TOL = 1e-4
+MASS_TOL_LOW_PRECISION = 1e-2
+
+
+def _spread(vals: list[float]) -> float:
+    hi = max(abs(v) for v in vals)
+    return (max(vals) - min(vals)) / hi if hi > 0 else 0.0
+
+
+def _loss_groups(w: dict[str, Any]) -> dict[tuple[str, int], dict[int, list[Any]]]:
+    """The window's loss records by (call site, order there), then by micro-step."""
+    groups: dict[tuple[str, int], dict[int, list[Any]]] = {}
+    for r in w.get("losses") or []:
+        site, idx, micro = str(r[0]), int(r[1]), int(r[2])
+        groups.setdefault((site, idx), {}).setdefault(micro, r)
+    return groups
+
+
+def _short(site: str) -> str:
+    path, _, line = site.rpartition(":")
+    return f"{Path(path).name}:{line}" if path else site
+
+
+def loss_weight_findings(rank: int | None, windows: list[dict[str, Any]]) -> list[Finding]:
+    """F5, only when certain: a loss call site present in every micro-step of a window
+    gave each micro-step's call the same total weight (``g`` for a mean, ``g·n`` for a
+    sum) while their valid counts differed, so one token weighs ``c / n_i``: a
+    per-micro-batch mean. Correct normalisations (sum / N, mean · n_i / N, equal counts,
+    any constant factor such as a loss scale or Accelerate's division by K) give every
+    token one weight; weights that differ in any other pattern (task weights) say
+    nothing for certain and stay silent."""
+    out: list[Finding] = []
+    for w in windows:
+        k = int(w.get("window", w.get("backwards", 0)))
+        if k < 2:
+            continue
+        for (site, idx), by_micro in sorted(_loss_groups(w).items()):
+            if len(by_micro) < k or any(m not in by_micro for m in range(k)):
+                continue  # not in every micro-step of the window: nothing to compare
+            recs = [by_micro[m] for m in range(k)]
+            ns = [float(r[3]) for r in recs]
+            ws = [float(r[4]) for r in recs]
+            if not (all(x > 0 for x in ws) or all(x < 0 for x in ws)):
+                continue
+            ws = [abs(x) for x in ws]
+            masses = [x * n for x, n in zip(ws, ns, strict=True)]
+            low = any(bool(r[5]) for r in recs)
+            tol_w = WEIGHT_TOL_LOW_PRECISION if low else WEIGHT_TOL
+            tol_m = MASS_TOL_LOW_PRECISION if low else MASS_TOL
+            sw, sm = _spread(ws), _spread(masses)
+            if sw <= tol_w or sm > min(tol_m, sw / 10):
+                continue
+            total = sum(ns)
+            red = str(recs[0][6])
+            mass = sum(masses) / k
+            out.append(_mk("F5", "error", rank, int(w["step"]), None,
+                           f"{_short(site)}: the loss call there (reduction='{red}'"
+                           + (f", call {idx + 1} at that line" if idx else "")
+                           + f") saw {', '.join(f'{n:g}' for n in ns)} valid tokens in the "
+                           f"{k} micro-steps of optimizer step {_n(w['step'])}, and each "
+                           f"micro-step's tokens reached the optimizer with the same total "
+                           f"weight ({mass:.4g}) whatever their count: one token weighed "
+                           f"{min(ws):.4g} to {max(ws):.4g} ({max(ws) / min(ws):.3g}x apart) "
+                           f"instead of one weight for all {total:g} tokens (1/N); a "
+                           "per-micro-batch mean divided by K"))
+            break
+        if out:
+            break
+    return out
+
+
+def _cross_rank_weights(rec: RunRecording) -> list[Finding]:
+    """A note (never an error): each rank gave its own tokens one weight, but the weights
+    differ between ranks: each rank normalised by its own count and DDP averages the rank
+    means (standard practice; the exact large batch divides by the global count)."""
+    ranks = [r for r in rec.ranks if rec.steps.get(r)]
+    if len(ranks) < 2:
+        return []
+    per_rank = {r: {int(w["step"]): w for w in _windows(rec.steps[r])} for r in ranks}
+    for step in sorted(per_rank[ranks[0]]):
+        rows = {r: per_rank[r].get(step) for r in ranks}
+        if any(w is None or int(w.get("window", 0)) < 2 for w in rows.values()):
+            continue
+        groups = {r: _loss_groups(w) for r, w in rows.items() if w is not None}
+        keys = set.intersection(*(set(g) for g in groups.values()))
+        for key in sorted(keys):
+            weights: dict[int, float] = {}
+            low = False
+            for r, g in groups.items():
+                k = int(rows[r]["window"])  # type: ignore[index]
+                recs = [g[key].get(m) for m in range(k)]
+                if any(x is None for x in recs):
+                    break
+                ws = [abs(float(x[4])) for x in recs]  # type: ignore[index]
+                low = low or any(bool(x[5]) for x in recs)  # type: ignore[index]
+                if _spread(ws) > (WEIGHT_TOL_LOW_PRECISION if low else WEIGHT_TOL):
+                    break  # not one weight within this rank: the per-rank rule decides
+                weights[r] = sum(ws) / len(ws)
+            else:
+                if _spread(list(weights.values())) > (WEIGHT_TOL_LOW_PRECISION if low
+                                                      else WEIGHT_TOL):
+                    text = ", ".join(f"rank {r}: {v:.4g}" for r, v in sorted(weights.items()))
+                    return [_mk("F6", "note", None, step, None,
+                                f"{_short(key[0])}: every token of a rank carries one weight, "
+                                f"but the weights differ between ranks at optimizer step "
+                                f"{_n(step)} ({text}): each rank normalises by its own token "
+                                "count and the ranks' gradients are then averaged. Standard "
+                                "DDP practice, not the large-batch gradient: for the exact "
+                                "one, all-reduce the window's token count")]
+    return []

@@ -1,0 +1,205 @@
+"""The loss record: per cross-entropy call, how many targets it averaged or summed and the
+gradient the rest of the loss gave its output, so a window's per-token weights can be
+compared without touching the user's code (the F5 rule of :mod:`accumguard.observe.rules`).
+
+``torch.nn.functional.cross_entropy`` and ``nll_loss`` are patched where torch defines
+them: ``nn.CrossEntropyLoss``, ``nn.NLLLoss`` and transformers' loss functions call them
+by attribute at call time, and a script's ``from torch.nn.functional import
+cross_entropy`` runs after ``watch`` installed the patch, so every alias is seen.
+
+For each call whose output requires grad, with ``reduction`` ``'mean'`` or ``'sum'`` and
+no class ``weight=``, the valid count ``n`` is kept as a device tensor (targets that are
+not ``ignore_index`` for class-index targets; rows for probability targets: what torch's
+``'mean'`` divides by) and a hook on the output keeps the scalar gradient ``g`` that the
+rest of the loss gave it. Each of that call's tokens then weighs ``g / n`` (mean) or
+``g`` (sum) in the gradient the optimizer receives: the F5 bug gives every micro-step's
+call the same ``g`` whatever its ``n``. Nothing is read on the host until the optimizer
+step (one transfer per window, and none when fewer than two micro-steps had a call).
+
+A call belongs to the backward pass whose gradient reached it (a loss computed and never
+backpropagated, or differentiated with ``torch.autograd.grad``, records nothing). It is
+named by its call site: the first frame outside torch and the training libraries (the
+user's line), plus its order among that site's calls in the same backward.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+import torch
+
+__all__ = ["LossRecorder"]
+
+#: Packages whose frames are skipped to name a call by the user's line.
+_LIBRARIES = ("torch", "transformers", "accelerate", "lightning", "pytorch_lightning",
+              "lightning_fabric", "deepspeed", "peft", "trl", "accumguard")
+#: Calls kept per window beyond which recording stops (a loop computing many losses
+#: without backward must not grow memory); the rule then judges what was kept.
+_MAX_CALLS = 4096
+#: Records written per optimizer step (the recording's size stays bounded).
+_MAX_RECORDS = 256
+_FRAMES = 16
+_LOW = (torch.float16, torch.bfloat16)
+
+
+class _Call:
+    """One recorded loss call; ``micro`` and ``g`` are set by the gradient hook."""
+
+    __slots__ = ("g", "lp", "mean", "micro", "n", "seq", "site")
+
+    def __init__(self, site: str, seq: int, n: torch.Tensor, mean: bool, lp: bool) -> None:
+        self.site = site
+        self.seq = seq
+        self.n = n
+        self.mean = mean
+        self.lp = lp
+        self.micro: int | None = None
+        self.g: torch.Tensor | None = None
+
+
+class LossRecorder:
+    """Installed by the :class:`~accumguard.observe.Observer`; its records go on the step
+    event as ``losses`` (see :meth:`take`)."""
+
+    def __init__(self, observer: Any) -> None:
+        self.obs = observer
+        self.calls: list[_Call] = []
+        self.micro = 0  # backward passes since the last applied optimizer step
+        self.seq = 0
+        self._lib_cache: dict[str, bool] = {}
+
+    def install(self, patches: Any) -> None:
+        import torch.nn.functional as F  # noqa: N812 - torch's own alias
+
+        for name in ("cross_entropy", "nll_loss"):
+            patches.wrap(F, name, self._wrapper)
+
+    # -- the observer's calls ---------------------------------------------------------------
+    def end_backward(self) -> None:
+        self.micro += 1
+
+    def take(self, applied: bool) -> list[list[Any]] | None:
+        """The window's records ``[site, order, micro, n, weight, low_precision, reduction]``
+        at an applied optimizer step (``micro`` 0-based in the window, no-op steps folded
+        in as the rules fold them), or None when there is nothing to compare. A step that
+        changed nothing keeps the calls for the window that goes on."""
+        if not applied:
+            return None
+        calls = [c for c in self.calls if c.g is not None and c.micro is not None]
+        self.calls = []
+        self.micro = 0
+        if len({c.micro for c in calls}) < 2:
+            return None
+        calls.sort(key=lambda c: (c.micro, c.seq))
+        try:
+            with torch.no_grad():
+                ns = torch.stack([c.n.reshape(()).to(torch.float64) for c in calls])
+                gs = torch.stack([c.g.reshape(()).to(torch.float64)  # type: ignore[union-attr]
+                                  for c in calls])
+                vals = torch.stack([ns, gs]).cpu().tolist()
+        except (RuntimeError, TypeError, ValueError):  # mixed devices, tensor subclasses
+            return None
+        order: dict[tuple[int, str], int] = {}
+        out: list[list[Any]] = []
+        for c, n, g in zip(calls, vals[0], vals[1], strict=True):
+            idx = order.get((c.micro, c.site), 0)  # type: ignore[arg-type]
+            order[(c.micro, c.site)] = idx + 1  # type: ignore[index]
+            if n <= 0 or g == 0 or g != g:
+                continue  # nothing averaged, or the loss did not reach the optimizer
+            out.append([c.site, idx, c.micro, int(n), g / n if c.mean else g, c.lp,
+                        "mean" if c.mean else "sum"])
+            if len(out) >= _MAX_RECORDS:
+                break
+        return out or None
+
+    def reset(self) -> None:
+        self.calls = []
+        self.micro = 0
+
+    # -- the patch ------------------------------------------------------------------------
+    def _wrapper(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        rec = self
+
+        def loss_fn(*args: Any, **kwargs: Any) -> Any:
+            out = orig(*args, **kwargs)
+            obs = rec.obs
+            if (not obs._active() or not obs._wants("on_step")
+                    or not isinstance(out, torch.Tensor) or not out.requires_grad
+                    or out.dim() != 0 or len(rec.calls) >= _MAX_CALLS):
+                return out
+            if torch.compiler.is_compiling():
+                return out
+            rec._record(out, args, kwargs)
+            return out
+
+        return loss_fn
+
+    def _record(self, out: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        def arg(i: int, name: str, default: Any) -> Any:
+            return args[i] if len(args) > i else kwargs.get(name, default)
+
+        if (arg(2, "weight", None) is not None or arg(3, "size_average", None) is not None
+                or arg(5, "reduce", None) is not None):
+            return  # class weights or the legacy reduction flags: not a plain mean/sum
+        reduction = arg(6, "reduction", "mean")
+        if reduction not in ("mean", "sum"):
+            return
+        inp, target = arg(0, "input", None), arg(1, "target", None)
+        if not isinstance(inp, torch.Tensor) or not isinstance(target, torch.Tensor):
+            return
+        with torch.no_grad():
+            if target.is_floating_point():  # probability targets: 'mean' divides by rows
+                rows = inp.numel() // inp.shape[1] if inp.dim() >= 2 else 1
+                n = torch.tensor(rows, dtype=torch.int64)
+            else:
+                n = (target != int(arg(4, "ignore_index", -100))).sum()
+        call = _Call(self._site(), self.seq, n, reduction == "mean",
+                     out.dtype in _LOW or inp.dtype in _LOW)
+        self.seq += 1
+        self.calls.append(call)
+        out.register_hook(lambda grad, c=call: self._on_grad(c, grad))  # type: ignore[no-untyped-call]
+
+    def _on_grad(self, call: _Call, grad: torch.Tensor) -> None:
+        obs = self.obs
+        if obs._bw_current is None or not obs.installed:
+            return  # torch.autograd.grad or a backward the observer did not see
+        if call.micro is None:
+            call.micro = self.micro
+            call.g = grad.detach()
+        elif call.micro == self.micro and call.g is not None:
+            call.g = call.g + grad.detach()
+        else:  # backpropagated in two backward passes (retain_graph): no single weight
+            call.g = None
+
+    # -- naming the call ----------------------------------------------------------------------
+    def _site(self) -> str:
+        """``path:line`` of the first frame outside the training libraries (the caller of
+        the wrapper when every frame within reach is library code)."""
+        f: FrameType | None = sys._getframe(3)  # _site <- _record <- loss_fn <- the caller
+        first: str | None = None
+        for _ in range(_FRAMES):
+            if f is None:
+                break
+            fn = f.f_code.co_filename
+            lib = self._lib_cache.get(fn)
+            if lib is None:
+                lib = self._lib_cache[fn] = self._is_library(fn)
+            if not lib:
+                return f"{fn}:{f.f_lineno}"
+            if first is None:
+                first = f"{fn}:{f.f_lineno}"
+            f = f.f_back
+        return first or "?"
+
+    @staticmethod
+    def _is_library(filename: str) -> bool:
+        for name in _LIBRARIES:
+            mod = sys.modules.get(name)
+            path = getattr(mod, "__file__", None)
+            if path and filename.startswith(os.path.dirname(path) + os.sep):
+                return True
+        return filename.startswith("<frozen")
