@@ -1,0 +1,222 @@
+"""F5 seen by the observation layer alone: the loss record (cross_entropy/nll_loss patched
+where torch defines them) and the per-window rule. Every loop runs in this process under
+``accumguard.runtime.watch.recording`` (what ``watch`` installs in each rank) and is
+analysed as ``watch`` does. The broken loop (token mean per micro-batch / K over uneven
+counts) must be an F5 error; every correct pattern must stay silent (a false alarm costs
+more than a miss)."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F  # noqa: N812
+
+from accumguard.observe import Observer
+from accumguard.observe.rules import Finding, RunRecording, analyze, loss_weight_findings
+from accumguard.runtime.watch import recording
+from accumguard.runtime.watch_findings import load_recordings
+
+V = 16
+K = 4
+Loss = Callable[[torch.Tensor, torch.Tensor, int, int], torch.Tensor]
+
+
+class Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = torch.nn.Embedding(V, 8)
+        self.head = torch.nn.Linear(8, V)
+        self.aux = torch.nn.Linear(8, V)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.emb(x)
+        return self.head(h).reshape(-1, V), self.aux(h).reshape(-1, V)
+
+
+def _batch(i: int, *, uneven: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(i)
+    x = torch.randint(0, V, (2, 10), generator=g)
+    y = x.clone()
+    if uneven:
+        y[:, 2 + 3 * (i % 3):] = -100  # 4, 10 or 16 valid tokens per micro-batch
+    else:
+        y[:, 5:] = -100
+    return x, y.reshape(-1)
+
+
+def _count(y: torch.Tensor) -> int:
+    return int((y != -100).sum())
+
+
+def _run(tmp: Path, loss_fn: Loss, *, k: int = K, steps: int = 2, uneven: bool = True,
+         eval_between: bool = False) -> list[Finding]:
+    """Train ``steps`` windows of ``k`` micro-steps; ``loss_fn(logits, labels, n_i, N)``."""
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with recording(tmp):
+        for s in range(steps):
+            batches = [_batch(s * k + j, uneven=uneven) for j in range(k)]
+            total = sum(_count(y) for _, y in batches)
+            for x, y in batches:
+                logits, _ = model(x)
+                loss_fn(logits, y, _count(y), total).backward()
+                if eval_between:
+                    with torch.no_grad():
+                        F.cross_entropy(model(x)[0], y)  # eval: no grad, not recorded
+            opt.step()
+            opt.zero_grad()
+    findings, _, _ = analyze(load_recordings(tmp))
+    return findings
+
+
+def _errors(findings: list[Finding]) -> set[str]:
+    return {f.cls for f in findings if f.severity == "error"}
+
+
+def test_token_mean_over_k_with_uneven_counts_is_f5(tmp_path: Path) -> None:
+    findings = _run(tmp_path, lambda z, y, n, total: F.cross_entropy(z, y) / K)
+    assert _errors(findings) == {"F5"}, findings
+    f5 = next(f for f in findings if f.cls == "F5")
+    # the user's line, the counts, the equal total weight per micro-step, and the fix
+    assert "test_f5_loss_weights.py:" in f5.evidence
+    assert "4, 10, 16, 4 valid tokens" in f5.evidence and "(0.25)" in f5.evidence
+    assert f5.step == 1 and "window's total count N" in f5.fix
+
+
+@pytest.mark.parametrize("name", ["sum_over_N", "mean_times_n_over_N", "equal_counts",
+                                  "k1", "eval_no_grad", "reduction_none", "task_weights"])
+def test_correct_patterns_are_silent(tmp_path: Path, name: str) -> None:
+    kw: dict[str, Any] = {}
+    fn: Loss
+    if name == "sum_over_N":
+        def fn(z: Any, y: Any, n: int, total: int) -> Any:
+            return F.cross_entropy(z, y, reduction="sum") / total
+    elif name == "mean_times_n_over_N":
+        def fn(z: Any, y: Any, n: int, total: int) -> Any:
+            return F.cross_entropy(z, y) * n / total
+    elif name == "equal_counts":  # nanoGPT: mean / K is exact when every count is equal
+        def fn(z: Any, y: Any, n: int, total: int) -> Any:
+            return F.cross_entropy(z, y) / K
+        kw["uneven"] = False
+    elif name == "k1":
+        def fn(z: Any, y: Any, n: int, total: int) -> Any:
+            return F.cross_entropy(z, y)
+        kw["k"] = 1
+        kw["steps"] = 4
+    elif name == "eval_no_grad":
+        def fn(z: Any, y: Any, n: int, total: int) -> Any:
+            return F.cross_entropy(z, y, reduction="sum") / total
+        kw["eval_between"] = True
+    elif name == "reduction_none":  # user-weighted tokens: the rule does not judge them
+        def fn(z: Any, y: Any, n: int, total: int) -> Any:
+            per = F.cross_entropy(z, y, reduction="none")
+            return per.sum() / n / K
+    else:  # a weight per micro-batch (task weights) on equal counts: not a count pattern
+        weights = iter([1.0, 0.5, 2.0, 0.3] * 4)
+
+        def fn(z: Any, y: Any, n: int, total: int) -> Any:
+            return F.cross_entropy(z, y) * next(weights) / K
+        kw["uneven"] = False
+    findings = _run(tmp_path, fn, **kw)
+    assert not _errors(findings), findings
+
+
+def test_heads_losses_not_backpropagated_and_module_losses(tmp_path: Path) -> None:
+    """Two heads with different weights per head, both exact, plus a per-batch mean that is
+    only logged (never backpropagated): silent. The same heads through
+    ``nn.CrossEntropyLoss`` with the aux head as a per-micro-batch mean: F5, named at the
+    user's line (not torch's loss module)."""
+    ce = torch.nn.CrossEntropyLoss(reduction="sum")
+    ce_mean = torch.nn.CrossEntropyLoss()
+
+    def run(tmp: Path, broken: bool) -> list[Finding]:
+        model = Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with recording(tmp):
+            for s in range(2):
+                batches = [_batch(s * K + j) for j in range(K)]
+                total = sum(_count(y) for _, y in batches)
+                for x, y in batches:
+                    a, b = model(x)
+                    logged = F.cross_entropy(a, y)  # a metric: never backpropagated
+                    aux = ce_mean(b, y) / K if broken else 0.3 * ce(b, y) / total
+                    (ce(a, y) / total + aux).backward()
+                    del logged
+                opt.step()
+                opt.zero_grad()
+        return analyze(load_recordings(tmp))[0]
+
+    assert not _errors(run(tmp_path / "ok", False))
+    findings = run(tmp_path / "bad", True)
+    assert _errors(findings) == {"F5"}, findings
+    f5 = next(f for f in findings if f.cls == "F5")
+    assert "test_f5_loss_weights.py:" in f5.evidence and "loss.py" not in f5.evidence
+
+
+def test_grad_scaler_and_alias_after_install(tmp_path: Path) -> None:
+    """A GradScaler's constant factor cancels (only ratios inside one window count); a
+    ``from torch.nn.functional import cross_entropy`` made after install is the patch."""
+    for broken in (False, True):
+        model = Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+        out = tmp_path / str(broken)
+        with recording(out):
+            from torch.nn.functional import cross_entropy  # bound under the observer
+
+            for s in range(2):
+                batches = [_batch(s * K + j) for j in range(K)]
+                total = sum(_count(y) for _, y in batches)
+                for x, y in batches:
+                    z, _ = model(x)
+                    loss = (cross_entropy(z, y) / K if broken
+                            else cross_entropy(z, y, reduction="sum") / total)
+                    scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+                opt.zero_grad()
+        errors = _errors(analyze(load_recordings(out))[0])
+        assert errors == ({"F5"} if broken else set()), (broken, errors)
+
+
+def test_patch_keeps_signature_and_goes_away() -> None:
+    before = F.cross_entropy, F.nll_loss
+    sig = inspect.signature(F.cross_entropy)
+    with Observer(auto_roots=True):
+        assert F.cross_entropy is not before[0]
+        assert inspect.signature(F.cross_entropy) == sig
+        x = torch.randn(3, 4, requires_grad=True)
+        torch.autograd.grad(F.cross_entropy(x, torch.tensor([0, 1, 2])), x)  # no listener
+    assert (F.cross_entropy, F.nll_loss) == before
+
+
+def _window(step: int, weights: list[float], counts: list[int], *, low: bool = False,
+            site: str = "train.py:10") -> dict[str, Any]:
+    return {"step": step, "window": len(weights), "backwards": len(weights), "applied": True,
+            "losses": [[site, 0, i, n, w, low, "mean"]
+                       for i, (w, n) in enumerate(zip(weights, counts, strict=True))]}
+
+
+def test_rule_tolerances_and_cross_rank_note() -> None:
+    """Rounding-level differences never count; the F5 signature needs equal total weight
+    per micro-step; differences only across ranks are a note, never an error."""
+    counts = [100, 103, 97, 100]
+    exact = [1 / 400 * (1 + e) for e in (0, 1e-7, -1e-7, 3e-8)]  # fp32 rounding of 1/N
+    assert not loss_weight_findings(0, [_window(0, exact, counts)])
+    f5 = [0.25 / n for n in counts]
+    assert [f.cls for f in loss_weight_findings(0, [_window(0, f5, counts)])] == ["F5"]
+    # bf16 rounding of the total weight (~0.4 %) with 3 % count spread: not certain, silent
+    noisy = [0.25 * (1 + e) / n for e, n in zip((0, 4e-3, -4e-3, 2e-3), counts, strict=True)]
+    assert not loss_weight_findings(0, [_window(0, noisy, counts, low=True)])
+    # one weight per rank, different across ranks (each rank divides by its own count)
+    rec = RunRecording(world=2)
+    rec.steps = {0: [_window(0, [1 / 400] * 4, counts)],
+                 1: [_window(0, [1 / 300] * 4, [75] * 4)]}
+    findings = analyze(rec)[0]
+    assert [(f.cls, f.severity) for f in findings] == [("F6", "note")], findings
