@@ -43,7 +43,12 @@ from accumguard.core.errors import (
 )
 from accumguard.core.scaling import GradReduction, loss_scale
 from accumguard.engines import Engine, resolve_engine
-from accumguard.engines.precision import AccumulationDtype
+from accumguard.engines.precision import (
+    AccumulationDtype,
+    MasterWeights,
+    enable_master_weights,
+    load_master_state,
+)
 
 __all__ = ["AccumulationConfig", "Accumulator", "MicroStep", "NonFinitePolicy", "StepResult",
            "Window", "batch_size"]
@@ -174,6 +179,7 @@ class AccumulationConfig:
     drop_last_window: bool = False
     nonfinite: NonFinitePolicy = "skip"
     accumulation_dtype: AccumulationDtype = "auto"
+    master_weights: bool = False
 
     def __post_init__(self) -> None:
         check_accumulation_steps(self.accumulation_steps)
@@ -207,6 +213,13 @@ class AccumulationConfig:
                 "window's gradients in fp32 when parameters are bf16/fp16), 'float32' (the "
                 "same, and refuse an engine setup that cannot) or 'native' (sum in the "
                 "parameters' dtype, as the engine does by itself)")
+        if not isinstance(self.master_weights, bool):
+            raise ConfigError(f"`master_weights` ({self.master_weights!r}) must be True or False")
+        if self.master_weights and self.accumulation_dtype == "native":
+            raise ConfigError(
+                "master_weights=True with accumulation_dtype='native': fp32 master weights "
+                "step on the window's fp32 gradient sum, which 'native' does not form; use "
+                "accumulation_dtype='auto' (default) or 'float32'")
 
 
 @dataclass(frozen=True)
@@ -339,6 +352,12 @@ class Accumulator:
             on FSDP2, a checked ``grad_accum_dtype`` on DeepSpeed), ``"float32"`` (required,
             ConfigError with the fix otherwise) or ``"native"``; see
             :mod:`accumguard.engines.precision`. The chosen dtype is ``self.accumulation_dtype``.
+        master_weights: ``True``: the optimizer steps fp32 master copies of the bf16/fp16
+            parameters with the fp32 window sum (clipping and GradScaler see it too) and the
+            model's parameters are their rounded copy (local and DDP; the other engines
+            raise ConfigError naming their own way). Build the Accumulator before the
+            optimizer holds state. The masters are ``self.masters`` and part of
+            :meth:`state_dict`; see :class:`~accumguard.engines.precision.MasterWeights`.
     """
 
     def __init__(
@@ -357,11 +376,12 @@ class Accumulator:
         on_boundary: Iterable[Callable[[StepResult], None]] = (),
         nonfinite: NonFinitePolicy = "skip",
         accumulation_dtype: AccumulationDtype = "auto",
+        master_weights: bool = False,
     ) -> None:
         self.config = AccumulationConfig(
             accumulation_steps=accumulation_steps, normalization=normalization,
             max_grad_norm=max_grad_norm, drop_last_window=drop_last_window, nonfinite=nonfinite,
-            accumulation_dtype=accumulation_dtype)
+            accumulation_dtype=accumulation_dtype, master_weights=master_weights)
         _check_callables(optimizer=optimizer, scheduler=scheduler, scaler=scaler,
                          count_fn=count_fn)
         self.engine = resolve_engine(model, optimizer, engine)
@@ -390,6 +410,9 @@ class Accumulator:
         self.engine.check_options(max_grad_norm=max_grad_norm, scaler=scaler, scheduler=scheduler)
         #: The dtype the window's gradient sum is kept in ("float32", or e.g. "bfloat16").
         self.accumulation_dtype = self.engine.set_accumulation_dtype(accumulation_dtype)
+        #: fp32 master weights of the low-precision parameters (``master_weights=True``).
+        self.masters: MasterWeights | None = (
+            enable_master_weights(self.engine, optimizer) if master_weights else None)
         self._boundary = Boundary(accumulation_steps, reducer=self.engine.sync,
                                   stepper=self._step)
         self._active: MicroStep | None = None
@@ -822,7 +845,8 @@ class Accumulator:
                 "normalization": self.config.normalization, "windows_seen": self.windows_seen,
                 "optimizer_steps": self.optimizer_steps, "skipped_windows": self.skipped_windows,
                 "micro_batches_consumed": self.micro_batches_consumed,
-                "world_size": self.engine.world_size}
+                "world_size": self.engine.world_size,
+                **({"master_weights": self.masters.state_dict()} if self.masters else {})}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore progress saved by :meth:`state_dict`; K and the normalisation must match."""
@@ -860,6 +884,7 @@ class Accumulator:
         if state.get("version") != _STATE_VERSION:
             raise ConfigError(f"unknown Accumulator state version {state.get('version')!r}; "
                               f"this accumguard writes version {_STATE_VERSION}")
+        load_master_state(self.masters, state.get("master_weights"))
         self.windows_seen = int(state["windows_seen"])
         self.optimizer_steps = int(state["optimizer_steps"])
         self.skipped_windows = int(state["skipped_windows"])

@@ -28,6 +28,11 @@ Recipe (every rank calls both)::
 
 ``torch.distributed.optim.ZeroRedundancyOptimizer`` is not supported by DCP's
 ``get_state_dict``; it is refused with the manual recipe.
+
+With fp32 master weights (``Accumulator(..., master_weights=True)``) the optimizer steps
+the masters, not the model's parameters: its state is mapped to parameter names through
+:meth:`~accumguard.engines.precision.MasterWeights.module`, and the masters themselves are
+saved in the Accumulator's state, so a resumed run continues bit for bit.
 """
 
 from __future__ import annotations
@@ -55,6 +60,45 @@ def _check_optimizer(acc: Accumulator) -> None:
             "({'model': ..., 'optim': optimizer.state_dict(), 'accumguard': acc.state_dict()})")
 
 
+def _stepped_module(acc: Accumulator) -> Any:
+    """What the optimizer steps, under the model's parameter names (masters swapped in)."""
+    assert acc.masters is not None
+    return acc.masters.module(getattr(acc.model, "module", acc.model))
+
+
+def _state_dicts(acc: Accumulator) -> tuple[dict[str, Any], dict[str, Any]]:
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        get_state_dict,
+    )
+
+    opt = acc.optimizer
+    assert opt is not None  # only DeepSpeed (another path) has none
+    if acc.masters is None:
+        return get_state_dict(acc.model, opt)
+    return get_model_state_dict(acc.model), get_optimizer_state_dict(_stepped_module(acc), opt)
+
+
+def _set_state_dicts(acc: Accumulator, model_sd: dict[str, Any], optim_sd: dict[str, Any]
+                     ) -> None:
+    from torch.distributed.checkpoint.state_dict import (
+        set_model_state_dict,
+        set_optimizer_state_dict,
+        set_state_dict,
+    )
+
+    opt = acc.optimizer
+    assert opt is not None  # only DeepSpeed (another path) has none
+    if acc.masters is None:
+        set_state_dict(acc.model, opt, model_state_dict=model_sd, optim_state_dict=optim_sd)
+        return
+    set_model_state_dict(acc.model, model_sd)
+    # The optimizer state belongs to the fp32 masters: loaded onto them, it stays fp32.
+    set_optimizer_state_dict(_stepped_module(acc), opt, optim_sd)
+    acc.masters.copy_to_model()
+
+
 def save_checkpoint(path: str, acc: Accumulator, *, scheduler: Any = None,
                     tag: str | None = None) -> None:
     """Save model, optimizer, scheduler and Accumulator state at a boundary (every rank).
@@ -71,9 +115,8 @@ def save_checkpoint(path: str, acc: Accumulator, *, scheduler: Any = None,
         return
     _check_optimizer(acc)
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    model_sd, optim_sd = get_state_dict(acc.model, acc.optimizer)
+    model_sd, optim_sd = _state_dicts(acc)
     doc: dict[str, Any] = {"model": model_sd, "optim": optim_sd, _KEY: state}
     if sched is not None:
         doc["scheduler"] = sched.state_dict()
@@ -101,16 +144,14 @@ def load_checkpoint(path: str, acc: Accumulator, *, scheduler: Any = None,
         return dict(client[_KEY])
     _check_optimizer(acc)
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    model_sd, optim_sd = get_state_dict(acc.model, acc.optimizer)
+    model_sd, optim_sd = _state_dicts(acc)
     doc: dict[str, Any] = {"model": model_sd, "optim": optim_sd, _KEY: acc.state_dict()}
     if sched is not None:
         doc["scheduler"] = sched.state_dict()
     dcp.load(doc, checkpoint_id=path)
     acc.load_state_dict(doc[_KEY])  # K / normalisation / world size checked first
-    set_state_dict(acc.model, acc.optimizer, model_state_dict=doc["model"],
-                   optim_state_dict=doc["optim"])
+    _set_state_dicts(acc, doc["model"], doc["optim"])
     if sched is not None:
         sched.load_state_dict(doc["scheduler"])
     return dict(doc[_KEY])
