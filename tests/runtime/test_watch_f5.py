@@ -26,8 +26,11 @@ SCRIPT = textwrap.dedent('''
     K, STEPS, V = 4, 3, 32
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
-    if world > 1:
-        import torch.distributed as dist
+    import torch.distributed as dist
+    if MODE.startswith("ds"):
+        import deepspeed
+        deepspeed.init_distributed(dist_backend="gloo")
+    elif world > 1:
         dist.init_process_group("gloo")
     torch.manual_seed(0)
     if MODE.startswith("hf"):
@@ -37,9 +40,15 @@ SCRIPT = textwrap.dedent('''
         model = GPT2LMHeadModel(cfg)
     else:
         model = torch.nn.Sequential(torch.nn.Embedding(V, 16), torch.nn.Linear(16, V))
-    if world > 1:
+    if MODE.startswith("ds"):  # native accumulation: engine.backward divides by GA = K
+        config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": K,
+                  "zero_optimization": {"stage": 2}, "gradient_clipping": 0.0,
+                  "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}}}
+        model, _, _, _ = deepspeed.initialize(model=model, config=config,
+                                              model_parameters=model.parameters())
+    elif world > 1:
         model = torch.nn.parallel.DistributedDataParallel(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt = None if MODE.startswith("ds") else torch.optim.AdamW(model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(1 + rank)
 
     def batch():
@@ -56,6 +65,16 @@ SCRIPT = textwrap.dedent('''
         if world > 1:
             dist.all_reduce(n_total)
         for x, y in batches:
+            if MODE.startswith("ds"):
+                logits = model(x).reshape(-1, V)
+                if MODE == "ds_mean":
+                    loss = F.cross_entropy(logits, y.reshape(-1))
+                else:  # the engine divides by K and averages over ranks
+                    loss = F.cross_entropy(logits, y.reshape(-1), reduction="sum") \\
+                        * K * world / n_total
+                model.backward(loss)
+                model.step()
+                continue
             if MODE.startswith("hf"):
                 if MODE == "hf_mean":  # the 2024 bug: num_items_in_batch ignored
                     loss = model(input_ids=x, labels=y).loss / K
@@ -72,8 +91,9 @@ SCRIPT = textwrap.dedent('''
                     n_i = int((y != -100).sum())
                     loss = F.cross_entropy(logits, y.reshape(-1)) * n_i * world / n_total
             loss.backward()
-        opt.step()
-        opt.zero_grad()
+        if opt is not None:
+            opt.step()
+            opt.zero_grad()
     if world > 1:
         dist.barrier()
         dist.destroy_process_group()
@@ -126,5 +146,69 @@ def test_hf_gpt2_custom_loop(tmp_path: Path, mode: str, bug: bool) -> None:
         assert code == 1 and _errors(findings) == {"F5"}, findings
         f5 = next(f for f in findings if f["cls"] == "F5")
         assert "train_padded.py:" in f5["evidence"]  # the user's line, not transformers'
+    else:
+        assert code == 0 and not _errors(findings), findings
+
+
+def test_accelerate_accumulate_in_process(tmp_path: Path) -> None:
+    """``accelerator.backward`` divides every micro-step's loss by K (a constant: it cancels).
+    Over it, a token mean is F5 (issue 12) and the summed loss times K / N is exact."""
+    pytest.importorskip("accelerate")
+    import torch
+    import torch.nn.functional as F  # noqa: N812
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+
+    from accumguard.runtime.watch import recording
+    from accumguard.runtime.watch_findings import analyze, load_recordings
+
+    k, v = 4, 16
+    for mode in ("exact", "mean"):
+        AcceleratorState._reset_state(reset_partial_state=False)
+        GradientState._reset_state()
+        acc = Accelerator(gradient_accumulation_steps=k, cpu=True)
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Embedding(v, 8), torch.nn.Linear(8, v))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model, opt = acc.prepare(model, opt)
+        gen = torch.Generator().manual_seed(0)
+        data = []
+        for i in range(2 * k):
+            x = torch.randint(0, v, (2, 8), generator=gen)
+            y = x.clone()
+            y[:, 2 + 2 * (i % 3):] = -100
+            data.append((x, y.reshape(-1)))
+        out = tmp_path / mode
+        with recording(out):
+            for s in range(2):
+                window = data[s * k:(s + 1) * k]
+                total = sum(int((y != -100).sum()) for _, y in window)
+                for x, y in window:
+                    with acc.accumulate(model):
+                        z = model(x).reshape(-1, v)
+                        loss = (F.cross_entropy(z, y) if mode == "mean"
+                                else F.cross_entropy(z, y, reduction="sum") * k / total)
+                        acc.backward(loss)
+                        opt.step()
+                        opt.zero_grad()
+        findings, got_k, _ = analyze(load_recordings(out))
+        errors = {f.cls for f in findings if f.severity == "error"}
+        assert got_k == k
+        assert errors == ({"F5"} if mode == "mean" else set()), (mode, findings)
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
+@pytest.mark.deepspeed
+@pytest.mark.parametrize(("mode", "bug"), [("ds_mean", True), ("ds_sum", False)])
+def test_deepspeed_native_accumulation(tmp_path: Path, mode: str, bug: bool) -> None:
+    """DeepSpeed ZeRO-2, config GA = K, ``engine.backward`` on every micro-batch (it divides
+    by K: a constant that cancels): a token mean is F5, the summed loss over N is exact."""
+    pytest.importorskip("deepspeed")
+    code, findings, report, _ = _watch(tmp_path, _torchrun(_script(tmp_path), mode),
+                                       timeout=400)
+    assert report["ranks"] == [0, 1] and report["accumulation_steps"] == 4
+    if bug:
+        assert code == 1 and _errors(findings) == {"F5"}, findings
     else:
         assert code == 0 and not _errors(findings), findings
