@@ -139,7 +139,7 @@ def test_local_masters_match_the_large_batch() -> None:
         assert acc.masters is not None and acc.accumulation_dtype == "float32"
         # The model's bf16 parameters are the masters, rounded.
         for p, m in zip(acc.masters.params, acc.masters.masters, strict=True):
-            assert torch.equal(p, m.to(torch.bfloat16))
+            assert torch.equal(p, m.to(torch.bfloat16)) and acc.masters.parameter_of(m) is p
         if case.max_grad_norm is not None:  # clipping saw the fp32 gradient
             assert all(r.grad_norm is not None and r.grad_norm.dtype == torch.float32
                        for r in acc.history)
@@ -347,3 +347,36 @@ def test_refusals_say_what_to_do_instead() -> None:
     acc = Accumulator(fp32, torch.optim.SGD(fp32.parameters(), lr=0.1), accumulation_steps=2,
                       master_weights=True)
     assert acc.masters is None
+
+
+def test_mixed_model_fp32_parameters_step_themselves() -> None:
+    """Only bf16/fp16 parameters get masters; an fp32 parameter (e.g. a norm kept in fp32)
+    stays in the optimizer as itself and receives the fp32 window sum too."""
+
+    class Mixed(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 2).to(torch.bfloat16)
+            self.scale = torch.nn.Parameter(torch.ones(2))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.lin(x.to(torch.bfloat16)).float() * self.scale
+
+    torch.manual_seed(0)
+    model = Mixed()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    acc = Accumulator(model, opt, accumulation_steps=3, master_weights=True, max_grad_norm=0.5)
+    assert acc.masters is not None and acc.masters.names == ["lin.weight", "lin.bias"]
+    stepped = opt.param_groups[0]["params"]
+    assert any(t is model.scale for t in stepped) and len(stepped) == 3
+    assert all(t.dtype == torch.float32 for t in stepped)
+    data = [(torch.randn(2, 4), torch.randn(2, 2)) for _ in range(3)]
+    norms: list[float] = []
+    opt.register_step_pre_hook(lambda o, a, k: norms.append(float(torch.cat(
+        [p.grad.flatten() for p in stepped]).norm())))
+    before = model.scale.detach().clone()
+    for w in acc.windows(data):
+        w.run(lambda b: ((model(b[0]) - b[1]) ** 2).sum())
+    assert not torch.equal(before, model.scale)
+    assert norms[0] == pytest.approx(0.5, rel=1e-5)  # clipped over masters and fp32 params
+    assert torch.equal(model.lin.weight, acc.masters.masters[0].to(torch.bfloat16))

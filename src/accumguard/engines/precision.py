@@ -211,6 +211,7 @@ class MasterWeights:
             self.masters = [torch.nn.Parameter(p.detach().to(torch.float32, copy=True))
                             for p in self.params]
         self._master_of = {id(p): m for p, m in zip(self.params, self.masters, strict=True)}
+        self._param_of = {id(m): p for p, m in zip(self.params, self.masters, strict=True)}
         self._swap(dict(self._master_of))
         main_grads.targets = [self._master_of.get(id(p)) for p in main_grads.params]
         self._hook = optimizer.register_step_post_hook(lambda *_: self.copy_to_model())
@@ -228,6 +229,12 @@ class MasterWeights:
     def stepped(self, params: Iterable[torch.Tensor]) -> list[torch.Tensor]:
         """What the optimizer steps for each of ``params``: its master, or itself."""
         return [self._master_of.get(id(p), p) for p in params]
+
+    def parameter_of(self, t: torch.Tensor) -> torch.Tensor:
+        """The model parameter a tensor of the optimizer's ``param_groups`` stands for (its
+        master's parameter, or ``t`` itself): for observers that name what an optimizer
+        steps by the model's parameters."""
+        return self._param_of.get(id(t), t)
 
     def parameters_with_grad(self, params: Iterable[torch.Tensor]) -> list[torch.Tensor]:
         """The tensors whose gradients the optimizer reads (for clipping and the non-finite
@@ -289,7 +296,7 @@ class MasterWeights:
             if m in state:
                 state[p] = {k: (v.to(p.dtype) if torch.is_tensor(v) and v.is_floating_point()
                                 and k != "step" else v) for k, v in state.pop(m).items()}
-        self._swap({id(m): p for p, m in zip(self.params, self.masters, strict=True)})
+        self._swap(self._param_of)
 
 
 def enable_master_weights(engine: Any, optimizer: torch.optim.Optimizer | None
