@@ -24,6 +24,7 @@ user's line), plus its order among that site's calls in the same backward.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections.abc import Callable
@@ -51,7 +52,8 @@ class _Call:
 
     __slots__ = ("g", "lp", "mean", "micro", "n", "seq", "site")
 
-    def __init__(self, site: str, seq: int, n: torch.Tensor, mean: bool, lp: bool) -> None:
+    def __init__(self, site: str, seq: int, n: torch.Tensor | int, mean: bool,
+                 lp: bool) -> None:
         self.site = site
         self.seq = seq
         self.n = n
@@ -95,14 +97,18 @@ class LossRecorder:
         if len({c.micro for c in calls}) < 2:
             return None
         calls.sort(key=lambda c: (c.micro, c.seq))
-        try:
+        try:  # one stack per kind, then to the host (one sync for the window on a GPU)
             with torch.no_grad():
-                ns = torch.stack([c.n.reshape(()).to(torch.float64) for c in calls])
-                gs = torch.stack([c.g.reshape(()).to(torch.float64)  # type: ignore[union-attr]
-                                  for c in calls])
-                vals = torch.stack([ns, gs]).cpu().tolist()
-        except (RuntimeError, TypeError, ValueError):  # mixed devices, tensor subclasses
+                counts = [c.n for c in calls if not isinstance(c.n, int)]
+                n_iter = iter(torch.stack(counts).tolist() if counts else [])
+                g_list = [c.g for c in calls]
+                if len({g.dtype for g in g_list}) > 1:  # type: ignore[union-attr]
+                    g_list = [g.double() for g in g_list]  # type: ignore[union-attr]
+                gs = torch.stack(g_list).tolist()  # type: ignore[arg-type]
+        except (RuntimeError, TypeError, ValueError):  # mixed devices/dtypes, subclasses
             return None
+        ns = [float(c.n) if isinstance(c.n, int) else float(next(n_iter)) for c in calls]
+        vals = [ns, [float(g) for g in gs]]
         order: dict[tuple[int, str], int] = {}
         out: list[list[Any]] = []
         for c, n, g in zip(calls, vals[0], vals[1], strict=True):
@@ -139,33 +145,40 @@ class LossRecorder:
         return loss_fn
 
     def _record(self, out: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        def arg(i: int, name: str, default: Any) -> Any:
-            return args[i] if len(args) > i else kwargs.get(name, default)
-
-        if (arg(2, "weight", None) is not None or arg(3, "size_average", None) is not None
-                or arg(5, "reduce", None) is not None):
+        # (positional order of cross_entropy and nll_loss: input, target, weight,
+        # size_average, ignore_index, reduce, reduction); kept lean: it runs per loss call
+        na, get = len(args), kwargs.get
+        if ((args[2] if na > 2 else get("weight")) is not None
+                or (args[3] if na > 3 else get("size_average")) is not None
+                or (args[5] if na > 5 else get("reduce")) is not None):
             return  # class weights or the legacy reduction flags: not a plain mean/sum
-        reduction = arg(6, "reduction", "mean")
+        reduction = args[6] if na > 6 else get("reduction", "mean")
         if reduction not in ("mean", "sum"):
             return
-        inp, target = arg(0, "input", None), arg(1, "target", None)
-        if not isinstance(inp, torch.Tensor) or not isinstance(target, torch.Tensor):
+        inp = args[0] if na > 0 else get("input")
+        target = args[1] if na > 1 else get("target")
+        node = out.grad_fn
+        if not isinstance(inp, torch.Tensor) or not isinstance(target, torch.Tensor) \
+                or node is None:
             return
-        with torch.no_grad():
-            if target.is_floating_point():  # probability targets: 'mean' divides by rows
-                rows = inp.numel() // inp.shape[1] if inp.dim() >= 2 else 1
-                n = torch.tensor(rows, dtype=torch.int64)
-            else:
-                n = (target != int(arg(4, "ignore_index", -100))).sum()
+        n: torch.Tensor | int
+        if target.is_floating_point():  # probability targets: 'mean' divides by rows
+            n = inp.numel() // inp.shape[1] if inp.dim() >= 2 else 1
+        else:
+            ignore = args[4] if na > 4 else get("ignore_index", -100)
+            n = torch.count_nonzero(target != ignore)
         call = _Call(self._site(), self.seq, n, reduction == "mean",
                      out.dtype in _LOW or inp.dtype in _LOW)
         self.seq += 1
         self.calls.append(call)
-        out.register_hook(lambda grad, c=call: self._on_grad(c, grad))  # type: ignore[no-untyped-call]
+        # a pre-hook on the loss's autograd node: the gradient of its output, once per
+        # backward that reaches it (cheaper than Tensor.register_hook)
+        node.register_prehook(functools.partial(self._on_grad, call, out.output_nr))
 
-    def _on_grad(self, call: _Call, grad: torch.Tensor) -> None:
+    def _on_grad(self, call: _Call, index: int, grad_outputs: tuple[Any, ...]) -> None:
         obs = self.obs
-        if obs._bw_current is None or not obs.installed:
+        grad = grad_outputs[index] if index < len(grad_outputs) else None
+        if obs._bw_current is None or not obs.installed or grad is None:
             return  # torch.autograd.grad or a backward the observer did not see
         if call.micro is None:
             call.micro = self.micro
