@@ -380,3 +380,23 @@ def test_mixed_model_fp32_parameters_step_themselves() -> None:
     assert not torch.equal(before, model.scale)
     assert norms[0] == pytest.approx(0.5, rel=1e-5)  # clipped over masters and fp32 params
     assert torch.equal(model.lin.weight, acc.masters.masters[0].to(torch.bfloat16))
+
+
+def test_nonfinite_window_is_skipped_and_leaves_the_masters() -> None:
+    """A NaN loss poisons the masters' fp32 gradient: the non-finite check (on the masters)
+    skips the window, the masters and parameters stay, and the next window steps normally."""
+    case = Case(accumulation_steps=2, micro_batches=4, seed=6)
+    model = _bf16_model(case)
+    acc = Accumulator(model, make_optimizer(case, model.parameters()), accumulation_steps=2,
+                      count_fn=count_tokens, master_weights=True)
+    assert acc.masters is not None
+    start = [m.detach().clone() for m in acc.masters.masters]
+    windows = acc.windows(make_data(case, 1)[0])
+    with pytest.warns(UserWarning, match="non-finite loss"):
+        next(windows).run(lambda b: token_loss(model, b)[0] * float("nan"))
+    assert acc.history[-1].skipped
+    assert all(torch.equal(a, m) for a, m in zip(start, acc.masters.masters, strict=True))
+    assert all(m.grad is None for m in acc.masters.masters)
+    next(windows).run(lambda b: token_loss(model, b)[0])
+    assert not acc.history[-1].skipped and acc.optimizer_steps == 1
+    assert all(torch.isfinite(m).all() for m in acc.masters.masters)
