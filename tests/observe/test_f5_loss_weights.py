@@ -90,7 +90,8 @@ def test_token_mean_over_k_with_uneven_counts_is_f5(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("name", ["sum_over_N", "mean_times_n_over_N", "equal_counts",
-                                  "k1", "eval_no_grad", "reduction_none", "task_weights"])
+                                  "k1", "eval_no_grad", "reduction_none", "task_weights",
+                                  "autograd_grad"])
 def test_correct_patterns_are_silent(tmp_path: Path, name: str) -> None:
     kw: dict[str, Any] = {}
     fn: Loss
@@ -117,6 +118,10 @@ def test_correct_patterns_are_silent(tmp_path: Path, name: str) -> None:
         def fn(z: Any, y: Any, n: int, total: int) -> Any:
             per = F.cross_entropy(z, y, reduction="none")
             return per.sum() / n / K
+    elif name == "autograd_grad":  # a token mean / K differentiated by autograd.grad only
+        def fn(z: Any, y: Any, n: int, total: int) -> Any:
+            torch.autograd.grad(F.cross_entropy(z, y) / K, z, retain_graph=True)
+            return F.cross_entropy(z, y, reduction="sum") / total
     else:  # a weight per micro-batch (task weights) on equal counts: not a count pattern
         weights = iter([1.0, 0.5, 2.0, 0.3] * 4)
 
