@@ -18,15 +18,31 @@ peak, so in the shared run it is reported once per rank; ``--isolated-memory``
 runs every configuration in its own spawn (slower) to get a peak per
 configuration.
 
+``--paired`` decides the bars on a noisy machine: every configuration runs one optimizer
+step at a time between two steps of the limit (L C1 L C2 L ...), its ratio in a round is
+taken against those two adjacent limit steps, and the report gives the median ratio with
+its interquartile range and a bootstrap 95 % interval: "met" / "not met" when the whole
+interval is on one side of the bar, "undecidable" otherwise. CPU time (summed over ranks)
+is reported beside wall time: it is the work done, which neighbours disturb much less.
+
+``--zero-study 3`` (or 2) runs DeepSpeed variants (native GA vs coalesced, and the
+engine's memory/communication knobs) each in its own spawn: parameter all-gathers and
+gradient reductions per step (counted at DeepSpeed's comm backend), seconds paired with
+the limit, RSS after build and the peak RSS over a step.
+
 Usage::
 
     python benchmarks/bench_engines.py            # full: 7 rounds x 2 steps
     python benchmarks/bench_engines.py --quick    # 3 rounds x 1 step, for a smoke check
+    accumguard bench --paired --rounds 30 --only "DDP deferred" "ZeRO-2 deferred"
+    accumguard bench --zero-study 3 --rounds 8
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
 import datetime
 import json
 import os
@@ -35,7 +51,7 @@ import statistics
 import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -77,12 +93,23 @@ def peak_rss_mb() -> float:
 # Each builder returns a function running `steps` optimizer steps on the given batches.
 
 def _build_local(args: Any, with_allreduce: bool) -> Callable[[list], None]:
+    """The reference rows, built like the best deferred data-parallel step can be: the same
+    model, data and optimizer as the Accumulator rows, K forward+backward passes with no
+    communication, then (``with_allreduce``) exactly ONE all-reduce of the real gradients
+    and the ÷W a data-parallel mean needs. The gradients live in one flat buffer (each
+    ``p.grad`` a view of it), so the all-reduce needs no copy in or out: a strict limit,
+    which DDP reaches only with ``gradient_as_bucket_view=True``."""
     import torch.distributed as dist
 
     model = make_model(args.dim, args.hidden)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    numel = sum(p.numel() for p in model.parameters())
-    flat = torch.zeros(numel)
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(params, lr=1e-4)
+    flat = torch.zeros(sum(p.numel() for p in params))
+    offset = 0
+    for p in params:
+        p.grad = flat[offset:offset + p.numel()].view_as(p)
+        offset += p.numel()
+    world = dist.get_world_size()
     k = args.k
 
     def run(batches: list) -> None:
@@ -91,8 +118,9 @@ def _build_local(args: Any, with_allreduce: bool) -> Callable[[list], None]:
                 sum_loss(model, b).backward()
             if with_allreduce:
                 dist.all_reduce(flat)  # the one gradient reduction a deferred step needs
+                flat.div_(world)
             opt.step()
-            opt.zero_grad(set_to_none=True)
+            flat.zero_()  # keeps the views (zero_grad(set_to_none=True) would drop them)
 
     return run
 
@@ -101,20 +129,36 @@ def _run_accumulator(model: Any, opt: Any, engine: Any, k: int) -> Callable[[lis
     from accumguard import Accumulator
 
     acc = Accumulator(model, opt, accumulation_steps=k, engine=engine)
+    # One windows() iterator for the whole benchmark, as a training loop has one per epoch:
+    # a new iterator per call would add, per step, the end-of-data all-gather that a real
+    # run pays once per epoch.
+    pending: collections.deque = collections.deque()
+
+    def stream() -> Iterator[Any]:
+        while True:
+            if not pending:
+                raise RuntimeError("bench: the window iterator ran past the fed batches")
+            yield pending.popleft()
+
+    windows = acc.windows(stream())
 
     def run(batches: list) -> None:
-        for window in acc.windows(batches):
-            window.run(lambda b: sum_loss(model, b))
+        if len(batches) % k:
+            raise ValueError(f"bench: {len(batches)} micro-batches is not a multiple of K={k}")
+        pending.extend(batches)
+        for _ in range(len(batches) // k):
+            next(windows).run(lambda b: sum_loss(model, b))
 
     return run
 
 
-def _build_ddp(args: Any, sync: str, count: bool = False) -> Callable[[list], None]:
+def _build_ddp(args: Any, sync: str, count: bool = False, bucket_view: bool = False,
+               ) -> Callable[[list], None]:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from accumguard.engines.ddp import DDPEngine
 
-    model = DDP(make_model(args.dim, args.hidden))
+    model = DDP(make_model(args.dim, args.hidden), gradient_as_bucket_view=bucket_view)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     return _run_accumulator(model, opt, DDPEngine(model, sync=sync, count_collectives=count),
                             args.k)
@@ -165,6 +209,8 @@ def configurations(args: Any) -> dict[str, Callable[[], Callable[[list], None]]]
         "DDP deferred": lambda: _build_ddp(args, "deferred"),
         "DDP eager": lambda: _build_ddp(args, "eager"),
         "DDP deferred, counting comm hook": lambda: _build_ddp(args, "deferred", count=True),
+        "DDP deferred, gradient_as_bucket_view": lambda: _build_ddp(args, "deferred",
+                                                                    bucket_view=True),
     }
     try:
         import accumguard.engines.fsdp2  # noqa: F401
@@ -239,6 +285,310 @@ def bench_worker(rank: int, world: int, args: Any) -> dict[str, Any]:
             times[name].append(_timed(runs[name], batches) / steps)
     return {"times": times, "rss_delta_mb": rss_delta, "peak_rss_mb": peak_rss_mb(),
             "params": sum(p.numel() for p in make_model(args.dim, args.hidden).parameters())}
+
+
+# -- paired measurement: deciding a bar on a noisy machine ------------------------------------
+# The bars of issue 13 (× the limit), by configuration name.
+BARS: dict[str, float] = {
+    "DDP deferred": 1.05,
+    "DeepSpeed ZeRO-2 deferred (coalesced)": 1.2,
+    "FSDP2 deferred, window_memory=unsharded": 1.5,
+}
+LIMIT = "limit (compute + 1 all-reduce)"
+
+
+def _timed_step(run: Callable[[list], None], batches: list) -> tuple[float, float]:
+    """One measurement: (wall seconds, max over ranks; CPU seconds of the process, summed
+    over ranks). CPU time counts every thread (gloo's too) but not time spent waiting, so it
+    measures the work done, which neighbours on a shared machine disturb much less."""
+    import torch.distributed as dist
+
+    dist.barrier()
+    c0, t0 = time.process_time(), time.perf_counter()
+    run(batches)
+    mine = torch.tensor([time.perf_counter() - t0, time.process_time() - c0],
+                        dtype=torch.float64)
+    gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, mine)
+    both = torch.stack(gathered)
+    return float(both[:, 0].max()), float(both[:, 1].sum())
+
+
+def paired_worker(rank: int, world: int, args: Any) -> dict[str, Any]:
+    """Every configuration measured one optimizer step at a time, each step of a
+    configuration C between two steps of the limit L (L C1 L C2 L ... L, the order of the
+    Cs reversed every round): C's ratio in a round is its time over the mean of the two L
+    steps next to it, so slow phases of the machine (seconds to minutes) hit both sides of
+    the ratio alike."""
+    if not args.no_deepspeed:
+        _setup_worker()
+    torch.manual_seed(0)
+    builders = configurations(args)
+    k = args.k
+    batches = make_batches(rank, k, args.micro, args.dim)
+    runs = {}
+    for name, build in builders.items():
+        runs[name] = build()
+        for _ in range(args.warm):  # allocates gradients, optimizer state, buckets
+            runs[name](batches)
+    others = [n for n in runs if n != LIMIT]
+    samples: dict[str, list[list[float]]] = {n: [] for n in others}
+    for r in range(args.rounds):
+        order = others if r % 2 == 0 else others[::-1]
+        prev = _timed_step(runs[LIMIT], batches)
+        for name in order:
+            cur = _timed_step(runs[name], batches)
+            nxt = _timed_step(runs[LIMIT], batches)
+            # wall C, wall L before, wall L after, cpu C, cpu L before, cpu L after
+            samples[name].append([cur[0], prev[0], nxt[0], cur[1], prev[1], nxt[1]])
+            prev = nxt
+    return {"samples": samples, "load": os.getloadavg()[0],
+            "params": sum(p.numel() for p in make_model(args.dim, args.hidden).parameters())}
+
+
+def _median(xs: list[float]) -> float:
+    return float(statistics.median(xs))
+
+
+def bootstrap_ci(values: list[float], *, resamples: int = 4000, level: float = 0.95,
+                 seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the median (seeded: the same data give the same
+    interval)."""
+    import random
+
+    rng = random.Random(seed)
+    n = len(values)
+    meds = sorted(_median([values[rng.randrange(n)] for _ in range(n)])
+                  for _ in range(resamples))
+    lo = meds[int((1 - level) / 2 * (resamples - 1))]
+    hi = meds[int((1 + level) / 2 * (resamples - 1))]
+    return lo, hi
+
+
+def verdict(ci: tuple[float, float], bar: float | None) -> str:
+    """"met" when the whole interval is at or under the bar, "not met" when it is wholly
+    over it, "undecidable" when it straddles the bar (this run cannot tell)."""
+    if bar is None:
+        return "-"
+    if ci[1] <= bar:
+        return "met"
+    if ci[0] > bar:
+        return "not met"
+    return "undecidable"
+
+
+def paired_summary(samples: dict[str, list[list[float]]],
+                   bars: dict[str, float] | None = None) -> list[dict[str, Any]]:
+    """Per configuration: the per-round ratios to the adjacent limit steps (wall and CPU),
+    their median, interquartile range, 95 % bootstrap interval of the median, and the
+    verdict against its bar (by wall time, which is what the bar is about)."""
+    bars = BARS if bars is None else bars
+    rows = []
+    for name, rounds in samples.items():
+        wall = [c / ((a + b) / 2) for c, a, b, *_ in rounds]
+        cpu = [c / ((a + b) / 2) for *_, c, a, b in rounds]
+        q = statistics.quantiles(wall, n=4) if len(wall) > 1 else [wall[0]] * 3
+        ci = bootstrap_ci(wall)
+        rows.append({
+            "configuration": name, "rounds": len(rounds),
+            "seconds": _median([x[0] for x in rounds]),
+            "limit_seconds": _median([(x[1] + x[2]) / 2 for x in rounds]),
+            "ratio": _median(wall), "iqr": (q[0], q[2]), "ci95": ci,
+            "cpu_ratio": _median(cpu), "cpu_ci95": bootstrap_ci(cpu),
+            "bar": bars.get(name), "verdict": verdict(ci, bars.get(name))})
+    return rows
+
+
+def paired_table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| configuration | s / step (median) | limit s / step (adjacent, median) | "
+             "× limit (median of per-round ratios) | IQR | 95 % CI of the median | "
+             "CPU-time × limit (95 % CI) | bar | verdict |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        bar = "-" if r["bar"] is None else f"≤ {r['bar']:g}"
+        lines.append(
+            f"| {r['configuration']} | {r['seconds']:.3f} | {r['limit_seconds']:.3f} | "
+            f"{r['ratio']:.3f} | {r['iqr'][0]:.3f}-{r['iqr'][1]:.3f} | "
+            f"{r['ci95'][0]:.3f}-{r['ci95'][1]:.3f} | {r['cpu_ratio']:.3f} "
+            f"({r['cpu_ci95'][0]:.3f}-{r['cpu_ci95'][1]:.3f}) | {bar} | {r['verdict']} |")
+    return "\n".join(lines)
+
+
+# -- DeepSpeed ZeRO: what the engine's knobs do to collectives, time and memory ---------------
+# name -> (sync mode of the adapter, extra "zero_optimization" keys). ZeRO-3 knobs: parameter
+# persistence (parameters at most this big are never partitioned: no all-gather, full memory),
+# the live-parameter budget / reuse distance (how long gathered parameters may stay), prefetch.
+ZERO3_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "native GA (config GA = K)": ("eager", {}),
+    "coalesced (config GA = 1)": ("deferred", {}),
+    "coalesced, no prefetch (stage3_prefetch_bucket_size 0)": (
+        "deferred", {"stage3_prefetch_bucket_size": 0}),
+    "coalesced, live/reuse 1e12 (stage3_max_live_parameters, stage3_max_reuse_distance)": (
+        "deferred", {"stage3_max_live_parameters": 10**12, "stage3_max_reuse_distance": 10**12}),
+    "coalesced, persistence 2e6 (2 of 3 weight matrices whole)": (
+        "deferred", {"stage3_param_persistence_threshold": 2 * 10**6}),
+    "coalesced, persistence 1e12 (every parameter whole)": (
+        "deferred", {"stage3_param_persistence_threshold": 10**12}),
+    "native GA, persistence 1e12": ("eager", {"stage3_param_persistence_threshold": 10**12}),
+}
+ZERO2_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "native GA (config GA = K)": ("eager", {}),
+    "coalesced (config GA = 1)": ("deferred", {}),
+    "coalesced, overlap_comm": ("deferred", {"overlap_comm": True}),
+    "coalesced, contiguous_gradients false": ("deferred", {"contiguous_gradients": False}),
+    "coalesced, reduce_scatter false (all-reduce)": ("deferred", {"reduce_scatter": False}),
+    "coalesced, buckets 5e8": ("deferred", {"reduce_bucket_size": 5 * 10**8,
+                                            "allgather_bucket_size": 5 * 10**8}),
+}
+_GATHERS = ("all_gather_into_tensor", "all_gather", "all_gather_coalesced")
+_REDUCES = ("reduce_scatter_tensor", "reduce_scatter", "all_reduce", "all_reduce_coalesced",
+            "inference_all_reduce", "reduce", "all_to_all_single")
+
+
+def _vm_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def _reset_peak_rss() -> bool:
+    """Reset the kernel's peak-RSS mark (VmHWM) to the current RSS (Linux >= 4.0), so that
+    the peak of one phase can be read in a process that ran others before."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def _counting_ds_comm(counts: dict[str, list[int]]) -> Iterator[None]:
+    """Count DeepSpeed's collectives at its backend (``deepspeed.comm.comm.cdb``, through which
+    every deepspeed.comm call goes, once): op -> [calls, bytes]; only for large tensors
+    (> 4 KiB: the step's norm/overflow all-reduces are left out)."""
+    from deepspeed.comm import comm as ds_comm
+
+    cdb = ds_comm.cdb
+    patched = []
+
+    def counted(op: str, real: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*a: Any, **kw: Any) -> Any:
+            tensors = [x for x in (*a, *kw.values()) if isinstance(x, torch.Tensor)]
+            nbytes = max((t.numel() * t.element_size() for t in tensors), default=0)
+            if nbytes > 4096:
+                c = counts.setdefault(op, [0, 0])
+                c[0] += 1
+                c[1] += nbytes
+            return real(*a, **kw)
+
+        return call
+
+    for op in (*_GATHERS, *_REDUCES):
+        real = getattr(cdb, op, None)
+        if callable(real):
+            patched.append(op)
+            setattr(cdb, op, counted(op, real))
+    try:
+        yield
+    finally:
+        for op in patched:
+            delattr(cdb, op)  # the instance attribute shadowed the class's method
+
+
+def zero_study_worker(rank: int, world: int, args: Any, stage: int, sync: str,
+                      extra: dict[str, Any]) -> dict[str, Any]:
+    """One ZeRO variant in a fresh pair of processes (peak memory is per process): built
+    next to the limit, timed in paired rounds (L V L ...), then 2 more steps alone with the
+    collectives counted and the peak RSS mark reset before them."""
+    _setup_worker()
+    import deepspeed
+
+    from accumguard.engines.deepspeed import DeepSpeedEngineAdapter
+
+    torch.manual_seed(0)
+    k = args.k
+    batches = make_batches(rank, k, args.micro, args.dim)
+    limit = _build_local(args, with_allreduce=True)
+    limit(batches)
+    rss0 = rss_mb()
+    model = make_model(args.dim, args.hidden)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    config = {"train_micro_batch_size_per_gpu": args.micro,
+              "gradient_accumulation_steps": 1 if sync == "deferred" else k,
+              "gradient_clipping": 0.0, "zero_optimization": {"stage": stage, **extra},
+              "steps_per_print": 10**9}
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config)
+    run = _run_accumulator(engine, None, DeepSpeedEngineAdapter(engine, sync=sync), k)
+    for _ in range(args.warm):
+        run(batches)
+    built_mb = rss_mb() - rss0
+    persistent = sum(int(p.ds_numel) for p in engine.module.parameters()
+                     if getattr(p, "ds_persist", False))
+    samples = []
+    for _ in range(args.rounds):
+        a = _timed_step(limit, batches)
+        v = _timed_step(run, batches)
+        b = _timed_step(limit, batches)
+        samples.append([v[0], a[0], b[0], v[1], a[1], b[1]])
+    counts: dict[str, list[int]] = {}
+    before = rss_mb()
+    reset = _reset_peak_rss()
+    steps = 2
+    with _counting_ds_comm(counts):
+        for _ in range(steps):
+            run(batches)
+    peak_extra = _vm_kb("VmHWM") / 1024 - before if reset else float("nan")
+    per_step = {op: [c[0] / steps, c[1] / steps / 2**20] for op, c in counts.items()}
+    return {"samples": samples, "per_step": per_step, "built_mb": built_mb,
+            "peak_extra_mb": peak_extra, "persistent_elements": persistent,
+            "params": sum(p.numel() for p in make_model(args.dim, args.hidden).parameters())}
+
+
+def zero_study(args: Any, stage: int, env: dict[str, str]) -> list[dict[str, Any]]:
+    from accumguard import run_on_ranks
+
+    variants = ZERO3_VARIANTS if stage == 3 else ZERO2_VARIANTS
+    rows = []
+    for name, (sync, extra) in variants.items():
+        if args.only and not any(o.lower() in name.lower() for o in args.only):
+            continue
+        res = run_on_ranks(zero_study_worker, 2, (args, stage, sync, extra),
+                           timeout=args.timeout, env=env)
+        summary = paired_summary({name: res[0]["samples"]}, {})[0]
+        ops = res[0]["per_step"]
+        gathers = [sum(ops.get(o, [0, 0])[i] for o in _GATHERS) for i in (0, 1)]
+        reduces = [sum(ops.get(o, [0, 0])[i] for o in _REDUCES) for i in (0, 1)]
+        rows.append({**summary, "stage": stage, "sync": sync, "zero_optimization": extra,
+                     "gathers_per_step": gathers[0], "gather_mb_per_step": gathers[1],
+                     "reductions_per_step": reduces[0], "reduction_mb_per_step": reduces[1],
+                     "ops": ops, "persistent_elements": res[0]["persistent_elements"],
+                     "params": res[0]["params"],
+                     "built_mb": [r["built_mb"] for r in res],
+                     "peak_extra_mb": [r["peak_extra_mb"] for r in res],
+                     "load": os.getloadavg()[0]})
+        print(zero_table(rows[-1:], header=not rows[:-1]), flush=True)
+    return rows
+
+
+def zero_table(rows: list[dict[str, Any]], header: bool = True) -> str:
+    lines = ["| ZeRO variant | s / step (median) | × limit (95 % CI) | CPU × limit | "
+             "param all-gathers / step (MB) | gradient reductions / step (MB) | "
+             "persistent elements | RSS after build (MB, rank 0/1) | "
+             "peak RSS over a step (MB above its start, rank 0/1) | load |",
+             "|---|---|---|---|---|---|---|---|---|---|"] if header else []
+    for r in rows:
+        lines.append(
+            f"| ZeRO-{r['stage']} {r['configuration']} | {r['seconds']:.3f} | {r['ratio']:.2f} "
+            f"({r['ci95'][0]:.2f}-{r['ci95'][1]:.2f}) | {r['cpu_ratio']:.2f} | "
+            f"{r['gathers_per_step']:g} ({r['gather_mb_per_step']:.0f}) | "
+            f"{r['reductions_per_step']:g} ({r['reduction_mb_per_step']:.0f}) | "
+            f"{r['persistent_elements'] / 1e6:.2f} M of {r['params'] / 1e6:.2f} M | "
+            + "/".join(f"{x:.0f}" for x in r["built_mb"]) + " | "
+            + "/".join(f"{x:.0f}" for x in r["peak_extra_mb"]) + f" | {r['load']:.1f} |")
+    return "\n".join(lines)
 
 
 def memory_worker(rank: int, world: int, args: Any, name: str) -> float:
@@ -408,6 +758,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="write raw results to this file")
     p.add_argument("--timeout", type=float, default=1800)
     p.add_argument("--png", help="write a bar chart (× limit, memory) to this PNG file")
+    p.add_argument("--paired", action="store_true",
+                   help="decide the bars: one step at a time, every configuration between two "
+                        "limit steps, per-round ratios, median with a bootstrap 95%% interval "
+                        "(use with --only and many --rounds, e.g. 30)")
+    p.add_argument("--zero-study", type=int, choices=(2, 3),
+                   help="DeepSpeed ZeRO-2 or -3 variants (sync mode and engine knobs), each in its "
+                        "own spawn: collectives, seconds (paired with the limit), peak RSS")
+    p.add_argument("--warm", type=int, default=2, help="untimed warm-up steps (--paired)")
     p.add_argument("--precision", action="store_true",
                    help="only the bf16 accumulation precision table (K = 4, 64, 512)")
     args = p.parse_args(argv)
@@ -431,6 +789,21 @@ def main(argv: list[str] | None = None) -> int:
 
     env = {"DS_ACCELERATOR": "cpu"}
     t0 = time.perf_counter()
+    if args.paired:
+        return _main_paired(args, env, t0)
+    if args.zero_study:
+        load0 = os.getloadavg()
+        print(f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC  torch "
+              f"{torch.__version__}  DeepSpeed ZeRO-{args.zero_study} variants, K={args.k}, "
+              f"micro={args.micro}, {args.rounds} paired rounds each; load average before "
+              f"{load0[0]:.1f}/{load0[1]:.1f}/{load0[2]:.1f}", flush=True)
+        rows = zero_study(args, args.zero_study, env)
+        print(f"# wall {time.perf_counter() - t0:.0f} s; load average after "
+              + "/".join(f"{x:.1f}" for x in os.getloadavg()))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"args": vars(args), "rows": rows}, f, indent=1)
+        return 0
     results = run_on_ranks(bench_worker, 2, (args,), timeout=args.timeout, env=env)
     res = results[0]
     mem = None
@@ -449,6 +822,27 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "results": results, "isolated_memory": mem}, f, indent=1)
+    return 0
+
+
+def _main_paired(args: Any, env: dict[str, str], t0: float) -> int:
+    from accumguard import run_on_ranks
+
+    load0 = os.getloadavg()
+    results = run_on_ranks(paired_worker, 2, (args,), timeout=args.timeout, env=env)
+    rows = paired_summary(results[0]["samples"])
+    load1 = os.getloadavg()
+    print(f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC  torch "
+          f"{torch.__version__}  model {results[0]['params'] / 1e6:.2f} M params, K={args.k}, "
+          f"micro={args.micro}, 2 gloo ranks x 1 thread; paired: {args.rounds} rounds, each "
+          f"configuration's step between two limit steps; load average (1/5/15 min) before "
+          f"{load0[0]:.1f}/{load0[1]:.1f}/{load0[2]:.1f}, after {load1[0]:.1f}/{load1[1]:.1f}/"
+          f"{load1[2]:.1f}; wall {time.perf_counter() - t0:.0f} s")
+    print(paired_table(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "samples": results[0]["samples"], "rows": rows,
+                       "load_before": load0, "load_after": load1}, f, indent=1)
     return 0
 
 

@@ -62,7 +62,7 @@ import torch.distributed as dist
 
 from accumguard.core.errors import ConfigError
 from accumguard.core.scaling import GradReduction
-from accumguard.engines.base import Engine
+from accumguard.engines.base import Engine, any_nonfinite
 
 __all__ = ["FSDP2Engine", "WindowMemory"]
 
@@ -315,8 +315,7 @@ class FSDP2Engine(Engine):
                 local.append(shard)
         bad = torch.zeros((), dtype=torch.float32, device=self.device)
         if local:
-            maxes = torch.stack([m.float() for m in torch._foreach_norm(local, float("inf"))])
-            bad = (~torch.isfinite(maxes.max())).float().to(self.device)
+            bad = any_nonfinite(local).float().to(self.device)
         if self.world_size > 1:
             dist.all_reduce(bad, group=self.process_group)
         return bad > 0
