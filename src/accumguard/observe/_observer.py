@@ -349,7 +349,9 @@ class Observer:
             def init(trainer: Any, *a: Any, **kw: Any) -> Any:
                 out = orig(trainer, *a, **kw)
                 k = getattr(trainer, "accumulate_grad_batches", None)
-                if isinstance(k, int):
+                # Lightning's default 1 declares nothing: under manual optimisation the
+                # module accumulates itself (Lightning refuses any other value there).
+                if isinstance(k, int) and k > 1:
                     obs.declared_k["lightning"] = k
                 return out
 
