@@ -140,3 +140,16 @@ def test_nanogpt_config_file_argument(tmp_path: Path) -> None:
     cfg = _script(tmp_path, "gradient_accumulation_steps = 1\nbatch_size = 64\n", "cfg.py")
     k = declared_k(["python", str(path), str(cfg)])
     assert k is not None and k.value == 1 and "config file" in k.how
+
+
+TUPLE = """
+MICRO_BSZ, ACCUM_STEPS, TRAIN_STEPS = 4, 6, 10
+LR, (A, B) = 1e-3, (1, 2)
+for _ in range(ACCUM_STEPS):
+    (loss / ACCUM_STEPS).backward()
+"""
+
+
+def test_tuple_assignment_binds_element_wise(tmp_path: Path) -> None:
+    k = declared_k(["python", str(_script(tmp_path, TUPLE))])
+    assert k is not None and k.value == 6 and k.divides_loss and k.line == 2

@@ -250,7 +250,12 @@ class _Reader:
                           f"{kw.arg}=...)")
 
     def _bind(self, target: ast.AST, value: ast.AST, line: int, how: str) -> None:
-        if isinstance(target, ast.Tuple):
+        if isinstance(target, (ast.Tuple, ast.List)):
+            # ``MICRO, K, STEPS = 4, 4, 10``: bind element-wise when the shapes match
+            if (isinstance(value, (ast.Tuple, ast.List))
+                    and len(value.elts) == len(target.elts)):
+                for t, v in zip(target.elts, value.elts, strict=True):
+                    self._bind(t, v, line, how)
             return
         name = _name_of(target)
         if name is None:
