@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_watch import _errors, _watch  # the watch-CLI helper of the launcher tests
@@ -212,3 +213,55 @@ def test_deepspeed_native_accumulation(tmp_path: Path, mode: str, bug: bool) -> 
         assert code == 1 and _errors(findings) == {"F5"}, findings
     else:
         assert code == 0 and not _errors(findings), findings
+
+
+def test_lightning_accumulate_grad_batches_in_process(tmp_path: Path) -> None:
+    """Lightning divides each micro-batch's loss by ``accumulate_grad_batches`` (a constant):
+    a token mean returned by ``training_step`` is F5, the summed loss times K / N exact."""
+    pl = pytest.importorskip("pytorch_lightning")
+    import torch
+    import torch.nn.functional as F  # noqa: N812
+
+    from accumguard.runtime.watch import recording
+    from accumguard.runtime.watch_findings import analyze, load_recordings
+
+    k, v = 4, 16
+    gen = torch.Generator().manual_seed(0)
+    data = []
+    for i in range(2 * k):
+        x = torch.randint(0, v, (2, 8), generator=gen)
+        y = x.clone()
+        y[:, 2 + 2 * (i % 3):] = -100
+        data.append((x, y.reshape(-1)))
+    window_n = [sum(int((y != -100).sum()) for _, y in data[s * k:(s + 1) * k])
+                for s in range(2)]
+
+    class Module(pl.LightningModule):  # type: ignore[misc,name-defined]
+        def __init__(self, mode: str) -> None:
+            super().__init__()
+            self.mode = mode
+            self.net = torch.nn.Sequential(torch.nn.Embedding(v, 8), torch.nn.Linear(8, v))
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            x, y = batch
+            z = self.net(x).reshape(-1, v)
+            if self.mode == "mean":
+                return F.cross_entropy(z, y)
+            return F.cross_entropy(z, y, reduction="sum") * k / window_n[batch_idx // k]
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    loader = torch.utils.data.DataLoader(data, batch_size=None, shuffle=False)
+    for mode in ("exact", "mean"):
+        torch.manual_seed(0)
+        trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1,
+                             accumulate_grad_batches=k, logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False,
+                             enable_model_summary=False)
+        out = tmp_path / mode
+        with recording(out):
+            trainer.fit(Module(mode), loader)
+        findings, _, _ = analyze(load_recordings(out), k_flag=k)
+        errors = {f.cls for f in findings if f.severity == "error"}
+        assert errors == ({"F5"} if mode == "mean" else set()), (mode, findings)
