@@ -5,23 +5,27 @@ then clip, AdamW step, scheduler step, zero_grad) once without and once with
 ``accumguard.runtime.guard.guard(...)`` installed (on the observation layer), alternating
 which goes first, and times every optimizer step (process CPU time). Reported, per model:
 
-* steady state: median step time with the guard, over the steps after the first
-  ``--warm`` windows of each installation, / median step time without it. This is the
-  cost per step of a long run: cheap checks on every event, gradient conservation
-  sampled within its time budget (``CONSERVATION_BUDGET`` of the run's time);
-* whole run: total time of the ``--steps`` guarded steps (install, the first two windows
-  whose conservation is always checked, close) / total unguarded time.
+* steady state: mean step time with the guard over the steps after the first ``--warm``
+  windows of each installation / mean step time without it over the same steps (a mean,
+  so the windows whose conservation is checked within the budget count); median and
+  IQR of that ratio over the repetitions. This is the cost per step of a long run:
+  cheap checks on every event, gradient conservation sampled within its time budget
+  (``CONSERVATION_BUDGET`` of the run's time);
+* whole run: install + the ``--steps`` guarded steps (the first two windows, whose
+  conservation is always checked, included) + close / the unguarded run;
+* windows checked per run and the share of the run's time the checks accounted for.
 
 Single process, one thread, CPU: the guard's cost is Python work per event, so this is
 its honest measure; on a shared machine expect a few percent of noise (IQR column).
 
     python benchmarks/bench_guard.py                    # all models, markdown table
-    python benchmarks/bench_guard.py --reps 31 --steps 30 --models toy
+    python benchmarks/bench_guard.py --reps 31 --steps 100 --models demo-lm
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from typing import Any
@@ -79,62 +83,95 @@ def _train(model: torch.nn.Module, opt: Any, sched: Any, data: list, k: int) -> 
     return times
 
 
-def bench(name: str, *, k: int, steps: int, reps: int, warm: int) -> dict[str, float]:
+def _guarded(model: torch.nn.Module, opt: Any, sched: Any, data: list, k: int
+             ) -> tuple[list[float], float, dict[str, float]]:
+    """One guarded run: per-step CPU times, the CPU time of install + close, and what the
+    guard's conservation checks did (windows checked, their accounted share of the run)."""
+    t0 = time.process_time()
+    g = guard(model, opt, accumulation_steps=k, scheduler=sched).install()
+    install = time.process_time() - t0
+    observer = g.observer
+    out = _train(model, opt, sched, data, k)
+    elapsed = time.perf_counter() - observer._t_start
+    checks = {"checked": float(g.checked_windows),
+              "share": observer._t_checks / elapsed if elapsed > 0 else 0.0}
+    t0 = time.process_time()
+    g.close()
+    install += time.process_time() - t0
+    assert not g.violations, g.violations
+    return out, install, checks
+
+
+def _iqr(xs: list[float]) -> tuple[float, float]:
+    q = statistics.quantiles(xs, n=4)
+    return q[0], q[2]
+
+
+def bench(name: str, *, k: int, steps: int, reps: int, warm: int) -> dict[str, Any]:
     model, opt, sched, data = _setup(name, k, steps)
 
     def plain() -> list[float]:
         return _train(model, opt, sched, data, k)
 
-    def guarded() -> list[float]:
-        with guard(model, opt, accumulation_steps=k, scheduler=sched) as g:
-            out = _train(model, opt, sched, data, k)
-        assert not g.violations, g.violations
-        return out
-
     plain()
-    guarded()  # warm-up both paths
+    _guarded(model, opt, sched, data, k)  # warm-up both paths
     steady_plain: list[float] = []
     steady_guard: list[float] = []
-    ratios, whole = [], []
+    steady, whole, checked, share = [], [], [], []
     for rep in range(reps):
         if rep % 2 == 0:
-            a, b = plain(), guarded()
+            a = plain()
+            b, install, chk = _guarded(model, opt, sched, data, k)
         else:
-            b, a = guarded(), plain()
+            b, install, chk = _guarded(model, opt, sched, data, k)
+            a = plain()
         steady_plain += a[warm:]
         steady_guard += b[warm:]
-        ratios.append(statistics.median(b[warm:]) / statistics.median(a[warm:]))
-        whole.append(sum(b) / sum(a))
+        # mean, not median, over the steady steps: a window whose conservation is checked
+        # is slower, and its cost belongs in the per-step price of a long run
+        steady.append(statistics.fmean(b[warm:]) / statistics.fmean(a[warm:]))
+        whole.append((sum(b) + install) / sum(a))
+        checked.append(chk["checked"])
+        share.append(chk["share"])
     n_params = sum(p.numel() for p in model.parameters())
-    return {"params": n_params, "plain_ms": 1e3 * statistics.median(steady_plain),
-            "guard_ms": 1e3 * statistics.median(steady_guard),
-            "ratio": statistics.median(ratios),
-            "ratio_q1": statistics.quantiles(ratios, n=4)[0],
-            "ratio_q3": statistics.quantiles(ratios, n=4)[2],
-            "whole": statistics.median(whole)}
+    return {"params": n_params, "plain_ms": 1e3 * statistics.fmean(steady_plain),
+            "guard_ms": 1e3 * statistics.fmean(steady_guard),
+            "ratio": statistics.median(steady), "iqr": _iqr(steady),
+            "whole": statistics.median(whole), "whole_iqr": _iqr(whole),
+            "checked": statistics.fmean(checked), "share": statistics.median(share)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--k", type=int, default=4, help="accumulation steps")
-    parser.add_argument("--steps", type=int, default=20, help="optimizer steps per timing")
-    parser.add_argument("--reps", type=int, default=21, help="interleaved repetitions")
+    parser.add_argument("--steps", type=int, default=60, help="optimizer steps per timing")
+    parser.add_argument("--reps", type=int, default=15, help="interleaved repetitions")
     parser.add_argument("--warm", type=int, default=3,
                         help="windows after each install left out of the steady state")
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, 1 thread, K={args.k}, {args.steps} optimizer steps per "
-          f"timing, {args.reps} interleaved repetitions, median")
+          f"timing, {args.reps} interleaved repetitions; load average {_load()}")
     print()
     print("| model | parameters | unguarded CPU ms/step | guarded CPU ms/step (steady) | "
-          "steady guarded/unguarded (median) | IQR of the ratio | whole run incl. install |")
-    print("|---|---:|---:|---:|---:|---|---:|")
+          "steady guarded/unguarded (median) | IQR | whole run incl. install (median) | IQR "
+          "| windows checked per run | checks' share of the run |")
+    print("|---|---:|---:|---:|---:|---|---:|---|---:|---:|")
     for name in args.models:
         r = bench(name, k=args.k, steps=args.steps, reps=args.reps, warm=args.warm)
         print(f"| {name} | {r['params']:,} | {r['plain_ms']:.3f} | {r['guard_ms']:.3f} | "
-              f"{r['ratio']:.3f}x | {r['ratio_q1']:.3f}-{r['ratio_q3']:.3f} | "
-              f"{r['whole']:.3f}x |", flush=True)
+              f"{r['ratio']:.3f}x | {r['iqr'][0]:.3f}-{r['iqr'][1]:.3f} | "
+              f"{r['whole']:.3f}x | {r['whole_iqr'][0]:.3f}-{r['whole_iqr'][1]:.3f} | "
+              f"{r['checked']:.1f} of {args.steps} | {100 * r['share']:.2f} % |", flush=True)
+    print(f"\nload average at the end {_load()}")
+
+
+def _load() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
 
 
 if __name__ == "__main__":

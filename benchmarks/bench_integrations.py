@@ -6,17 +6,21 @@ Each callback (transformers ``AccumguardCallback``, Lightning ``AccumguardCallba
 (``accumguard.observe.Observer``: gradient-conservation checksums, step/zero_grad/scheduler/clip
 events) + two tiny all-gathers per step on several ranks (not measured here: one process).
 This times a plain accumulation loop (K micro-steps of forward + backward, then clip, AdamW
-step, scheduler step, zero_grad) without and with the checks, alternating which goes first;
-the ratio is the median over repetitions of checked / plain process CPU time (one thread). A
-framework's own per-step work only adds to the denominator, so the plain loop is the worst case.
+step, scheduler step, zero_grad) without and with the checks, alternating which goes first,
+and times every optimizer step (process CPU time, one thread). Reported: the steady state
+(mean step time after the first ``--warm`` steps, checked / plain, so the sampled steps count
+at their cost; median and IQR over repetitions) and the whole run (install, the first steps,
+close). A framework's own per-step work only adds to the denominator, so the plain loop is
+the worst case.
 
     python benchmarks/bench_integrations.py                 # markdown table
-    python benchmarks/bench_integrations.py --reps 21 --steps 20 --models demo-lm
+    python benchmarks/bench_integrations.py --reps 21 --steps 100 --models demo-lm
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from typing import Any
@@ -52,9 +56,12 @@ def _setup(name: str, k: int, steps: int) -> tuple[torch.nn.Module, Any, Any, li
     return model, opt, sched, data
 
 
-def _train(model: torch.nn.Module, opt: Any, sched: Any, data: list, k: int) -> None:
+def _train(model: torch.nn.Module, opt: Any, sched: Any, data: list, k: int) -> list[float]:
+    """The loop; returns the CPU time of each optimizer step (its K micro-steps included)."""
     # exact token normalisation: each window's summed loss over its token count N
     counts = [sum(float(count_tokens(b)) for b in data[i:i + k]) for i in range(0, len(data), k)]
+    times = []
+    t0 = time.process_time()
     for i, batch in enumerate(data):
         (token_loss(model, batch)[0] / counts[i // k]).backward()
         if (i + 1) % k == 0:
@@ -62,49 +69,82 @@ def _train(model: torch.nn.Module, opt: Any, sched: Any, data: list, k: int) -> 
             opt.step()
             sched.step()
             opt.zero_grad()
+            t1 = time.process_time()
+            times.append(t1 - t0)
+            t0 = t1
+    return times
 
 
-def _time(name: str, k: int, steps: int, variant: dict[str, Any] | None) -> float:
+def _time(name: str, k: int, steps: int, variant: dict[str, Any] | None
+          ) -> tuple[list[float], float]:
+    """Per-step CPU times of one run and the CPU time of install + close (0 when plain)."""
     model, opt, sched, data = _setup(name, k, steps)
     checks = None
+    install = 0.0
     if variant is not None:
+        t0 = time.process_time()
         checks = AccumulationChecks(model, opt, accumulation_steps=k, scheduler=sched,
                                     logits_module=model.head, **variant)
-    t0 = time.process_time()
-    _train(model, opt, sched, data, k)
-    elapsed = time.process_time() - t0
+        install = time.process_time() - t0
+    times = _train(model, opt, sched, data, k)
     if checks is not None:
+        t0 = time.process_time()
         checks.close()
+        install += time.process_time() - t0
         assert checks.findings == [], checks.findings  # an exact loop: nothing to report
-    return elapsed
+    return times, install
+
+
+def _iqr(xs: list[float]) -> str:
+    q = statistics.quantiles(xs, n=4)
+    return f"{q[0]:.3f}-{q[2]:.3f}"
+
+
+def _load() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--variants", default="",
+                    help="comma-separated substrings of variant names to run (default: all)")
     ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--reps", type=int, default=11)
+    ap.add_argument("--warm", type=int, default=3,
+                    help="steps after install left out of the steady state")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    wanted = [v for v in args.variants.split(",") if v]
+    variants = {n: v for n, v in VARIANTS.items() if not wanted or any(w in n for w in wanted)}
     print(f"K={args.k}, {args.steps} optimizer steps per timing, median of {args.reps} "
-          "alternating repetitions, process CPU time, 1 thread\n")
-    print("| model | plain ms/step | variant | checked ms/step | ratio |")
-    print("|---|---|---|---|---|")
+          f"alternating repetitions, process CPU time, 1 thread; load average {_load()}\n")
+    print("| model | plain ms/step | variant | checked ms/step (steady) | steady ratio (median) "
+          "| IQR | whole run incl. install (median) | IQR |")
+    print("|---|---|---|---|---|---|---|---|")
+    w = args.warm
     for name in args.models.split(","):
         _time(name, args.k, 2, None)  # warm-up
-        for vname, variant in VARIANTS.items():
-            plain, checked, ratios = [], [], []
+        for vname, variant in variants.items():
+            plain, checked, steady, whole = [], [], [], []
             for rep in range(args.reps):
                 order = [None, variant] if rep % 2 == 0 else [variant, None]
                 got = {id(v): _time(name, args.k, args.steps, v) for v in order}
-                p, c = got[id(None)], got[id(variant)]
-                plain.append(p)
-                checked.append(c)
-                ratios.append(c / p)
-            ms = 1000 / args.steps
-            print(f"| {name} | {statistics.median(plain) * ms:.2f} | {vname} | "
-                  f"{statistics.median(checked) * ms:.2f} | {statistics.median(ratios):.3f} |")
+                (p, _), (c, install) = got[id(None)], got[id(variant)]
+                plain += p[w:]
+                checked += c[w:]
+                # means over the steady steps: the sampled (checked) steps count at their cost
+                steady.append(statistics.fmean(c[w:]) / statistics.fmean(p[w:]))
+                whole.append((sum(c) + install) / sum(p))
+            print(f"| {name} | {statistics.fmean(plain) * 1e3:.2f} | {vname} | "
+                  f"{statistics.fmean(checked) * 1e3:.2f} | {statistics.median(steady):.3f} | "
+                  f"{_iqr(steady)} | {statistics.median(whole):.3f} | {_iqr(whole)} |",
+                  flush=True)
+    print(f"\nload average at the end {_load()}")
 
 
 if __name__ == "__main__":

@@ -152,3 +152,60 @@ def test_gan_guard_counts_only_its_models_backwards() -> None:
             d_opt.step()
             d_opt.zero_grad()
             (-disc(fake).mean()).backward()
+
+
+def test_gan_attribution_walk_and_its_fallback() -> None:
+    """The guard tells its model's backward passes by walking the loss's autograd graph to
+    the generator's output (no hook per forward). A discriminator too large for the walk
+    (more nodes than its limit) falls back to a pre-hook on the generator's output: both
+    count exactly the generator's backwards, and the observer says which reached it."""
+    from accumguard.observe import _observer
+
+    for layers in (1, _observer._WALK_LIMIT):
+        torch.manual_seed(0)
+        gen = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 4))
+        disc = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(layers)],
+                                   torch.nn.Linear(4, 1))
+        g_opt = torch.optim.SGD(gen.parameters(), lr=1e-3)
+        d_opt = torch.optim.SGD(disc.parameters(), lr=1e-3)
+        reached: list[bool | None] = []
+        with guard(gen, g_opt, accumulation_steps=2) as g:
+            g.observer.add_listener(SimpleNamespace(on_backward=lambda ev, seen=reached:
+                                                    seen.append(ev.reached)))
+            for _ in range(2):
+                for _ in range(2):
+                    fake = gen(torch.randn(8, 4))
+                    disc(fake.detach()).mean().backward()  # D only
+                    d_opt.step()
+                    d_opt.zero_grad()
+                    # G's loss; with the small D also a second head on the generator's
+                    # output (with the large one, only through D: the walk gives up)
+                    extra = 0.1 * fake.pow(2).mean() if layers == 1 else 0.0
+                    (-disc(fake).mean() + extra).backward()
+                g_opt.step()
+                g_opt.zero_grad()
+        assert reached == [False, True] * 4, (layers, reached)
+        assert g.violations == [] and g.backward_passes == 4 and g.optimizer_steps == 2
+
+
+def test_grouped_checksums_equal_per_parameter_sums() -> None:
+    """The conservation checksums group equal-size parameters into one reduction; they
+    must equal the per-parameter (sum, even-position sum, abs sum) of every gradient."""
+    from accumguard.observe._checksum import checksums
+
+    torch.manual_seed(0)
+    shapes = [(3, 5), (15,), (3, 5), (7,), (1,), (300, 300), (2, 2, 2), (8,), (15,), (8,)]
+    params = [torch.nn.Parameter(torch.zeros(shape, dtype=torch.float64 if i == 9
+                                             else torch.float32))
+              for i, shape in enumerate(shapes)]
+    for i, p in enumerate(params):
+        if i != 4:  # one gradient left None: its row stays zero
+            p.grad = torch.randn(p.shape, dtype=p.dtype)
+    got = checksums(params)
+    for i, p in enumerate(params):
+        if p.grad is None:
+            assert got[i].abs().sum() == 0
+            continue
+        f = p.grad.reshape(-1).double()
+        want = torch.stack([f.sum(), f[::2].sum(), f.abs().sum()])
+        torch.testing.assert_close(got[i], want, rtol=1e-5, atol=1e-4)

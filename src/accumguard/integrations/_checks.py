@@ -52,6 +52,14 @@ log = logging.getLogger("accumguard")
 # step; the sampled steps carry the probe's and the gradient checksums' cost, measured in
 # benchmarks/bench_integrations.py). Pass every_n_steps=1 to check every step.
 DEFAULT_EVERY_N_STEPS = 10
+# With every_n_steps > 1, the gradient-conservation checksums (the costliest check: about a
+# fifth of a step on the demo LM) run on the sampled steps only while they have taken at
+# most this fraction of the run's time (the first checked step always runs; a zero_grad
+# inside an unchecked window forces the next two). Local to each rank: conservation
+# exchanges nothing, so ranks may sample different steps (the probe's schedule, which
+# all-gathers, stays ``step % every_n_steps == 0`` on every rank).
+CONSERVATION_BUDGET = 0.005
+FORCED_CHECKS = 2
 
 
 
@@ -131,7 +139,8 @@ class AccumulationChecks:
             FSDP2, Accelerate, Lightning DDP); default: True on more than one rank.
         logits_module: the layer producing logits (default: :func:`find_logits_module`).
         every_n_steps: check one step in n (the scheduler count is checked every step); the
-            probe and the observer's gradient checksums cost nothing on the other steps.
+            probe costs nothing on the other steps; the gradient checksums run on the
+            sampled steps within :data:`CONSERVATION_BUDGET` of the run's time.
         strict: raise :class:`~accumguard.core.errors.AccumulationError` on a finding
             instead of logging it.
         on_finding: called with every :class:`Finding`.
@@ -182,7 +191,10 @@ class AccumulationChecks:
         if observe:
             from accumguard.observe import Observer
 
-            self.observer = Observer(roots=[model], conservation=True, every=every_n_steps)
+            # no loss record: the token-weight probe answers its question (F5) here
+            self.observer = Observer(roots=[model], conservation=True, every=every_n_steps,
+                                     budget=None if every_n_steps == 1 else CONSERVATION_BUDGET,
+                                     record_losses=False)
             self.observer.add_listener(self)
             self.observer.install()
 
@@ -238,6 +250,9 @@ class AccumulationChecks:
 
     def on_step(self, event: Any) -> None:
         """Observer listener: the boundary contract of the step that just ended."""
+        if (event.conservation is None and event.zero_grads_between
+                and self.observer is not None):
+            self.observer.force_checks = FORCED_CHECKS  # cleared inside an unchecked window
         for finding in boundary_findings(event, accumulation_steps=self.accumulation_steps):
             self._report(finding)
 

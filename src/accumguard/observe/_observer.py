@@ -68,6 +68,11 @@ _CLIP_FUNCS = ("clip_grad_norm_", "clip_grad_norm", "clip_grad_value_", "clip_gr
 # calls made through an alias bound before install (``from torch.nn.utils import ...`` at
 # the top of a script that installs the guard later).
 _CLIP_INNER = ("_clip_grads_with_norm_",)
+# Attribution (see Observer._reaches): root-output sequence numbers kept, graph nodes walked
+# before falling back to a pre-hook, and the sequence number of nodes without one (leaves).
+_MAX_ROOT_SEQS = 64
+_WALK_LIMIT = 64
+_NO_SEQ = 1 << 63
 
 
 def _tol_for(dtype: torch.dtype) -> float:
@@ -113,12 +118,16 @@ class Observer:
             this fraction of the run's wall time (the first windows are always checked).
         attribute: with ``roots``, mark each backward that reaches the output of a root's
             forward (``BackwardEvent.reached``): the guard counts only its model's backwards.
+        record_losses: patch the loss functions for the loss record (:mod:`._losses`, the
+            F5 rule of ``watch``); the framework callbacks, which probe the logits for the
+            same question, turn it off (it costs a frame walk and a hook per loss call).
     """
 
     def __init__(self, roots: Iterable[torch.nn.Module] | None = None, *,
                  auto_roots: bool = False, conservation: bool = True,
                  record_updates: bool = False, every: int = 1,
-                 budget: float | None = None, attribute: bool = False) -> None:
+                 budget: float | None = None, attribute: bool = False,
+                 record_losses: bool = True) -> None:
         self.listeners: list[Any] = []
         self._handlers: dict[str, list[Any]] = {}  # method name -> bound listener methods
         self._dtypes: dict[int, str | None] = {}
@@ -134,8 +143,14 @@ class Observer:
         self._t_checks = 0.0
         self._window_checked: bool | None = None
         self.attribute = attribute
+        self.record_losses = record_losses
         self.force_checks = 0  # check conservation on the next N windows whatever the budget
         self._unattributed = False  # a root forward whose output had no autograd node
+        # attribution: sequence numbers of the roots' latest output nodes, and the latest
+        # forward's nodes (hooked only when the graph walk gives up; released when the next
+        # root forward begins, so no graph is kept alive beside the one being built)
+        self._root_seqs: list[int] = []
+        self._root_nodes: list[Any] = []
         self._step_cons: Any = None
         self._scaler_depth = 0
         self._clip_depth = 0
@@ -212,7 +227,8 @@ class Observer:
         p.wrap(torch.optim.Optimizer, "zero_grad", self._zero_wrapper("optimizer"))
         p.wrap(torch.nn.Module, "zero_grad", self._zero_wrapper("module"))
         p.wrap(torch.utils.data.DataLoader, "__iter__", self._data_pass_wrapper)
-        self.losses.install(p)
+        if self.record_losses:
+            self.losses.install(p)
         sched = torch.optim.lr_scheduler
         p.wrap(sched.LRScheduler, "step", self._sched_wrapper)
         if "step" in vars(sched.ReduceLROnPlateau):
@@ -245,6 +261,7 @@ class Observer:
         self._depth_hooked.clear()
         self._hooked_ids.clear()
         self._fwd_depth = 0
+        self._root_seqs, self._root_nodes = [], []
 
     def __enter__(self) -> Observer:
         return self.install()
@@ -409,6 +426,7 @@ class Observer:
         return None
 
     def _root_pre(self, module: Any, args: Any) -> None:
+        self._root_nodes = []
         if self._active() and torch.is_grad_enabled():
             self._on_forward(module)
 
@@ -421,8 +439,51 @@ class Observer:
         nodes = _grad_fns(output)
         if not nodes:
             self._unattributed = True  # unknown: count the next backward as the root's
-        for node in nodes:
-            node.register_prehook(self._reach)
+            return
+        # No hook now: at backward, a short walk of the loss's graph finds these nodes
+        # (:meth:`_reaches`); the nodes of the latest forward are kept for the fallback.
+        self._root_nodes = nodes
+        seqs = self._root_seqs
+        seqs += [n._sequence_nr() for n in nodes]
+        if len(seqs) > _MAX_ROOT_SEQS:
+            del seqs[:-_MAX_ROOT_SEQS]
+
+    def _reaches(self, tensors: Any) -> bool:
+        """Does the backward of ``tensors`` reach the output of a root's forward?
+
+        Walks the autograd graph from the loss towards the inputs, looking for the roots'
+        output nodes by sequence number, breadth first. A node's inputs were created before
+        it (smaller sequence number), so a branch older than every root output is pruned:
+        the walk from a loss computed from the model's output is a handful of nodes. Beyond
+        ``_WALK_LIMIT`` nodes (another model's large graph) it falls back to a pre-hook
+        on the latest forward's output nodes, which marks the backward as it runs.
+        """
+        seqs = self._root_seqs
+        if not seqs:
+            return False
+        targets = set(seqs)
+        floor = min(seqs)
+        roots = tensors if isinstance(tensors, (list, tuple)) else [tensors]
+        queue = [t.grad_fn for t in roots
+                 if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+        seen: set[int] = set()
+        i = 0
+        while i < len(queue):
+            node = queue[i]
+            i += 1
+            seq = node._sequence_nr()
+            if seq in targets:
+                return True
+            if seq < floor or seq >= _NO_SEQ or seq in seen:
+                continue  # older than every root output, a leaf, or already walked
+            seen.add(seq)
+            if len(seen) > _WALK_LIMIT:
+                for root_node in self._root_nodes:
+                    root_node.register_prehook(self._reach)
+                self._root_nodes = []
+                return False  # _reach sets it if the backward gets there
+            queue += [nxt for nxt, _ in node.next_functions if nxt is not None]
+        return False
 
     def _reach(self, grad_outputs: Any) -> None:
         ev = self._bw_current
@@ -494,7 +555,7 @@ class Observer:
         ev = BackwardEvent(step=self.step, micro=len(w.backwards), source=source,
                            engine=self.engine, forwards=w.forwards)
         if self.attribute and self._given_roots:
-            ev.reached = None if self._unattributed else False
+            ev.reached = None if self._unattributed else self._reaches(loss)
             self._unattributed = False
         w.forwards = 0
         if not w.loss_ok:

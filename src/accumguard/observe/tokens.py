@@ -6,7 +6,8 @@ For a token cross-entropy the gradient of the loss w.r.t. one token's logits row
 ignored tokens are zero, and ``s`` is the weight the loop gave each token of that
 micro-batch (``1/N`` when exact). From the gradient and the logits the probe recovers
 the valid-token count ``n_i`` and ``Σ s·(1−p_y)``, ``Σ (1−p_y)`` (their ratio is
-``s_i``): one ``logsumexp`` and one ``argmin`` over the logits per micro-step. The
+``s_i``): one ``argmin`` over the gradient and one fused cross-entropy over the logits
+per micro-step. The
 verdict on a window's records is :func:`accumguard.observe.rules.classify_token_weights`.
 
 Used by the framework callbacks (:mod:`accumguard.integrations`); one place for both.
@@ -83,9 +84,10 @@ class TokenWeightProbe:
                 g = g.float()  # bf16/fp16 logits: judge in fp32, the tolerance assumes it
             gy, y = g.min(dim=-1)  # the label's entry: s·(p_y − 1) < 0
             valid = (gy < 0).to(gy.dtype)  # ignored tokens have an all-zero row
-            z = logits.reshape(-1, v).to(gy.dtype)
-            log_p = z.gather(-1, y.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(z, dim=-1)
-            one_minus_p = -torch.expm1(log_p)
+            # -log p_y by the fused cross-entropy kernel (one op for gather + logsumexp)
+            nll = torch.nn.functional.cross_entropy(logits.reshape(-1, v).to(gy.dtype), y,
+                                                    reduction="none")
+            one_minus_p = -torch.expm1(-nll)
             # Σ over valid tokens of s·(1 − p_y), Σ (1 − p_y), and the count (gy is 0 off them)
             self.records.append(torch.stack([valid.sum(), -gy.sum(),
                                              torch.dot(one_minus_p, valid)]))
