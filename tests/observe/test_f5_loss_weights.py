@@ -225,3 +225,38 @@ def test_rule_tolerances_and_cross_rank_note() -> None:
                  1: [_window(0, [1 / 300] * 4, [75] * 4)]}
     findings = analyze(rec)[0]
     assert [(f.cls, f.severity) for f in findings] == [("F6", "note")], findings
+
+
+def test_windows_that_are_not_one_accumulation_window_are_not_judged() -> None:
+    """A zero_grad between backwards (F3, or a GradScaler skip seen as one long window), or
+    a DeepSpeed step that discarded its gradients (overflow: the recorder restarts its
+    micro-steps, so the folded window lacks its first records): silent. A torch step with
+    every gradient None changes nothing: its micro-steps stay in the window."""
+    counts = [100, 100, 50, 50]
+    f5 = [0.25 / n for n in counts]
+    spliced = _window(0, f5, counts)
+    spliced["zero_grads_between"] = 1
+    assert not loss_weight_findings(0, [spliced])
+    noop = {"step": 0, "backwards": 2, "applied": False}
+    rec = RunRecording()
+    after = _window(1, f5[2:], counts[2:])  # micro-steps 0, 1 of a folded window of 4
+    rec.steps = {0: [noop, after]}
+    assert not analyze(rec)[0]
+    carried = _window(1, f5, counts)  # carried across the no-op step: micro-steps 0..3
+    carried["backwards"] = 2
+    rec.steps = {0: [noop, carried]}
+    assert [f.cls for f in analyze(rec)[0]] == ["F5"]
+
+
+def test_recorder_drops_a_discarded_window() -> None:
+    model = Net()
+    obs = Observer(auto_roots=True)
+    obs.add_listener(type("L", (), {"on_step": lambda self, ev: None})())
+    with obs:
+        for i in range(2):
+            x, y = _batch(i)
+            F.cross_entropy(model(x)[0], y).backward()
+        assert len(obs.losses.calls) == 2 and obs.losses.micro == 2
+        assert obs.losses.take(False) is None and obs.losses.micro == 2  # carried
+        assert obs.losses.take(False, carry=False) is None
+        assert obs.losses.calls == [] and obs.losses.micro == 0

@@ -84,12 +84,17 @@ class LossRecorder:
     def end_backward(self) -> None:
         self.micro += 1
 
-    def take(self, applied: bool) -> list[list[Any]] | None:
+    def take(self, applied: bool, *, carry: bool = True) -> list[list[Any]] | None:
         """The window's records ``[site, order, micro, n, weight, low_precision, reduction]``
         at an applied optimizer step (``micro`` 0-based in the window, no-op steps folded
         in as the rules fold them), or None when there is nothing to compare. A step that
-        changed nothing keeps the calls for the window that goes on."""
+        changed nothing keeps the calls for the window that goes on (``carry``), unless
+        its gradients were discarded (DeepSpeed's overflow skip: ``carry=False``): then
+        the folded window has no record for its first micro-steps and is not judged."""
         if not applied:
+            if not carry:
+                self.calls = [c for c in self.calls if c.g is None]  # forwards to come
+                self.micro = 0
             return None
         calls = [c for c in self.calls if c.g is not None and c.micro is not None]
         self.calls = []

@@ -794,7 +794,10 @@ class Observer:
             max_backwards_per_engine_step=w.max_bw_per_engine_step,
             grad_norm=norm, conservation=cons, checksum=chk,
             wall=time.perf_counter() - self._step_t0, param_dtype=self._dtype_of(owner),
-            updates=updates, losses=self.losses.take(applied))
+            updates=updates,
+            # a torch step with every gradient None changes nothing: its window goes on;
+            # a DeepSpeed step that skipped its update (overflow) discarded its window
+            losses=self.losses.take(applied, carry=source == "torch"))
         self.step += 1
         self._w = _Window()
         self._window_checked = None

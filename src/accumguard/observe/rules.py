@@ -668,7 +668,9 @@ def loss_weight_findings(rank: int | None, windows: list[dict[str, Any]]) -> lis
     out: list[Finding] = []
     for w in windows:
         k = int(w.get("window", w.get("backwards", 0)))
-        if k < 2:
+        if k < 2 or int(w.get("zero_grads_between", 0)):
+            # a zero_grad between backwards: not one accumulation window (F3, or a
+            # GradScaler that skipped a step and rescaled: two windows seen as one)
             continue
         for (site, idx), by_micro in sorted(_loss_groups(w).items()):
             if len(by_micro) < k or any(m not in by_micro for m in range(k)):
