@@ -146,16 +146,69 @@ def _ga_expression(ctx: FileContext, node: ast.AST, k_names: set[str], prefix: s
     return ("one" if value == 1 else "many"), f"{text} = {value}"
 
 
+def _engine_ga_names(ctx: FileContext) -> set[str]:
+    """Dotted names that hold the engine's own GA: ``engine.gradient_accumulation_steps()``
+    itself and the names assigned from it (``gas = engine.gradient_accumulation_steps()``,
+    ``k = int(gas)``), to a fixpoint."""
+    def compute() -> set[str]:
+        out: set[str] = set()
+        for call in ctx.of(ast.Call):
+            if (
+                call_attr(call) == "gradient_accumulation_steps"
+                and not call.args and not call.keywords
+                and ctx.kind_of_receiver(receiver(call)) == "engine"
+                and (d := dotted(call)) is not None
+            ):
+                out.add(d)
+        for _ in range(3):
+            before = len(out)
+            for names, value in ctx.assignments():
+                v = value
+                while isinstance(v, ast.Call) and isinstance(v.func, ast.Name) and v.func.id == "int" and v.args:
+                    v = v.args[0]
+                if len(names) == 1 and names[0] not in out and dotted(v) in out:
+                    out.add(names[0])
+            if len(out) == before:
+                break
+        return out
+    return ctx._cached("engine_ga_names", ctx.tree, compute)  # type: ignore[no-any-return]
+
+
 @rule("AG109", "AG110")
 def engine_gating(ctx: FileContext) -> Iterator[Finding]:
     if ctx.explicit_ds_boundary:
         return
+    sites = list(_hand_gated_steps(ctx))
+    engine_ga = _engine_ga_names(ctx)
+    by_engine: set[int] = set()
+    for window, site in sites:
+        # K read from the engine itself (`for _ in range(engine.gradient_accumulation_steps())`
+        # around one step()): double gating whatever the config says, and the config may be
+        # out of sight (`--deepspeed_config` on the command line). With GA 1 the loop is K = 1.
+        used = sorted(_loop_k_names(ctx, window, site) & engine_ga)
+        if not used:
+            continue
+        by_engine.add(id(site))
+        name = dotted(receiver(site)) or "engine"
+        seen = (
+            "the engine's own GA" if used[0].endswith("gradient_accumulation_steps()")
+            else f"`{used[0]}` (the engine's own gradient_accumulation_steps(), GA)"
+        )
+        yield ctx.finding(
+            "AG110",
+            site,
+            f"`{name}.step()` runs once per {seen} backward() calls: DeepSpeed already steps the optimizer "
+            "only on every GA-th step() call, so it steps once per GA x GA micro-batches instead of "
+            "once per GA (double gating); expected one engine.step() after every engine.backward()",
+        )
     ref = ctx.ds_config()
     if ref is None:
         return  # no config in sight: do not guess
     if ref.managed is False:
         return  # step() is the boundary: a hand-gated loop is what this mode expects
-    for window, site in _hand_gated_steps(ctx):
+    for window, site in sites:
+        if id(site) in by_engine:
+            continue
         name = dotted(receiver(site)) or "engine"
         verdict, how = _config_ga(ctx, ref, _loop_k_names(ctx, window, site))
         if verdict == "one":

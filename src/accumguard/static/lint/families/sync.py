@@ -31,11 +31,13 @@ AG111 the flag has the wrong polarity: off on the boundary and on elsewhere
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from dataclasses import replace
 
 from accumguard.static.findings import Confidence, Finding, Severity
 from accumguard.static.lint._ast import (
+    ACCUM_RE,
     LOOPS,
     SCOPES,
     call_attr,
@@ -199,6 +201,8 @@ def sync_flag_after_forward(ctx: FileContext) -> Iterator[Finding]:
                 continue
             recv, fwd = flag_recv, flag_fwd
             kind = _effective(ctx, node, node.value)
+            if kind == "first":
+                kind = "unknown"  # one forward late: what the last micro-step sees depends on K
             key = (id(ctx.enclosing(node, LOOPS)), recv)
             if key in reported:
                 continue
@@ -255,11 +259,83 @@ def _sync_settings(ctx: FileContext) -> list[tuple[ast.AST, ast.AST, str]]:
     return out
 
 
+#: a micro-step *counter* (``micro_step``, ``accum_idx``), not a flag (``accumulating``)
+_COUNTER_RE = re.compile(r"step|idx|index|iter|count|_i$|_j$")
+
+
+def _zero_based_counter(ctx: FileContext, expr: ast.AST) -> str | None:
+    """The name of ``expr`` when it counts the micro-steps of a window from 0: the target of an
+    enclosing ``for c in range(n)`` / ``range(0, n)`` / ``for c, _ in enumerate(x)``, or a
+    micro-step name (``micro_step``, ``accum_idx``) that is no other loop's variable."""
+    if not isinstance(expr, ast.Name):
+        return None
+    name = expr.id
+    cur = ctx.parents.get(expr)
+    while cur is not None and not isinstance(cur, SCOPES):
+        if isinstance(cur, ast.For | ast.AsyncFor):
+            it, tgt = cur.iter, cur.target
+            if isinstance(tgt, ast.Name) and tgt.id == name:
+                ok = isinstance(it, ast.Call) and dotted(it.func) == "range" and (
+                    len(it.args) == 1
+                    or (len(it.args) == 2 and isinstance(it.args[0], ast.Constant) and it.args[0].value == 0)
+                )
+                return name if ok else None
+            if (
+                isinstance(tgt, ast.Tuple) and tgt.elts and isinstance(tgt.elts[0], ast.Name)
+                and tgt.elts[0].id == name
+            ):
+                ok = (
+                    isinstance(it, ast.Call) and dotted(it.func) == "enumerate"
+                    and len(it.args) == 1 and not it.keywords
+                )
+                return name if ok else None
+        cur = ctx.parents.get(cur)
+    low = name.lower()
+    return name if ACCUM_RE.search(low) and _COUNTER_RE.search(low) else None
+
+
+def _first_test(ctx: FileContext, expr: ast.AST) -> bool | None:
+    """True when ``expr`` is truthy at the *first* micro-step of a window only (``c == 0``,
+    ``not c``, ``c < 1``, ``c % K == 0``, ``not c % K`` with ``c`` counting from 0); False when
+    it is truthy on every micro-step but the first (``c != 0``, ``c > 0``, ``c``, ``c % K``);
+    None otherwise. Either way it is not the last micro-step's test (K > 1)."""
+    def counter_or_mod(x: ast.AST) -> bool:
+        if isinstance(x, ast.BinOp) and isinstance(x.op, ast.Mod):
+            x = x.left
+        return _zero_based_counter(ctx, x) is not None
+
+    if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.Not):
+        inner = _first_test(ctx, expr.operand)
+        return None if inner is None else not inner
+    if isinstance(expr, ast.Name) or (isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Mod)):
+        return False if counter_or_mod(expr) else None
+    if isinstance(expr, ast.Compare) and len(expr.ops) == 1:
+        left, op, right = expr.left, expr.ops[0], expr.comparators[0]
+        if isinstance(left, ast.Constant):
+            left, right = right, left
+            op = {ast.Lt: ast.Gt(), ast.Gt: ast.Lt(), ast.LtE: ast.GtE(), ast.GtE: ast.LtE()}.get(type(op), op)
+        if not (isinstance(right, ast.Constant) and type(right.value) is int):
+            return None
+        v = right.value
+        if v == 0 and isinstance(op, ast.Eq | ast.NotEq | ast.Gt):
+            return isinstance(op, ast.Eq) if counter_or_mod(left) else None
+        if _zero_based_counter(ctx, left) is None:
+            return None
+        if (isinstance(op, ast.Lt) and v == 1) or (isinstance(op, ast.LtE) and v == 0):
+            return True
+        if isinstance(op, ast.GtE) and v == 1:
+            return False
+    return None
+
+
 def _effective(ctx: FileContext, node: ast.AST, value: ast.AST) -> str:
-    """'boundary' (on exactly at the boundary), 'inverted', 'off', 'on' or 'unknown'."""
+    """'boundary' (on exactly at the boundary), 'inverted', 'first' (on at the first micro-step
+    of the window, off at the last), 'off', 'on' or 'unknown'."""
     pol = ctx.boundary_polarity(value) if not isinstance(value, ast.Constant) else None
     if pol is not None:
         return "boundary" if pol else "inverted"
+    if not isinstance(value, ast.Constant) and (first := _first_test(ctx, value)) is not None:
+        return "first" if first else "on"
     if not (isinstance(value, ast.Constant) and isinstance(value.value, bool)):
         return "unknown"
     on = value.value
@@ -271,24 +347,37 @@ def _effective(ctx: FileContext, node: ast.AST, value: ast.AST) -> str:
             if p is not None:
                 at_boundary = p if child in cur.body else not p
                 return "boundary" if on == at_boundary else "inverted"
+            first = _first_test(ctx, cur.test)
+            if first is not None:
+                # `if micro == 0: flag = True`: this constant applies at the first micro-step
+                # only, or at the others (the last included)
+                if (child in cur.body) == first:
+                    return "first" if on else "on"
+                return "on" if on else "off"
         child, cur = cur, ctx.parents.get(cur)
     return "on" if on else "off"
 
 
-def _no_sync_polarity(ctx: FileContext, call: ast.Call) -> str:
-    """'inverted' when ``model.no_sync()`` is chosen exactly at the boundary (``no_sync() if
-    is_last else nullcontext()``, or ``with no_sync():`` under ``if is_last:``)."""
+def _no_sync_polarity(ctx: FileContext, call: ast.Call) -> tuple[str, ast.AST | None]:
+    """('inverted', test) when ``model.no_sync()`` is chosen exactly at the boundary (``no_sync()
+    if is_last else nullcontext()``, or ``with no_sync():`` under ``if is_last:``); ('first', test)
+    when it is chosen on every micro-step but the first (``nullcontext() if micro == 0 else
+    model.no_sync()``): the window syncs on its first micro-step, not on its last."""
     child: ast.AST = call
     cur = ctx.parents.get(call)
     while cur is not None and not isinstance(cur, SCOPES):
         if isinstance(cur, ast.IfExp | ast.If) and child is not cur.test:
+            in_true_branch = child is cur.body or (isinstance(cur, ast.If) and child in cur.body)
             p = ctx.boundary_polarity(cur.test)
             if p is not None:
-                in_true_branch = child is cur.body or (isinstance(cur, ast.If) and child in cur.body)
                 active_at_boundary = p if in_true_branch else not p
-                return "inverted" if active_at_boundary else "ok"
+                return ("inverted" if active_at_boundary else "ok"), cur.test
+            first = _first_test(ctx, cur.test)
+            if first is not None:
+                # active on every micro-step but the first: the window syncs on its first only
+                return ("first" if in_true_branch != first else "ok"), cur.test
         child, cur = cur, ctx.parents.get(cur)
-    return "unknown"
+    return "unknown", None
 
 
 @rule("AG111")
@@ -296,20 +385,31 @@ def sync_flag_polarity(ctx: FileContext) -> Iterator[Finding]:
     if not ctx.windows():
         return
     for call in ctx.of(ast.Call):
-        if (
-            call_attr(call) == "no_sync"
-            and isinstance(call.func, ast.Attribute)
-            and _no_sync_polarity(ctx, call) == "inverted"
-        ):
-            recv = dotted(call.func.value) or "model"
-            if _backward_only(ctx, call) is not None and _wrapper_of(ctx, recv) not in ("fsdp1", "engine"):
-                continue  # DDP ignores a no_sync entered after the forward: no effect (AG116)
+        if call_attr(call) != "no_sync" or not isinstance(call.func, ast.Attribute):
+            continue
+        polarity, test = _no_sync_polarity(ctx, call)
+        if polarity not in ("inverted", "first"):
+            continue
+        recv = dotted(call.func.value) or "model"
+        if _backward_only(ctx, call) is not None and _wrapper_of(ctx, recv) not in ("fsdp1", "engine"):
+            continue  # DDP ignores a no_sync entered after the forward: no effect (AG116)
+        if polarity == "inverted":
             yield ctx.finding(
                 "AG111",
                 call,
                 f"`{recv}.no_sync()` is chosen on the boundary micro-step and not on the others: "
                 "the gradients are all-reduced on every micro-step but the last, whose "
                 "contribution stays unsynchronised",
+            )
+        else:
+            yield ctx.finding(
+                "AG111",
+                call,
+                f"`{recv}.no_sync()` is chosen on every micro-step but the first (`{ast.unparse(test)}` "
+                "syncs): the first micro-step of the window is all-reduced and the last is not, so "
+                "the later micro-batches' gradients stay on their own rank and the ranks step on "
+                "different gradients; expected the sync on the last micro-step only "
+                f"(`nullcontext() if micro == K - 1 else {recv}.no_sync()`)",
             )
     settings = _sync_settings(ctx)
     if not settings:
@@ -318,7 +418,7 @@ def sync_flag_polarity(ctx: FileContext) -> Iterator[Finding]:
         (node, recv, "after_forward" if ddp_flag_after_forward(ctx, node) else _effective(ctx, node, value))
         for node, value, recv in settings
     ]
-    re_enabled = {recv for _, recv, k in kinds if k in ("boundary", "on", "unknown", "after_forward")}
+    re_enabled = {recv for _, recv, k in kinds if k in ("boundary", "on", "unknown", "after_forward", "first")}
     for node, recv, kind in kinds:
         what = (
             f"`{recv}.set_requires_gradient_sync(...)`" if isinstance(node, ast.Call)
@@ -330,6 +430,15 @@ def sync_flag_polarity(ctx: FileContext) -> Iterator[Finding]:
                 node,
                 f"{what} is inverted: gradients are synchronised off the boundary and not on it, "
                 "so the last micro-batches of a window reach the optimizer one step late",
+            )
+        elif kind == "first":
+            yield ctx.finding(
+                "AG111",
+                node,
+                f"{what} turns synchronisation on at the first micro-step of the window and off at "
+                "the last: the later micro-batches' gradients are never synchronised and the ranks "
+                "step on different gradients; expected it on the last micro-step only "
+                "(`micro == K - 1`)",
             )
         elif kind == "off" and recv not in re_enabled:
             yield ctx.finding(
