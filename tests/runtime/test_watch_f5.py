@@ -273,3 +273,51 @@ def test_lightning_accumulate_grad_batches_in_process(tmp_path: Path) -> None:
         findings, _, _ = analyze(load_recordings(out), k_flag=k)
         errors = {f.cls for f in findings if f.severity == "error"}
         assert errors == ({"F5"} if mode == "mean" else set()), (mode, findings)
+
+
+def test_hf_trainer_compute_loss_override_in_process(tmp_path: Path) -> None:
+    """The transformers ``Trainer`` (GA 4): its default passes ``num_items_in_batch`` to the
+    model (a sum over the window's count: silent); a ``compute_loss`` override that ignores
+    it returns each micro-batch's token mean (the 2024 bug, still reproducible): F5 at the
+    override's line."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    from accumguard.runtime.watch import recording
+    from accumguard.runtime.watch_findings import analyze, load_recordings
+
+    v = 32
+    gen = torch.Generator().manual_seed(0)
+    data = []
+    for _ in range(16):
+        x = torch.randint(0, v, (12,), generator=gen)
+        y = x.clone()
+        y[int(torch.randint(2, 12, (1,), generator=gen)):] = -100
+        data.append({"input_ids": x, "labels": y})
+
+    class MeanTrainer(transformers.Trainer):  # type: ignore[misc,name-defined]
+        def compute_loss(self, model: Any, inputs: Any, return_outputs: bool = False,
+                         num_items_in_batch: Any = None) -> Any:
+            out = model(**inputs)  # num_items_in_batch ignored: a mean per micro-batch
+            return (out.loss, out) if return_outputs else out.loss
+
+    for cls in (transformers.Trainer, MeanTrainer):
+        torch.manual_seed(0)
+        cfg = transformers.GPT2Config(vocab_size=v, n_positions=16, n_embd=16, n_layer=2,
+                                      n_head=2, bos_token_id=0, eos_token_id=0)
+        out = tmp_path / cls.__name__
+        with recording(out / "rec"):
+            args = transformers.TrainingArguments(
+                output_dir=str(out), per_device_train_batch_size=2,
+                gradient_accumulation_steps=4, max_steps=2, report_to=[], save_strategy="no",
+                logging_strategy="no", use_cpu=True, disable_tqdm=True)
+            cls(model=transformers.GPT2LMHeadModel(cfg), args=args,
+                train_dataset=data).train()
+        findings, _, _ = analyze(load_recordings(out / "rec"))
+        errors = {f.cls for f in findings if f.severity == "error"}
+        if cls is MeanTrainer:
+            assert errors == {"F5"}, findings
+            f5 = next(f for f in findings if f.cls == "F5")
+            assert "test_watch_f5.py:" in f5.evidence
+        else:
+            assert not errors, findings
