@@ -137,12 +137,12 @@ class LossRecorder:
 
         def loss_fn(*args: Any, **kwargs: Any) -> Any:
             out = orig(*args, **kwargs)
+            if torch.compiler.is_compiling():
+                return out  # first: under torch.compile nothing below may be traced
             obs = rec.obs
             if (not obs._active() or not obs._wants("on_step")
                     or not isinstance(out, torch.Tensor) or not out.requires_grad
                     or out.dim() != 0 or len(rec.calls) >= _MAX_CALLS):
-                return out
-            if torch.compiler.is_compiling():
                 return out
             rec._record(out, args, kwargs)
             return out
