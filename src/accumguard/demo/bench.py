@@ -96,7 +96,8 @@ def _build_local(args: Any, with_allreduce: bool) -> Callable[[list], None]:
     """The reference rows, built like the best deferred data-parallel step can be: the same
     model, data and optimizer as the Accumulator rows, K forward+backward passes with no
     communication, then (``with_allreduce``) exactly ONE all-reduce of the real gradients
-    and the ÷W a data-parallel mean needs. The gradients live in one flat buffer (each
+    and one division by the window's sample count over all ranks: the large-batch gradient
+    the Accumulator computes (tests/demo/test_bench.py checks the updates are equal). The gradients live in one flat buffer (each
     ``p.grad`` a view of it), so the all-reduce needs no copy in or out: a strict limit,
     which DDP reaches only with ``gradient_as_bucket_view=True``."""
     import torch.distributed as dist
@@ -114,14 +115,16 @@ def _build_local(args: Any, with_allreduce: bool) -> Callable[[list], None]:
 
     def run(batches: list) -> None:
         for start in range(0, len(batches), k):
-            for b in batches[start:start + k]:
+            window = batches[start:start + k]
+            for b in window:
                 sum_loss(model, b).backward()
             if with_allreduce:
                 dist.all_reduce(flat)  # the one gradient reduction a deferred step needs
-                flat.div_(world)
+                flat.div_(sum(len(b[0]) for b in window) * world)  # equal windows on all ranks
             opt.step()
             flat.zero_()  # keeps the views (zero_grad(set_to_none=True) would drop them)
 
+    run.model = model  # type: ignore[attr-defined]  # for the tests
     return run
 
 
@@ -149,6 +152,7 @@ def _run_accumulator(model: Any, opt: Any, engine: Any, k: int) -> Callable[[lis
         for _ in range(len(batches) // k):
             next(windows).run(lambda b: sum_loss(model, b))
 
+    run.model = model  # type: ignore[attr-defined]  # for the tests
     return run
 
 
@@ -183,7 +187,8 @@ def _build_fsdp2(args: Any, sync: str, memory: str = "sharded") -> Callable[[lis
     return _run_accumulator(model, opt, engine, args.k)
 
 
-def _build_deepspeed(args: Any, stage: int, sync: str) -> Callable[[list], None]:
+def _build_deepspeed(args: Any, stage: int, sync: str, memory: str = "sharded",
+                     ) -> Callable[[list], None]:
     import deepspeed
 
     from accumguard.engines.deepspeed import DeepSpeedEngineAdapter
@@ -198,7 +203,9 @@ def _build_deepspeed(args: Any, stage: int, sync: str) -> Callable[[list], None]
         "steps_per_print": 10**9,
     }
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config)
-    return _run_accumulator(engine, None, DeepSpeedEngineAdapter(engine, sync=sync), args.k)
+    return _run_accumulator(engine, None,
+                            DeepSpeedEngineAdapter(engine, sync=sync, window_memory=memory),
+                            args.k)
 
 
 def configurations(args: Any) -> dict[str, Callable[[], Callable[[list], None]]]:
@@ -227,6 +234,8 @@ def configurations(args: Any) -> dict[str, Callable[[], Callable[[list], None]]]
                 label = "native GA" if sync == "eager" else "coalesced"
                 cfgs[f"DeepSpeed ZeRO-{stage} {sync} ({label})"] = (
                     lambda s=stage, m=sync: _build_deepspeed(args, s, m))
+        cfgs["DeepSpeed ZeRO-3 deferred (coalesced), window_memory=unsharded"] = (
+            lambda: _build_deepspeed(args, 3, "deferred", "unsharded"))
     if args.only:
         # The reference rows stay: every ratio is measured against them in the same run.
         cfgs = {k: v for k, v in cfgs.items()
@@ -430,6 +439,9 @@ ZERO3_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "coalesced, persistence 1e12 (every parameter whole)": (
         "deferred", {"stage3_param_persistence_threshold": 10**12}),
     "native GA, persistence 1e12": ("eager", {"stage3_param_persistence_threshold": 10**12}),
+    # Not an engine knob: the adapter's DeepSpeedEngineAdapter(window_memory="unsharded").
+    "coalesced, accumguard window_memory=unsharded": ("deferred", {"window_memory": "unsharded"}),
+    "native GA, accumguard window_memory=unsharded": ("eager", {"window_memory": "unsharded"}),
 }
 ZERO2_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "native GA (config GA = K)": ("eager", {}),
@@ -465,10 +477,10 @@ def _reset_peak_rss() -> bool:
 
 
 @contextlib.contextmanager
-def _counting_ds_comm(counts: dict[str, list[int]]) -> Iterator[None]:
+def _counting_ds_comm(counts: dict[str, list[int]], min_bytes: int = 4096) -> Iterator[None]:
     """Count DeepSpeed's collectives at its backend (``deepspeed.comm.comm.cdb``, through which
-    every deepspeed.comm call goes, once): op -> [calls, bytes]; only for large tensors
-    (> 4 KiB: the step's norm/overflow all-reduces are left out)."""
+    every deepspeed.comm call goes, once): op -> [calls, bytes]; only for tensors larger
+    than ``min_bytes`` (default 4 KiB: the step's norm/overflow all-reduces are left out)."""
     from deepspeed.comm import comm as ds_comm
 
     cdb = ds_comm.cdb
@@ -478,7 +490,7 @@ def _counting_ds_comm(counts: dict[str, list[int]]) -> Iterator[None]:
         def call(*a: Any, **kw: Any) -> Any:
             tensors = [x for x in (*a, *kw.values()) if isinstance(x, torch.Tensor)]
             nbytes = max((t.numel() * t.element_size() for t in tensors), default=0)
-            if nbytes > 4096:
+            if nbytes > min_bytes:
                 c = counts.setdefault(op, [0, 0])
                 c[0] += 1
                 c[1] += nbytes
@@ -516,12 +528,15 @@ def zero_study_worker(rank: int, world: int, args: Any, stage: int, sync: str,
     rss0 = rss_mb()
     model = make_model(args.dim, args.hidden)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    extra = dict(extra)
+    memory = extra.pop("window_memory", "sharded")  # the adapter's option, not DeepSpeed's
     config = {"train_micro_batch_size_per_gpu": args.micro,
               "gradient_accumulation_steps": 1 if sync == "deferred" else k,
               "gradient_clipping": 0.0, "zero_optimization": {"stage": stage, **extra},
               "steps_per_print": 10**9}
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config)
-    run = _run_accumulator(engine, None, DeepSpeedEngineAdapter(engine, sync=sync), k)
+    adapter = DeepSpeedEngineAdapter(engine, sync=sync, window_memory=memory)
+    run = _run_accumulator(engine, None, adapter, k)
     for _ in range(args.warm):
         run(batches)
     built_mb = rss_mb() - rss0

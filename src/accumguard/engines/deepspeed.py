@@ -37,6 +37,21 @@ Two modes:
   eager when it equals K (or on ZeRO-0, which has no coalescing and already
   reduces only at the boundary).
 
+Memory for communication on ZeRO-3 (``window_memory``):
+
+* ``"sharded"`` (default): the engine as configured. ZeRO-3 all-gathers the parameters
+  in every micro-step's forward and releases them at the end of its backward: K full
+  gathers per optimizer step, whatever ``stage3_max_live_parameters``,
+  ``stage3_max_reuse_distance`` or prefetch say (they act within one forward/backward).
+* ``"unsharded"``: the parameters stay gathered from the window's first forward to the
+  last micro-step's backward, which releases them as usual: one gather per window, at
+  the cost of one unsharded copy of the parameters for the window. DeepSpeed has no
+  setting for this; the adapter marks the partitioned parameters persistent
+  (``ds_persist``, the flag behind ``stage3_param_persistence_threshold``) for micro-steps
+  1..K-1 and unmarks them before the last backward, so the engine's own release hooks do
+  the rest; the parameter coordinator's cached release sets are cleared at each switch.
+  ZeRO-3 only (ZeRO 0-2 never shard parameters). Tested with DeepSpeed 0.19.8.
+
 Clipping: DeepSpeed clips inside ``step()`` with config ``gradient_clipping``
 (default 1.0 when the key is absent: F9), on the reduced, possibly partitioned
 gradient. Clipping it again here would clip twice, and clipping ZeRO
@@ -71,6 +86,7 @@ __all__ = ["DeepSpeedEngineAdapter"]
 log = logging.getLogger("accumguard")
 
 _MODES = ("auto", "eager", "deferred")
+_WINDOW_MEMORY = ("sharded", "unsharded")
 # Gradient reductions as DeepSpeed issues them: looked up at call time on deepspeed.comm (its
 # torch backend bypasses torch.distributed.reduce_scatter_tensor); all_to_all_single is the
 # quantized (qgZ) reduction, which coalesced_collectives imported by name.
@@ -103,12 +119,16 @@ class DeepSpeedEngineAdapter(Engine):
     Args:
         model: the DeepSpeed engine.
         sync: ``"auto"``, ``"eager"`` or ``"deferred"`` (see the module docstring).
+        window_memory: ``"sharded"`` (default) or ``"unsharded"``: on ZeRO-3, keep the
+            parameters gathered for the whole window (one all-gather per window instead of
+            one per micro-step; one unsharded copy of the parameters in memory meanwhile).
     """
 
     name = "deepspeed"
     owns_optimizer = True
 
-    def __init__(self, model: Any, *, sync: str = "auto") -> None:
+    def __init__(self, model: Any, *, sync: str = "auto", window_memory: str = "sharded",
+                 ) -> None:
         if not is_deepspeed_engine(model):
             raise ConfigError(
                 f"DeepSpeedEngineAdapter needs the engine returned by deepspeed.initialize, got "
@@ -116,6 +136,9 @@ class DeepSpeedEngineAdapter(Engine):
                 "deepspeed.initialize(model=..., config=...)` and give the Accumulator `engine`")
         if sync not in _MODES:
             raise ConfigError(f"sync ({sync!r}) must be one of {_MODES}")
+        if window_memory not in _WINDOW_MEMORY:
+            raise ConfigError(f"window_memory ({window_memory!r}) must be one of "
+                              f"{_WINDOW_MEMORY}")
         if getattr(model, "optimizer", None) is None:
             raise ConfigError(
                 "the DeepSpeed engine has no optimizer; pass optimizer=... to "
@@ -146,6 +169,13 @@ class DeepSpeedEngineAdapter(Engine):
         self._saved_flag: Any = None
         self._norm: torch.Tensor | None = None
         self._rounds = 0
+        self.window_memory = window_memory
+        self._held: list[Any] = []  # ZeRO-3 parameters kept gathered ("unsharded")
+        self._holding = False
+        self._is_last = False
+        self._clear_release_cache: Any = None
+        if window_memory == "unsharded":
+            self._prepare_unsharded()
 
     # -- lifecycle -------------------------------------------------------------------
     def bind(self, optimizer: torch.optim.Optimizer | None, accumulation_steps: int) -> None:
@@ -258,6 +288,39 @@ class DeepSpeedEngineAdapter(Engine):
                     "support it (DeepSpeed routes its gradients around the coalescing hooks)")
         return ""
 
+    def _prepare_unsharded(self) -> None:
+        if self.stage != 3:
+            raise ConfigError(
+                f"window_memory='unsharded' applies to ZeRO stage 3 only (this engine runs "
+                f"stage {self.stage}, whose parameters are never sharded); drop the option")
+        offload = getattr(self.engine.optimizer, "parameter_offload", None)
+        coordinator = offload.get_param_coordinator() if offload is not None else None
+        cached = getattr(type(coordinator),
+                         "_PartitionedParameterCoordinator__params_to_release", None)
+        # DeepSpeed wraps the lru_cache'd method in an NVTX wrapper without functools.wraps.
+        for candidate in (cached, *(c.cell_contents for c in
+                                    (getattr(cached, "__closure__", None) or ()))):
+            if hasattr(candidate, "cache_clear"):
+                self._clear_release_cache = candidate.cache_clear
+                break
+        if self._clear_release_cache is None:
+            raise ConfigError(
+                "window_memory='unsharded' relies on the ZeRO-3 parameter coordinator of "
+                "DeepSpeed 0.19.8 (its cached release sets), which this DeepSpeed does not "
+                "have; use window_memory='sharded' or raise stage3_param_persistence_threshold "
+                "(parameters up to it are never partitioned, for the whole run)")
+        self._held = [p for p in self.engine.module.parameters()
+                      if hasattr(p, "ds_persist") and not p.ds_persist]
+
+    def _hold(self, hold: bool) -> None:
+        """Mark the partitioned parameters persistent (held gathered) or not."""
+        if hold == self._holding or not self._held:
+            return
+        for p in self._held:
+            p.ds_persist = hold
+        self._holding = hold
+        self._clear_release_cache()
+
     def _check_config(self, k: int) -> None:
         """Static checks of the config (accumguard.static.dsconfig): errors raise, warnings warn."""
         from accumguard.static.dsconfig import check_config
@@ -319,6 +382,7 @@ class DeepSpeedEngineAdapter(Engine):
         the engine's gradients are zeroed; in deferred mode the open coalesced block cannot be
         left without its flush (a collective only this rank would enter), so the adapter is
         marked unusable and every later micro-step says so."""
+        self._hold(False)
         if self._coalesce is not None:
             self._coalesce = None
             self._aborted = True
@@ -326,6 +390,7 @@ class DeepSpeedEngineAdapter(Engine):
             self.engine.zero_grad()
 
     def close(self) -> None:
+        self._hold(False)
         if self._coalesce is not None:
             ctx, self._coalesce = self._coalesce, None
             ctx.__exit__(None, None, None)
@@ -359,9 +424,14 @@ class DeepSpeedEngineAdapter(Engine):
             self._coalesce = self.engine.coalesce_grad_reduction()
             self._coalesce.__enter__()
         self.engine.set_gradient_accumulation_boundary(bool(is_last))
+        self._is_last = bool(is_last)
+        if not is_last:
+            self._hold(True)  # no-op unless window_memory="unsharded"
         yield
 
     def backward(self, loss: torch.Tensor) -> None:
+        if self._is_last:
+            self._hold(False)  # the last backward releases (re-shards) them as usual
         with self._counting_round():
             self.engine.backward(loss, scale_wrt_gas=False)
 
@@ -479,5 +549,6 @@ class DeepSpeedEngineAdapter(Engine):
         return self._rounds
 
     def describe(self) -> str:
+        memory = ", window_memory=unsharded" if self.window_memory == "unsharded" else ""
         return (f"deepspeed ZeRO-{self.stage} (sync={self.sync_mode}, world={self.world_size}, "
-                f"gradient_clipping={self.clip_value:g})")
+                f"gradient_clipping={self.clip_value:g}{memory})")

@@ -1,0 +1,114 @@
+"""accumguard bench: the limit is the large-batch step, the paired statistics decide a bar
+only when the interval allows it, and the paired / ZeRO-study modes run end to end."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from accumguard import run_on_ranks
+from accumguard.demo import bench
+
+
+def _rounds(ratio: float, spread: float, n: int, seed: int = 0) -> list[list[float]]:
+    """Synthetic paired rounds: the limit drifts (a noisy machine), C = ratio × limit × noise."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        a, b = rng.uniform(0.3, 0.9), rng.uniform(0.3, 0.9)
+        c = ratio * (a + b) / 2 * rng.uniform(1 - spread, 1 + spread)
+        out.append([c, a, b, c, a, b])
+    return out
+
+
+def test_verdict_follows_the_interval_not_the_median() -> None:
+    assert bench.verdict((0.98, 1.04), 1.05) == "met"
+    assert bench.verdict((1.06, 1.10), 1.05) == "not met"
+    assert bench.verdict((1.00, 1.07), 1.05) == "undecidable"
+    assert bench.verdict((1.00, 1.07), None) == "-"
+
+
+def test_paired_summary_recovers_the_ratio_despite_a_drifting_limit() -> None:
+    rows = bench.paired_summary({"fast": _rounds(1.00, 0.02, 30), "slow": _rounds(1.30, 0.02, 30),
+                                 "noisy": _rounds(1.05, 0.30, 30)},
+                                {"fast": 1.05, "slow": 1.2, "noisy": 1.05})
+    by = {r["configuration"]: r for r in rows}
+    # The limit itself varies 3x between rounds; the per-round ratio removes that.
+    assert by["fast"]["ratio"] == pytest.approx(1.0, abs=0.02)
+    assert by["fast"]["ci95"][0] <= 1.0 <= by["fast"]["ci95"][1]
+    assert by["fast"]["verdict"] == "met"
+    assert by["slow"]["verdict"] == "not met"
+    assert by["noisy"]["verdict"] == "undecidable"
+    assert by["noisy"]["ci95"][1] - by["noisy"]["ci95"][0] > 0.05
+    # Seeded bootstrap: the same data give the same interval.
+    again = bench.paired_summary({"noisy": _rounds(1.05, 0.30, 30)}, {})
+    assert again[0]["ci95"] == by["noisy"]["ci95"]
+
+
+def _limit_vs_ddp(rank: int, world: int) -> dict[str, Any]:
+    args = argparse.Namespace(dim=8, hidden=16, k=3, micro=4)
+    batches = bench.make_batches(rank, args.k, args.micro, args.dim)
+    out: dict[str, Any] = {}
+    for name, build in (("limit", lambda: bench._build_local(args, with_allreduce=True)),
+                        ("ddp", lambda: bench._build_ddp(args, "deferred"))):
+        run = build()
+        params = list(run.model.parameters())
+        before = torch.cat([p.detach().flatten().double() for p in params])
+        run(batches)
+        out[name] = torch.cat([p.detach().flatten().double() for p in params]) - before
+    return out
+
+
+def test_limit_takes_the_same_step_as_the_accumulator_on_ddp() -> None:
+    """The denominator is the same computation as the numerator (same model, data, optimizer,
+    the large-batch gradient), only without accumguard and with one bare all-reduce."""
+    res = run_on_ranks(_limit_vs_ddp, 2, timeout=120)
+    for r in res:
+        limit, ddp = r["limit"], r["ddp"]
+        assert ddp.norm() > 0
+        # fp32 training, one AdamW step: the update agrees to fp32 rounding (mission: 1e-5).
+        assert float((limit - ddp).norm() / ddp.norm()) < 1e-5
+    assert torch.equal(res[0]["limit"], res[1]["limit"])  # replicas stay identical
+
+
+def test_paired_mode_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "paired.json"
+    code = bench.main(["--paired", "--rounds", "3", "--warm", "1", "--dim", "8", "--hidden",
+                       "16", "-k", "2", "--micro", "2", "--no-deepspeed", "--only",
+                       "DDP deferred", "--json", str(out), "--timeout", "300"])
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "load average" in text and "| DDP deferred |" in text
+    doc = json.loads(out.read_text())
+    names = {r["configuration"] for r in doc["rows"]}
+    assert {"local (compute only)", "DDP deferred"} <= names and bench.LIMIT not in names
+    ddp = next(r for r in doc["rows"] if r["configuration"] == "DDP deferred")
+    assert ddp["bar"] == 1.05 and ddp["verdict"] in ("met", "not met", "undecidable")
+    assert ddp["rounds"] == 3 and len(doc["samples"]["DDP deferred"]) == 3
+
+
+def test_zero3_study_counts_gathers_and_reductions(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("deepspeed")
+    # dim 64 / hidden 512: the 512x512 weight (262 k elements) is above ZeRO-3's default
+    # persistence threshold (1e5), so the plain coalesced variant gathers it in every
+    # micro-step; persistence 1e12 keeps every parameter whole and must gather less.
+    args = ["--zero-study", "3", "--rounds", "1", "--warm", "1", "--dim", "64", "--hidden",
+            "512", "-k", "3", "--micro", "2", "--timeout", "300", "--only",
+            "coalesced (config GA = 1)", "persistence 1e12 (every"]
+    assert bench.main(args) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| ZeRO-3")]
+    assert len(lines) == 2, lines
+    cells = {ln.split("|")[1].strip(): ln.split("|") for ln in lines}
+    sharded = cells["ZeRO-3 coalesced (config GA = 1)"]
+    whole = cells["ZeRO-3 coalesced, persistence 1e12 (every parameter whole)"]
+    gathers = {k: float(v[5].split("(")[0]) for k, v in
+               (("sharded", sharded), ("whole", whole))}
+    assert gathers["sharded"] >= 3  # the 512x512 weight is gathered in every micro-step
+    assert gathers["whole"] < gathers["sharded"]
+    assert float(sharded[6].split("(")[0]) >= 1  # at least one gradient reduction per step
