@@ -215,6 +215,11 @@ class Observer:
         p.add(register_optimizer_step_post_hook(self._opt_post).remove)
         for m in self._given_roots:
             self._add_root(m)
+            if self.attribute and _engine_kind(m) not in ("ddp", "fsdp2"):
+                # no sync flag to read before the forward: one hook after it does both
+                # (a hooked module call costs a slower call path per hook kind)
+                p.add(m.register_forward_hook(self._root_forward_and_post).remove)
+                continue
             p.add(m.register_forward_pre_hook(self._root_pre).remove)
             if self.attribute:
                 p.add(m.register_forward_hook(self._root_post).remove)
@@ -430,13 +435,32 @@ class Observer:
         if self._active() and torch.is_grad_enabled():
             self._on_forward(module)
 
-    def _root_post(self, module: Any, args: Any, output: Any) -> None:
-        """Attribution: a pre-hook on the autograd nodes of the root's output marks the
-        backward that reaches them (any output type: tensors found in containers and in
-        plain objects such as ``SimpleNamespace(loss=...)``)."""
-        if not self._active() or not torch.is_grad_enabled():
+    def _root_forward_and_post(self, module: Any, args: Any, output: Any) -> None:
+        """A root without a gradient-sync flag, with attribution: the forward is counted
+        when it returns (nothing is read before it runs), then attributed."""
+        if not self.installed or self._in_observer or not torch.is_grad_enabled():
             return
-        nodes = _grad_fns(output)
+        # _on_forward for a root without a sync flag, inlined (this runs every micro-step)
+        self._last_sync_forward = None
+        self._w.forwards += 1
+        if self._wants("on_forward"):
+            self._emit("on_forward", ForwardEvent(self.step, len(self._w.backwards),
+                                                  _engine_kind(module), None, module))
+        self._attribute_output(output)
+
+    def _root_post(self, module: Any, args: Any, output: Any) -> None:
+        if self._active() and torch.is_grad_enabled():
+            self._attribute_output(output)
+
+    def _attribute_output(self, output: Any) -> None:
+        """Attribution: remember the autograd nodes of the root's output, so the backward
+        that reaches them is marked (any output type: tensors found in containers and in
+        plain objects such as ``SimpleNamespace(loss=...)``)."""
+        if isinstance(output, torch.Tensor):
+            node = output.grad_fn
+            nodes = [node] if node is not None else []
+        else:
+            nodes = _grad_fns(output)
         if not nodes:
             self._unattributed = True  # unknown: count the next backward as the root's
             return
@@ -444,7 +468,8 @@ class Observer:
         # (:meth:`_reaches`); the nodes of the latest forward are kept for the fallback.
         self._root_nodes = nodes
         seqs = self._root_seqs
-        seqs += [n._sequence_nr() for n in nodes]
+        for n in nodes:
+            seqs.append(n._sequence_nr())
         if len(seqs) > _MAX_ROOT_SEQS:
             del seqs[:-_MAX_ROOT_SEQS]
 
@@ -461,11 +486,18 @@ class Observer:
         seqs = self._root_seqs
         if not seqs:
             return False
+        if isinstance(tensors, torch.Tensor):
+            node = tensors.grad_fn
+            if node is None:
+                return False
+            if node._sequence_nr() == seqs[-1]:
+                return True  # the loss is the latest forward's output (an HF-style model)
+            queue = [node]
+        else:
+            queue = [t.grad_fn for t in tensors
+                     if isinstance(t, torch.Tensor) and t.grad_fn is not None]
         targets = set(seqs)
         floor = min(seqs)
-        roots = tensors if isinstance(tensors, (list, tuple)) else [tensors]
-        queue = [t.grad_fn for t in roots
-                 if isinstance(t, torch.Tensor) and t.grad_fn is not None]
         seen: set[int] = set()
         i = 0
         while i < len(queue):
@@ -584,8 +616,8 @@ class Observer:
                 ev.ds_boundary = bool(engine.is_gradient_accumulation_boundary())
                 ev.ds_coalescing = bool(getattr(engine, "inside_no_sync_ctxt", False))
         track = self._tracking()
-        t0 = time.perf_counter()
         if track:
+            t0 = time.perf_counter()
             # Unchanged grads since the previous backward's end (same tensors, same in-place
             # version): reuse that checksum instead of recomputing it.
             versions = grad_versions(self._tracked)
