@@ -6,5 +6,5 @@ def train_epoch(model, optimizer, loader, gradient_accumulation_steps):
         outputs = model(**batch)
         loss = outputs.loss / gradient_accumulation_steps
         loss.backward()
-        if (step + 1) % gradient_accumulation_steps == 0:
+        if (step + 1) % gradient_accumulation_steps == 0:  # expect: AG117
             optimizer.step()

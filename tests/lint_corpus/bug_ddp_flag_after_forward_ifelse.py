@@ -16,6 +16,6 @@ for epoch in range(epochs):
         else:
             ddp.require_backward_grad_sync = False
         loss.backward()
-        if (idx + 1) % accumulation == 0:
+        if (idx + 1) % accumulation == 0:  # expect: AG117
             opt.step()
             opt.zero_grad()

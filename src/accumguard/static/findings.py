@@ -229,6 +229,25 @@ RULES: dict[str, Rule] = {
             "put the forward inside `with model.no_sync():` (or set require_backward_grad_sync "
             "before the forward) to save K-1 all-reduces per optimizer step",
         ),
+        _rule(
+            "AG117", "partial-window-leak", "F7", W, MED,
+            "the step is gated by a per-epoch counter (`(i + 1) % K == 0`) and nothing steps or clears "
+            "the gradients after the epoch's loop: the last len % K micro-batches of an epoch are "
+            "added to the next epoch's first window",
+            "step on the final partial window too (`if (i + 1) % K == 0 or i + 1 == len(loader):`, "
+            "its loss normalised by its own size), or drop it with optimizer.zero_grad() after the "
+            "loop; a counter that runs across epochs keeps every window at K micro-batches",
+        ),
+        _rule(
+            "AG118", "hf-compute-loss-mean", "F5", E, MED,
+            "a Hugging Face Trainer subclass's compute_loss returns a per-micro-batch mean loss and "
+            "never uses num_items_in_batch while gradient accumulation is on: a mean of means (and, "
+            "when transformers counts the loss as normalised, K times the gradient)",
+            "sum the per-token loss (reduction='sum') and divide by num_items_in_batch when it is "
+            "given; or pass num_items_in_batch to the model (model(**inputs, "
+            "num_items_in_batch=num_items_in_batch)) and return its loss; or call "
+            "super().compute_loss(model, inputs, return_outputs, num_items_in_batch)",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

@@ -17,8 +17,9 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Iterator
+from dataclasses import replace
 
-from accumguard.static.findings import Finding
+from accumguard.static.findings import Confidence, Finding, Severity
 from accumguard.static.lint._ast import (
     ACCUM_RE,
     COUNT_RE,
@@ -27,6 +28,7 @@ from accumguard.static.lint._ast import (
     call_attr,
     dotted,
     identifiers,
+    last_part,
     receiver,
     walk_all,
 )
@@ -292,3 +294,170 @@ def rank_local_token_mean_under_ddp(ctx: FileContext) -> Iterator[Finding]:
             "under DDP/FSDP the loss is divided by this rank's own token count, which is never "
             "all-reduced: DDP then averages rank-local means, so ranks with fewer tokens weigh more",
         )
+
+
+# ---------------------------------------------------------------- AG118: HF Trainer.compute_loss
+
+#: functional losses whose default reduction is a mean over this micro-batch's elements
+_MEAN_LOSS_FUNCS = frozenset(
+    {"cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss",
+     "binary_cross_entropy", "binary_cross_entropy_with_logits", "kl_div", "soft_margin_loss"}
+)
+_LOSS_CLASS = re.compile(r"Loss$")
+_NUM_ITEMS = "num_items_in_batch"
+
+
+def _is_loss_class(func: ast.AST) -> bool:
+    """``nn.CrossEntropyLoss``, ``torch.nn.MSELoss``, ``CrossEntropyLoss``: a loss module class."""
+    return bool(_LOSS_CLASS.search((dotted(func) or "").rsplit(".", 1)[-1]))
+
+
+def _reduction(call: ast.Call) -> str | None:
+    """The ``reduction=`` a loss call or constructor was given ("mean" when absent), or None
+    when it is computed."""
+    kw = next((k.value for k in call.keywords if k.arg == "reduction"), None)
+    if kw is None:
+        return "mean"
+    return kw.value if isinstance(kw, ast.Constant) and isinstance(kw.value, str) else None
+
+
+def _mean_criteria(ctx: FileContext) -> set[str]:
+    """Names assigned a mean-reducing loss module: ``self.loss_fct = nn.CrossEntropyLoss()``."""
+    def compute() -> set[str]:
+        out: set[str] = set()
+        for names, value in ctx.assignments():
+            if (
+                isinstance(value, ast.Call)
+                and _is_loss_class(value.func)
+                and _reduction(value) == "mean"
+                and len(names) == 1
+            ):
+                out.add(names[0])
+        return out
+    return ctx._cached("mean_criteria", ctx.tree, compute)  # type: ignore[no-any-return]
+
+
+def _mean_loss_site(ctx: FileContext, fn: ast.AST) -> tuple[ast.AST, str] | None:
+    """Where ``fn`` computes a per-micro-batch mean loss, and how it reads: a mean-reducing
+    loss call, a mean-reducing loss module, the model's own ``outputs.loss`` (computed
+    without ``num_items_in_batch``: a mean over this micro-batch's tokens), a ``.mean()``."""
+    criteria = _mean_criteria(ctx)
+    for n in ctx.local_nodes(fn):
+        if isinstance(n, ast.Call):
+            name = call_attr(n) or ""
+            if name in _MEAN_LOSS_FUNCS and _reduction(n) == "mean":
+                return n, f"`{ast.unparse(n.func)}(...)` with reduction='mean'"
+            if isinstance(n.func, ast.Call) and _is_loss_class(n.func.func) and _reduction(n.func) == "mean":
+                return n, f"`{ast.unparse(n.func.func)}()` with reduction='mean'"
+            if (d := dotted(n.func)) is not None and d in criteria:
+                return n, f"`{d}`, a mean-reducing loss module"
+            if name == "mean" and not n.args and _is_loss(n.func):
+                return n, f"`{ast.unparse(n)}`"
+        elif (d := _division(n)) is not None and _is_count(ctx, d[1]) and (_is_loss(d[0]) or any(
+            isinstance(x, ast.Call) and call_attr(x) == "sum" for x in walk_all(d[0])
+        )):
+            return n, f"`{ast.unparse(n)}`, divided by this micro-batch's own count"
+        elif (
+            isinstance(n, ast.Attribute) and n.attr == "loss" and isinstance(n.ctx, ast.Load)
+            and dotted(n.value) != "self"
+        ) or (
+            isinstance(n, ast.Subscript) and isinstance(n.ctx, ast.Load)
+            and isinstance(n.slice, ast.Constant) and n.slice.value == "loss"
+        ):
+            return n, f"`{ast.unparse(n)}`, the model's mean over this micro-batch's tokens"
+    return None
+
+
+def _uses_num_items(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """The body reads ``num_items_in_batch``, forwards ``**kwargs``, or calls the base class."""
+    kwarg = fn.args.kwarg.arg if fn.args.kwarg else None
+    for stmt in fn.body:
+        for n in walk_all(stmt):
+            if isinstance(n, ast.Name) and n.id == _NUM_ITEMS:
+                return True
+            if isinstance(n, ast.Constant) and n.value == _NUM_ITEMS:
+                return True  # kwargs.get("num_items_in_batch")
+            if isinstance(n, ast.keyword) and n.arg is None and isinstance(n.value, ast.Name) and n.value.id == kwarg:
+                return True  # **kwargs handed on
+            if (
+                isinstance(n, ast.Call) and call_attr(n) == "compute_loss"
+                and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Call)
+                and dotted(n.func.value.func) == "super"
+            ):
+                return True
+    return False
+
+
+def _trainer_ga(ctx: FileContext) -> tuple[int | None, str]:
+    """The Trainer's gradient_accumulation_steps as the file sets it: (value, how), value None
+    when it is not in sight (arguments parsed from the command line, ``**config``)."""
+    values: set[int | None] = set()
+    args_calls = 0
+    for call in ctx.of(ast.Call):
+        for k in call.keywords:
+            if k.arg == "gradient_accumulation_steps":
+                values.add(ctx.int_value(k.value))
+        if (last_part(dotted(call.func)) or "").endswith("trainingarguments") or call_attr(call) in ("SFTConfig",):
+            args_calls += 1
+            if any(k.arg is None for k in call.keywords):
+                values.add(None)
+    for names, value in ctx.assignments():
+        if any(n.endswith(".gradient_accumulation_steps") for n in names):
+            values.add(ctx.int_value(value))
+    if not values:
+        return (1, "the default 1") if args_calls else (None, "")
+    if None in values:
+        return None, ""
+    top = max(v for v in values if v is not None)
+    return top, f"gradient_accumulation_steps = {top}"
+
+
+def _scaled_flag(cls: ast.ClassDef) -> bool | None:
+    """The class's ``loss_is_scaled_for_ga`` (transformers 5), when set to a constant."""
+    for n in walk_all(cls):
+        if isinstance(n, ast.Assign | ast.AnnAssign) and n.value is not None:
+            targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+            if any((dotted(t) or "").endswith("loss_is_scaled_for_ga") for t in targets):
+                return n.value.value if isinstance(n.value, ast.Constant) and isinstance(n.value.value, bool) else None
+    return None
+
+
+@rule("AG118")
+def hf_compute_loss_ignores_num_items(ctx: FileContext) -> Iterator[Finding]:
+    """A ``Trainer`` subclass whose ``compute_loss`` returns a per-micro-batch mean and never
+    uses ``num_items_in_batch``, with gradient accumulation on."""
+    for cls in ctx.of(ast.ClassDef):
+        if not any((last_part(dotted(b)) or "").endswith("trainer") for b in cls.bases):
+            continue
+        for fn in cls.body:
+            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) or fn.name != "compute_loss":
+                continue
+            if _uses_num_items(fn):
+                continue
+            site = _mean_loss_site(ctx, fn)
+            if site is None:
+                continue  # a summed loss, or one this rule cannot read
+            ga, how = _trainer_ga(ctx)
+            if ga == 1:
+                continue  # no accumulation: a micro-batch is the batch
+            node, what = site
+            flag = _scaled_flag(cls)
+            k_note = (
+                "" if flag is False else
+                "; and since the class does not set `loss_is_scaled_for_ga = False`, transformers 5 "
+                "counts the loss as already normalised whenever the model's forward takes **kwargs "
+                "(most HF models) and the batch has `labels`, and skips its own division by K: the "
+                "gradient is then K times too large as well"
+            )
+            finding = ctx.finding(
+                "AG118",
+                node,
+                f"`{cls.name}.compute_loss` returns a per-micro-batch mean ({what}) and never uses "
+                f"`num_items_in_batch`, with {how if ga else 'gradient accumulation possibly on (its value is not in sight)'}"
+                ": the Trainer adds K micro-batch means, so the tokens of short micro-batches weigh "
+                f"more than in the large batch (mean of means){k_note}; expected the window's "
+                "summed loss divided by `num_items_in_batch`",
+            )
+            if ga is None or flag is False:
+                finding = replace(finding, severity=Severity.WARNING, confidence=Confidence.MEDIUM)
+            yield finding

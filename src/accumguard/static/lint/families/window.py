@@ -33,6 +33,7 @@ from accumguard.static.lint._ast import (
     walk_local,
 )
 from accumguard.static.lint._context import FileContext
+from accumguard.static.lint._lengths import static_len
 from accumguard.static.lint._rule import rule
 
 
@@ -481,3 +482,139 @@ def boundary_counter_off_by_one(ctx: FileContext) -> Iterator[Finding]:
                     confidence=Confidence.MEDIUM,
                 )
             yield finding
+
+
+# ---------------------------------------------------------------- AG117: the epoch's leftover
+
+
+def _pure_mod_guard(ctx: FileContext, call: ast.AST, window: ast.AST) -> tuple[ast.If, _ModGuard] | None:
+    """The ``if`` that gates ``call`` with a modulo and nothing else (``(i + 1) % K == 0``), and
+    its guard; None when any boundary test on the way says more (``or i + 1 == len(loader)``,
+    an ``is_last`` flag): such a guard may flush the end of the data."""
+    found: tuple[ast.If, _ModGuard] | None = None
+    child, cur = call, ctx.parents.get(call)
+    while cur is not None and cur is not window:
+        if isinstance(cur, ast.If) and child is not cur.test and ctx.is_boundary_test(cur.test):
+            guard = _mod_term(cur.test)
+            if guard is None or found is not None or child not in cur.body:
+                return None
+            found = (cur, guard)
+        child, cur = cur, ctx.parents.get(cur)
+    return found if cur is window else None
+
+
+def _restarts_each_pass(ctx: FileContext, window: ast.For | ast.AsyncFor, counter: str, repeat: ast.AST) -> bool:
+    """``counter`` starts again at every pass over the data: the window loop's own index, or a
+    counter set to an integer inside the repeating loop (or the per-epoch function) before it."""
+    target = window.target
+    index = target.elts[0] if isinstance(target, ast.Tuple) and target.elts else target
+    if dotted(index) == counter:
+        return True
+    wpos = position(window)
+    inits = [
+        n for n in _assignments_by_name(ctx, ctx.scope_of(window)).get(counter, ())
+        if position(n) < wpos and _int_constant(getattr(n, "value", None)) is not None
+    ]
+    if not inits:
+        return False
+    cur = ctx.parents.get(inits[-1])
+    while cur is not None and cur is not repeat:
+        cur = ctx.parents.get(cur)
+    return cur is repeat
+
+
+def _clears_or_steps_outside(ctx: FileContext, window: ast.AST, repeat: ast.AST) -> bool:
+    """Something in the repeating loop (or per-epoch function), outside the window, steps the
+    optimizer or clears the gradients: the leftover is flushed or dropped each pass."""
+    inside = {id(n) for n in ctx.local_nodes(window)}
+    for n in ctx.local_nodes(repeat):
+        if id(n) in inside:
+            continue
+        if isinstance(n, ast.Call):
+            name = call_attr(n)
+            if name == "zero_grad":
+                return True
+            if name == "step" and ctx.kind_of_receiver(receiver(n)) in ("optimizer", "scaler"):
+                return True
+        elif isinstance(n, ast.Assign) and any(
+            isinstance(t, ast.Attribute) and t.attr == "grad" for t in n.targets
+        ):
+            return True  # p.grad = None
+    return False
+
+
+@rule("AG117")
+def partial_window_leaks_into_next_epoch(ctx: FileContext) -> Iterator[Finding]:
+    """``for epoch ...: for i, b in enumerate(loader): ... if (i + 1) % K == 0: step`` with
+    nothing after the inner loop: the last ``len(loader) % K`` micro-batches stay in .grad."""
+    for window in ctx.windows():
+        if not isinstance(window, ast.For | ast.AsyncFor):
+            continue
+        facts = ctx.window_facts(window)
+        if not facts.accumulating or facts.accelerate or facts.summed_loss:
+            continue
+        around = ctx.enclosing(window, (*LOOPS, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda))
+        if isinstance(around, LOOPS):
+            repeat: ast.AST = around
+            again = f"every pass of the loop at line {around.lineno}"
+        elif isinstance(around, ast.FunctionDef | ast.AsyncFunctionDef) and "epoch" in around.name.lower():
+            repeat = around
+            again = f"every call of `{around.name}()`"
+        else:
+            continue  # one pass: a leftover at the very end of training is never applied, not leaked
+        backwards = [n for n in ctx.local_nodes(window) if isinstance(n, ast.Call) and is_backward(n)]
+        for call, kind in facts.steps:
+            if kind != "optimizer":
+                continue
+            hit = _pure_mod_guard(ctx, call, window)
+            if hit is None:
+                continue
+            guard_if, guard = hit
+            top = _top_statement(ctx, guard_if, window)
+            if top is None or not any(position(b) < position(call) for b in backwards):
+                continue
+            start = _counter_start(ctx, window, top, guard.counter)
+            if type(start) is not int or start + guard.offset != 1:
+                continue  # not windows of exactly K (AG115's business) or a start not in sight
+            if not _restarts_each_pass(ctx, window, guard.counter, repeat):
+                continue  # a counter across epochs: windows span epochs, each of K micro-batches
+            if _clears_or_steps_outside(ctx, window, repeat):
+                continue
+            if 1 in ctx.int_candidates(guard.modulus):
+                continue  # K = 1 somewhere: nothing is left over
+            k = ctx.int_value(guard.modulus)
+            n = static_len(ctx, window.iter)
+            data = ast.unparse(window.iter)
+            test = ast.unparse(guard_if.test)
+            head = (
+                f"the step runs when `{test}`, with `{guard.counter}` starting again at {again}, "
+                "and nothing steps or clears the gradients after this loop"
+            )
+            if n is not None and k is not None:
+                if n % k == 0:
+                    continue
+                r = n % k
+                yield replace(
+                    ctx.finding(
+                        "AG117",
+                        guard_if,
+                        f"{head}: `{data}` gives {n} micro-batches, {r} left after the last full "
+                        f"window of {k}; their gradients stay in .grad and are added to the next "
+                        f"pass's first window ({k + r} micro-batches in one step) instead of being "
+                        "stepped on or dropped",
+                    ),
+                    severity=Severity.ERROR,
+                    confidence=Confidence.HIGH,
+                )
+                continue
+            yield replace(
+                ctx.finding(
+                    "AG117",
+                    guard_if,
+                    f"{head}: when the number of micro-batches per pass is not a multiple of K, the "
+                    "last len % K of them stay in .grad and are added to the next pass's first "
+                    "window (it is not in sight whether the length divides by K)",
+                ),
+                severity=Severity.WARNING,
+                confidence=Confidence.MEDIUM,
+            )

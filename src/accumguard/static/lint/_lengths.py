@@ -1,0 +1,122 @@
+"""How many items a loop over a data loader runs, when the script says so with constants.
+
+The final partial window of an epoch (F7) leaks into the next epoch only when the number
+of batches per epoch is not a multiple of K. That number is usually known at run time
+only; but small scripts often spell it out: ``DataLoader(TensorDataset(torch.randn(50, 8),
+...), batch_size=5)`` is 10 batches, ``data = [... for _ in range(10)]`` is 10 items.
+:func:`static_len` follows names to their single assignment and reads those shapes; any
+other shape (a sampler, a dataset class, a slice, a value from the command line) is
+``None``: unknown, never guessed.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Protocol
+
+from accumguard.static.lint._ast import call_attr, dotted, last_part
+
+__all__ = ["static_len"]
+
+#: tensor constructors whose first positional argument (or its first element) is the length
+_SHAPED = frozenset({"randn", "rand", "zeros", "ones", "empty", "full", "randn_like"})
+_MAX_DEPTH = 8
+
+
+class _Facts(Protocol):
+    def assignments(self) -> list[tuple[list[str], ast.AST]]: ...
+
+    def int_value(self, expr: ast.AST | None, *, defaults: bool = True) -> int | None: ...
+
+
+def static_len(ctx: _Facts, expr: ast.AST | None, depth: int = 0) -> int | None:
+    """``len(expr)`` when the script makes it evident with constants, else None."""
+    if expr is None or depth > _MAX_DEPTH:
+        return None
+    if isinstance(expr, ast.Name):
+        value = _single_assignment(ctx, expr.id)
+        return None if value is None else static_len(ctx, value, depth + 1)
+    if isinstance(expr, ast.List | ast.Tuple):
+        return None if any(isinstance(e, ast.Starred) for e in expr.elts) else len(expr.elts)
+    if isinstance(expr, ast.ListComp | ast.GeneratorExp):
+        gens = expr.generators
+        if len(gens) == 1 and not gens[0].ifs and not gens[0].is_async:
+            return static_len(ctx, gens[0].iter, depth + 1)
+        return None
+    if not isinstance(expr, ast.Call):
+        return None
+    name = call_attr(expr) or ""
+    if name in ("enumerate", "tqdm", "list", "tuple") and expr.args:
+        return static_len(ctx, expr.args[0], depth + 1)
+    if name == "range":
+        return _range_len(ctx, expr)
+    if name == "DataLoader":
+        return _loader_len(ctx, expr, depth)
+    if name == "TensorDataset" and expr.args:
+        return _tensor_len(ctx, expr.args[0], depth + 1)
+    return None
+
+
+def _single_assignment(ctx: _Facts, name: str) -> ast.AST | None:
+    """The value of the one plain ``name = value`` of the file (None if assigned otherwise too)."""
+    hits = [(names, v) for names, v in ctx.assignments() if name in names]
+    if len(hits) != 1 or hits[0][0] != [name]:
+        return None
+    return hits[0][1]
+
+
+def _range_len(ctx: _Facts, call: ast.Call) -> int | None:
+    args = [ctx.int_value(a, defaults=False) for a in call.args]
+    if not args or any(a is None for a in args) or call.keywords:
+        return None
+    try:
+        return len(range(*args))  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+
+
+def _loader_len(ctx: _Facts, call: ast.Call, depth: int) -> int | None:
+    kw = {k.arg: k.value for k in call.keywords if k.arg}
+    if any(k in kw for k in ("sampler", "batch_sampler")) or any(k.arg is None for k in call.keywords):
+        return None  # a sampler (DistributedSampler...) decides the length
+    dataset = call.args[0] if call.args else kw.get("dataset")
+    n = static_len(ctx, dataset, depth + 1)
+    if n is None:
+        return None
+    bs_node = call.args[1] if len(call.args) > 1 else kw.get("batch_size")
+    bs = 1 if bs_node is None else ctx.int_value(bs_node, defaults=False)
+    drop = kw.get("drop_last")
+    if bs is None or bs < 1 or (drop is not None and not isinstance(drop, ast.Constant)):
+        return None
+    drop_last = bool(drop.value) if isinstance(drop, ast.Constant) else False
+    return n // bs if drop_last else -(-n // bs)
+
+
+def _tensor_len(ctx: _Facts, expr: ast.AST, depth: int) -> int | None:
+    """The first dimension of ``torch.randn(50, 8)``, ``torch.randint(0, 4, (50,))``,
+    ``torch.arange(50)``, or of a name assigned from one."""
+    if depth > _MAX_DEPTH:
+        return None
+    if isinstance(expr, ast.Name):
+        value = _single_assignment(ctx, expr.id)
+        return None if value is None else _tensor_len(ctx, value, depth + 1)
+    if not isinstance(expr, ast.Call):
+        return None
+    name = last_part(dotted(expr.func))
+    kw = {k.arg: k.value for k in expr.keywords if k.arg}
+    if name in ("arange", "randperm") and len(expr.args) == 1:
+        return ctx.int_value(expr.args[0], defaults=False)
+    if name == "randint":
+        size = kw.get("size") or (expr.args[2] if len(expr.args) > 2 else
+                                  expr.args[1] if len(expr.args) == 2 else None)
+        return _first_dim(ctx, size)
+    if name in _SHAPED and expr.args:
+        first = expr.args[0]
+        return _first_dim(ctx, first) if isinstance(first, ast.Tuple | ast.List) else ctx.int_value(first, defaults=False)
+    return None
+
+
+def _first_dim(ctx: _Facts, size: ast.AST | None) -> int | None:
+    if isinstance(size, ast.Tuple | ast.List) and size.elts:
+        return ctx.int_value(size.elts[0], defaults=False)
+    return None
