@@ -260,3 +260,45 @@ def test_recorder_drops_a_discarded_window() -> None:
         assert obs.losses.take(False) is None and obs.losses.micro == 2  # carried
         assert obs.losses.take(False, carry=False) is None
         assert obs.losses.calls == [] and obs.losses.micro == 0
+
+
+@pytest.mark.parametrize("kind", ["nll_loss", "soft_targets", "bf16_autocast",
+                                  "label_smoothing"])
+def test_other_loss_forms(tmp_path: Path, kind: str) -> None:
+    """``nll_loss`` on log-probabilities, probability targets (the count is the rows: the
+    batch size varies), bf16 autocast and label smoothing: the mean / K is F5, the sum / N
+    is silent."""
+    for broken in (True, False):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(6, 5)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        out = tmp_path / str(broken)
+        with recording(out):
+            for s in range(2):
+                g = torch.Generator().manual_seed(s)
+                rows = [3, 7, 2, 5]
+                xs = [torch.randn(r, 6, generator=g) for r in rows]
+                ys = [torch.randint(0, 5, (r,), generator=g) for r in rows]
+                if kind != "soft_targets":
+                    for y in ys:
+                        y[: len(y) // 2] = -100  # uneven valid counts (and rows)
+                total = sum(int((y != -100).sum()) for y in ys) if kind != "soft_targets" \
+                    else sum(rows)
+                for x, y in zip(xs, ys, strict=True):
+                    red = "mean" if broken else "sum"
+                    scale = 1 / K if broken else 1 / total
+                    if kind == "nll_loss":
+                        loss = F.nll_loss(torch.log_softmax(model(x), -1), y, reduction=red)
+                    elif kind == "soft_targets":
+                        p = torch.softmax(torch.randn(len(y), 5, generator=g), -1)
+                        loss = F.cross_entropy(model(x), p, reduction=red)
+                    elif kind == "label_smoothing":
+                        loss = F.cross_entropy(model(x), y, reduction=red, label_smoothing=0.1)
+                    else:
+                        with torch.autocast("cpu", dtype=torch.bfloat16):
+                            loss = F.cross_entropy(model(x), y, reduction=red)
+                    (loss * scale).backward()
+                opt.step()
+                opt.zero_grad()
+        errors = _errors(analyze(load_recordings(out))[0])
+        assert errors == ({"F5"} if broken else set()), (kind, broken, errors)
