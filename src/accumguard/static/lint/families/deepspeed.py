@@ -7,7 +7,9 @@ AG109 (F2) the loop calls ``engine.step()`` once per several ``engine.backward()
       (then ``step()`` *is* the boundary, the documented fix), or when the loop
       marks the boundary itself (``coalesce_grad_reduction``,
       ``set_gradient_accumulation_boundary``, ``no_sync``).
-AG110 (F14) the same hand-gated loop while the config's GA is K > 1: double gating.
+AG110 (F14) the same hand-gated loop while the config's GA is K > 1: double gating; or,
+      config in sight or not, a loop whose K is the engine's own
+      ``engine.gradient_accumulation_steps()`` around one ``step()``.
 AG200-AG207: a config written as a dict literal in the script gets exactly the
       checks ``accumguard check-config`` applies to a file, at the script's lines.
 """

@@ -10,6 +10,11 @@ AG112 (F10) under DDP/FSDP the loss is divided by the world size before backward
       DDP already averages over ranks, so the gradient is G / W.
 AG113 (F6) under DDP/FSDP the loss is divided by this rank's own token count, never
       all-reduced: DDP then averages rank-local means.
+AG118 (F5) a Hugging Face ``Trainer`` subclass overrides ``compute_loss`` with a
+      per-micro-batch mean and never uses ``num_items_in_batch``: with GA > 1 a mean of
+      means; and transformers 5 then also skips its own /K whenever the model's forward
+      takes ``**kwargs`` and the batch has labels (``loss_is_scaled_for_ga`` unset), so the
+      gradient is K times too large.
 """
 
 from __future__ import annotations

@@ -22,8 +22,11 @@ after the forward and ``no_sync`` around the backward alone match the averaged
 large-batch gradient to 1e-7.
 
 AG111 the flag has the wrong polarity: off on the boundary and on elsewhere
-      (inverted: the last micro-batch arrives one step late), or switched off and
-      never switched back on (no reduction at all). Covers FSDP2's
+      (inverted: the last micro-batch arrives one step late), on at the first
+      micro-step of the window and off at the last (``nullcontext() if micro == 0 else
+      model.no_sync()``: the later micro-batches are never reduced), or switched off and
+      never switched back on (no reduction at all). Syncing on every micro-step but the
+      first includes the last and is right. Covers FSDP2's
       ``set_requires_gradient_sync(flag)`` (read at backward time) and DDP's
       ``require_backward_grad_sync = flag`` set before the forward.
 """
@@ -405,8 +408,8 @@ def sync_flag_polarity(ctx: FileContext) -> Iterator[Finding]:
             yield ctx.finding(
                 "AG111",
                 call,
-                f"`{recv}.no_sync()` is chosen on every micro-step but the first (`{ast.unparse(test)}` "
-                "syncs): the first micro-step of the window is all-reduced and the last is not, so "
+                f"`{recv}.no_sync()` is chosen on every micro-step but the first (by `{ast.unparse(test)}`): "
+                "the first micro-step of the window is all-reduced and the last is not, so "
                 "the later micro-batches' gradients stay on their own rank and the ranks step on "
                 "different gradients; expected the sync on the last micro-step only "
                 f"(`nullcontext() if micro == K - 1 else {recv}.no_sync()`)",

@@ -13,6 +13,15 @@ before the loop and whether ``i += 1`` comes before the test), the guard's offse
 the backward; a right window has K micro-batches (or the first step runs before
 any backward and is a no-op). Error when all of it is in sight; a warning when the
 counter's start is not.
+
+AG117 (F7) the epoch's leftover leaks into the next epoch: the micro-batch loop runs
+again and again (an epoch loop around it, or a ``*epoch*`` function), the step's
+modulo guard counts from a start that resets every pass, and nothing outside the
+micro-batch loop steps or clears the gradients. The last ``len % K`` micro-batches stay
+in ``.grad`` and join the next epoch's first window. An error when the number of
+micro-batches is spelled with constants (:mod:`.._lengths`) and not a multiple of K,
+a warning when it is not in sight. A counter running across epochs is not a leak: its
+windows span epochs with exactly K micro-batches each.
 """
 
 from __future__ import annotations
