@@ -57,18 +57,32 @@ class TokenWeightProbe:
     def __init__(self, module: torch.nn.Module) -> None:
         self.records: list[torch.Tensor] = []
         self.scale = 1.0  # multiplies the weights of records taken next (set by exact paths)
-        self.active = True  # off on steps that are not checked: no cost there
         self.low_precision = False  # a bf16/fp16 logits gradient was seen
-        self._handle = module.register_forward_hook(self._on_forward)
+        self._module = module
+        self._handle: Any = module.register_forward_hook(self._on_forward)
+
+    @property
+    def active(self) -> bool:
+        """Probe the next forwards? Off on steps that are not checked: the hook is removed
+        then, so the logits layer takes torch's plain call path (no cost at all)."""
+        return self._handle is not None
+
+    @active.setter
+    def active(self, on: bool) -> None:
+        if on and self._handle is None:
+            self._handle = self._module.register_forward_hook(self._on_forward)
+        elif not on and self._handle is not None:
+            self._handle.remove()
+            self._handle = None
 
     def close(self) -> None:
-        self._handle.remove()
+        self.active = False
 
     def _on_forward(self, module: Any, args: Any, output: Any) -> None:
         logits = output
         if not isinstance(logits, torch.Tensor):
             logits = getattr(output, "logits", None)
-        if (not self.active or not isinstance(logits, torch.Tensor) or not logits.requires_grad
+        if (not isinstance(logits, torch.Tensor) or not logits.requires_grad
                 or not torch.is_grad_enabled()):
             return
         logits.register_hook(  # type: ignore[no-untyped-call]
