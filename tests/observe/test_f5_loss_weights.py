@@ -302,3 +302,22 @@ def test_other_loss_forms(tmp_path: Path, kind: str) -> None:
                 opt.zero_grad()
         errors = _errors(analyze(load_recordings(out))[0])
         assert errors == ({"F5"} if broken else set()), (kind, broken, errors)
+
+
+def test_budget_keeps_the_first_windows(tmp_path: Path) -> None:
+    """Cost control: the first windows are always recorded; past its time budget the record
+    skips windows (no per-call work) and F5 is still found from the recorded ones."""
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with recording(tmp_path) as obs:
+        for s in range(5):
+            for j in range(K):
+                x, y = _batch(s * K + j)
+                (F.cross_entropy(model(x)[0], y) / K).backward()
+            opt.step()
+            opt.zero_grad()
+            obs.losses.spent = 1e9  # over budget from now on
+    rec = load_recordings(tmp_path)
+    recorded = [bool(s.get("losses")) for s in rec.steps[0]]
+    assert recorded == [True, True, False, False, False], recorded
+    assert _errors(analyze(rec)[0]) == {"F5"}

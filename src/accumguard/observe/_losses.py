@@ -15,6 +15,9 @@ rest of the loss gave it. Each of that call's tokens then weighs ``g / n`` (mean
 ``g`` (sum) in the gradient the optimizer receives: the F5 bug gives every micro-step's
 call the same ``g`` whatever its ``n``. Nothing is read on the host until the optimizer
 step (one transfer per window, and none when fewer than two micro-steps had a call).
+Cost control: the first windows are always recorded, later ones while the record has cost
+at most 0.5 % of the run's time (about 50 µs of Python per loss call and step on a CPU:
+every window of a real model, some windows of a toy one).
 
 A call belongs to the backward pass whose gradient reached it (a loss computed and never
 backpropagated, or differentiated with ``torch.autograd.grad``, records nothing). It is
@@ -27,6 +30,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import time
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -44,6 +48,11 @@ _MAX_CALLS = 4096
 #: Records written per optimizer step (the recording's size stays bounded).
 _MAX_RECORDS = 256
 _FRAMES = 16
+#: Windows always recorded, then windows are recorded while the record has cost at most
+#: this fraction of the time since install (F5 shows in every window with uneven counts:
+#: a model whose micro-steps take milliseconds is recorded on every window, a toy on some).
+_ALWAYS = 2
+_BUDGET = 0.005
 _LOW = (torch.float16, torch.bfloat16)
 
 
@@ -73,12 +82,17 @@ class LossRecorder:
         self.micro = 0  # backward passes since the last applied optimizer step
         self.seq = 0
         self._lib_cache: dict[str, bool] = {}
+        self.on = True  # record this window's calls (decided at each applied step)
+        self.windows = 0  # applied steps seen
+        self.spent = 0.0  # seconds spent recording
+        self._t0 = time.perf_counter()
 
     def install(self, patches: Any) -> None:
         import torch.nn.functional as F  # noqa: N812 - torch's own alias
 
         for name in ("cross_entropy", "nll_loss"):
             patches.wrap(F, name, self._wrapper)
+        self._t0 = time.perf_counter()
 
     # -- the observer's calls ---------------------------------------------------------------
     def end_backward(self) -> None:
@@ -96,6 +110,16 @@ class LossRecorder:
                 self.calls = [c for c in self.calls if c.g is None]  # forwards to come
                 self.micro = 0
             return None
+        t = time.perf_counter()
+        try:
+            return self._records()
+        finally:
+            now = time.perf_counter()
+            self.spent += now - t
+            self.windows += 1
+            self.on = self.windows < _ALWAYS or self.spent <= _BUDGET * (now - self._t0)
+
+    def _records(self) -> list[list[Any]] | None:
         calls = [c for c in self.calls if c.g is not None and c.micro is not None]
         self.calls = []
         self.micro = 0
@@ -140,11 +164,13 @@ class LossRecorder:
             if torch.compiler.is_compiling():
                 return out  # first: under torch.compile nothing below may be traced
             obs = rec.obs
-            if (not obs._active() or not obs._wants("on_step")
+            if (not rec.on or not obs._active() or not obs._wants("on_step")
                     or not isinstance(out, torch.Tensor) or not out.requires_grad
                     or out.dim() != 0 or len(rec.calls) >= _MAX_CALLS):
                 return out
+            t = time.perf_counter()
             rec._record(out, args, kwargs)
+            rec.spent += time.perf_counter() - t
             return out
 
         return loss_fn
