@@ -284,3 +284,23 @@ def test_deepspeed_k_from_the_engine_with_explicit_boundary_is_fine() -> None:
     src = _DS.format(k_line="gas = engine.gradient_accumulation_steps()", k="gas",
                      inner="engine.set_gradient_accumulation_boundary(False)", outer="engine.step()")
     assert found(src) == []
+
+
+def test_epoch_leftover_length_from_the_callers() -> None:
+    src = """
+    def train_one_epoch(model, batches, accum):
+        for i, b in enumerate(batches):
+            (model(b).mean() / accum).backward()
+            if (i + 1) % accum == 0:
+                opt.step()
+                opt.zero_grad()
+
+    for epoch in range(2):
+        train_one_epoch(net, [make() for _ in range({n})], 4)
+    """
+    def k_constant(n: int) -> str:
+        return src.format(n=n).replace("/ accum", "/ ACC").replace("% accum", "% ACC") + "ACC = 4\n"
+
+    assert found(k_constant(8)) == []  # 8 micro-batches per call, K = 4: nothing left
+    assert found(k_constant(10)) == [("AG117", 5, "error")]  # 2 left every call
+    assert found(src.format(n=8)) == [("AG117", 5, "warning")]  # K is a parameter: not in sight

@@ -12,7 +12,7 @@ other shape (a sampler, a dataset class, a slice, a value from the command line)
 from __future__ import annotations
 
 import ast
-from typing import Protocol
+from typing import Any, Protocol
 
 from accumguard.static.lint._ast import call_attr, dotted, last_part
 
@@ -24,7 +24,11 @@ _MAX_DEPTH = 8
 
 
 class _Facts(Protocol):
+    tree: ast.Module
+
     def assignments(self) -> list[tuple[list[str], ast.AST]]: ...
+
+    def _cached(self, kind: str, node: ast.AST, compute: Any) -> Any: ...
 
     def int_value(self, expr: ast.AST | None, *, defaults: bool = True) -> int | None: ...
 
@@ -59,10 +63,21 @@ def static_len(ctx: _Facts, expr: ast.AST | None, depth: int = 0) -> int | None:
 
 def _single_assignment(ctx: _Facts, name: str) -> ast.AST | None:
     """The value of the one plain ``name = value`` of the file (None if assigned otherwise too)."""
-    hits = [(names, v) for names, v in ctx.assignments() if name in names]
+    hits = _assignment_index(ctx).get(name, ())
     if len(hits) != 1 or hits[0][0] != [name]:
         return None
     return hits[0][1]
+
+
+def _assignment_index(ctx: _Facts) -> dict[str, list[tuple[list[str], ast.AST]]]:
+    """The file's assignments by target name, built once per file (a big file has many loops)."""
+    def compute() -> dict[str, list[tuple[list[str], ast.AST]]]:
+        out: dict[str, list[tuple[list[str], ast.AST]]] = {}
+        for names, value in ctx.assignments():
+            for name in set(names):
+                out.setdefault(name, []).append((names, value))
+        return out
+    return ctx._cached("assign_by_name", ctx.tree, compute)  # type: ignore[no-any-return]
 
 
 def _range_len(ctx: _Facts, call: ast.Call) -> int | None:

@@ -395,7 +395,11 @@ def _uses_num_items(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
 
 def _trainer_ga(ctx: FileContext) -> tuple[int | None, str]:
     """The Trainer's gradient_accumulation_steps as the file sets it: (value, how), value None
-    when it is not in sight (arguments parsed from the command line, ``**config``)."""
+    when it is not in sight (arguments parsed from the command line, ``**config``); cached."""
+    return ctx._cached("trainer_ga", ctx.tree, lambda: _trainer_ga_uncached(ctx))  # type: ignore[no-any-return]
+
+
+def _trainer_ga_uncached(ctx: FileContext) -> tuple[int | None, str]:
     values: set[int | None] = set()
     args_calls = 0
     for call in ctx.of(ast.Call):

@@ -552,6 +552,41 @@ def _clears_or_steps_outside(ctx: FileContext, window: ast.AST, repeat: ast.AST)
     return False
 
 
+def _calls_by_name(ctx: FileContext) -> dict[str, list[ast.Call]]:
+    """The file's calls by function/method name, indexed once."""
+    def compute() -> dict[str, list[ast.Call]]:
+        out: dict[str, list[ast.Call]] = {}
+        for call in ctx.of(ast.Call):
+            name = call_attr(call)
+            if name is not None:
+                out.setdefault(name, []).append(call)
+        return out
+    return ctx._cached("calls_by_name", ctx.tree, compute)  # type: ignore[no-any-return]
+
+
+def _length_from_callers(ctx: FileContext, window: ast.For | ast.AsyncFor) -> int | None:
+    """The loop's length when it iterates a parameter of its function and every call of that
+    function in the file passes data of the same evident length (``train_one_epoch([... for _ in
+    range(8)])``)."""
+    it = window.iter
+    while isinstance(it, ast.Call) and call_attr(it) in ("enumerate", "tqdm") and it.args:
+        it = it.args[0]
+    fn = ctx.enclosing(window, (ast.FunctionDef, ast.AsyncFunctionDef))
+    if not isinstance(it, ast.Name) or not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+        return None
+    params = [a.arg for a in fn.args.posonlyargs + fn.args.args]
+    if it.id not in params:
+        return None
+    index = params.index(it.id) - (1 if params and params[0] in ("self", "cls") else 0)
+    lengths: set[int | None] = set()
+    for call in _calls_by_name(ctx).get(fn.name, ()):
+        arg = next((k.value for k in call.keywords if k.arg == it.id), None)
+        if arg is None and 0 <= index < len(call.args):
+            arg = call.args[index]
+        lengths.add(static_len(ctx, arg) if arg is not None else None)
+    return lengths.pop() if len(lengths) == 1 else None
+
+
 @rule("AG117")
 def partial_window_leaks_into_next_epoch(ctx: FileContext) -> Iterator[Finding]:
     """``for epoch ...: for i, b in enumerate(loader): ... if (i + 1) % K == 0: step`` with
@@ -593,6 +628,8 @@ def partial_window_leaks_into_next_epoch(ctx: FileContext) -> Iterator[Finding]:
                 continue  # K = 1 somewhere: nothing is left over
             k = ctx.int_value(guard.modulus)
             n = static_len(ctx, window.iter)
+            if n is None:
+                n = _length_from_callers(ctx, window)
             data = ast.unparse(window.iter)
             test = ast.unparse(guard_if.test)
             head = (
