@@ -24,7 +24,9 @@ class FileFacts(Protocol):
     """What the finder reads of a file's context (:class:`._context.FileContext` has it);
     a protocol so that this module does not import the context that creates it."""
 
-    tree: ast.AST
+    @property
+    def tree(self) -> ast.AST: ...  # read-only: FileContext's is an ast.Module
+
     path: Path | None
     parents: dict[ast.AST, ast.AST]
     deepspeed: bool

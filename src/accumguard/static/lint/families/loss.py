@@ -358,8 +358,8 @@ def _mean_loss_site(ctx: FileContext, fn: ast.AST) -> tuple[ast.AST, str] | None
                 return n, f"`{d}`, a mean-reducing loss module"
             if name == "mean" and not n.args and _is_loss(n.func):
                 return n, f"`{ast.unparse(n)}`"
-        elif (d := _division(n)) is not None and _is_count(ctx, d[1]) and (_is_loss(d[0]) or any(
-            isinstance(x, ast.Call) and call_attr(x) == "sum" for x in walk_all(d[0])
+        elif (div := _division(n)) is not None and _is_count(ctx, div[1]) and (_is_loss(div[0]) or any(
+            isinstance(x, ast.Call) and call_attr(x) == "sum" for x in walk_all(div[0])
         )):
             return n, f"`{ast.unparse(n)}`, divided by this micro-batch's own count"
         elif (

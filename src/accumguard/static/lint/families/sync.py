@@ -408,7 +408,7 @@ def sync_flag_polarity(ctx: FileContext) -> Iterator[Finding]:
             yield ctx.finding(
                 "AG111",
                 call,
-                f"`{recv}.no_sync()` is chosen on every micro-step but the first (by `{ast.unparse(test)}`): "
+                f"`{recv}.no_sync()` is chosen on every micro-step but the first (by `{ast.unparse(test or call)}`): "
                 "the first micro-step of the window is all-reduced and the last is not, so "
                 "the later micro-batches' gradients stay on their own rank and the ranks step on "
                 "different gradients; expected the sync on the last micro-step only "
