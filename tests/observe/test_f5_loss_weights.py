@@ -321,3 +321,17 @@ def test_budget_keeps_the_first_windows(tmp_path: Path) -> None:
     recorded = [bool(s.get("losses")) for s in rec.steps[0]]
     assert recorded == [True, True, False, False, False], recorded
     assert _errors(analyze(rec)[0]) == {"F5"}
+
+
+@pytest.mark.parametrize(("divisor", "says"), [
+    (K, "a per-micro-batch mean divided by K"),
+    (1, f"not divided by K either, so the window's gradient is also {K}x"),
+    (2 * K, "a per-micro-batch mean scaled by 0.125"),
+])
+def test_f5_evidence_names_how_the_mean_was_scaled(tmp_path: Path, divisor: int, says: str
+                                                  ) -> None:
+    """The evidence must not claim '/K' when the loop did not divide (a transformers
+    Trainer skips its own /K for a compute_loss override that ignores num_items_in_batch)."""
+    findings = _run(tmp_path, lambda z, y, n, total: F.cross_entropy(z, y) / divisor)
+    f5 = [f for f in findings if f.cls == "F5" and f.severity == "error"]
+    assert f5 and says in f5[0].evidence, [f.evidence for f in findings]

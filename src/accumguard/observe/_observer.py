@@ -309,7 +309,7 @@ class Observer:
         def make_backward(orig: Callable[..., Any]) -> Callable[..., Any]:
             def backward(acc: Any, loss: Any, *args: Any, **kwargs: Any) -> Any:
                 k = getattr(acc, "gradient_accumulation_steps", None)
-                if isinstance(k, int) and k >= 1:
+                if isinstance(k, int) and k > 1:  # 1 is the default: it declares nothing
                     obs.declared_k.setdefault("accelerate", k)
                 return obs._run_backward("accelerate", loss, None,
                                          lambda: orig(acc, loss, *args, **kwargs))
@@ -353,7 +353,7 @@ class Observer:
             def post_init(args: Any, *a: Any, **kw: Any) -> Any:
                 out = orig(args, *a, **kw)
                 k = getattr(args, "gradient_accumulation_steps", None)
-                if isinstance(k, int):
+                if isinstance(k, int) and k > 1:  # 1 is the default: it declares nothing
                     obs.declared_k["transformers"] = k
                 return out
 

@@ -699,12 +699,24 @@ def loss_weight_findings(rank: int | None, windows: list[dict[str, Any]]) -> lis
                            f"micro-step's tokens reached the optimizer with the same total "
                            f"weight ({mass:.4g}) whatever their count: one token weighed "
                            f"{min(ws):.4g} to {max(ws):.4g} ({max(ws) / min(ws):.3g}x apart) "
-                           f"instead of one weight for all {total:g} tokens (1/N); a "
-                           "per-micro-batch mean divided by K"))
+                           f"instead of one weight for all {total:g} tokens (1/N); "
+                           + _mean_form(mass, k)))
             break
         if out:
             break
     return out
+
+
+def _mean_form(mass: float, k: int) -> str:
+    """How the per-micro-batch mean was scaled, from its total weight per micro-step (a
+    GradScaler or an engine's loss scale multiplies it: only 1/K and 1 are named)."""
+    if abs(mass * k - 1.0) <= 1e-3:
+        return "a per-micro-batch mean divided by K"
+    if abs(mass - 1.0) <= 1e-3:
+        return (f"a per-micro-batch mean not divided by K either, so the window's gradient "
+                f"is also {k}x the large-batch mean (a transformers Trainer skips its own /K "
+                "when compute_loss is expected to use num_items_in_batch)")
+    return f"a per-micro-batch mean scaled by {mass:.4g}"
 
 
 def _cross_rank_weights(rec: RunRecording) -> list[Finding]:
