@@ -45,6 +45,7 @@ def test_paired_summary_recovers_the_ratio_despite_a_drifting_limit() -> None:
     assert by["fast"]["verdict"] == "met"
     assert by["slow"]["verdict"] == "not met"
     assert by["noisy"]["verdict"] == "undecidable"
+    assert by["fast"]["cpu_verdict"] == "met" and by["slow"]["cpu_verdict"] == "not met"
     assert by["noisy"]["ci95"][1] - by["noisy"]["ci95"][0] > 0.05
     # Seeded bootstrap: the same data give the same interval.
     again = bench.paired_summary({"noisy": _rounds(1.05, 0.30, 30)}, {})

@@ -1,7 +1,8 @@
 """DeepSpeed ZeRO-3 ``window_memory="unsharded"``: the equivalence grid's DeepSpeed case (K=4,
 10 micro-batches per rank so the last window is partial, uneven tokens, clipping at 0.1,
 AdamW) matches the fp64 reference after every step in both sync modes, with fewer
-parameter all-gathers per window than the default; the persistence flags are restored."""
+parameter all-gathers per window than the default; the persistence flags are restored.
+Also the ZeRO-2 speed recipe (``contiguous_gradients: false``) on the same case."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ CASES = [Case(accumulation_steps=4, micro_batches=10, optimizer="adamw", max_gra
               sync=sync, seed=13) for sync in ("deferred", "eager")]
 
 
-def _engine(case: Case, stage: int) -> Any:
+def _engine(case: Case, stage: int, **zero: Any) -> Any:
     import deepspeed
 
     model = make_model(case)
@@ -31,7 +32,8 @@ def _engine(case: Case, stage: int) -> Any:
               "gradient_accumulation_steps": 1 if case.sync == "deferred" else
               case.accumulation_steps,
               # threshold 0: every parameter of the (tiny) toy model is partitioned.
-              "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0},
+              "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0,
+                                    **zero},
               "zero_allow_untested_optimizer": True, "gradient_clipping": case.max_grad_norm,
               "steps_per_print": 10**9}
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config)
@@ -50,9 +52,13 @@ def _worker(rank: int, world: int) -> dict[str, Any]:
 
     deepspeed.init_distributed(dist_backend="gloo")
     out: dict[str, Any] = {"runs": [], "errors": {}}
+    # (stage, extra zero_optimization keys, window_memory): ZeRO-3 both memory modes, and
+    # the ZeRO-2 recipe of docs/performance.md (contiguous_gradients false) on the same case.
+    variants = [(3, {}, "sharded"), (3, {}, "unsharded"), (2, {"contiguous_gradients": False},
+                                                           "sharded")]
     for case in CASES:
-        for memory in ("sharded", "unsharded"):
-            engine = _engine(case, 3)
+        for stage, zero, memory in variants:
+            engine = _engine(case, stage, **zero)
             adapter = DeepSpeedEngineAdapter(engine, sync=case.sync, window_memory=memory)
             acc = Accumulator(engine, None, accumulation_steps=case.accumulation_steps,
                               engine=adapter, max_grad_norm=case.max_grad_norm,
@@ -66,8 +72,8 @@ def _worker(rank: int, world: int) -> dict[str, Any]:
                 with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):
                     snaps.append(flat_params(engine.module))
             acc.close()
-            persist = [bool(p.ds_persist) for p in engine.module.parameters()]
-            out["runs"].append({"case": case, "memory": memory, "snaps": snaps,
+            persist = [bool(getattr(p, "ds_persist", False)) for p in engine.module.parameters()]
+            out["runs"].append({"case": case, "stage": stage, "memory": memory, "snaps": snaps,
                                 "gathers": gathers, "persist_after": persist,
                                 "described": adapter.describe()})
     for label, build in (("stage 2", lambda: DeepSpeedEngineAdapter(
@@ -87,13 +93,14 @@ def results() -> dict[str, Any]:
 
 
 def test_unsharded_window_matches_the_reference_after_every_step(results: dict) -> None:
+    assert len(results["runs"]) == 6
     for r in results["runs"]:
         errors = update_errors(r["case"], 2, r["snaps"])
-        assert max(errors) <= FP32_UPDATE_TOL, (r["case"].sync, r["memory"], errors)
+        assert max(errors) <= FP32_UPDATE_TOL, (r["stage"], r["case"].sync, r["memory"], errors)
 
 
 def test_unsharded_window_gathers_less_and_restores_the_flags(results: dict) -> None:
-    by = {(r["case"].sync, r["memory"]): r for r in results["runs"]}
+    by = {(r["case"].sync, r["memory"]): r for r in results["runs"] if r["stage"] == 3}
     for sync in ("deferred", "eager"):
         sharded, unsharded = by[(sync, "sharded")], by[(sync, "unsharded")]
         # Window 0 traces the module order (DeepSpeed releases everything then); from window
