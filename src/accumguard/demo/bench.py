@@ -30,6 +30,10 @@ engine's memory/communication knobs) each in its own spawn: parameter all-gather
 gradient reductions per step (counted at DeepSpeed's comm backend), seconds paired with
 the limit, RSS after build and the peak RSS over a step.
 
+Size (~870 lines): the benchmark's modes (table, paired, ZeRO study, precision) share the
+model, the configurations and the timing. Known debt: the paired statistics and the ZeRO
+study should move to their own modules (demo/bench_stats.py, demo/bench_zero.py).
+
 Usage::
 
     python benchmarks/bench_engines.py            # full: 7 rounds x 2 steps

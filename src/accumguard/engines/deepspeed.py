@@ -62,6 +62,10 @@ config's value (else ConfigError), and the adapter only reports the norm.
 A ``torch.amp.GradScaler`` is refused (DeepSpeed has its own loss scaling for
 fp16), and so is an Accumulator scheduler when the engine already owns one
 (it would step twice).
+
+Size (~560 lines): the config checks and error messages that make the adapter safe to
+drive are most of it. Known debt: the ZeRO-3 window-memory switch could move to its own
+helper module.
 """
 
 from __future__ import annotations
