@@ -159,6 +159,20 @@ def test_hf_gpt2_custom_loop(tmp_path: Path, mode: str, bug: bool) -> None:
         assert code == 0 and not _errors(findings), findings
 
 
+def _padded_batches(n: int, v: int) -> list[Any]:
+    """``n`` micro-batches of 2x8 tokens with 4, 8 or 12 valid labels (the rest -100)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    data = []
+    for i in range(n):
+        x = torch.randint(0, v, (2, 8), generator=gen)
+        y = x.clone()
+        y[:, 2 + 2 * (i % 3):] = -100
+        data.append((x, y.reshape(-1)))
+    return data
+
+
 def test_accelerate_accumulate_in_process(tmp_path: Path) -> None:
     """``accelerator.backward`` divides every micro-step's loss by K (a constant: it cancels).
     Over it, a token mean is F5 (issue 12) and the summed loss times K / N is exact."""
@@ -180,13 +194,7 @@ def test_accelerate_accumulate_in_process(tmp_path: Path) -> None:
         model = torch.nn.Sequential(torch.nn.Embedding(v, 8), torch.nn.Linear(8, v))
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         model, opt = acc.prepare(model, opt)
-        gen = torch.Generator().manual_seed(0)
-        data = []
-        for i in range(2 * k):
-            x = torch.randint(0, v, (2, 8), generator=gen)
-            y = x.clone()
-            y[:, 2 + 2 * (i % 3):] = -100
-            data.append((x, y.reshape(-1)))
+        data = _padded_batches(2 * k, v)
         out = tmp_path / mode
         with recording(out):
             for s in range(2):
@@ -234,13 +242,7 @@ def test_lightning_accumulate_grad_batches_in_process(tmp_path: Path) -> None:
     from accumguard.runtime.watch_findings import analyze, load_recordings
 
     k, v = 4, 16
-    gen = torch.Generator().manual_seed(0)
-    data = []
-    for i in range(2 * k):
-        x = torch.randint(0, v, (2, 8), generator=gen)
-        y = x.clone()
-        y[:, 2 + 2 * (i % 3):] = -100
-        data.append((x, y.reshape(-1)))
+    data = _padded_batches(2 * k, v)
     window_n = [sum(int((y != -100).sum()) for _, y in data[s * k:(s + 1) * k])
                 for s in range(2)]
 
