@@ -16,12 +16,12 @@ from accumguard.runtime.watch_findings import RunRecording, analyze
 
 
 def _rec(windows: list[int], *, engine: str = "local", syncs: list[list[bool]] | None = None,
-         applied: list[bool] | None = None) -> RunRecording:
+         applied: list[bool] | None = None, forwards: int = 1) -> RunRecording:
     steps: list[dict[str, Any]] = []
     for i, n in enumerate(windows):
         s: dict[str, Any] = {"kind": "step", "rank": 0, "step": i, "backwards": n,
                              "applied": True if applied is None else applied[i],
-                             "engine": engine}
+                             "engine": engine, "forwards": [forwards] * n}
         if syncs is not None:
             s["sync_backward"] = syncs[i]
             s["sync_micros"] = syncs[i]
@@ -56,6 +56,14 @@ def test_f1_stays_quiet_or_a_note_when_unsure(script: ScriptK) -> None:
         assert [f.cls for f in found] == ["F1"] and found[0].severity == "note"
 
 
+def test_one_backward_over_k_forwards_is_a_summed_window_not_f1() -> None:
+    """``loss = sum(losses of K micro-batches) / K; loss.backward()``: one backward per
+    window, but after K forwards: the large-batch gradient (a blind-eval false alarm)."""
+    found, _, _ = analyze(_rec([1] * 5, forwards=4), script=_script(4))
+    assert not [f for f in found if f.cls == "F1"], found
+    assert set(_errors(_rec([1] * 5, forwards=1), script=_script(4))) == {"F1"}
+
+
 def test_script_k_agreeing_with_the_run_is_the_source() -> None:
     _, k, source = analyze(_rec([4, 4, 4]), script=_script(4))
     assert k == 4 and source == "declared in the script (train.py:7)"
@@ -73,6 +81,8 @@ def test_short_first_window_is_an_off_by_one() -> None:
     [4, 4, 2, 4, 4, 2, 4, 4, 2],  # epochs of 10, the short last window stepped: correct
     [4, 4, 4, 3],  # the run's last window is short: correct
     [3, 5, 4, 6, 3, 4],  # windows by a token budget: no fixed K
+    [5, 5, 4, 4, 4],  # a token budget whose long windows come first: nothing to leak from
+    [4, 5, 4, 4, 4, 5, 4, 4, 5, 4, 4, 4],  # long windows at uneven gaps: a budget
 ])
 def test_legitimate_window_shapes(windows: list[int]) -> None:
     assert _errors(_rec(windows)) == {}

@@ -108,6 +108,9 @@ class StepEvent:
     sync_micros: list[bool | None] = field(default_factory=list)  # per backward: synced?
     sync_mismatch: list[int] = field(default_factory=list)  # micro-steps whose flag flipped
     sync_backward: list[bool | None] = field(default_factory=list)  # per backward: flag at it
+    # per backward: watched forwards since the previous backward (K forwards then one
+    # backward is the summed-loss form of accumulation, not a step per micro-step)
+    forwards: list[int] = field(default_factory=list)
     ds_boundaries: list[bool | None] = field(default_factory=list)
     ds_coalescing: list[bool] = field(default_factory=list)
     engine_step_calls: int = 0  # DeepSpeed engine.step() calls in the window

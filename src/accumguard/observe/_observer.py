@@ -820,6 +820,7 @@ class Observer:
                            and b.sync_backward is not None
                            and b.sync_forward != b.sync_backward],
             sync_backward=[b.sync_backward for b in w.backwards],
+            forwards=[b.forwards for b in w.backwards],
             ds_boundaries=[b.ds_boundary for b in w.backwards],
             ds_coalescing=[b.ds_coalescing for b in w.backwards],
             engine_step_calls=w.engine_step_calls,

@@ -454,14 +454,24 @@ def _window_findings(rank: int, windows: list[dict[str, Any]], info: dict[str, A
             # a leak leaves no short window before the last; a loop whose windows vary
             # (a token budget per step) has short ones too: then only a note
             mid_short = any(n < k for n in sizes[:-1])
+            # a leak needs an earlier window to leak from, and recurs once per epoch (equal
+            # gaps); long windows from the first step on, or at uneven gaps, are a budget
+            long_ids = {id(w) for w in long}
+            at = [i for i, w in enumerate(windows) if id(w) in long_ids]
+            periodic = len({b - a for a, b in zip(at, at[1:], strict=False)}) <= 1
             leak = (not mid_short and len({int(w["window"]) for w in long}) == 1
-                    and regular > len(long))
+                    and regular > len(long) and at[0] > 0 and periodic)
+            head = (f"a window of {n0} backward passes before optimizer step "
+                    f"{_n(long[0]['step'])} among {regular} windows of K = {k}")
             out.append(_mk("F7", "error" if leak else "note", rank, long[0]["step"],
                            n0 - 1,
-                           f"a window of {n0} backward passes before optimizer step "
-                           f"{_n(long[0]['step'])} among {regular} windows of K = {k}: "
-                           f"{n0 - k} micro-step(s) left over at the end of an epoch (or data "
-                           "pass) were not stepped and leaked into the next window"))
+                           f"{head}: {n0 - k} micro-step(s) left over at the end of an epoch "
+                           "(or data pass) were not stepped and leaked into the next window"
+                           if leak else
+                           f"{head} (window sizes {sorted(set(sizes))}): fine when the loop "
+                           "sizes each window on purpose (a token budget per step) and "
+                           "normalises by that window's count; if K is fixed, micro-steps "
+                           "leaked into it from an earlier window"))
     short = [w for w in windows[1:-1] if 1 < int(w["window"]) < k]
     if res.declared and len(short) >= 2 and all(int(w["window"]) == k - 1 for w in short) \
             and len(short) >= regular:
@@ -481,9 +491,13 @@ def _f1(rank: int, windows: list[dict[str, Any]], res: KResolution) -> list[Find
         return []
     if k is None or k <= 1:
         return []
-    ones = [w for w in windows if int(w["window"]) == 1]
+    # one backward after K or more forwards: the window's losses were summed before one
+    # backward (the same large-batch gradient), not a step per micro-step
+    summed = [w for w in windows if int(w["window"]) == 1
+              and max(w.get("forwards") or [0]) >= k]
+    ones = [w for w in windows if int(w["window"]) == 1 and w not in summed]
     # nearly every window: epochs whose last window holds one micro-batch are not F1
-    if len(ones) < 2 or 4 * len(ones) < 3 * len(windows):
+    if len(ones) < 2 or 4 * len(ones) < 3 * (len(windows) - len(summed)):
         return []
     text = f"{len(ones)} of {len(windows)} optimizer steps came after a single backward pass"
     if res.strength in ("flag", "runtime"):
