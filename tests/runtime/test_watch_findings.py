@@ -131,3 +131,14 @@ def test_dataloader_passes_separate_leak_from_late_boundary() -> None:
     late = _rec([5, 5, 5])  # one pass, the boundary test off by one: F13
     late.steps[0][0]["data_pass_starts"] = [0]
     assert set(_errors(late, k_flag=4)) == {"F13"}
+
+
+def test_evidence_names_the_clipping_function_and_no_backward_k() -> None:
+    rec = _rec([4, 4])
+    for s in rec.steps[0]:
+        s.update(clip_micros=[1, 2, 3, 4], clip_functions=["clip_grad_value_"])
+    errs = _errors(rec)
+    assert set(errs) == {"F8"} and errs["F8"].evidence.startswith("clip_grad_value_ ran")
+    # steps with no backward seen (gradients by torch.autograd.grad): no K = 0
+    _, k, source = analyze(_rec([0, 0, 0]))
+    assert k is None and "no backward pass seen" in source

@@ -102,6 +102,7 @@ class StepEvent:
     scheduler_steps: int = 0  # scheduler steps in the window before this step
     clips: int = 0
     clip_micros: list[int] = field(default_factory=list)  # backward index after each clip
+    clip_functions: list[str] = field(default_factory=list)  # which clipping functions ran
     data_pass_starts: list[int] = field(default_factory=list)  # backwards before a new epoch
     reductions: int = 0  # gradient collectives in the window (backwards + between)
     reduction_rounds: int = 0  # backwards (or flushes) that issued at least one

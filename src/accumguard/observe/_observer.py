@@ -91,6 +91,7 @@ class _Window:
         self.zero_between = 0
         self.sched = 0
         self.clip_micros: list[int] = []
+        self.clip_names: list[str] = []
         self.reductions_between = 0
         self.rounds_between = 0
         self.forwards = 0
@@ -810,7 +811,7 @@ class Observer:
             source=source, optimizer=opt_name, engine=self.engine,
             zero_grads=w.zero_grads, zero_grads_between=w.zero_between,
             scheduler_steps=w.sched, clips=len(w.clip_micros),
-            clip_micros=list(w.clip_micros),
+            clip_micros=list(w.clip_micros), clip_functions=sorted(set(w.clip_names)),
             data_pass_starts=list(w.data_passes),
             reductions=sum(b.reductions for b in w.backwards) + w.reductions_between,
             reduction_rounds=sum(1 for b in w.backwards if b.reductions)
@@ -939,6 +940,7 @@ class Observer:
                     else list(parameters)
                 obs._emit("on_clip", ClipEvent(obs.step, len(obs._w.backwards), name, params))
                 obs._w.clip_micros.append(len(obs._w.backwards))
+                obs._w.clip_names.append(name)
                 obs._clip_depth += 1  # the outermost clipping call is the event
                 try:
                     return orig(params, *args, **kwargs)

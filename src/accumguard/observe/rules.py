@@ -209,7 +209,7 @@ def _inferred(rec: RunRecording) -> int | None:
     (a leftover leaked into the next epoch is not the loop's K)."""
     windows = [w for steps in rec.steps.values() for w in _windows(steps)]
     inside = [w for w in windows if not _spans_passes(w)]
-    sizes = [int(w["window"]) for w in (inside or windows)]
+    sizes = [int(w["window"]) for w in (inside or windows) if int(w["window"]) > 0]
     return Counter(sizes).most_common(1)[0][0] if sizes else None
 
 
@@ -244,7 +244,10 @@ def resolve_k(rec: RunRecording, flag: int | None, script: DeclaredK | None = No
         return KResolution(script.value, f"declared in the script ({script.where})",
                            "script", script)
     if inferred is None:
-        return KResolution(None, "no optimizer step", "none", script)
+        stepped = any(rec.steps.values())
+        return KResolution(None, "no backward pass seen before the optimizer steps (gradients "
+                           "made another way, e.g. torch.autograd.grad, are not followed)"
+                           if stepped else "no optimizer step", "none", script)
     return KResolution(inferred, "inferred from the observed windows", "inferred", script)
 
 
@@ -331,9 +334,10 @@ def _rank_findings(rank: int, steps: list[dict[str, Any]], info: dict[str, Any],
         # F8: clipping before the window's last backward
         if early_clips:
             out.append(_mk("F8", "error", rank, step, early_clips[0] - 1,
-                           f"clip_grad_norm_ ran after backward pass {early_clips[0]} of "
-                           f"{w['backwards']} in the window ({len(w['clip_micros'])} clip calls "
-                           "for one optimizer step)"))
+                           f"{'/'.join(w.get('clip_functions') or ['gradient clipping'])} "
+                           f"ran after backward pass {early_clips[0]} of {w['backwards']} in "
+                           f"the window ({len(w['clip_micros'])} clipping call(s) for one "
+                           "optimizer step)"))
         out += _sync_findings(rank, w)
     # F9: DeepSpeed's default clipping active on a run that did not ask for it
     clip = info.get("gradient_clipping")
@@ -529,8 +533,9 @@ def _no_update(rank: int, steps: list[dict[str, Any]]) -> list[Finding]:
            "reduced)" if fsdp_off else "")
     return [_mk("NO_UPDATE", "error", rank, first["step"], None,
                 f"{len(skipped)} of {len(steps)} optimizer steps found every gradient None "
-                f"(first: step {_n(first['step'])}, after {sum(int(s.get('backwards', 0)) for s in steps)} "
-                f"backward passes in the run){why}: the parameters did not move")]
+                f"(first: step {_n(first['step'])}; "
+                f"{sum(int(s.get('backwards', 0)) for s in steps)} backward passes in the "
+                f"whole run){why}: the parameters did not move")]
 
 
 def _scheduler_findings(rank: int, events: list[dict[str, Any]]) -> list[Finding]:
@@ -538,8 +543,11 @@ def _scheduler_findings(rank: int, events: list[dict[str, Any]]) -> list[Finding
         if not e.get("in_step") and int(e["count"]) > int(e["optimizer_steps"]) + 1:
             micro = int(e["micro"])  # backward passes before it: after micro-step `micro`
             return [_mk("F4", "error", rank, int(e["step"]), micro - 1 if micro else None,
-                        f"the LR scheduler stepped {e['count']} times while its optimizer "
-                        f"stepped {e['optimizer_steps']} times")]
+                        f"the LR scheduler had stepped {e['count']} times when its "
+                        f"optimizer had stepped {e['optimizer_steps']} times (seen at "
+                        f"micro-step {micro} of optimizer step {_n(int(e['step']))}): "
+                        "it steps per micro-step or per process, not once per optimizer "
+                        "step")]
     return []
 
 
