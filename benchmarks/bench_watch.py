@@ -5,7 +5,7 @@ CPU time (one thread: the cost is Python work per event, and CPU time is what a 
 loaded machine measures least badly). Prints the median per-step time ratio per model.
 
 Steady state: after installing, ``--warm`` steps run untimed (the first two windows'
-conservation is always checked; afterwards it is sampled within ~3 % of the run's time).
+conservation is always checked; afterwards it is sampled within ~1 % of the run's time).
 
     python benchmarks/bench_watch.py [--steps 20] [--k 4] [--reps 11] [--warm 3] [--models toy,demo-lm]
 """

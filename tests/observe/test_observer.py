@@ -170,3 +170,37 @@ def test_conservation_verdict_for_zero_grad_inside_the_window() -> None:
     assert ok.ok and ok.wiped == 0.0
     assert not broken.ok and broken.reason == "wiped" and broken.first_wipe == 1
     assert rec.events["on_step"][1].zero_grads_between == 2
+
+
+def test_auto_roots_pin_the_modules_seen_at_the_top_level() -> None:
+    """``watch`` (auto_roots) swaps its global forward pre-hook, which sends every submodule
+    call down torch's hooked path, for hooks on the modules seen at the top level once
+    PIN_ROOTS_AFTER_STEPS steps ran; forwards are counted the same before and after, and
+    uninstall leaves no hook behind."""
+    from torch.nn.modules import module as mm
+
+    from accumguard.observe._observer import PIN_ROOTS_AFTER_STEPS
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = len(mm._global_forward_pre_hooks)
+    forwards: list[list[int]] = []
+
+    class Steps:
+        def on_step(self, ev: Any) -> None:
+            forwards.append(list(ev.forwards))
+
+    obs = Observer(auto_roots=True)
+    obs.add_listener(Steps())
+    with obs:
+        assert len(mm._global_forward_pre_hooks) == before + 1
+        for _ in range(PIN_ROOTS_AFTER_STEPS + 2):
+            for _ in range(2):
+                model(torch.ones(3, 4)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        assert len(mm._global_forward_pre_hooks) == before  # pinned
+        assert len(model._forward_pre_hooks) == 1 and not model[0]._forward_pre_hooks
+    assert forwards == [[1, 1]] * (PIN_ROOTS_AFTER_STEPS + 2)
+    assert not model._forward_pre_hooks and not model._forward_hooks
+    assert len(mm._global_forward_pre_hooks) == before

@@ -47,3 +47,4 @@ def test_accelerate_declares_k_only_above_its_default(steps: int, declared: int 
         acc = accelerate.Accelerator(cpu=True, gradient_accumulation_steps=steps)
         acc.backward(model(torch.ones(2, 4)).sum())
         assert obs.declared_k.get("accelerate") == declared
+

@@ -177,10 +177,10 @@ class _Agent:
     def install(self, _torch: Any = None, *, handlers: bool = True) -> None:
         from accumguard.observe._observer import Observer
 
-        # every=1 (default): conservation checked on as many windows as ~3 % of the run's
+        # every=1 (default): conservation checked on as many windows as ~1 % of the run's
         # time allows (always the first two); every=N: exactly every N-th window.
         self.observer = Observer(auto_roots=True, record_updates=self.record_updates,
-                                 every=self.every, budget=0.03 if self.every == 1 else None)
+                                 every=self.every, budget=0.01 if self.every == 1 else None)
         self.observer.add_listener(self)
         self.observer.install()
         self._wrap_destroy()
