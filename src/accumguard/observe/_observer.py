@@ -27,7 +27,7 @@ Events go to listeners (the guard, ``watch``'s recorder). A listener may raise f
 ``on_step_start``/``on_backward_start``/``on_zero_grad``/``on_scheduler_step``/
 ``on_clip`` to stop the action before it happens (the guard does).
 
-Size (~990 lines): the patches of every library the layer observes (torch, DeepSpeed, Accelerate, schedulers, clipping, collectives) and the event dispatch. Known debt: the per-library patches should move to one module per library, as the engines are.
+Size (~1,150 lines): the patches of every library the layer observes (torch, DeepSpeed, Accelerate, schedulers, clipping, collectives) and the event dispatch. Known debt: the per-library patches should move to one module per library, as the engines are.
 """
 
 from __future__ import annotations
