@@ -87,15 +87,27 @@ class Engine(ABC):
 
     def abort_window(self, optimizer: torch.optim.Optimizer | None) -> None:
         """An exception left the window unfinished: discard its partial gradients."""
+        if self.main_grads is not None:
+            self.main_grads.discard()
         if optimizer is not None:
             optimizer.zero_grad(set_to_none=True)
 
-    def close(self) -> None:  # noqa: B027
-        """Restore every engine setting this adapter changed (previous values, not defaults)."""
+    def close(self) -> None:
+        """Restore every engine setting this adapter changed (previous values, not defaults);
+        here: hand the optimizer its own parameters back and drop the fp32 buffers."""
+        if self.master_weights is not None:
+            self.master_weights.close()
+            self.master_weights = None
+        if self.main_grads is not None:
+            self.main_grads.close()
+            self.main_grads = None
 
     # -- precision of the window's gradient sum --------------------------------------
     #: fp32 main-gradient buffers, when this adapter accumulates in fp32 itself (local, DDP).
     main_grads: Any = None
+    #: fp32 master weights (``Accumulator(..., master_weights=True)``), set by
+    #: :func:`accumguard.engines.precision.enable_master_weights` (local, DDP).
+    master_weights: Any = None
 
     def set_accumulation_dtype(self, mode: str) -> str:
         """Called once by the Accumulator (``accumulation_dtype=...``, see
@@ -157,6 +169,10 @@ class Engine(ABC):
         """Finish any gradient reduction still pending at the boundary."""
 
     def parameters_with_grad(self) -> list[torch.Tensor]:
+        if self.master_weights is not None:  # the optimizer steps the masters: their grads
+            masters: list[torch.Tensor] = self.master_weights.parameters_with_grad(
+                self.model.parameters())
+            return masters
         return [p for p in self.model.parameters() if p.grad is not None]
 
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:

@@ -20,14 +20,12 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from accumguard.core.errors import ConfigError
 from accumguard.core.scaling import GradReduction
 from accumguard.engines.base import Engine
-from accumguard.engines.precision import MasterWeights
 
 #: Environment switch for the counting comm hook when ``count_collectives`` is not given.
 COUNT_ENV = "ACCUMGUARD_COUNT_COLLECTIVES"
@@ -108,15 +106,6 @@ class DDPEngine(Engine):
                 "Use sync='deferred' (default), or accumulation_dtype='native'")
         return dtype
 
-    #: fp32 master weights (``Accumulator(..., master_weights=True)``), set by
-    #: :func:`accumguard.engines.precision.enable_master_weights`.
-    master_weights: MasterWeights | None = None
-
-    def parameters_with_grad(self) -> list[torch.Tensor]:
-        if self.master_weights is None:
-            return super().parameters_with_grad()
-        return self.master_weights.parameters_with_grad(self.model.parameters())
-
     def sync(self) -> None:
         if self.main_grads is None:
             return
@@ -129,19 +118,6 @@ class DDPEngine(Engine):
 
         self.main_grads.flush(all_reduce_mean)
         self._main_rounds += 1
-
-    def abort_window(self, optimizer: Any) -> None:
-        if self.main_grads is not None:
-            self.main_grads.discard()
-        super().abort_window(optimizer)
-
-    def close(self) -> None:
-        if self.master_weights is not None:
-            self.master_weights.close()
-            self.master_weights = None
-        if self.main_grads is not None:
-            self.main_grads.close()
-            self.main_grads = None
 
     @contextlib.contextmanager
     def micro_step(self, *, is_last: bool) -> Iterator[None]:

@@ -9,7 +9,6 @@ import torch
 from accumguard.core.errors import ConfigError
 from accumguard.core.scaling import GradReduction
 from accumguard.engines.base import Engine
-from accumguard.engines.precision import MasterWeights
 
 
 class LocalEngine(Engine):
@@ -35,31 +34,9 @@ class LocalEngine(Engine):
     def set_accumulation_dtype(self, mode: str) -> str:
         return self._enable_main_grads(mode)
 
-    #: fp32 master weights (``Accumulator(..., master_weights=True)``), set by
-    #: :func:`accumguard.engines.precision.enable_master_weights`.
-    master_weights: MasterWeights | None = None
-
-    def parameters_with_grad(self) -> list[torch.Tensor]:
-        if self.master_weights is None:
-            return super().parameters_with_grad()
-        return self.master_weights.parameters_with_grad(self.model.parameters())
-
     def sync(self) -> None:
         if self.main_grads is not None:
             self.main_grads.flush()
-
-    def abort_window(self, optimizer: torch.optim.Optimizer | None) -> None:
-        if self.main_grads is not None:
-            self.main_grads.discard()
-        super().abort_window(optimizer)
-
-    def close(self) -> None:
-        if self.master_weights is not None:
-            self.master_weights.close()
-            self.master_weights = None
-        if self.main_grads is not None:
-            self.main_grads.close()
-            self.main_grads = None
 
     def grad_collectives(self) -> int:
         return 0
