@@ -17,7 +17,7 @@ Typical use (``loss_fn`` returns the *sum* of per-sample losses)::
             with micro:
                 micro.backward(loss_sum_fn(model, micro.batch))
 
-Size (~880 lines): the Accumulator, its Window and MicroStep and their input validation form one state machine whose invariants are easiest to read together. Known debt: input validation and the non-finite policy should move to their own modules.
+Size (~910 lines): the Accumulator, its Window and MicroStep and their input validation form one state machine whose invariants are easiest to read together. Known debt: input validation and the non-finite policy should move to their own modules.
 """
 
 from __future__ import annotations

@@ -1,5 +1,10 @@
 """Window rules: what must happen only at the boundary but runs on every micro-step.
 
+Size (~670 lines): two groups share the window loop analysis; AG115/AG117 (the modulo
+guard of the step) are the larger half. Known debt: they could be a family of their own
+(the rule-table test pins the family names, so the split was left for a change that
+updates it).
+
 AG101 (F1) optimizer step, AG102 (F3) zero_grad, AG105 (F8) clipping. When the
 optimizer itself steps every micro-step (AG101) the zero_grad and clipping next
 to it are consistent with that step: one root cause, one finding.
