@@ -90,4 +90,7 @@ else:
     train(args.mode, args.stage, args.no_clip)
 with contextlib.suppress(Exception):
     torch.distributed.barrier()
+    # a process group left to interpreter teardown sometimes aborts in C++ ("terminate
+    # called without an active exception", torch 2.13 + gloo): tear it down here
+    torch.distributed.destroy_process_group()
 print("done", args.sweep or args.mode)
