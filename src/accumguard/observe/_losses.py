@@ -19,15 +19,33 @@ Cost control: the first windows are always recorded, later ones while the record
 at most 0.5 % of the run's time (about 50 µs of Python per loss call and step on a CPU:
 every window of a real model, some windows of a toy one).
 
+The element-wise regression losses (``mse_loss``, ``l1_loss``, ``smooth_l1_loss``,
+``huber_loss``, ``binary_cross_entropy_with_logits``) are recorded the same way, their
+``'mean'`` dividing by the element count: they carry the same per-window weights.
+
 A call belongs to the backward pass whose gradient reached it (a loss computed and never
-backpropagated, or differentiated with ``torch.autograd.grad``, records nothing). It is
-named by its call site: the first frame outside torch and the training libraries (the
-user's line), plus its order among that site's calls in the same backward.
+backpropagated records nothing). It is named by its call site: the first frame outside
+torch and the training libraries (the user's line), plus its order among that site's calls
+in the same backward. Two more facts go with each record (the scale rules of
+:mod:`accumguard.observe.rules`):
+
+- *sole*: the backward's root is that call's output times constants (a chain of
+  multiplications, divisions, casts and views from the root down to the call), so its
+  weight is the whole loss's weight: the root is remembered by a thin wrapper on
+  ``torch.autograd.backward``, which every ``Tensor.backward``, ``engine.backward`` and
+  ``accelerator.backward`` reaches.
+- *via autograd.grad*: ``torch.autograd.grad`` of a loss with respect to parameters
+  (no ``create_graph``: not a gradient penalty or a meta-gradient) is how some loops make
+  their micro-step gradients and assign ``p.grad`` by hand; such a call counts as one
+  micro-step of the record (numbered apart from the backward passes). Other
+  ``autograd.grad`` calls (inputs that are not parameters, ``create_graph=True``) record
+  nothing.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import os
 import sys
 import time
@@ -54,22 +72,40 @@ _FRAMES = 16
 _ALWAYS = 2
 _BUDGET = 0.005
 _LOW = (torch.float16, torch.bfloat16)
+#: Element-wise losses: argument positions of (size_average, reduce, reduction, weight-like
+#: arguments that make the mean a weighted one); None where the function has none.
+_ELEMENTWISE: dict[str, tuple[int | None, int | None, int, tuple[int, ...]]] = {
+    "mse_loss": (2, 3, 4, (5,)),
+    "l1_loss": (2, 3, 4, (5,)),
+    "smooth_l1_loss": (2, 3, 4, ()),
+    "huber_loss": (None, None, 2, (4,)),
+    "binary_cross_entropy_with_logits": (3, 4, 5, (2, 6)),
+}
+_WEIGHT_NAMES = {2: "weight", 4: "weight", 5: "weight", 6: "pos_weight"}
+#: Nodes through which the root of a backward is its loss call's output times a constant.
+_LINEAR = ("MulBackward", "DivBackward", "NegBackward", "CloneBackward", "ToCopyBackward",
+           "AliasBackward", "ViewBackward", "SqueezeBackward", "UnsqueezeBackward",
+           "SumBackward", "MeanBackward", "ReshapeAliasBackward")
+_CHAIN = 16
 
 
 class _Call:
     """One recorded loss call; ``micro`` and ``g`` are set by the gradient hook."""
 
-    __slots__ = ("g", "lp", "mean", "micro", "n", "seq", "site")
+    __slots__ = ("g", "grad", "lp", "mean", "micro", "n", "node", "seq", "site", "sole")
 
     def __init__(self, site: str, seq: int, n: torch.Tensor | int, mean: bool,
-                 lp: bool) -> None:
+                 lp: bool, node: int) -> None:
         self.site = site
         self.seq = seq
         self.n = n
         self.mean = mean
         self.lp = lp
+        self.node = node  # the sequence number of the output's autograd node
         self.micro: int | None = None
         self.g: torch.Tensor | None = None
+        self.sole = False  # the backward's root is this output times constants
+        self.grad = False  # reached by a counted torch.autograd.grad, not a backward
 
 
 class LossRecorder:
@@ -80,6 +116,10 @@ class LossRecorder:
         self.obs = observer
         self.calls: list[_Call] = []
         self.micro = 0  # backward passes since the last applied optimizer step
+        self.gmicro = 0  # counted torch.autograd.grad calls since then
+        self.prev_micros = 0  # micro-steps with a record in the last window taken
+        self.root: Any = None  # the tensor(s) of the backward running now
+        self.in_grad = False  # inside a counted torch.autograd.grad
         self.seq = 0
         self._lib_cache: dict[str, bool] = {}
         self.on = True  # record this window's calls (decided at each applied step)
@@ -92,7 +132,53 @@ class LossRecorder:
 
         for name in ("cross_entropy", "nll_loss"):
             patches.wrap(F, name, self._wrapper)
+        for name in _ELEMENTWISE:
+            patches.wrap(F, name, functools.partial(self._wrapper, kind=name))
+        patches.wrap(torch.autograd, "backward", self._backward_root)
+        patches.wrap(torch.autograd, "grad", self._grad_wrapper)
         self._t0 = time.perf_counter()
+
+    def _backward_root(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        """Remember the root of the running backward (for *sole*, see the module doc)."""
+        rec = self
+
+        def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+            if not rec.on or rec.root is not None:
+                return orig(tensors, *args, **kwargs)
+            rec.root = tensors
+            try:
+                return orig(tensors, *args, **kwargs)
+            finally:
+                rec.root = None
+
+        return backward
+
+    def _grad_wrapper(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        """Count ``torch.autograd.grad`` of a loss with respect to parameters (no
+        ``create_graph``) as a micro-step of the record."""
+        rec = self
+
+        def grad(outputs: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+            if (not rec.on or rec.in_grad or rec.root is not None
+                    or kwargs.get("create_graph") or (len(args) > 2 and args[2])
+                    or not rec.obs._active()):
+                return orig(outputs, inputs, *args, **kwargs)
+            params = [inputs] if isinstance(inputs, torch.Tensor) else inputs
+            try:
+                counted = bool(params) and all(isinstance(p, torch.nn.Parameter)
+                                               for p in params)
+            except TypeError:
+                counted = False
+            if not counted:
+                return orig(outputs, inputs, *args, **kwargs)
+            rec.in_grad, rec.root = True, outputs
+            try:
+                return orig(outputs, inputs, *args, **kwargs)
+            finally:
+                rec.in_grad, rec.root = False, None
+                rec.gmicro += 1
+
+        return grad
 
     # -- the observer's calls ---------------------------------------------------------------
     def end_backward(self) -> None:
@@ -108,7 +194,7 @@ class LossRecorder:
         if not applied:
             if not carry:
                 self.calls = [c for c in self.calls if c.g is None]  # forwards to come
-                self.micro = 0
+                self.micro = self.gmicro = 0
             return None
         t = time.perf_counter()
         try:
@@ -122,10 +208,14 @@ class LossRecorder:
     def _records(self) -> list[list[Any]] | None:
         calls = [c for c in self.calls if c.g is not None and c.micro is not None]
         self.calls = []
-        self.micro = 0
-        if len({c.micro for c in calls}) < 2:
+        self.micro = self.gmicro = 0
+        micros = len({(c.grad, c.micro) for c in calls})
+        prev, self.prev_micros = self.prev_micros, micros
+        # one micro-step says nothing about F5; it is kept when it can be a short last
+        # window after windows of several (F7), or one autograd.grad step (F1)
+        if micros < 2 and not (micros and (prev >= 2 or any(c.grad for c in calls))):
             return None
-        calls.sort(key=lambda c: (c.micro, c.seq))
+        calls.sort(key=lambda c: (c.grad, c.micro, c.seq))
         try:  # one stack per kind, then to the host (one sync for the window on a GPU)
             with torch.no_grad():
                 counts = [c.n for c in calls if not isinstance(c.n, int)]
@@ -141,23 +231,27 @@ class LossRecorder:
         order: dict[tuple[int, str], int] = {}
         out: list[list[Any]] = []
         for c, n, g in zip(calls, vals[0], vals[1], strict=True):
-            idx = order.get((c.micro, c.site), 0)  # type: ignore[arg-type]
-            order[(c.micro, c.site)] = idx + 1  # type: ignore[index]
+            key = (c.grad, c.micro, c.site)
+            idx = order.get(key, 0)  # type: ignore[arg-type]
+            order[key] = idx + 1  # type: ignore[index]
             if n <= 0 or g == 0 or g != g:
                 continue  # nothing averaged, or the loss did not reach the optimizer
             out.append([c.site, idx, c.micro, int(n), g / n if c.mean else g, c.lp,
-                        "mean" if c.mean else "sum"])
+                        "mean" if c.mean else "sum", c.sole, c.grad])
             if len(out) >= _MAX_RECORDS:
                 break
         return out or None
 
     def reset(self) -> None:
         self.calls = []
-        self.micro = 0
+        self.micro = self.gmicro = 0
 
     # -- the patch ------------------------------------------------------------------------
-    def _wrapper(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+    def _wrapper(self, orig: Callable[..., Any], kind: str | None = None
+                 ) -> Callable[..., Any]:
         rec = self
+        record = rec._record if kind is None else functools.partial(rec._record_elementwise,
+                                                                    kind)
 
         def loss_fn(*args: Any, **kwargs: Any) -> Any:
             out = orig(*args, **kwargs)
@@ -169,7 +263,7 @@ class LossRecorder:
                     or out.dim() != 0 or len(rec.calls) >= _MAX_CALLS):
                 return out
             t = time.perf_counter()
-            rec._record(out, args, kwargs)
+            record(out, args, kwargs)
             rec.spent += time.perf_counter() - t
             return out
 
@@ -198,8 +292,37 @@ class LossRecorder:
         else:
             ignore = args[4] if na > 4 else get("ignore_index", -100)
             n = torch.count_nonzero(target != ignore)
-        call = _Call(self._site(), self.seq, n, reduction == "mean",
-                     out.dtype in _LOW or inp.dtype in _LOW)
+        self._add(out, node, n, reduction == "mean", out.dtype in _LOW or inp.dtype in _LOW)
+
+    def _record_elementwise(self, kind: str, out: torch.Tensor, args: tuple[Any, ...],
+                            kwargs: dict[str, Any]) -> None:
+        """``mse_loss`` and its kin: ``'mean'`` divides by the broadcast element count."""
+        i_avg, i_red, i_reduction, i_weights = _ELEMENTWISE[kind]
+        na, get = len(args), kwargs.get
+        for i, name in ((i_avg, "size_average"), (i_red, "reduce")):
+            if i is not None and (args[i] if na > i else get(name)) is not None:
+                return
+        for i in i_weights:
+            if (args[i] if na > i else get(_WEIGHT_NAMES[i])) is not None:
+                return  # a weighted mean: not one weight per element
+        reduction = args[i_reduction] if na > i_reduction else get("reduction", "mean")
+        if reduction not in ("mean", "sum"):
+            return
+        inp = args[0] if na > 0 else get("input")
+        target = args[1] if na > 1 else get("target")
+        node = out.grad_fn
+        if not isinstance(inp, torch.Tensor) or not isinstance(target, torch.Tensor) \
+                or node is None:
+            return
+        try:
+            n = math.prod(torch.broadcast_shapes(inp.shape, target.shape))
+        except RuntimeError:
+            return
+        self._add(out, node, n, reduction == "mean", out.dtype in _LOW or inp.dtype in _LOW)
+
+    def _add(self, out: torch.Tensor, node: Any, n: torch.Tensor | int, mean: bool,
+             lp: bool) -> None:
+        call = _Call(self._site(), self.seq, n, mean, lp, node._sequence_nr())
         self.seq += 1
         self.calls.append(call)
         # a pre-hook on the loss's autograd node: the gradient of its output, once per
@@ -209,15 +332,40 @@ class LossRecorder:
     def _on_grad(self, call: _Call, index: int, grad_outputs: tuple[Any, ...]) -> None:
         obs = self.obs
         grad = grad_outputs[index] if index < len(grad_outputs) else None
-        if obs._bw_current is None or not obs.installed or grad is None:
-            return  # torch.autograd.grad or a backward the observer did not see
+        via = self.in_grad
+        if (obs._bw_current is None and not via) or not obs.installed or grad is None:
+            return  # another torch.autograd.grad, or a backward the observer did not see
+        micro = self.gmicro if via else self.micro
         if call.micro is None:
-            call.micro = self.micro
+            call.micro, call.grad = micro, via
             call.g = grad.detach()
-        elif call.micro == self.micro and call.g is not None:
+            call.sole = self._sole(call.node)
+        elif call.micro == micro and call.grad == via and call.g is not None:
             call.g = call.g + grad.detach()
+            call.sole = False
         else:  # backpropagated in two backward passes (retain_graph): no single weight
             call.g = None
+
+    def _sole(self, target: int) -> bool:
+        """Is the running backward's root the output of node ``target`` times constants?"""
+        root = self.root
+        if isinstance(root, (list, tuple)):
+            if len(root) != 1:
+                return False
+            root = root[0]
+        node = getattr(root, "grad_fn", None)
+        for _ in range(_CHAIN):
+            if node is None:
+                return False
+            if node._sequence_nr() == target:
+                return True
+            if not type(node).__name__.startswith(_LINEAR):
+                return False
+            nxt = [n for n, _ in node.next_functions if n is not None]
+            if len(nxt) != 1:
+                return False
+            node = nxt[0]
+        return False
 
     # -- naming the call ----------------------------------------------------------------------
     def _site(self) -> str:

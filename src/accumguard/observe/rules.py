@@ -30,7 +30,8 @@ from accumguard.core.taxonomy import fix_for, title
 
 __all__ = ["NUMBERING", "WEIGHT_TOL", "WEIGHT_TOL_LOW_PRECISION", "DeclaredK", "Finding",
            "KResolution", "RunRecording", "analyze", "classify_token_weights",
-           "conservation_class", "live_findings", "load_recordings", "loss_weight_findings",
+           "conservation_class", "grad_step_findings", "live_findings", "load_recordings",
+           "loss_scale_findings", "loss_weight_findings", "partial_window_findings",
            "resolve_k", "step_record", "windows"]
 
 
@@ -265,6 +266,9 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
         findings += _no_update(rank, steps)
         findings += _scheduler_findings(rank, rec.schedulers.get(rank, []))
         findings += loss_weight_findings(rank, _windows(steps))
+        findings += loss_scale_findings(rank, _windows(steps), res.k, rec.world)
+        findings += partial_window_findings(rank, _windows(steps), res.k)
+        findings += grad_step_findings(rank, _windows(steps), res)
     findings += _cross_rank(rec)
     findings += _cross_rank_weights(rec)
     # one finding per (class, rank) is enough to act on; keep the first
@@ -669,6 +673,8 @@ def _loss_groups(w: dict[str, Any]) -> dict[tuple[str, int], dict[int, list[Any]
     """The window's loss records by (call site, order there), then by micro-step."""
     groups: dict[tuple[str, int], dict[int, list[Any]]] = {}
     for r in w.get("losses") or []:
+        if len(r) > 8 and r[8]:
+            continue  # made by torch.autograd.grad, not a backward of the window
         site, idx, micro = str(r[0]), int(r[1]), int(r[2])
         groups.setdefault((site, idx), {}).setdefault(micro, r)
     return groups
@@ -780,3 +786,146 @@ def _cross_rank_weights(rec: RunRecording) -> list[Finding]:
                                 "DDP practice, not the large-batch gradient: for the exact "
                                 "one, all-reduce the window's token count")]
     return []
+
+
+# -- the scale of the whole window (the loss record's mass; see :mod:`._losses`) -------------
+
+@dataclass(frozen=True)
+class _Mass:
+    """What a window's recorded loss calls add up to: the total weight of their tokens
+    (``mass``: 1 when the window's loss is normalised to the window), whether every
+    micro-step had exactly one call that was the whole loss (``sole``), and the site."""
+
+    mass: float
+    per_micro: list[float]
+    sole: bool
+    low: bool
+    site: str
+
+
+def _window_mass(w: dict[str, Any], *, via_grad: bool = False) -> _Mass | None:
+    """The mass of a window whose every micro-step (backward passes, or counted
+    ``torch.autograd.grad`` calls with ``via_grad``) has a loss record; None otherwise."""
+    recs = [r for r in w.get("losses") or []
+            if len(r) > 8 and bool(r[8]) == via_grad]
+    if not recs or (not via_grad and int(w.get("zero_grads_between", 0))):
+        return None
+    n = len({int(r[2]) for r in recs}) if via_grad else int(w.get("window", 0))
+    by_micro: dict[int, list[Any]] = {}
+    for r in recs:
+        by_micro.setdefault(int(r[2]), []).append(r)
+    if n < 1 or sorted(by_micro) != list(range(n)):
+        return None
+    vals = [float(r[4]) * float(r[3]) for r in recs]
+    if not (all(v > 0 for v in vals) or all(v < 0 for v in vals)):
+        return None
+    per_micro = [sum(abs(float(r[4]) * float(r[3])) for r in by_micro[m]) for m in range(n)]
+    sole = all(len(by_micro[m]) == 1 and bool(by_micro[m][0][7]) for m in range(n))
+    return _Mass(sum(per_micro), per_micro, sole, any(bool(r[5]) for r in recs),
+                 str(recs[0][0]))
+
+
+def _near(a: float, b: float, low: bool) -> bool:
+    return abs(a - b) <= (WEIGHT_TOL_LOW_PRECISION if low else WEIGHT_TOL) * abs(b)
+
+
+def loss_scale_findings(rank: int | None, windows: list[dict[str, Any]], k: int | None,
+                        world: int = 1) -> list[Finding]:
+    """The loss divided by K twice: in every window of K micro-steps, each backward's root
+    is one loss call's output times constants (nothing else in the loss: a weighted sum of
+    several losses is not judged, whatever its weights) and the window's tokens weigh
+    1/K in total instead of 1. No correct loop gives that: the optimizer receives G/K.
+    On several ranks, 1/K can also be a loss divided by K·W before a hand-written
+    all_reduce(SUM) when W = K: then only a note."""
+    if k is None or k < 2:
+        return []
+    judged = [(w, m) for w in windows if int(w.get("window", 0)) == k
+              for m in [_window_mass(w)] if m is not None and m.sole]
+    if not judged or not all(_near(m.mass, 1.0 / k, m.low) for _, m in judged):
+        return []
+    w, m = judged[0]
+    seen = (f"{_short(m.site)}: every backward's loss was that call's output times a "
+            f"constant (nothing else in the loss), and in each window of K = {k} micro-steps "
+            f"({len(judged)} judged) its tokens carried a total weight of "
+            f"{m.per_micro[0]:.4g} per micro-step (1/K^2 = {1 / k ** 2:.4g}), "
+            f"{m.mass:.4g} per window (1/K) instead of 1")
+    if world > 1 and _near(1.0 / k, 1.0 / world, False):
+        return [_mk("LOSS_SCALE", "note", rank, int(w["step"]), None,
+                    f"{seen}. With {world} ranks this is also what a loss divided by K*W "
+                    "gives before gradients are summed across ranks by hand "
+                    "(all_reduce(SUM), correct); if DDP, FSDP or an engine averages them, "
+                    "the loss is divided by K twice and the update is K times too small")]
+    return [_mk("LOSS_SCALE", "error", rank, int(w["step"]), None,
+                f"{seen}: the loss is divided by K twice (e.g. in a model or loss wrapper "
+                "and again in the loop, or by hand before accelerator.backward, "
+                "engine.backward or a Trainer, which divide by K themselves). The optimizer "
+                f"receives G/K: every update is {k}x too small (with SGD, an effective "
+                f"learning rate of lr/{k}). Divide by K (or by the window's count) once")]
+
+
+def partial_window_findings(rank: int | None, windows: list[dict[str, Any]],
+                            k: int | None) -> list[Finding]:
+    """F7 from the loss record: every full window of K micro-steps weighs its tokens 1 in
+    total (the loop normalises a window to its mean), and the short last window of the
+    run or of a pass over the data, n < K micro-steps, weighs them n/K: it was divided by
+    K instead of its own n. (A last window normalised by its own size or count weighs 1;
+    a dropped one is not there.)"""
+    if k is None or k < 2:
+        return []
+    masses = [_window_mass(w) for w in windows]
+    full = [m for w, m in zip(windows, masses, strict=True)
+            if m is not None and int(w.get("window", 0)) == k]
+    if not full or not all(_near(m.mass, 1.0, m.low) for m in full):
+        return []
+    for i, (w, m) in enumerate(zip(windows, masses, strict=True)):
+        n = int(w.get("window", 0))
+        if m is None or not 1 <= n < k:
+            continue
+        last = i == len(windows) - 1 or 0 in (windows[i + 1].get("data_pass_starts") or [])
+        if last and _near(m.mass, n / k, m.low):
+            return [_mk("F7", "error", rank, int(w["step"]), n - 1,
+                        f"{_short(m.site)}: the last window before optimizer step "
+                        f"{_n(w['step'])} had {n} of K = {k} micro-steps"
+                        + (" (the end of the run)" if i == len(windows) - 1
+                           else " (the end of a pass over the DataLoader)")
+                        + f", and its tokens carried a total weight of {m.mass:.4g} = "
+                        f"{n}/{k}, while each of the {len(full)} full window(s) seen "
+                        f"carried 1: the partial window was divided by K instead of its "
+                        f"{n} micro-steps, so its update is {m.mass:.3g}x its mean gradient")]
+    return []
+
+
+def grad_step_findings(rank: int | None, windows: list[dict[str, Any]],
+                       res: KResolution) -> list[Finding]:
+    """F1 for loops that make gradients with ``torch.autograd.grad`` and assign ``.grad``
+    by hand (no backward pass is seen): K > 1 declared and every optimizer step came after
+    one ``autograd.grad`` of the loss with respect to the parameters. A loop that
+    accumulates several such calls before its step is silent, and so is ``autograd.grad``
+    for a gradient penalty or a meta-gradient (``create_graph=True``, or inputs that are
+    not parameters: not counted by the loss record)."""
+    script = res.script
+    if res.strength in ("flag", "runtime"):
+        k = res.k
+    elif script is not None:
+        k = script.value
+    else:
+        return []
+    if k is None or k <= 1 or any(int(w.get("window", 0)) for w in windows):
+        return []  # backward passes seen: the window rules decide
+    masses = [m for w in windows for m in [_window_mass(w, via_grad=True)] if m is not None]
+    if len(masses) < 2 or any(len(m.per_micro) != 1 for m in masses):
+        return []
+    m = masses[0]
+    scaled = _near(m.mass, 1.0 / k, m.low)
+    text = (f"each of the {len(masses)} optimizer steps whose loss was recorded (of "
+            f"{len(windows)}) came after a single torch.autograd.grad of the loss with respect to the "
+            f"parameters ({_short(m.site)}; no backward pass: .grad assigned by hand), "
+            f"while K = {k} ({res.source})")
+    if res.strength in ("flag", "runtime") or scaled or (script and script.divides_loss):
+        return [_mk("F1", "error", rank, int(windows[0]["step"]), 0,
+                    f"{text}" + (f", and that loss weighed {m.mass:.4g} = 1/K" if scaled
+                                 else "") + ": each step applies one micro-batch's "
+                    "gradient; sum the K micro-steps' gradients before one step")]
+    return [_mk("F1", "note", rank, int(windows[0]["step"]), 0,
+                f"{text}. If it meant to accumulate, the optimizer steps on every "
+                "micro-step; pass --accumulation-steps to decide")]
