@@ -70,6 +70,7 @@ _CLIP_FUNCS = ("clip_grad_norm_", "clip_grad_norm", "clip_grad_value_", "clip_gr
 _CLIP_INNER = ("_clip_grads_with_norm_",)
 # Attribution (see Observer._reaches): root-output sequence numbers kept, graph nodes walked
 # before falling back to a pre-hook, and the sequence number of nodes without one (leaves).
+# Between _MAX_ROOT_SEQS and twice as many are kept (trimmed in chunks).
 _MAX_ROOT_SEQS = 64
 _WALK_LIMIT = 64
 _NO_SEQ = 1 << 63
@@ -156,6 +157,8 @@ class Observer:
         # forward's nodes (hooked only when the graph walk gives up; released when the next
         # root forward begins, so no graph is kept alive beside the one being built)
         self._root_seqs: list[int] = []
+        self._root_targets: set[int] = set()  # the same numbers, for the walk's lookups
+        self._root_floor = _NO_SEQ  # the smallest of them: older branches are pruned
         self._root_nodes: list[Any] = []
         self._step_cons: Any = None
         self._scaler_depth = 0
@@ -280,6 +283,7 @@ class Observer:
         self._hooked_ids.clear()
         self._fwd_depth = 0
         self._root_seqs, self._root_nodes = [], []
+        self._root_targets, self._root_floor = set(), _NO_SEQ
 
     def __enter__(self) -> Observer:
         return self.install()
@@ -324,8 +328,8 @@ class Observer:
                 k = getattr(acc, "gradient_accumulation_steps", None)
                 if isinstance(k, int) and k > 1:  # 1 is the default: it declares nothing
                     obs.declared_k.setdefault("accelerate", k)
-                return obs._run_backward("accelerate", loss, None,
-                                         lambda: orig(acc, loss, *args, **kwargs))
+                return obs._run_backward("accelerate", loss, None, orig, (acc, loss, *args),
+                                         kwargs)
 
             return backward
 
@@ -456,9 +460,12 @@ class Observer:
         # _on_forward for a root without a sync flag, inlined (this runs every micro-step)
         self._last_sync_forward = None
         self._w.forwards += 1
-        if self._wants("on_forward"):
-            self._emit("on_forward", ForwardEvent(self.step, len(self._w.backwards),
-                                                  _engine_kind(module), None, module))
+        fns = self._listeners_of("on_forward")
+        if fns:
+            ev = ForwardEvent(self.step, len(self._w.backwards), _engine_kind(module), None,
+                              module)
+            for fn in fns:
+                fn(ev)
         self._attribute_output(output)
 
     def _root_post(self, module: Any, args: Any, output: Any) -> None:
@@ -480,11 +487,17 @@ class Observer:
         # No hook now: at backward, a short walk of the loss's graph finds these nodes
         # (:meth:`_reaches`); the nodes of the latest forward are kept for the fallback.
         self._root_nodes = nodes
-        seqs = self._root_seqs
+        seqs, targets = self._root_seqs, self._root_targets
         for n in nodes:
-            seqs.append(n._sequence_nr())
-        if len(seqs) > _MAX_ROOT_SEQS:
+            seq = n._sequence_nr()
+            seqs.append(seq)
+            targets.add(seq)
+            if seq < self._root_floor:
+                self._root_floor = seq
+        if len(seqs) > 2 * _MAX_ROOT_SEQS:  # trimmed in chunks: the set and floor are rebuilt
             del seqs[:-_MAX_ROOT_SEQS]
+            self._root_targets = set(seqs)
+            self._root_floor = min(seqs)
 
     def _reaches(self, tensors: Any) -> bool:
         """Does the backward of ``tensors`` reach the output of a root's forward?
@@ -499,18 +512,18 @@ class Observer:
         seqs = self._root_seqs
         if not seqs:
             return False
+        targets = self._root_targets
         if isinstance(tensors, torch.Tensor):
             node = tensors.grad_fn
             if node is None:
                 return False
-            if node._sequence_nr() == seqs[-1]:
-                return True  # the loss is the latest forward's output (an HF-style model)
-            queue = [node]
+            if node._sequence_nr() in targets:
+                return True  # the loss is a root's output (an HF-style model)
+            queue = [nxt for nxt, _ in node.next_functions if nxt is not None]
         else:
             queue = [t.grad_fn for t in tensors
                      if isinstance(t, torch.Tensor) and t.grad_fn is not None]
-        targets = set(seqs)
-        floor = min(seqs)
+        floor = self._root_floor
         seen: set[int] = set()
         i = 0
         while i < len(queue):
@@ -590,10 +603,10 @@ class Observer:
 
         def make(orig: Callable[..., Any]) -> Callable[..., Any]:
             def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-                if obs._bw_depth or not obs._active():
-                    return orig(tensors, *args, **kwargs)
-                return obs._run_backward(source, tensors, None,
-                                         lambda: orig(tensors, *args, **kwargs))
+                if obs._bw_depth or not obs.installed or obs._in_observer:
+                    return orig(tensors, *args, **kwargs)  # inside a backward: one pass
+                return obs._run_backward(source, tensors, None, orig, (tensors, *args),
+                                         kwargs)
 
             return backward
 
@@ -605,15 +618,17 @@ class Observer:
         def backward(engine: Any, loss: Any, *args: Any, **kwargs: Any) -> Any:
             if obs._bw_depth or not obs._active():
                 return orig(engine, loss, *args, **kwargs)
-            return obs._run_backward("deepspeed", loss, engine,
-                                     lambda: orig(engine, loss, *args, **kwargs))
+            return obs._run_backward("deepspeed", loss, engine, orig, (engine, loss, *args),
+                                     kwargs)
 
         return backward
 
-    def _run_backward(self, source: str, loss: Any, engine: Any,
-                      call: Callable[[], Any]) -> Any:
-        if self._bw_depth or not self._active():
-            return call()
+    def _run_backward(self, source: str, loss: Any, engine: Any, fn: Callable[..., Any],
+                      args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """One backward pass: ``fn(*args, **kwargs)`` between the before/after bookkeeping.
+        The hot path of every micro-step: plain attribute work and one event object."""
+        if self._bw_depth or not self.installed or self._in_observer:
+            return fn(*args, **kwargs)
         w = self._w
         ev = BackwardEvent(step=self.step, micro=len(w.backwards), source=source,
                            engine=self.engine, forwards=w.forwards)
@@ -621,16 +636,15 @@ class Observer:
             ev.reached = None if self._unattributed else self._reaches(loss)
             self._unattributed = False
         w.forwards = 0
-        if not w.loss_ok:
-            pass
-        elif not self._wants("on_step"):
-            # Only the step record reads the window loss (no listener takes it: the guard):
-            # keep no loss tensors; a listener added later sees this window's loss unknown.
-            w.loss_ok = False
-        elif isinstance(loss, torch.Tensor) and loss.numel() == 1:
-            w.losses.append(loss.detach())
-        else:
-            w.loss_ok = False
+        if w.loss_ok:
+            if not self._listeners_of("on_step"):
+                # Only the step record reads the window loss (no listener takes it: the
+                # guard): keep no loss tensors; a listener added later sees it unknown.
+                w.loss_ok = False
+            elif isinstance(loss, torch.Tensor) and loss.numel() == 1:
+                w.losses.append(loss.detach())
+            else:
+                w.loss_ok = False
         ev.sync_forward = self._last_sync_forward
         self._last_sync_forward = None
         for root in self._sync_roots:  # DDP/FSDP2 roots only (not every loss module seen)
@@ -659,11 +673,16 @@ class Observer:
             else:
                 w.starts.append(self._checksums())
             self._t_checks += time.perf_counter() - t0
-        self._emit("on_backward_start", ev)
+        handlers = self._handlers
+        fns = handlers.get("on_backward_start")
+        if fns is None:
+            fns = self._listeners_of("on_backward_start")
+        for listen in fns:
+            listen(ev)
         self._bw_depth += 1
         self._bw_current = ev
         try:
-            return call()
+            return fn(*args, **kwargs)
         finally:
             self._bw_depth -= 1
             self._bw_current = None
@@ -677,7 +696,11 @@ class Observer:
             w.bw_since_engine_step += 1
             w.zero_since_backward = 0
             self.backward_total += 1
-            self._emit("on_backward", ev)
+            fns = handlers.get("on_backward")
+            if fns is None:
+                fns = self._listeners_of("on_backward")
+            for listen in fns:
+                listen(ev)
 
     # -- collectives -------------------------------------------------------------------------
     def _collective_position(self) -> tuple[int, int, bool]:
@@ -984,21 +1007,21 @@ class Observer:
         return make
 
     # -- helpers ----------------------------------------------------------------------------
-    def _emit(self, method: str, event: Any) -> None:
+    def _listeners_of(self, method: str) -> list[Any]:
+        """The listeners' bound ``method``s, cached until a listener is added."""
         fns = self._handlers.get(method)
         if fns is None:
             fns = self._handlers[method] = [fn for fn in (getattr(x, method, None)
                                                           for x in self.listeners) if fn]
-        for fn in fns:
+        return fns
+
+    def _emit(self, method: str, event: Any) -> None:
+        for fn in self._listeners_of(method):
             fn(event)
 
     def _wants(self, method: str) -> bool:
         """Does any listener take ``method``? (Lets hot paths skip building an event.)"""
-        fns = self._handlers.get(method)
-        if fns is None:
-            fns = self._handlers[method] = [fn for fn in (getattr(x, method, None)
-                                                          for x in self.listeners) if fn]
-        return bool(fns)
+        return bool(self._listeners_of(method))
 
     @contextlib.contextmanager
     def _quiet(self) -> Any:
