@@ -191,10 +191,11 @@ class AccumulationChecks:
         if observe:
             from accumguard.observe import Observer
 
-            # no loss record: the token-weight probe answers its question (F5) here
+            # no loss record: the token-weight probe answers its question (F5) here; no
+            # window loss: the boundary rules do not read it (a host read per step saved)
             self.observer = Observer(roots=[model], conservation=True, every=every_n_steps,
                                      budget=None if every_n_steps == 1 else CONSERVATION_BUDGET,
-                                     record_losses=False)
+                                     record_losses=False, window_loss=False)
             self.observer.add_listener(self)
             self.observer.install()
 

@@ -43,28 +43,33 @@ _GROUP_ELEMS = 1 << 22
 def checksums(params: Sequence[torch.Tensor]) -> torch.Tensor:
     """``[P, 3]`` float64 CPU: (sum, even-position sum, abs sum) of each ``.grad`` (0 if None)."""
     out = torch.zeros((len(params), 3), dtype=torch.float64)
+    # grouped by size, dtype and device; a group of one shape is stacked as it is (no
+    # per-parameter flatten), and nothing is detached (no_grad): a small model's cost is the
+    # number of ops, not the arithmetic
     groups: dict[tuple[int, torch.dtype, torch.device], list[tuple[int, torch.Tensor]]] = {}
     single: list[tuple[int, torch.Tensor]] = []
     for i, p in enumerate(params):
         g = p.grad
         if g is None:
             continue
-        f = _local(g.detach()).reshape(-1)
+        f = _local(g)
         n = f.numel()
         if n > _GROUP_MAX or n == 0:
-            single.append((i, f))
+            single.append((i, f.reshape(-1)))
         else:
             groups.setdefault((n, f.dtype, f.device), []).append((i, f))
     order: list[int] = []
     parts: list[torch.Tensor] = []
-    for (n, _, _), members in groups.items():
+    for members in groups.values():
         if len(members) == 1:
-            single += members
+            single += [(i, f.reshape(-1)) for i, f in members]
             continue
-        per = max(2, _GROUP_ELEMS // n)
+        per = max(2, _GROUP_ELEMS // members[0][1].numel())
         for c in range(0, len(members), per):
             chunk = members[c:c + per]
-            m = torch.stack([f for _, f in chunk])
+            same = all(f.shape == chunk[0][1].shape for _, f in chunk)
+            m = torch.stack([f if same else f.reshape(-1) for _, f in chunk]
+                            ).reshape(len(chunk), -1)
             # |g| summed directly: the L1-norm kernels are several times slower on CPU
             parts.append(torch.stack([m.sum(1), m[:, ::2].sum(1), m.abs().sum(1)], 1)
                          .to("cpu", torch.float64))

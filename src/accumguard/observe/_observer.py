@@ -128,13 +128,16 @@ class Observer:
         record_losses: patch the loss functions for the loss record (:mod:`._losses`, the
             F5 rule of ``watch``); the framework callbacks, which probe the logits for the
             same question, turn it off (it costs a frame walk and a hook per loss call).
+        window_loss: keep each backward's scalar loss for the step record's ``window_loss``
+            (one host read per step); listeners that never read it (the framework
+            callbacks) turn it off.
     """
 
     def __init__(self, roots: Iterable[torch.nn.Module] | None = None, *,
                  auto_roots: bool = False, conservation: bool = True,
                  record_updates: bool = False, every: int = 1,
                  budget: float | None = None, attribute: bool = False,
-                 record_losses: bool = True) -> None:
+                 record_losses: bool = True, window_loss: bool = True) -> None:
         self.listeners: list[Any] = []
         self._handlers: dict[str, list[Any]] = {}  # method name -> bound listener methods
         self._dtypes: dict[int, str | None] = {}
@@ -151,6 +154,7 @@ class Observer:
         self._window_checked: bool | None = None
         self.attribute = attribute
         self.record_losses = record_losses
+        self.window_loss = window_loss
         self.force_checks = 0  # check conservation on the next N windows whatever the budget
         self._unattributed = False  # a root forward whose output had no autograd node
         # attribution: sequence numbers of the roots' latest output nodes, and the latest
@@ -637,7 +641,7 @@ class Observer:
             self._unattributed = False
         w.forwards = 0
         if w.loss_ok:
-            if not self._listeners_of("on_step"):
+            if not self.window_loss or not self._listeners_of("on_step"):
                 # Only the step record reads the window loss (no listener takes it: the
                 # guard): keep no loss tensors; a listener added later sees it unknown.
                 w.loss_ok = False
