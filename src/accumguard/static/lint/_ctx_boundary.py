@@ -1,0 +1,188 @@
+"""Boundary questions of a lint file context: is this test the accumulation boundary, with
+which polarity, and is a call only reached there (rule 3 of :mod:`._context`)?"""
+
+from __future__ import annotations
+
+import ast
+
+from accumguard.static.lint._ast import (
+    ACCUM_RE,
+    BOUNDARY_RE,
+    POSITIVE_BOUNDARY_RE,
+    call_attr,
+    dotted,
+    has_mod,
+    last_part,
+    terminates,
+    walk_all,
+)
+from accumguard.static.lint._ctx_file import FileIndex
+
+
+class BoundaryFacts(FileIndex):
+    """Boundary tests, boundary flags and guards, on top of the file index."""
+
+    def _ensure_boundary_flags(self) -> None:
+        """Names assigned from a boundary test (``is_last = k == K - 1``), to a fixpoint."""
+        if self._flags_ready:
+            return
+        self._flags_ready = True
+        flags = self.boundary_flags
+        for _ in range(4):
+            before = len(flags)
+            for names, value in self._assigns:
+                if names and not flags.issuperset(names) and self._boundary_test_uncached(value):
+                    flags.update(names)
+            if len(flags) == before:
+                break
+
+    # ---------------------------------------------------------------- classification
+
+    def is_boundary_test(self, expr: ast.AST) -> bool:
+        """Does ``expr`` (an ``if`` test) decide "this micro-step is the boundary"?"""
+        self._ensure_boundary_flags()
+        return bool(self._cached("boundary", expr, lambda: self._boundary_test_uncached(expr)))
+
+    def _boundary_test_uncached(self, expr: ast.AST) -> bool:
+        if has_mod(expr):
+            return True
+        for sub in walk_all(expr):
+            if isinstance(sub, ast.Name | ast.Attribute):
+                d = dotted(sub)
+                if d and d in self.boundary_flags:
+                    return True
+                ident = (sub.id if isinstance(sub, ast.Name) else sub.attr).lower()
+                if BOUNDARY_RE.search(ident) or ACCUM_RE.search(ident):
+                    return True
+            elif isinstance(sub, ast.Call) and call_attr(sub) == "len":
+                # `i == len(loader) - 1`: the last batch, i.e. a boundary
+                parent = self.parents.get(sub)
+                if isinstance(parent, ast.BinOp | ast.Compare):
+                    return True
+        return False
+
+    def boundary_polarity(self, expr: ast.AST) -> bool | None:
+        """True when ``expr`` is truthy exactly at the boundary (``(i+1) % K == 0``,
+        ``is_last``), False when it is truthy exactly off the boundary (``not is_last``,
+        ``i % K != K - 1``, ``micro < K - 1``), None when it cannot be told."""
+        self._ensure_boundary_flags()
+        if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.Not):
+            inner = self.boundary_polarity(expr.operand)
+            return None if inner is None else not inner
+        if isinstance(expr, ast.BoolOp):
+            pols = {self.boundary_polarity(v) for v in expr.values} - {None}
+            return pols.pop() if len(pols) == 1 else None
+        if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Mod):
+            # `(i + 1) % K` is truthy off the boundary; `i % K` is truthy off the *first* step
+            return False if _last_offset(expr.left) else None
+        if isinstance(expr, ast.Compare) and len(expr.ops) == 1:
+            op = expr.ops[0]
+            sides = (expr.left, expr.comparators[0])
+            if not self._boundary_test_uncached(expr):
+                return None
+            # `(i + 1) % K == 0`, `i % K == K - 1`, `micro == K - 1`, `i + 1 == len(loader)` name
+            # the last micro-step; `i % K == 0` or `micro == 0` the first one: no polarity then
+            if not any(_last_offset(x) for x in sides):
+                return None
+            if isinstance(op, ast.Eq | ast.GtE | ast.Gt):
+                return not isinstance(op, ast.Gt) or not any(has_mod(x) for x in sides)
+            if isinstance(op, ast.NotEq | ast.Lt | ast.LtE):
+                return False
+            return None
+        if isinstance(expr, ast.Name | ast.Attribute | ast.Call):
+            target = expr.func if isinstance(expr, ast.Call) else expr
+            d = dotted(target)
+            ident = last_part(d)
+            if isinstance(expr, ast.Call) and (body := self.predicates().get(ident)) is not None:
+                # `self.is_sync_step(step)` with `def is_sync_step(...): return (step + 1) % K == 0`
+                return self.boundary_polarity(body)
+            if ident and (POSITIVE_BOUNDARY_RE.search(ident) or (d in self.boundary_flags and not ACCUM_RE.search(ident))):
+                if d in self.boundary_flags:
+                    src = self._flag_source(d)
+                    if src is not None:
+                        return self.boundary_polarity(src)
+                return True
+        return None
+
+    def predicates(self) -> dict[str, ast.AST]:
+        """Functions of the file whose body is one ``return <expr>`` (boundary helpers such as
+        ``def is_sync_step(self, i): return (i + 1) % self.k == 0``), by lower-cased name; a
+        name defined twice with different bodies is left out."""
+        def compute() -> dict[str, ast.AST]:
+            out: dict[str, ast.AST] = {}
+            clash: set[str] = set()
+            for fn in self.of(ast.FunctionDef):
+                body = [b for b in fn.body if not (isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant))]
+                if len(body) == 1 and isinstance(body[0], ast.Return) and body[0].value is not None:
+                    name = fn.name.lower()
+                    if name in out:
+                        clash.add(name)
+                    out[name] = body[0].value
+            for name in clash:
+                del out[name]
+            return out
+        return self._cached("predicates", self.tree, compute)  # type: ignore[no-any-return]
+
+    def _flag_source(self, name: str) -> ast.AST | None:
+        for names, value in self._assigns:
+            if names == [name]:
+                return value
+        return None
+
+    def in_accelerate_accumulate(self, node: ast.AST, window: ast.AST) -> bool:
+        """True when ``node`` is under ``with <x>.accumulate(...)`` (or the window holds one)."""
+        cur: ast.AST | None = node
+        while cur is not None and not isinstance(cur, ast.Module):
+            if isinstance(cur, ast.With | ast.AsyncWith) and any(
+                _is_accumulate_call(item.context_expr) for item in cur.items
+            ):
+                return True
+            cur = self.parents.get(cur)
+        return any(_is_accumulate_call(sub) for sub in self.local_nodes(window))
+
+    def guarded(self, node: ast.AST, window: ast.AST) -> bool:
+        """Is ``node`` only reached at an accumulation boundary (within ``window``)?"""
+        child = node
+        cur = self.parents.get(node)
+        while cur is not None:
+            if isinstance(cur, ast.If | ast.IfExp) and child is not cur.test and self.is_boundary_test(cur.test):
+                return True
+            if isinstance(cur, ast.While) and cur is not window and self.is_boundary_test(cur.test):
+                return True
+            # an earlier `if <boundary>: continue` (or the else branch) in the same block
+            for body_name in ("body", "orelse", "finalbody"):
+                body = getattr(cur, body_name, None)
+                if isinstance(body, list) and child in body:
+                    for prev in body[: body.index(child)]:
+                        if (
+                            isinstance(prev, ast.If)
+                            and (terminates(prev.body) or terminates(prev.orelse))
+                            and self.is_boundary_test(prev.test)
+                        ):
+                            return True
+            if cur is window:
+                return False
+            child = cur
+            cur = self.parents.get(cur)
+        return False
+
+
+def _last_offset(expr: ast.AST) -> bool:
+    """``x + 1``, ``K - 1`` or ``len(...)`` in ``expr``: the comparison is about the *last*
+    micro-step of a window (a counter from 0 compared with K needs the offset)."""
+    for sub in walk_all(expr):
+        if (
+            isinstance(sub, ast.BinOp)
+            and isinstance(sub.op, ast.Add | ast.Sub)
+            and isinstance(sub.right, ast.Constant)
+            and sub.right.value == 1
+        ):
+            return True
+        if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name) and sub.func.id == "len":
+            return True
+    return False
+
+
+
+def _is_accumulate_call(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "accumulate"

@@ -1,0 +1,299 @@
+"""The base of a lint file context: one walk of the tree, and the facts of the whole file.
+
+:class:`FileIndex` builds the parent map and the nodes by type in one traversal, caches
+answers per node, tells what a name is (optimizer, scheduler, DeepSpeed engine), and holds
+the script-level facts and the DeepSpeed config discovery (:mod:`._dsrefs`). The
+boundary, window and value questions are answered by the classes built on it, joined in
+:class:`~accumguard.static.lint._context.FileContext`.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+from typing import Any
+
+from accumguard.static.findings import RULES, Finding
+from accumguard.static.lint._ast import (
+    DDP_WRAPPERS,
+    ENGINE_RE,
+    FRAMEWORK_BACKWARD,
+    FUNCS,
+    OPTIM_RE,
+    OPTIMIZER_CLASSES,
+    SCALER_RE,
+    SCHED_RE,
+    call_attr,
+    dotted,
+    is_backward,
+    last_part,
+    receiver,
+    walk_all,
+    walk_local,
+)
+from accumguard.static.lint._dsrefs import DsConfigFinder, DsConfigRef
+
+
+class FileIndex:
+    """The file's nodes, parents and whole-file facts, each computed once and cached."""
+
+    def __init__(self, tree: ast.Module, path: Path | None) -> None:
+        self.tree = tree
+        self.path = path
+        self.parents: dict[ast.AST, ast.AST] = {}
+        self.nodes: dict[type, list[ast.AST]] = {}
+        wanted = (
+            ast.Call, ast.For, ast.AsyncFor, ast.While, ast.FunctionDef, ast.AsyncFunctionDef,
+            ast.Assign, ast.AnnAssign, ast.AugAssign, ast.NamedExpr, ast.With, ast.AsyncWith,
+            ast.Import, ast.ImportFrom, ast.Dict, ast.Constant, ast.BinOp, ast.ClassDef,
+        )
+        parents = self.parents
+        nodes = self.nodes
+        wanted_set = set(wanted)
+        AST = ast.AST
+        skip = (ast.expr_context, ast.operator, ast.boolop, ast.unaryop, ast.cmpop)  # leaf singletons
+        stack: list[ast.AST] = [tree]
+        pop, push = stack.pop, stack.append
+        while stack:  # one traversal, inlined: this loop dominates the cost of big files
+            node = pop()
+            t = type(node)
+            if t in wanted_set:
+                nodes.setdefault(t, []).append(node)
+            for name in node._fields:
+                v = getattr(node, name, None)
+                if isinstance(v, list):
+                    for item in v:
+                        if isinstance(item, AST) and not isinstance(item, skip):
+                            parents[item] = node
+                            push(item)
+                elif isinstance(v, AST) and not isinstance(v, skip):
+                    parents[v] = node
+                    push(v)
+        for lst in nodes.values():  # source order, as ast.walk's callers expect
+            lst.sort(key=_pos)
+        self.optimizers: set[str] = set()
+        self.schedulers: set[str] = set()
+        self.engines: set[str] = set()
+        self.deepspeed = False
+        self.ddp_wrapped = False
+        self.explicit_ds_boundary = False
+        self.boundary_flags: set[str] = set()
+        self._assigns: list[tuple[list[str], ast.AST]] = []
+        self._flags_ready = False
+        self._cache: dict[tuple[str, int], Any] = {}
+        self._collect_facts()
+        self.ds_backward_receivers = self._collect_ds_backward_receivers()
+
+    # ---------------------------------------------------------------- nodes and findings
+
+    def of(self, *types: type) -> list[Any]:
+        """Nodes of the given types, in walk order per type."""
+        out: list[ast.AST] = []
+        for t in types:
+            out.extend(self.nodes.get(t, ()))
+        return out
+
+    def finding(self, code: str, node: ast.AST, message: str, fix: str | None = None) -> Finding:
+        """A script finding at ``node`` with the rule's severity, confidence and fix."""
+        rule = RULES[code]
+        return Finding(
+            code=code,
+            severity=rule.severity,
+            message=message,
+            fix=fix or rule.fix,
+            line=getattr(node, "lineno", 1),
+            col=getattr(node, "col_offset", 0) + 1,
+            end_line=getattr(node, "end_lineno", None),
+            end_col=(getattr(node, "end_col_offset", None) or 0) + 1,
+            confidence=rule.confidence,
+        )
+
+    def _cached(self, kind: str, node: ast.AST, compute: Any) -> Any:
+        key = (kind, id(node))
+        if key not in self._cache:
+            self._cache[key] = compute()
+        return self._cache[key]
+
+    def local_nodes(self, node: ast.AST) -> list[ast.AST]:
+        """``walk_local(node)`` as a list, cached (windows and functions are walked by several rules)."""
+        return self._cached("local", node, lambda: list(walk_local(node)))  # type: ignore[no-any-return]
+
+    def enclosing(self, node: ast.AST, kinds: tuple[type, ...]) -> ast.AST | None:
+        cur = self.parents.get(node)
+        while cur is not None and not isinstance(cur, kinds):
+            cur = self.parents.get(cur)
+        return cur
+
+    def assignments(self) -> list[tuple[list[str], ast.AST]]:
+        """Every ``names = value`` of the file (targets as dotted names), in source order."""
+        return self._assigns
+
+    def scope_of(self, node: ast.AST) -> ast.AST:
+        """The function around ``node``, or the module."""
+        return self.enclosing(node, FUNCS) or self.tree
+
+    # ---------------------------------------------------------------- facts
+
+    def _collect_facts(self) -> None:
+        assigns: list[tuple[list[str], ast.AST]] = []
+        for node in self.of(ast.Import, ast.ImportFrom, ast.Call, ast.Assign, ast.AnnAssign, ast.NamedExpr):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                mods = [a.name for a in node.names]
+                if isinstance(node, ast.ImportFrom) and node.module:
+                    mods.append(node.module)
+                if any(m.split(".")[0] == "deepspeed" for m in mods):
+                    self.deepspeed = True
+            elif isinstance(node, ast.Call):
+                name = call_attr(node) or ""
+                if name in DDP_WRAPPERS:
+                    self.ddp_wrapped = True
+                if name in ("coalesce_grad_reduction", "set_gradient_accumulation_boundary", "no_sync"):
+                    self.explicit_ds_boundary = True
+            else:
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                value = node.value
+                if value is None:
+                    continue
+                names: list[str] = []
+                for t in targets:
+                    if isinstance(t, ast.Tuple | ast.List):
+                        names.extend(d for d in (dotted(e) for e in t.elts) if d)
+                        self._classify_unpack(t, value)
+                    elif (d := dotted(t)) is not None:
+                        names.append(d)
+                        self._classify_assign(d, value)
+                assigns.append((names, value))
+        self._assigns = assigns
+
+    def _classify_assign(self, target: str, value: ast.AST) -> None:
+        if not isinstance(value, ast.Call):
+            return
+        callee = dotted(value.func) or ""
+        last = last_part(callee)
+        if last in OPTIMIZER_CLASSES or ("optim" in callee.lower() and "sched" not in callee.lower()):
+            if "lr_scheduler" in callee or "sched" in last:
+                self.schedulers.add(target)
+            else:
+                self.optimizers.add(target)
+        elif "sched" in callee.lower() or re.search(
+            r"schedule|^(step|multistep|exponential|cosine|onecycle|lambda|linear)lr", last
+        ):
+            self.schedulers.add(target)
+        elif callee.startswith("deepspeed.") and last == "initialize":
+            self.engines.add(target)
+
+    def _classify_unpack(self, target: ast.Tuple | ast.List, value: ast.AST) -> None:
+        if isinstance(value, ast.Call) and last_part(dotted(value.func)) == "initialize":
+            callee = dotted(value.func) or ""
+            if "deepspeed" in callee or self.deepspeed:
+                elts = target.elts
+                if elts and (d := dotted(elts[0])):
+                    self.engines.add(d)
+                if len(elts) > 1 and (d := dotted(elts[1])):
+                    self.optimizers.add(d)
+                if len(elts) > 3 and (d := dotted(elts[3])):
+                    self.schedulers.add(d)
+
+    def _collect_ds_backward_receivers(self) -> set[str]:
+        out: set[str] = set()
+        if not self.deepspeed:
+            return out
+        for n in self.of(ast.Call):
+            if is_backward(n) and n.args:
+                name = dotted(receiver(n))
+                if name and last_part(name) not in FRAMEWORK_BACKWARD and "scale" not in name:
+                    out.add(name)
+        return out
+
+
+    def kind_of_receiver(self, recv: ast.AST | None) -> str:
+        """'engine' | 'scheduler' | 'optimizer' | 'scaler' | 'other' for the object a method is called on."""
+        name = dotted(recv)
+        if name is None:
+            # e.g. self.optimizers()[0].step() or opts[i].step()
+            if isinstance(recv, ast.Subscript):
+                return self.kind_of_receiver(recv.value)
+            return "other"
+        last = last_part(name)
+        if name in self.engines or ENGINE_RE.search(last):
+            return "engine"
+        if name in self.schedulers or SCHED_RE.search(last):
+            return "scheduler"
+        if name in self.optimizers or OPTIM_RE.search(last):
+            return "optimizer"
+        if SCALER_RE.search(last):
+            return "scaler"
+        if self.deepspeed and name in self.ds_backward_receivers:
+            return "engine"
+        return "other"
+
+    # ---------------------------------------------------------------- script-level facts
+
+    def is_training_script(self) -> bool:
+        """A backward and an optimizer step in the same file: a training loop, not library code."""
+        def compute() -> bool:
+            calls = self.of(ast.Call)
+            has_backward = any(is_backward(c) for c in calls)
+            has_step = any(
+                call_attr(c) == "step" and self.kind_of_receiver(receiver(c)) in ("optimizer", "scaler", "engine")
+                for c in calls
+            )
+            return has_backward and has_step
+        return bool(self._cached("training", self.tree, compute))
+
+    def all_reduced_names(self, scope: ast.AST) -> set[str]:
+        """Dotted names passed to an all-reduce in ``scope`` (counts, losses, gradients)."""
+        def compute() -> set[str]:
+            out: set[str] = set()
+            for n in self.local_nodes(scope):
+                if isinstance(n, ast.Call) and call_attr(n) in (
+                    "all_reduce", "all_reduce_coalesced", "reduce", "gather", "all_gather",
+                    "reduce_tensor", "sync_tensor",
+                ) and n.args:
+                    out.update(d for d in (dotted(s) for s in walk_all(n.args[0])) if d)
+            return out
+        return self._cached("allreduced", scope, compute)  # type: ignore[no-any-return]
+
+    def backward_losses(self, scope: ast.AST) -> list[tuple[ast.Call, set[str]]]:
+        """Each backward call in ``scope`` with the dotted names its loss is built from
+        (``loss.backward()`` -> {loss}; ``scaler.scale(loss).backward()`` -> {loss, scaler};
+        ``accelerator.backward(loss)`` -> {loss})."""
+        def compute() -> list[tuple[ast.Call, set[str]]]:
+            out = []
+            for n in self.local_nodes(scope):
+                if isinstance(n, ast.Call) and is_backward(n):
+                    recv = receiver(n)
+                    src: set[str] = set()
+                    name = dotted(recv)
+                    framework = name is not None and (
+                        last_part(name) in FRAMEWORK_BACKWARD or self.kind_of_receiver(recv) == "engine"
+                    )
+                    if recv is not None and not framework:
+                        src |= {d for d in (dotted(s) for s in walk_all(recv)) if d}
+                    for a in n.args[:1]:
+                        src |= {d for d in (dotted(s) for s in walk_all(a)) if d}
+                    out.append((n, src))
+            return out
+        return self._cached("backward_losses", scope, compute)  # type: ignore[no-any-return]
+
+    # ---------------------------------------------------------------- DeepSpeed config
+
+    def ds_config(self) -> DsConfigRef | None:
+        """The DeepSpeed config the script names (a .json path literal or a dict literal)."""
+        return self._ds_finder().ds_config()
+
+    def ds_config_literals(self) -> list[DsConfigRef]:
+        """Every dict literal (or ``dict(...)`` call) in the script that is a DeepSpeed config."""
+        return self._ds_finder().ds_config_literals()
+
+    def ds_finder(self) -> DsConfigFinder:
+        """The file's DeepSpeed config finder (value expressions of a config's keys)."""
+        return self._ds_finder()
+
+    def _ds_finder(self) -> DsConfigFinder:
+        return self._cached("ds_finder", self.tree, lambda: DsConfigFinder(self))  # type: ignore[no-any-return]
+
+
+def _pos(node: ast.AST) -> tuple[int, int]:
+    return getattr(node, "lineno", 0), getattr(node, "col_offset", 0)

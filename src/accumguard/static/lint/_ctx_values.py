@@ -1,0 +1,159 @@
+"""Value questions of a lint file context: the integer a name holds, and whether an
+expression is built from the world size or the number of accumulation steps."""
+
+from __future__ import annotations
+
+import ast
+import re
+
+from accumguard.static.lint._ast import (
+    ACCUM_RE,
+    WORLD_RE,
+    call_attr,
+    dotted,
+    last_part,
+    walk_all,
+)
+from accumguard.static.lint._ctx_file import FileIndex
+
+
+class ValueFacts(FileIndex):
+    """Names derived from W or K, and integer values by name, on top of the file index."""
+
+    # ---------------------------------------------------------------- values by name
+
+    def _derived_names(self, pattern: re.Pattern[str]) -> set[str]:
+        """Names assigned (to a fixpoint) from an expression mentioning ``pattern``:
+        ``size = float(dist.get_world_size())``, ``K = args.grad_accum_steps``."""
+        def compute() -> set[str]:
+            out: set[str] = set()
+            for _ in range(3):
+                before = len(out)
+                for names, value in self._assigns:
+                    v = _unwrap_alias(value)
+                    if (
+                        v is not None
+                        and len(names) == 1
+                        and names[0] not in out
+                        and self._mentions(v, pattern, out)
+                    ):
+                        out.update(names)
+                if len(out) == before:
+                    break
+            return out
+        return self._cached("derived:" + pattern.pattern, self.tree, compute)  # type: ignore[no-any-return]
+
+    @staticmethod
+    def _mentions(expr: ast.AST, pattern: re.Pattern[str], names: set[str]) -> bool:
+        for sub in walk_all(expr):
+            if isinstance(sub, ast.Name | ast.Attribute):
+                d = dotted(sub)
+                if d is not None and d in names:
+                    return True
+                ident = sub.id if isinstance(sub, ast.Name) else sub.attr
+                if pattern.search(ident.lower()):
+                    return True
+            elif (
+                isinstance(sub, ast.Constant)
+                and isinstance(sub.value, str)
+                and len(sub.value) < 40
+                and pattern.search(sub.value.lower())
+            ):
+                return True
+        return False
+
+    def int_value(self, expr: ast.AST | None, *, defaults: bool = True) -> int | None:
+        """The integer ``expr`` holds, when the file says so in one way: a literal, a name whose
+        every assignment is the same integer literal, or ``args.x`` / ``cfg.x`` whose argparse
+        ``default=`` or class-field default is an integer (what the script runs with by default)."""
+        if isinstance(expr, ast.Constant):
+            return expr.value if type(expr.value) is int else None
+        d = dotted(expr)
+        if d is None:
+            return None
+        values = set(self._int_assignments().get(d, ()))
+        if not values and "." in d and defaults:
+            values = self._int_defaults().get(last_part(d), set())
+        return next(iter(values)) if len(values) == 1 and None not in values else None
+
+    def int_candidates(self, expr: ast.AST | None) -> set[int | None]:
+        """Every integer the file gives ``expr`` (None for a computed value): its literal, each
+        assignment to the name, and for ``args.x`` / ``cfg.x`` the argparse or field default."""
+        if isinstance(expr, ast.Constant):
+            return {expr.value if type(expr.value) is int else None}
+        d = dotted(expr)
+        if d is None:
+            return {None}
+        values = set(self._int_assignments().get(d, ()))
+        if "." in d:
+            values |= self._int_defaults().get(last_part(d), set())
+        return values or {None}
+
+    def _int_assignments(self) -> dict[str, set[int | None]]:
+        """Every value assigned to each name: the integer literal, or None for anything else."""
+        def compute() -> dict[str, set[int | None]]:
+            out: dict[str, set[int | None]] = {}
+            for names, value in self._assigns:
+                if len(names) == 1:
+                    v = value.value if isinstance(value, ast.Constant) and type(value.value) is int else None
+                    out.setdefault(names[0], set()).add(v)
+                else:
+                    for name in names:
+                        out.setdefault(name, set()).add(None)
+            for n in self.of(ast.AugAssign):
+                if (d := dotted(n.target)) is not None:
+                    out.setdefault(d, set()).add(None)
+            return out
+        return self._cached("int_assigns", self.tree, compute)  # type: ignore[no-any-return]
+
+    def _int_defaults(self) -> dict[str, set[int | None]]:
+        """argparse ``add_argument("--grad-accum", default=4)`` and class fields
+        ``gradient_accumulation_steps: int = 4``, by lower-cased attribute name."""
+        def compute() -> dict[str, set[int | None]]:
+            out: dict[str, set[int | None]] = {}
+            for call in self.of(ast.Call):
+                if call_attr(call) != "add_argument":
+                    continue
+                default = next((k.value for k in call.keywords if k.arg == "default"), None)
+                dest = next((k.value.value for k in call.keywords
+                             if k.arg == "dest" and isinstance(k.value, ast.Constant)), None)
+                if dest is None:
+                    flags = [a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+                    long = [f for f in flags if f.startswith("--")] or flags
+                    dest = long[0].lstrip("-").replace("-", "_") if long else None
+                if isinstance(dest, str) and default is not None:
+                    v = default.value if isinstance(default, ast.Constant) and type(default.value) is int else None
+                    out.setdefault(dest.lower(), set()).add(v)
+            for cls in self.of(ast.ClassDef):
+                for stmt in cls.body:
+                    if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.value is not None:
+                        field_default = stmt.value
+                        iv = (
+                            field_default.value
+                            if isinstance(field_default, ast.Constant) and type(field_default.value) is int
+                            else None
+                        )
+                        out.setdefault(stmt.target.id.lower(), set()).add(iv)
+            return out
+        return self._cached("int_defaults", self.tree, compute)  # type: ignore[no-any-return]
+
+    def mentions_world(self, expr: ast.AST) -> bool:
+        """``expr`` is (or is built from) the world size."""
+        return self._mentions(expr, WORLD_RE, self._derived_names(WORLD_RE))
+
+    def mentions_accum(self, expr: ast.AST) -> bool:
+        """``expr`` is (or is built from) the number of accumulation steps."""
+        return self._mentions(expr, ACCUM_RE, self._derived_names(ACCUM_RE))
+
+
+def _unwrap_alias(value: ast.AST) -> ast.AST | None:
+    """The aliased expression of ``float(dist.get_world_size())``, ``args.grad_accum``,
+    ``len(micro_batches)`` or ``int(os.environ["WORLD_SIZE"])``; None for arithmetic or
+    anything else (a name derived from W by a computation is not W)."""
+    while isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in (
+        "int", "float", "len"
+    ) and len(value.args) == 1:
+        value = value.args[0]
+    if isinstance(value, ast.Name | ast.Attribute | ast.Subscript | ast.Call | ast.Constant):
+        return value
+    return None

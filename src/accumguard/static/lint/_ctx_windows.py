@@ -1,0 +1,275 @@
+"""Window questions of a lint file context: which loops are accumulation windows, and the
+calls of each one classified once (rules 1 and 2 of :mod:`._context`)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+
+from accumguard.static.lint._ast import (
+    ACCUM_RE,
+    CLIP_FUNCS,
+    FUNCS,
+    LOOPS,
+    SCOPES,
+    UNSCALE_FUNCS,
+    WINDOW_FUNCS,
+    call_attr,
+    dotted,
+    has_mod,
+    identifiers,
+    is_backward,
+    local_identifiers,
+    receiver,
+    terminates,
+    walk_all,
+    walk_local,
+)
+from accumguard.static.lint._ctx_boundary import BoundaryFacts
+from accumguard.static.lint._ctx_file import _pos
+
+#: a loop over these iterates the micro-batches of one window
+_MICRO_ITER_RE = re.compile(r"window(?!s)|micro|chunk|accum")  # string literals naming a .json file we try to open
+
+
+@dataclass
+class WindowFacts:
+    """The calls of one window that the rules reason about, classified once."""
+
+    window: ast.AST
+    steps: list[tuple[ast.Call, str]] = field(default_factory=list)  # (call, kind)
+    zero_grads: list[tuple[ast.Call, str]] = field(default_factory=list)  # kind: optimizer|model
+    clips: list[ast.Call] = field(default_factory=list)
+    engine_backward: bool = False
+    accumulating: bool = False
+    accelerate: bool = False
+    summed_loss: bool = False
+    #: optimizer steps that run on every micro-step (AG101): the root cause that
+    #: explains the zero_grad/scheduler/clip next to them, which are then not reported
+    unguarded_optimizer_steps: list[ast.Call] = field(default_factory=list)
+    engine_steps_unguarded: bool = False
+
+
+class WindowQueries(BoundaryFacts):
+    """Windows, whether they accumulate, and their classified calls."""
+
+    # ---------------------------------------------------------------- windows
+
+    def windows(self) -> list[ast.AST]:
+        """Innermost loops (and window functions) above each backward call."""
+        return self._cached("windows", self.tree, self._windows_uncached)  # type: ignore[no-any-return]
+
+    def _windows_uncached(self) -> list[ast.AST]:
+        out: list[ast.AST] = []
+        seen: set[ast.AST] = set()
+        for call in self.of(ast.Call):
+            if not is_backward(call):
+                continue
+            cur = self.parents.get(call)
+            while cur is not None and not isinstance(cur, LOOPS + SCOPES):
+                cur = self.parents.get(cur)
+            if isinstance(cur, FUNCS) and not (
+                cur.name in WINDOW_FUNCS or cur.name.startswith("training_step")
+            ):
+                continue
+            if cur is None or isinstance(cur, ast.ClassDef | ast.Lambda) or cur in seen:
+                continue
+            seen.add(cur)
+            out.append(cur)
+        # a loop that contains a window loop is not itself a window (nanoGPT: outer loop steps)
+        not_innermost: set[ast.AST] = set()
+        for w in out:
+            if not isinstance(w, LOOPS):
+                continue
+            cur = self.parents.get(w)
+            while cur is not None and not isinstance(cur, SCOPES):
+                if cur in seen:
+                    not_innermost.add(cur)
+                cur = self.parents.get(cur)
+        out = [w for w in out if w not in not_innermost]
+        out.sort(key=lambda n: (getattr(n, "lineno", 0), getattr(n, "col_offset", 0)))
+        return out
+
+    def _inner_summing_loops(self, window: ast.AST) -> list[ast.AST]:
+        """Loops inside ``window`` without a backward that build the loss (``loss += ...``):
+        the micro-batches of such a loop are summed into one graph, one backward: K = 1."""
+        out: list[ast.AST] = []
+        fed: set[str] = set()  # names the window's backward calls are built from
+        for n in self.local_nodes(window):
+            if isinstance(n, ast.Call) and is_backward(n):
+                for part in (receiver(n), *n.args[:1]):
+                    if part is not None:
+                        fed.update(d for d in (dotted(x) for x in walk_all(part)) if d)
+        for sub in self.local_nodes(window):
+            if sub is window or not isinstance(sub, LOOPS):
+                continue
+            if any(isinstance(n, ast.Call) and is_backward(n) for n in walk_local(sub)):
+                continue
+            for n in walk_local(sub):
+                tgt: ast.AST | None = None
+                if isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Add):
+                    tgt = n.target
+                elif isinstance(n, ast.Assign) and isinstance(n.value, ast.BinOp) and isinstance(n.value.op, ast.Add):
+                    tgt = n.targets[0]
+                elif isinstance(n, ast.Call) and call_attr(n) == "append":
+                    tgt = receiver(n)
+                if tgt is not None and (dotted(tgt) in fed or any("loss" in i for i in identifiers(tgt))):
+                    out.append(sub)
+                    break
+        return out
+
+    def _scope_shows_accumulation(self, node: ast.AST, skip: frozenset[ast.AST] = frozenset()) -> bool:
+        def compute() -> bool:
+            for sub in self.local_nodes(node):
+                if sub in skip:
+                    continue
+                # a modulo that gates a step (not `if i % 100 == 0: print(...)`)
+                if isinstance(sub, ast.If) and has_mod(sub.test) and self._gates_step(sub):
+                    return True
+                if (
+                    isinstance(sub, ast.Call)
+                    and isinstance(sub.func, ast.Attribute)
+                    and sub.func.attr in ("no_sync", "accumulate", "no_backward_sync")
+                    and dotted(sub.func.value) != "itertools"
+                ):
+                    return True
+            idents = self.identifier_set(node)
+            if skip:
+                idents = idents.difference(*(self.identifier_set(s) for s in skip))
+            # bare `accumulate` is itertools.accumulate / index_put_(accumulate=True)
+            return any(_accum_name(i) for i in idents)
+
+        if skip:
+            return compute()
+        return bool(self._cached("scope_accum", node, compute))
+
+    def identifier_set(self, node: ast.AST) -> set[str]:
+        """The distinct lower-cased identifiers of ``node`` outside nested scopes (cached)."""
+        return self._cached("idents", node, lambda: set(local_identifiers(node)))  # type: ignore[no-any-return]
+
+    @staticmethod
+    def _gates_step(node: ast.If) -> bool:
+        """The ``if`` decides when a step (or zero_grad) happens on gradients accumulated
+        outside it. A branch that computes its own gradient first (``zero_grad(); loss.backward();
+        opt.step()``: WGAN's generator every n_critic batches, RL's train_freq) is a periodic
+        update, not an accumulation boundary."""
+        for branch in (node.body, node.orelse):
+            calls = sorted((s for stmt in branch for s in walk_local(stmt) if isinstance(s, ast.Call)), key=_pos)
+            first_backward = next((i for i, c in enumerate(calls) if is_backward(c)), None)
+            for i, c in enumerate(calls):
+                name = call_attr(c)
+                if name == "step" and (first_backward is None or i < first_backward):
+                    return True
+                if name == "zero_grad" and first_backward is None:
+                    return True
+        return terminates(node.body)
+
+    def shows_accumulation(self, window: ast.AST, skip: frozenset[ast.AST] = frozenset()) -> bool:
+        """Does the code around ``window`` show gradient accumulation (see module doc)?"""
+        if self._scope_shows_accumulation(window, skip):
+            return True
+        fn = window if isinstance(window, FUNCS) else self.enclosing(window, FUNCS)
+        if fn is None:
+            return self._scope_shows_accumulation(self.tree, skip)
+        if self._scope_shows_accumulation(fn, skip):
+            return True
+        cls = self.enclosing(fn, (ast.ClassDef,))
+        if cls is not None:
+            # the class's own settings (class attributes, `self.x = ...` in __init__), not every
+            # identifier of a big class (a test class mentions accumulation in other methods)
+            return bool(self._cached(
+                "class_accum", cls, lambda: _class_settings_accumulate(cls)  # type: ignore[arg-type]
+            ))
+        return False
+
+    def window_facts(self, window: ast.AST) -> WindowFacts:
+        """The classified calls of ``window`` and whether it accumulates (cached)."""
+        return self._cached("facts", window, lambda: self._window_facts(window))  # type: ignore[no-any-return]
+
+    def _window_facts(self, window: ast.AST) -> WindowFacts:
+        f = WindowFacts(window)
+        calls = [n for n in self.local_nodes(window) if isinstance(n, ast.Call)]
+        calls.sort(key=lambda n: (n.lineno, n.col_offset))
+        for call in calls:
+            attr = call_attr(call)
+            recv = receiver(call)
+            if attr == "step":
+                kind = self.kind_of_receiver(recv)
+                if kind == "scaler" and call.args:
+                    kind = "optimizer"
+                if kind in ("optimizer", "scheduler", "engine"):
+                    f.steps.append((call, kind))
+            elif attr == "zero_grad" and recv is not None:
+                kind = self.kind_of_receiver(recv)
+                if kind != "engine":
+                    f.zero_grads.append((call, "optimizer" if kind == "optimizer" else "model"))
+            elif attr in CLIP_FUNCS or (attr in UNSCALE_FUNCS and recv is not None):
+                f.clips.append(call)
+            elif is_backward(call) and self.kind_of_receiver(recv) == "engine" and call.args:
+                f.engine_backward = True
+        summing = self._inner_summing_loops(window)
+        f.summed_loss = bool(summing)
+        ds = self.ds_config() if f.engine_backward else None
+        ds_ga = ds.ga if ds is not None else None
+        f.accumulating = self.shows_accumulation(window, frozenset(summing)) or (
+            ds_ga is not None and ds_ga > 1
+        )
+        iterates_micro_batches = isinstance(window, ast.For | ast.AsyncFor) and any(
+            _MICRO_ITER_RE.search(i) for i in identifiers(window.iter)
+        )
+        if iterates_micro_batches:
+            f.accumulating = True  # `for mb in window:` / `for micro in batch.chunk(K):`
+        elif f.accumulating and not (ds_ga is not None and ds_ga > 1) and self._plain_k1_shape(window, f):
+            f.accumulating = False
+        f.accelerate = self.in_accelerate_accumulate(window, window)
+        f.engine_steps_unguarded = any(
+            k == "engine" and not self.guarded(c, window) for c, k in f.steps
+        )
+        if f.accumulating and not f.accelerate:
+            f.unguarded_optimizer_steps = [
+                c for c, k in f.steps if k == "optimizer" and not self.guarded(c, window)
+            ]
+        return f
+
+    def is_window(self, node: ast.AST) -> bool:
+        windows = self._cached("window_set", self.tree, lambda: set(self.windows()))
+        return node in windows
+
+    def _plain_k1_shape(self, window: ast.AST, f: WindowFacts) -> bool:
+        """backward, step and zero_grad all unguarded in the window, and nothing in the window
+        itself says accumulation (the evidence was elsewhere in the function or file, e.g.
+        ``micro_batch_size = 1`` or a reference loop over whole windows): one step per
+        backward, nothing accumulated, K = 1."""
+        if self._scope_shows_accumulation(window):
+            return False
+        if not any(k == "optimizer" and not self.guarded(c, window) for c, k in f.steps):
+            return False
+        return any(not self.guarded(z, window) for z, _ in f.zero_grads)
+
+
+_ACCUM_NAMES: dict[str, bool] = {}
+
+
+def _accum_name(ident: str) -> bool:
+    """``ACCUM_RE`` on an identifier, memoised (a big file repeats the same few names)."""
+    hit = _ACCUM_NAMES.get(ident)
+    if hit is None:
+        hit = ident != "accumulate" and ACCUM_RE.search(ident) is not None
+        if len(_ACCUM_NAMES) < 100_000:
+            _ACCUM_NAMES[ident] = hit
+    return hit
+
+
+def _class_settings_accumulate(cls: ast.ClassDef) -> bool:
+    targets: list[ast.AST] = []
+    for stmt in cls.body:
+        if isinstance(stmt, ast.Assign | ast.AnnAssign):
+            targets += stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+        elif isinstance(stmt, ast.FunctionDef) and stmt.name == "__init__":
+            for sub in walk_all(stmt):
+                if isinstance(sub, ast.Assign | ast.AnnAssign):
+                    targets += sub.targets if isinstance(sub, ast.Assign) else [sub.target]
+                elif isinstance(sub, ast.arg):
+                    targets.append(ast.Name(sub.arg))
+    return any(ACCUM_RE.search(i) and i != "accumulate" for t in targets for i in identifiers(t))
