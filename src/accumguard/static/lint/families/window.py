@@ -1,10 +1,5 @@
 """Window rules: what must happen only at the boundary but runs on every micro-step.
 
-Size (~670 lines): two groups share the window loop analysis; AG115/AG117 (the modulo
-guard of the step) are the larger half. Known debt: they could be a family of their own
-(the rule-table test pins the family names, so the split was left for a change that
-updates it).
-
 AG101 (F1) optimizer step, AG102 (F3) zero_grad, AG105 (F8) clipping. When the
 optimizer itself steps every micro-step (AG101) the zero_grad and clipping next
 to it are consistent with that step: one root cause, one finding.
@@ -27,13 +22,15 @@ in ``.grad`` and join the next epoch's first window. An error when the number of
 micro-batches is spelled with constants (:mod:`.._lengths`) and not a multiple of K,
 a warning when it is not in sight. A counter running across epochs is not a leak: its
 windows span epochs with exactly K micro-batches each.
+
+The modulo guard and counter analysis both rules use is in :mod:`._modguard`.
 """
 
 from __future__ import annotations
 
 import ast
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from accumguard.static.findings import Confidence, Finding, Severity
 from accumguard.static.lint._ast import (
@@ -43,12 +40,23 @@ from accumguard.static.lint._ast import (
     is_backward,
     position,
     receiver,
-    walk_all,
     walk_local,
 )
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._lengths import static_len
 from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families._modguard import (
+    UNKNOWN_START,
+    ModGuard,
+    assignments_by_name,
+    counter_start,
+    exclusive,
+    int_constant,
+    mod_guard,
+    mod_term,
+    top_statement,
+    window_size_text,
+)
 
 
 @rule("AG101")
@@ -164,259 +172,6 @@ def clip_in_window(ctx: FileContext) -> Iterator[Finding]:
 
 # ---------------------------------------------------------------- AG115: boundary counter off by one
 
-
-@dataclass(frozen=True)
-class _ModGuard:
-    """``if (c + offset) % K == 0`` (optionally ``and c > 0``): fires when c + offset is a
-    multiple of K."""
-
-    counter: str
-    offset: int
-    excludes_zero: bool
-    modulus: ast.AST
-
-
-def _counter_and_offset(expr: ast.AST) -> tuple[str, int] | None:
-    """``i`` -> (i, 0); ``i + 1`` / ``1 + i`` -> (i, 1); ``i - 1`` -> (i, -1)."""
-    if isinstance(expr, ast.Name | ast.Attribute):
-        d = dotted(expr)
-        return (d, 0) if d else None
-    if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Add | ast.Sub):
-        left, right = expr.left, expr.right
-        if isinstance(expr.op, ast.Add) and isinstance(left, ast.Constant):
-            left, right = right, left
-        if isinstance(right, ast.Constant) and type(right.value) is int and isinstance(left, ast.Name | ast.Attribute):
-            d = dotted(left)
-            if d:
-                return d, right.value if isinstance(expr.op, ast.Add) else -right.value
-    return None
-
-
-def _mod_term(term: ast.AST) -> _ModGuard | None:
-    """``(c + a) % K == 0``, ``c % K == K - 1``, ``0 == c % K``, ``not c % K``."""
-    mod: ast.AST | None = None
-    shift = 0
-    if isinstance(term, ast.UnaryOp) and isinstance(term.op, ast.Not):
-        mod = term.operand
-    elif isinstance(term, ast.Compare) and len(term.ops) == 1 and isinstance(term.ops[0], ast.Eq):
-        a, b = term.left, term.comparators[0]
-        if not (isinstance(a, ast.BinOp) and isinstance(a.op, ast.Mod)):
-            a, b = b, a
-        if not (isinstance(a, ast.BinOp) and isinstance(a.op, ast.Mod)):
-            return None
-        mod = a
-        if isinstance(b, ast.Constant) and b.value == 0 and type(b.value) is int:
-            shift = 0
-        elif (
-            isinstance(b, ast.BinOp) and isinstance(b.op, ast.Sub)
-            and isinstance(b.right, ast.Constant) and b.right.value == 1
-            and ast.dump(b.left) == ast.dump(a.right)
-        ):
-            shift = 1  # c % K == K - 1  <=>  (c + 1) % K == 0
-        else:
-            return None
-    if not (isinstance(mod, ast.BinOp) and isinstance(mod.op, ast.Mod)):
-        return None
-    if isinstance(mod.right, ast.Constant):
-        k = mod.right.value
-        if type(k) is not int or k < 4:
-            return None  # the symbolic reasoning below assumes K larger than the offsets
-    co = _counter_and_offset(mod.left)
-    if co is None:
-        return None
-    return _ModGuard(co[0], co[1] + shift, False, mod.right)
-
-
-def _excludes_zero(term: ast.AST, counter: str) -> bool:
-    """``c > 0``, ``c >= 1``, ``c != 0``, ``0 < c``, ``c`` (truthy)."""
-    if isinstance(term, ast.Name | ast.Attribute):
-        return dotted(term) == counter
-    if isinstance(term, ast.Compare) and len(term.ops) == 1:
-        left, op, right = term.left, term.ops[0], term.comparators[0]
-        if isinstance(left, ast.Constant):
-            left, right = right, left
-            op = {ast.Lt: ast.Gt(), ast.Gt: ast.Lt(), ast.LtE: ast.GtE(), ast.GtE: ast.LtE()}.get(type(op), op)
-        if dotted(left) != counter or not isinstance(right, ast.Constant):
-            return False
-        v = right.value
-        return (isinstance(op, ast.Gt | ast.NotEq) and v == 0) or (isinstance(op, ast.GtE) and v == 1)
-    return False
-
-
-def _end_of_data(term: ast.AST) -> bool:
-    """``i + 1 == len(loader)``, ``is_last_batch``: the final flush, not the window size."""
-    for sub in walk_all(term):
-        if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name) and sub.func.id == "len":
-            return True
-        if isinstance(sub, ast.Name | ast.Attribute):
-            ident = (sub.id if isinstance(sub, ast.Name) else sub.attr).lower()
-            if any(w in ident for w in ("last", "final", "end", "total", "max_steps", "num_steps")):
-                return True
-    return False
-
-
-def _mod_guard(test: ast.AST) -> _ModGuard | None:
-    """The modulo guard of an ``if`` test, when its first firing can be computed."""
-    if isinstance(test, ast.BoolOp):
-        mods = [(t, g) for t in test.values if (g := _mod_term(t)) is not None]
-        if len(mods) != 1:
-            return None
-        term, guard = mods[0]
-        others = [t for t in test.values if t is not term]
-        if isinstance(test.op, ast.And):
-            if not all(_excludes_zero(t, guard.counter) for t in others):
-                return None  # another condition: when it holds cannot be told
-            return _ModGuard(guard.counter, guard.offset, bool(others), guard.modulus)
-        if all(_end_of_data(t) for t in others):
-            return guard  # `... or i + 1 == len(loader)`: the end of the data, not the window
-        return None
-    return _mod_term(test)
-
-
-def _int_constant(node: ast.AST | None) -> int | None:
-    if isinstance(node, ast.Constant) and type(node.value) is int:
-        return node.value
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        inner = _int_constant(node.operand)
-        return None if inner is None else -inner
-    return None
-
-
-def _assigned_in(ctx: FileContext, window: ast.AST, counter: str) -> list[ast.AST]:
-    """Statements of ``window`` (nested loops included) that write ``counter``."""
-    out: list[ast.AST] = []
-    for n in ctx.local_nodes(window):
-        if isinstance(n, ast.Assign | ast.AugAssign | ast.AnnAssign):
-            targets = n.targets if isinstance(n, ast.Assign) else [n.target]
-            if any(dotted(t) == counter for t in targets):
-                out.append(n)
-    return out
-
-
-_UNKNOWN_START = object()
-
-
-def _counter_start(ctx: FileContext, window: ast.AST, top: ast.stmt, counter: str) -> object:
-    """The counter's value at the test for the first micro-batch (0 for ``enumerate``), or
-    ``_UNKNOWN_START`` for a per-micro-batch counter that starts at a value not in sight, or
-    None when ``counter`` is not a per-micro-batch counter of this loop."""
-    if isinstance(window, ast.For | ast.AsyncFor):
-        it, target = window.iter, window.target
-        idx: str | None = None
-        start: object = None
-        if (
-            isinstance(target, ast.Tuple) and target.elts and isinstance(it, ast.Call)
-            and dotted(it.func) == "enumerate"
-        ):
-            idx = dotted(target.elts[0])
-            arg = it.args[1] if len(it.args) > 1 else next((k.value for k in it.keywords if k.arg == "start"), None)
-            start = 0 if arg is None else _int_constant(arg)
-        elif isinstance(target, ast.Name) and isinstance(it, ast.Call) and dotted(it.func) == "range" and it.args:
-            idx = target.id
-            if len(it.args) == 3 and _int_constant(it.args[2]) != 1:
-                return None
-            start = 0 if len(it.args) == 1 else _int_constant(it.args[0])
-        if idx == counter:
-            if _assigned_in(ctx, window, counter):
-                return None  # the loop variable is rewritten in the body
-            return _UNKNOWN_START if start is None else start
-    body = getattr(window, "body", None)
-    if not isinstance(body, list):
-        return None
-    writes = _assigned_in(ctx, window, counter)
-    if len(writes) != 1:
-        return None  # reset in the loop, or counted in several places: not a plain counter
-    inc = writes[0]
-    if not (
-        isinstance(inc, ast.AugAssign) and isinstance(inc.op, ast.Add)
-        and _int_constant(inc.value) == 1 and _every_iteration(ctx, inc, window)
-    ):
-        return None
-    bump = 1 if position(inc) < position(top) else 0
-    init = _initial_value(ctx, window, counter)
-    return _UNKNOWN_START if init is None else init + bump
-
-
-def _every_iteration(ctx: FileContext, node: ast.AST, window: ast.AST) -> bool:
-    """``node`` runs once in every iteration of ``window``: a statement of its body, or
-    inside ``with`` blocks (or a ``try`` body) there, never under an ``if`` or a loop."""
-    cur = ctx.parents.get(node)
-    child = node
-    while cur is not None and cur is not window:
-        if isinstance(cur, ast.Try):
-            if child not in cur.body and child not in cur.finalbody:
-                return False
-        elif not isinstance(cur, ast.With | ast.AsyncWith):
-            return False
-        child, cur = cur, ctx.parents.get(cur)
-    return cur is window and child in getattr(window, "body", [])
-
-
-def _assignments_by_name(ctx: FileContext, scope: ast.AST) -> dict[str, list[ast.AST]]:
-    """``name = value`` statements of ``scope`` by target, in source order (cached per scope,
-    so a file of many loops is indexed once)."""
-    def compute() -> dict[str, list[ast.AST]]:
-        out: dict[str, list[ast.AST]] = {}
-        for n in ctx.local_nodes(scope):
-            if isinstance(n, ast.Assign | ast.AnnAssign):
-                for t in n.targets if isinstance(n, ast.Assign) else [n.target]:
-                    if (d := dotted(t)) is not None:
-                        out.setdefault(d, []).append(n)
-        for lst in out.values():
-            lst.sort(key=position)
-        return out
-    return ctx._cached("assign_index", scope, compute)  # type: ignore[no-any-return]
-
-
-def _initial_value(ctx: FileContext, window: ast.AST, counter: str) -> int | None:
-    """The last ``counter = <int>`` before ``window`` in its function (for ``self.x``, else in
-    the class's ``__init__``)."""
-    wpos = position(window)
-    earlier = [n for n in _assignments_by_name(ctx, ctx.scope_of(window)).get(counter, ()) if position(n) < wpos]
-    last: ast.AST | None = earlier[-1] if earlier else None
-    if last is None and counter.startswith("self."):
-        cls = ctx.enclosing(window, (ast.ClassDef,))
-        init = next((f for f in getattr(cls, "body", []) if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
-        if init is not None:
-            in_init = _assignments_by_name(ctx, init).get(counter, [])
-            last = in_init[-1] if in_init else None
-    return _int_constant(getattr(last, "value", None))
-
-
-def _top_statement(ctx: FileContext, node: ast.AST, window: ast.AST) -> ast.stmt | None:
-    """The statement of ``window``'s body that contains ``node`` (None across a nested loop)."""
-    cur, parent = node, ctx.parents.get(node)
-    while parent is not None and parent is not window:
-        if isinstance(parent, LOOPS):
-            return None
-        cur, parent = parent, ctx.parents.get(parent)
-    return cur if parent is window and isinstance(cur, ast.stmt) and cur in getattr(window, "body", []) else None
-
-
-def _exclusive(ctx: FileContext, a: ast.AST, b: ast.AST) -> bool:
-    """``a`` and ``b`` sit in different branches of the same ``if``."""
-    chain: dict[int, ast.AST] = {}
-    child, cur = a, ctx.parents.get(a)
-    while cur is not None:
-        chain[id(cur)] = child
-        child, cur = cur, ctx.parents.get(cur)
-    child, cur = b, ctx.parents.get(b)
-    while cur is not None:
-        if id(cur) in chain:
-            if isinstance(cur, ast.If):
-                ca = chain[id(cur)]
-                return (ca in cur.body) != (child in cur.body)
-            return False
-        child, cur = cur, ctx.parents.get(cur)
-    return False
-
-
-def _window_size_text(m: int, o: int) -> str:
-    if m == 0:
-        return str(o)
-    return "K" + (f" + {o}" if o > 0 else f" - {-o}" if o < 0 else "")
-
-
 @rule("AG115")
 def boundary_counter_off_by_one(ctx: FileContext) -> Iterator[Finding]:
     """``if i % K == 0: optimizer.step()`` after the backward with ``i`` counting from 0."""
@@ -430,14 +185,14 @@ def boundary_counter_off_by_one(ctx: FileContext) -> Iterator[Finding]:
             if kind not in ("optimizer", "engine"):
                 continue
             guard_if = ctx.enclosing(call, (ast.If, *LOOPS))
-            while isinstance(guard_if, ast.If) and _mod_guard(guard_if.test) is None:
+            while isinstance(guard_if, ast.If) and mod_guard(guard_if.test) is None:
                 guard_if = ctx.enclosing(guard_if, (ast.If, *LOOPS))
             if not isinstance(guard_if, ast.If) or id(guard_if) in seen:
                 continue
-            if _exclusive(ctx, call, guard_if.body[0]):
+            if exclusive(ctx, call, guard_if.body[0]):
                 continue  # the step is in the else branch
-            guard = _mod_guard(guard_if.test)
-            top = _top_statement(ctx, guard_if, window)
+            guard = mod_guard(guard_if.test)
+            top = top_statement(ctx, guard_if, window)
             if guard is None or top is None:
                 continue
             seen.add(id(guard_if))
@@ -445,14 +200,14 @@ def boundary_counter_off_by_one(ctx: FileContext) -> Iterator[Finding]:
             inside = set(map(id, walk_local(guard_if)))
             if any(id(b) in inside and position(b) < pos for b in backwards):
                 continue  # the guarded block computes its own gradient (WGAN's n_critic, RL train_freq)
-            before_step = [b for b in backwards if position(b) < pos and not _exclusive(ctx, b, call)]
+            before_step = [b for b in backwards if position(b) < pos and not exclusive(ctx, b, call)]
             after = bool(before_step)
             if not after and not all(position(b) > pos for b in backwards):
                 continue
-            start = _counter_start(ctx, window, top, guard.counter)
+            start = counter_start(ctx, window, top, guard.counter)
             if start is None:
                 continue
-            if start is _UNKNOWN_START:
+            if start is UNKNOWN_START:
                 if guard.offset != 0 or not after or guard.excludes_zero:
                     continue
                 yield replace(
@@ -482,7 +237,7 @@ def boundary_counter_off_by_one(ctx: FileContext) -> Iterator[Finding]:
                 guard_if,
                 f"the step runs when `{ast.unparse(guard_if.test)}`, {where} this micro-batch's "
                 f"backward, with `{guard.counter}` = {start} on the first micro-batch: the first "
-                f"window has {_window_size_text(*n1)} micro-batch{'' if n1 == (0, 1) else 'es'} "
+                f"window has {window_size_text(*n1)} micro-batch{'' if n1 == (0, 1) else 'es'} "
                 "instead of K",
             )
             if 1 in ctx.int_candidates(guard.modulus):
@@ -501,15 +256,15 @@ def boundary_counter_off_by_one(ctx: FileContext) -> Iterator[Finding]:
 # ---------------------------------------------------------------- AG117: the epoch's leftover
 
 
-def _pure_mod_guard(ctx: FileContext, call: ast.AST, window: ast.AST) -> tuple[ast.If, _ModGuard] | None:
+def _pure_mod_guard(ctx: FileContext, call: ast.AST, window: ast.AST) -> tuple[ast.If, ModGuard] | None:
     """The ``if`` that gates ``call`` with a modulo and nothing else (``(i + 1) % K == 0``), and
     its guard; None when any boundary test on the way says more (``or i + 1 == len(loader)``,
     an ``is_last`` flag): such a guard may flush the end of the data."""
-    found: tuple[ast.If, _ModGuard] | None = None
+    found: tuple[ast.If, ModGuard] | None = None
     child, cur = call, ctx.parents.get(call)
     while cur is not None and cur is not window:
         if isinstance(cur, ast.If) and child is not cur.test and ctx.is_boundary_test(cur.test):
-            guard = _mod_term(cur.test)
+            guard = mod_term(cur.test)
             if guard is None or found is not None or child not in cur.body:
                 return None
             found = (cur, guard)
@@ -526,8 +281,8 @@ def _restarts_each_pass(ctx: FileContext, window: ast.For | ast.AsyncFor, counte
         return True
     wpos = position(window)
     inits = [
-        n for n in _assignments_by_name(ctx, ctx.scope_of(window)).get(counter, ())
-        if position(n) < wpos and _int_constant(getattr(n, "value", None)) is not None
+        n for n in assignments_by_name(ctx, ctx.scope_of(window)).get(counter, ())
+        if position(n) < wpos and int_constant(getattr(n, "value", None)) is not None
     ]
     if not inits:
         return False
@@ -619,10 +374,10 @@ def partial_window_leaks_into_next_epoch(ctx: FileContext) -> Iterator[Finding]:
             if hit is None:
                 continue
             guard_if, guard = hit
-            top = _top_statement(ctx, guard_if, window)
+            top = top_statement(ctx, guard_if, window)
             if top is None or not any(position(b) < position(call) for b in backwards):
                 continue
-            start = _counter_start(ctx, window, top, guard.counter)
+            start = counter_start(ctx, window, top, guard.counter)
             if type(start) is not int or start + guard.offset != 1:
                 continue  # not windows of exactly K (AG115's business) or a start not in sight
             if not _restarts_each_pass(ctx, window, guard.counter, repeat):

@@ -1,0 +1,267 @@
+"""The step's modulo guard and the micro-batch counter it tests, read from the AST.
+
+What AG115 and AG117 of the window family (:mod:`.window`) reason about: a guard
+``if (c + offset) % K == 0`` (:func:`mod_guard`), where the counter ``c`` starts on the
+first micro-batch (:func:`counter_start`), and where a statement sits in the window.
+The rules stay in the family module; this module emits no finding.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+
+from accumguard.static.lint._ast import LOOPS, dotted, position, walk_all
+from accumguard.static.lint._context import FileContext
+
+
+@dataclass(frozen=True)
+class ModGuard:
+    """``if (c + offset) % K == 0`` (optionally ``and c > 0``): fires when c + offset is a
+    multiple of K."""
+
+    counter: str
+    offset: int
+    excludes_zero: bool
+    modulus: ast.AST
+
+
+def _counter_and_offset(expr: ast.AST) -> tuple[str, int] | None:
+    """``i`` -> (i, 0); ``i + 1`` / ``1 + i`` -> (i, 1); ``i - 1`` -> (i, -1)."""
+    if isinstance(expr, ast.Name | ast.Attribute):
+        d = dotted(expr)
+        return (d, 0) if d else None
+    if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Add | ast.Sub):
+        left, right = expr.left, expr.right
+        if isinstance(expr.op, ast.Add) and isinstance(left, ast.Constant):
+            left, right = right, left
+        if isinstance(right, ast.Constant) and type(right.value) is int and isinstance(left, ast.Name | ast.Attribute):
+            d = dotted(left)
+            if d:
+                return d, right.value if isinstance(expr.op, ast.Add) else -right.value
+    return None
+
+
+def mod_term(term: ast.AST) -> ModGuard | None:
+    """``(c + a) % K == 0``, ``c % K == K - 1``, ``0 == c % K``, ``not c % K``."""
+    mod: ast.AST | None = None
+    shift = 0
+    if isinstance(term, ast.UnaryOp) and isinstance(term.op, ast.Not):
+        mod = term.operand
+    elif isinstance(term, ast.Compare) and len(term.ops) == 1 and isinstance(term.ops[0], ast.Eq):
+        a, b = term.left, term.comparators[0]
+        if not (isinstance(a, ast.BinOp) and isinstance(a.op, ast.Mod)):
+            a, b = b, a
+        if not (isinstance(a, ast.BinOp) and isinstance(a.op, ast.Mod)):
+            return None
+        mod = a
+        if isinstance(b, ast.Constant) and b.value == 0 and type(b.value) is int:
+            shift = 0
+        elif (
+            isinstance(b, ast.BinOp) and isinstance(b.op, ast.Sub)
+            and isinstance(b.right, ast.Constant) and b.right.value == 1
+            and ast.dump(b.left) == ast.dump(a.right)
+        ):
+            shift = 1  # c % K == K - 1  <=>  (c + 1) % K == 0
+        else:
+            return None
+    if not (isinstance(mod, ast.BinOp) and isinstance(mod.op, ast.Mod)):
+        return None
+    if isinstance(mod.right, ast.Constant):
+        k = mod.right.value
+        if type(k) is not int or k < 4:
+            return None  # the symbolic reasoning below assumes K larger than the offsets
+    co = _counter_and_offset(mod.left)
+    if co is None:
+        return None
+    return ModGuard(co[0], co[1] + shift, False, mod.right)
+
+
+def _excludes_zero(term: ast.AST, counter: str) -> bool:
+    """``c > 0``, ``c >= 1``, ``c != 0``, ``0 < c``, ``c`` (truthy)."""
+    if isinstance(term, ast.Name | ast.Attribute):
+        return dotted(term) == counter
+    if isinstance(term, ast.Compare) and len(term.ops) == 1:
+        left, op, right = term.left, term.ops[0], term.comparators[0]
+        if isinstance(left, ast.Constant):
+            left, right = right, left
+            op = {ast.Lt: ast.Gt(), ast.Gt: ast.Lt(), ast.LtE: ast.GtE(), ast.GtE: ast.LtE()}.get(type(op), op)
+        if dotted(left) != counter or not isinstance(right, ast.Constant):
+            return False
+        v = right.value
+        return (isinstance(op, ast.Gt | ast.NotEq) and v == 0) or (isinstance(op, ast.GtE) and v == 1)
+    return False
+
+
+def _end_of_data(term: ast.AST) -> bool:
+    """``i + 1 == len(loader)``, ``is_last_batch``: the final flush, not the window size."""
+    for sub in walk_all(term):
+        if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name) and sub.func.id == "len":
+            return True
+        if isinstance(sub, ast.Name | ast.Attribute):
+            ident = (sub.id if isinstance(sub, ast.Name) else sub.attr).lower()
+            if any(w in ident for w in ("last", "final", "end", "total", "max_steps", "num_steps")):
+                return True
+    return False
+
+
+def mod_guard(test: ast.AST) -> ModGuard | None:
+    """The modulo guard of an ``if`` test, when its first firing can be computed."""
+    if isinstance(test, ast.BoolOp):
+        mods = [(t, g) for t in test.values if (g := mod_term(t)) is not None]
+        if len(mods) != 1:
+            return None
+        term, guard = mods[0]
+        others = [t for t in test.values if t is not term]
+        if isinstance(test.op, ast.And):
+            if not all(_excludes_zero(t, guard.counter) for t in others):
+                return None  # another condition: when it holds cannot be told
+            return ModGuard(guard.counter, guard.offset, bool(others), guard.modulus)
+        if all(_end_of_data(t) for t in others):
+            return guard  # `... or i + 1 == len(loader)`: the end of the data, not the window
+        return None
+    return mod_term(test)
+
+
+def int_constant(node: ast.AST | None) -> int | None:
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        inner = int_constant(node.operand)
+        return None if inner is None else -inner
+    return None
+
+
+def _assigned_in(ctx: FileContext, window: ast.AST, counter: str) -> list[ast.AST]:
+    """Statements of ``window`` (nested loops included) that write ``counter``."""
+    out: list[ast.AST] = []
+    for n in ctx.local_nodes(window):
+        if isinstance(n, ast.Assign | ast.AugAssign | ast.AnnAssign):
+            targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+            if any(dotted(t) == counter for t in targets):
+                out.append(n)
+    return out
+
+
+UNKNOWN_START = object()
+
+
+def counter_start(ctx: FileContext, window: ast.AST, top: ast.stmt, counter: str) -> object:
+    """The counter's value at the test for the first micro-batch (0 for ``enumerate``), or
+    ``UNKNOWN_START`` for a per-micro-batch counter that starts at a value not in sight, or
+    None when ``counter`` is not a per-micro-batch counter of this loop."""
+    if isinstance(window, ast.For | ast.AsyncFor):
+        it, target = window.iter, window.target
+        idx: str | None = None
+        start: object = None
+        if (
+            isinstance(target, ast.Tuple) and target.elts and isinstance(it, ast.Call)
+            and dotted(it.func) == "enumerate"
+        ):
+            idx = dotted(target.elts[0])
+            arg = it.args[1] if len(it.args) > 1 else next((k.value for k in it.keywords if k.arg == "start"), None)
+            start = 0 if arg is None else int_constant(arg)
+        elif isinstance(target, ast.Name) and isinstance(it, ast.Call) and dotted(it.func) == "range" and it.args:
+            idx = target.id
+            if len(it.args) == 3 and int_constant(it.args[2]) != 1:
+                return None
+            start = 0 if len(it.args) == 1 else int_constant(it.args[0])
+        if idx == counter:
+            if _assigned_in(ctx, window, counter):
+                return None  # the loop variable is rewritten in the body
+            return UNKNOWN_START if start is None else start
+    body = getattr(window, "body", None)
+    if not isinstance(body, list):
+        return None
+    writes = _assigned_in(ctx, window, counter)
+    if len(writes) != 1:
+        return None  # reset in the loop, or counted in several places: not a plain counter
+    inc = writes[0]
+    if not (
+        isinstance(inc, ast.AugAssign) and isinstance(inc.op, ast.Add)
+        and int_constant(inc.value) == 1 and _every_iteration(ctx, inc, window)
+    ):
+        return None
+    bump = 1 if position(inc) < position(top) else 0
+    init = _initial_value(ctx, window, counter)
+    return UNKNOWN_START if init is None else init + bump
+
+
+def _every_iteration(ctx: FileContext, node: ast.AST, window: ast.AST) -> bool:
+    """``node`` runs once in every iteration of ``window``: a statement of its body, or
+    inside ``with`` blocks (or a ``try`` body) there, never under an ``if`` or a loop."""
+    cur = ctx.parents.get(node)
+    child = node
+    while cur is not None and cur is not window:
+        if isinstance(cur, ast.Try):
+            if child not in cur.body and child not in cur.finalbody:
+                return False
+        elif not isinstance(cur, ast.With | ast.AsyncWith):
+            return False
+        child, cur = cur, ctx.parents.get(cur)
+    return cur is window and child in getattr(window, "body", [])
+
+
+def assignments_by_name(ctx: FileContext, scope: ast.AST) -> dict[str, list[ast.AST]]:
+    """``name = value`` statements of ``scope`` by target, in source order (cached per scope,
+    so a file of many loops is indexed once)."""
+    def compute() -> dict[str, list[ast.AST]]:
+        out: dict[str, list[ast.AST]] = {}
+        for n in ctx.local_nodes(scope):
+            if isinstance(n, ast.Assign | ast.AnnAssign):
+                for t in n.targets if isinstance(n, ast.Assign) else [n.target]:
+                    if (d := dotted(t)) is not None:
+                        out.setdefault(d, []).append(n)
+        for lst in out.values():
+            lst.sort(key=position)
+        return out
+    return ctx._cached("assign_index", scope, compute)  # type: ignore[no-any-return]
+
+
+def _initial_value(ctx: FileContext, window: ast.AST, counter: str) -> int | None:
+    """The last ``counter = <int>`` before ``window`` in its function (for ``self.x``, else in
+    the class's ``__init__``)."""
+    wpos = position(window)
+    earlier = [n for n in assignments_by_name(ctx, ctx.scope_of(window)).get(counter, ()) if position(n) < wpos]
+    last: ast.AST | None = earlier[-1] if earlier else None
+    if last is None and counter.startswith("self."):
+        cls = ctx.enclosing(window, (ast.ClassDef,))
+        init = next((f for f in getattr(cls, "body", []) if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+        if init is not None:
+            in_init = assignments_by_name(ctx, init).get(counter, [])
+            last = in_init[-1] if in_init else None
+    return int_constant(getattr(last, "value", None))
+
+
+def top_statement(ctx: FileContext, node: ast.AST, window: ast.AST) -> ast.stmt | None:
+    """The statement of ``window``'s body that contains ``node`` (None across a nested loop)."""
+    cur, parent = node, ctx.parents.get(node)
+    while parent is not None and parent is not window:
+        if isinstance(parent, LOOPS):
+            return None
+        cur, parent = parent, ctx.parents.get(parent)
+    return cur if parent is window and isinstance(cur, ast.stmt) and cur in getattr(window, "body", []) else None
+
+
+def exclusive(ctx: FileContext, a: ast.AST, b: ast.AST) -> bool:
+    """``a`` and ``b`` sit in different branches of the same ``if``."""
+    chain: dict[int, ast.AST] = {}
+    child, cur = a, ctx.parents.get(a)
+    while cur is not None:
+        chain[id(cur)] = child
+        child, cur = cur, ctx.parents.get(cur)
+    child, cur = b, ctx.parents.get(b)
+    while cur is not None:
+        if id(cur) in chain:
+            if isinstance(cur, ast.If):
+                ca = chain[id(cur)]
+                return (ca in cur.body) != (child in cur.body)
+            return False
+        child, cur = cur, ctx.parents.get(cur)
+    return False
+
+
+def window_size_text(m: int, o: int) -> str:
+    if m == 0:
+        return str(o)
+    return "K" + (f" + {o}" if o > 0 else f" - {-o}" if o < 0 else "")
