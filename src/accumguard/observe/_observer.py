@@ -74,6 +74,11 @@ _CLIP_INNER = ("_clip_grads_with_norm_",)
 _MAX_ROOT_SEQS = 64
 _WALK_LIMIT = 64
 _NO_SEQ = 1 << 63
+#: The listener methods the observer calls (see :class:`._events.Listener`).
+_EVENT_METHODS = ("on_forward", "on_backward_start", "on_backward", "on_collective",
+                  "on_optimizer_call", "on_step_start", "on_step", "on_engine_step",
+                  "on_engine", "on_zero_grad", "on_scheduler_step", "on_clip", "on_unscale",
+                  "on_scaler_update")
 
 
 def _tol_for(dtype: torch.dtype) -> float:
@@ -139,7 +144,8 @@ class Observer:
                  budget: float | None = None, attribute: bool = False,
                  record_losses: bool = True, window_loss: bool = True) -> None:
         self.listeners: list[Any] = []
-        self._handlers: dict[str, list[Any]] = {}  # method name -> bound listener methods
+        # method name -> bound listener methods (every name of _EVENT_METHODS)
+        self._handlers: dict[str, list[Any]] = {m: [] for m in _EVENT_METHODS}
         self._dtypes: dict[int, str | None] = {}
         self.roots: dict[int, torch.nn.Module] = {}
         self._sync_roots: list[Any] = []  # roots with a gradient-sync flag (DDP, FSDP2)
@@ -213,7 +219,9 @@ class Observer:
     # -- lifecycle ------------------------------------------------------------------------
     def add_listener(self, listener: Any) -> None:
         self.listeners.append(listener)
-        self._handlers.clear()
+        # every event kind's bound methods, looked up once here (hot paths index the map)
+        self._handlers = {m: [fn for fn in (getattr(x, m, None) for x in self.listeners) if fn]
+                          for m in _EVENT_METHODS}
 
     def install(self) -> Observer:
         if self.installed:
@@ -453,7 +461,7 @@ class Observer:
 
     def _root_pre(self, module: Any, args: Any) -> None:
         self._root_nodes = []
-        if self._active() and torch.is_grad_enabled():
+        if self.installed and not self._in_observer and torch.is_grad_enabled():
             self._on_forward(module)
 
     def _root_forward_and_post(self, module: Any, args: Any, output: Any) -> None:
@@ -464,7 +472,7 @@ class Observer:
         # _on_forward for a root without a sync flag, inlined (this runs every micro-step)
         self._last_sync_forward = None
         self._w.forwards += 1
-        fns = self._listeners_of("on_forward")
+        fns = self._handlers["on_forward"]
         if fns:
             ev = ForwardEvent(self.step, len(self._w.backwards), _engine_kind(module), None,
                               module)
@@ -473,7 +481,7 @@ class Observer:
         self._attribute_output(output)
 
     def _root_post(self, module: Any, args: Any, output: Any) -> None:
-        if self._active() and torch.is_grad_enabled():
+        if self.installed and not self._in_observer and torch.is_grad_enabled():
             self._attribute_output(output)
 
     def _attribute_output(self, output: Any) -> None:
@@ -523,7 +531,10 @@ class Observer:
                 return False
             if node._sequence_nr() in targets:
                 return True  # the loss is a root's output (an HF-style model)
-            queue = [nxt for nxt, _ in node.next_functions if nxt is not None]
+            queue = []
+            for nxt, _ in node.next_functions:  # (loops, not comprehensions: no frame each)
+                if nxt is not None:
+                    queue.append(nxt)
         else:
             queue = [t.grad_fn for t in tensors
                      if isinstance(t, torch.Tensor) and t.grad_fn is not None]
@@ -544,7 +555,9 @@ class Observer:
                     root_node.register_prehook(self._reach)
                 self._root_nodes = []
                 return False  # _reach sets it if the backward gets there
-            queue += [nxt for nxt, _ in node.next_functions if nxt is not None]
+            for nxt, _ in node.next_functions:
+                if nxt is not None:
+                    queue.append(nxt)
         return False
 
     def _reach(self, grad_outputs: Any) -> None:
@@ -620,7 +633,7 @@ class Observer:
         obs = self
 
         def backward(engine: Any, loss: Any, *args: Any, **kwargs: Any) -> Any:
-            if obs._bw_depth or not obs._active():
+            if obs._bw_depth or not obs.installed or obs._in_observer:
                 return orig(engine, loss, *args, **kwargs)
             return obs._run_backward("deepspeed", loss, engine, orig, (engine, loss, *args),
                                      kwargs)
@@ -641,7 +654,7 @@ class Observer:
             self._unattributed = False
         w.forwards = 0
         if w.loss_ok:
-            if not self.window_loss or not self._listeners_of("on_step"):
+            if not self.window_loss or not self._handlers["on_step"]:
                 # Only the step record reads the window loss (no listener takes it: the
                 # guard): keep no loss tensors; a listener added later sees it unknown.
                 w.loss_ok = False
@@ -664,7 +677,8 @@ class Observer:
             with contextlib.suppress(Exception):
                 ev.ds_boundary = bool(engine.is_gradient_accumulation_boundary())
                 ev.ds_coalescing = bool(getattr(engine, "inside_no_sync_ctxt", False))
-        track = self._tracking()
+        # an unchecked window stays unchecked: skip the call on the hot path
+        track = False if self._window_checked is False else self._tracking()
         if track:
             t0 = time.perf_counter()
             # Unchanged grads since the previous backward's end (same tensors, same in-place
@@ -678,10 +692,7 @@ class Observer:
                 w.starts.append(self._checksums())
             self._t_checks += time.perf_counter() - t0
         handlers = self._handlers
-        fns = handlers.get("on_backward_start")
-        if fns is None:
-            fns = self._listeners_of("on_backward_start")
-        for listen in fns:
+        for listen in handlers["on_backward_start"]:
             listen(ev)
         self._bw_depth += 1
         self._bw_current = ev
@@ -700,10 +711,7 @@ class Observer:
             w.bw_since_engine_step += 1
             w.zero_since_backward = 0
             self.backward_total += 1
-            fns = handlers.get("on_backward")
-            if fns is None:
-                fns = self._listeners_of("on_backward")
-            for listen in fns:
+            for listen in handlers["on_backward"]:
                 listen(ev)
 
     # -- collectives -------------------------------------------------------------------------
@@ -726,7 +734,7 @@ class Observer:
     # -- optimizer steps ---------------------------------------------------------------------
     def _opt_pre(self, opt: Any, args: Any, kwargs: Any) -> None:
         self._opt_depth += 1
-        if not self._active():
+        if not self.installed or self._in_observer:
             return
         self._inner_stepped = True
         if self._wants("on_optimizer_call"):
@@ -745,7 +753,7 @@ class Observer:
 
     def _opt_post(self, opt: Any, args: Any, kwargs: Any) -> None:
         self._opt_depth = max(0, self._opt_depth - 1)
-        if not self._active():
+        if not self.installed or self._in_observer:
             return
         self._opt_steps[id(opt)] = self._opt_steps.get(id(opt), 0) + 1
         if self._opt_depth or self._ds_step_depth:
@@ -756,7 +764,7 @@ class Observer:
         obs = self
 
         def step(engine: Any, *args: Any, **kwargs: Any) -> Any:
-            if not obs._active() or obs._ds_step_depth:
+            if not obs.installed or obs._in_observer or obs._ds_step_depth:
                 return orig(engine, *args, **kwargs)
             if id(engine) not in obs.roots:
                 obs._add_root(engine)
@@ -902,7 +910,8 @@ class Observer:
 
         def make(orig: Callable[..., Any]) -> Callable[..., Any]:
             def zero_grad(this: Any, *args: Any, **kwargs: Any) -> Any:
-                if obs._zero_depth or not obs._active() or obs._opt_depth or obs._ds_step_depth:
+                if (obs._zero_depth or not obs.installed or obs._in_observer or obs._opt_depth
+                        or obs._ds_step_depth):
                     return orig(this, *args, **kwargs)
                 w = obs._w
                 ev = ZeroGradEvent(obs.step, len(w.backwards), kind, this)
@@ -926,7 +935,8 @@ class Observer:
         obs = self
 
         def __iter__(loader: Any) -> Any:  # noqa: N807 - the wrapped dunder
-            if obs._active() and torch.is_grad_enabled() and not obs._in_data_pass:
+            if (obs.installed and not obs._in_observer and torch.is_grad_enabled()
+                    and not obs._in_data_pass):
                 obs._w.data_passes.append(len(obs._w.backwards))
             obs._in_data_pass += 1  # a subclass's __iter__ calling super() is one pass
             try:
@@ -949,7 +959,7 @@ class Observer:
                 out = orig(sched, *args, **kwargs)
             finally:
                 obs._sched_depth -= 1
-            if not initial and obs._active():
+            if not initial and obs.installed and not obs._in_observer:
                 obs._count_sched(sched)
             return out
 
@@ -960,7 +970,7 @@ class Observer:
 
         def make(orig: Callable[..., Any]) -> Callable[..., Any]:
             def call(scaler: Any, *args: Any, **kwargs: Any) -> Any:
-                if obs._scaler_depth or not obs._active():
+                if obs._scaler_depth or not obs.installed or obs._in_observer:
                     return orig(scaler, *args, **kwargs)
                 ev = ScalerEvent(obs.step, len(obs._w.backwards), kind, scaler)
                 if kind == "unscale":
@@ -993,7 +1003,8 @@ class Observer:
 
         def make(orig: Callable[..., Any]) -> Callable[..., Any]:
             def clip(parameters: Any, *args: Any, **kwargs: Any) -> Any:
-                if not obs._active() or obs._ds_step_depth or obs._clip_depth:
+                if (not obs.installed or obs._in_observer or obs._ds_step_depth
+                        or obs._clip_depth):
                     return orig(parameters, *args, **kwargs)
                 params = [parameters] if isinstance(parameters, torch.Tensor) \
                     else list(parameters)
@@ -1011,21 +1022,13 @@ class Observer:
         return make
 
     # -- helpers ----------------------------------------------------------------------------
-    def _listeners_of(self, method: str) -> list[Any]:
-        """The listeners' bound ``method``s, cached until a listener is added."""
-        fns = self._handlers.get(method)
-        if fns is None:
-            fns = self._handlers[method] = [fn for fn in (getattr(x, method, None)
-                                                          for x in self.listeners) if fn]
-        return fns
-
     def _emit(self, method: str, event: Any) -> None:
-        for fn in self._listeners_of(method):
+        for fn in self._handlers[method]:
             fn(event)
 
     def _wants(self, method: str) -> bool:
         """Does any listener take ``method``? (Lets hot paths skip building an event.)"""
-        return bool(self._listeners_of(method))
+        return bool(self._handlers[method])
 
     @contextlib.contextmanager
     def _quiet(self) -> Any:
