@@ -315,7 +315,7 @@ class LossRecorder:
                 or node is None:
             return
         try:
-            n = math.prod(torch.broadcast_shapes(inp.shape, target.shape))
+            n = math.prod(torch.broadcast_shapes(inp.shape, target.shape))  # type: ignore[no-untyped-call]
         except RuntimeError:
             return
         self._add(out, node, n, reduction == "mean", out.dtype in _LOW or inp.dtype in _LOW)
