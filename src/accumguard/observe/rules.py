@@ -15,7 +15,7 @@ backward) is a ``note`` with the measured extra collectives.
 
 No torch here: the watch CLI analyses recordings without importing it.
 
-Size (~1,000 lines): every per-window rule that turns observations into findings lives here on purpose, so that watch, the framework callbacks and the audit read one set of rules. Known debt: the loss-record rules (F5 from the per-call token weights, the cross-rank note, the window-scale rules LOSS_SCALE / F7 / F1-by-autograd.grad) are a self-contained block (~350 lines) that could be their own module.
+Size (~930 lines): every per-window rule that turns observations into findings lives here on purpose, so that watch, the framework callbacks and the audit read one set of rules. Known debt: the loss-record rules (F5 from the per-call token weights, the cross-rank note, the window-scale rules LOSS_SCALE / F7 / F1-by-autograd.grad) are a self-contained block (~350 lines) that could be their own module.
 """
 
 from __future__ import annotations
