@@ -34,6 +34,7 @@ import time
 from typing import Any
 
 import torch
+from _work import python_calls
 
 from accumguard.demo.toy import (
     TinyCausalLM,
@@ -105,6 +106,18 @@ def _guarded(model: torch.nn.Module, opt: Any, sched: Any, data: list, k: int
     return out, install, checks
 
 
+def _calls_per_step(name: str, k: int, steps: int = 12, warm: int = 4) -> tuple[float, float]:
+    """Python calls per optimizer step, plain and guarded (after ``warm`` windows, whose
+    conservation checks are always made)."""
+    model, opt, sched, data = _setup(name, k, steps)
+    plain = python_calls(lambda: _train(model, opt, sched, data[warm * k:], k))
+    g = guard(model, opt, accumulation_steps=k, scheduler=sched).install()
+    _train(model, opt, sched, data[:warm * k], k)
+    guarded = python_calls(lambda: _train(model, opt, sched, data[warm * k:], k))
+    g.close()
+    return plain / (steps - warm), guarded / (steps - warm)
+
+
 def _iqr(xs: list[float]) -> tuple[float, float]:
     q = statistics.quantiles(xs, n=4)
     return q[0], q[2]
@@ -173,6 +186,12 @@ def main() -> None:
               f"{r['median_step_iqr'][1]:.3f} | "
               f"{r['whole']:.3f}x | {r['whole_iqr'][0]:.3f}-{r['whole_iqr'][1]:.3f} | "
               f"{r['checked']:.1f} of {args.steps} | {100 * r['share']:.2f} % |", flush=True)
+    print("\nWork added, counted (deterministic, whatever the load): Python calls per optimizer "
+          "step in steady state")
+    for name in args.models:
+        plain, guarded = _calls_per_step(name, args.k)
+        print(f"- {name}: plain loop {plain:.0f}, guarded {guarded:.0f} "
+              f"(+{guarded - plain:.0f}, +{100 * (guarded - plain) / plain:.1f} %)")
     print(f"\nload average at the end {_load()}")
 
 

@@ -27,6 +27,7 @@ import time
 from typing import Any
 
 import torch
+from _work import python_calls
 
 from accumguard.demo.toy import TinyCausalLM, count_tokens, make_lm_batches, token_loss
 from accumguard.integrations._checks import AccumulationChecks
@@ -96,6 +97,20 @@ def _time(name: str, k: int, steps: int, variant: dict[str, Any] | None
     return times, install
 
 
+def _calls_per_step(name: str, k: int, variant: dict[str, Any], steps: int = 24,
+                    warm: int = 4) -> tuple[float, float]:
+    """Python calls per optimizer step of the plain loop and of the checked one (after
+    ``warm`` steps; over ``steps - warm`` steps, so sampled steps count at their share)."""
+    model, opt, sched, data = _setup(name, k, steps)
+    plain = python_calls(lambda: _train(model, opt, sched, data[warm * k:], k))
+    checks = AccumulationChecks(model, opt, accumulation_steps=k, scheduler=sched,
+                                logits_module=model.head, **variant)
+    _train(model, opt, sched, data[:warm * k], k)
+    checked = python_calls(lambda: _train(model, opt, sched, data[warm * k:], k))
+    checks.close()
+    return plain / (steps - warm), checked / (steps - warm)
+
+
 def _iqr(xs: list[float]) -> str:
     q = statistics.quantiles(xs, n=4)
     return f"{q[0]:.3f}-{q[2]:.3f}"
@@ -148,6 +163,14 @@ def main(argv: list[str] | None = None) -> None:
                   f"{_iqr(steady)} | {statistics.median(per_step):.3f} | {_iqr(per_step)} | "
                   f"{statistics.median(whole):.3f} | {_iqr(whole)} |",
                   flush=True)
+    print("\nWork added, counted (deterministic, whatever the load): Python calls per optimizer "
+          "step after 4 steps, over 20")
+    for name in args.models.split(","):
+        for vname, variant in variants.items():
+            plain_calls, checked_calls = _calls_per_step(name, args.k, variant)
+            print(f"- {name}, {vname}: plain loop {plain_calls:.0f}, checked "
+                  f"{checked_calls:.0f} (+{checked_calls - plain_calls:.0f}, "
+                  f"+{100 * (checked_calls - plain_calls) / plain_calls:.1f} %)")
     print(f"\nload average at the end {_load()}")
 
 

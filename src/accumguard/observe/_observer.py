@@ -462,7 +462,15 @@ class Observer:
     def _root_pre(self, module: Any, args: Any) -> None:
         self._root_nodes = []
         if self.installed and not self._in_observer and torch.is_grad_enabled():
-            self._on_forward(module)
+            if module in self._sync_roots:
+                self._on_forward(module)
+                return
+            # _on_forward for a root without a sync flag, inlined (every micro-step)
+            self._last_sync_forward = None
+            self._w.forwards += 1
+            if self._handlers["on_forward"]:
+                self._emit("on_forward", ForwardEvent(self.step, len(self._w.backwards),
+                                                      _engine_kind(module), None, module))
 
     def _root_forward_and_post(self, module: Any, args: Any, output: Any) -> None:
         """A root without a gradient-sync flag, with attribution: the forward is counted
@@ -610,7 +618,7 @@ class Observer:
         sync = self._sync_flag(module)
         self._last_sync_forward = sync
         self._w.forwards += 1
-        if self._wants("on_forward"):
+        if self._handlers["on_forward"]:
             self._emit("on_forward", ForwardEvent(self.step, len(self._w.backwards),
                                                   _engine_kind(module), sync, module))
 
@@ -721,7 +729,7 @@ class Observer:
         return self.step, len(self._w.backwards), self._bw_current is not None
 
     def _on_collective(self, op: str, reduces: bool) -> None:
-        if not self._in_observer and self._wants("on_collective"):
+        if not self._in_observer and self._handlers["on_collective"]:
             self._emit("on_collective", CollectiveEvent(self.step, op, reduces,
                                                         bool(self._ds_step_depth)))
         if not reduces or self._in_observer:
@@ -737,12 +745,19 @@ class Observer:
         if not self.installed or self._in_observer:
             return
         self._inner_stepped = True
-        if self._wants("on_optimizer_call"):
+        if self._handlers["on_optimizer_call"]:
             self._emit("on_optimizer_call", OptimizerCallEvent(
                 self.step, self._opt_depth, bool(self._ds_step_depth), opt))
         if self._opt_depth > 1 or self._ds_step_depth:
             return
-        applied = any(p.grad is not None for g in opt.param_groups for p in g["params"])
+        applied = False  # a step with every gradient None is a no-op for torch optimizers
+        for group in opt.param_groups:
+            for prm in group["params"]:
+                if prm.grad is not None:
+                    applied = True
+                    break
+            if applied:
+                break
         if self.engine == "local" and type(opt).__name__ == "ZeroRedundancyOptimizer":
             self.engine = "zero1"
         try:
@@ -853,7 +868,7 @@ class Observer:
         self._before = None
         cons = self._step_cons
         self._step_cons = None
-        if not self._wants("on_step"):
+        if not self._handlers["on_step"]:
             # No listener takes the step record (the guard): skip building it (the window
             # loss reduction, its host copy and a dozen per-window lists).
             self.step += 1
@@ -869,26 +884,37 @@ class Observer:
         loss: float | None = None
         if w.loss_ok and w.backwards:
             loss = _window_loss(w.losses)
-        syncs = [b.sync_forward if b.sync_forward is not None else b.sync_backward
-                 for b in w.backwards]
+        # the per-backward lists of the record, in one pass over the window's backwards
+        syncs: list[bool | None] = []
+        mismatch: list[int] = []
+        sync_bw: list[bool | None] = []
+        forwards: list[int] = []
+        boundaries: list[bool | None] = []
+        coalescing: list[bool] = []
+        reductions = w.reductions_between
+        rounds = 1 if w.reductions_between else 0
+        for b in w.backwards:
+            fwd, bwd = b.sync_forward, b.sync_backward
+            syncs.append(fwd if fwd is not None else bwd)
+            if fwd is not None and bwd is not None and fwd != bwd:
+                mismatch.append(b.micro)
+            sync_bw.append(bwd)
+            forwards.append(b.forwards)
+            boundaries.append(b.ds_boundary)
+            coalescing.append(b.ds_coalescing)
+            if b.reductions:
+                reductions += b.reductions
+                rounds += 1
         ev = StepEvent(
             step=self.step, backwards=len(w.backwards), window_loss=loss, applied=applied,
             source=source, optimizer=opt_name, engine=self.engine,
             zero_grads=w.zero_grads, zero_grads_between=w.zero_between,
             scheduler_steps=w.sched, clips=len(w.clip_micros),
             clip_micros=list(w.clip_micros), clip_functions=sorted(set(w.clip_names)),
-            data_pass_starts=list(w.data_passes),
-            reductions=sum(b.reductions for b in w.backwards) + w.reductions_between,
-            reduction_rounds=sum(1 for b in w.backwards if b.reductions)
-            + (1 if w.reductions_between else 0),
-            sync_micros=syncs,
-            sync_mismatch=[b.micro for b in w.backwards if b.sync_forward is not None
-                           and b.sync_backward is not None
-                           and b.sync_forward != b.sync_backward],
-            sync_backward=[b.sync_backward for b in w.backwards],
-            forwards=[b.forwards for b in w.backwards],
-            ds_boundaries=[b.ds_boundary for b in w.backwards],
-            ds_coalescing=[b.ds_coalescing for b in w.backwards],
+            data_pass_starts=list(w.data_passes), reductions=reductions,
+            reduction_rounds=rounds, sync_micros=syncs, sync_mismatch=mismatch,
+            sync_backward=sync_bw, forwards=forwards, ds_boundaries=boundaries,
+            ds_coalescing=coalescing,
             engine_step_calls=w.engine_step_calls,
             max_backwards_per_engine_step=w.max_bw_per_engine_step,
             grad_norm=norm, conservation=cons, checksum=chk,
