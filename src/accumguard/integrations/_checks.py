@@ -34,6 +34,7 @@ import torch
 
 from accumguard.core.errors import AccumulationError, ConfigError, rank_prefix
 from accumguard.core.taxonomy import fix_for, title
+from accumguard.observe import CONSERVATION_BUDGET, FORCED_CHECKS
 from accumguard.observe.rules import (
     WEIGHT_TOL,
     WEIGHT_TOL_LOW_PRECISION,
@@ -52,14 +53,11 @@ log = logging.getLogger("accumguard")
 # step; the sampled steps carry the probe's and the gradient checksums' cost, measured in
 # benchmarks/bench_integrations.py). Pass every_n_steps=1 to check every step.
 DEFAULT_EVERY_N_STEPS = 10
-# With every_n_steps > 1, the gradient-conservation checksums (the costliest check: about a
-# fifth of a step on the demo LM) run on the sampled steps only while they have taken at
-# most this fraction of the run's time (the first checked step always runs; a zero_grad
-# inside an unchecked window forces the next two). Local to each rank: conservation
-# exchanges nothing, so ranks may sample different steps (the probe's schedule, which
-# all-gathers, stays ``step % every_n_steps == 0`` on every rank).
-CONSERVATION_BUDGET = 0.005
-FORCED_CHECKS = 2
+# With every_n_steps > 1, the gradient-conservation checksums (the costliest check) run on
+# the sampled steps only within CONSERVATION_BUDGET of the run's time (the first checked
+# step always runs; a zero_grad inside an unchecked window forces the next FORCED_CHECKS).
+# Local to each rank: conservation exchanges nothing, so ranks may sample different steps
+# (the probe's schedule, which all-gathers, stays ``step % every_n_steps == 0`` everywhere).
 
 
 

@@ -23,7 +23,15 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Conservation", "checksums", "conservation", "grad_versions"]
+__all__ = ["CONSERVATION_BUDGET", "FORCED_CHECKS", "Conservation", "checksums", "conservation",
+           "grad_versions"]
+
+#: Fraction of a run's wall time the conservation checksums may take once the windows that
+#: are always checked are done: the guard and the framework callbacks sample windows within
+#: it (their bars are 2 % per step in total; the per-event hooks take about half).
+CONSERVATION_BUDGET = 0.005
+#: Windows checked whatever the budget after a zero_grad inside an unchecked window.
+FORCED_CHECKS = 2
 
 
 def _local(g: torch.Tensor) -> torch.Tensor:

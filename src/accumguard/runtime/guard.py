@@ -44,6 +44,7 @@ import torch
 
 from accumguard.core.boundary import check_accumulation_steps
 from accumguard.core.errors import ConfigError, UsageError
+from accumguard.observe import CONSERVATION_BUDGET, FORCED_CHECKS
 from accumguard.runtime._guard_errors import (
     ClipInsideWindowError,
     DoubleGatingError,
@@ -86,12 +87,6 @@ __all__ = [
 ]
 
 _SYNC_MODES = ("deferred", "eager", "any")
-# Fraction of the run's wall time the conservation checksums may take (after the first
-# two windows, which are always checked); the guard's bar is 2 % in total, of which the
-# per-event hooks take about 1 % on the demo LM (docs/performance.md, "Guard overhead").
-CONSERVATION_BUDGET = 0.005
-# Windows checked whatever the budget after a zero_grad inside an unchecked window.
-FORCED_CHECKS = 2
 
 
 class AccumulationGuard(GuardMachine):
