@@ -234,7 +234,7 @@ class AccumulationGuard(GuardMachine):
             reset = {"stage": info.zero_stage, "ds_ga": info.gradient_accumulation_steps}
         self.backward(sync_forward=ev.sync_forward, sync_backward=ev.sync_backward,
                       ddp=self.targets.ddp is not None, engine_reset=reset,
-                      grads_set=lambda: bool(suspect))
+                      grads_set=_true if suspect else None)
 
     def on_step_start(self, ev: Any) -> None:
         if not self.targets.owns_step(ev.owner, ev.source):
@@ -326,3 +326,8 @@ def _dist_info() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+def _true() -> bool:
+    """``grads_set`` when the leak check found gradients left from the previous step."""
+    return True
