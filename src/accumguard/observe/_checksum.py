@@ -121,6 +121,11 @@ class Conservation:
     ok: bool
     reason: str
     first_wipe: int | None = None  # first backward (0-based) that began on a wiped gradient
+    #: the common scale c between what the optimizer received and the sum of the
+    #: contributions (received ~ c * sum): 1 when nothing rescaled the gradient between the
+    #: last backward and the step; clipping/unscaling give c < 1, a hand-written
+    #: all_reduce(SUM) on an engine that already averaged gives c = W
+    scale: float = 1.0
 
 
 def _rel(x: torch.Tensor, scale: float) -> float:
@@ -159,7 +164,7 @@ def conservation(*, starts: list[torch.Tensor], ends: list[torch.Tensor],
                                                  1e-30)
     received_rel = resid
     if stale > tol and received_rel > tol:
-        return Conservation(n, wiped, stale, received_rel, False, "stale")
+        return Conservation(n, wiped, stale, received_rel, False, "stale", scale=c)
     if wiped > tol and received_rel > tol:
-        return Conservation(n, wiped, stale, received_rel, False, "wiped", first_wipe)
-    return Conservation(n, wiped, stale, received_rel, True, "", first_wipe)
+        return Conservation(n, wiped, stale, received_rel, False, "wiped", first_wipe, c)
+    return Conservation(n, wiped, stale, received_rel, True, "", first_wipe, c)

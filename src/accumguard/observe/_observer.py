@@ -191,6 +191,7 @@ class Observer:
         self._hooked_ids: set[int] = set()  # fast negative test for the map above
         self._global_handle: Any = None  # auto_roots: the global pre-hook until pinned
         self._pinned: list[Any] = []  # auto_roots: per-root pre-hooks after pinning
+        self._pinned_any = False  # _pin_roots ran (a DDP built later is hooked on its own)
         self._bw_depth = 0
         self._bw_current: BackwardEvent | None = None
         self._opt_depth = 0
@@ -202,6 +203,7 @@ class Observer:
         self._zero_depth = 0
         self._in_observer = 0
         self._last_sync_forward: bool | None = None
+        self._sync_root: Any = None  # the last DDP/FSDP2 root whose forward ran
         self._tracked: list[torch.Tensor] = []
         self._end_versions: list[tuple[int, int] | None] = []
         self._tracked_names: dict[int, str] = {}
@@ -306,12 +308,32 @@ class Observer:
     def _hook_libraries(self) -> None:
         """Patch DeepSpeed, Accelerate, HF and Lightning when (if) they are imported."""
         when_imported("deepspeed.runtime.engine", self._patch_deepspeed)
+        if self.auto_roots:
+            when_imported("torch.nn.parallel.distributed", self._patch_ddp_init)
         when_imported("deepspeed.comm.comm", lambda _m: self.counter.install_deepspeed())
         when_imported("accelerate.accelerator", self._patch_accelerate)
         when_imported("accelerate.scheduler", self._patch_accel_sched)
         when_imported("transformers.training_args", self._patch_hf_args)
         for name in ("lightning.pytorch.trainer.trainer", "pytorch_lightning.trainer.trainer"):
             when_imported(name, self._patch_lightning)
+
+    def _patch_ddp_init(self, mod: Any) -> None:
+        """A DDP model built after the roots were pinned (:meth:`_pin_roots`; e.g. a model
+        rebuilt to resume from a checkpoint) gets the same top-level pre-hook, so its
+        forwards and sync flag are read, not the dead first model's."""
+        obs = self
+
+        def make(orig: Callable[..., Any]) -> Callable[..., Any]:
+            def init(module: Any, *a: Any, **kw: Any) -> Any:
+                out = orig(module, *a, **kw)
+                if obs.installed and obs._global_handle is None and obs.auto_roots \
+                        and obs._pinned_any:
+                    obs._pinned.append(module.register_forward_pre_hook(obs._global_pre))
+                return out
+
+            return init
+
+        self.patches.wrap(mod.DistributedDataParallel, "__init__", make)
 
     def _active(self) -> bool:
         return self.installed and not self._in_observer
@@ -601,6 +623,7 @@ class Observer:
         self._global_handle = None
         self._pinned = [m.register_forward_pre_hook(self._global_pre)
                         for m in list(self._depth_hooked.keys())]
+        self._pinned_any = True
 
     def _remove_root_hooks(self) -> None:
         if self._global_handle is not None:
@@ -617,6 +640,8 @@ class Observer:
     def _on_forward(self, module: Any) -> None:
         sync = self._sync_flag(module)
         self._last_sync_forward = sync
+        if sync is not None:  # the root whose flag the next backward reads (a model
+            self._sync_root = module  # rebuilt mid-run leaves a dead root in _sync_roots)
         self._w.forwards += 1
         if self._handlers["on_forward"]:
             self._emit("on_forward", ForwardEvent(self.step, len(self._w.backwards),
@@ -672,11 +697,15 @@ class Observer:
                 w.loss_ok = False
         ev.sync_forward = self._last_sync_forward
         self._last_sync_forward = None
-        for root in self._sync_roots:  # DDP/FSDP2 roots only (not every loss module seen)
-            flag = self._sync_flag(root)
-            if flag is not None:
-                ev.sync_backward = flag
-                break
+        root = self._sync_root
+        if root is not None:  # the DDP/FSDP2 root whose forward fed this backward
+            ev.sync_backward = self._sync_flag(root)
+        else:
+            for root in self._sync_roots:  # DDP/FSDP2 roots only (no forward seen yet)
+                flag = self._sync_flag(root)
+                if flag is not None:
+                    ev.sync_backward = flag
+                    break
         if engine is None and self._ds_engine is not None and source == "accelerate":
             engine = self._ds_engine
         if engine is not None:
@@ -826,7 +855,10 @@ class Observer:
         self._step_members = None
         if self._tracking() and w.starts and len(w.starts) == len(w.ends):
             t0 = time.perf_counter()
-            same = grad_versions(self._tracked) == self._end_versions
+            # a collective writes .grad in place without bumping its version (c10d): after
+            # one since the last backward the checksum is taken again
+            same = (not w.reductions_between
+                    and grad_versions(self._tracked) == self._end_versions)
             self._step_checksum = w.ends[-1] if same else self._checksums()
             members = {id(p) for g in getattr(opt, "param_groups", []) for p in g["params"]}
             self._step_members = [id(p) in members for p in self._tracked]

@@ -32,6 +32,7 @@ __all__ = ["NUMBERING", "WEIGHT_TOL", "WEIGHT_TOL_LOW_PRECISION", "DeclaredK", "
            "KResolution", "RunRecording", "analyze", "classify_token_weights",
            "conservation_class", "grad_step_findings", "live_findings", "load_recordings",
            "loss_scale_findings", "loss_weight_findings", "partial_window_findings",
+           "rank_scale_findings",
            "resolve_k", "step_record", "windows"]
 
 
@@ -267,6 +268,7 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
         findings += _scheduler_findings(rank, rec.schedulers.get(rank, []))
         findings += loss_weight_findings(rank, _windows(steps))
         findings += loss_scale_findings(rank, _windows(steps), res.k, rec.world)
+        findings += rank_scale_findings(rank, _windows(steps), rec.world)
         findings += partial_window_findings(rank, _windows(steps), res.k)
         findings += grad_step_findings(rank, _windows(steps), res)
     findings += _cross_rank(rec)
@@ -841,6 +843,9 @@ def loss_scale_findings(rank: int | None, windows: list[dict[str, Any]], k: int 
         return []
     judged = [(w, m) for w in windows if int(w.get("window", 0)) == k
               for m in [_window_mass(w)] if m is not None and m.sole]
+    if judged and all(_near(m.mass, float(k), m.low) and _unscaled(w, m.low)
+                      for w, m in judged):
+        return _times_k(rank, judged, k, world)
     if not judged or not all(_near(m.mass, 1.0 / k, m.low) for _, m in judged):
         return []
     w, m = judged[0]
@@ -861,6 +866,92 @@ def loss_scale_findings(rank: int | None, windows: list[dict[str, Any]], k: int 
                 "engine.backward or a Trainer, which divide by K themselves). The optimizer "
                 f"receives G/K: every update is {k}x too small (with SGD, an effective "
                 f"learning rate of lr/{k}). Divide by K (or by the window's count) once")]
+
+
+def rank_scale_findings(rank: int | None, windows: list[dict[str, Any]], world: int
+                        ) -> list[Finding]:
+    """F10 from what the step received: on DDP, whose synced last backward already averaged
+    the gradient across ranks, the loop issued gradient collectives of its own (DDP's own
+    reductions run in C++ and are not counted, so every counted one is the script's), and
+    the optimizer received exactly c times the sum of the backwards (conservation checked,
+    its residual within tolerance, no clipping in the window). c = W: a hand-written
+    all_reduce(SUM) without /W; c = 1/W: averaged twice; c = 1: a redundant all-reduce
+    (correct, a note). Anything else is not judged."""
+    if world < 2:
+        return []
+    hits: list[tuple[dict[str, Any], float]] = []
+    redundant: list[dict[str, Any]] = []
+    for w in windows:
+        cons = w.get("conservation")
+        syncs = w.get("sync_micros") or []
+        if (w.get("engine") != "ddp" or not syncs or syncs[-1] is not True
+                or int(w.get("reductions", 0)) < 1 or int(w.get("clips", 0))
+                or not isinstance(cons, dict) or not cons.get("ok", False)
+                or float(cons.get("received", 1.0)) > WEIGHT_TOL):
+            continue
+        c = float(cons.get("scale", 1.0))
+        if _near(c, float(world), False) or _near(c, 1.0 / world, False):
+            hits.append((w, c))
+        elif _near(c, 1.0, False):
+            redundant.append(w)
+    if hits and len(hits) * 2 >= len(windows):
+        w, c = hits[0]
+        many = c > 1
+        return [_mk("F10", "error", rank, int(w["step"]), None,
+                    f"DDP averaged the gradient across the {world} ranks in the window's last "
+                    f"(synced) backward, then the script issued {int(w.get('reductions', 0))} "
+                    "gradient collective(s) of its own before the optimizer step, and the "
+                    f"optimizer received {c:.4g} x the gradient the backwards produced "
+                    f"(gradient conservation, {len(hits)} of {len(windows)} step(s)): "
+                    + (f"an all_reduce(SUM) without /W, every update is {world}x too large"
+                       if many else f"the gradient averaged twice, every update is "
+                       f"{world}x too small")
+                    + ". Remove the hand-written all-reduce (DDP already averages), or "
+                    "average it exactly once")]
+    if redundant:
+        w = redundant[0]
+        return [_mk("OK", "note", rank, int(w["step"]), None,
+                    f"correct but wasteful: DDP averaged the gradient in the synced backward "
+                    f"and the script issued {int(w.get('reductions', 0))} more gradient "
+                    f"collective(s) per optimizer step that left it unchanged ({len(redundant)} "
+                    "step(s)); drop the hand-written all-reduce")]
+    return []
+
+
+def _unscaled(w: dict[str, Any], low: bool) -> bool:
+    """The optimizer received the sum of the window's backwards as they were (conservation
+    checked, common scale c = 1): nothing divided the gradient by hand before the step."""
+    cons = w.get("conservation")
+    if not isinstance(cons, dict) or not cons.get("ok", False):
+        return False
+    return _near(float(cons.get("scale", 1.0)), 1.0, low)
+
+
+def _times_k(rank: int | None, judged: list[tuple[dict[str, Any], _Mass]], k: int,
+             world: int) -> list[Finding]:
+    """The loss never divided by K: every window of K weighs its tokens K (each micro-step's
+    loss a full mean) and the optimizer receives the sum of the K gradients, K x G."""
+    w, m = judged[0]
+    clipped = any(int(x.get("clips", 0)) for x, _ in judged)
+    seen = (f"{_short(m.site)}: every backward's loss was that call's output times a "
+            f"constant (nothing else in the loss), and in each window of K = {k} micro-steps "
+            f"({len(judged)} judged) its tokens carried a total weight of "
+            f"{m.per_micro[0]:.4g} per micro-step, {m.mass:.4g} per window (K) instead of 1, "
+            "and the optimizer received that sum unchanged (gradient conservation, scale 1)")
+    if world > 1 and _near(float(k), float(world), False):
+        return [_mk("LOSS_SCALE", "note", rank, int(w["step"]), None,
+                    f"{seen}. With {world} ranks this is also what a loss multiplied by W "
+                    "gives to undo DDP's average; if the loss is meant to be the window's "
+                    "mean, it is not divided by K and the update is K times too large")]
+    return [_mk("LOSS_SCALE", "error", rank, int(w["step"]), None,
+                f"{seen}: the loss is not divided by K. The optimizer receives K x G, the sum "
+                f"of the {k} micro-batch gradients instead of the large batch's mean: with "
+                f"SGD every update is {k}x the large-batch step (an effective learning rate "
+                f"of {k} x lr); with Adam the difference is nearly hidden (only epsilon"
+                + (" and, here, gradient clipping, which sees a norm K times larger"
+                   if clipped else " and any gradient clipping") + " change the update), "
+                "but it is not the large-batch update. Divide each micro-step's loss by K "
+                "(or normalise by the window's token count)")]
 
 
 def partial_window_findings(rank: int | None, windows: list[dict[str, Any]],
