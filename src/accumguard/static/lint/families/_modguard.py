@@ -9,9 +9,9 @@ The rules stay in the family module; this module emits no finding.
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from accumguard.static.lint._ast import LOOPS, dotted, position, walk_all
+from accumguard.static.lint._ast import FUNCS, LOOPS, dotted, position, walk_all
 from accumguard.static.lint._context import FileContext
 
 
@@ -24,6 +24,9 @@ class ModGuard:
     offset: int
     excludes_zero: bool
     modulus: ast.AST
+    # r of ``c % K == r`` (r >= 1, folded into ``offset`` as -r): which window it gives depends
+    # on K's value, so the rule reads K's values instead of reasoning with a symbolic K
+    residue: int = 0
 
 
 def _counter_and_offset(expr: ast.AST) -> tuple[str, int] | None:
@@ -46,6 +49,7 @@ def mod_term(term: ast.AST) -> ModGuard | None:
     """``(c + a) % K == 0``, ``c % K == K - 1``, ``0 == c % K``, ``not c % K``."""
     mod: ast.AST | None = None
     shift = 0
+    residue = 0
     if isinstance(term, ast.UnaryOp) and isinstance(term.op, ast.Not):
         mod = term.operand
     elif isinstance(term, ast.Compare) and len(term.ops) == 1 and isinstance(term.ops[0], ast.Eq):
@@ -57,6 +61,8 @@ def mod_term(term: ast.AST) -> ModGuard | None:
         mod = a
         if isinstance(b, ast.Constant) and b.value == 0 and type(b.value) is int:
             shift = 0
+        elif isinstance(b, ast.Constant) and type(b.value) is int and 0 < b.value < 64:
+            residue = b.value  # c % K == r  <=>  (c - r) % K == 0, for K > r
         elif (
             isinstance(b, ast.BinOp) and isinstance(b.op, ast.Sub)
             and isinstance(b.right, ast.Constant) and b.right.value == 1
@@ -69,12 +75,12 @@ def mod_term(term: ast.AST) -> ModGuard | None:
         return None
     if isinstance(mod.right, ast.Constant):
         k = mod.right.value
-        if type(k) is not int or k < 4:
+        if type(k) is not int or k < 4 or k <= residue:
             return None  # the symbolic reasoning below assumes K larger than the offsets
     co = _counter_and_offset(mod.left)
     if co is None:
         return None
-    return ModGuard(co[0], co[1] + shift, False, mod.right)
+    return ModGuard(co[0], co[1] + shift - residue, False, mod.right, residue)
 
 
 def _excludes_zero(term: ast.AST, counter: str) -> bool:
@@ -116,7 +122,7 @@ def mod_guard(test: ast.AST) -> ModGuard | None:
         if isinstance(test.op, ast.And):
             if not all(_excludes_zero(t, guard.counter) for t in others):
                 return None  # another condition: when it holds cannot be told
-            return ModGuard(guard.counter, guard.offset, bool(others), guard.modulus)
+            return replace(guard, excludes_zero=bool(others))
         if all(_end_of_data(t) for t in others):
             return guard  # `... or i + 1 == len(loader)`: the end of the data, not the window
         return None
@@ -265,3 +271,45 @@ def window_size_text(m: int, o: int) -> str:
     if m == 0:
         return str(o)
     return "K" + (f" + {o}" if o > 0 else f" - {-o}" if o < 0 else "")
+
+
+def first_window(start: int, offset: int, k: int, after: bool, excludes_zero: bool) -> int:
+    """Micro-batches in the first window for a concrete K: the first j >= 0 with
+    ``(start + j + offset) % k == 0`` (and a nonzero counter with ``excludes_zero``), plus
+    one when the step follows the backward; 0 is a no-op step before any backward."""
+    j = next(
+        j for j in range(2 * k + abs(offset) + abs(start) + 1)
+        if (start + j + offset) % k == 0 and not (excludes_zero and start + j == 0)
+    )
+    return j + (1 if after else 0)
+
+
+def k_values(ctx: FileContext, modulus: ast.AST, site: ast.AST) -> set[int | None]:
+    """Every integer the file gives the modulus ``K`` (None for a value not in sight): the
+    values :meth:`int_candidates` reads, and for a parameter of the function around ``site``
+    its default and each ``K=<int>`` keyword passed to that function."""
+    values = set(ctx.int_candidates(modulus))
+    func = ctx.enclosing(site, FUNCS)
+    name = modulus.id if isinstance(modulus, ast.Name) else None
+    if name is None or not isinstance(func, ast.FunctionDef | ast.AsyncFunctionDef):
+        return values
+    args = func.args
+    positional = args.posonlyargs + args.args
+    params = {a.arg: d for a, d in zip(positional[len(positional) - len(args.defaults):], args.defaults, strict=True)}
+    params |= {a.arg: d for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True) if d is not None}
+    if name not in params and name not in {a.arg for a in positional + args.kwonlyargs}:
+        return values
+    values.discard(None)
+    found: set[int | None] = set()
+    if name in params:
+        found |= ctx.int_candidates(params[name])
+    index = next((i for i, a in enumerate(positional) if a.arg == name), None)
+    for call in ctx.of(ast.Call):
+        if dotted(call.func) not in (func.name, f"self.{func.name}"):
+            continue
+        kw = next((k.value for k in call.keywords if k.arg == name), None)
+        if kw is None and index is not None and index < len(call.args):
+            kw = call.args[index]  # (a method called through self: off by one; the value is then None)
+        if kw is not None:
+            found |= ctx.int_candidates(kw)
+    return (values | found) or {None}

@@ -51,7 +51,9 @@ from accumguard.static.lint.families._modguard import (
     assignments_by_name,
     counter_start,
     exclusive,
+    first_window,
     int_constant,
+    k_values,
     mod_guard,
     mod_term,
     top_statement,
@@ -223,6 +225,11 @@ def boundary_counter_off_by_one(ctx: FileContext) -> Iterator[Finding]:
                 )
                 continue
             assert isinstance(start, int)
+            if guard.residue:
+                finding = _residue_finding(ctx, guard_if, guard, start, after)
+                if finding is not None:
+                    yield finding
+                continue
             t = start + guard.offset
             # first firing j0 = m*K + o micro-batches in (0-based), K symbolic
             m, o = (0, 0) if t == 0 else (1, -t) if t > 0 else (0, -t)
@@ -251,6 +258,50 @@ def boundary_counter_off_by_one(ctx: FileContext) -> Iterator[Finding]:
                     confidence=Confidence.MEDIUM,
                 )
             yield finding
+
+
+def _micro_batches(n: int) -> str:
+    return f"{n} micro-batch" + ("" if n == 1 else "es")
+
+
+def _residue_finding(ctx: FileContext, guard_if: ast.If, guard: ModGuard, start: int, after: bool) -> Finding | None:
+    """``if i % K == r:`` (r >= 1): the first window has K micro-batches for one value of K
+    at most (``i % K == 1`` after the backward, ``i`` from 0: only K = 2), so the rule reads
+    K's values. An error when every value in sight is wrong, a warning when some value is not
+    in sight; nothing when a value in sight makes the window right (or never fires: K <= r)."""
+    values = k_values(ctx, guard.modulus, guard_if)
+    known = sorted(v for v in values if v is not None)
+    if any(k <= guard.residue or first_window(start, guard.offset, k, after, guard.excludes_zero) in (0, k)
+           for k in known):
+        return None
+    test = ast.unparse(guard_if.test)
+    if known:
+        sizes = ", ".join(
+            _micro_batches(first_window(start, guard.offset, k, after, guard.excludes_zero)) + f" instead of K = {k}"
+            for k in known
+        )
+        what = f"the first window has {sizes}"
+    else:
+        n = first_window(start, guard.offset, 64, after, guard.excludes_zero)  # any K well above r
+        if n == 0:
+            return None  # a no-op step before the first backward
+        what = f"the first window has {_micro_batches(n)}, right only for K = {n}"
+    where = "after" if after else "before"
+    finding = ctx.finding(
+        "AG115",
+        guard_if,
+        f"the step runs when `{test}`, {where} this micro-batch's backward, with `{guard.counter}` = "
+        f"{start} on the first micro-batch: {what} (the remainder {guard.residue} shifts every "
+        "boundary; `== 0` on the 1-based count is the usual test)",
+    )
+    if None in values:
+        finding = replace(
+            finding,
+            message=finding.message + f"; `{ast.unparse(guard.modulus)}` is not fully in sight",
+            severity=Severity.WARNING,
+            confidence=Confidence.MEDIUM,
+        )
+    return finding
 
 
 # ---------------------------------------------------------------- AG117: the epoch's leftover
