@@ -21,6 +21,7 @@ Size (~930 lines): every per-window rule that turns observations into findings l
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,7 +33,7 @@ __all__ = ["NUMBERING", "WEIGHT_TOL", "WEIGHT_TOL_LOW_PRECISION", "DeclaredK", "
            "KResolution", "RunRecording", "analyze", "classify_token_weights",
            "conservation_class", "grad_step_findings", "live_findings", "load_recordings",
            "loss_scale_findings", "loss_weight_findings", "partial_window_findings",
-           "rank_scale_findings",
+           "low_precision_findings", "rank_scale_findings",
            "resolve_k", "step_record", "windows"]
 
 
@@ -187,9 +188,29 @@ def _windows(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         w = dict(s)
         w["window"] = int(s["backwards"]) + carry
+        if not carry:
+            per = _backwards_per_micro(s)
+            if per > 1:  # several losses of one forward, each with its own backward
+                w["window"] = int(s["backwards"]) // per
+                w["backwards_per_micro"] = per
         carry = 0
         out.append(w)
     return out
+
+
+def _backwards_per_micro(s: dict[str, Any]) -> int:
+    """Backward passes per micro-step when every micro-step runs the same number b > 1 of
+    them on one forward (an actor and a critic loss, each with its own backward): the
+    watched forwards before each backward are ``[f, 0, .., 0] * K`` with f > 0 and b - 1
+    zeros. 1 otherwise (one backward per micro-step, or a pattern that is not regular)."""
+    fw = s.get("forwards") or []
+    if len(fw) < 2 or len(fw) != int(s.get("backwards", 0)) or not fw[0]:
+        return 1
+    heads = [i for i, f in enumerate(fw) if f]
+    per = len(fw) // len(heads)
+    if per < 2 or per * len(heads) != len(fw) or heads != list(range(0, len(fw), per)):
+        return 1
+    return per
 
 
 @dataclass(frozen=True)
@@ -269,6 +290,7 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
         findings += loss_weight_findings(rank, _windows(steps))
         findings += loss_scale_findings(rank, _windows(steps), res.k, rec.world)
         findings += rank_scale_findings(rank, _windows(steps), rec.world)
+        findings += low_precision_findings(rank, _windows(steps))
         findings += partial_window_findings(rank, _windows(steps), res.k)
         findings += grad_step_findings(rank, _windows(steps), res)
     findings += _cross_rank(rec)
@@ -322,7 +344,11 @@ def _rank_findings(rank: int, steps: list[dict[str, Any]], info: dict[str, Any],
         clipped = bool(early_clips) and not int(w.get("zero_grads_between", 0))
         if cons and not cons.get("ok", True) and not (clipped and cons.get("reason") != "stale"):
             # (a clip between backwards shrinks the accumulated gradient: F8 below says so)
-            if cons.get("reason") == "stale":
+            dropped = _dropped_tail(w)
+            if dropped:
+                out.append(_mk("F7", "error", rank, step, dropped - 1,
+                               _dropped_text(w, dropped)))
+            elif cons.get("reason") == "stale":
                 out.append(_mk("F7", "error", rank, step, 0,
                                f"gradient left from before this window (relative size "
                                f"{cons['stale']:.3g}) reached optimizer step {_n(step)}: "
@@ -360,6 +386,32 @@ def _rank_findings(rank: int, steps: list[dict[str, Any]], info: dict[str, Any],
                            f"DeepSpeed clips at {clip:g} by default (gradient_clipping not set); "
                            "no step exceeded it in this run"))
     return out
+
+
+def _dropped_tail(w: dict[str, Any]) -> int:
+    """Micro-steps at the end of a pass over the DataLoader that a ``zero_grad()`` at the
+    start of the next pass cleared before any step (0: not that): the window spans two
+    passes and conservation saw the gradient wiped exactly where the new pass began."""
+    cons = w.get("conservation")
+    if not isinstance(cons, dict) or cons.get("ok", True) or cons.get("reason") != "wiped":
+        return 0
+    j = cons.get("first_wipe")
+    n = int(w.get("window", w.get("backwards", 0)))
+    if (isinstance(j, int) and 0 < j < n and j in (w.get("data_pass_starts") or [])
+            and int(w.get("zero_grads_between", 0))):
+        return j
+    return 0
+
+
+def _dropped_text(w: dict[str, Any], j: int) -> str:
+    cons = w["conservation"]
+    n = int(w.get("window", w.get("backwards", 0)))
+    return (f"{j} micro-step(s) at the end of a pass over the DataLoader (an epoch) were "
+            f"never stepped: zero_grad() at the start of the next pass cleared their "
+            f"gradient ({cons['wiped']:.3g} of the window's gradient, relative, removed "
+            f"before backward pass {j + 1}), so optimizer step {_n(w['step'])} received only "
+            f"the {n - j} micro-step(s) of the new pass: the partial window was dropped. "
+            "Step (normalised by its own count) after the last micro-batch of each pass")
 
 
 def _sync_findings(rank: int, w: dict[str, Any]) -> list[Finding]:
@@ -439,6 +491,7 @@ def _window_findings(rank: int, windows: list[dict[str, Any]], info: dict[str, A
             w, n0 = crossed[0], int(crossed[0]["window"])
             j = next(j for j in w["data_pass_starts"] if 0 < j < n0)
             out.append(_mk("F7", "error", rank, w["step"], n0 - 1,
+                           _dropped_text(w, j) if _dropped_tail(w) == j else
                            f"a window of {n0} backward passes (K = {k}) before optimizer step "
                            f"{_n(w['step'])}: {j} micro-step(s) left at the end of a pass over "
                            "the DataLoader (an epoch) were not stepped and leaked into the "
@@ -916,6 +969,68 @@ def rank_scale_findings(rank: int | None, windows: list[dict[str, Any]], world: 
                     f"collective(s) per optimizer step that left it unchanged ({len(redundant)} "
                     "step(s)); drop the hand-written all-reduce")]
     return []
+
+
+#: Unit roundoff of the low-precision gradient dtypes (as verify.tolerance, which observe
+#: may not import).
+_U_LOW = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
+#: F12 is an error when the expected drift is this many times the precision's own floor.
+F12_ERROR_FACTOR = 4.0
+#: Windows shorter than this are not reported (the drift is below the precision floor).
+F12_MIN_K = 4
+
+
+def f12_drift(u: float, k: int) -> float:
+    """Expected relative drift of K gradients summed in a dtype of unit roundoff u: each
+    of the K-1 additions rounds with an error uniform in +-u of the running sum (standard
+    deviation u/sqrt(3)), the running sum grows linearly, so the errors add up to about
+    (u/sqrt(3)) * sqrt(K/3) = u*sqrt(K)/3 of the final sum (bf16, K = 32: 7.4e-3; measured
+    on blind round 6's b12: 6.6e-3)."""
+    return u * k ** 0.5 / 3.0
+
+
+def low_precision_findings(rank: int | None, windows: list[dict[str, Any]]
+                           ) -> list[Finding]:
+    """F12: the optimizer stepped bf16/fp16 parameters (a torch optimizer: DeepSpeed keeps
+    fp32 gradient buffers; Accumulator(master_weights=True) and FSDP2's sharded fp32
+    parameters step fp32) on a gradient that K backward passes summed in place in .grad
+    (no zero_grad between them, and where conservation was checked, nothing removed
+    between backwards: an fp32 gradient-buffer pattern clears .grad after each backward).
+    The precision's own floor is 2u (a bf16 model's micro-step gradients already carry
+    about u; verify.tolerance allows twice the reference's error at that compute
+    precision); the expected drift u*sqrt(K)/3 is an error only from F12_ERROR_FACTOR
+    times that floor (bf16: K >= 576), a warning below it."""
+    judged = []
+    for w in windows:
+        u = _U_LOW.get(str(w.get("param_dtype") or "").replace("torch.", ""))
+        n = int(w.get("window", 0))
+        if (u is None or w.get("source", "torch") != "torch" or n < F12_MIN_K
+                or int(w.get("zero_grads_between", 0))):
+            continue
+        cons = w.get("conservation")
+        if isinstance(cons, dict) and float(cons.get("wiped", 0.0)) > 0.0:
+            continue  # gradients moved out between backwards (an fp32 buffer): not summed
+        judged.append((w, u, n, isinstance(cons, dict)))
+    if not judged or not any(c for *_, c in judged):
+        return []  # never checked by conservation: a hand-written clear cannot be excluded
+    w, u, n, _ = max(judged, key=lambda t: t[2])
+    drift, floor = f12_drift(u, n), 2 * u
+    dtype = str(w.get("param_dtype")).replace("torch.", "")
+    error = drift >= F12_ERROR_FACTOR * floor
+    k_err = math.ceil((F12_ERROR_FACTOR * floor * 3.0 / u) ** 2 - 1e-9)  # bf16: 576
+    return [_mk("F12", "error" if error else "warning", rank, int(w["step"]), None,
+                f"the optimizer stepped {dtype} parameters on a gradient that {n} backward "
+                f"passes summed in place in {dtype} .grad ({len(judged)} window(s)): each "
+                f"addition rounds to the {dtype} unit roundoff u = {u:.3g}, an expected drift "
+                f"of about u*sqrt(K)/3 = {drift:.2g} (relative) from the exact sum of the "
+                f"micro-step gradients, growing as sqrt(K), against a precision floor of "
+                f"2u = {floor:.2g} for a {dtype} model"
+                + (": clearly beyond it" if error else
+                   f" (an error from K >= {k_err})")
+                + ". Accumulate in fp32: accumguard's Accumulator(master_weights=True), fp32 "
+                "gradient buffers, DeepSpeed bf16 with fp32 gradient accumulation, or FSDP2 "
+                "with fp32 parameters and MixedPrecisionPolicy(param_dtype=bfloat16, "
+                "reduce_dtype=float32)")]
 
 
 def _unscaled(w: dict[str, Any], low: bool) -> bool:
