@@ -986,7 +986,7 @@ def f12_drift(u: float, k: int) -> float:
     deviation u/sqrt(3)), the running sum grows linearly, so the errors add up to about
     (u/sqrt(3)) * sqrt(K/3) = u*sqrt(K)/3 of the final sum (bf16, K = 32: 7.4e-3; measured
     on blind round 6's b12: 6.6e-3)."""
-    return u * k ** 0.5 / 3.0
+    return u * math.sqrt(k) / 3.0
 
 
 def low_precision_findings(rank: int | None, windows: list[dict[str, Any]]
