@@ -9,7 +9,11 @@ AG109 (F2) the loop calls ``engine.step()`` once per several ``engine.backward()
       ``set_gradient_accumulation_boundary``, ``no_sync``).
 AG110 (F14) the same hand-gated loop while the config's GA is K > 1: double gating; or,
       config in sight or not, a loop whose K is the engine's own
-      ``engine.gradient_accumulation_steps()`` around one ``step()``.
+      ``engine.gradient_accumulation_steps()`` around one ``step()``; or, config out of
+      sight (``--deepspeed_config`` on the command line), a ``step()`` gated by the loop's
+      own modulo while the loss handed to ``backward()`` is never divided: the loop leaves
+      the 1/K to the engine's GA, which then gates a second time (and with GA 1 the step
+      applies K times the mean gradient).
 AG200-AG207: a config written as a dict literal in the script gets exactly the
       checks ``accumguard check-config`` applies to a file, at the script's lines.
 """
@@ -176,6 +180,79 @@ def _engine_ga_names(ctx: FileContext) -> set[str]:
     return ctx._cached("engine_ga_names", ctx.tree, compute)  # type: ignore[no-any-return]
 
 
+def _undivided_hand_gated(ctx: FileContext, window: ast.AST, site: ast.Call) -> str | None:
+    """The K of ``if <counter> % K == ...: engine.step()`` when every ``engine.backward(loss)``
+    of the window gets a loss nothing scaled (:func:`_plain_loss`) and K divides nothing
+    anywhere in the file (a helper may divide the loss by it). None otherwise."""
+    mods: list[ast.AST] = []
+    cur = ctx.parents.get(site)
+    while cur is not None and cur is not window:
+        if isinstance(cur, ast.If) and site not in getattr(cur, "orelse", ()):
+            mods += [n.right for n in walk_all(cur.test) if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod)]
+        cur = ctx.parents.get(cur)
+    k_names = {d for m in mods if (d := dotted(m)) is not None}
+    if len(mods) != 1 or not k_names:
+        return None
+    for n in ctx.of(ast.BinOp, ast.AugAssign):
+        if isinstance(n.op, ast.Div) and any(
+            dotted(side) in k_names for side in ((n.left, n.right) if isinstance(n, ast.BinOp) else (n.value,))
+        ):
+            return None  # K divides something: the loss, maybe in a helper (`// K` counts updates)
+    local_funcs = {f.name for f in ctx.of(ast.FunctionDef, ast.AsyncFunctionDef)}
+    scope = ctx.scope_of(window)
+    backwards = [
+        n for n in ctx.local_nodes(window)
+        if isinstance(n, ast.Call) and call_attr(n) == "backward"
+        and ctx.kind_of_receiver(receiver(n)) == "engine"
+    ]
+    if not backwards:
+        return None
+    for call in backwards:
+        if len(call.args) != 1 or call.keywords:
+            return None  # scale_wrt_gas=..., retain_graph: not the plain form
+        if not _plain_loss(ctx, scope, call.args[0], k_names, local_funcs, set()):
+            return None
+    return ", ".join(sorted(k_names))
+
+
+_SCALING_METHODS = {"div", "div_", "mul", "mul_", "true_divide", "divide", "multiply", "__truediv__", "__mul__"}
+
+
+def _plain_loss(
+    ctx: FileContext, scope: ast.AST, expr: ast.AST, k_names: set[str], local_funcs: set[str], seen: set[str]
+) -> bool:
+    """``expr`` is a loss nothing scaled: followed along its spine (a name to its assignments
+    in ``scope``, ``out.loss``/``out[0]`` to ``out``, ``loss.mean()`` to ``loss``) down to
+    calls of functions the file does not define, with no arithmetic and no K on the way.
+    Arithmetic inside the calls' arguments (the inputs) does not scale the loss."""
+    if isinstance(expr, ast.Name):
+        if expr.id in seen:
+            return True
+        seen.add(expr.id)
+        values: list[ast.AST] = []
+        for n in ctx.local_nodes(scope):
+            if isinstance(n, ast.AugAssign | ast.AnnAssign) and dotted(n.target) == expr.id:
+                return False
+            if isinstance(n, ast.Assign):
+                for t in n.targets:
+                    names = t.elts if isinstance(t, ast.Tuple | ast.List) else [t]
+                    if any(isinstance(x, ast.Name) and x.id == expr.id for x in names):
+                        values.append(n.value)
+        return all(_plain_loss(ctx, scope, v, k_names, local_funcs, seen) for v in values)
+    if isinstance(expr, ast.Attribute | ast.Subscript):
+        return _plain_loss(ctx, scope, expr.value, k_names, local_funcs, seen)
+    if isinstance(expr, ast.Call):
+        if any(dotted(n) in k_names for n in walk_all(expr) if isinstance(n, ast.Name | ast.Attribute)):
+            return False
+        name = (dotted(expr.func) or "").split(".")[-1]
+        if name in local_funcs or name in _SCALING_METHODS:
+            return False  # a helper of the script may divide; loss.div(...) scales
+        return not isinstance(expr.func, ast.Attribute) or _plain_loss(
+            ctx, scope, expr.func.value, k_names, local_funcs, seen
+        )
+    return False  # arithmetic, a conditional, anything else: cannot tell
+
+
 @rule("AG109", "AG110")
 def engine_gating(ctx: FileContext) -> Iterator[Finding]:
     if ctx.explicit_ds_boundary:
@@ -205,7 +282,22 @@ def engine_gating(ctx: FileContext) -> Iterator[Finding]:
         )
     ref = ctx.ds_config()
     if ref is None:
-        return  # no config in sight: do not guess
+        # no config in sight: GA is not guessed, but a loop that gates step() with its own
+        # modulo and hands engine.backward() a loss it never divides is wrong for every GA:
+        # GA = K gates twice (F14), GA = 1 applies K times the mean gradient
+        for window, site in sites:
+            if id(site) not in by_engine and (k := _undivided_hand_gated(ctx, window, site)) is not None:
+                name = dotted(receiver(site)) or "engine"
+                yield ctx.finding(
+                    "AG110",
+                    site,
+                    f"`{name}.step()` is gated by hand every `{k}` micro-batches and the loss given to "
+                    "`backward()` is never divided by it, so the loop relies on DeepSpeed to scale the "
+                    "loss by 1/GA: with the config's gradient_accumulation_steps = K the engine gates a "
+                    "second time and steps once per K x K micro-batches (double gating); with GA = 1 "
+                    "the step applies K times the mean gradient (the config is not in sight)",
+                )
+        return
     if ref.managed is False:
         return  # step() is the boundary: a hand-gated loop is what this mode expects
     for window, site in sites:
