@@ -214,6 +214,16 @@ RULES: dict[str, Rule] = {
             "size the schedule in optimizer steps",
         ),
         _rule(
+            "AG119", "scheduler-in-micro-step-hook", "F4", E, HI,
+            "LR scheduler stepped in a framework hook that runs on every micro-batch (Hugging Face "
+            "TrainerCallback.on_substep_end; Lightning on_train_batch_end / on_after_backward with "
+            "accumulate_grad_batches > 1): the schedule advances per micro-batch, not per optimizer step",
+            "step the scheduler in a hook that runs once per optimizer step (HF on_step_end or "
+            "on_optimizer_step; Lightning on_before_optimizer_step / optimizer_step), or let the "
+            "Trainer step it (HF lr_scheduler_type, Lightning configure_optimizers with "
+            "interval='step')",
+        ),
+        _rule(
             "AG115", "boundary-counter-off-by-one", "F13", E, HI,
             "the step is gated by a micro-batch counter compared off by one (`i % K == 0` with i "
             "counting from 0, the step after the backward): the first window has 1 (or K+1) "

@@ -2,7 +2,8 @@
 
 ``window``     AG101 AG102 AG105   optimizer step / zero_grad / clipping inside the window;
                AG115 AG117         the boundary counter off by one; an epoch's leftover leaking on
-``schedule``   AG103 AG114         LR scheduler stepped per micro-step or per process
+``schedule``   AG103 AG114         LR scheduler stepped per micro-step or per process;
+               AG119               ... or in a framework hook run on every micro-batch
 ``loss``       AG104 AG112 AG113   loss normalisation: mean of means, /W under DDP, rank means;
                AG118               an HF Trainer.compute_loss mean that ignores num_items_in_batch
 ``sync``       AG106 AG111         gradient-sync flags (DDP no_sync, FSDP2 set_requires_gradient_sync)

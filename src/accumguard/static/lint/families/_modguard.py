@@ -304,12 +304,22 @@ def k_values(ctx: FileContext, modulus: ast.AST, site: ast.AST) -> set[int | Non
     if name in params:
         found |= ctx.int_candidates(params[name])
     index = next((i for i, a in enumerate(positional) if a.arg == name), None)
-    for call in ctx.of(ast.Call):
-        if dotted(call.func) not in (func.name, f"self.{func.name}"):
-            continue
+    by_name = calls_by_name(ctx)
+    for call in by_name.get(func.name, []) + by_name.get(f"self.{func.name}", []):
         kw = next((k.value for k in call.keywords if k.arg == name), None)
         if kw is None and index is not None and index < len(call.args):
             kw = call.args[index]  # (a method called through self: off by one; the value is then None)
         if kw is not None:
             found |= ctx.int_candidates(kw)
     return (values | found) or {None}
+
+
+def calls_by_name(ctx: FileContext) -> dict[str, list[ast.Call]]:
+    """The file's calls by the dotted name of what they call (built once per file)."""
+    def compute() -> dict[str, list[ast.Call]]:
+        out: dict[str, list[ast.Call]] = {}
+        for call in ctx.of(ast.Call):
+            if (d := dotted(call.func)) is not None:
+                out.setdefault(d, []).append(call)
+        return out
+    return ctx._cached("calls_by_name", ctx.tree, compute)  # type: ignore[no-any-return]

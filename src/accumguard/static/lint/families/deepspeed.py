@@ -193,12 +193,9 @@ def _undivided_hand_gated(ctx: FileContext, window: ast.AST, site: ast.Call) -> 
     k_names = {d for m in mods if (d := dotted(m)) is not None}
     if len(mods) != 1 or not k_names:
         return None
-    for n in ctx.of(ast.BinOp, ast.AugAssign):
-        if isinstance(n.op, ast.Div) and any(
-            dotted(side) in k_names for side in ((n.left, n.right) if isinstance(n, ast.BinOp) else (n.value,))
-        ):
-            return None  # K divides something: the loss, maybe in a helper (`// K` counts updates)
-    local_funcs = {f.name for f in ctx.of(ast.FunctionDef, ast.AsyncFunctionDef)}
+    if k_names & _divisors(ctx):
+        return None  # K divides something: the loss, maybe in a helper (`// K` counts updates)
+    local_funcs = _local_funcs(ctx)
     scope = ctx.scope_of(window)
     backwards = [
         n for n in ctx.local_nodes(window)
@@ -215,6 +212,43 @@ def _undivided_hand_gated(ctx: FileContext, window: ast.AST, site: ast.Call) -> 
     return ", ".join(sorted(k_names))
 
 
+def _divisors(ctx: FileContext) -> set[str]:
+    """Dotted names that divide something in the file (``x / K``, ``x /= K``), once per file."""
+    def compute() -> set[str]:
+        out: set[str] = set()
+        for n in ctx.of(ast.BinOp, ast.AugAssign):
+            if isinstance(n.op, ast.Div):
+                for side in (n.left, n.right) if isinstance(n, ast.BinOp) else (n.value,):
+                    if (d := dotted(side)) is not None:
+                        out.add(d)
+        return out
+    return ctx._cached("ds_divisors", ctx.tree, compute)  # type: ignore[no-any-return]
+
+
+def _local_funcs(ctx: FileContext) -> set[str]:
+    return ctx._cached(  # type: ignore[no-any-return]
+        "ds_local_funcs", ctx.tree, lambda: {f.name for f in ctx.of(ast.FunctionDef, ast.AsyncFunctionDef)}
+    )
+
+
+def _name_values(ctx: FileContext, scope: ast.AST) -> tuple[dict[str, list[ast.AST]], set[str]]:
+    """For ``scope``: the values assigned to each plain name (tuple targets included) and the
+    names an augmented or annotated assignment writes; once per scope."""
+    def compute() -> tuple[dict[str, list[ast.AST]], set[str]]:
+        values: dict[str, list[ast.AST]] = {}
+        rewritten: set[str] = set()
+        for n in ctx.local_nodes(scope):
+            if isinstance(n, ast.AugAssign | ast.AnnAssign) and isinstance(n.target, ast.Name):
+                rewritten.add(n.target.id)
+            elif isinstance(n, ast.Assign):
+                for t in n.targets:
+                    for x in t.elts if isinstance(t, ast.Tuple | ast.List) else [t]:
+                        if isinstance(x, ast.Name):
+                            values.setdefault(x.id, []).append(n.value)
+        return values, rewritten
+    return ctx._cached("ds_name_values", scope, compute)  # type: ignore[no-any-return]
+
+
 _SCALING_METHODS = {"div", "div_", "mul", "mul_", "true_divide", "divide", "multiply", "__truediv__", "__mul__"}
 
 
@@ -229,16 +263,10 @@ def _plain_loss(
         if expr.id in seen:
             return True
         seen.add(expr.id)
-        values: list[ast.AST] = []
-        for n in ctx.local_nodes(scope):
-            if isinstance(n, ast.AugAssign | ast.AnnAssign) and dotted(n.target) == expr.id:
-                return False
-            if isinstance(n, ast.Assign):
-                for t in n.targets:
-                    names = t.elts if isinstance(t, ast.Tuple | ast.List) else [t]
-                    if any(isinstance(x, ast.Name) and x.id == expr.id for x in names):
-                        values.append(n.value)
-        return all(_plain_loss(ctx, scope, v, k_names, local_funcs, seen) for v in values)
+        values, rewritten = _name_values(ctx, scope)
+        if expr.id in rewritten:
+            return False
+        return all(_plain_loss(ctx, scope, v, k_names, local_funcs, seen) for v in values.get(expr.id, ()))
     if isinstance(expr, ast.Attribute | ast.Subscript):
         return _plain_loss(ctx, scope, expr.value, k_names, local_funcs, seen)
     if isinstance(expr, ast.Call):

@@ -3,6 +3,12 @@
 AG103: the scheduler stepped on every micro-step of an accumulation window.
 AG114: the scheduler stepped once per process (``for _ in range(num_processes)``)
 per optimizer step: the schedule runs W times ahead.
+AG119: the scheduler stepped in a framework hook that runs on every micro-batch: Hugging
+Face ``TrainerCallback.on_substep_end`` (called only between the micro-batches of a
+window, so stepping there is wrong for any GA), or Lightning's ``on_train_batch_end`` /
+``on_after_backward`` / ``on_before_backward`` when the file sets
+``accumulate_grad_batches`` above 1 and never to 1. A boundary test around the call
+(``if (batch_idx + 1) % trainer.accumulate_grad_batches == 0:``) is respected.
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ import ast
 from collections.abc import Iterator
 
 from accumguard.static.findings import Finding
-from accumguard.static.lint._ast import call_attr, dotted, receiver, walk_all
+from accumguard.static.lint._ast import FUNCS, call_attr, dotted, receiver, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 
@@ -59,3 +65,66 @@ def scheduler_per_process(ctx: FileContext) -> Iterator[Finding]:
                         f"`{ast.unparse(loop.iter)}`) for each optimizer step: every rank already "
                         "steps its own scheduler, so the schedule runs W times ahead",
                     )
+
+
+# HF calls on_substep_end after every micro-batch but the last of a window; Lightning calls
+# these on every batch whatever accumulate_grad_batches is
+_HF_SUBSTEP = "on_substep_end"
+_LIGHTNING_PER_BATCH = ("on_train_batch_end", "on_train_batch_start", "on_after_backward", "on_before_backward")
+
+
+def _lightning_accumulates(ctx: FileContext) -> bool:
+    """``accumulate_grad_batches=<K>`` in sight with every value K > 1."""
+    values: set[int | None] = set()
+    for call in ctx.of(ast.Call):
+        for kw in call.keywords:
+            if kw.arg == "accumulate_grad_batches":
+                values |= ctx.int_candidates(kw.value)
+    return bool(values) and all(v is not None and v > 1 for v in values)
+
+
+def _is_scheduler(ctx: FileContext, recv: ast.AST | None) -> bool:
+    """A scheduler by what the file knows of it, or ``kwargs["lr_scheduler"]``,
+    ``self.lr_schedulers()`` (Lightning), ``trainer.lr_scheduler_configs[0].scheduler``."""
+    if isinstance(recv, ast.Subscript) and isinstance(recv.slice, ast.Constant) and isinstance(recv.slice.value, str):
+        return "sched" in recv.slice.value
+    if isinstance(recv, ast.Attribute) and dotted(recv) is None:
+        return "sched" in recv.attr.lower()  # trainer.lr_scheduler_configs[0].scheduler
+    if isinstance(recv, ast.Call):
+        attr = call_attr(recv)
+        if attr == "lr_schedulers":
+            return True
+        first = recv.args[0] if recv.args else None
+        return attr in ("get", "pop") and isinstance(first, ast.Constant) and "sched" in str(first.value)
+    return ctx.kind_of_receiver(recv) == "scheduler"
+
+
+@rule("AG119")
+def scheduler_in_micro_step_hook(ctx: FileContext) -> Iterator[Finding]:
+    lightning: bool | None = None
+    for func in ctx.of(*FUNCS):
+        if ctx.enclosing(func, (ast.ClassDef,)) is None:
+            continue  # a hook is a method
+        if func.name == _HF_SUBSTEP:
+            where = "Hugging Face calls `on_substep_end` after every micro-batch of a window but the last"
+        elif func.name in _LIGHTNING_PER_BATCH:
+            if lightning is None:
+                lightning = _lightning_accumulates(ctx)
+            if not lightning:
+                continue
+            where = (f"Lightning calls `{func.name}` on every batch, and accumulate_grad_batches > 1 "
+                     "makes K batches one optimizer step")
+        else:
+            continue
+        for n in ctx.local_nodes(func):
+            if not (isinstance(n, ast.Call) and call_attr(n) == "step" and _is_scheduler(ctx, receiver(n))):
+                continue
+            if ctx.guarded(n, func):
+                continue  # stepped only at a boundary the hook tests itself
+            name = ast.unparse(receiver(n) or n.func)
+            yield ctx.finding(
+                "AG119",
+                n,
+                f"`{name}.step()` in `{func.name}`: {where}, so the learning-rate schedule advances "
+                "per micro-batch instead of once per optimizer step",
+            )

@@ -154,10 +154,12 @@ def clip_in_window(ctx: FileContext) -> Iterator[Finding]:
     """Clipping / unscale_ on every micro-step (not under DeepSpeed, which clips inside step)."""
     for window in ctx.windows():
         facts = ctx.window_facts(window)
+        if facts.engine_steps_unguarded and not facts.unguarded_optimizer_steps and not facts.summed_loss:
+            yield from _clip_beside_engine_step(ctx, window, facts.clips)
+            continue
         if (
             not facts.accumulating
             or facts.unguarded_optimizer_steps
-            or facts.engine_steps_unguarded
             or facts.summed_loss
         ):
             continue
@@ -170,6 +172,43 @@ def clip_in_window(ctx: FileContext) -> Iterator[Finding]:
                 f"`{call_attr(call)}` runs on every micro-batch: it acts on a partial (and, under "
                 "no_sync, unsynchronised) gradient; clip once on the full gradient at the boundary",
             )
+
+
+def _clip_beside_engine_step(ctx: FileContext, window: ast.AST, clips: list[ast.Call]) -> Iterator[Finding]:
+    """A DeepSpeed loop (``engine.step()`` after every backward) that clips by hand on every
+    micro-batch: DeepSpeed only reduces and steps at its GA boundary, so with GA > 1 the clip
+    acts on partial, unreduced gradients (F8). An error when the config in sight has GA > 1
+    (ZeRO-0/1; a warning on ZeRO-2/3, whose ``.grad`` may be partitioned away), a warning when the config is out of sight but the script reads the engine's GA or its
+    boundary (``gradient_accumulation_steps()``, ``is_gradient_accumulation_boundary()``);
+    nothing with GA 1 or no sign of accumulation."""
+    todo = [c for c in clips if call_attr(c) not in ("unscale_",) and not ctx.guarded(c, window)]
+    if not todo:
+        return
+    ref = ctx.ds_config()
+    ga = ref.ga if ref is not None else None
+    if ref is not None and not (isinstance(ga, int) and ga > 1):
+        return
+    if ref is None and not any(
+        call_attr(c) in ("gradient_accumulation_steps", "is_gradient_accumulation_boundary")
+        and ctx.kind_of_receiver(receiver(c)) == "engine"
+        for c in ctx.of(ast.Call)
+    ):
+        return
+    for call in todo:
+        finding = ctx.finding(
+            "AG105",
+            call,
+            f"`{call_attr(call)}` runs on every micro-batch beside `engine.step()`: DeepSpeed "
+            "accumulates until its GA boundary, so the clip acts on a partial, unreduced gradient; "
+            "set `gradient_clipping` in the config (DeepSpeed clips the full gradient at the "
+            "boundary) or clip only when `engine.is_gradient_accumulation_boundary()`"
+            + ("" if ref is not None else " (the config is not in sight: this holds when its GA > 1, "
+               "which the script's use of the engine's GA suggests)"),
+        )
+        if ref is None or ref.stage not in (0, 1, None):
+            # out of sight; or ZeRO-2/3, where .grad may be partitioned away between micro-steps
+            finding = replace(finding, severity=Severity.WARNING, confidence=Confidence.MEDIUM)
+        yield finding
 
 
 # ---------------------------------------------------------------- AG115: boundary counter off by one

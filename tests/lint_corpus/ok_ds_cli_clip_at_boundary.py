@@ -1,0 +1,23 @@
+# corpus: style=deepspeed class=OK
+# config out of sight, loop sized by the engine's GA; the hand clip waits for the boundary
+import argparse
+
+import deepspeed
+import torch
+import torch.nn.functional as F
+
+
+def main():
+    parser = deepspeed.add_config_arguments(argparse.ArgumentParser())
+    args = parser.parse_args()
+    engine, _, _, _ = deepspeed.initialize(args=args, model=build(), model_parameters=params)
+    for it in range(args.updates * engine.gradient_accumulation_steps()):
+        x, y = next_batch()
+        engine.backward(F.mse_loss(engine(x), y))
+        if engine.is_gradient_accumulation_boundary():
+            torch.nn.utils.clip_grad_value_(engine.module.parameters(), 0.5)
+        engine.step()
+
+
+if __name__ == "__main__":
+    main()
