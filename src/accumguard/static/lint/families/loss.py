@@ -39,6 +39,7 @@ from accumguard.static.lint._ast import (
 )
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families._modguard import k_values
 
 _TOKEN_MEAN_KEYWORDS = frozenset(
     {"ignore_index", "attention_mask", "loss_mask", "padding_mask", "pad_token_id", "label_mask",
@@ -227,6 +228,20 @@ def _per_micro_batch_token_mean(ctx: FileContext, window: ast.AST) -> bool:
     return False
 
 
+def _accelerate_ga_above_one(ctx: FileContext) -> bool:
+    """``Accelerator(gradient_accumulation_steps=K)`` in sight with every value K > 1 (once
+    per file: it is asked for every Accelerate window)."""
+    def compute() -> bool:
+        values: set[int | None] = set()
+        for call in ctx.of(ast.Call):
+            if (dotted(call.func) or "").split(".")[-1] == "Accelerator":
+                for kw in call.keywords:
+                    if kw.arg == "gradient_accumulation_steps":
+                        values |= k_values(ctx, kw.value, call)  # a parameter's default and callers too
+        return bool(values) and all(v is not None and v > 1 for v in values)
+    return bool(ctx._cached("accelerate_ga_above_one", ctx.tree, compute))
+
+
 @rule("AG104")
 def mean_of_means(ctx: FileContext) -> Iterator[Finding]:
     for window in ctx.windows():
@@ -234,18 +249,34 @@ def mean_of_means(ctx: FileContext) -> Iterator[Finding]:
         if not facts.accumulating or facts.summed_loss:
             continue
         by_k = _divides_by_k(ctx, window)
+        by_accelerate = not by_k and facts.accelerate and _accelerate_ga_above_one(ctx)
+        if by_accelerate:
+            # accelerator.backward() divides the loss by gradient_accumulation_steps itself
+            by_k = [
+                (n, n) for n in ctx.local_nodes(window)
+                if isinstance(n, ast.Call) and call_attr(n) == "backward" and "accelerator" in (dotted(receiver(n)) or "")
+            ]
         if not by_k:
             continue
         scope = window if isinstance(window, ast.FunctionDef | ast.AsyncFunctionDef) else ctx.scope_of(window)
         explicit = _per_micro_batch_token_mean(ctx, window)
         hints, summed = _token_mean_hints(ctx, scope)
+        cls = ctx.enclosing(window, (ast.ClassDef,)) if by_accelerate else None
+        if by_accelerate and not hints and isinstance(cls, ast.ClassDef):
+            # a trainer class builds its criterion in __init__ (CrossEntropyLoss(ignore_index=pad))
+            methods = [f for f in cls.body if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)]
+            found = [_token_mean_hints(ctx, f) for f in methods]
+            hints = any(h for h, _ in found)
+            summed = summed or any(sm for _, sm in found)
         if not explicit and (not hints or summed):
             continue
         for node, _ in by_k:
             yield ctx.finding(
                 "AG104",
                 node,
-                "the loss is divided by the number of accumulation steps, but it is a mean over "
+                ("`accelerator.backward()` divides the loss by gradient_accumulation_steps"
+                 if by_accelerate else "the loss is divided by the number of accumulation steps")
+                + ", but it is a mean over "
                 + ("this micro-batch's own token count" if explicit else
                    "a variable number of tokens (padding mask / ignore_index in sight)")
                 + ": dividing per-micro-batch means by K weights short micro-batches too much "
