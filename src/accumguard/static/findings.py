@@ -224,6 +224,14 @@ RULES: dict[str, Rule] = {
             "interval='step')",
         ),
         _rule(
+            "AG120", "low-precision-model-accumulation", "F12", W, MED,
+            "the model itself is cast to bf16/fp16 (`.to(torch.bfloat16)`, `.half()`) and its "
+            "gradients are accumulated over K > 1 micro-batches: every micro-batch is added into a "
+            "bf16/fp16 .grad, whose rounding error grows with K",
+            "keep the parameters in fp32 and run the forward under torch.autocast (the .grad buffers "
+            "stay fp32), or accumulate into fp32 copies of the gradients (master weights)",
+        ),
+        _rule(
             "AG115", "boundary-counter-off-by-one", "F13", E, HI,
             "the step is gated by a micro-batch counter compared off by one (`i % K == 0` with i "
             "counting from 0, the step after the backward): the first window has 1 (or K+1) "

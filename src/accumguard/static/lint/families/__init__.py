@@ -1,6 +1,7 @@
 """The lint rule families, one module each; importing this package registers every rule.
 
 ``window``     AG101 AG102 AG105   optimizer step / zero_grad / clipping inside the window;
+               AG120               a model cast to bf16/fp16 accumulating its .grad;
                AG115 AG117         the boundary counter off by one; an epoch's leftover leaking on
 ``schedule``   AG103 AG114         LR scheduler stepped per micro-step or per process;
                AG119               ... or in a framework hook run on every micro-batch

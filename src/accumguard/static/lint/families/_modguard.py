@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, replace
 
-from accumguard.static.lint._ast import FUNCS, LOOPS, dotted, position, walk_all
+from accumguard.static.lint._ast import FUNCS, LOOPS, call_attr, dotted, position, walk_all
 from accumguard.static.lint._context import FileContext
 
 
@@ -304,22 +304,27 @@ def k_values(ctx: FileContext, modulus: ast.AST, site: ast.AST) -> set[int | Non
     if name in params:
         found |= ctx.int_candidates(params[name])
     index = next((i for i, a in enumerate(positional) if a.arg == name), None)
-    by_name = calls_by_name(ctx)
-    for call in by_name.get(func.name, []) + by_name.get(f"self.{func.name}", []):
+    for call in calls_by_name(ctx).get(func.name, ()):
+        if dotted(call.func) not in (func.name, f"self.{func.name}"):
+            continue
         kw = next((k.value for k in call.keywords if k.arg == name), None)
-        if kw is None and index is not None and index < len(call.args):
-            kw = call.args[index]  # (a method called through self: off by one; the value is then None)
+        bound = isinstance(call.func, ast.Attribute) and positional and positional[0].arg in ("self", "cls")
+        at = None if index is None else index - 1 if bound else index
+        if kw is None and at is not None and 0 <= at < len(call.args):
+            kw = call.args[at]
         if kw is not None:
             found |= ctx.int_candidates(kw)
     return (values | found) or {None}
 
 
 def calls_by_name(ctx: FileContext) -> dict[str, list[ast.Call]]:
-    """The file's calls by the dotted name of what they call (built once per file)."""
+    """The file's calls by function/method name (the last part: ``f``, ``self.f`` and
+    ``obj.f`` all under ``f``), indexed once per file."""
     def compute() -> dict[str, list[ast.Call]]:
         out: dict[str, list[ast.Call]] = {}
         for call in ctx.of(ast.Call):
-            if (d := dotted(call.func)) is not None:
-                out.setdefault(d, []).append(call)
+            name = call_attr(call)
+            if name is not None:
+                out.setdefault(name, []).append(call)
         return out
     return ctx._cached("calls_by_name", ctx.tree, compute)  # type: ignore[no-any-return]

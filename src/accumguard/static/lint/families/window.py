@@ -23,12 +23,16 @@ micro-batches is spelled with constants (:mod:`.._lengths`) and not a multiple o
 a warning when it is not in sight. A counter running across epochs is not a leak: its
 windows span epochs with exactly K micro-batches each.
 
+AG120 (F12) the model itself cast to bf16/fp16 while a window accumulates K > 1 backwards:
+the .grad buffers are low precision too.
+
 The modulo guard and counter analysis both rules use is in :mod:`._modguard`.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from dataclasses import replace
 
@@ -49,6 +53,7 @@ from accumguard.static.lint.families._modguard import (
     UNKNOWN_START,
     ModGuard,
     assignments_by_name,
+    calls_by_name,
     counter_start,
     exclusive,
     first_window,
@@ -209,6 +214,87 @@ def _clip_beside_engine_step(ctx: FileContext, window: ast.AST, clips: list[ast.
             # out of sight; or ZeRO-2/3, where .grad may be partitioned away between micro-steps
             finding = replace(finding, severity=Severity.WARNING, confidence=Confidence.MEDIUM)
         yield finding
+
+
+# ---------------------------------------------------------------- AG120: a low-precision model
+
+_LOW_DTYPES = ("bfloat16", "float16", "half")
+_FP32_GRAD_HINTS = re.compile(r"master|fp32_grad|grad_fp32|float32_grad|grad_accum_dtype|post_accumulate_grad")
+
+
+def _low_precision_cast(node: ast.AST) -> bool:
+    """``x.to(torch.bfloat16)``, ``x.to(dtype=torch.float16)``, ``x.half()``, ``x.bfloat16()``."""
+    if not isinstance(node, ast.Call):
+        return False
+    attr = call_attr(node)
+    if attr in ("half", "bfloat16") and not node.args and not node.keywords:
+        return True
+    if attr != "to":
+        return False
+    values = list(node.args) + [k.value for k in node.keywords if k.arg == "dtype"]
+    return any((dotted(v) or "").split(".")[-1] in _LOW_DTYPES for v in values)
+
+
+def _low_precision_models(ctx: FileContext) -> list[tuple[str, ast.Call]]:
+    """(name, cast) for each module cast to bf16/fp16 whose ``.parameters()`` an optimizer
+    constructor receives: ``model = Net().to(torch.bfloat16)``, ``model.half()``."""
+    optimized: set[str] = set()
+    for call in ctx.of(ast.Call):
+        if call_attr(call) == "parameters" and (d := dotted(receiver(call))) is not None:
+            parent = ctx.parents.get(call)
+            if isinstance(parent, ast.Call) and call in parent.args:
+                ctor = call_attr(parent) or ""
+                if ctor[:1].isupper() or "optim" in (dotted(parent.func) or ""):
+                    optimized.add(d)
+    out: list[tuple[str, ast.Call]] = []
+    for call in ctx.of(ast.Call):
+        if not _low_precision_cast(call):
+            continue
+        parent = ctx.parents.get(call)
+        target: str | None = None
+        if isinstance(parent, ast.Assign) and len(parent.targets) == 1:
+            target = dotted(parent.targets[0])
+        elif isinstance(parent, ast.Expr):
+            target = dotted(receiver(call))  # nn.Module.to/half casts in place
+        if target is not None and target in optimized:
+            out.append((target, call))
+    return out
+
+
+@rule("AG120")
+def low_precision_model_accumulation(ctx: FileContext) -> Iterator[Finding]:
+    """A whole model in bf16/fp16 with K > 1 backwards per optimizer step: the .grad buffers
+    that accumulate are bf16/fp16 too. Not with DeepSpeed (its own grad_accum_dtype, AG204),
+    nor when the file shows fp32 gradient copies (master weights, a post-accumulate hook)."""
+    models = _low_precision_models(ctx)
+    if not models:
+        return
+    if any(_FP32_GRAD_HINTS.search(ident) for n in ctx.of(ast.Name, ast.Attribute)
+           for ident in ((n.id if isinstance(n, ast.Name) else n.attr).lower(),)):
+        return
+    windows = [
+        w for w in ctx.windows()
+        if (f := ctx.window_facts(w)).accumulating and not f.summed_loss and not f.engine_backward
+        and not f.accelerate and not f.unguarded_optimizer_steps
+    ]
+    for name, cast in models:
+        # the window must train this model: same function (or, for `self.model`, same class)
+        here = ctx.enclosing(cast, (ast.ClassDef,)) if name.startswith("self.") else ctx.scope_of(cast)
+        window = next(
+            (w for w in windows
+             if (ctx.enclosing(w, (ast.ClassDef,)) if name.startswith("self.") else ctx.scope_of(w)) is here),
+            None,
+        )
+        if window is None or here is None:
+            continue
+        dtype = "fp16" if call_attr(cast) == "half" or "float16" in ast.unparse(cast).replace("bfloat16", "") else "bf16"
+        yield ctx.finding(
+            "AG120",
+            cast,
+            f"`{name}` is cast to {dtype} and accumulates gradients over several micro-batches (the "
+            f"window at line {getattr(window, 'lineno', 1)}): its .grad buffers are {dtype}, so each "
+            "micro-batch's gradient is rounded as it is added, an error that grows with K",
+        )
 
 
 # ---------------------------------------------------------------- AG115: boundary counter off by one
@@ -402,18 +488,6 @@ def _clears_or_steps_outside(ctx: FileContext, window: ast.AST, repeat: ast.AST)
     return False
 
 
-def _calls_by_name(ctx: FileContext) -> dict[str, list[ast.Call]]:
-    """The file's calls by function/method name, indexed once."""
-    def compute() -> dict[str, list[ast.Call]]:
-        out: dict[str, list[ast.Call]] = {}
-        for call in ctx.of(ast.Call):
-            name = call_attr(call)
-            if name is not None:
-                out.setdefault(name, []).append(call)
-        return out
-    return ctx._cached("calls_by_name", ctx.tree, compute)  # type: ignore[no-any-return]
-
-
 def _length_from_callers(ctx: FileContext, window: ast.For | ast.AsyncFor) -> int | None:
     """The loop's length when it iterates a parameter of its function and every call of that
     function in the file passes data of the same evident length (``train_one_epoch([... for _ in
@@ -429,7 +503,7 @@ def _length_from_callers(ctx: FileContext, window: ast.For | ast.AsyncFor) -> in
         return None
     index = params.index(it.id) - (1 if params and params[0] in ("self", "cls") else 0)
     lengths: set[int | None] = set()
-    for call in _calls_by_name(ctx).get(fn.name, ()):
+    for call in calls_by_name(ctx).get(fn.name, ()):
         arg = next((k.value for k in call.keywords if k.arg == it.id), None)
         if arg is None and 0 <= index < len(call.args):
             arg = call.args[index]
