@@ -22,7 +22,7 @@ def _cons(scale: float = 1.0, wiped: float = 0.0, received: float = 0.0) -> dict
 
 def _ddp(scale: float, **kw: Any) -> dict[str, Any]:
     w = {"step": 0, "backwards": 4, "engine": "ddp", "sync_micros": [False] * 3 + [True],
-         "reductions": 2, "clips": 0, "conservation": _cons(scale)}
+         "reductions": 4, "clips": 0, "conservation": _cons(scale)}
     w.update(kw)
     return w
 
@@ -40,6 +40,8 @@ def test_f10_needs_ddp_sync_counted_collectives_and_no_clip() -> None:
     noisy = _ddp(2.0, conservation=_cons(2.0, received=0.05))
     assert rank_scale_findings(0, windows([noisy] * 3), 2) == []
     assert [f.severity for f in rank_scale_findings(0, windows([_ddp(1.0)] * 3), 2)] == ["note"]
+    # one collective for 4 gradient tensors (a token count all-reduced): no note
+    assert rank_scale_findings(0, windows([_ddp(1.0, reductions=1)] * 3), 2) == []
 
 
 def _bf16(k: int, **kw: Any) -> dict[str, Any]:

@@ -945,7 +945,9 @@ def rank_scale_findings(rank: int | None, windows: list[dict[str, Any]], world: 
         c = float(cons.get("scale", 1.0))
         if _near(c, float(world), False) or _near(c, 1.0 / world, False):
             hits.append((w, c))
-        elif _near(c, 1.0, False):
+        elif _near(c, 1.0, False) and int(w.get("reductions", 0)) >= int(cons.get("params", 1)):
+            # (a note only for one collective per gradient tensor or more: a count or a
+            # metric all-reduced before the first backward is not a gradient collective)
             redundant.append(w)
     if hits and len(hits) * 2 >= len(windows):
         w, c = hits[0]
