@@ -110,11 +110,14 @@ def _calls_per_step(name: str, k: int, steps: int = 12, warm: int = 4) -> tuple[
     """Python calls per optimizer step, plain and guarded (after ``warm`` windows, whose
     conservation checks are always made)."""
     model, opt, sched, data = _setup(name, k, steps)
+    _train(model, opt, sched, data[:warm * k], k)  # both counted after warm-up steps
     plain = python_calls(lambda: _train(model, opt, sched, data[warm * k:], k))
     g = guard(model, opt, accumulation_steps=k, scheduler=sched).install()
-    _train(model, opt, sched, data[:warm * k], k)
-    guarded = python_calls(lambda: _train(model, opt, sched, data[warm * k:], k))
-    g.close()
+    try:
+        _train(model, opt, sched, data[:warm * k], k)
+        guarded = python_calls(lambda: _train(model, opt, sched, data[warm * k:], k))
+    finally:
+        g.close()
     return plain / (steps - warm), guarded / (steps - warm)
 
 

@@ -102,12 +102,15 @@ def _calls_per_step(name: str, k: int, variant: dict[str, Any], steps: int = 24,
     """Python calls per optimizer step of the plain loop and of the checked one (after
     ``warm`` steps; over ``steps - warm`` steps, so sampled steps count at their share)."""
     model, opt, sched, data = _setup(name, k, steps)
+    _train(model, opt, sched, data[:warm * k], k)  # both counted after warm-up steps
     plain = python_calls(lambda: _train(model, opt, sched, data[warm * k:], k))
     checks = AccumulationChecks(model, opt, accumulation_steps=k, scheduler=sched,
                                 logits_module=model.head, **variant)
-    _train(model, opt, sched, data[:warm * k], k)
-    checked = python_calls(lambda: _train(model, opt, sched, data[warm * k:], k))
-    checks.close()
+    try:
+        _train(model, opt, sched, data[:warm * k], k)
+        checked = python_calls(lambda: _train(model, opt, sched, data[warm * k:], k))
+    finally:
+        checks.close()
     return plain / (steps - warm), checked / (steps - warm)
 
 

@@ -301,3 +301,15 @@ def test_autograd_grad_without_a_declared_k_is_silent(tmp_path: Path) -> None:
     assert not _errors(_analyze(tmp_path)), _analyze(tmp_path)
     findings = _analyze(tmp_path, script=_Declared(K, divides_loss=False))
     assert _errors(findings) == {"F1"}, findings  # the measured 1/K weight decides
+
+
+def test_autograd_grad_over_a_generator_of_parameters_still_gets_its_inputs() -> None:
+    # the recorder checks whether the inputs are parameters: it must not use up a generator
+    # that torch.autograd.grad then receives empty
+    from accumguard.observe import Observer
+
+    model = torch.nn.Linear(3, 2)
+    with Observer(auto_roots=True):
+        loss = model(torch.randn(4, 3)).sum()
+        grads = torch.autograd.grad(loss, model.parameters())
+    assert [g.shape for g in grads] == [p.shape for p in model.parameters()]

@@ -91,3 +91,12 @@ def test_backwards_per_micro_step() -> None:
     assert windows([odd])[0]["window"] == 8
     summed = {"step": 0, "backwards": 1, "forwards": [4]}
     assert windows([summed])[0]["window"] == 1
+
+
+def test_no_scale_or_precision_verdict_when_conservation_saw_nothing_in_grad() -> None:
+    # gradients moved to fp32 buffers by a post-accumulate hook: conservation is "ok" (nothing
+    # wiped between backwards) but unmatched (received ~ 1): neither x K nor F12 may be judged
+    unmatched = _cons(received=1.0)
+    assert loss_scale_findings(0, windows([_mass_window(1.0, conservation=unmatched)] * 3),
+                               4) == []
+    assert low_precision_findings(0, windows([_bf16(576, conservation=unmatched)])) == []

@@ -60,7 +60,6 @@ DEFAULT_EVERY_N_STEPS = 10
 # (the probe's schedule, which all-gathers, stays ``step % every_n_steps == 0`` everywhere).
 
 
-
 @dataclass(frozen=True)
 class Finding:
     """One accumulation problem seen at optimizer step ``step`` (0-based)."""

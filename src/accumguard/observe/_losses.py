@@ -159,24 +159,28 @@ class LossRecorder:
         rec = self
 
         def grad(outputs: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+            # retain_graph: a backward of the same loss follows (an adaptive loss weight)
             if (not rec.on or rec.in_grad or rec.root is not None
                     or kwargs.get("create_graph") or (len(args) > 2 and args[2])
+                    or kwargs.get("retain_graph") or (len(args) > 1 and args[1])
                     or not rec.obs._active()):
                 return orig(outputs, inputs, *args, **kwargs)
+            if not isinstance(inputs, (torch.Tensor, tuple, list)):
+                try:  # a generator (model.parameters()): read it once, pass the same items on
+                    inputs = tuple(inputs)
+                except TypeError:
+                    return orig(outputs, inputs, *args, **kwargs)
             params = [inputs] if isinstance(inputs, torch.Tensor) else inputs
-            try:
-                counted = bool(params) and all(isinstance(p, torch.nn.Parameter)
-                                               for p in params)
-            except TypeError:
-                counted = False
+            counted = bool(params) and all(isinstance(p, torch.nn.Parameter) for p in params)
             if not counted:
                 return orig(outputs, inputs, *args, **kwargs)
             rec.in_grad, rec.root = True, outputs
             try:
-                return orig(outputs, inputs, *args, **kwargs)
+                out = orig(outputs, inputs, *args, **kwargs)
             finally:
                 rec.in_grad, rec.root = False, None
-                rec.gmicro += 1
+            rec.gmicro += 1  # counted once the call succeeded
+            return out
 
         return grad
 

@@ -27,7 +27,7 @@ Events go to listeners (the guard, ``watch``'s recorder). A listener may raise f
 ``on_step_start``/``on_backward_start``/``on_zero_grad``/``on_scheduler_step``/
 ``on_clip`` to stop the action before it happens (the guard does).
 
-Size (~1,150 lines): the patches of every library the layer observes (torch, DeepSpeed, Accelerate, schedulers, clipping, collectives) and the event dispatch. Known debt: the per-library patches should move to one module per library, as the engines are.
+Size (~1,240 lines): the patches of every library the layer observes (torch, DeepSpeed, Accelerate, schedulers, clipping, collectives) and the event dispatch. Known debt: the per-library patches should move to one module per library, as the engines are.
 """
 
 from __future__ import annotations
@@ -298,6 +298,7 @@ class Observer:
         self._fwd_depth = 0
         self._root_seqs, self._root_nodes = [], []
         self._root_targets, self._root_floor = set(), _NO_SEQ
+        self._sync_root, self._pinned_any = None, False  # no reference to the user's model
 
     def __enter__(self) -> Observer:
         return self.install()
@@ -320,7 +321,10 @@ class Observer:
     def _patch_ddp_init(self, mod: Any) -> None:
         """A DDP model built after the roots were pinned (:meth:`_pin_roots`; e.g. a model
         rebuilt to resume from a checkpoint) gets the same top-level pre-hook, so its
-        forwards and sync flag are read, not the dead first model's."""
+        forwards and sync flag are read, not the dead first model's. Limit: the first
+        model stays among the roots (its parameters tracked) until uninstall."""
+        if not self.installed:
+            return
         obs = self
 
         def make(orig: Callable[..., Any]) -> Callable[..., Any]:

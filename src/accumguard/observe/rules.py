@@ -15,7 +15,7 @@ backward) is a ``note`` with the measured extra collectives.
 
 No torch here: the watch CLI analyses recordings without importing it.
 
-Size (~930 lines): every per-window rule that turns observations into findings lives here on purpose, so that watch, the framework callbacks and the audit read one set of rules. Known debt: the loss-record rules (F5 from the per-call token weights, the cross-rank note, the window-scale rules LOSS_SCALE / F7 / F1-by-autograd.grad) are a self-contained block (~350 lines) that could be their own module.
+Size (~1,150 lines): every per-window rule that turns observations into findings lives here on purpose, so that watch, the framework callbacks and the audit read one set of rules. Known debt: the loss-record rules (F5 from the per-call token weights, the cross-rank note, the window-scale rules LOSS_SCALE / F7 / F1-by-autograd.grad) and the F10/F12 scale rules are a self-contained block (~500 lines, from "token weights" on) that should be their own module.
 """
 
 from __future__ import annotations
@@ -1010,11 +1010,16 @@ def low_precision_findings(rank: int | None, windows: list[dict[str, Any]]
                 or int(w.get("zero_grads_between", 0))):
             continue
         cons = w.get("conservation")
-        if isinstance(cons, dict) and float(cons.get("wiped", 0.0)) > 0.0:
-            continue  # gradients moved out between backwards (an fp32 buffer): not summed
-        judged.append((w, u, n, isinstance(cons, dict)))
-    if not judged or not any(c for *_, c in judged):
-        return []  # never checked by conservation: a hand-written clear cannot be excluded
+        if not isinstance(cons, dict):
+            continue  # unchecked: a hand-written clear or an fp32 buffer cannot be excluded
+        if float(cons.get("wiped", 0.0)) > 0.0 or float(cons.get("received", 1.0)) > \
+                WEIGHT_TOL_LOW_PRECISION:
+            # gradients moved out between backwards, or never seen in .grad at all (an fp32
+            # buffer filled by a post-accumulate hook): not summed in place
+            continue
+        judged.append((w, u, n, True))
+    if not judged:
+        return []  # no checked window showed the sum made in place in .grad
     w, u, n, _ = max(judged, key=lambda t: t[2])
     drift, floor = f12_drift(u, n), 2 * u
     dtype = str(w.get("param_dtype")).replace("torch.", "")
@@ -1040,6 +1045,10 @@ def _unscaled(w: dict[str, Any], low: bool) -> bool:
     checked, common scale c = 1): nothing divided the gradient by hand before the step."""
     cons = w.get("conservation")
     if not isinstance(cons, dict) or not cons.get("ok", False):
+        return False
+    # ok alone is not enough: with no contribution seen in .grad (gradients moved to a
+    # buffer by a post-accumulate hook) the fit is unmatched (received ~ 1) yet not "wiped"
+    if float(cons.get("received", 1.0)) > (WEIGHT_TOL_LOW_PRECISION if low else WEIGHT_TOL):
         return False
     return _near(float(cons.get("scale", 1.0)), 1.0, low)
 
