@@ -207,7 +207,8 @@ def _print(report: dict[str, Any], findings: list[Any]) -> None:
     except ImportError:  # pragma: no cover - rich is a dependency of the cli extra
         Console = None  # type: ignore[assignment,misc]  # noqa: N806
     lines = [f"accumguard watch: {len(report['ranks'])} rank(s), "
-             f"{len(report['steps'])} optimizer step(s) on rank {min(report['ranks'], default=0)}, "
+             f"{len(report['steps'])} optimizer step(s) on rank {min(report['ranks'], default=0)}"
+             f" (all optimizers' steps), "
              f"K = {report['accumulation_steps']} ({report['accumulation_steps_source']})"]
     lines += [f"  {p}" for p in report["problems"]]
     if Console is None:
@@ -220,7 +221,9 @@ def _print(report: dict[str, Any], findings: list[Any]) -> None:
     for line in lines:
         console.print(line, markup=False)
     if report["steps"]:
-        t = Table(title="per optimizer step (first rank; steps from 1)")
+        t = Table(title="per optimizer step (first rank; steps from 1; sched: scheduler steps "
+                        "since the previous optimizer step, so one made right after step n "
+                        "shows on step n+1)")
         for col in ("step", "backwards", "applied", "sched", "grad coll.", "conservation err"):
             t.add_column(col)
         for row in report["steps"][:50]:
