@@ -281,22 +281,17 @@ class LossRecorder:
                 or (args[3] if na > 3 else get("size_average")) is not None
                 or (args[5] if na > 5 else get("reduce")) is not None):
             return  # class weights or the legacy reduction flags: not a plain mean/sum
-        reduction = args[6] if na > 6 else get("reduction", "mean")
-        if reduction not in ("mean", "sum"):
+        ops = _operands(out, args, kwargs, 6)
+        if ops is None:
             return
-        inp = args[0] if na > 0 else get("input")
-        target = args[1] if na > 1 else get("target")
-        node = out.grad_fn
-        if not isinstance(inp, torch.Tensor) or not isinstance(target, torch.Tensor) \
-                or node is None:
-            return
+        mean, inp, target, node = ops
         n: torch.Tensor | int
         if target.is_floating_point():  # probability targets: 'mean' divides by rows
             n = inp.numel() // inp.shape[1] if inp.dim() >= 2 else 1
         else:
             ignore = args[4] if na > 4 else get("ignore_index", -100)
             n = torch.count_nonzero(target != ignore)
-        self._add(out, node, n, reduction == "mean", out.dtype in _LOW or inp.dtype in _LOW)
+        self._add(out, node, n, mean, out.dtype in _LOW or inp.dtype in _LOW)
 
     def _record_elementwise(self, kind: str, out: torch.Tensor, args: tuple[Any, ...],
                             kwargs: dict[str, Any]) -> None:
@@ -309,20 +304,15 @@ class LossRecorder:
         for i in i_weights:
             if (args[i] if na > i else get(_WEIGHT_NAMES[i])) is not None:
                 return  # a weighted mean: not one weight per element
-        reduction = args[i_reduction] if na > i_reduction else get("reduction", "mean")
-        if reduction not in ("mean", "sum"):
+        ops = _operands(out, args, kwargs, i_reduction)
+        if ops is None:
             return
-        inp = args[0] if na > 0 else get("input")
-        target = args[1] if na > 1 else get("target")
-        node = out.grad_fn
-        if not isinstance(inp, torch.Tensor) or not isinstance(target, torch.Tensor) \
-                or node is None:
-            return
+        mean, inp, target, node = ops
         try:
             n = math.prod(torch.broadcast_shapes(inp.shape, target.shape))  # type: ignore[no-untyped-call]
         except RuntimeError:
             return
-        self._add(out, node, n, reduction == "mean", out.dtype in _LOW or inp.dtype in _LOW)
+        self._add(out, node, n, mean, out.dtype in _LOW or inp.dtype in _LOW)
 
     def _add(self, out: torch.Tensor, node: Any, n: torch.Tensor | int, mean: bool,
              lp: bool) -> None:
@@ -399,3 +389,20 @@ class LossRecorder:
             if path and filename.startswith(os.path.dirname(path) + os.sep):
                 return True
         return filename.startswith("<frozen")
+
+
+def _operands(out: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any],
+              i_reduction: int) -> tuple[bool, torch.Tensor, torch.Tensor, Any] | None:
+    """``(mean?, input, target, grad node)`` of a loss call with a plain ``'mean'`` or
+    ``'sum'`` reduction (its position ``i_reduction``) and tensor operands, else None."""
+    na, get = len(args), kwargs.get
+    reduction = args[i_reduction] if na > i_reduction else get("reduction", "mean")
+    if reduction not in ("mean", "sum"):
+        return None
+    inp = args[0] if na > 0 else get("input")
+    target = args[1] if na > 1 else get("target")
+    node = out.grad_fn
+    if not isinstance(inp, torch.Tensor) or not isinstance(target, torch.Tensor) \
+            or node is None:
+        return None
+    return reduction == "mean", inp, target, node

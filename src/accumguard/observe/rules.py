@@ -543,15 +543,17 @@ def _window_findings(rank: int, windows: list[dict[str, Any]], info: dict[str, A
     return out
 
 
+def _firm_k(res: KResolution) -> int | None:
+    """K when the run declared it (flag, engine/framework at run time, or the script's
+    source), never an inferred one: the F1 rules judge a step per micro-step against it."""
+    if res.strength in ("flag", "runtime"):
+        return res.k
+    return res.script.value if res.script is not None else None
+
+
 def _f1(rank: int, windows: list[dict[str, Any]], res: KResolution) -> list[Finding]:
     """Step every micro-step: K > 1 declared and (nearly) every window has one backward."""
-    script = res.script
-    if res.strength in ("flag", "runtime"):
-        k = res.k
-    elif script is not None:
-        k = script.value
-    else:
-        return []
+    k, script = _firm_k(res), res.script
     if k is None or k <= 1:
         return []
     # one backward after K or more forwards: the window's losses were summed before one
@@ -1120,13 +1122,7 @@ def grad_step_findings(rank: int | None, windows: list[dict[str, Any]],
     accumulates several such calls before its step is silent, and so is ``autograd.grad``
     for a gradient penalty or a meta-gradient (``create_graph=True``, or inputs that are
     not parameters: not counted by the loss record)."""
-    script = res.script
-    if res.strength in ("flag", "runtime"):
-        k = res.k
-    elif script is not None:
-        k = script.value
-    else:
-        return []
+    k, script = _firm_k(res), res.script
     if k is None or k <= 1 or any(int(w.get("window", 0)) for w in windows):
         return []  # backward passes seen: the window rules decide
     masses = [m for w in windows for m in [_window_mass(w, via_grad=True)] if m is not None]
