@@ -15,75 +15,53 @@ backward) is a ``note`` with the measured extra collectives.
 
 No torch here: the watch CLI analyses recordings without importing it.
 
-Size (~1,150 lines): every per-window rule that turns observations into findings lives here on purpose, so that watch, the framework callbacks and the audit read one set of rules. Known debt: the loss-record rules (F5 from the per-call token weights, the cross-rank note, the window-scale rules LOSS_SCALE / F7 / F1-by-autograd.grad) and the F10/F12 scale rules are a self-contained block (~500 lines, from "token weights" on) that should be their own module.
+The boundary and window-shape rules live here; the rules that read weights and scales
+(token weights, the loss record, LOSS_SCALE, F7/F1 from the window's scale, F10, F12) live
+in :mod:`._weight_rules`, what a finding and a window are in :mod:`._records`; this
+module runs them all and re-exports their public names.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from accumguard.core.taxonomy import fix_for, title
+from accumguard.observe._records import (
+    NUMBERING,
+    DeclaredK,
+    Finding,
+    KResolution,
+    RunRecording,
+    _mk,
+    _n,
+    _windows,
+    windows,
+)
+from accumguard.observe._weight_rules import (
+    F12_ERROR_FACTOR,
+    WEIGHT_TOL,
+    WEIGHT_TOL_LOW_PRECISION,
+    _cross_rank_weights,
+    _firm_k,
+    classify_token_weights,
+    f12_drift,
+    grad_step_findings,
+    loss_scale_findings,
+    loss_weight_findings,
+    low_precision_findings,
+    partial_window_findings,
+    rank_scale_findings,
+)
 
-__all__ = ["NUMBERING", "WEIGHT_TOL", "WEIGHT_TOL_LOW_PRECISION", "DeclaredK", "Finding",
+__all__ = ["F12_ERROR_FACTOR", "NUMBERING", "WEIGHT_TOL", "WEIGHT_TOL_LOW_PRECISION", "DeclaredK", "Finding",
            "KResolution", "RunRecording", "analyze", "classify_token_weights",
-           "conservation_class", "grad_step_findings", "live_findings", "load_recordings",
+           "conservation_class", "f12_drift", "grad_step_findings", "live_findings", "load_recordings",
            "loss_scale_findings", "loss_weight_findings", "partial_window_findings",
            "low_precision_findings", "rank_scale_findings",
            "resolve_k", "step_record", "windows"]
-
-
-class DeclaredK(Protocol):
-    """A K the script's source declares (``runtime.watch_declared.DeclaredK`` is one)."""
-
-    value: int | None
-    divides_loss: bool
-
-    @property
-    def where(self) -> str: ...
-
-    def describe(self) -> str: ...
-
-#: One numbering in every output of ``watch`` and ``invariance`` (findings, tables, JSON):
-#: optimizer steps and micro-steps count from 1. (The raw recording counts from 0.)
-NUMBERING = "1-based: step 1 is the first optimizer step, micro-step 1 the first backward " \
-            "of its window"
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One finding; ``step`` and ``micro`` are 1-based (:data:`NUMBERING`)."""
-
-    cls: str
-    severity: str  # "error" | "note"
-    rank: int | None
-    step: int | None
-    micro: int | None
-    evidence: str
-    fix: str
-    title: str
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass
-class RunRecording:
-    """Everything the ranks wrote: ``steps[rank]`` (step records), engine info, ends."""
-
-    steps: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
-    schedulers: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
-    engine: dict[int, dict[str, Any]] = field(default_factory=dict)
-    end: dict[int, dict[str, Any]] = field(default_factory=dict)
-    world: int = 1
-
-    @property
-    def ranks(self) -> list[int]:
-        return sorted(set(self.steps) | set(self.end))
 
 
 def load_recordings(out_dir: Path) -> RunRecording:
@@ -108,18 +86,6 @@ def load_recordings(out_dir: Path) -> RunRecording:
             elif kind == "end":
                 rec.end[rank] = r
     return rec
-
-
-def _mk(cls: str, severity: str, rank: int | None, step: int | None, micro: int | None,
-        evidence: str) -> Finding:
-    """``step``/``micro``: the recording's 0-based indices, shown 1-based."""
-    return Finding(cls, severity, rank, None if step is None else step + 1,
-                   None if micro is None else micro + 1, evidence, fix_for(cls), title(cls))
-
-
-def _n(step: int) -> int:
-    """A recorded (0-based) step index as the user sees it."""
-    return int(step) + 1
 
 
 def step_record(event: Any, rank: int) -> dict[str, Any]:
@@ -170,61 +136,6 @@ def live_findings(record: dict[str, Any], *, rank: int | None, k: int | None
                           "leaked into the next pass's window" if leak else
                           f": the boundary comes {n - k} micro-step(s) late")))
     return out
-
-
-def windows(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Public name of :func:`_windows` (applied steps, no-op steps folded in)."""
-    return _windows(steps)
-
-
-def _windows(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Applied steps with the backward passes of preceding no-op steps folded in (a step
-    whose gradients were all None changes nothing: the window goes on)."""
-    out = []
-    carry = 0
-    for s in steps:
-        if not s.get("applied", True):
-            carry += int(s["backwards"])
-            continue
-        w = dict(s)
-        w["window"] = int(s["backwards"]) + carry
-        if not carry:
-            per = _backwards_per_micro(s)
-            if per > 1:  # several losses of one forward, each with its own backward
-                w["window"] = int(s["backwards"]) // per
-                w["backwards_per_micro"] = per
-        carry = 0
-        out.append(w)
-    return out
-
-
-def _backwards_per_micro(s: dict[str, Any]) -> int:
-    """Backward passes per micro-step when every micro-step runs the same number b > 1 of
-    them on one forward (an actor and a critic loss, each with its own backward): the
-    watched forwards before each backward are ``[f, 0, .., 0] * K`` with f > 0 and b - 1
-    zeros. 1 otherwise (one backward per micro-step, or a pattern that is not regular)."""
-    fw = s.get("forwards") or []
-    if len(fw) < 2 or len(fw) != int(s.get("backwards", 0)) or not fw[0]:
-        return 1
-    heads = [i for i, f in enumerate(fw) if f]
-    per = len(fw) // len(heads)
-    if per < 2 or per * len(heads) != len(fw) or heads != list(range(0, len(fw), per)):
-        return 1
-    return per
-
-
-@dataclass(frozen=True)
-class KResolution:
-    """K for the analysis, where it came from, and how much it can be trusted."""
-
-    k: int | None
-    source: str
-    strength: str  # "flag" | "runtime" | "script" | "inferred" | "none"
-    script: DeclaredK | None = None
-
-    @property
-    def declared(self) -> bool:
-        return self.strength in ("flag", "runtime", "script")
 
 
 def _inferred(rec: RunRecording) -> int | None:
@@ -543,14 +454,6 @@ def _window_findings(rank: int, windows: list[dict[str, Any]], info: dict[str, A
     return out
 
 
-def _firm_k(res: KResolution) -> int | None:
-    """K when the run declared it (flag, engine/framework at run time, or the script's
-    source), never an inferred one: the F1 rules judge a step per micro-step against it."""
-    if res.strength in ("flag", "runtime"):
-        return res.k
-    return res.script.value if res.script is not None else None
-
-
 def _f1(rank: int, windows: list[dict[str, Any]], res: KResolution) -> list[Finding]:
     """Step every micro-step: K > 1 declared and (nearly) every window has one backward."""
     k, script = _firm_k(res), res.script
@@ -638,507 +541,3 @@ def _cross_rank(rec: RunRecording) -> list[Finding]:
                         f"the gradient the optimizer received differs across ranks at step "
                         f"{_n(step)} (checksums {text}): ranks train different models")]
     return []
-
-
-# -- token weights (the probe of :mod:`accumguard.observe.tokens`) -------------------------
-
-#: Relative spread below which token weights count as equal. The probe is exact up to fp32
-#: rounding of one logsumexp (~1e-6 relative); real normalisation bugs differ by far more.
-WEIGHT_TOL = 1e-3
-#: With bf16/fp16 logits the gradient itself carries ~3 significant digits.
-WEIGHT_TOL_LOW_PRECISION = 3e-2
-
-
-def classify_token_weights(ranks: list[list[list[float]]], *, world_size: int,
-                           averages_over_ranks: bool, accumulation_steps: int,
-                           tol: float = WEIGHT_TOL) -> tuple[str, str] | None:
-    """Name what the optimizer received from the probe records of one window:
-    ``(class, evidence)``, or None when every valid token carried the weight ``1/N``
-    (or there is nothing to judge).
-
-    ``ranks[r]`` is rank r's records ``[n_i, Σ s·(1−p_y), Σ (1−p_y)]``, one per
-    micro-step. Classes: F5 (each micro-batch normalised by its own count), F6 (each
-    rank by its own count), F10 (off by the world size), F7 (a partial window scaled
-    as a full one), LOSS_SCALE (any other factor).
-    """
-    rows = [(r, i, float(n), float(num), float(den)) for r, recs in enumerate(ranks)
-            for i, (n, num, den) in enumerate(recs)]
-    rows = [x for x in rows if x[2] > 0 and x[4] > 0]
-    if not rows:
-        return None
-    total = sum(x[2] for x in rows)
-    avg = 1.0 / world_size if averages_over_ranks else 1.0
-    # w: the weight one token of micro-step i finally carries; exact means w * total == 1.
-    ratio = [x[3] / x[4] * avg * total for x in rows]
-    counts = [x[2] for x in rows]
-
-    def flat(vals: list[float]) -> bool:
-        lo, hi = min(vals), max(vals)
-        return hi > 0 and (hi - lo) <= tol * hi
-
-    def near(a: float, b: float) -> bool:
-        return abs(a - b) <= tol * abs(b)
-
-    lo, hi = min(ratio), max(ratio)
-    if near(lo, 1.0) and near(hi, 1.0):
-        return None
-    per_micro = [r * n / total for r, n in zip(ratio, counts, strict=True)]  # w_i * n_i
-    micro_steps = max(len(recs) for recs in ranks)
-    seen = (f"micro-steps with {min(counts):g}..{max(counts):g} valid tokens (N={total:g} over "
-            f"{len(rows)} micro-batches on {world_size} rank(s)) gave their tokens weights from "
-            f"{lo:.4g}/N to {hi:.4g}/N; exact is 1/N for every token")
-    if flat(ratio):
-        r = (lo + hi) / 2
-        if world_size > 1 and (near(r, world_size) or near(r, 1.0 / world_size)):
-            return "F10", f"{seen}: every weight is {r:.4g}/N, off by the world size {world_size}"
-        if micro_steps < accumulation_steps and near(r, micro_steps / accumulation_steps):
-            return "F7", (f"{seen}: a partial window of {micro_steps} of {accumulation_steps} "
-                          "micro-steps normalised as a full one")
-        return "LOSS_SCALE", f"{seen}: every weight is {r:.4g}/N"
-    if flat(per_micro):
-        c = sum(per_micro) / len(per_micro)
-        return "F5", (f"{seen}; each micro-step's tokens got the same total weight ({c:.4g}) "
-                      f"whatever their count, i.e. a per-micro-batch mean (total weight "
-                      f"{c * len(rows):.4g}, exact 1)")
-    by_rank: dict[int, list[int]] = {}
-    for j, x in enumerate(rows):
-        by_rank.setdefault(x[0], []).append(j)
-    if len(by_rank) > 1 and all(flat([ratio[j] for j in js]) for js in by_rank.values()):
-        rank_mass = [sum(per_micro[j] for j in js) for js in by_rank.values()]
-        if flat(rank_mass):
-            return "F6", (f"{seen}; each rank's tokens got the same total weight whatever the "
-                          "rank's count, i.e. a mean over ranks of rank-local means")
-    return "LOSS_SCALE", seen
-
-
-# -- per-token weights of the loss calls (:mod:`accumguard.observe._losses`) --------------
-
-#: Relative spread below which the total weights of one call site's micro-steps count as
-#: equal (the F5 signature). With F5 they are bitwise equal (the same 1/K reached every
-#: call) or off by fp32 rounding of 1/(n_i K) (~1e-7); the token weights of a real bug
-#: differ by the spread of the counts, kept at least 10x the mass spread (below).
-MASS_TOL = 1e-4
-MASS_TOL_LOW_PRECISION = 1e-2
-
-
-def _spread(vals: list[float]) -> float:
-    hi = max(abs(v) for v in vals)
-    return (max(vals) - min(vals)) / hi if hi > 0 else 0.0
-
-
-def _loss_groups(w: dict[str, Any]) -> dict[tuple[str, int], dict[int, list[Any]]]:
-    """The window's loss records by (call site, order there), then by micro-step."""
-    groups: dict[tuple[str, int], dict[int, list[Any]]] = {}
-    for r in w.get("losses") or []:
-        if len(r) > 8 and r[8]:
-            continue  # made by torch.autograd.grad, not a backward of the window
-        site, idx, micro = str(r[0]), int(r[1]), int(r[2])
-        groups.setdefault((site, idx), {}).setdefault(micro, r)
-    return groups
-
-
-def _short(site: str) -> str:
-    path, _, line = site.rpartition(":")
-    return f"{Path(path).name}:{line}" if path else site
-
-
-def loss_weight_findings(rank: int | None, windows: list[dict[str, Any]]) -> list[Finding]:
-    """F5, only when certain: a loss call site present in every micro-step of a window
-    gave each micro-step's call the same total weight (``g`` for a mean, ``g·n`` for a
-    sum) while their valid counts differed, so one token weighs ``c / n_i``: a
-    per-micro-batch mean. Correct normalisations (sum / N, mean · n_i / N, equal counts,
-    any constant factor such as a loss scale or Accelerate's division by K) give every
-    token one weight; weights that differ in any other pattern (task weights) say
-    nothing for certain and stay silent."""
-    out: list[Finding] = []
-    for w in windows:
-        k = int(w.get("window", w.get("backwards", 0)))
-        if k < 2 or int(w.get("zero_grads_between", 0)):
-            # a zero_grad between backwards: not one accumulation window (F3, or a
-            # GradScaler that skipped a step and rescaled: two windows seen as one)
-            continue
-        for (site, idx), by_micro in sorted(_loss_groups(w).items()):
-            if len(by_micro) < k or any(m not in by_micro for m in range(k)):
-                continue  # not in every micro-step of the window: nothing to compare
-            recs = [by_micro[m] for m in range(k)]
-            ns = [float(r[3]) for r in recs]
-            ws = [float(r[4]) for r in recs]
-            if not (all(x > 0 for x in ws) or all(x < 0 for x in ws)):
-                continue
-            ws = [abs(x) for x in ws]
-            masses = [x * n for x, n in zip(ws, ns, strict=True)]
-            low = any(bool(r[5]) for r in recs)
-            tol_w = WEIGHT_TOL_LOW_PRECISION if low else WEIGHT_TOL
-            tol_m = MASS_TOL_LOW_PRECISION if low else MASS_TOL
-            sw, sm = _spread(ws), _spread(masses)
-            if sw <= tol_w or sm > min(tol_m, sw / 10):
-                continue
-            total = sum(ns)
-            red = str(recs[0][6])
-            mass = sum(masses) / k
-            out.append(_mk("F5", "error", rank, int(w["step"]), None,
-                           f"{_short(site)}: the loss call there (reduction='{red}'"
-                           + (f", call {idx + 1} at that line" if idx else "")
-                           + f") saw {', '.join(f'{n:g}' for n in ns)} valid tokens in the "
-                           f"{k} micro-steps of optimizer step {_n(w['step'])}, and each "
-                           f"micro-step's tokens reached the optimizer with the same total "
-                           f"weight ({mass:.4g}) whatever their count: one token weighed "
-                           f"{min(ws):.4g} to {max(ws):.4g} ({max(ws) / min(ws):.3g}x apart) "
-                           f"instead of one weight for all {total:g} tokens (1/N); "
-                           + _mean_form(mass, k)))
-            break
-        if out:
-            break
-    return out
-
-
-def _mean_form(mass: float, k: int) -> str:
-    """How the per-micro-batch mean was scaled, from its total weight per micro-step (a
-    GradScaler or an engine's loss scale multiplies it: only 1/K and 1 are named)."""
-    if abs(mass * k - 1.0) <= 1e-3:
-        return "a per-micro-batch mean divided by K"
-    if abs(mass - 1.0) <= 1e-3:
-        return (f"a per-micro-batch mean not divided by K either, so the window's gradient "
-                f"is also {k}x the large-batch mean (a transformers Trainer skips its own /K "
-                "when compute_loss is expected to use num_items_in_batch)")
-    return f"a per-micro-batch mean scaled by {mass:.4g}"
-
-
-def _cross_rank_weights(rec: RunRecording) -> list[Finding]:
-    """A note (never an error): each rank gave its own tokens one weight, but the weights
-    differ between ranks: each rank normalised by its own count and DDP averages the rank
-    means (standard practice; the exact large batch divides by the global count)."""
-    ranks = [r for r in rec.ranks if rec.steps.get(r)]
-    if len(ranks) < 2:
-        return []
-    per_rank = {r: {int(w["step"]): w for w in _windows(rec.steps[r])} for r in ranks}
-    for step in sorted(per_rank[ranks[0]]):
-        rows = {r: per_rank[r].get(step) for r in ranks}
-        if any(w is None or int(w.get("window", 0)) < 2 for w in rows.values()):
-            continue
-        groups = {r: _loss_groups(w) for r, w in rows.items() if w is not None}
-        keys = set.intersection(*(set(g) for g in groups.values()))
-        for key in sorted(keys):
-            weights: dict[int, float] = {}
-            low = False
-            for r, g in groups.items():
-                k = int(rows[r]["window"])  # type: ignore[index]
-                recs = [g[key].get(m) for m in range(k)]
-                if any(x is None for x in recs):
-                    break
-                ws = [abs(float(x[4])) for x in recs]  # type: ignore[index]
-                low = low or any(bool(x[5]) for x in recs)  # type: ignore[index]
-                if _spread(ws) > (WEIGHT_TOL_LOW_PRECISION if low else WEIGHT_TOL):
-                    break  # not one weight within this rank: the per-rank rule decides
-                weights[r] = sum(ws) / len(ws)
-            else:
-                if _spread(list(weights.values())) > (WEIGHT_TOL_LOW_PRECISION if low
-                                                      else WEIGHT_TOL):
-                    text = ", ".join(f"rank {r}: {v:.4g}" for r, v in sorted(weights.items()))
-                    return [_mk("F6", "note", None, step, None,
-                                f"{_short(key[0])}: every token of a rank carries one weight, "
-                                f"but the weights differ between ranks at optimizer step "
-                                f"{_n(step)} ({text}): each rank normalises by its own token "
-                                "count and the ranks' gradients are then averaged. Standard "
-                                "DDP practice, not the large-batch gradient: for the exact "
-                                "one, all-reduce the window's token count")]
-    return []
-
-
-# -- the scale of the whole window (the loss record's mass; see :mod:`._losses`) -------------
-
-@dataclass(frozen=True)
-class _Mass:
-    """What a window's recorded loss calls add up to: the total weight of their tokens
-    (``mass``: 1 when the window's loss is normalised to the window), whether every
-    micro-step had exactly one call that was the whole loss (``sole``), and the site."""
-
-    mass: float
-    per_micro: list[float]
-    sole: bool
-    low: bool
-    site: str
-
-
-def _window_mass(w: dict[str, Any], *, via_grad: bool = False) -> _Mass | None:
-    """The mass of a window whose every micro-step (backward passes, or counted
-    ``torch.autograd.grad`` calls with ``via_grad``) has a loss record; None otherwise."""
-    recs = [r for r in w.get("losses") or []
-            if len(r) > 8 and bool(r[8]) == via_grad]
-    if not recs or (not via_grad and int(w.get("zero_grads_between", 0))):
-        return None
-    n = len({int(r[2]) for r in recs}) if via_grad else int(w.get("window", 0))
-    by_micro: dict[int, list[Any]] = {}
-    for r in recs:
-        by_micro.setdefault(int(r[2]), []).append(r)
-    if n < 1 or sorted(by_micro) != list(range(n)):
-        return None
-    vals = [float(r[4]) * float(r[3]) for r in recs]
-    if not (all(v > 0 for v in vals) or all(v < 0 for v in vals)):
-        return None
-    per_micro = [sum(abs(float(r[4]) * float(r[3])) for r in by_micro[m]) for m in range(n)]
-    sole = all(len(by_micro[m]) == 1 and bool(by_micro[m][0][7]) for m in range(n))
-    return _Mass(sum(per_micro), per_micro, sole, any(bool(r[5]) for r in recs),
-                 str(recs[0][0]))
-
-
-def _near(a: float, b: float, low: bool) -> bool:
-    return abs(a - b) <= (WEIGHT_TOL_LOW_PRECISION if low else WEIGHT_TOL) * abs(b)
-
-
-def loss_scale_findings(rank: int | None, windows: list[dict[str, Any]], k: int | None,
-                        world: int = 1) -> list[Finding]:
-    """The loss divided by K twice: in every window of K micro-steps, each backward's root
-    is one loss call's output times constants (nothing else in the loss: a weighted sum of
-    several losses is not judged, whatever its weights) and the window's tokens weigh
-    1/K in total instead of 1. No correct loop gives that: the optimizer receives G/K.
-    On several ranks, 1/K can also be a loss divided by K·W before a hand-written
-    all_reduce(SUM) when W = K: then only a note."""
-    if k is None or k < 2:
-        return []
-    judged = [(w, m) for w in windows if int(w.get("window", 0)) == k
-              for m in [_window_mass(w)] if m is not None and m.sole]
-    if judged and all(_near(m.mass, float(k), m.low) and _unscaled(w, m.low)
-                      for w, m in judged):
-        return _times_k(rank, judged, k, world)
-    if not judged or not all(_near(m.mass, 1.0 / k, m.low) for _, m in judged):
-        return []
-    w, m = judged[0]
-    seen = (f"{_short(m.site)}: every backward's loss was that call's output times a "
-            f"constant (nothing else in the loss), and in each window of K = {k} micro-steps "
-            f"({len(judged)} judged) its tokens carried a total weight of "
-            f"{m.per_micro[0]:.4g} per micro-step (1/K^2 = {1 / k ** 2:.4g}), "
-            f"{m.mass:.4g} per window (1/K) instead of 1")
-    if world > 1 and _near(1.0 / k, 1.0 / world, False):
-        return [_mk("LOSS_SCALE", "note", rank, int(w["step"]), None,
-                    f"{seen}. With {world} ranks this is also what a loss divided by K*W "
-                    "gives before gradients are summed across ranks by hand "
-                    "(all_reduce(SUM), correct); if DDP, FSDP or an engine averages them, "
-                    "the loss is divided by K twice and the update is K times too small")]
-    return [_mk("LOSS_SCALE", "error", rank, int(w["step"]), None,
-                f"{seen}: the loss is divided by K twice (e.g. in a model or loss wrapper "
-                "and again in the loop, or by hand before accelerator.backward, "
-                "engine.backward or a Trainer, which divide by K themselves). The optimizer "
-                f"receives G/K: every update is {k}x too small (with SGD, an effective "
-                f"learning rate of lr/{k}). Divide by K (or by the window's count) once")]
-
-
-def rank_scale_findings(rank: int | None, windows: list[dict[str, Any]], world: int
-                        ) -> list[Finding]:
-    """F10 from what the step received: on DDP, whose synced last backward already averaged
-    the gradient across ranks, the loop issued gradient collectives of its own (DDP's own
-    reductions run in C++ and are not counted, so every counted one is the script's), and
-    the optimizer received exactly c times the sum of the backwards (conservation checked,
-    its residual within tolerance, no clipping in the window). c = W: a hand-written
-    all_reduce(SUM) without /W; c = 1/W: averaged twice; c = 1: a redundant all-reduce
-    (correct, a note). Anything else is not judged."""
-    if world < 2:
-        return []
-    hits: list[tuple[dict[str, Any], float]] = []
-    redundant: list[dict[str, Any]] = []
-    for w in windows:
-        cons = w.get("conservation")
-        syncs = w.get("sync_micros") or []
-        if (w.get("engine") != "ddp" or not syncs or syncs[-1] is not True
-                or int(w.get("reductions", 0)) < 1 or int(w.get("clips", 0))
-                or not isinstance(cons, dict) or not cons.get("ok", False)
-                or float(cons.get("received", 1.0)) > WEIGHT_TOL):
-            continue
-        c = float(cons.get("scale", 1.0))
-        if _near(c, float(world), False) or _near(c, 1.0 / world, False):
-            hits.append((w, c))
-        elif _near(c, 1.0, False) and int(w.get("reductions", 0)) >= int(cons.get("params", 1)):
-            # (a note only for one collective per gradient tensor or more: a count or a
-            # metric all-reduced before the first backward is not a gradient collective)
-            redundant.append(w)
-    if hits and len(hits) * 2 >= len(windows):
-        w, c = hits[0]
-        many = c > 1
-        return [_mk("F10", "error", rank, int(w["step"]), None,
-                    f"DDP averaged the gradient across the {world} ranks in the window's last "
-                    f"(synced) backward, then the script issued {int(w.get('reductions', 0))} "
-                    "gradient collective(s) of its own before the optimizer step, and the "
-                    f"optimizer received {c:.4g} x the gradient the backwards produced "
-                    f"(gradient conservation, {len(hits)} of {len(windows)} step(s)): "
-                    + (f"an all_reduce(SUM) without /W, every update is {world}x too large"
-                       if many else f"the gradient averaged twice, every update is "
-                       f"{world}x too small")
-                    + ". Remove the hand-written all-reduce (DDP already averages), or "
-                    "average it exactly once")]
-    if redundant:
-        w = redundant[0]
-        return [_mk("OK", "note", rank, int(w["step"]), None,
-                    f"correct but wasteful: DDP averaged the gradient in the synced backward "
-                    f"and the script issued {int(w.get('reductions', 0))} more gradient "
-                    f"collective(s) per optimizer step that left it unchanged ({len(redundant)} "
-                    "step(s)); drop the hand-written all-reduce")]
-    return []
-
-
-#: Unit roundoff of the low-precision gradient dtypes (as verify.tolerance, which observe
-#: may not import).
-_U_LOW = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
-#: F12 is an error when the expected drift is this many times the precision's own floor.
-F12_ERROR_FACTOR = 4.0
-#: Windows shorter than this are not reported (the drift is below the precision floor).
-F12_MIN_K = 4
-
-
-def f12_drift(u: float, k: int) -> float:
-    """Expected relative drift of K gradients summed in a dtype of unit roundoff u: each
-    of the K-1 additions rounds with an error uniform in +-u of the running sum (standard
-    deviation u/sqrt(3)), the running sum grows linearly, so the errors add up to about
-    (u/sqrt(3)) * sqrt(K/3) = u*sqrt(K)/3 of the final sum (bf16, K = 32: 7.4e-3; measured
-    on blind round 6's b12: 6.6e-3)."""
-    return u * math.sqrt(k) / 3.0
-
-
-def low_precision_findings(rank: int | None, windows: list[dict[str, Any]]
-                           ) -> list[Finding]:
-    """F12: the optimizer stepped bf16/fp16 parameters (a torch optimizer: DeepSpeed keeps
-    fp32 gradient buffers; Accumulator(master_weights=True) and FSDP2's sharded fp32
-    parameters step fp32) on a gradient that K backward passes summed in place in .grad
-    (no zero_grad between them, and where conservation was checked, nothing removed
-    between backwards: an fp32 gradient-buffer pattern clears .grad after each backward).
-    The precision's own floor is 2u (a bf16 model's micro-step gradients already carry
-    about u; verify.tolerance allows twice the reference's error at that compute
-    precision); the expected drift u*sqrt(K)/3 is an error only from F12_ERROR_FACTOR
-    times that floor (bf16: K >= 576), a warning below it."""
-    judged = []
-    for w in windows:
-        u = _U_LOW.get(str(w.get("param_dtype") or "").replace("torch.", ""))
-        n = int(w.get("window", 0))
-        if (u is None or w.get("source", "torch") != "torch" or n < F12_MIN_K
-                or int(w.get("zero_grads_between", 0))):
-            continue
-        cons = w.get("conservation")
-        if not isinstance(cons, dict):
-            continue  # unchecked: a hand-written clear or an fp32 buffer cannot be excluded
-        if float(cons.get("wiped", 0.0)) > 0.0 or float(cons.get("received", 1.0)) > \
-                WEIGHT_TOL_LOW_PRECISION:
-            # gradients moved out between backwards, or never seen in .grad at all (an fp32
-            # buffer filled by a post-accumulate hook): not summed in place
-            continue
-        judged.append((w, u, n, True))
-    if not judged:
-        return []  # no checked window showed the sum made in place in .grad
-    w, u, n, _ = max(judged, key=lambda t: t[2])
-    drift, floor = f12_drift(u, n), 2 * u
-    dtype = str(w.get("param_dtype")).replace("torch.", "")
-    error = drift >= F12_ERROR_FACTOR * floor
-    k_err = math.ceil((F12_ERROR_FACTOR * floor * 3.0 / u) ** 2 - 1e-9)  # bf16: 576
-    return [_mk("F12", "error" if error else "warning", rank, int(w["step"]), None,
-                f"the optimizer stepped {dtype} parameters on a gradient that {n} backward "
-                f"passes summed in place in {dtype} .grad ({len(judged)} window(s)): each "
-                f"addition rounds to the {dtype} unit roundoff u = {u:.3g}, an expected drift "
-                f"of about u*sqrt(K)/3 = {drift:.2g} (relative) from the exact sum of the "
-                f"micro-step gradients, growing as sqrt(K), against a precision floor of "
-                f"2u = {floor:.2g} for a {dtype} model"
-                + (": clearly beyond it" if error else
-                   f" (an error from K >= {k_err})")
-                + ". Accumulate in fp32: accumguard's Accumulator(master_weights=True), fp32 "
-                "gradient buffers, DeepSpeed bf16 with fp32 gradient accumulation, or FSDP2 "
-                "with fp32 parameters and MixedPrecisionPolicy(param_dtype=bfloat16, "
-                "reduce_dtype=float32)")]
-
-
-def _unscaled(w: dict[str, Any], low: bool) -> bool:
-    """The optimizer received the sum of the window's backwards as they were (conservation
-    checked, common scale c = 1): nothing divided the gradient by hand before the step."""
-    cons = w.get("conservation")
-    if not isinstance(cons, dict) or not cons.get("ok", False):
-        return False
-    # ok alone is not enough: with no contribution seen in .grad (gradients moved to a
-    # buffer by a post-accumulate hook) the fit is unmatched (received ~ 1) yet not "wiped"
-    if float(cons.get("received", 1.0)) > (WEIGHT_TOL_LOW_PRECISION if low else WEIGHT_TOL):
-        return False
-    return _near(float(cons.get("scale", 1.0)), 1.0, low)
-
-
-def _times_k(rank: int | None, judged: list[tuple[dict[str, Any], _Mass]], k: int,
-             world: int) -> list[Finding]:
-    """The loss never divided by K: every window of K weighs its tokens K (each micro-step's
-    loss a full mean) and the optimizer receives the sum of the K gradients, K x G."""
-    w, m = judged[0]
-    clipped = any(int(x.get("clips", 0)) for x, _ in judged)
-    seen = (f"{_short(m.site)}: every backward's loss was that call's output times a "
-            f"constant (nothing else in the loss), and in each window of K = {k} micro-steps "
-            f"({len(judged)} judged) its tokens carried a total weight of "
-            f"{m.per_micro[0]:.4g} per micro-step, {m.mass:.4g} per window (K) instead of 1, "
-            "and the optimizer received that sum unchanged (gradient conservation, scale 1)")
-    if world > 1 and _near(float(k), float(world), False):
-        return [_mk("LOSS_SCALE", "note", rank, int(w["step"]), None,
-                    f"{seen}. With {world} ranks this is also what a loss multiplied by W "
-                    "gives to undo DDP's average; if the loss is meant to be the window's "
-                    "mean, it is not divided by K and the update is K times too large")]
-    return [_mk("LOSS_SCALE", "error", rank, int(w["step"]), None,
-                f"{seen}: the loss is not divided by K. The optimizer receives K x G, the sum "
-                f"of the {k} micro-batch gradients instead of the large batch's mean: with "
-                f"SGD every update is {k}x the large-batch step (an effective learning rate "
-                f"of {k} x lr); with Adam the difference is nearly hidden (only epsilon"
-                + (" and, here, gradient clipping, which sees a norm K times larger"
-                   if clipped else " and any gradient clipping") + " change the update), "
-                "but it is not the large-batch update. Divide each micro-step's loss by K "
-                "(or normalise by the window's token count)")]
-
-
-def partial_window_findings(rank: int | None, windows: list[dict[str, Any]],
-                            k: int | None) -> list[Finding]:
-    """F7 from the loss record: every full window of K micro-steps weighs its tokens 1 in
-    total (the loop normalises a window to its mean), and the short last window of the
-    run or of a pass over the data, n < K micro-steps, weighs them n/K: it was divided by
-    K instead of its own n. (A last window normalised by its own size or count weighs 1;
-    a dropped one is not there.)"""
-    if k is None or k < 2:
-        return []
-    masses = [_window_mass(w) for w in windows]
-    full = [m for w, m in zip(windows, masses, strict=True)
-            if m is not None and int(w.get("window", 0)) == k]
-    if not full or not all(_near(m.mass, 1.0, m.low) for m in full):
-        return []
-    for i, (w, m) in enumerate(zip(windows, masses, strict=True)):
-        n = int(w.get("window", 0))
-        if m is None or not 1 <= n < k:
-            continue
-        last = i == len(windows) - 1 or 0 in (windows[i + 1].get("data_pass_starts") or [])
-        if last and _near(m.mass, n / k, m.low):
-            return [_mk("F7", "error", rank, int(w["step"]), n - 1,
-                        f"{_short(m.site)}: the last window before optimizer step "
-                        f"{_n(w['step'])} had {n} of K = {k} micro-steps"
-                        + (" (the end of the run)" if i == len(windows) - 1
-                           else " (the end of a pass over the DataLoader)")
-                        + f", and its tokens carried a total weight of {m.mass:.4g} = "
-                        f"{n}/{k}, while each of the {len(full)} full window(s) seen "
-                        f"carried 1: the partial window was divided by K instead of its "
-                        f"{n} micro-steps, so its update is {m.mass:.3g}x its mean gradient")]
-    return []
-
-
-def grad_step_findings(rank: int | None, windows: list[dict[str, Any]],
-                       res: KResolution) -> list[Finding]:
-    """F1 for loops that make gradients with ``torch.autograd.grad`` and assign ``.grad``
-    by hand (no backward pass is seen): K > 1 declared and every optimizer step came after
-    one ``autograd.grad`` of the loss with respect to the parameters. A loop that
-    accumulates several such calls before its step is silent, and so is ``autograd.grad``
-    for a gradient penalty or a meta-gradient (``create_graph=True``, or inputs that are
-    not parameters: not counted by the loss record)."""
-    k, script = _firm_k(res), res.script
-    if k is None or k <= 1 or any(int(w.get("window", 0)) for w in windows):
-        return []  # backward passes seen: the window rules decide
-    masses = [m for w in windows for m in [_window_mass(w, via_grad=True)] if m is not None]
-    if len(masses) < 2 or any(len(m.per_micro) != 1 for m in masses):
-        return []
-    m = masses[0]
-    scaled = _near(m.mass, 1.0 / k, m.low)
-    text = (f"each of the {len(masses)} optimizer steps whose loss was recorded (of "
-            f"{len(windows)}) came after a single torch.autograd.grad of the loss with respect to the "
-            f"parameters ({_short(m.site)}; no backward pass: .grad assigned by hand), "
-            f"while K = {k} ({res.source})")
-    if res.strength in ("flag", "runtime") or scaled or (script and script.divides_loss):
-        return [_mk("F1", "error", rank, int(windows[0]["step"]), 0,
-                    f"{text}" + (f", and that loss weighed {m.mass:.4g} = 1/K" if scaled
-                                 else "") + ": each step applies one micro-batch's "
-                    "gradient; sum the K micro-steps' gradients before one step")]
-    return [_mk("F1", "note", rank, int(windows[0]["step"]), 0,
-                f"{text}. If it meant to accumulate, the optimizer steps on every "
-                "micro-step; pass --accumulation-steps to decide")]
