@@ -158,11 +158,17 @@ def _report(out_dir: Path, args: argparse.Namespace, code: int, signalled: str |
         problems.append(f"the command exited with code {code}")
     if signalled or code != 0:
         problems += collective_positions(rec)
+    backwards = sum(int(s.get("backwards", 0)) for ss in rec.steps.values() for s in ss)
     if n_steps == 0:
         backwards = sum(int(e.get("backwards_total", 0)) for e in rec.end.values())
         problems.append("no optimizer step was observed" + (
             f" ({backwards} backward passes)" if backwards else
             " (no backward pass either: is this a training command that uses torch?)"))
+    elif backwards == 0:
+        problems.append(f"nothing was checked: {n_steps} optimizer step(s) but no backward pass "
+                        "before any of them (gradients made another way, e.g. "
+                        "torch.autograd.grad into .grad, are not followed); the absence of "
+                        "findings below says nothing about this run")
     report = {
         "command": list(args.command),
         "exit_code": code,
@@ -192,12 +198,24 @@ def _summary(rec: Any) -> list[dict[str, Any]]:
     rank0 = rec.steps.get(min(rec.steps), []) if rec.steps else []
     for s in rank0:
         cons = s.get("conservation") or {}
+        mixed = _ranks_mixed(s, cons)
         rows.append({"step": int(s["step"]) + 1, "backwards": s["backwards"], "applied": s["applied"],
                      "scheduler_steps": s.get("scheduler_steps", 0),
                      "grad_collective_rounds": s.get("reduction_rounds", 0),
-                     "conservation_error": cons.get("received") if cons else None,
+                     "conservation_error": cons.get("received") if cons and not mixed else None,
+                     "conservation_not_judged": "the script's own collectives mixed other "
+                     "ranks' gradients into .grad" if mixed else None,
                      "window_loss": s.get("window_loss")})
     return rows
+
+
+def _ranks_mixed(step: dict[str, Any], cons: dict[str, Any]) -> bool:
+    """A window whose .grad the script itself all-reduced on a model no engine averages
+    (a hand-written data parallelism): what the optimizer received holds the other ranks'
+    gradients, so its distance from this rank's backwards is not an error (nor a verdict)."""
+    return (bool(cons) and int(step.get("reductions", 0)) > 0
+            and step.get("engine", "local") == "local"
+            and float(cons.get("received", 0.0)) > 1e-3)
 
 
 def _print(report: dict[str, Any], findings: list[Any]) -> None:
@@ -223,8 +241,11 @@ def _print(report: dict[str, Any], findings: list[Any]) -> None:
     if report["steps"]:
         t = Table(title="per optimizer step (first rank; steps from 1; sched: scheduler steps "
                         "since the previous optimizer step, so one made right after step n "
-                        "shows on step n+1)")
-        for col in ("step", "backwards", "applied", "sched", "grad coll.", "conservation err"):
+                        "shows on step n+1; coll.: backwards or flushes that issued "
+                        "torch.distributed collectives from Python, the script's or "
+                        "DeepSpeed's, DDP's bucket all-reduces run in C++ and are not "
+                        "counted; conservation err: '-' when not sampled or not judged)")
+        for col in ("step", "backwards", "applied", "sched", "coll.", "conservation err"):
             t.add_column(col)
         for row in report["steps"][:50]:
             ce = row["conservation_error"]
@@ -233,7 +254,10 @@ def _print(report: dict[str, Any], findings: list[Any]) -> None:
                       "-" if ce is None else f"{ce:.1e}")
         console.print(t)
     if not findings:
-        console.print("no accumulation finding", markup=False)
+        checked = not any(p.startswith("nothing was checked") for p in report["problems"])
+        console.print("no accumulation finding" if checked else
+                      "no accumulation finding, but nothing was checked (see above)",
+                      markup=False)
     for f in findings:
         where = f"rank {f.rank}" if f.rank is not None else "all ranks"
         where += f", step {f.step}" if f.step is not None else ""

@@ -126,6 +126,12 @@ class Conservation:
     #: last backward and the step; clipping/unscaling give c < 1, a hand-written
     #: all_reduce(SUM) on an engine that already averaged gives c = W
     scale: float = 1.0
+    #: the two linear checksum columns (sum, even-index sum) of every parameter, flattened:
+    #: of the sum of this rank's contributions and of what the optimizer received. Linear,
+    #: so across ranks received = c * (sum over ranks of contrib) when the script itself
+    #: all-reduced .grad (the cross-rank F10 rule of ``watch`` fits c offline)
+    contrib_sums: tuple[float, ...] = ()
+    received_sums: tuple[float, ...] = ()
 
 
 def _rel(x: torch.Tensor, scale: float) -> float:
@@ -163,8 +169,9 @@ def conservation(*, starts: list[torch.Tensor], ends: list[torch.Tensor],
     resid = float((a - c * b).abs().sum()) / max(float(a.abs().sum()), float(b.abs().sum()) * c,
                                                  1e-30)
     received_rel = resid
+    sums = (tuple(b.tolist()), tuple(a.tolist()))
     if stale > tol and received_rel > tol:
-        return Conservation(n, wiped, stale, received_rel, False, "stale", scale=c)
+        return Conservation(n, wiped, stale, received_rel, False, "stale", None, c, *sums)
     if wiped > tol and received_rel > tol:
-        return Conservation(n, wiped, stale, received_rel, False, "wiped", first_wipe, c)
-    return Conservation(n, wiped, stale, received_rel, True, "", first_wipe, c)
+        return Conservation(n, wiped, stale, received_rel, False, "wiped", first_wipe, c, *sums)
+    return Conservation(n, wiped, stale, received_rel, True, "", first_wipe, c, *sums)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +51,7 @@ from accumguard.observe._weight_rules import (
     loss_scale_findings,
     loss_weight_findings,
     low_precision_findings,
+    manual_reduce_findings,
     partial_window_findings,
     rank_scale_findings,
 )
@@ -60,7 +60,7 @@ __all__ = ["F12_ERROR_FACTOR", "NUMBERING", "WEIGHT_TOL", "WEIGHT_TOL_LOW_PRECIS
            "KResolution", "RunRecording", "analyze", "classify_token_weights",
            "conservation_class", "f12_drift", "grad_step_findings", "live_findings", "load_recordings",
            "loss_scale_findings", "loss_weight_findings", "partial_window_findings",
-           "low_precision_findings", "rank_scale_findings",
+           "low_precision_findings", "manual_reduce_findings", "rank_scale_findings",
            "resolve_k", "step_record", "windows"]
 
 
@@ -98,7 +98,15 @@ def step_record(event: Any, rank: int) -> dict[str, Any]:
             v = getattr(event, k)
             rec[k] = list(v) if isinstance(v, list) else v
     cons = event.conservation
-    rec["conservation"] = asdict(cons) if cons is not None else None
+    if cons is None:
+        rec["conservation"] = None
+    else:
+        rec["conservation"] = c = {f: getattr(cons, f) for f in cons.__dataclass_fields__}
+        if event.reductions and event.engine == "local":  # the script's own all-reduce
+            c["contrib_sums"], c["received_sums"] = (list(c["contrib_sums"]),
+                                                     list(c["received_sums"]))
+        else:  # kept only where the cross-rank F10 fit reads them
+            del c["contrib_sums"], c["received_sums"]
     return {"kind": "step", "rank": rank, **rec}
 
 
@@ -206,6 +214,7 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
         findings += grad_step_findings(rank, _windows(steps), res)
     findings += _cross_rank(rec)
     findings += _cross_rank_weights(rec)
+    findings += manual_reduce_findings(rec)
     # one finding per (class, rank) is enough to act on; keep the first
     seen: set[tuple[str, int | None, str]] = set()
     unique = []
@@ -346,10 +355,14 @@ def _sync_findings(rank: int, w: dict[str, Any]) -> list[Finding]:
         return [_mk("F11", "error", rank, step, len(syncs) - 1,
                     f"the window's last backward (micro-step {len(syncs)} of {len(syncs)}) ran "
                     f"with {what}; the optimizer stepped on gradients not reduced across ranks"
-                    + (f" (micro-step(s) {synced} synchronised: the flag is inverted)"
-                       if synced else "")
-                    + (f"; the flag flipped between forward and backward on micro-step(s) "
-                       f"{[m + 1 for m in mism]}" if mism else ""))]
+                    + (f" (micro-step(s) {synced} synchronised instead"
+                       + (f"; the flag changed between forward and backward on micro-step(s) "
+                          f"{[m + 1 for m in mism]}: DDP reads it at the forward, so a flag "
+                          "set after the forward applies one micro-step late)" if mism else
+                          ": the flag is inverted)") if synced else
+                       (f"; the flag changed between forward and backward on micro-step(s) "
+                        f"{[m + 1 for m in mism]}: DDP reads it at the forward" if mism
+                        else "")))]
     extra = sum(1 for s in syncs[:-1] if s)
     if not extra:
         return []

@@ -1,0 +1,111 @@
+"""Blind evaluation round 8 findings, as classes, under the real ``accumguard watch`` CLI
+on unmodified scripts (no ``-k``): data parallelism written by hand (no DDP, the script
+all-reduces .grad itself) with SUM never divided by W (F10, found from every rank's
+gradient checksums) and its correct forms (AVG; SUM after a loss divided by K x W), the
+average taken twice (F10); a loop that makes its gradients with torch.autograd.grad only
+(nothing checked: said so, not a silent pass)."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from test_watch import _errors, _watch  # the watch-CLI helper of the launcher tests
+
+from helpers import free_port
+
+MANUAL = textwrap.dedent('''
+    """Data parallelism by hand: the gradients are all-reduced after K backwards."""
+    import sys
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    MODE = sys.argv[1]
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(12, 24), nn.ReLU(), nn.Linear(24, 4))
+    for p in model.parameters():
+        dist.broadcast(p.data, 0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    K = 3
+    g = torch.Generator().manual_seed(10 + rank)
+    divisor = K * world if MODE in ("sum_kw", "avg_kw") else K
+    op = dist.ReduceOp.SUM if MODE.startswith("sum") else dist.ReduceOp.AVG
+    for update in range(4):
+        for _ in range(K):
+            x = torch.randn(5, 12, generator=g)
+            y = torch.randint(0, 4, (5,), generator=g)
+            (F.cross_entropy(model(x), y) / divisor).backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad, op=op)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    dist.barrier()
+    if rank == 0:
+        print("trained")
+    dist.destroy_process_group()
+''')
+
+
+@pytest.mark.parametrize(("mode", "expected"), [
+    ("sum", {"F10"}), ("avg", set()), ("sum_kw", set()), ("avg_kw", {"F10"}),
+])
+def test_manual_all_reduce_without_ddp(tmp_path: Path, mode: str, expected: set[str]) -> None:
+    script = tmp_path / "manual8.py"
+    script.write_text(MANUAL)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+           "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script), mode]
+    code, findings, report, proc = _watch(tmp_path, cmd)
+    if code and "terminate called without an active exception" in proc.stderr:
+        code, findings, report, proc = _watch(tmp_path, cmd)  # the gloo teardown abort
+    assert "trained" in proc.stdout, proc.stderr[-3000:]
+    assert report["ranks"] == [0, 1]
+    assert _errors(findings) == expected, findings
+    assert code == (1 if expected else 0)
+    if expected:
+        f = next(f for f in findings if f["cls"] == "F10")
+        assert ("2x too large" if mode == "sum" else "2x too small") in f["evidence"], f
+    # the received gradient holds the other rank's: no error-looking number in the table
+    assert all(row["conservation_error"] is None for row in report["steps"]), report["steps"]
+    assert all(row["conservation_not_judged"] for row in report["steps"]), report["steps"]
+
+
+GRAD_ONLY = textwrap.dedent('''
+    """Gradients made with torch.autograd.grad and written into .grad by hand."""
+    import torch
+    import torch.nn as nn
+
+    torch.manual_seed(0)
+    model = nn.Linear(6, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    params = list(model.parameters())
+    for _ in range(3):
+        bufs = [torch.zeros_like(p) for p in params]
+        for _ in range(4):
+            loss = model(torch.randn(5, 6)).pow(2).mean() / 4
+            for b, gr in zip(bufs, torch.autograd.grad(loss, params)):
+                b += gr
+        for p, b in zip(params, bufs):
+            p.grad = b
+        opt.step()
+        opt.zero_grad()
+    print("trained")
+''')
+
+
+def test_nothing_checked_is_said(tmp_path: Path) -> None:
+    """No backward pass before any step: exit 0 (the script may be right) but the report
+    says nothing was checked instead of a bare 'no accumulation finding'."""
+    script = tmp_path / "grad_only.py"
+    script.write_text(GRAD_ONLY)
+    code, findings, report, proc = _watch(tmp_path, [sys.executable, str(script)])
+    assert proc.stdout.strip() == "trained", proc.stderr[-2000:]
+    assert code == 0 and not _errors(findings), findings
+    assert any(p.startswith("nothing was checked") for p in report["problems"]), report
+    assert "nothing was checked" in proc.stderr
