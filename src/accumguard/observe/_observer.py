@@ -1,11 +1,14 @@
 """The observer: one set of patches and hooks that turns a training process into events.
 
 What is observed, and where (each patch keeps the signature and is undone on
-:meth:`Observer.uninstall`):
+:meth:`Observer.uninstall`; the per-library patches live in one module per library:
+:mod:`._patch_torch`, :mod:`._patch_deepspeed`, :mod:`._patch_accelerate`,
+:mod:`._patch_trainers`, with the collectives in :mod:`._collectives` and the loss
+functions in :mod:`._losses`):
 
 * forward of a watched module: hooks on the modules given, or (``auto_roots``) a
   global forward hook that treats the outermost module call as the model and reads
-  DDP's ``require_backward_grad_sync`` / FSDP2's gradient-sync state there;
+  DDP's ``require_backward_grad_sync`` / FSDP2's gradient-sync state there (this module);
 * backward: ``Tensor.backward``, ``torch.autograd.backward``, DeepSpeed's
   ``engine.backward`` and Accelerate's ``accelerator.backward`` (the outermost call is
   one backward pass, whatever the model returned);
@@ -15,7 +18,8 @@ What is observed, and where (each patch keeps the signature and is undone on
 * ``zero_grad`` of optimizers and modules, LR-scheduler steps (Accelerate's
   scheduler wrapper counted once), clipping (``torch.nn.utils.clip_grad_norm_``
   patched where torch defines it, so later ``from torch.nn.utils import ...`` sees
-  the wrapper), gradient collectives (:mod:`._collectives`), DeepSpeed's config;
+  the wrapper), gradient collectives, DeepSpeed's config, the K that HF
+  ``TrainingArguments``/Lightning's ``Trainer``/``Accelerator`` declare;
 * loss calls: ``torch.nn.functional.cross_entropy``/``nll_loss`` (patched where torch
   defines them): each call's valid count and the gradient its output received, for
   the per-token weights of a window (:mod:`._losses`, the F5 rule);
@@ -23,51 +27,59 @@ What is observed, and where (each patch keeps the signature and is undone on
   conservation verdict (:mod:`._checksum`), on engines whose gradients live in
   ``.grad`` (not DeepSpeed ZeRO >= 1, whose gradients live in engine buffers).
 
+The wrappers the patch modules build call back into this class (``_run_backward``,
+``_begin_step``/``_end_step``, ``_count_sched``, ``_emit``): the event dispatch and the
+per-micro-step/per-step work stay here, in one place, and the split added no call.
+
 Events go to listeners (the guard, ``watch``'s recorder). A listener may raise from
 ``on_step_start``/``on_backward_start``/``on_zero_grad``/``on_scheduler_step``/
 ``on_clip`` to stop the action before it happens (the guard does).
 
-Size (~1,240 lines): the patches of every library the layer observes (torch, DeepSpeed, Accelerate, schedulers, clipping, collectives) and the event dispatch. Known debt: the per-library patches should move to one module per library, as the engines are.
+Size (~820 lines, over the 600 target): the per-library patches moved out (1,243 -> 820);
+what is left is the class's lifecycle, the forward/attribution/backward/step hot path and
+the step record, kept in the class on purpose. A further split (the attribution walk, the
+step record) would have to move hot-path methods out of the class.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 import weakref
 from collections.abc import Callable, Iterable
-from types import ModuleType
 from typing import Any
 
 import torch
 
+from accumguard.observe import _patch_accelerate, _patch_deepspeed, _patch_torch, _patch_trainers
 from accumguard.observe._checksum import checksums, conservation, grad_versions
 from accumguard.observe._collectives import CollectiveCounter
 from accumguard.observe._events import (
     BackwardEvent,
-    ClipEvent,
     CollectiveEvent,
     EngineInfo,
-    EngineStepEvent,
     ForwardEvent,
     OptimizerCallEvent,
-    ScalerEvent,
     SchedulerEvent,
     StepEvent,
     StepStartEvent,
-    ZeroGradEvent,
 )
 from accumguard.observe._imports import when_imported
+from accumguard.observe._introspect import (
+    engine_kind,
+    fsdp_param_groups,
+    grad_fns,
+    local,
+    param_dtype,
+    tol_for,
+    window_loss,
+)
 from accumguard.observe._losses import LossRecorder
 from accumguard.observe._patch import Patches
 
 __all__ = ["Observer"]
 
-_CLIP_FUNCS = ("clip_grad_norm_", "clip_grad_norm", "clip_grad_value_", "clip_grads_with_norm_")
-# Looked up as module globals by clip_grad_norm_ at call time: patching them also sees the
-# calls made through an alias bound before install (``from torch.nn.utils import ...`` at
-# the top of a script that installs the guard later).
-_CLIP_INNER = ("_clip_grads_with_norm_",)
 # Attribution (see Observer._reaches): root-output sequence numbers kept, graph nodes walked
 # before falling back to a pre-hook, and the sequence number of nodes without one (leaves).
 # Between _MAX_ROOT_SEQS and twice as many are kept (trimmed in chunks).
@@ -79,11 +91,6 @@ _EVENT_METHODS = ("on_forward", "on_backward_start", "on_backward", "on_collecti
                   "on_optimizer_call", "on_step_start", "on_step", "on_engine_step",
                   "on_engine", "on_zero_grad", "on_scheduler_step", "on_clip", "on_unscale",
                   "on_scaler_update")
-
-
-def _tol_for(dtype: torch.dtype) -> float:
-    """Relative conservation tolerance: a lost micro-batch is O(1/K), rounding is O(eps)."""
-    return {torch.float64: 1e-6, torch.float32: 1e-3}.get(dtype, 3e-2)
 
 
 class _Window:
@@ -230,17 +237,11 @@ class Observer:
             return self
         self.installed = True
         from torch.nn.modules import module as module_mod
-        from torch.optim.optimizer import (
-            register_optimizer_step_post_hook,
-            register_optimizer_step_pre_hook,
-        )
 
         p = self.patches
-        p.add(register_optimizer_step_pre_hook(self._opt_pre).remove)
-        p.add(register_optimizer_step_post_hook(self._opt_post).remove)
         for m in self._given_roots:
             self._add_root(m)
-            if self.attribute and _engine_kind(m) not in ("ddp", "fsdp2"):
+            if self.attribute and engine_kind(m) not in ("ddp", "fsdp2"):
                 # no sync flag to read before the forward: one hook after it does both
                 # (a hooked module call costs a slower call path per hook kind)
                 p.add(m.register_forward_hook(self._root_forward_and_post).remove)
@@ -257,31 +258,10 @@ class Observer:
             self._global_handle = module_mod.register_module_forward_pre_hook(
                 self._global_pre)
             p.add(self._remove_root_hooks)
-        p.wrap(torch.Tensor, "backward", self._backward_wrapper("tensor"))
-        p.wrap(torch.autograd, "backward", self._backward_wrapper("autograd"))
-        p.wrap(torch.optim.Optimizer, "zero_grad", self._zero_wrapper("optimizer"))
-        p.wrap(torch.nn.Module, "zero_grad", self._zero_wrapper("module"))
-        p.wrap(torch.utils.data.DataLoader, "__iter__", self._data_pass_wrapper)
+        _patch_torch.install(self, p)  # step hooks, backward, zero_grad, DataLoader
         if self.record_losses:
             self.losses.install(p)
-        sched = torch.optim.lr_scheduler
-        p.wrap(sched.LRScheduler, "step", self._sched_wrapper)
-        if "step" in vars(sched.ReduceLROnPlateau):
-            p.wrap(sched.ReduceLROnPlateau, "step", self._sched_wrapper)
-        import torch.nn.utils as nn_utils
-        import torch.nn.utils.clip_grad as clip_mod
-
-        for mod in (clip_mod, nn_utils):
-            for name in _CLIP_FUNCS:
-                if callable(getattr(mod, name, None)):
-                    p.wrap(mod, name, self._clip_wrapper(name))
-        for name in _CLIP_INNER:
-            if callable(getattr(clip_mod, name, None)):
-                p.wrap(clip_mod, name, self._clip_wrapper("clip_grad_norm_"))
-        scaler_cls = getattr(getattr(torch, "amp", None), "GradScaler", None)
-        if scaler_cls is not None:
-            p.wrap(scaler_cls, "unscale_", self._scaler_wrapper("unscale"))
-            p.wrap(scaler_cls, "update", self._scaler_wrapper("update"))
+        _patch_torch.install_after_losses(self, p)  # schedulers, clipping, GradScaler
         if torch.distributed.is_available():
             self.counter.install_torch()
         p.add(self.counter.uninstall)
@@ -308,147 +288,33 @@ class Observer:
 
     def _hook_libraries(self) -> None:
         """Patch DeepSpeed, Accelerate, HF and Lightning when (if) they are imported."""
-        when_imported("deepspeed.runtime.engine", self._patch_deepspeed)
+        lib = functools.partial
+        when_imported("deepspeed.runtime.engine", lib(_patch_deepspeed.patch_engine, self))
         if self.auto_roots:
-            when_imported("torch.nn.parallel.distributed", self._patch_ddp_init)
+            when_imported("torch.nn.parallel.distributed", lib(_patch_torch.patch_ddp_init, self))
         when_imported("deepspeed.comm.comm", lambda _m: self.counter.install_deepspeed())
-        when_imported("accelerate.accelerator", self._patch_accelerate)
-        when_imported("accelerate.scheduler", self._patch_accel_sched)
-        when_imported("transformers.training_args", self._patch_hf_args)
+        when_imported("accelerate.accelerator", lib(_patch_accelerate.patch_accelerator, self))
+        when_imported("accelerate.scheduler", lib(_patch_accelerate.patch_scheduler, self))
+        when_imported("transformers.training_args", lib(_patch_trainers.patch_hf_args, self))
         for name in ("lightning.pytorch.trainer.trainer", "pytorch_lightning.trainer.trainer"):
-            when_imported(name, self._patch_lightning)
-
-    def _patch_ddp_init(self, mod: Any) -> None:
-        """A DDP model built after the roots were pinned (:meth:`_pin_roots`; e.g. a model
-        rebuilt to resume from a checkpoint) gets the same top-level pre-hook, so its
-        forwards and sync flag are read, not the dead first model's. Limit: the first
-        model stays among the roots (its parameters tracked) until uninstall."""
-        if not self.installed:
-            return
-        obs = self
-
-        def make(orig: Callable[..., Any]) -> Callable[..., Any]:
-            def init(module: Any, *a: Any, **kw: Any) -> Any:
-                out = orig(module, *a, **kw)
-                if obs.installed and obs._global_handle is None and obs.auto_roots \
-                        and obs._pinned_any:
-                    obs._pinned.append(module.register_forward_pre_hook(obs._global_pre))
-                return out
-
-            return init
-
-        self.patches.wrap(mod.DistributedDataParallel, "__init__", make)
+            when_imported(name, lib(_patch_trainers.patch_lightning, self))
 
     def _active(self) -> bool:
         return self.installed and not self._in_observer
-
-    # -- library patches ----------------------------------------------------------------------
-    def _patch_deepspeed(self, mod: ModuleType) -> None:
-        if not self.installed:
-            return
-        cls = getattr(mod, "DeepSpeedEngine", None)
-        if cls is None:
-            return
-        self.patches.wrap(cls, "backward", self._ds_backward_wrapper)
-        self.patches.wrap(cls, "step", self._ds_step_wrapper)
-        self.counter.install_deepspeed()
-
-    def _patch_accelerate(self, mod: ModuleType) -> None:
-        if not self.installed:
-            return
-        cls = getattr(mod, "Accelerator", None)
-        if cls is None:
-            return
-        obs = self
-
-        def make_backward(orig: Callable[..., Any]) -> Callable[..., Any]:
-            def backward(acc: Any, loss: Any, *args: Any, **kwargs: Any) -> Any:
-                k = getattr(acc, "gradient_accumulation_steps", None)
-                if isinstance(k, int) and k > 1:  # 1 is the default: it declares nothing
-                    obs.declared_k.setdefault("accelerate", k)
-                return obs._run_backward("accelerate", loss, None, orig, (acc, loss, *args),
-                                         kwargs)
-
-            return backward
-
-        self.patches.wrap(cls, "backward", make_backward)
-
-    def _patch_accel_sched(self, mod: ModuleType) -> None:
-        if not self.installed:
-            return
-        cls = getattr(mod, "AcceleratedScheduler", None)
-        if cls is None:
-            return
-        obs = self
-
-        def make(orig: Callable[..., Any]) -> Callable[..., Any]:
-            def step(sched: Any, *args: Any, **kwargs: Any) -> Any:
-                # Accelerate steps the wrapped scheduler once per process (by design) and
-                # skips inside accumulation: one call that stepped is one scheduler step.
-                obs._sched_depth += 1
-                before = obs._accel_sched_inner
-                try:
-                    return orig(sched, *args, **kwargs)
-                finally:
-                    obs._sched_depth -= 1
-                    if obs._accel_sched_inner > before and obs._sched_depth == 0:
-                        obs._count_sched(getattr(sched, "scheduler", sched))
-
-            return step
-
-        self.patches.wrap(cls, "step", make)
-
-    def _patch_hf_args(self, mod: ModuleType) -> None:
-        cls = getattr(mod, "TrainingArguments", None)
-        if cls is None or not self.installed:
-            return
-        obs = self
-
-        def make(orig: Callable[..., Any]) -> Callable[..., Any]:
-            def post_init(args: Any, *a: Any, **kw: Any) -> Any:
-                out = orig(args, *a, **kw)
-                k = getattr(args, "gradient_accumulation_steps", None)
-                if isinstance(k, int) and k > 1:  # 1 is the default: it declares nothing
-                    obs.declared_k["transformers"] = k
-                return out
-
-            return post_init
-
-        self.patches.wrap(cls, "__post_init__", make)
-
-    def _patch_lightning(self, mod: ModuleType) -> None:
-        cls = getattr(mod, "Trainer", None)
-        if cls is None or not self.installed:
-            return
-        obs = self
-
-        def make(orig: Callable[..., Any]) -> Callable[..., Any]:
-            def init(trainer: Any, *a: Any, **kw: Any) -> Any:
-                out = orig(trainer, *a, **kw)
-                k = getattr(trainer, "accumulate_grad_batches", None)
-                # Lightning's default 1 declares nothing: under manual optimisation the
-                # module accumulates itself (Lightning refuses any other value there).
-                if isinstance(k, int) and k > 1:
-                    obs.declared_k["lightning"] = k
-                return out
-
-            return init
-
-        self.patches.wrap(cls, "__init__", make)
 
     # -- roots and engines ------------------------------------------------------------------
     def _add_root(self, module: torch.nn.Module) -> None:
         if id(module) in self.roots:
             return
         self.roots[id(module)] = module
-        kind = _engine_kind(module)
+        kind = engine_kind(module)
         if kind != "local" and self.engine in ("local", "zero1"):
             self.engine = kind
         if kind in ("ddp", "fsdp2"):
             self._sync_roots.append(module)
         if kind == "deepspeed":
             self._ds_engine = module
-            self._note_ds_engine(module)
+            _patch_deepspeed.note_engine(self, module)
         base = getattr(module, "module", module) if kind == "deepspeed" else module
         with self._quiet():
             for name, prm in base.named_parameters():
@@ -457,26 +323,10 @@ class Observer:
                     self._tracked.append(prm)
                     self._tracked_names[id(prm)] = name
         if kind == "fsdp2":
-            self._fsdp_groups[id(module)] = _fsdp_param_groups(module)
-
-    def _note_ds_engine(self, engine: Any) -> None:
-        if self.engine_info is not None:
-            return
-        with contextlib.suppress(Exception):
-            raw = getattr(getattr(engine, "_config", None), "_param_dict", None) or {}
-            managed = getattr(engine, "managed_gradient_accumulation", None)
-            self.engine_info = EngineInfo(
-                engine="deepspeed",
-                zero_stage=int(engine.zero_optimization_stage()),
-                gradient_accumulation_steps=int(engine.gradient_accumulation_steps()),
-                gradient_clipping=float(engine.gradient_clipping() or 0.0),
-                clipping_set_by_user="gradient_clipping" in raw,
-                managed_accumulation=bool(managed()) if callable(managed) else True,
-                micro_batch=int(engine.train_micro_batch_size_per_gpu()))
-            self._emit("on_engine", self.engine_info)
+            self._fsdp_groups[id(module)] = fsdp_param_groups(module)
 
     def _sync_flag(self, module: Any) -> bool | None:
-        kind = _engine_kind(module)
+        kind = engine_kind(module)
         if kind == "ddp":
             return bool(getattr(module, "require_backward_grad_sync", True))
         if kind == "fsdp2":
@@ -496,7 +346,7 @@ class Observer:
             self._w.forwards += 1
             if self._handlers["on_forward"]:
                 self._emit("on_forward", ForwardEvent(self.step, len(self._w.backwards),
-                                                      _engine_kind(module), None, module))
+                                                      engine_kind(module), None, module))
 
     def _root_forward_and_post(self, module: Any, args: Any, output: Any) -> None:
         """A root without a gradient-sync flag, with attribution: the forward is counted
@@ -508,7 +358,7 @@ class Observer:
         self._w.forwards += 1
         fns = self._handlers["on_forward"]
         if fns:
-            ev = ForwardEvent(self.step, len(self._w.backwards), _engine_kind(module), None,
+            ev = ForwardEvent(self.step, len(self._w.backwards), engine_kind(module), None,
                               module)
             for fn in fns:
                 fn(ev)
@@ -526,7 +376,7 @@ class Observer:
             node = output.grad_fn
             nodes = [node] if node is not None else []
         else:
-            nodes = _grad_fns(output)
+            nodes = grad_fns(output)
         if not nodes:
             self._unattributed = True  # unknown: count the next backward as the root's
             return
@@ -649,34 +499,9 @@ class Observer:
         self._w.forwards += 1
         if self._handlers["on_forward"]:
             self._emit("on_forward", ForwardEvent(self.step, len(self._w.backwards),
-                                                  _engine_kind(module), sync, module))
+                                                  engine_kind(module), sync, module))
 
     # -- backward ----------------------------------------------------------------------------
-    def _backward_wrapper(self, source: str) -> Callable[[Callable[..., Any]], Any]:
-        obs = self
-
-        def make(orig: Callable[..., Any]) -> Callable[..., Any]:
-            def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-                if obs._bw_depth or not obs.installed or obs._in_observer:
-                    return orig(tensors, *args, **kwargs)  # inside a backward: one pass
-                return obs._run_backward(source, tensors, None, orig, (tensors, *args),
-                                         kwargs)
-
-            return backward
-
-        return make
-
-    def _ds_backward_wrapper(self, orig: Callable[..., Any]) -> Callable[..., Any]:
-        obs = self
-
-        def backward(engine: Any, loss: Any, *args: Any, **kwargs: Any) -> Any:
-            if obs._bw_depth or not obs.installed or obs._in_observer:
-                return orig(engine, loss, *args, **kwargs)
-            return obs._run_backward("deepspeed", loss, engine, orig, (engine, loss, *args),
-                                     kwargs)
-
-        return backward
-
     def _run_backward(self, source: str, loss: Any, engine: Any, fn: Callable[..., Any],
                       args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """One backward pass: ``fn(*args, **kwargs)`` between the before/after bookkeeping.
@@ -808,49 +633,6 @@ class Observer:
             return
         self._end_step("torch", type(opt).__name__, self._step_applied, None, opt)
 
-    def _ds_step_wrapper(self, orig: Callable[..., Any]) -> Callable[..., Any]:
-        obs = self
-
-        def step(engine: Any, *args: Any, **kwargs: Any) -> Any:
-            if not obs.installed or obs._in_observer or obs._ds_step_depth:
-                return orig(engine, *args, **kwargs)
-            if id(engine) not in obs.roots:
-                obs._add_root(engine)
-            w = obs._w
-            w.engine_step_calls += 1
-            w.max_bw_per_engine_step = max(w.max_bw_per_engine_step, w.bw_since_engine_step)
-            since = w.bw_since_engine_step
-            w.bw_since_engine_step = 0
-            before = getattr(engine, "global_steps", None)
-            boundary = None
-            with contextlib.suppress(Exception):
-                boundary = bool(engine.is_gradient_accumulation_boundary())
-            managed = getattr(engine, "managed_gradient_accumulation", None)
-            if callable(managed) and not managed():
-                boundary = True
-            obs._emit("on_engine_step", EngineStepEvent(obs.step, bool(boundary), since, engine))
-            if boundary:
-                obs._begin_step(getattr(engine, "optimizer", None), True, engine=engine)
-            obs._ds_step_depth += 1
-            try:
-                return orig(engine, *args, **kwargs)
-            finally:
-                obs._ds_step_depth -= 1
-                after = getattr(engine, "global_steps", None)
-                stepped = boundary or (before is not None and after != before)
-                if stepped:
-                    applied = bool(getattr(engine, "_step_applied", True))
-                    norm = None
-                    with contextlib.suppress(Exception):
-                        n = engine.get_global_grad_norm()
-                        norm = float(n) if n is not None else None
-                    if not boundary:
-                        obs._begin_step(getattr(engine, "optimizer", None), True, engine=engine)
-                    obs._end_step("deepspeed", type(getattr(engine, "optimizer", None)).__name__,
-                                  applied, norm, engine)
-
-        return step
-
     def _begin_step(self, opt: Any, applied: bool, engine: Any = None) -> None:
         self._step_t0 = time.perf_counter()
         self._step_applied = applied
@@ -889,7 +671,7 @@ class Observer:
                                                   strict=False) if m), torch.float32)
             cons = conservation(starts=[s[mask] for s in w.starts],
                                 ends=[e[mask] for e in w.ends],
-                                received=self._step_checksum[mask], tol=_tol_for(dtype))
+                                received=self._step_checksum[mask], tol=tol_for(dtype))
         self._t_checks += time.perf_counter() - t0
         return cons
 
@@ -919,7 +701,7 @@ class Observer:
             chk = [float(x) for x in self._step_checksum[mask].sum(0)]
         loss: float | None = None
         if w.loss_ok and w.backwards:
-            loss = _window_loss(w.losses)
+            loss = window_loss(w.losses)
         # the per-backward lists of the record, in one pass over the window's backwards
         syncs: list[bool | None] = []
         mismatch: list[int] = []
@@ -966,90 +748,6 @@ class Observer:
             self._pin_roots()
         self._emit("on_step", ev)
 
-    # -- zero_grad, schedulers, clipping --------------------------------------------------------
-    def _zero_wrapper(self, kind: str) -> Callable[[Callable[..., Any]], Any]:
-        obs = self
-
-        def make(orig: Callable[..., Any]) -> Callable[..., Any]:
-            def zero_grad(this: Any, *args: Any, **kwargs: Any) -> Any:
-                if (obs._zero_depth or not obs.installed or obs._in_observer or obs._opt_depth
-                        or obs._ds_step_depth):
-                    return orig(this, *args, **kwargs)
-                w = obs._w
-                ev = ZeroGradEvent(obs.step, len(w.backwards), kind, this)
-                obs._emit("on_zero_grad", ev)
-                if w.backwards:
-                    w.zero_grads += 1
-                    w.zero_between += 1
-                obs._zero_depth += 1
-                try:
-                    return orig(this, *args, **kwargs)
-                finally:
-                    obs._zero_depth -= 1
-
-            return zero_grad
-
-        return make
-
-    def _data_pass_wrapper(self, orig: Callable[..., Any]) -> Callable[..., Any]:
-        """A new pass over a DataLoader (an epoch): where it falls in the window tells a
-        leftover leaking into the next epoch (F7) from a counter that is off (F13)."""
-        obs = self
-
-        def __iter__(loader: Any) -> Any:  # noqa: N807 - the wrapped dunder
-            if (obs.installed and not obs._in_observer and torch.is_grad_enabled()
-                    and not obs._in_data_pass):
-                obs._w.data_passes.append(len(obs._w.backwards))
-            obs._in_data_pass += 1  # a subclass's __iter__ calling super() is one pass
-            try:
-                return orig(loader)
-            finally:
-                obs._in_data_pass -= 1
-
-        return __iter__
-
-    def _sched_wrapper(self, orig: Callable[..., Any]) -> Callable[..., Any]:
-        obs = self
-
-        def step(sched: Any, *args: Any, **kwargs: Any) -> Any:
-            initial = getattr(sched, "_step_count", 1) == 0
-            if obs._sched_depth:
-                obs._accel_sched_inner += 0 if initial else 1
-                return orig(sched, *args, **kwargs)
-            obs._sched_depth += 1
-            try:
-                out = orig(sched, *args, **kwargs)
-            finally:
-                obs._sched_depth -= 1
-            if not initial and obs.installed and not obs._in_observer:
-                obs._count_sched(sched)
-            return out
-
-        return step
-
-    def _scaler_wrapper(self, kind: str) -> Callable[[Callable[..., Any]], Any]:
-        obs = self
-
-        def make(orig: Callable[..., Any]) -> Callable[..., Any]:
-            def call(scaler: Any, *args: Any, **kwargs: Any) -> Any:
-                if obs._scaler_depth or not obs.installed or obs._in_observer:
-                    return orig(scaler, *args, **kwargs)
-                ev = ScalerEvent(obs.step, len(obs._w.backwards), kind, scaler)
-                if kind == "unscale":
-                    obs._emit("on_unscale", ev)
-                obs._scaler_depth += 1
-                try:
-                    out = orig(scaler, *args, **kwargs)
-                finally:
-                    obs._scaler_depth -= 1
-                if kind == "update":
-                    obs._emit("on_scaler_update", ev)
-                return out
-
-            return call
-
-        return make
-
     def _count_sched(self, sched: Any) -> None:
         count = self._sched_counts.get(id(sched), 0) + 1
         self._sched_counts[id(sched)] = count
@@ -1059,29 +757,6 @@ class Observer:
         self._w.sched += 0 if in_step else 1
         self._emit("on_scheduler_step", SchedulerEvent(self.step, len(self._w.backwards), count,
                                                        opt_steps, in_step, sched))
-
-    def _clip_wrapper(self, name: str) -> Callable[[Callable[..., Any]], Any]:
-        obs = self
-
-        def make(orig: Callable[..., Any]) -> Callable[..., Any]:
-            def clip(parameters: Any, *args: Any, **kwargs: Any) -> Any:
-                if (not obs.installed or obs._in_observer or obs._ds_step_depth
-                        or obs._clip_depth):
-                    return orig(parameters, *args, **kwargs)
-                params = [parameters] if isinstance(parameters, torch.Tensor) \
-                    else list(parameters)
-                obs._emit("on_clip", ClipEvent(obs.step, len(obs._w.backwards), name, params))
-                obs._w.clip_micros.append(len(obs._w.backwards))
-                obs._w.clip_names.append(name)
-                obs._clip_depth += 1  # the outermost clipping call is the event
-                try:
-                    return orig(params, *args, **kwargs)
-                finally:
-                    obs._clip_depth -= 1
-
-            return clip
-
-        return make
 
     # -- helpers ----------------------------------------------------------------------------
     def _emit(self, method: str, event: Any) -> None:
@@ -1123,7 +798,7 @@ class Observer:
         model does not change dtype between steps)."""
         key = id(owner)
         if key not in self._dtypes:
-            self._dtypes[key] = _param_dtype(owner)
+            self._dtypes[key] = param_dtype(owner)
         return self._dtypes[key]
 
     def _checksums(self) -> torch.Tensor:
@@ -1138,7 +813,7 @@ class Observer:
                 for name, prm in getattr(engine, "module", engine).named_parameters():
                     t = getattr(prm, "ds_tensor", None)
                     t = prm if t is None else t
-                    out[name] = _local(t).detach().to("cpu", torch.float64).clone()
+                    out[name] = local(t).detach().to("cpu", torch.float64).clone()
                 return out
             groups = getattr(opt, "param_groups", [])
             i = 0
@@ -1146,98 +821,5 @@ class Observer:
                 for prm in g["params"]:
                     name = self._tracked_names.get(id(prm), f"param{i}")
                     i += 1
-                    out[name] = _local(prm).detach().to("cpu", torch.float64).clone()
+                    out[name] = local(prm).detach().to("cpu", torch.float64).clone()
         return out
-
-
-def _param_dtype(owner: Any) -> str | None:
-    """The dtype of the parameters a step updates (an optimizer's groups, or a DeepSpeed
-    engine's module); the least precise when mixed. Invariance's tolerance reads it."""
-    dtypes: set[torch.dtype] = set()
-    with contextlib.suppress(Exception):
-        module = getattr(owner, "module", None)  # a DeepSpeed engine: its model's parameters
-        if isinstance(module, torch.nn.Module):
-            dtypes = {p.dtype for p in module.parameters() if p.requires_grad}
-        else:
-            dtypes = {p.dtype for g in getattr(owner, "param_groups", []) for p in g["params"]}
-    for dt in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
-        if dt in dtypes:
-            return str(dt).replace("torch.", "")
-    return str(next(iter(dtypes))).replace("torch.", "") if dtypes else None
-
-
-def _window_loss(losses: list[torch.Tensor]) -> float:
-    """Sum in float64 of the window's scalar losses (one reduction per step)."""
-    if not losses:
-        return 0.0
-    try:
-        return float(torch.stack([x.reshape(()) for x in losses]).to(torch.float64).sum())
-    except RuntimeError:  # mixed devices or dtypes
-        return float(sum(float(x) for x in losses))
-
-
-def _grad_fns(output: Any, depth: int = 0) -> list[Any]:
-    """Autograd nodes of the tensors in a forward's output, searched through dicts, lists,
-    tuples, dataclasses and plain objects (two levels deep, at most 16 nodes)."""
-    if isinstance(output, torch.Tensor):
-        return [output.grad_fn] if output.grad_fn is not None else []
-    if depth >= 3 or output is None or isinstance(output, (str, bytes, int, float, bool)):
-        return []
-    values: Iterable[Any]
-    if isinstance(output, dict):
-        values = output.values()
-    elif isinstance(output, (list, tuple)):
-        values = output
-    elif hasattr(output, "__dataclass_fields__"):
-        values = [getattr(output, f, None) for f in output.__dataclass_fields__]
-    elif hasattr(output, "__dict__") and not isinstance(output, torch.nn.Module):
-        values = list(vars(output).values())
-    else:
-        return []
-    out: list[Any] = []
-    for v in values:
-        out += _grad_fns(v, depth + 1)
-        if len(out) >= 16:
-            break
-    return out
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    to_local = getattr(t, "to_local", None)
-    return to_local() if callable(to_local) else t
-
-
-_KINDS: dict[type, str] = {}
-
-
-def _engine_kind(module: Any) -> str:
-    kind = _KINDS.get(type(module))
-    if kind is None:
-        kind = _KINDS[type(module)] = _kind_of(type(module))
-    return kind
-
-
-def _kind_of(typ: type) -> str:
-    for cls in typ.__mro__:
-        name = cls.__name__
-        if name == "DistributedDataParallel":
-            return "ddp"
-        if name == "FSDPModule":
-            return "fsdp2"
-        if name == "DeepSpeedEngine" and cls.__module__.startswith("deepspeed"):
-            return "deepspeed"
-    return "local"
-
-
-def _fsdp_param_groups(module: Any) -> list[Any]:
-    """FSDP2's per-module parameter groups (their ``reduce_grads`` is the sync flag)."""
-    groups = []
-    for m in module.modules():
-        get_state = getattr(m, "_get_fsdp_state", None)
-        if get_state is None:
-            continue
-        with contextlib.suppress(Exception):
-            pg = get_state()._fsdp_param_group
-            if pg is not None:
-                groups.append(pg)
-    return groups

@@ -56,6 +56,13 @@ class Patches:
         self._undo.append(undo)
         return True
 
+    def wrap_member(self, module: Any, cls_name: str, attr: str,
+                    make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> bool:
+        """:meth:`wrap` on ``module.cls_name`` (a library class, patched when its module is
+        imported); False if the module has no such class (another version) or no ``attr``."""
+        cls = getattr(module, cls_name, None)
+        return cls is not None and self.wrap(cls, attr, make)
+
     def add(self, undo: Callable[[], None]) -> None:
         """Register any other undo action (a hook handle's ``remove``)."""
         self._undo.append(undo)

@@ -1,0 +1,117 @@
+"""What the observer reads off the user's objects, outside the per-micro-step hooks: the
+engine kind of a module (cached per type), FSDP2's parameter groups, the dtype a step
+updates, the autograd nodes in a forward's output, a DTensor's local shard, the window
+loss and the conservation tolerance of a dtype.
+
+Pure functions of torch objects (no observer state): the observer imports them by name,
+so a call costs what it did when they lived in :mod:`._observer`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+__all__ = ["engine_kind", "fsdp_param_groups", "grad_fns", "local", "param_dtype", "tol_for",
+           "window_loss"]
+
+
+def tol_for(dtype: torch.dtype) -> float:
+    """Relative conservation tolerance: a lost micro-batch is O(1/K), rounding is O(eps)."""
+    return {torch.float64: 1e-6, torch.float32: 1e-3}.get(dtype, 3e-2)
+
+
+def param_dtype(owner: Any) -> str | None:
+    """The dtype of the parameters a step updates (an optimizer's groups, or a DeepSpeed
+    engine's module); the least precise when mixed. Invariance's tolerance reads it."""
+    dtypes: set[torch.dtype] = set()
+    with contextlib.suppress(Exception):
+        module = getattr(owner, "module", None)  # a DeepSpeed engine: its model's parameters
+        if isinstance(module, torch.nn.Module):
+            dtypes = {p.dtype for p in module.parameters() if p.requires_grad}
+        else:
+            dtypes = {p.dtype for g in getattr(owner, "param_groups", []) for p in g["params"]}
+    for dt in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        if dt in dtypes:
+            return str(dt).replace("torch.", "")
+    return str(next(iter(dtypes))).replace("torch.", "") if dtypes else None
+
+
+def window_loss(losses: list[torch.Tensor]) -> float:
+    """Sum in float64 of the window's scalar losses (one reduction per step)."""
+    if not losses:
+        return 0.0
+    try:
+        return float(torch.stack([x.reshape(()) for x in losses]).to(torch.float64).sum())
+    except RuntimeError:  # mixed devices or dtypes
+        return float(sum(float(x) for x in losses))
+
+
+def grad_fns(output: Any, depth: int = 0) -> list[Any]:
+    """Autograd nodes of the tensors in a forward's output, searched through dicts, lists,
+    tuples, dataclasses and plain objects (two levels deep, at most 16 nodes)."""
+    if isinstance(output, torch.Tensor):
+        return [output.grad_fn] if output.grad_fn is not None else []
+    if depth >= 3 or output is None or isinstance(output, (str, bytes, int, float, bool)):
+        return []
+    values: Iterable[Any]
+    if isinstance(output, dict):
+        values = output.values()
+    elif isinstance(output, (list, tuple)):
+        values = output
+    elif hasattr(output, "__dataclass_fields__"):
+        values = [getattr(output, f, None) for f in output.__dataclass_fields__]
+    elif hasattr(output, "__dict__") and not isinstance(output, torch.nn.Module):
+        values = list(vars(output).values())
+    else:
+        return []
+    out: list[Any] = []
+    for v in values:
+        out += grad_fns(v, depth + 1)
+        if len(out) >= 16:
+            break
+    return out
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    to_local = getattr(t, "to_local", None)
+    return to_local() if callable(to_local) else t
+
+
+_KINDS: dict[type, str] = {}
+
+
+def engine_kind(module: Any) -> str:
+    kind = _KINDS.get(type(module))
+    if kind is None:
+        kind = _KINDS[type(module)] = _kind_of(type(module))
+    return kind
+
+
+def _kind_of(typ: type) -> str:
+    for cls in typ.__mro__:
+        name = cls.__name__
+        if name == "DistributedDataParallel":
+            return "ddp"
+        if name == "FSDPModule":
+            return "fsdp2"
+        if name == "DeepSpeedEngine" and cls.__module__.startswith("deepspeed"):
+            return "deepspeed"
+    return "local"
+
+
+def fsdp_param_groups(module: Any) -> list[Any]:
+    """FSDP2's per-module parameter groups (their ``reduce_grads`` is the sync flag)."""
+    groups = []
+    for m in module.modules():
+        get_state = getattr(m, "_get_fsdp_state", None)
+        if get_state is None:
+            continue
+        with contextlib.suppress(Exception):
+            pg = get_state()._fsdp_param_group
+            if pg is not None:
+                groups.append(pg)
+    return groups

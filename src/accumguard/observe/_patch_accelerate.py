@@ -1,0 +1,54 @@
+"""The observer's patches of Accelerate: ``Accelerator.backward`` (one backward pass, and
+the ``gradient_accumulation_steps`` it declares) and ``AcceleratedScheduler.step``.
+
+Installed when ``accelerate.accelerator`` / ``accelerate.scheduler`` are imported (never
+imported from here); ``obs`` is the observer (typed ``Any``: see :mod:`._patch_deepspeed`). Accelerate's optimizer wrapper needs no patch: torch's global step
+hooks see the outermost step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+__all__ = ["patch_accelerator", "patch_scheduler"]
+
+
+def patch_accelerator(obs: Any, mod: ModuleType) -> None:
+    if not obs.installed:
+        return
+
+    def make_backward(orig: Callable[..., Any]) -> Callable[..., Any]:
+        def backward(acc: Any, loss: Any, *args: Any, **kwargs: Any) -> Any:
+            k = getattr(acc, "gradient_accumulation_steps", None)
+            if isinstance(k, int) and k > 1:  # 1 is the default: it declares nothing
+                obs.declared_k.setdefault("accelerate", k)
+            return obs._run_backward("accelerate", loss, None, orig, (acc, loss, *args),
+                                     kwargs)
+
+        return backward
+
+    obs.patches.wrap_member(mod, "Accelerator", "backward", make_backward)
+
+
+def patch_scheduler(obs: Any, mod: ModuleType) -> None:
+    if not obs.installed:
+        return
+
+    def make(orig: Callable[..., Any]) -> Callable[..., Any]:
+        def step(sched: Any, *args: Any, **kwargs: Any) -> Any:
+            # Accelerate steps the wrapped scheduler once per process (by design) and
+            # skips inside accumulation: one call that stepped is one scheduler step.
+            obs._sched_depth += 1
+            before = obs._accel_sched_inner
+            try:
+                return orig(sched, *args, **kwargs)
+            finally:
+                obs._sched_depth -= 1
+                if obs._accel_sched_inner > before and obs._sched_depth == 0:
+                    obs._count_sched(getattr(sched, "scheduler", sched))
+
+        return step
+
+    obs.patches.wrap_member(mod, "AcceleratedScheduler", "step", make)

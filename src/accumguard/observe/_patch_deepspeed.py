@@ -1,0 +1,108 @@
+"""The observer's patches of DeepSpeed: ``DeepSpeedEngine.backward`` and ``.step``, and the
+engine's configuration read once (:class:`~accumguard.observe._events.EngineInfo`).
+
+Installed when ``deepspeed.runtime.engine`` is imported (never imported from here);
+``obs`` is the observer (typed ``Any``: importing its class here, even for type checking,
+would make an import cycle, which tests/test_layers.py refuses).
+``engine.step`` is one optimizer step only when the engine really updated (at its
+accumulation boundary, or when its ``global_steps`` moved); the step bookkeeping itself
+(``_begin_step``/``_end_step``) stays on the observer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from accumguard.observe._events import EngineInfo, EngineStepEvent
+
+__all__ = ["note_engine", "patch_engine"]
+
+
+def patch_engine(obs: Any, mod: ModuleType) -> None:
+    """Wrap the engine class of ``deepspeed.runtime.engine`` and count ``deepspeed.comm``."""
+    cls = getattr(mod, "DeepSpeedEngine", None)
+    if obs.installed and cls is not None:
+        obs.patches.wrap(cls, "backward", _backward_wrapper(obs))
+        obs.patches.wrap(cls, "step", _step_wrapper(obs))
+        obs.counter.install_deepspeed()
+
+
+def note_engine(obs: Any, engine: Any) -> None:
+    """The engine's ZeRO stage, GA, clipping and micro-batch, read once and emitted."""
+    if obs.engine_info is not None:
+        return
+    with contextlib.suppress(Exception):
+        raw = getattr(getattr(engine, "_config", None), "_param_dict", None) or {}
+        managed = getattr(engine, "managed_gradient_accumulation", None)
+        obs.engine_info = EngineInfo(
+            engine="deepspeed",
+            zero_stage=int(engine.zero_optimization_stage()),
+            gradient_accumulation_steps=int(engine.gradient_accumulation_steps()),
+            gradient_clipping=float(engine.gradient_clipping() or 0.0),
+            clipping_set_by_user="gradient_clipping" in raw,
+            managed_accumulation=bool(managed()) if callable(managed) else True,
+            micro_batch=int(engine.train_micro_batch_size_per_gpu()))
+        obs._emit("on_engine", obs.engine_info)
+
+
+def _backward_wrapper(obs: Any) -> Callable[[Callable[..., Any]], Any]:
+    def make(orig: Callable[..., Any]) -> Callable[..., Any]:
+        def backward(engine: Any, loss: Any, *args: Any, **kwargs: Any) -> Any:
+            if obs._bw_depth or not obs.installed or obs._in_observer:
+                return orig(engine, loss, *args, **kwargs)
+            return obs._run_backward("deepspeed", loss, engine, orig, (engine, loss, *args),
+                                     kwargs)
+
+        return backward
+
+    return make
+
+
+def _step_wrapper(obs: Any) -> Callable[[Callable[..., Any]], Any]:
+    def make(orig: Callable[..., Any]) -> Callable[..., Any]:
+        def step(engine: Any, *args: Any, **kwargs: Any) -> Any:
+            if not obs.installed or obs._in_observer or obs._ds_step_depth:
+                return orig(engine, *args, **kwargs)
+            if id(engine) not in obs.roots:
+                obs._add_root(engine)
+            w = obs._w
+            w.engine_step_calls += 1
+            w.max_bw_per_engine_step = max(w.max_bw_per_engine_step, w.bw_since_engine_step)
+            since = w.bw_since_engine_step
+            w.bw_since_engine_step = 0
+            before = getattr(engine, "global_steps", None)
+            boundary = None
+            with contextlib.suppress(Exception):
+                boundary = bool(engine.is_gradient_accumulation_boundary())
+            managed = getattr(engine, "managed_gradient_accumulation", None)
+            if callable(managed) and not managed():
+                boundary = True
+            obs._emit("on_engine_step", EngineStepEvent(obs.step, bool(boundary), since, engine))
+            if boundary:
+                obs._begin_step(getattr(engine, "optimizer", None), True, engine=engine)
+            obs._ds_step_depth += 1
+            try:
+                return orig(engine, *args, **kwargs)
+            finally:
+                obs._ds_step_depth -= 1
+                after = getattr(engine, "global_steps", None)
+                stepped = boundary or (before is not None and after != before)
+                if stepped:
+                    applied = bool(getattr(engine, "_step_applied", True))
+                    norm = None
+                    with contextlib.suppress(Exception):
+                        n = engine.get_global_grad_norm()
+                        norm = float(n) if n is not None else None
+                    if not boundary:
+                        obs._begin_step(getattr(engine, "optimizer", None), True,
+                                        engine=engine)
+                    obs._end_step("deepspeed",
+                                  type(getattr(engine, "optimizer", None)).__name__,
+                                  applied, norm, engine)
+
+        return step
+
+    return make

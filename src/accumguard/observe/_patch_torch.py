@@ -1,0 +1,211 @@
+"""The observer's patches of torch itself: optimizer steps, backward, zero_grad, DataLoader
+passes, LR schedulers, clipping, GradScaler and (``watch``) the DDP constructor.
+
+Each function here builds or installs wrappers; the per-call work of a wrapper is its
+closure body only (the same code the :class:`~accumguard.observe._observer.Observer`
+used to build itself), and the bookkeeping it calls into (``_run_backward``,
+``_count_sched``, ``_emit``) stays on the observer: moving the patches here adds no call
+or lookup to a micro-step or a step. Collectives are patched by
+:mod:`._collectives`, the loss functions by :mod:`._losses`. ``obs`` is the observer
+(typed ``Any``: see :mod:`._patch_deepspeed`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from accumguard.observe._events import ClipEvent, ScalerEvent, ZeroGradEvent
+from accumguard.observe._patch import Patches
+
+__all__ = ["install", "install_after_losses", "patch_ddp_init"]
+
+CLIP_FUNCS = ("clip_grad_norm_", "clip_grad_norm", "clip_grad_value_", "clip_grads_with_norm_")
+# Looked up as module globals by clip_grad_norm_ at call time: patching them also sees the
+# calls made through an alias bound before install (``from torch.nn.utils import ...`` at
+# the top of a script that installs the guard later).
+CLIP_INNER = ("_clip_grads_with_norm_",)
+
+
+def install(obs: Any, p: Patches) -> None:
+    """Torch's global optimizer step hooks and every torch patch but the loss functions
+    and collectives (installed after these, in this order, by the observer)."""
+    from torch.optim.optimizer import (
+        register_optimizer_step_post_hook,
+        register_optimizer_step_pre_hook,
+    )
+
+    p.add(register_optimizer_step_pre_hook(obs._opt_pre).remove)
+    p.add(register_optimizer_step_post_hook(obs._opt_post).remove)
+    p.wrap(torch.Tensor, "backward", _backward_wrapper(obs, "tensor"))
+    p.wrap(torch.autograd, "backward", _backward_wrapper(obs, "autograd"))
+    p.wrap(torch.optim.Optimizer, "zero_grad", _zero_wrapper(obs, "optimizer"))
+    p.wrap(torch.nn.Module, "zero_grad", _zero_wrapper(obs, "module"))
+    p.wrap(torch.utils.data.DataLoader, "__iter__", _data_pass_wrapper(obs))
+
+
+def install_after_losses(obs: Any, p: Patches) -> None:
+    """LR schedulers, clipping and GradScaler (after the loss functions, as before the
+    split: the undo order of the patches is unchanged)."""
+    sched = torch.optim.lr_scheduler
+    p.wrap(sched.LRScheduler, "step", _sched_wrapper(obs))
+    if "step" in vars(sched.ReduceLROnPlateau):
+        p.wrap(sched.ReduceLROnPlateau, "step", _sched_wrapper(obs))
+    import torch.nn.utils as nn_utils
+    import torch.nn.utils.clip_grad as clip_mod
+
+    for mod in (clip_mod, nn_utils):
+        for name in CLIP_FUNCS:
+            if callable(getattr(mod, name, None)):
+                p.wrap(mod, name, _clip_wrapper(obs, name))
+    for name in CLIP_INNER:
+        if callable(getattr(clip_mod, name, None)):
+            p.wrap(clip_mod, name, _clip_wrapper(obs, "clip_grad_norm_"))
+    scaler_cls = getattr(getattr(torch, "amp", None), "GradScaler", None)
+    if scaler_cls is not None:
+        p.wrap(scaler_cls, "unscale_", _scaler_wrapper(obs, "unscale"))
+        p.wrap(scaler_cls, "update", _scaler_wrapper(obs, "update"))
+
+
+def patch_ddp_init(obs: Any, mod: ModuleType) -> None:
+    """A DDP model built after the roots were pinned (:meth:`Observer._pin_roots`; e.g. a
+    model rebuilt to resume from a checkpoint) gets the same top-level pre-hook, so its
+    forwards and sync flag are read, not the dead first model's. Limit: the first
+    model stays among the roots (its parameters tracked) until uninstall."""
+    if not obs.installed:
+        return
+
+    def make(orig: Callable[..., Any]) -> Callable[..., Any]:
+        def init(module: Any, *a: Any, **kw: Any) -> Any:
+            out = orig(module, *a, **kw)
+            if obs.installed and obs._global_handle is None and obs.auto_roots \
+                    and obs._pinned_any:
+                obs._pinned.append(module.register_forward_pre_hook(obs._global_pre))
+            return out
+
+        return init
+
+    obs.patches.wrap(mod.DistributedDataParallel, "__init__", make)
+
+
+def _backward_wrapper(obs: Any, source: str) -> Callable[[Callable[..., Any]], Any]:
+    def make(orig: Callable[..., Any]) -> Callable[..., Any]:
+        def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+            if obs._bw_depth or not obs.installed or obs._in_observer:
+                return orig(tensors, *args, **kwargs)  # inside a backward: one pass
+            return obs._run_backward(source, tensors, None, orig, (tensors, *args), kwargs)
+
+        return backward
+
+    return make
+
+
+def _zero_wrapper(obs: Any, kind: str) -> Callable[[Callable[..., Any]], Any]:
+    def make(orig: Callable[..., Any]) -> Callable[..., Any]:
+        def zero_grad(this: Any, *args: Any, **kwargs: Any) -> Any:
+            if (obs._zero_depth or not obs.installed or obs._in_observer or obs._opt_depth
+                    or obs._ds_step_depth):
+                return orig(this, *args, **kwargs)
+            w = obs._w
+            ev = ZeroGradEvent(obs.step, len(w.backwards), kind, this)
+            obs._emit("on_zero_grad", ev)
+            if w.backwards:
+                w.zero_grads += 1
+                w.zero_between += 1
+            obs._zero_depth += 1
+            try:
+                return orig(this, *args, **kwargs)
+            finally:
+                obs._zero_depth -= 1
+
+        return zero_grad
+
+    return make
+
+
+def _data_pass_wrapper(obs: Any) -> Callable[[Callable[..., Any]], Any]:
+    """A new pass over a DataLoader (an epoch): where it falls in the window tells a
+    leftover leaking into the next epoch (F7) from a counter that is off (F13)."""
+
+    def make(orig: Callable[..., Any]) -> Callable[..., Any]:
+        def __iter__(loader: Any) -> Any:  # noqa: N807 - the wrapped dunder
+            if (obs.installed and not obs._in_observer and torch.is_grad_enabled()
+                    and not obs._in_data_pass):
+                obs._w.data_passes.append(len(obs._w.backwards))
+            obs._in_data_pass += 1  # a subclass's __iter__ calling super() is one pass
+            try:
+                return orig(loader)
+            finally:
+                obs._in_data_pass -= 1
+
+        return __iter__
+
+    return make
+
+
+def _sched_wrapper(obs: Any) -> Callable[[Callable[..., Any]], Any]:
+    def make(orig: Callable[..., Any]) -> Callable[..., Any]:
+        def step(sched: Any, *args: Any, **kwargs: Any) -> Any:
+            initial = getattr(sched, "_step_count", 1) == 0
+            if obs._sched_depth:
+                obs._accel_sched_inner += 0 if initial else 1
+                return orig(sched, *args, **kwargs)
+            obs._sched_depth += 1
+            try:
+                out = orig(sched, *args, **kwargs)
+            finally:
+                obs._sched_depth -= 1
+            if not initial and obs.installed and not obs._in_observer:
+                obs._count_sched(sched)
+            return out
+
+        return step
+
+    return make
+
+
+def _scaler_wrapper(obs: Any, kind: str) -> Callable[[Callable[..., Any]], Any]:
+    def make(orig: Callable[..., Any]) -> Callable[..., Any]:
+        def call(scaler: Any, *args: Any, **kwargs: Any) -> Any:
+            if obs._scaler_depth or not obs.installed or obs._in_observer:
+                return orig(scaler, *args, **kwargs)
+            ev = ScalerEvent(obs.step, len(obs._w.backwards), kind, scaler)
+            if kind == "unscale":
+                obs._emit("on_unscale", ev)
+            obs._scaler_depth += 1
+            try:
+                out = orig(scaler, *args, **kwargs)
+            finally:
+                obs._scaler_depth -= 1
+            if kind == "update":
+                obs._emit("on_scaler_update", ev)
+            return out
+
+        return call
+
+    return make
+
+
+def _clip_wrapper(obs: Any, name: str) -> Callable[[Callable[..., Any]], Any]:
+    def make(orig: Callable[..., Any]) -> Callable[..., Any]:
+        def clip(parameters: Any, *args: Any, **kwargs: Any) -> Any:
+            if (not obs.installed or obs._in_observer or obs._ds_step_depth
+                    or obs._clip_depth):
+                return orig(parameters, *args, **kwargs)
+            params = [parameters] if isinstance(parameters, torch.Tensor) \
+                else list(parameters)
+            obs._emit("on_clip", ClipEvent(obs.step, len(obs._w.backwards), name, params))
+            obs._w.clip_micros.append(len(obs._w.backwards))
+            obs._w.clip_names.append(name)
+            obs._clip_depth += 1  # the outermost clipping call is the event
+            try:
+                return orig(params, *args, **kwargs)
+            finally:
+                obs._clip_depth -= 1
+
+        return clip
+
+    return make

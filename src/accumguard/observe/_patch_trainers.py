@@ -1,0 +1,47 @@
+"""The observer's patches of the trainers whose configuration declares K: Hugging Face
+``TrainingArguments`` and Lightning's ``Trainer`` (both packages' names).
+
+Installed when their modules are imported (never imported from here); ``obs`` is the
+observer (typed ``Any``: see :mod:`._patch_deepspeed`). Each constructor
+is wrapped to read the accumulation steps the user configured into
+``Observer.declared_k``: the F1 rules judge against a declared K, never an inferred one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+__all__ = ["patch_hf_args", "patch_lightning"]
+
+
+def patch_hf_args(obs: Any, mod: ModuleType) -> None:
+    _declares_k(obs, mod, "TrainingArguments", "__post_init__", "gradient_accumulation_steps",
+                "transformers")
+
+
+def patch_lightning(obs: Any, mod: ModuleType) -> None:
+    # Lightning's default 1 declares nothing: under manual optimisation the module
+    # accumulates itself (Lightning refuses any other value there).
+    _declares_k(obs, mod, "Trainer", "__init__", "accumulate_grad_batches", "lightning")
+
+
+def _declares_k(obs: Any, mod: ModuleType, cls_name: str, method: str, attr: str,
+                library: str) -> None:
+    """Wrap ``mod.cls_name.method`` (a constructor) to record ``instance.attr`` as
+    ``library``'s K."""
+    if not obs.installed:
+        return
+
+    def make(orig: Callable[..., Any]) -> Callable[..., Any]:
+        def init(this: Any, *a: Any, **kw: Any) -> Any:
+            out = orig(this, *a, **kw)
+            k = getattr(this, attr, None)
+            if isinstance(k, int) and k > 1:  # 1 is the default: it declares nothing
+                obs.declared_k[library] = k
+            return out
+
+        return init
+
+    obs.patches.wrap_member(mod, cls_name, method, make)
