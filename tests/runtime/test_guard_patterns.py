@@ -78,6 +78,42 @@ def test_clip_alias_imported_before_the_guard_is_seen(bug: str | None) -> None:
         run()
 
 
+@pytest.mark.parametrize(("how", "raises"), [
+    ("norm_inf", False), ("value_inf", False), ("norm_kwarg_inf", False), ("norm_finite", True),
+])
+def test_clip_with_an_infinite_limit_is_a_norm_read(how: str, raises: bool) -> None:
+    """``clip_grad_norm_(params, inf)`` after every backward only reads the norm (the
+    logging idiom): no F8. The same call with a finite limit, however large, is a clip."""
+    import math
+
+    torch.manual_seed(0)
+    model = TokenMLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def run() -> Any:
+        with guard(model, opt, accumulation_steps=K) as g:
+            for i, batch in enumerate(_data()):
+                token_loss(model, batch)[0].backward()
+                if how == "norm_inf":
+                    clip_grad_norm_(model.parameters(), math.inf)
+                elif how == "value_inf":
+                    torch.nn.utils.clip_grad_value_(model.parameters(), float("inf"))
+                elif how == "norm_kwarg_inf":
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=float("inf"))
+                else:
+                    clip_grad_norm_(model.parameters(), 1e9)
+                if (i + 1) % K == 0:
+                    opt.step()
+                    opt.zero_grad()
+        return g
+
+    if not raises:
+        assert run().violations == []
+        return
+    with pytest.raises(ClipInsideWindowError):
+        run()
+
+
 @pytest.mark.parametrize("bug", [None, "buffer_not_restored"])
 def test_fp32_gradient_buffer_for_a_bf16_model(bug: str | None) -> None:
     """Each micro-step moves the bf16 .grad into an fp32 buffer and clears it; the sum goes

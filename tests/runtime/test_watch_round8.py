@@ -3,7 +3,8 @@ on unmodified scripts (no ``-k``): data parallelism written by hand (no DDP, the
 all-reduces .grad itself) with SUM never divided by W (F10, found from every rank's
 gradient checksums) and its correct forms (AVG; SUM after a loss divided by K x W), the
 average taken twice (F10); a loop that makes its gradients with torch.autograd.grad only
-(nothing checked: said so, not a silent pass)."""
+(nothing checked: said so, not a silent pass); ``clip_grad_norm_(params, inf)`` after
+every backward, the idiom for logging the norm, is not F8 (a finite limit is)."""
 
 from __future__ import annotations
 
@@ -109,3 +110,38 @@ def test_nothing_checked_is_said(tmp_path: Path) -> None:
     assert code == 0 and not _errors(findings), findings
     assert any(p.startswith("nothing was checked") for p in report["problems"]), report
     assert "nothing was checked" in proc.stderr
+
+
+CLIP = textwrap.dedent('''
+    """Gradient norm logged after every backward with an infinite clipping limit."""
+    import math
+    import sys
+
+    import torch
+    import torch.nn as nn
+
+    LIMIT = math.inf if sys.argv[1] == "inf" else 1e9
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    K = 4
+    for step in range(3):
+        for _ in range(K):
+            loss = model(torch.randn(5, 6)).pow(2).mean() / K
+            loss.backward()
+            norm = nn.utils.clip_grad_norm_(model.parameters(), max_norm=LIMIT)
+        opt.step()
+        opt.zero_grad()
+    print("trained")
+''')
+
+
+@pytest.mark.parametrize(("limit", "expected"), [("inf", set()), ("finite", {"F8"})])
+def test_clip_with_an_infinite_limit_is_not_f8(tmp_path: Path, limit: str,
+                                                expected: set[str]) -> None:
+    script = tmp_path / "norm_log.py"
+    script.write_text(CLIP)
+    code, findings, report, proc = _watch(tmp_path, [sys.executable, str(script), limit])
+    assert proc.stdout.strip() == "trained", proc.stderr[-2000:]
+    assert _errors(findings) == expected, findings
+    assert code == (1 if expected else 0)

@@ -12,6 +12,7 @@ or lookup to a micro-step or a step. Collectives are patched by
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -195,6 +196,15 @@ def _clip_wrapper(obs: Any, name: str) -> Callable[[Callable[..., Any]], Any]:
             if (not obs.installed or obs._in_observer or obs._ds_step_depth
                     or obs._clip_depth):
                 return orig(parameters, *args, **kwargs)
+            limit = args[0] if args else kwargs.get("max_norm", kwargs.get("clip_value"))
+            if isinstance(limit, (int, float)) and limit == math.inf:
+                # max_norm/clip_value = inf changes no gradient: the idiom for reading the
+                # global norm (logging), at any micro-step; not a clipping event
+                obs._clip_depth += 1
+                try:
+                    return orig(parameters, *args, **kwargs)
+                finally:
+                    obs._clip_depth -= 1
             params = [parameters] if isinstance(parameters, torch.Tensor) \
                 else list(parameters)
             obs._emit("on_clip", ClipEvent(obs.step, len(obs._w.backwards), name, params))
