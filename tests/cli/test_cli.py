@@ -140,3 +140,23 @@ def test_bench_passes_options_through() -> None:
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "--rounds" in proc.stdout
+
+
+def test_watch_prints_a_finding_shared_by_ranks_once(capsys: pytest.CaptureFixture[str]) -> None:
+    """The same finding on ranks 0 and 1 (same class, step, evidence) is one block naming
+    both ranks; a finding that differs per rank stays one block per rank; JSON untouched."""
+    from accumguard.cli.watch import _print
+    from accumguard.observe.rules import Finding
+
+    def f(rank: int | None, evidence: str) -> Finding:
+        return Finding("F11", "error", rank, 1, 4, evidence, "fix it", "title")
+
+    findings = [f(0, "same text"), f(1, "same text"), f(None, "cross-rank"),
+                f(0, "rank 0 number 0.3"), f(1, "rank 1 number 0.4")]
+    report = {"ranks": [0, 1], "steps": [], "accumulation_steps": 4,
+              "accumulation_steps_source": "flag", "problems": []}
+    _print(report, findings)
+    err = capsys.readouterr().err
+    assert err.count("same text") == 1 and "ranks 0, 1, step 1" in err
+    assert "all ranks, step 1" in err
+    assert "rank 0 number" in err and "rank 1 number" in err

@@ -258,8 +258,18 @@ def _print(report: dict[str, Any], findings: list[Any]) -> None:
         console.print("no accumulation finding" if checked else
                       "no accumulation finding, but nothing was checked (see above)",
                       markup=False)
+    # the same finding on several ranks (same class, step and evidence) is printed once
+    same: dict[tuple[Any, ...], list[int]] = {}
     for f in findings:
-        where = f"rank {f.rank}" if f.rank is not None else "all ranks"
+        if f.rank is not None:
+            same.setdefault((f.cls, f.severity, f.step, f.micro, f.evidence), []).append(f.rank)
+    for f in findings:
+        ranks = same.get((f.cls, f.severity, f.step, f.micro, f.evidence)) \
+            if f.rank is not None else None
+        if ranks is not None and f.rank != ranks[0]:
+            continue
+        where = ("all ranks" if f.rank is None else f"rank {f.rank}" if len(ranks or []) < 2
+                 else f"ranks {', '.join(map(str, ranks or []))}")
         where += f", step {f.step}" if f.step is not None else ""
         where += f", micro-step {f.micro}" if f.micro is not None else ""
         console.print(f"[{'red' if f.severity == 'error' else 'yellow'}]{f.severity.upper()} "
