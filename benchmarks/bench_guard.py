@@ -122,6 +122,8 @@ def _calls_per_step(name: str, k: int, steps: int = 12, warm: int = 4) -> tuple[
 
 
 def _iqr(xs: list[float]) -> tuple[float, float]:
+    if len(xs) < 2:  # one repetition: no spread to report
+        return xs[0], xs[0]
     q = statistics.quantiles(xs, n=4)
     return q[0], q[2]
 

@@ -115,6 +115,8 @@ def _calls_per_step(name: str, k: int, variant: dict[str, Any], steps: int = 24,
 
 
 def _iqr(xs: list[float]) -> str:
+    if len(xs) < 2:  # one repetition: no spread to report
+        return "-"
     q = statistics.quantiles(xs, n=4)
     return f"{q[0]:.3f}-{q[2]:.3f}"
 

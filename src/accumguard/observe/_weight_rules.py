@@ -1,9 +1,9 @@
 """The rules that read weights and scales: the token-weight probe's verdict
 (:mod:`accumguard.observe.tokens`), the loss record's per-token weights (F5, the F6
 note; :mod:`._losses`) and the scale of a whole window (LOSS_SCALE, F7 for a partial
-window, F1 for a step after every ``autograd.grad``, F10 from the conservation scale
-and from the ranks' checksums, F12). :mod:`accumguard.observe.rules` runs them with the
-boundary rules and re-exports their public names (pure Python, no torch)."""
+window, F1 for a step after every ``autograd.grad``, F12; F10 is in :mod:`._rank_rules`).
+:mod:`accumguard.observe.rules` runs them with the boundary rules and re-exports their
+public names (pure Python, no torch)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,7 @@ from accumguard.observe._records import Finding, KResolution, RunRecording, _mk,
 
 __all__ = ["F12_ERROR_FACTOR", "MASS_TOL", "MASS_TOL_LOW_PRECISION", "WEIGHT_TOL", "WEIGHT_TOL_LOW_PRECISION",
            "classify_token_weights", "f12_drift", "grad_step_findings", "loss_scale_findings",
-           "loss_weight_findings", "low_precision_findings", "manual_reduce_findings",
-           "partial_window_findings", "rank_scale_findings"]
+           "loss_weight_findings", "low_precision_findings", "partial_window_findings"]
 
 # -- token weights (the probe of :mod:`accumguard.observe.tokens`) -------------------------
 
@@ -300,141 +299,6 @@ def loss_scale_findings(rank: int | None, windows: list[dict[str, Any]], k: int 
                 "engine.backward or a Trainer, which divide by K themselves). The optimizer "
                 f"receives G/K: every update is {k}x too small (with SGD, an effective "
                 f"learning rate of lr/{k}). Divide by K (or by the window's count) once")]
-
-
-def rank_scale_findings(rank: int | None, windows: list[dict[str, Any]], world: int
-                        ) -> list[Finding]:
-    """F10 from what the step received: on DDP, whose synced last backward already averaged
-    the gradient across ranks, the loop issued gradient collectives of its own (DDP's own
-    reductions run in C++ and are not counted, so every counted one is the script's), and
-    the optimizer received exactly c times the sum of the backwards (conservation checked,
-    its residual within tolerance, no clipping in the window). c = W: a hand-written
-    all_reduce(SUM) without /W; c = 1/W: averaged twice; c = 1: a redundant all-reduce
-    (correct, a note). Anything else is not judged."""
-    if world < 2:
-        return []
-    hits: list[tuple[dict[str, Any], float]] = []
-    redundant: list[dict[str, Any]] = []
-    for w in windows:
-        cons = w.get("conservation")
-        syncs = w.get("sync_micros") or []
-        if (w.get("engine") != "ddp" or not syncs or syncs[-1] is not True
-                or int(w.get("reductions", 0)) < 1 or int(w.get("clips", 0))
-                or not isinstance(cons, dict) or not cons.get("ok", False)
-                or float(cons.get("received", 1.0)) > WEIGHT_TOL):
-            continue
-        c = float(cons.get("scale", 1.0))
-        if _near(c, float(world), False) or _near(c, 1.0 / world, False):
-            hits.append((w, c))
-        elif _near(c, 1.0, False) and int(w.get("reductions", 0)) >= int(cons.get("params", 1)):
-            # (a note only for one collective per gradient tensor or more: a count or a
-            # metric all-reduced before the first backward is not a gradient collective)
-            redundant.append(w)
-    if hits and len(hits) * 2 >= len(windows):
-        w, c = hits[0]
-        many = c > 1
-        return [_mk("F10", "error", rank, int(w["step"]), None,
-                    f"DDP averaged the gradient across the {world} ranks in the window's last "
-                    f"(synced) backward, then the script issued {int(w.get('reductions', 0))} "
-                    "gradient collective(s) of its own before the optimizer step, and the "
-                    f"optimizer received {c:.4g} x the gradient the backwards produced "
-                    f"(gradient conservation, {len(hits)} of {len(windows)} step(s)): "
-                    + (f"an all_reduce(SUM) without /W, every update is {world}x too large"
-                       if many else f"the gradient averaged twice, every update is "
-                       f"{world}x too small")
-                    + ". Remove the hand-written all-reduce (DDP already averages), or "
-                    "average it exactly once")]
-    if redundant:
-        w = redundant[0]
-        return [_mk("OK", "note", rank, int(w["step"]), None,
-                    f"correct but wasteful: DDP averaged the gradient in the synced backward "
-                    f"and the script issued {int(w.get('reductions', 0))} more gradient "
-                    f"collective(s) per optimizer step that left it unchanged ({len(redundant)} "
-                    "step(s)); drop the hand-written all-reduce")]
-    return []
-
-
-def manual_reduce_findings(rec: RunRecording) -> list[Finding]:
-    """F10 for a hand-written data parallelism (no DDP/FSDP/engine: the script all-reduces
-    .grad itself). The checksums are linear, so on every rank what the optimizer received
-    is c x the sum over ranks of the ranks' accumulated gradients: c = 1 for all_reduce(SUM),
-    1/W for AVG (fitted offline, every rank's residual within tolerance, same c on all).
-    Whether SUM is a bug depends on the loss: the update is c x (the loss records' total
-    mass over ranks) x the large-batch gradient. Each rank normalised to its own batch
-    (mass 1, e.g. mean / K): W with SUM (never divided by W, an error), 1 with AVG; a
-    loss already divided by W (or by the global count): 1 with SUM, 1/W with AVG (an
-    error: divided by W twice).
-    Judged only where every micro-step's backward is one loss call (the mass is read, not
-    guessed) and nothing clipped the window."""
-    ranks = [r for r in rec.ranks if rec.steps.get(r)]
-    world = len(ranks)
-    if world < 2 or world != rec.world:
-        return []
-    per_rank = {r: {int(w["step"]): w for w in _windows(rec.steps[r])} for r in ranks}
-    judged: list[tuple[int, float]] = []
-    for step in sorted(per_rank[ranks[0]]):
-        rows = [per_rank[r].get(step) for r in ranks]
-        fit = _reduce_fit(rows)
-        if fit is not None:
-            judged.append((step, fit))
-    hits = [(st, e) for st, e in judged if _near(e, float(world), True) or
-            _near(e, 1.0 / world, True)]
-    if not hits or len(hits) * 2 < len(judged):
-        return []
-    step, eff = hits[0]
-    many = eff > 1
-    return [_mk("F10", "error", None, step, None,
-                f"the script all-reduced the gradients itself (no DDP, FSDP or engine), and "
-                f"the optimizer received {eff:.4g} x the large-batch gradient of the "
-                f"{world} ranks (gradient checksums of every rank: "
-                + ("the sum over ranks of gradients each normalised to its own batch: an "
-                   f"all_reduce(SUM) never divided by W, every update is {world}x too large"
-                   if many else f"averaged over ranks after a loss already divided by W, "
-                   f"every update is {world}x too small")
-                + f"; {len(hits)} of {len(judged)} checked step(s)). "
-                + ("Divide the summed gradients by the world size (or use ReduceOp.AVG)"
-                   if many else "Divide by the world size once"))]
-
-
-def _reduce_fit(rows: list[dict[str, Any] | None]) -> float | None:
-    """c x W x mass for one step seen on every rank (see :func:`manual_reduce_findings`),
-    or None when the step cannot be judged."""
-    contribs, gots, masses = [], [], []
-    low = False
-    for w in rows:
-        if w is None or w.get("engine", "local") != "local" or not int(w.get("reductions", 0)) \
-                or int(w.get("clips", 0)):
-            return None
-        cons = w.get("conservation")
-        if not isinstance(cons, dict) or not cons.get("contrib_sums") \
-                or len(cons["contrib_sums"]) != len(cons.get("received_sums") or ()):
-            return None
-        mass = _window_mass(w)
-        if mass is None or not mass.sole:
-            return None
-        low = low or mass.low
-        contribs.append([float(x) for x in cons["contrib_sums"]])
-        gots.append([float(x) for x in cons["received_sums"]])
-        masses.append(mass.mass)
-    if len({len(c) for c in contribs}) != 1:
-        return None
-    total = [sum(col) for col in zip(*contribs, strict=True)]
-    denom = sum(x * x for x in total)
-    if denom <= 0:
-        return None
-    tol = WEIGHT_TOL_LOW_PRECISION if low else WEIGHT_TOL
-    cs = []
-    for got in gots:
-        c = sum(a * b for a, b in zip(got, total, strict=True)) / denom
-        resid = sum(abs(a - c * b) for a, b in zip(got, total, strict=True))
-        if c <= 0 or resid > tol * max(sum(abs(a) for a in got), 1e-30):
-            return None  # not c x the ranks' sum: something else moved the gradient
-        cs.append(c)
-    if max(cs) - min(cs) > tol * max(cs):
-        return None
-    # every token's weight summed over all ranks: 1 for the large batch (ranks normalised
-    # to their own batch have mass 1 each, to the global count n_r / N)
-    return sum(cs) / len(cs) * sum(masses)
 
 
 #: Unit roundoff of the low-precision gradient dtypes (as verify.tolerance, which observe

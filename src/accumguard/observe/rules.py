@@ -28,6 +28,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from accumguard.observe._rank_rules import manual_reduce_findings, rank_scale_findings
 from accumguard.observe._records import (
     NUMBERING,
     DeclaredK,
@@ -51,9 +52,7 @@ from accumguard.observe._weight_rules import (
     loss_scale_findings,
     loss_weight_findings,
     low_precision_findings,
-    manual_reduce_findings,
     partial_window_findings,
-    rank_scale_findings,
 )
 
 __all__ = ["F12_ERROR_FACTOR", "NUMBERING", "WEIGHT_TOL", "WEIGHT_TOL_LOW_PRECISION", "DeclaredK", "Finding",
