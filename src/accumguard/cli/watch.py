@@ -214,8 +214,8 @@ def _ranks_mixed(step: dict[str, Any], cons: dict[str, Any]) -> bool:
     (a hand-written data parallelism): what the optimizer received holds the other ranks'
     gradients, so its distance from this rank's backwards is not an error (nor a verdict)."""
     return (bool(cons) and int(step.get("reductions", 0)) > 0
-            and step.get("engine", "local") == "local"
-            and float(cons.get("received", 0.0)) > 1e-3)
+            and step.get("engine", "local") == "local" and bool(cons.get("ok", False))
+            and float(cons.get("received", 0.0)) > 1e-3)  # a wipe (F2/F3) keeps its number
 
 
 def _print(report: dict[str, Any], findings: list[Any]) -> None:

@@ -82,7 +82,9 @@ def manual_reduce_findings(rec: RunRecording) -> list[Finding]:
     loss already divided by W (or by the global count): 1 with SUM, 1/W with AVG (an
     error: divided by W twice).
     Judged only where every micro-step's backward is one loss call (the mass is read, not
-    guessed) and nothing clipped the window."""
+    guessed), nothing clipped the window, and every rank received something its own
+    backwards do not account for (the collective ran after them: a reduction inside each
+    backward, by a tensor hook, is not judged, its op is not recorded)."""
     ranks = [r for r in rec.ranks if rec.steps.get(r)]
     world = len(ranks)
     if world < 2 or world != rec.world:
@@ -125,6 +127,11 @@ def _reduce_fit(rows: list[dict[str, Any] | None]) -> float | None:
         cons = w.get("conservation")
         if not isinstance(cons, dict) or not cons.get("contrib_sums") \
                 or len(cons["contrib_sums"]) != len(cons.get("received_sums") or ()):
+            return None
+        if not cons.get("ok", False) or float(cons.get("received", 0.0)) <= WEIGHT_TOL:
+            # the rank's backwards alone account for what it received: any reduction ran
+            # inside the backwards (a tensor hook), so contrib already holds every rank's
+            # gradient and the fit below would read c = 1/W; not judged
             return None
         mass = _window_mass(w)
         if mass is None or not mass.sole:
