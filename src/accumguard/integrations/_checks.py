@@ -34,7 +34,7 @@ import torch
 
 from accumguard.core.errors import AccumulationError, ConfigError, rank_prefix
 from accumguard.core.taxonomy import fix_for, title
-from accumguard.observe import CONSERVATION_BUDGET, FORCED_CHECKS
+from accumguard.observe import CONSERVATION_BUDGET
 from accumguard.observe.rules import (
     WEIGHT_TOL,
     WEIGHT_TOL_LOW_PRECISION,
@@ -136,8 +136,10 @@ class AccumulationChecks:
             FSDP2, Accelerate, Lightning DDP); default: True on more than one rank.
         logits_module: the layer producing logits (default: :func:`find_logits_module`).
         every_n_steps: check one step in n (the scheduler count is checked every step); the
-            probe costs nothing on the other steps; the gradient checksums run on the
-            sampled steps within :data:`CONSERVATION_BUDGET` of the run's time.
+            probe and the boundary rules cost nothing on the other steps (a window that
+            zeroed gradients between backwards is judged whenever it comes); the gradient
+            checksums run on the sampled steps within :data:`CONSERVATION_BUDGET` of the
+            run's time.
         strict: raise :class:`~accumguard.core.errors.AccumulationError` on a finding
             instead of logging it.
         on_finding: called with every :class:`Finding`.
@@ -190,9 +192,12 @@ class AccumulationChecks:
 
             # no loss record: the token-weight probe answers its question (F5) here; no
             # window loss: the boundary rules do not read it (a host read per step saved)
+            # sampled records: the boundary rules judge the probe's sampled windows (and the
+            # windows after a reset inside an unchecked one); the others cost ~nothing
             self.observer = Observer(roots=[model], conservation=True, every=every_n_steps,
                                      budget=None if every_n_steps == 1 else CONSERVATION_BUDGET,
-                                     record_losses=False, window_loss=False)
+                                     record_losses=False, window_loss=False,
+                                     sampled_records=True)
             self.observer.add_listener(self)
             self.observer.install()
 
@@ -232,11 +237,11 @@ class AccumulationChecks:
         if step > 0:
             self._check_scheduler(step - 1)
         self._sched_steps = 0
-        recs = self.probe.take()
         self.probe.active = self.steps % self.every_n_steps == 0  # the next step is checked?
         if step % self.every_n_steps:
+            self.probe.discard()  # an unchecked step recorded nothing; an exact path's scale
             return
-        ranks = self._gather(recs)
+        ranks = self._gather(self.probe.take())
         self.checked_steps += 1
         finding = classify_window(ranks, world_size=self.world_size,
                                   averages_over_ranks=self.averages_over_ranks,
@@ -247,10 +252,7 @@ class AccumulationChecks:
             self._report(finding)
 
     def on_step(self, event: Any) -> None:
-        """Observer listener: the boundary contract of the step that just ended."""
-        if (event.conservation is None and event.zero_grads_between
-                and self.observer is not None):
-            self.observer.force_checks = FORCED_CHECKS  # cleared inside an unchecked window
+        """Observer listener: the boundary contract of a step the observer sampled."""
         for finding in boundary_findings(event, accumulation_steps=self.accumulation_steps):
             self._report(finding)
 

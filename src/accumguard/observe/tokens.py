@@ -55,7 +55,8 @@ class TokenWeightProbe:
     """
 
     def __init__(self, module: torch.nn.Module) -> None:
-        self.records: list[torch.Tensor] = []
+        # per probed micro-step: (g_y, -log p_y), one entry per token (see _on_grad)
+        self.records: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.scale = 1.0  # multiplies the weights of records taken next (set by exact paths)
         self.low_precision = False  # a bf16/fp16 logits gradient was seen
         self._module = module
@@ -89,29 +90,44 @@ class TokenWeightProbe:
             functools.partial(self._on_grad, logits.detach()))
 
     def _on_grad(self, logits: torch.Tensor, grad: torch.Tensor) -> None:
-        # Few, fused ops: this runs once per micro-step on a [tokens, vocab] tensor.
+        # Only what needs the [tokens, vocab] tensors runs here, inside the backward (where
+        # each torch op costs about twice its usual dispatch): one min over the gradient and
+        # one fused cross-entropy over the logits. The per-token arithmetic is left to take().
         with torch.no_grad():
             v = grad.shape[-1]
-            g = grad.reshape(-1, v)
-            if g.dtype not in (torch.float32, torch.float64):
-                self.low_precision = True
-                g = g.float()  # bf16/fp16 logits: judge in fp32, the tolerance assumes it
-            gy, y = g.min(dim=-1)  # the label's entry: s·(p_y − 1) < 0
-            valid = (gy < 0).to(gy.dtype)  # ignored tokens have an all-zero row
+            gy, y = grad.reshape(-1, v).min(dim=-1)  # the label's entry: s·(p_y − 1) < 0
+            if gy.dtype not in (torch.float32, torch.float64):
+                self.low_precision = True  # bf16/fp16 logits: judge in fp32 (exact widening)
+                gy = gy.float()
             # -log p_y by the fused cross-entropy kernel (one op for gather + logsumexp)
             nll = torch.nn.functional.cross_entropy(logits.reshape(-1, v).to(gy.dtype), y,
                                                     reduction="none")
-            one_minus_p = -torch.expm1(-nll)
-            # Σ over valid tokens of s·(1 − p_y), Σ (1 − p_y), and the count (gy is 0 off them)
-            self.records.append(torch.stack([valid.sum(), -gy.sum(),
-                                             torch.dot(one_minus_p, valid)]))
+            self.records.append((gy, nll))
+
+    def discard(self) -> None:
+        """Forget the records and the scale since the last :meth:`take` (an unchecked step)."""
+        self.records = []
+        self.scale = 1.0
 
     def take(self) -> torch.Tensor:
-        """The records since the last call, as an ``[m, 3]`` float64 tensor (weights scaled)."""
-        recs = (torch.stack(self.records).to("cpu", torch.float64) if self.records
-                else torch.zeros(0, 3, dtype=torch.float64))
+        """The records since the last call, as an ``[m, 3]`` float64 CPU tensor, one row per
+        probed micro-step: (valid tokens, Σ s·(1−p_y), Σ (1−p_y)) (weights scaled)."""
+        recs = self.records
         self.records = []
-        if self.scale != 1.0 and len(recs):
-            recs[:, 1] *= self.scale
-        self.scale = 1.0
-        return recs
+        scale, self.scale = self.scale, 1.0
+        if not recs:
+            return torch.zeros(0, 3, dtype=torch.float64)
+        with torch.no_grad():
+            # all micro-steps at once: token rows, then per-micro-step sums by index
+            gy = torch.cat([r[0] for r in recs])
+            nll = torch.cat([r[1] for r in recs])
+            sizes = torch.tensor([len(r[0]) for r in recs], device=gy.device)
+            which = torch.repeat_interleave(torch.arange(len(recs), device=gy.device), sizes)
+            valid = (gy < 0).to(gy.dtype)  # ignored tokens have an all-zero row (g_y = 0)
+            cols = torch.stack([valid, -gy, -torch.expm1(-nll) * valid], dim=1)
+            out = torch.zeros(len(recs), 3, dtype=gy.dtype, device=gy.device)
+            out.index_add_(0, which, cols)
+            out = out.to("cpu", torch.float64)
+        if scale != 1.0:
+            out[:, 1] *= scale
+        return out

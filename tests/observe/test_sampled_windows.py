@@ -1,0 +1,107 @@
+"""Sampled observation (``Observer(sampled_records=True)``, what the framework callbacks run
+with ``every_n_steps`` > 1) and the token-weight probe's records.
+
+Unsampled windows must cost nothing the callbacks do not need: no root hook, no checksum,
+no step record; a reset inside one must still make the next windows checked. The probe's
+records, computed in one batch at the step, must equal the per-micro-step quantities
+computed directly from the logits and labels in float64."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from accumguard.observe import FORCED_CHECKS, Observer
+from accumguard.observe.tokens import TokenWeightProbe
+
+
+class Steps:
+    """A listener keeping the step records."""
+
+    def __init__(self) -> None:
+        self.steps: list[Any] = []
+
+    def on_step(self, ev: Any) -> None:
+        self.steps.append(ev)
+
+
+def _run(windows: int, *, every: int, k: int = 2, zero_inside_at: tuple[int, ...] = ()
+         ) -> tuple[Steps, list[int]]:
+    """A plain SGD loop under a sampled observer; returns its records and, per window, how
+    many forward hooks the model carried during it."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    rec = Steps()
+    obs = Observer(roots=[model], every=every, sampled_records=True, record_losses=False,
+                   window_loss=False)
+    obs.add_listener(rec)
+    hooks = []
+    with obs:
+        for w in range(windows):
+            hooks.append(len(model._forward_pre_hooks) + len(model._forward_hooks))
+            for i in range(k):
+                model(torch.randn(3, 4)).pow(2).mean().backward()
+                if w in zero_inside_at and i == 0:
+                    opt.zero_grad()  # a reset between backwards: the window loses micro 0
+            opt.step()
+            opt.zero_grad()
+    assert len(model._forward_pre_hooks) + len(model._forward_hooks) == 0  # all removed
+    return rec, hooks
+
+
+def test_only_sampled_windows_are_hooked_checked_and_recorded() -> None:
+    rec, hooks = _run(7, every=3)
+    assert [ev.step for ev in rec.steps] == [0, 3, 6]
+    assert hooks == [1, 0, 0, 1, 0, 0, 1]  # the root pre-hook only on the sampled windows
+    assert all(ev.backwards == 2 and ev.conservation is not None and ev.conservation.ok
+               for ev in rec.steps)
+
+
+def test_a_reset_inside_an_unsampled_window_forces_the_next_windows() -> None:
+    rec, hooks = _run(8, every=4, zero_inside_at=(1,))
+    forced = list(range(2, 2 + FORCED_CHECKS))
+    assert [ev.step for ev in rec.steps] == [0, *forced, 4]
+    assert hooks[1] == 0 and all(hooks[s] == 1 for s in forced)
+    # the forced windows are checked whatever the budget; their gradients are conserved
+    assert all(ev.conservation is not None and ev.conservation.ok for ev in rec.steps)
+
+
+def test_without_sampling_every_window_is_recorded() -> None:
+    rec, hooks = _run(4, every=1)
+    assert [ev.step for ev in rec.steps] == [0, 1, 2, 3] and hooks == [1, 1, 1, 1]
+
+
+def _direct(logits: torch.Tensor, labels: torch.Tensor, s: float) -> list[float]:
+    """(valid tokens, Σ s·(1−p_y), Σ (1−p_y)) over the tokens whose label is not -100."""
+    valid = labels != -100
+    p = torch.softmax(logits.double(), -1)
+    py = p[valid].gather(1, labels[valid, None]).squeeze(1)
+    return [float(valid.sum()), float((s * (1 - py)).sum()), float((1 - py).sum())]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_probe_records_equal_the_direct_quantities(dtype: torch.dtype) -> None:
+    torch.manual_seed(3)
+    head = torch.nn.Linear(8, 11).to(dtype)
+    probe = TokenWeightProbe(head)
+    expected = []
+    for tokens, s in ((13, 0.05), (5, 0.2), (21, 0.01)):  # uneven counts, own weights
+        x = torch.randn(tokens, 8, dtype=dtype)
+        labels = torch.randint(0, 11, (tokens,))
+        labels[::4] = -100  # ignored tokens: an all-zero gradient row
+        logits = head(x)
+        loss = torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum") * s
+        loss.backward()
+        expected.append(_direct(logits.detach(), labels, s))
+    probe.scale = 2.0  # an exact path's boundary rescale multiplies the weights only
+    got = probe.take()
+    probe.close()
+    assert got.shape == (3, 3) and got.dtype == torch.float64
+    want = torch.tensor(expected, dtype=torch.float64)
+    want[:, 1] *= 2.0
+    tol = 1e-5 if dtype == torch.float32 else 2e-2  # bf16 logits and gradient rounding
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+    assert probe.take().shape == (0, 3) and probe.low_precision == (dtype != torch.float32)
