@@ -146,7 +146,8 @@ class Observer:
         sampled_records: observe only the sampled windows (``step % every == 0``) and the
             ``FORCED_CHECKS`` windows after one that zeroed gradients between backwards
             without a conservation verdict (an epoch's reset, a leftover). The other windows
-            have no root hooks, no conservation check and no step record (``on_step``);
+            have no hooks on the given roots (``auto_roots`` keeps its global hook), no
+            conservation check and no step record (``on_step``);
             steps, backwards and zero_grads are still counted. For listeners whose contract
             is "check one step in N" (the framework callbacks): the root hooks and the
             record cost about 1 % of a demo-LM step.

@@ -7,7 +7,7 @@ ignored tokens are zero, and ``s`` is the weight the loop gave each token of tha
 micro-batch (``1/N`` when exact). From the gradient and the logits the probe recovers
 the valid-token count ``n_i`` and ``Σ s·(1−p_y)``, ``Σ (1−p_y)`` (their ratio is
 ``s_i``): one ``argmin`` over the gradient and one fused cross-entropy over the logits
-per micro-step. The
+per micro-step, inside the backward; the sums wait for :meth:`TokenWeightProbe.take`. The
 verdict on a window's records is :func:`accumguard.observe.rules.classify_token_weights`.
 
 Used by the framework callbacks (:mod:`accumguard.integrations`); one place for both.
@@ -122,7 +122,8 @@ class TokenWeightProbe:
             gy = torch.cat([r[0] for r in recs])
             nll = torch.cat([r[1] for r in recs])
             sizes = torch.tensor([len(r[0]) for r in recs], device=gy.device)
-            which = torch.repeat_interleave(torch.arange(len(recs), device=gy.device), sizes)
+            which = torch.repeat_interleave(torch.arange(len(recs), device=gy.device), sizes,
+                                            output_size=len(gy))  # no device sync
             valid = (gy < 0).to(gy.dtype)  # ignored tokens have an all-zero row (g_y = 0)
             cols = torch.stack([valid, -gy, -torch.expm1(-nll) * valid], dim=1)
             out = torch.zeros(len(recs), 3, dtype=gy.dtype, device=gy.device)
