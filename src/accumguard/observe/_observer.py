@@ -117,6 +117,9 @@ class _Window:
         self.data_passes: list[int] = []  # backward count when a DataLoader pass began
 
 
+#: stands for a backward of an unarmed window (``sampled_records``): counted, not observed
+_UNOBSERVED = BackwardEvent(step=-1, micro=-1, source="unobserved", engine="local", forwards=0)
+
 #: ``auto_roots``: optimizer steps after which the modules seen at the top level are hooked
 #: one by one instead of through the global forward pre-hook (:meth:`Observer._pin_roots`).
 PIN_ROOTS_AFTER_STEPS = 2
@@ -162,6 +165,7 @@ class Observer:
         self.listeners: list[Any] = []
         # method name -> bound listener methods (every name of _EVENT_METHODS)
         self._handlers: dict[str, list[Any]] = {m: [] for m in _EVENT_METHODS}
+        self._wants_backwards = False
         self._dtypes: dict[int, str | None] = {}
         self.roots: dict[int, torch.nn.Module] = {}
         self._sync_roots: list[Any] = []  # roots with a gradient-sync flag (DDP, FSDP2)
@@ -243,6 +247,8 @@ class Observer:
         # every event kind's bound methods, looked up once here (hot paths index the map)
         self._handlers = {m: [fn for fn in (getattr(x, m, None) for x in self.listeners) if fn]
                           for m in _EVENT_METHODS}
+        self._wants_backwards = bool(self._handlers["on_backward"]
+                                     or self._handlers["on_backward_start"])
 
     def install(self) -> Observer:
         if self.installed:
@@ -536,6 +542,8 @@ class Observer:
         if self._bw_depth or not self.installed or self._in_observer:
             return fn(*args, **kwargs)
         w = self._w
+        if not self._armed and not self._wants_backwards:
+            return self._run_unobserved_backward(w, fn, args, kwargs)
         ev = BackwardEvent(step=self.step, micro=len(w.backwards), source=source,
                            engine=self.engine, forwards=w.forwards)
         if self.attribute and self._given_roots:
@@ -606,6 +614,21 @@ class Observer:
             self.backward_total += 1
             for listen in handlers["on_backward"]:
                 listen(ev)
+
+    def _run_unobserved_backward(self, w: _Window, fn: Callable[..., Any],
+                                 args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A backward in an unarmed window (``sampled_records``): counted, nothing read; the
+        window is never recorded, so only the counts the next windows rely on are kept."""
+        self._bw_depth += 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self._bw_depth -= 1
+            w.backwards.append(_UNOBSERVED)
+            self.losses.end_backward()
+            w.bw_since_engine_step += 1
+            w.zero_since_backward = 0
+            self.backward_total += 1
 
     # -- collectives -------------------------------------------------------------------------
     def _collective_position(self) -> tuple[int, int, bool]:
@@ -679,6 +702,8 @@ class Observer:
         self._step_cons = self._verdict()
         if self.record_updates:
             self._before = self._snapshot(opt, engine)
+        if not self._handlers["on_step_start"]:
+            return
         self._emit("on_step_start", StepStartEvent(
             step=self.step, backwards=len(w.backwards),
             source="torch" if engine is None else "deepspeed", applied=applied,
@@ -797,8 +822,9 @@ class Observer:
         opt_steps = self._opt_steps.get(id(opt), self.step) if opt is not None else self.step
         in_step = bool(self._opt_depth or self._ds_step_depth)
         self._w.sched += 0 if in_step else 1
-        self._emit("on_scheduler_step", SchedulerEvent(self.step, len(self._w.backwards), count,
-                                                       opt_steps, in_step, sched))
+        if self._handlers["on_scheduler_step"]:
+            self._emit("on_scheduler_step", SchedulerEvent(
+                self.step, len(self._w.backwards), count, opt_steps, in_step, sched))
 
     # -- helpers ----------------------------------------------------------------------------
     def _emit(self, method: str, event: Any) -> None:

@@ -111,8 +111,8 @@ def _zero_wrapper(obs: Any, kind: str) -> Callable[[Callable[..., Any]], Any]:
                     or obs._ds_step_depth):
                 return orig(this, *args, **kwargs)
             w = obs._w
-            ev = ZeroGradEvent(obs.step, len(w.backwards), kind, this)
-            obs._emit("on_zero_grad", ev)
+            if obs._handlers["on_zero_grad"]:
+                obs._emit("on_zero_grad", ZeroGradEvent(obs.step, len(w.backwards), kind, this))
             if w.backwards:
                 w.zero_grads += 1
                 w.zero_between += 1
@@ -207,7 +207,8 @@ def _clip_wrapper(obs: Any, name: str) -> Callable[[Callable[..., Any]], Any]:
                     obs._clip_depth -= 1
             params = [parameters] if isinstance(parameters, torch.Tensor) \
                 else list(parameters)
-            obs._emit("on_clip", ClipEvent(obs.step, len(obs._w.backwards), name, params))
+            if obs._handlers["on_clip"]:
+                obs._emit("on_clip", ClipEvent(obs.step, len(obs._w.backwards), name, params))
             obs._w.clip_micros.append(len(obs._w.backwards))
             obs._w.clip_names.append(name)
             obs._clip_depth += 1  # the outermost clipping call is the event
