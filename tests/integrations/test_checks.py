@@ -79,9 +79,9 @@ def test_probe_exact_loop_has_no_findings_and_mean_of_means_is_f5() -> None:
 
 
 def test_sampling_checks_one_step_in_n_and_probes_nothing_in_between() -> None:
-    c = _train("mean", every=3, windows=5)
-    assert [f.step for f in c.findings] == [0, 3] and c.checked_steps == 2
-    assert c.steps == 5
+    c = _train("mean", every=3, windows=7)
+    assert [f.step for f in c.findings] == [0, 5] and c.checked_steps == 2  # observe.sampled
+    assert c.steps == 7
 
 
 def test_bf16_logits_exact_loop_is_not_flagged_and_mean_still_is() -> None:
@@ -159,3 +159,68 @@ def test_sampled_checks_keep_conservation_on_the_first_step_and_after_a_reset() 
         _checks.CONSERVATION_BUDGET = budget
     steps = [f.step for f in c.findings if f.class_id == "F3"]
     assert steps[0] == 0 and len(steps) >= 2, c.findings
+
+
+def _lm(vocab: int = 16) -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Embedding(vocab, 8), torch.nn.Linear(8, vocab))
+
+
+def _lm_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, n: float) -> torch.Tensor:
+    logits = model(x)
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                             y.reshape(-1), reduction="sum") / n
+
+
+@pytest.mark.parametrize("bug", [False, True])
+def test_a_bug_once_per_epoch_is_judged_on_every_epoch_not_only_sampled_ones(bug: bool) -> None:
+    # 7 micro-batches per epoch, K = 2: one micro-step is left over at each epoch's end. The
+    # buggy loop zeroes it at the next epoch's start (F7); with every_n_steps = 10 most of
+    # those windows are unsampled, and must be judged anyway (their reset is counted
+    # without hooks). The correct loop (it steps the leftover at the epoch's end) is silent.
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(0)
+    model = _lm()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    loader = DataLoader(TensorDataset(torch.randint(0, 16, (7, 5), generator=g),
+                                      torch.randint(0, 16, (7, 5), generator=g)), batch_size=1)
+    with AccumulationChecks(model, opt, accumulation_steps=2, every_n_steps=10) as c:
+        for _epoch in range(6):
+            if bug:
+                opt.zero_grad()  # wipes the previous epoch's leftover micro-step
+            for i, (x, y) in enumerate(loader):
+                last = i == len(loader) - 1
+                _lm_loss(model, x, y, 5.0 if (last and not bug) else 10.0).backward()
+                if (i + 1) % 2 == 0 or (last and not bug):
+                    opt.step()
+                    opt.zero_grad()
+    wrong = sorted({(f.step, f.class_id) for f in c.findings})
+    if not bug:
+        assert wrong == [] and c.steps == 24
+    else:
+        assert [s for s, cls in wrong if cls == "F7"] == [3, 6, 9, 12, 15], wrong
+
+
+def test_two_optimizers_taking_turns_are_both_sampled() -> None:
+    # D and G step in turn (observer steps 0, 1, 2, ...); G clips after every micro-step
+    # (F8 on every odd step). A phase fixed at step % 10 == 0 would never sample G; the
+    # clip before the last backward is counted without hooks, so every G window is judged.
+    torch.manual_seed(0)
+    d, gen = _lm(), _lm()
+    opt_d = torch.optim.SGD(d.parameters(), lr=0.1)
+    opt_g = torch.optim.SGD(gen.parameters(), lr=0.1)
+    with AccumulationChecks(d, opt_d, accumulation_steps=2, every_n_steps=10) as c:
+        for _ in range(12):
+            for _ in range(2):
+                _lm_loss(d, torch.randint(0, 16, (2, 5)), torch.randint(0, 16, (2, 5)),
+                         20.0).backward()
+            opt_d.step()
+            opt_d.zero_grad()
+            for _ in range(2):
+                _lm_loss(gen, torch.randint(0, 16, (2, 5)), torch.randint(0, 16, (2, 5)),
+                         20.0).backward()
+                torch.nn.utils.clip_grad_norm_(gen.parameters(), 0.01)
+            opt_g.step()
+            opt_g.zero_grad()
+    assert sorted({f.step for f in c.findings if f.class_id == "F8"}) == list(range(1, 24, 2))

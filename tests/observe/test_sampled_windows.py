@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from accumguard.observe import FORCED_CHECKS, Observer
+from accumguard.observe import FORCED_CHECKS, Observer, sampled
 from accumguard.observe.tokens import TokenWeightProbe
 
 
@@ -27,25 +27,38 @@ class Steps:
         self.steps.append(ev)
 
 
-def _run(windows: int, *, every: int, k: int = 2, zero_inside_at: tuple[int, ...] = ()
+def test_the_sample_is_one_window_per_block_with_a_moving_phase() -> None:
+    for every in (2, 3, 10):
+        picked = [s for s in range(every * every * 3) if sampled(s, every)]
+        blocks = [s // every for s in picked]
+        assert picked[0] == 0 and blocks == sorted(set(blocks)) == list(range(every * 3))
+        # every phase comes round: a pattern repeating with a period dividing N is seen
+        assert {s % every for s in picked} == set(range(every))
+    assert all(sampled(s, 1) for s in range(5))
+
+
+def _run(windows: int, *, every: int, k: int = 2, zero_inside_at: tuple[int, ...] = (),
+         clip_inside_at: tuple[int, ...] = (), long_at: tuple[int, ...] = ()
          ) -> tuple[Steps, list[int]]:
-    """A plain SGD loop under a sampled observer; returns its records and, per window, how
-    many forward hooks the model carried during it."""
+    """A plain SGD loop under a sampled observer (K = ``k``); returns its records and, per
+    window, how many forward hooks the model carried during it."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     rec = Steps()
     obs = Observer(roots=[model], every=every, sampled_records=True, record_losses=False,
-                   window_loss=False)
+                   window_loss=False, window_size=k)
     obs.add_listener(rec)
     hooks = []
     with obs:
         for w in range(windows):
             hooks.append(len(model._forward_pre_hooks) + len(model._forward_hooks))
-            for i in range(k):
+            for i in range(k + (w in long_at)):
                 model(torch.randn(3, 4)).pow(2).mean().backward()
                 if w in zero_inside_at and i == 0:
                     opt.zero_grad()  # a reset between backwards: the window loses micro 0
+                if w in clip_inside_at and i == 0:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)
             opt.step()
             opt.zero_grad()
     assert len(model._forward_pre_hooks) + len(model._forward_hooks) == 0  # all removed
@@ -53,20 +66,30 @@ def _run(windows: int, *, every: int, k: int = 2, zero_inside_at: tuple[int, ...
 
 
 def test_only_sampled_windows_are_hooked_checked_and_recorded() -> None:
-    rec, hooks = _run(7, every=3)
-    assert [ev.step for ev in rec.steps] == [0, 3, 6]
-    assert hooks == [1, 0, 0, 1, 0, 0, 1]  # the root pre-hook only on the sampled windows
+    rec, hooks = _run(9, every=3)
+    assert [ev.step for ev in rec.steps] == [0, 5, 7]  # sampled(): 0, then 5 and 7
+    assert hooks == [1, 0, 0, 0, 0, 1, 0, 1, 0]  # the root pre-hook on sampled windows only
     assert all(ev.backwards == 2 and ev.conservation is not None and ev.conservation.ok
                for ev in rec.steps)
 
 
-def test_a_reset_inside_an_unsampled_window_forces_the_next_windows() -> None:
+def test_a_reset_inside_an_unsampled_window_is_recorded_and_forces_the_next_windows() -> None:
     rec, hooks = _run(8, every=4, zero_inside_at=(1,))
     forced = list(range(2, 2 + FORCED_CHECKS))
-    assert [ev.step for ev in rec.steps] == [0, *forced, 4]
+    assert [ev.step for ev in rec.steps] == [0, 1, *forced, 7]
+    reset = rec.steps[1]
+    assert reset.zero_grads_between == 1 and reset.conservation is None  # no checksum there
+    assert reset.sync_micros == [None, None]  # unarmed: flags unknown, not guessed
     assert hooks[1] == 0 and all(hooks[s] == 1 for s in forced)
     # the forced windows are checked whatever the budget; their gradients are conserved
-    assert all(ev.conservation is not None and ev.conservation.ok for ev in rec.steps)
+    assert all(ev.conservation is not None and ev.conservation.ok for ev in rec.steps[2:])
+
+
+def test_unusual_unsampled_windows_are_recorded() -> None:
+    # a clip before the last backward, a window of K + 1 backwards: counted without hooks
+    rec, _ = _run(6, every=10, clip_inside_at=(2,), long_at=(4,))
+    assert [ev.step for ev in rec.steps] == [0, 2, 4]
+    assert rec.steps[1].clip_micros == [1] and rec.steps[2].backwards == 3
 
 
 def test_without_sampling_every_window_is_recorded() -> None:
@@ -105,3 +128,21 @@ def test_probe_records_equal_the_direct_quantities(dtype: torch.dtype) -> None:
     tol = 1e-5 if dtype == torch.float32 else 2e-2  # bf16 logits and gradient rounding
     torch.testing.assert_close(got, want, rtol=tol, atol=tol)
     assert probe.take().shape == (0, 3) and probe.low_precision == (dtype != torch.float32)
+
+
+def test_probe_records_keep_their_precision_at_a_million_tokens() -> None:
+    # The per-micro-step sums run over every token: accumulated in fp32 one row after
+    # another, their error grew with the count (1e-3 of the weight at 256 k tokens). The
+    # records of two micro-steps of 2^20 tokens each, with p_y small (1 - p_y near 1, as in
+    # a large vocabulary), must sum to their fp64 values.
+    probe = TokenWeightProbe(torch.nn.Linear(2, 2))
+    probe.close()  # fed by hand below
+    n, want = 1 << 20, []
+    for s, nll in ((0.3 / n, 7.0), (0.7 / n, 5.0)):
+        one_minus_p = -torch.expm1(torch.tensor(-nll, dtype=torch.float64))
+        gy = torch.full((n,), -s * float(one_minus_p), dtype=torch.float32)
+        probe.records.append((gy, torch.full((n,), nll, dtype=torch.float32)))
+        one_minus_p32 = -torch.expm1(torch.tensor(-nll, dtype=torch.float32)).double()
+        want.append([n, -n * float(gy[0].double()), n * float(one_minus_p32)])
+    got = probe.take()
+    torch.testing.assert_close(got, torch.tensor(want, dtype=torch.float64), rtol=1e-6, atol=0)

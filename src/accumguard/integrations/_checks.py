@@ -34,7 +34,7 @@ import torch
 
 from accumguard.core.errors import AccumulationError, ConfigError, rank_prefix
 from accumguard.core.taxonomy import fix_for, title
-from accumguard.observe import CONSERVATION_BUDGET
+from accumguard.observe import CONSERVATION_BUDGET, sampled
 from accumguard.observe.rules import (
     WEIGHT_TOL,
     WEIGHT_TOL_LOW_PRECISION,
@@ -57,7 +57,8 @@ DEFAULT_EVERY_N_STEPS = 10
 # the sampled steps only within CONSERVATION_BUDGET of the run's time (the first checked
 # step always runs; a zero_grad inside an unchecked window forces the next FORCED_CHECKS).
 # Local to each rank: conservation exchanges nothing, so ranks may sample different steps
-# (the probe's schedule, which all-gathers, stays ``step % every_n_steps == 0`` everywhere).
+# (the probe's schedule, which all-gathers, is ``observe.sampled(step, every_n_steps)``, the
+# same on every rank).
 
 
 @dataclass(frozen=True)
@@ -135,11 +136,13 @@ class AccumulationChecks:
         averages_over_ranks: the gradient reduction divides by the world size (DDP,
             FSDP2, Accelerate, Lightning DDP); default: True on more than one rank.
         logits_module: the layer producing logits (default: :func:`find_logits_module`).
-        every_n_steps: check one step in n (the scheduler count is checked every step); the
-            probe and the boundary rules cost nothing on the other steps (a window that
-            zeroed gradients between backwards is judged whenever it comes); the gradient
-            checksums run on the sampled steps within :data:`CONSERVATION_BUDGET` of the
-            run's time.
+        every_n_steps: check one step in n (:func:`accumguard.observe.sampled`: step 0, then
+            one per block of n with a moving phase); the scheduler count is checked every
+            step, and a window whose hook-free counts are unusual (a zero_grad, a DataLoader
+            pass or a clip between backwards, a backward count other than K) is judged
+            whenever it comes; the probe, the sync flags and the checksums cost nothing on
+            the other steps; the checksums run on the sampled steps within
+            :data:`CONSERVATION_BUDGET` of the run's time.
         strict: raise :class:`~accumguard.core.errors.AccumulationError` on a finding
             instead of logging it.
         on_finding: called with every :class:`Finding`.
@@ -197,7 +200,7 @@ class AccumulationChecks:
             self.observer = Observer(roots=[model], conservation=True, every=every_n_steps,
                                      budget=None if every_n_steps == 1 else CONSERVATION_BUDGET,
                                      record_losses=False, window_loss=False,
-                                     sampled_records=True)
+                                     sampled_records=True, window_size=accumulation_steps)
             self.observer.add_listener(self)
             self.observer.install()
 
@@ -237,8 +240,8 @@ class AccumulationChecks:
         if step > 0:
             self._check_scheduler(step - 1)
         self._sched_steps = 0
-        self.probe.active = self.steps % self.every_n_steps == 0  # the next step is checked?
-        if step % self.every_n_steps:
+        self.probe.active = sampled(self.steps, self.every_n_steps)  # the next step checked?
+        if not sampled(step, self.every_n_steps):
             self.probe.discard()  # an unchecked step recorded nothing; an exact path's scale
             return
         ranks = self._gather(self.probe.take())

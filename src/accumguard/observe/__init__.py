@@ -22,7 +22,7 @@ _EXPORTS = {
     "ForwardEvent": "_events", "SchedulerEvent": "_events", "StepEvent": "_events",
     "ZeroGradEvent": "_events", "CollectiveCounter": "_collectives",
     "Conservation": "_checksum", "checksums": "_checksum", "conservation": "_checksum",
-    "CONSERVATION_BUDGET": "_checksum", "FORCED_CHECKS": "_checksum",
+    "CONSERVATION_BUDGET": "_checksum", "FORCED_CHECKS": "_checksum", "sampled": "_checksum",
     "Observer": "_observer", "when_imported": "_imports",
 }
 

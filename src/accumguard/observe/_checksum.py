@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 __all__ = ["CONSERVATION_BUDGET", "FORCED_CHECKS", "Conservation", "checksums", "conservation",
-           "grad_versions"]
+           "grad_versions", "sampled"]
 
 #: Fraction of a run's wall time the conservation checksums may take once the windows that
 #: are always checked are done: the guard and the framework callbacks sample windows within
@@ -32,6 +32,14 @@ __all__ = ["CONSERVATION_BUDGET", "FORCED_CHECKS", "Conservation", "checksums", 
 CONSERVATION_BUDGET = 0.005
 #: Windows checked whatever the budget after a zero_grad inside an unchecked window.
 FORCED_CHECKS = 2
+
+
+def sampled(step: int, every: int) -> bool:
+    """Is window ``step`` the sampled one of its block of ``every``? Step 0 always. The phase
+    moves back by one each block (0, 2N-1, 3N-2, ...), so a pattern whose period divides
+    ``every`` (two optimizers taking turns, a bug every other window) is not always missed.
+    Deterministic: every rank samples the same steps (the probe all-gathers on them)."""
+    return every <= 1 or (step + step // every) % every == 0
 
 
 def _local(g: torch.Tensor) -> torch.Tensor:

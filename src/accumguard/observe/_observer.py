@@ -53,7 +53,13 @@ from typing import Any
 import torch
 
 from accumguard.observe import _patch_accelerate, _patch_deepspeed, _patch_torch, _patch_trainers
-from accumguard.observe._checksum import FORCED_CHECKS, checksums, conservation, grad_versions
+from accumguard.observe._checksum import (
+    FORCED_CHECKS,
+    checksums,
+    conservation,
+    grad_versions,
+    sampled,
+)
 from accumguard.observe._collectives import CollectiveCounter
 from accumguard.observe._events import (
     BackwardEvent,
@@ -117,9 +123,6 @@ class _Window:
         self.data_passes: list[int] = []  # backward count when a DataLoader pass began
 
 
-#: stands for a backward of an unarmed window (``sampled_records``): counted, not observed
-_UNOBSERVED = BackwardEvent(step=-1, micro=-1, source="unobserved", engine="local", forwards=0)
-
 #: ``auto_roots``: optimizer steps after which the modules seen at the top level are hooked
 #: one by one instead of through the global forward pre-hook (:meth:`Observer._pin_roots`).
 PIN_ROOTS_AFTER_STEPS = 2
@@ -146,14 +149,18 @@ class Observer:
         window_loss: keep each backward's scalar loss for the step record's ``window_loss``
             (one host read per step); listeners that never read it (the framework
             callbacks) turn it off.
-        sampled_records: observe only the sampled windows (``step % every == 0``) and the
-            ``FORCED_CHECKS`` windows after one that zeroed gradients between backwards
-            without a conservation verdict (an epoch's reset, a leftover). The other windows
-            have no hooks on the given roots (``auto_roots`` keeps its global hook), no
-            conservation check and no step record (``on_step``);
-            steps, backwards and zero_grads are still counted. For listeners whose contract
-            is "check one step in N" (the framework callbacks): the root hooks and the
-            record cost about 1 % of a demo-LM step.
+        sampled_records: observe fully only the sampled windows (one in ``every``,
+            :func:`~accumguard.observe._checksum.sampled`) and the ``FORCED_CHECKS`` windows
+            after one that zeroed gradients between backwards without a conservation
+            verdict (an epoch's reset, a leftover). The other windows have no hooks on the
+            given roots (``auto_roots`` keeps its global hook), no conservation check and
+            no sync flags; their step record (``on_step``) is emitted only when what is
+            counted without hooks is unusual (a zero_grad or a DataLoader pass between
+            backwards, a clip before the last backward, a backward count other than
+            ``window_size``). For listeners whose contract is "check one step in N" (the
+            framework callbacks): the root hooks and the record cost about 1 % of a
+            demo-LM step.
+        window_size: K, for ``sampled_records`` (see there); None: not judged.
     """
 
     def __init__(self, roots: Iterable[torch.nn.Module] | None = None, *,
@@ -161,7 +168,7 @@ class Observer:
                  record_updates: bool = False, every: int = 1,
                  budget: float | None = None, attribute: bool = False,
                  record_losses: bool = True, window_loss: bool = True,
-                 sampled_records: bool = False) -> None:
+                 sampled_records: bool = False, window_size: int | None = None) -> None:
         self.listeners: list[Any] = []
         # method name -> bound listener methods (every name of _EVENT_METHODS)
         self._handlers: dict[str, list[Any]] = {m: [] for m in _EVENT_METHODS}
@@ -182,6 +189,7 @@ class Observer:
         self.record_losses = record_losses
         self.window_loss = window_loss
         self.sampled_records = sampled_records
+        self.window_size = window_size
         self._armed = True  # this window is sampled (always, without sampled_records)
         self._root_handles: list[Any] = []
         self.force_checks = 0  # check conservation on the next N windows whatever the budget
@@ -543,7 +551,7 @@ class Observer:
             return fn(*args, **kwargs)
         w = self._w
         if not self._armed and not self._wants_backwards:
-            return self._run_unobserved_backward(w, fn, args, kwargs)
+            return self._run_unobserved_backward(source, w, fn, args, kwargs)
         ev = BackwardEvent(step=self.step, micro=len(w.backwards), source=source,
                            engine=self.engine, forwards=w.forwards)
         if self.attribute and self._given_roots:
@@ -615,16 +623,23 @@ class Observer:
             for listen in handlers["on_backward"]:
                 listen(ev)
 
-    def _run_unobserved_backward(self, w: _Window, fn: Callable[..., Any],
+    def _run_unobserved_backward(self, source: str, w: _Window, fn: Callable[..., Any],
                                  args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """A backward in an unarmed window (``sampled_records``): counted, nothing read; the
-        window is never recorded, so only the counts the next windows rely on are kept."""
+        """A backward in an unarmed window (``sampled_records``): counted, no sync flag,
+        engine query or checksum (the window's record, when :meth:`_unusual` asks for it,
+        leaves those unknown)."""
+        ev = BackwardEvent(step=self.step, micro=len(w.backwards), source=source,
+                           engine=self.engine, forwards=w.forwards)
+        w.forwards = 0
+        self._last_sync_forward = None
         self._bw_depth += 1
+        self._bw_current = ev  # collectives inside it are its own, not "between"
         try:
             return fn(*args, **kwargs)
         finally:
             self._bw_depth -= 1
-            w.backwards.append(_UNOBSERVED)
+            self._bw_current = None
+            w.backwards.append(ev)
             self.losses.end_backward()
             w.bw_since_engine_step += 1
             w.zero_since_backward = 0
@@ -739,15 +754,15 @@ class Observer:
         cons = self._step_cons
         self._step_cons = None
         if self.sampled_records:
-            if w.zero_between and cons is None:
+            if w.zero_between and cons is None and self._trackable():
                 # gradients zeroed inside a window no checksum saw (an epoch's reset, a
                 # leftover): verify the next windows, sampled or not
                 self.force_checks = FORCED_CHECKS
             armed = self._armed
-            self._armed = (self.step + 1) % self.every == 0 or self.force_checks > 0
+            self._armed = sampled(self.step + 1, self.every) or self.force_checks > 0
             if self._armed != armed:
                 self._hook_roots(self._armed)
-            if not armed:
+            if not armed and not self._unusual(w):
                 self._next_window()
                 return
         if not self._handlers["on_step"]:
@@ -809,6 +824,15 @@ class Observer:
             self._pin_roots()
         self._emit("on_step", ev)
 
+    def _unusual(self, w: _Window) -> bool:
+        """What an unarmed window counted without hooks deserves its record: a bug that
+        shows once per epoch (a reset or a new DataLoader pass between backwards, a longer
+        or shorter window) is not left to the sampling."""
+        n = len(w.backwards)
+        return bool(w.zero_between or any(0 < j < n for j in w.data_passes)
+                    or any(m < n for m in w.clip_micros)
+                    or (self.window_size is not None and n != self.window_size))
+
     def _next_window(self) -> None:
         self.step += 1
         self._w = _Window()
@@ -844,17 +868,22 @@ class Observer:
         finally:
             self._in_observer -= 1
 
-    def _tracking(self) -> bool:
+    def _trackable(self) -> bool:
         if not self.check_conservation or not self._tracked:
             return False
-        if self.engine_info is not None and (self.engine_info.zero_stage or 0) >= 1:
-            return False  # ZeRO >= 1 keeps gradients in engine buffers, not in .grad
+        # ZeRO >= 1 keeps gradients in engine buffers, not in .grad
+        return self.engine_info is None or (self.engine_info.zero_stage or 0) < 1
+
+    def _tracking(self) -> bool:
+        if not self._trackable():
+            return False
         if self._window_checked is None:  # decided once per window, at its first event
             if self.force_checks > 0:
                 self.force_checks -= 1
                 self._window_checked = True
                 return True
-            ok = self.step % self.every == 0
+            ok = (sampled(self.step, self.every) if self.sampled_records
+                  else self.step % self.every == 0)
             if ok and self.budget is not None and self.step >= 2:
                 elapsed = time.perf_counter() - self._t_start
                 ok = self._t_checks <= self.budget * elapsed
