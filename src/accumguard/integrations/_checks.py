@@ -178,6 +178,7 @@ class AccumulationChecks:
         self.scheduler = unwrap_scheduler(scheduler) if scheduler is not None else None
         self._sched_steps = 0
         self._sched_had_attr = False
+        self._scaler: Any = None  # a GradScaler seen unscaling: the probe reads scaled grads
         if self.scheduler is not None:
             self._sched_had_attr = "step" in vars(self.scheduler)
             previous = self.scheduler.step
@@ -244,6 +245,8 @@ class AccumulationChecks:
         if not sampled(step, self.every_n_steps):
             self.probe.discard()  # an unchecked step recorded nothing; an exact path's scale
             return
+        if self._scaler is not None:  # dL/dlogits carries the loss scale of the window
+            self.probe.scale /= float(self._scaler.get_scale())
         ranks = self._gather(self.probe.take())
         self.checked_steps += 1
         finding = classify_window(ranks, world_size=self.world_size,
@@ -253,6 +256,21 @@ class AccumulationChecks:
                                   else WEIGHT_TOL)
         if finding is not None:
             self._report(finding)
+
+    def on_unscale(self, event: Any) -> None:
+        """Observer listener: a GradScaler unscales before this step (its scale is read when
+        the probe's records are taken, before ``update`` changes it)."""
+        self._scaler = event.owner
+
+    def on_scaler_skip(self, event: Any) -> None:
+        """Observer listener: a GradScaler skipped this optimizer's step (inf/NaN gradients):
+        the window is dropped (its probe records and its scheduler count; a scheduler
+        stepped after a skipped step is on time, one step per attempted step)."""
+        if unwrap_optimizer(event.owner) is not self.optimizer:
+            return
+        self.probe.discard()
+        self._check_scheduler(self.steps - 1)
+        self._sched_steps = 0
 
     def on_step(self, event: Any) -> None:
         """Observer listener: the boundary contract of a step the observer sampled."""

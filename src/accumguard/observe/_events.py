@@ -88,7 +88,8 @@ class EngineInfo:
 class StepEvent:
     """One optimizer step (outermost: an inner optimizer stepped by an engine or a wrapper
     is part of its caller's step). ``applied`` is False when every gradient was None or
-    the engine skipped the update."""
+    the engine skipped the update. ``discarded``: a GradScaler skipped the step (inf/NaN
+    gradients), so the window's gradients are dropped, not carried into the next window."""
 
     step: int
     backwards: int
@@ -126,6 +127,7 @@ class StepEvent:
     # [site, order at that site in its backward, micro (0-based), valid count n,
     #  per-token weight, low precision, reduction]; None: fewer than 2 micro-steps had one
     losses: list[list[Any]] | None = None
+    discarded: bool = False
 
 
 @dataclass
@@ -159,11 +161,13 @@ class EngineStepEvent:
 @dataclass
 class ScalerEvent:
     """``GradScaler.unscale_`` (``on_unscale``, before) or ``GradScaler.update``
-    (``on_scaler_update``, after); outermost calls only."""
+    (``on_scaler_update``, after); outermost calls only. ``on_scaler_skip``: a
+    ``GradScaler.step`` that skipped the optimizer (inf/NaN gradients); ``owner`` is then
+    the optimizer it was given, ``step`` the window it ended."""
 
     step: int
     micro: int
-    kind: str  # "unscale" | "update"
+    kind: str  # "unscale" | "update" | "skip"
     owner: Any = field(repr=False, default=None)
 
 

@@ -67,6 +67,7 @@ from accumguard.observe._events import (
     EngineInfo,
     ForwardEvent,
     OptimizerCallEvent,
+    ScalerEvent,
     SchedulerEvent,
     StepEvent,
     StepStartEvent,
@@ -96,7 +97,7 @@ _NO_SEQ = 1 << 63
 _EVENT_METHODS = ("on_forward", "on_backward_start", "on_backward", "on_collective",
                   "on_optimizer_call", "on_step_start", "on_step", "on_engine_step",
                   "on_engine", "on_zero_grad", "on_scheduler_step", "on_clip", "on_unscale",
-                  "on_scaler_update")
+                  "on_scaler_update", "on_scaler_skip")
 
 
 class _Window:
@@ -698,6 +699,19 @@ class Observer:
             return
         self._end_step("torch", type(opt).__name__, self._step_applied, None, opt)
 
+    def _skipped_step(self, opt: Any) -> None:
+        """A GradScaler step that found inf/NaN gradients and skipped the optimizer: the
+        window ends without an update and its gradients are dropped (as a DeepSpeed overflow
+        skip). It counts as an attempted step of ``opt`` for the scheduler rule (F4): the
+        scheduler that steps after it is on time."""
+        self._opt_steps[id(opt)] = self._opt_steps.get(id(opt), 0) + 1
+        if self._handlers["on_scaler_skip"]:
+            self._emit("on_scaler_skip", ScalerEvent(self.step, len(self._w.backwards), "skip",
+                                                     opt))
+        self._step_t0 = time.perf_counter()
+        self._step_cons = None
+        self._end_step("torch", type(opt).__name__, False, None, opt, discarded=True)
+
     def _begin_step(self, opt: Any, applied: bool, engine: Any = None) -> None:
         self._step_t0 = time.perf_counter()
         self._step_applied = applied
@@ -743,7 +757,7 @@ class Observer:
         return cons
 
     def _end_step(self, source: str, opt_name: str, applied: bool, norm: float | None,
-                  owner: Any) -> None:
+                  owner: Any, *, discarded: bool = False) -> None:
         w = self._w
         updates = None
         if self.record_updates and self._before is not None and applied:
@@ -816,7 +830,8 @@ class Observer:
             updates=updates,
             # a torch step with every gradient None changes nothing: its window goes on;
             # a DeepSpeed step that skipped its update (overflow) discarded its window
-            losses=self.losses.take(applied, carry=source == "torch"))
+            losses=self.losses.take(applied, carry=source == "torch" and not discarded),
+            discarded=discarded)
         self.step += 1
         self._w = _Window()
         self._window_checked = None if self._armed else False

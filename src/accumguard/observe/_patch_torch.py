@@ -69,6 +69,7 @@ def install_after_losses(obs: Any, p: Patches) -> None:
     if scaler_cls is not None:
         p.wrap(scaler_cls, "unscale_", _scaler_wrapper(obs, "unscale"))
         p.wrap(scaler_cls, "update", _scaler_wrapper(obs, "update"))
+        p.wrap(scaler_cls, "step", _scaler_step_wrapper(obs))
 
 
 def patch_ddp_init(obs: Any, mod: ModuleType) -> None:
@@ -186,6 +187,27 @@ def _scaler_wrapper(obs: Any, kind: str) -> Callable[[Callable[..., Any]], Any]:
             return out
 
         return call
+
+    return make
+
+
+def _scaler_step_wrapper(obs: Any) -> Callable[[Callable[..., Any]], Any]:
+    """``GradScaler.step``: when it found inf/NaN gradients it does not call the optimizer,
+    and the window is over all the same (the next one starts after ``zero_grad``): ended as
+    a step that applied nothing and discarded its gradients (:meth:`Observer._skipped_step`).
+    Its inner ``unscale_`` is still an event (no depth counted here)."""
+
+    def make(orig: Callable[..., Any]) -> Callable[..., Any]:
+        def step(scaler: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            if not obs.installed or obs._in_observer or obs._opt_depth:
+                return orig(scaler, optimizer, *args, **kwargs)
+            before = obs.step
+            out = orig(scaler, optimizer, *args, **kwargs)
+            if obs.installed and obs.step == before:  # no optimizer step ended inside
+                obs._skipped_step(optimizer)
+            return out
+
+        return step
 
     return make
 

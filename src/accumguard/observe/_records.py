@@ -53,10 +53,14 @@ def windows(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _windows(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Applied steps with the backward passes of preceding no-op steps folded in (a step
-    whose gradients were all None changes nothing: the window goes on)."""
+    whose gradients were all None changes nothing: the window goes on). A step a GradScaler
+    skipped (``discarded``) ends its window with nothing carried: it is left out."""
     out = []
     carry = 0
     for s in steps:
+        if s.get("discarded"):
+            carry = 0
+            continue
         if not s.get("applied", True):
             carry += int(s["backwards"])
             continue

@@ -1,0 +1,96 @@
+"""GradScaler runs (fp16 on GPU; the CPU GradScaler here): a step the scaler skips for
+inf/NaN gradients ends its window with the gradients dropped. Before, the observer folded
+the skipped windows into the next one and counted no optimizer step, so a correct loop
+whose first steps overflow (as fp16 runs do) read as a scheduler stepping twice per
+optimizer step (F4, error) under ``watch``; the framework callbacks, which read the scaled
+dL/dlogits, saw a constant loss scale (LOSS_SCALE) and a window of 2K backwards."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from accumguard.integrations._checks import AccumulationChecks
+
+V, K = 16, 2
+
+
+def _loop(skips: tuple[int, ...], *, bug: str = "", windows: int = 8,
+          init_scale: float = 1024.0,
+          attach: Callable[[torch.nn.Module, torch.optim.Optimizer], Any] | None = None) -> Any:
+    """A GradScaler loop with an exact token loss; ``skips``: windows whose first micro-step
+    overflows. ``bug``: "sched_per_micro" steps the scheduler after every micro-step (F4),
+    "mean" averages each micro-batch (F5 with uneven counts). ``attach(model, opt)`` runs
+    before the loop; its result is returned."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(V, 8), torch.nn.Linear(8, V))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    attached = attach(model, opt) if attach is not None else None
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
+    g = torch.Generator().manual_seed(1)
+    for w in range(windows):
+        rows = [1 + (w + m) % 3 for m in range(K)]  # uneven token counts per micro-step
+        total = 5 * sum(rows)
+        for m, r in enumerate(rows):
+            x = torch.randint(0, V, (r, 5), generator=g)
+            y = torch.randint(0, V, (r, 5), generator=g)
+            s = torch.nn.functional.cross_entropy(model(x).reshape(-1, V), y.reshape(-1),
+                                                  reduction="sum")
+            loss = s / (5 * r) / K if bug == "mean" else s / total
+            if w in skips and m == 0:
+                loss = loss * float("inf")  # an overflow: the scaler skips this step
+            scaler.scale(loss).backward()
+            if bug == "sched_per_micro":
+                sched.step()
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        scaler.step(opt)
+        scaler.update()
+        if bug != "sched_per_micro":
+            sched.step()
+        opt.zero_grad()
+    return attached
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # torch: scheduler before optimizer step
+@pytest.mark.parametrize(("skips", "bug", "want"), [
+    ((0, 1, 2), "", set()),           # overflows at the start, then fine: silent
+    ((), "", set()),
+    ((0, 1), "sched_per_micro", {"F4"}),  # a real scheduler bug is still an error
+])
+def test_watch_skipped_scaler_steps_end_their_window(tmp_path: Path, skips: tuple[int, ...],
+                                                     bug: str, want: set[str]) -> None:
+    from accumguard.runtime.watch import recording
+    from accumguard.runtime.watch_findings import analyze, load_recordings
+
+    with recording(tmp_path):
+        _loop(skips, bug=bug)
+    recs = load_recordings(tmp_path)
+    steps = recs.steps[0]
+    assert [s["discarded"] for s in steps] == [w in skips for w in range(8)]
+    findings, _, _ = analyze(recs)
+    assert {f.cls for f in findings if f.severity == "error"} == want, findings
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("every", [1, 10])
+@pytest.mark.parametrize(("bug", "want"), [("", []), ("mean", ["F5"])])
+def test_callbacks_read_the_probe_unscaled_and_drop_skipped_windows(
+        caplog: pytest.LogCaptureFixture, every: int, bug: str, want: list[str]) -> None:
+    caplog.set_level(logging.ERROR, "accumguard")
+    found: list[str] = []
+
+    def attach(model: torch.nn.Module, opt: torch.optim.Optimizer) -> AccumulationChecks:
+        return AccumulationChecks(model, opt, accumulation_steps=K, every_n_steps=every,
+                                  on_finding=lambda f: found.append(f.class_id))
+
+    checks = _loop((0, 3), bug=bug, windows=12, init_scale=2.0 ** 14, attach=attach)
+    checks.close()
+    assert checks.steps == 10  # 12 windows, 2 skipped by the scaler
+    assert sorted(set(found)) == want, found
