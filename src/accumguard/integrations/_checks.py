@@ -148,6 +148,8 @@ class AccumulationChecks:
         on_finding: called with every :class:`Finding`.
         observe: also run the observation layer (:class:`accumguard.observe.Observer`,
             rooted at ``model``) for the boundary contract; see :func:`boundary_findings`.
+            It also tells the probe about a GradScaler (its scale, its skipped steps):
+            with ``observe=False`` an fp16 run with a GradScaler reads as LOSS_SCALE.
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: Any, *, accumulation_steps: int,
@@ -266,14 +268,16 @@ class AccumulationChecks:
         """Observer listener: a GradScaler skipped this optimizer's step (inf/NaN gradients):
         the window is dropped (its probe records and its scheduler count; a scheduler
         stepped after a skipped step is on time, one step per attempted step)."""
-        if unwrap_optimizer(event.owner) is not self.optimizer:
+        owner = event.owner
+        if owner is not self.optimizer and getattr(owner, "optimizer", None) is not self.optimizer:
             return
         self.probe.discard()
         self._check_scheduler(self.steps - 1)
         self._sched_steps = 0
 
     def on_step(self, event: Any) -> None:
-        """Observer listener: the boundary contract of a step the observer sampled."""
+        """Observer listener: the boundary contract of a step the observer recorded (a
+        sampled window, or one whose hook-free counts are unusual)."""
         for finding in boundary_findings(event, accumulation_steps=self.accumulation_steps):
             self._report(finding)
 
