@@ -224,3 +224,49 @@ def test_two_optimizers_taking_turns_are_both_sampled() -> None:
             opt_g.step()
             opt_g.zero_grad()
     assert sorted({f.step for f in c.findings if f.class_id == "F8"}) == list(range(1, 24, 2))
+
+
+class _TiedLM(torch.nn.Module):
+    """Logits from the tied embedding (``x @ E.T``): the last ``nn.Linear`` is a hidden
+    layer, which find_logits_module() takes for the logits when nothing says otherwise."""
+
+    def __init__(self, vocab: int = 16, dim: int = 8) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, dim)
+        self.mlp = torch.nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.mlp(self.embed(x))) @ self.embed.weight.t()
+
+
+@pytest.mark.parametrize("case", ["tied", "regression"])
+def test_a_gradient_that_is_not_a_token_cross_entropy_is_not_judged(
+        case: str, caplog: pytest.LogCaptureFixture) -> None:
+    # Correct loops (the window's sum over its count) whose probed gradient is not that of a
+    # token cross-entropy on the probed output: before, read as LOSS_SCALE (blind round 9).
+    import logging
+
+    caplog.set_level(logging.INFO, "accumguard")
+    torch.manual_seed(0)
+    model = _TiedLM() if case == "tied" else \
+        torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(2)
+    with AccumulationChecks(model, opt, accumulation_steps=3) as c:
+        for _ in range(2):
+            rows = [2, 4, 3]  # uneven micro-batches
+            total = 5 * sum(rows)
+            for r in rows:
+                if case == "regression":
+                    x, y = torch.randn(r, 3, generator=g), torch.randn(r, 2, generator=g)
+                    loss = (model(x) - y).pow(2).sum() / sum(rows)
+                else:
+                    x = torch.randint(0, 16, (r, 5), generator=g)
+                    y = torch.randint(0, 16, (r, 5), generator=g)
+                    loss = torch.nn.functional.cross_entropy(
+                        model(x).reshape(-1, 16), y.reshape(-1), reduction="sum") / total
+                loss.backward()
+            opt.step()
+            opt.zero_grad()
+    assert c.findings == [] and c.checked_steps == 2
+    assert sum("not that of a token cross-entropy" in r.message for r in caplog.records) == 1

@@ -53,6 +53,10 @@ log = logging.getLogger("accumguard")
 # step; the sampled steps carry the probe's and the gradient checksums' cost, measured in
 # benchmarks/bench_integrations.py). Pass every_n_steps=1 to check every step.
 DEFAULT_EVERY_N_STEPS = 10
+# How far (relative to the rows' abs sum) the probed gradient may be from a token
+# cross-entropy's signature and still be judged (fp32 rounding is ~1e-6; bf16/fp16 scale it
+# by their tolerance); a hidden layer or a regression head is off by O(1).
+_SIGNATURE_TOL = 1e-2
 # With every_n_steps > 1, the gradient-conservation checksums (the costliest check) run on
 # the sampled steps only within CONSERVATION_BUDGET of the run's time (the first checked
 # step always runs; a zero_grad inside an unchecked window forces the next FORCED_CHECKS).
@@ -181,6 +185,7 @@ class AccumulationChecks:
         self._sched_steps = 0
         self._sched_had_attr = False
         self._scaler: Any = None  # a GradScaler seen unscaling: the probe reads scaled grads
+        self._said_not_ce = False
         if self.scheduler is not None:
             self._sched_had_attr = "step" in vars(self.scheduler)
             previous = self.scheduler.step
@@ -251,13 +256,29 @@ class AccumulationChecks:
             self.probe.scale /= float(self._scaler.get_scale())
         ranks = self._gather(self.probe.take())
         self.checked_steps += 1
-        finding = classify_window(ranks, world_size=self.world_size,
+        tol = WEIGHT_TOL_LOW_PRECISION if self.probe.low_precision else WEIGHT_TOL
+        if any(len(r) and float(r[:, 3].max()) > _SIGNATURE_TOL * tol / WEIGHT_TOL
+               for r in ranks):
+            self._not_cross_entropy(step)
+            return
+        finding = classify_window([r[:, :3] for r in ranks], world_size=self.world_size,
                                   averages_over_ranks=self.averages_over_ranks,
                                   accumulation_steps=self.accumulation_steps, step=step,
-                                  tol=WEIGHT_TOL_LOW_PRECISION if self.probe.low_precision
-                                  else WEIGHT_TOL)
+                                  tol=tol)
         if finding is not None:
             self._report(finding)
+
+    def _not_cross_entropy(self, step: int) -> None:
+        """The probed module's gradient is not a token cross-entropy's: the token weights
+        cannot be read from it. Said once (info), never a finding."""
+        if not self._said_not_ce and self.rank == 0:
+            log.info("accumguard step %d: the gradient of %s is not that of a token "
+                     "cross-entropy on its output (a hidden layer taken for the logits, e.g. "
+                     "with tied embeddings; a regression head): token "
+                     "weights are not judged. Pass logits_module=<the layer whose output "
+                     "the cross-entropy reads> to judge them", step,
+                     type(self.probe._module).__name__)
+        self._said_not_ce = True
 
     def on_unscale(self, event: Any) -> None:
         """Observer listener: a GradScaler unscales before this step (its scale is read when
@@ -297,7 +318,7 @@ class AccumulationChecks:
         ms = [torch.zeros_like(m) for _ in range(self.world_size)]
         dist.all_gather(ms, m, group=self.group)
         top = int(max(x.item() for x in ms))
-        padded = torch.zeros(top, 3, dtype=torch.float64)
+        padded = torch.zeros(top, recs.shape[1], dtype=torch.float64)
         padded[: len(recs)] = recs
         out = [torch.zeros_like(padded) for _ in range(self.world_size)]
         dist.all_gather(out, padded, group=self.group)

@@ -95,14 +95,22 @@ class TokenWeightProbe:
         # one fused cross-entropy over the logits. The per-token arithmetic is left to take().
         with torch.no_grad():
             v = grad.shape[-1]
-            gy, y = grad.reshape(-1, v).min(dim=-1)  # the label's entry: s·(p_y − 1) < 0
+            g = grad.reshape(-1, v)
+            gy, y = g.min(dim=-1)  # the label's entry: s·(p_y − 1) < 0
             if gy.dtype not in (torch.float32, torch.float64):
                 self.low_precision = True  # bf16/fp16 logits: judge in fp32 (exact widening)
                 gy = gy.float()
             # -log p_y by the fused cross-entropy kernel (one op for gather + logsumexp)
             nll = torch.nn.functional.cross_entropy(logits.reshape(-1, v).to(gy.dtype), y,
                                                     reduction="none")
-            self.records.append((gy, nll))
+            # the signature take() checks: a row s·(softmax − onehot) sums to 0 and its only
+            # negative entry is the label's (so its abs sum is −2 g_y). Not so when the module
+            # is not the logits of a token cross-entropy (a hidden layer taken for the logits,
+            # a regression head): then nothing is judged. Known gap: label smoothing keeps
+            # that signature while each token's p_y no longer gives its weight (read as a
+            # LOSS_SCALE); telling it apart needs a softmax over the vocabulary here.
+            self.records.append((gy, nll, g.sum(-1, dtype=gy.dtype),
+                                 g.abs().sum(-1, dtype=gy.dtype)))
 
     def discard(self) -> None:
         """Forget the records and the scale since the last :meth:`take` (an unchecked step)."""
@@ -110,13 +118,15 @@ class TokenWeightProbe:
         self.scale = 1.0
 
     def take(self) -> torch.Tensor:
-        """The records since the last call, as an ``[m, 3]`` float64 CPU tensor, one row per
-        probed micro-step: (valid tokens, Σ s·(1−p_y), Σ (1−p_y)) (weights scaled)."""
+        """The records since the last call, as an ``[m, 4]`` float64 CPU tensor, one row per
+        probed micro-step: (valid tokens, Σ s·(1−p_y), Σ (1−p_y), signature error) (weights
+        scaled). The signature error is the relative distance of the gradient rows from a
+        token cross-entropy's (0 when they are one; see :meth:`_on_grad`)."""
         recs = self.records
         self.records = []
         scale, self.scale = self.scale, 1.0
         if not recs:
-            return torch.zeros(0, 3, dtype=torch.float64)
+            return torch.zeros(0, 4, dtype=torch.float64)
         with torch.no_grad():
             # all micro-steps at once: token rows, then per-micro-step sums by index
             gy = torch.cat([r[0] for r in recs])
@@ -124,13 +134,19 @@ class TokenWeightProbe:
             sizes = torch.tensor([len(r[0]) for r in recs], device=gy.device)
             which = torch.repeat_interleave(torch.arange(len(recs), device=gy.device), sizes,
                                             output_size=len(gy))  # no device sync
+            row_sum = torch.cat([r[2] for r in recs])
+            abs_sum = torch.cat([r[3] for r in recs])
             valid = (gy < 0).to(gy.dtype)  # ignored tokens have an all-zero row (g_y = 0)
+            off = row_sum.abs() + (abs_sum + 2 * gy.clamp(max=0)).abs()
             # float64: index_add_ adds the rows one after another (atomics on CUDA), whose
             # fp32 error grows with the token count (1e-3 of the weight at 256 k tokens)
-            cols = torch.stack([valid, -gy, -torch.expm1(-nll) * valid], dim=1).double()
-            out = torch.zeros(len(recs), 3, dtype=torch.float64, device=gy.device)
-            out.index_add_(0, which, cols)
-            out = out.cpu()
+            cols = torch.stack([valid, -gy, -torch.expm1(-nll) * valid, off, abs_sum],
+                               dim=1).double()
+            sums = torch.zeros(len(recs), 5, dtype=torch.float64, device=gy.device)
+            sums.index_add_(0, which, cols)
+            sums = sums.cpu()
+        out = sums[:, :4].clone()
+        out[:, 3] = sums[:, 3] / sums[:, 4].clamp(min=torch.finfo(torch.float64).tiny)
         if scale != 1.0:
             out[:, 1] *= scale
         return out
