@@ -270,3 +270,27 @@ def test_a_gradient_that_is_not_a_token_cross_entropy_is_not_judged(
             opt.zero_grad()
     assert c.findings == [] and c.checked_steps == 2
     assert sum("not that of a token cross-entropy" in r.message for r in caplog.records) == 1
+
+
+@pytest.mark.parametrize("loop", ["every_micro", "short_last"])
+def test_one_backward_windows_f1_when_repeated_f7_when_last(loop: str) -> None:
+    # K = 4 declared. "every_micro": the optimizer steps after every micro-step with the loss
+    # divided by K (F1; each window of one micro-step also weighs its tokens 1/K, which alone
+    # would read as a short window scaled as a full one). "short_last": two full windows and a
+    # last window of one micro-step normalised as if it were full (F7, said at close).
+    torch.manual_seed(0)
+    model = TokenMLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = make_rank_batches(seed=1, world_size=1, micro_batches=9)[0]
+    windows = [[b] for b in batches[:5]] if loop == "every_micro" else \
+        [batches[0:4], batches[4:8], batches[8:9]]
+    with AccumulationChecks(model, opt, accumulation_steps=4, logits_module=model.fc2) as c:
+        for window in windows:
+            n = sum(float(count_tokens(b)) for b in window)
+            for b in window:
+                s, _ = token_loss(model, b)
+                (s / n / 4 if loop == "every_micro" else s / (n * 4 / len(window))).backward()
+            opt.step()
+            opt.zero_grad()
+    got = [(f.step, f.class_id) for f in c.findings]
+    assert got == ([(1, "F1")] if loop == "every_micro" else [(2, "F7")]), c.findings

@@ -186,6 +186,10 @@ class AccumulationChecks:
         self._sched_had_attr = False
         self._scaler: Any = None  # a GradScaler seen unscaling: the probe reads scaled grads
         self._said_not_ce = False
+        self._said_f1 = False
+        self._held_f7: Finding | None = None
+        self._windows_of_one = 0  # consecutive windows of a single backward (F1)
+        self._backwards_at_step = 0
         if self.scheduler is not None:
             self._sched_had_attr = "step" in vars(self.scheduler)
             previous = self.scheduler.step
@@ -218,6 +222,9 @@ class AccumulationChecks:
         if self.probe is None:
             return
         self._check_scheduler(self.steps - 1)
+        if self._held_f7 is not None:  # no window came after it: a short last window
+            self._report(self._held_f7)
+            self._held_f7 = None
         if self.observer is not None:
             self.observer.uninstall()
             self.observer = None
@@ -248,6 +255,7 @@ class AccumulationChecks:
         if step > 0:
             self._check_scheduler(step - 1)
         self._sched_steps = 0
+        stepping_every_micro = self._check_window_size(step)
         self.probe.active = sampled(self.steps, self.every_n_steps)  # the next step checked?
         if not sampled(step, self.every_n_steps):
             self.probe.discard()  # an unchecked step recorded nothing; an exact path's scale
@@ -265,8 +273,36 @@ class AccumulationChecks:
                                   averages_over_ranks=self.averages_over_ranks,
                                   accumulation_steps=self.accumulation_steps, step=step,
                                   tol=tol)
+        if finding is not None and finding.class_id == "F7" and self._windows_of_one:
+            # a window of one micro-step weighted 1/K: a short last window (F7), or the
+            # first sign of stepping every micro-step (F1): the next window tells
+            if not stepping_every_micro:
+                self._held_f7 = finding
+            return
         if finding is not None:
             self._report(finding)
+
+    def _check_window_size(self, step: int) -> bool:
+        """F1, said once: two windows in a row of a single backward while K > 1 (the loop
+        steps the optimizer after every micro-step; one such window alone is a short last
+        window). Backwards are counted by the observer, on every step. True while the
+        windows are of one backward."""
+        if self.observer is None or self.accumulation_steps <= 1:
+            return False
+        total = self.observer.backward_total
+        n, self._backwards_at_step = total - self._backwards_at_step, total
+        ones = self._windows_of_one = self._windows_of_one + 1 if n == 1 else 0
+        held, self._held_f7 = self._held_f7, None
+        if held is not None and ones < 2:
+            self._report(held)  # the window after it was not one backward: it was F7
+        if ones == 2 and not self._said_f1:
+            self._said_f1 = True
+            self._report(_finding(step, "F1", f"optimizer steps {step - 1} and {step} each "
+                                  "followed a single backward pass while accumulation_steps="
+                                  f"{self.accumulation_steps}: the optimizer steps (and "
+                                  "zero_grad runs) every micro-step; each update is one "
+                                  "micro-batch's gradient"))
+        return ones >= 2
 
     def _not_cross_entropy(self, step: int) -> None:
         """The probed module's gradient is not a token cross-entropy's: the token weights
