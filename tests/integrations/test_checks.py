@@ -294,3 +294,20 @@ def test_one_backward_windows_f1_when_repeated_f7_when_last(loop: str) -> None:
             opt.zero_grad()
     got = [(f.step, f.class_id) for f in c.findings]
     assert got == ([(1, "F1")] if loop == "every_micro" else [(2, "F7")]), c.findings
+
+
+def test_one_backward_of_the_windows_summed_losses_is_not_f1() -> None:
+    # K forwards, their token losses summed over the window's count, one backward: correct,
+    # and every window is a single backward while K = 4 is declared.
+    torch.manual_seed(0)
+    model = TokenMLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = make_rank_batches(seed=1, world_size=1, micro_batches=12)[0]
+    with AccumulationChecks(model, opt, accumulation_steps=4, logits_module=model.fc2) as c:
+        for start in range(0, 12, 4):
+            window = batches[start:start + 4]
+            n = sum(float(count_tokens(b)) for b in window)
+            (sum(token_loss(model, b)[0] for b in window) / n).backward()
+            opt.step()
+            opt.zero_grad()
+    assert c.findings == [] and c.checked_steps == 3

@@ -275,34 +275,43 @@ class AccumulationChecks:
                                   tol=tol)
         if finding is not None and finding.class_id == "F7" and self._windows_of_one:
             # a window of one micro-step weighted 1/K: a short last window (F7), or the
-            # first sign of stepping every micro-step (F1): the next window tells
-            if not stepping_every_micro:
+            # sign of stepping every micro-step (F1): the window count before or after it tells
+            if stepping_every_micro:
+                self._say_f1(step, step)
+            else:
                 self._held_f7 = finding
             return
         if finding is not None:
             self._report(finding)
 
     def _check_window_size(self, step: int) -> bool:
-        """F1, said once: two windows in a row of a single backward while K > 1 (the loop
-        steps the optimizer after every micro-step; one such window alone is a short last
-        window). Backwards are counted by the observer, on every step. True while the
-        windows are of one backward."""
+        """Count consecutive windows of a single backward (the observer counts backwards on
+        every step) and settle a held F7: a window of one micro-step weighted 1/K followed
+        by another window of one backward is F1 (the optimizer steps every micro-step), not
+        a short last window. Windows of one backward alone say nothing (one backward of
+        the K micro-batches' summed losses is correct). True while they last."""
         if self.observer is None or self.accumulation_steps <= 1:
             return False
         total = self.observer.backward_total
         n, self._backwards_at_step = total - self._backwards_at_step, total
         ones = self._windows_of_one = self._windows_of_one + 1 if n == 1 else 0
         held, self._held_f7 = self._held_f7, None
-        if held is not None and ones < 2:
-            self._report(held)  # the window after it was not one backward: it was F7
-        if ones == 2 and not self._said_f1:
-            self._said_f1 = True
-            self._report(_finding(step, "F1", f"optimizer steps {step - 1} and {step} each "
-                                  "followed a single backward pass while accumulation_steps="
-                                  f"{self.accumulation_steps}: the optimizer steps (and "
-                                  "zero_grad runs) every micro-step; each update is one "
-                                  "micro-batch's gradient"))
+        if held is not None:
+            if ones >= 2:
+                self._say_f1(held.step, step)
+            else:
+                self._report(held)  # the window after it was not one backward: it was F7
         return ones >= 2
+
+    def _say_f1(self, first: int, step: int) -> None:
+        if self._said_f1:
+            return
+        self._said_f1 = True
+        self._report(_finding(step, "F1", f"optimizer step {first} followed a single backward "
+                              f"pass whose tokens weighed 1/K (accumulation_steps="
+                              f"{self.accumulation_steps}), and so did the windows after it "
+                              f"up to step {step}: the optimizer steps (and zero_grad runs) "
+                              "every micro-step; each update is one micro-batch's gradient"))
 
     def _not_cross_entropy(self, step: int) -> None:
         """The probed module's gradient is not a token cross-entropy's: the token weights
