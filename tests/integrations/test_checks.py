@@ -239,7 +239,19 @@ class _TiedLM(torch.nn.Module):
         return torch.tanh(self.mlp(self.embed(x))) @ self.embed.weight.t()
 
 
-@pytest.mark.parametrize("case", ["tied", "regression"])
+class _ScaledLM(torch.nn.Module):
+    """Logits scaled after the output layer (Cohere's logit_scale, Granite's logits_scaling):
+    the probed layer's output is not what the cross-entropy reads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lm = _lm()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lm(x) * 0.0625
+
+
+@pytest.mark.parametrize("case", ["tied", "regression", "scaled", "label_smoothing"])
 def test_a_gradient_that_is_not_a_token_cross_entropy_is_not_judged(
         case: str, caplog: pytest.LogCaptureFixture) -> None:
     # Correct loops (the window's sum over its count) whose probed gradient is not that of a
@@ -248,8 +260,8 @@ def test_a_gradient_that_is_not_a_token_cross_entropy_is_not_judged(
 
     caplog.set_level(logging.INFO, "accumguard")
     torch.manual_seed(0)
-    model = _TiedLM() if case == "tied" else \
-        torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    model = {"tied": _TiedLM, "scaled": _ScaledLM, "label_smoothing": _lm}.get(case, lambda: (
+        torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))))()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(2)
     with AccumulationChecks(model, opt, accumulation_steps=3) as c:
@@ -264,7 +276,8 @@ def test_a_gradient_that_is_not_a_token_cross_entropy_is_not_judged(
                     x = torch.randint(0, 16, (r, 5), generator=g)
                     y = torch.randint(0, 16, (r, 5), generator=g)
                     loss = torch.nn.functional.cross_entropy(
-                        model(x).reshape(-1, 16), y.reshape(-1), reduction="sum") / total
+                        model(x).reshape(-1, 16), y.reshape(-1), reduction="sum",
+                        label_smoothing=0.1 if case == "label_smoothing" else 0.0) / total
                 loss.backward()
             opt.step()
             opt.zero_grad()
@@ -311,3 +324,28 @@ def test_one_backward_of_the_windows_summed_losses_is_not_f1() -> None:
             opt.step()
             opt.zero_grad()
     assert c.findings == [] and c.checked_steps == 3
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_held_f7_is_said_once_after_every_hook_is_removed(strict: bool) -> None:
+    # summed-loss loop (one backward per window, K forwards) with a short last window of one
+    # micro-batch normalised as a full one: F7 (not F1), said at close, after the teardown
+    torch.manual_seed(0)
+    model = TokenMLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = make_rank_batches(seed=1, world_size=1, micro_batches=9)[0]
+    c = AccumulationChecks(model, opt, accumulation_steps=4, logits_module=model.fc2,
+                           strict=strict)
+    for window in (batches[0:4], batches[4:8], batches[8:9]):
+        n = sum(float(count_tokens(b)) for b in window)
+        (sum(token_loss(model, b)[0] for b in window) / (n * 4 / len(window))).backward()
+        opt.step()
+        opt.zero_grad()
+    if strict:
+        with pytest.raises(AccumulationError, match="F7"):
+            c.close()
+    else:
+        c.close()
+    c.close()  # idempotent: nothing said twice
+    assert [(f.step, f.class_id) for f in c.findings] == [(2, "F7")]
+    assert not model.fc2._forward_hooks and not opt._optimizer_step_post_hooks

@@ -187,9 +187,7 @@ class AccumulationChecks:
         self._scaler: Any = None  # a GradScaler seen unscaling: the probe reads scaled grads
         self._said_not_ce = False
         self._said_f1 = False
-        self._held_f7: Finding | None = None
-        self._windows_of_one = 0  # consecutive windows of a single backward (F1)
-        self._backwards_at_step = 0
+        self._held_f7: Finding | None = None  # see _after_step
         if self.scheduler is not None:
             self._sched_had_attr = "step" in vars(self.scheduler)
             previous = self.scheduler.step
@@ -221,21 +219,23 @@ class AccumulationChecks:
         """Check the last step's scheduler count, remove every hook, restore the scheduler."""
         if self.probe is None:
             return
-        self._check_scheduler(self.steps - 1)
-        if self._held_f7 is not None:  # no window came after it: a short last window
-            self._report(self._held_f7)
-            self._held_f7 = None
-        if self.observer is not None:
-            self.observer.uninstall()
-            self.observer = None
-        self.probe.close()
-        self._step_handle.remove()
-        if self.scheduler is not None:
-            if self._sched_had_attr:
-                self.scheduler.step = self._sched_previous
-            else:
-                del self.scheduler.step
-        self.probe = None  # type: ignore[assignment]
+        held, self._held_f7 = self._held_f7, None
+        try:
+            self._check_scheduler(self.steps - 1)
+        finally:
+            if self.observer is not None:
+                self.observer.uninstall()
+                self.observer = None
+            self.probe.close()
+            self._step_handle.remove()
+            if self.scheduler is not None:
+                if self._sched_had_attr:
+                    self.scheduler.step = self._sched_previous
+                else:
+                    del self.scheduler.step
+            self.probe = None  # type: ignore[assignment]
+        if held is not None:  # no window came after it: a short last window (F7)
+            self._report(held)
 
     def __enter__(self) -> AccumulationChecks:
         return self
@@ -255,9 +255,9 @@ class AccumulationChecks:
         if step > 0:
             self._check_scheduler(step - 1)
         self._sched_steps = 0
-        stepping_every_micro = self._check_window_size(step)
+        held, self._held_f7 = self._held_f7, None
         self.probe.active = sampled(self.steps, self.every_n_steps)  # the next step checked?
-        if not sampled(step, self.every_n_steps):
+        if held is None and not sampled(step, self.every_n_steps):
             self.probe.discard()  # an unchecked step recorded nothing; an exact path's scale
             return
         if self._scaler is not None:  # dL/dlogits carries the loss scale of the window
@@ -268,50 +268,42 @@ class AccumulationChecks:
         if any(len(r) and float(r[:, 3].max()) > _SIGNATURE_TOL * tol / WEIGHT_TOL
                for r in ranks):
             self._not_cross_entropy(step)
+            if held is not None:
+                self._report(held)
             return
         finding = classify_window([r[:, :3] for r in ranks], world_size=self.world_size,
                                   averages_over_ranks=self.averages_over_ranks,
                                   accumulation_steps=self.accumulation_steps, step=step,
                                   tol=tol)
-        if finding is not None and finding.class_id == "F7" and self._windows_of_one:
-            # a window of one micro-step weighted 1/K: a short last window (F7), or the
-            # sign of stepping every micro-step (F1): the window count before or after it tells
-            if stepping_every_micro:
-                self._say_f1(step, step)
-            else:
-                self._held_f7 = finding
+        # A window of one micro-step (one logits forward on every rank) weighted 1/K is a
+        # short window scaled as a full one (F7), unless the next window is the same: then
+        # the optimizer steps every micro-step (F1). Held one step (the next is probed on
+        # every rank: the decision comes from gathered records), said at close if last.
+        one = (finding is not None and finding.class_id == "F7"
+               and self.accumulation_steps > 1 and all(len(r) == 1 for r in ranks))
+        if held is not None:
+            if one:
+                self._say_f1(held.step, step)
+                return
+            self._report(held)
+        if one and self._said_f1:
+            return  # the same window of one micro-step: F1's symptom, said once
+        if one:
+            self._held_f7 = finding
+            self.probe.active = True
             return
         if finding is not None:
             self._report(finding)
 
-    def _check_window_size(self, step: int) -> bool:
-        """Count consecutive windows of a single backward (the observer counts backwards on
-        every step) and settle a held F7: a window of one micro-step weighted 1/K followed
-        by another window of one backward is F1 (the optimizer steps every micro-step), not
-        a short last window. Windows of one backward alone say nothing (one backward of
-        the K micro-batches' summed losses is correct). True while they last."""
-        if self.observer is None or self.accumulation_steps <= 1:
-            return False
-        total = self.observer.backward_total
-        n, self._backwards_at_step = total - self._backwards_at_step, total
-        ones = self._windows_of_one = self._windows_of_one + 1 if n == 1 else 0
-        held, self._held_f7 = self._held_f7, None
-        if held is not None:
-            if ones >= 2:
-                self._say_f1(held.step, step)
-            else:
-                self._report(held)  # the window after it was not one backward: it was F7
-        return ones >= 2
-
     def _say_f1(self, first: int, step: int) -> None:
         if self._said_f1:
-            return
+            return  # said once: every later window of one micro-step is the same bug
         self._said_f1 = True
-        self._report(_finding(step, "F1", f"optimizer step {first} followed a single backward "
-                              f"pass whose tokens weighed 1/K (accumulation_steps="
-                              f"{self.accumulation_steps}), and so did the windows after it "
-                              f"up to step {step}: the optimizer steps (and zero_grad runs) "
-                              "every micro-step; each update is one micro-batch's gradient"))
+        self._report(_finding(step, "F1", f"optimizer steps {first} and {step} each followed "
+                              "a single micro-step (one logits forward) whose tokens weighed "
+                              f"1/K (accumulation_steps={self.accumulation_steps}): the "
+                              "optimizer steps (and zero_grad runs) every micro-step; each "
+                              "update is one micro-batch's gradient"))
 
     def _not_cross_entropy(self, step: int) -> None:
         """The probed module's gradient is not a token cross-entropy's: the token weights

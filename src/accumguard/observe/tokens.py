@@ -106,11 +106,15 @@ class TokenWeightProbe:
             # the signature take() checks: a row s·(softmax − onehot) sums to 0 and its only
             # negative entry is the label's (so its abs sum is −2 g_y). Not so when the module
             # is not the logits of a token cross-entropy (a hidden layer taken for the logits,
-            # a regression head): then nothing is judged. Known gap: label smoothing keeps
-            # that signature while each token's p_y no longer gives its weight (read as a
-            # LOSS_SCALE); telling it apart needs a softmax over the vocabulary here.
+            # a regression head): then nothing is judged.
+            # and a non-label entry is s·p_j with p from these logits: checked on the
+            # largest one (logits scaled after this module, as Cohere's logit_scale or
+            # Granite's logits_scaling do, break it: p_y read here is then not the loss's)
+            gj, j = g.max(dim=-1)
+            z = logits.reshape(-1, v)
+            zjy = (z.gather(1, j[:, None]) - z.gather(1, y[:, None])).squeeze(1).to(gy.dtype)
             self.records.append((gy, nll, g.sum(-1, dtype=gy.dtype),
-                                 g.abs().sum(-1, dtype=gy.dtype)))
+                                 g.abs().sum(-1, dtype=gy.dtype), gj.to(gy.dtype), zjy))
 
     def discard(self) -> None:
         """Forget the records and the scale since the last :meth:`take` (an unchecked step)."""
@@ -136,17 +140,26 @@ class TokenWeightProbe:
                                             output_size=len(gy))  # no device sync
             row_sum = torch.cat([r[2] for r in recs])
             abs_sum = torch.cat([r[3] for r in recs])
+            gj = torch.cat([r[4] for r in recs])
+            zjy = torch.cat([r[5] for r in recs])
             valid = (gy < 0).to(gy.dtype)  # ignored tokens have an all-zero row (g_y = 0)
             off = row_sum.abs() + (abs_sum + 2 * gy.clamp(max=0)).abs()
+            one_minus_p = -torch.expm1(-nll)
+            pj = torch.exp(zjy - nll)  # p_j = p_y · exp(z_j − z_y)
+            # s·p_j·(1 − p_y) + s·(p_y − 1)·p_j = 0 for a cross-entropy row
+            ratio_off = (gj * one_minus_p + gy * pj).abs()
+            ratio_scale = (gj * one_minus_p).abs() + (gy * pj).abs()
             # float64: index_add_ adds the rows one after another (atomics on CUDA), whose
             # fp32 error grows with the token count (1e-3 of the weight at 256 k tokens)
-            cols = torch.stack([valid, -gy, -torch.expm1(-nll) * valid, off, abs_sum],
-                               dim=1).double()
-            sums = torch.zeros(len(recs), 5, dtype=torch.float64, device=gy.device)
+            cols = torch.stack([valid, -gy, one_minus_p * valid, off, abs_sum, ratio_off,
+                                ratio_scale], dim=1).double()
+            sums = torch.zeros(len(recs), 7, dtype=torch.float64, device=gy.device)
             sums.index_add_(0, which, cols)
             sums = sums.cpu()
+        tiny = torch.finfo(torch.float64).tiny
         out = sums[:, :4].clone()
-        out[:, 3] = sums[:, 3] / sums[:, 4].clamp(min=torch.finfo(torch.float64).tiny)
+        out[:, 3] = torch.maximum(sums[:, 3] / sums[:, 4].clamp(min=tiny),
+                                  sums[:, 5] / sums[:, 6].clamp(min=tiny))
         if scale != 1.0:
             out[:, 1] *= scale
         return out
