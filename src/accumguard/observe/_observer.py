@@ -833,9 +833,7 @@ class Observer:
             # a DeepSpeed step that skipped its update (overflow) discarded its window
             losses=self.losses.take(applied, carry=source == "torch" and not discarded),
             discarded=discarded)
-        self.step += 1
-        self._w = _Window()
-        self._window_checked = None if self._armed else False
+        self._next_window(reset_losses=False)  # losses.take() above reset them
         if self._global_handle is not None and self.step >= PIN_ROOTS_AFTER_STEPS:
             self._pin_roots()
         self._emit("on_step", ev)
@@ -849,11 +847,12 @@ class Observer:
                     or any(m < n for m in w.clip_micros)
                     or (self.window_size is not None and n != self.window_size))
 
-    def _next_window(self) -> None:
+    def _next_window(self, *, reset_losses: bool = True) -> None:
         self.step += 1
         self._w = _Window()
         self._window_checked = None if self._armed else False  # unarmed: no checksums
-        self.losses.reset()
+        if reset_losses:
+            self.losses.reset()
 
     def _count_sched(self, sched: Any) -> None:
         count = self._sched_counts.get(id(sched), 0) + 1
@@ -898,8 +897,8 @@ class Observer:
                 self.force_checks -= 1
                 self._window_checked = True
                 return True
-            ok = (sampled(self.step, self.every) if self.sampled_records
-                  else self.step % self.every == 0)
+            # sampled_records: the arming at the previous step end already decided it
+            ok = self._armed if self.sampled_records else self.step % self.every == 0
             if ok and self.budget is not None and self.step >= 2:
                 elapsed = time.perf_counter() - self._t_start
                 ok = self._t_checks <= self.budget * elapsed
