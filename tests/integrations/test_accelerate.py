@@ -84,7 +84,8 @@ def _worker(rank: int, world: int) -> dict[str, Any]:
         out[mode] = {"windows": windows, "snaps": snaps, "checked": checks.checked_steps,
                      "norms": [float(r.grad_norm) for r in acc.history
                                if r.grad_norm is not None] if mode != "default" else [],
-                     "findings": sorted({f.class_id for f in checks.findings})}
+                     "findings": sorted({f.class_id for f in checks.findings}),
+                     "f4": [f.evidence for f in checks.findings if f.class_id == "F4"][:1]}
     return out
 
 
@@ -119,3 +120,5 @@ def test_accelerate_default_token_mean_differs_and_is_flagged(runs: list[dict[st
     for r in runs:
         # F5: each micro-batch's mean divided by K; F4: the prepared scheduler steps W times.
         assert r["default"]["findings"] == ["F4", "F5"], r["default"]["findings"]
+        # the wrapper is named as the cause only when the scheduler is Accelerate's
+        assert "split_batches" in r["default"]["f4"][0], r["default"]["f4"]

@@ -80,7 +80,7 @@ def test_probe_exact_loop_has_no_findings_and_mean_of_means_is_f5() -> None:
 
 def test_sampling_checks_one_step_in_n_and_probes_nothing_in_between() -> None:
     c = _train("mean", every=3, windows=7)
-    assert [f.step for f in c.findings] == [0, 5] and c.checked_steps == 2  # observe.sampled
+    assert [f.step for f in c.findings] == [1, 6] and c.checked_steps == 2  # observe.sampled
     assert c.steps == 7
 
 
@@ -109,6 +109,10 @@ def test_scheduler_stepped_twice_is_f4() -> None:
         warnings.simplefilter("ignore")
         c = _train("exact", sched_steps=2)
     assert [f.class_id for f in c.findings] == ["F4", "F4"]
+    # a plain torch scheduler: the evidence does not blame Accelerate; steps count from 1
+    assert [f.step for f in c.findings] == [1, 2]
+    assert "Accelerate" not in c.findings[0].evidence and "micro-step loop" in c.findings[0].evidence
+    assert "for optimizer step 1 " in c.findings[0].evidence, c.findings[0].evidence
 
 
 def test_zero_grad_inside_the_window_is_seen_by_the_observation_layer() -> None:
@@ -150,7 +154,7 @@ def test_sampled_checks_keep_conservation_on_the_first_step_and_after_a_reset() 
     from accumguard.integrations import _checks
 
     c = _train("exact", zero_inside=True, every=3, windows=4)
-    assert [f.class_id for f in c.findings][:1] == ["F3"] and c.findings[0].step == 0
+    assert [f.class_id for f in c.findings][:1] == ["F3"] and c.findings[0].step == 1
     budget = _checks.CONSERVATION_BUDGET
     _checks.CONSERVATION_BUDGET = 0.0  # no time for sampled checks: only step 0 and forced
     try:
@@ -158,7 +162,7 @@ def test_sampled_checks_keep_conservation_on_the_first_step_and_after_a_reset() 
     finally:
         _checks.CONSERVATION_BUDGET = budget
     steps = [f.step for f in c.findings if f.class_id == "F3"]
-    assert steps[0] == 0 and len(steps) >= 2, c.findings
+    assert steps[0] == 1 and len(steps) >= 2, c.findings
 
 
 def _lm(vocab: int = 16) -> torch.nn.Module:
@@ -199,7 +203,7 @@ def test_a_bug_once_per_epoch_is_judged_on_every_epoch_not_only_sampled_ones(bug
     if not bug:
         assert wrong == [] and c.steps == 24
     else:
-        assert [s for s, cls in wrong if cls == "F7"] == [3, 6, 9, 12, 15], wrong
+        assert [s for s, cls in wrong if cls == "F7"] == [4, 7, 10, 13, 16], wrong
 
 
 def test_two_optimizers_taking_turns_are_both_sampled() -> None:
@@ -223,7 +227,7 @@ def test_two_optimizers_taking_turns_are_both_sampled() -> None:
                 torch.nn.utils.clip_grad_norm_(gen.parameters(), 0.01)
             opt_g.step()
             opt_g.zero_grad()
-    assert sorted({f.step for f in c.findings if f.class_id == "F8"}) == list(range(1, 24, 2))
+    assert sorted({f.step for f in c.findings if f.class_id == "F8"}) == list(range(2, 25, 2))
 
 
 class _TiedLM(torch.nn.Module):
@@ -306,7 +310,7 @@ def test_one_backward_windows_f1_when_repeated_f7_when_last(loop: str) -> None:
             opt.step()
             opt.zero_grad()
     got = [(f.step, f.class_id) for f in c.findings]
-    assert got == ([(1, "F1")] if loop == "every_micro" else [(2, "F7")]), c.findings
+    assert got == ([(2, "F1")] if loop == "every_micro" else [(3, "F7")]), c.findings
 
 
 def test_one_backward_of_the_windows_summed_losses_is_not_f1() -> None:
@@ -347,5 +351,5 @@ def test_a_held_f7_is_said_once_after_every_hook_is_removed(strict: bool) -> Non
     else:
         c.close()
     c.close()  # idempotent: nothing said twice
-    assert [(f.step, f.class_id) for f in c.findings] == [(2, "F7")]
+    assert [(f.step, f.class_id) for f in c.findings] == [(3, "F7")]
     assert not model.fc2._forward_hooks and not opt._optimizer_step_post_hooks

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch.nn.utils import clip_grad_norm_ as early_alias  # bound before any Observer exists
 
-from accumguard.observe import Observer
+from accumguard.observe import Observer, rules
 
 
 class Recorder:
@@ -170,6 +170,13 @@ def test_conservation_verdict_for_zero_grad_inside_the_window() -> None:
     assert ok.ok and ok.wiped == 0.0
     assert not broken.ok and broken.reason == "wiped" and broken.first_wipe == 1
     assert rec.events["on_step"][1].zero_grads_between == 2
+    # every clear is kept, and what was lost is measured on |g| (the linear checksums' signed
+    # terms cancel: `wiped` understates it); backward passes 1-2 of 3 similar ones were lost
+    assert broken.wipes == (1, 2) and ok.wipes == () and ok.lost == 0.0
+    assert 0.4 < broken.lost < 0.9 and broken.lost > broken.wiped
+    text = rules.live_findings(rules.step_record(rec.events["on_step"][1], 0), rank=0, k=3)
+    assert "cleared before backward pass(es) 2, 3 of 3" in text[0].evidence, text
+    assert "backward passes 1-2 accumulated was removed" in text[0].evidence
 
 
 def test_auto_roots_pin_the_modules_seen_at_the_top_level() -> None:

@@ -67,7 +67,8 @@ _SIGNATURE_TOL = 1e-2
 
 @dataclass(frozen=True)
 class Finding:
-    """One accumulation problem seen at optimizer step ``step`` (0-based)."""
+    """One accumulation problem seen at optimizer step ``step``: 1-based, as every report
+    (``accumguard watch``, the evidence text) and the frameworks' ``global_step`` after it."""
 
     step: int
     class_id: str
@@ -83,7 +84,8 @@ class Finding:
 
 
 def _finding(step: int, class_id: str, evidence: str) -> Finding:
-    return Finding(step=step, class_id=class_id, title=title(class_id), evidence=evidence,
+    """``step``: the 0-based index of the optimizer step (shown 1-based)."""
+    return Finding(step=step + 1, class_id=class_id, title=title(class_id), evidence=evidence,
                    fix=fix_for(class_id))
 
 
@@ -182,6 +184,8 @@ class AccumulationChecks:
         self.optimizer = unwrap_optimizer(optimizer)
         self._step_handle = self.optimizer.register_step_post_hook(self._after_step)
         self.scheduler = unwrap_scheduler(scheduler) if scheduler is not None else None
+        # Accelerate's wrapper: the usual cause of several scheduler steps per optimizer step
+        self._sched_wrapped = self.scheduler is not None and self.scheduler is not scheduler
         self._sched_steps = 0
         self._sched_had_attr = False
         self._scaler: Any = None  # a GradScaler seen unscaling: the probe reads scaled grads
@@ -283,7 +287,7 @@ class AccumulationChecks:
                and self.accumulation_steps > 1 and all(len(r) == 1 for r in ranks))
         if held is not None:
             if one:
-                self._say_f1(held.step, step)
+                self._say_f1(held.step - 1, step)  # (a Finding counts from 1)
                 return
             self._report(held)
         if one and self._said_f1:
@@ -299,8 +303,8 @@ class AccumulationChecks:
         if self._said_f1:
             return  # said once: every later window of one micro-step is the same bug
         self._said_f1 = True
-        self._report(_finding(step, "F1", f"optimizer steps {first} and {step} each followed "
-                              "a single micro-step (one logits forward) whose tokens weighed "
+        self._report(_finding(step, "F1", f"optimizer steps {first + 1} and {step + 1} each "
+                              "followed a single micro-step (one logits forward) whose tokens weighed "
                               f"1/K (accumulation_steps={self.accumulation_steps}): the "
                               "optimizer steps (and zero_grad runs) every micro-step; each "
                               "update is one micro-batch's gradient"))
@@ -313,7 +317,7 @@ class AccumulationChecks:
                      "cross-entropy on its output (a hidden layer taken for the logits, e.g. "
                      "with tied embeddings; a regression head): token "
                      "weights are not judged. Pass logits_module=<the layer whose output "
-                     "the cross-entropy reads> to judge them", step,
+                     "the cross-entropy reads> to judge them", step + 1,
                      type(self.probe._module).__name__)
         self._said_not_ce = True
 
@@ -342,9 +346,11 @@ class AccumulationChecks:
     def _check_scheduler(self, step: int) -> None:
         if self.scheduler is None or step < 0 or self._sched_steps <= 1:
             return
+        why = ("; Accelerate's prepared scheduler steps num_processes times unless "
+               "split_batches=True" if self._sched_wrapped else
+               "; e.g. scheduler.step() inside the micro-step loop, or called twice")
         self._report(_finding(step, "F4", f"the LR scheduler stepped {self._sched_steps} times "
-                              "for one optimizer step (expected 1; Accelerate's prepared "
-                              "scheduler steps num_processes times unless split_batches=True)"))
+                              f"for optimizer step {step + 1} (expected 1{why})"))
         self._sched_steps = 0
 
     def _gather(self, recs: torch.Tensor) -> list[torch.Tensor]:

@@ -129,6 +129,11 @@ class Conservation:
     ok: bool
     reason: str
     first_wipe: int | None = None  # first backward (0-based) that began on a wiped gradient
+    #: every backward (0-based) that began on a wiped gradient, and the share of the window's
+    #: gradient, by absolute mass (the ``sum(|g|)`` column), removed there: ``wiped`` is of
+    #: the linear checksums, whose signed terms cancel, so it understates what was lost
+    wipes: tuple[int, ...] = ()
+    lost: float = 0.0
     #: the common scale c between what the optimizer received and the sum of the
     #: contributions (received ~ c * sum): 1 when nothing rescaled the gradient between the
     #: last backward and the step; clipping/unscaling give c < 1, a hand-written
@@ -161,12 +166,15 @@ def conservation(*, starts: list[torch.Tensor], ends: list[torch.Tensor],
     scale = max(scale, float(received[:, 2].sum()), 1e-30)
     stale = _rel(starts[0], scale) if starts else 0.0
     wiped_t = torch.zeros_like(received)
-    first_wipe = None
+    wipes: list[int] = []
+    lost = 0.0
     for i in range(1, len(starts)):
         gap = ends[i - 1] - starts[i]
         wiped_t += gap
-        if first_wipe is None and _rel(gap, scale) > tol:
-            first_wipe = i
+        if _rel(gap, scale) > tol:
+            wipes.append(i)
+            lost += max(0.0, float(gap[:, 2].sum())) / scale
+    first_wipe = wipes[0] if wipes else None
     wiped = _rel(wiped_t, scale)
     # what the optimizer got vs the sum of contributions, up to one positive scale
     a = received[:, :2].reshape(-1)
@@ -177,9 +185,13 @@ def conservation(*, starts: list[torch.Tensor], ends: list[torch.Tensor],
     resid = float((a - c * b).abs().sum()) / max(float(a.abs().sum()), float(b.abs().sum()) * c,
                                                  1e-30)
     received_rel = resid
-    sums = (tuple(b.tolist()), tuple(a.tolist()))
     if stale > tol and received_rel > tol:
-        return Conservation(n, wiped, stale, received_rel, False, "stale", None, c, *sums)
-    if wiped > tol and received_rel > tol:
-        return Conservation(n, wiped, stale, received_rel, False, "wiped", first_wipe, c, *sums)
-    return Conservation(n, wiped, stale, received_rel, True, "", first_wipe, c, *sums)
+        ok, reason = False, "stale"
+    elif wiped > tol and received_rel > tol:
+        ok, reason = False, "wiped"
+    else:
+        ok, reason = True, ""
+    return Conservation(n, wiped, stale, received_rel, ok, reason,
+                        first_wipe=None if reason == "stale" else first_wipe,
+                        wipes=tuple(wipes), lost=min(lost, 1.0), scale=c,
+                        contrib_sums=tuple(b.tolist()), received_sums=tuple(a.tolist()))

@@ -274,14 +274,7 @@ def _rank_findings(rank: int, steps: list[dict[str, Any]], info: dict[str, Any],
                                "gradients were not cleared after the previous step"))
             else:
                 cls = conservation_class(cons, int(w.get("zero_grads_between", 0)))
-                out.append(_mk(cls, "error", rank, step, None,
-                               f"gradient conservation broken at step {_n(step)}: "
-                               f"{cons['wiped']:.3g} (relative) of the window's accumulated "
-                               f"gradient was removed between backward passes and the optimizer "
-                               f"received {cons['received']:.3g} off the sum of the {n} "
-                               "micro-steps' contributions"
-                               + (f"; zero_grad() ran {w['zero_grads_between']} time(s) inside "
-                                  "the window" if cls == "F3" else "")))
+                out.append(_mk(cls, "error", rank, step, None, _wipe_text(w, cls, n)))
         # F8: clipping before the window's last backward
         if early_clips:
             out.append(_mk("F8", "error", rank, step, early_clips[0] - 1,
@@ -331,6 +324,27 @@ def _dropped_text(w: dict[str, Any], j: int) -> str:
             f"before backward pass {j + 1}), so optimizer step {_n(w['step'])} received only "
             f"the {n - j} micro-step(s) of the new pass: the partial window was dropped. "
             "Step (normalised by its own count) after the last micro-batch of each pass")
+
+
+def _wipe_text(w: dict[str, Any], cls: str, n: int) -> str:
+    """Where the window's gradient was cleared, and how much of it (by absolute mass) the
+    optimizer never received."""
+    cons = w["conservation"]
+    wipes = [int(j) + 1 for j in cons.get("wipes") or ()]
+    head = (f"zero_grad() ran {w['zero_grads_between']} time(s) inside the window of optimizer "
+            f"step {_n(w['step'])}" if cls == "F3" else
+            f"gradient conservation broken at optimizer step {_n(w['step'])}")
+    if not wipes:  # a record from before the positions were kept
+        return (f"{head}: {cons['wiped']:.3g} (relative) of the window's gradient was removed "
+                f"between backward passes; the optimizer received {cons['received']:.3g} off "
+                f"the sum of the {n} micro-steps' contributions")
+    last = wipes[-1] - 1  # backward passes 1..last ran before the last clear
+    after = f"pass {n}" if last == n - 1 else f"passes {last + 1}-{n}"
+    before = "backward pass 1" if last == 1 else f"backward passes 1-{last}"
+    return (f"{head}: the gradient was cleared before backward pass(es) "
+            f"{', '.join(map(str, wipes))} of {n}; what {before} accumulated was removed "
+            f"(about {100 * cons.get('lost', 0.0):.0f}% of the window's gradient by absolute "
+            f"mass) and the optimizer received mainly backward {after}")
 
 
 def _sync_findings(rank: int, w: dict[str, Any]) -> list[Finding]:
