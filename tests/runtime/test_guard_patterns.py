@@ -195,9 +195,9 @@ def test_gan_attribution_walk_and_its_fallback() -> None:
     the generator's output (no hook per forward). A discriminator too large for the walk
     (more nodes than its limit) falls back to a pre-hook on the generator's output: both
     count exactly the generator's backwards, and the observer says which reached it."""
-    from accumguard.observe import _observer
+    from accumguard.observe import _attribution
 
-    for layers in (1, _observer._WALK_LIMIT):
+    for layers in (1, _attribution.WALK_LIMIT):
         torch.manual_seed(0)
         gen = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 4))
         disc = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(layers)],

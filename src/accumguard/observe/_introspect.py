@@ -115,3 +115,23 @@ def fsdp_param_groups(module: Any) -> list[Any]:
             if pg is not None:
                 groups.append(pg)
     return groups
+
+
+@torch.no_grad()
+def snapshot(opt: Any, engine: Any, names: dict[int, str]) -> dict[str, torch.Tensor]:
+    """Float64 CPU copies of the local parameters (shards) a step updates: a DeepSpeed
+    engine's (its ZeRO-3 partitions), else an optimizer's groups (``names``: id -> name)."""
+    out: dict[str, torch.Tensor] = {}
+    if engine is not None:
+        for name, prm in getattr(engine, "module", engine).named_parameters():
+            t = getattr(prm, "ds_tensor", None)
+            t = prm if t is None else t
+            out[name] = local(t).detach().to("cpu", torch.float64).clone()
+        return out
+    i = 0
+    for g in getattr(opt, "param_groups", []):
+        for prm in g["params"]:
+            name = names.get(id(prm), f"param{i}")
+            i += 1
+            out[name] = local(prm).detach().to("cpu", torch.float64).clone()
+    return out

@@ -1,45 +1,28 @@
 """The observer: one set of patches and hooks that turns a training process into events.
 
-What is observed, and where (each patch keeps the signature and is undone on
-:meth:`Observer.uninstall`; the per-library patches live in one module per library:
-:mod:`._patch_torch`, :mod:`._patch_deepspeed`, :mod:`._patch_accelerate`,
-:mod:`._patch_trainers`, with the collectives in :mod:`._collectives` and the loss
-functions in :mod:`._losses`):
+What is observed (each patch keeps the signature and is undone on :meth:`Observer.uninstall`):
 
-* forward of a watched module: hooks on the modules given, or (``auto_roots``) a
-  global forward hook that treats the outermost module call as the model and reads
-  DDP's ``require_backward_grad_sync`` / FSDP2's gradient-sync state there (this module);
-* backward: ``Tensor.backward``, ``torch.autograd.backward``, DeepSpeed's
-  ``engine.backward`` and Accelerate's ``accelerator.backward`` (the outermost call is
-  one backward pass, whatever the model returned);
-* optimizer steps: torch's global step hooks (the outermost step: an
-  ``AcceleratedOptimizer`` or ``ZeroRedundancyOptimizer`` steps an inner one) and
-  ``DeepSpeedEngine.step`` (a step only when the engine really updated);
-* ``zero_grad`` of optimizers and modules, LR-scheduler steps (Accelerate's
-  scheduler wrapper counted once), clipping (``torch.nn.utils.clip_grad_norm_``
-  patched where torch defines it, so later ``from torch.nn.utils import ...`` sees
-  the wrapper), gradient collectives, DeepSpeed's config, the K that HF
-  ``TrainingArguments``/Lightning's ``Trainer``/``Accelerator`` declare;
-* loss calls: ``torch.nn.functional.cross_entropy``/``nll_loss`` (patched where torch
-  defines them): each call's valid count and the gradient its output received, for
-  the per-token weights of a window (:mod:`._losses`, the F5 rule);
-* gradient checksums before/after each backward and at the step, for the
-  conservation verdict (:mod:`._checksum`), on engines whose gradients live in
-  ``.grad`` (not DeepSpeed ZeRO >= 1, whose gradients live in engine buffers).
+* forwards of the model: hooks on the modules given, or (``auto_roots``) the outermost
+  module call, with DDP's/FSDP2's gradient-sync flag read there (:mod:`._forwards`);
+* backwards: ``Tensor.backward``, ``torch.autograd.backward``, DeepSpeed's ``engine.backward``,
+  Accelerate's ``accelerator.backward`` (the outermost call is one backward pass);
+* optimizer steps: torch's global step hooks (the outermost step: a wrapper steps an inner
+  optimizer) and ``DeepSpeedEngine.step`` (a step only when the engine really updated);
+* ``zero_grad``, LR-scheduler steps, clipping, GradScaler, DataLoader passes
+  (:mod:`._patch_torch`, :mod:`._patch_deepspeed`, :mod:`._patch_accelerate`,
+  :mod:`._patch_trainers` with the K the frameworks declare), gradient collectives
+  (:mod:`._collectives`), loss calls and their token weights (:mod:`._losses`);
+* gradient checksums around each backward and at the step, for the conservation verdict
+  (:mod:`._checksum`), where gradients live in ``.grad`` (not DeepSpeed ZeRO >= 1).
 
-The wrappers the patch modules build call back into this class (``_run_backward``,
-``_begin_step``/``_end_step``, ``_count_sched``, ``_emit``): the event dispatch and the
-per-micro-step/per-step work stay here, in one place, and the split added no call.
+The patches call back into this class (``_run_backward``, ``_begin_step``/``_end_step``,
+``_count_sched``, ``_emit``): the per-micro-step/per-step work and the event dispatch stay
+here, with the lifecycle and the arming of sampled windows. Which backward reaches a root is
+:mod:`._attribution`; a window and the step record it becomes, :mod:`._window`.
 
 Events go to listeners (the guard, ``watch``'s recorder). A listener may raise from
 ``on_step_start``/``on_backward_start``/``on_zero_grad``/``on_scheduler_step``/
 ``on_clip`` to stop the action before it happens (the guard does).
-
-Size (~940 lines, over the 600 target): the per-library patches moved out (1,243 -> 820);
-what is left is the class's lifecycle, the forward/attribution/backward/step hot path, the
-step record and (2026-12-01, +110) the arming of sampled windows and GradScaler-skipped
-steps, kept in the class on purpose. A further split (the attribution walk; the window and
-the step record it becomes) would move hot-path methods out of the class: not done.
 """
 
 from __future__ import annotations
@@ -54,6 +37,7 @@ from typing import Any
 import torch
 
 from accumguard.observe import _patch_accelerate, _patch_deepspeed, _patch_torch, _patch_trainers
+from accumguard.observe._attribution import Attribution
 from accumguard.observe._checksum import (
     FORCED_CHECKS,
     checksums,
@@ -66,34 +50,24 @@ from accumguard.observe._events import (
     BackwardEvent,
     CollectiveEvent,
     EngineInfo,
-    ForwardEvent,
     OptimizerCallEvent,
     ScalerEvent,
     SchedulerEvent,
-    StepEvent,
     StepStartEvent,
 )
+from accumguard.observe._forwards import ForwardHooks
 from accumguard.observe._imports import when_imported
 from accumguard.observe._introspect import (
-    engine_kind,
-    fsdp_param_groups,
-    grad_fns,
-    local,
     param_dtype,
+    snapshot,
     tol_for,
-    window_loss,
 )
 from accumguard.observe._losses import LossRecorder
 from accumguard.observe._patch import Patches
+from accumguard.observe._window import Window
 
 __all__ = ["Observer"]
 
-# Attribution (see Observer._reaches): root-output sequence numbers kept, graph nodes walked
-# before falling back to a pre-hook, and the sequence number of nodes without one (leaves).
-# Between _MAX_ROOT_SEQS and twice as many are kept (trimmed in chunks).
-_MAX_ROOT_SEQS = 64
-_WALK_LIMIT = 64
-_NO_SEQ = 1 << 63
 #: The listener methods the observer calls (see :class:`._events.Listener`).
 _EVENT_METHODS = ("on_forward", "on_backward_start", "on_backward", "on_collective",
                   "on_optimizer_call", "on_step_start", "on_step", "on_engine_step",
@@ -101,36 +75,12 @@ _EVENT_METHODS = ("on_forward", "on_backward_start", "on_backward", "on_collecti
                   "on_scaler_update", "on_scaler_skip")
 
 
-class _Window:
-    """What happened since the previous optimizer step."""
-
-    def __init__(self) -> None:
-        self.backwards: list[BackwardEvent] = []
-        self.losses: list[torch.Tensor] = []  # summed once, at the step (not per backward)
-        self.loss_ok = True
-        self.zero_grads = 0
-        self.zero_between = 0
-        self.sched = 0
-        self.clip_micros: list[int] = []
-        self.clip_names: list[str] = []
-        self.reductions_between = 0
-        self.rounds_between = 0
-        self.forwards = 0
-        self.engine_step_calls = 0
-        self.bw_since_engine_step = 0
-        self.max_bw_per_engine_step = 0
-        self.starts: list[torch.Tensor] = []
-        self.ends: list[torch.Tensor] = []
-        self.zero_since_backward = 0
-        self.data_passes: list[int] = []  # backward count when a DataLoader pass began
-
-
 #: ``auto_roots``: optimizer steps after which the modules seen at the top level are hooked
 #: one by one instead of through the global forward pre-hook (:meth:`Observer._pin_roots`).
 PIN_ROOTS_AFTER_STEPS = 2
 
 
-class Observer:
+class Observer(ForwardHooks):
     """Installs the observation layer in this process and reports events to listeners.
 
     Args:
@@ -195,14 +145,7 @@ class Observer:
         self._armed = True  # this window is sampled (always, without sampled_records)
         self._root_handles: list[Any] = []
         self.force_checks = 0  # check conservation on the next N windows whatever the budget
-        self._unattributed = False  # a root forward whose output had no autograd node
-        # attribution: sequence numbers of the roots' latest output nodes, and the latest
-        # forward's nodes (hooked only when the graph walk gives up; released when the next
-        # root forward begins, so no graph is kept alive beside the one being built)
-        self._root_seqs: list[int] = []
-        self._root_targets: set[int] = set()  # the same numbers, for the walk's lookups
-        self._root_floor = _NO_SEQ  # the smallest of them: older branches are pruned
-        self._root_nodes: list[Any] = []
+        self._attribution = Attribution(self._reach)  # which backwards reach a root
         self._step_cons: Any = None
         self._scaler_depth = 0
         self._clip_depth = 0
@@ -216,7 +159,7 @@ class Observer:
         self.engine = "local"
         self.engine_info: EngineInfo | None = None
         self.declared_k: dict[str, int] = {}
-        self._w = _Window()
+        self._w = Window()
         self._fwd_depth = 0
         # modules called at the top level -> their depth-counting post hook (weak: a loss
         # module built on every step takes its hook with it when it is freed)
@@ -299,8 +242,7 @@ class Observer:
         self._depth_hooked.clear()
         self._hooked_ids.clear()
         self._fwd_depth = 0
-        self._root_seqs, self._root_nodes = [], []
-        self._root_targets, self._root_floor = set(), _NO_SEQ
+        self._attribution.reset()
         self._sync_root, self._pinned_any = None, False  # no reference to the user's model
 
     def __enter__(self) -> Observer:
@@ -325,225 +267,6 @@ class Observer:
     def _active(self) -> bool:
         return self.installed and not self._in_observer
 
-    # -- roots and engines ------------------------------------------------------------------
-    def _add_root(self, module: torch.nn.Module) -> None:
-        if id(module) in self.roots:
-            return
-        self.roots[id(module)] = module
-        kind = engine_kind(module)
-        if kind != "local" and self.engine in ("local", "zero1"):
-            self.engine = kind
-        if kind in ("ddp", "fsdp2"):
-            self._sync_roots.append(module)
-        if kind == "deepspeed":
-            self._ds_engine = module
-            _patch_deepspeed.note_engine(self, module)
-        base = getattr(module, "module", module) if kind == "deepspeed" else module
-        with self._quiet():
-            for name, prm in base.named_parameters():
-                if prm.requires_grad and id(prm) not in self._tracked_ids:
-                    self._tracked_ids.add(id(prm))
-                    self._tracked.append(prm)
-                    self._tracked_names[id(prm)] = name
-        if kind == "fsdp2":
-            self._fsdp_groups[id(module)] = fsdp_param_groups(module)
-
-    def _sync_flag(self, module: Any) -> bool | None:
-        kind = engine_kind(module)
-        if kind == "ddp":
-            return bool(getattr(module, "require_backward_grad_sync", True))
-        if kind == "fsdp2":
-            groups = self._fsdp_groups.get(id(module)) or []
-            flags = [bool(getattr(g, "reduce_grads", True)) for g in groups]
-            return all(flags) if flags else None
-        return None
-
-    def _root_pre(self, module: Any, args: Any) -> None:
-        self._root_nodes = []
-        if self.installed and not self._in_observer and torch.is_grad_enabled():
-            if module in self._sync_roots:
-                self._on_forward(module)
-                return
-            # _on_forward for a root without a sync flag, inlined (every micro-step)
-            self._last_sync_forward = None
-            self._w.forwards += 1
-            if self._handlers["on_forward"]:
-                self._emit("on_forward", ForwardEvent(self.step, len(self._w.backwards),
-                                                      engine_kind(module), None, module))
-
-    def _root_forward_and_post(self, module: Any, args: Any, output: Any) -> None:
-        """A root without a gradient-sync flag, with attribution: the forward is counted
-        when it returns (nothing is read before it runs), then attributed."""
-        if not self.installed or self._in_observer or not torch.is_grad_enabled():
-            return
-        # _on_forward for a root without a sync flag, inlined (this runs every micro-step)
-        self._last_sync_forward = None
-        self._w.forwards += 1
-        fns = self._handlers["on_forward"]
-        if fns:
-            ev = ForwardEvent(self.step, len(self._w.backwards), engine_kind(module), None,
-                              module)
-            for fn in fns:
-                fn(ev)
-        self._attribute_output(output)
-
-    def _root_post(self, module: Any, args: Any, output: Any) -> None:
-        if self.installed and not self._in_observer and torch.is_grad_enabled():
-            self._attribute_output(output)
-
-    def _attribute_output(self, output: Any) -> None:
-        """Attribution: remember the autograd nodes of the root's output, so the backward
-        that reaches them is marked (any output type: tensors found in containers and in
-        plain objects such as ``SimpleNamespace(loss=...)``)."""
-        if isinstance(output, torch.Tensor):
-            node = output.grad_fn
-            nodes = [node] if node is not None else []
-        else:
-            nodes = grad_fns(output)
-        if not nodes:
-            self._unattributed = True  # unknown: count the next backward as the root's
-            return
-        # No hook now: at backward, a short walk of the loss's graph finds these nodes
-        # (:meth:`_reaches`); the nodes of the latest forward are kept for the fallback.
-        self._root_nodes = nodes
-        seqs, targets = self._root_seqs, self._root_targets
-        for n in nodes:
-            seq = n._sequence_nr()
-            seqs.append(seq)
-            targets.add(seq)
-            if seq < self._root_floor:
-                self._root_floor = seq
-        if len(seqs) > 2 * _MAX_ROOT_SEQS:  # trimmed in chunks: the set and floor are rebuilt
-            del seqs[:-_MAX_ROOT_SEQS]
-            self._root_targets = set(seqs)
-            self._root_floor = min(seqs)
-
-    def _reaches(self, tensors: Any) -> bool:
-        """Does the backward of ``tensors`` reach the output of a root's forward?
-
-        Walks the autograd graph from the loss towards the inputs, looking for the roots'
-        output nodes by sequence number, breadth first. A node's inputs were created before
-        it (smaller sequence number), so a branch older than every root output is pruned:
-        the walk from a loss computed from the model's output is a handful of nodes. Beyond
-        ``_WALK_LIMIT`` nodes (another model's large graph) it falls back to a pre-hook
-        on the latest forward's output nodes, which marks the backward as it runs.
-        """
-        seqs = self._root_seqs
-        if not seqs:
-            return False
-        targets = self._root_targets
-        if isinstance(tensors, torch.Tensor):
-            node = tensors.grad_fn
-            if node is None:
-                return False
-            if node._sequence_nr() in targets:
-                return True  # the loss is a root's output (an HF-style model)
-            queue = []
-            for nxt, _ in node.next_functions:  # (loops, not comprehensions: no frame each)
-                if nxt is not None:
-                    queue.append(nxt)
-        else:
-            queue = [t.grad_fn for t in tensors
-                     if isinstance(t, torch.Tensor) and t.grad_fn is not None]
-        floor = self._root_floor
-        seen: set[int] = set()
-        i = 0
-        while i < len(queue):
-            node = queue[i]
-            i += 1
-            seq = node._sequence_nr()
-            if seq in targets:
-                return True
-            if seq < floor or seq >= _NO_SEQ or seq in seen:
-                continue  # older than every root output, a leaf, or already walked
-            seen.add(seq)
-            if len(seen) > _WALK_LIMIT:
-                for root_node in self._root_nodes:
-                    root_node.register_prehook(self._reach)
-                self._root_nodes = []
-                return False  # _reach sets it if the backward gets there
-            for nxt, _ in node.next_functions:
-                if nxt is not None:
-                    queue.append(nxt)
-        return False
-
-    def _reach(self, grad_outputs: Any) -> None:
-        ev = self._bw_current
-        if ev is not None and self.installed:
-            ev.reached = True
-
-    def _global_pre(self, module: Any, args: Any) -> None:
-        """Every module call. A call at depth 0 is a top-level forward (a root); only the
-        modules ever called at the top level carry a depth-counting post hook, so a
-        submodule's call costs one set lookup (the former global post hook with
-        ``always_call`` ran on every submodule call)."""
-        if self._fwd_depth and id(module) not in self._hooked_ids:
-            return  # inside a top-level forward, not a module seen at the top level
-        hooked = module in self._depth_hooked  # (ids are reused: the weak map decides)
-        if self._fwd_depth and not hooked:
-            return
-        if not hooked:
-            self._depth_hooked[module] = module.register_forward_hook(self._depth_post,
-                                                                      always_call=True)
-            self._hooked_ids.add(id(module))
-        self._fwd_depth += 1
-        if self._fwd_depth == 1 and self._active() and torch.is_grad_enabled():
-            self._add_root(module)
-            self._on_forward(module)
-
-    def _pin_roots(self) -> None:
-        """Swap the global pre-hook for the same hook on each module seen at the top level
-        so far. Limit (documented): a module first called at the top level after this is
-        not seen (its forwards uncounted; its backwards, steps and collectives still are)."""
-        assert self._global_handle is not None
-        self._global_handle.remove()
-        self._global_handle = None
-        self._pinned = [m.register_forward_pre_hook(self._global_pre)
-                        for m in list(self._depth_hooked.keys())]
-        self._pinned_any = True
-
-    def _hook_roots(self, on: bool) -> None:
-        """Add (remove) the forward hooks on the given roots. Unarmed windows of
-        ``sampled_records`` run without them: a hooked module call takes torch's slower
-        call path, about 18 us per forward on the demo LM (half the callbacks' cost on
-        the steps they do not check)."""
-        for handle in self._root_handles:
-            handle.remove()
-        self._root_handles = []
-        if not on:
-            return
-        for m in self._given_roots:
-            if self.attribute and engine_kind(m) not in ("ddp", "fsdp2"):
-                # no sync flag to read before the forward: one hook after it does both
-                # (a hooked module call costs a slower call path per hook kind)
-                self._root_handles.append(m.register_forward_hook(self._root_forward_and_post))
-                continue
-            self._root_handles.append(m.register_forward_pre_hook(self._root_pre))
-            if self.attribute:
-                self._root_handles.append(m.register_forward_hook(self._root_post))
-
-    def _remove_root_hooks(self) -> None:
-        if self._global_handle is not None:
-            self._global_handle.remove()
-            self._global_handle = None
-        for handle in self._pinned:
-            handle.remove()
-        self._pinned = []
-
-    def _depth_post(self, module: Any, args: Any, output: Any) -> None:
-        if self._fwd_depth:
-            self._fwd_depth -= 1
-
-    def _on_forward(self, module: Any) -> None:
-        sync = self._sync_flag(module)
-        self._last_sync_forward = sync
-        if sync is not None:  # the root whose flag the next backward reads (a model
-            self._sync_root = module  # rebuilt mid-run leaves a dead root in _sync_roots)
-        self._w.forwards += 1
-        if self._handlers["on_forward"]:
-            self._emit("on_forward", ForwardEvent(self.step, len(self._w.backwards),
-                                                  engine_kind(module), sync, module))
-
     # -- backward ----------------------------------------------------------------------------
     def _run_backward(self, source: str, loss: Any, engine: Any, fn: Callable[..., Any],
                       args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -557,8 +280,7 @@ class Observer:
         ev = BackwardEvent(step=self.step, micro=len(w.backwards), source=source,
                            engine=self.engine, forwards=w.forwards)
         if self.attribute and self._given_roots:
-            ev.reached = None if self._unattributed else self._reaches(loss)
-            self._unattributed = False
+            ev.reached = self._attribution.reaches(loss)
         w.forwards = 0
         if w.loss_ok:
             if not self.window_loss or not self._handlers["on_step"]:
@@ -625,10 +347,10 @@ class Observer:
             for listen in handlers["on_backward"]:
                 listen(ev)
 
-    def _run_unobserved_backward(self, source: str, w: _Window, fn: Callable[..., Any],
+    def _run_unobserved_backward(self, source: str, w: Window, fn: Callable[..., Any],
                                  args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """A backward in an unarmed window (``sampled_records``): counted, no sync flag,
-        engine query or checksum (the window's record, when :meth:`_unusual` asks for it,
+        engine query or checksum (the window's record, when :meth:`.Window.unusual` asks for it,
         leaves those unknown)."""
         ev = BackwardEvent(step=self.step, micro=len(w.backwards), source=source,
                            engine=self.engine, forwards=w.forwards)
@@ -777,7 +499,7 @@ class Observer:
             self._armed = sampled(self.step + 1, self.every) or self.force_checks > 0
             if self._armed != armed:
                 self._hook_roots(self._armed)
-            if not armed and not self._unusual(w):
+            if not armed and not w.unusual(self.window_size):
                 self._next_window()
                 return
         if not self._handlers["on_step"]:
@@ -790,43 +512,9 @@ class Observer:
                 and self._step_checksum is not None:
             mask = torch.tensor(self._step_members, dtype=torch.bool)
             chk = [float(x) for x in self._step_checksum[mask].sum(0)]
-        loss: float | None = None
-        if w.loss_ok and w.backwards:
-            loss = window_loss(w.losses)
-        # the per-backward lists of the record, in one pass over the window's backwards
-        syncs: list[bool | None] = []
-        mismatch: list[int] = []
-        sync_bw: list[bool | None] = []
-        forwards: list[int] = []
-        boundaries: list[bool | None] = []
-        coalescing: list[bool] = []
-        reductions = w.reductions_between
-        rounds = 1 if w.reductions_between else 0
-        for b in w.backwards:
-            fwd, bwd = b.sync_forward, b.sync_backward
-            syncs.append(fwd if fwd is not None else bwd)
-            if fwd is not None and bwd is not None and fwd != bwd:
-                mismatch.append(b.micro)
-            sync_bw.append(bwd)
-            forwards.append(b.forwards)
-            boundaries.append(b.ds_boundary)
-            coalescing.append(b.ds_coalescing)
-            if b.reductions:
-                reductions += b.reductions
-                rounds += 1
-        ev = StepEvent(
-            step=self.step, backwards=len(w.backwards), window_loss=loss, applied=applied,
-            source=source, optimizer=opt_name, engine=self.engine,
-            zero_grads=w.zero_grads, zero_grads_between=w.zero_between,
-            scheduler_steps=w.sched, clips=len(w.clip_micros),
-            clip_micros=list(w.clip_micros), clip_functions=sorted(set(w.clip_names)),
-            data_pass_starts=list(w.data_passes), reductions=reductions,
-            reduction_rounds=rounds, sync_micros=syncs, sync_mismatch=mismatch,
-            sync_backward=sync_bw, forwards=forwards, ds_boundaries=boundaries,
-            ds_coalescing=coalescing,
-            engine_step_calls=w.engine_step_calls,
-            max_backwards_per_engine_step=w.max_bw_per_engine_step,
-            grad_norm=norm, conservation=cons, checksum=chk,
+        ev = w.record(
+            step=self.step, applied=applied, source=source, optimizer=opt_name,
+            engine=self.engine, grad_norm=norm, conservation=cons, checksum=chk,
             wall=time.perf_counter() - self._step_t0, param_dtype=self._dtype_of(owner),
             updates=updates,
             # a torch step with every gradient None changes nothing: its window goes on;
@@ -838,18 +526,9 @@ class Observer:
             self._pin_roots()
         self._emit("on_step", ev)
 
-    def _unusual(self, w: _Window) -> bool:
-        """What an unarmed window counted without hooks deserves its record: a bug that
-        shows once per epoch (a reset or a new DataLoader pass between backwards, a longer
-        or shorter window) is not left to the sampling."""
-        n = len(w.backwards)
-        return bool(w.zero_between or any(0 < j < n for j in w.data_passes)
-                    or any(m < n for m in w.clip_micros)
-                    or (self.window_size is not None and n != self.window_size))
-
     def _next_window(self, *, reset_losses: bool = True) -> None:
         self.step += 1
-        self._w = _Window()
+        self._w = Window()
         self._window_checked = None if self._armed else False  # unarmed: no checksums
         if reset_losses:
             self.losses.reset()
@@ -918,20 +597,5 @@ class Observer:
             return checksums(self._tracked)
 
     def _snapshot(self, opt: Any, engine: Any) -> dict[str, torch.Tensor]:
-        """Float64 CPU copies of the local parameters (shards) the step updates."""
-        out: dict[str, torch.Tensor] = {}
-        with self._quiet(), torch.no_grad():
-            if engine is not None:
-                for name, prm in getattr(engine, "module", engine).named_parameters():
-                    t = getattr(prm, "ds_tensor", None)
-                    t = prm if t is None else t
-                    out[name] = local(t).detach().to("cpu", torch.float64).clone()
-                return out
-            groups = getattr(opt, "param_groups", [])
-            i = 0
-            for g in groups:
-                for prm in g["params"]:
-                    name = self._tracked_names.get(id(prm), f"param{i}")
-                    i += 1
-                    out[name] = local(prm).detach().to("cpu", torch.float64).clone()
-        return out
+        with self._quiet():
+            return snapshot(opt, engine, self._tracked_names)

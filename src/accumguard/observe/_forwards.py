@@ -1,0 +1,209 @@
+"""The forward side of the observer: which module is the model, and its forward hooks.
+
+A mixin of :class:`~._observer.Observer` (its hot paths read and write the observer's
+window and counters directly: one attribute lookup, no call, per forward). Two ways to find
+the model:
+
+* given roots (the guard, the framework callbacks): hooks on those modules, added and
+  removed per window by ``sampled_records`` (:meth:`ForwardHooks._hook_roots`); with
+  ``attribute``, each root's output is handed to :class:`~._attribution.Attribution`;
+* ``auto_roots`` (``watch``): a global forward pre-hook treats the outermost module call as
+  the model, then is swapped for pre-hooks on the modules seen at the top level
+  (:meth:`ForwardHooks._pin_roots`).
+
+At each root forward the DDP ``require_backward_grad_sync`` / FSDP2 ``reduce_grads`` flag is
+read (:meth:`ForwardHooks._sync_flag`): the sync contract of the window's last micro-step.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from accumguard.observe import _patch_deepspeed
+from accumguard.observe._events import ForwardEvent
+from accumguard.observe._introspect import engine_kind, fsdp_param_groups
+
+__all__ = ["ForwardHooks"]
+
+
+class ForwardHooks:
+    """Root bookkeeping and forward hooks (state: the observer's ``roots``, ``_sync_roots``,
+    ``_given_roots``, ``_root_handles``, ``_depth_hooked``/``_hooked_ids``/``_fwd_depth``,
+    ``_global_handle``/``_pinned``, ``_tracked*``, set up in ``Observer.__init__``)."""
+
+    # (attributes of the observer this mixin uses; typed here for readers and checkers)
+    roots: dict[int, torch.nn.Module]
+    engine: str
+    step: int
+    installed: bool
+    attribute: bool
+    _in_observer: int
+    _w: Any
+    _handlers: dict[str, list[Any]]
+    _attribution: Any
+    _sync_roots: list[Any]
+    _given_roots: list[torch.nn.Module]
+    _root_handles: list[Any]
+    _depth_hooked: Any
+    _hooked_ids: set[int]
+    _fwd_depth: int
+    _global_handle: Any
+    _pinned: list[Any]
+    _pinned_any: bool
+    _ds_engine: Any
+    _tracked: list[torch.Tensor]
+    _tracked_ids: set[int]
+    _tracked_names: dict[int, str]
+    _fsdp_groups: dict[int, list[Any]]
+    _last_sync_forward: bool | None
+    _sync_root: Any
+
+    if TYPE_CHECKING:  # defined by the observer
+        def _active(self) -> bool: ...
+        def _quiet(self) -> Any: ...
+        def _emit(self, method: str, event: Any) -> None: ...
+
+    def _add_root(self, module: torch.nn.Module) -> None:
+        if id(module) in self.roots:
+            return
+        self.roots[id(module)] = module
+        kind = engine_kind(module)
+        if kind != "local" and self.engine in ("local", "zero1"):
+            self.engine = kind
+        if kind in ("ddp", "fsdp2"):
+            self._sync_roots.append(module)
+        if kind == "deepspeed":
+            self._ds_engine = module
+            _patch_deepspeed.note_engine(self, module)
+        base = getattr(module, "module", module) if kind == "deepspeed" else module
+        with self._quiet():
+            for name, prm in base.named_parameters():
+                if prm.requires_grad and id(prm) not in self._tracked_ids:
+                    self._tracked_ids.add(id(prm))
+                    self._tracked.append(prm)
+                    self._tracked_names[id(prm)] = name
+        if kind == "fsdp2":
+            self._fsdp_groups[id(module)] = fsdp_param_groups(module)
+
+    def _sync_flag(self, module: Any) -> bool | None:
+        kind = engine_kind(module)
+        if kind == "ddp":
+            return bool(getattr(module, "require_backward_grad_sync", True))
+        if kind == "fsdp2":
+            groups = self._fsdp_groups.get(id(module)) or []
+            flags = [bool(getattr(g, "reduce_grads", True)) for g in groups]
+            return all(flags) if flags else None
+        return None
+
+    def _root_pre(self, module: Any, args: Any) -> None:
+        self._attribution.forward_begins()
+        if self.installed and not self._in_observer and torch.is_grad_enabled():
+            if module in self._sync_roots:
+                self._on_forward(module)
+                return
+            # _on_forward for a root without a sync flag, inlined (every micro-step)
+            self._last_sync_forward = None
+            self._w.forwards += 1
+            if self._handlers["on_forward"]:
+                self._emit("on_forward", ForwardEvent(self.step, len(self._w.backwards),
+                                                      engine_kind(module), None, module))
+
+    def _root_forward_and_post(self, module: Any, args: Any, output: Any) -> None:
+        """A root without a gradient-sync flag, with attribution: the forward is counted
+        when it returns (nothing is read before it runs), then attributed."""
+        if not self.installed or self._in_observer or not torch.is_grad_enabled():
+            return
+        # _on_forward for a root without a sync flag, inlined (this runs every micro-step)
+        self._last_sync_forward = None
+        self._w.forwards += 1
+        fns = self._handlers["on_forward"]
+        if fns:
+            ev = ForwardEvent(self.step, len(self._w.backwards), engine_kind(module), None,
+                              module)
+            for fn in fns:
+                fn(ev)
+        self._attribution.note_output(output)
+
+    def _root_post(self, module: Any, args: Any, output: Any) -> None:
+        if self.installed and not self._in_observer and torch.is_grad_enabled():
+            self._attribution.note_output(output)
+
+    def _reach(self, grad_outputs: Any) -> None:
+        """Attribution's fallback pre-hook fired: the running backward reached a root."""
+        ev = self._bw_current
+        if ev is not None and self.installed:
+            ev.reached = True
+
+    def _global_pre(self, module: Any, args: Any) -> None:
+        """Every module call. A call at depth 0 is a top-level forward (a root); only the
+        modules ever called at the top level carry a depth-counting post hook, so a
+        submodule's call costs one set lookup (the former global post hook with
+        ``always_call`` ran on every submodule call)."""
+        if self._fwd_depth and id(module) not in self._hooked_ids:
+            return  # inside a top-level forward, not a module seen at the top level
+        hooked = module in self._depth_hooked  # (ids are reused: the weak map decides)
+        if self._fwd_depth and not hooked:
+            return
+        if not hooked:
+            self._depth_hooked[module] = module.register_forward_hook(self._depth_post,
+                                                                      always_call=True)
+            self._hooked_ids.add(id(module))
+        self._fwd_depth += 1
+        if self._fwd_depth == 1 and self._active() and torch.is_grad_enabled():
+            self._add_root(module)
+            self._on_forward(module)
+
+    def _pin_roots(self) -> None:
+        """Swap the global pre-hook for the same hook on each module seen at the top level
+        so far. Limit (documented): a module first called at the top level after this is
+        not seen (its forwards uncounted; its backwards, steps and collectives still are)."""
+        assert self._global_handle is not None
+        self._global_handle.remove()
+        self._global_handle = None
+        self._pinned = [m.register_forward_pre_hook(self._global_pre)
+                        for m in list(self._depth_hooked.keys())]
+        self._pinned_any = True
+
+    def _hook_roots(self, on: bool) -> None:
+        """Add (remove) the forward hooks on the given roots. Unarmed windows of
+        ``sampled_records`` run without them: a hooked module call takes torch's slower
+        call path, about 18 us per forward on the demo LM (half the callbacks' cost on
+        the steps they do not check)."""
+        for handle in self._root_handles:
+            handle.remove()
+        self._root_handles = []
+        if not on:
+            return
+        for m in self._given_roots:
+            if self.attribute and engine_kind(m) not in ("ddp", "fsdp2"):
+                # no sync flag to read before the forward: one hook after it does both
+                # (a hooked module call costs a slower call path per hook kind)
+                self._root_handles.append(m.register_forward_hook(self._root_forward_and_post))
+                continue
+            self._root_handles.append(m.register_forward_pre_hook(self._root_pre))
+            if self.attribute:
+                self._root_handles.append(m.register_forward_hook(self._root_post))
+
+    def _remove_root_hooks(self) -> None:
+        if self._global_handle is not None:
+            self._global_handle.remove()
+            self._global_handle = None
+        for handle in self._pinned:
+            handle.remove()
+        self._pinned = []
+
+    def _depth_post(self, module: Any, args: Any, output: Any) -> None:
+        if self._fwd_depth:
+            self._fwd_depth -= 1
+
+    def _on_forward(self, module: Any) -> None:
+        sync = self._sync_flag(module)
+        self._last_sync_forward = sync
+        if sync is not None:  # the root whose flag the next backward reads (a model
+            self._sync_root = module  # rebuilt mid-run leaves a dead root in _sync_roots)
+        self._w.forwards += 1
+        if self._handlers["on_forward"]:
+            self._emit("on_forward", ForwardEvent(self.step, len(self._w.backwards),
+                                                  engine_kind(module), sync, module))

@@ -1,0 +1,91 @@
+"""One window (what happened between two optimizer steps) and the step record it becomes.
+
+The observer fills a :class:`Window` as the micro-steps run (the hot path appends to its
+lists and bumps its counters) and turns it into a :class:`~._events.StepEvent` at the step
+(:meth:`Window.record`): the per-backward lists in one pass, nothing read from the model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from accumguard.observe._events import BackwardEvent, StepEvent
+from accumguard.observe._introspect import window_loss
+
+__all__ = ["Window"]
+
+
+class Window:
+    """What happened since the previous optimizer step."""
+
+    def __init__(self) -> None:
+        self.backwards: list[BackwardEvent] = []
+        self.losses: list[torch.Tensor] = []  # summed once, at the step (not per backward)
+        self.loss_ok = True
+        self.zero_grads = 0
+        self.zero_between = 0
+        self.sched = 0
+        self.clip_micros: list[int] = []
+        self.clip_names: list[str] = []
+        self.reductions_between = 0
+        self.forwards = 0
+        self.engine_step_calls = 0
+        self.bw_since_engine_step = 0
+        self.max_bw_per_engine_step = 0
+        self.starts: list[torch.Tensor] = []  # gradient checksums before each backward
+        self.ends: list[torch.Tensor] = []  # ... and after it
+        self.zero_since_backward = 0
+        self.data_passes: list[int] = []  # backward count when a DataLoader pass began
+
+    def unusual(self, window_size: int | None) -> bool:
+        """Does a window counted without hooks deserve its record? A bug that shows once per
+        epoch (a reset or a new DataLoader pass between backwards, a longer or shorter
+        window, a clip before the last backward) is not left to the sampling."""
+        n = len(self.backwards)
+        return bool(self.zero_between or any(0 < j < n for j in self.data_passes)
+                    or any(m < n for m in self.clip_micros)
+                    or (window_size is not None and n != window_size))
+
+    def record(self, *, step: int, applied: bool, source: str, optimizer: str, engine: str,
+               grad_norm: float | None, conservation: Any, checksum: list[float] | None,
+               wall: float, param_dtype: str | None, updates: dict[str, torch.Tensor] | None,
+               losses: Any, discarded: bool) -> StepEvent:
+        """The step record of this window (what :mod:`.rules` judges)."""
+        loss: float | None = None
+        if self.loss_ok and self.backwards:
+            loss = window_loss(self.losses)
+        syncs: list[bool | None] = []
+        mismatch: list[int] = []
+        sync_bw: list[bool | None] = []
+        forwards: list[int] = []
+        boundaries: list[bool | None] = []
+        coalescing: list[bool] = []
+        reductions = self.reductions_between
+        rounds = 1 if self.reductions_between else 0
+        for b in self.backwards:
+            fwd, bwd = b.sync_forward, b.sync_backward
+            syncs.append(fwd if fwd is not None else bwd)
+            if fwd is not None and bwd is not None and fwd != bwd:
+                mismatch.append(b.micro)
+            sync_bw.append(bwd)
+            forwards.append(b.forwards)
+            boundaries.append(b.ds_boundary)
+            coalescing.append(b.ds_coalescing)
+            if b.reductions:
+                reductions += b.reductions
+                rounds += 1
+        return StepEvent(
+            step=step, backwards=len(self.backwards), window_loss=loss, applied=applied,
+            source=source, optimizer=optimizer, engine=engine,
+            zero_grads=self.zero_grads, zero_grads_between=self.zero_between,
+            scheduler_steps=self.sched, clips=len(self.clip_micros),
+            clip_micros=list(self.clip_micros), clip_functions=sorted(set(self.clip_names)),
+            data_pass_starts=list(self.data_passes), reductions=reductions,
+            reduction_rounds=rounds, sync_micros=syncs, sync_mismatch=mismatch,
+            sync_backward=sync_bw, forwards=forwards, ds_boundaries=boundaries,
+            ds_coalescing=coalescing, engine_step_calls=self.engine_step_calls,
+            max_backwards_per_engine_step=self.max_bw_per_engine_step,
+            grad_norm=grad_norm, conservation=conservation, checksum=checksum, wall=wall,
+            param_dtype=param_dtype, updates=updates, losses=losses, discarded=discarded)
