@@ -21,18 +21,27 @@ V, K = 16, 2
 
 
 def _loop(skips: tuple[int, ...], *, bug: str = "", windows: int = 8,
-          init_scale: float = 1024.0,
-          attach: Callable[[torch.nn.Module, torch.optim.Optimizer], Any] | None = None) -> Any:
+          init_scale: float = 1024.0, accelerate: bool = False,
+          attach: Callable[[torch.nn.Module, Any], Any] | None = None) -> Any:
     """A GradScaler loop with an exact token loss; ``skips``: windows whose first micro-step
     overflows. ``bug``: "sched_per_micro" steps the scheduler after every micro-step (F4),
     "mean" averages each micro-batch (F5 with uneven counts). ``attach(model, opt)`` runs
-    before the loop; its result is returned."""
+    before the loop; its result is returned. ``accelerate``: the optimizer is Accelerate's
+    ``AcceleratedOptimizer`` holding the scaler (its ``step`` runs ``scaler.step`` and
+    ``scaler.update``), the path of HF Trainer and Accelerate with fp16 on GPU."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Embedding(V, 8), torch.nn.Linear(8, V))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    attached = attach(model, opt) if attach is not None else None
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    inner = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(inner, lambda s: 1.0)
     scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
+    opt: Any = inner
+    if accelerate:
+        from accelerate import Accelerator
+        from accelerate.optimizer import AcceleratedOptimizer
+
+        Accelerator(cpu=True)  # the state AcceleratedOptimizer reads
+        opt = AcceleratedOptimizer(inner, device_placement=False, scaler=scaler)
+    attached = attach(model, opt) if attach is not None else None
     g = torch.Generator().manual_seed(1)
     for w in range(windows):
         rows = [1 + (w + m) % 3 for m in range(K)]  # uneven token counts per micro-step
@@ -48,10 +57,13 @@ def _loop(skips: tuple[int, ...], *, bug: str = "", windows: int = 8,
             scaler.scale(loss).backward()
             if bug == "sched_per_micro":
                 sched.step()
-        scaler.unscale_(opt)
+        scaler.unscale_(inner)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        scaler.step(opt)
-        scaler.update()
+        if accelerate:
+            opt.step()  # scaler.step(inner) and scaler.update() inside
+        else:
+            scaler.step(opt)
+            scaler.update()
         if bug != "sched_per_micro":
             sched.step()
         opt.zero_grad()
@@ -79,18 +91,21 @@ def test_watch_skipped_scaler_steps_end_their_window(tmp_path: Path, skips: tupl
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("accelerate", [False, True])
 @pytest.mark.parametrize("every", [1, 10])
 @pytest.mark.parametrize(("bug", "want"), [("", []), ("mean", ["F5"])])
 def test_callbacks_read_the_probe_unscaled_and_drop_skipped_windows(
-        caplog: pytest.LogCaptureFixture, every: int, bug: str, want: list[str]) -> None:
+        caplog: pytest.LogCaptureFixture, every: int, bug: str, want: list[str],
+        accelerate: bool) -> None:
     caplog.set_level(logging.ERROR, "accumguard")
     found: list[str] = []
 
-    def attach(model: torch.nn.Module, opt: torch.optim.Optimizer) -> AccumulationChecks:
+    def attach(model: torch.nn.Module, opt: Any) -> AccumulationChecks:
         return AccumulationChecks(model, opt, accumulation_steps=K, every_n_steps=every,
                                   on_finding=lambda f: found.append(f.class_id))
 
-    checks = _loop((0, 3), bug=bug, windows=12, init_scale=2.0 ** 14, attach=attach)
+    checks = _loop((0, 3), bug=bug, windows=12, init_scale=2.0 ** 14, attach=attach,
+                   accelerate=accelerate)
     checks.close()
     assert checks.steps == 10  # 12 windows, 2 skipped by the scaler
     assert sorted(set(found)) == want, found
