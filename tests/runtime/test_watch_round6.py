@@ -146,7 +146,8 @@ DDP = textwrap.dedent('''
 
     def build():
         torch.manual_seed(0)
-        model = DDP(nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1)))
+        # module= by keyword, as Lightning's DDP strategy builds it
+        model = DDP(module=nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1)))
         if MODE == "zero_sum":
             opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD,
                                           lr=0.02)

@@ -20,7 +20,7 @@ def patch_accelerator(obs: Any, mod: ModuleType) -> None:
         return
 
     def make_backward(orig: Callable[..., Any]) -> Callable[..., Any]:
-        def backward(acc: Any, loss: Any, *args: Any, **kwargs: Any) -> Any:
+        def backward(acc: Any, /, loss: Any, *args: Any, **kwargs: Any) -> Any:
             k = getattr(acc, "gradient_accumulation_steps", None)
             if isinstance(k, int) and k > 1:  # 1 is the default: it declares nothing
                 obs.declared_k.setdefault("accelerate", k)
@@ -37,7 +37,7 @@ def patch_scheduler(obs: Any, mod: ModuleType) -> None:
         return
 
     def make(orig: Callable[..., Any]) -> Callable[..., Any]:
-        def step(sched: Any, *args: Any, **kwargs: Any) -> Any:
+        def step(sched: Any, /, *args: Any, **kwargs: Any) -> Any:
             # Accelerate steps the wrapped scheduler once per process (by design) and
             # skips inside accumulation: one call that stepped is one scheduler step.
             obs._sched_depth += 1

@@ -63,7 +63,7 @@ def _backward_wrapper(obs: Any) -> Callable[[Callable[..., Any]], Any]:
 
 def _step_wrapper(obs: Any) -> Callable[[Callable[..., Any]], Any]:
     def make(orig: Callable[..., Any]) -> Callable[..., Any]:
-        def step(engine: Any, *args: Any, **kwargs: Any) -> Any:
+        def step(engine: Any, /, *args: Any, **kwargs: Any) -> Any:
             if not obs.installed or obs._in_observer or obs._ds_step_depth:
                 return orig(engine, *args, **kwargs)
             if id(engine) not in obs.roots:

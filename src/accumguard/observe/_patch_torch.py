@@ -81,11 +81,11 @@ def patch_ddp_init(obs: Any, mod: ModuleType) -> None:
         return
 
     def make(orig: Callable[..., Any]) -> Callable[..., Any]:
-        def init(module: Any, *a: Any, **kw: Any) -> Any:
-            out = orig(module, *a, **kw)
+        def init(ddp: Any, /, *a: Any, **kw: Any) -> Any:
+            out = orig(ddp, *a, **kw)
             if obs.installed and obs._global_handle is None and obs.auto_roots \
                     and obs._pinned_any:
-                obs._pinned.append(module.register_forward_pre_hook(obs._global_pre))
+                obs._pinned.append(ddp.register_forward_pre_hook(obs._global_pre))
             return out
 
         return init
@@ -107,7 +107,7 @@ def _backward_wrapper(obs: Any, source: str) -> Callable[[Callable[..., Any]], A
 
 def _zero_wrapper(obs: Any, kind: str) -> Callable[[Callable[..., Any]], Any]:
     def make(orig: Callable[..., Any]) -> Callable[..., Any]:
-        def zero_grad(this: Any, *args: Any, **kwargs: Any) -> Any:
+        def zero_grad(this: Any, /, *args: Any, **kwargs: Any) -> Any:
             if (obs._zero_depth or not obs.installed or obs._in_observer or obs._opt_depth
                     or obs._ds_step_depth):
                 return orig(this, *args, **kwargs)
@@ -150,7 +150,7 @@ def _data_pass_wrapper(obs: Any) -> Callable[[Callable[..., Any]], Any]:
 
 def _sched_wrapper(obs: Any) -> Callable[[Callable[..., Any]], Any]:
     def make(orig: Callable[..., Any]) -> Callable[..., Any]:
-        def step(sched: Any, *args: Any, **kwargs: Any) -> Any:
+        def step(sched: Any, /, *args: Any, **kwargs: Any) -> Any:
             initial = getattr(sched, "_step_count", 1) == 0
             if obs._sched_depth:
                 obs._accel_sched_inner += 0 if initial else 1
@@ -171,7 +171,7 @@ def _sched_wrapper(obs: Any) -> Callable[[Callable[..., Any]], Any]:
 
 def _scaler_wrapper(obs: Any, kind: str) -> Callable[[Callable[..., Any]], Any]:
     def make(orig: Callable[..., Any]) -> Callable[..., Any]:
-        def call(scaler: Any, *args: Any, **kwargs: Any) -> Any:
+        def call(scaler: Any, /, *args: Any, **kwargs: Any) -> Any:
             if obs._scaler_depth or not obs.installed or obs._in_observer:
                 return orig(scaler, *args, **kwargs)
             ev = ScalerEvent(obs.step, len(obs._w.backwards), kind, scaler)
@@ -198,7 +198,7 @@ def _scaler_step_wrapper(obs: Any) -> Callable[[Callable[..., Any]], Any]:
     Its inner ``unscale_`` is still an event (no depth counted here)."""
 
     def make(orig: Callable[..., Any]) -> Callable[..., Any]:
-        def step(scaler: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+        def step(scaler: Any, /, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
             if not obs.installed or obs._in_observer or obs._opt_depth:
                 return orig(scaler, optimizer, *args, **kwargs)
             before = obs.step

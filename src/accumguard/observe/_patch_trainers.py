@@ -35,7 +35,7 @@ def _declares_k(obs: Any, mod: ModuleType, cls_name: str, method: str, attr: str
         return
 
     def make(orig: Callable[..., Any]) -> Callable[..., Any]:
-        def init(this: Any, *a: Any, **kw: Any) -> Any:
+        def init(this: Any, /, *a: Any, **kw: Any) -> Any:
             out = orig(this, *a, **kw)
             k = getattr(this, attr, None)
             if isinstance(k, int) and k > 1:  # 1 is the default: it declares nothing
