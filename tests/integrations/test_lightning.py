@@ -23,6 +23,7 @@ pytest.importorskip("transformers")
 
 K = 4
 LR = 0.3
+CLIP = 0.5  # below the normalised gradient's norm: the manual_clip run's clipping is active
 SAMPLES = 40  # 20 batches of 2 -> 10 per rank -> windows of 4, 4 and a partial 2
 
 
@@ -41,11 +42,13 @@ def _worker(rank: int, world: int) -> dict[str, Any]:
     from accumguard.integrations.lightning import AccumguardCallback
 
     class LM(pl.LightningModule):
-        def __init__(self, loss: str, manual: bool) -> None:
+        def __init__(self, loss: str, manual: bool, clip: bool = False) -> None:
             super().__init__()
             self.model = fw.tiny_llama(0)
             self.loss = loss
             self.automatic_optimization = not manual
+            self.clip = clip
+            self.norms: list[float] = []
 
         def training_step(self, batch: dict, idx: int) -> torch.Tensor:
             if self.loss == "sum":
@@ -57,6 +60,11 @@ def _worker(rank: int, world: int) -> dict[str, Any]:
                 self.manual_backward(loss)
                 last = idx + 1 == self.trainer.num_training_batches
                 if (idx + 1) % K == 0 or last:
+                    if self.clip:  # the manual loop clips before its step
+                        self.clip_gradients(opt, gradient_clip_val=CLIP,
+                                            gradient_clip_algorithm="norm")
+                        self.norms.append(float(torch.linalg.vector_norm(torch.stack(
+                            [p.grad.norm() for p in self.parameters() if p.grad is not None]))))
                     opt.step()
                     sched.step()
                     opt.zero_grad()
@@ -88,7 +96,8 @@ def _worker(rank: int, world: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, loss, manual, exact in [("exact", "sum", False, True),
                                       ("default", "mean", False, False),
-                                      ("manual", "sum", True, True)]:
+                                      ("manual", "sum", True, True),
+                                      ("manual_clip", "sum", True, True)]:
         cb = AccumguardCallback(exact=exact, accumulation_steps=K, every_n_steps=1)
         rec = Recorder()
         trainer = pl.Trainer(
@@ -97,11 +106,13 @@ def _worker(rank: int, world: int) -> dict[str, Any]:
             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
             num_sanity_val_steps=0)
         loader = DataLoader(fw.token_samples(SAMPLES, seed=5), batch_size=2, shuffle=False)
-        trainer.fit(LM(loss, manual), loader)
+        lm = LM(loss, manual, clip=name == "manual_clip")
+        trainer.fit(lm, loader)
         out[name] = {"windows": rec.windows, "snaps": rec.snaps,
                      "findings": sorted({f.class_id for f in cb.findings}),
                      "counts": cb.window_counts,
-                     "metric": float(trainer.callback_metrics["accumguard_findings"])}
+                     "metric": float(trainer.callback_metrics["accumguard_findings"]),
+                     "norms": lm.norms}
     return out
 
 
@@ -112,12 +123,13 @@ def runs() -> list[dict[str, Any]]:
 
 def _errors(runs: list[dict[str, Any]], mode: str) -> list[float]:
     # Lightning steps the lr scheduler (interval="step") once per optimizer step: the
-    # reference does the same.
+    # reference does the same (and clips where the manual loop clips).
     return fw.update_errors(fw.tiny_llama(0), _opt, _sched,
-                            [r[mode]["windows"] for r in runs], runs[0][mode]["snaps"])
+                            [r[mode]["windows"] for r in runs], runs[0][mode]["snaps"],
+                            max_grad_norm=CLIP if mode == "manual_clip" else None)
 
 
-@pytest.mark.parametrize("mode", ["exact", "manual"])
+@pytest.mark.parametrize("mode", ["exact", "manual", "manual_clip"])
 def test_exact_callback_equals_the_reference(runs: list[dict[str, Any]], mode: str) -> None:
     sizes = [len(w) for w in runs[0][mode]["windows"]]
     assert sizes == [K, K, 2], sizes  # a partial final window
@@ -126,6 +138,8 @@ def test_exact_callback_equals_the_reference(runs: list[dict[str, Any]], mode: s
     for r in runs:
         assert r[mode]["findings"] == [] and r[mode]["metric"] == 0.0, r[mode]["findings"]
         assert r[mode]["counts"] == runs[0][mode]["counts"]  # one global N per window
+    if mode == "manual_clip":  # clipping was active (and the rescale did not come after it)
+        assert all(abs(n - CLIP) < 1e-4 for n in runs[0][mode]["norms"]), runs[0][mode]["norms"]
 
 
 def test_lightning_default_token_mean_differs_and_is_flagged(

@@ -10,11 +10,14 @@ Why: with automatic optimisation Lightning divides every micro-batch's loss by
 with uneven token counts is failure class F5. With ``exact=True`` the callback
 counts each micro-batch's valid tokens (``count_fn``, on ``on_train_batch_start``),
 all-reduces the window's count N once, and in ``on_before_optimizer_step`` (after
-the last backward and DDP's averaging, before clipping and the step) multiplies
-the accumulated gradient by ``K·W/N`` (automatic: undoes Lightning's ``1/K`` and
-DDP's ``1/W``) or ``W/N`` (manual optimisation, where Lightning does not divide):
+the last backward and DDP's averaging, before Lightning's clipping and the step)
+multiplies the accumulated gradient by ``K·W/N`` (automatic: undoes Lightning's ``1/K``
+and DDP's ``1/W``) or ``W/N`` (manual optimisation, where Lightning does not divide):
 the optimizer receives ``Σ g_i / N``. Scaling the accumulated gradient by one
-scalar equals scaling every micro-step's loss by it, up to fp32 rounding.
+scalar equals scaling every micro-step's loss by it, up to fp32 rounding. In manual
+optimisation the ``training_step`` clips before ``opt.step()`` (``self.clip_gradients``
+or torch's ``clip_grad_norm_``): the observation layer's clip event rescales first, so
+the clip sees the normalised gradient.
 
 The logged/progress-bar ``loss`` is then the sum over tokens divided by K (log
 your own mean if you want one). Supported strategies: single device and DDP.
@@ -85,6 +88,8 @@ class AccumguardCallback(pl.Callback):
         self.window_counts: list[float] = []
         self._count = 0.0
         self._world = 1
+        self._scaled = False  # this window's gradient was rescaled already (before a clip)
+        self._observer: Any = None  # manual exact without checks: clip events only
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         strategy = type(trainer.strategy).__name__
@@ -103,6 +108,17 @@ class AccumguardCallback(pl.Callback):
                 averages_over_ranks=self._world > 1, logits_module=self.logits_module,
                 every_n_steps=self.every_n_steps, strict=self.strict,
                 on_finding=self._on_finding)
+        if self.exact and not pl_module.automatic_optimization:
+            listener = _RescaleBeforeClip(self, trainer, pl_module)
+            if self.checks is not None and self.checks.observer is not None:
+                self.checks.observer.add_listener(listener)
+            else:
+                from accumguard.observe import Observer
+
+                self._observer = Observer(roots=[pl_module], conservation=False,
+                                          record_losses=False, window_loss=False)
+                self._observer.add_listener(listener)
+                self._observer.install()
 
     def _on_finding(self, finding: Finding) -> None:
         self.findings.append(finding)
@@ -115,6 +131,12 @@ class AccumguardCallback(pl.Callback):
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         if not self.exact:
             return
+        if self._scaled:  # done before the training_step's clip
+            self._scaled = False
+            return
+        self._rescale(trainer, pl_module)
+
+    def _rescale(self, trainer: Any, pl_module: Any) -> None:
         n = torch.tensor([self._count], dtype=torch.float64)
         self._count = 0.0
         if self._world > 1:
@@ -146,7 +168,25 @@ class AccumguardCallback(pl.Callback):
         if self.checks is not None:
             self.checks.close()
             self.checks = None
+        if self._observer is not None:
+            self._observer.uninstall()
+            self._observer = None
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         # After an exception on_fit_end does not run: still remove every hook.
         self.on_fit_end(trainer, pl_module)
+
+
+class _RescaleBeforeClip:
+    """Observer listener (manual optimisation, ``exact=True``): the first clipping call of
+    a window that has run backwards rescales the gradient before the clip reads its norm;
+    ``on_before_optimizer_step`` then leaves it alone. A clip inside the window (F8, a bug
+    the checks report) would rescale on an incomplete count."""
+
+    def __init__(self, callback: AccumguardCallback, trainer: Any, pl_module: Any) -> None:
+        self._cb, self._trainer, self._module = callback, trainer, pl_module
+
+    def on_clip(self, event: Any) -> None:
+        if event.micro > 0 and not self._cb._scaled:
+            self._cb._rescale(self._trainer, self._module)
+            self._cb._scaled = True
