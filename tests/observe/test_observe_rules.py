@@ -46,6 +46,21 @@ def test_live_findings_name_the_per_window_classes() -> None:
     assert rules.live_findings(_record(applied=False), rank=0, k=4) == []
 
 
+def test_wipe_evidence_numbers_this_steps_backward_passes() -> None:
+    # two backwards per micro-step (window 2 micro-steps, 4 backwards): the clears are
+    # numbered among the backward passes the checksums saw, never "pass 3 of 2"
+    cons = {"ok": False, "reason": "wiped", "wiped": 0.2, "received": 0.3, "stale": 0.0,
+            "wipes": [2], "lost": 0.5}
+    rec = _record(conservation=cons, zero_grads_between=1, backwards=4,
+                  forwards=[1, 0, 1, 0])
+    (f,) = rules.live_findings(rec, rank=0, k=2)
+    assert "before backward pass(es) 3 of 4" in f.evidence, f.evidence
+    assert "about 50% of the window's gradient" in f.evidence
+    rescaled = dict(cons, lost=0.0)  # a rescale, not a clear: no share removed is claimed
+    (g,) = rules.live_findings(_record(conservation=rescaled), rank=0, k=4)
+    assert g.cls == "F2/F3" and "removed" not in g.evidence and "rescale" in g.evidence
+
+
 def test_token_weights_f5_only_when_counts_differ() -> None:
     k = 4
     counts = [10.0, 30.0, 20.0, 40.0]

@@ -175,8 +175,53 @@ def test_conservation_verdict_for_zero_grad_inside_the_window() -> None:
     assert broken.wipes == (1, 2) and ok.wipes == () and ok.lost == 0.0
     assert 0.4 < broken.lost < 0.9 and broken.lost > broken.wiped
     text = rules.live_findings(rules.step_record(rec.events["on_step"][1], 0), rank=0, k=3)
-    assert "cleared before backward pass(es) 2, 3 of 3" in text[0].evidence, text
-    assert "backward passes 1-2 accumulated was removed" in text[0].evidence
+    assert "before backward pass(es) 2, 3 of 3" in text[0].evidence, text
+    assert "accumulated by backward passes 1-2, was removed" in text[0].evidence
+
+
+def test_a_zero_grad_in_the_middle_of_every_window_is_f3_in_every_window() -> None:
+    # zero_grad after backward 2 of 4 (not after the step): from the second window on, the
+    # window starts on a leftover (passes 3-4 of the previous one) that the misplaced clear
+    # removes with passes 1-2: the leftover never reaches the optimizer, so not F7 (stale)
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    obs, rec = _observe(model)
+    with obs:
+        for w in range(3):
+            for i in range(4):
+                _loss(model, 4 * w + i).backward()
+                if i == 1:
+                    opt.zero_grad()
+            opt.step()
+    cons = [s.conservation for s in rec.events["on_step_start"]]
+    assert [c.reason for c in cons] == ["wiped"] * 3, cons
+    assert cons[0].stale == 0.0 < cons[1].stale and all(c.wipes == (2,) for c in cons)
+    assert all(0.2 < c.lost < 0.8 for c in cons), [c.lost for c in cons]  # about half
+    found = [rules.live_findings(rules.step_record(e, 0), rank=0, k=4)
+             for e in rec.events["on_step"]]
+    assert [[f.cls for f in fs] for fs in found] == [["F3"]] * 3, found
+    assert "before backward pass(es) 3 of 4" in found[1][0].evidence
+    assert "accumulated by backward passes 1-2, was removed" in found[1][0].evidence
+
+
+def test_a_gradient_moved_aside_and_restored_is_conserved_and_nothing_lost() -> None:
+    # an fp32 gradient buffer: .grad moved aside after each backward, the sum put back
+    # before the step (correct); the clears are facts, nothing was lost
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    obs, rec = _observe(model)
+    buf = [torch.zeros_like(p) for p in model.parameters()]
+    with obs:
+        for i in range(3):
+            _loss(model, i).backward()
+            for b, p in zip(buf, model.parameters(), strict=True):
+                b += p.grad
+                p.grad = None
+        for b, p in zip(buf, model.parameters(), strict=True):
+            p.grad = b.clone()
+        opt.step()
+    (cons,) = [s.conservation for s in rec.events["on_step_start"]]
+    assert cons.ok and cons.lost == 0.0 and cons.wipes == (1, 2), cons
 
 
 def test_auto_roots_pin_the_modules_seen_at_the_top_level() -> None:

@@ -107,5 +107,58 @@ def test_callbacks_read_the_probe_unscaled_and_drop_skipped_windows(
     checks = _loop((0, 3), bug=bug, windows=12, init_scale=2.0 ** 14, attach=attach,
                    accelerate=accelerate)
     checks.close()
-    assert checks.steps == 10  # 12 windows, 2 skipped by the scaler
+    assert checks.steps == 12  # 12 windows, 2 skipped by the scaler: attempted steps
     assert sorted(set(found)) == want, found
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_findings_of_one_window_after_a_skipped_step_carry_one_step_number() -> None:
+    # A skipped step counts (as the observer and the frameworks' global_step count it): the
+    # probe's F5 and the observation layer's F8 of the same window name the same step.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(V, 8), torch.nn.Linear(8, V))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    g = torch.Generator().manual_seed(1)
+    with AccumulationChecks(model, opt, accumulation_steps=K) as checks:
+        for w in range(3):
+            for m in range(K):
+                r = 1 + (w + m) % 3
+                x = torch.randint(0, V, (r, 5), generator=g)
+                y = torch.randint(0, V, (r, 5), generator=g)
+                loss = torch.nn.functional.cross_entropy(model(x).reshape(-1, V),
+                                                         y.reshape(-1)) / K  # F5
+                if w == 0 and m == 0:
+                    loss = loss * float("inf")  # the scaler skips optimizer step 1
+                scaler.scale(loss).backward()
+                if w == 2 and m == 0:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)  # F8
+            scaler.unscale_(opt)
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+    got = [(f.step, f.class_id) for f in checks.findings]
+    assert got == [(2, "F5"), (3, "F5"), (3, "F8")], got
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_sampled_window_the_scaler_skipped_hands_its_sample_to_the_next() -> None:
+    # 1-in-10 sampling: step 0 is sampled; fp16 runs skip their first steps, so without the
+    # hand-off the observation layer would first look at step 19
+    from accumguard.observe import Observer
+
+    steps: list[tuple[int, bool]] = []
+
+    class Listener:
+        def on_step(self, ev: Any) -> None:
+            steps.append((ev.step, ev.discarded))
+
+    def attach(model: torch.nn.Module, opt: Any) -> Observer:
+        obs = Observer(roots=[model], every=10, sampled_records=True, window_size=K)
+        obs.add_listener(Listener())
+        return obs.install()
+
+    obs = _loop((0, 1), windows=5, attach=attach)
+    obs.uninstall()
+    # 0 and 1 skipped (recorded, discarded), 2 inherits the sample; 3 and 4 not sampled
+    assert steps == [(0, True), (1, True), (2, False)], steps

@@ -7,4 +7,6 @@ is imported itself (``accelerate`` only when its functions are called). The chec
 callbacks share live in :mod:`._checks` (token-weight probe + the observation layer).
 """
 
-__all__: list[str] = []
+from accumguard.integrations._checks import Finding
+
+__all__ = ["Finding"]

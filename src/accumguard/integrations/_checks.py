@@ -260,8 +260,9 @@ class AccumulationChecks:
             self._check_scheduler(step - 1)
         self._sched_steps = 0
         held, self._held_f7 = self._held_f7, None
+        probed = self.probe.active  # this window was checked (sampled, or handed a sample)
         self.probe.active = sampled(self.steps, self.every_n_steps)  # the next step checked?
-        if held is None and not sampled(step, self.every_n_steps):
+        if held is None and not probed:
             self.probe.discard()  # an unchecked step recorded nothing; an exact path's scale
             return
         if self._scaler is not None:  # dL/dlogits carries the loss scale of the window
@@ -333,9 +334,15 @@ class AccumulationChecks:
         owner = event.owner
         if owner is not self.optimizer and getattr(owner, "optimizer", None) is not self.optimizer:
             return
+        probed = self.probe.active
         self.probe.discard()
         self._check_scheduler(self.steps - 1)
         self._sched_steps = 0
+        # an attempted step: counted as the observer and the frameworks' global_step count it
+        # (findings of one window then carry one step number); a sampled window handed its
+        # sample to the next one (as the observer's arming does)
+        self.steps += 1
+        self.probe.active = probed or sampled(self.steps, self.every_n_steps)
 
     def on_step(self, event: Any) -> None:
         """Observer listener: the boundary contract of a step the observer recorded (a
@@ -346,8 +353,10 @@ class AccumulationChecks:
     def _check_scheduler(self, step: int) -> None:
         if self.scheduler is None or step < 0 or self._sched_steps <= 1:
             return
+        accel = (self._sched_wrapped and self.world_size > 1
+                 and self._sched_steps % self.world_size == 0)
         why = ("; Accelerate's prepared scheduler steps num_processes times unless "
-               "split_batches=True" if self._sched_wrapped else
+               "split_batches=True" if accel else
                "; e.g. scheduler.step() inside the micro-step loop, or called twice")
         self._report(_finding(step, "F4", f"the LR scheduler stepped {self._sched_steps} times "
                               f"for optimizer step {step + 1} (expected 1{why})"))

@@ -129,9 +129,10 @@ class Conservation:
     ok: bool
     reason: str
     first_wipe: int | None = None  # first backward (0-based) that began on a wiped gradient
-    #: every backward (0-based) that began on a wiped gradient, and the share of the window's
-    #: gradient, by absolute mass (the ``sum(|g|)`` column), removed there: ``wiped`` is of
-    #: the linear checksums, whose signed terms cancel, so it understates what was lost
+    #: every backward (0-based) that began on a changed gradient (empty for "stale"), and,
+    #: for a "wiped" verdict only (else 0), the share of the window's gradient by absolute
+    #: mass (the ``sum(|g|)`` column) removed there: ``wiped`` is of the linear checksums,
+    #: whose signed terms cancel, so it understates what was lost
     wipes: tuple[int, ...] = ()
     lost: float = 0.0
     #: the common scale c between what the optimizer received and the sum of the
@@ -174,6 +175,8 @@ def conservation(*, starts: list[torch.Tensor], ends: list[torch.Tensor],
         if _rel(gap, scale) > tol:
             wipes.append(i)
             lost += max(0.0, float(gap[:, 2].sum())) / scale
+    if wipes and starts:  # a leftover the clears removed is not the window's gradient
+        lost = max(0.0, lost - float(starts[0][:, 2].sum()) / scale)
     first_wipe = wipes[0] if wipes else None
     wiped = _rel(wiped_t, scale)
     # what the optimizer got vs the sum of contributions, up to one positive scale
@@ -185,13 +188,17 @@ def conservation(*, starts: list[torch.Tensor], ends: list[torch.Tensor],
     resid = float((a - c * b).abs().sum()) / max(float(a.abs().sum()), float(b.abs().sum()) * c,
                                                  1e-30)
     received_rel = resid
-    if stale > tol and received_rel > tol:
-        ok, reason = False, "stale"
-    elif wiped > tol and received_rel > tol:
+    # A wipe inside the window is the cause when there is one: a leftover it cleared never
+    # reached the optimizer (a zero_grad in the middle of every window leaves a stale start
+    # in the next one, and removes it with that window's first micro-steps).
+    if wiped > tol and received_rel > tol:
         ok, reason = False, "wiped"
+    elif stale > tol and received_rel > tol:
+        ok, reason = False, "stale"
     else:
         ok, reason = True, ""
     return Conservation(n, wiped, stale, received_rel, ok, reason,
                         first_wipe=None if reason == "stale" else first_wipe,
-                        wipes=tuple(wipes), lost=min(lost, 1.0), scale=c,
+                        wipes=() if reason == "stale" else tuple(wipes),
+                        lost=min(lost, 1.0) if reason == "wiped" else 0.0, scale=c,
                         contrib_sums=tuple(b.tolist()), received_sums=tuple(a.tolist()))

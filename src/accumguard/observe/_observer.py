@@ -496,7 +496,10 @@ class Observer(ForwardHooks):
                 # leftover): verify the next windows, sampled or not
                 self.force_checks = FORCED_CHECKS
             armed = self._armed
-            self._armed = sampled(self.step + 1, self.every) or self.force_checks > 0
+            # a sampled window a GradScaler skipped hands its sample to the next window (fp16
+            # runs skip their first steps: step 0 would otherwise be checked never)
+            self._armed = (sampled(self.step + 1, self.every) or self.force_checks > 0
+                           or (discarded and armed))
             if self._armed != armed:
                 self._hook_roots(self._armed)
             if not armed and not w.unusual(self.window_size):

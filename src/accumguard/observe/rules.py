@@ -327,24 +327,33 @@ def _dropped_text(w: dict[str, Any], j: int) -> str:
 
 
 def _wipe_text(w: dict[str, Any], cls: str, n: int) -> str:
-    """Where the window's gradient was cleared, and how much of it (by absolute mass) the
-    optimizer never received."""
+    """Where the window's gradient changed between backward passes (numbered among this
+    step's backward passes, which the checksums cover), and how much of it, by absolute
+    mass, never reached the optimizer."""
     cons = w["conservation"]
     wipes = [int(j) + 1 for j in cons.get("wipes") or ()]
-    head = (f"zero_grad() ran {w['zero_grads_between']} time(s) inside the window of optimizer "
-            f"step {_n(w['step'])}" if cls == "F3" else
-            f"gradient conservation broken at optimizer step {_n(w['step'])}")
+    nb = int(w.get("backwards", n))
+    off = (f"the optimizer received {cons['received']:.3g} (relative) off the sum of the "
+           f"{nb} backward passes' contributions")
+    if cls == "F3":
+        head = (f"zero_grad() ran {w['zero_grads_between']} time(s) inside the window of "
+                f"optimizer step {_n(w['step'])}")
+        how = "was cleared, in whole or in part,"
+    else:
+        head = f"gradient conservation broken at optimizer step {_n(w['step'])}"
+        how = "was changed by something other than a backward (a clear, a rescale, a reset)"
     if not wipes:  # a record from before the positions were kept
         return (f"{head}: {cons['wiped']:.3g} (relative) of the window's gradient was removed "
-                f"between backward passes; the optimizer received {cons['received']:.3g} off "
-                f"the sum of the {n} micro-steps' contributions")
-    last = wipes[-1] - 1  # backward passes 1..last ran before the last clear
-    after = f"pass {n}" if last == n - 1 else f"passes {last + 1}-{n}"
-    before = "backward pass 1" if last == 1 else f"backward passes 1-{last}"
-    return (f"{head}: the gradient was cleared before backward pass(es) "
-            f"{', '.join(map(str, wipes))} of {n}; what {before} accumulated was removed "
-            f"(about {100 * cons.get('lost', 0.0):.0f}% of the window's gradient by absolute "
-            f"mass) and the optimizer received mainly backward {after}")
+                f"between backward passes; {off}")
+    text = (f"{head}: the gradient {how} before backward pass(es) "
+            f"{', '.join(map(str, wipes))} of {nb}; {off}")
+    lost = float(cons.get("lost", 0.0))
+    if lost >= 0.005:
+        last = wipes[-1] - 1  # backward passes 1..last ran before the last change
+        before = "backward pass 1" if last == 1 else f"backward passes 1-{last}"
+        text += (f"; about {100 * lost:.0f}% of the window's gradient by absolute mass, "
+                 f"accumulated by {before}, was removed")
+    return text
 
 
 def _sync_findings(rank: int, w: dict[str, Any]) -> list[Finding]:
