@@ -46,8 +46,9 @@ def test_every_verdict_as_expected(demo: tuple[Any, dict[str, Any], str, Path]) 
         else:
             assert r["verdict"] == "FAIL" and min(r["update_errors"]) >= fwd.BROKEN_MIN, r
             assert "F5" in r["finding_classes"], r
-    # Accelerate's prepared scheduler steps once per process: F4 besides F5.
-    assert rows[("accelerate", "broken")]["finding_classes"] == ["F4", "F5"]
+    # Accelerate's prepared scheduler advances its schedule once per process per step: by
+    # Accelerate's design (said as info), not F4, as accumguard watch counts it
+    assert rows[("accelerate", "broken")]["finding_classes"] == ["F5"]
     assert (out_dir / FRAMEWORKS_PNG).stat().st_size > 10_000
     assert "verdict: every run as expected" in text
     assert "F5: micro-steps with" in text  # the callback's own evidence is shown

@@ -184,25 +184,39 @@ class AccumulationChecks:
         self.optimizer = unwrap_optimizer(optimizer)
         self._step_handle = self.optimizer.register_step_post_hook(self._after_step)
         self.scheduler = unwrap_scheduler(scheduler) if scheduler is not None else None
-        # Accelerate's wrapper: the usual cause of several scheduler steps per optimizer step
-        self._sched_wrapped = self.scheduler is not None and self.scheduler is not scheduler
+        # The steps counted are the calls of the scheduler given: Accelerate's wrapper steps
+        # its inner schedule num_processes times per call by design (split_batches=False: the
+        # schedule is then meant in batches of the unprepared dataloader), which is one
+        # scheduler step for F4, as ``accumguard watch`` counts it; said once, as info.
+        self._sched_obj = scheduler
         self._sched_steps = 0
         self._sched_had_attr = False
+        self._said_sched_w = False
         self._scaler: Any = None  # a GradScaler seen unscaling: the probe reads scaled grads
         self._said_not_ce = False
         self._said_f1 = False
         self._held_f7: Finding | None = None  # see _after_step
-        if self.scheduler is not None:
-            self._sched_had_attr = "step" in vars(self.scheduler)
-            previous = self.scheduler.step
+        if scheduler is not None:
+            self._sched_had_attr = "step" in vars(scheduler)
+            previous = scheduler.step
+            inner = self.scheduler
 
             @functools.wraps(previous)
             def counted_step(*args: Any, **kwargs: Any) -> Any:
-                self._sched_steps += 1
-                return previous(*args, **kwargs)
+                before = getattr(inner, "last_epoch", None)
+                out = previous(*args, **kwargs)
+                after = getattr(inner, "last_epoch", None)
+                if inner is scheduler or not isinstance(before, int) \
+                        or not isinstance(after, int):
+                    self._sched_steps += 1
+                elif after > before:  # the wrapper stepped its schedule (not a skipped step)
+                    self._sched_steps += 1
+                    if after - before > 1:
+                        self._say_wrapper_steps(after - before)
+                return out
 
             self._sched_previous = previous
-            self.scheduler.step = counted_step
+            scheduler.step = counted_step
         self.observer: Any = None
         if observe:
             from accumguard.observe import Observer
@@ -232,11 +246,11 @@ class AccumulationChecks:
                 self.observer = None
             self.probe.close()
             self._step_handle.remove()
-            if self.scheduler is not None:
+            if self._sched_obj is not None:
                 if self._sched_had_attr:
-                    self.scheduler.step = self._sched_previous
+                    self._sched_obj.step = self._sched_previous
                 else:
-                    del self.scheduler.step
+                    del self._sched_obj.step
             self.probe = None  # type: ignore[assignment]
         if held is not None:  # no window came after it: a short last window (F7)
             self._report(held)
@@ -310,6 +324,15 @@ class AccumulationChecks:
                               "optimizer steps (and zero_grad runs) every micro-step; each "
                               "update is one micro-batch's gradient"))
 
+    def _say_wrapper_steps(self, n: int) -> None:
+        if not self._said_sched_w and self.rank == 0:
+            log.info("accumguard: Accelerate's prepared scheduler advances its schedule %d "
+                     "times per optimizer step (num_processes, split_batches=False), by "
+                     "Accelerate's design: right when the schedule's length counts batches "
+                     "of the unprepared dataloader; if you computed it from the prepared "
+                     "dataloader (or from optimizer steps), the schedule runs %dx ahead", n, n)
+        self._said_sched_w = True
+
     def _not_cross_entropy(self, step: int) -> None:
         """The probed module's gradient is not a token cross-entropy's: the token weights
         cannot be read from it. Said once (info), never a finding."""
@@ -353,13 +376,9 @@ class AccumulationChecks:
     def _check_scheduler(self, step: int) -> None:
         if self.scheduler is None or step < 0 or self._sched_steps <= 1:
             return
-        accel = (self._sched_wrapped and self.world_size > 1
-                 and self._sched_steps % self.world_size == 0)
-        why = ("; Accelerate's prepared scheduler steps num_processes times unless "
-               "split_batches=True" if accel else
-               "; e.g. scheduler.step() inside the micro-step loop, or called twice")
         self._report(_finding(step, "F4", f"the LR scheduler stepped {self._sched_steps} times "
-                              f"for optimizer step {step + 1} (expected 1{why})"))
+                              f"for optimizer step {step + 1} (expected 1; e.g. "
+                              "scheduler.step() inside the micro-step loop, or called twice)"))
         self._sched_steps = 0
 
     def _gather(self, recs: torch.Tensor) -> list[torch.Tensor]:
