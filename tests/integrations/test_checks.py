@@ -70,6 +70,44 @@ def _train(loss_mode: str, *, k: int = 4, sched_steps: int = 1, zero_inside: boo
     return checks
 
 
+@pytest.mark.parametrize(("rescale", "want"), [
+    ("exact", []),              # sum the token losses, then grad *= 1/N: exact, silent
+    ("twice", ["LOSS_SCALE"]),  # grad *= 2/N: every token weighs 2/N
+    ("mean_then_k", ["F5"]),    # per-micro-batch means, grad *= 1/K at the boundary: F5
+    ("decay", []),              # grad += wd*p (not one scale): nothing claimed, loss exact
+])
+@pytest.mark.parametrize("every", [1, 10])
+def test_a_rescale_at_the_boundary_is_measured(rescale: str, want: list[str], every: int
+                                               ) -> None:
+    # Normalising by scaling the accumulated gradient (not the losses) is correct when the
+    # scale is 1/N; the probe reads only the backward's weights, the observer measures the
+    # scale on the logits weight between the last backward and the clip/step.
+    torch.manual_seed(0)
+    model = TokenMLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = make_rank_batches(seed=1, world_size=1, micro_batches=12)[0]
+    with AccumulationChecks(model, opt, accumulation_steps=4, logits_module=model.fc2,
+                            every_n_steps=every) as c:
+        for start in range(0, len(batches), 4):
+            window = batches[start:start + 4]
+            total = sum(float(count_tokens(b)) for b in window)
+            for b in window:
+                s, n = token_loss(model, b)
+                (s / n if rescale == "mean_then_k" else s / total if rescale == "decay"
+                 else s).backward()
+            factor = {"exact": 1 / total, "twice": 2 / total, "mean_then_k": 0.25}.get(rescale)
+            with torch.no_grad():
+                for p in model.parameters():
+                    if factor is None:
+                        p.grad.add_(p, alpha=0.01)
+                    else:
+                        p.grad.mul_(factor)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1e3)  # measured before it
+            opt.step()
+            opt.zero_grad()
+    assert sorted({f.class_id for f in c.findings}) == want, c.findings
+
+
 def test_probe_exact_loop_has_no_findings_and_mean_of_means_is_f5() -> None:
     ok = _train("exact")
     assert ok.findings == [] and ok.checked_steps == 2

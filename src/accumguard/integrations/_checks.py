@@ -225,10 +225,13 @@ class AccumulationChecks:
             # window loss: the boundary rules do not read it (a host read per step saved)
             # sampled records: the boundary rules judge the probe's sampled windows (and the
             # windows after a reset inside an unchecked one); the others cost ~nothing
+            weight = getattr(self.probe._module, "weight", None)
             self.observer = Observer(roots=[model], conservation=True, every=every_n_steps,
                                      budget=None if every_n_steps == 1 else CONSERVATION_BUDGET,
                                      record_losses=False, window_loss=False,
-                                     sampled_records=True, window_size=accumulation_steps)
+                                     sampled_records=True, window_size=accumulation_steps,
+                                     boundary_param=weight if isinstance(
+                                         weight, torch.nn.Parameter) else None)
             self.observer.add_listener(self)
             self.observer.install()
 
@@ -279,7 +282,14 @@ class AccumulationChecks:
         if held is None and not probed:
             self.probe.discard()  # an unchecked step recorded nothing; an exact path's scale
             return
-        if self._scaler is not None:  # dL/dlogits carries the loss scale of the window
+        # What the loop did to the accumulated gradient before the clip/step (a GradScaler's
+        # unscale, an exact path's W/N, accumguard's or hand-written) is measured on the
+        # logits weight's gradient where the observer checked the window: it replaces the
+        # factors declared to the probe; else the scaler's scale divides dL/dlogits.
+        measured = self.observer.boundary_scale() if self.observer is not None else None
+        if measured is not None:
+            self.probe.scale = measured
+        elif self._scaler is not None:
             self.probe.scale /= float(self._scaler.get_scale())
         ranks = self._gather(self.probe.take())
         self.checked_steps += 1

@@ -38,6 +38,7 @@ import torch
 
 from accumguard.observe import _patch_accelerate, _patch_deepspeed, _patch_torch, _patch_trainers
 from accumguard.observe._attribution import Attribution
+from accumguard.observe._boundary import BoundaryScale
 from accumguard.observe._checksum import (
     FORCED_CHECKS,
     checksums,
@@ -113,6 +114,9 @@ class Observer(ForwardHooks):
             framework callbacks): the root hooks and the record cost about 1 % of a
             demo-LM step.
         window_size: K, for ``sampled_records`` (see there); None: not judged.
+        boundary_param: a parameter whose gradient's scale between the last backward and
+            the first clip (or the step) is measured on checked windows
+            (:meth:`boundary_scale`; the framework callbacks pass the logits layer's weight).
     """
 
     def __init__(self, roots: Iterable[torch.nn.Module] | None = None, *,
@@ -120,7 +124,8 @@ class Observer(ForwardHooks):
                  record_updates: bool = False, every: int = 1,
                  budget: float | None = None, attribute: bool = False,
                  record_losses: bool = True, window_loss: bool = True,
-                 sampled_records: bool = False, window_size: int | None = None) -> None:
+                 sampled_records: bool = False, window_size: int | None = None,
+                 boundary_param: torch.Tensor | None = None) -> None:
         self.listeners: list[Any] = []
         # method name -> bound listener methods (every name of _EVENT_METHODS)
         self._handlers: dict[str, list[Any]] = {m: [] for m in _EVENT_METHODS}
@@ -142,6 +147,7 @@ class Observer(ForwardHooks):
         self.window_loss = window_loss
         self.sampled_records = sampled_records
         self.window_size = window_size
+        self.boundary = BoundaryScale(boundary_param) if boundary_param is not None else None
         self._armed = True  # this window is sampled (always, without sampled_records)
         self._root_handles: list[Any] = []
         self.force_checks = 0  # check conservation on the next N windows whatever the budget
@@ -344,6 +350,8 @@ class Observer(ForwardHooks):
             w.bw_since_engine_step += 1
             w.zero_since_backward = 0
             self.backward_total += 1
+            if self.boundary is not None:
+                self.boundary.after_backward()
             for listen in handlers["on_backward"]:
                 listen(ev)
 
@@ -533,8 +541,20 @@ class Observer(ForwardHooks):
         self.step += 1
         self._w = Window()
         self._window_checked = None if self._armed else False  # unarmed: no checksums
+        if self.boundary is not None:
+            self.boundary.reset()
         if reset_losses:
             self.losses.reset()
+
+    def boundary_scale(self) -> float | None:
+        """The one scale the loop applied to the accumulated gradient after this window's
+        last backward, before its first clip or the step (:mod:`._boundary`), or None
+        (unmeasured; not one scale; DeepSpeed, whose gradients are not in ``.grad``).
+        Valid until the observer ends the window (an optimizer's own post hooks run first)."""
+        if self.boundary is None or self.engine == "deepspeed":
+            return None
+        with self._quiet():
+            return self.boundary.scale()
 
     def _count_sched(self, sched: Any) -> None:
         count = self._sched_counts.get(id(sched), 0) + 1
@@ -551,10 +571,6 @@ class Observer(ForwardHooks):
     def _emit(self, method: str, event: Any) -> None:
         for fn in self._handlers[method]:
             fn(event)
-
-    def _wants(self, method: str) -> bool:
-        """Does any listener take ``method``? (Lets hot paths skip building an event.)"""
-        return bool(self._handlers[method])
 
     @contextlib.contextmanager
     def _quiet(self) -> Any:

@@ -233,6 +233,8 @@ def _clip_wrapper(obs: Any, name: str) -> Callable[[Callable[..., Any]], Any]:
                 obs._emit("on_clip", ClipEvent(obs.step, len(obs._w.backwards), name, params))
             obs._w.clip_micros.append(len(obs._w.backwards))
             obs._w.clip_names.append(name)
+            if obs.boundary is not None:
+                obs.boundary.before_clip()  # (after the listeners: a rescale they ran counts)
             obs._clip_depth += 1  # the outermost clipping call is the event
             try:
                 return orig(params, *args, **kwargs)
