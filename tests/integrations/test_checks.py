@@ -391,3 +391,24 @@ def test_a_held_f7_is_said_once_after_every_hook_is_removed(strict: bool) -> Non
     c.close()  # idempotent: nothing said twice
     assert [(f.step, f.class_id) for f in c.findings] == [(3, "F7")]
     assert not model.fc2._forward_hooks and not opt._optimizer_step_post_hooks
+
+
+def test_fix_hints_speak_the_frameworks_terms() -> None:
+    from accumguard.integrations import accelerate, lightning, transformers
+
+    c = _train("mean")  # no hints: the generic fix
+    assert "accumulator" not in c.findings[0].fix
+    torch.manual_seed(0)
+    model = TokenMLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = make_rank_batches(seed=1, world_size=1, micro_batches=4)[0]
+    with AccumulationChecks(model, opt, accumulation_steps=4, logits_module=model.fc2,
+                            fix_hints=accelerate.FIX_HINTS) as c:
+        for b in batches:
+            s, n = token_loss(model, b)
+            (s / n / 4).backward()
+        opt.step()
+    (f,) = c.findings
+    assert f.class_id == "F5" and f.fix.endswith(accelerate.FIX_HINTS["F5"]), f.fix
+    for hints in (transformers.FIX_HINTS, lightning.FIX_HINTS):
+        assert "F5" in hints and "exact" in hints["F5"]

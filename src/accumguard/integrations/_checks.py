@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
@@ -156,13 +156,16 @@ class AccumulationChecks:
             rooted at ``model``) for the boundary contract; see :func:`boundary_findings`.
             It also tells the probe about a GradScaler (its scale, its skipped steps):
             with ``observe=False`` an fp16 run with a GradScaler reads as LOSS_SCALE.
+        fix_hints: class id -> a sentence appended to that class's fix, in the words of
+            the framework the checks run in (the callbacks pass theirs).
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: Any, *, accumulation_steps: int,
                  scheduler: Any = None, averages_over_ranks: bool | None = None,
                  logits_module: torch.nn.Module | None = None, every_n_steps: int = 1,
                  strict: bool = False, on_finding: Callable[[Finding], None] | None = None,
-                 process_group: Any = None, observe: bool = True) -> None:
+                 process_group: Any = None, observe: bool = True,
+                 fix_hints: dict[str, str] | None = None) -> None:
         if not isinstance(every_n_steps, int) or every_n_steps < 1:
             raise ConfigError(f"every_n_steps ({every_n_steps!r}) must be a positive int")
         import torch.distributed as dist
@@ -178,6 +181,7 @@ class AccumulationChecks:
         self.strict = strict
         self.on_finding = on_finding
         self.findings: list[Finding] = []
+        self.fix_hints = dict(fix_hints or {})
         self.steps = 0
         self.checked_steps = 0
         self.probe = TokenWeightProbe(logits_module or find_logits_module(model))
@@ -406,6 +410,9 @@ class AccumulationChecks:
         return [o[: int(n.item())] for o, n in zip(out, ms, strict=True)]
 
     def _report(self, finding: Finding) -> None:
+        hint = self.fix_hints.get(finding.class_id)
+        if hint:
+            finding = replace(finding, fix=f"{finding.fix} {hint}")
         self.findings.append(finding)
         if self.on_finding is not None:
             self.on_finding(finding)

@@ -143,11 +143,25 @@ def watch(accelerator: Any, model: torch.nn.Module, optimizer: Any, *, scheduler
 
     Returns the :class:`~accumguard.integrations._checks.AccumulationChecks`; read
     ``.findings`` (F5 for a token mean through ``accelerator.backward`` with uneven
-    counts, F4 when the prepared scheduler runs W× per optimizer step, ...) and
+    counts, F8 for a clip on every micro-step, F1 for micro-steps outside
+    ``accelerator.accumulate``, ...) and
     ``close()`` it at the end. One step in ``every_n_steps`` is checked (the scheduler
     count every step). ``options`` go to ``AccumulationChecks``.
     """
     k = accumulation_steps if accumulation_steps is not None else int(
         accelerator.gradient_accumulation_steps)
+    options.setdefault("fix_hints", FIX_HINTS)
     return AccumulationChecks(model, optimizer, accumulation_steps=k, scheduler=scheduler,
                               every_n_steps=every_n_steps, **options)
+
+
+#: The fix of each class in Accelerate's terms (appended to the generic one).
+FIX_HINTS = {
+    "F5": "With Accelerate: sum the token losses and step through accumulator(accelerator, "
+          "...), which divides by the window's global count.",
+    "LOSS_SCALE": "With Accelerate: accelerator.backward already divides by "
+                  "gradient_accumulation_steps; accumulator(accelerator, ...) compensates it.",
+    "F8": "With Accelerate: clip only when accelerator.sync_gradients is True.",
+    "F1": "With Accelerate: run each micro-step inside `with accelerator.accumulate(model):` "
+          "(or step only when accelerator.sync_gradients).",
+}

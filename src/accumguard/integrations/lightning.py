@@ -55,6 +55,20 @@ def default_count(batch: Any) -> torch.Tensor:
     return (labels != -100).sum()
 
 
+#: The fix of each class in Lightning's terms (appended to the generic one).
+FIX_HINTS = {
+    "F5": "In Lightning: return the summed token loss from training_step and add "
+          "AccumguardCallback(exact=True) (Lightning divides each micro-batch's loss by "
+          "accumulate_grad_batches, right only for equal token counts).",
+    "LOSS_SCALE": "In Lightning: return the summed token loss with "
+                  "AccumguardCallback(exact=True), or divide by the window's global count "
+                  "(count_fn= must count the tokens your loss averages, e.g. after a label "
+                  "shift).",
+    "F4": "In Lightning: let the Trainer step the scheduler (interval='step'), or in manual "
+          "optimisation call sch.step() next to opt.step(), once per window.",
+}
+
+
 class AccumguardCallback(pl.Callback):
     """Exact token-normalised accumulation (``exact=True``) and accumulation checks.
 
@@ -107,7 +121,7 @@ class AccumguardCallback(pl.Callback):
                 pl_module, trainer.optimizers[0], accumulation_steps=k, scheduler=sched,
                 averages_over_ranks=self._world > 1, logits_module=self.logits_module,
                 every_n_steps=self.every_n_steps, strict=self.strict,
-                on_finding=self._on_finding)
+                on_finding=self._on_finding, fix_hints=FIX_HINTS)
         if self.exact and not pl_module.automatic_optimization:
             listener = _RescaleBeforeClip(self, trainer, pl_module)
             if self.checks is not None and self.checks.observer is not None:

@@ -113,6 +113,20 @@ def exact_token_loss(trainer: Any, logits: torch.Tensor, labels: torch.Tensor,
     return total * scale / num_items_in_batch
 
 
+#: The fix of each class in the Trainer's terms (appended to the generic one).
+FIX_HINTS = {
+    "F5": "In a compute_loss override: return exact_token_loss(self, outputs.logits, "
+          "inputs['labels'], num_items_in_batch) (the summed token loss divided by "
+          "num_items_in_batch, x world size); the Trainer does not divide by K itself.",
+    "LOSS_SCALE": "In a compute_loss override: divide the summed token loss by "
+                  "num_items_in_batch (exact_token_loss), not by K or a local count.",
+    "F10": "When num_items_in_batch counts every rank's tokens, multiply by the number of "
+           "processes (DDP averages the ranks): exact_token_loss does.",
+    "F6": "Set TrainingArguments(average_tokens_across_devices=True) and divide by "
+          "num_items_in_batch.",
+}
+
+
 class AccumguardCallback(TrainerCallback):
     """Runs the accumulation checks inside a ``Trainer``.
 
@@ -141,7 +155,7 @@ class AccumguardCallback(TrainerCallback):
             model, optimizer, accumulation_steps=int(args.gradient_accumulation_steps),
             scheduler=lr_scheduler, averages_over_ranks=int(args.world_size) > 1,
             logits_module=self.logits_module, every_n_steps=self.every_n_steps,
-            strict=self.strict, on_finding=self.findings.append)
+            strict=self.strict, on_finding=self.findings.append, fix_hints=FIX_HINTS)
         state.accumguard_findings = []
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
