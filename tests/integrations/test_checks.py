@@ -75,6 +75,7 @@ def _train(loss_mode: str, *, k: int = 4, sched_steps: int = 1, zero_inside: boo
     ("twice", ["LOSS_SCALE"]),  # grad *= 2/N: every token weighs 2/N
     ("mean_then_k", ["F5"]),    # per-micro-batch means, grad *= 1/K at the boundary: F5
     ("decay", []),              # grad += wd*p (not one scale): nothing claimed, loss exact
+    ("after_clip", []),         # an inactive clip (norm logging) first, then grad *= 1/N
 ])
 @pytest.mark.parametrize("every", [1, 10])
 def test_a_rescale_at_the_boundary_is_measured(rescale: str, want: list[str], every: int
@@ -95,7 +96,10 @@ def test_a_rescale_at_the_boundary_is_measured(rescale: str, want: list[str], ev
                 s, n = token_loss(model, b)
                 (s / n if rescale == "mean_then_k" else s / total if rescale == "decay"
                  else s).backward()
-            factor = {"exact": 1 / total, "twice": 2 / total, "mean_then_k": 0.25}.get(rescale)
+            factor = {"exact": 1 / total, "twice": 2 / total, "mean_then_k": 0.25,
+                      "after_clip": 1 / total}.get(rescale)
+            if rescale == "after_clip":
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)
             with torch.no_grad():
                 for p in model.parameters():
                     if factor is None:
@@ -412,3 +416,29 @@ def test_fix_hints_speak_the_frameworks_terms() -> None:
     assert f.class_id == "F5" and f.fix.endswith(accelerate.FIX_HINTS["F5"]), f.fix
     for hints in (transformers.FIX_HINTS, lightning.FIX_HINTS):
         assert "F5" in hints and "exact" in hints["F5"]
+
+
+def test_the_inner_scheduler_of_accelerates_wrapper_is_counted_when_called_directly() -> None:
+    from accelerate import Accelerator
+
+    accel = Accelerator(cpu=True)
+    torch.manual_seed(0)
+    model = TokenMLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    model, opt, sched = accel.prepare(model, opt, sched)
+    batches = make_rank_batches(seed=1, world_size=1, micro_batches=4)[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with AccumulationChecks(model, opt, accumulation_steps=2, scheduler=sched,
+                                logits_module=model.fc2) as c:
+            for w in range(2):
+                for b in batches[2 * w:2 * w + 2]:
+                    s, _ = token_loss(model, b)
+                    (s / 40).backward()
+                opt.step()
+                sched.step()  # the wrapper: one step
+                if w == 1:
+                    sched.scheduler.step()  # and the inner one by hand: a second
+                opt.zero_grad()
+    assert [(f.step, f.class_id) for f in c.findings if f.class_id == "F4"] == [(2, "F4")]

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -192,26 +193,27 @@ class AccumulationChecks:
         # its inner schedule num_processes times per call by design (split_batches=False: the
         # schedule is then meant in batches of the unprepared dataloader), which is one
         # scheduler step for F4, as ``accumguard watch`` counts it; said once, as info.
-        self._sched_obj = scheduler
         self._sched_steps = 0
-        self._sched_had_attr = False
         self._said_sched_w = False
         self._scaler: Any = None  # a GradScaler seen unscaling: the probe reads scaled grads
         self._said_not_ce = False
+        self._said_mixed = False
         self._said_f1 = False
         self._held_f7: Finding | None = None  # see _after_step
+        self._sched_restore: list[tuple[Any, bool, Any]] = []  # (object, had attr, step)
+        self._in_wrapper = False
         if scheduler is not None:
-            self._sched_had_attr = "step" in vars(scheduler)
-            previous = scheduler.step
             inner = self.scheduler
 
-            @functools.wraps(previous)
-            def counted_step(*args: Any, **kwargs: Any) -> Any:
+            def outer_step(previous: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
                 before = getattr(inner, "last_epoch", None)
-                out = previous(*args, **kwargs)
+                self._in_wrapper = True
+                try:
+                    out = previous(*args, **kwargs)
+                finally:
+                    self._in_wrapper = False
                 after = getattr(inner, "last_epoch", None)
-                if inner is scheduler or not isinstance(before, int) \
-                        or not isinstance(after, int):
+                if not isinstance(before, int) or not isinstance(after, int):
                     self._sched_steps += 1
                 elif after > before:  # the wrapper stepped its schedule (not a skipped step)
                     self._sched_steps += 1
@@ -219,8 +221,14 @@ class AccumulationChecks:
                         self._say_wrapper_steps(after - before)
                 return out
 
-            self._sched_previous = previous
-            scheduler.step = counted_step
+            def inner_step(previous: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+                if not self._in_wrapper:  # called directly (or no wrapper): one step each
+                    self._sched_steps += 1
+                return previous(*args, **kwargs)
+
+            if inner is not scheduler:
+                self._wrap_step(scheduler, outer_step)
+            self._wrap_step(inner, inner_step)
         self.observer: Any = None
         if observe:
             from accumguard.observe import Observer
@@ -253,11 +261,11 @@ class AccumulationChecks:
                 self.observer = None
             self.probe.close()
             self._step_handle.remove()
-            if self._sched_obj is not None:
-                if self._sched_had_attr:
-                    self._sched_obj.step = self._sched_previous
+            for obj, had, previous in reversed(self._sched_restore):
+                if had:
+                    obj.step = previous
                 else:
-                    del self._sched_obj.step
+                    del obj.step
             self.probe = None  # type: ignore[assignment]
         if held is not None:  # no window came after it: a short last window (F7)
             self._report(held)
@@ -291,16 +299,23 @@ class AccumulationChecks:
         # logits weight's gradient where the observer checked the window: it replaces the
         # factors declared to the probe; else the scaler's scale divides dL/dlogits.
         measured = self.observer.boundary_scale() if self.observer is not None else None
-        if measured is not None:
+        mixed = measured is not None and math.isnan(measured)  # changed, not by one scale
+        if measured is not None and not mixed:
             self.probe.scale = measured
         elif self._scaler is not None:
             self.probe.scale /= float(self._scaler.get_scale())
-        ranks = self._gather(self.probe.take())
+        recs = self.probe.take()
+        if mixed:
+            recs[:, 3] = math.inf  # not judged: decided after the gather, on every rank alike
+        ranks = self._gather(recs)
         self.checked_steps += 1
         tol = WEIGHT_TOL_LOW_PRECISION if self.probe.low_precision else WEIGHT_TOL
         if any(len(r) and float(r[:, 3].max()) > _SIGNATURE_TOL * tol / WEIGHT_TOL
                for r in ranks):
-            self._not_cross_entropy(step)
+            if any(len(r) and math.isinf(float(r[:, 3].max())) for r in ranks):
+                self._boundary_mixed(step)
+            else:
+                self._not_cross_entropy(step)
             if held is not None:
                 self._report(held)
             return
@@ -338,6 +353,11 @@ class AccumulationChecks:
                               "optimizer steps (and zero_grad runs) every micro-step; each "
                               "update is one micro-batch's gradient"))
 
+    def _wrap_step(self, obj: Any, counted: Callable[..., Any]) -> None:
+        previous = obj.step
+        self._sched_restore.append((obj, "step" in vars(obj), previous))
+        obj.step = functools.wraps(previous)(functools.partial(counted, previous))
+
     def _say_wrapper_steps(self, n: int) -> None:
         if not self._said_sched_w and self.rank == 0:
             log.info("accumguard: Accelerate's prepared scheduler advances its schedule %d "
@@ -346,6 +366,17 @@ class AccumulationChecks:
                      "of the unprepared dataloader; if you computed it from the prepared "
                      "dataloader (or from optimizer steps), the schedule runs %dx ahead", n, n)
         self._said_sched_w = True
+
+    def _boundary_mixed(self, step: int) -> None:
+        """Between the last backward and the step the gradient changed by more than one
+        scale (a hand-written all-reduce, weight decay added to .grad): the weights the
+        optimizer received are not the probe's times one number. Said once (info)."""
+        if not self._said_mixed and self.rank == 0:
+            log.info("accumguard step %d: between the last backward and the optimizer step "
+                     "the gradient changed by more than one scale (e.g. a hand-written "
+                     "all-reduce, weight decay added to .grad): token weights are not judged "
+                     "on such steps", step + 1)
+        self._said_mixed = True
 
     def _not_cross_entropy(self, step: int) -> None:
         """The probed module's gradient is not a token cross-entropy's: the token weights

@@ -102,7 +102,11 @@ class AccumguardCallback(pl.Callback):
         self.window_counts: list[float] = []
         self._count = 0.0
         self._world = 1
-        self._scaled = False  # this window's gradient was rescaled already (before a clip)
+        # manual exact: the observer whose clip events rescale, and its backward count at the
+        # last rescale (rescaled since the last backward: the step leaves the gradient alone;
+        # a window that clipped but skipped its step is not confused with the next one)
+        self._clip_obs: Any = None
+        self._scaled_after = -1
         self._observer: Any = None  # manual exact without checks: clip events only
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
@@ -123,16 +127,15 @@ class AccumguardCallback(pl.Callback):
                 every_n_steps=self.every_n_steps, strict=self.strict,
                 on_finding=self._on_finding, fix_hints=FIX_HINTS)
         if self.exact and not pl_module.automatic_optimization:
-            listener = _RescaleBeforeClip(self, trainer, pl_module)
             if self.checks is not None and self.checks.observer is not None:
-                self.checks.observer.add_listener(listener)
+                self._clip_obs = self.checks.observer
             else:
                 from accumguard.observe import Observer
 
-                self._observer = Observer(roots=[pl_module], conservation=False,
-                                          record_losses=False, window_loss=False)
-                self._observer.add_listener(listener)
-                self._observer.install()
+                self._clip_obs = self._observer = Observer(
+                    roots=[pl_module], conservation=False, record_losses=False,
+                    window_loss=False).install()
+            self._clip_obs.add_listener(_RescaleBeforeClip(self, trainer, pl_module))
 
     def _on_finding(self, finding: Finding) -> None:
         self.findings.append(finding)
@@ -145,9 +148,9 @@ class AccumguardCallback(pl.Callback):
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         if not self.exact:
             return
-        if self._scaled:  # done before the training_step's clip
-            self._scaled = False
-            return
+        obs = self._clip_obs
+        if obs is not None and self._scaled_after == obs.backward_total:
+            return  # done at the training_step's clip, after this window's last backward
         self._rescale(trainer, pl_module)
 
     def _rescale(self, trainer: Any, pl_module: Any) -> None:
@@ -201,6 +204,7 @@ class _RescaleBeforeClip:
         self._cb, self._trainer, self._module = callback, trainer, pl_module
 
     def on_clip(self, event: Any) -> None:
-        if event.micro > 0 and not self._cb._scaled:
-            self._cb._rescale(self._trainer, self._module)
-            self._cb._scaled = True
+        cb = self._cb
+        if event.micro > 0 and cb._scaled_after != cb._clip_obs.backward_total:
+            cb._rescale(self._trainer, self._module)
+            cb._scaled_after = cb._clip_obs.backward_total

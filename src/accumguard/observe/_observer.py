@@ -548,8 +548,8 @@ class Observer(ForwardHooks):
 
     def boundary_scale(self) -> float | None:
         """The one scale the loop applied to the accumulated gradient after this window's
-        last backward, before its first clip or the step (:mod:`._boundary`), or None
-        (unmeasured; not one scale; DeepSpeed, whose gradients are not in ``.grad``).
+        last backward, clips excluded (:mod:`._boundary`); None: unmeasured (an unchecked
+        window, DeepSpeed, whose gradients are not in ``.grad``); nan: not one scale.
         Valid until the observer ends the window (an optimizer's own post hooks run first)."""
         if self.boundary is None or self.engine == "deepspeed":
             return None

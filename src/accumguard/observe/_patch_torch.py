@@ -237,9 +237,12 @@ def _clip_wrapper(obs: Any, name: str) -> Callable[[Callable[..., Any]], Any]:
                 obs.boundary.before_clip()  # (after the listeners: a rescale they ran counts)
             obs._clip_depth += 1  # the outermost clipping call is the event
             try:
-                return orig(params, *args, **kwargs)
+                out = orig(params, *args, **kwargs)
             finally:
                 obs._clip_depth -= 1
+            if obs.boundary is not None:
+                obs.boundary.after_clip(name, limit, out)
+            return out
 
         return clip
 
