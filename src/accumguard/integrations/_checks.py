@@ -35,7 +35,7 @@ import torch
 
 from accumguard.core.errors import AccumulationError, ConfigError, rank_prefix
 from accumguard.core.taxonomy import fix_for, title
-from accumguard.observe import CONSERVATION_BUDGET, sampled
+from accumguard.observe import CONSERVATION_BUDGET, Patches, sampled
 from accumguard.observe.rules import (
     WEIGHT_TOL,
     WEIGHT_TOL_LOW_PRECISION,
@@ -200,7 +200,7 @@ class AccumulationChecks:
         self._said_mixed = False
         self._said_f1 = False
         self._held_f7: Finding | None = None  # see _after_step
-        self._sched_restore: list[tuple[Any, bool, Any]] = []  # (object, had attr, step)
+        self._patches = Patches()  # the scheduler step wrappers, undone at close()
         self._in_wrapper = False
         if scheduler is not None:
             inner = self.scheduler
@@ -213,12 +213,11 @@ class AccumulationChecks:
                 finally:
                     self._in_wrapper = False
                 after = getattr(inner, "last_epoch", None)
-                if not isinstance(before, int) or not isinstance(after, int):
+                known = isinstance(before, int) and isinstance(after, int)
+                if not known or after > before:  # stepped its schedule (not a skipped step)
                     self._sched_steps += 1
-                elif after > before:  # the wrapper stepped its schedule (not a skipped step)
-                    self._sched_steps += 1
-                    if after - before > 1:
-                        self._say_wrapper_steps(after - before)
+                if known and after - before > 1:
+                    self._say_wrapper_steps(after - before)
                 return out
 
             def inner_step(previous: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -227,8 +226,9 @@ class AccumulationChecks:
                 return previous(*args, **kwargs)
 
             if inner is not scheduler:
-                self._wrap_step(scheduler, outer_step)
-            self._wrap_step(inner, inner_step)
+                self._patches.wrap(scheduler, "step",
+                                   functools.partial(functools.partial, outer_step))
+            self._patches.wrap(inner, "step", functools.partial(functools.partial, inner_step))
         self.observer: Any = None
         if observe:
             from accumguard.observe import Observer
@@ -261,11 +261,7 @@ class AccumulationChecks:
                 self.observer = None
             self.probe.close()
             self._step_handle.remove()
-            for obj, had, previous in reversed(self._sched_restore):
-                if had:
-                    obj.step = previous
-                else:
-                    del obj.step
+            self._patches.undo()
             self.probe = None  # type: ignore[assignment]
         if held is not None:  # no window came after it: a short last window (F7)
             self._report(held)
@@ -352,11 +348,6 @@ class AccumulationChecks:
                               f"1/K (accumulation_steps={self.accumulation_steps}): the "
                               "optimizer steps (and zero_grad runs) every micro-step; each "
                               "update is one micro-batch's gradient"))
-
-    def _wrap_step(self, obj: Any, counted: Callable[..., Any]) -> None:
-        previous = obj.step
-        self._sched_restore.append((obj, "step" in vars(obj), previous))
-        obj.step = functools.wraps(previous)(functools.partial(counted, previous))
 
     def _say_wrapper_steps(self, n: int) -> None:
         if not self._said_sched_w and self.rank == 0:

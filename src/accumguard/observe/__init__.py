@@ -23,7 +23,7 @@ _EXPORTS = {
     "ZeroGradEvent": "_events", "CollectiveCounter": "_collectives",
     "Conservation": "_checksum", "checksums": "_checksum", "conservation": "_checksum",
     "CONSERVATION_BUDGET": "_checksum", "FORCED_CHECKS": "_checksum", "sampled": "_checksum",
-    "Observer": "_observer", "when_imported": "_imports",
+    "Observer": "_observer", "when_imported": "_imports", "Patches": "_patch",
 }
 
 __all__ = sorted(_EXPORTS)
