@@ -130,7 +130,7 @@ def test_the_wrapped_call_runs_once_whatever_fails() -> None:
 
     def make(orig):  # noqa: ANN001, ANN202
         def run(this, x):  # noqa: ANN001, ANN202
-            out = orig(this, x)
+            orig(this, x)
             raise RuntimeError("bookkeeping after the call failed")
 
         return run
