@@ -120,7 +120,10 @@ def check_gathered_counts(rows: list[list[float]], bad: BadCount | None, counts:
     """Counts must be finite numbers >= 0 on every rank (decided from the gathered rows,
     which are the same on every rank, so all ranks raise together)."""
     multi = len(rows) > 1
-    where = (lambda r: f" on rank {r}") if multi else (lambda r: "")
+
+    def where(r: int) -> str:
+        return f" on rank {r}" if multi else ""
+
     typed = [r for r, row in enumerate(rows) if row[4] > 0]
     if typed:
         seen = (f"{bad.seen}" if bad is not None else

@@ -228,9 +228,10 @@ class Accumulator:
             c = torch.stack([torch.as_tensor(0.0 if isinstance(x, BadCount) else x,
                                              dtype=torch.float64, device=dev).reshape(())
                              for x in counts])
-            f64 = {"dtype": torch.float64, "device": dev}
-            stats = torch.stack([torch.tensor(float(len(batches)), **f64), c.sum(), c.min(),
-                                 c.max(), torch.tensor(float(bad is not None), **f64)])
+            stats = torch.stack([
+                torch.tensor(float(len(batches)), dtype=torch.float64, device=dev), c.sum(),
+                c.min(), c.max(),
+                torch.tensor(float(bad is not None), dtype=torch.float64, device=dev)])
         else:
             stats = torch.tensor([0.0, 0.0, math.inf, -math.inf, 0.0], dtype=torch.float64,
                                  device=dev)
@@ -465,7 +466,7 @@ class Accumulator:
             opt = getattr(self.model, "optimizer", None)
         return list(getattr(opt, "param_groups", []))
 
-    def _finish(self, w: Window, *, skipped: bool, grad_norm: Any, lrs: tuple,
+    def _finish(self, w: Window, *, skipped: bool, grad_norm: Any, lrs: tuple[float, ...],
                 reason: str | None = None) -> None:
         if skipped:
             self.skipped_windows += 1

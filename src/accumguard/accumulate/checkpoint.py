@@ -114,13 +114,15 @@ def save_checkpoint(path: str, acc: Accumulator, *, scheduler: Any = None,
         acc.model.save_checkpoint(path, tag=tag, client_state=client)
         return
     _check_optimizer(acc)
-    import torch.distributed.checkpoint as dcp
+    # torch.distributed.checkpoint.save, from the module that exports it (the package
+    # imports it without re-exporting it to a type checker).
+    from torch.distributed.checkpoint.state_dict_saver import save
 
     model_sd, optim_sd = _state_dicts(acc)
     doc: dict[str, Any] = {"model": model_sd, "optim": optim_sd, _KEY: state}
     if sched is not None:
         doc["scheduler"] = sched.state_dict()
-    dcp.save(doc, checkpoint_id=path)
+    save(doc, checkpoint_id=path)
 
 
 def load_checkpoint(path: str, acc: Accumulator, *, scheduler: Any = None,
@@ -143,13 +145,14 @@ def load_checkpoint(path: str, acc: Accumulator, *, scheduler: Any = None,
             sched.load_state_dict(client["scheduler"])
         return dict(client[_KEY])
     _check_optimizer(acc)
-    import torch.distributed.checkpoint as dcp
+    # torch.distributed.checkpoint.load (see save_checkpoint).
+    from torch.distributed.checkpoint.state_dict_loader import load
 
     model_sd, optim_sd = _state_dicts(acc)
     doc: dict[str, Any] = {"model": model_sd, "optim": optim_sd, _KEY: acc.state_dict()}
     if sched is not None:
         doc["scheduler"] = sched.state_dict()
-    dcp.load(doc, checkpoint_id=path)
+    load(doc, checkpoint_id=path)
     acc.load_state_dict(doc[_KEY])  # K / normalisation / world size checked first
     _set_state_dicts(acc, doc["model"], doc["optim"])
     if sched is not None:

@@ -122,7 +122,7 @@ def _load(module: str, func: str, command: str) -> Callable[[list[str]], int]:
     except ImportError as exc:
         raise _Error(f"`accumguard {command}` is not available: cannot import {module} "
                      f"({exc}); reinstall accumguard (pip install -e .)") from exc
-    fn = getattr(mod, func, None)
+    fn: Callable[[list[str]], int] | None = getattr(mod, func, None)
     if fn is None:
         raise _Error(f"`accumguard {command}` is not available: {module} has no {func}()")
     return fn

@@ -138,7 +138,7 @@ def print_report(report: AuditReport, file: TextIO | None = None) -> None:
                                    "fix": "yellow"}.get(kind), highlight=False)
 
 
-def write_json(reports: AuditReport | dict[str, AuditReport], path: str | os.PathLike) -> None:
+def write_json(reports: AuditReport | dict[str, AuditReport], path: str | os.PathLike[str]) -> None:
     """Write one report, or several by name, with everything (``to_dict()``), to ``path``."""
     if isinstance(reports, AuditReport):
         reports = {reports.name: reports}

@@ -25,7 +25,8 @@ def precision_rows(ks: tuple[int, ...] = (4, 64, 512), dim: int = 64, micro: int
     from accumguard import Accumulator
 
     def loss(m: nn.Module, b: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        return ((m(b[0].to(torch.bfloat16)).float() - b[1]) ** 2).sum()
+        out: torch.Tensor = ((m(b[0].to(torch.bfloat16)).float() - b[1]) ** 2).sum()
+        return out
 
     def bf16_copy(base: nn.Module) -> nn.Module:
         m = nn.Sequential(nn.Linear(dim, dim), nn.Tanh(), nn.Linear(dim, dim))
@@ -61,15 +62,19 @@ def precision_rows(ks: tuple[int, ...] = (4, 64, 512), dim: int = 64, micro: int
         one = bf16_copy(base)
         for b in data:
             one.zero_grad(set_to_none=True)
-            loss(one, b).backward()
+            loss(one, b).backward()  # type: ignore[no-untyped-call]  # torch: Tensor.backward is unannotated
             exact += flat_grad(one)
         exact /= k * micro
         for mode in ("native", "auto", "master"):
             model = bf16_copy(base)
             seen: list[torch.Tensor] = []
             opt = torch.optim.SGD(model.parameters(), lr=lr)
-            opt.register_step_pre_hook(lambda o, a, kw, s=seen: s.append(
-                flat([p.grad for p in stepped(o) if p.grad is not None])))
+
+            def record(o: torch.optim.Optimizer, a: tuple[Any, ...], kw: dict[str, Any],
+                       s: list[torch.Tensor] = seen) -> None:
+                s.append(flat([p.grad for p in stepped(o) if p.grad is not None]))
+
+            opt.register_step_pre_hook(record)
             acc = Accumulator(model, opt, accumulation_steps=k, master_weights=mode == "master",
                               accumulation_dtype="native" if mode == "native" else "auto")
             before = flat(stepped(opt))
@@ -78,7 +83,11 @@ def precision_rows(ks: tuple[int, ...] = (4, 64, 512), dim: int = 64, micro: int
                 main.keep_last = True
             t0 = time.perf_counter()
             for w in acc.windows(data):
-                w.run(lambda b, m=model: loss(m, b))
+                def micro_loss(b: tuple[torch.Tensor, torch.Tensor],
+                               m: nn.Module = model) -> torch.Tensor:
+                    return loss(m, b)
+
+                w.run(micro_loss)
             secs = time.perf_counter() - t0
             last = main.last_sum if main is not None else None
             masters = acc.masters

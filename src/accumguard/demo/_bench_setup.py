@@ -20,20 +20,26 @@ from torch import nn
 
 DS_STAGES = (1, 2, 3)
 
+# One micro-batch (inputs, targets), and what every configuration builder returns: a function
+# running optimizer steps on the given micro-batches.
+Batch = tuple[torch.Tensor, torch.Tensor]
+Run = Callable[[list[Batch]], None]
 
-def make_model(dim: int, hidden: int, seed: int = 0) -> nn.Module:
+
+def make_model(dim: int, hidden: int, seed: int = 0) -> nn.Sequential:
     """An MLP of dim→hidden→hidden→dim (about 6.3 M parameters at 512/2048)."""
     torch.manual_seed(seed)
     return nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
                          nn.Linear(hidden, dim))
 
 
-def sum_loss(model: Any, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+def sum_loss(model: Any, batch: Batch) -> torch.Tensor:
     x, y = batch
-    return ((model(x) - y) ** 2).sum()
+    loss: torch.Tensor = ((model(x) - y) ** 2).sum()
+    return loss
 
 
-def make_batches(rank: int, n: int, micro: int, dim: int) -> list[tuple[torch.Tensor, ...]]:
+def make_batches(rank: int, n: int, micro: int, dim: int) -> list[Batch]:
     g = torch.Generator().manual_seed(100 + rank)
     return [(torch.randn(micro, dim, generator=g), torch.randn(micro, dim, generator=g))
             for _ in range(n)]
@@ -53,7 +59,7 @@ def peak_rss_mb() -> float:
 # -- configurations ------------------------------------------------------------------------
 # Each builder returns a function running `steps` optimizer steps on the given batches.
 
-def _build_local(args: Any, with_allreduce: bool) -> Callable[[list], None]:
+def _build_local(args: Any, with_allreduce: bool) -> Run:
     """The reference rows, built like the best deferred data-parallel step can be: the same
     model, data and optimizer as the Accumulator rows, K forward+backward passes with no
     communication, then (``with_allreduce``) exactly ONE all-reduce of the real gradients
@@ -74,11 +80,11 @@ def _build_local(args: Any, with_allreduce: bool) -> Callable[[list], None]:
     world = dist.get_world_size()
     k = args.k
 
-    def run(batches: list) -> None:
+    def run(batches: list[Batch]) -> None:
         for start in range(0, len(batches), k):
             window = batches[start:start + k]
             for b in window:
-                sum_loss(model, b).backward()
+                sum_loss(model, b).backward()  # type: ignore[no-untyped-call]  # torch: Tensor.backward is unannotated
             if with_allreduce:
                 dist.all_reduce(flat)  # the one gradient reduction a deferred step needs
                 flat.div_(sum(len(b[0]) for b in window) * world)  # equal windows on all ranks
@@ -89,16 +95,16 @@ def _build_local(args: Any, with_allreduce: bool) -> Callable[[list], None]:
     return run
 
 
-def _run_accumulator(model: Any, opt: Any, engine: Any, k: int) -> Callable[[list], None]:
+def _run_accumulator(model: Any, opt: Any, engine: Any, k: int) -> Run:
     from accumguard import Accumulator
 
     acc = Accumulator(model, opt, accumulation_steps=k, engine=engine)
     # One windows() iterator for the whole benchmark, as a training loop has one per epoch:
     # a new iterator per call would add, per step, the end-of-data all-gather that a real
     # run pays once per epoch.
-    pending: collections.deque = collections.deque()
+    pending: collections.deque[Batch] = collections.deque()
 
-    def stream() -> Iterator[Any]:
+    def stream() -> Iterator[Batch]:
         while True:
             if not pending:
                 raise RuntimeError("bench: the window iterator ran past the fed batches")
@@ -106,7 +112,7 @@ def _run_accumulator(model: Any, opt: Any, engine: Any, k: int) -> Callable[[lis
 
     windows = acc.windows(stream())
 
-    def run(batches: list) -> None:
+    def run(batches: list[Batch]) -> None:
         if len(batches) % k:
             raise ValueError(f"bench: {len(batches)} micro-batches is not a multiple of K={k}")
         pending.extend(batches)
@@ -118,7 +124,7 @@ def _run_accumulator(model: Any, opt: Any, engine: Any, k: int) -> Callable[[lis
 
 
 def _build_ddp(args: Any, sync: str, count: bool = False, bucket_view: bool = False,
-               ) -> Callable[[list], None]:
+               ) -> Run:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from accumguard.engines.ddp import DDPEngine
@@ -129,7 +135,7 @@ def _build_ddp(args: Any, sync: str, count: bool = False, bucket_view: bool = Fa
                             args.k)
 
 
-def _build_fsdp2(args: Any, sync: str, memory: str = "sharded") -> Callable[[list], None]:
+def _build_fsdp2(args: Any, sync: str, memory: str = "sharded") -> Run:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -149,7 +155,7 @@ def _build_fsdp2(args: Any, sync: str, memory: str = "sharded") -> Callable[[lis
 
 
 def _build_deepspeed(args: Any, stage: int, sync: str, memory: str = "sharded",
-                     zero_extra: dict[str, Any] | None = None) -> Callable[[list], None]:
+                     zero_extra: dict[str, Any] | None = None) -> Run:
     import deepspeed
 
     from accumguard.engines.deepspeed import DeepSpeedEngineAdapter
@@ -169,9 +175,9 @@ def _build_deepspeed(args: Any, stage: int, sync: str, memory: str = "sharded",
                             args.k)
 
 
-def configurations(args: Any) -> dict[str, Callable[[], Callable[[list], None]]]:
+def configurations(args: Any) -> dict[str, Callable[[], Run]]:
     """Name → builder, in table order."""
-    cfgs: dict[str, Callable[[], Callable[[list], None]]] = {
+    cfgs: dict[str, Callable[[], Run]] = {
         "local (compute only)": lambda: _build_local(args, with_allreduce=False),
         "limit (compute + 1 all-reduce)": lambda: _build_local(args, with_allreduce=True),
         "DDP deferred": lambda: _build_ddp(args, "deferred"),
@@ -193,8 +199,10 @@ def configurations(args: Any) -> dict[str, Callable[[], Callable[[list], None]]]
         for stage in DS_STAGES:
             for sync in ("eager", "deferred"):
                 label = "native GA" if sync == "eager" else "coalesced"
-                cfgs[f"DeepSpeed ZeRO-{stage} {sync} ({label})"] = (
-                    lambda s=stage, m=sync: _build_deepspeed(args, s, m))
+                def build(s: int = stage, m: str = sync) -> Run:
+                    return _build_deepspeed(args, s, m)
+
+                cfgs[f"DeepSpeed ZeRO-{stage} {sync} ({label})"] = build
         # The ZeRO-2 recipe measured in docs/performance.md (no copy into a contiguous buffer).
         cfgs["DeepSpeed ZeRO-2 deferred (coalesced), contiguous_gradients false"] = (
             lambda: _build_deepspeed(args, 2, "deferred",
@@ -226,7 +234,7 @@ def _setup_worker() -> None:
         pass
 
 
-def _timed(run: Callable[[list], None], batches: list) -> float:
+def _timed(run: Run, batches: list[Batch]) -> float:
     """Wall time of `run` on every rank, max over ranks (the step is as slow as the slowest)."""
     import torch.distributed as dist
 
@@ -238,7 +246,7 @@ def _timed(run: Callable[[list], None], batches: list) -> float:
     return float(elapsed)
 
 
-def _timed_step(run: Callable[[list], None], batches: list) -> tuple[float, float]:
+def _timed_step(run: Run, batches: list[Batch]) -> tuple[float, float]:
     """One measurement: (wall seconds, max over ranks; CPU seconds of the process, summed
     over ranks). CPU time counts every thread (gloo's too) but not time spent waiting, so it
     measures the work done, which neighbours on a shared machine disturb much less."""

@@ -52,7 +52,6 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -69,6 +68,7 @@ from accumguard.demo._bench_paired import (
 from accumguard.demo._bench_precision import precision_rows, precision_table
 from accumguard.demo._bench_setup import (
     DS_STAGES,
+    Run,
     _setup_worker,
     _timed,
     configurations,
@@ -106,7 +106,7 @@ def bench_worker(rank: int, world: int, args: Any) -> dict[str, Any]:
     builders = configurations(args)
     steps, k = args.steps, args.k
     batches = make_batches(rank, steps * k, args.micro, args.dim)
-    runs: dict[str, Callable[[list], None]] = {}
+    runs: dict[str, Run] = {}
     rss_delta: dict[str, float] = {}
     for name, build in builders.items():
         before = rss_mb()

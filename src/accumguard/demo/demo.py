@@ -84,7 +84,8 @@ def _decay(opt: torch.optim.Optimizer, rate: float) -> Any:
     return torch.optim.lr_scheduler.LambdaLR(opt, functools.partial(_decay_factor, rate=rate))
 
 
-def _rank_batches(rank: int, world: int, *, kind: str, seed: int, micro_batches: int) -> list:
+def _rank_batches(rank: int, world: int, *, kind: str, seed: int,
+                  micro_batches: int) -> list[dict[str, torch.Tensor]]:
     if kind == "mlp":
         return make_rank_batches(seed=seed, world_size=world, micro_batches=micro_batches)[rank]
     return make_lm_batches(seed=seed, world_size=world, micro_batches=micro_batches,
@@ -511,7 +512,11 @@ def _curves_worker(rank: int, world: int, ks: tuple[int, ...], steps: int, rows_
         with acc:
             for window in acc.windows(_curves_data(rank, world, k=k, steps=steps,
                                                    rows_per_step=rows_per_step, seed=seed)):
-                result = window.run(lambda b, model=model: token_loss(model, b)[0])
+                def loss(b: dict[str, torch.Tensor],
+                         model: torch.nn.Module = model) -> torch.Tensor:
+                    return token_loss(model, b)[0]
+
+                result = window.run(loss)
                 losses.append(float(result.loss) if result.loss is not None else math.nan)
         out[k] = losses  # this rank's share; the parent sums the ranks
     return out

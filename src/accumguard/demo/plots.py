@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from accumguard.demo.loops import engine_title
 
 if TYPE_CHECKING:  # pragma: no cover - types only
     from accumguard.demo.records import DemoRow, FrameworkRow
     from accumguard.demo.story import StoryResult
+    from accumguard.verify.report import AuditReport
 
 __all__ = ["plot_update_errors", "plot_story", "plot_framework_errors", "UPDATE_ERROR_PNG",
            "STORY_PNG", "FRAMEWORKS_PNG"]
@@ -101,7 +102,8 @@ _OK_COLORS = ("tab:blue", "tab:green", "tab:cyan")
 _BROKEN_COLORS = ("tab:red", "darkorange", "purple", "crimson", "saddlebrown")
 
 
-def _has_steps(rep: Any) -> bool:
+def _has_steps(rep: Any) -> TypeGuard[AuditReport]:
+    """An audit report with steps (``reports`` also holds error dicts and exceptions)."""
     return rep is not None and not isinstance(rep, (dict, BaseException)) and bool(rep.steps)
 
 

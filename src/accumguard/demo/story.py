@@ -142,7 +142,8 @@ class StoryResult:
         for s, d in zip(self.series, out["series"], strict=True):
             d["optimizer_steps"] = s.optimizer_steps
             d["samples"] = self.samples(len(s.eval_loss))
-        return _finite(out)
+        doc: dict[str, Any] = _finite(out)
+        return doc
 
 
 def _finite(obj: Any) -> Any:

@@ -29,7 +29,8 @@ class TokenMLP(nn.Module):
         self.fc2 = nn.Linear(hidden, vocab)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.fc2(torch.tanh(self.fc1(self.embed(tokens))))
+        logits: torch.Tensor = self.fc2(torch.tanh(self.fc1(self.embed(tokens))))
+        return logits
 
 
 def token_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Any]:
@@ -92,7 +93,8 @@ class _Block(nn.Module):
         q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
         att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
-        return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
+        mlp: torch.Tensor = self.fc2(F.gelu(self.fc1(self.norm2(x))))
+        return x + mlp
 
 
 class TinyCausalLM(nn.Module):
@@ -119,7 +121,8 @@ class TinyCausalLM(nn.Module):
         x = self.tok(tokens) + self.pos(torch.arange(t, device=tokens.device))
         for block in self.blocks:
             x = block(x)
-        return self.head(self.norm(x))
+        logits: torch.Tensor = self.head(self.norm(x))
+        return logits
 
 
 def make_lm_batches(*, seed: int, world_size: int, micro_batches: int,

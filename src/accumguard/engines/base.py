@@ -179,13 +179,19 @@ class Engine(ABC):
         """Clip by the *global* norm of the synchronised gradient; return the norm before clipping."""
         return torch.nn.utils.clip_grad_norm_(self.parameters_with_grad(), max_norm)
 
-    def optimizer_step(self, optimizer: torch.optim.Optimizer, scaler: Any = None) -> None:
+    def optimizer_step(self, optimizer: torch.optim.Optimizer | None, scaler: Any = None) -> None:
+        """Step ``optimizer`` (through ``scaler``). It is None only for an engine that owns
+        its optimizer (:attr:`owns_optimizer`, which overrides this); the Accumulator refuses
+        a None optimizer for every other engine."""
+        assert optimizer is not None
         if scaler is not None:
             scaler.step(optimizer)
         else:
             optimizer.step()
 
-    def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
+    def zero_grad(self, optimizer: torch.optim.Optimizer | None) -> None:
+        """None only for an engine that owns its optimizer (see :meth:`optimizer_step`)."""
+        assert optimizer is not None
         optimizer.zero_grad(set_to_none=True)
 
     # -- non-finite values ------------------------------------------------------

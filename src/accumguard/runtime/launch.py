@@ -200,7 +200,8 @@ def _worker(
         bound = _bind_device(backend, rank, world_size)
         if store_addr is not None:
             os.environ["MASTER_PORT"] = str(store_addr[1])
-            store = dist.TCPStore(store_addr[0], store_addr[1], world_size, is_master=False,
+            # torch.distributed imports TCPStore from torch._C without re-exporting it (stub gap)
+            store = dist.TCPStore(store_addr[0], store_addr[1], world_size, is_master=False,  # type: ignore[attr-defined]
                                   timeout=timeout)
             dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                     timeout=timeout, **bound)
@@ -357,7 +358,7 @@ def run_on_ranks(
     store_addr: tuple[str, int] | None = None
     init_file: str | None = None
     if rendezvous == "tcp":
-        store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True,
+        store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True,  # type: ignore[attr-defined]  # torch stub gap, see _worker
                               timeout=datetime.timedelta(seconds=pg_timeout),
                               wait_for_workers=False)
         store_addr = ("127.0.0.1", store.port)

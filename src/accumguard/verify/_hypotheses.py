@@ -21,9 +21,9 @@ import copy
 import functools
 import hashlib
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -45,6 +45,14 @@ def chunks(m: int, k: int) -> list[list[int]]:
 
 def _steps(windows: Sequence[list[int]]) -> list[Step]:
     return [(w, w) for w in windows]
+
+
+def _tsum(terms: Iterable[torch.Tensor]) -> torch.Tensor:
+    """The builtin ``sum`` of gradient terms (``0 + t0 + t1 + ...``), typed as a tensor: every
+    sum here runs over ranks or a window's micro-batches, never over nothing."""
+    total = sum(terms)
+    assert isinstance(total, torch.Tensor)
+    return total
 
 
 def clip(v: torch.Tensor, max_norm: float | None) -> torch.Tensor:
@@ -94,10 +102,12 @@ class Win:
         return sum(self.sim.counts[r][i] for i in self.norm_idx)
 
     def correct(self) -> torch.Tensor:
-        return sum(self.g(r, j) for r in range(self.W) for j in range(self.L)) / self.N
+        return _tsum(self.g(r, j) for r in range(self.W) for j in range(self.L)) / self.N
 
 
 Combine = Callable[[Win], list[torch.Tensor]]
+# A per-micro-batch gradient term (window, rank, index in the window) of the F11 hypotheses.
+Ell = Callable[[Win, int, int], torch.Tensor]
 Program = Callable[["Sim", float], tuple[Traj, torch.Tensor]]
 
 
@@ -119,7 +129,7 @@ class Hyp:
     # Scale only the steps on a partial window (fewer than K micro-batches); the diagnosis
     # searches that scale on the trajectory (the first gradient is a full window's).
     partial_scale: bool = False
-    clip: float | None | str = "setup"
+    clip: float | None | Literal["setup"] = "setup"
     scale_fit: bool = False
     fixed_scales: tuple[float, ...] = (1.0,)
     program: Program | None = None
@@ -189,7 +199,7 @@ class Sim:
         for p in model.parameters():
             p.grad = None
         s, _ = self.setup.loss_fn(model, self.batches[r][i])
-        s.backward()
+        s.backward()  # type: ignore[no-untyped-call]  # torch: Tensor.backward is unannotated
         g = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
                        for p in model.parameters()]).detach().clone()
         if digest in self._keep:
@@ -219,7 +229,7 @@ class Sim:
                                                              strict=True)}
 
     def clip_of(self, h: Hyp) -> float | None:
-        return self.setup.max_grad_norm if h.clip == "setup" else h.clip  # type: ignore[return-value]
+        return self.setup.max_grad_norm if h.clip == "setup" else h.clip
 
     def run(self, h: Hyp, scale: float) -> tuple[Traj, torch.Tensor]:
         """Predicted trajectory (parameters after each step) and first clipped gradient;
@@ -284,17 +294,19 @@ def _step_every_partial_sum(synced: bool, how: str) -> Program:
                 for r in range(sim.W):
                     rep = reps[0 if synced else r]
                     g = sim.g(rep, r, i) * _norm(sim, r, i, window, how)
-                    acc[r] = g if acc[r] is None else acc[r] + g
+                    prev = acc[r]
+                    acc[r] = g if prev is None else prev + g
                 last = j == len(window) - 1
                 if synced or last:
-                    mean = sum(a for a in acc if a is not None) / sim.W
+                    mean = _tsum(a for a in acc if a is not None) / sim.W
                     acc = [mean] * sim.W
                 vecs = [acc[0]] if synced else acc
                 for rep, v in zip(reps, vecs, strict=True):
                     assert v is not None
                     sim.apply(rep, clip(v * scale, mx), 1 if last else 0)
                 if first is None:
-                    first = clip(acc[0] * scale, mx)  # type: ignore[operator]
+                    assert acc[0] is not None  # vecs[0] is acc[0], checked above
+                    first = clip(acc[0] * scale, mx)
                 traj.append(sim.params(reps[0]))
         assert first is not None
         return traj, first
@@ -319,9 +331,10 @@ def _late_last_micro(how: str) -> Program:
             for j, i in enumerate(window):
                 for r in range(sim.W):
                     g = sim.g(rep, r, i) * _norm(sim, r, i, window, how)
-                    carry[r] = g if carry[r] is None else carry[r] + g
+                    prev = carry[r]
+                    carry[r] = g if prev is None else prev + g
                 if j < len(window) - 1:
-                    mean = sum(c for c in carry if c is not None) / sim.W
+                    mean = _tsum(c for c in carry if c is not None) / sim.W
                     reduced = mean if reduced is None else reduced + mean
                     carry = [None] * sim.W
             if reduced is None:
@@ -388,7 +401,7 @@ def _straddle(m: int, k: int, e: int) -> list[Step]:
 
 # ----------------------------------------------------------------------------- the list
 def _rank_mean(w: Win, f: Callable[[int], torch.Tensor]) -> torch.Tensor:
-    return sum(f(r) for r in range(w.W)) / w.W
+    return _tsum(f(r) for r in range(w.W)) / w.W
 
 
 def hypotheses(setup: AuditSetup, sim: Sim, low_precision: torch.dtype | None, *,
@@ -401,7 +414,10 @@ def hypotheses(setup: AuditSetup, sim: Sim, low_precision: torch.dtype | None, *
     gradient, the threshold a loop that clips by hand without telling the setup would
     leave there (F8 when the setup has no ``max_grad_norm``)."""
     K, W, M, E = sim.K, sim.W, sim.M, sim.E
-    last = lambda w: w.L - 1  # noqa: E731
+
+    def last(w: Win) -> int:
+        return w.L - 1
+
     hs = [
         Hyp("OK", "sum over the window / global count", lambda w: [w.correct()]),
         Hyp("F1", "each micro-step's rank-mean loss",
@@ -415,9 +431,9 @@ def hypotheses(setup: AuditSetup, sim: Sim, low_precision: torch.dtype | None, *
             lambda w: [_rank_mean(w, lambda r: w.g(r, last(w)) / w.n(r, last(w)))],
             scale_fit=True),
         Hyp("F2/F3", "last micro-batch, divided by the window's count",
-            lambda w: [sum(w.g(r, last(w)) for r in range(w.W)) / w.N], scale_fit=True),
+            lambda w: [_tsum(w.g(r, last(w)) for r in range(w.W)) / w.N], scale_fit=True),
         Hyp("F2/F3", "last micro-batch, divided by its own count over ranks",
-            lambda w: [sum(w.g(r, last(w)) for r in range(w.W))
+            lambda w: [_tsum(w.g(r, last(w)) for r in range(w.W))
                        / sum(w.n(r, last(w)) for r in range(w.W))], scale_fit=True),
         Hyp("F10", "×W / ÷W", lambda w: [w.correct()], fixed_scales=(float(W), 1.0 / W)),
     ]
@@ -429,7 +445,7 @@ def hypotheses(setup: AuditSetup, sim: Sim, low_precision: torch.dtype | None, *
                     program=_step_every_partial_sum(synced, how), count=lambda m, k, e: m * e,
                     scale_fit=True))
         hs.append(Hyp("F14", "every K-th window, last micro-batch, ÷ window count",
-                      lambda w: [sum(w.g(r, last(w)) for r in range(w.W)) / w.N],
+                      lambda w: [_tsum(w.g(r, last(w)) for r in range(w.W)) / w.N],
                       steps=_double_gated, scale_fit=True))
         hs.append(Hyp("F14", "every K-th window, last micro-batch, its rank-mean loss",
                       lambda w: [_rank_mean(w, lambda r: w.g(r, last(w)) / w.n(r, last(w)))],
@@ -439,11 +455,11 @@ def hypotheses(setup: AuditSetup, sim: Sim, low_precision: torch.dtype | None, *
     uneven = len({c for rank in sim.counts for c in rank}) > 1
     if uneven:
         hs.append(Hyp("F5", "Σ_i (g_i/n_i)/K, averaged over ranks",
-                      lambda w: [_rank_mean(w, lambda r: sum(w.g(r, j) / w.n(r, j)
+                      lambda w: [_rank_mean(w, lambda r: _tsum(w.g(r, j) / w.n(r, j)
                                                              for j in range(w.L)) / w.K)]))
     if M % K and uneven:
         hs.append(Hyp("F5", "Σ_i (g_i/n_i)/len(window), averaged over ranks",
-                      lambda w: [_rank_mean(w, lambda r: sum(w.g(r, j) / w.n(r, j)
+                      lambda w: [_rank_mean(w, lambda r: _tsum(w.g(r, j) / w.n(r, j)
                                                              for j in range(w.L)) / w.L)]))
     if M % K:
         hs.append(Hyp("F7", "partial window divided by K",
@@ -460,7 +476,7 @@ def hypotheses(setup: AuditSetup, sim: Sim, low_precision: torch.dtype | None, *
                           lambda w: [w.correct()], steps=_straddle))
     if W > 1:
         hs.append(Hyp("F6", "rank-local sum / rank-local count, averaged over ranks",
-                      lambda w: [_rank_mean(w, lambda r: sum(w.g(r, j) for j in range(w.L))
+                      lambda w: [_rank_mean(w, lambda r: _tsum(w.g(r, j) for j in range(w.L))
                                             / w.Nr(r))]))
         for norm in ("global", "mean"):
             def ell(w: Win, r: int, j: int, norm: str = norm) -> torch.Tensor:
@@ -468,25 +484,29 @@ def hypotheses(setup: AuditSetup, sim: Sim, low_precision: torch.dtype | None, *
                     return w.g(r, j) * w.W / w.N
                 return w.g(r, j) / (w.n(r, j) * w.L)
 
+            def unsynced(w: Win, ell: Ell = ell) -> list[torch.Tensor]:
+                return [_tsum(ell(w, r, j) for j in range(w.L)) for r in range(w.W)]
+
+            def first_synced(w: Win, ell: Ell = ell) -> list[torch.Tensor]:
+                return [_tsum(ell(w, q, 0) for q in range(w.W)) / w.W
+                        + sum((ell(w, r, j) for j in range(1, w.L)), torch.zeros(()))
+                        for r in range(w.W)]
+
+            def last_local(w: Win, ell: Ell = ell) -> list[torch.Tensor]:
+                return [sum((ell(w, q, j) for q in range(w.W) for j in range(w.L - 1)),
+                            torch.zeros(())) / w.W + ell(w, r, w.L - 1)
+                        for r in range(w.W)]
+
             hs.append(Hyp(
                 "F11", f"no rank synchronised ({norm} normalisation)",
-                lambda w, ell=ell: [sum(ell(w, r, j) for j in range(w.L)) for r in range(w.W)],
-                per_rank=True, scale_fit=True))
+                unsynced, per_rank=True, scale_fit=True))
             hs.append(Hyp(
                 "F11", f"only the first micro-step synchronised ({norm} normalisation)",
-                lambda w, ell=ell: [
-                    sum(ell(w, q, 0) for q in range(w.W)) / w.W
-                    + sum((ell(w, r, j) for j in range(1, w.L)), torch.zeros(()))
-                    for r in range(w.W)],
-                per_rank=True, scale_fit=True))
+                first_synced, per_rank=True, scale_fit=True))
             hs.append(Hyp(
                 "F11", f"sync flag inverted, DDP: the last micro-step stays local ({norm} "
                 "normalisation)",
-                lambda w, ell=ell: [
-                    sum((ell(w, q, j) for q in range(w.W) for j in range(w.L - 1)),
-                        torch.zeros(())) / w.W + ell(w, r, w.L - 1)
-                    for r in range(w.W)],
-                per_rank=True, scale_fit=True))
+                last_local, per_rank=True, scale_fit=True))
         if K > 1:
             hs.append(Hyp("F11", "sync flag inverted, FSDP2: the last micro-batch reaches the "
                           "optimizer one step late, with the next window's",
@@ -528,7 +548,7 @@ def hypotheses(setup: AuditSetup, sim: Sim, low_precision: torch.dtype | None, *
             # micro-batch's gradient is added to the clipped sum.
             acc = torch.zeros(())
             for j in range(w.L):
-                acc = clip(acc + sum(w.g(r, j) for r in range(w.W)) / w.N, c)
+                acc = clip(acc + _tsum(w.g(r, j) for r in range(w.W)) / w.N, c)
             return [acc]
 
         hs.append(Hyp("F8", f"running sum clipped after every backward (at {c:.3g})",
@@ -543,7 +563,7 @@ def hypotheses(setup: AuditSetup, sim: Sim, low_precision: torch.dtype | None, *
                 for j in range(w.L - 1):
                     acc = clip(acc + w.g(r, j) * w.W / w.N, mx)
                 accs.append(acc + w.g(r, w.L - 1) * w.W / w.N)
-            return [sum(accs) / w.W]
+            return [_tsum(accs) / w.W]
 
         hs.append(Hyp("F8", "accumulated gradient clipped after every backward", clip_each))
     if setup.max_grad_norm is None or setup.max_grad_norm > 1.0:
@@ -557,12 +577,14 @@ def hypotheses(setup: AuditSetup, sim: Sim, low_precision: torch.dtype | None, *
                 for j in range(w.L):
                     acc = (acc + (w.g(r, j) * w.W / w.N).to(lp)).to(lp)
                 accs.append(acc.double())
-            return [sum(accs) / w.W]
+            return [_tsum(accs) / w.W]
 
         hs.append(Hyp("F12", f"gradients accumulated in {str(lp).replace('torch.', '')}", low))
     for d in (-1, 1):
         if K + d >= 1:
+            def shifted(m: int, k: int, e: int, d: int = d) -> list[Step]:
+                return _steps(chunks(m, k + d) * e)
+
             hs.append(Hyp("F13", f"windows of K{d:+d} = {K + d} micro-steps",
-                          lambda w: [w.correct()],
-                          steps=lambda m, k, e, d=d: _steps(chunks(m, k + d) * e)))
+                          lambda w: [w.correct()], steps=shifted))
     return hs

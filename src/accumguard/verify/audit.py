@@ -39,8 +39,8 @@ from accumguard.core.errors import ConfigError
 from accumguard.verify._audit_compare import _build_report, _References
 from accumguard.verify._audit_compare import _grad_error as _grad_error
 from accumguard.verify._audit_compare import _precision as _precision
+from accumguard.verify._audit_spawn import ProgressFn as ProgressFn
 from accumguard.verify._audit_spawn import (
-    ProgressFn,
     _all_rank_batches,
     _loop_name,
     _spawn,

@@ -130,7 +130,7 @@ def reference_run(
             run.losses.append(0.0)
             run.counts.append(0.0)
             continue
-        (total / count).backward()
+        (total / count).backward()  # type: ignore[no-untyped-call]  # torch: Tensor.backward is unannotated
         if max_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
         run.grads.append({n: (p.grad.detach() if p.grad is not None else torch.zeros_like(p))

@@ -196,7 +196,8 @@ class Diagnosis:
         return f"{self.bug_id}: {self.title} ({self.variant}{scale}{fit})"
 
     def to_dict(self) -> dict[str, Any]:
-        return json_safe(asdict(self))
+        doc: dict[str, Any] = json_safe(asdict(self))
+        return doc
 
 
 @dataclass
@@ -262,7 +263,8 @@ class AuditReport:
         out["diagnosis"] = None if self.diagnosis is None else self.diagnosis.to_dict()
         out["max_update_error"] = self.max_update_error
         out["max_grad_error"] = self.max_grad_error
-        return json_safe(out)
+        doc: dict[str, Any] = json_safe(out)
+        return doc
 
 
 def _finite(x: float | None) -> float | None:
