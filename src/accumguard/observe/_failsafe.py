@@ -178,7 +178,7 @@ class Failsafe:
     # -- the two doors -----------------------------------------------------------------------
     def hook(self, fn: F, label: str | None = None) -> F:
         """``fn`` as a torch hook that never raises an internal error into the caller."""
-        where = "hook:" + (label or getattr(fn, "__name__", "hook"))
+        where = "hook:" + (label or str(getattr(fn, "__name__", "hook")))
 
         def hook(*args: Any, **kwargs: Any) -> Any:
             return self.run_hook(where, fn, args, kwargs)

@@ -344,7 +344,8 @@ class AccumulationGuard(GuardMachine):
         if self.failure is not None:  # this rank's observation failed: say so to the others
             raise RuntimeError(f"observation off on this rank: {self.failure.error}")
         with torch.no_grad():
-            return checksums(self.targets.params)[:, [0, 2]].sum(0, keepdim=True)
+            local: torch.Tensor = checksums(self.targets.params)[:, [0, 2]].sum(0, keepdim=True)
+        return local
 
     def _sync_device(self) -> torch.device:
         import torch.distributed as dist
