@@ -517,24 +517,66 @@ def _f1(rank: int, windows: list[dict[str, Any]], res: KResolution) -> list[Find
 
 
 def _no_update(rank: int, steps: list[dict[str, Any]]) -> list[Finding]:
-    """Optimizer steps after backward passes in which no gradient reached the optimizer."""
+    """Optimizer steps after backward passes in which no gradient reached the optimizer.
+
+    A no-op step (every gradient None) whose window goes on into a later applied step lost
+    nothing: the rules fold its backwards into that step (:func:`_windows`). FSDP2 with
+    ``set_requires_gradient_sync(False)`` hands ``.grad = None`` to the steps of the
+    non-final micro-steps and keeps the unreduced gradient until the synced backward, so
+    ``step()`` + ``zero_grad()`` after every micro-step is the large-batch update with
+    wasted calls (a note). An error only when no step ever applied anything, or when the
+    run ended on FSDP2 no-op steps whose gradient never reached a step."""
     skipped = [s for s in steps if not s.get("applied", True)]
     if not skipped or not any(int(s.get("backwards", 0)) for s in steps):
         return []
     never = not any(s.get("applied", True) for s in steps)
-    fsdp_off = [s for s in skipped if s.get("engine") == "fsdp2" and s.get("sync_backward")
-                and not any(s["sync_backward"])]
-    if not (never or fsdp_off):
+    pending: list[dict[str, Any]] = []  # no-op steps not (yet) followed by an applied one
+    folded: list[dict[str, Any]] = []  # no-op steps whose window an applied step carried on
+    for s in steps:
+        if s.get("discarded"):
+            pending = []
+        elif not s.get("applied", True):
+            pending.append(s)
+        else:
+            folded += pending
+            pending = []
+
+    def fsdp_off(s: dict[str, Any]) -> bool:
+        return bool(s.get("engine") == "fsdp2" and s.get("sync_backward")
+                    and not any(s["sync_backward"]))
+
+    trailing = [s for s in pending if fsdp_off(s)]
+    if never or trailing:
+        first = (trailing or skipped)[0]
+        if never:
+            why = (" (every backward ran with FSDP2 gradient sync off: "
+                   "set_requires_gradient_sync(True) was never called before a window's last "
+                   "backward, so no gradient was reduced)"
+                   if all(fsdp_off(s) for s in skipped) else "")
+            return [_mk("NO_UPDATE", "error", rank, first["step"], None,
+                        f"{len(skipped)} of {len(steps)} optimizer steps found every gradient "
+                        f"None (first: step {_n(first['step'])}; "
+                        f"{sum(int(s.get('backwards', 0)) for s in steps)} backward passes in "
+                        f"the whole run){why}: the parameters did not move")]
+        nb = sum(int(s.get("backwards", 0)) for s in trailing)
+        return [_mk("NO_UPDATE", "error", rank, first["step"], None,
+                    f"the run's last {len(trailing)} optimizer step(s) (from step "
+                    f"{_n(first['step'])}) found every gradient None: their {nb} backward "
+                    "pass(es) ran with FSDP2 gradient sync off "
+                    "(set_requires_gradient_sync(False)) and no synced backward and applied "
+                    "step followed, so their gradient never reached the optimizer")]
+    wasted = [s for s in folded if fsdp_off(s)]
+    if not wasted:
         return []
-    first = (fsdp_off or skipped)[0]
-    why = (" (every backward ran with FSDP2 gradient sync off: set_requires_gradient_sync("
-           "True) was never called before a window's last backward, so no gradient was "
-           "reduced)" if fsdp_off else "")
-    return [_mk("NO_UPDATE", "error", rank, first["step"], None,
-                f"{len(skipped)} of {len(steps)} optimizer steps found every gradient None "
-                f"(first: step {_n(first['step'])}; "
-                f"{sum(int(s.get('backwards', 0)) for s in steps)} backward passes in the "
-                f"whole run){why}: the parameters did not move")]
+    return [Finding("OK", "note", rank, _n(wasted[0]["step"]), None,
+                    f"{len(wasted)} of {len(steps)} optimizer.step() calls came after a "
+                    "backward with FSDP2 gradient sync off and found every gradient None "
+                    "(FSDP2 keeps the unreduced gradient until the synced backward): they "
+                    "changed nothing, and the window went on to the next applied step, so the "
+                    "update is the large batch's",
+                    "Call optimizer.step() and zero_grad() only after the window's last "
+                    "(synced) backward: the other calls do nothing.",
+                    "correct, with optimizer.step() calls that do nothing")]
 
 
 def _scheduler_findings(rank: int, events: list[dict[str, Any]]) -> list[Finding]:
