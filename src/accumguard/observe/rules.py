@@ -23,6 +23,7 @@ module runs them all and re-exports their public names.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 from pathlib import Path
@@ -199,18 +200,28 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
     res = resolve_k(rec, k_flag, script)
     findings: list[Finding] = []
     for rank in rec.ranks:
-        steps = rec.steps.get(rank, [])
         info = rec.engine.get(rank, {})
-        findings += _rank_findings(rank, steps, info, res.k, res.declared)
-        findings += _window_findings(rank, _windows(steps), info, res)
-        findings += _no_update(rank, steps)
+        all_steps = rec.steps.get(rank, [])
+        groups = _optimizer_groups(all_steps)
+        for idx, steps, gres, note in _group_ks(groups, res):
+            found: list[Finding] = [] if note is None else [note._replace(rank)]
+            found += _rank_findings(rank, steps, info, gres.k, gres.declared)
+            found += _window_findings(rank, _windows(steps), info, gres)
+            found += _no_update(rank, steps)
+            found += loss_weight_findings(rank, _windows(steps))
+            found += loss_scale_findings(rank, _windows(steps), gres.k, rec.world)
+            found += rank_scale_findings(rank, _windows(steps), rec.world)
+            found += low_precision_findings(rank, _windows(steps))
+            found += partial_window_findings(rank, _windows(steps), gres.k)
+            found += grad_step_findings(rank, _windows(steps), gres)
+            if idx is not None and len(groups) > 1:
+                name = next((str(s.get("optimizer")) for s in steps if s.get("optimizer")),
+                            "optimizer")
+                found = [dataclasses.replace(f, evidence=f"optimizer #{idx} ({name}), judged "
+                                             f"on its own window: {f.evidence}")
+                         for f in found]
+            findings += found
         findings += _scheduler_findings(rank, rec.schedulers.get(rank, []))
-        findings += loss_weight_findings(rank, _windows(steps))
-        findings += loss_scale_findings(rank, _windows(steps), res.k, rec.world)
-        findings += rank_scale_findings(rank, _windows(steps), rec.world)
-        findings += low_precision_findings(rank, _windows(steps))
-        findings += partial_window_findings(rank, _windows(steps), res.k)
-        findings += grad_step_findings(rank, _windows(steps), res)
     findings += _cross_rank(rec)
     findings += _cross_rank_weights(rec)
     findings += manual_reduce_findings(rec)
@@ -223,6 +234,73 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
             seen.add(key)
             unique.append(f)
     return unique, res.k, res.source
+
+
+class _OwnRate:
+    """The note for an optimizer that steps after every backward reaching its parameters
+    while another accumulates the declared K (its rank filled in per rank)."""
+
+    def __init__(self, cls: str, step: int, evidence: str) -> None:
+        self.cls, self.step, self.evidence = cls, step, evidence
+
+    def _replace(self, rank: int) -> Finding:
+        return _mk(self.cls, "note", rank, self.step, 0, self.evidence)
+
+
+def _optimizer_groups(steps: list[dict[str, Any]]
+                      ) -> list[tuple[int | None, list[dict[str, Any]]]]:
+    """A rank's step records per optimizer when the observer gave several optimizers over
+    disjoint parameters their own windows (``optimizer_index``), else one group."""
+    keys = {s.get("optimizer_index") for s in steps} - {None}
+    if len(keys) < 2:
+        return [(None, steps)]
+    by: dict[int | None, list[dict[str, Any]]] = {}
+    for s in steps:
+        by.setdefault(s.get("optimizer_index"), []).append(s)
+    return sorted(by.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))
+
+
+def _group_ks(groups: list[tuple[int | None, list[dict[str, Any]]]], res: KResolution
+              ) -> list[tuple[int | None, list[dict[str, Any]], KResolution, _OwnRate | None]]:
+    """K for each optimizer's windows. One group: the run's K. Several: each optimizer's
+    K is its own. A declared K (flag, framework, script) applies to every optimizer, except
+    that one stepping after each backward that reached its parameters while another
+    accumulates the declared K steps at its own rate (a GAN's discriminator, a critic): a
+    note, not F1. Without a declared K, each optimizer's K is inferred from its windows."""
+    if len(groups) < 2:
+        return [(idx, steps, res, None) for idx, steps in groups]
+    inferred: dict[int | None, int | None] = {}
+    for idx, steps in groups:
+        sizes = [int(w["window"]) for w in _windows(steps) if int(w["window"]) > 0]
+        inferred[idx] = Counter(sizes).most_common(1)[0][0] if sizes else None
+    out: list[tuple[int | None, list[dict[str, Any]], KResolution, _OwnRate | None]] = []
+    k = res.k
+    for idx, steps in groups:
+        inf = inferred[idx]
+        if res.declared and k is not None and k > 1:
+            others = [i for i, n in inferred.items() if i != idx and n == k]
+            if inf == 1 and others:
+                ws = _windows(steps)
+                ones = sum(1 for w in ws if int(w["window"]) == 1)
+                name = next((str(s.get("optimizer")) for s in steps if s.get("optimizer")),
+                            "optimizer")
+                note = _OwnRate("F1", int(ws[0]["step"]) if ws else 0,
+                                f"optimizer #{idx} ({name}) stepped after a single backward "
+                                f"pass reaching its parameters in {ones} of {len(ws)} "
+                                f"steps, while optimizer #{others[0]} accumulated K = {k} "
+                                f"({res.source}): judged as an optimizer stepping at its own "
+                                "rate (a GAN's discriminator, a critic). If it was meant to "
+                                "accumulate K too, it steps on every micro-step")
+                out.append((idx, steps, KResolution(1, f"optimizer #{idx}'s own rate",
+                                                    "inferred"), note))
+                continue
+            out.append((idx, steps, res, None))
+        elif inf is not None:
+            out.append((idx, steps, KResolution(inf, f"inferred from optimizer #{idx}'s "
+                                                "windows", "inferred", res.script), None))
+        else:
+            out.append((idx, steps, res, None))
+    return out
 
 
 def _rank_findings(rank: int, steps: list[dict[str, Any]], info: dict[str, Any],
