@@ -46,3 +46,161 @@ def test_fsdp2_that_never_syncs_keeps_no_update() -> None:
         [_fsdp_step(s, applied=False, sync=False) for s in range(8, 12)]
     (g,) = [f for f in _analyze(tail) if f.severity == "error"]
     assert g.cls == "NO_UPDATE" and g.step == 9 and "last 4 optimizer step(s)" in g.evidence
+
+
+# ----------------------------------------------------------------------------- watch's rules
+# on loops recorded in-process by the observer (as `accumguard watch` records them)
+K = 4
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.steps: list[dict[str, Any]] = []
+
+    def on_step(self, ev: Any) -> None:
+        self.steps.append(rules.step_record(ev, 0))
+
+
+def _observe(loop: Any) -> list[dict[str, Any]]:
+    from accumguard.observe import Observer
+
+    rec = _Recorder()
+    obs = Observer(auto_roots=True)
+    obs.add_listener(rec)
+    with obs:
+        loop()
+    return rec.steps
+
+
+def _gan(bug: str = "") -> None:
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    gen = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3))
+    disc = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 1))
+    opt_g = torch.optim.Adam(gen.parameters(), lr=1e-3)
+    opt_d = torch.optim.Adam(disc.parameters(), lr=1e-3)
+    bce = nn.BCEWithLogitsLoss()
+    for i in range(4 * K):
+        x, z = torch.randn(4, 3), torch.randn(4, 4)
+        opt_d.zero_grad()  # the discriminator: its own window of one batch
+        loss_d = bce(disc(x), torch.ones(4, 1)) + bce(disc(gen(z).detach()), torch.zeros(4, 1))
+        loss_d.backward()
+        opt_d.step()
+        if bug == "gen_zero_grad":  # the generator's own zero_grad inside its window
+            opt_g.zero_grad()
+        (bce(disc(gen(z)), torch.ones(4, 1)) / K).backward()  # reaches disc's weights too
+        if (i + 1) % K == 0:
+            opt_g.step()
+            opt_g.zero_grad()
+
+
+def _errors(steps: list[dict[str, Any]], k: int | None) -> list[rules.Finding]:
+    found = _analyze(steps, k=k)
+    return [f for f in found if f.severity == "error"]
+
+
+def test_gan_each_optimizer_has_its_own_window() -> None:
+    steps = _observe(_gan)
+    gen = [s for s in steps if s["optimizer_index"] == 1]
+    disc = [s for s in steps if s["optimizer_index"] == 2]
+    assert [s["backwards"] for s in gen] == [K] * 4
+    assert [s["backwards"] for s in disc] == [1] * (4 * K)
+    # conservation checked on both, and intact: another optimizer's zero_grad is not F3
+    assert all(s["conservation"] and s["conservation"]["ok"] for s in steps)
+    assert all(s["zero_grads_between"] == 0 for s in steps)
+    for k in (None, K, 1):
+        assert _errors(steps, k) == [], (k, _analyze(steps, k=k))
+    # with K = 4 declared the discriminator steps at its own rate: a note that says so
+    (note,) = [f for f in _analyze(steps, k=K) if f.severity == "note"]
+    assert note.cls == "F1" and "optimizer #2 (Adam)" in note.evidence
+    assert "16 of 16 steps" in note.evidence and "own rate" in note.evidence
+
+
+def test_gan_generator_zero_grad_inside_its_window_is_still_f3() -> None:
+    steps = _observe(lambda: _gan("gen_zero_grad"))
+    gen = [s for s in steps if s["optimizer_index"] == 1]
+    assert [s["backwards"] for s in gen] == [K] * 4
+    assert [s["zero_grads_between"] for s in gen] == [K - 1] * 4
+    for k in (None, K):
+        errs = _errors(steps, k)
+        assert [(f.cls, f.step) for f in errs] == [("F3", gen[0]["step"] + 1)], errs
+        assert errs[0].evidence.startswith("optimizer #1 (Adam), judged on its own window")
+    # the discriminator's windows are intact: the clear is blamed on the generator only
+    disc = [s for s in steps if s["optimizer_index"] == 2]
+    assert all(s["conservation"]["ok"] for s in disc)
+
+
+def _single(bug: str = "") -> None:
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for i in range(3 * K):
+        if bug == "F3":
+            model.zero_grad()
+        (model(torch.randn(4, 4)).pow(2).mean() / K).backward()
+        if (i + 1) % K == 0:
+            opt.step()
+            opt.zero_grad()
+
+
+def test_single_optimizer_loops_are_judged_as_before() -> None:
+    ok = _observe(_single)
+    assert all(s["optimizer_index"] is None for s in ok)
+    assert [s["backwards"] for s in ok] == [K] * 3 and _errors(ok, K) == []
+    bad = _observe(lambda: _single("F3"))
+    assert [f.cls for f in _errors(bad, K)] == ["F3"]
+    assert not _errors(bad, K)[0].evidence.startswith("optimizer #")
+
+
+def _actor_critic_heads() -> None:
+    """An actor-critic on one shared-free pair of nets (critic steps every micro-step,
+    actor accumulates K) and two heads on one trunk, the second head stepping every 2."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    actor, critic = nn.Linear(4, 2), nn.Linear(4, 1)
+    opt_a = torch.optim.SGD(actor.parameters(), lr=0.1)
+    opt_c = torch.optim.SGD(critic.parameters(), lr=0.1)
+    trunk, h1, h2 = nn.Linear(4, 4), nn.Linear(4, 1), nn.Linear(4, 1)
+    opt_1 = torch.optim.SGD([*trunk.parameters(), *h1.parameters()], lr=0.1)
+    opt_2 = torch.optim.SGD(h2.parameters(), lr=0.1)
+    for i in range(3 * K):
+        s = torch.randn(8, 4)
+        value = critic(s)
+        critic_loss = value.pow(2).mean()
+        actor_loss = -(actor(s).log_softmax(-1)[:, 0] * value.detach().squeeze(-1)).mean() / K
+        opt_c.zero_grad()
+        critic_loss.backward()
+        opt_c.step()
+        actor_loss.backward()
+        if (i + 1) % K == 0:
+            opt_a.step()
+            opt_a.zero_grad()
+        feats = trunk(s)
+        (h1(feats).mean() / K + h2(feats.detach()).mean() / 2).backward()
+        if (i + 1) % 2 == 0:
+            opt_2.step()
+            opt_2.zero_grad()
+        if (i + 1) % K == 0:
+            opt_1.step()
+            opt_1.zero_grad()
+
+
+def test_actor_critic_and_per_head_optimizers_at_their_own_rates() -> None:
+    steps = _observe(_actor_critic_heads)
+    by: dict[int, list[int]] = {}
+    for s in steps:
+        by.setdefault(s["optimizer_index"], []).append(s["backwards"])
+    # actor, critic, trunk+head 1, head 2 (by construction order)
+    assert by == {1: [K] * 3, 2: [1] * (3 * K), 3: [K] * 3, 4: [2] * (3 * K // 2)}, by
+    # (the actor's first window began before the trunk and heads were first called: its
+    # checksums cover fewer parameters than the step's, so it is left unchecked)
+    assert all(s["conservation"]["ok"] for s in steps if s["conservation"])
+    assert sum(1 for s in steps if s["conservation"]) >= len(steps) - 1
+    for k in (None, K):
+        assert _errors(steps, k) == [], _analyze(steps, k=k)

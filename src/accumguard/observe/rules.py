@@ -204,8 +204,7 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
         all_steps = rec.steps.get(rank, [])
         groups = _optimizer_groups(all_steps)
         for idx, steps, gres, note in _group_ks(groups, res):
-            found: list[Finding] = [] if note is None else [note._replace(rank)]
-            found += _rank_findings(rank, steps, info, gres.k, gres.declared)
+            found: list[Finding] = _rank_findings(rank, steps, info, gres.k, gres.declared)
             found += _window_findings(rank, _windows(steps), info, gres)
             found += _no_update(rank, steps)
             found += loss_weight_findings(rank, _windows(steps))
@@ -220,7 +219,7 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
                 found = [dataclasses.replace(f, evidence=f"optimizer #{idx} ({name}), judged "
                                              f"on its own window: {f.evidence}")
                          for f in found]
-            findings += found
+            findings += ([] if note is None else [note._replace(rank)]) + found
         findings += _scheduler_findings(rank, rec.schedulers.get(rank, []))
     findings += _cross_rank(rec)
     findings += _cross_rank_weights(rec)
