@@ -94,6 +94,8 @@ def zero_grad_in_window(ctx: FileContext) -> Iterator[Finding]:
         for call, kind in facts.zero_grads:
             if ctx.guarded(call, window) or (facts.accelerate and kind == "optimizer"):
                 continue
+            if dotted(receiver(call)) in facts.own_rate:
+                continue  # an optimizer stepping at its own rate clears its own window
             name = dotted(receiver(call)) or "model"
             extra = (
                 " (Accelerate gates the prepared optimizer's zero_grad, not the model's)"
