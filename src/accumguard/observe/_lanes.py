@@ -97,7 +97,7 @@ class Lanes:
         self._next_key = 1
         self.log: list[_Entry] = []
         self.zeros: list[_Zero] = []
-        self._floor = 0  # serials below it are no longer in the log
+        self._floor = 0  # backwards before this serial are not in the log (trimmed, or unlogged)
         self._params: list[torch.Tensor] | None = None  # every lane's parameters, deduplicated
         self._shape: tuple[int, int] = (0, 0)
         self._several = False
@@ -170,8 +170,11 @@ class Lanes:
                            sum(max(0, ln.n_params) for ln in self._lanes.values()))
         return self._params
 
-    def before_backward(self) -> _Pending | None:
+    def before_backward(self, serial: int) -> _Pending | None:
+        """Before backward number ``serial`` (0-based): the ``.grad`` versions to compare
+        after it, when the log is kept."""
         if not self.several():
+            self._floor = serial + 1  # a window from before this one is not in the log
             return None
         params = self._all_params()
         return _Pending(_versions(params), params)

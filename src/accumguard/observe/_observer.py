@@ -337,7 +337,7 @@ class Observer(ForwardHooks):
         handlers = self._handlers
         for listen in handlers["on_backward_start"]:
             listen(ev)
-        lane = self.lanes.before_backward()
+        lane = self.lanes.before_backward(self.backward_total)
         n_ends = len(w.ends)
         self._bw_depth += 1
         self._bw_current = ev
@@ -376,7 +376,7 @@ class Observer(ForwardHooks):
                            engine=self.engine, forwards=w.forwards)
         w.forwards = 0
         self._last_sync_forward = None
-        lane = self.lanes.before_backward()
+        lane = self.lanes.before_backward(self.backward_total)
         self._bw_depth += 1
         self._bw_current = ev  # collectives inside it are its own, not "between"
         try:
