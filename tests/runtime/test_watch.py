@@ -101,7 +101,9 @@ def test_fsdp2_step_every_micro_batch_is_a_true_note(dist_sweep: Path) -> None:
     rec = load_recordings(dist_sweep / "fsdp2_stepevery")
     assert [s["applied"] for s in rec.steps[0]] == [False, False, False, True] * 3
     applied = [s for s in rec.steps[0] if s["applied"]]
-    assert all(s["conservation"] and s["conservation"]["ok"] for s in applied)
+    # (the cost budget may leave a window unchecked in this long sweep)
+    checked = [s["conservation"] for s in applied if s["conservation"]]
+    assert checked and all(c["ok"] for c in checked)
     findings, k, _ = analyze(rec, k_flag=None)
     assert k == 4
     text = " ".join(f.evidence for f in findings)
