@@ -204,3 +204,26 @@ def test_actor_critic_and_per_head_optimizers_at_their_own_rates() -> None:
     assert sum(1 for s in steps if s["conservation"]) >= len(steps) - 1
     for k in (None, K):
         assert _errors(steps, k) == [], _analyze(steps, k=k)
+
+
+def test_unhashable_optimizers_are_left_to_the_shared_window() -> None:
+    # an optimizer class defining __eq__ (so no __hash__): not kept as a lane, never raised
+    import torch
+
+    class EqSGD(torch.optim.SGD):
+        def __eq__(self, other: object) -> bool:
+            return self is other
+
+    def loop() -> None:
+        torch.manual_seed(0)
+        a, b = torch.nn.Linear(3, 1), torch.nn.Linear(3, 1)
+        opt_a, opt_b = EqSGD(a.parameters(), lr=0.1), EqSGD(b.parameters(), lr=0.1)
+        for _ in range(2):
+            (a(torch.randn(2, 3)).sum() + b(torch.randn(2, 3)).sum()).backward()
+            opt_a.step()
+            opt_b.step()
+            opt_a.zero_grad()
+            opt_b.zero_grad()
+
+    steps = _observe(loop)
+    assert len(steps) == 4 and all(s["optimizer_index"] is None for s in steps)

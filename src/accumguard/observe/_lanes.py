@@ -104,12 +104,24 @@ class Lanes:
         self._several_shape: tuple[int, int] = (0, 0)
 
     # -- registry -------------------------------------------------------------------------
-    def register(self, opt: Any, serial: int) -> _Lane:
-        lane = self._lanes.get(opt)
+    def _get(self, opt: Any) -> _Lane | None:
+        try:
+            return self._lanes.get(opt)
+        except TypeError:  # an optimizer class that is not hashable or weak-referenceable
+            return None
+
+    def register(self, opt: Any, serial: int) -> _Lane | None:
+        """Know ``opt`` from now on (its window starts at backward ``serial``); None when
+        it cannot be kept (unhashable, no weak reference): it is then left to the shared
+        window."""
+        lane = self._get(opt)
         if lane is None:
             lane = _Lane(self._next_key, serial)
+            try:
+                self._lanes[opt] = lane
+            except TypeError:
+                return None
             self._next_key += 1
-            self._lanes[opt] = lane
             self._params = None
         return lane
 
@@ -135,7 +147,7 @@ class Lanes:
 
     def partners(self, opt: Any) -> list[tuple[Any, _Lane]]:
         """The other live optimizers over parameters disjoint from ``opt``'s."""
-        lane = self._lanes.get(opt)
+        lane = self._get(opt)
         if lane is None or len(self._lanes) < 2:
             return []
         self._refresh(opt, lane)
@@ -149,7 +161,7 @@ class Lanes:
         return out
 
     def key(self, opt: Any) -> int | None:
-        lane = self._lanes.get(opt)
+        lane = self._get(opt)
         return None if lane is None else lane.key
 
     # -- recording ------------------------------------------------------------------------
@@ -198,7 +210,7 @@ class Lanes:
         if not self.several():
             return
         if kind == "optimizer":
-            lane = self._lanes.get(target)
+            lane = self._get(target)
             if lane is not None:
                 self._refresh(target, lane)
                 pids = lane.pids
@@ -214,7 +226,7 @@ class Lanes:
     def stepped(self, opt: Any, serial: int) -> None:
         """``opt``'s window ended (``serial`` backwards so far); the log keeps what the other
         optimizers' open windows still need."""
-        lane = self._lanes.get(opt)
+        lane = self._get(opt)
         if lane is not None:
             lane.since = serial
         if not self.log and not self.zeros:
@@ -233,15 +245,15 @@ class Lanes:
         partners = self.partners(opt)
         if not partners:
             return None
-        lane = self._lanes[opt]
-        if lane.since < self._floor:
+        lane = self._get(opt)
+        if lane is None or lane.since < self._floor:
             return None
         mine = lane.pids
         entries = [e for e in self.log if e.serial >= lane.since and e.touched & mine]
-        lanes = [(self._lanes.get(opt), mine)] + [(ol, ol.pids) for _, ol in partners]
+        lanes = [(lane, mine)] + [(ol, ol.pids) for _, ol in partners]
 
         def reach(e: _Entry) -> frozenset[int]:
-            return frozenset(ln.key for ln, pids in lanes if ln is not None and e.touched & pids)
+            return frozenset(ln.key for ln, pids in lanes if e.touched & pids)
 
         zeros = [z for z in self.zeros if z.pids & mine]
         if entries:
