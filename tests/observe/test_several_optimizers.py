@@ -112,6 +112,10 @@ def test_gan_each_optimizer_has_its_own_window() -> None:
     assert all(s["zero_grads_between"] == 0 for s in steps)
     for k in (None, K, 1):
         assert _errors(steps, k) == [], (k, _analyze(steps, k=k))
+    # the run's K is the accumulating optimizer's, and the source says each one's
+    _, k, source = rules.analyze(rules.RunRecording(steps={0: steps}))
+    assert k == K and source == ("inferred from each optimizer's own windows "
+                                 "(optimizer #1: 4, optimizer #2: 1)"), source
     # with K = 4 declared the discriminator steps at its own rate: a note that says so
     (note,) = [f for f in _analyze(steps, k=K) if f.severity == "note"]
     assert note.cls == "F1" and "optimizer #2 (Adam)" in note.evidence

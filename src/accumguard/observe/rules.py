@@ -155,6 +155,22 @@ def _inferred(rec: RunRecording) -> int | None:
     return Counter(sizes).most_common(1)[0][0] if sizes else None
 
 
+def _inferred_per_optimizer(rec: RunRecording) -> dict[int, int]:
+    """With several optimizers on their own windows (``optimizer_index``), each one's most
+    common window (over the ranks); empty otherwise."""
+    sizes: dict[int, list[int]] = {}
+    for steps in rec.steps.values():
+        groups = _optimizer_groups(steps)
+        if len(groups) < 2:
+            continue
+        for idx, group in groups:
+            if idx is not None:
+                sizes.setdefault(idx, []).extend(
+                    int(w["window"]) for w in _windows(group)
+                    if int(w["window"]) > 0 and not _spans_passes(w))
+    return {i: Counter(v).most_common(1)[0][0] for i, v in sizes.items() if v}
+
+
 def _spans_passes(w: dict[str, Any]) -> bool:
     return any(0 < j < int(w["window"]) for j in w.get("data_pass_starts") or [])
 
@@ -180,6 +196,9 @@ def resolve_k(rec: RunRecording, flag: int | None, script: DeclaredK | None = No
         if isinstance(k, int) and k > 1:
             return KResolution(k, "DeepSpeed config gradient_accumulation_steps", "runtime")
     inferred = _inferred(rec)
+    per_opt = _inferred_per_optimizer(rec)
+    if per_opt:  # several optimizers, each with its own window: the accumulating one's K
+        inferred = max(per_opt.values())
     if (script is not None and script.value is not None and script.value >= 1
             and (inferred is None or inferred in (1, script.value))):
         # windows of one backward against a declared K > 1 is the F1 question (_f1)
@@ -190,6 +209,10 @@ def resolve_k(rec: RunRecording, flag: int | None, script: DeclaredK | None = No
         return KResolution(None, "no backward pass seen before the optimizer steps (gradients "
                            "made another way, e.g. torch.autograd.grad, are not followed)"
                            if stepped else "no optimizer step", "none", script)
+    if per_opt:
+        each = ", ".join(f"optimizer #{i}: {n}" for i, n in sorted(per_opt.items()))
+        return KResolution(inferred, f"inferred from each optimizer's own windows ({each})",
+                           "inferred", script)
     return KResolution(inferred, "inferred from the observed windows", "inferred", script)
 
 
