@@ -1,6 +1,6 @@
 # corpus: style=gan class=OK
-# the discriminator steps every batch with its own zero_grad (its own window of one batch);
-# the generator accumulates `accum` batches and steps at its boundary
+# the discriminator steps (and clips) every batch with its own zero_grad (its own window of
+# one batch); the generator accumulates `accum` batches and steps at its boundary
 import torch
 
 accum = 4
@@ -11,9 +11,11 @@ for i, real in enumerate(loader):
     opt_d.zero_grad()
     d_loss = bce(disc(real), ones) + bce(disc(gen(z).detach()), zeros)
     d_loss.backward()
+    torch.nn.utils.clip_grad_norm_(disc.parameters(), 1.0)
     opt_d.step()
     g_loss = bce(disc(gen(z)), ones) / accum
     g_loss.backward()
     if (i + 1) % accum == 0:
+        torch.nn.utils.clip_grad_norm_(gen.parameters(), 1.0)
         opt_g.step()
         opt_g.zero_grad()
