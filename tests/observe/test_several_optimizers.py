@@ -231,3 +231,29 @@ def test_unhashable_optimizers_are_left_to_the_shared_window() -> None:
 
     steps = _observe(loop)
     assert len(steps) == 4 and all(s["optimizer_index"] is None for s in steps)
+
+
+def test_observed_gan_trains_bit_identically() -> None:
+    import torch
+
+    def run() -> list[torch.Tensor]:
+        out: list[torch.Tensor] = []
+        real_init = torch.optim.Adam.__init__
+
+        def keep(self: Any, params: Any, *a: Any, **kw: Any) -> None:
+            params = list(params)
+            out.extend(params)
+            real_init(self, params, *a, **kw)
+
+        torch.optim.Adam.__init__ = keep  # type: ignore[method-assign]
+        try:
+            _gan("gen_zero_grad")
+        finally:
+            torch.optim.Adam.__init__ = real_init  # type: ignore[method-assign]
+        return [p.detach().clone() for p in out]
+
+    plain = run()
+    observed: list[torch.Tensor] = []
+    _observe(lambda: observed.extend(run()))
+    assert len(plain) == len(observed) == 8
+    assert all(torch.equal(a, b) for a, b in zip(plain, observed, strict=True))
