@@ -81,7 +81,8 @@ def dist_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ("ddp_F7", {"F7"}), ("ddp_F8", {"F8"}), ("ddp_F11", {"F11"}), ("ddp_F13", {"F13"}),
     ("ddp_never", {"F11"}),
     ("fsdp2_ok", set()), ("fsdp2_wasteful", set()), ("fsdp2_inverted", {"F11"}),
-    ("fsdp2_never", {"NO_UPDATE"}),
+    ("fsdp2_never", {"NO_UPDATE"}), ("fsdp2_stepevery", set()),
+    ("fsdp2_stepevery_never", {"NO_UPDATE"}),
     ("zero1_ok", set()), ("zero1_F1", {"F1", "F11"}),
     ("accelerate_ok", set()), ("accelerate_F3", {"F3"}),
 ])
@@ -92,6 +93,22 @@ def test_two_rank_loops(dist_sweep: Path, name: str, expected: set[str]) -> None
         assert "OK" in notes and "wasteful" in " ".join(f.evidence for f in findings)
     if expected:  # findings are per rank, numbered from 1
         assert all(f.step is None or f.step >= 1 for f in findings)
+
+
+def test_fsdp2_step_every_micro_batch_is_a_true_note(dist_sweep: Path) -> None:
+    # the non-final steps found every gradient None and changed nothing; the synced step
+    # applied the whole window (conservation checked), and no text claims the opposite
+    rec = load_recordings(dist_sweep / "fsdp2_stepevery")
+    assert [s["applied"] for s in rec.steps[0]] == [False, False, False, True] * 3
+    applied = [s for s in rec.steps[0] if s["applied"]]
+    # (the cost budget may leave a window unchecked in this long sweep)
+    checked = [s["conservation"] for s in applied if s["conservation"]]
+    assert checked and all(c["ok"] for c in checked)
+    findings, k, _ = analyze(rec, k_flag=None)
+    assert k == 4
+    text = " ".join(f.evidence for f in findings)
+    assert "did not move" not in text and "never called" not in text
+    assert [(f.cls, f.severity) for f in findings] == [("OK", "note")] * 2, findings
 
 
 def test_sweep_records_param_dtype_and_both_ranks(dist_sweep: Path) -> None:

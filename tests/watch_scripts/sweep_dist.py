@@ -96,10 +96,13 @@ def fsdp2(bug: str) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for i, (x, y) in enumerate(data()):
         last = (i + 1) % K == 0
-        sync = {"ok": last, "inverted": not last, "never": False, "wasteful": True}[bug]
+        sync = {"ok": last, "inverted": not last, "never": False, "wasteful": True,
+                "stepevery": last, "stepevery_never": False}[bug]
         model.set_requires_gradient_sync(sync)
         ce(model(x), y).backward()
-        if last:
+        # stepevery*: step() + zero_grad() after every micro-batch; FSDP2 hands .grad = None
+        # to the unsynced ones (no-ops), so with the flag on at the last it is the large batch
+        if last or bug.startswith("stepevery"):
             opt.step()
             opt.zero_grad()
 
@@ -145,7 +148,8 @@ def accelerate(bug: str) -> None:
 SCENARIOS: dict[str, Callable[[], None]] = {
     **{f"ddp_{b}": (lambda b=b: ddp(b)) for b in
        ("ok", "wasteful", "F3", "F4", "F7", "F8", "F11", "F13", "never")},
-    **{f"fsdp2_{b}": (lambda b=b: fsdp2(b)) for b in ("ok", "inverted", "never", "wasteful")},
+    **{f"fsdp2_{b}": (lambda b=b: fsdp2(b)) for b in ("ok", "inverted", "never", "wasteful",
+                                                          "stepevery", "stepevery_never")},
     "zero1_ok": lambda: zero1("ok"),
     "zero1_F1": lambda: zero1("F1"),
     "accelerate_ok": lambda: accelerate("ok"),

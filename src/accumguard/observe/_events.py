@@ -128,6 +128,10 @@ class StepEvent:
     #  per-token weight, low precision, reduction]; None: fewer than 2 micro-steps had one
     losses: list[list[Any]] | None = None
     discarded: bool = False
+    # several optimizers over disjoint parameters: which one stepped (1-based, by first
+    # appearance), its window being the backwards that reached its parameters; None: the
+    # window is everything since the previous step of any optimizer
+    optimizer_index: int | None = None
 
 
 @dataclass

@@ -64,6 +64,7 @@ from accumguard.observe._introspect import (
     snapshot,
     tol_for,
 )
+from accumguard.observe._lanes import Lanes
 from accumguard.observe._losses import LossRecorder
 from accumguard.observe._patch import Patches
 from accumguard.observe._window import Window
@@ -172,6 +173,9 @@ class Observer(ForwardHooks):
         self.engine_info: EngineInfo | None = None
         self.declared_k: dict[str, int] = {}
         self._w = Window()
+        # several optimizers over disjoint parameters: each one's own window (:mod:`._lanes`)
+        self.lanes = Lanes()
+        self._ow: Window | None = None  # the stepping optimizer's own window, if not self._w
         self._fwd_depth = 0
         # modules called at the top level -> their depth-counting post hook (weak: a loss
         # module built on every step takes its hook with it when it is freed)
@@ -360,6 +364,8 @@ class Observer(ForwardHooks):
         handlers = self._handlers
         for listen in handlers["on_backward_start"]:
             listen(ev)
+        lane = self.lanes.before_backward(self.backward_total)
+        n_ends = len(w.ends)
         self._bw_depth += 1
         self._bw_current = ev
         try:
@@ -372,6 +378,12 @@ class Observer(ForwardHooks):
                 w.ends.append(self._checksums())
                 self._end_versions = grad_versions(self._tracked)
                 self._t_checks += time.perf_counter() - t0
+            if lane is not None:
+                checked = track and len(w.starts) == len(w.ends) == n_ends + 1
+                self.lanes.after_backward(
+                    lane, self.backward_total, ev, w.starts[-1] if checked else None,
+                    w.ends[-1] if checked else None,
+                    w.losses[-1] if w.loss_ok and w.losses else None)
             w.backwards.append(ev)
             self.losses.end_backward()
             w.bw_since_engine_step += 1
@@ -391,6 +403,7 @@ class Observer(ForwardHooks):
                            engine=self.engine, forwards=w.forwards)
         w.forwards = 0
         self._last_sync_forward = None
+        lane = self.lanes.before_backward(self.backward_total)
         self._bw_depth += 1
         self._bw_current = ev  # collectives inside it are its own, not "between"
         try:
@@ -398,6 +411,8 @@ class Observer(ForwardHooks):
         finally:
             self._bw_depth -= 1
             self._bw_current = None
+            if lane is not None:
+                self.lanes.after_backward(lane, self.backward_total, ev, None, None, None)
             w.backwards.append(ev)
             self.losses.end_backward()
             w.bw_since_engine_step += 1
@@ -433,6 +448,7 @@ class Observer(ForwardHooks):
                 self.step, self._opt_depth, bool(self._ds_step_depth), opt))
         if self._opt_depth > 1 or self._ds_step_depth:
             return
+        self.lanes.register(opt, self.backward_total - len(self._w.backwards))
         applied = False  # a step with every gradient None is a no-op for torch optimizers
         for group in opt.param_groups:
             for prm in group["params"]:
@@ -470,19 +486,24 @@ class Observer(ForwardHooks):
                                                      opt))
         self._step_t0 = time.perf_counter()
         self._step_cons = None
+        self._ow = None
         self._end_step("torch", type(opt).__name__, False, None, opt, discarded=True)
 
     def _begin_step(self, opt: Any, applied: bool, engine: Any = None) -> None:
         self._step_t0 = time.perf_counter()
         self._step_applied = applied
-        w = self._w
+        shared = self._w
+        # several optimizers on disjoint parameters: this one's own window (:mod:`._lanes`)
+        self._ow = ow = (self.lanes.window(opt, shared, self.backward_total, len(self._tracked))
+                         if engine is None and self.lanes.several() else None)
+        w = shared if ow is None else ow
         self._step_checksum = None
         self._step_members = None
         if self._tracking() and w.starts and len(w.starts) == len(w.ends):
             t0 = time.perf_counter()
             # a collective writes .grad in place without bumping its version (c10d): after
             # one since the last backward the checksum is taken again
-            same = (not w.reductions_between
+            same = (ow is None and not w.reductions_between
                     and grad_versions(self._tracked) == self._end_versions)
             self._step_checksum = w.ends[-1] if same else self._checksums()
             members = {id(p) for g in getattr(opt, "param_groups", []) for p in g["params"]}
@@ -501,7 +522,7 @@ class Observer(ForwardHooks):
 
     def _verdict(self) -> Any:
         """Conservation verdict on what the step about to run receives (None: unchecked)."""
-        w = self._w
+        w = self._w if self._ow is None else self._ow
         if self._step_checksum is None or self._step_members is None:
             return None
         t0 = time.perf_counter()
@@ -519,6 +540,9 @@ class Observer(ForwardHooks):
     def _end_step(self, source: str, opt_name: str, applied: bool, norm: float | None,
                   owner: Any, *, discarded: bool = False) -> None:
         w = self._w
+        own, self._ow = self._ow, None
+        if source == "torch":
+            self.lanes.stepped(owner, self.backward_total)
         updates = None
         if self.record_updates and self._before is not None and applied:
             after = self._snapshot(owner if source == "torch" else None,
@@ -552,7 +576,7 @@ class Observer(ForwardHooks):
                 and self._step_checksum is not None:
             mask = torch.tensor(self._step_members, dtype=torch.bool)
             chk = [float(x) for x in self._step_checksum[mask].sum(0)]
-        ev = w.record(
+        ev = (w if own is None else own).record(
             step=self.step, applied=applied, source=source, optimizer=opt_name,
             engine=self.engine, grad_norm=norm, conservation=cons, checksum=chk,
             wall=time.perf_counter() - self._step_t0, param_dtype=self._dtype_of(owner),
@@ -561,6 +585,10 @@ class Observer(ForwardHooks):
             # a DeepSpeed step that skipped its update (overflow) discarded its window
             losses=self.losses.take(applied, carry=source == "torch" and not discarded),
             discarded=discarded)
+        if own is not None:
+            # the loss record follows the shared window's backwards, not this optimizer's
+            ev.losses = None
+            ev.optimizer_index = self.lanes.key(owner)
         self._next_window(reset_losses=False)  # losses.take() above reset them
         if self._global_handle is not None and self.step >= PIN_ROOTS_AFTER_STEPS:
             self._pin_roots()

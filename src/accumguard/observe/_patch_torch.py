@@ -43,6 +43,7 @@ def install(obs: Any, p: Patches) -> None:
     p.add(register_optimizer_step_post_hook(obs._opt_post).remove)
     p.wrap(torch.Tensor, "backward", _backward_wrapper(obs, "tensor"))
     p.wrap(torch.autograd, "backward", _backward_wrapper(obs, "autograd"))
+    p.wrap(torch.optim.Optimizer, "__init__", _optimizer_init_wrapper(obs))
     p.wrap(torch.optim.Optimizer, "zero_grad", _zero_wrapper(obs, "optimizer"))
     p.wrap(torch.nn.Module, "zero_grad", _zero_wrapper(obs, "module"))
     p.wrap(torch.utils.data.DataLoader, "__iter__", _data_pass_wrapper(obs))
@@ -105,6 +106,21 @@ def _backward_wrapper(obs: Any, source: str) -> Callable[[Callable[..., Any]], A
     return make
 
 
+def _optimizer_init_wrapper(obs: Any) -> Callable[[Callable[..., Any]], Any]:
+    """Every torch optimizer made after the install is known from its construction on: a
+    second one over other parameters gives each its own window (:mod:`._lanes`) from the
+    first backward, before either has stepped."""
+    def make(orig: Callable[..., Any]) -> Callable[..., Any]:
+        def __init__(this: Any, /, *args: Any, **kwargs: Any) -> None:  # noqa: N807
+            orig(this, *args, **kwargs)
+            if obs.installed and not obs._in_observer:
+                obs.lanes.register(this, obs.backward_total)
+
+        return __init__
+
+    return make
+
+
 def _zero_wrapper(obs: Any, kind: str) -> Callable[[Callable[..., Any]], Any]:
     def make(orig: Callable[..., Any]) -> Callable[..., Any]:
         def zero_grad(this: Any, /, *args: Any, **kwargs: Any) -> Any:
@@ -114,6 +130,9 @@ def _zero_wrapper(obs: Any, kind: str) -> Callable[[Callable[..., Any]], Any]:
             w = obs._w
             if obs._handlers["on_zero_grad"]:
                 obs._emit("on_zero_grad", ZeroGradEvent(obs.step, len(w.backwards), kind, this))
+            if kind == "optimizer":
+                obs.lanes.register(this, obs.backward_total - len(w.backwards))
+            obs.lanes.on_zero(this, kind, obs.backward_total)
             if w.backwards:
                 w.zero_grads += 1
                 w.zero_between += 1

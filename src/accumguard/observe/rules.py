@@ -23,6 +23,7 @@ module runs them all and re-exports their public names.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 from pathlib import Path
@@ -171,6 +172,22 @@ def _inferred(rec: RunRecording) -> int | None:
     return Counter(sizes).most_common(1)[0][0] if sizes else None
 
 
+def _inferred_per_optimizer(rec: RunRecording) -> dict[int, int]:
+    """With several optimizers on their own windows (``optimizer_index``), each one's most
+    common window (over the ranks); empty otherwise."""
+    sizes: dict[int, list[int]] = {}
+    for steps in rec.steps.values():
+        groups = _optimizer_groups(steps)
+        if len(groups) < 2:
+            continue
+        for idx, group in groups:
+            if idx is not None:
+                sizes.setdefault(idx, []).extend(
+                    int(w["window"]) for w in _windows(group)
+                    if int(w["window"]) > 0 and not _spans_passes(w))
+    return {i: Counter(v).most_common(1)[0][0] for i, v in sizes.items() if v}
+
+
 def _spans_passes(w: dict[str, Any]) -> bool:
     return any(0 < j < int(w["window"]) for j in w.get("data_pass_starts") or [])
 
@@ -196,6 +213,9 @@ def resolve_k(rec: RunRecording, flag: int | None, script: DeclaredK | None = No
         if isinstance(k, int) and k > 1:
             return KResolution(k, "DeepSpeed config gradient_accumulation_steps", "runtime")
     inferred = _inferred(rec)
+    per_opt = _inferred_per_optimizer(rec)
+    if per_opt:  # several optimizers, each with its own window: the accumulating one's K
+        inferred = max(per_opt.values())
     if (script is not None and script.value is not None and script.value >= 1
             and (inferred is None or inferred in (1, script.value))):
         # windows of one backward against a declared K > 1 is the F1 question (_f1)
@@ -206,6 +226,10 @@ def resolve_k(rec: RunRecording, flag: int | None, script: DeclaredK | None = No
         return KResolution(None, "no backward pass seen before the optimizer steps (gradients "
                            "made another way, e.g. torch.autograd.grad, are not followed)"
                            if stepped else "no optimizer step", "none", script)
+    if per_opt:
+        each = ", ".join(f"optimizer #{i}: {n}" for i, n in sorted(per_opt.items()))
+        return KResolution(inferred, f"inferred from each optimizer's own windows ({each})",
+                           "inferred", script)
     return KResolution(inferred, "inferred from the observed windows", "inferred", script)
 
 
@@ -216,18 +240,27 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
     res = resolve_k(rec, k_flag, script)
     findings: list[Finding] = []
     for rank in rec.ranks:
-        steps = rec.steps.get(rank, [])
         info = rec.engine.get(rank, {})
-        findings += _rank_findings(rank, steps, info, res.k, res.declared)
-        findings += _window_findings(rank, _windows(steps), info, res)
-        findings += _no_update(rank, steps)
+        all_steps = rec.steps.get(rank, [])
+        groups = _optimizer_groups(all_steps)
+        for idx, steps, gres, note in _group_ks(groups, res):
+            found: list[Finding] = _rank_findings(rank, steps, info, gres.k, gres.declared)
+            found += _window_findings(rank, _windows(steps), info, gres)
+            found += _no_update(rank, steps)
+            found += loss_weight_findings(rank, _windows(steps))
+            found += loss_scale_findings(rank, _windows(steps), gres.k, rec.world)
+            found += rank_scale_findings(rank, _windows(steps), rec.world)
+            found += low_precision_findings(rank, _windows(steps))
+            found += partial_window_findings(rank, _windows(steps), gres.k)
+            found += grad_step_findings(rank, _windows(steps), gres)
+            if idx is not None and len(groups) > 1:
+                name = next((str(s.get("optimizer")) for s in steps if s.get("optimizer")),
+                            "optimizer")
+                found = [dataclasses.replace(f, evidence=f"optimizer #{idx} ({name}), judged "
+                                             f"on its own window: {f.evidence}")
+                         for f in found]
+            findings += ([] if note is None else [note._replace(rank)]) + found
         findings += _scheduler_findings(rank, rec.schedulers.get(rank, []))
-        findings += loss_weight_findings(rank, _windows(steps))
-        findings += loss_scale_findings(rank, _windows(steps), res.k, rec.world)
-        findings += rank_scale_findings(rank, _windows(steps), rec.world)
-        findings += low_precision_findings(rank, _windows(steps))
-        findings += partial_window_findings(rank, _windows(steps), res.k)
-        findings += grad_step_findings(rank, _windows(steps), res)
     findings += _cross_rank(rec)
     findings += _cross_rank_weights(rec)
     findings += manual_reduce_findings(rec)
@@ -240,6 +273,73 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
             seen.add(key)
             unique.append(f)
     return unique, res.k, res.source
+
+
+class _OwnRate:
+    """The note for an optimizer that steps after every backward reaching its parameters
+    while another accumulates the declared K (its rank filled in per rank)."""
+
+    def __init__(self, cls: str, step: int, evidence: str) -> None:
+        self.cls, self.step, self.evidence = cls, step, evidence
+
+    def _replace(self, rank: int) -> Finding:
+        return _mk(self.cls, "note", rank, self.step, 0, self.evidence)
+
+
+def _optimizer_groups(steps: list[dict[str, Any]]
+                      ) -> list[tuple[int | None, list[dict[str, Any]]]]:
+    """A rank's step records per optimizer when the observer gave several optimizers over
+    disjoint parameters their own windows (``optimizer_index``), else one group."""
+    keys = {s.get("optimizer_index") for s in steps} - {None}
+    if len(keys) < 2:
+        return [(None, steps)]
+    by: dict[int | None, list[dict[str, Any]]] = {}
+    for s in steps:
+        by.setdefault(s.get("optimizer_index"), []).append(s)
+    return sorted(by.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))
+
+
+def _group_ks(groups: list[tuple[int | None, list[dict[str, Any]]]], res: KResolution
+              ) -> list[tuple[int | None, list[dict[str, Any]], KResolution, _OwnRate | None]]:
+    """K for each optimizer's windows. One group: the run's K. Several: each optimizer's
+    K is its own. A declared K (flag, framework, script) applies to every optimizer, except
+    that one stepping after each backward that reached its parameters while another
+    accumulates the declared K steps at its own rate (a GAN's discriminator, a critic): a
+    note, not F1. Without a declared K, each optimizer's K is inferred from its windows."""
+    if len(groups) < 2:
+        return [(idx, steps, res, None) for idx, steps in groups]
+    inferred: dict[int | None, int | None] = {}
+    for idx, steps in groups:
+        sizes = [int(w["window"]) for w in _windows(steps) if int(w["window"]) > 0]
+        inferred[idx] = Counter(sizes).most_common(1)[0][0] if sizes else None
+    out: list[tuple[int | None, list[dict[str, Any]], KResolution, _OwnRate | None]] = []
+    k = res.k
+    for idx, steps in groups:
+        inf = inferred[idx]
+        if res.declared and k is not None and k > 1:
+            others = [i for i, n in inferred.items() if i != idx and n == k]
+            if inf == 1 and others:
+                ws = _windows(steps)
+                ones = sum(1 for w in ws if int(w["window"]) == 1)
+                name = next((str(s.get("optimizer")) for s in steps if s.get("optimizer")),
+                            "optimizer")
+                note = _OwnRate("F1", int(ws[0]["step"]) if ws else 0,
+                                f"optimizer #{idx} ({name}) stepped after a single backward "
+                                f"pass reaching its parameters in {ones} of {len(ws)} "
+                                f"steps, while optimizer #{others[0]} accumulated K = {k} "
+                                f"({res.source}): judged as an optimizer stepping at its own "
+                                "rate (a GAN's discriminator, a critic). If it was meant to "
+                                "accumulate K too, it steps on every micro-step")
+                out.append((idx, steps, KResolution(1, f"optimizer #{idx}'s own rate",
+                                                    "inferred"), note))
+                continue
+            out.append((idx, steps, res, None))
+        elif inf is not None:
+            out.append((idx, steps, KResolution(inf, f"inferred from optimizer #{idx}'s "
+                                                "windows", "inferred", res.script), None))
+        else:
+            out.append((idx, steps, res, None))
+    return out
 
 
 def _rank_findings(rank: int, steps: list[dict[str, Any]], info: dict[str, Any],
@@ -534,24 +634,66 @@ def _f1(rank: int, windows: list[dict[str, Any]], res: KResolution) -> list[Find
 
 
 def _no_update(rank: int, steps: list[dict[str, Any]]) -> list[Finding]:
-    """Optimizer steps after backward passes in which no gradient reached the optimizer."""
+    """Optimizer steps after backward passes in which no gradient reached the optimizer.
+
+    A no-op step (every gradient None) whose window goes on into a later applied step lost
+    nothing: the rules fold its backwards into that step (:func:`_windows`). FSDP2 with
+    ``set_requires_gradient_sync(False)`` hands ``.grad = None`` to the steps of the
+    non-final micro-steps and keeps the unreduced gradient until the synced backward, so
+    ``step()`` + ``zero_grad()`` after every micro-step is the large-batch update with
+    wasted calls (a note). An error only when no step ever applied anything, or when the
+    run ended on FSDP2 no-op steps whose gradient never reached a step."""
     skipped = [s for s in steps if not s.get("applied", True)]
     if not skipped or not any(int(s.get("backwards", 0)) for s in steps):
         return []
     never = not any(s.get("applied", True) for s in steps)
-    fsdp_off = [s for s in skipped if s.get("engine") == "fsdp2" and s.get("sync_backward")
-                and not any(s["sync_backward"])]
-    if not (never or fsdp_off):
+    pending: list[dict[str, Any]] = []  # no-op steps not (yet) followed by an applied one
+    folded: list[dict[str, Any]] = []  # no-op steps whose window an applied step carried on
+    for s in steps:
+        if s.get("discarded"):
+            pending = []
+        elif not s.get("applied", True):
+            pending.append(s)
+        else:
+            folded += pending
+            pending = []
+
+    def fsdp_off(s: dict[str, Any]) -> bool:
+        return bool(s.get("engine") == "fsdp2" and s.get("sync_backward")
+                    and not any(s["sync_backward"]))
+
+    trailing = [s for s in pending if fsdp_off(s)]
+    if never or trailing:
+        first = (trailing or skipped)[0]
+        if never:
+            why = (" (every backward ran with FSDP2 gradient sync off: "
+                   "set_requires_gradient_sync(True) was never called before a window's last "
+                   "backward, so no gradient was reduced)"
+                   if all(fsdp_off(s) for s in skipped) else "")
+            return [_mk("NO_UPDATE", "error", rank, first["step"], None,
+                        f"{len(skipped)} of {len(steps)} optimizer steps found every gradient "
+                        f"None (first: step {_n(first['step'])}; "
+                        f"{sum(int(s.get('backwards', 0)) for s in steps)} backward passes in "
+                        f"the whole run){why}: the parameters did not move")]
+        nb = sum(int(s.get("backwards", 0)) for s in trailing)
+        return [_mk("NO_UPDATE", "error", rank, first["step"], None,
+                    f"the run's last {len(trailing)} optimizer step(s) (from step "
+                    f"{_n(first['step'])}) found every gradient None: their {nb} backward "
+                    "pass(es) ran with FSDP2 gradient sync off "
+                    "(set_requires_gradient_sync(False)) and no synced backward and applied "
+                    "step followed, so their gradient never reached the optimizer")]
+    wasted = [s for s in folded if fsdp_off(s)]
+    if not wasted:
         return []
-    first = (fsdp_off or skipped)[0]
-    why = (" (every backward ran with FSDP2 gradient sync off: set_requires_gradient_sync("
-           "True) was never called before a window's last backward, so no gradient was "
-           "reduced)" if fsdp_off else "")
-    return [_mk("NO_UPDATE", "error", rank, first["step"], None,
-                f"{len(skipped)} of {len(steps)} optimizer steps found every gradient None "
-                f"(first: step {_n(first['step'])}; "
-                f"{sum(int(s.get('backwards', 0)) for s in steps)} backward passes in the "
-                f"whole run){why}: the parameters did not move")]
+    return [Finding("OK", "note", rank, _n(wasted[0]["step"]), None,
+                    f"{len(wasted)} of {len(steps)} optimizer.step() calls came after a "
+                    "backward with FSDP2 gradient sync off and found every gradient None "
+                    "(FSDP2 keeps the unreduced gradient until the synced backward): they "
+                    "changed nothing, and the window went on to the next applied step, so the "
+                    "update is the large batch's",
+                    "Call optimizer.step() and zero_grad() only after the window's last "
+                    "(synced) backward: the other calls do nothing.",
+                    "correct, with optimizer.step() calls that do nothing")]
 
 
 def _scheduler_findings(rank: int, events: list[dict[str, Any]]) -> list[Finding]:

@@ -94,6 +94,8 @@ def zero_grad_in_window(ctx: FileContext) -> Iterator[Finding]:
         for call, kind in facts.zero_grads:
             if ctx.guarded(call, window) or (facts.accelerate and kind == "optimizer"):
                 continue
+            if dotted(receiver(call)) in facts.own_rate:
+                continue  # an optimizer stepping at its own rate clears its own window
             name = dotted(receiver(call)) or "model"
             extra = (
                 " (Accelerate gates the prepared optimizer's zero_grad, not the model's)"
@@ -169,7 +171,7 @@ def clip_in_window(ctx: FileContext) -> Iterator[Finding]:
         ):
             continue
         for call in facts.clips:
-            if ctx.guarded(call, window):
+            if ctx.guarded(call, window) or _clips_own_rate(call, facts.own_rate):
                 continue
             yield ctx.finding(
                 "AG105",
@@ -177,6 +179,14 @@ def clip_in_window(ctx: FileContext) -> Iterator[Finding]:
                 f"`{call_attr(call)}` runs on every micro-batch: it acts on a partial (and, under "
                 "no_sync, unsynchronised) gradient; clip once on the full gradient at the boundary",
             )
+
+
+def _clips_own_rate(call: ast.Call, own_rate: set[str]) -> bool:
+    """The clip (or ``scaler.unscale_(opt)``) acts on an optimizer stepping at its own rate
+    (``clip_grad_norm_(disc.parameters(), 1.0)``): its window is one micro-step."""
+    if not own_rate or not call.args:
+        return False
+    return any(dotted(sub) in own_rate for sub in ast.walk(call.args[0]))
 
 
 def _clip_beside_engine_step(ctx: FileContext, window: ast.AST, clips: list[ast.Call]) -> Iterator[Finding]:

@@ -1,0 +1,298 @@
+"""Several optimizers: each one's own window (the backwards that reached its parameters).
+
+A GAN steps its discriminator every batch (with its own ``zero_grad``) while its generator
+accumulates K batches; an actor and a critic, per-head optimizers, optimizers at different
+rates do the same. One window per optimizer step of *any* optimizer (the observer's
+:class:`~._window.Window`) then mixes them: the generator's window is cut at every
+discriminator step (its earlier micro-steps look like stale gradient), and the
+discriminator's ``zero_grad`` clears what the generator's backward left on the
+discriminator's parameters (it looks like F3).
+
+:class:`Lanes` keeps, once a second optimizer over *disjoint* parameters exists, a log of
+the backwards (which parameters' ``.grad`` each one changed, its gradient checksums) and of
+the ``zero_grad`` calls (on which parameters), and builds at an optimizer's step the window
+of that optimizer: the backwards since its previous step that reached its parameters.
+A backward whose gradient on this optimizer's parameters was cleared by a ``zero_grad``
+before a later backward of the window is left out when it is cross-talk: it also reached
+another optimizer's parameters, and no backward of that same kind (the same optimizers
+reached) is kept in this window (the generator's loss reaches the discriminator's weights;
+the discriminator clears them before its own backward). A cleared backward of this
+optimizer's own kind stays in, and conservation judges it (the generator's own
+``zero_grad`` inside its window is still F3).
+
+With one optimizer (or optimizers sharing parameters: a wrapper and its inner optimizer,
+ZeRO's shard) nothing here changes the window.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from accumguard.observe._events import BackwardEvent
+from accumguard.observe._window import Window
+
+__all__ = ["Lanes"]
+
+#: Backward passes the log keeps at most (an optimizer that never steps must not make it
+#: grow without end); a window reaching further back is left to the shared window.
+LOG_LIMIT = 4096
+
+
+@dataclass
+class _Lane:
+    key: int  # 1-based, by first appearance
+    since: int  # serial of the first backward of its current window
+    pids: frozenset[int] = frozenset()
+    n_params: int = -1
+
+
+@dataclass
+class _Entry:
+    serial: int
+    ev: BackwardEvent
+    touched: frozenset[int]  # id() of the parameters whose .grad this backward changed
+    start: torch.Tensor | None = None  # gradient checksums (all tracked parameters)
+    end: torch.Tensor | None = None
+    loss: torch.Tensor | None = None
+
+
+@dataclass
+class _Zero:
+    serial: int  # backward passes done when it ran
+    pids: frozenset[int]
+
+
+@dataclass
+class _Pending:
+    versions: list[tuple[int, int] | None]
+    params: list[torch.Tensor] = field(default_factory=list)
+
+
+def _pids(opt: Any) -> frozenset[int]:
+    return frozenset(id(p) for g in getattr(opt, "param_groups", None) or [] for p in g["params"])
+
+
+def _count(opt: Any) -> int:
+    return sum(len(g["params"]) for g in getattr(opt, "param_groups", None) or [])
+
+
+def _versions(params: list[torch.Tensor]) -> list[tuple[int, int] | None]:
+    out: list[tuple[int, int] | None] = []
+    for p in params:
+        g = p.grad
+        out.append(None if g is None else (id(g), int(g._version)))
+    return out
+
+
+class Lanes:
+    """The optimizers of the process and, with several on disjoint parameters, the log
+    their own windows are built from (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._lanes: weakref.WeakKeyDictionary[Any, _Lane] = weakref.WeakKeyDictionary()
+        self._next_key = 1
+        self.log: list[_Entry] = []
+        self.zeros: list[_Zero] = []
+        self._floor = 0  # backwards before this serial are not in the log (trimmed, or unlogged)
+        self._params: list[torch.Tensor] | None = None  # every lane's parameters, deduplicated
+        self._shape: tuple[int, int] = (0, 0)
+        self._several = False
+        self._several_shape: tuple[int, int] = (0, 0)
+
+    # -- registry -------------------------------------------------------------------------
+    def _get(self, opt: Any) -> _Lane | None:
+        try:
+            return self._lanes.get(opt)
+        except TypeError:  # an optimizer class that is not hashable or weak-referenceable
+            return None
+
+    def register(self, opt: Any, serial: int) -> _Lane | None:
+        """Know ``opt`` from now on (its window starts at backward ``serial``); None when
+        it cannot be kept (unhashable, no weak reference): it is then left to the shared
+        window."""
+        lane = self._get(opt)
+        if lane is None:
+            lane = _Lane(self._next_key, serial)
+            try:
+                self._lanes[opt] = lane
+            except TypeError:
+                return None
+            self._next_key += 1
+            self._params = None
+        return lane
+
+    def _refresh(self, opt: Any, lane: _Lane) -> None:
+        n = _count(opt)
+        if n != lane.n_params:  # add_param_group
+            lane.pids, lane.n_params = _pids(opt), n
+            self._params = None
+
+    def several(self) -> bool:
+        """Two live optimizers over disjoint parameters exist: the log is kept."""
+        if len(self._lanes) < 2:
+            return False
+        shape = (len(self._lanes), sum(max(0, ln.n_params) for ln in self._lanes.values()))
+        if shape != self._several_shape:
+            self._several_shape = shape
+            items = list(self._lanes.items())
+            for opt, lane in items:
+                self._refresh(opt, lane)
+            self._several = any(a.pids and b.pids and not (a.pids & b.pids)
+                                for i, (_, a) in enumerate(items) for _, b in items[i + 1:])
+        return self._several
+
+    def partners(self, opt: Any) -> list[tuple[Any, _Lane]]:
+        """The other live optimizers over parameters disjoint from ``opt``'s."""
+        lane = self._get(opt)
+        if lane is None or len(self._lanes) < 2:
+            return []
+        self._refresh(opt, lane)
+        out = []
+        for other, ol in list(self._lanes.items()):
+            if other is opt:
+                continue
+            self._refresh(other, ol)
+            if ol.pids and lane.pids and not (ol.pids & lane.pids):
+                out.append((other, ol))
+        return out
+
+    def key(self, opt: Any) -> int | None:
+        lane = self._get(opt)
+        return None if lane is None else lane.key
+
+    # -- recording ------------------------------------------------------------------------
+    def _all_params(self) -> list[torch.Tensor]:
+        shape = (len(self._lanes), sum(max(0, ln.n_params) for ln in self._lanes.values()))
+        if self._params is None or shape != self._shape:
+            seen: set[int] = set()
+            params: list[torch.Tensor] = []
+            for opt, lane in list(self._lanes.items()):
+                self._refresh(opt, lane)
+                for g in getattr(opt, "param_groups", None) or []:
+                    for p in g["params"]:
+                        if id(p) not in seen:
+                            seen.add(id(p))
+                            params.append(p)
+            self._params = params
+            self._shape = (len(self._lanes),
+                           sum(max(0, ln.n_params) for ln in self._lanes.values()))
+        return self._params
+
+    def before_backward(self, serial: int) -> _Pending | None:
+        """Before backward number ``serial`` (0-based): the ``.grad`` versions to compare
+        after it, when the log is kept."""
+        if not self.several():
+            self._floor = serial + 1  # a window from before this one is not in the log
+            return None
+        params = self._all_params()
+        return _Pending(_versions(params), params)
+
+    def after_backward(self, pending: _Pending | None, serial: int, ev: BackwardEvent,
+                       start: torch.Tensor | None, end: torch.Tensor | None,
+                       loss: torch.Tensor | None) -> None:
+        if pending is None:
+            return
+        after = _versions(pending.params)
+        touched = frozenset(id(p) for p, a, b in zip(pending.params, pending.versions, after,
+                                                     strict=False) if a != b)
+        self.log.append(_Entry(serial, ev, touched, start, end, loss))
+        if len(self.log) > LOG_LIMIT:
+            drop = len(self.log) - LOG_LIMIT
+            self._floor = self.log[drop].serial
+            del self.log[:drop]
+
+    def on_zero(self, target: Any, kind: str, serial: int) -> None:
+        """A ``zero_grad`` (outside any step): on which parameters, after how many backwards."""
+        if not self.several():
+            return
+        if kind == "optimizer":
+            lane = self._get(target)
+            if lane is not None:
+                self._refresh(target, lane)
+                pids = lane.pids
+            else:
+                pids = _pids(target)
+        else:
+            try:
+                pids = frozenset(id(p) for p in target.parameters())
+            except Exception:  # not a module after all: clears nothing we can name
+                return
+        self.zeros.append(_Zero(serial, pids))
+
+    def stepped(self, opt: Any, serial: int) -> None:
+        """``opt``'s window ended (``serial`` backwards so far); the log keeps what the other
+        optimizers' open windows still need."""
+        lane = self._get(opt)
+        if lane is not None:
+            lane.since = serial
+        if not self.log and not self.zeros:
+            return
+        low = min((ln.since for ln in self._lanes.values()), default=serial)
+        if self.log and self.log[0].serial < low:
+            self.log = [e for e in self.log if e.serial >= low]
+        self.zeros = [z for z in self.zeros if z.serial > low]
+
+    # -- an optimizer's own window ------------------------------------------------------------
+    def window(self, opt: Any, shared: Window, serial: int, tracked: int) -> Window | None:
+        """The window of ``opt`` (a torch optimizer about to step after ``serial`` backward
+        passes), or None when the shared window is its window (one optimizer, optimizers
+        sharing parameters, a window older than the log). ``tracked``: the number of
+        parameters the observer's gradient checksums cover now."""
+        partners = self.partners(opt)
+        if not partners:
+            return None
+        lane = self._get(opt)
+        if lane is None or lane.since < self._floor:
+            return None
+        mine = lane.pids
+        entries = [e for e in self.log if e.serial >= lane.since and e.touched & mine]
+        lanes = [(lane, mine)] + [(ol, ol.pids) for _, ol in partners]
+
+        def reach(e: _Entry) -> frozenset[int]:
+            return frozenset(ln.key for ln, pids in lanes if e.touched & pids)
+
+        zeros = [z for z in self.zeros if z.pids & mine]
+        if entries:
+            # the last clear of these parameters between two of its backwards
+            cut = [z.serial for z in zeros if entries[0].serial < z.serial <= entries[-1].serial]
+            if cut:
+                lost = [e for e in entries if e.serial < cut[-1]]
+                kept = [e for e in entries if e.serial >= cut[-1]]
+                own = {reach(e) for e in kept} | {frozenset({lane.key})}
+                if not any(reach(e) in own for e in lost):
+                    entries = kept  # cross-talk another optimizer's backward left here
+        w = Window()
+        w.backwards = [e.ev for e in entries]
+        if entries and all(e.start is not None and e.end is not None
+                           and e.start.shape[0] == tracked and e.end.shape[0] == tracked
+                           for e in entries):
+            w.starts = [e.start for e in entries]  # type: ignore[misc]
+            w.ends = [e.end for e in entries]  # type: ignore[misc]
+        if entries and all(e.loss is not None for e in entries):
+            w.losses = [e.loss for e in entries]  # type: ignore[misc]
+        else:
+            w.loss_ok = False
+        first = entries[0].serial if entries else serial
+        inside = sum(1 for z in zeros if z.serial > first) if entries else 0
+        w.zero_grads = w.zero_between = inside
+        # what the shared window counted, at this window's positions
+        base = serial - len(shared.backwards)
+        serials = [e.serial for e in entries]
+
+        def at(pos: int) -> int:
+            return sum(1 for s in serials if s < base + pos)
+
+        w.clip_micros = [at(c) for c in shared.clip_micros]
+        w.clip_names = list(shared.clip_names)
+        w.data_passes = [at(d) for d in shared.data_passes]
+        w.sched = shared.sched
+        w.reductions_between = shared.reductions_between
+        w.forwards = shared.forwards
+        w.engine_step_calls = shared.engine_step_calls
+        w.bw_since_engine_step = shared.bw_since_engine_step
+        w.max_bw_per_engine_step = shared.max_bw_per_engine_step
+        return w
