@@ -143,6 +143,10 @@ class ForwardHooks:
         ``always_call`` ran on every submodule call)."""
         if self._fwd_depth and id(module) not in self._hooked_ids:
             return  # inside a top-level forward, not a module seen at the top level
+        if not self._fwd_depth and torch._C._current_autograd_node() is not None:
+            # a forward run by the backward pass (activation checkpointing's recompute, a
+            # hook's module call): not a forward of the window, not a root
+            return
         hooked = module in self._depth_hooked  # (ids are reused: the weak map decides)
         if self._fwd_depth and not hooked:
             return

@@ -456,8 +456,15 @@ class Observer(ForwardHooks):
             same = (not w.reductions_between
                     and grad_versions(self._tracked) == self._end_versions)
             self._step_checksum = w.ends[-1] if same else self._checksums()
-            members = {id(p) for g in getattr(opt, "param_groups", []) for p in g["params"]}
+            params = [p for g in getattr(opt, "param_groups", []) for p in g["params"]]
+            members = {id(p) for p in params}
             self._step_members = [id(p) in members for p in self._tracked]
+            # a parameter the optimizer steps that no root forward showed (one replaced or
+            # unfrozen since, a group added by add_param_group): tracked from the next window
+            for p in params:
+                if id(p) not in self._tracked_ids and isinstance(p, torch.Tensor):
+                    self._tracked_ids.add(id(p))
+                    self._tracked.append(p)
             self._t_checks += time.perf_counter() - t0
         self._step_cons = self._verdict()
         if self.record_updates:
@@ -477,13 +484,19 @@ class Observer(ForwardHooks):
             return None
         t0 = time.perf_counter()
         cons = None
-        mask = torch.tensor(self._step_members, dtype=torch.bool)
+        # The tracked parameters only grow (a module first called, or a parameter replaced,
+        # mid-window appends rows): the window is judged on the rows every checksum of it
+        # has, the parameters tracked since its first backward. One added later is judged
+        # from its first full window on (its earlier micro-steps were not measured).
+        n = min((int(c.shape[0]) for c in (*w.starts, *w.ends)),
+                default=len(self._step_members))
+        mask = torch.tensor(self._step_members[:n], dtype=torch.bool)
         if bool(mask.any()) and len(w.starts) == len(w.backwards):
-            dtype = next((p.dtype for p, m in zip(self._tracked, self._step_members,
+            dtype = next((p.dtype for p, m in zip(self._tracked, self._step_members[:n],
                                                   strict=False) if m), torch.float32)
-            cons = conservation(starts=[s[mask] for s in w.starts],
-                                ends=[e[mask] for e in w.ends],
-                                received=self._step_checksum[mask], tol=tol_for(dtype))
+            cons = conservation(starts=[s[:n][mask] for s in w.starts],
+                                ends=[e[:n][mask] for e in w.ends],
+                                received=self._step_checksum[:n][mask], tol=tol_for(dtype))
         self._t_checks += time.perf_counter() - t0
         return cons
 

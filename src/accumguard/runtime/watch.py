@@ -172,6 +172,7 @@ class _Agent:
         self.updates: list[dict[str, Any]] = []
         self.closed = False
         self.seen_activity = False
+        self.pid = os.getpid()
 
     # -- installation -------------------------------------------------------------------
     def install(self, _torch: Any = None, *, handlers: bool = True) -> None:
@@ -187,9 +188,51 @@ class _Agent:
         if not handlers:  # in-process recording(): the caller closes it
             return
         atexit.register(self.close, "exit")
+        self._install_sigterm()
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._forked)
+
+    def _install_sigterm(self) -> None:
+        """Flush the recording on SIGTERM, invisibly: the handler is installed only over the
+        default action, and ``signal.getsignal``/``signal.signal`` report the default action
+        in its place. A script's own handler that chains to the previous one (Lightning,
+        submitit) then sees what it sees without accumguard (SIG_DFL: nothing to call) and
+        replaces ours; a script without one dies of SIGTERM as before, records flushed."""
         with contextlib.suppress(ValueError, OSError):  # not the main thread
-            if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-                signal.signal(signal.SIGTERM, self._on_sigterm)
+            if signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
+                return
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+        if signal.getsignal(signal.SIGTERM) != self._on_sigterm:
+            return
+        ours = self._on_sigterm
+
+        def hide(handler: Any) -> Any:
+            return signal.SIG_DFL if handler == ours else handler
+
+        def make_signal(orig: Any) -> Any:
+            def signal_(signalnum: Any, handler: Any) -> Any:
+                return hide(orig(signalnum, handler))
+
+            return signal_
+
+        def make_getsignal(orig: Any) -> Any:
+            def getsignal(signalnum: Any) -> Any:
+                return hide(orig(signalnum))
+
+            return getsignal
+
+        self.observer.patches.wrap(signal, "signal", make_signal)
+        self.observer.patches.wrap(signal, "getsignal", make_getsignal)
+
+    def _forked(self) -> None:
+        """A child forked by the script (DataLoader workers, multiprocessing): the parent's
+        open file and buffered records are not its own. It records afresh if it trains."""
+        self.pid = os.getpid()
+        self.fh = None
+        self.buffer = []
+        self.updates = []
+        self.rank = None
+        self.seen_activity = False
 
     def _wrap_destroy(self) -> None:
         import torch.distributed as dist
@@ -211,7 +254,8 @@ class _Agent:
             self.observer.patches.wrap(dc, "destroy_process_group", make)
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
-        self.close("signal")
+        if os.getpid() == self.pid:
+            self.close("signal")
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
 
