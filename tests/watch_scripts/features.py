@@ -1,8 +1,9 @@
 """Correct accumulation loops written with the autograd features people use, for the
 feature matrix (``tests/runtime/test_watch_features.py``).
 
-``features.py OUT ENGINE FEATURE[,FEATURE...] [--inproc]`` with ENGINE ``plain``
-(one process), ``ddp`` or ``fsdp2`` (2 gloo ranks under torchrun). Each feature is a
+``features.py OUT ENGINE[,ENGINE] FEATURE[,FEATURE...] [--inproc]`` with ENGINE ``plain``
+(one process), ``ddp`` or ``fsdp2`` (2 gloo ranks under torchrun; ``ddp,fsdp2`` runs both,
+one after the other); a feature that does not apply to an engine (``APPLIES``) is left out. Each feature is a
 short K = 2 training run (3 optimizer steps) whose final parameters (full tensors) are
 saved to ``OUT/params-<engine>-<feature>-rank<R>.pt``:
 
@@ -70,6 +71,8 @@ class Net(nn.Module):
         self.norm = nn.BatchNorm1d(16) if norm else None
         self.blocks = nn.ModuleList([Block(), Block()])
         self.head = nn.Linear(16, 4)
+        self.extra: nn.Module | None = None  # a second head, used once extra_on is set
+        self.extra_on = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.inp(x)
@@ -80,7 +83,22 @@ class Net(nn.Module):
                 h = checkpoint(b, h, use_reentrant=self.ckpt == "reentrant")
             else:
                 h = b(h)
+        if self.extra is not None and self.extra_on:
+            return self.head(h) + self.extra(h)
         return self.head(h)
+
+
+def second_head(net: Net, seed: int) -> tuple[nn.Module, bool]:
+    """A second head first used in the middle of a window: called at the top level in one
+    process; inside the model under DDP/FSDP2 (a module outside the engine would have its
+    gradients synchronised by nobody: the ranks would train different heads). Returns
+    the head and whether it is called at the top level."""
+    torch.manual_seed(seed)
+    head = nn.Linear(16, 4)
+    if ENGINE == "plain":
+        return head, True
+    net.extra = head
+    return head, False
 
 
 class TokenNet(nn.Module):
@@ -111,10 +129,9 @@ def wrap(model: nn.Module, *, units: list[nn.Module] | None = None,
 
         return DDP(model, find_unused_parameters=unused)
     if ENGINE == "fsdp2":
+        import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
-
-        import torch.distributed as dist
         mesh = init_device_mesh("cpu", (dist.get_world_size(),))
         for u in units or []:
             fully_shard(u, mesh=mesh)
@@ -238,12 +255,12 @@ def f_add_group() -> dict[str, torch.Tensor]:
     """The backbone frozen for the first window, then unfrozen; a second head added with
     ``add_param_group`` at the second step and first called in the middle of that window."""
     net = seeded(Net)
-    torch.manual_seed(1)
-    head2 = nn.Linear(16, 4)
+    head2, top = second_head(net, 1)
     model = wrap(net, units=list(net.blocks), unused=True)
     for p in net.inp.parameters():
         p.requires_grad_(False)
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad and all(
+        p is not q for q in head2.parameters())], lr=1e-2)
 
     def before(step: int) -> None:
         if step == 1:
@@ -252,16 +269,24 @@ def f_add_group() -> dict[str, torch.Tensor]:
             opt.add_param_group({"params": list(net.inp.parameters()) + list(head2.parameters()),
                                  "lr": 5e-3})
 
+    out = train(model, opt, loss_fn=_second_head_loss(net, head2, top), before=before)
+    if top:  # else in the model's parameters
+        out.update({"head2." + k: v.detach().clone() for k, v in head2.named_parameters()})
+    return out
+
+
+def _second_head_loss(net: Net, head2: nn.Module, top: bool
+                      ) -> Callable[[nn.Module, int, int], torch.Tensor]:
     def loss_fn(m: nn.Module, step: int, micro: int) -> torch.Tensor:
         x, y = batch(step, micro)
+        on = (step, micro) >= (1, 1)
+        net.extra_on = on
         loss = F.mse_loss(m(x), y)
-        if (step, micro) >= (1, 1):
-            loss = loss + F.mse_loss(head2(x[:, :16].repeat(1, 2)), y)
+        if on and top:
+            loss = loss + F.mse_loss(head2(x.repeat(1, 2)), y)
         return loss / K
 
-    out = train(model, opt, loss_fn=loss_fn, before=before)
-    out.update({"head2." + k: v.detach().clone() for k, v in head2.named_parameters()})
-    return out
+    return loss_fn
 
 
 def f_sparse() -> dict[str, torch.Tensor]:
@@ -370,23 +395,16 @@ def f_buffers() -> dict[str, torch.Tensor]:
 
 
 def f_midwindow() -> dict[str, torch.Tensor]:
-    """An auxiliary module (in the optimizer from the start) first called at the top level
-    in the middle of the second window."""
+    """A second head (in the optimizer from the start) first called in the middle of the
+    second window."""
     net = seeded(Net)
-    torch.manual_seed(2)
-    aux = nn.Linear(8, 4)
-    model = wrap(net, units=list(net.blocks))
-    opt = torch.optim.AdamW(list(model.parameters()) + list(aux.parameters()), lr=1e-2)
-
-    def loss_fn(m: nn.Module, step: int, micro: int) -> torch.Tensor:
-        x, y = batch(step, micro)
-        loss = F.mse_loss(m(x), y)
-        if (step, micro) >= (1, 1):
-            loss = loss + F.mse_loss(aux(x), y)
-        return loss / K
-
-    out = train(model, opt, loss_fn=loss_fn)
-    out.update({"aux." + k: v.detach().clone() for k, v in aux.named_parameters()})
+    head2, top = second_head(net, 2)
+    model = wrap(net, units=list(net.blocks), unused=True)
+    opt = torch.optim.AdamW(list(model.parameters()) + (
+        list(head2.parameters()) if top else []), lr=1e-2)
+    out = train(model, opt, loss_fn=_second_head_loss(net, head2, top), before=before)
+    if top:  # else in the model's parameters
+        out.update({"head2." + k: v.detach().clone() for k, v in head2.named_parameters()})
     return out
 
 
@@ -441,7 +459,6 @@ def f_import_hook() -> dict[str, torch.Tensor]:
     try:
         sys.modules.pop("features_virtual", None)
         import features_virtual  # type: ignore[import-not-found]  # noqa: PLC0415
-
         import torch.utils.data.sampler  # noqa: F401, PLC0415 - imported through the hook chain
         net = seeded(Net)
         model = wrap(net, units=list(net.blocks))
@@ -471,32 +488,45 @@ FEATURES: dict[str, Callable[[], dict[str, torch.Tensor]]] = {
 }
 
 
+#: the features that apply to each engine (DDP fixes its parameters at construction and
+#: reduces only through backward; FSDP2 shards parameters: no resize, no sparse gradients)
+APPLIES = {
+    "plain": list(FEATURES),
+    "ddp": [f for f in FEATURES if f not in ("autograd_grad", "compile_inductor")],
+    "fsdp2": [f for f in FEATURES if f not in ("autograd_grad", "compile_inductor", "resize",
+                                               "sparse")],
+}
+
+
 def main() -> None:
     global ENGINE
-    out, ENGINE, names = Path(sys.argv[1]), sys.argv[2], sys.argv[3].split(",")
+    out, engines, names = Path(sys.argv[1]), sys.argv[2].split(","), sys.argv[3].split(",")
     inproc = "--inproc" in sys.argv
-    if ENGINE != "plain":
+    if engines != ["plain"]:
         import torch.distributed as dist
 
         dist.init_process_group("gloo")
     out.mkdir(parents=True, exist_ok=True)
-    for name in names:
-        tag = f"{ENGINE}-{name}"
-        if inproc:
-            from accumguard.runtime.watch import recording
+    for ENGINE in engines:
+        for name in names:
+            if name not in APPLIES[ENGINE]:
+                continue
+            tag = f"{ENGINE}-{name}"
+            if inproc:
+                from accumguard.runtime.watch import recording
 
-            ref = FEATURES[name]()
-            with recording(out / tag):
-                obs = FEATURES[name]()
-            torch.save({"ref": ref, "obs": obs}, out / f"params-{tag}-rank{rank()}.pt")
-        else:
-            torch.save(FEATURES[name](), out / f"params-{tag}-rank{rank()}.pt")
-    if ENGINE != "plain":
+                ref = FEATURES[name]()
+                with recording(out / tag):
+                    obs = FEATURES[name]()
+                torch.save({"ref": ref, "obs": obs}, out / f"params-{tag}-rank{rank()}.pt")
+            else:
+                torch.save(FEATURES[name](), out / f"params-{tag}-rank{rank()}.pt")
+    if engines != ["plain"]:
         import torch.distributed as dist
 
         dist.barrier()
         dist.destroy_process_group()
-    print("features done", ENGINE, ",".join(names))
+    print("features done", ",".join(engines), ",".join(names))
 
 
 if __name__ == "__main__":

@@ -69,6 +69,8 @@ class ForwardHooks:
         if id(module) in self.roots:
             return
         self.roots[id(module)] = module
+        module = _compiled_original(module)  # the engine is the compiled module's
+        self.roots[id(module)] = module
         kind = engine_kind(module)
         if kind != "local" and self.engine in ("local", "zero1"):
             self.engine = kind
@@ -88,6 +90,7 @@ class ForwardHooks:
             self._fsdp_groups[id(module)] = fsdp_param_groups(module)
 
     def _sync_flag(self, module: Any) -> bool | None:
+        module = _compiled_original(module)
         kind = engine_kind(module)
         if kind == "ddp":
             return bool(getattr(module, "require_backward_grad_sync", True))
@@ -211,3 +214,10 @@ class ForwardHooks:
         if self._handlers["on_forward"]:
             self._emit("on_forward", ForwardEvent(self.step, len(self._w.backwards),
                                                   engine_kind(module), sync, module))
+
+
+def _compiled_original(module: Any) -> Any:
+    """The module ``torch.compile`` wrapped (its ``OptimizedModule`` is what the script
+    calls: a DDP/FSDP2 model compiled is still DDP/FSDP2), else ``module``."""
+    inner = getattr(module, "_orig_mod", None)
+    return inner if isinstance(inner, torch.nn.Module) else module
