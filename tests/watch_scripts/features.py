@@ -402,7 +402,7 @@ def f_midwindow() -> dict[str, torch.Tensor]:
     model = wrap(net, units=list(net.blocks), unused=True)
     opt = torch.optim.AdamW(list(model.parameters()) + (
         list(head2.parameters()) if top else []), lr=1e-2)
-    out = train(model, opt, loss_fn=_second_head_loss(net, head2, top), before=before)
+    out = train(model, opt, loss_fn=_second_head_loss(net, head2, top))
     if top:  # else in the model's parameters
         out.update({"head2." + k: v.detach().clone() for k, v in head2.named_parameters()})
     return out

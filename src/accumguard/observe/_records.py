@@ -112,6 +112,8 @@ class RunRecording:
     engine: dict[int, dict[str, Any]] = field(default_factory=dict)
     end: dict[int, dict[str, Any]] = field(default_factory=dict)
     world: int = 1
+    #: recordings left out: processes started by a recorded process (a script's subprocess)
+    children: int = 0
 
     @property
     def ranks(self) -> list[int]:

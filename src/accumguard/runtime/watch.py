@@ -323,7 +323,7 @@ class _Agent:
             self.fh = open(self.out_dir / f"rank-{self.rank}.pid-{os.getpid()}.jsonl", "w",  # noqa: SIM115
                            encoding="utf-8")
         start = {"kind": "start", "rank": self.rank, "world": self._world(), "pid": os.getpid(),
-                 "argv": list(sys.argv), "time": time.time()}
+                 "ppid": os.getppid(), "argv": list(sys.argv), "time": time.time()}
         self.fh.write(json.dumps(start) + "\n")
 
     def _flush_file(self) -> None:
