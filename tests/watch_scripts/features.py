@@ -119,6 +119,10 @@ def seeded(make: Callable[[], nn.Module]) -> nn.Module:
     return make()
 
 
+#: called with every model the engine wraps (in-process tests attach observers there)
+ON_WRAP: list[Callable[[nn.Module], None]] = []
+
+
 def wrap(model: nn.Module, *, units: list[nn.Module] | None = None,
          unused: bool = False) -> nn.Module:
     """The engine of this run around ``model``: DDP (``unused``: parameters may get no
@@ -127,8 +131,8 @@ def wrap(model: nn.Module, *, units: list[nn.Module] | None = None,
     if ENGINE == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        return DDP(model, find_unused_parameters=unused)
-    if ENGINE == "fsdp2":
+        model = DDP(model, find_unused_parameters=unused)
+    elif ENGINE == "fsdp2":
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
@@ -136,6 +140,8 @@ def wrap(model: nn.Module, *, units: list[nn.Module] | None = None,
         for u in units or []:
             fully_shard(u, mesh=mesh)
         fully_shard(model, mesh=mesh)
+    for fn in ON_WRAP:
+        fn(model)
     return model
 
 
@@ -306,7 +312,7 @@ def f_sparse() -> dict[str, torch.Tensor]:
 
 def f_autograd_grad() -> dict[str, torch.Tensor]:
     """Gradients from ``torch.autograd.grad``, accumulated into ``.grad`` by hand."""
-    model = seeded(Net)
+    model = wrap(seeded(Net))  # one process only
     params = list(model.parameters())
     opt = torch.optim.SGD(params, lr=0.1, momentum=0.9)
     for step in range(STEPS):

@@ -79,15 +79,22 @@ class ForwardHooks:
         if kind == "deepspeed":
             self._ds_engine = module
             _patch_deepspeed.note_engine(self, module)
-        base = getattr(module, "module", module) if kind == "deepspeed" else module
         with self._quiet():
-            for name, prm in base.named_parameters():
-                if prm.requires_grad and id(prm) not in self._tracked_ids:
-                    self._tracked_ids.add(id(prm))
-                    self._tracked.append(prm)
-                    self._tracked_names[id(prm)] = name
+            self._track(module)
         if kind == "fsdp2":
             self._fsdp_groups[id(module)] = fsdp_param_groups(module)
+
+    def _track(self, module: Any) -> None:
+        """Track the parameters of root ``module`` that require a gradient and are not tracked
+        yet (the checksummed ones; called again at checked steps: a parameter replaced or
+        unfrozen since is tracked from the next window)."""
+        base = getattr(module, "module", module) if engine_kind(module) == "deepspeed" \
+            else module
+        for name, prm in base.named_parameters():
+            if prm.requires_grad and id(prm) not in self._tracked_ids:
+                self._tracked_ids.add(id(prm))
+                self._tracked.append(prm)
+                self._tracked_names[id(prm)] = name
 
     def _sync_flag(self, module: Any) -> bool | None:
         module = _compiled_original(module)

@@ -456,15 +456,13 @@ class Observer(ForwardHooks):
             same = (not w.reductions_between
                     and grad_versions(self._tracked) == self._end_versions)
             self._step_checksum = w.ends[-1] if same else self._checksums()
-            params = [p for g in getattr(opt, "param_groups", []) for p in g["params"]]
-            members = {id(p) for p in params}
+            members = {id(p) for g in getattr(opt, "param_groups", []) for p in g["params"]}
             self._step_members = [id(p) in members for p in self._tracked]
-            # a parameter the optimizer steps that no root forward showed (one replaced or
-            # unfrozen since, a group added by add_param_group): tracked from the next window
-            for p in params:
-                if id(p) not in self._tracked_ids and isinstance(p, torch.Tensor):
-                    self._tracked_ids.add(id(p))
-                    self._tracked.append(p)
+            # a root's parameter replaced (an embedding resized) or unfrozen since the root
+            # was first seen: tracked from the next window (not an optimizer's own copies:
+            # fp32 master weights get their .grad at the step, not from the backwards)
+            for root in list(self.roots.values()):
+                self._track(root)
             self._t_checks += time.perf_counter() - t0
         self._step_cons = self._verdict()
         if self.record_updates:
