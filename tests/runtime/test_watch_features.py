@@ -134,13 +134,16 @@ def test_observer_in_process_changes_nothing(inproc: Path, feature: str) -> None
 
 
 @pytest.mark.parametrize("key", ["plain", "dist"])
-def test_watch_cli_reports_no_failure_and_no_error(watched: dict, key: str) -> None:
+def test_watch_cli_reports_no_failure_and_no_finding(watched: dict, key: str) -> None:
     _, code, report, stderr = watched[key]
     assert not report.get("accumguard_failed"), report.get("accumguard_failed")
     assert report.get("exit_code", 0) == 0 and not report.get("signal"), stderr
-    errors = [(f["cls"], f["step"], f["evidence"]) for f in report["findings"]
-              if f["severity"] == "error"]
-    assert not errors, errors
+    # these loops are correct and sync only where needed: not even a note is true of them
+    # (a model built after the roots were pinned had its sync flag read off the first one:
+    # "correct but wasteful" on a loop that defers the sync)
+    said = [(f["cls"], f["severity"], f["step"], f["evidence"]) for f in report["findings"]
+            if f["severity"] != "info"]
+    assert not said, said
     assert code == 0, stderr
 
 

@@ -367,13 +367,14 @@ _CHILD = ("import torch\n"
 
 
 def f_subprocess() -> dict[str, torch.Tensor]:
-    """The script starts a Python process (that uses torch itself) after its first step."""
+    """The script starts a Python process (that trains a step of its own) after its first
+    step, on rank 0 only (as an evaluation or export job is)."""
     net = seeded(Net)
     model = wrap(net, units=list(net.blocks))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
 
     def before(step: int) -> None:
-        if step == 1:
+        if step == 1 and rank() == 0:
             out = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True,
                                  check=True, timeout=120)
             assert out.stdout.strip(), out.stderr
