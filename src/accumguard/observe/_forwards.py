@@ -72,7 +72,11 @@ class ForwardHooks:
         module = _compiled_original(module)  # the engine is the compiled module's
         self.roots[id(module)] = module
         kind = engine_kind(module)
-        if kind != "local" and self.engine in ("local", "zero1"):
+        if kind != "local" and (self.engine in ("local", "zero1") or (
+                kind in ("ddp", "fsdp2") and self.engine in ("ddp", "fsdp2"))):
+            # a DDP/FSDP2 model built after another (a second model, one rebuilt on the
+            # other engine) is the engine of the steps from its first forward on: an FSDP2
+            # step read as DDP has its shards' checksums compared across ranks
             self.engine = kind
         if kind in ("ddp", "fsdp2"):
             self._sync_roots.append(module)
