@@ -102,3 +102,36 @@ def test_a_layer_unfrozen_after_the_first_forward_is_checked() -> None:
     assert verdicts[0] is not None and verdicts[0].ok and verdicts[1].ok
     assert verdicts[2] is not None and not verdicts[2].ok, verdicts[2]
     assert verdicts[2].reason == "wiped"
+
+
+def test_a_replaced_parameter_is_not_kept_alive() -> None:
+    """An embedding resized after the first step (the old weight replaced, the optimizer
+    rebuilt) is checked from the next window on, and the observer does not keep the old
+    weight in memory (it did: every parameter ever tracked stayed referenced)."""
+    import gc
+    import weakref
+
+    torch.manual_seed(0)
+    model = features.TokenNet()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    rec = _Steps()
+    obs = Observer(auto_roots=True, every=1)
+    obs.add_listener(rec)
+    with obs:
+        for step in range(3):
+            if step == 1:
+                old = model.emb
+                model.emb = torch.nn.Embedding(16, old.embedding_dim)
+                gone = weakref.ref(old.weight)
+                del old
+                opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+            for micro in range(2):
+                t, y = features.tokens(step, micro, vocab=12)
+                (torch.nn.functional.cross_entropy(model(t), y) / 2).backward()
+            opt.step()
+            opt.zero_grad()
+        gc.collect()
+        assert gone() is None, "the observer keeps the replaced weight alive"
+    verdicts = [s.conservation for s in rec.steps]
+    assert all(v is not None and v.ok for v in verdicts), verdicts
+    assert any(p is model.emb.weight for p in obs._tracked)  # the new weight is checked

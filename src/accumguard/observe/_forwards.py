@@ -88,17 +88,21 @@ class ForwardHooks:
         if kind == "fsdp2":
             self._fsdp_groups[id(module)] = fsdp_param_groups(module)
 
-    def _track(self, module: Any) -> None:
+    def _track(self, module: Any) -> set[int]:
         """Track the parameters of root ``module`` that require a gradient and are not tracked
         yet (the checksummed ones; called again at checked steps: a parameter replaced or
-        unfrozen since is tracked from the next window)."""
+        unfrozen since is tracked from the next window). Returns the ids of all its
+        parameters."""
         base = getattr(module, "module", module) if engine_kind(module) == "deepspeed" \
             else module
+        seen: set[int] = set()
         for name, prm in base.named_parameters():
+            seen.add(id(prm))
             if prm.requires_grad and id(prm) not in self._tracked_ids:
                 self._tracked_ids.add(id(prm))
                 self._tracked.append(prm)
                 self._tracked_names[id(prm)] = name
+        return seen
 
     def _sync_flag(self, module: Any) -> bool | None:
         module = _compiled_original(module)

@@ -76,6 +76,9 @@ _EVENT_METHODS = ("on_forward", "on_backward_start", "on_backward", "on_collecti
                   "on_scaler_update", "on_scaler_skip")
 
 
+#: The row of a tracked parameter that was replaced and dropped (no gradient, checksum 0).
+_GONE = torch.empty(0)
+
 #: ``auto_roots``: optimizer steps after which the modules seen at the top level are hooked
 #: one by one instead of through the global forward pre-hook (:meth:`Observer._pin_roots`).
 PIN_ROOTS_AFTER_STEPS = 2
@@ -462,8 +465,17 @@ class Observer(ForwardHooks):
             # a root's parameter replaced (an embedding resized) or unfrozen since the root
             # was first seen: tracked from the next window (not an optimizer's own copies:
             # fp32 master weights get their .grad at the step, not from the backwards)
+            live: set[int] = set()
             for root in list(self.roots.values()):
-                self._track(root)
+                live |= self._track(root)
+            # a parameter replaced inside its root and stepped by this optimizer no more is
+            # not kept alive by the observer (a resized embedding's old weight would stay in
+            # memory): its row stays (rows are positional), with no gradient
+            for i, p in enumerate(self._tracked):
+                if id(p) not in live and id(p) not in members and p is not _GONE:
+                    self._tracked_ids.discard(id(p))
+                    self._tracked_names.pop(id(p), None)
+                    self._tracked[i] = _GONE
             self._t_checks += time.perf_counter() - t0
         self._step_cons = self._verdict()
         if self.record_updates:
