@@ -15,7 +15,8 @@ a no-op unless its variables are set): one bootstrap for both commands.
 The recording, one JSON object per line (flushed at every optimizer step, at exit, in
 ``dist.destroy_process_group`` and on SIGTERM):
 
-* ``{"kind": "start", "rank", "world", "pid", "argv"}`` first;
+* ``{"kind": "start", "rank", "world", "pid", "ppid", "argv"}`` first (``ppid``: a recording
+  whose parent process also recorded is a subprocess of the script, not a rank);
 * ``{"kind": "engine", ...}``: the configuration the engine really runs with;
 * ``{"kind": "step", "rank", "step", "backwards", "window_loss", "applied", ...}`` per
   optimizer step: ``step`` counts optimizer steps from 0; ``backwards`` the backward
