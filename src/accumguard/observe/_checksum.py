@@ -69,6 +69,9 @@ def checksums(params: Sequence[torch.Tensor]) -> torch.Tensor:
         if g is None:
             continue
         f = _local(g)
+        if f.layout != torch.strided:  # a sparse gradient (nn.Embedding(sparse=True))
+            out[i] = _sparse_sums(f)
+            continue
         n = f.numel()
         if n > _GROUP_MAX or n == 0:
             single.append((i, f.reshape(-1)))
@@ -99,6 +102,26 @@ def checksums(params: Sequence[torch.Tensor]) -> torch.Tensor:
     if parts:
         out[torch.tensor(order)] = torch.cat(parts)
     return out
+
+
+def _sparse_sums(g: torch.Tensor) -> torch.Tensor:
+    """The three sums of a sparse gradient, equal to those of its dense form: the values of
+    the coalesced tensor (duplicate indices added, as the dense tensor does; a new tensor,
+    the gradient is not changed) at their positions in the dense flat order."""
+    c = (g if g.layout == torch.sparse_coo else g.to_sparse()).coalesce()
+    v = c.values()
+    nnz = int(v.shape[0])
+    if nnz == 0:
+        return torch.zeros(3, dtype=torch.float64)
+    idx = c.indices()
+    lin = torch.zeros(nnz, dtype=torch.int64, device=idx.device)
+    for d in range(c.sparse_dim()):  # row-major index over the sparse dims
+        lin = lin * int(c.shape[d]) + idx[d]
+    flat = v.reshape(nnz, -1)
+    dense = int(flat.shape[1])
+    even = (lin[:, None] * dense + torch.arange(dense, device=idx.device)) % 2 == 0
+    return torch.stack([flat.sum(), (flat * even).sum(), flat.abs().sum()]).to(
+        "cpu", torch.float64)
 
 
 def grad_versions(params: Sequence[torch.Tensor]) -> list[tuple[int, int] | None]:

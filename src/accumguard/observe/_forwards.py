@@ -70,25 +70,43 @@ class ForwardHooks:
         if id(module) in self.roots:
             return
         self.roots[id(module)] = module
+        module = _compiled_original(module)  # the engine is the compiled module's
+        self.roots[id(module)] = module
         kind = engine_kind(module)
-        if kind != "local" and self.engine in ("local", "zero1"):
+        if kind != "local" and (self.engine in ("local", "zero1") or (
+                kind in ("ddp", "fsdp2") and self.engine in ("ddp", "fsdp2"))):
+            # a DDP/FSDP2 model built after another (a second model, one rebuilt on the
+            # other engine) is the engine of the steps from its first forward on: an FSDP2
+            # step read as DDP has its shards' checksums compared across ranks
             self.engine = kind
         if kind in ("ddp", "fsdp2"):
             self._sync_roots.append(module)
         if kind == "deepspeed":
             self._ds_engine = module
             _patch_deepspeed.note_engine(self, module)
-        base = getattr(module, "module", module) if kind == "deepspeed" else module
         with self._quiet():
-            for name, prm in base.named_parameters():
-                if prm.requires_grad and id(prm) not in self._tracked_ids:
-                    self._tracked_ids.add(id(prm))
-                    self._tracked.append(prm)
-                    self._tracked_names[id(prm)] = name
+            self._track(module)
         if kind == "fsdp2":
             self._fsdp_groups[id(module)] = fsdp_param_groups(module)
 
+    def _track(self, module: Any) -> set[int]:
+        """Track the parameters of root ``module`` that require a gradient and are not tracked
+        yet (the checksummed ones; called again at checked steps: a parameter replaced or
+        unfrozen since is tracked from the next window). Returns the ids of all its
+        parameters."""
+        base = getattr(module, "module", module) if engine_kind(module) == "deepspeed" \
+            else module
+        seen: set[int] = set()
+        for name, prm in base.named_parameters():
+            seen.add(id(prm))
+            if prm.requires_grad and id(prm) not in self._tracked_ids:
+                self._tracked_ids.add(id(prm))
+                self._tracked.append(prm)
+                self._tracked_names[id(prm)] = name
+        return seen
+
     def _sync_flag(self, module: Any) -> bool | None:
+        module = _compiled_original(module)
         kind = engine_kind(module)
         if kind == "ddp":
             return bool(getattr(module, "require_backward_grad_sync", True))
@@ -149,6 +167,10 @@ class ForwardHooks:
         ``always_call`` ran on every submodule call)."""
         if self._fwd_depth and id(module) not in self._hooked_ids:
             return  # inside a top-level forward, not a module seen at the top level
+        if not self._fwd_depth and torch._C._current_autograd_node() is not None:
+            # a forward run by the backward pass (activation checkpointing's recompute, a
+            # hook's module call): not a forward of the window, not a root
+            return
         hooked = module in self._depth_hooked  # (ids are reused: the weak map decides)
         if self._fwd_depth and not hooked:
             return
@@ -214,3 +236,10 @@ class ForwardHooks:
         if self._handlers["on_forward"]:
             self._emit("on_forward", ForwardEvent(self.step, len(self._w.backwards),
                                                   engine_kind(module), sync, module))
+
+
+def _compiled_original(module: Any) -> Any:
+    """The module ``torch.compile`` wrapped (its ``OptimizedModule`` is what the script
+    calls: a DDP/FSDP2 model compiled is still DDP/FSDP2), else ``module``."""
+    inner = getattr(module, "_orig_mod", None)
+    return inner if isinstance(inner, torch.nn.Module) else module

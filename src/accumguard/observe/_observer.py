@@ -78,6 +78,9 @@ _EVENT_METHODS = ("on_forward", "on_backward_start", "on_backward", "on_collecti
                   "on_scaler_update", "on_scaler_skip", "on_internal_error")
 
 
+#: The row of a tracked parameter that was replaced and dropped (no gradient, checksum 0).
+_GONE = torch.empty(0)
+
 #: ``auto_roots``: optimizer steps after which the modules seen at the top level are hooked
 #: one by one instead of through the global forward pre-hook (:meth:`Observer._pin_roots`).
 PIN_ROOTS_AFTER_STEPS = 2
@@ -294,6 +297,7 @@ class Observer(ForwardHooks):
         when_imported("deepspeed.runtime.engine", lib(_patch_deepspeed.patch_engine, self))
         if self.auto_roots:
             when_imported("torch.nn.parallel.distributed", lib(_patch_torch.patch_ddp_init, self))
+            when_imported("torch.distributed.fsdp", lib(_patch_torch.patch_fully_shard, self))
         when_imported("deepspeed.comm.comm", lambda _m: self.counter.install_deepspeed())
         when_imported("accelerate.accelerator", lib(_patch_accelerate.patch_accelerator, self))
         when_imported("accelerate.scheduler", lib(_patch_accelerate.patch_scheduler, self))
@@ -508,6 +512,20 @@ class Observer(ForwardHooks):
             self._step_checksum = w.ends[-1] if same else self._checksums()
             members = {id(p) for g in getattr(opt, "param_groups", []) for p in g["params"]}
             self._step_members = [id(p) in members for p in self._tracked]
+            # a root's parameter replaced (an embedding resized) or unfrozen since the root
+            # was first seen: tracked from the next window (not an optimizer's own copies:
+            # fp32 master weights get their .grad at the step, not from the backwards)
+            live: set[int] = set()
+            for root in list(self.roots.values()):
+                live |= self._track(root)
+            # a parameter replaced inside its root and stepped by this optimizer no more is
+            # not kept alive by the observer (a resized embedding's old weight would stay in
+            # memory): its row stays (rows are positional), with no gradient
+            for i, p in enumerate(self._tracked):
+                if id(p) not in live and id(p) not in members and p is not _GONE:
+                    self._tracked_ids.discard(id(p))
+                    self._tracked_names.pop(id(p), None)
+                    self._tracked[i] = _GONE
             self._t_checks += time.perf_counter() - t0
         self._step_cons = self._verdict()
         if self.record_updates:
@@ -527,13 +545,19 @@ class Observer(ForwardHooks):
             return None
         t0 = time.perf_counter()
         cons = None
-        mask = torch.tensor(self._step_members, dtype=torch.bool)
+        # The tracked parameters only grow (a module first called, or a parameter replaced,
+        # mid-window appends rows): the window is judged on the rows every checksum of it
+        # has, the parameters tracked since its first backward. One added later is judged
+        # from its first full window on (its earlier micro-steps were not measured).
+        n = min((int(c.shape[0]) for c in (*w.starts, *w.ends)),
+                default=len(self._step_members))
+        mask = torch.tensor(self._step_members[:n], dtype=torch.bool)
         if bool(mask.any()) and len(w.starts) == len(w.backwards):
-            dtype = next((p.dtype for p, m in zip(self._tracked, self._step_members,
+            dtype = next((p.dtype for p, m in zip(self._tracked, self._step_members[:n],
                                                   strict=False) if m), torch.float32)
-            cons = conservation(starts=[s[mask] for s in w.starts],
-                                ends=[e[mask] for e in w.ends],
-                                received=self._step_checksum[mask], tol=tol_for(dtype))
+            cons = conservation(starts=[s[:n][mask] for s in w.starts],
+                                ends=[e[:n][mask] for e in w.ends],
+                                received=self._step_checksum[:n][mask], tol=tol_for(dtype))
         self._t_checks += time.perf_counter() - t0
         return cons
 

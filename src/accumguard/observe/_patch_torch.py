@@ -22,7 +22,7 @@ import torch
 from accumguard.observe._events import ClipEvent, ScalerEvent, ZeroGradEvent
 from accumguard.observe._patch import Patches
 
-__all__ = ["install", "install_after_losses", "patch_ddp_init"]
+__all__ = ["install", "install_after_losses", "patch_ddp_init", "patch_fully_shard"]
 
 CLIP_FUNCS = ("clip_grad_norm_", "clip_grad_norm", "clip_grad_value_", "clip_grads_with_norm_")
 # Looked up as module globals by clip_grad_norm_ at call time: patching them also sees the
@@ -92,6 +92,28 @@ def patch_ddp_init(obs: Any, mod: ModuleType) -> None:
         return init
 
     obs.patches.wrap(mod.DistributedDataParallel, "__init__", make)
+
+
+def patch_fully_shard(obs: Any, mod: ModuleType) -> None:
+    """:func:`patch_ddp_init` for FSDP2: a module given to ``fully_shard`` after the roots
+    were pinned (a second model, one rebuilt) gets the top-level pre-hook, so its forwards
+    and sync flag are read (before, the last flag of the first model was read for it: a
+    loop deferring sync read as syncing every micro-step). Its shards inside the root are
+    hooked too; called inside the root's forward they return at the first test."""
+    if not obs.installed:
+        return
+
+    def make(orig: Callable[..., Any]) -> Callable[..., Any]:
+        def fully_shard(module: Any, /, *a: Any, **kw: Any) -> Any:
+            out = orig(module, *a, **kw)
+            if obs.installed and obs._global_handle is None and obs.auto_roots \
+                    and obs._pinned_any and isinstance(module, torch.nn.Module):
+                obs._pinned.append(module.register_forward_pre_hook(obs._global_pre))
+            return out
+
+        return fully_shard
+
+    obs.patches.wrap(mod, "fully_shard", make)
 
 
 def _backward_wrapper(obs: Any, source: str) -> Callable[[Callable[..., Any]], Any]:

@@ -118,6 +118,8 @@ class RunRecording:
     world: int = 1
     #: optimizer steps observed on every rank before accumguard failed (None: no failure)
     observed_steps: int | None = None
+    #: recordings left out: processes started by a recorded process (a script's subprocess)
+    children: int = 0
 
     @property
     def ranks(self) -> list[int]:

@@ -64,14 +64,30 @@ __all__ = ["F12_ERROR_FACTOR", "NUMBERING", "WEIGHT_TOL", "WEIGHT_TOL_LOW_PRECIS
            "resolve_k", "step_record", "windows"]
 
 
+def _read_lines(path: Path) -> list[dict[str, Any]]:
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line cut by a kill
+    return out
+
+
 def load_recordings(out_dir: Path) -> RunRecording:
     rec = RunRecording()
-    for path in sorted(out_dir.glob("rank-*.jsonl")):
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut by a kill
+    files = [_read_lines(path) for path in sorted(out_dir.glob("rank-*.jsonl"))]
+    # A process started by a recorded process (the script's own subprocess: it inherits the
+    # rank's environment, so it records under the same rank) trained on its own: its steps
+    # are not the rank's. The start record names each process and its parent.
+    pids = {r.get("pid") for lines in files for r in lines[:1] if r.get("kind") == "start"}
+    for lines in files:
+        first = lines[0] if lines else {}
+        if first.get("kind") == "start" and first.get("ppid") is not None \
+                and first.get("ppid") in pids:
+            rec.children += 1
+            continue
+        for r in lines:
             kind = r.get("kind")
             if kind == "start":
                 rank = int(r.get("rank", 0))

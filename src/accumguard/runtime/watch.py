@@ -15,7 +15,8 @@ a no-op unless its variables are set): one bootstrap for both commands.
 The recording, one JSON object per line (flushed at every optimizer step, at exit, in
 ``dist.destroy_process_group`` and on SIGTERM):
 
-* ``{"kind": "start", "rank", "world", "pid", "argv"}`` first;
+* ``{"kind": "start", "rank", "world", "pid", "ppid", "argv"}`` first (``ppid``: a recording
+  whose parent process also recorded is a subprocess of the script, not a rank);
 * ``{"kind": "engine", ...}``: the configuration the engine really runs with;
 * ``{"kind": "step", "rank", "step", "backwards", "window_loss", "applied", ...}`` per
   optimizer step: ``step`` counts optimizer steps from 0; ``backwards`` the backward
@@ -172,6 +173,7 @@ class _Agent:
         self.updates: list[dict[str, Any]] = []
         self.closed = False
         self.seen_activity = False
+        self.pid = os.getpid()
 
     # -- installation -------------------------------------------------------------------
     def install(self, _torch: Any = None, *, handlers: bool = True) -> None:
@@ -187,9 +189,59 @@ class _Agent:
         if not handlers:  # in-process recording(): the caller closes it
             return
         atexit.register(self.close, "exit")
+        self._install_sigterm()
+        # after accumguard's own failure nothing of it stays in the way of the script's
+        # signals (its wrappers of signal.signal/getsignal are undone with the rest)
+        self.observer.failsafe.on_teardown(self._restore_sigterm)
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._forked)
+
+    def _install_sigterm(self) -> None:
+        """Flush the recording on SIGTERM, invisibly: the handler is installed only over the
+        default action, and ``signal.getsignal``/``signal.signal`` report the default action
+        in its place. A script's own handler that chains to the previous one (Lightning,
+        submitit) then sees what it sees without accumguard (SIG_DFL: nothing to call) and
+        replaces ours; a script without one dies of SIGTERM as before, records flushed."""
         with contextlib.suppress(ValueError, OSError):  # not the main thread
-            if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-                signal.signal(signal.SIGTERM, self._on_sigterm)
+            if signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
+                return
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+        if signal.getsignal(signal.SIGTERM) != self._on_sigterm:
+            return
+        ours = self._on_sigterm
+
+        def hide(handler: Any) -> Any:
+            return signal.SIG_DFL if handler == ours else handler
+
+        def make_signal(orig: Any) -> Any:
+            def signal_(signalnum: Any, handler: Any) -> Any:
+                return hide(orig(signalnum, handler))
+
+            return signal_
+
+        def make_getsignal(orig: Any) -> Any:
+            def getsignal(signalnum: Any) -> Any:
+                return hide(orig(signalnum))
+
+            return getsignal
+
+        self.observer.patches.wrap(signal, "signal", make_signal)
+        self.observer.patches.wrap(signal, "getsignal", make_getsignal)
+
+    def _restore_sigterm(self) -> None:
+        with contextlib.suppress(ValueError, OSError):
+            if signal.getsignal(signal.SIGTERM) == self._on_sigterm:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    def _forked(self) -> None:
+        """A child forked by the script (DataLoader workers, multiprocessing): the parent's
+        open file and buffered records are not its own. It records afresh if it trains."""
+        self.pid = os.getpid()
+        self.fh = None
+        self.buffer = []
+        self.updates = []
+        self.rank = None
+        self.seen_activity = False
 
     def _wrap_destroy(self) -> None:
         import torch.distributed as dist
@@ -211,7 +263,8 @@ class _Agent:
             self.observer.patches.wrap(dc, "destroy_process_group", make)
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
-        self.close("signal")
+        if os.getpid() == self.pid:
+            self.close("signal")
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
 
@@ -286,7 +339,7 @@ class _Agent:
             self.fh = open(self.out_dir / f"rank-{self.rank}.pid-{os.getpid()}.jsonl", "w",  # noqa: SIM115
                            encoding="utf-8")
         start = {"kind": "start", "rank": self.rank, "world": self._world(), "pid": os.getpid(),
-                 "argv": list(sys.argv), "time": time.time()}
+                 "ppid": os.getppid(), "argv": list(sys.argv), "time": time.time()}
         self.fh.write(json.dumps(start) + "\n")
 
     def _flush_file(self) -> None:
@@ -314,12 +367,7 @@ class _Agent:
         stuck = obs is not None and (obs.counter.open is not None
                                      or obs.counter.failed is not None)
         if obs is not None and (self.seen_activity or self.fh is not None or stuck):
-            pending = len(obs._w.backwards)
-            self.seen_activity = self.seen_activity or pending > 0 or stuck
-            self._write({"kind": "end", "reason": reason, "pending_backwards": pending,
-                         "steps": obs.step, "backwards_total": obs.backward_total,
-                         "declared_k": dict(obs.declared_k), "engine": obs.engine,
-                         "collective": obs.counter.state()})
+            self._write_end(obs, reason, stuck)
         with contextlib.suppress(Exception):
             self._flush_file()
         if self.record_updates and self.updates:
@@ -331,7 +379,17 @@ class _Agent:
             with contextlib.suppress(Exception):
                 self.fh.close()
         if obs is not None:
-            obs.uninstall()
+            with contextlib.suppress(Exception):  # at exit: never an error of the script's
+                obs.uninstall()
+
+    def _write_end(self, obs: Any, reason: str, stuck: bool) -> None:
+        with contextlib.suppress(Exception):  # runs at exit and on SIGTERM: never raises
+            pending = len(obs._w.backwards)
+            self.seen_activity = self.seen_activity or pending > 0 or stuck
+            self._write({"kind": "end", "reason": reason, "pending_backwards": pending,
+                         "steps": obs.step, "backwards_total": obs.backward_total,
+                         "declared_k": dict(obs.declared_k), "engine": obs.engine,
+                         "collective": obs.counter.state()})
 
     def _stop_at_max_steps(self) -> None:
         self.close("max_steps")
