@@ -297,6 +297,7 @@ class Observer(ForwardHooks):
         when_imported("deepspeed.runtime.engine", lib(_patch_deepspeed.patch_engine, self))
         if self.auto_roots:
             when_imported("torch.nn.parallel.distributed", lib(_patch_torch.patch_ddp_init, self))
+            when_imported("torch._dynamo.eval_frame", lib(_patch_torch.patch_compiled, self))
             when_imported("torch.distributed.fsdp", lib(_patch_torch.patch_fully_shard, self))
         when_imported("deepspeed.comm.comm", lambda _m: self.counter.install_deepspeed())
         when_imported("accelerate.accelerator", lib(_patch_accelerate.patch_accelerator, self))

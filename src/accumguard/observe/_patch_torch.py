@@ -13,6 +13,7 @@ or lookup to a micro-step or a step. Collectives are patched by
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -22,7 +23,9 @@ import torch
 from accumguard.observe._events import ClipEvent, ScalerEvent, ZeroGradEvent
 from accumguard.observe._patch import Patches
 
-__all__ = ["install", "install_after_losses", "patch_ddp_init", "patch_fully_shard"]
+__all__ = ["install", "install_after_losses", "patch_compiled", "patch_ddp_init", "patch_fully_shard"]
+
+_COMPILE_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks"
 
 CLIP_FUNCS = ("clip_grad_norm_", "clip_grad_norm", "clip_grad_value_", "clip_grads_with_norm_")
 # Looked up as module globals by clip_grad_norm_ at call time: patching them also sees the
@@ -114,6 +117,35 @@ def patch_fully_shard(obs: Any, mod: ModuleType) -> None:
         return fully_shard
 
     obs.patches.wrap(mod, "fully_shard", make)
+
+
+def patch_compiled(obs: Any, mod: ModuleType) -> None:
+    """``torch.compile(module)`` warns on every call while any global module hook exists;
+    until the roots are pinned (:data:`~._observer.PIN_ROOTS_AFTER_STEPS`) the observer's
+    own global pre-hook is one. That warning is about accumguard, not the script: it is
+    left out while ours is the only global hook (the script's stderr stays its own)."""
+    from torch.nn.modules import module as module_mod
+
+    names = ("_global_backward_pre_hooks", "_global_backward_hooks", "_global_forward_hooks",
+             "_global_forward_hooks_always_called", "_global_forward_hooks_with_kwargs")
+
+    def only_ours() -> bool:
+        handle = obs._global_handle
+        pre = getattr(module_mod, "_global_forward_pre_hooks", None)
+        return (handle is not None and isinstance(pre, dict) and list(pre) == [handle.id]
+                and not any(getattr(module_mod, n, None) for n in names))
+
+    def make(orig: Callable[..., Any]) -> Callable[..., Any]:
+        def call(module: Any, /, *args: Any, **kwargs: Any) -> Any:
+            if not obs.installed or not only_ours():
+                return orig(module, *args, **kwargs)
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=_COMPILE_WARNING)
+                return orig(module, *args, **kwargs)
+
+        return call
+
+    obs.patches.wrap_member(mod, "OptimizedModule", "__call__", make)
 
 
 def _backward_wrapper(obs: Any, source: str) -> Callable[[Callable[..., Any]], Any]:
