@@ -109,7 +109,7 @@ def test_fsdp2_flags() -> None:
     assert set(_errors(never, k_flag=4)) == {"NO_UPDATE"}
     wasteful = _rec([4, 4], engine="fsdp2", syncs=[[True] * 4] * 2)
     found, _, _ = analyze(wasteful, k_flag=4)
-    assert [(f.cls, f.severity) for f in found] == [("OK", "note")]
+    assert [(f.cls, f.severity) for f in found] == [("EXTRA_SYNC", "note")]
 
 
 def test_a_gradless_first_step_is_not_no_update() -> None:

@@ -9,9 +9,10 @@ happens. Both read a step as the dict :func:`step_record` makes of it (the line
 
 Each finding names a failure class of :mod:`accumguard.core.taxonomy`, the rank, the
 optimizer step and micro-step, the evidence and the fix. Severity is honest: an
-``error`` names a mathematical difference in what the optimizer receives; a correct
-but wasteful pattern (syncing every micro-step, ``no_sync`` spanning only the
-backward) is a ``note`` with the measured extra collectives.
+``error`` names a mathematical difference in what the optimizer receives; a wasteful
+pattern (syncing every micro-step, ``no_sync`` spanning only the backward) is an
+``EXTRA_SYNC`` note titled by its measured cost, never a "correct" verdict (another rule
+may find an error on the same step).
 
 No torch here: the watch CLI analyses recordings without importing it.
 
@@ -390,12 +391,20 @@ def _sync_findings(rank: int, w: dict[str, Any]) -> list[Finding]:
         return []
     how = (f" (no_sync entered after the forward on micro-step(s) {[m + 1 for m in mism]}: "
            "it only wraps the backward, DDP had already decided to reduce)" if mism else "")
-    fix = ("run forward and backward of micro-steps 1..K-1 inside model.no_sync()"
-           if engine == "ddp" else "call model.set_requires_gradient_sync(False) before "
-           "micro-steps 1..K-1 and True before the last")
-    return [_mk("OK", "note", rank, step, None,
-                f"correct but wasteful: {extra} extra gradient reduction round(s) per optimizer "
-                f"step on non-final micro-steps{how}; {fix} to save them")]
+    fix = ("Run forward and backward of micro-steps 1..K-1 inside model.no_sync() to save "
+           "them." if engine == "ddp" else "Call model.set_requires_gradient_sync(False) "
+           "before micro-steps 1..K-1 and True before the last to save them.")
+    n = len(syncs)
+    which = "every micro-step" if extra == n - 1 else f"{extra} of {n - 1} non-final micro-steps"
+    # A cost, never a verdict on the update: other rules judge the same step (an F8 clip, a
+    # wrong scale) and this note must not read as "correct" next to them.
+    return [_mk("EXTRA_SYNC", "note", rank, step, None,
+                f"{extra} of the {n - 1} micro-step(s) before the window's last one "
+                f"all-reduced their gradient{how}: {extra} extra gradient reduction round(s) per "
+                "optimizer step. This costs communication only; it does not change the "
+                "gradient the optimizer receives",
+                title_=f"gradients synchronised on {which}: {extra} extra all-reduce "
+                       "round(s) per optimizer step", fix=fix)]
 
 
 def _window_findings(rank: int, windows: list[dict[str, Any]], info: dict[str, Any],
