@@ -197,7 +197,31 @@ def test_backward_counts_and_step_counts_noted(tmp_path: Path) -> None:
     comp = compare_runs(ref, run, 1e-4)
     assert len(comp.steps) == 2
     assert any("comparing the first 2" in n for n in comp.notes)
-    assert any("K=4: step 1 saw [1, 1] backward" in n for n in comp.notes)
+    assert any("K=4: 1 backward pass(es) per rank per optimizer step at 2 of 2 steps (step "
+               "1: [1, 1])" in n for n in comp.notes), comp.notes
+
+
+def test_backward_count_note_agrees_with_an_ok_verdict(tmp_path: Path) -> None:
+    """Issue 23: "OK: every K agrees" then "3 of 3 steps differ" (it meant the backward
+    counts). The note says what differs (backward passes per step), and beside an OK verdict
+    that the updates agree anyway; beside a divergence it suggests why."""
+    from accumguard.cli.invariance import format_text
+
+    ref = load_run(write_run(tmp_path / "k1"), k=1)
+    summed = load_run(write_run(tmp_path / "k4", k=1), k=4)  # one backward per step at K=4
+    report = build_report([ref, summed], command=["x"], batch=8, steps=3)
+    text = format_text(report)
+    assert "OK: every K agrees" in text
+    assert "steps differ" not in text, text
+    (note,) = [n for n in report.comparisons[0].notes if "backward" in n]
+    assert note.startswith("K=4: 1 backward pass(es) per rank per optimizer step at 3 of 3 "
+                           "steps (step 1: [1, 1]), where one per micro-batch makes 4"), note
+    assert "the updates agree with K=1" in note and "may not take K" in note
+    bad = load_run(write_run(tmp_path / "k4b", k=1, update_scale=lambda s, r: 2.0), k=4)
+    report = build_report([ref, bad], command=["x"], batch=8, steps=3)
+    (note,) = [n for n in report.comparisons[0].notes if "backward" in n]
+    assert report.diverged and "the updates agree" not in note
+    assert "steps on micro-steps" in note
 
 
 def test_torn_last_line_and_uneven_ranks(tmp_path: Path) -> None:
