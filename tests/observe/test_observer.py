@@ -295,3 +295,28 @@ def test_auto_roots_pin_the_modules_seen_at_the_top_level() -> None:
     assert forwards == [[1, 1]] * (PIN_ROOTS_AFTER_STEPS + 2)
     assert not model._forward_pre_hooks and not model._forward_hooks
     assert len(mm._global_forward_pre_hooks) == before
+
+
+def test_scheduler_events_exclude_the_constructor_step_and_see_overridden_steps() -> None:
+    """Issue 23: the scheduler count never holds the constructor's own step (torch's
+    _initial_step, also made by SequentialLR for its first scheduler), and a scheduler
+    whose class overrides step() is counted once per call of it."""
+    import torch.optim.lr_scheduler as lrs
+
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    obs, rec = _observe(model)
+    with obs:
+        lam = lrs.LambdaLR(opt, lambda s: 1.0)
+        warm = lrs.CosineAnnealingWarmRestarts(opt, 3)
+        seq = lrs.SequentialLR(opt, [lrs.LambdaLR(opt, lambda s: 0.5), lrs.StepLR(opt, 2)],
+                               milestones=[1])
+        assert "on_scheduler_step" not in rec.events  # three constructors, no step
+        _loss(model, 0).backward()
+        opt.step()
+        for s in (lam, warm, seq, seq):
+            s.step()
+    got = [(type(e.owner).__name__, e.count, e.optimizer_steps)
+           for e in rec.events["on_scheduler_step"]]
+    assert got == [("LambdaLR", 1, 1), ("CosineAnnealingWarmRestarts", 1, 1),
+                   ("SequentialLR", 1, 1), ("SequentialLR", 2, 1)], got
