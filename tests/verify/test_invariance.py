@@ -398,3 +398,22 @@ def test_cli_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
     plain = SCRIPTS / "no_placeholder.py"
     assert invariance_main(["--ks", "1,4", "--", sys.executable, str(plain)]) == 2
     assert "every K would run the same training" in capsys.readouterr().err
+
+
+def test_diverged_run_gets_no_correct_claim_beside_its_error(tmp_path: Path) -> None:
+    """Issue 23: the watch findings attached to a DIVERGED verdict held a note titled "OK —
+    correct large-batch update ... Nothing to fix" beside a real F8 error (update 75 % off).
+    The note is titled by its cost; nothing attached says the update is correct."""
+    d = tmp_path / "k4"
+    d.mkdir()
+    step = {"kind": "step", "rank": 0, "step": 0, "backwards": 4, "applied": True,
+            "engine": "ddp", "sync_micros": [True] * 4, "clip_micros": [1, 2, 3, 4],
+            "clip_functions": ["clip_grad_norm_"], "zero_grads_between": 0,
+            "conservation": None}
+    (d / "rank-0.jsonl").write_text(json.dumps({"kind": "start", "rank": 0, "world": 1}) + "\n"
+                                    + json.dumps(step) + "\n")
+    found, text = inv.watch_findings(load_run(d, k=4))
+    assert [(f["cls"], f["severity"]) for f in found] == [("F8", "error"),
+                                                         ("EXTRA_SYNC", "note")]
+    assert "gradients synchronised on every micro-step: 3 extra all-reduce" in text
+    assert "correct" not in text.lower() and "nothing to fix" not in text.lower(), text
