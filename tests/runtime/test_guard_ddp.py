@@ -122,6 +122,44 @@ def _hand(rank: int, world: int, bug: str | None, mode: str) -> dict:
             "messages": [v.message for v in g.violations]}
 
 
+def _one_rank_fails(rank: int, world: int) -> dict:
+    """check_sync_every=1 and accumguard failing on rank 1 only (an injected internal error
+    at its 3rd backward): rank 0 must not wait for ever in the check's all-gather; both ranks
+    train on, exactly as without the guard."""
+    import os
+    import warnings
+
+    from accumguard.observe._failsafe import ENV_FAULT
+
+    def run(guarded: bool) -> tuple[list[torch.Tensor], Any, list[str]]:
+        ddp = DDP(make_model(CASE))
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        sched = _sched(opt)
+        data = make_data(CASE, world)[rank]
+        if not guarded:
+            _hand_loop(ddp, opt, sched, data, None)
+            return [p.detach().clone() for p in ddp.parameters()], None, []
+        g = guard(ddp, opt, accumulation_steps=K, scheduler=sched,
+                  total_micro_batches=len(data), check_sync_every=1)
+        if rank == 1:  # read when the guard installs its observer
+            os.environ[ENV_FAULT] = "Tensor.backward:post@3"
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                g.install()
+            finally:
+                os.environ.pop(ENV_FAULT, None)
+            with contextlib.closing(g):
+                _hand_loop(ddp, opt, sched, data, None)
+        return ([p.detach().clone() for p in ddp.parameters()], g.failure,
+                [str(w.message) for w in caught])
+
+    plain, _, _ = run(False)
+    guarded, failure, warned = run(True)
+    return {"same": all(torch.equal(a, b) for a, b in zip(plain, guarded, strict=True)),
+            "failure": None if failure is None else failure.error, "warned": warned}
+
+
 def _all(rank: int, world: int) -> dict:
     out: dict[str, Any] = {
         "acc_deferred": _accumulator(rank, world, "deferred", "deferred"),
@@ -129,7 +167,16 @@ def _all(rank: int, world: int) -> dict:
     }
     for bug, mode in HAND_SCENARIOS:
         out[f"{bug}-{mode}"] = _hand(rank, world, bug, mode)
+    out["one_rank_fails"] = _one_rank_fails(rank, world)
     return out
+
+
+def test_accumguard_failing_on_one_rank_neither_hangs_nor_changes_the_run(
+        results: list[dict]) -> None:
+    r0, r1 = results[0]["one_rank_fails"], results[1]["one_rank_fails"]
+    assert r0["same"] and r1["same"]
+    assert r0["failure"] is None and "InjectedFault" in (r1["failure"] or "")
+    assert any("cross-rank gradient check is off" in w for w in r0["warned"]), r0["warned"]
 
 
 @pytest.fixture(scope="module")

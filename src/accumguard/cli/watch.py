@@ -1,8 +1,10 @@
 """``accumguard watch [options] -- COMMAND ...``: run an unmodified training command with
 the observation layer injected into every rank, then report findings.
 
-Exit code: 1 when an error-level finding exists, else the command's own exit code
-(2 when it could not be started). The command's stdout/stderr pass through untouched;
+Exit code: 1 when an error-level finding exists, else the command's own exit code when it
+failed (2 when it could not be started), else :data:`EXIT_ACCUMGUARD_FAILED` (3) when
+accumguard itself failed on a rank (the run went on unobserved from there; the report says
+what was not checked), else 0. The command's stdout/stderr pass through untouched;
 accumguard's report goes to stderr (and ``--json``). SIGINT/SIGTERM are forwarded to
 the command's process group, so no rank is left behind.
 """
@@ -23,7 +25,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["watch_main", "build_parser"]
+__all__ = ["EXIT_ACCUMGUARD_FAILED", "build_parser", "watch_main"]
+
+#: accumguard's own failure: observation switched itself off on a rank; the run was unchanged.
+EXIT_ACCUMGUARD_FAILED = 3
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -175,7 +180,9 @@ def _report(out_dir: Path, args: argparse.Namespace, code: int, signalled: str |
                         "before any of them (gradients made another way, e.g. "
                         "torch.autograd.grad into .grad, are not followed); the absence of "
                         "findings below says nothing about this run")
+    failed = _failure_lines(rec)
     report = {
+        "accumguard_failed": failed,
         "command": list(args.command),
         "exit_code": code,
         "signal": signalled,
@@ -197,7 +204,30 @@ def _report(out_dir: Path, args: argparse.Namespace, code: int, signalled: str |
     _print(report, findings)
     if errors:
         return 1
+    if code == 0 and failed:
+        return EXIT_ACCUMGUARD_FAILED
     return code
+
+
+def _failure_lines(rec: Any) -> list[str]:
+    """What accumguard's own failures mean for this report, first thing the user reads."""
+    if not rec.failures:
+        return []
+    lines = []
+    for rank in sorted(rec.failures):
+        f = rec.failures[rank]
+        lines.append(f"accumguard FAILED on rank {rank} (its own error, not your script's): "
+                     f"{f.get('error')} in {f.get('where')}, after {f.get('step')} optimizer "
+                     "step(s); observation was switched off there and the run went on "
+                     "unchanged")
+    cut = rec.observed_steps or 0
+    lines.append(f"only the first {cut} optimizer step(s) were checked; nothing after them was "
+                 "(no finding about them means nothing). Please report this with the "
+                 "traceback below (kept with --keep DIR in rank-R.jsonl)")
+    first = rec.failures[min(rec.failures)]
+    tb = str(first.get("traceback") or "").rstrip().splitlines()
+    lines += ["  " + t for t in tb[-12:]]
+    return lines
 
 
 def _summary(rec: Any) -> list[dict[str, Any]]:
@@ -229,6 +259,9 @@ def _no_finding_line(report: dict[str, Any]) -> str:
     """What an empty list of findings means, in words that match what was checked."""
     if not report.get("checked", True):
         return "nothing was checked (see above): no finding says nothing about this run"
+    if report.get("accumguard_failed"):
+        return ("no accumulation finding in the steps checked, but accumguard failed (see the "
+                "first lines)")
     code, n = report.get("exit_code", 0), len(report["steps"])
     if report.get("signal") or code:
         return (f"no accumulation finding in the {n} optimizer step(s) recorded before the "
@@ -249,7 +282,7 @@ def _print(report: dict[str, Any], findings: list[Any]) -> None:
              + (f", K = {k} ({report['accumulation_steps_source']})" if k is not None else "")]
     lines += [f"  {p}" for p in report["problems"]]
     if Console is None:
-        print("\n".join(lines), file=sys.stderr)
+        print("\n".join(report["accumguard_failed"] + lines), file=sys.stderr)
         if not findings:
             print(_no_finding_line(report), file=sys.stderr)
         for f in findings:
@@ -257,6 +290,8 @@ def _print(report: dict[str, Any], findings: list[Any]) -> None:
                   f"{f.evidence}. Fix: {f.fix}", file=sys.stderr)
         return
     console = Console(stderr=True, highlight=False)
+    for line in report["accumguard_failed"]:
+        console.print(line, markup=False, style="bold red")
     for line in lines:
         console.print(line, markup=False)
     if report["steps"]:

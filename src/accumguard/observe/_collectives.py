@@ -22,6 +22,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from accumguard.observe._failsafe import Failsafe
 from accumguard.observe._patch import Patches
 
 __all__ = ["CollectiveCounter", "DS_COMM_MODULES", "DS_REDUCE_OPS", "TORCH_REDUCE_OPS"]
@@ -46,12 +47,13 @@ DS_COMM_MODULES = ("deepspeed.comm", "deepspeed.comm.comm",
 class CollectiveCounter:
     """Wraps the collective functions and calls ``on_call(op, reduces)`` per outermost call."""
 
-    def __init__(self, on_call: Callable[[str, bool], None]) -> None:
+    def __init__(self, on_call: Callable[[str, bool], None], *,
+                 failsafe: Failsafe | None = None) -> None:
         self.on_call = on_call
         self._depth = 0
         self._paused = 0
         self._ds_done = False
-        self.patches = Patches()
+        self.patches = Patches(failsafe)
         # the caller's position at entry, e.g. (optimizer step, backwards in window,
         # inside a backward); set by the observer
         self.position: Callable[[], tuple[int, int, bool]] | None = None

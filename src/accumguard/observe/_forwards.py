@@ -23,6 +23,7 @@ import torch
 
 from accumguard.observe import _patch_deepspeed
 from accumguard.observe._events import ForwardEvent
+from accumguard.observe._failsafe import hook_method
 from accumguard.observe._introspect import engine_kind, fsdp_param_groups
 
 __all__ = ["ForwardHooks"]
@@ -97,6 +98,7 @@ class ForwardHooks:
             return all(flags) if flags else None
         return None
 
+    @hook_method
     def _root_pre(self, module: Any, args: Any) -> None:
         self._attribution.forward_begins()
         if self.installed and not self._in_observer and torch.is_grad_enabled():
@@ -110,6 +112,7 @@ class ForwardHooks:
                 self._emit("on_forward", ForwardEvent(self.step, len(self._w.backwards),
                                                       engine_kind(module), None, module))
 
+    @hook_method
     def _root_forward_and_post(self, module: Any, args: Any, output: Any) -> None:
         """A root without a gradient-sync flag, with attribution: the forward is counted
         when it returns (nothing is read before it runs), then attributed."""
@@ -126,16 +129,19 @@ class ForwardHooks:
                 fn(ev)
         self._attribution.note_output(output)
 
+    @hook_method
     def _root_post(self, module: Any, args: Any, output: Any) -> None:
         if self.installed and not self._in_observer and torch.is_grad_enabled():
             self._attribution.note_output(output)
 
+    @hook_method
     def _reach(self, grad_outputs: Any) -> None:
         """Attribution's fallback pre-hook fired: the running backward reached a root."""
         ev = self._bw_current
         if ev is not None and self.installed:
             ev.reached = True
 
+    @hook_method
     def _global_pre(self, module: Any, args: Any) -> None:
         """Every module call. A call at depth 0 is a top-level forward (a root); only the
         modules ever called at the top level carry a depth-counting post hook, so a
@@ -194,6 +200,7 @@ class ForwardHooks:
             handle.remove()
         self._pinned = []
 
+    @hook_method
     def _depth_post(self, module: Any, args: Any, output: Any) -> None:
         if self._fwd_depth:
             self._fwd_depth -= 1

@@ -55,6 +55,8 @@ from typing import Any
 
 import torch
 
+from accumguard.observe._failsafe import hook_method
+
 __all__ = ["LossRecorder"]
 
 #: Packages whose frames are skipped to name a call by the user's line.
@@ -114,6 +116,7 @@ class LossRecorder:
 
     def __init__(self, observer: Any) -> None:
         self.obs = observer
+        self.failsafe = observer.failsafe  # the hooks' door (:func:`hook_method`)
         self.calls: list[_Call] = []
         self.micro = 0  # backward passes since the last applied optimizer step
         self.gmicro = 0  # counted torch.autograd.grad calls since then
@@ -323,6 +326,7 @@ class LossRecorder:
         # backward that reaches it (cheaper than Tensor.register_hook)
         node.register_prehook(functools.partial(self._on_grad, call, out.output_nr))
 
+    @hook_method
     def _on_grad(self, call: _Call, index: int, grad_outputs: tuple[Any, ...]) -> None:
         obs = self.obs
         grad = grad_outputs[index] if index < len(grad_outputs) else None

@@ -56,8 +56,9 @@ from accumguard.observe._events import (
     SchedulerEvent,
     StepStartEvent,
 )
+from accumguard.observe._failsafe import Failsafe, Failure, hook_method
 from accumguard.observe._forwards import ForwardHooks
-from accumguard.observe._imports import when_imported
+from accumguard.observe._imports import when_imported as _when_imported
 from accumguard.observe._introspect import (
     param_dtype,
     snapshot,
@@ -73,7 +74,7 @@ __all__ = ["Observer"]
 _EVENT_METHODS = ("on_forward", "on_backward_start", "on_backward", "on_collective",
                   "on_optimizer_call", "on_step_start", "on_step", "on_engine_step",
                   "on_engine", "on_zero_grad", "on_scheduler_step", "on_clip", "on_unscale",
-                  "on_scaler_update", "on_scaler_skip")
+                  "on_scaler_update", "on_scaler_skip", "on_internal_error")
 
 
 #: ``auto_roots``: optimizer steps after which the modules seen at the top level are hooked
@@ -155,12 +156,17 @@ class Observer(ForwardHooks):
         self._step_cons: Any = None
         self._scaler_depth = 0
         self._clip_depth = 0
-        self.patches = Patches()
-        self.counter = CollectiveCounter(self._on_collective)
+        self.step = 0  # optimizer steps recorded
+        # every patch and hook runs behind its door: an internal error switches observation
+        # off (listeners hear ``on_internal_error``), never the user's run
+        self.failsafe = Failsafe(step=lambda: self.step)
+        self.failsafe.on_failure(self._failed)
+        self.failsafe.on_teardown(self.uninstall)
+        self.patches = Patches(self.failsafe)
+        self.counter = CollectiveCounter(self._on_collective, failsafe=self.failsafe)
         self.losses = LossRecorder(self)  # cross-entropy calls and their token weights (F5)
         self.counter.position = self._collective_position
         self.installed = False
-        self.step = 0  # optimizer steps recorded
         self.backward_total = 0
         self.engine = "local"
         self.engine_info: EngineInfo | None = None
@@ -210,9 +216,20 @@ class Observer(ForwardHooks):
         self._wants_backwards = bool(self._handlers["on_backward"]
                                      or self._handlers["on_backward_start"])
 
+    @property
+    def failure(self) -> Failure | None:
+        """accumguard's own failure on this process (observation off since), or None."""
+        return self.failsafe.failure
+
     def install(self) -> Observer:
-        if self.installed:
+        """Install every patch and hook; an internal error while doing so undoes them and is
+        recorded as :attr:`failure` (the caller's program goes on unobserved)."""
+        if self.installed or not self.failsafe.ok:
             return self
+        self.failsafe.guard("install", self._install)
+        return self
+
+    def _install(self) -> None:
         self.installed = True
         from torch.nn.modules import module as module_mod
 
@@ -239,7 +256,6 @@ class Observer(ForwardHooks):
             self.counter.install_torch()
         p.add(self.counter.uninstall)
         self._hook_libraries()
-        return self
 
     def uninstall(self) -> None:
         self.installed = False
@@ -258,9 +274,20 @@ class Observer(ForwardHooks):
     def __exit__(self, *exc: Any) -> None:
         self.uninstall()
 
+    def _failed(self, failure: Failure) -> None:
+        """The failsafe tripped: tell the listeners (their own errors are ignored there)."""
+        for fn in self._handlers["on_internal_error"]:
+            fn(failure)
+
     def _hook_libraries(self) -> None:
         """Patch DeepSpeed, Accelerate, HF and Lightning when (if) they are imported."""
+        fs = self.failsafe
+
         lib = functools.partial
+
+        def when_imported(name: str, fn: Callable[[Any], Any]) -> None:
+            _when_imported(name, lambda module: fs.guard(f"patching {name}", fn, module))
+
         when_imported("deepspeed.runtime.engine", lib(_patch_deepspeed.patch_engine, self))
         if self.auto_roots:
             when_imported("torch.nn.parallel.distributed", lib(_patch_torch.patch_ddp_init, self))
@@ -396,6 +423,7 @@ class Observer(ForwardHooks):
             self._w.reductions_between += 1
 
     # -- optimizer steps ---------------------------------------------------------------------
+    @hook_method
     def _opt_pre(self, opt: Any, args: Any, kwargs: Any) -> None:
         self._opt_depth += 1
         if not self.installed or self._in_observer:
@@ -428,6 +456,7 @@ class Observer(ForwardHooks):
             self._opt_depth -= 1  # a listener stopped the step: torch runs no post hook
             raise
 
+    @hook_method
     def _opt_post(self, opt: Any, args: Any, kwargs: Any) -> None:
         self._opt_depth = max(0, self._opt_depth - 1)
         if not self.installed or self._in_observer:

@@ -10,7 +10,10 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from accumguard.observe._failsafe import Failsafe
 
 __all__ = ["Patches"]
 
@@ -18,10 +21,15 @@ _MISSING = object()
 
 
 class Patches:
-    """A stack of attribute replacements and hook handles, removed together."""
+    """A stack of attribute replacements and hook handles, removed together.
 
-    def __init__(self) -> None:
+    With a :class:`~accumguard.observe._failsafe.Failsafe`, every wrapper goes behind its
+    patch door: an internal error in the wrapper never reaches the caller.
+    """
+
+    def __init__(self, failsafe: Failsafe | None = None) -> None:
         self._undo: list[Callable[[], None]] = []
+        self.failsafe = failsafe
 
     def wrap(self, owner: Any, attr: str,
              make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> bool:
@@ -41,7 +49,11 @@ class Patches:
         raw = own if own is not _MISSING else current
         if isinstance(raw, (staticmethod, classmethod)):
             return False
-        wrapper = make(current)
+        if self.failsafe is not None:
+            label = f"{getattr(owner, '__name__', type(owner).__name__)}.{attr}"
+            wrapper = self.failsafe.patch(label, make, current)
+        else:
+            wrapper = make(current)
         with contextlib.suppress(AttributeError, TypeError):
             functools.update_wrapper(wrapper, current)
         setattr(owner, attr, wrapper)

@@ -246,6 +246,7 @@ def _clip_wrapper(obs: Any, name: str) -> Callable[[Callable[..., Any]], Any]:
                     obs._clip_depth -= 1
             params = [parameters] if isinstance(parameters, torch.Tensor) \
                 else list(parameters)
+            obs.failsafe.set_args(params, *args, **kwargs)  # a generator is read once
             if obs._handlers["on_clip"]:
                 obs._emit("on_clip", ClipEvent(obs.step, len(obs._w.backwards), name, params))
             obs._w.clip_micros.append(len(obs._w.backwards))

@@ -107,13 +107,19 @@ class DeclaredK(Protocol):
 
 @dataclass
 class RunRecording:
-    """Everything the ranks wrote: ``steps[rank]`` (step records), engine info, ends."""
+    """Everything the ranks wrote: ``steps[rank]`` (step records), engine info, ends, and
+    ``failures[rank]``: accumguard's own failure on that rank (observation off from there;
+    :func:`~accumguard.observe.rules.load_recordings` keeps only the steps every rank
+    observed before the first one, so no rule judges a window half seen)."""
 
     steps: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     schedulers: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     engine: dict[int, dict[str, Any]] = field(default_factory=dict)
     end: dict[int, dict[str, Any]] = field(default_factory=dict)
+    failures: dict[int, dict[str, Any]] = field(default_factory=dict)
     world: int = 1
+    #: optimizer steps observed on every rank before accumguard failed (None: no failure)
+    observed_steps: int | None = None
 
     @property
     def ranks(self) -> list[int]:

@@ -85,7 +85,24 @@ def load_recordings(out_dir: Path) -> RunRecording:
                 rec.engine[rank] = r
             elif kind == "end":
                 rec.end[rank] = r
+            elif kind == "internal_error":
+                rec.failures.setdefault(int(r.get("rank", rank)), r)
+    if rec.failures:
+        _truncate_at_failure(rec)
     return rec
+
+
+def _truncate_at_failure(rec: RunRecording) -> None:
+    """Keep the steps every rank completed before accumguard's first failure: the window in
+    flight, and every later one, were not (fully) observed on the failed rank, and the
+    cross-rank rules need the same steps from every rank."""
+    cut = min((int(f["step"]) if isinstance(f.get("step"), int) else 0)
+              for f in rec.failures.values())
+    rec.observed_steps = cut
+    for rank, steps in rec.steps.items():
+        rec.steps[rank] = [s for s in steps if int(s.get("step", 0)) < cut]
+    for rank, scheds in rec.schedulers.items():
+        rec.schedulers[rank] = [s for s in scheds if int(s.get("step", 0)) < cut]
 
 
 def step_record(event: Any, rank: int) -> dict[str, Any]:

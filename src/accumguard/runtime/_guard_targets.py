@@ -20,7 +20,7 @@ import torch
 from accumguard.core.errors import ConfigError
 from accumguard.engines.registry import is_ddp, is_deepspeed_engine
 
-__all__ = ["Targets", "ranks_checksum_table", "resolve_targets"]
+__all__ = ["Targets", "resolve_targets", "step_hook_owner"]
 
 _INNER = ("optimizer", "_optimizer", "optim")  # Accelerate, Lightning, ZeroRedundancyOptimizer
 
@@ -108,19 +108,12 @@ def resolve_targets(model: Any, optimizer: Any, scheduler: Any, scaler: Any) -> 
                    ddp=model if is_ddp(model) else None, scheduler_ids=sched_ids, scaler=scaler)
 
 
-def ranks_checksum_table(params: list[torch.Tensor], world: int) -> torch.Tensor:
-    """``[world, 2]`` float64: (sum, abs sum) of this guard's gradients on every rank (one
-    small all-gather; the caller pauses collective counting around it)."""
-    import torch.distributed as dist
-
-    from accumguard.observe import checksums
-
-    with torch.no_grad():
-        local = checksums(params)[:, [0, 2]].sum(0)
-    device = next((p.grad.device for p in params if p.grad is not None), torch.device("cpu"))
-    if dist.get_backend() == "nccl" and device.type == "cpu":
-        device = torch.device("cuda", torch.cuda.current_device())
-    local = local.to(device)
-    gathered = [torch.empty_like(local) for _ in range(world)]
-    dist.all_gather(gathered, local)
-    return torch.stack(gathered).cpu()
+def step_hook_owner(optimizer: Any) -> torch.optim.Optimizer | None:
+    """The innermost torch optimizer behind ``optimizer``'s wrappers whose own step hooks are
+    set up (Accelerate's and Lightning's wrappers subclass ``Optimizer`` without running its
+    ``__init__``); it steps once per step of the outermost one. None: none found."""
+    owner = None
+    for obj in _chain(optimizer):
+        if isinstance(obj, torch.optim.Optimizer) and "_optimizer_step_pre_hooks" in vars(obj):
+            owner = obj
+    return owner

@@ -37,14 +37,17 @@ checked on the first windows and then on as many as ~0.5 % of the run's time all
 
 from __future__ import annotations
 
+import contextlib
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from accumguard.core.boundary import check_accumulation_steps
-from accumguard.core.errors import ConfigError, UsageError
-from accumguard.observe import CONSERVATION_BUDGET, FORCED_CHECKS
+from accumguard.core.errors import AccumguardWarning, ConfigError, UsageError, rank_prefix
+from accumguard.observe import CONSERVATION_BUDGET, FORCED_CHECKS, checksums
+from accumguard.observe._agree import gather_rows
 from accumguard.runtime._guard_errors import (
     ClipInsideWindowError,
     DoubleGatingError,
@@ -63,7 +66,7 @@ from accumguard.runtime._guard_errors import (
     ZeroGradInsideWindowError,
 )
 from accumguard.runtime._guard_machine import GuardMachine, Phase
-from accumguard.runtime._guard_targets import Targets, ranks_checksum_table, resolve_targets
+from accumguard.runtime._guard_targets import Targets, resolve_targets, step_hook_owner
 
 __all__ = [
     "AccumulationGuard",
@@ -160,6 +163,13 @@ class AccumulationGuard(GuardMachine):
         self._world = world
         self._installed = False
         self.observer: Any = None
+        #: accumguard's own failure (:class:`accumguard.observe.Failure`): the guard judged
+        #: nothing after it
+        self.failure: Any = None
+        self._sync_handle: Any = None  # check_sync_every: the optimizer pre-hook
+        self._sync_failsafe: Any = None
+        self._sync_steps = 0
+        self._sync_off = False
         self._ever_reached = False
         self.checked_windows = 0  # windows whose gradient conservation was verified
         self._leak_suspect: bool | None = None
@@ -175,16 +185,25 @@ class AccumulationGuard(GuardMachine):
             raise UsageError("this guard is already installed; create one guard per loop")
         from accumguard.observe import Observer
 
+        owner = None
+        if self.check_sync_every is not None and self._world > 1:
+            owner = step_hook_owner(self.optimizer)
+            if owner is None:
+                raise ConfigError(
+                    f"check_sync_every={self.check_sync_every}: no torch optimizer found "
+                    f"behind {type(self.optimizer).__name__} to hook the check on; drop "
+                    "check_sync_every or pass the torch optimizer the loop steps")
         self.observer = Observer(roots=[self.model], conservation=True, every=1,
                                  budget=CONSERVATION_BUDGET, attribute=True,
                                  record_losses=False)  # the guard judges no loss weights
         self.observer.add_listener(self)
         self._installed = True
-        try:
-            self.observer.install()
-        except BaseException:
-            self._uninstall()
-            raise
+        self.observer.install()  # an internal error there leaves it off, with ``failure`` set
+        if self.observer.failure is not None:
+            self.failure = self.observer.failure
+        if owner is not None:
+            self._sync_failsafe = self.observer.failsafe
+            self._sync_handle = owner.register_step_pre_hook(self._sync_pre)
         return self
 
     def close(self, *, check: bool = True) -> None:
@@ -193,7 +212,7 @@ class AccumulationGuard(GuardMachine):
         if not self._installed:
             return
         self._uninstall()
-        if check:
+        if check and self.failure is None:  # after accumguard's own failure: nothing to judge
             self.final_checks()
 
     def __enter__(self) -> AccumulationGuard:
@@ -205,9 +224,18 @@ class AccumulationGuard(GuardMachine):
 
     def _uninstall(self) -> None:
         self._installed = False
+        if self._sync_handle is not None:
+            self._sync_handle.remove()
+            self._sync_handle = None
         if self.observer is not None:
+            self.failure = self.observer.failure
             self.observer.uninstall()
             self.observer = None
+
+    def on_internal_error(self, failure: Any) -> None:
+        """accumguard itself failed (not the loop): the guard stops judging; the loop goes
+        on unchanged, and :attr:`failure` says what happened (also printed on stderr)."""
+        self.failure = failure
 
     # -- observer events -------------------------------------------------------------------
     def _on_ddp_forward(self, ev: Any) -> None:
@@ -239,9 +267,6 @@ class AccumulationGuard(GuardMachine):
     def on_step_start(self, ev: Any) -> None:
         if not self.targets.owns_step(ev.owner, ev.source):
             return
-        if (self.check_sync_every is not None and self._world > 1
-                and (self.optimizer_steps + 1) % self.check_sync_every == 0):
-            self._check_ranks_agree()
         # The observer's window is the run since any step of the process; its verdict is
         # about this guard's window only when both counted the same backward passes (not
         # after a GradScaler-skipped step or another optimizer's step).
@@ -294,9 +319,41 @@ class AccumulationGuard(GuardMachine):
         return any(p.grad is not None and bool(p.grad.count_nonzero())
                    for p in self.targets.params)
 
-    def _check_ranks_agree(self) -> None:
-        with self.observer.counter.paused():
-            table = ranks_checksum_table(self.targets.params, self._world)
+    def _sync_pre(self, opt: Any, args: Any, kwargs: Any) -> None:
+        """The optimizer's own pre-hook, outside the observer: every rank joins the check's
+        all-gather at the same steps even after accumguard failed on one of them (that rank
+        sends a marker and every rank drops the check instead of waiting for ever)."""
+        self._sync_steps += 1
+        if self._sync_off or self._sync_steps % (self.check_sync_every or 1):
+            return
+        obs = self.observer
+        paused = obs.counter.paused() if obs is not None else contextlib.nullcontext()
+        with paused:
+            table = gather_rows(self._sync_failsafe, self._local_checksum, world=self._world,
+                                device=self._sync_device(), where="the guard's cross-rank check")
+        if table is None:
+            self._sync_off = True
+            warnings.warn(AccumguardWarning(
+                f"{rank_prefix(self._rank)}accumguard failed on a rank (see its stderr): the "
+                "guard's cross-rank gradient check is off from here on; the run is unchanged"),
+                stacklevel=2)
+            return
+        self._compare_ranks(torch.cat(table))
+
+    def _local_checksum(self) -> torch.Tensor:
+        if self.failure is not None:  # this rank's observation failed: say so to the others
+            raise RuntimeError(f"observation off on this rank: {self.failure.error}")
+        with torch.no_grad():
+            return checksums(self.targets.params)[:, [0, 2]].sum(0, keepdim=True)
+
+    def _sync_device(self) -> torch.device:
+        import torch.distributed as dist
+
+        if dist.get_backend() == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    def _compare_ranks(self, table: torch.Tensor) -> None:
         ref = table[0]
         tol = 1e-9 * float(ref.abs().max()) + 1e-30
         if float((table - ref).abs().max()) > tol:

@@ -216,6 +216,13 @@ class _Agent:
         os.kill(os.getpid(), signal.SIGTERM)
 
     # -- listener -------------------------------------------------------------------------
+    def on_internal_error(self, failure: Any) -> None:
+        """accumguard failed on this rank: say so in the recording at once (the report
+        puts it first; steps after it were not observed)."""
+        self.seen_activity = True
+        self._write({"kind": "internal_error", "rank": self._rank(), **failure.as_dict()})
+        self.flush("internal_error")
+
     def on_engine(self, info: Any) -> None:
         from dataclasses import asdict
 

@@ -1,0 +1,282 @@
+"""The observer's own health: an internal error switches observation off, never the run.
+
+Everything accumguard puts into a user's process runs through one of two doors, and both
+are here:
+
+* a **patch** (:meth:`Failsafe.patch`): a wrapper around a library function (``backward``,
+  ``zero_grad``, a collective, a loss function...). The wrapper's own work before and after
+  the wrapped call is guarded; the wrapped call itself runs exactly once, with the user's
+  arguments, and whatever it raises reaches the user unchanged. If the wrapper's work fails
+  before the call, the call is made as if accumguard were absent; if it fails after, the
+  call's result is returned.
+* a **hook** (:meth:`Failsafe.hook`): a function torch calls back (module forward hooks,
+  autograd node pre-hooks, optimizer step hooks). A failing hook returns ``None``, which
+  tells torch "change nothing".
+
+The first internal error is kept as a :class:`Failure` (where, what, the traceback, the
+step), reported once on stderr and to the listeners' ``on_internal_error``, and every door
+becomes a plain pass-through; the patches are undone at the next point where no patched
+call is running on this thread. Only accumguard's deliberate errors (an
+:class:`~accumguard.core.errors.AccumulationError` raised by the guard to stop an illegal
+action) and ``BaseException``\\ s that are not ``Exception`` (``KeyboardInterrupt``,
+``SystemExit``) go through.
+
+Fault injection for the tests: ``ACCUMGUARD_TEST_FAULT=<label>[:pre|:post][@N]`` makes the
+N-th call (default 1) of every door whose label contains ``<label>`` raise
+:class:`InjectedFault`, before the wrapped call (``pre``, the default) or after it
+(``post``; for a hook, inside it). Labels are ``Owner.attr`` for patches (``Tensor.backward``,
+``Optimizer.zero_grad``, ``functional.cross_entropy``) and ``hook:<name>`` for hooks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import sys
+import threading
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from accumguard.core.errors import AccumulationError
+
+__all__ = ["ENV_FAULT", "Failsafe", "Failure", "InjectedFault", "hook_method"]
+
+ENV_FAULT = "ACCUMGUARD_TEST_FAULT"
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class InjectedFault(RuntimeError):
+    """Raised inside accumguard by ``ACCUMGUARD_TEST_FAULT`` (tests only)."""
+
+
+@dataclass(frozen=True)
+class Failure:
+    """accumguard's own failure on this process: observation is off from here on."""
+
+    where: str  # the door's label: "Tensor.backward", "hook:_opt_pre", "install", ...
+    error: str  # "IndexError: ..."
+    traceback: str
+    step: int | None  # optimizer steps recorded before it (None: unknown)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"where": self.where, "error": self.error, "traceback": self.traceback,
+                "step": self.step}
+
+    def line(self) -> str:
+        at = "" if self.step is None else f" after {self.step} optimizer step(s)"
+        return f"internal error in {self.where}{at}: {self.error}"
+
+
+class _Call:
+    """One patched call in flight: did the wrapped function run, return, or raise?"""
+
+    __slots__ = ("called", "done", "result", "raised", "args", "kwargs")
+
+    def __init__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.called = False
+        self.done = False
+        self.result: Any = None
+        self.raised: BaseException | None = None
+        self.args = args
+        self.kwargs = kwargs
+
+
+class _Fault:
+    def __init__(self, spec: str) -> None:
+        spec, _, nth = spec.partition("@")
+        label, _, when = spec.rpartition(":")
+        if when not in ("pre", "post"):  # "hook:_opt_pre": the colon is the label's own
+            label, when = spec, "pre"
+        self.label, self.when = label, when
+        self.nth = int(nth) if nth.strip().isdigit() else 1
+        self.seen = 0
+
+    def hit(self, label: str, when: str) -> bool:
+        if when != self.when or self.label not in label:
+            return False
+        self.seen += 1
+        return self.seen == self.nth
+
+
+class Failsafe:
+    """The doors through which accumguard's code runs inside a user's process.
+
+    Args:
+        name: who is observing, for the stderr line ("accumguard watch", "the guard").
+        step: reads the optimizer steps recorded so far, for the failure record.
+    """
+
+    def __init__(self, name: str = "accumguard", step: Callable[[], int] | None = None) -> None:
+        self.name = name
+        self.failure: Failure | None = None
+        self.ok = True
+        self._step = step
+        self._on_fail: list[Callable[[Failure], None]] = []
+        self._teardown: list[Callable[[], None]] = []
+        self._local = threading.local()
+        spec = os.environ.get(ENV_FAULT, "")
+        self._fault: _Fault | None = _Fault(spec) if spec else None
+
+    # -- what happens on a failure -----------------------------------------------------------
+    def on_failure(self, fn: Callable[[Failure], None]) -> None:
+        """Call ``fn(failure)`` once when observation fails (its own errors are ignored)."""
+        self._on_fail.append(fn)
+
+    def on_teardown(self, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` once after a failure, when no patched call runs on this thread
+        (removing patches and hooks from inside a backward is not safe)."""
+        self._teardown.append(fn)
+
+    def fail(self, where: str, exc: BaseException) -> None:
+        """Record accumguard's own failure and switch every door to pass-through."""
+        if not self.ok:
+            return
+        self.ok = False
+        step = None
+        if self._step is not None:
+            try:
+                step = int(self._step())
+            except Exception:  # noqa: BLE001 - the record must not fail
+                step = None
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        self.failure = Failure(where=where, error=f"{type(exc).__name__}: {exc}",
+                               traceback=tb, step=step)
+        with contextlib.suppress(Exception):  # stderr may be closed
+            print(f"{self.name}: {self.failure.line()}; observation is off on this process "
+                  "from here on, the run continues unchanged and was not checked after "
+                  "this point (please report this with the traceback in the recording)",
+                  file=sys.stderr)
+        for fn in self._on_fail:
+            with contextlib.suppress(Exception):  # reporting the failure must not fail
+                fn(self.failure)
+        if not getattr(self._local, "stack", None):
+            self._tear_down()
+
+    def _tear_down(self) -> None:
+        actions, self._teardown = self._teardown, []
+        for fn in actions:
+            with contextlib.suppress(Exception):  # best effort: the doors pass through
+                fn()
+
+    def guard(self, where: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run one piece of accumguard's work (install, a callback body); on an internal
+        error record it and return None."""
+        if not self.ok:
+            return None
+        try:
+            return fn(*args, **kwargs)
+        except AccumulationError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the whole point
+            self.fail(where, exc)
+            return None
+
+    # -- the two doors -----------------------------------------------------------------------
+    def hook(self, fn: F, label: str | None = None) -> F:
+        """``fn`` as a torch hook that never raises an internal error into the caller."""
+        where = "hook:" + (label or getattr(fn, "__name__", "hook"))
+
+        def hook(*args: Any, **kwargs: Any) -> Any:
+            return self.run_hook(where, fn, args, kwargs)
+
+        return hook  # type: ignore[return-value]
+
+    def run_hook(self, where: str, fn: Callable[..., Any], args: tuple[Any, ...],
+                 kwargs: dict[str, Any]) -> Any:
+        """One hook call: ``fn``'s result, or None (torch: "change nothing") after an
+        internal error or once observation is off."""
+        if not self.ok:
+            return None
+        try:
+            if self._fault is not None and (self._fault.hit(where, "pre")
+                                            or self._fault.hit(where, "post")):
+                raise InjectedFault(f"injected fault in {where}")
+            return fn(*args, **kwargs)
+        except AccumulationError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - never into user code
+            self.fail(where, exc)
+            return None
+
+    def patch(self, label: str, make: Callable[[Callable[..., Any]], Callable[..., Any]],
+              orig: Callable[..., Any]) -> Callable[..., Any]:
+        """``make(orig)``, the observing wrapper, behind the patch door (see the module)."""
+        local = self._local
+
+        def tracked(*args: Any, **kwargs: Any) -> Any:
+            stack = getattr(local, "stack", None)
+            call = stack[-1] if stack else None
+            if call is None or call.called:  # not our call's first run: plain
+                return orig(*args, **kwargs)
+            call.called = True
+            try:
+                out = orig(*args, **kwargs)
+            except BaseException as exc:
+                call.raised = exc
+                raise
+            call.done, call.result = True, out
+            if self._fault is not None and self._fault.hit(label, "post"):
+                raise InjectedFault(f"injected fault in {label} (after the call)")
+            return out
+
+        wrapper = make(tracked)
+
+        def door(*args: Any, **kwargs: Any) -> Any:
+            if not self.ok:
+                return orig(*args, **kwargs)
+            stack = getattr(local, "stack", None)
+            if stack is None:
+                stack = local.stack = []
+            call = _Call(args, kwargs)
+            stack.append(call)
+            internal: BaseException | None = None
+            try:
+                if self._fault is not None and self._fault.hit(label, "pre"):
+                    raise InjectedFault(f"injected fault in {label}")
+                return wrapper(*args, **kwargs)
+            except AccumulationError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - sorted out below
+                if call.raised is not None and exc is call.raised:
+                    raise  # the user's own error, untouched
+                internal = exc
+            finally:
+                stack.pop()
+                if not self.ok and not stack:
+                    self._tear_down()
+            # accumguard failed (outside the except block: the user's exception, if any,
+            # must not be chained to ours)
+            self.fail(label, internal)
+            if not stack:
+                self._tear_down()
+            if call.raised is not None:
+                raise call.raised
+            if call.done:
+                return call.result
+            if call.called:  # the wrapped call ran (and did not raise): never run it twice
+                return call.result
+            return orig(*call.args, **call.kwargs)
+
+        return door
+
+    def set_args(self, *args: Any, **kwargs: Any) -> None:
+        """A wrapper that consumed the caller's arguments (a generator of parameters) hands
+        their materialised form here, for the pass-through call after a failure."""
+        stack = getattr(self._local, "stack", None)
+        if stack:
+            stack[-1].args, stack[-1].kwargs = args, kwargs
+
+
+def hook_method(fn: F) -> F:
+    """A method torch calls back as a hook, behind its owner's ``failsafe`` door."""
+    where = "hook:" + fn.__name__
+
+    @functools.wraps(fn)
+    def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return self.failsafe.run_hook(where, fn, (self, *args), kwargs)
+
+    return hook  # type: ignore[return-value]

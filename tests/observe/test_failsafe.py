@@ -1,0 +1,200 @@
+"""The fail-safe doors: an internal error of accumguard never reaches the user's code nor
+changes what it computes; it switches observation off and is recorded as accumguard's own.
+
+In-process: every door kind of the observer (patches and hooks, before and after the
+wrapped call) is made to fail once on a small but complete loop (DataLoader, autocast-free
+cross-entropy, clipping, GradScaler-free AdamW, scheduler, zero_grad); the parameters must
+be bit-identical to the unobserved run, the failure recorded with its traceback, and the
+patches gone. The same on real engines and frameworks: tests/runtime/test_failsafe_stacks.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F  # noqa: N812
+
+from accumguard.core.errors import AccumulationError
+from accumguard.observe._failsafe import ENV_FAULT, Failsafe, InjectedFault
+from accumguard.observe._patch import Patches
+from accumguard.observe.rules import load_recordings
+from accumguard.runtime.watch import recording
+
+K, STEPS = 3, 4
+
+
+def _train() -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.Tanh(), torch.nn.Linear(12, 3))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 / (1 + s))
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(5, 6, generator=g), torch.randint(0, 3, (5,), generator=g))
+            for _ in range(K * STEPS)]
+    loader = torch.utils.data.DataLoader(data, batch_size=None)
+    for i, (x, y) in enumerate(loader):
+        loss = F.cross_entropy(model(x), y) / K
+        loss.backward()
+        if (i + 1) % K == 0:
+            torch.nn.utils.clip_grad_norm_((p for p in model.parameters()), 1.0)
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+    # a gradient made by torch.autograd.grad (its own door), unused by the update
+    x, y = data[0]
+    torch.autograd.grad(F.cross_entropy(model(x), y), list(model.parameters()))
+    return [p.detach().clone() for p in model.parameters()]
+
+
+#: (label, when, nth): every door the loop above goes through, failing before and after
+#: the wrapped call, at its first call and later in the run.
+FAULTS = [
+    ("Tensor.backward", "pre", 1), ("Tensor.backward", "post", 5),
+    ("Optimizer.zero_grad", "pre", 2), ("Optimizer.zero_grad", "post", 1),
+    ("DataLoader.__iter__", "pre", 1), ("DataLoader.__iter__", "post", 1),
+    ("LRScheduler.step", "pre", 2), ("LRScheduler.step", "post", 1),
+    ("clip_grad_norm_", "pre", 2), ("clip_grad_norm_", "post", 1),
+    ("cross_entropy", "pre", 4), ("cross_entropy", "post", 4),
+    ("autograd.grad", "pre", 1), ("autograd.grad", "post", 1),
+    ("hook:_opt_pre", "pre", 2), ("hook:_opt_post", "pre", 3),
+    ("hook:_global_pre", "pre", 7), ("hook:_depth_post", "pre", 2),
+    ("hook:_on_grad", "pre", 3),
+]
+
+
+@pytest.fixture(scope="module")
+def unobserved() -> list[torch.Tensor]:
+    return _train()
+
+
+@pytest.mark.parametrize(("label", "when", "nth"), FAULTS)
+def test_an_internal_error_changes_nothing_and_is_recorded(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unobserved: list[torch.Tensor],
+        label: str, when: str, nth: int) -> None:
+    original_backward = torch.Tensor.backward
+    monkeypatch.setenv(ENV_FAULT, f"{label}:{when}@{nth}")
+    with recording(tmp_path) as obs:
+        params = _train()
+        failure = obs.failure
+        assert failure is not None, "the injected fault did not fire"
+        assert failure.where.endswith(label) or label in failure.where
+        assert "InjectedFault" in failure.error and "Traceback" in failure.traceback
+        # observation is off: the patches were undone at the first safe point
+        assert torch.Tensor.backward is original_backward
+    for a, b in zip(params, unobserved, strict=True):
+        assert torch.equal(a, b), f"{label}:{when}@{nth} changed the training"
+    rec = load_recordings(tmp_path)
+    assert list(rec.failures) == [0]
+    assert rec.failures[0]["where"] == failure.where
+    # only windows every rank completed before the failure are judged
+    assert rec.observed_steps == failure.step
+    assert all(int(s["step"]) < failure.step for s in rec.steps.get(0, []))
+
+
+def test_the_users_own_error_passes_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An exception raised by the wrapped call reaches the user as it is, even when the
+    wrapper's own work after it fails too (it is not chained to accumguard's error)."""
+    monkeypatch.setenv(ENV_FAULT, "Thing.run:post@1")
+    fs = Failsafe()
+
+    class Thing:
+        def run(self, x: int) -> int:
+            raise KeyError(x)
+
+    def make(orig):  # noqa: ANN001, ANN202
+        def run(this, x):  # noqa: ANN001, ANN202
+            try:
+                return orig(this, x)
+            finally:
+                raise ValueError("accumguard's own bug while unwinding")
+
+        return run
+
+    Patches(fs).wrap(Thing, "run", make)
+    with pytest.raises(KeyError) as info:
+        Thing().run(7)
+    assert info.value.__context__ is None and info.value.__cause__ is None
+    assert fs.failure is not None and "ValueError" in fs.failure.error
+
+
+def test_the_wrapped_call_runs_once_whatever_fails() -> None:
+    fs = Failsafe()
+    calls: list[int] = []
+
+    class Thing:
+        def run(self, x: int) -> int:
+            calls.append(x)
+            return x * 2
+
+    def make(orig):  # noqa: ANN001, ANN202
+        def run(this, x):  # noqa: ANN001, ANN202
+            orig(this, x)
+            raise RuntimeError("bookkeeping after the call failed")
+
+        return run
+
+    Patches(fs).wrap(Thing, "run", make)
+    assert Thing().run(3) == 6  # the result of the one real call
+    assert calls == [3]
+    assert Thing().run(4) == 8 and calls == [3, 4]  # off: a plain pass-through
+    assert fs.failure is not None and fs.failure.where == "Thing.run"
+
+
+def test_a_consumed_generator_is_handed_back_for_the_pass_through() -> None:
+    fs = Failsafe()
+
+    def total(xs):  # noqa: ANN001, ANN202
+        return sum(xs)
+
+    holder = type("Holder", (), {"total": total})
+
+    def make(orig):  # noqa: ANN001, ANN202
+        def wrapped(xs):  # noqa: ANN001, ANN202
+            xs = list(xs)
+            fs.set_args(xs)
+            raise RuntimeError("failed after reading the generator")
+
+        return wrapped
+
+    Patches(fs).wrap(holder, "total", make)
+    assert holder.total(i for i in range(5)) == 10
+
+
+def test_the_guards_deliberate_error_still_stops_the_action() -> None:
+    fs = Failsafe()
+
+    class Thing:
+        def run(self) -> str:
+            return "ran"
+
+    def make(orig):  # noqa: ANN001, ANN202
+        def run(this):  # noqa: ANN001, ANN202
+            raise AccumulationError("zero_grad inside the window")
+
+        return run
+
+    Patches(fs).wrap(Thing, "run", make)
+    with pytest.raises(AccumulationError):
+        Thing().run()
+    assert fs.ok and fs.failure is None
+
+
+def test_a_failing_hook_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    fs = Failsafe()
+
+    def bad(module, args, output):  # noqa: ANN001, ANN202
+        raise IndexError("internal")
+
+    lin = torch.nn.Linear(2, 2)
+    x = torch.randn(3, 2)
+    want = lin(x)
+    handle = lin.register_forward_hook(fs.hook(bad, "bad"))
+    assert torch.equal(lin(x), want)
+    assert fs.failure is not None and fs.failure.where == "hook:bad"
+    handle.remove()
+
+
+def test_injected_fault_is_a_runtime_error() -> None:
+    assert issubclass(InjectedFault, RuntimeError)
