@@ -282,7 +282,7 @@ def _print(report: dict[str, Any], findings: list[Any]) -> None:
              + (f", K = {k} ({report['accumulation_steps_source']})" if k is not None else "")]
     lines += [f"  {p}" for p in report["problems"]]
     if Console is None:
-        print("\n".join(report["accumguard_failed"] + lines), file=sys.stderr)
+        print("\n".join(report.get("accumguard_failed", []) + lines), file=sys.stderr)
         if not findings:
             print(_no_finding_line(report), file=sys.stderr)
         for f in findings:
@@ -290,7 +290,7 @@ def _print(report: dict[str, Any], findings: list[Any]) -> None:
                   f"{f.evidence}. Fix: {f.fix}", file=sys.stderr)
         return
     console = Console(stderr=True, highlight=False)
-    for line in report["accumguard_failed"]:
+    for line in report.get("accumguard_failed", []):
         console.print(line, markup=False, style="bold red")
     for line in lines:
         console.print(line, markup=False)
