@@ -42,7 +42,7 @@ def test_live_findings_name_the_per_window_classes() -> None:
     ddp_last_off = _record(engine="ddp", sync_micros=[True, True, True, False])
     assert [f.cls for f in rules.live_findings(ddp_last_off, rank=0, k=4)] == ["F11"]
     wasteful = rules.live_findings(_record(engine="ddp", sync_micros=[True] * 4), rank=0, k=4)
-    assert [(f.cls, f.severity) for f in wasteful] == [("OK", "note")]
+    assert [(f.cls, f.severity) for f in wasteful] == [("EXTRA_SYNC", "note")]
     assert rules.live_findings(_record(applied=False), rank=0, k=4) == []
 
 
@@ -109,3 +109,24 @@ def test_auto_roots_depth_survives_per_step_loss_modules_and_errors() -> None:
     assert seen.n == 10, seen.n
     assert obs.step == 0 and obs.backward_total == 5
     assert not model._forward_hooks and not model._forward_pre_hooks  # removed on exit
+
+
+def test_wasteful_sync_is_titled_by_its_cost_never_correct_beside_an_error() -> None:
+    """Issue 23: next to a real F8 error (clip per micro-step) a DDP window that also synced
+    every micro-step got a note titled "OK — correct large-batch update" with the fix
+    "Nothing to fix". The note names the cost, and no finding of the step claims it correct."""
+    rec = _record(engine="ddp", sync_micros=[True] * 4, clip_micros=[1, 2, 3, 4])
+    got = rules.live_findings(rec, rank=0, k=4)
+    assert [(f.cls, f.severity) for f in got] == [("F8", "error"), ("EXTRA_SYNC", "note")]
+    note = got[1]
+    assert note.title == ("gradients synchronised on every micro-step: 3 extra all-reduce "
+                          "round(s) per optimizer step"), note.title
+    assert "no_sync" in note.fix
+    for f in got:
+        text = " ".join((f.title, f.evidence, f.fix)).lower()
+        assert "correct" not in text and "nothing to fix" not in text, f
+    some = rules.live_findings(_record(engine="fsdp2", sync_backward=[True, False, True, True]),
+                               rank=0, k=4)
+    assert [f.title for f in some] == ["gradients synchronised on 2 of 3 non-final micro-steps: "
+                                       "2 extra all-reduce round(s) per optimizer step"]
+    assert "set_requires_gradient_sync" in some[0].fix

@@ -133,6 +133,45 @@ def test_step_with_every_gradient_none_is_not_applied() -> None:
     assert [s.applied for s in rec.events["on_step_start"]] == [False, True]
 
 
+def test_a_step_whose_closure_makes_the_gradient_is_applied_and_its_update_recorded() -> None:
+    """Issue 23: Lightning (automatic optimisation) runs forward and backward in the closure
+    it passes to ``optimizer.step``, after the step's pre-hook. At K=1 the first step found
+    every .grad None there, was recorded as not applied, and its update was lost: invariance
+    then compared step 1 against nothing ("updated only at K=4", difference inf)."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    # as under watch/invariance: the roots (and the parameters' names) are learned at the
+    # first backward, which here runs inside the first step
+    obs = Observer(auto_roots=True, record_updates=True)
+    rec = Recorder()
+    obs.add_listener(rec)
+    before = [p.detach().clone() for p in model.parameters()]
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = _loss(model, 0)
+        loss.backward()
+        return loss
+
+    with obs:
+        opt.step(closure)
+        opt.step(closure=closure)
+    first, second = rec.events["on_step"]
+    assert (first.applied, first.backwards) == (True, 1)
+    assert second.applied and second.backwards == 1
+    assert first.updates is not None and set(first.updates) == {"0.weight", "0.bias",
+                                                                "2.weight", "2.bias"}
+    moved = [p.detach() - b for p, b in zip(model.parameters(), before, strict=True)]
+    total = sum(first.updates[n] + second.updates[n] for n in ("0.weight",))
+    assert torch.allclose(total.float(), moved[0], atol=1e-6)
+    # a closure that makes no gradient (all None after it too) is still not applied
+    opt2 = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+    obs2, rec2 = _observe(model)
+    with obs2:
+        opt2.step(lambda: None)
+    assert [e.applied for e in rec2.events["on_step"]] == [False]
+
+
 def test_attribution_marks_backwards_of_the_watched_model_only() -> None:
     gen, disc = _model(), torch.nn.Linear(2, 1)
 
@@ -256,3 +295,28 @@ def test_auto_roots_pin_the_modules_seen_at_the_top_level() -> None:
     assert forwards == [[1, 1]] * (PIN_ROOTS_AFTER_STEPS + 2)
     assert not model._forward_pre_hooks and not model._forward_hooks
     assert len(mm._global_forward_pre_hooks) == before
+
+
+def test_scheduler_events_exclude_the_constructor_step_and_see_overridden_steps() -> None:
+    """Issue 23: the scheduler count never holds the constructor's own step (torch's
+    _initial_step, also made by SequentialLR for its first scheduler), and a scheduler
+    whose class overrides step() is counted once per call of it."""
+    import torch.optim.lr_scheduler as lrs
+
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    obs, rec = _observe(model)
+    with obs:
+        lam = lrs.LambdaLR(opt, lambda s: 1.0)
+        warm = lrs.CosineAnnealingWarmRestarts(opt, 3)
+        seq = lrs.SequentialLR(opt, [lrs.LambdaLR(opt, lambda s: 0.5), lrs.StepLR(opt, 2)],
+                               milestones=[1])
+        assert "on_scheduler_step" not in rec.events  # three constructors, no step
+        _loss(model, 0).backward()
+        opt.step()
+        for s in (lam, warm, seq, seq):
+            s.step()
+    got = [(type(e.owner).__name__, e.count, e.optimizer_steps)
+           for e in rec.events["on_scheduler_step"]]
+    assert got == [("LambdaLR", 1, 1), ("CosineAnnealingWarmRestarts", 1, 1),
+                   ("SequentialLR", 1, 1), ("SequentialLR", 2, 1)], got

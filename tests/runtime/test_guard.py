@@ -252,3 +252,40 @@ def test_phases_and_config_errors() -> None:
                    {"accumulation_steps": 2, "total_micro_batches": 0}):
         with pytest.raises(ConfigError):
             guard(model, opt, **kwargs)
+
+
+def _scheduled_loop(kind: str, *, twice: bool = False) -> Any:
+    import torch.optim.lr_scheduler as lrs
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = {"sequential": lambda: lrs.SequentialLR(
+                 opt, [lrs.LambdaLR(opt, lambda s: 0.5), lrs.StepLR(opt, 2)], milestones=[2]),
+             "chained": lambda: lrs.ChainedScheduler(
+                 [lrs.LambdaLR(opt, lambda s: 0.5), lrs.StepLR(opt, 2)]),
+             "warm_restarts": lambda: lrs.CosineAnnealingWarmRestarts(opt, 3),
+             "lambda": lambda: lrs.LambdaLR(opt, lambda s: 1.0 / (1 + s))}[kind]()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with guard(model, opt, accumulation_steps=4, scheduler=sched, mode="warn") as g:
+            for i in range(16):
+                model(torch.randn(3, 4)).sum().backward()
+                if (i + 1) % 4 == 0:
+                    opt.step()
+                    sched.step()
+                    if twice:
+                        sched.step()
+                    opt.zero_grad()
+    return g
+
+
+@pytest.mark.parametrize("kind", ["sequential", "chained", "warm_restarts", "lambda"])
+def test_scheduler_steps_are_counted_once_constructor_excluded(kind: str) -> None:
+    """Issue 23: scheduler counts exclude the scheduler's own constructor step, and count a
+    scheduler whose class overrides step() (SequentialLR, ChainedScheduler,
+    CosineAnnealingWarmRestarts): their correct loops read as F4 ('saw 0 scheduler.step()
+    calls for 1 optimizer step') and a double step went unseen."""
+    assert _scheduled_loop(kind).violations == []
+    (first, *_) = _scheduled_loop(kind, twice=True).violations
+    assert first.rule == "F4" and "2 scheduler steps for 1 optimizer step" in first.message, first

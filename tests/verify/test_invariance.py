@@ -197,7 +197,31 @@ def test_backward_counts_and_step_counts_noted(tmp_path: Path) -> None:
     comp = compare_runs(ref, run, 1e-4)
     assert len(comp.steps) == 2
     assert any("comparing the first 2" in n for n in comp.notes)
-    assert any("K=4: step 1 saw [1, 1] backward" in n for n in comp.notes)
+    assert any("K=4: 1 backward pass(es) per rank per optimizer step at 2 of 2 steps (step "
+               "1: [1, 1])" in n for n in comp.notes), comp.notes
+
+
+def test_backward_count_note_agrees_with_an_ok_verdict(tmp_path: Path) -> None:
+    """Issue 23: "OK: every K agrees" then "3 of 3 steps differ" (it meant the backward
+    counts). The note says what differs (backward passes per step), and beside an OK verdict
+    that the updates agree anyway; beside a divergence it suggests why."""
+    from accumguard.cli.invariance import format_text
+
+    ref = load_run(write_run(tmp_path / "k1"), k=1)
+    summed = load_run(write_run(tmp_path / "k4", k=1), k=4)  # one backward per step at K=4
+    report = build_report([ref, summed], command=["x"], batch=8, steps=3)
+    text = format_text(report)
+    assert "OK: every K agrees" in text
+    assert "steps differ" not in text, text
+    (note,) = [n for n in report.comparisons[0].notes if "backward" in n]
+    assert note.startswith("K=4: 1 backward pass(es) per rank per optimizer step at 3 of 3 "
+                           "steps (step 1: [1, 1]), where one per micro-batch makes 4"), note
+    assert "the updates agree with K=1" in note and "may not take K" in note
+    bad = load_run(write_run(tmp_path / "k4b", k=1, update_scale=lambda s, r: 2.0), k=4)
+    report = build_report([ref, bad], command=["x"], batch=8, steps=3)
+    (note,) = [n for n in report.comparisons[0].notes if "backward" in n]
+    assert report.diverged and "the updates agree" not in note
+    assert "steps on micro-steps" in note
 
 
 def test_torn_last_line_and_uneven_ranks(tmp_path: Path) -> None:
@@ -374,3 +398,22 @@ def test_cli_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
     plain = SCRIPTS / "no_placeholder.py"
     assert invariance_main(["--ks", "1,4", "--", sys.executable, str(plain)]) == 2
     assert "every K would run the same training" in capsys.readouterr().err
+
+
+def test_diverged_run_gets_no_correct_claim_beside_its_error(tmp_path: Path) -> None:
+    """Issue 23: the watch findings attached to a DIVERGED verdict held a note titled "OK —
+    correct large-batch update ... Nothing to fix" beside a real F8 error (update 75 % off).
+    The note is titled by its cost; nothing attached says the update is correct."""
+    d = tmp_path / "k4"
+    d.mkdir()
+    step = {"kind": "step", "rank": 0, "step": 0, "backwards": 4, "applied": True,
+            "engine": "ddp", "sync_micros": [True] * 4, "clip_micros": [1, 2, 3, 4],
+            "clip_functions": ["clip_grad_norm_"], "zero_grads_between": 0,
+            "conservation": None}
+    (d / "rank-0.jsonl").write_text(json.dumps({"kind": "start", "rank": 0, "world": 1}) + "\n"
+                                    + json.dumps(step) + "\n")
+    found, text = inv.watch_findings(load_run(d, k=4))
+    assert [(f["cls"], f["severity"]) for f in found] == [("F8", "error"),
+                                                         ("EXTRA_SYNC", "note")]
+    assert "gradients synchronised on every micro-step: 3 extra all-reduce" in text
+    assert "correct" not in text.lower() and "nothing to fix" not in text.lower(), text

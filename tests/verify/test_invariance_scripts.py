@@ -141,3 +141,21 @@ def test_child_env_defaults(tmp_path: Path) -> None:
     env = inv_run._child_env(opts, 1, None, tmp_path / "obs")
     assert "ACCUMGUARD_NO_DROPOUT" not in env and env["ACCUMGUARD_K"] == "1"
     assert env["ACCUMGUARD_RECORD_UPDATES"] == "1" and env["ACCUMGUARD_MAX_STEPS"] == "1"
+
+
+def test_lightning_first_step_is_compared_like_any_other(tmp_path: Path) -> None:
+    """Issue 23: under Lightning (automatic optimisation: forward and backward inside the
+    closure given to optimizer.step) the K=1 run's first update was not recorded, and a
+    correct script read "DIVERGED at step 1, relative update difference inf ... updated
+    only at K=4" although every later step agreed to 5e-7."""
+    import pytest
+
+    pytest.importorskip("pytorch_lightning")
+    script = SCRIPT.parent / "lightning_regression.py"
+    code, report, text = _invariance(tmp_path, "pl", [sys.executable, str(script), "--accum",
+                                                      "{K}", "--micro-batch", "{MB}"])
+    assert code == 0, text
+    steps = report["comparisons"][0]["steps"]
+    assert [s["backwards_ref"] for s in steps] == [[1], [1]]
+    assert all(s["decided_by"] == "update" and s["update_rel_diff"] < 1e-5 for s in steps), steps
+    assert "updated only at" not in text, text

@@ -164,11 +164,19 @@ def _report(out_dir: Path, args: argparse.Namespace, code: int, signalled: str |
     if signalled or code != 0:
         problems += collective_positions(rec)
     backwards = sum(int(s.get("backwards", 0)) for ss in rec.steps.values() for s in ss)
-    if n_steps == 0:
+    if rec.failures:
+        pass  # what was (not) checked is said by the failure lines, first
+    elif n_steps == 0:
         backwards = sum(int(e.get("backwards_total", 0)) for e in rec.end.values())
-        problems.append("no optimizer step was observed" + (
-            f" ({backwards} backward passes)" if backwards else
-            " (no backward pass either: is this a training command that uses torch?)"))
+        seen = (f"{backwards} backward passes" if backwards else "no backward pass either"
+                + ("" if signalled or code != 0 else
+                   ": is this a training command that uses torch?"))
+        why = (f"the command was killed by {signalled} before any optimizer step" if signalled
+               else f"the command exited with code {code} before any optimizer step"
+               if code != 0 else "the command finished (exit code 0) without an optimizer step")
+        # first, in place of the bare exit code: an empty report must not read as a pass
+        problems = [f"nothing was checked: {why}; no optimizer step was observed ({seen})",
+                    *(p for p in problems if not p.startswith("the command "))]
     elif backwards == 0:
         problems.append(f"nothing was checked: {n_steps} optimizer step(s) but no backward pass "
                         "before any of them (gradients made another way, e.g. "
@@ -181,6 +189,7 @@ def _report(out_dir: Path, args: argparse.Namespace, code: int, signalled: str |
         "exit_code": code,
         "signal": signalled,
         "ranks": rec.ranks,
+        "checked": n_steps > 0 and backwards > 0,
         "accumulation_steps": k,
         "accumulation_steps_source": k_source,
         "script_declaration": None if script is None else {
@@ -214,9 +223,11 @@ def _failure_lines(rec: Any) -> list[str]:
                      "step(s); observation was switched off there and the run went on "
                      "unchanged")
     cut = rec.observed_steps or 0
-    lines.append(f"only the first {cut} optimizer step(s) were checked; nothing after them was "
-                 "(no finding about them means nothing). Please report this with the "
-                 "traceback below (kept with --keep DIR in rank-R.jsonl)")
+    checked = (f"only the first {cut} optimizer step(s) were checked; nothing after them was "
+               "(no finding about them means nothing)" if cut else
+               "no optimizer step was checked (no finding means nothing about this run)")
+    lines.append(f"{checked}. Please report this with the traceback below (kept with "
+                 "--keep DIR in rank-R.jsonl)")
     first = rec.failures[min(rec.failures)]
     tb = str(first.get("traceback") or "").rstrip().splitlines()
     lines += ["  " + t for t in tb[-12:]]
@@ -248,25 +259,43 @@ def _ranks_mixed(step: dict[str, Any], cons: dict[str, Any]) -> bool:
             and float(cons.get("received", 0.0)) > 1e-3)  # a wipe (F2/F3) keeps its number
 
 
+def _no_finding_line(report: dict[str, Any]) -> str:
+    """What an empty list of findings means, in words that match what was checked."""
+    if not report.get("checked", True):
+        return "nothing was checked (see above): no finding says nothing about this run"
+    if report.get("accumguard_failed"):
+        return ("no accumulation finding in the steps checked, but accumguard failed (see the "
+                "first lines)")
+    code, n = report.get("exit_code", 0), len(report["steps"])
+    if report.get("signal") or code:
+        return (f"no accumulation finding in the {n} optimizer step(s) recorded before the "
+                "command ended (see above)")
+    return "no accumulation finding"
+
+
 def _print(report: dict[str, Any], findings: list[Any]) -> None:
     try:
         from rich.console import Console
         from rich.table import Table
     except ImportError:  # pragma: no cover - rich is a dependency of the cli extra
         Console = None  # type: ignore[assignment,misc]  # noqa: N806
+    k = report["accumulation_steps"]
     lines = [f"accumguard watch: {len(report['ranks'])} rank(s), "
-             f"{len(report['steps'])} optimizer step(s) on rank {min(report['ranks'], default=0)}"
-             f" (all optimizers' steps), "
-             f"K = {report['accumulation_steps']} ({report['accumulation_steps_source']})"]
+             f"{len(report['steps'])} optimizer step(s) "
+             + ("observed before accumguard failed " if report.get("accumguard_failed") else "")
+             + f"on rank {min(report['ranks'], default=0)} (all optimizers' steps)"
+             + (f", K = {k} ({report['accumulation_steps_source']})" if k is not None else "")]
     lines += [f"  {p}" for p in report["problems"]]
     if Console is None:
-        print("\n".join(report["accumguard_failed"] + lines), file=sys.stderr)
+        print("\n".join(report.get("accumguard_failed", []) + lines), file=sys.stderr)
+        if not findings:
+            print(_no_finding_line(report), file=sys.stderr)
         for f in findings:
             print(f"  [{f.severity}] {f.cls} rank {f.rank} step {f.step} micro {f.micro}: "
                   f"{f.evidence}. Fix: {f.fix}", file=sys.stderr)
         return
     console = Console(stderr=True, highlight=False)
-    for line in report["accumguard_failed"]:
+    for line in report.get("accumguard_failed", []):
         console.print(line, markup=False, style="bold red")
     for line in lines:
         console.print(line, markup=False)
@@ -286,12 +315,7 @@ def _print(report: dict[str, Any], findings: list[Any]) -> None:
                       "-" if ce is None else f"{ce:.1e}")
         console.print(t)
     if not findings:
-        checked = not any(p.startswith("nothing was checked") for p in report["problems"])
-        console.print("no accumulation finding in the steps checked, but accumguard failed "
-                      "(see the first lines)" if report["accumguard_failed"] else
-                      "no accumulation finding" if checked else
-                      "no accumulation finding, but nothing was checked (see above)",
-                      markup=False)
+        console.print(_no_finding_line(report), markup=False)
     # the same finding on several ranks (same class, step and evidence) is printed once
     same: dict[tuple[Any, ...], list[int]] = {}
     for f in findings:

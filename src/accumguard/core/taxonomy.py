@@ -114,6 +114,13 @@ _CLASSES = (
         "count N once (all micro-steps, all ranks), accounting for what the engine divides by "
         "(DDP averages over ranks, Accelerate's backward divides by its "
         "gradient_accumulation_steps, Lightning divides by accumulate_grad_batches)."),
+    _fc("EXTRA_SYNC", "gradients synchronised on non-final micro-steps: extra all-reduces "
+        "per optimizer step",
+        "micro-steps before the window's last all-reduce their gradient too; the optimizer "
+        "receives the same gradient, at the cost of up to K-1 extra reduction rounds per step",
+        "Skip the reduction on micro-steps 1..K-1: run their forward and backward inside "
+        "model.no_sync() (DDP), or call set_requires_gradient_sync(False) before them and "
+        "True before the last (FSDP2)."),
     _fc("NO_UPDATE", "no update: the parameters did not move",
         "no gradient reached the optimizer (sync never re-enabled, gradients cleared before "
         "step, or the step was skipped)",

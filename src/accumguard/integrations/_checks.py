@@ -36,6 +36,7 @@ import torch
 from accumguard.core.errors import AccumulationError, ConfigError, rank_prefix
 from accumguard.core.taxonomy import fix_for, title
 from accumguard.observe import CONSERVATION_BUDGET, Patches, sampled
+from accumguard.observe._patch_torch import constructor_step
 from accumguard.observe.rules import (
     WEIGHT_TOL,
     WEIGHT_TOL_LOW_PRECISION,
@@ -221,7 +222,9 @@ class AccumulationChecks:
                 return out
 
             def inner_step(previous: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-                if not self._in_wrapper:  # called directly (or no wrapper): one step each
+                # called directly (or no wrapper): one step each, but never the constructor
+                # step (SequentialLR makes it for its first scheduler when it is built)
+                if not self._in_wrapper and not constructor_step(inner):
                     self._sched_steps += 1
                 return previous(*args, **kwargs)
 

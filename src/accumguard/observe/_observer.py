@@ -211,6 +211,7 @@ class Observer(ForwardHooks):
         self._step_checksum: torch.Tensor | None = None
         self._step_members: list[bool] | None = None
         self._step_applied = True
+        self._step_closure = False  # the step at hand got a closure and no gradient before it
         self._step_t0 = 0.0
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -462,6 +463,12 @@ class Observer(ForwardHooks):
                     break
             if applied:
                 break
+        # a closure (Lightning's automatic optimisation, LBFGS) runs forward and backward
+        # inside step(), after this hook: with no gradient yet, decide again after the step
+        # (the global pre-hook gets step's own arguments: (optimizer, closure?), kwargs)
+        rest = args[1:] if args and args[0] is opt else args
+        closure = kwargs.get("closure", rest[0] if rest else None) if not applied else None
+        self._step_closure = callable(closure)
         if self.engine == "local" and type(opt).__name__ == "ZeroRedundancyOptimizer":
             self.engine = "zero1"
         try:
@@ -478,6 +485,10 @@ class Observer(ForwardHooks):
         self._opt_steps[id(opt)] = self._opt_steps.get(id(opt), 0) + 1
         if self._opt_depth or self._ds_step_depth:
             return
+        if self._step_closure and not self._step_applied:
+            self._step_applied = any(p.grad is not None for g in opt.param_groups
+                                     for p in g["params"])
+        self._step_closure = False
         self._end_step("torch", type(opt).__name__, self._step_applied, None, opt)
 
     def _skipped_step(self, opt: Any) -> None:
@@ -572,7 +583,14 @@ class Observer(ForwardHooks):
         if self.record_updates and self._before is not None and applied:
             after = self._snapshot(owner if source == "torch" else None,
                                    owner if source == "deepspeed" else None)
-            updates = {k: (after[k] - v) for k, v in self._before.items() if k in after}
+            before = self._before
+            if len(after) == len(before) and list(after) != list(before):
+                # the same parameters in the same order, named after the step: a closure's
+                # backward (Lightning) made the first names known inside this step
+                updates = {k: a - b for (k, a), b in zip(after.items(), before.values(),
+                                                         strict=True) if a.shape == b.shape}
+            else:
+                updates = {k: (after[k] - v) for k, v in before.items() if k in after}
         self._before = None
         cons = self._step_cons
         self._step_cons = None

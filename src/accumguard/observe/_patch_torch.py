@@ -23,7 +23,8 @@ import torch
 from accumguard.observe._events import ClipEvent, ScalerEvent, ZeroGradEvent
 from accumguard.observe._patch import Patches
 
-__all__ = ["install", "install_after_losses", "patch_compiled", "patch_ddp_init", "patch_fully_shard"]
+__all__ = ["constructor_step", "install", "install_after_losses", "patch_compiled",
+           "patch_ddp_init", "patch_fully_shard"]
 
 _COMPILE_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks"
 
@@ -57,8 +58,14 @@ def install_after_losses(obs: Any, p: Patches) -> None:
     split: the undo order of the patches is unchanged)."""
     sched = torch.optim.lr_scheduler
     p.wrap(sched.LRScheduler, "step", _sched_wrapper(obs))
-    if "step" in vars(sched.ReduceLROnPlateau):
-        p.wrap(sched.ReduceLROnPlateau, "step", _sched_wrapper(obs))
+    # torch's schedulers whose step() does not go through LRScheduler.step (SequentialLR,
+    # ChainedScheduler, CosineAnnealingWarmRestarts, ReduceLROnPlateau): counted at their own
+    # step, the outermost call (the schedulers a SequentialLR/ChainedScheduler steps inside
+    # it are one step of it)
+    for cls in list(vars(sched).values()):
+        if (isinstance(cls, type) and issubclass(cls, sched.LRScheduler)
+                and cls is not sched.LRScheduler and "step" in vars(cls)):
+            p.wrap(cls, "step", _sched_wrapper(obs))
     import torch.nn.utils as nn_utils
     import torch.nn.utils.clip_grad as clip_mod
 
@@ -221,10 +228,21 @@ def _data_pass_wrapper(obs: Any) -> Callable[[Callable[..., Any]], Any]:
     return make
 
 
+def constructor_step(sched: Any) -> bool:
+    """Whether a call of ``sched.step()`` is the scheduler's own initial step, made by its
+    constructor (torch's ``_initial_step``; SequentialLR makes it for its first scheduler):
+    never a step of the user's loop. torch marks it ``_is_initial``; before that marker the
+    constructor step was the one made at ``_step_count == 0``."""
+    flag = getattr(sched, "_is_initial", None)
+    if isinstance(flag, bool):
+        return flag
+    return getattr(sched, "_step_count", 1) == 0
+
+
 def _sched_wrapper(obs: Any) -> Callable[[Callable[..., Any]], Any]:
     def make(orig: Callable[..., Any]) -> Callable[..., Any]:
         def step(sched: Any, /, *args: Any, **kwargs: Any) -> Any:
-            initial = getattr(sched, "_step_count", 1) == 0
+            initial = constructor_step(sched)
             if obs._sched_depth:
                 obs._accel_sched_inner += 0 if initial else 1
                 return orig(sched, *args, **kwargs)

@@ -63,11 +63,15 @@ def rank_scale_findings(rank: int | None, windows: list[dict[str, Any]], world: 
                     "average it exactly once")]
     if redundant:
         w = redundant[0]
-        return [_mk("OK", "note", rank, int(w["step"]), None,
-                    f"correct but wasteful: DDP averaged the gradient in the synced backward "
-                    f"and the script issued {int(w.get('reductions', 0))} more gradient "
-                    f"collective(s) per optimizer step that left it unchanged ({len(redundant)} "
-                    "step(s)); drop the hand-written all-reduce")]
+        extra = int(w.get("reductions", 0))
+        return [_mk("EXTRA_SYNC", "note", rank, int(w["step"]), None,
+                    f"DDP averaged the gradient in the synced backward and the script issued "
+                    f"{extra} more gradient collective(s) per optimizer step that left it "
+                    f"unchanged ({len(redundant)} step(s)): they cost communication only",
+                    title_=f"gradient all-reduced again after DDP's: {extra} extra "
+                           "collective(s) per optimizer step",
+                    fix="Drop the hand-written all-reduce: DDP already averages the gradient "
+                        "across ranks.")]
     return []
 
 

@@ -35,10 +35,12 @@ class Finding:
 
 
 def _mk(cls: str, severity: str, rank: int | None, step: int | None, micro: int | None,
-        evidence: str) -> Finding:
-    """``step``/``micro``: the recording's 0-based indices, shown 1-based."""
+        evidence: str, *, title_: str | None = None, fix: str | None = None) -> Finding:
+    """``step``/``micro``: the recording's 0-based indices, shown 1-based. ``title_`` and
+    ``fix``: this finding's own words (a measured cost in the title) instead of the class's."""
     return Finding(cls, severity, rank, None if step is None else step + 1,
-                   None if micro is None else micro + 1, evidence, fix_for(cls), title(cls))
+                   None if micro is None else micro + 1, evidence,
+                   fix_for(cls) if fix is None else fix, title(cls) if title_ is None else title_)
 
 
 def _n(step: int) -> int:

@@ -9,9 +9,10 @@ happens. Both read a step as the dict :func:`step_record` makes of it (the line
 
 Each finding names a failure class of :mod:`accumguard.core.taxonomy`, the rank, the
 optimizer step and micro-step, the evidence and the fix. Severity is honest: an
-``error`` names a mathematical difference in what the optimizer receives; a correct
-but wasteful pattern (syncing every micro-step, ``no_sync`` spanning only the
-backward) is a ``note`` with the measured extra collectives.
+``error`` names a mathematical difference in what the optimizer receives; a wasteful
+pattern (syncing every micro-step, ``no_sync`` spanning only the backward) is an
+``EXTRA_SYNC`` note titled by its measured cost, never a "correct" verdict (another rule
+may find an error on the same step).
 
 No torch here: the watch CLI analyses recordings without importing it.
 
@@ -523,12 +524,20 @@ def _sync_findings(rank: int, w: dict[str, Any]) -> list[Finding]:
         return []
     how = (f" (no_sync entered after the forward on micro-step(s) {[m + 1 for m in mism]}: "
            "it only wraps the backward, DDP had already decided to reduce)" if mism else "")
-    fix = ("run forward and backward of micro-steps 1..K-1 inside model.no_sync()"
-           if engine == "ddp" else "call model.set_requires_gradient_sync(False) before "
-           "micro-steps 1..K-1 and True before the last")
-    return [_mk("OK", "note", rank, step, None,
-                f"correct but wasteful: {extra} extra gradient reduction round(s) per optimizer "
-                f"step on non-final micro-steps{how}; {fix} to save them")]
+    fix = ("Run forward and backward of micro-steps 1..K-1 inside model.no_sync() to save "
+           "them." if engine == "ddp" else "Call model.set_requires_gradient_sync(False) "
+           "before micro-steps 1..K-1 and True before the last to save them.")
+    n = len(syncs)
+    which = "every micro-step" if extra == n - 1 else f"{extra} of {n - 1} non-final micro-steps"
+    # A cost, never a verdict on the update: other rules judge the same step (an F8 clip, a
+    # wrong scale) and this note must not read as "correct" next to them.
+    return [_mk("EXTRA_SYNC", "note", rank, step, None,
+                f"{extra} of the {n - 1} micro-step(s) before the window's last one "
+                f"all-reduced their gradient{how}: {extra} extra gradient reduction round(s) per "
+                "optimizer step. This costs communication only; it does not change the "
+                "gradient the optimizer receives",
+                title_=f"gradients synchronised on {which}: {extra} extra all-reduce "
+                       "round(s) per optimizer step", fix=fix)]
 
 
 def _window_findings(rank: int, windows: list[dict[str, Any]], info: dict[str, Any],
@@ -549,7 +558,10 @@ def _window_findings(rank: int, windows: list[dict[str, Any]], info: dict[str, A
     # a first window shorter than K, followed by windows of K: the counter's origin is off
     rest = sizes[1:]
     steady = all(n <= k for n in rest) and 2 * rest.count(k) >= len(rest)  # windows of K after
-    if len(sizes) >= 2 and sizes[0] < k and sizes[1] == k:
+    # windows longer than K too: the loop sizes its windows (a token budget per step), no
+    # counter sets them, so a short first window is one more size, not an off-by-one origin
+    budget = any(n > k for n in sizes)
+    if len(sizes) >= 2 and sizes[0] < k and sizes[1] == k and not budget:
         out.append(_mk("F13", "error" if res.declared or (len(sizes) >= 3 and steady)
                        else "note", rank,
                        windows[0]["step"], sizes[0] - 1,
@@ -576,7 +588,13 @@ def _window_findings(rank: int, windows: list[dict[str, Any]], info: dict[str, A
                            "the DataLoader (an epoch) were not stepped and leaked into the "
                            "next epoch's first window"))
         long = [w for w in long if w not in crossed]
-        if long:
+        # windows shorter than K too, not at a pass's end: sizes vary (a token budget), the
+        # long ones are not a late boundary (the note below says so)
+        ends = {i for i, w in enumerate(windows[1:]) if 0 in (w.get("data_pass_starts") or [])}
+        varied = any(n < k for i, n in enumerate(sizes[:-1]) if i not in ends)
+        if long and varied:
+            out.append(_varying_note(rank, long[0], sizes, k, regular))
+        elif long:
             n0 = int(long[0]["window"])
             out.append(_mk("F13", sev, rank, long[0]["step"], n0 - 1,
                            f"{len(long)} window(s) of {n0} backward passes inside one pass "
@@ -603,23 +621,35 @@ def _window_findings(rank: int, windows: list[dict[str, Any]], info: dict[str, A
             periodic = len({b - a for a, b in zip(at, at[1:], strict=False)}) <= 1
             leak = (not mid_short and len({int(w["window"]) for w in long}) == 1
                     and regular > len(long) and at[0] > 0 and periodic)
-            head = (f"a window of {n0} backward passes before optimizer step "
-                    f"{_n(long[0]['step'])} among {regular} windows of K = {k}")
-            out.append(_mk("F7", "error" if leak else "note", rank, long[0]["step"],
-                           n0 - 1,
-                           f"{head}: {n0 - k} micro-step(s) left over at the end of an epoch "
-                           "(or data pass) were not stepped and leaked into the next window"
-                           if leak else
-                           f"{head} (window sizes {sorted(set(sizes))}): fine when the loop "
-                           "sizes each window on purpose (a token budget per step) and "
-                           "normalises by that window's count; if K is fixed, micro-steps "
-                           "leaked into it from an earlier window"))
+            if leak:
+                out.append(_mk("F7", "error", rank, long[0]["step"], n0 - 1,
+                               f"a window of {n0} backward passes before optimizer step "
+                               f"{_n(long[0]['step'])} among {regular} windows of K = {k}: "
+                               f"{n0 - k} micro-step(s) left over at the end of an epoch (or "
+                               "data pass) were not stepped and leaked into the next window"))
+            else:
+                out.append(_varying_note(rank, long[0], sizes, k, regular))
     short = [w for w in windows[1:-1] if 1 < int(w["window"]) < k]
     if res.declared and len(short) >= 2 and all(int(w["window"]) == k - 1 for w in short) \
             and len(short) >= regular:
         out.append(_mk("F13", "error", rank, short[0]["step"], None,
                        f"{len(short)} windows of {k - 1} backward passes; K = {k}"))
     return out
+
+
+def _varying_note(rank: int, w: dict[str, Any], sizes: list[int], k: int, regular: int
+                  ) -> Finding:
+    """Windows of several sizes, longer and shorter than the most common: a loop that sizes
+    each window (a token budget per step) is right; only a fixed K would make it a leak."""
+    n0 = int(w["window"])
+    return _mk("F7", "note", rank, w["step"], n0 - 1,
+               f"a window of {n0} backward passes before optimizer step {_n(w['step'])} "
+               f"among {regular} windows of {k} (window sizes {sorted(set(sizes))}): fine "
+               "when the loop sizes each window on purpose (a token budget per step) and "
+               "normalises by that window's count; if K is fixed, micro-steps leaked into it "
+               "from an earlier window",
+               title_=f"windows of varying size ({min(sizes)} to {max(sizes)} backward passes "
+                      "per optimizer step): right for a token budget, a leak if K is fixed")
 
 
 def _f1(rank: int, windows: list[dict[str, Any]], res: KResolution) -> list[Finding]:

@@ -226,18 +226,20 @@ RULES: dict[str, Rule] = {
     # -- notes: correct but wasteful, or not verifiable ----------------------------------
     "note_extra_sync": Rule(None, "a gradient all-reduce on non-final micro-step {j} of {size}",
                             "no collective before the last micro-step (sync='deferred')",
-                            "correct but wasteful: run forward *and* backward of micro-steps "
-                            "0..K-2 inside model.no_sync(), or pass sync='eager'"),
+                            "wasteful, one extra all-reduce (the gradient is unchanged): run "
+                            "forward *and* backward of micro-steps 0..K-2 inside "
+                            "model.no_sync(), or pass sync='eager'"),
     "note_no_sync_backward_only": Rule(None, "no_sync() entered after the forward (it spans "
                                        "only the backward): DDP had already decided at the "
                                        "forward to all-reduce",
                                        "no_sync() around forward and backward",
-                                       "correct but wasteful: one extra all-reduce per "
-                                       "micro-step; move the forward inside model.no_sync()"),
+                                       "wasteful, one extra all-reduce per micro-step (the "
+                                       "gradient is unchanged): move the forward inside "
+                                       "model.no_sync()"),
     "note_missing_sync": Rule(None, "no all-reduce on non-final micro-step {j} of {size}",
                               "an all-reduce on every micro-step (sync='eager')",
-                              "correct: pass sync='deferred' if no_sync on non-final "
-                              "micro-steps is intended"),
+                              "the gradient is unchanged: pass sync='deferred' if no_sync on "
+                              "non-final micro-steps is intended"),
     "note_clip_outside": Rule(None, "clip_grad_norm_() with the window {phase} (it has no "
                               "effect on the next optimizer step)",
                               "clipping after the window's last backward, before the step",

@@ -186,7 +186,7 @@ def compare_runs(ref: RunRecord, run: RunRecord, tolerance: float) -> KCompariso
                      "divided by K); the training itself is the same")
     if n == 0:
         notes.append("no optimizer step to compare")
-    _backward_notes(ref, run, n, notes)
+    _backward_notes(ref, run, n, notes, diverged=first is not None)
     updates = [s.update_rel_diff for s in steps if s.update_rel_diff is not None]
     losses = [s.loss_rel_diff for s in steps if s.loss_rel_diff is not None]
     return KComparison(k=run.k, k_ref=ref.k, steps=steps, first_divergent_step=first,
@@ -198,15 +198,27 @@ def _ranges(steps: list[int]) -> str:
     return ", ".join(map(str, steps[:6])) + (" ..." if len(steps) > 6 else "")
 
 
-def _backward_notes(ref: RunRecord, run: RunRecord, n: int, notes: list[str]) -> None:
-    """Backward passes per step should scale with K (K per rank per step): say so if not."""
+def _backward_notes(ref: RunRecord, run: RunRecord, n: int, notes: list[str], *,
+                    diverged: bool) -> None:
+    """Backward passes per step should scale with K (K per rank per step): say so if not,
+    in words that agree with the verdict (these are backward counts, not the comparison)."""
     for who in (ref, run):
         odd = [(i + 1, s.backwards) for i, s in enumerate(who.steps[:n])
                if any(b != who.k for b in s.backwards)]
-        if odd:
-            step, bw = odd[0]
-            notes.append(f"K={who.k}: step {step} saw {bw} backward pass(es) per rank, expected "
-                         f"{who.k} (one per micro-batch); {len(odd)} of {n} steps differ. The "
-                         "script may not take K from the placeholder, or steps on micro-steps")
-
-
+        if not odd:
+            continue
+        step, bw = odd[0]
+        counts = sorted({b for _, c in odd for b in c})
+        text = (f"K={who.k}: {', '.join(map(str, counts))} backward pass(es) per rank per "
+                f"optimizer step at {len(odd)} of {n} steps (step {step}: {bw}), where one per "
+                f"micro-batch makes {who.k}")
+        if diverged:
+            text += ("; the script may not take K from the placeholder, or steps on "
+                     "micro-steps")
+        else:
+            other = run if who is ref else ref
+            text += (f"; the updates agree with K={other.k} all the same: the script "
+                     "accumulates another way (e.g. one backward of the summed micro-batch "
+                     "losses) or may not take K from the placeholder, in which case the runs "
+                     "did not exercise accumulation")
+        notes.append(text)
