@@ -467,8 +467,9 @@ def _wipe_text(w: dict[str, Any], cls: str, n: int) -> str:
     cons = w["conservation"]
     wipes = [int(j) + 1 for j in cons.get("wipes") or ()]
     nb = int(w.get("backwards", n))
-    off = (f"the optimizer received {cons['received']:.3g} (relative) off the sum of the "
-           f"{nb} backward passes' contributions")
+    off = (f"what the optimizer received differs from the sum of the {nb} backward passes' "
+           f"contributions by {100 * float(cons['received']):.3g}% of that sum (relative "
+           "difference of gradient checksums)")
     if cls == "F3":
         head = (f"zero_grad() ran {w['zero_grads_between']} time(s) inside the window of "
                 f"optimizer step {_n(w['step'])}")
