@@ -121,6 +121,15 @@ _CLASSES = (
         "Skip the reduction on micro-steps 1..K-1: run their forward and backward inside "
         "model.no_sync() (DDP), or call set_requires_gradient_sync(False) before them and "
         "True before the last (FSDP2)."),
+    _fc("EXTRA_STEP", "an optimizer stepped again with no backward pass and no new gradient since its "
+        "previous step",
+        "a second update for one window's gradient: momentum, Adam's moments or weight decay "
+        "(or a gradient left in place, applied again) move the parameters; more optimizer "
+        "steps than windows",
+        "Step once per window, after its last backward. With Accelerate or the HF Trainer on "
+        "DeepSpeed, accelerator.backward already calls engine.step() at the boundary: do not "
+        "call engine.step() yourself; after set_gradient_accumulation_boundary(True), set it "
+        "back to False before the next window's first backward."),
     _fc("NO_UPDATE", "no update: the parameters did not move",
         "no gradient reached the optimizer (sync never re-enabled, gradients cleared before "
         "step, or the step was skipped)",

@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -91,17 +92,36 @@ def _finding(step: int, class_id: str, evidence: str) -> Finding:
                    fix=fix_for(class_id))
 
 
-def unwrap_optimizer(opt: Any) -> torch.optim.Optimizer:
+def _hookable(opt: Any) -> bool:
+    """A torch optimizer that ran ``torch.optim.Optimizer.__init__`` (its step hooks exist):
+    Accelerate's ``DeepSpeedOptimizerWrapper`` subclasses it without running it."""
+    return (isinstance(opt, torch.optim.Optimizer)
+            and hasattr(opt, "_optimizer_step_post_hooks"))
+
+
+def unwrap_optimizer(opt: Any) -> Any:
     """The torch optimizer inside Accelerate's ``AcceleratedOptimizer`` or Lightning's
-    ``LightningOptimizer`` (hooks must sit on the object that really steps)."""
+    ``LightningOptimizer`` (hooks must sit on the object that really steps); inside
+    Accelerate's ``DeepSpeedOptimizerWrapper`` (the HF Trainer's optimizer under DeepSpeed
+    too) the DeepSpeed engine's optimizer (a ZeRO optimizer, not a torch one: the engine's
+    ``step()`` is then the optimizer step, see :class:`AccumulationChecks`)."""
     for attr in ("optimizer", "_optimizer"):
         inner = getattr(opt, attr, None)
-        if isinstance(inner, torch.optim.Optimizer):
+        if _hookable(inner):
             return inner
-    if not isinstance(opt, torch.optim.Optimizer):
-        raise ConfigError(f"expected a torch optimizer (or a framework wrapper of one), got "
-                          f"{type(opt).__name__}")
-    return opt
+    if _hookable(opt):
+        return opt
+    inner = getattr(opt, "optimizer", None)
+    if inner is not None and _deepspeed_engine_class() is not None:
+        return inner
+    raise ConfigError(f"expected a torch optimizer (or a framework wrapper of one), got "
+                      f"{type(opt).__name__}")
+
+
+def _deepspeed_engine_class() -> Any:
+    """DeepSpeed's engine class when DeepSpeed is already imported (never imported here)."""
+    mod = sys.modules.get("deepspeed.runtime.engine")
+    return getattr(mod, "DeepSpeedEngine", None) if mod is not None else None
 
 
 def unwrap_scheduler(sched: Any) -> Any:
@@ -188,7 +208,12 @@ class AccumulationChecks:
         self.checked_steps = 0
         self.probe = TokenWeightProbe(logits_module or find_logits_module(model))
         self.optimizer = unwrap_optimizer(optimizer)
-        self._step_handle = self.optimizer.register_step_post_hook(self._after_step)
+        self._patches = Patches()  # the scheduler and engine step wrappers, undone at close()
+        self._step_handle: Any = None
+        if _hookable(self.optimizer):
+            self._step_handle = self.optimizer.register_step_post_hook(self._after_step)
+        else:  # a DeepSpeed engine's optimizer: the engine's step() that updated ends a window
+            self._hook_engine_steps(self.optimizer)
         self.scheduler = unwrap_scheduler(scheduler) if scheduler is not None else None
         # The steps counted are the calls of the scheduler given: Accelerate's wrapper steps
         # its inner schedule num_processes times per call by design (split_batches=False: the
@@ -201,7 +226,6 @@ class AccumulationChecks:
         self._said_mixed = False
         self._said_f1 = False
         self._held_f7: Finding | None = None  # see _after_step
-        self._patches = Patches()  # the scheduler step wrappers, undone at close()
         self._in_wrapper = False
         if scheduler is not None:
             inner = self.scheduler
@@ -263,7 +287,8 @@ class AccumulationChecks:
                 self.observer.uninstall()
                 self.observer = None
             self.probe.close()
-            self._step_handle.remove()
+            if self._step_handle is not None:
+                self._step_handle.remove()
             self._patches.undo()
             self.probe = None  # type: ignore[assignment]
         if held is not None:  # no window came after it: a short last window (F7)
@@ -279,6 +304,32 @@ class AccumulationChecks:
         """An exact path rescales the accumulated gradient by ``factor`` at the boundary
         (after the micro-steps' backwards): account for it in this window's weights."""
         self.probe.scale = factor
+
+    def _hook_engine_steps(self, target: Any) -> None:
+        """Under DeepSpeed (Accelerate's wrapper, the HF Trainer) the optimizer step is the
+        ``engine.step()`` that updated (``global_steps`` moved; Accelerate calls it inside
+        ``accelerator.backward`` at the boundary, its optimizer wrapper's ``step`` is a
+        no-op): end the window there, for the engine whose optimizer is ``target`` only. (A
+        ZeRO optimizer may step its inner torch optimizer once per parameter group: its
+        hooks would end several windows per step.)"""
+        cls = _deepspeed_engine_class()
+        if cls is None:
+            raise ConfigError(f"cannot attach to {type(target).__name__}: not a torch "
+                              "optimizer, and DeepSpeed is not imported")
+
+        def make(orig: Callable[..., Any]) -> Callable[..., Any]:
+            def step(engine: Any, /, *args: Any, **kwargs: Any) -> Any:
+                if getattr(engine, "optimizer", None) is not target:
+                    return orig(engine, *args, **kwargs)
+                before = getattr(engine, "global_steps", None)
+                out = orig(engine, *args, **kwargs)
+                if getattr(engine, "global_steps", None) != before:
+                    self._after_step(target, args, kwargs)
+                return out
+
+            return step
+
+        self._patches.wrap(cls, "step", make)
 
     # -- per step ---------------------------------------------------------------------
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:

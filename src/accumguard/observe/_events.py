@@ -116,7 +116,10 @@ class StepEvent:
     ds_boundaries: list[bool | None] = field(default_factory=list)
     ds_coalescing: list[bool] = field(default_factory=list)
     engine_step_calls: int = 0  # DeepSpeed engine.step() calls in the window
-    max_backwards_per_engine_step: int = 0
+    max_backwards_per_engine_step: int = 0  # ... before an engine.step() call that did not step
+    # a window without a backward pass: did its step change the parameters? (None: a
+    # window with backwards, or not measured)
+    moved_without_backward: bool | None = None
     grad_norm: float | None = None  # DeepSpeed's global norm (pre-clip) when available
     conservation: Conservation | None = None
     checksum: list[float] | None = None  # (sum, even sum, abs sum) of what the optimizer got

@@ -208,6 +208,7 @@ class Observer(ForwardHooks):
         self._sched_counts: dict[int, int] = {}
         self._opt_steps: dict[int, int] = {}
         self._before: dict[str, torch.Tensor] | None = None
+        self._idle_before: dict[str, torch.Tensor] | None = None  # see _begin_step
         self._step_checksum: torch.Tensor | None = None
         self._step_members: list[bool] | None = None
         self._step_applied = True
@@ -542,6 +543,13 @@ class Observer(ForwardHooks):
         self._step_cons = self._verdict()
         if self.record_updates:
             self._before = self._snapshot(opt, engine)
+        # a step with no backward pass in its window (a second step for one window's
+        # gradient): whether it moves the parameters decides the finding (rare: its cost
+        # is paid by such steps only)
+        self._idle_before = None
+        if not w.backwards and applied:
+            self._idle_before = (self._before if self._before is not None
+                                 else self._snapshot(opt, engine))
         if not self._handlers["on_step_start"]:
             return
         self._emit("on_step_start", StepStartEvent(
@@ -592,6 +600,13 @@ class Observer(ForwardHooks):
             else:
                 updates = {k: (after[k] - v) for k, v in before.items() if k in after}
         self._before = None
+        moved = None
+        if self._idle_before is not None:
+            after = self._snapshot(owner if source == "torch" else None,
+                                   owner if source == "deepspeed" else None)
+            moved = any(k in after and not torch.equal(after[k], v)
+                        for k, v in self._idle_before.items())
+            self._idle_before = None
         cons = self._step_cons
         self._step_cons = None
         if self.sampled_records:
@@ -627,7 +642,7 @@ class Observer(ForwardHooks):
             # a torch step with every gradient None changes nothing: its window goes on;
             # a DeepSpeed step that skipped its update (overflow) discarded its window
             losses=self.losses.take(applied, carry=source == "torch" and not discarded),
-            discarded=discarded)
+            discarded=discarded, moved=moved)
         if own is not None:
             # the loss record follows the shared window's backwards, not this optimizer's
             ev.losses = None

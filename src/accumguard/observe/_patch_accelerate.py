@@ -4,6 +4,12 @@ the ``gradient_accumulation_steps`` it declares) and ``AcceleratedScheduler.step
 Installed when ``accelerate.accelerator`` / ``accelerate.scheduler`` are imported (never
 imported from here); ``obs`` is the observer (typed ``Any``: see :mod:`._patch_deepspeed`). Accelerate's optimizer wrapper needs no patch: torch's global step
 hooks see the outermost step.
+
+Under DeepSpeed, ``accelerator.backward`` runs ``engine.backward`` and then, at the
+boundary (``sync_gradients``), ``engine.step()`` inside the same call. The outer call is
+then not the observed backward pass: ``engine.backward`` is (patched in
+:mod:`._patch_deepspeed`), so the backward ends before the engine steps and is counted in
+the window it belongs to, not in the next one.
 """
 
 from __future__ import annotations
@@ -24,6 +30,9 @@ def patch_accelerator(obs: Any, mod: ModuleType) -> None:
             k = getattr(acc, "gradient_accumulation_steps", None)
             if isinstance(k, int) and k > 1:  # 1 is the default: it declares nothing
                 obs.declared_k.setdefault("accelerate", k)
+            if getattr(acc, "deepspeed_engine_wrapped", None) is not None:
+                # the engine's backward is the backward pass; its step follows it (see above)
+                return orig(acc, loss, *args, **kwargs)
             return obs._run_backward("accelerate", loss, None, orig, (acc, loss, *args),
                                      kwargs)
 

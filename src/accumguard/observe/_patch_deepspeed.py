@@ -5,7 +5,9 @@ Installed when ``deepspeed.runtime.engine`` is imported (never imported from her
 ``obs`` is the observer (typed ``Any``: importing its class here, even for type checking,
 would make an import cycle, which tests/test_layers.py refuses).
 ``engine.step`` is one optimizer step only when the engine really updated (at its
-accumulation boundary, or when its ``global_steps`` moved); the step bookkeeping itself
+accumulation boundary, or when its ``global_steps`` moved); the backward passes before a
+call that did not step are the double-gating evidence (``max_backwards_per_engine_step``,
+F14). The step bookkeeping itself
 (``_begin_step``/``_end_step``) stays on the observer.
 """
 
@@ -70,7 +72,6 @@ def _step_wrapper(obs: Any) -> Callable[[Callable[..., Any]], Any]:
                 obs._add_root(engine)
             w = obs._w
             w.engine_step_calls += 1
-            w.max_bw_per_engine_step = max(w.max_bw_per_engine_step, w.bw_since_engine_step)
             since = w.bw_since_engine_step
             w.bw_since_engine_step = 0
             before = getattr(engine, "global_steps", None)
@@ -90,6 +91,12 @@ def _step_wrapper(obs: Any) -> Callable[[Callable[..., Any]], Any]:
                 obs._ds_step_depth -= 1
                 after = getattr(engine, "global_steps", None)
                 stepped = boundary or (before is not None and after != before)
+                if not stepped:
+                    # backwards before a call that did not step: the caller's boundary
+                    # was not the engine's (F14 when several); the call that steps after
+                    # K backwards with the boundary set (set_gradient_accumulation_boundary,
+                    # as Accelerate does) is the engine's own accumulation
+                    w.max_bw_per_engine_step = max(w.max_bw_per_engine_step, since)
                 if stepped:
                     applied = bool(getattr(engine, "_step_applied", True))
                     norm = None

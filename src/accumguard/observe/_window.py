@@ -51,7 +51,7 @@ class Window:
     def record(self, *, step: int, applied: bool, source: str, optimizer: str, engine: str,
                grad_norm: float | None, conservation: Any, checksum: list[float] | None,
                wall: float, param_dtype: str | None, updates: dict[str, torch.Tensor] | None,
-               losses: Any, discarded: bool) -> StepEvent:
+               losses: Any, discarded: bool, moved: bool | None = None) -> StepEvent:
         """The step record of this window (what :mod:`.rules` judges)."""
         loss: float | None = None
         if self.loss_ok and self.backwards:
@@ -87,5 +87,6 @@ class Window:
             sync_backward=sync_bw, forwards=forwards, ds_boundaries=boundaries,
             ds_coalescing=coalescing, engine_step_calls=self.engine_step_calls,
             max_backwards_per_engine_step=self.max_bw_per_engine_step,
+            moved_without_backward=moved if not self.backwards else None,
             grad_norm=grad_norm, conservation=conservation, checksum=checksum, wall=wall,
             param_dtype=param_dtype, updates=updates, losses=losses, discarded=discarded)

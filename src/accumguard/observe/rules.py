@@ -369,14 +369,18 @@ def _rank_findings(rank: int, steps: list[dict[str, Any]], info: dict[str, Any],
     for w in windows:
         n = w["window"]
         step = w["step"]
+        if not n:  # no backward pass since the previous step: judged by what the step did
+            out += _extra_step(rank, w)
+            continue
         # F14: DeepSpeed accumulates K itself and the loop runs several backwards per step()
         if (isinstance(ds_ga, int) and ds_ga > 1 and managed
                 and int(w.get("max_backwards_per_engine_step", 0)) > 1):
             out.append(_mk("F14", "error", rank, step, None,
                            f"DeepSpeed gradient_accumulation_steps={ds_ga} and "
-                           f"{w['max_backwards_per_engine_step']} backward passes per "
-                           f"engine.step() call; the optimizer stepped after {n} backward "
-                           "passes"))
+                           f"{w['max_backwards_per_engine_step']} backward passes before an "
+                           "engine.step() call that was not the engine's accumulation "
+                           "boundary (it did not step); the optimizer stepped after "
+                           f"{n} backward passes"))
             continue
         # F2: DeepSpeed ZeRO-1/2 reduced-and-reset at a non-final backward of the window
         bounds = w.get("ds_boundaries") or []
@@ -432,6 +436,22 @@ def _rank_findings(rank: int, steps: list[dict[str, Any]], info: dict[str, Any],
                            f"DeepSpeed clips at {clip:g} by default (gradient_clipping not set); "
                            "no step exceeded it in this run"))
     return out
+
+
+def _extra_step(rank: int, w: dict[str, Any]) -> list[Finding]:
+    """An optimizer step with no backward pass since the previous one (a DeepSpeed engine
+    stepping again at a boundary that stayed set, a second ``optimizer.step()``): an error
+    when it changed the parameters (measured), nothing when it was a no-op."""
+    if not w.get("moved_without_backward"):
+        return []
+    step = int(w["step"])
+    since = ("before any backward pass" if step == 0 else
+             f"with no backward pass since optimizer step {step}")
+    how = (" (DeepSpeed engine.step() at an accumulation boundary)"
+           if w.get("source") == "deepspeed" else "")
+    return [_mk("EXTRA_STEP", "error", rank, step, None,
+                f"optimizer step {_n(step)} ran {since}{how} and changed the parameters: an "
+                "update the large batch does not make")]
 
 
 def _dropped_tail(w: dict[str, Any]) -> int:
@@ -548,6 +568,7 @@ def _window_findings(rank: int, windows: list[dict[str, Any]], info: dict[str, A
     than K among windows of K: leftover micro-steps of an epoch leaked into the next)."""
     k = res.k
     out: list[Finding] = []
+    windows = [w for w in windows if int(w["window"])]  # (no backward: _extra_step)
     if not windows:
         return out
     sizes = [int(w["window"]) for w in windows]
