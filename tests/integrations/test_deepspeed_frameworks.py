@@ -141,8 +141,9 @@ def test_trainer_deepspeed_under_the_watch_cli(tmp_path: Path) -> None:
 # ----------------------------------------------------------------- a step with no backward
 def _double_step_loop(momentum: float, bug: str) -> None:
     torch.manual_seed(0)
-    model = torch.nn.Linear(4, 2)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.Linear(2, 1))
+    opt = torch.optim.SGD(model[0].parameters(), lr=0.1, momentum=momentum)
+    other = torch.optim.SGD(model[1].parameters(), lr=0.1, momentum=momentum)
     for _ in range(3):
         for _ in range(K):
             model(torch.randn(3, 4)).pow(2).mean().div(K).backward()
@@ -152,6 +153,9 @@ def _double_step_loop(momentum: float, bug: str) -> None:
         elif bug == "zeroed":  # a second step on zeroed gradients
             opt.zero_grad(set_to_none=False)
             opt.step()
+        elif bug == "two_optimizers":  # correct: another optimizer steps right after
+            other.step()
+            other.zero_grad()
         opt.zero_grad()
 
 
@@ -159,6 +163,7 @@ def _double_step_loop(momentum: float, bug: str) -> None:
     (0.9, "", set()), (0.0, "twice", {"EXTRA_STEP"}),
     (0.9, "zeroed", {"EXTRA_STEP"}),  # momentum moves the weights on a zero gradient
     (0.0, "zeroed", set()),  # plain SGD on a zero gradient: a no-op, no finding
+    (0.9, "two_optimizers", set()),  # a second optimizer's step is not a second step
 ])
 def test_a_step_without_backward_is_judged(tmp_path: Path, momentum: float, bug: str,
                                            want: set[str]) -> None:
@@ -167,9 +172,11 @@ def test_a_step_without_backward_is_judged(tmp_path: Path, momentum: float, bug:
     with recording(tmp_path):
         _double_step_loop(momentum, bug)
     rec = load_recordings(tmp_path)
-    assert [s["backwards"] for s in rec.steps[0]] == ([K, 0] * 3 if bug else [K] * 3)
+    want_windows = {"": [K] * 3}.get(bug, [K, 0] * 3)
+    assert [s["backwards"] for s in rec.steps[0]] == want_windows
     findings, _, _ = analyze(rec)
     assert {f.cls for f in findings if f.severity == "error"} == want, findings
     if want:
         f = next(f for f in findings if f.cls == "EXTRA_STEP")
-        assert f.step == 2 and "no backward pass since optimizer step 1" in f.evidence
+        assert f.step == 2 and "stepped again with no backward pass" in f.evidence
+        assert "(optimizer step 1)" in f.evidence

@@ -209,6 +209,7 @@ class Observer(ForwardHooks):
         self._opt_steps: dict[int, int] = {}
         self._before: dict[str, torch.Tensor] | None = None
         self._idle_before: dict[str, torch.Tensor] | None = None  # see _begin_step
+        self._last_owner = 0  # id() of the optimizer/engine of the previous step
         self._step_checksum: torch.Tensor | None = None
         self._step_members: list[bool] | None = None
         self._step_applied = True
@@ -543,13 +544,16 @@ class Observer(ForwardHooks):
         self._step_cons = self._verdict()
         if self.record_updates:
             self._before = self._snapshot(opt, engine)
-        # a step with no backward pass in its window (a second step for one window's
-        # gradient): whether it moves the parameters decides the finding (rare: its cost
-        # is paid by such steps only)
+        # the same optimizer (engine) stepping again with no backward pass since its
+        # previous step: whether it moves the parameters decides the finding (rare: its
+        # cost is paid by such steps only). Another optimizer's step right after (an
+        # actor and a critic stepping one after the other) is not judged here.
         self._idle_before = None
-        if not w.backwards and applied:
+        owner = id(opt if engine is None else engine)
+        if not w.backwards and applied and owner == self._last_owner:
             self._idle_before = (self._before if self._before is not None
                                  else self._snapshot(opt, engine))
+        self._last_owner = owner
         if not self._handlers["on_step_start"]:
             return
         self._emit("on_step_start", StepStartEvent(

@@ -439,18 +439,19 @@ def _rank_findings(rank: int, steps: list[dict[str, Any]], info: dict[str, Any],
 
 
 def _extra_step(rank: int, w: dict[str, Any]) -> list[Finding]:
-    """An optimizer step with no backward pass since the previous one (a DeepSpeed engine
-    stepping again at a boundary that stayed set, a second ``optimizer.step()``): an error
-    when it changed the parameters (measured), nothing when it was a no-op."""
+    """The optimizer (or DeepSpeed engine) of the previous step stepping again with no
+    backward pass in between (an engine stepping again at a boundary that stayed set, a
+    second ``optimizer.step()``): an error when it changed the parameters (measured by the
+    observer, ``moved_without_backward``), nothing when it was a no-op or not measured
+    (another optimizer's step, the first step)."""
     if not w.get("moved_without_backward"):
         return []
     step = int(w["step"])
-    since = ("before any backward pass" if step == 0 else
-             f"with no backward pass since optimizer step {step}")
-    how = (" (DeepSpeed engine.step() at an accumulation boundary)"
-           if w.get("source") == "deepspeed" else "")
+    what = ("the DeepSpeed engine (engine.step() at an accumulation boundary)"
+            if w.get("source") == "deepspeed" else f"the optimizer ({w.get('optimizer')})")
     return [_mk("EXTRA_STEP", "error", rank, step, None,
-                f"optimizer step {_n(step)} ran {since}{how} and changed the parameters: an "
+                f"optimizer step {_n(step)}: {what} stepped again with no backward pass since "
+                f"its previous step (optimizer step {step}) and changed the parameters: an "
                 "update the large batch does not make")]
 
 
