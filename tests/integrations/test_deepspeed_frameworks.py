@@ -156,6 +156,13 @@ def _double_step_loop(momentum: float, bug: str) -> None:
         elif bug == "two_optimizers":  # correct: another optimizer steps right after
             other.step()
             other.zero_grad()
+        elif bug == "autograd_grad":  # correct: a window of gradients made by autograd.grad
+            opt.zero_grad()
+            grads = torch.autograd.grad(model(torch.randn(3, 4)).pow(2).mean(),
+                                        list(model[0].parameters()))
+            for p, g in zip(model[0].parameters(), grads, strict=True):
+                p.grad = g
+            opt.step()
         opt.zero_grad()
 
 
@@ -164,6 +171,7 @@ def _double_step_loop(momentum: float, bug: str) -> None:
     (0.9, "zeroed", {"EXTRA_STEP"}),  # momentum moves the weights on a zero gradient
     (0.0, "zeroed", set()),  # plain SGD on a zero gradient: a no-op, no finding
     (0.9, "two_optimizers", set()),  # a second optimizer's step is not a second step
+    (0.9, "autograd_grad", set()),  # a new gradient no backward made: not a second step
 ])
 def test_a_step_without_backward_is_judged(tmp_path: Path, momentum: float, bug: str,
                                            want: set[str]) -> None:

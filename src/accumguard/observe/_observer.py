@@ -60,6 +60,7 @@ from accumguard.observe._failsafe import Failsafe, Failure, hook_method
 from accumguard.observe._forwards import ForwardHooks
 from accumguard.observe._imports import when_imported as _when_imported
 from accumguard.observe._introspect import (
+    local,
     param_dtype,
     snapshot,
     tol_for,
@@ -210,6 +211,7 @@ class Observer(ForwardHooks):
         self._before: dict[str, torch.Tensor] | None = None
         self._idle_before: dict[str, torch.Tensor] | None = None  # see _begin_step
         self._last_owner = 0  # id() of the optimizer/engine of the previous step
+        self._last_grads: list[tuple[int, int]] = []  # its gradients then: (id, version)
         self._step_checksum: torch.Tensor | None = None
         self._step_members: list[bool] | None = None
         self._step_applied = True
@@ -548,9 +550,13 @@ class Observer(ForwardHooks):
         # previous step: whether it moves the parameters decides the finding (rare: its
         # cost is paid by such steps only). Another optimizer's step right after (an
         # actor and a critic stepping one after the other) is not judged here.
+        # A torch optimizer's gradients may come from elsewhere than a backward the observer
+        # sees (torch.autograd.grad assigned by hand): judged only when no new gradient
+        # arrived, measured (the same .grad tensors, unwritten since that step, or zeros).
         self._idle_before = None
         owner = id(opt if engine is None else engine)
-        if not w.backwards and applied and owner == self._last_owner:
+        if (not w.backwards and applied and owner == self._last_owner
+                and (engine is not None or self._no_new_grad(opt))):
             self._idle_before = (self._before if self._before is not None
                                  else self._snapshot(opt, engine))
         self._last_owner = owner
@@ -585,12 +591,27 @@ class Observer(ForwardHooks):
         self._t_checks += time.perf_counter() - t0
         return cons
 
+    @staticmethod
+    def _grad_state(opt: Any) -> list[tuple[int, int]]:
+        return [(id(p.grad), p.grad._version) for g in getattr(opt, "param_groups", [])
+                for p in g["params"] if p.grad is not None]
+
+    def _no_new_grad(self, opt: Any) -> bool:
+        """No gradient reached ``opt`` since its previous step: its ``.grad`` tensors are
+        those it stepped on, unwritten since, or every one is zero."""
+        if self._grad_state(opt) == self._last_grads:
+            return True
+        with self._quiet():
+            return all(not bool(local(p.grad).any()) for g in opt.param_groups
+                       for p in g["params"] if p.grad is not None)
+
     def _end_step(self, source: str, opt_name: str, applied: bool, norm: float | None,
                   owner: Any, *, discarded: bool = False) -> None:
         w = self._w
         own, self._ow = self._ow, None
         if source == "torch":
             self.lanes.stepped(owner, self.backward_total)
+            self._last_grads = self._grad_state(owner)
         updates = None
         if self.record_updates and self._before is not None and applied:
             after = self._snapshot(owner if source == "torch" else None,
