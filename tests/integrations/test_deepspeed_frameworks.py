@@ -180,7 +180,8 @@ def test_a_step_without_backward_is_judged(tmp_path: Path, momentum: float, bug:
     with recording(tmp_path):
         _double_step_loop(momentum, bug)
     rec = load_recordings(tmp_path)
-    want_windows = {"": [K] * 3}.get(bug, [K, 0] * 3)
+    # (each optimizer has its own window: the second one's holds the K backwards too)
+    want_windows = {"": [K] * 3, "two_optimizers": [K, K] * 3}.get(bug, [K, 0] * 3)
     assert [s["backwards"] for s in rec.steps[0]] == want_windows
     findings, _, _ = analyze(rec)
     assert {f.cls for f in findings if f.severity == "error"} == want, findings
