@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import warnings
+from typing import Any
 
 import pytest
 import torch
@@ -442,3 +443,57 @@ def test_the_inner_scheduler_of_accelerates_wrapper_is_counted_when_called_direc
                     sched.scheduler.step()  # and the inner one by hand: a second
                 opt.zero_grad()
     assert [(f.step, f.class_id) for f in c.findings if f.class_id == "F4"] == [(2, "F4")]
+
+
+def _failing_rank(rank: int, world: int) -> dict:
+    """DDP, K = 4, checks every step (a gather per step); accumguard fails on rank 1 only
+    (an injected error in the probe's forward hook, at its 6th call: window 2). Run once
+    unchecked, once checked: no rank may wait for ever in the checks' gather, and the
+    training must not change."""
+    import os
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from accumguard.observe._failsafe import ENV_FAULT
+
+    def run(checked: bool) -> tuple[list[torch.Tensor], Any]:
+        torch.manual_seed(0)
+        model = DDP(TokenMLP())
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        data = make_rank_batches(seed=3, world_size=world, micro_batches=16)[rank]
+        checks = None
+        if checked:
+            if rank == 1:
+                os.environ[ENV_FAULT] = "hook:_on_forward@6"
+            try:
+                checks = AccumulationChecks(model, opt, accumulation_steps=4,
+                                            logits_module=model.module.fc2)
+            finally:
+                os.environ.pop(ENV_FAULT, None)
+        for i, b in enumerate(data):
+            s, n = token_loss(model, b)
+            (s / 100).backward()
+            if (i + 1) % 4 == 0:
+                opt.step()
+                opt.zero_grad()
+        if checks is not None:
+            checks.close()
+        return [p.detach().clone() for p in model.parameters()], checks
+
+    plain, _ = run(False)
+    params, checks = run(True)
+    assert checks is not None
+    return {"same": all(torch.equal(a, b) for a, b in zip(plain, params, strict=True)),
+            "off": checks._off, "failure": None if checks.failure is None
+            else checks.failure.error, "checked": checks.checked_steps}
+
+
+def test_accumguard_failing_on_one_rank_switches_every_ranks_checks_off_without_a_hang(
+        ) -> None:
+    from accumguard import run_on_ranks
+
+    r0, r1 = run_on_ranks(_failing_rank, 2, timeout=180)
+    assert r0["same"] and r1["same"]  # the training is bit-identical to the unchecked run
+    assert r0["off"] and r1["off"]  # both dropped their checks at the same gather
+    assert r0["failure"] is None and "InjectedFault" in (r1["failure"] or "")
+    assert r0["checked"] == r1["checked"] == 1  # window 1 was judged, then the checks stopped

@@ -24,6 +24,7 @@ What it measures, without changing a number the loop computes:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -37,6 +38,8 @@ import torch
 from accumguard.core.errors import AccumulationError, ConfigError, rank_prefix
 from accumguard.core.taxonomy import fix_for, title
 from accumguard.observe import CONSERVATION_BUDGET, Patches, sampled
+from accumguard.observe._agree import gather_rows
+from accumguard.observe._failsafe import Failsafe
 from accumguard.observe._patch_torch import constructor_step
 from accumguard.observe.rules import (
     WEIGHT_TOL,
@@ -206,9 +209,16 @@ class AccumulationChecks:
         self.fix_hints = dict(fix_hints or {})
         self.steps = 0
         self.checked_steps = 0
-        self.probe = TokenWeightProbe(logits_module or find_logits_module(model))
+        # every hook and wrapper of the checks runs behind this door: an internal error
+        # switches the checks off (on every rank together, at the next gather), never the run
+        self.failsafe = Failsafe("accumguard (callback)", step=lambda: self.steps)
+        self.failure: Any = None  # accumguard's own failure, once the checks are off
+        self._off = False
+        self._probing = True  # the probe's hook is on (the next window is checked)
+        self.probe = TokenWeightProbe(logits_module or find_logits_module(model),
+                                      failsafe=self.failsafe)
         self.optimizer = unwrap_optimizer(optimizer)
-        self._patches = Patches()  # the scheduler and engine step wrappers, undone at close()
+        self._patches = Patches(self.failsafe)  # scheduler and engine step wrappers
         self._step_handle: Any = None
         if _hookable(self.optimizer):
             self._step_handle = self.optimizer.register_step_post_hook(self._after_step)
@@ -266,6 +276,7 @@ class AccumulationChecks:
             # windows after a reset inside an unchecked one); the others cost ~nothing
             weight = getattr(self.probe._module, "weight", None)
             self.observer = Observer(roots=[model], conservation=True, every=every_n_steps,
+                                     failsafe=self.failsafe,
                                      budget=None if every_n_steps == 1 else CONSERVATION_BUDGET,
                                      record_losses=False, window_loss=False,
                                      sampled_records=True, window_size=accumulation_steps,
@@ -280,18 +291,23 @@ class AccumulationChecks:
         if self.probe is None:
             return
         held, self._held_f7 = self._held_f7, None
+        live = not self._off and self.failsafe.ok  # after a failure nothing is judged
         try:
-            self._check_scheduler(self.steps - 1)
+            if live:
+                self.failsafe.guard("closing the checks", self._check_scheduler, self.steps - 1)
         finally:
-            if self.observer is not None:
-                self.observer.uninstall()
-                self.observer = None
-            self.probe.close()
-            if self._step_handle is not None:
-                self._step_handle.remove()
-            self._patches.undo()
+            with contextlib.suppress(Exception):  # never an error of the training's
+                if self.observer is not None:
+                    self.observer.uninstall()
+                    self.observer = None
+                self.probe.close()
+                if self._step_handle is not None:
+                    self._step_handle.remove()
+                self._patches.undo()
             self.probe = None  # type: ignore[assignment]
-        if held is not None:  # no window came after it: a short last window (F7)
+            if self.failure is None:
+                self.failure = self.failsafe.failure
+        if held is not None and live:  # no window came after it: a short last window (F7)
             self._report(held)
 
     def __enter__(self) -> AccumulationChecks:
@@ -333,17 +349,69 @@ class AccumulationChecks:
 
     # -- per step ---------------------------------------------------------------------
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """The optimizer's post-hook. Never raises an internal error: the bookkeeping that
+        keeps the ranks in lock-step (which steps are gathered) always runs; the work is
+        behind the fail-safe door; the gather is joined by every rank whatever its state,
+        and when accumguard failed on any rank every rank switches its checks off."""
+        if self._off:
+            return
+        if not self.failsafe.ok and self.world_size == 1:
+            self._drop()
+            return
         step = self.steps
         self.steps += 1
+        held, self._held_f7 = self._held_f7, None
+        # which windows are gathered is decided from plain counters, identical on every
+        # rank whatever happened to its hooks (a rank that failed still joins the gather)
+        probed = self._probing  # this window was checked (sampled, or handed a sample)
+        self._set_probing(sampled(self.steps, self.every_n_steps))  # the next step checked?
+        if held is None and not probed:
+            self.failsafe.guard("callback step", self._unchecked_step, step)
+            return
+        if self.world_size == 1:
+            recs = self.failsafe.guard("callback step", self._window_rows, step)
+            ranks = None if recs is None else [recs]
+        else:
+            ranks = gather_rows(self.failsafe, lambda: self._window_rows(step),
+                                world=self.world_size, group=self.group,
+                                device=self._gather_device(), where="callback step")
+        if ranks is None:
+            self._drop()
+            return
+        self.failsafe.guard("callback step", self._judge, step, held, ranks)
+
+    def _set_probing(self, on: bool) -> None:
+        self._probing = on
+        self.failsafe.guard("the probe's hook", setattr, self.probe, "active", on)
+
+    def _drop(self) -> None:
+        """Checks off on this rank (every rank reaches it at the same gather)."""
+        self._off = True
+        self.failure = self.failsafe.failure
+        with contextlib.suppress(Exception):
+            self.probe.active = False
+        if self.rank == 0:
+            log.warning("accumguard: the checks are off from optimizer step %d on: accumguard "
+                        "failed on %s (its own error, not the training's; the run is "
+                        "unchanged; see that rank's stderr)", self.steps,
+                        "this process" if self.failure is not None else "another rank")
+
+    def _gather_device(self) -> torch.device:
+        if torch.distributed.get_backend(self.group) == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    def _unchecked_step(self, step: int) -> None:
         if step > 0:
             self._check_scheduler(step - 1)
         self._sched_steps = 0
-        held, self._held_f7 = self._held_f7, None
-        probed = self.probe.active  # this window was checked (sampled, or handed a sample)
-        self.probe.active = sampled(self.steps, self.every_n_steps)  # the next step checked?
-        if held is None and not probed:
-            self.probe.discard()  # an unchecked step recorded nothing; an exact path's scale
-            return
+        self.probe.discard()  # an unchecked step recorded nothing; an exact path's scale
+
+    def _window_rows(self, step: int) -> torch.Tensor:
+        """This rank's probe records of the window (before the gather)."""
+        if step > 0:
+            self._check_scheduler(step - 1)
+        self._sched_steps = 0
         # What the loop did to the accumulated gradient before the clip/step (a GradScaler's
         # unscale, an exact path's W/N, accumguard's or hand-written) is measured on the
         # logits weight's gradient where the observer checked the window: it replaces the
@@ -357,7 +425,10 @@ class AccumulationChecks:
         recs = self.probe.take()
         if mixed:
             recs[:, 3] = math.inf  # not judged: decided after the gather, on every rank alike
-        ranks = self._gather(recs)
+        return recs.to(torch.float64)
+
+    def _judge(self, step: int, held: Finding | None, ranks: list[torch.Tensor]) -> None:
+        """The window's verdict from every rank's records (the same on every rank)."""
         self.checked_steps += 1
         tol = WEIGHT_TOL_LOW_PRECISION if self.probe.low_precision else WEIGHT_TOL
         if any(len(r) and float(r[:, 3].max()) > _SIGNATURE_TOL * tol / WEIGHT_TOL
@@ -388,7 +459,7 @@ class AccumulationChecks:
             return  # the same window of one micro-step: F1's symptom, said once
         if one:
             self._held_f7 = finding
-            self.probe.active = True
+            self._set_probing(True)
             return
         if finding is not None:
             self._report(finding)
@@ -447,7 +518,7 @@ class AccumulationChecks:
         owner = event.owner
         if owner is not self.optimizer and getattr(owner, "optimizer", None) is not self.optimizer:
             return
-        probed = self.probe.active
+        probed = self._probing
         self.probe.discard()
         self._check_scheduler(self.steps - 1)
         self._sched_steps = 0
@@ -455,7 +526,7 @@ class AccumulationChecks:
         # (findings of one window then carry one step number); a sampled window handed its
         # sample to the next one (as the observer's arming does)
         self.steps += 1
-        self.probe.active = probed or sampled(self.steps, self.every_n_steps)
+        self._set_probing(probed or sampled(self.steps, self.every_n_steps))
 
     def on_step(self, event: Any) -> None:
         """Observer listener: the boundary contract of a step the observer recorded (a
@@ -470,20 +541,6 @@ class AccumulationChecks:
                               f"for optimizer step {step + 1} (expected 1; e.g. "
                               "scheduler.step() inside the micro-step loop, or called twice)"))
         self._sched_steps = 0
-
-    def _gather(self, recs: torch.Tensor) -> list[torch.Tensor]:
-        if self.world_size == 1:
-            return [recs]
-        dist = torch.distributed
-        m = torch.tensor([float(len(recs))], dtype=torch.float64)
-        ms = [torch.zeros_like(m) for _ in range(self.world_size)]
-        dist.all_gather(ms, m, group=self.group)
-        top = int(max(x.item() for x in ms))
-        padded = torch.zeros(top, recs.shape[1], dtype=torch.float64)
-        padded[: len(recs)] = recs
-        out = [torch.zeros_like(padded) for _ in range(self.world_size)]
-        dist.all_gather(out, padded, group=self.group)
-        return [o[: int(n.item())] for o, n in zip(out, ms, strict=True)]
 
     def _report(self, finding: Finding) -> None:
         hint = self.fix_hints.get(finding.class_id)

@@ -120,6 +120,8 @@ class Observer(ForwardHooks):
             framework callbacks): the root hooks and the record cost about 1 % of a
             demo-LM step.
         window_size: K, for ``sampled_records`` (see there); None: not judged.
+        failsafe: the door of every patch and hook (:mod:`._failsafe`), shared with the
+            listener's own hooks (the framework callbacks); default: the observer's own.
         boundary_param: a parameter whose gradient's scale between the last backward and
             the first clip (or the step) is measured on checked windows
             (:meth:`boundary_scale`; the framework callbacks pass the logits layer's weight).
@@ -131,7 +133,8 @@ class Observer(ForwardHooks):
                  budget: float | None = None, attribute: bool = False,
                  record_losses: bool = True, window_loss: bool = True,
                  sampled_records: bool = False, window_size: int | None = None,
-                 boundary_param: torch.Tensor | None = None) -> None:
+                 boundary_param: torch.Tensor | None = None,
+                 failsafe: Failsafe | None = None) -> None:
         self.listeners: list[Any] = []
         # method name -> bound listener methods (every name of _EVENT_METHODS)
         self._handlers: dict[str, list[Any]] = {m: [] for m in _EVENT_METHODS}
@@ -164,7 +167,7 @@ class Observer(ForwardHooks):
         self.step = 0  # optimizer steps recorded
         # every patch and hook runs behind its door: an internal error switches observation
         # off (listeners hear ``on_internal_error``), never the user's run
-        self.failsafe = Failsafe(step=lambda: self.step)
+        self.failsafe = failsafe if failsafe is not None else Failsafe(step=lambda: self.step)
         self.failsafe.on_failure(self._failed)
         self.failsafe.on_teardown(self.uninstall)
         self.patches = Patches(self.failsafe)

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from accumguard.core.errors import ConfigError
+from accumguard.observe._failsafe import Failsafe, hook_method
 
 __all__ = ["TokenWeightProbe", "find_logits_module"]
 
@@ -54,7 +55,9 @@ class TokenWeightProbe:
     :meth:`take` collects them.
     """
 
-    def __init__(self, module: torch.nn.Module) -> None:
+    def __init__(self, module: torch.nn.Module, *, failsafe: Failsafe | None = None) -> None:
+        #: the door of its hooks: an internal error never reaches the training
+        self.failsafe = failsafe if failsafe is not None else Failsafe()
         # per probed micro-step: (g_y, -log p_y), one entry per token (see _on_grad)
         self.records: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.scale = 1.0  # multiplies the weights of records taken next (set by exact paths)
@@ -79,6 +82,7 @@ class TokenWeightProbe:
     def close(self) -> None:
         self.active = False
 
+    @hook_method
     def _on_forward(self, module: Any, args: Any, output: Any) -> None:
         logits = output
         if not isinstance(logits, torch.Tensor):
@@ -89,6 +93,7 @@ class TokenWeightProbe:
         logits.register_hook(  # type: ignore[no-untyped-call]
             functools.partial(self._on_grad, logits.detach()))
 
+    @hook_method
     def _on_grad(self, logits: torch.Tensor, grad: torch.Tensor) -> None:
         # Only what needs the [tokens, vocab] tensors runs here, inside the backward (where
         # each torch op costs about twice its usual dispatch): one min over the gradient and
