@@ -35,7 +35,12 @@ from typing import Any
 
 import torch
 
-from accumguard.core.errors import AccumulationError, ConfigError, rank_prefix
+from accumguard.core.errors import (
+    AccumguardError,
+    AccumulationError,
+    ConfigError,
+    rank_prefix,
+)
 from accumguard.core.taxonomy import fix_for, title
 from accumguard.observe import CONSERVATION_BUDGET, Patches, sampled
 from accumguard.observe._agree import gather_rows
@@ -154,6 +159,28 @@ def boundary_findings(event: Any, *, accumulation_steps: int) -> list[Finding]:
     return [_finding(int(event.step), f.cls, f.evidence)
             for f in live_findings(record, rank=None, k=accumulation_steps)
             if f.severity == "error"]
+
+
+def safe_callback(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A framework callback method that only observes: an internal error of accumguard in
+    it never reaches the training loop. accumguard's deliberate errors (a ``ConfigError``
+    at the start, ``strict`` findings) pass; anything else switches the callback's checks
+    off (on every rank at their next gather) and is said on stderr, once."""
+
+    @functools.wraps(fn)
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(self, *args, **kwargs)
+        except AccumguardError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - never into the user's training
+            checks = getattr(self, "checks", None)
+            fs = checks.failsafe if isinstance(checks, AccumulationChecks) else Failsafe(
+                "accumguard (callback)")
+            fs.fail(f"{type(self).__name__}.{fn.__name__}", exc)
+            return None
+
+    return method
 
 
 class AccumulationChecks:

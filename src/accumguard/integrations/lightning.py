@@ -31,7 +31,12 @@ from typing import Any
 import torch
 
 from accumguard.core.errors import ConfigError, MissingDependencyError
-from accumguard.integrations._checks import DEFAULT_EVERY_N_STEPS, AccumulationChecks, Finding
+from accumguard.integrations._checks import (
+    DEFAULT_EVERY_N_STEPS,
+    AccumulationChecks,
+    Finding,
+    safe_callback,
+)
 
 try:  # the standalone package is what this was tested with; the unified one is the same API
     import pytorch_lightning as pl
@@ -119,13 +124,7 @@ class AccumguardCallback(pl.Callback):
         self._world = int(trainer.world_size)
         k = self.accumulation_steps or int(trainer.accumulate_grad_batches)
         if self.check and trainer.optimizers:
-            configs = getattr(trainer, "lr_scheduler_configs", [])
-            sched = configs[0].scheduler if configs else None
-            self.checks = AccumulationChecks(
-                pl_module, trainer.optimizers[0], accumulation_steps=k, scheduler=sched,
-                averages_over_ranks=self._world > 1, logits_module=self.logits_module,
-                every_n_steps=self.every_n_steps, strict=self.strict,
-                on_finding=self._on_finding, fix_hints=FIX_HINTS)
+            self._start_checks(trainer, pl_module, k)
         if self.exact and not pl_module.automatic_optimization:
             if self.checks is not None and self.checks.observer is not None:
                 self._clip_obs = self.checks.observer
@@ -136,6 +135,18 @@ class AccumguardCallback(pl.Callback):
                     roots=[pl_module], conservation=False, record_losses=False,
                     window_loss=False).install()
             self._clip_obs.add_listener(_RescaleBeforeClip(self, trainer, pl_module))
+
+    @safe_callback
+    def _start_checks(self, trainer: Any, pl_module: Any, k: int) -> None:
+        """The checks only observe: an internal error here leaves them off, never the fit
+        (the exact rescale, which is computation the user asked for, is not behind it)."""
+        configs = getattr(trainer, "lr_scheduler_configs", [])
+        sched = configs[0].scheduler if configs else None
+        self.checks = AccumulationChecks(
+            pl_module, trainer.optimizers[0], accumulation_steps=k, scheduler=sched,
+            averages_over_ranks=self._world > 1, logits_module=self.logits_module,
+            every_n_steps=self.every_n_steps, strict=self.strict,
+            on_finding=self._on_finding, fix_hints=FIX_HINTS)
 
     def _on_finding(self, finding: Finding) -> None:
         self.findings.append(finding)
@@ -175,12 +186,14 @@ class AccumguardCallback(pl.Callback):
         if self.checks is not None:
             self.checks.scale_next_window(factor)
 
+    @safe_callback
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         if self.checks is not None:
             trainer.callback_metrics["accumguard_findings"] = torch.tensor(
                 float(len(self.findings)))
 
+    @safe_callback
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         if self.checks is not None:
             self.checks.close()
@@ -189,6 +202,7 @@ class AccumguardCallback(pl.Callback):
             self._observer.uninstall()
             self._observer = None
 
+    @safe_callback
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         # After an exception on_fit_end does not run: still remove every hook.
         self.on_fit_end(trainer, pl_module)

@@ -26,7 +26,12 @@ import torch
 import torch.nn.functional as F
 
 from accumguard.core.errors import AccumguardWarning, ConfigError, MissingDependencyError
-from accumguard.integrations._checks import DEFAULT_EVERY_N_STEPS, AccumulationChecks, Finding
+from accumguard.integrations._checks import (
+    DEFAULT_EVERY_N_STEPS,
+    AccumulationChecks,
+    Finding,
+    safe_callback,
+)
 
 try:
     from transformers import TrainerCallback
@@ -146,6 +151,7 @@ class AccumguardCallback(TrainerCallback):
         self.findings: list[Finding] = []
         self._reported = 0
 
+    @safe_callback
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
                        optimizer: Any = None, lr_scheduler: Any = None, **kwargs: Any) -> None:
         if model is None or optimizer is None:
@@ -158,6 +164,7 @@ class AccumguardCallback(TrainerCallback):
             strict=self.strict, on_finding=self.findings.append, fix_hints=FIX_HINTS)
         state.accumguard_findings = []
 
+    @safe_callback
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         new = self.findings[self._reported:]
         self._reported = len(self.findings)
@@ -166,6 +173,7 @@ class AccumguardCallback(TrainerCallback):
                                       "accumguard": [f"{f.class_id}: {f.title}" for f in new]})
         state.accumguard_findings = [f.as_dict() for f in self.findings]
 
+    @safe_callback
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.checks is not None:
             self.checks.close()
