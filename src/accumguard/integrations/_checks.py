@@ -275,10 +275,12 @@ class AccumulationChecks:
                 finally:
                     self._in_wrapper = False
                 after = getattr(inner, "last_epoch", None)
-                known = isinstance(before, int) and isinstance(after, int)
-                if not known or after > before:  # stepped its schedule (not a skipped step)
+                if not (isinstance(before, int) and isinstance(after, int)):
+                    self._sched_steps += 1  # unknown: counted as a step
+                    return out
+                if after > before:  # stepped its schedule (not a skipped step)
                     self._sched_steps += 1
-                if known and after - before > 1:
+                if after - before > 1:
                     self._say_wrapper_steps(after - before)
                 return out
 

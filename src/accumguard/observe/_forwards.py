@@ -60,6 +60,7 @@ class ForwardHooks:
     _fsdp_groups: dict[int, list[Any]]
     _last_sync_forward: bool | None
     _sync_root: Any
+    _bw_current: Any
 
     if TYPE_CHECKING:  # defined by the observer
         def _active(self) -> bool: ...

@@ -162,4 +162,4 @@ def _reduce_fit(rows: list[dict[str, Any] | None]) -> float | None:
         return None
     # every token's weight summed over all ranks: 1 for the large batch (ranks normalised
     # to their own batch have mass 1 each, to the global count n_r / N)
-    return sum(cs) / len(cs) * sum(masses)
+    return float(sum(cs) / len(cs) * sum(masses))

@@ -96,8 +96,11 @@ def _backwards_per_micro(s: dict[str, Any]) -> int:
 class DeclaredK(Protocol):
     """A K the script's source declares (``runtime.watch_declared.DeclaredK`` is one)."""
 
-    value: int | None
-    divides_loss: bool
+    @property
+    def value(self) -> int | None: ...
+
+    @property
+    def divides_loss(self) -> bool: ...
 
     @property
     def where(self) -> str: ...

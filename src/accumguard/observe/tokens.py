@@ -59,7 +59,7 @@ class TokenWeightProbe:
         #: the door of its hooks: an internal error never reaches the training
         self.failsafe = failsafe if failsafe is not None else Failsafe()
         # per probed micro-step: (g_y, -log p_y), one entry per token (see _on_grad)
-        self.records: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.records: list[tuple[torch.Tensor, ...]] = []
         self.scale = 1.0  # multiplies the weights of records taken next (set by exact paths)
         self.low_precision = False  # a bf16/fp16 logits gradient was seen
         self._module = module

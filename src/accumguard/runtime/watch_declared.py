@@ -260,11 +260,11 @@ class _Reader:
         name = _name_of(target)
         if name is None:
             return
-        v = self._eval(value)
-        if v is not None and isinstance(target, ast.Name):
-            self.ints[name] = v
+        val = self._eval(value)
+        if val is not None and isinstance(target, ast.Name):
+            self.ints[name] = val
         if _is_k_name(name, weak=True):
-            self._add(name, line, v, how)
+            self._add(name, line, val, how)
 
     def _add(self, name: str, line: int, value: int | None, how: str,
              options: Sequence[str] = ()) -> None:
