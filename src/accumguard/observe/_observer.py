@@ -68,6 +68,7 @@ from accumguard.observe._introspect import (
 from accumguard.observe._lanes import Lanes
 from accumguard.observe._losses import LossRecorder
 from accumguard.observe._patch import Patches
+from accumguard.observe._tally import Tally
 from accumguard.observe._window import Window
 
 __all__ = ["Observer"]
@@ -209,8 +210,8 @@ class Observer(ForwardHooks):
         self._tracked_ids: set[int] = set()
         self._fsdp_groups: dict[int, list[Any]] = {}
         self._ds_engine: Any = None
-        self._sched_counts: dict[int, int] = {}
-        self._opt_steps: dict[int, int] = {}
+        self._sched_counts = Tally()
+        self._opt_steps = Tally()
         self._before: dict[str, torch.Tensor] | None = None
         self._idle_before: dict[str, torch.Tensor] | None = None  # see _begin_step
         self._last_owner = 0  # id() of the optimizer/engine of the previous step
@@ -489,7 +490,7 @@ class Observer(ForwardHooks):
         self._opt_depth = max(0, self._opt_depth - 1)
         if not self.installed or self._in_observer:
             return
-        self._opt_steps[id(opt)] = self._opt_steps.get(id(opt), 0) + 1
+        self._opt_steps.add(opt)
         if self._opt_depth or self._ds_step_depth:
             return
         if self._step_closure and not self._step_applied:
@@ -503,7 +504,7 @@ class Observer(ForwardHooks):
         window ends without an update and its gradients are dropped (as a DeepSpeed overflow
         skip). It counts as an attempted step of ``opt`` for the scheduler rule (F4): the
         scheduler that steps after it is on time."""
-        self._opt_steps[id(opt)] = self._opt_steps.get(id(opt), 0) + 1
+        self._opt_steps.add(opt)
         if self._handlers["on_scaler_skip"]:
             self._emit("on_scaler_skip", ScalerEvent(self.step, len(self._w.backwards), "skip",
                                                      opt))
@@ -700,10 +701,9 @@ class Observer(ForwardHooks):
             return self.boundary.scale()
 
     def _count_sched(self, sched: Any) -> None:
-        count = self._sched_counts.get(id(sched), 0) + 1
-        self._sched_counts[id(sched)] = count
+        count = self._sched_counts.add(sched)
         opt = getattr(sched, "optimizer", None)
-        opt_steps = self._opt_steps.get(id(opt), self.step) if opt is not None else self.step
+        opt_steps = self._opt_steps.get(opt, self.step) if opt is not None else self.step
         in_step = bool(self._opt_depth or self._ds_step_depth)
         self._w.sched += 0 if in_step else 1
         if self._handlers["on_scheduler_step"]:

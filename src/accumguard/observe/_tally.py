@@ -1,0 +1,49 @@
+"""Counts per live object (optimizer steps, scheduler steps).
+
+Keyed by ``id()`` alone, a count outlives its object: a scheduler rebuilt to resume from a
+checkpoint often gets the freed one's address, and inherited its step count (a correct
+resumed run read as F4). Here an entry holds a weak reference to its object, and an id now
+worn by another object starts again from zero. Nothing is stored on the user's objects
+(a scheduler's ``state_dict`` is its ``__dict__``).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["Tally"]
+
+
+class Tally:
+    """``add(obj)`` counts one more for ``obj``; ``get(obj, default)`` reads it."""
+
+    def __init__(self) -> None:
+        self._d: dict[int, tuple[Callable[[], Any], int]] = {}
+
+    def get(self, obj: Any, default: int = 0) -> int:
+        entry = self._d.get(id(obj))
+        if entry is None or entry[0]() is not obj:
+            return default
+        return entry[1]
+
+    def add(self, obj: Any) -> int:
+        n = self.get(obj) + 1
+        ref: Callable[[], Any]
+        try:
+            ref = weakref.ref(obj)
+        except TypeError:  # not weak-referenceable: compared by identity while it lives
+            ref = _Strong(obj)
+        self._d[id(obj)] = (ref, n)
+        return n
+
+
+class _Strong:
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def __call__(self) -> Any:
+        return self.obj
