@@ -220,3 +220,23 @@ def test_compiled_module_gets_no_warning_about_accumguards_hook(tmp_path: Path) 
         assert obs.failure is None
     assert not [w for w in caught if "global hooks" in str(w.message)], \
         [str(w.message) for w in caught]
+
+
+def test_torchs_scheduler_warning_points_at_the_script_not_at_accumguard(
+        tmp_path: Path) -> None:
+    """torch warns with stacklevel=2 (the caller of scheduler.step()); inside the wrappers
+    that was accumguard's own frame, so the script's stderr named _failsafe.py (blind
+    round 12). The warning is re-issued at the script's line."""
+    import warnings
+
+    m = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 2)
+    with warnings.catch_warnings(record=True) as caught, recording(tmp_path):
+        warnings.simplefilter("always")
+        m(torch.randn(3, 2)).sum().backward()
+        sched.step()  # before opt.step(): torch warns here
+        opt.step()
+    hits = [w for w in caught if "lr_scheduler.step()" in str(w.message)]
+    assert hits and all(w.filename == __file__ for w in hits), [(w.filename, w.lineno)
+                                                                 for w in hits]

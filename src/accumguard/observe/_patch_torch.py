@@ -12,7 +12,10 @@ or lookup to a micro-step or a step. Collectives are patched by
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import sys
 import warnings
 from collections.abc import Callable
 from types import ModuleType
@@ -25,6 +28,9 @@ from accumguard.observe._patch import Patches
 
 __all__ = ["constructor_step", "install", "install_after_losses", "patch_compiled",
            "patch_ddp_init", "patch_fully_shard"]
+
+#: accumguard's own source folder: frames in it are never where a warning points
+_ACCUMGUARD_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 _COMPILE_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks"
 
@@ -247,10 +253,21 @@ def _sched_wrapper(obs: Any) -> Callable[[Callable[..., Any]], Any]:
                 obs._accel_sched_inner += 0 if initial else 1
                 return orig(sched, *args, **kwargs)
             obs._sched_depth += 1
+            # torch's warnings here point at the caller: re-issued there, unless a filter
+            # turns warnings into errors (those must still stop the step where they arise)
+            relay = not any(f[0] == "error" for f in warnings.filters)
+            caught: list[warnings.WarningMessage] = []
             try:
-                out = orig(sched, *args, **kwargs)
+                with warnings.catch_warnings(record=True) if relay \
+                        else contextlib.nullcontext() as got:
+                    if relay:
+                        warnings.simplefilter("always")
+                    out = orig(sched, *args, **kwargs)
+                caught = list(got or [])
             finally:
                 obs._sched_depth -= 1
+            for w in caught:  # ("lr_scheduler.step() before optimizer.step()", ...)
+                warn_at_caller(w)
             if not initial and obs.installed and not obs._in_observer:
                 obs._count_sched(sched)
             return out
@@ -258,6 +275,25 @@ def _sched_wrapper(obs: Any) -> Callable[[Callable[..., Any]], Any]:
         return step
 
     return make
+
+
+def warn_at_caller(w: warnings.WarningMessage) -> None:
+    """Re-issue a warning caught inside a wrapped call where it would have pointed without
+    accumguard: torch warns with ``stacklevel=2`` (the caller of ``scheduler.step()``),
+    which inside the wrappers is accumguard's own frame. The script's filters and its
+    once-per-location registry apply as usual."""
+    filename, lineno = w.filename, w.lineno
+    frame = sys._getframe(1)
+    if _ACCUMGUARD_DIR in filename:
+        while frame is not None and _ACCUMGUARD_DIR in frame.f_code.co_filename:
+            frame = frame.f_back  # type: ignore[assignment]
+        if frame is not None:
+            filename, lineno = frame.f_code.co_filename, frame.f_lineno
+    glob = frame.f_globals if frame is not None else {}
+    registry = glob.setdefault("__warningregistry__", {}) if frame is not None else None
+    warnings.warn_explicit(w.message, w.category, filename, lineno,
+                           module=glob.get("__name__"), registry=registry,
+                           module_globals=glob)
 
 
 def _scaler_wrapper(obs: Any, kind: str) -> Callable[[Callable[..., Any]], Any]:
