@@ -336,17 +336,24 @@ class WindowQueries(BoundaryFacts):
     def _built_on(self, opt_name: str) -> set[str]:
         """The modules whose ``.parameters()`` the optimizer ``opt_name`` was built on
         (``opt_d = Adam(net_d.parameters())``), where the file assigns it."""
-        out: set[str] = set()
+        built: dict[str, set[str]] = self._cached("built_on", self.tree, self._all_built_on)
+        return built.get(opt_name, set())
+
+    def _all_built_on(self) -> dict[str, set[str]]:
+        """Every assigned name -> the modules whose parameters its constructor call reads;
+        one pass over the file (per optimizer and window it made lint quadratic)."""
+        out: dict[str, set[str]] = {}
         for n in self.of(ast.Assign):
-            if not isinstance(n.value, ast.Call) or opt_name not in {
-                dotted(t) for t in n.targets
-            }:
+            if not isinstance(n.value, ast.Call):
                 continue
-            for sub in ast.walk(n.value):
-                if (isinstance(sub, ast.Call)
-                        and call_attr(sub) in ("parameters", "named_parameters")
-                        and (m := dotted(receiver(sub))) is not None):
-                    out.add(m)
+            mods = {m for sub in ast.walk(n.value)
+                    if isinstance(sub, ast.Call)
+                    and call_attr(sub) in ("parameters", "named_parameters")
+                    and (m := dotted(receiver(sub))) is not None}
+            for t in n.targets:
+                name = dotted(t)
+                if name is not None:
+                    out.setdefault(name, set()).update(mods)
         return out
 
     def is_window(self, node: ast.AST) -> bool:
