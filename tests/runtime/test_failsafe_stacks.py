@@ -43,18 +43,28 @@ def _command(stack: str, out: Path) -> list[str]:
     return [sys.executable, str(SCRIPT), stack, str(out)]
 
 
+# torch 2.13 + gloo: a rank sometimes aborts in C++ at interpreter exit, after its work
+# (seen without accumguard too): such a launch is run again, once
+_TEARDOWN_ABORT = "terminate called without an active exception"
+
+
+def _run(argv: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, cwd=cwd)
+    if _TEARDOWN_ABORT in proc.stderr:
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600,
+                              cwd=cwd)
+    return proc
+
+
 @pytest.mark.parametrize("stack", list(CASES))
 def test_an_internal_failure_leaves_the_run_unchanged(tmp_path: Path, stack: str) -> None:
     base, faulted, report = tmp_path / "base.txt", tmp_path / "faulted.txt", tmp_path / "r.json"
     env = launcher_env()
-    proc = subprocess.run(_command(stack, base), env=env, capture_output=True, text=True,
-                          timeout=600, cwd=tmp_path)
+    proc = _run(_command(stack, base), env, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     env["ACCUMGUARD_TEST_FAULT"] = CASES[stack]
-    watched = subprocess.run(
-        [sys.executable, "-m", "accumguard.cli", "watch", "--json", str(report), "--",
-         *_command(stack, faulted)], env=env, capture_output=True, text=True, timeout=600,
-        cwd=tmp_path)
+    watched = _run([sys.executable, "-m", "accumguard.cli", "watch", "--json", str(report),
+                    "--", *_command(stack, faulted)], env, tmp_path)
     assert faulted.read_text() == base.read_text(), watched.stderr[-3000:]
     data = json.loads(report.read_text())
     assert watched.returncode == 3, watched.stderr[-3000:]
