@@ -771,8 +771,9 @@ def _scheduler_findings(rank: int, events: list[dict[str, Any]]) -> list[Finding
             micro = int(e["micro"])  # backward passes before it: after micro-step `micro`
             return [_mk("F4", "error", rank, int(e["step"]), micro - 1 if micro else None,
                         f"the LR scheduler had stepped {e['count']} times when its "
-                        f"optimizer had stepped {e['optimizer_steps']} times (seen at "
-                        f"micro-step {micro} of optimizer step {_n(int(e['step']))}): "
+                        f"optimizer had stepped {e['optimizer_steps']} times (seen after "
+                        f"{micro} backward pass(es) of optimizer step "
+                        f"{_n(int(e['step']))}): "
                         "it steps per micro-step or per process, not once per optimizer "
                         "step")]
     return []
