@@ -89,6 +89,23 @@ def install_after_losses(obs: Any, p: Patches) -> None:
         p.wrap(scaler_cls, "step", _scaler_step_wrapper(obs))
 
 
+def _pin_after(obs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A wrapper of a call that makes a model (DDP's ``__init__``, ``fully_shard``): once the
+    roots are pinned, the module it was given gets the top-level pre-hook."""
+
+    def make(orig: Callable[..., Any]) -> Callable[..., Any]:
+        def call(module: Any, /, *a: Any, **kw: Any) -> Any:
+            out = orig(module, *a, **kw)
+            if obs.installed and obs._global_handle is None and obs.auto_roots \
+                    and obs._pinned_any and isinstance(module, torch.nn.Module):
+                obs._pinned.append(module.register_forward_pre_hook(obs._global_pre))
+            return out
+
+        return call
+
+    return make
+
+
 def patch_ddp_init(obs: Any, mod: ModuleType) -> None:
     """A DDP model built after the roots were pinned (:meth:`Observer._pin_roots`; e.g. a
     model rebuilt to resume from a checkpoint) gets the same top-level pre-hook, so its
@@ -97,17 +114,7 @@ def patch_ddp_init(obs: Any, mod: ModuleType) -> None:
     if not obs.installed:
         return
 
-    def make(orig: Callable[..., Any]) -> Callable[..., Any]:
-        def init(ddp: Any, /, *a: Any, **kw: Any) -> Any:
-            out = orig(ddp, *a, **kw)
-            if obs.installed and obs._global_handle is None and obs.auto_roots \
-                    and obs._pinned_any:
-                obs._pinned.append(ddp.register_forward_pre_hook(obs._global_pre))
-            return out
-
-        return init
-
-    obs.patches.wrap(mod.DistributedDataParallel, "__init__", make)
+    obs.patches.wrap(mod.DistributedDataParallel, "__init__", _pin_after(obs))
 
 
 def patch_fully_shard(obs: Any, mod: ModuleType) -> None:
@@ -119,15 +126,7 @@ def patch_fully_shard(obs: Any, mod: ModuleType) -> None:
     if not obs.installed:
         return
 
-    def make(orig: Callable[..., Any]) -> Callable[..., Any]:
-        def fully_shard(module: Any, /, *a: Any, **kw: Any) -> Any:
-            out = orig(module, *a, **kw)
-            if obs.installed and obs._global_handle is None and obs.auto_roots \
-                    and obs._pinned_any and isinstance(module, torch.nn.Module):
-                obs._pinned.append(module.register_forward_pre_hook(obs._global_pre))
-            return out
-
-        return fully_shard
+    make = _pin_after(obs)
 
     obs.patches.wrap(mod, "fully_shard", make)
 
