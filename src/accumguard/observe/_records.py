@@ -4,12 +4,15 @@ types and helpers every per-window rule of :mod:`accumguard.observe.rules` and
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from accumguard.core.taxonomy import fix_for, title
 
-__all__ = ["NUMBERING", "DeclaredK", "Finding", "KResolution", "RunRecording", "windows"]
+__all__ = ["NUMBERING", "DeclaredK", "Finding", "KResolution", "RunRecording", "load_recordings",
+           "step_record", "windows"]
 
 #: One numbering in every output of ``watch`` and ``invariance`` (findings, tables, JSON):
 #: optimizer steps and micro-steps count from 1. (The raw recording counts from 0.)
@@ -143,3 +146,82 @@ class KResolution:
     @property
     def declared(self) -> bool:
         return self.strength in ("flag", "runtime", "script")
+
+
+def _read_lines(path: Path) -> list[dict[str, Any]]:
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line cut by a kill
+    return out
+
+
+def load_recordings(out_dir: Path) -> RunRecording:
+    rec = RunRecording()
+    files = [_read_lines(path) for path in sorted(out_dir.glob("rank-*.jsonl"))]
+    # A process started by a recorded process (the script's own subprocess: it inherits the
+    # rank's environment, so it records under the same rank) trained on its own: its steps
+    # are not the rank's. The start record names each process and its parent.
+    pids = {r.get("pid") for lines in files for r in lines[:1] if r.get("kind") == "start"}
+    for lines in files:
+        first = lines[0] if lines else {}
+        if first.get("kind") == "start" and first.get("ppid") is not None \
+                and first.get("ppid") in pids:
+            rec.children += 1
+            continue
+        for r in lines:
+            kind = r.get("kind")
+            if kind == "start":
+                rank = int(r.get("rank", 0))
+                rec.world = max(rec.world, int(r.get("world", 1)))
+                rec.steps.setdefault(rank, [])
+            elif kind == "step":
+                rec.steps.setdefault(int(r["rank"]), []).append(r)
+            elif kind == "scheduler":
+                rec.schedulers.setdefault(rank, []).append(r)
+            elif kind == "engine":
+                rec.engine[rank] = r
+            elif kind == "end":
+                rec.end[rank] = r
+            elif kind == "internal_error":
+                rec.failures.setdefault(int(r.get("rank", rank)), r)
+    if rec.failures:
+        _truncate_at_failure(rec)
+    return rec
+
+
+def _truncate_at_failure(rec: RunRecording) -> None:
+    """Keep the steps every rank completed before accumguard's first failure: the window in
+    flight, and every later one, were not (fully) observed on the failed rank, and the
+    cross-rank rules need the same steps from every rank."""
+    cut = min((int(f["step"]) if isinstance(f.get("step"), int) else 0)
+              for f in rec.failures.values())
+    rec.observed_steps = cut
+    for rank, steps in rec.steps.items():
+        rec.steps[rank] = [s for s in steps if int(s.get("step", 0)) < cut]
+    for rank, scheds in rec.schedulers.items():
+        rec.schedulers[rank] = [s for s in scheds if int(s.get("step", 0)) < cut]
+
+
+def step_record(event: Any, rank: int) -> dict[str, Any]:
+    """The record of one :class:`~accumguard.observe.StepEvent` that the rules read (and
+    ``watch`` writes as a JSON line): every field but the tensors of ``updates``.
+    (Shallow: ``dataclasses.asdict`` deep-copied every list, on every step.)"""
+    rec = {}
+    for k in event.__dataclass_fields__:
+        if k not in ("updates", "conservation"):
+            v = getattr(event, k)
+            rec[k] = list(v) if isinstance(v, list) else v
+    cons = event.conservation
+    if cons is None:
+        rec["conservation"] = None
+    else:
+        rec["conservation"] = c = {f: getattr(cons, f) for f in cons.__dataclass_fields__}
+        if event.reductions and event.engine == "local":  # the script's own all-reduce
+            c["contrib_sums"], c["received_sums"] = (list(c["contrib_sums"]),
+                                                     list(c["received_sums"]))
+        else:  # kept only where the cross-rank F10 fit reads them
+            del c["contrib_sums"], c["received_sums"]
+    return {"kind": "step", "rank": rank, **rec}

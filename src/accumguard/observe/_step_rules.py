@@ -1,0 +1,159 @@
+"""Rules about one optimizer step's own events (split from :mod:`.rules`, which keeps the
+window and cross-rank rules): a step with no backward since the same optimizer's previous
+step (EXTRA_STEP), the gradient-sync flags of a window (DDP/FSDP2: F11, EXTRA_SYNC), steps
+that received no gradient (NO_UPDATE), and scheduler steps per optimizer step (F4).
+
+No torch here, as in :mod:`.rules`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from accumguard.observe._records import Finding, _mk, _n
+
+__all__ = ["_extra_step", "_no_update", "_scheduler_findings", "_sync_findings"]
+
+
+def _extra_step(rank: int, w: dict[str, Any]) -> list[Finding]:
+    """The optimizer (or DeepSpeed engine) of the previous step stepping again with no
+    backward pass in between (an engine stepping again at a boundary that stayed set, a
+    second ``optimizer.step()``): an error when it changed the parameters (measured by the
+    observer, ``moved_without_backward``), nothing when it was a no-op or not measured
+    (another optimizer's step, the first step)."""
+    if not w.get("moved_without_backward"):
+        return []
+    step = int(w["step"])
+    what = ("the DeepSpeed engine (engine.step() at an accumulation boundary)"
+            if w.get("source") == "deepspeed" else f"the optimizer ({w.get('optimizer')})")
+    return [_mk("EXTRA_STEP", "error", rank, step, None,
+                f"optimizer step {_n(step)}: {what} stepped again with no backward pass since "
+                f"its previous step (optimizer step {step}) and changed the parameters: an "
+                "update the large batch does not make")]
+
+
+def _sync_findings(rank: int, w: dict[str, Any]) -> list[Finding]:
+    """DDP (flag at the forward decides) and FSDP2 (flag at the backward decides): the
+    window's last backward must synchronise; syncing earlier ones is only wasteful."""
+    engine = w.get("engine")
+    step = w["step"]
+    if engine == "ddp":
+        syncs = w.get("sync_micros") or []
+        what = "DDP sync off at its forward (require_backward_grad_sync=False / inside no_sync)"
+    elif engine == "fsdp2":
+        syncs = w.get("sync_backward") or w.get("sync_micros") or []
+        what = "FSDP2 gradient sync off (set_requires_gradient_sync(False))"
+    else:
+        return []
+    if not syncs or any(s is None for s in syncs):
+        return []
+    mism = w.get("sync_mismatch") or [] if engine == "ddp" else []
+    if syncs[-1] is False:
+        synced = [j + 1 for j, s in enumerate(syncs) if s]
+        return [_mk("F11", "error", rank, step, len(syncs) - 1,
+                    f"the window's last backward (micro-step {len(syncs)} of {len(syncs)}) ran "
+                    f"with {what}; the optimizer stepped on gradients not reduced across ranks"
+                    + (f" (micro-step(s) {synced} synchronised instead"
+                       + (f"; the flag changed between forward and backward on micro-step(s) "
+                          f"{[m + 1 for m in mism]}: DDP reads it at the forward, so a flag "
+                          "set after the forward applies one micro-step late)" if mism else
+                          ": the flag is inverted)") if synced else
+                       (f"; the flag changed between forward and backward on micro-step(s) "
+                        f"{[m + 1 for m in mism]}: DDP reads it at the forward" if mism
+                        else "")))]
+    extra = sum(1 for s in syncs[:-1] if s)
+    if not extra:
+        return []
+    how = (f" (no_sync entered after the forward on micro-step(s) {[m + 1 for m in mism]}: "
+           "it only wraps the backward, DDP had already decided to reduce)" if mism else "")
+    fix = ("Run forward and backward of micro-steps 1..K-1 inside model.no_sync() to save "
+           "them." if engine == "ddp" else "Call model.set_requires_gradient_sync(False) "
+           "before micro-steps 1..K-1 and True before the last to save them.")
+    n = len(syncs)
+    which = "every micro-step" if extra == n - 1 else f"{extra} of {n - 1} non-final micro-steps"
+    # A cost, never a verdict on the update: other rules judge the same step (an F8 clip, a
+    # wrong scale) and this note must not read as "correct" next to them.
+    return [_mk("EXTRA_SYNC", "note", rank, step, None,
+                f"{extra} of the {n - 1} micro-step(s) before the window's last one "
+                f"all-reduced their gradient{how}: {extra} extra gradient reduction round(s) per "
+                "optimizer step. This costs communication only; it does not change the "
+                "gradient the optimizer receives",
+                title_=f"gradients synchronised on {which}: {extra} extra all-reduce "
+                       "round(s) per optimizer step", fix=fix)]
+
+
+def _no_update(rank: int, steps: list[dict[str, Any]]) -> list[Finding]:
+    """Optimizer steps after backward passes in which no gradient reached the optimizer.
+
+    A no-op step (every gradient None) whose window goes on into a later applied step lost
+    nothing: the rules fold its backwards into that step (:func:`_windows`). FSDP2 with
+    ``set_requires_gradient_sync(False)`` hands ``.grad = None`` to the steps of the
+    non-final micro-steps and keeps the unreduced gradient until the synced backward, so
+    ``step()`` + ``zero_grad()`` after every micro-step is the large-batch update with
+    wasted calls (a note). An error only when no step ever applied anything, or when the
+    run ended on FSDP2 no-op steps whose gradient never reached a step."""
+    skipped = [s for s in steps if not s.get("applied", True)]
+    if not skipped or not any(int(s.get("backwards", 0)) for s in steps):
+        return []
+    never = not any(s.get("applied", True) for s in steps)
+    pending: list[dict[str, Any]] = []  # no-op steps not (yet) followed by an applied one
+    folded: list[dict[str, Any]] = []  # no-op steps whose window an applied step carried on
+    for s in steps:
+        if s.get("discarded"):
+            pending = []
+        elif not s.get("applied", True):
+            pending.append(s)
+        else:
+            folded += pending
+            pending = []
+
+    def fsdp_off(s: dict[str, Any]) -> bool:
+        return bool(s.get("engine") == "fsdp2" and s.get("sync_backward")
+                    and not any(s["sync_backward"]))
+
+    trailing = [s for s in pending if fsdp_off(s)]
+    if never or trailing:
+        first = (trailing or skipped)[0]
+        if never:
+            why = (" (every backward ran with FSDP2 gradient sync off: "
+                   "set_requires_gradient_sync(True) was never called before a window's last "
+                   "backward, so no gradient was reduced)"
+                   if all(fsdp_off(s) for s in skipped) else "")
+            return [_mk("NO_UPDATE", "error", rank, first["step"], None,
+                        f"{len(skipped)} of {len(steps)} optimizer steps found every gradient "
+                        f"None (first: step {_n(first['step'])}; "
+                        f"{sum(int(s.get('backwards', 0)) for s in steps)} backward passes in "
+                        f"the whole run){why}: the parameters did not move")]
+        nb = sum(int(s.get("backwards", 0)) for s in trailing)
+        return [_mk("NO_UPDATE", "error", rank, first["step"], None,
+                    f"the run's last {len(trailing)} optimizer step(s) (from step "
+                    f"{_n(first['step'])}) found every gradient None: their {nb} backward "
+                    "pass(es) ran with FSDP2 gradient sync off "
+                    "(set_requires_gradient_sync(False)) and no synced backward and applied "
+                    "step followed, so their gradient never reached the optimizer")]
+    wasted = [s for s in folded if fsdp_off(s)]
+    if not wasted:
+        return []
+    return [Finding("OK", "note", rank, _n(wasted[0]["step"]), None,
+                    f"{len(wasted)} of {len(steps)} optimizer.step() calls came after a "
+                    "backward with FSDP2 gradient sync off and found every gradient None "
+                    "(FSDP2 keeps the unreduced gradient until the synced backward): they "
+                    "changed nothing, and the window went on to the next applied step, so the "
+                    "update is the large batch's",
+                    "Call optimizer.step() and zero_grad() only after the window's last "
+                    "(synced) backward: the other calls do nothing.",
+                    "correct, with optimizer.step() calls that do nothing")]
+
+
+def _scheduler_findings(rank: int, events: list[dict[str, Any]]) -> list[Finding]:
+    for e in events:
+        if not e.get("in_step") and int(e["count"]) > int(e["optimizer_steps"]) + 1:
+            micro = int(e["micro"])  # backward passes before it: after micro-step `micro`
+            return [_mk("F4", "error", rank, int(e["step"]), micro - 1 if micro else None,
+                        f"the LR scheduler had stepped {e['count']} times when its "
+                        f"optimizer had stepped {e['optimizer_steps']} times (seen after "
+                        f"{micro} backward pass(es) of optimizer step "
+                        f"{_n(int(e['step']))}): "
+                        "it steps per micro-step or per process, not once per optimizer "
+                        "step")]
+    return []
