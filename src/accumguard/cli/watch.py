@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="check gradient conservation on every N-th optimizer step (default 1)")
     p.add_argument("--keep", default=None, metavar="DIR",
                    help="keep the per-rank recordings in DIR (default: a temporary folder)")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="several nodes: a directory every node's watch shares (never cleared); "
+                        "each watch reports its own ranks, then `accumguard watch --report DIR` "
+                        "judges the whole job")
+    p.add_argument("--report", default=None, metavar="DIR",
+                   help="no command: judge the rank records in DIR (left by --out or --keep) "
+                        "as one job")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ...")
     return p
 
@@ -54,9 +62,15 @@ def watch_main(argv: Sequence[str]) -> int:
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
+    if args.report is not None:
+        return _report_only(Path(args.report), args, command)
     if not command:
         print("accumguard watch: error: no command given; usage: accumguard watch -- python "
               "train.py", file=sys.stderr)
+        return 2
+    if args.keep and args.out:
+        print("accumguard watch: error: --keep and --out both given; use --out DIR on every "
+              "node of a multi-node job, --keep DIR otherwise", file=sys.stderr)
         return 2
     if args.accumulation_steps is not None and args.accumulation_steps < 1:
         print("accumguard watch: error: --accumulation-steps must be >= 1", file=sys.stderr)
@@ -67,7 +81,14 @@ def watch_main(argv: Sequence[str]) -> int:
     from accumguard.runtime.watch import observed_env
 
     tmp = None
-    if args.keep:
+    watch_id = None
+    if args.out:
+        # shared by the watches of several nodes: nothing is removed (another node's ranks
+        # may be writing); this watch reads back only the files its own command wrote
+        out_dir = Path(args.out)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        watch_id = uuid.uuid4().hex
+    elif args.keep:
         out_dir = Path(args.keep)
         out_dir.mkdir(parents=True, exist_ok=True)
         for old in out_dir.glob("rank-*.jsonl"):
@@ -76,12 +97,27 @@ def watch_main(argv: Sequence[str]) -> int:
         tmp = tempfile.TemporaryDirectory(prefix="accumguard-watch-")
         out_dir = Path(tmp.name)
     try:
-        env = observed_env(None, out_dir, every=args.every)
+        env = observed_env(None, out_dir, every=args.every, watch_id=watch_id)
         code, signalled = _run(command, env)
-        return _report(out_dir, args, code, signalled)
+        return _report(out_dir, args, code, signalled, watch_id=watch_id)
     finally:
         if tmp is not None:
             tmp.cleanup()
+
+
+def _report_only(out_dir: Path, args: argparse.Namespace, command: list[str]) -> int:
+    """``--report DIR``: the records every node's watch left in one shared directory,
+    judged as one job (the rules that compare ranks see every rank)."""
+    if command:
+        print("accumguard watch: error: --report DIR takes no command (it reads the records "
+              f"a finished job left in {str(out_dir)!r})", file=sys.stderr)
+        return 2
+    if not out_dir.is_dir() or not any(out_dir.glob("rank-*.jsonl")):
+        print(f"accumguard watch: error: no rank records (rank-*.jsonl) in {str(out_dir)!r}; "
+              "expected the directory given as --out (or --keep) to the watch of every node",
+              file=sys.stderr)
+        return 2
+    return _report(out_dir, args, 0, None, watch_id=None, merged=True)
 
 
 def _run(command: list[str], env: dict[str, str]) -> tuple[int, str | None]:
@@ -136,7 +172,8 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-def _report(out_dir: Path, args: argparse.Namespace, code: int, signalled: str | None) -> int:
+def _report(out_dir: Path, args: argparse.Namespace, code: int, signalled: str | None, *,
+            watch_id: str | None = None, merged: bool = False) -> int:
     from accumguard.runtime.watch_declared import declared_k
     from accumguard.runtime.watch_findings import (
         NUMBERING,
@@ -145,10 +182,12 @@ def _report(out_dir: Path, args: argparse.Namespace, code: int, signalled: str |
         load_recordings,
     )
 
-    rec = load_recordings(out_dir)
+    rec = load_recordings(out_dir, watch_id=watch_id)
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
+    if merged:
+        command = _recorded_argv(out_dir)
     script = None
     if not args.accumulation_steps:
         script = declared_k(command, world=max(1, rec.world))
@@ -182,6 +221,8 @@ def _report(out_dir: Path, args: argparse.Namespace, code: int, signalled: str |
                         "before any of them (gradients made another way, e.g. "
                         "torch.autograd.grad into .grad, are not followed); the absence of "
                         "findings below says nothing about this run")
+    problems += _coverage_lines(rec, out_dir=out_dir, shared=watch_id is not None,
+                                merged=merged)
     failed = _failure_lines(rec)
     report = {
         "accumguard_failed": failed,
@@ -189,6 +230,8 @@ def _report(out_dir: Path, args: argparse.Namespace, code: int, signalled: str |
         "exit_code": code,
         "signal": signalled,
         "ranks": rec.ranks,
+        "world_size": rec.world,
+        "ranks_missing": sorted(set(range(rec.world)) - set(rec.ranks)) if rec.ranks else [],
         "checked": n_steps > 0 and backwards > 0,
         "accumulation_steps": k,
         "accumulation_steps_source": k_source,
@@ -209,6 +252,46 @@ def _report(out_dir: Path, args: argparse.Namespace, code: int, signalled: str |
     if code == 0 and failed:
         return EXIT_ACCUMGUARD_FAILED
     return code
+
+
+def _recorded_argv(out_dir: Path) -> list[str]:
+    """The command a job's rank 0 ran (``--report`` has no command line of its own; the
+    script's declared K is read from it)."""
+    for path in sorted(out_dir.glob("rank-*.jsonl")):
+        with contextlib.suppress(OSError, ValueError), path.open(encoding="utf-8") as fh:
+            first = json.loads(fh.readline() or "{}")
+            if first.get("kind") == "start" and first.get("argv"):
+                return [sys.executable, *[str(a) for a in first["argv"]]]
+    return []
+
+
+def _coverage_lines(rec: Any, *, out_dir: Path, shared: bool, merged: bool) -> list[str]:
+    """Say which ranks of the job this report holds: a watch on one node of several sees
+    only that node's ranks, and the rules that compare ranks then covered only those."""
+    lines = []
+    seen = rec.ranks
+    if len(rec.run_ids - {None}) > 1:
+        lines.append(f"the records in {str(out_dir)} belong to {len(rec.run_ids - {None})} "
+                     "different jobs (torchrun run ids "
+                     f"{', '.join(sorted(str(r) for r in rec.run_ids - {None}))}): the report "
+                     "mixes them; give each job its own --out directory")
+    if seen and rec.world > len(seen):
+        missing = sorted(set(range(rec.world)) - set(seen))
+        head = (f"the job has {rec.world} ranks; this report holds the records of rank(s) "
+                f"{', '.join(map(str, seen))} only (missing: {', '.join(map(str, missing))}): "
+                "the checks that compare ranks (gradients agree across ranks, loss weights "
+                "summed over ranks, F6/F10) covered only these ranks")
+        if merged:
+            lines.append(head + "; did every node's watch write to this directory, and had "
+                                "every node finished?")
+        elif shared:
+            lines.append(head + f"; once every node has finished, `accumguard watch --report "
+                                f"{out_dir}` judges the whole job")
+        else:
+            lines.append(head + "; on a job of several nodes, run every node's watch with "
+                                "--out SHARED_DIR and then `accumguard watch --report "
+                                "SHARED_DIR`")
+    return lines
 
 
 def _failure_lines(rec: Any) -> list[str]:
@@ -266,6 +349,9 @@ def _no_finding_line(report: dict[str, Any]) -> str:
     if report.get("accumguard_failed"):
         return ("no accumulation finding in the steps checked, but accumguard failed (see the "
                 "first lines)")
+    if report.get("ranks_missing"):
+        return ("no accumulation finding on the rank(s) this report holds (the checks that "
+                "compare ranks were incomplete, see above)")
     code, n = report.get("exit_code", 0), len(report["steps"])
     if report.get("signal") or code:
         return (f"no accumulation finding in the {n} optimizer step(s) recorded before the "
