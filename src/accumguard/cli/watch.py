@@ -26,10 +26,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EXIT_ACCUMGUARD_FAILED", "build_parser", "watch_main"]
+__all__ = ["EXIT_ACCUMGUARD_FAILED", "JSON_SCHEMA_VERSION", "build_parser", "watch_main"]
 
 #: accumguard's own failure: observation switched itself off on a rank; the run was unchanged.
 EXIT_ACCUMGUARD_FAILED = 3
+#: the ``--json`` report's layout (docs/watch.md "JSON report"): bumped when a field
+#: changes meaning or goes away; new fields may appear without a bump
+JSON_SCHEMA_VERSION = 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -225,6 +228,8 @@ def _report(out_dir: Path, args: argparse.Namespace, code: int, signalled: str |
                                 merged=merged)
     failed = _failure_lines(rec)
     report = {
+        "schema_version": JSON_SCHEMA_VERSION,
+        "tool": "accumguard watch",
         "accumguard_failed": failed,
         "command": list(args.command),
         "exit_code": code,
