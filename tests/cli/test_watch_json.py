@@ -56,3 +56,29 @@ def test_a_finding_in_the_json_report_has_its_documented_keys(tmp_path: Path) ->
     f3 = [f for f in doc["findings"] if f["cls"] == "F3"]
     assert f3 and f3[0]["severity"] == "error"
     assert set(f3[0]) == {"cls", "severity", "rank", "step", "micro", "evidence", "fix", "title"}
+
+
+def test_the_python_api_runs_a_command_and_returns_the_same_report(tmp_path: Path) -> None:
+    """``accumguard.watch([...])``: the library entry point the CLI is built on."""
+    import sys
+
+    import accumguard
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\n"
+        "torch.manual_seed(0)\n"
+        "model = torch.nn.Linear(4, 2)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for i in range(8):\n"
+        "    opt.zero_grad()  # every micro-step: F3\n"
+        "    x, y = torch.randn(3, 4), torch.randint(0, 2, (3,))\n"
+        "    (torch.nn.functional.cross_entropy(model(x), y) / 4).backward()\n"
+        "    if (i + 1) % 4 == 0:\n"
+        "        opt.step()\n")
+    result = accumguard.watch([sys.executable, str(script)], accumulation_steps=4,
+                              keep=tmp_path / "rec")
+    assert result.checked and result.exit_code == 1
+    assert {f.cls for f in result.errors} == {"F3"}
+    assert result.report["schema_version"] == 1 and result.report["ranks"] == [0]
+    assert (tmp_path / "rec" / "rank-0.jsonl").exists()
