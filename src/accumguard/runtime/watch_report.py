@@ -12,12 +12,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
-import threading
-import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -192,57 +188,16 @@ def judge(out_dir: str | os.PathLike[str], *, command: Sequence[str] = (),
 
 
 def run_in_group(command: Sequence[str], env: dict[str, str]) -> tuple[int, str | None]:
-    """Run in a new process group; forward SIGINT/SIGTERM to the group; reap it all."""
-    try:
-        proc = subprocess.Popen(command, env=env, start_new_session=True)
-    except (FileNotFoundError, PermissionError) as exc:
-        print(f"accumguard watch: error: cannot start {command[0]!r}: {exc}", file=sys.stderr)
+    """Run the watched command (see :func:`accumguard.runtime._child.run_group`): its exit
+    code and the name of the signal that ended it, if any."""
+    from accumguard.runtime._child import run_group
+
+    end = run_group(command, env)
+    if end.start_error:
+        print(f"accumguard watch: error: cannot start {command[0]!r}: {end.start_error}",
+              file=sys.stderr)
         return 127, None
-    received: list[int] = []
-
-    def forward(signum: int, frame: Any) -> None:
-        received.append(signum)
-        _kill_group(proc.pid, signum)
-
-    main = threading.current_thread() is threading.main_thread()
-    old = ({s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)} if main
-           else {})
-    code = 0
-    try:
-        while True:
-            try:
-                code = proc.wait()
-                break
-            except KeyboardInterrupt:  # pragma: no cover - handled by the forwarder
-                continue
-        if received:
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline and _group_alive(proc.pid):
-                time.sleep(0.1)
-            _kill_group(proc.pid, signal.SIGKILL)
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-    sig = None
-    if code < 0:
-        sig = signal.Signals(-code).name
-        code = 128 - code
-    elif received:
-        sig = signal.Signals(received[0]).name
-    return code, sig
-
-
-def _kill_group(pgid: int, signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signum)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True
+    return end.code, end.signal
 
 
 def _recorded_argv(out_dir: Path) -> list[str]:
