@@ -193,5 +193,4 @@ def low_precision_findings(rank: int | None, windows: list[dict[str, Any]]
                 f"correct loop at {dtype} precision"
                 + (f": {drift / floor:.1f}x beyond it" if error else
                    f" (an error from K >= {k_err})" if seen else
-                   " (not confirmed to reach the optimizer: a warning)")
-                + f". Fix: {fix}", fix=fix)]
+                   " (not confirmed to reach the optimizer: a warning)"), fix=fix)]
