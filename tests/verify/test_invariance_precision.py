@@ -124,3 +124,39 @@ def test_probes_note_batchnorm_and_in_batch_negatives(tmp_path: Path) -> None:
     seen = json.loads((tmp_path / "construction-rank-0.json").read_text())
     assert len(seen) == 2 and any("BatchNorm1d(4)" in s for s in seen)
     assert any("in-batch negatives" in s and "test_invariance_precision.py:" in s for s in seen)
+
+
+def _bn_contrastive_training() -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        z = model(torch.randn(4, 6))
+        torch.nn.functional.cross_entropy(z @ z.T, torch.arange(4)).backward()
+        opt.step()
+        opt.zero_grad()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("fault", ["_BatchNorm.forward:pre@1", "_BatchNorm.forward:post@2",
+                                   "torch.nn.functional.cross_entropy:pre@1",
+                                   "torch.nn.functional.cross_entropy:post@2"])
+def test_a_probe_fault_changes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                       fault: str) -> None:
+    """The probes' doors: an internal error switches them off, the training is unchanged."""
+    from accumguard.observe._failsafe import ENV_FAULT
+    from accumguard.observe.invariance_construction import install_probes
+
+    plain = _bn_contrastive_training()
+    original = torch.nn.functional.cross_entropy
+    monkeypatch.setenv(ENV_FAULT, fault)
+    patches = install_probes(tmp_path)
+    try:
+        probed = _bn_contrastive_training()
+    finally:
+        patches.undo()
+    failure = patches.failsafe.failure if patches.failsafe is not None else None
+    assert failure is not None and "InjectedFault" in failure.error
+    assert torch.nn.functional.cross_entropy is original
+    for a, b in zip(plain, probed, strict=True):
+        assert torch.equal(a, b), fault
