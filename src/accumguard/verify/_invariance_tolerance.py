@@ -24,10 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
-
 from accumguard.verify._invariance_records import RunRecord
-from accumguard.verify.tolerance import build_tolerance, dtype_of, precision_name, unit_roundoff
 
 __all__ = ["FP32_TOLERANCE", "InvarianceTolerance", "derive_tolerance", "invariance_tolerance"]
 
@@ -37,7 +34,7 @@ __all__ = ["FP32_TOLERANCE", "InvarianceTolerance", "derive_tolerance", "invaria
 # roundoff) leaves that headroom while every accumulation bug we know of moves the
 # update by 1e-2 or more.
 FP32_TOLERANCE = 1e-4
-_U32 = unit_roundoff(torch.float32)
+_U32 = 2.0 ** -24  # fp32 unit roundoff (torch is imported only when a bound is derived)
 
 
 @dataclass(frozen=True)
@@ -74,6 +71,15 @@ def derive_tolerance(runs: Sequence[RunRecord]) -> InvarianceTolerance:
 
 def _model(compute: str | None, params: str | None, k: int, world: int
            ) -> InvarianceTolerance:
+    import torch  # lazily: reading a report (the CLI's --help, JSON) needs no torch
+
+    from accumguard.verify.tolerance import (
+        build_tolerance,
+        dtype_of,
+        precision_name,
+        unit_roundoff,
+    )
+
     if compute is None and params is None:
         return InvarianceTolerance(FP32_TOLERANCE, 0.0, "parameter dtype not recorded, assumed "
                                    "float32: 1e-4; pass --tolerance for bf16/fp16 training")
