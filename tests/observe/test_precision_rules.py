@@ -103,3 +103,14 @@ def test_correct_twins_stay_silent(quiet: dict[str, Any]) -> None:
 def test_plain_bf16_params() -> None:
     assert _sev(_w(256, param_dtype="bfloat16", conservation=_cons())) == [("F12", "error")]
     assert _sev(_w(16, param_dtype="bfloat16", conservation=_cons())) == [("F12", "warning")]
+
+
+def test_live_findings_carry_f12_for_the_callbacks() -> None:
+    """The framework callbacks judge each window with live_findings: F12 is among them
+    (errors and warnings; the fp32 twin's note is left to watch)."""
+    from accumguard.observe.rules import live_findings
+
+    bug = dict(_ds(256, "bfloat16"), step=3)
+    assert [(f.cls, f.severity) for f in live_findings(bug, rank=None, k=256)] \
+        == [("F12", "error")]
+    assert live_findings(dict(_ds(256, "float32"), step=3), rank=0, k=256) == []

@@ -87,7 +87,8 @@ def live_findings(record: dict[str, Any], *, rank: int | None, k: int | None
     """The rules that one window decides on its own, applied as the step happens (the
     framework callbacks): conservation (F7/F3/F2/F3), clipping inside the window (F8),
     the last micro-step's sync flag (F11; wasteful syncs are notes), DeepSpeed double
-    gating (F14) and boundary resets (F2), and a window longer than the declared K
+    gating (F14) and boundary resets (F2), low-precision accumulation (F12), and a window
+    longer than the declared K
     (F13, or F7 when it crossed into a new pass over the DataLoader). Rules that need
     the whole run (F1, F13 origin, F4 counts, cross-rank F11) stay in :func:`analyze`."""
     ws = _windows([record])
@@ -95,6 +96,8 @@ def live_findings(record: dict[str, Any], *, rank: int | None, k: int | None
         return []
     w = ws[0]
     out = _rank_findings(rank if rank is not None else 0, ws, {}, k, True)
+    # F12 is one window's own fact (the dtype its gradient was summed in): the callbacks too
+    out += [f for f in low_precision_findings(rank, ws) if f.severity != "note"]
     if rank is None:
         out = [Finding(f.cls, f.severity, None, f.step, f.micro, f.evidence, f.fix, f.title)
                for f in out]
