@@ -112,8 +112,8 @@ def deepspeed_dtypes(engine: Any) -> dict[str, str] | None:
 def model_grad_sum(tracked: Sequence[torch.Tensor], members: Sequence[bool],
                    starts: Sequence[torch.Tensor], ends: Sequence[torch.Tensor],
                    opt_params: Sequence[torch.Tensor]) -> dict[str, Any] | None:
-    """The master-weight pattern on one checked window: the roots' bf16/fp16 parameters the
-    stepping optimizer does not hold (``members`` False), their ``.grad`` summed in place by
+    """The master-weight pattern on one checked window (an optimizer over fp32 parameters
+    only): the roots' bf16/fp16 parameters the stepping optimizer does not hold (``members`` False), their ``.grad`` summed in place by
     the window's backwards (nothing removed between them, nothing left from before), and
     whether the optimizer's gradient at the step is that sum up to one scale (``reached``:
     None when the two parameter lists do not pair up by shape, so it cannot be told).
@@ -122,6 +122,8 @@ def model_grad_sum(tracked: Sequence[torch.Tensor], members: Sequence[bool],
     (``[P, 3]``, rows positional; later rows may be missing from earlier checksums)."""
     if len(starts) < 2 or len(starts) != len(ends):
         return None
+    if any(p.dtype in LOW for p in opt_params):
+        return None  # the optimizer steps low-precision parameters itself: not masters
     n = min(int(c.shape[0]) for c in (*starts, *ends))
     rows = [i for i in range(min(n, len(members)))
             if not members[i] and tracked[i].dtype in LOW and tracked[i].numel() > 0]
