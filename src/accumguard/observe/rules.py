@@ -42,6 +42,7 @@ from accumguard.observe._records import (
     step_record,
     windows,
 )
+from accumguard.observe._schedules import run_horizon_findings
 from accumguard.observe._step_rules import (
     _extra_step,
     _no_update,
@@ -205,6 +206,7 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
                          for f in found]
             findings += ([] if note is None else [note._replace(rank)]) + found
         findings += _scheduler_findings(rank, rec.schedulers.get(rank, []))
+        findings += run_horizon_findings(rec, rank, res.k)
     findings += _cross_rank(rec)
     findings += _cross_rank_weights(rec)
     findings += manual_reduce_findings(rec)
