@@ -9,7 +9,12 @@ already judge a window that spans two passes (F7: leaked or dropped); here:
 
 * :func:`epochs` - the per-pass counts (also the slack of :mod:`._schedules`);
 * :func:`short_epoch_findings` - every pass holds fewer micro-batches than K: each window
-  is a pass's short tail, and a loop (or framework) dividing by K weighs each one n/K.
+  is a pass's short tail, and a loop (or framework) dividing by K weighs each one n/K;
+* :func:`dropped_tail` / :func:`dropped_finding` - a pass's partial tail that a
+  ``zero_grad()`` at the next pass's start cleared before any step. Dropping it is a
+  choice (the large batch with ``drop_last=True``): when the next window is K whole
+  micro-steps of the new pass, each step is right and only data was skipped (a warning);
+  when it is shorter, that step is short as well (an error, F7).
 """
 
 from __future__ import annotations
@@ -17,9 +22,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from accumguard.observe._records import Finding, _mk
+from accumguard.observe._records import Finding, _mk, _n
+from accumguard.observe._weight_rules import _near, _window_mass
 
-__all__ = ["Epoch", "epochs", "short_epoch_findings"]
+__all__ = ["Epoch", "complete_epochs", "dropped_finding", "dropped_tail", "epochs",
+           "short_epoch_findings"]
 
 
 @dataclass(frozen=True)
@@ -69,26 +76,87 @@ def complete_epochs(steps: list[dict[str, Any]]) -> bool:
     return len(eps) >= 2 and len({e.backwards for e in eps}) == 1
 
 
-def short_epoch_findings(rank: int, steps: list[dict[str, Any]], k: int | None,
-                         framework: str | None) -> list[Finding]:
-    """Every pass over the data shorter than K: each optimizer step's window is one whole
-    pass of n < K micro-batches. A note with the counts: the loss-weight rules judge
-    whether each short window was divided by K (F7) or by its own count."""
-    if k is None or k < 2:
+def short_epoch_findings(rank: int, windows: list[dict[str, Any]], k: int | None,
+                         declared: bool, source: str) -> list[Finding]:
+    """Every pass over the data held fewer micro-batches than K, and each optimizer step
+    closed one whole pass (Lightning steps at an epoch's last batch): an error (F7) when
+    K was declared and every window's loss record weighs its tokens n/K in total (each
+    short window divided by K instead of its own n: the update is n/K of its mean
+    gradient); a note otherwise (the steps are right only if each was normalised by its
+    own count, and each is a batch of n, not K, micro-batches)."""
+    if k is None or k < 2 or len(windows) < 2:
         return []
-    eps = [e for e in epochs(steps) if e.backwards]
-    if len(eps) < 2 or not all(e.backwards < k for e in eps):
+    sizes = [int(w.get("window", 0)) for w in windows]
+    whole = all(0 in (w.get("data_pass_starts") or []) for w in windows)
+    if not whole or not all(1 <= n < k for n in sizes):
         return []
-    sizes = sorted({e.backwards for e in eps})
-    who = f"{framework} " if framework else ""
-    return [_mk("F7", "note", rank, None, None,
-                f"all {len(eps)} passes over the DataLoader held fewer micro-batches than K = "
-                f"{k} ({', '.join(map(str, sizes))} each): {who}stepped at the end of each "
-                f"pass, so every optimizer step came after a short window of "
-                f"{'/'.join(map(str, sizes))} micro-step(s), never K. Each step is the large "
-                "batch of that epoch only if its loss was normalised by the window's own "
-                "count; divided by K it is too small",
+    masses = [_window_mass(w) for w in windows]
+    uniq = "/".join(map(str, sorted(set(sizes))))
+    text = (f"all {len(windows)} optimizer steps came at the end of a pass over the DataLoader "
+            f"(an epoch) after {uniq} micro-batch(es), fewer than K = {k} ({source}): every "
+            "epoch is shorter than K, so each step closes a short window")
+    if declared and all(m is not None and _near(m.mass, n / k, m.low)
+                        for m, n in zip(masses, sizes, strict=True)):
+        m0 = masses[0]
+        assert m0 is not None
+        return [_mk("F7", "error", rank, int(windows[0]["step"]), sizes[0] - 1,
+                    f"{text}, and its tokens carried a total weight of {m0.mass:.4g} = "
+                    f"{sizes[0]}/{k} (loss at {m0.site.rsplit('/', 1)[-1]}): each short "
+                    f"window was divided by K instead of its own {uniq} micro-batch(es), so "
+                    f"every update is {sizes[0]}/{k} of the window's mean gradient",
+                    title_=f"every epoch shorter than K = {k}, and each short window divided "
+                           "by K",
+                    fix=f"Use K <= the batches per epoch ({min(sizes)}) (Lightning: "
+                        "accumulate_grad_batches; it divides every batch's loss by it and steps "
+                        "at the epoch's end), or normalise each window's loss by its own count.")]
+    return [_mk("F7", "note", rank, int(windows[0]["step"]), None,
+                f"{text}. Each step is the mean over its epoch only if its loss was "
+                f"normalised by the window's own count; the effective batch is {uniq} "
+                f"micro-batch(es), not {k}",
                 title_=f"every epoch shorter than K = {k}: each optimizer step closes a short "
                        "window",
-                fix=f"Use K <= the batches per epoch ({min(sizes)}), or normalise each "
-                    "window's loss by its own count (the last window of an epoch is short).")]
+                fix=f"Use K <= the batches per epoch ({min(sizes)}).")]
+
+
+def dropped_tail(w: dict[str, Any]) -> int:
+    """Micro-steps at the end of a pass over the DataLoader that a ``zero_grad()`` at the
+    start of the next pass cleared before any step (0: not that): the window spans two
+    passes and conservation saw the gradient wiped exactly where the new pass began."""
+    cons = w.get("conservation")
+    if not isinstance(cons, dict) or cons.get("ok", True) or cons.get("reason") != "wiped":
+        return 0
+    j = cons.get("first_wipe")
+    n = int(w.get("window", w.get("backwards", 0)))
+    if (isinstance(j, int) and 0 < j < n and j in (w.get("data_pass_starts") or [])
+            and int(w.get("zero_grads_between", 0))):
+        return j
+    return 0
+
+
+def dropped_finding(rank: int, w: dict[str, Any], j: int, k: int | None) -> Finding:
+    """F7 for a tail of ``j`` micro-steps cleared at the next pass's start: a warning when
+    the step that follows received K whole micro-steps of the new pass (the update is the
+    large batch's for them; the tail's data was not trained on), an error otherwise."""
+    cons = w["conservation"]
+    n = int(w.get("window", w.get("backwards", 0)))
+    head = (f"{j} micro-step(s) at the end of a pass over the DataLoader (an epoch) were "
+            f"never stepped: zero_grad() at the start of the next pass cleared their "
+            f"gradient ({cons['wiped']:.3g} of the window's gradient, relative, removed "
+            f"before backward pass {j + 1}), so optimizer step {_n(w['step'])} received only "
+            f"the {n - j} micro-step(s) of the new pass")
+    if k is not None and n - j == k:
+        return _mk("F7", "warning", rank, int(w["step"]), j - 1,
+                   f"{head}, a whole window of K = {k}: that update is the large batch's, "
+                   f"but the epoch's last {j} micro-batch(es) were never trained on (as "
+                   "with drop_last=True on the large batch). Fine if intended",
+                   title_=f"an epoch's partial window ({j} micro-batch(es)) dropped by "
+                          "zero_grad() at the next epoch's start: data not trained on",
+                   fix="To train on the tail, step after the last micro-batch of each pass "
+                       "with its loss normalised by the tail's own count; to drop it on "
+                       "purpose, say so with drop_last=True on the DataLoader.")
+    return _mk("F7", "error", rank, int(w["step"]), j - 1,
+               f"{head}: the partial window was dropped"
+               + (f", and the step came after {n - j} micro-step(s), not K = {k}"
+                  if k is not None else "")
+               + ". Step (normalised by its own count) after the last micro-batch of each "
+                 "pass")

@@ -40,6 +40,16 @@ def _accelerator_backwards(ctx: FileContext, scope: ast.AST) -> list[tuple[ast.C
             and "accelerator" in (dotted(receiver(call)) or "").lower()]
 
 
+def _k_only_below(ctx: FileContext, node: ast.AST, divisor: ast.AST) -> bool:
+    """K divides the divisor (``loss / (n / K)`` multiplies by K, undoing ``backward``'s own
+    division), or this division is the divisor of another one."""
+    parent = ctx.parents.get(node)
+    if isinstance(parent, ast.BinOp) and isinstance(parent.op, ast.Div) and parent.right is node:
+        return True
+    inner = _division(divisor)
+    return inner is not None and ctx.mentions_accum(inner[1]) and not ctx.mentions_accum(inner[0])
+
+
 @rule("AG121")
 def loss_divided_before_accelerator_backward(ctx: FileContext) -> Iterator[Finding]:
     ks = _accelerator_ks(ctx)
@@ -52,7 +62,7 @@ def loss_divided_before_accelerator_backward(ctx: FileContext) -> Iterator[Findi
         divisor = d[1]
         if not (ctx.mentions_accum(divisor) or ctx.int_value(divisor) in ks):
             continue
-        if not _is_loss_division(ctx, node, d[0]):
+        if not _is_loss_division(ctx, node, d[0]) or _k_only_below(ctx, node, divisor):
             continue
         scope = ctx.scope_of(node)
         backs = _accelerator_backwards(ctx, scope)
