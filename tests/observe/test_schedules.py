@@ -32,6 +32,9 @@ def test_accelerate_horizon_in_optimizer_steps_ends_w_times_early() -> None:
     assert "num_processes" in found[0].fix
     # the right horizon (2 x the optimizer steps): silent
     assert horizon_findings(0, _events(16, 8, 2), 8, 2, 2, 2, True) == []
+    # a run cut short: the end came early, but the run's total is unknown: a note
+    cut = horizon_findings(0, _events(8, 8, 2), 8, 2, 2, 2, False)
+    assert _sev(cut) == {("F4", "note")} and "cut short" in cut[0].evidence, cut
 
 
 def test_horizon_in_micro_batches_ends_k_times_late() -> None:

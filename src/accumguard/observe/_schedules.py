@@ -149,8 +149,9 @@ def horizon_findings(rank: int, events: list[dict[str, Any]], total_steps: int,
         if crossed is not None:  # the schedule reached its end inside the run
             at = max(1, int(crossed.get("optimizer_steps", 0)))
             ratio = steps / at
+            # a run cut short: S is not the run's total, so no factor is claimed
             hit = next(((c, name) for c, name in _factors(world, k)
-                        if _match(steps, at, c, slack)), None)
+                        if complete and _match(steps, at, c, slack)), None)
             if hit is not None:
                 out.append(_mk("F4", "error", rank, at - 1, None,
                                f"the LR schedule ({what}) reached its end at optimizer step "
@@ -165,8 +166,10 @@ def horizon_findings(rank: int, events: list[dict[str, Any]], total_steps: int,
                 out.append(_mk("F4", "note", rank, at - 1, None,
                                f"the LR schedule ({what}) reached its end at optimizer step "
                                f"{at} of the run's {steps} ({rate}); the remaining "
-                               f"{steps - at} steps ran at its final learning rate. Not a "
-                               "factor of W or K: fine if intended",
+                               f"{steps - at} steps ran at its final learning rate. "
+                               + ("Not a factor of W or K: fine if intended" if complete else
+                                  "The run was cut short (watch --max-steps, a signal): its "
+                                  "full length, and so the factor, is unknown"),
                                title_=f"LR schedule ended at optimizer step {at} of {steps}",
                                fix=_fix(per_step)))
             continue
