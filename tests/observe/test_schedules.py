@@ -88,3 +88,11 @@ def test_horizons_read_from_the_objects() -> None:
 def test_epochs_from_data_pass_marks(starts: list[list[int]], expected: list[int]) -> None:
     steps = [{"backwards": 2, "data_pass_starts": s} for s in starts]
     assert [e.backwards for e in epochs(steps)] == expected
+
+
+def test_ddp_horizon_from_the_unsharded_dataset_ends_w_times_late() -> None:
+    # 2 ranks, K = 4: each rank made 6 optimizer steps over 2 whole epochs; the horizon
+    # counts the whole dataset's windows (12), as if one process saw all the data
+    found = horizon_findings(0, _events(12, 6, 1), 6, 2, 4, 2, True, backwards=24,
+                             whole_epochs=True)
+    assert _sev(found) == {("F4", "error")} and "W = 2 ranks" in found[0].evidence, found
