@@ -57,3 +57,18 @@ def test_a_dropped_tail_is_a_warning_when_the_next_window_is_whole() -> None:
     # a counter running across epochs: the step after the clear had 2 micro-steps, not 4
     g = dropped_finding(0, _wiped(4, 2), 2, 4)
     assert (g.cls, g.severity) == ("F7", "error") and "not K = 4" in g.evidence
+
+
+def test_epoch_counts_with_scheduler_steps_and_the_unstepped_tail() -> None:
+    from accumguard.observe._epochs import complete_epochs, epochs
+
+    # 2 passes of 6 micro-batches, K = 4, each tail cleared: windows of 4 and (2 + 4);
+    # the last pass's 2 trailing micro-batches were never stepped (pending)
+    steps = [{"step": 0, "backwards": 4, "data_pass_starts": [0]},
+             {"step": 1, "backwards": 6, "data_pass_starts": [2]}]
+    scheds = [{"step": 1, "micro": 0}, {"step": 2, "micro": 0}]
+    eps = epochs(steps, scheds, pending=2)
+    assert [e.as_dict() for e in eps] == [
+        {"micro_batches": 6, "optimizer_steps": 1, "scheduler_steps": 1, "windows": [4]},
+        {"micro_batches": 6, "optimizer_steps": 1, "scheduler_steps": 1, "windows": [4]}]
+    assert complete_epochs(steps, 2) and not complete_epochs(steps, 0)

@@ -29,6 +29,8 @@ def test_epochs(tmp_path: Path, mode: str, expected: set[str]) -> None:
         f7 = next(f for f in findings if f["cls"] == "F7")
         assert "0.75 = 3/4" in f7["evidence"] and "declared by lightning" in f7["evidence"]
         assert not [f for f in findings if f["cls"] == "F13"], findings
+        assert [e["micro_batches"] for e in report["epochs"]] == [3, 3, 3]
+        assert [e["optimizer_steps"] for e in report["epochs"]] == [1, 1, 1]
     if mode == "plain_drop":
         assert [(f["cls"], f["severity"]) for f in findings
                 if f["severity"] != "note"] == [("F7", "warning")], findings

@@ -200,6 +200,7 @@ def _report(out_dir: Path, args: argparse.Namespace, code: int, signalled: str |
         "findings": [f.as_dict() for f in findings],
         "problems": problems,
         "steps": _summary(rec),
+        "epochs": _epochs(rec),
     }
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2, default=str), encoding="utf-8")
@@ -209,6 +210,17 @@ def _report(out_dir: Path, args: argparse.Namespace, code: int, signalled: str |
     if code == 0 and failed:
         return EXIT_ACCUMGUARD_FAILED
     return code
+
+
+def _epochs(rec: Any) -> list[dict[str, Any]]:
+    """Per pass over a DataLoader on the first rank: micro-batches, optimizer steps,
+    scheduler steps, and the window sizes (empty when no DataLoader pass was seen)."""
+    from accumguard.observe._epochs import epochs
+
+    rank = min(rec.steps, default=0)
+    pending = int(rec.end.get(rank, {}).get("pending_backwards", 0) or 0)
+    return [e.as_dict() for e in epochs(rec.steps.get(rank, []), rec.schedulers.get(rank, []),
+                                        pending)]
 
 
 def _failure_lines(rec: Any) -> list[str]:

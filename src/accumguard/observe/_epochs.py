@@ -36,17 +36,28 @@ class Epoch:
     backwards: int  # backward passes between this pass's start and the next one's
     steps: int  # optimizer steps whose window ended inside this pass
     windows: tuple[int, ...]  # the backward passes of each of those windows
+    scheduler_steps: int = 0  # scheduler steps made inside this pass (or at its end)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"micro_batches": self.backwards, "optimizer_steps": self.steps,
+                "scheduler_steps": self.scheduler_steps, "windows": list(self.windows)}
 
 
-def epochs(steps: list[dict[str, Any]]) -> list[Epoch]:
+def epochs(steps: list[dict[str, Any]],
+           schedulers: list[dict[str, Any]] | None = None, pending: int = 0) -> list[Epoch]:
     """The passes over the data seen in the step records, in order (empty: no DataLoader
     pass was seen). Backward passes before the first mark are not a pass (data made by
     hand before the first ``for`` over a DataLoader); the last pass ends at the last step
-    (backward passes after it were never stepped)."""
+    (backward passes after it were never stepped). ``schedulers``: the rank's scheduler
+    records, counted in the pass where they were made (a step right after a pass's last
+    optimizer step belongs to that pass); ``pending``: backward passes after the last step
+    (the end record's ``pending_backwards``), counted in the last pass."""
     starts: list[int] = []  # global backward index of each pass start
     ends: list[int] = []  # global backward index after each window's last backward
+    before: dict[int, int] = {}  # step index -> backward passes before its window
     total = 0
     for s in steps:
+        before[int(s.get("step", len(before)))] = total
         n = int(s.get("backwards", 0) or 0)
         for j in s.get("data_pass_starts") or []:
             if isinstance(j, int) and 0 <= j <= n:
@@ -55,8 +66,10 @@ def epochs(steps: list[dict[str, Any]]) -> list[Epoch]:
         ends.append(total)
     if not starts:
         return []
+    at = [before.get(int(e.get("step", 0)), total) + int(e.get("micro", 0))
+          for e in schedulers or []]
     out = []
-    bounds = [*starts, total]
+    bounds = [*starts, total + max(0, pending)]
     for a, b in zip(bounds, bounds[1:], strict=False):
         wins = []
         prev = a
@@ -64,15 +77,16 @@ def epochs(steps: list[dict[str, Any]]) -> list[Epoch]:
             if a < e <= b:
                 wins.append(e - prev)
                 prev = e
-        out.append(Epoch(b - a, len(wins), tuple(wins)))
+        out.append(Epoch(b - a, len(wins), tuple(wins), sum(1 for g in at if a < g <= b)))
     return out
 
 
-def complete_epochs(steps: list[dict[str, Any]]) -> bool:
+def complete_epochs(steps: list[dict[str, Any]], pending: int = 0) -> bool:
     """Whether the run's passes over the data all held the same number of backward passes
-    (two or more passes): the run went through its last pass to the end, it did not break
-    out of it (a ``max_steps`` cut ends a pass early)."""
-    eps = epochs(steps)
+    (two or more passes; ``pending``: backward passes after the last step): the run went
+    through its last pass to the end, it did not break out of it (a ``max_steps`` cut ends
+    a pass early)."""
+    eps = epochs(steps, pending=pending)
     return len(eps) >= 2 and len({e.backwards for e in eps}) == 1
 
 

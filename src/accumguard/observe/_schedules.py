@@ -222,5 +222,7 @@ def run_horizon_findings(rec: RunRecording, rank: int, k: int | None) -> list[Fi
     end = rec.end.get(rank, {})
     complete = end.get("reason") in _COMPLETE and not rec.failures
     backwards = 0 if several else sum(int(s.get("backwards", 0) or 0) for s in steps)
+    pending = int(end.get("pending_backwards", 0) or 0)
     return horizon_findings(rank, rec.schedulers.get(rank, []), total, rec.world, k, len(eps),
-                            complete, backwards=backwards, whole_epochs=complete_epochs(steps))
+                            complete, backwards=backwards,
+                            whole_epochs=complete_epochs(steps, pending))
