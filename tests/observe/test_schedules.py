@@ -96,3 +96,13 @@ def test_ddp_horizon_from_the_unsharded_dataset_ends_w_times_late() -> None:
     found = horizon_findings(0, _events(12, 6, 1), 6, 2, 4, 2, True, backwards=24,
                              whole_epochs=True)
     assert _sev(found) == {("F4", "error")} and "W = 2 ranks" in found[0].evidence, found
+
+
+def test_a_scheduler_rebuilt_at_the_same_address_is_another_schedule() -> None:
+    # K = 2, 16 optimizer steps: a schedule of 16 made 8 steps, then a new one at the same
+    # address (position from 0 again) made 8 more: merged, the rate would read 0.5 per
+    # optimizer step and the end "2x late"
+    first = _events(16, 8, 1)
+    again = [dict(e, optimizer_steps=e["optimizer_steps"] + 8) for e in _events(16, 8, 1)]
+    assert horizon_findings(0, first + again, 16, 1, 2, 2, True, backwards=32,
+                            whole_epochs=True) == []

@@ -123,13 +123,22 @@ def horizon_findings(rank: int, events: list[dict[str, Any]], total_steps: int,
     passes over the data, or when the horizon is exactly the run's count of backward passes
     (the schedule counted micro-batches): otherwise a horizon planned for more epochs than
     the run made (a ``max_steps`` cut) looks the same, and it is a note."""
-    by: dict[int, list[dict[str, Any]]] = {}
+    # one group per scheduler object; a position that goes back (or a new horizon) under
+    # the same id is another object built at a freed address (a rebuilt scheduler)
+    groups: list[list[dict[str, Any]]] = []
+    last_of: dict[int, list[dict[str, Any]]] = {}
     for e in events:
-        if isinstance(e.get("pos"), int) and isinstance(e.get("horizon"), int):
-            by.setdefault(int(e.get("sid", 0)), []).append(e)
+        if not (isinstance(e.get("pos"), int) and isinstance(e.get("horizon"), int)):
+            continue
+        sid = int(e.get("sid", 0))
+        cur = last_of.get(sid)
+        if cur is None or int(e["pos"]) < int(cur[-1]["pos"]) or e["horizon"] != cur[-1]["horizon"]:
+            cur = last_of[sid] = []
+            groups.append(cur)
+        cur.append(e)
     out: list[Finding] = []
     slack = max(1, epochs)
-    for evs in by.values():
+    for evs in groups:
         first, last = evs[0], evs[-1]
         h, what = int(last["horizon"]), str(last.get("horizon_what", "its horizon"))
         if len(evs) < 2:
@@ -173,8 +182,8 @@ def horizon_findings(rank: int, events: list[dict[str, Any]], total_steps: int,
                                title_=f"LR schedule ended at optimizer step {at} of {steps}",
                                fix=_fix(per_step)))
             continue
-        if not complete:
-            continue
+        if not complete or len(groups) > 1:
+            continue  # (a rebuilt schedule's rate over the whole run is not its own)
         end_at = (h - pos0) / per_step  # the optimizer step at which it would end
         hit = next(((c, name) for c, name in _factors(world, k)
                     if _match(end_at, steps, c, slack)), None)
