@@ -20,7 +20,7 @@ from accumguard.static.lint import lint_file
 CORPUS = Path(__file__).resolve().parents[1] / "lint_corpus"
 SCRIPTS = sorted(CORPUS.glob("*.py"))
 _EXPECT = re.compile(r"#\s*expect:\s*([A-Z0-9 ,]+)")
-_HEADER = re.compile(r"^# corpus: style=(?P<style>[a-z0-9_]+) class=(?P<cls>[A-Za-z0-9/]+)(?: miss=(?P<miss>.+))?$")
+_HEADER = re.compile(r"^# corpus: style=(?P<style>[a-z0-9_]+) class=(?P<cls>[A-Za-z0-9/_]+)(?: miss=(?P<miss>.+))?$")
 
 
 def header(path: Path) -> tuple[str, str, str | None]:

@@ -28,6 +28,7 @@ import dataclasses
 from collections import Counter
 from typing import Any
 
+from accumguard.observe._epochs import dropped_finding, dropped_tail, short_epoch_findings
 from accumguard.observe._precision_rules import (
     F12_ERROR_FACTOR,
     f12_drift,
@@ -47,6 +48,7 @@ from accumguard.observe._records import (
     step_record,
     windows,
 )
+from accumguard.observe._schedules import run_horizon_findings
 from accumguard.observe._step_rules import (
     _extra_step,
     _no_update,
@@ -202,6 +204,8 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
             found += low_precision_findings(rank, _windows(steps))
             found += partial_window_findings(rank, _windows(steps), gres.k)
             found += grad_step_findings(rank, _windows(steps), gres)
+            found += short_epoch_findings(rank, _windows(steps), gres.k, gres.declared,
+                                          gres.source)
             if idx is not None and len(groups) > 1:
                 name = next((str(s.get("optimizer")) for s in steps if s.get("optimizer")),
                             "optimizer")
@@ -210,6 +214,7 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
                          for f in found]
             findings += ([] if note is None else [note._replace(rank)]) + found
         findings += _scheduler_findings(rank, rec.schedulers.get(rank, []))
+        findings += run_horizon_findings(rec, rank, res.k)
     findings += _cross_rank(rec)
     findings += _cross_rank_weights(rec)
     findings += manual_reduce_findings(rec)
@@ -333,10 +338,9 @@ def _rank_findings(rank: int, steps: list[dict[str, Any]], info: dict[str, Any],
         clipped = bool(early_clips) and not int(w.get("zero_grads_between", 0))
         if cons and not cons.get("ok", True) and not (clipped and cons.get("reason") != "stale"):
             # (a clip between backwards shrinks the accumulated gradient: F8 below says so)
-            dropped = _dropped_tail(w)
+            dropped = dropped_tail(w)
             if dropped:
-                out.append(_mk("F7", "error", rank, step, dropped - 1,
-                               _dropped_text(w, dropped)))
+                out.append(dropped_finding(rank, w, dropped, k))
             elif cons.get("reason") == "stale":
                 out.append(_mk("F7", "error", rank, step, 0,
                                f"gradient left from before this window (relative size "
@@ -368,32 +372,6 @@ def _rank_findings(rank: int, steps: list[dict[str, Any]], info: dict[str, Any],
                            f"DeepSpeed clips at {clip:g} by default (gradient_clipping not set); "
                            "no step exceeded it in this run"))
     return out
-
-
-def _dropped_tail(w: dict[str, Any]) -> int:
-    """Micro-steps at the end of a pass over the DataLoader that a ``zero_grad()`` at the
-    start of the next pass cleared before any step (0: not that): the window spans two
-    passes and conservation saw the gradient wiped exactly where the new pass began."""
-    cons = w.get("conservation")
-    if not isinstance(cons, dict) or cons.get("ok", True) or cons.get("reason") != "wiped":
-        return 0
-    j = cons.get("first_wipe")
-    n = int(w.get("window", w.get("backwards", 0)))
-    if (isinstance(j, int) and 0 < j < n and j in (w.get("data_pass_starts") or [])
-            and int(w.get("zero_grads_between", 0))):
-        return j
-    return 0
-
-
-def _dropped_text(w: dict[str, Any], j: int) -> str:
-    cons = w["conservation"]
-    n = int(w.get("window", w.get("backwards", 0)))
-    return (f"{j} micro-step(s) at the end of a pass over the DataLoader (an epoch) were "
-            f"never stepped: zero_grad() at the start of the next pass cleared their "
-            f"gradient ({cons['wiped']:.3g} of the window's gradient, relative, removed "
-            f"before backward pass {j + 1}), so optimizer step {_n(w['step'])} received only "
-            f"the {n - j} micro-step(s) of the new pass: the partial window was dropped. "
-            "Step (normalised by its own count) after the last micro-batch of each pass")
 
 
 def _wipe_text(w: dict[str, Any], cls: str, n: int) -> str:
@@ -469,8 +447,8 @@ def _window_findings(rank: int, windows: list[dict[str, Any]], info: dict[str, A
         if crossed:
             w, n0 = crossed[0], int(crossed[0]["window"])
             j = next(j for j in w["data_pass_starts"] if 0 < j < n0)
-            out.append(_mk("F7", "error", rank, w["step"], n0 - 1,
-                           _dropped_text(w, j) if _dropped_tail(w) == j else
+            out.append(dropped_finding(rank, w, j, k) if dropped_tail(w) == j else
+                       _mk("F7", "error", rank, w["step"], n0 - 1,
                            f"a window of {n0} backward passes (K = {k}) before optimizer step "
                            f"{_n(w['step'])}: {j} micro-step(s) left at the end of a pass over "
                            "the DataLoader (an epoch) were not stepped and leaked into the "
@@ -517,7 +495,9 @@ def _window_findings(rank: int, windows: list[dict[str, Any]], info: dict[str, A
                                "data pass) were not stepped and leaked into the next window"))
             else:
                 out.append(_varying_note(rank, long[0], sizes, k, regular))
-    short = [w for w in windows[1:-1] if 1 < int(w["window"]) < k]
+    # (a window closing a pass over the data is an epoch's tail, not an off-by-one count)
+    short = [w for i, w in enumerate(windows[1:-1], 1) if 1 < int(w["window"]) < k
+             and 0 not in (windows[i + 1].get("data_pass_starts") or [])]
     if res.declared and len(short) >= 2 and all(int(w["window"]) == k - 1 for w in short) \
             and len(short) >= regular:
         out.append(_mk("F13", "error", rank, short[0]["step"], None,

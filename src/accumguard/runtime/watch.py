@@ -32,7 +32,9 @@ The recording, one JSON object per line (flushed at every optimizer step, at exi
   ``sync_backward`` (the DDP/FSDP2 sync flag at each backward), ``param_dtype`` (of the
   parameters the optimizer stepped: ``accumguard invariance``'s tolerance reads it).
   The raw ``step`` counts from 0; every report shows it 1-based;
-* ``{"kind": "scheduler", "step", "micro", "count", "optimizer_steps", "in_step"}``;
+* ``{"kind": "scheduler", "step", "micro", "count", "optimizer_steps", "in_step", "sid",
+  "pos", "horizon", "horizon_what"}`` (``pos``: the scheduler's ``last_epoch``; ``horizon``:
+  where its schedule ends, when the object states it: :mod:`accumguard.observe._schedules`);
 * ``{"kind": "end", "reason", "pending_backwards", "declared_k", "collective"}`` last
   (``reason``: ``exit``, ``max_steps``, ``destroy_process_group``, ``signal``;
   ``collective``: ``{open, last_done, failed, calls}`` from
@@ -293,8 +295,11 @@ class _Agent:
         self.seen_activity = True
 
     def on_scheduler_step(self, ev: Any) -> None:
+        from accumguard.observe._schedules import schedule_state
+
         self._write({"kind": "scheduler", "step": ev.step, "micro": ev.micro, "count": ev.count,
-                     "optimizer_steps": ev.optimizer_steps, "in_step": ev.in_step})
+                     "optimizer_steps": ev.optimizer_steps, "in_step": ev.in_step,
+                     **schedule_state(ev.owner)})
 
     def on_step(self, ev: Any) -> None:
         from accumguard.observe.rules import step_record

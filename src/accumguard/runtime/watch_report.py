@@ -177,6 +177,7 @@ def judge(out_dir: str | os.PathLike[str], *, command: Sequence[str] = (),
         "findings": [f.as_dict() for f in findings],
         "problems": problems,
         "steps": _summary(rec),
+        "epochs": _epochs(rec),
     }
     if errors:
         exit_code = 1
@@ -238,6 +239,17 @@ def _coverage_lines(rec: Any, *, out_dir: Path, shared: bool, merged: bool) -> l
                                 "--out SHARED_DIR and then `accumguard watch --report "
                                 "SHARED_DIR`")
     return lines
+
+
+def _epochs(rec: Any) -> list[dict[str, Any]]:
+    """Per pass over a DataLoader on the first rank: micro-batches, optimizer steps,
+    scheduler steps, and the window sizes (empty when no DataLoader pass was seen)."""
+    from accumguard.observe._epochs import epochs
+
+    rank = min(rec.steps, default=0)
+    pending = int(rec.end.get(rank, {}).get("pending_backwards", 0) or 0)
+    return [e.as_dict() for e in epochs(rec.steps.get(rank, []), rec.schedulers.get(rank, []),
+                                        pending)]
 
 
 def _failure_lines(rec: Any) -> list[str]:

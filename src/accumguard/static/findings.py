@@ -266,6 +266,14 @@ RULES: dict[str, Rule] = {
             "num_items_in_batch=num_items_in_batch)) and return its loss; or call "
             "super().compute_loss(model, inputs, return_outputs, num_items_in_batch)",
         ),
+        _rule(
+            "AG121", "accelerate-loss-divided-twice", "LOSS_SCALE", E, HI,
+            "the loss is divided by the number of accumulation steps before accelerator.backward() "
+            "while the Accelerator has gradient_accumulation_steps > 1: backward() divides by it "
+            "again, so the gradient is G / K",
+            "pass the undivided loss to accelerator.backward(loss): it divides by "
+            "gradient_accumulation_steps itself",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

@@ -10,8 +10,17 @@
 ``sync``       AG106 AG111         gradient-sync flags (DDP no_sync, FSDP2 set_requires_gradient_sync)
 ``reduce``     AG107 AG108         hand-written gradient all-reduce
 ``deepspeed``  AG109 AG110 AG2xx   engine gating vs. the config; config checks on dict literals
+``accelerate`` AG121               the loss divided by K before accelerator.backward (divided twice)
 """
 
-from accumguard.static.lint.families import deepspeed, loss, reduce, schedule, sync, window
+from accumguard.static.lint.families import (
+    accelerate,
+    deepspeed,
+    loss,
+    reduce,
+    schedule,
+    sync,
+    window,
+)
 
-__all__ = ["deepspeed", "loss", "reduce", "schedule", "sync", "window"]
+__all__ = ["accelerate", "deepspeed", "loss", "reduce", "schedule", "sync", "window"]

@@ -159,6 +159,16 @@ def _is_count(ctx: FileContext, divisor: ast.AST, *, micro_batch: bool = True) -
     return bool(names & _count_names(ctx))
 
 
+def _world_only_below(ctx: FileContext, node: ast.AST, divisor: ast.AST) -> bool:
+    """The world size divides the divisor (``loss / (n / W)``: a multiplication by W), or
+    this division is itself the divisor of another one (``n / W`` in ``loss / (n / W)``)."""
+    parent = ctx.parents.get(node)
+    if isinstance(parent, ast.BinOp) and isinstance(parent.op, ast.Div) and parent.right is node:
+        return True
+    inner = _division(divisor)
+    return inner is not None and ctx.mentions_world(inner[1]) and not ctx.mentions_world(inner[0])
+
+
 def _under_wrapper_branch(ctx: FileContext, node: ast.AST) -> bool:
     cur = ctx.parents.get(node)
     while cur is not None and not isinstance(cur, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
@@ -202,12 +212,20 @@ def _token_mean_hints(ctx: FileContext, scope: ast.AST) -> tuple[bool, bool]:
     return ctx._cached("token_hints", scope, compute)  # type: ignore[no-any-return]
 
 
+def _all_reduced(ctx: FileContext, node: ast.AST, divisor: ast.AST) -> bool:
+    """The divisor is (built from) a name all-reduced in the division's scope or the file: a
+    count over the window's micro-steps and every rank, neither K nor this micro-batch's own
+    count (a name derived from the micro-batch list is not K once it was all-reduced)."""
+    names = {d for d in (dotted(s) for s in walk_all(divisor)) if d}
+    return bool(names & (ctx.all_reduced_names(ctx.scope_of(node)) | ctx.all_reduced_names(ctx.tree)))
+
+
 def _divides_by_k(ctx: FileContext, window: ast.AST) -> list[tuple[ast.AST, ast.AST]]:
     """Divisions of a loss by the accumulation steps in ``window``: (node, dividend)."""
     out = []
     for sub in ctx.local_nodes(window):
         d = _division(sub)
-        if d is None:
+        if d is None or _all_reduced(ctx, sub, d[1]):
             continue
         ids = list(identifiers(d[1]))
         if not ctx.mentions_accum(d[1]) or any(n in i for i in ids for n in _NORMALISED_BY_COUNT):
@@ -221,7 +239,7 @@ def _per_micro_batch_token_mean(ctx: FileContext, window: ast.AST) -> bool:
     """The window computes a loss as a division by a count of this micro-batch."""
     for sub in ctx.local_nodes(window):
         d = _division(sub)
-        if d is not None and _is_count(ctx, d[1]) and (_is_loss(d[0]) or any(
+        if d is not None and _is_count(ctx, d[1]) and not _all_reduced(ctx, sub, d[1]) and (_is_loss(d[0]) or any(
             isinstance(n, ast.Call) and call_attr(n) == "sum" for n in walk_all(d[0])
         )):
             return True
@@ -291,6 +309,8 @@ def loss_divided_by_world_under_ddp(ctx: FileContext) -> Iterator[Finding]:
     for node, dividend, divisor in _divisions(ctx):
         if not ctx.mentions_world(divisor) or not _is_loss_division(ctx, node, dividend):
             continue
+        if _world_only_below(ctx, node, divisor):
+            continue  # loss / (count / W) multiplies by W: the all-reduced count's rank share
         if any(isinstance(s, ast.BinOp) and isinstance(s.op, ast.Mult) and any(
             WORLD_RE.search(i) for i in identifiers(s)) for s in walk_all(dividend)):
             continue
@@ -373,11 +393,40 @@ def _mean_criteria(ctx: FileContext) -> set[str]:
     return ctx._cached("mean_criteria", ctx.tree, compute)  # type: ignore[no-any-return]
 
 
-def _mean_loss_site(ctx: FileContext, fn: ast.AST) -> tuple[ast.AST, str] | None:
+def _class_criteria(cls: ast.ClassDef) -> set[str]:
+    """``self.X`` names that the class itself makes a mean-reducing loss module: a class
+    attribute ``X = nn.CrossEntropyLoss()`` or ``self.X = nn.CrossEntropyLoss()`` in one of
+    its methods, and no other assignment of ``self.X`` in the class (a sum-reducing module
+    or a factory's result keeps it out)."""
+    mean: set[str] = set()
+    other: set[str] = set()
+    for stmt in cls.body:
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+            name = f"self.{stmt.targets[0].id}"
+            is_mean = (isinstance(stmt.value, ast.Call) and _is_loss_class(stmt.value.func)
+                       and _reduction(stmt.value) == "mean")
+            (mean if is_mean else other).add(name)
+    for n in walk_all(cls):
+        if isinstance(n, ast.Assign) and len(n.targets) == 1:
+            name = dotted(n.targets[0]) or ""
+            if not name.startswith("self.") or name.count(".") != 1:
+                continue
+            is_mean = (isinstance(n.value, ast.Call) and _is_loss_class(n.value.func)
+                       and _reduction(n.value) == "mean")
+            (mean if is_mean else other).add(name)
+    return mean - other
+
+
+def _mean_loss_site(ctx: FileContext, fn: ast.AST, cls: ast.ClassDef | None = None
+                    ) -> tuple[ast.AST, str] | None:
     """Where ``fn`` computes a per-micro-batch mean loss, and how it reads: a mean-reducing
     loss call, a mean-reducing loss module, the model's own ``outputs.loss`` (computed
-    without ``num_items_in_batch``: a mean over this micro-batch's tokens), a ``.mean()``."""
+    without ``num_items_in_batch``: a mean over this micro-batch's tokens), a ``.mean()``.
+    With ``cls``, a ``self.X`` module is judged by the class's own assignments only
+    (another class's ``self.loss_fct`` is another object)."""
     criteria = _mean_criteria(ctx)
+    if cls is not None:
+        criteria = {c for c in criteria if not c.startswith("self.")} | _class_criteria(cls)
     for n in ctx.local_nodes(fn):
         if isinstance(n, ast.Call):
             name = call_attr(n) or ""
@@ -474,7 +523,7 @@ def hf_compute_loss_ignores_num_items(ctx: FileContext) -> Iterator[Finding]:
                 continue
             if _uses_num_items(fn):
                 continue
-            site = _mean_loss_site(ctx, fn)
+            site = _mean_loss_site(ctx, fn, cls)
             if site is None:
                 continue  # a summed loss, or one this rule cannot read
             ga, how = _trainer_ga(ctx)

@@ -7,7 +7,10 @@ AG119: the scheduler stepped in a framework hook that runs on every micro-batch:
 Face ``TrainerCallback.on_substep_end`` (called only between the micro-batches of a
 window, so stepping there is wrong for any GA), or Lightning's ``on_train_batch_end`` /
 ``on_after_backward`` / ``on_before_backward`` when the file sets
-``accumulate_grad_batches`` above 1 and never to 1. A boundary test around the call
+``accumulate_grad_batches`` above 1 and never to 1; the same for a ``LightningModule``'s
+own ``training_step`` under automatic optimisation (Lightning runs it on every batch and
+steps the optimizer every K-th; a module that sets ``automatic_optimization = False``
+gates its own steps). A boundary test around the call
 (``if (batch_idx + 1) % trainer.accumulate_grad_batches == 0:``) is respected.
 """
 
@@ -83,6 +86,20 @@ def _lightning_accumulates(ctx: FileContext) -> bool:
     return bool(values) and all(v is not None and v > 1 for v in values)
 
 
+def _automatic_lightning_module(ctx: FileContext, func: ast.AST) -> bool:
+    """``func`` is a method of a ``LightningModule`` subclass that leaves automatic
+    optimisation on (no ``automatic_optimization = False`` in the class)."""
+    cls = ctx.enclosing(func, (ast.ClassDef,))
+    if not isinstance(cls, ast.ClassDef) or not any(
+            (dotted(b) or "").rsplit(".", 1)[-1] == "LightningModule" for b in cls.bases):
+        return False
+    for n in walk_all(cls):
+        if (isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant) and n.value.value is False
+                and any((dotted(t) or "").endswith("automatic_optimization") for t in n.targets)):
+            return False
+    return True
+
+
 def _is_scheduler(ctx: FileContext, recv: ast.AST | None) -> bool:
     """A scheduler by what the file knows of it, or ``kwargs["lr_scheduler"]``,
     ``self.lr_schedulers()`` (Lightning), ``trainer.lr_scheduler_configs[0].scheduler``."""
@@ -114,6 +131,14 @@ def scheduler_in_micro_step_hook(ctx: FileContext) -> Iterator[Finding]:
                 continue
             where = (f"Lightning calls `{func.name}` on every batch, and accumulate_grad_batches > 1 "
                      "makes K batches one optimizer step")
+        elif func.name == "training_step" and _automatic_lightning_module(ctx, func):
+            if lightning is None:
+                lightning = _lightning_accumulates(ctx)
+            if not lightning:
+                continue
+            where = ("under automatic optimisation Lightning runs `training_step` on every batch and "
+                     "steps the optimizer once per accumulate_grad_batches (> 1) batches; "
+                     "configure_optimizers' lr_scheduler (interval='step') is stepped at the boundary")
         else:
             continue
         for n in ctx.local_nodes(func):

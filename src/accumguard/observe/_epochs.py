@@ -1,0 +1,176 @@
+"""Epochs read from a rank's step records (pure Python): where each pass over a DataLoader
+began, how many backward passes, optimizer steps and scheduler steps each pass held, and
+what happened to a pass's last partial window.
+
+The DataLoader patch of the observer notes, in each window, the backward count at which a
+new pass began (``data_pass_starts``). From those marks this module rebuilds the passes:
+a pass is the backward passes from one mark to the next. The window rules (:mod:`.rules`)
+already judge a window that spans two passes (F7: leaked or dropped); here:
+
+* :func:`epochs` - the per-pass counts (also the slack of :mod:`._schedules`);
+* :func:`short_epoch_findings` - every pass holds fewer micro-batches than K: each window
+  is a pass's short tail, and a loop (or framework) dividing by K weighs each one n/K;
+* :func:`dropped_tail` / :func:`dropped_finding` - a pass's partial tail that a
+  ``zero_grad()`` at the next pass's start cleared before any step. Dropping it is a
+  choice (the large batch with ``drop_last=True``): when the next window is K whole
+  micro-steps of the new pass, each step is right and only data was skipped (a warning);
+  when it is shorter, that step is short as well (an error, F7).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from accumguard.observe._records import Finding, _mk, _n
+from accumguard.observe._weight_rules import _near, _window_mass
+
+__all__ = ["Epoch", "complete_epochs", "dropped_finding", "dropped_tail", "epochs",
+           "short_epoch_findings"]
+
+
+@dataclass(frozen=True)
+class Epoch:
+    """One pass over a DataLoader as the step records saw it."""
+
+    backwards: int  # backward passes between this pass's start and the next one's
+    steps: int  # optimizer steps whose window ended inside this pass
+    windows: tuple[int, ...]  # the backward passes of each of those windows
+    scheduler_steps: int = 0  # scheduler steps made inside this pass (or at its end)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"micro_batches": self.backwards, "optimizer_steps": self.steps,
+                "scheduler_steps": self.scheduler_steps, "windows": list(self.windows)}
+
+
+def epochs(steps: list[dict[str, Any]],
+           schedulers: list[dict[str, Any]] | None = None, pending: int = 0) -> list[Epoch]:
+    """The passes over the data seen in the step records, in order (empty: no DataLoader
+    pass was seen). Backward passes before the first mark are not a pass (data made by
+    hand before the first ``for`` over a DataLoader); the last pass ends at the last step
+    (backward passes after it were never stepped). ``schedulers``: the rank's scheduler
+    records, counted in the pass where they were made (a step right after a pass's last
+    optimizer step belongs to that pass); ``pending``: backward passes after the last step
+    (the end record's ``pending_backwards``), counted in the last pass."""
+    starts: list[int] = []  # global backward index of each pass start
+    ends: list[int] = []  # global backward index after each window's last backward
+    before: dict[int, int] = {}  # step index -> backward passes before its window
+    total = 0
+    for s in steps:
+        before[int(s.get("step", len(before)))] = total
+        n = int(s.get("backwards", 0) or 0)
+        for j in s.get("data_pass_starts") or []:
+            if isinstance(j, int) and 0 <= j <= n:
+                starts.append(total + j)
+        total += n
+        ends.append(total)
+    if not starts:
+        return []
+    at = [before.get(int(e.get("step", 0)), total) + int(e.get("micro", 0))
+          for e in schedulers or []]
+    out = []
+    bounds = [*starts, total + max(0, pending)]
+    for a, b in zip(bounds, bounds[1:], strict=False):
+        wins = []
+        prev = a
+        for e in ends:
+            if a < e <= b:
+                wins.append(e - prev)
+                prev = e
+        out.append(Epoch(b - a, len(wins), tuple(wins), sum(1 for g in at if a < g <= b)))
+    return out
+
+
+def complete_epochs(steps: list[dict[str, Any]], pending: int = 0) -> bool:
+    """Whether the run's passes over the data all held the same number of backward passes
+    (two or more passes; ``pending``: backward passes after the last step): the run went
+    through its last pass to the end, it did not break out of it (a ``max_steps`` cut ends
+    a pass early)."""
+    eps = epochs(steps, pending=pending)
+    return len(eps) >= 2 and len({e.backwards for e in eps}) == 1
+
+
+def short_epoch_findings(rank: int, windows: list[dict[str, Any]], k: int | None,
+                         declared: bool, source: str) -> list[Finding]:
+    """Every pass over the data held fewer micro-batches than K, and each optimizer step
+    closed one whole pass (Lightning steps at an epoch's last batch): an error (F7) when
+    K was declared and every window's loss record weighs its tokens n/K in total (each
+    short window divided by K instead of its own n: the update is n/K of its mean
+    gradient); a note otherwise (the steps are right only if each was normalised by its
+    own count, and each is a batch of n, not K, micro-batches)."""
+    if k is None or k < 2 or len(windows) < 2:
+        return []
+    sizes = [int(w.get("window", 0)) for w in windows]
+    whole = all(0 in (w.get("data_pass_starts") or []) for w in windows)
+    if not whole or not all(1 <= n < k for n in sizes):
+        return []
+    masses = [_window_mass(w) for w in windows]
+    uniq = "/".join(map(str, sorted(set(sizes))))
+    text = (f"all {len(windows)} optimizer steps came at the end of a pass over the DataLoader "
+            f"(an epoch) after {uniq} micro-batch(es), fewer than K = {k} ({source}): every "
+            "epoch is shorter than K, so each step closes a short window")
+    if declared and all(m is not None and _near(m.mass, n / k, m.low)
+                        for m, n in zip(masses, sizes, strict=True)):
+        m0 = masses[0]
+        assert m0 is not None
+        return [_mk("F7", "error", rank, int(windows[0]["step"]), sizes[0] - 1,
+                    f"{text}, and its tokens carried a total weight of {m0.mass:.4g} = "
+                    f"{sizes[0]}/{k} (loss at {m0.site.rsplit('/', 1)[-1]}): each short "
+                    f"window was divided by K instead of its own {uniq} micro-batch(es), so "
+                    f"every update is {sizes[0]}/{k} of the window's mean gradient",
+                    title_=f"every epoch shorter than K = {k}, and each short window divided "
+                           "by K",
+                    fix=f"Use K <= the batches per epoch ({min(sizes)}) (Lightning: "
+                        "accumulate_grad_batches; it divides every batch's loss by it and steps "
+                        "at the epoch's end), or normalise each window's loss by its own count.")]
+    return [_mk("F7", "note", rank, int(windows[0]["step"]), None,
+                f"{text}. Each step is the mean over its epoch only if its loss was "
+                f"normalised by the window's own count; the effective batch is {uniq} "
+                f"micro-batch(es), not {k}",
+                title_=f"every epoch shorter than K = {k}: each optimizer step closes a short "
+                       "window",
+                fix=f"Use K <= the batches per epoch ({min(sizes)}).")]
+
+
+def dropped_tail(w: dict[str, Any]) -> int:
+    """Micro-steps at the end of a pass over the DataLoader that a ``zero_grad()`` at the
+    start of the next pass cleared before any step (0: not that): the window spans two
+    passes and conservation saw the gradient wiped exactly where the new pass began."""
+    cons = w.get("conservation")
+    if not isinstance(cons, dict) or cons.get("ok", True) or cons.get("reason") != "wiped":
+        return 0
+    j = cons.get("first_wipe")
+    n = int(w.get("window", w.get("backwards", 0)))
+    if (isinstance(j, int) and 0 < j < n and j in (w.get("data_pass_starts") or [])
+            and int(w.get("zero_grads_between", 0))):
+        return j
+    return 0
+
+
+def dropped_finding(rank: int, w: dict[str, Any], j: int, k: int | None) -> Finding:
+    """F7 for a tail of ``j`` micro-steps cleared at the next pass's start: a warning when
+    the step that follows received K whole micro-steps of the new pass (the update is the
+    large batch's for them; the tail's data was not trained on), an error otherwise."""
+    cons = w["conservation"]
+    n = int(w.get("window", w.get("backwards", 0)))
+    head = (f"{j} micro-step(s) at the end of a pass over the DataLoader (an epoch) were "
+            f"never stepped: zero_grad() at the start of the next pass cleared their "
+            f"gradient ({cons['wiped']:.3g} of the window's gradient, relative, removed "
+            f"before backward pass {j + 1}), so optimizer step {_n(w['step'])} received only "
+            f"the {n - j} micro-step(s) of the new pass")
+    if k is not None and n - j == k:
+        return _mk("F7", "warning", rank, int(w["step"]), j - 1,
+                   f"{head}, a whole window of K = {k}: that update is the large batch's, "
+                   f"but the epoch's last {j} micro-batch(es) were never trained on (as "
+                   "with drop_last=True on the large batch). Fine if intended",
+                   title_=f"an epoch's partial window ({j} micro-batch(es)) dropped by "
+                          "zero_grad() at the next epoch's start: data not trained on",
+                   fix="To train on the tail, step after the last micro-batch of each pass "
+                       "with its loss normalised by the tail's own count; to drop it on "
+                       "purpose, say so with drop_last=True on the DataLoader.")
+    return _mk("F7", "error", rank, int(w["step"]), j - 1,
+               f"{head}: the partial window was dropped"
+               + (f", and the step came after {n - j} micro-step(s), not K = {k}"
+                  if k is not None else "")
+               + ". Step (normalised by its own count) after the last micro-batch of each "
+                 "pass")

@@ -1,0 +1,237 @@
+"""LR schedule horizons (F4): where a scheduler's schedule ends, and whether the run's
+optimizer steps reach that end W or K times early or late.
+
+Two halves. :func:`schedule_state` reads a live scheduler (duck-typed, no torch import) when
+``watch`` records one of its steps: its position (``last_epoch``: real steps since it was
+built, Accelerate's num_processes inner steps per call included) and, where the schedule
+decays to an end that the object states, that end in scheduler steps. :func:`horizon_findings`
+(pure, on the recording) compares the end with the optimizer steps the run made.
+
+Only an exact factor tied to the run's structure is an error: the schedule ends W, K or W*K
+times early or late (up to the per-epoch rounding of a partial window). A horizon longer than
+the run by another factor is a run stopped early (``max_steps``, fewer epochs): silent. One
+that ends early by another factor is a note (the rest of the run trains at the schedule's
+final learning rate). A horizon the object does not state (a hand-written ``LambdaLR``, a
+warm-up-only ``LinearLR``, warm restarts) is not judged.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from accumguard.observe._epochs import complete_epochs, epochs
+from accumguard.observe._records import Finding, RunRecording, _mk
+
+__all__ = ["horizon_findings", "run_horizon_findings", "schedule_state"]
+
+#: end reasons of a recording whose run went to its own end (not cut by watch or a signal)
+_COMPLETE = frozenset({"exit", "destroy_process_group"})
+
+
+def _int(v: object) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _horizon(sched: Any, depth: int = 0) -> tuple[int, str] | None:
+    """The scheduler step at which the schedule reaches its end, and how it was read; None
+    when the object states no end (or the schedule does not decay to one)."""
+    name = type(sched).__name__
+    if depth > 4:
+        return None
+    if name == "OneCycleLR":
+        n = _int(getattr(sched, "total_steps", None))
+        return (n, f"OneCycleLR total_steps={n}") if n else None
+    if name == "CosineAnnealingLR":
+        n = _int(getattr(sched, "T_max", None))
+        return (n, f"CosineAnnealingLR T_max={n}") if n else None
+    if name == "PolynomialLR":
+        n = _int(getattr(sched, "total_iters", None))
+        return (n, f"PolynomialLR total_iters={n}") if n else None
+    if name == "LinearLR":  # a decay only: a rising LinearLR is a warm-up, not a horizon
+        n = _int(getattr(sched, "total_iters", None))
+        start, end = getattr(sched, "start_factor", None), getattr(sched, "end_factor", None)
+        if n and isinstance(start, float | int) and isinstance(end, float | int) and end < start:
+            return n, f"LinearLR total_iters={n} (decaying)"
+        return None
+    if name == "SequentialLR":
+        scheds = getattr(sched, "_schedulers", None)
+        miles = getattr(sched, "_milestones", None)
+        if isinstance(scheds, list) and isinstance(miles, list) and scheds and miles:
+            last = _horizon(scheds[-1], depth + 1)
+            m = _int(miles[-1])
+            if last is not None and m is not None:
+                return m + last[0], f"SequentialLR milestone {m} + {last[1]}"
+        return None
+    if name == "LambdaLR":
+        lambdas = getattr(sched, "lr_lambdas", None)
+        if isinstance(lambdas, list) and len(lambdas) >= 1:
+            fn = lambdas[0]
+            if (isinstance(fn, functools.partial)
+                    and str(getattr(fn.func, "__module__", "")).startswith("transformers")):
+                n = _int(fn.keywords.get("num_training_steps"))
+                if n:
+                    what = str(getattr(fn.func, "__name__", "schedule")).strip("_")
+                    what = what.removeprefix("get_").removesuffix("_lr_lambda")
+                    return n, f"transformers get_{what}(num_training_steps={n})"
+    return None
+
+
+def schedule_state(sched: Any) -> dict[str, Any]:
+    """Fields for the scheduler record: ``sid`` (the object), ``pos`` (its ``last_epoch``
+    after this step) and, where stated, ``horizon`` with ``horizon_what``."""
+    out: dict[str, Any] = {"sid": id(sched)}
+    pos = _int(getattr(sched, "last_epoch", None))
+    if pos is not None:
+        out["pos"] = pos
+    h = _horizon(sched)
+    if h is not None:
+        out["horizon"], out["horizon_what"] = h
+    return out
+
+
+def _factors(world: int, k: int | None) -> list[tuple[int, str]]:
+    """The run's structural factors (value, name): W, K, W*K (each > 1)."""
+    out: dict[int, list[str]] = {}
+    kk = k if k is not None and k > 1 else 1
+    cands = [(world, f"W = {world} ranks"), (kk, f"K = {kk}")]
+    if world > 1 and kk > 1:
+        cands.append((world * kk, f"W*K = {world * kk}"))
+    for v, name in cands:
+        if v > 1:
+            out.setdefault(v, []).append(name)
+    return [(v, " = ".join(names)) for v, names in out.items()]
+
+
+def _match(big: float, small: float, c: int, slack: int) -> bool:
+    """``big`` is ``c`` times ``small`` up to the rounding of a partial window per epoch
+    (at most c - 1 micro-batches of each of ``slack`` epochs), and within 1/8."""
+    return abs(big - c * small) <= (c - 1) * slack and abs(big / (c * small) - 1) <= 0.125
+
+
+def horizon_findings(rank: int, events: list[dict[str, Any]], total_steps: int,
+                     world: int, k: int | None, epochs: int, complete: bool, *,
+                     backwards: int = 0, whole_epochs: bool = False) -> list[Finding]:
+    """F4 from a stated horizon. ``events``: the rank's scheduler records; ``total_steps``:
+    the optimizer steps the rank made; ``epochs``: passes over a DataLoader seen (the slack
+    of per-epoch rounding); ``complete``: the run went to its own end (a horizon longer
+    than a run cut short proves nothing); ``backwards``: the rank's backward passes;
+    ``whole_epochs``: its passes over the data were all of one length (it did not break out
+    of the last one).
+
+    A schedule that ends late by W or K is an error only when the run went through whole
+    passes over the data, or when the horizon is exactly the run's count of backward passes
+    (the schedule counted micro-batches): otherwise a horizon planned for more epochs than
+    the run made (a ``max_steps`` cut) looks the same, and it is a note."""
+    # one group per scheduler object; a position that goes back (or a new horizon) under
+    # the same id is another object built at a freed address (a rebuilt scheduler)
+    groups: list[list[dict[str, Any]]] = []
+    last_of: dict[int, list[dict[str, Any]]] = {}
+    for e in events:
+        if not (isinstance(e.get("pos"), int) and isinstance(e.get("horizon"), int)):
+            continue
+        sid = int(e.get("sid", 0))
+        cur = last_of.get(sid)
+        if cur is None or int(e["pos"]) < int(cur[-1]["pos"]) or e["horizon"] != cur[-1]["horizon"]:
+            cur = last_of[sid] = []
+            groups.append(cur)
+        cur.append(e)
+    out: list[Finding] = []
+    slack = max(1, epochs)
+    for evs in groups:
+        first, last = evs[0], evs[-1]
+        h, what = int(last["horizon"]), str(last.get("horizon_what", "its horizon"))
+        if len(evs) < 2:
+            continue
+        # the position before the first recorded call (a resumed schedule starts further on;
+        # one call may make several steps: Accelerate's num_processes), from the second call
+        pos0 = int(first["pos"]) - max(0, int(evs[1]["pos"]) - int(first["pos"]))
+        pos_end = int(last["pos"])
+        steps = max(total_steps, int(last.get("optimizer_steps", 0)))
+        advanced = pos_end - pos0
+        if steps < 4 or advanced < 2 or h <= pos0:
+            continue
+        per_step = advanced / steps
+        rate = (f"{advanced} scheduler steps over the run's {steps} optimizer steps"
+                + (f" ({per_step:.3g} per optimizer step)" if abs(per_step - 1) > 1e-9 else ""))
+        crossed = next((e for e in evs if int(e["pos"]) >= h), None)
+        if crossed is not None:  # the schedule reached its end inside the run
+            at = max(1, int(crossed.get("optimizer_steps", 0)))
+            ratio = steps / at
+            # a run cut short: S is not the run's total, so no factor is claimed
+            hit = next(((c, name) for c, name in _factors(world, k)
+                        if complete and _match(steps, at, c, slack)), None)
+            if hit is not None:
+                out.append(_mk("F4", "error", rank, at - 1, None,
+                               f"the LR schedule ({what}) reached its end at optimizer step "
+                               f"{at} of the run's {steps} ({rate}): it ends {hit[0]}x early "
+                               f"({hit[1]}); the remaining {steps - at} steps ran at the "
+                               "schedule's final learning rate",
+                               title_=f"LR schedule ends {hit[0]}x early: horizon {h} "
+                                      f"scheduler steps, reached at optimizer step {at} of "
+                                      f"{steps}",
+                               fix=_fix(per_step)))
+            elif ratio >= 1.25 and steps - at >= 2:
+                out.append(_mk("F4", "note", rank, at - 1, None,
+                               f"the LR schedule ({what}) reached its end at optimizer step "
+                               f"{at} of the run's {steps} ({rate}); the remaining "
+                               f"{steps - at} steps ran at its final learning rate. "
+                               + ("Not a factor of W or K: fine if intended" if complete else
+                                  "The run was cut short (watch --max-steps, a signal): its "
+                                  "full length, and so the factor, is unknown"),
+                               title_=f"LR schedule ended at optimizer step {at} of {steps}",
+                               fix=_fix(per_step)))
+            continue
+        if not complete or len(groups) > 1:
+            continue  # (a rebuilt schedule's rate over the whole run is not its own)
+        end_at = (h - pos0) / per_step  # the optimizer step at which it would end
+        hit = next(((c, name) for c, name in _factors(world, k)
+                    if _match(end_at, steps, c, slack)), None)
+        if hit is None:
+            continue
+        micro = backwards > steps and h - pos0 == backwards
+        sure = whole_epochs or micro
+        text = (f"the LR schedule ({what}) was at scheduler step {pos_end} of its {h} when "
+                f"the run ended after {steps} optimizer steps ({rate}): at this rate it would "
+                f"end at optimizer step {end_at:.0f}, {hit[0]}x late ({hit[1]})"
+                + (f"; its horizon is the run's {backwards} backward passes: it counts "
+                   "micro-batches, not optimizer steps" if micro else "")
+                + f": the learning rate never went through the last "
+                  f"{100 * (1 - pos_end / h):.0f}% of its schedule")
+        if not sure:
+            text += (". The run did not go through whole passes over the data: if it was "
+                     "stopped early on purpose (max_steps), this is expected")
+        out.append(_mk("F4", "error" if sure else "note", rank, steps - 1, None, text,
+                       title_=f"LR schedule ends {hit[0]}x late: horizon {h} scheduler steps, "
+                              f"{pos_end} reached in the run's {steps} optimizer steps",
+                       fix=_fix(per_step)))
+    return out
+
+
+def _fix(per_step: float) -> str:
+    text = ("Compute the horizon in the scheduler steps the run makes: optimizer steps = "
+            "ceil(batches per epoch per rank / K) x epochs (batches per rank after the "
+            "DistributedSampler / accelerator.prepare split the data)")
+    if per_step > 1.5:
+        text += (f"; this scheduler advances {per_step:.3g} steps per optimizer step (Accelerate"
+                 " steps a prepared scheduler num_processes times per optimizer step unless "
+                 "split_batches=True: give it num_processes x the optimizer steps, as the "
+                 "horizon computed from the unprepared DataLoader's length does)")
+    return text + "."
+
+
+def run_horizon_findings(rec: RunRecording, rank: int, k: int | None) -> list[Finding]:
+    """:func:`horizon_findings` on one rank of a recording: its optimizer steps (the step
+    records of a single optimizer; with several, the scheduler's own optimizer's count),
+    its DataLoader passes, and whether the run went to its own end."""
+    steps = rec.steps.get(rank, [])
+    several = len({s.get("optimizer_index") for s in steps} - {None}) > 1
+    total = 0 if several else len(steps)
+    eps = epochs(steps)
+    end = rec.end.get(rank, {})
+    complete = end.get("reason") in _COMPLETE and not rec.failures
+    backwards = 0 if several else sum(int(s.get("backwards", 0) or 0) for s in steps)
+    pending = int(end.get("pending_backwards", 0) or 0)
+    return horizon_findings(rank, rec.schedulers.get(rank, []), total, rec.world, k, len(eps),
+                            complete, backwards=backwards,
+                            whole_epochs=complete_epochs(steps, pending))

@@ -1,0 +1,108 @@
+"""F4 from a stated schedule horizon, judged on recorded scheduler records (in-process):
+a schedule that ends W or K times early or late is an error; a horizon planned for more
+steps than a run cut short made, or a factor not tied to W or K, is not."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from accumguard.observe._epochs import epochs
+from accumguard.observe._schedules import horizon_findings, schedule_state
+
+
+def _events(horizon: int, steps: int, per_step: int, what: str = "T") -> list[dict]:
+    return [{"kind": "scheduler", "step": i + 1, "micro": 0, "count": i + 1,
+             "optimizer_steps": i + 1, "in_step": False, "sid": 1, "pos": per_step * (i + 1),
+             "horizon": horizon, "horizon_what": what} for i in range(steps)]
+
+
+def _sev(found: list) -> set[tuple[str, str]]:
+    return {(f.cls, f.severity) for f in found}
+
+
+def test_accelerate_horizon_in_optimizer_steps_ends_w_times_early() -> None:
+    # 2 processes: the prepared scheduler makes 2 steps per optimizer step; horizon 8 = the
+    # run's optimizer steps: the schedule ends at step 4 of 8
+    found = horizon_findings(0, _events(8, 8, 2), 8, 2, 2, 2, True)
+    assert _sev(found) == {("F4", "error")}, found
+    assert "optimizer step 4 of the run's 8" in found[0].evidence
+    assert "num_processes" in found[0].fix
+    # the right horizon (2 x the optimizer steps): silent
+    assert horizon_findings(0, _events(16, 8, 2), 8, 2, 2, 2, True) == []
+    # a run cut short: the end came early, but the run's total is unknown: a note
+    cut = horizon_findings(0, _events(8, 8, 2), 8, 2, 2, 2, False)
+    assert _sev(cut) == {("F4", "note")} and "cut short" in cut[0].evidence, cut
+
+
+def test_horizon_in_micro_batches_ends_k_times_late() -> None:
+    found = horizon_findings(0, _events(32, 8, 1), 8, 1, 4, 2, True, backwards=32,
+                             whole_epochs=True)
+    assert _sev(found) == {("F4", "error")}, found
+    assert "4x late" in found[0].title and "counts micro-batches" in found[0].evidence
+    assert horizon_findings(0, _events(8, 8, 1), 8, 1, 4, 2, True, backwards=32) == []
+
+
+def test_a_longer_horizon_is_not_a_bug_when_the_run_stopped_early() -> None:
+    # planned for 4x the steps, the run broke out of its last pass (max_steps): a note
+    found = horizon_findings(0, _events(32, 8, 1), 8, 1, 4, 3, True, backwards=30,
+                             whole_epochs=False)
+    assert _sev(found) == {("F4", "note")}, found
+    # a run cut short (watch --max-steps, a signal): nothing
+    assert horizon_findings(0, _events(32, 8, 1), 8, 1, 4, 2, False, backwards=32,
+                            whole_epochs=True) == []
+    # 3x longer than the run with K = 4: no structural factor
+    assert horizon_findings(0, _events(24, 8, 1), 8, 1, 4, 2, True, backwards=32,
+                            whole_epochs=True) == []
+
+
+def test_an_early_end_by_another_factor_is_a_note() -> None:
+    found = horizon_findings(0, _events(5, 16, 1), 16, 1, 4, 1, True)
+    assert _sev(found) == {("F4", "note")}, found
+
+
+def test_horizons_read_from_the_objects() -> None:
+    from transformers import get_cosine_schedule_with_warmup
+
+    opt = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+    sl = torch.optim.lr_scheduler
+    assert schedule_state(sl.CosineAnnealingLR(opt, T_max=7))["horizon"] == 7
+    assert schedule_state(sl.OneCycleLR(opt, max_lr=1.0, total_steps=9))["horizon"] == 9
+    assert schedule_state(sl.LinearLR(opt, 1.0, 0.0, total_iters=5))["horizon"] == 5
+    assert "horizon" not in schedule_state(sl.LinearLR(opt, 0.1, 1.0, total_iters=5))  # warm-up
+    assert "horizon" not in schedule_state(sl.LambdaLR(opt, lambda s: 1.0))
+    seq = sl.SequentialLR(opt, [sl.LinearLR(opt, 0.1, 1.0, total_iters=3),
+                                sl.CosineAnnealingLR(opt, T_max=10)], milestones=[3])
+    assert schedule_state(seq)["horizon"] == 13
+    hf = schedule_state(get_cosine_schedule_with_warmup(opt, 2, 40))
+    assert hf["horizon"] == 40 and "num_training_steps=40" in hf["horizon_what"]
+    assert schedule_state(sl.LambdaLR(opt, functools.partial(lambda s, n: 1.0, n=3))).get(
+        "horizon") is None
+
+
+@pytest.mark.parametrize(("starts", "expected"), [
+    ([[0], [], [1], []], [5, 3]),  # windows of 2; passes begin at backward 0 and 5
+])
+def test_epochs_from_data_pass_marks(starts: list[list[int]], expected: list[int]) -> None:
+    steps = [{"backwards": 2, "data_pass_starts": s} for s in starts]
+    assert [e.backwards for e in epochs(steps)] == expected
+
+
+def test_ddp_horizon_from_the_unsharded_dataset_ends_w_times_late() -> None:
+    # 2 ranks, K = 4: each rank made 6 optimizer steps over 2 whole epochs; the horizon
+    # counts the whole dataset's windows (12), as if one process saw all the data
+    found = horizon_findings(0, _events(12, 6, 1), 6, 2, 4, 2, True, backwards=24,
+                             whole_epochs=True)
+    assert _sev(found) == {("F4", "error")} and "W = 2 ranks" in found[0].evidence, found
+
+
+def test_a_scheduler_rebuilt_at_the_same_address_is_another_schedule() -> None:
+    # K = 2, 16 optimizer steps: a schedule of 16 made 8 steps, then a new one at the same
+    # address (position from 0 again) made 8 more: merged, the rate would read 0.5 per
+    # optimizer step and the end "2x late"
+    first = _events(16, 8, 1)
+    again = [dict(e, optimizer_steps=e["optimizer_steps"] + 8) for e in _events(16, 8, 1)]
+    assert horizon_findings(0, first + again, 16, 1, 2, 2, True, backwards=32,
+                            whole_epochs=True) == []

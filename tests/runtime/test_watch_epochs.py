@@ -1,0 +1,36 @@
+"""Epochs under the real ``accumguard watch`` launch: Lightning 2.6 with
+``accumulate_grad_batches=4`` on epochs of 3 batches (it steps at each epoch's end and
+divides every batch's loss by 4: F7, each update 3/4 of its window's mean) and its twin with
+K = 3; a plain loop whose next-epoch zero_grad drops each epoch's tail (a warning, not an
+error) and its twin stepping on the tail normalised by its own size."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from test_watch import _errors, _watch  # the watch-CLI helper of the launcher tests
+
+SCRIPT = Path(__file__).resolve().parents[1] / "watch_scripts" / "short_epochs.py"
+
+
+@pytest.mark.parametrize(("mode", "expected"), [
+    ("lightning_short", {"F7"}), ("lightning_ok", set()),
+    ("plain_drop", set()), ("plain_tail_ok", set())])
+def test_epochs(tmp_path: Path, mode: str, expected: set[str]) -> None:
+    if mode.startswith("lightning"):
+        pytest.importorskip("pytorch_lightning")
+    code, findings, report, proc = _watch(tmp_path, [sys.executable, str(SCRIPT), mode],
+                                          timeout=300)
+    assert "done" in proc.stdout, proc.stderr[-2000:]
+    assert _errors(findings) == expected, findings
+    if mode == "lightning_short":
+        f7 = next(f for f in findings if f["cls"] == "F7")
+        assert "0.75 = 3/4" in f7["evidence"] and "declared by lightning" in f7["evidence"]
+        assert not [f for f in findings if f["cls"] == "F13"], findings
+        assert [e["micro_batches"] for e in report["epochs"]] == [3, 3, 3]
+        assert [e["optimizer_steps"] for e in report["epochs"]] == [1, 1, 1]
+    if mode == "plain_drop":
+        assert [(f["cls"], f["severity"]) for f in findings
+                if f["severity"] != "note"] == [("F7", "warning")], findings
