@@ -42,6 +42,7 @@ from accumguard.core.errors import (
     rank_prefix,
 )
 from accumguard.core.taxonomy import fix_for, title
+from accumguard.integrations._figures import event_figures, token_weight_error
 from accumguard.observe import CONSERVATION_BUDGET, Patches, sampled
 from accumguard.observe._agree import gather_rows
 from accumguard.observe._failsafe import Failsafe
@@ -236,6 +237,7 @@ class AccumulationChecks:
         self.fix_hints = dict(fix_hints or {})
         self.steps = 0
         self.checked_steps = 0
+        self.figures: dict[str, float] = {}  # the last checked step's (see ._figures)
         # every hook and wrapper of the checks runs behind this door: an internal error
         # switches the checks off (on every rank together, at the next gather), never the run
         self.failsafe = Failsafe("accumguard (callback)", step=lambda: self.steps)
@@ -473,6 +475,10 @@ class AccumulationChecks:
                                   averages_over_ranks=self.averages_over_ranks,
                                   accumulation_steps=self.accumulation_steps, step=step,
                                   tol=tol)
+        err = token_weight_error([r[:, :3].tolist() for r in ranks], world_size=self.world_size,
+                                 averages_over_ranks=self.averages_over_ranks)
+        if err is not None:
+            self.figures["token_weight_error"] = err
         # A window of one micro-step (one logits forward on every rank) weighted 1/K is a
         # short window scaled as a full one (F7), unless the next window is the same: then
         # the optimizer steps every micro-step (F1). Held one step (the next is probed on
@@ -560,6 +566,7 @@ class AccumulationChecks:
     def on_step(self, event: Any) -> None:
         """Observer listener: the boundary contract of a step the observer recorded (a
         sampled window, or one whose hook-free counts are unusual)."""
+        self.figures.update(event_figures(event))
         for finding in boundary_findings(event, accumulation_steps=self.accumulation_steps):
             self._report(finding)
 
