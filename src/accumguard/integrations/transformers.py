@@ -121,6 +121,28 @@ def exact_token_loss(trainer: Any, logits: torch.Tensor, labels: torch.Tensor,
     return total * scale / num_items_in_batch
 
 
+def _no_count_hint(model: Any, args: Any) -> str:
+    """Why the loss may be a per-micro-batch mean: the model declares that its forward takes
+    no loss kwargs (transformers then counts no ``num_items_in_batch``). Said beside the
+    "token weights not judged" note, as a condition to check, not a finding."""
+    base = model
+    for attr in ("get_base_model",):  # a PEFT model: the Trainer reads the base model's flag
+        getter = getattr(base, attr, None)
+        if callable(getter):
+            base = getter()
+    if getattr(base, "accepts_loss_kwargs", None) is not False:
+        return ""
+    if int(getattr(args, "gradient_accumulation_steps", 1)) <= 1:
+        return ""
+    return ("Note: the model sets accepts_loss_kwargs = False, so the Trainer counts no "
+            "num_items_in_batch and divides the loss by gradient_accumulation_steps: a loss "
+            "that would normalise by that count (the Trainer's own; TRL's SFTTrainer, whose "
+            "loss is computed outside the model) is then each micro-batch's token mean / K, "
+            "F5 when token counts differ. With TRL's SFTTrainer set "
+            "trainer.model_accepts_loss_kwargs = True after building it; check the run with "
+            "`accumguard invariance --ks 1,4 -- ...`.")
+
+
 def _unasked_deepspeed_clip(args: Any) -> float | None:
     """DeepSpeed's default clip when the Trainer runs DeepSpeed with a config that leaves
     ``gradient_clipping`` out (the Trainer then neither fills it nor clips itself) and
@@ -196,6 +218,7 @@ class AccumguardCallback(TrainerCallback):
             logits_module=self.logits_module, every_n_steps=self.every_n_steps,
             strict=self.strict, on_finding=self.findings.append, fix_hints=FIX_HINTS)
         state.accumguard_findings = []
+        self.checks.not_judged_hint = _no_count_hint(model, args)
         self._ds_clip = _unasked_deepspeed_clip(args)
         self._hook_logs()
 
