@@ -92,7 +92,7 @@ class AccumguardCallback(pl.Callback):
     step's figures (``accumguard/backwards``, ``accumguard/conservation_error``,
     ``accumguard/token_weight_error``, ...: :mod:`accumguard.integrations._figures`) and the
     findings count (``accumguard/findings``) go through ``LightningModule.log`` to the
-    Trainer's loggers; the findings' text to a logger whose ``experiment`` has
+    Trainer's loggers (at their ``log_every_n_steps`` cadence: the latest checked step's); the findings' text to a logger whose ``experiment`` has
     ``add_text`` (TensorBoard) as ``accumguard/finding``.
     """
 
@@ -120,6 +120,7 @@ class AccumguardCallback(pl.Callback):
         self._scaled_after = -1
         self._observer: Any = None  # manual exact without checks: clip events only
         self._logged = 0  # findings already handed to the loggers
+        self._figures: dict[str, float] = {}  # the last checked step's (see _log_figures)
         #: made by the ``ACCUMGUARD_LIGHTNING=1`` entry point (steps aside for one you added)
         self.from_environment = False
 
@@ -210,12 +211,15 @@ class AccumguardCallback(pl.Callback):
     def _log_figures(self, trainer: Any, pl_module: Any) -> None:
         """The checked step's figures and new findings, through the Trainer's loggers."""
         assert self.checks is not None
-        figures, self.checks.figures = self.checks.figures, {}
+        # the latest checked step's figures, logged at every batch end until the next checked
+        # step: Lightning writes on_step values at its own cadence (log_every_n_steps)
+        self._figures.update(self.checks.figures)
+        self.checks.figures = {}
         new = self.findings[self._logged:]
         self._logged = len(self.findings)
-        if not figures and not new:
+        if not self._figures and not new:
             return
-        figures["findings"] = float(len(self.findings))
+        figures = {**self._figures, "findings": float(len(self.findings))}
         for key, value in figures.items():
             pl_module.log(PREFIX + key, value, on_step=True, on_epoch=False, batch_size=1)
         if new and trainer.is_global_zero:
