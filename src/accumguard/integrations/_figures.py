@@ -7,8 +7,8 @@ numbers sit next to the loss in TensorBoard, W&B, MLflow... Every key starts wit
 ``every_n_steps``); a step that was not checked logs nothing new:
 
 ``accumguard/backwards``            backward passes in the window (K when right);
-``accumguard/grad_collectives``     gradient collectives the window issued (DDP/FSDP2 hooks;
-                                    ZeRO's own reductions are not counted here);
+``accumguard/grad_collectives``     gradient collectives the window issued, as ``accumguard
+                                    watch`` counts them (DDP/FSDP2, DeepSpeed's comm);
 ``accumguard/conservation_error``   relative difference between what the optimizer received
                                     and the sum of the micro-steps' gradients (up to one
                                     common scale, which clipping applies; ~1e-7 when right);
