@@ -5,6 +5,7 @@ word-level tokenizer built in memory, uneven sequence lengths):
   the Trainer's logs), a correct run is silent, and since TRL's default loss reads
   ``lm_head.weight`` directly (fused LM head: no logits module call, no ``cross_entropy``) the
   callback says once that token weights are not judged.
+* the same on 2 gloo ranks (DDP): attached on both, silent, the same update on both.
 * SFT with a model whose ``accepts_loss_kwargs`` is False (transformers 5.24 sets it on
   Gemma 3/4, Qwen2.5-VL...): the Trainer counts no ``num_items_in_batch`` and the loss is each
   micro-batch's token mean / K. Measured here against the same run with the count; the
@@ -130,6 +131,29 @@ def test_sft_without_loss_kwargs_is_off_and_said(caplog: pytest.LogCaptureFixtur
     (note,) = [r.getMessage() for r in caplog.records if "not judged" in r.getMessage()]
     assert "accepts_loss_kwargs = False" in note
     assert "trainer.model_accepts_loss_kwargs = True" in note
+
+
+def _sft_rank(rank: int, world: int) -> dict[str, Any]:
+    """One rank of a 2-rank SFT run (DDP over gloo, set up by run_on_ranks)."""
+    trainer, cb, update = _sft(True)
+    (rec,) = [c for c in trainer.callback_handler.callbacks if hasattr(c, "logs")]
+    return {"findings": [f.class_id for f in cb.findings],
+            "backwards": [r["accumguard/backwards"] for r in rec.logs
+                          if "accumguard/backwards" in r],
+            "world": trainer.args.world_size,
+            "update": float(torch.cat([u.flatten() for u in update]).double().norm())}
+
+
+def test_sft_trainer_on_two_ranks() -> None:
+    """2 gloo ranks: the callback attaches on every rank, no finding, one update on both."""
+    pytest.importorskip("trl")
+    from accumguard.runtime.launch import run_on_ranks
+
+    runs = run_on_ranks(_sft_rank, 2, timeout=600)
+    for r in runs:
+        assert r["world"] == 2 and r["findings"] == [], r
+        assert r["backwards"] and set(r["backwards"]) == {float(K)}, r
+    assert runs[0]["update"] == runs[1]["update"] > 0  # DDP: the same weights on both ranks
 
 
 @pytest.mark.xfail(strict=True, reason="TRL's fused LM head computes per-token log-probs from "
