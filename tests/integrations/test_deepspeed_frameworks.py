@@ -11,6 +11,13 @@ alarms and without crashes:
   Accelerate's ``DeepSpeedOptimizerWrapper`` (never ran ``torch.optim.Optimizer.__init__``):
   silent on the correct runs, F1 / F5 on the buggy ones.
 * A step with no backward pass in its window is judged (EXTRA_STEP when it moved the weights).
+* HF ``Trainer(deepspeed=...)``, ZeRO-2 and ZeRO-3: silent and bit-identical to the run
+  without accumguard; F5 for a token-mean ``compute_loss``; F9 only when ``max_grad_norm``
+  asked for other clipping than DeepSpeed's default; transformers refuses a config GA that
+  differs; ``accumguard invariance`` agrees (ZeRO-3) or diverges at step 1 (F5).
+* Accelerate + ``DeepSpeedPlugin``: ``accumulator(accelerator, ...)`` gives the fp64 large
+  batch; ``accelerator.backward(mean)`` is F5; a config GA that differs runs DeepSpeed's value;
+  ``invariance`` agrees on ZeRO-3.
 
 One launch per framework records several scenarios (``accumguard.runtime.watch.recording``,
 analysed as ``accumguard watch`` does); one real ``accumguard watch`` command checks the exit
