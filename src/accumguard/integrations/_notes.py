@@ -52,11 +52,12 @@ class InfoNotes:
         cannot be read from it. Said once (info), never a finding."""
         if not self._said_not_ce and self.rank == 0:
             log.info("accumguard step %d: the gradient of %s is not that of a token "
-                     "cross-entropy on its output (a hidden layer taken for the logits, e.g. "
-                     "with tied embeddings; a regression head): token "
-                     "weights are not judged. Pass logits_module=<the layer whose output "
-                     "the cross-entropy reads> to judge them", step + 1,
-                     type(self.probe._module).__name__)
+                     "cross-entropy alone on its output (label smoothing, another loss term on the "
+                     "logits, logits scaled after the layer, a hidden layer taken for the "
+                     "logits, e.g. with tied embeddings; a regression head): token "
+                     "weights are not judged. When the layer is the wrong one, pass "
+                     "logits_module=<the layer whose output the cross-entropy reads>",
+                     step + 1, type(self.probe._module).__name__)
         self._said_not_ce = True
 
     def _no_logits(self, step: int) -> None:
