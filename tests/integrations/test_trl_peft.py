@@ -72,7 +72,7 @@ def _log_recorder() -> Any:
 
 
 def _sft(accepts_loss_kwargs: bool, *, callback: bool = True, fix: bool = False,
-         max_steps: int = -1) -> tuple[Any, Any, list[torch.Tensor]]:
+         max_steps: int = -1, lora: bool = False) -> tuple[Any, Any, list[torch.Tensor]]:
     from trl import SFTConfig, SFTTrainer
 
     from accumguard.integrations.transformers import AccumguardCallback
@@ -87,13 +87,21 @@ def _sft(accepts_loss_kwargs: bool, *, callback: bool = True, fix: bool = False,
                     learning_rate=1e-3, report_to="none", save_strategy="no",
                     disable_tqdm=True, logging_steps=1, seed=0, max_length=16)
     cb = AccumguardCallback(every_n_steps=1) if callback else None
+    peft_config = None
+    if lora:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                 lora_dropout=0.0)
     trainer = SFTTrainer(model=model, args=cfg, train_dataset=_sft_dataset(),
-                         processing_class=_tokenizer(), callbacks=[cb] if cb else None)
+                         processing_class=_tokenizer(), callbacks=[cb] if cb else None,
+                         peft_config=peft_config)
     trainer.add_callback(_log_recorder())
     if fix:  # the remedy the callback's note names for SFTTrainer
         trainer.model_accepts_loss_kwargs = True
     trainer.train()
-    update = [p.detach() - s for p, s in zip(model.parameters(), start, strict=True)]
+    update = [] if lora else [p.detach() - s for p, s in zip(model.parameters(), start,
+                                                              strict=True)]
     return trainer, cb, update
 
 
@@ -131,6 +139,19 @@ def test_sft_without_loss_kwargs_is_off_and_said(caplog: pytest.LogCaptureFixtur
     (note,) = [r.getMessage() for r in caplog.records if "not judged" in r.getMessage()]
     assert "accepts_loss_kwargs = False" in note
     assert "trainer.model_accepts_loss_kwargs = True" in note
+
+
+def test_sft_lora_without_loss_kwargs_is_said(caplog: pytest.LogCaptureFixture) -> None:
+    """SFT + LoRA + GA with accepts_loss_kwargs=False (the issue's case): the note reads the
+    flag through the PEFT wrapper; no finding is claimed."""
+    pytest.importorskip("trl")
+    pytest.importorskip("peft")
+    caplog.set_level(logging.INFO, logger="accumguard")
+    trainer, cb, _ = _sft(False, lora=True, max_steps=2)
+    assert type(trainer.model).__name__.startswith("Peft"), type(trainer.model)
+    assert cb.findings == []
+    (note,) = [r.getMessage() for r in caplog.records if "not judged" in r.getMessage()]
+    assert "accepts_loss_kwargs = False" in note
 
 
 def _sft_rank(rank: int, world: int) -> dict[str, Any]:
