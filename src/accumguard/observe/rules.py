@@ -367,12 +367,11 @@ def _rank_findings(rank: int, steps: list[dict[str, Any]], info: dict[str, Any],
 
 
 def _asked_clip(asked: float | None) -> str:
-    if asked is None:
-        return ""
-    return (f" (TrainingArguments(max_grad_norm={asked:g}) asked for "
-            f"{'no clipping' if asked == 0 else f'clipping at {asked:g}'}; under DeepSpeed the "
-            "Trainer leaves clipping to the engine: \"gradient_clipping\": \"auto\" in the "
-            "config takes max_grad_norm)")
+    return "" if asked is None else (
+        f" (TrainingArguments(max_grad_norm={asked:g}) asked for "
+        f"{'no clipping' if asked == 0 else f'clipping at {asked:g}'}; under DeepSpeed the "
+        'Trainer leaves clipping to the engine: "gradient_clipping": "auto" in the config '
+        "takes max_grad_norm)")
 
 
 def _dropped_tail(w: dict[str, Any]) -> int:
