@@ -32,7 +32,7 @@ def test_a_callback_method_never_raises_an_internal_error() -> None:
         Callback().on_train_begin()
 
 
-def _hf_train(callback: Any) -> list[torch.Tensor]:
+def _hf_train(callback: Any, logging: str = "no", extra: Any = None) -> list[torch.Tensor]:
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
     torch.manual_seed(0)
@@ -43,9 +43,9 @@ def _hf_train(callback: Any) -> list[torch.Tensor]:
     args = TrainingArguments(output_dir="unused-hf-out", per_device_train_batch_size=2,
                              gradient_accumulation_steps=4, max_steps=3, learning_rate=1e-2,
                              report_to=[], save_strategy="no", use_cpu=True, seed=0,
-                             logging_strategy="no")
-    Trainer(model=model, args=args, train_dataset=data,
-            callbacks=[callback] if callback is not None else None).train()
+                             logging_strategy=logging, logging_steps=1)
+    callbacks = [c for c in (callback, extra) if c is not None]
+    Trainer(model=model, args=args, train_dataset=data, callbacks=callbacks or None).train()
     return [p.detach().clone() for p in model.parameters()]
 
 
@@ -70,3 +70,37 @@ def test_hf_trainer_callback_failing_inside_changes_nothing(
     said = [(f.step, f.class_id) for f in callback.findings]
     assert said == [(f.step, f.class_id) for f in clean.findings][: len(said)]
     assert len(said) < len(clean.findings) or not clean.findings
+
+
+def test_hf_log_figures_failing_inside_changes_nothing(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The wrapper that adds the callback's figures to the Trainer's logs runs behind the
+    patch door: a fault in it leaves the logs dispatched (without the figures) and the
+    training unchanged."""
+    pytest.importorskip("transformers")
+    from transformers import TrainerCallback
+
+    from accumguard.integrations.transformers import AccumguardCallback
+
+    class Logs(TrainerCallback):
+        def __init__(self) -> None:
+            self.logs: list[dict[str, Any]] = []
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None,
+                   **kw: Any) -> None:
+            self.logs.append(dict(logs or {}))
+
+    monkeypatch.chdir(tmp_path)
+    plain = _hf_train(None, logging="steps")
+    clean, clean_logs = AccumguardCallback(every_n_steps=1), Logs()
+    _hf_train(clean, logging="steps", extra=clean_logs)
+    assert any("accumguard/backwards" in r for r in clean_logs.logs)
+    monkeypatch.setenv(ENV_FAULT, "CallbackHandler.on_log@2")
+    callback, logs = AccumguardCallback(every_n_steps=1), Logs()
+    checked = _hf_train(callback, logging="steps", extra=logs)
+    assert all(torch.equal(a, b) for a, b in zip(plain, checked, strict=True))
+    assert len(logs.logs) == len(clean_logs.logs)  # every log still dispatched
+    assert "internal error in CallbackHandler.on_log" in capfd.readouterr().err
+    assert "accumguard/backwards" in logs.logs[0]  # before the fault
+    assert not any("accumguard/backwards" in r for r in logs.logs[1:])  # off from there on

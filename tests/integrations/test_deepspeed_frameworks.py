@@ -11,6 +11,13 @@ alarms and without crashes:
   Accelerate's ``DeepSpeedOptimizerWrapper`` (never ran ``torch.optim.Optimizer.__init__``):
   silent on the correct runs, F1 / F5 on the buggy ones.
 * A step with no backward pass in its window is judged (EXTRA_STEP when it moved the weights).
+* HF ``Trainer(deepspeed=...)``, ZeRO-2 and ZeRO-3: silent and bit-identical to the run
+  without accumguard; F5 for a token-mean ``compute_loss``; F9 only when ``max_grad_norm``
+  asked for other clipping than DeepSpeed's default; transformers refuses a config GA that
+  differs; ``accumguard invariance`` agrees (ZeRO-3) or diverges at step 1 (F5).
+* Accelerate + ``DeepSpeedPlugin``: ``accumulator(accelerator, ...)`` gives the fp64 large
+  batch; ``accelerator.backward(mean)`` is F5; a config GA that differs runs DeepSpeed's value;
+  ``invariance`` agrees on ZeRO-3.
 
 One launch per framework records several scenarios (``accumguard.runtime.watch.recording``,
 analysed as ``accumguard watch`` does); one real ``accumguard watch`` command checks the exit
@@ -49,11 +56,11 @@ def _run(command: list[str], timeout: float = 400) -> subprocess.CompletedProces
     return proc
 
 
-def _analysed(out: Path) -> tuple[set[str], list[Any], dict[int, list[dict]]]:
+def _analysed(out: Path, want_k: int = K) -> tuple[set[str], list[Any], dict[int, list[dict]]]:
     rec = load_recordings(out)
     assert rec.steps and rec.ranks == [0, 1], f"{out}: nothing recorded"
     findings, k, _ = analyze(rec)
-    assert k == K
+    assert k == want_k
     return {f.cls for f in findings if f.severity == "error"}, findings, rec.steps
 
 
@@ -98,25 +105,117 @@ def test_accelerate_deepspeed_counts_the_boundary_backward(accel_sweep: Path) ->
 
 
 @pytest.fixture(scope="module")
+def accel_ds_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    for lib in ("deepspeed", "accelerate"):
+        pytest.importorskip(lib)
+    out = tmp_path_factory.mktemp("accel_ds")
+    _run(_torchrun("accel_ds_train.py", "--scenario", "exact,mean,gamis", "--sweep", str(out)))
+    return out
+
+
+def _accel(out: Path, scenario: str, k: int = K) -> tuple[set[str], dict[str, Any]]:
+    errors, _, _ = _analysed(out / scenario, k)
+    got = json.loads((out / f"{scenario}.json").read_text())
+    return errors, got
+
+
+@pytest.mark.deepspeed
+def test_accelerate_deepspeed_exact_accumulator_and_checks(accel_ds_sweep: Path) -> None:
+    """``accumulator(accelerator, ...)`` on a DeepSpeed Accelerator (ZeRO-2, K = 4, uneven
+    valid counts): the first update equals the fp64 large batch (measured 3.1e-7); the checks
+    and the recording are silent. ``accelerator.backward(mean)`` inside ``accumulate()``: F5
+    from both, 70 % off."""
+    errors, got = _accel(accel_ds_sweep, "exact")
+    assert errors == set() and got["findings"] == [], got
+    assert got["update_error"] < 1e-5, got
+    errors, got = _accel(accel_ds_sweep, "mean")
+    assert errors == {"F5"} and {f["class_id"] for f in got["findings"]} == {"F5"}, got
+    assert got["update_error"] > 0.1, got
+
+
+@pytest.mark.deepspeed
+def test_accelerate_deepspeed_accumulation_mismatch(accel_ds_sweep: Path) -> None:
+    """``Accelerator(gradient_accumulation_steps=4)`` with a DeepSpeed config saying 2:
+    Accelerate warns and runs DeepSpeed's 2 (every window holds 2 micro-batches); the run is
+    a consistent 2-micro-batch accumulation, judged against the engine's K: no finding."""
+    errors, got = _accel(accel_ds_sweep, "gamis", K // 2)  # watch reads the engine's K
+    assert got["engine_k"] == 2 and errors == set() and got["findings"] == [], got
+    rec = load_recordings(accel_ds_sweep / "gamis")
+    assert _windows(rec.steps) == {(2,) * 6}
+
+
+@pytest.mark.deepspeed
+@pytest.mark.slow
+def test_accelerate_deepspeed_zero3_under_invariance(tmp_path: Path) -> None:
+    """``accumguard invariance --ks 1,4`` on the Accelerate + DeepSpeed ZeRO-3 loop through
+    ``accumulator(accelerator, ...)``: the same training for K = 1 and 4."""
+    for lib in ("deepspeed", "accelerate"):
+        pytest.importorskip(lib)
+    report = tmp_path / "inv.json"
+    proc = subprocess.run([sys.executable, "-m", "accumguard.cli", "invariance", "--ks", "1,4",
+                           "--batch", "8", "--steps", "3", "--json", str(report), "--",
+                           *_torchrun("accel_ds_train.py", "--scenario", "exact", "--stage",
+                                      "3", "--k", "{K}", "--mb", "{MB}")],
+                          env=launcher_env(), capture_output=True, text=True, timeout=900)
+    data = json.loads(report.read_text()) if report.exists() else {}
+    assert data, proc.stderr[-4000:]
+    (cmp,) = data["comparisons"]
+    assert [s["backwards"] for s in cmp["steps"]] == [[K, K]] * 3, cmp
+    assert not data["diverged"] and proc.returncode == 0, cmp
+    assert cmp["max_update_rel_diff"] < data["tolerance"], cmp
+
+
+@pytest.fixture(scope="module")
 def hf_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for lib in ("deepspeed", "accelerate", "transformers"):
         pytest.importorskip(lib)
     out = tmp_path_factory.mktemp("hf_ds")
-    _run(_torchrun("hf_ds_train.py", "--modes", "ok,mean", "--sweep", str(out)))
+    _run(_torchrun("hf_ds_train.py", "--modes", HF_MODES, "--sweep", str(out)))
     return out
 
 
+# one launch, one Trainer per mode (name@stage: ZeRO stage, default 2)
+HF_MODES = "ok,plain,mean,clip0,clipauto,gamis,ok@3,plain@3,mean@3"
+
+
 @pytest.mark.deepspeed
-def test_trainer_deepspeed_callback_and_recording(hf_sweep: Path) -> None:
-    errors, findings, steps = _analysed(hf_sweep / "ok")
+@pytest.mark.parametrize("stage", ["", "-z3"])
+def test_trainer_deepspeed_callback_and_recording(hf_sweep: Path, stage: str) -> None:
+    errors, findings, steps = _analysed(hf_sweep / f"ok{stage}")
     assert errors == set(), findings
     assert _windows(steps) == {(K,) * 3}
-    assert json.loads((hf_sweep / "ok-callback.json").read_text()) == []
+    assert json.loads((hf_sweep / f"ok{stage}-callback.json").read_text()) == []
+    # the same run with neither the callback nor the recording: the same weights, bit for bit
+    for rank in (0, 1):
+        assert ((hf_sweep / f"ok{stage}-rank{rank}.sha").read_text()
+                == (hf_sweep / f"plain{stage}-rank{rank}.sha").read_text())
     # compute_loss ignoring num_items_in_batch (uneven token counts): F5, seen by both
-    errors, findings, _ = _analysed(hf_sweep / "mean")
+    errors, findings, _ = _analysed(hf_sweep / f"mean{stage}")
     assert errors == {"F5"}, findings
-    callback = json.loads((hf_sweep / "mean-callback.json").read_text())
+    callback = json.loads((hf_sweep / f"mean{stage}-callback.json").read_text())
     assert {f["class_id"] for f in callback} == {"F5"}, callback
+
+
+@pytest.mark.deepspeed
+def test_trainer_deepspeed_clipping_and_accumulation_config(hf_sweep: Path) -> None:
+    """DeepSpeed's default clip (1.0 when the config has no gradient_clipping; the Trainer
+    neither fills it nor clips itself) is F9 only when max_grad_norm asked for another
+    clipping; the Trainer refuses a config whose gradient_accumulation_steps differs."""
+    errors, findings, _ = _analysed(hf_sweep / "clip0")  # max_grad_norm=0: no clipping asked
+    assert errors == {"F9"}, findings
+    f9 = next(f for f in findings if f.cls == "F9")
+    assert "max_grad_norm=0) asked for no clipping" in f9.evidence
+    assert '"gradient_clipping": "auto"' in f9.evidence
+    callback = json.loads((hf_sweep / "clip0-callback.json").read_text())
+    assert [f["class_id"] for f in callback] == ["F9"], callback
+    assert '"auto"' in callback[0]["fix"] and "max_grad_norm=0" in callback[0]["evidence"]
+    # max_grad_norm=1.0 (the Trainer's default) is DeepSpeed's default: asked for, no F9
+    errors, findings, _ = _analysed(hf_sweep / "clipauto")
+    assert errors == set(), findings
+    assert json.loads((hf_sweep / "clipauto-callback.json").read_text()) == []
+    # config GA 2, Trainer GA 4: transformers raises before training (nothing to watch)
+    said = (hf_sweep / "gamis-error.txt").read_text()
+    assert "gradient_accumulation_steps=2 vs hf gradient_accumulation_steps=4" in said, said
 
 
 @pytest.mark.deepspeed
@@ -136,6 +235,32 @@ def test_trainer_deepspeed_under_the_watch_cli(tmp_path: Path) -> None:
     assert proc.returncode == 0 and not errors, (errors, proc.stderr[-3000:])
     assert data["ranks"] == [0, 1] and data["accumulation_steps"] == K
     assert json.loads((tmp_path / "ok-callback.json").read_text()) == []
+
+
+@pytest.mark.deepspeed
+@pytest.mark.slow
+@pytest.mark.parametrize(("mode", "diverged"), [("ok@3", False), ("mean@2", True)])
+def test_trainer_deepspeed_under_invariance(tmp_path: Path, mode: str, diverged: bool) -> None:
+    """``accumguard invariance --ks 1,4`` on the Trainer + DeepSpeed script: the Trainer's own
+    loss trains the same for K = 1 and 4 (ZeRO-3: each rank's partitions compared; measured
+    1.8e-6..1.5e-5); the token-mean override diverges from step 1 (F5)."""
+    for lib in ("deepspeed", "accelerate", "transformers"):
+        pytest.importorskip(lib)
+    report = tmp_path / "inv.json"
+    proc = subprocess.run([sys.executable, "-m", "accumguard.cli", "invariance", "--ks", "1,4",
+                           "--batch", "8", "--steps", "3", "--json", str(report), "--",
+                           *_torchrun("hf_ds_train.py", "--modes", mode, "--k", "{K}",
+                                      "--mb", "{MB}", "--out", str(tmp_path))],
+                          env=launcher_env(), capture_output=True, text=True, timeout=900)
+    data = json.loads(report.read_text()) if report.exists() else {}
+    assert data, proc.stderr[-4000:]
+    (cmp,) = data["comparisons"]
+    assert [s["backwards"] for s in cmp["steps"]] == [[K, K]] * 3
+    assert data["diverged"] is diverged and proc.returncode == int(diverged), cmp
+    if diverged:
+        assert data["first_divergent_step"] == 1
+    else:
+        assert cmp["max_update_rel_diff"] < data["tolerance"], cmp
 
 
 # ----------------------------------------------------------------- a step with no backward

@@ -42,6 +42,8 @@ from accumguard.core.errors import (
     rank_prefix,
 )
 from accumguard.core.taxonomy import fix_for, title
+from accumguard.integrations._figures import event_figures, token_weight_error
+from accumguard.integrations._notes import InfoNotes
 from accumguard.observe import CONSERVATION_BUDGET, Patches, sampled
 from accumguard.observe._agree import gather_rows
 from accumguard.observe._failsafe import Failsafe
@@ -183,7 +185,7 @@ def safe_callback(fn: Callable[..., Any]) -> Callable[..., Any]:
     return method
 
 
-class AccumulationChecks:
+class AccumulationChecks(InfoNotes):
     """Probe + optimizer/scheduler hooks; findings after every (``every_n_steps``-th) step.
 
     Args:
@@ -236,6 +238,7 @@ class AccumulationChecks:
         self.fix_hints = dict(fix_hints or {})
         self.steps = 0
         self.checked_steps = 0
+        self.figures: dict[str, float] = {}  # the last checked step's (see ._figures)
         # every hook and wrapper of the checks runs behind this door: an internal error
         # switches the checks off (on every rank together, at the next gather), never the run
         self.failsafe = Failsafe("accumguard (callback)", step=lambda: self.steps)
@@ -460,6 +463,8 @@ class AccumulationChecks:
         """The window's verdict from every rank's records (the same on every rank)."""
         self.checked_steps += 1
         tol = WEIGHT_TOL_LOW_PRECISION if self.probe.low_precision else WEIGHT_TOL
+        if not any(len(r) for r in ranks):
+            self._no_logits(step)
         if any(len(r) and float(r[:, 3].max()) > _SIGNATURE_TOL * tol / WEIGHT_TOL
                for r in ranks):
             if any(len(r) and math.isinf(float(r[:, 3].max())) for r in ranks):
@@ -473,6 +478,10 @@ class AccumulationChecks:
                                   averages_over_ranks=self.averages_over_ranks,
                                   accumulation_steps=self.accumulation_steps, step=step,
                                   tol=tol)
+        err = token_weight_error([r[:, :3].tolist() for r in ranks], world_size=self.world_size,
+                                 averages_over_ranks=self.averages_over_ranks)
+        if err is not None:
+            self.figures["token_weight_error"] = err
         # A window of one micro-step (one logits forward on every rank) weighted 1/K is a
         # short window scaled as a full one (F7), unless the next window is the same: then
         # the optimizer steps every micro-step (F1). Held one step (the next is probed on
@@ -503,38 +512,6 @@ class AccumulationChecks:
                               "optimizer steps (and zero_grad runs) every micro-step; each "
                               "update is one micro-batch's gradient"))
 
-    def _say_wrapper_steps(self, n: int) -> None:
-        if not self._said_sched_w and self.rank == 0:
-            log.info("accumguard: Accelerate's prepared scheduler advances its schedule %d "
-                     "times per optimizer step (num_processes, split_batches=False), by "
-                     "Accelerate's design: right when the schedule's length counts batches "
-                     "of the unprepared dataloader; if you computed it from the prepared "
-                     "dataloader (or from optimizer steps), the schedule runs %dx ahead", n, n)
-        self._said_sched_w = True
-
-    def _boundary_mixed(self, step: int) -> None:
-        """Between the last backward and the step the gradient changed by more than one
-        scale (a hand-written all-reduce, weight decay added to .grad): the weights the
-        optimizer received are not the probe's times one number. Said once (info)."""
-        if not self._said_mixed and self.rank == 0:
-            log.info("accumguard step %d: between the last backward and the optimizer step "
-                     "the gradient changed by more than one scale (e.g. a hand-written "
-                     "all-reduce, weight decay added to .grad): token weights are not judged "
-                     "on such steps", step + 1)
-        self._said_mixed = True
-
-    def _not_cross_entropy(self, step: int) -> None:
-        """The probed module's gradient is not a token cross-entropy's: the token weights
-        cannot be read from it. Said once (info), never a finding."""
-        if not self._said_not_ce and self.rank == 0:
-            log.info("accumguard step %d: the gradient of %s is not that of a token "
-                     "cross-entropy on its output (a hidden layer taken for the logits, e.g. "
-                     "with tied embeddings; a regression head): token "
-                     "weights are not judged. Pass logits_module=<the layer whose output "
-                     "the cross-entropy reads> to judge them", step + 1,
-                     type(self.probe._module).__name__)
-        self._said_not_ce = True
-
     def on_unscale(self, event: Any) -> None:
         """Observer listener: a GradScaler unscales before this step (its scale is read when
         the probe's records are taken, before ``update`` changes it)."""
@@ -560,6 +537,7 @@ class AccumulationChecks:
     def on_step(self, event: Any) -> None:
         """Observer listener: the boundary contract of a step the observer recorded (a
         sampled window, or one whose hook-free counts are unusual)."""
+        self.figures.update(event_figures(event))
         for finding in boundary_findings(event, accumulation_steps=self.accumulation_steps):
             self._report(finding)
 

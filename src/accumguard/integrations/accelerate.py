@@ -63,14 +63,21 @@ class AccelerateEngine(Engine):
         dt = getattr(accelerator, "distributed_type", None)
         dtype = str(getattr(dt, "value", dt))
         if dtype not in ("NO", "MULTI_CPU", "MULTI_GPU", "MULTI_XPU", "MULTI_NPU", "MULTI_MLU",
-                         "MULTI_HPU"):
+                         "MULTI_HPU", "DEEPSPEED"):
             raise ConfigError(
-                f"the accelerate integration drives plain data parallelism (DDP or one process); "
-                f"this Accelerator runs {dtype}. For DeepSpeed or FSDP, use accumguard's own "
-                "engines on the unwrapped engine objects")
+                f"the accelerate integration drives plain data parallelism (DDP or one process) "
+                f"and DeepSpeed; this Accelerator runs {dtype}. For FSDP, use accumguard's own "
+                "engines on the unwrapped model")
         super().__init__(model)
         self.accelerator = accelerator
-        self.sync_mode = "deferred" if self.world_size > 1 else "none"
+        # DeepSpeed: accelerator.backward runs engine.backward (which divides by the engine's
+        # GA, the Accelerator's after prepare) with the boundary flag set from sync_gradients,
+        # and engine.step() at the boundary; ZeRO reduces (and averages over ranks) itself
+        self.deepspeed = dtype == "DEEPSPEED"
+        # (the engine holds the optimizer: the prepared wrapper's step/zero_grad are no-ops)
+        self.owns_optimizer = self.deepspeed
+        self.sync_mode = "engine" if self.deepspeed else (
+            "deferred" if self.world_size > 1 else "none")
         self._previous_sync: bool | None = None
 
     def reduction(self) -> GradReduction:
@@ -83,7 +90,7 @@ class AccelerateEngine(Engine):
         if self._previous_sync is None:
             self._previous_sync = bool(acc.sync_gradients)
         acc.sync_gradients = is_last  # the prepared optimizer steps only when this is True
-        if is_last:
+        if is_last or self.deepspeed:  # (ZeRO-2/3 refuse no_sync: the boundary flag defers)
             yield
         else:
             with acc.no_sync(self.model):
@@ -125,14 +132,24 @@ def accumulator(accelerator: Any, model: torch.nn.Module, optimizer: Any, *,
                           "step when split_batches=False)")
     k = accumulation_steps if accumulation_steps is not None else int(
         accelerator.gradient_accumulation_steps)
+    engine = AccelerateEngine(accelerator, model)
+    if engine.deepspeed and k != int(accelerator.gradient_accumulation_steps):
+        raise ConfigError(
+            f"accumulation_steps ({k}) differs from the DeepSpeed engine's "
+            f"gradient_accumulation_steps ({accelerator.gradient_accumulation_steps}): the "
+            "engine divides each backward by its own value and steps at the boundary the loop "
+            "sets; leave accumulation_steps unset")
+    if engine.deepspeed and max_grad_norm is not None:
+        raise ConfigError(
+            "under DeepSpeed the engine clips in its step(), by the config's gradient_clipping; "
+            "set gradient_clipping in the DeepSpeed config and leave max_grad_norm unset")
     sched = scheduler
     if scheduler is not None and scheduler_steps == "one":
         sched = unwrap_scheduler(scheduler)
     elif scheduler is not None:
         log.info("accumguard: Accelerate steps the LR schedule %d time(s) per optimizer step",
                  1 if getattr(scheduler, "split_batches", True) else accelerator.num_processes)
-    return Accumulator(model, optimizer, accumulation_steps=k,
-                       engine=AccelerateEngine(accelerator, model), scheduler=sched,
+    return Accumulator(model, optimizer, accumulation_steps=k, engine=engine, scheduler=sched,
                        count_fn=count_fn, max_grad_norm=max_grad_norm, **options)
 
 

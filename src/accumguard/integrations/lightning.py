@@ -37,6 +37,7 @@ from accumguard.integrations._checks import (
     Finding,
     safe_callback,
 )
+from accumguard.integrations._figures import PREFIX
 
 try:  # the standalone package is what this was tested with; the unified one is the same API
     import pytorch_lightning as pl
@@ -87,7 +88,12 @@ class AccumguardCallback(pl.Callback):
         strict, every_n_steps, logits_module: passed to the checks.
 
     Findings are logged (logger ``accumguard``), kept in :attr:`findings` and in
-    ``trainer.callback_metrics["accumguard_findings"]`` (their count).
+    ``trainer.callback_metrics["accumguard_findings"]`` (their count). The last checked
+    step's figures (``accumguard/backwards``, ``accumguard/conservation_error``,
+    ``accumguard/token_weight_error``, ...: :mod:`accumguard.integrations._figures`) and the
+    findings count (``accumguard/findings``) go through ``LightningModule.log`` to the
+    Trainer's loggers (at their ``log_every_n_steps`` cadence: the latest checked step's); the findings' text to a logger whose ``experiment`` has
+    ``add_text`` (TensorBoard) as ``accumguard/finding``.
     """
 
     def __init__(self, *, exact: bool = False, count_fn: Callable[[Any], Any] | None = None,
@@ -113,8 +119,16 @@ class AccumguardCallback(pl.Callback):
         self._clip_obs: Any = None
         self._scaled_after = -1
         self._observer: Any = None  # manual exact without checks: clip events only
+        self._logged = 0  # findings already handed to the loggers
+        self._figures: dict[str, float] = {}  # the last checked step's (see _log_figures)
+        #: made by the ``ACCUMGUARD_LIGHTNING=1`` entry point (steps aside for one you added)
+        self.from_environment = False
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        if self.from_environment and any(isinstance(cb, AccumguardCallback) and cb is not self
+                                         for cb in trainer.callbacks):
+            self.check = False  # the callback the script added runs the checks
+            return
         strategy = type(trainer.strategy).__name__
         if self.exact and strategy not in ("SingleDeviceStrategy", "DDPStrategy"):
             raise ConfigError(
@@ -192,6 +206,28 @@ class AccumguardCallback(pl.Callback):
         if self.checks is not None:
             trainer.callback_metrics["accumguard_findings"] = torch.tensor(
                 float(len(self.findings)))
+            self._log_figures(trainer, pl_module)
+
+    def _log_figures(self, trainer: Any, pl_module: Any) -> None:
+        """The checked step's figures and new findings, through the Trainer's loggers."""
+        assert self.checks is not None
+        # the latest checked step's figures, logged at every batch end until the next checked
+        # step: Lightning writes on_step values at its own cadence (log_every_n_steps)
+        self._figures.update(self.checks.figures)
+        self.checks.figures = {}
+        new = self.findings[self._logged:]
+        self._logged = len(self.findings)
+        if not self._figures and not new:
+            return
+        figures = {**self._figures, "findings": float(len(self.findings))}
+        for key, value in figures.items():
+            pl_module.log(PREFIX + key, value, on_step=True, on_epoch=False, batch_size=1)
+        if new and trainer.is_global_zero:
+            text = "\n".join(f"step {f.step}: {f.class_id} {f.title}: {f.evidence}" for f in new)
+            for lg in trainer.loggers:
+                add_text = getattr(getattr(lg, "experiment", None), "add_text", None)
+                if callable(add_text):
+                    add_text(PREFIX + "finding", text, trainer.global_step)
 
     @safe_callback
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:

@@ -30,8 +30,11 @@ from accumguard.integrations._checks import (
     DEFAULT_EVERY_N_STEPS,
     AccumulationChecks,
     Finding,
+    _finding,
     safe_callback,
 )
+from accumguard.integrations._figures import PREFIX
+from accumguard.observe import Patches
 
 try:
     from transformers import TrainerCallback
@@ -118,6 +121,44 @@ def exact_token_loss(trainer: Any, logits: torch.Tensor, labels: torch.Tensor,
     return total * scale / num_items_in_batch
 
 
+def _no_count_hint(model: Any, args: Any) -> str:
+    """Why the loss may be a per-micro-batch mean: the model declares that its forward takes
+    no loss kwargs (transformers then counts no ``num_items_in_batch``). Said beside the
+    "token weights not judged" note, as a condition to check, not a finding."""
+    base = model
+    for attr in ("get_base_model",):  # a PEFT model: the Trainer reads the base model's flag
+        getter = getattr(base, attr, None)
+        if callable(getter):
+            base = getter()
+    if getattr(base, "accepts_loss_kwargs", None) is not False:
+        return ""
+    if int(getattr(args, "gradient_accumulation_steps", 1)) <= 1:
+        return ""
+    return ("Note: the model sets accepts_loss_kwargs = False, so the Trainer counts no "
+            "num_items_in_batch and divides the loss by gradient_accumulation_steps: a loss "
+            "that would normalise by that count (the Trainer's own; TRL's SFTTrainer, whose "
+            "loss is computed outside the model) is then each micro-batch's token mean / K, "
+            "F5 when token counts differ. With TRL's SFTTrainer set "
+            "trainer.model_accepts_loss_kwargs = True after building it; check the run with "
+            "`accumguard invariance --ks 1,4 -- ...`.")
+
+
+def _unasked_deepspeed_clip(args: Any) -> float | None:
+    """DeepSpeed's default clip when the Trainer runs DeepSpeed with a config that leaves
+    ``gradient_clipping`` out (the Trainer then neither fills it nor clips itself) and
+    ``max_grad_norm`` asks for something else; None otherwise."""
+    hf_ds = getattr(args, "hf_deepspeed_config", None)
+    config = getattr(hf_ds, "config", None)
+    if not isinstance(config, dict) or "gradient_clipping" in config:
+        return None
+    try:
+        from deepspeed.runtime.constants import GRADIENT_CLIPPING_DEFAULT
+    except ImportError:
+        return None
+    default = float(GRADIENT_CLIPPING_DEFAULT)
+    return default if default > 0 and float(args.max_grad_norm) != default else None
+
+
 #: The fix of each class in the Trainer's terms (appended to the generic one).
 FIX_HINTS = {
     "F5": "In a compute_loss override: return exact_token_loss(self, outputs.logits, "
@@ -129,6 +170,8 @@ FIX_HINTS = {
            "processes (DDP averages the ranks): exact_token_loss does.",
     "F6": "Set TrainingArguments(average_tokens_across_devices=True) and divide by "
           "num_items_in_batch.",
+    "F9": 'Under DeepSpeed the Trainer leaves clipping to the engine: put "gradient_clipping": '
+          '"auto" in the DeepSpeed config (the Trainer fills in max_grad_norm).',
 }
 
 
@@ -140,6 +183,14 @@ class AccumguardCallback(TrainerCallback):
     stored as dicts in ``trainer.state.accumguard_findings``, and appended to
     ``trainer.state.log_history`` as ``{"step": ..., "accumguard": [...]}``. ``strict=True`` raises
     :class:`~accumguard.core.errors.AccumulationError` at the first finding.
+
+    The findings and the last checked step's figures (``accumguard/backwards``,
+    ``accumguard/conservation_error``, ``accumguard/token_weight_error``, ...: see
+    :mod:`accumguard.integrations._figures`) go into the Trainer's next ``logs`` dict, so
+    every ``report_to`` integration (TensorBoard, W&B, MLflow...) records them: the Trainer
+    calls the reporting callbacks before the ones you add, so the keys are added when the
+    Trainer dispatches ``on_log`` (a fail-safe wrapper of ``CallbackHandler.on_log`` while
+    training, for the Trainers that hold this callback only).
     """
 
     def __init__(self, *, strict: bool = False, every_n_steps: int = DEFAULT_EVERY_N_STEPS,
@@ -150,6 +201,10 @@ class AccumguardCallback(TrainerCallback):
         self.checks: AccumulationChecks | None = None
         self.findings: list[Finding] = []
         self._reported = 0
+        self._logged = 0  # findings already put into a logs dict
+        self._figures: dict[str, float] = {}  # not yet logged
+        self._patches: Patches | None = None
+        self._ds_clip: float | None = None  # DeepSpeed's default clip the Trainer did not ask
 
     @safe_callback
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
@@ -163,9 +218,66 @@ class AccumguardCallback(TrainerCallback):
             logits_module=self.logits_module, every_n_steps=self.every_n_steps,
             strict=self.strict, on_finding=self.findings.append, fix_hints=FIX_HINTS)
         state.accumguard_findings = []
+        self.checks.not_judged_hint = _no_count_hint(model, args)
+        self._ds_clip = _unasked_deepspeed_clip(args)
+        self._hook_logs()
+
+    @safe_callback
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None,
+               **kwargs: Any) -> None:
+        """F9 under DeepSpeed: the engine clips at its default while ``max_grad_norm`` asked
+        for other clipping, and the Trainer's logged (pre-clip) ``grad_norm`` exceeded it."""
+        norm = logs.get("grad_norm") if isinstance(logs, dict) else None
+        clip = self._ds_clip
+        if clip is None or self.checks is None or not isinstance(norm, (int, float)):
+            return
+        if norm > clip * (1 + 1e-6):
+            self._ds_clip = None  # said once
+            asked = float(args.max_grad_norm)
+            self.checks._report(_finding(
+                int(state.global_step) - 1, "F9",
+                f"the DeepSpeed config does not set gradient_clipping, so the engine clips at "
+                f"its default {clip:g} while TrainingArguments(max_grad_norm={asked:g}) asked "
+                f"for {'no clipping' if asked <= 0 else f'clipping at {asked:g}'}; the "
+                f"Trainer's logged gradient norm was {norm:.4g} at step {state.global_step}: "
+                "that update was shrunk"))
+
+    def _hook_logs(self) -> None:
+        """Add the pending figures to the ``logs`` dict before any callback sees it."""
+        from transformers.trainer_callback import CallbackHandler
+
+        assert self.checks is not None
+        self._patches = Patches(self.checks.failsafe)
+
+        def make(orig: Any) -> Any:
+            def on_log(handler: Any, /, *args: Any, **kwargs: Any) -> Any:
+                logs = kwargs.get("logs", args[3] if len(args) > 3 else None)
+                if isinstance(logs, dict) and any(cb is self for cb in handler.callbacks):
+                    logs.update(self.log_entries())
+                return orig(handler, *args, **kwargs)
+
+            return on_log
+
+        self._patches.wrap(CallbackHandler, "on_log", make)
+
+    def log_entries(self) -> dict[str, float | str]:
+        """The figures and findings not yet logged (then marked logged)."""
+        out: dict[str, float | str] = {PREFIX + k: v for k, v in self._figures.items()}
+        self._figures = {}
+        new = self.findings[self._logged:]
+        self._logged = len(self.findings)
+        if out or new:  # (a log with nothing new, e.g. the closing summary, gets nothing)
+            out[PREFIX + "findings"] = float(len(self.findings))
+        if new:
+            out[PREFIX + "finding"] = "\n".join(f"step {f.step}: {f.class_id} {f.title}: "
+                                                f"{f.evidence}" for f in new)
+        return out
 
     @safe_callback
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.checks is not None and self.checks.figures:
+            self._figures.update(self.checks.figures)
+            self.checks.figures = {}
         new = self.findings[self._reported:]
         self._reported = len(self.findings)
         if new:  # into the Trainer's own log history, next to its loss records
@@ -178,4 +290,7 @@ class AccumguardCallback(TrainerCallback):
         if self.checks is not None:
             self.checks.close()
             self.checks = None
+        if self._patches is not None:  # (the Trainer's closing log has run: it precedes this)
+            self._patches.undo()
+            self._patches = None
         state.accumguard_findings = [f.as_dict() for f in self.findings]

@@ -80,6 +80,7 @@ class EngineInfo:
     gradient_accumulation_steps: int | None = None
     gradient_clipping: float | None = None
     clipping_set_by_user: bool | None = None
+    requested_clipping: float | None = None  # the HF Trainer's max_grad_norm, when one ran
     managed_accumulation: bool | None = None
     micro_batch: int | None = None
 

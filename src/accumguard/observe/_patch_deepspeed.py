@@ -39,12 +39,16 @@ def note_engine(obs: Any, engine: Any) -> None:
     with contextlib.suppress(Exception):
         raw = getattr(getattr(engine, "_config", None), "_param_dict", None) or {}
         managed = getattr(engine, "managed_gradient_accumulation", None)
+        clip = float(engine.gradient_clipping() or 0.0)
+        asked = getattr(obs, "trainer_clip", None)  # (see _patch_trainers)
         obs.engine_info = EngineInfo(
             engine="deepspeed",
             zero_stage=int(engine.zero_optimization_stage()),
             gradient_accumulation_steps=int(engine.gradient_accumulation_steps()),
-            gradient_clipping=float(engine.gradient_clipping() or 0.0),
-            clipping_set_by_user="gradient_clipping" in raw,
+            gradient_clipping=clip,
+            # the HF Trainer's max_grad_norm equal to the engine's clip asked for it too
+            clipping_set_by_user="gradient_clipping" in raw or asked == clip,
+            requested_clipping=asked,
             managed_accumulation=bool(managed()) if callable(managed) else True,
             micro_batch=int(engine.train_micro_batch_size_per_gpu()))
         obs._emit("on_engine", obs.engine_info)

@@ -18,7 +18,16 @@ __all__ = ["patch_hf_args", "patch_lightning"]
 
 def patch_hf_args(obs: Any, mod: ModuleType) -> None:
     _declares_k(obs, mod, "TrainingArguments", "__post_init__", "gradient_accumulation_steps",
-                "transformers")
+                "transformers", also=_note_clip)
+
+
+def _note_clip(obs: Any, args: Any) -> None:
+    """The clipping the Trainer asks for (``max_grad_norm``; 0 is none). Under DeepSpeed the
+    Trainer does not clip itself: the engine's ``gradient_clipping`` does (the F9 rule reads
+    this to tell the clipping the user asked for from DeepSpeed's default)."""
+    clip = getattr(args, "max_grad_norm", None)
+    if isinstance(clip, (int, float)) and not isinstance(clip, bool):
+        obs.trainer_clip = float(clip)
 
 
 def patch_lightning(obs: Any, mod: ModuleType) -> None:
@@ -28,9 +37,9 @@ def patch_lightning(obs: Any, mod: ModuleType) -> None:
 
 
 def _declares_k(obs: Any, mod: ModuleType, cls_name: str, method: str, attr: str,
-                library: str) -> None:
+                library: str, also: Callable[[Any, Any], None] | None = None) -> None:
     """Wrap ``mod.cls_name.method`` (a constructor) to record ``instance.attr`` as
-    ``library``'s K."""
+    ``library``'s K (and run ``also(obs, instance)``)."""
     if not obs.installed:
         return
 
@@ -40,6 +49,8 @@ def _declares_k(obs: Any, mod: ModuleType, cls_name: str, method: str, attr: str
             k = getattr(this, attr, None)
             if isinstance(k, int) and k > 1:  # 1 is the default: it declares nothing
                 obs.declared_k[library] = k
+            if also is not None:
+                also(obs, this)
             return out
 
         return init

@@ -366,12 +366,21 @@ def _rank_findings(rank: int, steps: list[dict[str, Any]], info: dict[str, Any],
             out.append(_mk("F9", "error", rank, hit[0][0], None,
                            f"the DeepSpeed config does not set gradient_clipping, the engine "
                            f"clips at {clip:g}, and the gradient norm was {hit[0][1]:.4g} at "
-                           f"step {_n(hit[0][0])}: every such update was shrunk"))
+                           f"step {_n(hit[0][0])}: every such update was shrunk"
+                           f"{_asked_clip(info.get('requested_clipping'))}"))
         elif norms:
             out.append(_mk("F9", "note", rank, None, None,
                            f"DeepSpeed clips at {clip:g} by default (gradient_clipping not set); "
                            "no step exceeded it in this run"))
     return out
+
+
+def _asked_clip(asked: float | None) -> str:
+    return "" if asked is None else (
+        f" (TrainingArguments(max_grad_norm={asked:g}) asked for "
+        f"{'no clipping' if asked == 0 else f'clipping at {asked:g}'}; under DeepSpeed the "
+        'Trainer leaves clipping to the engine: "gradient_clipping": "auto" in the config '
+        "takes max_grad_norm)")
 
 
 def _wipe_text(w: dict[str, Any], cls: str, n: int) -> str:
