@@ -6,7 +6,8 @@ reduce gradients. Only the outermost call counts (``deepspeed.comm`` calls
 made by accumguard itself (:meth:`CollectiveCounter.paused`) are not counted.
 
 DDP's bucket all-reduces are issued from C++ and never reach these functions; the
-observer infers them from DDP's sync flag at forward time instead (DDP's own rule).
+collective ledger (:mod:`._comm_ledger`) books them from DDP's sync flag at the forward
+(the condition under which DDP's reducer launches them) and DDP's reported bucket sizes.
 
 The counter also remembers, in memory only, the collective this process is inside
 (:attr:`CollectiveCounter.open`), the last one it left (``last_done``) and the last one
@@ -19,13 +20,14 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from accumguard.observe._failsafe import Failsafe
 from accumguard.observe._patch import Patches
 
-__all__ = ["CollectiveCounter", "DS_COMM_MODULES", "DS_REDUCE_OPS", "TORCH_REDUCE_OPS"]
+__all__ = ["DDP_BUCKET_OP", "CollectiveCounter", "DS_COMM_MODULES", "DS_REDUCE_OPS", "TORCH_REDUCE_OPS"]
 
 # FSDP2 (torch >= 2.13) issues its reduce-scatters and all-gathers through the *_single names.
 TORCH_REDUCE_OPS = ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor",
@@ -40,6 +42,8 @@ DS_REDUCE_OPS = ("all_reduce", "inference_all_reduce", "all_reduce_coalesced", "
                  "all_to_all_single")
 DS_OTHER_OPS = ("all_gather", "all_gather_into_tensor", "allgather_fn", "all_gather_coalesced",
                 "broadcast", "barrier")
+#: The ledger's name for DDP's C++ bucket all-reduces (:mod:`._comm_ledger`).
+DDP_BUCKET_OP = "all_reduce(ddp bucket)"
 DS_COMM_MODULES = ("deepspeed.comm", "deepspeed.comm.comm",
                    "deepspeed.runtime.comm.coalesced_collectives")
 
@@ -61,6 +65,10 @@ class CollectiveCounter:
         self.open: tuple[Any, ...] | None = None  # (op, call, step, micro, in_backward)
         self.last_done: tuple[Any, ...] | None = None
         self.failed: tuple[Any, ...] | None = None  # the open tuple + (error text,)
+        # the collective ledger (:mod:`._comm_ledger`): told of each outermost call after it
+        # returned, with its arguments, its position and the seconds spent inside it
+        self.ledger: Callable[[str, tuple[Any, ...], dict[str, Any], tuple[Any, ...], float],
+                              None] | None = None
 
     def state(self) -> dict[str, Any]:
         """What :attr:`open`/``last_done``/``failed`` say, as JSON-ready dicts."""
@@ -119,7 +127,9 @@ class CollectiveCounter:
                 here = self.open = (op, n, *pos)
                 try:
                     self.on_call(op, reduces)
+                    t0 = time.perf_counter()
                     out = orig(*args, **kwargs)
+                    took = time.perf_counter() - t0
                 except BaseException as exc:
                     # stays open: the rank never left this collective normally
                     self.failed = (*here, f"{type(exc).__name__}: {str(exc)[:300]}")
@@ -128,6 +138,8 @@ class CollectiveCounter:
                     self._depth -= 1
                 self.last_done = here
                 self.open = None
+                if self.ledger is not None:
+                    self.ledger(op, args, kwargs, pos, took)
                 return out
 
             return call

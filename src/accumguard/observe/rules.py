@@ -28,6 +28,7 @@ import dataclasses
 from collections import Counter
 from typing import Any
 
+from accumguard.observe._comm_rules import comm_findings
 from accumguard.observe._rank_rules import manual_reduce_findings, rank_scale_findings
 from accumguard.observe._records import (
     NUMBERING,
@@ -197,6 +198,7 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
             found += low_precision_findings(rank, _windows(steps))
             found += partial_window_findings(rank, _windows(steps), gres.k)
             found += grad_step_findings(rank, _windows(steps), gres)
+            found = comm_findings(rank, steps, found)  # the collective ledger (EXTRA_SYNC)
             if idx is not None and len(groups) > 1:
                 name = next((str(s.get("optimizer")) for s in steps if s.get("optimizer")),
                             "optimizer")

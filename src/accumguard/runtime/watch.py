@@ -30,7 +30,8 @@ The recording, one JSON object per line (flushed at every optimizer step, at exi
   ``grad_norm``, ``conservation`` ({params, wiped, stale, received, ok, reason} or
   null), ``checksum`` (what the optimizer received, for cross-rank agreement), ``wall``,
   ``sync_backward`` (the DDP/FSDP2 sync flag at each backward), ``param_dtype`` (of the
-  parameters the optimizer stepped: ``accumguard invariance``'s tolerance reads it).
+  parameters the optimizer stepped: ``accumguard invariance``'s tolerance reads it),
+  ``comm`` (the window's collectives: :meth:`~accumguard.observe._comm_ledger.CommLedger.take`).
   The raw ``step`` counts from 0; every report shows it 1-based;
 * ``{"kind": "scheduler", "step", "micro", "count", "optimizer_steps", "in_step"}``;
 * ``{"kind": "end", "reason", "pending_backwards", "declared_k", "collective"}`` last
@@ -167,6 +168,7 @@ class _Agent:
         self.every = every if every is not None else (
             int(env_every) if env_every.strip().isdigit() else 1)
         self.observer: Any = None
+        self.ledger: Any = None
         self.fh: Any = None
         self.rank: int | None = None
         self.buffer: list[dict[str, Any]] = []
@@ -177,12 +179,16 @@ class _Agent:
 
     # -- installation -------------------------------------------------------------------
     def install(self, _torch: Any = None, *, handlers: bool = True) -> None:
+        from accumguard.observe._comm_ledger import CommLedger
         from accumguard.observe._observer import Observer
 
         # every=1 (default): conservation checked on as many windows as ~1 % of the run's
         # time allows (always the first two); every=N: exactly every N-th window.
         self.observer = Observer(auto_roots=True, record_updates=self.record_updates,
                                  every=self.every, budget=0.01 if self.every == 1 else None)
+        self.ledger = CommLedger(self.observer)  # the step record's "comm" (collectives)
+        self.ledger.attach()
+        self.observer.add_listener(self.ledger)
         self.observer.add_listener(self)
         self.observer.install()
         self._wrap_destroy()
@@ -292,7 +298,10 @@ class _Agent:
         from accumguard.observe.rules import step_record
 
         self.seen_activity = True
-        self._write(step_record(ev, self._rank()))
+        rec = step_record(ev, self._rank())
+        if self.ledger is not None:
+            rec["comm"] = self.ledger.take()
+        self._write(rec)
         if self.record_updates and ev.updates is not None:
             self.updates.append(ev.updates)
         self._flush_file()
