@@ -130,8 +130,10 @@ def _install_all(_torch: Any = None) -> None:
     assert _agent is not None
     _agent.install()
     from accumguard.observe.invariance_hooks import install_from_env
+    from accumguard.runtime._advise_modes import install_from_env as advise_mode
 
     install_from_env()
+    advise_mode(_agent.observer)  # `accumguard advise`'s mode (a no-op unless it set one)
 
 
 @contextlib.contextmanager
@@ -398,7 +400,7 @@ class _Agent:
             self._write({"kind": "end", "reason": reason, "pending_backwards": pending,
                          "steps": obs.step, "backwards_total": obs.backward_total,
                          "declared_k": dict(obs.declared_k), "engine": obs.engine,
-                         "collective": obs.counter.state()})
+                         "collective": obs.counter.state(), **_peak_memory()})
 
     def _stop_at_max_steps(self) -> None:
         self.close("max_steps")
@@ -411,6 +413,22 @@ class _Agent:
             with contextlib.suppress(Exception):
                 stream.flush()
         os._exit(0)
+
+
+def _peak_memory() -> dict[str, Any]:
+    """This process's peak memory for ``accumguard advise``: ``peak_rss_bytes`` (the
+    process's maximum resident set, CPU) and ``cuda_max_allocated_bytes`` (CUDA runs)."""
+    out: dict[str, Any] = {}
+    with contextlib.suppress(Exception):
+        import resource
+
+        kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kB on Linux
+        out["peak_rss_bytes"] = int(kb) * (1 if sys.platform == "darwin" else 1024)
+    torch = sys.modules.get("torch")
+    with contextlib.suppress(Exception):
+        if torch is not None and torch.cuda.is_initialized():
+            out["cuda_max_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
+    return out
 
 
 def _jsonable(x: Any) -> Any:

@@ -1,0 +1,111 @@
+"""``accumguard advise``'s candidate modes, applied inside the user's unmodified command.
+
+The bootstrap that installs ``watch``'s observer (:mod:`accumguard.runtime.watch`) calls
+:func:`install_from_env`; with ``ACCUMGUARD_ADVISE_MODE`` unset (``watch``,
+``invariance``) it does nothing. With a mode, the outermost call of every DDP / FSDP2
+module is wrapped (through the observer's patch door, undone with it) and sets the
+engine's own switches before the forward, from the micro-step's position in the window:
+the observer's count of backward passes since the last optimizer step, against the
+window size ``ACCUMGUARD_ADVISE_K`` measured on the command as written.
+
+Modes (each the exact public call a user would write):
+
+* ``ddp-every``: ``model.require_backward_grad_sync = True`` before every forward (DDP
+  all-reduces every micro-step);
+* ``ddp-deferred``: ``False`` before the forwards of micro-steps 1..K-1, ``True`` before
+  the last (what ``with model.no_sync():`` around forward and backward does);
+* ``fsdp2-every``: ``model.set_requires_gradient_sync(True)`` before every forward;
+* ``fsdp2-deferred``: ``set_requires_gradient_sync(False)`` before micro-steps 1..K-1,
+  ``True`` before the last;
+* ``fsdp2-unsharded``: deferred, plus ``set_reshard_after_forward(False)`` and
+  ``set_reshard_after_backward(False)`` before micro-steps 1..K-1 and
+  ``set_reshard_after_backward(True)`` before the last: the parameters gathered by the
+  window's first forward stay unsharded until its last backward.
+
+A micro-step at or beyond the K-th of a window (a longer window than measured) always
+synchronises: a mode never leaves a window's last backward unreduced.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["ENV_ADVISE_K", "ENV_ADVISE_MODE", "MODES", "install_from_env"]
+
+ENV_ADVISE_MODE = "ACCUMGUARD_ADVISE_MODE"
+ENV_ADVISE_K = "ACCUMGUARD_ADVISE_K"
+
+#: mode -> engine it applies to
+MODES = {"ddp-every": "ddp", "ddp-deferred": "ddp", "fsdp2-every": "fsdp2",
+         "fsdp2-deferred": "fsdp2", "fsdp2-unsharded": "fsdp2"}
+
+
+class _Applier:
+    """Sets the engine's switches before each outermost DDP/FSDP2 forward (see the module)."""
+
+    def __init__(self, observer: Any, mode: str, k: int) -> None:
+        self.observer = observer
+        self.mode = mode
+        self.k = max(1, k)
+        self._depth = 0  # FSDP2: nested FSDP modules' calls inside the root's
+
+    def last(self) -> bool:
+        """Is the micro-step about to run the window's last (or beyond)?"""
+        return len(self.observer._w.backwards) >= self.k - 1
+
+    def patch_ddp(self, module: Any) -> None:
+        self.observer.patches.wrap(module.DistributedDataParallel, "__call__", self._ddp_call)
+
+    def patch_fsdp(self, module: Any) -> None:
+        cls = getattr(module, "FSDPModule", None)
+        if cls is not None:
+            self.observer.patches.wrap(cls, "__call__", self._fsdp_call)
+
+    def _ddp_call(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        import torch
+
+        def call(model: Any, *args: Any, **kwargs: Any) -> Any:
+            if torch.is_grad_enabled():
+                model.require_backward_grad_sync = self.mode == "ddp-every" or self.last()
+            return orig(model, *args, **kwargs)
+
+        return call
+
+    def _fsdp_call(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        import torch
+
+        def call(model: Any, *args: Any, **kwargs: Any) -> Any:
+            if self._depth == 0 and torch.is_grad_enabled():
+                last = self.mode == "fsdp2-every" or self.last()
+                model.set_requires_gradient_sync(last)
+                if self.mode == "fsdp2-unsharded":
+                    if not last:
+                        model.set_reshard_after_forward(False)
+                    model.set_reshard_after_backward(last)
+            self._depth += 1
+            try:
+                return orig(model, *args, **kwargs)
+            finally:
+                self._depth -= 1
+
+        return call
+
+
+def install_from_env(observer: Any) -> None:
+    """Apply ``ACCUMGUARD_ADVISE_MODE`` (if set) through ``observer``'s patches."""
+    mode = os.environ.get(ENV_ADVISE_MODE, "")
+    if mode not in MODES or observer is None or not observer.installed:
+        return
+    k_text = os.environ.get(ENV_ADVISE_K, "")
+    applier = _Applier(observer, mode, int(k_text) if k_text.strip().isdigit() else 1)
+    from accumguard.observe._imports import when_imported
+
+    fs = observer.failsafe
+    if MODES[mode] == "ddp":
+        when_imported("torch.nn.parallel.distributed",
+                      lambda m: fs.guard("advise: DDP mode", applier.patch_ddp, m))
+    else:
+        when_imported("torch.distributed.fsdp",
+                      lambda m: fs.guard("advise: FSDP2 mode", applier.patch_fsdp, m))
