@@ -3,7 +3,8 @@
 The bootstrap that installs ``watch``'s observer (:mod:`accumguard.runtime.watch`) calls
 :func:`install_from_env`; with ``ACCUMGUARD_ADVISE_MODE`` unset (``watch``,
 ``invariance``) it does nothing. With a mode, the outermost call of every DDP / FSDP2
-module is wrapped (through the observer's patch door, undone with it) and sets the
+module is wrapped (DDP: its ``__call__``; FSDP2: a forward pre-hook on every module given to
+``fully_shard``; through the observer's patch and hook doors, undone with it) and sets the
 engine's own switches before the forward, from the micro-step's position in the window:
 the observer's count of backward passes since the last optimizer step, against the
 window size ``ACCUMGUARD_ADVISE_K`` measured on the command as written.
@@ -49,7 +50,6 @@ class _Applier:
         self.observer = observer
         self.mode = mode
         self.k = max(1, k)
-        self._depth = 0  # FSDP2: nested FSDP modules' calls inside the root's
 
     def last(self) -> bool:
         """Is the micro-step about to run the window's last (or beyond)?"""
@@ -59,9 +59,35 @@ class _Applier:
         self.observer.patches.wrap(module.DistributedDataParallel, "__call__", self._ddp_call)
 
     def patch_fsdp(self, module: Any) -> None:
-        cls = getattr(module, "FSDPModule", None)
-        if cls is not None:
-            self.observer.patches.wrap(cls, "__call__", self._fsdp_call)
+        """Every module given to ``fully_shard`` gets a forward pre-hook (prepended: it runs
+        before FSDP2's own, which all-gathers) setting that module's own switches
+        (``recurse=False``): FSDP2 reads each module's flags at its own forward and
+        post-backward, so each module is set right before it runs."""
+        self.observer.patches.wrap(module, "fully_shard", self._fully_shard)
+
+    def _fully_shard(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        def fully_shard(*args: Any, **kwargs: Any) -> Any:
+            out = orig(*args, **kwargs)
+            hook = self.observer.failsafe.hook(self._fsdp_pre, "advise_fsdp")
+            for m in out if isinstance(out, (list, tuple)) else [out]:
+                if hasattr(m, "set_requires_gradient_sync"):
+                    self.observer.patches.add(
+                        m.register_forward_pre_hook(hook, prepend=True).remove)
+            return out
+
+        return fully_shard
+
+    def _fsdp_pre(self, model: Any, args: Any) -> None:
+        import torch
+
+        if not torch.is_grad_enabled():
+            return
+        last = self.mode == "fsdp2-every" or self.last()
+        model.set_requires_gradient_sync(last, recurse=False)
+        if self.mode == "fsdp2-unsharded":
+            if not last:
+                model.set_reshard_after_forward(False, recurse=False)
+            model.set_reshard_after_backward(last, recurse=False)
 
     def _ddp_call(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         import torch
@@ -70,25 +96,6 @@ class _Applier:
             if torch.is_grad_enabled():
                 model.require_backward_grad_sync = self.mode == "ddp-every" or self.last()
             return orig(model, *args, **kwargs)
-
-        return call
-
-    def _fsdp_call(self, orig: Callable[..., Any]) -> Callable[..., Any]:
-        import torch
-
-        def call(model: Any, *args: Any, **kwargs: Any) -> Any:
-            if self._depth == 0 and torch.is_grad_enabled():
-                last = self.mode == "fsdp2-every" or self.last()
-                model.set_requires_gradient_sync(last)
-                if self.mode == "fsdp2-unsharded":
-                    if not last:
-                        model.set_reshard_after_forward(False)
-                    model.set_reshard_after_backward(last)
-            self._depth += 1
-            try:
-                return orig(model, *args, **kwargs)
-            finally:
-                self._depth -= 1
 
         return call
 
