@@ -7,15 +7,19 @@ cases that need no engine run on hand-made records.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_watch import _sweep, _torchrun  # the launcher helpers of the watch tests
+from test_watch import SCRIPTS, _sweep, _torchrun  # the launcher helpers of the watch tests
 
 from accumguard.observe._collectives import DDP_BUCKET_OP
 from accumguard.observe._records import RunRecording
 from accumguard.runtime.watch_findings import analyze, load_recordings
+
+from helpers import free_port, launcher_env
 
 K, STEPS = 4, 3
 MLP_BYTES = (8 * 16 + 16 + 16 * 4 + 4) * 4  # sweep_dist.mlp(), float32: every gradient once
@@ -130,3 +134,37 @@ def test_deepspeed_reducing_inside_every_backward_is_not_judged() -> None:
     rows = [["reduce_scatter_fn", m, True, 1, 4000, 0.01] for m in range(K)]
     found, _, _ = analyze(_ledgered(rows, engine="deepspeed"), k_flag=K)
     assert [f for f in found if f.cls == "EXTRA_SYNC"] == []
+
+
+DS_BYTES = (8 * 32 + 32 + 32 + 1) * 4  # ds_train.py's model, float32
+
+
+@pytest.mark.parametrize(("mode", "stage", "per_micro"), [
+    ("native", 2, True), ("coalesce", 2, False), ("native", 1, False)])
+def test_deepspeed_reductions_and_gathers(tmp_path: Path, mode: str, stage: int,
+                                          per_micro: bool) -> None:
+    """DeepSpeed 0.19.8 (2 CPU ranks, gloo), measured: ZeRO-2 with gradient_accumulation_steps
+    = K reduces the whole gradient inside every backward (K reductions per step); inside
+    coalesce_grad_reduction(), or on ZeRO-1, once; every step then all-gathers the updated
+    parameter partitions once. Never an EXTRA_SYNC (DeepSpeed is not judged by the ledger)."""
+    pytest.importorskip("deepspeed")
+    keep = tmp_path / "rec"
+    cmd = [sys.executable, "-m", "accumguard.cli", "watch", "--keep", str(keep), "--",
+           "deepspeed", "--num_gpus", "2", "--master_port", str(free_port()),
+           str(SCRIPTS / "ds_train.py"), "--mode", mode, "--stage", str(stage)]
+    proc = subprocess.run(cmd, env=launcher_env(), capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rec = load_recordings(keep)
+    for s in rec.steps[0][1:]:  # after the first step (set-up collectives)
+        rows = s["comm"]["rows"]
+        grads = [(m, bw, c, b) for op, m, bw, c, b, _ in rows if op == "all_reduce" and b >= 64]
+        gathers = [(c, b) for op, _, _, c, b, _ in rows if op.startswith("all_gather")]
+        if per_micro:
+            assert grads == [(m, True, 1, DS_BYTES) for m in range(K)], rows
+        else:
+            assert sum(c for *_, c, _ in grads) in (1, 2), rows  # one gradient round at the end
+            assert sum(b for *_, b in grads) >= DS_BYTES and all(
+                m >= K - 1 for m, *_ in grads), rows
+        assert len(gathers) == 1 and gathers[0][0] == 1 and gathers[0][1] >= DS_BYTES, rows
+    found, _, _ = analyze(rec, k_flag=K)
+    assert not [f for f in found if f.cls == "EXTRA_SYNC" or f.severity == "error"], found
