@@ -8,6 +8,7 @@ import hashlib
 import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -69,6 +70,27 @@ def test_a_deferred_mode_is_recommended(ddp_report: dict[str, Any]) -> None:
     assert ddp_report["recommended"]["mode"] == "ddp-deferred", ddp_report["stdout"]
     assert "no_sync" in ddp_report["recommended"]["how"]
     assert "recommended: ddp-deferred" in ddp_report["stdout"]
+
+
+def test_fsdp2_modes(tmp_path: Path) -> None:
+    """FSDP2 never deferring (3 groups): every mode measured with equal updates; deferring
+    cuts the reduce-scatters to one per group per step, the unsharded window also the
+    all-gathers (one round per window instead of two per micro-step)."""
+    report = tmp_path / "advise.json"
+    cmd = [sys.executable, "-m", "accumguard.cli", "advise", "--steps", "4", "--json",
+           str(report), "--", sys.executable, "-m", "torch.distributed.run",
+           "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port",
+           str(free_port()), str(SCRIPT), "--engine", "fsdp2"]
+    proc = subprocess.run(cmd, env=launcher_env(), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    modes = {m["mode"]: m for m in json.loads(report.read_text())["modes"]}
+    assert list(modes) == ["as-written", "fsdp2-every", "fsdp2-deferred", "fsdp2-unsharded"]
+    assert all(m["updates_equal"] for m in modes.values()), modes
+    got = {k: (m["gradient_collectives_per_step"], m["parameter_collectives_per_step"])
+           for k, m in modes.items()}
+    assert got == {"as-written": (12, 24), "fsdp2-every": (12, 24),
+                   "fsdp2-deferred": (3, 24), "fsdp2-unsharded": (3, 3)}, got
+    assert modes["fsdp2-deferred"]["gradient_bytes_per_step"] == PARAM_BYTES
 
 
 def test_modes_and_reasons() -> None:
