@@ -100,3 +100,25 @@ def test_modes_and_reasons() -> None:
     assert "DeepSpeed" in (not_applicable("deepspeed", 4) or "")
     assert not_applicable("ddp", 4) is None
     assert parse_bytes("8GB") == 8 * 10 ** 9 and parse_bytes("1MiB") == 2 ** 20
+
+
+def test_usage_errors_and_a_single_process_command(tmp_path: Path) -> None:
+    """No command, a bad size, a failing command: exit 2 with one line. One process
+    without DDP/FSDP2: measured as written, and the report says why no mode applies."""
+    base = [sys.executable, "-m", "accumguard.cli", "advise"]
+    for extra in ([], ["--memory-budget", "lots", "--", "python", "x.py"],
+                  ["--", sys.executable, "-c", "raise SystemExit(3)"]):
+        proc = subprocess.run([*base, *extra], env=launcher_env(), capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 2, (extra, proc.stderr)
+    script = tmp_path / "local.py"
+    script.write_text(
+        "import torch\ntorch.manual_seed(0)\nm = torch.nn.Linear(4, 2)\n"
+        "opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "for i in range(12):\n    (m(torch.randn(3, 4)).sum() / 4).backward()\n"
+        "    if (i + 1) % 4 == 0:\n        opt.step()\n        opt.zero_grad()\n")
+    proc = subprocess.run([*base, "--steps", "3", "--", sys.executable, str(script)],
+                          env=launcher_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "no other mode applies: one process without DDP/FSDP2/DeepSpeed" in proc.stdout
+    assert "recommended: as-written" in proc.stdout
