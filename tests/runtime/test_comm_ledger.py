@@ -168,3 +168,17 @@ def test_deepspeed_reductions_and_gathers(tmp_path: Path, mode: str, stage: int,
         assert len(gathers) == 1 and gathers[0][0] == 1 and gathers[0][1] >= DS_BYTES, rows
     found, _, _ = analyze(rec, k_flag=K)
     assert not [f for f in found if f.cls == "EXTRA_SYNC" or f.severity == "error"], found
+
+
+def test_other_collectives_of_a_ddp_run_are_not_its_gradient_sync() -> None:
+    """DDP deferred correctly (buckets at the last backward only) with a tensor-parallel-like
+    all-reduce of activation gradients inside every backward: not an extra sync. The same
+    run with the buckets on every backward: the warning counts the buckets only."""
+    tp = [["all_reduce", m, True, 2, 6000, 0.01] for m in range(K)]
+    last = [[DDP_BUCKET_OP, K - 1, True, 1, 4000, None]]
+    found, _, _ = analyze(_ledgered([*tp, *last], engine="ddp"), k_flag=K)
+    assert [f for f in found if f.cls == "EXTRA_SYNC"] == []
+    every = [[DDP_BUCKET_OP, m, True, 1, 4000, None] for m in range(K)]
+    found, _, _ = analyze(_ledgered([*tp, *every], engine="ddp"), k_flag=K)
+    (w,) = [f for f in found if f.cls == "EXTRA_SYNC"]
+    assert "3 extra collective(s), 12 kB" in w.title, w.title

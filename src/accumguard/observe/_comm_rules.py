@@ -30,6 +30,8 @@ GRAD_OPS = frozenset((DDP_BUCKET_OP, *TORCH_REDUCE_OPS, *DS_REDUCE_OPS))
 #: moves at least this share of the final round's bytes (a token count or a metric
 #: all-reduced per micro-step is a few bytes, not a gradient).
 GRADIENT_SIZED = 0.5
+#: A hand-written loop's extra round must match its final round's bytes within this share.
+SAME_SIZE = 0.1
 
 _FIX = {
     "ddp": "Run the forward AND the backward of micro-steps 1..K-1 inside "
@@ -42,18 +44,31 @@ _FIX_OTHER = ("All-reduce the accumulated gradient once, after the window's last
               "instead of after every micro-step.")
 
 
+def _judged_op(engine: str, op: str) -> bool:
+    """The ops that carry the engine's gradient sync: DDP's bucket all-reduces, FSDP2's
+    reduce-scatters; for a hand-written loop every reduction. (Other collectives of a DDP
+    or FSDP2 run, e.g. a tensor-parallel all-reduce of activation gradients inside the
+    backward, are not the gradient sync and are never counted as an extra one.)"""
+    if engine == "ddp":
+        return op == DDP_BUCKET_OP
+    if engine == "fsdp2":
+        return op.startswith("reduce_scatter")
+    return op in GRAD_OPS
+
+
 def window_comm(w: dict[str, Any]) -> dict[str, Any] | None:
     """One window's gradient collectives split into the final round and the extra ones
     (micro-steps before the last); None when the window has no ledger or < 2 backwards."""
     comm = w.get("comm")
     n = int(w.get("backwards", 0))
+    engine = str(w.get("engine") or "local")
     if not isinstance(comm, dict) or n < 2:
         return None
     final_calls = final_bytes = 0
     early: dict[int, list[float]] = {}  # micro -> [calls, bytes, seconds measured]
     timed = False
     for op, micro, in_bw, calls, nbytes, secs in comm.get("rows", []):
-        if op not in GRAD_OPS:
+        if not _judged_op(engine, op):
             continue
         micro = int(micro)
         if (in_bw and micro == n - 1) or (not in_bw and micro >= n):
@@ -68,7 +83,11 @@ def window_comm(w: dict[str, Any]) -> dict[str, Any] | None:
                 timed = True
     if final_bytes <= 0:
         return None  # nothing reduced at the end: the sync rules (F11, NO_UPDATE) judge it
-    extra = {m: r for m, r in early.items() if r[1] >= GRADIENT_SIZED * final_bytes}
+    # an engine's sync is the whole gradient again; a hand-written one, the final round's
+    # size again (a count or a metric all-reduced per micro-step is not a gradient)
+    low = GRADIENT_SIZED if engine in ("ddp", "fsdp2") else 1 - SAME_SIZE
+    extra = {m: r for m, r in early.items()
+             if low * final_bytes <= r[1] <= (1 + SAME_SIZE) * final_bytes}
     return {"final_calls": final_calls, "final_bytes": final_bytes,
             "extra_micros": sorted(extra),
             "extra_calls": int(sum(r[0] for r in extra.values())),
