@@ -98,6 +98,9 @@ def test_modes_and_reasons() -> None:
                                                      "fsdp2-deferred", "fsdp2-unsharded"]
     assert "no window" in (not_applicable("ddp", 1) or "")
     assert "DeepSpeed" in (not_applicable("deepspeed", 4) or "")
+    assert not_applicable("deepspeed", 4, 2) is None
+    assert [m.name for m in candidates("deepspeed", 2)] == [
+        "as-written", "ds-contiguous-gradients-off", "ds-overlap-comm-on"]
     assert not_applicable("ddp", 4) is None
     assert parse_bytes("8GB") == 8 * 10 ** 9 and parse_bytes("1MiB") == 2 ** 20
 
@@ -122,3 +125,25 @@ def test_usage_errors_and_a_single_process_command(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "no other mode applies: one process without DDP/FSDP2/DeepSpeed" in proc.stdout
     assert "recommended: as-written" in proc.stdout
+
+
+def test_deepspeed_zero2_settings(tmp_path: Path) -> None:
+    """DeepSpeed ZeRO-2 native accumulation (tests/watch_scripts/ds_train.py): each ZeRO
+    setting applied through the config DeepSpeed reads (the script and its config
+    untouched), measured, with updates equal to the command's own."""
+    pytest.importorskip("deepspeed")
+    ds_script = SCRIPTS / "ds_train.py"
+    before = hashlib.sha256(ds_script.read_bytes()).hexdigest()
+    report = tmp_path / "advise.json"
+    cmd = [sys.executable, "-m", "accumguard.cli", "advise", "--steps", "3", "--json",
+           str(report), "--", "deepspeed", "--num_gpus", "2", "--master_port",
+           str(free_port()), str(ds_script), "--mode", "native", "--stage", "2"]
+    proc = subprocess.run(cmd, env=launcher_env(), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert hashlib.sha256(ds_script.read_bytes()).hexdigest() == before
+    modes = {m["mode"]: m for m in json.loads(report.read_text())["modes"]}
+    assert list(modes) == ["as-written", "ds-contiguous-gradients-off", "ds-overlap-comm-on"]
+    for m in modes.values():
+        assert m["error"] is None and m["updates_equal"] is True, m
+        # ZeRO-2 native: the whole gradient reduced inside each of the 4 backwards
+        assert m["gradient_collectives_per_step"] == 4, m

@@ -42,24 +42,42 @@ _MODES: dict[str, list[Mode]] = {
     ],
 }
 
+_DS = {
+    "ds-contiguous-gradients-off": Mode(
+        "ds-contiguous-gradients-off", "DeepSpeed ZeRO-1/2 without contiguous gradient buffers",
+        '"zero_optimization": {"contiguous_gradients": false}'),
+    "ds-overlap-comm-on": Mode(
+        "ds-overlap-comm-on", "DeepSpeed reductions overlapped with the backward",
+        '"zero_optimization": {"overlap_comm": true}'),
+    "ds-z3-params-persistent": Mode(
+        "ds-z3-params-persistent", "ZeRO-3 parameters kept gathered (never re-gathered "
+        "within or across windows; ZeRO-2-like parameter memory)",
+        '"zero_optimization": {"stage3_param_persistence_threshold": 1e12}'),
+}
+_DS_BY_STAGE = {1: ["ds-contiguous-gradients-off", "ds-overlap-comm-on"],
+                2: ["ds-contiguous-gradients-off", "ds-overlap-comm-on"],
+                3: ["ds-overlap-comm-on", "ds-z3-params-persistent"]}
+
 _WHY_NOT = {
     "local": "one process without DDP/FSDP2/DeepSpeed: there is no gradient communication to "
              "choose",
     "zero1": "torch ZeroRedundancyOptimizer over DDP: the DDP modes apply to its DDP model; "
              "not measured separately in this version",
-    "deepspeed": "DeepSpeed ZeRO: its reduction settings (contiguous_gradients, overlap_comm, "
-                 "coalesce_grad_reduction) are not applied by `advise` in this version; the "
-                 "run as written is measured and its collectives are in the ledger",
+    "deepspeed": "DeepSpeed without ZeRO (stage 0): no ZeRO setting to choose",
 }
 
 
-def candidates(engine: str) -> list[Mode]:
+def candidates(engine: str, zero_stage: int | None = None) -> list[Mode]:
     """The modes ``advise`` runs for this engine, the command as written first."""
+    if engine == "deepspeed":
+        return [AS_WRITTEN, *(_DS[n] for n in _DS_BY_STAGE.get(zero_stage or 0, []))]
     return [AS_WRITTEN, *_MODES.get(engine, [])]
 
 
-def not_applicable(engine: str, k: int) -> str | None:
+def not_applicable(engine: str, k: int, zero_stage: int | None = None) -> str | None:
     """Why no other mode applies (None: the engine's modes apply)."""
+    if engine == "deepspeed" and (zero_stage or 0) in _DS_BY_STAGE:
+        return None  # ZeRO settings apply whatever K is
     if k < 2:
         return (f"the command steps after every backward (K={k}): there is no window to "
                 "defer communication over")

@@ -10,7 +10,8 @@ comparison, :func:`accumguard.verify._invariance_compare.compare_runs`).
 
 Per mode: seconds per optimizer step (each step's window, previous step end to this step
 end, slowest rank, the first step left out as warm-up: median and min..max), gradient and
-parameter collectives and bytes per step (the ledger, rank 0, median over steps), peak
+parameter collectives and bytes per step (the ledger, rank 0, median over steps; calls of
+under 64 bytes, scalars, left out), peak
 memory (the largest rank's: CUDA max allocated on GPU, else the process's peak RSS, labelled
 as such), and the update comparison.
 """
@@ -37,6 +38,10 @@ from accumguard.verify._invariance_records import load_run
 from accumguard.verify._invariance_run import _run_child
 
 __all__ = ["AdviseOptions", "AdviseReport", "ModeResult", "run_advise"]
+
+#: Collectives moving less than this per call are not counted (a DeepSpeed overflow check,
+#: a token count): they are not the gradient or parameter traffic a mode changes.
+SCALAR_BYTES = 64
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,9 +122,14 @@ class AdviseReport:
                     "mode": self.recommended.mode.name, "how": self.recommended.mode.how}}
 
 
-def _measure(res: ModeResult, observe_dir: Path) -> tuple[str, int, int]:
-    """Fill ``res`` from one run's recording; returns (engine, K, world)."""
+def _measure(res: ModeResult, observe_dir: Path) -> tuple[str, int, int, int | None]:
+    """Fill ``res`` from one run's recording; returns (engine, K, world, ZeRO stage)."""
     rec = load_recordings(observe_dir)
+    if res.mode is not AS_WRITTEN and not any(e.get("advise_applied")
+                                              for e in rec.end.values()):
+        raise CommandFailedError(f"{res.mode.name} could not be applied: the command never "
+                                 "reached the switch this mode sets (another engine version "
+                                 "or a model built differently)", k=0, exit_code=None)
     ranks = sorted(rec.steps)
     if not ranks or not rec.steps[ranks[0]]:
         raise CommandFailedError(f"{res.mode.name}: the command recorded no optimizer step "
@@ -134,6 +144,8 @@ def _measure(res: ModeResult, observe_dir: Path) -> tuple[str, int, int]:
     for s in first[1:n]:
         g = gb = p = pb = 0
         for op, _micro, _in_bw, calls, nbytes, _secs in (s.get("comm") or {}).get("rows", []):
+            if int(nbytes) < SCALAR_BYTES * int(calls):
+                continue  # scalars: an overflow check, a token count
             if op in GRAD_OPS:
                 g, gb = g + int(calls), gb + int(nbytes)
             elif op.startswith(("all_gather", "allgather")):
@@ -152,7 +164,9 @@ def _measure(res: ModeResult, observe_dir: Path) -> tuple[str, int, int]:
         res.peak_bytes, res.memory_kind = max(cuda), "CUDA max allocated"
     elif rss:
         res.peak_bytes, res.memory_kind = max(rss), "peak RSS (CPU)"
-    return engine, k, rec.world
+    stage = next((e.get("zero_stage") for e in rec.engine.values()
+                  if e.get("zero_stage") is not None), None)
+    return engine, k, rec.world, stage
 
 
 def _run(mode: Mode, opts: AdviseOptions, root: Path, k: int | None) -> Path:
@@ -177,13 +191,13 @@ def run_advise(opts: AdviseOptions) -> AdviseReport:
         root = Path(opts.out_dir) if opts.out_dir is not None else Path(tmp)
         base = ModeResult(AS_WRITTEN)
         ref_dir = _run(AS_WRITTEN, opts, root, None)
-        engine, k, world = _measure(base, ref_dir)
+        engine, k, world, stage = _measure(base, ref_dir)
         ref = load_run(ref_dir, k=k, max_steps=opts.steps)
         tol, _ = invariance_tolerance(ref.param_dtype, k)
         base.equal, base.update_rel_diff = True, 0.0
         results = [base]
-        why_not = not_applicable(engine, k)
-        for mode in ([] if why_not else candidates(engine)[1:]):
+        why_not = not_applicable(engine, k, stage)
+        for mode in ([] if why_not else candidates(engine, stage)[1:]):
             res = ModeResult(mode)
             results.append(res)
             try:

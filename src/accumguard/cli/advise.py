@@ -73,12 +73,12 @@ def _size(n: float | None) -> str:
 
 def _row(r: ModeResult) -> str:
     if r.error is not None:
-        return f"{r.mode.name:<17} failed: {r.error}"
+        return f"{r.mode.name:<28} failed: {r.error}"
     t = ("-" if r.median_s is None else
          f"{r.median_s:.3f} s ({min(r.seconds):.3f}-{max(r.seconds):.3f})")
     same = {True: "equal", False: f"DIFFER ({r.update_rel_diff:.2g})", None: "-"}[r.equal]
     fits = "" if r.fits else "  over budget"
-    return (f"{r.mode.name:<17} {t:<26} {r.grad_calls or 0:>5g} / {_size(r.grad_bytes):<9} "
+    return (f"{r.mode.name:<28} {t:<26} {r.grad_calls or 0:>5g} / {_size(r.grad_bytes):<9} "
             f"{r.param_calls or 0:>5g} / {_size(r.param_bytes):<9} {_size(r.peak_bytes):<9} "
             f"{same}{fits}")
 
@@ -88,7 +88,7 @@ def format_text(rep: AdviseReport) -> str:
     lines = [f"engine {rep.engine}, K={rep.k} micro-steps per optimizer step, "
              f"{rep.world} rank(s); seconds per optimizer step: median (min-max) after a "
              "warm-up step",
-             f"{'mode':<17} {'s/step':<26} {'grad coll/bytes':<17} {'param coll/bytes':<17} "
+             f"{'mode':<28} {'s/step':<26} {'grad coll/bytes':<17} {'param coll/bytes':<17} "
              f"{'peak':<9} updates vs as written",
              *(_row(r) for r in rep.results),
              f"(peak: {mem}, largest rank; updates compared with tolerance {rep.tolerance:g})"]

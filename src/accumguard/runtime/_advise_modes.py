@@ -23,6 +23,11 @@ Modes (each the exact public call a user would write):
   ``set_reshard_after_backward(True)`` before the last: the parameters gathered by the
   window's first forward stay unsharded until its last backward.
 
+* ``ds-contiguous-gradients-off`` / ``ds-overlap-comm-on`` / ``ds-z3-params-persistent``:
+  DeepSpeed's ``zero_optimization`` ``contiguous_gradients: false`` / ``overlap_comm: true``
+  / ``stage3_param_persistence_threshold: 1e12`` (ZeRO-3 keeps every parameter gathered),
+  set in the config DeepSpeed reads, whatever its form.
+
 A micro-step at or beyond the K-th of a window (a longer window than measured) always
 synchronises: a mode never leaves a window's last backward unreduced.
 """
@@ -40,7 +45,16 @@ ENV_ADVISE_K = "ACCUMGUARD_ADVISE_K"
 
 #: mode -> engine it applies to
 MODES = {"ddp-every": "ddp", "ddp-deferred": "ddp", "fsdp2-every": "fsdp2",
-         "fsdp2-deferred": "fsdp2", "fsdp2-unsharded": "fsdp2"}
+         "fsdp2-deferred": "fsdp2", "fsdp2-unsharded": "fsdp2",
+         "ds-contiguous-gradients-off": "deepspeed", "ds-overlap-comm-on": "deepspeed",
+         "ds-z3-params-persistent": "deepspeed"}
+
+#: DeepSpeed modes: the ``zero_optimization`` key each one sets, and its value
+DS_SETTINGS: dict[str, tuple[str, object]] = {
+    "ds-contiguous-gradients-off": ("contiguous_gradients", False),
+    "ds-overlap-comm-on": ("overlap_comm", True),
+    "ds-z3-params-persistent": ("stage3_param_persistence_threshold", 10 ** 12),
+}
 
 
 class _Applier:
@@ -50,6 +64,7 @@ class _Applier:
         self.observer = observer
         self.mode = mode
         self.k = max(1, k)
+        self.applied: list[str] = []  # what was set, for the recording's end record
 
     def last(self) -> bool:
         """Is the micro-step about to run the window's last (or beyond)?"""
@@ -83,6 +98,8 @@ class _Applier:
         if not torch.is_grad_enabled():
             return
         last = self.mode == "fsdp2-every" or self.last()
+        if not self.applied:
+            self.applied.append("FSDP2 switches set before each module's forward")
         model.set_requires_gradient_sync(last, recurse=False)
         if self.mode == "fsdp2-unsharded":
             if not last:
@@ -95,16 +112,40 @@ class _Applier:
         def call(model: Any, *args: Any, **kwargs: Any) -> Any:
             if torch.is_grad_enabled():
                 model.require_backward_grad_sync = self.mode == "ddp-every" or self.last()
+                if not self.applied:
+                    self.applied.append("require_backward_grad_sync set before each forward")
             return orig(model, *args, **kwargs)
 
         return call
 
 
-def install_from_env(observer: Any) -> None:
+    def patch_deepspeed(self, module: Any) -> None:
+        """DeepSpeed reads its config (dict, file or base64) into one dict and passes it to
+        ``_reject_removed_config_keys`` first: the mode's ``zero_optimization`` key is set
+        in that dict there, before anything reads it (every form of config, no file
+        touched). Another DeepSpeed version without that function: not applied (the end
+        record says so and ``advise`` reports the mode as not applicable)."""
+        self.observer.patches.wrap(module, "_reject_removed_config_keys", self._ds_config)
+
+    def _ds_config(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        key, value = DS_SETTINGS[self.mode]
+
+        def reject_removed_config_keys(config: Any, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(config, dict):
+                zero = config.setdefault("zero_optimization", {})
+                if isinstance(zero, dict):
+                    zero[key] = value
+                    self.applied.append(f"zero_optimization.{key} = {value}")
+            return orig(config, *args, **kwargs)
+
+        return reject_removed_config_keys
+
+
+def install_from_env(observer: Any) -> _Applier | None:
     """Apply ``ACCUMGUARD_ADVISE_MODE`` (if set) through ``observer``'s patches."""
     mode = os.environ.get(ENV_ADVISE_MODE, "")
     if mode not in MODES or observer is None or not observer.installed:
-        return
+        return None
     k_text = os.environ.get(ENV_ADVISE_K, "")
     applier = _Applier(observer, mode, int(k_text) if k_text.strip().isdigit() else 1)
     from accumguard.observe._imports import when_imported
@@ -113,6 +154,10 @@ def install_from_env(observer: Any) -> None:
     if MODES[mode] == "ddp":
         when_imported("torch.nn.parallel.distributed",
                       lambda m: fs.guard("advise: DDP mode", applier.patch_ddp, m))
-    else:
+    elif MODES[mode] == "fsdp2":
         when_imported("torch.distributed.fsdp",
                       lambda m: fs.guard("advise: FSDP2 mode", applier.patch_fsdp, m))
+    else:
+        when_imported("deepspeed.runtime.config",
+                      lambda m: fs.guard("advise: DeepSpeed mode", applier.patch_deepspeed, m))
+    return applier

@@ -133,7 +133,7 @@ def _install_all(_torch: Any = None) -> None:
     from accumguard.runtime._advise_modes import install_from_env as advise_mode
 
     install_from_env()
-    advise_mode(_agent.observer)  # `accumguard advise`'s mode (a no-op unless it set one)
+    _agent.advise = advise_mode(_agent.observer)  # `accumguard advise`'s mode (if it set one)
 
 
 @contextlib.contextmanager
@@ -171,6 +171,7 @@ class _Agent:
             int(env_every) if env_every.strip().isdigit() else 1)
         self.observer: Any = None
         self.ledger: Any = None
+        self.advise: Any = None  # accumguard advise's mode applier (runtime._advise_modes)
         self.fh: Any = None
         self.rank: int | None = None
         self.buffer: list[dict[str, Any]] = []
@@ -400,7 +401,9 @@ class _Agent:
             self._write({"kind": "end", "reason": reason, "pending_backwards": pending,
                          "steps": obs.step, "backwards_total": obs.backward_total,
                          "declared_k": dict(obs.declared_k), "engine": obs.engine,
-                         "collective": obs.counter.state(), **_peak_memory()})
+                         "collective": obs.counter.state(), **_peak_memory(),
+                         **({"advise_applied": list(self.advise.applied)}
+                            if self.advise is not None else {})})
 
     def _stop_at_max_steps(self) -> None:
         self.close("max_steps")
