@@ -54,7 +54,8 @@ def _imports(path: Path) -> list[tuple[int, str]]:
 def test_every_package_is_assigned_a_layer() -> None:
     packages = {p.name for p in SRC.iterdir() if (p / "__init__.py").exists()}
     assert packages == set(LAYERS), f"assign a layer to {packages ^ set(LAYERS)}"
-    stray = [p.name for p in SRC.glob("*.py") if p.name != "__init__.py"]
+    # _moved.py: the package's own plumbing (old import paths -> new), imports nothing
+    stray = [p.name for p in SRC.glob("*.py") if p.name not in ("__init__.py", "_moved.py")]
     assert not stray, f"top-level modules outside any layer: {stray}"
 
 

@@ -14,6 +14,8 @@ EXPECTED = {
     "Accumulator", "Boundary", "ConfigError", "DistributedError", "Engine", "GradReduction",
     "RankFailedError", "RankTimeoutError", "StepResult", "UsageError", "Window", "loss_scale",
     "reference_run", "relative_update_error", "resolve_engine", "run_on_ranks",
+    # the products the CLI has, as functions: audit, invariance, watch, lint
+    "audit", "run_invariance", "InvarianceOptions", "watch", "WatchResult", "lint_paths",
 }
 
 
@@ -43,3 +45,25 @@ def test_every_error_is_one_hierarchy() -> None:
                if isinstance(c, type) and issubclass(c, Exception)]
     assert all(issubclass(c, errors.AccumguardError) for c in classes
                if c.__module__ == errors.__name__ and c is not errors.AccumguardWarning)
+
+
+def test_moved_module_paths_still_import_with_a_deprecation_warning() -> None:
+    """A user's glue written against an old path keeps working for one release and is
+    told the new one (``accumguard.contract`` broke without warning when it moved)."""
+    import importlib
+    import warnings
+
+    from accumguard._moved import MOVED
+
+    for old, new in MOVED.items():
+        sys.modules.pop(old, None)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            mod = importlib.import_module(old)
+        assert mod is importlib.import_module(new), old
+        assert any(issubclass(w.category, DeprecationWarning) and new in str(w.message)
+                   for w in caught), (old, [str(w.message) for w in caught])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from accumguard.contract import __name__ as contract_name  # the reported break
+    assert contract_name == "accumguard.verify.contract"

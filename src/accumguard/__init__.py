@@ -18,6 +18,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from accumguard import _moved
+
 # public name -> module that defines it
 _EXPORTS = {
     "AccumguardError": "accumguard.core.errors",
@@ -42,6 +44,12 @@ _EXPORTS = {
     "run_on_ranks": "accumguard.runtime.launch",
     "reference_run": "accumguard.verify.reference",
     "relative_update_error": "accumguard.verify.reference",
+    "audit": "accumguard.verify.audit",
+    "run_invariance": "accumguard.verify.invariance",
+    "InvarianceOptions": "accumguard.verify.invariance",
+    "watch": "accumguard.runtime.watch_report",
+    "WatchResult": "accumguard.runtime.watch_report",
+    "lint_paths": "accumguard.static.lint",
 }
 
 __all__ = [
@@ -56,17 +64,23 @@ __all__ = [
     "DistributedError",
     "Engine",
     "GradReduction",
+    "InvarianceOptions",
     "RankFailedError",
     "RankTimeoutError",
     "StepResult",
     "UsageError",
+    "WatchResult",
     "Window",
+    "audit",
     "guard",
+    "lint_paths",
     "loss_scale",
     "reference_run",
     "relative_update_error",
     "resolve_engine",
+    "run_invariance",
     "run_on_ranks",
+    "watch",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
@@ -92,7 +106,14 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from accumguard.engines.registry import resolve_engine
     from accumguard.runtime.guard import AccumulationGuard, guard
     from accumguard.runtime.launch import run_on_ranks
+    from accumguard.runtime.watch_report import WatchResult, watch
+    from accumguard.static.lint import lint_paths
+    from accumguard.verify.audit import audit
+    from accumguard.verify.invariance import InvarianceOptions, run_invariance
     from accumguard.verify.reference import reference_run, relative_update_error
+
+
+_moved.install()
 
 
 def __getattr__(name: str) -> Any:

@@ -52,7 +52,7 @@ def _bf16(k: int, **kw: Any) -> dict[str, Any]:
 
 
 def test_f12_severity_follows_the_derived_threshold() -> None:
-    k_err = 576  # u*sqrt(K)/3 >= F12_ERROR_FACTOR * 2u  <=>  K >= (6 * factor)^2
+    k_err = 144  # u*sqrt(K)/3 >= F12_ERROR_FACTOR * 2u  <=>  K >= (6 * factor)^2
     assert f12_drift(2.0 ** -8, k_err) >= F12_ERROR_FACTOR * 2 * 2.0 ** -8
     assert [f.severity for f in low_precision_findings(0, windows([_bf16(k_err)]))] \
         == ["error"]

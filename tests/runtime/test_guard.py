@@ -124,8 +124,9 @@ def test_each_broken_loop_raises_its_rule(bug: str, error: type[GuardViolation],
 
 def test_short_final_window_must_be_declared() -> None:
     model, opt, sched, data = _setup(10)
-    # undeclared, the boundary work of the short window is work inside a window of K
-    with pytest.raises(ClipInsideWindowError, match="window 2, micro-step 1.*2 of 4"), \
+    # undeclared, the short window's step is a step inside a window of K (its clip, just
+    # before, is part of that step: the step is what is reported, with the declaration fix)
+    with pytest.raises(StepInsideWindowError, match="window 2, micro-step 1.*2 of 4.*declared"), \
             guard(model, opt, accumulation_steps=K, scheduler=sched):
         _loop(model, opt, sched, data)
     # ... or with expect_window right before it

@@ -211,7 +211,7 @@ def test_round6_local(tmp_path: Path, mode: str, expected: set[str]) -> None:
     f12 = [f for f in findings if f["cls"] == "F12"]
     if mode == "bf16_long":  # K = 8 in bf16: a warning with the estimate, not an error
         assert [f["severity"] for f in f12] == ["warning"], findings
-        assert "u*sqrt(K)/3" in f12[0]["evidence"] and "master_weights=True" in f12[0]["evidence"]
+        assert "u*sqrt(K)/3" in f12[0]["evidence"] and "master_weights=True" in f12[0]["fix"]
     else:
         assert not f12, findings
 

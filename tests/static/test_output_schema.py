@@ -128,3 +128,40 @@ def test_the_validator_rejects_broken_documents(capsys: pytest.CaptureFixture[st
     log["runs"][0]["results"][0]["level"] = "fatal"
     del log["runs"][0]["tool"]["driver"]["name"]
     assert len(errors(log, SARIF_SCHEMA)) == 2
+
+
+def _prints(path: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, tuple[str, int]]:
+    log = run(lint_main, [str(path), "--format", "sarif"], capsys)
+    return {r["partialFingerprints"]["accumguardFinding/v1"]:
+            (r["ruleId"], r["locations"][0]["physicalLocation"]["region"]["startLine"])
+            for r in log["runs"][0]["results"]}
+
+
+def test_sarif_fingerprints_survive_moved_lines_and_change_with_the_flagged_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Code scanning tracks an alert by its fingerprint: lines added above a finding must
+    keep it (same alert, new line number); editing the flagged line makes a new one."""
+    src = (CORPUS / "bug_plain_zero_grad_top.py").read_text()
+    script = tmp_path / "train.py"
+    script.write_text(src)
+    before = _prints(script, capsys)
+    assert before and all(re.fullmatch(r"[0-9a-f]{32}:\d+", fp) for fp in before)
+    script.write_text("import os\n\n\n" + src)  # three lines above everything
+    after = _prints(script, capsys)
+    assert set(after) == set(before)
+    assert all(after[fp][1] == before[fp][1] + 3 for fp in before)
+    line = min(ln for _, ln in before.values())
+    edited = src.splitlines()
+    edited[line - 1] = edited[line - 1] + "  # edited"
+    script.write_text("\n".join(edited) + "\n")
+    changed = _prints(script, capsys)
+    assert len(changed) == len(before) and set(changed) != set(before)
+
+
+def test_sarif_fingerprints_tell_identical_lines_apart() -> None:
+    from accumguard.static.findings import Finding, Severity
+    from accumguard.static.lint.report import fingerprints
+
+    same = [Finding("AG101", Severity.ERROR, "m", "f", line=None, path=None)] * 2
+    a, b = fingerprints(same)
+    assert a.split(":")[0] == b.split(":")[0] and a != b

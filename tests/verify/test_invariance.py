@@ -127,9 +127,10 @@ def test_check_command(tmp_path: Path) -> None:
 
 def test_tolerance_from_dtype() -> None:
     assert invariance_tolerance("float32", 4)[0] == inv.FP32_TOLERANCE
+    # a correct loop at bf16/fp16 compute: 1e-4 + twice the compute floor (u), as the audit
     tol, reason = invariance_tolerance("torch.bfloat16", 4)
-    assert tol == pytest.approx(12 * 2 ** -8) and "bf16" in reason
-    assert invariance_tolerance("float16", 8)[0] == pytest.approx(20 * 2 ** -11)
+    assert tol == pytest.approx(1e-4 + 2 * 2 ** -8) and "bf16" in reason
+    assert invariance_tolerance("float16", 8)[0] == pytest.approx(1e-4 + 2 * 2 ** -11)
     assert "assumed float32" in invariance_tolerance(None, 4)[1]
 
 

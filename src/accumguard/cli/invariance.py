@@ -109,8 +109,19 @@ def _header(report: InvarianceReport) -> list[str]:
                     if s.decided_by == "update"
                     else f"relative window-loss difference {_f(s.loss_rel_diff)}")
             lines.append(f"DIVERGED: K={c.k} differs from K={ref} from step "
-                         f"{c.first_divergent_step} on ({what} > {report.tolerance:.3g})")
-    else:
+                         f"{c.first_divergent_step} on ({what} > "
+                         f"{s.tolerance if s.tolerance is not None else report.tolerance:.3g})")
+    for c in report.comparisons:
+        if c.by_construction:
+            found = report.findings.get(c.k, [])
+            errors = sorted({str(f.get("cls")) for f in found if f.get("severity") == "error"})
+            lines.append(f"NOT K-INVARIANT BY CONSTRUCTION: K={c.k} differs from K={ref} from "
+                         f"step {c.first_divergent_step} on (max relative update difference "
+                         f"{_f(c.max_update_rel_diff)}), expected from the script itself: "
+                         f"{'; '.join(c.construction)}. Not an accumulation bug; the "
+                         f"accumulation checks of watch on this run: "
+                         + (f"errors {', '.join(errors)}" if errors else "no error"))
+    if not report.diverged and not report.by_construction:
         worst = [c.max_update_rel_diff for c in report.comparisons
                  if c.max_update_rel_diff is not None]
         lines.append(f"OK: every K agrees with K={ref} at every step (max relative update "
@@ -121,8 +132,9 @@ def _header(report: InvarianceReport) -> list[str]:
 def _rows(report: InvarianceReport) -> list[list[str]]:
     rows = []
     for c in report.comparisons:
+        differs = "differs (by construction)" if c.construction else "DIVERGED"
         for s in c.steps:
-            verdict = ("DIVERGED" if s.diverged else "ok") if s.decided_by else "-"
+            verdict = (differs if s.diverged else "ok") if s.decided_by else "-"
             rows.append([str(s.step), str(c.k), _f(s.loss_ref, ".6g"), _f(s.loss, ".6g"),
                          _f(s.loss_rel_diff), _f(s.update_rel_diff),
                          f"{_f(s.backwards_ref)}|{_f(s.backwards)}", verdict])

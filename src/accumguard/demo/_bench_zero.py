@@ -23,6 +23,7 @@ from accumguard.demo._bench_setup import (
     make_model,
     rss_mb,
 )
+from accumguard.engines.collectives import DS_REDUCE_OPS
 
 # -- DeepSpeed ZeRO: what the engine's knobs do to collectives, time and memory ---------------
 # name -> (sync mode of the adapter, extra "zero_optimization" keys). ZeRO-3 knobs: parameter
@@ -54,8 +55,7 @@ ZERO2_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
                                             "allgather_bucket_size": 5 * 10**8}),
 }
 _GATHERS = ("all_gather_into_tensor", "all_gather", "all_gather_coalesced")
-_REDUCES = ("reduce_scatter_tensor", "reduce_scatter", "all_reduce", "all_reduce_coalesced",
-            "inference_all_reduce", "reduce", "all_to_all_single")
+_REDUCES = DS_REDUCE_OPS
 
 
 def _vm_kb(field: str) -> int:

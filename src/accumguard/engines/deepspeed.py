@@ -83,6 +83,7 @@ import torch
 from accumguard.core.errors import AccumguardWarning, ConfigError, UsageError
 from accumguard.core.scaling import GradReduction
 from accumguard.engines.base import Engine
+from accumguard.engines.collectives import DS_COMM_MODULES, DS_REDUCE_OPS
 from accumguard.engines.registry import is_deepspeed_engine
 
 __all__ = ["DeepSpeedEngineAdapter"]
@@ -91,14 +92,8 @@ log = logging.getLogger("accumguard")
 
 _MODES = ("auto", "eager", "deferred")
 _WINDOW_MEMORY = ("sharded", "unsharded")
-# Gradient reductions as DeepSpeed issues them: looked up at call time on deepspeed.comm (its
-# torch backend bypasses torch.distributed.reduce_scatter_tensor); all_to_all_single is the
-# quantized (qgZ) reduction, which coalesced_collectives imported by name.
-_DS_REDUCTIONS = ("all_reduce", "inference_all_reduce", "all_reduce_coalesced", "reduce",
-                  "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_fn",
-                  "all_to_all_single")
-_DS_COMM_MODULES = ("deepspeed.comm", "deepspeed.comm.comm",
-                    "deepspeed.runtime.comm.coalesced_collectives")
+_DS_REDUCTIONS = DS_REDUCE_OPS
+_DS_COMM_MODULES = DS_COMM_MODULES
 
 
 def _raw_config(engine: Any) -> dict[str, Any]:

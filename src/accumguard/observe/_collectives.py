@@ -24,28 +24,21 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from accumguard.engines.collectives import (
+    DS_COMM_MODULES,
+    DS_OTHER_OPS,
+    DS_REDUCE_OPS,
+    TORCH_OTHER_OPS,
+    TORCH_REDUCE_OPS,
+)
 from accumguard.observe._failsafe import Failsafe
 from accumguard.observe._patch import Patches
 
-__all__ = ["DDP_BUCKET_OP", "CollectiveCounter", "DS_COMM_MODULES", "DS_REDUCE_OPS", "TORCH_REDUCE_OPS"]
+__all__ = ["DDP_BUCKET_OP", "CollectiveCounter", "DS_COMM_MODULES", "DS_REDUCE_OPS",
+           "TORCH_REDUCE_OPS"]
 
-# FSDP2 (torch >= 2.13) issues its reduce-scatters and all-gathers through the *_single names.
-TORCH_REDUCE_OPS = ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor",
-                    "_reduce_scatter_base", "all_reduce_coalesced", "reduce_scatter_single")
-TORCH_OTHER_OPS = ("all_gather", "all_gather_into_tensor", "_all_gather_base", "broadcast",
-                   "all_to_all", "all_to_all_single", "barrier", "all_gather_object",
-                   "all_gather_single")
-# deepspeed.comm issues these (its torch backend may bypass torch.distributed's names);
-# all_to_all_single is its quantized gradient reduction, imported by name elsewhere.
-DS_REDUCE_OPS = ("all_reduce", "inference_all_reduce", "all_reduce_coalesced", "reduce",
-                 "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_fn",
-                 "all_to_all_single")
-DS_OTHER_OPS = ("all_gather", "all_gather_into_tensor", "allgather_fn", "all_gather_coalesced",
-                "broadcast", "barrier")
 #: The ledger's name for DDP's C++ bucket all-reduces (:mod:`._comm_ledger`).
 DDP_BUCKET_OP = "all_reduce(ddp bucket)"
-DS_COMM_MODULES = ("deepspeed.comm", "deepspeed.comm.comm",
-                   "deepspeed.runtime.comm.coalesced_collectives")
 
 
 class CollectiveCounter:

@@ -135,6 +135,12 @@ class StepEvent:
     # appearance), its window being the backwards that reached its parameters; None: the
     # window is everything since the previous step of any optimizer
     optimizer_index: int | None = None
+    # where the window's gradient was summed and in which dtype, when anything is bf16/fp16
+    # (:func:`accumguard.observe._precision.step_facts`); None: all fp32/fp64
+    precision: dict[str, Any] | None = None
+    # the norm of the parameters the step updated, before it (recorded with ``updates``:
+    # invariance's bound on the re-rounding of low-precision weights)
+    param_norm: float | None = None
 
 
 @dataclass

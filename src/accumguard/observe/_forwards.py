@@ -25,6 +25,7 @@ from accumguard.observe import _patch_deepspeed
 from accumguard.observe._events import ForwardEvent
 from accumguard.observe._failsafe import hook_method
 from accumguard.observe._introspect import engine_kind, fsdp_param_groups
+from accumguard.observe._precision import autocast_dtype
 
 __all__ = ["ForwardHooks"]
 
@@ -126,7 +127,10 @@ class ForwardHooks:
                 return
             # _on_forward for a root without a sync flag, inlined (every micro-step)
             self._last_sync_forward = None
-            self._w.forwards += 1
+            w = self._w
+            w.forwards += 1
+            if not w.autocast_read:  # once per window: the compute dtype (F12, invariance)
+                w.autocast_read, w.autocast = True, autocast_dtype()
             if self._handlers["on_forward"]:
                 self._emit("on_forward", ForwardEvent(self.step, len(self._w.backwards),
                                                       engine_kind(module), None, module))
@@ -233,7 +237,10 @@ class ForwardHooks:
         self._last_sync_forward = sync
         if sync is not None:  # the root whose flag the next backward reads (a model
             self._sync_root = module  # rebuilt mid-run leaves a dead root in _sync_roots)
-        self._w.forwards += 1
+        w = self._w
+        w.forwards += 1
+        if not w.autocast_read:  # once per window: the compute dtype (F12, invariance)
+            w.autocast_read, w.autocast = True, autocast_dtype()
         if self._handlers["on_forward"]:
             self._emit("on_forward", ForwardEvent(self.step, len(self._w.backwards),
                                                   engine_kind(module), sync, module))

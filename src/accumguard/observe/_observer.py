@@ -68,6 +68,14 @@ from accumguard.observe._introspect import (
 from accumguard.observe._lanes import Lanes
 from accumguard.observe._losses import LossRecorder
 from accumguard.observe._patch import Patches
+from accumguard.observe._precision import (
+    deepspeed_dtypes,
+    fsdp_dtypes,
+    least_precise,
+    model_grad_sum,
+    name_of,
+    step_facts,
+)
 from accumguard.observe._tally import Tally
 from accumguard.observe._window import Window
 
@@ -218,6 +226,8 @@ class Observer(ForwardHooks):
         self._last_grads: list[tuple[int, int]] = []  # its gradients then: (id, version)
         self._step_checksum: torch.Tensor | None = None
         self._step_members: list[bool] | None = None
+        self._step_master: dict[str, Any] | None = None  # see _precision.model_grad_sum
+        self._prec_static: dict[tuple[int, int], tuple[Any, ...]] = {}
         self._step_applied = True
         self._step_closure = False  # the step at hand got a closure and no gradient before it
         self._step_t0 = 0.0
@@ -523,6 +533,7 @@ class Observer(ForwardHooks):
         w = shared if ow is None else ow
         self._step_checksum = None
         self._step_members = None
+        self._step_master = None
         if self._tracking() and w.starts and len(w.starts) == len(w.ends):
             t0 = time.perf_counter()
             # a collective writes .grad in place without bumping its version (c10d): after
@@ -532,6 +543,12 @@ class Observer(ForwardHooks):
             self._step_checksum = w.ends[-1] if same else self._checksums()
             members = {id(p) for g in getattr(opt, "param_groups", []) for p in g["params"]}
             self._step_members = [id(p) in members for p in self._tracked]
+            if engine is None and not all(self._step_members):
+                # bf16 model .grad summed in place, fp32 copies stepped (master weights)
+                with self._quiet():
+                    self._step_master = model_grad_sum(
+                        self._tracked, self._step_members, w.starts, w.ends,
+                        [p for g in opt.param_groups for p in g["params"]])
             # a root's parameter replaced (an embedding resized) or unfrozen since the root
             # was first seen: tracked from the next window (not an optimizer's own copies:
             # fp32 master weights get their .grad at the step, not from the backwards)
@@ -617,6 +634,7 @@ class Observer(ForwardHooks):
             self.lanes.stepped(owner, self.backward_total)
             self._last_grads = self._grad_state(owner)
         updates = None
+        before: dict[str, torch.Tensor] | None
         if self.record_updates and self._before is not None and applied:
             after = self._snapshot(owner if source == "torch" else None,
                                    owner if source == "deepspeed" else None)
@@ -628,7 +646,7 @@ class Observer(ForwardHooks):
                                                          strict=True) if a.shape == b.shape}
             else:
                 updates = {k: (after[k] - v) for k, v in before.items() if k in after}
-        self._before = None
+        before, self._before = self._before, None
         moved = None
         if self._idle_before is not None:
             after = self._snapshot(owner if source == "torch" else None,
@@ -667,7 +685,9 @@ class Observer(ForwardHooks):
             step=self.step, applied=applied, source=source, optimizer=opt_name,
             engine=self.engine, grad_norm=norm, conservation=cons, checksum=chk,
             wall=time.perf_counter() - self._step_t0, param_dtype=self._dtype_of(owner),
-            updates=updates,
+            updates=updates, precision=self._precision(owner, source, w),
+            param_norm=(None if updates is None or before is None else
+                        float(sum(float(v.pow(2).sum()) for v in before.values())) ** 0.5),
             # a torch step with every gradient None changes nothing: its window goes on;
             # a DeepSpeed step that skipped its update (overflow) discarded its window
             losses=self.losses.take(applied, carry=source == "torch" and not discarded),
@@ -753,6 +773,21 @@ class Observer(ForwardHooks):
         if key not in self._dtypes:
             self._dtypes[key] = param_dtype(owner)
         return self._dtypes[key]
+
+    def _precision(self, owner: Any, source: str, w: Window) -> dict[str, Any] | None:
+        """The step record's ``precision`` (:func:`._precision.step_facts`); the per-owner
+        part is read once (again when a parameter is tracked or FSDP2 was not set up yet)."""
+        key = (id(owner), len(self._tracked))
+        static = self._prec_static.get(key)
+        if static is None:
+            groups = [g for gs in self._fsdp_groups.values() for g in gs]
+            fsdp = fsdp_dtypes(groups) if groups else None
+            static = (least_precise(name_of(p.dtype) for p in self._tracked if p is not _GONE),
+                      fsdp, deepspeed_dtypes(owner) if source == "deepspeed" else None)
+            if fsdp is not None or not groups:
+                self._prec_static = {key: static}
+        return step_facts(params=static[0], fsdp=static[1], deepspeed=static[2],
+                          autocast=w.autocast, model_grad=self._step_master)
 
     def _checksums(self) -> torch.Tensor:
         with self._quiet():

@@ -128,6 +128,11 @@ class RunRecording:
     observed_steps: int | None = None
     #: recordings left out: processes started by a recorded process (a script's subprocess)
     children: int = 0
+    #: the jobs the rank files belong to (torchrun's run id, else None): more than one means
+    #: a shared directory holds several jobs' records
+    run_ids: set[str | None] = field(default_factory=set)
+    #: the hosts that wrote the rank files
+    hosts: set[str] = field(default_factory=set)
 
     @property
     def ranks(self) -> list[int]:
@@ -158,9 +163,16 @@ def _read_lines(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def load_recordings(out_dir: Path) -> RunRecording:
+def load_recordings(out_dir: Path, *, watch_id: str | None = None) -> RunRecording:
+    """Read every ``rank-*.jsonl`` of ``out_dir``; with ``watch_id``, only the files written
+    by the command of that one ``watch`` (a directory shared by the watches of several
+    nodes holds the other nodes' files too)."""
     rec = RunRecording()
     files = [_read_lines(path) for path in sorted(out_dir.glob("rank-*.jsonl"))]
+    if watch_id is not None:
+        files = [lines for lines in files
+                 if lines and lines[0].get("kind") == "start"
+                 and lines[0].get("watch_id") in (None, watch_id)]
     # A process started by a recorded process (the script's own subprocess: it inherits the
     # rank's environment, so it records under the same rank) trained on its own: its steps
     # are not the rank's. The start record names each process and its parent.
@@ -176,6 +188,9 @@ def load_recordings(out_dir: Path) -> RunRecording:
             if kind == "start":
                 rank = int(r.get("rank", 0))
                 rec.world = max(rec.world, int(r.get("world", 1)))
+                rec.run_ids.add(r.get("run_id"))
+                if r.get("host"):
+                    rec.hosts.add(str(r["host"]))
                 rec.steps.setdefault(rank, [])
             elif kind == "step":
                 rec.steps.setdefault(int(r["rank"]), []).append(r)

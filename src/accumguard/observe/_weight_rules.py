@@ -1,22 +1,22 @@
 """The rules that read weights and scales: the token-weight probe's verdict
 (:mod:`accumguard.observe.tokens`), the loss record's per-token weights (F5, the F6
 note; :mod:`._losses`) and the scale of a whole window (LOSS_SCALE, F7 for a partial
-window, F1 for a step after every ``autograd.grad``, F12; F10 is in :mod:`._rank_rules`).
+window, F1 for a step after every ``autograd.grad``; F10 is in :mod:`._rank_rules`, F12 in
+:mod:`._precision_rules`).
 :mod:`accumguard.observe.rules` runs them with the boundary rules and re-exports their
 public names (pure Python, no torch)."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from accumguard.observe._records import Finding, KResolution, RunRecording, _mk, _n, _windows
 
-__all__ = ["F12_ERROR_FACTOR", "MASS_TOL", "MASS_TOL_LOW_PRECISION", "WEIGHT_TOL", "WEIGHT_TOL_LOW_PRECISION",
-           "classify_token_weights", "f12_drift", "grad_step_findings", "loss_scale_findings",
-           "loss_weight_findings", "low_precision_findings", "partial_window_findings"]
+__all__ = ["MASS_TOL", "MASS_TOL_LOW_PRECISION", "WEIGHT_TOL", "WEIGHT_TOL_LOW_PRECISION",
+           "classify_token_weights", "grad_step_findings", "loss_scale_findings",
+           "loss_weight_findings", "partial_window_findings"]
 
 # -- token weights (the probe of :mod:`accumguard.observe.tokens`) -------------------------
 
@@ -299,73 +299,6 @@ def loss_scale_findings(rank: int | None, windows: list[dict[str, Any]], k: int 
                 "engine.backward or a Trainer, which divide by K themselves). The optimizer "
                 f"receives G/K: every update is {k}x too small (with SGD, an effective "
                 f"learning rate of lr/{k}). Divide by K (or by the window's count) once")]
-
-
-#: Unit roundoff of the low-precision gradient dtypes (as verify.tolerance, which observe
-#: may not import).
-_U_LOW = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
-#: F12 is an error when the expected drift is this many times the precision's own floor.
-F12_ERROR_FACTOR = 4.0
-#: Windows shorter than this are not reported (the drift is below the precision floor).
-F12_MIN_K = 4
-
-
-def f12_drift(u: float, k: int) -> float:
-    """Expected relative drift of K gradients summed in a dtype of unit roundoff u: each
-    of the K-1 additions rounds with an error uniform in +-u of the running sum (standard
-    deviation u/sqrt(3)), the running sum grows linearly, so the errors add up to about
-    (u/sqrt(3)) * sqrt(K/3) = u*sqrt(K)/3 of the final sum (bf16, K = 32: 7.4e-3; measured
-    on blind round 6's b12: 6.6e-3)."""
-    return u * math.sqrt(k) / 3.0
-
-
-def low_precision_findings(rank: int | None, windows: list[dict[str, Any]]
-                           ) -> list[Finding]:
-    """F12: the optimizer stepped bf16/fp16 parameters (a torch optimizer: DeepSpeed keeps
-    fp32 gradient buffers; Accumulator(master_weights=True) and FSDP2's sharded fp32
-    parameters step fp32) on a gradient that K backward passes summed in place in .grad
-    (no zero_grad between them, and where conservation was checked, nothing removed
-    between backwards: an fp32 gradient-buffer pattern clears .grad after each backward).
-    The precision's own floor is 2u (a bf16 model's micro-step gradients already carry
-    about u; verify.tolerance allows twice the reference's error at that compute
-    precision); the expected drift u*sqrt(K)/3 is an error only from F12_ERROR_FACTOR
-    times that floor (bf16: K >= 576), a warning below it."""
-    judged = []
-    for w in windows:
-        u = _U_LOW.get(str(w.get("param_dtype") or "").replace("torch.", ""))
-        n = int(w.get("window", 0))
-        if (u is None or w.get("source", "torch") != "torch" or n < F12_MIN_K
-                or int(w.get("zero_grads_between", 0))):
-            continue
-        cons = w.get("conservation")
-        if not isinstance(cons, dict):
-            continue  # unchecked: a hand-written clear or an fp32 buffer cannot be excluded
-        if float(cons.get("wiped", 0.0)) > 0.0 or float(cons.get("received", 1.0)) > \
-                WEIGHT_TOL_LOW_PRECISION:
-            # gradients moved out between backwards, or never seen in .grad at all (an fp32
-            # buffer filled by a post-accumulate hook): not summed in place
-            continue
-        judged.append((w, u, n, True))
-    if not judged:
-        return []  # no checked window showed the sum made in place in .grad
-    w, u, n, _ = max(judged, key=lambda t: t[2])
-    drift, floor = f12_drift(u, n), 2 * u
-    dtype = str(w.get("param_dtype")).replace("torch.", "")
-    error = drift >= F12_ERROR_FACTOR * floor
-    k_err = math.ceil((F12_ERROR_FACTOR * floor * 3.0 / u) ** 2 - 1e-9)  # bf16: 576
-    return [_mk("F12", "error" if error else "warning", rank, int(w["step"]), None,
-                f"the optimizer stepped {dtype} parameters on a gradient that {n} backward "
-                f"passes summed in place in {dtype} .grad ({len(judged)} window(s)): each "
-                f"addition rounds to the {dtype} unit roundoff u = {u:.3g}, an expected drift "
-                f"of about u*sqrt(K)/3 = {drift:.2g} (relative) from the exact sum of the "
-                f"micro-step gradients, growing as sqrt(K), against a precision floor of "
-                f"2u = {floor:.2g} for a {dtype} model"
-                + (": clearly beyond it" if error else
-                   f" (an error from K >= {k_err})")
-                + ". Accumulate in fp32: accumguard's Accumulator(master_weights=True), fp32 "
-                "gradient buffers, DeepSpeed bf16 with fp32 gradient accumulation, or FSDP2 "
-                "with fp32 parameters and MixedPrecisionPolicy(param_dtype=bfloat16, "
-                "reduce_dtype=float32)")]
 
 
 def _unscaled(w: dict[str, Any], low: bool) -> bool:

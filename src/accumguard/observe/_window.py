@@ -38,6 +38,8 @@ class Window:
         self.ends: list[torch.Tensor] = []  # ... and after it
         self.zero_since_backward = 0
         self.data_passes: list[int] = []  # backward count when a DataLoader pass began
+        self.autocast: str | None = None  # autocast dtype at the window's first root forward
+        self.autocast_read = False
 
     def unusual(self, window_size: int | None) -> bool:
         """Does a window counted without hooks deserve its record? A bug that shows once per
@@ -51,7 +53,9 @@ class Window:
     def record(self, *, step: int, applied: bool, source: str, optimizer: str, engine: str,
                grad_norm: float | None, conservation: Any, checksum: list[float] | None,
                wall: float, param_dtype: str | None, updates: dict[str, torch.Tensor] | None,
-               losses: Any, discarded: bool, moved: bool | None = None) -> StepEvent:
+               losses: Any, discarded: bool, moved: bool | None = None,
+               precision: dict[str, Any] | None = None,
+               param_norm: float | None = None) -> StepEvent:
         """The step record of this window (what :mod:`.rules` judges)."""
         loss: float | None = None
         if self.loss_ok and self.backwards:
@@ -89,4 +93,5 @@ class Window:
             max_backwards_per_engine_step=self.max_bw_per_engine_step,
             moved_without_backward=moved if not self.backwards else None,
             grad_norm=grad_norm, conservation=conservation, checksum=checksum, wall=wall,
-            param_dtype=param_dtype, updates=updates, losses=losses, discarded=discarded)
+            param_dtype=param_dtype, updates=updates, losses=losses, discarded=discarded,
+            precision=precision, param_norm=param_norm)

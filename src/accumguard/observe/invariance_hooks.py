@@ -4,6 +4,9 @@
   are seeded at start-up from ``ACCUMGUARD_SEED``, so a script that does not seed
   itself still initialises the same model for every K (a script that seeds
   itself simply re-seeds).
+* **Not invariant by construction**: BatchNorm in train mode and in-batch negatives are
+  noted where they run (:mod:`.invariance_construction`), so a difference they cause is
+  not reported as an accumulation bug.
 * **Dropout off** (``ACCUMGUARD_NO_DROPOUT=1``): dropout masks are drawn per
   micro-batch shape, so K = 1 and K = 4 drop different units even with the same
   seed, and the runs differ for a reason unrelated to accumulation. Every
@@ -30,6 +33,7 @@ __all__ = ["install_from_env", "seed_everything", "disable_dropout", "ENV_SEED",
 
 ENV_SEED = "ACCUMGUARD_SEED"
 ENV_NO_DROPOUT = "ACCUMGUARD_NO_DROPOUT"
+ENV_OBSERVE_DIR = "ACCUMGUARD_OBSERVE_DIR"  # runtime.watch.ENV_DIR (observe may not import it)
 
 _FUNCTIONAL = ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout",
                "feature_alpha_dropout")
@@ -111,4 +115,10 @@ def install_from_env(environ: Mapping[str, str] | None = None) -> list[str]:
     if env.get(ENV_NO_DROPOUT, "").strip() not in ("", "0"):
         disable_dropout()
         done.append("dropout=identity")
+    out_dir = env.get(ENV_OBSERVE_DIR, "")
+    if seed is not None and seed.strip() and out_dir:  # invariance under the bootstrap
+        from accumguard.observe.invariance_construction import install_probes
+
+        install_probes(out_dir)
+        done.append("construction probes")
     return done

@@ -17,8 +17,8 @@ may find an error on the same step).
 No torch here: the watch CLI analyses recordings without importing it.
 
 The boundary and window-shape rules live here; the rules that read weights and scales
-(token weights, the loss record, LOSS_SCALE, F7/F1 from the window's scale, F10, F12) live
-in :mod:`._weight_rules`, what a finding and a window are in :mod:`._records`; this
+(token weights, the loss record, LOSS_SCALE, F7/F1 from the window's scale, F10) live
+in :mod:`._weight_rules`, F12 in :mod:`._precision_rules`, what a finding and a window are in :mod:`._records`; this
 module runs them all and re-exports their public names.
 """
 
@@ -29,6 +29,11 @@ from collections import Counter
 from typing import Any
 
 from accumguard.observe._comm_rules import comm_findings
+from accumguard.observe._precision_rules import (
+    F12_ERROR_FACTOR,
+    f12_drift,
+    low_precision_findings,
+)
 from accumguard.observe._rank_rules import manual_reduce_findings, rank_scale_findings
 from accumguard.observe._records import (
     NUMBERING,
@@ -50,17 +55,14 @@ from accumguard.observe._step_rules import (
     _sync_findings,
 )
 from accumguard.observe._weight_rules import (
-    F12_ERROR_FACTOR,
     WEIGHT_TOL,
     WEIGHT_TOL_LOW_PRECISION,
     _cross_rank_weights,
     _firm_k,
     classify_token_weights,
-    f12_drift,
     grad_step_findings,
     loss_scale_findings,
     loss_weight_findings,
-    low_precision_findings,
     partial_window_findings,
 )
 
@@ -86,7 +88,8 @@ def live_findings(record: dict[str, Any], *, rank: int | None, k: int | None
     """The rules that one window decides on its own, applied as the step happens (the
     framework callbacks): conservation (F7/F3/F2/F3), clipping inside the window (F8),
     the last micro-step's sync flag (F11; wasteful syncs are notes), DeepSpeed double
-    gating (F14) and boundary resets (F2), and a window longer than the declared K
+    gating (F14) and boundary resets (F2), low-precision accumulation (F12), and a window
+    longer than the declared K
     (F13, or F7 when it crossed into a new pass over the DataLoader). Rules that need
     the whole run (F1, F13 origin, F4 counts, cross-rank F11) stay in :func:`analyze`."""
     ws = _windows([record])
@@ -94,6 +97,8 @@ def live_findings(record: dict[str, Any], *, rank: int | None, k: int | None
         return []
     w = ws[0]
     out = _rank_findings(rank if rank is not None else 0, ws, {}, k, True)
+    # F12 is one window's own fact (the dtype its gradient was summed in): the callbacks too
+    out += [f for f in low_precision_findings(rank, ws) if f.severity != "note"]
     if rank is None:
         out = [Finding(f.cls, f.severity, None, f.step, f.micro, f.evidence, f.fix, f.title)
                for f in out]

@@ -292,6 +292,9 @@ class GuardMachine:
         self._zero_at: int | None = None  # backward passes done at the first zero_grad inside
         self._flip_at: int | None = None  # micro-step whose sync flag was switched off late
         self._sched_offset: int | None = None  # 1: scheduler stepped before the optimizer
+        # a clip/unscale inside the window, judged at the next event: followed by a step it
+        # is part of stepping every micro-step (F1, said at the step); by a backward, F8
+        self._pending: tuple[str, int | None] | None = None
         # audit trail
         self.backward_passes = 0
         self.optimizer_steps = 0
@@ -339,6 +342,7 @@ class GuardMachine:
                  ddp: bool = False, engine_reset: dict[str, Any] | None = None,
                  grads_set: Any = None) -> None:
         """A backward pass of the model begins (``grads_set()``: are gradients non-zero)."""
+        self._flush_pending()
         if self.phase is Phase.STEPPED:
             self._open_next_window(check_leak=grads_set)
         size = self.window_size()
@@ -397,6 +401,8 @@ class GuardMachine:
         if not applied and (self.phase is Phase.OPEN or (self.phase is Phase.ACCUMULATING
                                                          and self._zero_at is None)):
             return
+        if self.phase is Phase.ACCUMULATING:
+            self._pending = None  # the step inside the window (F1) is the cause
         if (self.phase, Event.STEP) in ILLEGAL:
             self.report(ILLEGAL[self.phase, Event.STEP], j)
         if not applied and (conservation is None or conservation.ok):
@@ -431,6 +437,7 @@ class GuardMachine:
             self._cleared = False
 
     def zero_grad(self) -> None:
+        self._flush_pending()
         if self.phase in (Phase.ACCUMULATING, Phase.FULL) and self._zero_at is None:
             self._zero_at = self._backwards
         self._window_zero += 1
@@ -457,14 +464,19 @@ class GuardMachine:
     def clip(self, *, scaler_enabled: bool) -> None:
         j = self._backwards - 1 if self._backwards else None
         key = ILLEGAL.get((self.phase, Event.CLIP))
-        if key is not None:
+        if key == "clip_inside":
+            self._pending = self._pending or (key, j)
+        elif key is not None:
             self.report(key, j)
         elif scaler_enabled and not self._unscaled:
             self.report("clip_before_unscale", j)
 
     def unscale(self) -> None:
         key = ILLEGAL.get((self.phase, Event.UNSCALE))
-        if key is not None:
+        if key == "unscale_inside":
+            self._pending = self._pending or (key, self._backwards - 1 if self._backwards
+                                              else None)
+        elif key is not None:
             self.report(key, self._backwards - 1 if self._backwards else None)
         self._unscaled = True
 
@@ -499,7 +511,16 @@ class GuardMachine:
             optimizer_steps=self._window_steps, scheduler_steps=self._window_sched,
             zero_grads=self._window_zero))
 
+    def _flush_pending(self) -> None:
+        """Report a clip/unscale seen inside the window now that no step followed it (the
+        raise still comes before any update: no optimizer step has run since)."""
+        if self._pending is not None:
+            key, j = self._pending
+            self._pending = None
+            self.report(key, j)
+
     def final_checks(self) -> None:
+        self._flush_pending()
         if self.phase in (Phase.ACCUMULATING, Phase.FULL):
             self.report("unfinished", self._backwards - 1)
         elif self.phase is Phase.STEPPED:

@@ -56,6 +56,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Iterator, Mapping
@@ -70,6 +71,9 @@ ENV_RECORD_UPDATES = "ACCUMGUARD_RECORD_UPDATES"
 ENV_MAX_STEPS = "ACCUMGUARD_MAX_STEPS"
 ENV_EVERY = "ACCUMGUARD_OBSERVE_EVERY"
 ENV_DECLARED_K = "ACCUMGUARD_DECLARED_K"
+#: names the ``watch`` that started the command, so a directory shared by the watches of
+#: several nodes tells each watch which rank files are its own
+ENV_WATCH_ID = "ACCUMGUARD_WATCH_ID"
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "_bootstrap"
 
 _agent: _Agent | None = None
@@ -77,7 +81,7 @@ _agent: _Agent | None = None
 
 def observed_env(base_env: Mapping[str, str] | None, out_dir: str | os.PathLike[str], *,
                  record_updates: bool = False, max_steps: int | None = None,
-                 every: int = 1) -> dict[str, str]:
+                 every: int = 1, watch_id: str | None = None) -> dict[str, str]:
     """The environment for a child command whose every Python process is observed.
 
     ``base_env`` (``os.environ`` when None) is copied; the bootstrap directory is put
@@ -85,7 +89,8 @@ def observed_env(base_env: Mapping[str, str] | None, out_dir: str | os.PathLike[
     runs: ours chains to it); ``out_dir`` receives ``rank-<R>.jsonl`` (and
     ``updates-rank-<R>.pt`` with ``record_updates``). ``max_steps`` ends each rank
     cleanly (exit 0) after that many optimizer steps. ``every`` checks gradient
-    conservation on every N-th optimizer step only.
+    conservation on every N-th optimizer step only. ``watch_id`` is written into each
+    rank's start record (see :data:`ENV_WATCH_ID`).
     """
     env = dict(os.environ if base_env is None else base_env)
     out = Path(out_dir).resolve()
@@ -107,6 +112,9 @@ def observed_env(base_env: Mapping[str, str] | None, out_dir: str | os.PathLike[
             raise ValueError(f"max_steps ({max_steps}) must be >= 1")
         env[ENV_MAX_STEPS] = str(int(max_steps))
     env[ENV_EVERY] = str(max(1, int(every)))
+    env.pop(ENV_WATCH_ID, None)
+    if watch_id is not None:
+        env[ENV_WATCH_ID] = watch_id
     return env
 
 
@@ -351,7 +359,9 @@ class _Agent:
             self.fh = open(self.out_dir / f"rank-{self.rank}.pid-{os.getpid()}.jsonl", "w",  # noqa: SIM115
                            encoding="utf-8")
         start = {"kind": "start", "rank": self.rank, "world": self._world(), "pid": os.getpid(),
-                 "ppid": os.getppid(), "argv": list(sys.argv), "time": time.time()}
+                 "ppid": os.getppid(), "argv": list(sys.argv), "time": time.time(),
+                 "watch_id": os.environ.get(ENV_WATCH_ID),
+                 "run_id": os.environ.get("TORCHELASTIC_RUN_ID"), "host": socket.gethostname()}
         self.fh.write(json.dumps(start) + "\n")
 
     def _flush_file(self) -> None:

@@ -1,5 +1,5 @@
-"""``accumguard invariance``: comparing one run with the reference run step by step, and
-the tolerance derived from the parameters' dtype. Steps are numbered from 1."""
+"""``accumguard invariance``: comparing one run with the reference run step by step (the
+tolerance is :mod:`._invariance_tolerance`'s). Steps are numbered from 1."""
 
 from __future__ import annotations
 
@@ -8,37 +8,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from accumguard.verify._invariance_records import RunRecord
+from accumguard.verify._invariance_tolerance import (
+    FP32_TOLERANCE,
+    InvarianceTolerance,
+    invariance_tolerance,
+)
 
 __all__ = ["StepComparison", "KComparison", "compare_runs", "invariance_tolerance",
            "FP32_TOLERANCE"]
-
-# fp32: two fp32 runs that add the same numbers in different orders (K partial sums,
-# the ranks' reduction) each sit within a few 1e-7 of the exact update; over a few
-# steps the difference compounds through the weights. 1e-4 (about 800 fp32 units of
-# roundoff) leaves that headroom while every accumulation bug we know of moves the
-# update by 1e-2 or more.
-FP32_TOLERANCE = 1e-4
-
-
-def invariance_tolerance(dtype: str | None, k_max: int) -> tuple[float, str]:
-    """Tolerance on the relative update/loss difference between two K, from the dtype.
-
-    fp32/fp64: :data:`FP32_TOLERANCE`. bf16/fp16: each run's gradient carries
-    about (K + 2) roundings of unit u (K accumulations, the sync, the optimizer);
-    two runs differ by up to twice that, so 2·(K_max + 2)·u.
-    """
-    name = (dtype or "").replace("torch.", "")
-    if name in ("bfloat16", "bf16"):
-        return 2 * (k_max + 2) * 2.0 ** -8, f"bf16 parameters: 2·(K+2)·u, u=2^-8, K={k_max}"
-    if name in ("float16", "fp16", "half"):
-        return 2 * (k_max + 2) * 2.0 ** -11, f"fp16 parameters: 2·(K+2)·u, u=2^-11, K={k_max}"
-    if name in ("float64", "double"):
-        return FP32_TOLERANCE, "float64 parameters: 1e-4 (the fp32 bound; fp64 sits far below)"
-    if name in ("float32", "float"):
-        return FP32_TOLERANCE, "float32 parameters: 1e-4, fp32 sums in a different order"
-    return FP32_TOLERANCE, ("parameter dtype not recorded, assumed float32: 1e-4; pass "
-                            "--tolerance for bf16/fp16 training")
-
 
 @dataclass
 class StepComparison:
@@ -52,8 +29,9 @@ class StepComparison:
     update_norm_ref: float | None
     backwards_ref: list[int]
     backwards: list[int]
-    diverged: bool = False
+    diverged: bool = False  # beyond the tolerance (see KComparison.construction)
     decided_by: str = ""  # "update", "loss" or ""
+    tolerance: float | None = None  # the bound at this step
 
     def to_dict(self) -> dict[str, Any]:
         return {k: _json_float(v) for k, v in self.__dict__.items()}
@@ -70,13 +48,24 @@ class KComparison:
     max_update_rel_diff: float | None
     max_loss_rel_diff: float | None
     notes: list[str] = field(default_factory=list)
+    #: what makes the script not K-invariant by construction (BatchNorm in train mode,
+    #: in-batch negatives), seen in either run: a difference is then expected, not a bug
+    construction: list[str] = field(default_factory=list)
 
     @property
     def diverged(self) -> bool:
-        return self.first_divergent_step is not None
+        """Beyond the tolerance with nothing in the script that explains it."""
+        return self.first_divergent_step is not None and not self.construction
+
+    @property
+    def by_construction(self) -> bool:
+        """Beyond the tolerance, in a script that is not K-invariant by construction."""
+        return self.first_divergent_step is not None and bool(self.construction)
 
     def to_dict(self) -> dict[str, Any]:
         return {"k": self.k, "k_ref": self.k_ref, "diverged": self.diverged,
+                "not_invariant_by_construction": self.by_construction,
+                "construction": self.construction,
                 "first_divergent_step": self.first_divergent_step,
                 "max_update_rel_diff": _json_float(self.max_update_rel_diff),
                 "max_loss_rel_diff": _json_float(self.max_loss_rel_diff),
@@ -135,9 +124,11 @@ def _update_diff(ref: RunRecord, run: RunRecord, index: int) -> tuple[float | No
     return (math.sqrt(num) / nref if nref > 0 else math.inf), nref, problems
 
 
-def compare_runs(ref: RunRecord, run: RunRecord, tolerance: float) -> KComparison:
+def compare_runs(ref: RunRecord, run: RunRecord, tolerance: float | InvarianceTolerance
+                 ) -> KComparison:
     """Compare ``run`` with ``ref`` step by step; a step diverges when its update (or, when no
-    update was recorded, its window loss) differs by more than ``tolerance``."""
+    update was recorded, its window loss) differs by more than ``tolerance`` (a number, or
+    the derived bound, which grows per step with low-precision weights)."""
     n = min(len(ref.steps), len(run.steps))
     notes: list[str] = []
     if len(ref.steps) != len(run.steps):
@@ -165,17 +156,19 @@ def compare_runs(ref: RunRecord, run: RunRecord, tolerance: float) -> KCompariso
         if problems and not shown_problems:
             notes += problems[:3]
             shown_problems = True
+        tol = (tolerance.at(i, ref.param_norms.get(a.index), nref)
+               if isinstance(tolerance, InvarianceTolerance) else tolerance)
         sc = StepComparison(step=i + 1, loss_ref=a.window_loss, loss=b.window_loss,
                             loss_rel_diff=loss_rel, update_rel_diff=upd, update_norm_ref=nref,
-                            backwards_ref=a.backwards, backwards=b.backwards)
+                            backwards_ref=a.backwards, backwards=b.backwards, tolerance=tol)
         if upd is not None:
             sc.decided_by = "update"
-            sc.diverged = not (upd <= tolerance)
-            if not sc.diverged and loss_rel is not None and not (loss_rel <= tolerance):
+            sc.diverged = not (upd <= tol)
+            if not sc.diverged and loss_rel is not None and not (loss_rel <= tol):
                 loss_only_steps.append(i + 1)
         elif loss_rel is not None:
             sc.decided_by = "loss"
-            sc.diverged = not (loss_rel <= tolerance)
+            sc.diverged = not (loss_rel <= tol)
         if sc.diverged and first is None:
             first = i + 1
         steps.append(sc)
@@ -189,9 +182,15 @@ def compare_runs(ref: RunRecord, run: RunRecord, tolerance: float) -> KCompariso
     _backward_notes(ref, run, n, notes, diverged=first is not None)
     updates = [s.update_rel_diff for s in steps if s.update_rel_diff is not None]
     losses = [s.loss_rel_diff for s in steps if s.loss_rel_diff is not None]
+    construction = list(dict.fromkeys([*ref.construction, *run.construction]))
+    if construction:
+        notes.append("not K-invariant by construction: " + "; ".join(construction)
+                     + ". Differences between K are expected from the model itself, not from "
+                     "the accumulation (the watch findings of this run judge the accumulation)")
     return KComparison(k=run.k, k_ref=ref.k, steps=steps, first_divergent_step=first,
                        max_update_rel_diff=max(updates) if updates else None,
-                       max_loss_rel_diff=max(losses) if losses else None, notes=notes)
+                       max_loss_rel_diff=max(losses) if losses else None, notes=notes,
+                       construction=construction)
 
 
 def _ranges(steps: list[int]) -> str:

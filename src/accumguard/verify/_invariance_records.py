@@ -45,6 +45,16 @@ class RunRecord:
     updates: list[dict[int, dict[str, Any]]] = field(default_factory=list)
     param_dtype: str | None = None
     notes: list[str] = field(default_factory=list)
+    #: the least precise compute dtype recorded (bf16 parameters, autocast, FSDP2
+    #: param_dtype, DeepSpeed's model dtype); None: not recorded (fp32 assumed)
+    compute_dtype: str | None = None
+    #: where the gradient was summed in bf16/fp16 over a window (the F12 facts), once each
+    low_accumulation: list[str] = field(default_factory=list)
+    #: step index -> norm of the parameters the step updated, over the ranks
+    param_norms: dict[int, float] = field(default_factory=dict)
+    #: what makes the script not K-invariant by construction (BatchNorm in train mode,
+    #: in-batch negatives), noted by the probes of observe.invariance_construction
+    construction: list[str] = field(default_factory=list)
 
     @property
     def has_updates(self) -> bool:
@@ -54,7 +64,10 @@ class RunRecord:
         return {"k": self.k, "micro_batch": self.micro_batch, "command": self.command,
                 "exit_code": self.exit_code, "elapsed_s": round(self.elapsed_s, 3),
                 "world_size": self.world_size, "steps_recorded": len(self.steps),
-                "param_dtype": self.param_dtype, "observe_dir": str(self.observe_dir),
+                "param_dtype": self.param_dtype, "compute_dtype": self.compute_dtype,
+                "low_precision_accumulation": self.low_accumulation,
+                "not_invariant_by_construction": self.construction,
+                "observe_dir": str(self.observe_dir),
                 "window_losses": [s.window_loss for s in self.steps],
                 "backwards_per_rank": [s.backwards for s in self.steps],
                 "notes": self.notes}
@@ -133,7 +146,66 @@ def load_run(observe_dir: Path, *, k: int, micro_batch: int | None = None,
                                     applied=[bool(r.get("applied", True)) for r in recs]))
     run.updates = [_load_updates(observe_dir, rank, per_rank[rank][:n], run.notes)
                    for rank, _ in files]
+    _precision_facts(run, [per_rank[r][:n] for r, _ in files])
+    run.construction = _construction(observe_dir)
     return run
+
+
+_LOW = ("bfloat16", "float16")
+_ORDER = ("float16", "bfloat16", "float32", "float64")
+
+
+def _precision_facts(run: RunRecord, ranks: list[list[dict[str, Any]]]) -> None:
+    """The compute dtype, the low-precision sums and the parameter norms of the steps."""
+    computes: set[str] = set()
+    norms: dict[int, float] = {}
+    for recs in ranks:
+        for r in recs:
+            raw = r.get("precision")
+            prec: dict[str, Any] = raw if isinstance(raw, dict) else {}
+            if isinstance(prec.get("compute"), str):
+                computes.add(prec["compute"])
+            for text in _low_sums(r, prec):
+                if text not in run.low_accumulation:
+                    run.low_accumulation.append(text)
+            norm = r.get("param_norm")
+            if isinstance(norm, (int, float)):
+                i = int(r.get("step", 0))
+                norms[i] = norms.get(i, 0.0) + float(norm) ** 2
+    known = [d for d in _ORDER if d in computes]
+    run.compute_dtype = known[0] if known else None
+    run.param_norms = {i: v ** 0.5 for i, v in norms.items()}
+
+
+def _low_sums(r: dict[str, Any], prec: dict[str, Any]) -> list[str]:
+    """Where this step's gradient was summed in bf16/fp16 over its backwards (as F12)."""
+    out = []
+    ds, fsdp, mg = prec.get("deepspeed"), prec.get("fsdp"), prec.get("model_grad")
+    if isinstance(ds, dict) and ds.get("accum") in _LOW:
+        out.append(f"DeepSpeed gradient_accumulation_dtype {ds['accum']}")
+    if isinstance(fsdp, dict) and fsdp.get("deferred") in _LOW \
+            and False in (r.get("sync_micros") or []):
+        out.append(f"FSDP2 reduce_dtype {fsdp['deferred']} (sync off between micro-steps)")
+    if isinstance(mg, dict) and mg.get("in_place") and mg.get("dtype") in _LOW:
+        out.append(f"the model's {mg['dtype']} .grad behind fp32 master weights")
+    cons = r.get("conservation")
+    if (r.get("param_dtype") in _LOW and r.get("source", "torch") == "torch"
+            and isinstance(cons, dict) and float(cons.get("wiped", 1.0)) <= 0.0
+            and int(r.get("backwards", 0)) > 1):
+        out.append(f"the {r['param_dtype']} .grad of the stepped parameters")
+    return out
+
+
+def _construction(observe_dir: Path) -> list[str]:
+    """The causes the invariance probes noted on any rank (one line each)."""
+    seen: list[str] = []
+    for path in sorted(observe_dir.glob("construction-rank-*.json")):
+        try:
+            items = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            continue
+        seen += [str(x) for x in items if isinstance(x, str) and str(x) not in seen]
+    return seen
 
 
 def _load_updates(observe_dir: Path, rank: int, recs: list[dict[str, Any]],

@@ -9,12 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from accumguard.verify._invariance_compare import (
-    KComparison,
-    compare_runs,
-    invariance_tolerance,
-)
+from accumguard.verify._invariance_compare import KComparison, compare_runs
 from accumguard.verify._invariance_records import RunRecord
+from accumguard.verify._invariance_tolerance import InvarianceTolerance, derive_tolerance
 
 __all__ = ["InvarianceReport", "build_report", "watch_findings", "JSON_VERSION"]
 
@@ -50,8 +47,17 @@ class InvarianceReport:
         return min(steps) if steps else None  # type: ignore[type-var]
 
     @property
+    def by_construction(self) -> bool:
+        """Some K differs, in a script that is not K-invariant by construction."""
+        return any(c.by_construction for c in self.comparisons)
+
+    @property
     def exit_code(self) -> int:
-        return 1 if self.diverged else 0
+        """1 when a K diverged, or when a run that is not K-invariant by construction has an
+        error-level watch finding (its accumulation is then judged by those checks)."""
+        errors = any(f.get("severity") == "error" for c in self.comparisons
+                     if c.by_construction for f in self.findings.get(c.k, []))
+        return 1 if self.diverged or errors else 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -61,6 +67,7 @@ class InvarianceReport:
             "step_numbering": "1-based: step 1 is the first optimizer step",
             "tolerance": self.tolerance, "tolerance_reason": self.tolerance_reason,
             "diverged": self.diverged, "first_divergent_step": self.first_divergent_step,
+            "not_invariant_by_construction": self.by_construction,
             "exit_code": self.exit_code, "elapsed_s": round(self.elapsed_s, 3),
             "warnings": self.warnings,
             "runs": [r.summary() for r in self.runs],
@@ -79,16 +86,20 @@ class InvarianceReport:
 def build_report(runs: list[RunRecord], *, command: Sequence[str], batch: int | None,
                  steps: int, tolerance: float | None = None, no_dropout: bool = False,
                  warnings_: Sequence[str] = ()) -> InvarianceReport:
-    """Compare every run with the first; the tolerance defaults to the recorded dtype's."""
+    """Compare every run with the first; the tolerance defaults to the one derived from the
+    recorded dtypes and K (:func:`._invariance_tolerance.derive_tolerance`)."""
     ks = tuple(r.k for r in runs)
     dtypes = [r.param_dtype for r in runs if r.param_dtype]
     dtype = _least_precise(dtypes)
+    bound: float | InvarianceTolerance
     if tolerance is None:
-        tol, reason = invariance_tolerance(dtype, max(ks))
+        bound = derive_tolerance(runs)
+        tol, reason = bound.base, bound.reason
     else:
-        tol, reason = tolerance, f"--tolerance {tolerance:g} (parameters: {dtype or 'unknown'})"
+        bound = tol = tolerance
+        reason = f"--tolerance {tolerance:g} (parameters: {dtype or 'unknown'})"
     ref = runs[0]
-    comps = [compare_runs(ref, r, tol) for r in runs[1:]]
+    comps = [compare_runs(ref, r, bound) for r in runs[1:]]
     return InvarianceReport(command=list(command), ks=ks, batch=batch, steps=steps,
                             tolerance=tol, tolerance_reason=reason, runs=runs,
                             comparisons=comps, no_dropout=no_dropout, warnings=list(warnings_))

@@ -9,7 +9,6 @@ import os
 import shlex
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -17,6 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
+from accumguard.runtime._child import run_group
 from accumguard.verify._invariance_options import (
     ENV_BATCH,
     ENV_K,
@@ -67,23 +67,6 @@ def _child_env(opts: InvarianceOptions, k: int, mb: int | None, observe_dir: Pat
     return env
 
 
-def _kill_group(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
-    """SIGTERM the child's process group (torchrun forwards it to its ranks), then SIGKILL."""
-    if proc.poll() is not None:
-        # The launcher is gone; its ranks may not be: the group outlives its leader.
-        with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        return
-    with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=grace)
-    with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=grace)
-
-
 class _Interrupted(BaseException):
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
@@ -92,7 +75,8 @@ class _Interrupted(BaseException):
 
 @contextlib.contextmanager
 def _forward_signals() -> Iterator[None]:
-    """Turn SIGTERM/SIGINT into an exception, so the child's group is killed on the way out."""
+    """Between the K runs, SIGTERM/SIGINT stop the whole comparison (during a run they are
+    forwarded to the command's group and then end it the same way)."""
     def handler(signum: int, _frame: Any) -> None:
         raise _Interrupted(signum)
 
@@ -110,28 +94,19 @@ def _forward_signals() -> Iterator[None]:
 def _run_child(argv: list[str], env: dict[str, str], timeout: float, k: int
                ) -> tuple[int, float]:
     """Run one K's command in its own process group; stdout/stderr pass through untouched."""
-    t0 = time.monotonic()
-    try:
-        proc = subprocess.Popen(argv, env=env, start_new_session=True)
-    except FileNotFoundError:
-        raise CommandFailedError(f"command not found: {argv[0]!r}", k=k, exit_code=127) from None
-    except PermissionError:
-        raise CommandFailedError(f"command not executable: {argv[0]!r}", k=k,
-                                 exit_code=126) from None
-    try:
-        try:
-            code = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            raise CommandFailedError(
-                f"K={k}: the command did not finish within {timeout:.0f} s and was killed "
-                "(with every process it started). It should stop by itself after --steps "
-                "optimizer steps; raise --timeout if one run is genuinely that slow",
-                k=k, exit_code=None) from None
-    finally:
-        # Normal end, timeout or a signal to us: nothing the command started may survive.
-        _kill_group(proc, grace=2.0)
-    return code, time.monotonic() - t0
+    end = run_group(argv, env, timeout=timeout, grace=2.0)
+    if end.start_error:
+        raise CommandFailedError(end.start_error, k=k, exit_code=end.code)
+    if end.interrupted:
+        raise _Interrupted(signal.SIGTERM if end.signal == "SIGTERM" else signal.SIGINT)
+    if end.timed_out:
+        raise CommandFailedError(
+            f"K={k}: the command did not finish within {timeout:.0f} s and was killed "
+            "(with every process it started). It should stop by itself after --steps "
+            "optimizer steps; raise --timeout if one run is genuinely that slow",
+            k=k, exit_code=None)
+    code = end.code if end.signal is None or end.code < 128 else 128 - end.code
+    return code, end.seconds
 
 
 def _describe_exit(code: int) -> str:
@@ -192,7 +167,9 @@ def run_invariance(opts: InvarianceOptions, *, stream: TextIO | None = None,
                               tolerance=opts.tolerance, no_dropout=opts.no_dropout,
                               warnings_=notes)
         for comp in report.comparisons:
-            if comp.diverged:
+            # a script not K-invariant by construction: its accumulation is judged by the
+            # watch checks of the run (the update comparison cannot)
+            if comp.diverged or comp.by_construction:
                 run = next(r for r in runs if r.k == comp.k)
                 try:
                     found, text = findings_for(run)

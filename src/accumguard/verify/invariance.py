@@ -30,20 +30,14 @@ watch`` (which also applies the seed/dropout hooks of
 This module is the public face; each job lives in its own module:
 ``_invariance_options`` (options, placeholders, refusing a command that cannot vary K),
 ``_invariance_records`` (loading a run's recording), ``_invariance_compare`` (step by
-step comparison, dtype tolerance), ``_invariance_report`` (report, JSON, watch findings)
+step comparison), ``_invariance_tolerance`` (the bound from the recorded dtypes and K), ``_invariance_report`` (report, JSON, watch findings)
 and ``_invariance_run`` (the child processes). Parsing and comparing are pure (testable
 on synthetic records); :func:`run_invariance` adds the child processes.
 """
 
 from __future__ import annotations
 
-from accumguard.verify._invariance_compare import (
-    FP32_TOLERANCE,
-    KComparison,
-    StepComparison,
-    compare_runs,
-    invariance_tolerance,
-)
+from accumguard.verify._invariance_compare import KComparison, StepComparison, compare_runs
 from accumguard.verify._invariance_options import (
     ENV_BATCH,
     ENV_K,
@@ -67,6 +61,7 @@ from accumguard.verify._invariance_report import (
     watch_findings,
 )
 from accumguard.verify._invariance_run import run_invariance
+from accumguard.verify._invariance_tolerance import FP32_TOLERANCE, invariance_tolerance
 
 __all__ = [
     "InvarianceOptions",

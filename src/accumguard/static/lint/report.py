@@ -10,13 +10,15 @@ code scanning and most IDEs ingest. Versions come from the installed package.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from accumguard.static.findings import RULES, Finding, Severity
 
-__all__ = ["FORMATS", "JSON_SCHEMA_VERSION", "render", "tool_version"]
+__all__ = ["FINGERPRINT_KEY", "FORMATS", "JSON_SCHEMA_VERSION", "fingerprints", "render", "tool_version"]
 
 FORMATS = ("text", "concise", "json", "sarif")
 JSON_SCHEMA_VERSION = 1
@@ -88,6 +90,37 @@ def render_json(findings: Sequence[Finding], *, tool: str = "accumguard lint") -
     return json.dumps(doc, indent=2) + "\n"
 
 
+#: the ``partialFingerprints`` key: bump the version if what is hashed ever changes
+FINGERPRINT_KEY = "accumguardFinding/v1"
+
+
+def fingerprints(findings: Sequence[Finding]) -> list[str]:
+    """One fingerprint per finding that survives edits elsewhere in the file: the rule,
+    the file, the config key and the *text* of the flagged line (whitespace-trimmed, not
+    its number), plus the occurrence of that same text among the findings, so that code
+    scanning (GitHub's alert tracking) keeps one alert when lines move above it and opens a
+    new one only when the flagged line itself changes."""
+    lines: dict[str, list[str]] = {}
+    seen: dict[str, int] = {}
+    out = []
+    for f in findings:
+        text = ""
+        if f.path and f.line:
+            if f.path not in lines:
+                try:
+                    lines[f.path] = Path(f.path).read_text(encoding="utf-8",
+                                                           errors="replace").splitlines()
+                except OSError:
+                    lines[f.path] = []
+            src = lines[f.path]
+            text = " ".join(src[f.line - 1].split()) if 0 < f.line <= len(src) else ""
+        base = "\0".join((f.code, (f.path or "").replace("\\", "/"), f.key or "", text))
+        digest = hashlib.sha256(base.encode("utf-8")).hexdigest()[:32]
+        seen[digest] = seen.get(digest, 0) + 1
+        out.append(f"{digest}:{seen[digest]}")
+    return out
+
+
 def render_sarif(findings: Sequence[Finding], *, version: str | None = None) -> str:
     """A SARIF 2.1.0 log with one run; every rule used is described in the driver."""
     used = sorted({f.code for f in findings})
@@ -114,7 +147,8 @@ def render_sarif(findings: Sequence[Finding], *, version: str | None = None) -> 
         )
     index = {r["id"]: i for i, r in enumerate(rules)}
     results = []
-    for f in findings:
+    prints = fingerprints(findings)
+    for f, fp in zip(findings, prints, strict=True):
         region: dict[str, Any] = {"startLine": f.line or 1, "startColumn": f.col or 1}
         if f.end_line:
             region["endLine"] = f.end_line
@@ -133,6 +167,7 @@ def render_sarif(findings: Sequence[Finding], *, version: str | None = None) -> 
                 }
             ],
         }
+        result["partialFingerprints"] = {FINGERPRINT_KEY: fp}
         if f.code in index:
             result["ruleIndex"] = index[f.code]
         if f.key:

@@ -1,0 +1,196 @@
+"""F12: where the window's gradient was really summed, in which dtype, and what that costs at
+the run's K (pure Python, no torch: :mod:`.rules` runs it and re-exports its names).
+
+Four places a gradient can be summed in bf16/fp16 over the K backwards of a window, each
+read from the step record (:mod:`._precision` records the facts):
+
+* the ``.grad`` of bf16/fp16 parameters a torch optimizer steps (a model cast to bf16, no
+  fp32 buffer): the parameter dtype, and conservation showing the K contributions summed in
+  place (nothing removed between backwards);
+* the bf16 model's ``.grad`` behind fp32 master weights, copied to the masters only at the
+  boundary (``precision.model_grad``): the optimizer steps fp32, the sum was made in bf16;
+* FSDP2's unsharded gradient between micro-steps with sync off, in ``reduce_dtype``
+  (``param_dtype`` when unset): ``MixedPrecisionPolicy(param_dtype=bf16)`` without an fp32
+  ``reduce_dtype`` (``precision.fsdp.deferred`` and the window's sync flags);
+* DeepSpeed's ``gradient_accumulation_dtype`` (``data_types.grad_accum_dtype``, default the
+  ``bf16``/``fp16`` model dtype): ``precision.deepspeed.accum``.
+
+The size: each of the K-1 additions rounds to the dtype's unit roundoff u, an expected
+relative drift of u*sqrt(K)/3 (:func:`f12_drift`; measured on an MLP's bf16 micro-gradients,
+K = 4..512, within 15 % of it: 2.6e-3 at K = 4, 1.8e-2 at K = 256, 2.6e-2 at K = 512). A
+correct loop at that compute precision (bf16 micro-gradients summed in fp32) sits about u
+from the exact gradient (measured 3.7e-3 at every K), and the audit
+(:mod:`accumguard.verify.tolerance`) allows twice that floor: 2u. F12 is an error when the
+expected drift is F12_ERROR_FACTOR times that bound (bf16 and fp16 alike: K >= 144) and the
+sum was seen reaching the optimizer, a warning below it; autocast with fp32 parameters,
+fp32 master gradients summed per micro-step, FSDP2 ``reduce_dtype=float32``, DeepSpeed
+``grad_accum_dtype: fp32`` and accumguard's Accumulator stay silent (a note says the
+low-precision compute was seen and the sum is fp32).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from accumguard.observe._records import Finding, _mk
+
+__all__ = ["F12_ERROR_FACTOR", "F12_MIN_K", "f12_drift", "f12_error_k", "low_precision_findings"]
+
+#: Unit roundoff of the low-precision gradient dtypes (as verify.tolerance, which observe
+#: may not import).
+_U_LOW = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
+#: F12 is an error when the expected drift is this many times the audit's bound for a
+#: correct loop at the same compute precision (2u): the measured drift follows the model
+#: within 15 %, so a factor 2 is a margin, not a guess (bf16: K >= 144 is 1.6e-2 and more).
+F12_ERROR_FACTOR = 2.0
+#: Windows shorter than this are not reported (the drift is below the precision floor).
+F12_MIN_K = 4
+#: Relative tolerance of a bf16/fp16 conservation verdict (as WEIGHT_TOL_LOW_PRECISION).
+_TOL_LOW = 3e-2
+
+_FIX_TORCH = ("sum the window in fp32: keep fp32 parameters and run the forward under "
+              "torch.autocast(device_type, dtype=torch.bfloat16) (gradients are then fp32), "
+              "or use accumguard's Accumulator (fp32 accumulation of bf16/fp16 parameters, "
+              "master_weights=True), or an fp32 gradient buffer that each micro-step's .grad "
+              "is added into right after its backward")
+_FIX_MASTER = ("add each micro-step's bf16 .grad into the fp32 master's .grad right after its "
+               "backward and clear the bf16 .grad (the window is then summed in fp32), or use "
+               "accumguard's Accumulator(master_weights=True)")
+_FIX_FSDP = ("fully_shard(module, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, "
+             "reduce_dtype=torch.float32)) on every module: FSDP2 then keeps the unsharded "
+             "gradient in fp32 between micro-steps with sync off and reduces in fp32")
+_FIX_DS = ('add "data_types": {"grad_accum_dtype": "fp32"} to the DeepSpeed config (ZeRO-1 '
+           "then runs its BF16 optimizer with fp32 gradients; ZeRO-2/3 keep fp32 gradient "
+           "partitions)")
+
+
+def f12_drift(u: float, k: int) -> float:
+    """Expected relative drift of K gradients summed in a dtype of unit roundoff u: each
+    of the K-1 additions rounds with an error uniform in +-u of the running sum (standard
+    deviation u/sqrt(3)), the running sum grows linearly, so the errors add up to about
+    (u/sqrt(3)) * sqrt(K/3) = u*sqrt(K)/3 of the final sum (bf16, K = 32: 7.4e-3; measured
+    on blind round 6's b12: 6.6e-3)."""
+    return u * math.sqrt(k) / 3.0
+
+
+def f12_error_k() -> int:
+    """The smallest K whose expected drift reaches F12_ERROR_FACTOR times the 2u bound
+    (independent of u: u*sqrt(K)/3 >= factor*2u <=> K >= (6*factor)^2)."""
+    return math.ceil((F12_ERROR_FACTOR * 6.0) ** 2 - 1e-9)
+
+
+def _deferred_run(w: dict[str, Any]) -> int:
+    """FSDP2: the most backwards summed into one unsharded gradient: a run of micro-steps
+    with sync off and the synced one that closes it (0 when a flag is unknown)."""
+    flags = list(w.get("sync_micros") or [])
+    if not flags or any(f is None for f in flags):
+        return 0
+    carried = max(0, int(w.get("window", len(flags))) - len(flags))  # folded no-op steps
+    best, run = 0, carried
+    for f in flags:
+        run += 1
+        if f:
+            best, run = max(best, run), 0
+    return best
+
+
+def _torch_in_place(w: dict[str, Any]) -> bool:
+    """Conservation saw the window's backwards summed in place in the stepped .grad."""
+    cons = w.get("conservation")
+    if not isinstance(cons, dict) or int(w.get("zero_grads_between", 0)):
+        return False  # unchecked: a hand-written clear or an fp32 buffer cannot be excluded
+    # gradients moved out between backwards, or never seen in .grad at all (an fp32 buffer
+    # filled by a post-accumulate hook): not summed in place
+    return float(cons.get("wiped", 0.0)) <= 0.0 and float(cons.get("received", 1.0)) <= _TOL_LOW
+
+
+def _site(w: dict[str, Any]) -> tuple[str, int, str, str, bool] | None:
+    """(dtype, backwards summed in it, where, fix, seen reaching the optimizer) of one
+    window, or None when its sum is not a low-precision one."""
+    prec = _prec(w)
+    n = int(w.get("window", 0))
+    ds = prec.get("deepspeed") if isinstance(prec.get("deepspeed"), dict) else None
+    if w.get("source") == "deepspeed":
+        dt = str((ds or {}).get("accum") or "")
+        if dt in _U_LOW:
+            return (dt, n, f"DeepSpeed's gradient accumulation buffer ({ds.get('optimizer')}, "
+                    f"gradient_accumulation_dtype {dt})" if ds else "", _FIX_DS, True)
+        return None
+    fsdp = prec.get("fsdp") if isinstance(prec.get("fsdp"), dict) else None
+    if fsdp and str(fsdp.get("deferred")) in _U_LOW:
+        m = _deferred_run(w)
+        if m >= 2:
+            dt = str(fsdp["deferred"])
+            return (dt, m, f"FSDP2's unsharded gradient between micro-steps with sync off "
+                    f"(MixedPrecisionPolicy param_dtype {fsdp.get('compute')}, reduce_dtype "
+                    f"{dt})", _FIX_FSDP, True)
+    master = prec.get("model_grad") if isinstance(prec.get("model_grad"), dict) else None
+    if master and master.get("in_place") and master.get("reached") is not False \
+            and str(master.get("dtype")) in _U_LOW:
+        dt = str(master["dtype"])
+        seen = master.get("reached") is True
+        return (dt, int(master.get("sums", n)), f"the model's {dt} .grad, copied to the "
+                f"{w.get('param_dtype') or 'fp32'} parameters the optimizer steps (master "
+                "weights) only at the boundary"
+                + ("" if seen else " (the optimizer's gradients could not be paired with the "
+                   "model's to confirm the copy)"), _FIX_MASTER, seen)
+    dt = str(w.get("param_dtype") or "").replace("torch.", "")
+    if dt in _U_LOW and w.get("source", "torch") == "torch" and _torch_in_place(w):
+        return dt, n, f"{dt} .grad of the parameters the optimizer steps", _FIX_TORCH, True
+    return None
+
+
+def _prec(w: dict[str, Any]) -> dict[str, Any]:
+    p = w.get("precision")
+    return p if isinstance(p, dict) else {}
+
+
+def _fp32_note(rank: int | None, windows: list[dict[str, Any]]) -> list[Finding]:
+    """The correct twin, said once: bf16/fp16 compute seen, the window summed in fp32 by the
+    engine's setting (FSDP2 reduce_dtype, DeepSpeed grad_accum_dtype)."""
+    for w in windows:
+        prec = _prec(w)
+        if int(w.get("window", 0)) < 2 or str(prec.get("compute")) not in _U_LOW:
+            continue
+        fsdp, ds = prec.get("fsdp"), prec.get("deepspeed")
+        if isinstance(ds, dict) and w.get("source") == "deepspeed" \
+                and ds.get("accum") in ("float32", "float64"):
+            where = f"DeepSpeed's gradient_accumulation_dtype {ds['accum']}"
+        elif isinstance(fsdp, dict) and fsdp.get("deferred") in ("float32", "float64"):
+            where = f"FSDP2's reduce_dtype {fsdp['deferred']}"
+        else:
+            continue
+        return [_mk("F12", "note", rank, int(w["step"]), None,
+                    f"{prec['compute']} compute seen; the window's gradient is summed in "
+                    f"{where}: no low-precision accumulation", title_="gradient accumulation "
+                    "dtype: fp32 (bf16/fp16 compute)", fix="nothing to change")]
+    return []
+
+
+def low_precision_findings(rank: int | None, windows: list[dict[str, Any]]
+                           ) -> list[Finding]:
+    """F12 over one rank's windows (module docstring): the longest low-precision sum seen,
+    an error from :func:`f12_error_k` backwards when the sum was seen reaching the
+    optimizer, else a warning; a note for the fp32 twin of an FSDP2/DeepSpeed setting."""
+    judged = []
+    for w in windows:
+        site = _site(w)
+        if site is not None and site[1] >= F12_MIN_K:
+            judged.append((w, site))
+    if not judged:
+        return _fp32_note(rank, windows)
+    w, (dtype, n, where, fix, seen) = max(judged, key=lambda t: t[1][1])
+    u = _U_LOW[dtype]
+    drift, floor = f12_drift(u, n), 2 * u
+    error = seen and drift >= F12_ERROR_FACTOR * floor
+    k_err = f12_error_k()
+    return [_mk("F12", "error" if error else "warning", rank, int(w["step"]), None,
+                f"{n} backward passes summed in {where} ({len(judged)} window(s)): each "
+                f"addition rounds to the {dtype} unit roundoff u = {u:.3g}, an expected drift "
+                f"of about u*sqrt(K)/3 = {drift:.2g} (relative) from the exact sum of the "
+                f"micro-step gradients, growing as sqrt(K), against {floor:.2g} (2u) for a "
+                f"correct loop at {dtype} precision"
+                + (f": {drift / floor:.1f}x beyond it" if error else
+                   f" (an error from K >= {k_err})" if seen else
+                   " (not confirmed to reach the optimizer: a warning)"), fix=fix)]

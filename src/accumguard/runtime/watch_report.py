@@ -1,0 +1,288 @@
+"""``accumguard watch`` as a library: run a command with every rank observed, and judge
+the records it leaves. The CLI (:mod:`accumguard.cli.watch`) parses arguments and prints;
+what a report holds, and the exit-code policy, are decided here, once.
+
+>>> result = accumguard.watch(["torchrun", "--nproc-per-node", "2", "train.py"],
+...                           accumulation_steps=4)              # doctest: +SKIP
+>>> [f.cls for f in result.errors]                                 # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import tempfile
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from accumguard.observe._records import Finding
+
+__all__ = ["EXIT_ACCUMGUARD_FAILED", "JSON_SCHEMA_VERSION", "WatchResult", "judge",
+           "run_in_group", "watch"]
+
+#: accumguard's own failure: observation switched itself off on a rank; the run was unchanged.
+EXIT_ACCUMGUARD_FAILED = 3
+#: the ``--json`` report's layout (docs/watch.md "JSON report"): bumped when a field
+#: changes meaning or goes away; new fields may appear without a bump
+JSON_SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class WatchResult:
+    """What ``watch`` found. ``report`` is the JSON report (docs/watch.md, "JSON report");
+    ``exit_code`` the CLI's: 1 when an error finding exists, else the command's own code
+    when it failed, else :data:`EXIT_ACCUMGUARD_FAILED` when accumguard failed on a rank,
+    else 0."""
+
+    report: dict[str, Any]
+    findings: list[Finding]
+    exit_code: int
+
+    @property
+    def errors(self) -> list[Finding]:
+        """The findings that claim the update differs from the large batch's."""
+        return [f for f in self.findings if f.severity == "error"]
+
+    @property
+    def checked(self) -> bool:
+        """False when no optimizer step with a backward pass was observed: then the absence
+        of findings says nothing about the run."""
+        return bool(self.report.get("checked"))
+
+
+def watch(command: Sequence[str], *, accumulation_steps: int | None = None, every: int = 1,
+          keep: str | os.PathLike[str] | None = None,
+          out: str | os.PathLike[str] | None = None) -> WatchResult:
+    """Run ``command`` (``python x.py``, ``torchrun ...``, ``deepspeed ...``, ``accelerate
+    launch ...``) unmodified, with accumguard's observation in every Python process it
+    starts, and judge what they recorded. ``keep``: keep the rank records in that directory
+    (cleared first); ``out``: a directory shared by the watches of several nodes (never
+    cleared; see docs/multinode.md). The command's output passes through."""
+    from accumguard.runtime.watch import observed_env
+
+    if not command:
+        raise ValueError("watch: no command given (e.g. ['python', 'train.py'])")
+    if keep is not None and out is not None:
+        raise ValueError("watch: give keep or out, not both (out: several nodes share it)")
+    if accumulation_steps is not None and accumulation_steps < 1:
+        raise ValueError(f"watch: accumulation_steps must be >= 1, got {accumulation_steps}")
+    tmp = None
+    watch_id = None
+    if out is not None:
+        # shared by the watches of several nodes: nothing is removed (another node's ranks
+        # may be writing); this watch reads back only the files its own command wrote
+        out_dir = Path(out)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        watch_id = uuid.uuid4().hex
+    elif keep is not None:
+        out_dir = Path(keep)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for old in out_dir.glob("rank-*.jsonl"):
+            old.unlink()
+    else:
+        tmp = tempfile.TemporaryDirectory(prefix="accumguard-watch-")
+        out_dir = Path(tmp.name)
+    try:
+        env = observed_env(None, out_dir, every=every, watch_id=watch_id)
+        code, signalled = run_in_group(command, env)
+        return judge(out_dir, command=command, accumulation_steps=accumulation_steps,
+                     code=code, signalled=signalled, watch_id=watch_id)
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+
+
+def judge(out_dir: str | os.PathLike[str], *, command: Sequence[str] = (),
+          accumulation_steps: int | None = None, code: int = 0, signalled: str | None = None,
+          watch_id: str | None = None, merged: bool = False) -> WatchResult:
+    """Judge the rank records in ``out_dir`` (left by a watched command) as ``watch`` does.
+
+    ``command``: what was run (K declared in its source is read from it); ``code`` and
+    ``signalled``: how it ended; ``watch_id``: read only that watch's files of a
+    directory shared by several nodes; ``merged``: the whole job's records (``watch
+    --report``), the command then read from rank 0's start record.
+    """
+    from accumguard.runtime.watch_declared import declared_k
+    from accumguard.runtime.watch_findings import (
+        NUMBERING,
+        analyze,
+        collective_positions,
+        load_recordings,
+    )
+
+    out_dir = Path(out_dir)
+    rec = load_recordings(out_dir, watch_id=watch_id)
+    given = list(command)
+    if merged:
+        command = _recorded_argv(out_dir)
+    script = None
+    if not accumulation_steps:
+        script = declared_k(list(command), world=max(1, rec.world))
+    findings, k, k_source = analyze(rec, k_flag=accumulation_steps, script=script)
+    steps = {r: s for r, s in rec.steps.items()}
+    n_steps = max((len(s) for s in steps.values()), default=0)
+    errors = [f for f in findings if f.severity == "error"]
+    problems = []
+    if signalled:
+        problems.append(f"the command was killed by {signalled} (exit code {code})")
+    elif code != 0:
+        problems.append(f"the command exited with code {code}")
+    if signalled or code != 0:
+        problems += collective_positions(rec)
+    backwards = sum(int(s.get("backwards", 0)) for ss in rec.steps.values() for s in ss)
+    if rec.failures:
+        pass  # what was (not) checked is said by the failure lines, first
+    elif n_steps == 0:
+        backwards = sum(int(e.get("backwards_total", 0)) for e in rec.end.values())
+        seen = (f"{backwards} backward passes" if backwards else "no backward pass either"
+                + ("" if signalled or code != 0 else
+                   ": is this a training command that uses torch?"))
+        why = (f"the command was killed by {signalled} before any optimizer step" if signalled
+               else f"the command exited with code {code} before any optimizer step"
+               if code != 0 else "the command finished (exit code 0) without an optimizer step")
+        # first, in place of the bare exit code: an empty report must not read as a pass
+        problems = [f"nothing was checked: {why}; no optimizer step was observed ({seen})",
+                    *(p for p in problems if not p.startswith("the command "))]
+    elif backwards == 0:
+        problems.append(f"nothing was checked: {n_steps} optimizer step(s) but no backward pass "
+                        "before any of them (gradients made another way, e.g. "
+                        "torch.autograd.grad into .grad, are not followed); the absence of "
+                        "findings below says nothing about this run")
+    problems += _coverage_lines(rec, out_dir=out_dir, shared=watch_id is not None,
+                                merged=merged)
+    failed = _failure_lines(rec)
+    report = {
+        "schema_version": JSON_SCHEMA_VERSION,
+        "tool": "accumguard watch",
+        "accumguard_failed": failed,
+        "command": given,
+        "exit_code": code,
+        "signal": signalled,
+        "ranks": rec.ranks,
+        "world_size": rec.world,
+        "ranks_missing": sorted(set(range(rec.world)) - set(rec.ranks)) if rec.ranks else [],
+        "checked": n_steps > 0 and backwards > 0,
+        "accumulation_steps": k,
+        "accumulation_steps_source": k_source,
+        "script_declaration": None if script is None else {
+            "name": script.name, "value": script.value, "path": script.path,
+            "line": script.line, "how": script.how, "divides_loss": script.divides_loss},
+        "numbering": NUMBERING,
+        "engine": {str(r): v for r, v in rec.engine.items()},
+        "findings": [f.as_dict() for f in findings],
+        "problems": problems,
+        "steps": _summary(rec),
+    }
+    if errors:
+        exit_code = 1
+    elif code == 0 and failed:
+        exit_code = EXIT_ACCUMGUARD_FAILED
+    else:
+        exit_code = code
+    return WatchResult(report=report, findings=findings, exit_code=exit_code)
+
+
+def run_in_group(command: Sequence[str], env: dict[str, str]) -> tuple[int, str | None]:
+    """Run the watched command (see :func:`accumguard.runtime._child.run_group`): its exit
+    code and the name of the signal that ended it, if any."""
+    from accumguard.runtime._child import run_group
+
+    end = run_group(command, env)
+    if end.start_error:
+        print(f"accumguard watch: error: cannot start {command[0]!r}: {end.start_error}",
+              file=sys.stderr)
+        return 127, None
+    return end.code, end.signal
+
+
+def _recorded_argv(out_dir: Path) -> list[str]:
+    """The command a job's rank 0 ran (``--report`` has no command line of its own; the
+    script's declared K is read from it)."""
+    for path in sorted(out_dir.glob("rank-*.jsonl")):
+        with contextlib.suppress(OSError, ValueError), path.open(encoding="utf-8") as fh:
+            first = json.loads(fh.readline() or "{}")
+            if first.get("kind") == "start" and first.get("argv"):
+                return [sys.executable, *[str(a) for a in first["argv"]]]
+    return []
+
+
+def _coverage_lines(rec: Any, *, out_dir: Path, shared: bool, merged: bool) -> list[str]:
+    """Say which ranks of the job this report holds: a watch on one node of several sees
+    only that node's ranks, and the rules that compare ranks then covered only those."""
+    lines = []
+    seen = rec.ranks
+    if len(rec.run_ids - {None}) > 1:
+        lines.append(f"the records in {str(out_dir)} belong to {len(rec.run_ids - {None})} "
+                     "different jobs (torchrun run ids "
+                     f"{', '.join(sorted(str(r) for r in rec.run_ids - {None}))}): the report "
+                     "mixes them; give each job its own --out directory")
+    if seen and rec.world > len(seen):
+        missing = sorted(set(range(rec.world)) - set(seen))
+        head = (f"the job has {rec.world} ranks; this report holds the records of rank(s) "
+                f"{', '.join(map(str, seen))} only (missing: {', '.join(map(str, missing))}): "
+                "the checks that compare ranks (gradients agree across ranks, loss weights "
+                "summed over ranks, F6/F10) covered only these ranks")
+        if merged:
+            lines.append(head + "; did every node's watch write to this directory, and had "
+                                "every node finished?")
+        elif shared:
+            lines.append(head + f"; once every node has finished, `accumguard watch --report "
+                                f"{out_dir}` judges the whole job")
+        else:
+            lines.append(head + "; on a job of several nodes, run every node's watch with "
+                                "--out SHARED_DIR and then `accumguard watch --report "
+                                "SHARED_DIR`")
+    return lines
+
+
+def _failure_lines(rec: Any) -> list[str]:
+    """What accumguard's own failures mean for this report, first thing the user reads."""
+    if not rec.failures:
+        return []
+    lines = []
+    for rank in sorted(rec.failures):
+        f = rec.failures[rank]
+        lines.append(f"accumguard FAILED on rank {rank} (its own error, not your script's): "
+                     f"{f.get('error')} in {f.get('where')}, after {f.get('step')} optimizer "
+                     "step(s); observation was switched off there and the run went on "
+                     "unchanged")
+    cut = rec.observed_steps or 0
+    checked = (f"only the first {cut} optimizer step(s) were checked; nothing after them was "
+               "(no finding about them means nothing)" if cut else
+               "no optimizer step was checked (no finding means nothing about this run)")
+    lines.append(f"{checked}. Please report this with the traceback below (kept with "
+                 "--keep DIR in rank-R.jsonl)")
+    first = rec.failures[min(rec.failures)]
+    tb = str(first.get("traceback") or "").rstrip().splitlines()
+    lines += ["  " + t for t in tb[-12:]]
+    return lines
+
+
+def _summary(rec: Any) -> list[dict[str, Any]]:
+    rows = []
+    rank0 = rec.steps.get(min(rec.steps), []) if rec.steps else []
+    for s in rank0:
+        cons = s.get("conservation") or {}
+        mixed = _ranks_mixed(s, cons)
+        rows.append({"step": int(s["step"]) + 1, "backwards": s["backwards"], "applied": s["applied"],
+                     "scheduler_steps": s.get("scheduler_steps", 0),
+                     "grad_collective_rounds": s.get("reduction_rounds", 0),
+                     "conservation_error": cons.get("received") if cons and not mixed else None,
+                     "conservation_not_judged": "the script's own collectives mixed other "
+                     "ranks' gradients into .grad" if mixed else None,
+                     "window_loss": s.get("window_loss")})
+    return rows
+
+
+def _ranks_mixed(step: dict[str, Any], cons: dict[str, Any]) -> bool:
+    """A window whose .grad the script itself all-reduced on a model no engine averages
+    (a hand-written data parallelism): what the optimizer received holds the other ranks'
+    gradients, so its distance from this rank's backwards is not an error (nor a verdict)."""
+    return (bool(cons) and int(step.get("reductions", 0)) > 0
+            and step.get("engine", "local") == "local" and bool(cons.get("ok", False))
+            and float(cons.get("received", 0.0)) > 1e-3)  # a wipe (F2/F3) keeps its number

@@ -1,0 +1,90 @@
+"""``accumguard watch`` on a job of two nodes: two torchrun agents (``--nnodes 2``, c10d
+rendezvous on 127.0.0.1), each under its own ``watch --out SHARED``, as under SLURM.
+
+Each node's watch sees one rank of two: it must say that the checks comparing ranks were
+incomplete (never a bare "no accumulation finding"), and ``watch --report SHARED`` must
+judge the whole job as one. The script is data parallelism written by hand: only the
+records of both ranks show that an ``all_reduce(SUM)`` never divided by W makes every
+update W x too large (F10)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import free_port, launcher_env
+
+SCRIPT = Path(__file__).resolve().parents[1] / "watch_scripts" / "manual_dp.py"
+
+
+def _two_nodes(tmp: Path, bug: str) -> tuple[Path, list[dict], list[str]]:
+    shared = tmp / "shared"
+    endpoint = f"127.0.0.1:{free_port()}"
+    procs = []
+    for node in (0, 1):
+        cmd = [sys.executable, "-m", "accumguard.cli", "watch", "-k", "4", "--out", str(shared),
+               "--json", str(tmp / f"node{node}.json"), "--",
+               sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank",
+               str(node), "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+               endpoint, "--rdzv-id", f"mn-{bug}", str(SCRIPT), "--bug", bug]
+        procs.append(subprocess.Popen(cmd, env=launcher_env(), stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True,
+                                      start_new_session=True))
+    outs = []
+    try:
+        for p in procs:
+            out, _ = p.communicate(timeout=240)
+            outs.append(out)
+            assert p.returncode == 0, out[-3000:]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+    reports = [json.loads((tmp / f"node{n}.json").read_text()) for n in (0, 1)]
+    return shared, reports, outs
+
+
+def _merged(shared: Path, tmp: Path) -> tuple[int, dict, str]:
+    out = tmp / "job.json"
+    proc = subprocess.run([sys.executable, "-m", "accumguard.cli", "watch", "--report",
+                           str(shared), "--json", str(out)], env=launcher_env(),
+                          capture_output=True, text=True, timeout=120)
+    return proc.returncode, json.loads(out.read_text()), proc.stderr
+
+
+@pytest.mark.parametrize("bug", ["sum", "none"])
+def test_each_node_says_what_it_missed_and_the_job_report_judges_all_ranks(
+        tmp_path: Path, bug: str) -> None:
+    shared, reports, outs = _two_nodes(tmp_path, bug)
+    assert sorted(r for rep in reports for r in rep["ranks"]) == [0, 1]
+    for rep, out in zip(reports, outs, strict=True):
+        assert len(rep["ranks"]) == 1 and rep["world_size"] == 2
+        assert rep["ranks_missing"] == [1 - rep["ranks"][0]]
+        assert any("checks that compare ranks" in p and "--report" in p
+                   for p in rep["problems"]), rep["problems"]
+        assert not [f for f in rep["findings"] if f["severity"] == "error"]
+        assert "\nno accumulation finding\n" not in out  # never the bare all-clear
+    code, job, text = _merged(shared, tmp_path)
+    assert job["ranks"] == [0, 1] and job["ranks_missing"] == []
+    assert not any("compare ranks" in p for p in job["problems"])
+    errors = {f["cls"] for f in job["findings"] if f["severity"] == "error"}
+    if bug == "sum":
+        assert code == 1 and errors == {"F10"}, job["findings"]
+        assert "2x too large" in json.dumps(job["findings"])
+    else:
+        assert code == 0 and not errors, job["findings"]
+        assert "no accumulation finding" in text
+
+
+def test_report_of_a_directory_without_records_is_a_clear_error(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "accumguard.cli", "watch", "--report",
+                           str(tmp_path)], env=launcher_env(), capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2
+    assert "no rank records" in proc.stderr and "--out" in proc.stderr
