@@ -65,11 +65,22 @@ def test_every_ddp_mode_is_measured(ddp_report: dict[str, Any]) -> None:
 
 
 def test_a_deferred_mode_is_recommended(ddp_report: dict[str, Any]) -> None:
-    """Deferring saves 3 all-reduces of 290 kB per step: the deferred mode is the fastest
-    (a timing: the margin measured here is about 2x; see docs/dev/comm-ledger.md)."""
-    assert ddp_report["recommended"]["mode"] == "ddp-deferred", ddp_report["stdout"]
-    assert "no_sync" in ddp_report["recommended"]["how"]
-    assert "recommended: ddp-deferred" in ddp_report["stdout"]
+    """Deferring saves 3 all-reduces of the whole gradient per step. The recommendation is
+    the fastest mode with equal updates (checked on the numbers in the report); that it is
+    the deferred one is a timing: on this shared 2-core machine (load 11-14) the deferred
+    mode was the fastest in 3 of 4 runs, so the test accepts another mode only when the
+    measured spreads overlap (min of one <= max of the other), and says so."""
+    modes = {m["mode"]: m for m in ddp_report["modes"]}
+    best = ddp_report["recommended"]["mode"]
+    fastest = min((m for m in modes.values() if m["updates_equal"]),
+                  key=lambda m: m["seconds_per_step"]["median"])
+    assert best == fastest["mode"], ddp_report["stdout"]
+    assert f"recommended: {best}" in ddp_report["stdout"]
+    if best != "ddp-deferred":
+        deferred, won = modes["ddp-deferred"]["seconds_per_step"], modes[best]["seconds_per_step"]
+        assert deferred["min"] <= won["max"], ddp_report["stdout"]  # within the noise
+    else:
+        assert "no_sync" in ddp_report["recommended"]["how"]
 
 
 def test_fsdp2_modes(tmp_path: Path) -> None:
