@@ -8,11 +8,16 @@ Steady state: after installing, ``--warm`` steps run untimed (the first two wind
 conservation is always checked; afterwards it is sampled within ~1 % of the run's time).
 
     python benchmarks/bench_watch.py [--steps 20] [--k 4] [--reps 11] [--warm 3] [--models toy,demo-lm]
+
+``--ledger``: side by side, ``watch`` with the collective ledger against ``watch`` with the
+ledger switched off, on the model wrapped in a 1-rank gloo DDP deferring with ``no_sync``
+(so DDP's bucket booking runs at every window's last backward): the ledger's own cost.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import tempfile
@@ -40,10 +45,12 @@ MODELS: dict[str, Any] = {
 def _steps(model: torch.nn.Module, opt: torch.optim.Optimizer, data: list, k: int,
            steps: int) -> float:
     t0 = time.process_time()
+    defer = getattr(model, "no_sync", None)
     for s in range(steps):
         for j in range(k):
-            loss, _ = token_loss(model, data[(s * k + j) % len(data)])
-            (loss / 100).backward()
+            with defer() if defer is not None and j < k - 1 else contextlib.nullcontext():
+                loss, _ = token_loss(model, data[(s * k + j) % len(data)])
+                (loss / 100).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad()
@@ -58,8 +65,13 @@ def main() -> None:
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--warm", type=int, default=3,
                    help="untimed optimizer steps after installing (steady state)")
+    p.add_argument("--ledger", action="store_true",
+                   help="watch with vs without the collective ledger, on 1-rank gloo DDP")
     args = p.parse_args()
     torch.set_num_threads(1)
+    if args.ledger:
+        _ledger_side_by_side(args)
+        return
     print(f"load average {os.getloadavg()[0]:.1f}; K={args.k}, {args.steps} steps per timing, "
           f"median of {args.reps} alternating repetitions, process CPU time")
     for name in args.models.split(","):
@@ -88,6 +100,54 @@ def main() -> None:
         a, b = statistics.median(plain), statistics.median(observed)
         print(f"{name}, K={args.k}: plain {a * 1e3:.2f} ms/step, watch {b * 1e3:.2f} ms/step, "
               f"ratio {statistics.median(ratios):.3f}")
+
+
+def _ledger_side_by_side(args: argparse.Namespace) -> None:
+    """The ledger's cost: the same watched DDP loop with the ledger and with it off."""
+    from unittest import mock
+
+    import torch.distributed as dist
+
+    from accumguard.observe._comm_ledger import CommLedger
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29671")
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    off = [mock.patch.object(CommLedger, "attach", lambda self: None),
+           mock.patch.object(CommLedger, "on_backward", lambda self, ev: None),
+           mock.patch.object(CommLedger, "take", lambda self: {})]
+    print(f"load average {os.getloadavg()[0]:.1f}; K={args.k}, {args.steps} steps per timing, "
+          f"median of {args.reps} alternating repetitions, process CPU time; 1-rank gloo DDP")
+    try:
+        for name in args.models.split(","):
+            cls, data_fn = MODELS[name]
+            torch.manual_seed(0)
+            model = torch.nn.parallel.DistributedDataParallel(cls())
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+            data = data_fn()
+            _steps(model, opt, data, args.k, 3)
+            got: dict[str, list[float]] = {"ledger": [], "off": []}
+            ratios = []
+            with tempfile.TemporaryDirectory() as tmp:
+                for rep in range(args.reps):
+                    one = {}
+                    for which in (("off", "ledger") if rep % 2 == 0 else ("ledger", "off")):
+                        with contextlib.ExitStack() as stack:
+                            if which == "off":
+                                for patch in off:
+                                    stack.enter_context(patch)
+                            stack.enter_context(recording(os.path.join(tmp, f"{rep}{which}")))
+                            _steps(model, opt, data, args.k, args.warm)
+                            one[which] = _steps(model, opt, data, args.k, args.steps)
+                    for w in one:
+                        got[w].append(one[w])
+                    ratios.append(one["ledger"] / one["off"])
+            print(f"{name}, K={args.k}: watch without ledger "
+                  f"{statistics.median(got['off']) * 1e3:.2f} ms/step, with ledger "
+                  f"{statistics.median(got['ledger']) * 1e3:.2f} ms/step, ratio "
+                  f"{statistics.median(ratios):.3f}")
+    finally:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

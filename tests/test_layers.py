@@ -25,8 +25,9 @@ LAYERS = {
     "integrations": 5,
     "runtime": 6,
     "verify": 7,
-    "demo": 8,
-    "cli": 9,
+    "advise": 8,
+    "demo": 9,
+    "cli": 10,
 }
 
 

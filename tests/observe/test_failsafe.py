@@ -10,6 +10,7 @@ patches gone. The same on real engines and frameworks: tests/runtime/test_failsa
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,8 @@ from accumguard.observe._failsafe import ENV_FAULT, Failsafe, InjectedFault
 from accumguard.observe._patch import Patches
 from accumguard.observe.rules import load_recordings
 from accumguard.runtime.watch import recording
+
+from helpers import free_port
 
 K, STEPS = 3, 4
 
@@ -240,3 +243,43 @@ def test_torchs_scheduler_warning_points_at_the_script_not_at_accumguard(
     hits = [w for w in caught if "lr_scheduler.step()" in str(w.message)]
     assert hits and all(w.filename == __file__ for w in hits), [(w.filename, w.lineno)
                                                                  for w in hits]
+
+
+def _train_ddp() -> list[torch.Tensor]:
+    """A 1-rank gloo DDP loop with a hand-written all-reduce: both doors of the collective
+    ledger (DDP's bucket booking at a synced backward, a Python collective's booking)."""
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(6, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    for i in range(K * 2):
+        x = torch.randn(5, 6, generator=g)
+        with model.no_sync() if (i + 1) % K else contextlib.nullcontext():
+            (model(x).pow(2).mean() / K).backward()
+        if (i + 1) % K == 0:
+            for p in model.parameters():
+                torch.distributed.all_reduce(p.grad)  # world 1: unchanged
+            opt.step()
+            opt.zero_grad()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("label", ["hook:_ledger_ddp", "hook:_ledger_collective"])
+def test_a_ledger_fault_changes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                        label: str) -> None:
+    import torch.distributed as dist
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        unobserved = _train_ddp()
+        monkeypatch.setenv(ENV_FAULT, f"{label}:pre@1")
+        with recording(tmp_path) as obs:
+            params = _train_ddp()
+            assert obs.failure is not None and obs.failure.where == label
+    finally:
+        dist.destroy_process_group()
+    for a, b in zip(params, unobserved, strict=True):
+        assert torch.equal(a, b), f"{label} changed the training"
+    assert list(load_recordings(tmp_path).failures) == [0]

@@ -9,6 +9,7 @@ Subcommands::
     accumguard check-config   checks of a DeepSpeed config (accumguard.cli.lint)
     accumguard watch          observe an unmodified training command (accumguard.cli.watch)
     accumguard invariance     your script at K = 1, 4, ... compared step by step (accumguard.cli.invariance)
+    accumguard advise         your command under each communication mode, measured (accumguard.cli.advise)
     accumguard curves         loss curves for K = 1, 2, 4, 8 at one effective batch
     accumguard bench          the engine benchmark (benchmarks/bench_engines.py)
 
@@ -42,6 +43,8 @@ _DELEGATED = {
                    "run your script once per K at one effective batch and compare every step"),
     "watch": ("accumguard.cli.watch", "watch_main",
               "run your unmodified training command and report accumulation bugs"),
+    "advise": ("accumguard.cli.advise", "advise_main",
+               "measure your command under each communication mode and recommend one"),
 }
 
 

@@ -6,7 +6,8 @@ reduce gradients. Only the outermost call counts (``deepspeed.comm`` calls
 made by accumguard itself (:meth:`CollectiveCounter.paused`) are not counted.
 
 DDP's bucket all-reduces are issued from C++ and never reach these functions; the
-observer infers them from DDP's sync flag at forward time instead (DDP's own rule).
+collective ledger (:mod:`._comm_ledger`) books them from DDP's sync flag at the forward
+(the condition under which DDP's reducer launches them) and DDP's reported bucket sizes.
 
 The counter also remembers, in memory only, the collective this process is inside
 (:attr:`CollectiveCounter.open`), the last one it left (``last_done``) and the last one
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -32,7 +34,11 @@ from accumguard.engines.collectives import (
 from accumguard.observe._failsafe import Failsafe
 from accumguard.observe._patch import Patches
 
-__all__ = ["CollectiveCounter", "DS_COMM_MODULES", "DS_REDUCE_OPS", "TORCH_REDUCE_OPS"]
+__all__ = ["DDP_BUCKET_OP", "CollectiveCounter", "DS_COMM_MODULES", "DS_REDUCE_OPS",
+           "TORCH_REDUCE_OPS"]
+
+#: The ledger's name for DDP's C++ bucket all-reduces (:mod:`._comm_ledger`).
+DDP_BUCKET_OP = "all_reduce(ddp bucket)"
 
 
 class CollectiveCounter:
@@ -52,6 +58,10 @@ class CollectiveCounter:
         self.open: tuple[Any, ...] | None = None  # (op, call, step, micro, in_backward)
         self.last_done: tuple[Any, ...] | None = None
         self.failed: tuple[Any, ...] | None = None  # the open tuple + (error text,)
+        # the collective ledger (:mod:`._comm_ledger`): told of each outermost call after it
+        # returned, with its arguments, its position and the seconds spent inside it
+        self.ledger: Callable[[str, tuple[Any, ...], dict[str, Any], tuple[Any, ...], float],
+                              None] | None = None
 
     def state(self) -> dict[str, Any]:
         """What :attr:`open`/``last_done``/``failed`` say, as JSON-ready dicts."""
@@ -110,7 +120,9 @@ class CollectiveCounter:
                 here = self.open = (op, n, *pos)
                 try:
                     self.on_call(op, reduces)
+                    t0 = time.perf_counter()
                     out = orig(*args, **kwargs)
+                    took = time.perf_counter() - t0
                 except BaseException as exc:
                     # stays open: the rank never left this collective normally
                     self.failed = (*here, f"{type(exc).__name__}: {str(exc)[:300]}")
@@ -119,6 +131,8 @@ class CollectiveCounter:
                     self._depth -= 1
                 self.last_done = here
                 self.open = None
+                if self.ledger is not None:
+                    self.ledger(op, args, kwargs, pos, took)
                 return out
 
             return call

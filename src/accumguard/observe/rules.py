@@ -28,6 +28,7 @@ import dataclasses
 from collections import Counter
 from typing import Any
 
+from accumguard.observe._comm_rules import comm_findings
 from accumguard.observe._epochs import dropped_finding, dropped_tail, short_epoch_findings
 from accumguard.observe._precision_rules import (
     F12_ERROR_FACTOR,
@@ -206,6 +207,7 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
             found += grad_step_findings(rank, _windows(steps), gres)
             found += short_epoch_findings(rank, _windows(steps), gres.k, gres.declared,
                                           gres.source)
+            found = comm_findings(rank, steps, found)  # the collective ledger (EXTRA_SYNC)
             if idx is not None and len(groups) > 1:
                 name = next((str(s.get("optimizer")) for s in steps if s.get("optimizer")),
                             "optimizer")

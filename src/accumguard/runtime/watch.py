@@ -30,7 +30,8 @@ The recording, one JSON object per line (flushed at every optimizer step, at exi
   ``grad_norm``, ``conservation`` ({params, wiped, stale, received, ok, reason} or
   null), ``checksum`` (what the optimizer received, for cross-rank agreement), ``wall``,
   ``sync_backward`` (the DDP/FSDP2 sync flag at each backward), ``param_dtype`` (of the
-  parameters the optimizer stepped: ``accumguard invariance``'s tolerance reads it).
+  parameters the optimizer stepped: ``accumguard invariance``'s tolerance reads it),
+  ``comm`` (the window's collectives: :meth:`~accumguard.observe._comm_ledger.CommLedger.take`).
   The raw ``step`` counts from 0; every report shows it 1-based;
 * ``{"kind": "scheduler", "step", "micro", "count", "optimizer_steps", "in_step", "sid",
   "pos", "horizon", "horizon_what"}`` (``pos``: the scheduler's ``last_epoch``; ``horizon``:
@@ -139,8 +140,10 @@ def _install_all(_torch: Any = None) -> None:
     assert _agent is not None
     _agent.install()
     from accumguard.observe.invariance_hooks import install_from_env
+    from accumguard.runtime._advise_modes import install_from_env as advise_mode
 
     install_from_env()
+    _agent.advise = advise_mode(_agent.observer)  # `accumguard advise`'s mode (if it set one)
 
 
 @contextlib.contextmanager
@@ -177,6 +180,8 @@ class _Agent:
         self.every = every if every is not None else (
             int(env_every) if env_every.strip().isdigit() else 1)
         self.observer: Any = None
+        self.ledger: Any = None
+        self.advise: Any = None  # accumguard advise's mode applier (runtime._advise_modes)
         self.fh: Any = None
         self.rank: int | None = None
         self.buffer: list[dict[str, Any]] = []
@@ -187,12 +192,16 @@ class _Agent:
 
     # -- installation -------------------------------------------------------------------
     def install(self, _torch: Any = None, *, handlers: bool = True) -> None:
+        from accumguard.observe._comm_ledger import CommLedger
         from accumguard.observe._observer import Observer
 
         # every=1 (default): conservation checked on as many windows as ~1 % of the run's
         # time allows (always the first two); every=N: exactly every N-th window.
         self.observer = Observer(auto_roots=True, record_updates=self.record_updates,
                                  every=self.every, budget=0.01 if self.every == 1 else None)
+        self.ledger = CommLedger(self.observer)  # the step record's "comm" (collectives)
+        self.ledger.attach()
+        self.observer.add_listener(self.ledger)
         self.observer.add_listener(self)
         self.observer.install()
         self._wrap_destroy()
@@ -305,7 +314,10 @@ class _Agent:
         from accumguard.observe.rules import step_record
 
         self.seen_activity = True
-        self._write(step_record(ev, self._rank()))
+        rec = step_record(ev, self._rank())
+        if self.ledger is not None:
+            rec["comm"] = self.ledger.take()
+        self._write(rec)
         if self.record_updates and ev.updates is not None:
             self.updates.append(ev.updates)
         self._flush_file()
@@ -404,7 +416,9 @@ class _Agent:
             self._write({"kind": "end", "reason": reason, "pending_backwards": pending,
                          "steps": obs.step, "backwards_total": obs.backward_total,
                          "declared_k": dict(obs.declared_k), "engine": obs.engine,
-                         "collective": obs.counter.state()})
+                         "collective": obs.counter.state(), **_peak_memory(),
+                         **({"advise_applied": list(self.advise.applied)}
+                            if self.advise is not None else {})})
 
     def _stop_at_max_steps(self) -> None:
         self.close("max_steps")
@@ -417,6 +431,22 @@ class _Agent:
             with contextlib.suppress(Exception):
                 stream.flush()
         os._exit(0)
+
+
+def _peak_memory() -> dict[str, Any]:
+    """This process's peak memory for ``accumguard advise``: ``peak_rss_bytes`` (the
+    process's maximum resident set, CPU) and ``cuda_max_allocated_bytes`` (CUDA runs)."""
+    out: dict[str, Any] = {}
+    with contextlib.suppress(Exception):
+        import resource
+
+        kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kB on Linux
+        out["peak_rss_bytes"] = int(kb) * (1 if sys.platform == "darwin" else 1024)
+    torch = sys.modules.get("torch")
+    with contextlib.suppress(Exception):
+        if torch is not None and torch.cuda.is_initialized():
+            out["cuda_max_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
+    return out
 
 
 def _jsonable(x: Any) -> Any:

@@ -1,0 +1,133 @@
+"""The collective ledger: every gradient and parameter collective of a window, with its
+operation, its bytes and where in the window it ran.
+
+Two sources feed it:
+
+* the collectives issued from Python (``torch.distributed``, ``deepspeed.comm``: FSDP2's
+  reduce-scatters and all-gathers, DeepSpeed's reductions and gathers, hand-written ones),
+  reported by :class:`~._collectives.CollectiveCounter` after each outermost call returns,
+  with its arguments (the bytes) and the seconds spent inside it;
+* DDP's bucket all-reduces, which its C++ reducer issues without passing through Python.
+  DDP launches them exactly when the forward ran with gradients enabled and
+  ``require_backward_grad_sync`` set (``_post_forward`` then calls the reducer's
+  ``prepare_for_backward``; without it the reducer's autograd hooks return at once), one
+  per bucket, each the bucket's whole buffer. The ledger books them at every backward whose
+  forward saw the flag set (the flag the observer reads at the forward), with the bucket
+  sizes DDP itself reports (``_get_ddp_logging_data``: ``bucket_sizes``, after the rebuild
+  ``rebuilt_bucket_sizes``). No DDP communication hook is registered for this: a hook
+  changes how the reducer divides (it stops pre-dividing the bucket, the hook must divide:
+  another rounding when the world size is not a power of two) and DDP accepts one hook,
+  once, before the first backward, so a script registering its own would fail. Their
+  seconds are not measurable from Python (they overlap the backward): ``None``.
+
+Per window the rows are aggregated by (operation, micro-step, inside a backward), so a
+model with many FSDP groups costs a handful of rows per step, not one per call.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+import torch
+
+from accumguard.observe._collectives import DDP_BUCKET_OP
+from accumguard.observe._failsafe import hook_method
+
+__all__ = ["DDP_BUCKET_OP", "CommLedger", "payload_bytes"]
+
+def payload_bytes(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    """The bytes a collective covers: the largest tensor (or tensor list, summed) among
+    its arguments, i.e. the full buffer of an all-reduce, the input of a reduce-scatter,
+    the output of an all-gather (the shard is the smaller one)."""
+    best = 0
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            n = a.numel() * a.element_size()
+        elif isinstance(a, (list, tuple)):
+            n = sum(t.numel() * t.element_size() for t in a if isinstance(t, torch.Tensor))
+        else:
+            continue
+        best = max(best, n)
+    return best
+
+
+class CommLedger:
+    """Listener and counter callback that books one window's collectives (see the module).
+
+    Args:
+        observer: the :class:`~._observer.Observer` whose counter and DDP root it reads.
+    """
+
+    def __init__(self, observer: Any) -> None:
+        self.observer = observer
+        self.failsafe = observer.failsafe  # the door of both callbacks (hook_method)
+        # (op, micro, inside a backward) -> [calls, bytes, seconds or None]
+        self._rows: dict[tuple[str, int, bool], list[Any]] = {}
+        self._t0 = time.perf_counter()
+        self._buckets: dict[tuple[int, bool], list[int]] = {}
+
+    def attach(self) -> None:
+        """Be told of every Python-level collective of the observer's counter."""
+        self.observer.counter.ledger = self._ledger_collective
+
+    @hook_method
+    def _ledger_collective(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any],
+               pos: tuple[Any, ...], seconds: float) -> None:
+        """One outermost collective call (the counter's callback, behind its patch door)."""
+        micro = int(pos[1]) if len(pos) > 1 and pos[1] is not None else 0
+        in_bw = bool(pos[2]) if len(pos) > 2 else False
+        row = self._rows.setdefault((op, micro, in_bw), [0, 0, 0.0])
+        row[0] += 1
+        row[1] += payload_bytes(args, kwargs)
+        if row[2] is not None:
+            row[2] += seconds
+
+    def on_backward(self, ev: Any) -> None:
+        self._ledger_ddp(ev)
+
+    @hook_method
+    def _ledger_ddp(self, ev: Any) -> None:
+        """A backward whose DDP forward ran with sync on: DDP's reducer all-reduced every
+        bucket inside it (see the module)."""
+        if ev.engine != "ddp" or ev.sync_forward is not True:
+            return
+        sizes = self.ddp_buckets(getattr(self.observer, "_sync_root", None))
+        if not sizes:
+            return
+        row = self._rows.setdefault((DDP_BUCKET_OP, int(ev.micro), True), [0, 0, None])
+        row[0] += len(sizes)
+        row[1] += sum(sizes)
+
+    def ddp_buckets(self, module: Any) -> list[int]:
+        """Bucket sizes in bytes of a DDP module as its reducer reports them; empty for a
+        DDP whose reductions go through Python (compiled DDP's Python reducer, all
+        parameters delayed): those are counted where they are issued."""
+        if module is None or not hasattr(module, "_get_ddp_logging_data"):
+            return []
+        if getattr(module, "_use_python_reducer", False) or getattr(
+                module, "_delay_all_reduce_all_params", False):
+            return []
+        key = (id(module), bool(getattr(module, "_has_rebuilt_buckets", False)))
+        sizes = self._buckets.get(key)
+        if sizes is None:
+            with self.observer._quiet():
+                data = module._get_ddp_logging_data()
+            text = str(data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes") or "")
+            sizes = self._buckets[key] = [int(x) for x in re.findall(r"\d+", text)]
+        return sizes
+
+    def take(self) -> dict[str, Any]:
+        """The window's ledger for its step record, and a fresh one for the next window:
+        ``rows``: ``[op, micro, in_backward, calls, bytes, seconds]`` (``micro``: backward
+        passes completed before the call, or the one it ran inside; ``seconds``: time
+        inside the call, None for DDP's C++ reductions); ``window_s``: the window's wall
+        time, previous step's end to this step's end."""
+        now = time.perf_counter()
+        rows = [[op, micro, in_bw, c, b, None if s is None else round(s, 6)]
+                for (op, micro, in_bw), (c, b, s) in self._rows.items()]
+        out = {"rows": rows, "window_s": round(now - self._t0, 6)}
+        self._rows = {}
+        self._t0 = now
+        return out

@@ -1,0 +1,157 @@
+"""The collective ledger against its closed form: gradient reductions the window did not need.
+
+A correct deferred window reduces the gradient once: DDP all-reduces each of its buckets at
+the window's last backward, FSDP2 reduce-scatters each group there, a hand-written loop
+all-reduces after the last backward. The ledger (:mod:`._comm_ledger`, the step record's
+``comm``) says what each micro-step really issued; reductions of a gradient's size inside
+or between the backwards before the last are extra work. The update is the same (the sum
+of the micro-steps' gradients is reduced either way), so this is a **warning**, never an
+error: it states the extra collectives and bytes per optimizer step, their measured share
+of the step's time where Python saw them, and the one-line change for the engine.
+
+DeepSpeed is not judged here: ZeRO-2 reduces its gradient partitions inside every backward
+by design (that is how it keeps one partition per rank); ``accumguard advise`` measures its
+settings instead. No torch here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from accumguard.observe._collectives import DDP_BUCKET_OP, DS_REDUCE_OPS, TORCH_REDUCE_OPS
+from accumguard.observe._records import Finding, _mk
+
+__all__ = ["GRAD_OPS", "comm_findings", "window_comm"]
+
+#: Ledger ops that reduce a gradient (DDP's C++ buckets, and the Python reductions).
+GRAD_OPS = frozenset((DDP_BUCKET_OP, *TORCH_REDUCE_OPS, *DS_REDUCE_OPS))
+
+#: A reduction between or inside non-final backwards counts as a gradient sync when it
+#: moves at least this share of the final round's bytes (a token count or a metric
+#: all-reduced per micro-step is a few bytes, not a gradient).
+GRADIENT_SIZED = 0.5
+#: A hand-written loop's extra round must match its final round's bytes within this share.
+SAME_SIZE = 0.1
+
+_FIX = {
+    "ddp": "Run the forward AND the backward of micro-steps 1..K-1 inside "
+           "`with model.no_sync():` (DDP decides at the forward whether the backward "
+           "all-reduces).",
+    "fsdp2": "Call model.set_requires_gradient_sync(False) before micro-steps 1..K-1 and "
+             "model.set_requires_gradient_sync(True) before the last one.",
+}
+_FIX_OTHER = ("All-reduce the accumulated gradient once, after the window's last backward, "
+              "instead of after every micro-step.")
+
+
+def _judged_op(engine: str, op: str) -> bool:
+    """The ops that carry the engine's gradient sync: DDP's bucket all-reduces, FSDP2's
+    reduce-scatters; for a hand-written loop every reduction. (Other collectives of a DDP
+    or FSDP2 run, e.g. a tensor-parallel all-reduce of activation gradients inside the
+    backward, are not the gradient sync and are never counted as an extra one.)"""
+    if engine == "ddp":
+        return op == DDP_BUCKET_OP
+    if engine == "fsdp2":
+        return op.startswith("reduce_scatter")
+    return op in GRAD_OPS
+
+
+def window_comm(w: dict[str, Any]) -> dict[str, Any] | None:
+    """One window's gradient collectives split into the final round and the extra ones
+    (micro-steps before the last); None when the window has no ledger or < 2 backwards."""
+    comm = w.get("comm")
+    n = int(w.get("backwards", 0))
+    engine = str(w.get("engine") or "local")
+    if not isinstance(comm, dict) or n < 2:
+        return None
+    final_calls = final_bytes = 0
+    early: dict[int, list[float]] = {}  # micro -> [calls, bytes, seconds measured]
+    timed = False
+    for op, micro, in_bw, calls, nbytes, secs in comm.get("rows", []):
+        if not _judged_op(engine, op):
+            continue
+        micro = int(micro)
+        if (in_bw and micro == n - 1) or (not in_bw and micro >= n):
+            final_calls += int(calls)
+            final_bytes += int(nbytes)
+        elif in_bw or micro >= 1:  # inside, or right after, a backward before the last
+            row = early.setdefault(micro, [0, 0, 0.0])
+            row[0] += int(calls)
+            row[1] += int(nbytes)
+            if secs is not None:
+                row[2] += float(secs)
+                timed = True
+    if final_bytes <= 0:
+        return None  # nothing reduced at the end: the sync rules (F11, NO_UPDATE) judge it
+    # an engine's sync is the whole gradient again; a hand-written one, the final round's
+    # size again (a count or a metric all-reduced per micro-step is not a gradient)
+    low = GRADIENT_SIZED if engine in ("ddp", "fsdp2") else 1 - SAME_SIZE
+    extra = {m: r for m, r in early.items()
+             if low * final_bytes <= r[1] <= (1 + SAME_SIZE) * final_bytes}
+    return {"final_calls": final_calls, "final_bytes": final_bytes,
+            "extra_micros": sorted(extra),
+            "extra_calls": int(sum(r[0] for r in extra.values())),
+            "extra_bytes": int(sum(r[1] for r in extra.values())),
+            "extra_s": sum(r[2] for r in extra.values()) if timed else None,
+            "window_s": comm.get("window_s"), "backwards": n}
+
+
+def _size(nbytes: float) -> str:
+    for unit, div in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if nbytes >= div:
+            return f"{nbytes / div:.3g} {unit}"
+    return f"{int(nbytes)} B"
+
+
+def comm_findings(rank: int, windows: list[dict[str, Any]],
+                  found: list[Finding]) -> list[Finding]:
+    """``found`` with the ledger's EXTRA_SYNC warning for this rank's windows; the warning
+    replaces the sync-flag rule's EXTRA_SYNC note (the same cost, now measured)."""
+    judged = [(w, c) for w in windows if w.get("engine") != "deepspeed"
+              for c in [window_comm(w)] if c is not None]
+    hits = [(w, c) for w, c in judged if c["extra_calls"]]
+    if not hits:
+        return found
+    w, c = hits[0]
+    engine = str(w.get("engine") or "local")
+    n = c["backwards"]
+    micros = [m + 1 for m in c["extra_micros"]]
+    every = len(micros) == n - 1
+    which = "every micro-step" if every else f"micro-step(s) {micros} of {n}"
+    mism = w.get("sync_mismatch") or []
+    noop = (engine == "ddp" and bool(mism))
+    closed = {"ddp": f"one all-reduce of each DDP bucket ({c['final_calls']} call(s), "
+                     f"{_size(c['final_bytes'])}) at the window's last backward",
+              "fsdp2": f"one reduce-scatter per FSDP2 group ({c['final_calls']} call(s), "
+                       f"{_size(c['final_bytes'])}) at the window's last backward"}.get(
+        engine, f"one reduction of the gradient ({c['final_calls']} call(s), "
+                f"{_size(c['final_bytes'])}) after the window's last backward")
+    if c["extra_s"] is not None and c["window_s"]:
+        share = (f"; the extra calls took {c['extra_s']:.3g} s, "
+                 f"{100 * c['extra_s'] / float(c['window_s']):.0f} % of the step's "
+                 f"{float(c['window_s']):.3g} s")
+    else:
+        share = ("; their time is not measurable from Python (DDP's C++ all-reduces overlap "
+                 "the backward): `accumguard advise -- CMD` measures the step with the "
+                 "deferral applied")
+    why = (f" no_sync() was entered after the forward on micro-step(s) {[m + 1 for m in mism]}:"
+           " it wraps only the backward, and DDP had already decided at the forward to "
+           "all-reduce, so the deferral does nothing." if noop else "")
+    ev = (f"collective ledger, optimizer step {int(w['step']) + 1} ({len(hits)} of "
+          f"{len(judged)} step(s) like it): {c['final_calls'] + c['extra_calls']} gradient "
+          f"collective(s), {_size(c['final_bytes'] + c['extra_bytes'])} per optimizer step, "
+          f"where the closed form for {engine} with deferred sync is {closed}: "
+          f"{c['extra_calls']} extra collective(s), {_size(c['extra_bytes'])} more, on "
+          f"{which}{share}.{why} The optimizer receives the same gradient: communication "
+          "cost only, not an error")
+    fix = _FIX.get(engine, _FIX_OTHER)
+    if noop:
+        fix = ("Enter model.no_sync() before the forward, not only around the backward: "
+               "`with model.no_sync(): model(x) ... loss.backward()` for micro-steps 1..K-1.")
+    warn = _mk("EXTRA_SYNC", "warning", rank, int(w["step"]), None, ev,
+               title_=("deferral that does nothing: " if noop else "gradients synchronised "
+                       f"on {which}: ") + f"{c['extra_calls']} extra collective(s), "
+               f"{_size(c['extra_bytes'])} per optimizer step", fix=fix)
+    kept = [f for f in found if not (f.cls == "EXTRA_SYNC" and f.severity == "note"
+                                     and f.rank == rank and f.title.startswith("gradients"))]
+    return [*kept, warn]

@@ -1,0 +1,163 @@
+"""``accumguard advise``'s candidate modes, applied inside the user's unmodified command.
+
+The bootstrap that installs ``watch``'s observer (:mod:`accumguard.runtime.watch`) calls
+:func:`install_from_env`; with ``ACCUMGUARD_ADVISE_MODE`` unset (``watch``,
+``invariance``) it does nothing. With a mode, the outermost call of every DDP / FSDP2
+module is wrapped (DDP: its ``__call__``; FSDP2: a forward pre-hook on every module given to
+``fully_shard``; through the observer's patch and hook doors, undone with it) and sets the
+engine's own switches before the forward, from the micro-step's position in the window:
+the observer's count of backward passes since the last optimizer step, against the
+window size ``ACCUMGUARD_ADVISE_K`` measured on the command as written.
+
+Modes (each the exact public call a user would write):
+
+* ``ddp-every``: ``model.require_backward_grad_sync = True`` before every forward (DDP
+  all-reduces every micro-step);
+* ``ddp-deferred``: ``False`` before the forwards of micro-steps 1..K-1, ``True`` before
+  the last (what ``with model.no_sync():`` around forward and backward does);
+* ``fsdp2-every``: ``model.set_requires_gradient_sync(True)`` before every forward;
+* ``fsdp2-deferred``: ``set_requires_gradient_sync(False)`` before micro-steps 1..K-1,
+  ``True`` before the last;
+* ``fsdp2-unsharded``: deferred, plus ``set_reshard_after_forward(False)`` and
+  ``set_reshard_after_backward(False)`` before micro-steps 1..K-1 and
+  ``set_reshard_after_backward(True)`` before the last: the parameters gathered by the
+  window's first forward stay unsharded until its last backward.
+
+* ``ds-contiguous-gradients-off`` / ``ds-overlap-comm-on`` / ``ds-z3-params-persistent``:
+  DeepSpeed's ``zero_optimization`` ``contiguous_gradients: false`` / ``overlap_comm: true``
+  / ``stage3_param_persistence_threshold: 1e12`` (ZeRO-3 keeps every parameter gathered),
+  set in the config DeepSpeed reads, whatever its form.
+
+A micro-step at or beyond the K-th of a window (a longer window than measured) always
+synchronises: a mode never leaves a window's last backward unreduced.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["ENV_ADVISE_K", "ENV_ADVISE_MODE", "MODES", "install_from_env"]
+
+ENV_ADVISE_MODE = "ACCUMGUARD_ADVISE_MODE"
+ENV_ADVISE_K = "ACCUMGUARD_ADVISE_K"
+
+#: mode -> engine it applies to
+MODES = {"ddp-every": "ddp", "ddp-deferred": "ddp", "fsdp2-every": "fsdp2",
+         "fsdp2-deferred": "fsdp2", "fsdp2-unsharded": "fsdp2",
+         "ds-contiguous-gradients-off": "deepspeed", "ds-overlap-comm-on": "deepspeed",
+         "ds-z3-params-persistent": "deepspeed"}
+
+#: DeepSpeed modes: the ``zero_optimization`` key each one sets, and its value
+DS_SETTINGS: dict[str, tuple[str, object]] = {
+    "ds-contiguous-gradients-off": ("contiguous_gradients", False),
+    "ds-overlap-comm-on": ("overlap_comm", True),
+    "ds-z3-params-persistent": ("stage3_param_persistence_threshold", 10 ** 12),
+}
+
+
+class _Applier:
+    """Sets the engine's switches before each outermost DDP/FSDP2 forward (see the module)."""
+
+    def __init__(self, observer: Any, mode: str, k: int) -> None:
+        self.observer = observer
+        self.mode = mode
+        self.k = max(1, k)
+        self.applied: list[str] = []  # what was set, for the recording's end record
+
+    def last(self) -> bool:
+        """Is the micro-step about to run the window's last (or beyond)?"""
+        return len(self.observer._w.backwards) >= self.k - 1
+
+    def patch_ddp(self, module: Any) -> None:
+        self.observer.patches.wrap(module.DistributedDataParallel, "__call__", self._ddp_call)
+
+    def patch_fsdp(self, module: Any) -> None:
+        """Every module given to ``fully_shard`` gets a forward pre-hook (prepended: it runs
+        before FSDP2's own, which all-gathers) setting that module's own switches
+        (``recurse=False``): FSDP2 reads each module's flags at its own forward and
+        post-backward, so each module is set right before it runs."""
+        self.observer.patches.wrap(module, "fully_shard", self._fully_shard)
+
+    def _fully_shard(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        def fully_shard(*args: Any, **kwargs: Any) -> Any:
+            out = orig(*args, **kwargs)
+            hook = self.observer.failsafe.hook(self._fsdp_pre, "advise_fsdp")
+            for m in out if isinstance(out, (list, tuple)) else [out]:
+                if hasattr(m, "set_requires_gradient_sync"):
+                    self.observer.patches.add(
+                        m.register_forward_pre_hook(hook, prepend=True).remove)
+            return out
+
+        return fully_shard
+
+    def _fsdp_pre(self, model: Any, args: Any) -> None:
+        import torch
+
+        if not torch.is_grad_enabled():
+            return
+        last = self.mode == "fsdp2-every" or self.last()
+        if not self.applied:
+            self.applied.append("FSDP2 switches set before each module's forward")
+        model.set_requires_gradient_sync(last, recurse=False)
+        if self.mode == "fsdp2-unsharded":
+            if not last:
+                model.set_reshard_after_forward(False, recurse=False)
+            model.set_reshard_after_backward(last, recurse=False)
+
+    def _ddp_call(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        import torch
+
+        def call(model: Any, *args: Any, **kwargs: Any) -> Any:
+            if torch.is_grad_enabled():
+                model.require_backward_grad_sync = self.mode == "ddp-every" or self.last()
+                if not self.applied:
+                    self.applied.append("require_backward_grad_sync set before each forward")
+            return orig(model, *args, **kwargs)
+
+        return call
+
+
+    def patch_deepspeed(self, module: Any) -> None:
+        """DeepSpeed reads its config (dict, file or base64) into one dict and passes it to
+        ``_reject_removed_config_keys`` first: the mode's ``zero_optimization`` key is set
+        in that dict there, before anything reads it (every form of config, no file
+        touched). Another DeepSpeed version without that function: not applied (the end
+        record says so and ``advise`` reports the mode as not applicable)."""
+        self.observer.patches.wrap(module, "_reject_removed_config_keys", self._ds_config)
+
+    def _ds_config(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        key, value = DS_SETTINGS[self.mode]
+
+        def reject_removed_config_keys(config: Any, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(config, dict):
+                zero = config.setdefault("zero_optimization", {})
+                if isinstance(zero, dict):
+                    zero[key] = value
+                    self.applied.append(f"zero_optimization.{key} = {value}")
+            return orig(config, *args, **kwargs)
+
+        return reject_removed_config_keys
+
+
+def install_from_env(observer: Any) -> _Applier | None:
+    """Apply ``ACCUMGUARD_ADVISE_MODE`` (if set) through ``observer``'s patches."""
+    mode = os.environ.get(ENV_ADVISE_MODE, "")
+    if mode not in MODES or observer is None or not observer.installed:
+        return None
+    k_text = os.environ.get(ENV_ADVISE_K, "")
+    applier = _Applier(observer, mode, int(k_text) if k_text.strip().isdigit() else 1)
+    from accumguard.observe._imports import when_imported
+
+    fs = observer.failsafe
+    if MODES[mode] == "ddp":
+        when_imported("torch.nn.parallel.distributed",
+                      lambda m: fs.guard("advise: DDP mode", applier.patch_ddp, m))
+    elif MODES[mode] == "fsdp2":
+        when_imported("torch.distributed.fsdp",
+                      lambda m: fs.guard("advise: FSDP2 mode", applier.patch_fsdp, m))
+    else:
+        when_imported("deepspeed.runtime.config",
+                      lambda m: fs.guard("advise: DeepSpeed mode", applier.patch_deepspeed, m))
+    return applier

@@ -1,0 +1,160 @@
+"""``accumguard advise`` end to end on 2 gloo ranks: DDP with ``no_sync`` around the backward
+only (a deferral that does nothing), every mode measured, the deferred one recommended,
+the user's files untouched. One advise run (3 torchrun launches) for the whole module."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_watch import SCRIPTS
+
+from accumguard.advise import candidates, not_applicable
+from accumguard.cli.advise import parse_bytes
+
+from helpers import free_port, launcher_env
+
+SCRIPT = SCRIPTS / "advise_train.py"
+PARAM_BYTES = (32 * 256 + 256 + 256 * 256 + 256 + 256 * 8 + 8) * 4
+
+
+def _sha() -> str:
+    return hashlib.sha256(SCRIPT.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def ddp_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("advise")
+    before = _sha()
+    report = tmp / "advise.json"
+    for _ in range(2):  # once more after gloo's known teardown abort / a port taken meanwhile
+        cmd = [sys.executable, "-m", "accumguard.cli", "advise", "--steps", "6", "--json",
+               str(report), "--memory-budget", "100GB", "--", sys.executable, "-m",
+               "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+               "--master-port", str(free_port()), str(SCRIPT), "--engine", "ddp"]
+        proc = subprocess.run(cmd, env=launcher_env(), capture_output=True, text=True,
+                              timeout=900)
+        if proc.returncode == 0:
+            break
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert _sha() == before, "advise changed the user's script"
+    data: dict[str, Any] = json.loads(report.read_text())
+    data["stdout"] = proc.stdout
+    return data
+
+
+def test_every_ddp_mode_is_measured(ddp_report: dict[str, Any]) -> None:
+    modes = {m["mode"]: m for m in ddp_report["modes"]}
+    assert list(modes) == ["as-written", "ddp-every", "ddp-deferred"]
+    assert ddp_report["engine"] == "ddp" and ddp_report["accumulation_steps"] == 4
+    for m in modes.values():
+        assert m["error"] is None, m
+        assert m["seconds_per_step"]["steps"] == 5 and m["seconds_per_step"]["median"] > 0
+        assert m["updates_equal"] is True and m["update_rel_diff"] <= 1e-4, m
+        assert m["memory_kind"] == "peak RSS (CPU)" and m["peak_memory_bytes"] > 0
+    # the ledger's closed form: no_sync around the backward does nothing (4 all-reduces of
+    # the whole gradient per step, as syncing every micro-step); deferred: one
+    for name, calls in (("as-written", 4), ("ddp-every", 4), ("ddp-deferred", 1)):
+        assert modes[name]["gradient_collectives_per_step"] == calls
+        assert modes[name]["gradient_bytes_per_step"] == calls * PARAM_BYTES
+
+
+def test_a_deferred_mode_is_recommended(ddp_report: dict[str, Any]) -> None:
+    """Deferring saves 3 all-reduces of the whole gradient per step. The recommendation is
+    the fastest mode with equal updates (checked on the numbers in the report); that it is
+    the deferred one is a timing: on this shared 2-core machine (load 11-14) the deferred
+    mode was the fastest in 3 of 4 runs, so the test accepts another mode only when the
+    measured spreads overlap (min of one <= max of the other), and says so."""
+    modes = {m["mode"]: m for m in ddp_report["modes"]}
+    best = ddp_report["recommended"]["mode"]
+    fastest = min((m for m in modes.values() if m["updates_equal"]),
+                  key=lambda m: m["seconds_per_step"]["median"])
+    assert best == fastest["mode"], ddp_report["stdout"]
+    assert f"recommended: {best}" in ddp_report["stdout"]
+    if best != "ddp-deferred":
+        deferred, won = modes["ddp-deferred"]["seconds_per_step"], modes[best]["seconds_per_step"]
+        assert deferred["min"] <= won["max"], ddp_report["stdout"]  # within the noise
+    else:
+        assert "no_sync" in ddp_report["recommended"]["how"]
+
+
+def test_fsdp2_modes(tmp_path: Path) -> None:
+    """FSDP2 never deferring (3 groups): every mode measured with equal updates; deferring
+    cuts the reduce-scatters to one per group per step, the unsharded window also the
+    all-gathers (one round per window instead of two per micro-step)."""
+    report = tmp_path / "advise.json"
+    cmd = [sys.executable, "-m", "accumguard.cli", "advise", "--steps", "4", "--json",
+           str(report), "--", sys.executable, "-m", "torch.distributed.run",
+           "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port",
+           str(free_port()), str(SCRIPT), "--engine", "fsdp2"]
+    proc = subprocess.run(cmd, env=launcher_env(), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    modes = {m["mode"]: m for m in json.loads(report.read_text())["modes"]}
+    assert list(modes) == ["as-written", "fsdp2-every", "fsdp2-deferred", "fsdp2-unsharded"]
+    assert all(m["updates_equal"] for m in modes.values()), modes
+    got = {k: (m["gradient_collectives_per_step"], m["parameter_collectives_per_step"])
+           for k, m in modes.items()}
+    assert got == {"as-written": (12, 24), "fsdp2-every": (12, 24),
+                   "fsdp2-deferred": (3, 24), "fsdp2-unsharded": (3, 3)}, got
+    assert modes["fsdp2-deferred"]["gradient_bytes_per_step"] == PARAM_BYTES
+
+
+def test_modes_and_reasons() -> None:
+    assert [m.name for m in candidates("fsdp2")] == ["as-written", "fsdp2-every",
+                                                     "fsdp2-deferred", "fsdp2-unsharded"]
+    assert "no window" in (not_applicable("ddp", 1) or "")
+    assert "DeepSpeed" in (not_applicable("deepspeed", 4) or "")
+    assert not_applicable("deepspeed", 4, 2) is None
+    assert [m.name for m in candidates("deepspeed", 2)] == [
+        "as-written", "ds-contiguous-gradients-off", "ds-overlap-comm-on"]
+    assert not_applicable("ddp", 4) is None
+    assert parse_bytes("8GB") == 8 * 10 ** 9 and parse_bytes("1MiB") == 2 ** 20
+
+
+def test_usage_errors_and_a_single_process_command(tmp_path: Path) -> None:
+    """No command, a bad size, a failing command: exit 2 with one line. One process
+    without DDP/FSDP2: measured as written, and the report says why no mode applies."""
+    base = [sys.executable, "-m", "accumguard.cli", "advise"]
+    for extra in ([], ["--memory-budget", "lots", "--", "python", "x.py"],
+                  ["--", sys.executable, "-c", "raise SystemExit(3)"]):
+        proc = subprocess.run([*base, *extra], env=launcher_env(), capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 2, (extra, proc.stderr)
+    script = tmp_path / "local.py"
+    script.write_text(
+        "import torch\ntorch.manual_seed(0)\nm = torch.nn.Linear(4, 2)\n"
+        "opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "for i in range(12):\n    (m(torch.randn(3, 4)).sum() / 4).backward()\n"
+        "    if (i + 1) % 4 == 0:\n        opt.step()\n        opt.zero_grad()\n")
+    proc = subprocess.run([*base, "--steps", "3", "--", sys.executable, str(script)],
+                          env=launcher_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "no other mode applies: one process without DDP/FSDP2/DeepSpeed" in proc.stdout
+    assert "recommended: as-written" in proc.stdout
+
+
+def test_deepspeed_zero2_settings(tmp_path: Path) -> None:
+    """DeepSpeed ZeRO-2 native accumulation (tests/watch_scripts/ds_train.py): each ZeRO
+    setting applied through the config DeepSpeed reads (the script and its config
+    untouched), measured, with updates equal to the command's own."""
+    pytest.importorskip("deepspeed")
+    ds_script = SCRIPTS / "ds_train.py"
+    before = hashlib.sha256(ds_script.read_bytes()).hexdigest()
+    report = tmp_path / "advise.json"
+    cmd = [sys.executable, "-m", "accumguard.cli", "advise", "--steps", "3", "--json",
+           str(report), "--", "deepspeed", "--num_gpus", "2", "--master_port",
+           str(free_port()), str(ds_script), "--mode", "native", "--stage", "2"]
+    proc = subprocess.run(cmd, env=launcher_env(), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert hashlib.sha256(ds_script.read_bytes()).hexdigest() == before
+    modes = {m["mode"]: m for m in json.loads(report.read_text())["modes"]}
+    assert list(modes) == ["as-written", "ds-contiguous-gradients-off", "ds-overlap-comm-on"]
+    for m in modes.values():
+        assert m["error"] is None and m["updates_equal"] is True, m
+        # ZeRO-2 native: the whole gradient reduced inside each of the 4 backwards
+        assert m["gradient_collectives_per_step"] == 4, m
