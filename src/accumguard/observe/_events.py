@@ -131,6 +131,9 @@ class StepEvent:
     #  per-token weight, low precision, reduction]; None: fewer than 2 micro-steps had one
     losses: list[list[Any]] | None = None
     discarded: bool = False
+    # what the engine multiplies the sum over ranks of the ranks' gradients by (1/W: DDP's,
+    # FSDP2's, DeepSpeed's average); None: unknown, no engine, or no loss record this step
+    rank_factor: float | None = None
     # several optimizers over disjoint parameters: which one stepped (1-based, by first
     # appearance), its window being the backwards that reached its parameters; None: the
     # window is everything since the previous step of any optimizer

@@ -28,6 +28,7 @@ import dataclasses
 from collections import Counter
 from typing import Any
 
+from accumguard.observe._ledger import ledger_findings
 from accumguard.observe._rank_rules import manual_reduce_findings, rank_scale_findings
 from accumguard.observe._records import (
     NUMBERING,
@@ -52,7 +53,6 @@ from accumguard.observe._weight_rules import (
     F12_ERROR_FACTOR,
     WEIGHT_TOL,
     WEIGHT_TOL_LOW_PRECISION,
-    _cross_rank_weights,
     _firm_k,
     classify_token_weights,
     f12_drift,
@@ -206,7 +206,7 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
             findings += ([] if note is None else [note._replace(rank)]) + found
         findings += _scheduler_findings(rank, rec.schedulers.get(rank, []))
     findings += _cross_rank(rec)
-    findings += _cross_rank_weights(rec)
+    findings += ledger_findings(rec, res.k)
     findings += manual_reduce_findings(rec)
     # one finding per (class, rank) is enough to act on; keep the first
     seen: set[tuple[str, int | None, str]] = set()

@@ -30,8 +30,10 @@ The recording, one JSON object per line (flushed at every optimizer step, at exi
   ``grad_norm``, ``conservation`` ({params, wiped, stale, received, ok, reason} or
   null), ``checksum`` (what the optimizer received, for cross-rank agreement), ``wall``,
   ``sync_backward`` (the DDP/FSDP2 sync flag at each backward), ``param_dtype`` (of the
-  parameters the optimizer stepped: ``accumguard invariance``'s tolerance reads it).
-  The raw ``step`` counts from 0; every report shows it 1-based;
+  parameters the optimizer stepped: ``accumguard invariance``'s tolerance reads it),
+  ``losses`` (the loss record, :mod:`accumguard.observe._losses`) and ``rank_factor``
+  (what the engine multiplies the sum over ranks of the gradients by; the loss-weight
+  ledger reads both). The raw ``step`` counts from 0; every report shows it 1-based;
 * ``{"kind": "scheduler", "step", "micro", "count", "optimizer_steps", "in_step"}``;
 * ``{"kind": "end", "reason", "pending_backwards", "declared_k", "collective"}`` last
   (``reason``: ``exit``, ``max_steps``, ``destroy_process_group``, ``signal``;
