@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from accumguard.observe._ledger import ledger_findings
+from accumguard.observe._ledger import ledger_findings, term_findings
 from accumguard.observe._ledger_source import world_divisions
 from accumguard.observe._reduction import rank_factor
 from accumguard.observe.rules import RunRecording, analyze
@@ -188,3 +188,37 @@ def test_the_loss_record_keeps_the_chain_constants(tmp_path: Path) -> None:
     halved = run(tmp_path / "b", lambda loss: 0.5 * loss / 3)
     assert divided == [[["/", 2.0], ["/", 3.0]]] * 3, divided
     assert halved == [[["/", 3.0], ["*", 0.5]]] * 3, halved
+
+
+def _with_term(rec: RunRecording, divs: list[Any]) -> RunRecording:
+    """Make every recorded call one term of a sum (not sole), with these chain constants."""
+    for steps in rec.steps.values():
+        for s in steps:
+            s["losses"] = [[*x[:7], False, False, divs] for x in s["losses"]]
+    return rec
+
+
+def test_a_term_normalised_by_the_global_count_and_averaged_again() -> None:
+    """CE / (global count) + an auxiliary term, then DDP's average: the CE term weighs 1/W
+    (F10 naming its line); times W, or any coefficient on the term: silent. The whole-loss
+    ledger does not judge a sum."""
+    def glob(r: int, st: int, m: int, c: Any) -> float:
+        return 1 / _global(st, c)
+
+    bug = _with_term(_rec(glob, UNEVEN, site="train.py:42"), [["/", 48.0]])
+    assert not ledger_findings(bug, K)
+    found = term_findings(bug)
+    assert _classes(found) == {("F10", "error")}, found
+    assert "train.py:42" in found[0].evidence and "one term of a sum" in found[0].evidence
+    assert ("F10", "error") in _classes(analyze(bug)[0])
+    twin = _with_term(_rec(lambda r, st, m, c: W / _global(st, c), UNEVEN), [["*", 2.0]])
+    assert not term_findings(twin)
+    # 0.5 * CE / N on two ranks: a coefficient the user chose, whatever its total
+    coef = _with_term(_rec(lambda r, st, m, c: 0.5 * W / _global(st, c), UNEVEN),
+                      [["*", 0.5]])
+    assert not term_findings(coef)
+    # each rank by its own count: not one weight across ranks, not this rule's
+    local = _with_term(_rec(lambda r, st, m, c: 1 / sum(c[r][st]), UNEVEN), [])
+    assert not term_findings(local)
+    # equal counts: a common divisor is not proven
+    assert not term_findings(_with_term(_rec(lambda r, st, m, c: 1 / 108, EQUAL), []))

@@ -33,6 +33,8 @@ def _cmd(engine: str, mode: str, opt: str = "sgd") -> list[str]:
     ("fsdp2", "global", "sgd", set()),
     ("ds", "equal_div_w", "sgd", {"F10"}),
     ("ds", "equal", "sgd", set()),
+    ("ddp", "global_aux", "adamw", {"F10"}),
+    ("ddp", "global_aux_w", "adamw", set()),
 ])
 def test_ledger_under_watch(tmp_path: Path, engine: str, mode: str, opt: str,
                             expected: set[str]) -> None:
@@ -49,11 +51,13 @@ def test_ledger_under_watch(tmp_path: Path, engine: str, mode: str, opt: str,
     if expected:
         f = next(f for f in findings if f["cls"] == "F10")
         assert "2x too small" in f["evidence"] and "ledger_loops.py:" in f["evidence"], f
-        if mode == "global_noW":
+        if mode == "global_aux":
+            assert "one term of a sum" in f["evidence"], f
+        elif mode == "global_noW":
             assert "global count" in f["evidence"], f
         else:
             assert "divided by 2" in f["evidence"], f
-        if opt == "adamw":
+        if opt == "adamw" and mode != "global_aux":
             assert "epsilon" in f["evidence"], f
     if mode == "coef":  # 0.5 on two ranks: said, not judged
         assert any(f["cls"] == "LOSS_SCALE" and "not judged" in f["evidence"]

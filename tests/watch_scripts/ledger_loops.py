@@ -12,6 +12,9 @@ usage: ledger_loops.py ENGINE MODE [OPT]
     equal_div_w   equal counts, mean / K / W (F10: W x too small)
     equal         equal counts, mean / K (correct)
     coef          equal counts, 0.5 * mean / K (a user's constant: not judged)
+    global_aux    sum / all-reduced count + 1e-3 * z-loss, then the engine averages (F10
+                  on the CE term: one term of a sum, W x too small)
+    global_aux_w  (sum / all-reduced count + 1e-3 * z-loss) * W (correct CE term)
   OPT: sgd (default) | adamw
 """
 
@@ -100,6 +103,12 @@ for _step in range(STEPS):
                 loss = F.cross_entropy(logits, y.reshape(-1), reduction="sum") / n * world
             elif MODE == "global_noW":
                 loss = F.cross_entropy(logits, y.reshape(-1), reduction="sum") / n
+            elif MODE in ("global_aux", "global_aux_w"):
+                z_loss = logits.logsumexp(-1).pow(2).mean() / K  # per micro-batch, by hand
+                ce = F.cross_entropy(logits, y.reshape(-1), reduction="sum")
+                loss = ce / n + 1e-3 * z_loss
+                if MODE == "global_aux_w":
+                    loss = loss * world
             elif MODE == "div_w":
                 loss = F.cross_entropy(logits, y.reshape(-1), reduction="sum") / local / world
             elif MODE == "local":

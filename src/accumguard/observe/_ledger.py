@@ -40,7 +40,7 @@ from accumguard.observe._ledger_source import world_divisions
 from accumguard.observe._records import Finding, RunRecording, _mk, _n, _windows
 from accumguard.observe._weight_rules import WEIGHT_TOL, WEIGHT_TOL_LOW_PRECISION, _short
 
-__all__ = ["ledger_findings"]
+__all__ = ["ledger_findings", "term_findings"]
 
 _ENGINES = {"ddp": "DDP", "fsdp2": "FSDP2", "deepspeed": "DeepSpeed"}
 
@@ -120,6 +120,19 @@ def _scale(w: dict[str, Any], low: bool) -> float | None:
     return float(cons.get("scale", 1.0))
 
 
+def _factor(rows: list[dict[str, Any]], low: bool) -> float | None:
+    """``f·c`` of one step, the same on every rank, or None when unknown."""
+    factors = {w.get("rank_factor") for w in rows}
+    scales = [_scale(w, low) for w in rows]
+    f = factors.pop() if len(factors) == 1 else None
+    if f is None or any(c is None for c in scales):
+        return None
+    cs = [float(c) for c in scales]  # type: ignore[arg-type]
+    if max(cs) - min(cs) > WEIGHT_TOL * max(cs):
+        return None
+    return float(f) * sum(cs) / len(cs)
+
+
 def _steps(rec: RunRecording) -> list[_Step]:
     ranks = [r for r in rec.ranks if rec.steps.get(r)]
     if len(ranks) < 2:
@@ -138,14 +151,7 @@ def _steps(rec: RunRecording) -> list[_Step]:
             low = any(p[2] for p in parsed.values())
             first = rows[ranks[0]]
             assert first is not None
-            factors = {w.get("rank_factor") for w in rows.values()}  # type: ignore[union-attr]
-            scales = [_scale(w, low) for w in rows.values()]  # type: ignore[arg-type]
-            factor = None
-            f = factors.pop() if len(factors) == 1 else None
-            if f is not None and all(c is not None for c in scales):
-                cs = [float(c) for c in scales]  # type: ignore[arg-type]
-                if max(cs) - min(cs) <= WEIGHT_TOL * max(cs):
-                    factor = float(f) * sum(cs) / len(cs)
+            factor = _factor(list(rows.values()), low)  # type: ignore[arg-type]
             mult = 1.0 if factor is None else factor
             weights = {r: [x * mult for x in p[0]] for r, p in parsed.items()}
             counts = {r: p[1] for r, p in parsed.items()}
@@ -295,3 +301,88 @@ def _f6(steps: list[_Step]) -> list[Finding]:
                 "normalised its loss by its own token count and the ranks' gradients were "
                 "then averaged, so a token on a rank with fewer tokens weighs more. Standard "
                 "DDP practice, but not the large batch's gradient (every token 1/N)")]
+
+
+def term_findings(rec: RunRecording) -> list[Finding]:
+    """F10 for one term of a loss that is a sum of terms (a recorded loss call reached
+    through an addition: CE + an auxiliary loss, two heads): the term's tokens carried one
+    weight on every rank although the ranks' counts differed (the term was divided by a
+    count common to all ranks, the global one), nothing multiplied it by a coefficient (no
+    multiplication by a constant between the call and the root: a user's weight would
+    show), and after the engine's average the term's tokens weigh exactly 1/W in total, in
+    every step judged. Any coefficient, a term not in every micro-step, an unknown
+    reduction: not judged."""
+    ranks = [r for r in rec.ranks if rec.steps.get(r)]
+    if len(ranks) < 2:
+        return []
+    world = len(ranks)
+    per_rank = {r: {int(w["step"]): w for w in _windows(rec.steps[r])} for r in ranks}
+    seen: dict[tuple[str, int], list[tuple[int, float, bool, list[float]]]] = {}
+    spoiled: set[tuple[str, int]] = set()
+    for step in sorted(per_rank[ranks[0]]):
+        rows = [per_rank[r].get(step) for r in ranks]
+        if any(w is None or int(w.get("window", 0)) < 1 or int(w.get("zero_grads_between", 0))
+               for w in rows):
+            continue
+        groups = [_terms(w) for w in rows]  # type: ignore[arg-type]
+        low = any(bool(x[5]) for g in groups for recs in g.values() for x in recs)
+        factor = _factor(rows, low)  # type: ignore[arg-type]
+        if factor is None:
+            continue
+        tol = WEIGHT_TOL_LOW_PRECISION if low else WEIGHT_TOL
+        for key in set.intersection(*(set(g) for g in groups)):
+            recs = [g[key] for g in groups]
+            if any(len(x) > 9 and any(str(d[0]) == "*" for d in x[9]) for rs in recs
+                   for x in rs):
+                spoiled.add(key)  # a coefficient the user chose: never judged
+                continue
+            ws = [abs(float(x[4])) * factor for rs in recs for x in rs]
+            counts = [sum(float(x[3]) for x in rs) for rs in recs]
+            total = sum(abs(float(x[4])) * factor * float(x[3]) for rs in recs for x in rs)
+            uniform = max(ws) - min(ws) <= tol * max(ws)
+            seen.setdefault(key, []).append((step, total, uniform, counts))
+    out = []
+    for key, obs in sorted(seen.items()):
+        if key in spoiled or not all(u for _, _, u, _ in obs):
+            continue
+        if not all(abs(t * world - 1.0) <= WEIGHT_TOL_LOW_PRECISION for _, t, _, _ in obs):
+            continue
+        proof = next(((st, c) for st, _, _, c in obs if max(c) - min(c) > 0), None)
+        if proof is None:
+            continue
+        site, idx = key
+        st, counts = proof
+        out.append(_mk("F10", "error", None, obs[0][0], None,
+                       f"{_short(site)}: the loss call there is one term of a sum"
+                       + (f" (call {idx + 1} at that line)" if idx else "")
+                       + f"; at optimizer step {_n(st)} its tokens carried one weight on "
+                       f"every rank while the ranks held "
+                       f"{', '.join(f'{v:g}' for v in counts)} of them, so the term was "
+                       "divided by a count common to all ranks (the window's global "
+                       "count), no coefficient multiplies it, and after the engine's "
+                       f"average its tokens weighed 1/W = {1 / world:.4g} in total in each "
+                       f"of {len(obs)} step(s) instead of 1: this term's gradient is "
+                       f"{world}x too small relative to its large-batch meaning",
+                       fix="Multiply the term normalised by the all-reduced token count by "
+                           "the world size (the engine averages over ranks), or divide it "
+                           "by the per-rank count instead."))
+    return out
+
+
+def _terms(w: dict[str, Any]) -> dict[tuple[str, int], list[list[Any]]]:
+    """The window's loss calls that are terms of a sum (not sole), by (site, order), when
+    every micro-step has exactly one record of that key."""
+    k = int(w.get("window", 0))
+    by_key: dict[tuple[str, int], dict[int, list[Any]]] = {}
+    for r in w.get("losses") or []:
+        if (len(r) > 8 and r[8]) or (len(r) > 7 and r[7]):
+            continue  # made by torch.autograd.grad, or the whole loss (the ledger's)
+        by_key.setdefault((str(r[0]), int(r[1])), {}).setdefault(int(r[2]), []).append(r)
+    out = {}
+    for key, by_micro in by_key.items():
+        if sorted(by_micro) == list(range(k)) and all(len(v) == 1 for v in by_micro.values()):
+            recs = [by_micro[m][0] for m in range(k)]
+            signs = {float(x[4]) > 0 for x in recs}
+            if len(signs) == 1 and all(float(x[4]) != 0 for x in recs):
+                out[key] = recs
+    return out

@@ -88,7 +88,8 @@ _WEIGHT_NAMES = {2: "weight", 4: "weight", 5: "weight", 6: "pos_weight"}
 _LINEAR = ("MulBackward", "DivBackward", "NegBackward", "CloneBackward", "ToCopyBackward",
            "AliasBackward", "ViewBackward", "SqueezeBackward", "UnsqueezeBackward",
            "SumBackward", "MeanBackward", "ReshapeAliasBackward")
-_CHAIN = 16
+#: Nodes visited below a backward's root (a chain of constants, the terms of a sum).
+_NODES = 64
 
 
 class _Call:
@@ -125,8 +126,9 @@ class LossRecorder:
         self.gmicro = 0  # counted torch.autograd.grad calls since then
         self.prev_micros = 0  # micro-steps with a record in the last window taken
         self.root: Any = None  # the tensor(s) of the backward running now
-        # seq nr of each node of the root's chain of constants -> the constants above it
-        self.chain: dict[int, list[list[Any]]] = {}
+        # seq nr of each node below the root through constants and sums -> (the constants
+        # above it, an addition above it)
+        self.chain: dict[int, tuple[list[list[Any]], bool]] = {}
         self.in_grad = False  # inside a counted torch.autograd.grad
         self.seq = 0
         self._lib_cache: dict[str, bool] = {}
@@ -353,18 +355,20 @@ class LossRecorder:
 
     def _sole(self, call: _Call) -> bool:
         """Is the running backward's root the output of the call's node times constants?
-        Keeps the constants of the chain's divisions and multiplications in ``call.divs``
-        (``["/", c]``, ``["*", c]``): the ledger's evidence of a division by the world size."""
-        divs = self.chain.get(call.node)
-        if divs is None:
+        Keeps the constants between the call and the root (``["/", c]``, ``["*", c]``) in
+        ``call.divs``, also for a call that is one term of a sum (then not sole): the
+        ledger's evidence of a division by the world size, or of a user's coefficient."""
+        entry = self.chain.get(call.node)
+        if entry is None:
             return False
-        call.divs = divs
-        return True
+        call.divs = entry[0]
+        return not entry[1]
 
     def _walk(self, root: Any) -> None:
-        """The chain of nodes from the root of the backward about to run down through
-        multiplications, divisions, casts and views (read before the backward: it frees
-        the constants the nodes saved): per node, the constants above it."""
+        """The nodes from the root of the backward about to run down through
+        multiplications, divisions, casts, views and the additions of a sum of terms (read
+        before the backward: it frees the constants the nodes saved): per node, the
+        constants above it and whether an addition is above it."""
         self.chain = {}
         try:
             self._walk_chain(root)
@@ -376,23 +380,27 @@ class LossRecorder:
             if len(root) != 1:
                 return
             root = root[0]
-        node = getattr(root, "grad_fn", None)
-        divs: list[list[Any]] = []
-        for _ in range(_CHAIN):
-            if node is None:
+        stack: list[tuple[Any, list[list[Any]], bool]] = [
+            (getattr(root, "grad_fn", None), [], False)]
+        for _ in range(_NODES):
+            if not stack:
                 return
-            self.chain[node._sequence_nr()] = list(divs)
+            node, divs, split = stack.pop()
+            if node is None or node._sequence_nr() in self.chain:
+                continue
+            self.chain[node._sequence_nr()] = (divs, split)
             name = type(node).__name__
-            if not name.startswith(_LINEAR):
-                return
+            nxt = [n for n, _ in node.next_functions if n is not None]
+            if name.startswith(("AddBackward0", "SubBackward0")) and len(nxt) > 1:
+                stack.extend((n, divs, True) for n in nxt)  # the terms of a sum
+                continue
+            if not name.startswith(_LINEAR) or len(nxt) != 1:
+                continue
             if name.startswith(("DivBackward", "MulBackward")):
                 c = _constant(node)
                 if c is not None and c != 0.0:
-                    divs.append(["/" if name.startswith("Div") else "*", c])
-            nxt = [n for n, _ in node.next_functions if n is not None]
-            if len(nxt) != 1:
-                return
-            node = nxt[0]
+                    divs = [*divs, ["/" if name.startswith("Div") else "*", c]]
+            stack.append((nxt[0], divs, split))
 
     # -- naming the call ----------------------------------------------------------------------
     def _site(self) -> str:

@@ -28,7 +28,7 @@ import dataclasses
 from collections import Counter
 from typing import Any
 
-from accumguard.observe._ledger import ledger_findings
+from accumguard.observe._ledger import ledger_findings, term_findings
 from accumguard.observe._rank_rules import manual_reduce_findings, rank_scale_findings
 from accumguard.observe._records import (
     NUMBERING,
@@ -207,6 +207,7 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
         findings += _scheduler_findings(rank, rec.schedulers.get(rank, []))
     findings += _cross_rank(rec)
     findings += ledger_findings(rec, res.k)
+    findings += term_findings(rec)
     findings += manual_reduce_findings(rec)
     # one finding per (class, rank) is enough to act on; keep the first
     seen: set[tuple[str, int | None, str]] = set()
