@@ -25,10 +25,10 @@ token ``1/N`` (N: the window's tokens over all micro-steps and ranks): the total
   (:func:`._weight_rules.loss_weight_findings`); 1/K and K per rank stay LOSS_SCALE.
 
 Only steps seen on every rank, each micro-step's backward being one loss call times
-constants (``sole``), are judged; with a GradScaler, DeepSpeed's loss scale or anything
-the record cannot see, the weights are what reached the loss output, so a dynamic loss
-scale cancels only where the loop unscales before the step: such steps have no
-conservation scale of 1 and are left out on torch engines.
+constants (``sole``), are judged; a sum of terms is judged per term by
+:func:`term_findings`. A GradScaler's scale is part of the recorded weights (gradient
+conservation does not see its unscale): the total is then that scale, said in the note;
+DeepSpeed fp16 (a dynamic loss scale) is not judged.
 """
 
 from __future__ import annotations
@@ -190,7 +190,8 @@ def ledger_findings(rec: RunRecording, k: int | None = None) -> list[Finding]:
                        f"{_short(s.site)}: after {_ENGINES.get(s.engine, s.engine)}'s reduction "
                        f"the tokens of every step carried a total weight of {s.total:.4g} "
                        f"(the large batch's mean: 1; {len(judged)} step(s) on {world} ranks): "
-                       "a constant of the loop (a loss weight, a sum instead of a mean), "
+                       "a constant of the loop (a loss weight, a sum instead of a mean, "
+                       "or a GradScaler's loss scale, which the recorded weights include), "
                        "not judged",
                        title_="loss weights total a constant other than 1 (not judged)",
                        fix="Nothing to fix if the constant is intended (a loss weight); for "

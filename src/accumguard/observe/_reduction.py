@@ -29,6 +29,9 @@ def rank_factor(engine: str, roots: list[Any], fsdp_groups: dict[int, list[Any]]
         if engine == "fsdp2":
             return _fsdp2([g for gs in fsdp_groups.values() for g in gs])
         if engine == "deepspeed" and ds_engine is not None:
+            fp16 = getattr(ds_engine, "fp16_enabled", None)
+            if callable(fp16) and fp16():
+                return None  # its dynamic loss scale multiplies the recorded loss weights
             size = int(getattr(ds_engine, "dp_world_size", 0) or 0)
             return 1.0 / size if size > 0 else None
     except (AttributeError, RuntimeError, TypeError, ValueError, ZeroDivisionError):
