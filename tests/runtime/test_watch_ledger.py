@@ -18,10 +18,10 @@ from helpers import free_port
 SCRIPT = Path(__file__).parent.parent / "watch_scripts" / "ledger_loops.py"
 
 
-def _cmd(engine: str, mode: str, opt: str = "sgd") -> list[str]:
+def _cmd(engine: str, mode: str, opt: str = "sgd", k: int = 3) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
             "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(SCRIPT),
-            engine, mode, opt]
+            engine, mode, opt, str(k)]
 
 
 @pytest.mark.parametrize(("engine", "mode", "opt", "expected"), [
@@ -71,3 +71,11 @@ def test_rank_local_normalisation_is_a_warning(tmp_path: Path) -> None:
     assert code == 0 and not _errors(findings), findings
     f6 = [f for f in findings if f["cls"] == "F6"]
     assert f6 and f6[0]["severity"] == "warning" and "/N for each of" in f6[0]["evidence"], f6
+
+
+def test_no_accumulation_loss_divided_by_world_size(tmp_path: Path) -> None:
+    """K = 1 (one backward per step): DDP and loss / world_size is still F10 (the loss
+    record keeps windows of one micro-step when several ranks run)."""
+    code, findings, _, proc = _watch(tmp_path, _cmd("ddp", "equal_div_w", "sgd", 1))
+    assert "trained" in proc.stdout, proc.stderr[-3000:]
+    assert code == 1 and _errors(findings) == {"F10"}, findings

@@ -1,7 +1,7 @@
 """Loss-weight ledger cases (issue 25): one token-level loss per micro-step on 2 ranks with
 uneven token counts, under DDP, FSDP2 or DeepSpeed ZeRO-2, normalised right or wrong.
 
-usage: ledger_loops.py ENGINE MODE [OPT]
+usage: ledger_loops.py ENGINE MODE [OPT] [K]
   ENGINE: ddp | fsdp2 | ds
   MODE:
     mean_k        per-micro-batch mean / K (F5 with uneven counts; the classic loop)
@@ -16,6 +16,7 @@ usage: ledger_loops.py ENGINE MODE [OPT]
                   on the CE term: one term of a sum, W x too small)
     global_aux_w  (sum / all-reduced count + 1e-3 * z-loss) * W (correct CE term)
   OPT: sgd (default) | adamw
+  K: micro-steps per optimizer step (default 3)
 """
 
 import sys
@@ -27,7 +28,8 @@ import torch.nn.functional as F
 
 ENGINE, MODE = sys.argv[1], sys.argv[2]
 OPT = sys.argv[3] if len(sys.argv) > 3 else "sgd"
-K, STEPS, V = 3, 3, 11
+K = int(sys.argv[4]) if len(sys.argv) > 4 else 3
+STEPS, V = 3, 11
 if ENGINE == "ds":
     import deepspeed
 

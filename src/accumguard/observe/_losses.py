@@ -228,8 +228,10 @@ class LossRecorder:
         micros = len({(c.grad, c.micro) for c in calls})
         prev, self.prev_micros = self.prev_micros, micros
         # one micro-step says nothing about F5; it is kept when it can be a short last
-        # window after windows of several (F7), or one autograd.grad step (F1)
-        if micros < 2 and not (micros and (prev >= 2 or any(c.grad for c in calls))):
+        # window after windows of several (F7), one autograd.grad step (F1), or on
+        # several ranks (the loss-weight ledger judges a window of one across ranks)
+        if micros < 2 and not (micros and (prev >= 2 or any(c.grad for c in calls)
+                                           or _distributed())):
             return None
         calls.sort(key=lambda c: (c.grad, c.micro, c.seq))
         try:  # one stack per kind, then to the host (one sync for the window on a GPU)
@@ -430,6 +432,12 @@ class LossRecorder:
             if path and filename.startswith(os.path.dirname(path) + os.sep):
                 return True
         return filename.startswith("<frozen")
+
+
+def _distributed() -> bool:
+    """Several ranks in the default process group."""
+    dist = torch.distributed
+    return bool(dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1)
 
 
 def _constant(node: Any) -> float | None:
