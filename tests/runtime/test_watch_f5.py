@@ -88,7 +88,7 @@ SCRIPT = textwrap.dedent('''
                 elif MODE == "sum_n":  # DDP averages over ranks: times the world size
                     loss = F.cross_entropy(logits, y.reshape(-1), reduction="sum") \\
                         * world / n_total
-                elif MODE == "rank_n":  # each rank by its own count: F6, a note only
+                elif MODE == "rank_n":  # each rank by its own count: F6, a warning only
                     loss = F.cross_entropy(logits, y.reshape(-1), reduction="sum") / n_local
                 else:  # mean_scaled
                     n_i = int((y != -100).sum())
@@ -133,16 +133,17 @@ def test_plain_script(tmp_path: Path, mode: str, bug: bool) -> None:
 def test_torchrun_ddp(tmp_path: Path, mode: str, bug: bool) -> None:
     """Per rank: a token mean / K is F5 on both ranks; the global count is silent; each
     rank dividing by its own count (one weight per rank, different across ranks, DDP
-    averaging the ranks) is standard DDP practice: an F6 note, exit 0."""
+    averaging the ranks) is standard DDP practice: an F6 warning (the loss-weight ledger),
+    exit 0."""
     code, findings, report, _ = _watch(tmp_path, _torchrun(_script(tmp_path), mode))
     assert report["ranks"] == [0, 1]
-    notes = {f["cls"] for f in findings if f["severity"] == "note"}
+    warnings = {f["cls"] for f in findings if f["severity"] == "warning"}
     if bug:
         assert code == 1 and _errors(findings) == {"F5"}, findings
         assert {f["rank"] for f in findings if f["cls"] == "F5"} == {0, 1}
     else:
         assert code == 0 and not _errors(findings), findings
-        assert ("F6" in notes) == (mode == "rank_n"), findings
+        assert ("F6" in warnings) == (mode == "rank_n"), findings
 
 
 @pytest.mark.parametrize(("mode", "bug"), [("hf_mean", True), ("hf_items", False)])

@@ -129,9 +129,13 @@ class StepEvent:
     updates: dict[str, Any] | None = field(repr=False, default=None)
     # per loss call of the window (cross_entropy/nll_loss that reached the optimizer):
     # [site, order at that site in its backward, micro (0-based), valid count n,
-    #  per-token weight, low precision, reduction]; None: fewer than 2 micro-steps had one
+    #  per-token weight, low precision, reduction, sole, via autograd.grad, the constants
+    #  between the call and the root]; None: fewer than 2 micro-steps had one (on one rank)
     losses: list[list[Any]] | None = None
     discarded: bool = False
+    # what the engine multiplies the sum over ranks of the ranks' gradients by (1/W: DDP's,
+    # FSDP2's, DeepSpeed's average); None: unknown, no engine, or no loss record this step
+    rank_factor: float | None = None
     # several optimizers over disjoint parameters: which one stepped (1-based, by first
     # appearance), its window being the backwards that reached its parameters; None: the
     # window is everything since the previous step of any optimizer

@@ -88,13 +88,15 @@ _WEIGHT_NAMES = {2: "weight", 4: "weight", 5: "weight", 6: "pos_weight"}
 _LINEAR = ("MulBackward", "DivBackward", "NegBackward", "CloneBackward", "ToCopyBackward",
            "AliasBackward", "ViewBackward", "SqueezeBackward", "UnsqueezeBackward",
            "SumBackward", "MeanBackward", "ReshapeAliasBackward")
-_CHAIN = 16
+#: Nodes visited below a backward's root (a chain of constants, the terms of a sum).
+_NODES = 64
 
 
 class _Call:
     """One recorded loss call; ``micro`` and ``g`` are set by the gradient hook."""
 
-    __slots__ = ("g", "grad", "lp", "mean", "micro", "n", "node", "seq", "site", "sole")
+    __slots__ = ("divs", "g", "grad", "lp", "mean", "micro", "n", "node", "seq", "site",
+                 "sole")
 
     def __init__(self, site: str, seq: int, n: torch.Tensor | int, mean: bool,
                  lp: bool, node: int) -> None:
@@ -108,6 +110,8 @@ class _Call:
         self.g: torch.Tensor | None = None
         self.sole = False  # the backward's root is this output times constants
         self.grad = False  # reached by a counted torch.autograd.grad, not a backward
+        # the constants between this output and the root: ["/", c] or ["*", c]
+        self.divs: list[list[Any]] = []
 
 
 class LossRecorder:
@@ -122,6 +126,9 @@ class LossRecorder:
         self.gmicro = 0  # counted torch.autograd.grad calls since then
         self.prev_micros = 0  # micro-steps with a record in the last window taken
         self.root: Any = None  # the tensor(s) of the backward running now
+        # seq nr of each node below the root through constants and sums -> (the constants
+        # above it, an addition above it)
+        self.chain: dict[int, tuple[list[list[Any]], bool]] = {}
         self.in_grad = False  # inside a counted torch.autograd.grad
         self.seq = 0
         self._lib_cache: dict[str, bool] = {}
@@ -148,11 +155,12 @@ class LossRecorder:
         def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
             if not rec.on or rec.root is not None:
                 return orig(tensors, *args, **kwargs)
+            rec._walk(tensors)
             rec.root = tensors
             try:
                 return orig(tensors, *args, **kwargs)
             finally:
-                rec.root = None
+                rec.root, rec.chain = None, {}
 
         return backward
 
@@ -177,11 +185,12 @@ class LossRecorder:
             counted = bool(params) and all(isinstance(p, torch.nn.Parameter) for p in params)
             if not counted:
                 return orig(outputs, inputs, *args, **kwargs)
+            rec._walk(outputs)
             rec.in_grad, rec.root = True, outputs
             try:
                 out = orig(outputs, inputs, *args, **kwargs)
             finally:
-                rec.in_grad, rec.root = False, None
+                rec.in_grad, rec.root, rec.chain = False, None, {}
             rec.gmicro += 1  # counted once the call succeeded
             return out
 
@@ -219,8 +228,10 @@ class LossRecorder:
         micros = len({(c.grad, c.micro) for c in calls})
         prev, self.prev_micros = self.prev_micros, micros
         # one micro-step says nothing about F5; it is kept when it can be a short last
-        # window after windows of several (F7), or one autograd.grad step (F1)
-        if micros < 2 and not (micros and (prev >= 2 or any(c.grad for c in calls))):
+        # window after windows of several (F7), one autograd.grad step (F1), or on
+        # several ranks (the loss-weight ledger judges a window of one across ranks)
+        if micros < 2 and not (micros and (prev >= 2 or any(c.grad for c in calls)
+                                           or _distributed())):
             return None
         calls.sort(key=lambda c: (c.grad, c.micro, c.seq))
         try:  # one stack per kind, then to the host (one sync for the window on a GPU)
@@ -244,7 +255,7 @@ class LossRecorder:
             if n <= 0 or g == 0 or g != g:
                 continue  # nothing averaged, or the loss did not reach the optimizer
             out.append([c.site, idx, c.micro, int(n), g / n if c.mean else g, c.lp,
-                        "mean" if c.mean else "sum", c.sole, c.grad])
+                        "mean" if c.mean else "sum", c.sole, c.grad, c.divs])
             if len(out) >= _MAX_RECORDS:
                 break
         return out or None
@@ -337,33 +348,61 @@ class LossRecorder:
         if call.micro is None:
             call.micro, call.grad = micro, via
             call.g = grad.detach()
-            call.sole = self._sole(call.node)
+            call.sole = self._sole(call)
         elif call.micro == micro and call.grad == via and call.g is not None:
             call.g = call.g + grad.detach()
-            call.sole = False
+            call.sole, call.divs = False, []
         else:  # backpropagated in two backward passes (retain_graph): no single weight
             call.g = None
 
-    def _sole(self, target: int) -> bool:
-        """Is the running backward's root the output of node ``target`` times constants?"""
-        root = self.root
+    def _sole(self, call: _Call) -> bool:
+        """Is the running backward's root the output of the call's node times constants?
+        Keeps the constants between the call and the root (``["/", c]``, ``["*", c]``) in
+        ``call.divs``, also for a call that is one term of a sum (then not sole): the
+        ledger's evidence of a division by the world size, or of a user's coefficient."""
+        entry = self.chain.get(call.node)
+        if entry is None:
+            return False
+        call.divs = entry[0]
+        return not entry[1]
+
+    def _walk(self, root: Any) -> None:
+        """The nodes from the root of the backward about to run down through
+        multiplications, divisions, casts, views and the additions of a sum of terms (read
+        before the backward: it frees the constants the nodes saved): per node, the
+        constants above it and whether an addition is above it."""
+        self.chain = {}
+        try:
+            self._walk_chain(root)
+        except (AttributeError, RuntimeError, TypeError, ValueError):
+            self.chain = {}  # a tensor subclass or an unusual graph: nothing is sole
+
+    def _walk_chain(self, root: Any) -> None:
         if isinstance(root, (list, tuple)):
             if len(root) != 1:
-                return False
+                return
             root = root[0]
-        node = getattr(root, "grad_fn", None)
-        for _ in range(_CHAIN):
-            if node is None:
-                return False
-            if node._sequence_nr() == target:
-                return True
-            if not type(node).__name__.startswith(_LINEAR):
-                return False
+        stack: list[tuple[Any, list[list[Any]], bool]] = [
+            (getattr(root, "grad_fn", None), [], False)]
+        for _ in range(_NODES):
+            if not stack:
+                return
+            node, divs, split = stack.pop()
+            if node is None or node._sequence_nr() in self.chain:
+                continue
+            self.chain[node._sequence_nr()] = (divs, split)
+            name = type(node).__name__
             nxt = [n for n, _ in node.next_functions if n is not None]
-            if len(nxt) != 1:
-                return False
-            node = nxt[0]
-        return False
+            if name.startswith(("AddBackward0", "SubBackward0")) and len(nxt) > 1:
+                stack.extend((n, divs, True) for n in nxt)  # the terms of a sum
+                continue
+            if not name.startswith(_LINEAR) or len(nxt) != 1:
+                continue
+            if name.startswith(("DivBackward", "MulBackward")):
+                c = _constant(node)
+                if c is not None and c != 0.0:
+                    divs = [*divs, ["/" if name.startswith("Div") else "*", c]]
+            stack.append((nxt[0], divs, split))
 
     # -- naming the call ----------------------------------------------------------------------
     def _site(self) -> str:
@@ -393,6 +432,29 @@ class LossRecorder:
             if path and filename.startswith(os.path.dirname(path) + os.sep):
                 return True
         return filename.startswith("<frozen")
+
+
+def _distributed() -> bool:
+    """Several ranks in the default process group."""
+    dist = torch.distributed
+    return bool(dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1)
+
+
+def _constant(node: Any) -> float | None:
+    """The constant operand of a multiplication or division node: a saved one-element CPU
+    tensor that needs no gradient (a Python number is saved as one; a device tensor is not
+    read, that would wait for the device)."""
+    for attr in ("_saved_other", "_saved_self"):
+        try:
+            t = getattr(node, attr)
+        except (AttributeError, RuntimeError):
+            continue
+        if isinstance(t, (int, float)):
+            return float(t)
+        if (isinstance(t, torch.Tensor) and not t.requires_grad and t.numel() == 1
+                and t.device.type == "cpu"):
+            return float(t)
+    return None
 
 
 def _operands(out: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any],

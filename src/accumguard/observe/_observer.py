@@ -76,6 +76,7 @@ from accumguard.observe._precision import (
     name_of,
     step_facts,
 )
+from accumguard.observe._reduction import rank_factor
 from accumguard.observe._tally import Tally
 from accumguard.observe._window import Window
 
@@ -692,6 +693,9 @@ class Observer(ForwardHooks):
             # a DeepSpeed step that skipped its update (overflow) discarded its window
             losses=self.losses.take(applied, carry=source == "torch" and not discarded),
             discarded=discarded, moved=moved)
+        if ev.losses:  # the ledger composes the loss weights with the engine's reduction
+            ev.rank_factor = rank_factor(self.engine, self._sync_roots, self._fsdp_groups,
+                                         self._ds_engine)
         if own is not None:
             # the loss record follows the shared window's backwards, not this optimizer's
             ev.losses = None

@@ -1,8 +1,9 @@
 """The rules that read weights and scales: the token-weight probe's verdict
-(:mod:`accumguard.observe.tokens`), the loss record's per-token weights (F5, the F6
-note; :mod:`._losses`) and the scale of a whole window (LOSS_SCALE, F7 for a partial
-window, F1 for a step after every ``autograd.grad``; F10 is in :mod:`._rank_rules`, F12 in
-:mod:`._precision_rules`).
+(:mod:`accumguard.observe.tokens`), the loss record's per-token weights (F5;
+:mod:`._losses`) and the scale of a whole window (LOSS_SCALE, F7 for a partial window, F1
+for a step after every ``autograd.grad``); F10 of a hand-written reduction is in
+:mod:`._rank_rules`, the weights across ranks composed with the engine's reduction (F10,
+F6) in :mod:`._ledger`, F12 in :mod:`._precision_rules`.
 :mod:`accumguard.observe.rules` runs them with the boundary rules and re-exports their
 public names (pure Python, no torch)."""
 
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from accumguard.observe._records import Finding, KResolution, RunRecording, _mk, _n, _windows
+from accumguard.observe._records import Finding, KResolution, _mk, _n
 
 __all__ = ["MASS_TOL", "MASS_TOL_LOW_PRECISION", "WEIGHT_TOL", "WEIGHT_TOL_LOW_PRECISION",
            "classify_token_weights", "grad_step_findings", "loss_scale_findings",
@@ -180,47 +181,6 @@ def _mean_form(mass: float, k: int) -> str:
                 f"is also {k}x the large-batch mean (a transformers Trainer skips its own /K "
                 "when compute_loss is expected to use num_items_in_batch)")
     return f"a per-micro-batch mean scaled by {mass:.4g}"
-
-
-def _cross_rank_weights(rec: RunRecording) -> list[Finding]:
-    """A note (never an error): each rank gave its own tokens one weight, but the weights
-    differ between ranks: each rank normalised by its own count and DDP averages the rank
-    means (standard practice; the exact large batch divides by the global count)."""
-    ranks = [r for r in rec.ranks if rec.steps.get(r)]
-    if len(ranks) < 2:
-        return []
-    per_rank = {r: {int(w["step"]): w for w in _windows(rec.steps[r])} for r in ranks}
-    for step in sorted(per_rank[ranks[0]]):
-        rows = {r: per_rank[r].get(step) for r in ranks}
-        if any(w is None or int(w.get("window", 0)) < 2 for w in rows.values()):
-            continue
-        groups = {r: _loss_groups(w) for r, w in rows.items() if w is not None}
-        keys = set.intersection(*(set(g) for g in groups.values()))
-        for key in sorted(keys):
-            weights: dict[int, float] = {}
-            low = False
-            for r, g in groups.items():
-                k = int(rows[r]["window"])  # type: ignore[index]
-                recs = [g[key].get(m) for m in range(k)]
-                if any(x is None for x in recs):
-                    break
-                ws = [abs(float(x[4])) for x in recs]  # type: ignore[index]
-                low = low or any(bool(x[5]) for x in recs)  # type: ignore[index]
-                if _spread(ws) > (WEIGHT_TOL_LOW_PRECISION if low else WEIGHT_TOL):
-                    break  # not one weight within this rank: the per-rank rule decides
-                weights[r] = sum(ws) / len(ws)
-            else:
-                if _spread(list(weights.values())) > (WEIGHT_TOL_LOW_PRECISION if low
-                                                      else WEIGHT_TOL):
-                    text = ", ".join(f"rank {r}: {v:.4g}" for r, v in sorted(weights.items()))
-                    return [_mk("F6", "note", None, step, None,
-                                f"{_short(key[0])}: every token of a rank carries one weight, "
-                                f"but the weights differ between ranks at optimizer step "
-                                f"{_n(step)} ({text}): each rank normalises by its own token "
-                                "count and the ranks' gradients are then averaged. Standard "
-                                "DDP practice, not the large-batch gradient: for the exact "
-                                "one, all-reduce the window's token count")]
-    return []
 
 
 # -- the scale of the whole window (the loss record's mass; see :mod:`._losses`) -------------

@@ -30,6 +30,7 @@ from typing import Any
 
 from accumguard.observe._comm_rules import comm_findings
 from accumguard.observe._epochs import dropped_finding, dropped_tail, short_epoch_findings
+from accumguard.observe._ledger import ledger_findings, term_findings
 from accumguard.observe._precision_rules import (
     F12_ERROR_FACTOR,
     f12_drift,
@@ -59,7 +60,6 @@ from accumguard.observe._step_rules import (
 from accumguard.observe._weight_rules import (
     WEIGHT_TOL,
     WEIGHT_TOL_LOW_PRECISION,
-    _cross_rank_weights,
     _firm_k,
     classify_token_weights,
     grad_step_findings,
@@ -218,7 +218,8 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
         findings += _scheduler_findings(rank, rec.schedulers.get(rank, []))
         findings += run_horizon_findings(rec, rank, res.k)
     findings += _cross_rank(rec)
-    findings += _cross_rank_weights(rec)
+    findings += ledger_findings(rec, res.k)
+    findings += term_findings(rec)
     findings += manual_reduce_findings(rec)
     # one finding per (class, rank) is enough to act on; keep the first
     seen: set[tuple[str, int | None, str]] = set()

@@ -31,8 +31,10 @@ The recording, one JSON object per line (flushed at every optimizer step, at exi
   null), ``checksum`` (what the optimizer received, for cross-rank agreement), ``wall``,
   ``sync_backward`` (the DDP/FSDP2 sync flag at each backward), ``param_dtype`` (of the
   parameters the optimizer stepped: ``accumguard invariance``'s tolerance reads it),
-  ``comm`` (the window's collectives: :meth:`~accumguard.observe._comm_ledger.CommLedger.take`).
-  The raw ``step`` counts from 0; every report shows it 1-based;
+  ``comm`` (the window's collectives: :meth:`~accumguard.observe._comm_ledger.CommLedger.take`),
+  ``losses`` (the loss record, :mod:`accumguard.observe._losses`) and ``rank_factor``
+  (what the engine multiplies the sum over ranks of the gradients by; the loss-weight
+  ledger reads both). The raw ``step`` counts from 0; every report shows it 1-based;
 * ``{"kind": "scheduler", "step", "micro", "count", "optimizer_steps", "in_step", "sid",
   "pos", "horizon", "horizon_what"}`` (``pos``: the scheduler's ``last_epoch``; ``horizon``:
   where its schedule ends, when the object states it: :mod:`accumguard.observe._schedules`);

@@ -1,0 +1,389 @@
+"""The loss-weight ledger: per optimizer step, the weight each token (sample) of every
+micro-step on every rank carries in the update, composed with what the engine does after
+the backward, judged against the large batch (pure Python, no torch).
+
+From the loss record (:mod:`._losses`) each rank knows, per micro-step, the valid count
+``n`` of its loss call and the weight ``w`` the backward gave each of those tokens. The
+engine then multiplies the sum over ranks of the ranks' gradients by ``f`` (1/W for DDP's,
+FSDP2's and DeepSpeed's average: :mod:`._reduction`) and the loop may scale the reduced
+gradient again (``c``: gradient conservation's scale, e.g. a hand-written all-reduce after
+DDP's). One token then weighs ``w·f·c`` in the update, and the large batch gives every
+token ``1/N`` (N: the window's tokens over all micro-steps and ranks): the total
+``E = Σ n·w·f·c`` is 1.
+
+* ``E`` exactly ``1/W`` (or ``W``) is F10 (error) when the run proves the factor is the
+  world size and not a constant the user chose: every token of the window carried one
+  weight although the ranks' counts differed (so the loss was divided by a count common to
+  all ranks, the window's global one, and the engine averaged it again), or the loss
+  call's file divides a loss by the world size (:mod:`._ledger_source`). Otherwise a
+  note says that the total was not judged (``0.5 * loss`` on two ranks weighs the same).
+* Each rank giving its tokens one weight, the weights differing between ranks while the
+  ranks' totals are equal (each rank divided by its own count, the counts unequal) is F6,
+  a warning with the spread of the weights: standard DDP practice, not the large batch.
+* Any other constant total is the user's (a loss weight, a sum instead of a mean): a
+  note says once that it was not judged. Per-micro-batch means stay F5
+  (:func:`._weight_rules.loss_weight_findings`); 1/K and K per rank stay LOSS_SCALE.
+
+Only steps seen on every rank, each micro-step's backward being one loss call times
+constants (``sole``), are judged; a sum of terms is judged per term by
+:func:`term_findings`. A GradScaler's scale is part of the recorded weights (gradient
+conservation does not see its unscale): the total is then that scale, said in the note;
+DeepSpeed fp16 (a dynamic loss scale) is not judged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from accumguard.observe._ledger_source import world_divisions
+from accumguard.observe._records import Finding, RunRecording, _mk, _n, _windows
+from accumguard.observe._weight_rules import WEIGHT_TOL, WEIGHT_TOL_LOW_PRECISION, _short
+
+__all__ = ["ledger_findings", "term_findings"]
+
+_ENGINES = {"ddp": "DDP", "fsdp2": "FSDP2", "deepspeed": "DeepSpeed"}
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One step of the ledger: per rank its tokens' weights and counts, and the total."""
+
+    step: int
+    weights: dict[int, list[float]]  # per rank, per micro-step: one token's weight (w·f·c)
+    counts: dict[int, list[float]]
+    total: float  # E: every token's weight summed (1 for the large batch)
+    factor: float | None  # f·c, None: the engine's reduction is unknown
+    low: bool
+    site: str
+    engine: str
+    optimizer: str
+    clipped: bool
+    # per rank and micro-step: the constants between the loss call and the root
+    # (["/", c] or ["*", c], see :mod:`._losses`)
+    divs: list[list[Any]]
+    sole: bool  # every backward was the loss call times constants: the total is the loss's
+
+    @property
+    def tol(self) -> float:
+        return WEIGHT_TOL_LOW_PRECISION if self.low else WEIGHT_TOL
+
+    def near(self, a: float, b: float) -> bool:
+        return abs(a - b) <= self.tol * abs(b)
+
+    def flat(self, vals: list[float]) -> bool:
+        hi, lo = max(vals), min(vals)
+        return hi > 0 and hi - lo <= self.tol * hi
+
+    def rank_counts(self) -> list[float]:
+        return [sum(c) for _, c in sorted(self.counts.items())]
+
+
+def _rank_row(w: dict[str, Any]
+             ) -> tuple[list[float], list[float], bool, str, list[list[Any]], bool] | None:
+    """Per micro-step (weight, count) of a window whose every backward had one loss call,
+    whether any was low precision, the site, per micro-step the constants between the
+    call's output and the backward's root, and whether every backward was that call times
+    constants (``sole``: the weights are the whole loss's); or None."""
+    k = int(w.get("window", 0))
+    if k < 1 or int(w.get("zero_grads_between", 0)):
+        return None
+    by_micro: dict[int, list[Any]] = {}
+    for r in w.get("losses") or []:
+        if len(r) > 8 and r[8]:
+            return None  # made by torch.autograd.grad
+        by_micro.setdefault(int(r[2]), []).append(r)
+    if sorted(by_micro) != list(range(k)):
+        return None
+    if any(len(v) != 1 for v in by_micro.values()):
+        return None  # not one loss call per backward: the terms are judged on their own
+    recs = [by_micro[m][0] for m in range(k)]
+    ws = [float(r[4]) for r in recs]
+    if not (all(x > 0 for x in ws) or all(x < 0 for x in ws)):
+        return None
+    divs = [list(r[9]) if len(r) > 9 and r[9] else [] for r in recs]
+    return ([abs(x) for x in ws], [float(r[3]) for r in recs],
+            any(bool(r[5]) for r in recs), str(recs[0][0]), divs,
+            all(len(r) > 7 and bool(r[7]) for r in recs))
+
+
+def _scale(w: dict[str, Any], low: bool) -> float | None:
+    """``c``: what the loop did to the reduced gradient before the step (1 on DeepSpeed,
+    whose gradients live in its buffers; on torch engines only a checked window says)."""
+    if w.get("source") == "deepspeed":
+        return 1.0
+    cons = w.get("conservation")
+    if not isinstance(cons, dict) or not cons.get("ok", False):
+        return None
+    if float(cons.get("received", 1.0)) > (WEIGHT_TOL_LOW_PRECISION if low else WEIGHT_TOL):
+        return None
+    return float(cons.get("scale", 1.0))
+
+
+def _factor(rows: list[dict[str, Any]], low: bool) -> float | None:
+    """``f·c`` of one step, the same on every rank, or None when unknown."""
+    factors = {w.get("rank_factor") for w in rows}
+    scales = [_scale(w, low) for w in rows]
+    f = factors.pop() if len(factors) == 1 else None
+    if f is None or any(c is None for c in scales):
+        return None
+    cs = [float(c) for c in scales]  # type: ignore[arg-type]
+    if max(cs) - min(cs) > WEIGHT_TOL * max(cs):
+        return None
+    return float(f) * sum(cs) / len(cs)
+
+
+def _steps(rec: RunRecording) -> list[_Step]:
+    ranks = [r for r in rec.ranks if rec.steps.get(r)]
+    if len(ranks) < 2:
+        return []
+    per_rank = {r: {int(w["step"]): w for w in _windows(rec.steps[r])} for r in ranks}
+    out = []
+    for step in sorted(per_rank[ranks[0]]):
+        rows = {r: per_rank[r].get(step) for r in ranks}
+        parsed = {}
+        for r, w in rows.items():
+            row = None if w is None else _rank_row(w)
+            if row is None:
+                break
+            parsed[r] = row
+        else:
+            low = any(p[2] for p in parsed.values())
+            first = rows[ranks[0]]
+            assert first is not None
+            factor = _factor(list(rows.values()), low)  # type: ignore[arg-type]
+            mult = 1.0 if factor is None else factor
+            weights = {r: [x * mult for x in p[0]] for r, p in parsed.items()}
+            counts = {r: p[1] for r, p in parsed.items()}
+            total = sum(x * n for r in weights for x, n in zip(weights[r], counts[r],
+                                                                  strict=True))
+            out.append(_Step(step, weights, counts, total, factor, low, parsed[ranks[0]][3],
+                             str(first.get("engine", "local")), str(first.get("optimizer", "")),
+                             any(int(w.get("clips", 0)) for w in rows.values()  # type: ignore[union-attr]
+                                 ), [d for p in parsed.values() for d in p[4]],
+                             all(p[5] for p in parsed.values())))
+    return out
+
+
+def ledger_findings(rec: RunRecording, k: int | None = None) -> list[Finding]:
+    """F10 (error), F6 (warning) or a note on the total, from the ledger of every step seen
+    on all ranks (see the module docstring). ``k``: the run's K (a total of 1/K or K is the
+    LOSS_SCALE rules' to judge, not a constant the user chose)."""
+    steps = _steps(rec)
+    if not steps:
+        return []
+    world = len(steps[0].weights)
+    out = _f6(steps)
+    judged = [s for s in steps if s.factor is not None and s.sole]
+    if not judged:
+        return out
+    if all(s.near(s.total, 1.0) for s in judged):
+        return out
+    for target in (1.0 / world, float(world)):
+        if all(s.near(s.total, target) for s in judged):
+            return _f10(judged, world, target) + out
+    totals = [s.total for s in judged]
+    s = judged[0]
+    if max(totals) - min(totals) <= s.tol * max(totals) and not (
+            k is not None and k > 1 and (s.near(s.total, 1.0 / k) or s.near(s.total, float(k)))):
+        out.append(_mk("LOSS_SCALE", "note", None, s.step, None,
+                       f"{_short(s.site)}: after {_ENGINES.get(s.engine, s.engine)}'s reduction "
+                       f"the tokens of every step carried a total weight of {s.total:.4g} "
+                       f"(the large batch's mean: 1; {len(judged)} step(s) on {world} ranks): "
+                       "a constant of the loop (a loss weight, a sum instead of a mean, "
+                       "or a GradScaler's loss scale, which the recorded weights include), "
+                       "not judged",
+                       title_="loss weights total a constant other than 1 (not judged)",
+                       fix="Nothing to fix if the constant is intended (a loss weight); for "
+                           "the large batch's mean, normalise the summed loss by the window's "
+                           "token count over all micro-steps and ranks."))
+    return out
+
+
+def _f10(judged: list[_Step], world: int, target: float) -> list[Finding]:
+    s = judged[0]
+    engine = _ENGINES.get(s.engine, s.engine)
+    small = target < 1
+    common = [x for x in judged if all(x.flat(ws) for ws in x.weights.values())
+              and x.flat([v for ws in x.weights.values() for v in ws])
+              and not x.flat(x.rank_counts())]
+    # the source divides (multiplies) a loss by the world size, and at run time every
+    # micro-step's loss on every rank was divided (multiplied) by exactly W: not a constant
+    # weight that only happens to equal 1/W (0.5 * loss, or loss / 2, on two ranks)
+    forms = {"/": ("/", float(world)), "*1/": ("*", 1.0 / world)} if small \
+        else {"*": ("*", float(world))}
+    lines = []
+    for ln, kind in world_divisions(s.site.rpartition(":")[0]) if ":" in s.site else ():
+        want = forms.get(kind)
+        if want is not None and all(
+                any(str(d[0]) == want[0] and s.near(float(d[1]), want[1]) for d in ds)
+                for x in judged for ds in x.divs):
+            lines.append(ln)
+    seen = (f"{_short(s.site)}: after {engine}'s reduction (x{s.factor:.4g}) the tokens of "
+            f"each of {len(judged)} optimizer step(s) on {world} ranks carried a total "
+            f"weight of {s.total:.4g} = {'1/W' if small else 'W'} instead of 1 (the large "
+            "batch gives each of its N tokens 1/N)")
+    if common:
+        c = common[0]
+        why = (f"; at optimizer step {_n(c.step)} every token of every rank carried the same "
+               f"weight while the ranks held {', '.join(f'{v:g}' for v in c.rank_counts())} "
+               "tokens, so the loss was divided by a count common to all ranks, the window's "
+               f"global count, and {engine} then averaged the ranks' gradients again")
+    elif lines:
+        file, _, at = s.site.rpartition(":")
+        shown = [int(at)] if at.isdigit() and int(at) in lines else lines
+        path = _short(file + ":" + ",".join(str(x) for x in shown))
+        why = (f"; every micro-step's loss on every rank was {'divided' if small else 'multiplied'}"
+               f" by {world} before its backward and the script "
+               f"{'divides' if small else 'multiplies'} the loss by the world size there "
+               f"({path})")
+    else:
+        return [_mk("LOSS_SCALE", "note", None, s.step, None,
+                    f"{seen}. That is what a loss divided by the world size gives on top of "
+                    f"{engine}'s own average, but also what a constant weight of "
+                    f"{target:.4g} the loop chose gives (the ranks' token counts are equal, "
+                    "and no division of the loss by exactly W at run time matches a division "
+                    "by the world size in the loss call's file): not judged",
+                    title_=f"loss weights total {'1/W' if small else 'W'} (not judged)",
+                    fix=f"If the loss is divided by the world size, remove that division: "
+                        f"{engine} already averages over the ranks.")]
+    adam = "adam" in s.optimizer.lower() or "lamb" in s.optimizer.lower()
+    effect = (f"the gradient the optimizer receives is {world}x too "
+              f"{'small' if small else 'large'}: "
+              + ("with Adam-type optimizers the update changes through epsilon (the "
+                 f"denominator becomes sqrt(v) + {world if small else 1 / world:g}*eps), "
+                 "gradient clipping and coupled weight decay only, but it is not the large "
+                 "batch's update" if adam else
+                 f"every update is {world}x too {'small' if small else 'large'} (with SGD, "
+                 f"an effective learning rate of lr{'/' if small else '*'}{world})"))
+    if s.clipped:
+        effect += f"; the clipping threshold acts on a norm {world}x off"
+    return [_mk("F10", "error", None, s.step, None,
+                f"{seen}{why}: {effect}",
+                fix=(f"Average over ranks exactly once: {engine} already averages the "
+                     "gradients, so do not divide the loss by the world size; when "
+                     "normalising by the window's token count all-reduced over ranks, "
+                     f"multiply the loss by the world size (or, on FSDP2, "
+                     "set_gradient_divide_factor(1.0) with "
+                     "set_force_sum_reduction_for_comms(True))" if small else
+                     f"Average over ranks exactly once: {engine} already averages; do not "
+                     "multiply the loss by the world size on top of a per-rank mean."))]
+
+
+def _f6(steps: list[_Step]) -> list[Finding]:
+    """Each rank one weight for its tokens, different between ranks, the ranks' totals
+    equal while their counts differ: each rank normalised by its own count."""
+    hits = []
+    for s in steps:
+        if not all(s.flat(ws) for ws in s.weights.values()):
+            return []  # weights vary within a rank: F5 or a weighting, not this pattern
+        rank_w = [ws[0] for _, ws in sorted(s.weights.items())]
+        masses = [sum(x * n for x, n in zip(s.weights[r], s.counts[r], strict=True))
+                  for r in sorted(s.weights)]
+        if s.flat(rank_w):
+            continue
+        if not s.flat(masses) or s.flat(s.rank_counts()):
+            return []  # not every rank normalised to the same total: not judged here
+        hits.append((s, rank_w))
+    if not hits:
+        return []
+    s, rank_w = hits[0]
+    big_n = sum(s.rank_counts())
+    norm = big_n / s.total  # the weights as multiples of 1/N once they total 1
+    text = ", ".join(f"rank {r}: {w * norm:.4g}/N for each of {c:g} tokens" for r, w, c in
+                     zip(sorted(s.weights), rank_w, s.rank_counts(), strict=True))
+    if s.factor is None or not s.near(s.total, 1.0):
+        text += " (scaled to a total of 1)"
+    return [_mk("F6", "warning", None, s.step, None,
+                f"{_short(s.site)}: every token of a rank carried one weight, but the weights "
+                f"differ between ranks by {max(rank_w) / min(rank_w):.3g}x at optimizer step "
+                f"{_n(s.step)} ({text}, N = {big_n:g}; {len(hits)} of {len(steps)} step(s)): "
+                "each rank "
+                "normalised its loss by its own token count and the ranks' gradients were "
+                "then averaged, so a token on a rank with fewer tokens weighs more. Standard "
+                "DDP practice, but not the large batch's gradient (every token 1/N)")]
+
+
+def term_findings(rec: RunRecording) -> list[Finding]:
+    """F10 for one term of a loss that is a sum of terms (a recorded loss call reached
+    through an addition: CE + an auxiliary loss, two heads): the term's tokens carried one
+    weight on every rank although the ranks' counts differed (the term was divided by a
+    count common to all ranks, the global one), nothing multiplied it by a coefficient (no
+    multiplication by a constant between the call and the root: a user's weight would
+    show), and after the engine's average the term's tokens weigh exactly 1/W in total, in
+    every step judged. Any coefficient, a term not in every micro-step, an unknown
+    reduction: not judged."""
+    ranks = [r for r in rec.ranks if rec.steps.get(r)]
+    if len(ranks) < 2:
+        return []
+    world = len(ranks)
+    per_rank = {r: {int(w["step"]): w for w in _windows(rec.steps[r])} for r in ranks}
+    seen: dict[tuple[str, int], list[tuple[int, float, bool, list[float]]]] = {}
+    spoiled: set[tuple[str, int]] = set()
+    for step in sorted(per_rank[ranks[0]]):
+        rows = [per_rank[r].get(step) for r in ranks]
+        if any(w is None or int(w.get("window", 0)) < 1 or int(w.get("zero_grads_between", 0))
+               for w in rows):
+            continue
+        groups = [_terms(w) for w in rows]  # type: ignore[arg-type]
+        low = any(bool(x[5]) for g in groups for recs in g.values() for x in recs)
+        factor = _factor(rows, low)  # type: ignore[arg-type]
+        if factor is None:
+            continue
+        tol = WEIGHT_TOL_LOW_PRECISION if low else WEIGHT_TOL
+        for key in set.intersection(*(set(g) for g in groups)):
+            recs = [g[key] for g in groups]
+            if any(len(x) > 9 and any(str(d[0]) == "*" for d in x[9]) for rs in recs
+                   for x in rs):
+                spoiled.add(key)  # a coefficient the user chose: never judged
+                continue
+            ws = [abs(float(x[4])) * factor for rs in recs for x in rs]
+            counts = [sum(float(x[3]) for x in rs) for rs in recs]
+            total = sum(abs(float(x[4])) * factor * float(x[3]) for rs in recs for x in rs)
+            uniform = max(ws) - min(ws) <= tol * max(ws)
+            seen.setdefault(key, []).append((step, total, uniform, counts))
+    out = []
+    for key, obs in sorted(seen.items()):
+        if key in spoiled or not all(u for _, _, u, _ in obs):
+            continue
+        if not all(abs(t * world - 1.0) <= WEIGHT_TOL_LOW_PRECISION for _, t, _, _ in obs):
+            continue
+        proof = next(((st, c) for st, _, _, c in obs if max(c) - min(c) > 0), None)
+        if proof is None:
+            continue
+        site, idx = key
+        st, counts = proof
+        out.append(_mk("F10", "error", None, obs[0][0], None,
+                       f"{_short(site)}: the loss call there is one term of a sum"
+                       + (f" (call {idx + 1} at that line)" if idx else "")
+                       + f"; at optimizer step {_n(st)} its tokens carried one weight on "
+                       f"every rank while the ranks held "
+                       f"{', '.join(f'{v:g}' for v in counts)} of them, so the term was "
+                       "divided by a count common to all ranks (the window's global "
+                       "count), no coefficient multiplies it, and after the engine's "
+                       f"average its tokens weighed 1/W = {1 / world:.4g} in total in each "
+                       f"of {len(obs)} step(s) instead of 1: this term's gradient is "
+                       f"{world}x too small relative to its large-batch meaning",
+                       fix="Multiply the term normalised by the all-reduced token count by "
+                           "the world size (the engine averages over ranks), or divide it "
+                           "by the per-rank count instead."))
+    return out
+
+
+def _terms(w: dict[str, Any]) -> dict[tuple[str, int], list[list[Any]]]:
+    """The window's loss calls that are terms of a sum (not sole), by (site, order), when
+    every micro-step has exactly one record of that key."""
+    k = int(w.get("window", 0))
+    by_key: dict[tuple[str, int], dict[int, list[Any]]] = {}
+    for r in w.get("losses") or []:
+        if (len(r) > 8 and r[8]) or (len(r) > 7 and r[7]):
+            continue  # made by torch.autograd.grad, or the whole loss (the ledger's)
+        by_key.setdefault((str(r[0]), int(r[1])), {}).setdefault(int(r[2]), []).append(r)
+    out = {}
+    for key, by_micro in by_key.items():
+        if sorted(by_micro) == list(range(k)) and all(len(v) == 1 for v in by_micro.values()):
+            recs = [by_micro[m][0] for m in range(k)]
+            signs = {float(x[4]) > 0 for x in recs}
+            if len(signs) == 1 and all(float(x[4]) != 0 for x in recs):
+                out[key] = recs
+    return out

@@ -1,0 +1,125 @@
+"""Where a training script divides its loss by the world size (read with :mod:`ast`, in the
+parent process, from the file of a recorded loss call): the ledger's evidence that a total
+loss weight of exactly 1/W is the loop's division by W and not a constant the user chose
+(``0.5 * mse`` on two ranks weighs the same). Pure Python, stdlib only."""
+
+from __future__ import annotations
+
+import ast
+import functools
+import re
+from pathlib import Path
+
+__all__ = ["world_divisions"]
+
+#: Names that hold the number of data-parallel ranks.
+_WORLD = re.compile(r"^(world(_size)?|num_processes|n_?procs|n_?gpus|num_gpus|ngpus|dp_size|"
+                    r"dp_world_size|data_parallel_size|num_replicas|n_?ranks|num_ranks|"
+                    r"world_sz|ws|W)$")
+_WORLD_CALLS = ("get_world_size", "get_data_parallel_world_size")
+_LOSSY = re.compile(r"loss|entropy|nll|mse|criterion", re.IGNORECASE)
+
+
+def _names(node: ast.AST) -> list[str]:
+    out = []
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name):
+            out.append(n.id)
+        elif isinstance(n, ast.Attribute):
+            out.append(n.attr)
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str):
+            out.append(n.value)  # os.environ["WORLD_SIZE"]
+    return out
+
+
+class _Scan(ast.NodeVisitor):
+    def __init__(self) -> None:
+        self.world: set[str] = set()  # names assigned from a world-size expression
+        self.lines: list[tuple[int, str]] = []  # (line, "/" or "*")
+
+    def worldish(self, node: ast.AST) -> bool:
+        """The divisor is or contains a factor of the world size (``K * world``)."""
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+            return self.worldish(node.left) or self.worldish(node.right)
+        return self.is_world(node)
+
+    @staticmethod
+    def lossy(node: ast.AST) -> bool:
+        return any(_LOSSY.search(x) for x in _names(node))
+
+    def is_world(self, node: ast.AST) -> bool:
+        """The value itself is the world size: ``dist.get_world_size()``, ``world_size``,
+        ``args.world_size``, ``int(os.environ["WORLD_SIZE"])``, ``accelerator.num_processes``."""
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+            if name in _WORLD_CALLS:
+                return True
+            if name in ("int", "float") and len(node.args) == 1:
+                return self.is_world(node.args[0])
+            return False
+        if isinstance(node, ast.Name):
+            return bool(_WORLD.match(node.id)) or node.id in self.world
+        if isinstance(node, ast.Attribute):
+            return bool(_WORLD.match(node.attr))
+        if isinstance(node, ast.Subscript):
+            key = node.slice
+            return isinstance(key, ast.Constant) and key.value == "WORLD_SIZE"
+        return False
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        for t in node.targets:
+            pairs = (list(zip(t.elts, node.value.elts, strict=False))
+                     if isinstance(t, ast.Tuple) and isinstance(node.value, ast.Tuple)
+                     else [(t, node.value)])
+            for tgt, val in pairs:
+                if isinstance(tgt, ast.Name) and self.is_world(val):
+                    self.world.add(tgt.id)
+        lossy_target = any(self.lossy(t) for t in node.targets)
+        self._expr(node.value, lossy_target)
+        self.generic_visit(node)
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> None:
+        kind = self._scales(node.op, node.value)
+        if self.lossy(node.target) and kind:
+            self.lines.append((node.lineno, kind))
+        self.generic_visit(node)
+
+    def visit_BinOp(self, node: ast.BinOp) -> None:
+        self._expr(node, False)
+        self.generic_visit(node)
+
+    def _scales(self, op: ast.operator, other: ast.AST) -> str:
+        """``"/"`` for ``/ W``, ``"*1/"`` for ``* (1 / W)``, ``"*"`` for ``* W``, else
+        ``""``."""
+        if isinstance(op, ast.Div):
+            return "/" if self.worldish(other) else ""
+        if isinstance(op, ast.Mult):
+            if isinstance(other, ast.BinOp) and isinstance(other.op, ast.Div):
+                return "*1/" if self.worldish(other.right) else ""
+            return "*" if self.worldish(other) else ""
+        return ""
+
+    def _expr(self, node: ast.AST, lossy_target: bool) -> None:
+        if isinstance(node, ast.BinOp) and (lossy_target or self.lossy(node.left)):
+            kind = self._scales(node.op, node.right)
+            if kind:
+                self.lines.append((node.lineno, kind))
+
+
+@functools.lru_cache(maxsize=32)
+def world_divisions(path: str) -> tuple[tuple[int, str], ...]:
+    """``(line, "/")`` where ``path`` divides a loss by the world size (``loss /
+    world_size``, ``loss / K / dist.get_world_size()``, ``loss /= accelerator.num_processes``),
+    ``(line, "*1/")`` for ``loss * (1 / W)``, ``(line, "*")`` where it multiplies one by it;
+    empty when the file cannot be read or parsed."""
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return ()
+    scan = _Scan()
+    # two passes: a name bound to the world size after its first use still counts
+    scan.visit(tree)
+    scan.lines = []
+    scan.visit(tree)
+    return tuple(sorted(set(scan.lines)))

@@ -1,0 +1,224 @@
+"""The loss-weight ledger (:mod:`accumguard.observe._ledger`) on recorded windows: the loss
+weights of every rank composed with the engine's reduction, judged against the large batch
+(F10 error, F6 warning, a note for a constant the user chose), with correct twins."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from accumguard.observe._ledger import ledger_findings, term_findings
+from accumguard.observe._ledger_source import world_divisions
+from accumguard.observe._reduction import rank_factor
+from accumguard.observe.rules import RunRecording, analyze
+
+W = 2
+K = 3
+# per rank, per step: the valid tokens of each micro-step (uneven across ranks and steps)
+UNEVEN = {0: [[8, 9, 5], [6, 10, 7], [7, 6, 9]], 1: [[9, 13, 4], [9, 10, 12], [11, 6, 8]]}
+EQUAL = {0: [[18, 18, 18]] * 3, 1: [[18, 18, 18]] * 3}
+
+
+def _rec(weight: Any, counts: dict[int, list[list[int]]], *, site: str = "train.py:10",
+         engine: str = "ddp", factor: float | None = 1 / W, scale: float | None = 1.0,
+         optimizer: str = "SGD", reduction: str = "sum", divs: list[Any] | None = None
+         ) -> RunRecording:
+    """A run whose token weight is ``weight(rank, step, micro, counts)``."""
+    rec = RunRecording(world=W)
+    rec.steps = {}
+    for r in range(W):
+        steps = []
+        for st, ns in enumerate(counts[r]):
+            cons = None if scale is None else {"ok": True, "received": 0.0, "scale": scale,
+                                               "params": 3}
+            steps.append({
+                "step": st, "backwards": len(ns), "applied": True, "engine": engine,
+                "source": "deepspeed" if engine == "deepspeed" else "torch",
+                "optimizer": optimizer, "rank_factor": factor, "conservation": cons,
+                "losses": [[site, 0, m, n, weight(r, st, m, counts), False, reduction, True,
+                            False, divs or []] for m, n in enumerate(ns)]})
+        rec.steps[r] = steps
+    return rec
+
+
+def _global(st: int, counts: dict[int, list[list[int]]]) -> int:
+    return sum(sum(counts[r][st]) for r in counts)
+
+
+def _classes(findings: list[Any]) -> set[tuple[str, str]]:
+    return {(f.cls, f.severity) for f in findings}
+
+
+def test_global_count_then_engine_average_is_f10() -> None:
+    """sum / (window's all-reduced count), then DDP/FSDP2/DeepSpeed average: 1/W. The ranks'
+    counts differ and every token weighs the same, so the divisor is the global count: the
+    proof needs no source. Times W (or no engine average) is the large batch: silent."""
+    for engine in ("ddp", "fsdp2", "deepspeed"):
+        bug = _rec(lambda r, st, m, c: 1 / _global(st, c), UNEVEN, engine=engine,
+                   scale=None if engine == "deepspeed" else 1.0)
+        found = ledger_findings(bug, K)
+        assert _classes(found) == {("F10", "error")}, found
+        f = found[0]
+        assert "2x too small" in f.evidence and "global count" in f.evidence, f.evidence
+        assert "held 22, 26 tokens" in f.evidence, f.evidence
+        twin = _rec(lambda r, st, m, c: W / _global(st, c), UNEVEN, engine=engine,
+                    scale=None if engine == "deepspeed" else 1.0)
+        assert not ledger_findings(twin, K)
+    # a hand-written all_reduce(SUM) after DDP's average (conservation scale W) restores it
+    fixed = _rec(lambda r, st, m, c: 1 / _global(st, c), UNEVEN, scale=float(W))
+    assert not ledger_findings(fixed, K)
+    # FSDP2 with set_gradient_divide_factor(1.0) and a SUM reduction: factor 1, silent
+    summed = _rec(lambda r, st, m, c: 1 / _global(st, c), UNEVEN, engine="fsdp2", factor=1.0)
+    assert not ledger_findings(summed, K)
+
+
+def test_unknown_reduction_or_unchecked_window_is_not_judged() -> None:
+    """A DDP communication hook (factor None) or a torch window whose conservation was not
+    checked (a hand-written all-reduce cannot be excluded): no F10."""
+    bug = _rec(lambda r, st, m, c: 1 / _global(st, c), UNEVEN, factor=None)
+    assert not ledger_findings(bug, K)
+    bug = _rec(lambda r, st, m, c: 1 / _global(st, c), UNEVEN, scale=None)
+    assert not ledger_findings(bug, K)
+
+
+def test_division_by_world_size_needs_the_source(tmp_path: Path) -> None:
+    """Equal counts, a mean / K / W on each rank: the same weights as a user's 0.5 * mean / K
+    on two ranks. F10 only where the run divided every loss by exactly W (the constants
+    between the loss call and the backward's root) and the loss call's file divides a loss
+    by the world size; otherwise a note that says it was not judged."""
+    script = tmp_path / "train.py"
+    script.write_text("import torch.distributed as dist\nworld = dist.get_world_size()\n"
+                      "loss = ce(out, y) / K / world\nloss.backward()\n")
+    coef = tmp_path / "coef.py"
+    coef.write_text("loss = 0.5 * ce(out, y) / K\nloss.backward()\n")
+    assert world_divisions(str(script)) == ((3, "/"),) and world_divisions(str(coef)) == ()
+
+    def weight(r: int, st: int, m: int, c: Any) -> float:
+        return 1 / 18 / K / W
+
+    by_w = [["/", float(W)], ["/", float(K)]]
+    found = ledger_findings(_rec(weight, EQUAL, site=f"{script}:3", reduction="mean",
+                                 divs=by_w), K)
+    assert _classes(found) == {("F10", "error")}, found
+    assert "train.py:3" in found[0].evidence and "divided by 2" in found[0].evidence
+    for opt, words in (("SGD", "lr/2"), ("AdamW", "epsilon")):
+        f = ledger_findings(_rec(weight, EQUAL, site=f"{script}:3", optimizer=opt,
+                                 divs=by_w), K)[0]
+        assert words in f.evidence, f.evidence
+    # 0.5 * loss / K: no division by W at run time, whatever else the file says
+    halved = [["*", 0.5], ["/", float(K)]]
+    for site in (f"{coef}:1", f"{script}:3"):
+        found = ledger_findings(_rec(weight, EQUAL, site=site, reduction="mean",
+                                     divs=halved), K)
+        assert _classes(found) == {("LOSS_SCALE", "note")}, found
+        assert "not judged" in found[0].evidence
+    # divided by 2 at run time, but the file names no world size: a literal constant
+    found = ledger_findings(_rec(weight, EQUAL, site=f"{coef}:1", divs=by_w), K)
+    assert _classes(found) == {("LOSS_SCALE", "note")}, found
+
+
+def test_rank_local_normalisation_is_an_f6_warning() -> None:
+    """sum / this rank's window count, then DDP's average: each rank one weight, different
+    between ranks: F6 warning with the spread, never an error; the whole analysis agrees."""
+    def local(r: int, st: int, m: int, c: Any) -> float:
+        return 1 / sum(c[r][st])
+
+    rec = _rec(local, UNEVEN)
+    found = ledger_findings(rec, K)
+    assert _classes(found) == {("F6", "warning")}, found
+    assert "rank 0: 1.091/N for each of 22 tokens" in found[0].evidence, found[0].evidence
+    assert ("F6", "warning") in _classes(analyze(rec)[0])
+    # equal counts: the same weights everywhere, the large batch: silent
+    assert not ledger_findings(_rec(local, EQUAL), K)
+
+
+def test_other_constants_are_said_once_not_judged() -> None:
+    """A total of 0.3 (a loss weight the user chose): one note; 1/K is LOSS_SCALE's."""
+    found = ledger_findings(_rec(lambda r, st, m, c: 0.3 * W / _global(st, c), UNEVEN), K)
+    assert [(f.cls, f.severity) for f in found] == [("LOSS_SCALE", "note")], found
+    assert "0.3" in found[0].evidence and "not judged" in found[0].evidence
+    assert not ledger_findings(_rec(lambda r, st, m, c: W / K / _global(st, c), UNEVEN), K)
+
+
+def test_rank_factor_reads_the_engine() -> None:
+    """Nothing but an engine's own state gives a factor."""
+    assert rank_factor("local", [], {}, None) is None
+
+    class Group:
+        def __init__(self, factor: float | None) -> None:
+            self.gradient_divide_factor = factor
+
+            class Mesh:
+                def size(self) -> int:
+                    return 4
+
+            self.mesh_info = type("MeshInfo", (), {"mesh": Mesh()})()
+
+    assert rank_factor("fsdp2", [], {1: [Group(None)]}, None) == 0.25
+    assert rank_factor("fsdp2", [], {1: [Group(1.0)]}, None) == 1.0
+    assert rank_factor("fsdp2", [], {1: [Group(1.0)], 2: [Group(None)]}, None) is None
+    assert rank_factor("deepspeed", [], {}, type("E", (), {"dp_world_size": 2})()) == 0.5
+
+
+def test_the_loss_record_keeps_the_chain_constants(tmp_path: Path) -> None:
+    """The record of a loss call keeps the divisions and multiplications between it and the
+    backward's root (``["/", c]``, ``["*", c]``): ``loss / 3 / 2`` and ``0.5 * loss / 3``
+    record differently although their weights are equal."""
+    import torch
+    import torch.nn.functional as F  # noqa: N812
+
+    from accumguard.runtime.watch import recording
+    from accumguard.runtime.watch_findings import load_recordings
+
+    def run(path: Path, scale: Any) -> list[Any]:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 5)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with recording(path):
+            for _ in range(2):
+                for _ in range(3):
+                    x, y = torch.randn(6, 4), torch.randint(0, 5, (6,))
+                    scale(F.cross_entropy(model(x), y)).backward()
+                opt.step()
+                opt.zero_grad()
+        steps = load_recordings(path).steps[0]
+        return [r[9] for r in steps[0]["losses"]]
+
+    divided = run(tmp_path / "a", lambda loss: loss / 3 / 2)
+    halved = run(tmp_path / "b", lambda loss: 0.5 * loss / 3)
+    assert divided == [[["/", 2.0], ["/", 3.0]]] * 3, divided
+    assert halved == [[["/", 3.0], ["*", 0.5]]] * 3, halved
+
+
+def _with_term(rec: RunRecording, divs: list[Any]) -> RunRecording:
+    """Make every recorded call one term of a sum (not sole), with these chain constants."""
+    for steps in rec.steps.values():
+        for s in steps:
+            s["losses"] = [[*x[:7], False, False, divs] for x in s["losses"]]
+    return rec
+
+
+def test_a_term_normalised_by_the_global_count_and_averaged_again() -> None:
+    """CE / (global count) + an auxiliary term, then DDP's average: the CE term weighs 1/W
+    (F10 naming its line); times W, or any coefficient on the term: silent. The whole-loss
+    ledger does not judge a sum."""
+    def glob(r: int, st: int, m: int, c: Any) -> float:
+        return 1 / _global(st, c)
+
+    bug = _with_term(_rec(glob, UNEVEN, site="train.py:42"), [["/", 48.0]])
+    assert not ledger_findings(bug, K)
+    found = term_findings(bug)
+    assert _classes(found) == {("F10", "error")}, found
+    assert "train.py:42" in found[0].evidence and "one term of a sum" in found[0].evidence
+    assert ("F10", "error") in _classes(analyze(bug)[0])
+    twin = _with_term(_rec(lambda r, st, m, c: W / _global(st, c), UNEVEN), [["*", 2.0]])
+    assert not term_findings(twin)
+    # 0.5 * CE / N on two ranks: a coefficient the user chose, whatever its total
+    coef = _with_term(_rec(lambda r, st, m, c: 0.5 * W / _global(st, c), UNEVEN),
+                      [["*", 0.5]])
+    assert not term_findings(coef)
+    # each rank by its own count: not one weight across ranks, not this rule's
+    local = _with_term(_rec(lambda r, st, m, c: 1 / sum(c[r][st]), UNEVEN), [])
+    assert not term_findings(local)
+    # equal counts: a common divisor is not proven
+    assert not term_findings(_with_term(_rec(lambda r, st, m, c: 1 / 108, EQUAL), []))

@@ -1,0 +1,81 @@
+"""The loss-weight ledger under the real ``accumguard watch`` CLI on 2 gloo ranks (issue 25):
+a loss normalised to the window's global token count and then averaged again by DDP, FSDP2
+or DeepSpeed ZeRO-2 (F10, W x too small), a loss divided by the world size on top of the
+engine's average (F10), each rank normalising by its own count (F6, a warning), and the
+correct twins: the global count times W, the per-rank mean / K, a constant weight of 0.5
+the user chose on two ranks (a note, not judged)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from test_watch import _errors, _watch  # the watch-CLI helper of the launcher tests
+
+from helpers import free_port
+
+SCRIPT = Path(__file__).parent.parent / "watch_scripts" / "ledger_loops.py"
+
+
+def _cmd(engine: str, mode: str, opt: str = "sgd", k: int = 3) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+            "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(SCRIPT),
+            engine, mode, opt, str(k)]
+
+
+@pytest.mark.parametrize(("engine", "mode", "opt", "expected"), [
+    ("ddp", "global_noW", "sgd", {"F10"}),
+    ("ddp", "global", "sgd", set()),
+    ("ddp", "equal_div_w", "adamw", {"F10"}),
+    ("ddp", "coef", "sgd", set()),
+    ("fsdp2", "global_noW", "sgd", {"F10"}),
+    ("fsdp2", "global", "sgd", set()),
+    ("ds", "equal_div_w", "sgd", {"F10"}),
+    ("ds", "equal", "sgd", set()),
+    ("ddp", "global_aux", "adamw", {"F10"}),
+    ("ddp", "global_aux_w", "adamw", set()),
+])
+def test_ledger_under_watch(tmp_path: Path, engine: str, mode: str, opt: str,
+                            expected: set[str]) -> None:
+    if engine == "ds":
+        pytest.importorskip("deepspeed")
+    cmd = _cmd(engine, mode, opt)
+    code, findings, report, proc = _watch(tmp_path, cmd)
+    if code and "terminate called without an active exception" in proc.stderr:
+        code, findings, report, proc = _watch(tmp_path, cmd)  # the gloo teardown abort
+    assert "trained" in proc.stdout, proc.stderr[-3000:]
+    assert report["ranks"] == [0, 1]
+    assert _errors(findings) == expected, findings
+    assert code == (1 if expected else 0)
+    if expected:
+        f = next(f for f in findings if f["cls"] == "F10")
+        assert "2x too small" in f["evidence"] and "ledger_loops.py:" in f["evidence"], f
+        if mode == "global_aux":
+            assert "one term of a sum" in f["evidence"], f
+        elif mode == "global_noW":
+            assert "global count" in f["evidence"], f
+        else:
+            assert "divided by 2" in f["evidence"], f
+        if opt == "adamw" and mode != "global_aux":
+            assert "epsilon" in f["evidence"], f
+    if mode == "coef":  # 0.5 on two ranks: said, not judged
+        assert any(f["cls"] == "LOSS_SCALE" and "not judged" in f["evidence"]
+                   for f in findings), findings
+
+
+def test_rank_local_normalisation_is_a_warning(tmp_path: Path) -> None:
+    """DDP, each rank divides its summed loss by its own window count: F6 warning, exit 0."""
+    code, findings, _, proc = _watch(tmp_path, _cmd("ddp", "local"))
+    assert "trained" in proc.stdout, proc.stderr[-3000:]
+    assert code == 0 and not _errors(findings), findings
+    f6 = [f for f in findings if f["cls"] == "F6"]
+    assert f6 and f6[0]["severity"] == "warning" and "/N for each of" in f6[0]["evidence"], f6
+
+
+def test_no_accumulation_loss_divided_by_world_size(tmp_path: Path) -> None:
+    """K = 1 (one backward per step): DDP and loss / world_size is still F10 (the loss
+    record keeps windows of one micro-step when several ranks run)."""
+    code, findings, _, proc = _watch(tmp_path, _cmd("ddp", "equal_div_w", "sgd", 1))
+    assert "trained" in proc.stdout, proc.stderr[-3000:]
+    assert code == 1 and _errors(findings) == {"F10"}, findings
