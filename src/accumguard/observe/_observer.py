@@ -16,9 +16,12 @@ What is observed (each patch keeps the signature and is undone on :meth:`Observe
   (:mod:`._checksum`), where gradients live in ``.grad`` (not DeepSpeed ZeRO >= 1).
 
 The patches call back into this class (``_run_backward``, ``_begin_step``/``_end_step``,
-``_count_sched``, ``_emit``): the per-micro-step/per-step work and the event dispatch stay
-here, with the lifecycle and the arming of sampled windows. Which backward reaches a root is
-:mod:`._attribution`; a window and the step record it becomes, :mod:`._window`.
+``_count_sched``, ``_emit``): the event dispatch, the lifecycle and the optimizer hooks are
+here; the per-micro-step work is the :mod:`._backward` mixin, the per-step work and the
+arming of sampled windows the :mod:`._steps` mixin (the step record's precision facts:
+:mod:`._step_precision`), the forward side the :mod:`._forwards` mixin. Which backward
+reaches a root is :mod:`._attribution`; a window and the step record it becomes,
+:mod:`._window`.
 
 Events go to listeners (the guard, ``watch``'s recorder). A listener may raise from
 ``on_step_start``/``on_backward_start``/``on_zero_grad``/``on_scheduler_step``/
@@ -38,49 +41,29 @@ import torch
 
 from accumguard.observe import _patch_accelerate, _patch_deepspeed, _patch_torch, _patch_trainers
 from accumguard.observe._attribution import Attribution
+from accumguard.observe._backward import BackwardPath
 from accumguard.observe._boundary import BoundaryScale
-from accumguard.observe._checksum import (
-    FORCED_CHECKS,
-    checksums,
-    conservation,
-    grad_versions,
-    sampled,
-)
 from accumguard.observe._collectives import CollectiveCounter
 from accumguard.observe._events import (
     BackwardEvent,
     CollectiveEvent,
     EngineInfo,
     OptimizerCallEvent,
-    ScalerEvent,
     SchedulerEvent,
-    StepStartEvent,
 )
 from accumguard.observe._failsafe import Failsafe, Failure, hook_method
 from accumguard.observe._forwards import ForwardHooks
 from accumguard.observe._imports import when_imported as _when_imported
-from accumguard.observe._introspect import (
-    local,
-    param_dtype,
-    snapshot,
-    tol_for,
-)
 from accumguard.observe._lanes import Lanes
 from accumguard.observe._losses import LossRecorder
 from accumguard.observe._patch import Patches
-from accumguard.observe._precision import (
-    deepspeed_dtypes,
-    fsdp_dtypes,
-    least_precise,
-    model_grad_sum,
-    name_of,
-    step_facts,
-)
-from accumguard.observe._reduction import rank_factor
+from accumguard.observe._step_precision import StepPrecision
+from accumguard.observe._steps import PIN_ROOTS_AFTER_STEPS, StepMachinery
 from accumguard.observe._tally import Tally
 from accumguard.observe._window import Window
 
-__all__ = ["Observer"]
+# PIN_ROOTS_AFTER_STEPS lives in :mod:`._steps`; re-exported here (its old home)
+__all__ = ["PIN_ROOTS_AFTER_STEPS", "Observer"]
 
 #: The listener methods the observer calls (see :class:`._events.Listener`).
 _EVENT_METHODS = ("on_forward", "on_backward_start", "on_backward", "on_collective",
@@ -89,15 +72,7 @@ _EVENT_METHODS = ("on_forward", "on_backward_start", "on_backward", "on_collecti
                   "on_scaler_update", "on_scaler_skip", "on_internal_error")
 
 
-#: The row of a tracked parameter that was replaced and dropped (no gradient, checksum 0).
-_GONE = torch.empty(0)
-
-#: ``auto_roots``: optimizer steps after which the modules seen at the top level are hooked
-#: one by one instead of through the global forward pre-hook (:meth:`Observer._pin_roots`).
-PIN_ROOTS_AFTER_STEPS = 2
-
-
-class Observer(ForwardHooks):
+class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
     """Installs the observation layer in this process and reports events to listeners.
 
     Args:
@@ -329,121 +304,6 @@ class Observer(ForwardHooks):
     def _active(self) -> bool:
         return self.installed and not self._in_observer
 
-    # -- backward ----------------------------------------------------------------------------
-    def _run_backward(self, source: str, loss: Any, engine: Any, fn: Callable[..., Any],
-                      args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """One backward pass: ``fn(*args, **kwargs)`` between the before/after bookkeeping.
-        The hot path of every micro-step: plain attribute work and one event object."""
-        if self._bw_depth or not self.installed or self._in_observer:
-            return fn(*args, **kwargs)
-        w = self._w
-        if not self._armed and not self._wants_backwards:
-            return self._run_unobserved_backward(source, w, fn, args, kwargs)
-        ev = BackwardEvent(step=self.step, micro=len(w.backwards), source=source,
-                           engine=self.engine, forwards=w.forwards)
-        if self.attribute and self._given_roots:
-            ev.reached = self._attribution.reaches(loss)
-        w.forwards = 0
-        if w.loss_ok:
-            if not self.window_loss or not self._handlers["on_step"]:
-                # Only the step record reads the window loss (no listener takes it: the
-                # guard): keep no loss tensors; a listener added later sees it unknown.
-                w.loss_ok = False
-            elif isinstance(loss, torch.Tensor) and loss.numel() == 1:
-                w.losses.append(loss.detach())
-            else:
-                w.loss_ok = False
-        ev.sync_forward = self._last_sync_forward
-        self._last_sync_forward = None
-        root = self._sync_root
-        if root is not None:  # the DDP/FSDP2 root whose forward fed this backward
-            ev.sync_backward = self._sync_flag(root)
-        else:
-            for root in self._sync_roots:  # DDP/FSDP2 roots only (no forward seen yet)
-                flag = self._sync_flag(root)
-                if flag is not None:
-                    ev.sync_backward = flag
-                    break
-        if engine is None and self._ds_engine is not None and source == "accelerate":
-            engine = self._ds_engine
-        if engine is not None:
-            if id(engine) not in self.roots:
-                self._add_root(engine)
-            with contextlib.suppress(Exception):
-                ev.ds_boundary = bool(engine.is_gradient_accumulation_boundary())
-                ev.ds_coalescing = bool(getattr(engine, "inside_no_sync_ctxt", False))
-        # an unchecked window stays unchecked: skip the call on the hot path
-        track = False if self._window_checked is False else self._tracking()
-        if track:
-            t0 = time.perf_counter()
-            # Unchanged grads since the previous backward's end (same tensors, same in-place
-            # version): reuse that checksum instead of recomputing it.
-            versions = grad_versions(self._tracked)
-            if w.ends and versions == self._end_versions:
-                w.starts.append(w.ends[-1])
-            elif not w.ends and all(v is None for v in versions):
-                w.starts.append(torch.zeros((len(self._tracked), 3), dtype=torch.float64))
-            else:
-                w.starts.append(self._checksums())
-            self._t_checks += time.perf_counter() - t0
-        handlers = self._handlers
-        for listen in handlers["on_backward_start"]:
-            listen(ev)
-        lane = self.lanes.before_backward(self.backward_total)
-        n_ends = len(w.ends)
-        self._bw_depth += 1
-        self._bw_current = ev
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            self._bw_depth -= 1
-            self._bw_current = None
-            if track and len(w.starts) > len(w.ends):
-                t0 = time.perf_counter()
-                w.ends.append(self._checksums())
-                self._end_versions = grad_versions(self._tracked)
-                self._t_checks += time.perf_counter() - t0
-            if lane is not None:
-                checked = track and len(w.starts) == len(w.ends) == n_ends + 1
-                self.lanes.after_backward(
-                    lane, self.backward_total, ev, w.starts[-1] if checked else None,
-                    w.ends[-1] if checked else None,
-                    w.losses[-1] if w.loss_ok and w.losses else None)
-            w.backwards.append(ev)
-            self.losses.end_backward()
-            w.bw_since_engine_step += 1
-            w.zero_since_backward = 0
-            self.backward_total += 1
-            if self.boundary is not None:
-                self.boundary.after_backward()
-            for listen in handlers["on_backward"]:
-                listen(ev)
-
-    def _run_unobserved_backward(self, source: str, w: Window, fn: Callable[..., Any],
-                                 args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """A backward in an unarmed window (``sampled_records``): counted, no sync flag,
-        engine query or checksum (the window's record, when :meth:`.Window.unusual` asks for it,
-        leaves those unknown)."""
-        ev = BackwardEvent(step=self.step, micro=len(w.backwards), source=source,
-                           engine=self.engine, forwards=w.forwards)
-        w.forwards = 0
-        self._last_sync_forward = None
-        lane = self.lanes.before_backward(self.backward_total)
-        self._bw_depth += 1
-        self._bw_current = ev  # collectives inside it are its own, not "between"
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            self._bw_depth -= 1
-            self._bw_current = None
-            if lane is not None:
-                self.lanes.after_backward(lane, self.backward_total, ev, None, None, None)
-            w.backwards.append(ev)
-            self.losses.end_backward()
-            w.bw_since_engine_step += 1
-            w.zero_since_backward = 0
-            self.backward_total += 1
-
     # -- collectives -------------------------------------------------------------------------
     def _collective_position(self) -> tuple[int, int, bool]:
         """(optimizer step, backward passes so far in the window, inside a backward): where
@@ -510,210 +370,6 @@ class Observer(ForwardHooks):
         self._step_closure = False
         self._end_step("torch", type(opt).__name__, self._step_applied, None, opt)
 
-    def _skipped_step(self, opt: Any) -> None:
-        """A GradScaler step that found inf/NaN gradients and skipped the optimizer: the
-        window ends without an update and its gradients are dropped (as a DeepSpeed overflow
-        skip). It counts as an attempted step of ``opt`` for the scheduler rule (F4): the
-        scheduler that steps after it is on time."""
-        self._opt_steps.add(opt)
-        if self._handlers["on_scaler_skip"]:
-            self._emit("on_scaler_skip", ScalerEvent(self.step, len(self._w.backwards), "skip",
-                                                     opt))
-        self._step_t0 = time.perf_counter()
-        self._step_cons = None
-        self._ow = None
-        self._end_step("torch", type(opt).__name__, False, None, opt, discarded=True)
-
-    def _begin_step(self, opt: Any, applied: bool, engine: Any = None) -> None:
-        self._step_t0 = time.perf_counter()
-        self._step_applied = applied
-        shared = self._w
-        # several optimizers on disjoint parameters: this one's own window (:mod:`._lanes`)
-        self._ow = ow = (self.lanes.window(opt, shared, self.backward_total, len(self._tracked))
-                         if engine is None and self.lanes.several() else None)
-        w = shared if ow is None else ow
-        self._step_checksum = None
-        self._step_members = None
-        self._step_master = None
-        if self._tracking() and w.starts and len(w.starts) == len(w.ends):
-            t0 = time.perf_counter()
-            # a collective writes .grad in place without bumping its version (c10d): after
-            # one since the last backward the checksum is taken again
-            same = (ow is None and not w.reductions_between
-                    and grad_versions(self._tracked) == self._end_versions)
-            self._step_checksum = w.ends[-1] if same else self._checksums()
-            members = {id(p) for g in getattr(opt, "param_groups", []) for p in g["params"]}
-            self._step_members = [id(p) in members for p in self._tracked]
-            if engine is None and not all(self._step_members):
-                # bf16 model .grad summed in place, fp32 copies stepped (master weights)
-                with self._quiet():
-                    self._step_master = model_grad_sum(
-                        self._tracked, self._step_members, w.starts, w.ends,
-                        [p for g in opt.param_groups for p in g["params"]])
-            # a root's parameter replaced (an embedding resized) or unfrozen since the root
-            # was first seen: tracked from the next window (not an optimizer's own copies:
-            # fp32 master weights get their .grad at the step, not from the backwards)
-            live: set[int] = set()
-            for root in list(self.roots.values()):
-                live |= self._track(root)
-            # a parameter replaced inside its root and stepped by this optimizer no more is
-            # not kept alive by the observer (a resized embedding's old weight would stay in
-            # memory): its row stays (rows are positional), with no gradient
-            for i, p in enumerate(self._tracked):
-                if id(p) not in live and id(p) not in members and p is not _GONE:
-                    self._tracked_ids.discard(id(p))
-                    self._tracked_names.pop(id(p), None)
-                    self._tracked[i] = _GONE
-            self._t_checks += time.perf_counter() - t0
-        self._step_cons = self._verdict()
-        if self.record_updates:
-            self._before = self._snapshot(opt, engine)
-        # the same optimizer (engine) stepping again with no backward pass since its
-        # previous step: whether it moves the parameters decides the finding (rare: its
-        # cost is paid by such steps only). Another optimizer's step right after (an
-        # actor and a critic stepping one after the other) is not judged here.
-        # A torch optimizer's gradients may come from elsewhere than a backward the observer
-        # sees (torch.autograd.grad assigned by hand): judged only when no new gradient
-        # arrived, measured (the same .grad tensors, unwritten since that step, or zeros).
-        self._idle_before = None
-        owner = id(opt if engine is None else engine)
-        if (not w.backwards and applied and owner == self._last_owner
-                and (engine is not None or self._no_new_grad(opt))):
-            self._idle_before = (self._before if self._before is not None
-                                 else self._snapshot(opt, engine))
-        self._last_owner = owner
-        if not self._handlers["on_step_start"]:
-            return
-        self._emit("on_step_start", StepStartEvent(
-            step=self.step, backwards=len(w.backwards),
-            source="torch" if engine is None else "deepspeed", applied=applied,
-            engine=self.engine, conservation=self._step_cons,
-            owner=opt if engine is None else engine))
-
-    def _verdict(self) -> Any:
-        """Conservation verdict on what the step about to run receives (None: unchecked)."""
-        w = self._w if self._ow is None else self._ow
-        if self._step_checksum is None or self._step_members is None:
-            return None
-        t0 = time.perf_counter()
-        cons = None
-        # The tracked parameters only grow (a module first called, or a parameter replaced,
-        # mid-window appends rows): the window is judged on the rows every checksum of it
-        # has, the parameters tracked since its first backward. One added later is judged
-        # from its first full window on (its earlier micro-steps were not measured).
-        n = min((int(c.shape[0]) for c in (*w.starts, *w.ends)),
-                default=len(self._step_members))
-        mask = torch.tensor(self._step_members[:n], dtype=torch.bool)
-        if bool(mask.any()) and len(w.starts) == len(w.backwards):
-            dtype = next((p.dtype for p, m in zip(self._tracked, self._step_members[:n],
-                                                  strict=False) if m), torch.float32)
-            cons = conservation(starts=[s[:n][mask] for s in w.starts],
-                                ends=[e[:n][mask] for e in w.ends],
-                                received=self._step_checksum[:n][mask], tol=tol_for(dtype))
-        self._t_checks += time.perf_counter() - t0
-        return cons
-
-    @staticmethod
-    def _grad_state(opt: Any) -> list[tuple[int, int]]:
-        return [(id(p.grad), p.grad._version) for g in getattr(opt, "param_groups", [])
-                for p in g["params"] if p.grad is not None]
-
-    def _no_new_grad(self, opt: Any) -> bool:
-        """No gradient reached ``opt`` since its previous step: its ``.grad`` tensors are
-        those it stepped on, unwritten since, or every one is zero."""
-        if self._grad_state(opt) == self._last_grads:
-            return True
-        with self._quiet():
-            return all(not bool(local(p.grad).any()) for g in opt.param_groups
-                       for p in g["params"] if p.grad is not None)
-
-    def _end_step(self, source: str, opt_name: str, applied: bool, norm: float | None,
-                  owner: Any, *, discarded: bool = False) -> None:
-        w = self._w
-        own, self._ow = self._ow, None
-        if source == "torch":
-            self.lanes.stepped(owner, self.backward_total)
-            self._last_grads = self._grad_state(owner)
-        updates = None
-        before: dict[str, torch.Tensor] | None
-        if self.record_updates and self._before is not None and applied:
-            after = self._snapshot(owner if source == "torch" else None,
-                                   owner if source == "deepspeed" else None)
-            before = self._before
-            if len(after) == len(before) and list(after) != list(before):
-                # the same parameters in the same order, named after the step: a closure's
-                # backward (Lightning) made the first names known inside this step
-                updates = {k: a - b for (k, a), b in zip(after.items(), before.values(),
-                                                         strict=True) if a.shape == b.shape}
-            else:
-                updates = {k: (after[k] - v) for k, v in before.items() if k in after}
-        before, self._before = self._before, None
-        moved = None
-        if self._idle_before is not None:
-            after = self._snapshot(owner if source == "torch" else None,
-                                   owner if source == "deepspeed" else None)
-            moved = any(k in after and not torch.equal(after[k], v)
-                        for k, v in self._idle_before.items())
-            self._idle_before = None
-        cons = self._step_cons
-        self._step_cons = None
-        if self.sampled_records:
-            if w.zero_between and cons is None and self._trackable():
-                # gradients zeroed inside a window no checksum saw (an epoch's reset, a
-                # leftover): verify the next windows, sampled or not
-                self.force_checks = FORCED_CHECKS
-            armed = self._armed
-            # a sampled window a GradScaler skipped hands its sample to the next window (fp16
-            # runs skip their first steps: step 0 would otherwise be checked never)
-            self._armed = (sampled(self.step + 1, self.every) or self.force_checks > 0
-                           or (discarded and armed))
-            if self._armed != armed:
-                self._hook_roots(self._armed)
-            if not armed and not w.unusual(self.window_size):
-                self._next_window()
-                return
-        if not self._handlers["on_step"]:
-            # No listener takes the step record (the guard): skip building it (the window
-            # loss reduction, its host copy and a dozen per-window lists).
-            self._next_window()
-            return
-        chk = None
-        if cons is not None and self._step_members is not None \
-                and self._step_checksum is not None:
-            mask = torch.tensor(self._step_members, dtype=torch.bool)
-            chk = [float(x) for x in self._step_checksum[mask].sum(0)]
-        ev = (w if own is None else own).record(
-            step=self.step, applied=applied, source=source, optimizer=opt_name,
-            engine=self.engine, grad_norm=norm, conservation=cons, checksum=chk,
-            wall=time.perf_counter() - self._step_t0, param_dtype=self._dtype_of(owner),
-            updates=updates, precision=self._precision(owner, source, w),
-            param_norm=(None if updates is None or before is None else
-                        float(sum(float(v.pow(2).sum()) for v in before.values())) ** 0.5),
-            # a torch step with every gradient None changes nothing: its window goes on;
-            # a DeepSpeed step that skipped its update (overflow) discarded its window
-            losses=self.losses.take(applied, carry=source == "torch" and not discarded),
-            discarded=discarded, moved=moved)
-        if ev.losses:  # the ledger composes the loss weights with the engine's reduction
-            ev.rank_factor = rank_factor(self.engine, self._sync_roots, self._fsdp_groups,
-                                         self._ds_engine)
-        if own is not None:
-            # the loss record follows the shared window's backwards, not this optimizer's
-            ev.losses = None
-            ev.optimizer_index = self.lanes.key(owner)
-        self._next_window(reset_losses=False)  # losses.take() above reset them
-        if self._global_handle is not None and self.step >= PIN_ROOTS_AFTER_STEPS:
-            self._pin_roots()
-        self._emit("on_step", ev)
-
-    def _next_window(self, *, reset_losses: bool = True) -> None:
-        self.step += 1
-        self._w = Window()
-        self._window_checked = None if self._armed else False  # unarmed: no checksums
-        if self.boundary is not None:
-            self.boundary.reset()
-        if reset_losses:
-            self.losses.reset()
-
     def boundary_scale(self) -> float | None:
         """The one scale the loop applied to the accumulated gradient after this window's
         last backward, clips excluded (:mod:`._boundary`); None: unmeasured (an unchecked
@@ -769,34 +425,3 @@ class Observer(ForwardHooks):
                 ok = self._t_checks <= self.budget * elapsed
             self._window_checked = ok
         return self._window_checked
-
-    def _dtype_of(self, owner: Any) -> str | None:
-        """:func:`_param_dtype`, once per optimizer/engine (it walks every parameter; a
-        model does not change dtype between steps)."""
-        key = id(owner)
-        if key not in self._dtypes:
-            self._dtypes[key] = param_dtype(owner)
-        return self._dtypes[key]
-
-    def _precision(self, owner: Any, source: str, w: Window) -> dict[str, Any] | None:
-        """The step record's ``precision`` (:func:`._precision.step_facts`); the per-owner
-        part is read once (again when a parameter is tracked or FSDP2 was not set up yet)."""
-        key = (id(owner), len(self._tracked))
-        static = self._prec_static.get(key)
-        if static is None:
-            groups = [g for gs in self._fsdp_groups.values() for g in gs]
-            fsdp = fsdp_dtypes(groups) if groups else None
-            static = (least_precise(name_of(p.dtype) for p in self._tracked if p is not _GONE),
-                      fsdp, deepspeed_dtypes(owner) if source == "deepspeed" else None)
-            if fsdp is not None or not groups:
-                self._prec_static = {key: static}
-        return step_facts(params=static[0], fsdp=static[1], deepspeed=static[2],
-                          autocast=w.autocast, model_grad=self._step_master)
-
-    def _checksums(self) -> torch.Tensor:
-        with self._quiet():
-            return checksums(self._tracked)
-
-    def _snapshot(self, opt: Any, engine: Any) -> dict[str, torch.Tensor]:
-        with self._quiet():
-            return snapshot(opt, engine, self._tracked_names)

@@ -1,0 +1,184 @@
+"""The backward path of the observer: the bookkeeping around each backward pass.
+
+A mixin of :class:`~._observer.Observer` (the patches of ``Tensor.backward``,
+``torch.autograd.backward``, DeepSpeed's and Accelerate's ``backward`` call
+``obs._run_backward``): the hot path of every micro-step, so it reads and writes the
+observer's window and counters directly. A backward in a window ``sampled_records`` left
+unarmed is only counted (:meth:`BackwardPath._run_unobserved_backward`); an armed one gets
+its sync flags, DeepSpeed's boundary flags, the gradient checksums before and after
+(:mod:`._checksum`) and the listeners' ``on_backward_start``/``on_backward``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from accumguard.observe._checksum import grad_versions
+from accumguard.observe._events import BackwardEvent
+from accumguard.observe._window import Window
+
+if TYPE_CHECKING:
+    from accumguard.observe._boundary import BoundaryScale
+    from accumguard.observe._lanes import Lanes
+    from accumguard.observe._losses import LossRecorder
+
+__all__ = ["BackwardPath"]
+
+
+class BackwardPath:
+    """``_run_backward`` and ``_run_unobserved_backward`` (state: the observer's, set up in
+    ``Observer.__init__``)."""
+
+    # (attributes of the observer this mixin uses; typed here for readers and checkers)
+    roots: dict[int, torch.nn.Module]
+    engine: str
+    step: int
+    installed: bool
+    attribute: bool
+    window_loss: bool
+    backward_total: int
+    boundary: BoundaryScale | None
+    lanes: Lanes
+    losses: LossRecorder
+    _in_observer: int
+    _armed: bool
+    _wants_backwards: bool
+    _w: Window
+    _handlers: dict[str, list[Any]]
+    _attribution: Any
+    _sync_roots: list[Any]
+    _given_roots: list[torch.nn.Module]
+    _ds_engine: Any
+    _tracked: list[torch.Tensor]
+    _end_versions: list[tuple[int, int] | None]
+    _window_checked: bool | None
+    _t_checks: float
+    _bw_depth: int
+    _last_sync_forward: bool | None
+    _sync_root: Any
+    _bw_current: BackwardEvent | None
+
+    if TYPE_CHECKING:  # defined by the observer and its other mixins
+        def _add_root(self, module: torch.nn.Module) -> None: ...
+        def _sync_flag(self, root: Any) -> bool | None: ...
+        def _tracking(self) -> bool: ...
+        def _checksums(self) -> torch.Tensor: ...
+
+    def _run_backward(self, source: str, loss: Any, engine: Any, fn: Callable[..., Any],
+                      args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """One backward pass: ``fn(*args, **kwargs)`` between the before/after bookkeeping.
+        The hot path of every micro-step: plain attribute work and one event object."""
+        if self._bw_depth or not self.installed or self._in_observer:
+            return fn(*args, **kwargs)
+        w = self._w
+        if not self._armed and not self._wants_backwards:
+            return self._run_unobserved_backward(source, w, fn, args, kwargs)
+        ev = BackwardEvent(step=self.step, micro=len(w.backwards), source=source,
+                           engine=self.engine, forwards=w.forwards)
+        if self.attribute and self._given_roots:
+            ev.reached = self._attribution.reaches(loss)
+        w.forwards = 0
+        if w.loss_ok:
+            if not self.window_loss or not self._handlers["on_step"]:
+                # Only the step record reads the window loss (no listener takes it: the
+                # guard): keep no loss tensors; a listener added later sees it unknown.
+                w.loss_ok = False
+            elif isinstance(loss, torch.Tensor) and loss.numel() == 1:
+                w.losses.append(loss.detach())
+            else:
+                w.loss_ok = False
+        ev.sync_forward = self._last_sync_forward
+        self._last_sync_forward = None
+        root = self._sync_root
+        if root is not None:  # the DDP/FSDP2 root whose forward fed this backward
+            ev.sync_backward = self._sync_flag(root)
+        else:
+            for root in self._sync_roots:  # DDP/FSDP2 roots only (no forward seen yet)
+                flag = self._sync_flag(root)
+                if flag is not None:
+                    ev.sync_backward = flag
+                    break
+        if engine is None and self._ds_engine is not None and source == "accelerate":
+            engine = self._ds_engine
+        if engine is not None:
+            if id(engine) not in self.roots:
+                self._add_root(engine)
+            with contextlib.suppress(Exception):
+                ev.ds_boundary = bool(engine.is_gradient_accumulation_boundary())
+                ev.ds_coalescing = bool(getattr(engine, "inside_no_sync_ctxt", False))
+        # an unchecked window stays unchecked: skip the call on the hot path
+        track = False if self._window_checked is False else self._tracking()
+        if track:
+            t0 = time.perf_counter()
+            # Unchanged grads since the previous backward's end (same tensors, same in-place
+            # version): reuse that checksum instead of recomputing it.
+            versions = grad_versions(self._tracked)
+            if w.ends and versions == self._end_versions:
+                w.starts.append(w.ends[-1])
+            elif not w.ends and all(v is None for v in versions):
+                w.starts.append(torch.zeros((len(self._tracked), 3), dtype=torch.float64))
+            else:
+                w.starts.append(self._checksums())
+            self._t_checks += time.perf_counter() - t0
+        handlers = self._handlers
+        for listen in handlers["on_backward_start"]:
+            listen(ev)
+        lane = self.lanes.before_backward(self.backward_total)
+        n_ends = len(w.ends)
+        self._bw_depth += 1
+        self._bw_current = ev
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self._bw_depth -= 1
+            self._bw_current = None
+            if track and len(w.starts) > len(w.ends):
+                t0 = time.perf_counter()
+                w.ends.append(self._checksums())
+                self._end_versions = grad_versions(self._tracked)
+                self._t_checks += time.perf_counter() - t0
+            if lane is not None:
+                checked = track and len(w.starts) == len(w.ends) == n_ends + 1
+                self.lanes.after_backward(
+                    lane, self.backward_total, ev, w.starts[-1] if checked else None,
+                    w.ends[-1] if checked else None,
+                    w.losses[-1] if w.loss_ok and w.losses else None)
+            w.backwards.append(ev)
+            self.losses.end_backward()
+            w.bw_since_engine_step += 1
+            w.zero_since_backward = 0
+            self.backward_total += 1
+            if self.boundary is not None:
+                self.boundary.after_backward()
+            for listen in handlers["on_backward"]:
+                listen(ev)
+
+    def _run_unobserved_backward(self, source: str, w: Window, fn: Callable[..., Any],
+                                 args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A backward in an unarmed window (``sampled_records``): counted, no sync flag,
+        engine query or checksum (the window's record, when :meth:`.Window.unusual` asks for it,
+        leaves those unknown)."""
+        ev = BackwardEvent(step=self.step, micro=len(w.backwards), source=source,
+                           engine=self.engine, forwards=w.forwards)
+        w.forwards = 0
+        self._last_sync_forward = None
+        lane = self.lanes.before_backward(self.backward_total)
+        self._bw_depth += 1
+        self._bw_current = ev  # collectives inside it are its own, not "between"
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self._bw_depth -= 1
+            self._bw_current = None
+            if lane is not None:
+                self.lanes.after_backward(lane, self.backward_total, ev, None, None, None)
+            w.backwards.append(ev)
+            self.losses.end_backward()
+            w.bw_since_engine_step += 1
+            w.zero_since_backward = 0
+            self.backward_total += 1

@@ -1,0 +1,62 @@
+"""The step record's precision facts, read per optimizer (engine) and cached.
+
+A mixin of :class:`~._observer.Observer` (:meth:`._steps.StepMachinery._end_step` calls
+it): the parameters' dtype and :func:`._precision.step_facts` (the tracked parameters'
+least precise dtype, FSDP2's and DeepSpeed's configured dtypes, the window's autocast and
+where the model's gradient was summed), read once per owner since a model does not change
+dtype between steps.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from accumguard.observe._introspect import param_dtype
+from accumguard.observe._precision import (
+    deepspeed_dtypes,
+    fsdp_dtypes,
+    least_precise,
+    name_of,
+    step_facts,
+)
+from accumguard.observe._steps import _GONE
+from accumguard.observe._window import Window
+
+__all__ = ["StepPrecision"]
+
+
+class StepPrecision:
+    """``_dtype_of`` and ``_precision`` (state: the observer's ``_dtypes`` and
+    ``_prec_static`` caches, set up in ``Observer.__init__``)."""
+
+    # (attributes of the observer this mixin uses; typed here for readers and checkers)
+    _dtypes: dict[int, str | None]
+    _prec_static: dict[tuple[int, int], tuple[Any, ...]]
+    _tracked: list[torch.Tensor]
+    _fsdp_groups: dict[int, list[Any]]
+    _step_master: dict[str, Any] | None
+
+    def _dtype_of(self, owner: Any) -> str | None:
+        """:func:`_param_dtype`, once per optimizer/engine (it walks every parameter; a
+        model does not change dtype between steps)."""
+        key = id(owner)
+        if key not in self._dtypes:
+            self._dtypes[key] = param_dtype(owner)
+        return self._dtypes[key]
+
+    def _precision(self, owner: Any, source: str, w: Window) -> dict[str, Any] | None:
+        """The step record's ``precision`` (:func:`._precision.step_facts`); the per-owner
+        part is read once (again when a parameter is tracked or FSDP2 was not set up yet)."""
+        key = (id(owner), len(self._tracked))
+        static = self._prec_static.get(key)
+        if static is None:
+            groups = [g for gs in self._fsdp_groups.values() for g in gs]
+            fsdp = fsdp_dtypes(groups) if groups else None
+            static = (least_precise(name_of(p.dtype) for p in self._tracked if p is not _GONE),
+                      fsdp, deepspeed_dtypes(owner) if source == "deepspeed" else None)
+            if fsdp is not None or not groups:
+                self._prec_static = {key: static}
+        return step_facts(params=static[0], fsdp=static[1], deepspeed=static[2],
+                          autocast=w.autocast, model_grad=self._step_master)

@@ -1,0 +1,312 @@
+"""The step machinery of the observer: a window's end at an optimizer (engine) step.
+
+A mixin of :class:`~._observer.Observer` (the optimizer hooks and the patches of
+DeepSpeed's ``engine.step`` and GradScaler call ``obs._begin_step``/``obs._end_step``/
+``obs._skipped_step``). Before the step: the checksum of what the step receives and the
+conservation verdict (:mod:`._checksum`), the parameter snapshot for ``record_updates``,
+an idle re-step's snapshot, ``on_step_start``. After it: the updates, the arming of the next
+sampled window, the step record (:meth:`._window.Window.record`) and ``on_step``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from accumguard.observe._checksum import (
+    FORCED_CHECKS,
+    checksums,
+    conservation,
+    grad_versions,
+    sampled,
+)
+from accumguard.observe._events import ScalerEvent, StepStartEvent
+from accumguard.observe._introspect import local, snapshot, tol_for
+from accumguard.observe._precision import model_grad_sum
+from accumguard.observe._reduction import rank_factor
+from accumguard.observe._window import Window
+
+if TYPE_CHECKING:
+    from accumguard.observe._boundary import BoundaryScale
+    from accumguard.observe._lanes import Lanes
+    from accumguard.observe._losses import LossRecorder
+    from accumguard.observe._tally import Tally
+
+__all__ = ["PIN_ROOTS_AFTER_STEPS", "StepMachinery"]
+
+#: The row of a tracked parameter that was replaced and dropped (no gradient, checksum 0).
+_GONE = torch.empty(0)
+
+#: ``auto_roots``: optimizer steps after which the modules seen at the top level are hooked
+#: one by one instead of through the global forward pre-hook (:meth:`Observer._pin_roots`).
+PIN_ROOTS_AFTER_STEPS = 2
+
+
+class StepMachinery:
+    """``_begin_step``/``_end_step``/``_skipped_step`` and their helpers (state: the
+    observer's ``_step_*``, ``_before``/``_idle_before``, ``_last_owner``/``_last_grads``,
+    set up in ``Observer.__init__``)."""
+
+    # (attributes of the observer this mixin uses; typed here for readers and checkers)
+    roots: dict[int, torch.nn.Module]
+    engine: str
+    step: int
+    every: int
+    record_updates: bool
+    sampled_records: bool
+    window_size: int | None
+    force_checks: int
+    backward_total: int
+    boundary: BoundaryScale | None
+    lanes: Lanes
+    losses: LossRecorder
+    _armed: bool
+    _w: Window
+    _ow: Window | None
+    _handlers: dict[str, list[Any]]
+    _sync_roots: list[Any]
+    _ds_engine: Any
+    _tracked: list[torch.Tensor]
+    _tracked_ids: set[int]
+    _tracked_names: dict[int, str]
+    _fsdp_groups: dict[int, list[Any]]
+    _end_versions: list[tuple[int, int] | None]
+    _window_checked: bool | None
+    _t_checks: float
+    _global_handle: Any
+    _opt_steps: Tally
+    _step_t0: float
+    _step_applied: bool
+    _step_cons: Any
+    _step_checksum: torch.Tensor | None
+    _step_members: list[bool] | None
+    _step_master: dict[str, Any] | None
+    _before: dict[str, torch.Tensor] | None
+    _idle_before: dict[str, torch.Tensor] | None
+    _last_owner: int
+    _last_grads: list[tuple[int, int]]
+
+    if TYPE_CHECKING:  # defined by the observer and its other mixins
+        def _quiet(self) -> Any: ...
+        def _emit(self, method: str, event: Any) -> None: ...
+        def _trackable(self) -> bool: ...
+        def _tracking(self) -> bool: ...
+        def _track(self, root: torch.nn.Module) -> set[int]: ...
+        def _hook_roots(self, on: bool) -> None: ...
+        def _pin_roots(self) -> None: ...
+        def _dtype_of(self, owner: Any) -> str | None: ...
+        def _precision(self, owner: Any, source: str, w: Window) -> dict[str, Any] | None: ...
+
+    def _skipped_step(self, opt: Any) -> None:
+        """A GradScaler step that found inf/NaN gradients and skipped the optimizer: the
+        window ends without an update and its gradients are dropped (as a DeepSpeed overflow
+        skip). It counts as an attempted step of ``opt`` for the scheduler rule (F4): the
+        scheduler that steps after it is on time."""
+        self._opt_steps.add(opt)
+        if self._handlers["on_scaler_skip"]:
+            self._emit("on_scaler_skip", ScalerEvent(self.step, len(self._w.backwards), "skip",
+                                                     opt))
+        self._step_t0 = time.perf_counter()
+        self._step_cons = None
+        self._ow = None
+        self._end_step("torch", type(opt).__name__, False, None, opt, discarded=True)
+
+    def _begin_step(self, opt: Any, applied: bool, engine: Any = None) -> None:
+        self._step_t0 = time.perf_counter()
+        self._step_applied = applied
+        shared = self._w
+        # several optimizers on disjoint parameters: this one's own window (:mod:`._lanes`)
+        self._ow = ow = (self.lanes.window(opt, shared, self.backward_total, len(self._tracked))
+                         if engine is None and self.lanes.several() else None)
+        w = shared if ow is None else ow
+        self._step_checksum = None
+        self._step_members = None
+        self._step_master = None
+        if self._tracking() and w.starts and len(w.starts) == len(w.ends):
+            t0 = time.perf_counter()
+            # a collective writes .grad in place without bumping its version (c10d): after
+            # one since the last backward the checksum is taken again
+            same = (ow is None and not w.reductions_between
+                    and grad_versions(self._tracked) == self._end_versions)
+            self._step_checksum = w.ends[-1] if same else self._checksums()
+            members = {id(p) for g in getattr(opt, "param_groups", []) for p in g["params"]}
+            self._step_members = [id(p) in members for p in self._tracked]
+            if engine is None and not all(self._step_members):
+                # bf16 model .grad summed in place, fp32 copies stepped (master weights)
+                with self._quiet():
+                    self._step_master = model_grad_sum(
+                        self._tracked, self._step_members, w.starts, w.ends,
+                        [p for g in opt.param_groups for p in g["params"]])
+            # a root's parameter replaced (an embedding resized) or unfrozen since the root
+            # was first seen: tracked from the next window (not an optimizer's own copies:
+            # fp32 master weights get their .grad at the step, not from the backwards)
+            live: set[int] = set()
+            for root in list(self.roots.values()):
+                live |= self._track(root)
+            # a parameter replaced inside its root and stepped by this optimizer no more is
+            # not kept alive by the observer (a resized embedding's old weight would stay in
+            # memory): its row stays (rows are positional), with no gradient
+            for i, p in enumerate(self._tracked):
+                if id(p) not in live and id(p) not in members and p is not _GONE:
+                    self._tracked_ids.discard(id(p))
+                    self._tracked_names.pop(id(p), None)
+                    self._tracked[i] = _GONE
+            self._t_checks += time.perf_counter() - t0
+        self._step_cons = self._verdict()
+        if self.record_updates:
+            self._before = self._snapshot(opt, engine)
+        # the same optimizer (engine) stepping again with no backward pass since its
+        # previous step: whether it moves the parameters decides the finding (rare: its
+        # cost is paid by such steps only). Another optimizer's step right after (an
+        # actor and a critic stepping one after the other) is not judged here.
+        # A torch optimizer's gradients may come from elsewhere than a backward the observer
+        # sees (torch.autograd.grad assigned by hand): judged only when no new gradient
+        # arrived, measured (the same .grad tensors, unwritten since that step, or zeros).
+        self._idle_before = None
+        owner = id(opt if engine is None else engine)
+        if (not w.backwards and applied and owner == self._last_owner
+                and (engine is not None or self._no_new_grad(opt))):
+            self._idle_before = (self._before if self._before is not None
+                                 else self._snapshot(opt, engine))
+        self._last_owner = owner
+        if not self._handlers["on_step_start"]:
+            return
+        self._emit("on_step_start", StepStartEvent(
+            step=self.step, backwards=len(w.backwards),
+            source="torch" if engine is None else "deepspeed", applied=applied,
+            engine=self.engine, conservation=self._step_cons,
+            owner=opt if engine is None else engine))
+
+    def _verdict(self) -> Any:
+        """Conservation verdict on what the step about to run receives (None: unchecked)."""
+        w = self._w if self._ow is None else self._ow
+        if self._step_checksum is None or self._step_members is None:
+            return None
+        t0 = time.perf_counter()
+        cons = None
+        # The tracked parameters only grow (a module first called, or a parameter replaced,
+        # mid-window appends rows): the window is judged on the rows every checksum of it
+        # has, the parameters tracked since its first backward. One added later is judged
+        # from its first full window on (its earlier micro-steps were not measured).
+        n = min((int(c.shape[0]) for c in (*w.starts, *w.ends)),
+                default=len(self._step_members))
+        mask = torch.tensor(self._step_members[:n], dtype=torch.bool)
+        if bool(mask.any()) and len(w.starts) == len(w.backwards):
+            dtype = next((p.dtype for p, m in zip(self._tracked, self._step_members[:n],
+                                                  strict=False) if m), torch.float32)
+            cons = conservation(starts=[s[:n][mask] for s in w.starts],
+                                ends=[e[:n][mask] for e in w.ends],
+                                received=self._step_checksum[:n][mask], tol=tol_for(dtype))
+        self._t_checks += time.perf_counter() - t0
+        return cons
+
+    @staticmethod
+    def _grad_state(opt: Any) -> list[tuple[int, int]]:
+        return [(id(p.grad), p.grad._version) for g in getattr(opt, "param_groups", [])
+                for p in g["params"] if p.grad is not None]
+
+    def _no_new_grad(self, opt: Any) -> bool:
+        """No gradient reached ``opt`` since its previous step: its ``.grad`` tensors are
+        those it stepped on, unwritten since, or every one is zero."""
+        if self._grad_state(opt) == self._last_grads:
+            return True
+        with self._quiet():
+            return all(not bool(local(p.grad).any()) for g in opt.param_groups
+                       for p in g["params"] if p.grad is not None)
+
+    def _end_step(self, source: str, opt_name: str, applied: bool, norm: float | None,
+                  owner: Any, *, discarded: bool = False) -> None:
+        w = self._w
+        own, self._ow = self._ow, None
+        if source == "torch":
+            self.lanes.stepped(owner, self.backward_total)
+            self._last_grads = self._grad_state(owner)
+        updates = None
+        before: dict[str, torch.Tensor] | None
+        if self.record_updates and self._before is not None and applied:
+            after = self._snapshot(owner if source == "torch" else None,
+                                   owner if source == "deepspeed" else None)
+            before = self._before
+            if len(after) == len(before) and list(after) != list(before):
+                # the same parameters in the same order, named after the step: a closure's
+                # backward (Lightning) made the first names known inside this step
+                updates = {k: a - b for (k, a), b in zip(after.items(), before.values(),
+                                                         strict=True) if a.shape == b.shape}
+            else:
+                updates = {k: (after[k] - v) for k, v in before.items() if k in after}
+        before, self._before = self._before, None
+        moved = None
+        if self._idle_before is not None:
+            after = self._snapshot(owner if source == "torch" else None,
+                                   owner if source == "deepspeed" else None)
+            moved = any(k in after and not torch.equal(after[k], v)
+                        for k, v in self._idle_before.items())
+            self._idle_before = None
+        cons = self._step_cons
+        self._step_cons = None
+        if self.sampled_records:
+            if w.zero_between and cons is None and self._trackable():
+                # gradients zeroed inside a window no checksum saw (an epoch's reset, a
+                # leftover): verify the next windows, sampled or not
+                self.force_checks = FORCED_CHECKS
+            armed = self._armed
+            # a sampled window a GradScaler skipped hands its sample to the next window (fp16
+            # runs skip their first steps: step 0 would otherwise be checked never)
+            self._armed = (sampled(self.step + 1, self.every) or self.force_checks > 0
+                           or (discarded and armed))
+            if self._armed != armed:
+                self._hook_roots(self._armed)
+            if not armed and not w.unusual(self.window_size):
+                self._next_window()
+                return
+        if not self._handlers["on_step"]:
+            # No listener takes the step record (the guard): skip building it (the window
+            # loss reduction, its host copy and a dozen per-window lists).
+            self._next_window()
+            return
+        chk = None
+        if cons is not None and self._step_members is not None \
+                and self._step_checksum is not None:
+            mask = torch.tensor(self._step_members, dtype=torch.bool)
+            chk = [float(x) for x in self._step_checksum[mask].sum(0)]
+        ev = (w if own is None else own).record(
+            step=self.step, applied=applied, source=source, optimizer=opt_name,
+            engine=self.engine, grad_norm=norm, conservation=cons, checksum=chk,
+            wall=time.perf_counter() - self._step_t0, param_dtype=self._dtype_of(owner),
+            updates=updates, precision=self._precision(owner, source, w),
+            param_norm=(None if updates is None or before is None else
+                        float(sum(float(v.pow(2).sum()) for v in before.values())) ** 0.5),
+            # a torch step with every gradient None changes nothing: its window goes on;
+            # a DeepSpeed step that skipped its update (overflow) discarded its window
+            losses=self.losses.take(applied, carry=source == "torch" and not discarded),
+            discarded=discarded, moved=moved)
+        if ev.losses:  # the ledger composes the loss weights with the engine's reduction
+            ev.rank_factor = rank_factor(self.engine, self._sync_roots, self._fsdp_groups,
+                                         self._ds_engine)
+        if own is not None:
+            # the loss record follows the shared window's backwards, not this optimizer's
+            ev.losses = None
+            ev.optimizer_index = self.lanes.key(owner)
+        self._next_window(reset_losses=False)  # losses.take() above reset them
+        if self._global_handle is not None and self.step >= PIN_ROOTS_AFTER_STEPS:
+            self._pin_roots()
+        self._emit("on_step", ev)
+
+    def _next_window(self, *, reset_losses: bool = True) -> None:
+        self.step += 1
+        self._w = Window()
+        self._window_checked = None if self._armed else False  # unarmed: no checksums
+        if self.boundary is not None:
+            self.boundary.reset()
+        if reset_losses:
+            self.losses.reset()
+
+    def _checksums(self) -> torch.Tensor:
+        with self._quiet():
+            return checksums(self._tracked)
+
+    def _snapshot(self, opt: Any, engine: Any) -> dict[str, torch.Tensor]:
+        with self._quiet():
+            return snapshot(opt, engine, self._tracked_names)
