@@ -182,3 +182,18 @@ def test_other_collectives_of_a_ddp_run_are_not_its_gradient_sync() -> None:
     found, _, _ = analyze(_ledgered([*tp, *every], engine="ddp"), k_flag=K)
     (w,) = [f for f in found if f.cls == "EXTRA_SYNC"]
     assert "3 extra collective(s), 12 kB" in w.title, w.title
+
+
+def test_a_static_graph_ddp_is_not_told_to_use_no_sync() -> None:
+    """DDP built with static_graph=True does not support no_sync() (torch 2.13 stops with an
+    internal assert in its reducer): the warning's fix must not break the script."""
+    rows = [[DDP_BUCKET_OP, m, True, 1, 4000, None] for m in range(K)]
+    run = _ledgered(rows, engine="ddp")
+    found, _, _ = analyze(run, k_flag=K)
+    (w,) = [f for f in found if f.cls == "EXTRA_SYNC"]
+    assert "with model.no_sync()" in w.fix and "static_graph" not in w.fix
+    for s in run.steps[0]:
+        s["comm"]["ddp_static_graph"] = True
+    found, _, _ = analyze(run, k_flag=K)
+    (w,) = [f for f in found if f.cls == "EXTRA_SYNC"]
+    assert "static_graph=True" in w.fix and "without static_graph" in w.fix

@@ -67,6 +67,7 @@ class CommLedger:
         self._rows: dict[tuple[str, int, bool], list[Any]] = {}
         self._t0 = time.perf_counter()
         self._buckets: dict[tuple[int, bool], list[int]] = {}
+        self._static = False  # the DDP root was built with static_graph=True
 
     def attach(self) -> None:
         """Be told of every Python-level collective of the observer's counter."""
@@ -93,9 +94,11 @@ class CommLedger:
         bucket inside it (see the module)."""
         if ev.engine != "ddp" or ev.sync_forward is not True:
             return
-        sizes = self.ddp_buckets(getattr(self.observer, "_sync_root", None))
+        root = getattr(self.observer, "_sync_root", None)
+        sizes = self.ddp_buckets(root)
         if not sizes:
             return
+        self._static = self._static or bool(getattr(root, "static_graph", False))
         row = self._rows.setdefault((DDP_BUCKET_OP, int(ev.micro), True), [0, 0, None])
         row[0] += len(sizes)
         row[1] += sum(sizes)
@@ -127,7 +130,9 @@ class CommLedger:
         now = time.perf_counter()
         rows = [[op, micro, in_bw, c, b, None if s is None else round(s, 6)]
                 for (op, micro, in_bw), (c, b, s) in self._rows.items()]
-        out = {"rows": rows, "window_s": round(now - self._t0, 6)}
+        out: dict[str, Any] = {"rows": rows, "window_s": round(now - self._t0, 6)}
+        if self._static:
+            out["ddp_static_graph"] = True
         self._rows = {}
         self._t0 = now
         return out

@@ -93,7 +93,8 @@ def window_comm(w: dict[str, Any]) -> dict[str, Any] | None:
             "extra_calls": int(sum(r[0] for r in extra.values())),
             "extra_bytes": int(sum(r[1] for r in extra.values())),
             "extra_s": sum(r[2] for r in extra.values()) if timed else None,
-            "window_s": comm.get("window_s"), "backwards": n}
+            "window_s": comm.get("window_s"), "backwards": n,
+            "static_graph": bool(comm.get("ddp_static_graph"))}
 
 
 def _size(nbytes: float) -> str:
@@ -145,6 +146,14 @@ def comm_findings(rank: int, windows: list[dict[str, Any]],
           f"{which}{share}.{why} The optimizer receives the same gradient: communication "
           "cost only, not an error")
     fix = _FIX.get(engine, _FIX_OTHER)
+    if engine == "ddp" and c.get("static_graph"):
+        # measured with torch 2.13: no_sync under static_graph=True stops the run with an
+        # internal assert in DDP's reducer, so the plain DDP fix would break this script
+        fix = ("This DDP was built with static_graph=True, and DDP does not support no_sync() "
+               "then (torch 2.13 stops with an internal assert in its reducer): to defer, "
+               "build it without static_graph and run micro-steps 1..K-1 inside "
+               "`with model.no_sync():`, forward and backward; or keep static_graph and "
+               "accept the extra all-reduces.")
     if noop:
         fix = ("Enter model.no_sync() before the forward, not only around the backward: "
                "`with model.no_sync(): model(x) ... loss.backward()` for micro-steps 1..K-1.")
