@@ -179,8 +179,7 @@ def test_sft_trainer_on_two_ranks() -> None:
 
 @pytest.mark.xfail(strict=True, reason="TRL's fused LM head computes per-token log-probs from "
                    "lm_head.weight with no cross_entropy/nll_loss call: observe/_losses.py does "
-                   "not record it yet (the 'ledger' helper is making such losses visible); flip "
-                   "this when it lands")
+                   "not record it yet (issue 26 item 3, open); remove this mark when it does")
 def test_sft_fused_loss_is_observed_by_watch(tmp_path: Any) -> None:
     pytest.importorskip("trl")
     from accumguard.runtime.watch import recording
