@@ -283,3 +283,21 @@ def test_a_ledger_fault_changes_nothing(tmp_path: Path, monkeypatch: pytest.Monk
     for a, b in zip(params, unobserved, strict=True):
         assert torch.equal(a, b), f"{label} changed the training"
     assert list(load_recordings(tmp_path).failures) == [0]
+
+
+def test_a_fault_reading_a_schedule_horizon_changes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unobserved: list[torch.Tensor]) -> None:
+    """The schedule-horizon reading (new code run at every scheduler step under watch) sits
+    behind the scheduler's patch door: its failure switches observation off, not the run."""
+    import accumguard.observe._schedules as schedules
+
+    def broken(owner: object) -> dict[str, object]:
+        raise RuntimeError("injected: schedule_state")
+
+    monkeypatch.setattr(schedules, "schedule_state", broken)
+    with recording(tmp_path) as obs:
+        params = _train()
+        failure = obs.failure
+    assert failure is not None and "schedule_state" in failure.error + failure.traceback
+    for a, b in zip(params, unobserved, strict=True):
+        assert torch.equal(a, b)
