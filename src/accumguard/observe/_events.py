@@ -132,6 +132,9 @@ class StepEvent:
     #  per-token weight, low precision, reduction, sole, via autograd.grad, the constants
     #  between the call and the root]; None: fewer than 2 micro-steps had one (on one rank)
     losses: list[list[Any]] | None = None
+    # the terms of each backward's loss and the per-token log-prob selections of the window
+    # (:mod:`accumguard.observe._losses_terms`); None: none recorded
+    terms: list[list[Any]] | None = None
     discarded: bool = False
     # what the engine multiplies the sum over ranks of the ranks' gradients by (1/W: DDP's,
     # FSDP2's, DeepSpeed's average); None: unknown, no engine, or no loss record this step

@@ -56,6 +56,8 @@ from typing import Any
 import torch
 
 from accumguard.observe._failsafe import hook_method
+from accumguard.observe._losses_terms import TermLog, selection_row, selection_stats, term_rows
+from accumguard.observe._losses_walk import walk
 
 __all__ = ["LossRecorder"]
 
@@ -84,22 +86,14 @@ _ELEMENTWISE: dict[str, tuple[int | None, int | None, int, tuple[int, ...]]] = {
     "binary_cross_entropy_with_logits": (3, 4, 5, (2, 6)),
 }
 _WEIGHT_NAMES = {2: "weight", 4: "weight", 5: "weight", 6: "pos_weight"}
-#: Nodes through which the root of a backward is its loss call's output times a constant.
-_LINEAR = ("MulBackward", "DivBackward", "NegBackward", "CloneBackward", "ToCopyBackward",
-           "AliasBackward", "ViewBackward", "SqueezeBackward", "UnsqueezeBackward",
-           "SumBackward", "MeanBackward", "ReshapeAliasBackward")
-#: Nodes visited below a backward's root (a chain of constants, the terms of a sum).
-_NODES = 64
-
-
 class _Call:
     """One recorded loss call; ``micro`` and ``g`` are set by the gradient hook."""
 
-    __slots__ = ("divs", "g", "grad", "lp", "mean", "micro", "n", "node", "seq", "site",
-                 "sole")
+    __slots__ = ("divs", "g", "grad", "lp", "mean", "micro", "n", "node", "opaque", "rows",
+                 "seq", "site", "sole", "stats")
 
     def __init__(self, site: str, seq: int, n: torch.Tensor | int, mean: bool,
-                 lp: bool, node: int) -> None:
+                 lp: bool, node: int, rows: int = 0) -> None:
         self.site = site
         self.seq = seq
         self.n = n
@@ -112,6 +106,11 @@ class _Call:
         self.grad = False  # reached by a counted torch.autograd.grad, not a backward
         # the constants between this output and the root: ["/", c] or ["*", c]
         self.divs: list[list[Any]] = []
+        self.rows = rows  # the rows of the call's input (the micro-batch's samples/tokens)
+        # a log-prob selection (:mod:`._losses_terms`): [count, rows, sum, min, max] of the
+        # nonzero per-token gradients, a device tensor until the step
+        self.stats: torch.Tensor | None = None
+        self.opaque = False  # a factor between the selection and the root was not read
 
 
 class LossRecorder:
@@ -136,6 +135,8 @@ class LossRecorder:
         self.windows = 0  # applied steps seen
         self.spent = 0.0  # seconds spent recording
         self._t0 = time.perf_counter()
+        self.terms = TermLog()  # the terms of each backward's loss, the log-prob selections
+        self.term_records: list[list[Any]] | None = None
 
     def install(self, patches: Any) -> None:
         import torch.nn.functional as F  # noqa: N812 - torch's own alias
@@ -155,7 +156,7 @@ class LossRecorder:
         def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
             if not rec.on or rec.root is not None:
                 return orig(tensors, *args, **kwargs)
-            rec._walk(tensors)
+            rec._walk(tensors, backward=True)
             rec.root = tensors
             try:
                 return orig(tensors, *args, **kwargs)
@@ -211,6 +212,7 @@ class LossRecorder:
             if not carry:
                 self.calls = [c for c in self.calls if c.g is None]  # forwards to come
                 self.micro = self.gmicro = 0
+                self.terms.pending = []
             return None
         t = time.perf_counter()
         try:
@@ -222,11 +224,14 @@ class LossRecorder:
             self.on = self.windows < _ALWAYS or self.spent <= _BUDGET * (now - self._t0)
 
     def _records(self) -> list[list[Any]] | None:
+        self.term_records = None
         calls = [c for c in self.calls if c.g is not None and c.micro is not None]
+        done = self.micro  # backward passes completed in the window
         self.calls = []
         self.micro = self.gmicro = 0
         micros = len({(c.grad, c.micro) for c in calls})
         prev, self.prev_micros = self.prev_micros, micros
+        pending, self.terms.pending = self.terms.pending, []
         # one micro-step says nothing about F5; it is kept when it can be a short last
         # window after windows of several (F7), one autograd.grad step (F1), or on
         # several ranks (the loss-weight ledger judges a window of one across ranks)
@@ -242,26 +247,49 @@ class LossRecorder:
                 if len({g.dtype for g in g_list}) > 1:  # type: ignore[union-attr]
                     g_list = [g.double() for g in g_list]  # type: ignore[union-attr]
                 gs = torch.stack(g_list).tolist()  # type: ignore[arg-type]
+                st = [c.stats for c in calls if c.stats is not None]
+                s_iter = iter(torch.stack(st).tolist() if st else [])
         except (RuntimeError, TypeError, ValueError):  # mixed devices/dtypes, subclasses
             return None
         ns = [float(c.n) if isinstance(c.n, int) else float(next(n_iter)) for c in calls]
         vals = [ns, [float(g) for g in gs]]
         order: dict[tuple[int, str], int] = {}
+        keys: dict[int, tuple[str, int]] = {}  # id(call) -> (site, order)
         out: list[list[Any]] = []
+        sel: list[list[Any]] = []
         for c, n, g in zip(calls, vals[0], vals[1], strict=True):
             key = (c.grad, c.micro, c.site)
             idx = order.get(key, 0)  # type: ignore[arg-type]
             order[key] = idx + 1  # type: ignore[index]
-            if n <= 0 or g == 0 or g != g:
-                continue  # nothing averaged, or the loss did not reach the optimizer
+            keys[id(c)] = (c.site, idx)
+            uniform = True
+            if c.stats is not None:
+                row = selection_row(c.site, idx, c.micro, c.divs, c.opaque, c.sole,
+                                    next(s_iter))
+                if row is None:
+                    continue
+                sel.append(row)
+                uniform = bool(row[7])
+            if n <= 0 or g == 0 or g != g or not uniform:
+                continue  # nothing averaged, the loss did not reach the optimizer, or
+                # a selection whose tokens carry data-dependent weights (advantages)
             out.append([c.site, idx, c.micro, int(n), g / n if c.mean else g, c.lp,
-                        "mean" if c.mean else "sum", c.sole, c.grad, c.divs])
+                        ("log-prob" if c.stats is not None else "mean") if c.mean else "sum",
+                        c.sole, c.grad, c.divs])
             if len(out) >= _MAX_RECORDS:
                 break
+        self.term_records = sel + term_rows(pending, keys, done) or None
         return out or None
+
+    def take_terms(self) -> list[list[Any]] | None:
+        """The term and selection records of the window last taken (:mod:`._losses_terms`),
+        once."""
+        out, self.term_records = self.term_records, None
+        return out
 
     def reset(self) -> None:
         self.calls = []
+        self.terms.pending = []
         self.micro = self.gmicro = 0
 
     # -- the patch ------------------------------------------------------------------------
@@ -305,7 +333,8 @@ class LossRecorder:
         else:
             ignore = args[4] if na > 4 else get("ignore_index", -100)
             n = torch.count_nonzero(target != ignore)
-        self._add(out, node, n, mean, out.dtype in _LOW or inp.dtype in _LOW)
+        rows = inp.numel() // inp.shape[1] if inp.dim() >= 2 and inp.shape[1] else 1
+        self._add(out, node, n, mean, out.dtype in _LOW or inp.dtype in _LOW, rows)
 
     def _record_elementwise(self, kind: str, out: torch.Tensor, args: tuple[Any, ...],
                             kwargs: dict[str, Any]) -> None:
@@ -326,11 +355,11 @@ class LossRecorder:
             n = math.prod(torch.broadcast_shapes(inp.shape, target.shape))  # type: ignore[no-untyped-call]
         except RuntimeError:
             return
-        self._add(out, node, n, mean, out.dtype in _LOW or inp.dtype in _LOW)
+        self._add(out, node, n, mean, out.dtype in _LOW or inp.dtype in _LOW, n)
 
     def _add(self, out: torch.Tensor, node: Any, n: torch.Tensor | int, mean: bool,
-             lp: bool) -> None:
-        call = _Call(self._site(), self.seq, n, mean, lp, node._sequence_nr())
+             lp: bool, rows: int = 0) -> None:
+        call = _Call(self._site(), self.seq, n, mean, lp, node._sequence_nr(), rows)
         self.seq += 1
         self.calls.append(call)
         # a pre-hook on the loss's autograd node: the gradient of its output, once per
@@ -366,49 +395,47 @@ class LossRecorder:
         call.divs = entry[0]
         return not entry[1]
 
-    def _walk(self, root: Any) -> None:
-        """The nodes from the root of the backward about to run down through
-        multiplications, divisions, casts, views and the additions of a sum of terms (read
-        before the backward: it frees the constants the nodes saved): per node, the
-        constants above it and whether an addition is above it."""
-        self.chain = {}
-        try:
-            self._walk_chain(root)
-        except (AttributeError, RuntimeError, TypeError, ValueError):
-            self.chain = {}  # a tensor subclass or an unusual graph: nothing is sole
+    def _walk(self, root: Any, backward: bool = False) -> None:
+        """The nodes from the root of the backward about to run (:mod:`._losses_walk`);
+        for a backward pass (not a counted ``autograd.grad``), its terms and log-prob
+        selections are recorded too (:mod:`._losses_terms`)."""
+        w = walk(root)
+        self.chain = w.chain
+        if not backward or not w.leaves or not self.obs._active():
+            return
+        site = None
+        for leaf in w.leaves:
+            if leaf.select is None or len(self.calls) >= _MAX_CALLS:
+                continue
+            site = site or self._site(2)  # _site <- _walk <- the backward's wrapper
+            call = _Call(site, self.seq, 0, True, False, leaf.node._sequence_nr())
+            call.opaque = leaf.opaque
+            self.seq += 1
+            self.calls.append(call)
+            leaf.node.register_prehook(functools.partial(self._on_select, call, leaf.index))
+        self.terms.on_walk(self.micro, w, self.calls)
 
-    def _walk_chain(self, root: Any) -> None:
-        if isinstance(root, (list, tuple)):
-            if len(root) != 1:
-                return
-            root = root[0]
-        stack: list[tuple[Any, list[list[Any]], bool]] = [
-            (getattr(root, "grad_fn", None), [], False)]
-        for _ in range(_NODES):
-            if not stack:
-                return
-            node, divs, split = stack.pop()
-            if node is None or node._sequence_nr() in self.chain:
-                continue
-            self.chain[node._sequence_nr()] = (divs, split)
-            name = type(node).__name__
-            nxt = [n for n, _ in node.next_functions if n is not None]
-            if name.startswith(("AddBackward0", "SubBackward0")) and len(nxt) > 1:
-                stack.extend((n, divs, True) for n in nxt)  # the terms of a sum
-                continue
-            if not name.startswith(_LINEAR) or len(nxt) != 1:
-                continue
-            if name.startswith(("DivBackward", "MulBackward")):
-                c = _constant(node)
-                if c is not None and c != 0.0:
-                    divs = [*divs, ["/" if name.startswith("Div") else "*", c]]
-            stack.append((nxt[0], divs, split))
+    @hook_method
+    def _on_select(self, call: _Call, index: int, grad_outputs: tuple[Any, ...]) -> None:
+        """The gradient reaching a per-token log-prob selection: its nonzero entries are the
+        tokens' weights (kept on the device until the step)."""
+        obs = self.obs
+        grad = grad_outputs[index] if index < len(grad_outputs) else None
+        if (obs._bw_current is None or self.in_grad or not obs.installed
+                or not isinstance(grad, torch.Tensor) or grad.numel() == 0):
+            return
+        if call.micro is not None:  # reached by two backward passes: no single weight
+            call.g = None
+            return
+        call.micro, call.lp = self.micro, grad.dtype in _LOW
+        call.n, call.g, call.stats = selection_stats(grad.detach())
+        call.sole = self._sole(call)
 
     # -- naming the call ----------------------------------------------------------------------
-    def _site(self) -> str:
+    def _site(self, depth: int = 3) -> str:
         """``path:line`` of the first frame outside the training libraries (the caller of
         the wrapper when every frame within reach is library code)."""
-        f: FrameType | None = sys._getframe(3)  # _site <- _record <- loss_fn <- the caller
+        f: FrameType | None = sys._getframe(depth)  # _site <- _record <- loss_fn <- caller
         first: str | None = None
         for _ in range(_FRAMES):
             if f is None:
@@ -438,23 +465,6 @@ def _distributed() -> bool:
     """Several ranks in the default process group."""
     dist = torch.distributed
     return bool(dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1)
-
-
-def _constant(node: Any) -> float | None:
-    """The constant operand of a multiplication or division node: a saved one-element CPU
-    tensor that needs no gradient (a Python number is saved as one; a device tensor is not
-    read, that would wait for the device)."""
-    for attr in ("_saved_other", "_saved_self"):
-        try:
-            t = getattr(node, attr)
-        except (AttributeError, RuntimeError):
-            continue
-        if isinstance(t, (int, float)):
-            return float(t)
-        if (isinstance(t, torch.Tensor) and not t.requires_grad and t.numel() == 1
-                and t.device.type == "cpu"):
-            return float(t)
-    return None
 
 
 def _operands(out: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any],

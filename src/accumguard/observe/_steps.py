@@ -282,12 +282,13 @@ class StepMachinery:
             # a DeepSpeed step that skipped its update (overflow) discarded its window
             losses=self.losses.take(applied, carry=source == "torch" and not discarded),
             discarded=discarded, moved=moved)
-        if ev.losses:  # the ledger composes the loss weights with the engine's reduction
+        ev.terms = self.losses.take_terms()
+        if ev.losses or ev.terms:  # the ledger composes the loss weights with the engine's reduction
             ev.rank_factor = rank_factor(self.engine, self._sync_roots, self._fsdp_groups,
                                          self._ds_engine)
         if own is not None:
             # the loss record follows the shared window's backwards, not this optimizer's
-            ev.losses = None
+            ev.losses = ev.terms = None
             ev.optimizer_index = self.lanes.key(owner)
         self._next_window(reset_losses=False)  # losses.take() above reset them
         if self._global_handle is not None and self.step >= PIN_ROOTS_AFTER_STEPS:

@@ -1,0 +1,109 @@
+"""The per-term record: for each backward whose loss is a sum of terms, what each term of
+the sum was scaled by, and for each per-token log-prob selection (a loss built by hand
+from ``log_softmax`` and ``gather``, or TRL's fused LM head) the weights the backward gave
+its tokens. Read by the term rules (:mod:`._term_rules`); recorded by
+:class:`~accumguard.observe._losses.LossRecorder` from the walk below each backward's root
+(:mod:`._losses_walk`).
+
+Two kinds of records go on the step event as ``terms``:
+
+* ``["term", micro, ordinal, node, constants, means, opaque, site, order, rows, mean]``:
+  one term of a backward's sum (``ordinal``: its place in the walk, ``node``: the autograd
+  node where it starts, ``constants``: ``["/", c]``/``["*", c]`` between it and the root,
+  ``means``: element counts of the means above it, ``opaque``: a factor that could not be
+  read). ``site``/``order`` name the recorded loss call the term is (None for a term built
+  from torch ops, an MoE router loss), ``rows`` that call's input rows, ``mean`` its
+  reduction.
+* ``["select", site, order, micro, n, seqs, divisor, uniform, sole]``: a selection's
+  ``n`` tokens with a nonzero gradient (in ``seqs`` rows of its first dimension, 0 when
+  it has one dimension), the product of the constants that divide it (``divisor``; None
+  when a factor could not be read) and whether every token got the same gradient (then
+  the selection is also a loss record, reduction ``'log-prob'``, judged like any loss).
+
+A selection's gradient is reduced on its device at the backward (count, sum, min and max of
+the nonzero entries: a few element-wise passes over one value per token) and read on the
+host once per optimizer step with the loss record.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from accumguard.observe._losses_walk import Walk
+
+__all__ = ["TermLog", "divisor", "selection_row", "selection_stats", "term_rows"]
+
+#: Relative spread under which a selection's nonzero per-token gradients are one weight
+#: (the same value broadcast by the backward of a sum or a mean is bitwise equal).
+UNIFORM_TOL = 1e-6
+
+
+class TermLog:
+    """The terms of each backward of the window, until the optimizer step."""
+
+    def __init__(self) -> None:
+        # per backward: (micro, [[node, constants, means, opaque, the recorded call]])
+        self.pending: list[tuple[int, list[list[Any]]]] = []
+
+    def on_walk(self, micro: int, w: Walk, calls: list[Any]) -> None:
+        """Keep the terms of a backward whose root is a sum (every path walked)."""
+        if not w.complete or len(w.leaves) < 2 or not any(x.split for x in w.leaves):
+            return
+        by_node = {c.node: c for c in calls if c.micro is None}
+        self.pending.append((micro, [
+            [type(x.node).__name__, x.divs, x.means, x.opaque,
+             by_node.get(x.node._sequence_nr())] for x in w.leaves]))
+
+
+def selection_stats(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(n, -sum, [n, rows, sum, min, max])`` of the nonzero entries of the gradient
+    reaching a selection (device tensors: nothing is read here)."""
+    with torch.no_grad():
+        nz = grad != 0
+        n = nz.sum()
+        rows = nz.reshape(grad.shape[0], -1).any(1).sum() if grad.dim() >= 2 \
+            else torch.zeros_like(n)
+        lo = torch.where(nz, grad, torch.full_like(grad, float("inf"))).min()
+        hi = torch.where(nz, grad, torch.full_like(grad, float("-inf"))).max()
+        s = grad.sum(dtype=torch.float64)
+        stats = torch.stack([n.double(), rows.double(), s, lo.double(), hi.double()])
+    return n, -s, stats
+
+
+def divisor(divs: list[list[Any]], opaque: bool) -> float | None:
+    """The product of the constants dividing a term (a multiplication by ``c`` divides by
+    ``1/c``); None when a factor could not be read."""
+    if opaque:
+        return None
+    d = 1.0
+    for op, c in divs:
+        d = d * abs(float(c)) if op == "/" else d / abs(float(c))
+    return d
+
+
+def selection_row(site: str, idx: int, micro: int | None, divs: list[list[Any]],
+                  opaque: bool, sole: bool, stats: list[float]) -> list[Any] | None:
+    """The ``select`` record of one selection, or None when no token had a gradient."""
+    n, rows, _, lo, hi = stats
+    if n <= 0 or micro is None:
+        return None
+    uniform = lo == hi or abs(hi - lo) <= UNIFORM_TOL * max(abs(hi), abs(lo))
+    return ["select", site, idx, micro, int(n), int(rows), divisor(divs, opaque),
+            bool(uniform), sole]
+
+
+def term_rows(pending: list[tuple[int, list[list[Any]]]], keys: dict[int, tuple[str, int]],
+              done: int) -> list[list[Any]]:
+    """The ``term`` records of the window's completed backwards."""
+    out: list[list[Any]] = []
+    for micro, descs in pending:
+        if micro >= done:
+            continue
+        for i, (name, divs, means, opaque, call) in enumerate(descs):
+            key = keys.get(id(call)) if call is not None else None
+            out.append(["term", micro, i, name, divs, means, opaque,
+                        key[0] if key else None, key[1] if key else None,
+                        int(call.rows) if key else 0, bool(call.mean) if key else False])
+    return out

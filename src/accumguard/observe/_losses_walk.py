@@ -1,0 +1,172 @@
+"""The walk below a backward's root (read before the backward runs: it frees what the nodes
+saved), shared by the loss record (:mod:`._losses`) and the per-term record
+(:mod:`._losses_terms`).
+
+From the root down through multiplications and divisions, casts, views, sums and means,
+masking, and the additions of a sum of terms, each visited node gets the constants above
+it (``["/", c]`` or ``["*", c]``) and whether an addition is above it. The nodes where the
+walk stops are the *leaves*: the terms of the loss, each with its constants, the element
+counts of the means above it (a term that is a mean over its micro-batch's rows), and
+whether a one-element factor above it could not be read (a device tensor: then its scale
+is unknown, *opaque*). A leaf that selects per-token log-probabilities (``log_softmax``
+then ``gather``/``take_along_dim``, or a fused log-prob autograd Function such as TRL's
+chunked LM head) is a *selection*: the gradient reaching it is the per-token weights.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["Leaf", "Walk", "constant", "walk"]
+
+#: Nodes through which the root of a backward is a loss call's output times a constant.
+LINEAR = ("MulBackward", "DivBackward", "NegBackward", "CloneBackward", "ToCopyBackward",
+          "AliasBackward", "ViewBackward", "SqueezeBackward", "UnsqueezeBackward",
+          "SumBackward", "MeanBackward", "ReshapeAliasBackward")
+#: Nodes that only mask or move per-token values (their zeros are not counted): walked
+#: through towards a selection, as if linear.
+_PASS = ("MaskedFillBackward", "MaskedScatterBackward", "ExpandBackward")
+#: Nodes visited below a backward's root (a chain of constants, the terms of a sum).
+NODES = 64
+#: A custom autograd Function that returns per-token log-probabilities (TRL's fused LM
+#: head: ``_ChunkedLogProbFunction``), by its backward node's class name.
+_FUSED = re.compile(r"log_?probs?", re.IGNORECASE)
+
+
+@dataclass
+class Leaf:
+    """A node where the walk stopped: one term of the loss (or a part of one)."""
+
+    node: Any
+    index: int  # which output of ``node`` the path reached
+    divs: list[list[Any]]
+    split: bool  # an addition above it: one term of a sum
+    means: list[int]  # element counts averaged by the means above it
+    opaque: bool  # a one-element factor above it that could not be read
+    select: str | None = None  # "gather" or "fused": a per-token log-prob selection
+
+
+@dataclass
+class Walk:
+    """What :func:`walk` read below one root."""
+
+    chain: dict[int, tuple[list[list[Any]], bool]] = field(default_factory=dict)
+    leaves: list[Leaf] = field(default_factory=list)
+    complete: bool = False  # every path ended at a leaf within :data:`NODES` nodes
+
+
+def constant(node: Any) -> float | None:
+    """The constant operand of a multiplication or division node: a saved one-element CPU
+    tensor that needs no gradient (a Python number is saved as one; a device tensor is not
+    read, that would wait for the device)."""
+    for attr in ("_saved_other", "_saved_self"):
+        try:
+            t = getattr(node, attr)
+        except (AttributeError, RuntimeError):
+            continue
+        if isinstance(t, (int, float)):
+            return float(t)
+        if (isinstance(t, torch.Tensor) and not t.requires_grad and t.numel() == 1
+                and t.device.type == "cpu"):
+            return float(t)
+    return None
+
+
+def _unread(node: Any) -> bool:
+    """A one-element factor of a multiplication/division that :func:`constant` could not
+    read (on a device): its scale is unknown."""
+    for attr in ("_saved_other", "_saved_self"):
+        try:
+            t = getattr(node, attr)
+        except (AttributeError, RuntimeError):
+            continue
+        if isinstance(t, torch.Tensor) and t.numel() == 1 and t.device.type != "cpu":
+            return True
+    return False
+
+
+def _mean_count(node: Any) -> int | None:
+    """Elements one mean node averages (``x.mean()``: all; ``x.mean(d)``: the sizes of
+    ``d``)."""
+    try:
+        sizes = tuple(int(s) for s in node._saved_self_sym_sizes)
+        dims = getattr(node, "_saved_dim", None)
+    except (AttributeError, RuntimeError, TypeError):
+        return None
+    if dims is None or dims == ():
+        return math.prod(sizes)
+    try:
+        return math.prod(sizes[d] for d in dims)
+    except (IndexError, TypeError):
+        return None
+
+
+def _selection(name: str, node: Any) -> str | None:
+    if name.startswith("GatherBackward"):
+        nxt = [n for n, _ in node.next_functions if n is not None]
+        if len(nxt) == 1 and type(nxt[0]).__name__.startswith("ExpandBackward"):
+            nxt = [n for n, _ in nxt[0].next_functions if n is not None]
+        if len(nxt) == 1 and type(nxt[0]).__name__.startswith("LogSoftmaxBackward"):
+            return "gather"
+        return None
+    if name.endswith("Backward") and _FUSED.search(name) and hasattr(node, "_forward_cls"):
+        return "fused"
+    return None
+
+
+def walk(root: Any) -> Walk:
+    """The chain, leaves and completeness below ``root`` (a tensor, or a one-tensor list);
+    an empty walk when the graph is unusual (a tensor subclass)."""
+    out = Walk()
+    try:
+        _walk(root, out)
+    except (AttributeError, RuntimeError, TypeError, ValueError):
+        return Walk()
+    return out
+
+
+def _walk(root: Any, out: Walk) -> None:
+    if isinstance(root, (list, tuple)):
+        if len(root) != 1:
+            return
+        root = root[0]
+    fn = getattr(root, "grad_fn", None)
+    if fn is None:
+        return
+    # (node, output index, constants above, addition above, means above, opaque above)
+    stack: list[tuple[Any, int, list[list[Any]], bool, list[int], bool]] = [
+        (fn, 0, [], False, [], False)]
+    for _ in range(NODES):
+        if not stack:
+            out.complete = True
+            return
+        node, index, divs, split, means, opaque = stack.pop()
+        seq = node._sequence_nr()
+        if seq in out.chain:
+            continue
+        out.chain[seq] = (divs, split)
+        name = type(node).__name__
+        nxt = [(n, i) for n, i in node.next_functions if n is not None]
+        if name.startswith(("AddBackward0", "SubBackward0")) and len(nxt) > 1:
+            stack.extend((n, i, divs, True, means, opaque) for n, i in nxt)  # the terms
+            continue
+        select = _selection(name, node)
+        if select is None and name.startswith(LINEAR + _PASS) and len(nxt) == 1:
+            if name.startswith(("DivBackward", "MulBackward")):
+                c = constant(node)
+                if c is not None and c != 0.0:
+                    divs = [*divs, ["/" if name.startswith("Div") else "*", c]]
+                elif _unread(node):
+                    opaque = True
+            elif name.startswith("MeanBackward"):
+                count = _mean_count(node)
+                means = [*means, count] if count else means
+            stack.append((nxt[0][0], nxt[0][1], divs, split, means, opaque))
+            continue
+        out.leaves.append(Leaf(node, index, divs, split, means, opaque, select))
+    out.complete = not stack
