@@ -9,8 +9,9 @@ word-level tokenizer built in memory, uneven sequence lengths):
 * SFT with a model whose ``accepts_loss_kwargs`` is False (transformers 5.24 sets it on
   Gemma 3/4, Qwen2.5-VL...): the Trainer counts no ``num_items_in_batch`` and the loss is each
   micro-batch's token mean / K. Measured here against the same run with the count; the
-  callback cannot judge the weights (no logits) and names the condition in its note. Whether
-  ``accumguard watch`` sees the fused loss is the ``xfail`` below.
+  callback cannot judge the weights (no logits) and names the condition in its note;
+  ``accumguard watch`` records the fused loss from the gradient reaching its per-token
+  log-probs and calls it F5.
 * PEFT LoRA (only adapter parameters trainable): a plain loop under the recording that
   ``accumguard watch`` analyses, and the HF Trainer with the callback: correct runs silent,
   the per-micro-batch mean caught as F5.
@@ -177,19 +178,29 @@ def test_sft_trainer_on_two_ranks() -> None:
     assert runs[0]["update"] == runs[1]["update"] > 0  # DDP: the same weights on both ranks
 
 
-@pytest.mark.xfail(strict=True, reason="TRL's fused LM head computes per-token log-probs from "
-                   "lm_head.weight with no cross_entropy/nll_loss call: observe/_losses.py does "
-                   "not record it yet (issue 26 item 3, open); remove this mark when it does")
-def test_sft_fused_loss_is_observed_by_watch(tmp_path: Any) -> None:
+@pytest.mark.parametrize(("accepts", "want"), [(False, {"F5"}), (True, set())])
+def test_sft_fused_loss_is_observed_by_watch(tmp_path: Any, accepts: bool,
+                                             want: set[str]) -> None:
+    """TRL's fused LM head (per-token log-probs from ``lm_head.weight``, no cross_entropy
+    call) is recorded from the gradient reaching its log-prob output: with
+    ``accepts_loss_kwargs = False`` the Trainer passes no ``num_items_in_batch`` and each
+    micro-batch's token mean / K is F5 (uneven counts); with the count the weights are one
+    per token and nothing is said."""
     pytest.importorskip("trl")
     from accumguard.runtime.watch import recording
     from accumguard.runtime.watch_findings import analyze, load_recordings
 
     with recording(tmp_path):
-        _sft(False, callback=False, max_steps=2)
-    findings, k, _ = analyze(load_recordings(tmp_path))
+        _sft(accepts, callback=False, max_steps=2)
+    rec = load_recordings(tmp_path)
+    losses = [r for s in rec.steps[0] for r in s.get("losses") or []]
+    assert losses and {r[6] for r in losses} == {"log-prob"}, losses  # the fused head
+    findings, k, _ = analyze(rec)
     assert k == K
-    assert {f.cls for f in findings if f.severity == "error"} == {"F5"}, findings
+    assert {f.cls for f in findings if f.severity == "error"} == want, findings
+    if want:
+        (f5,) = [f for f in findings if f.cls == "F5"]
+        assert "reduction='log-prob'" in f5.evidence and "divided by K" in f5.evidence
 
 
 # ------------------------------------------------------------------------------- PEFT LoRA

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from accumguard.observe._ledger_source import world_divisions
+from accumguard.observe._term_rules import selection_findings, term_scale_findings
 from accumguard.observe._records import Finding, RunRecording, _mk, _n, _windows
 from accumguard.observe._weight_rules import WEIGHT_TOL, WEIGHT_TOL_LOW_PRECISION, _short
 
@@ -305,6 +306,21 @@ def _f6(steps: list[_Step]) -> list[Finding]:
 
 
 def term_findings(rec: RunRecording) -> list[Finding]:
+    """The per-term rules: across ranks (:func:`_rank_term_findings`), then per rank the
+    rules of :mod:`._term_rules` (a term not divided by K; a log-prob selection normalised
+    over other micro-steps than its window's), each said once, for the first rank that
+    shows it."""
+    out = _rank_term_findings(rec)
+    for rule in (term_scale_findings, selection_findings):
+        for r in rec.ranks:
+            found = rule(r, _windows(rec.steps.get(r, [])))
+            if found:
+                out += found
+                break
+    return out
+
+
+def _rank_term_findings(rec: RunRecording) -> list[Finding]:
     """F10 for one term of a loss that is a sum of terms (a recorded loss call reached
     through an addition: CE + an auxiliary loss, two heads): the term's tokens carried one
     weight on every rank although the ranks' counts differed (the term was divided by a

@@ -403,17 +403,22 @@ class LossRecorder:
         self.chain = w.chain
         if not backward or not w.leaves or not self.obs._active():
             return
-        site = None
+        site: list[str] = []
+
+        def where() -> str:  # _site <- where <- _walk <- the backward's wrapper
+            if not site:
+                site.append(self._site(3))
+            return site[0]
+
         for leaf in w.leaves:
             if leaf.select is None or len(self.calls) >= _MAX_CALLS:
                 continue
-            site = site or self._site(2)  # _site <- _walk <- the backward's wrapper
-            call = _Call(site, self.seq, 0, True, False, leaf.node._sequence_nr())
+            call = _Call(where(), self.seq, 0, True, False, leaf.node._sequence_nr())
             call.opaque = leaf.opaque
             self.seq += 1
             self.calls.append(call)
             leaf.node.register_prehook(functools.partial(self._on_select, call, leaf.index))
-        self.terms.on_walk(self.micro, w, self.calls)
+        self.terms.on_walk(self.micro, w, self.calls, where)
 
     @hook_method
     def _on_select(self, call: _Call, index: int, grad_outputs: tuple[Any, ...]) -> None:

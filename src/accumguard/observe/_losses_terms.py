@@ -7,11 +7,12 @@ its tokens. Read by the term rules (:mod:`._term_rules`); recorded by
 
 Two kinds of records go on the step event as ``terms``:
 
-* ``["term", micro, ordinal, node, constants, means, opaque, site, order, rows, mean]``:
+* ``["term", micro, ordinal, node, constants, means, opaque, site, order, rows, mean,
+  backward]``:
   one term of a backward's sum (``ordinal``: its place in the walk, ``node``: the autograd
   node where it starts, ``constants``: ``["/", c]``/``["*", c]`` between it and the root,
   ``means``: element counts of the means above it, ``opaque``: a factor that could not be
-  read). ``site``/``order`` name the recorded loss call the term is (None for a term built
+  read, ``backward``: the backward's call site). ``site``/``order`` name the recorded loss call the term is (None for a term built
   from torch ops, an MoE router loss), ``rows`` that call's input rows, ``mean`` its
   reduction.
 * ``["select", site, order, micro, n, seqs, divisor, uniform, sole]``: a selection's
@@ -27,6 +28,7 @@ host once per optimizer step with the loss record.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -44,17 +46,20 @@ class TermLog:
     """The terms of each backward of the window, until the optimizer step."""
 
     def __init__(self) -> None:
-        # per backward: (micro, [[node, constants, means, opaque, the recorded call]])
+        # per backward: (micro, [[node, constants, means, opaque, the recorded call, the
+    # backward's site]])
         self.pending: list[tuple[int, list[list[Any]]]] = []
 
-    def on_walk(self, micro: int, w: Walk, calls: list[Any]) -> None:
-        """Keep the terms of a backward whose root is a sum (every path walked)."""
+    def on_walk(self, micro: int, w: Walk, calls: list[Any], site: Callable[[], str]) -> None:
+        """Keep the terms of a backward whose root is a sum (every path walked); ``site``:
+        the backward's call site (computed only then)."""
         if not w.complete or len(w.leaves) < 2 or not any(x.split for x in w.leaves):
             return
         by_node = {c.node: c for c in calls if c.micro is None}
+        where = site()
         self.pending.append((micro, [
             [type(x.node).__name__, x.divs, x.means, x.opaque,
-             by_node.get(x.node._sequence_nr())] for x in w.leaves]))
+             by_node.get(x.node._sequence_nr()), where] for x in w.leaves]))
 
 
 def selection_stats(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -101,9 +106,10 @@ def term_rows(pending: list[tuple[int, list[list[Any]]]], keys: dict[int, tuple[
     for micro, descs in pending:
         if micro >= done:
             continue
-        for i, (name, divs, means, opaque, call) in enumerate(descs):
+        for i, (name, divs, means, opaque, call, where) in enumerate(descs):
             key = keys.get(id(call)) if call is not None else None
             out.append(["term", micro, i, name, divs, means, opaque,
                         key[0] if key else None, key[1] if key else None,
-                        int(call.rows) if key else 0, bool(call.mean) if key else False])
+                        int(call.rows) if key else 0, bool(call.mean) if key else False,
+                        where])
     return out

@@ -1,0 +1,287 @@
+"""Rules on the per-term record (:mod:`._losses_terms`), per rank (pure Python, no torch):
+
+* **A term of the loss not divided by K** while the loss call beside it is. In every
+  backward of a window of K micro-steps the loss is a sum of terms; one term is a recorded
+  loss call (a mean) divided by exactly K whose tokens weigh 1 in total over the window (the
+  main loss is the large batch's mean); another term, in every backward too, is a mean over
+  the same micro-batch's rows (a mean node over exactly the rows of that call's input, or a
+  recorded mean loss call) and nothing divides it by K: summed over the window its gradient
+  is the sum of K micro-batch means, K x what its coefficient means for the large batch (an
+  MoE router loss added after ``loss / K``). Not judged: a term with a factor that could not
+  be read, a term whose constants may hold a 1/K (``aux * (0.01 / K)``: a constant with
+  fewer significant digits once multiplied by K), a term that is a sum (its large-batch
+  meaning is the sum over micro-batches), anything not in every backward.
+* **A log-prob selection normalised over other micro-steps than its window's.** A loss
+  built from per-token log-probs (``log_softmax`` + ``gather``, TRL's fused LM head) whose
+  constant divisor is, in a run of consecutive micro-steps sharing it, exactly the count of
+  tokens (or of sequences) with a gradient in those micro-steps: the divisor is a count, and
+  the window's tokens weigh the window's share of it. When every window judged weighs
+  ``1`` (the window's own count) nothing is said; when every window judged weighs the same
+  other total (a divisor spanning two optimizer steps: about 1/2), the update is that
+  fraction of the window's token mean: LOSS_SCALE (error). The count identity is the proof
+  (equal integer counts do not happen by chance across varied lengths); a divisor that is
+  no such count (an advantage-weighted or per-sequence normalisation) says nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from accumguard.observe._records import Finding, _mk, _n
+from accumguard.observe._weight_rules import WEIGHT_TOL, _short
+
+__all__ = ["selection_findings", "term_scale_findings", "window_term_findings"]
+
+#: Relative tolerance for "this constant is K" (constants are read exactly from the graph).
+_EXACT = 1e-9
+
+
+def window_term_findings(rank: int, windows: list[dict[str, Any]]) -> list[Finding]:
+    """Both rules on one rank's windows."""
+    return term_scale_findings(rank, windows) + selection_findings(rank, windows)
+
+
+# -- a term not divided by K ------------------------------------------------------------------
+
+def _sig(x: float) -> int:
+    """Significant decimal digits of ``x`` (to 12)."""
+    digits = f"{abs(x):.12e}".split("e")[0].replace(".", "").rstrip("0")
+    return max(len(digits), 1)
+
+
+def _is(c: float, target: float) -> bool:
+    return abs(c - target) <= _EXACT * abs(target)
+
+
+def _divides_by(divs: list[list[Any]], k: int) -> bool:
+    """A constant between the term and the root divides it by exactly ``k``."""
+    return any((str(op) == "/" and _is(float(c), float(k)))
+               or (str(op) == "*" and _is(float(c), 1.0 / k)) for op, c in divs)
+
+
+def _may_hold_k(divs: list[list[Any]], k: int) -> bool:
+    """A constant that may be a coefficient already divided by K (``0.01 / 4 = 0.0025``:
+    times K it has fewer significant digits), or any division (``aux / c`` with ``c`` a
+    multiple of K)."""
+    for op, c in divs:
+        if str(op) == "/":
+            if float(c) % k == 0:
+                return True
+            continue
+        if _sig(float(c) * k) < _sig(float(c)):
+            return True
+    return False
+
+
+def _mass(w: dict[str, Any], site: str, idx: int) -> float | None:
+    """The total weight of one loss call's tokens over the window (1: the large batch's
+    mean), from the loss record; None when a micro-step has none."""
+    k = int(w.get("window", 0))
+    by_micro = {int(r[2]): r for r in w.get("losses") or []
+                if str(r[0]) == site and int(r[1]) == idx and not (len(r) > 8 and r[8])}
+    if sorted(by_micro) != list(range(k)):
+        return None
+    return sum(abs(float(r[4])) * float(r[3]) for r in by_micro.values())
+
+
+def _window_terms(w: dict[str, Any]) -> dict[int, list[list[Any]]] | None:
+    """Per micro-step the ``term`` records of a window of K >= 2 in which every backward's
+    loss was a sum with the same terms, or None."""
+    k = int(w.get("window", 0))
+    if k < 2 or int(w.get("zero_grads_between", 0)):
+        return None
+    by_micro: dict[int, list[list[Any]]] = {}
+    for r in w.get("terms") or []:
+        if r and r[0] == "term":
+            by_micro.setdefault(int(r[1]), []).append(r)
+    if sorted(by_micro) != list(range(k)):
+        return None
+    shapes = {tuple(str(r[3]) for r in sorted(rs, key=lambda r: int(r[2])))
+              for rs in by_micro.values()}
+    return by_micro if len(shapes) == 1 else None
+
+
+def term_scale_findings(rank: int, windows: list[dict[str, Any]]) -> list[Finding]:
+    """LOSS_SCALE for a term not divided by K beside a loss call divided by K (module doc)."""
+    hits: dict[int, list[tuple[dict[str, Any], list[Any], list[Any]]]] = {}
+    judged: dict[int, int] = {}
+    for w in windows:
+        by_micro = _window_terms(w)
+        if by_micro is None:
+            continue
+        k = int(w["window"])
+        refs = {}  # ordinal -> (site, order) of a recorded mean call divided by K, per micro
+        for m, rs in by_micro.items():
+            for r in rs:
+                if r[7] is not None and r[10] and not r[6] and _divides_by(r[4], k):
+                    refs.setdefault(int(r[2]), {})[m] = r
+        main = next(((o, rm) for o, rm in sorted(refs.items()) if len(rm) == k
+                     and len({(str(r[7]), int(r[8])) for r in rm.values()}) == 1), None)
+        if main is None:
+            continue
+        o_main, rm = main
+        ref = rm[0]
+        mass = _mass(w, str(ref[7]), int(ref[8]))
+        if mass is None or abs(mass - 1.0) > WEIGHT_TOL:
+            continue  # the main loss is not the window's mean: the scale rules judge it
+        ordinals = {int(r[2]) for r in by_micro[0]} - {o_main}
+        for o in ordinals:
+            recs = [next(r for r in by_micro[m] if int(r[2]) == o) for m in range(k)]
+            judged[o] = judged.get(o, 0) + 1
+            if all(_unscaled_mean(r, rm[m], k) for m, r in enumerate(recs)):
+                hits.setdefault(o, []).append((w, recs[0], ref))
+    for o, found in sorted(hits.items()):
+        if len(found) != judged[o]:
+            continue  # the pattern is not in every window judged
+        w, x, ref = found[0]
+        k = int(w["window"])
+        return [_mk("LOSS_SCALE", "error", rank, int(w["step"]), None, _text(found, x, ref, k),
+                    title_=f"a term of the loss is not divided by K: it weighs {k}x its "
+                           "coefficient",
+                    fix=f"Divide that term by K as well (e.g. loss = (ce + coef * aux) / K, "
+                        f"or add coef * aux / K): the loss call beside it is divided by K = "
+                        f"{k}, this term is not, so accumulation sums {k} micro-batch means "
+                        "of it. If the larger weight is wanted, write the coefficient as "
+                        f"{k} x coef / K so the intent is explicit.")]
+    return []
+
+
+def _unscaled_mean(r: list[Any], ref: list[Any], k: int) -> bool:
+    """Term ``r`` of one backward is a mean over the rows of the reference call's input
+    (``ref``), every factor read, and nothing divides it by K."""
+    if r[6] or _divides_by(r[4], k) or _may_hold_k(r[4], k):
+        return False
+    if r[7] is not None:
+        return bool(r[10])  # a recorded loss call with reduction 'mean'
+    rows = int(ref[9])
+    return rows > 0 and rows in [int(c) for c in r[5]]
+
+
+def _text(found: list[tuple[dict[str, Any], list[Any], list[Any]]], x: list[Any],
+          ref: list[Any], k: int) -> str:
+    w = found[0][0]
+    coef = " x ".join(f"{float(c):g}" for op, c in x[4] if str(op) == "*") or "1"
+    what = (f"the loss call at {_short(str(x[7]))}" if x[7] is not None else
+            f"a term built from torch ops (its graph starts at {x[3]}, a mean over the "
+            f"{int(ref[9])} rows of the micro-batch)")
+    where = f" of the loss backpropagated at {_short(str(x[11]))}" if len(x) > 11 and x[11] \
+        else ""
+    return (f"{what}{where} is one term of a sum whose other term, the loss call at "
+            f"{_short(str(ref[7]))}, is divided by K = {k} and weighs its tokens 1 in total "
+            f"over each window (the large batch's mean); this term is multiplied by {coef} "
+            f"and not divided by K in any of the {k} micro-steps of {len(found)} window(s) "
+            f"(first: optimizer step {_n(w['step'])}): accumulated, its gradient is the sum of "
+            f"{k} micro-batch means, {k}x what its coefficient gives the large batch "
+            f"(an effective coefficient of {k} x {coef})")
+
+
+# -- a selection normalised over other micro-steps ----------------------------------------
+
+def _selection_rows(w: dict[str, Any]) -> list[list[Any]] | None:
+    """Per micro-step the one ``select`` record of a window (one site, every micro-step,
+    divisor read), or None."""
+    k = int(w.get("window", 0))
+    if k < 1 or int(w.get("zero_grads_between", 0)):
+        return None
+    by_micro: dict[int, list[list[Any]]] = {}
+    for r in w.get("terms") or []:
+        if r and r[0] == "select":
+            by_micro.setdefault(int(r[3]), []).append(r)
+    if sorted(by_micro) != list(range(k)) or any(len(v) != 1 for v in by_micro.values()):
+        return None
+    recs = [by_micro[m][0] for m in range(k)]
+    if len({(str(r[1]), int(r[2])) for r in recs}) != 1 or any(
+            r[6] is None or float(r[6]) <= 0 for r in recs):
+        return None
+    return recs
+
+
+def _runs(items: list[tuple[int, list[Any]]]) -> Iterable[list[tuple[int, list[Any]]]]:
+    """Maximal runs of consecutive micro-steps sharing one divisor."""
+    run: list[tuple[int, list[Any]]] = []
+    for it in items:
+        if run and not _is(float(it[1][6]), float(run[-1][1][6])):
+            yield run
+            run = []
+        run.append(it)
+    if run:
+        yield run
+
+
+def selection_findings(rank: int, windows: list[dict[str, Any]]) -> list[Finding]:
+    """LOSS_SCALE for a log-prob selection whose divisor is the count of other micro-steps
+    than its window's (module doc)."""
+    segments: list[list[tuple[int, list[Any]]]] = []  # consecutive recorded windows
+    prev_step = None
+    for w in windows:
+        recs = _selection_rows(w)
+        step = int(w["step"])
+        if recs is None:
+            prev_step = None
+            continue
+        items = [(step, r) for r in recs]
+        if prev_step is not None and step == prev_step + 1 and segments:
+            segments[-1].extend(items)
+        else:
+            segments.append(items)
+        prev_step = step
+    proven: dict[int, str] = {}  # id of a record -> its unit ("token" or "sequence")
+    spans: list[tuple[list[tuple[int, list[Any]]], str]] = []
+    for seg in segments:
+        for run in _runs(seg):
+            d = float(run[0][1][6])
+            tokens = sum(int(r[4]) for _, r in run)
+            seqs = sum(int(r[5]) for _, r in run)
+            unit = ("token" if abs(d - tokens) < 0.5 else
+                    "sequence" if seqs and abs(d - seqs) < 0.5 else None)
+            if unit is None:
+                continue
+            spans.append((run, unit))
+            for _, r in run:
+                proven[id(r)] = unit
+    masses: list[tuple[int, float, str]] = []  # (step, window mass, unit)
+    for w in windows:
+        recs = _selection_rows(w)
+        if recs is None or not all(id(r) in proven for r in recs):
+            continue
+        units = {proven[id(r)] for r in recs}
+        if len(units) != 1:
+            continue
+        unit = units.pop()
+        col = 4 if unit == "token" else 5
+        masses.append((int(w["step"]), sum(int(r[col]) / float(r[6]) for r in recs), unit))
+    if not masses or any(abs(m - 1.0) <= WEIGHT_TOL for _, m, _ in masses):
+        return []
+    return [_selection_finding(rank, windows, spans, masses)]
+
+
+def _selection_finding(rank: int, windows: list[dict[str, Any]],
+                       spans: list[tuple[list[tuple[int, list[Any]]], str]],
+                       masses: list[tuple[int, float, str]]) -> Finding:
+    step, mass, unit = masses[0]
+    run, _ = next(((r, u) for r, u in spans if any(s == step for s, _ in r)), spans[0])
+    first, last = run[0][0], run[-1][0]
+    site = str(run[0][1][1])
+    d = float(run[0][1][6])
+    k = next(int(w["window"]) for w in windows if int(w["step"]) == step)
+    lo, hi = min(m for _, m, _ in masses), max(m for _, m, _ in masses)
+    steps = f"optimizer steps {_n(first)}-{_n(last)}" if last != first \
+        else f"optimizer step {_n(first)}"
+    return _mk("LOSS_SCALE", "error", rank, step, None,
+               f"the loss backpropagated at {_short(site)}, built from per-token "
+               "log-probs (a log_softmax then gather, or a fused log-prob head), was "
+               f"divided by {d:g}, exactly the {unit}s with a gradient in the "
+               f"{len(run)} micro-steps of {steps}, while each optimizer step's window has "
+               f"{k} micro-steps: each window's {unit}s weighed {lo:.4g}"
+               + (f" to {hi:.4g}" if hi - lo > WEIGHT_TOL * hi else "")
+               + f" in total instead of 1 ({len(masses)} window(s) judged), so every update "
+               f"is that fraction of its window's {unit} mean, and the fraction varies with "
+               "the counts. The normaliser spans a different set of micro-steps than the "
+               "optimizer step",
+               title_="a log-prob loss is normalised by the count of other micro-steps "
+                      "than its optimizer step's",
+               fix="Normalise each micro-step's loss by the count of the optimizer step's "
+                   "own window (the tokens of its K micro-batches, all-reduced over ranks if "
+                   "the ranks' gradients are summed), or step the optimizer once per "
+                   "normaliser span.")
