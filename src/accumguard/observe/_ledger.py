@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from accumguard.observe._ledger_source import world_divisions
-from accumguard.observe._term_rules import selection_findings, term_scale_findings
 from accumguard.observe._records import Finding, RunRecording, _mk, _n, _windows
+from accumguard.observe._term_rules import selection_findings, term_scale_findings
 from accumguard.observe._weight_rules import WEIGHT_TOL, WEIGHT_TOL_LOW_PRECISION, _short
 
 __all__ = ["ledger_findings", "term_findings"]

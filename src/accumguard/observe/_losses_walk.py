@@ -99,9 +99,9 @@ def _mean_count(node: Any) -> int | None:
     except (AttributeError, RuntimeError, TypeError):
         return None
     if dims is None or dims == ():
-        return math.prod(sizes)
+        return int(math.prod(sizes))
     try:
-        return math.prod(sizes[d] for d in dims)
+        return int(math.prod(sizes[int(d)] for d in dims))
     except (IndexError, TypeError):
         return None
 

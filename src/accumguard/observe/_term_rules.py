@@ -111,7 +111,8 @@ def term_scale_findings(rank: int, windows: list[dict[str, Any]]) -> list[Findin
         if by_micro is None:
             continue
         k = int(w["window"])
-        refs = {}  # ordinal -> (site, order) of a recorded mean call divided by K, per micro
+        # ordinal -> per micro-step: a recorded mean call divided by K
+        refs: dict[int, dict[int, list[Any]]] = {}
         for m, rs in by_micro.items():
             for r in rs:
                 if r[7] is not None and r[10] and not r[6] and _divides_by(r[4], k):
