@@ -301,3 +301,37 @@ def test_a_fault_reading_a_schedule_horizon_changes_nothing(
     assert failure is not None and "schedule_state" in failure.error + failure.traceback
     for a, b in zip(params, unobserved, strict=True):
         assert torch.equal(a, b)
+
+
+def _train_selection() -> list[torch.Tensor]:
+    """A policy-gradient loop (log_softmax + gather, a term added to the loss): the per-term
+    and selection records' hook runs at every backward."""
+    torch.manual_seed(0)
+    emb, head = torch.nn.Embedding(9, 8), torch.nn.Linear(8, 9)
+    params = [*emb.parameters(), *head.parameters()]
+    opt = torch.optim.SGD(params, lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(STEPS):
+        for _ in range(K):
+            seq = torch.randint(0, 9, (3, 6), generator=g)
+            lp = F.log_softmax(head(emb(seq[:, :-1])), -1)
+            logp = lp.gather(-1, seq[:, 1:, None]).squeeze(-1)
+            loss = -(torch.randn(3, 1, generator=g) * logp).sum() / (15 * K)
+            (loss + 0.01 * lp.exp().mean()).backward()
+        opt.step()
+        opt.zero_grad()
+    return [p.detach().clone() for p in params]
+
+
+@pytest.mark.parametrize(("label", "nth"), [("hook:_on_select", 1), ("hook:_on_select", 5),
+                                            ("autograd.backward", 3)])
+def test_a_fault_recording_a_selection_changes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, label: str, nth: int) -> None:
+    unobserved = _train_selection()
+    monkeypatch.setenv(ENV_FAULT, f"{label}:pre@{nth}")
+    with recording(tmp_path) as obs:
+        params = _train_selection()
+        assert obs.failure is not None and label in obs.failure.where
+    for a, b in zip(params, unobserved, strict=True):
+        assert torch.equal(a, b), f"{label} changed the training"
+    assert list(load_recordings(tmp_path).failures) == [0]
