@@ -8,6 +8,7 @@ like the main loss, MSE, InfoNCE, label smoothing) say nothing at error level.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -234,3 +235,41 @@ def test_mse_regression_is_silent(tmp_path: Path) -> None:
 
     findings, _ = _run(tmp_path, loop)
     assert _errors(findings) == [], findings
+
+
+def _moe_ddp_rank(rank: int, world: int, path: str) -> None:
+    """One rank of DDP over the MoE above: the bug's form recorded in ``path/bug``, the
+    correct one in ``path/ok`` (uneven micro-batch sizes between ranks)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: N817
+
+    for sub in ("bug", "ok"):
+        torch.manual_seed(0)
+        model = DDP(_MoE())
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(7 + rank)
+        with recording(Path(path) / sub):
+            for _ in range(2):
+                for m in range(K):
+                    x = torch.randn(4 + rank, 6, generator=g)
+                    y = torch.randint(0, 3, (4 + rank,), generator=g)
+                    with model.no_sync() if m < K - 1 else contextlib.nullcontext():
+                        logits, aux = model(x)
+                        ce = F.cross_entropy(logits, y)
+                        loss = (ce / K + 0.01 * aux if sub == "bug"
+                                else (ce + 0.01 * aux) / K)
+                        loss.backward()
+                opt.step()
+                opt.zero_grad()
+
+
+def test_moe_aux_after_the_division_on_two_ddp_ranks(tmp_path: Path) -> None:
+    """2 gloo ranks (DDP, no_sync): the term rule runs on each rank's record; the bug is
+    said once, the correct form is silent."""
+    from accumguard.runtime.launch import run_on_ranks
+
+    run_on_ranks(_moe_ddp_rank, 2, (str(tmp_path),), timeout=300)
+    bug, _, _ = analyze(load_recordings(tmp_path / "bug"))
+    ok, _, _ = analyze(load_recordings(tmp_path / "ok"))
+    assert [f.cls for f in _errors(bug)] == ["LOSS_SCALE"], bug
+    assert "not divided by K" in _errors(bug)[0].title
+    assert _errors(ok) == [], ok
