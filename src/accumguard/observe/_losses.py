@@ -70,6 +70,9 @@ _MAX_CALLS = 4096
 #: Records written per optimizer step (the recording's size stays bounded).
 _MAX_RECORDS = 256
 _FRAMES = 16
+#: Frames never named as a call site, even when no user frame is within reach.
+_OWN = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch,) if m.__file__) + (
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,)
 #: Windows always recorded, then windows are recorded while the record has cost at most
 #: this fraction of the time since install (F5 shows in every window with uneven counts:
 #: a model whose micro-steps take milliseconds is recorded on every window, a toy on some).
@@ -406,8 +409,8 @@ class LossRecorder:
         site: list[str] = []
 
         def where() -> str:  # _site <- where <- _walk <- the backward's wrapper
-            if not site:
-                site.append(self._site(3))
+            if not site:  # a Trainer's backward is deep below the user's line
+                site.append(self._site(3, 4 * _FRAMES))
             return site[0]
 
         for leaf in w.leaves:
@@ -437,12 +440,12 @@ class LossRecorder:
         call.sole = self._sole(call)
 
     # -- naming the call ----------------------------------------------------------------------
-    def _site(self, depth: int = 3) -> str:
-        """``path:line`` of the first frame outside the training libraries (the caller of
-        the wrapper when every frame within reach is library code)."""
+    def _site(self, depth: int = 3, frames: int = _FRAMES) -> str:
+        """``path:line`` of the first frame outside the training libraries (else the first
+        outside torch and accumguard within reach: a Trainer's line)."""
         f: FrameType | None = sys._getframe(depth)  # _site <- _record <- loss_fn <- caller
         first: str | None = None
-        for _ in range(_FRAMES):
+        for _ in range(frames):
             if f is None:
                 break
             fn = f.f_code.co_filename
@@ -451,7 +454,7 @@ class LossRecorder:
                 lib = self._lib_cache[fn] = self._is_library(fn)
             if not lib:
                 return f"{fn}:{f.f_lineno}"
-            if first is None:
+            if first is None and not fn.startswith(_OWN):
                 first = f"{fn}:{f.f_lineno}"
             f = f.f_back
         return first or "?"
