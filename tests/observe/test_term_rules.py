@@ -111,9 +111,10 @@ class _Policy(torch.nn.Module):
         return self.head(torch.tanh(self.emb(x)))
 
 
-def _rollout(g: torch.Generator, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _rollout(g: torch.Generator, n: int, empty: bool = False
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     seq = torch.randint(1, V, (n, T + 1), generator=g)
-    lens = torch.randint(2, T + 1, (n,), generator=g)
+    lens = torch.randint(0 if empty else 2, T + 1, (n,), generator=g)
     mask = (torch.arange(T)[None, :] < lens[:, None]).float()
     adv = torch.randn(n, generator=g)
     return seq, mask, adv
@@ -128,7 +129,7 @@ def _pg(norm: str) -> Callable[[], None]:
         opt = torch.optim.SGD(policy.parameters(), lr=0.1)
         g = torch.Generator().manual_seed(2)
         for _ in range(STEPS):
-            seq, mask, adv = _rollout(g, 3 * 2 * K)
+            seq, mask, adv = _rollout(g, 3 * 2 * K, empty=norm == "grpo rollout")
             for half in range(2):
                 sl_w = slice(half * 3 * K, (half + 1) * 3 * K)
                 for m in range(K):
@@ -145,6 +146,13 @@ def _pg(norm: str) -> Callable[[], None]:
                         loss = tok.sum() / mask[sl_w].sum()
                     elif norm == "grpo":  # per-sequence mean, mean over the window's seqs
                         loss = (tok.sum(1) / mask[sl].sum(1)).sum() / (3 * K)
+                    elif norm == "grpo rollout":  # ... over the rollout's sequences: the bug
+                        # (empty completions dropped: the count varies from rollout to rollout)
+                        live = (mask.sum(1) > 0).sum()
+                        loss = (tok.sum(1) / mask[sl].sum(1).clamp(min=1)).sum() / live
+                    elif norm == "grpo rollout, fixed count":  # 2 x the window's sequences,
+                        # a constant: it could be a coefficient, not judged
+                        loss = (tok.sum(1) / mask[sl].sum(1)).sum() / (3 * 2 * K)
                     else:  # "grpo mean/K": the same with a mean per micro-batch / K
                         loss = (tok.sum(1) / mask[sl].sum(1)).mean() / K
                     loss.backward()
@@ -154,16 +162,22 @@ def _pg(norm: str) -> Callable[[], None]:
     return loop
 
 
-def test_pg_normaliser_spanning_two_optimizer_steps_is_an_error(tmp_path: Path) -> None:
-    findings, steps = _run(tmp_path, _pg("rollout"))
+@pytest.mark.parametrize(("norm", "unit"), [("rollout", "tokens"),
+                                           ("grpo rollout", "sequences")])
+def test_pg_normaliser_spanning_two_optimizer_steps_is_an_error(tmp_path: Path, norm: str,
+                                                                unit: str) -> None:
+    findings, steps = _run(tmp_path, _pg(norm))
     (f,) = _errors(findings)
     assert f.cls == "LOSS_SCALE" and "log-prob" in f.title, findings
-    assert f"the {2 * K} micro-steps of optimizer steps 1-2" in f.evidence, f.evidence
+    assert f"exactly the {unit} with a gradient in the {2 * K} micro-steps of optimizer " \
+           "steps 1-2" in f.evidence, f.evidence
     sel = [r for s in steps for r in s.get("terms") or [] if r[0] == "select"]
-    assert len(sel) >= 2 * K and not any(r[7] for r in sel)  # advantage-weighted
+    assert len(sel) >= 2 * K
+    assert not any(s.get("losses") for s in steps)  # advantage-weighted: not a loss record
 
 
-@pytest.mark.parametrize("norm", ["window", "take_along_dim window", "grpo", "grpo mean/K"])
+@pytest.mark.parametrize("norm", ["window", "take_along_dim window", "grpo", "grpo mean/K",
+                                  "grpo rollout, fixed count"])
 def test_pg_normalised_per_window_is_silent(tmp_path: Path, norm: str) -> None:
     findings, steps = _run(tmp_path, _pg(norm))
     assert _errors(findings) == [], findings

@@ -93,7 +93,7 @@ class _Call:
     """One recorded loss call; ``micro`` and ``g`` are set by the gradient hook."""
 
     __slots__ = ("divs", "g", "grad", "lp", "mean", "micro", "n", "node", "opaque", "rows",
-                 "seq", "site", "sole", "stats")
+                 "seq", "site", "sole", "stats", "weighted")
 
     def __init__(self, site: str, seq: int, n: torch.Tensor | int, mean: bool,
                  lp: bool, node: int, rows: int = 0) -> None:
@@ -114,6 +114,9 @@ class _Call:
         # nonzero per-token gradients, a device tensor until the step
         self.stats: torch.Tensor | None = None
         self.opaque = False  # a factor between the selection and the root was not read
+        # a data tensor multiplies the selection's tokens (advantages, a mask): equal
+        # weights in one micro-step are then not a normalisation (one sequence)
+        self.weighted = False
 
 
 class LossRecorder:
@@ -272,7 +275,7 @@ class LossRecorder:
                 if row is None:
                     continue
                 sel.append(row)
-                uniform = bool(row[7])
+                uniform = bool(row[7]) and not c.weighted
             if n <= 0 or g == 0 or g != g or not uniform:
                 continue  # nothing averaged, the loss did not reach the optimizer, or
                 # a selection whose tokens carry data-dependent weights (advantages)
@@ -417,7 +420,7 @@ class LossRecorder:
             if leaf.select is None or len(self.calls) >= _MAX_CALLS:
                 continue
             call = _Call(where(), self.seq, 0, True, False, leaf.node._sequence_nr())
-            call.opaque = leaf.opaque
+            call.opaque, call.weighted = leaf.opaque, leaf.weighted
             self.seq += 1
             self.calls.append(call)
             leaf.node.register_prehook(functools.partial(self._on_select, call, leaf.index))

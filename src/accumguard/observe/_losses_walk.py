@@ -49,6 +49,7 @@ class Leaf:
     means: list[int]  # element counts averaged by the means above it
     opaque: bool  # a one-element factor above it that could not be read
     select: str | None = None  # "gather" or "fused": a per-token log-prob selection
+    weighted: bool = False  # multiplied or divided by a data tensor above it (advantages)
 
 
 @dataclass
@@ -138,14 +139,15 @@ def _walk(root: Any, out: Walk) -> None:
     fn = getattr(root, "grad_fn", None)
     if fn is None:
         return
-    # (node, output index, constants above, addition above, means above, opaque above)
-    stack: list[tuple[Any, int, list[list[Any]], bool, list[int], bool]] = [
-        (fn, 0, [], False, [], False)]
+    # (node, output index, constants above, addition above, means above, opaque above,
+    # a data factor above)
+    stack: list[tuple[Any, int, list[list[Any]], bool, list[int], bool, bool]] = [
+        (fn, 0, [], False, [], False, False)]
     for _ in range(NODES):
         if not stack:
             out.complete = True
             return
-        node, index, divs, split, means, opaque = stack.pop()
+        node, index, divs, split, means, opaque, weighted = stack.pop()
         seq = node._sequence_nr()
         if seq in out.chain:
             continue
@@ -153,7 +155,8 @@ def _walk(root: Any, out: Walk) -> None:
         name = type(node).__name__
         nxt = [(n, i) for n, i in node.next_functions if n is not None]
         if name.startswith(("AddBackward0", "SubBackward0")) and len(nxt) > 1:
-            stack.extend((n, i, divs, True, means, opaque) for n, i in nxt)  # the terms
+            stack.extend((n, i, divs, True, means, opaque, weighted)  # the terms of a sum
+                         for n, i in nxt)
             continue
         select = _selection(name, node)
         if select is None and name.startswith(LINEAR + _PASS) and len(nxt) == 1:
@@ -163,10 +166,12 @@ def _walk(root: Any, out: Walk) -> None:
                     divs = [*divs, ["/" if name.startswith("Div") else "*", c]]
                 elif _unread(node):
                     opaque = True
+                else:  # a tensor of values (advantages, a mask, per-sequence lengths)
+                    weighted = True
             elif name.startswith("MeanBackward"):
                 count = _mean_count(node)
                 means = [*means, count] if count else means
-            stack.append((nxt[0][0], nxt[0][1], divs, split, means, opaque))
+            stack.append((nxt[0][0], nxt[0][1], divs, split, means, opaque, weighted))
             continue
-        out.leaves.append(Leaf(node, index, divs, split, means, opaque, select))
+        out.leaves.append(Leaf(node, index, divs, split, means, opaque, select, weighted))
     out.complete = not stack

@@ -14,8 +14,9 @@
 * **A log-prob selection normalised over other micro-steps than its window's.** A loss
   built from per-token log-probs (``log_softmax`` + ``gather``, TRL's fused LM head) whose
   constant divisor is, in a run of consecutive micro-steps sharing it, exactly the count of
-  tokens (or of sequences) with a gradient in those micro-steps: the divisor is a count, and
-  the window's tokens weigh the window's share of it. When every window judged weighs
+  tokens (or of sequences) with a gradient in those micro-steps, and the divisor takes at
+  least two such values (a divisor that never changes could be a coefficient the user
+  chose): the divisor is a count, and the window's tokens weigh the window's share of it. When every window judged weighs
   ``1`` (the window's own count) nothing is said; when every window judged weighs the same
   other total (a divisor spanning two optimizer steps: about 1/2), the update is that
   fraction of the window's token mean: LOSS_SCALE (error). The count identity is the proof
@@ -241,6 +242,10 @@ def selection_findings(rank: int, windows: list[dict[str, Any]]) -> list[Finding
             spans.append((run, unit))
             for _, r in run:
                 proven[id(r)] = unit
+    # a divisor that never changes is indistinguishable from a coefficient the user chose
+    # (24 may be "two windows of 12 sequences" or a weight): the proof needs counts that vary
+    if len({(u, float(run[0][1][6])) for run, u in spans}) < 2:
+        return []
     masses: list[tuple[int, float, str]] = []  # (step, window mass, unit)
     for w in windows:
         recs = _selection_rows(w)
