@@ -146,6 +146,10 @@ class StepEvent:
     # the norm of the parameters the step updated, before it (recorded with ``updates``:
     # invariance's bound on the re-rounding of low-precision weights)
     param_norm: float | None = None
+    # how often the optimizers' learning rates changed between two backward passes of this
+    # window, and the first group's rate at the step (:mod:`._lr_trace`); None: not traced
+    lr_changes: int | None = None
+    lr: float | None = None
 
 
 @dataclass
