@@ -28,11 +28,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from accumguard.observe._checksum import checksums
+
+if TYPE_CHECKING:
+    from accumguard.observe._seams import DeepSpeedEngine
 
 __all__ = ["LOW", "autocast_dtype", "deepspeed_dtypes", "fsdp_dtypes", "least_precise",
            "model_grad_sum", "name_of", "step_facts"]
@@ -43,7 +46,7 @@ _TOL_LOW = 3e-2
 _ORDER = ("float16", "bfloat16", "float32", "float64")
 
 
-def name_of(dtype: Any) -> str | None:
+def name_of(dtype: object) -> str | None:
     """``torch.bfloat16`` -> ``"bfloat16"`` (None for None)."""
     return None if dtype is None else str(dtype).replace("torch.", "")
 
@@ -66,7 +69,7 @@ def autocast_dtype() -> str | None:
     return None
 
 
-def fsdp_dtypes(groups: Sequence[Any]) -> dict[str, str] | None:
+def fsdp_dtypes(groups: Sequence[object]) -> dict[str, str] | None:
     """FSDP2's dtypes over the parameter groups (the least precise of each): ``compute`` (the
     unsharded parameters, ``param_dtype``), ``deferred`` (the unsharded gradient summed over
     micro-steps with sync off: ``reduce_dtype``, else ``param_dtype``), ``reduce`` (the
@@ -89,7 +92,7 @@ def fsdp_dtypes(groups: Sequence[Any]) -> dict[str, str] | None:
     return {k: v for k, v in out.items() if v is not None}
 
 
-def deepspeed_dtypes(engine: Any) -> dict[str, str] | None:
+def deepspeed_dtypes(engine: DeepSpeedEngine) -> dict[str, str] | None:
     """DeepSpeed's model dtype and the dtype its optimizer sums micro-gradients in: the ZeRO
     optimizer's ``gradient_accumulation_dtype``, BF16_Optimizer's ``grad_acc_dtype``, else
     the engine's ``get_data_types()`` (``data_types.grad_accum_dtype``, default the model
