@@ -15,13 +15,14 @@ import functools
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from accumguard.core.errors import ConfigError
 from accumguard.engines.base import Engine
 
 if TYPE_CHECKING:
     import torch
+    from torch.nn.parallel import DistributedDataParallel
 
 __all__ = ["ENGINE_NAMES", "EngineSpec", "detect_engine", "is_deepspeed_engine", "resolve_engine"]
 
@@ -35,7 +36,7 @@ def is_deepspeed_engine(obj: object) -> bool:
     return any(m.startswith("deepspeed") and n == "DeepSpeedEngine" for m, n in _mro_names(obj))
 
 
-def is_ddp(obj: object) -> bool:
+def is_ddp(obj: object) -> TypeGuard[DistributedDataParallel]:
     from torch.nn.parallel import DistributedDataParallel
 
     return isinstance(obj, DistributedDataParallel)
