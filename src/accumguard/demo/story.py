@@ -25,6 +25,7 @@ optimizer step (the loops stay untouched).
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 import threading
@@ -184,7 +185,7 @@ class _EvalOnStep:
         self._inner = inner
         self._on_step = on_step
 
-    def step(self, *args: Any, **kwargs: Any) -> None:
+    def step(self, *args: argparse.Namespace, **kwargs: Any) -> None:
         if self._inner is not None:
             self._inner.step(*args, **kwargs)
         self._on_step()
