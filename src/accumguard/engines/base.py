@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -38,9 +38,12 @@ __all__ = ["Engine", "Scheduler", "any_nonfinite", "dist_info", "group_or_world"
 
 class Scheduler(Protocol):
     """An LR scheduler as the accumulation drives it: one ``step()`` per optimizer step
-    (torch's ``LRScheduler``, or a framework's wrapper of one)."""
+    (torch's ``LRScheduler``, or a framework's wrapper of one), and its state for a
+    checkpoint."""
 
     def step(self) -> object: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
 
 
 def any_nonfinite(tensors: list[torch.Tensor]) -> torch.Tensor:

@@ -29,7 +29,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
-from typing import Any, Protocol, SupportsFloat
+from typing import Any, Protocol
 
 import torch
 
@@ -131,7 +131,7 @@ class AccelerateEngine(Engine):
 def accumulator(accelerator: Accelerator, model: torch.nn.Module,
                 optimizer: torch.optim.Optimizer, *, accumulation_steps: int | None = None,
                 scheduler: Scheduler | None = None, scheduler_steps: str = "one",
-                count_fn: Callable[[Any], SupportsFloat] | None = None,
+                count_fn: Callable[[Any], float | torch.Tensor] | None = None,
                 max_grad_norm: float | None = None, **options: Any) -> Accumulator:
     """An :class:`~accumguard.Accumulator` on Accelerate's prepared objects.
 
