@@ -36,7 +36,6 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from types import ModuleType
-from typing import Any
 
 import torch
 from torch.utils.hooks import RemovableHandle
@@ -61,6 +60,7 @@ from accumguard.observe._imports import when_imported as _when_imported
 from accumguard.observe._lanes import Lanes
 from accumguard.observe._losses import LossRecorder
 from accumguard.observe._patch import Patches
+from accumguard.observe._precision import MasterSum
 from accumguard.observe._step_precision import StepPrecision
 from accumguard.observe._steps import PIN_ROOTS_AFTER_STEPS, StepMachinery
 from accumguard.observe._tally import Tally
@@ -201,7 +201,7 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
         self._last_grads: list[tuple[int, int]] = []  # its gradients then: (id, version)
         self._step_checksum: torch.Tensor | None = None
         self._step_members: list[bool] | None = None
-        self._step_master: dict[str, Any] | None = None  # see _precision.model_grad_sum
+        self._step_master: MasterSum | None = None  # see _precision.model_grad_sum
         self._prec_static: dict[tuple[int, int],
                                 tuple[str | None, dict[str, str] | None,
                                       dict[str, str] | None]] = {}

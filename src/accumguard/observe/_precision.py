@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 
@@ -111,10 +111,20 @@ def deepspeed_dtypes(engine: DeepSpeedEngine) -> dict[str, str] | None:
     return None
 
 
+class MasterSum(TypedDict, total=False):
+    """The master-weight pattern's sum on one checked window (:func:`model_grad_sum`)."""
+
+    dtype: str | None  # the low-precision model parameters' dtype
+    sums: int  # backwards summed into their .grad
+    in_place: bool  # nothing removed between the backwards, nothing left from before
+    reached: bool | None  # the optimizer's gradient is that sum up to one scale (None: unknown)
+    scale: float  # that scale, when it was measured
+
+
 @torch.no_grad()
 def model_grad_sum(tracked: Sequence[torch.Tensor], members: Sequence[bool],
                    starts: Sequence[torch.Tensor], ends: Sequence[torch.Tensor],
-                   opt_params: Sequence[torch.Tensor]) -> dict[str, Any] | None:
+                   opt_params: Sequence[torch.Tensor]) -> MasterSum | None:
     """The master-weight pattern on one checked window (an optimizer over fp32 parameters
     only): the roots' bf16/fp16 parameters the stepping optimizer does not hold (``members`` False), their ``.grad`` summed in place by
     the window's backwards (nothing removed between them, nothing left from before), and
@@ -142,8 +152,8 @@ def model_grad_sum(tracked: Sequence[torch.Tensor], members: Sequence[bool],
     gaps = sum(float((e[i - 1] - s[i])[:, :2].abs().sum()) for i in range(1, len(s)))
     stale = float(s[0][:, :2].abs().sum())
     in_place = gaps <= _TOL_LOW * mass and stale <= _TOL_LOW * mass
-    out: dict[str, Any] = {"dtype": least_precise(name_of(tracked[i].dtype) for i in rows),
-                           "sums": len(s), "in_place": in_place, "reached": None}
+    out: MasterSum = {"dtype": least_precise(name_of(tracked[i].dtype) for i in rows),
+                      "sums": len(s), "in_place": in_place, "reached": None}
     low = [tracked[i] for i in rows]
     if in_place and len(opt_params) == len(low) and all(
             tuple(p.shape) == tuple(q.shape) for p, q in zip(opt_params, low, strict=True)):
@@ -161,7 +171,7 @@ def model_grad_sum(tracked: Sequence[torch.Tensor], members: Sequence[bool],
 
 def step_facts(*, params: str | None, fsdp: dict[str, str] | None,
                deepspeed: dict[str, str] | None, autocast: str | None,
-               model_grad: dict[str, Any] | None) -> dict[str, Any] | None:
+               model_grad: MasterSum | None) -> dict[str, Any] | None:
     """The step record's ``precision`` field: the compute dtype (the least precise of the
     roots' trainable parameters, FSDP2's ``param_dtype``, DeepSpeed's model dtype and an
     autocast region) and, when set, the FSDP2/DeepSpeed dtypes and the master-weight

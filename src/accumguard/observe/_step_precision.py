@@ -15,6 +15,7 @@ import torch
 
 from accumguard.observe._introspect import param_dtype
 from accumguard.observe._precision import (
+    MasterSum,
     deepspeed_dtypes,
     fsdp_dtypes,
     least_precise,
@@ -39,7 +40,7 @@ class StepPrecision:
                        tuple[str | None, dict[str, str] | None, dict[str, str] | None]]
     _tracked: list[torch.Tensor]
     _fsdp_groups: dict[int, list[object]]
-    _step_master: dict[str, Any] | None
+    _step_master: MasterSum | None
 
     def _dtype_of(self, owner: object) -> str | None:
         """:func:`_param_dtype`, once per optimizer/engine (it walks every parameter; a

@@ -25,7 +25,7 @@ from accumguard.observe._checksum import (
 )
 from accumguard.observe._events import ScalerEvent, StepStartEvent
 from accumguard.observe._introspect import local, snapshot, tol_for
-from accumguard.observe._precision import model_grad_sum
+from accumguard.observe._precision import MasterSum, model_grad_sum
 from accumguard.observe._reduction import rank_factor
 from accumguard.observe._window import Window
 
@@ -87,7 +87,7 @@ class StepMachinery:
     _step_cons: Conservation | None
     _step_checksum: torch.Tensor | None
     _step_members: list[bool] | None
-    _step_master: dict[str, Any] | None
+    _step_master: MasterSum | None
     _before: dict[str, torch.Tensor] | None
     _idle_before: dict[str, torch.Tensor] | None
     _last_owner: int
