@@ -37,14 +37,11 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 import torch
 
 from accumguard.core.errors import AccumguardWarning, ConfigError
-
-if TYPE_CHECKING:
-    from accumguard.engines.base import Engine
 
 __all__ = ["LOW_PRECISION", "AccumulationDtype", "MainGrads", "MasterWeights",
            "enable_master_weights", "load_master_state", "low_precision_params"]
@@ -302,7 +299,17 @@ class MasterWeights:
         self._swap(self._param_of)
 
 
-def enable_master_weights(engine: Engine, optimizer: torch.optim.Optimizer | None
+class MasterHost(Protocol):
+    """What :func:`enable_master_weights` needs of an engine adapter (an
+    :class:`~accumguard.engines.base.Engine`, which imports this module)."""
+
+    name: str
+    model: torch.nn.Module
+    main_grads: MainGrads | None
+    master_weights: MasterWeights | None
+
+
+def enable_master_weights(engine: MasterHost, optimizer: torch.optim.Optimizer | None
                           ) -> MasterWeights | None:
     """``Accumulator(..., master_weights=True)``: fp32 masters for the engine's low-precision
     parameters, or ``None`` when every trainable parameter is already fp32 (nothing to do).
