@@ -264,7 +264,7 @@ class Handlers:
             methods = getattr(found, kind.name)
             for listener in listeners:
                 fn = getattr(listener, kind.name, None)
-                if fn is not None:
+                if fn:
                     methods.append(fn)
         return found
 
