@@ -453,10 +453,10 @@ class _Agent:
         os._exit(0)
 
 
-def _peak_memory() -> dict[str, Any]:
+def _peak_memory() -> dict[str, int]:
     """This process's peak memory for ``accumguard advise``: ``peak_rss_bytes`` (the
     process's maximum resident set, CPU) and ``cuda_max_allocated_bytes`` (CUDA runs)."""
-    out: dict[str, Any] = {}
+    out: dict[str, int] = {}
     with contextlib.suppress(Exception):
         import resource
 
