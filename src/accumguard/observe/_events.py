@@ -3,14 +3,20 @@ protocol that the guard and ``watch`` implement."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Protocol
 
 from accumguard.observe._checksum import Conservation
 
+if TYPE_CHECKING:
+    import torch
+
+    from accumguard.observe._failsafe import Failure
+
 __all__ = ["BackwardEvent", "EngineInfo", "EngineStepEvent", "ForwardEvent", "Listener",
            "ScalerEvent", "StepEvent", "StepStartEvent", "ZeroGradEvent", "SchedulerEvent",
-           "ClipEvent"]
+           "ClipEvent", "CollectiveEvent", "Handlers", "OptimizerCallEvent"]
 
 
 @dataclass
@@ -21,7 +27,7 @@ class ForwardEvent:
     micro: int  # backward passes so far in the window
     engine: str  # "ddp" | "fsdp2" | "deepspeed" | "local"
     sync: bool | None  # DDP/FSDP2 gradient-sync flag at forward (None: not applicable)
-    module: Any = field(repr=False, default=None)
+    module: torch.nn.Module | None = field(repr=False, default=None)
 
 
 @dataclass
@@ -50,7 +56,7 @@ class ZeroGradEvent:
     step: int
     micro: int
     kind: str  # "optimizer" | "module"
-    owner: Any = field(repr=False, default=None)
+    owner: torch.optim.Optimizer | torch.nn.Module | None = field(repr=False, default=None)
 
 
 @dataclass
@@ -60,7 +66,9 @@ class SchedulerEvent:
     count: int  # this scheduler's steps so far (not counting the constructor's)
     optimizer_steps: int  # steps of the scheduler's optimizer so far
     in_step: bool  # inside an engine/optimizer step (DeepSpeed steps its own scheduler)
-    owner: Any = field(repr=False, default=None)
+    # torch's LRScheduler or a framework's wrapper of one (Accelerate's): read by identity
+    # and ``getattr`` only
+    owner: object = field(repr=False, default=None)
 
 
 @dataclass
@@ -68,7 +76,7 @@ class ClipEvent:
     step: int
     micro: int
     function: str
-    params: list[Any] = field(repr=False, default_factory=list)
+    params: list[torch.Tensor] = field(repr=False, default_factory=list)
 
 
 @dataclass
@@ -126,7 +134,7 @@ class StepEvent:
     checksum: list[float] | None = None  # (sum, even sum, abs sum) of what the optimizer got
     wall: float = 0.0
     param_dtype: str | None = None  # dtype of the parameters this step updated ("float32")
-    updates: dict[str, Any] | None = field(repr=False, default=None)
+    updates: dict[str, torch.Tensor] | None = field(repr=False, default=None)
     # per loss call of the window (cross_entropy/nll_loss that reached the optimizer):
     # [site, order at that site in its backward, micro (0-based), valid count n,
     #  per-token weight, low precision, reduction, sole, via autograd.grad, the constants
@@ -166,7 +174,8 @@ class StepStartEvent:
     applied: bool  # False: every gradient of the optimizer is None (a no-op step)
     engine: str = "local"
     conservation: Conservation | None = None
-    owner: Any = field(repr=False, default=None)
+    # the torch optimizer, or the DeepSpeed engine (an ``nn.Module``)
+    owner: object = field(repr=False, default=None)
 
 
 @dataclass
@@ -177,7 +186,7 @@ class EngineStepEvent:
     step: int
     boundary: bool
     backwards: int
-    owner: Any = field(repr=False, default=None)
+    owner: torch.nn.Module | None = field(repr=False, default=None)  # the DeepSpeed engine
 
 
 @dataclass
@@ -190,7 +199,7 @@ class ScalerEvent:
     step: int
     micro: int
     kind: str  # "unscale" | "update" | "skip"
-    owner: Any = field(repr=False, default=None)
+    owner: object = field(repr=False, default=None)  # the GradScaler, or (skip) the optimizer
 
 
 @dataclass
@@ -203,7 +212,7 @@ class OptimizerCallEvent:
     step: int
     depth: int
     in_engine: bool
-    owner: Any = field(repr=False, default=None)
+    owner: torch.optim.Optimizer | None = field(repr=False, default=None)
 
 
 @dataclass
@@ -218,6 +227,53 @@ class CollectiveEvent:
 
 
 class Listener(Protocol):
-    """Receives events; each method is optional (looked up with ``getattr``)."""
+    """What a listener may implement: any subset of the methods of :class:`Handlers` (each
+    is looked up with ``getattr`` when the listener is added). ``on_step`` is the one every
+    listener of the observer has."""
 
     def on_step(self, event: StepEvent) -> None: ...
+
+
+@dataclass
+class Handlers:
+    """The listeners' bound methods, one typed list per event kind, collected once when a
+    listener is added (the hot paths test a list and call what is in it). A listener
+    implements any subset; each method may raise to stop the action it is told about
+    (``on_step_start``, ``on_backward_start``, ``on_zero_grad``, ``on_scheduler_step``,
+    ``on_clip``: the guard does)."""
+
+    on_forward: list[Callable[[ForwardEvent], object]] = field(default_factory=list)
+    on_backward_start: list[Callable[[BackwardEvent], object]] = field(default_factory=list)
+    on_backward: list[Callable[[BackwardEvent], object]] = field(default_factory=list)
+    on_collective: list[Callable[[CollectiveEvent], object]] = field(default_factory=list)
+    on_optimizer_call: list[Callable[[OptimizerCallEvent], object]] = field(
+        default_factory=list)
+    on_step_start: list[Callable[[StepStartEvent], object]] = field(default_factory=list)
+    on_step: list[Callable[[StepEvent], object]] = field(default_factory=list)
+    on_engine_step: list[Callable[[EngineStepEvent], object]] = field(default_factory=list)
+    on_engine: list[Callable[[EngineInfo], object]] = field(default_factory=list)
+    on_zero_grad: list[Callable[[ZeroGradEvent], object]] = field(default_factory=list)
+    on_scheduler_step: list[Callable[[SchedulerEvent], object]] = field(default_factory=list)
+    on_clip: list[Callable[[ClipEvent], object]] = field(default_factory=list)
+    on_unscale: list[Callable[[ScalerEvent], object]] = field(default_factory=list)
+    on_scaler_update: list[Callable[[ScalerEvent], object]] = field(default_factory=list)
+    on_scaler_skip: list[Callable[[ScalerEvent], object]] = field(default_factory=list)
+    on_internal_error: list[Callable[[Failure], object]] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, listeners: Iterable[object]) -> Handlers:
+        """Every listener's methods, by event kind, in the order the listeners came."""
+        found = cls()
+        for kind in fields(cls):
+            methods = getattr(found, kind.name)
+            for listener in listeners:
+                fn = getattr(listener, kind.name, None)
+                if fn:
+                    methods.append(fn)
+        return found
+
+    def __getitem__(self, kind: str) -> Sequence[object]:
+        """The methods for ``kind`` by name (for a caller that only tests whether any
+        listener wants a kind)."""
+        methods: Sequence[object] = getattr(self, kind)
+        return methods

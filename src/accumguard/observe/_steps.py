@@ -10,6 +10,7 @@ sampled window, the step record (:meth:`._window.Window.record`) and ``on_step``
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -24,12 +25,16 @@ from accumguard.observe._checksum import (
 )
 from accumguard.observe._events import ScalerEvent, StepStartEvent
 from accumguard.observe._introspect import local, snapshot, tol_for
-from accumguard.observe._precision import model_grad_sum
+from accumguard.observe._precision import MasterSum, model_grad_sum
 from accumguard.observe._reduction import rank_factor
 from accumguard.observe._window import Window
 
 if TYPE_CHECKING:
+    from torch.utils.hooks import RemovableHandle
+
     from accumguard.observe._boundary import BoundaryScale
+    from accumguard.observe._checksum import Conservation
+    from accumguard.observe._events import Handlers
     from accumguard.observe._lanes import Lanes
     from accumguard.observe._losses import LossRecorder
     from accumguard.observe._lr_trace import LrTrace
@@ -67,55 +72,57 @@ class StepMachinery:
     _armed: bool
     _w: Window
     _ow: Window | None
-    _handlers: dict[str, list[Any]]
-    _sync_roots: list[Any]
-    _ds_engine: Any
+    _handlers: Handlers
+    _sync_roots: list[torch.nn.Module]
+    _ds_engine: torch.nn.Module | None  # DeepSpeed's engine (an nn.Module)
     _tracked: list[torch.Tensor]
     _tracked_ids: set[int]
     _tracked_names: dict[int, str]
-    _fsdp_groups: dict[int, list[Any]]
+    _fsdp_groups: dict[int, list[object]]
     _end_versions: list[tuple[int, int] | None]
     _window_checked: bool | None
     _t_checks: float
-    _global_handle: Any
+    _global_handle: RemovableHandle | None
     _opt_steps: Tally
     _step_t0: float
     _step_applied: bool
-    _step_cons: Any
+    _step_cons: Conservation | None
     _step_checksum: torch.Tensor | None
     _step_members: list[bool] | None
-    _step_master: dict[str, Any] | None
+    _step_master: MasterSum | None
     _before: dict[str, torch.Tensor] | None
     _idle_before: dict[str, torch.Tensor] | None
     _last_owner: int
     _last_grads: list[tuple[int, int]]
 
     if TYPE_CHECKING:  # defined by the observer and its other mixins
-        def _quiet(self) -> Any: ...
-        def _emit(self, method: str, event: Any) -> None: ...
+        def _quiet(self) -> contextlib.AbstractContextManager[None]: ...
         def _trackable(self) -> bool: ...
         def _tracking(self) -> bool: ...
         def _track(self, root: torch.nn.Module) -> set[int]: ...
         def _hook_roots(self, on: bool) -> None: ...
         def _pin_roots(self) -> None: ...
-        def _dtype_of(self, owner: Any) -> str | None: ...
-        def _precision(self, owner: Any, source: str, w: Window) -> dict[str, Any] | None: ...
+        def _dtype_of(self, owner: object) -> str | None: ...
+        def _precision(self, owner: object, source: str, w: Window) -> dict[str, Any] | None: ...
 
-    def _skipped_step(self, opt: Any) -> None:
+    def _skipped_step(self, opt: torch.optim.Optimizer) -> None:
         """A GradScaler step that found inf/NaN gradients and skipped the optimizer: the
         window ends without an update and its gradients are dropped (as a DeepSpeed overflow
         skip). It counts as an attempted step of ``opt`` for the scheduler rule (F4): the
         scheduler that steps after it is on time."""
         self._opt_steps.add(opt)
-        if self._handlers["on_scaler_skip"]:
-            self._emit("on_scaler_skip", ScalerEvent(self.step, len(self._w.backwards), "skip",
-                                                     opt))
+        fns = self._handlers.on_scaler_skip
+        if fns:
+            ev = ScalerEvent(self.step, len(self._w.backwards), "skip", opt)
+            for fn in fns:
+                fn(ev)
         self._step_t0 = time.perf_counter()
         self._step_cons = None
         self._ow = None
         self._end_step("torch", type(opt).__name__, False, None, opt, discarded=True)
 
-    def _begin_step(self, opt: Any, applied: bool, engine: Any = None) -> None:
+    def _begin_step(self, opt: object, applied: bool,
+                    engine: torch.nn.Module | None = None) -> None:
         self._step_t0 = time.perf_counter()
         self.lr_trace.know(opt if engine is None else getattr(engine, "optimizer", None))
         self._step_applied = applied
@@ -141,7 +148,7 @@ class StepMachinery:
                 with self._quiet():
                     self._step_master = model_grad_sum(
                         self._tracked, self._step_members, w.starts, w.ends,
-                        [p for g in opt.param_groups for p in g["params"]])
+                        [p for g in getattr(opt, "param_groups", []) for p in g["params"]])
             # a root's parameter replaced (an embedding resized) or unfrozen since the root
             # was first seen: tracked from the next window (not an optimizer's own copies:
             # fp32 master weights get their .grad at the step, not from the backwards)
@@ -174,15 +181,18 @@ class StepMachinery:
             self._idle_before = (self._before if self._before is not None
                                  else self._snapshot(opt, engine))
         self._last_owner = owner
-        if not self._handlers["on_step_start"]:
+        fns = self._handlers.on_step_start
+        if not fns:
             return
-        self._emit("on_step_start", StepStartEvent(
+        ev = StepStartEvent(
             step=self.step, backwards=len(w.backwards),
             source="torch" if engine is None else "deepspeed", applied=applied,
             engine=self.engine, conservation=self._step_cons,
-            owner=opt if engine is None else engine))
+            owner=opt if engine is None else engine)
+        for fn in fns:
+            fn(ev)
 
-    def _verdict(self) -> Any:
+    def _verdict(self) -> Conservation | None:
         """Conservation verdict on what the step about to run receives (None: unchecked)."""
         w = self._w if self._ow is None else self._ow
         if self._step_checksum is None or self._step_members is None:
@@ -206,32 +216,34 @@ class StepMachinery:
         return cons
 
     @staticmethod
-    def _grad_state(opt: Any) -> list[tuple[int, int]]:
+    def _grad_state(opt: object) -> list[tuple[int, int]]:
         return [(id(p.grad), p.grad._version) for g in getattr(opt, "param_groups", [])
                 for p in g["params"] if p.grad is not None]
 
-    def _no_new_grad(self, opt: Any) -> bool:
+    def _no_new_grad(self, opt: object) -> bool:
         """No gradient reached ``opt`` since its previous step: its ``.grad`` tensors are
         those it stepped on, unwritten since, or every one is zero."""
         if self._grad_state(opt) == self._last_grads:
             return True
         with self._quiet():
-            return all(not bool(local(p.grad).any()) for g in opt.param_groups
+            return all(not bool(local(p.grad).any()) for g in getattr(opt, "param_groups", [])
                        for p in g["params"] if p.grad is not None)
 
     def _end_step(self, source: str, opt_name: str, applied: bool, norm: float | None,
-                  owner: Any, *, discarded: bool = False) -> None:
+                  owner: object, *, discarded: bool = False) -> None:
         w = self._w
         own, self._ow = self._ow, None
         lr_changes, lr = self.lr_trace.take()
+        # a DeepSpeed step's owner is its engine; a torch step's, its optimizer
+        ds_engine = owner if source == "deepspeed" and isinstance(owner, torch.nn.Module) \
+            else None
         if source == "torch":
             self.lanes.stepped(owner, self.backward_total)
             self._last_grads = self._grad_state(owner)
         updates = None
         before: dict[str, torch.Tensor] | None
         if self.record_updates and self._before is not None and applied:
-            after = self._snapshot(owner if source == "torch" else None,
-                                   owner if source == "deepspeed" else None)
+            after = self._snapshot(owner if source == "torch" else None, ds_engine)
             before = self._before
             if len(after) == len(before) and list(after) != list(before):
                 # the same parameters in the same order, named after the step: a closure's
@@ -243,8 +255,7 @@ class StepMachinery:
         before, self._before = self._before, None
         moved = None
         if self._idle_before is not None:
-            after = self._snapshot(owner if source == "torch" else None,
-                                   owner if source == "deepspeed" else None)
+            after = self._snapshot(owner if source == "torch" else None, ds_engine)
             moved = any(k in after and not torch.equal(after[k], v)
                         for k, v in self._idle_before.items())
             self._idle_before = None
@@ -265,7 +276,7 @@ class StepMachinery:
             if not armed and not w.unusual(self.window_size) and not lr_changes:
                 self._next_window()
                 return
-        if not self._handlers["on_step"]:
+        if not self._handlers.on_step:
             # No listener takes the step record (the guard): skip building it (the window
             # loss reduction, its host copy and a dozen per-window lists).
             self._next_window()
@@ -297,7 +308,8 @@ class StepMachinery:
         self._next_window(reset_losses=False)  # losses.take() above reset them
         if self._global_handle is not None and self.step >= PIN_ROOTS_AFTER_STEPS:
             self._pin_roots()
-        self._emit("on_step", ev)
+        for fn in self._handlers.on_step:
+            fn(ev)
 
     def _next_window(self, *, reset_losses: bool = True) -> None:
         self.step += 1
@@ -312,6 +324,6 @@ class StepMachinery:
         with self._quiet():
             return checksums(self._tracked)
 
-    def _snapshot(self, opt: Any, engine: Any) -> dict[str, torch.Tensor]:
+    def _snapshot(self, opt: object, engine: torch.nn.Module | None) -> dict[str, torch.Tensor]:
         with self._quiet():
             return snapshot(opt, engine, self._tracked_names)
