@@ -31,6 +31,7 @@ from accumguard.integrations._checks import (
     AccumulationChecks,
     Finding,
     _finding,
+    callback_dict,
     safe_callback,
 )
 from accumguard.integrations._figures import PREFIX
@@ -283,7 +284,7 @@ class AccumguardCallback(TrainerCallback):
         if new:  # into the Trainer's own log history, next to its loss records
             state.log_history.append({"step": state.global_step,
                                       "accumguard": [f"{f.class_id}: {f.title}" for f in new]})
-        state.accumguard_findings = [f.as_dict() for f in self.findings]
+        state.accumguard_findings = [callback_dict(f) for f in self.findings]
 
     @safe_callback
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -293,4 +294,4 @@ class AccumguardCallback(TrainerCallback):
         if self._patches is not None:  # (the Trainer's closing log has run: it precedes this)
             self._patches.undo()
             self._patches = None
-        state.accumguard_findings = [f.as_dict() for f in self.findings]
+        state.accumguard_findings = [callback_dict(f) for f in self.findings]
