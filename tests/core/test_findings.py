@@ -45,7 +45,9 @@ def test_every_old_import_path_is_the_same_class() -> None:
 def test_one_severity_vocabulary_and_lints_info_is_the_note() -> None:
     assert [s.value for s in Severity] == ["error", "warning", "note"]
     assert Severity("info") is Severity.INFO is Severity.NOTE
-    assert Severity.ERROR == "error" and f"[{Severity.WARNING}]" == "[warning]"
+    # it behaves as the plain string the watch rules used before: equal, hashed, formatted
+    assert Severity.ERROR == "error" and Severity.ERROR in {"error"}
+    assert f"[{Severity.WARNING}]" == "[warning]" and Severity.NOTE.upper() == "NOTE"
     made = Finding("F3", "error", 0, 2, 1, "evidence", "fix.", "title")  # type: ignore[arg-type]
     assert made.severity is Severity.ERROR
 
