@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
-from accumguard.core import taxonomy
+from accumguard.core.taxonomy import TAXONOMY
 
 __all__ = ["Confidence", "Finding", "Severity"]
 
@@ -120,7 +120,7 @@ class Finding:
     @property
     def class_title(self) -> str:
         """The failure class's title from :mod:`.taxonomy` (``""`` without a known class)."""
-        return taxonomy.TAXONOMY[self.cls].title if self.cls in taxonomy.TAXONOMY else ""
+        return TAXONOMY[self.cls].title if self.cls in TAXONOMY else ""
 
     @property
     def message(self) -> str:
