@@ -31,6 +31,7 @@ from accumguard.integrations._checks import (
     AccumulationChecks,
     Finding,
     _finding,
+    callback_dict,
     safe_callback,
 )
 from accumguard.integrations._figures import PREFIX
@@ -292,7 +293,7 @@ class AccumguardCallback(TrainerCallback):
             state.log_history.append({
                 "step": state.global_step,
                 "accumguard": [f"{f.class_id}: {f.title}" for f in new]})  # type: ignore[dict-item]
-        _publish(state, [f.as_dict() for f in self.findings])
+        _publish(state, [callback_dict(f) for f in self.findings])
 
     @safe_callback
     def on_train_end(self, args: TrainingArguments, state: TrainerState,
@@ -303,7 +304,7 @@ class AccumguardCallback(TrainerCallback):
         if self._patches is not None:  # (the Trainer's closing log has run: it precedes this)
             self._patches.undo()
             self._patches = None
-        _publish(state, [f.as_dict() for f in self.findings])
+        _publish(state, [callback_dict(f) for f in self.findings])
 
 
 def _publish(state: TrainerState, findings: list[dict[str, object]]) -> None:

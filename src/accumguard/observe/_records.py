@@ -1,18 +1,21 @@
-"""What a finding, a run's recording, a resolved K and a window of step records are: the
-types and helpers every per-window rule of :mod:`accumguard.observe.rules` and
-:mod:`._weight_rules` shares (pure Python; :mod:`.rules` re-exports the public names)."""
+"""What a run's recording, a resolved K and a window of step records are, and how a rule
+makes its finding (the one :class:`~accumguard.core.findings.Finding`, re-exported here)
+and how ``watch`` writes it: the types and helpers every per-window rule of
+:mod:`accumguard.observe.rules` and :mod:`._weight_rules` shares (pure Python; :mod:`.rules`
+re-exports the public names)."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from accumguard.core.findings import Finding, Severity
 from accumguard.core.taxonomy import fix_for, title
 
-__all__ = ["NUMBERING", "DeclaredK", "Finding", "KResolution", "RunRecording", "load_recordings",
-           "step_record", "windows"]
+__all__ = ["NUMBERING", "DeclaredK", "Finding", "KResolution", "RunRecording", "Severity",
+           "load_recordings", "step_record", "watch_dict", "windows"]
 
 #: One numbering in every output of ``watch`` and ``invariance`` (findings, tables, JSON):
 #: optimizer steps and micro-steps count from 1. (The raw recording counts from 0.)
@@ -20,28 +23,18 @@ NUMBERING = "1-based: step 1 is the first optimizer step, micro-step 1 the first
             "of its window"
 
 
-@dataclass(frozen=True)
-class Finding:
-    """One finding; ``step`` and ``micro`` are 1-based (:data:`NUMBERING`)."""
-
-    cls: str
-    severity: str  # "error" | "note"
-    rank: int | None
-    step: int | None
-    micro: int | None
-    evidence: str
-    fix: str
-    title: str
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+def watch_dict(f: Finding) -> dict[str, Any]:
+    """A finding as ``watch --json`` and ``invariance`` write it (schema version 1, the field
+    table of docs/watch.md): exactly these eight keys, in this order."""
+    return {"cls": f.cls, "severity": f.severity.value, "rank": f.rank, "step": f.step,
+            "micro": f.micro, "evidence": f.evidence, "fix": f.fix, "title": f.title}
 
 
-def _mk(cls: str, severity: str, rank: int | None, step: int | None, micro: int | None,
+def _mk(cls: str, severity: str | Severity, rank: int | None, step: int | None, micro: int | None,
         evidence: str, *, title_: str | None = None, fix: str | None = None) -> Finding:
     """``step``/``micro``: the recording's 0-based indices, shown 1-based. ``title_`` and
     ``fix``: this finding's own words (a measured cost in the title) instead of the class's."""
-    return Finding(cls, severity, rank, None if step is None else step + 1,
+    return Finding(cls, Severity(severity), rank, None if step is None else step + 1,
                    None if micro is None else micro + 1, evidence,
                    fix_for(cls) if fix is None else fix, title(cls) if title_ is None else title_)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from accumguard.observe._records import Finding, _mk, _n
+from accumguard.observe._records import Finding, Severity, _mk, _n
 
 __all__ = ["_extra_step", "_no_update", "_scheduler_findings", "_sync_findings"]
 
@@ -134,7 +134,7 @@ def _no_update(rank: int, steps: list[dict[str, Any]]) -> list[Finding]:
     wasted = [s for s in folded if fsdp_off(s)]
     if not wasted:
         return []
-    return [Finding("OK", "note", rank, _n(wasted[0]["step"]), None,
+    return [Finding("OK", Severity.NOTE, rank, _n(wasted[0]["step"]), None,
                     f"{len(wasted)} of {len(steps)} optimizer.step() calls came after a "
                     "backward with FSDP2 gradient sync off and found every gradient None "
                     "(FSDP2 keeps the unreduced gradient until the synced backward): they "

@@ -44,11 +44,13 @@ from accumguard.observe._records import (
     Finding,
     KResolution,
     RunRecording,
+    Severity,
     _mk,
     _n,
     _windows,
     load_recordings,
     step_record,
+    watch_dict,
     windows,
 )
 from accumguard.observe._schedules import run_horizon_findings
@@ -70,11 +72,11 @@ from accumguard.observe._weight_rules import (
 )
 
 __all__ = ["F12_ERROR_FACTOR", "NUMBERING", "WEIGHT_TOL", "WEIGHT_TOL_LOW_PRECISION", "DeclaredK", "Finding",
-           "KResolution", "RunRecording", "analyze", "classify_token_weights",
+           "KResolution", "RunRecording", "Severity", "analyze", "classify_token_weights",
            "conservation_class", "f12_drift", "grad_step_findings", "live_findings", "load_recordings",
            "loss_scale_findings", "loss_weight_findings", "partial_window_findings",
            "low_precision_findings", "manual_reduce_findings", "rank_scale_findings",
-           "resolve_k", "step_record", "windows"]
+           "resolve_k", "step_record", "watch_dict", "windows"]
 
 
 def conservation_class(cons: dict[str, Any], zero_grads_between: int) -> str:

@@ -44,6 +44,7 @@ from accumguard.runtime._guard_errors import (
     WindowOverrunError,
     WindowRecord,
     ZeroGradInsideWindowError,
+    violation_finding,
 )
 
 __all__ = ["ILLEGAL", "RULES", "Event", "GuardMachine", "Phase", "Rule"]
@@ -553,11 +554,14 @@ class GuardMachine:
         fix = rule.fix.format(**ctx) if rule.fix else fix_for(cls.rule).rstrip(".")
         message = (f"{rank_prefix(self._rank)}[{cls.rule} {cls.title}] {self._where(micro_step)}: "
                    f"saw {seen}; expected {expected}. Fix: {fix}.")
+        finding = violation_finding(cls, rank=self._rank, window=self.window,
+                                    micro_step=micro_step, seen=seen, expected=expected, fix=fix)
         self.violations.append(Violation(rule=cls.rule, error=cls.__name__, window=self.window,
-                                         micro_step=micro_step, message=message))
+                                         micro_step=micro_step, message=message,
+                                         finding=finding))
         if self.mode == "raise":
             raise cls(message, window=self.window, micro_step=micro_step, seen=seen,
-                      expected=expected)
+                      expected=expected, finding=finding)
         if cls.__name__ not in self._warned:
             self._warned.add(cls.__name__)
             log.warning("accumguard guard: %s", message)
