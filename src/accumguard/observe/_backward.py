@@ -20,7 +20,7 @@ import torch
 
 from accumguard.observe._checksum import grad_versions
 from accumguard.observe._events import BackwardEvent
-from accumguard.observe._window import Window
+from accumguard.observe._window import StepTally
 
 if TYPE_CHECKING:
     from accumguard.observe._boundary import BoundaryScale
@@ -48,7 +48,7 @@ class BackwardPath:
     _in_observer: int
     _armed: bool
     _wants_backwards: bool
-    _w: Window
+    _w: StepTally
     _handlers: dict[str, list[Any]]
     _attribution: Any
     _sync_roots: list[Any]
@@ -158,10 +158,10 @@ class BackwardPath:
             for listen in handlers["on_backward"]:
                 listen(ev)
 
-    def _run_unobserved_backward(self, source: str, w: Window, fn: Callable[..., Any],
+    def _run_unobserved_backward(self, source: str, w: StepTally, fn: Callable[..., Any],
                                  args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """A backward in an unarmed window (``sampled_records``): counted, no sync flag,
-        engine query or checksum (the window's record, when :meth:`.Window.unusual` asks for it,
+        engine query or checksum (the window's record, when :meth:`.StepTally.unusual` asks for it,
         leaves those unknown)."""
         ev = BackwardEvent(step=self.step, micro=len(w.backwards), source=source,
                            engine=self.engine, forwards=w.forwards)

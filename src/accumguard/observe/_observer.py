@@ -60,7 +60,7 @@ from accumguard.observe._patch import Patches
 from accumguard.observe._step_precision import StepPrecision
 from accumguard.observe._steps import PIN_ROOTS_AFTER_STEPS, StepMachinery
 from accumguard.observe._tally import Tally
-from accumguard.observe._window import Window
+from accumguard.observe._window import StepTally
 
 # PIN_ROOTS_AFTER_STEPS lives in :mod:`._steps`; re-exported here (its old home)
 __all__ = ["PIN_ROOTS_AFTER_STEPS", "Observer"]
@@ -164,10 +164,10 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
         self.engine = "local"
         self.engine_info: EngineInfo | None = None
         self.declared_k: dict[str, int] = {}
-        self._w = Window()
+        self._w = StepTally()
         # several optimizers over disjoint parameters: each one's own window (:mod:`._lanes`)
         self.lanes = Lanes()
-        self._ow: Window | None = None  # the stepping optimizer's own window, if not self._w
+        self._ow: StepTally | None = None  # the stepping optimizer's own window, if not self._w
         self._fwd_depth = 0
         # modules called at the top level -> their depth-counting post hook (weak: a loss
         # module built on every step takes its hook with it when it is freed)

@@ -22,7 +22,7 @@ from accumguard.observe._precision import (
     step_facts,
 )
 from accumguard.observe._steps import _GONE
-from accumguard.observe._window import Window
+from accumguard.observe._window import StepTally
 
 __all__ = ["StepPrecision"]
 
@@ -46,7 +46,7 @@ class StepPrecision:
             self._dtypes[key] = param_dtype(owner)
         return self._dtypes[key]
 
-    def _precision(self, owner: Any, source: str, w: Window) -> dict[str, Any] | None:
+    def _precision(self, owner: Any, source: str, w: StepTally) -> dict[str, Any] | None:
         """The step record's ``precision`` (:func:`._precision.step_facts`); the per-owner
         part is read once (again when a parameter is tracked or FSDP2 was not set up yet)."""
         key = (id(owner), len(self._tracked))

@@ -28,6 +28,7 @@ from typing import Any
 
 from accumguard.core.errors import AccumguardWarning, ConfigError, UsageError, rank_prefix
 from accumguard.core.taxonomy import fix_for
+from accumguard.core.window import StepRecord
 from accumguard.runtime._guard_errors import (
     ClipInsideWindowError,
     DoubleGatingError,
@@ -42,7 +43,6 @@ from accumguard.runtime._guard_errors import (
     StepInsideWindowError,
     Violation,
     WindowOverrunError,
-    WindowRecord,
     ZeroGradInsideWindowError,
 )
 
@@ -286,7 +286,10 @@ class GuardMachine:
         self._backwards = 0
         self._consumed = 0  # micro-steps of closed windows
         self._declared: int | None = None
-        self._window_syncs = self._window_steps = self._window_sched = self._window_zero = 0
+        self._window_steps = self._window_sched = self._window_zero = self._window_zero_in = 0
+        # per backward of the window: did it all-reduce (DDP: decided at its forward; None:
+        # not a DDP model)
+        self._window_syncs: list[bool | None] = []
         self._cleared = True
         self._unscaled = False
         self._zero_at: int | None = None  # backward passes done at the first zero_grad inside
@@ -302,7 +305,7 @@ class GuardMachine:
         self.scheduler_steps = 0
         self.sync_rounds = 0
         self.windows_closed = 0
-        self.windows: deque[WindowRecord] = deque(maxlen=history)
+        self.windows: deque[StepRecord] = deque(maxlen=history)
         self.violations: list[Violation] = []
         self.notes: list[GuardNote] = []
         self._warned: set[str] = set()
@@ -356,6 +359,8 @@ class GuardMachine:
             self.report("engine_reset", j, next=j + 1, **engine_reset)
         if ddp:
             self._check_sync(j, size, sync_forward, sync_backward)
+        else:
+            self._window_syncs.append(None)
         self._backwards += 1
         self.backward_passes += 1
         if self.phase is not Phase.FULL:
@@ -373,9 +378,9 @@ class GuardMachine:
 
     def _check_sync(self, j: int, size: int, fwd: bool | None, bwd: bool | None) -> None:
         decided = fwd if fwd is not None else bwd
+        self._window_syncs.append(decided)
         if decided:
             self.sync_rounds += 1
-            self._window_syncs += 1
         if fwd is True and bwd is False:
             self._flip_at = j
         if j == size - 1:
@@ -438,8 +443,10 @@ class GuardMachine:
 
     def zero_grad(self) -> None:
         self._flush_pending()
-        if self.phase in (Phase.ACCUMULATING, Phase.FULL) and self._zero_at is None:
-            self._zero_at = self._backwards
+        if self.phase in (Phase.ACCUMULATING, Phase.FULL):
+            self._window_zero_in += 1
+            if self._zero_at is None:
+                self._zero_at = self._backwards
         self._window_zero += 1
         self._cleared = True
 
@@ -497,7 +504,8 @@ class GuardMachine:
         self.window += 1
         self._backwards = 0
         self._declared = None
-        self._window_syncs = self._window_steps = self._window_sched = self._window_zero = 0
+        self._window_steps = self._window_sched = self._window_zero = self._window_zero_in = 0
+        self._window_syncs = []
         self._cleared = True
         self._unscaled = False
         self._zero_at = None
@@ -506,10 +514,10 @@ class GuardMachine:
 
     def _close_record(self) -> None:
         self.windows_closed += 1
-        self.windows.append(WindowRecord(
-            index=self.window, backward_passes=self._backwards, sync_rounds=self._window_syncs,
+        self.windows.append(StepRecord(
+            step=self.window, backwards=self._backwards, sync_micros=self._window_syncs,
             optimizer_steps=self._window_steps, scheduler_steps=self._window_sched,
-            zero_grads=self._window_zero))
+            zero_grads=self._window_zero_in, zero_grad_calls=self._window_zero))
 
     def _flush_pending(self) -> None:
         """Report a clip/unscale seen inside the window now that no step followed it (the

@@ -46,6 +46,7 @@ import torch
 
 from accumguard.core.boundary import check_accumulation_steps
 from accumguard.core.errors import AccumguardWarning, ConfigError, UsageError, rank_prefix
+from accumguard.core.window import StepRecord
 from accumguard.observe import CONSERVATION_BUDGET, FORCED_CHECKS, checksums
 from accumguard.observe._agree import gather_rows
 from accumguard.runtime._guard_errors import (
@@ -62,7 +63,6 @@ from accumguard.runtime._guard_errors import (
     StepInsideWindowError,
     Violation,
     WindowOverrunError,
-    WindowRecord,
     ZeroGradInsideWindowError,
 )
 from accumguard.runtime._guard_machine import GuardMachine, Phase
@@ -84,12 +84,23 @@ __all__ = [
     "StepInsideWindowError",
     "Violation",
     "WindowOverrunError",
-    "WindowRecord",
     "ZeroGradInsideWindowError",
     "guard",
 ]
 
 _SYNC_MODES = ("deferred", "eager", "any")
+
+
+def __getattr__(name: str) -> object:
+    """``WindowRecord``: the guard's closed window is now the one window record of every
+    judge, :class:`accumguard.core.window.StepRecord` (``index``, ``backward_passes``,
+    ``sync_rounds`` still read as before); the old name works for one release."""
+    if name == "WindowRecord":
+        warnings.warn("accumguard.runtime.guard.WindowRecord is now "
+                      "accumguard.core.window.StepRecord; import it from there (the old name "
+                      "goes away in the next release)", DeprecationWarning, stacklevel=2)
+        return StepRecord
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class AccumulationGuard(GuardMachine):
@@ -122,7 +133,8 @@ class AccumulationGuard(GuardMachine):
         check_sync_every: every N optimizer steps, all-gather a checksum of the
             gradients the optimizer is about to use and require it to agree across
             ranks (one small collective; DDP-style replicated gradients only).
-        history: how many :class:`WindowRecord` to keep.
+        history: how many closed windows to keep in :attr:`windows` (each one
+            :class:`~accumguard.core.window.StepRecord`).
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: Any, *,
