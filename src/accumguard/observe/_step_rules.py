@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from accumguard.observe._records import Finding, _mk, _n
+from accumguard.observe._shared_rules import micro_sync
 
 __all__ = ["_extra_step", "_no_update", "_scheduler_findings", "_sync_findings"]
 
@@ -48,7 +49,9 @@ def _sync_findings(rank: int, w: dict[str, Any]) -> list[Finding]:
     if not syncs or any(s is None for s in syncs):
         return []
     mism = w.get("sync_mismatch") or [] if engine == "ddp" else []
-    if syncs[-1] is False:
+    # the guard judges each backward with the same rule as it happens
+    verdicts = [micro_sync(s, last=j == len(syncs) - 1) for j, s in enumerate(syncs)]
+    if verdicts[-1] == "unsynced_last":
         synced = [j + 1 for j, s in enumerate(syncs) if s]
         return [_mk("F11", "error", rank, step, len(syncs) - 1,
                     f"the window's last backward (micro-step {len(syncs)} of {len(syncs)}) ran "
@@ -61,7 +64,7 @@ def _sync_findings(rank: int, w: dict[str, Any]) -> list[Finding]:
                        (f"; the flag changed between forward and backward on micro-step(s) "
                         f"{[m + 1 for m in mism]}: DDP reads it at the forward" if mism
                         else "")))]
-    extra = sum(1 for s in syncs[:-1] if s)
+    extra = verdicts.count("extra")
     if not extra:
         return []
     how = (f" (no_sync entered after the forward on micro-step(s) {[m + 1 for m in mism]}: "

@@ -29,6 +29,7 @@ from typing import Any
 from accumguard.core.errors import AccumguardWarning, ConfigError, UsageError, rank_prefix
 from accumguard.core.taxonomy import fix_for
 from accumguard.core.window import StepRecord
+from accumguard.observe._shared_rules import conservation_class, micro_sync
 from accumguard.runtime._guard_errors import (
     ClipInsideWindowError,
     DoubleGatingError,
@@ -383,14 +384,14 @@ class GuardMachine:
             self.sync_rounds += 1
         if fwd is True and bwd is False:
             self._flip_at = j
-        if j == size - 1:
-            if decided is False:
-                flip = (f" but {bwd} at backward: a flag set after the forward does nothing "
-                        "for this backward" if bwd is not None and bwd != fwd else "")
-                self.report("no_sync_last", j, fwd=fwd, flip=flip)
-        elif decided and self.sync == "deferred" and not (fwd is True and bwd is False):
+        verdict = micro_sync(decided, last=j == size - 1)  # the rule watch folds over a window
+        if verdict == "unsynced_last":
+            flip = (f" but {bwd} at backward: a flag set after the forward does nothing "
+                    "for this backward" if bwd is not None and bwd != fwd else "")
+            self.report("no_sync_last", j, fwd=fwd, flip=flip)
+        elif verdict == "extra" and self.sync == "deferred" and not (fwd is True and bwd is False):
             self.note("note_extra_sync", j)
-        elif decided is False and self.sync == "eager":
+        elif verdict == "deferred" and self.sync == "eager":
             self.note("note_missing_sync", j)
 
     def step(self, *, conservation: Any = None, unverified: str | None = None,
@@ -416,11 +417,14 @@ class GuardMachine:
             else:
                 self.report("nothing_received_sync" if sharded else "nothing_received", j)
         elif conservation is not None and not conservation.ok:
-            if conservation.reason == "stale":
+            # the class by watch's rule; for F2/F3 (a clear that is not a zero_grad) the
+            # guard raises its F3 exception, whose message says the gradients were cleared
+            zero_at = self._zero_at
+            cls = conservation_class(conservation.reason, zero_grad_inside=zero_at is not None)
+            if cls == "F7":
                 self.report("stale", 0, stale=conservation.stale)
-            elif self._zero_at is not None:
-                self.report("zero_grad_wiped", self._zero_at - 1, zn=self._zero_at,
-                            wiped=conservation.wiped)
+            elif cls == "F3" and zero_at is not None:
+                self.report("zero_grad_wiped", zero_at - 1, zn=zero_at, wiped=conservation.wiped)
             else:
                 wipe = conservation.first_wipe or 1
                 self.report("grad_wiped", wipe, wipe=wipe + 1, wiped=conservation.wiped)

@@ -49,6 +49,7 @@ from accumguard.core.errors import AccumguardWarning, ConfigError, UsageError, r
 from accumguard.core.window import StepRecord
 from accumguard.observe import CONSERVATION_BUDGET, FORCED_CHECKS, checksums
 from accumguard.observe._agree import gather_rows
+from accumguard.observe._shared_rules import double_gating, engine_resets
 from accumguard.runtime._guard_errors import (
     ClipInsideWindowError,
     DoubleGatingError,
@@ -269,8 +270,8 @@ class AccumulationGuard(GuardMachine):
         suspect, self._leak_suspect = self._leak_suspect, None
         info = self.observer.engine_info if self.observer is not None else None
         reset = None
-        if (info is not None and info.zero_stage in (1, 2) and info.managed_accumulation
-                and ev.ds_boundary and not ev.ds_coalescing):
+        if info is not None and engine_resets(info.zero_stage, info.managed_accumulation,
+                                              ev.ds_boundary, ev.ds_coalescing):
             reset = {"stage": info.zero_stage, "ds_ga": info.gradient_accumulation_steps}
         self.backward(sync_forward=ev.sync_forward, sync_backward=ev.sync_backward,
                       ddp=self.targets.ddp is not None, engine_reset=reset,
@@ -300,7 +301,7 @@ class AccumulationGuard(GuardMachine):
         info = self.observer.engine_info if self.observer is not None else None
         ga = info.gradient_accumulation_steps if info is not None else None
         if (not ev.boundary and self.targets.owns_step(ev.owner, "deepspeed")
-                and self.phase is Phase.FULL and ev.backwards > 1 and (ga or 1) > 1):
+                and self.phase is Phase.FULL and double_gating(ga, ev.backwards)):
             self.double_gating(since=ev.backwards, ds_ga=int(ga or 1))
 
     def on_zero_grad(self, ev: Any) -> None:
