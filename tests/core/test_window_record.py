@@ -81,3 +81,21 @@ def test_the_guard_and_the_audit_read_their_counts_through_it() -> None:
             counts["forward"], counts["optimizer_steps"]) == (3, 2, 1, 3, 1)
     total = sum_records([a, b]).audit_counts()
     assert (total["backward"], total["optimizer_steps"], total["gradless_steps"]) == (4, 1, 2)
+
+
+def test_the_old_names_still_import_with_a_warning() -> None:
+    """One release of grace for glue written against the old record types."""
+    import pytest
+
+    from accumguard.runtime import guard
+    from accumguard.verify import audit, invariance, report
+
+    with pytest.warns(DeprecationWarning, match="core.window.StepRecord"):
+        assert guard.WindowRecord is StepRecord  # type: ignore[attr-defined]
+    with pytest.warns(DeprecationWarning, match="AuditStep"):
+        assert audit.StepRecord is report.AuditStep  # type: ignore[attr-defined]
+    with pytest.warns(DeprecationWarning, match="StepRow"):
+        assert invariance.StepRecord is invariance.StepRow  # type: ignore[attr-defined]
+    with pytest.warns(DeprecationWarning, match="audit_counts"):
+        old = report.StepCounts(backward=4, zero_grad=1)  # type: ignore[attr-defined]
+    assert (old.backward, old.zero_grad, old.optimizer_steps) == (4, 1, 0)

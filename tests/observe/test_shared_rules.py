@@ -15,6 +15,7 @@ from accumguard.observe._shared_rules import (
     double_gating,
     engine_resets,
     micro_sync,
+    scheduler_ahead,
 )
 from accumguard.observe._step_rules import _sync_findings
 from accumguard.observe.rules import _rank_findings
@@ -38,6 +39,11 @@ def test_engine_resets_and_double_gating() -> None:
     assert not engine_resets(2, True, True, True)  # inside coalesce_grad_reduction
     assert double_gating(4, 2) and not double_gating(4, 1) and not double_gating(1, 4)
     assert not double_gating(None, 4)
+
+
+def test_scheduler_ahead() -> None:
+    assert scheduler_ahead(2, 1, allowance=0) and not scheduler_ahead(2, 1, allowance=1)
+    assert not scheduler_ahead(1, 1, allowance=0) and scheduler_ahead(3, 1, allowance=1)
 
 
 def test_conservation_class() -> None:

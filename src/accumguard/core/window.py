@@ -79,9 +79,9 @@ class Conservation:
 class StepRecord:
     """One window, closed by an optimizer step (or, for the guard, one closed window).
 
-    The fields up to ``param_norm`` are the observation layer's and the keys of a
-    recording's step line; the fields after it are counts only the guard or the audit
-    tallies (never written to a recording)."""
+    The fields up to ``param_norm`` are the observation layer's and, ``updates`` aside,
+    the keys of a recording's step line; the fields after it are counts only the guard or
+    the audit tallies (never written to a recording)."""
 
     step: int  # 0-based optimizer step (the guard: the window's index)
     backwards: int = 0  # backward passes in the window

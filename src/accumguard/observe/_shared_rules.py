@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Literal
 
 __all__ = ["SyncVerdict", "conservation_class", "double_gating", "engine_resets",
-           "micro_sync"]
+           "micro_sync", "scheduler_ahead"]
 
 #: What one micro-step's gradient synchronisation means for the window (see :func:`micro_sync`)
 SyncVerdict = Literal["unsynced_last", "extra", "deferred"]
@@ -53,6 +53,15 @@ def double_gating(ds_ga: int | None, backwards: int) -> bool:
     ``backwards`` > 1 backward passes before an ``engine.step()`` call that was not the
     engine's boundary (a K-loop around a K-accumulating engine)."""
     return isinstance(ds_ga, int) and ds_ga > 1 and backwards > 1
+
+
+def scheduler_ahead(scheduler_steps: int, optimizer_steps: int, *, allowance: int) -> bool:
+    """F4: an LR scheduler has stepped more often than its optimizer, by more than
+    ``allowance`` (how far ahead a correct loop may be: the guard reads it at the first
+    scheduler step, 1 when the loop steps its scheduler before its optimizer, else 0;
+    ``watch`` allows 1 for every loop). A scheduler stepped per micro-step runs K times
+    ahead of its schedule."""
+    return scheduler_steps > optimizer_steps + allowance
 
 
 def conservation_class(reason: str | None, *, zero_grad_inside: bool) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from accumguard.observe._records import Finding, _mk, _n
-from accumguard.observe._shared_rules import micro_sync
+from accumguard.observe._shared_rules import micro_sync, scheduler_ahead
 
 __all__ = ["_extra_step", "_no_update", "_scheduler_findings", "_sync_findings"]
 
@@ -150,7 +150,8 @@ def _no_update(rank: int, steps: list[dict[str, Any]]) -> list[Finding]:
 
 def _scheduler_findings(rank: int, events: list[dict[str, Any]]) -> list[Finding]:
     for e in events:
-        if not e.get("in_step") and int(e["count"]) > int(e["optimizer_steps"]) + 1:
+        if not e.get("in_step") and scheduler_ahead(int(e["count"]), int(e["optimizer_steps"]),
+                                                    allowance=1):
             micro = int(e["micro"])  # backward passes before it: after micro-step `micro`
             return [_mk("F4", "error", rank, int(e["step"]), micro - 1 if micro else None,
                         f"the LR scheduler had stepped {e['count']} times when its "

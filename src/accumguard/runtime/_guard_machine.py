@@ -29,7 +29,7 @@ from typing import Any
 from accumguard.core.errors import AccumguardWarning, ConfigError, UsageError, rank_prefix
 from accumguard.core.taxonomy import fix_for
 from accumguard.core.window import StepRecord
-from accumguard.observe._shared_rules import conservation_class, micro_sync
+from accumguard.observe._shared_rules import conservation_class, micro_sync, scheduler_ahead
 from accumguard.runtime._guard_errors import (
     ClipInsideWindowError,
     DoubleGatingError,
@@ -460,7 +460,7 @@ class GuardMachine:
         self._window_sched += 1
         if self._sched_offset is None:
             self._sched_offset = max(0, min(1, self.scheduler_steps - steps))
-        if self.scheduler_steps > steps + self._sched_offset:
+        if scheduler_ahead(self.scheduler_steps, steps, allowance=self._sched_offset):
             j = self._backwards - 1 if self._backwards else None
             key = "sched_second" if self.phase is Phase.STEPPED else "sched_extra"
             self.report(key, j, sched=self.scheduler_steps, steps=steps)

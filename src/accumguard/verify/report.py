@@ -20,7 +20,8 @@ from typing import Any, Literal
 
 import torch
 
-from accumguard.core.window import AUDIT_COUNTS, StepRecord
+# (the module, not the name: ``report.StepRecord`` is the old name of AuditStep, see below)
+from accumguard.core import window
 
 __all__ = ["AuditStep", "Divergence", "Tolerance", "LoopObservation",
            "Candidate", "Diagnosis", "AuditReport", "LossSource", "Precision", "Basis",
@@ -46,7 +47,7 @@ class AuditStep:
     ref_lr: list[float] | None
     loss: float | None
     ref_loss: float | None
-    counts: StepRecord
+    counts: window.StepRecord
     worst_parameter: str | None = None
     max_abs_diff: float | None = None
     max_rel_diff: float | None = None
@@ -100,8 +101,8 @@ class LoopObservation:
     params: list[dict[str, torch.Tensor] | None]
     grads: list[dict[str, torch.Tensor] | None]
     lrs: list[list[float]]
-    records: list[StepRecord]  # one per optimizer step
-    trailing: StepRecord  # the micro-steps after the last step (``optimizer_steps`` 0)
+    records: list[window.StepRecord]  # one per optimizer step
+    trailing: window.StepRecord  # the micro-steps after the last step (``optimizer_steps`` 0)
     loss_sums: list[float]
     loss_counts: list[float]
     engine: str
@@ -202,7 +203,7 @@ class AuditReport:
     optimizer_steps: int
     reference_steps: int
     steps: list[AuditStep]
-    totals: StepRecord
+    totals: window.StepRecord
     first_divergence: Divergence | None
     failures: list[str]
     notes: list[str]
@@ -267,10 +268,10 @@ def json_safe(obj: Any) -> Any:
     return str(obj)
 
 
-def _step_counts(**counts: int) -> StepRecord:
+def _step_counts(**counts: int) -> window.StepRecord:
     """The old ``StepCounts(...)``: its keyword names are the report's count keys."""
-    kw: dict[str, Any] = {AUDIT_COUNTS[k]: v for k, v in counts.items()}
-    return StepRecord(step=0, **{"optimizer_steps": 0, **kw})
+    kw: dict[str, Any] = {window.AUDIT_COUNTS[k]: v for k, v in counts.items()}
+    return window.StepRecord(step=0, **{"optimizer_steps": 0, **kw})
 
 
 _RENAMED: dict[str, tuple[object, str]] = {
