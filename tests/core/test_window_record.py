@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import torch
+
 from accumguard.core.window import AUDIT_COUNTS, Conservation, StepRecord, sum_records
 
 #: the keys of a recording's step line, in order (a change here breaks other nodes' files)
@@ -34,7 +36,7 @@ def _record(**kw: object) -> StepRecord:
         engine="ddp", zero_grads=1, zero_grads_between=1, clip_micros=[2], clips=1,
         clip_functions=["clip_grad_norm_"], sync_micros=[False, False, False, True],
         forwards=[1, 1, 1, 1], conservation=_cons(), checksum=[1.0, 2.0, 3.0],
-        updates={"w": object()}, losses=[["a.py:3", 0, 0, 5, 0.05]])
+        updates={"w": torch.zeros(1)}, losses=[["a.py:3", 0, 0, 5, 0.05]])
     base.update(kw)
     return StepRecord(**base)  # type: ignore[arg-type]
 

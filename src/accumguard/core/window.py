@@ -15,7 +15,7 @@ tally it, each from its own vantage point, into the same :class:`StepRecord`:
 
 A producer fills the fields it can see and leaves the others at their defaults (0, empty,
 None: not seen). Pure Python, no torch: ``watch`` judges a recording without importing it;
-the tensors of ``updates`` are typed ``object`` here and never written to the JSON line.
+the tensors of ``updates`` are never written to the JSON line.
 """
 
 from __future__ import annotations
@@ -23,7 +23,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # for the annotation only: this module runs without torch
+    import torch
 
 __all__ = ["AUDIT_COUNTS", "Conservation", "StepRecord", "sum_records"]
 
@@ -122,8 +125,8 @@ class StepRecord:
     checksum: list[float] | None = None  # (sum, even sum, abs sum) of what the optimizer got
     wall: float = 0.0
     param_dtype: str | None = None  # dtype of the parameters this step updated ("float32")
-    # the update of each parameter (torch tensors; the observation layer only, never written)
-    updates: dict[str, object] | None = field(repr=False, default=None)
+    # the update of each parameter (the observation layer only, never written)
+    updates: dict[str, torch.Tensor] | None = field(repr=False, default=None)
     # per loss call of the window (cross_entropy/nll_loss that reached the optimizer):
     # [site, order at that site in its backward, micro (0-based), valid count n,
     #  per-token weight, low precision, reduction, sole, via autograd.grad, the constants

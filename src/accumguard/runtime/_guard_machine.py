@@ -288,9 +288,7 @@ class GuardMachine:
         self._consumed = 0  # micro-steps of closed windows
         self._declared: int | None = None
         self._window_steps = self._window_sched = self._window_zero = self._window_zero_in = 0
-        # per backward of the window: did it all-reduce (DDP: decided at its forward; None:
-        # not a DDP model)
-        self._window_syncs: list[bool | None] = []
+        self._window_syncs: list[bool | None] = []  # per backward: all-reduced? (None: no DDP)
         self._cleared = True
         self._unscaled = False
         self._zero_at: int | None = None  # backward passes done at the first zero_grad inside
@@ -417,8 +415,7 @@ class GuardMachine:
             else:
                 self.report("nothing_received_sync" if sharded else "nothing_received", j)
         elif conservation is not None and not conservation.ok:
-            # the class by watch's rule; for F2/F3 (a clear that is not a zero_grad) the
-            # guard raises its F3 exception, whose message says the gradients were cleared
+            # watch's class; F2/F3 (a clear, not a zero_grad) raises the guard's F3 error
             zero_at = self._zero_at
             cls = conservation_class(conservation.reason, zero_grad_inside=zero_at is not None)
             if cls == "F7":
@@ -449,8 +446,7 @@ class GuardMachine:
         self._flush_pending()
         if self.phase in (Phase.ACCUMULATING, Phase.FULL):
             self._window_zero_in += 1
-            if self._zero_at is None:
-                self._zero_at = self._backwards
+            self._zero_at = self._backwards if self._zero_at is None else self._zero_at
         self._window_zero += 1
         self._cleared = True
 
