@@ -82,7 +82,7 @@ class Conservation:
 class StepRecord:
     """One window, closed by an optimizer step (or, for the guard, one closed window).
 
-    The fields up to ``param_norm`` are the observation layer's and, ``updates`` aside,
+    The fields up to ``lr`` are the observation layer's and, ``updates`` aside,
     the keys of a recording's step line; the fields after it are counts only the guard or
     the audit tallies (never written to a recording)."""
 
@@ -148,6 +148,11 @@ class StepRecord:
     # the norm of the parameters the step updated, before it (recorded with ``updates``:
     # invariance's bound on the re-rounding of low-precision weights)
     param_norm: float | None = None
+    # how often the optimizers' learning rates changed between two backward passes of this
+    # window, and the first group's rate at the step (:mod:`accumguard.observe._lr_trace`);
+    # None: not traced
+    lr_changes: int | None = None
+    lr: float | None = None
     # -- counts of the guard and the audit (not in a recording) ---------------------------
     # optimizer steps that closed the window: 1, 2 for a second step a guard in warn mode
     # let run, 0 for the audit's trailing micro-steps after the last step

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from accumguard.observe._boundary import BoundaryScale
     from accumguard.observe._lanes import Lanes
     from accumguard.observe._losses import LossRecorder
+    from accumguard.observe._lr_trace import LrTrace
 
 __all__ = ["BackwardPath"]
 
@@ -45,6 +46,7 @@ class BackwardPath:
     boundary: BoundaryScale | None
     lanes: Lanes
     losses: LossRecorder
+    lr_trace: LrTrace
     _in_observer: int
     _armed: bool
     _wants_backwards: bool
@@ -150,6 +152,7 @@ class BackwardPath:
                     w.losses[-1] if w.loss_ok and w.losses else None)
             w.backwards.append(ev)
             self.losses.end_backward()
+            self.lr_trace.at_backward()
             w.bw_since_engine_step += 1
             w.zero_since_backward = 0
             self.backward_total += 1
@@ -179,6 +182,7 @@ class BackwardPath:
                 self.lanes.after_backward(lane, self.backward_total, ev, None, None, None)
             w.backwards.append(ev)
             self.losses.end_backward()
+            self.lr_trace.at_backward()
             w.bw_since_engine_step += 1
             w.zero_since_backward = 0
             self.backward_total += 1

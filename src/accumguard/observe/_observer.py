@@ -56,6 +56,7 @@ from accumguard.observe._forwards import ForwardHooks
 from accumguard.observe._imports import when_imported as _when_imported
 from accumguard.observe._lanes import Lanes
 from accumguard.observe._losses import LossRecorder
+from accumguard.observe._lr_trace import LrTrace
 from accumguard.observe._patch import Patches
 from accumguard.observe._step_precision import StepPrecision
 from accumguard.observe._steps import PIN_ROOTS_AFTER_STEPS, StepMachinery
@@ -167,6 +168,7 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
         self._w = StepTally()
         # several optimizers over disjoint parameters: each one's own window (:mod:`._lanes`)
         self.lanes = Lanes()
+        self.lr_trace = LrTrace()  # learning rates read at each backward (F4, by hand)
         self._ow: StepTally | None = None  # the stepping optimizer's own window, if not self._w
         self._fwd_depth = 0
         # modules called at the top level -> their depth-counting post hook (weak: a loss

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from accumguard.observe._boundary import BoundaryScale
     from accumguard.observe._lanes import Lanes
     from accumguard.observe._losses import LossRecorder
+    from accumguard.observe._lr_trace import LrTrace
     from accumguard.observe._tally import Tally
 
 __all__ = ["PIN_ROOTS_AFTER_STEPS", "StepMachinery"]
@@ -62,6 +63,7 @@ class StepMachinery:
     boundary: BoundaryScale | None
     lanes: Lanes
     losses: LossRecorder
+    lr_trace: LrTrace
     _armed: bool
     _w: StepTally
     _ow: StepTally | None
@@ -115,6 +117,7 @@ class StepMachinery:
 
     def _begin_step(self, opt: Any, applied: bool, engine: Any = None) -> None:
         self._step_t0 = time.perf_counter()
+        self.lr_trace.know(opt if engine is None else getattr(engine, "optimizer", None))
         self._step_applied = applied
         shared = self._w
         # several optimizers on disjoint parameters: this one's own window (:mod:`._lanes`)
@@ -220,6 +223,7 @@ class StepMachinery:
                   owner: Any, *, discarded: bool = False) -> None:
         w = self._w
         own, self._ow = self._ow, None
+        lr_changes, lr = self.lr_trace.take()
         if source == "torch":
             self.lanes.stepped(owner, self.backward_total)
             self._last_grads = self._grad_state(owner)
@@ -258,7 +262,7 @@ class StepMachinery:
                            or (discarded and armed))
             if self._armed != armed:
                 self._hook_roots(self._armed)
-            if not armed and not w.unusual(self.window_size):
+            if not armed and not w.unusual(self.window_size) and not lr_changes:
                 self._next_window()
                 return
         if not self._handlers["on_step"]:
@@ -288,7 +292,8 @@ class StepMachinery:
             # with its own window, the loss record follows the shared window's backwards,
             # not this optimizer's
             losses=losses if own is None else None, discarded=discarded, moved=moved,
-            rank_factor=factor, optimizer_index=None if own is None else self.lanes.key(owner))
+            rank_factor=factor, optimizer_index=None if own is None else self.lanes.key(owner),
+            lr_changes=lr_changes, lr=lr)
         self._next_window(reset_losses=False)  # losses.take() above reset them
         if self._global_handle is not None and self.step >= PIN_ROOTS_AFTER_STEPS:
             self._pin_roots()

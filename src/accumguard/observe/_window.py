@@ -59,8 +59,8 @@ class StepTally:
                updates: dict[str, torch.Tensor] | None, losses: list[list[Any]] | None,
                discarded: bool, moved: bool | None = None,
                precision: dict[str, Any] | None = None, param_norm: float | None = None,
-               rank_factor: float | None = None,
-               optimizer_index: int | None = None) -> StepRecord:
+               rank_factor: float | None = None, optimizer_index: int | None = None,
+               lr_changes: int | None = None, lr: float | None = None) -> StepRecord:
         """The step record of this window (what :mod:`.rules` judges)."""
         loss: float | None = None
         if self.loss_ok and self.backwards:
@@ -100,4 +100,5 @@ class StepTally:
             grad_norm=grad_norm, conservation=conservation, checksum=checksum, wall=wall,
             param_dtype=param_dtype, updates=dict(updates) if updates is not None else None,
             losses=losses, discarded=discarded, precision=precision, param_norm=param_norm,
-            rank_factor=rank_factor, optimizer_index=optimizer_index)
+            rank_factor=rank_factor, optimizer_index=optimizer_index, lr_changes=lr_changes,
+            lr=lr)

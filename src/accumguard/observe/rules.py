@@ -31,6 +31,7 @@ from typing import Any
 from accumguard.observe._comm_rules import comm_findings
 from accumguard.observe._epochs import dropped_finding, dropped_tail, short_epoch_findings
 from accumguard.observe._ledger import ledger_findings, term_findings
+from accumguard.observe._lr_rules import lr_schedule_findings
 from accumguard.observe._precision_rules import (
     F12_ERROR_FACTOR,
     f12_drift,
@@ -217,6 +218,8 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
             findings += ([] if note is None else [note._replace(rank)]) + found
         findings += _scheduler_findings(rank, rec.schedulers.get(rank, []))
         findings += run_horizon_findings(rec, rank, res.k)
+        if not any(f.cls == "F4" and f.rank == rank for f in findings):
+            findings += lr_schedule_findings(rank, _windows(rec.steps.get(rank, [])), res.k)
     findings += _cross_rank(rec)
     findings += ledger_findings(rec, res.k)
     findings += term_findings(rec)
