@@ -19,7 +19,7 @@ import torch
 
 from accumguard.observe._checksum import grad_versions
 from accumguard.observe._events import BackwardEvent
-from accumguard.observe._window import Window
+from accumguard.observe._window import StepTally
 
 if TYPE_CHECKING:
     from accumguard.observe._attribution import Attribution
@@ -52,7 +52,7 @@ class BackwardPath:
     _in_observer: int
     _armed: bool
     _wants_backwards: bool
-    _w: Window
+    _w: StepTally
     _handlers: Handlers
     _attribution: Attribution
     _sync_roots: list[torch.nn.Module]
@@ -166,10 +166,10 @@ class BackwardPath:
             for listen in handlers.on_backward:
                 listen(ev)
 
-    def _run_unobserved_backward(self, source: str, w: Window, fn: Original,
+    def _run_unobserved_backward(self, source: str, w: StepTally, fn: Original,
                                  args: tuple[object, ...], kwargs: dict[str, object]) -> object:
         """A backward in an unarmed window (``sampled_records``): counted, no sync flag,
-        engine query or checksum (the window's record, when :meth:`.Window.unusual` asks for it,
+        engine query or checksum (the window's record, when :meth:`.StepTally.unusual` asks for it,
         leaves those unknown)."""
         ev = BackwardEvent(step=self.step, micro=len(w.backwards), source=source,
                            engine=self.engine, forwards=w.forwards)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from accumguard.observe._checksum import Conservation
+from accumguard.core.window import Conservation, StepRecord
 
 if TYPE_CHECKING:
     import torch
@@ -93,71 +93,12 @@ class EngineInfo:
     micro_batch: int | None = None
 
 
-@dataclass
-class StepEvent:
-    """One optimizer step (outermost: an inner optimizer stepped by an engine or a wrapper
-    is part of its caller's step). ``applied`` is False when every gradient was None or
-    the engine skipped the update. ``discarded``: a GradScaler skipped the step (inf/NaN
-    gradients), so the window's gradients are dropped, not carried into the next window."""
-
-    step: int
-    backwards: int
-    window_loss: float | None
-    applied: bool
-    source: str  # "torch" | "deepspeed"
-    optimizer: str
-    engine: str = "local"
-    zero_grads: int = 0  # zero_grad calls between the window's first backward and this step
-    zero_grads_between: int = 0  # ... between two backwards of the window
-    scheduler_steps: int = 0  # scheduler steps in the window before this step
-    clips: int = 0
-    clip_micros: list[int] = field(default_factory=list)  # backward index after each clip
-    clip_functions: list[str] = field(default_factory=list)  # which clipping functions ran
-    data_pass_starts: list[int] = field(default_factory=list)  # backwards before a new epoch
-    reductions: int = 0  # gradient collectives in the window (backwards + between)
-    reduction_rounds: int = 0  # backwards (or flushes) that issued at least one
-    sync_micros: list[bool | None] = field(default_factory=list)  # per backward: synced?
-    sync_mismatch: list[int] = field(default_factory=list)  # micro-steps whose flag flipped
-    sync_backward: list[bool | None] = field(default_factory=list)  # per backward: flag at it
-    # per backward: watched forwards since the previous backward (K forwards then one
-    # backward is the summed-loss form of accumulation, not a step per micro-step)
-    forwards: list[int] = field(default_factory=list)
-    ds_boundaries: list[bool | None] = field(default_factory=list)
-    ds_coalescing: list[bool] = field(default_factory=list)
-    engine_step_calls: int = 0  # DeepSpeed engine.step() calls in the window
-    max_backwards_per_engine_step: int = 0  # ... before an engine.step() call that did not step
-    # a window without a backward pass: did its step change the parameters? (None: a
-    # window with backwards, or not measured)
-    moved_without_backward: bool | None = None
-    grad_norm: float | None = None  # DeepSpeed's global norm (pre-clip) when available
-    conservation: Conservation | None = None
-    checksum: list[float] | None = None  # (sum, even sum, abs sum) of what the optimizer got
-    wall: float = 0.0
-    param_dtype: str | None = None  # dtype of the parameters this step updated ("float32")
-    updates: dict[str, torch.Tensor] | None = field(repr=False, default=None)
-    # per loss call of the window (cross_entropy/nll_loss that reached the optimizer):
-    # [site, order at that site in its backward, micro (0-based), valid count n,
-    #  per-token weight, low precision, reduction, sole, via autograd.grad, the constants
-    #  between the call and the root]; None: fewer than 2 micro-steps had one (on one rank)
-    losses: list[list[Any]] | None = None
-    discarded: bool = False
-    # what the engine multiplies the sum over ranks of the ranks' gradients by (1/W: DDP's,
-    # FSDP2's, DeepSpeed's average); None: unknown, no engine, or no loss record this step
-    rank_factor: float | None = None
-    # several optimizers over disjoint parameters: which one stepped (1-based, by first
-    # appearance), its window being the backwards that reached its parameters; None: the
-    # window is everything since the previous step of any optimizer
-    optimizer_index: int | None = None
-    # where the window's gradient was summed and in which dtype, when anything is bf16/fp16
-    # (:func:`accumguard.observe._precision.step_facts`); None: all fp32/fp64
-    precision: dict[str, Any] | None = None
-    # the norm of the parameters the step updated, before it (recorded with ``updates``:
-    # invariance's bound on the re-rounding of low-precision weights)
-    param_norm: float | None = None
-    # how often the optimizers' learning rates changed between two backward passes of this
-    # window, and the first group's rate at the step (:mod:`._lr_trace`); None: not traced
-    lr_changes: int | None = None
-    lr: float | None = None
+#: One optimizer step as the observation layer reports it (``on_step``): the one window
+#: record of :mod:`accumguard.core.window`, with the update tensors when they were asked for.
+#: (Outermost: an inner optimizer stepped by an engine or a wrapper is part of its caller's
+#: step. ``applied`` is False when every gradient was None or the engine skipped the update;
+#: ``discarded``: a GradScaler skipped the step, so the window's gradients are dropped.)
+StepEvent = StepRecord
 
 
 @dataclass

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
     from accumguard.observe._attribution import Attribution
     from accumguard.observe._events import EngineInfo, Handlers
-    from accumguard.observe._window import Window
+    from accumguard.observe._window import StepTally
 
 __all__ = ["ForwardHooks"]
 
@@ -53,7 +53,7 @@ class ForwardHooks:
     installed: bool
     attribute: bool
     _in_observer: int
-    _w: Window
+    _w: StepTally
     _handlers: Handlers
     _attribution: Attribution
     _sync_roots: list[torch.nn.Module]

@@ -3,7 +3,7 @@
 A GAN steps its discriminator every batch (with its own ``zero_grad``) while its generator
 accumulates K batches; an actor and a critic, per-head optimizers, optimizers at different
 rates do the same. One window per optimizer step of *any* optimizer (the observer's
-:class:`~._window.Window`) then mixes them: the generator's window is cut at every
+:class:`~._window.StepTally`) then mixes them: the generator's window is cut at every
 discriminator step (its earlier micro-steps look like stale gradient), and the
 discriminator's ``zero_grad`` clears what the generator's backward left on the
 discriminator's parameters (it looks like F3).
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from accumguard.observe._events import BackwardEvent
-from accumguard.observe._window import Window
+from accumguard.observe._window import StepTally
 
 __all__ = ["Lanes"]
 
@@ -238,7 +238,7 @@ class Lanes:
         self.zeros = [z for z in self.zeros if z.serial > low]
 
     # -- an optimizer's own window ------------------------------------------------------------
-    def window(self, opt: object, shared: Window, serial: int, tracked: int) -> Window | None:
+    def window(self, opt: object, shared: StepTally, serial: int, tracked: int) -> StepTally | None:
         """The window of ``opt`` (a torch optimizer about to step after ``serial`` backward
         passes), or None when the shared window is its window (one optimizer, optimizers
         sharing parameters, a window older than the log). ``tracked``: the number of
@@ -266,7 +266,7 @@ class Lanes:
                 own = {reach(e) for e in kept} | {frozenset({lane.key})}
                 if not any(reach(e) in own for e in lost):
                     entries = kept  # cross-talk another optimizer's backward left here
-        w = Window()
+        w = StepTally()
         w.backwards = [e.ev for e in entries]
         if entries and all(e.start is not None and e.end is not None
                            and e.start.shape[0] == tracked and e.end.shape[0] == tracked

@@ -65,7 +65,7 @@ from accumguard.observe._precision import MasterSum
 from accumguard.observe._step_precision import StepPrecision
 from accumguard.observe._steps import PIN_ROOTS_AFTER_STEPS, StepMachinery
 from accumguard.observe._tally import Tally
-from accumguard.observe._window import Window
+from accumguard.observe._window import StepTally
 
 # PIN_ROOTS_AFTER_STEPS lives in :mod:`._steps`; re-exported here (its old home)
 __all__ = ["PIN_ROOTS_AFTER_STEPS", "Observer"]
@@ -163,11 +163,11 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
         self.engine_info: EngineInfo | None = None
         self.declared_k: dict[str, int] = {}
         self.trainer_clip: float | None = None  # the HF Trainer's max_grad_norm (patched in)
-        self._w = Window()
+        self._w = StepTally()
         # several optimizers over disjoint parameters: each one's own window (:mod:`._lanes`)
         self.lanes = Lanes()
         self.lr_trace = LrTrace()  # learning rates read at each backward (F4, by hand)
-        self._ow: Window | None = None  # the stepping optimizer's own window, if not self._w
+        self._ow: StepTally | None = None  # the stepping optimizer's own window, if not self._w
         self._fwd_depth = 0
         # modules called at the top level -> their depth-counting post hook (weak: a loss
         # module built on every step takes its hook with it when it is freed)

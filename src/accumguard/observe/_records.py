@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from accumguard.core.findings import Finding, Severity
 from accumguard.core.taxonomy import fix_for, title
+from accumguard.core.window import StepRecord
 
 __all__ = ["NUMBERING", "DeclaredK", "Finding", "KResolution", "RunRecording", "Severity",
            "load_recordings", "step_record", "watch_dict", "windows"]
@@ -213,23 +214,7 @@ def _truncate_at_failure(rec: RunRecording) -> None:
         rec.schedulers[rank] = [s for s in scheds if int(s.get("step", 0)) < cut]
 
 
-def step_record(event: Any, rank: int) -> dict[str, Any]:
-    """The record of one :class:`~accumguard.observe.StepEvent` that the rules read (and
-    ``watch`` writes as a JSON line): every field but the tensors of ``updates``.
-    (Shallow: ``dataclasses.asdict`` deep-copied every list, on every step.)"""
-    rec = {}
-    for k in event.__dataclass_fields__:
-        if k not in ("updates", "conservation"):
-            v = getattr(event, k)
-            rec[k] = list(v) if isinstance(v, list) else v
-    cons = event.conservation
-    if cons is None:
-        rec["conservation"] = None
-    else:
-        rec["conservation"] = c = {f: getattr(cons, f) for f in cons.__dataclass_fields__}
-        if event.reductions and event.engine == "local":  # the script's own all-reduce
-            c["contrib_sums"], c["received_sums"] = (list(c["contrib_sums"]),
-                                                     list(c["received_sums"]))
-        else:  # kept only where the cross-rank F10 fit reads them
-            del c["contrib_sums"], c["received_sums"]
-    return {"kind": "step", "rank": rank, **rec}
+def step_record(event: StepRecord, rank: int) -> dict[str, Any]:
+    """The line of one step record that the rules read (and ``watch`` writes to
+    ``rank-<R>.jsonl``): :meth:`~accumguard.core.window.StepRecord.as_dict`."""
+    return event.as_dict(rank)

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from accumguard.observe._failsafe import Failsafe, Original
     from accumguard.observe._lanes import Lanes
     from accumguard.observe._patch import Patches
-    from accumguard.observe._window import Window
+    from accumguard.observe._window import StepTally
 
 __all__ = ["DeepSpeedEngine", "EngineHost", "PatchHost", "as_deepspeed"]
 
@@ -75,7 +75,7 @@ class PatchHost(EngineHost, Protocol):
     # the window and the run's counts
     step: int
     backward_total: int
-    _w: Window
+    _w: StepTally
     # what the frameworks declare (K per library; DeepSpeed's configuration: EngineHost)
     declared_k: dict[str, int]
     # re-entrancy: >0 inside the observer's own work or inside an outer call of a kind

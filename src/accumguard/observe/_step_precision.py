@@ -24,7 +24,7 @@ from accumguard.observe._precision import (
 )
 from accumguard.observe._seams import as_deepspeed
 from accumguard.observe._steps import _GONE
-from accumguard.observe._window import Window
+from accumguard.observe._window import StepTally
 
 __all__ = ["StepPrecision"]
 
@@ -50,7 +50,7 @@ class StepPrecision:
             self._dtypes[key] = param_dtype(owner)
         return self._dtypes[key]
 
-    def _precision(self, owner: object, source: str, w: Window) -> dict[str, Any] | None:
+    def _precision(self, owner: object, source: str, w: StepTally) -> dict[str, Any] | None:
         """The step record's ``precision`` (:func:`._precision.step_facts`); the per-owner
         part is read once (again when a parameter is tracked or FSDP2 was not set up yet)."""
         key = (id(owner), len(self._tracked))

@@ -5,7 +5,7 @@ DeepSpeed's ``engine.step`` and GradScaler call ``obs._begin_step``/``obs._end_s
 ``obs._skipped_step``). Before the step: the checksum of what the step receives and the
 conservation verdict (:mod:`._checksum`), the parameter snapshot for ``record_updates``,
 an idle re-step's snapshot, ``on_step_start``. After it: the updates, the arming of the next
-sampled window, the step record (:meth:`._window.Window.record`) and ``on_step``.
+sampled window, the step record (:meth:`._window.StepTally.record`) and ``on_step``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from accumguard.observe._events import ScalerEvent, StepStartEvent
 from accumguard.observe._introspect import local, snapshot, tol_for
 from accumguard.observe._precision import MasterSum, model_grad_sum
 from accumguard.observe._reduction import rank_factor
-from accumguard.observe._window import Window
+from accumguard.observe._window import StepTally
 
 if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle
@@ -70,8 +70,8 @@ class StepMachinery:
     losses: LossRecorder
     lr_trace: LrTrace
     _armed: bool
-    _w: Window
-    _ow: Window | None
+    _w: StepTally
+    _ow: StepTally | None
     _handlers: Handlers
     _sync_roots: list[torch.nn.Module]
     _ds_engine: torch.nn.Module | None  # DeepSpeed's engine (an nn.Module)
@@ -103,7 +103,7 @@ class StepMachinery:
         def _hook_roots(self, on: bool) -> None: ...
         def _pin_roots(self) -> None: ...
         def _dtype_of(self, owner: object) -> str | None: ...
-        def _precision(self, owner: object, source: str, w: Window) -> dict[str, Any] | None: ...
+        def _precision(self, owner: object, source: str, w: StepTally) -> dict[str, Any] | None: ...
 
     def _skipped_step(self, opt: torch.optim.Optimizer) -> None:
         """A GradScaler step that found inf/NaN gradients and skipped the optimizer: the
@@ -286,25 +286,25 @@ class StepMachinery:
                 and self._step_checksum is not None:
             mask = torch.tensor(self._step_members, dtype=torch.bool)
             chk = [float(x) for x in self._step_checksum[mask].sum(0)]
+        precision = self._precision(owner, source, w)
+        # a torch step with every gradient None changes nothing: its window goes on;
+        # a DeepSpeed step that skipped its update (overflow) discarded its window
+        losses = self.losses.take(applied, carry=source == "torch" and not discarded)
+        # the ledger composes the loss weights with the engine's reduction
+        factor = rank_factor(self.engine, self._sync_roots, self._fsdp_groups,
+                             self._ds_engine) if losses else None
         ev = (w if own is None else own).record(
             step=self.step, applied=applied, source=source, optimizer=opt_name,
             engine=self.engine, grad_norm=norm, conservation=cons, checksum=chk,
             wall=time.perf_counter() - self._step_t0, param_dtype=self._dtype_of(owner),
-            updates=updates, precision=self._precision(owner, source, w),
+            updates=updates, precision=precision,
             param_norm=(None if updates is None or before is None else
                         float(sum(float(v.pow(2).sum()) for v in before.values())) ** 0.5),
-            # a torch step with every gradient None changes nothing: its window goes on;
-            # a DeepSpeed step that skipped its update (overflow) discarded its window
-            losses=self.losses.take(applied, carry=source == "torch" and not discarded),
-            discarded=discarded, moved=moved)
-        ev.lr_changes, ev.lr = lr_changes, lr
-        if ev.losses:  # the ledger composes the loss weights with the engine's reduction
-            ev.rank_factor = rank_factor(self.engine, self._sync_roots, self._fsdp_groups,
-                                         self._ds_engine)
-        if own is not None:
-            # the loss record follows the shared window's backwards, not this optimizer's
-            ev.losses = None
-            ev.optimizer_index = self.lanes.key(owner)
+            # with its own window, the loss record follows the shared window's backwards,
+            # not this optimizer's
+            losses=losses if own is None else None, discarded=discarded, moved=moved,
+            rank_factor=factor, optimizer_index=None if own is None else self.lanes.key(owner),
+            lr_changes=lr_changes, lr=lr)
         self._next_window(reset_losses=False)  # losses.take() above reset them
         if self._global_handle is not None and self.step >= PIN_ROOTS_AFTER_STEPS:
             self._pin_roots()
@@ -313,7 +313,7 @@ class StepMachinery:
 
     def _next_window(self, *, reset_losses: bool = True) -> None:
         self.step += 1
-        self._w = Window()
+        self._w = StepTally()
         self._window_checked = None if self._armed else False  # unarmed: no checksums
         if self.boundary is not None:
             self.boundary.reset()

@@ -54,6 +54,8 @@ from accumguard.observe._records import (
     windows,
 )
 from accumguard.observe._schedules import run_horizon_findings
+from accumguard.observe._shared_rules import conservation_class as _conservation_class
+from accumguard.observe._shared_rules import double_gating, engine_resets
 from accumguard.observe._step_rules import (
     _extra_step,
     _no_update,
@@ -83,9 +85,7 @@ def conservation_class(cons: dict[str, Any], zero_grads_between: int) -> str:
     """The class of a broken conservation verdict: gradient left from the previous window
     (F7), removed by a ``zero_grad`` inside the window (F3), or removed by something else
     between backwards (F2/F3: an engine reset or a hand-written clear)."""
-    if cons.get("reason") == "stale":
-        return "F7"
-    return "F3" if zero_grads_between else "F2/F3"
+    return _conservation_class(cons.get("reason"), zero_grad_inside=bool(zero_grads_between))
 
 
 def live_findings(record: dict[str, Any], *, rank: int | None, k: int | None
@@ -318,8 +318,7 @@ def _rank_findings(rank: int, steps: list[dict[str, Any]], info: dict[str, Any],
             out += _extra_step(rank, w)
             continue
         # F14: DeepSpeed accumulates K itself and the loop runs several backwards per step()
-        if (isinstance(ds_ga, int) and ds_ga > 1 and managed
-                and int(w.get("max_backwards_per_engine_step", 0)) > 1):
+        if managed and double_gating(ds_ga, int(w.get("max_backwards_per_engine_step", 0))):
             out.append(_mk("F14", "error", rank, step, None,
                            f"DeepSpeed gradient_accumulation_steps={ds_ga} and "
                            f"{w['max_backwards_per_engine_step']} backward passes before an "
@@ -330,9 +329,9 @@ def _rank_findings(rank: int, steps: list[dict[str, Any]], info: dict[str, Any],
         # F2: DeepSpeed ZeRO-1/2 reduced-and-reset at a non-final backward of the window
         bounds = w.get("ds_boundaries") or []
         coal = w.get("ds_coalescing") or []
-        if stage in (1, 2) and managed and n > 1 and len(bounds) == int(w["backwards"]):
-            early = [j for j, b in enumerate(bounds[:-1]) if b and not
-                     (coal[j] if j < len(coal) else False)]
+        if n > 1 and len(bounds) == int(w["backwards"]):
+            early = [j for j, b in enumerate(bounds[:-1])
+                     if engine_resets(stage, managed, b, coal[j] if j < len(coal) else False)]
             if early:
                 out.append(_mk("F2", "error", rank, step, early[0],
                                f"ZeRO-{stage}: backward passes {[j + 1 for j in early]} of a "

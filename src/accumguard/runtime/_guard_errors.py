@@ -1,4 +1,5 @@
-"""What the runtime guard reports: its violation classes and its records.
+"""What the runtime guard reports: its violation classes and its records (a closed window
+is the one window record, :class:`accumguard.core.window.StepRecord`).
 
 Every violation names its failure class (the id of :mod:`accumguard.core.taxonomy`)
 in ``rule``; ``title`` is the illegal transition in a few words; ``finding`` is the same
@@ -31,7 +32,7 @@ __all__ = [
     "ClipInsideWindowError", "DoubleGatingError", "EngineBoundaryResetError", "ExtraStepError",
     "GradientDesyncError", "GradientLeakError", "GradientSyncError", "GuardNote",
     "GuardViolation", "SchedulerStepError", "StepInsideWindowError", "Violation",
-    "WindowOverrunError", "WindowRecord", "ZeroGradInsideWindowError", "violation_finding",
+    "WindowOverrunError", "ZeroGradInsideWindowError", "violation_finding",
 ]
 
 
@@ -132,15 +133,3 @@ class GuardNote:
     window: int
     micro_step: int | None
     message: str
-
-
-@dataclass(frozen=True)
-class WindowRecord:
-    """What one closed window did: the per-window counts the guard checked."""
-
-    index: int
-    backward_passes: int
-    sync_rounds: int
-    optimizer_steps: int
-    scheduler_steps: int
-    zero_grads: int
