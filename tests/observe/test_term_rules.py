@@ -24,6 +24,15 @@ K, STEPS = 4, 3
 V, T = 11, 7
 
 
+@pytest.fixture(autouse=True)
+def _every_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Record every window: the loss record's cost budget samples a toy's windows by
+    timing, and these rules need consecutive windows (b08's script is recorded whole)."""
+    import accumguard.observe._losses as losses
+
+    monkeypatch.setattr(losses, "_ALWAYS", 1000)
+
+
 def _run(tmp_path: Path, loop: Callable[[], None]) -> tuple[list[Finding], dict]:
     with recording(tmp_path):
         loop()

@@ -47,8 +47,8 @@ def _loop(bug: str | None, model: torch.nn.Module, opt: torch.optim.Optimizer, s
         last = (i + 1) % K == 0
         if bug == "F3":
             opt.zero_grad()
-        sync: Any = model.no_sync() if ddp and not last and bug not in ("F1", "F11") \
-            else contextlib.nullcontext()
+        sync: Any = model.no_sync() if ddp and not last \
+            and bug not in ("F1", "F11", "EXTRA_SYNC") else contextlib.nullcontext()
         with sync:
             out = model(x)
             if ddp and bug == "F11":
@@ -71,7 +71,8 @@ def _loop(bug: str | None, model: torch.nn.Module, opt: torch.optim.Optimizer, s
 
 def _both(bug: str | None, rank: int = 0,
           wrap: Callable[[torch.nn.Module], torch.nn.Module] = lambda m: m
-          ) -> tuple[set[str], set[str]]:
+          ) -> tuple[set[str], set[str], set[str]]:
+    """The guard's error classes, the recording's directory, and the guard's note kinds."""
     model, opt, sched = _build()
     model = wrap(model)
     with warnings.catch_warnings():
@@ -87,10 +88,11 @@ def _both(bug: str | None, rank: int = 0,
         warnings.simplefilter("ignore")
         with recording(out):
             _loop(bug, model, opt, sched, rank)
-    return by_guard, {str(out)}  # the recording is judged once every rank has written it
+    notes = {n.kind for n in g.notes}
+    return by_guard, {str(out)}, notes  # the recording is judged once every rank wrote it
 
 
-def _judge(dirs: list[str]) -> set[str]:
+def _judge(dirs: list[str], severity: str = "error") -> set[str]:
     found: set[str] = set()
     # single process: one directory; DDP: one directory per rank, read together
     merged = Path(tempfile.mkdtemp(prefix="agree-merged-"))
@@ -98,25 +100,25 @@ def _judge(dirs: list[str]) -> set[str]:
         for f in Path(d).glob("rank-*.jsonl"):
             (merged / f.name).write_bytes(f.read_bytes())
     findings, _, _ = analyze(load_recordings(merged), k_flag=K)
-    found |= {f.cls for f in findings if f.severity == "error"}
+    found |= {f.cls for f in findings if f.severity == severity}
     return found
 
 
 @pytest.mark.parametrize("bug", [None, "F1", "F3", "F4", "F7", "F8"])
 def test_guard_and_watch_name_the_same_class_single_process(bug: str | None) -> None:
-    by_guard, dirs = _both(bug)
+    by_guard, dirs, _ = _both(bug)
     by_watch = _judge(sorted(dirs))
     assert by_guard == by_watch == ({bug} if bug else set())
 
 
-def _ddp_rank(rank: int, world: int) -> dict[str, tuple[set[str], set[str]]]:
+def _ddp_rank(rank: int, world: int) -> dict[str, tuple[set[str], set[str], set[str]]]:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    return {str(bug): _both(bug, rank, DDP) for bug in (None, "F1", "F3", "F11")}
+    return {str(bug): _both(bug, rank, DDP) for bug in (None, "F1", "F3", "F11", "EXTRA_SYNC")}
 
 
 @pytest.fixture(scope="module")
-def ddp_runs() -> list[dict[str, tuple[set[str], set[str]]]]:
+def ddp_runs() -> list[dict[str, tuple[set[str], set[str], set[str]]]]:
     return run_on_ranks(_ddp_rank, 2, timeout=300)
 
 
@@ -125,3 +127,22 @@ def test_guard_and_watch_name_the_same_class_on_ddp(ddp_runs: list, bug: str) ->
     by_guard = set().union(*(r[bug][0] for r in ddp_runs))
     by_watch = _judge(sorted(d for r in ddp_runs for d in r[bug][1]))
     assert by_guard == by_watch == (set() if bug == "None" else {bug}), (by_guard, by_watch)
+
+
+def test_guard_and_watch_both_note_every_micro_step_syncing_on_ddp(ddp_runs: list) -> None:
+    """A DDP loop without no_sync all-reduces on every micro-step: correct, wasteful. The
+    guard (a note per micro-step, before its backward) and watch (an EXTRA_SYNC note over the
+    window; a warning once the collective ledger measured the extra calls) decide it with the
+    same rule (``observe._shared_rules.micro_sync``)."""
+    by_guard = set().union(*(r["EXTRA_SYNC"][0] for r in ddp_runs))
+    guard_notes = set().union(*(r["EXTRA_SYNC"][2] for r in ddp_runs))
+    dirs = sorted(d for r in ddp_runs for d in r["EXTRA_SYNC"][1])
+    assert by_guard == _judge(dirs) == set()
+    assert "note_extra_sync" in guard_notes
+    # (a warning when the collective ledger measured the extra calls, else a note)
+    assert "EXTRA_SYNC" in _judge(dirs, "warning") | _judge(dirs, "note")
+    # a loop that defers the sync draws neither
+    none_notes = set().union(*(r["None"][2] for r in ddp_runs))
+    assert "note_extra_sync" not in none_notes
+    none_dirs = sorted(d for r in ddp_runs for d in r["None"][1])
+    assert "EXTRA_SYNC" not in _judge(none_dirs, "warning") | _judge(none_dirs, "note")

@@ -159,9 +159,9 @@ def test_sarif_fingerprints_survive_moved_lines_and_change_with_the_flagged_line
 
 
 def test_sarif_fingerprints_tell_identical_lines_apart() -> None:
-    from accumguard.static.findings import Finding, Severity
+    from accumguard.static.findings import lint_finding
     from accumguard.static.lint.report import fingerprints
 
-    same = [Finding("AG101", Severity.ERROR, "m", "f", line=None, path=None)] * 2
+    same = [lint_finding("AG101", "m", fix="f", line=None, path=None)] * 2
     a, b = fingerprints(same)
     assert a.split(":")[0] == b.split(":")[0] and a != b

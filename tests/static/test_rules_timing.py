@@ -37,8 +37,8 @@ optimizer.step()
         ("micro == K - 1", [("AG106", 5, "error")]),
         ("(micro + 1) % K == 0", [("AG106", 5, "error")]),
         # off exactly at the last micro-step, one forward late: the last one syncs (waste)
-        ("micro != K - 1", [("AG116", 5, "info")]),
-        ("micro < K - 1", [("AG116", 5, "info")]),
+        ("micro != K - 1", [("AG116", 5, "note")]),
+        ("micro < K - 1", [("AG116", 5, "note")]),
         # cannot be read: a warning, not an error
         ("schedule[micro]", [("AG106", 5, "warning")]),
         ("True", []),
@@ -94,10 +94,10 @@ def test_boundary_helper_function_gives_the_polarity() -> None:
 @pytest.mark.parametrize(
     ("wrapper", "expected"),
     [
-        ("DDP(net)", [("AG116", 6, "info")]),
-        ("torch.nn.parallel.DistributedDataParallel(net)", [("AG116", 6, "info")]),
+        ("DDP(net)", [("AG116", 6, "note")]),
+        ("torch.nn.parallel.DistributedDataParallel(net)", [("AG116", 6, "note")]),
         ("FSDP(net)", []),  # FSDP1 reads no_sync in the post-backward hook: it works
-        ("build(net)", [("AG116", 6, "info")]),  # unknown wrapper: the note says "if DDP"
+        ("build(net)", [("AG116", 6, "note")]),  # unknown wrapper: the note says "if DDP"
     ],
 )
 def test_no_sync_around_the_backward_only_is_a_note(wrapper: str, expected: list) -> None:
@@ -330,7 +330,7 @@ def test_no_sync_context_chosen_after_the_forward(choice: str, expected: str) ->
         if is_last:
             opt.step(); opt.zero_grad()
     """
-    assert found(src) == [(expected, 7, "info")]
+    assert found(src) == [(expected, 7, "note")]
     # the same choice before the forward is judged by its polarity (AG111 when inverted)
     before = src.replace("    loss = model(b).sum() / K\n    ctx", "    ctx").replace(
         "        loss.backward()", "        (model(b).sum() / K).backward()")

@@ -18,17 +18,18 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from accumguard import run_on_ranks
+from accumguard.core.window import StepRecord, sum_records
 from accumguard.demo.toy import (
     TokenMLP,
     count_tokens,
     make_rank_batches,
     token_loss,
 )
-from accumguard.verify.audit import AuditReport, StepCounts, audit_many
+from accumguard.verify.audit import AuditReport, audit_many
 from accumguard.verify.contract import AuditSetup, LoopContext
 from accumguard.verify.diagnosis import diagnose
 from accumguard.verify.reference import flat_params, reference_run, windows_for_reference
-from accumguard.verify.report import LoopObservation, StepRecord
+from accumguard.verify.report import AuditStep, LoopObservation
 
 K = 4
 CLIP = 0.2
@@ -183,19 +184,17 @@ def _fake(setup: AuditSetup, traj: list[dict], grads: list | None, *, engine: st
           zero_grads: list[int] | None = None):
     """An observation and report as the audit builds them, for a trajectory computed here."""
     init = flat_params(setup.build_model())
-    records = [StepCounts(optimizer_steps=1, zero_grad=(zero_grads or [1] * len(traj))[i])
+    records = [StepRecord(step=i, zero_grad_calls=(zero_grads or [1] * len(traj))[i])
                for i in range(len(traj))]
     obs = LoopObservation(
         name="fake", initial=init, params=list(traj), grads=grads or [None] * len(traj),
-        lrs=[], records=records, trailing=StepCounts(), loss_sums=[], loss_counts=[],
+        lrs=[], records=records, trailing=StepRecord(step=len(traj), optimizer_steps=0), loss_sums=[], loss_counts=[],
         engine=engine, engine_info=engine_info or {}, outer_optimizers=[],
         param_dtypes=["float32"], snapshot_failed=None, notes=[])
     moved = any(any(not torch.equal(p[k], init[k]) for k in init) for p in traj)
-    steps = [StepRecord(step=i, update_error=None, grad_error=None, lr=None, ref_lr=None,
-                        loss=None, ref_loss=None, counts=c) for i, c in enumerate(records)]
-    totals = StepCounts()
-    for c in records:
-        totals.add(c)
+    steps = [AuditStep(step=i, update_error=None, grad_error=None, lr=None, ref_lr=None,
+                       loss=None, ref_loss=None, counts=c) for i, c in enumerate(records)]
+    totals = sum_records(records)
     rep = AuditReport(
         name="fake", passed=False, tolerance=1e-5, tolerance_reason="", world_size=2,
         accumulation_steps=setup.accumulation_steps, epochs=setup.epochs, engine=engine,

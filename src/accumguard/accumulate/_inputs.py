@@ -17,7 +17,7 @@ import torch
 from accumguard.core.errors import ConfigError, UsageError
 
 
-def batch_size(batch: Any) -> int:
+def batch_size(batch: object) -> int:
     """Samples in a micro-batch: the leading dimension of its first tensor.
 
     The default ``count_fn``. For token-level losses pass your own, e.g.
@@ -27,7 +27,7 @@ def batch_size(batch: Any) -> int:
         if batch.dim() == 0:
             raise ConfigError("a 0-d tensor micro-batch has no sample dimension; pass count_fn")
         return batch.shape[0]
-    values: Iterable[Any]
+    values: Iterable[object]
     if isinstance(batch, dict):
         values = batch.values()
     elif isinstance(batch, (list, tuple)):
@@ -71,7 +71,7 @@ def as_count(x: Any) -> Any:
     return BadCount(f"{x!r:.40} (a {type(x).__name__})")
 
 
-def check_callables(**objs: Any) -> None:
+def check_callables(**objs: object) -> None:
     """Catch the common mix-ups (a list of optimizers, a scheduler class, a count that is
     not a function) at construction, instead of as an AttributeError mid-training."""
     needs = {"optimizer": ("step", "zero_grad", "param_groups"), "scheduler": ("step",),
@@ -95,7 +95,7 @@ def check_callables(**objs: Any) -> None:
                               f"{missing or ['an instance']}); expected {fix}")
 
 
-def check_optimizer_params(model: Any, optimizer: Any) -> None:
+def check_optimizer_params(model: object, optimizer: torch.optim.Optimizer) -> None:
     """The optimizer must hold parameters, and some of them must be the model's: otherwise
     every step is a silent no-op on the model being trained."""
     params = [p for g in optimizer.param_groups for p in g.get("params", [])]

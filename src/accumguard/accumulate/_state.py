@@ -7,8 +7,6 @@ wrote them.
 
 from __future__ import annotations
 
-from typing import Any
-
 from accumguard.core.errors import ConfigError
 
 STATE_VERSION = 1
@@ -16,7 +14,7 @@ STATE_KEYS = ("version", "accumulation_steps", "normalization", "windows_seen",
               "optimizer_steps", "skipped_windows", "micro_batches_consumed")
 
 
-def check_state(state: Any, *, accumulation_steps: int, normalization: str,
+def check_state(state: object, *, accumulation_steps: int, normalization: str,
                 world_size: int) -> None:
     """Raise ConfigError, with the fix, unless ``state`` can be loaded into this run."""
     if not isinstance(state, dict):

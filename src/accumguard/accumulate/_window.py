@@ -7,7 +7,9 @@ The objects the user iterates; every state change is delegated to the
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Any, Protocol
 
 import torch
@@ -27,7 +29,8 @@ class Driver(Protocol):
 
     def _enter(self, micro: MicroStep) -> None: ...
 
-    def _backward(self, micro: MicroStep, loss: torch.Tensor, count: Any) -> None: ...
+    def _backward(self, micro: MicroStep, loss: torch.Tensor,
+                  count: float | torch.Tensor | None) -> None: ...
 
     def _exit(self, micro: MicroStep, failed: bool) -> None: ...
 
@@ -65,7 +68,7 @@ class MicroStep:
         self.count = count
         self.is_last = index == len(window) - 1
         self._did_backward = False
-        self._ctx: Any = None
+        self._ctx: AbstractContextManager[None] | None = None  # the engine's micro_step
 
     def __enter__(self) -> MicroStep:
         self.window.acc._enter(self)
@@ -79,7 +82,8 @@ class MicroStep:
         """
         self.window.acc._backward(self, loss, count)
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         self.window.acc._exit(self, failed=exc_type is not None)
 
 

@@ -54,6 +54,7 @@ from accumguard.core.errors import (
     rank_prefix,
 )
 from accumguard.engines import Engine, resolve_engine
+from accumguard.engines.base import Scheduler
 from accumguard.engines.precision import (
     AccumulationDtype,
     MasterWeights,
@@ -99,16 +100,16 @@ class Accumulator:
 
     def __init__(
         self,
-        model: Any,
+        model: torch.nn.Module,
         optimizer: torch.optim.Optimizer | None,
         *,
         accumulation_steps: int,
         engine: str | Engine = "auto",
-        scheduler: Any = None,
-        scaler: Any = None,
+        scheduler: Scheduler | None = None,
+        scaler: torch.amp.GradScaler | None = None,
         max_grad_norm: float | None = None,
         normalization: str = "sum",
-        count_fn: Callable[[Any], Any] | None = None,
+        count_fn: Callable[[Any], float | torch.Tensor] | None = None,
         drop_last_window: bool = False,
         on_boundary: Iterable[Callable[[StepResult], None]] = (),
         nonfinite: NonFinitePolicy = "skip",
@@ -292,7 +293,8 @@ class Accumulator:
         micro._ctx = self.engine.micro_step(is_last=micro.is_last)
         micro._ctx.__enter__()
 
-    def _backward(self, micro: MicroStep, loss: torch.Tensor, count: Any) -> None:
+    def _backward(self, micro: MicroStep, loss: torch.Tensor,
+                  count: float | torch.Tensor | None) -> None:
         if self._active is not micro:
             raise UsageError("backward() called outside its micro-step; call it inside "
                              "`with micro:` (the engine's sync context must span it)")
@@ -354,6 +356,7 @@ class Accumulator:
     def _exit(self, micro: MicroStep, failed: bool) -> None:
         ctx, micro._ctx = micro._ctx, None
         self._active = None
+        assert ctx is not None  # (set by _enter)
         ctx.__exit__(None, None, None)
         if failed:
             self._abort(micro.window)
@@ -408,6 +411,7 @@ class Accumulator:
                     self._abort(w)
                     raise
         if scaler is not None:
+            assert opt is not None  # (a scaler is refused with DeepSpeed, the one without)
             scaler.unscale_(opt)
         norm = None
         if self.config.max_grad_norm is not None:
@@ -466,7 +470,8 @@ class Accumulator:
             opt = getattr(self.model, "optimizer", None)
         return list(getattr(opt, "param_groups", []))
 
-    def _finish(self, w: Window, *, skipped: bool, grad_norm: Any, lrs: tuple[float, ...],
+    def _finish(self, w: Window, *, skipped: bool, grad_norm: torch.Tensor | None,
+                lrs: tuple[float, ...],
                 reason: str | None = None) -> None:
         if skipped:
             self.skipped_windows += 1
@@ -521,7 +526,7 @@ class Accumulator:
     def __enter__(self) -> Accumulator:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def _prefix(self) -> str:

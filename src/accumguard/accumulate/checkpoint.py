@@ -37,10 +37,15 @@ saved in the Accumulator's state, so a resumed run continues bit for bit.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from accumguard.accumulate.accumulator import Accumulator
 from accumguard.core.errors import ConfigError
+from accumguard.engines.base import Scheduler
+
+if TYPE_CHECKING:  # (DeepSpeed ships no type information: the name documents the type)
+    import torch
+    from deepspeed import DeepSpeedEngine
 
 __all__ = ["load_checkpoint", "save_checkpoint"]
 
@@ -60,7 +65,7 @@ def _check_optimizer(acc: Accumulator) -> None:
             "({'model': ..., 'optim': optimizer.state_dict(), 'accumguard': acc.state_dict()})")
 
 
-def _stepped_module(acc: Accumulator) -> Any:
+def _stepped_module(acc: Accumulator) -> torch.nn.Module:
     """What the optimizer steps, under the model's parameter names (masters swapped in)."""
     assert acc.masters is not None
     return acc.masters.module(getattr(acc.model, "module", acc.model))
@@ -99,7 +104,7 @@ def _set_state_dicts(acc: Accumulator, model_sd: dict[str, Any], optim_sd: dict[
     acc.masters.copy_to_model()
 
 
-def save_checkpoint(path: str, acc: Accumulator, *, scheduler: Any = None,
+def save_checkpoint(path: str, acc: Accumulator, *, scheduler: Scheduler | None = None,
                     tag: str | None = None) -> None:
     """Save model, optimizer, scheduler and Accumulator state at a boundary (every rank).
 
@@ -108,10 +113,11 @@ def save_checkpoint(path: str, acc: Accumulator, *, scheduler: Any = None,
     state = acc.state_dict()  # refuses a mid-window checkpoint, with the fix
     sched = scheduler if scheduler is not None else acc.scheduler
     if _is_deepspeed(acc):
+        engine: DeepSpeedEngine = acc.model
         client = {_KEY: state}
-        if sched is not None and sched is not getattr(acc.model, "lr_scheduler", None):
+        if sched is not None and sched is not getattr(engine, "lr_scheduler", None):
             client["scheduler"] = sched.state_dict()
-        acc.model.save_checkpoint(path, tag=tag, client_state=client)
+        engine.save_checkpoint(path, tag=tag, client_state=client)
         return
     _check_optimizer(acc)
     # torch.distributed.checkpoint.save, from the module that exports it (the package
@@ -125,7 +131,7 @@ def save_checkpoint(path: str, acc: Accumulator, *, scheduler: Any = None,
     save(doc, checkpoint_id=path)
 
 
-def load_checkpoint(path: str, acc: Accumulator, *, scheduler: Any = None,
+def load_checkpoint(path: str, acc: Accumulator, *, scheduler: Scheduler | None = None,
                     tag: str | None = None) -> dict[str, Any]:
     """Restore what :func:`save_checkpoint` wrote into a freshly built setup (every rank).
 
@@ -134,7 +140,8 @@ def load_checkpoint(path: str, acc: Accumulator, *, scheduler: Any = None,
     ``micro_batches_consumed``."""
     sched = scheduler if scheduler is not None else acc.scheduler
     if _is_deepspeed(acc):
-        loaded, client = acc.model.load_checkpoint(path, tag=tag)
+        engine: DeepSpeedEngine = acc.model
+        loaded, client = engine.load_checkpoint(path, tag=tag)
         if loaded is None or not isinstance(client, dict) or _KEY not in client:
             raise ConfigError(
                 f"no DeepSpeed checkpoint with accumguard state at {path!r} (tag {tag!r}); "

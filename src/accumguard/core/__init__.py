@@ -2,8 +2,9 @@
 
 The exception hierarchy (:mod:`.errors`), the boundary state machine
 (:mod:`.boundary`), the one function that derives loss scales from what an engine
-does to gradients (:mod:`.scaling`), and the failure taxonomy F1-F14
-(:mod:`.taxonomy`). Pure Python: the static checks import it without torch.
+does to gradients (:mod:`.scaling`), the failure taxonomy F1-F14
+(:mod:`.taxonomy`), and the one finding type every check reports (:mod:`.findings`).
+Pure Python: the static checks import it without torch.
 """
 
 from accumguard.core.boundary import Boundary, check_accumulation_steps
@@ -18,6 +19,7 @@ from accumguard.core.errors import (
     RankTimeoutError,
     UsageError,
 )
+from accumguard.core.findings import Confidence, Finding, Severity
 from accumguard.core.scaling import GradReduction, loss_scale
 from accumguard.core.taxonomy import TAXONOMY, FailureClass
 
@@ -27,12 +29,15 @@ __all__ = [
     "AccumulationError",
     "Boundary",
     "ConfigError",
+    "Confidence",
     "DistributedError",
     "FailureClass",
+    "Finding",
     "GradReduction",
     "MissingDependencyError",
     "RankFailedError",
     "RankTimeoutError",
+    "Severity",
     "TAXONOMY",
     "UsageError",
     "check_accumulation_steps",

@@ -6,6 +6,7 @@ give a median, its interquartile range and a bootstrap interval, and a verdict p
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 from typing import Any
@@ -31,7 +32,7 @@ BARS: dict[str, float] = {
 LIMIT = "limit (compute + 1 all-reduce)"
 
 
-def paired_worker(rank: int, world: int, args: Any) -> dict[str, Any]:
+def paired_worker(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any]:
     """Every configuration measured one optimizer step at a time, each step of a
     configuration C between two steps of the limit L (L C1 L C2 L ... L, the order of the
     Cs reversed every round): C's ratio in a round is its time over the mean of the two L

@@ -70,7 +70,7 @@ def precision_rows(ks: tuple[int, ...] = (4, 64, 512), dim: int = 64, micro: int
             seen: list[torch.Tensor] = []
             opt = torch.optim.SGD(model.parameters(), lr=lr)
 
-            def record(o: torch.optim.Optimizer, a: tuple[Any, ...], kw: dict[str, Any],
+            def record(o: torch.optim.Optimizer, a: tuple[object, ...], kw: dict[str, object],
                        s: list[torch.Tensor] = seen) -> None:
                 s.append(flat([p.grad for p in stepped(o) if p.grad is not None]))
 

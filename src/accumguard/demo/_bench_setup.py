@@ -7,16 +7,20 @@ and every timing is the slowest rank's (a step is as slow as the slowest rank).
 
 from __future__ import annotations
 
+import argparse
 import collections
 import os
 import resource
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from accumguard.engines.base import Engine
 
 DS_STAGES = (1, 2, 3)
 
@@ -33,7 +37,7 @@ def make_model(dim: int, hidden: int, seed: int = 0) -> nn.Sequential:
                          nn.Linear(hidden, dim))
 
 
-def sum_loss(model: Any, batch: Batch) -> torch.Tensor:
+def sum_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     x, y = batch
     loss: torch.Tensor = ((model(x) - y) ** 2).sum()
     return loss
@@ -59,7 +63,7 @@ def peak_rss_mb() -> float:
 # -- configurations ------------------------------------------------------------------------
 # Each builder returns a function running `steps` optimizer steps on the given batches.
 
-def _build_local(args: Any, with_allreduce: bool) -> Run:
+def _build_local(args: argparse.Namespace, with_allreduce: bool) -> Run:
     """The reference rows, built like the best deferred data-parallel step can be: the same
     model, data and optimizer as the Accumulator rows, K forward+backward passes with no
     communication, then (``with_allreduce``) exactly ONE all-reduce of the real gradients
@@ -95,7 +99,8 @@ def _build_local(args: Any, with_allreduce: bool) -> Run:
     return run
 
 
-def _run_accumulator(model: Any, opt: Any, engine: Any, k: int) -> Run:
+def _run_accumulator(model: torch.nn.Module, opt: torch.optim.Optimizer | None,
+                     engine: Engine, k: int) -> Run:
     from accumguard import Accumulator
 
     acc = Accumulator(model, opt, accumulation_steps=k, engine=engine)
@@ -123,7 +128,7 @@ def _run_accumulator(model: Any, opt: Any, engine: Any, k: int) -> Run:
     return run
 
 
-def _build_ddp(args: Any, sync: str, count: bool = False, bucket_view: bool = False,
+def _build_ddp(args: argparse.Namespace, sync: str, count: bool = False, bucket_view: bool = False,
                ) -> Run:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -135,7 +140,7 @@ def _build_ddp(args: Any, sync: str, count: bool = False, bucket_view: bool = Fa
                             args.k)
 
 
-def _build_fsdp2(args: Any, sync: str, memory: str = "sharded") -> Run:
+def _build_fsdp2(args: argparse.Namespace, sync: str, memory: str = "sharded") -> Run:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -154,7 +159,7 @@ def _build_fsdp2(args: Any, sync: str, memory: str = "sharded") -> Run:
     return _run_accumulator(model, opt, engine, args.k)
 
 
-def _build_deepspeed(args: Any, stage: int, sync: str, memory: str = "sharded",
+def _build_deepspeed(args: argparse.Namespace, stage: int, sync: str, memory: str = "sharded",
                      zero_extra: dict[str, Any] | None = None) -> Run:
     import deepspeed
 
@@ -175,7 +180,7 @@ def _build_deepspeed(args: Any, stage: int, sync: str, memory: str = "sharded",
                             args.k)
 
 
-def configurations(args: Any) -> dict[str, Callable[[], Run]]:
+def configurations(args: argparse.Namespace) -> dict[str, Callable[[], Run]]:
     """Name → builder, in table order."""
     cfgs: dict[str, Callable[[], Run]] = {
         "local (compute only)": lambda: _build_local(args, with_allreduce=False),

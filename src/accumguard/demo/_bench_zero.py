@@ -6,6 +6,7 @@ limit, with DeepSpeed's collectives counted at its comm backend.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 from collections.abc import Callable, Iterator
@@ -87,8 +88,8 @@ def _counting_ds_comm(counts: dict[str, list[int]], min_bytes: int = 4096) -> It
     cdb = ds_comm.cdb
     patched = []
 
-    def counted(op: str, real: Callable[..., Any]) -> Callable[..., Any]:
-        def call(*a: Any, **kw: Any) -> Any:
+    def counted(op: str, real: Callable[..., object]) -> Callable[..., object]:
+        def call(*a: object, **kw: object) -> object:
             tensors = [x for x in (*a, *kw.values()) if isinstance(x, torch.Tensor)]
             nbytes = max((t.numel() * t.element_size() for t in tensors), default=0)
             if nbytes > min_bytes:
@@ -111,7 +112,7 @@ def _counting_ds_comm(counts: dict[str, list[int]], min_bytes: int = 4096) -> It
             delattr(cdb, op)  # the instance attribute shadowed the class's method
 
 
-def zero_study_worker(rank: int, world: int, args: Any, stage: int, sync: str,
+def zero_study_worker(rank: int, world: int, args: argparse.Namespace, stage: int, sync: str,
                       extra: dict[str, Any]) -> dict[str, Any]:
     """One ZeRO variant in a fresh pair of processes (peak memory is per process): built
     next to the limit, timed in paired rounds (L V L ...), then 2 more steps alone with the
@@ -163,7 +164,7 @@ def zero_study_worker(rank: int, world: int, args: Any, stage: int, sync: str,
             "params": sum(p.numel() for p in make_model(args.dim, args.hidden).parameters())}
 
 
-def zero_study(args: Any, stage: int, env: dict[str, str]) -> list[dict[str, Any]]:
+def zero_study(args: argparse.Namespace, stage: int, env: dict[str, str]) -> list[dict[str, Any]]:
     from accumguard import run_on_ranks
 
     variants = ZERO3_VARIANTS if stage == 3 else ZERO2_VARIANTS

@@ -99,7 +99,7 @@ __all__ = ["BARS", "DS_STAGES", "LIMIT", "ZERO2_VARIANTS", "ZERO3_VARIANTS", "be
 
 # -- the worker ------------------------------------------------------------------------------
 
-def bench_worker(rank: int, world: int, args: Any) -> dict[str, Any]:
+def bench_worker(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any]:
     if not args.no_deepspeed:
         _setup_worker()
     torch.manual_seed(0)
@@ -124,7 +124,7 @@ def bench_worker(rank: int, world: int, args: Any) -> dict[str, Any]:
 
 
 
-def memory_worker(rank: int, world: int, args: Any, name: str) -> float:
+def memory_worker(rank: int, world: int, args: argparse.Namespace, name: str) -> float:
     if not args.no_deepspeed:
         _setup_worker()
     run = configurations(args)[name]()
@@ -156,7 +156,7 @@ def chart(res: dict[str, Any], path: str) -> None:
 
 # -- report --------------------------------------------------------------------------------------
 
-def table(result: dict[str, Any], args: Any, mem: dict[str, list[float]] | None) -> str:
+def table(result: dict[str, Any], args: argparse.Namespace, mem: dict[str, list[float]] | None) -> str:
     times = result["times"]
     med = {n: statistics.median(v) for n, v in times.items()}
     limit = med["limit (compute + 1 all-reduce)"]
@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _main_paired(args: Any, env: dict[str, str], t0: float) -> int:
+def _main_paired(args: argparse.Namespace, env: dict[str, str], t0: float) -> int:
     from accumguard import run_on_ranks
 
     load0 = os.getloadavg()

@@ -11,11 +11,13 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from accumguard.core.taxonomy import fix_for, title
 
 if TYPE_CHECKING:  # pragma: no cover - types only
+    from rich.console import Console
+
     from accumguard.demo.records import DemoRow
     from accumguard.demo.story import StoryResult
 
@@ -27,7 +29,7 @@ class Output:
 
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream
-        self.rich: Any = None
+        self.rich: Console | None = None
         if getattr(stream, "isatty", lambda: False)():
             try:
                 from rich.console import Console

@@ -29,7 +29,7 @@ import json
 import math
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -52,6 +52,7 @@ from accumguard.verify.contract import AuditSetup
 
 if TYPE_CHECKING:  # pragma: no cover - types only
     from accumguard.demo.story import StoryResult
+    from accumguard.verify.report import AuditReport
 
 __all__ = ["DemoOptions", "DemoRow", "DemoResult", "demo_setup", "run_demo", "parse_engines"]
 
@@ -67,7 +68,7 @@ def _build_model(kind: str, seed: int) -> torch.nn.Module:
     return TinyCausalLM(vocab=64, dim=64, layers=2, heads=4, hidden=256, max_len=16)
 
 
-def _sgd(params: Any, lr: float) -> torch.optim.Optimizer:
+def _sgd(params: Iterable[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
     # SGD with momentum, not Adam: Adam is invariant to a uniform gradient scale, so it
     # would hide scale bugs that a real run with SGD (or a tuned LR) pays for.
     return torch.optim.SGD(params, lr=lr, momentum=0.9)
@@ -77,7 +78,7 @@ def _decay_factor(step: int, rate: float) -> float:
     return 1.0 / (1.0 + rate * step)
 
 
-def _decay(opt: torch.optim.Optimizer, rate: float) -> Any:
+def _decay(opt: torch.optim.Optimizer, rate: float) -> torch.optim.lr_scheduler.LambdaLR:
     # A decaying LR, starting at full size: a scheduler stepped K× too often (F4) shows at
     # once, and the first update is large enough that fp32 weights resolve it (a warmup's
     # tiny first step on weights of size 1 would measure fp32 rounding, not the loop).
@@ -209,7 +210,7 @@ def _family(engine: str) -> str:
 
 
 # ----------------------------------------------------------------------------- running
-def _row_from_report(item: CatalogLoop, report: Any) -> DemoRow:
+def _row_from_report(item: CatalogLoop, report: AuditReport) -> DemoRow:
     diag = report.diagnosis
     bug_id = getattr(diag, "bug_id", None) if diag is not None else None
     if item.expected == "pass":

@@ -28,15 +28,27 @@ import json
 import logging
 import tempfile
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import torch
 import torch.nn.functional as F
 
 from accumguard.demo.records import FrameworkRow
 from accumguard.verify.reference import flat_params, reference_run, relative_update_error
+
+if TYPE_CHECKING:
+    from transformers import TrainerControl, TrainerState
+
+    from accumguard.integrations._checks import Finding
+
+#: one micro-batch (token ids and labels), and a model's parameters by name
+Batch = dict[str, torch.Tensor]
+Params = dict[str, torch.Tensor]
+#: a summed loss and the count it sums over
+LossFn = Callable[[torch.nn.Module, Batch], tuple[torch.Tensor, torch.Tensor]]
 
 __all__ = ["BROKEN_MIN", "EXACT_TOL", "FRAMEWORKS", "FrameworkRow", "FrameworksResult",
            "count_tokens", "flat_params", "hf_samples", "mean_loss", "plain",
@@ -110,7 +122,7 @@ def count_tokens(batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return (batch["labels"] != IGNORE).sum()
 
 
-def sum_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Any]:
+def sum_loss(model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed cross-entropy over valid (aligned) targets, and their count."""
     logits = model(input_ids=batch["input_ids"]).logits
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
@@ -118,7 +130,7 @@ def sum_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[to
     return loss, count_tokens(batch)
 
 
-def shifted_sum_loss(model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, Any]:
+def shifted_sum_loss(model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed next-token CE over valid shifted labels (HF convention), and their count."""
     logits = model(input_ids=batch["input_ids"]).logits[..., :-1, :]
     labels = batch["labels"][..., 1:]
@@ -133,14 +145,16 @@ def mean_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.T
     return s / torch.as_tensor(n)
 
 
-def plain(batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+def plain(batch: dict[str, object]) -> Batch:
     """A detached CPU copy of a micro-batch, to replay it in the reference."""
     return {k: v.detach().cpu().clone() for k, v in batch.items() if isinstance(v, torch.Tensor)}
 
 
-def update_errors(model: torch.nn.Module, make_opt: Any, make_sched: Any,
-                  rank_windows: list[list[list[dict[str, Any]]]], snapshots: list[dict[str, Any]],
-                  loss_fn: Any = sum_loss, max_grad_norm: float | None = None) -> list[float]:
+def update_errors(model: torch.nn.Module,
+                  make_opt: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer],
+                  make_sched: Callable[[torch.optim.Optimizer], object],
+                  rank_windows: list[list[list[Batch]]], snapshots: list[Params],
+                  loss_fn: LossFn = sum_loss, max_grad_norm: float | None = None) -> list[float]:
     """Relative update error after every step vs the fp64 large-batch reference.
 
     ``rank_windows[r][j]`` lists the micro-batches rank r consumed in optimizer step j.
@@ -192,15 +206,15 @@ FRAMEWORKS: dict[str, dict[str, Any]] = {
 }
 
 
-def _opt(params: Any) -> torch.optim.Optimizer:
+def _opt(params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=LR, momentum=0.9)
 
 
-def _sched(opt: torch.optim.Optimizer) -> Any:
+def _sched(opt: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
     return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1.0 + s))
 
 
-def _findings(items: list[Any]) -> list[dict[str, Any]]:
+def _findings(items: Sequence[Finding | dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for f in items:
         d = f if isinstance(f, dict) else f.as_dict()
@@ -217,10 +231,11 @@ def _run_transformers(rank: int, world: int) -> dict[str, Any]:
         """Records each micro-batch it trains on; ``exact`` picks the loss."""
 
         exact = True
-        current: list[dict[str, Any]]
+        current: list[Batch]
 
-        def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
-                         num_items_in_batch: Any = None) -> Any:
+        def compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any],
+                         return_outputs: bool = False,
+                         num_items_in_batch: torch.Tensor | int | None = None) -> Any:
             self.current.append(plain(inputs))
             out = model(input_ids=inputs["input_ids"])
             if self.exact:  # the one-line change
@@ -234,11 +249,13 @@ def _run_transformers(rank: int, world: int) -> dict[str, Any]:
     class Snapshots(TrainerCallback):
         def __init__(self, trainer: Recording) -> None:
             self.trainer = trainer
-            self.windows: list[list[dict[str, Any]]] = []
-            self.snaps: list[dict[str, Any]] = []
+            self.windows: list[list[Batch]] = []
+            self.snaps: list[Params] = []
 
-        def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None,
-                        **kw: Any) -> None:
+        def on_step_end(self, args: TrainingArguments, state: TrainerState,
+                        control: TrainerControl, model: torch.nn.Module | None = None,
+                        **kw: object) -> None:
+            assert model is not None  # (the Trainer passes its model)
             self.windows.append(self.trainer.current)
             self.trainer.current = []
             self.snaps.append(flat_params(model))
@@ -282,27 +299,28 @@ def _run_lightning(rank: int, world: int) -> dict[str, Any]:
             self.model = tiny_llama(0)
             self.summed = summed
 
-        def training_step(self, batch: dict[str, Any], idx: int) -> torch.Tensor:
+        def training_step(self, batch: Batch, idx: int) -> torch.Tensor:
             if self.summed:
                 return sum_loss(self.model, batch)[0]  # the one change: sum, not mean
             return mean_loss(self.model, batch)
 
-        def configure_optimizers(self) -> Any:
+        def configure_optimizers(self) -> dict[str, object]:
             opt = _opt(self.parameters())
             return {"optimizer": opt,
                     "lr_scheduler": {"scheduler": _sched(opt), "interval": "step"}}
 
     class Recorder(pl.Callback):  # type: ignore[misc]
         def __init__(self) -> None:
-            self.windows: list[list[dict[str, Any]]] = []
-            self.snaps: list[dict[str, Any]] = []
-            self.current: list[dict[str, Any]] = []
+            self.windows: list[list[Batch]] = []
+            self.snaps: list[Params] = []
+            self.current: list[Batch] = []
             self.step = 0
 
-        def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, i: int) -> None:
+        def on_train_batch_start(self, trainer: object, module: object,
+                                 batch: dict[str, object], i: int) -> None:
             self.current.append(plain(batch))
 
-        def on_train_batch_end(self, trainer: Any, module: Any, out: Any, batch: Any,
+        def on_train_batch_end(self, trainer: Any, module: Any, out: object, batch: object,
                                i: int) -> None:
             if trainer.global_step > self.step:
                 self.step = trainer.global_step
@@ -343,8 +361,8 @@ def _run_accelerate(rank: int, world: int) -> dict[str, Any]:
                                  batch_size=2, shuffle=False)
         model, opt, loader, sched = accel.prepare(model, opt, loader, sched)
         checks = watch(accel, model, opt, scheduler=sched, every_n_steps=1)
-        windows: list[list[dict[str, Any]]] = []
-        snaps: list[dict[str, Any]] = []
+        windows: list[list[Batch]] = []
+        snaps: list[Params] = []
         if run == "exact":
             acc = accumulator(accel, model, opt, scheduler=sched, count_fn=count_tokens)
             for window in acc.windows(loader):
@@ -353,7 +371,7 @@ def _run_accelerate(rank: int, world: int) -> dict[str, Any]:
                 snaps.append(flat_params(model))
             acc.close()
         else:  # the documented Accelerate loop with a token-mean loss
-            current: list[dict[str, Any]] = []
+            current: list[Batch] = []
             for batch in loader:
                 with accel.accumulate(model):
                     current.append(plain(batch))

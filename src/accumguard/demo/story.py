@@ -164,7 +164,7 @@ def eval_batch(*, rows: int = EVAL_SEQUENCES, seed: int = EVAL_SEED) -> dict[str
                            seq_len=16, vocab=64)[0][0]
 
 
-def _evaluate(model: torch.nn.Module, setup: AuditSetup, batch: Any) -> float:
+def _evaluate(model: torch.nn.Module, setup: AuditSetup, batch: dict[str, torch.Tensor]) -> float:
     """Mean per-token loss of ``batch`` (``loss_fn`` gives the sum and the count)."""
     with torch.no_grad():
         loss_sum, count = setup.loss_fn(model, batch)
@@ -180,11 +180,11 @@ class _EvalOnStep:
     wrapped scheduler's.
     """
 
-    def __init__(self, inner: Any, on_step: Callable[[], None]) -> None:
+    def __init__(self, inner: Any, on_step: Callable[[], None]) -> None:  # (delegated to)
         self._inner = inner
         self._on_step = on_step
 
-    def step(self, *args: Any, **kwargs: Any) -> None:
+    def step(self, *args: object, **kwargs: object) -> None:
         if self._inner is not None:
             self._inner.step(*args, **kwargs)
         self._on_step()
@@ -195,7 +195,7 @@ class _EvalOnStep:
         return getattr(self._inner, name)
 
 
-def _recording_setup(setup: AuditSetup, model: torch.nn.Module, batch: Any,
+def _recording_setup(setup: AuditSetup, model: torch.nn.Module, batch: dict[str, torch.Tensor],
                      losses: list[float], active: bool) -> AuditSetup:
     def record() -> None:
         if active:
@@ -209,7 +209,8 @@ def _recording_setup(setup: AuditSetup, model: torch.nn.Module, batch: Any,
 
 
 def _story_rank(rank: int, world: int, setup: AuditSetup, keys: list[str], loops: list[Loop],
-                batch: Any, spawned_at: float) -> tuple[dict[str, list[float]], dict[str, float]]:
+                batch: dict[str, torch.Tensor],
+                spawned_at: float) -> tuple[dict[str, list[float]], dict[str, float]]:
     """Run each loop on a fresh model; rank 0 returns the eval loss after every step
     (and the seconds the rank took to start and each run took)."""
     out: dict[str, list[float]] = {}
@@ -229,7 +230,7 @@ def _story_rank(rank: int, world: int, setup: AuditSetup, keys: list[str], loops
     return out, took
 
 
-def _large_batch(setup: AuditSetup, world: int, batch: Any) -> list[float]:
+def _large_batch(setup: AuditSetup, world: int, batch: dict[str, torch.Tensor]) -> list[float]:
     """The single-process large batch: each optimizer step sees the whole window of every
     rank concatenated into one batch, loss = summed token loss / its count."""
     model = setup.build_model()
@@ -314,7 +315,7 @@ def run_story(setup: AuditSetup, *, world_size: int = 2, deepspeed: bool = True,
                        elapsed_s=round(time.monotonic() - t0, 1), timings_s=timings)
 
 
-def _rows(batch: Any) -> int:
+def _rows(batch: dict[str, torch.Tensor] | torch.Tensor) -> int:
     first = next(iter(batch.values())) if isinstance(batch, dict) else batch
     return int(first.shape[0])
 

@@ -7,8 +7,6 @@ mean-of-means bugs (F5, F6) show up.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -33,7 +31,8 @@ class TokenMLP(nn.Module):
         return logits
 
 
-def token_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Any]:
+def token_loss(model: nn.Module, batch: dict[str, torch.Tensor]
+               ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sum of per-token cross-entropies over valid tokens, and the number of valid tokens."""
     logits = model(batch["tokens"])
     labels = batch["labels"]

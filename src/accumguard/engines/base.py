@@ -22,13 +22,28 @@ from __future__ import annotations
 import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from accumguard.core.scaling import GradReduction
 
-__all__ = ["Engine", "any_nonfinite", "dist_info"]
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+    from accumguard.engines.precision import MainGrads, MasterWeights
+
+__all__ = ["Engine", "Scheduler", "any_nonfinite", "dist_info", "group_or_world"]
+
+
+class Scheduler(Protocol):
+    """An LR scheduler as the accumulation drives it: one ``step()`` per optimizer step
+    (torch's ``LRScheduler``, or a framework's wrapper of one), and its state for a
+    checkpoint."""
+
+    def step(self) -> object: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
 
 
 def any_nonfinite(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -50,13 +65,22 @@ def any_nonfinite(tensors: list[torch.Tensor]) -> torch.Tensor:
     return ~torch.isfinite(torch.stack([m.float() for m in maxes]).max())
 
 
-def dist_info(process_group: Any = None) -> tuple[int, int]:
+def dist_info(process_group: ProcessGroup | None = None) -> tuple[int, int]:
     """``(rank, world_size)`` in ``process_group``, or ``(0, 1)`` outside torch.distributed."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
         return 0, 1
     return dist.get_rank(process_group), dist.get_world_size(process_group)
+
+
+def group_or_world(group: ProcessGroup | None) -> ProcessGroup:
+    """``group``, or torch.distributed's default (world) group when None."""
+    import torch.distributed as dist
+
+    pg = group if group is not None else dist.group.WORLD
+    assert pg is not None, "torch.distributed is not initialised"
+    return pg
 
 
 class Engine(ABC):
@@ -71,7 +95,8 @@ class Engine(ABC):
     #: True when the engine holds the optimizer itself (DeepSpeed): the caller passes none.
     owns_optimizer: bool = False
 
-    def __init__(self, model: torch.nn.Module, *, process_group: Any = None) -> None:
+    def __init__(self, model: torch.nn.Module, *,
+                 process_group: ProcessGroup | None = None) -> None:
         self.model = model
         self.process_group = process_group
         self.rank, self.world_size = dist_info(process_group)
@@ -80,8 +105,9 @@ class Engine(ABC):
     def bind(self, optimizer: torch.optim.Optimizer | None, accumulation_steps: int) -> None:  # noqa: B027
         """Called once by the Accumulator before the first micro-step."""
 
-    def check_options(self, *, max_grad_norm: float | None, scaler: Any = None,  # noqa: B027
-                      scheduler: Any = None) -> None:
+    def check_options(self, *, max_grad_norm: float | None,  # noqa: B027
+                      scaler: torch.amp.GradScaler | None = None,
+                      scheduler: Scheduler | None = None) -> None:
         """Called once by the Accumulator after :meth:`bind`: raise ConfigError for options
         this engine cannot honour (e.g. DeepSpeed clips and scales losses itself)."""
 
@@ -104,10 +130,10 @@ class Engine(ABC):
 
     # -- precision of the window's gradient sum --------------------------------------
     #: fp32 main-gradient buffers, when this adapter accumulates in fp32 itself (local, DDP).
-    main_grads: Any = None
+    main_grads: MainGrads | None = None
     #: fp32 master weights (``Accumulator(..., master_weights=True)``), set by
     #: :func:`accumguard.engines.precision.enable_master_weights` (local, DDP).
-    master_weights: Any = None
+    master_weights: MasterWeights | None = None
 
     def set_accumulation_dtype(self, mode: str) -> str:
         """Called once by the Accumulator (``accumulation_dtype=...``, see
@@ -179,7 +205,8 @@ class Engine(ABC):
         """Clip by the *global* norm of the synchronised gradient; return the norm before clipping."""
         return torch.nn.utils.clip_grad_norm_(self.parameters_with_grad(), max_norm)
 
-    def optimizer_step(self, optimizer: torch.optim.Optimizer | None, scaler: Any = None) -> None:
+    def optimizer_step(self, optimizer: torch.optim.Optimizer | None,
+                       scaler: torch.amp.GradScaler | None = None) -> None:
         """Step ``optimizer`` (through ``scaler``). It is None only for an engine that owns
         its optimizer (:attr:`owns_optimizer`, which overrides this); the Accumulator refuses
         a None optimizer for every other engine."""

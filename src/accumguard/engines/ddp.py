@@ -18,14 +18,18 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
+import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from accumguard.core.errors import ConfigError
 from accumguard.core.scaling import GradReduction
-from accumguard.engines.base import Engine
+from accumguard.engines.base import Engine, group_or_world
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 #: Environment switch for the counting comm hook when ``count_collectives`` is not given.
 COUNT_ENV = "ACCUMGUARD_COUNT_COLLECTIVES"
@@ -34,7 +38,7 @@ COUNT_ENV = "ACCUMGUARD_COUNT_COLLECTIVES"
 class _CommCounter:
     """State of the counting comm hook: bucket all-reduces and backward passes that synced."""
 
-    def __init__(self, process_group: Any) -> None:
+    def __init__(self, process_group: ProcessGroup | None) -> None:
         self.process_group = process_group
         self.bucket_reductions = 0
         self.sync_rounds = 0
@@ -45,7 +49,7 @@ def _counting_allreduce(state, bucket):  # type: ignore[no-untyped-def]  # noqa:
     state.bucket_reductions += 1
     if bucket.is_last():
         state.sync_rounds += 1
-    group: Any = state.process_group if state.process_group is not None else dist.group.WORLD
+    group = group_or_world(state.process_group)
     tensor = bucket.buffer()
     tensor.div_(group.size())
     work = dist.all_reduce(tensor, group=group, async_op=True)
@@ -74,6 +78,7 @@ class DDPEngine(Engine):
         if sync not in ("deferred", "eager"):
             raise ConfigError(f"sync ({sync!r}) must be 'deferred' or 'eager'")
         super().__init__(model, process_group=model.process_group)
+        self._ddp = model
         self.sync_mode = sync
         self._counter: _CommCounter | None = None
         self._main_rounds = 0  # fp32 main-gradient all-reduces (see set_accumulation_dtype)
@@ -109,10 +114,10 @@ class DDPEngine(Engine):
     def sync(self) -> None:
         if self.main_grads is None:
             return
-        group: Any = self.process_group if self.process_group is not None else dist.group.WORLD
+        group = group_or_world(self.process_group)
         world = group.size()
 
-        def all_reduce_mean(flat: Any) -> None:
+        def all_reduce_mean(flat: torch.Tensor) -> None:
             flat.div_(world)
             dist.all_reduce(flat, group=group)
 
@@ -121,7 +126,7 @@ class DDPEngine(Engine):
 
     @contextlib.contextmanager
     def micro_step(self, *, is_last: bool) -> Iterator[None]:
-        ddp: Any = self.model
+        ddp = self._ddp
         # With fp32 main gradients every micro-step is local: the boundary reduces the buffer.
         if self.main_grads is None and (is_last or self.sync_mode == "eager"):
             yield

@@ -75,16 +75,20 @@ import logging
 import math
 import sys
 import warnings
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from accumguard.core.errors import AccumguardWarning, ConfigError, UsageError
 from accumguard.core.scaling import GradReduction
-from accumguard.engines.base import Engine
+from accumguard.engines.base import Engine, Scheduler
 from accumguard.engines.collectives import DS_COMM_MODULES, DS_REDUCE_OPS
 from accumguard.engines.registry import is_deepspeed_engine
+
+if TYPE_CHECKING:  # (DeepSpeed ships no type information: the name documents the type)
+    from deepspeed import DeepSpeedEngine
 
 __all__ = ["DeepSpeedEngineAdapter"]
 
@@ -96,7 +100,7 @@ _DS_REDUCTIONS = DS_REDUCE_OPS
 _DS_COMM_MODULES = DS_COMM_MODULES
 
 
-def _raw_config(engine: Any) -> dict[str, Any]:
+def _raw_config(engine: object) -> dict[str, Any]:
     """The config dict DeepSpeed parsed (keys the user set, defaults absent)."""
     cfg = getattr(getattr(engine, "_config", None), "_param_dict", None)
     if isinstance(cfg, dict):
@@ -126,8 +130,8 @@ class DeepSpeedEngineAdapter(Engine):
     name = "deepspeed"
     owns_optimizer = True
 
-    def __init__(self, model: Any, *, sync: str = "auto", window_memory: str = "sharded",
-                 ) -> None:
+    def __init__(self, model: DeepSpeedEngine, *, sync: str = "auto",
+                 window_memory: str = "sharded") -> None:
         if not is_deepspeed_engine(model):
             raise ConfigError(
                 f"DeepSpeedEngineAdapter needs the engine returned by deepspeed.initialize, got "
@@ -163,16 +167,17 @@ class DeepSpeedEngineAdapter(Engine):
         self.requested_sync = sync
         self.sync_mode = sync  # resolved in bind(), when K is known
         self.accumulation_steps: int | None = None
-        self._coalesce: Any = None  # the open coalesce_grad_reduction() context, if any
+        self._coalesce: AbstractContextManager[None] | None = None  # the open coalesce_grad_reduction() context, if any
         self._aborted = False  # an exception interrupted a coalesced window (see abort_window)
-        self._saved_flag: Any = None
+        self._saved_flag: bool | None = None
         self._norm: torch.Tensor | None = None
         self._rounds = 0
         self.window_memory = window_memory
-        self._held: list[Any] = []  # ZeRO-3 parameters kept gathered ("unsharded")
+        # ZeRO-3 parameters kept gathered ("unsharded"): DeepSpeed's, with its ds_* fields
+        self._held: list[Any] = []
         self._holding = False
         self._is_last = False
-        self._clear_release_cache: Any = None
+        self._clear_release_cache: Callable[[], None] | None = None
         if window_memory == "unsharded":
             self._prepare_unsharded()
 
@@ -318,6 +323,7 @@ class DeepSpeedEngineAdapter(Engine):
         for p in self._held:
             p.ds_persist = hold
         self._holding = hold
+        assert self._clear_release_cache is not None  # found when _held was filled
         self._clear_release_cache()
 
     def _check_config(self, k: int) -> None:
@@ -346,8 +352,9 @@ class DeepSpeedEngineAdapter(Engine):
         if errors:
             raise ConfigError("DeepSpeed config problems:\n  " + "\n  ".join(errors))
 
-    def check_options(self, *, max_grad_norm: float | None, scaler: Any = None,
-                      scheduler: Any = None) -> None:
+    def check_options(self, *, max_grad_norm: float | None,
+                      scaler: torch.amp.GradScaler | None = None,
+                      scheduler: Scheduler | None = None) -> None:
         if scaler is not None:
             raise ConfigError(
                 "a torch GradScaler cannot be used with DeepSpeed: the engine scales fp16 losses "
@@ -376,7 +383,7 @@ class DeepSpeedEngineAdapter(Engine):
         """The max norm DeepSpeed clips at inside ``step()`` (0 = no clipping)."""
         return float(self.engine.gradient_clipping())
 
-    def abort_window(self, optimizer: Any) -> None:
+    def abort_window(self, optimizer: torch.optim.Optimizer | None) -> None:
         """PARTIAL: DeepSpeed has no API to discard a half-accumulated window. In eager mode
         the engine's gradients are zeroed; in deferred mode the open coalesced block cannot be
         left without its flush (a collective only this rank would enter), so the adapter is
@@ -447,10 +454,10 @@ class DeepSpeedEngineAdapter(Engine):
         are not gradient reductions). Wrap deepspeed.comm's reduce functions for this call
         only; a call that issued at least one is one round."""
         seen = [0]
-        patched: list[tuple[Any, str, Any]] = []
+        patched: list[tuple[object, str, object]] = []
 
-        def counted(real: Any) -> Any:
-            def call(*args: Any, **kwargs: Any) -> Any:
+        def counted(real: Callable[..., object]) -> Callable[..., object]:
+            def call(*args: object, **kwargs: object) -> object:
                 seen[0] += 1
                 return real(*args, **kwargs)
 
@@ -466,8 +473,8 @@ class DeepSpeedEngineAdapter(Engine):
         try:
             yield
         finally:
-            for module, op, real in reversed(patched):
-                setattr(module, op, real)
+            for owner, attr, original in reversed(patched):
+                setattr(owner, attr, original)
             if seen[0]:
                 self._rounds += 1
 
@@ -497,7 +504,8 @@ class DeepSpeedEngineAdapter(Engine):
         self._norm = torch.full((), math.nan)
         return self._norm
 
-    def optimizer_step(self, optimizer: Any, scaler: Any = None) -> None:
+    def optimizer_step(self, optimizer: torch.optim.Optimizer | None,
+                       scaler: torch.amp.GradScaler | None = None) -> None:
         if scaler is not None:
             raise ConfigError("a GradScaler cannot be used with DeepSpeed; pass scaler=None")
         self.engine.set_gradient_accumulation_boundary(True)
@@ -538,7 +546,7 @@ class DeepSpeedEngineAdapter(Engine):
                 f"(engine.was_step_applied() is False, skipped_steps={self.engine.skipped_steps})"
                 + extra)
 
-    def zero_grad(self, optimizer: Any) -> None:
+    def zero_grad(self, optimizer: torch.optim.Optimizer | None) -> None:
         """Nothing to do: ``engine.step()`` zeroes (or frees) the gradients at the boundary."""
 
     def grad_collectives(self) -> int | None:

@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import torch
 import torch.distributed as dist
@@ -63,6 +63,12 @@ import torch.distributed as dist
 from accumguard.core.errors import ConfigError
 from accumguard.core.scaling import GradReduction
 from accumguard.engines.base import Engine, any_nonfinite
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup, Work
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
 
 __all__ = ["FSDP2Engine", "WindowMemory"]
 
@@ -73,7 +79,7 @@ WindowMemory = Literal["sharded", "unsharded"]
 class _CountingReduceScatter:
     """FSDP2 reduce-scatter comm that counts its calls and delegates to the previous comm."""
 
-    def __init__(self, inner: Any, engine: FSDP2Engine) -> None:
+    def __init__(self, inner: ReduceScatter, engine: FSDP2Engine) -> None:
         self.inner = inner
         self.engine = engine
 
@@ -82,8 +88,9 @@ class _CountingReduceScatter:
         out: torch.Tensor = self.inner.allocate(size, dtype=dtype, device=device)
         return out
 
-    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any,
-                 op: Any, async_op: bool = False) -> Any:
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
+                 group: ProcessGroup, op: dist.ReduceOp | dist.ReduceOp.RedOpType,
+                 async_op: bool = False) -> Work | None:
         self.engine.reduce_scatters += 1
         return self.inner(output_tensor, input_tensor, group, op, async_op)
 
@@ -91,7 +98,7 @@ class _CountingReduceScatter:
 class _CountingAllGather:
     """FSDP2 all-gather comm that counts its calls and delegates to the previous comm."""
 
-    def __init__(self, inner: Any, engine: FSDP2Engine) -> None:
+    def __init__(self, inner: AllGather, engine: FSDP2Engine) -> None:
         self.inner = inner
         self.engine = engine
 
@@ -100,13 +107,13 @@ class _CountingAllGather:
         out: torch.Tensor = self.inner.allocate(size, dtype=dtype, device=device)
         return out
 
-    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any,
-                 async_op: bool = False) -> Any:
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
+                 group: ProcessGroup, async_op: bool = False) -> Work | None:
         self.engine.all_gathers += 1
         return self.inner(output_tensor, input_tensor, group, async_op)
 
 
-def _backend_for(device: torch.device, group: Any) -> str:
+def _backend_for(device: torch.device, group: ProcessGroup | None) -> str:
     """The backend name that serves ``device`` in ``group`` (``"cpu:gloo,cuda:nccl"`` aware)."""
     backend = str(dist.get_backend(group))
     if ":" not in backend:
@@ -164,7 +171,10 @@ class FSDP2Engine(Engine):
         self.reduce_scatters = 0
         self.all_gathers = 0
         self._rounds = 0
-        self._saved: list[tuple[Any, dict[str, Any]]] = []
+        # (FSDP2 parameter group, its settings before): restored verbatim on close(), each
+        # setting of its own type (a factor, flags, comm objects, a mesh info)
+        self._saved: list[tuple[FSDPParamGroup, dict[str, Any]]] = []
+        self._root: FSDPModule = model
         self._saved_is_last = model._get_fsdp_state()._state_ctx.is_last_backward
         force_sum = _backend_for(self.device, self.process_group) == "gloo"
         for g in self._groups:
@@ -188,7 +198,7 @@ class FSDP2Engine(Engine):
         self._counting = count_collectives
 
     @staticmethod
-    def _data_parallel_group(model: torch.nn.Module) -> Any:
+    def _data_parallel_group(model: torch.nn.Module) -> ProcessGroup:
         """The process group FSDP2 reduce-scatters over (from the parameters' 1-D mesh)."""
         from torch.distributed.tensor import DTensor
 
@@ -208,7 +218,7 @@ class FSDP2Engine(Engine):
         return GradReduction(world_size=self.world_size, averages_over_ranks=False)
 
     def _set_sync(self, enabled: bool) -> None:
-        fsdp: Any = self.model
+        fsdp = self._root
         fsdp.set_requires_gradient_sync(enabled)  # recurses over every FSDP module
         fsdp.set_is_last_backward(enabled)
 
@@ -309,8 +319,10 @@ class FSDP2Engine(Engine):
             return ~torch.isfinite(torch.as_tensor(norm))
         local: list[torch.Tensor] = []
         for p in self.parameters_with_grad():
-            g: Any = p.grad
-            shard = (g.to_local() if hasattr(g, "to_local") else g).detach()
+            g = p.grad
+            assert g is not None  # (parameters_with_grad)
+            to_local = getattr(g, "to_local", None)  # a DTensor's shard
+            shard = (to_local() if to_local is not None else g).detach()
             if shard.numel() > 0:
                 local.append(shard)
         bad = torch.zeros((), dtype=torch.float32, device=self.device)
@@ -330,8 +342,7 @@ class FSDP2Engine(Engine):
             for key, value in settings.items():
                 setattr(group, key, value)
         self._saved = []
-        fsdp: Any = self.model
-        fsdp.set_is_last_backward(self._saved_is_last)
+        self._root.set_is_last_backward(self._saved_is_last)
 
     def describe(self) -> str:
         return (f"{self.name} (sync={self.sync_mode}, world={self.world_size}, sum reduction, "

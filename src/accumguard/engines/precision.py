@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import torch
 
@@ -54,7 +54,7 @@ AccumulationDtype = Literal["auto", "float32", "native"]
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
-def low_precision_params(params: Any) -> list[torch.nn.Parameter]:
+def low_precision_params(params: Iterable[torch.nn.Parameter]) -> list[torch.nn.Parameter]:
     """Trainable parameters stored in bf16/fp16 (whose gradients autograd keeps in bf16/fp16)."""
     return [p for p in params if p.requires_grad and p.dtype in LOW_PRECISION]
 
@@ -299,7 +299,17 @@ class MasterWeights:
         self._swap(self._param_of)
 
 
-def enable_master_weights(engine: Any, optimizer: torch.optim.Optimizer | None
+class MasterHost(Protocol):
+    """What :func:`enable_master_weights` needs of an engine adapter (an
+    :class:`~accumguard.engines.base.Engine`, which imports this module)."""
+
+    name: str
+    model: torch.nn.Module
+    main_grads: MainGrads | None
+    master_weights: MasterWeights | None
+
+
+def enable_master_weights(engine: MasterHost, optimizer: torch.optim.Optimizer | None
                           ) -> MasterWeights | None:
     """``Accumulator(..., master_weights=True)``: fp32 masters for the engine's low-precision
     parameters, or ``None`` when every trainable parameter is already fp32 (nothing to do).

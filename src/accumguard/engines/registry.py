@@ -15,30 +15,34 @@ import functools
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from accumguard.core.errors import ConfigError
 from accumguard.engines.base import Engine
 
+if TYPE_CHECKING:
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
 __all__ = ["ENGINE_NAMES", "EngineSpec", "detect_engine", "is_deepspeed_engine", "resolve_engine"]
 
 
-def _mro_names(obj: Any) -> list[tuple[str, str]]:
+def _mro_names(obj: object) -> list[tuple[str, str]]:
     return [(c.__module__, c.__name__) for c in type(obj).__mro__]
 
 
-def is_deepspeed_engine(obj: Any) -> bool:
+def is_deepspeed_engine(obj: object) -> bool:
     """True for a ``deepspeed.DeepSpeedEngine`` (or subclass) without importing DeepSpeed."""
     return any(m.startswith("deepspeed") and n == "DeepSpeedEngine" for m, n in _mro_names(obj))
 
 
-def is_ddp(obj: Any) -> bool:
+def is_ddp(obj: object) -> TypeGuard[DistributedDataParallel]:
     from torch.nn.parallel import DistributedDataParallel
 
     return isinstance(obj, DistributedDataParallel)
 
 
-def is_fsdp2(obj: Any) -> bool:
+def is_fsdp2(obj: object) -> bool:
     """True for a module wrapped by FSDP2 ``fully_shard`` (the root or any sharded child)."""
     try:
         from torch.distributed.fsdp import FSDPModule
@@ -47,7 +51,7 @@ def is_fsdp2(obj: Any) -> bool:
     return isinstance(obj, FSDPModule)
 
 
-def is_zero_redundancy_optimizer(obj: Any) -> bool:
+def is_zero_redundancy_optimizer(obj: object) -> bool:
     return any(n == "ZeroRedundancyOptimizer" for _, n in _mro_names(obj))
 
 
@@ -57,7 +61,7 @@ class EngineSpec:
 
     name: str
     target: str  # "module:Class"
-    matches: Callable[[Any, Any], bool]
+    matches: Callable[[object, object], bool]
     takes_optimizer: bool = False
 
     def load(self) -> type[Engine]:
@@ -102,7 +106,7 @@ def _specs() -> list[EngineSpec]:
     return [*_third_party(), *_BUILTIN]
 
 
-def detect_engine(model: Any, optimizer: Any = None) -> str:
+def detect_engine(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> str:
     """The name of the adapter that serves ``model`` (``"local"`` for a plain module)."""
     for spec in _specs():
         if spec.matches(model, optimizer):
@@ -110,8 +114,8 @@ def detect_engine(model: Any, optimizer: Any = None) -> str:
     return "local"  # pragma: no cover - "local" matches everything
 
 
-def resolve_engine(model: Any, optimizer: Any = None, engine: str | Engine = "auto",
-                   **options: Any) -> Engine:
+def resolve_engine(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                   engine: str | Engine = "auto", **options: Any) -> Engine:
     """Return the adapter for ``model``: an :class:`Engine` instance is used as given;
     a name selects the adapter; ``"auto"`` infers it from the model/optimizer types."""
     if isinstance(engine, Engine):
@@ -125,7 +129,8 @@ def resolve_engine(model: Any, optimizer: Any = None, engine: str | Engine = "au
                           f"{('auto', *specs)}")
     name = detect_engine(model, optimizer) if engine == "auto" else engine
     spec = specs[name]
-    cls = spec.load()
+    # an adapter's constructor: (model, **options), or (model, optimizer, **options)
+    make: Callable[..., Engine] = spec.load()
     if spec.takes_optimizer:
-        return cls(model, optimizer, **options)  # type: ignore[call-arg]
-    return cls(model, **options)
+        return make(model, optimizer, **options)
+    return make(model, **options)

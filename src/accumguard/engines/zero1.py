@@ -16,8 +16,7 @@ same global norm and clips identically (before the sharded step reads it).
 
 from __future__ import annotations
 
-from typing import Any
-
+import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from accumguard.core.errors import ConfigError
@@ -41,7 +40,7 @@ class Zero1Engine(DDPEngine):
 
     name = "zero1"
 
-    def __init__(self, model: DistributedDataParallel, optimizer: Any, *,
+    def __init__(self, model: DistributedDataParallel, optimizer: torch.optim.Optimizer, *,
                  sync: str = "deferred", count_collectives: bool | None = None) -> None:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
@@ -65,7 +64,7 @@ class Zero1Engine(DDPEngine):
                 "(ZeroRedundancyOptimizer(..., process_group=ddp.process_group))")
         self.optimizer = optimizer
 
-    def bind(self, optimizer: Any, accumulation_steps: int) -> None:
+    def bind(self, optimizer: torch.optim.Optimizer | None, accumulation_steps: int) -> None:
         if optimizer is not self.optimizer:
             raise ConfigError(
                 "the Accumulator was given a different optimizer than the Zero1Engine; pass "

@@ -30,7 +30,7 @@ import logging
 import math
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -41,6 +41,7 @@ from accumguard.core.errors import (
     ConfigError,
     rank_prefix,
 )
+from accumguard.core.findings import Finding, Severity
 from accumguard.core.taxonomy import fix_for, title
 from accumguard.integrations._figures import event_figures, token_weight_error
 from accumguard.integrations._notes import InfoNotes
@@ -58,7 +59,7 @@ from accumguard.observe.rules import (
 from accumguard.observe.tokens import TokenWeightProbe, find_logits_module
 
 __all__ = ["DEFAULT_EVERY_N_STEPS", "AccumulationChecks", "Finding", "TokenWeightProbe", "boundary_findings",
-           "classify_window", "find_logits_module", "unwrap_optimizer", "unwrap_scheduler"]
+           "callback_dict", "classify_window", "find_logits_module", "unwrap_optimizer", "unwrap_scheduler"]
 
 log = logging.getLogger("accumguard")
 
@@ -78,28 +79,21 @@ _SIGNATURE_TOL = 1e-2
 # same on every rank).
 
 
-@dataclass(frozen=True)
-class Finding:
-    """One accumulation problem seen at optimizer step ``step``: 1-based, as every report
-    (``accumguard watch``, the evidence text) and the frameworks' ``global_step`` after it."""
-
-    step: int
-    class_id: str
-    title: str
-    evidence: str
-    fix: str
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def __str__(self) -> str:
-        return f"accumguard step {self.step}: {self.class_id} {self.title}: {self.evidence}. Fix: {self.fix}"
+def callback_dict(f: Finding) -> dict[str, Any]:
+    """A finding as the callbacks record it (``trainer.state.accumguard_findings``, the
+    checks' :meth:`~AccumulationChecks.summary`): ``step`` (1-based, as every report and
+    the frameworks' ``global_step`` after it), ``class_id``, ``title``, ``evidence``, ``fix``."""
+    return {"step": f.step, "class_id": f.cls, "title": f.title, "evidence": f.evidence,
+            "fix": f.fix}
 
 
 def _finding(step: int, class_id: str, evidence: str) -> Finding:
-    """``step``: the 0-based index of the optimizer step (shown 1-based)."""
-    return Finding(step=step + 1, class_id=class_id, title=title(class_id), evidence=evidence,
-                   fix=fix_for(class_id))
+    """An error-level finding of the callbacks at the 0-based optimizer step index ``step``
+    (shown 1-based); a callback judges every rank's gathered records, so it names no rank.
+    Its ``str`` is the callbacks' log line: ``accumguard step S: CLASS title: evidence. Fix:
+    fix``."""
+    return Finding(class_id, Severity.ERROR, None, step + 1, None, evidence, fix_for(class_id),
+                   title(class_id))
 
 
 def _hookable(opt: Any) -> bool:
@@ -490,6 +484,7 @@ class AccumulationChecks(InfoNotes):
                and self.accumulation_steps > 1 and all(len(r) == 1 for r in ranks))
         if held is not None:
             if one:
+                assert held.step is not None  # the callbacks' findings always carry a step
                 self._say_f1(held.step - 1, step)  # (a Finding counts from 1)
                 return
             self._report(held)
@@ -564,4 +559,4 @@ class AccumulationChecks(InfoNotes):
     def summary(self) -> dict[str, Any]:
         """Counts and findings, JSON-friendly (what the callbacks store in trainer state)."""
         return {"steps": self.steps, "checked_steps": self.checked_steps,
-                "findings": [f.as_dict() for f in self.findings]}
+                "findings": [callback_dict(f) for f in self.findings]}

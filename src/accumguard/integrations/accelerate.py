@@ -27,15 +27,16 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 import torch
 
 from accumguard.accumulate.accumulator import Accumulator
 from accumguard.core.errors import ConfigError
 from accumguard.core.scaling import GradReduction
-from accumguard.engines.base import Engine
+from accumguard.engines.base import Engine, Scheduler
 from accumguard.integrations._checks import (
     DEFAULT_EVERY_N_STEPS,
     AccumulationChecks,
@@ -45,6 +46,20 @@ from accumguard.integrations._checks import (
 __all__ = ["AccelerateEngine", "accumulator", "watch"]
 
 log = logging.getLogger("accumguard")
+
+
+class Accelerator(Protocol):
+    """What this adapter uses of ``accelerate.Accelerator`` (accelerate ships no type
+    information; this names the attributes and calls it depends on)."""
+
+    sync_gradients: bool
+    gradient_accumulation_steps: int
+    num_processes: int
+
+    def no_sync(self, model: torch.nn.Module) -> AbstractContextManager[None]: ...
+    def backward(self, loss: torch.Tensor) -> None: ...
+    def clip_grad_norm_(self, parameters: Iterable[torch.nn.Parameter],
+                        max_norm: float) -> torch.Tensor: ...
 
 
 class AccelerateEngine(Engine):
@@ -59,7 +74,7 @@ class AccelerateEngine(Engine):
 
     name = "accelerate"
 
-    def __init__(self, accelerator: Any, model: torch.nn.Module) -> None:
+    def __init__(self, accelerator: Accelerator, model: torch.nn.Module) -> None:
         dt = getattr(accelerator, "distributed_type", None)
         dtype = str(getattr(dt, "value", dt))
         if dtype not in ("NO", "MULTI_CPU", "MULTI_GPU", "MULTI_XPU", "MULTI_NPU", "MULTI_MLU",
@@ -103,7 +118,7 @@ class AccelerateEngine(Engine):
         norm: torch.Tensor = self.accelerator.clip_grad_norm_(self.model.parameters(), max_norm)
         return norm
 
-    def abort_window(self, optimizer: Any) -> None:
+    def abort_window(self, optimizer: torch.optim.Optimizer | None) -> None:
         self.accelerator.sync_gradients = True  # else the prepared optimizer ignores zero_grad
         super().abort_window(optimizer)
 
@@ -113,9 +128,10 @@ class AccelerateEngine(Engine):
             self._previous_sync = None
 
 
-def accumulator(accelerator: Any, model: torch.nn.Module, optimizer: Any, *,
-                accumulation_steps: int | None = None, scheduler: Any = None,
-                scheduler_steps: str = "one", count_fn: Callable[[Any], Any] | None = None,
+def accumulator(accelerator: Accelerator, model: torch.nn.Module,
+                optimizer: torch.optim.Optimizer, *, accumulation_steps: int | None = None,
+                scheduler: Scheduler | None = None, scheduler_steps: str = "one",
+                count_fn: Callable[[Any], float | torch.Tensor] | None = None,
                 max_grad_norm: float | None = None, **options: Any) -> Accumulator:
     """An :class:`~accumguard.Accumulator` on Accelerate's prepared objects.
 
@@ -153,9 +169,9 @@ def accumulator(accelerator: Any, model: torch.nn.Module, optimizer: Any, *,
                        count_fn=count_fn, max_grad_norm=max_grad_norm, **options)
 
 
-def watch(accelerator: Any, model: torch.nn.Module, optimizer: Any, *, scheduler: Any = None,
-          accumulation_steps: int | None = None, every_n_steps: int = DEFAULT_EVERY_N_STEPS,
-          **options: Any) -> AccumulationChecks:
+def watch(accelerator: Accelerator, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+          *, scheduler: object = None, accumulation_steps: int | None = None,
+          every_n_steps: int = DEFAULT_EVERY_N_STEPS, **options: Any) -> AccumulationChecks:
     """Attach the accumulation checks to Accelerate objects (any loop: yours or ours).
 
     Returns the :class:`~accumguard.integrations._checks.AccumulationChecks`; read

@@ -26,7 +26,7 @@ your own mean if you want one). Supported strategies: single device and DDP.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, SupportsFloat
 
 import torch
 
@@ -38,6 +38,10 @@ from accumguard.integrations._checks import (
     safe_callback,
 )
 from accumguard.integrations._figures import PREFIX
+
+if TYPE_CHECKING:
+    from accumguard.observe._events import ClipEvent
+    from accumguard.observe._observer import Observer
 
 try:  # the standalone package is what this was tested with; the unified one is the same API
     import pytorch_lightning as pl
@@ -51,7 +55,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 __all__ = ["AccumguardCallback", "default_count"]
 
 
-def default_count(batch: Any) -> torch.Tensor:
+def default_count(batch: object) -> torch.Tensor:
     """Valid tokens of a ``{"labels": ...}`` batch (labels ``-100`` are ignored)."""
     labels = batch.get("labels") if isinstance(batch, dict) else None
     if not isinstance(labels, torch.Tensor):
@@ -96,7 +100,8 @@ class AccumguardCallback(pl.Callback):
     ``add_text`` (TensorBoard) as ``accumguard/finding``.
     """
 
-    def __init__(self, *, exact: bool = False, count_fn: Callable[[Any], Any] | None = None,
+    def __init__(self, *, exact: bool = False,
+                 count_fn: Callable[[Any], SupportsFloat] | None = None,
                  check: bool = True, accumulation_steps: int | None = None,
                  strict: bool = False, every_n_steps: int = DEFAULT_EVERY_N_STEPS,
                  logits_module: torch.nn.Module | None = None) -> None:
@@ -116,17 +121,17 @@ class AccumguardCallback(pl.Callback):
         # manual exact: the observer whose clip events rescale, and its backward count at the
         # last rescale (rescaled since the last backward: the step leaves the gradient alone;
         # a window that clipped but skipped its step is not confused with the next one)
-        self._clip_obs: Any = None
+        self._clip_obs: Observer | None = None
         self._scaled_after = -1
-        self._observer: Any = None  # manual exact without checks: clip events only
+        self._observer: Observer | None = None  # manual exact without checks: clip events only
         self._logged = 0  # findings already handed to the loggers
         self._figures: dict[str, float] = {}  # the last checked step's (see _log_figures)
         #: made by the ``ACCUMGUARD_LIGHTNING=1`` entry point (steps aside for one you added)
         self.from_environment = False
 
-    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.from_environment and any(isinstance(cb, AccumguardCallback) and cb is not self
-                                         for cb in trainer.callbacks):
+                                         for cb in _callbacks(trainer)):
             self.check = False  # the callback the script added runs the checks
             return
         strategy = type(trainer.strategy).__name__
@@ -143,7 +148,7 @@ class AccumguardCallback(pl.Callback):
             if self.checks is not None and self.checks.observer is not None:
                 self._clip_obs = self.checks.observer
             else:
-                from accumguard.observe import Observer
+                from accumguard.observe._observer import Observer
 
                 self._clip_obs = self._observer = Observer(
                     roots=[pl_module], conservation=False, record_losses=False,
@@ -151,7 +156,7 @@ class AccumguardCallback(pl.Callback):
             self._clip_obs.add_listener(_RescaleBeforeClip(self, trainer, pl_module))
 
     @safe_callback
-    def _start_checks(self, trainer: Any, pl_module: Any, k: int) -> None:
+    def _start_checks(self, trainer: pl.Trainer, pl_module: pl.LightningModule, k: int) -> None:
         """The checks only observe: an internal error here leaves them off, never the fit
         (the exact rescale, which is computation the user asked for, is not behind it)."""
         configs = getattr(trainer, "lr_scheduler_configs", [])
@@ -165,12 +170,13 @@ class AccumguardCallback(pl.Callback):
     def _on_finding(self, finding: Finding) -> None:
         self.findings.append(finding)
 
-    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
-                             batch_idx: int) -> None:
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                             batch: Any, batch_idx: int) -> None:
         if self.exact:
             self._count += float(self.count_fn(batch))
 
-    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                                 optimizer: torch.optim.Optimizer) -> None:
         if not self.exact:
             return
         obs = self._clip_obs
@@ -178,7 +184,7 @@ class AccumguardCallback(pl.Callback):
             return  # done at the training_step's clip, after this window's last backward
         self._rescale(trainer, pl_module)
 
-    def _rescale(self, trainer: Any, pl_module: Any) -> None:
+    def _rescale(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         n = torch.tensor([self._count], dtype=torch.float64)
         self._count = 0.0
         if self._world > 1:
@@ -201,14 +207,14 @@ class AccumguardCallback(pl.Callback):
             self.checks.scale_next_window(factor)
 
     @safe_callback
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           outputs: object, batch: object, batch_idx: int) -> None:
         if self.checks is not None:
             trainer.callback_metrics["accumguard_findings"] = torch.tensor(
                 float(len(self.findings)))
             self._log_figures(trainer, pl_module)
 
-    def _log_figures(self, trainer: Any, pl_module: Any) -> None:
+    def _log_figures(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """The checked step's figures and new findings, through the Trainer's loggers."""
         assert self.checks is not None
         # the latest checked step's figures, logged at every batch end until the next checked
@@ -230,7 +236,7 @@ class AccumguardCallback(pl.Callback):
                     add_text(PREFIX + "finding", text, trainer.global_step)
 
     @safe_callback
-    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.checks is not None:
             self.checks.close()
             self.checks = None
@@ -239,9 +245,15 @@ class AccumguardCallback(pl.Callback):
             self._observer = None
 
     @safe_callback
-    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         # After an exception on_fit_end does not run: still remove every hook.
         self.on_fit_end(trainer, pl_module)
+
+
+def _callbacks(trainer: pl.Trainer) -> list[pl.Callback]:
+    """The Trainer's callbacks (an attribute its connector sets: not in its type)."""
+    found: list[pl.Callback] = trainer.callbacks  # type: ignore[attr-defined]
+    return found
 
 
 class _RescaleBeforeClip:
@@ -250,11 +262,12 @@ class _RescaleBeforeClip:
     ``on_before_optimizer_step`` then leaves it alone. A clip inside the window (F8, a bug
     the checks report) would rescale on an incomplete count."""
 
-    def __init__(self, callback: AccumguardCallback, trainer: Any, pl_module: Any) -> None:
+    def __init__(self, callback: AccumguardCallback, trainer: pl.Trainer,
+                 pl_module: pl.LightningModule) -> None:
         self._cb, self._trainer, self._module = callback, trainer, pl_module
 
-    def on_clip(self, event: Any) -> None:
-        cb = self._cb
-        if event.micro > 0 and cb._scaled_after != cb._clip_obs.backward_total:
+    def on_clip(self, event: ClipEvent) -> None:
+        cb, obs = self._cb, self._cb._clip_obs
+        if obs is not None and event.micro > 0 and cb._scaled_after != obs.backward_total:
             cb._rescale(self._trainer, self._module)
-            cb._scaled_after = cb._clip_obs.backward_total
+            cb._scaled_after = obs.backward_total

@@ -20,7 +20,7 @@ refuses the configurations in which that cannot be exact.
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -31,10 +31,15 @@ from accumguard.integrations._checks import (
     AccumulationChecks,
     Finding,
     _finding,
+    callback_dict,
     safe_callback,
 )
 from accumguard.integrations._figures import PREFIX
 from accumguard.observe import Patches
+from accumguard.observe._failsafe import Original
+
+if TYPE_CHECKING:
+    from transformers import Trainer, TrainerControl, TrainerState, TrainingArguments
 
 try:
     from transformers import TrainerCallback
@@ -45,7 +50,7 @@ except ImportError as err:  # pragma: no cover - depends on the environment
 __all__ = ["AccumguardCallback", "exact_token_loss"]
 
 
-def exact_token_loss(trainer: Any, logits: torch.Tensor, labels: torch.Tensor,
+def exact_token_loss(trainer: Trainer, logits: torch.Tensor, labels: torch.Tensor,
                      num_items_in_batch: torch.Tensor | int | None, *,
                      shift_labels: bool = True, ignore_index: int = -100,
                      strict: bool = True) -> torch.Tensor:
@@ -121,11 +126,11 @@ def exact_token_loss(trainer: Any, logits: torch.Tensor, labels: torch.Tensor,
     return total * scale / num_items_in_batch
 
 
-def _no_count_hint(model: Any, args: Any) -> str:
+def _no_count_hint(model: torch.nn.Module, args: TrainingArguments) -> str:
     """Why the loss may be a per-micro-batch mean: the model declares that its forward takes
     no loss kwargs (transformers then counts no ``num_items_in_batch``). Said beside the
     "token weights not judged" note, as a condition to check, not a finding."""
-    base = model
+    base: object = model
     for attr in ("get_base_model",):  # a PEFT model: the Trainer reads the base model's flag
         getter = getattr(base, attr, None)
         if callable(getter):
@@ -143,7 +148,7 @@ def _no_count_hint(model: Any, args: Any) -> str:
             "`accumguard invariance --ks 1,4 -- ...`.")
 
 
-def _unasked_deepspeed_clip(args: Any) -> float | None:
+def _unasked_deepspeed_clip(args: TrainingArguments) -> float | None:
     """DeepSpeed's default clip when the Trainer runs DeepSpeed with a config that leaves
     ``gradient_clipping`` out (the Trainer then neither fills it nor clips itself) and
     ``max_grad_norm`` asks for something else; None otherwise."""
@@ -207,8 +212,10 @@ class AccumguardCallback(TrainerCallback):
         self._ds_clip: float | None = None  # DeepSpeed's default clip the Trainer did not ask
 
     @safe_callback
-    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
-                       optimizer: Any = None, lr_scheduler: Any = None, **kwargs: Any) -> None:
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState,
+                       control: TrainerControl, model: torch.nn.Module | None = None,
+                       optimizer: torch.optim.Optimizer | None = None,
+                       lr_scheduler: object = None, **kwargs: object) -> None:
         if model is None or optimizer is None:
             raise ConfigError("AccumguardCallback needs the Trainer's model and optimizer at "
                               "on_train_begin; add it through Trainer(callbacks=[...])")
@@ -217,14 +224,14 @@ class AccumguardCallback(TrainerCallback):
             scheduler=lr_scheduler, averages_over_ranks=int(args.world_size) > 1,
             logits_module=self.logits_module, every_n_steps=self.every_n_steps,
             strict=self.strict, on_finding=self.findings.append, fix_hints=FIX_HINTS)
-        state.accumguard_findings = []
+        _publish(state, [])
         self.checks.not_judged_hint = _no_count_hint(model, args)
         self._ds_clip = _unasked_deepspeed_clip(args)
         self._hook_logs()
 
     @safe_callback
-    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None,
-               **kwargs: Any) -> None:
+    def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+               logs: dict[str, float] | None = None, **kwargs: object) -> None:
         """F9 under DeepSpeed: the engine clips at its default while ``max_grad_norm`` asked
         for other clipping, and the Trainer's logged (pre-clip) ``grad_norm`` exceeded it."""
         norm = logs.get("grad_norm") if isinstance(logs, dict) else None
@@ -249,8 +256,8 @@ class AccumguardCallback(TrainerCallback):
         assert self.checks is not None
         self._patches = Patches(self.checks.failsafe)
 
-        def make(orig: Any) -> Any:
-            def on_log(handler: Any, /, *args: Any, **kwargs: Any) -> Any:
+        def make(orig: Original) -> Original:
+            def on_log(handler: CallbackHandler, /, *args: object, **kwargs: object) -> object:
                 logs = kwargs.get("logs", args[3] if len(args) > 3 else None)
                 if isinstance(logs, dict) and any(cb is self for cb in handler.callbacks):
                     logs.update(self.log_entries())
@@ -274,23 +281,33 @@ class AccumguardCallback(TrainerCallback):
         return out
 
     @safe_callback
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_step_end(self, args: TrainingArguments, state: TrainerState,
+                    control: TrainerControl, **kwargs: object) -> None:
         if self.checks is not None and self.checks.figures:
             self._figures.update(self.checks.figures)
             self.checks.figures = {}
         new = self.findings[self._reported:]
         self._reported = len(self.findings)
-        if new:  # into the Trainer's own log history, next to its loss records
-            state.log_history.append({"step": state.global_step,
-                                      "accumguard": [f"{f.class_id}: {f.title}" for f in new]})
-        state.accumguard_findings = [f.as_dict() for f in self.findings]
+        if new:  # into the Trainer's own log history, next to its loss records (a list
+            # of names where its declared type says float: the history is JSON, not figures)
+            state.log_history.append({
+                "step": state.global_step,
+                "accumguard": [f"{f.class_id}: {f.title}" for f in new]})  # type: ignore[dict-item]
+        _publish(state, [callback_dict(f) for f in self.findings])
 
     @safe_callback
-    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_train_end(self, args: TrainingArguments, state: TrainerState,
+                     control: TrainerControl, **kwargs: object) -> None:
         if self.checks is not None:
             self.checks.close()
             self.checks = None
         if self._patches is not None:  # (the Trainer's closing log has run: it precedes this)
             self._patches.undo()
             self._patches = None
-        state.accumguard_findings = [f.as_dict() for f in self.findings]
+        _publish(state, [callback_dict(f) for f in self.findings])
+
+
+def _publish(state: TrainerState, findings: list[dict[str, object]]) -> None:
+    """``trainer.state.accumguard_findings``: an attribute accumguard adds to the Trainer's
+    state (not one of its declared fields)."""
+    state.accumguard_findings = findings  # type: ignore[attr-defined]

@@ -13,19 +13,22 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from accumguard.observe._checksum import grad_versions
 from accumguard.observe._events import BackwardEvent
-from accumguard.observe._window import Window
+from accumguard.observe._window import StepTally
 
 if TYPE_CHECKING:
+    from accumguard.observe._attribution import Attribution
     from accumguard.observe._boundary import BoundaryScale
+    from accumguard.observe._events import Handlers
+    from accumguard.observe._failsafe import Original
     from accumguard.observe._lanes import Lanes
     from accumguard.observe._losses import LossRecorder
+    from accumguard.observe._lr_trace import LrTrace
 
 __all__ = ["BackwardPath"]
 
@@ -45,32 +48,34 @@ class BackwardPath:
     boundary: BoundaryScale | None
     lanes: Lanes
     losses: LossRecorder
+    lr_trace: LrTrace
     _in_observer: int
     _armed: bool
     _wants_backwards: bool
-    _w: Window
-    _handlers: dict[str, list[Any]]
-    _attribution: Any
-    _sync_roots: list[Any]
+    _w: StepTally
+    _handlers: Handlers
+    _attribution: Attribution
+    _sync_roots: list[torch.nn.Module]
     _given_roots: list[torch.nn.Module]
-    _ds_engine: Any
+    _ds_engine: torch.nn.Module | None  # DeepSpeed's engine (an nn.Module)
     _tracked: list[torch.Tensor]
     _end_versions: list[tuple[int, int] | None]
     _window_checked: bool | None
     _t_checks: float
     _bw_depth: int
     _last_sync_forward: bool | None
-    _sync_root: Any
+    _sync_root: torch.nn.Module | None
     _bw_current: BackwardEvent | None
 
     if TYPE_CHECKING:  # defined by the observer and its other mixins
         def _add_root(self, module: torch.nn.Module) -> None: ...
-        def _sync_flag(self, root: Any) -> bool | None: ...
+        def _sync_flag(self, root: torch.nn.Module) -> bool | None: ...
         def _tracking(self) -> bool: ...
         def _checksums(self) -> torch.Tensor: ...
 
-    def _run_backward(self, source: str, loss: Any, engine: Any, fn: Callable[..., Any],
-                      args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _run_backward(self, source: str, loss: object, engine: torch.nn.Module | None,
+                      fn: Original, args: tuple[object, ...],
+                      kwargs: dict[str, object]) -> object:
         """One backward pass: ``fn(*args, **kwargs)`` between the before/after bookkeeping.
         The hot path of every micro-step: plain attribute work and one event object."""
         if self._bw_depth or not self.installed or self._in_observer:
@@ -84,7 +89,7 @@ class BackwardPath:
             ev.reached = self._attribution.reaches(loss)
         w.forwards = 0
         if w.loss_ok:
-            if not self.window_loss or not self._handlers["on_step"]:
+            if not self.window_loss or not self._handlers.on_step:
                 # Only the step record reads the window loss (no listener takes it: the
                 # guard): keep no loss tensors; a listener added later sees it unknown.
                 w.loss_ok = False
@@ -109,7 +114,9 @@ class BackwardPath:
             if id(engine) not in self.roots:
                 self._add_root(engine)
             with contextlib.suppress(Exception):
-                ev.ds_boundary = bool(engine.is_gradient_accumulation_boundary())
+                # DeepSpeedEngine's own method (to the checker the engine is an nn.Module)
+                flag = getattr(engine, "is_gradient_accumulation_boundary")  # noqa: B009
+                ev.ds_boundary = bool(flag())
                 ev.ds_coalescing = bool(getattr(engine, "inside_no_sync_ctxt", False))
         # an unchecked window stays unchecked: skip the call on the hot path
         track = False if self._window_checked is False else self._tracking()
@@ -126,7 +133,7 @@ class BackwardPath:
                 w.starts.append(self._checksums())
             self._t_checks += time.perf_counter() - t0
         handlers = self._handlers
-        for listen in handlers["on_backward_start"]:
+        for listen in handlers.on_backward_start:
             listen(ev)
         lane = self.lanes.before_backward(self.backward_total)
         n_ends = len(w.ends)
@@ -150,18 +157,19 @@ class BackwardPath:
                     w.losses[-1] if w.loss_ok and w.losses else None)
             w.backwards.append(ev)
             self.losses.end_backward()
+            self.lr_trace.at_backward()
             w.bw_since_engine_step += 1
             w.zero_since_backward = 0
             self.backward_total += 1
             if self.boundary is not None:
                 self.boundary.after_backward()
-            for listen in handlers["on_backward"]:
+            for listen in handlers.on_backward:
                 listen(ev)
 
-    def _run_unobserved_backward(self, source: str, w: Window, fn: Callable[..., Any],
-                                 args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _run_unobserved_backward(self, source: str, w: StepTally, fn: Original,
+                                 args: tuple[object, ...], kwargs: dict[str, object]) -> object:
         """A backward in an unarmed window (``sampled_records``): counted, no sync flag,
-        engine query or checksum (the window's record, when :meth:`.Window.unusual` asks for it,
+        engine query or checksum (the window's record, when :meth:`.StepTally.unusual` asks for it,
         leaves those unknown)."""
         ev = BackwardEvent(step=self.step, micro=len(w.backwards), source=source,
                            engine=self.engine, forwards=w.forwards)
@@ -179,6 +187,7 @@ class BackwardPath:
                 self.lanes.after_backward(lane, self.backward_total, ev, None, None, None)
             w.backwards.append(ev)
             self.losses.end_backward()
+            self.lr_trace.at_backward()
             w.bw_since_engine_step += 1
             w.zero_since_backward = 0
             self.backward_total += 1

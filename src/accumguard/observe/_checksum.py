@@ -19,9 +19,10 @@ between backwards and puts the full sum back before the step: correct).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
+
+from accumguard.core.window import Conservation
 
 __all__ = ["CONSERVATION_BUDGET", "FORCED_CHECKS", "Conservation", "checksums", "conservation",
            "grad_versions", "sampled"]
@@ -132,43 +133,6 @@ def grad_versions(params: Sequence[torch.Tensor]) -> list[tuple[int, int] | None
         g = p.grad
         out.append(None if g is None else (id(g), int(g._version)))
     return out
-
-
-@dataclass(frozen=True)
-class Conservation:
-    """The verdict for one optimizer step.
-
-    ``wiped``: relative size of the gradient removed between the window's backward
-    passes; ``stale``: relative size of gradient present before the window's first
-    backward (left from the previous step); ``received``: relative difference of
-    what the optimizer received from the sum of the contributions (up to a common
-    scale, which clipping and unscaling apply). ``ok`` is the verdict.
-    """
-
-    params: int
-    wiped: float
-    stale: float
-    received: float
-    ok: bool
-    reason: str
-    first_wipe: int | None = None  # first backward (0-based) that began on a wiped gradient
-    #: every backward (0-based) that began on a changed gradient (empty for "stale"), and,
-    #: for a "wiped" verdict only (else 0), the share of the window's gradient by absolute
-    #: mass (the ``sum(|g|)`` column) removed there: ``wiped`` is of the linear checksums,
-    #: whose signed terms cancel, so it understates what was lost
-    wipes: tuple[int, ...] = ()
-    lost: float = 0.0
-    #: the common scale c between what the optimizer received and the sum of the
-    #: contributions (received ~ c * sum): 1 when nothing rescaled the gradient between the
-    #: last backward and the step; clipping/unscaling give c < 1, a hand-written
-    #: all_reduce(SUM) on an engine that already averaged gives c = W
-    scale: float = 1.0
-    #: the two linear checksum columns (sum, even-index sum) of every parameter, flattened:
-    #: of the sum of this rank's contributions and of what the optimizer received. Linear,
-    #: so across ranks received = c * (sum over ranks of contrib) when the script itself
-    #: all-reduced .grad (the cross-rank F10 rule of ``watch`` fits c offline)
-    contrib_sums: tuple[float, ...] = ()
-    received_sums: tuple[float, ...] = ()
 
 
 def _rel(x: torch.Tensor, scale: float) -> float:

@@ -22,7 +22,6 @@ import contextlib
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from accumguard.engines.collectives import (
     DS_COMM_MODULES,
@@ -31,11 +30,19 @@ from accumguard.engines.collectives import (
     TORCH_OTHER_OPS,
     TORCH_REDUCE_OPS,
 )
-from accumguard.observe._failsafe import Failsafe
+from accumguard.observe._failsafe import Failsafe, Maker, Original
 from accumguard.observe._patch import Patches
 
 __all__ = ["DDP_BUCKET_OP", "CollectiveCounter", "DS_COMM_MODULES", "DS_REDUCE_OPS",
            "TORCH_REDUCE_OPS"]
+
+#: Where a collective was entered: (optimizer step, backwards so far in the window, inside a
+#: backward); the step and count are None when the observer did not say.
+Position = tuple[int | None, int | None, bool]
+#: One outermost collective call: (op, its call number for that op, *Position)
+Call = tuple[str, int, int | None, int | None, bool]
+#: A call that raised: the Call and the error's text
+Failed = tuple[str, int, int | None, int | None, bool, str]
 
 #: The ledger's name for DDP's C++ bucket all-reduces (:mod:`._comm_ledger`).
 DDP_BUCKET_OP = "all_reduce(ddp bucket)"
@@ -55,20 +62,21 @@ class CollectiveCounter:
         # inside a backward); set by the observer
         self.position: Callable[[], tuple[int, int, bool]] | None = None
         self.calls: dict[str, int] = {}  # outermost calls per op name
-        self.open: tuple[Any, ...] | None = None  # (op, call, step, micro, in_backward)
-        self.last_done: tuple[Any, ...] | None = None
-        self.failed: tuple[Any, ...] | None = None  # the open tuple + (error text,)
+        self.open: Call | None = None  # (op, call, step, micro, in_backward)
+        self.last_done: Call | None = None
+        self.failed: Failed | None = None  # the open call + (error text,)
         # the collective ledger (:mod:`._comm_ledger`): told of each outermost call after it
         # returned, with its arguments, its position and the seconds spent inside it
-        self.ledger: Callable[[str, tuple[Any, ...], dict[str, Any], tuple[Any, ...], float],
+        self.ledger: Callable[[str, tuple[object, ...], dict[str, object], Position, float],
                               None] | None = None
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> dict[str, object]:
         """What :attr:`open`/``last_done``/``failed`` say, as JSON-ready dicts."""
-        def one(t: tuple[Any, ...] | None) -> dict[str, Any] | None:
+        def one(t: Call | Failed | None) -> dict[str, object] | None:
             if t is None:
                 return None
-            d = {"op": t[0], "call": t[1], "step": t[2], "micro": t[3], "in_backward": t[4]}
+            d: dict[str, object] = {"op": t[0], "call": t[1], "step": t[2], "micro": t[3],
+                                    "in_backward": t[4]}
             if len(t) > 5:
                 d["error"] = t[5]
             return d
@@ -109,14 +117,15 @@ class CollectiveCounter:
         finally:
             self._paused -= 1
 
-    def _counting(self, op: str, reduces: bool) -> Callable[[Callable[..., Any]], Any]:
-        def make(orig: Callable[..., Any]) -> Callable[..., Any]:
-            def call(*args: Any, **kwargs: Any) -> Any:
+    def _counting(self, op: str, reduces: bool) -> Maker:
+        def make(orig: Original) -> Original:
+            def call(*args: object, **kwargs: object) -> object:
                 if self._depth or self._paused:
                     return orig(*args, **kwargs)
                 self._depth += 1
                 n = self.calls[op] = self.calls.get(op, 0) + 1
-                pos = self.position() if self.position is not None else (None, None, False)
+                pos: Position = (self.position() if self.position is not None
+                                 else (None, None, False))
                 here = self.open = (op, n, *pos)
                 try:
                     self.on_call(op, reduces)

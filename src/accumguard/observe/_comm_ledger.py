@@ -26,18 +26,25 @@ model with many FSDP groups costs a handful of rows per step, not one per call.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from accumguard.observe._collectives import DDP_BUCKET_OP
+from accumguard.observe._collectives import DDP_BUCKET_OP, Position
 from accumguard.observe._failsafe import hook_method
+
+if TYPE_CHECKING:
+    from accumguard.observe._collectives import CollectiveCounter
+    from accumguard.observe._events import BackwardEvent
+    from accumguard.observe._failsafe import Failsafe
 
 __all__ = ["DDP_BUCKET_OP", "CommLedger", "payload_bytes"]
 
-def payload_bytes(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+def payload_bytes(args: tuple[object, ...], kwargs: dict[str, object]) -> int:
     """The bytes a collective covers: the largest tensor (or tensor list, summed) among
     its arguments, i.e. the full buffer of an all-reduce, the input of a reduce-scatter,
     the output of an all-gather (the shard is the smaller one)."""
@@ -53,6 +60,24 @@ def payload_bytes(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
     return best
 
 
+class LedgerHost(Protocol):
+    """What the ledger reads of the observer: its door, its collective counter, the DDP
+    root whose forward ran last, and its quiet section (the ledger's own DDP query)."""
+
+    failsafe: Failsafe
+    counter: CollectiveCounter
+    _sync_root: torch.nn.Module | None
+
+    def _quiet(self) -> contextlib.AbstractContextManager[None]: ...
+
+
+@dataclass
+class _Row:
+    calls: int = 0
+    nbytes: int = 0
+    seconds: float | None = 0.0  # None: DDP's C++ reductions (not timed)
+
+
 class CommLedger:
     """Listener and counter callback that books one window's collectives (see the module).
 
@@ -60,11 +85,11 @@ class CommLedger:
         observer: the :class:`~._observer.Observer` whose counter and DDP root it reads.
     """
 
-    def __init__(self, observer: Any) -> None:
+    def __init__(self, observer: LedgerHost) -> None:
         self.observer = observer
         self.failsafe = observer.failsafe  # the door of both callbacks (hook_method)
-        # (op, micro, inside a backward) -> [calls, bytes, seconds or None]
-        self._rows: dict[tuple[str, int, bool], list[Any]] = {}
+        # (op, micro, inside a backward) -> its calls, bytes and seconds
+        self._rows: dict[tuple[str, int, bool], _Row] = {}
         self._t0 = time.perf_counter()
         self._buckets: dict[tuple[int, bool], list[int]] = {}
         self._static = False  # the DDP root was built with static_graph=True
@@ -74,36 +99,36 @@ class CommLedger:
         self.observer.counter.ledger = self._ledger_collective
 
     @hook_method
-    def _ledger_collective(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any],
-               pos: tuple[Any, ...], seconds: float) -> None:
+    def _ledger_collective(self, op: str, args: tuple[object, ...], kwargs: dict[str, object],
+                           pos: Position, seconds: float) -> None:
         """One outermost collective call (the counter's callback, behind its patch door)."""
         micro = int(pos[1]) if len(pos) > 1 and pos[1] is not None else 0
         in_bw = bool(pos[2]) if len(pos) > 2 else False
-        row = self._rows.setdefault((op, micro, in_bw), [0, 0, 0.0])
-        row[0] += 1
-        row[1] += payload_bytes(args, kwargs)
-        if row[2] is not None:
-            row[2] += seconds
+        row = self._rows.setdefault((op, micro, in_bw), _Row())
+        row.calls += 1
+        row.nbytes += payload_bytes(args, kwargs)
+        if row.seconds is not None:
+            row.seconds += seconds
 
-    def on_backward(self, ev: Any) -> None:
+    def on_backward(self, ev: BackwardEvent) -> None:
         self._ledger_ddp(ev)
 
     @hook_method
-    def _ledger_ddp(self, ev: Any) -> None:
+    def _ledger_ddp(self, ev: BackwardEvent) -> None:
         """A backward whose DDP forward ran with sync on: DDP's reducer all-reduced every
         bucket inside it (see the module)."""
         if ev.engine != "ddp" or ev.sync_forward is not True:
             return
-        root = getattr(self.observer, "_sync_root", None)
+        root = self.observer._sync_root
         sizes = self.ddp_buckets(root)
         if not sizes:
             return
         self._static = self._static or bool(getattr(root, "static_graph", False))
-        row = self._rows.setdefault((DDP_BUCKET_OP, int(ev.micro), True), [0, 0, None])
-        row[0] += len(sizes)
-        row[1] += sum(sizes)
+        row = self._rows.setdefault((DDP_BUCKET_OP, int(ev.micro), True), _Row(seconds=None))
+        row.calls += len(sizes)
+        row.nbytes += sum(sizes)
 
-    def ddp_buckets(self, module: Any) -> list[int]:
+    def ddp_buckets(self, module: torch.nn.Module | None) -> list[int]:
         """Bucket sizes in bytes of a DDP module as its reducer reports them; empty for a
         DDP whose reductions go through Python (compiled DDP's Python reducer, all
         parameters delayed): those are counted where they are issued."""
@@ -116,21 +141,22 @@ class CommLedger:
         sizes = self._buckets.get(key)
         if sizes is None:
             with self.observer._quiet():
-                data = module._get_ddp_logging_data()
+                data = getattr(module, "_get_ddp_logging_data")()  # noqa: B009 - DDP's own
             text = str(data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes") or "")
             sizes = self._buckets[key] = [int(x) for x in re.findall(r"\d+", text)]
         return sizes
 
-    def take(self) -> dict[str, Any]:
+    def take(self) -> dict[str, object]:
         """The window's ledger for its step record, and a fresh one for the next window:
         ``rows``: ``[op, micro, in_backward, calls, bytes, seconds]`` (``micro``: backward
         passes completed before the call, or the one it ran inside; ``seconds``: time
         inside the call, None for DDP's C++ reductions); ``window_s``: the window's wall
         time, previous step's end to this step's end."""
         now = time.perf_counter()
-        rows = [[op, micro, in_bw, c, b, None if s is None else round(s, 6)]
-                for (op, micro, in_bw), (c, b, s) in self._rows.items()]
-        out: dict[str, Any] = {"rows": rows, "window_s": round(now - self._t0, 6)}
+        rows = [[op, micro, in_bw, r.calls, r.nbytes,
+                 None if r.seconds is None else round(r.seconds, 6)]
+                for (op, micro, in_bw), r in self._rows.items()]
+        out: dict[str, object] = {"rows": rows, "window_s": round(now - self._t0, 6)}
         if self._static:
             out["ddp_static_graph"] = True
         self._rows = {}

@@ -3,14 +3,20 @@ protocol that the guard and ``watch`` implement."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Protocol
 
-from accumguard.observe._checksum import Conservation
+from accumguard.core.window import Conservation, StepRecord
+
+if TYPE_CHECKING:
+    import torch
+
+    from accumguard.observe._failsafe import Failure
 
 __all__ = ["BackwardEvent", "EngineInfo", "EngineStepEvent", "ForwardEvent", "Listener",
            "ScalerEvent", "StepEvent", "StepStartEvent", "ZeroGradEvent", "SchedulerEvent",
-           "ClipEvent"]
+           "ClipEvent", "CollectiveEvent", "Handlers", "OptimizerCallEvent"]
 
 
 @dataclass
@@ -21,7 +27,7 @@ class ForwardEvent:
     micro: int  # backward passes so far in the window
     engine: str  # "ddp" | "fsdp2" | "deepspeed" | "local"
     sync: bool | None  # DDP/FSDP2 gradient-sync flag at forward (None: not applicable)
-    module: Any = field(repr=False, default=None)
+    module: torch.nn.Module | None = field(repr=False, default=None)
 
 
 @dataclass
@@ -50,7 +56,7 @@ class ZeroGradEvent:
     step: int
     micro: int
     kind: str  # "optimizer" | "module"
-    owner: Any = field(repr=False, default=None)
+    owner: torch.optim.Optimizer | torch.nn.Module | None = field(repr=False, default=None)
 
 
 @dataclass
@@ -60,7 +66,9 @@ class SchedulerEvent:
     count: int  # this scheduler's steps so far (not counting the constructor's)
     optimizer_steps: int  # steps of the scheduler's optimizer so far
     in_step: bool  # inside an engine/optimizer step (DeepSpeed steps its own scheduler)
-    owner: Any = field(repr=False, default=None)
+    # torch's LRScheduler or a framework's wrapper of one (Accelerate's): read by identity
+    # and ``getattr`` only
+    owner: object = field(repr=False, default=None)
 
 
 @dataclass
@@ -68,7 +76,7 @@ class ClipEvent:
     step: int
     micro: int
     function: str
-    params: list[Any] = field(repr=False, default_factory=list)
+    params: list[torch.Tensor] = field(repr=False, default_factory=list)
 
 
 @dataclass
@@ -85,70 +93,12 @@ class EngineInfo:
     micro_batch: int | None = None
 
 
-@dataclass
-class StepEvent:
-    """One optimizer step (outermost: an inner optimizer stepped by an engine or a wrapper
-    is part of its caller's step). ``applied`` is False when every gradient was None or
-    the engine skipped the update. ``discarded``: a GradScaler skipped the step (inf/NaN
-    gradients), so the window's gradients are dropped, not carried into the next window."""
-
-    step: int
-    backwards: int
-    window_loss: float | None
-    applied: bool
-    source: str  # "torch" | "deepspeed"
-    optimizer: str
-    engine: str = "local"
-    zero_grads: int = 0  # zero_grad calls between the window's first backward and this step
-    zero_grads_between: int = 0  # ... between two backwards of the window
-    scheduler_steps: int = 0  # scheduler steps in the window before this step
-    clips: int = 0
-    clip_micros: list[int] = field(default_factory=list)  # backward index after each clip
-    clip_functions: list[str] = field(default_factory=list)  # which clipping functions ran
-    data_pass_starts: list[int] = field(default_factory=list)  # backwards before a new epoch
-    reductions: int = 0  # gradient collectives in the window (backwards + between)
-    reduction_rounds: int = 0  # backwards (or flushes) that issued at least one
-    sync_micros: list[bool | None] = field(default_factory=list)  # per backward: synced?
-    sync_mismatch: list[int] = field(default_factory=list)  # micro-steps whose flag flipped
-    sync_backward: list[bool | None] = field(default_factory=list)  # per backward: flag at it
-    # per backward: watched forwards since the previous backward (K forwards then one
-    # backward is the summed-loss form of accumulation, not a step per micro-step)
-    forwards: list[int] = field(default_factory=list)
-    ds_boundaries: list[bool | None] = field(default_factory=list)
-    ds_coalescing: list[bool] = field(default_factory=list)
-    engine_step_calls: int = 0  # DeepSpeed engine.step() calls in the window
-    max_backwards_per_engine_step: int = 0  # ... before an engine.step() call that did not step
-    # a window without a backward pass: did its step change the parameters? (None: a
-    # window with backwards, or not measured)
-    moved_without_backward: bool | None = None
-    grad_norm: float | None = None  # DeepSpeed's global norm (pre-clip) when available
-    conservation: Conservation | None = None
-    checksum: list[float] | None = None  # (sum, even sum, abs sum) of what the optimizer got
-    wall: float = 0.0
-    param_dtype: str | None = None  # dtype of the parameters this step updated ("float32")
-    updates: dict[str, Any] | None = field(repr=False, default=None)
-    # per loss call of the window (cross_entropy/nll_loss that reached the optimizer):
-    # [site, order at that site in its backward, micro (0-based), valid count n,
-    #  per-token weight, low precision, reduction, sole, via autograd.grad, the constants
-    #  between the call and the root]; None: fewer than 2 micro-steps had one (on one rank)
-    losses: list[list[Any]] | None = None
-    # the terms of each backward's loss and the per-token log-prob selections of the window
-    # (:mod:`accumguard.observe._losses_terms`); None: none recorded
-    terms: list[list[Any]] | None = None
-    discarded: bool = False
-    # what the engine multiplies the sum over ranks of the ranks' gradients by (1/W: DDP's,
-    # FSDP2's, DeepSpeed's average); None: unknown, no engine, or no loss record this step
-    rank_factor: float | None = None
-    # several optimizers over disjoint parameters: which one stepped (1-based, by first
-    # appearance), its window being the backwards that reached its parameters; None: the
-    # window is everything since the previous step of any optimizer
-    optimizer_index: int | None = None
-    # where the window's gradient was summed and in which dtype, when anything is bf16/fp16
-    # (:func:`accumguard.observe._precision.step_facts`); None: all fp32/fp64
-    precision: dict[str, Any] | None = None
-    # the norm of the parameters the step updated, before it (recorded with ``updates``:
-    # invariance's bound on the re-rounding of low-precision weights)
-    param_norm: float | None = None
+#: One optimizer step as the observation layer reports it (``on_step``): the one window
+#: record of :mod:`accumguard.core.window`, with the update tensors when they were asked for.
+#: (Outermost: an inner optimizer stepped by an engine or a wrapper is part of its caller's
+#: step. ``applied`` is False when every gradient was None or the engine skipped the update;
+#: ``discarded``: a GradScaler skipped the step, so the window's gradients are dropped.)
+StepEvent = StepRecord
 
 
 @dataclass
@@ -165,7 +115,8 @@ class StepStartEvent:
     applied: bool  # False: every gradient of the optimizer is None (a no-op step)
     engine: str = "local"
     conservation: Conservation | None = None
-    owner: Any = field(repr=False, default=None)
+    # the torch optimizer, or the DeepSpeed engine (an ``nn.Module``)
+    owner: object = field(repr=False, default=None)
 
 
 @dataclass
@@ -176,7 +127,7 @@ class EngineStepEvent:
     step: int
     boundary: bool
     backwards: int
-    owner: Any = field(repr=False, default=None)
+    owner: torch.nn.Module | None = field(repr=False, default=None)  # the DeepSpeed engine
 
 
 @dataclass
@@ -189,7 +140,7 @@ class ScalerEvent:
     step: int
     micro: int
     kind: str  # "unscale" | "update" | "skip"
-    owner: Any = field(repr=False, default=None)
+    owner: object = field(repr=False, default=None)  # the GradScaler, or (skip) the optimizer
 
 
 @dataclass
@@ -202,7 +153,7 @@ class OptimizerCallEvent:
     step: int
     depth: int
     in_engine: bool
-    owner: Any = field(repr=False, default=None)
+    owner: torch.optim.Optimizer | None = field(repr=False, default=None)
 
 
 @dataclass
@@ -217,6 +168,53 @@ class CollectiveEvent:
 
 
 class Listener(Protocol):
-    """Receives events; each method is optional (looked up with ``getattr``)."""
+    """What a listener may implement: any subset of the methods of :class:`Handlers` (each
+    is looked up with ``getattr`` when the listener is added). ``on_step`` is the one every
+    listener of the observer has."""
 
     def on_step(self, event: StepEvent) -> None: ...
+
+
+@dataclass
+class Handlers:
+    """The listeners' bound methods, one typed list per event kind, collected once when a
+    listener is added (the hot paths test a list and call what is in it). A listener
+    implements any subset; each method may raise to stop the action it is told about
+    (``on_step_start``, ``on_backward_start``, ``on_zero_grad``, ``on_scheduler_step``,
+    ``on_clip``: the guard does)."""
+
+    on_forward: list[Callable[[ForwardEvent], object]] = field(default_factory=list)
+    on_backward_start: list[Callable[[BackwardEvent], object]] = field(default_factory=list)
+    on_backward: list[Callable[[BackwardEvent], object]] = field(default_factory=list)
+    on_collective: list[Callable[[CollectiveEvent], object]] = field(default_factory=list)
+    on_optimizer_call: list[Callable[[OptimizerCallEvent], object]] = field(
+        default_factory=list)
+    on_step_start: list[Callable[[StepStartEvent], object]] = field(default_factory=list)
+    on_step: list[Callable[[StepEvent], object]] = field(default_factory=list)
+    on_engine_step: list[Callable[[EngineStepEvent], object]] = field(default_factory=list)
+    on_engine: list[Callable[[EngineInfo], object]] = field(default_factory=list)
+    on_zero_grad: list[Callable[[ZeroGradEvent], object]] = field(default_factory=list)
+    on_scheduler_step: list[Callable[[SchedulerEvent], object]] = field(default_factory=list)
+    on_clip: list[Callable[[ClipEvent], object]] = field(default_factory=list)
+    on_unscale: list[Callable[[ScalerEvent], object]] = field(default_factory=list)
+    on_scaler_update: list[Callable[[ScalerEvent], object]] = field(default_factory=list)
+    on_scaler_skip: list[Callable[[ScalerEvent], object]] = field(default_factory=list)
+    on_internal_error: list[Callable[[Failure], object]] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, listeners: Iterable[object]) -> Handlers:
+        """Every listener's methods, by event kind, in the order the listeners came."""
+        found = cls()
+        for kind in fields(cls):
+            methods = getattr(found, kind.name)
+            for listener in listeners:
+                fn = getattr(listener, kind.name, None)
+                if fn:
+                    methods.append(fn)
+        return found
+
+    def __getitem__(self, kind: str) -> Sequence[object]:
+        """The methods for ``kind`` by name (for a caller that only tests whether any
+        listener wants a kind)."""
+        methods: Sequence[object] = getattr(self, kind)
+        return methods

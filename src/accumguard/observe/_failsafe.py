@@ -38,7 +38,7 @@ import threading
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Protocol, TypeVar
 
 from accumguard.core.errors import AccumulationError
 
@@ -46,7 +46,14 @@ __all__ = ["ENV_FAULT", "Failsafe", "Failure", "InjectedFault", "hook_method"]
 
 ENV_FAULT = "ACCUMGUARD_TEST_FAULT"
 
-F = TypeVar("F", bound=Callable[..., Any])
+F = TypeVar("F", bound=Callable[..., object])
+R = TypeVar("R")
+
+#: a library function a patch wraps, and the wrapper made of it: called with whatever its
+#: caller passed, its result handed back unchanged (opaque to the door)
+Original = Callable[..., object]
+#: a patch's body: builds the observing wrapper of an original
+Maker = Callable[[Original], Original]
 
 
 class InjectedFault(RuntimeError):
@@ -62,7 +69,7 @@ class Failure:
     traceback: str
     step: int | None  # optimizer steps recorded before it (None: unknown)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, str | int | None]:
         return {"where": self.where, "error": self.error, "traceback": self.traceback,
                 "step": self.step}
 
@@ -76,10 +83,10 @@ class _Call:
 
     __slots__ = ("called", "done", "result", "raised", "args", "kwargs")
 
-    def __init__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def __init__(self, args: tuple[object, ...], kwargs: dict[str, object]) -> None:
         self.called = False
         self.done = False
-        self.result: Any = None
+        self.result: object = None
         self.raised: BaseException | None = None
         self.args = args
         self.kwargs = kwargs
@@ -162,7 +169,7 @@ class Failsafe:
             with contextlib.suppress(Exception):  # best effort: the doors pass through
                 fn()
 
-    def guard(self, where: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def guard(self, where: str, fn: Callable[..., R], *args: object, **kwargs: object) -> R | None:
         """Run one piece of accumguard's work (install, a callback body); on an internal
         error record it and return None."""
         if not self.ok:
@@ -180,13 +187,13 @@ class Failsafe:
         """``fn`` as a torch hook that never raises an internal error into the caller."""
         where = "hook:" + (label or str(getattr(fn, "__name__", "hook")))
 
-        def hook(*args: Any, **kwargs: Any) -> Any:
+        def hook(*args: object, **kwargs: object) -> object:
             return self.run_hook(where, fn, args, kwargs)
 
         return hook  # type: ignore[return-value]
 
-    def run_hook(self, where: str, fn: Callable[..., Any], args: tuple[Any, ...],
-                 kwargs: dict[str, Any]) -> Any:
+    def run_hook(self, where: str, fn: Callable[..., R], args: tuple[object, ...],
+                 kwargs: dict[str, object]) -> R | None:
         """One hook call: ``fn``'s result, or None (torch: "change nothing") after an
         internal error or once observation is off."""
         if not self.ok:
@@ -202,12 +209,11 @@ class Failsafe:
             self.fail(where, exc)
             return None
 
-    def patch(self, label: str, make: Callable[[Callable[..., Any]], Callable[..., Any]],
-              orig: Callable[..., Any]) -> Callable[..., Any]:
+    def patch(self, label: str, make: Maker, orig: Original) -> Original:
         """``make(orig)``, the observing wrapper, behind the patch door (see the module)."""
         local = self._local
 
-        def tracked(*args: Any, **kwargs: Any) -> Any:
+        def tracked(*args: object, **kwargs: object) -> object:
             stack = getattr(local, "stack", None)
             call = stack[-1] if stack else None
             if call is None or call.called:  # not our call's first run: plain
@@ -225,7 +231,7 @@ class Failsafe:
 
         wrapper = make(tracked)
 
-        def door(*args: Any, **kwargs: Any) -> Any:
+        def door(*args: object, **kwargs: object) -> object:
             if not self.ok:
                 return orig(*args, **kwargs)
             stack = getattr(local, "stack", None)
@@ -263,7 +269,7 @@ class Failsafe:
 
         return door
 
-    def set_args(self, *args: Any, **kwargs: Any) -> None:
+    def set_args(self, *args: object, **kwargs: object) -> None:
         """A wrapper that consumed the caller's arguments (a generator of parameters) hands
         their materialised form here, for the pass-through call after a failure."""
         stack = getattr(self._local, "stack", None)
@@ -271,12 +277,16 @@ class Failsafe:
             stack[-1].args, stack[-1].kwargs = args, kwargs
 
 
+class _HasFailsafe(Protocol):
+    failsafe: Failsafe
+
+
 def hook_method(fn: F) -> F:
     """A method torch calls back as a hook, behind its owner's ``failsafe`` door."""
     where = "hook:" + fn.__name__
 
     @functools.wraps(fn)
-    def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def hook(self: _HasFailsafe, *args: object, **kwargs: object) -> object:
         return self.failsafe.run_hook(where, fn, (self, *args), kwargs)
 
     return hook  # type: ignore[return-value]

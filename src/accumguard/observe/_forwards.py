@@ -17,15 +17,24 @@ read (:meth:`ForwardHooks._sync_flag`): the sync contract of the window's last m
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import contextlib
+import weakref
+from typing import TYPE_CHECKING
 
 import torch
 
 from accumguard.observe import _patch_deepspeed
-from accumguard.observe._events import ForwardEvent
+from accumguard.observe._events import BackwardEvent, ForwardEvent
 from accumguard.observe._failsafe import hook_method
 from accumguard.observe._introspect import engine_kind, fsdp_param_groups
 from accumguard.observe._precision import autocast_dtype
+
+if TYPE_CHECKING:
+    from torch.utils.hooks import RemovableHandle
+
+    from accumguard.observe._attribution import Attribution
+    from accumguard.observe._events import EngineInfo, Handlers
+    from accumguard.observe._window import StepTally
 
 __all__ = ["ForwardHooks"]
 
@@ -37,36 +46,37 @@ class ForwardHooks:
 
     # (attributes of the observer this mixin uses; typed here for readers and checkers)
     roots: dict[int, torch.nn.Module]
+    engine_info: EngineInfo | None
+    trainer_clip: float | None
     engine: str
     step: int
     installed: bool
     attribute: bool
     _in_observer: int
-    _w: Any
-    _handlers: dict[str, list[Any]]
-    _attribution: Any
-    _sync_roots: list[Any]
+    _w: StepTally
+    _handlers: Handlers
+    _attribution: Attribution
+    _sync_roots: list[torch.nn.Module]
     _given_roots: list[torch.nn.Module]
-    _root_handles: list[Any]
-    _depth_hooked: Any
+    _root_handles: list[RemovableHandle]
+    _depth_hooked: weakref.WeakKeyDictionary[torch.nn.Module, RemovableHandle]
     _hooked_ids: set[int]
     _fwd_depth: int
-    _global_handle: Any
-    _pinned: list[Any]
+    _global_handle: RemovableHandle | None
+    _pinned: list[RemovableHandle]
     _pinned_any: bool
-    _ds_engine: Any
+    _ds_engine: torch.nn.Module | None  # DeepSpeed's engine (an nn.Module)
     _tracked: list[torch.Tensor]
     _tracked_ids: set[int]
     _tracked_names: dict[int, str]
-    _fsdp_groups: dict[int, list[Any]]
+    _fsdp_groups: dict[int, list[object]]  # FSDP2 root -> its param groups
     _last_sync_forward: bool | None
-    _sync_root: Any
-    _bw_current: Any
+    _sync_root: torch.nn.Module | None
+    _bw_current: BackwardEvent | None
 
     if TYPE_CHECKING:  # defined by the observer
         def _active(self) -> bool: ...
-        def _quiet(self) -> Any: ...
-        def _emit(self, method: str, event: Any) -> None: ...
+        def _quiet(self) -> contextlib.AbstractContextManager[None]: ...
 
     def _add_root(self, module: torch.nn.Module) -> None:
         if id(module) in self.roots:
@@ -91,7 +101,7 @@ class ForwardHooks:
         if kind == "fsdp2":
             self._fsdp_groups[id(module)] = fsdp_param_groups(module)
 
-    def _track(self, module: Any) -> set[int]:
+    def _track(self, module: torch.nn.Module) -> set[int]:
         """Track the parameters of root ``module`` that require a gradient and are not tracked
         yet (the checksummed ones; called again at checked steps: a parameter replaced or
         unfrozen since is tracked from the next window). Returns the ids of all its
@@ -107,7 +117,7 @@ class ForwardHooks:
                 self._tracked_names[id(prm)] = name
         return seen
 
-    def _sync_flag(self, module: Any) -> bool | None:
+    def _sync_flag(self, module: torch.nn.Module) -> bool | None:
         module = _compiled_original(module)
         kind = engine_kind(module)
         if kind == "ddp":
@@ -119,7 +129,7 @@ class ForwardHooks:
         return None
 
     @hook_method
-    def _root_pre(self, module: Any, args: Any) -> None:
+    def _root_pre(self, module: torch.nn.Module, args: tuple[object, ...]) -> None:
         self._attribution.forward_begins()
         if self.installed and not self._in_observer and torch.is_grad_enabled():
             if module in self._sync_roots:
@@ -131,12 +141,16 @@ class ForwardHooks:
             w.forwards += 1
             if not w.autocast_read:  # once per window: the compute dtype (F12, invariance)
                 w.autocast_read, w.autocast = True, autocast_dtype()
-            if self._handlers["on_forward"]:
-                self._emit("on_forward", ForwardEvent(self.step, len(self._w.backwards),
-                                                      engine_kind(module), None, module))
+            fns = self._handlers.on_forward
+            if fns:
+                ev = ForwardEvent(self.step, len(self._w.backwards), engine_kind(module), None,
+                                  module)
+                for fn in fns:
+                    fn(ev)
 
     @hook_method
-    def _root_forward_and_post(self, module: Any, args: Any, output: Any) -> None:
+    def _root_forward_and_post(self, module: torch.nn.Module, args: tuple[object, ...],
+                               output: object) -> None:
         """A root without a gradient-sync flag, with attribution: the forward is counted
         when it returns (nothing is read before it runs), then attributed."""
         if not self.installed or self._in_observer or not torch.is_grad_enabled():
@@ -144,7 +158,7 @@ class ForwardHooks:
         # _on_forward for a root without a sync flag, inlined (this runs every micro-step)
         self._last_sync_forward = None
         self._w.forwards += 1
-        fns = self._handlers["on_forward"]
+        fns = self._handlers.on_forward
         if fns:
             ev = ForwardEvent(self.step, len(self._w.backwards), engine_kind(module), None,
                               module)
@@ -153,19 +167,20 @@ class ForwardHooks:
         self._attribution.note_output(output)
 
     @hook_method
-    def _root_post(self, module: Any, args: Any, output: Any) -> None:
+    def _root_post(self, module: torch.nn.Module, args: tuple[object, ...],
+                   output: object) -> None:
         if self.installed and not self._in_observer and torch.is_grad_enabled():
             self._attribution.note_output(output)
 
     @hook_method
-    def _reach(self, grad_outputs: Any) -> None:
+    def _reach(self, grad_outputs: object) -> None:
         """Attribution's fallback pre-hook fired: the running backward reached a root."""
         ev = self._bw_current
         if ev is not None and self.installed:
             ev.reached = True
 
     @hook_method
-    def _global_pre(self, module: Any, args: Any) -> None:
+    def _global_pre(self, module: torch.nn.Module, args: tuple[object, ...]) -> None:
         """Every module call. A call at depth 0 is a top-level forward (a root); only the
         modules ever called at the top level carry a depth-counting post hook, so a
         submodule's call costs one set lookup (the former global post hook with
@@ -228,11 +243,12 @@ class ForwardHooks:
         self._pinned = []
 
     @hook_method
-    def _depth_post(self, module: Any, args: Any, output: Any) -> None:
+    def _depth_post(self, module: torch.nn.Module, args: tuple[object, ...],
+                    output: object) -> None:
         if self._fwd_depth:
             self._fwd_depth -= 1
 
-    def _on_forward(self, module: Any) -> None:
+    def _on_forward(self, module: torch.nn.Module) -> None:
         sync = self._sync_flag(module)
         self._last_sync_forward = sync
         if sync is not None:  # the root whose flag the next backward reads (a model
@@ -241,12 +257,15 @@ class ForwardHooks:
         w.forwards += 1
         if not w.autocast_read:  # once per window: the compute dtype (F12, invariance)
             w.autocast_read, w.autocast = True, autocast_dtype()
-        if self._handlers["on_forward"]:
-            self._emit("on_forward", ForwardEvent(self.step, len(self._w.backwards),
-                                                  engine_kind(module), sync, module))
+        fns = self._handlers.on_forward
+        if fns:
+            ev = ForwardEvent(self.step, len(self._w.backwards), engine_kind(module), sync,
+                              module)
+            for fn in fns:
+                fn(ev)
 
 
-def _compiled_original(module: Any) -> Any:
+def _compiled_original(module: torch.nn.Module) -> torch.nn.Module:
     """The module ``torch.compile`` wrapped (its ``OptimizedModule`` is what the script
     calls: a DDP/FSDP2 model compiled is still DDP/FSDP2), else ``module``."""
     inner = getattr(module, "_orig_mod", None)

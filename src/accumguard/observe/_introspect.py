@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable
-from typing import Any
 
 import torch
 
@@ -24,7 +23,7 @@ def tol_for(dtype: torch.dtype) -> float:
     return {torch.float64: 1e-6, torch.float32: 1e-3}.get(dtype, 3e-2)
 
 
-def param_dtype(owner: Any) -> str | None:
+def param_dtype(owner: object) -> str | None:
     """The dtype of the parameters a step updates (an optimizer's groups, or a DeepSpeed
     engine's module); the least precise when mixed. Invariance's tolerance reads it."""
     dtypes: set[torch.dtype] = set()
@@ -50,25 +49,25 @@ def window_loss(losses: list[torch.Tensor]) -> float:
         return float(sum(float(x) for x in losses))
 
 
-def grad_fns(output: Any, depth: int = 0) -> list[Any]:
+def grad_fns(output: object, depth: int = 0) -> list[torch.autograd.graph.Node]:
     """Autograd nodes of the tensors in a forward's output, searched through dicts, lists,
     tuples, dataclasses and plain objects (two levels deep, at most 16 nodes)."""
     if isinstance(output, torch.Tensor):
         return [output.grad_fn] if output.grad_fn is not None else []
     if depth >= 3 or output is None or isinstance(output, (str, bytes, int, float, bool)):
         return []
-    values: Iterable[Any]
+    values: Iterable[object]
     if isinstance(output, dict):
         values = output.values()
     elif isinstance(output, (list, tuple)):
         values = output
     elif hasattr(output, "__dataclass_fields__"):
-        values = [getattr(output, f, None) for f in output.__dataclass_fields__]
+        values = [getattr(output, f, None) for f in getattr(output, "__dataclass_fields__")]  # noqa: B009
     elif hasattr(output, "__dict__") and not isinstance(output, torch.nn.Module):
         values = list(vars(output).values())
     else:
         return []
-    out: list[Any] = []
+    out: list[torch.autograd.graph.Node] = []
     for v in values:
         out += grad_fns(v, depth + 1)
         if len(out) >= 16:
@@ -84,7 +83,7 @@ def local(t: torch.Tensor) -> torch.Tensor:
 _KINDS: dict[type, str] = {}
 
 
-def engine_kind(module: Any) -> str:
+def engine_kind(module: object) -> str:
     kind = _KINDS.get(type(module))
     if kind is None:
         kind = _KINDS[type(module)] = _kind_of(type(module))
@@ -103,9 +102,9 @@ def _kind_of(typ: type) -> str:
     return "local"
 
 
-def fsdp_param_groups(module: Any) -> list[Any]:
+def fsdp_param_groups(module: torch.nn.Module) -> list[object]:
     """FSDP2's per-module parameter groups (their ``reduce_grads`` is the sync flag)."""
-    groups = []
+    groups: list[object] = []
     for m in module.modules():
         get_state = getattr(m, "_get_fsdp_state", None)
         if get_state is None:
@@ -118,7 +117,8 @@ def fsdp_param_groups(module: Any) -> list[Any]:
 
 
 @torch.no_grad()
-def snapshot(opt: Any, engine: Any, names: dict[int, str]) -> dict[str, torch.Tensor]:
+def snapshot(opt: object, engine: torch.nn.Module | None,
+             names: dict[int, str]) -> dict[str, torch.Tensor]:
     """Float64 CPU copies of the local parameters (shards) a step updates: a DeepSpeed
     engine's (its ZeRO-3 partitions), else an optimizer's groups (``names``: id -> name)."""
     out: dict[str, torch.Tensor] = {}

@@ -3,7 +3,7 @@
 A GAN steps its discriminator every batch (with its own ``zero_grad``) while its generator
 accumulates K batches; an actor and a critic, per-head optimizers, optimizers at different
 rates do the same. One window per optimizer step of *any* optimizer (the observer's
-:class:`~._window.Window`) then mixes them: the generator's window is cut at every
+:class:`~._window.StepTally`) then mixes them: the generator's window is cut at every
 discriminator step (its earlier micro-steps look like stale gradient), and the
 discriminator's ``zero_grad`` clears what the generator's backward left on the
 discriminator's parameters (it looks like F3).
@@ -28,12 +28,11 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
 from accumguard.observe._events import BackwardEvent
-from accumguard.observe._window import Window
+from accumguard.observe._window import StepTally
 
 __all__ = ["Lanes"]
 
@@ -72,11 +71,11 @@ class _Pending:
     params: list[torch.Tensor] = field(default_factory=list)
 
 
-def _pids(opt: Any) -> frozenset[int]:
+def _pids(opt: object) -> frozenset[int]:
     return frozenset(id(p) for g in getattr(opt, "param_groups", None) or [] for p in g["params"])
 
 
-def _count(opt: Any) -> int:
+def _count(opt: object) -> int:
     return sum(len(g["params"]) for g in getattr(opt, "param_groups", None) or [])
 
 
@@ -93,7 +92,7 @@ class Lanes:
     their own windows are built from (see the module docstring)."""
 
     def __init__(self) -> None:
-        self._lanes: weakref.WeakKeyDictionary[Any, _Lane] = weakref.WeakKeyDictionary()
+        self._lanes: weakref.WeakKeyDictionary[object, _Lane] = weakref.WeakKeyDictionary()
         self._next_key = 1
         self.log: list[_Entry] = []
         self.zeros: list[_Zero] = []
@@ -104,13 +103,13 @@ class Lanes:
         self._several_shape: tuple[int, int] = (0, 0)
 
     # -- registry -------------------------------------------------------------------------
-    def _get(self, opt: Any) -> _Lane | None:
+    def _get(self, opt: object) -> _Lane | None:
         try:
             return self._lanes.get(opt)
         except TypeError:  # an optimizer class that is not hashable or weak-referenceable
             return None
 
-    def register(self, opt: Any, serial: int) -> _Lane | None:
+    def register(self, opt: object, serial: int) -> _Lane | None:
         """Know ``opt`` from now on (its window starts at backward ``serial``); None when
         it cannot be kept (unhashable, no weak reference): it is then left to the shared
         window."""
@@ -125,7 +124,7 @@ class Lanes:
             self._params = None
         return lane
 
-    def _refresh(self, opt: Any, lane: _Lane) -> None:
+    def _refresh(self, opt: object, lane: _Lane) -> None:
         n = _count(opt)
         if n != lane.n_params:  # add_param_group
             lane.pids, lane.n_params = _pids(opt), n
@@ -145,7 +144,7 @@ class Lanes:
                                 for i, (_, a) in enumerate(items) for _, b in items[i + 1:])
         return self._several
 
-    def partners(self, opt: Any) -> list[tuple[Any, _Lane]]:
+    def partners(self, opt: object) -> list[tuple[object, _Lane]]:
         """The other live optimizers over parameters disjoint from ``opt``'s."""
         lane = self._get(opt)
         if lane is None or len(self._lanes) < 2:
@@ -160,7 +159,7 @@ class Lanes:
                 out.append((other, ol))
         return out
 
-    def key(self, opt: Any) -> int | None:
+    def key(self, opt: object) -> int | None:
         lane = self._get(opt)
         return None if lane is None else lane.key
 
@@ -205,7 +204,7 @@ class Lanes:
             self._floor = self.log[drop].serial
             del self.log[:drop]
 
-    def on_zero(self, target: Any, kind: str, serial: int) -> None:
+    def on_zero(self, target: object, kind: str, serial: int) -> None:
         """A ``zero_grad`` (outside any step): on which parameters, after how many backwards."""
         if not self.several():
             return
@@ -217,13 +216,15 @@ class Lanes:
             else:
                 pids = _pids(target)
         else:
+            if not isinstance(target, torch.nn.Module):  # clears nothing we can name
+                return
             try:
                 pids = frozenset(id(p) for p in target.parameters())
-            except Exception:  # not a module after all: clears nothing we can name
+            except Exception:  # a module whose parameters cannot be listed
                 return
         self.zeros.append(_Zero(serial, pids))
 
-    def stepped(self, opt: Any, serial: int) -> None:
+    def stepped(self, opt: object, serial: int) -> None:
         """``opt``'s window ended (``serial`` backwards so far); the log keeps what the other
         optimizers' open windows still need."""
         lane = self._get(opt)
@@ -237,7 +238,7 @@ class Lanes:
         self.zeros = [z for z in self.zeros if z.serial > low]
 
     # -- an optimizer's own window ------------------------------------------------------------
-    def window(self, opt: Any, shared: Window, serial: int, tracked: int) -> Window | None:
+    def window(self, opt: object, shared: StepTally, serial: int, tracked: int) -> StepTally | None:
         """The window of ``opt`` (a torch optimizer about to step after ``serial`` backward
         passes), or None when the shared window is its window (one optimizer, optimizers
         sharing parameters, a window older than the log). ``tracked``: the number of
@@ -265,7 +266,7 @@ class Lanes:
                 own = {reach(e) for e in kept} | {frozenset({lane.key})}
                 if not any(reach(e) in own for e in lost):
                     entries = kept  # cross-talk another optimizer's backward left here
-        w = Window()
+        w = StepTally()
         w.backwards = [e.ev for e in entries]
         if entries and all(e.start is not None and e.end is not None
                            and e.start.shape[0] == tracked and e.end.shape[0] == tracked

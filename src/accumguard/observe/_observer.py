@@ -16,7 +16,7 @@ What is observed (each patch keeps the signature and is undone on :meth:`Observe
   (:mod:`._checksum`), where gradients live in ``.grad`` (not DeepSpeed ZeRO >= 1).
 
 The patches call back into this class (``_run_backward``, ``_begin_step``/``_end_step``,
-``_count_sched``, ``_emit``): the event dispatch, the lifecycle and the optimizer hooks are
+``_count_sched``, the ``_handlers`` of each event kind): the event dispatch, the lifecycle and the optimizer hooks are
 here; the per-micro-step work is the :mod:`._backward` mixin, the per-step work and the
 arming of sampled windows the :mod:`._steps` mixin (the step record's precision facts:
 :mod:`._step_precision`), the forward side the :mod:`._forwards` mixin. Which backward
@@ -34,20 +34,23 @@ import contextlib
 import functools
 import time
 import weakref
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from types import ModuleType
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from accumguard.observe import _patch_accelerate, _patch_deepspeed, _patch_torch, _patch_trainers
 from accumguard.observe._attribution import Attribution
 from accumguard.observe._backward import BackwardPath
 from accumguard.observe._boundary import BoundaryScale
+from accumguard.observe._checksum import Conservation
 from accumguard.observe._collectives import CollectiveCounter
 from accumguard.observe._events import (
     BackwardEvent,
     CollectiveEvent,
     EngineInfo,
+    Handlers,
     OptimizerCallEvent,
     SchedulerEvent,
 )
@@ -56,21 +59,16 @@ from accumguard.observe._forwards import ForwardHooks
 from accumguard.observe._imports import when_imported as _when_imported
 from accumguard.observe._lanes import Lanes
 from accumguard.observe._losses import LossRecorder
+from accumguard.observe._lr_trace import LrTrace
 from accumguard.observe._patch import Patches
+from accumguard.observe._precision import MasterSum
 from accumguard.observe._step_precision import StepPrecision
 from accumguard.observe._steps import PIN_ROOTS_AFTER_STEPS, StepMachinery
 from accumguard.observe._tally import Tally
-from accumguard.observe._window import Window
+from accumguard.observe._window import StepTally
 
 # PIN_ROOTS_AFTER_STEPS lives in :mod:`._steps`; re-exported here (its old home)
 __all__ = ["PIN_ROOTS_AFTER_STEPS", "Observer"]
-
-#: The listener methods the observer calls (see :class:`._events.Listener`).
-_EVENT_METHODS = ("on_forward", "on_backward_start", "on_backward", "on_collective",
-                  "on_optimizer_call", "on_step_start", "on_step", "on_engine_step",
-                  "on_engine", "on_zero_grad", "on_scheduler_step", "on_clip", "on_unscale",
-                  "on_scaler_update", "on_scaler_skip", "on_internal_error")
-
 
 class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
     """Installs the observation layer in this process and reports events to listeners.
@@ -120,13 +118,13 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
                  sampled_records: bool = False, window_size: int | None = None,
                  boundary_param: torch.Tensor | None = None,
                  failsafe: Failsafe | None = None) -> None:
-        self.listeners: list[Any] = []
-        # method name -> bound listener methods (every name of _EVENT_METHODS)
-        self._handlers: dict[str, list[Any]] = {m: [] for m in _EVENT_METHODS}
+        self.listeners: list[object] = []
+        # the listeners' bound methods per event kind (:class:`._events.Handlers`)
+        self._handlers = Handlers()
         self._wants_backwards = False
         self._dtypes: dict[int, str | None] = {}
         self.roots: dict[int, torch.nn.Module] = {}
-        self._sync_roots: list[Any] = []  # roots with a gradient-sync flag (DDP, FSDP2)
+        self._sync_roots: list[torch.nn.Module] = []  # roots with a gradient-sync flag (DDP, FSDP2)
         self._given_roots = list(roots or [])
         self.auto_roots = auto_roots
         self.check_conservation = conservation
@@ -143,10 +141,10 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
         self.window_size = window_size
         self.boundary = BoundaryScale(boundary_param) if boundary_param is not None else None
         self._armed = True  # this window is sampled (always, without sampled_records)
-        self._root_handles: list[Any] = []
+        self._root_handles: list[RemovableHandle] = []
         self.force_checks = 0  # check conservation on the next N windows whatever the budget
         self._attribution = Attribution(self._reach)  # which backwards reach a root
-        self._step_cons: Any = None
+        self._step_cons: Conservation | None = None
         self._scaler_depth = 0
         self._clip_depth = 0
         self.step = 0  # optimizer steps recorded
@@ -164,17 +162,20 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
         self.engine = "local"
         self.engine_info: EngineInfo | None = None
         self.declared_k: dict[str, int] = {}
-        self._w = Window()
+        self.trainer_clip: float | None = None  # the HF Trainer's max_grad_norm (patched in)
+        self._w = StepTally()
         # several optimizers over disjoint parameters: each one's own window (:mod:`._lanes`)
         self.lanes = Lanes()
-        self._ow: Window | None = None  # the stepping optimizer's own window, if not self._w
+        self.lr_trace = LrTrace()  # learning rates read at each backward (F4, by hand)
+        self._ow: StepTally | None = None  # the stepping optimizer's own window, if not self._w
         self._fwd_depth = 0
         # modules called at the top level -> their depth-counting post hook (weak: a loss
         # module built on every step takes its hook with it when it is freed)
-        self._depth_hooked: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        self._depth_hooked: weakref.WeakKeyDictionary[torch.nn.Module, RemovableHandle] = \
+            weakref.WeakKeyDictionary()
         self._hooked_ids: set[int] = set()  # fast negative test for the map above
-        self._global_handle: Any = None  # auto_roots: the global pre-hook until pinned
-        self._pinned: list[Any] = []  # auto_roots: per-root pre-hooks after pinning
+        self._global_handle: RemovableHandle | None = None  # auto_roots: the global pre-hook until pinned
+        self._pinned: list[RemovableHandle] = []  # auto_roots: per-root pre-hooks after pinning
         self._pinned_any = False  # _pin_roots ran (a DDP built later is hooked on its own)
         self._bw_depth = 0
         self._bw_current: BackwardEvent | None = None
@@ -187,13 +188,13 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
         self._zero_depth = 0
         self._in_observer = 0
         self._last_sync_forward: bool | None = None
-        self._sync_root: Any = None  # the last DDP/FSDP2 root whose forward ran
+        self._sync_root: torch.nn.Module | None = None  # the last DDP/FSDP2 root whose forward ran
         self._tracked: list[torch.Tensor] = []
         self._end_versions: list[tuple[int, int] | None] = []
         self._tracked_names: dict[int, str] = {}
         self._tracked_ids: set[int] = set()
-        self._fsdp_groups: dict[int, list[Any]] = {}
-        self._ds_engine: Any = None
+        self._fsdp_groups: dict[int, list[object]] = {}
+        self._ds_engine: torch.nn.Module | None = None
         self._sched_counts = Tally()
         self._opt_steps = Tally()
         self._before: dict[str, torch.Tensor] | None = None
@@ -202,20 +203,22 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
         self._last_grads: list[tuple[int, int]] = []  # its gradients then: (id, version)
         self._step_checksum: torch.Tensor | None = None
         self._step_members: list[bool] | None = None
-        self._step_master: dict[str, Any] | None = None  # see _precision.model_grad_sum
-        self._prec_static: dict[tuple[int, int], tuple[Any, ...]] = {}
+        self._step_master: MasterSum | None = None  # see _precision.model_grad_sum
+        self._prec_static: dict[tuple[int, int],
+                                tuple[str | None, dict[str, str] | None,
+                                      dict[str, str] | None]] = {}
         self._step_applied = True
         self._step_closure = False  # the step at hand got a closure and no gradient before it
         self._step_t0 = 0.0
 
     # -- lifecycle ------------------------------------------------------------------------
-    def add_listener(self, listener: Any) -> None:
+    def add_listener(self, listener: object) -> None:
+        """Add a listener: any object with some of the :class:`._events.Handlers` methods
+        (``on_step``, ``on_backward``...), each looked up once here."""
         self.listeners.append(listener)
-        # every event kind's bound methods, looked up once here (hot paths index the map)
-        self._handlers = {m: [fn for fn in (getattr(x, m, None) for x in self.listeners) if fn]
-                          for m in _EVENT_METHODS}
-        self._wants_backwards = bool(self._handlers["on_backward"]
-                                     or self._handlers["on_backward_start"])
+        self._handlers = Handlers.of(self.listeners)
+        self._wants_backwards = bool(self._handlers.on_backward
+                                     or self._handlers.on_backward_start)
 
     @property
     def failure(self) -> Failure | None:
@@ -272,12 +275,12 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
     def __enter__(self) -> Observer:
         return self.install()
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.uninstall()
 
     def _failed(self, failure: Failure) -> None:
         """The failsafe tripped: tell the listeners (their own errors are ignored there)."""
-        for fn in self._handlers["on_internal_error"]:
+        for fn in self._handlers.on_internal_error:
             fn(failure)
 
     def _hook_libraries(self) -> None:
@@ -286,7 +289,7 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
 
         lib = functools.partial
 
-        def when_imported(name: str, fn: Callable[[Any], Any]) -> None:
+        def when_imported(name: str, fn: Callable[[ModuleType], None]) -> None:
             _when_imported(name, lambda module: fs.guard(f"patching {name}", fn, module))
 
         when_imported("deepspeed.runtime.engine", lib(_patch_deepspeed.patch_engine, self))
@@ -311,9 +314,11 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
         return self.step, len(self._w.backwards), self._bw_current is not None
 
     def _on_collective(self, op: str, reduces: bool) -> None:
-        if not self._in_observer and self._handlers["on_collective"]:
-            self._emit("on_collective", CollectiveEvent(self.step, op, reduces,
-                                                        bool(self._ds_step_depth)))
+        fns = self._handlers.on_collective
+        if not self._in_observer and fns:
+            ev = CollectiveEvent(self.step, op, reduces, bool(self._ds_step_depth))
+            for fn in fns:
+                fn(ev)
         if not reduces or self._in_observer:
             return
         if self._bw_current is not None:
@@ -323,14 +328,17 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
 
     # -- optimizer steps ---------------------------------------------------------------------
     @hook_method
-    def _opt_pre(self, opt: Any, args: Any, kwargs: Any) -> None:
+    def _opt_pre(self, opt: torch.optim.Optimizer, args: tuple[object, ...],
+                 kwargs: dict[str, object]) -> None:
         self._opt_depth += 1
         if not self.installed or self._in_observer:
             return
         self._inner_stepped = True
-        if self._handlers["on_optimizer_call"]:
-            self._emit("on_optimizer_call", OptimizerCallEvent(
-                self.step, self._opt_depth, bool(self._ds_step_depth), opt))
+        fns = self._handlers.on_optimizer_call
+        if fns:
+            ev = OptimizerCallEvent(self.step, self._opt_depth, bool(self._ds_step_depth), opt)
+            for fn in fns:
+                fn(ev)
         if self._opt_depth > 1 or self._ds_step_depth:
             return
         self.lanes.register(opt, self.backward_total - len(self._w.backwards))
@@ -357,7 +365,8 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
             raise
 
     @hook_method
-    def _opt_post(self, opt: Any, args: Any, kwargs: Any) -> None:
+    def _opt_post(self, opt: torch.optim.Optimizer, args: tuple[object, ...],
+                  kwargs: dict[str, object]) -> None:
         self._opt_depth = max(0, self._opt_depth - 1)
         if not self.installed or self._in_observer:
             return
@@ -380,23 +389,22 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
         with self._quiet():
             return self.boundary.scale()
 
-    def _count_sched(self, sched: Any) -> None:
+    def _count_sched(self, sched: object) -> None:
         count = self._sched_counts.add(sched)
         opt = getattr(sched, "optimizer", None)
         opt_steps = self._opt_steps.get(opt, self.step) if opt is not None else self.step
         in_step = bool(self._opt_depth or self._ds_step_depth)
         self._w.sched += 0 if in_step else 1
-        if self._handlers["on_scheduler_step"]:
-            self._emit("on_scheduler_step", SchedulerEvent(
-                self.step, len(self._w.backwards), count, opt_steps, in_step, sched))
+        fns = self._handlers.on_scheduler_step
+        if fns:
+            ev = SchedulerEvent(self.step, len(self._w.backwards), count, opt_steps, in_step,
+                                sched)
+            for fn in fns:
+                fn(ev)
 
     # -- helpers ----------------------------------------------------------------------------
-    def _emit(self, method: str, event: Any) -> None:
-        for fn in self._handlers[method]:
-            fn(event)
-
     @contextlib.contextmanager
-    def _quiet(self) -> Any:
+    def _quiet(self) -> Iterator[None]:
         self._in_observer += 1
         try:
             with self.counter.paused():

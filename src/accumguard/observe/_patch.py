@@ -10,10 +10,10 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from accumguard.observe._failsafe import Failsafe
+    from accumguard.observe._failsafe import Failsafe, Maker
 
 __all__ = ["Patches"]
 
@@ -31,8 +31,7 @@ class Patches:
         self._undo: list[Callable[[], None]] = []
         self.failsafe = failsafe
 
-    def wrap(self, owner: Any, attr: str,
-             make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> bool:
+    def wrap(self, owner: object, attr: str, make: Maker) -> bool:
         """Replace ``owner.attr`` by ``make(original)`` (signature kept); False if absent.
 
         On a class the attribute is looked up in the class ``__dict__`` first, so a
@@ -68,8 +67,7 @@ class Patches:
         self._undo.append(undo)
         return True
 
-    def wrap_member(self, module: Any, cls_name: str, attr: str,
-                    make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> bool:
+    def wrap_member(self, module: object, cls_name: str, attr: str, make: Maker) -> bool:
         """:meth:`wrap` on ``module.cls_name`` (a library class, patched when its module is
         imported); False if the module has no such class (another version) or no ``attr``."""
         cls = getattr(module, cls_name, None)

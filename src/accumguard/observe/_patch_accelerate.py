@@ -2,7 +2,7 @@
 the ``gradient_accumulation_steps`` it declares) and ``AcceleratedScheduler.step``.
 
 Installed when ``accelerate.accelerator`` / ``accelerate.scheduler`` are imported (never
-imported from here); ``obs`` is the observer (typed ``Any``: see :mod:`._patch_deepspeed`). Accelerate's optimizer wrapper needs no patch: torch's global step
+imported from here); ``obs`` is the observer (a :class:`~._seams.PatchHost`). Accelerate's optimizer wrapper needs no patch: torch's global step
 hooks see the outermost step.
 
 Under DeepSpeed, ``accelerator.backward`` runs ``engine.backward`` and then, at the
@@ -14,19 +14,20 @@ the window it belongs to, not in the next one.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+
+from accumguard.observe._failsafe import Original
+from accumguard.observe._seams import PatchHost
 
 __all__ = ["patch_accelerator", "patch_scheduler"]
 
 
-def patch_accelerator(obs: Any, mod: ModuleType) -> None:
+def patch_accelerator(obs: PatchHost, mod: ModuleType) -> None:
     if not obs.installed:
         return
 
-    def make_backward(orig: Callable[..., Any]) -> Callable[..., Any]:
-        def backward(acc: Any, /, loss: Any, *args: Any, **kwargs: Any) -> Any:
+    def make_backward(orig: Original) -> Original:
+        def backward(acc: object, /, loss: object, *args: object, **kwargs: object) -> object:
             k = getattr(acc, "gradient_accumulation_steps", None)
             if isinstance(k, int) and k > 1:  # 1 is the default: it declares nothing
                 obs.declared_k.setdefault("accelerate", k)
@@ -41,12 +42,12 @@ def patch_accelerator(obs: Any, mod: ModuleType) -> None:
     obs.patches.wrap_member(mod, "Accelerator", "backward", make_backward)
 
 
-def patch_scheduler(obs: Any, mod: ModuleType) -> None:
+def patch_scheduler(obs: PatchHost, mod: ModuleType) -> None:
     if not obs.installed:
         return
 
-    def make(orig: Callable[..., Any]) -> Callable[..., Any]:
-        def step(sched: Any, /, *args: Any, **kwargs: Any) -> Any:
+    def make(orig: Original) -> Original:
+        def step(sched: object, /, *args: object, **kwargs: object) -> object:
             # Accelerate steps the wrapped scheduler once per process (by design) and
             # skips inside accumulation: one call that stepped is one scheduler step.
             obs._sched_depth += 1

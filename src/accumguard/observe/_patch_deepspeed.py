@@ -2,8 +2,7 @@
 engine's configuration read once (:class:`~accumguard.observe._events.EngineInfo`).
 
 Installed when ``deepspeed.runtime.engine`` is imported (never imported from here);
-``obs`` is the observer (typed ``Any``: importing its class here, even for type checking,
-would make an import cycle, which tests/test_layers.py refuses).
+``obs`` is the observer as the :class:`~._seams.PatchHost` it is to the patches.
 ``engine.step`` is one optimizer step only when the engine really updated (at its
 accumulation boundary, or when its ``global_steps`` moved); the backward passes before a
 call that did not step are the double-gating evidence (``max_backwards_per_engine_step``,
@@ -14,16 +13,18 @@ F14). The step bookkeeping itself
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+
+import torch
 
 from accumguard.observe._events import EngineInfo, EngineStepEvent
+from accumguard.observe._failsafe import Maker, Original
+from accumguard.observe._seams import EngineHost, PatchHost, as_deepspeed
 
 __all__ = ["note_engine", "patch_engine"]
 
 
-def patch_engine(obs: Any, mod: ModuleType) -> None:
+def patch_engine(obs: PatchHost, mod: ModuleType) -> None:
     """Wrap the engine class of ``deepspeed.runtime.engine`` and count ``deepspeed.comm``."""
     cls = getattr(mod, "DeepSpeedEngine", None)
     if obs.installed and cls is not None:
@@ -32,15 +33,16 @@ def patch_engine(obs: Any, mod: ModuleType) -> None:
         obs.counter.install_deepspeed()
 
 
-def note_engine(obs: Any, engine: Any) -> None:
+def note_engine(obs: EngineHost, module: torch.nn.Module) -> None:
     """The engine's ZeRO stage, GA, clipping and micro-batch, read once and emitted."""
     if obs.engine_info is not None:
         return
+    engine = as_deepspeed(module)
     with contextlib.suppress(Exception):
         raw = getattr(getattr(engine, "_config", None), "_param_dict", None) or {}
         managed = getattr(engine, "managed_gradient_accumulation", None)
         clip = float(engine.gradient_clipping() or 0.0)
-        asked = getattr(obs, "trainer_clip", None)  # (see _patch_trainers)
+        asked = obs.trainer_clip  # (see _patch_trainers)
         obs.engine_info = EngineInfo(
             engine="deepspeed",
             zero_stage=int(engine.zero_optimization_stage()),
@@ -51,12 +53,14 @@ def note_engine(obs: Any, engine: Any) -> None:
             requested_clipping=asked,
             managed_accumulation=bool(managed()) if callable(managed) else True,
             micro_batch=int(engine.train_micro_batch_size_per_gpu()))
-        obs._emit("on_engine", obs.engine_info)
+        for fn in obs._handlers.on_engine:
+            fn(obs.engine_info)
 
 
-def _backward_wrapper(obs: Any) -> Callable[[Callable[..., Any]], Any]:
-    def make(orig: Callable[..., Any]) -> Callable[..., Any]:
-        def backward(engine: Any, loss: Any, *args: Any, **kwargs: Any) -> Any:
+def _backward_wrapper(obs: PatchHost) -> Maker:
+    def make(orig: Original) -> Original:
+        def backward(engine: torch.nn.Module, loss: object, *args: object,
+                     **kwargs: object) -> object:
             if obs._bw_depth or not obs.installed or obs._in_observer:
                 return orig(engine, loss, *args, **kwargs)
             return obs._run_backward("deepspeed", loss, engine, orig, (engine, loss, *args),
@@ -67,9 +71,9 @@ def _backward_wrapper(obs: Any) -> Callable[[Callable[..., Any]], Any]:
     return make
 
 
-def _step_wrapper(obs: Any) -> Callable[[Callable[..., Any]], Any]:
-    def make(orig: Callable[..., Any]) -> Callable[..., Any]:
-        def step(engine: Any, /, *args: Any, **kwargs: Any) -> Any:
+def _step_wrapper(obs: PatchHost) -> Maker:
+    def make(orig: Original) -> Original:
+        def step(engine: torch.nn.Module, /, *args: object, **kwargs: object) -> object:
             if not obs.installed or obs._in_observer or obs._ds_step_depth:
                 return orig(engine, *args, **kwargs)
             if id(engine) not in obs.roots:
@@ -80,14 +84,19 @@ def _step_wrapper(obs: Any) -> Callable[[Callable[..., Any]], Any]:
             w.bw_since_engine_step = 0
             before = getattr(engine, "global_steps", None)
             boundary = None
+            ds = as_deepspeed(engine)
             with contextlib.suppress(Exception):
-                boundary = bool(engine.is_gradient_accumulation_boundary())
+                boundary = bool(ds.is_gradient_accumulation_boundary())
             managed = getattr(engine, "managed_gradient_accumulation", None)
             if callable(managed) and not managed():
                 boundary = True
-            obs._emit("on_engine_step", EngineStepEvent(obs.step, bool(boundary), since, engine))
+            fns = obs._handlers.on_engine_step
+            if fns:
+                ev = EngineStepEvent(obs.step, bool(boundary), since, engine)
+                for fn in fns:
+                    fn(ev)
             if boundary:
-                obs._begin_step(getattr(engine, "optimizer", None), True, engine=engine)
+                obs._begin_step(_inner_optimizer(engine), True, engine=engine)
             obs._ds_step_depth += 1
             try:
                 return orig(engine, *args, **kwargs)
@@ -105,11 +114,10 @@ def _step_wrapper(obs: Any) -> Callable[[Callable[..., Any]], Any]:
                     applied = bool(getattr(engine, "_step_applied", True))
                     norm = None
                     with contextlib.suppress(Exception):
-                        n = engine.get_global_grad_norm()
+                        n = ds.get_global_grad_norm()
                         norm = float(n) if n is not None else None
                     if not boundary:
-                        obs._begin_step(getattr(engine, "optimizer", None), True,
-                                        engine=engine)
+                        obs._begin_step(_inner_optimizer(engine), True, engine=engine)
                     obs._end_step("deepspeed",
                                   type(getattr(engine, "optimizer", None)).__name__,
                                   applied, norm, engine)
@@ -117,3 +125,9 @@ def _step_wrapper(obs: Any) -> Callable[[Callable[..., Any]], Any]:
         return step
 
     return make
+
+
+def _inner_optimizer(engine: torch.nn.Module) -> object:
+    """The engine's ``optimizer``: a torch optimizer or one of DeepSpeed's ZeRO optimizers
+    (not torch subclasses; read through ``param_groups`` only), or None."""
+    return getattr(engine, "optimizer", None)

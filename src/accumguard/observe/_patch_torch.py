@@ -7,7 +7,7 @@ used to build itself), and the bookkeeping it calls into (``_run_backward``,
 ``_count_sched``, ``_emit``) stays on the observer: moving the patches here adds no call
 or lookup to a micro-step or a step. Collectives are patched by
 :mod:`._collectives`, the loss functions by :mod:`._losses`. ``obs`` is the observer
-(typed ``Any``: see :mod:`._patch_deepspeed`).
+(as the :class:`~._seams.PatchHost` it is to these patches).
 """
 
 from __future__ import annotations
@@ -17,14 +17,15 @@ import math
 import os
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Iterable
 from types import ModuleType
-from typing import Any
 
 import torch
 
 from accumguard.observe._events import ClipEvent, ScalerEvent, ZeroGradEvent
+from accumguard.observe._failsafe import Maker, Original
 from accumguard.observe._patch import Patches
+from accumguard.observe._seams import PatchHost
 
 __all__ = ["constructor_step", "install", "install_after_losses", "patch_compiled",
            "patch_ddp_init", "patch_fully_shard"]
@@ -41,7 +42,7 @@ CLIP_FUNCS = ("clip_grad_norm_", "clip_grad_norm", "clip_grad_value_", "clip_gra
 CLIP_INNER = ("_clip_grads_with_norm_",)
 
 
-def install(obs: Any, p: Patches) -> None:
+def install(obs: PatchHost, p: Patches) -> None:
     """Torch's global optimizer step hooks and every torch patch but the loss functions
     and collectives (installed after these, in this order, by the observer)."""
     from torch.optim.optimizer import (
@@ -59,7 +60,7 @@ def install(obs: Any, p: Patches) -> None:
     p.wrap(torch.utils.data.DataLoader, "__iter__", _data_pass_wrapper(obs))
 
 
-def install_after_losses(obs: Any, p: Patches) -> None:
+def install_after_losses(obs: PatchHost, p: Patches) -> None:
     """LR schedulers, clipping and GradScaler (after the loss functions, as before the
     split: the undo order of the patches is unchanged)."""
     sched = torch.optim.lr_scheduler
@@ -89,12 +90,12 @@ def install_after_losses(obs: Any, p: Patches) -> None:
         p.wrap(scaler_cls, "step", _scaler_step_wrapper(obs))
 
 
-def _pin_after(obs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def _pin_after(obs: PatchHost) -> Maker:
     """A wrapper of a call that makes a model (DDP's ``__init__``, ``fully_shard``): once the
     roots are pinned, the module it was given gets the top-level pre-hook."""
 
-    def make(orig: Callable[..., Any]) -> Callable[..., Any]:
-        def call(module: Any, /, *a: Any, **kw: Any) -> Any:
+    def make(orig: Original) -> Original:
+        def call(module: object, /, *a: object, **kw: object) -> object:
             out = orig(module, *a, **kw)
             if obs.installed and obs._global_handle is None and obs.auto_roots \
                     and obs._pinned_any and isinstance(module, torch.nn.Module):
@@ -106,7 +107,7 @@ def _pin_after(obs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     return make
 
 
-def patch_ddp_init(obs: Any, mod: ModuleType) -> None:
+def patch_ddp_init(obs: PatchHost, mod: ModuleType) -> None:
     """A DDP model built after the roots were pinned (:meth:`Observer._pin_roots`; e.g. a
     model rebuilt to resume from a checkpoint) gets the same top-level pre-hook, so its
     forwards and sync flag are read, not the dead first model's. Limit: the first
@@ -117,7 +118,7 @@ def patch_ddp_init(obs: Any, mod: ModuleType) -> None:
     obs.patches.wrap(mod.DistributedDataParallel, "__init__", _pin_after(obs))
 
 
-def patch_fully_shard(obs: Any, mod: ModuleType) -> None:
+def patch_fully_shard(obs: PatchHost, mod: ModuleType) -> None:
     """:func:`patch_ddp_init` for FSDP2: a module given to ``fully_shard`` after the roots
     were pinned (a second model, one rebuilt) gets the top-level pre-hook, so its forwards
     and sync flag are read (before, the last flag of the first model was read for it: a
@@ -131,7 +132,7 @@ def patch_fully_shard(obs: Any, mod: ModuleType) -> None:
     obs.patches.wrap(mod, "fully_shard", make)
 
 
-def patch_compiled(obs: Any, mod: ModuleType) -> None:
+def patch_compiled(obs: PatchHost, mod: ModuleType) -> None:
     """``torch.compile(module)`` warns on every call while any global module hook exists;
     until the roots are pinned (:data:`~._observer.PIN_ROOTS_AFTER_STEPS`) the observer's
     own global pre-hook is one. That warning is about accumguard, not the script: it is
@@ -147,8 +148,8 @@ def patch_compiled(obs: Any, mod: ModuleType) -> None:
         return (handle is not None and isinstance(pre, dict) and list(pre) == [handle.id]
                 and not any(getattr(module_mod, n, None) for n in names))
 
-    def make(orig: Callable[..., Any]) -> Callable[..., Any]:
-        def call(module: Any, /, *args: Any, **kwargs: Any) -> Any:
+    def make(orig: Original) -> Original:
+        def call(module: object, /, *args: object, **kwargs: object) -> object:
             if not obs.installed or not only_ours():
                 return orig(module, *args, **kwargs)
             with warnings.catch_warnings():
@@ -160,9 +161,9 @@ def patch_compiled(obs: Any, mod: ModuleType) -> None:
     obs.patches.wrap_member(mod, "OptimizedModule", "__call__", make)
 
 
-def _backward_wrapper(obs: Any, source: str) -> Callable[[Callable[..., Any]], Any]:
-    def make(orig: Callable[..., Any]) -> Callable[..., Any]:
-        def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+def _backward_wrapper(obs: PatchHost, source: str) -> Maker:
+    def make(orig: Original) -> Original:
+        def backward(tensors: object, *args: object, **kwargs: object) -> object:
             if obs._bw_depth or not obs.installed or obs._in_observer:
                 return orig(tensors, *args, **kwargs)  # inside a backward: one pass
             return obs._run_backward(source, tensors, None, orig, (tensors, *args), kwargs)
@@ -172,12 +173,13 @@ def _backward_wrapper(obs: Any, source: str) -> Callable[[Callable[..., Any]], A
     return make
 
 
-def _optimizer_init_wrapper(obs: Any) -> Callable[[Callable[..., Any]], Any]:
+def _optimizer_init_wrapper(obs: PatchHost) -> Maker:
     """Every torch optimizer made after the install is known from its construction on: a
     second one over other parameters gives each its own window (:mod:`._lanes`) from the
     first backward, before either has stepped."""
-    def make(orig: Callable[..., Any]) -> Callable[..., Any]:
-        def __init__(this: Any, /, *args: Any, **kwargs: Any) -> None:  # noqa: N807
+    def make(orig: Original) -> Original:
+        def __init__(this: torch.optim.Optimizer, /, *args: object,  # noqa: N807
+                     **kwargs: object) -> None:
             orig(this, *args, **kwargs)
             if obs.installed and not obs._in_observer:
                 obs.lanes.register(this, obs.backward_total)
@@ -187,15 +189,19 @@ def _optimizer_init_wrapper(obs: Any) -> Callable[[Callable[..., Any]], Any]:
     return make
 
 
-def _zero_wrapper(obs: Any, kind: str) -> Callable[[Callable[..., Any]], Any]:
-    def make(orig: Callable[..., Any]) -> Callable[..., Any]:
-        def zero_grad(this: Any, /, *args: Any, **kwargs: Any) -> Any:
+def _zero_wrapper(obs: PatchHost, kind: str) -> Maker:
+    def make(orig: Original) -> Original:
+        def zero_grad(this: torch.optim.Optimizer | torch.nn.Module, /, *args: object,
+                      **kwargs: object) -> object:
             if (obs._zero_depth or not obs.installed or obs._in_observer or obs._opt_depth
                     or obs._ds_step_depth):
                 return orig(this, *args, **kwargs)
             w = obs._w
-            if obs._handlers["on_zero_grad"]:
-                obs._emit("on_zero_grad", ZeroGradEvent(obs.step, len(w.backwards), kind, this))
+            fns = obs._handlers.on_zero_grad
+            if fns:
+                ev = ZeroGradEvent(obs.step, len(w.backwards), kind, this)
+                for fn in fns:
+                    fn(ev)
             if kind == "optimizer":
                 obs.lanes.register(this, obs.backward_total - len(w.backwards))
             obs.lanes.on_zero(this, kind, obs.backward_total)
@@ -213,12 +219,12 @@ def _zero_wrapper(obs: Any, kind: str) -> Callable[[Callable[..., Any]], Any]:
     return make
 
 
-def _data_pass_wrapper(obs: Any) -> Callable[[Callable[..., Any]], Any]:
+def _data_pass_wrapper(obs: PatchHost) -> Maker:
     """A new pass over a DataLoader (an epoch): where it falls in the window tells a
     leftover leaking into the next epoch (F7) from a counter that is off (F13)."""
 
-    def make(orig: Callable[..., Any]) -> Callable[..., Any]:
-        def __iter__(loader: Any) -> Any:  # noqa: N807 - the wrapped dunder
+    def make(orig: Original) -> Original:
+        def __iter__(loader: object) -> object:  # noqa: N807 - the wrapped dunder
             if (obs.installed and not obs._in_observer and torch.is_grad_enabled()
                     and not obs._in_data_pass):
                 obs._w.data_passes.append(len(obs._w.backwards))
@@ -233,7 +239,7 @@ def _data_pass_wrapper(obs: Any) -> Callable[[Callable[..., Any]], Any]:
     return make
 
 
-def constructor_step(sched: Any) -> bool:
+def constructor_step(sched: object) -> bool:
     """Whether a call of ``sched.step()`` is the scheduler's own initial step, made by its
     constructor (torch's ``_initial_step``; SequentialLR makes it for its first scheduler):
     never a step of the user's loop. torch marks it ``_is_initial``; before that marker the
@@ -244,9 +250,9 @@ def constructor_step(sched: Any) -> bool:
     return getattr(sched, "_step_count", 1) == 0
 
 
-def _sched_wrapper(obs: Any) -> Callable[[Callable[..., Any]], Any]:
-    def make(orig: Callable[..., Any]) -> Callable[..., Any]:
-        def step(sched: Any, /, *args: Any, **kwargs: Any) -> Any:
+def _sched_wrapper(obs: PatchHost) -> Maker:
+    def make(orig: Original) -> Original:
+        def step(sched: object, /, *args: object, **kwargs: object) -> object:
             initial = constructor_step(sched)
             if obs._sched_depth:
                 obs._accel_sched_inner += 0 if initial else 1
@@ -295,21 +301,23 @@ def warn_at_caller(w: warnings.WarningMessage) -> None:
                            module_globals=glob)
 
 
-def _scaler_wrapper(obs: Any, kind: str) -> Callable[[Callable[..., Any]], Any]:
-    def make(orig: Callable[..., Any]) -> Callable[..., Any]:
-        def call(scaler: Any, /, *args: Any, **kwargs: Any) -> Any:
+def _scaler_wrapper(obs: PatchHost, kind: str) -> Maker:
+    def make(orig: Original) -> Original:
+        def call(scaler: object, /, *args: object, **kwargs: object) -> object:
             if obs._scaler_depth or not obs.installed or obs._in_observer:
                 return orig(scaler, *args, **kwargs)
             ev = ScalerEvent(obs.step, len(obs._w.backwards), kind, scaler)
             if kind == "unscale":
-                obs._emit("on_unscale", ev)
+                for fn in obs._handlers.on_unscale:
+                    fn(ev)
             obs._scaler_depth += 1
             try:
                 out = orig(scaler, *args, **kwargs)
             finally:
                 obs._scaler_depth -= 1
             if kind == "update":
-                obs._emit("on_scaler_update", ev)
+                for fn in obs._handlers.on_scaler_update:
+                    fn(ev)
             return out
 
         return call
@@ -317,14 +325,15 @@ def _scaler_wrapper(obs: Any, kind: str) -> Callable[[Callable[..., Any]], Any]:
     return make
 
 
-def _scaler_step_wrapper(obs: Any) -> Callable[[Callable[..., Any]], Any]:
+def _scaler_step_wrapper(obs: PatchHost) -> Maker:
     """``GradScaler.step``: when it found inf/NaN gradients it does not call the optimizer,
     and the window is over all the same (the next one starts after ``zero_grad``): ended as
     a step that applied nothing and discarded its gradients (:meth:`Observer._skipped_step`).
     Its inner ``unscale_`` is still an event (no depth counted here)."""
 
-    def make(orig: Callable[..., Any]) -> Callable[..., Any]:
-        def step(scaler: Any, /, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+    def make(orig: Original) -> Original:
+        def step(scaler: object, /, optimizer: torch.optim.Optimizer, *args: object,
+                 **kwargs: object) -> object:
             if not obs.installed or obs._in_observer or obs._opt_depth:
                 return orig(scaler, optimizer, *args, **kwargs)
             before = obs.step
@@ -338,9 +347,10 @@ def _scaler_step_wrapper(obs: Any) -> Callable[[Callable[..., Any]], Any]:
     return make
 
 
-def _clip_wrapper(obs: Any, name: str) -> Callable[[Callable[..., Any]], Any]:
-    def make(orig: Callable[..., Any]) -> Callable[..., Any]:
-        def clip(parameters: Any, *args: Any, **kwargs: Any) -> Any:
+def _clip_wrapper(obs: PatchHost, name: str) -> Maker:
+    def make(orig: Original) -> Original:
+        def clip(parameters: torch.Tensor | Iterable[torch.Tensor], *args: object,
+                 **kwargs: object) -> object:
             if (not obs.installed or obs._in_observer or obs._ds_step_depth
                     or obs._clip_depth):
                 return orig(parameters, *args, **kwargs)
@@ -356,8 +366,11 @@ def _clip_wrapper(obs: Any, name: str) -> Callable[[Callable[..., Any]], Any]:
             params = [parameters] if isinstance(parameters, torch.Tensor) \
                 else list(parameters)
             obs.failsafe.set_args(params, *args, **kwargs)  # a generator is read once
-            if obs._handlers["on_clip"]:
-                obs._emit("on_clip", ClipEvent(obs.step, len(obs._w.backwards), name, params))
+            fns = obs._handlers.on_clip
+            if fns:
+                ev = ClipEvent(obs.step, len(obs._w.backwards), name, params)
+                for fn in fns:
+                    fn(ev)
             obs._w.clip_micros.append(len(obs._w.backwards))
             obs._w.clip_names.append(name)
             if obs.boundary is not None:

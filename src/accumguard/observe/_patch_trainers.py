@@ -2,7 +2,7 @@
 ``TrainingArguments`` and Lightning's ``Trainer`` (both packages' names).
 
 Installed when their modules are imported (never imported from here); ``obs`` is the
-observer (typed ``Any``: see :mod:`._patch_deepspeed`). Each constructor
+observer (a :class:`~._seams.PatchHost`). Each constructor
 is wrapped to read the accumulation steps the user configured into
 ``Observer.declared_k``: the F1 rules judge against a declared K, never an inferred one.
 """
@@ -11,17 +11,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+
+from accumguard.observe._failsafe import Original
+from accumguard.observe._seams import PatchHost
 
 __all__ = ["patch_hf_args", "patch_lightning"]
 
 
-def patch_hf_args(obs: Any, mod: ModuleType) -> None:
+def patch_hf_args(obs: PatchHost, mod: ModuleType) -> None:
     _declares_k(obs, mod, "TrainingArguments", "__post_init__", "gradient_accumulation_steps",
                 "transformers", also=_note_clip)
 
 
-def _note_clip(obs: Any, args: Any) -> None:
+def _note_clip(obs: PatchHost, args: object) -> None:
     """The clipping the Trainer asks for (``max_grad_norm``; 0 is none). Under DeepSpeed the
     Trainer does not clip itself: the engine's ``gradient_clipping`` does (the F9 rule reads
     this to tell the clipping the user asked for from DeepSpeed's default)."""
@@ -30,21 +32,21 @@ def _note_clip(obs: Any, args: Any) -> None:
         obs.trainer_clip = float(clip)
 
 
-def patch_lightning(obs: Any, mod: ModuleType) -> None:
+def patch_lightning(obs: PatchHost, mod: ModuleType) -> None:
     # Lightning's default 1 declares nothing: under manual optimisation the module
     # accumulates itself (Lightning refuses any other value there).
     _declares_k(obs, mod, "Trainer", "__init__", "accumulate_grad_batches", "lightning")
 
 
-def _declares_k(obs: Any, mod: ModuleType, cls_name: str, method: str, attr: str,
-                library: str, also: Callable[[Any, Any], None] | None = None) -> None:
+def _declares_k(obs: PatchHost, mod: ModuleType, cls_name: str, method: str, attr: str,
+                library: str, also: Callable[[PatchHost, object], None] | None = None) -> None:
     """Wrap ``mod.cls_name.method`` (a constructor) to record ``instance.attr`` as
     ``library``'s K (and run ``also(obs, instance)``)."""
     if not obs.installed:
         return
 
-    def make(orig: Callable[..., Any]) -> Callable[..., Any]:
-        def init(this: Any, /, *a: Any, **kw: Any) -> Any:
+    def make(orig: Original) -> Original:
+        def init(this: object, /, *a: object, **kw: object) -> object:
             out = orig(this, *a, **kw)
             k = getattr(this, attr, None)
             if isinstance(k, int) and k > 1:  # 1 is the default: it declares nothing

@@ -28,11 +28,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 
 from accumguard.observe._checksum import checksums
+
+if TYPE_CHECKING:
+    from accumguard.observe._seams import DeepSpeedEngine
 
 __all__ = ["LOW", "autocast_dtype", "deepspeed_dtypes", "fsdp_dtypes", "least_precise",
            "model_grad_sum", "name_of", "step_facts"]
@@ -43,7 +46,7 @@ _TOL_LOW = 3e-2
 _ORDER = ("float16", "bfloat16", "float32", "float64")
 
 
-def name_of(dtype: Any) -> str | None:
+def name_of(dtype: object) -> str | None:
     """``torch.bfloat16`` -> ``"bfloat16"`` (None for None)."""
     return None if dtype is None else str(dtype).replace("torch.", "")
 
@@ -66,7 +69,7 @@ def autocast_dtype() -> str | None:
     return None
 
 
-def fsdp_dtypes(groups: Sequence[Any]) -> dict[str, str] | None:
+def fsdp_dtypes(groups: Sequence[object]) -> dict[str, str] | None:
     """FSDP2's dtypes over the parameter groups (the least precise of each): ``compute`` (the
     unsharded parameters, ``param_dtype``), ``deferred`` (the unsharded gradient summed over
     micro-steps with sync off: ``reduce_dtype``, else ``param_dtype``), ``reduce`` (the
@@ -89,7 +92,7 @@ def fsdp_dtypes(groups: Sequence[Any]) -> dict[str, str] | None:
     return {k: v for k, v in out.items() if v is not None}
 
 
-def deepspeed_dtypes(engine: Any) -> dict[str, str] | None:
+def deepspeed_dtypes(engine: DeepSpeedEngine) -> dict[str, str] | None:
     """DeepSpeed's model dtype and the dtype its optimizer sums micro-gradients in: the ZeRO
     optimizer's ``gradient_accumulation_dtype``, BF16_Optimizer's ``grad_acc_dtype``, else
     the engine's ``get_data_types()`` (``data_types.grad_accum_dtype``, default the model
@@ -108,10 +111,20 @@ def deepspeed_dtypes(engine: Any) -> dict[str, str] | None:
     return None
 
 
+class MasterSum(TypedDict, total=False):
+    """The master-weight pattern's sum on one checked window (:func:`model_grad_sum`)."""
+
+    dtype: str | None  # the low-precision model parameters' dtype
+    sums: int  # backwards summed into their .grad
+    in_place: bool  # nothing removed between the backwards, nothing left from before
+    reached: bool | None  # the optimizer's gradient is that sum up to one scale (None: unknown)
+    scale: float  # that scale, when it was measured
+
+
 @torch.no_grad()
 def model_grad_sum(tracked: Sequence[torch.Tensor], members: Sequence[bool],
                    starts: Sequence[torch.Tensor], ends: Sequence[torch.Tensor],
-                   opt_params: Sequence[torch.Tensor]) -> dict[str, Any] | None:
+                   opt_params: Sequence[torch.Tensor]) -> MasterSum | None:
     """The master-weight pattern on one checked window (an optimizer over fp32 parameters
     only): the roots' bf16/fp16 parameters the stepping optimizer does not hold (``members`` False), their ``.grad`` summed in place by
     the window's backwards (nothing removed between them, nothing left from before), and
@@ -139,8 +152,8 @@ def model_grad_sum(tracked: Sequence[torch.Tensor], members: Sequence[bool],
     gaps = sum(float((e[i - 1] - s[i])[:, :2].abs().sum()) for i in range(1, len(s)))
     stale = float(s[0][:, :2].abs().sum())
     in_place = gaps <= _TOL_LOW * mass and stale <= _TOL_LOW * mass
-    out: dict[str, Any] = {"dtype": least_precise(name_of(tracked[i].dtype) for i in rows),
-                           "sums": len(s), "in_place": in_place, "reached": None}
+    out: MasterSum = {"dtype": least_precise(name_of(tracked[i].dtype) for i in rows),
+                      "sums": len(s), "in_place": in_place, "reached": None}
     low = [tracked[i] for i in rows]
     if in_place and len(opt_params) == len(low) and all(
             tuple(p.shape) == tuple(q.shape) for p, q in zip(opt_params, low, strict=True)):
@@ -158,7 +171,7 @@ def model_grad_sum(tracked: Sequence[torch.Tensor], members: Sequence[bool],
 
 def step_facts(*, params: str | None, fsdp: dict[str, str] | None,
                deepspeed: dict[str, str] | None, autocast: str | None,
-               model_grad: dict[str, Any] | None) -> dict[str, Any] | None:
+               model_grad: MasterSum | None) -> dict[str, Any] | None:
     """The step record's ``precision`` field: the compute dtype (the least precise of the
     roots' trainable parameters, FSDP2's ``param_dtype``, DeepSpeed's model dtype and an
     autocast region) and, when set, the FSDP2/DeepSpeed dtypes and the master-weight

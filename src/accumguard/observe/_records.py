@@ -1,18 +1,22 @@
-"""What a finding, a run's recording, a resolved K and a window of step records are: the
-types and helpers every per-window rule of :mod:`accumguard.observe.rules` and
-:mod:`._weight_rules` shares (pure Python; :mod:`.rules` re-exports the public names)."""
+"""What a run's recording, a resolved K and a window of step records are, and how a rule
+makes its finding (the one :class:`~accumguard.core.findings.Finding`, re-exported here)
+and how ``watch`` writes it: the types and helpers every per-window rule of
+:mod:`accumguard.observe.rules` and :mod:`._weight_rules` shares (pure Python; :mod:`.rules`
+re-exports the public names)."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from accumguard.core.findings import Finding, Severity
 from accumguard.core.taxonomy import fix_for, title
+from accumguard.core.window import StepRecord
 
-__all__ = ["NUMBERING", "DeclaredK", "Finding", "KResolution", "RunRecording", "load_recordings",
-           "step_record", "windows"]
+__all__ = ["NUMBERING", "DeclaredK", "Finding", "KResolution", "RunRecording", "Severity",
+           "load_recordings", "step_record", "watch_dict", "windows"]
 
 #: One numbering in every output of ``watch`` and ``invariance`` (findings, tables, JSON):
 #: optimizer steps and micro-steps count from 1. (The raw recording counts from 0.)
@@ -20,28 +24,18 @@ NUMBERING = "1-based: step 1 is the first optimizer step, micro-step 1 the first
             "of its window"
 
 
-@dataclass(frozen=True)
-class Finding:
-    """One finding; ``step`` and ``micro`` are 1-based (:data:`NUMBERING`)."""
-
-    cls: str
-    severity: str  # "error" | "note"
-    rank: int | None
-    step: int | None
-    micro: int | None
-    evidence: str
-    fix: str
-    title: str
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+def watch_dict(f: Finding) -> dict[str, Any]:
+    """A finding as ``watch --json`` and ``invariance`` write it (schema version 1, the field
+    table of docs/watch.md): exactly these eight keys, in this order."""
+    return {"cls": f.cls, "severity": f.severity.value, "rank": f.rank, "step": f.step,
+            "micro": f.micro, "evidence": f.evidence, "fix": f.fix, "title": f.title}
 
 
-def _mk(cls: str, severity: str, rank: int | None, step: int | None, micro: int | None,
+def _mk(cls: str, severity: str | Severity, rank: int | None, step: int | None, micro: int | None,
         evidence: str, *, title_: str | None = None, fix: str | None = None) -> Finding:
     """``step``/``micro``: the recording's 0-based indices, shown 1-based. ``title_`` and
     ``fix``: this finding's own words (a measured cost in the title) instead of the class's."""
-    return Finding(cls, severity, rank, None if step is None else step + 1,
+    return Finding(cls, Severity(severity), rank, None if step is None else step + 1,
                    None if micro is None else micro + 1, evidence,
                    fix_for(cls) if fix is None else fix, title(cls) if title_ is None else title_)
 
@@ -220,23 +214,7 @@ def _truncate_at_failure(rec: RunRecording) -> None:
         rec.schedulers[rank] = [s for s in scheds if int(s.get("step", 0)) < cut]
 
 
-def step_record(event: Any, rank: int) -> dict[str, Any]:
-    """The record of one :class:`~accumguard.observe.StepEvent` that the rules read (and
-    ``watch`` writes as a JSON line): every field but the tensors of ``updates``.
-    (Shallow: ``dataclasses.asdict`` deep-copied every list, on every step.)"""
-    rec = {}
-    for k in event.__dataclass_fields__:
-        if k not in ("updates", "conservation"):
-            v = getattr(event, k)
-            rec[k] = list(v) if isinstance(v, list) else v
-    cons = event.conservation
-    if cons is None:
-        rec["conservation"] = None
-    else:
-        rec["conservation"] = c = {f: getattr(cons, f) for f in cons.__dataclass_fields__}
-        if event.reductions and event.engine == "local":  # the script's own all-reduce
-            c["contrib_sums"], c["received_sums"] = (list(c["contrib_sums"]),
-                                                     list(c["received_sums"]))
-        else:  # kept only where the cross-rank F10 fit reads them
-            del c["contrib_sums"], c["received_sums"]
-    return {"kind": "step", "rank": rank, **rec}
+def step_record(event: StepRecord, rank: int) -> dict[str, Any]:
+    """The line of one step record that the rules read (and ``watch`` writes to
+    ``rank-<R>.jsonl``): :meth:`~accumguard.core.window.StepRecord.as_dict`."""
+    return event.as_dict(rank)

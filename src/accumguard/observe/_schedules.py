@@ -33,7 +33,7 @@ def _int(v: object) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
-def _horizon(sched: Any, depth: int = 0) -> tuple[int, str] | None:
+def _horizon(sched: object, depth: int = 0) -> tuple[int, str] | None:
     """The scheduler step at which the schedule reaches its end, and how it was read; None
     when the object states no end (or the schedule does not decay to one)."""
     name = type(sched).__name__
@@ -77,10 +77,10 @@ def _horizon(sched: Any, depth: int = 0) -> tuple[int, str] | None:
     return None
 
 
-def schedule_state(sched: Any) -> dict[str, Any]:
+def schedule_state(sched: object) -> dict[str, object]:
     """Fields for the scheduler record: ``sid`` (the object), ``pos`` (its ``last_epoch``
     after this step) and, where stated, ``horizon`` with ``horizon_what``."""
-    out: dict[str, Any] = {"sid": id(sched)}
+    out: dict[str, object] = {"sid": id(sched)}
     pos = _int(getattr(sched, "last_epoch", None))
     if pos is not None:
         out["pos"] = pos

@@ -15,14 +15,16 @@ import torch
 
 from accumguard.observe._introspect import param_dtype
 from accumguard.observe._precision import (
+    MasterSum,
     deepspeed_dtypes,
     fsdp_dtypes,
     least_precise,
     name_of,
     step_facts,
 )
+from accumguard.observe._seams import as_deepspeed
 from accumguard.observe._steps import _GONE
-from accumguard.observe._window import Window
+from accumguard.observe._window import StepTally
 
 __all__ = ["StepPrecision"]
 
@@ -33,12 +35,14 @@ class StepPrecision:
 
     # (attributes of the observer this mixin uses; typed here for readers and checkers)
     _dtypes: dict[int, str | None]
-    _prec_static: dict[tuple[int, int], tuple[Any, ...]]
+    # (parameters' dtype, FSDP2's dtypes, DeepSpeed's dtypes) per (owner, tracked count)
+    _prec_static: dict[tuple[int, int],
+                       tuple[str | None, dict[str, str] | None, dict[str, str] | None]]
     _tracked: list[torch.Tensor]
-    _fsdp_groups: dict[int, list[Any]]
-    _step_master: dict[str, Any] | None
+    _fsdp_groups: dict[int, list[object]]
+    _step_master: MasterSum | None
 
-    def _dtype_of(self, owner: Any) -> str | None:
+    def _dtype_of(self, owner: object) -> str | None:
         """:func:`_param_dtype`, once per optimizer/engine (it walks every parameter; a
         model does not change dtype between steps)."""
         key = id(owner)
@@ -46,7 +50,7 @@ class StepPrecision:
             self._dtypes[key] = param_dtype(owner)
         return self._dtypes[key]
 
-    def _precision(self, owner: Any, source: str, w: Window) -> dict[str, Any] | None:
+    def _precision(self, owner: object, source: str, w: StepTally) -> dict[str, Any] | None:
         """The step record's ``precision`` (:func:`._precision.step_facts`); the per-owner
         part is read once (again when a parameter is tracked or FSDP2 was not set up yet)."""
         key = (id(owner), len(self._tracked))
@@ -55,7 +59,8 @@ class StepPrecision:
             groups = [g for gs in self._fsdp_groups.values() for g in gs]
             fsdp = fsdp_dtypes(groups) if groups else None
             static = (least_precise(name_of(p.dtype) for p in self._tracked if p is not _GONE),
-                      fsdp, deepspeed_dtypes(owner) if source == "deepspeed" else None)
+                      fsdp, deepspeed_dtypes(as_deepspeed(owner))
+                      if source == "deepspeed" and isinstance(owner, torch.nn.Module) else None)
             if fsdp is not None or not groups:
                 self._prec_static = {key: static}
         return step_facts(params=static[0], fsdp=static[1], deepspeed=static[2],

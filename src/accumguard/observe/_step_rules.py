@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from accumguard.observe._records import Finding, _mk, _n
+from accumguard.observe._records import Finding, Severity, _mk, _n
+from accumguard.observe._shared_rules import micro_sync, scheduler_ahead
 
 __all__ = ["_extra_step", "_no_update", "_scheduler_findings", "_sync_findings"]
 
@@ -48,7 +49,9 @@ def _sync_findings(rank: int, w: dict[str, Any]) -> list[Finding]:
     if not syncs or any(s is None for s in syncs):
         return []
     mism = w.get("sync_mismatch") or [] if engine == "ddp" else []
-    if syncs[-1] is False:
+    # the guard judges each backward with the same rule as it happens
+    verdicts = [micro_sync(s, last=j == len(syncs) - 1) for j, s in enumerate(syncs)]
+    if verdicts[-1] == "unsynced_last":
         synced = [j + 1 for j, s in enumerate(syncs) if s]
         return [_mk("F11", "error", rank, step, len(syncs) - 1,
                     f"the window's last backward (micro-step {len(syncs)} of {len(syncs)}) ran "
@@ -61,7 +64,7 @@ def _sync_findings(rank: int, w: dict[str, Any]) -> list[Finding]:
                        (f"; the flag changed between forward and backward on micro-step(s) "
                         f"{[m + 1 for m in mism]}: DDP reads it at the forward" if mism
                         else "")))]
-    extra = sum(1 for s in syncs[:-1] if s)
+    extra = verdicts.count("extra")
     if not extra:
         return []
     how = (f" (no_sync entered after the forward on micro-step(s) {[m + 1 for m in mism]}: "
@@ -134,7 +137,7 @@ def _no_update(rank: int, steps: list[dict[str, Any]]) -> list[Finding]:
     wasted = [s for s in folded if fsdp_off(s)]
     if not wasted:
         return []
-    return [Finding("OK", "note", rank, _n(wasted[0]["step"]), None,
+    return [Finding("OK", Severity.NOTE, rank, _n(wasted[0]["step"]), None,
                     f"{len(wasted)} of {len(steps)} optimizer.step() calls came after a "
                     "backward with FSDP2 gradient sync off and found every gradient None "
                     "(FSDP2 keeps the unreduced gradient until the synced backward): they "
@@ -147,7 +150,8 @@ def _no_update(rank: int, steps: list[dict[str, Any]]) -> list[Finding]:
 
 def _scheduler_findings(rank: int, events: list[dict[str, Any]]) -> list[Finding]:
     for e in events:
-        if not e.get("in_step") and int(e["count"]) > int(e["optimizer_steps"]) + 1:
+        if not e.get("in_step") and scheduler_ahead(int(e["count"]), int(e["optimizer_steps"]),
+                                                    allowance=1):
             micro = int(e["micro"])  # backward passes before it: after micro-step `micro`
             return [_mk("F4", "error", rank, int(e["step"]), micro - 1 if micro else None,
                         f"the LR scheduler had stepped {e['count']} times when its "

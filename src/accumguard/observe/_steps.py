@@ -5,11 +5,12 @@ DeepSpeed's ``engine.step`` and GradScaler call ``obs._begin_step``/``obs._end_s
 ``obs._skipped_step``). Before the step: the checksum of what the step receives and the
 conservation verdict (:mod:`._checksum`), the parameter snapshot for ``record_updates``,
 an idle re-step's snapshot, ``on_step_start``. After it: the updates, the arming of the next
-sampled window, the step record (:meth:`._window.Window.record`) and ``on_step``.
+sampled window, the step record (:meth:`._window.StepTally.record`) and ``on_step``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -24,14 +25,19 @@ from accumguard.observe._checksum import (
 )
 from accumguard.observe._events import ScalerEvent, StepStartEvent
 from accumguard.observe._introspect import local, snapshot, tol_for
-from accumguard.observe._precision import model_grad_sum
+from accumguard.observe._precision import MasterSum, model_grad_sum
 from accumguard.observe._reduction import rank_factor
-from accumguard.observe._window import Window
+from accumguard.observe._window import StepTally
 
 if TYPE_CHECKING:
+    from torch.utils.hooks import RemovableHandle
+
     from accumguard.observe._boundary import BoundaryScale
+    from accumguard.observe._checksum import Conservation
+    from accumguard.observe._events import Handlers
     from accumguard.observe._lanes import Lanes
     from accumguard.observe._losses import LossRecorder
+    from accumguard.observe._lr_trace import LrTrace
     from accumguard.observe._tally import Tally
 
 __all__ = ["PIN_ROOTS_AFTER_STEPS", "StepMachinery"]
@@ -62,59 +68,63 @@ class StepMachinery:
     boundary: BoundaryScale | None
     lanes: Lanes
     losses: LossRecorder
+    lr_trace: LrTrace
     _armed: bool
-    _w: Window
-    _ow: Window | None
-    _handlers: dict[str, list[Any]]
-    _sync_roots: list[Any]
-    _ds_engine: Any
+    _w: StepTally
+    _ow: StepTally | None
+    _handlers: Handlers
+    _sync_roots: list[torch.nn.Module]
+    _ds_engine: torch.nn.Module | None  # DeepSpeed's engine (an nn.Module)
     _tracked: list[torch.Tensor]
     _tracked_ids: set[int]
     _tracked_names: dict[int, str]
-    _fsdp_groups: dict[int, list[Any]]
+    _fsdp_groups: dict[int, list[object]]
     _end_versions: list[tuple[int, int] | None]
     _window_checked: bool | None
     _t_checks: float
-    _global_handle: Any
+    _global_handle: RemovableHandle | None
     _opt_steps: Tally
     _step_t0: float
     _step_applied: bool
-    _step_cons: Any
+    _step_cons: Conservation | None
     _step_checksum: torch.Tensor | None
     _step_members: list[bool] | None
-    _step_master: dict[str, Any] | None
+    _step_master: MasterSum | None
     _before: dict[str, torch.Tensor] | None
     _idle_before: dict[str, torch.Tensor] | None
     _last_owner: int
     _last_grads: list[tuple[int, int]]
 
     if TYPE_CHECKING:  # defined by the observer and its other mixins
-        def _quiet(self) -> Any: ...
-        def _emit(self, method: str, event: Any) -> None: ...
+        def _quiet(self) -> contextlib.AbstractContextManager[None]: ...
         def _trackable(self) -> bool: ...
         def _tracking(self) -> bool: ...
         def _track(self, root: torch.nn.Module) -> set[int]: ...
         def _hook_roots(self, on: bool) -> None: ...
         def _pin_roots(self) -> None: ...
-        def _dtype_of(self, owner: Any) -> str | None: ...
-        def _precision(self, owner: Any, source: str, w: Window) -> dict[str, Any] | None: ...
+        def _dtype_of(self, owner: object) -> str | None: ...
+        def _precision(self, owner: object, source: str, w: StepTally) -> dict[str, Any] | None: ...
 
-    def _skipped_step(self, opt: Any) -> None:
+    def _skipped_step(self, opt: torch.optim.Optimizer) -> None:
         """A GradScaler step that found inf/NaN gradients and skipped the optimizer: the
         window ends without an update and its gradients are dropped (as a DeepSpeed overflow
         skip). It counts as an attempted step of ``opt`` for the scheduler rule (F4): the
         scheduler that steps after it is on time."""
         self._opt_steps.add(opt)
-        if self._handlers["on_scaler_skip"]:
-            self._emit("on_scaler_skip", ScalerEvent(self.step, len(self._w.backwards), "skip",
-                                                     opt))
+        fns = self._handlers.on_scaler_skip
+        if fns:
+            ev = ScalerEvent(self.step, len(self._w.backwards), "skip", opt)
+            for fn in fns:
+                fn(ev)
         self._step_t0 = time.perf_counter()
         self._step_cons = None
         self._ow = None
         self._end_step("torch", type(opt).__name__, False, None, opt, discarded=True)
 
-    def _begin_step(self, opt: Any, applied: bool, engine: Any = None) -> None:
+    def _begin_step(self, opt: object, applied: bool,
+                    engine: torch.nn.Module | None = None) -> None:
         self._step_t0 = time.perf_counter()
+        self.lr_trace.know(opt if engine is None else getattr(engine, "optimizer", None))
         self._step_applied = applied
         shared = self._w
         # several optimizers on disjoint parameters: this one's own window (:mod:`._lanes`)
@@ -138,7 +148,7 @@ class StepMachinery:
                 with self._quiet():
                     self._step_master = model_grad_sum(
                         self._tracked, self._step_members, w.starts, w.ends,
-                        [p for g in opt.param_groups for p in g["params"]])
+                        [p for g in getattr(opt, "param_groups", []) for p in g["params"]])
             # a root's parameter replaced (an embedding resized) or unfrozen since the root
             # was first seen: tracked from the next window (not an optimizer's own copies:
             # fp32 master weights get their .grad at the step, not from the backwards)
@@ -171,15 +181,18 @@ class StepMachinery:
             self._idle_before = (self._before if self._before is not None
                                  else self._snapshot(opt, engine))
         self._last_owner = owner
-        if not self._handlers["on_step_start"]:
+        fns = self._handlers.on_step_start
+        if not fns:
             return
-        self._emit("on_step_start", StepStartEvent(
+        ev = StepStartEvent(
             step=self.step, backwards=len(w.backwards),
             source="torch" if engine is None else "deepspeed", applied=applied,
             engine=self.engine, conservation=self._step_cons,
-            owner=opt if engine is None else engine))
+            owner=opt if engine is None else engine)
+        for fn in fns:
+            fn(ev)
 
-    def _verdict(self) -> Any:
+    def _verdict(self) -> Conservation | None:
         """Conservation verdict on what the step about to run receives (None: unchecked)."""
         w = self._w if self._ow is None else self._ow
         if self._step_checksum is None or self._step_members is None:
@@ -203,31 +216,34 @@ class StepMachinery:
         return cons
 
     @staticmethod
-    def _grad_state(opt: Any) -> list[tuple[int, int]]:
+    def _grad_state(opt: object) -> list[tuple[int, int]]:
         return [(id(p.grad), p.grad._version) for g in getattr(opt, "param_groups", [])
                 for p in g["params"] if p.grad is not None]
 
-    def _no_new_grad(self, opt: Any) -> bool:
+    def _no_new_grad(self, opt: object) -> bool:
         """No gradient reached ``opt`` since its previous step: its ``.grad`` tensors are
         those it stepped on, unwritten since, or every one is zero."""
         if self._grad_state(opt) == self._last_grads:
             return True
         with self._quiet():
-            return all(not bool(local(p.grad).any()) for g in opt.param_groups
+            return all(not bool(local(p.grad).any()) for g in getattr(opt, "param_groups", [])
                        for p in g["params"] if p.grad is not None)
 
     def _end_step(self, source: str, opt_name: str, applied: bool, norm: float | None,
-                  owner: Any, *, discarded: bool = False) -> None:
+                  owner: object, *, discarded: bool = False) -> None:
         w = self._w
         own, self._ow = self._ow, None
+        lr_changes, lr = self.lr_trace.take()
+        # a DeepSpeed step's owner is its engine; a torch step's, its optimizer
+        ds_engine = owner if source == "deepspeed" and isinstance(owner, torch.nn.Module) \
+            else None
         if source == "torch":
             self.lanes.stepped(owner, self.backward_total)
             self._last_grads = self._grad_state(owner)
         updates = None
         before: dict[str, torch.Tensor] | None
         if self.record_updates and self._before is not None and applied:
-            after = self._snapshot(owner if source == "torch" else None,
-                                   owner if source == "deepspeed" else None)
+            after = self._snapshot(owner if source == "torch" else None, ds_engine)
             before = self._before
             if len(after) == len(before) and list(after) != list(before):
                 # the same parameters in the same order, named after the step: a closure's
@@ -239,8 +255,7 @@ class StepMachinery:
         before, self._before = self._before, None
         moved = None
         if self._idle_before is not None:
-            after = self._snapshot(owner if source == "torch" else None,
-                                   owner if source == "deepspeed" else None)
+            after = self._snapshot(owner if source == "torch" else None, ds_engine)
             moved = any(k in after and not torch.equal(after[k], v)
                         for k, v in self._idle_before.items())
             self._idle_before = None
@@ -258,10 +273,10 @@ class StepMachinery:
                            or (discarded and armed))
             if self._armed != armed:
                 self._hook_roots(self._armed)
-            if not armed and not w.unusual(self.window_size):
+            if not armed and not w.unusual(self.window_size) and not lr_changes:
                 self._next_window()
                 return
-        if not self._handlers["on_step"]:
+        if not self._handlers.on_step:
             # No listener takes the step record (the guard): skip building it (the window
             # loss reduction, its host copy and a dozen per-window lists).
             self._next_window()
@@ -271,33 +286,36 @@ class StepMachinery:
                 and self._step_checksum is not None:
             mask = torch.tensor(self._step_members, dtype=torch.bool)
             chk = [float(x) for x in self._step_checksum[mask].sum(0)]
+        precision = self._precision(owner, source, w)
+        # a torch step with every gradient None changes nothing: its window goes on;
+        # a DeepSpeed step that skipped its update (overflow) discarded its window
+        losses = self.losses.take(applied, carry=source == "torch" and not discarded)
+        terms = self.losses.take_terms()  # the terms and log-prob selections (_losses_terms)
+        # the ledger composes the loss weights with the engine's reduction
+        factor = rank_factor(self.engine, self._sync_roots, self._fsdp_groups,
+                             self._ds_engine) if losses or terms else None
         ev = (w if own is None else own).record(
             step=self.step, applied=applied, source=source, optimizer=opt_name,
             engine=self.engine, grad_norm=norm, conservation=cons, checksum=chk,
             wall=time.perf_counter() - self._step_t0, param_dtype=self._dtype_of(owner),
-            updates=updates, precision=self._precision(owner, source, w),
+            updates=updates, precision=precision,
             param_norm=(None if updates is None or before is None else
                         float(sum(float(v.pow(2).sum()) for v in before.values())) ** 0.5),
-            # a torch step with every gradient None changes nothing: its window goes on;
-            # a DeepSpeed step that skipped its update (overflow) discarded its window
-            losses=self.losses.take(applied, carry=source == "torch" and not discarded),
-            discarded=discarded, moved=moved)
-        ev.terms = self.losses.take_terms()
-        if ev.losses or ev.terms:  # the ledger composes the loss weights with the engine's reduction
-            ev.rank_factor = rank_factor(self.engine, self._sync_roots, self._fsdp_groups,
-                                         self._ds_engine)
-        if own is not None:
-            # the loss record follows the shared window's backwards, not this optimizer's
-            ev.losses = ev.terms = None
-            ev.optimizer_index = self.lanes.key(owner)
+            # with its own window, the loss record follows the shared window's backwards,
+            # not this optimizer's
+            losses=losses if own is None else None, discarded=discarded, moved=moved,
+            terms=terms if own is None else None,
+            rank_factor=factor, optimizer_index=None if own is None else self.lanes.key(owner),
+            lr_changes=lr_changes, lr=lr)
         self._next_window(reset_losses=False)  # losses.take() above reset them
         if self._global_handle is not None and self.step >= PIN_ROOTS_AFTER_STEPS:
             self._pin_roots()
-        self._emit("on_step", ev)
+        for fn in self._handlers.on_step:
+            fn(ev)
 
     def _next_window(self, *, reset_losses: bool = True) -> None:
         self.step += 1
-        self._w = Window()
+        self._w = StepTally()
         self._window_checked = None if self._armed else False  # unarmed: no checksums
         if self.boundary is not None:
             self.boundary.reset()
@@ -308,6 +326,6 @@ class StepMachinery:
         with self._quiet():
             return checksums(self._tracked)
 
-    def _snapshot(self, opt: Any, engine: Any) -> dict[str, torch.Tensor]:
+    def _snapshot(self, opt: object, engine: torch.nn.Module | None) -> dict[str, torch.Tensor]:
         with self._quiet():
             return snapshot(opt, engine, self._tracked_names)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from typing import Any
 
 __all__ = ["Tally"]
 
@@ -20,17 +19,17 @@ class Tally:
     """``add(obj)`` counts one more for ``obj``; ``get(obj, default)`` reads it."""
 
     def __init__(self) -> None:
-        self._d: dict[int, tuple[Callable[[], Any], int]] = {}
+        self._d: dict[int, tuple[Callable[[], object], int]] = {}
 
-    def get(self, obj: Any, default: int = 0) -> int:
+    def get(self, obj: object, default: int = 0) -> int:
         entry = self._d.get(id(obj))
         if entry is None or entry[0]() is not obj:
             return default
         return entry[1]
 
-    def add(self, obj: Any) -> int:
+    def add(self, obj: object) -> int:
         n = self.get(obj) + 1
-        ref: Callable[[], Any]
+        ref: Callable[[], object]
         try:
             ref = weakref.ref(obj)
         except TypeError:  # not weak-referenceable: compared by identity while it lives
@@ -42,8 +41,8 @@ class Tally:
 class _Strong:
     __slots__ = ("obj",)
 
-    def __init__(self, obj: Any) -> None:
+    def __init__(self, obj: object) -> None:
         self.obj = obj
 
-    def __call__(self) -> Any:
+    def __call__(self) -> object:
         return self.obj

@@ -1,8 +1,10 @@
-"""One window (what happened between two optimizer steps) and the step record it becomes.
+"""The open window's tally, and the step record it becomes.
 
-The observer fills a :class:`Window` as the micro-steps run (the hot path appends to its
-lists and bumps its counters) and turns it into a :class:`~._events.StepEvent` at the step
-(:meth:`Window.record`): the per-backward lists in one pass, nothing read from the model.
+The observer fills a :class:`StepTally` as the micro-steps run (the hot path appends to its
+lists and bumps its counters) and turns it into the one window record,
+:class:`~accumguard.core.window.StepRecord`, at the step (:meth:`StepTally.record`): the
+per-backward lists in one pass, nothing read from the model. The tally is mutable and
+holds tensors (losses, checksums); the record is frozen and torch-free.
 """
 
 from __future__ import annotations
@@ -11,14 +13,15 @@ from typing import Any
 
 import torch
 
-from accumguard.observe._events import BackwardEvent, StepEvent
+from accumguard.core.window import Conservation, StepRecord
+from accumguard.observe._events import BackwardEvent
 from accumguard.observe._introspect import window_loss
 
-__all__ = ["Window"]
+__all__ = ["StepTally"]
 
 
-class Window:
-    """What happened since the previous optimizer step."""
+class StepTally:
+    """What happened since the previous optimizer step, counted as it happens."""
 
     def __init__(self) -> None:
         self.backwards: list[BackwardEvent] = []
@@ -51,11 +54,14 @@ class Window:
                     or (window_size is not None and n != window_size))
 
     def record(self, *, step: int, applied: bool, source: str, optimizer: str, engine: str,
-               grad_norm: float | None, conservation: Any, checksum: list[float] | None,
-               wall: float, param_dtype: str | None, updates: dict[str, torch.Tensor] | None,
-               losses: Any, discarded: bool, moved: bool | None = None,
-               precision: dict[str, Any] | None = None,
-               param_norm: float | None = None) -> StepEvent:
+               grad_norm: float | None, conservation: Conservation | None,
+               checksum: list[float] | None, wall: float, param_dtype: str | None,
+               updates: dict[str, torch.Tensor] | None, losses: list[list[Any]] | None,
+               discarded: bool, moved: bool | None = None,
+               precision: dict[str, Any] | None = None, param_norm: float | None = None,
+               rank_factor: float | None = None, optimizer_index: int | None = None,
+               lr_changes: int | None = None, lr: float | None = None,
+               terms: list[list[Any]] | None = None) -> StepRecord:
         """The step record of this window (what :mod:`.rules` judges)."""
         loss: float | None = None
         if self.loss_ok and self.backwards:
@@ -80,7 +86,7 @@ class Window:
             if b.reductions:
                 reductions += b.reductions
                 rounds += 1
-        return StepEvent(
+        return StepRecord(
             step=step, backwards=len(self.backwards), window_loss=loss, applied=applied,
             source=source, optimizer=optimizer, engine=engine,
             zero_grads=self.zero_grads, zero_grads_between=self.zero_between,
@@ -93,5 +99,8 @@ class Window:
             max_backwards_per_engine_step=self.max_bw_per_engine_step,
             moved_without_backward=moved if not self.backwards else None,
             grad_norm=grad_norm, conservation=conservation, checksum=checksum, wall=wall,
-            param_dtype=param_dtype, updates=updates, losses=losses, discarded=discarded,
-            precision=precision, param_norm=param_norm)
+            param_dtype=param_dtype, updates=dict(updates) if updates is not None else None,
+            losses=losses, terms=terms, discarded=discarded, precision=precision,
+            param_norm=param_norm,
+            rank_factor=rank_factor, optimizer_index=optimizer_index, lr_changes=lr_changes,
+            lr=lr)

@@ -25,12 +25,14 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from accumguard.observe._failsafe import Failsafe
+from accumguard.observe._failsafe import Failsafe, Maker, Original
 from accumguard.observe._patch import Patches
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["CONSTRUCTION_FILE", "install_probes"]
 
@@ -62,9 +64,10 @@ def _call_site() -> str:
     return "?" if f is None else f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno}"
 
 
-def _batchnorm(notes: _Notes) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    def make(orig: Callable[..., Any]) -> Callable[..., Any]:
-        def forward(self: Any, input: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: A002
+def _batchnorm(notes: _Notes) -> Maker:
+    def make(orig: Original) -> Original:
+        def forward(self: torch.nn.Module, input: object, *args: object,  # noqa: A002
+                    **kwargs: object) -> object:
             out = orig(self, input, *args, **kwargs)
             if self.training or getattr(self, "running_mean", None) is None:
                 name = type(self).__name__
@@ -78,11 +81,12 @@ def _batchnorm(notes: _Notes) -> Callable[[Callable[..., Any]], Callable[..., An
     return make
 
 
-def _in_batch_negatives(notes: _Notes) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def _in_batch_negatives(notes: _Notes) -> Maker:
     import torch
 
-    def make(orig: Callable[..., Any]) -> Callable[..., Any]:
-        def cross_entropy(input: Any, target: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: A002
+    def make(orig: Original) -> Original:
+        def cross_entropy(input: object, target: object, *args: object,  # noqa: A002
+                          **kwargs: object) -> object:
             out = orig(input, target, *args, **kwargs)
             if (isinstance(input, torch.Tensor) and isinstance(target, torch.Tensor)
                     and input.dim() == 2 and input.shape[0] == input.shape[1] > 1

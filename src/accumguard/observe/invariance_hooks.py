@@ -26,7 +26,9 @@ import functools
 import os
 import random
 from collections.abc import Callable, Mapping
-from typing import Any
+
+#: torch's function being replaced, and its replacement (arguments passed through)
+_Fn = Callable[..., object]
 
 __all__ = ["install_from_env", "seed_everything", "disable_dropout", "ENV_SEED",
            "ENV_NO_DROPOUT"]
@@ -54,18 +56,18 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _identity(orig: Callable[..., Any]) -> Callable[..., Any]:
+def _identity(orig: _Fn) -> _Fn:
     @functools.wraps(orig)
-    def no_dropout(input: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: A002 - torch's name
+    def no_dropout(input: object, *args: object, **kwargs: object) -> object:  # noqa: A002
         return input
 
     no_dropout.__accumguard_original__ = orig  # type: ignore[attr-defined]
     return no_dropout
 
 
-def _sdpa_without_dropout(orig: Callable[..., Any]) -> Callable[..., Any]:
+def _sdpa_without_dropout(orig: _Fn) -> _Fn:
     @functools.wraps(orig)
-    def sdpa(*args: Any, **kwargs: Any) -> Any:
+    def sdpa(*args: object, **kwargs: object) -> object:
         if len(args) > 4:  # (query, key, value, attn_mask, dropout_p, ...)
             args = (*args[:4], 0.0, *args[5:])
         if "dropout_p" in kwargs:
@@ -81,9 +83,9 @@ def disable_dropout() -> Callable[[], None]:
     import torch
     import torch.nn.functional as F  # noqa: N812 - torch's own alias
 
-    saved: list[tuple[Any, str, Any]] = []
+    saved: list[tuple[object, str, object]] = []
 
-    def patch(owner: Any, name: str, make: Callable[[Any], Any]) -> None:
+    def patch(owner: object, name: str, make: Callable[[_Fn], _Fn]) -> None:
         orig = getattr(owner, name, None)
         if orig is None or hasattr(orig, "__accumguard_original__"):
             return

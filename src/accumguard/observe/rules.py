@@ -31,6 +31,7 @@ from typing import Any
 from accumguard.observe._comm_rules import comm_findings
 from accumguard.observe._epochs import dropped_finding, dropped_tail, short_epoch_findings
 from accumguard.observe._ledger import ledger_findings, term_findings
+from accumguard.observe._lr_rules import lr_schedule_findings
 from accumguard.observe._precision_rules import (
     F12_ERROR_FACTOR,
     f12_drift,
@@ -43,14 +44,18 @@ from accumguard.observe._records import (
     Finding,
     KResolution,
     RunRecording,
+    Severity,
     _mk,
     _n,
     _windows,
     load_recordings,
     step_record,
+    watch_dict,
     windows,
 )
 from accumguard.observe._schedules import run_horizon_findings
+from accumguard.observe._shared_rules import conservation_class as _conservation_class
+from accumguard.observe._shared_rules import double_gating, engine_resets
 from accumguard.observe._step_rules import (
     _extra_step,
     _no_update,
@@ -69,20 +74,18 @@ from accumguard.observe._weight_rules import (
 )
 
 __all__ = ["F12_ERROR_FACTOR", "NUMBERING", "WEIGHT_TOL", "WEIGHT_TOL_LOW_PRECISION", "DeclaredK", "Finding",
-           "KResolution", "RunRecording", "analyze", "classify_token_weights",
+           "KResolution", "RunRecording", "Severity", "analyze", "classify_token_weights",
            "conservation_class", "f12_drift", "grad_step_findings", "live_findings", "load_recordings",
            "loss_scale_findings", "loss_weight_findings", "partial_window_findings",
            "low_precision_findings", "manual_reduce_findings", "rank_scale_findings",
-           "resolve_k", "step_record", "windows"]
+           "resolve_k", "step_record", "watch_dict", "windows"]
 
 
 def conservation_class(cons: dict[str, Any], zero_grads_between: int) -> str:
     """The class of a broken conservation verdict: gradient left from the previous window
     (F7), removed by a ``zero_grad`` inside the window (F3), or removed by something else
     between backwards (F2/F3: an engine reset or a hand-written clear)."""
-    if cons.get("reason") == "stale":
-        return "F7"
-    return "F3" if zero_grads_between else "F2/F3"
+    return _conservation_class(cons.get("reason"), zero_grad_inside=bool(zero_grads_between))
 
 
 def live_findings(record: dict[str, Any], *, rank: int | None, k: int | None
@@ -217,6 +220,8 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
             findings += ([] if note is None else [note._replace(rank)]) + found
         findings += _scheduler_findings(rank, rec.schedulers.get(rank, []))
         findings += run_horizon_findings(rec, rank, res.k)
+        if not any(f.cls == "F4" and f.rank == rank for f in findings):
+            findings += lr_schedule_findings(rank, _windows(rec.steps.get(rank, [])), res.k)
     findings += _cross_rank(rec)
     findings += ledger_findings(rec, res.k)
     findings += term_findings(rec)
@@ -313,8 +318,7 @@ def _rank_findings(rank: int, steps: list[dict[str, Any]], info: dict[str, Any],
             out += _extra_step(rank, w)
             continue
         # F14: DeepSpeed accumulates K itself and the loop runs several backwards per step()
-        if (isinstance(ds_ga, int) and ds_ga > 1 and managed
-                and int(w.get("max_backwards_per_engine_step", 0)) > 1):
+        if managed and double_gating(ds_ga, int(w.get("max_backwards_per_engine_step", 0))):
             out.append(_mk("F14", "error", rank, step, None,
                            f"DeepSpeed gradient_accumulation_steps={ds_ga} and "
                            f"{w['max_backwards_per_engine_step']} backward passes before an "
@@ -325,9 +329,9 @@ def _rank_findings(rank: int, steps: list[dict[str, Any]], info: dict[str, Any],
         # F2: DeepSpeed ZeRO-1/2 reduced-and-reset at a non-final backward of the window
         bounds = w.get("ds_boundaries") or []
         coal = w.get("ds_coalescing") or []
-        if stage in (1, 2) and managed and n > 1 and len(bounds) == int(w["backwards"]):
-            early = [j for j, b in enumerate(bounds[:-1]) if b and not
-                     (coal[j] if j < len(coal) else False)]
+        if n > 1 and len(bounds) == int(w["backwards"]):
+            early = [j for j, b in enumerate(bounds[:-1])
+                     if engine_resets(stage, managed, b, coal[j] if j < len(coal) else False)]
             if early:
                 out.append(_mk("F2", "error", rank, step, early[0],
                                f"ZeRO-{stage}: backward passes {[j + 1 for j in early]} of a "

@@ -35,8 +35,16 @@ synchronises: a mode never leaves a window's last backward unreduced.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    import torch
+    from torch.distributed.fsdp import FSDPModule
+    from torch.nn.parallel import DistributedDataParallel
+
+    from accumguard.observe._failsafe import Original
+    from accumguard.observe._seams import PatchHost
 
 __all__ = ["ENV_ADVISE_K", "ENV_ADVISE_MODE", "MODES", "install_from_env"]
 
@@ -60,7 +68,7 @@ DS_SETTINGS: dict[str, tuple[str, object]] = {
 class _Applier:
     """Sets the engine's switches before each outermost DDP/FSDP2 forward (see the module)."""
 
-    def __init__(self, observer: Any, mode: str, k: int) -> None:
+    def __init__(self, observer: PatchHost, mode: str, k: int) -> None:
         self.observer = observer
         self.mode = mode
         self.k = max(1, k)
@@ -70,33 +78,38 @@ class _Applier:
         """Is the micro-step about to run the window's last (or beyond)?"""
         return len(self.observer._w.backwards) >= self.k - 1
 
-    def patch_ddp(self, module: Any) -> None:
+    def patch_ddp(self, module: ModuleType) -> None:
         self.observer.patches.wrap(module.DistributedDataParallel, "__call__", self._ddp_call)
 
-    def patch_fsdp(self, module: Any) -> None:
+    def patch_fsdp(self, module: ModuleType) -> None:
         """Every module given to ``fully_shard`` gets a forward pre-hook (prepended: it runs
         before FSDP2's own, which all-gathers) setting that module's own switches
         (``recurse=False``): FSDP2 reads each module's flags at its own forward and
         post-backward, so each module is set right before it runs."""
         self.observer.patches.wrap(module, "fully_shard", self._fully_shard)
 
-    def _fully_shard(self, orig: Callable[..., Any]) -> Callable[..., Any]:
-        def fully_shard(*args: Any, **kwargs: Any) -> Any:
+    def _fully_shard(self, orig: Original) -> Original:
+        import torch
+
+        def fully_shard(*args: object, **kwargs: object) -> object:
             out = orig(*args, **kwargs)
             hook = self.observer.failsafe.hook(self._fsdp_pre, "advise_fsdp")
             for m in out if isinstance(out, (list, tuple)) else [out]:
-                if hasattr(m, "set_requires_gradient_sync"):
+                if isinstance(m, torch.nn.Module) and hasattr(m, "set_requires_gradient_sync"):
                     self.observer.patches.add(
                         m.register_forward_pre_hook(hook, prepend=True).remove)
             return out
 
         return fully_shard
 
-    def _fsdp_pre(self, model: Any, args: Any) -> None:
+    def _fsdp_pre(self, module: torch.nn.Module, args: tuple[object, ...]) -> None:
         import torch
 
         if not torch.is_grad_enabled():
             return
+        # hooked on fully_shard's outputs only: each is an FSDPModule (a class torch mixes
+        # into the module's own), which the checker cannot see on an nn.Module
+        model = cast("FSDPModule", module)
         last = self.mode == "fsdp2-every" or self.last()
         if not self.applied:
             self.applied.append("FSDP2 switches set before each module's forward")
@@ -106,10 +119,10 @@ class _Applier:
                 model.set_reshard_after_forward(False, recurse=False)
             model.set_reshard_after_backward(last, recurse=False)
 
-    def _ddp_call(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+    def _ddp_call(self, orig: Original) -> Original:
         import torch
 
-        def call(model: Any, *args: Any, **kwargs: Any) -> Any:
+        def call(model: DistributedDataParallel, *args: object, **kwargs: object) -> object:
             if torch.is_grad_enabled():
                 model.require_backward_grad_sync = self.mode == "ddp-every" or self.last()
                 if not self.applied:
@@ -119,7 +132,7 @@ class _Applier:
         return call
 
 
-    def patch_deepspeed(self, module: Any) -> None:
+    def patch_deepspeed(self, module: ModuleType) -> None:
         """DeepSpeed reads its config (dict, file or base64) into one dict and passes it to
         ``_reject_removed_config_keys`` first: the mode's ``zero_optimization`` key is set
         in that dict there, before anything reads it (every form of config, no file
@@ -127,10 +140,11 @@ class _Applier:
         record says so and ``advise`` reports the mode as not applicable)."""
         self.observer.patches.wrap(module, "_reject_removed_config_keys", self._ds_config)
 
-    def _ds_config(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+    def _ds_config(self, orig: Original) -> Original:
         key, value = DS_SETTINGS[self.mode]
 
-        def reject_removed_config_keys(config: Any, *args: Any, **kwargs: Any) -> Any:
+        def reject_removed_config_keys(config: object, *args: object,
+                                       **kwargs: object) -> object:
             if isinstance(config, dict):
                 zero = config.setdefault("zero_optimization", {})
                 if isinstance(zero, dict):
@@ -141,7 +155,7 @@ class _Applier:
         return reject_removed_config_keys
 
 
-def install_from_env(observer: Any) -> _Applier | None:
+def install_from_env(observer: PatchHost | None) -> _Applier | None:
     """Apply ``ACCUMGUARD_ADVISE_MODE`` (if set) through ``observer``'s patches."""
     mode = os.environ.get(ENV_ADVISE_MODE, "")
     if mode not in MODES or observer is None or not observer.installed:

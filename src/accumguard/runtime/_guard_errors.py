@@ -1,7 +1,10 @@
-"""What the runtime guard reports: its violation classes and its records.
+"""What the runtime guard reports: its violation classes and its records (a closed window
+is the one window record, :class:`accumguard.core.window.StepRecord`).
 
 Every violation names its failure class (the id of :mod:`accumguard.core.taxonomy`)
-in ``rule``; ``title`` is the illegal transition in a few words::
+in ``rule``; ``title`` is the illegal transition in a few words; ``finding`` is the same
+violation as the one :class:`~accumguard.core.findings.Finding` every check of accumguard
+reports (error level; step and micro-step 1-based, unlike ``window``/``micro_step``)::
 
     AccumulationError
     └── GuardViolation                 rule, window, micro_step, seen, expected
@@ -23,12 +26,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from accumguard.core.errors import AccumulationError
+from accumguard.core.findings import Finding, Severity
 
 __all__ = [
     "ClipInsideWindowError", "DoubleGatingError", "EngineBoundaryResetError", "ExtraStepError",
     "GradientDesyncError", "GradientLeakError", "GradientSyncError", "GuardNote",
     "GuardViolation", "SchedulerStepError", "StepInsideWindowError", "Violation",
-    "WindowOverrunError", "WindowRecord", "ZeroGradInsideWindowError",
+    "WindowOverrunError", "ZeroGradInsideWindowError", "violation_finding",
 ]
 
 
@@ -36,19 +40,32 @@ class GuardViolation(AccumulationError):
     """The runtime guard saw the accumulation contract broken.
 
     ``rule`` is the failure-class id (``"F1"`` ...), ``window`` and ``micro_step``
-    (0-based) say where, ``seen``/``expected`` what.
+    (0-based) say where, ``seen``/``expected`` what; ``finding`` is the violation as a
+    :class:`~accumguard.core.findings.Finding` (None when raised by hand without one).
     """
 
     rule = "F?"
     title = "accumulation contract"
 
     def __init__(self, message: str, *, window: int, micro_step: int | None, seen: str,
-                 expected: str) -> None:
+                 expected: str, finding: Finding | None = None) -> None:
         super().__init__(message)
         self.window = window
         self.micro_step = micro_step
         self.seen = seen
         self.expected = expected
+        self.finding = finding
+
+
+def violation_finding(error: type[GuardViolation], *, rank: int | None, window: int,
+                      micro_step: int | None, seen: str, expected: str, fix: str) -> Finding:
+    """The guard's violation as the one finding type: its class and transition title, at
+    error level (the guard raises or warns only on a broken contract), optimizer step
+    ``window + 1`` and micro-step ``micro_step + 1`` (the guard counts both from 0, a
+    finding from 1), what it saw against what the contract expects, and the fix."""
+    return Finding(error.rule, Severity.ERROR, rank, window + 1,
+                   None if micro_step is None else micro_step + 1,
+                   f"saw {seen}; expected {expected}", f"{fix.rstrip('.')}.", error.title)
 
 
 class StepInsideWindowError(GuardViolation):
@@ -104,6 +121,8 @@ class Violation:
     window: int
     micro_step: int | None
     message: str
+    #: the violation as the one finding type (see :func:`violation_finding`)
+    finding: Finding | None = None
 
 
 @dataclass(frozen=True)
@@ -114,15 +133,3 @@ class GuardNote:
     window: int
     micro_step: int | None
     message: str
-
-
-@dataclass(frozen=True)
-class WindowRecord:
-    """What one closed window did: the per-window counts the guard checked."""
-
-    index: int
-    backward_passes: int
-    sync_rounds: int
-    optimizer_steps: int
-    scheduler_steps: int
-    zero_grads: int

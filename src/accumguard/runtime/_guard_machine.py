@@ -28,6 +28,8 @@ from typing import Any
 
 from accumguard.core.errors import AccumguardWarning, ConfigError, UsageError, rank_prefix
 from accumguard.core.taxonomy import fix_for
+from accumguard.core.window import StepRecord
+from accumguard.observe._shared_rules import conservation_class, micro_sync, scheduler_ahead
 from accumguard.runtime._guard_errors import (
     ClipInsideWindowError,
     DoubleGatingError,
@@ -42,8 +44,8 @@ from accumguard.runtime._guard_errors import (
     StepInsideWindowError,
     Violation,
     WindowOverrunError,
-    WindowRecord,
     ZeroGradInsideWindowError,
+    violation_finding,
 )
 
 __all__ = ["ILLEGAL", "RULES", "Event", "GuardMachine", "Phase", "Rule"]
@@ -286,7 +288,8 @@ class GuardMachine:
         self._backwards = 0
         self._consumed = 0  # micro-steps of closed windows
         self._declared: int | None = None
-        self._window_syncs = self._window_steps = self._window_sched = self._window_zero = 0
+        self._window_steps = self._window_sched = self._window_zero = self._window_zero_in = 0
+        self._window_syncs: list[bool | None] = []  # per backward: all-reduced? (None: no DDP)
         self._cleared = True
         self._unscaled = False
         self._zero_at: int | None = None  # backward passes done at the first zero_grad inside
@@ -302,7 +305,7 @@ class GuardMachine:
         self.scheduler_steps = 0
         self.sync_rounds = 0
         self.windows_closed = 0
-        self.windows: deque[WindowRecord] = deque(maxlen=history)
+        self.windows: deque[StepRecord] = deque(maxlen=history)
         self.violations: list[Violation] = []
         self.notes: list[GuardNote] = []
         self._warned: set[str] = set()
@@ -356,6 +359,8 @@ class GuardMachine:
             self.report("engine_reset", j, next=j + 1, **engine_reset)
         if ddp:
             self._check_sync(j, size, sync_forward, sync_backward)
+        else:
+            self._window_syncs.append(None)
         self._backwards += 1
         self.backward_passes += 1
         if self.phase is not Phase.FULL:
@@ -373,19 +378,19 @@ class GuardMachine:
 
     def _check_sync(self, j: int, size: int, fwd: bool | None, bwd: bool | None) -> None:
         decided = fwd if fwd is not None else bwd
+        self._window_syncs.append(decided)
         if decided:
             self.sync_rounds += 1
-            self._window_syncs += 1
         if fwd is True and bwd is False:
             self._flip_at = j
-        if j == size - 1:
-            if decided is False:
-                flip = (f" but {bwd} at backward: a flag set after the forward does nothing "
-                        "for this backward" if bwd is not None and bwd != fwd else "")
-                self.report("no_sync_last", j, fwd=fwd, flip=flip)
-        elif decided and self.sync == "deferred" and not (fwd is True and bwd is False):
+        verdict = micro_sync(decided, last=j == size - 1)  # the rule watch folds over a window
+        if verdict == "unsynced_last":
+            flip = (f" but {bwd} at backward: a flag set after the forward does nothing "
+                    "for this backward" if bwd is not None and bwd != fwd else "")
+            self.report("no_sync_last", j, fwd=fwd, flip=flip)
+        elif verdict == "extra" and self.sync == "deferred" and not (fwd is True and bwd is False):
             self.note("note_extra_sync", j)
-        elif decided is False and self.sync == "eager":
+        elif verdict == "deferred" and self.sync == "eager":
             self.note("note_missing_sync", j)
 
     def step(self, *, conservation: Any = None, unverified: str | None = None,
@@ -411,11 +416,13 @@ class GuardMachine:
             else:
                 self.report("nothing_received_sync" if sharded else "nothing_received", j)
         elif conservation is not None and not conservation.ok:
-            if conservation.reason == "stale":
+            # watch's class; F2/F3 (a clear, not a zero_grad) raises the guard's F3 error
+            zero_at = self._zero_at
+            cls = conservation_class(conservation.reason, zero_grad_inside=zero_at is not None)
+            if cls == "F7":
                 self.report("stale", 0, stale=conservation.stale)
-            elif self._zero_at is not None:
-                self.report("zero_grad_wiped", self._zero_at - 1, zn=self._zero_at,
-                            wiped=conservation.wiped)
+            elif cls == "F3" and zero_at is not None:
+                self.report("zero_grad_wiped", zero_at - 1, zn=zero_at, wiped=conservation.wiped)
             else:
                 wipe = conservation.first_wipe or 1
                 self.report("grad_wiped", wipe, wipe=wipe + 1, wiped=conservation.wiped)
@@ -438,8 +445,9 @@ class GuardMachine:
 
     def zero_grad(self) -> None:
         self._flush_pending()
-        if self.phase in (Phase.ACCUMULATING, Phase.FULL) and self._zero_at is None:
-            self._zero_at = self._backwards
+        if self.phase in (Phase.ACCUMULATING, Phase.FULL):
+            self._window_zero_in += 1
+            self._zero_at = self._backwards if self._zero_at is None else self._zero_at
         self._window_zero += 1
         self._cleared = True
 
@@ -449,7 +457,7 @@ class GuardMachine:
         self._window_sched += 1
         if self._sched_offset is None:
             self._sched_offset = max(0, min(1, self.scheduler_steps - steps))
-        if self.scheduler_steps > steps + self._sched_offset:
+        if scheduler_ahead(self.scheduler_steps, steps, allowance=self._sched_offset):
             j = self._backwards - 1 if self._backwards else None
             key = "sched_second" if self.phase is Phase.STEPPED else "sched_extra"
             self.report(key, j, sched=self.scheduler_steps, steps=steps)
@@ -497,7 +505,8 @@ class GuardMachine:
         self.window += 1
         self._backwards = 0
         self._declared = None
-        self._window_syncs = self._window_steps = self._window_sched = self._window_zero = 0
+        self._window_steps = self._window_sched = self._window_zero = self._window_zero_in = 0
+        self._window_syncs = []
         self._cleared = True
         self._unscaled = False
         self._zero_at = None
@@ -506,10 +515,10 @@ class GuardMachine:
 
     def _close_record(self) -> None:
         self.windows_closed += 1
-        self.windows.append(WindowRecord(
-            index=self.window, backward_passes=self._backwards, sync_rounds=self._window_syncs,
+        self.windows.append(StepRecord(
+            step=self.window, backwards=self._backwards, sync_micros=self._window_syncs,
             optimizer_steps=self._window_steps, scheduler_steps=self._window_sched,
-            zero_grads=self._window_zero))
+            zero_grads=self._window_zero_in, zero_grad_calls=self._window_zero))
 
     def _flush_pending(self) -> None:
         """Report a clip/unscale seen inside the window now that no step followed it (the
@@ -553,11 +562,14 @@ class GuardMachine:
         fix = rule.fix.format(**ctx) if rule.fix else fix_for(cls.rule).rstrip(".")
         message = (f"{rank_prefix(self._rank)}[{cls.rule} {cls.title}] {self._where(micro_step)}: "
                    f"saw {seen}; expected {expected}. Fix: {fix}.")
+        finding = violation_finding(cls, rank=self._rank, window=self.window,
+                                    micro_step=micro_step, seen=seen, expected=expected, fix=fix)
         self.violations.append(Violation(rule=cls.rule, error=cls.__name__, window=self.window,
-                                         micro_step=micro_step, message=message))
+                                         micro_step=micro_step, message=message,
+                                         finding=finding))
         if self.mode == "raise":
             raise cls(message, window=self.window, micro_step=micro_step, seen=seen,
-                      expected=expected)
+                      expected=expected, finding=finding)
         if cls.__name__ not in self._warned:
             self._warned.add(cls.__name__)
             log.warning("accumguard guard: %s", message)

@@ -13,12 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from accumguard.core.errors import ConfigError
 from accumguard.engines.registry import is_ddp, is_deepspeed_engine
+
+if TYPE_CHECKING:
+    from torch.nn.parallel import DistributedDataParallel
 
 __all__ = ["Targets", "resolve_targets", "step_hook_owner"]
 
@@ -32,39 +35,39 @@ class Targets:
     params: list[torch.Tensor]
     param_ids: frozenset[int]
     optimizer_ids: frozenset[int]  # any of these stepping is this guard's step (torch path)
-    deepspeed: Any  # the DeepSpeed engine whose engine.step() is this guard's step, or None
-    ddp: Any  # the DistributedDataParallel model (sync-flag checks), or None
+    deepspeed: torch.nn.Module | None  # the DeepSpeed engine whose engine.step() is this guard's step, or None
+    ddp: DistributedDataParallel | None  # the DistributedDataParallel model (sync-flag checks), or None
     scheduler_ids: frozenset[int]
-    scaler: Any
+    scaler: object  # the GradScaler the loop uses (matched by identity), or None
 
-    def owns_optimizer(self, opt: Any) -> bool:
+    def owns_optimizer(self, opt: object) -> bool:
         if id(opt) in self.optimizer_ids:
             return True
         first = _first_param(opt)
         return first is not None and id(first) in self.param_ids
 
-    def owns_module(self, module: Any) -> bool:
+    def owns_module(self, module: object) -> bool:
         if module is self.model or module is getattr(self.model, "module", None):
             return True
         params = getattr(module, "parameters", None)
         first = next(iter(params()), None) if callable(params) else None
         return first is not None and id(first) in self.param_ids
 
-    def owns_step(self, owner: Any, source: str) -> bool:
+    def owns_step(self, owner: object, source: str) -> bool:
         if source == "deepspeed":
             return self.deepspeed is not None and (
                 owner is self.deepspeed or getattr(owner, "module", None) is self.model)
         return self.deepspeed is None and id(owner) in self.optimizer_ids
 
 
-def _first_param(opt: Any) -> Any:
+def _first_param(opt: object) -> object:
     for group in getattr(opt, "param_groups", None) or []:
         for p in group.get("params", []):
             return p
     return None
 
 
-def _chain(obj: Any, attrs: tuple[str, ...] = _INNER) -> Iterator[Any]:
+def _chain(obj: object, attrs: tuple[str, ...] = _INNER) -> Iterator[object]:
     """``obj`` and the objects it wraps (Accelerate/Lightning/ZeRO wrappers), outermost first."""
     seen: set[int] = set()
     while obj is not None and id(obj) not in seen:
@@ -74,7 +77,7 @@ def _chain(obj: Any, attrs: tuple[str, ...] = _INNER) -> Iterator[Any]:
                     and hasattr(getattr(obj, a), "step")), None)
 
 
-def resolve_targets(model: Any, optimizer: Any, scheduler: Any, scaler: Any) -> Targets:
+def resolve_targets(model: object, optimizer: object, scheduler: object, scaler: object) -> Targets:
     """Check what the caller passed and derive the identities events are matched against."""
     if not isinstance(model, torch.nn.Module):
         raise ConfigError(f"model must be a torch.nn.Module (the model as the loop calls it: "
@@ -108,7 +111,7 @@ def resolve_targets(model: Any, optimizer: Any, scheduler: Any, scaler: Any) -> 
                    ddp=model if is_ddp(model) else None, scheduler_ids=sched_ids, scaler=scaler)
 
 
-def step_hook_owner(optimizer: Any) -> torch.optim.Optimizer | None:
+def step_hook_owner(optimizer: object) -> torch.optim.Optimizer | None:
     """The innermost torch optimizer behind ``optimizer``'s wrappers whose own step hooks are
     set up (Accelerate's and Lightning's wrappers subclass ``Optimizer`` without running its
     ``__init__``); it steps once per step of the outermost one. None: none found."""

@@ -46,8 +46,10 @@ import torch
 
 from accumguard.core.boundary import check_accumulation_steps
 from accumguard.core.errors import AccumguardWarning, ConfigError, UsageError, rank_prefix
+from accumguard.core.window import StepRecord
 from accumguard.observe import CONSERVATION_BUDGET, FORCED_CHECKS, checksums
 from accumguard.observe._agree import gather_rows
+from accumguard.observe._shared_rules import double_gating, engine_resets
 from accumguard.runtime._guard_errors import (
     ClipInsideWindowError,
     DoubleGatingError,
@@ -62,7 +64,6 @@ from accumguard.runtime._guard_errors import (
     StepInsideWindowError,
     Violation,
     WindowOverrunError,
-    WindowRecord,
     ZeroGradInsideWindowError,
 )
 from accumguard.runtime._guard_machine import GuardMachine, Phase
@@ -84,12 +85,23 @@ __all__ = [
     "StepInsideWindowError",
     "Violation",
     "WindowOverrunError",
-    "WindowRecord",
     "ZeroGradInsideWindowError",
     "guard",
 ]
 
 _SYNC_MODES = ("deferred", "eager", "any")
+
+
+def __getattr__(name: str) -> object:
+    """``WindowRecord``: the guard's closed window is now the one window record of every
+    judge, :class:`accumguard.core.window.StepRecord` (``index``, ``backward_passes``,
+    ``sync_rounds`` still read as before); the old name works for one release."""
+    if name == "WindowRecord":
+        warnings.warn("accumguard.runtime.guard.WindowRecord is now "
+                      "accumguard.core.window.StepRecord; import it from there (the old name "
+                      "goes away in the next release)", DeprecationWarning, stacklevel=2)
+        return StepRecord
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class AccumulationGuard(GuardMachine):
@@ -122,7 +134,8 @@ class AccumulationGuard(GuardMachine):
         check_sync_every: every N optimizer steps, all-gather a checksum of the
             gradients the optimizer is about to use and require it to agree across
             ranks (one small collective; DDP-style replicated gradients only).
-        history: how many :class:`WindowRecord` to keep.
+        history: how many closed windows to keep in :attr:`windows` (each one
+            :class:`~accumguard.core.window.StepRecord`).
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: Any, *,
@@ -257,8 +270,8 @@ class AccumulationGuard(GuardMachine):
         suspect, self._leak_suspect = self._leak_suspect, None
         info = self.observer.engine_info if self.observer is not None else None
         reset = None
-        if (info is not None and info.zero_stage in (1, 2) and info.managed_accumulation
-                and ev.ds_boundary and not ev.ds_coalescing):
+        if info is not None and engine_resets(info.zero_stage, info.managed_accumulation,
+                                              ev.ds_boundary, ev.ds_coalescing):
             reset = {"stage": info.zero_stage, "ds_ga": info.gradient_accumulation_steps}
         self.backward(sync_forward=ev.sync_forward, sync_backward=ev.sync_backward,
                       ddp=self.targets.ddp is not None, engine_reset=reset,
@@ -288,7 +301,7 @@ class AccumulationGuard(GuardMachine):
         info = self.observer.engine_info if self.observer is not None else None
         ga = info.gradient_accumulation_steps if info is not None else None
         if (not ev.boundary and self.targets.owns_step(ev.owner, "deepspeed")
-                and self.phase is Phase.FULL and ev.backwards > 1 and (ga or 1) > 1):
+                and self.phase is Phase.FULL and double_gating(ga, ev.backwards)):
             self.double_gating(since=ev.backwards, ds_ga=int(ga or 1))
 
     def on_zero_grad(self, ev: Any) -> None:

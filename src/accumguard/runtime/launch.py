@@ -46,12 +46,20 @@ import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from accumguard.core.errors import ConfigError, RankFailedError, RankTimeoutError
 
 if TYPE_CHECKING:
+    from multiprocessing.process import BaseProcess
+    from multiprocessing.queues import Queue
+
     import torch
+
+R = TypeVar("R")
+#: what a rank sends the parent: (rank, "started" | "ok" | "error", the pickled return
+#: value (bytes) or the traceback (str))
+_Message = tuple[int, str, Any]
 
 __all__ = ["run_on_ranks", "free_env", "max_ranks", "rank_device", "uses_cuda"]
 
@@ -139,18 +147,18 @@ def rank_device(backend: str, local_rank: int, local_world_size: int,
     return torch.device("cuda", local_rank)
 
 
-def _bind_device(backend: str, rank: int, world_size: int) -> dict[str, Any]:
-    """Bind this rank to its device *before* ``init_process_group`` and return the extra
-    ``init_process_group`` keywords: ``device_id`` under nccl (the group is then bound to
-    that GPU and initialised eagerly, and NCCL never guesses the device from
-    ``current_device()``); nothing under gloo, where ``set_device`` is never called."""
+def _bind_device(backend: str, rank: int, world_size: int) -> torch.device | None:
+    """Bind this rank to its device *before* ``init_process_group`` and return the
+    ``device_id`` to give it: the GPU under nccl (the group is then bound to that GPU and
+    initialised eagerly, and NCCL never guesses the device from ``current_device()``); None
+    (torch's default) under gloo, where ``set_device`` is never called."""
     import torch
 
     device = rank_device(backend, rank, world_size)
     if device.type != "cuda":
-        return {}
+        return None
     torch.cuda.set_device(device)
-    return {"device_id": device}
+    return device
 
 
 def _die_with_parent() -> None:
@@ -167,15 +175,15 @@ def _die_with_parent() -> None:
 
 
 def _worker(
-    fn: Callable[..., Any],
-    args: Sequence[Any],
+    fn: Callable[..., object],
+    args: Sequence[object],
     rank: int,
     world_size: int,
     backend: str,
     store_addr: tuple[str, int] | None,
     init_file: str | None,
     pg_timeout: float,
-    results: Any,
+    results: Queue[_Message],
     env: dict[str, str],
 ) -> None:
     # Own process group, so that the parent can kill this rank and anything it started.
@@ -197,17 +205,18 @@ def _worker(
     timeout = datetime.timedelta(seconds=pg_timeout)
     failed: bool | None = None
     try:
-        bound = _bind_device(backend, rank, world_size)
+        device_id = _bind_device(backend, rank, world_size)
         if store_addr is not None:
             os.environ["MASTER_PORT"] = str(store_addr[1])
             # torch.distributed imports TCPStore from torch._C without re-exporting it (stub gap)
             store = dist.TCPStore(store_addr[0], store_addr[1], world_size, is_master=False,  # type: ignore[attr-defined]
                                   timeout=timeout)
             dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                                    timeout=timeout, **bound)
+                                    timeout=timeout, device_id=device_id)
         else:
             dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank,
-                                    world_size=world_size, timeout=timeout, **bound)
+                                    world_size=world_size, timeout=timeout,
+                                    device_id=device_id)
         results.put((rank, "started", b""))
         failed = True
         try:
@@ -312,15 +321,15 @@ def _exit_text(code: int | None) -> str:
 
 
 def run_on_ranks(
-    fn: Callable[..., Any],
+    fn: Callable[..., R],
     world_size: int = 2,
-    args: Sequence[Any] = (),
+    args: Sequence[object] = (),
     *,
     timeout: float = 300.0,
     backend: str = "gloo",
     rendezvous: str = "tcp",
     env: dict[str, str] | None = None,
-) -> list[Any]:
+) -> list[R]:
     """Call ``fn(rank, world_size, *args)`` on ``world_size`` fresh processes.
 
     Returns the per-rank return values, ordered by rank (they must be picklable).
@@ -352,7 +361,7 @@ def run_on_ranks(
     # A collective waits at most this long, so a stuck rank errors out before the hard kill.
     pg_timeout = max(10.0, timeout * 0.8)
     ctx = mp.get_context("spawn")
-    results = ctx.Queue()
+    results: Queue[_Message] = ctx.Queue()
     store = None
     tmpdir = None
     store_addr: tuple[str, int] | None = None
@@ -374,7 +383,7 @@ def run_on_ranks(
         )
         for r in range(world_size)
     ]
-    out: dict[int, Any] = {}
+    out: dict[int, R] = {}
     started: set[int] = set()
     grace = 0.0
     # The ranks are ended inside the signal context: the parent dies of a forwarded signal
@@ -398,8 +407,8 @@ def run_on_ranks(
             del store
 
 
-def _collect(procs: list[Any], results: Any, out: dict[int, Any], started: set[int],
-             timeout: float) -> None:
+def _collect(procs: Sequence[BaseProcess], results: Queue[_Message], out: dict[int, R],
+             started: set[int], timeout: float) -> None:
     """Read results until every rank reported; raise for the rank that really failed."""
     world_size = len(procs)
     deadline = time.monotonic() + timeout
@@ -432,7 +441,7 @@ def _collect(procs: list[Any], results: Any, out: dict[int, Any], started: set[i
         out[rank] = pickle.loads(value)
 
 
-def _silent_deaths(procs: list[Any], out: dict[int, Any], errored: set[int]) -> list[int]:
+def _silent_deaths(procs: Sequence[BaseProcess], out: dict[int, R], errored: set[int]) -> list[int]:
     return [r for r, p in enumerate(procs)
             if r not in out and r not in errored and p.exitcode is not None]
 
@@ -448,7 +457,8 @@ def _is_peer_lost(remote: str) -> bool:
     return any(s in remote for s in _PEER_LOST)
 
 
-def _raise_root_cause(procs: list[Any], results: Any, out: dict[int, Any], rank: int,
+def _raise_root_cause(procs: Sequence[BaseProcess], results: Queue[_Message], out: dict[int, R],
+                      rank: int,
                       remote: str) -> None:
     """A rank raised. Find the rank that *caused* it before blaming this one: another rank
     that died without reporting (os._exit, a signal), or, when this error only says that a

@@ -65,7 +65,17 @@ import sys
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:  # (imported lazily at run time: the bootstrap stays light until torch is)
+    import torch
+
+    from accumguard.observe._comm_ledger import CommLedger
+    from accumguard.observe._events import BackwardEvent, EngineInfo, SchedulerEvent, StepEvent
+    from accumguard.observe._failsafe import Failure, Original
+    from accumguard.observe._observer import Observer
+    from accumguard.runtime._advise_modes import _Applier as Applier
 
 __all__ = ["BOOTSTRAP_DIR", "ENV_DIR", "ENV_EVERY", "ENV_MAX_STEPS", "ENV_RECORD_UPDATES",
            "observed_env", "recording", "start_agent"]
@@ -135,7 +145,7 @@ def start_agent() -> None:
     when_imported("torch", _install_all)
 
 
-def _install_all(_torch: Any = None) -> None:
+def _install_all(_torch: object = None) -> None:
     """Once torch is imported: the observer, then ``accumguard invariance``'s seed/dropout
     hooks (a no-op unless ``ACCUMGUARD_SEED``/``ACCUMGUARD_NO_DROPOUT`` are set): one
     bootstrap for both commands."""
@@ -150,7 +160,7 @@ def _install_all(_torch: Any = None) -> None:
 
 @contextlib.contextmanager
 def recording(out_dir: str | os.PathLike[str], *, record_updates: bool = False,
-              every: int = 1) -> Iterator[Any]:
+              every: int = 1) -> Iterator[Observer]:
     """Observe a block of this process and write its recording to ``out_dir`` (the same
     ``rank-<R>.jsonl`` as under ``accumguard watch``), then remove every patch.
 
@@ -161,6 +171,7 @@ def recording(out_dir: str | os.PathLike[str], *, record_updates: bool = False,
     """
     agent = _Agent(Path(out_dir), record_updates=record_updates, every=every)
     agent.install(handlers=False)
+    assert agent.observer is not None  # (install made it)
     try:
         yield agent.observer
     finally:
@@ -181,31 +192,32 @@ class _Agent:
         env_every = os.environ.get(ENV_EVERY, "1")
         self.every = every if every is not None else (
             int(env_every) if env_every.strip().isdigit() else 1)
-        self.observer: Any = None
-        self.ledger: Any = None
-        self.advise: Any = None  # accumguard advise's mode applier (runtime._advise_modes)
-        self.fh: Any = None
+        self.observer: Observer | None = None
+        self.ledger: CommLedger | None = None
+        self.advise: Applier | None = None  # accumguard advise's mode (runtime._advise_modes)
+        self.fh: TextIO | None = None
         self.rank: int | None = None
-        self.buffer: list[dict[str, Any]] = []
-        self.updates: list[dict[str, Any]] = []
+        self.buffer: list[dict[str, Any]] = []  # JSON records (step_record's own fields)
+        self.updates: list[dict[str, torch.Tensor]] = []
         self.closed = False
         self.seen_activity = False
         self.pid = os.getpid()
 
     # -- installation -------------------------------------------------------------------
-    def install(self, _torch: Any = None, *, handlers: bool = True) -> None:
+    def install(self, _torch: object = None, *, handlers: bool = True) -> None:
         from accumguard.observe._comm_ledger import CommLedger
         from accumguard.observe._observer import Observer
 
         # every=1 (default): conservation checked on as many windows as ~1 % of the run's
         # time allows (always the first two); every=N: exactly every N-th window.
-        self.observer = Observer(auto_roots=True, record_updates=self.record_updates,
-                                 every=self.every, budget=0.01 if self.every == 1 else None)
-        self.ledger = CommLedger(self.observer)  # the step record's "comm" (collectives)
+        self.observer = obs = Observer(auto_roots=True, record_updates=self.record_updates,
+                                       every=self.every,
+                                       budget=0.01 if self.every == 1 else None)
+        self.ledger = CommLedger(obs)  # the step record's "comm" (collectives)
         self.ledger.attach()
-        self.observer.add_listener(self.ledger)
-        self.observer.add_listener(self)
-        self.observer.install()
+        obs.add_listener(self.ledger)
+        obs.add_listener(self)
+        obs.install()
         self._wrap_destroy()
         if not handlers:  # in-process recording(): the caller closes it
             return
@@ -213,7 +225,7 @@ class _Agent:
         self._install_sigterm()
         # after accumguard's own failure nothing of it stays in the way of the script's
         # signals (its wrappers of signal.signal/getsignal are undone with the rest)
-        self.observer.failsafe.on_teardown(self._restore_sigterm)
+        obs.failsafe.on_teardown(self._restore_sigterm)
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._forked)
 
@@ -230,24 +242,26 @@ class _Agent:
         if signal.getsignal(signal.SIGTERM) != self._on_sigterm:
             return
         ours = self._on_sigterm
+        assert self.observer is not None  # (installed first)
+        patches = self.observer.patches
 
-        def hide(handler: Any) -> Any:
+        def hide(handler: object) -> object:
             return signal.SIG_DFL if handler == ours else handler
 
-        def make_signal(orig: Any) -> Any:
-            def signal_(signalnum: Any, handler: Any) -> Any:
+        def make_signal(orig: Original) -> Original:
+            def signal_(signalnum: object, handler: object) -> object:
                 return hide(orig(signalnum, handler))
 
             return signal_
 
-        def make_getsignal(orig: Any) -> Any:
-            def getsignal(signalnum: Any) -> Any:
+        def make_getsignal(orig: Original) -> Original:
+            def getsignal(signalnum: object) -> object:
                 return hide(orig(signalnum))
 
             return getsignal
 
-        self.observer.patches.wrap(signal, "signal", make_signal)
-        self.observer.patches.wrap(signal, "getsignal", make_getsignal)
+        patches.wrap(signal, "signal", make_signal)
+        patches.wrap(signal, "getsignal", make_getsignal)
 
     def _restore_sigterm(self) -> None:
         with contextlib.suppress(ValueError, OSError):
@@ -270,49 +284,51 @@ class _Agent:
         if not dist.is_available():
             return
         agent = self
+        assert self.observer is not None  # (installed first)
+        patches = self.observer.patches
 
-        def make(orig: Any) -> Any:
-            def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+        def make(orig: Original) -> Original:
+            def destroy_process_group(*args: object, **kwargs: object) -> object:
                 agent.flush("destroy_process_group")
                 return orig(*args, **kwargs)
 
             return destroy_process_group
 
-        self.observer.patches.wrap(dist, "destroy_process_group", make)
+        patches.wrap(dist, "destroy_process_group", make)
         dc = sys.modules.get("torch.distributed.distributed_c10d")
         if dc is not None:
-            self.observer.patches.wrap(dc, "destroy_process_group", make)
+            patches.wrap(dc, "destroy_process_group", make)
 
-    def _on_sigterm(self, signum: int, frame: Any) -> None:
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         if os.getpid() == self.pid:
             self.close("signal")
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
 
     # -- listener -------------------------------------------------------------------------
-    def on_internal_error(self, failure: Any) -> None:
+    def on_internal_error(self, failure: Failure) -> None:
         """accumguard failed on this rank: say so in the recording at once (the report
         puts it first; steps after it were not observed)."""
         self.seen_activity = True
         self._write({"kind": "internal_error", "rank": self._rank(), **failure.as_dict()})
         self.flush("internal_error")
 
-    def on_engine(self, info: Any) -> None:
+    def on_engine(self, info: EngineInfo) -> None:
         from dataclasses import asdict
 
         self._write({"kind": "engine", **asdict(info)})
 
-    def on_backward(self, ev: Any) -> None:
+    def on_backward(self, ev: BackwardEvent) -> None:
         self.seen_activity = True
 
-    def on_scheduler_step(self, ev: Any) -> None:
+    def on_scheduler_step(self, ev: SchedulerEvent) -> None:
         from accumguard.observe._schedules import schedule_state
 
         self._write({"kind": "scheduler", "step": ev.step, "micro": ev.micro, "count": ev.count,
                      "optimizer_steps": ev.optimizer_steps, "in_step": ev.in_step,
                      **schedule_state(ev.owner)})
 
-    def on_step(self, ev: Any) -> None:
+    def on_step(self, ev: StepEvent) -> None:
         from accumguard.observe.rules import step_record
 
         self.seen_activity = True
@@ -378,10 +394,12 @@ class _Agent:
             if not self.seen_activity:
                 return
             self._open()
+        fh = self.fh
+        assert fh is not None  # (_open set it, or raised)
         for rec in self.buffer:
-            self.fh.write(json.dumps(rec, default=_jsonable) + "\n")
+            fh.write(json.dumps(rec, default=_jsonable) + "\n")
         self.buffer.clear()
-        self.fh.flush()
+        fh.flush()
 
     def flush(self, reason: str = "") -> None:
         with contextlib.suppress(Exception):
@@ -411,7 +429,7 @@ class _Agent:
             with contextlib.suppress(Exception):  # at exit: never an error of the script's
                 obs.uninstall()
 
-    def _write_end(self, obs: Any, reason: str, stuck: bool) -> None:
+    def _write_end(self, obs: Observer, reason: str, stuck: bool) -> None:
         with contextlib.suppress(Exception):  # runs at exit and on SIGTERM: never raises
             pending = len(obs._w.backwards)
             self.seen_activity = self.seen_activity or pending > 0 or stuck
@@ -435,10 +453,10 @@ class _Agent:
         os._exit(0)
 
 
-def _peak_memory() -> dict[str, Any]:
+def _peak_memory() -> dict[str, int]:
     """This process's peak memory for ``accumguard advise``: ``peak_rss_bytes`` (the
     process's maximum resident set, CPU) and ``cuda_max_allocated_bytes`` (CUDA runs)."""
-    out: dict[str, Any] = {}
+    out: dict[str, int] = {}
     with contextlib.suppress(Exception):
         import resource
 
@@ -451,7 +469,7 @@ def _peak_memory() -> dict[str, Any]:
     return out
 
 
-def _jsonable(x: Any) -> Any:
+def _jsonable(x: Any) -> float | str:  # (json's default hook: any object)
     if isinstance(x, float):
         return x
     with contextlib.suppress(Exception):

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from accumguard.observe._records import Finding
+from accumguard.observe._records import Finding, watch_dict
 
 __all__ = ["EXIT_ACCUMGUARD_FAILED", "JSON_SCHEMA_VERSION", "WatchResult", "judge",
            "run_in_group", "watch"]
@@ -174,7 +174,7 @@ def judge(out_dir: str | os.PathLike[str], *, command: Sequence[str] = (),
             "line": script.line, "how": script.how, "divides_loss": script.divides_loss},
         "numbering": NUMBERING,
         "engine": {str(r): v for r, v in rec.engine.items()},
-        "findings": [f.as_dict() for f in findings],
+        "findings": [watch_dict(f) for f in findings],
         "problems": problems,
         "steps": _summary(rec),
         "epochs": _epochs(rec),

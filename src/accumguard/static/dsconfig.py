@@ -42,7 +42,7 @@ from accumguard.static._dsparse import (
     load_config,
     parse_config_text,
 )
-from accumguard.static.findings import RULES, Finding, Severity
+from accumguard.static.findings import RULES, Finding, Severity, lint_finding
 
 __all__ = [
     "ConfigDict",
@@ -270,16 +270,15 @@ class _Collector:
                 line = self.lines[key[:n]]
                 break
         self.findings.append(
-            Finding(
-                code=code,
-                severity=severity or rule.severity,
-                message=message,
+            lint_finding(
+                code,
+                message,
+                severity=severity,
                 fix=fix or rule.fix,
                 key=".".join(key) or None,
                 line=line,
                 col=1 if line is not None else None,
                 path=self.path,
-                confidence=rule.confidence,
             )
         )
 
@@ -550,5 +549,5 @@ def check_config(
     _check_precision_and_clipping(c, ga)
     _check_zero_costs(c, ga)
     _check_keys(c)
-    return sorted(c.findings, key=lambda f: (f.line or 0, f.code))
+    return sorted(c.findings, key=lambda f: (f.line or 0, f.code or ""))
 

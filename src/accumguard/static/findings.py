@@ -1,8 +1,10 @@
-"""The rule catalogue and the one record every static check produces.
+"""The rule catalogue, and how a static check makes its finding.
 
 Both halves of the static tooling — the script linter (``accumguard lint``,
 codes ``AG1xx``) and the DeepSpeed config checker (``accumguard check-config``,
-codes ``AG2xx``) — report :class:`Finding` objects, so that one set of
+codes ``AG2xx``) — report :class:`~accumguard.core.findings.Finding` objects (the
+one finding type of accumguard, re-exported here with its ``Severity`` and
+``Confidence``), made by :func:`lint_finding` from the rule's code, so that one set of
 formatters (text, JSON, SARIF) and one exit-code policy serve both. Codes are
 stable: a code is never reused for a different meaning, because users pin them
 in ``--select``/``--ignore`` and in ``# accumguard: ignore[CODE]`` comments.
@@ -13,31 +15,13 @@ engine adapter imports at construction time, so it must stay stdlib-only.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from enum import Enum
+from dataclasses import dataclass
 
 from accumguard.core import taxonomy
+from accumguard.core.findings import Confidence, Finding, Severity
 
-
-class Severity(str, Enum):
-    """How sure we are that training is wrong.
-
-    ``error``: the pattern makes the update differ from the large-batch update.
-    ``warning``: wrong under a common condition we cannot see statically.
-    ``info``: correct but costly or worth a conscious choice.
-    """
-
-    ERROR = "error"
-    WARNING = "warning"
-    INFO = "info"
-
-
-class Confidence(str, Enum):
-    """How often the heuristic behind a rule is right on real scripts (documented in docs/rules.md)."""
-
-    HIGH = "high"
-    MEDIUM = "medium"
-    LOW = "low"
+__all__ = ["RULES", "Confidence", "Finding", "Rule", "Severity", "filter_findings", "lint_finding",
+           "rule_matches"]
 
 
 @dataclass(frozen=True)
@@ -58,46 +42,21 @@ class Rule:
         return taxonomy.title(self.failure_class) if self.failure_class else ""
 
 
-@dataclass(frozen=True)
-class Finding:
-    """One problem found in a script or a config.
-
-    ``line``/``col`` are 1-based and ``None`` when unknown (e.g. a config key
-    that is *missing*). ``key`` is the dotted config key path for config
-    findings (``"zero_optimization.stage"``) and ``None`` for script findings.
-    """
-
-    code: str
-    severity: Severity
-    message: str
-    fix: str
-    key: str | None = None
-    line: int | None = None
-    col: int | None = None
-    path: str | None = None
-    confidence: Confidence = Confidence.HIGH
-    end_line: int | None = None
-    end_col: int | None = None
-
-    @property
-    def failure_class(self) -> str:
-        """The failure class (``F1``..``F14``, see core/taxonomy.py) of this code, or ``""``."""
-        rule = RULES.get(self.code)
-        return rule.failure_class if rule else ""
-
-    @property
-    def class_title(self) -> str:
-        """The failure class's title, read from the taxonomy."""
-        rule = RULES.get(self.code)
-        return rule.class_title if rule else ""
-
-    def with_path(self, path: str) -> Finding:
-        """Return a copy attributed to ``path`` (findings are built before the path is known)."""
-        return replace(self, path=path)
-
-    def sort_key(self) -> tuple[str, int, int, str]:
-        """Order findings by file, position, then code, as linters conventionally do."""
-        return (self.path or "", self.line or 0, self.col or 0, self.code)
+def lint_finding(code: str, message: str, *, fix: str | None = None,
+                 severity: Severity | None = None, confidence: Confidence | None = None,
+                 key: str | None = None, line: int | None = None, col: int | None = None,
+                 path: str | None = None, end_line: int | None = None,
+                 end_col: int | None = None) -> Finding:
+    """The :class:`~accumguard.core.findings.Finding` of rule ``code``: its failure class,
+    the class's title (the rule's name when it has no class), and the rule's fix, severity
+    and confidence unless the check gives its own; ``message`` is what the check read.
+    ``line``/``col`` are 1-based and ``None`` when unknown (e.g. a config key that is
+    *missing*); ``key`` is the dotted config key path of a config finding."""
+    rule = RULES[code]
+    return Finding(rule.failure_class, severity or rule.severity, None, None, None, message,
+                   rule.fix if fix is None else fix, rule.class_title or rule.name, code=code,
+                   path=path, line=line, col=col, end_line=end_line, end_col=end_col, key=key,
+                   confidence=confidence or rule.confidence)
 
 
 def _rule(
@@ -112,7 +71,7 @@ def _rule(
     return Rule(code, name, failure_class, severity, confidence, summary, fix)
 
 
-E, W, N = Severity.ERROR, Severity.WARNING, Severity.INFO
+E, W, N = Severity.ERROR, Severity.WARNING, Severity.NOTE
 HI, MED, LO = Confidence.HIGH, Confidence.MEDIUM, Confidence.LOW
 
 #: Every rule, by code. ``docs/rules.md`` documents each with a wrong and a right example.
@@ -341,9 +300,9 @@ def filter_findings(
     """Apply ``--select``/``--ignore`` (prefix match, ignore wins)."""
     out = []
     for f in findings:
-        if select and not rule_matches(f.code, select):
+        if select and not rule_matches(f.code or "", select):
             continue
-        if ignore and rule_matches(f.code, ignore):
+        if ignore and rule_matches(f.code or "", ignore):
             continue
         out.append(f)
     return out

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from accumguard.core.window import StepRecord, sum_records
 from accumguard.verify.contract import AuditSetup
 from accumguard.verify.reference import (
     _WRAPPERS,
@@ -20,10 +21,9 @@ from accumguard.verify.reference import (
 )
 from accumguard.verify.report import (
     AuditReport,
+    AuditStep,
     Divergence,
     LoopObservation,
-    StepCounts,
-    StepRecord,
     Tolerance,
 )
 from accumguard.verify.tolerance import (
@@ -252,7 +252,7 @@ def _build_report(name: str, setup: AuditSetup, obs: list[LoopObservation],
                         f"{sum(c.gradless_steps for c in o0.records) + o0.trailing.gradless_steps}"
                         " optimizer.step() calls without any gradient); the reference moves "
                         f"them by up to {scale:.3g} per step")
-    steps: list[StepRecord] = []
+    steps: list[AuditStep] = []
     first: Divergence | None = None
     missing_grads: set[str] = set()
     for s in range(n_obs):
@@ -262,8 +262,8 @@ def _build_report(name: str, setup: AuditSetup, obs: list[LoopObservation],
         tot_n = sum(o.loss_counts[s] for o in obs if s < len(o.loss_counts))
         if tot_n > 0:
             loss = sum(o.loss_sums[s] for o in obs if s < len(o.loss_sums)) / tot_n
-        rec = StepRecord(step=s, update_error=None, grad_error=None, lr=lr, ref_lr=None,
-                         loss=loss, ref_loss=None, counts=counts)
+        rec = AuditStep(step=s, update_error=None, grad_error=None, lr=lr, ref_lr=None,
+                        loss=loss, ref_loss=None, counts=counts)
         p = params[s]
         if s < n_ref and p is not None:
             rp = ref.params[s]
@@ -300,11 +300,9 @@ def _build_report(name: str, setup: AuditSetup, obs: list[LoopObservation],
                 else f"gradient error {first.grad_error:.3g} > tolerance "
                      f"{rec.grad_tolerance:.3g}")
         failures.insert(0, f"step {first.step}: {what} (worst parameter {first.parameter!r})")
-    totals = StepCounts()
-    for c in o0.records:
-        totals.add(c)
     trailing = o0.trailing
-    totals.gradless_steps += trailing.gradless_steps
+    totals = sum_records([*o0.records, StepRecord(step=0, optimizer_steps=0,
+                                                  gradless_steps=trailing.gradless_steps)])
     if n_obs and totals.forward == 0 and trailing.forward == 0:
         failures.insert(0, "the loop stepped an optimizer but never ran ctx.model's forward: "
                            "it must wrap and train ctx.model (the observed model), not a model "
@@ -340,7 +338,7 @@ def _build_report(name: str, setup: AuditSetup, obs: list[LoopObservation],
     return report
 
 
-def _count_notes(o0: LoopObservation, notes: list[str], steps: list[StepRecord]) -> None:
+def _count_notes(o0: LoopObservation, notes: list[str], steps: list[AuditStep]) -> None:
     """Say how each count was obtained, and flag suspicious per-step counts."""
     eng = o0.engine
     if eng == "ddp":

@@ -12,21 +12,41 @@ from pathlib import Path
 from typing import Any
 
 from accumguard.core.errors import ConfigError
+from accumguard.core.window import StepRecord
 
-__all__ = ["StepRecord", "RunRecord", "load_run"]
+__all__ = ["RunRecord", "StepRow", "load_run"]
 
 _RANK_FILE = re.compile(r"^rank-(\d+)\.jsonl$")
 _UPDATES_FILE = "updates-rank-{rank}.pt"
 
 
-@dataclass
-class StepRecord:
-    """One optimizer step of one run, all ranks together (index 0-based, as recorded)."""
+@dataclass(frozen=True)
+class StepRow:
+    """One optimizer step of one run: every rank's window record of it, by rank."""
 
-    index: int
-    window_loss: float | None  # summed over ranks; None if any rank did not know it
-    backwards: list[int]  # per rank
-    applied: list[bool]  # per rank
+    ranks: tuple[StepRecord, ...]
+
+    @property
+    def index(self) -> int:
+        """The step's index (0-based, as recorded; rank 0's)."""
+        return self.ranks[0].step
+
+    @property
+    def window_loss(self) -> float | None:
+        """The window's loss summed over ranks; None if any rank did not know it."""
+        losses = [r.window_loss for r in self.ranks]
+        numbers = [float(x) for x in losses if isinstance(x, (int, float))]
+        return float(sum(numbers)) if len(numbers) == len(losses) else None
+
+    @property
+    def backwards(self) -> list[int]:
+        """Backward passes of the window, per rank."""
+        return [r.backwards for r in self.ranks]
+
+    @property
+    def applied(self) -> list[bool]:
+        """Whether the step changed the parameters, per rank."""
+        return [r.applied for r in self.ranks]
 
 
 @dataclass
@@ -40,7 +60,7 @@ class RunRecord:
     exit_code: int | None = None
     elapsed_s: float = 0.0
     world_size: int = 0
-    steps: list[StepRecord] = field(default_factory=list)
+    steps: list[StepRow] = field(default_factory=list)
     # updates[rank][step index] = {param name: float64 tensor}; missing step = not applied
     updates: list[dict[int, dict[str, Any]]] = field(default_factory=list)
     param_dtype: str | None = None
@@ -137,18 +157,18 @@ def load_run(observe_dir: Path, *, k: int, micro_batch: int | None = None,
     if max_steps is not None:
         n = min(n, max_steps)
     for i in range(n):
-        recs = [per_rank[r][i] for r, _ in files]
-        losses = [r.get("window_loss") for r in recs]
-        numbers = [float(x) for x in losses if isinstance(x, (int, float))]
-        loss = float(sum(numbers)) if len(numbers) == len(losses) else None
-        run.steps.append(StepRecord(index=int(recs[0].get("step", i)), window_loss=loss,
-                                    backwards=[int(r.get("backwards", 0) or 0) for r in recs],
-                                    applied=[bool(r.get("applied", True)) for r in recs]))
+        run.steps.append(StepRow(tuple(_step(per_rank[r][i], i) for r, _ in files)))
     run.updates = [_load_updates(observe_dir, rank, per_rank[rank][:n], run.notes)
                    for rank, _ in files]
     _precision_facts(run, [per_rank[r][:n] for r, _ in files])
     run.construction = _construction(observe_dir)
     return run
+
+
+def _step(line: dict[str, Any], i: int) -> StepRecord:
+    """A rank's step line as a window record (a line without a step index is the i-th)."""
+    return StepRecord.from_dict({"step": i, **line,
+                                 "backwards": int(line.get("backwards", 0) or 0)})
 
 
 _LOW = ("bfloat16", "float16")

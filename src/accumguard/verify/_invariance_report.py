@@ -120,13 +120,14 @@ def watch_findings(run: RunRecord) -> tuple[list[dict[str, Any]], str]:
     ``micro`` are 1-based like the rest of this report, ``optimizer_step`` repeats
     ``step`` for readers of the first JSON version) and one text line each.
     """
+    from accumguard.observe.rules import watch_dict
     from accumguard.runtime.watch_findings import analyze, load_recordings
 
     found, _k, _source = analyze(load_recordings(run.observe_dir), k_flag=run.k)
     out: list[dict[str, Any]] = []
     lines: list[str] = []
     for f in found:
-        d = dict(f.as_dict())
+        d = watch_dict(f)
         step = d.get("step")
         d["optimizer_step"] = step if isinstance(step, int) else None
         out.append(d)

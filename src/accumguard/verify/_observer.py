@@ -5,8 +5,9 @@ What the loop does is observed by the one observation layer, :mod:`accumguard.ob
 (backward passes of any kind, optimizer steps including DeepSpeed's ``engine.step`` and
 wrapping optimizers, ``zero_grad``, LR-scheduler steps, collectives counted where they are
 issued, DDP's gradient-sync flag at forward time, the DeepSpeed config); this module is one
-of its listeners and turns its events into the audit's per-step counts
-(:class:`~accumguard.verify.report.StepCounts`). What only the audit needs stays here:
+of its listeners and turns its events into the audit's per-step counts, one window record
+(:class:`~accumguard.core.window.StepRecord`) per optimizer step. What only the audit needs
+stays here:
 
 * the gradient the optimizer receives, copied when the (innermost) torch optimizer steps,
   including DeepSpeed ZeRO-1/2's flat fp32 partitions (all-gathered and cut back into
@@ -27,15 +28,18 @@ The audit's own collectives (gathering partitions and parameters) are not counte
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import dataclasses
+from collections import Counter
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 
+from accumguard.core.window import StepRecord
 from accumguard.observe import Observer as Layer
 from accumguard.verify.contract import LoopContext
 from accumguard.verify.reference import canonical_name, flat_params
-from accumguard.verify.report import LoopObservation, StepCounts
+from accumguard.verify.report import LoopObservation
 
 __all__ = ["Observer"]
 
@@ -64,8 +68,9 @@ class Observer:
         self.q = progress_q
         self.model = ctx.model
         self.initial = flat_params(ctx.model)
-        self.pending = StepCounts()
-        self.records: list[StepCounts] = []
+        # the open window's counts, by StepRecord field (frozen into a record at the step)
+        self.pending: Counter[str] = Counter()
+        self.records: list[StepRecord] = []
         self.params: list[dict[str, torch.Tensor] | None] = []
         self.grads: list[dict[str, torch.Tensor] | None] = []
         self.lrs: list[list[float]] = []
@@ -133,32 +138,33 @@ class Observer:
     def on_backward_start(self, ev: Any) -> None:
         self._interval += 1
         self._tail_open = False
-        self.pending.backward += 1
+        self.pending["backwards"] += 1
         if self._ddp_sync:
-            self.pending.ddp_sync_rounds += 1
+            self.pending["ddp_sync_rounds"] += 1
             self._mark_round()
 
     def on_collective(self, ev: Any) -> None:
         if ev.op in _NOT_COUNTED:
             return
         if ev.reduces and ev.in_engine:
-            self.pending.step_reduce_calls += 1
-        elif ev.reduces and self.pending.backward > 0:
-            self.pending.grad_collective_calls += 1
+            self.pending["step_reduce_calls"] += 1
+        elif ev.reduces and self.pending["backwards"] > 0:
+            self.pending["reductions"] += 1
             self._mark_round()
         else:
-            self.pending.other_collective_calls += 1
+            self.pending["other_collective_calls"] += 1
 
     def on_zero_grad(self, ev: Any) -> None:
         this = ev.owner
-        if ev.kind == "optimizer" or this is self.model or _owns(this, self.model):
-            target = self._tail_or_pending()
-            target.zero_grad += 1
-            if target is self.pending and self.pending.backward > 0:
-                self.pending.zero_grad_in_window += 1
+        mine = ev.kind == "optimizer" or this is self.model or _owns(this, self.model)
+        if mine and not self._count_on_tail("zero_grad_calls"):
+            self.pending["zero_grad_calls"] += 1
+            if self.pending["backwards"] > 0:
+                self.pending["zero_grads"] += 1
 
     def on_scheduler_step(self, ev: Any) -> None:
-        self._tail_or_pending().scheduler_steps += 1
+        if not self._count_on_tail("scheduler_steps"):
+            self.pending["scheduler_steps"] += 1
 
     def on_engine_step(self, ev: Any) -> None:
         self._wrapper = ev.owner
@@ -197,11 +203,10 @@ class Observer:
                 return
         elif self._gradless:
             self._gradless = False
-            self.pending.gradless_steps += 1
+            self.pending["gradless_steps"] += 1
             return
-        self.pending.optimizer_steps += 1
-        self.records.append(self.pending)
-        self.pending = StepCounts()
+        self.records.append(_record(len(self.records), self.pending, optimizer_steps=1))
+        self.pending = Counter()
         self.loss_sums.append(self._loss_sum)
         self.loss_counts.append(self._loss_count)
         self._loss_sum = self._loss_count = 0.0
@@ -213,26 +218,32 @@ class Observer:
                 self.q.put((self.name, len(self.records)))
 
     # -- the audit's own hooks ---------------------------------------------------------------
-    def _tail_or_pending(self) -> StepCounts:
-        return self.records[-1] if self._tail_open and self.records else self.pending
+    def _count_on_tail(self, name: str) -> bool:
+        """Boundary work right after a step (before the next forward or backward) belongs
+        to that step: count one more ``name`` on its record (True), else nothing (False)."""
+        if not (self._tail_open and self.records):
+            return False
+        last = self.records[-1]
+        self.records[-1] = dataclasses.replace(last, **{name: getattr(last, name) + 1})
+        return True
 
     def _mark_round(self) -> None:
         if self._round_interval != self._interval:
             self._round_interval = self._interval
-            self.pending.grad_collective_rounds += 1
+            self.pending["reduction_rounds"] += 1
 
     def _on_loss(self, loss: Any, count: Any) -> None:
         with contextlib.suppress(Exception):
             self._loss_sum += float(loss.detach().float().sum())
             self._loss_count += float(torch.as_tensor(count).float().sum())
-            self.pending.loss_calls += 1
+            self.pending["loss_calls"] += 1
 
     def _fwd_pre(self, module: Any, args: Any) -> None:
         if not torch.is_grad_enabled():
             return
         self._take_snapshot()
         self._tail_open = False
-        self.pending.forward += 1
+        self.pending["forward_calls"] += 1
         self._note_precision(module)
         kind, sync = self._root
         self._root = ("", None)
@@ -352,12 +363,19 @@ class Observer:
         dtypes = {str(p.dtype).replace("torch.", "") for p in self.model.parameters()}
         return LoopObservation(
             name=self.name, initial=self.initial, params=self.params, grads=self.grads,
-            lrs=self.lrs, records=self.records, trailing=self.pending,
+            lrs=self.lrs, records=self.records,
+            trailing=_record(len(self.records), self.pending, optimizer_steps=0),
             loss_sums=self.loss_sums, loss_counts=self.loss_counts, engine=self.engine,
             engine_info=self.engine_info, outer_optimizers=sorted(self.outer_optimizers),
             param_dtypes=sorted(dtypes), snapshot_failed=self.snapshot_failed,
             notes=list(dict.fromkeys(self.notes)), compute_dtypes=sorted(self.compute_dtypes),
             foreign_params=0 if self.engine == "deepspeed" else self.foreign_params)
+
+
+def _record(step: int, counts: Mapping[str, int], *, optimizer_steps: int) -> StepRecord:
+    """The window record of the audit's counts (keys: :class:`StepRecord` fields)."""
+    kw: dict[str, Any] = dict(counts)
+    return StepRecord(step=step, optimizer_steps=optimizer_steps, **kw)
 
 
 def _owns(module: Any, model: torch.nn.Module) -> bool:

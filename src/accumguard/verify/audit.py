@@ -51,18 +51,16 @@ from accumguard.verify.contract import AuditSetup, Loop
 from accumguard.verify.reference import _single_thread
 from accumguard.verify.report import (
     AuditReport,
+    AuditStep,
     Divergence,
     LoopObservation,
-    StepCounts,
-    StepRecord,
     Tolerance,
 )
 from accumguard.verify.tolerance import FP32_TOLERANCE, default_tolerance
 
 __all__ = [
     "AuditReport",
-    "StepCounts",
-    "StepRecord",
+    "AuditStep",
     "Divergence",
     "Tolerance",
     "LoopObservation",
@@ -72,6 +70,16 @@ __all__ = [
     "default_tolerance",
     "FP32_TOLERANCE",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """``StepCounts`` and ``StepRecord``, the report types' old names: one more release, with
+    a DeprecationWarning (:mod:`accumguard.verify.report` says what replaced them)."""
+    if name in ("StepCounts", "StepRecord"):
+        from accumguard.verify import report
+
+        return getattr(report, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ----------------------------------------------------------------------------- public entry points

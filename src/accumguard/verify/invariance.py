@@ -53,7 +53,7 @@ from accumguard.verify._invariance_options import (
     micro_batch,
     parse_ks,
 )
-from accumguard.verify._invariance_records import RunRecord, StepRecord, load_run
+from accumguard.verify._invariance_records import RunRecord, StepRow, load_run
 from accumguard.verify._invariance_report import (
     JSON_VERSION,
     InvarianceReport,
@@ -66,7 +66,7 @@ from accumguard.verify._invariance_tolerance import FP32_TOLERANCE, invariance_t
 __all__ = [
     "InvarianceOptions",
     "RunRecord",
-    "StepRecord",
+    "StepRow",
     "StepComparison",
     "KComparison",
     "InvarianceReport",
@@ -91,3 +91,16 @@ __all__ = [
     "ENV_SEED",
     "ENV_NO_DROPOUT",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """``StepRecord``, the old name of one step across ranks: now :class:`StepRow`, which
+    holds every rank's window record (:class:`accumguard.core.window.StepRecord`) and reads
+    ``index``, ``window_loss``, ``backwards`` and ``applied`` from them. One more release."""
+    if name == "StepRecord":
+        import warnings
+
+        warnings.warn("accumguard.verify.invariance.StepRecord is now StepRow (the old name goes "
+                      "away in the next release)", DeprecationWarning, stacklevel=2)
+        return StepRow
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

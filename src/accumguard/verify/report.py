@@ -1,5 +1,9 @@
 """The audit's report types: what one loop was seen doing, and the verdict on it.
 
+What a window held is the one window record of every judge,
+:class:`accumguard.core.window.StepRecord` (its
+:meth:`~accumguard.core.window.StepRecord.audit_counts` is the report's ``counts`` object).
+
 These dataclasses are the seam between the observer (which fills
 :class:`LoopObservation` on every rank), the comparison (which builds an
 :class:`AuditReport`) and the diagnosis (which reads both and returns a
@@ -10,12 +14,16 @@ and follows ``audit.schema.json`` next to this module.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields
+import warnings
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import torch
 
-__all__ = ["StepCounts", "StepRecord", "Divergence", "Tolerance", "LoopObservation",
+# (the module, not the name: ``report.StepRecord`` is the old name of AuditStep, see below)
+from accumguard.core import window
+
+__all__ = ["AuditStep", "Divergence", "Tolerance", "LoopObservation",
            "Candidate", "Diagnosis", "AuditReport", "LossSource", "Precision", "Basis",
            "json_safe"]
 
@@ -28,41 +36,9 @@ Basis = Literal["trajectory", "gradient", "step pattern", "magnitude", "no updat
 
 
 @dataclass
-class StepCounts:
-    """Events seen during one optimizer step's window (or in total).
-
-    Boundary work done right after a step (scheduler step, zero_grad) belongs to
-    that step; the same calls made between backwards belong to the next one, and
-    ``zero_grad_in_window`` counts zero_grad calls made while gradients of the
-    window were already accumulated (failure class F3).
-    """
-
-    forward: int = 0
-    backward: int = 0
-    grad_collective_rounds: int = 0
-    grad_collective_calls: int = 0
-    ddp_sync_rounds: int = 0
-    other_collective_calls: int = 0
-    optimizer_steps: int = 0
-    scheduler_steps: int = 0
-    zero_grad: int = 0
-    zero_grad_in_window: int = 0
-    loss_calls: int = 0
-    # Reduce collectives issued inside DeepSpeed's engine.step() (its gradient-norm and
-    # overflow all-reduces): not gradient reductions, so counted apart.
-    step_reduce_calls: int = 0
-    # optimizer.step() calls that found no gradient at all (a no-op for torch optimizers:
-    # e.g. FSDP2 steps between unsynchronised micro-steps); not counted as steps.
-    gradless_steps: int = 0
-
-    def add(self, other: StepCounts) -> None:
-        for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
-
-
-@dataclass
-class StepRecord:
-    """One optimizer step of the loop under audit, compared with the reference step."""
+class AuditStep:
+    """One optimizer step of the loop under audit, compared with the reference step
+    (``counts``: what the observer saw in the step's window)."""
 
     step: int
     update_error: float | None
@@ -71,7 +47,7 @@ class StepRecord:
     ref_lr: list[float] | None
     loss: float | None
     ref_loss: float | None
-    counts: StepCounts
+    counts: window.StepRecord
     worst_parameter: str | None = None
     max_abs_diff: float | None = None
     max_rel_diff: float | None = None
@@ -125,8 +101,8 @@ class LoopObservation:
     params: list[dict[str, torch.Tensor] | None]
     grads: list[dict[str, torch.Tensor] | None]
     lrs: list[list[float]]
-    records: list[StepCounts]
-    trailing: StepCounts
+    records: list[window.StepRecord]  # one per optimizer step
+    trailing: window.StepRecord  # the micro-steps after the last step (``optimizer_steps`` 0)
     loss_sums: list[float]
     loss_counts: list[float]
     engine: str
@@ -226,8 +202,8 @@ class AuditReport:
     reference_dtype: str
     optimizer_steps: int
     reference_steps: int
-    steps: list[StepRecord]
-    totals: StepCounts
+    steps: list[AuditStep]
+    totals: window.StepRecord
     first_divergence: Divergence | None
     failures: list[str]
     notes: list[str]
@@ -256,10 +232,14 @@ class AuditReport:
         """Mean of each count over the optimizer steps (what a healthy loop shows: 1 step,
         1 scheduler step, ≤1 gradient collective round, K backwards)."""
         n = max(1, len(self.steps))
-        return {k: v / n for k, v in asdict(self.totals).items()}
+        return {k: v / n for k, v in self.totals.audit_counts().items()}
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
+        # a window record's counts as the report names them (``audit.schema.json``)
+        out["totals"] = self.totals.audit_counts()
+        for step, rec in zip(out["steps"], self.steps, strict=True):
+            step["counts"] = rec.counts.audit_counts()
         out["diagnosis"] = None if self.diagnosis is None else self.diagnosis.to_dict()
         out["max_update_error"] = self.max_update_error
         out["max_grad_error"] = self.max_grad_error
@@ -286,3 +266,27 @@ def json_safe(obj: Any) -> Any:
     if obj is None or isinstance(obj, (bool, int, str)):
         return obj
     return str(obj)
+
+
+def _step_counts(**counts: int) -> window.StepRecord:
+    """The old ``StepCounts(...)``: its keyword names are the report's count keys."""
+    kw: dict[str, Any] = {window.AUDIT_COUNTS[k]: v for k, v in counts.items()}
+    return window.StepRecord(step=0, **{"optimizer_steps": 0, **kw})
+
+
+_RENAMED: dict[str, tuple[object, str]] = {
+    "StepCounts": (_step_counts, "accumguard.core.window.StepRecord (its audit_counts() are the "
+                                 "report's counts; sum_records() adds them up)"),
+    "StepRecord": (AuditStep, "accumguard.verify.report.AuditStep"),
+}
+
+
+def __getattr__(name: str) -> object:
+    """Names the audit's report types had before the one window record: they work for one
+    release, with a DeprecationWarning naming the new one."""
+    if name in _RENAMED:
+        new, where = _RENAMED[name]
+        warnings.warn(f"accumguard.verify.report.{name} is now {where} (the old name goes away "
+                      "in the next release)", DeprecationWarning, stacklevel=2)
+        return new
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from accumguard.static.findings import RULES, Finding
+from accumguard.static.findings import RULES, Finding, lint_finding
 from accumguard.static.lint._ast import (
     DDP_WRAPPERS,
     ENGINE_RE,
@@ -96,17 +96,14 @@ class FileIndex:
 
     def finding(self, code: str, node: ast.AST, message: str, fix: str | None = None) -> Finding:
         """A script finding at ``node`` with the rule's severity, confidence and fix."""
-        rule = RULES[code]
-        return Finding(
-            code=code,
-            severity=rule.severity,
-            message=message,
-            fix=fix or rule.fix,
+        return lint_finding(
+            code,
+            message,
+            fix=fix or RULES[code].fix,
             line=getattr(node, "lineno", 1),
             col=getattr(node, "col_offset", 0) + 1,
             end_line=getattr(node, "end_lineno", None),
             end_col=(getattr(node, "end_col_offset", None) or 0) + 1,
-            confidence=rule.confidence,
         )
 
     def _cached(self, kind: str, node: ast.AST, compute: Any) -> Any:

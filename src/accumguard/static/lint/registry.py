@@ -45,5 +45,5 @@ def run_checks(
     """Run the selected checks on one file; keep only selected codes."""
     out: list[Finding] = []
     for check in selected_checks(select, ignore):
-        out.extend(f for f in check.fn(ctx) if _wanted(f.code, select, ignore))
+        out.extend(f for f in check.fn(ctx) if _wanted(f.code or "", select, ignore))
     return out

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from accumguard.static.findings import RULES, Finding, Severity
+from accumguard.static.findings import RULES, Confidence, Finding, Severity
 
 __all__ = ["FINGERPRINT_KEY", "FORMATS", "JSON_SCHEMA_VERSION", "fingerprints", "render", "tool_version"]
 
@@ -33,7 +33,11 @@ def tool_version() -> str:
     except (ImportError, PackageNotFoundError):
         return "0+unknown"
 
-_SARIF_LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "note"}
+#: SARIF 2.1.0's ``level`` of each severity (SARIF's own word for a note is "note")
+_SARIF_LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.NOTE: "note"}
+#: the lint JSON's word for each severity: schema version 1 (and docs/rules.md) call the
+#: note "info"
+_JSON_SEVERITY = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.NOTE: "info"}
 
 
 def _loc(f: Finding) -> str:
@@ -45,9 +49,9 @@ def render_text(findings: Sequence[Finding], *, concise: bool = False) -> str:
     lines: list[str] = []
     for f in findings:
         key = f" [{f.key}]" if f.key and f.line is None else ""
-        lines.append(f"{_loc(f)}: {f.code} {f.message}{key}")
+        lines.append(f"{_loc(f)}: {f.code} {f.evidence}{key}")
         if not concise:
-            cls = f" [{f.failure_class}: {f.class_title}]" if f.failure_class else ""
+            cls = f" [{f.cls}: {f.class_title}]" if f.cls else ""
             lines.append(f"  help: {f.fix}{cls}")
     if findings:
         n_err = sum(f.severity is Severity.ERROR for f in findings)
@@ -59,15 +63,16 @@ def render_text(findings: Sequence[Finding], *, concise: bool = False) -> str:
 
 
 def _as_dict(f: Finding) -> dict[str, Any]:
-    rule = RULES.get(f.code)
+    """A finding as the lint JSON (schema version 1) writes it."""
+    rule = RULES.get(f.code or "")
     return {
         "code": f.code,
         "name": rule.name if rule else None,
-        "failure_class": f.failure_class or None,
+        "failure_class": f.cls or None,
         "failure_class_title": f.class_title or None,
-        "severity": f.severity.value,
-        "confidence": f.confidence.value,
-        "message": f.message,
+        "severity": _JSON_SEVERITY[f.severity],
+        "confidence": (f.confidence or Confidence.HIGH).value,
+        "message": f.evidence,
         "fix": f.fix,
         "path": f.path,
         "line": f.line,
@@ -114,7 +119,7 @@ def fingerprints(findings: Sequence[Finding]) -> list[str]:
                     lines[f.path] = []
             src = lines[f.path]
             text = " ".join(src[f.line - 1].split()) if 0 < f.line <= len(src) else ""
-        base = "\0".join((f.code, (f.path or "").replace("\\", "/"), f.key or "", text))
+        base = "\0".join((f.code or "", (f.path or "").replace("\\", "/"), f.key or "", text))
         digest = hashlib.sha256(base.encode("utf-8")).hexdigest()[:32]
         seen[digest] = seen.get(digest, 0) + 1
         out.append(f"{digest}:{seen[digest]}")
@@ -123,7 +128,7 @@ def fingerprints(findings: Sequence[Finding]) -> list[str]:
 
 def render_sarif(findings: Sequence[Finding], *, version: str | None = None) -> str:
     """A SARIF 2.1.0 log with one run; every rule used is described in the driver."""
-    used = sorted({f.code for f in findings})
+    used = sorted({f.code for f in findings if f.code})
     rules = []
     for code in used:
         r = RULES.get(code)
@@ -157,7 +162,7 @@ def render_sarif(findings: Sequence[Finding], *, version: str | None = None) -> 
         result: dict[str, Any] = {
             "ruleId": f.code,
             "level": _SARIF_LEVEL[f.severity],
-            "message": {"text": f"{f.message}. Fix: {f.fix}"},
+            "message": {"text": f"{f.evidence}. Fix: {f.fix}"},
             "locations": [
                 {
                     "physicalLocation": {

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Iterator
+from dataclasses import replace
 
 from accumguard.static import dsconfig
 from accumguard.static.findings import Finding
@@ -362,13 +363,10 @@ def config_literal_checks(ctx: FileContext) -> Iterator[Finding]:
             if f.code == "AG203" and ref.hf:
                 continue  # the HF Trainer's max_grad_norm (default 1.0) is the clipping asked for
             line = f.line or getattr(ref.node, "lineno", 1)
-            yield Finding(
-                code=f.code,
-                severity=f.severity,
-                message=f"{f.message} (DeepSpeed config {ref.where})",
-                fix=f.fix,
-                key=f.key,
+            yield replace(
+                f,
+                evidence=f"{f.evidence} (DeepSpeed config {ref.where})",
+                path=None,  # the script's path, given by the runner
                 line=line,
                 col=1 if f.line else getattr(ref.node, "col_offset", 0) + 1,
-                confidence=f.confidence,
             )

@@ -387,7 +387,7 @@ def boundary_counter_off_by_one(ctx: FileContext) -> Iterator[Finding]:
                 # steps every micro-batch, which is right for K = 1
                 finding = replace(
                     finding,
-                    message=finding.message + f" (when `{ast.unparse(guard.modulus)}` > 1; the file "
+                    evidence=finding.evidence + f" (when `{ast.unparse(guard.modulus)}` > 1; the file "
                     "also sets it to 1, where this is right)",
                     severity=Severity.WARNING,
                     confidence=Confidence.MEDIUM,
@@ -432,7 +432,7 @@ def _residue_finding(ctx: FileContext, guard_if: ast.If, guard: ModGuard, start:
     if None in values:
         finding = replace(
             finding,
-            message=finding.message + f"; `{ast.unparse(guard.modulus)}` is not fully in sight",
+            evidence=finding.evidence + f"; `{ast.unparse(guard.modulus)}` is not fully in sight",
             severity=Severity.WARNING,
             confidence=Confidence.MEDIUM,
         )

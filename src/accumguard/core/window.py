@@ -1,0 +1,287 @@
+"""The one window record: what happened between two optimizer steps, as every judge reads it.
+
+A window is the run of backward passes that one optimizer step consumes. Three producers
+tally it, each from its own vantage point, into the same :class:`StepRecord`:
+
+* the observation layer (:mod:`accumguard.observe`), per optimizer step, for ``watch``,
+  the framework callbacks and the rules of :mod:`accumguard.observe.rules`; ``watch``
+  writes :meth:`StepRecord.as_dict` as one line of ``rank-<R>.jsonl`` and the judges read
+  it back with :meth:`StepRecord.from_dict` (the line's keys are a stable format:
+  ``watch --report DIR`` reads other nodes' files, written by other versions);
+* the runtime guard (:mod:`accumguard.runtime.guard`), per closed window (``index``,
+  ``backward_passes``, ``sync_rounds`` name its counts as the guard reports them);
+* the audit (:mod:`accumguard.verify.audit`), per optimizer step of the loop under audit
+  (:meth:`StepRecord.audit_counts` is its report's ``counts`` object).
+
+A producer fills the fields it can see and leaves the others at their defaults (0, empty,
+None: not seen). Pure Python, no torch: ``watch`` judges a recording without importing it;
+the tensors of ``updates`` are never written to the JSON line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # for the annotation only: this module runs without torch
+    import torch
+
+__all__ = ["AUDIT_COUNTS", "Conservation", "StepRecord", "sum_records"]
+
+
+@dataclass(frozen=True)
+class Conservation:
+    """The verdict for one optimizer step: did the optimizer receive the sum of the window's
+    backward contributions (:func:`accumguard.observe._checksum.conservation` computes it).
+
+    ``wiped``: relative size of the gradient removed between the window's backward
+    passes; ``stale``: relative size of gradient present before the window's first
+    backward (left from the previous step); ``received``: relative difference of
+    what the optimizer received from the sum of the contributions (up to a common
+    scale, which clipping and unscaling apply). ``ok`` is the verdict.
+    """
+
+    params: int
+    wiped: float
+    stale: float
+    received: float
+    ok: bool
+    reason: str
+    first_wipe: int | None = None  # first backward (0-based) that began on a wiped gradient
+    #: every backward (0-based) that began on a changed gradient (empty for "stale"), and,
+    #: for a "wiped" verdict only (else 0), the share of the window's gradient by absolute
+    #: mass (the ``sum(|g|)`` column) removed there: ``wiped`` is of the linear checksums,
+    #: whose signed terms cancel, so it understates what was lost
+    wipes: tuple[int, ...] = ()
+    lost: float = 0.0
+    #: the common scale c between what the optimizer received and the sum of the
+    #: contributions (received ~ c * sum): 1 when nothing rescaled the gradient between the
+    #: last backward and the step; clipping/unscaling give c < 1, a hand-written
+    #: all_reduce(SUM) on an engine that already averaged gives c = W
+    scale: float = 1.0
+    #: the two linear checksum columns (sum, even-index sum) of every parameter, flattened:
+    #: of the sum of this rank's contributions and of what the optimizer received. Linear,
+    #: so across ranks received = c * (sum over ranks of contrib) when the script itself
+    #: all-reduced .grad (the cross-rank F10 rule of ``watch`` fits c offline)
+    contrib_sums: tuple[float, ...] = ()
+    received_sums: tuple[float, ...] = ()
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Conservation:
+        """The verdict as a recording holds it (JSON lists back to tuples; keys a later
+        version added are ignored, keys an earlier one lacked take their defaults)."""
+        known = {f.name for f in fields(cls)}
+        kw: dict[str, Any] = {k: (tuple(v) if isinstance(v, list) else v)
+                              for k, v in d.items() if k in known}
+        return cls(**kw)
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One window, closed by an optimizer step (or, for the guard, one closed window).
+
+    The fields up to ``lr`` are the observation layer's and, ``updates`` aside,
+    the keys of a recording's step line; the fields after it are counts only the guard or
+    the audit tallies (never written to a recording)."""
+
+    step: int  # 0-based optimizer step (the guard: the window's index)
+    backwards: int = 0  # backward passes in the window
+    window_loss: float | None = None
+    # False when every gradient was None or the engine skipped the update
+    applied: bool = True
+    source: str = "torch"  # "torch" | "deepspeed"
+    optimizer: str = ""
+    engine: str = "local"
+    zero_grads: int = 0  # zero_grad calls between the window's first backward and this step
+    zero_grads_between: int = 0  # ... between two backwards of the window
+    # scheduler steps of the window: the observation layer counts those since the previous
+    # step; the guard and the audit give the boundary work right after a step to that step
+    scheduler_steps: int = 0
+    clips: int = 0
+    clip_micros: list[int] = field(default_factory=list)  # backward index after each clip
+    clip_functions: list[str] = field(default_factory=list)  # which clipping functions ran
+    data_pass_starts: list[int] = field(default_factory=list)  # backwards before a new epoch
+    reductions: int = 0  # gradient collectives in the window (backwards + between)
+    # backwards (or flushes) that issued at least one (the audit: intervals between two
+    # backwards with a gradient collective or a DDP forward that decided to all-reduce)
+    reduction_rounds: int = 0
+    sync_micros: list[bool | None] = field(default_factory=list)  # per backward: synced?
+    sync_mismatch: list[int] = field(default_factory=list)  # micro-steps whose flag flipped
+    sync_backward: list[bool | None] = field(default_factory=list)  # per backward: flag at it
+    # per backward: watched forwards since the previous backward (K forwards then one
+    # backward is the summed-loss form of accumulation, not a step per micro-step)
+    forwards: list[int] = field(default_factory=list)
+    ds_boundaries: list[bool | None] = field(default_factory=list)
+    ds_coalescing: list[bool] = field(default_factory=list)
+    engine_step_calls: int = 0  # DeepSpeed engine.step() calls in the window
+    max_backwards_per_engine_step: int = 0  # ... before an engine.step() call that did not step
+    # a window without a backward pass: did its step change the parameters? (None: a
+    # window with backwards, or not measured)
+    moved_without_backward: bool | None = None
+    grad_norm: float | None = None  # DeepSpeed's global norm (pre-clip) when available
+    conservation: Conservation | None = None
+    checksum: list[float] | None = None  # (sum, even sum, abs sum) of what the optimizer got
+    wall: float = 0.0
+    param_dtype: str | None = None  # dtype of the parameters this step updated ("float32")
+    # the update of each parameter (the observation layer only, never written)
+    updates: dict[str, torch.Tensor] | None = field(repr=False, default=None)
+    # per loss call of the window (cross_entropy/nll_loss that reached the optimizer):
+    # [site, order at that site in its backward, micro (0-based), valid count n,
+    #  per-token weight, low precision, reduction, sole, via autograd.grad, the constants
+    #  between the call and the root]; None: fewer than 2 micro-steps had one (on one rank)
+    losses: list[list[Any]] | None = None
+    # the terms of each backward's loss and the per-token log-prob selections of the window
+    # (:mod:`accumguard.observe._losses_terms`); None: none recorded
+    terms: list[list[Any]] | None = None
+    # a GradScaler skipped the step (inf/NaN gradients): the window's gradients are dropped,
+    # not carried into the next window
+    discarded: bool = False
+    # what the engine multiplies the sum over ranks of the ranks' gradients by (1/W: DDP's,
+    # FSDP2's, DeepSpeed's average); None: unknown, no engine, or no loss record this step
+    rank_factor: float | None = None
+    # several optimizers over disjoint parameters: which one stepped (1-based, by first
+    # appearance), its window being the backwards that reached its parameters; None: the
+    # window is everything since the previous step of any optimizer
+    optimizer_index: int | None = None
+    # where the window's gradient was summed and in which dtype, when anything is bf16/fp16
+    # (:func:`accumguard.observe._precision.step_facts`); None: all fp32/fp64
+    precision: dict[str, Any] | None = None
+    # the norm of the parameters the step updated, before it (recorded with ``updates``:
+    # invariance's bound on the re-rounding of low-precision weights)
+    param_norm: float | None = None
+    # how often the optimizers' learning rates changed between two backward passes of this
+    # window, and the first group's rate at the step (:mod:`accumguard.observe._lr_trace`);
+    # None: not traced
+    lr_changes: int | None = None
+    lr: float | None = None
+    # -- counts of the guard and the audit (not in a recording) ---------------------------
+    # optimizer steps that closed the window: 1, 2 for a second step a guard in warn mode
+    # let run, 0 for the audit's trailing micro-steps after the last step
+    optimizer_steps: int = 1
+    forward_calls: int = 0  # forwards of the model under audit in the window
+    # every zero_grad call of the window, those right after its step included (the audit's
+    # boundary work belongs to the step it follows); ``zero_grads`` counts those inside
+    zero_grad_calls: int = 0
+    ddp_sync_rounds: int = 0  # backwards whose DDP forward decided to all-reduce (audit)
+    other_collective_calls: int = 0  # collectives that reduce no gradient (audit)
+    loss_calls: int = 0  # calls of the audit's loss helper (ctx.loss_fn)
+    # reduce collectives issued inside DeepSpeed's engine.step() (its gradient-norm and
+    # overflow all-reduces): not gradient reductions, so counted apart (audit)
+    step_reduce_calls: int = 0
+    # optimizer.step() calls that found no gradient at all (a no-op for torch optimizers:
+    # FSDP2 steps between unsynchronised micro-steps); not counted as steps (audit)
+    gradless_steps: int = 0
+
+    # -- the guard's names for its counts --------------------------------------------------
+    @property
+    def index(self) -> int:
+        """The window's 0-based index (the guard's name for ``step``)."""
+        return self.step
+
+    @property
+    def backward_passes(self) -> int:
+        """Backward passes in the window (the guard's name for ``backwards``)."""
+        return self.backwards
+
+    @property
+    def sync_rounds(self) -> int:
+        """Backward passes that all-reduced (DDP: the flag at the forward decided so)."""
+        return sum(1 for s in self.sync_micros if s)
+
+    # -- the audit's names for its counts (its report's JSON keys) -------------------------
+    @property
+    def forward(self) -> int:
+        """Forwards of the model under audit (``forward_calls``)."""
+        return self.forward_calls
+
+    @property
+    def backward(self) -> int:
+        """Backward passes (``backwards``)."""
+        return self.backwards
+
+    @property
+    def grad_collective_calls(self) -> int:
+        """Gradient-reducing collective calls (``reductions``)."""
+        return self.reductions
+
+    @property
+    def grad_collective_rounds(self) -> int:
+        """Rounds of gradient reduction (``reduction_rounds``)."""
+        return self.reduction_rounds
+
+    @property
+    def zero_grad(self) -> int:
+        """Every zero_grad call of the window (``zero_grad_calls``)."""
+        return self.zero_grad_calls
+
+    @property
+    def zero_grad_in_window(self) -> int:
+        """zero_grad calls after the window's first backward, before its step (F3)."""
+        return self.zero_grads
+
+    # -- the recording ---------------------------------------------------------------------
+    def as_dict(self, rank: int) -> dict[str, Any]:
+        """The line ``watch`` writes for this step (``kind``, ``rank`` and every recorded
+        field; not ``updates``' tensors). Conservation's per-parameter checksum columns are
+        kept only where the cross-rank F10 fit reads them (the script's own all-reduce on
+        a run with no engine). Shallow: ``dataclasses.asdict`` deep-copied every list, on
+        every step."""
+        rec: dict[str, Any] = {"kind": "step", "rank": rank}
+        for name in _RECORDED:
+            if name != "conservation":  # written last, as a dict
+                v = getattr(self, name)
+                rec[name] = list(v) if isinstance(v, list) else v
+        cons = self.conservation
+        if cons is None:
+            rec["conservation"] = None
+        else:
+            rec["conservation"] = c = {f: getattr(cons, f) for f in _CONSERVATION}
+            if self.reductions and self.engine == "local":  # the script's own all-reduce
+                c["contrib_sums"], c["received_sums"] = (list(c["contrib_sums"]),
+                                                         list(c["received_sums"]))
+            else:
+                del c["contrib_sums"], c["received_sums"]
+        return rec
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> StepRecord:
+        """A step line of a recording (``kind``, ``rank`` and keys this version does not
+        know are ignored; keys an older recording lacks take their defaults)."""
+        kw: dict[str, Any] = {k: v for k, v in d.items() if k in _RECORDED}
+        cons = kw.get("conservation")
+        if isinstance(cons, Mapping):
+            kw["conservation"] = Conservation.from_dict(cons)
+        return cls(**kw)
+
+    def audit_counts(self) -> dict[str, int]:
+        """The audit report's ``counts`` object (its JSON keys, see ``audit.schema.json``)."""
+        return {key: int(getattr(self, name)) for key, name in AUDIT_COUNTS.items()}
+
+
+_EXTRA = ("optimizer_steps", "forward_calls", "zero_grad_calls", "ddp_sync_rounds",
+          "other_collective_calls", "loss_calls", "step_reduce_calls", "gradless_steps")
+#: the fields a recording's step line holds (in order); ``updates`` and the guard's and the
+#: audit's counts are not recorded
+_RECORDED = tuple(f.name for f in fields(StepRecord) if f.name not in ("updates", *_EXTRA))
+_CONSERVATION = tuple(f.name for f in fields(Conservation))
+
+#: the audit report's count keys (stable JSON) -> the record's fields
+AUDIT_COUNTS: dict[str, str] = {
+    "forward": "forward_calls", "backward": "backwards",
+    "grad_collective_rounds": "reduction_rounds", "grad_collective_calls": "reductions",
+    "ddp_sync_rounds": "ddp_sync_rounds", "other_collective_calls": "other_collective_calls",
+    "optimizer_steps": "optimizer_steps", "scheduler_steps": "scheduler_steps",
+    "zero_grad": "zero_grad_calls", "zero_grad_in_window": "zero_grads",
+    "loss_calls": "loss_calls", "step_reduce_calls": "step_reduce_calls",
+    "gradless_steps": "gradless_steps",
+}
+
+
+def sum_records(records: list[StepRecord], *, step: int = 0) -> StepRecord:
+    """The audit's counts summed over ``records`` (a run's totals); the other fields keep
+    their defaults."""
+    totals: dict[str, Any] = {name: sum(int(getattr(r, name)) for r in records)
+                              for name in AUDIT_COUNTS.values()}
+    return dataclasses.replace(StepRecord(step=step), **totals)

@@ -1,0 +1,112 @@
+"""What the patch modules need from the observer, and what observe reads from DeepSpeed.
+
+The patches (:mod:`._patch_torch`, :mod:`._patch_deepspeed`, :mod:`._patch_accelerate`,
+:mod:`._patch_trainers`) run inside the user's calls and work on the observer's counters
+directly (one attribute lookup per call, no method in between: they are hot paths).
+:class:`PatchHost` names exactly that surface, so a patch module depends on it and not on
+:class:`~._observer.Observer` (importing the class would make an import cycle, which
+tests/test_layers.py refuses); the observer satisfies it structurally, checked where it
+hands itself to ``install``/``patch_*``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol, cast
+
+import torch
+
+if TYPE_CHECKING:
+    from torch.utils.hooks import RemovableHandle
+
+    from accumguard.observe._boundary import BoundaryScale
+    from accumguard.observe._collectives import CollectiveCounter
+    from accumguard.observe._events import EngineInfo, Handlers
+    from accumguard.observe._failsafe import Failsafe, Original
+    from accumguard.observe._lanes import Lanes
+    from accumguard.observe._patch import Patches
+    from accumguard.observe._window import StepTally
+
+__all__ = ["DeepSpeedEngine", "EngineHost", "PatchHost", "as_deepspeed"]
+
+
+class DeepSpeedEngine(Protocol):
+    """The part of ``deepspeed.runtime.engine.DeepSpeedEngine`` observe calls (DeepSpeed is
+    never imported here; every read is wrapped in ``contextlib.suppress`` by the caller, so
+    a version without one of these leaves the fact unknown)."""
+
+    def is_gradient_accumulation_boundary(self) -> bool: ...
+    def gradient_clipping(self) -> float | None: ...
+    def zero_optimization_stage(self) -> int: ...
+    def gradient_accumulation_steps(self) -> int: ...
+    def train_micro_batch_size_per_gpu(self) -> int: ...
+    def get_global_grad_norm(self) -> float | torch.Tensor | None: ...
+    def get_data_types(self) -> tuple[torch.dtype, torch.dtype]: ...
+
+
+def as_deepspeed(engine: torch.nn.Module) -> DeepSpeedEngine:
+    """A module :func:`~._introspect.engine_kind` named ``deepspeed`` (or the ``self`` of a
+    patched ``DeepSpeedEngine`` method), seen as the engine API above: to the checker a
+    DeepSpeed engine is only the ``nn.Module`` it subclasses."""
+    return cast("DeepSpeedEngine", engine)
+
+
+class EngineHost(Protocol):
+    """Where :func:`~._patch_deepspeed.note_engine` leaves a DeepSpeed engine's
+    configuration (the forward side calls it too, for an engine seen first as a root)."""
+
+    engine_info: EngineInfo | None
+    trainer_clip: float | None
+    _handlers: Handlers
+
+
+class PatchHost(EngineHost, Protocol):
+    """The observer as the patch modules see it: lifecycle flags, the re-entrancy depths
+    they count, the window, and the bookkeeping calls they make."""
+
+    # lifecycle and shared services
+    installed: bool
+    auto_roots: bool
+    patches: Patches
+    failsafe: Failsafe
+    counter: CollectiveCounter
+    lanes: Lanes
+    boundary: BoundaryScale | None
+    roots: dict[int, torch.nn.Module]
+    # the window and the run's counts
+    step: int
+    backward_total: int
+    _w: StepTally
+    # what the frameworks declare (K per library; DeepSpeed's configuration: EngineHost)
+    declared_k: dict[str, int]
+    # re-entrancy: >0 inside the observer's own work or inside an outer call of a kind
+    _in_observer: int
+    _bw_depth: int
+    _opt_depth: int
+    _ds_step_depth: int
+    _zero_depth: int
+    _sched_depth: int
+    _accel_sched_inner: int
+    _scaler_depth: int
+    _clip_depth: int
+    _in_data_pass: int
+    # auto_roots: the global forward pre-hook, then the pinned per-root ones
+    _global_handle: RemovableHandle | None
+    _pinned: list[RemovableHandle]
+    _pinned_any: bool
+
+    def _global_pre(self, module: torch.nn.Module, args: tuple[object, ...]) -> None: ...
+    def _opt_pre(self, opt: torch.optim.Optimizer, args: tuple[object, ...],
+                 kwargs: dict[str, object]) -> None: ...
+    def _opt_post(self, opt: torch.optim.Optimizer, args: tuple[object, ...],
+                  kwargs: dict[str, object]) -> None: ...
+    def _add_root(self, module: torch.nn.Module) -> None: ...
+    def _run_backward(self, source: str, loss: object, engine: torch.nn.Module | None,
+                      fn: Original, args: tuple[object, ...],
+                      kwargs: dict[str, object]) -> object: ...
+    def _begin_step(self, opt: object, applied: bool,
+                    engine: torch.nn.Module | None = None) -> None: ...
+    def _end_step(self, source: str, opt_name: str, applied: bool, norm: float | None,
+                  owner: object, *,
+                  discarded: bool = False) -> None: ...
+    def _skipped_step(self, opt: torch.optim.Optimizer) -> None: ...
+    def _count_sched(self, sched: object) -> None: ...

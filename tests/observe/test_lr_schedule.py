@@ -1,0 +1,102 @@
+"""F4 for a learning-rate schedule written by hand into ``param_groups`` (nanoGPT's
+``get_lr(it)``): traced in-process by the observer at every backward, judged on the step
+records. Indexed by the micro-step it is a warning, an error only when the run shows the
+schedule ending K x early; indexed by the optimizer step, or driven by a scheduler, silent."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from accumguard.observe import Observer
+from accumguard.observe._lr_rules import lr_schedule_findings
+from accumguard.observe._records import _windows
+
+
+class _Steps:
+    """A listener keeping the step records as the recording stores them."""
+
+    def __init__(self) -> None:
+        self.steps: list[dict[str, Any]] = []
+
+    def on_step(self, ev: Any) -> None:
+        self.steps.append({"step": ev.step, "backwards": ev.backwards, "applied": ev.applied,
+                           "lr_changes": ev.lr_changes, "lr": ev.lr})
+
+
+def _cosine(it: int, horizon: int, warmup: int = 2) -> float:
+    if it < warmup:
+        return 1e-3 * (it + 1) / warmup
+    r = min(1.0, (it - warmup) / max(1, horizon - warmup))
+    return 1e-4 + 0.5 * (1 + math.cos(math.pi * r)) * (1e-3 - 1e-4)
+
+
+def _run(*, steps: int, k: int, per_micro: bool, horizon: int, scheduler: bool = False
+         ) -> list[dict[str, Any]]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=horizon) if scheduler else None
+    obs = Observer(roots=[model])
+    rec = _Steps()
+    obs.add_listener(rec)
+    g = torch.Generator().manual_seed(1)
+    with obs:
+        it = 0
+        for step in range(steps):
+            if not per_micro and sched is None:
+                for grp in opt.param_groups:
+                    grp["lr"] = _cosine(step, horizon)
+            for _ in range(k):
+                if per_micro:
+                    for grp in opt.param_groups:
+                        grp["lr"] = _cosine(it, horizon)
+                (model(torch.randn(3, 4, generator=g)).pow(2).mean() / k).backward()
+                it += 1
+            opt.step()
+            opt.zero_grad()
+            if sched is not None:
+                sched.step()
+    return rec.steps
+
+
+def _sev(found: list[Any]) -> set[tuple[str, str]]:
+    return {(f.cls, f.severity) for f in found}
+
+
+def test_per_micro_step_schedule_with_a_horizon_in_optimizer_steps_is_an_error() -> None:
+    steps = _run(steps=12, k=4, per_micro=True, horizon=12)
+    assert all(s["lr_changes"] is not None for s in steps)
+    found = lr_schedule_findings(0, _windows(steps), 4)
+    assert _sev(found) == {("F4", "error")}, found
+    assert "reached its end 4 x early" in found[0].evidence
+    assert "get_lr(iter_num)" in found[0].fix
+
+
+def test_per_micro_step_schedule_still_moving_is_a_warning() -> None:
+    # the run stops before the schedule's end: the horizon may count micro-steps
+    found = lr_schedule_findings(0, _windows(_run(steps=6, k=4, per_micro=True, horizon=200)), 4)
+    assert _sev(found) == {("F4", "warning")}, found
+    assert "not judged an error" in found[0].evidence
+
+
+def test_step_indexed_and_scheduler_driven_schedules_are_silent() -> None:
+    for steps in (_run(steps=12, k=4, per_micro=False, horizon=12),
+                  _run(steps=12, k=4, per_micro=False, horizon=12, scheduler=True),
+                  _run(steps=12, k=1, per_micro=True, horizon=12)):
+        assert lr_schedule_findings(0, _windows(steps), 4) == [], steps
+
+
+def test_a_micro_step_horizon_ending_with_the_run_is_not_an_error() -> None:
+    # indexed by micro-steps and counted in micro-steps: the schedule ends with the run
+    found = lr_schedule_findings(0, _windows(_run(steps=8, k=4, per_micro=True, horizon=30)),
+                                 4)
+    assert ("F4", "error") not in _sev(found), found
+
+
+def test_one_change_inside_a_window_is_not_a_per_micro_schedule() -> None:
+    rows = [{"step": i, "backwards": 4, "applied": True, "lr_changes": 1 if i in (2, 5) else 0,
+             "lr": 1e-3 if i < 5 else 5e-4} for i in range(10)]
+    assert lr_schedule_findings(0, _windows(rows), 4) == []
