@@ -132,9 +132,6 @@ class StepRecord:
     #  per-token weight, low precision, reduction, sole, via autograd.grad, the constants
     #  between the call and the root]; None: fewer than 2 micro-steps had one (on one rank)
     losses: list[list[Any]] | None = None
-    # the terms of each backward's loss and the per-token log-prob selections of the window
-    # (:mod:`accumguard.observe._losses_terms`); None: none recorded
-    terms: list[list[Any]] | None = None
     # a GradScaler skipped the step (inf/NaN gradients): the window's gradients are dropped,
     # not carried into the next window
     discarded: bool = False
@@ -156,6 +153,10 @@ class StepRecord:
     # None: not traced
     lr_changes: int | None = None
     lr: float | None = None
+    # the terms of each backward's loss and the per-token log-prob selections of the window
+    # (:mod:`accumguard.observe._losses_terms`); None: none recorded. Last of the recorded
+    # fields: a line written before it existed reads back with None
+    terms: list[list[Any]] | None = None
     # -- counts of the guard and the audit (not in a recording) ---------------------------
     # optimizer steps that closed the window: 1, 2 for a second step a guard in warn mode
     # let run, 0 for the audit's trailing micro-steps after the last step
