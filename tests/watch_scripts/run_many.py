@@ -4,7 +4,7 @@ in ONE process per rank, each recorded in its own directory by the observation l
 record it, but paying for the Python, torch and process-group start-up once instead of once per
 case (tests/watch_sweep.py starts this and judges the directories as the CLI does).
 
-usage: run_many.py SPEC.json
+usage: run_many.py [--local_rank=R] SPEC.json   (the ``deepspeed`` launcher adds --local_rank)
   SPEC: {"out": DIR, "runs": [{"name": NAME, "argv": [SCRIPT, ARG, ...]}, ...]}
   Writes DIR/NAME/rank-<R>.jsonl (the recording) and DIR/_status/NAME.rank<R>.json (the
   script's exit code and its captured stdout/stderr).
@@ -37,7 +37,10 @@ PROCESS_START = time.perf_counter()  # before torch is imported, as under watch
 
 
 def main() -> None:
-    spec = json.loads(Path(sys.argv[1]).read_text())
+    # the deepspeed launcher puts --local_rank=R before the script's own arguments: each
+    # script gets it there too, as the launcher would have given it
+    launcher_args = [a for a in sys.argv[1:] if a.startswith("--local_rank")]
+    spec = json.loads(Path(next(a for a in sys.argv[1:] if a.endswith(".json"))).read_text())
     out = Path(spec["out"])
     status_dir = out / "_status"
     status_dir.mkdir(parents=True, exist_ok=True)
@@ -63,6 +66,7 @@ def main() -> None:
     try:
         for run in spec["runs"]:
             name, argv = run["name"], [str(a) for a in run["argv"]]
+            argv = [argv[0], *launcher_args, *argv[1:]]
             sys.argv = list(argv)
             script_dir = str(Path(argv[0]).resolve().parent)
             if script_dir not in sys.path:
