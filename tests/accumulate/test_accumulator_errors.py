@@ -228,10 +228,20 @@ def _local_engine_in_a_group(rank: int, world: int) -> list:
     return out
 
 
-def test_local_engine_ignores_an_existing_process_group() -> None:
+def _in_a_group(rank: int, world: int) -> dict:
+    """The two checks below in ONE 2-rank spawn (a spawn costs more than both)."""
+    return {"local": _local_engine_in_a_group(rank, world), "hooks": _two_hooks(rank, world)}
+
+
+@pytest.fixture(scope="module")
+def in_a_group() -> list[dict]:
+    return run_on_ranks(_in_a_group, 2, timeout=300)
+
+
+def test_local_engine_ignores_an_existing_process_group(in_a_group: list[dict]) -> None:
     """An unwrapped model trains on this process's data alone, in both modes, even under
     torch.distributed: no all-gather another rank could miss, no division by W."""
-    for sum_params, mean_params in run_on_ranks(_local_engine_in_a_group, 2, timeout=90):
+    for sum_params, mean_params in (run["local"] for run in in_a_group):
         for a, b in zip(sum_params, mean_params, strict=True):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
@@ -248,8 +258,8 @@ def _two_hooks(rank: int, world: int) -> str:
     return "no error"
 
 
-def test_a_second_counting_hook_is_a_clear_error() -> None:
-    msg = run_on_ranks(_two_hooks, 2, timeout=60)[0]
+def test_a_second_counting_hook_is_a_clear_error(in_a_group: list[dict]) -> None:
+    msg = in_a_group[0]["hooks"]
     assert "count_collectives=False" in msg
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import warnings
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -133,25 +132,19 @@ def _resume(rank: int, world: int, root: str, kinds: list[str]) -> dict[str, Any
     return out
 
 
-def _ds(fn: Any) -> Any:
-    def run(rank: int, world: int, root: str, kinds: list[str]) -> dict[str, Any]:
+def _first_then_resume(rank: int, world: int, root: str,
+                       kinds: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The first run, then the resumed one, in the same ranks: the resume builds a new
+    model, optimizer and Accumulator and reads everything from the checkpoint files (what a
+    restarted process would do), without paying for a second spawn and DeepSpeed start-up."""
+    if any(k.startswith("zero") for k in kinds):
         import deepspeed
 
         deepspeed.init_distributed(dist_backend="gloo")
         logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return fn(rank, world, root, kinds)  # type: ignore[no-any-return]
-
-    return run
-
-
-def _first_run_ds(rank: int, world: int, root: str, kinds: list[str]) -> dict[str, Any]:
-    return _ds(_first_run)(rank, world, root, kinds)  # type: ignore[no-any-return]
-
-
-def _resume_ds(rank: int, world: int, root: str, kinds: list[str]) -> dict[str, Any]:
-    return _ds(_resume)(rank, world, root, kinds)  # type: ignore[no-any-return]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _first_run(rank, world, root, kinds), _resume(rank, world, root, kinds)
 
 
 def _check(first: list[dict[str, Any]], resumed: list[dict[str, Any]], kinds: list[str]) -> None:
@@ -166,21 +159,26 @@ def _check(first: list[dict[str, Any]], resumed: list[dict[str, Any]], kinds: li
                 assert torch.equal(x, y), f"{kind} rank {rank}: resumed run differs"
 
 
-def test_ddp_and_fsdp2_resume_bitwise(tmp_path: Path) -> None:
-    kinds = ["ddp", "fsdp2"]
-    first = run_on_ranks(_first_run, 2, (str(tmp_path), kinds), timeout=300)
-    resumed = run_on_ranks(_resume, 2, (str(tmp_path), kinds), timeout=300)
-    _check(first, resumed, kinds)
+KINDS = ["ddp", "fsdp2", "zero1", "zero2", "zero3"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Any], list[Any]]:
+    """Every engine's first run and resume in ONE 2-rank spawn (DDP, FSDP2, ZeRO 1-3)."""
+    pytest.importorskip("deepspeed")
+    root = tmp_path_factory.mktemp("ckpt")
+    out = run_on_ranks(_first_then_resume, 2, (str(root), KINDS), timeout=900,
+                       env={"DS_ACCELERATOR": "cpu"})
+    return [first for first, _ in out], [resumed for _, resumed in out]
+
+
+def test_ddp_and_fsdp2_resume_bitwise(runs: tuple[list[Any], list[Any]]) -> None:
+    _check(*runs, ["ddp", "fsdp2"])
 
 
 @pytest.mark.deepspeed
-def test_deepspeed_resume_bitwise(tmp_path: Path) -> None:
-    pytest.importorskip("deepspeed")
-    kinds = ["zero1", "zero2", "zero3"]
-    env = {"DS_ACCELERATOR": "cpu"}
-    first = run_on_ranks(_first_run_ds, 2, (str(tmp_path), kinds), timeout=600, env=env)
-    resumed = run_on_ranks(_resume_ds, 2, (str(tmp_path), kinds), timeout=600, env=env)
-    _check(first, resumed, kinds)
+def test_deepspeed_resume_bitwise(runs: tuple[list[Any], list[Any]]) -> None:
+    _check(*runs, ["zero1", "zero2", "zero3"])
 
 
 def test_another_world_size_is_refused() -> None:

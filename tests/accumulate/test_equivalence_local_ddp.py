@@ -68,10 +68,29 @@ def test_local_matches_reference(case: Case) -> None:
     assert all(c == 0 for c in colls)
 
 
+DDP_CASES = GRID + [c.with_(sync="eager") for c in GRID[1:3]]
+BROKEN_CASE = Case(accumulation_steps=4, micro_batches=8, optimizer="sgd", seed=7)
+BUGS = ["step_every_micro_step", "mean_of_means"]
+RESUME_CASE = Case(accumulation_steps=3, micro_batches=17, optimizer="adamw", scheduler=True,
+                   max_grad_norm=0.5, seed=9)
+
+
+def _every_ddp_run(rank: int, world: int) -> dict:
+    """The grid, the broken loops and the resume of this module in ONE 2-rank spawn (each
+    builds its own DDP model; a spawn costs more than all of them on this machine)."""
+    return {"grid": _ddp_grid(rank, world, DDP_CASES),
+            "broken": {bug: _broken_ddp(rank, world, BROKEN_CASE, bug) for bug in BUGS},
+            "resume": _resume(rank, world, RESUME_CASE, 2)}
+
+
 @pytest.fixture(scope="module")
-def ddp_results() -> list:
-    cases = GRID + [c.with_(sync="eager") for c in GRID[1:3]]
-    return list(zip(cases, run_on_ranks(_ddp_grid, 2, (cases,), timeout=300)[0], strict=True))
+def ddp_runs() -> list[dict]:
+    return run_on_ranks(_every_ddp_run, 2, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def ddp_results(ddp_runs: list[dict]) -> list:
+    return list(zip(DDP_CASES, ddp_runs[0]["grid"], strict=True))
 
 
 def test_ddp_matches_reference_after_every_step(ddp_results: list) -> None:
@@ -127,11 +146,10 @@ def _broken_ddp(rank: int, world: int, case: Case, bug: str) -> list:
     return snaps
 
 
-@pytest.mark.parametrize("bug", ["step_every_micro_step", "mean_of_means"])
-def test_reference_catches_broken_loops(bug: str) -> None:
-    case = Case(accumulation_steps=4, micro_batches=8, optimizer="sgd", seed=7)
-    snaps = run_on_ranks(_broken_ddp, 2, (case, bug), timeout=120)[0]
-    errors = update_errors(case, 2, snaps)
+@pytest.mark.parametrize("bug", BUGS)
+def test_reference_catches_broken_loops(ddp_runs: list[dict], bug: str) -> None:
+    snaps = ddp_runs[0]["broken"][bug]
+    errors = update_errors(BROKEN_CASE, 2, snaps)
     assert errors[0] >= BROKEN_MIN_ERROR, errors
 
 
@@ -203,7 +221,5 @@ def _resume(rank: int, world: int, case: Case, split: int) -> bool:
     return bool(flag.item()) and acc.optimizer_steps == 6
 
 
-def test_resume_at_a_boundary_is_bitwise_identical() -> None:
-    case = Case(accumulation_steps=3, micro_batches=17, optimizer="adamw", scheduler=True,
-                max_grad_norm=0.5, seed=9)
-    assert run_on_ranks(_resume, 2, (case, 2), timeout=120) == [True, True]
+def test_resume_at_a_boundary_is_bitwise_identical(ddp_runs: list[dict]) -> None:
+    assert [run["resume"] for run in ddp_runs] == [True, True]

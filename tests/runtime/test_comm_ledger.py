@@ -7,19 +7,18 @@ cases that need no engine run on hand-made records.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from test_watch import SCRIPTS, _sweep, _torchrun  # the launcher helpers of the watch tests
+from watch_sweep import watch_many
 
 from accumguard.observe._collectives import DDP_BUCKET_OP
 from accumguard.observe._records import RunRecording
 from accumguard.runtime.watch_findings import analyze, load_recordings
 
-from helpers import free_port, launcher_env
+from helpers import free_port
 
 K, STEPS = 4, 3
 MLP_BYTES = (8 * 16 + 16 + 16 * 4 + 4) * 4  # sweep_dist.mlp(), float32: every gradient once
@@ -139,21 +138,30 @@ def test_deepspeed_reducing_inside_every_backward_is_not_judged() -> None:
 DS_BYTES = (8 * 32 + 32 + 32 + 1) * 4  # ds_train.py's model, float32
 
 
-@pytest.mark.parametrize(("mode", "stage", "per_micro"), [
-    ("native", 2, True), ("coalesce", 2, False), ("native", 1, False)])
-def test_deepspeed_reductions_and_gathers(tmp_path: Path, mode: str, stage: int,
+DS_CASES = [("native", 2, True), ("coalesce", 2, False), ("native", 1, False)]
+
+
+@pytest.fixture(scope="module")
+def ds_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The three DeepSpeed runs in one ``deepspeed`` launch (tests/watch_sweep.py), each
+    recorded as ``watch`` records it."""
+    pytest.importorskip("deepspeed")
+    out = tmp_path_factory.mktemp("ds_comm")
+    watch_many(out, {f"{mode}_z{stage}": [
+        "deepspeed", "--num_gpus", "2", "--master_port", str(free_port()),
+        str(SCRIPTS / "ds_train.py"), "--mode", mode, "--stage", str(stage)]
+        for mode, stage, _ in DS_CASES})
+    return out
+
+
+@pytest.mark.parametrize(("mode", "stage", "per_micro"), DS_CASES)
+def test_deepspeed_reductions_and_gathers(ds_runs: Path, mode: str, stage: int,
                                           per_micro: bool) -> None:
     """DeepSpeed 0.19.8 (2 CPU ranks, gloo), measured: ZeRO-2 with gradient_accumulation_steps
     = K reduces the whole gradient inside every backward (K reductions per step); inside
     coalesce_grad_reduction(), or on ZeRO-1, once; every step then all-gathers the updated
     parameter partitions once. Never an EXTRA_SYNC (DeepSpeed is not judged by the ledger)."""
-    pytest.importorskip("deepspeed")
-    keep = tmp_path / "rec"
-    cmd = [sys.executable, "-m", "accumguard.cli", "watch", "--keep", str(keep), "--",
-           "deepspeed", "--num_gpus", "2", "--master_port", str(free_port()),
-           str(SCRIPTS / "ds_train.py"), "--mode", mode, "--stage", str(stage)]
-    proc = subprocess.run(cmd, env=launcher_env(), capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    keep = ds_runs / f"{mode}_z{stage}"
     rec = load_recordings(keep)
     for s in rec.steps[0][1:]:  # after the first step (set-up collectives)
         rows = s["comm"]["rows"]

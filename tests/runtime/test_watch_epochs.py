@@ -2,7 +2,10 @@
 ``accumulate_grad_batches=4`` on epochs of 3 batches (it steps at each epoch's end and
 divides every batch's loss by 4: F7, each update 3/4 of its window's mean) and its twin with
 K = 3; a plain loop whose next-epoch zero_grad drops each epoch's tail (a warning, not an
-error) and its twin stepping on the tail normalised by its own size."""
+error) and its twin stepping on the tail normalised by its own size.
+
+The four cases run in one ``python`` launch (tests/watch_sweep.py), each recorded as
+``watch`` records it and judged by the function the CLI calls."""
 
 from __future__ import annotations
 
@@ -10,19 +13,27 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_watch import _errors, _watch  # the watch-CLI helper of the launcher tests
+from test_watch import _errors
+from watch_sweep import Watched, watch_many
 
 SCRIPT = Path(__file__).resolve().parents[1] / "watch_scripts" / "short_epochs.py"
 
 
-@pytest.mark.parametrize(("mode", "expected"), [
+CASES = [
     ("lightning_short", {"F7"}), ("lightning_ok", set()),
-    ("plain_drop", set()), ("plain_tail_ok", set())])
-def test_epochs(tmp_path: Path, mode: str, expected: set[str]) -> None:
-    if mode.startswith("lightning"):
-        pytest.importorskip("pytorch_lightning")
-    code, findings, report, proc = _watch(tmp_path, [sys.executable, str(SCRIPT), mode],
-                                          timeout=300)
+    ("plain_drop", set()), ("plain_tail_ok", set())]
+
+
+@pytest.fixture(scope="module")
+def watched(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Watched]:
+    pytest.importorskip("pytorch_lightning")
+    return watch_many(tmp_path_factory.mktemp("epochs"),
+                      {mode: [sys.executable, str(SCRIPT), mode] for mode, _ in CASES})
+
+
+@pytest.mark.parametrize(("mode", "expected"), CASES)
+def test_epochs(watched: dict[str, Watched], mode: str, expected: set[str]) -> None:
+    code, findings, report, proc = watched[mode]
     assert "done" in proc.stdout, proc.stderr[-2000:]
     assert _errors(findings) == expected, findings
     if mode == "lightning_short":

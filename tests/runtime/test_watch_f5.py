@@ -1,7 +1,11 @@
 """F5 under the real ``accumguard watch`` CLI, on unmodified scripts: token mean per
 micro-batch / K with uneven padding is an error (exit 1, F5); the exact twins (sum / N,
 mean · n_i / N, transformers given ``num_items_in_batch``) exit 0. Plain Python, a
-2-rank torchrun DDP run and an HF tiny GPT-2 built from a config (no download)."""
+2-rank torchrun DDP run and an HF tiny GPT-2 built from a config (no download).
+
+The script's cases run in two launches (tests/watch_sweep.py: one ``python``, one
+``torchrun``), each recorded as ``watch`` records it and judged by the function the CLI
+calls; tests/runtime/test_watch.py launches the real CLI."""
 
 from __future__ import annotations
 
@@ -11,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_watch import _errors, _watch  # the watch-CLI helper of the launcher tests
+from test_watch import _errors
+from watch_sweep import Watched, watch_many
 
 from helpers import free_port
 
@@ -115,10 +120,28 @@ def _torchrun(script: str, mode: str) -> list[str]:
             "--master-addr", "127.0.0.1", "--master-port", str(free_port()), script, mode]
 
 
+@pytest.fixture(scope="module")
+def local(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Watched]:
+    pytest.importorskip("transformers")
+    tmp = tmp_path_factory.mktemp("f5_local")
+    script = _script(tmp)
+    return watch_many(tmp / "runs", {mode: [sys.executable, script, mode] for mode in (
+        "mean_k", "sum_n", "mean_scaled", "hf_mean", "hf_items")})
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Watched]:
+    pytest.importorskip("deepspeed")
+    tmp = tmp_path_factory.mktemp("f5_ranks")
+    script = _script(tmp)
+    return watch_many(tmp / "runs", {mode: _torchrun(script, mode) for mode in (
+        "mean_k", "sum_n", "rank_n", "ds_mean", "ds_sum")})
+
+
 @pytest.mark.parametrize(("mode", "bug"), [("mean_k", True), ("sum_n", False),
                                            ("mean_scaled", False)])
-def test_plain_script(tmp_path: Path, mode: str, bug: bool) -> None:
-    code, findings, _, proc = _watch(tmp_path, [sys.executable, _script(tmp_path), mode])
+def test_plain_script(local: dict[str, Watched], mode: str, bug: bool) -> None:
+    code, findings, _, proc = local[mode]
     assert proc.stdout.strip() == "trained"
     if bug:
         assert code == 1 and _errors(findings) == {"F5"}, findings
@@ -130,12 +153,12 @@ def test_plain_script(tmp_path: Path, mode: str, bug: bool) -> None:
 
 @pytest.mark.parametrize(("mode", "bug"), [("mean_k", True), ("sum_n", False),
                                            ("rank_n", False)])
-def test_torchrun_ddp(tmp_path: Path, mode: str, bug: bool) -> None:
+def test_torchrun_ddp(ranks: dict[str, Watched], mode: str, bug: bool) -> None:
     """Per rank: a token mean / K is F5 on both ranks; the global count is silent; each
     rank dividing by its own count (one weight per rank, different across ranks, DDP
     averaging the ranks) is standard DDP practice: an F6 warning (the loss-weight ledger),
     exit 0."""
-    code, findings, report, _ = _watch(tmp_path, _torchrun(_script(tmp_path), mode))
+    code, findings, report, _ = ranks[mode]
     assert report["ranks"] == [0, 1]
     warnings = {f["cls"] for f in findings if f["severity"] == "warning"}
     if bug:
@@ -147,11 +170,10 @@ def test_torchrun_ddp(tmp_path: Path, mode: str, bug: bool) -> None:
 
 
 @pytest.mark.parametrize(("mode", "bug"), [("hf_mean", True), ("hf_items", False)])
-def test_hf_gpt2_custom_loop(tmp_path: Path, mode: str, bug: bool) -> None:
+def test_hf_gpt2_custom_loop(local: dict[str, Watched], mode: str, bug: bool) -> None:
     """transformers' loss: a mean when the model is not given ``num_items_in_batch``, a
     sum divided by it when it is."""
-    pytest.importorskip("transformers")
-    code, findings, _, _ = _watch(tmp_path, [sys.executable, _script(tmp_path), mode])
+    code, findings, _, _ = local[mode]
     if bug:
         assert code == 1 and _errors(findings) == {"F5"}, findings
         f5 = next(f for f in findings if f["cls"] == "F5")
@@ -219,12 +241,10 @@ def test_accelerate_accumulate_in_process(tmp_path: Path) -> None:
 
 @pytest.mark.deepspeed
 @pytest.mark.parametrize(("mode", "bug"), [("ds_mean", True), ("ds_sum", False)])
-def test_deepspeed_native_accumulation(tmp_path: Path, mode: str, bug: bool) -> None:
+def test_deepspeed_native_accumulation(ranks: dict[str, Watched], mode: str, bug: bool) -> None:
     """DeepSpeed ZeRO-2, config GA = K, ``engine.backward`` on every micro-batch (it divides
     by K: a constant that cancels): a token mean is F5, the summed loss over N is exact."""
-    pytest.importorskip("deepspeed")
-    code, findings, report, _ = _watch(tmp_path, _torchrun(_script(tmp_path), mode),
-                                       timeout=400)
+    code, findings, report, _ = ranks[mode]
     assert report["ranks"] == [0, 1] and report["accumulation_steps"] == 4
     if bug:
         assert code == 1 and _errors(findings) == {"F5"}, findings

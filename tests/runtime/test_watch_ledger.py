@@ -3,7 +3,11 @@ a loss normalised to the window's global token count and then averaged again by 
 or DeepSpeed ZeRO-2 (F10, W x too small), a loss divided by the world size on top of the
 engine's average (F10), each rank normalising by its own count (F6, a warning), and the
 correct twins: the global count times W, the per-rank mean / K, a constant weight of 0.5
-the user chose on two ranks (a note, not judged)."""
+the user chose on two ranks (a note, not judged).
+
+Every case runs in ONE torchrun launch (tests/watch_sweep.py), each recorded as ``watch``
+records it and judged by the function the CLI calls; tests/runtime/test_watch.py launches
+the real CLI."""
 
 from __future__ import annotations
 
@@ -11,7 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_watch import _errors, _watch  # the watch-CLI helper of the launcher tests
+from test_watch import _errors
+from watch_sweep import Watched, watch_many
 
 from helpers import free_port
 
@@ -24,7 +29,7 @@ def _cmd(engine: str, mode: str, opt: str = "sgd", k: int = 3) -> list[str]:
             engine, mode, opt, str(k)]
 
 
-@pytest.mark.parametrize(("engine", "mode", "opt", "expected"), [
+CASES = [
     ("ddp", "global_noW", "sgd", {"F10"}),
     ("ddp", "global", "sgd", set()),
     ("ddp", "equal_div_w", "adamw", {"F10"}),
@@ -35,15 +40,21 @@ def _cmd(engine: str, mode: str, opt: str = "sgd", k: int = 3) -> list[str]:
     ("ds", "equal", "sgd", set()),
     ("ddp", "global_aux", "adamw", {"F10"}),
     ("ddp", "global_aux_w", "adamw", set()),
-])
-def test_ledger_under_watch(tmp_path: Path, engine: str, mode: str, opt: str,
+]
+
+
+@pytest.fixture(scope="module")
+def watched(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Watched]:
+    cases = {f"{e}-{m}-{o}-3": _cmd(e, m, o) for e, m, o, _ in CASES}
+    cases.update({"ddp-local-sgd-3": _cmd("ddp", "local"),
+                  "ddp-equal_div_w-sgd-1": _cmd("ddp", "equal_div_w", "sgd", 1)})
+    return watch_many(tmp_path_factory.mktemp("ledger"), cases)
+
+
+@pytest.mark.parametrize(("engine", "mode", "opt", "expected"), CASES)
+def test_ledger_under_watch(watched: dict[str, Watched], engine: str, mode: str, opt: str,
                             expected: set[str]) -> None:
-    if engine == "ds":
-        pytest.importorskip("deepspeed")
-    cmd = _cmd(engine, mode, opt)
-    code, findings, report, proc = _watch(tmp_path, cmd)
-    if code and "terminate called without an active exception" in proc.stderr:
-        code, findings, report, proc = _watch(tmp_path, cmd)  # the gloo teardown abort
+    code, findings, report, proc = watched[f"{engine}-{mode}-{opt}-3"]
     assert "trained" in proc.stdout, proc.stderr[-3000:]
     assert report["ranks"] == [0, 1]
     assert _errors(findings) == expected, findings
@@ -64,18 +75,18 @@ def test_ledger_under_watch(tmp_path: Path, engine: str, mode: str, opt: str,
                    for f in findings), findings
 
 
-def test_rank_local_normalisation_is_a_warning(tmp_path: Path) -> None:
+def test_rank_local_normalisation_is_a_warning(watched: dict[str, Watched]) -> None:
     """DDP, each rank divides its summed loss by its own window count: F6 warning, exit 0."""
-    code, findings, _, proc = _watch(tmp_path, _cmd("ddp", "local"))
+    code, findings, _, proc = watched["ddp-local-sgd-3"]
     assert "trained" in proc.stdout, proc.stderr[-3000:]
     assert code == 0 and not _errors(findings), findings
     f6 = [f for f in findings if f["cls"] == "F6"]
     assert f6 and f6[0]["severity"] == "warning" and "/N for each of" in f6[0]["evidence"], f6
 
 
-def test_no_accumulation_loss_divided_by_world_size(tmp_path: Path) -> None:
+def test_no_accumulation_loss_divided_by_world_size(watched: dict[str, Watched]) -> None:
     """K = 1 (one backward per step): DDP and loss / world_size is still F10 (the loss
     record keeps windows of one micro-step when several ranks run)."""
-    code, findings, _, proc = _watch(tmp_path, _cmd("ddp", "equal_div_w", "sgd", 1))
+    code, findings, _, proc = watched["ddp-equal_div_w-sgd-1"]
     assert "trained" in proc.stdout, proc.stderr[-3000:]
     assert code == 1 and _errors(findings) == {"F10"}, findings

@@ -6,7 +6,11 @@ epoch's zero_grad (one F7 warning saying "dropped": each step is a whole window,
 was skipped), an actor and a critic with two optimizers
 (K = 4, not 8), bf16 gradients summed over K backwards (F12), a DDP model rebuilt after a
 checkpoint (no false "extra reductions" note). Each buggy form has a correct twin that
-must stay silent (no error)."""
+must stay silent (no error).
+
+The cases of each test run in one launch (tests/watch_sweep.py: one ``python``, one
+``torchrun``), each recorded as ``watch`` records it and judged by the function the CLI
+calls; tests/runtime/test_watch.py launches the real CLI."""
 
 from __future__ import annotations
 
@@ -15,7 +19,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from test_watch import _errors, _watch  # the watch-CLI helper of the launcher tests
+from test_watch import _errors
+from watch_sweep import Watched, watch_many
 
 from helpers import free_port
 
@@ -186,17 +191,27 @@ DDP = textwrap.dedent('''
 ''')
 
 
-@pytest.mark.parametrize(("mode", "expected"), [
+LOCAL_CASES = [
     ("notdiv_loop", {"LOSS_SCALE"}), ("notdiv_class", {"LOSS_SCALE"}),
     ("notdiv_gradiv", set()), ("div", set()),
     ("epoch_drop", set()), ("epoch_flush", set()),
     ("actor_critic", set()),
     ("bf16_long", set()), ("bf16_buffer", set()),
-])
-def test_round6_local(tmp_path: Path, mode: str, expected: set[str]) -> None:
-    script = tmp_path / "train6.py"
+]
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Watched]:
+    tmp = tmp_path_factory.mktemp("round6_local")
+    script = tmp / "train6.py"
     script.write_text(LOCAL)
-    code, findings, report, proc = _watch(tmp_path, [sys.executable, str(script), mode])
+    return watch_many(tmp / "runs", {mode: [sys.executable, str(script), mode]
+                                     for mode, _ in LOCAL_CASES})
+
+
+@pytest.mark.parametrize(("mode", "expected"), LOCAL_CASES)
+def test_round6_local(local: dict[str, Watched], mode: str, expected: set[str]) -> None:
+    code, findings, report, proc = local[mode]
     assert proc.stdout.strip() == "trained", proc.stderr[-2000:]
     assert _errors(findings) == expected, findings
     assert code == (1 if expected else 0)
@@ -223,17 +238,24 @@ def _torchrun(script: Path, mode: str) -> list[str]:
             "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script), mode]
 
 
-@pytest.mark.parametrize(("mode", "expected"), [
+DDP_CASES = [
     ("notdiv", {"LOSS_SCALE"}), ("div", set()),
     ("sum", {"F10"}), ("zero_sum", {"F10"}), ("double_avg", {"F10"}), ("avg", set()),
     ("rebuild", set()),
-])
-def test_round6_ddp(tmp_path: Path, mode: str, expected: set[str]) -> None:
-    script = tmp_path / "ddp6.py"
+]
+
+
+@pytest.fixture(scope="module")
+def ddp(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Watched]:
+    tmp = tmp_path_factory.mktemp("round6_ddp")
+    script = tmp / "ddp6.py"
     script.write_text(DDP)
-    code, findings, report, proc = _watch(tmp_path, _torchrun(script, mode))
-    if code and "terminate called without an active exception" in proc.stderr:
-        code, findings, report, proc = _watch(tmp_path, _torchrun(script, mode))  # gloo
+    return watch_many(tmp / "runs", {mode: _torchrun(script, mode) for mode, _ in DDP_CASES})
+
+
+@pytest.mark.parametrize(("mode", "expected"), DDP_CASES)
+def test_round6_ddp(ddp: dict[str, Watched], mode: str, expected: set[str]) -> None:
+    code, findings, report, proc = ddp[mode]
     assert "trained" in proc.stdout, proc.stderr[-3000:]
     assert report["ranks"] == [0, 1]
     assert _errors(findings) == expected, findings

@@ -4,7 +4,11 @@ all-reduces .grad itself) with SUM never divided by W (F10, found from every ran
 gradient checksums) and its correct forms (AVG; SUM after a loss divided by K x W; the
 reduction inside each backward by a tensor hook), the average taken twice (F10); a loop that makes its gradients with torch.autograd.grad only
 (nothing checked: said so, not a silent pass); ``clip_grad_norm_(params, inf)`` after
-every backward, the idiom for logging the norm, is not F8 (a finite limit is)."""
+every backward, the idiom for logging the norm, is not F8 (a finite limit is).
+
+The parametrised cases of a test run in one launch (tests/watch_sweep.py), each recorded as
+``watch`` records it and judged by the function the CLI calls; the "nothing checked" case
+launches the real CLI (its printed line is tested)."""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from test_watch import _errors, _watch  # the watch-CLI helper of the launcher tests
+from watch_sweep import Watched, watch_many
 
 from helpers import free_port
 
@@ -64,19 +69,28 @@ MANUAL = textwrap.dedent('''
 ''')
 
 
-@pytest.mark.parametrize(("mode", "expected"), [
+MANUAL_CASES = [
     ("sum", {"F10"}), ("avg", set()), ("sum_kw", set()), ("avg_kw", {"F10"}),
     # reduced inside each backward (a tensor hook): correct, and never judged by this rule
     ("hook_sum_kw", set()), ("hook_avg", set()),
-])
-def test_manual_all_reduce_without_ddp(tmp_path: Path, mode: str, expected: set[str]) -> None:
-    script = tmp_path / "manual8.py"
+]
+
+
+@pytest.fixture(scope="module")
+def manual(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Watched]:
+    tmp = tmp_path_factory.mktemp("manual8")
+    script = tmp / "manual8.py"
     script.write_text(MANUAL)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script), mode]
-    code, findings, report, proc = _watch(tmp_path, cmd)
-    if code and "terminate called without an active exception" in proc.stderr:
-        code, findings, report, proc = _watch(tmp_path, cmd)  # the gloo teardown abort
+    return watch_many(tmp / "runs", {
+        mode: [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+               "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script),
+               mode] for mode, _ in MANUAL_CASES})
+
+
+@pytest.mark.parametrize(("mode", "expected"), MANUAL_CASES)
+def test_manual_all_reduce_without_ddp(manual: dict[str, Watched], mode: str,
+                                       expected: set[str]) -> None:
+    code, findings, report, proc = manual[mode]
     assert "trained" in proc.stdout, proc.stderr[-3000:]
     assert report["ranks"] == [0, 1]
     assert _errors(findings) == expected, findings
@@ -150,12 +164,19 @@ CLIP = textwrap.dedent('''
 ''')
 
 
-@pytest.mark.parametrize(("limit", "expected"), [("inf", set()), ("finite", {"F8"})])
-def test_clip_with_an_infinite_limit_is_not_f8(tmp_path: Path, limit: str,
-                                                expected: set[str]) -> None:
-    script = tmp_path / "norm_log.py"
+@pytest.fixture(scope="module")
+def clipped(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Watched]:
+    tmp = tmp_path_factory.mktemp("norm_log")
+    script = tmp / "norm_log.py"
     script.write_text(CLIP)
-    code, findings, report, proc = _watch(tmp_path, [sys.executable, str(script), limit])
+    return watch_many(tmp / "runs", {limit: [sys.executable, str(script), limit]
+                                     for limit in ("inf", "finite")})
+
+
+@pytest.mark.parametrize(("limit", "expected"), [("inf", set()), ("finite", {"F8"})])
+def test_clip_with_an_infinite_limit_is_not_f8(clipped: dict[str, Watched], limit: str,
+                                                expected: set[str]) -> None:
+    code, findings, report, proc = clipped[limit]
     assert proc.stdout.strip() == "trained", proc.stderr[-2000:]
     assert _errors(findings) == expected, findings
     assert code == (1 if expected else 0)

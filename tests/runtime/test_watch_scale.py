@@ -2,16 +2,20 @@
 (no ``-k``: K comes from the script's own declaration or from the windows), as in blind
 evaluation round 5: the loss divided by K twice (b06) is LOSS_SCALE, the final partial
 window divided by K (b08) is F7, a step after every ``torch.autograd.grad`` (b11) is F1;
-their correct twins exit 0 with no error."""
+their correct twins exit 0 with no error.
+
+Every case runs in one ``python`` launch (tests/watch_sweep.py), recorded as ``watch``
+records it and judged by the function the CLI calls; tests/runtime/test_watch.py launches
+the real CLI."""
 
 from __future__ import annotations
 
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
-from test_watch import _errors, _watch  # the watch-CLI helper of the launcher tests
+from test_watch import _errors
+from watch_sweep import Watched, watch_many
 
 SCRIPT = textwrap.dedent('''
     """Small regression/classification loops, one per mode (argv[1])."""
@@ -87,15 +91,26 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
-@pytest.mark.parametrize(("mode", "expected"), [
+CASES = [
     ("double_div", {"LOSS_SCALE"}), ("single_div", set()), ("two_losses", set()),
     ("partial_k", {"F7"}), ("partial_real", set()),
     ("grad_step", {"F1"}), ("grad_accum", set()),
-])
-def test_window_scale_under_watch(tmp_path: Path, mode: str, expected: set[str]) -> None:
-    script = tmp_path / "train_scale.py"
+]
+
+
+@pytest.fixture(scope="module")
+def watched(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Watched]:
+    tmp = tmp_path_factory.mktemp("scale")
+    script = tmp / "train_scale.py"
     script.write_text(SCRIPT)
-    code, findings, _, proc = _watch(tmp_path, [sys.executable, str(script), mode])
+    return watch_many(tmp / "runs", {mode: [sys.executable, str(script), mode]
+                                     for mode, _ in CASES})
+
+
+@pytest.mark.parametrize(("mode", "expected"), CASES)
+def test_window_scale_under_watch(watched: dict[str, Watched], mode: str,
+                                  expected: set[str]) -> None:
+    code, findings, _, proc = watched[mode]
     assert proc.stdout.strip() == "trained", proc.stderr[-2000:]
     assert _errors(findings) == expected, findings
     assert code == (1 if expected else 0)
