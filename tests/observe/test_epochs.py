@@ -72,3 +72,19 @@ def test_epoch_counts_with_scheduler_steps_and_the_unstepped_tail() -> None:
         {"micro_batches": 6, "optimizer_steps": 1, "scheduler_steps": 1, "windows": [4]},
         {"micro_batches": 6, "optimizer_steps": 1, "scheduler_steps": 1, "windows": [4]}]
     assert complete_epochs(steps, 2) and not complete_epochs(steps, 0)
+
+
+def test_an_unchecked_window_across_passes_with_a_reset_is_not_called_a_leak() -> None:
+    # windows of 4, then one of 6 spanning two DataLoader passes (2 left + 4 new)
+    res = KResolution(4, "declared in the script", "script")
+    whole = [{"step": i, "backwards": 4, "window": 4, "data_pass_starts": [0] if i == 0 else [],
+              "zero_grads_between": 0} for i in range(2)]
+    span = {"step": 2, "backwards": 6, "window": 6, "data_pass_starts": [2],
+            "zero_grads_between": 1, "conservation": None}
+    found = [(f.cls, f.severity) for f in _window_findings(0, whole + [span], {}, res)]
+    # a zero_grad inside, the gradient not checked (sampled out): dropped or leaked, unclaimed
+    assert found == [("F7", "warning")], found
+    # no zero_grad inside it: the tail leaked into the next epoch's window (an error)
+    leak = dict(span, zero_grads_between=0)
+    assert [(f.cls, f.severity) for f in _window_findings(0, whole + [leak], {}, res)] == [
+        ("F7", "error")]

@@ -463,7 +463,16 @@ def _window_findings(rank: int, windows: list[dict[str, Any]], info: dict[str, A
         if crossed:
             w, n0 = crossed[0], int(crossed[0]["window"])
             j = next(j for j in w["data_pass_starts"] if 0 < j < n0)
+            unchecked = (w.get("conservation") is None
+                         and int(w.get("zero_grads_between", 0) or 0) > 0)
             out.append(dropped_finding(rank, w, j, k) if dropped_tail(w) == j else
+                       _mk("F7", "warning", rank, w["step"], n0 - 1,
+                           f"a window of {n0} backward passes before step {_n(w['step'])} "
+                           f"spans two DataLoader passes with zero_grad() inside it: the last "
+                           f"{j} micro-step(s) of the pass were dropped by it or leaked; the "
+                           "window was not checked (sampled out): which one is not claimed",
+                           title_="an epoch's partial window dropped or leaked (not checked)")
+                       if unchecked else
                        _mk("F7", "error", rank, w["step"], n0 - 1,
                            f"a window of {n0} backward passes (K = {k}) before optimizer step "
                            f"{_n(w['step'])}: {j} micro-step(s) left at the end of a pass over "
