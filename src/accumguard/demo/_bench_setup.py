@@ -155,7 +155,7 @@ def _build_fsdp2(args: Any, sync: str, memory: str = "sharded") -> Run:
 
 
 def _build_deepspeed(args: Any, stage: int, sync: str, memory: str = "sharded",
-                     zero_extra: dict[str, Any] | None = None, in_place: bool = True) -> Run:
+                     zero_extra: dict[str, Any] | None = None, lean: bool = True) -> Run:
     import deepspeed
 
     from accumguard.engines.deepspeed import DeepSpeedEngineAdapter
@@ -172,7 +172,7 @@ def _build_deepspeed(args: Any, stage: int, sync: str, memory: str = "sharded",
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config)
     return _run_accumulator(engine, None,
                             DeepSpeedEngineAdapter(engine, sync=sync, window_memory=memory,
-                                                   reduce_in_place=in_place),
+                                                   lean_flush=lean),
                             args.k)
 
 
@@ -208,11 +208,13 @@ def configurations(args: Any) -> dict[str, Callable[[], Run]]:
         cfgs["DeepSpeed ZeRO-2 deferred (coalesced), contiguous_gradients false"] = (
             lambda: _build_deepspeed(args, 2, "deferred",
                                      zero_extra={"contiguous_gradients": False}))
-        # The adapter's flush before reduce_in_place (DeepSpeed's flatten copy), side by side.
-        cfgs["DeepSpeed ZeRO-2 deferred (coalesced), reduce_in_place=False"] = (
-            lambda: _build_deepspeed(args, 2, "deferred", in_place=False))
+        # DeepSpeed's own flush (the adapter before lean_flush), side by side.
+        cfgs["DeepSpeed ZeRO-2 deferred (coalesced), lean_flush=False"] = (
+            lambda: _build_deepspeed(args, 2, "deferred", lean=False))
         cfgs["DeepSpeed ZeRO-3 deferred (coalesced), window_memory=unsharded"] = (
             lambda: _build_deepspeed(args, 3, "deferred", "unsharded"))
+        cfgs["DeepSpeed ZeRO-3 deferred (coalesced), window_memory=unsharded, lean_flush=False"] = (
+            lambda: _build_deepspeed(args, 3, "deferred", "unsharded", lean=False))
     if args.only:
         # The reference rows stay: every ratio is measured against them in the same run.
         cfgs = {k: v for k, v in cfgs.items()

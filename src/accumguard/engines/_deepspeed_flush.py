@@ -1,4 +1,15 @@
-"""The coalesced ZeRO-1/2 reduction without DeepSpeed's flatten copy (``reduce_in_place``).
+"""The coalesced reduction without DeepSpeed's redundant gradient copies (``lean_flush``).
+
+ZeRO-1/2: the contiguous reduce bucket is all-reduced in place (below). ZeRO-3: the flush
+leaves every gradient in its own tensor instead of first copying it into the contiguous
+bucket: with ``reduce_scatter`` on (the default) DeepSpeed's ``reduce_scatter_coalesced``
+interleaves the rank partitions into a new tensor (``torch.cat``) whichever way the
+gradients arrive, so the bucket copy is a second copy of every gradient. The flush runs
+with the optimizer's ``contiguous_gradients`` off (DeepSpeed's own code path for that
+setting); the buckets, their order (sorted by parameter id) and so the numbers are the
+same, and the original gradient tensors are not freed one by one into the bucket, so the
+flush's peak memory does not grow. Backwards inside the window are untouched (the coalesced
+block reduces nothing until it closes).
 
 Where the time of a coalesced ZeRO-2 window goes beyond the limit (DeepSpeed 0.19.8, default
 ``contiguous_gradients: true``, measured on CPU, docs/dev/performance-journal.md): leaving
@@ -29,7 +40,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["InPlaceFlush", "adjacent_view"]
+__all__ = ["LeanFlush", "adjacent_view"]
 
 
 def adjacent_view(tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
@@ -54,19 +65,29 @@ def adjacent_view(tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
     return first.as_strided((total,), (1,), offset)
 
 
-class InPlaceFlush:
-    """Patches one DeepSpeed ZeRO-1/2 optimizer for the duration of a coalesced flush (see
-    the module docstring). ``in_place`` / ``copied`` count the bucket flattens served as a
-    view / left to DeepSpeed (the tests read them: the fast path must really be taken)."""
+class LeanFlush:
+    """Patches one DeepSpeed ZeRO optimizer for the duration of a coalesced flush (see the
+    module docstring). ``in_place`` counts the copies avoided (ZeRO-1/2: bucket flattens
+    served as a view; ZeRO-3: flushes without the bucket copy), ``copied`` the flattens left
+    to DeepSpeed (the tests read both: the fast path must really be taken)."""
 
-    def __init__(self, optimizer: Any) -> None:
+    def __init__(self, optimizer: Any, stage: int) -> None:
         self.optimizer = optimizer
+        self.stage = stage
         self.in_place = 0
         self.copied = 0
 
     @staticmethod
-    def unsupported(optimizer: Any) -> str:
-        """Why the in-place flush does not apply to this optimizer ("" when it does)."""
+    def unsupported(optimizer: Any, stage: int) -> str:
+        """Why the lean flush does not apply to this optimizer ("" when it does)."""
+        if stage == 3:
+            if not isinstance(getattr(optimizer, "contiguous_gradients", None), bool):
+                return (f"{type(optimizer).__name__} has no contiguous_gradients flag "
+                        "(DeepSpeed 0.19.8's ZeRO-3 optimizer has one)")
+            if getattr(optimizer, "reduce_scatter", None) is not True:
+                return ("reduce_scatter is off (the contiguous bucket is then all-reduced "
+                        "as it is, no second copy to avoid)")
+            return ""
         if not callable(getattr(optimizer, "flatten", None)) or \
                 not callable(getattr(optimizer, "allreduce_bucket", None)):
             return (f"{type(optimizer).__name__} has no flatten/allreduce_bucket (DeepSpeed "
@@ -77,8 +98,30 @@ class InPlaceFlush:
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
-        """Serve ``flatten`` as a view inside ``allreduce_bucket(rank=None)`` calls; restore
-        both attributes afterwards, whatever happens."""
+        """For the flush: ZeRO-3, ``contiguous_gradients`` off; ZeRO-1/2, ``flatten`` served
+        as a view inside ``allreduce_bucket(rank=None)`` calls. Everything is put back
+        afterwards, whatever happens."""
+        if self.stage == 3:
+            with self._no_bucket_copy():
+                yield
+            return
+        with self._all_reduce_in_place():
+            yield
+
+    @contextlib.contextmanager
+    def _no_bucket_copy(self) -> Iterator[None]:
+        opt = self.optimizer
+        saved = opt.contiguous_gradients
+        opt.contiguous_gradients = False
+        try:
+            yield
+        finally:
+            opt.contiguous_gradients = saved
+        if saved:
+            self.in_place += 1
+
+    @contextlib.contextmanager
+    def _all_reduce_in_place(self) -> Iterator[None]:
         opt = self.optimizer
         real_flatten: Callable[[list[torch.Tensor]], torch.Tensor] = opt.flatten
         had_bucket_attr = "allreduce_bucket" in vars(opt)

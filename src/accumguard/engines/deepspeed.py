@@ -82,7 +82,7 @@ import torch
 
 from accumguard.core.errors import AccumguardWarning, ConfigError, UsageError
 from accumguard.core.scaling import GradReduction
-from accumguard.engines._deepspeed_flush import InPlaceFlush
+from accumguard.engines._deepspeed_flush import LeanFlush
 from accumguard.engines.base import Engine
 from accumguard.engines.collectives import DS_COMM_MODULES, DS_REDUCE_OPS
 from accumguard.engines.registry import is_deepspeed_engine
@@ -122,9 +122,10 @@ class DeepSpeedEngineAdapter(Engine):
         window_memory: ``"sharded"`` (default) or ``"unsharded"``: on ZeRO-3, keep the
             parameters gathered for the whole window (one all-gather per window instead of
             one per micro-step; one unsharded copy of the parameters in memory meanwhile).
-        reduce_in_place: on ZeRO-1/2 with ``sync="deferred"``, all-reduce DeepSpeed's
-            contiguous reduce bucket in place when the coalesced block closes instead of
-            through a flattened copy (same numbers, two fewer copies of the gradients; see
+        lean_flush: with ``sync="deferred"``, close the coalesced block without DeepSpeed's
+            redundant gradient copies: ZeRO-1/2 all-reduce the contiguous reduce bucket in
+            place instead of a flattened copy of it, ZeRO-3 skips the copy into the bucket
+            that its reduce-scatter copies again (same numbers, bit for bit; see
             :mod:`accumguard.engines._deepspeed_flush`). Default True; False leaves
             DeepSpeed's flush untouched.
     """
@@ -133,7 +134,7 @@ class DeepSpeedEngineAdapter(Engine):
     owns_optimizer = True
 
     def __init__(self, model: Any, *, sync: str = "auto", window_memory: str = "sharded",
-                 reduce_in_place: bool = True) -> None:
+                 lean_flush: bool = True) -> None:
         if not is_deepspeed_engine(model):
             raise ConfigError(
                 f"DeepSpeedEngineAdapter needs the engine returned by deepspeed.initialize, got "
@@ -179,8 +180,8 @@ class DeepSpeedEngineAdapter(Engine):
         self._holding = False
         self._is_last = False
         self._clear_release_cache: Any = None
-        self.reduce_in_place = reduce_in_place
-        self.in_place_flush: InPlaceFlush | None = None  # set in bind() when it applies
+        self.lean_flush = lean_flush
+        self.flush: LeanFlush | None = None  # set in bind() when it applies
         if window_memory == "unsharded":
             self._prepare_unsharded()
 
@@ -198,13 +199,12 @@ class DeepSpeedEngineAdapter(Engine):
         self._check_config(k)
         self._saved_flag = self.engine._is_gradient_accumulation_boundary
         why = self._coalescing_unsupported() if self.sync_mode == "eager" else ""
-        if self.reduce_in_place and self.sync_mode == "deferred" and self.stage in (1, 2):
-            not_here = InPlaceFlush.unsupported(self.engine.optimizer)
+        if self.lean_flush and self.sync_mode == "deferred":
+            not_here = LeanFlush.unsupported(self.engine.optimizer, self.stage)
             if not_here:
-                log.info("accumguard: DeepSpeed flush left as is (reduce_in_place): %s",
-                         not_here)
+                log.info("accumguard: DeepSpeed's flush left as is (lean_flush): %s", not_here)
             else:
-                self.in_place_flush = InPlaceFlush(self.engine.optimizer)
+                self.flush = LeanFlush(self.engine.optimizer, self.stage)
         log.info("accumguard: DeepSpeed ZeRO-%d, sync=%s, config GA=%d, K=%d, clipping=%g%s",
                  self.stage, self.sync_mode, ga, k, self.clip_value,
                  f" (eager: {why})" if why else "")
@@ -452,7 +452,7 @@ class DeepSpeedEngineAdapter(Engine):
     def sync(self) -> None:
         if self._coalesce is not None:
             ctx, self._coalesce = self._coalesce, None
-            flush = self.in_place_flush
+            flush = self.flush
             with self._counting_round(), \
                     (flush.active() if flush is not None else contextlib.nullcontext()):
                 ctx.__exit__(None, None, None)  # one reduction pass over the window's gradients
@@ -566,6 +566,6 @@ class DeepSpeedEngineAdapter(Engine):
 
     def describe(self) -> str:
         memory = ", window_memory=unsharded" if self.window_memory == "unsharded" else ""
-        memory += ", reduce in place" if self.in_place_flush is not None else ""
+        memory += ", lean flush" if self.flush is not None else ""
         return (f"deepspeed ZeRO-{self.stage} (sync={self.sync_mode}, world={self.world_size}, "
                 f"gradient_clipping={self.clip_value:g}{memory})")
