@@ -1,6 +1,7 @@
 """DeepSpeed coalesced flush with ``lean_flush`` (the default): ZeRO-1/2 all-reduce the
 contiguous reduce bucket in place instead of DeepSpeed's flattened copy; ZeRO-3 skips the
-copy into the bucket that its reduce-scatter copies again. On the equivalence grid's
+copy into the bucket that its reduce-scatter copies again; the ZeRO-1/2 step reads the
+gradient partition as a view instead of a flattened copy. On the equivalence grid's
 DeepSpeed case (K=4, 10 micro-batches per rank so the last window is partial, uneven
 tokens, clipping at 0.1, AdamW) the parameters are bit-identical to DeepSpeed's own flush
 after every step and match the fp64 reference; the fast path is really taken with the
@@ -65,7 +66,8 @@ def _worker(rank: int, world: int) -> list[dict[str, Any]]:
                                                    enabled=stage == 3):
                 snaps.append(flat_params(engine.module))
             flush = adapter.flush
-            flushes.append(None if flush is None else (flush.in_place, flush.copied))
+            flushes.append(None if flush is None else (flush.in_place, flush.copied,
+                                                       flush.step_views))
         opt = engine.optimizer
         restored = ("allreduce_bucket" not in vars(opt) and
                     getattr(opt.flatten, "__name__", "") == "_flatten_dense_tensors"
@@ -113,6 +115,8 @@ def test_fast_path_is_taken_only_where_it_applies(runs: list[dict[str, Any]]) ->
         avoided = [f[0] for f in fast["flushes"]]
         assert all(b > a for a, b in zip([0, *avoided], avoided, strict=False)), fast["flushes"]
         assert fast["flushes"][-1][1] == 0, fast["flushes"]
+        # ZeRO-1/2: every step's gradient partition was read as a view, no flatten copy.
+        assert [f[2] for f in fast["flushes"]] == ([1, 2, 3] if stage < 3 else [0, 0, 0])
         assert "lean flush" in fast["described"] and fast["restored"], fast
         own = _by(runs, stage, False)
         assert own["flushes"] == [None] * 3 and "lean flush" not in own["described"]

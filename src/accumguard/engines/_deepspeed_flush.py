@@ -27,6 +27,12 @@ reads them (ZeRO-2 drops those gradients right after the reduction; ZeRO-1 frees
 the step; the step reads only this rank's partition), and the all-reduce sums the very
 same values, so the update is bit-identical (tested against the flatten path).
 
+The step (ZeRO-1/2): ``step()`` flattens this rank's gradient partition, views laid end to
+end in the contiguous partition buffer the flush filled, into a new tensor for the
+optimizer. :meth:`LeanFlush.stepping` serves that as a view of the buffer: the optimizer
+reads the same numbers; DeepSpeed frees the parameters' gradients before it scales the flat
+one in place (clipping), and the buffer is refilled only by the next flush.
+
 Applied only to all-reduces (``rank=None``; a ``reduce`` to one rank leaves the other
 ranks' inputs undefined, which the copy protected) and only without ``overlap_comm`` (its
 separate reduction stream and double-buffered bucket were not measured).
@@ -76,6 +82,36 @@ class LeanFlush:
         self.stage = stage
         self.in_place = 0
         self.copied = 0
+        self.step_views = 0  # step() flattens served as a view (ZeRO-1/2)
+        inner = getattr(optimizer, "optimizer", None)
+        # The step's flatten feeds a plain torch optimizer only (no CPU offload, whose step
+        # reads its own buffers, and not Muon, whose step flattens and writes other lists).
+        self._step_views = (stage in (1, 2) and not getattr(optimizer, "cpu_offload", False)
+                            and isinstance(inner, torch.optim.Optimizer)
+                            and "muon" not in type(inner).__name__.lower())
+
+    @contextlib.contextmanager
+    def stepping(self) -> Iterator[None]:
+        """Around ``engine.step()``: the gradient partition's flatten served as a view of the
+        contiguous partition buffer when its pieces lie end to end there (module docstring)."""
+        if not self._step_views:
+            yield
+            return
+        opt = self.optimizer
+        real_flatten: Callable[[list[torch.Tensor]], torch.Tensor] = opt.flatten
+
+        def flatten(tensors: list[torch.Tensor]) -> torch.Tensor:
+            view = adjacent_view(tensors)
+            if view is None:
+                return real_flatten(tensors)
+            self.step_views += 1
+            return view
+
+        opt.flatten = flatten
+        try:
+            yield
+        finally:
+            opt.flatten = real_flatten
 
     @staticmethod
     def unsupported(optimizer: Any, stage: int) -> str:

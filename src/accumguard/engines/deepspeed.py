@@ -518,7 +518,8 @@ class DeepSpeedEngineAdapter(Engine):
         if scaler is not None:
             raise ConfigError("a GradScaler cannot be used with DeepSpeed; pass scaler=None")
         self.engine.set_gradient_accumulation_boundary(True)
-        self.engine.step()
+        with self.flush.stepping() if self.flush is not None else contextlib.nullcontext():
+            self.engine.step()
         if self._norm is not None:
             norm = self.engine.get_global_grad_norm()
             if norm is not None:
