@@ -33,6 +33,10 @@ Two modes:
   DeepSpeed defines one such block as one optimizer step, so the config must
   say ``gradient_accumulation_steps: 1``; with GA = K the engine would wait for
   K ``step()`` calls and (with its own counter) never step.
+  The block is closed *lean* (``lean_flush=True``, default): without DeepSpeed's
+  redundant copies of the gradients (a flattened copy of the contiguous bucket on
+  ZeRO-1/2, the bucket copy that ZeRO-3's reduce-scatter copies again), bit-identical
+  to DeepSpeed's own flush (:mod:`accumguard.engines._deepspeed_flush`).
 * ``sync="auto"`` (default): deferred on ZeRO 1-3 when the config's GA is 1,
   eager when it equals K (or on ZeRO-0, which has no coalescing and already
   reduces only at the boundary).
