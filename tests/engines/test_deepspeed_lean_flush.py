@@ -124,3 +124,27 @@ def test_fast_path_is_taken_only_where_it_applies(runs: list[dict[str, Any]]) ->
     loose = _by(runs, 2, True, {"contiguous_gradients": False})
     assert loose["flushes"][-1][0] == 0 and loose["flushes"][-1][1] > 0, loose["flushes"]
     assert loose["restored"]
+
+
+def test_adjacent_view_covers_exactly_the_pieces_torch_cat_would_copy() -> None:
+    from accumguard.engines._deepspeed_flush import adjacent_view
+
+    base = torch.arange(20.0)
+    pieces = [base[3:7], base[7:8].view(1, 1), base[8:15]]
+    view = adjacent_view(pieces)
+    assert view is not None and torch.equal(view, torch.cat([p.reshape(-1) for p in pieces]))
+    view.mul_(-1)  # a view: writing it writes the pieces (the in-place all-reduce)
+    assert torch.equal(base[3:15], -torch.arange(3.0, 15.0)) and base[2] == 2 and base[15] == 15
+
+
+def test_adjacent_view_refuses_what_is_not_one_run_of_memory() -> None:
+    from accumguard.engines._deepspeed_flush import adjacent_view
+
+    base = torch.arange(20.0)
+    grid = torch.arange(16.0).view(4, 4)
+    assert adjacent_view([]) is None
+    assert adjacent_view([base[0:4], base[5:8]]) is None  # a gap
+    assert adjacent_view([base[4:8], base[0:4]]) is None  # out of order
+    assert adjacent_view([base[0:4], torch.arange(4.0)]) is None  # another storage
+    assert adjacent_view([base[0:4], base[4:8].to(torch.float64)]) is None  # another dtype
+    assert adjacent_view([grid[:, 0]]) is None  # not contiguous
