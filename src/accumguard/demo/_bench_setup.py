@@ -160,7 +160,7 @@ def _build_fsdp2(args: argparse.Namespace, sync: str, memory: str = "sharded") -
 
 
 def _build_deepspeed(args: argparse.Namespace, stage: int, sync: str, memory: str = "sharded",
-                     zero_extra: dict[str, Any] | None = None) -> Run:
+                     zero_extra: dict[str, Any] | None = None, lean: bool = True) -> Run:
     import deepspeed
 
     from accumguard.engines.deepspeed import DeepSpeedEngineAdapter
@@ -176,7 +176,8 @@ def _build_deepspeed(args: argparse.Namespace, stage: int, sync: str, memory: st
     }
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config)
     return _run_accumulator(engine, None,
-                            DeepSpeedEngineAdapter(engine, sync=sync, window_memory=memory),
+                            DeepSpeedEngineAdapter(engine, sync=sync, window_memory=memory,
+                                                   lean_flush=lean),
                             args.k)
 
 
@@ -212,8 +213,13 @@ def configurations(args: argparse.Namespace) -> dict[str, Callable[[], Run]]:
         cfgs["DeepSpeed ZeRO-2 deferred (coalesced), contiguous_gradients false"] = (
             lambda: _build_deepspeed(args, 2, "deferred",
                                      zero_extra={"contiguous_gradients": False}))
+        # DeepSpeed's own flush (the adapter before lean_flush), side by side.
+        cfgs["DeepSpeed ZeRO-2 deferred (coalesced), lean_flush=False"] = (
+            lambda: _build_deepspeed(args, 2, "deferred", lean=False))
         cfgs["DeepSpeed ZeRO-3 deferred (coalesced), window_memory=unsharded"] = (
             lambda: _build_deepspeed(args, 3, "deferred", "unsharded"))
+        cfgs["DeepSpeed ZeRO-3 deferred (coalesced), window_memory=unsharded, lean_flush=False"] = (
+            lambda: _build_deepspeed(args, 3, "deferred", "unsharded", lean=False))
     if args.only:
         # The reference rows stay: every ratio is measured against them in the same run.
         cfgs = {k: v for k, v in cfgs.items()

@@ -33,6 +33,10 @@ Two modes:
   DeepSpeed defines one such block as one optimizer step, so the config must
   say ``gradient_accumulation_steps: 1``; with GA = K the engine would wait for
   K ``step()`` calls and (with its own counter) never step.
+  The block is closed *lean* (``lean_flush=True``, default): without DeepSpeed's
+  redundant copies of the gradients (a flattened copy of the contiguous bucket on
+  ZeRO-1/2, the bucket copy that ZeRO-3's reduce-scatter copies again), bit-identical
+  to DeepSpeed's own flush (:mod:`accumguard.engines._deepspeed_flush`).
 * ``sync="auto"`` (default): deferred on ZeRO 1-3 when the config's GA is 1,
   eager when it equals K (or on ZeRO-0, which has no coalescing and already
   reduces only at the boundary).
@@ -83,6 +87,7 @@ import torch
 
 from accumguard.core.errors import AccumguardWarning, ConfigError, UsageError
 from accumguard.core.scaling import GradReduction
+from accumguard.engines._deepspeed_flush import LeanFlush
 from accumguard.engines.base import Engine, Scheduler
 from accumguard.engines.collectives import DS_COMM_MODULES, DS_REDUCE_OPS
 from accumguard.engines.registry import is_deepspeed_engine
@@ -125,13 +130,19 @@ class DeepSpeedEngineAdapter(Engine):
         window_memory: ``"sharded"`` (default) or ``"unsharded"``: on ZeRO-3, keep the
             parameters gathered for the whole window (one all-gather per window instead of
             one per micro-step; one unsharded copy of the parameters in memory meanwhile).
+        lean_flush: with ``sync="deferred"``, close the coalesced block without DeepSpeed's
+            redundant gradient copies: ZeRO-1/2 all-reduce the contiguous reduce bucket in
+            place instead of a flattened copy of it, ZeRO-3 skips the copy into the bucket
+            that its reduce-scatter copies again (same numbers, bit for bit; see
+            :mod:`accumguard.engines._deepspeed_flush`). Default True; False leaves
+            DeepSpeed's flush untouched.
     """
 
     name = "deepspeed"
     owns_optimizer = True
 
     def __init__(self, model: DeepSpeedEngine, *, sync: str = "auto",
-                 window_memory: str = "sharded") -> None:
+                 window_memory: str = "sharded", lean_flush: bool = True) -> None:
         if not is_deepspeed_engine(model):
             raise ConfigError(
                 f"DeepSpeedEngineAdapter needs the engine returned by deepspeed.initialize, got "
@@ -178,6 +189,8 @@ class DeepSpeedEngineAdapter(Engine):
         self._holding = False
         self._is_last = False
         self._clear_release_cache: Callable[[], None] | None = None
+        self.lean_flush = lean_flush
+        self.flush: LeanFlush | None = None  # set in bind() when it applies
         if window_memory == "unsharded":
             self._prepare_unsharded()
 
@@ -195,6 +208,12 @@ class DeepSpeedEngineAdapter(Engine):
         self._check_config(k)
         self._saved_flag = self.engine._is_gradient_accumulation_boundary
         why = self._coalescing_unsupported() if self.sync_mode == "eager" else ""
+        if self.lean_flush and self.sync_mode == "deferred":
+            not_here = LeanFlush.unsupported(self.engine.optimizer, self.stage)
+            if not_here:
+                log.info("accumguard: DeepSpeed's flush left as is (lean_flush): %s", not_here)
+            else:
+                self.flush = LeanFlush(self.engine.optimizer, self.stage)
         log.info("accumguard: DeepSpeed ZeRO-%d, sync=%s, config GA=%d, K=%d, clipping=%g%s",
                  self.stage, self.sync_mode, ga, k, self.clip_value,
                  f" (eager: {why})" if why else "")
@@ -444,7 +463,9 @@ class DeepSpeedEngineAdapter(Engine):
     def sync(self) -> None:
         if self._coalesce is not None:
             ctx, self._coalesce = self._coalesce, None
-            with self._counting_round():
+            flush = self.flush
+            with self._counting_round(), \
+                    (flush.active() if flush is not None else contextlib.nullcontext()):
                 ctx.__exit__(None, None, None)  # one reduction pass over the window's gradients
 
     @contextlib.contextmanager
@@ -509,7 +530,8 @@ class DeepSpeedEngineAdapter(Engine):
         if scaler is not None:
             raise ConfigError("a GradScaler cannot be used with DeepSpeed; pass scaler=None")
         self.engine.set_gradient_accumulation_boundary(True)
-        self.engine.step()
+        with self.flush.stepping() if self.flush is not None else contextlib.nullcontext():
+            self.engine.step()
         if self._norm is not None:
             norm = self.engine.get_global_grad_norm()
             if norm is not None:
@@ -557,5 +579,6 @@ class DeepSpeedEngineAdapter(Engine):
 
     def describe(self) -> str:
         memory = ", window_memory=unsharded" if self.window_memory == "unsharded" else ""
+        memory += ", lean flush" if self.flush is not None else ""
         return (f"deepspeed ZeRO-{self.stage} (sync={self.sync_mode}, world={self.world_size}, "
                 f"gradient_clipping={self.clip_value:g}{memory})")

@@ -1,0 +1,194 @@
+"""The coalesced reduction without DeepSpeed's redundant gradient copies (``lean_flush``).
+
+ZeRO-1/2: the contiguous reduce bucket is all-reduced in place (below). ZeRO-3: the flush
+leaves every gradient in its own tensor instead of first copying it into the contiguous
+bucket: with ``reduce_scatter`` on (the default) DeepSpeed's ``reduce_scatter_coalesced``
+interleaves the rank partitions into a new tensor (``torch.cat``) whichever way the
+gradients arrive, so the bucket copy is a second copy of every gradient. The flush runs
+with the optimizer's ``contiguous_gradients`` off (DeepSpeed's own code path for that
+setting); the buckets, their order (sorted by parameter id) and so the numbers are the
+same, and the original gradient tensors are not freed one by one into the bucket, so the
+flush's peak memory does not grow. Backwards inside the window are untouched (the coalesced
+block reduces nothing until it closes).
+
+Where the time of a coalesced ZeRO-2 window goes beyond the limit (DeepSpeed 0.19.8, default
+``contiguous_gradients: true``, measured on CPU, docs/dev/performance-journal.md): leaving
+``engine.coalesce_grad_reduction()`` copies every gradient into the contiguous reduce bucket,
+then ``allreduce_bucket`` flattens that bucket's per-rank slices into a **new** tensor (one
+copy of every gradient), all-reduces it and copies the result back into the bucket. The
+slices are already adjacent views of the bucket, in order, so the flattened tensor holds
+exactly the bytes of the bucket range they cover: all-reducing that range in place gives
+the same numbers with no copy out and, since the result is then already where DeepSpeed
+copies it to, no copy back (``Tensor.copy_`` onto the very same memory returns at once).
+
+What changes besides the copies: the bucket slices that belong to the *other* ranks'
+partitions now hold the reduced sum instead of this rank's local share. DeepSpeed never
+reads them (ZeRO-2 drops those gradients right after the reduction; ZeRO-1 frees them at
+the step; the step reads only this rank's partition), and the all-reduce sums the very
+same values, so the update is bit-identical (tested against the flatten path).
+
+The step (ZeRO-1/2): ``step()`` flattens this rank's gradient partition, views laid end to
+end in the contiguous partition buffer the flush filled, into a new tensor for the
+optimizer. :meth:`LeanFlush.stepping` serves that as a view of the buffer: the optimizer
+reads the same numbers; DeepSpeed frees the parameters' gradients before it scales the flat
+one in place (clipping), and the buffer is refilled only by the next flush.
+
+Applied only to all-reduces (``rank=None``; a ``reduce`` to one rank leaves the other
+ranks' inputs undefined, which the copy protected) and only without ``overlap_comm`` (its
+separate reduction stream and double-buffered bucket were not measured).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+__all__ = ["LeanFlush", "adjacent_view"]
+
+
+def adjacent_view(tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """One 1-D view over ``tensors`` when they are contiguous, of one dtype, and lie end to
+    end in one storage, in list order (exactly the bytes ``torch.cat`` would copy); else
+    None."""
+    if not tensors:
+        return None
+    first = tensors[0]
+    try:
+        storage = first.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # tensors without storage (meta, fake)
+        return None
+    offset = first.storage_offset()
+    total = 0
+    for t in tensors:
+        if (not t.is_contiguous() or t.dtype != first.dtype or t.device != first.device
+                or t.untyped_storage().data_ptr() != storage
+                or t.storage_offset() != offset + total):
+            return None
+        total += t.numel()
+    return first.as_strided((total,), (1,), offset)
+
+
+class LeanFlush:
+    """Patches one DeepSpeed ZeRO optimizer for the duration of a coalesced flush (see the
+    module docstring). ``in_place`` counts the copies avoided (ZeRO-1/2: bucket flattens
+    served as a view; ZeRO-3: flushes without the bucket copy), ``copied`` the flattens left
+    to DeepSpeed (the tests read both: the fast path must really be taken)."""
+
+    def __init__(self, optimizer: Any, stage: int) -> None:
+        self.optimizer = optimizer
+        self.stage = stage
+        self.in_place = 0
+        self.copied = 0
+        self.step_views = 0  # step() flattens served as a view (ZeRO-1/2)
+        inner = getattr(optimizer, "optimizer", None)
+        # The step's flatten feeds a plain torch optimizer only (no CPU offload, whose step
+        # reads its own buffers, and not Muon, whose step flattens and writes other lists).
+        self._step_views = (stage in (1, 2) and not getattr(optimizer, "cpu_offload", False)
+                            and isinstance(inner, torch.optim.Optimizer)
+                            and "muon" not in type(inner).__name__.lower())
+
+    @contextlib.contextmanager
+    def stepping(self) -> Iterator[None]:
+        """Around ``engine.step()``: the gradient partition's flatten served as a view of the
+        contiguous partition buffer when its pieces lie end to end there (module docstring)."""
+        if not self._step_views:
+            yield
+            return
+        opt = self.optimizer
+        real_flatten: Callable[[list[torch.Tensor]], torch.Tensor] = opt.flatten
+
+        def flatten(tensors: list[torch.Tensor]) -> torch.Tensor:
+            view = adjacent_view(tensors)
+            if view is None:
+                return real_flatten(tensors)
+            self.step_views += 1
+            return view
+
+        opt.flatten = flatten
+        try:
+            yield
+        finally:
+            opt.flatten = real_flatten
+
+    @staticmethod
+    def unsupported(optimizer: Any, stage: int) -> str:
+        """Why the lean flush does not apply to this optimizer ("" when it does)."""
+        if stage == 3:
+            if not isinstance(getattr(optimizer, "contiguous_gradients", None), bool):
+                return (f"{type(optimizer).__name__} has no contiguous_gradients flag "
+                        "(DeepSpeed 0.19.8's ZeRO-3 optimizer has one)")
+            if getattr(optimizer, "reduce_scatter", None) is not True:
+                return ("reduce_scatter is off (the contiguous bucket is then all-reduced "
+                        "as it is, no second copy to avoid)")
+            return ""
+        if not callable(getattr(optimizer, "flatten", None)) or \
+                not callable(getattr(optimizer, "allreduce_bucket", None)):
+            return (f"{type(optimizer).__name__} has no flatten/allreduce_bucket (DeepSpeed "
+                    "0.19.8's ZeRO-1/2 optimizer has both)")
+        if getattr(optimizer, "overlap_comm", False):
+            return "overlap_comm is on (its reduction stream was not measured with it)"
+        return ""
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        """For the flush: ZeRO-3, ``contiguous_gradients`` off; ZeRO-1/2, ``flatten`` served
+        as a view inside ``allreduce_bucket(rank=None)`` calls. Everything is put back
+        afterwards, whatever happens."""
+        if self.stage == 3:
+            with self._no_bucket_copy():
+                yield
+            return
+        with self._all_reduce_in_place():
+            yield
+
+    @contextlib.contextmanager
+    def _no_bucket_copy(self) -> Iterator[None]:
+        opt = self.optimizer
+        saved = opt.contiguous_gradients
+        opt.contiguous_gradients = False
+        try:
+            yield
+        finally:
+            opt.contiguous_gradients = saved
+        if saved:
+            self.in_place += 1
+
+    @contextlib.contextmanager
+    def _all_reduce_in_place(self) -> Iterator[None]:
+        opt = self.optimizer
+        real_flatten: Callable[[list[torch.Tensor]], torch.Tensor] = opt.flatten
+        had_bucket_attr = "allreduce_bucket" in vars(opt)
+        real_bucket: Callable[..., torch.Tensor] = opt.allreduce_bucket
+        all_reduce = [False]  # inside an allreduce_bucket call that all-reduces
+
+        def flatten(tensors: list[torch.Tensor]) -> torch.Tensor:
+            if all_reduce[0]:
+                view = adjacent_view(tensors)
+                if view is not None:
+                    self.in_place += 1
+                    return view
+            self.copied += 1
+            return real_flatten(tensors)
+
+        def allreduce_bucket(bucket: list[torch.Tensor], *args: Any, **kwargs: Any,
+                             ) -> torch.Tensor:
+            rank = kwargs.get("rank", args[1] if len(args) > 1 else None)
+            all_reduce[0] = rank is None
+            try:
+                return real_bucket(bucket, *args, **kwargs)
+            finally:
+                all_reduce[0] = False
+
+        opt.flatten = flatten
+        opt.allreduce_bucket = allreduce_bucket
+        try:
+            yield
+        finally:
+            opt.flatten = real_flatten
+            if had_bucket_attr:
+                opt.allreduce_bucket = real_bucket
+            else:
+                del opt.allreduce_bucket
