@@ -16,6 +16,7 @@ import torch
 from accumguard.cli import main
 from accumguard.demo import frameworks as fwd
 from accumguard.demo.plots import FRAMEWORKS_PNG
+from accumguard.verify.reference import reference_run
 
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
@@ -60,7 +61,7 @@ def _fabricated(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
     batches = [{k: torch.stack([x[k] for x in s[i:i + 2]]) for k in s[0]} for i in (0, 2, 4, 6)]
     rank_windows = [[[batches[0]], [batches[1]]], [[batches[2]], [batches[3]]]]
     windows = [[b for r in rank_windows for b in r[j]] for j in range(2)]
-    ref = fwd.reference_run(fwd.tiny_llama(0), fwd._opt, windows, fwd.sum_loss,
+    ref = reference_run(fwd.tiny_llama(0), fwd._opt, windows, fwd.sum_loss,
                             make_scheduler=fwd._sched)
     return [{"lightning": {run: {"windows": rw, "snaps": ref.params, "findings": findings}
                            for run in ("broken", "exact")}} for rw in rank_windows]

@@ -233,6 +233,13 @@ RULES: dict[str, Rule] = {
             "pass the undivided loss to accelerator.backward(loss): it divides by "
             "gradient_accumulation_steps itself",
         ),
+        _rule(
+            "AG122", "mean-loss-not-divided-by-k", "LOSS_SCALE", E, MED,
+            "a hand-written accumulation window backwards each micro-batch's mean loss as is and "
+            "nothing divides by K: the window's gradient is K times the large batch's mean",
+            "divide the loss by K before backward() (loss / K), or by the window's count of "
+            "samples/tokens when micro-batches differ in size",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

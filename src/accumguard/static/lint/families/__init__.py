@@ -11,6 +11,7 @@
 ``reduce``     AG107 AG108         hand-written gradient all-reduce
 ``deepspeed``  AG109 AG110 AG2xx   engine gating vs. the config; config checks on dict literals
 ``accelerate`` AG121               the loss divided by K before accelerator.backward (divided twice)
+``scale``      AG122               a mean loss backwarded K times, never divided by K
 """
 
 from accumguard.static.lint.families import (
@@ -18,9 +19,10 @@ from accumguard.static.lint.families import (
     deepspeed,
     loss,
     reduce,
+    scale,
     schedule,
     sync,
     window,
 )
 
-__all__ = ["accelerate", "deepspeed", "loss", "reduce", "schedule", "sync", "window"]
+__all__ = ["accelerate", "deepspeed", "loss", "reduce", "scale", "schedule", "sync", "window"]

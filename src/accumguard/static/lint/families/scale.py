@@ -1,0 +1,128 @@
+"""AG122 (LOSS_SCALE): a hand-written window that backwards a mean loss K times and never
+divides by K.
+
+Each micro-batch's mean loss is backwarded as is, so the window's gradient is the sum of K
+means: K times the large batch's mean gradient (with SGD, K times the learning rate).
+Judged only when everything is in sight and plain: a torch ``.backward()`` (not DeepSpeed's,
+Accelerate's or Lightning's, which divide by their own K), a window that accumulates with a
+K named like one, a loss that is a mean (a torch loss function or a mean-reducing loss
+module with its default reduction, ``.mean()``, a model output's ``.loss``) reaching the
+backward with no arithmetic on the way, and no division by K anywhere in the file (a
+helper, the learning rate or the gradients may carry it). A sum-reducing loss is a
+constant the user chose: not judged.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+from accumguard.static.findings import Finding
+from accumguard.static.lint._ast import call_attr, dotted, is_backward, receiver, walk_all
+from accumguard.static.lint._context import FileContext
+from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families.deepspeed import _local_funcs, _name_values, _plain_loss
+from accumguard.static.lint.families.loss import _mean_criteria, _reduction
+
+__all__ = ["mean_loss_never_divided_by_k"]
+
+_MEAN_FUNCS = {"cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss",
+               "huber_loss", "binary_cross_entropy", "binary_cross_entropy_with_logits",
+               "kl_div", "soft_margin_loss", "multi_margin_loss"}
+_SCALING = {"div", "div_", "true_divide", "divide"}
+
+
+def _k_scales_something(ctx: FileContext) -> bool:
+    """K divides something anywhere in the file (``x / K``, ``x /= K``, ``x * (1 / K)``,
+    ``.div_(K)``): the loss, the learning rate or the gradients may carry the 1/K, so the
+    rule stays silent. (``step * K + micro`` indexes batches and ``n // K`` counts steps:
+    neither scales.)"""
+    for n in ctx.of(ast.BinOp, ast.AugAssign):
+        if isinstance(n.op, ast.Div):
+            sides = (n.left, n.right) if isinstance(n, ast.BinOp) else (n.target, n.value)
+            if any(ctx.mentions_accum(s) for s in sides):
+                return True
+    for call in ctx.of(ast.Call):
+        if call_attr(call) in _SCALING and any(ctx.mentions_accum(a) for a in call.args):
+            return True
+    return False
+
+
+def _is_mean(ctx: FileContext, scope: ast.AST, expr: ast.AST, seen: set[str]) -> bool:
+    """``expr`` is a mean-reduced loss, followed along its spine (names to their values)."""
+    if isinstance(expr, ast.Name):
+        if expr.id in seen:
+            return False
+        seen.add(expr.id)
+        values = _name_values(ctx, scope)[0].get(expr.id, [])
+        return bool(values) and all(_is_mean(ctx, scope, v, seen) for v in values)
+    if isinstance(expr, ast.Attribute) and expr.attr == "loss":
+        return isinstance(expr.value, ast.Call | ast.Name)  # a model output's mean loss
+    if isinstance(expr, ast.Subscript):
+        return _is_mean(ctx, scope, expr.value, seen)
+    if not isinstance(expr, ast.Call):
+        return False
+    name = call_attr(expr) if isinstance(expr.func, ast.Attribute) else (dotted(expr.func) or "")
+    if name == "mean" and isinstance(expr.func, ast.Attribute):
+        return not expr.args and not expr.keywords  # the mean over everything
+    if name in _MEAN_FUNCS:
+        return _reduction(expr) == "mean"
+    return (dotted(expr.func) or "") in _mean_criteria(ctx)
+
+
+def _k_in_sight(ctx: FileContext, window: ast.AST) -> str | None:
+    """The name of K that bounds the window: its loop's ``range(K)`` or a modulo by K."""
+    nodes: list[ast.AST] = []
+    if isinstance(window, ast.For | ast.AsyncFor):
+        nodes.append(window.iter)
+    nodes += [n.right for n in walk_all(window) if isinstance(n, ast.BinOp)
+              and isinstance(n.op, ast.Mod)]
+    for node in nodes:
+        for sub in walk_all(node):
+            if isinstance(sub, ast.Name | ast.Attribute) and ctx.mentions_accum(sub):
+                return dotted(sub)
+    return None
+
+
+@rule("AG122")
+def mean_loss_never_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
+    if _k_scales_something(ctx):
+        return
+    for window in ctx.windows():
+        facts = ctx.window_facts(window)
+        if (not facts.accumulating or facts.summed_loss or facts.unguarded_optimizer_steps
+                or facts.accelerate or facts.engine_backward):
+            continue
+        k = _k_in_sight(ctx, window)
+        if k is None:
+            continue
+        scope = ctx.scope_of(window)
+        backwards = [n for n in ctx.local_nodes(window)
+                     if isinstance(n, ast.Call) and is_backward(n)]
+        if not backwards:
+            continue
+        losses: list[ast.AST] = []
+        for call in backwards:
+            if call_attr(call) != "backward" or call.args or call.keywords:
+                losses = []
+                break
+            loss = receiver(call)
+            if (isinstance(loss, ast.Call) and call_attr(loss) == "scale" and len(loss.args) == 1
+                    and "scaler" in (dotted(receiver(loss)) or "").lower()):
+                loss = loss.args[0]  # scaler.scale(loss).backward(): the scale is undone
+            if loss is None:
+                losses = []
+                break
+            losses.append(loss)
+        if not losses or not all(
+            _plain_loss(ctx, scope, x, set(), _local_funcs(ctx), set())
+            and _is_mean(ctx, scope, x, set()) for x in losses
+        ):
+            continue
+        yield ctx.finding(
+            "AG122",
+            backwards[0],
+            f"each micro-batch's mean loss is backwarded as is in a window of `{k}` micro-batches "
+            f"and nothing in the file divides by `{k}`: the window's gradient is the sum of K means, "
+            "K times the large batch's mean gradient (with SGD, K times the learning rate)",
+        )
