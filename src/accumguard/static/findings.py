@@ -240,6 +240,13 @@ RULES: dict[str, Rule] = {
             "divide the loss by K before backward() (loss / K), or by the window's count of "
             "samples/tokens when micro-batches differ in size",
         ),
+        _rule(
+            "AG123", "global-count-then-ddp-average", "F10", E, MED,
+            "the loss is divided by a count summed over every rank (all_reduce) while DDP/FSDP "
+            "averages the gradients over the W ranks too: the optimizer receives G / W",
+            "multiply the loss by the world size, or divide by the count's rank share "
+            "(global_count / world_size)",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

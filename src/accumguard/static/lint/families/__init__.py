@@ -11,7 +11,8 @@
 ``reduce``     AG107 AG108         hand-written gradient all-reduce
 ``deepspeed``  AG109 AG110 AG2xx   engine gating vs. the config; config checks on dict literals
 ``accelerate`` AG121               the loss divided by K before accelerator.backward (divided twice)
-``scale``      AG122               a mean loss backwarded K times, never divided by K
+``scale``      AG122 AG123         a mean loss backwarded K times, never divided by K; a loss
+               divided by a count summed over ranks under DDP/FSDP's own average
 """
 
 from accumguard.static.lint.families import (

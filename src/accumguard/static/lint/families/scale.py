@@ -1,4 +1,7 @@
-"""AG122 (LOSS_SCALE): a hand-written window that backwards a mean loss K times and never
+"""AG123 (F10) is below: a loss divided by a count summed over every rank, under the
+wrapper's own average over ranks.
+
+AG122 (LOSS_SCALE): a hand-written window that backwards a mean loss K times and never
 divides by K.
 
 Each micro-batch's mean loss is backwarded as is, so the window's gradient is the sum of K
@@ -22,9 +25,15 @@ from accumguard.static.lint._ast import call_attr, dotted, is_backward, receiver
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families.deepspeed import _local_funcs, _name_values, _plain_loss
-from accumguard.static.lint.families.loss import _mean_criteria, _reduction
+from accumguard.static.lint.families.loss import (
+    _division,
+    _flows_to_backward,
+    _is_loss_division,
+    _mean_criteria,
+    _reduction,
+)
 
-__all__ = ["mean_loss_never_divided_by_k"]
+__all__ = ["global_count_then_ddp_average", "mean_loss_never_divided_by_k"]
 
 _MEAN_FUNCS = {"cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss",
                "huber_loss", "binary_cross_entropy", "binary_cross_entropy_with_logits",
@@ -125,4 +134,60 @@ def mean_loss_never_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
             f"each micro-batch's mean loss is backwarded as is in a window of `{k}` micro-batches "
             f"and nothing in the file divides by `{k}`: the window's gradient is the sum of K means, "
             "K times the large batch's mean gradient (with SGD, K times the learning rate)",
+        )
+
+
+def _sum_reduced(ctx: FileContext, names: set[str]) -> bool:
+    """Every all-reduce of ``names`` in the file sums (torch's default op): a count over all
+    ranks. An average (``op=ReduceOp.AVG``) or any other op, or an op out of sight: False."""
+    found = False
+    for call in ctx.of(ast.Call):
+        if call_attr(call) != "all_reduce" or not call.args:
+            continue
+        if not {d for d in (dotted(s) for s in walk_all(call.args[0])) if d} & names:
+            continue
+        found = True
+        op = next((k.value for k in call.keywords if k.arg == "op"), None)
+        if op is None and len(call.args) > 1:
+            op = call.args[1]
+        if op is not None and not (dotted(op) or "").upper().endswith("SUM"):
+            return False
+    return found
+
+
+def _world_scales_something(ctx: FileContext) -> bool:
+    """The world size multiplies or divides something in the file (``loss * W``,
+    ``count / W``, an LR scaled by W): the rule stays silent."""
+    for n in ctx.of(ast.BinOp, ast.AugAssign):
+        if isinstance(n.op, ast.Mult | ast.Div):
+            sides = (n.left, n.right) if isinstance(n, ast.BinOp) else (n.target, n.value)
+            if any(ctx.mentions_world(s) for s in sides):
+                return True
+    return False
+
+
+@rule("AG123")
+def global_count_then_ddp_average(ctx: FileContext) -> Iterator[Finding]:
+    """A loss divided by a count summed over every rank, under DDP/FSDP's own average."""
+    if not ctx.ddp_wrapped or not ctx.is_training_script() or _world_scales_something(ctx):
+        return
+    if any(ctx.window_facts(w).accelerate or ctx.window_facts(w).engine_backward
+           for w in ctx.windows()):
+        return
+    for node in ctx.of(ast.BinOp, ast.AugAssign):
+        d = _division(node)
+        if d is None or not _is_loss_division(ctx, node, d[0]) or not _flows_to_backward(ctx, node):
+            continue
+        names = {x for x in (dotted(s) for s in walk_all(d[1])) if x}
+        reduced = names & (ctx.all_reduced_names(ctx.scope_of(node))
+                           | ctx.all_reduced_names(ctx.tree))
+        if not reduced or not _sum_reduced(ctx, reduced):
+            continue
+        yield ctx.finding(
+            "AG123",
+            node,
+            f"the loss is divided by `{ast.unparse(d[1])}`, a count all-reduced (summed) over "
+            "every rank, and the model's DDP/FSDP wrapper then averages the gradients over the "
+            "W ranks: the optimizer receives G / W. Multiply by the world size (or divide by the "
+            "count's rank share, count / W)",
         )
