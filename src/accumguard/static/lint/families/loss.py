@@ -304,7 +304,9 @@ def mean_of_means(ctx: FileContext) -> Iterator[Finding]:
 
 @rule("AG112")
 def loss_divided_by_world_under_ddp(ctx: FileContext) -> Iterator[Finding]:
-    if not ctx.ddp_wrapped or not ctx.is_training_script():
+    # a DeepSpeed engine's backward averages over the data-parallel ranks too
+    engine = ctx.deepspeed and any(ctx.window_facts(w).engine_backward for w in ctx.windows())
+    if not (ctx.ddp_wrapped or engine) or not ctx.is_training_script():
         return
     for node, dividend, divisor in _divisions(ctx):
         if not ctx.mentions_world(divisor) or not _is_loss_division(ctx, node, dividend):
@@ -320,7 +322,8 @@ def loss_divided_by_world_under_ddp(ctx: FileContext) -> Iterator[Finding]:
             "AG112",
             node,
             "the loss is divided by the world size before backward while the model is wrapped in "
-            "DDP/FSDP, which already averages gradients over ranks: the optimizer receives G / W",
+            + ("DDP/FSDP" if ctx.ddp_wrapped else "a DeepSpeed engine")
+            + ", which already averages gradients over ranks: the optimizer receives G / W",
         )
 
 
