@@ -335,3 +335,23 @@ def test_a_fault_recording_a_selection_changes_nothing(
     for a, b in zip(params, unobserved, strict=True):
         assert torch.equal(a, b), f"{label} changed the training"
     assert list(load_recordings(tmp_path).failures) == [0]
+
+
+@pytest.mark.parametrize("where", ["at_backward", "take"])
+def test_a_fault_tracing_the_learning_rate_changes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unobserved: list[torch.Tensor],
+        where: str) -> None:
+    """The learning-rate trace (read at every backward, taken at every step) runs inside the
+    backward's and the step's doors: its failure switches observation off, not the run."""
+    from accumguard.observe._lr_trace import LrTrace
+
+    def broken(self: LrTrace, *a: object) -> None:
+        raise RuntimeError(f"injected: lr {where}")
+
+    monkeypatch.setattr(LrTrace, where, broken)
+    with recording(tmp_path) as obs:
+        params = _train()
+        failure = obs.failure
+    assert failure is not None and f"lr {where}" in failure.error + failure.traceback
+    for a, b in zip(params, unobserved, strict=True):
+        assert torch.equal(a, b)
