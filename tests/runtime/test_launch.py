@@ -169,7 +169,7 @@ def test_gloo_ranks_compute_on_the_cpu_whatever_gpus_are_visible(fake_cuda, gpus
     for rank in range(2):
         assert launch.rank_device("gloo", rank, 2) == torch.device("cpu")
         # Rank 1 on a 1-GPU host must not set_device(1): nothing is bound under gloo.
-        assert launch._bind_device("gloo", rank, 2) == {}
+        assert launch._bind_device("gloo", rank, 2) is None  # torch's default device_id
     assert calls == []
 
 
@@ -178,8 +178,8 @@ def test_nccl_rank_owns_its_gpu_and_binds_it_before_the_group(fake_cuda) -> None
     assert [launch.rank_device("nccl", r, 2) for r in range(2)] == [
         torch.device("cuda", 0), torch.device("cuda", 1)]
     assert launch.rank_device("cpu:gloo,cuda:nccl", 1, 2) == torch.device("cuda", 1)
-    # The keywords go to init_process_group, so the binding happens before it.
-    assert launch._bind_device("nccl", 1, 2) == {"device_id": torch.device("cuda", 1)}
+    # The device_id goes to init_process_group, so the binding happens before it.
+    assert launch._bind_device("nccl", 1, 2) == torch.device("cuda", 1)
     assert calls == [torch.device("cuda", 1)]
 
 
