@@ -222,7 +222,7 @@ def test_round6_local(local: dict[str, Watched], mode: str, expected: set[str]) 
     if mode == "epoch_drop":  # one F7 warning (data skipped, each step right), no F3
         assert [(f["cls"], f["severity"]) for f in findings
                 if f["severity"] != "note"] == [("F7", "warning")], findings
-        assert "dropped" in findings[0]["title"] and "leaked" not in findings[0]["evidence"]
+        assert "dropped" in findings[0]["title"] and "leaked into" not in findings[0]["evidence"]
     if mode == "actor_critic":
         assert report["accumulation_steps"] == 4, report["accumulation_steps_source"]
     f12 = [f for f in findings if f["cls"] == "F12"]
