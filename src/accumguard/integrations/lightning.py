@@ -209,25 +209,29 @@ class AccumguardCallback(pl.Callback):
     @safe_callback
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            outputs: object, batch: object, batch_idx: int) -> None:
-        if self.checks is not None:
-            trainer.callback_metrics["accumguard_findings"] = torch.tensor(
-                float(len(self.findings)))
-            self._log_figures(trainer, pl_module)
+        if self.checks is None:
+            return
+        self._write_new_findings(trainer)
+        trainer.callback_metrics["accumguard_findings"] = torch.tensor(float(len(self.findings)))
+        if _writes_logs_now(trainer):
+            self._log_figures(pl_module)
 
-    def _log_figures(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """The checked step's figures and new findings, through the Trainer's loggers."""
+    def _log_figures(self, pl_module: pl.LightningModule) -> None:
+        """The latest checked step's figures, through the Trainer's loggers (on the batches
+        Lightning writes: its ``log_every_n_steps`` cadence)."""
         assert self.checks is not None
-        # the latest checked step's figures, logged at every batch end until the next checked
-        # step: Lightning writes on_step values at its own cadence (log_every_n_steps)
         self._figures.update(self.checks.figures)
         self.checks.figures = {}
-        new = self.findings[self._logged:]
-        self._logged = len(self.findings)
-        if not self._figures and not new:
+        if not self._figures and not self.findings:
             return
         figures = {**self._figures, "findings": float(len(self.findings))}
         for key, value in figures.items():
             pl_module.log(PREFIX + key, value, on_step=True, on_epoch=False, batch_size=1)
+
+    def _write_new_findings(self, trainer: pl.Trainer) -> None:
+        """New findings' text, at once, through each logger that takes text (TensorBoard)."""
+        new = self.findings[self._logged:]
+        self._logged = len(self.findings)
         if new and trainer.is_global_zero:
             text = "\n".join(f"step {f.step}: {f.class_id} {f.title}: {f.evidence}" for f in new)
             for lg in trainer.loggers:
@@ -239,6 +243,7 @@ class AccumguardCallback(pl.Callback):
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.checks is not None:
             self.checks.close()
+            self._write_new_findings(trainer)  # the ones the last window's close made
             self.checks = None
         if self._observer is not None:
             self._observer.uninstall()
@@ -248,6 +253,23 @@ class AccumguardCallback(pl.Callback):
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         # After an exception on_fit_end does not run: still remove every hook.
         self.on_fit_end(trainer, pl_module)
+
+
+def _writes_logs_now(trainer: pl.Trainer) -> bool:
+    """Whether Lightning hands this batch's ``on_step`` values to its loggers right after
+    ``on_train_batch_end`` (its own test: not while accumulating under automatic optimisation,
+    then every ``log_every_n_steps`` stepped batches). ``LightningModule.log`` costs about a
+    millisecond per key, so the figures are logged only on the batches that are written;
+    when Lightning's internals are not where 2.6 keeps them, every batch logs (always right,
+    only slower)."""
+    try:
+        loop = trainer.fit_loop
+        if trainer.lightning_module.automatic_optimization and loop._should_accumulate():
+            return False
+        conn = trainer._logger_connector
+        return bool(conn.should_update_logs or getattr(trainer, "fast_dev_run", False))
+    except Exception:  # noqa: BLE001 - another Lightning version: log at every batch
+        return True
 
 
 def _callbacks(trainer: pl.Trainer) -> list[pl.Callback]:
