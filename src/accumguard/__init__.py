@@ -45,10 +45,10 @@ _EXPORTS = {
     "reference_run": "accumguard.verify.reference",
     "relative_update_error": "accumguard.verify.reference",
     "audit": "accumguard.verify.audit",
-    "run_invariance": "accumguard.verify.invariance",
-    "InvarianceOptions": "accumguard.verify.invariance",
-    "watch": "accumguard.runtime.watch_report",
-    "WatchResult": "accumguard.runtime.watch_report",
+    "run_invariance": "accumguard.invariance",
+    "InvarianceOptions": "accumguard.invariance",
+    "watch": "accumguard.watch._report",
+    "WatchResult": "accumguard.watch._report",
     "lint_paths": "accumguard.static.lint",
 }
 
@@ -104,13 +104,13 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from accumguard.core.scaling import GradReduction, loss_scale
     from accumguard.engines.base import Engine
     from accumguard.engines.registry import resolve_engine
+    from accumguard.invariance import InvarianceOptions, run_invariance
     from accumguard.runtime.guard import AccumulationGuard, guard
     from accumguard.runtime.launch import run_on_ranks
-    from accumguard.runtime.watch_report import WatchResult, watch
     from accumguard.static.lint import lint_paths
     from accumguard.verify.audit import audit
-    from accumguard.verify.invariance import InvarianceOptions, run_invariance
     from accumguard.verify.reference import reference_run, relative_update_error
+    from accumguard.watch._report import WatchResult, watch
 
 
 _moved.install()

@@ -1,0 +1,1 @@
+"""``accumguard watch``: the product (recording, declared K, findings, report)."""
