@@ -63,6 +63,7 @@ def test_moved_module_paths_still_import_with_a_deprecation_warning() -> None:
             warnings.simplefilter("always")
             mod = importlib.import_module(old)
         assert mod is importlib.import_module(new), old
+        assert mod.__spec__ is not None and mod.__spec__.name == new, old  # reload() works
         assert any(issubclass(w.category, DeprecationWarning) and new in str(w.message)
                    for w in caught), (old, [str(w.message) for w in caught])
     with warnings.catch_warnings():
