@@ -1,5 +1,5 @@
 """Overhead of what ``accumguard watch`` installs in each rank (the observation layer with
-its recorder, :func:`accumguard.runtime.watch.recording`) on the demo models: the same
+its recorder, :func:`accumguard.watch._recording.recording`) on the demo models: the same
 accumulation loop with and without it, alternating which goes first, timed in process
 CPU time (one thread: the cost is Python work per event, and CPU time is what a shared,
 loaded machine measures least badly). Prints the median per-step time ratio per model.
@@ -33,7 +33,7 @@ from accumguard.demo.toy import (
     make_rank_batches,
     token_loss,
 )
-from accumguard.runtime.watch import recording
+from accumguard.watch._recording import recording
 
 MODELS: dict[str, Any] = {
     "toy": (TokenMLP, lambda: make_rank_batches(seed=0, world_size=1, micro_batches=16)[0]),

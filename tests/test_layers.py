@@ -24,10 +24,12 @@ LAYERS = {
     "observe": 4,
     "integrations": 5,
     "runtime": 6,
-    "verify": 7,
-    "advise": 8,
-    "demo": 9,
-    "cli": 10,
+    "watch": 7,
+    "verify": 8,
+    "invariance": 9,
+    "advise": 10,
+    "demo": 11,
+    "cli": 12,
 }
 
 

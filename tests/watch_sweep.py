@@ -6,7 +6,7 @@ per case, 5-15 s each on this machine, to test a rule. :func:`watch_many` runs e
 of a module in ONE launch of the same launcher (``watch_scripts/run_many.py`` runs the
 scripts one after the other in the same process, each recorded in its own directory as the
 bootstrap of ``watch`` records it), then judges each directory with
-:func:`accumguard.runtime.watch_report.judge`: the function the CLI calls after the
+:func:`accumguard.watch._report.judge`: the function the CLI calls after the
 command ends, with the same command line (so K declared in the script's source is read the
 same way), giving the same report, findings and exit code.
 
@@ -79,7 +79,7 @@ def watch_many(out: Path, cases: dict[str, list[str]], *, k: int | None = None,
     """Run every case (name -> the command ``watch`` would be given) in one launch and judge
     each. All commands must share the launcher (``python`` or the same ``torchrun``
     options); ``k`` is ``--accumulation-steps``, ``ks`` the same per case."""
-    from accumguard.runtime.watch_report import judge
+    from accumguard.watch._report import judge
 
     prefixes = {tuple(_no_port(_split(c)[0])) for c in cases.values()}
     assert len(prefixes) == 1, f"one launcher per sweep, got {prefixes}"

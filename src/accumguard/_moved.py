@@ -37,22 +37,45 @@ MOVED = {
     "accumguard.scaling": "accumguard.core.scaling",
     "accumguard.testing": "accumguard.verify.testing",
     "accumguard.toy": "accumguard.demo.toy",
+    # moved after 0.1.0, when the products got their own folders (accumguard.watch,
+    # accumguard.invariance); the public names are those packages' own
+    "accumguard.runtime.watch": "accumguard.watch._recording",
+    "accumguard.runtime.watch_declared": "accumguard.watch._declared",
+    "accumguard.runtime.watch_findings": "accumguard.watch._findings",
+    "accumguard.runtime.watch_report": "accumguard.watch._report",
+    "accumguard.verify.invariance": "accumguard.invariance",
+    "accumguard.verify._invariance_compare": "accumguard.invariance._compare",
+    "accumguard.verify._invariance_options": "accumguard.invariance._options",
+    "accumguard.verify._invariance_records": "accumguard.invariance._records",
+    "accumguard.verify._invariance_report": "accumguard.invariance._report",
+    "accumguard.verify._invariance_run": "accumguard.invariance._run",
+    "accumguard.verify._invariance_tolerance": "accumguard.invariance._tolerance",
 }
 
 
 class _Loader(importlib.abc.Loader):
     def __init__(self, new: str) -> None:
         self.new = new
+        self.spec: importlib.machinery.ModuleSpec | None = None
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
-        warnings.warn(f"{spec.name} moved to {self.new}; import it from there (the old path "
-                      "goes away in the next release)", DeprecationWarning, stacklevel=6)
+        package, _, last = self.new.rpartition(".")
+        where = ("import it from there" if not last.startswith("_") else
+                 f"a private module: import its public names from {package}")
+        # stacklevel 2: the import system's own frames are skipped, so this names the
+        # user's import line (and the default filters show it in a script's __main__)
+        warnings.warn(f"{spec.name} moved to {self.new}; {where} (the old path goes away in "
+                      "the next release)", DeprecationWarning, stacklevel=2)
         module = importlib.import_module(self.new)
         sys.modules[spec.name] = module
+        self.spec = module.__spec__
         return module
 
     def exec_module(self, module: ModuleType) -> None:
-        """The new module ran when it was imported: nothing to execute."""
+        """The new module ran when it was imported: nothing to execute, but the import
+        system has just written the old path's spec over the module's own; put it back
+        (``importlib.reload`` and ``__spec__.name`` must keep naming the new path)."""
+        module.__spec__ = self.spec
 
 
 class _Finder(importlib.abc.MetaPathFinder):

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from accumguard.cli.watch import JSON_SCHEMA_VERSION, watch_main
-from accumguard.runtime.watch import recording
+from accumguard.watch._recording import recording
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "watch.md"
 

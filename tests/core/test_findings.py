@@ -33,9 +33,9 @@ def test_every_old_import_path_is_the_same_class() -> None:
     import accumguard.integrations._checks as checks
     import accumguard.observe._records as records
     import accumguard.observe.rules as rules
-    import accumguard.runtime.watch_findings as watch_findings
     import accumguard.static as static
     import accumguard.static.findings as static_findings
+    import accumguard.watch._findings as watch_findings
 
     for mod in (integrations, checks, records, rules, watch_findings, static, static_findings):
         assert mod.Finding is Finding, mod.__name__
@@ -77,7 +77,7 @@ def test_lint_returns_the_one_finding_and_keeps_its_json_and_sarif_words() -> No
 
 
 def _train_zero_grad_inside(out: Path) -> None:
-    from accumguard.runtime.watch import recording
+    from accumguard.watch._recording import recording
 
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2)

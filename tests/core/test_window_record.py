@@ -89,8 +89,9 @@ def test_the_old_names_still_import_with_a_warning() -> None:
     """One release of grace for glue written against the old record types."""
     import pytest
 
+    from accumguard import invariance
     from accumguard.runtime import guard
-    from accumguard.verify import audit, invariance, report
+    from accumguard.verify import audit, report
 
     with pytest.warns(DeprecationWarning, match="core.window.StepRecord"):
         assert guard.WindowRecord is StepRecord  # type: ignore[attr-defined]

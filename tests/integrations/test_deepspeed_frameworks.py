@@ -19,7 +19,7 @@ alarms and without crashes:
   batch; ``accelerator.backward(mean)`` is F5; a config GA that differs runs DeepSpeed's value;
   ``invariance`` agrees on ZeRO-3.
 
-One launch per framework records several scenarios (``accumguard.runtime.watch.recording``,
+One launch per framework records several scenarios (``accumguard.watch._recording.recording``,
 analysed as ``accumguard watch`` does); one real ``accumguard watch`` command checks the exit
 code of the correct Trainer run.
 """
@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 import torch
 
-from accumguard.runtime.watch_findings import analyze, load_recordings
+from accumguard.watch._findings import analyze, load_recordings
 
 from helpers import free_port, launcher_env
 
@@ -300,7 +300,7 @@ def _double_step_loop(momentum: float, bug: str) -> None:
 ])
 def test_a_step_without_backward_is_judged(tmp_path: Path, momentum: float, bug: str,
                                            want: set[str]) -> None:
-    from accumguard.runtime.watch import recording
+    from accumguard.watch._recording import recording
 
     with recording(tmp_path):
         _double_step_loop(momentum, bug)

@@ -187,8 +187,8 @@ def test_sft_fused_loss_is_observed_by_watch(tmp_path: Any, accepts: bool,
     micro-batch's token mean / K is F5 (uneven counts); with the count the weights are one
     per token and nothing is said."""
     pytest.importorskip("trl")
-    from accumguard.runtime.watch import recording
-    from accumguard.runtime.watch_findings import analyze, load_recordings
+    from accumguard.watch._findings import analyze, load_recordings
+    from accumguard.watch._recording import recording
 
     with recording(tmp_path):
         _sft(accepts, callback=False, max_steps=2)
@@ -217,8 +217,8 @@ def _lora(seed: int = 0) -> Any:
 @pytest.mark.parametrize(("loss", "want"), [("global", set()), ("mean", {"F5"})])
 def test_lora_plain_loop_under_watch(tmp_path: Any, loss: str, want: set[str]) -> None:
     pytest.importorskip("peft")
-    from accumguard.runtime.watch import recording
-    from accumguard.runtime.watch_findings import analyze, load_recordings
+    from accumguard.watch._findings import analyze, load_recordings
+    from accumguard.watch._recording import recording
 
     model = _lora()
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)

@@ -1,6 +1,6 @@
 """F5 seen by the observation layer alone: the loss record (cross_entropy/nll_loss patched
 where torch defines them) and the per-window rule. Every loop runs in this process under
-``accumguard.runtime.watch.recording`` (what ``watch`` installs in each rank) and is
+``accumguard.watch._recording.recording`` (what ``watch`` installs in each rank) and is
 analysed as ``watch`` does. The broken loop (token mean per micro-batch / K over uneven
 counts) must be an F5 error; every correct pattern must stay silent (a false alarm costs
 more than a miss)."""
@@ -18,8 +18,8 @@ import torch.nn.functional as F  # noqa: N812
 
 from accumguard.observe import Observer
 from accumguard.observe.rules import Finding, RunRecording, analyze, loss_weight_findings
-from accumguard.runtime.watch import recording
-from accumguard.runtime.watch_findings import load_recordings
+from accumguard.watch._findings import load_recordings
+from accumguard.watch._recording import recording
 
 V = 16
 K = 4

@@ -21,7 +21,7 @@ from accumguard.core.errors import AccumulationError
 from accumguard.observe._failsafe import ENV_FAULT, Failsafe, InjectedFault
 from accumguard.observe._patch import Patches
 from accumguard.observe.rules import load_recordings
-from accumguard.runtime.watch import recording
+from accumguard.watch._recording import recording
 
 from helpers import free_port
 

@@ -24,8 +24,8 @@ from accumguard.observe._events import (
 )
 from accumguard.observe._observer import Observer
 from accumguard.runtime.guard import AccumulationGuard
-from accumguard.runtime.watch import _Agent
 from accumguard.verify._observer import Observer as AuditObserver
+from accumguard.watch._recording import _Agent
 
 KINDS = {f.name for f in dataclasses.fields(Handlers)}
 # listener classes whose on_* methods are observer events (not framework callbacks)

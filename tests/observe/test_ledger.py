@@ -167,8 +167,8 @@ def test_the_loss_record_keeps_the_chain_constants(tmp_path: Path) -> None:
     import torch
     import torch.nn.functional as F  # noqa: N812
 
-    from accumguard.runtime.watch import recording
-    from accumguard.runtime.watch_findings import load_recordings
+    from accumguard.watch._findings import load_recordings
+    from accumguard.watch._recording import recording
 
     def run(path: Path, scale: Any) -> list[Any]:
         torch.manual_seed(0)

@@ -1,5 +1,5 @@
 """The window-scale rules of the loss record, on real loops run in this process under
-``accumguard.runtime.watch.recording`` (what ``watch`` installs in each rank) and analysed
+``accumguard.watch._recording.recording`` (what ``watch`` installs in each rank) and analysed
 as ``watch`` does (blind evaluation round 5: b06, b08, b11).
 
 - LOSS_SCALE: the loss divided by K twice (every window weighs 1/K, the whole loss being
@@ -25,8 +25,8 @@ import torch.nn.functional as F  # noqa: N812
 
 from accumguard.observe import _losses
 from accumguard.observe.rules import Finding, analyze, loss_scale_findings
-from accumguard.runtime.watch import recording
-from accumguard.runtime.watch_findings import load_recordings
+from accumguard.watch._findings import load_recordings
+from accumguard.watch._recording import recording
 
 K = 4
 C = 6  # classes
@@ -42,7 +42,7 @@ def _record_every_window(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @dataclass
 class _Declared:
-    """A K the script declares (what ``runtime.watch_declared`` finds in the source)."""
+    """A K the script declares (what ``watch._declared`` finds in the source)."""
 
     value: int | None
     divides_loss: bool = True

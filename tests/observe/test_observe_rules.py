@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from accumguard.observe import Observer, rules
-from accumguard.runtime import watch_findings
+from accumguard.watch import _findings as watch_findings
 
 
 def _record(**kw: Any) -> dict[str, Any]:

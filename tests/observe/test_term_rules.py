@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 
 from accumguard.observe._records import Finding
-from accumguard.runtime.watch import recording
-from accumguard.runtime.watch_findings import analyze, load_recordings
+from accumguard.watch._findings import analyze, load_recordings
+from accumguard.watch._recording import recording
 
 K, STEPS = 4, 3
 V, T = 11, 7

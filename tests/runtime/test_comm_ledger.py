@@ -16,7 +16,7 @@ from watch_sweep import watch_many
 
 from accumguard.observe._collectives import DDP_BUCKET_OP
 from accumguard.observe._records import RunRecording
-from accumguard.runtime.watch_findings import analyze, load_recordings
+from accumguard.watch._findings import analyze, load_recordings
 
 from helpers import free_port
 

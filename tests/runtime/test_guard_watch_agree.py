@@ -20,8 +20,8 @@ import torch
 
 from accumguard import run_on_ranks
 from accumguard.runtime.guard import guard
-from accumguard.runtime.watch import recording
-from accumguard.runtime.watch_findings import analyze, load_recordings
+from accumguard.watch._findings import analyze, load_recordings
+from accumguard.watch._recording import recording
 
 K = 4
 

@@ -3,7 +3,7 @@
 Two kinds of runs:
 
 * **sweeps**: one launch runs many loops one after the other, each recorded in its own
-  directory by the observation layer (``accumguard.runtime.watch.recording``), then each
+  directory by the observation layer (``accumguard.watch._recording.recording``), then each
   directory is analysed as ``accumguard watch -k 4`` would. One torchrun launch covers
   DDP, FSDP2, torch ZeRO-1 and Accelerate on 2 gloo ranks; one covers DeepSpeed; one
   single process covers the unseen patterns. A correct loop must give no error (false
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from accumguard.runtime.watch_findings import analyze, load_recordings
+from accumguard.watch._findings import analyze, load_recordings
 
 from helpers import free_port, launcher_env
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from accumguard.runtime.watch_declared import declared_k, script_of_command
+from accumguard.watch._declared import declared_k, script_of_command
 
 
 def _script(tmp_path: Path, source: str, name: str = "train.py") -> Path:

@@ -205,8 +205,8 @@ def test_accelerate_accumulate_in_process(tmp_path: Path) -> None:
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, GradientState
 
-    from accumguard.runtime.watch import recording
-    from accumguard.runtime.watch_findings import analyze, load_recordings
+    from accumguard.watch._findings import analyze, load_recordings
+    from accumguard.watch._recording import recording
 
     k, v = 4, 16
     for mode in ("exact", "mean"):
@@ -259,8 +259,8 @@ def test_lightning_accumulate_grad_batches_in_process(tmp_path: Path) -> None:
     import torch
     import torch.nn.functional as F  # noqa: N812
 
-    from accumguard.runtime.watch import recording
-    from accumguard.runtime.watch_findings import analyze, load_recordings
+    from accumguard.watch._findings import analyze, load_recordings
+    from accumguard.watch._recording import recording
 
     k, v = 4, 16
     data = _padded_batches(2 * k, v)
@@ -306,8 +306,8 @@ def test_hf_trainer_compute_loss_override_in_process(tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers")
     import torch
 
-    from accumguard.runtime.watch import recording
-    from accumguard.runtime.watch_findings import analyze, load_recordings
+    from accumguard.watch._findings import analyze, load_recordings
+    from accumguard.watch._recording import recording
 
     v = 32
     gen = torch.Generator().manual_seed(0)

@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from accumguard.runtime.watch_findings import analyze, load_recordings
+from accumguard.watch._findings import analyze, load_recordings
 
 from helpers import free_port, launcher_env
 

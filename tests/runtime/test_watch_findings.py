@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from accumguard.runtime.watch_declared import ScriptK
-from accumguard.runtime.watch_findings import RunRecording, analyze
+from accumguard.watch._declared import ScriptK
+from accumguard.watch._findings import RunRecording, analyze
 
 
 def _rec(windows: list[int], *, engine: str = "local", syncs: list[list[bool]] | None = None,

@@ -78,8 +78,8 @@ def _loop(skips: tuple[int, ...], *, bug: str = "", windows: int = 8,
 ])
 def test_watch_skipped_scaler_steps_end_their_window(tmp_path: Path, skips: tuple[int, ...],
                                                      bug: str, want: set[str]) -> None:
-    from accumguard.runtime.watch import recording
-    from accumguard.runtime.watch_findings import analyze, load_recordings
+    from accumguard.watch._findings import analyze, load_recordings
+    from accumguard.watch._recording import recording
 
     with recording(tmp_path):
         _loop(skips, bug=bug)

@@ -21,11 +21,9 @@ from typing import Any
 import pytest
 import torch
 
+from accumguard import invariance as inv
 from accumguard.core.errors import ConfigError
-from accumguard.observe import invariance_hooks
-from accumguard.verify import _invariance_run as inv_run
-from accumguard.verify import invariance as inv
-from accumguard.verify.invariance import (
+from accumguard.invariance import (
     CommandFailedError,
     InvarianceOptions,
     build_report,
@@ -37,6 +35,8 @@ from accumguard.verify.invariance import (
     micro_batch,
     parse_ks,
 )
+from accumguard.invariance import _run as inv_run
+from accumguard.observe import invariance_hooks
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "invariance_scripts"
 
@@ -363,8 +363,8 @@ def test_timeout_kills_the_whole_group(tmp_path: Path, no_observer: None) -> Non
 def test_sigterm_kills_the_command(tmp_path: Path) -> None:
     """SIGTERM to `accumguard invariance` takes the command and its children down with it."""
     pidfile = tmp_path / "pid"
-    code = ("import sys; from accumguard.verify import invariance as inv; "
-            "import accumguard.verify._invariance_run as r; "
+    code = ("import sys; from accumguard import invariance as inv; "
+            "import accumguard.invariance._run as r; "
             "r._observer_env = lambda d, o: {}; "
             "from accumguard.cli.invariance import invariance_main; "
             "sys.exit(invariance_main(sys.argv[1:]))")

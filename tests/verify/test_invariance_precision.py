@@ -13,7 +13,7 @@ import pytest
 import torch
 from test_invariance import write_run
 
-from accumguard.verify.invariance import build_report, load_run
+from accumguard.invariance import build_report, load_run
 
 
 def _annotate(d: Path, **fields: Any) -> Path:

@@ -15,8 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from accumguard.verify import _invariance_run as inv_run
-from accumguard.verify import invariance as inv
+from accumguard import invariance as inv
+from accumguard.invariance import _run as inv_run
 
 from helpers import free_port
 

@@ -13,7 +13,7 @@ update is ``-lr`` times the gradient the optimizer received). ``--scenario``:
 
 The checks (``accumguard.integrations.accelerate.watch``) are attached in every scenario.
 One Accelerator per scenario (``--scenario exact,mean,gamis`` runs them in turn).
-``--sweep DIR`` records each run in ``DIR/<scenario>`` (``accumguard.runtime.watch.recording``)
+``--sweep DIR`` records each run in ``DIR/<scenario>`` (``accumguard.watch._recording.recording``)
 and writes ``DIR/<scenario>.json`` (rank 0): the checks' findings, the relative error of the
 first update against the fp64 large batch (ZeRO-2: every rank holds the full weights), the
 engine's K. Without ``--sweep`` it runs as is (``accumguard invariance``: ``--k {K} --mb {MB}``).
@@ -78,7 +78,7 @@ def run(scenario: str) -> None:
     batches = data(rank, scenario)
     ctx = contextlib.nullcontext()
     if args.sweep:
-        from accumguard.runtime.watch import recording
+        from accumguard.watch._recording import recording
 
         ctx = recording(Path(args.sweep) / scenario)
     first: list[torch.Tensor] = []

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from sweep_dist import K, ce, data, ddp, fsdp2, mlp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from accumguard.runtime.watch import recording
+from accumguard.watch._recording import recording
 
 
 def ddp_every(bucket_cap_mb: float | None = None) -> None:

@@ -1,6 +1,6 @@
 """DeepSpeed driven the way the frameworks drive it, in one 2-rank launch (``torchrun``):
 ``--sweep DIR`` records each scenario in its own directory
-(``accumguard.runtime.watch.recording``, what ``accumguard watch`` analyses) and writes the
+(``accumguard.watch._recording.recording``, what ``accumguard watch`` analyses) and writes the
 findings of ``accumguard.integrations.accelerate.watch`` (attached to Accelerate's
 ``DeepSpeedOptimizerWrapper``) to ``DIR/<scenario>/checks.json`` (rank 0).
 
@@ -27,7 +27,7 @@ from accelerate import Accelerator, DeepSpeedPlugin
 from accelerate.utils import InitProcessGroupKwargs
 
 from accumguard.integrations.accelerate import watch
-from accumguard.runtime.watch import recording
+from accumguard.watch._recording import recording
 
 p = argparse.ArgumentParser()
 p.add_argument("--sweep", required=True)

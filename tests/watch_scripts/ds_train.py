@@ -7,7 +7,7 @@ in DeepSpeed's own docs; here used on stage 3), ``manual`` (GA=1, K backwards, o
 step: F2 on ZeRO-1/2), ``double`` (GA=K and a K-loop around one step: F14).
 ``--no-clip`` leaves gradient_clipping unset (DeepSpeed clips at 1.0: F9 with a big loss).
 ``--sweep DIR`` runs the SWEEP scenarios one after the other in one launch, each recorded
-in its own directory by ``accumguard.runtime.watch.recording``.
+in its own directory by ``accumguard.watch._recording.recording``.
 """
 
 import argparse
@@ -80,7 +80,7 @@ K = args.k
 if args.sweep:
     from pathlib import Path
 
-    from accumguard.runtime.watch import recording
+    from accumguard.watch._recording import recording
 
     for name, (mode, stage, no_clip) in SWEEP.items():
         with recording(Path(args.sweep) / name):

@@ -10,7 +10,7 @@ saved to ``OUT/params-<engine>-<feature>-rank<R>.pt``:
 * without ``--inproc`` the features run one after the other as written (the command
   ``accumguard watch`` observes, or the unobserved reference run);
 * with ``--inproc`` each feature runs twice in this process: unobserved, then inside
-  ``accumguard.runtime.watch.recording(OUT/<engine>-<feature>)`` (the Observer in-process);
+  ``accumguard.watch._recording.recording(OUT/<engine>-<feature>)`` (the Observer in-process);
   both parameter sets are saved (``ref`` and ``obs``).
 
 Every loop is correct: each window's loss is normalised by K, one step per K backwards.
@@ -520,7 +520,7 @@ def main() -> None:
                 continue
             tag = f"{ENGINE}-{name}"
             if inproc:
-                from accumguard.runtime.watch import recording
+                from accumguard.watch._recording import recording
 
                 ref = FEATURES[name]()
                 with recording(out / tag):

@@ -16,7 +16,7 @@ default ``--stage``, 2):
 ``gamis``  a DeepSpeed config with ``gradient_accumulation_steps`` 2 while the Trainer's is
            K: the Trainer refuses it (its ValueError text goes to ``<out>/gamis-error.txt``).
 
-``--sweep DIR`` records each mode in ``DIR/<mode>`` (``accumguard.runtime.watch.recording``);
+``--sweep DIR`` records each mode in ``DIR/<mode>`` (``accumguard.watch._recording.recording``);
 without it the script runs as is (under ``accumguard watch`` / ``accumguard invariance``:
 ``--k {K} --mb {MB}``). The callback's findings go to ``<out>/<mode>-callback.json`` (rank 0;
 ``--out`` defaults to the sweep directory), each rank's final-weight digest to
@@ -124,7 +124,7 @@ for spec in args.modes.split(","):
     name = spec.replace("@", "-z")
     ctx: Any = contextlib.nullcontext()
     if args.sweep and mode != "plain":
-        from accumguard.runtime.watch import recording
+        from accumguard.watch._recording import recording
 
         ctx = recording(Path(args.sweep) / name)
     OUT.mkdir(parents=True, exist_ok=True)

@@ -199,7 +199,7 @@ CASES = {"namespace": namespace, "k1": k1, "heads": heads, "gan": gan, "fp32buf"
 if args.sweep:
     from pathlib import Path
 
-    from accumguard.runtime.watch import recording
+    from accumguard.watch._recording import recording
 
     for name, fn in CASES.items():
         with recording(Path(args.sweep) / name):

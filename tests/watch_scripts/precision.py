@@ -2,7 +2,7 @@
 
 ``python precision.py MODE [K]`` runs one loop (for ``accumguard watch``);
 ``python precision.py --sweep OUT_DIR NAME...`` runs several, each recorded in its own
-directory by ``accumguard.runtime.watch.recording`` (one process start for many loops;
+directory by ``accumguard.watch._recording.recording`` (one process start for many loops;
 under ``torchrun --nproc-per-node 2`` for the FSDP2/DeepSpeed ones).
 
 Single process: ``bf16_plain`` (a bf16 model, K backwards summed in its .grad: F12),
@@ -157,7 +157,7 @@ def main() -> None:
 
         deepspeed.init_distributed(dist_backend="gloo")
     if sys.argv[1] == "--sweep":
-        from accumguard.runtime.watch import recording
+        from accumguard.watch._recording import recording
 
         out = Path(sys.argv[2])
         for name in sys.argv[3:]:

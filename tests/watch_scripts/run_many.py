@@ -1,6 +1,6 @@
 """Run several watch scripts (or one script with several argument lists) one after the other
 in ONE process per rank, each recorded in its own directory by the observation layer
-(``accumguard.runtime.watch.recording``), as ``accumguard watch -- python SCRIPT ARGS`` would
+(``accumguard.watch._recording.recording``), as ``accumguard watch -- python SCRIPT ARGS`` would
 record it, but paying for the Python, torch and process-group start-up once instead of once per
 case (tests/watch_sweep.py starts this and judges the directories as the CLI does).
 
@@ -60,7 +60,7 @@ def main() -> None:
     dist.init_process_group = init_once  # type: ignore[assignment]
     dist.destroy_process_group = destroy_at_the_end  # type: ignore[assignment]
 
-    from accumguard.runtime.watch import recording
+    from accumguard.watch._recording import recording
 
     rank = os.environ.get("RANK", "0")
     try:

@@ -1,5 +1,5 @@
 """Many accumulation loops on 2 real gloo ranks in ONE torchrun launch, each recorded by
-the observation layer in its own directory (``accumguard.runtime.watch.recording``).
+the observation layer in its own directory (``accumguard.watch._recording.recording``).
 
 ``torchrun --nproc-per-node 2 sweep_dist.py OUT_DIR [NAME ...]``
 (``sweep_dist.py run NAME``: one scenario, not recorded, for ``accumguard watch``). Each scenario is a
@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from accumguard.runtime.watch import recording
+from accumguard.watch._recording import recording
 
 K, STEPS, MB = 4, 3, 4
 

@@ -1,12 +1,12 @@
 """``accumguard advise``: the user's unmodified command run once per candidate mode, measured.
 
-Every run goes through ``watch``'s bootstrap (:func:`accumguard.runtime.watch.observed_env`:
+Every run goes through ``watch``'s bootstrap (:func:`accumguard.watch._recording.observed_env`:
 the observer and its collective ledger in every rank, the parameter updates recorded, a
 clean stop after ``steps`` optimizer steps, the same seed in every run); a mode is applied
 inside the command by :mod:`accumguard.runtime._advise_modes` (``ACCUMGUARD_ADVISE_MODE``),
 never by editing a file. The command as written runs first: its recording gives the engine
 and K, and its updates are what every mode's updates are compared with (``invariance``'s
-comparison, :func:`accumguard.verify._invariance_compare.compare_runs`).
+comparison, :func:`accumguard.invariance._compare.compare_runs`).
 
 Per mode: seconds per optimizer step (each step's window, previous step end to this step
 end, slowest rank, the first step left out as warm-up: median and min..max), gradient and
@@ -28,14 +28,14 @@ from pathlib import Path
 from typing import Any
 
 from accumguard.advise._modes import AS_WRITTEN, Mode, candidates, not_applicable
+from accumguard.invariance._compare import compare_runs, invariance_tolerance
+from accumguard.invariance._options import ENV_SEED, CommandFailedError
+from accumguard.invariance._records import load_run
+from accumguard.invariance._run import _run_child
 from accumguard.observe._comm_rules import GRAD_OPS
 from accumguard.observe.rules import load_recordings
 from accumguard.runtime._advise_modes import ENV_ADVISE_K, ENV_ADVISE_MODE
-from accumguard.runtime.watch import observed_env
-from accumguard.verify._invariance_compare import compare_runs, invariance_tolerance
-from accumguard.verify._invariance_options import ENV_SEED, CommandFailedError
-from accumguard.verify._invariance_records import load_run
-from accumguard.verify._invariance_run import _run_child
+from accumguard.watch._recording import observed_env
 
 __all__ = ["AdviseOptions", "AdviseReport", "ModeResult", "run_advise"]
 

@@ -1,6 +1,6 @@
 """``accumguard invariance --ks 1,4 [--batch B] -- COMMAND ...``: the thin CLI.
 
-Parses arguments, runs :func:`accumguard.verify.invariance.run_invariance`, and
+Parses arguments, runs :func:`accumguard.invariance.run_invariance`, and
 presents the report: a table (rich when installed, plain text otherwise), a PNG
 of the loss curves and of the relative update difference per step
 (matplotlib, optional), JSON. Exit codes: 0 every K agrees with the first
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from accumguard.core.errors import AccumguardError, ConfigError
-from accumguard.verify.invariance import (
+from accumguard.invariance import (
     CommandFailedError,
     InvarianceOptions,
     InvarianceReport,

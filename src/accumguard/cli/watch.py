@@ -21,7 +21,7 @@ from typing import Any
 
 __all__ = ["EXIT_ACCUMGUARD_FAILED", "JSON_SCHEMA_VERSION", "build_parser", "watch_main"]
 
-from accumguard.runtime.watch_report import EXIT_ACCUMGUARD_FAILED, JSON_SCHEMA_VERSION
+from accumguard.watch._report import EXIT_ACCUMGUARD_FAILED, JSON_SCHEMA_VERSION
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,7 +70,7 @@ def watch_main(argv: Sequence[str]) -> int:
     if shutil.which(command[0]) is None and not Path(command[0]).exists():
         print(f"accumguard watch: error: command not found: {command[0]!r}", file=sys.stderr)
         return 127
-    from accumguard.runtime.watch_report import watch
+    from accumguard.watch._report import watch
 
     return _emit(watch(command, accumulation_steps=args.accumulation_steps, every=args.every,
                        keep=args.keep, out=args.out), args)
@@ -79,7 +79,7 @@ def watch_main(argv: Sequence[str]) -> int:
 def _report_only(out_dir: Path, args: argparse.Namespace, command: list[str]) -> int:
     """``--report DIR``: the records every node's watch left in one shared directory,
     judged as one job (the rules that compare ranks see every rank)."""
-    from accumguard.runtime.watch_report import judge
+    from accumguard.watch._report import judge
 
     if command:
         print("accumguard watch: error: --report DIR takes no command (it reads the records "

@@ -91,7 +91,7 @@ def _backwards_per_micro(s: dict[str, Any]) -> int:
 
 
 class DeclaredK(Protocol):
-    """A K the script's source declares (``runtime.watch_declared.DeclaredK`` is one)."""
+    """A K the script's source declares (``watch._declared.DeclaredK`` is one)."""
 
     @property
     def value(self) -> int | None: ...

@@ -15,7 +15,7 @@ whatever the loop does:
 Each probe is a patch behind the fail-safe door (:mod:`._failsafe`: an internal error turns
 the probes off, never the user's run) that notes the cause once (module class and size, the
 loss's call site) in ``<observe dir>/construction-rank-<R>.json``, which
-:mod:`accumguard.verify._invariance_records` reads. Installed by
+:mod:`accumguard.invariance._records` reads. Installed by
 :func:`accumguard.observe.invariance_hooks.install_from_env` when invariance runs the
 command (``ACCUMGUARD_SEED`` set) under the observation bootstrap.
 """

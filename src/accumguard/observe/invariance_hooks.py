@@ -35,7 +35,7 @@ __all__ = ["install_from_env", "seed_everything", "disable_dropout", "ENV_SEED",
 
 ENV_SEED = "ACCUMGUARD_SEED"
 ENV_NO_DROPOUT = "ACCUMGUARD_NO_DROPOUT"
-ENV_OBSERVE_DIR = "ACCUMGUARD_OBSERVE_DIR"  # runtime.watch.ENV_DIR (observe may not import it)
+ENV_OBSERVE_DIR = "ACCUMGUARD_OBSERVE_DIR"  # watch._recording.ENV_DIR (observe may not import it)
 
 _FUNCTIONAL = ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout",
                "feature_alpha_dropout")

@@ -1,7 +1,7 @@
 """The per-window rules: from recorded optimizer steps to findings (pure Python).
 
 The ONE place that knows what a window of step records means. ``accumguard watch``
-(:mod:`accumguard.runtime.watch_findings`) applies :func:`analyze` to the per-rank
+(:mod:`accumguard.watch._findings`) applies :func:`analyze` to the per-rank
 recordings after the run; the framework callbacks (:mod:`accumguard.integrations`)
 apply :func:`live_findings` to each :class:`~accumguard.observe.StepEvent` as it
 happens. Both read a step as the dict :func:`step_record` makes of it (the line
@@ -191,7 +191,7 @@ def resolve_k(rec: RunRecording, flag: int | None, script: DeclaredK | None = No
 def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK | None = None
             ) -> tuple[list[Finding], int | None, str]:
     """All findings of the run, K and where K came from. ``script``: the K the command's
-    script declares (:func:`accumguard.runtime.watch_declared.declared_k`)."""
+    script declares (:func:`accumguard.watch._declared.declared_k`)."""
     res = resolve_k(rec, k_flag, script)
     findings: list[Finding] = []
     for rank in rec.ranks:

@@ -1,6 +1,6 @@
 """``accumguard advise``'s candidate modes, applied inside the user's unmodified command.
 
-The bootstrap that installs ``watch``'s observer (:mod:`accumguard.runtime.watch`) calls
+The bootstrap that installs ``watch``'s observer (:mod:`accumguard.watch._recording`) calls
 :func:`install_from_env`; with ``ACCUMGUARD_ADVISE_MODE`` unset (``watch``,
 ``invariance``) it does nothing. With a mode, the outermost call of every DDP / FSDP2
 module is wrapped (DDP: its ``__call__``; FSDP2: a forward pre-hook on every module given to

@@ -63,7 +63,7 @@ def watch(command: Sequence[str], *, accumulation_steps: int | None = None, ever
     starts, and judge what they recorded. ``keep``: keep the rank records in that directory
     (cleared first); ``out``: a directory shared by the watches of several nodes (never
     cleared; see docs/multinode.md). The command's output passes through."""
-    from accumguard.runtime.watch import observed_env
+    from accumguard.watch._recording import observed_env
 
     if not command:
         raise ValueError("watch: no command given (e.g. ['python', 'train.py'])")
@@ -107,8 +107,8 @@ def judge(out_dir: str | os.PathLike[str], *, command: Sequence[str] = (),
     directory shared by several nodes; ``merged``: the whole job's records (``watch
     --report``), the command then read from rank 0's start record.
     """
-    from accumguard.runtime.watch_declared import declared_k
-    from accumguard.runtime.watch_findings import (
+    from accumguard.watch._declared import declared_k
+    from accumguard.watch._findings import (
         NUMBERING,
         analyze,
         collective_positions,

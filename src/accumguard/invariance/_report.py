@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from accumguard.verify._invariance_compare import KComparison, compare_runs
-from accumguard.verify._invariance_records import RunRecord
-from accumguard.verify._invariance_tolerance import InvarianceTolerance, derive_tolerance
+from accumguard.invariance._compare import KComparison, compare_runs
+from accumguard.invariance._records import RunRecord
+from accumguard.invariance._tolerance import InvarianceTolerance, derive_tolerance
 
 __all__ = ["InvarianceReport", "build_report", "watch_findings", "JSON_VERSION"]
 
@@ -87,7 +87,7 @@ def build_report(runs: list[RunRecord], *, command: Sequence[str], batch: int | 
                  steps: int, tolerance: float | None = None, no_dropout: bool = False,
                  warnings_: Sequence[str] = ()) -> InvarianceReport:
     """Compare every run with the first; the tolerance defaults to the one derived from the
-    recorded dtypes and K (:func:`._invariance_tolerance.derive_tolerance`)."""
+    recorded dtypes and K (:func:`._tolerance.derive_tolerance`)."""
     ks = tuple(r.k for r in runs)
     dtypes = [r.param_dtype for r in runs if r.param_dtype]
     dtype = _least_precise(dtypes)
@@ -121,7 +121,7 @@ def watch_findings(run: RunRecord) -> tuple[list[dict[str, Any]], str]:
     ``step`` for readers of the first JSON version) and one text line each.
     """
     from accumguard.observe.rules import watch_dict
-    from accumguard.runtime.watch_findings import analyze, load_recordings
+    from accumguard.watch._findings import analyze, load_recordings
 
     found, _k, _source = analyze(load_recordings(run.observe_dir), k_flag=run.k)
     out: list[dict[str, Any]] = []

@@ -166,7 +166,7 @@ def recording(out_dir: str | os.PathLike[str], *, record_updates: bool = False,
 
     Runs several scenarios in one process (one directory each) where starting a command
     per scenario would cost a Python and torch start-up each time; the recording is
-    analysed with :func:`accumguard.runtime.watch_findings.load_recordings`. Yields the
+    analysed with :func:`accumguard.watch._findings.load_recordings`. Yields the
     :class:`~accumguard.observe.Observer`.
     """
     agent = _Agent(Path(out_dir), record_updates=record_updates, every=every)

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from accumguard.verify._invariance_records import RunRecord
+from accumguard.invariance._records import RunRecord
 
 __all__ = ["FP32_TOLERANCE", "InvarianceTolerance", "derive_tolerance", "invariance_tolerance"]
 

@@ -16,8 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-from accumguard.runtime._child import run_group
-from accumguard.verify._invariance_options import (
+from accumguard.invariance._options import (
     ENV_BATCH,
     ENV_K,
     ENV_MB,
@@ -29,8 +28,9 @@ from accumguard.verify._invariance_options import (
     expand_command,
     micro_batch,
 )
-from accumguard.verify._invariance_records import RunRecord, load_run
-from accumguard.verify._invariance_report import InvarianceReport, build_report, watch_findings
+from accumguard.invariance._records import RunRecord, load_run
+from accumguard.invariance._report import InvarianceReport, build_report, watch_findings
+from accumguard.runtime._child import run_group
 
 __all__ = ["run_invariance"]
 
@@ -39,7 +39,7 @@ def _observer_env(observe_dir: Path, opts: InvarianceOptions) -> dict[str, str]:
     """The environment that makes every Python process of the command load the observer
     (recording updates, stopping after ``opts.steps`` steps); the same bootstrap applies
     the seed and dropout hooks from the variables :func:`_child_env` sets."""
-    from accumguard.runtime.watch import observed_env
+    from accumguard.watch._recording import observed_env
 
     return observed_env(os.environ, observe_dir, record_updates=True, max_steps=opts.steps)
 

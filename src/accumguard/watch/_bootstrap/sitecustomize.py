@@ -1,6 +1,6 @@
 """accumguard's bootstrap: observe this process when ``ACCUMGUARD_OBSERVE_DIR`` is set.
 
-Put first on ``PYTHONPATH`` by :func:`accumguard.runtime.watch.observed_env`. Python
+Put first on ``PYTHONPATH`` by :func:`accumguard.watch._recording.observed_env`. Python
 imports only the first ``sitecustomize`` it finds, so this one then runs the next
 one on the path (the environment's own), if any. It never imports torch.
 """
@@ -29,7 +29,7 @@ def _start() -> None:
     if not os.environ.get("ACCUMGUARD_OBSERVE_DIR"):
         return
     try:
-        from accumguard.runtime.watch import start_agent
+        from accumguard.watch._recording import start_agent
 
         start_agent()
     except Exception as exc:  # noqa: BLE001 - never break the user's program

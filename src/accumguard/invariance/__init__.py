@@ -28,17 +28,17 @@ watch`` (which also applies the seed/dropout hooks of
 ``updates-rank-<R>.pt`` update lists in one directory per K.
 
 This module is the public face; each job lives in its own module:
-``_invariance_options`` (options, placeholders, refusing a command that cannot vary K),
-``_invariance_records`` (loading a run's recording), ``_invariance_compare`` (step by
-step comparison), ``_invariance_tolerance`` (the bound from the recorded dtypes and K), ``_invariance_report`` (report, JSON, watch findings)
-and ``_invariance_run`` (the child processes). Parsing and comparing are pure (testable
+``_options`` (options, placeholders, refusing a command that cannot vary K),
+``_records`` (loading a run's recording), ``_compare`` (step by
+step comparison), ``_tolerance`` (the bound from the recorded dtypes and K), ``_report`` (report, JSON, watch findings)
+and ``_run`` (the child processes). Parsing and comparing are pure (testable
 on synthetic records); :func:`run_invariance` adds the child processes.
 """
 
 from __future__ import annotations
 
-from accumguard.verify._invariance_compare import KComparison, StepComparison, compare_runs
-from accumguard.verify._invariance_options import (
+from accumguard.invariance._compare import KComparison, StepComparison, compare_runs
+from accumguard.invariance._options import (
     ENV_BATCH,
     ENV_K,
     ENV_MB,
@@ -53,15 +53,15 @@ from accumguard.verify._invariance_options import (
     micro_batch,
     parse_ks,
 )
-from accumguard.verify._invariance_records import RunRecord, StepRow, load_run
-from accumguard.verify._invariance_report import (
+from accumguard.invariance._records import RunRecord, StepRow, load_run
+from accumguard.invariance._report import (
     JSON_VERSION,
     InvarianceReport,
     build_report,
     watch_findings,
 )
-from accumguard.verify._invariance_run import run_invariance
-from accumguard.verify._invariance_tolerance import FP32_TOLERANCE, invariance_tolerance
+from accumguard.invariance._run import run_invariance
+from accumguard.invariance._tolerance import FP32_TOLERANCE, invariance_tolerance
 
 __all__ = [
     "InvarianceOptions",
@@ -100,7 +100,7 @@ def __getattr__(name: str) -> object:
     if name == "StepRecord":
         import warnings
 
-        warnings.warn("accumguard.verify.invariance.StepRecord is now StepRow (the old name goes "
+        warnings.warn("accumguard.invariance.StepRecord is now StepRow (the old name goes "
                       "away in the next release)", DeprecationWarning, stacklevel=2)
         return StepRow
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

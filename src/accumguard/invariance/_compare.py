@@ -1,5 +1,5 @@
 """``accumguard invariance``: comparing one run with the reference run step by step (the
-tolerance is :mod:`._invariance_tolerance`'s). Steps are numbered from 1."""
+tolerance is :mod:`._tolerance`'s). Steps are numbered from 1."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from accumguard.verify._invariance_records import RunRecord
-from accumguard.verify._invariance_tolerance import (
+from accumguard.invariance._records import RunRecord
+from accumguard.invariance._tolerance import (
     FP32_TOLERANCE,
     InvarianceTolerance,
     invariance_tolerance,
