@@ -9,16 +9,22 @@ import warnings
 
 import pytest
 
+from accumguard.core.findings import Severity
 from accumguard.core.window import Conservation, StepRecord
+from accumguard.observe._records import KResolution
 from accumguard.observe._shared_rules import (
+    clip_verdict,
     conservation_class,
     double_gating,
+    early_step,
     engine_resets,
+    long_window_class,
     micro_sync,
+    overrun,
     scheduler_ahead,
 )
 from accumguard.observe._step_rules import _sync_findings
-from accumguard.observe.rules import _rank_findings
+from accumguard.observe.rules import _f1, _rank_findings, live_findings
 from accumguard.runtime._guard_machine import GuardMachine
 
 
@@ -114,3 +120,124 @@ def test_guard_and_watch_class_a_broken_conservation_alike(
                         zero_grads_between=int(zero_between), conservation=cons)
     found = _rank_findings(0, [record.as_dict(rank=0)], {}, K, True)
     assert {f.cls for f in found if f.severity == "error"} == {watch_cls}
+
+
+def test_clip_verdict() -> None:
+    assert clip_verdict(0, 4) == "outside"  # before the window's first backward
+    assert clip_verdict(1, 4) == "inside" and clip_verdict(3, 4) == "inside"
+    assert clip_verdict(4, 4) is None  # at the boundary: where clipping belongs
+    assert clip_verdict(1, 1) is None  # a window an early step cut short: F1's, not F8's
+
+
+def test_early_step_overrun_and_long_window_class() -> None:
+    assert early_step(1, 4) and early_step(3, 4)
+    assert not early_step(0, 4) and not early_step(4, 4) and not early_step(5, 4)
+    assert not early_step(1, 4, [4])  # K forwards summed before one backward: the large batch
+    assert early_step(1, 4, [3]) and early_step(2, 4, [4, 4])
+    assert overrun(4, 4) and not overrun(3, 4)
+    assert long_window_class(True) == "F7" and long_window_class(False) == "F13"
+
+
+def _guarded(k: int, events: list[str]) -> GuardMachine:
+    """The guard's state machine fed ``events`` ("b" backward, "c" clip, "s" step,
+    "z" zero_grad), then closed."""
+    g = _guard(k)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for e in events:
+            if e == "b":
+                g.backward()
+            elif e == "c":
+                g.clip(scaler_enabled=False)
+            elif e == "s":
+                g.step()
+            else:
+                g.zero_grad()
+        g.final_checks()
+    return g
+
+
+@pytest.mark.parametrize("at", range(K + 1))
+def test_guard_and_watch_judge_every_clip_place_alike(at: int) -> None:
+    """A clip after ``at`` of the window's K backward passes: F8 from both when it is
+    inside the window (a later backward adds to the clipped sum), nothing at the boundary,
+    and before the window's first backward a note (it clips none of this window's
+    gradient): the guard's note carries an F8 finding at note level, ``watch`` stays silent
+    at error level (it was F8 there before the rule was shared)."""
+    events = ["c" if j == at else "" for j in range(K)]
+    seq = [e for j in range(K) for e in (events[j], "b") if e] + (["c"] if at == K else [])
+    g = _guarded(K, [*seq, "s", "z"])
+    by_guard = {v.rule for v in g.violations}
+    record = StepRecord(step=0, backwards=K, clip_micros=[at],
+                        clip_functions=["clip_grad_norm_"]).as_dict(rank=0)
+    by_watch = {f.cls for f in _rank_findings(0, [record], {}, K, True)
+                if f.severity == "error"}
+    assert by_guard == by_watch == ({"F8"} if 0 < at < K else set())
+    notes = [n for n in g.notes if n.kind == "note_clip_outside"]
+    assert bool(notes) == (at == 0)
+    for n in notes:
+        assert n.finding is not None and n.finding.cls == "F8"
+        assert n.finding.severity is Severity.NOTE
+
+
+def test_a_clip_after_the_step_is_a_note_for_both() -> None:
+    """Clipping after optimizer.step() (before zero_grad): the guard sees it with the
+    window stepped, ``watch`` records it before the next window's first backward (0)."""
+    g = _guarded(K, [*"b" * K, "s", "c", "z", *"b" * K, "s", "z"])
+    assert not g.violations and [n.kind for n in g.notes] == ["note_clip_outside"]
+    records = [StepRecord(step=0, backwards=K).as_dict(rank=0),
+               StepRecord(step=1, backwards=K, clip_micros=[0]).as_dict(rank=0)]
+    assert not [f for f in _rank_findings(0, records, {}, K, True) if f.severity == "error"]
+
+
+@pytest.mark.parametrize("summed", [False, True])
+def test_guard_and_watch_judge_a_step_per_backward_alike(summed: bool) -> None:
+    """A step after every backward with K declared: F1 from both; unless each backward came
+    after K forwards (the window's losses summed before one backward: the large batch),
+    then neither."""
+    g = _guard(K)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(3):
+            g.backward(forwards=K if summed else 1)
+            g.step()
+            g.zero_grad()
+        g.final_checks()
+    by_guard = {v.rule for v in g.violations}
+    windows = [StepRecord(step=i, backwards=1, forwards=[K if summed else 1]).as_dict(rank=0)
+               for i in range(3)]
+    for w in windows:
+        w["window"] = 1
+    res = KResolution(K, "--accumulation-steps", "flag", None)
+    by_watch = {f.cls for f in _f1(0, windows, res) if f.severity == "error"}
+    assert by_guard == by_watch == (set() if summed else {"F1"})
+
+
+def test_guard_and_live_rules_judge_a_long_window_alike() -> None:
+    """K + 1 backward passes before one step: F13 from the guard (at the extra backward)
+    and from the per-window rules of the callbacks (over the finished window)."""
+    g = _guarded(K, [*"b" * (K + 1), "s", "z"])
+    assert {v.rule for v in g.violations} == {"F13"}
+    record = StepRecord(step=0, backwards=K + 1).as_dict(rank=0)
+    assert {f.cls for f in live_findings(record, rank=0, k=K)
+            if f.severity == "error"} == {"F13"}
+
+
+def test_every_guard_note_carries_a_finding() -> None:
+    """A clip before the window and an all-reduce on every micro-step: two notes, each with
+    its finding (F8 and EXTRA_SYNC, note level, numbered from 1 as violations are)."""
+    g = _guard(K)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        g.clip(scaler_enabled=False)
+        for _ in range(K):
+            g.backward(sync_forward=True, sync_backward=True, ddp=True)
+        g.step()
+        g.final_checks()
+    assert not g.violations
+    found = {n.kind: n.finding for n in g.notes}
+    assert set(found) == {"note_clip_outside", "note_extra_sync"}
+    assert found["note_clip_outside"] is not None and found["note_clip_outside"].cls == "F8"
+    extra = found["note_extra_sync"]
+    assert extra is not None and extra.cls == "EXTRA_SYNC" and extra.step == 1
+    assert all(f is not None and f.severity is Severity.NOTE for f in found.values())

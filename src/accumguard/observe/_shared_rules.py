@@ -13,10 +13,12 @@ No torch here: ``watch`` judges a recording without importing it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
-__all__ = ["SyncVerdict", "conservation_class", "double_gating", "engine_resets",
-           "micro_sync", "scheduler_ahead"]
+__all__ = ["ClipVerdict", "SyncVerdict", "clip_verdict", "conservation_class", "double_gating",
+           "early_step", "engine_resets", "long_window_class", "micro_sync", "overrun",
+           "scheduler_ahead"]
 
 #: What one micro-step's gradient synchronisation means for the window (see :func:`micro_sync`)
 SyncVerdict = Literal["unsynced_last", "extra", "deferred"]
@@ -72,3 +74,55 @@ def conservation_class(reason: str | None, *, zero_grad_inside: bool) -> str:
     if reason == "stale":
         return "F7"
     return "F3" if zero_grad_inside else "F2/F3"
+
+
+#: Where a clip (or a GradScaler unscale) ran against the window it acts on (see
+#: :func:`clip_verdict`)
+ClipVerdict = Literal["inside", "outside"]
+
+
+def clip_verdict(backwards: int, size: int) -> ClipVerdict | None:
+    """F8: a ``clip_grad_norm_`` (or ``scaler.unscale_``) after ``backwards`` of the
+    ``size`` backward passes of the window that the next optimizer step consumes.
+
+    ``"inside"`` (F8 when the window goes on: a later backward adds to the clipped sum, so
+    the micro-batches' gradients were shrunk separately): after at least one of them and
+    before the last. ``"outside"`` (a note: it changes nothing the next step receives):
+    before the window's first backward (after the previous step, or before any backward
+    at all); the gradient it clips is none of this window's (zero, or the previous
+    window's, which the conservation check calls F7 if it reaches the step). None: after
+    the window's last backward, where clipping belongs.
+
+    The guard calls it at the clip (``backwards`` 0 after a step: the next window has not
+    started); ``watch`` calls it per recorded clip with the window's real length (a window
+    that an early step cut short is F1's, not F8's)."""
+    if backwards <= 0:
+        return "outside"
+    return "inside" if backwards < size else None
+
+
+def early_step(backwards: int, size: int, forwards: Sequence[int] = ()) -> bool:
+    """F1: an optimizer step after ``backwards`` backward passes, at least one and fewer
+    than the ``size`` the window holds: it applies part of the window's gradient.
+
+    Not when the window's one backward followed ``size`` or more forwards (``forwards``:
+    the forwards before each backward): the loop summed the window's losses before one
+    backward, which is the large batch's gradient. A step with no backward at all is not
+    this rule's (a no-op when every gradient is None; a second step otherwise)."""
+    if backwards <= 0 or backwards >= size:
+        return False
+    return not (backwards == 1 and max(forwards, default=0) >= size)
+
+
+def overrun(backwards: int, size: int) -> bool:
+    """F13 (or F7, see :func:`long_window_class`): one more backward pass after
+    ``backwards`` of a window that holds ``size`` runs past the window's boundary; the
+    step it should have had comes late, on more micro-batches than the large batch."""
+    return backwards >= size
+
+
+def long_window_class(spans_passes: bool) -> str:
+    """The class of a window longer than K: micro-steps left at the end of one pass over the
+    DataLoader (an epoch) and stepped together with the next pass's first ones (F7, a
+    leak), or a boundary that comes late inside one pass (F13, a counter off by one)."""
+    return "F7" if spans_passes else "F13"

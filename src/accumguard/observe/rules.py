@@ -28,6 +28,7 @@ import dataclasses
 from collections import Counter
 from typing import Any
 
+from accumguard.observe import _shared_rules as shared
 from accumguard.observe._comm_rules import comm_findings
 from accumguard.observe._epochs import dropped_finding, dropped_tail, short_epoch_findings
 from accumguard.observe._ledger import ledger_findings, term_findings
@@ -94,9 +95,8 @@ def live_findings(record: dict[str, Any], *, rank: int | None, k: int | None
     framework callbacks): conservation (F7/F3/F2/F3), clipping inside the window (F8),
     the last micro-step's sync flag (F11; wasteful syncs are notes), DeepSpeed double
     gating (F14) and boundary resets (F2), low-precision accumulation (F12), and a window
-    longer than the declared K
-    (F13, or F7 when it crossed into a new pass over the DataLoader). Rules that need
-    the whole run (F1, F13 origin, F4 counts, cross-rank F11) stay in :func:`analyze`."""
+    longer than the declared K (F13, or F7 when it crossed into a new DataLoader pass).
+    Rules that need the whole run (F1, F13 origin, F4 counts, cross-rank F11): :func:`analyze`."""
     ws = _windows([record])
     if not ws:
         return []
@@ -108,9 +108,9 @@ def live_findings(record: dict[str, Any], *, rank: int | None, k: int | None
         out = [Finding(f.cls, f.severity, None, f.step, f.micro, f.evidence, f.fix, f.title)
                for f in out]
     n = int(w["window"])
-    if k is not None and k > 1 and n > k:
+    if k is not None and k > 1 and n and shared.overrun(n - 1, k):
         leak = _spans_passes(w)
-        out.append(_mk("F7" if leak else "F13", "error", rank, w["step"], n - 1,
+        out.append(_mk(shared.long_window_class(leak), "error", rank, w["step"], n - 1,
                        f"{n} backward passes before one optimizer step (K = {k})"
                        + (": micro-steps left at the end of a pass over the DataLoader "
                           "leaked into the next pass's window" if leak else
@@ -340,7 +340,8 @@ def _rank_findings(rank: int, steps: list[dict[str, Any]], info: dict[str, Any],
                                "engine's gradient partition, so only the last micro-batch "
                                "reaches the optimizer"))
                 continue
-        early_clips = [c for c in (w.get("clip_micros") or []) if c < int(w["backwards"])]
+        early_clips = [c for c in (w.get("clip_micros") or [])  # (a clip before any: no F8)
+                       if shared.clip_verdict(int(c), int(w["backwards"])) == "inside"]
         cons = w.get("conservation")
         clipped = bool(early_clips) and not int(w.get("zero_grads_between", 0))
         if cons and not cons.get("ok", True) and not (clipped and cons.get("reason") != "stale"):
@@ -452,7 +453,7 @@ def _window_findings(rank: int, windows: list[dict[str, Any]], info: dict[str, A
                        "wrong origin (e.g. `i % K == 0` with i from 0); only the last window "
                        "of an epoch or run may be short"))
     engine_ga = isinstance(ds_ga, int) and ds_ga > 1
-    long = [w for w in windows if int(w["window"]) > k  # (F14 explains double gating)
+    long = [w for w in windows if shared.overrun(int(w["window"]) - 1, k)  # (F14: gating)
             and not (engine_ga and (int(w["window"]) == ds_ga
                                     or int(w.get("max_backwards_per_engine_step", 0)) > 1))]
     regular = sum(1 for n in sizes if n == k)
@@ -550,11 +551,10 @@ def _f1(rank: int, windows: list[dict[str, Any]], res: KResolution) -> list[Find
     k, script = _firm_k(res), res.script
     if k is None or k <= 1:
         return []
-    # one backward after K or more forwards: the window's losses were summed before one
-    # backward (the same large-batch gradient), not a step per micro-step
-    summed = [w for w in windows if int(w["window"]) == 1
-              and max(w.get("forwards") or [0]) >= k]
-    ones = [w for w in windows if int(w["window"]) == 1 and w not in summed]
+    # one backward after K or more forwards (losses summed: the large batch) is not F1
+    ones = [w for w in windows if int(w["window"]) == 1
+            and shared.early_step(1, k, w.get("forwards") or ())]
+    summed = [w for w in windows if int(w["window"]) == 1 and w not in ones]
     # nearly every window: epochs whose last window holds one micro-batch are not F1
     if len(ones) < 2 or 4 * len(ones) < 3 * (len(windows) - len(summed)):
         return []

@@ -32,7 +32,8 @@ __all__ = [
     "ClipInsideWindowError", "DoubleGatingError", "EngineBoundaryResetError", "ExtraStepError",
     "GradientDesyncError", "GradientLeakError", "GradientSyncError", "GuardNote",
     "GuardViolation", "SchedulerStepError", "StepInsideWindowError", "Violation",
-    "WindowOverrunError", "ZeroGradInsideWindowError", "violation_finding",
+    "NOTE_CLASSES", "WindowOverrunError", "ZeroGradInsideWindowError", "note_finding",
+    "violation_finding",
 ]
 
 
@@ -127,9 +128,46 @@ class Violation:
 
 @dataclass(frozen=True)
 class GuardNote:
-    """A correct but wasteful (or unverifiable) pattern: reported, never raised."""
+    """A correct but wasteful (or unverifiable) pattern: reported, never raised.
+
+    ``kind`` is the guard's rule key (``"note_extra_sync"`` ...); ``finding`` the same note
+    as the one :class:`~accumguard.core.findings.Finding` (see :func:`note_finding`)."""
 
     kind: str
     window: int
     micro_step: int | None
     message: str
+    finding: Finding | None = None
+
+
+#: Each note's class and severity as a finding: what ``watch`` names the same pattern
+#: (EXTRA_SYNC for a wasteful all-reduce), F8 at note level for a clip that acts on none of
+#: the next step's gradient, F3 at warning level for a zero_grad inside the window whose
+#: effect was not measured (wrong unless the gradient was moved away and put back), OK for
+#: a deferred sync where ``sync="eager"`` was declared (the gradient is unchanged).
+NOTE_CLASSES: dict[str, tuple[str, Severity, str]] = {
+    "note_extra_sync": ("EXTRA_SYNC", Severity.NOTE,
+                        "gradient all-reduce on a non-final micro-step (extra communication)"),
+    "note_no_sync_backward_only": ("EXTRA_SYNC", Severity.NOTE,
+                                   "no_sync() entered after the forward (extra all-reduce)"),
+    "note_missing_sync": ("OK", Severity.NOTE,
+                          "no all-reduce on a non-final micro-step where sync='eager' was "
+                          "declared (gradient unchanged)"),
+    "note_clip_outside": ("F8", Severity.NOTE,
+                          "clipping outside the window (no effect on the next step)"),
+    "note_unscale_outside": ("F8", Severity.NOTE,
+                             "GradScaler unscale outside the window (no effect on the next "
+                             "step)"),
+    "note_zero_unverified": ("F3", Severity.WARNING,
+                             "zero_grad inside the window, not verified"),
+}
+
+
+def note_finding(kind: str, *, rank: int | None, window: int, micro_step: int | None,
+                 seen: str, expected: str, fix: str) -> Finding:
+    """The guard's note as the one finding type (numbered from 1, as
+    :func:`violation_finding`): class, severity and title from :data:`NOTE_CLASSES`, what
+    was seen against what was expected, and the note's advice as the fix."""
+    cls, severity, title = NOTE_CLASSES.get(kind, ("OK", Severity.NOTE, kind))
+    return Finding(cls, severity, rank, window + 1, None if micro_step is None else micro_step + 1,
+                   f"saw {seen}; expected {expected}", f"{fix.rstrip('.')}.", title)

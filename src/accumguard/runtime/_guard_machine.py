@@ -8,9 +8,11 @@ a correct but wasteful or unverifiable pattern, reported and never raised). The
 machine knows nothing of hooks: :class:`accumguard.runtime.guard.AccumulationGuard`
 feeds it the observation layer's events that concern its model and optimizer.
 
-Size (~550 lines): more than half of it is :data:`RULES`, the message table; it stays
-next to the transitions that use it so that each illegal transition and its one message
-are read together.
+The message table :data:`RULES` lives in :mod:`._guard_messages` (re-exported here). What
+``watch`` judges too (a backward past the window, a step inside it, a clip by its place, a
+micro-step's sync, the scheduler's count, a broken conservation verdict) is decided by the
+functions of :mod:`accumguard.observe._shared_rules`, called here on one event before the
+action runs and folded there by ``watch`` over a finished window.
 
 Checks that need the numbers (did the gradient removed inside the window reach the
 optimizer? did ranks agree?) are verdicts computed by :mod:`accumguard.observe` and
@@ -23,32 +25,29 @@ import enum
 import logging
 import warnings
 from collections import deque
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable
+from typing import TypedDict
 
 from accumguard.core.errors import AccumguardWarning, ConfigError, UsageError, rank_prefix
 from accumguard.core.taxonomy import fix_for
-from accumguard.core.window import StepRecord
-from accumguard.observe._shared_rules import conservation_class, micro_sync, scheduler_ahead
+from accumguard.core.window import Conservation, StepRecord
+from accumguard.observe._shared_rules import (
+    clip_verdict,
+    conservation_class,
+    early_step,
+    micro_sync,
+    overrun,
+    scheduler_ahead,
+)
 from accumguard.runtime._guard_errors import (
-    ClipInsideWindowError,
-    DoubleGatingError,
-    EngineBoundaryResetError,
-    ExtraStepError,
-    GradientDesyncError,
-    GradientLeakError,
-    GradientSyncError,
     GuardNote,
-    GuardViolation,
-    SchedulerStepError,
-    StepInsideWindowError,
     Violation,
-    WindowOverrunError,
-    ZeroGradInsideWindowError,
+    note_finding,
     violation_finding,
 )
+from accumguard.runtime._guard_messages import RULES, Rule
 
-__all__ = ["ILLEGAL", "RULES", "Event", "GuardMachine", "Phase", "Rule"]
+__all__ = ["ILLEGAL", "RULES", "EngineReset", "Event", "GuardMachine", "Phase", "Rule"]
 
 log = logging.getLogger("accumguard")
 
@@ -73,6 +72,14 @@ class Phase(enum.Enum):
     __hash__ = object.__hash__
 
 
+class EngineReset(TypedDict):
+    """What the guard says about a DeepSpeed boundary reset (F2): the ZeRO stage and the
+    config's ``gradient_accumulation_steps``."""
+
+    stage: int | None
+    ds_ga: int | None
+
+
 class Event(enum.Enum):
     BACKWARD = "backward"
     STEP = "step"
@@ -82,181 +89,11 @@ class Event(enum.Enum):
     __hash__ = object.__hash__  # see Phase
 
 
-@dataclass(frozen=True)
-class Rule:
-    """One illegal transition (``error`` set) or one note (``error`` None): the message
-    parts, formatted with the machine's context (``n``, ``size``, ``k`` ...)."""
-
-    error: type[GuardViolation] | None
-    seen: str
-    expected: str
-    fix: str = ""  # empty: the taxonomy's fix for the error's class
-
-
-_STEP_FIX = ("step only when (micro_step + 1) % {k} == 0 (and after the final short window); "
-             "or use accumguard.Accumulator. A short final window must be declared: "
-             "guard.expect_window(n) or total_micro_batches=")
-
-RULES: dict[str, Rule] = {
-    # -- phase transitions (see ILLEGAL) -------------------------------------------------
-    "overrun": Rule(WindowOverrunError,
-                    "backward pass {next} in a window of {size} without an optimizer step",
-                    "optimizer.step() after backward pass {size}",
-                    "step when (micro_step + 1) % {k} == 0; an accumulation counter that is off "
-                    "by one (often after resume or at an epoch boundary) makes windows of K+1"),
-    "step_no_backward": Rule(ExtraStepError,
-                             "optimizer.step() with no backward pass in the window",
-                             "optimizer.step() after {size} backward passes",
-                             "step once per window, after its last backward"),
-    "step_inside": Rule(StepInsideWindowError,
-                        "optimizer.step() after {n} of {size} backward passes",
-                        "one optimizer.step() after backward pass {size}", _STEP_FIX),
-    "second_step": Rule(ExtraStepError, "a second optimizer.step() in the window",
-                        "exactly one optimizer.step() per window",
-                        "step once per window, after its last backward"),
-    "clip_inside": Rule(ClipInsideWindowError,
-                        "clip_grad_norm_() after {n} of {size} backward passes",
-                        "clipping once, after the window's last backward and before the step",
-                        "clip the accumulated (and synchronised) gradient once per window; "
-                        "clipping each micro-step shrinks every micro-batch's gradient "
-                        "separately"),
-    "unscale_inside": Rule(ClipInsideWindowError,
-                           "scaler.unscale_() after {n} of {size} backward passes",
-                           "unscale_ once, after the window's last backward",
-                           "unscale once per window, right before clipping and the step"),
-    # -- numbers and counts --------------------------------------------------------------
-    "clip_before_unscale": Rule(ClipInsideWindowError,
-                                "clip_grad_norm_() before scaler.unscale_()",
-                                "scaler.unscale_(optimizer) before clipping",
-                                "call scaler.unscale_(optimizer) right before clip_grad_norm_: "
-                                "clipping scaled gradients compares the norm with a threshold "
-                                "scale times too small"),
-    "zero_grad_wiped": Rule(ZeroGradInsideWindowError,
-                            "zero_grad() after {zn} of {size} backward passes, before the "
-                            "optimizer step ({wiped:.3g} of the window's gradient was removed "
-                            "and never reached the optimizer)",
-                            "zero_grad() only after optimizer.step() (or before the window's "
-                            "first backward)",
-                            "move zero_grad() next to optimizer.step(); clearing between "
-                            "micro-steps keeps only the last micro-batches' gradient"),
-    "grad_wiped": Rule(ZeroGradInsideWindowError,
-                       "gradients were cleared (set to None) before backward pass {wipe} "
-                       "({wiped:.3g} of the window's gradient was removed and never reached "
-                       "the optimizer)", "gradients kept for the whole window",
-                       "clear gradients only after optimizer.step(); a zero_grad (or "
-                       "p.grad = None) between micro-steps keeps only the last micro-batches' "
-                       "gradient. Moving .grad into your own buffer is fine when the full sum "
-                       "is back in .grad before the step"),
-    "nothing_received": Rule(ZeroGradInsideWindowError,
-                             "optimizer.step() after {n} of {size} backward passes with every "
-                             "gradient None: nothing the window contributed reached it",
-                             "the window's accumulated gradient in .grad at the step",
-                             "clear gradients only after optimizer.step()"),
-    "nothing_received_sync": Rule(GradientSyncError,
-                                  "optimizer.step() after {n} of {size} backward passes with "
-                                  "every gradient None: the last micro-step did not reduce "
-                                  "(FSDP2 set_requires_gradient_sync(False) still in effect)",
-                                  "the reduced gradient in .grad at the step",
-                                  "call model.set_requires_gradient_sync(True) before the "
-                                  "window's last forward/backward"),
-    "stale": Rule(GradientLeakError,
-                  "gradient left from before the window (relative size {stale:.3g}) reached "
-                  "the optimizer", "gradients cleared between windows",
-                  "call optimizer.zero_grad() after optimizer.step(); otherwise this "
-                  "window's gradient is added to the next one"),
-    "leak": Rule(GradientLeakError,
-                 "gradients still set when the next window started (no zero_grad after the "
-                 "optimizer step)", "gradients cleared between windows",
-                 "call optimizer.zero_grad() after optimizer.step(); otherwise this window's "
-                 "gradient is added to the next one"),
-    "unfinished": Rule(GradientLeakError,
-                       "the guard closed with {n} of {size} backward passes and no optimizer "
-                       "step", "every window ends with an optimizer step",
-                       "step on the final short window too (declare it with "
-                       "guard.expect_window(n) or total_micro_batches=), or drop it on purpose "
-                       "before its first backward"),
-    "beyond_total": Rule(WindowOverrunError, "backward pass number {seen_total} of this rank",
-                         "at most total_micro_batches={total}",
-                         "the loop runs more micro-batches than declared; pass the right "
-                         "total_micro_batches (micro-batches per rank) or fix the data loader"),
-    "sched_extra": Rule(SchedulerStepError,
-                        "scheduler.step() after {n} of {size} backward passes: {sched} "
-                        "scheduler steps for {steps} optimizer step(s)",
-                        "one scheduler.step() per optimizer.step()",
-                        "step the scheduler next to optimizer.step(), once per window: stepped "
-                        "per micro-step the learning rate runs K times ahead of its schedule"),
-    "sched_second": Rule(SchedulerStepError,
-                         "a second scheduler.step() for one optimizer step ({sched} scheduler "
-                         "steps for {steps} optimizer step(s))",
-                         "exactly one scheduler.step() per optimizer step",
-                         "step the scheduler once per window"),
-    "sched_missing": Rule(SchedulerStepError,
-                          "{sched} scheduler.step() calls for {steps} optimizer step(s)",
-                          "exactly one scheduler.step() per optimizer step",
-                          "call scheduler.step() once after each optimizer.step(); pass "
-                          "scheduler= to the guard only for a per-optimizer-step scheduler"),
-    "no_sync_last": Rule(GradientSyncError,
-                         "no gradient all-reduce on the window's last micro-step "
-                         "(require_backward_grad_sync={fwd} at its forward{flip})",
-                         "one all-reduce on the last micro-step",
-                         "run the last micro-step's forward and backward outside "
-                         "model.no_sync(); otherwise the optimizer steps on this rank's "
-                         "unsynchronised gradient"),
-    "flag_after_forward": Rule(GradientSyncError,
-                               "require_backward_grad_sync=True at forward but False at "
-                               "backward, and still False at the next forward: the flag is "
-                               "set after the forward, so the window's last forward will run "
-                               "without sync",
-                               "the flag set before the forward (DDP decides at forward time)",
-                               "enter model.no_sync() (or set require_backward_grad_sync) "
-                               "*before* the forward and keep it until after backward"),
-    "desync": Rule(GradientDesyncError,
-                   "gradient |sum| differs across ranks at optimizer step {steps} ({sums})",
-                   "identical synchronised gradients on every rank",
-                   "make the window's last micro-step all-reduce (its forward and backward "
-                   "outside no_sync); a sync flag set after forward leaves ranks apart"),
-    "engine_reset": Rule(EngineBoundaryResetError,
-                         "backward pass {next} of {size} ran at a DeepSpeed ZeRO-{stage} "
-                         "accumulation boundary (gradient_accumulation_steps={ds_ga}, outside "
-                         "coalesce_grad_reduction): the engine resets its gradient partition "
-                         "there", "the engine's boundary only at the window's last backward"),
-    "double_gating": Rule(DoubleGatingError,
-                          "engine.step() after {since} backward passes but DeepSpeed did not "
-                          "step (its gradient_accumulation_steps={ds_ga} counts engine.step() "
-                          "calls, one per micro-batch)",
-                          "one engine.backward() and one engine.step() per micro-batch"),
-    # -- notes: correct but wasteful, or not verifiable ----------------------------------
-    "note_extra_sync": Rule(None, "a gradient all-reduce on non-final micro-step {j} of {size}",
-                            "no collective before the last micro-step (sync='deferred')",
-                            "wasteful, one extra all-reduce (the gradient is unchanged): run "
-                            "forward *and* backward of micro-steps 0..K-2 inside "
-                            "model.no_sync(), or pass sync='eager'"),
-    "note_no_sync_backward_only": Rule(None, "no_sync() entered after the forward (it spans "
-                                       "only the backward): DDP had already decided at the "
-                                       "forward to all-reduce",
-                                       "no_sync() around forward and backward",
-                                       "wasteful, one extra all-reduce per micro-step (the "
-                                       "gradient is unchanged): move the forward inside "
-                                       "model.no_sync()"),
-    "note_missing_sync": Rule(None, "no all-reduce on non-final micro-step {j} of {size}",
-                              "an all-reduce on every micro-step (sync='eager')",
-                              "the gradient is unchanged: pass sync='deferred' if no_sync on "
-                              "non-final micro-steps is intended"),
-    "note_clip_outside": Rule(None, "clip_grad_norm_() with the window {phase} (it has no "
-                              "effect on the next optimizer step)",
-                              "clipping after the window's last backward, before the step",
-                              "clip between the last backward and optimizer.step()"),
-    "note_unscale_outside": Rule(None, "scaler.unscale_() with the window {phase}",
-                                 "unscale_ after the window's last backward",
-                                 "unscale right before clipping and the step"),
-    "note_zero_unverified": Rule(None, "zero_grad() after {zn} of {size} backward passes; "
-                                 "whether the removed gradient reached the optimizer was not "
-                                 "checked ({why})", "zero_grad() only after optimizer.step()",
-                                 "if the gradient is not moved to a buffer and put back before "
-                                 "the step, this is F3"),
-}
-
 # Which event is illegal in which phase (an absent pair is legal); notes for harmless ones.
+# What ``watch`` judges too is decided by :mod:`accumguard.observe._shared_rules` (a backward
+# past the window: ``overrun``; a step inside it: ``early_step``; a clip or unscale by its
+# place: ``clip_verdict``); the phase is what those functions read, and this table says the
+# same for documentation and for the transitions only the guard judges.
 ILLEGAL: dict[tuple[Phase, Event], str] = {
     (Phase.FULL, Event.BACKWARD): "overrun",
     (Phase.OPEN, Event.STEP): "step_no_backward",
@@ -269,6 +106,8 @@ ILLEGAL: dict[tuple[Phase, Event], str] = {
     (Phase.OPEN, Event.UNSCALE): "note_unscale_outside",
     (Phase.STEPPED, Event.UNSCALE): "note_unscale_outside",
 }
+# (phase-only transitions: a step with no backward in the window, a second step)
+_STEP_BY_PHASE = {Phase.OPEN: "step_no_backward", Phase.STEPPED: "second_step"}
 
 
 class GuardMachine:
@@ -290,6 +129,7 @@ class GuardMachine:
         self._declared: int | None = None
         self._window_steps = self._window_sched = self._window_zero = self._window_zero_in = 0
         self._window_syncs: list[bool | None] = []  # per backward: all-reduced? (None: no DDP)
+        self._window_forwards: list[int] = []  # per backward: the model's forwards before it
         self._cleared = True
         self._unscaled = False
         self._zero_at: int | None = None  # backward passes done at the first zero_grad inside
@@ -342,9 +182,10 @@ class GuardMachine:
 
     # -- transitions ----------------------------------------------------------------------
     def backward(self, *, sync_forward: bool | None = None, sync_backward: bool | None = None,
-                 ddp: bool = False, engine_reset: dict[str, Any] | None = None,
-                 grads_set: Any = None) -> None:
-        """A backward pass of the model begins (``grads_set()``: are gradients non-zero)."""
+                 ddp: bool = False, engine_reset: EngineReset | None = None,
+                 grads_set: Callable[[], bool] | None = None, forwards: int = 0) -> None:
+        """A backward pass of the model begins (``grads_set()``: are gradients non-zero;
+        ``forwards``: the model's forwards since the previous backward)."""
         self._flush_pending()
         if self.phase is Phase.STEPPED:
             self._open_next_window(check_leak=grads_set)
@@ -353,14 +194,15 @@ class GuardMachine:
         if self.total_micro_batches is not None and self._consumed + j >= self.total_micro_batches:
             self.report("beyond_total", j, seen_total=self._consumed + j + 1,
                         total=self.total_micro_batches)
-        elif (self.phase, Event.BACKWARD) in ILLEGAL:
-            self.report(ILLEGAL[self.phase, Event.BACKWARD], j, next=j + 1)
+        elif overrun(j, size):  # the rule watch folds over a window's length
+            self.report("overrun", j, next=j + 1)
         if engine_reset is not None and j < size - 1:
             self.report("engine_reset", j, next=j + 1, **engine_reset)
         if ddp:
             self._check_sync(j, size, sync_forward, sync_backward)
         else:
             self._window_syncs.append(None)
+        self._window_forwards.append(forwards)
         self._backwards += 1
         self.backward_passes += 1
         if self.phase is not Phase.FULL:
@@ -393,7 +235,7 @@ class GuardMachine:
         elif verdict == "deferred" and self.sync == "eager":
             self.note("note_missing_sync", j)
 
-    def step(self, *, conservation: Any = None, unverified: str | None = None,
+    def step(self, *, conservation: Conservation | None = None, unverified: str | None = None,
              deepspeed: bool = False, applied: bool = True, sharded: bool = False) -> None:
         """The model's optimizer is about to step.
 
@@ -408,8 +250,12 @@ class GuardMachine:
             return
         if self.phase is Phase.ACCUMULATING:
             self._pending = None  # the step inside the window (F1) is the cause
-        if (self.phase, Event.STEP) in ILLEGAL:
-            self.report(ILLEGAL[self.phase, Event.STEP], j)
+            # the rule watch folds over the run's windows (one backward after the window's
+            # forwards is the losses summed before one backward: the large batch)
+            if early_step(self._backwards, self.window_size(), self._window_forwards):
+                self.report("step_inside", j)
+        elif self.phase in _STEP_BY_PHASE:
+            self.report(_STEP_BY_PHASE[self.phase], j)
         if not applied and (conservation is None or conservation.ok):
             if self._zero_at is not None:
                 self.report("zero_grad_wiped", self._zero_at - 1, zn=self._zero_at, wiped=1.0)
@@ -469,23 +315,29 @@ class GuardMachine:
                 self.report("sched_missing", j, sched=self.scheduler_steps, steps=steps)
                 self.scheduler_steps = steps + (self._sched_offset or 0)  # report once
 
+    def _clip_place(self) -> str | None:
+        """:func:`clip_verdict` on this moment: after a step the next window has no
+        backward yet, so a clip there acts on none of its gradient."""
+        done = 0 if self.phase is Phase.STEPPED else self._backwards
+        return clip_verdict(done, self.window_size())
+
     def clip(self, *, scaler_enabled: bool) -> None:
         j = self._backwards - 1 if self._backwards else None
-        key = ILLEGAL.get((self.phase, Event.CLIP))
-        if key == "clip_inside":
-            self._pending = self._pending or (key, j)
-        elif key is not None:
-            self.report(key, j)
+        place = self._clip_place()
+        if place == "inside":
+            self._pending = self._pending or ("clip_inside", j)
+        elif place == "outside":
+            self.note("note_clip_outside", j)
         elif scaler_enabled and not self._unscaled:
             self.report("clip_before_unscale", j)
 
     def unscale(self) -> None:
-        key = ILLEGAL.get((self.phase, Event.UNSCALE))
-        if key == "unscale_inside":
-            self._pending = self._pending or (key, self._backwards - 1 if self._backwards
-                                              else None)
-        elif key is not None:
-            self.report(key, self._backwards - 1 if self._backwards else None)
+        j = self._backwards - 1 if self._backwards else None
+        place = self._clip_place()
+        if place == "inside":
+            self._pending = self._pending or ("unscale_inside", j)
+        elif place == "outside":
+            self.note("note_unscale_outside", j)
         self._unscaled = True
 
     def desync(self, sums: str) -> None:
@@ -496,7 +348,7 @@ class GuardMachine:
         self.report("double_gating", self._backwards - 1, since=since, ds_ga=ds_ga)
 
     # -- windows ----------------------------------------------------------------------------
-    def _open_next_window(self, *, check_leak: Any) -> None:
+    def _open_next_window(self, *, check_leak: Callable[[], bool] | None) -> None:
         """Close the stepped window (check that gradients were cleared), open the next."""
         self._close_record()
         if not self._cleared and check_leak is not None and check_leak():
@@ -507,6 +359,7 @@ class GuardMachine:
         self._declared = None
         self._window_steps = self._window_sched = self._window_zero = self._window_zero_in = 0
         self._window_syncs = []
+        self._window_forwards = []
         self._cleared = True
         self._unscaled = False
         self._zero_at = None
@@ -540,9 +393,9 @@ class GuardMachine:
             self.report("sched_missing", None, sched=self.scheduler_steps, steps=steps)
 
     # -- reporting ----------------------------------------------------------------------------
-    def _context(self, **extra: Any) -> dict[str, Any]:
-        ctx = {"n": self._backwards, "size": self.window_size(), "k": self.accumulation_steps,
-               "phase": self.phase.value}
+    def _context(self, **extra: object) -> dict[str, object]:
+        ctx: dict[str, object] = {"n": self._backwards, "size": self.window_size(),
+                                  "k": self.accumulation_steps, "phase": self.phase.value}
         ctx.update(extra)
         return ctx
 
@@ -550,7 +403,7 @@ class GuardMachine:
         return f"window {self.window}" + ("" if micro_step is None
                                           else f", micro-step {micro_step}")
 
-    def report(self, key: str, micro_step: int | None, **extra: Any) -> None:
+    def report(self, key: str, micro_step: int | None, **extra: object) -> None:
         """Record the violation ``key`` at ``micro_step``; raise it or warn once per class."""
         rule = RULES[key]
         if rule.error is None:
@@ -575,15 +428,18 @@ class GuardMachine:
             log.warning("accumguard guard: %s", message)
             warnings.warn(message, AccumguardWarning, stacklevel=4)
 
-    def note(self, key: str, micro_step: int | None, **extra: Any) -> None:
+    def note(self, key: str, micro_step: int | None, **extra: object) -> None:
         """A correct but wasteful (or unverifiable) pattern: recorded, warned once per kind."""
         rule = RULES[key]
         ctx = self._context(j=micro_step, **extra)
+        seen, expected = rule.seen.format(**ctx), rule.expected.format(**ctx)
+        fix = rule.fix.format(**ctx)
         message = (f"{rank_prefix(self._rank)}[note] {self._where(micro_step)}: saw "
-                   f"{rule.seen.format(**ctx)}; expected {rule.expected.format(**ctx)}. "
-                   f"{rule.fix.format(**ctx)}.")
+                   f"{seen}; expected {expected}. {fix}.")
+        finding = note_finding(key, rank=self._rank, window=self.window, micro_step=micro_step,
+                               seen=seen, expected=expected, fix=fix)
         self.notes.append(GuardNote(kind=key, window=self.window, micro_step=micro_step,
-                                    message=message))
+                                    message=message, finding=finding))
         if key not in self._warned:
             self._warned.add(key)
             log.info("accumguard guard: %s", message)

@@ -40,7 +40,8 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Callable
-from typing import Any
+from types import TracebackType
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -49,6 +50,16 @@ from accumguard.core.errors import AccumguardWarning, ConfigError, UsageError, r
 from accumguard.core.window import StepRecord
 from accumguard.observe import CONSERVATION_BUDGET, FORCED_CHECKS, checksums
 from accumguard.observe._agree import gather_rows
+from accumguard.observe._events import (
+    BackwardEvent,
+    ClipEvent,
+    EngineStepEvent,
+    ForwardEvent,
+    ScalerEvent,
+    SchedulerEvent,
+    StepStartEvent,
+    ZeroGradEvent,
+)
 from accumguard.observe._shared_rules import double_gating, engine_resets
 from accumguard.runtime._guard_errors import (
     ClipInsideWindowError,
@@ -66,8 +77,14 @@ from accumguard.runtime._guard_errors import (
     WindowOverrunError,
     ZeroGradInsideWindowError,
 )
-from accumguard.runtime._guard_machine import GuardMachine, Phase
+from accumguard.runtime._guard_machine import EngineReset, GuardMachine, Phase
 from accumguard.runtime._guard_targets import Targets, resolve_targets, step_hook_owner
+
+if TYPE_CHECKING:
+    from torch.utils.hooks import RemovableHandle
+
+    from accumguard.observe._failsafe import Failsafe, Failure
+    from accumguard.observe._observer import Observer
 
 __all__ = [
     "AccumulationGuard",
@@ -138,8 +155,9 @@ class AccumulationGuard(GuardMachine):
             :class:`~accumguard.core.window.StepRecord`).
     """
 
-    def __init__(self, model: torch.nn.Module, optimizer: Any, *,
-                 accumulation_steps: int, scheduler: Any = None, scaler: Any = None,
+    def __init__(self, model: torch.nn.Module, optimizer: object, *,
+                 accumulation_steps: int, scheduler: object = None,
+                 scaler: torch.amp.GradScaler | None = None,
                  mode: str = "raise", sync: str = "deferred",
                  total_micro_batches: int | None = None, check_sync_every: int | None = None,
                  history: int = 1000) -> None:
@@ -175,12 +193,12 @@ class AccumulationGuard(GuardMachine):
         self.check_sync_every = check_sync_every
         self._world = world
         self._installed = False
-        self.observer: Any = None
+        self.observer: Observer | None = None
         #: accumguard's own failure (:class:`accumguard.observe.Failure`): the guard judged
         #: nothing after it
-        self.failure: Any = None
-        self._sync_handle: Any = None  # check_sync_every: the optimizer pre-hook
-        self._sync_failsafe: Any = None
+        self.failure: Failure | None = None
+        self._sync_handle: RemovableHandle | None = None  # check_sync_every: optimizer pre-hook
+        self._sync_failsafe: Failsafe | None = None
         self._sync_steps = 0
         self._sync_off = False
         self._ever_reached = False
@@ -188,7 +206,7 @@ class AccumulationGuard(GuardMachine):
         self._leak_suspect: bool | None = None
         # The forward's sync flag matters to a DDP model only: without one the observer
         # finds no ``on_forward`` listener and builds no event per micro-step.
-        self.on_forward: Callable[[Any], None] | None = (
+        self.on_forward: Callable[[ForwardEvent], None] | None = (
             self._on_ddp_forward if self.targets.ddp is not None else None)
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -231,7 +249,8 @@ class AccumulationGuard(GuardMachine):
     def __enter__(self) -> AccumulationGuard:
         return self.install()
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         # After an exception the loop stopped mid-way: do not pile a second error on it.
         self.close(check=exc_type is None)
 
@@ -245,39 +264,39 @@ class AccumulationGuard(GuardMachine):
             self.observer.uninstall()
             self.observer = None
 
-    def on_internal_error(self, failure: Any) -> None:
+    def on_internal_error(self, failure: Failure) -> None:
         """accumguard itself failed (not the loop): the guard stops judging; the loop goes
         on unchanged, and :attr:`failure` says what happened (also printed on stderr)."""
         self.failure = failure
 
     # -- observer events -------------------------------------------------------------------
-    def _on_ddp_forward(self, ev: Any) -> None:
+    def _on_ddp_forward(self, ev: ForwardEvent) -> None:
         if ev.module is self.model:
             self.forward(ev.sync)
 
-    def on_backward_start(self, ev: Any) -> None:
+    def on_backward_start(self, ev: BackwardEvent) -> None:
         # The leak check reads .grad before this backward adds to it (only when no
         # zero_grad was seen since the step: then the gradients must be None or zero).
         self._leak_suspect = None
         if self.phase is Phase.STEPPED and not self._cleared:
             self._leak_suspect = self._grads_nonzero()
 
-    def on_backward(self, ev: Any) -> None:
+    def on_backward(self, ev: BackwardEvent) -> None:
         if ev.reached:
             self._ever_reached = True
         elif ev.reached is False and (ev.forwards or self._ever_reached):
             return  # another model's loss (a GAN's other half): not this guard's backward
         suspect, self._leak_suspect = self._leak_suspect, None
         info = self.observer.engine_info if self.observer is not None else None
-        reset = None
+        reset: EngineReset | None = None
         if info is not None and engine_resets(info.zero_stage, info.managed_accumulation,
                                               ev.ds_boundary, ev.ds_coalescing):
             reset = {"stage": info.zero_stage, "ds_ga": info.gradient_accumulation_steps}
         self.backward(sync_forward=ev.sync_forward, sync_backward=ev.sync_backward,
                       ddp=self.targets.ddp is not None, engine_reset=reset,
-                      grads_set=_true if suspect else None)
+                      grads_set=_true if suspect else None, forwards=ev.forwards)
 
-    def on_step_start(self, ev: Any) -> None:
+    def on_step_start(self, ev: StepStartEvent) -> None:
         if not self.targets.owns_step(ev.owner, ev.source):
             return
         # The observer's window is the run since any step of the process; its verdict is
@@ -287,7 +306,7 @@ class AccumulationGuard(GuardMachine):
         if cons is not None:
             self.checked_windows += 1
         unverified = None
-        if cons is None and self._zero_at is not None:
+        if cons is None and self._zero_at is not None and self.observer is not None:
             info = self.observer.engine_info
             if info is not None and (info.zero_stage or 0) >= 1:
                 unverified = f"DeepSpeed ZeRO-{info.zero_stage} keeps gradients in its buffers"
@@ -297,33 +316,33 @@ class AccumulationGuard(GuardMachine):
                   deepspeed=ev.source == "deepspeed",
                   applied=ev.applied or ev.source != "torch", sharded=ev.engine == "fsdp2")
 
-    def on_engine_step(self, ev: Any) -> None:
+    def on_engine_step(self, ev: EngineStepEvent) -> None:
         info = self.observer.engine_info if self.observer is not None else None
         ga = info.gradient_accumulation_steps if info is not None else None
         if (not ev.boundary and self.targets.owns_step(ev.owner, "deepspeed")
                 and self.phase is Phase.FULL and double_gating(ga, ev.backwards)):
             self.double_gating(since=ev.backwards, ds_ga=int(ga or 1))
 
-    def on_zero_grad(self, ev: Any) -> None:
+    def on_zero_grad(self, ev: ZeroGradEvent) -> None:
         owned = (self.targets.owns_optimizer(ev.owner) if ev.kind == "optimizer"
                  else self.targets.owns_module(ev.owner))
         if owned:
             self.zero_grad()
 
-    def on_scheduler_step(self, ev: Any) -> None:
+    def on_scheduler_step(self, ev: SchedulerEvent) -> None:
         if id(ev.owner) in self.targets.scheduler_ids:
             self.scheduler_step()
 
-    def on_clip(self, ev: Any) -> None:
+    def on_clip(self, ev: ClipEvent) -> None:
         ids = self.targets.param_ids
         if any(id(p) in ids for p in ev.params):
             self.clip(scaler_enabled=self.scaler is not None and _scaler_enabled(self.scaler))
 
-    def on_unscale(self, ev: Any) -> None:
+    def on_unscale(self, ev: ScalerEvent) -> None:
         if ev.owner is self.scaler:
             self.unscale()
 
-    def on_scaler_update(self, ev: Any) -> None:
+    def on_scaler_update(self, ev: ScalerEvent) -> None:
         if ev.owner is self.scaler:
             self.skipped_step()
 
@@ -332,12 +351,14 @@ class AccumulationGuard(GuardMachine):
         return any(p.grad is not None and bool(p.grad.count_nonzero())
                    for p in self.targets.params)
 
-    def _sync_pre(self, opt: Any, args: Any, kwargs: Any) -> None:
+    def _sync_pre(self, opt: torch.optim.Optimizer, args: tuple[object, ...],
+                  kwargs: dict[str, object]) -> None:
         """The optimizer's own pre-hook, outside the observer: every rank joins the check's
         all-gather at the same steps even after accumguard failed on one of them (that rank
         sends a marker and every rank drops the check instead of waiting for ever)."""
         self._sync_steps += 1
-        if self._sync_off or self._sync_steps % (self.check_sync_every or 1):
+        if (self._sync_off or self._sync_failsafe is None
+                or self._sync_steps % (self.check_sync_every or 1)):
             return
         obs = self.observer
         paused = obs.counter.paused() if obs is not None else contextlib.nullcontext()
@@ -374,8 +395,9 @@ class AccumulationGuard(GuardMachine):
             self.desync(", ".join(f"rank {r}: {float(row[1]):.9g}" for r, row in enumerate(table)))
 
 
-def guard(model: torch.nn.Module, optimizer: Any, *, accumulation_steps: int,
-          scheduler: Any = None, scaler: Any = None, mode: str = "raise",
+def guard(model: torch.nn.Module, optimizer: object, *, accumulation_steps: int,
+          scheduler: object = None, scaler: torch.amp.GradScaler | None = None,
+          mode: str = "raise",
           sync: str = "deferred", total_micro_batches: int | None = None,
           check_sync_every: int | None = None) -> AccumulationGuard:
     """Build an :class:`AccumulationGuard`; use it as ``with guard(...):`` or call
@@ -386,7 +408,7 @@ def guard(model: torch.nn.Module, optimizer: Any, *, accumulation_steps: int,
                              check_sync_every=check_sync_every)
 
 
-def _scaler_enabled(scaler: Any) -> bool:
+def _scaler_enabled(scaler: object) -> bool:
     is_enabled = getattr(scaler, "is_enabled", None)
     return bool(is_enabled()) if callable(is_enabled) else True
 
