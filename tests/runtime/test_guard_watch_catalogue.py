@@ -5,8 +5,8 @@ the same run, with the same answer.
 and the broken ones on every engine (DDP, torch ZeRO-1, FSDP2 both ways, DeepSpeed ZeRO-1/2/3).
 ONE spawn of 2 gloo ranks runs each loop once: the guard (``mode="warn"``, K and the run's
 micro-batch count declared) is installed on the engine the loop wraps, and the same run is
-recorded as ``watch`` records it (:func:`accumguard.runtime.watch.recording`); the recording
-is then judged as the ``watch`` CLI judges it (:func:`accumguard.runtime.watch_report.judge`,
+recorded as ``watch`` records it (:func:`accumguard.watch._recording.recording`); the recording
+is then judged as the ``watch`` CLI judges it (:func:`accumguard.watch._report.judge`,
 ``--accumulation-steps K``). Both must name the same failure classes at error level: the
 class the catalogue says for a broken loop, nothing for a correct one.
 
@@ -56,7 +56,7 @@ def _loops() -> list[CatalogLoop]:
 def _run_all(rank: int, world: int, out: str) -> dict[str, Judged]:
     """Run every available catalogue loop once on this rank, guarded and recorded."""
     from accumguard.runtime.guard import guard
-    from accumguard.runtime.watch import recording
+    from accumguard.watch._recording import recording
 
     setup = demo_setup(model="mlp", steps=STEPS, accumulation_steps=K)
     real_wrap = catalogue.wrap_engine
@@ -107,7 +107,7 @@ def runs() -> tuple[Path, list[dict[str, Judged]]]:
 @pytest.mark.parametrize("loop", _loops(), ids=lambda c: c.key)
 def test_guard_and_watch_name_the_same_class(runs: tuple[Path, list[dict[str, Judged]]],
                                              loop: CatalogLoop) -> None:
-    from accumguard.runtime.watch_report import judge
+    from accumguard.watch._report import judge
 
     why = engine_available(loop.engine)
     if why is not None:
