@@ -6,9 +6,7 @@ torch)."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from accumguard.observe._records import Finding, RunRecording, _mk, _windows
+from accumguard.observe._records import Finding, RunRecording, StepWindow, _mk, _windows
 from accumguard.observe._weight_rules import (
     WEIGHT_TOL,
     WEIGHT_TOL_LOW_PRECISION,
@@ -19,7 +17,7 @@ from accumguard.observe._weight_rules import (
 __all__ = ["manual_reduce_findings", "rank_scale_findings"]
 
 
-def rank_scale_findings(rank: int | None, windows: list[dict[str, Any]], world: int
+def rank_scale_findings(rank: int | None, windows: list[StepWindow], world: int
                         ) -> list[Finding]:
     """F10 from what the step received: on DDP, whose synced last backward already averaged
     the gradient across ranks, the loop issued gradient collectives of its own (DDP's own
@@ -30,29 +28,29 @@ def rank_scale_findings(rank: int | None, windows: list[dict[str, Any]], world: 
     (correct, a note). Anything else is not judged."""
     if world < 2:
         return []
-    hits: list[tuple[dict[str, Any], float]] = []
-    redundant: list[dict[str, Any]] = []
+    hits: list[tuple[StepWindow, float]] = []
+    redundant: list[StepWindow] = []
     for w in windows:
-        cons = w.get("conservation")
-        syncs = w.get("sync_micros") or []
-        if (w.get("engine") != "ddp" or not syncs or syncs[-1] is not True
-                or int(w.get("reductions", 0)) < 1 or int(w.get("clips", 0))
-                or not isinstance(cons, dict) or not cons.get("ok", False)
-                or float(cons.get("received", 1.0)) > WEIGHT_TOL):
+        cons = w.conservation
+        syncs = w.sync_micros or []
+        if (w.engine != "ddp" or not syncs or syncs[-1] is not True
+                or int(w.reductions) < 1 or int(w.clips)
+                or cons is None or not cons.ok
+                or float(cons.received) > WEIGHT_TOL):
             continue
-        c = float(cons.get("scale", 1.0))
+        c = float(cons.scale)
         if _near(c, float(world), False) or _near(c, 1.0 / world, False):
             hits.append((w, c))
-        elif _near(c, 1.0, False) and int(w.get("reductions", 0)) >= int(cons.get("params", 1)):
+        elif _near(c, 1.0, False) and int(w.reductions) >= int(cons.params):
             # (a note only for one collective per gradient tensor or more: a count or a
             # metric all-reduced before the first backward is not a gradient collective)
             redundant.append(w)
     if hits and len(hits) * 2 >= len(windows):
         w, c = hits[0]
         many = c > 1
-        return [_mk("F10", "error", rank, int(w["step"]), None,
+        return [_mk("F10", "error", rank, w.step, None,
                     f"DDP averaged the gradient across the {world} ranks in the window's last "
-                    f"(synced) backward, then the script issued {int(w.get('reductions', 0))} "
+                    f"(synced) backward, then the script issued {int(w.reductions)} "
                     "gradient collective(s) of its own before the optimizer step, and the "
                     f"optimizer received {c:.4g} x the gradient the backwards produced "
                     f"(gradient conservation, {len(hits)} of {len(windows)} step(s)): "
@@ -63,8 +61,8 @@ def rank_scale_findings(rank: int | None, windows: list[dict[str, Any]], world: 
                     "average it exactly once")]
     if redundant:
         w = redundant[0]
-        extra = int(w.get("reductions", 0))
-        return [_mk("EXTRA_SYNC", "note", rank, int(w["step"]), None,
+        extra = int(w.reductions)
+        return [_mk("EXTRA_SYNC", "note", rank, w.step, None,
                     f"DDP averaged the gradient in the synced backward and the script issued "
                     f"{extra} more gradient collective(s) per optimizer step that left it "
                     f"unchanged ({len(redundant)} step(s)): they cost communication only",
@@ -93,7 +91,7 @@ def manual_reduce_findings(rec: RunRecording) -> list[Finding]:
     world = len(ranks)
     if world < 2 or world != rec.world:
         return []
-    per_rank = {r: {int(w["step"]): w for w in _windows(rec.steps[r])} for r in ranks}
+    per_rank = {r: {w.step: w for w in _windows(rec.steps[r])} for r in ranks}
     judged: list[tuple[int, float]] = []
     for step in sorted(per_rank[ranks[0]]):
         rows = [per_rank[r].get(step) for r in ranks]
@@ -119,20 +117,20 @@ def manual_reduce_findings(rec: RunRecording) -> list[Finding]:
                    if many else "Divide by the world size once"))]
 
 
-def _reduce_fit(rows: list[dict[str, Any] | None]) -> float | None:
+def _reduce_fit(rows: list[StepWindow | None]) -> float | None:
     """c x W x mass for one step seen on every rank (see :func:`manual_reduce_findings`),
     or None when the step cannot be judged."""
     contribs, gots, masses = [], [], []
     low = False
     for w in rows:
-        if w is None or w.get("engine", "local") != "local" or not int(w.get("reductions", 0)) \
-                or int(w.get("clips", 0)):
+        if w is None or w.engine != "local" or not int(w.reductions) \
+                or int(w.clips):
             return None
-        cons = w.get("conservation")
-        if not isinstance(cons, dict) or not cons.get("contrib_sums") \
-                or len(cons["contrib_sums"]) != len(cons.get("received_sums") or ()):
+        cons = w.conservation
+        if cons is None or not cons.contrib_sums \
+                or len(cons.contrib_sums) != len(cons.received_sums or ()):
             return None
-        if not cons.get("ok", False) or float(cons.get("received", 0.0)) <= WEIGHT_TOL:
+        if not cons.ok or float(cons.received) <= WEIGHT_TOL:
             # the rank's backwards alone account for what it received: any reduction ran
             # inside the backwards (a tensor hook), so contrib already holds every rank's
             # gradient and the fit below would read c = 1/W; not judged
@@ -141,8 +139,8 @@ def _reduce_fit(rows: list[dict[str, Any] | None]) -> float | None:
         if mass is None or not mass.sole:
             return None
         low = low or mass.low
-        contribs.append([float(x) for x in cons["contrib_sums"]])
-        gots.append([float(x) for x in cons["received_sums"]])
+        contribs.append([float(x) for x in cons.contrib_sums])
+        gots.append([float(x) for x in cons.received_sums])
         masses.append(mass.mass)
     if len({len(c) for c in contribs}) != 1:
         return None
