@@ -74,7 +74,7 @@ def test_guard_and_watch_judge_every_sync_pattern_alike(syncs: tuple[bool, ...])
     by_guard = {v.rule for v in g.violations}
     record = StepRecord(step=0, backwards=K, engine="ddp", sync_micros=list(syncs),
                         sync_backward=list(syncs)).as_dict(rank=0)
-    by_watch = _sync_findings(0, record)
+    by_watch = _sync_findings(0, StepRecord.from_dict(record))
     assert by_guard == {f.cls for f in by_watch if f.severity == "error"}
     assert (by_guard == {"F11"}) == (syncs[-1] is False)
     extra = any(syncs[:-1])
@@ -112,5 +112,5 @@ def test_guard_and_watch_class_a_broken_conservation_alike(
     assert {v.rule for v in g.violations} == {guard_cls}
     record = StepRecord(step=0, backwards=K, zero_grads=int(zero_between),
                         zero_grads_between=int(zero_between), conservation=cons)
-    found = _rank_findings(0, [record.as_dict(rank=0)], {}, K, True)
+    found = _rank_findings(0, [StepRecord.from_dict(record.as_dict(rank=0))], {}, K, True)
     assert {f.cls for f in found if f.severity == "error"} == {watch_cls}
