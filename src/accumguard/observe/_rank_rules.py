@@ -1,12 +1,13 @@
 """F10, averaging over ranks missing or doubled, from what the optimizer received: on DDP
 from one rank's conservation scale (a hand-written all-reduce after DDP's synced backward),
 without DDP from every rank's gradient checksums together (data parallelism written by
-hand). :mod:`accumguard.observe.rules` runs them and re-exports them (pure Python, no
-torch)."""
+hand); and F11 when the gradient the optimizer received differs across ranks on an engine
+that replicates it (the ranks' checksums). :mod:`accumguard.observe.rules` runs them and
+re-exports the first two (pure Python, no torch)."""
 
 from __future__ import annotations
 
-from accumguard.observe._records import Finding, RunRecording, StepWindow, _mk, _windows
+from accumguard.observe._records import Finding, RunRecording, StepWindow, _mk, _n, _windows
 from accumguard.observe._weight_rules import (
     WEIGHT_TOL,
     WEIGHT_TOL_LOW_PRECISION,
@@ -14,7 +15,7 @@ from accumguard.observe._weight_rules import (
     _window_mass,
 )
 
-__all__ = ["manual_reduce_findings", "rank_scale_findings"]
+__all__ = ["cross_rank_findings", "manual_reduce_findings", "rank_scale_findings"]
 
 
 def rank_scale_findings(rank: int | None, windows: list[StepWindow], world: int
@@ -161,3 +162,31 @@ def _reduce_fit(rows: list[StepWindow | None]) -> float | None:
     # every token's weight summed over all ranks: 1 for the large batch (ranks normalised
     # to their own batch have mass 1 each, to the global count n_r / N)
     return float(sum(cs) / len(cs) * sum(masses))
+
+
+def cross_rank_findings(rec: RunRecording) -> list[Finding]:
+    """What reached the optimizer must agree across ranks on replicated-gradient engines."""
+    ranks = [r for r in rec.ranks if rec.steps.get(r)]
+    if len(ranks) < 2:
+        return []
+    by_step: dict[int, dict[int, StepWindow]] = {}
+    for r in ranks:
+        for s in _windows(rec.steps[r]):
+            by_step.setdefault(s.step, {})[r] = s
+    for step in sorted(by_step):
+        row = by_step[step]
+        if len(row) < 2 or any(s.engine == "fsdp2" for s in row.values()):
+            continue
+        sums: dict[int, list[float]] = {r: s.checksum for r, s in row.items()
+                                        if s.checksum}
+        if len(sums) < 2:
+            continue
+        vals = list(sums.values())
+        scale = max(abs(v[2]) for v in vals) or 1e-30
+        spread = max(abs(a[i] - b[i]) for a in vals for b in vals for i in (0, 1))
+        if spread > 1e-5 * scale:
+            text = ", ".join(f"rank {r}: {v[0]:.6g}" for r, v in sorted(sums.items()))
+            return [_mk("F11", "error", None, step, None,
+                        f"the gradient the optimizer received differs across ranks at step "
+                        f"{_n(step)} (checksums {text}): ranks train different models")]
+    return []

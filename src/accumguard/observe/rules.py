@@ -38,7 +38,11 @@ from accumguard.observe._precision_rules import (
     f12_drift,
     low_precision_findings,
 )
-from accumguard.observe._rank_rules import manual_reduce_findings, rank_scale_findings
+from accumguard.observe._rank_rules import (
+    cross_rank_findings,
+    manual_reduce_findings,
+    rank_scale_findings,
+)
 from accumguard.observe._records import (
     NUMBERING,
     DeclaredK,
@@ -231,7 +235,7 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
         findings += run_horizon_findings(rec, rank, res.k)
         if not any(f.cls == "F4" and f.rank == rank for f in findings):
             findings += lr_schedule_findings(rank, _windows(rec.steps.get(rank, [])), res.k)
-    findings += _cross_rank(rec)
+    findings += cross_rank_findings(rec)
     findings += ledger_findings(rec, res.k)
     findings += term_findings(rec)
     findings += manual_reduce_findings(rec)
@@ -579,31 +583,3 @@ def _f1(rank: int, windows: list[StepWindow], res: KResolution) -> list[Finding]
                 f"{text}, while the script declares K: {script.describe()}. If it meant to "
                 "accumulate, the optimizer steps on every micro-step; pass "
                 "--accumulation-steps to decide")]
-
-
-def _cross_rank(rec: RunRecording) -> list[Finding]:
-    """What reached the optimizer must agree across ranks on replicated-gradient engines."""
-    ranks = [r for r in rec.ranks if rec.steps.get(r)]
-    if len(ranks) < 2:
-        return []
-    by_step: dict[int, dict[int, StepWindow]] = {}
-    for r in ranks:
-        for s in _windows(rec.steps[r]):
-            by_step.setdefault(s.step, {})[r] = s
-    for step in sorted(by_step):
-        row = by_step[step]
-        if len(row) < 2 or any(s.engine == "fsdp2" for s in row.values()):
-            continue
-        sums: dict[int, list[float]] = {r: s.checksum for r, s in row.items()
-                                        if s.checksum}
-        if len(sums) < 2:
-            continue
-        vals = list(sums.values())
-        scale = max(abs(v[2]) for v in vals) or 1e-30
-        spread = max(abs(a[i] - b[i]) for a in vals for b in vals for i in (0, 1))
-        if spread > 1e-5 * scale:
-            text = ", ".join(f"rank {r}: {v[0]:.6g}" for r, v in sorted(sums.items()))
-            return [_mk("F11", "error", None, step, None,
-                        f"the gradient the optimizer received differs across ranks at step "
-                        f"{_n(step)} (checksums {text}): ranks train different models")]
-    return []
