@@ -7,16 +7,17 @@ whole window: data skipped, update right; an error when that step is short too).
 from __future__ import annotations
 
 from accumguard.observe._epochs import dropped_finding, short_epoch_findings
-from accumguard.observe._records import KResolution
+from accumguard.observe._records import KResolution, StepWindow
+from accumguard.observe._records import windows as fold
 from accumguard.observe.rules import _window_findings
 
 
-def _window(step: int, n: int, weight: float, start: bool = True) -> dict:
+def _window(step: int, n: int, weight: float, start: bool = True) -> StepWindow:
     # a loss record per micro-step: [site, call, micro, valid count, weight per token, low
     # precision, reduction, sole, via autograd.grad]
     losses = [["/x/train.py:33", 0, m, 4, weight, False, "mean", True, False] for m in range(n)]
-    return {"step": step, "backwards": n, "window": n, "data_pass_starts": [0] if start else [],
-            "zero_grads_between": 0, "losses": losses}
+    return fold([{"step": step, "backwards": n, "data_pass_starts": [0] if start else [],
+                  "zero_grads_between": 0, "losses": losses}])[0]
 
 
 def test_every_epoch_shorter_than_k_divided_by_k_is_f7() -> None:
@@ -45,10 +46,11 @@ def test_short_windows_closing_epochs_are_not_f13() -> None:
     assert [f.cls for f in _window_findings(0, inside, {}, res)] == ["F13"]
 
 
-def _wiped(n: int, j: int) -> dict:
-    return {"step": 2, "backwards": n, "window": n, "data_pass_starts": [j],
-            "zero_grads_between": 1,
-            "conservation": {"ok": False, "reason": "wiped", "first_wipe": j, "wiped": 0.05}}
+def _wiped(n: int, j: int) -> StepWindow:
+    return fold([{"step": 2, "backwards": n, "data_pass_starts": [j], "zero_grads_between": 1,
+                  "conservation": {"params": 2, "ok": False, "reason": "wiped",
+                                   "first_wipe": j, "wiped": 0.05, "stale": 0.0,
+                                   "received": 0.05}}])[0]
 
 
 def test_a_dropped_tail_is_a_warning_when_the_next_window_is_whole() -> None:
@@ -81,10 +83,10 @@ def test_an_unchecked_window_across_passes_with_a_reset_is_not_called_a_leak() -
               "zero_grads_between": 0} for i in range(2)]
     span = {"step": 2, "backwards": 6, "window": 6, "data_pass_starts": [2],
             "zero_grads_between": 1, "conservation": None}
-    found = [(f.cls, f.severity) for f in _window_findings(0, whole + [span], {}, res)]
+    found = [(f.cls, f.severity) for f in _window_findings(0, fold(whole + [span]), {}, res)]
     # a zero_grad inside, the gradient not checked (sampled out): dropped or leaked, unclaimed
     assert found == [("F7", "warning")], found
     # no zero_grad inside it: the tail leaked into the next epoch's window (an error)
     leak = dict(span, zero_grads_between=0)
-    assert [(f.cls, f.severity) for f in _window_findings(0, whole + [leak], {}, res)] == [
+    assert [(f.cls, f.severity) for f in _window_findings(0, fold([*whole, leak]), {}, res)] == [
         ("F7", "error")]

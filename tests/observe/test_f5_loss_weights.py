@@ -17,7 +17,13 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 
 from accumguard.observe import Observer
-from accumguard.observe.rules import Finding, RunRecording, analyze, loss_weight_findings
+from accumguard.observe.rules import (
+    Finding,
+    RunRecording,
+    analyze,
+    loss_weight_findings,
+    windows,
+)
 from accumguard.watch._findings import load_recordings
 from accumguard.watch._recording import recording
 
@@ -214,12 +220,12 @@ def test_rule_tolerances_and_cross_rank_note() -> None:
     warning, never an error."""
     counts = [100, 103, 97, 100]
     exact = [1 / 400 * (1 + e) for e in (0, 1e-7, -1e-7, 3e-8)]  # fp32 rounding of 1/N
-    assert not loss_weight_findings(0, [_window(0, exact, counts)])
+    assert not loss_weight_findings(0, windows([_window(0, exact, counts)]))
     f5 = [0.25 / n for n in counts]
-    assert [f.cls for f in loss_weight_findings(0, [_window(0, f5, counts)])] == ["F5"]
+    assert [f.cls for f in loss_weight_findings(0, windows([_window(0, f5, counts)]))] == ["F5"]
     # bf16 rounding of the total weight (~0.4 %) with 3 % count spread: not certain, silent
     noisy = [0.25 * (1 + e) / n for e, n in zip((0, 4e-3, -4e-3, 2e-3), counts, strict=True)]
-    assert not loss_weight_findings(0, [_window(0, noisy, counts, low=True)])
+    assert not loss_weight_findings(0, windows([_window(0, noisy, counts, low=True)]))
     # one weight per rank, different across ranks (each rank divides by its own count)
     rec = RunRecording(world=2)
     rec.steps = {0: [_window(0, [1 / 400] * 4, counts)],
@@ -238,7 +244,7 @@ def test_windows_that_are_not_one_accumulation_window_are_not_judged() -> None:
     f5 = [0.25 / n for n in counts]
     spliced = _window(0, f5, counts)
     spliced["zero_grads_between"] = 1
-    assert not loss_weight_findings(0, [spliced])
+    assert not loss_weight_findings(0, windows([spliced]))
     noop = {"step": 0, "backwards": 2, "applied": False}
     rec = RunRecording()
     after = _window(1, f5[2:], counts[2:])  # micro-steps 0, 1 of a folded window of 4

@@ -30,7 +30,8 @@ def _rec(weight: Any, counts: dict[int, list[list[int]]], *, site: str = "train.
         steps = []
         for st, ns in enumerate(counts[r]):
             cons = None if scale is None else {"ok": True, "received": 0.0, "scale": scale,
-                                               "params": 3}
+                                               "params": 3, "wiped": 0.0, "stale": 0.0,
+                                               "reason": ""}
             steps.append({
                 "step": st, "backwards": len(ns), "applied": True, "engine": engine,
                 "source": "deepspeed" if engine == "deepspeed" else "torch",

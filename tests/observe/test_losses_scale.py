@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 
 from accumguard.observe import _losses
-from accumguard.observe.rules import Finding, analyze, loss_scale_findings
+from accumguard.observe.rules import Finding, analyze, loss_scale_findings, windows
 from accumguard.watch._findings import load_recordings
 from accumguard.watch._recording import recording
 
@@ -176,13 +176,13 @@ def test_loss_scale_on_several_ranks_with_w_equal_k_is_a_note() -> None:
     when W = K: measured, said, not an error."""
     recs = [["t.py:9", 0, m, 8, 1 / 4 / 8, False, "mean", True, False] for m in range(2)]
     w = {"step": 0, "backwards": 2, "window": 2, "losses": recs}
-    assert [f.severity for f in loss_scale_findings(0, [w], 2, world=2)] == ["note"]
+    assert [f.severity for f in loss_scale_findings(0, windows([w]), 2, world=2)] == ["note"]
     recs = [["t.py:9", 0, m, 8, 1 / 4 / 8, False, "mean", True, False] for m in range(2)]
     w["losses"] = recs
-    assert [f.severity for f in loss_scale_findings(0, [w], 2, world=1)] == ["error"]
+    assert [f.severity for f in loss_scale_findings(0, windows([w]), 2, world=1)] == ["error"]
     # not the whole loss (sole False): silent whatever the weight
     w["losses"] = [[*r[:7], False, False] for r in recs]
-    assert loss_scale_findings(0, [w], 2, world=1) == []
+    assert loss_scale_findings(0, windows([w]), 2, world=1) == []
 
 
 # -- the short last window divided by K ---------------------------------------------------

@@ -29,7 +29,7 @@ def test_watch_uses_the_rules_of_the_observation_layer() -> None:
 
 def test_live_findings_name_the_per_window_classes() -> None:
     assert rules.live_findings(_record(), rank=0, k=4) == []
-    wiped = {"ok": False, "reason": "wiped", "wiped": 0.7, "received": 0.6, "stale": 0.0}
+    wiped = {"params": 2, "ok": False, "reason": "wiped", "wiped": 0.7, "received": 0.6, "stale": 0.0}
     got = rules.live_findings(_record(conservation=wiped, zero_grads_between=2), rank=0, k=4)
     assert [(f.cls, f.severity, f.step) for f in got] == [("F3", "error", 4)]
     stale = dict(wiped, reason="stale", stale=0.5)
@@ -49,7 +49,7 @@ def test_live_findings_name_the_per_window_classes() -> None:
 def test_wipe_evidence_numbers_this_steps_backward_passes() -> None:
     # two backwards per micro-step (window 2 micro-steps, 4 backwards): the clears are
     # numbered among the backward passes the checksums saw, never "pass 3 of 2"
-    cons = {"ok": False, "reason": "wiped", "wiped": 0.2, "received": 0.3, "stale": 0.0,
+    cons = {"params": 2, "ok": False, "reason": "wiped", "wiped": 0.2, "received": 0.3, "stale": 0.0,
             "wipes": [2], "lost": 0.5}
     rec = _record(conservation=cons, zero_grads_between=1, backwards=4,
                   forwards=[1, 0, 1, 0])

@@ -86,11 +86,11 @@ def test_loss_not_divided_by_k() -> None:
 
 def test_backwards_per_micro_step() -> None:
     two = {"step": 0, "backwards": 8, "forwards": [2, 0] * 4}
-    assert windows([two])[0]["window"] == 4
+    assert windows([two])[0].window == 4
     odd = {"step": 0, "backwards": 8, "forwards": [2, 0, 0, 1, 0, 1, 1, 0]}
-    assert windows([odd])[0]["window"] == 8
+    assert windows([odd])[0].window == 8
     summed = {"step": 0, "backwards": 1, "forwards": [4]}
-    assert windows([summed])[0]["window"] == 1
+    assert windows([summed])[0].window == 1
 
 
 def test_no_scale_or_precision_verdict_when_conservation_saw_nothing_in_grad() -> None:

@@ -86,7 +86,7 @@ def test_horizons_read_from_the_objects() -> None:
     ([[0], [], [1], []], [5, 3]),  # windows of 2; passes begin at backward 0 and 5
 ])
 def test_epochs_from_data_pass_marks(starts: list[list[int]], expected: list[int]) -> None:
-    steps = [{"backwards": 2, "data_pass_starts": s} for s in starts]
+    steps = [{"step": i, "backwards": 2, "data_pass_starts": s} for i, s in enumerate(starts)]
     assert [e.backwards for e in epochs(steps)] == expected
 
 

@@ -24,7 +24,7 @@ from accumguard.observe._shared_rules import (
     scheduler_ahead,
 )
 from accumguard.observe._step_rules import _sync_findings
-from accumguard.observe.rules import _f1, _rank_findings, live_findings
+from accumguard.observe.rules import _f1, _rank_findings, live_findings, windows
 from accumguard.runtime._guard_machine import GuardMachine
 
 
@@ -80,7 +80,7 @@ def test_guard_and_watch_judge_every_sync_pattern_alike(syncs: tuple[bool, ...])
     by_guard = {v.rule for v in g.violations}
     record = StepRecord(step=0, backwards=K, engine="ddp", sync_micros=list(syncs),
                         sync_backward=list(syncs)).as_dict(rank=0)
-    by_watch = _sync_findings(0, record)
+    by_watch = _sync_findings(0, StepRecord.from_dict(record))
     assert by_guard == {f.cls for f in by_watch if f.severity == "error"}
     assert (by_guard == {"F11"}) == (syncs[-1] is False)
     extra = any(syncs[:-1])
@@ -118,7 +118,7 @@ def test_guard_and_watch_class_a_broken_conservation_alike(
     assert {v.rule for v in g.violations} == {guard_cls}
     record = StepRecord(step=0, backwards=K, zero_grads=int(zero_between),
                         zero_grads_between=int(zero_between), conservation=cons)
-    found = _rank_findings(0, [record.as_dict(rank=0)], {}, K, True)
+    found = _rank_findings(0, [StepRecord.from_dict(record.as_dict(rank=0))], {}, K, True)
     assert {f.cls for f in found if f.severity == "error"} == {watch_cls}
 
 
@@ -204,12 +204,10 @@ def test_guard_and_watch_judge_a_step_per_backward_alike(summed: bool) -> None:
             g.zero_grad()
         g.final_checks()
     by_guard = {v.rule for v in g.violations}
-    windows = [StepRecord(step=i, backwards=1, forwards=[K if summed else 1]).as_dict(rank=0)
-               for i in range(3)]
-    for w in windows:
-        w["window"] = 1
+    recorded = windows([StepRecord(step=i, backwards=1, forwards=[K if summed else 1])
+                        for i in range(3)])
     res = KResolution(K, "--accumulation-steps", "flag", None)
-    by_watch = {f.cls for f in _f1(0, windows, res) if f.severity == "error"}
+    by_watch = {f.cls for f in _f1(0, recorded, res) if f.severity == "error"}
     assert by_guard == by_watch == (set() if summed else {"F1"})
 
 

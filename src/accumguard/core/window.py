@@ -20,7 +20,6 @@ the tensors of ``updates`` are never written to the JSON line.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
@@ -256,6 +255,13 @@ class StepRecord:
             kw["conservation"] = Conservation.from_dict(cons)
         return cls(**kw)
 
+    @classmethod
+    def of_counts(cls, step: int, counts: Mapping[str, int]) -> StepRecord:
+        """A record of counts only (``counts``: names of the record's int fields, the
+        audit's tallies); the other fields keep their defaults."""
+        kw: dict[str, Any] = dict(counts)  # (** of int values, typed against every field)
+        return cls(step=step, **kw)
+
     def audit_counts(self) -> dict[str, int]:
         """The audit report's ``counts`` object (its JSON keys, see ``audit.schema.json``)."""
         return {key: int(getattr(self, name)) for key, name in AUDIT_COUNTS.items()}
@@ -283,6 +289,5 @@ AUDIT_COUNTS: dict[str, str] = {
 def sum_records(records: list[StepRecord], *, step: int = 0) -> StepRecord:
     """The audit's counts summed over ``records`` (a run's totals); the other fields keep
     their defaults."""
-    totals: dict[str, Any] = {name: sum(int(getattr(r, name)) for r in records)
-                              for name in AUDIT_COUNTS.values()}
-    return dataclasses.replace(StepRecord(step=step), **totals)
+    return StepRecord.of_counts(step, {name: sum(int(getattr(r, name)) for r in records)
+                                       for name in AUDIT_COUNTS.values()})

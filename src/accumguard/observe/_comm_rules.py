@@ -16,12 +16,12 @@ settings instead. No torch here.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 from accumguard.observe._collectives import DDP_BUCKET_OP, DS_REDUCE_OPS, TORCH_REDUCE_OPS
-from accumguard.observe._records import Finding, _mk
+from accumguard.observe._records import Finding, JsonObject, _mk
 
-__all__ = ["GRAD_OPS", "comm_findings", "window_comm"]
+__all__ = ["GRAD_OPS", "WindowComm", "comm_findings", "window_comm"]
 
 #: Ledger ops that reduce a gradient (DDP's C++ buckets, and the Python reductions).
 GRAD_OPS = frozenset((DDP_BUCKET_OP, *TORCH_REDUCE_OPS, *DS_REDUCE_OPS))
@@ -56,7 +56,25 @@ def _judged_op(engine: str, op: str) -> bool:
     return op in GRAD_OPS
 
 
-def window_comm(w: dict[str, Any]) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class WindowComm:
+    """One window's gradient collectives from the ledger: the final round (``final_calls``
+    calls, ``final_bytes`` bytes) and the extra rounds at the micro-steps before the last
+    (``extra_micros``, 0-based), their calls, bytes and measured seconds (None: not timed);
+    the window's wall time, its backwards, and whether DDP ran with ``static_graph``."""
+
+    final_calls: int
+    final_bytes: int
+    extra_micros: list[int]
+    extra_calls: int
+    extra_bytes: int
+    extra_s: float | None
+    window_s: float | None
+    backwards: int
+    static_graph: bool
+
+
+def window_comm(w: JsonObject) -> WindowComm | None:
     """One window's gradient collectives split into the final round and the extra ones
     (micro-steps before the last); None when the window has no ledger or < 2 backwards."""
     comm = w.get("comm")
@@ -88,13 +106,13 @@ def window_comm(w: dict[str, Any]) -> dict[str, Any] | None:
     low = GRADIENT_SIZED if engine in ("ddp", "fsdp2") else 1 - SAME_SIZE
     extra = {m: r for m, r in early.items()
              if low * final_bytes <= r[1] <= (1 + SAME_SIZE) * final_bytes}
-    return {"final_calls": final_calls, "final_bytes": final_bytes,
-            "extra_micros": sorted(extra),
-            "extra_calls": int(sum(r[0] for r in extra.values())),
-            "extra_bytes": int(sum(r[1] for r in extra.values())),
-            "extra_s": sum(r[2] for r in extra.values()) if timed else None,
-            "window_s": comm.get("window_s"), "backwards": n,
-            "static_graph": bool(comm.get("ddp_static_graph"))}
+    return WindowComm(final_calls=final_calls, final_bytes=final_bytes,
+                      extra_micros=sorted(extra),
+                      extra_calls=int(sum(r[0] for r in extra.values())),
+                      extra_bytes=int(sum(r[1] for r in extra.values())),
+                      extra_s=sum(r[2] for r in extra.values()) if timed else None,
+                      window_s=comm.get("window_s"), backwards=n,
+                      static_graph=bool(comm.get("ddp_static_graph")))
 
 
 def _size(nbytes: float) -> str:
@@ -104,33 +122,33 @@ def _size(nbytes: float) -> str:
     return f"{int(nbytes)} B"
 
 
-def comm_findings(rank: int, windows: list[dict[str, Any]],
+def comm_findings(rank: int, windows: list[JsonObject],
                   found: list[Finding]) -> list[Finding]:
     """``found`` with the ledger's EXTRA_SYNC warning for this rank's windows; the warning
     replaces the sync-flag rule's EXTRA_SYNC note (the same cost, now measured)."""
     judged = [(w, c) for w in windows if w.get("engine") != "deepspeed"
               for c in [window_comm(w)] if c is not None]
-    hits = [(w, c) for w, c in judged if c["extra_calls"]]
+    hits = [(w, c) for w, c in judged if c.extra_calls]
     if not hits:
         return found
     w, c = hits[0]
     engine = str(w.get("engine") or "local")
-    n = c["backwards"]
-    micros = [m + 1 for m in c["extra_micros"]]
+    n = c.backwards
+    micros = [m + 1 for m in c.extra_micros]
     every = len(micros) == n - 1
     which = "every micro-step" if every else f"micro-step(s) {micros} of {n}"
     mism = w.get("sync_mismatch") or []
     noop = (engine == "ddp" and bool(mism))
-    closed = {"ddp": f"one all-reduce of each DDP bucket ({c['final_calls']} call(s), "
-                     f"{_size(c['final_bytes'])}) at the window's last backward",
-              "fsdp2": f"one reduce-scatter per FSDP2 group ({c['final_calls']} call(s), "
-                       f"{_size(c['final_bytes'])}) at the window's last backward"}.get(
-        engine, f"one reduction of the gradient ({c['final_calls']} call(s), "
-                f"{_size(c['final_bytes'])}) after the window's last backward")
-    if c["extra_s"] is not None and c["window_s"]:
-        share = (f"; the extra calls took {c['extra_s']:.3g} s, "
-                 f"{100 * c['extra_s'] / float(c['window_s']):.0f} % of the step's "
-                 f"{float(c['window_s']):.3g} s")
+    closed = {"ddp": f"one all-reduce of each DDP bucket ({c.final_calls} call(s), "
+                     f"{_size(c.final_bytes)}) at the window's last backward",
+              "fsdp2": f"one reduce-scatter per FSDP2 group ({c.final_calls} call(s), "
+                       f"{_size(c.final_bytes)}) at the window's last backward"}.get(
+        engine, f"one reduction of the gradient ({c.final_calls} call(s), "
+                f"{_size(c.final_bytes)}) after the window's last backward")
+    if c.extra_s is not None and c.window_s:
+        share = (f"; the extra calls took {c.extra_s:.3g} s, "
+                 f"{100 * c.extra_s / float(c.window_s):.0f} % of the step's "
+                 f"{float(c.window_s):.3g} s")
     else:
         share = ("; their time is not measurable from Python (DDP's C++ all-reduces overlap "
                  "the backward): `accumguard advise -- CMD` measures the step with the "
@@ -139,14 +157,14 @@ def comm_findings(rank: int, windows: list[dict[str, Any]],
            " it wraps only the backward, and DDP had already decided at the forward to "
            "all-reduce, so the deferral does nothing." if noop else "")
     ev = (f"collective ledger, optimizer step {int(w['step']) + 1} ({len(hits)} of "
-          f"{len(judged)} step(s) like it): {c['final_calls'] + c['extra_calls']} gradient "
-          f"collective(s), {_size(c['final_bytes'] + c['extra_bytes'])} per optimizer step, "
+          f"{len(judged)} step(s) like it): {c.final_calls + c.extra_calls} gradient "
+          f"collective(s), {_size(c.final_bytes + c.extra_bytes)} per optimizer step, "
           f"where the closed form for {engine} with deferred sync is {closed}: "
-          f"{c['extra_calls']} extra collective(s), {_size(c['extra_bytes'])} more, on "
+          f"{c.extra_calls} extra collective(s), {_size(c.extra_bytes)} more, on "
           f"{which}{share}.{why} The optimizer receives the same gradient: communication "
           "cost only, not an error")
     fix = _FIX.get(engine, _FIX_OTHER)
-    if engine == "ddp" and c.get("static_graph"):
+    if engine == "ddp" and c.static_graph:
         # measured with torch 2.13: no_sync under static_graph=True stops the run with an
         # internal assert in DDP's reducer, so the plain DDP fix would break this script
         fix = ("This DDP was built with static_graph=True, and DDP does not support no_sync() "
@@ -159,8 +177,8 @@ def comm_findings(rank: int, windows: list[dict[str, Any]],
                "`with model.no_sync(): model(x) ... loss.backward()` for micro-steps 1..K-1.")
     warn = _mk("EXTRA_SYNC", "warning", rank, int(w["step"]), None, ev,
                title_=("deferral that does nothing: " if noop else "gradients synchronised "
-                       f"on {which}: ") + f"{c['extra_calls']} extra collective(s), "
-               f"{_size(c['extra_bytes'])} per optimizer step", fix=fix)
+                       f"on {which}: ") + f"{c.extra_calls} extra collective(s), "
+               f"{_size(c.extra_bytes)} per optimizer step", fix=fix)
     kept = [f for f in found if not (f.cls == "EXTRA_SYNC" and f.severity == "note"
                                      and f.rank == rank and f.title.startswith("gradients"))]
     return [*kept, warn]

@@ -19,10 +19,10 @@ already judge a window that spans two passes (F7: leaked or dropped); here:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from accumguard.observe._records import Finding, _mk, _n
+from accumguard.observe._records import Finding, JsonObject, StepLike, StepWindow, _mk, _n, records
 from accumguard.observe._weight_rules import _near, _window_mass
 
 __all__ = ["Epoch", "complete_epochs", "dropped_finding", "dropped_tail", "epochs",
@@ -38,13 +38,13 @@ class Epoch:
     windows: tuple[int, ...]  # the backward passes of each of those windows
     scheduler_steps: int = 0  # scheduler steps made inside this pass (or at its end)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, int | list[int]]:
         return {"micro_batches": self.backwards, "optimizer_steps": self.steps,
                 "scheduler_steps": self.scheduler_steps, "windows": list(self.windows)}
 
 
-def epochs(steps: list[dict[str, Any]],
-           schedulers: list[dict[str, Any]] | None = None, pending: int = 0) -> list[Epoch]:
+def epochs(steps: Sequence[StepLike],
+           schedulers: list[JsonObject] | None = None, pending: int = 0) -> list[Epoch]:
     """The passes over the data seen in the step records, in order (empty: no DataLoader
     pass was seen). Backward passes before the first mark are not a pass (data made by
     hand before the first ``for`` over a DataLoader); the last pass ends at the last step
@@ -56,10 +56,10 @@ def epochs(steps: list[dict[str, Any]],
     ends: list[int] = []  # global backward index after each window's last backward
     before: dict[int, int] = {}  # step index -> backward passes before its window
     total = 0
-    for s in steps:
-        before[int(s.get("step", len(before)))] = total
-        n = int(s.get("backwards", 0) or 0)
-        for j in s.get("data_pass_starts") or []:
+    for s in records(steps):
+        before[s.step] = total
+        n = int(s.backwards or 0)
+        for j in s.data_pass_starts or []:
             if isinstance(j, int) and 0 <= j <= n:
                 starts.append(total + j)
         total += n
@@ -81,7 +81,7 @@ def epochs(steps: list[dict[str, Any]],
     return out
 
 
-def complete_epochs(steps: list[dict[str, Any]], pending: int = 0) -> bool:
+def complete_epochs(steps: Sequence[StepLike], pending: int = 0) -> bool:
     """Whether the run's passes over the data all held the same number of backward passes
     (two or more passes; ``pending``: backward passes after the last step): the run went
     through its last pass to the end, it did not break out of it (a ``max_steps`` cut ends
@@ -90,7 +90,7 @@ def complete_epochs(steps: list[dict[str, Any]], pending: int = 0) -> bool:
     return len(eps) >= 2 and len({e.backwards for e in eps}) == 1
 
 
-def short_epoch_findings(rank: int, windows: list[dict[str, Any]], k: int | None,
+def short_epoch_findings(rank: int, windows: list[StepWindow], k: int | None,
                          declared: bool, source: str) -> list[Finding]:
     """Every pass over the data held fewer micro-batches than K, and each optimizer step
     closed one whole pass (Lightning steps at an epoch's last batch): an error (F7) when
@@ -100,8 +100,8 @@ def short_epoch_findings(rank: int, windows: list[dict[str, Any]], k: int | None
     own count, and each is a batch of n, not K, micro-batches)."""
     if k is None or k < 2 or len(windows) < 2:
         return []
-    sizes = [int(w.get("window", 0)) for w in windows]
-    whole = all(0 in (w.get("data_pass_starts") or []) for w in windows)
+    sizes = [w.window for w in windows]
+    whole = all(0 in (w.data_pass_starts or []) for w in windows)
     if not whole or not all(1 <= n < k for n in sizes):
         return []
     masses = [_window_mass(w) for w in windows]
@@ -113,7 +113,7 @@ def short_epoch_findings(rank: int, windows: list[dict[str, Any]], k: int | None
                         for m, n in zip(masses, sizes, strict=True)):
         m0 = masses[0]
         assert m0 is not None
-        return [_mk("F7", "error", rank, int(windows[0]["step"]), sizes[0] - 1,
+        return [_mk("F7", "error", rank, windows[0].step, sizes[0] - 1,
                     f"{text}, and its tokens carried a total weight of {m0.mass:.4g} = "
                     f"{sizes[0]}/{k} (loss at {m0.site.rsplit('/', 1)[-1]}): each short "
                     f"window was divided by K instead of its own {uniq} micro-batch(es), so "
@@ -123,7 +123,7 @@ def short_epoch_findings(rank: int, windows: list[dict[str, Any]], k: int | None
                     fix=f"Use K <= the batches per epoch ({min(sizes)}) (Lightning: "
                         "accumulate_grad_batches; it divides every batch's loss by it and steps "
                         "at the epoch's end), or normalise each window's loss by its own count.")]
-    return [_mk("F7", "note", rank, int(windows[0]["step"]), None,
+    return [_mk("F7", "note", rank, windows[0].step, None,
                 f"{text}. Each step is the mean over its epoch only if its loss was "
                 f"normalised by the window's own count; the effective batch is {uniq} "
                 f"micro-batch(es), not {k}",
@@ -132,34 +132,35 @@ def short_epoch_findings(rank: int, windows: list[dict[str, Any]], k: int | None
                 fix=f"Use K <= the batches per epoch ({min(sizes)}).")]
 
 
-def dropped_tail(w: dict[str, Any]) -> int:
+def dropped_tail(w: StepWindow) -> int:
     """Micro-steps at the end of a pass over the DataLoader that a ``zero_grad()`` at the
     start of the next pass cleared before any step (0: not that): the window spans two
     passes and conservation saw the gradient wiped exactly where the new pass began."""
-    cons = w.get("conservation")
-    if not isinstance(cons, dict) or cons.get("ok", True) or cons.get("reason") != "wiped":
+    cons = w.conservation
+    if cons is None or cons.ok or cons.reason != "wiped":
         return 0
-    j = cons.get("first_wipe")
-    n = int(w.get("window", w.get("backwards", 0)))
-    if (isinstance(j, int) and 0 < j < n and j in (w.get("data_pass_starts") or [])
-            and int(w.get("zero_grads_between", 0))):
+    j = cons.first_wipe
+    n = w.window
+    if (isinstance(j, int) and 0 < j < n and j in (w.data_pass_starts or [])
+            and int(w.zero_grads_between)):
         return j
     return 0
 
 
-def dropped_finding(rank: int, w: dict[str, Any], j: int, k: int | None) -> Finding:
+def dropped_finding(rank: int, w: StepWindow, j: int, k: int | None) -> Finding:
     """F7 for a tail of ``j`` micro-steps cleared at the next pass's start: a warning when
     the step that follows received K whole micro-steps of the new pass (the update is the
     large batch's for them; the tail's data was not trained on), an error otherwise."""
-    cons = w["conservation"]
-    n = int(w.get("window", w.get("backwards", 0)))
+    cons = w.conservation
+    assert cons is not None  # (:func:`dropped_tail` found the wipe)
+    n = w.window
     head = (f"{j} micro-step(s) at the end of a pass over the DataLoader (an epoch) were "
             f"never stepped: zero_grad() at the start of the next pass cleared their "
-            f"gradient ({cons['wiped']:.3g} of the window's gradient, relative, removed "
-            f"before backward pass {j + 1}), so optimizer step {_n(w['step'])} received only "
+            f"gradient ({cons.wiped:.3g} of the window's gradient, relative, removed "
+            f"before backward pass {j + 1}), so optimizer step {_n(w.step)} received only "
             f"the {n - j} micro-step(s) of the new pass")
     if k is not None and n - j == k:
-        return _mk("F7", "warning", rank, int(w["step"]), j - 1,
+        return _mk("F7", "warning", rank, w.step, j - 1,
                    f"{head}, a whole window of K = {k}: that update is the large batch's, "
                    f"but the epoch's last {j} micro-batch(es) were never trained on (as "
                    "with drop_last=True on the large batch). Fine if intended",
@@ -168,7 +169,7 @@ def dropped_finding(rank: int, w: dict[str, Any], j: int, k: int | None) -> Find
                    fix="To train on the tail, step after the last micro-batch of each pass "
                        "with its loss normalised by the tail's own count; to drop it on "
                        "purpose, say so with drop_last=True on the DataLoader.")
-    return _mk("F7", "error", rank, int(w["step"]), j - 1,
+    return _mk("F7", "error", rank, w.step, j - 1,
                f"{head}: the partial window was dropped"
                + (f", and the step came after {n - j} micro-step(s), not K = {k}"
                   if k is not None else "")

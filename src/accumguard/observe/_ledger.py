@@ -33,11 +33,20 @@ DeepSpeed fp16 (a dynamic loss scale) is not judged.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from accumguard.observe._ledger_source import world_divisions
-from accumguard.observe._records import Finding, RunRecording, _mk, _n, _windows
+from accumguard.observe._records import (
+    Finding,
+    RunRecording,
+    StepWindow,
+    _mk,
+    _n,
+    _windows,
+    window_lines,
+)
 from accumguard.observe._term_rules import selection_findings, term_scale_findings
 from accumguard.observe._weight_rules import WEIGHT_TOL, WEIGHT_TOL_LOW_PRECISION, _short
 
@@ -80,17 +89,17 @@ class _Step:
         return [sum(c) for _, c in sorted(self.counts.items())]
 
 
-def _rank_row(w: dict[str, Any]
+def _rank_row(w: StepWindow
              ) -> tuple[list[float], list[float], bool, str, list[list[Any]], bool] | None:
     """Per micro-step (weight, count) of a window whose every backward had one loss call,
     whether any was low precision, the site, per micro-step the constants between the
     call's output and the backward's root, and whether every backward was that call times
     constants (``sole``: the weights are the whole loss's); or None."""
-    k = int(w.get("window", 0))
-    if k < 1 or int(w.get("zero_grads_between", 0)):
+    k = w.window
+    if k < 1 or int(w.zero_grads_between):
         return None
     by_micro: dict[int, list[Any]] = {}
-    for r in w.get("losses") or []:
+    for r in w.losses or []:
         if len(r) > 8 and r[8]:
             return None  # made by torch.autograd.grad
         by_micro.setdefault(int(r[2]), []).append(r)
@@ -108,27 +117,30 @@ def _rank_row(w: dict[str, Any]
             all(len(r) > 7 and bool(r[7]) for r in recs))
 
 
-def _scale(w: dict[str, Any], low: bool) -> float | None:
+def _scale(w: StepWindow, low: bool) -> float | None:
     """``c``: what the loop did to the reduced gradient before the step (1 on DeepSpeed,
     whose gradients live in its buffers; on torch engines only a checked window says)."""
-    if w.get("source") == "deepspeed":
+    if w.source == "deepspeed":
         return 1.0
-    cons = w.get("conservation")
-    if not isinstance(cons, dict) or not cons.get("ok", False):
+    cons = w.conservation
+    if cons is None or not cons.ok:
         return None
-    if float(cons.get("received", 1.0)) > (WEIGHT_TOL_LOW_PRECISION if low else WEIGHT_TOL):
+    if float(cons.received) > (WEIGHT_TOL_LOW_PRECISION if low else WEIGHT_TOL):
         return None
-    return float(cons.get("scale", 1.0))
+    return float(cons.scale)
 
 
-def _factor(rows: list[dict[str, Any]], low: bool) -> float | None:
+def _factor(rows: Sequence[StepWindow | None], low: bool) -> float | None:
     """``f·c`` of one step, the same on every rank, or None when unknown."""
-    factors = {w.get("rank_factor") for w in rows}
-    scales = [_scale(w, low) for w in rows]
+    present = [w for w in rows if w is not None]
+    if len(present) != len(rows):
+        return None  # (a step some rank did not record: its factor is unknown)
+    factors = {w.rank_factor for w in present}
+    scales = [_scale(w, low) for w in present]
     f = factors.pop() if len(factors) == 1 else None
-    if f is None or any(c is None for c in scales):
+    cs = [c for c in scales if c is not None]
+    if f is None or len(cs) != len(scales):
         return None
-    cs = [float(c) for c in scales]  # type: ignore[arg-type]
     if max(cs) - min(cs) > WEIGHT_TOL * max(cs):
         return None
     return float(f) * sum(cs) / len(cs)
@@ -138,7 +150,7 @@ def _steps(rec: RunRecording) -> list[_Step]:
     ranks = [r for r in rec.ranks if rec.steps.get(r)]
     if len(ranks) < 2:
         return []
-    per_rank = {r: {int(w["step"]): w for w in _windows(rec.steps[r])} for r in ranks}
+    per_rank = {r: {w.step: w for w in _windows(rec.steps[r])} for r in ranks}
     out = []
     for step in sorted(per_rank[ranks[0]]):
         rows = {r: per_rank[r].get(step) for r in ranks}
@@ -152,16 +164,16 @@ def _steps(rec: RunRecording) -> list[_Step]:
             low = any(p[2] for p in parsed.values())
             first = rows[ranks[0]]
             assert first is not None
-            factor = _factor(list(rows.values()), low)  # type: ignore[arg-type]
+            factor = _factor(list(rows.values()), low)
             mult = 1.0 if factor is None else factor
             weights = {r: [x * mult for x in p[0]] for r, p in parsed.items()}
             counts = {r: p[1] for r, p in parsed.items()}
             total = sum(x * n for r in weights for x, n in zip(weights[r], counts[r],
                                                                   strict=True))
             out.append(_Step(step, weights, counts, total, factor, low, parsed[ranks[0]][3],
-                             str(first.get("engine", "local")), str(first.get("optimizer", "")),
-                             any(int(w.get("clips", 0)) for w in rows.values()  # type: ignore[union-attr]
-                                 ), [d for p in parsed.values() for d in p[4]],
+                             first.engine, first.optimizer,
+                             any(w is not None and w.clips for w in rows.values()),
+                             [d for p in parsed.values() for d in p[4]],
                              all(p[5] for p in parsed.values())))
     return out
 
@@ -313,7 +325,7 @@ def term_findings(rec: RunRecording) -> list[Finding]:
     out = _rank_term_findings(rec)
     for rule in (term_scale_findings, selection_findings):
         for r in rec.ranks:
-            found = rule(r, _windows(rec.steps.get(r, [])))
+            found = rule(r, window_lines(rec.steps.get(r, [])))
             if found:
                 out += found
                 break
@@ -333,17 +345,18 @@ def _rank_term_findings(rec: RunRecording) -> list[Finding]:
     if len(ranks) < 2:
         return []
     world = len(ranks)
-    per_rank = {r: {int(w["step"]): w for w in _windows(rec.steps[r])} for r in ranks}
+    per_rank = {r: {w.step: w for w in _windows(rec.steps[r])} for r in ranks}
     seen: dict[tuple[str, int], list[tuple[int, float, bool, list[float]]]] = {}
     spoiled: set[tuple[str, int]] = set()
     for step in sorted(per_rank[ranks[0]]):
         rows = [per_rank[r].get(step) for r in ranks]
-        if any(w is None or int(w.get("window", 0)) < 1 or int(w.get("zero_grads_between", 0))
-               for w in rows):
+        present = [w for w in rows if w is not None and w.window >= 1
+                   and not int(w.zero_grads_between)]
+        if len(present) != len(rows):
             continue
-        groups = [_terms(w) for w in rows]  # type: ignore[arg-type]
+        groups = [_terms(w) for w in present]
         low = any(bool(x[5]) for g in groups for recs in g.values() for x in recs)
-        factor = _factor(rows, low)  # type: ignore[arg-type]
+        factor = _factor(present, low)
         if factor is None:
             continue
         tol = WEIGHT_TOL_LOW_PRECISION if low else WEIGHT_TOL
@@ -386,12 +399,12 @@ def _rank_term_findings(rec: RunRecording) -> list[Finding]:
     return out
 
 
-def _terms(w: dict[str, Any]) -> dict[tuple[str, int], list[list[Any]]]:
+def _terms(w: StepWindow) -> dict[tuple[str, int], list[list[Any]]]:
     """The window's loss calls that are terms of a sum (not sole), by (site, order), when
     every micro-step has exactly one record of that key."""
-    k = int(w.get("window", 0))
+    k = w.window
     by_key: dict[tuple[str, int], dict[int, list[Any]]] = {}
-    for r in w.get("losses") or []:
+    for r in w.losses or []:
         if (len(r) > 8 and r[8]) or (len(r) > 7 and r[7]):
             continue  # made by torch.autograd.grad, or the whole loss (the ledger's)
         by_key.setdefault((str(r[0]), int(r[1])), {}).setdefault(int(r[2]), []).append(r)

@@ -12,9 +12,7 @@ K times early), while a schedule counted in micro-steps would still be moving.
 
 from __future__ import annotations
 
-from typing import Any
-
-from accumguard.observe._records import Finding, _mk
+from accumguard.observe._records import Finding, StepWindow, _mk
 
 __all__ = ["lr_schedule_findings"]
 
@@ -25,7 +23,7 @@ _FIX = ("Compute the learning rate once per optimizer step from the optimizer-st
         "after optimizer.step()), or count the schedule's warmup and decay in micro-steps")
 
 
-def lr_schedule_findings(rank: int, windows: list[dict[str, Any]], k: int | None
+def lr_schedule_findings(rank: int, windows: list[StepWindow], k: int | None
                          ) -> list[Finding]:
     """The finding for a hand-written schedule stepped per micro-step, or none.
 
@@ -33,14 +31,15 @@ def lr_schedule_findings(rank: int, windows: list[dict[str, Any]], k: int | None
     Judged only when every window in which the rate moved moved it between every two of
     its backward passes (a single in-window change is a schedule update that happened to
     fall mid-window, and a window whose rate moved only at its step is step-indexed)."""
-    traced = [w for w in windows if w.get("lr_changes") is not None and w.get("lr") is not None]
+    traced = [(w, w.lr_changes, w.lr) for w in windows
+              if w.lr_changes is not None and w.lr is not None]
     if len(traced) < 3:
         return []
     # per window whose rate moved: (index, True when it moved between every two backwards)
     moving: list[tuple[int, bool]] = []
     prev: float | None = None
-    for i, w in enumerate(traced):
-        n, changes, lr = int(w.get("backwards", 0) or 0), int(w["lr_changes"]), float(w["lr"])
+    for i, (w, lr_changes, rate) in enumerate(traced):
+        n, changes, lr = int(w.backwards or 0), int(lr_changes), float(rate)
         if changes or (prev is not None and lr != prev):
             moving.append((i, n >= 2 and changes >= n - 1))
         prev = lr
@@ -55,25 +54,25 @@ def lr_schedule_findings(rank: int, windows: list[dict[str, Any]], k: int | None
         return []
     per_micro = len(full)
     last_move = moving[-1][0]
-    sizes = sorted(int(w.get("backwards", 0) or 0) for w in traced)
+    sizes = sorted(int(w.backwards or 0) for w, _, _ in traced)
     kk = k if k is not None and k > 1 else sizes[len(sizes) // 2]
     total = len(traced)
-    first = traced[moving[0][0]]
+    first = traced[moving[0][0]][0]
     where = (f"the learning rate changed between every two backward passes of {per_micro} "
-             f"window(s) (e.g. {first.get('lr_changes')} change(s) in a window of "
-             f"{first.get('backwards')}), with no LR scheduler stepping inside them: the "
+             f"window(s) (e.g. {first.lr_changes} change(s) in a window of "
+             f"{first.backwards}), with no LR scheduler stepping inside them: the "
              f"schedule written into param_groups is indexed by the micro-step and advances "
              f"{kk} x per optimizer step")
     ended = last_move + 1  # optimizer steps until the rate stopped moving
     flat = total - ended
     if kk > 1 and flat >= 2 and abs(ended - total / kk) <= 1:
-        step = int(traced[ended].get("step", ended))
+        step = traced[ended][0].step
         return [_mk("F4", "error", rank, step, None,
                     f"{where}; it stopped changing after optimizer step {ended} of {total} "
                     f"(about {total} / {kk}): a schedule whose horizon counts optimizer "
                     f"steps reached its end {kk} x early, and the remaining {flat} steps ran "
                     f"at its final rate", fix=_FIX, title_=_TITLE)]
-    step = int(first.get("step", 0))
+    step = first.step
     return [_mk("F4", "warning", rank, step, None,
                 f"{where}. If its warmup and decay lengths count optimizer steps it runs "
                 f"{kk} x fast (not judged an error: the run did not show the schedule's end)",

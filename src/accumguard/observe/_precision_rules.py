@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from accumguard.observe._records import Finding, _mk
+from accumguard.observe._records import Finding, StepWindow, _mk
 
 __all__ = ["F12_ERROR_FACTOR", "F12_MIN_K", "f12_drift", "f12_error_k", "low_precision_findings"]
 
@@ -80,13 +80,13 @@ def f12_error_k() -> int:
     return math.ceil((F12_ERROR_FACTOR * 6.0) ** 2 - 1e-9)
 
 
-def _deferred_run(w: dict[str, Any]) -> int:
+def _deferred_run(w: StepWindow) -> int:
     """FSDP2: the most backwards summed into one unsharded gradient: a run of micro-steps
     with sync off and the synced one that closes it (0 when a flag is unknown)."""
-    flags = list(w.get("sync_micros") or [])
+    flags = list(w.sync_micros or [])
     if not flags or any(f is None for f in flags):
         return 0
-    carried = max(0, int(w.get("window", len(flags))) - len(flags))  # folded no-op steps
+    carried = max(0, w.window - len(flags))  # folded no-op steps
     best, run = 0, carried
     for f in flags:
         run += 1
@@ -95,23 +95,23 @@ def _deferred_run(w: dict[str, Any]) -> int:
     return best
 
 
-def _torch_in_place(w: dict[str, Any]) -> bool:
+def _torch_in_place(w: StepWindow) -> bool:
     """Conservation saw the window's backwards summed in place in the stepped .grad."""
-    cons = w.get("conservation")
-    if not isinstance(cons, dict) or int(w.get("zero_grads_between", 0)):
+    cons = w.conservation
+    if cons is None or int(w.zero_grads_between):
         return False  # unchecked: a hand-written clear or an fp32 buffer cannot be excluded
     # gradients moved out between backwards, or never seen in .grad at all (an fp32 buffer
     # filled by a post-accumulate hook): not summed in place
-    return float(cons.get("wiped", 0.0)) <= 0.0 and float(cons.get("received", 1.0)) <= _TOL_LOW
+    return float(cons.wiped) <= 0.0 and float(cons.received) <= _TOL_LOW
 
 
-def _site(w: dict[str, Any]) -> tuple[str, int, str, str, bool] | None:
+def _site(w: StepWindow) -> tuple[str, int, str, str, bool] | None:
     """(dtype, backwards summed in it, where, fix, seen reaching the optimizer) of one
     window, or None when its sum is not a low-precision one."""
     prec = _prec(w)
-    n = int(w.get("window", 0))
+    n = int(w.window)
     ds = prec.get("deepspeed") if isinstance(prec.get("deepspeed"), dict) else None
-    if w.get("source") == "deepspeed":
+    if w.source == "deepspeed":
         dt = str((ds or {}).get("accum") or "")
         if dt in _U_LOW:
             return (dt, n, f"DeepSpeed's gradient accumulation buffer ({ds.get('optimizer')}, "
@@ -131,44 +131,44 @@ def _site(w: dict[str, Any]) -> tuple[str, int, str, str, bool] | None:
         dt = str(master["dtype"])
         seen = master.get("reached") is True
         return (dt, int(master.get("sums", n)), f"the model's {dt} .grad, copied to the "
-                f"{w.get('param_dtype') or 'fp32'} parameters the optimizer steps (master "
+                f"{w.param_dtype or 'fp32'} parameters the optimizer steps (master "
                 "weights) only at the boundary"
                 + ("" if seen else " (the optimizer's gradients could not be paired with the "
                    "model's to confirm the copy)"), _FIX_MASTER, seen)
-    dt = str(w.get("param_dtype") or "").replace("torch.", "")
-    if dt in _U_LOW and w.get("source", "torch") == "torch" and _torch_in_place(w):
+    dt = str(w.param_dtype or "").replace("torch.", "")
+    if dt in _U_LOW and w.source == "torch" and _torch_in_place(w):
         return dt, n, f"{dt} .grad of the parameters the optimizer steps", _FIX_TORCH, True
     return None
 
 
-def _prec(w: dict[str, Any]) -> dict[str, Any]:
-    p = w.get("precision")
+def _prec(w: StepWindow) -> dict[str, Any]:
+    p = w.precision
     return p if isinstance(p, dict) else {}
 
 
-def _fp32_note(rank: int | None, windows: list[dict[str, Any]]) -> list[Finding]:
+def _fp32_note(rank: int | None, windows: list[StepWindow]) -> list[Finding]:
     """The correct twin, said once: bf16/fp16 compute seen, the window summed in fp32 by the
     engine's setting (FSDP2 reduce_dtype, DeepSpeed grad_accum_dtype)."""
     for w in windows:
         prec = _prec(w)
-        if int(w.get("window", 0)) < 2 or str(prec.get("compute")) not in _U_LOW:
+        if int(w.window) < 2 or str(prec.get("compute")) not in _U_LOW:
             continue
         fsdp, ds = prec.get("fsdp"), prec.get("deepspeed")
-        if isinstance(ds, dict) and w.get("source") == "deepspeed" \
+        if isinstance(ds, dict) and w.source == "deepspeed" \
                 and ds.get("accum") in ("float32", "float64"):
             where = f"DeepSpeed's gradient_accumulation_dtype {ds['accum']}"
         elif isinstance(fsdp, dict) and fsdp.get("deferred") in ("float32", "float64"):
             where = f"FSDP2's reduce_dtype {fsdp['deferred']}"
         else:
             continue
-        return [_mk("F12", "note", rank, int(w["step"]), None,
+        return [_mk("F12", "note", rank, w.step, None,
                     f"{prec['compute']} compute seen; the window's gradient is summed in "
                     f"{where}: no low-precision accumulation", title_="gradient accumulation "
                     "dtype: fp32 (bf16/fp16 compute)", fix="nothing to change")]
     return []
 
 
-def low_precision_findings(rank: int | None, windows: list[dict[str, Any]]
+def low_precision_findings(rank: int | None, windows: list[StepWindow]
                            ) -> list[Finding]:
     """F12 over one rank's windows (module docstring): the longest low-precision sum seen,
     an error from :func:`f12_error_k` backwards when the sum was seen reaching the
@@ -185,7 +185,7 @@ def low_precision_findings(rank: int | None, windows: list[dict[str, Any]]
     drift, floor = f12_drift(u, n), 2 * u
     error = seen and drift >= F12_ERROR_FACTOR * floor
     k_err = f12_error_k()
-    return [_mk("F12", "error" if error else "warning", rank, int(w["step"]), None,
+    return [_mk("F12", "error" if error else "warning", rank, w.step, None,
                 f"{n} backward passes summed in {where} ({len(judged)} window(s)): each "
                 f"addition rounds to the {dtype} unit roundoff u = {u:.3g}, an expected drift "
                 f"of about u*sqrt(K)/3 = {drift:.2g} (relative) from the exact sum of the "

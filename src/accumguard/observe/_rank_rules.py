@@ -1,14 +1,13 @@
 """F10, averaging over ranks missing or doubled, from what the optimizer received: on DDP
 from one rank's conservation scale (a hand-written all-reduce after DDP's synced backward),
 without DDP from every rank's gradient checksums together (data parallelism written by
-hand). :mod:`accumguard.observe.rules` runs them and re-exports them (pure Python, no
-torch)."""
+hand); and F11 when the gradient the optimizer received differs across ranks on an engine
+that replicates it (the ranks' checksums). :mod:`accumguard.observe.rules` runs them and
+re-exports the first two (pure Python, no torch)."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from accumguard.observe._records import Finding, RunRecording, _mk, _windows
+from accumguard.observe._records import Finding, RunRecording, StepWindow, _mk, _n, _windows
 from accumguard.observe._weight_rules import (
     WEIGHT_TOL,
     WEIGHT_TOL_LOW_PRECISION,
@@ -16,10 +15,10 @@ from accumguard.observe._weight_rules import (
     _window_mass,
 )
 
-__all__ = ["manual_reduce_findings", "rank_scale_findings"]
+__all__ = ["cross_rank_findings", "manual_reduce_findings", "rank_scale_findings"]
 
 
-def rank_scale_findings(rank: int | None, windows: list[dict[str, Any]], world: int
+def rank_scale_findings(rank: int | None, windows: list[StepWindow], world: int
                         ) -> list[Finding]:
     """F10 from what the step received: on DDP, whose synced last backward already averaged
     the gradient across ranks, the loop issued gradient collectives of its own (DDP's own
@@ -30,29 +29,29 @@ def rank_scale_findings(rank: int | None, windows: list[dict[str, Any]], world: 
     (correct, a note). Anything else is not judged."""
     if world < 2:
         return []
-    hits: list[tuple[dict[str, Any], float]] = []
-    redundant: list[dict[str, Any]] = []
+    hits: list[tuple[StepWindow, float]] = []
+    redundant: list[StepWindow] = []
     for w in windows:
-        cons = w.get("conservation")
-        syncs = w.get("sync_micros") or []
-        if (w.get("engine") != "ddp" or not syncs or syncs[-1] is not True
-                or int(w.get("reductions", 0)) < 1 or int(w.get("clips", 0))
-                or not isinstance(cons, dict) or not cons.get("ok", False)
-                or float(cons.get("received", 1.0)) > WEIGHT_TOL):
+        cons = w.conservation
+        syncs = w.sync_micros or []
+        if (w.engine != "ddp" or not syncs or syncs[-1] is not True
+                or int(w.reductions) < 1 or int(w.clips)
+                or cons is None or not cons.ok
+                or float(cons.received) > WEIGHT_TOL):
             continue
-        c = float(cons.get("scale", 1.0))
+        c = float(cons.scale)
         if _near(c, float(world), False) or _near(c, 1.0 / world, False):
             hits.append((w, c))
-        elif _near(c, 1.0, False) and int(w.get("reductions", 0)) >= int(cons.get("params", 1)):
+        elif _near(c, 1.0, False) and int(w.reductions) >= int(cons.params):
             # (a note only for one collective per gradient tensor or more: a count or a
             # metric all-reduced before the first backward is not a gradient collective)
             redundant.append(w)
     if hits and len(hits) * 2 >= len(windows):
         w, c = hits[0]
         many = c > 1
-        return [_mk("F10", "error", rank, int(w["step"]), None,
+        return [_mk("F10", "error", rank, w.step, None,
                     f"DDP averaged the gradient across the {world} ranks in the window's last "
-                    f"(synced) backward, then the script issued {int(w.get('reductions', 0))} "
+                    f"(synced) backward, then the script issued {int(w.reductions)} "
                     "gradient collective(s) of its own before the optimizer step, and the "
                     f"optimizer received {c:.4g} x the gradient the backwards produced "
                     f"(gradient conservation, {len(hits)} of {len(windows)} step(s)): "
@@ -63,8 +62,8 @@ def rank_scale_findings(rank: int | None, windows: list[dict[str, Any]], world: 
                     "average it exactly once")]
     if redundant:
         w = redundant[0]
-        extra = int(w.get("reductions", 0))
-        return [_mk("EXTRA_SYNC", "note", rank, int(w["step"]), None,
+        extra = int(w.reductions)
+        return [_mk("EXTRA_SYNC", "note", rank, w.step, None,
                     f"DDP averaged the gradient in the synced backward and the script issued "
                     f"{extra} more gradient collective(s) per optimizer step that left it "
                     f"unchanged ({len(redundant)} step(s)): they cost communication only",
@@ -93,7 +92,7 @@ def manual_reduce_findings(rec: RunRecording) -> list[Finding]:
     world = len(ranks)
     if world < 2 or world != rec.world:
         return []
-    per_rank = {r: {int(w["step"]): w for w in _windows(rec.steps[r])} for r in ranks}
+    per_rank = {r: {w.step: w for w in _windows(rec.steps[r])} for r in ranks}
     judged: list[tuple[int, float]] = []
     for step in sorted(per_rank[ranks[0]]):
         rows = [per_rank[r].get(step) for r in ranks]
@@ -119,20 +118,20 @@ def manual_reduce_findings(rec: RunRecording) -> list[Finding]:
                    if many else "Divide by the world size once"))]
 
 
-def _reduce_fit(rows: list[dict[str, Any] | None]) -> float | None:
+def _reduce_fit(rows: list[StepWindow | None]) -> float | None:
     """c x W x mass for one step seen on every rank (see :func:`manual_reduce_findings`),
     or None when the step cannot be judged."""
     contribs, gots, masses = [], [], []
     low = False
     for w in rows:
-        if w is None or w.get("engine", "local") != "local" or not int(w.get("reductions", 0)) \
-                or int(w.get("clips", 0)):
+        if w is None or w.engine != "local" or not int(w.reductions) \
+                or int(w.clips):
             return None
-        cons = w.get("conservation")
-        if not isinstance(cons, dict) or not cons.get("contrib_sums") \
-                or len(cons["contrib_sums"]) != len(cons.get("received_sums") or ()):
+        cons = w.conservation
+        if cons is None or not cons.contrib_sums \
+                or len(cons.contrib_sums) != len(cons.received_sums or ()):
             return None
-        if not cons.get("ok", False) or float(cons.get("received", 0.0)) <= WEIGHT_TOL:
+        if not cons.ok or float(cons.received) <= WEIGHT_TOL:
             # the rank's backwards alone account for what it received: any reduction ran
             # inside the backwards (a tensor hook), so contrib already holds every rank's
             # gradient and the fit below would read c = 1/W; not judged
@@ -141,8 +140,8 @@ def _reduce_fit(rows: list[dict[str, Any] | None]) -> float | None:
         if mass is None or not mass.sole:
             return None
         low = low or mass.low
-        contribs.append([float(x) for x in cons["contrib_sums"]])
-        gots.append([float(x) for x in cons["received_sums"]])
+        contribs.append([float(x) for x in cons.contrib_sums])
+        gots.append([float(x) for x in cons.received_sums])
         masses.append(mass.mass)
     if len({len(c) for c in contribs}) != 1:
         return None
@@ -163,3 +162,31 @@ def _reduce_fit(rows: list[dict[str, Any] | None]) -> float | None:
     # every token's weight summed over all ranks: 1 for the large batch (ranks normalised
     # to their own batch have mass 1 each, to the global count n_r / N)
     return float(sum(cs) / len(cs) * sum(masses))
+
+
+def cross_rank_findings(rec: RunRecording) -> list[Finding]:
+    """What reached the optimizer must agree across ranks on replicated-gradient engines."""
+    ranks = [r for r in rec.ranks if rec.steps.get(r)]
+    if len(ranks) < 2:
+        return []
+    by_step: dict[int, dict[int, StepWindow]] = {}
+    for r in ranks:
+        for s in _windows(rec.steps[r]):
+            by_step.setdefault(s.step, {})[r] = s
+    for step in sorted(by_step):
+        row = by_step[step]
+        if len(row) < 2 or any(s.engine == "fsdp2" for s in row.values()):
+            continue
+        sums: dict[int, list[float]] = {r: s.checksum for r, s in row.items()
+                                        if s.checksum}
+        if len(sums) < 2:
+            continue
+        vals = list(sums.values())
+        scale = max(abs(v[2]) for v in vals) or 1e-30
+        spread = max(abs(a[i] - b[i]) for a in vals for b in vals for i in (0, 1))
+        if spread > 1e-5 * scale:
+            text = ", ".join(f"rank {r}: {v[0]:.6g}" for r, v in sorted(sums.items()))
+            return [_mk("F11", "error", None, step, None,
+                        f"the gradient the optimizer received differs across ranks at step "
+                        f"{_n(step)} (checksums {text}): ranks train different models")]
+    return []

@@ -7,16 +7,23 @@ re-exports the public names)."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 from accumguard.core.findings import Finding, Severity
 from accumguard.core.taxonomy import fix_for, title
 from accumguard.core.window import StepRecord
 
-__all__ = ["NUMBERING", "DeclaredK", "Finding", "KResolution", "RunRecording", "Severity",
-           "load_recordings", "step_record", "watch_dict", "windows"]
+__all__ = ["NUMBERING", "DeclaredK", "Finding", "JsonObject", "KResolution", "RunRecording",
+           "Severity", "StepWindow", "load_recordings", "step_record", "watch_dict", "windows"]
+
+#: One JSON object as a recording holds it (a ``rank-<R>.jsonl`` line, or the engine/end
+#: record's nested objects): its values are whatever the writer's version put there, so
+#: the rules read the step lines through :class:`StepWindow` and only the other kinds
+#: (start, scheduler, engine, end, internal_error) and a step line's ``comm`` ledger raw.
+JsonObject: TypeAlias = dict[str, Any]
 
 #: One numbering in every output of ``watch`` and ``invariance`` (findings, tables, JSON):
 #: optimizer steps and micro-steps count from 1. (The raw recording counts from 0.)
@@ -24,7 +31,7 @@ NUMBERING = "1-based: step 1 is the first optimizer step, micro-step 1 the first
             "of its window"
 
 
-def watch_dict(f: Finding) -> dict[str, Any]:
+def watch_dict(f: Finding) -> dict[str, str | int | None]:
     """A finding as ``watch --json`` and ``invariance`` write it (schema version 1, the field
     table of docs/watch.md): exactly these eight keys, in this order."""
     return {"cls": f.cls, "severity": f.severity.value, "rank": f.rank, "step": f.step,
@@ -45,15 +52,66 @@ def _n(step: int) -> int:
     return int(step) + 1
 
 
-def windows(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class StepWindow(StepRecord):
+    """An applied step's record as the window rules read it: ``window`` is the backward
+    passes of its accumulation window (its own, plus those of the no-op steps before it
+    that the window went on through), ``backwards_per_micro`` the regular number b > 1 of
+    backwards each micro-step ran on one forward (``window`` then counts micro-steps), else
+    1. Made by :func:`windows`; never written to a recording."""
+
+    window: int = 0
+    backwards_per_micro: int = 1
+
+
+StepLike: TypeAlias = "StepRecord | Mapping[str, Any]"
+_STEP_FIELDS = tuple(f.name for f in fields(StepRecord))
+
+
+def as_record(s: StepLike) -> StepRecord:
+    """A step as a typed record: a recording's line read back
+    (:meth:`~accumguard.core.window.StepRecord.from_dict`), a record passed as it is."""
+    return s if isinstance(s, StepRecord) else StepRecord.from_dict(s)
+
+
+def records(steps: Sequence[StepLike]) -> list[StepRecord]:
+    """:func:`as_record` of every step."""
+    return [as_record(s) for s in steps]
+
+
+def windows(steps: Sequence[StepLike]) -> list[StepWindow]:
     """Public name of :func:`_windows` (applied steps, no-op steps folded in)."""
     return _windows(steps)
 
 
-def _windows(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _windows(steps: Sequence[StepLike]) -> list[StepWindow]:
     """Applied steps with the backward passes of preceding no-op steps folded in (a step
     whose gradients were all None changes nothing: the window goes on). A step a GradScaler
     skipped (``discarded``) ends its window with nothing carried: it is left out."""
+    out = []
+    carry = 0
+    for s in records(steps):
+        if s.discarded:
+            carry = 0
+            continue
+        if not s.applied:
+            carry += int(s.backwards)
+            continue
+        n, per = int(s.backwards) + carry, 1
+        if not carry:
+            per = _backwards_per_micro(s)
+            if per > 1:  # several losses of one forward, each with its own backward
+                n = int(s.backwards) // per
+        carry = 0
+        out.append(StepWindow(**{f: getattr(s, f) for f in _STEP_FIELDS}, window=n,
+                              backwards_per_micro=per))
+    return out
+
+
+def window_lines(steps: Sequence[JsonObject]) -> list[JsonObject]:
+    """The windows of :func:`_windows` as the step lines they came from, each with its
+    ``window`` (and ``backwards_per_micro`` when > 1) added: for the rules that still read
+    a step as a dict (:mod:`._term_rules`)."""
     out = []
     carry = 0
     for s in steps:
@@ -66,8 +124,8 @@ def _windows(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
         w = dict(s)
         w["window"] = int(s["backwards"]) + carry
         if not carry:
-            per = _backwards_per_micro(s)
-            if per > 1:  # several losses of one forward, each with its own backward
+            per = _backwards_per_micro(as_record(s))
+            if per > 1:
                 w["window"] = int(s["backwards"]) // per
                 w["backwards_per_micro"] = per
         carry = 0
@@ -75,13 +133,13 @@ def _windows(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _backwards_per_micro(s: dict[str, Any]) -> int:
+def _backwards_per_micro(s: StepRecord) -> int:
     """Backward passes per micro-step when every micro-step runs the same number b > 1 of
     them on one forward (an actor and a critic loss, each with its own backward): the
     watched forwards before each backward are ``[f, 0, .., 0] * K`` with f > 0 and b - 1
     zeros. 1 otherwise (one backward per micro-step, or a pattern that is not regular)."""
-    fw = s.get("forwards") or []
-    if len(fw) < 2 or len(fw) != int(s.get("backwards", 0)) or not fw[0]:
+    fw = s.forwards or []
+    if len(fw) < 2 or len(fw) != int(s.backwards) or not fw[0]:
         return 1
     heads = [i for i, f in enumerate(fw) if f]
     per = len(fw) // len(heads)
@@ -112,11 +170,11 @@ class RunRecording:
     :func:`~accumguard.observe.rules.load_recordings` keeps only the steps every rank
     observed before the first one, so no rule judges a window half seen)."""
 
-    steps: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
-    schedulers: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
-    engine: dict[int, dict[str, Any]] = field(default_factory=dict)
-    end: dict[int, dict[str, Any]] = field(default_factory=dict)
-    failures: dict[int, dict[str, Any]] = field(default_factory=dict)
+    steps: dict[int, list[JsonObject]] = field(default_factory=dict)
+    schedulers: dict[int, list[JsonObject]] = field(default_factory=dict)
+    engine: dict[int, JsonObject] = field(default_factory=dict)
+    end: dict[int, JsonObject] = field(default_factory=dict)
+    failures: dict[int, JsonObject] = field(default_factory=dict)
     world: int = 1
     #: optimizer steps observed on every rank before accumguard failed (None: no failure)
     observed_steps: int | None = None
@@ -147,7 +205,7 @@ class KResolution:
         return self.strength in ("flag", "runtime", "script")
 
 
-def _read_lines(path: Path) -> list[dict[str, Any]]:
+def _read_lines(path: Path) -> list[JsonObject]:
     out = []
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
@@ -214,7 +272,7 @@ def _truncate_at_failure(rec: RunRecording) -> None:
         rec.schedulers[rank] = [s for s in scheds if int(s.get("step", 0)) < cut]
 
 
-def step_record(event: StepRecord, rank: int) -> dict[str, Any]:
+def step_record(event: StepRecord, rank: int) -> JsonObject:
     """The line of one step record that the rules read (and ``watch`` writes to
     ``rank-<R>.jsonl``): :meth:`~accumguard.core.window.StepRecord.as_dict`."""
     return event.as_dict(rank)

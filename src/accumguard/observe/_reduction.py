@@ -12,13 +12,13 @@ and the ledger then judges nothing.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 __all__ = ["rank_factor"]
 
 
-def rank_factor(engine: str, roots: list[Any], fsdp_groups: dict[int, list[Any]],
-                ds_engine: Any) -> float | None:
+def rank_factor(engine: str, roots: Sequence[object],
+                fsdp_groups: Mapping[int, Sequence[object]], ds_engine: object) -> float | None:
     """The factor the engine applies to the sum over ranks of the ranks' gradients, or
     None when it is unknown (or the run has no engine reduction: data parallelism by hand
     is judged from the gradient checksums instead). ``roots``: the DDP/FSDP2 modules seen;
@@ -39,7 +39,7 @@ def rank_factor(engine: str, roots: list[Any], fsdp_groups: dict[int, list[Any]]
     return None
 
 
-def _ddp(roots: list[Any]) -> float | None:
+def _ddp(roots: Sequence[object]) -> float | None:
     from torch.nn.parallel import DistributedDataParallel
 
     factors = set()
@@ -52,11 +52,13 @@ def _ddp(roots: list[Any]) -> float | None:
     return factors.pop() if len(factors) == 1 else None
 
 
-def _fsdp2(groups: list[Any]) -> float | None:
+def _fsdp2(groups: Sequence[object]) -> float | None:
+    """``groups``: FSDP2's ``FSDPParamGroup`` objects, whose attributes read here torch does
+    not declare (a missing one raises AttributeError: the factor is then unknown)."""
     factors = set()
     for group in groups:
-        factor = group.gradient_divide_factor
+        factor = getattr(group, "gradient_divide_factor")  # noqa: B009
         if factor is None:  # FSDP2's default: the average over its data-parallel ranks
-            factor = group.mesh_info.mesh.size()
+            factor = getattr(group, "mesh_info").mesh.size()  # noqa: B009
         factors.add(1.0 / float(factor))
     return factors.pop() if len(factors) == 1 else None

@@ -18,10 +18,9 @@ warm-up-only ``LinearLR``, warm restarts) is not judged.
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 from accumguard.observe._epochs import complete_epochs, epochs
-from accumguard.observe._records import Finding, RunRecording, _mk
+from accumguard.observe._records import Finding, JsonObject, RunRecording, _mk, records
 
 __all__ = ["horizon_findings", "run_horizon_findings", "schedule_state"]
 
@@ -109,7 +108,7 @@ def _match(big: float, small: float, c: int, slack: int) -> bool:
     return abs(big - c * small) <= (c - 1) * slack and abs(big / (c * small) - 1) <= 0.125
 
 
-def horizon_findings(rank: int, events: list[dict[str, Any]], total_steps: int,
+def horizon_findings(rank: int, events: list[JsonObject], total_steps: int,
                      world: int, k: int | None, epochs: int, complete: bool, *,
                      backwards: int = 0, whole_epochs: bool = False) -> list[Finding]:
     """F4 from a stated horizon. ``events``: the rank's scheduler records; ``total_steps``:
@@ -125,8 +124,8 @@ def horizon_findings(rank: int, events: list[dict[str, Any]], total_steps: int,
     the run made (a ``max_steps`` cut) looks the same, and it is a note."""
     # one group per scheduler object; a position that goes back (or a new horizon) under
     # the same id is another object built at a freed address (a rebuilt scheduler)
-    groups: list[list[dict[str, Any]]] = []
-    last_of: dict[int, list[dict[str, Any]]] = {}
+    groups: list[list[JsonObject]] = []
+    last_of: dict[int, list[JsonObject]] = {}
     for e in events:
         if not (isinstance(e.get("pos"), int) and isinstance(e.get("horizon"), int)):
             continue
@@ -224,13 +223,13 @@ def run_horizon_findings(rec: RunRecording, rank: int, k: int | None) -> list[Fi
     """:func:`horizon_findings` on one rank of a recording: its optimizer steps (the step
     records of a single optimizer; with several, the scheduler's own optimizer's count),
     its DataLoader passes, and whether the run went to its own end."""
-    steps = rec.steps.get(rank, [])
-    several = len({s.get("optimizer_index") for s in steps} - {None}) > 1
+    steps = records(rec.steps.get(rank, []))
+    several = len({s.optimizer_index for s in steps} - {None}) > 1
     total = 0 if several else len(steps)
     eps = epochs(steps)
     end = rec.end.get(rank, {})
     complete = end.get("reason") in _COMPLETE and not rec.failures
-    backwards = 0 if several else sum(int(s.get("backwards", 0) or 0) for s in steps)
+    backwards = 0 if several else sum(int(s.backwards or 0) for s in steps)
     pending = int(end.get("pending_backwards", 0) or 0)
     return horizon_findings(rank, rec.schedulers.get(rank, []), total, rec.world, k, len(eps),
                             complete, backwards=backwards,

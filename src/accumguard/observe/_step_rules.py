@@ -8,47 +8,48 @@ No torch here, as in :mod:`.rules`.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
-from accumguard.observe._records import Finding, Severity, _mk, _n
+from accumguard.core.window import StepRecord
+from accumguard.observe._records import Finding, JsonObject, Severity, _mk, _n
 from accumguard.observe._shared_rules import micro_sync, scheduler_ahead
 
 __all__ = ["_extra_step", "_no_update", "_scheduler_findings", "_sync_findings"]
 
 
-def _extra_step(rank: int, w: dict[str, Any]) -> list[Finding]:
+def _extra_step(rank: int, w: StepRecord) -> list[Finding]:
     """The optimizer (or DeepSpeed engine) of the previous step stepping again with no
     backward pass in between (an engine stepping again at a boundary that stayed set, a
     second ``optimizer.step()``): an error when it changed the parameters (measured by the
     observer, ``moved_without_backward``), nothing when it was a no-op or not measured
     (another optimizer's step, the first step)."""
-    if not w.get("moved_without_backward"):
+    if not w.moved_without_backward:
         return []
-    step = int(w["step"])
+    step = w.step
     what = ("the DeepSpeed engine (engine.step() at an accumulation boundary)"
-            if w.get("source") == "deepspeed" else f"the optimizer ({w.get('optimizer')})")
+            if w.source == "deepspeed" else f"the optimizer ({w.optimizer})")
     return [_mk("EXTRA_STEP", "error", rank, step, None,
                 f"optimizer step {_n(step)}: {what} stepped again with no backward pass since "
                 f"its previous step (optimizer step {step}) and changed the parameters: an "
                 "update the large batch does not make")]
 
 
-def _sync_findings(rank: int, w: dict[str, Any]) -> list[Finding]:
+def _sync_findings(rank: int, w: StepRecord) -> list[Finding]:
     """DDP (flag at the forward decides) and FSDP2 (flag at the backward decides): the
     window's last backward must synchronise; syncing earlier ones is only wasteful."""
-    engine = w.get("engine")
-    step = w["step"]
+    engine = w.engine
+    step = w.step
     if engine == "ddp":
-        syncs = w.get("sync_micros") or []
+        syncs = w.sync_micros or []
         what = "DDP sync off at its forward (require_backward_grad_sync=False / inside no_sync)"
     elif engine == "fsdp2":
-        syncs = w.get("sync_backward") or w.get("sync_micros") or []
+        syncs = w.sync_backward or w.sync_micros or []
         what = "FSDP2 gradient sync off (set_requires_gradient_sync(False))"
     else:
         return []
     if not syncs or any(s is None for s in syncs):
         return []
-    mism = w.get("sync_mismatch") or [] if engine == "ddp" else []
+    mism = w.sync_mismatch or [] if engine == "ddp" else []
     # the guard judges each backward with the same rule as it happens
     verdicts = [micro_sync(s, last=j == len(syncs) - 1) for j, s in enumerate(syncs)]
     if verdicts[-1] == "unsynced_last":
@@ -85,7 +86,7 @@ def _sync_findings(rank: int, w: dict[str, Any]) -> list[Finding]:
                        "round(s) per optimizer step", fix=fix)]
 
 
-def _no_update(rank: int, steps: list[dict[str, Any]]) -> list[Finding]:
+def _no_update(rank: int, steps: Sequence[StepRecord]) -> list[Finding]:
     """Optimizer steps after backward passes in which no gradient reached the optimizer.
 
     A no-op step (every gradient None) whose window goes on into a later applied step lost
@@ -95,24 +96,24 @@ def _no_update(rank: int, steps: list[dict[str, Any]]) -> list[Finding]:
     ``step()`` + ``zero_grad()`` after every micro-step is the large-batch update with
     wasted calls (a note). An error only when no step ever applied anything, or when the
     run ended on FSDP2 no-op steps whose gradient never reached a step."""
-    skipped = [s for s in steps if not s.get("applied", True)]
-    if not skipped or not any(int(s.get("backwards", 0)) for s in steps):
+    skipped = [s for s in steps if not s.applied]
+    if not skipped or not any(int(s.backwards) for s in steps):
         return []
-    never = not any(s.get("applied", True) for s in steps)
-    pending: list[dict[str, Any]] = []  # no-op steps not (yet) followed by an applied one
-    folded: list[dict[str, Any]] = []  # no-op steps whose window an applied step carried on
+    never = not any(s.applied for s in steps)
+    pending: list[StepRecord] = []  # no-op steps not (yet) followed by an applied one
+    folded: list[StepRecord] = []  # no-op steps whose window an applied step carried on
     for s in steps:
-        if s.get("discarded"):
+        if s.discarded:
             pending = []
-        elif not s.get("applied", True):
+        elif not s.applied:
             pending.append(s)
         else:
             folded += pending
             pending = []
 
-    def fsdp_off(s: dict[str, Any]) -> bool:
-        return bool(s.get("engine") == "fsdp2" and s.get("sync_backward")
-                    and not any(s["sync_backward"]))
+    def fsdp_off(s: StepRecord) -> bool:
+        return bool(s.engine == "fsdp2" and s.sync_backward
+                    and not any(s.sync_backward))
 
     trailing = [s for s in pending if fsdp_off(s)]
     if never or trailing:
@@ -122,22 +123,22 @@ def _no_update(rank: int, steps: list[dict[str, Any]]) -> list[Finding]:
                    "set_requires_gradient_sync(True) was never called before a window's last "
                    "backward, so no gradient was reduced)"
                    if all(fsdp_off(s) for s in skipped) else "")
-            return [_mk("NO_UPDATE", "error", rank, first["step"], None,
+            return [_mk("NO_UPDATE", "error", rank, first.step, None,
                         f"{len(skipped)} of {len(steps)} optimizer steps found every gradient "
-                        f"None (first: step {_n(first['step'])}; "
-                        f"{sum(int(s.get('backwards', 0)) for s in steps)} backward passes in "
+                        f"None (first: step {_n(first.step)}; "
+                        f"{sum(int(s.backwards) for s in steps)} backward passes in "
                         f"the whole run){why}: the parameters did not move")]
-        nb = sum(int(s.get("backwards", 0)) for s in trailing)
-        return [_mk("NO_UPDATE", "error", rank, first["step"], None,
+        nb = sum(int(s.backwards) for s in trailing)
+        return [_mk("NO_UPDATE", "error", rank, first.step, None,
                     f"the run's last {len(trailing)} optimizer step(s) (from step "
-                    f"{_n(first['step'])}) found every gradient None: their {nb} backward "
+                    f"{_n(first.step)}) found every gradient None: their {nb} backward "
                     "pass(es) ran with FSDP2 gradient sync off "
                     "(set_requires_gradient_sync(False)) and no synced backward and applied "
                     "step followed, so their gradient never reached the optimizer")]
     wasted = [s for s in folded if fsdp_off(s)]
     if not wasted:
         return []
-    return [Finding("OK", Severity.NOTE, rank, _n(wasted[0]["step"]), None,
+    return [Finding("OK", Severity.NOTE, rank, _n(wasted[0].step), None,
                     f"{len(wasted)} of {len(steps)} optimizer.step() calls came after a "
                     "backward with FSDP2 gradient sync off and found every gradient None "
                     "(FSDP2 keeps the unreduced gradient until the synced backward): they "
@@ -148,7 +149,7 @@ def _no_update(rank: int, steps: list[dict[str, Any]]) -> list[Finding]:
                     "correct, with optimizer.step() calls that do nothing")]
 
 
-def _scheduler_findings(rank: int, events: list[dict[str, Any]]) -> list[Finding]:
+def _scheduler_findings(rank: int, events: list[JsonObject]) -> list[Finding]:
     for e in events:
         if not e.get("in_step") and scheduler_ahead(int(e["count"]), int(e["optimizer_steps"]),
                                                     allowance=1):

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from accumguard.observe._records import Finding, KResolution, _mk, _n
+from accumguard.core.window import StepRecord
+from accumguard.observe._records import Finding, KResolution, StepWindow, _mk, _n
 
 __all__ = ["MASS_TOL", "MASS_TOL_LOW_PRECISION", "WEIGHT_TOL", "WEIGHT_TOL_LOW_PRECISION",
            "classify_token_weights", "grad_step_findings", "loss_scale_findings",
@@ -105,10 +106,10 @@ def _spread(vals: list[float]) -> float:
     return (max(vals) - min(vals)) / hi if hi > 0 else 0.0
 
 
-def _loss_groups(w: dict[str, Any]) -> dict[tuple[str, int], dict[int, list[Any]]]:
+def _loss_groups(w: StepRecord) -> dict[tuple[str, int], dict[int, list[Any]]]:
     """The window's loss records by (call site, order there), then by micro-step."""
     groups: dict[tuple[str, int], dict[int, list[Any]]] = {}
-    for r in w.get("losses") or []:
+    for r in w.losses or []:
         if len(r) > 8 and r[8]:
             continue  # made by torch.autograd.grad, not a backward of the window
         site, idx, micro = str(r[0]), int(r[1]), int(r[2])
@@ -121,7 +122,7 @@ def _short(site: str) -> str:
     return f"{Path(path).name}:{line}" if path else site
 
 
-def loss_weight_findings(rank: int | None, windows: list[dict[str, Any]]) -> list[Finding]:
+def loss_weight_findings(rank: int | None, windows: list[StepWindow]) -> list[Finding]:
     """F5, only when certain: a loss call site present in every micro-step of a window
     gave each micro-step's call the same total weight (``g`` for a mean, ``g·n`` for a
     sum) while their valid counts differed, so one token weighs ``c / n_i``: a
@@ -131,8 +132,8 @@ def loss_weight_findings(rank: int | None, windows: list[dict[str, Any]]) -> lis
     nothing for certain and stay silent."""
     out: list[Finding] = []
     for w in windows:
-        k = int(w.get("window", w.get("backwards", 0)))
-        if k < 2 or int(w.get("zero_grads_between", 0)):
+        k = w.window
+        if k < 2 or int(w.zero_grads_between):
             # a zero_grad between backwards: not one accumulation window (F3, or a
             # GradScaler that skipped a step and rescaled: two windows seen as one)
             continue
@@ -155,11 +156,11 @@ def loss_weight_findings(rank: int | None, windows: list[dict[str, Any]]) -> lis
             total = sum(ns)
             red = str(recs[0][6])
             mass = sum(masses) / k
-            out.append(_mk("F5", "error", rank, int(w["step"]), None,
+            out.append(_mk("F5", "error", rank, w.step, None,
                            f"{_short(site)}: the loss call there (reduction='{red}'"
                            + (f", call {idx + 1} at that line" if idx else "")
                            + f") saw {', '.join(f'{n:g}' for n in ns)} valid tokens in the "
-                           f"{k} micro-steps of optimizer step {_n(w['step'])}, and each "
+                           f"{k} micro-steps of optimizer step {_n(w.step)}, and each "
                            f"micro-step's tokens reached the optimizer with the same total "
                            f"weight ({mass:.4g}) whatever their count: one token weighed "
                            f"{min(ws):.4g} to {max(ws):.4g} ({max(ws) / min(ws):.3g}x apart) "
@@ -198,14 +199,14 @@ class _Mass:
     site: str
 
 
-def _window_mass(w: dict[str, Any], *, via_grad: bool = False) -> _Mass | None:
+def _window_mass(w: StepWindow, *, via_grad: bool = False) -> _Mass | None:
     """The mass of a window whose every micro-step (backward passes, or counted
     ``torch.autograd.grad`` calls with ``via_grad``) has a loss record; None otherwise."""
-    recs = [r for r in w.get("losses") or []
+    recs = [r for r in w.losses or []
             if len(r) > 8 and bool(r[8]) == via_grad]
-    if not recs or (not via_grad and int(w.get("zero_grads_between", 0))):
+    if not recs or (not via_grad and int(w.zero_grads_between)):
         return None
-    n = len({int(r[2]) for r in recs}) if via_grad else int(w.get("window", 0))
+    n = len({int(r[2]) for r in recs}) if via_grad else int(w.window)
     by_micro: dict[int, list[Any]] = {}
     for r in recs:
         by_micro.setdefault(int(r[2]), []).append(r)
@@ -224,7 +225,7 @@ def _near(a: float, b: float, low: bool) -> bool:
     return abs(a - b) <= (WEIGHT_TOL_LOW_PRECISION if low else WEIGHT_TOL) * abs(b)
 
 
-def loss_scale_findings(rank: int | None, windows: list[dict[str, Any]], k: int | None,
+def loss_scale_findings(rank: int | None, windows: list[StepWindow], k: int | None,
                         world: int = 1) -> list[Finding]:
     """The loss divided by K twice: in every window of K micro-steps, each backward's root
     is one loss call's output times constants (nothing else in the loss: a weighted sum of
@@ -234,7 +235,7 @@ def loss_scale_findings(rank: int | None, windows: list[dict[str, Any]], k: int 
     all_reduce(SUM) when W = K: then only a note."""
     if k is None or k < 2:
         return []
-    judged = [(w, m) for w in windows if int(w.get("window", 0)) == k
+    judged = [(w, m) for w in windows if int(w.window) == k
               for m in [_window_mass(w)] if m is not None and m.sole]
     if judged and all(_near(m.mass, float(k), m.low) and _unscaled(w, m.low)
                       for w, m in judged):
@@ -248,12 +249,12 @@ def loss_scale_findings(rank: int | None, windows: list[dict[str, Any]], k: int 
             f"{m.per_micro[0]:.4g} per micro-step (1/K^2 = {1 / k ** 2:.4g}), "
             f"{m.mass:.4g} per window (1/K) instead of 1")
     if world > 1 and _near(1.0 / k, 1.0 / world, False):
-        return [_mk("LOSS_SCALE", "note", rank, int(w["step"]), None,
+        return [_mk("LOSS_SCALE", "note", rank, w.step, None,
                     f"{seen}. With {world} ranks this is also what a loss divided by K*W "
                     "gives before gradients are summed across ranks by hand "
                     "(all_reduce(SUM), correct); if DDP, FSDP or an engine averages them, "
                     "the loss is divided by K twice and the update is K times too small")]
-    return [_mk("LOSS_SCALE", "error", rank, int(w["step"]), None,
+    return [_mk("LOSS_SCALE", "error", rank, w.step, None,
                 f"{seen}: the loss is divided by K twice (e.g. in a model or loss wrapper "
                 "and again in the loop, or by hand before accelerator.backward, "
                 "engine.backward or a Trainer, which divide by K themselves). The optimizer "
@@ -261,36 +262,36 @@ def loss_scale_findings(rank: int | None, windows: list[dict[str, Any]], k: int 
                 f"learning rate of lr/{k}). Divide by K (or by the window's count) once")]
 
 
-def _unscaled(w: dict[str, Any], low: bool) -> bool:
+def _unscaled(w: StepRecord, low: bool) -> bool:
     """The optimizer received the sum of the window's backwards as they were (conservation
     checked, common scale c = 1): nothing divided the gradient by hand before the step."""
-    cons = w.get("conservation")
-    if not isinstance(cons, dict) or not cons.get("ok", False):
+    cons = w.conservation
+    if cons is None or not cons.ok:
         return False
     # ok alone is not enough: with no contribution seen in .grad (gradients moved to a
     # buffer by a post-accumulate hook) the fit is unmatched (received ~ 1) yet not "wiped"
-    if float(cons.get("received", 1.0)) > (WEIGHT_TOL_LOW_PRECISION if low else WEIGHT_TOL):
+    if float(cons.received) > (WEIGHT_TOL_LOW_PRECISION if low else WEIGHT_TOL):
         return False
-    return _near(float(cons.get("scale", 1.0)), 1.0, low)
+    return _near(float(cons.scale), 1.0, low)
 
 
-def _times_k(rank: int | None, judged: list[tuple[dict[str, Any], _Mass]], k: int,
+def _times_k(rank: int | None, judged: list[tuple[StepWindow, _Mass]], k: int,
              world: int) -> list[Finding]:
     """The loss never divided by K: every window of K weighs its tokens K (each micro-step's
     loss a full mean) and the optimizer receives the sum of the K gradients, K x G."""
     w, m = judged[0]
-    clipped = any(int(x.get("clips", 0)) for x, _ in judged)
+    clipped = any(int(x.clips) for x, _ in judged)
     seen = (f"{_short(m.site)}: every backward's loss was that call's output times a "
             f"constant (nothing else in the loss), and in each window of K = {k} micro-steps "
             f"({len(judged)} judged) its tokens carried a total weight of "
             f"{m.per_micro[0]:.4g} per micro-step, {m.mass:.4g} per window (K) instead of 1, "
             "and the optimizer received that sum unchanged (gradient conservation, scale 1)")
     if world > 1 and _near(float(k), float(world), False):
-        return [_mk("LOSS_SCALE", "note", rank, int(w["step"]), None,
+        return [_mk("LOSS_SCALE", "note", rank, w.step, None,
                     f"{seen}. With {world} ranks this is also what a loss multiplied by W "
                     "gives to undo DDP's average; if the loss is meant to be the window's "
                     "mean, it is not divided by K and the update is K times too large")]
-    return [_mk("LOSS_SCALE", "error", rank, int(w["step"]), None,
+    return [_mk("LOSS_SCALE", "error", rank, w.step, None,
                 f"{seen}: the loss is not divided by K. The optimizer receives K x G, the sum "
                 f"of the {k} micro-batch gradients instead of the large batch's mean: with "
                 f"SGD every update is {k}x the large-batch step (an effective learning rate "
@@ -301,7 +302,7 @@ def _times_k(rank: int | None, judged: list[tuple[dict[str, Any], _Mass]], k: in
                 "(or normalise by the window's token count)")]
 
 
-def partial_window_findings(rank: int | None, windows: list[dict[str, Any]],
+def partial_window_findings(rank: int | None, windows: list[StepWindow],
                             k: int | None) -> list[Finding]:
     """F7 from the loss record: every full window of K micro-steps weighs its tokens 1 in
     total (the loop normalises a window to its mean), and the short last window of the
@@ -312,18 +313,18 @@ def partial_window_findings(rank: int | None, windows: list[dict[str, Any]],
         return []
     masses = [_window_mass(w) for w in windows]
     full = [m for w, m in zip(windows, masses, strict=True)
-            if m is not None and int(w.get("window", 0)) == k]
+            if m is not None and int(w.window) == k]
     if not full or not all(_near(m.mass, 1.0, m.low) for m in full):
         return []
     for i, (w, m) in enumerate(zip(windows, masses, strict=True)):
-        n = int(w.get("window", 0))
+        n = int(w.window)
         if m is None or not 1 <= n < k:
             continue
-        last = i == len(windows) - 1 or 0 in (windows[i + 1].get("data_pass_starts") or [])
+        last = i == len(windows) - 1 or 0 in (windows[i + 1].data_pass_starts or [])
         if last and _near(m.mass, n / k, m.low):
-            return [_mk("F7", "error", rank, int(w["step"]), n - 1,
+            return [_mk("F7", "error", rank, w.step, n - 1,
                         f"{_short(m.site)}: the last window before optimizer step "
-                        f"{_n(w['step'])} had {n} of K = {k} micro-steps"
+                        f"{_n(w.step)} had {n} of K = {k} micro-steps"
                         + (" (the end of the run)" if i == len(windows) - 1
                            else " (the end of a pass over the DataLoader)")
                         + f", and its tokens carried a total weight of {m.mass:.4g} = "
@@ -333,7 +334,7 @@ def partial_window_findings(rank: int | None, windows: list[dict[str, Any]],
     return []
 
 
-def grad_step_findings(rank: int | None, windows: list[dict[str, Any]],
+def grad_step_findings(rank: int | None, windows: list[StepWindow],
                        res: KResolution) -> list[Finding]:
     """F1 for loops that make gradients with ``torch.autograd.grad`` and assign ``.grad``
     by hand (no backward pass is seen): K > 1 declared and every optimizer step came after
@@ -342,7 +343,7 @@ def grad_step_findings(rank: int | None, windows: list[dict[str, Any]],
     for a gradient penalty or a meta-gradient (``create_graph=True``, or inputs that are
     not parameters: not counted by the loss record)."""
     k, script = _firm_k(res), res.script
-    if k is None or k <= 1 or any(int(w.get("window", 0)) for w in windows):
+    if k is None or k <= 1 or any(int(w.window) for w in windows):
         return []  # backward passes seen: the window rules decide
     masses = [m for w in windows for m in [_window_mass(w, via_grad=True)] if m is not None]
     if len(masses) < 2 or any(len(m.per_micro) != 1 for m in masses):
@@ -354,11 +355,11 @@ def grad_step_findings(rank: int | None, windows: list[dict[str, Any]],
             f"parameters ({_short(m.site)}; no backward pass: .grad assigned by hand), "
             f"while K = {k} ({res.source})")
     if res.strength in ("flag", "runtime") or scaled or (script and script.divides_loss):
-        return [_mk("F1", "error", rank, int(windows[0]["step"]), 0,
+        return [_mk("F1", "error", rank, windows[0].step, 0,
                     f"{text}" + (f", and that loss weighed {m.mass:.4g} = 1/K" if scaled
                                  else "") + ": each step applies one micro-batch's "
                     "gradient; sum the K micro-steps' gradients before one step")]
-    return [_mk("F1", "note", rank, int(windows[0]["step"]), 0,
+    return [_mk("F1", "note", rank, windows[0].step, 0,
                 f"{text}. If it meant to accumulate, the optimizer steps on every "
                 "micro-step; pass --accumulation-steps to decide")]
 

@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from typing import Any
+from collections.abc import Mapping, Sequence
 
+from accumguard.core.window import Conservation, StepRecord
 from accumguard.observe import _shared_rules as shared
 from accumguard.observe._comm_rules import comm_findings
 from accumguard.observe._epochs import dropped_finding, dropped_tail, short_epoch_findings
@@ -38,18 +39,26 @@ from accumguard.observe._precision_rules import (
     f12_drift,
     low_precision_findings,
 )
-from accumguard.observe._rank_rules import manual_reduce_findings, rank_scale_findings
+from accumguard.observe._rank_rules import (
+    cross_rank_findings,
+    manual_reduce_findings,
+    rank_scale_findings,
+)
 from accumguard.observe._records import (
     NUMBERING,
     DeclaredK,
     Finding,
+    JsonObject,
     KResolution,
     RunRecording,
     Severity,
+    StepLike,
+    StepWindow,
     _mk,
     _n,
     _windows,
     load_recordings,
+    records,
     step_record,
     watch_dict,
     windows,
@@ -82,14 +91,17 @@ __all__ = ["F12_ERROR_FACTOR", "NUMBERING", "WEIGHT_TOL", "WEIGHT_TOL_LOW_PRECIS
            "resolve_k", "step_record", "watch_dict", "windows"]
 
 
-def conservation_class(cons: dict[str, Any], zero_grads_between: int) -> str:
+def conservation_class(cons: Conservation | Mapping[str, object], zero_grads_between: int
+                       ) -> str:
     """The class of a broken conservation verdict: gradient left from the previous window
     (F7), removed by a ``zero_grad`` inside the window (F3), or removed by something else
     between backwards (F2/F3: an engine reset or a hand-written clear)."""
-    return _conservation_class(cons.get("reason"), zero_grad_inside=bool(zero_grads_between))
+    given = cons.reason if isinstance(cons, Conservation) else cons.get("reason")
+    reason = given if isinstance(given, str) else None
+    return _conservation_class(reason, zero_grad_inside=bool(zero_grads_between))
 
 
-def live_findings(record: dict[str, Any], *, rank: int | None, k: int | None
+def live_findings(record: StepLike, *, rank: int | None, k: int | None
                   ) -> list[Finding]:
     """The rules that one window decides on its own, applied as the step happens (the
     framework callbacks): conservation (F7/F3/F2/F3), clipping inside the window (F8),
@@ -107,10 +119,10 @@ def live_findings(record: dict[str, Any], *, rank: int | None, k: int | None
     if rank is None:
         out = [Finding(f.cls, f.severity, None, f.step, f.micro, f.evidence, f.fix, f.title)
                for f in out]
-    n = int(w["window"])
+    n = w.window
     if k is not None and k > 1 and n and shared.overrun(n - 1, k):
         leak = _spans_passes(w)
-        out.append(_mk(shared.long_window_class(leak), "error", rank, w["step"], n - 1,
+        out.append(_mk(shared.long_window_class(leak), "error", rank, w.step, n - 1,
                        f"{n} backward passes before one optimizer step (K = {k})"
                        + (": micro-steps left at the end of a pass over the DataLoader "
                           "leaked into the next pass's window" if leak else
@@ -123,7 +135,7 @@ def _inferred(rec: RunRecording) -> int | None:
     (a leftover leaked into the next epoch is not the loop's K)."""
     windows = [w for steps in rec.steps.values() for w in _windows(steps)]
     inside = [w for w in windows if not _spans_passes(w)]
-    sizes = [int(w["window"]) for w in (inside or windows) if int(w["window"]) > 0]
+    sizes = [w.window for w in (inside or windows) if w.window > 0]
     return Counter(sizes).most_common(1)[0][0] if sizes else None
 
 
@@ -138,13 +150,13 @@ def _inferred_per_optimizer(rec: RunRecording) -> dict[int, int]:
         for idx, group in groups:
             if idx is not None:
                 sizes.setdefault(idx, []).extend(
-                    int(w["window"]) for w in _windows(group)
-                    if int(w["window"]) > 0 and not _spans_passes(w))
+                    w.window for w in _windows(group)
+                    if w.window > 0 and not _spans_passes(w))
     return {i: Counter(v).most_common(1)[0][0] for i, v in sizes.items() if v}
 
 
-def _spans_passes(w: dict[str, Any]) -> bool:
-    return any(0 < j < int(w["window"]) for j in w.get("data_pass_starts") or [])
+def _spans_passes(w: StepWindow) -> bool:
+    return any(0 < j < w.window for j in w.data_pass_starts or [])
 
 
 def resolve_k(rec: RunRecording, flag: int | None, script: DeclaredK | None = None
@@ -196,23 +208,24 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
     findings: list[Finding] = []
     for rank in rec.ranks:
         info = rec.engine.get(rank, {})
-        all_steps = rec.steps.get(rank, [])
-        groups = _optimizer_groups(all_steps)
-        for idx, steps, gres, note in _group_ks(groups, res):
+        lines = rec.steps.get(rank, [])
+        groups = _optimizer_groups(lines)
+        for idx, group, gres, note in _group_ks(groups, res):
+            steps = records(group)
+            ws = _windows(steps)
             found: list[Finding] = _rank_findings(rank, steps, info, gres.k, gres.declared)
-            found += _window_findings(rank, _windows(steps), info, gres)
+            found += _window_findings(rank, ws, info, gres)
             found += _no_update(rank, steps)
-            found += loss_weight_findings(rank, _windows(steps))
-            found += loss_scale_findings(rank, _windows(steps), gres.k, rec.world)
-            found += rank_scale_findings(rank, _windows(steps), rec.world)
-            found += low_precision_findings(rank, _windows(steps))
-            found += partial_window_findings(rank, _windows(steps), gres.k)
-            found += grad_step_findings(rank, _windows(steps), gres)
-            found += short_epoch_findings(rank, _windows(steps), gres.k, gres.declared,
-                                          gres.source)
-            found = comm_findings(rank, steps, found)  # the collective ledger (EXTRA_SYNC)
+            found += loss_weight_findings(rank, ws)
+            found += loss_scale_findings(rank, ws, gres.k, rec.world)
+            found += rank_scale_findings(rank, ws, rec.world)
+            found += low_precision_findings(rank, ws)
+            found += partial_window_findings(rank, ws, gres.k)
+            found += grad_step_findings(rank, ws, gres)
+            found += short_epoch_findings(rank, ws, gres.k, gres.declared, gres.source)
+            found = comm_findings(rank, group, found)  # the collective ledger (EXTRA_SYNC)
             if idx is not None and len(groups) > 1:
-                name = next((str(s.get("optimizer")) for s in steps if s.get("optimizer")),
+                name = next((str(s.optimizer) for s in steps if s.optimizer),
                             "optimizer")
                 found = [dataclasses.replace(f, evidence=f"optimizer #{idx} ({name}), judged "
                                              f"on its own window: {f.evidence}")
@@ -222,7 +235,7 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
         findings += run_horizon_findings(rec, rank, res.k)
         if not any(f.cls == "F4" and f.rank == rank for f in findings):
             findings += lr_schedule_findings(rank, _windows(rec.steps.get(rank, [])), res.k)
-    findings += _cross_rank(rec)
+    findings += cross_rank_findings(rec)
     findings += ledger_findings(rec, res.k)
     findings += term_findings(rec)
     findings += manual_reduce_findings(rec)
@@ -248,21 +261,20 @@ class _OwnRate:
         return _mk(self.cls, "note", rank, self.step, 0, self.evidence)
 
 
-def _optimizer_groups(steps: list[dict[str, Any]]
-                      ) -> list[tuple[int | None, list[dict[str, Any]]]]:
-    """A rank's step records per optimizer when the observer gave several optimizers over
+def _optimizer_groups(steps: list[JsonObject]) -> list[tuple[int | None, list[JsonObject]]]:
+    """A rank's step lines per optimizer when the observer gave several optimizers over
     disjoint parameters their own windows (``optimizer_index``), else one group."""
     keys = {s.get("optimizer_index") for s in steps} - {None}
     if len(keys) < 2:
         return [(None, steps)]
-    by: dict[int | None, list[dict[str, Any]]] = {}
+    by: dict[int | None, list[JsonObject]] = {}
     for s in steps:
         by.setdefault(s.get("optimizer_index"), []).append(s)
     return sorted(by.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))
 
 
-def _group_ks(groups: list[tuple[int | None, list[dict[str, Any]]]], res: KResolution
-              ) -> list[tuple[int | None, list[dict[str, Any]], KResolution, _OwnRate | None]]:
+def _group_ks(groups: list[tuple[int | None, list[JsonObject]]], res: KResolution
+              ) -> list[tuple[int | None, list[JsonObject], KResolution, _OwnRate | None]]:
     """K for each optimizer's windows. One group: the run's K. Several: each optimizer's
     K is its own. A declared K (flag, framework, script) applies to every optimizer, except
     that one stepping after each backward that reached its parameters while another
@@ -272,9 +284,9 @@ def _group_ks(groups: list[tuple[int | None, list[dict[str, Any]]]], res: KResol
         return [(idx, steps, res, None) for idx, steps in groups]
     inferred: dict[int | None, int | None] = {}
     for idx, steps in groups:
-        sizes = [int(w["window"]) for w in _windows(steps) if int(w["window"]) > 0]
+        sizes = [w.window for w in _windows(steps) if w.window > 0]
         inferred[idx] = Counter(sizes).most_common(1)[0][0] if sizes else None
-    out: list[tuple[int | None, list[dict[str, Any]], KResolution, _OwnRate | None]] = []
+    out: list[tuple[int | None, list[JsonObject], KResolution, _OwnRate | None]] = []
     k = res.k
     for idx, steps in groups:
         inf = inferred[idx]
@@ -282,10 +294,10 @@ def _group_ks(groups: list[tuple[int | None, list[dict[str, Any]]]], res: KResol
             others = [i for i, n in inferred.items() if i != idx and n == k]
             if inf == 1 and others:
                 ws = _windows(steps)
-                ones = sum(1 for w in ws if int(w["window"]) == 1)
+                ones = sum(1 for w in ws if w.window == 1)
                 name = next((str(s.get("optimizer")) for s in steps if s.get("optimizer")),
                             "optimizer")
-                note = _OwnRate("F1", int(ws[0]["step"]) if ws else 0,
+                note = _OwnRate("F1", ws[0].step if ws else 0,
                                 f"optimizer #{idx} ({name}) stepped after a single backward "
                                 f"pass reaching its parameters in {ones} of {len(ws)} "
                                 f"steps, while optimizer #{others[0]} accumulated K = {k} "
@@ -304,7 +316,7 @@ def _group_ks(groups: list[tuple[int | None, list[dict[str, Any]]]], res: KResol
     return out
 
 
-def _rank_findings(rank: int, steps: list[dict[str, Any]], info: dict[str, Any],
+def _rank_findings(rank: int, steps: Sequence[StepRecord], info: JsonObject,
                    k: int | None, declared: bool) -> list[Finding]:
     out: list[Finding] = []
     windows = _windows(steps)
@@ -312,24 +324,24 @@ def _rank_findings(rank: int, steps: list[dict[str, Any]], info: dict[str, Any],
     stage = info.get("zero_stage")
     managed = info.get("managed_accumulation", True)
     for w in windows:
-        n = w["window"]
-        step = w["step"]
+        n = w.window
+        step = w.step
         if not n:  # no backward pass since the previous step: judged by what the step did
             out += _extra_step(rank, w)
             continue
         # F14: DeepSpeed accumulates K itself and the loop runs several backwards per step()
-        if managed and double_gating(ds_ga, int(w.get("max_backwards_per_engine_step", 0))):
+        if managed and double_gating(ds_ga, int(w.max_backwards_per_engine_step)):
             out.append(_mk("F14", "error", rank, step, None,
                            f"DeepSpeed gradient_accumulation_steps={ds_ga} and "
-                           f"{w['max_backwards_per_engine_step']} backward passes before an "
+                           f"{w.max_backwards_per_engine_step} backward passes before an "
                            "engine.step() call that was not the engine's accumulation "
                            "boundary (it did not step); the optimizer stepped after "
                            f"{n} backward passes"))
             continue
         # F2: DeepSpeed ZeRO-1/2 reduced-and-reset at a non-final backward of the window
-        bounds = w.get("ds_boundaries") or []
-        coal = w.get("ds_coalescing") or []
-        if n > 1 and len(bounds) == int(w["backwards"]):
+        bounds = w.ds_boundaries or []
+        coal = w.ds_coalescing or []
+        if n > 1 and len(bounds) == w.backwards:
             early = [j for j, b in enumerate(bounds[:-1])
                      if engine_resets(stage, managed, b, coal[j] if j < len(coal) else False)]
             if early:
@@ -340,35 +352,35 @@ def _rank_findings(rank: int, steps: list[dict[str, Any]], info: dict[str, Any],
                                "engine's gradient partition, so only the last micro-batch "
                                "reaches the optimizer"))
                 continue
-        early_clips = [c for c in (w.get("clip_micros") or [])  # (a clip before any: no F8)
-                       if shared.clip_verdict(int(c), int(w["backwards"])) == "inside"]
-        cons = w.get("conservation")
-        clipped = bool(early_clips) and not int(w.get("zero_grads_between", 0))
-        if cons and not cons.get("ok", True) and not (clipped and cons.get("reason") != "stale"):
+        early_clips = [c for c in (w.clip_micros or [])  # (a clip before any: no F8)
+                       if shared.clip_verdict(int(c), int(w.backwards)) == "inside"]
+        cons = w.conservation
+        clipped = bool(early_clips) and not int(w.zero_grads_between)
+        if cons and not cons.ok and not (clipped and cons.reason != "stale"):
             # (a clip between backwards shrinks the accumulated gradient: F8 below says so)
             dropped = dropped_tail(w)
             if dropped:
                 out.append(dropped_finding(rank, w, dropped, k))
-            elif cons.get("reason") == "stale":
+            elif cons.reason == "stale":
                 out.append(_mk("F7", "error", rank, step, 0,
                                f"gradient left from before this window (relative size "
-                               f"{cons['stale']:.3g}) reached optimizer step {_n(step)}: "
+                               f"{cons.stale:.3g}) reached optimizer step {_n(step)}: "
                                "gradients were not cleared after the previous step"))
             else:
-                cls = conservation_class(cons, int(w.get("zero_grads_between", 0)))
+                cls = conservation_class(cons, int(w.zero_grads_between))
                 out.append(_mk(cls, "error", rank, step, None, _wipe_text(w, cls, n)))
         # F8: clipping before the window's last backward
         if early_clips:
             out.append(_mk("F8", "error", rank, step, early_clips[0] - 1,
-                           f"{'/'.join(w.get('clip_functions') or ['gradient clipping'])} "
-                           f"ran after backward pass {early_clips[0]} of {w['backwards']} in "
-                           f"the window ({len(w['clip_micros'])} clipping call(s) for one "
+                           f"{'/'.join(w.clip_functions or ['gradient clipping'])} "
+                           f"ran after backward pass {early_clips[0]} of {w.backwards} in "
+                           f"the window ({len(w.clip_micros)} clipping call(s) for one "
                            "optimizer step)"))
         out += _sync_findings(rank, w)
     # F9: DeepSpeed's default clipping active on a run that did not ask for it
     clip = info.get("gradient_clipping")
     if info and clip and not info.get("clipping_set_by_user", True):
-        norms = [(s["step"], s.get("grad_norm")) for s in steps if s.get("grad_norm") is not None]
+        norms = [(s.step, s.grad_norm) for s in steps if s.grad_norm is not None]
         hit = [(st, nm) for st, nm in norms if nm > clip * (1 + 1e-6)]
         if hit:
             out.append(_mk("F9", "error", rank, hit[0][0], None,
@@ -391,29 +403,30 @@ def _asked_clip(asked: float | None) -> str:
         "takes max_grad_norm)")
 
 
-def _wipe_text(w: dict[str, Any], cls: str, n: int) -> str:
+def _wipe_text(w: StepWindow, cls: str, n: int) -> str:
     """Where the window's gradient changed between backward passes (numbered among this
     step's backward passes, which the checksums cover), and how much of it, by absolute
     mass, never reached the optimizer."""
-    cons = w["conservation"]
-    wipes = [int(j) + 1 for j in cons.get("wipes") or ()]
-    nb = int(w.get("backwards", n))
+    cons = w.conservation
+    assert cons is not None  # (a broken verdict: the caller's)
+    wipes = [int(j) + 1 for j in cons.wipes]
+    nb = w.backwards
     off = (f"what the optimizer received differs from the sum of the {nb} backward passes' "
-           f"contributions by {100 * float(cons['received']):.3g}% of that sum (relative "
+           f"contributions by {100 * float(cons.received):.3g}% of that sum (relative "
            "difference of gradient checksums)")
     if cls == "F3":
-        head = (f"zero_grad() ran {w['zero_grads_between']} time(s) inside the window of "
-                f"optimizer step {_n(w['step'])}")
+        head = (f"zero_grad() ran {w.zero_grads_between} time(s) inside the window of "
+                f"optimizer step {_n(w.step)}")
         how = "was cleared, in whole or in part,"
     else:
-        head = f"gradient conservation broken at optimizer step {_n(w['step'])}"
+        head = f"gradient conservation broken at optimizer step {_n(w.step)}"
         how = "was changed by something other than a backward (a clear, a rescale, a reset)"
     if not wipes:  # a record from before the positions were kept
-        return (f"{head}: {cons['wiped']:.3g} (relative) of the window's gradient was removed "
+        return (f"{head}: {cons.wiped:.3g} (relative) of the window's gradient was removed "
                 f"between backward passes; {off}")
     text = (f"{head}: the gradient {how} before backward pass(es) "
             f"{', '.join(map(str, wipes))} of {nb}; {off}")
-    lost = float(cons.get("lost", 0.0))
+    lost = float(cons.lost)
     if lost >= 0.005:
         last = wipes[-1] - 1  # backward passes 1..last ran before the last change
         before = "backward pass 1" if last == 1 else f"backward passes 1-{last}"
@@ -422,17 +435,17 @@ def _wipe_text(w: dict[str, Any], cls: str, n: int) -> str:
     return text
 
 
-def _window_findings(rank: int, windows: list[dict[str, Any]], info: dict[str, Any],
+def _window_findings(rank: int, windows: list[StepWindow], info: JsonObject,
                      res: KResolution) -> list[Finding]:
     """Window sizes against K: F1 (one backward per step while K > 1 is declared), F13
     (a first window shorter than K, or windows constantly K-1 / K+1), F7 (a window longer
     than K among windows of K: leftover micro-steps of an epoch leaked into the next)."""
     k = res.k
     out: list[Finding] = []
-    windows = [w for w in windows if int(w["window"])]  # (no backward: _extra_step)
+    windows = [w for w in windows if w.window]  # (no backward: _extra_step)
     if not windows:
         return out
-    sizes = [int(w["window"]) for w in windows]
+    sizes = [w.window for w in windows]
     ds_ga = info.get("gradient_accumulation_steps")
     out += _f1(rank, windows, res)
     if k is None or k <= 1 or all(n == 1 for n in sizes):
@@ -447,60 +460,60 @@ def _window_findings(rank: int, windows: list[dict[str, Any]], info: dict[str, A
     if len(sizes) >= 2 and sizes[0] < k and sizes[1] == k and not budget:
         out.append(_mk("F13", "error" if res.declared or (len(sizes) >= 3 and steady)
                        else "note", rank,
-                       windows[0]["step"], sizes[0] - 1,
+                       windows[0].step, sizes[0] - 1,
                        f"the first optimizer step came after {sizes[0]} backward pass(es), the "
                        f"next after {sizes[1]} (K = {k}): the boundary test counts from the "
                        "wrong origin (e.g. `i % K == 0` with i from 0); only the last window "
                        "of an epoch or run may be short"))
     engine_ga = isinstance(ds_ga, int) and ds_ga > 1
-    long = [w for w in windows if shared.overrun(int(w["window"]) - 1, k)  # (F14: gating)
-            and not (engine_ga and (int(w["window"]) == ds_ga
-                                    or int(w.get("max_backwards_per_engine_step", 0)) > 1))]
+    long = [w for w in windows if shared.overrun(w.window - 1, k)  # (F14: gating)
+            and not (engine_ga and (w.window == ds_ga
+                                    or int(w.max_backwards_per_engine_step) > 1))]
     regular = sum(1 for n in sizes if n == k)
-    if long and any(w.get("data_pass_starts") for w in windows):
+    if long and any(w.data_pass_starts for w in windows):
         # DataLoader passes were seen: a long window that began in one pass (epoch) and
         # ended in the next is a leak; one inside a single pass is a late boundary
         crossed = [w for w in long if _spans_passes(w)]
         if crossed:
-            w, n0 = crossed[0], int(crossed[0]["window"])
-            j = next(j for j in w["data_pass_starts"] if 0 < j < n0)
-            unchecked = (w.get("conservation") is None
-                         and int(w.get("zero_grads_between", 0) or 0) > 0)
+            w, n0 = crossed[0], crossed[0].window
+            j = next(j for j in w.data_pass_starts if 0 < j < n0)
+            unchecked = (w.conservation is None
+                         and int(w.zero_grads_between or 0) > 0)
             out.append(dropped_finding(rank, w, j, k) if dropped_tail(w) == j else
-                       _mk("F7", "warning", rank, w["step"], n0 - 1,
-                           f"a window of {n0} backward passes before step {_n(w['step'])} "
+                       _mk("F7", "warning", rank, w.step, n0 - 1,
+                           f"a window of {n0} backward passes before step {_n(w.step)} "
                            f"spans two DataLoader passes with zero_grad() inside it: the last "
                            f"{j} micro-step(s) of the pass were dropped by it or leaked; the "
                            "window was not checked (sampled out): which one is not claimed",
                            title_="an epoch's partial window dropped or leaked (not checked)")
                        if unchecked else
-                       _mk("F7", "error", rank, w["step"], n0 - 1,
+                       _mk("F7", "error", rank, w.step, n0 - 1,
                            f"a window of {n0} backward passes (K = {k}) before optimizer step "
-                           f"{_n(w['step'])}: {j} micro-step(s) left at the end of a pass over "
+                           f"{_n(w.step)}: {j} micro-step(s) left at the end of a pass over "
                            "the DataLoader (an epoch) were not stepped and leaked into the "
                            "next epoch's first window"))
         long = [w for w in long if w not in crossed]
         # windows shorter than K too, not at a pass's end: sizes vary (a token budget), the
         # long ones are not a late boundary (the note below says so)
-        ends = {i for i, w in enumerate(windows[1:]) if 0 in (w.get("data_pass_starts") or [])}
+        ends = {i for i, w in enumerate(windows[1:]) if 0 in (w.data_pass_starts or [])}
         varied = any(n < k for i, n in enumerate(sizes[:-1]) if i not in ends)
         if long and varied:
             out.append(_varying_note(rank, long[0], sizes, k, regular))
         elif long:
-            n0 = int(long[0]["window"])
-            out.append(_mk("F13", sev, rank, long[0]["step"], n0 - 1,
+            n0 = long[0].window
+            out.append(_mk("F13", sev, rank, long[0].step, n0 - 1,
                            f"{len(long)} window(s) of {n0} backward passes inside one pass "
                            f"over the data (K = {k}), e.g. before optimizer step "
-                           f"{_n(long[0]['step'])}: the boundary comes {n0 - k} micro-step(s) "
+                           f"{_n(long[0].step)}: the boundary comes {n0 - k} micro-step(s) "
                            "late"))
         long = []
     if long:
-        n0 = int(long[0]["window"])
-        constant = len({int(w["window"]) for w in long}) == 1 and len(long) >= regular
+        n0 = long[0].window
+        constant = len({w.window for w in long}) == 1 and len(long) >= regular
         if constant:
-            out.append(_mk("F13", sev, rank, long[0]["step"], n0 - 1,
+            out.append(_mk("F13", sev, rank, long[0].step, n0 - 1,
                            f"{len(long)} window(s) of {n0} backward passes (K = {k}), e.g. "
-                           f"before optimizer step {_n(long[0]['step'])}: the boundary comes "
+                           f"before optimizer step {_n(long[0].step)}: the boundary comes "
                            f"{n0 - k} micro-step(s) late"))
         else:
             # a leak leaves no short window before the last; a loop whose windows vary
@@ -511,33 +524,33 @@ def _window_findings(rank: int, windows: list[dict[str, Any]], info: dict[str, A
             long_ids = {id(w) for w in long}
             at = [i for i, w in enumerate(windows) if id(w) in long_ids]
             periodic = len({b - a for a, b in zip(at, at[1:], strict=False)}) <= 1
-            leak = (not mid_short and len({int(w["window"]) for w in long}) == 1
+            leak = (not mid_short and len({w.window for w in long}) == 1
                     and regular > len(long) and at[0] > 0 and periodic)
             if leak:
-                out.append(_mk("F7", "error", rank, long[0]["step"], n0 - 1,
+                out.append(_mk("F7", "error", rank, long[0].step, n0 - 1,
                                f"a window of {n0} backward passes before optimizer step "
-                               f"{_n(long[0]['step'])} among {regular} windows of K = {k}: "
+                               f"{_n(long[0].step)} among {regular} windows of K = {k}: "
                                f"{n0 - k} micro-step(s) left over at the end of an epoch (or "
                                "data pass) were not stepped and leaked into the next window"))
             else:
                 out.append(_varying_note(rank, long[0], sizes, k, regular))
     # (a window closing a pass over the data is an epoch's tail, not an off-by-one count)
-    short = [w for i, w in enumerate(windows[1:-1], 1) if 1 < int(w["window"]) < k
-             and 0 not in (windows[i + 1].get("data_pass_starts") or [])]
-    if res.declared and len(short) >= 2 and all(int(w["window"]) == k - 1 for w in short) \
+    short = [w for i, w in enumerate(windows[1:-1], 1) if 1 < w.window < k
+             and 0 not in (windows[i + 1].data_pass_starts or [])]
+    if res.declared and len(short) >= 2 and all(w.window == k - 1 for w in short) \
             and len(short) >= regular:
-        out.append(_mk("F13", "error", rank, short[0]["step"], None,
+        out.append(_mk("F13", "error", rank, short[0].step, None,
                        f"{len(short)} windows of {k - 1} backward passes; K = {k}"))
     return out
 
 
-def _varying_note(rank: int, w: dict[str, Any], sizes: list[int], k: int, regular: int
+def _varying_note(rank: int, w: StepWindow, sizes: list[int], k: int, regular: int
                   ) -> Finding:
     """Windows of several sizes, longer and shorter than the most common: a loop that sizes
     each window (a token budget per step) is right; only a fixed K would make it a leak."""
-    n0 = int(w["window"])
-    return _mk("F7", "note", rank, w["step"], n0 - 1,
-               f"a window of {n0} backward passes before optimizer step {_n(w['step'])} "
+    n0 = w.window
+    return _mk("F7", "note", rank, w.step, n0 - 1,
+               f"a window of {n0} backward passes before optimizer step {_n(w.step)} "
                f"among {regular} windows of {k} (window sizes {sorted(set(sizes))}): fine "
                "when the loop sizes each window on purpose (a token budget per step) and "
                "normalises by that window's count; if K is fixed, micro-steps leaked into it "
@@ -546,55 +559,27 @@ def _varying_note(rank: int, w: dict[str, Any], sizes: list[int], k: int, regula
                       "per optimizer step): right for a token budget, a leak if K is fixed")
 
 
-def _f1(rank: int, windows: list[dict[str, Any]], res: KResolution) -> list[Finding]:
+def _f1(rank: int, windows: list[StepWindow], res: KResolution) -> list[Finding]:
     """Step every micro-step: K > 1 declared and (nearly) every window has one backward."""
     k, script = _firm_k(res), res.script
     if k is None or k <= 1:
         return []
     # one backward after K or more forwards (losses summed: the large batch) is not F1
-    ones = [w for w in windows if int(w["window"]) == 1
-            and shared.early_step(1, k, w.get("forwards") or ())]
-    summed = [w for w in windows if int(w["window"]) == 1 and w not in ones]
+    ones = [w for w in windows if w.window == 1
+            and shared.early_step(1, k, w.forwards or ())]
+    summed = [w for w in windows if w.window == 1 and w not in ones]
     # nearly every window: epochs whose last window holds one micro-batch are not F1
     if len(ones) < 2 or 4 * len(ones) < 3 * (len(windows) - len(summed)):
         return []
     text = f"{len(ones)} of {len(windows)} optimizer steps came after a single backward pass"
     if res.strength in ("flag", "runtime"):
-        return [_mk("F1", "error", rank, ones[0]["step"], 0, f"{text}; K = {k} ({res.source})")]
+        return [_mk("F1", "error", rank, ones[0].step, 0, f"{text}; K = {k} ({res.source})")]
     assert script is not None
     if script.divides_loss and len(ones) >= len(windows) - 1:
-        return [_mk("F1", "error", rank, ones[0]["step"], 0,
+        return [_mk("F1", "error", rank, ones[0].step, 0,
                     f"{text}, while the script declares K: {script.describe()}: each step "
                     f"applies one micro-batch's gradient divided by {k}")]
-    return [_mk("F1", "note", rank, ones[0]["step"], 0,
+    return [_mk("F1", "note", rank, ones[0].step, 0,
                 f"{text}, while the script declares K: {script.describe()}. If it meant to "
                 "accumulate, the optimizer steps on every micro-step; pass "
                 "--accumulation-steps to decide")]
-
-
-def _cross_rank(rec: RunRecording) -> list[Finding]:
-    """What reached the optimizer must agree across ranks on replicated-gradient engines."""
-    ranks = [r for r in rec.ranks if rec.steps.get(r)]
-    if len(ranks) < 2:
-        return []
-    by_step: dict[int, dict[int, dict[str, Any]]] = {}
-    for r in ranks:
-        for s in _windows(rec.steps[r]):
-            by_step.setdefault(int(s["step"]), {})[r] = s
-    for step in sorted(by_step):
-        row = by_step[step]
-        if len(row) < 2 or any(s.get("engine") == "fsdp2" for s in row.values()):
-            continue
-        sums: dict[int, list[float]] = {r: s["checksum"] for r, s in row.items()
-                                        if s.get("checksum")}
-        if len(sums) < 2:
-            continue
-        vals = list(sums.values())
-        scale = max(abs(v[2]) for v in vals) or 1e-30
-        spread = max(abs(a[i] - b[i]) for a in vals for b in vals for i in (0, 1))
-        if spread > 1e-5 * scale:
-            text = ", ".join(f"rank {r}: {v[0]:.6g}" for r, v in sorted(sums.items()))
-            return [_mk("F11", "error", None, step, None,
-                        f"the gradient the optimizer received differs across ranks at step "
-                        f"{_n(step)} (checksums {text}): ranks train different models")]
-    return []

@@ -30,7 +30,6 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Mapping
-from typing import Any
 
 from accumguard.core.errors import ConfigError
 from accumguard.static._dsparse import (
@@ -142,8 +141,8 @@ _SUGGEST: dict[tuple[str, ...], tuple[str, ...]] = {
 _ACCUM_WORDS = re.compile(r"accum|batch|clip|grad", re.IGNORECASE)
 
 
-def _get(cfg: Mapping[str, Any], *path: str) -> Any:
-    node: Any = cfg
+def _get(cfg: Mapping[str, object], *path: str) -> object:
+    node: object = cfg
     for part in path:
         if not isinstance(node, Mapping) or part not in node:
             return None
@@ -151,8 +150,8 @@ def _get(cfg: Mapping[str, Any], *path: str) -> Any:
     return node
 
 
-def _has(cfg: Mapping[str, Any], *path: str) -> bool:
-    node: Any = cfg
+def _has(cfg: Mapping[str, object], *path: str) -> bool:
+    node: object = cfg
     for part in path:
         if not isinstance(node, Mapping) or part not in node:
             return False
@@ -160,7 +159,7 @@ def _has(cfg: Mapping[str, Any], *path: str) -> bool:
     return True
 
 
-def _positive_int(value: Any) -> int | None:
+def _positive_int(value: object) -> int | None:
     """An int (or integral float/str, as hjson users write them) > 0, else None."""
     if isinstance(value, bool):
         return None
@@ -173,7 +172,7 @@ def _positive_int(value: Any) -> int | None:
     return None
 
 
-def _enabled(section: Any) -> bool:
+def _enabled(section: object) -> bool:
     if isinstance(section, Mapping):
         v = section.get("enabled", False)
         # "auto" (Hugging Face) may or may not enable it: not counted, to avoid guessing
@@ -182,7 +181,7 @@ def _enabled(section: Any) -> bool:
 
 
 def resolved_accumulation_steps(
-    cfg: Mapping[str, Any], *, world_size: int | None = None
+    cfg: Mapping[str, object], *, world_size: int | None = None
 ) -> int | None:
     """The gradient_accumulation_steps DeepSpeed will use, or ``None`` when it cannot be known.
 
@@ -209,7 +208,7 @@ def resolved_accumulation_steps(
     return None
 
 
-def zero_stage(cfg: Mapping[str, Any]) -> int | None:
+def zero_stage(cfg: Mapping[str, object]) -> int | None:
     """The ZeRO stage DeepSpeed will use (0 when the key is absent), None when unknown."""
     if getattr(cfg, "partial", False) and "zero_optimization" not in cfg:
         return None
@@ -228,7 +227,7 @@ def zero_stage(cfg: Mapping[str, Any]) -> int | None:
     return None
 
 
-def managed_accumulation(cfg: Mapping[str, Any]) -> bool | None:
+def managed_accumulation(cfg: Mapping[str, object]) -> bool | None:
     """``managed_gradient_accumulation`` (DeepSpeed default True; False makes every
     ``step()`` the boundary, so a hand-gated loop is right). None when unknown."""
     if "managed_gradient_accumulation" not in cfg:
@@ -247,7 +246,7 @@ def managed_accumulation(cfg: Mapping[str, Any]) -> bool | None:
 class _Collector:
     """Builds findings with the rule's severity/fix and the key's line."""
 
-    def __init__(self, cfg: Mapping[str, Any]) -> None:
+    def __init__(self, cfg: Mapping[str, object]) -> None:
         self.cfg = cfg
         self.lines: dict[tuple[str, ...], int] = getattr(cfg, "key_lines", {}) or {}
         self.path: str | None = getattr(cfg, "source", None)
@@ -519,7 +518,7 @@ def _check_keys(c: _Collector) -> None:
 
 
 def check_config(
-    cfg: Mapping[str, Any],
+    cfg: Mapping[str, object],
     *,
     world_size: int | None = None,
     accumulation_steps: int | None = None,

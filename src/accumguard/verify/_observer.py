@@ -31,12 +31,23 @@ import contextlib
 import dataclasses
 from collections import Counter
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Protocol
 
 import torch
 
 from accumguard.core.window import StepRecord
 from accumguard.observe import Observer as Layer
+from accumguard.observe._events import (
+    BackwardEvent,
+    CollectiveEvent,
+    EngineInfo,
+    EngineStepEvent,
+    ForwardEvent,
+    OptimizerCallEvent,
+    SchedulerEvent,
+    StepEvent,
+    ZeroGradEvent,
+)
 from accumguard.verify.contract import LoopContext
 from accumguard.verify.reference import canonical_name, flat_params
 from accumguard.verify.report import LoopObservation
@@ -45,6 +56,12 @@ __all__ = ["Observer"]
 
 # Collectives that move no tensor data of the model: not in the audit's counts.
 _NOT_COUNTED = frozenset({"barrier"})
+
+
+class _Progress(Protocol):
+    """Where the audit reports (loop name, optimizer steps so far): a multiprocessing queue."""
+
+    def put(self, item: tuple[str, int], /) -> None: ...
 
 
 def _gather_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -62,7 +79,7 @@ class Observer:
     """Everything the audit sees of one loop on one rank: a listener of the observation
     layer plus the audit's own gradient and parameter copies."""
 
-    def __init__(self, ctx: LoopContext, name: str, progress_q: Any) -> None:
+    def __init__(self, ctx: LoopContext, name: str, progress_q: _Progress | None) -> None:
         self.ctx = ctx
         self.name = name
         self.q = progress_q
@@ -83,11 +100,11 @@ class Observer:
         self._interval = 0
         self._round_interval = -1
         self.engine = ""
-        self.engine_info: dict[str, Any] = {}
+        self.engine_info: dict[str, int | float] = {}
         self.outer_optimizers: set[str] = set()
         self.notes: list[str] = []
         self.snapshot_failed: str | None = None
-        self._wrapper: Any = None
+        self._wrapper: torch.nn.Module | None = None  # the DeepSpeed engine
         self._root: tuple[str, bool | None] = ("", None)  # last top-level forward: kind, sync
         self._ddp_sync = False  # DDP's sync flag at the model's latest forward
         self._ds_captured = False  # the inner optimizer stepped in this engine.step
@@ -120,14 +137,14 @@ class Observer:
             yield
 
     # -- the observation layer's events ---------------------------------------------------
-    def on_forward(self, ev: Any) -> None:
+    def on_forward(self, ev: ForwardEvent) -> None:
         # A top-level forward (DDP module, DeepSpeed engine, or the model itself): it runs
         # before the model's own forward pre-hook, which reads it.
         self._root = (ev.engine if ev.engine in ("ddp", "deepspeed") else "", ev.sync)
         if ev.engine == "deepspeed":
             self._wrapper = ev.module
 
-    def on_engine(self, info: Any) -> None:
+    def on_engine(self, info: EngineInfo) -> None:
         if info.engine == "deepspeed" and not self.engine_info:
             self.engine_info = {
                 "zero_stage": int(info.zero_stage or 0),
@@ -135,7 +152,7 @@ class Observer:
                 "gradient_clipping": float(info.gradient_clipping or 0.0),
             }
 
-    def on_backward_start(self, ev: Any) -> None:
+    def on_backward_start(self, ev: BackwardEvent) -> None:
         self._interval += 1
         self._tail_open = False
         self.pending["backwards"] += 1
@@ -143,7 +160,7 @@ class Observer:
             self.pending["ddp_sync_rounds"] += 1
             self._mark_round()
 
-    def on_collective(self, ev: Any) -> None:
+    def on_collective(self, ev: CollectiveEvent) -> None:
         if ev.op in _NOT_COUNTED:
             return
         if ev.reduces and ev.in_engine:
@@ -154,7 +171,7 @@ class Observer:
         else:
             self.pending["other_collective_calls"] += 1
 
-    def on_zero_grad(self, ev: Any) -> None:
+    def on_zero_grad(self, ev: ZeroGradEvent) -> None:
         this = ev.owner
         mine = ev.kind == "optimizer" or this is self.model or _owns(this, self.model)
         if mine and not self._count_on_tail("zero_grad_calls"):
@@ -162,20 +179,21 @@ class Observer:
             if self.pending["backwards"] > 0:
                 self.pending["zero_grads"] += 1
 
-    def on_scheduler_step(self, ev: Any) -> None:
+    def on_scheduler_step(self, ev: SchedulerEvent) -> None:
         if not self._count_on_tail("scheduler_steps"):
             self.pending["scheduler_steps"] += 1
 
-    def on_engine_step(self, ev: Any) -> None:
+    def on_engine_step(self, ev: EngineStepEvent) -> None:
         self._wrapper = ev.owner
         self._ds_captured = False
 
-    def on_optimizer_call(self, ev: Any) -> None:
+    def on_optimizer_call(self, ev: OptimizerCallEvent) -> None:
         """The gradient the optimizer receives: copied at the outermost torch step, or at
         the inner optimizer's first (per-group) step inside a DeepSpeed ``engine.step``."""
         opt = ev.owner
         if ev.depth != 1:
             return
+        assert opt is not None  # (the observation layer names the optimizer it wraps)
         if ev.in_engine:
             if self._ds_captured:  # the next parameter group of the same step
                 more = self._capture_grads(opt)
@@ -195,7 +213,7 @@ class Observer:
         self.lrs.append([float(g.get("lr", float("nan"))) for g in opt.param_groups])
         self.grads.append(self._capture_grads(opt))
 
-    def on_step(self, ev: Any) -> None:
+    def on_step(self, ev: StepEvent) -> None:
         if ev.source == "deepspeed":
             stepped = self._ds_captured
             self._ds_captured = False
@@ -232,13 +250,13 @@ class Observer:
             self._round_interval = self._interval
             self.pending["reduction_rounds"] += 1
 
-    def _on_loss(self, loss: Any, count: Any) -> None:
+    def _on_loss(self, loss: torch.Tensor, count: object) -> None:
         with contextlib.suppress(Exception):
             self._loss_sum += float(loss.detach().float().sum())
             self._loss_count += float(torch.as_tensor(count).float().sum())
             self.pending["loss_calls"] += 1
 
-    def _fwd_pre(self, module: Any, args: Any) -> None:
+    def _fwd_pre(self, module: torch.nn.Module, args: tuple[object, ...]) -> None:
         if not torch.is_grad_enabled():
             return
         self._take_snapshot()
@@ -252,7 +270,7 @@ class Observer:
         # DDP decides at forward time whether this micro-step's backward all-reduces.
         self._ddp_sync = kind == "ddp" and bool(sync if sync is not None else True)
 
-    def _note_precision(self, module: Any) -> None:
+    def _note_precision(self, module: torch.nn.Module) -> None:
         """Record the compute precision of this forward: autocast, FSDP2 mixed precision."""
         for device in ("cpu", "cuda"):
             with contextlib.suppress(Exception):
@@ -266,7 +284,8 @@ class Observer:
             # this source) is judged as float16's: the last word is what is parsed.
             self.compute_dtypes.add("TF32 switched on by the loop (10-bit mantissa) ~ float16")
         with contextlib.suppress(Exception):
-            policy = module._get_fsdp_state()._mp_policy
+            # FSDP2's fully_shard adds the method (another module: AttributeError, suppressed)
+            policy = getattr(module, "_get_fsdp_state")()._mp_policy  # noqa: B009
             if policy.param_dtype is not None:
                 self.compute_dtypes.add(
                     f"fsdp2 mixed precision {str(policy.param_dtype).replace('torch.', '')}")
@@ -374,10 +393,9 @@ class Observer:
 
 def _record(step: int, counts: Mapping[str, int], *, optimizer_steps: int) -> StepRecord:
     """The window record of the audit's counts (keys: :class:`StepRecord` fields)."""
-    kw: dict[str, Any] = dict(counts)
-    return StepRecord(step=step, optimizer_steps=optimizer_steps, **kw)
+    return StepRecord.of_counts(step, {**counts, "optimizer_steps": optimizer_steps})
 
 
-def _owns(module: Any, model: torch.nn.Module) -> bool:
+def _owns(module: object, model: torch.nn.Module) -> bool:
     """Whether ``module`` wraps ``model`` (DDP / DeepSpeed engine ``.module``)."""
     return getattr(module, "module", None) is model

@@ -16,28 +16,43 @@ Fixtures:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Generator, Iterator
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import pytest
 
-__all__ = ["accumulation_guard", "assert_accumulation_equivalent", "dist_run"]
+if TYPE_CHECKING:
+    import torch
+
+    from accumguard.runtime.guard import AccumulationGuard
+
+R = TypeVar("R")
+
+__all__ = ["DistRun", "accumulation_guard", "assert_accumulation_equivalent", "dist_run"]
+
+
+class DistRun(Protocol):
+    """What the ``dist_run`` fixture gives: ``fn``'s return value on every rank."""
+
+    def __call__(self, fn: Callable[..., R], *args: object, world_size: int = 2,
+                 timeout: float = 120.0) -> list[R]: ...
 
 
 @pytest.fixture
-def dist_run() -> Callable[..., list[Any]]:
+def dist_run() -> DistRun:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned gloo ranks."""
     from accumguard.runtime.launch import run_on_ranks
 
-    def run(fn: Callable[..., Any], *args: Any, world_size: int = 2,
-            timeout: float = 120.0) -> list[Any]:
+    def run(fn: Callable[..., R], *args: object, world_size: int = 2,
+            timeout: float = 120.0) -> list[R]:
         return run_on_ranks(fn, world_size, args, timeout=timeout)
 
     return run
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
+                              ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     """Remember whether the test body failed, so the guard fixture does not report a
     violation twice (once raised in the test, once at teardown)."""
     report = yield
@@ -50,13 +65,15 @@ _CALL_FAILED = pytest.StashKey[bool]()
 
 
 @pytest.fixture
-def accumulation_guard(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]:
+def accumulation_guard(request: pytest.FixtureRequest
+                       ) -> Iterator[Callable[..., AccumulationGuard]]:
     """Factory: install a guard for the rest of the test; violations fail the test."""
     from accumguard.runtime.guard import guard
 
-    guards: list[Any] = []
+    guards: list[AccumulationGuard] = []
 
-    def install(model: Any, optimizer: Any, **kwargs: Any) -> Any:
+    def install(model: torch.nn.Module, optimizer: torch.optim.Optimizer, **kwargs: Any
+                ) -> AccumulationGuard:
         kwargs.setdefault("mode", "raise")
         g = guard(model, optimizer, **kwargs).install()
         guards.append(g)

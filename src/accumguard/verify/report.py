@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Literal, TypeAlias
 
 import torch
 
@@ -25,7 +25,7 @@ from accumguard.core import window
 
 __all__ = ["AuditStep", "Divergence", "Tolerance", "LoopObservation",
            "Candidate", "Diagnosis", "AuditReport", "LossSource", "Precision", "Basis",
-           "json_safe"]
+           "JsonValue", "json_object", "json_safe"]
 
 LossSource = Literal["loop", "reference"]
 # A compute / accumulation precision, declared in the AuditSetup or detected ("auto").
@@ -106,7 +106,7 @@ class LoopObservation:
     loss_sums: list[float]
     loss_counts: list[float]
     engine: str
-    engine_info: dict[str, Any]
+    engine_info: dict[str, int | float]
     outer_optimizers: list[str]
     param_dtypes: list[str]
     snapshot_failed: str | None
@@ -171,9 +171,8 @@ class Diagnosis:
                else "" if self.basis == "no update" else f"; from the {self.basis}")
         return f"{self.bug_id}: {self.title} ({self.variant}{scale}{fit})"
 
-    def to_dict(self) -> dict[str, Any]:
-        doc: dict[str, Any] = json_safe(asdict(self))
-        return doc
+    def to_dict(self) -> dict[str, JsonValue]:
+        return json_object(asdict(self))
 
 
 @dataclass
@@ -216,7 +215,7 @@ class AuditReport:
     tolerance_model: Tolerance | None = None
     parameters_moved: bool = True
     diagnosis: Diagnosis | None = None
-    engine_info: dict[str, Any] = field(default_factory=dict)
+    engine_info: dict[str, int | float] = field(default_factory=dict)
 
     @property
     def max_update_error(self) -> float:
@@ -234,7 +233,7 @@ class AuditReport:
         n = max(1, len(self.steps))
         return {k: v / n for k, v in self.totals.audit_counts().items()}
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, JsonValue]:
         out = asdict(self)
         # a window record's counts as the report names them (``audit.schema.json``)
         out["totals"] = self.totals.audit_counts()
@@ -243,8 +242,7 @@ class AuditReport:
         out["diagnosis"] = None if self.diagnosis is None else self.diagnosis.to_dict()
         out["max_update_error"] = self.max_update_error
         out["max_grad_error"] = self.max_grad_error
-        doc: dict[str, Any] = json_safe(out)
-        return doc
+        return json_object(out)
 
 
 def _finite(x: float | None) -> float | None:
@@ -253,7 +251,16 @@ def _finite(x: float | None) -> float | None:
     return x
 
 
-def json_safe(obj: Any) -> Any:
+#: what :func:`json_safe` makes of any object: the types ``json.dumps`` writes as they are
+JsonValue: TypeAlias = "None | bool | int | float | str | list[JsonValue] | dict[str, JsonValue]"
+
+
+def json_object(d: dict[str, object]) -> dict[str, JsonValue]:
+    """:func:`json_safe` of a dict with string keys (a report's ``to_dict()``)."""
+    return {str(k): json_safe(v) for k, v in d.items()}
+
+
+def json_safe(obj: object) -> JsonValue:
     """``obj`` with tuples as lists, non-finite floats as None, tensors as lists."""
     if isinstance(obj, dict):
         return {str(k): json_safe(v) for k, v in obj.items()}
@@ -270,8 +277,8 @@ def json_safe(obj: Any) -> Any:
 
 def _step_counts(**counts: int) -> window.StepRecord:
     """The old ``StepCounts(...)``: its keyword names are the report's count keys."""
-    kw: dict[str, Any] = {window.AUDIT_COUNTS[k]: v for k, v in counts.items()}
-    return window.StepRecord(step=0, **{"optimizer_steps": 0, **kw})
+    kw = {window.AUDIT_COUNTS[k]: v for k, v in counts.items()}
+    return window.StepRecord.of_counts(0, {"optimizer_steps": 0, **kw})
 
 
 _RENAMED: dict[str, tuple[object, str]] = {
