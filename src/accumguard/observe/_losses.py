@@ -56,7 +56,14 @@ from typing import Any
 import torch
 
 from accumguard.observe._failsafe import hook_method
-from accumguard.observe._losses_terms import TermLog, selection_row, selection_stats, term_rows
+from accumguard.observe._losses_terms import (
+    TermLog,
+    factor_stats,
+    factor_uniform,
+    selection_row,
+    selection_stats,
+    term_rows,
+)
 from accumguard.observe._losses_walk import walk
 
 __all__ = ["LossRecorder"]
@@ -92,8 +99,8 @@ _WEIGHT_NAMES = {2: "weight", 4: "weight", 5: "weight", 6: "pos_weight"}
 class _Call:
     """One recorded loss call; ``micro`` and ``g`` are set by the gradient hook."""
 
-    __slots__ = ("divs", "g", "grad", "lp", "mean", "micro", "n", "node", "opaque", "rows",
-                 "seq", "site", "sole", "stats", "weighted")
+    __slots__ = ("divs", "factors", "fstats", "g", "grad", "lp", "mean", "micro", "n",
+                 "node", "opaque", "rows", "seq", "site", "sole", "stats", "weighted")
 
     def __init__(self, site: str, seq: int, n: torch.Tensor | int, mean: bool,
                  lp: bool, node: int, rows: int = 0) -> None:
@@ -117,6 +124,10 @@ class _Call:
         # a data tensor multiplies the selection's tokens (advantages, a mask): equal
         # weights in one micro-step are then not a normalisation (one sequence)
         self.weighted = False
+        # the data tensors multiplying the selection per token (advantages, a mask), until
+        # the backward reaches it; then the weights read through them (factor_stats)
+        self.factors: list[torch.Tensor] | None = None
+        self.fstats: torch.Tensor | None = None
 
 
 class LossRecorder:
@@ -255,9 +266,13 @@ class LossRecorder:
                 gs = torch.stack(g_list).tolist()  # type: ignore[arg-type]
                 st = [c.stats for c in calls if c.stats is not None]
                 s_iter = iter(torch.stack(st).tolist() if st else [])
+                ft = [c.fstats for c in calls if c.fstats is not None]
+                fstats = dict(zip([id(c) for c in calls if c.fstats is not None],
+                                  torch.stack(ft).tolist() if ft else [], strict=True))
         except (RuntimeError, TypeError, ValueError):  # mixed devices/dtypes, subclasses
             return None
         ns = [float(c.n) if isinstance(c.n, int) else float(next(n_iter)) for c in calls]
+        proven = _token_level(calls, fstats)
         vals = [ns, [float(g) for g in gs]]
         order: dict[tuple[int, str], int] = {}
         keys: dict[int, tuple[str, int]] = {}  # id(call) -> (site, order)
@@ -276,6 +291,14 @@ class LossRecorder:
                     continue
                 sel.append(row)
                 uniform = bool(row[7]) and not c.weighted
+                fs = fstats.get(id(c))
+                if c.weighted and fs is not None and c.site in proven:
+                    # the weights read through the data factors (advantages, a mask)
+                    one = factor_uniform(fs)
+                    if one is not None and fs[0] > 0:
+                        out.append([c.site, idx, c.micro, int(fs[0]), one, c.lp, "log-prob",
+                                    c.sole, c.grad, c.divs])
+                    continue
             if n <= 0 or g == 0 or g != g or not uniform:
                 continue  # nothing averaged, the loss did not reach the optimizer, or
                 # a selection whose tokens carry data-dependent weights (advantages)
@@ -421,6 +444,7 @@ class LossRecorder:
                 continue
             call = _Call(where(), self.seq, 0, True, False, leaf.node._sequence_nr())
             call.opaque, call.weighted = leaf.opaque, leaf.weighted
+            call.factors = leaf.factors or None
             self.seq += 1
             self.calls.append(call)
             leaf.node.register_prehook(functools.partial(self._on_select, call, leaf.index))
@@ -440,6 +464,9 @@ class LossRecorder:
             return
         call.micro, call.lp = self.micro, grad.dtype in _LOW
         call.n, call.g, call.stats = selection_stats(grad.detach())
+        if call.factors:
+            call.fstats = factor_stats(grad.detach(), call.factors)
+        call.factors = None  # the saved tensors are not kept past the backward
         call.sole = self._sole(call)
 
     # -- naming the call ----------------------------------------------------------------------
@@ -470,6 +497,19 @@ class LossRecorder:
             if path and filename.startswith(os.path.dirname(path) + os.sep):
                 return True
         return filename.startswith("<frozen")
+
+
+def _token_level(calls: list[_Call], fstats: dict[int, list[float]]) -> set[str]:
+    """Call sites whose weights read through data factors are one weight per token in some
+    micro-step across sequences of different lengths: their normaliser counts tokens, not
+    sequences (a per-sequence mean gives a short sequence's tokens more weight), so equal
+    weights within a micro-step are the loss's per-token weight."""
+    out: set[str] = set()
+    for c in calls:
+        fs = fstats.get(id(c))
+        if fs is not None and fs[5] > 0 and factor_uniform(fs) is not None:
+            out.add(c.site)
+    return out
 
 
 def _distributed() -> bool:
