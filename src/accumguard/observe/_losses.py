@@ -51,7 +51,7 @@ import sys
 import time
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -64,7 +64,11 @@ from accumguard.observe._losses_terms import (
     selection_stats,
     term_rows,
 )
-from accumguard.observe._losses_walk import walk
+from accumguard.observe._losses_walk import Const, walk
+
+if TYPE_CHECKING:
+    from accumguard.observe._observer import Observer
+    from accumguard.observe._patch import Patches
 
 __all__ = ["LossRecorder"]
 
@@ -115,7 +119,7 @@ class _Call:
         self.sole = False  # the backward's root is this output times constants
         self.grad = False  # reached by a counted torch.autograd.grad, not a backward
         # the constants between this output and the root: ["/", c] or ["*", c]
-        self.divs: list[list[Any]] = []
+        self.divs: list[Const] = []
         self.rows = rows  # the rows of the call's input (the micro-batch's samples/tokens)
         # a log-prob selection (:mod:`._losses_terms`): [count, rows, sum, min, max] of the
         # nonzero per-token gradients, a device tensor until the step
@@ -134,17 +138,17 @@ class LossRecorder:
     """Installed by the :class:`~accumguard.observe.Observer`; its records go on the step
     event as ``losses`` (see :meth:`take`)."""
 
-    def __init__(self, observer: Any) -> None:
+    def __init__(self, observer: Observer) -> None:
         self.obs = observer
         self.failsafe = observer.failsafe  # the hooks' door (:func:`hook_method`)
         self.calls: list[_Call] = []
         self.micro = 0  # backward passes since the last applied optimizer step
         self.gmicro = 0  # counted torch.autograd.grad calls since then
         self.prev_micros = 0  # micro-steps with a record in the last window taken
-        self.root: Any = None  # the tensor(s) of the backward running now
+        self.root: object = None  # the tensor(s) of the backward running now
         # seq nr of each node below the root through constants and sums -> (the constants
         # above it, an addition above it)
-        self.chain: dict[int, tuple[list[list[Any]], bool]] = {}
+        self.chain: dict[int, tuple[list[Const], bool]] = {}
         self.in_grad = False  # inside a counted torch.autograd.grad
         self.seq = 0
         self._lib_cache: dict[str, bool] = {}
@@ -155,7 +159,7 @@ class LossRecorder:
         self.terms = TermLog()  # the terms of each backward's loss, the log-prob selections
         self.term_records: list[list[Any]] | None = None
 
-    def install(self, patches: Any) -> None:
+    def install(self, patches: Patches) -> None:
         import torch.nn.functional as F  # noqa: N812 - torch's own alias
 
         for name in ("cross_entropy", "nll_loss"):
@@ -396,7 +400,7 @@ class LossRecorder:
         node.register_prehook(functools.partial(self._on_grad, call, out.output_nr))
 
     @hook_method
-    def _on_grad(self, call: _Call, index: int, grad_outputs: tuple[Any, ...]) -> None:
+    def _on_grad(self, call: _Call, index: int, grad_outputs: tuple[torch.Tensor | None, ...]) -> None:
         obs = self.obs
         grad = grad_outputs[index] if index < len(grad_outputs) else None
         via = self.in_grad
@@ -451,7 +455,7 @@ class LossRecorder:
         self.terms.on_walk(self.micro, w, self.calls, where)
 
     @hook_method
-    def _on_select(self, call: _Call, index: int, grad_outputs: tuple[Any, ...]) -> None:
+    def _on_select(self, call: _Call, index: int, grad_outputs: tuple[torch.Tensor | None, ...]) -> None:
         """The gradient reaching a per-token log-prob selection: its nonzero entries are the
         tokens' weights (kept on the device until the step)."""
         obs = self.obs

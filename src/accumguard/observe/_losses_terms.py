@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from accumguard.observe._losses_walk import Walk
+from accumguard.observe._losses_walk import Const, Walk
 
 __all__ = ["FACTOR_TOL", "TermLog", "divisor", "factor_stats", "factor_uniform", "selection_row",
            "selection_stats", "term_rows"]
@@ -143,7 +143,7 @@ def factor_uniform(stats: list[float]) -> float | None:
     return total / read
 
 
-def divisor(divs: list[list[Any]], opaque: bool) -> float | None:
+def divisor(divs: list[Const], opaque: bool) -> float | None:
     """The product of the constants dividing a term (a multiplication by ``c`` divides by
     ``1/c``); None when a factor could not be read."""
     if opaque:
@@ -154,7 +154,7 @@ def divisor(divs: list[list[Any]], opaque: bool) -> float | None:
     return d
 
 
-def selection_row(site: str, idx: int, micro: int | None, divs: list[list[Any]],
+def selection_row(site: str, idx: int, micro: int | None, divs: list[Const],
                   opaque: bool, sole: bool, stats: list[float]) -> list[Any] | None:
     """The ``select`` record of one selection, or None when no token had a gradient."""
     n, rows, _, lo, hi = stats

@@ -26,12 +26,17 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-__all__ = ["Leaf", "Walk", "constant", "walk"]
+__all__ = ["Const", "Leaf", "Walk", "constant", "walk"]
+
+#: One constant between a node and the root: ``["/", c]`` or ``["*", c]`` (a list: it goes
+#: to the recording as JSON).
+Const = list[str | float]
 
 #: Nodes through which the root of a backward is a loss call's output times a constant.
 LINEAR = ("MulBackward", "DivBackward", "NegBackward", "CloneBackward", "ToCopyBackward",
@@ -53,7 +58,7 @@ class Leaf:
 
     node: Any
     index: int  # which output of ``node`` the path reached
-    divs: list[list[Any]]
+    divs: list[Const]
     split: bool  # an addition above it: one term of a sum
     means: list[int]  # element counts averaged by the means above it
     opaque: bool  # a one-element factor above it that could not be read
@@ -68,7 +73,7 @@ class Leaf:
 class Walk:
     """What :func:`walk` read below one root."""
 
-    chain: dict[int, tuple[list[list[Any]], bool]] = field(default_factory=dict)
+    chain: dict[int, tuple[list[Const], bool]] = field(default_factory=dict)
     leaves: list[Leaf] = field(default_factory=list)
     complete: bool = False  # every path ended at a leaf within :data:`NODES` nodes
 
@@ -156,7 +161,7 @@ def _selection(name: str, node: Any) -> str | None:
     return None
 
 
-def walk(root: Any) -> Walk:
+def walk(root: torch.Tensor | Sequence[torch.Tensor]) -> Walk:
     """The chain, leaves and completeness below ``root`` (a tensor, or a one-tensor list);
     an empty walk when the graph is unusual (a tensor subclass)."""
     out = Walk()
@@ -179,13 +184,13 @@ def _factor(node: Any) -> torch.Tensor | None:
 
 #: One node to visit: (node, output index, constants above, addition above, means above,
 #: opaque above, a data factor above, the data factors above (None: not divisible)).
-_Item = tuple[Any, int, list[list[Any]], bool, list[int], bool, bool,
+_Item = tuple[Any, int, list[Const], bool, list[int], bool, bool,
               list[torch.Tensor] | None]
 #: A reduction over some dimensions: data factors above it hold per-row values.
 _DIM_REDUCE = ("SumBackward1", "MeanBackward1")
 
 
-def _walk(root: Any, out: Walk) -> None:
+def _walk(root: torch.Tensor | Sequence[torch.Tensor], out: Walk) -> None:
     if isinstance(root, (list, tuple)):
         if len(root) != 1:
             return
