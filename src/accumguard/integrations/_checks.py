@@ -31,7 +31,7 @@ import math
 import sys
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar, cast
 
 import torch
 
@@ -47,7 +47,8 @@ from accumguard.integrations._figures import event_figures, token_weight_error
 from accumguard.integrations._notes import InfoNotes
 from accumguard.observe import CONSERVATION_BUDGET, Patches, sampled
 from accumguard.observe._agree import gather_rows
-from accumguard.observe._failsafe import Failsafe
+from accumguard.observe._events import ScalerEvent, StepEvent
+from accumguard.observe._failsafe import Failsafe, Failure
 from accumguard.observe._patch_torch import constructor_step
 from accumguard.observe.rules import (
     WEIGHT_TOL,
@@ -57,6 +58,22 @@ from accumguard.observe.rules import (
     step_record,
 )
 from accumguard.observe.tokens import TokenWeightProbe, find_logits_module
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+    from torch.utils.hooks import RemovableHandle
+
+    from accumguard.observe import Observer
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+_S = TypeVar("_S")
+
+
+class _Scale(Protocol):
+    """What the probe reads of a GradScaler (torch's, FSDP's ShardedGradScaler, ...)."""
+
+    def get_scale(self) -> float: ...
 
 __all__ = ["DEFAULT_EVERY_N_STEPS", "AccumulationChecks", "Finding", "TokenWeightProbe", "boundary_findings",
            "callback_dict", "classify_window", "find_logits_module", "unwrap_optimizer", "unwrap_scheduler"]
@@ -79,7 +96,7 @@ _SIGNATURE_TOL = 1e-2
 # same on every rank).
 
 
-def callback_dict(f: Finding) -> dict[str, Any]:
+def callback_dict(f: Finding) -> dict[str, object]:
     """A finding as the callbacks record it (``trainer.state.accumguard_findings``, the
     checks' :meth:`~AccumulationChecks.summary`): ``step`` (1-based, as every report and
     the frameworks' ``global_step`` after it), ``class_id``, ``title``, ``evidence``, ``fix``."""
@@ -96,14 +113,14 @@ def _finding(step: int, class_id: str, evidence: str) -> Finding:
                    title(class_id))
 
 
-def _hookable(opt: Any) -> bool:
+def _hookable(opt: object) -> bool:
     """A torch optimizer that ran ``torch.optim.Optimizer.__init__`` (its step hooks exist):
     Accelerate's ``DeepSpeedOptimizerWrapper`` subclasses it without running it."""
     return (isinstance(opt, torch.optim.Optimizer)
             and hasattr(opt, "_optimizer_step_post_hooks"))
 
 
-def unwrap_optimizer(opt: Any) -> Any:
+def unwrap_optimizer(opt: object) -> Any:
     """The torch optimizer inside Accelerate's ``AcceleratedOptimizer`` or Lightning's
     ``LightningOptimizer`` (hooks must sit on the object that really steps); inside
     Accelerate's ``DeepSpeedOptimizerWrapper`` (the HF Trainer's optimizer under DeepSpeed
@@ -122,16 +139,17 @@ def unwrap_optimizer(opt: Any) -> Any:
                       f"{type(opt).__name__}")
 
 
-def _deepspeed_engine_class() -> Any:
+def _deepspeed_engine_class() -> type | None:
     """DeepSpeed's engine class when DeepSpeed is already imported (never imported here)."""
     mod = sys.modules.get("deepspeed.runtime.engine")
     return getattr(mod, "DeepSpeedEngine", None) if mod is not None else None
 
 
-def unwrap_scheduler(sched: Any) -> Any:
+def unwrap_scheduler(sched: _S) -> _S:
     """The torch LR scheduler inside Accelerate's ``AcceleratedScheduler`` (which steps its
     inner scheduler ``num_processes`` times per optimizer step unless ``split_batches``)."""
     inner = getattr(sched, "scheduler", None)
+    # the inner scheduler stands where the wrapper stood (both have step())
     return inner if inner is not None and hasattr(inner, "step") else sched
 
 
@@ -147,7 +165,7 @@ def classify_window(ranks: list[torch.Tensor], *, world_size: int, averages_over
     return None if verdict is None else _finding(step, verdict[0], verdict[1])
 
 
-def boundary_findings(event: Any, *, accumulation_steps: int) -> list[Finding]:
+def boundary_findings(event: StepEvent, *, accumulation_steps: int) -> list[Finding]:
     """Error-level findings from one :class:`accumguard.observe.StepEvent` (what the
     observer saw between two optimizer steps on this rank), by the per-window rules of
     :func:`accumguard.observe.rules.live_findings` (the rules ``accumguard watch`` runs)."""
@@ -157,16 +175,17 @@ def boundary_findings(event: Any, *, accumulation_steps: int) -> list[Finding]:
             if f.severity == "error"]
 
 
-def safe_callback(fn: Callable[..., Any]) -> Callable[..., Any]:
+def safe_callback(fn: Callable[_P, _R]) -> Callable[_P, _R | None]:
     """A framework callback method that only observes: an internal error of accumguard in
     it never reaches the training loop. accumguard's deliberate errors (a ``ConfigError``
     at the start, ``strict`` findings) pass; anything else switches the callback's checks
     off (on every rank at their next gather) and is said on stderr, once."""
 
     @functools.wraps(fn)
-    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def method(*args: _P.args, **kwargs: _P.kwargs) -> _R | None:
+        self = args[0] if args else None
         try:
-            return fn(self, *args, **kwargs)
+            return fn(*args, **kwargs)
         except AccumguardError:
             raise
         except Exception as exc:  # noqa: BLE001 - never into the user's training
@@ -209,10 +228,10 @@ class AccumulationChecks(InfoNotes):
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: Any, *, accumulation_steps: int,
-                 scheduler: Any = None, averages_over_ranks: bool | None = None,
+                 scheduler: object = None, averages_over_ranks: bool | None = None,
                  logits_module: torch.nn.Module | None = None, every_n_steps: int = 1,
                  strict: bool = False, on_finding: Callable[[Finding], None] | None = None,
-                 process_group: Any = None, observe: bool = True,
+                 process_group: ProcessGroup | None = None, observe: bool = True,
                  fix_hints: dict[str, str] | None = None) -> None:
         if not isinstance(every_n_steps, int) or every_n_steps < 1:
             raise ConfigError(f"every_n_steps ({every_n_steps!r}) must be a positive int")
@@ -236,14 +255,14 @@ class AccumulationChecks(InfoNotes):
         # every hook and wrapper of the checks runs behind this door: an internal error
         # switches the checks off (on every rank together, at the next gather), never the run
         self.failsafe = Failsafe("accumguard (callback)", step=lambda: self.steps)
-        self.failure: Any = None  # accumguard's own failure, once the checks are off
+        self.failure: Failure | None = None  # accumguard's own failure, once the checks are off
         self._off = False
         self._probing = True  # the probe's hook is on (the next window is checked)
         self.probe = TokenWeightProbe(logits_module or find_logits_module(model),
                                       failsafe=self.failsafe)
         self.optimizer = unwrap_optimizer(optimizer)
         self._patches = Patches(self.failsafe)  # scheduler and engine step wrappers
-        self._step_handle: Any = None
+        self._step_handle: RemovableHandle | None = None
         if _hookable(self.optimizer):
             self._step_handle = self.optimizer.register_step_post_hook(self._after_step)
         else:  # a DeepSpeed engine's optimizer: the engine's step() that updated ends a window
@@ -255,7 +274,7 @@ class AccumulationChecks(InfoNotes):
         # scheduler step for F4, as ``accumguard watch`` counts it; said once, as info.
         self._sched_steps = 0
         self._said_sched_w = False
-        self._scaler: Any = None  # a GradScaler seen unscaling: the probe reads scaled grads
+        self._scaler: _Scale | None = None  # a GradScaler seen unscaling: the probe reads scaled grads
         self._said_not_ce = False
         self._said_mixed = False
         self._said_f1 = False
@@ -292,7 +311,7 @@ class AccumulationChecks(InfoNotes):
                 self._patches.wrap(scheduler, "step",
                                    functools.partial(functools.partial, outer_step))
             self._patches.wrap(inner, "step", functools.partial(functools.partial, inner_step))
-        self.observer: Any = None
+        self.observer: Observer | None = None
         if observe:
             from accumguard.observe import Observer
 
@@ -339,7 +358,7 @@ class AccumulationChecks(InfoNotes):
     def __enter__(self) -> AccumulationChecks:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def scale_next_window(self, factor: float) -> None:
@@ -347,7 +366,7 @@ class AccumulationChecks(InfoNotes):
         (after the micro-steps' backwards): account for it in this window's weights."""
         self.probe.scale = factor
 
-    def _hook_engine_steps(self, target: Any) -> None:
+    def _hook_engine_steps(self, target: object) -> None:
         """Under DeepSpeed (Accelerate's wrapper, the HF Trainer) the optimizer step is the
         ``engine.step()`` that updated (``global_steps`` moved; Accelerate calls it inside
         ``accelerator.backward`` at the boundary, its optimizer wrapper's ``step`` is a
@@ -507,12 +526,13 @@ class AccumulationChecks(InfoNotes):
                               "optimizer steps (and zero_grad runs) every micro-step; each "
                               "update is one micro-batch's gradient"))
 
-    def on_unscale(self, event: Any) -> None:
+    def on_unscale(self, event: ScalerEvent) -> None:
         """Observer listener: a GradScaler unscales before this step (its scale is read when
         the probe's records are taken, before ``update`` changes it)."""
-        self._scaler = event.owner
+        owner = event.owner
+        self._scaler = cast("_Scale", owner) if hasattr(owner, "get_scale") else None
 
-    def on_scaler_skip(self, event: Any) -> None:
+    def on_scaler_skip(self, event: ScalerEvent) -> None:
         """Observer listener: a GradScaler skipped this optimizer's step (inf/NaN gradients):
         the window is dropped (its probe records and its scheduler count; a scheduler
         stepped after a skipped step is on time, one step per attempted step)."""
@@ -529,7 +549,7 @@ class AccumulationChecks(InfoNotes):
         self.steps += 1
         self._set_probing(probed or sampled(self.steps, self.every_n_steps))
 
-    def on_step(self, event: Any) -> None:
+    def on_step(self, event: StepEvent) -> None:
         """Observer listener: the boundary contract of a step the observer recorded (a
         sampled window, or one whose hook-free counts are unusual)."""
         self.figures.update(event_figures(event))
@@ -556,7 +576,7 @@ class AccumulationChecks(InfoNotes):
         if self.rank == 0:
             log.warning("%s", finding)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> dict[str, object]:
         """Counts and findings, JSON-friendly (what the callbacks store in trainer state)."""
         return {"steps": self.steps, "checked_steps": self.checked_steps,
                 "findings": [callback_dict(f) for f in self.findings]}

@@ -52,8 +52,8 @@ class InfoNotes:
         cannot be read from it. Said once (info), never a finding."""
         if not self._said_not_ce and self.rank == 0:
             log.info("accumguard step %d: the gradient of %s is not that of a token "
-                     "cross-entropy alone on its output (label smoothing, another loss term on the "
-                     "logits, logits scaled after the layer, a hidden layer taken for the "
+                     "cross-entropy alone on its output, with or without label smoothing (another "
+                     "loss term on the logits, logits scaled after the layer, a hidden layer taken for the "
                      "logits, e.g. with tied embeddings; a regression head): token "
                      "weights are not judged. When the layer is the wrong one, pass "
                      "logits_module=<the layer whose output the cross-entropy reads>",

@@ -51,13 +51,24 @@ import sys
 import time
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from accumguard.observe._failsafe import hook_method
-from accumguard.observe._losses_terms import TermLog, selection_row, selection_stats, term_rows
-from accumguard.observe._losses_walk import walk
+from accumguard.observe._losses_terms import (
+    TermLog,
+    factor_stats,
+    factor_uniform,
+    selection_row,
+    selection_stats,
+    term_rows,
+)
+from accumguard.observe._losses_walk import Const, walk
+
+if TYPE_CHECKING:
+    from accumguard.observe._observer import Observer
+    from accumguard.observe._patch import Patches
 
 __all__ = ["LossRecorder"]
 
@@ -92,8 +103,8 @@ _WEIGHT_NAMES = {2: "weight", 4: "weight", 5: "weight", 6: "pos_weight"}
 class _Call:
     """One recorded loss call; ``micro`` and ``g`` are set by the gradient hook."""
 
-    __slots__ = ("divs", "g", "grad", "lp", "mean", "micro", "n", "node", "opaque", "rows",
-                 "seq", "site", "sole", "stats", "weighted")
+    __slots__ = ("divs", "factors", "fstats", "g", "grad", "lp", "mean", "micro", "n",
+                 "node", "opaque", "rows", "seq", "site", "sole", "stats", "weighted")
 
     def __init__(self, site: str, seq: int, n: torch.Tensor | int, mean: bool,
                  lp: bool, node: int, rows: int = 0) -> None:
@@ -108,7 +119,7 @@ class _Call:
         self.sole = False  # the backward's root is this output times constants
         self.grad = False  # reached by a counted torch.autograd.grad, not a backward
         # the constants between this output and the root: ["/", c] or ["*", c]
-        self.divs: list[list[Any]] = []
+        self.divs: list[Const] = []
         self.rows = rows  # the rows of the call's input (the micro-batch's samples/tokens)
         # a log-prob selection (:mod:`._losses_terms`): [count, rows, sum, min, max] of the
         # nonzero per-token gradients, a device tensor until the step
@@ -117,23 +128,27 @@ class _Call:
         # a data tensor multiplies the selection's tokens (advantages, a mask): equal
         # weights in one micro-step are then not a normalisation (one sequence)
         self.weighted = False
+        # the data tensors multiplying the selection per token (advantages, a mask), until
+        # the backward reaches it; then the weights read through them (factor_stats)
+        self.factors: list[torch.Tensor] | None = None
+        self.fstats: torch.Tensor | None = None
 
 
 class LossRecorder:
     """Installed by the :class:`~accumguard.observe.Observer`; its records go on the step
     event as ``losses`` (see :meth:`take`)."""
 
-    def __init__(self, observer: Any) -> None:
+    def __init__(self, observer: Observer) -> None:
         self.obs = observer
         self.failsafe = observer.failsafe  # the hooks' door (:func:`hook_method`)
         self.calls: list[_Call] = []
         self.micro = 0  # backward passes since the last applied optimizer step
         self.gmicro = 0  # counted torch.autograd.grad calls since then
         self.prev_micros = 0  # micro-steps with a record in the last window taken
-        self.root: Any = None  # the tensor(s) of the backward running now
+        self.root: object = None  # the tensor(s) of the backward running now
         # seq nr of each node below the root through constants and sums -> (the constants
         # above it, an addition above it)
-        self.chain: dict[int, tuple[list[list[Any]], bool]] = {}
+        self.chain: dict[int, tuple[list[Const], bool]] = {}
         self.in_grad = False  # inside a counted torch.autograd.grad
         self.seq = 0
         self._lib_cache: dict[str, bool] = {}
@@ -144,7 +159,7 @@ class LossRecorder:
         self.terms = TermLog()  # the terms of each backward's loss, the log-prob selections
         self.term_records: list[list[Any]] | None = None
 
-    def install(self, patches: Any) -> None:
+    def install(self, patches: Patches) -> None:
         import torch.nn.functional as F  # noqa: N812 - torch's own alias
 
         for name in ("cross_entropy", "nll_loss"):
@@ -255,9 +270,13 @@ class LossRecorder:
                 gs = torch.stack(g_list).tolist()  # type: ignore[arg-type]
                 st = [c.stats for c in calls if c.stats is not None]
                 s_iter = iter(torch.stack(st).tolist() if st else [])
+                ft = [c.fstats for c in calls if c.fstats is not None]
+                fstats = dict(zip([id(c) for c in calls if c.fstats is not None],
+                                  torch.stack(ft).tolist() if ft else [], strict=True))
         except (RuntimeError, TypeError, ValueError):  # mixed devices/dtypes, subclasses
             return None
         ns = [float(c.n) if isinstance(c.n, int) else float(next(n_iter)) for c in calls]
+        proven = _token_level(calls, fstats)
         vals = [ns, [float(g) for g in gs]]
         order: dict[tuple[int, str], int] = {}
         keys: dict[int, tuple[str, int]] = {}  # id(call) -> (site, order)
@@ -276,6 +295,14 @@ class LossRecorder:
                     continue
                 sel.append(row)
                 uniform = bool(row[7]) and not c.weighted
+                fs = fstats.get(id(c))
+                if c.weighted and fs is not None and c.site in proven:
+                    # the weights read through the data factors (advantages, a mask)
+                    one = factor_uniform(fs)
+                    if one is not None and fs[0] > 0:
+                        out.append([c.site, idx, c.micro, int(fs[0]), one, c.lp, "log-prob",
+                                    c.sole, c.grad, c.divs])
+                    continue
             if n <= 0 or g == 0 or g != g or not uniform:
                 continue  # nothing averaged, the loss did not reach the optimizer, or
                 # a selection whose tokens carry data-dependent weights (advantages)
@@ -373,7 +400,7 @@ class LossRecorder:
         node.register_prehook(functools.partial(self._on_grad, call, out.output_nr))
 
     @hook_method
-    def _on_grad(self, call: _Call, index: int, grad_outputs: tuple[Any, ...]) -> None:
+    def _on_grad(self, call: _Call, index: int, grad_outputs: tuple[torch.Tensor | None, ...]) -> None:
         obs = self.obs
         grad = grad_outputs[index] if index < len(grad_outputs) else None
         via = self.in_grad
@@ -421,13 +448,14 @@ class LossRecorder:
                 continue
             call = _Call(where(), self.seq, 0, True, False, leaf.node._sequence_nr())
             call.opaque, call.weighted = leaf.opaque, leaf.weighted
+            call.factors = leaf.factors or None
             self.seq += 1
             self.calls.append(call)
             leaf.node.register_prehook(functools.partial(self._on_select, call, leaf.index))
         self.terms.on_walk(self.micro, w, self.calls, where)
 
     @hook_method
-    def _on_select(self, call: _Call, index: int, grad_outputs: tuple[Any, ...]) -> None:
+    def _on_select(self, call: _Call, index: int, grad_outputs: tuple[torch.Tensor | None, ...]) -> None:
         """The gradient reaching a per-token log-prob selection: its nonzero entries are the
         tokens' weights (kept on the device until the step)."""
         obs = self.obs
@@ -440,6 +468,9 @@ class LossRecorder:
             return
         call.micro, call.lp = self.micro, grad.dtype in _LOW
         call.n, call.g, call.stats = selection_stats(grad.detach())
+        if call.factors:
+            call.fstats = factor_stats(grad.detach(), call.factors)
+        call.factors = None  # the saved tensors are not kept past the backward
         call.sole = self._sole(call)
 
     # -- naming the call ----------------------------------------------------------------------
@@ -470,6 +501,19 @@ class LossRecorder:
             if path and filename.startswith(os.path.dirname(path) + os.sep):
                 return True
         return filename.startswith("<frozen")
+
+
+def _token_level(calls: list[_Call], fstats: dict[int, list[float]]) -> set[str]:
+    """Call sites whose weights read through data factors are one weight per token in some
+    micro-step across sequences of different lengths: their normaliser counts tokens, not
+    sequences (a per-sequence mean gives a short sequence's tokens more weight), so equal
+    weights within a micro-step are the loss's per-token weight."""
+    out: set[str] = set()
+    for c in calls:
+        fs = fstats.get(id(c))
+        if fs is not None and fs[5] > 0 and factor_uniform(fs) is not None:
+            out.add(c.site)
+    return out
 
 
 def _distributed() -> bool:

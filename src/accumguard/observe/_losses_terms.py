@@ -33,13 +33,16 @@ from typing import Any
 
 import torch
 
-from accumguard.observe._losses_walk import Walk
+from accumguard.observe._losses_walk import Const, Walk
 
-__all__ = ["TermLog", "divisor", "selection_row", "selection_stats", "term_rows"]
+__all__ = ["FACTOR_TOL", "TermLog", "divisor", "factor_stats", "factor_uniform", "selection_row",
+           "selection_stats", "term_rows"]
 
 #: Relative spread under which a selection's nonzero per-token gradients are one weight
 #: (the same value broadcast by the backward of a sum or a mean is bitwise equal).
 UNIFORM_TOL = 1e-6
+#: The same for weights read as gradient / factors (two roundings of fp32 products).
+FACTOR_TOL = 1e-5
 
 
 class TermLog:
@@ -77,7 +80,70 @@ def selection_stats(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tor
     return n, -s, stats
 
 
-def divisor(divs: list[list[Any]], opaque: bool) -> float | None:
+def factor_stats(grad: torch.Tensor, factors: list[torch.Tensor]) -> torch.Tensor | None:
+    """The weights of a selection multiplied by data tensors (advantages, a 0/1 mask) on
+    its way to the root: ``[counted, sum, min, max, read, distinct]`` (a device tensor;
+    None when a factor does not broadcast to the selection's per-token shape).
+
+    A factor whose values are all 0 or 1 is a mask: the *counted* tokens are those every
+    mask keeps (and whose gradient is not zeroed by something else, a ``masked_fill``);
+    among them a token is *read* where the product of all factors is nonzero, its weight
+    ``|gradient / product|`` (an advantage of 0 hides a token's weight, not its count).
+    ``distinct``: two rows (sequences: the first dimension) with read tokens have different
+    counted lengths, so weights equal across them are not a per-sequence normalisation."""
+    with torch.no_grad():
+        dims = list(grad.shape)
+        while dims and dims[-1] == 1:  # gather(...).squeeze(-1): the index's unit dimension
+            dims.pop()
+        aligned: list[torch.Tensor] = []
+        for shape in (grad.shape, torch.Size(dims)):
+            try:
+                aligned = [torch.broadcast_to(f, shape) for f in factors]
+            except RuntimeError:
+                continue
+            break
+        if not aligned:
+            return None
+        shape = aligned[0].shape
+        g = grad.reshape(shape).double()
+        prod = torch.ones(shape, dtype=torch.float64, device=g.device)
+        counted = torch.ones(shape, dtype=torch.bool, device=g.device)
+        for f in aligned:
+            fd = f.to(device=g.device, dtype=torch.float64)
+            binary = ((fd == 0) | (fd == 1)).all()
+            counted = counted & torch.where(binary, fd != 0, True)
+            prod = prod * fd
+        counted = counted & ~((prod != 0) & (g == 0))
+        read = counted & (prod != 0)
+        w = (g / torch.where(read, prod, 1.0)).abs()
+        inf = torch.tensor(float("inf"), dtype=torch.float64, device=g.device)
+        lo = torch.where(read, w, inf).min()
+        hi = torch.where(read, w, -inf).max()
+        total = torch.where(read, w, 0.0).sum()
+        if len(shape) >= 2 and shape[0] > 0:
+            per_row = counted.reshape(shape[0], -1).sum(1).double()
+            has = read.reshape(shape[0], -1).any(1)
+            rmax = torch.where(has, per_row, -inf).max()
+            rmin = torch.where(has, per_row, inf).min()
+            distinct = ((has.sum() >= 2) & (rmax > rmin)).double()
+        else:
+            distinct = torch.zeros((), dtype=torch.float64, device=g.device)
+        return torch.stack([counted.sum().double(), total, lo, hi, read.sum().double(),
+                            distinct])
+
+
+def factor_uniform(stats: list[float]) -> float | None:
+    """The one weight of a selection's read tokens (:func:`factor_stats`), or None when
+    they differ (a per-sequence normalisation, token weights) or none was read."""
+    _, total, lo, hi, read, _ = stats
+    if read <= 0 or not hi > 0:
+        return None
+    if hi - lo > FACTOR_TOL * hi:
+        return None
+    return total / read
+
+
+def divisor(divs: list[Const], opaque: bool) -> float | None:
     """The product of the constants dividing a term (a multiplication by ``c`` divides by
     ``1/c``); None when a factor could not be read."""
     if opaque:
@@ -88,7 +154,7 @@ def divisor(divs: list[list[Any]], opaque: bool) -> float | None:
     return d
 
 
-def selection_row(site: str, idx: int, micro: int | None, divs: list[list[Any]],
+def selection_row(site: str, idx: int, micro: int | None, divs: list[Const],
                   opaque: bool, sole: bool, stats: list[float]) -> list[Any] | None:
     """The ``select`` record of one selection, or None when no token had a gradient."""
     n, rows, _, lo, hi = stats

@@ -10,19 +10,33 @@ counts of the means above it (a term that is a mean over its micro-batch's rows)
 whether a one-element factor above it could not be read (a device tensor: then its scale
 is unknown, *opaque*). A leaf that selects per-token log-probabilities (``log_softmax``
 then ``gather``/``take_along_dim``, or a fused log-prob autograd Function such as TRL's
-chunked LM head) is a *selection*: the gradient reaching it is the per-token weights.
+chunked LM head; TRL's ``selective_log_softmax``: ``gather`` of the logits minus their
+``logsumexp``, or a stack of per-row ``log_softmax`` + ``gather``) is a *selection*: the
+gradient reaching it is the per-token weights.
+
+A selection multiplied by data tensors on its way to the root (advantages, a 0/1 mask: a
+policy-gradient loss) keeps those tensors as its *factors* when every one of them multiplies
+per-token values (nothing reduces a dimension above them, no data division, no expand):
+the weight a token carries is then the gradient reaching it divided by the factors' product
+(:func:`accumguard.observe._losses_terms.factor_stats`). A factor that cannot be aligned so
+leaves the selection *weighted* only (its weights are not read).
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-__all__ = ["Leaf", "Walk", "constant", "walk"]
+__all__ = ["Const", "Leaf", "Walk", "constant", "walk"]
+
+#: One constant between a node and the root: ``["/", c]`` or ``["*", c]`` (a list: it goes
+#: to the recording as JSON).
+Const = list[str | float]
 
 #: Nodes through which the root of a backward is a loss call's output times a constant.
 LINEAR = ("MulBackward", "DivBackward", "NegBackward", "CloneBackward", "ToCopyBackward",
@@ -44,19 +58,22 @@ class Leaf:
 
     node: Any
     index: int  # which output of ``node`` the path reached
-    divs: list[list[Any]]
+    divs: list[Const]
     split: bool  # an addition above it: one term of a sum
     means: list[int]  # element counts averaged by the means above it
     opaque: bool  # a one-element factor above it that could not be read
     select: str | None = None  # "gather" or "fused": a per-token log-prob selection
     weighted: bool = False  # multiplied or divided by a data tensor above it (advantages)
+    # the data tensors multiplying it per token (advantages, a mask), None when a data
+    # factor could not be divided out (a division, a reduction over a dimension above it)
+    factors: list[torch.Tensor] | None = None
 
 
 @dataclass
 class Walk:
     """What :func:`walk` read below one root."""
 
-    chain: dict[int, tuple[list[list[Any]], bool]] = field(default_factory=dict)
+    chain: dict[int, tuple[list[Const], bool]] = field(default_factory=dict)
     leaves: list[Leaf] = field(default_factory=list)
     complete: bool = False  # every path ended at a leaf within :data:`NODES` nodes
 
@@ -107,7 +124,31 @@ def _mean_count(node: Any) -> int | None:
         return None
 
 
+def _reaches(node: Any, prefix: str, depth: int) -> bool:
+    """A node named ``prefix...`` within ``depth`` single-input steps below ``node`` (a
+    stack's first input followed)."""
+    for _ in range(depth):
+        if type(node).__name__.startswith(prefix):
+            return True
+        nxt = [n for n, _ in node.next_functions if n is not None]
+        if not nxt:
+            return False
+        node = nxt[0]
+    return type(node).__name__.startswith(prefix)
+
+
 def _selection(name: str, node: Any) -> str | None:
+    if name.startswith("SubBackward0"):  # TRL selective_log_softmax: gather - logsumexp
+        nxt = [n for n, _ in node.next_functions if n is not None]
+        if (len(nxt) == 2 and type(nxt[0]).__name__.startswith("GatherBackward")
+                and _reaches(nxt[1], "LogsumexpBackward", 4)):
+            return "lse"
+        return None
+    if name.startswith("StackBackward"):  # the same, per row (bf16 logits)
+        nxt = [n for n, _ in node.next_functions if n is not None]
+        if nxt and all(_selection(type(n).__name__, n) == "gather" for n in nxt):
+            return "stack"
+        return None
     if name.startswith("GatherBackward"):
         nxt = [n for n, _ in node.next_functions if n is not None]
         if len(nxt) == 1 and type(nxt[0]).__name__.startswith("ExpandBackward"):
@@ -120,7 +161,7 @@ def _selection(name: str, node: Any) -> str | None:
     return None
 
 
-def walk(root: Any) -> Walk:
+def walk(root: torch.Tensor | Sequence[torch.Tensor]) -> Walk:
     """The chain, leaves and completeness below ``root`` (a tensor, or a one-tensor list);
     an empty walk when the graph is unusual (a tensor subclass)."""
     out = Walk()
@@ -131,7 +172,25 @@ def walk(root: Any) -> Walk:
     return out
 
 
-def _walk(root: Any, out: Walk) -> None:
+def _factor(node: Any) -> torch.Tensor | None:
+    """The data operand of a multiplication whose other operand is on the path (the one
+    input with a gradient), or None (a division, both operands on the path)."""
+    pos = [i for i, (n, _) in enumerate(node.next_functions) if n is not None]
+    if len(pos) != 1 or not type(node).__name__.startswith("MulBackward0"):
+        return None
+    t = getattr(node, "_saved_other" if pos[0] == 0 else "_saved_self", None)
+    return t if isinstance(t, torch.Tensor) and not t.requires_grad else None
+
+
+#: One node to visit: (node, output index, constants above, addition above, means above,
+#: opaque above, a data factor above, the data factors above (None: not divisible)).
+_Item = tuple[Any, int, list[Const], bool, list[int], bool, bool,
+              list[torch.Tensor] | None]
+#: A reduction over some dimensions: data factors above it hold per-row values.
+_DIM_REDUCE = ("SumBackward1", "MeanBackward1")
+
+
+def _walk(root: torch.Tensor | Sequence[torch.Tensor], out: Walk) -> None:
     if isinstance(root, (list, tuple)):
         if len(root) != 1:
             return
@@ -139,26 +198,24 @@ def _walk(root: Any, out: Walk) -> None:
     fn = getattr(root, "grad_fn", None)
     if fn is None:
         return
-    # (node, output index, constants above, addition above, means above, opaque above,
-    # a data factor above)
-    stack: list[tuple[Any, int, list[list[Any]], bool, list[int], bool, bool]] = [
-        (fn, 0, [], False, [], False, False)]
+    stack: list[_Item] = [(fn, 0, [], False, [], False, False, [])]
     for _ in range(NODES):
         if not stack:
             out.complete = True
             return
-        node, index, divs, split, means, opaque, weighted = stack.pop()
+        node, index, divs, split, means, opaque, weighted, factors = stack.pop()
         seq = node._sequence_nr()
         if seq in out.chain:
             continue
         out.chain[seq] = (divs, split)
         name = type(node).__name__
         nxt = [(n, i) for n, i in node.next_functions if n is not None]
-        if name.startswith(("AddBackward0", "SubBackward0")) and len(nxt) > 1:
-            stack.extend((n, i, divs, True, means, opaque, weighted)  # the terms of a sum
+        select = _selection(name, node)
+        if select is None and name.startswith(("AddBackward0", "SubBackward0")) \
+                and len(nxt) > 1:
+            stack.extend((n, i, divs, True, means, opaque, weighted, factors)  # the terms
                          for n, i in nxt)
             continue
-        select = _selection(name, node)
         if select is None and name.startswith(LINEAR + _PASS) and len(nxt) == 1:
             if name.startswith(("DivBackward", "MulBackward")):
                 c = constant(node)
@@ -168,10 +225,16 @@ def _walk(root: Any, out: Walk) -> None:
                     opaque = True
                 else:  # a tensor of values (advantages, a mask, per-sequence lengths)
                     weighted = True
+                    f = _factor(node)
+                    factors = None if f is None or factors is None else [*factors, f]
             elif name.startswith("MeanBackward"):
                 count = _mean_count(node)
                 means = [*means, count] if count else means
-            stack.append((nxt[0][0], nxt[0][1], divs, split, means, opaque, weighted))
+            if factors and name.startswith(_DIM_REDUCE + ("ExpandBackward",)):
+                factors = None  # per-row factors above a reduction: not per token here
+            stack.append((nxt[0][0], nxt[0][1], divs, split, means, opaque, weighted,
+                          factors))
             continue
-        out.leaves.append(Leaf(node, index, divs, split, means, opaque, select, weighted))
+        out.leaves.append(Leaf(node, index, divs, split, means, opaque, select, weighted,
+                               factors if weighted and select is not None else None))
     out.complete = not stack

@@ -10,6 +10,14 @@ the valid-token count ``n_i`` and ``Σ s·(1−p_y)``, ``Σ (1−p_y)`` (their r
 per micro-step, inside the backward; the sums wait for :meth:`TokenWeightProbe.take`. The
 verdict on a window's records is :func:`accumguard.observe.rules.classify_token_weights`.
 
+Label smoothing (``cross_entropy(label_smoothing=eps)``, the HF Trainer's
+``label_smoothing_factor``) changes the row to ``s · (softmax(z) − (1−eps)·onehot(y) −
+eps/V)`` but not ``s``, the normaliser: every off-label entry is ``s·p_j − c`` with one
+``c = s·eps/V``. The probe also reads the entry of the least probable class ``m``: from the
+label's and ``m``'s entries ``s = −(g_y + (V−1)·g_m) / (1 − p_y − (V−1)·p_m)`` for any
+``eps`` (0 included), checked against the largest entry (``(g_j − g_m) = s·(p_j − p_m)``).
+A window whose rows are not a plain cross-entropy's but fit this form is judged with it.
+
 Used by the framework callbacks (:mod:`accumguard.integrations`); one place for both.
 """
 
@@ -24,6 +32,11 @@ from accumguard.core.errors import ConfigError
 from accumguard.observe._failsafe import Failsafe, hook_method
 
 __all__ = ["TokenWeightProbe", "find_logits_module"]
+
+#: How much better the label-smoothed form must fit a window's rows than a plain
+#: cross-entropy's before the weights are read with it (a plain cross-entropy fits both to
+#: rounding; a smoothed one misses the plain form by about eps).
+_SMOOTH_MARGIN = 10.0
 
 
 def find_logits_module(model: torch.nn.Module) -> torch.nn.Module:
@@ -63,6 +76,7 @@ class TokenWeightProbe:
         self.scale = 1.0  # multiplies the weights of records taken next (set by exact paths)
         self.low_precision = False  # a bf16/fp16 logits gradient was seen
         self._module = module
+        self._vocab = 0  # the logits' last dimension (label smoothing's V)
         self._handle: Any = module.register_forward_hook(self._on_forward)
 
     @property
@@ -117,9 +131,16 @@ class TokenWeightProbe:
             # Granite's logits_scaling do, break it: p_y read here is then not the loss's)
             gj, j = g.max(dim=-1)
             z = logits.reshape(-1, v)
-            zjy = (z.gather(1, j[:, None]) - z.gather(1, y[:, None])).squeeze(1).to(gy.dtype)
+            zy = z.gather(1, y[:, None])
+            zjy = (z.gather(1, j[:, None]) - zy).squeeze(1).to(gy.dtype)
+            # the least probable class: label smoothing's uniform part (see the module doc)
+            zm, m = z.min(dim=-1)
+            gm = g.gather(1, m[:, None]).squeeze(1).to(gy.dtype)
+            zmy = (zm[:, None] - zy).squeeze(1).to(gy.dtype)
+            self._vocab = v
             self.records.append((gy, nll, g.sum(-1, dtype=gy.dtype),
-                                 g.abs().sum(-1, dtype=gy.dtype), gj.to(gy.dtype), zjy))
+                                 g.abs().sum(-1, dtype=gy.dtype), gj.to(gy.dtype), zjy, gm,
+                                 zmy))
 
     def discard(self) -> None:
         """Forget the records and the scale since the last :meth:`take` (an unchecked step)."""
@@ -147,6 +168,8 @@ class TokenWeightProbe:
             abs_sum = torch.cat([r[3] for r in recs])
             gj = torch.cat([r[4] for r in recs])
             zjy = torch.cat([r[5] for r in recs])
+            gm = torch.cat([r[6] for r in recs])
+            zmy = torch.cat([r[7] for r in recs])
             valid = (gy < 0).to(gy.dtype)  # ignored tokens have an all-zero row (g_y = 0)
             off = row_sum.abs() + (abs_sum + 2 * gy.clamp(max=0)).abs()
             one_minus_p = -torch.expm1(-nll)
@@ -154,17 +177,35 @@ class TokenWeightProbe:
             # s·p_j·(1 − p_y) + s·(p_y − 1)·p_j = 0 for a cross-entropy row
             ratio_off = (gj * one_minus_p + gy * pj).abs()
             ratio_scale = (gj * one_minus_p).abs() + (gy * pj).abs()
+            # label smoothing: s = num / den from the label and the least probable class,
+            # the same s as (g_j − g_m) / (p_j − p_m) from the largest entry
+            pm = torch.exp(zmy - nll)
+            vm1 = float(max(self._vocab - 1, 0))
+            # (a row whose label is its least probable class says nothing here: left out)
+            other = (zmy != 0).to(gy.dtype)
+            num = -(gy + vm1 * gm) * other
+            den = (one_minus_p - vm1 * pm) * other
+            ls_off = (den * (gj - gm) - num * (pj - pm)).abs()
+            ls_scale = (den * (gj - gm)).abs() + (num * (pj - pm)).abs()
             # float64: index_add_ adds the rows one after another (atomics on CUDA), whose
             # fp32 error grows with the token count (1e-3 of the weight at 256 k tokens)
             cols = torch.stack([valid, -gy, one_minus_p * valid, off, abs_sum, ratio_off,
-                                ratio_scale], dim=1).double()
-            sums = torch.zeros(len(recs), 7, dtype=torch.float64, device=gy.device)
+                                ratio_scale, num * valid, den * valid, row_sum.abs(), ls_off,
+                                ls_scale], dim=1).double()
+            sums = torch.zeros(len(recs), 12, dtype=torch.float64, device=gy.device)
             sums.index_add_(0, which, cols)
             sums = sums.cpu()
         tiny = torch.finfo(torch.float64).tiny
         out = sums[:, :4].clone()
         out[:, 3] = torch.maximum(sums[:, 3] / sums[:, 4].clamp(min=tiny),
                                   sums[:, 5] / sums[:, 6].clamp(min=tiny))
+        smooth = torch.maximum(sums[:, 9] / sums[:, 4].clamp(min=tiny),
+                               sums[:, 10] / sums[:, 11].clamp(min=tiny))
+        # the smoothed form explains the window's rows far better than a plain
+        # cross-entropy: label smoothing; the weights are read with it
+        if float(smooth.max()) * _SMOOTH_MARGIN < float(out[:, 3].max()):
+            out[:, 1:3] = sums[:, 7:9]
+            out[:, 3] = smooth
         if scale != 1.0:
             out[:, 1] *= scale
         return out
