@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from accumguard.observe._records import Finding
-from accumguard.runtime.watch import recording
-from accumguard.runtime.watch_findings import analyze, load_recordings
+from accumguard.watch._findings import analyze, load_recordings
+from accumguard.watch._recording import recording
 
 K, STEPS, B = 4, 3, 4
 V, T = 13, 9
