@@ -76,8 +76,20 @@ class WindowQueries(BoundaryFacts):
         return self._cached("windows", self.tree, self._windows_uncached)  # type: ignore[no-any-return]
 
     def _windows_uncached(self) -> list[ast.AST]:
+        return self._windows_and_inlined()[0]
+
+    def inlined(self, window: ast.AST) -> dict[ast.AST, ast.Call]:
+        """The backward helpers ``window`` calls (helper function -> its call in the window):
+        their calls count as the window's, one level deep."""
+        return self._windows_and_inlined()[1].get(window, {})
+
+    def _windows_and_inlined(self) -> tuple[list[ast.AST], dict[ast.AST, dict[ast.AST, ast.Call]]]:
+        return self._cached("windows_inlined", self.tree, self._find_windows)  # type: ignore[no-any-return]
+
+    def _find_windows(self) -> tuple[list[ast.AST], dict[ast.AST, dict[ast.AST, ast.Call]]]:
         out: list[ast.AST] = []
         seen: set[ast.AST] = set()
+        helpers: list[ast.FunctionDef | ast.AsyncFunctionDef] = []
         for call in self.of(ast.Call):
             if not is_backward(call):
                 continue
@@ -87,11 +99,25 @@ class WindowQueries(BoundaryFacts):
             if isinstance(cur, FUNCS) and not (
                 cur.name in WINDOW_FUNCS or cur.name.startswith("training_step")
             ):
+                if cur not in helpers:
+                    helpers.append(cur)  # a backward helper: its callers' loops are the windows
                 continue
             if cur is None or isinstance(cur, ast.ClassDef | ast.Lambda) or cur in seen:
                 continue
             seen.add(cur)
             out.append(cur)
+        inlined: dict[ast.AST, dict[ast.AST, ast.Call]] = {}
+        for helper in helpers:
+            for site in self._helper_call_sites(helper):
+                loop = self.parents.get(site)
+                while loop is not None and not isinstance(loop, LOOPS + SCOPES):
+                    loop = self.parents.get(loop)
+                if not isinstance(loop, LOOPS):
+                    continue  # called once per function call: a window only when named like one
+                inlined.setdefault(loop, {}).setdefault(helper, site)
+                if loop not in seen:
+                    seen.add(loop)
+                    out.append(loop)
         # a loop that contains a window loop is not itself a window (nanoGPT: outer loop steps)
         not_innermost: set[ast.AST] = set()
         for w in out:
@@ -104,7 +130,50 @@ class WindowQueries(BoundaryFacts):
                 cur = self.parents.get(cur)
         out = [w for w in out if w not in not_innermost]
         out.sort(key=lambda n: (getattr(n, "lineno", 0), getattr(n, "col_offset", 0)))
-        return out
+        return out, {w: m for w, m in inlined.items() if w in out}
+
+    def _helper_call_sites(self, helper: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.Call]:
+        """Where ``helper`` is called: ``name(...)`` for a function (module-level or nested),
+        ``self.name(...)`` inside its own class for a method. A name defined twice is not
+        followed (which definition runs cannot be told)."""
+        owner = self.parents.get(helper)
+        defs = [f for f in self.of(*FUNCS) if f.name == helper.name]
+        if len(defs) != 1:
+            return []
+        sites: list[ast.Call] = []
+        if isinstance(owner, ast.ClassDef):
+            for n in walk_all(owner):
+                if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                        and n.func.attr == helper.name and isinstance(n.func.value, ast.Name)
+                        and n.func.value.id == "self"):
+                    sites.append(n)
+            return sites
+        for n in self.of(ast.Call):
+            if isinstance(n.func, ast.Name) and n.func.id == helper.name:
+                sites.append(n)
+        return sites
+
+    def window_backwards(self, window: ast.AST) -> list[ast.Call]:
+        """The backward calls of ``window``, where the call of a backward helper stands for
+        the helper's backward (at the call's place in the window)."""
+        out = [n for n in self.local_nodes(window) if isinstance(n, ast.Call) and is_backward(n)]
+        out += list(self.inlined(window).values())
+        return sorted(out, key=position)
+
+    def guarded(self, node: ast.AST, window: ast.AST) -> bool:
+        """Is ``node`` only reached at an accumulation boundary (within ``window``)? A call of a
+        backward helper the window inlines is guarded by the helper's own ``if``s or by those
+        around the helper's call in the window."""
+        if super().guarded(node, window):
+            return True
+        sites = self.inlined(window)
+        if not sites:
+            return False
+        helper = self.enclosing(node, FUNCS)
+        site = sites.get(helper) if helper is not None else None
+        if helper is None or site is None:
+            return False
+        return super().guarded(node, helper) or super().guarded(site, window)
 
     def _inner_summing_loops(self, window: ast.AST) -> list[ast.AST]:
         """Loops inside ``window`` without a backward that build the loss (``loss += ...``):
@@ -205,6 +274,8 @@ class WindowQueries(BoundaryFacts):
     def _window_facts(self, window: ast.AST) -> WindowFacts:
         f = WindowFacts(window)
         calls = [n for n in self.local_nodes(window) if isinstance(n, ast.Call)]
+        for helper in self.inlined(window):
+            calls += [n for n in self.local_nodes(helper) if isinstance(n, ast.Call)]
         calls.sort(key=lambda n: (n.lineno, n.col_offset))
         for call in calls:
             attr = call_attr(call)
@@ -365,7 +436,8 @@ class WindowQueries(BoundaryFacts):
         itself says accumulation (the evidence was elsewhere in the function or file, e.g.
         ``micro_batch_size = 1`` or a reference loop over whole windows): one step per
         backward, nothing accumulated, K = 1."""
-        if self._scope_shows_accumulation(window):
+        if self._scope_shows_accumulation(window) or any(
+                self._scope_shows_accumulation(h) for h in self.inlined(window)):
             return False
         if not any(k == "optimizer" and not self.guarded(c, window) for c, k in f.steps):
             return False

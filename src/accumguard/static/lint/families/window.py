@@ -41,7 +41,6 @@ from accumguard.static.lint._ast import (
     LOOPS,
     call_attr,
     dotted,
-    is_backward,
     position,
     receiver,
     walk_local,
@@ -316,7 +315,7 @@ def boundary_counter_off_by_one(ctx: FileContext) -> Iterator[Finding]:
         if not isinstance(window, LOOPS):
             continue
         facts = ctx.window_facts(window)
-        backwards = [n for n in ctx.local_nodes(window) if isinstance(n, ast.Call) and is_backward(n)]
+        backwards = ctx.window_backwards(window)
         seen: set[int] = set()
         for call, kind in facts.steps:
             if kind not in ("optimizer", "engine"):
@@ -540,7 +539,7 @@ def partial_window_leaks_into_next_epoch(ctx: FileContext) -> Iterator[Finding]:
             again = f"every call of `{around.name}()`"
         else:
             continue  # one pass: a leftover at the very end of training is never applied, not leaked
-        backwards = [n for n in ctx.local_nodes(window) if isinstance(n, ast.Call) and is_backward(n)]
+        backwards = ctx.window_backwards(window)
         for call, kind in facts.steps:
             if kind != "optimizer":
                 continue
