@@ -247,6 +247,23 @@ RULES: dict[str, Rule] = {
             "multiply the loss by the world size, or divide by the count's rank share "
             "(global_count / world_size)",
         ),
+        _rule(
+            "AG124", "schedule-horizon-in-micro-batches", "F4", E, MED,
+            "the LR schedule's horizon counts micro-batches (`len(loader)` with no division by K) "
+            "while the scheduler steps once per optimizer step: the schedule is K times too long "
+            "and never reaches its end",
+            "size the horizon in optimizer steps: `math.ceil(len(loader) / K) * epochs` (or step "
+            "the scheduler on every micro-batch only if that is what the horizon means)",
+        ),
+        _rule(
+            "AG125", "accelerate-horizon-per-process", "F4", E, MED,
+            "an Accelerate-prepared scheduler's horizon is divided by the number of processes, but "
+            "the prepared scheduler advances num_processes times per optimizer step: the schedule "
+            "ends W times early",
+            "multiply the horizon by accelerator.num_processes (Accelerate's own examples pass "
+            "`max_train_steps * accelerator.num_processes`), or build the Accelerator with "
+            "step_scheduler_with_optimizer=False and step the scheduler yourself",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

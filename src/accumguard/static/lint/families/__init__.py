@@ -5,6 +5,8 @@
                AG115 AG117         the boundary counter off by one; an epoch's leftover leaking on
 ``schedule``   AG103 AG114         LR scheduler stepped per micro-step or per process;
                AG119               ... or in a framework hook run on every micro-batch
+``horizon``    AG124 AG125         the schedule's horizon counted in micro-batches, or per process
+                                   for an Accelerate-prepared scheduler
 ``loss``       AG104 AG112 AG113   loss normalisation: mean of means, /W under DDP, rank means;
                AG118               an HF Trainer.compute_loss mean that ignores num_items_in_batch
 ``sync``       AG106 AG111         gradient-sync flags (DDP no_sync, FSDP2 set_requires_gradient_sync)
@@ -18,6 +20,7 @@
 from accumguard.static.lint.families import (
     accelerate,
     deepspeed,
+    horizon,
     loss,
     reduce,
     scale,
@@ -26,4 +29,4 @@ from accumguard.static.lint.families import (
     window,
 )
 
-__all__ = ["accelerate", "deepspeed", "loss", "reduce", "scale", "schedule", "sync", "window"]
+__all__ = ["accelerate", "deepspeed", "horizon", "loss", "reduce", "scale", "schedule", "sync", "window"]
