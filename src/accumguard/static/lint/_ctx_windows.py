@@ -137,21 +137,30 @@ class WindowQueries(BoundaryFacts):
         ``self.name(...)`` inside its own class for a method. A name defined twice is not
         followed (which definition runs cannot be told)."""
         owner = self.parents.get(helper)
-        defs = [f for f in self.of(*FUNCS) if f.name == helper.name]
-        if len(defs) != 1:
+        defs, by_name, by_self = self._call_index()
+        if defs.get(helper.name, 0) != 1:
             return []
-        sites: list[ast.Call] = []
         if isinstance(owner, ast.ClassDef):
-            for n in walk_all(owner):
-                if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-                        and n.func.attr == helper.name and isinstance(n.func.value, ast.Name)
+            return [c for c in by_self.get(helper.name, ()) if self.enclosing(c, (ast.ClassDef,)) is owner]
+        return list(by_name.get(helper.name, ()))
+
+    def _call_index(self) -> tuple[dict[str, int], dict[str, list[ast.Call]], dict[str, list[ast.Call]]]:
+        """How often each function name is defined, the ``name(...)`` calls and the
+        ``self.name(...)`` calls by name: one pass over the file (per helper it was quadratic)."""
+        def compute() -> tuple[dict[str, int], dict[str, list[ast.Call]], dict[str, list[ast.Call]]]:
+            defs: dict[str, int] = {}
+            for f in self.of(*FUNCS):
+                defs[f.name] = defs.get(f.name, 0) + 1
+            by_name: dict[str, list[ast.Call]] = {}
+            by_self: dict[str, list[ast.Call]] = {}
+            for n in self.of(ast.Call):
+                if isinstance(n.func, ast.Name):
+                    by_name.setdefault(n.func.id, []).append(n)
+                elif (isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)
                         and n.func.value.id == "self"):
-                    sites.append(n)
-            return sites
-        for n in self.of(ast.Call):
-            if isinstance(n.func, ast.Name) and n.func.id == helper.name:
-                sites.append(n)
-        return sites
+                    by_self.setdefault(n.func.attr, []).append(n)
+            return defs, by_name, by_self
+        return self._cached("call_index", self.tree, compute)  # type: ignore[no-any-return]
 
     def window_backwards(self, window: ast.AST) -> list[ast.Call]:
         """The backward calls of ``window``, where the call of a backward helper stands for
@@ -209,7 +218,8 @@ class WindowQueries(BoundaryFacts):
                 if sub in skip:
                     continue
                 # a modulo that gates a step (not `if i % 100 == 0: print(...)`)
-                if isinstance(sub, ast.If) and has_mod(sub.test) and self._gates_step(sub):
+                if isinstance(sub, ast.If) and (has_mod(sub.test) or self._mod_flag(sub.test, node)) \
+                        and self._gates_step(sub):
                     return True
                 if (
                     isinstance(sub, ast.Call)
@@ -227,6 +237,16 @@ class WindowQueries(BoundaryFacts):
         if skip:
             return compute()
         return bool(self._cached("scope_accum", node, compute))
+
+    def _mod_flag(self, test: ast.AST, scope: ast.AST) -> bool:
+        """``test`` is a name ``scope`` assigns from a modulo (``ready = (i + 1) % K == 0``)."""
+        if not isinstance(test, ast.Name):
+            return False
+        return any(
+            isinstance(n, ast.Assign) and has_mod(n.value)
+            and any(isinstance(t, ast.Name) and t.id == test.id for t in n.targets)
+            for n in self.local_nodes(scope)
+        )
 
     def identifier_set(self, node: ast.AST) -> set[str]:
         """The distinct lower-cased identifiers of ``node`` outside nested scopes (cached)."""

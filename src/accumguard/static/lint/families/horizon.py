@@ -69,11 +69,46 @@ def _expand(ctx: FileContext, expr: ast.AST, depth: int = 3) -> list[ast.AST]:
     if depth == 0:
         return parts
     names = {d for n in walk_all(expr) if isinstance(n, ast.Name | ast.Attribute) and (d := dotted(n))}
+    index = _assigned_values(ctx)
     for name in names:
-        values = [v for targets, v in ctx.assignments() if name in targets]
+        values = index.get(name, [])
         if len(values) == 1:
             parts += _expand(ctx, values[0], depth - 1)
     return parts
+
+
+def _assigned_values(ctx: FileContext) -> dict[str, list[ast.AST]]:
+    """Every assigned name -> its values, one pass over the file (cached)."""
+    def compute() -> dict[str, list[ast.AST]]:
+        out: dict[str, list[ast.AST]] = {}
+        for targets, value in ctx.assignments():
+            for t in targets:
+                out.setdefault(t, []).append(value)
+        return out
+    return ctx._cached("horizon_assigned", ctx.tree, compute)  # type: ignore[no-any-return]
+
+
+def _calls_by_attr(ctx: FileContext) -> dict[str, list[ast.Call]]:
+    """``x.step()``, ``x.prepare(...)``... by method name, one pass over the file (cached)."""
+    def compute() -> dict[str, list[ast.Call]]:
+        out: dict[str, list[ast.Call]] = {}
+        for c in ctx.of(ast.Call):
+            name = call_attr(c)
+            if name is not None:
+                out.setdefault(name, []).append(c)
+        return out
+    return ctx._cached("horizon_calls", ctx.tree, compute)  # type: ignore[no-any-return]
+
+
+def _window_of(ctx: FileContext, node: ast.AST) -> ast.AST | None:
+    """The window ``node`` is in: the nearest enclosing window, within its own scope."""
+    cur = ctx.parents.get(node)
+    while cur is not None and not isinstance(cur, ast.FunctionDef | ast.AsyncFunctionDef
+                                                  | ast.ClassDef | ast.Lambda):
+        if ctx.is_window(cur):
+            return cur
+        cur = ctx.parents.get(cur)
+    return cur if cur is not None and ctx.is_window(cur) else None
 
 
 def _len_args(parts: list[ast.AST]) -> set[str]:
@@ -137,8 +172,7 @@ def _iterated(loop: ast.AST) -> str | None:
 
 
 def _step_calls(ctx: FileContext, name: str) -> list[ast.Call]:
-    return [c for c in ctx.of(ast.Call)
-            if call_attr(c) == "step" and dotted(receiver(c)) == name]
+    return [c for c in _calls_by_attr(ctx).get("step", []) if dotted(receiver(c)) == name]
 
 
 @rule("AG124")
@@ -153,7 +187,7 @@ def horizon_in_micro_batches(ctx: FileContext) -> Iterator[Finding]:
             continue
         windows: list[ast.AST] = []
         for call in steps:
-            window = next((w for w in ctx.windows() if call in ctx.local_nodes(w)), None)
+            window = _window_of(ctx, call)
             if window is None:
                 break
             facts = ctx.window_facts(window)
@@ -178,15 +212,15 @@ def _accelerate_prepares(ctx: FileContext, name: str) -> bool:
     """``name`` is passed to ``accelerator.prepare(...)`` (or ``prepare_scheduler``) of an
     ``Accelerator`` that is not built with ``split_batches=True`` and does not step the
     scheduler apart from the optimizer."""
+    calls = _calls_by_attr(ctx)
     prepared = any(
-        call_attr(c) in ("prepare", "prepare_scheduler")
-        and "accelerator" in (dotted(receiver(c)) or "").lower()
+        "accelerator" in (dotted(receiver(c)) or "").lower()
         and any(dotted(a) == name for a in c.args)
-        for c in ctx.of(ast.Call)
+        for c in calls.get("prepare", []) + calls.get("prepare_scheduler", [])
     )
     if not prepared:
         return False
-    for c in ctx.of(ast.Call):
+    for c in calls.get("Accelerator", []):
         if _constructor_name(c) == "Accelerator":
             for k in c.keywords:
                 if k.arg in ("split_batches", "step_scheduler_with_optimizer"):

@@ -138,13 +138,17 @@ def _policy_used(ctx: FileContext, policy: ast.Call) -> bool:
     name = None
     if isinstance(parent, ast.Assign) and len(parent.targets) == 1:
         name = dotted(parent.targets[0])
-    for call in ctx.of(ast.Call):
-        if call_attr(call) != "fully_shard" and dotted(call.func) != "fully_shard":
-            continue
+    for call in _fully_shard_calls(ctx):
         for k in call.keywords:
             if k.arg == "mp_policy" and (k.value is policy or (name is not None and dotted(k.value) == name)):
                 return True
     return False
+
+
+def _fully_shard_calls(ctx: FileContext) -> list[ast.Call]:
+    """The ``fully_shard(...)`` calls of the file, one pass (cached)."""
+    return ctx._cached(  # type: ignore[no-any-return]
+        "fully_shard_calls", ctx.tree, lambda: [c for c in ctx.of(ast.Call) if call_attr(c) == "fully_shard"])
 
 
 def _window_k(ctx: FileContext, window: ast.AST) -> set[int | None]:
@@ -169,8 +173,9 @@ def _window_k(ctx: FileContext, window: ast.AST) -> set[int | None]:
 def _defers_sync(ctx: FileContext, window: ast.AST) -> bool:
     """The window (or its function) switches FSDP2's gradient sync off on some micro-steps."""
     scope = ctx.enclosing(window, FUNCS) or ctx.tree
-    return any(isinstance(n, ast.Call) and call_attr(n) in ("set_requires_gradient_sync", "no_sync")
-               for n in ctx.local_nodes(scope))
+    return bool(ctx._cached("defers_sync", scope, lambda: any(
+        isinstance(n, ast.Call) and call_attr(n) in ("set_requires_gradient_sync", "no_sync")
+        for n in ctx.local_nodes(scope))))
 
 
 @rule("AG126")
