@@ -247,6 +247,38 @@ RULES: dict[str, Rule] = {
             "multiply the loss by the world size, or divide by the count's rank share "
             "(global_count / world_size)",
         ),
+        _rule(
+            "AG124", "schedule-horizon-in-micro-batches", "F4", E, MED,
+            "the LR schedule's horizon counts micro-batches (`len(loader)` with no division by K) "
+            "while the scheduler steps once per optimizer step: the schedule is K times too long "
+            "and never reaches its end",
+            "size the horizon in optimizer steps: `math.ceil(len(loader) / K) * epochs` (or step "
+            "the scheduler on every micro-batch only if that is what the horizon means)",
+        ),
+        _rule(
+            "AG125", "accelerate-horizon-per-process", "F4", E, MED,
+            "an Accelerate-prepared scheduler's horizon is divided by the number of processes, but "
+            "the prepared scheduler advances num_processes times per optimizer step: the schedule "
+            "ends W times early",
+            "multiply the horizon by accelerator.num_processes (Accelerate's own examples pass "
+            "`max_train_steps * accelerator.num_processes`), or build the Accelerator with "
+            "step_scheduler_with_optimizer=False and step the scheduler yourself",
+        ),
+        _rule(
+            "AG126", "fsdp2-low-precision-reduce", "F12", W, MED,
+            "FSDP2 MixedPrecisionPolicy with a bf16/fp16 param_dtype and reduce_dtype bf16/fp16 (or "
+            "unset) while the gradient sync is deferred over K > 1 micro-batches: the window's "
+            "unsharded gradient is summed in bf16/fp16, a drift growing with K (an error from K >= 144)",
+            "pass reduce_dtype=torch.float32 to MixedPrecisionPolicy: FSDP2 then accumulates the "
+            "window's unsharded gradient and reduces it in fp32",
+        ),
+        _rule(
+            "AG127", "loss-term-not-divided-by-k", "LOSS_SCALE", E, MED,
+            "in a hand-written accumulation window one term of the loss is divided by K and another "
+            "(an auxiliary, router, z-loss or regulariser term) is added undivided: over K "
+            "micro-batches that term weighs K times its coefficient",
+            "divide the whole sum by K — `loss = (ce + aux_coef * aux) / K` — or each term alike",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

@@ -76,8 +76,20 @@ class WindowQueries(BoundaryFacts):
         return self._cached("windows", self.tree, self._windows_uncached)  # type: ignore[no-any-return]
 
     def _windows_uncached(self) -> list[ast.AST]:
+        return self._windows_and_inlined()[0]
+
+    def inlined(self, window: ast.AST) -> dict[ast.AST, ast.Call]:
+        """The backward helpers ``window`` calls (helper function -> its call in the window):
+        their calls count as the window's, one level deep."""
+        return self._windows_and_inlined()[1].get(window, {})
+
+    def _windows_and_inlined(self) -> tuple[list[ast.AST], dict[ast.AST, dict[ast.AST, ast.Call]]]:
+        return self._cached("windows_inlined", self.tree, self._find_windows)  # type: ignore[no-any-return]
+
+    def _find_windows(self) -> tuple[list[ast.AST], dict[ast.AST, dict[ast.AST, ast.Call]]]:
         out: list[ast.AST] = []
         seen: set[ast.AST] = set()
+        helpers: list[ast.FunctionDef | ast.AsyncFunctionDef] = []
         for call in self.of(ast.Call):
             if not is_backward(call):
                 continue
@@ -87,11 +99,25 @@ class WindowQueries(BoundaryFacts):
             if isinstance(cur, FUNCS) and not (
                 cur.name in WINDOW_FUNCS or cur.name.startswith("training_step")
             ):
+                if cur not in helpers:
+                    helpers.append(cur)  # a backward helper: its callers' loops are the windows
                 continue
             if cur is None or isinstance(cur, ast.ClassDef | ast.Lambda) or cur in seen:
                 continue
             seen.add(cur)
             out.append(cur)
+        inlined: dict[ast.AST, dict[ast.AST, ast.Call]] = {}
+        for helper in helpers:
+            for site in self._helper_call_sites(helper):
+                loop = self.parents.get(site)
+                while loop is not None and not isinstance(loop, LOOPS + SCOPES):
+                    loop = self.parents.get(loop)
+                if not isinstance(loop, LOOPS):
+                    continue  # called once per function call: a window only when named like one
+                inlined.setdefault(loop, {}).setdefault(helper, site)
+                if loop not in seen:
+                    seen.add(loop)
+                    out.append(loop)
         # a loop that contains a window loop is not itself a window (nanoGPT: outer loop steps)
         not_innermost: set[ast.AST] = set()
         for w in out:
@@ -104,7 +130,59 @@ class WindowQueries(BoundaryFacts):
                 cur = self.parents.get(cur)
         out = [w for w in out if w not in not_innermost]
         out.sort(key=lambda n: (getattr(n, "lineno", 0), getattr(n, "col_offset", 0)))
-        return out
+        return out, {w: m for w, m in inlined.items() if w in out}
+
+    def _helper_call_sites(self, helper: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.Call]:
+        """Where ``helper`` is called: ``name(...)`` for a function (module-level or nested),
+        ``self.name(...)`` inside its own class for a method. A name defined twice is not
+        followed (which definition runs cannot be told)."""
+        owner = self.parents.get(helper)
+        defs, by_name, by_self = self._call_index()
+        if defs.get(helper.name, 0) != 1:
+            return []
+        if isinstance(owner, ast.ClassDef):
+            return [c for c in by_self.get(helper.name, ()) if self.enclosing(c, (ast.ClassDef,)) is owner]
+        return list(by_name.get(helper.name, ()))
+
+    def _call_index(self) -> tuple[dict[str, int], dict[str, list[ast.Call]], dict[str, list[ast.Call]]]:
+        """How often each function name is defined, the ``name(...)`` calls and the
+        ``self.name(...)`` calls by name: one pass over the file (per helper it was quadratic)."""
+        def compute() -> tuple[dict[str, int], dict[str, list[ast.Call]], dict[str, list[ast.Call]]]:
+            defs: dict[str, int] = {}
+            for f in self.of(*FUNCS):
+                defs[f.name] = defs.get(f.name, 0) + 1
+            by_name: dict[str, list[ast.Call]] = {}
+            by_self: dict[str, list[ast.Call]] = {}
+            for n in self.of(ast.Call):
+                if isinstance(n.func, ast.Name):
+                    by_name.setdefault(n.func.id, []).append(n)
+                elif (isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)
+                        and n.func.value.id == "self"):
+                    by_self.setdefault(n.func.attr, []).append(n)
+            return defs, by_name, by_self
+        return self._cached("call_index", self.tree, compute)  # type: ignore[no-any-return]
+
+    def window_backwards(self, window: ast.AST) -> list[ast.Call]:
+        """The backward calls of ``window``, where the call of a backward helper stands for
+        the helper's backward (at the call's place in the window)."""
+        out = [n for n in self.local_nodes(window) if isinstance(n, ast.Call) and is_backward(n)]
+        out += list(self.inlined(window).values())
+        return sorted(out, key=position)
+
+    def guarded(self, node: ast.AST, window: ast.AST) -> bool:
+        """Is ``node`` only reached at an accumulation boundary (within ``window``)? A call of a
+        backward helper the window inlines is guarded by the helper's own ``if``s or by those
+        around the helper's call in the window."""
+        if super().guarded(node, window):
+            return True
+        sites = self.inlined(window)
+        if not sites:
+            return False
+        helper = self.enclosing(node, FUNCS)
+        site = sites.get(helper) if helper is not None else None
+        if helper is None or site is None:
+            return False
+        return super().guarded(node, helper) or super().guarded(site, window)
 
     def _inner_summing_loops(self, window: ast.AST) -> list[ast.AST]:
         """Loops inside ``window`` without a backward that build the loss (``loss += ...``):
@@ -140,7 +218,8 @@ class WindowQueries(BoundaryFacts):
                 if sub in skip:
                     continue
                 # a modulo that gates a step (not `if i % 100 == 0: print(...)`)
-                if isinstance(sub, ast.If) and has_mod(sub.test) and self._gates_step(sub):
+                if isinstance(sub, ast.If) and (has_mod(sub.test) or self._mod_flag(sub.test, node)) \
+                        and self._gates_step(sub):
                     return True
                 if (
                     isinstance(sub, ast.Call)
@@ -158,6 +237,16 @@ class WindowQueries(BoundaryFacts):
         if skip:
             return compute()
         return bool(self._cached("scope_accum", node, compute))
+
+    def _mod_flag(self, test: ast.AST, scope: ast.AST) -> bool:
+        """``test`` is a name ``scope`` assigns from a modulo (``ready = (i + 1) % K == 0``)."""
+        if not isinstance(test, ast.Name):
+            return False
+        return any(
+            isinstance(n, ast.Assign) and has_mod(n.value)
+            and any(isinstance(t, ast.Name) and t.id == test.id for t in n.targets)
+            for n in self.local_nodes(scope)
+        )
 
     def identifier_set(self, node: ast.AST) -> set[str]:
         """The distinct lower-cased identifiers of ``node`` outside nested scopes (cached)."""
@@ -205,6 +294,8 @@ class WindowQueries(BoundaryFacts):
     def _window_facts(self, window: ast.AST) -> WindowFacts:
         f = WindowFacts(window)
         calls = [n for n in self.local_nodes(window) if isinstance(n, ast.Call)]
+        for helper in self.inlined(window):
+            calls += [n for n in self.local_nodes(helper) if isinstance(n, ast.Call)]
         calls.sort(key=lambda n: (n.lineno, n.col_offset))
         for call in calls:
             attr = call_attr(call)
@@ -365,7 +456,8 @@ class WindowQueries(BoundaryFacts):
         itself says accumulation (the evidence was elsewhere in the function or file, e.g.
         ``micro_batch_size = 1`` or a reference loop over whole windows): one step per
         backward, nothing accumulated, K = 1."""
-        if self._scope_shows_accumulation(window):
+        if self._scope_shows_accumulation(window) or any(
+                self._scope_shows_accumulation(h) for h in self.inlined(window)):
             return False
         if not any(k == "optimizer" and not self.guarded(c, window) for c, k in f.steps):
             return False

@@ -1,10 +1,13 @@
 """The lint rule families, one module each; importing this package registers every rule.
 
 ``window``     AG101 AG102 AG105   optimizer step / zero_grad / clipping inside the window;
-               AG120               a model cast to bf16/fp16 accumulating its .grad;
                AG115 AG117         the boundary counter off by one; an epoch's leftover leaking on
 ``schedule``   AG103 AG114         LR scheduler stepped per micro-step or per process;
                AG119               ... or in a framework hook run on every micro-batch
+``horizon``    AG124 AG125         the schedule's horizon counted in micro-batches, or per process
+                                   for an Accelerate-prepared scheduler
+``precision``  AG120 AG126         a model cast to bf16/fp16 accumulating its .grad; FSDP2 bf16
+                                   reduce_dtype with the sync deferred over the window
 ``loss``       AG104 AG112 AG113   loss normalisation: mean of means, /W under DDP, rank means;
                AG118               an HF Trainer.compute_loss mean that ignores num_items_in_batch
 ``sync``       AG106 AG111         gradient-sync flags (DDP no_sync, FSDP2 set_requires_gradient_sync)
@@ -13,17 +16,21 @@
 ``accelerate`` AG121               the loss divided by K before accelerator.backward (divided twice)
 ``scale``      AG122 AG123         a mean loss backwarded K times, never divided by K; a loss
                divided by a count summed over ranks under DDP/FSDP's own average
+``terms``      AG127               one loss term divided by K, another added undivided
 """
 
 from accumguard.static.lint.families import (
     accelerate,
     deepspeed,
+    horizon,
     loss,
+    precision,
     reduce,
     scale,
     schedule,
     sync,
+    terms,
     window,
 )
 
-__all__ = ["accelerate", "deepspeed", "loss", "reduce", "scale", "schedule", "sync", "window"]
+__all__ = ["accelerate", "deepspeed", "horizon", "loss", "precision", "reduce", "scale", "schedule", "sync", "terms", "window"]

@@ -23,8 +23,6 @@ micro-batches is spelled with constants (:mod:`.._lengths`) and not a multiple o
 a warning when it is not in sight. A counter running across epochs is not a leak: its
 windows span epochs with exactly K micro-batches each.
 
-AG120 (F12) the model itself cast to bf16/fp16 while a window accumulates K > 1 backwards:
-the .grad buffers are low precision too.
 
 The modulo guard and counter analysis both rules use is in :mod:`._modguard`.
 """
@@ -32,7 +30,6 @@ The modulo guard and counter analysis both rules use is in :mod:`._modguard`.
 from __future__ import annotations
 
 import ast
-import re
 from collections.abc import Iterator
 from dataclasses import replace
 
@@ -41,7 +38,6 @@ from accumguard.static.lint._ast import (
     LOOPS,
     call_attr,
     dotted,
-    is_backward,
     position,
     receiver,
     walk_local,
@@ -226,87 +222,6 @@ def _clip_beside_engine_step(ctx: FileContext, window: ast.AST, clips: list[ast.
         yield finding
 
 
-# ---------------------------------------------------------------- AG120: a low-precision model
-
-_LOW_DTYPES = ("bfloat16", "float16", "half")
-_FP32_GRAD_HINTS = re.compile(r"master|fp32_grad|grad_fp32|float32_grad|grad_accum_dtype|post_accumulate_grad")
-
-
-def _low_precision_cast(node: ast.AST) -> bool:
-    """``x.to(torch.bfloat16)``, ``x.to(dtype=torch.float16)``, ``x.half()``, ``x.bfloat16()``."""
-    if not isinstance(node, ast.Call):
-        return False
-    attr = call_attr(node)
-    if attr in ("half", "bfloat16") and not node.args and not node.keywords:
-        return True
-    if attr != "to":
-        return False
-    values = list(node.args) + [k.value for k in node.keywords if k.arg == "dtype"]
-    return any((dotted(v) or "").split(".")[-1] in _LOW_DTYPES for v in values)
-
-
-def _low_precision_models(ctx: FileContext) -> list[tuple[str, ast.Call]]:
-    """(name, cast) for each module cast to bf16/fp16 whose ``.parameters()`` an optimizer
-    constructor receives: ``model = Net().to(torch.bfloat16)``, ``model.half()``."""
-    optimized: set[str] = set()
-    for call in ctx.of(ast.Call):
-        if call_attr(call) == "parameters" and (d := dotted(receiver(call))) is not None:
-            parent = ctx.parents.get(call)
-            if isinstance(parent, ast.Call) and call in parent.args:
-                ctor = call_attr(parent) or ""
-                if ctor[:1].isupper() or "optim" in (dotted(parent.func) or ""):
-                    optimized.add(d)
-    out: list[tuple[str, ast.Call]] = []
-    for call in ctx.of(ast.Call):
-        if not _low_precision_cast(call):
-            continue
-        parent = ctx.parents.get(call)
-        target: str | None = None
-        if isinstance(parent, ast.Assign) and len(parent.targets) == 1:
-            target = dotted(parent.targets[0])
-        elif isinstance(parent, ast.Expr):
-            target = dotted(receiver(call))  # nn.Module.to/half casts in place
-        if target is not None and target in optimized:
-            out.append((target, call))
-    return out
-
-
-@rule("AG120")
-def low_precision_model_accumulation(ctx: FileContext) -> Iterator[Finding]:
-    """A whole model in bf16/fp16 with K > 1 backwards per optimizer step: the .grad buffers
-    that accumulate are bf16/fp16 too. Not with DeepSpeed (its own grad_accum_dtype, AG204),
-    nor when the file shows fp32 gradient copies (master weights, a post-accumulate hook)."""
-    models = _low_precision_models(ctx)
-    if not models:
-        return
-    if any(_FP32_GRAD_HINTS.search(ident) for n in ctx.of(ast.Name, ast.Attribute)
-           for ident in ((n.id if isinstance(n, ast.Name) else n.attr).lower(),)):
-        return
-    windows = [
-        w for w in ctx.windows()
-        if (f := ctx.window_facts(w)).accumulating and not f.summed_loss and not f.engine_backward
-        and not f.accelerate and not f.unguarded_optimizer_steps
-    ]
-    for name, cast in models:
-        # the window must train this model: same function (or, for `self.model`, same class)
-        here = ctx.enclosing(cast, (ast.ClassDef,)) if name.startswith("self.") else ctx.scope_of(cast)
-        window = next(
-            (w for w in windows
-             if (ctx.enclosing(w, (ast.ClassDef,)) if name.startswith("self.") else ctx.scope_of(w)) is here),
-            None,
-        )
-        if window is None or here is None:
-            continue
-        dtype = "fp16" if call_attr(cast) == "half" or "float16" in ast.unparse(cast).replace("bfloat16", "") else "bf16"
-        yield ctx.finding(
-            "AG120",
-            cast,
-            f"`{name}` is cast to {dtype} and accumulates gradients over several micro-batches (the "
-            f"window at line {getattr(window, 'lineno', 1)}): its .grad buffers are {dtype}, so each "
-            "micro-batch's gradient is rounded as it is added, an error that grows with K",
-        )
-
-
 # ---------------------------------------------------------------- AG115: boundary counter off by one
 
 @rule("AG115")
@@ -316,7 +231,7 @@ def boundary_counter_off_by_one(ctx: FileContext) -> Iterator[Finding]:
         if not isinstance(window, LOOPS):
             continue
         facts = ctx.window_facts(window)
-        backwards = [n for n in ctx.local_nodes(window) if isinstance(n, ast.Call) and is_backward(n)]
+        backwards = ctx.window_backwards(window)
         seen: set[int] = set()
         for call, kind in facts.steps:
             if kind not in ("optimizer", "engine"):
@@ -450,12 +365,26 @@ def _pure_mod_guard(ctx: FileContext, call: ast.AST, window: ast.AST) -> tuple[a
     child, cur = call, ctx.parents.get(call)
     while cur is not None and cur is not window:
         if isinstance(cur, ast.If) and child is not cur.test and ctx.is_boundary_test(cur.test):
-            guard = mod_term(cur.test)
+            guard = mod_term(_flag_value(ctx, cur.test, window))
             if guard is None or found is not None or child not in cur.body:
                 return None
             found = (cur, guard)
         child, cur = cur, ctx.parents.get(cur)
     return found if cur is window else None
+
+
+def _flag_value(ctx: FileContext, test: ast.AST, window: ast.AST) -> ast.AST:
+    """The value of a boundary flag tested by name (``sync = (i + 1) % K == 0`` ...
+    ``if sync:``) when the window assigns it exactly once, else ``test`` itself."""
+    if not isinstance(test, ast.Name):
+        return test
+    values = [n.value for n in ctx.local_nodes(window)
+              if isinstance(n, ast.Assign | ast.AugAssign | ast.AnnAssign)
+              and any(isinstance(t, ast.Name) and t.id == test.id
+                      for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))]
+    if len(values) == 1 and values[0] is not None:
+        return values[0]
+    return test
 
 
 def _restarts_each_pass(ctx: FileContext, window: ast.For | ast.AsyncFor, counter: str, repeat: ast.AST) -> bool:
@@ -540,7 +469,7 @@ def partial_window_leaks_into_next_epoch(ctx: FileContext) -> Iterator[Finding]:
             again = f"every call of `{around.name}()`"
         else:
             continue  # one pass: a leftover at the very end of training is never applied, not leaked
-        backwards = [n for n in ctx.local_nodes(window) if isinstance(n, ast.Call) and is_backward(n)]
+        backwards = ctx.window_backwards(window)
         for call, kind in facts.steps:
             if kind != "optimizer":
                 continue
@@ -565,9 +494,12 @@ def partial_window_leaks_into_next_epoch(ctx: FileContext) -> Iterator[Finding]:
             if n is None:
                 n = _length_from_callers(ctx, window)
             data = ast.unparse(window.iter)
-            test = ast.unparse(guard_if.test)
+            test = f"`{ast.unparse(guard_if.test)}`"
+            value = _flag_value(ctx, guard_if.test, window)
+            if value is not guard_if.test:
+                test += f" (= `{ast.unparse(value)}`)"
             head = (
-                f"the step runs when `{test}`, with `{guard.counter}` starting again at {again}, "
+                f"the step runs when {test}, with `{guard.counter}` starting again at {again}, "
                 "and nothing steps or clears the gradients after this loop"
             )
             if n is not None and k is not None:

@@ -1,0 +1,250 @@
+"""Schedule horizons (F4): the number of steps a learning-rate schedule is sized for, read
+from its constructor, against the steps the loop gives it.
+
+AG124: the horizon is counted in micro-batches (``T_max=epochs * len(loader)``, no division
+by K) while the scheduler is stepped once per optimizer step, at the boundary of a window
+that iterates that same loader one micro-batch at a time: the schedule is K times too long
+(a cosine never anneals, a linear decay stops at a fraction of its way).
+
+AG125: an Accelerate-prepared scheduler whose horizon divides by the number of processes
+(sized in one process's optimizer steps): the prepared scheduler advances
+``num_processes`` times per optimizer step (unless ``split_batches=True``), so it reaches
+its end W times early and the rest of training runs at the schedule's final rate.
+
+Only horizons whose parts are in sight are judged: a value read from a config, a
+``max_steps`` argument or anything divided by a name the rule cannot place stays silent.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+from accumguard.static.findings import Finding
+from accumguard.static.lint._ast import WORLD_RE, call_attr, dotted, receiver, walk_all
+from accumguard.static.lint._context import FileContext
+from accumguard.static.lint._rule import rule
+
+#: scheduler constructors -> (keyword of the horizon, its position in the call)
+_HORIZON_ARG: dict[str, tuple[str, int]] = {
+    "CosineAnnealingLR": ("T_max", 1),
+    "LinearLR": ("total_iters", 4),
+    "PolynomialLR": ("total_iters", 1),
+    "ConstantLR": ("total_iters", 2),
+    "OneCycleLR": ("total_steps", 2),
+    "get_linear_schedule_with_warmup": ("num_training_steps", 2),
+    "get_cosine_schedule_with_warmup": ("num_training_steps", 2),
+    "get_polynomial_decay_schedule_with_warmup": ("num_training_steps", 2),
+    "get_cosine_with_hard_restarts_schedule_with_warmup": ("num_training_steps", 2),
+    "get_wsd_schedule": ("num_training_steps", 2),
+    "get_scheduler": ("num_training_steps", 3),
+}
+
+
+def _constructor_name(call: ast.Call) -> str | None:
+    name = dotted(call.func)
+    return name.rsplit(".", 1)[-1] if name else None
+
+
+def _horizon_expr(call: ast.Call) -> ast.AST | None:
+    """The horizon argument of a scheduler constructor call, or None."""
+    name = _constructor_name(call)
+    if name not in _HORIZON_ARG:
+        return None
+    kw, pos = _HORIZON_ARG[name]
+    for k in call.keywords:
+        if k.arg == kw:
+            return k.value
+    if name == "OneCycleLR":
+        return None  # epochs * steps_per_epoch: read below only when total_steps is given
+    if len(call.args) > pos:
+        return call.args[pos]
+    return None
+
+
+def _expand(ctx: FileContext, expr: ast.AST, depth: int = 3) -> list[ast.AST]:
+    """``expr`` and, for each name in it assigned exactly once in the file, that value
+    (recursively, ``depth`` levels): the parts the horizon is computed from."""
+    parts = [expr]
+    if depth == 0:
+        return parts
+    names = {d for n in walk_all(expr) if isinstance(n, ast.Name | ast.Attribute) and (d := dotted(n))}
+    index = _assigned_values(ctx)
+    for name in names:
+        values = index.get(name, [])
+        if len(values) == 1:
+            parts += _expand(ctx, values[0], depth - 1)
+    return parts
+
+
+def _assigned_values(ctx: FileContext) -> dict[str, list[ast.AST]]:
+    """Every assigned name -> its values, one pass over the file (cached)."""
+    def compute() -> dict[str, list[ast.AST]]:
+        out: dict[str, list[ast.AST]] = {}
+        for targets, value in ctx.assignments():
+            for t in targets:
+                out.setdefault(t, []).append(value)
+        return out
+    return ctx._cached("horizon_assigned", ctx.tree, compute)  # type: ignore[no-any-return]
+
+
+def _calls_by_attr(ctx: FileContext) -> dict[str, list[ast.Call]]:
+    """``x.step()``, ``x.prepare(...)``... by method name, one pass over the file (cached)."""
+    def compute() -> dict[str, list[ast.Call]]:
+        out: dict[str, list[ast.Call]] = {}
+        for c in ctx.of(ast.Call):
+            name = call_attr(c)
+            if name is not None:
+                out.setdefault(name, []).append(c)
+        return out
+    return ctx._cached("horizon_calls", ctx.tree, compute)  # type: ignore[no-any-return]
+
+
+def _window_of(ctx: FileContext, node: ast.AST) -> ast.AST | None:
+    """The window ``node`` is in: the nearest enclosing window, within its own scope."""
+    cur = ctx.parents.get(node)
+    while cur is not None and not isinstance(cur, ast.FunctionDef | ast.AsyncFunctionDef
+                                                  | ast.ClassDef | ast.Lambda):
+        if ctx.is_window(cur):
+            return cur
+        cur = ctx.parents.get(cur)
+    return cur if cur is not None and ctx.is_window(cur) else None
+
+
+def _len_args(parts: list[ast.AST]) -> set[str]:
+    """The names whose ``len()`` the horizon reads (``len(loader)``, ``len(train_dl)``)."""
+    out: set[str] = set()
+    for p in parts:
+        for n in walk_all(p):
+            if (isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "len"
+                    and len(n.args) == 1 and (d := dotted(n.args[0]))):
+                out.add(d)
+    return out
+
+
+def _divides(parts: list[ast.AST]) -> list[ast.AST]:
+    """The denominators of every division in the horizon's parts (``/``, ``//``,
+    ``math.ceil(a / b)``)."""
+    return [n.right for p in parts for n in walk_all(p)
+            if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div | ast.FloorDiv)]
+
+
+def _is_world(expr: ast.AST) -> bool:
+    """``expr`` itself names the world size (``accelerator.num_processes``, ``world_size``,
+    ``dist.get_world_size()``), not a value derived from it."""
+    if isinstance(expr, ast.Call) and not expr.args:
+        expr = expr.func
+    d = dotted(expr)
+    return d is not None and WORLD_RE.search(d.rsplit(".", 1)[-1].lower()) is not None
+
+
+def _multiplies_by_world(parts: list[ast.AST]) -> bool:
+    """A ``* num_processes`` in the horizon: it is already counted in scheduler steps."""
+    for p in parts:
+        for n in walk_all(p):
+            if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult) and (
+                    _is_world(n.left) or _is_world(n.right)):
+                return True
+    return False
+
+
+def _schedulers(ctx: FileContext) -> Iterator[tuple[str, ast.Call, ast.AST]]:
+    """(assigned name, constructor call, horizon) of every scheduler built with a readable
+    horizon and assigned to one name."""
+    for node in ctx.of(ast.Assign):
+        if not isinstance(node.value, ast.Call) or len(node.targets) != 1:
+            continue
+        name = dotted(node.targets[0])
+        horizon = _horizon_expr(node.value)
+        if name is None or horizon is None:
+            continue
+        yield name, node.value, horizon
+
+
+def _iterated(loop: ast.AST) -> str | None:
+    """The name a ``for`` loop iterates (``loader`` of ``for i, b in enumerate(loader)``)."""
+    if not isinstance(loop, ast.For | ast.AsyncFor):
+        return None
+    it = loop.iter
+    if isinstance(it, ast.Call) and call_attr(it) in ("enumerate", "tqdm", "iter") and it.args:
+        it = it.args[0]
+    return dotted(it)
+
+
+def _step_calls(ctx: FileContext, name: str) -> list[ast.Call]:
+    return [c for c in _calls_by_attr(ctx).get("step", []) if dotted(receiver(c)) == name]
+
+
+@rule("AG124")
+def horizon_in_micro_batches(ctx: FileContext) -> Iterator[Finding]:
+    for name, ctor, horizon in _schedulers(ctx):
+        parts = _expand(ctx, horizon)
+        loaders = _len_args(parts)
+        if not loaders or _divides(parts) or any(ctx.mentions_accum(p) for p in parts):
+            continue  # not a count of batches, or already scaled by something
+        steps = _step_calls(ctx, name)
+        if not steps:
+            continue
+        windows: list[ast.AST] = []
+        for call in steps:
+            window = _window_of(ctx, call)
+            if window is None:
+                break
+            facts = ctx.window_facts(window)
+            if (not facts.accumulating or facts.accelerate or facts.summed_loss
+                    or facts.unguarded_optimizer_steps or not ctx.guarded(call, window)
+                    or _iterated(window) not in loaders):
+                break
+            windows.append(window)
+        else:
+            loader = _iterated(windows[0]) or "loader"
+            yield ctx.finding(
+                "AG124",
+                ctor,
+                f"the schedule's horizon `{ast.unparse(horizon)}` counts the micro-batches of "
+                f"`{loader}`, but `{name}.step()` runs once per optimizer step (the boundary at line "
+                f"{steps[0].lineno}): the schedule is K times longer than training and never "
+                "reaches its end",
+            )
+
+
+def _accelerate_prepares(ctx: FileContext, name: str) -> bool:
+    """``name`` is passed to ``accelerator.prepare(...)`` (or ``prepare_scheduler``) of an
+    ``Accelerator`` that is not built with ``split_batches=True`` and does not step the
+    scheduler apart from the optimizer."""
+    calls = _calls_by_attr(ctx)
+    prepared = any(
+        "accelerator" in (dotted(receiver(c)) or "").lower()
+        and any(dotted(a) == name for a in c.args)
+        for c in calls.get("prepare", []) + calls.get("prepare_scheduler", [])
+    )
+    if not prepared:
+        return False
+    for c in calls.get("Accelerator", []):
+        if _constructor_name(c) == "Accelerator":
+            for k in c.keywords:
+                if k.arg in ("split_batches", "step_scheduler_with_optimizer"):
+                    return False  # set: the per-process stepping may be off
+                if k.arg in (None, "dataloader_config"):
+                    return False  # **kwargs or a DataLoaderConfiguration: not in sight
+    return True
+
+
+@rule("AG125")
+def accelerate_horizon_per_process(ctx: FileContext) -> Iterator[Finding]:
+    for name, ctor, horizon in _schedulers(ctx):
+        parts = _expand(ctx, horizon)
+        per_process = next((p for p in parts if any(_is_world(d) for d in _divides([p]))), None)
+        if per_process is None:
+            continue
+        if _multiplies_by_world(parts) or not _accelerate_prepares(ctx, name):
+            continue
+        via = "" if per_process is horizon else f", from `{ast.unparse(per_process)}`"
+        yield ctx.finding(
+            "AG125",
+            ctor,
+            f"the horizon `{ast.unparse(horizon)}`{via} is divided by the number of processes (one "
+            f"process's optimizer steps), but the Accelerate-prepared `{name}` advances "
+            "num_processes times per optimizer step: the schedule ends W times early and the "
+            "rest of training runs at its final learning rate",
+        )

@@ -1,0 +1,214 @@
+"""Precision rules (F12): where the gradient accumulates across a window, and in which dtype.
+
+AG120: the model itself cast to bf16/fp16 (``.to(torch.bfloat16)``, ``.half()``) while a
+window accumulates K > 1 backwards: the ``.grad`` buffers are low precision too.
+
+AG126: FSDP2 ``fully_shard(..., mp_policy=MixedPrecisionPolicy(param_dtype=bf16))`` with
+``reduce_dtype`` bf16 (or unset: it then reduces in ``param_dtype``) while a window defers
+the gradient sync over K > 1 micro-batches (``set_requires_gradient_sync(False)``): FSDP2
+keeps the unsharded gradient of the window in the reduce dtype, so every micro-batch is
+added into a bf16 buffer and the rounding drift grows like u*sqrt(K). With ``reduce_dtype``
+fp32 FSDP2 accumulates the unsharded gradient in fp32. The severity follows the watch
+rule's tolerance model (observe/_precision_rules): a warning below K = 144, an error from
+there on when every K in sight is that large.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+from dataclasses import replace
+
+from accumguard.static.findings import Confidence, Finding, Severity
+from accumguard.static.lint._ast import FUNCS, call_attr, dotted, receiver
+from accumguard.static.lint._context import FileContext
+from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families._modguard import k_values, mod_term
+
+_LOW_DTYPES = ("bfloat16", "float16", "half")
+_FP32_GRAD_HINTS = re.compile(r"master|fp32_grad|grad_fp32|float32_grad|grad_accum_dtype|post_accumulate_grad")
+
+
+def _low_precision_cast(node: ast.AST) -> bool:
+    """``x.to(torch.bfloat16)``, ``x.to(dtype=torch.float16)``, ``x.half()``, ``x.bfloat16()``."""
+    if not isinstance(node, ast.Call):
+        return False
+    attr = call_attr(node)
+    if attr in ("half", "bfloat16") and not node.args and not node.keywords:
+        return True
+    if attr != "to":
+        return False
+    values = list(node.args) + [k.value for k in node.keywords if k.arg == "dtype"]
+    return any((dotted(v) or "").split(".")[-1] in _LOW_DTYPES for v in values)
+
+
+def _low_precision_models(ctx: FileContext) -> list[tuple[str, ast.Call]]:
+    """(name, cast) for each module cast to bf16/fp16 whose ``.parameters()`` an optimizer
+    constructor receives: ``model = Net().to(torch.bfloat16)``, ``model.half()``."""
+    optimized: set[str] = set()
+    for call in ctx.of(ast.Call):
+        if call_attr(call) == "parameters" and (d := dotted(receiver(call))) is not None:
+            parent = ctx.parents.get(call)
+            if isinstance(parent, ast.Call) and call in parent.args:
+                ctor = call_attr(parent) or ""
+                if ctor[:1].isupper() or "optim" in (dotted(parent.func) or ""):
+                    optimized.add(d)
+    out: list[tuple[str, ast.Call]] = []
+    for call in ctx.of(ast.Call):
+        if not _low_precision_cast(call):
+            continue
+        parent = ctx.parents.get(call)
+        target: str | None = None
+        if isinstance(parent, ast.Assign) and len(parent.targets) == 1:
+            target = dotted(parent.targets[0])
+        elif isinstance(parent, ast.Expr):
+            target = dotted(receiver(call))  # nn.Module.to/half casts in place
+        if target is not None and target in optimized:
+            out.append((target, call))
+    return out
+
+
+@rule("AG120")
+def low_precision_model_accumulation(ctx: FileContext) -> Iterator[Finding]:
+    """A whole model in bf16/fp16 with K > 1 backwards per optimizer step: the .grad buffers
+    that accumulate are bf16/fp16 too. Not with DeepSpeed (its own grad_accum_dtype, AG204),
+    nor when the file shows fp32 gradient copies (master weights, a post-accumulate hook)."""
+    models = _low_precision_models(ctx)
+    if not models:
+        return
+    if any(_FP32_GRAD_HINTS.search(ident) for n in ctx.of(ast.Name, ast.Attribute)
+           for ident in ((n.id if isinstance(n, ast.Name) else n.attr).lower(),)):
+        return
+    windows = [
+        w for w in ctx.windows()
+        if (f := ctx.window_facts(w)).accumulating and not f.summed_loss and not f.engine_backward
+        and not f.accelerate and not f.unguarded_optimizer_steps
+    ]
+    for name, cast in models:
+        # the window must train this model: same function (or, for `self.model`, same class)
+        here = ctx.enclosing(cast, (ast.ClassDef,)) if name.startswith("self.") else ctx.scope_of(cast)
+        window = next(
+            (w for w in windows
+             if (ctx.enclosing(w, (ast.ClassDef,)) if name.startswith("self.") else ctx.scope_of(w)) is here),
+            None,
+        )
+        if window is None or here is None:
+            continue
+        dtype = "fp16" if call_attr(cast) == "half" or "float16" in ast.unparse(cast).replace("bfloat16", "") else "bf16"
+        yield ctx.finding(
+            "AG120",
+            cast,
+            f"`{name}` is cast to {dtype} and accumulates gradients over several micro-batches (the "
+            f"window at line {getattr(window, 'lineno', 1)}): its .grad buffers are {dtype}, so each "
+            "micro-batch's gradient is rounded as it is added, an error that grows with K",
+        )
+
+
+# ---------------------------------------------------------------- AG126: FSDP2 bf16 reduce_dtype
+
+#: K from which the expected bf16/fp16 accumulation drift u*sqrt(K)/3 exceeds the watch
+#: rule's error bound (observe/_precision_rules.F12_ERROR_FACTOR; the same number there)
+_F12_ERROR_K = 144
+
+
+def _low_dtype(expr: ast.AST | None) -> bool:
+    return expr is not None and (dotted(expr) or "").split(".")[-1] in _LOW_DTYPES
+
+
+def _low_reduce_policies(ctx: FileContext) -> list[ast.Call]:
+    """``MixedPrecisionPolicy(...)`` calls with a bf16/fp16 ``param_dtype`` and a
+    ``reduce_dtype`` that is unset, None or bf16/fp16 (read by keyword only)."""
+    out: list[ast.Call] = []
+    for call in ctx.of(ast.Call):
+        if (dotted(call.func) or "").split(".")[-1] != "MixedPrecisionPolicy":
+            continue
+        kws = {k.arg: k.value for k in call.keywords}
+        if None in kws or call.args or not _low_dtype(kws.get("param_dtype")):
+            continue
+        reduce = kws.get("reduce_dtype")
+        if reduce is None or (isinstance(reduce, ast.Constant) and reduce.value is None) or _low_dtype(reduce):
+            out.append(call)
+    return out
+
+
+def _policy_used(ctx: FileContext, policy: ast.Call) -> bool:
+    """The policy reaches ``fully_shard(..., mp_policy=...)``, inline or by its name."""
+    parent = ctx.parents.get(policy)
+    name = None
+    if isinstance(parent, ast.Assign) and len(parent.targets) == 1:
+        name = dotted(parent.targets[0])
+    for call in _fully_shard_calls(ctx):
+        for k in call.keywords:
+            if k.arg == "mp_policy" and (k.value is policy or (name is not None and dotted(k.value) == name)):
+                return True
+    return False
+
+
+def _fully_shard_calls(ctx: FileContext) -> list[ast.Call]:
+    """The ``fully_shard(...)`` calls of the file, one pass (cached)."""
+    return ctx._cached(  # type: ignore[no-any-return]
+        "fully_shard_calls", ctx.tree, lambda: [c for c in ctx.of(ast.Call) if call_attr(c) == "fully_shard"])
+
+
+def _window_k(ctx: FileContext, window: ast.AST) -> set[int | None]:
+    """Every K the file gives this window: ``range(K)`` of a micro-batch loop, or the modulus
+    of the ``if`` that gates its optimizer step."""
+    if isinstance(window, ast.For | ast.AsyncFor) and isinstance(window.iter, ast.Call) \
+            and call_attr(window.iter) == "range" and len(window.iter.args) == 1:
+        return k_values(ctx, window.iter.args[0], window)
+    out: set[int | None] = set()
+    for call, kind in ctx.window_facts(window).steps:
+        if kind != "optimizer":
+            continue
+        cur = ctx.parents.get(call)
+        while cur is not None and cur is not window:
+            if isinstance(cur, ast.If) and (guard := mod_term(cur.test)) is not None:
+                out |= k_values(ctx, guard.modulus, window)
+                break
+            cur = ctx.parents.get(cur)
+    return out or {None}
+
+
+def _defers_sync(ctx: FileContext, window: ast.AST) -> bool:
+    """The window (or its function) switches FSDP2's gradient sync off on some micro-steps."""
+    scope = ctx.enclosing(window, FUNCS) or ctx.tree
+    return bool(ctx._cached("defers_sync", scope, lambda: any(
+        isinstance(n, ast.Call) and call_attr(n) in ("set_requires_gradient_sync", "no_sync")
+        for n in ctx.local_nodes(scope))))
+
+
+@rule("AG126")
+def fsdp2_low_precision_reduce(ctx: FileContext) -> Iterator[Finding]:
+    policies = [p for p in _low_reduce_policies(ctx) if _policy_used(ctx, p)]
+    if not policies:
+        return
+    windows = [
+        w for w in ctx.windows()
+        if (f := ctx.window_facts(w)).accumulating and not f.summed_loss and not f.engine_backward
+        and not f.accelerate and not f.unguarded_optimizer_steps and _defers_sync(ctx, w)
+    ]
+    if not windows:
+        return
+    ks = set().union(*(_window_k(ctx, w) for w in windows))
+    if ks and None not in ks and max(k for k in ks if k is not None) < 2:
+        return
+    known = sorted(k for k in ks if k is not None)
+    error = bool(known) and None not in ks and min(known) >= _F12_ERROR_K
+    k_text = (f"K = {known[0]}" if len(known) == 1 and None not in ks else "K (its value not in sight)")
+    for policy in policies:
+        reduce = next((k.value for k in policy.keywords if k.arg == "reduce_dtype"), None)
+        how = "reduce_dtype unset (FSDP2 then reduces in param_dtype)" if reduce is None or (
+            isinstance(reduce, ast.Constant)) else f"reduce_dtype={ast.unparse(reduce)}"
+        finding = ctx.finding(
+            "AG126",
+            policy,
+            f"`{ast.unparse(policy.func)}` with param_dtype={ast.unparse(next(k.value for k in policy.keywords if k.arg == 'param_dtype'))} "
+            f"and {how}, while the window at line {getattr(windows[0], 'lineno', 1)} defers the "
+            f"gradient sync over {k_text} micro-batches: FSDP2 sums the window's unsharded "
+            "gradient in that low-precision dtype, a rounding drift that grows like sqrt(K)"
+            + (f" (an error from K >= {_F12_ERROR_K}, the watch rule's bound)" if error else ""),
+        )
+        if error:
+            finding = replace(finding, severity=Severity.ERROR, confidence=Confidence.HIGH)
+        yield finding
