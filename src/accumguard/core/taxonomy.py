@@ -59,10 +59,13 @@ _CLASSES = (
         "Call zero_grad() only after the optimizer step (F3); with DeepSpeed, make the "
         "engine's gradient_accumulation_steps agree with your loop or use "
         "engine.coalesce_grad_reduction() (F2)."),
-    _fc("F4", "LR scheduler stepped more than once per optimizer step",
-        "correct gradient, but the learning rate runs K (or W) times ahead in its schedule",
+    _fc("F4", "LR schedule out of step with the optimizer steps",
+        "correct gradient, but the learning rate is at the wrong point of its schedule: the "
+        "scheduler steps per micro-step (K or W times ahead), or its horizon is counted in "
+        "another unit than its steps (it ends early, or never reaches its end)",
         "Step the LR scheduler once per optimizer step, at the boundary, on the optimizer's "
-        "step count (not per micro-step, not once per process for a shared schedule)."),
+        "step count (not per micro-step, not once per process for a shared schedule), and "
+        "count its horizon in the steps it takes."),
     _fc("F5", "mean of per-micro-batch means / K (uneven token counts)",
         "sum(g_i / n_i) / K instead of sum(g_i) / N",
         "Sum per-token losses and divide by the window's total count N (all micro-steps, all "
