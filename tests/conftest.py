@@ -47,3 +47,13 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         raise pytest.UsageError(
             "deepspeed is not installed, so the DeepSpeed tests would be skipped; install the "
             "dev extra (pip install -e '.[dev]') or set ACCUMGUARD_ALLOW_NO_DEEPSPEED=1")
+
+
+@pytest.fixture(scope="session")
+def deepspeed_spawn(request: pytest.FixtureRequest) -> dict[str, list[object]]:
+    """The DeepSpeed engine modules' workers, run in ONE 2-rank spawn (tests/ds_spawn.py):
+    module name -> its worker's per-rank results."""
+    pytest.importorskip("deepspeed")
+    from ds_spawn import shared_deepspeed_spawn
+
+    return shared_deepspeed_spawn(request.session)
