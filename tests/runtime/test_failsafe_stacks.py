@@ -75,7 +75,9 @@ def unobserved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         launcher = _command(stacks[0], out)[:-3]  # python, or torchrun with its options
         proc = _run([*launcher, str(RUN_SCRIPTS), *scripts], env, out)
         assert proc.returncode == 0, proc.stderr[-3000:]
-    return {stack: (out / stack).read_text() for stack in CASES}
+    digests = {stack: (out / stack).read_text() for stack in CASES}
+    assert all(len(d) == 64 for d in digests.values()), digests  # every stack trained
+    return digests
 
 
 @pytest.mark.parametrize("stack", list(CASES))
