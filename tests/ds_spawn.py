@@ -25,10 +25,12 @@ WORKERS: dict[str, str] = {
     "test_deepspeed_wrappers": "_run",
     "test_nonfinite_dist": "_ds_sweep",
 }
-#: each worker's own spawn timeout (s): the shared spawn gets the sum of the selected ones
+#: each worker's own spawn timeout (s): the shared spawn gets the sum of the selected ones,
+#: at most MAX_TIMEOUT (all five took 387 s at load 18-24; a hang should not cost an hour)
 TIMEOUTS = {"test_deepspeed": 600, "test_deepspeed_lean_flush": 900,
             "test_deepspeed_window_memory": 600, "test_deepspeed_wrappers": 600,
             "test_nonfinite_dist": 900}
+MAX_TIMEOUT = 1800
 
 
 def _run_workers(rank: int, world: int, modules: list[str]) -> dict[str, Any]:
@@ -49,6 +51,6 @@ def shared_deepspeed_spawn(session: pytest.Session) -> dict[str, list[Any]]:
 
     modules = selected(session)
     per_rank = run_on_ranks(_run_workers, 2, (modules,),
-                            timeout=sum(TIMEOUTS[m] for m in modules),
+                            timeout=min(MAX_TIMEOUT, sum(TIMEOUTS[m] for m in modules)),
                             env={"DS_ACCELERATOR": "cpu"})
     return {m: [r[m] for r in per_rank] for m in modules}
