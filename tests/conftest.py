@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 
@@ -13,6 +14,18 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # Count DDP's gradient all-reduces in every test (the counting comm hook is off by default in
 # production; see accumguard.engines.ddp). Set here so that spawned ranks inherit it.
 os.environ.setdefault("ACCUMGUARD_COUNT_COLLECTIVES", "1")
+
+# DeepSpeed JIT-builds its CPU shared-memory op (deepspeed_shm_comm) in every process that
+# starts its comm (every test that builds an engine). torch keeps one build per
+# TORCH_EXTENSIONS_DIR and rebuilds it whenever the build's command line differs, which it
+# does between two virtual environments (their include paths): CI's fresh venv and a
+# developer's venv sharing ~/.cache/torch_extensions rebuilt it in turn, each build 50-380 s
+# of compiling while every DeepSpeed test of every run waited on its lock (measured
+# 2026-12-02, docs/dev/test-speed.md). One build directory per interpreter prefix: built
+# once per venv, never invalidated by another. Spawned ranks and launched scripts inherit it.
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(
+    os.path.expanduser("~"), ".cache", "torch_extensions",
+    "accumguard-tests-" + hashlib.sha256(sys.prefix.encode()).hexdigest()[:12]))
 
 _LEAKY = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -34,3 +47,13 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         raise pytest.UsageError(
             "deepspeed is not installed, so the DeepSpeed tests would be skipped; install the "
             "dev extra (pip install -e '.[dev]') or set ACCUMGUARD_ALLOW_NO_DEEPSPEED=1")
+
+
+@pytest.fixture(scope="session")
+def deepspeed_spawn(request: pytest.FixtureRequest) -> dict[str, list[object]]:
+    """The DeepSpeed engine modules' workers, run in ONE 2-rank spawn (tests/ds_spawn.py):
+    module name -> its worker's per-rank results."""
+    pytest.importorskip("deepspeed")
+    from ds_spawn import shared_deepspeed_spawn
+
+    return shared_deepspeed_spawn(request.session)

@@ -21,8 +21,6 @@ from typing import Any
 import pytest
 import torch
 
-from accumguard import run_on_ranks
-
 from helpers import (
     BROKEN_MIN_ERROR,
     FP32_UPDATE_TOL,
@@ -289,11 +287,10 @@ def _all_deepspeed(rank: int, world: int) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def ds_results() -> dict[str, Any]:
-    t0 = time.perf_counter()
-    out = run_on_ranks(_all_deepspeed, 2, timeout=600)[0]
-    out["t_spawn"] = time.perf_counter() - t0
-    print(f"DeepSpeed spawn: {out['t_spawn']:.1f} s (grid {out['t_grid']:.1f} s)")
+def ds_results(deepspeed_spawn: dict[str, list[Any]]) -> dict[str, Any]:
+    # _all_deepspeed runs in the session's shared DeepSpeed spawn (tests/ds_spawn.py)
+    out: dict[str, Any] = deepspeed_spawn["test_deepspeed"][0]
+    print(f"DeepSpeed grid: {out['t_grid']:.1f} s, module total {out['t_total']:.1f} s")
     return out
 
 

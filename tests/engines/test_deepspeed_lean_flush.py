@@ -16,8 +16,6 @@ from typing import Any
 import pytest
 import torch
 
-from accumguard import run_on_ranks
-
 from helpers import FP32_UPDATE_TOL, Case, make_data, make_model, make_optimizer, update_errors
 
 pytest.importorskip("deepspeed", reason="deepspeed is not installed (pip install "
@@ -80,8 +78,10 @@ def _worker(rank: int, world: int) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def runs() -> list[dict[str, Any]]:
-    return run_on_ranks(_worker, 2, timeout=900)[0]
+def runs(deepspeed_spawn: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    # _worker runs in the session's shared DeepSpeed spawn (tests/ds_spawn.py)
+    out: list[dict[str, Any]] = deepspeed_spawn["test_deepspeed_lean_flush"][0]
+    return out
 
 
 def _by(runs: list[dict[str, Any]], stage: int, lean: bool, zero: dict[str, Any] | None = None,

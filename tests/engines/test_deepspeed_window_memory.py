@@ -10,8 +10,6 @@ from typing import Any
 
 import pytest
 
-from accumguard import run_on_ranks
-
 from helpers import FP32_UPDATE_TOL, Case, make_data, make_model, make_optimizer, update_errors
 
 pytest.importorskip("deepspeed", reason="deepspeed is not installed (pip install "
@@ -88,8 +86,10 @@ def _worker(rank: int, world: int) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def results() -> dict[str, Any]:
-    return run_on_ranks(_worker, 2, timeout=600)[0]
+def results(deepspeed_spawn: dict[str, list[Any]]) -> dict[str, Any]:
+    # _worker runs in the session's shared DeepSpeed spawn (tests/ds_spawn.py)
+    out: dict[str, Any] = deepspeed_spawn["test_deepspeed_window_memory"][0]
+    return out
 
 
 def test_unsharded_window_matches_the_reference_after_every_step(results: dict) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from accumguard import Accumulator, run_on_ranks
+from accumguard import Accumulator
 from accumguard.demo.toy import TokenMLP, count_tokens, make_rank_batches, token_loss
 
 pytest.importorskip("deepspeed")
@@ -56,8 +56,10 @@ def _run(rank: int, world: int) -> list[tuple[Any, ...]]:
     return out
 
 
-def test_wrappers_without_coalescing_are_never_deferred() -> None:
-    results = run_on_ranks(_run, 2, timeout=600, env={"DS_ACCELERATOR": "cpu"})
+def test_wrappers_without_coalescing_are_never_deferred(
+        deepspeed_spawn: dict[str, list[Any]]) -> None:
+    # _run runs in the session's shared DeepSpeed spawn (tests/ds_spawn.py)
+    results = deepspeed_spawn["test_deepspeed_wrappers"]
     for per_rank in zip(*results, strict=True):
         assert per_rank[0][:2] == per_rank[1][:2]
     bf16_ga1, bf16_gak, bf16_deferred, zero2 = results[0]

@@ -260,9 +260,10 @@ def _ds_sweep(rank: int, world: int) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def ds_results() -> list[list[dict[str, Any]]]:
-    pytest.importorskip("deepspeed")
-    return run_on_ranks(_ds_sweep, 2, timeout=900, env={"DS_ACCELERATOR": "cpu"})
+def ds_results(deepspeed_spawn: dict[str, list[Any]]) -> list[list[dict[str, Any]]]:
+    # _ds_sweep runs in the session's shared DeepSpeed spawn (tests/ds_spawn.py)
+    out: list[list[dict[str, Any]]] = deepspeed_spawn["test_nonfinite_dist"]
+    return out
 
 
 @pytest.mark.deepspeed

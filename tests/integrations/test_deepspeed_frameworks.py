@@ -19,9 +19,9 @@ alarms and without crashes:
   batch; ``accelerator.backward(mean)`` is F5; a config GA that differs runs DeepSpeed's value;
   ``invariance`` agrees on ZeRO-3.
 
-One launch per framework records several scenarios (``accumguard.watch._recording.recording``,
-analysed as ``accumguard watch`` does); one real ``accumguard watch`` command checks the exit
-code of the correct Trainer run.
+One torchrun launch runs the three framework scripts one after the other, each recording its
+scenarios (``accumguard.watch.recording``, analysed as ``accumguard watch`` does); one
+real ``accumguard watch`` command checks the exit code of the correct Trainer run.
 """
 
 from __future__ import annotations
@@ -68,13 +68,31 @@ def _windows(steps: dict[int, list[dict]]) -> set[tuple[int, ...]]:
     return {tuple(int(s["backwards"]) for s in ranks) for ranks in steps.values()}
 
 
+# one launch, one Trainer per mode (name@stage: ZeRO stage, default 2)
+HF_MODES = "ok,plain,mean,clip0,clipauto,gamis,ok@3,plain@3,mean@3"
+
+
 @pytest.fixture(scope="module")
-def accel_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    for lib in ("deepspeed", "accelerate"):
+def sweeps(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The three framework sweeps (raw engines + Accelerate, Accelerate's accumulator, the HF
+    Trainer) in ONE torchrun launch (``run_scripts.py`` runs the scripts one after the other
+    in each rank's process): one Python + torch + DeepSpeed + Accelerate start-up instead of
+    three. hf_ds_train.py runs last (it sets ACCELERATE_USE_DEEPSPEED for its process)."""
+    for lib in ("deepspeed", "accelerate", "transformers"):
         pytest.importorskip(lib)
-    out = tmp_path_factory.mktemp("ds_frameworks")
-    _run(_torchrun("ds_frameworks.py", "--sweep", str(out)))
+    out = tmp_path_factory.mktemp("ds_sweeps")
+    _run(_torchrun("run_scripts.py",
+                   str(SCRIPTS / "ds_frameworks.py"), "--sweep", str(out / "ds"), "--",
+                   str(SCRIPTS / "accel_ds_train.py"), "--scenario", "exact,mean,gamis",
+                   "--sweep", str(out / "accel"), "--",
+                   str(SCRIPTS / "hf_ds_train.py"), "--modes", HF_MODES,
+                   "--sweep", str(out / "hf")), timeout=900)
     return out
+
+
+@pytest.fixture(scope="module")
+def accel_sweep(sweeps: Path) -> Path:
+    return sweeps / "ds"
 
 
 @pytest.mark.deepspeed
@@ -105,12 +123,8 @@ def test_accelerate_deepspeed_counts_the_boundary_backward(accel_sweep: Path) ->
 
 
 @pytest.fixture(scope="module")
-def accel_ds_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    for lib in ("deepspeed", "accelerate"):
-        pytest.importorskip(lib)
-    out = tmp_path_factory.mktemp("accel_ds")
-    _run(_torchrun("accel_ds_train.py", "--scenario", "exact,mean,gamis", "--sweep", str(out)))
-    return out
+def accel_ds_sweep(sweeps: Path) -> Path:
+    return sweeps / "accel"
 
 
 def _accel(out: Path, scenario: str, k: int = K) -> tuple[set[str], dict[str, Any]]:
@@ -166,16 +180,8 @@ def test_accelerate_deepspeed_zero3_under_invariance(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def hf_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    for lib in ("deepspeed", "accelerate", "transformers"):
-        pytest.importorskip(lib)
-    out = tmp_path_factory.mktemp("hf_ds")
-    _run(_torchrun("hf_ds_train.py", "--modes", HF_MODES, "--sweep", str(out)))
-    return out
-
-
-# one launch, one Trainer per mode (name@stage: ZeRO stage, default 2)
-HF_MODES = "ok,plain,mean,clip0,clipauto,gamis,ok@3,plain@3,mean@3"
+def hf_sweep(sweeps: Path) -> Path:
+    return sweeps / "hf"
 
 
 @pytest.mark.deepspeed

@@ -5,7 +5,8 @@ first that accumguard failed (exit code 3), never "no accumulation finding".
 
 One correct loop per stack (tests/watch_scripts/failsafe_stacks.py, K = 4): plain, DDP,
 FSDP2 and DeepSpeed ZeRO-2 on 2 gloo ranks (torchrun), Accelerate, the HF Trainer and
-Lightning in one process. Every door kind is swept in-process by
+Lightning in one process. The unobserved runs take two launches for all stacks (module
+fixture); each stack's faulted run is its own real ``watch`` launch. Every door kind is swept in-process by
 tests/observe/test_failsafe.py; here each stack fails in a door of its own.
 """
 
@@ -56,16 +57,38 @@ def _run(argv: list[str], env: dict[str, str], cwd: Path) -> subprocess.Complete
     return proc
 
 
-@pytest.mark.parametrize("stack", list(CASES))
-def test_an_internal_failure_leaves_the_run_unchanged(tmp_path: Path, stack: str) -> None:
-    base, faulted, report = tmp_path / "base.txt", tmp_path / "faulted.txt", tmp_path / "r.json"
+RUN_SCRIPTS = SCRIPT.parent / "run_scripts.py"
+
+
+@pytest.fixture(scope="module")
+def unobserved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Every stack's digest without accumguard, in two launches instead of seven: the
+    one-process stacks one after the other in one process, the 2-rank stacks in one torchrun
+    launch (``run_scripts.py``; each stack seeds its own model and data)."""
+    out = tmp_path_factory.mktemp("unobserved")
     env = launcher_env()
-    proc = _run(_command(stack, base), env, tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    for two_ranks in (False, True):
+        stacks = [s for s in CASES if (s in TWO_RANKS) == two_ranks]
+        scripts: list[str] = []
+        for stack in stacks:
+            scripts += [*(["--"] if scripts else []), str(SCRIPT), stack, str(out / stack)]
+        launcher = _command(stacks[0], out)[:-3]  # python, or torchrun with its options
+        proc = _run([*launcher, str(RUN_SCRIPTS), *scripts], env, out)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    digests = {stack: (out / stack).read_text() for stack in CASES}
+    assert all(len(d) == 64 for d in digests.values()), digests  # every stack trained
+    return digests
+
+
+@pytest.mark.parametrize("stack", list(CASES))
+def test_an_internal_failure_leaves_the_run_unchanged(tmp_path: Path, stack: str,
+                                                      unobserved: dict[str, str]) -> None:
+    faulted, report = tmp_path / "faulted.txt", tmp_path / "r.json"
+    env = launcher_env()
     env["ACCUMGUARD_TEST_FAULT"] = CASES[stack]
     watched = _run([sys.executable, "-m", "accumguard.cli", "watch", "--json", str(report),
                     "--", *_command(stack, faulted)], env, tmp_path)
-    assert faulted.read_text() == base.read_text(), watched.stderr[-3000:]
+    assert faulted.read_text() == unobserved[stack], watched.stderr[-3000:]
     data = json.loads(report.read_text())
     assert watched.returncode == 3, watched.stderr[-3000:]
     assert data["accumguard_failed"], data

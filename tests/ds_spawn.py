@@ -1,0 +1,56 @@
+"""One 2-rank DeepSpeed spawn shared by the engine modules that build DeepSpeed engines.
+
+Each of these modules used to spawn its own two ranks, and each spawn paid Python, torch and
+DeepSpeed's import plus ``init_distributed`` again (15-60 s on this machine) for a few seconds
+of engine work. :func:`shared_deepspeed_spawn` runs the workers of every such module selected
+in the session one after the other in the SAME two ranks, once per session, and hands each
+module its own per-rank results (the values its own ``run_on_ranks`` call returned).
+
+A worker that raises fails the spawn, and so every module's tests in it (as a rank failure
+always did); the workers run in the order below, each seeding its own model and data.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import pytest
+
+#: module name (as pytest imports it) -> the worker function its fixture spawned, in run order
+WORKERS: dict[str, str] = {
+    "test_deepspeed": "_all_deepspeed",
+    "test_deepspeed_lean_flush": "_worker",
+    "test_deepspeed_window_memory": "_worker",
+    "test_deepspeed_wrappers": "_run",
+    "test_nonfinite_dist": "_ds_sweep",
+}
+#: each worker's own spawn timeout (s): the shared spawn gets the sum of the selected ones,
+#: at most MAX_TIMEOUT (all five took 387 s at load 18-24; a hang should not cost an hour)
+TIMEOUTS = {"test_deepspeed": 600, "test_deepspeed_lean_flush": 900,
+            "test_deepspeed_window_memory": 600, "test_deepspeed_wrappers": 600,
+            "test_nonfinite_dist": 900}
+MAX_TIMEOUT = 1800
+
+
+def _run_workers(rank: int, world: int, modules: list[str]) -> dict[str, Any]:
+    """In each rank: every selected module's worker, as its own spawn would have called it."""
+    return {m: getattr(importlib.import_module(m), WORKERS[m])(rank, world) for m in modules}
+
+
+def selected(session: pytest.Session) -> list[str]:
+    """The modules of :data:`WORKERS` that have a test selected in this session, in order."""
+    names = {item.module.__name__ for item in session.items
+             if isinstance(item, pytest.Function) and item.module is not None}
+    return [m for m in WORKERS if m in names]
+
+
+def shared_deepspeed_spawn(session: pytest.Session) -> dict[str, list[Any]]:
+    """module -> [rank 0's result, rank 1's result] of its worker, from one spawn."""
+    from accumguard import run_on_ranks
+
+    modules = selected(session)
+    per_rank = run_on_ranks(_run_workers, 2, (modules,),
+                            timeout=min(MAX_TIMEOUT, sum(TIMEOUTS[m] for m in modules)),
+                            env={"DS_ACCELERATOR": "cpu"})
+    return {m: [r[m] for r in per_rank] for m in modules}
