@@ -151,13 +151,13 @@ def test_a_moved_path_warns_at_the_users_import_line(tmp_path: pathlib.Path) -> 
     ``__main__``: the warning must name the user's line, not a frame of the import system,
     and a private new module points to its package's public names."""
     script = tmp_path / "glue.py"
-    script.write_text("import accumguard.watch._report\n"
-                      "from accumguard.invariance import run_invariance\n")
+    script.write_text("import accumguard.runtime.watch_report\n"
+                      "from accumguard.verify.invariance import run_invariance\n")
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0, out.stderr
-    assert (f"{script}:1: DeprecationWarning: accumguard.watch._report moved to "
+    assert (f"{script}:1: DeprecationWarning: accumguard.runtime.watch_report moved to "
             "accumguard.watch._report; a private module: import its public names from "
             "accumguard.watch") in out.stderr, out.stderr
-    assert (f"{script}:2: DeprecationWarning: accumguard.invariance moved to "
+    assert (f"{script}:2: DeprecationWarning: accumguard.verify.invariance moved to "
             "accumguard.invariance; import it from there") in out.stderr, out.stderr

@@ -67,8 +67,8 @@ from accumguard.observe._losses_terms import (
 from accumguard.observe._losses_walk import Const, walk
 
 if TYPE_CHECKING:
-    from accumguard.observe._observer import Observer
     from accumguard.observe._patch import Patches
+    from accumguard.observe._seams import LossHost
 
 __all__ = ["LossRecorder"]
 
@@ -138,7 +138,7 @@ class LossRecorder:
     """Installed by the :class:`~accumguard.observe.Observer`; its records go on the step
     event as ``losses`` (see :meth:`take`)."""
 
-    def __init__(self, observer: Observer) -> None:
+    def __init__(self, observer: LossHost) -> None:
         self.obs = observer
         self.failsafe = observer.failsafe  # the hooks' door (:func:`hook_method`)
         self.calls: list[_Call] = []

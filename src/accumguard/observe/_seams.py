@@ -20,13 +20,13 @@ if TYPE_CHECKING:
 
     from accumguard.observe._boundary import BoundaryScale
     from accumguard.observe._collectives import CollectiveCounter
-    from accumguard.observe._events import EngineInfo, Handlers
+    from accumguard.observe._events import BackwardEvent, EngineInfo, Handlers
     from accumguard.observe._failsafe import Failsafe, Original
     from accumguard.observe._lanes import Lanes
     from accumguard.observe._patch import Patches
     from accumguard.observe._window import StepTally
 
-__all__ = ["DeepSpeedEngine", "EngineHost", "PatchHost", "as_deepspeed"]
+__all__ = ["DeepSpeedEngine", "EngineHost", "LossHost", "PatchHost", "as_deepspeed"]
 
 
 class DeepSpeedEngine(Protocol):
@@ -57,6 +57,18 @@ class EngineHost(Protocol):
     engine_info: EngineInfo | None
     trainer_clip: float | None
     _handlers: Handlers
+
+
+class LossHost(Protocol):
+    """The observer as the loss recorder sees it: whether it observes, the backward it is
+    in, its listeners and its fail-safe door."""
+
+    installed: bool
+    failsafe: Failsafe
+    _bw_current: BackwardEvent | None
+    _handlers: Handlers
+
+    def _active(self) -> bool: ...
 
 
 class PatchHost(EngineHost, Protocol):
