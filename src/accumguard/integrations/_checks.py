@@ -293,6 +293,7 @@ class AccumulationChecks(InfoNotes):
                                    functools.partial(functools.partial, outer_step))
             self._patches.wrap(inner, "step", functools.partial(functools.partial, inner_step))
         self.observer: Any = None
+        self.comm: Any = None  # integrations._comm.CheckedLedger (with observe)
         if observe:
             from accumguard.observe import Observer
 
@@ -310,6 +311,9 @@ class AccumulationChecks(InfoNotes):
                                          weight, torch.nn.Parameter) else None)
             self.observer.add_listener(self)
             self.observer.install()
+            from accumguard.integrations._comm import CheckedLedger
+
+            self.comm = CheckedLedger(self)  # the collective ledger of the checked steps
 
     # -- lifecycle -----------------------------------------------------------------------
     def close(self) -> None:
