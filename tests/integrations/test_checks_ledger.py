@@ -20,9 +20,11 @@ from accumguard.integrations._checks import AccumulationChecks
 
 K = 4
 DDP_OP = "all_reduce(ddp bucket)"
+METRIC = 1000  # elements of the metric all-reduced at the start of every window
 
 
-def _loop(rank: int, wrong: bool, every: int, windows: int) -> dict[str, Any]:
+def _loop(rank: int, wrong: bool, every: int, windows: int,
+          metric: bool = False) -> dict[str, Any]:
     torch.manual_seed(0)
     net = TokenMLP()
     model = DDP(net)
@@ -34,6 +36,8 @@ def _loop(rank: int, wrong: bool, every: int, windows: int) -> dict[str, Any]:
     checked = []
     try:
         for start in range(0, len(batches), K):
+            if metric:  # a Python-level collective in every window, checked or not
+                torch.distributed.all_reduce(torch.ones(METRIC))
             for i, b in enumerate(batches[start:start + K]):
                 last = i == K - 1
                 fwd = model.no_sync() if not last and not wrong else contextlib.nullcontext()
@@ -59,7 +63,7 @@ def _loop(rank: int, wrong: bool, every: int, windows: int) -> dict[str, Any]:
 
 def _all(rank: int, world: int) -> dict[str, Any]:
     return {"noop": _loop(rank, True, 1, 2), "correct": _loop(rank, False, 1, 2),
-            "sampled": _loop(rank, False, 3, 4)}
+            "sampled": _loop(rank, False, 3, 8, metric=True)}
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +100,11 @@ def test_a_correct_deferral_is_silent_and_matches_the_closed_form(
                 # the closed form: every bucket all-reduced once, inside the last backward
                 assert [m for m, _c, _b in rows] == [K - 1], step
                 assert sum(b for _m, _c, b in rows) == r["grad_bytes"], step
-        # one step in 3 checked: the unchecked windows' all-reduces are not in the checked
-        # step's ledger (the bytes above are one window's)
-        assert 1 <= len(results[rank]["sampled"]["checked"]) < 4
+        # one step in 3 checked (of 8): a checked step's ledger holds its own window's
+        # metric all-reduce, not the unchecked windows' before it
+        sampled = results[rank]["sampled"]["checked"]
+        assert 2 <= len(sampled) < 8 and sampled[-1]["step"] > 1, sampled
+        for step in sampled:
+            other = [(calls, nbytes) for op, _m, _b, calls, nbytes, _s in step["rows"]
+                     if op == "all_reduce"]
+            assert other == [(1, METRIC * 4)], step

@@ -58,10 +58,14 @@ class CheckedLedger:
         #: split into the closed form's final round and the extra calls
         self.last: dict[str, Any] | None = None
 
-    @hook_method
     def on_step(self, ev: StepRecord) -> None:
-        """A step the observer recorded (a checked window): its ledger against the
-        closed form (behind the observer's listener door)."""
+        """Observer listener: a step the observer recorded (a checked window)."""
+        self._ledger_step(ev)
+
+    @hook_method
+    def _ledger_step(self, ev: StepRecord) -> None:
+        """The checked window's ledger against the closed form, behind the checks' door
+        (fault-injection label ``hook:_ledger_step``)."""
         comm = self.ledger.take(ev.step)
         comm["window_s"] = ev.wall  # this window's time (the ledger's spans unchecked ones)
         rec = step_record(ev, self.checks.rank)
