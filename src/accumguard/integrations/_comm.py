@@ -19,7 +19,8 @@ DeepSpeed windows are not judged (ZeRO-2/3 reduce inside every backward by desig
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from accumguard.observe._comm_ledger import CommLedger
 from accumguard.observe._comm_rules import comm_findings, window_comm
@@ -29,11 +30,22 @@ from accumguard.observe._records import step_record
 if TYPE_CHECKING:
     from accumguard.core.findings import Finding
     from accumguard.core.window import StepRecord
-    from accumguard.integrations._checks import AccumulationChecks
+    from accumguard.observe._failsafe import Failsafe
 
 __all__ = ["CheckedLedger"]
 
 log = logging.getLogger("accumguard")
+
+
+class ChecksHost(Protocol):
+    """What the ledger reads of :class:`~accumguard.integrations._checks.AccumulationChecks`
+    (named by its shape: that module imports this one)."""
+
+    observer: Any  # accumguard.observe.Observer (typed Any there)
+    failsafe: Failsafe
+    rank: int
+    findings: list[Finding]
+    on_finding: Callable[[Finding], None] | None
 
 
 class CheckedLedger:
@@ -44,7 +56,7 @@ class CheckedLedger:
             observer it listens to and whose findings list it adds to.
     """
 
-    def __init__(self, checks: AccumulationChecks) -> None:
+    def __init__(self, checks: ChecksHost) -> None:
         self.checks = checks
         self.failsafe = checks.failsafe  # the door of on_step (hook_method)
         observer = checks.observer
