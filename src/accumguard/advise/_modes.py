@@ -68,7 +68,10 @@ _DS = {
 _ZERO12 = ["ds-coalesced", "ds-contiguous-gradients-off", "ds-coalesced-contiguous-off",
            "ds-overlap-comm-on"]
 _DS_BY_STAGE = {1: _ZERO12, 2: _ZERO12,
-                3: ["ds-coalesced", "ds-overlap-comm-on", "ds-z3-params-persistent"]}
+                # ds-coalesced on ZeRO-3 under native accumulation gave updates off by up to
+                # 5e18 (uninitialised memory) in one of two runs with DeepSpeed 0.19.8: not
+                # offered there (docs/dev/performance-journal.md, session "ds")
+                3: ["ds-overlap-comm-on", "ds-z3-params-persistent"]}
 
 #: Modes ``advise`` lists but cannot apply from outside the command, and why.
 UNAPPLIABLE: dict[str, tuple[Mode, str]] = {
