@@ -50,7 +50,7 @@ def _hf_train(callback: Any, logging: str = "no", extra: Any = None) -> list[tor
 
 
 @pytest.mark.parametrize("fault", ["hook:_on_forward@3", "hook:_on_grad@2",
-                                   "Module.zero_grad:post@2"])
+                                   "Module.zero_grad:post@2", "hook:_ledger_step@2"])
 def test_hf_trainer_callback_failing_inside_changes_nothing(
         tmp_path: Any, monkeypatch: pytest.MonkeyPatch, fault: str) -> None:
     pytest.importorskip("transformers")

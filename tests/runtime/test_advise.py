@@ -111,7 +111,10 @@ def test_modes_and_reasons() -> None:
     assert "DeepSpeed" in (not_applicable("deepspeed", 4) or "")
     assert not_applicable("deepspeed", 4, 2) is None
     assert [m.name for m in candidates("deepspeed", 2)] == [
-        "as-written", "ds-contiguous-gradients-off", "ds-overlap-comm-on"]
+        "as-written", "ds-coalesced", "ds-contiguous-gradients-off",
+        "ds-coalesced-contiguous-off", "ds-overlap-comm-on"]
+    assert [m.name for m in candidates("deepspeed", 3)] == [
+        "as-written", "ds-overlap-comm-on", "ds-z3-params-persistent"]
     assert not_applicable("ddp", 4) is None
     assert parse_bytes("8GB") == 8 * 10 ** 9 and parse_bytes("1MiB") == 2 ** 20
 
@@ -138,23 +141,60 @@ def test_usage_errors_and_a_single_process_command(tmp_path: Path) -> None:
     assert "recommended: as-written" in proc.stdout
 
 
-def test_deepspeed_zero2_settings(tmp_path: Path) -> None:
-    """DeepSpeed ZeRO-2 native accumulation (tests/watch_scripts/ds_train.py): each ZeRO
-    setting applied through the config DeepSpeed reads (the script and its config
-    untouched), measured, with updates equal to the command's own."""
+#: ds_train.py's model: Linear(8, 32) and Linear(32, 1), fp32
+DS_PARAM_BYTES = (8 * 32 + 32 + 32 + 1) * 4
+
+
+def _ds_advise(tmp_path: Path, stage: int, modes: list[str],
+               launcher: list[str]) -> dict[str, dict[str, Any]]:
+    """``advise --only MODES`` on ds_train.py's native accumulation (config GA = K = 4):
+    the command as written and the given modes, one launch each; the script untouched."""
     pytest.importorskip("deepspeed")
     ds_script = SCRIPTS / "ds_train.py"
     before = hashlib.sha256(ds_script.read_bytes()).hexdigest()
     report = tmp_path / "advise.json"
     cmd = [sys.executable, "-m", "accumguard.cli", "advise", "--steps", "3", "--json",
-           str(report), "--", "deepspeed", "--num_gpus", "2", "--master_port",
-           str(free_port()), str(ds_script), "--mode", "native", "--stage", "2"]
+           str(report), "--only", *modes, "--", *launcher, str(ds_script), "--mode", "native",
+           "--stage", str(stage)]
     proc = subprocess.run(cmd, env=launcher_env(), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert hashlib.sha256(ds_script.read_bytes()).hexdigest() == before
-    modes = {m["mode"]: m for m in json.loads(report.read_text())["modes"]}
-    assert list(modes) == ["as-written", "ds-contiguous-gradients-off", "ds-overlap-comm-on"]
-    for m in modes.values():
-        assert m["error"] is None and m["updates_equal"] is True, m
-        # ZeRO-2 native: the whole gradient reduced inside each of the 4 backwards
-        assert m["gradient_collectives_per_step"] == 4, m
+    data = json.loads(report.read_text())
+    assert data["engine"] == "deepspeed" and data["accumulation_steps"] == 4
+    assert data["recommended"] is not None, proc.stdout
+    return {m["mode"]: m for m in data["modes"]}
+
+
+def test_deepspeed_zero2_coalesced_without_contiguous_gradients(tmp_path: Path) -> None:
+    """DeepSpeed ZeRO-2 native accumulation: the whole gradient reduced inside each of the
+    4 backwards; coalesced (entered from outside, with ``contiguous_gradients: false`` set
+    in the config DeepSpeed reads): once per step, the same updates. accumguard's own
+    deferred path is listed with why it is not run. (2 launches; the config-only modes go
+    through the same config door.)"""
+    modes = _ds_advise(tmp_path, 2, ["ds-coalesced-contiguous-off"],
+                       ["deepspeed", "--num_gpus", "2", "--master_port", str(free_port())])
+    assert list(modes) == ["as-written", "ds-coalesced-contiguous-off", "accumguard-deferred"]
+    for name in ("as-written", "ds-coalesced-contiguous-off"):
+        assert modes[name]["error"] is None and modes[name]["updates_equal"] is True, modes
+        assert modes[name]["memory_kind"] == "peak RSS (CPU)"
+    assert modes["as-written"]["gradient_bytes_per_step"] == 4 * DS_PARAM_BYTES
+    # one reduction pass of the summed gradient (and a scalar of DeepSpeed's own)
+    got = modes["ds-coalesced-contiguous-off"]["gradient_bytes_per_step"]
+    assert DS_PARAM_BYTES <= got < DS_PARAM_BYTES + 64, got
+    assert modes["accumguard-deferred"]["error"].startswith("not run: it replaces the training")
+
+
+def test_deepspeed_zero3_parameters_kept(tmp_path: Path) -> None:
+    """ZeRO-3 native accumulation against every parameter kept gathered
+    (``stage3_param_persistence_threshold`` set in the config DeepSpeed reads): applied,
+    measured, the updates equal (torchrun launcher). ds_train.py's 321 parameters are
+    already under DeepSpeed's default threshold (1e5), so the gathers per step do not
+    change here (4 in both: measured)."""
+    modes = _ds_advise(tmp_path, 3, ["ds-z3-params-persistent"],
+                       [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                        "--master-addr", "127.0.0.1", "--master-port", str(free_port())])
+    assert list(modes) == ["as-written", "ds-z3-params-persistent", "accumguard-deferred"]
+    for name in ("as-written", "ds-z3-params-persistent"):
+        assert modes[name]["error"] is None and modes[name]["updates_equal"] is True, modes
+    base, kept = modes["as-written"], modes["ds-z3-params-persistent"]
+    assert kept["parameter_collectives_per_step"] == base["parameter_collectives_per_step"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["AS_WRITTEN", "Mode", "candidates", "not_applicable"]
+__all__ = ["AS_WRITTEN", "UNAPPLIABLE", "Mode", "candidates", "not_applicable"]
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,18 @@ _MODES: dict[str, list[Mode]] = {
     ],
 }
 
+_COALESCE_HOW = ("`with engine.coalesce_grad_reduction():` around the window's K "
+                 "`engine.backward(loss / K, scale_wrt_gas=False)`, then one `engine.step()` "
+                 "(config \"gradient_accumulation_steps\": 1; DeepSpeed >= 0.19)")
+
 _DS = {
+    "ds-coalesced": Mode(
+        "ds-coalesced", "DeepSpeed ZeRO reduces the window's summed gradient once per "
+        "optimizer step (coalesced reduction) instead of in every micro-step's backward",
+        _COALESCE_HOW),
+    "ds-coalesced-contiguous-off": Mode(
+        "ds-coalesced-contiguous-off", "coalesced reduction without contiguous gradient "
+        "buffers", _COALESCE_HOW + '; "zero_optimization": {"contiguous_gradients": false}'),
     "ds-contiguous-gradients-off": Mode(
         "ds-contiguous-gradients-off", "DeepSpeed ZeRO-1/2 without contiguous gradient buffers",
         '"zero_optimization": {"contiguous_gradients": false}'),
@@ -54,9 +65,26 @@ _DS = {
         "within or across windows; ZeRO-2-like parameter memory)",
         '"zero_optimization": {"stage3_param_persistence_threshold": 1e12}'),
 }
-_DS_BY_STAGE = {1: ["ds-contiguous-gradients-off", "ds-overlap-comm-on"],
-                2: ["ds-contiguous-gradients-off", "ds-overlap-comm-on"],
+_ZERO12 = ["ds-coalesced", "ds-contiguous-gradients-off", "ds-coalesced-contiguous-off",
+           "ds-overlap-comm-on"]
+_DS_BY_STAGE = {1: _ZERO12, 2: _ZERO12,
+                # ds-coalesced on ZeRO-3 under native accumulation gave updates off by up to
+                # 5e18 (uninitialised memory) in one of two runs with DeepSpeed 0.19.8: not
+                # offered there (docs/dev/performance-journal.md, session "ds")
                 3: ["ds-overlap-comm-on", "ds-z3-params-persistent"]}
+
+#: Modes ``advise`` lists but cannot apply from outside the command, and why.
+UNAPPLIABLE: dict[str, tuple[Mode, str]] = {
+    "deepspeed": (Mode(
+        "accumguard-deferred", "accumguard's Accumulator with "
+        "DeepSpeedEngineAdapter(engine, sync=\"deferred\") (coalesced reduction, flushed "
+        "without DeepSpeed's extra gradient copies; window_memory=\"unsharded\" on ZeRO-3)",
+        "Accumulator(engine, None, accumulation_steps=K, engine=DeepSpeedEngineAdapter("
+        "engine, sync=\"deferred\")) with config \"gradient_accumulation_steps\": 1"),
+        "it replaces the training loop itself (the Accumulator drives backward and step), "
+        "which advise never rewrites; its cost against the limit: `accumguard bench "
+        "--paired --only ZeRO`"),
+}
 
 _WHY_NOT = {
     "local": "one process without DDP/FSDP2/DeepSpeed: there is no gradient communication to "

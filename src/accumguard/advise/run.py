@@ -27,14 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from accumguard.advise._modes import AS_WRITTEN, Mode, candidates, not_applicable
+from accumguard.advise._modes import AS_WRITTEN, UNAPPLIABLE, Mode, candidates, not_applicable
 from accumguard.invariance._compare import compare_runs, invariance_tolerance
 from accumguard.invariance._options import ENV_SEED, CommandFailedError
 from accumguard.invariance._records import load_run
 from accumguard.invariance._run import _run_child
 from accumguard.observe._comm_rules import GRAD_OPS
 from accumguard.observe.rules import load_recordings
-from accumguard.runtime._advise_modes import ENV_ADVISE_K, ENV_ADVISE_MODE
+from accumguard.runtime._advise_modes import DS_COALESCED, ENV_ADVISE_K, ENV_ADVISE_MODE
 from accumguard.watch._recording import observed_env
 
 __all__ = ["AdviseOptions", "AdviseReport", "ModeResult", "run_advise"]
@@ -48,10 +48,13 @@ SCALAR_BYTES = 64
 class AdviseOptions:
     """``command``: the training command; ``steps``: optimizer steps per run (>= 2: the
     first is warm-up); ``memory_budget``: bytes a mode's peak may use (None: any);
-    ``timeout``: seconds per run; ``seed``: the seed every run starts from."""
+    ``timeout``: seconds per run; ``seed``: the seed every run starts from; ``only``: run
+    only the modes of these names (None: every candidate; the command
+    as written always runs)."""
 
     command: Sequence[str]
     steps: int = 6
+    only: Sequence[str] | None = None
     memory_budget: int | None = None
     timeout: float = 600.0
     seed: int = 0
@@ -125,11 +128,16 @@ class AdviseReport:
 def _measure(res: ModeResult, observe_dir: Path) -> tuple[str, int, int, int | None]:
     """Fill ``res`` from one run's recording; returns (engine, K, world, ZeRO stage)."""
     rec = load_recordings(observe_dir)
-    if res.mode is not AS_WRITTEN and not any(e.get("advise_applied")
-                                              for e in rec.end.values()):
+    applied = [a for e in rec.end.values() for a in e.get("advise_applied") or []]
+    if res.mode is not AS_WRITTEN and not applied:
         raise CommandFailedError(f"{res.mode.name} could not be applied: the command never "
                                  "reached the switch this mode sets (another engine version "
                                  "or a model built differently)", k=0, exit_code=None)
+    if res.mode.name in DS_COALESCED and "coalesced reduction" not in applied:
+        raise CommandFailedError(
+            f"{res.mode.name} does not apply: every engine.backward of the command is "
+            "already at DeepSpeed's accumulation boundary (config gradient_accumulation_steps "
+            "1: the loop coalesces or steps every backward itself)", k=0, exit_code=None)
     ranks = sorted(rec.steps)
     if not ranks or not rec.steps[ranks[0]]:
         raise CommandFailedError(f"{res.mode.name}: the command recorded no optimizer step "
@@ -197,7 +205,10 @@ def run_advise(opts: AdviseOptions) -> AdviseReport:
         base.equal, base.update_rel_diff = True, 0.0
         results = [base]
         why_not = not_applicable(engine, k, stage)
-        for mode in ([] if why_not else candidates(engine, stage)[1:]):
+        modes = [] if why_not else candidates(engine, stage)[1:]
+        if opts.only is not None:
+            modes = [m for m in modes if m.name in opts.only]
+        for mode in modes:
             res = ModeResult(mode)
             results.append(res)
             try:
@@ -209,6 +220,9 @@ def run_advise(opts: AdviseOptions) -> AdviseReport:
             cmp = compare_runs(ref, load_run(out, k=k, max_steps=opts.steps), tol)
             res.update_rel_diff = cmp.max_update_rel_diff
             res.equal = not cmp.diverged and cmp.max_update_rel_diff is not None
+        if not why_not and engine in UNAPPLIABLE:
+            mode, why = UNAPPLIABLE[engine]
+            results.append(ModeResult(mode, error=f"not run: {why}"))
     budget = opts.memory_budget
     for r in results:
         r.fits = budget is None or r.peak_bytes is None or r.peak_bytes <= budget

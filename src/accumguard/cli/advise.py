@@ -41,7 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="accumguard advise",
         description="Run your unmodified training command for a few optimizer steps under "
                     "each communication mode its engine allows (DDP: sync every micro-step / "
-                    "deferred; FSDP2: every micro-step / deferred / unsharded window), "
+                    "deferred; FSDP2: every micro-step / deferred / unsharded window; DeepSpeed "
+                    "ZeRO: coalesced reduction, contiguous gradients, overlap, ZeRO-3 "
+                    "parameter persistence), "
                     "measure time, collectives, memory and whether the updates equal your "
                     "script's, and recommend the fastest mode that fits the memory budget. "
                     "Your files are never changed.",
@@ -53,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="largest peak memory a recommended mode may use (e.g. 8GB); "
                         "CUDA max allocated on GPU, peak RSS per process on CPU")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
+    p.add_argument("--only", nargs="+", default=None, metavar="NAME",
+                   help="run only these modes (names as in the table; the command as "
+                        "written always runs)")
     p.add_argument("--json", default=None, metavar="FILE", help="write the report as JSON")
     p.add_argument("--png", default=None, metavar="FILE",
                    help="plot seconds per step against peak memory (needs matplotlib)")
@@ -73,7 +78,8 @@ def _size(n: float | None) -> str:
 
 def _row(r: ModeResult) -> str:
     if r.error is not None:
-        return f"{r.mode.name:<28} failed: {r.error}"
+        said = r.error if r.error.startswith("not run") else f"failed: {r.error}"
+        return f"{r.mode.name:<28} {said}"
     t = ("-" if r.median_s is None else
          f"{r.median_s:.3f} s ({min(r.seconds):.3f}-{max(r.seconds):.3f})")
     same = {True: "equal", False: f"DIFFER ({r.update_rel_diff:.2g})", None: "-"}[r.equal]
@@ -136,7 +142,7 @@ def advise_main(argv: list[str] | None = None, *, stream: TextIO | None = None) 
         command = command[1:]
     try:
         opts = AdviseOptions(command=command, steps=args.steps, timeout=args.timeout,
-                             memory_budget=args.memory_budget,
+                             memory_budget=args.memory_budget, only=args.only,
                              out_dir=Path(args.keep) if args.keep else None)
         rep = run_advise(opts)
     except (ValueError, AccumguardError) as exc:

@@ -63,6 +63,7 @@ if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
     from torch.utils.hooks import RemovableHandle
 
+    from accumguard.integrations._comm import CheckedLedger
     from accumguard.observe import Observer
 
 _P = ParamSpec("_P")
@@ -312,6 +313,7 @@ class AccumulationChecks(InfoNotes):
                                    functools.partial(functools.partial, outer_step))
             self._patches.wrap(inner, "step", functools.partial(functools.partial, inner_step))
         self.observer: Observer | None = None
+        self.comm: CheckedLedger | None = None  # the collective ledger (with observe)
         if observe:
             from accumguard.observe import Observer
 
@@ -329,6 +331,9 @@ class AccumulationChecks(InfoNotes):
                                          weight, torch.nn.Parameter) else None)
             self.observer.add_listener(self)
             self.observer.install()
+            from accumguard.integrations._comm import CheckedLedger
+
+            self.comm = CheckedLedger(self)  # the collective ledger of the checked steps
 
     # -- lifecycle -----------------------------------------------------------------------
     def close(self) -> None:

@@ -21,7 +21,10 @@ Two sources feed it:
   seconds are not measurable from Python (they overlap the backward): ``None``.
 
 Per window the rows are aggregated by (operation, micro-step, inside a backward), so a
-model with many FSDP groups costs a handful of rows per step, not one per call.
+model with many FSDP groups costs a handful of rows per step, not one per call. The rows
+belong to one optimizer step (the observer's count, in each call's position): the first
+call of a later step starts them afresh, so a reader that takes only some windows (the
+framework callbacks' checked steps) never gets several windows summed.
 """
 
 from __future__ import annotations
@@ -93,6 +96,14 @@ class CommLedger:
         self._t0 = time.perf_counter()
         self._buckets: dict[tuple[int, bool], list[int]] = {}
         self._static = False  # the DDP root was built with static_graph=True
+        self._step: int | None = None  # the optimizer step the rows belong to
+
+    def _window(self, step: int | None) -> None:
+        """Rows of an earlier step (a window nobody took) are dropped."""
+        if step is not None and step != self._step:
+            if self._step is not None:
+                self._rows = {}
+            self._step = step
 
     def attach(self) -> None:
         """Be told of every Python-level collective of the observer's counter."""
@@ -102,6 +113,7 @@ class CommLedger:
     def _ledger_collective(self, op: str, args: tuple[object, ...], kwargs: dict[str, object],
                            pos: Position, seconds: float) -> None:
         """One outermost collective call (the counter's callback, behind its patch door)."""
+        self._window(pos[0] if pos else None)
         micro = int(pos[1]) if len(pos) > 1 and pos[1] is not None else 0
         in_bw = bool(pos[2]) if len(pos) > 2 else False
         row = self._rows.setdefault((op, micro, in_bw), _Row())
@@ -123,6 +135,7 @@ class CommLedger:
         sizes = self.ddp_buckets(root)
         if not sizes:
             return
+        self._window(ev.step)
         self._static = self._static or bool(getattr(root, "static_graph", False))
         row = self._rows.setdefault((DDP_BUCKET_OP, int(ev.micro), True), _Row(seconds=None))
         row.calls += len(sizes)
@@ -146,8 +159,9 @@ class CommLedger:
             sizes = self._buckets[key] = [int(x) for x in re.findall(r"\d+", text)]
         return sizes
 
-    def take(self) -> dict[str, object]:
-        """The window's ledger for its step record, and a fresh one for the next window:
+    def take(self, step: int | None = None) -> dict[str, object]:
+        """The window's ledger for its step record, and a fresh one for the next window
+        (``step``: the optimizer step asked for; rows of another step are not its own):
         ``rows``: ``[op, micro, in_backward, calls, bytes, seconds]`` (``micro``: backward
         passes completed before the call, or the one it ran inside; ``seconds``: time
         inside the call, None for DDP's C++ reductions); ``window_s``: the window's wall
@@ -155,7 +169,8 @@ class CommLedger:
         now = time.perf_counter()
         rows = [[op, micro, in_bw, r.calls, r.nbytes,
                  None if r.seconds is None else round(r.seconds, 6)]
-                for (op, micro, in_bw), r in self._rows.items()]
+                for (op, micro, in_bw), r in self._rows.items()
+                if step is None or self._step is None or step == self._step]
         out: dict[str, object] = {"rows": rows, "window_s": round(now - self._t0, 6)}
         if self._static:
             out["ddp_static_graph"] = True

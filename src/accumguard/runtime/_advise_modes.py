@@ -27,6 +27,16 @@ Modes (each the exact public call a user would write):
   DeepSpeed's ``zero_optimization`` ``contiguous_gradients: false`` / ``overlap_comm: true``
   / ``stage3_param_persistence_threshold: 1e12`` (ZeRO-3 keeps every parameter gathered),
   set in the config DeepSpeed reads, whatever its form.
+* ``ds-coalesced`` (and ``ds-coalesced-contiguous-off``, with ``contiguous_gradients:
+  false``): DeepSpeed's coalesced reduction (``engine.coalesce_grad_reduction()``, 0.19)
+  in a loop that accumulates natively (config GA = K, ``backward``/``step`` every
+  micro-step): the block is entered at the window's first ``engine.backward`` (the
+  gradient hooks then leave each gradient on its parameter, where autograd sums it) and
+  left right after the backward at the engine's own boundary: DeepSpeed's flush reduces
+  the summed gradient once per optimizer step. The loop's ``engine.step()`` calls inside
+  the block (not at a boundary: they only count the micro-step) run with the block's
+  guard against ``step()`` lifted. A loop whose every backward is a boundary (GA = 1) is
+  left alone, and the mode reports it as not applied.
 
 A micro-step at or beyond the K-th of a window (a longer window than measured) always
 synchronises: a mode never leaves a window's last backward unreduced.
@@ -34,12 +44,14 @@ synchronises: a mode never leaves a window's last backward unreduced.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from types import ModuleType
 from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
     import torch
+    from deepspeed import DeepSpeedEngine
     from torch.distributed.fsdp import FSDPModule
     from torch.nn.parallel import DistributedDataParallel
 
@@ -55,14 +67,19 @@ ENV_ADVISE_K = "ACCUMGUARD_ADVISE_K"
 MODES = {"ddp-every": "ddp", "ddp-deferred": "ddp", "fsdp2-every": "fsdp2",
          "fsdp2-deferred": "fsdp2", "fsdp2-unsharded": "fsdp2",
          "ds-contiguous-gradients-off": "deepspeed", "ds-overlap-comm-on": "deepspeed",
-         "ds-z3-params-persistent": "deepspeed"}
+         "ds-z3-params-persistent": "deepspeed", "ds-coalesced": "deepspeed",
+         "ds-coalesced-contiguous-off": "deepspeed"}
 
-#: DeepSpeed modes: the ``zero_optimization`` key each one sets, and its value
-DS_SETTINGS: dict[str, tuple[str, object]] = {
-    "ds-contiguous-gradients-off": ("contiguous_gradients", False),
-    "ds-overlap-comm-on": ("overlap_comm", True),
-    "ds-z3-params-persistent": ("stage3_param_persistence_threshold", 10 ** 12),
+#: DeepSpeed modes: the ``zero_optimization`` keys each one sets, and their values
+DS_SETTINGS: dict[str, dict[str, object]] = {
+    "ds-contiguous-gradients-off": {"contiguous_gradients": False},
+    "ds-overlap-comm-on": {"overlap_comm": True},
+    "ds-z3-params-persistent": {"stage3_param_persistence_threshold": 10 ** 12},
+    "ds-coalesced": {},
+    "ds-coalesced-contiguous-off": {"contiguous_gradients": False},
 }
+#: DeepSpeed modes that coalesce the window's gradient reduction (see the module)
+DS_COALESCED = frozenset({"ds-coalesced", "ds-coalesced-contiguous-off"})
 
 
 class _Applier:
@@ -73,6 +90,8 @@ class _Applier:
         self.mode = mode
         self.k = max(1, k)
         self.applied: list[str] = []  # what was set, for the recording's end record
+        # DeepSpeed engine id -> its open coalesce_grad_reduction() block (ds-coalesced)
+        self._blocks: dict[int, contextlib.AbstractContextManager[None]] = {}
 
     def last(self) -> bool:
         """Is the micro-step about to run the window's last (or beyond)?"""
@@ -141,19 +160,55 @@ class _Applier:
         self.observer.patches.wrap(module, "_reject_removed_config_keys", self._ds_config)
 
     def _ds_config(self, orig: Original) -> Original:
-        key, value = DS_SETTINGS[self.mode]
+        settings = DS_SETTINGS[self.mode]
 
         def reject_removed_config_keys(config: object, *args: object,
                                        **kwargs: object) -> object:
             if isinstance(config, dict):
                 zero = config.setdefault("zero_optimization", {})
                 if isinstance(zero, dict):
-                    zero[key] = value
-                    self.applied.append(f"zero_optimization.{key} = {value}")
+                    for key, value in settings.items():
+                        zero[key] = value
+                        self.applied.append(f"zero_optimization.{key} = {value}")
             return orig(config, *args, **kwargs)
 
         return reject_removed_config_keys
 
+    def patch_deepspeed_engine(self, module: ModuleType) -> None:
+        """``DeepSpeedEngine.backward`` and ``step`` wrapped: see ``ds-coalesced`` above."""
+        self.observer.patches.wrap(module.DeepSpeedEngine, "backward", self._ds_backward)
+        self.observer.patches.wrap(module.DeepSpeedEngine, "step", self._ds_step)
+
+    def _ds_backward(self, orig: Original) -> Original:
+        def backward(engine: DeepSpeedEngine, *args: object, **kwargs: object) -> object:
+            boundary = engine.is_gradient_accumulation_boundary()
+            block = self._blocks.get(id(engine))
+            if block is None and not boundary and not engine.inside_no_sync_ctxt:
+                block = engine.coalesce_grad_reduction()
+                block.__enter__()
+                self._blocks[id(engine)] = block
+                if "coalesced reduction" not in self.applied:
+                    self.applied.append("coalesced reduction")
+            try:
+                return orig(engine, *args, **kwargs)
+            finally:
+                if block is not None and boundary:
+                    del self._blocks[id(engine)]
+                    block.__exit__(None, None, None)  # DeepSpeed's flush: one reduction
+        return backward
+
+    def _ds_step(self, orig: Original) -> Original:
+        def step(engine: DeepSpeedEngine, *args: object, **kwargs: object) -> object:
+            if id(engine) not in self._blocks:
+                return orig(engine, *args, **kwargs)
+            # a non-boundary step() of the native loop inside the open block: it only
+            # counts the micro-step; the block's guard against step() is lifted for it
+            engine.inside_no_sync_ctxt = False
+            try:
+                return orig(engine, *args, **kwargs)
+            finally:
+                engine.inside_no_sync_ctxt = True
+        return step
 
 def install_from_env(observer: PatchHost | None) -> _Applier | None:
     """Apply ``ACCUMGUARD_ADVISE_MODE`` (if set) through ``observer``'s patches."""
@@ -172,6 +227,10 @@ def install_from_env(observer: PatchHost | None) -> _Applier | None:
         when_imported("torch.distributed.fsdp",
                       lambda m: fs.guard("advise: FSDP2 mode", applier.patch_fsdp, m))
     else:
-        when_imported("deepspeed.runtime.config",
-                      lambda m: fs.guard("advise: DeepSpeed mode", applier.patch_deepspeed, m))
+        if DS_SETTINGS.get(mode):
+            when_imported("deepspeed.runtime.config", lambda m: fs.guard(
+                "advise: DeepSpeed mode", applier.patch_deepspeed, m))
+        if mode in DS_COALESCED:
+            when_imported("deepspeed.runtime.engine", lambda m: fs.guard(
+                "advise: DeepSpeed coalesced", applier.patch_deepspeed_engine, m))
     return applier
