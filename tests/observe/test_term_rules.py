@@ -59,10 +59,19 @@ class _MoE(torch.nn.Module):
         top = probs.argmax(-1)
         frac = torch.stack([(top == e).float().mean() for e in range(3)])
         aux = 3 * (frac * probs.mean(0)).sum()  # Switch-style load balancing
+        # two "layers'" router probabilities concatenated, as transformers' MoE models do
+        both = torch.cat([probs, F.softmax(self.router(torch.tanh(h)), dim=-1)])
+        self.aux2 = 3 * (torch.cat([frac, frac]).view(2, 3).mean(0) * both.mean(0)).sum()
+        # the same as a masked sum over a count of valid rows (transformers under a mask)
+        mask = torch.ones(both.shape[0], 1)
+        self.aux3 = 3 * (frac * ((both * mask).sum(0) / mask.sum(0))).sum()
         return self.out(h * probs.max(-1).values[:, None]), aux
 
 
 def _moe(form: str) -> Callable[[], None]:
+    # 6 rows for the masked-count forms: their divisor 2 x 6 = 12 is a multiple of K
+    rows = 6 if "aux3" in form else 5
+
     def loop() -> None:
         torch.manual_seed(0)
         model = _MoE()
@@ -70,8 +79,8 @@ def _moe(form: str) -> Callable[[], None]:
         g = torch.Generator().manual_seed(1)
         for _ in range(STEPS):
             for _ in range(K):
-                x = torch.randn(5, 6, generator=g)
-                y = torch.randint(0, 3, (5,), generator=g)
+                x = torch.randn(rows, 6, generator=g)
+                y = torch.randint(0, 3, (rows,), generator=g)
                 logits, aux = model(x)
                 if form == "aux after /K":  # the bug
                     loss = F.cross_entropy(logits, y) / K + 0.01 * aux
@@ -83,6 +92,22 @@ def _moe(form: str) -> Callable[[], None]:
                     loss = F.cross_entropy(logits, y) / K + aux * (0.01 / K)
                 elif form == "smoothed ce/K + c aux/K":
                     loss = F.cross_entropy(logits, y, label_smoothing=0.1) / K + 0.01 * aux / K
+                elif form == "ce sum/N + c aux":  # the HF Trainer + MoE bug: N = window's count
+                    loss = F.cross_entropy(logits, y, reduction="sum") / (rows * K) + 0.5 * aux
+                elif form == "ce sum/N + c aux/K":
+                    loss = F.cross_entropy(logits, y, reduction="sum") / (rows * K) + 0.5 * aux / K
+                elif form == "ce sum/N + c aux2 (two layers)":  # a mean over 2x the rows
+                    loss = (F.cross_entropy(logits, y, reduction="sum") / (rows * K)
+                            + 0.5 * model.aux2)
+                elif form == "ce sum/N + c aux3 (masked count)":
+                    loss = (F.cross_entropy(logits, y, reduction="sum") / (rows * K)
+                            + 0.5 * model.aux3)
+                elif form == "ce sum/N + c aux3/K (masked count)":
+                    loss = (F.cross_entropy(logits, y, reduction="sum") / (rows * K)
+                            + 0.5 * model.aux3 / K)
+                elif form == "ce sum/N + c aux2/K (two layers)":
+                    loss = (F.cross_entropy(logits, y, reduction="sum") / (rows * K)
+                            + 0.5 * model.aux2 / K)
                 else:  # "ce/K + mse/K": two recorded calls, both divided by K
                     loss = (F.cross_entropy(logits, y) + F.mse_loss(logits, F.one_hot(y, 3)
                                                                   .float())) / K
@@ -101,8 +126,26 @@ def test_moe_aux_added_after_the_division_by_k_is_an_error(tmp_path: Path) -> No
     assert "multiplied by 0.01 x 3" in f.evidence and "4x" in f.evidence
 
 
+@pytest.mark.parametrize("form", ["ce sum/N + c aux", "ce sum/N + c aux2 (two layers)",
+                                  "ce sum/N + c aux3 (masked count)"])
+def test_an_aux_term_beside_a_window_normalised_loss_is_an_error(tmp_path: Path,
+                                                                  form: str) -> None:
+    """The HF Trainer passes `num_items_in_batch` (the CE is a sum over the window's token
+    count, no /K) and a transformers MoE model adds `router_aux_loss_coef * aux` at every
+    micro-step: the router term weighs K x (transformers 5.24, e.g. Mixtral)."""
+    findings, _ = _run(tmp_path, _moe(form))
+    (f,) = _errors(findings)
+    assert f.cls == "LOSS_SCALE", findings
+    assert "normalised over the whole window" in f.fix and "router_aux_loss_coef" in f.fix
+    assert "multiplied by 0.5" in f.evidence and "is divided by K" not in f.evidence
+    assert ("10 rows, 2x the micro-batch's 5" in f.evidence) == ("aux2" in form)
+    assert ("12 rows, 2x the micro-batch's 6" in f.evidence) == ("aux3" in form)
+
+
 @pytest.mark.parametrize("form", ["(ce + c aux) / K", "ce/K + c aux/K", "ce/K + aux (c/K)",
-                                  "smoothed ce/K + c aux/K", "ce/K + mse/K"])
+                                  "smoothed ce/K + c aux/K", "ce/K + mse/K",
+                                  "ce sum/N + c aux/K", "ce sum/N + c aux2/K (two layers)",
+                                  "ce sum/N + c aux3/K (masked count)"])
 def test_terms_divided_by_k_like_the_main_loss_are_silent(tmp_path: Path, form: str) -> None:
     findings, steps = _run(tmp_path, _moe(form))
     assert _errors(findings) == [], findings

@@ -61,13 +61,20 @@ def _divides_by(divs: list[list[Any]], k: int) -> bool:
                or (str(op) == "*" and _is(float(c), 1.0 / k)) for op, c in divs)
 
 
-def _may_hold_k(divs: list[list[Any]], k: int) -> bool:
+def _row_mean_divisor(c: float, rows: int, k: int) -> bool:
+    """``/ c`` is a mean over a whole multiple of the micro-batch's ``rows`` that is no
+    multiple of K (``sum / valid_rows`` over two layers' router rows: 2 x rows), so it
+    cannot hold a division by K (``/ (rows * K)`` can, and is not taken for one)."""
+    return rows > 0 and c >= rows and c % rows == 0 and (c // rows) % k != 0
+
+
+def _may_hold_k(divs: list[list[Any]], k: int, rows: int = 0) -> bool:
     """A constant that may be a coefficient already divided by K (``0.01 / 4 = 0.0025``:
     times K it has fewer significant digits), or any division (``aux / c`` with ``c`` a
-    multiple of K)."""
+    multiple of K) but a mean's over whole multiples of the rows (:func:`_row_mean_divisor`)."""
     for op, c in divs:
         if str(op) == "/":
-            if float(c) % k == 0:
+            if float(c) % k == 0 and not _row_mean_divisor(float(c), rows, k):
                 return True
             continue
         if _sig(float(c) * k) < _sig(float(c)):
@@ -112,21 +119,22 @@ def term_scale_findings(rank: int, windows: list[dict[str, Any]]) -> list[Findin
         if by_micro is None:
             continue
         k = int(w["window"])
-        # ordinal -> per micro-step: a recorded mean call divided by K
+        # ordinal -> per micro-step: a recorded loss call (a mean divided by K, or a sum
+        # divided by the window's count) ...
         refs: dict[int, dict[int, list[Any]]] = {}
         for m, rs in by_micro.items():
             for r in rs:
-                if r[7] is not None and r[10] and not r[6] and _divides_by(r[4], k):
+                if r[7] is not None and not r[6]:
                     refs.setdefault(int(r[2]), {})[m] = r
+        # ... whose tokens weigh 1 in total over the window: the large batch's mean (a main
+        # loss that is not is the scale rules' to judge)
         main = next(((o, rm) for o, rm in sorted(refs.items()) if len(rm) == k
-                     and len({(str(r[7]), int(r[8])) for r in rm.values()}) == 1), None)
+                     and len({(str(r[7]), int(r[8])) for r in rm.values()}) == 1
+                     and _is_window_mean(w, rm[0])), None)
         if main is None:
             continue
         o_main, rm = main
         ref = rm[0]
-        mass = _mass(w, str(ref[7]), int(ref[8]))
-        if mass is None or abs(mass - 1.0) > WEIGHT_TOL:
-            continue  # the main loss is not the window's mean: the scale rules judge it
         ordinals = {int(r[2]) for r in by_micro[0]} - {o_main}
         for o in ordinals:
             recs = [next(r for r in by_micro[m] if int(r[2]) == o) for m in range(k)]
@@ -138,39 +146,64 @@ def term_scale_findings(rank: int, windows: list[dict[str, Any]]) -> list[Findin
             continue  # the pattern is not in every window judged
         w, x, ref = found[0]
         k = int(w["window"])
+        beside = (f"the loss call beside it is divided by K = {k}" if _divides_by(ref[4], k)
+                  else f"the loss call beside it is normalised over the whole window of K = "
+                  f"{k} micro-steps (by the window's token count, as the HF Trainer's "
+                  "`num_items_in_batch` does)")
         return [_mk("LOSS_SCALE", "error", rank, int(w["step"]), None, _text(found, x, ref, k),
                     title_=f"a term of the loss is not divided by K: it weighs {k}x its "
                            "coefficient",
                     fix=f"Divide that term by K as well (e.g. loss = (ce + coef * aux) / K, "
-                        f"or add coef * aux / K): the loss call beside it is divided by K = "
-                        f"{k}, this term is not, so accumulation sums {k} micro-batch means "
-                        "of it. If the larger weight is wanted, write the coefficient as "
-                        f"{k} x coef / K so the intent is explicit.")]
+                        f"or add coef * aux / K): {beside}, this term is not, so "
+                        f"accumulation sums {k} micro-batch means of it. With the HF "
+                        "Trainer and a Mixture-of-Experts model that adds its router loss "
+                        "itself (`router_aux_loss_coef * aux_loss` at every micro-step), "
+                        "set `model.config.router_aux_loss_coef` to the coefficient / K. If "
+                        f"the larger weight is wanted, write the coefficient as {k} x coef / "
+                        "K so the intent is explicit.")]
     return []
+
+
+def _is_window_mean(w: dict[str, Any], ref: list[Any]) -> bool:
+    mass = _mass(w, str(ref[7]), int(ref[8]))
+    return mass is not None and abs(mass - 1.0) <= WEIGHT_TOL
 
 
 def _unscaled_mean(r: list[Any], ref: list[Any], k: int) -> bool:
     """Term ``r`` of one backward is a mean over the rows of the reference call's input
     (``ref``), every factor read, and nothing divides it by K."""
-    if r[6] or _divides_by(r[4], k) or _may_hold_k(r[4], k):
+    rows = int(ref[9])
+    if r[6] or _divides_by(r[4], k) or _may_hold_k(r[4], k, rows):
         return False
     if r[7] is not None:
         return bool(r[10])  # a recorded loss call with reduction 'mean'
-    rows = int(ref[9])
-    return rows > 0 and rows in [int(c) for c in r[5]]
+    # a mean over the micro-batch's rows, or over a whole multiple of them (an MoE router's
+    # probabilities of every layer, concatenated; or a sum divided by that count, as
+    # transformers' load-balancing loss does under an attention mask): a per-micro-batch mean
+    return rows > 0 and (any(int(c) >= rows and int(c) % rows == 0 for c in r[5])
+                         or any(str(op) == "/" and _row_mean_divisor(float(c), rows, k)
+                                for op, c in r[4]))
 
 
 def _text(found: list[tuple[dict[str, Any], list[Any], list[Any]]], x: list[Any],
           ref: list[Any], k: int) -> str:
     w = found[0][0]
-    coef = " x ".join(f"{float(c):g}" for op, c in x[4] if str(op) == "*") or "1"
+    coef = " x ".join(f"{float(c):g}" for op, c in x[4]
+                      if str(op) == "*" and float(c) != 1.0) or "1"
+    rows = int(ref[9])
+    spans = [int(c) for c in x[5]] + [int(float(c)) for op, c in x[4] if str(op) == "/"
+                                       and _row_mean_divisor(float(c), rows, k)]
+    over = next((c for c in spans if c >= rows and c % rows == 0), rows) \
+        if x[7] is None else rows
+    span = (f"the {rows} rows of the micro-batch" if over == rows else
+            f"{over} rows, {over // rows}x the micro-batch's {rows}")
     what = (f"the loss call at {_short(str(x[7]))}" if x[7] is not None else
-            f"a term built from torch ops (its graph starts at {x[3]}, a mean over the "
-            f"{int(ref[9])} rows of the micro-batch)")
+            f"a term built from torch ops (its graph starts at {x[3]}, a mean over {span})")
+    by_k = f"is divided by K = {k} and " if _divides_by(ref[4], k) else ""
     where = f" of the loss backpropagated at {_short(str(x[11]))}" if len(x) > 11 and x[11] \
         else ""
     return (f"{what}{where} is one term of a sum whose other term, the loss call at "
-            f"{_short(str(ref[7]))}, is divided by K = {k} and weighs its tokens 1 in total "
+            f"{_short(str(ref[7]))}, {by_k}weighs its tokens 1 in total "
             f"over each window (the large batch's mean); this term is multiplied by {coef} "
             f"and not divided by K in any of the {k} micro-steps of {len(found)} window(s) "
             f"(first: optimizer step {_n(w['step'])}): accumulated, its gradient is the sum of "
