@@ -194,16 +194,16 @@ def test_sampled_checks_keep_conservation_on_the_first_step_and_after_a_reset() 
     # every_n_steps > 1: the conservation checksums run on the sampled steps within a time
     # budget; step 0 is always checked, and a zero_grad inside an unchecked window forces
     # the next windows to be checked whatever the budget.
-    from accumguard.integrations import _checks
+    from accumguard.observe import _profiles
 
     c = _train("exact", zero_inside=True, every=3, windows=4)
     assert [f.class_id for f in c.findings][:1] == ["F3"] and c.findings[0].step == 1
-    budget = _checks.CONSERVATION_BUDGET
-    _checks.CONSERVATION_BUDGET = 0.0  # no time for sampled checks: only step 0 and forced
+    budget = _profiles.CONSERVATION_BUDGET  # the callbacks' profile reads it
+    _profiles.CONSERVATION_BUDGET = 0.0  # no time for sampled checks: only step 0 and forced
     try:
         c = _train("exact", zero_inside=True, every=2, windows=6)
     finally:
-        _checks.CONSERVATION_BUDGET = budget
+        _profiles.CONSERVATION_BUDGET = budget
     steps = [f.step for f in c.findings if f.class_id == "F3"]
     assert steps[0] == 1 and len(steps) >= 2, c.findings
 

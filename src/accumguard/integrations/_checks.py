@@ -45,7 +45,7 @@ from accumguard.core.findings import Finding, Severity
 from accumguard.core.taxonomy import fix_for, title
 from accumguard.integrations._figures import event_figures, token_weight_error
 from accumguard.integrations._notes import InfoNotes
-from accumguard.observe import CONSERVATION_BUDGET, Patches, sampled
+from accumguard.observe import Patches, sampled
 from accumguard.observe._agree import gather_rows
 from accumguard.observe._events import ScalerEvent, StepEvent
 from accumguard.observe._failsafe import Failsafe, Failure
@@ -316,19 +316,17 @@ class AccumulationChecks(InfoNotes):
         self.comm: CheckedLedger | None = None  # the collective ledger (with observe)
         if observe:
             from accumguard.observe import Observer
+            from accumguard.observe import _profiles as profiles
 
             # no loss record: the token-weight probe answers its question (F5) here; no
             # window loss: the boundary rules do not read it (a host read per step saved)
             # sampled records: the boundary rules judge the probe's sampled windows (and the
             # windows after a reset inside an unchecked one); the others cost ~nothing
             weight = getattr(self.probe._module, "weight", None)
-            self.observer = Observer(roots=[model], conservation=True, every=every_n_steps,
-                                     failsafe=self.failsafe,
-                                     budget=None if every_n_steps == 1 else CONSERVATION_BUDGET,
-                                     record_losses=False, window_loss=False,
-                                     sampled_records=True, window_size=accumulation_steps,
-                                     boundary_param=weight if isinstance(
-                                         weight, torch.nn.Parameter) else None)
+            self.observer = Observer.from_profile(
+                profiles.callbacks(every_n_steps, accumulation_steps), [model],
+                failsafe=self.failsafe,
+                boundary_param=weight if isinstance(weight, torch.nn.Parameter) else None)
             self.observer.add_listener(self)
             self.observer.install()
             from accumguard.integrations._comm import CheckedLedger

@@ -148,11 +148,11 @@ class AccumguardCallback(pl.Callback):
             if self.checks is not None and self.checks.observer is not None:
                 self._clip_obs = self.checks.observer
             else:
+                from accumguard.observe import _profiles as profiles
                 from accumguard.observe._observer import Observer
 
-                self._clip_obs = self._observer = Observer(
-                    roots=[pl_module], conservation=False, record_losses=False,
-                    window_loss=False).install()
+                self._clip_obs = self._observer = Observer.from_profile(
+                    profiles.rescale(), [pl_module]).install()
             self._clip_obs.add_listener(_RescaleBeforeClip(self, trainer, pl_module))
 
     @safe_callback

@@ -62,6 +62,7 @@ from accumguard.observe._losses import LossRecorder
 from accumguard.observe._lr_trace import LrTrace
 from accumguard.observe._patch import Patches
 from accumguard.observe._precision import MasterSum
+from accumguard.observe._profiles import ObserverProfile
 from accumguard.observe._step_precision import StepPrecision
 from accumguard.observe._steps import PIN_ROOTS_AFTER_STEPS, StepMachinery
 from accumguard.observe._tally import Tally
@@ -224,6 +225,20 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
     def failure(self) -> Failure | None:
         """accumguard's own failure on this process (observation off since), or None."""
         return self.failsafe.failure
+
+    @classmethod
+    def from_profile(cls, profile: ObserverProfile,
+                     roots: Iterable[torch.nn.Module] | None = None, *,
+                     failsafe: Failsafe | None = None,
+                     boundary_param: torch.Tensor | None = None) -> Observer:
+        """An observer configured for one product (:mod:`._profiles`: ``watch``, ``guard``,
+        ``callbacks``, ``rescale``) rather than by combining the constructor's flags."""
+        return cls(roots, auto_roots=profile.auto_roots, conservation=profile.conservation,
+                   record_updates=profile.record_updates, every=profile.every,
+                   budget=profile.budget, attribute=profile.attribute,
+                   record_losses=profile.record_losses, window_loss=profile.window_loss,
+                   sampled_records=profile.sampled_records, window_size=profile.window_size,
+                   boundary_param=boundary_param, failsafe=failsafe)
 
     def install(self) -> Observer:
         """Install every patch and hook; an internal error while doing so undoes them and is

@@ -48,7 +48,7 @@ import torch
 from accumguard.core.boundary import check_accumulation_steps
 from accumguard.core.errors import AccumguardWarning, ConfigError, UsageError, rank_prefix
 from accumguard.core.window import StepRecord
-from accumguard.observe import CONSERVATION_BUDGET, FORCED_CHECKS, checksums
+from accumguard.observe import FORCED_CHECKS, checksums
 from accumguard.observe._agree import gather_rows
 from accumguard.observe._events import (
     BackwardEvent,
@@ -215,6 +215,7 @@ class AccumulationGuard(GuardMachine):
         if self._installed:
             raise UsageError("this guard is already installed; create one guard per loop")
         from accumguard.observe import Observer
+        from accumguard.observe import _profiles as profiles
 
         owner = None
         if self.check_sync_every is not None and self._world > 1:
@@ -224,9 +225,7 @@ class AccumulationGuard(GuardMachine):
                     f"check_sync_every={self.check_sync_every}: no torch optimizer found "
                     f"behind {type(self.optimizer).__name__} to hook the check on; drop "
                     "check_sync_every or pass the torch optimizer the loop steps")
-        self.observer = Observer(roots=[self.model], conservation=True, every=1,
-                                 budget=CONSERVATION_BUDGET, attribute=True,
-                                 record_losses=False)  # the guard judges no loss weights
+        self.observer = Observer.from_profile(profiles.guard(), [self.model])
         self.observer.add_listener(self)
         self._installed = True
         self.observer.install()  # an internal error there leaves it off, with ``failure`` set

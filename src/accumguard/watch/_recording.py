@@ -205,14 +205,14 @@ class _Agent:
 
     # -- installation -------------------------------------------------------------------
     def install(self, _torch: object = None, *, handlers: bool = True) -> None:
+        from accumguard.observe import _profiles as profiles
         from accumguard.observe._comm_ledger import CommLedger
         from accumguard.observe._observer import Observer
 
         # every=1 (default): conservation checked on as many windows as ~1 % of the run's
         # time allows (always the first two); every=N: exactly every N-th window.
-        self.observer = obs = Observer(auto_roots=True, record_updates=self.record_updates,
-                                       every=self.every,
-                                       budget=0.01 if self.every == 1 else None)
+        self.observer = obs = Observer.from_profile(
+            profiles.watch(self.every, self.record_updates))
         self.ledger = CommLedger(obs)  # the step record's "comm" (collectives)
         self.ledger.attach()
         obs.add_listener(self.ledger)
