@@ -59,5 +59,8 @@ def test_the_callbacks_check_with_the_callbacks_profile() -> None:
         assert checks.observer is not None
         assert _config(checks.observer) == _want(profiles.callbacks(10, 4))
         assert checks.observer.sampled_records and checks.observer.window_size == 4
+        # the collective ledger listens to the checked windows' backwards only: the other
+        # windows' backwards stay unobserved (counted without hooks)
+        assert checks.comm is not None and not checks.observer._wants_backwards
     finally:
         checks.close()

@@ -62,7 +62,8 @@ class CheckedLedger:
         observer = checks.observer
         self.ledger = CommLedger(observer)
         self.ledger.attach()
-        observer.add_listener(self.ledger)  # DDP's C++ all-reduces, booked per backward
+        # DDP's C++ all-reduces, booked per backward of the checked (sampled) windows only
+        observer.add_listener(self.ledger, sampled_only=True)
         observer.add_listener(self)
         self.said = False
         #: the last checked step's ledger: ``step`` (0-based), ``rows`` (op, micro, inside

@@ -213,13 +213,18 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
         self._step_t0 = 0.0
 
     # -- lifecycle ------------------------------------------------------------------------
-    def add_listener(self, listener: object) -> None:
+    def add_listener(self, listener: object, *, sampled_only: bool = False) -> None:
         """Add a listener: any object with some of the :class:`._events.Handlers` methods
-        (``on_step``, ``on_backward``...), each looked up once here."""
+        (``on_step``, ``on_backward``...), each looked up once here. ``sampled_only``: its
+        backward methods need only the windows ``sampled_records`` observes fully (the
+        callbacks' collective ledger judges checked steps only), so they do not make every
+        other window's backwards observed too."""
         self.listeners.append(listener)
         self._handlers = Handlers.of(self.listeners)
-        self._wants_backwards = bool(self._handlers.on_backward
-                                     or self._handlers.on_backward_start)
+        if not sampled_only:
+            every = Handlers.of([listener])
+            self._wants_backwards = self._wants_backwards or bool(
+                every.on_backward or every.on_backward_start)
 
     @property
     def failure(self) -> Failure | None:
