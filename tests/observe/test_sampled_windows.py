@@ -145,7 +145,8 @@ def test_probe_records_keep_their_precision_at_a_million_tokens() -> None:
         gy = torch.full((n,), -s * float(one_minus_p), dtype=torch.float32)
         probe.records.append((gy, torch.full((n,), nll, dtype=torch.float32),
                               torch.zeros(n), -2 * gy,  # a cross-entropy row's sums
-                              torch.zeros(n), torch.zeros(n)))
+                              torch.zeros(n), torch.zeros(n),  # the largest other entry
+                              torch.zeros(n), torch.zeros(n)))  # the least probable one
         one_minus_p32 = -torch.expm1(torch.tensor(-nll, dtype=torch.float32)).double()
         want.append([n, -n * float(gy[0].double()), n * float(one_minus_p32)])
     got = probe.take()[:, :3]
