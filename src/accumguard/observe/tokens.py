@@ -202,8 +202,11 @@ class TokenWeightProbe:
         smooth = torch.maximum(sums[:, 9] / sums[:, 4].clamp(min=tiny),
                                sums[:, 10] / sums[:, 11].clamp(min=tiny))
         # the smoothed form explains the window's rows far better than a plain
-        # cross-entropy: label smoothing; the weights are read with it
-        if float(smooth.max()) * _SMOOTH_MARGIN < float(out[:, 3].max()):
+        # cross-entropy: label smoothing; the weights are read with it (only when every
+        # micro-step had rows it could read: no row whose least probable class differs from
+        # its label, as with equal logits, explains nothing)
+        if (float(sums[:, 11].min()) > 0
+                and float(smooth.max()) * _SMOOTH_MARGIN < float(out[:, 3].max())):
             out[:, 1:3] = sums[:, 7:9]
             out[:, 3] = smooth
         if scale != 1.0:
