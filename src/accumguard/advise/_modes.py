@@ -70,7 +70,10 @@ _ZERO12 = ["ds-coalesced", "ds-contiguous-gradients-off", "ds-coalesced-contiguo
 _DS_BY_STAGE = {1: _ZERO12, 2: _ZERO12,
                 # ds-coalesced on ZeRO-3 under native accumulation gave updates off by up to
                 # 5e18 (uninitialised memory) in one of two runs with DeepSpeed 0.19.8: not
-                # offered there (docs/dev/performance-journal.md, session "ds")
+                # offered there (docs/dev/performance-journal.md, session "ds"). The update
+                # record then read the last rank's partition padding, which DeepSpeed leaves
+                # uninitialised (fixed since: observe/_introspect.zero3_valid); the mode has
+                # not been re-measured, so it stays off
                 3: ["ds-overlap-comm-on", "ds-z3-params-persistent"]}
 
 #: Modes ``advise`` lists but cannot apply from outside the command, and why.

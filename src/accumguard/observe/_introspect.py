@@ -116,6 +116,21 @@ def fsdp_param_groups(module: torch.nn.Module) -> list[object]:
     return groups
 
 
+def zero3_valid(prm: torch.nn.Parameter, part: torch.Tensor) -> torch.Tensor:
+    """This rank's ZeRO-3 partition of ``prm`` without its padding. DeepSpeed allocates a
+    partition with ``torch.empty`` and copies only the parameter's own elements into it, so
+    the last rank's padding holds whatever the memory held: compared between two runs it
+    differs by anything (2.5e19 measured), though the training is the same."""
+    numel, size = getattr(prm, "ds_numel", None), part.numel()
+    if not isinstance(numel, int) or size == 0:
+        return part
+    rank = 0
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        group = getattr(prm, "ds_process_group", None)
+        rank = max(torch.distributed.get_rank(group), 0)
+    return part.reshape(-1)[:max(0, min(size, numel - rank * size))]
+
+
 @torch.no_grad()
 def snapshot(opt: object, engine: torch.nn.Module | None,
              names: dict[int, str]) -> dict[str, torch.Tensor]:
@@ -124,8 +139,8 @@ def snapshot(opt: object, engine: torch.nn.Module | None,
     out: dict[str, torch.Tensor] = {}
     if engine is not None:
         for name, prm in getattr(engine, "module", engine).named_parameters():
-            t = getattr(prm, "ds_tensor", None)
-            t = prm if t is None else t
+            part = getattr(prm, "ds_tensor", None)
+            t = prm if not isinstance(part, torch.Tensor) else zero3_valid(prm, part)
             out[name] = local(t).detach().to("cpu", torch.float64).clone()
         return out
     i = 0
