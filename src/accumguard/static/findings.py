@@ -279,6 +279,15 @@ RULES: dict[str, Rule] = {
             "micro-batches that term weighs K times its coefficient",
             "divide the whole sum by K — `loss = (ce + aux_coef * aux) / K` — or each term alike",
         ),
+        _rule(
+            "AG128", "accelerator-k-without-accumulate", "F1", E, HI,
+            "the Accelerator has gradient_accumulation_steps > 1 but the loop never enters "
+            "accelerator.accumulate(model): the prepared optimizer steps after every batch, on "
+            "1/K of its gradient",
+            "wrap each micro-step in `with accelerator.accumulate(model):` (forward, "
+            "accelerator.backward, optimizer.step, optimizer.zero_grad inside it): Accelerate "
+            "then steps once per K batches",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

@@ -134,11 +134,15 @@ class BoundaryFacts(FileIndex):
         cur: ast.AST | None = node
         while cur is not None and not isinstance(cur, ast.Module):
             if isinstance(cur, ast.With | ast.AsyncWith) and any(
-                _is_accumulate_call(item.context_expr) for item in cur.items
+                _is_accumulate_call(item.context_expr) or _accumulation_manager(item.context_expr)
+                for item in cur.items
             ):
                 return True
             cur = self.parents.get(cur)
-        return any(_is_accumulate_call(sub) for sub in self.local_nodes(window))
+        return any(_is_accumulate_call(sub) or (
+            isinstance(sub, ast.With | ast.AsyncWith)
+            and any(_accumulation_manager(item.context_expr) for item in sub.items))
+            for sub in self.local_nodes(window))
 
     def guarded(self, node: ast.AST, window: ast.AST) -> bool:
         """Is ``node`` only reached at an accumulation boundary (within ``window``)?"""
@@ -182,6 +186,16 @@ def _last_offset(expr: ast.AST) -> bool:
             return True
     return False
 
+
+
+def _accumulation_manager(node: ast.AST) -> bool:
+    """A context manager whose name says accumulation (``with grad_accumulation(acc, model):``):
+    a wrapper of ``accelerator.accumulate`` (or the like) defined out of sight."""
+    if not isinstance(node, ast.Call):
+        return False
+    name = node.func.attr if isinstance(node.func, ast.Attribute) else \
+        node.func.id if isinstance(node.func, ast.Name) else ""
+    return "accum" in name.lower()
 
 
 def _is_accumulate_call(node: ast.AST) -> bool:

@@ -5,6 +5,11 @@ AG121 the loss is divided by the number of accumulation steps before
       ``gradient_accumulation_steps`` = K > 1: ``backward`` divides by K itself (outside
       DeepSpeed, whose engine divides instead), so the loss is divided twice and the
       gradient is G / K.
+AG128 the ``Accelerator`` was built with ``gradient_accumulation_steps`` = K > 1 but the
+      file never enters ``accelerator.accumulate(model)`` (nor ``no_sync``), and the loop
+      running ``accelerator.backward`` steps its optimizer on every batch: without
+      ``accumulate()`` Accelerate keeps ``sync_gradients`` True, so the prepared optimizer
+      steps (and zero_grads) after every micro-batch, each on 1/K of its gradient.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._modguard import k_values
 from accumguard.static.lint.families.loss import _assigned_names, _division, _is_loss_division
 
-__all__ = ["loss_divided_before_accelerator_backward"]
+__all__ = ["accelerator_k_without_accumulate", "loss_divided_before_accelerator_backward"]
 
 
 def _accelerator_ks(ctx: FileContext) -> set[int | None]:
@@ -81,4 +86,58 @@ def loss_divided_before_accelerator_backward(ctx: FileContext) -> Iterator[Findi
             "`accelerator.backward()`, which divides by the Accelerator's "
             "gradient_accumulation_steps itself: the loss is divided twice, and the optimizer "
             "receives G / K",
+        )
+
+
+#: Context managers around a micro-step that do not gate accumulation (any other one may be
+#: a wrapper of ``accelerator.accumulate`` written elsewhere: then nothing is said).
+_NEUTRAL_WITH = {"autocast", "no_grad", "enable_grad", "nullcontext", "record_function",
+                 "profile", "set_grad_enabled", "inference_mode", "sdpa_kernel"}
+
+
+def _enters_accumulation(ctx: FileContext) -> bool:
+    """The file enters Accelerate's accumulation (or handles the sync flag) somewhere."""
+    for call in ctx.of(ast.Call):
+        if call_attr(call) in ("accumulate", "no_sync", "_set_sync_gradients"):
+            return True
+    for node in ctx.of(ast.Assign, ast.AugAssign, ast.AnnAssign):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        if any(isinstance(t, ast.Attribute) and t.attr == "sync_gradients" for t in targets):
+            return True
+    return False
+
+
+def _unknown_with(window: ast.AST) -> bool:
+    """A ``with`` in the window whose manager is not a known neutral one."""
+    for node in ast.walk(window):
+        if isinstance(node, ast.With | ast.AsyncWith):
+            for item in node.items:
+                expr = item.context_expr
+                name = (dotted(expr.func) if isinstance(expr, ast.Call) else dotted(expr)) or ""
+                if name.split(".")[-1] not in _NEUTRAL_WITH:
+                    return True
+    return False
+
+
+@rule("AG128")
+def accelerator_k_without_accumulate(ctx: FileContext) -> Iterator[Finding]:
+    ks = _accelerator_ks(ctx)
+    if not ks or not all(k is not None and k > 1 for k in ks) or _enters_accumulation(ctx):
+        return
+    k = next(iter(ks)) if len(ks) == 1 else None
+    for window in ctx.windows():
+        if not _accelerator_backwards(ctx, window) or _unknown_with(window):
+            continue
+        steps = [c for c, kind in ctx.window_facts(window).steps
+                 if kind == "optimizer" and not ctx.guarded(c, window)]
+        if not steps:
+            continue
+        yield ctx.finding(
+            "AG128",
+            steps[0],
+            f"the Accelerator is built with gradient_accumulation_steps = {k or 'K > 1'} but "
+            "this loop never enters `accelerator.accumulate(model)`: Accelerate then keeps "
+            "`sync_gradients` True, so `accelerator.backward` divides each loss by K and the "
+            "prepared optimizer still steps after every batch, on 1/K of that batch's "
+            "gradient, instead of once on the window's sum",
         )
