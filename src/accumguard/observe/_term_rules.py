@@ -180,9 +180,17 @@ def _unscaled_mean(r: list[Any], ref: list[Any], k: int) -> bool:
     # a mean over the micro-batch's rows, or over a whole multiple of them (an MoE router's
     # probabilities of every layer, concatenated; or a sum divided by that count, as
     # transformers' load-balancing loss does under an attention mask): a per-micro-batch mean
-    return rows > 0 and (any(int(c) >= rows and int(c) % rows == 0 for c in r[5])
-                         or any(str(op) == "/" and _row_mean_divisor(float(c), rows, k)
-                                for op, c in r[4]))
+    return _mean_rows(r, rows, k) is not None
+
+
+def _mean_rows(r: list[Any], rows: int, k: int) -> int | None:
+    """The rows term ``r`` is a mean over, when that is a whole multiple of the
+    micro-batch's ``rows`` (a mean node's count, or a division by a row count), else None."""
+    if rows <= 0:
+        return None
+    spans = [int(c) for c in r[5]] + [int(float(c)) for op, c in r[4]
+                                       if str(op) == "/" and _row_mean_divisor(float(c), rows, k)]
+    return next((c for c in spans if c >= rows and c % rows == 0), None)
 
 
 def _text(found: list[tuple[dict[str, Any], list[Any], list[Any]]], x: list[Any],
@@ -191,10 +199,7 @@ def _text(found: list[tuple[dict[str, Any], list[Any], list[Any]]], x: list[Any]
     coef = " x ".join(f"{float(c):g}" for op, c in x[4]
                       if str(op) == "*" and float(c) != 1.0) or "1"
     rows = int(ref[9])
-    spans = [int(c) for c in x[5]] + [int(float(c)) for op, c in x[4] if str(op) == "/"
-                                       and _row_mean_divisor(float(c), rows, k)]
-    over = next((c for c in spans if c >= rows and c % rows == 0), rows) \
-        if x[7] is None else rows
+    over = (_mean_rows(x, rows, k) or rows) if x[7] is None else rows
     span = (f"the {rows} rows of the micro-batch" if over == rows else
             f"{over} rows, {over // rows}x the micro-batch's {rows}")
     what = (f"the loss call at {_short(str(x[7]))}" if x[7] is not None else
