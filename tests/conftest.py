@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import getpass
 import hashlib
 import os
+import shutil
 import sys
+import tempfile
 
 import pytest
 
@@ -26,6 +29,22 @@ os.environ.setdefault("ACCUMGUARD_COUNT_COLLECTIVES", "1")
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(
     os.path.expanduser("~"), ".cache", "torch_extensions",
     "accumguard-tests-" + hashlib.sha256(sys.prefix.encode()).hexdigest()[:12]))
+
+# Every temporary file of the suite, of its spawned ranks and of the commands it launches
+# (torchrun's torchelastic_* folders, trainers' output_dir, recordings) goes under one folder
+# removed when the session ends: a run left ~16 GB in /tmp before (2026-12-02). The compile
+# cache keeps its usual place so compiled-model tests do not recompile on every run.
+_TMP_PARENT = tempfile.gettempdir()
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(
+    _TMP_PARENT, f"torchinductor_{getpass.getuser()}"))
+_SESSION_TMP = tempfile.mkdtemp(prefix="accumguard-tests-", dir=_TMP_PARENT)
+os.environ["TMPDIR"] = _SESSION_TMP
+tempfile.tempdir = _SESSION_TMP
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(_SESSION_TMP, ignore_errors=True)
+
 
 _LEAKY = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
