@@ -152,6 +152,57 @@ def test_terms_divided_by_k_like_the_main_loss_are_silent(tmp_path: Path, form: 
     assert any(r[0] == "term" for s in steps for r in s.get("terms") or [])  # judged
 
 
+# -- distillation: a KL term beside a weighted CE -------------------------------------------
+def _distill(form: str) -> Callable[[], None]:
+    def loop() -> None:
+        torch.manual_seed(0)
+        teacher = torch.nn.Linear(6, 3)
+        student = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(),
+                                      torch.nn.Linear(8, 3))
+        opt = torch.optim.SGD(student.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(1)
+        temp = 2.0
+        for _ in range(STEPS):
+            for _ in range(K):
+                x = torch.randn(5, 6, generator=g)
+                y = torch.randint(0, 3, (5,), generator=g)
+                with torch.no_grad():
+                    t = teacher(x)
+                s = student(x)
+                kd = F.kl_div(F.log_softmax(s / temp, -1), F.softmax(t / temp, -1),
+                              reduction="batchmean") * temp * temp
+                ce = F.cross_entropy(s, y)
+                if form == "0.5 ce/K + 0.5 kd":  # the bug: the KD term weighs K x
+                    loss = 0.5 * ce / K + 0.5 * kd
+                elif form == "(0.5 ce + 0.5 kd) / K":
+                    loss = (0.5 * ce + 0.5 * kd) / K
+                else:  # "0.5 ce/K + 0.5 kd/K"
+                    loss = 0.5 * ce / K + 0.5 * kd / K
+                loss.backward()
+            opt.step()
+            opt.zero_grad()
+
+    return loop
+
+
+def test_a_distillation_term_not_divided_by_k_beside_a_weighted_ce_is_an_error(
+        tmp_path: Path) -> None:
+    """The CE carries a coefficient (0.5) and is divided by K; the KL term is not: it
+    weighs K x its coefficient in the update."""
+    findings, _ = _run(tmp_path, _distill("0.5 ce/K + 0.5 kd"))
+    (f,) = _errors(findings)
+    assert f.cls == "LOSS_SCALE", findings
+    assert "weighs its tokens 0.5 in total" in f.evidence, f.evidence
+    assert "multiplied by 0.5 x 2 x 2" in f.evidence and "4x" in f.evidence, f.evidence
+
+
+@pytest.mark.parametrize("form", ["(0.5 ce + 0.5 kd) / K", "0.5 ce/K + 0.5 kd/K"])
+def test_a_distillation_term_divided_by_k_is_silent(tmp_path: Path, form: str) -> None:
+    findings, steps = _run(tmp_path, _distill(form))
+    assert _errors(findings) == [], findings
+    assert any(r[0] == "term" for s in steps for r in s.get("terms") or [])  # judged
+
+
 # -- log-prob selections: REINFORCE, GRPO-like, DPO-style -----------------------------------
 class _Policy(torch.nn.Module):
     def __init__(self) -> None:

@@ -130,7 +130,7 @@ def term_scale_findings(rank: int, windows: list[dict[str, Any]]) -> list[Findin
         # loss that is not is the scale rules' to judge)
         main = next(((o, rm) for o, rm in sorted(refs.items()) if len(rm) == k
                      and len({(str(r[7]), int(r[8])) for r in rm.values()}) == 1
-                     and _is_window_mean(w, rm[0])), None)
+                     and _is_window_mean(w, rm[0], k)), None)
         if main is None:
             continue
         o_main, rm = main
@@ -164,9 +164,21 @@ def term_scale_findings(rank: int, windows: list[dict[str, Any]]) -> list[Findin
     return []
 
 
-def _is_window_mean(w: dict[str, Any], ref: list[Any]) -> bool:
+def _is_window_mean(w: dict[str, Any], ref: list[Any], k: int) -> bool:
+    """The reference call's tokens weigh 1 in total over the window (the large batch's
+    mean), or, when it is divided by K, its coefficient: ``0.5 * ce / K`` beside a
+    distillation term weighs 0.5, the coefficient the user chose for the large batch."""
     mass = _mass(w, str(ref[7]), int(ref[8]))
-    return mass is not None and abs(mass - 1.0) <= WEIGHT_TOL
+    if mass is None:
+        return False
+    if abs(mass - 1.0) <= WEIGHT_TOL:
+        return True
+    if ref[6] or not _divides_by(ref[4], k):
+        return False
+    coef = float(k)  # the product of the constants but one division by K
+    for op, c in ref[4]:
+        coef = coef / abs(float(c)) if str(op) == "/" else coef * abs(float(c))
+    return coef > 0 and abs(mass / coef - 1.0) <= WEIGHT_TOL
 
 
 def _unscaled_mean(r: list[Any], ref: list[Any], k: int) -> bool:
@@ -207,9 +219,13 @@ def _text(found: list[tuple[dict[str, Any], list[Any], list[Any]]], x: list[Any]
     by_k = f"is divided by K = {k} and " if _divides_by(ref[4], k) else ""
     where = f" of the loss backpropagated at {_short(str(x[11]))}" if len(x) > 11 and x[11] \
         else ""
+    mass = _mass(w, str(ref[7]), int(ref[8]))
+    weighs = ("1 in total over each window (the large batch's mean)"
+              if mass is None or abs(mass - 1.0) <= WEIGHT_TOL else
+              f"{mass:.4g} in total over each window (its coefficient times the large "
+              "batch's mean)")
     return (f"{what}{where} is one term of a sum whose other term, the loss call at "
-            f"{_short(str(ref[7]))}, {by_k}weighs its tokens 1 in total "
-            f"over each window (the large batch's mean); this term is multiplied by {coef} "
+            f"{_short(str(ref[7]))}, {by_k}weighs its tokens {weighs}; this term is multiplied by {coef} "
             f"and not divided by K in any of the {k} micro-steps of {len(found)} window(s) "
             f"(first: optimizer step {_n(w['step'])}): accumulated, its gradient is the sum of "
             f"{k} micro-batch means, {k}x what its coefficient gives the large batch "
