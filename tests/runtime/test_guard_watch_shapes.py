@@ -267,3 +267,81 @@ def test_real_loops_guard_and_watch_agree(case: str) -> None:
     by_guard, by_watch = _run_both(loop)
     want = set() if expected is None else {expected}
     assert by_guard == by_watch == want, (by_guard, by_watch)
+
+
+# -- correct twins driven by a framework or by more than one optimizer --------------------
+
+def _two_rates(m: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    """A GAN-like pair: the guarded model accumulates K; a second model (a critic with its
+    own optimizer) steps after every backward of its own loss."""
+    critic = torch.nn.Linear(3, 1)
+    copt = torch.optim.SGD(critic.parameters(), lr=0.1)
+    for i, (x, y) in enumerate(_data(12)):
+        out = m(x)
+        (critic(out.detach()).pow(2).mean()).backward()
+        copt.step()
+        copt.zero_grad()
+        (torch.nn.functional.cross_entropy(out, y, reduction="sum") / (5 * K)).backward()
+        if (i + 1) % K == 0:
+            opt.step()
+            opt.zero_grad()
+
+
+def _scaler_skip(m: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    """GradScaler (CPU) skips the second window's step on an inf gradient."""
+    scaler = torch.amp.GradScaler("cpu")
+    for i, (x, y) in enumerate(_data(12)):
+        scaler.scale(_loss(m, x, y)).backward()
+        if (i + 1) % K == 0:
+            if i == 7:
+                m[0].weight.grad[0, 0] = float("inf")
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+
+
+def _accelerate(m: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    """Accelerate's accumulate() over a prepared DataLoader of 10 micro-batches, K = 4, two
+    epochs: it steps after micro-batches 4, 8 and at the end of each epoch (10)."""
+    from accelerate import Accelerator
+
+    acc = Accelerator(gradient_accumulation_steps=K, cpu=True)
+    model, aopt, dl = acc.prepare(m, opt, _data(10))
+    for _ in range(2):
+        for x, y in dl:
+            with acc.accumulate(model):
+                acc.backward(torch.nn.functional.cross_entropy(model(x), y))
+                aopt.step()
+                aopt.zero_grad()
+
+
+TWINS: dict[str, Loop] = {
+    "two_optimizers_at_two_rates": _two_rates,
+    "gradscaler_skips_a_step": _scaler_skip,
+    "accelerate_accumulate_with_epoch_tails": _accelerate,
+}
+
+
+@pytest.mark.parametrize("case", sorted(TWINS))
+def test_correct_twins_stay_silent_for_both(case: str) -> None:
+    if case.startswith("accelerate"):
+        pytest.importorskip("accelerate")
+    by_guard, by_watch = _run_both(TWINS[case])
+    assert by_guard == by_watch == set(), (by_guard, by_watch)
+
+
+def test_in_raise_mode_a_step_per_micro_step_stops_the_second_step() -> None:
+    """The first step after one backward may be a short first window (F13) or the start of
+    a step per micro-step (F1): the guard decides at the second step, before it runs, and
+    names the first window."""
+    from accumguard.runtime._guard_errors import StepInsideWindowError
+
+    g = GuardMachine(accumulation_steps=K, mode="raise", sync="deferred",
+                     total_micro_batches=None, history=8, rank=None)
+    g.backward()
+    g.step()
+    g.zero_grad()
+    g.backward()
+    with pytest.raises(StepInsideWindowError, match=r"window 0, micro-step 0.*after 1 of 4"):
+        g.step()
+    assert g.optimizer_steps == 1

@@ -133,14 +133,14 @@ def long_window_class(spans_passes: bool) -> str:
 ShortVerdict = Literal["F1", "F13", "unsure", "wait"]
 
 
-def short_window(backwards: int, size: int, *, first: bool, prev: int | None,
-                 nxt: int | None, last: bool, ends_pass: bool | None,
+def short_window(backwards: int, size: int, *, first: bool, nxt: int | None, last: bool,
+                 ends_pass: bool | None,
                  continued: bool = False) -> ShortVerdict | None:
     """A window closed by an optimizer step after ``backwards`` of the ``size`` backward
     passes it should hold (:func:`early_step` said it is short), judged by what surrounds it.
 
-    ``prev``/``nxt``: the backward passes of the window before / after it (None: none, or
-    not known yet); ``last``: the run ended after it; ``ends_pass``: the next window began
+    ``nxt``: the backward passes of the window after it (None: none, or not known yet);
+    ``last``: the run ended after it; ``ends_pass``: the next window began
     a new pass over a DataLoader (None: no DataLoader pass was seen in the run, so an epoch's
     end cannot be told); ``first``: the run's first window; ``continued``: it is the first
     window and began on a gradient already in ``.grad`` (a resumed run that restored a saved
@@ -148,7 +148,8 @@ def short_window(backwards: int, size: int, *, first: bool, prev: int | None,
 
     * None: a pass's (an epoch's) last window, the run's final partial window, or a resumed
       window: a short window is right there (its scale is judged from the loss record);
-    * ``"F1"``: windows of one backward in a row: the loop steps every micro-step;
+    * ``"F1"``: a window of one backward followed by another: the loop steps every
+      micro-step;
     * ``"F13"``: the first window short and the next one whole (the counter's origin is off:
       ``i % K == 0`` with i from 0), or a step in the middle of a pass over the data: the
       boundary is off (a counter reset, a resume that lost the saved window's gradient);
@@ -160,8 +161,6 @@ def short_window(backwards: int, size: int, *, first: bool, prev: int | None,
     closed (or the run ended); ``watch`` calls it once per window of the finished run."""
     if not 0 < backwards < size or ends_pass or continued:
         return None
-    if backwards == 1 and prev == 1:
-        return "F1"
     if last:
         return None
     if nxt is None:

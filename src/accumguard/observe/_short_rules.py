@@ -41,7 +41,6 @@ def short_window_findings(rank: int, windows: list[StepWindow], res: KResolution
     if k is None or k <= 1 or not windows or any(w.window > k for w in windows):
         return []
     passes = any(w.data_pass_starts for w in windows)
-    sizes = [w.window for w in windows]
     continued = continued_first(windows, k)
     out: list[Finding] = []
     said: set[str] = set()
@@ -52,7 +51,7 @@ def short_window_findings(rank: int, windows: list[StepWindow], res: KResolution
         nxt = windows[i + 1] if i + 1 < len(windows) else None
         ends = (0 in (nxt.data_pass_starts or [])) if nxt is not None and passes else (
             False if passes else None)
-        verdict = shared.short_window(n, k, first=i == 0, prev=sizes[i - 1] if i else None,
+        verdict = shared.short_window(n, k, first=i == 0,
                                       nxt=None if nxt is None else nxt.window,
                                       last=nxt is None, ends_pass=ends,
                                       continued=w is continued)

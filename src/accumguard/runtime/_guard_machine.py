@@ -87,14 +87,13 @@ class EngineReset(TypedDict):
 class ShortStep(NamedTuple):
     """A step before its window was complete, judged once what follows it is known
     (:func:`accumguard.observe._shared_rules.short_window`): the window, the micro-step of
-    its last backward, its backward passes and size, the previous window's, whether it was
-    the run's first, and (set at the next backward) whether a new DataLoader pass began."""
+    its last backward, its backward passes and size, whether it was the run's first, and
+    (set at the next backward) whether a new DataLoader pass began."""
 
     window: int
     j: int | None
     backwards: int
     size: int
-    prev: int | None
     first: bool
     ends_pass: bool | None
 
@@ -156,7 +155,6 @@ class GuardMachine:
         self._sched_offset: int | None = None  # 1: scheduler stepped before the optimizer
         # windows shorter than K, judged by what follows (short_window); DataLoader passes
         self._short: ShortStep | None = None
-        self._prev_size: int | None = None  # backward passes of the last stepped window
         self._passes_seen = False  # a DataLoader pass began during the run
         self._pass_at: int | None = None  # backward count of this window when a pass began
         self._began_on_grad = False  # the run's first window began on a gradient in .grad
@@ -336,8 +334,6 @@ class GuardMachine:
             self.note("note_zero_unverified", self._zero_at - 1, zn=self._zero_at,
                       why=unverified)
         self._check_scheduler_before_step(j)
-        if self.phase is not Phase.STEPPED:
-            self._prev_size = self._backwards
         self.phase = Phase.STEPPED
         self._flip_at = None
         self._window_steps += 1
@@ -345,19 +341,13 @@ class GuardMachine:
         self._cleared = deepspeed  # DeepSpeed clears its gradients at the end of its step
 
     def _short_step(self, j: int | None, size: int) -> None:
-        """A step after fewer backward passes than the window holds: F1 at once when the
-        previous window had one backward too; otherwise judged when the next window closes
-        (:meth:`_resolve_short`), because only what follows tells an epoch's last window or
-        the run's last (right) from a boundary off by one (F13) or a step per micro-step
-        (F1)."""
+        """A step after fewer backward passes than the window holds, judged when the next
+        window closes (:meth:`_resolve_short`; the previous short window first, now that
+        this one closed): only what follows tells an epoch's last window or the run's last
+        (right) from a boundary off by one (F13) or a step per micro-step (F1). In raise
+        mode the error stops the next step, before it runs."""
         self._resolve_short(self._backwards)
-        n, first, prev = self._backwards, self.window == 0, self._prev_size
-        verdict = short_window(n, size, first=first, prev=prev, nxt=None, last=False,
-                               ends_pass=None)
-        if verdict == "F1":
-            self.report("step_inside", j)
-        elif verdict == "wait":
-            self._short = ShortStep(self.window, j, n, size, prev, first, None)
+        self._short = ShortStep(self.window, j, self._backwards, size, self.window == 0, None)
 
     def _resolve_short(self, nxt: int | None) -> None:
         """Judge the pending short window now that the next window closed after ``nxt``
@@ -365,8 +355,8 @@ class GuardMachine:
         p, self._short = self._short, None
         if p is None:
             return
-        verdict = short_window(p.backwards, p.size, first=p.first, prev=p.prev, nxt=nxt,
-                               last=nxt is None, ends_pass=p.ends_pass)
+        verdict = short_window(p.backwards, p.size, first=p.first, nxt=nxt, last=nxt is None,
+                               ends_pass=p.ends_pass)
         if verdict == "F1":
             self.report("step_inside", p.j, at_window=p.window, n=p.backwards, size=p.size)
         elif verdict == "F13":
@@ -380,7 +370,6 @@ class GuardMachine:
         """GradScaler skipped optimizer.step (inf/nan): the window still ended."""
         if self.phase is Phase.FULL:
             self._resolve_short(self._backwards)
-            self._prev_size = self._backwards
             self.phase = Phase.STEPPED
             self.skipped_steps += 1
             self._cleared = False

@@ -355,6 +355,13 @@ class AccumulationGuard(GuardMachine):
         if ev.owner is self.scaler:
             self.skipped_step()
 
+    def on_scaler_skip(self, ev: ScalerEvent) -> None:
+        """A GradScaler skipped this guard's optimizer (inf/NaN gradients): the window
+        ended, whether or not the guard was given that scaler (``skipped_step`` counts a
+        window once, so the scaler's own update after it changes nothing)."""
+        if self.targets.owns_optimizer(ev.owner):
+            self.skipped_step()
+
     # -- helpers ------------------------------------------------------------------------------
     def _grads_nonzero(self) -> bool:
         return any(p.grad is not None and bool(p.grad.count_nonzero())
