@@ -353,3 +353,38 @@ def test_in_raise_mode_a_step_per_micro_step_stops_the_second_step() -> None:
     with pytest.raises(StepInsideWindowError, match=r"window 0, micro-step 0.*after 1 of 4"):
         g.step()
     assert g.optimizer_steps == 1
+
+
+def _resumed(restore_gradient: bool) -> Loop:
+    """A run resumed from a checkpoint saved after 2 of a window's 4 micro-batches: the
+    counter restored (the first step comes after 2 more), and (``restore_gradient``) the
+    saved partial window's gradient put back in ``.grad`` before the first backward."""
+    def loop(m: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+        batches = list(_data(12))
+        if restore_gradient:
+            # (in a real resume: loaded from the checkpoint; here, made before the guard
+            # or the recording saw anything, as the interrupted run left it)
+            for p, g in zip(m.parameters(), _SAVED[0], strict=True):
+                p.grad = g.clone()
+        for i, (x, y) in enumerate(batches[2:], start=2):
+            _loss(m, x, y).backward()
+            if (i + 1) % K == 0:
+                opt.step()
+                opt.zero_grad()
+    return loop
+
+
+_SAVED: list[list[torch.Tensor]] = []
+
+
+@pytest.mark.parametrize(("restore", "expected"), [(True, None), (False, "F13")])
+def test_a_resumed_run_continues_its_saved_window_only_with_its_gradient(
+        restore: bool, expected: str | None) -> None:
+    if not _SAVED:  # the interrupted run's first 2 micro-batches, summed in .grad
+        m, _ = _model()
+        for x, y in list(_data(12))[:2]:
+            _loss(m, x, y).backward()
+        _SAVED.append([p.grad.clone() for p in m.parameters() if p.grad is not None])
+    by_guard, by_watch = _run_both(_resumed(restore), [2, 4, 4])
+    want = set() if expected is None else {expected}
+    assert by_guard == by_watch == want, (by_guard, by_watch)
