@@ -10,9 +10,13 @@ feeds it the observation layer's events that concern its model and optimizer.
 
 The message table :data:`RULES` lives in :mod:`._guard_messages` (re-exported here). What
 ``watch`` judges too (a backward past the window, a step inside it, a clip by its place, a
-micro-step's sync, the scheduler's count, a broken conservation verdict) is decided by the
-functions of :mod:`accumguard.observe._shared_rules`, called here on one event before the
-action runs and folded there by ``watch`` over a finished window.
+micro-step's sync, the scheduler's count, a broken conservation verdict, a step with no
+backward) is decided by the functions of :mod:`accumguard.observe._shared_rules`, called
+here on one event before the action runs and folded there by ``watch`` over a finished
+window. A step inside the window is the exception: only what follows tells an epoch's (or
+the run's) last window from an off-by-one boundary (F13) or a step per micro-step (F1), so
+:func:`~accumguard.observe._shared_rules.short_window` is called when the next window
+closes, before its step runs.
 
 Checks that need the numbers (did the gradient removed inside the window reach the
 optimizer? did ranks agree?) are verdicts computed by :mod:`accumguard.observe` and
