@@ -388,3 +388,14 @@ def test_a_resumed_run_continues_its_saved_window_only_with_its_gradient(
     by_guard, by_watch = _run_both(_resumed(restore), [2, 4, 4])
     want = set() if expected is None else {expected}
     assert by_guard == by_watch == want, (by_guard, by_watch)
+
+
+def test_only_the_runs_first_window_continues_a_saved_one() -> None:
+    """A short window that began on a gradient later in the run is a leak (F7), for the
+    per-window rules of the callbacks too (they judge each window on its own)."""
+    from accumguard.observe.rules import live_findings
+
+    late = StepRecord(step=3, backwards=2, conservation=_STALE).as_dict(rank=0)
+    assert {f.cls for f in live_findings(late, rank=0, k=K) if f.severity == "error"} == {"F7"}
+    first = StepRecord(step=0, backwards=2, conservation=_STALE).as_dict(rank=0)
+    assert not [f for f in live_findings(first, rank=0, k=K) if f.severity == "error"]

@@ -22,8 +22,10 @@ __all__ = ["continued_first", "short_window_findings"]
 def continued_first(windows: list[StepWindow], k: int | None) -> StepWindow | None:
     """The run's first window when it continues a saved partial window (a resumed run that
     restored the gradient it saved): fewer than K backward passes and a gradient already in
-    ``.grad`` before its first one (the conservation verdict's "stale" part)."""
-    if not windows or k is None or k < 2:
+    ``.grad`` before its first one (the conservation verdict's "stale" part). Only the
+    run's first optimizer step (step 0): the callbacks judge each window on its own, and a
+    later window that began on a gradient is a leak (F7)."""
+    if not windows or k is None or k < 2 or windows[0].step != 0:
         return None
     w = windows[0]
     cons = w.conservation
