@@ -122,13 +122,13 @@ def test_each_broken_loop_raises_its_rule(bug: str, error: type[GuardViolation],
     assert e.window == 0
 
 
-def test_short_final_window_must_be_declared() -> None:
+def test_short_final_window_is_right_declared_or_not() -> None:
     model, opt, sched, data = _setup(10)
-    # undeclared, the short window's step is a step inside a window of K (its clip, just
-    # before, is part of that step: the step is what is reported, with the declaration fix)
-    with pytest.raises(StepInsideWindowError, match="window 2, micro-step 1.*2 of 4.*declared"), \
-            guard(model, opt, accumulation_steps=K, scheduler=sched):
+    # undeclared, the short window's step is judged once the run ended after it: the run's
+    # final partial window (its scale is watch's to judge, from the loss record)
+    with guard(model, opt, accumulation_steps=K, scheduler=sched) as g:
         _loop(model, opt, sched, data)
+    assert g.violations == [] and [w.backward_passes for w in g.windows] == [4, 4, 2]
     # ... or with expect_window right before it
     model, opt, sched, data = _setup(10)
     with guard(model, opt, accumulation_steps=K, scheduler=sched) as g:

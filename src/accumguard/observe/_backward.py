@@ -84,7 +84,8 @@ class BackwardPath:
         if not self._armed and not self._wants_backwards:
             return self._run_unobserved_backward(source, w, fn, args, kwargs)
         ev = BackwardEvent(step=self.step, micro=len(w.backwards), source=source,
-                           engine=self.engine, forwards=w.forwards)
+                           engine=self.engine, forwards=w.forwards,
+                           new_pass=bool(w.data_passes) and w.data_passes[-1] == len(w.backwards))
         if self.attribute and self._given_roots:
             ev.reached = self._attribution.reaches(loss)
         w.forwards = 0
@@ -172,7 +173,8 @@ class BackwardPath:
         engine query or checksum (the window's record, when :meth:`.StepTally.unusual` asks for it,
         leaves those unknown)."""
         ev = BackwardEvent(step=self.step, micro=len(w.backwards), source=source,
-                           engine=self.engine, forwards=w.forwards)
+                           engine=self.engine, forwards=w.forwards,
+                           new_pass=bool(w.data_passes) and w.data_passes[-1] == len(w.backwards))
         w.forwards = 0
         self._last_sync_forward = None
         lane = self.lanes.before_backward(self.backward_total)

@@ -46,6 +46,7 @@ class BackwardEvent:
     ds_boundary: bool | None = None  # DeepSpeed: engine boundary flag at this backward
     ds_coalescing: bool = False  # DeepSpeed: inside coalesce_grad_reduction / no_sync
     forwards: int = 0  # watched forwards since the previous backward
+    new_pass: bool = False  # a pass over a DataLoader began since the previous backward
     # attribution (``Observer(attribute=True)``): True when this backward reached the output
     # of a watched root's forward, False when it did not (another model's loss), None unknown
     reached: bool | None = None

@@ -16,9 +16,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-__all__ = ["ClipVerdict", "SyncVerdict", "clip_verdict", "conservation_class", "double_gating",
-           "early_step", "engine_resets", "long_window_class", "micro_sync", "overrun",
-           "scheduler_ahead"]
+__all__ = ["ClipVerdict", "ShortVerdict", "SyncVerdict", "clip_verdict", "conservation_class",
+           "continues_saved_window", "double_gating", "early_step", "engine_resets",
+           "long_window_class", "micro_sync", "overrun", "scheduler_ahead", "short_window",
+           "step_without_backward"]
 
 #: What one micro-step's gradient synchronisation means for the window (see :func:`micro_sync`)
 SyncVerdict = Literal["unsynced_last", "extra", "deferred"]
@@ -126,3 +127,65 @@ def long_window_class(spans_passes: bool) -> str:
     DataLoader (an epoch) and stepped together with the next pass's first ones (F7, a
     leak), or a boundary that comes late inside one pass (F13, a counter off by one)."""
     return "F7" if spans_passes else "F13"
+
+
+#: What a window shorter than K means (see :func:`short_window`)
+ShortVerdict = Literal["F1", "F13", "unsure", "wait"]
+
+
+def short_window(backwards: int, size: int, *, first: bool, nxt: int | None, last: bool,
+                 ends_pass: bool | None,
+                 continued: bool = False) -> ShortVerdict | None:
+    """A window closed by an optimizer step after ``backwards`` of the ``size`` backward
+    passes it should hold (:func:`early_step` said it is short), judged by what surrounds it.
+
+    ``nxt``: the backward passes of the window after it (None: none, or not known yet);
+    ``last``: the run ended after it; ``ends_pass``: the next window began
+    a new pass over a DataLoader (None: no DataLoader pass was seen in the run, so an epoch's
+    end cannot be told); ``first``: the run's first window; ``continued``: it is the first
+    window and began on a gradient already in ``.grad`` (a resumed run that restored a saved
+    partial window, see :func:`continues_saved_window`).
+
+    * None: a pass's (an epoch's) last window, the run's final partial window, or a resumed
+      window: a short window is right there (its scale is judged from the loss record);
+    * ``"F1"``: a window of one backward followed by another: the loop steps every
+      micro-step;
+    * ``"F13"``: the first window short and the next one whole (the counter's origin is off:
+      ``i % K == 0`` with i from 0), or a step in the middle of a pass over the data: the
+      boundary is off (a counter reset, a resume that lost the saved window's gradient);
+    * ``"unsure"``: a short window in the middle of a run that reads no DataLoader: an
+      epoch's last window or an early step, which nothing tells apart (a note at most);
+    * ``"wait"``: what follows is not known yet (the guard decides at the next step).
+
+    The guard calls it at the step with what it knows so far and again once the next window
+    closed (or the run ended); ``watch`` calls it once per window of the finished run."""
+    if not 0 < backwards < size or ends_pass or continued:
+        return None
+    if last:
+        return None
+    if nxt is None:
+        return "wait"
+    if backwards == 1 and nxt == 1:
+        return "F1"
+    if first and nxt >= size:
+        return "F13"
+    return "unsure" if ends_pass is None else "F13"
+
+
+def continues_saved_window(backwards: int, size: int, *, first: bool, stale: bool) -> bool:
+    """A resumed run whose first window continues a window saved mid-way: the run's first
+    window holds fewer than ``size`` backward passes and began on a gradient already in
+    ``.grad`` (``stale``: the restored partial sum). The step then applies the saved
+    micro-batches' gradient and this window's: the large batch, when the loop restored the
+    gradient it saved. Neither a leak (F7) nor an off-by-one origin (F13)."""
+    return first and 0 < backwards < size and stale
+
+
+def step_without_backward(moved: bool | None) -> str | None:
+    """An optimizer step with no backward pass since the same optimizer's previous step:
+    EXTRA_STEP when it changed the parameters (``moved``: measured by ``watch``; the guard
+    knows it before the step only when a gradient left in ``.grad`` is applied again), else
+    nothing (a no-op step: every gradient None, or zero with no momentum). It is not F1: no
+    micro-batch's gradient was cut short; one window's gradient is applied twice, or the
+    optimizer's state moves the parameters a second time."""
+    return "EXTRA_STEP" if moved else None

@@ -66,6 +66,7 @@ from accumguard.observe._records import (
 from accumguard.observe._schedules import run_horizon_findings
 from accumguard.observe._shared_rules import conservation_class as _conservation_class
 from accumguard.observe._shared_rules import double_gating, engine_resets
+from accumguard.observe._short_rules import continued_first, short_window_findings
 from accumguard.observe._step_rules import (
     _extra_step,
     _no_update,
@@ -320,6 +321,7 @@ def _rank_findings(rank: int, steps: Sequence[StepRecord], info: JsonObject,
                    k: int | None, declared: bool) -> list[Finding]:
     out: list[Finding] = []
     windows = _windows(steps)
+    resumed = continued_first(windows, k)  # its gradient before the first backward: saved
     ds_ga = info.get("gradient_accumulation_steps")
     stage = info.get("zero_stage")
     managed = info.get("managed_accumulation", True)
@@ -354,7 +356,7 @@ def _rank_findings(rank: int, steps: Sequence[StepRecord], info: JsonObject,
                 continue
         early_clips = [c for c in (w.clip_micros or [])  # (a clip before any: no F8)
                        if shared.clip_verdict(int(c), int(w.backwards)) == "inside"]
-        cons = w.conservation
+        cons = None if w is resumed else w.conservation
         clipped = bool(early_clips) and not int(w.zero_grads_between)
         if cons and not cons.ok and not (clipped and cons.reason != "stale"):
             # (a clip between backwards shrinks the accumulated gradient: F8 below says so)
@@ -451,20 +453,9 @@ def _window_findings(rank: int, windows: list[StepWindow], info: JsonObject,
     if k is None or k <= 1 or all(n == 1 for n in sizes):
         return out
     sev = "error" if res.declared else "note"
-    # a first window shorter than K, followed by windows of K: the counter's origin is off
-    rest = sizes[1:]
-    steady = all(n <= k for n in rest) and 2 * rest.count(k) >= len(rest)  # windows of K after
-    # windows longer than K too: the loop sizes its windows (a token budget per step), no
-    # counter sets them, so a short first window is one more size, not an off-by-one origin
-    budget = any(n > k for n in sizes)
-    if len(sizes) >= 2 and sizes[0] < k and sizes[1] == k and not budget:
-        out.append(_mk("F13", "error" if res.declared or (len(sizes) >= 3 and steady)
-                       else "note", rank,
-                       windows[0].step, sizes[0] - 1,
-                       f"the first optimizer step came after {sizes[0]} backward pass(es), the "
-                       f"next after {sizes[1]} (K = {k}): the boundary test counts from the "
-                       "wrong origin (e.g. `i % K == 0` with i from 0); only the last window "
-                       "of an epoch or run may be short"))
+    # windows shorter than K by what surrounds them (the guard's decision, shared): the
+    # first one short (the counter's origin), a step inside a pass over the data
+    out += short_window_findings(rank, windows, res, f1_found=bool(out))
     engine_ga = isinstance(ds_ga, int) and ds_ga > 1
     long = [w for w in windows if shared.overrun(w.window - 1, k)  # (F14: gating)
             and not (engine_ga and (w.window == ds_ga
@@ -538,7 +529,7 @@ def _window_findings(rank: int, windows: list[StepWindow], info: JsonObject,
     short = [w for i, w in enumerate(windows[1:-1], 1) if 1 < w.window < k
              and 0 not in (windows[i + 1].data_pass_starts or [])]
     if res.declared and len(short) >= 2 and all(w.window == k - 1 for w in short) \
-            and len(short) >= regular:
+            and len(short) >= regular and not any(f.cls == "F13" for f in out):
         out.append(_mk("F13", "error", rank, short[0].step, None,
                        f"{len(short)} windows of {k - 1} backward passes; K = {k}"))
     return out

@@ -8,8 +8,9 @@ reports (error level; step and micro-step 1-based, unlike ``window``/``micro_ste
 
     AccumulationError
     └── GuardViolation                 rule, window, micro_step, seen, expected
-        ├── StepInsideWindowError      F1  optimizer.step() before the window is complete
-        ├── ExtraStepError             F1  a second step in one window / a step with no backward
+        ├── StepInsideWindowError      F1  optimizer.step() after one backward, window after window
+        ├── ExtraStepError             EXTRA_STEP  a step with no backward since the previous one,
+        │                                  applying a gradient again
         ├── EngineBoundaryResetError   F2  DeepSpeed ZeRO-1/2 reset its gradients mid-window
         ├── ZeroGradInsideWindowError  F3  gradient removed inside the window never reached the step
         ├── SchedulerStepError         F4  scheduler steps != optimizer steps
@@ -18,6 +19,8 @@ reports (error level; step and micro-step 1-based, unlike ``window``/``micro_ste
         ├── GradientSyncError          F11 the window's last micro-step did not all-reduce
         ├── GradientDesyncError        F11 post-sync gradients differ across ranks
         ├── WindowOverrunError         F13 more backward passes than the window holds
+        ├── ShortWindowError           F13 a step before the window is complete, not at the end
+        │                                  of a pass over the data nor of the run
         └── DoubleGatingError          F14 DeepSpeed accumulates K and the loop loops K
 """
 
@@ -31,7 +34,8 @@ from accumguard.core.findings import Finding, Severity
 __all__ = [
     "ClipInsideWindowError", "DoubleGatingError", "EngineBoundaryResetError", "ExtraStepError",
     "GradientDesyncError", "GradientLeakError", "GradientSyncError", "GuardNote",
-    "GuardViolation", "SchedulerStepError", "StepInsideWindowError", "Violation",
+    "GuardViolation", "SchedulerStepError", "ShortWindowError", "StepInsideWindowError",
+    "Violation",
     "NOTE_CLASSES", "WindowOverrunError", "ZeroGradInsideWindowError", "note_finding",
     "violation_finding",
 ]
@@ -74,7 +78,7 @@ class StepInsideWindowError(GuardViolation):
 
 
 class ExtraStepError(GuardViolation):
-    rule, title = "F1", "more than one optimizer step per window"
+    rule, title = "EXTRA_STEP", "optimizer step with no backward pass since the previous step"
 
 
 class EngineBoundaryResetError(GuardViolation):
@@ -107,6 +111,10 @@ class GradientDesyncError(GuardViolation):
 
 class WindowOverrunError(GuardViolation):
     rule, title = "F13", "window longer than accumulation_steps"
+
+
+class ShortWindowError(GuardViolation):
+    rule, title = "F13", "window shorter than accumulation_steps inside the run"
 
 
 class DoubleGatingError(GuardViolation):
@@ -158,6 +166,9 @@ NOTE_CLASSES: dict[str, tuple[str, Severity, str]] = {
     "note_unscale_outside": ("F8", Severity.NOTE,
                              "GradScaler unscale outside the window (no effect on the next "
                              "step)"),
+    "note_short_window": ("F13", Severity.NOTE,
+                          "optimizer step before the window is complete, in a run that reads "
+                          "no DataLoader (an epoch's last window, or a boundary off by one)"),
     "note_zero_unverified": ("F3", Severity.WARNING,
                              "zero_grad inside the window, not verified"),
 }

@@ -10,9 +10,13 @@ feeds it the observation layer's events that concern its model and optimizer.
 
 The message table :data:`RULES` lives in :mod:`._guard_messages` (re-exported here). What
 ``watch`` judges too (a backward past the window, a step inside it, a clip by its place, a
-micro-step's sync, the scheduler's count, a broken conservation verdict) is decided by the
-functions of :mod:`accumguard.observe._shared_rules`, called here on one event before the
-action runs and folded there by ``watch`` over a finished window.
+micro-step's sync, the scheduler's count, a broken conservation verdict, a step with no
+backward) is decided by the functions of :mod:`accumguard.observe._shared_rules`, called
+here on one event before the action runs and folded there by ``watch`` over a finished
+window. A step inside the window is the exception: only what follows tells an epoch's (or
+the run's) last window from an off-by-one boundary (F13) or a step per micro-step (F1), so
+:func:`~accumguard.observe._shared_rules.short_window` is called when the next window
+closes, before its step runs.
 
 Checks that need the numbers (did the gradient removed inside the window reach the
 optimizer? did ranks agree?) are verdicts computed by :mod:`accumguard.observe` and
@@ -26,7 +30,7 @@ import logging
 import warnings
 from collections import deque
 from collections.abc import Callable
-from typing import TypedDict
+from typing import NamedTuple, TypedDict
 
 from accumguard.core.errors import AccumguardWarning, ConfigError, UsageError, rank_prefix
 from accumguard.core.taxonomy import fix_for
@@ -34,10 +38,14 @@ from accumguard.core.window import Conservation, StepRecord
 from accumguard.observe._shared_rules import (
     clip_verdict,
     conservation_class,
+    continues_saved_window,
     early_step,
+    long_window_class,
     micro_sync,
     overrun,
     scheduler_ahead,
+    short_window,
+    step_without_backward,
 )
 from accumguard.runtime._guard_errors import (
     GuardNote,
@@ -78,6 +86,20 @@ class EngineReset(TypedDict):
 
     stage: int | None
     ds_ga: int | None
+
+
+class ShortStep(NamedTuple):
+    """A step before its window was complete, judged once what follows it is known
+    (:func:`accumguard.observe._shared_rules.short_window`): the window, the micro-step of
+    its last backward, its backward passes and size, whether it was the run's first, and
+    (set at the next backward) whether a new DataLoader pass began."""
+
+    window: int
+    j: int | None
+    backwards: int
+    size: int
+    first: bool
+    ends_pass: bool | None
 
 
 class Event(enum.Enum):
@@ -135,6 +157,11 @@ class GuardMachine:
         self._zero_at: int | None = None  # backward passes done at the first zero_grad inside
         self._flip_at: int | None = None  # micro-step whose sync flag was switched off late
         self._sched_offset: int | None = None  # 1: scheduler stepped before the optimizer
+        # windows shorter than K, judged by what follows (short_window); DataLoader passes
+        self._short: ShortStep | None = None
+        self._passes_seen = False  # a DataLoader pass began during the run
+        self._pass_at: int | None = None  # backward count of this window when a pass began
+        self._began_on_grad = False  # the run's first window began on a gradient in .grad
         # a clip/unscale inside the window, judged at the next event: followed by a step it
         # is part of stepping every micro-step (F1, said at the step); by a backward, F8
         self._pending: tuple[str, int | None] | None = None
@@ -183,19 +210,37 @@ class GuardMachine:
     # -- transitions ----------------------------------------------------------------------
     def backward(self, *, sync_forward: bool | None = None, sync_backward: bool | None = None,
                  ddp: bool = False, engine_reset: EngineReset | None = None,
-                 grads_set: Callable[[], bool] | None = None, forwards: int = 0) -> None:
+                 grads_set: Callable[[], bool] | None = None, forwards: int = 0,
+                 new_pass: bool = False) -> None:
         """A backward pass of the model begins (``grads_set()``: are gradients non-zero;
-        ``forwards``: the model's forwards since the previous backward)."""
+        ``forwards``: the model's forwards since the previous backward; ``new_pass``: a new
+        pass over a DataLoader began since the previous backward)."""
         self._flush_pending()
         if self.phase is Phase.STEPPED:
             self._open_next_window(check_leak=grads_set)
+        elif (self.phase is Phase.OPEN and self.window == 0 and not self._backwards
+              and grads_set is not None):
+            self._began_on_grad = grads_set()  # a resumed run's restored partial window?
         size = self.window_size()
         j = self._backwards
+        if new_pass:
+            self._passes_seen = True
+            if j:
+                self._pass_at = self._pass_at if self._pass_at is not None else j
+        if j == 0 and self._short is not None and self._short.window == self.window - 1:
+            # the step before ended a pass's last window, or a short one inside the run
+            self._short = self._short._replace(
+                ends_pass=True if new_pass else (False if self._passes_seen else None))
         if self.total_micro_batches is not None and self._consumed + j >= self.total_micro_batches:
             self.report("beyond_total", j, seen_total=self._consumed + j + 1,
                         total=self.total_micro_batches)
         elif overrun(j, size):  # the rule watch folds over a window's length
-            self.report("overrun", j, next=j + 1)
+            # (a window that crossed into a new pass: the previous pass's leftover leaked)
+            if long_window_class(self._pass_at is not None) == "F7":
+                at = self._pass_at or 0
+                self.report("leak_pass", j, next=j + 1, at=at + 1, left=at)
+            else:
+                self.report("overrun", j, next=j + 1)
         if engine_reset is not None and j < size - 1:
             self.report("engine_reset", j, next=j + 1, **engine_reset)
         if ddp:
@@ -236,26 +281,43 @@ class GuardMachine:
             self.note("note_missing_sync", j)
 
     def step(self, *, conservation: Conservation | None = None, unverified: str | None = None,
-             deepspeed: bool = False, applied: bool = True, sharded: bool = False) -> None:
+             deepspeed: bool = False, applied: bool = True, sharded: bool = False,
+             moved: bool | None = None) -> None:
         """The model's optimizer is about to step.
 
         ``conservation``: the observation layer's verdict on what the step receives;
         ``unverified``: why there is none (when zero_grad ran inside the window);
         ``applied`` False: every gradient is None, a no-op for torch optimizers: ignored
         inside a window (FSDP2 defers its reduction), a lost window after its last
-        backward or after a zero_grad inside it."""
+        backward or after a zero_grad inside it; ignored after a step too (no backward
+        since it: nothing to apply). ``moved``: with no backward since the previous step,
+        will this step change the parameters (a gradient left in ``.grad``)? None: unknown.
+        """
         j = self._backwards - 1 if self._backwards else None
-        if not applied and (self.phase is Phase.OPEN or (self.phase is Phase.ACCUMULATING
-                                                         and self._zero_at is None)):
+        if not applied and (self.phase in (Phase.OPEN, Phase.STEPPED)
+                            or (self.phase is Phase.ACCUMULATING and self._zero_at is None)):
             return
+        size = self.window_size()
+        continued = continues_saved_window(
+            self._backwards, size, first=self.window == 0 and self.phase is Phase.ACCUMULATING,
+            stale=self._began_on_grad or (conservation is not None
+                                          and conservation.reason == "stale"))
         if self.phase is Phase.ACCUMULATING:
             self._pending = None  # the step inside the window (F1) is the cause
             # the rule watch folds over the run's windows (one backward after the window's
             # forwards is the losses summed before one backward: the large batch)
-            if early_step(self._backwards, self.window_size(), self._window_forwards):
-                self.report("step_inside", j)
-        elif self.phase in _STEP_BY_PHASE:
+            if early_step(self._backwards, size, self._window_forwards) and not continued:
+                self._short_step(j, size)
+            else:
+                self._resolve_short(self._backwards)
+        elif self.phase is Phase.FULL:
+            self._resolve_short(self._backwards)
+        elif (self.phase in _STEP_BY_PHASE and (self.optimizer_steps or self.window)
+              and step_without_backward(moved) is not None):
+            # (the run's first step with no backward: nothing stepped before it to repeat)
             self.report(_STEP_BY_PHASE[self.phase], j)
+        if continued:
+            conservation = None  # the gradient before the first backward is the saved one
         if not applied and (conservation is None or conservation.ok):
             if self._zero_at is not None:
                 self.report("zero_grad_wiped", self._zero_at - 1, zn=self._zero_at, wiped=1.0)
@@ -282,9 +344,36 @@ class GuardMachine:
         self.optimizer_steps += 1
         self._cleared = deepspeed  # DeepSpeed clears its gradients at the end of its step
 
+    def _short_step(self, j: int | None, size: int) -> None:
+        """A step after fewer backward passes than the window holds, judged when the next
+        window closes (:meth:`_resolve_short`; the previous short window first, now that
+        this one closed): only what follows tells an epoch's last window or the run's last
+        (right) from a boundary off by one (F13) or a step per micro-step (F1). In raise
+        mode the error stops the next step, before it runs."""
+        self._resolve_short(self._backwards)
+        self._short = ShortStep(self.window, j, self._backwards, size, self.window == 0, None)
+
+    def _resolve_short(self, nxt: int | None) -> None:
+        """Judge the pending short window now that the next window closed after ``nxt``
+        backward passes (None: the run ended after it); reported at the short window."""
+        p, self._short = self._short, None
+        if p is None:
+            return
+        verdict = short_window(p.backwards, p.size, first=p.first, nxt=nxt, last=nxt is None,
+                               ends_pass=p.ends_pass)
+        if verdict == "F1":
+            self.report("step_inside", p.j, at_window=p.window, n=p.backwards, size=p.size)
+        elif verdict == "F13":
+            self.report("short_first" if p.first else "short_inside_pass", p.j,
+                        at_window=p.window, n=p.backwards, size=p.size, nxt=nxt)
+        elif verdict == "unsure":
+            self.note("note_short_window", p.j, at_window=p.window, n=p.backwards,
+                      size=p.size)
+
     def skipped_step(self) -> None:
         """GradScaler skipped optimizer.step (inf/nan): the window still ended."""
         if self.phase is Phase.FULL:
+            self._resolve_short(self._backwards)
             self.phase = Phase.STEPPED
             self.skipped_steps += 1
             self._cleared = False
@@ -360,6 +449,7 @@ class GuardMachine:
         self._window_steps = self._window_sched = self._window_zero = self._window_zero_in = 0
         self._window_syncs = []
         self._window_forwards = []
+        self._pass_at = None
         self._cleared = True
         self._unscaled = False
         self._zero_at = None
@@ -383,6 +473,7 @@ class GuardMachine:
 
     def final_checks(self) -> None:
         self._flush_pending()
+        self._resolve_short(None)  # the run's last window: a final partial window
         if self.phase in (Phase.ACCUMULATING, Phase.FULL):
             self.report("unfinished", self._backwards - 1)
         elif self.phase is Phase.STEPPED:
@@ -399,46 +490,51 @@ class GuardMachine:
         ctx.update(extra)
         return ctx
 
-    def _where(self, micro_step: int | None) -> str:
-        return f"window {self.window}" + ("" if micro_step is None
-                                          else f", micro-step {micro_step}")
+    def _where(self, micro_step: int | None, window: int) -> str:
+        return f"window {window}" + ("" if micro_step is None else f", micro-step {micro_step}")
 
-    def report(self, key: str, micro_step: int | None, **extra: object) -> None:
-        """Record the violation ``key`` at ``micro_step``; raise it or warn once per class."""
+    def report(self, key: str, micro_step: int | None, *, at_window: int | None = None,
+               **extra: object) -> None:
+        """Record the violation ``key`` at ``micro_step`` (of ``at_window``, default the
+        current window); raise it or warn once per class."""
         rule = RULES[key]
         if rule.error is None:
-            self.note(key, micro_step, **extra)
+            self.note(key, micro_step, at_window=at_window, **extra)
             return
         cls = rule.error
+        window = self.window if at_window is None else at_window
         ctx = self._context(j=micro_step, **extra)
         seen, expected = rule.seen.format(**ctx), rule.expected.format(**ctx)
         fix = rule.fix.format(**ctx) if rule.fix else fix_for(cls.rule).rstrip(".")
-        message = (f"{rank_prefix(self._rank)}[{cls.rule} {cls.title}] {self._where(micro_step)}: "
+        message = (f"{rank_prefix(self._rank)}[{cls.rule} {cls.title}] "
+                   f"{self._where(micro_step, window)}: "
                    f"saw {seen}; expected {expected}. Fix: {fix}.")
-        finding = violation_finding(cls, rank=self._rank, window=self.window,
+        finding = violation_finding(cls, rank=self._rank, window=window,
                                     micro_step=micro_step, seen=seen, expected=expected, fix=fix)
-        self.violations.append(Violation(rule=cls.rule, error=cls.__name__, window=self.window,
+        self.violations.append(Violation(rule=cls.rule, error=cls.__name__, window=window,
                                          micro_step=micro_step, message=message,
                                          finding=finding))
         if self.mode == "raise":
-            raise cls(message, window=self.window, micro_step=micro_step, seen=seen,
+            raise cls(message, window=window, micro_step=micro_step, seen=seen,
                       expected=expected, finding=finding)
         if cls.__name__ not in self._warned:
             self._warned.add(cls.__name__)
             log.warning("accumguard guard: %s", message)
             warnings.warn(message, AccumguardWarning, stacklevel=4)
 
-    def note(self, key: str, micro_step: int | None, **extra: object) -> None:
+    def note(self, key: str, micro_step: int | None, *, at_window: int | None = None,
+             **extra: object) -> None:
         """A correct but wasteful (or unverifiable) pattern: recorded, warned once per kind."""
         rule = RULES[key]
+        window = self.window if at_window is None else at_window
         ctx = self._context(j=micro_step, **extra)
         seen, expected = rule.seen.format(**ctx), rule.expected.format(**ctx)
         fix = rule.fix.format(**ctx)
-        message = (f"{rank_prefix(self._rank)}[note] {self._where(micro_step)}: saw "
+        message = (f"{rank_prefix(self._rank)}[note] {self._where(micro_step, window)}: saw "
                    f"{seen}; expected {expected}. {fix}.")
-        finding = note_finding(key, rank=self._rank, window=self.window, micro_step=micro_step,
+        finding = note_finding(key, rank=self._rank, window=window, micro_step=micro_step,
                                seen=seen, expected=expected, fix=fix)
-        self.notes.append(GuardNote(kind=key, window=self.window, micro_step=micro_step,
+        self.notes.append(GuardNote(kind=key, window=window, micro_step=micro_step,
                                     message=message, finding=finding))
         if key not in self._warned:
             self._warned.add(key)

@@ -20,6 +20,7 @@ from accumguard.runtime._guard_errors import (
     GradientSyncError,
     GuardViolation,
     SchedulerStepError,
+    ShortWindowError,
     StepInsideWindowError,
     WindowOverrunError,
     ZeroGradInsideWindowError,
@@ -50,16 +51,43 @@ RULES: dict[str, Rule] = {
                     "optimizer.step() after backward pass {size}",
                     "step when (micro_step + 1) % {k} == 0; an accumulation counter that is off "
                     "by one (often after resume or at an epoch boundary) makes windows of K+1"),
+    "leak_pass": Rule(GradientLeakError,
+                      "backward pass {next} in a window of {size} without an optimizer step, "
+                      "after a new pass over the DataLoader began at backward pass {at}: the "
+                      "{left} micro-step(s) left at the end of the previous pass were not "
+                      "stepped and joined this pass's window",
+                      "an optimizer step (or an explicit drop) at the end of every pass",
+                      "step on each epoch's last partial window too (normalised by its own "
+                      "count), or zero_grad() before the next epoch to drop it on purpose; "
+                      "a counter restarted each epoch without that leaks the leftover"),
     "step_no_backward": Rule(ExtraStepError,
-                             "optimizer.step() with no backward pass in the window",
-                             "optimizer.step() after {size} backward passes",
+                             "optimizer.step() with no backward pass since the previous step, "
+                             "with gradients still set (they are applied a second time)",
+                             "one optimizer.step() per window, after its last backward",
                              "step once per window, after its last backward"),
     "step_inside": Rule(StepInsideWindowError,
                         "optimizer.step() after {n} of {size} backward passes",
                         "one optimizer.step() after backward pass {size}", _STEP_FIX),
-    "second_step": Rule(ExtraStepError, "a second optimizer.step() in the window",
+    "second_step": Rule(ExtraStepError, "a second optimizer.step() in the window, with "
+                        "gradients still set (they are applied a second time)",
                         "exactly one optimizer.step() per window",
                         "step once per window, after its last backward"),
+    "short_first": Rule(ShortWindowError,
+                        "the first optimizer.step() after {n} of {size} backward passes, the "
+                        "next after {nxt}",
+                        "the first optimizer.step() after backward pass {size}",
+                        "count the boundary from the right origin: step when "
+                        "(micro_step + 1) % {k} == 0 with micro_step from 0 (`i % K == 0` "
+                        "with i from 0 steps after the first micro-batch); a resumed run "
+                        "must restore the saved partial window's gradient with its counter"),
+    "short_inside_pass": Rule(ShortWindowError,
+                              "optimizer.step() after {n} of {size} backward passes in the "
+                              "middle of a pass over the DataLoader (not its last window)",
+                              "one optimizer.step() after backward pass {size}; a shorter "
+                              "window only at the end of a pass or of the run",
+                              "derive the boundary from (micro_step + 1) % {k} with a counter "
+                              "reset only at a boundary (and at each epoch's start, after "
+                              "stepping on the epoch's partial window)"),
     "clip_inside": Rule(ClipInsideWindowError,
                         "clip_grad_norm_() after {n} of {size} backward passes",
                         "clipping once, after the window's last backward and before the step",
@@ -195,6 +223,13 @@ RULES: dict[str, Rule] = {
     "note_unscale_outside": Rule(None, "scaler.unscale_() with the window {phase}",
                                  "unscale_ after the window's last backward",
                                  "unscale right before clipping and the step"),
+    "note_short_window": Rule(None, "optimizer.step() after {n} of {size} backward passes, "
+                              "in a run that reads no DataLoader",
+                              "one optimizer.step() after backward pass {size}, or a shorter "
+                              "window at an epoch's end",
+                              "fine at an epoch's end when the window is normalised by its own "
+                              "count; otherwise the boundary is off (F13): step when "
+                              "(micro_step + 1) % {k} == 0"),
     "note_zero_unverified": Rule(None, "zero_grad() after {zn} of {size} backward passes; "
                                  "whether the removed gradient reached the optimizer was not "
                                  "checked ({why})", "zero_grad() only after optimizer.step()",

@@ -72,6 +72,7 @@ from accumguard.runtime._guard_errors import (
     GuardNote,
     GuardViolation,
     SchedulerStepError,
+    ShortWindowError,
     StepInsideWindowError,
     Violation,
     WindowOverrunError,
@@ -99,6 +100,7 @@ __all__ = [
     "GuardViolation",
     "Phase",
     "SchedulerStepError",
+    "ShortWindowError",
     "StepInsideWindowError",
     "Violation",
     "WindowOverrunError",
@@ -279,6 +281,8 @@ class AccumulationGuard(GuardMachine):
         self._leak_suspect = None
         if self.phase is Phase.STEPPED and not self._cleared:
             self._leak_suspect = self._grads_nonzero()
+        elif self.phase is Phase.OPEN and self.window == 0 and not self._backwards:
+            self._leak_suspect = self._grads_nonzero()  # a resumed run's restored gradient
 
     def on_backward(self, ev: BackwardEvent) -> None:
         if ev.reached:
@@ -293,7 +297,8 @@ class AccumulationGuard(GuardMachine):
             reset = {"stage": info.zero_stage, "ds_ga": info.gradient_accumulation_steps}
         self.backward(sync_forward=ev.sync_forward, sync_backward=ev.sync_backward,
                       ddp=self.targets.ddp is not None, engine_reset=reset,
-                      grads_set=_true if suspect else None, forwards=ev.forwards)
+                      grads_set=_true if suspect else None, forwards=ev.forwards,
+                      new_pass=ev.new_pass)
 
     def on_step_start(self, ev: StepStartEvent) -> None:
         if not self.targets.owns_step(ev.owner, ev.source):
@@ -311,9 +316,14 @@ class AccumulationGuard(GuardMachine):
                 unverified = f"DeepSpeed ZeRO-{info.zero_stage} keeps gradients in its buffers"
             else:
                 self.observer.force_checks = FORCED_CHECKS  # verify the next windows
+        # a step with no backward since the previous one applies a gradient again when one
+        # is left in .grad (read only then: a rare event)
+        moved = (True if self.phase in (Phase.STEPPED, Phase.OPEN) and ev.applied
+                 and self._grads_nonzero() else None)
         self.step(conservation=cons, unverified=unverified,
                   deepspeed=ev.source == "deepspeed",
-                  applied=ev.applied or ev.source != "torch", sharded=ev.engine == "fsdp2")
+                  applied=ev.applied or ev.source != "torch", sharded=ev.engine == "fsdp2",
+                  moved=moved)
 
     def on_engine_step(self, ev: EngineStepEvent) -> None:
         info = self.observer.engine_info if self.observer is not None else None
@@ -343,6 +353,13 @@ class AccumulationGuard(GuardMachine):
 
     def on_scaler_update(self, ev: ScalerEvent) -> None:
         if ev.owner is self.scaler:
+            self.skipped_step()
+
+    def on_scaler_skip(self, ev: ScalerEvent) -> None:
+        """A GradScaler skipped this guard's optimizer (inf/NaN gradients): the window
+        ended, whether or not the guard was given that scaler (``skipped_step`` counts a
+        window once, so the scaler's own update after it changes nothing)."""
+        if self.targets.owns_optimizer(ev.owner):
             self.skipped_step()
 
     # -- helpers ------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ this module is the name ``watch``, ``invariance`` and their tests import them by
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from accumguard.observe.rules import (
@@ -20,7 +21,57 @@ from accumguard.observe.rules import (
 )
 
 __all__ = ["NUMBERING", "Finding", "KResolution", "RunRecording", "analyze",
-           "collective_positions", "load_recordings", "resolve_k"]
+           "collective_positions", "load_recordings", "merge_ranks", "resolve_k"]
+
+
+def merge_ranks(findings: list[Finding], ranks: list[int]) -> list[Finding]:
+    """One finding for what several ranks found alike: the same class, severity, step
+    and title (the micro-step of the first of them; the others' are in their words). Its evidence names the ranks (``rank`` None when every rank of
+    the run found it, else the first of them); when their evidence differs, rank
+    ``r``'s own words follow (up to three ranks, then their numbers only), so nothing one
+    rank measured is hidden behind another's. Findings of one rank, or about the ranks'
+    comparison (``rank`` None), are kept as they are, in their order."""
+    groups: dict[tuple[object, ...], list[Finding]] = {}
+    order: list[tuple[object, ...] | Finding] = []
+    for f in findings:
+        if f.rank is None:
+            order.append(f)
+            continue
+        key = (f.cls, f.severity, f.step, f.title)
+        if key not in groups:
+            groups[key] = []
+            order.append(key)
+        groups[key].append(f)
+    out: list[Finding] = []
+    for item in order:
+        if isinstance(item, Finding):
+            out.append(item)
+            continue
+        group = groups[item]
+        if len(group) == 1:
+            out.append(group[0])
+            continue
+        out.append(_merged(group, ranks))
+    return out
+
+
+def _merged(group: list[Finding], ranks: list[int]) -> Finding:
+    first = group[0]
+    who = sorted({int(f.rank) for f in group if f.rank is not None})
+    every = len(ranks) > 1 and who == sorted(ranks)
+    names = ", ".join(map(str, who))
+    head = f"on every rank ({names})" if every else f"on ranks {names}"
+    others = [f for f in group[1:] if f.evidence != first.evidence]
+    if not others:
+        text = f"{head}: {first.evidence}"
+    else:
+        shown = others[:3]
+        rest = [int(f.rank) for f in others[3:] if f.rank is not None]
+        text = (f"{head}, with different measurements per rank: rank {first.rank}: "
+                f"{first.evidence}" + "".join(f"; rank {f.rank}: {f.evidence}" for f in shown)
+                + (f"; ranks {', '.join(map(str, rest))} differ too (--json holds the "
+                   "evidence of the first rank only)" if rest else ""))
+    return replace(first, rank=None if every else first.rank, evidence=text)
 
 
 def _where(c: dict[str, Any]) -> str:

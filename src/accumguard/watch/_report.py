@@ -113,6 +113,7 @@ def judge(out_dir: str | os.PathLike[str], *, command: Sequence[str] = (),
         analyze,
         collective_positions,
         load_recordings,
+        merge_ranks,
     )
 
     out_dir = Path(out_dir)
@@ -124,6 +125,7 @@ def judge(out_dir: str | os.PathLike[str], *, command: Sequence[str] = (),
     if not accumulation_steps:
         script = declared_k(list(command), world=max(1, rec.world))
     findings, k, k_source = analyze(rec, k_flag=accumulation_steps, script=script)
+    findings = merge_ranks(findings, rec.ranks)  # what every rank saw alike: one finding
     steps = {r: s for r, s in rec.steps.items()}
     n_steps = max((len(s) for s in steps.values()), default=0)
     errors = [f for f in findings if f.severity == "error"]
