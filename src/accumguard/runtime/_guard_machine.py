@@ -186,7 +186,8 @@ class GuardMachine:
                  grads_set: Callable[[], bool] | None = None, forwards: int = 0) -> None:
         """A backward pass of the model begins (``grads_set()``: are gradients non-zero;
         ``forwards``: the model's forwards since the previous backward)."""
-        self._flush_pending()
+        if self._pending is not None:  # (tested here: this runs at every backward)
+            self._flush_pending()
         if self.phase is Phase.STEPPED:
             self._open_next_window(check_leak=grads_set)
         size = self.window_size()
