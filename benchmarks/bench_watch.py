@@ -9,6 +9,10 @@ conservation is always checked; afterwards it is sampled within ~1 % of the run'
 
     python benchmarks/bench_watch.py [--steps 20] [--k 4] [--reps 11] [--warm 3] [--models toy,demo-lm]
 
+Each repetition is a pair (plain and watched, in alternating order); the median of the
+per-pair ratios and their interquartile range are printed. ``benchmarks/bench_calls.py``
+gives the same pairs for watch, the guard and the callbacks, with Python calls per step.
+
 ``--ledger``: side by side, ``watch`` with the collective ledger against ``watch`` with the
 ledger switched off, on the model wrapped in a 1-rank gloo DDP deferring with ``no_sync``
 (so DDP's bucket booking runs at every window's last backward): the ledger's own cost.
@@ -57,6 +61,14 @@ def _steps(model: torch.nn.Module, opt: torch.optim.Optimizer, data: list, k: in
     return (time.process_time() - t0) / steps
 
 
+def _iqr(xs: list[float]) -> str:
+    """The interquartile range of the per-pair ratios (the spread the median hides)."""
+    if len(xs) < 2:
+        return "-"
+    q = statistics.quantiles(xs, n=4)
+    return f"{q[0]:.3f}-{q[2]:.3f}"
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=20)
@@ -99,7 +111,7 @@ def main() -> None:
                 ratios.append(got["watch"] / got["plain"])
         a, b = statistics.median(plain), statistics.median(observed)
         print(f"{name}, K={args.k}: plain {a * 1e3:.2f} ms/step, watch {b * 1e3:.2f} ms/step, "
-              f"ratio {statistics.median(ratios):.3f}")
+              f"ratio {statistics.median(ratios):.3f} (IQR {_iqr(ratios)} over the pairs)")
 
 
 def _ledger_side_by_side(args: argparse.Namespace) -> None:
@@ -145,7 +157,7 @@ def _ledger_side_by_side(args: argparse.Namespace) -> None:
             print(f"{name}, K={args.k}: watch without ledger "
                   f"{statistics.median(got['off']) * 1e3:.2f} ms/step, with ledger "
                   f"{statistics.median(got['ledger']) * 1e3:.2f} ms/step, ratio "
-                  f"{statistics.median(ratios):.3f}")
+                  f"{statistics.median(ratios):.3f} (IQR {_iqr(ratios)})")
     finally:
         dist.destroy_process_group()
 

@@ -123,7 +123,10 @@ class CommLedger:
             row.seconds += seconds
 
     def on_backward(self, ev: BackwardEvent) -> None:
-        self._ledger_ddp(ev)
+        # only a DDP backward whose forward synced books anything: the others skip the door
+        # (the test is _ledger_ddp's own first line; this listener runs at every backward)
+        if ev.engine == "ddp" and ev.sync_forward is True:
+            self._ledger_ddp(ev)
 
     @hook_method
     def _ledger_ddp(self, ev: BackwardEvent) -> None:

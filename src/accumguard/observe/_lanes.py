@@ -184,7 +184,9 @@ class Lanes:
     def before_backward(self, serial: int) -> _Pending | None:
         """Before backward number ``serial`` (0-based): the ``.grad`` versions to compare
         after it, when the log is kept."""
-        if not self.several():
+        # (one optimizer ever registered: no call; _next_key - 1 counts every registration,
+        # so it never misses a live second one; several() decides the rest exactly)
+        if self._next_key < 3 or not self.several():
             self._floor = serial + 1  # a window from before this one is not in the log
             return None
         params = self._all_params()
@@ -206,7 +208,7 @@ class Lanes:
 
     def on_zero(self, target: object, kind: str, serial: int) -> None:
         """A ``zero_grad`` (outside any step): on which parameters, after how many backwards."""
-        if not self.several():
+        if self._next_key < 3 or not self.several():
             return
         if kind == "optimizer":
             lane = self._get(target)

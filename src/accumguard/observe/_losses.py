@@ -337,7 +337,7 @@ class LossRecorder:
             if torch.compiler.is_compiling():
                 return out  # first: under torch.compile nothing below may be traced
             obs = rec.obs
-            if (not rec.on or not obs._active() or not obs._handlers["on_step"]
+            if (not rec.on or not obs._active() or not obs._handlers.on_step
                     or not isinstance(out, torch.Tensor) or not out.requires_grad
                     or out.dim() != 0 or len(rec.calls) >= _MAX_CALLS):
                 return out

@@ -53,11 +53,15 @@ class LrTrace:
         """One backward pass: compare the learning rates with those at the previous one."""
         if not self._opts:
             return
+        # _lrs inlined: this runs at every backward (the same floats, no call per optimizer)
         now: list[float] = []
         for ref in list(self._opts.values()):
             opt = ref()
             if opt is not None:
-                now.extend(_lrs(opt))
+                for g in opt.param_groups:
+                    lr = g.get("lr")
+                    if isinstance(lr, (int, float)) and not isinstance(lr, bool):
+                        now.append(float(lr))
         cur = tuple(now)
         if self._last is not None and cur != self._last:
             self._changes += 1

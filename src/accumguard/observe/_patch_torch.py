@@ -260,7 +260,11 @@ def _sched_wrapper(obs: PatchHost) -> Maker:
             obs._sched_depth += 1
             # torch's warnings here point at the caller: re-issued there, unless a filter
             # turns warnings into errors (those must still stop the step where they arise)
-            relay = not any(f[0] == "error" for f in warnings.filters)
+            relay = True
+            for f in warnings.filters:  # (a loop: a generator is a frame per filter)
+                if f[0] == "error":
+                    relay = False
+                    break
             caught: list[warnings.WarningMessage] = []
             try:
                 with warnings.catch_warnings(record=True) if relay \

@@ -28,7 +28,8 @@ class Tally:
         return entry[1]
 
     def add(self, obj: object) -> int:
-        n = self.get(obj) + 1
+        entry = self._d.get(id(obj))  # get() inlined (called at every step)
+        n = 1 if entry is None or entry[0]() is not obj else entry[1] + 1
         ref: Callable[[], object]
         try:
             ref = weakref.ref(obj)

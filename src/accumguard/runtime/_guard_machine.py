@@ -215,7 +215,8 @@ class GuardMachine:
         """A backward pass of the model begins (``grads_set()``: are gradients non-zero;
         ``forwards``: the model's forwards since the previous backward; ``new_pass``: a new
         pass over a DataLoader began since the previous backward)."""
-        self._flush_pending()
+        if self._pending is not None:  # (tested here: this runs at every backward)
+            self._flush_pending()
         if self.phase is Phase.STEPPED:
             self._open_next_window(check_leak=grads_set)
         elif (self.phase is Phase.OPEN and self.window == 0 and not self._backwards

@@ -72,7 +72,7 @@ if TYPE_CHECKING:  # (imported lazily at run time: the bootstrap stays light unt
     import torch
 
     from accumguard.observe._comm_ledger import CommLedger
-    from accumguard.observe._events import BackwardEvent, EngineInfo, SchedulerEvent, StepEvent
+    from accumguard.observe._events import EngineInfo, SchedulerEvent, StepEvent
     from accumguard.observe._failsafe import Failure, Original
     from accumguard.observe._observer import Observer
     from accumguard.runtime._advise_modes import _Applier as Applier
@@ -200,8 +200,26 @@ class _Agent:
         self.buffer: list[dict[str, Any]] = []  # JSON records (step_record's own fields)
         self.updates: list[dict[str, torch.Tensor]] = []
         self.closed = False
-        self.seen_activity = False
+        self._seen = False
+        self._bw_base = 0  # the observer's backward count when activity was last reset
         self.pid = os.getpid()
+
+    @property
+    def seen_activity(self) -> bool:
+        """This process trained (a backward or a step), or accumguard failed in it, since
+        the install (or the fork): only then is a recording file opened. A backward is read
+        from the observer's own count rather than told by a listener at every backward."""
+        if self._seen:
+            return True
+        obs = self.observer
+        return obs is not None and obs.backward_total > self._bw_base
+
+    @seen_activity.setter
+    def seen_activity(self, value: bool) -> None:
+        self._seen = value
+        if not value:
+            obs = self.observer
+            self._bw_base = obs.backward_total if obs is not None else 0
 
     # -- installation -------------------------------------------------------------------
     def install(self, _torch: object = None, *, handlers: bool = True) -> None:
@@ -317,9 +335,6 @@ class _Agent:
         from dataclasses import asdict
 
         self._write({"kind": "engine", **asdict(info)})
-
-    def on_backward(self, ev: BackwardEvent) -> None:
-        self.seen_activity = True
 
     def on_scheduler_step(self, ev: SchedulerEvent) -> None:
         from accumguard.observe._schedules import schedule_state
