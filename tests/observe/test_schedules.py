@@ -106,3 +106,20 @@ def test_a_scheduler_rebuilt_at_the_same_address_is_another_schedule() -> None:
     again = [dict(e, optimizer_steps=e["optimizer_steps"] + 8) for e in _events(16, 8, 1)]
     assert horizon_findings(0, first + again, 16, 1, 2, 2, True, backwards=32,
                             whole_epochs=True) == []
+
+
+@pytest.mark.parametrize(("t_max", "expected"), [(4, set()), (2, {("F4", "error")})])
+def test_a_scheduler_rebuilt_on_resume_is_judged_on_the_run_s_clock(
+        t_max: int, expected: set[tuple[str, str]]) -> None:
+    # K = 2, 4 optimizer steps: 2, then a checkpoint; model, optimizer and scheduler are
+    # rebuilt and their states loaded (the scheduler goes on from position 2, the new
+    # optimizer counts its steps from 1 again); 2 more. T_max = 4 ends with the run: silent;
+    # T_max = 2 ends at the checkpoint, 2x early.
+    first = [{"kind": "scheduler", "step": i + 1, "micro": 0, "count": i + 1,
+              "optimizer_steps": i + 1, "in_step": False, "sid": 1, "pos": i + 1,
+              "horizon": t_max, "horizon_what": "CosineAnnealingLR"} for i in range(2)]
+    again = [dict(e, step=e["step"] + 2, optimizer_steps=e["optimizer_steps"], sid=2,
+                  pos=e["pos"] + 2) for e in first]
+    found = horizon_findings(0, first + again, 4, 1, 2, 1, True, backwards=8,
+                             whole_epochs=True)
+    assert _sev(found) == expected, found

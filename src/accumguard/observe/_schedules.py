@@ -18,6 +18,7 @@ warm-up-only ``LinearLR``, warm restarts) is not judged.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 from accumguard.observe._epochs import complete_epochs, epochs
 from accumguard.observe._records import Finding, JsonObject, RunRecording, _mk, records
@@ -146,16 +147,22 @@ def horizon_findings(rank: int, events: list[JsonObject], total_steps: int,
         # one call may make several steps: Accelerate's num_processes), from the second call
         pos0 = int(first["pos"]) - max(0, int(evs[1]["pos"]) - int(first["pos"]))
         pos_end = int(last["pos"])
-        steps = max(total_steps, int(last.get("optimizer_steps", 0)))
+        when = _clock(evs, total_steps)
+        steps = max(total_steps, when(last))
+        # the optimizer steps this scheduler object lived for (a scheduler rebuilt on resume
+        # lives for the run's second part only), counted like ``pos0``
+        span = when(last) - (when(first) - max(0, when(evs[1]) - when(first)))
         advanced = pos_end - pos0
-        if steps < 4 or advanced < 2 or h <= pos0:
+        if steps < 4 or advanced < 2 or h <= pos0 or span < 1:
             continue
-        per_step = advanced / steps
-        rate = (f"{advanced} scheduler steps over the run's {steps} optimizer steps"
+        per_step = advanced / span
+        rate = (f"{advanced} scheduler steps over "
+                + (f"the run's {steps}" if span == steps else f"{span} of the run's {steps}")
+                + " optimizer steps"
                 + (f" ({per_step:.3g} per optimizer step)" if abs(per_step - 1) > 1e-9 else ""))
         crossed = next((e for e in evs if int(e["pos"]) >= h), None)
         if crossed is not None:  # the schedule reached its end inside the run
-            at = max(1, int(crossed.get("optimizer_steps", 0)))
+            at = max(1, when(crossed))
             ratio = steps / at
             # a run cut short: S is not the run's total, so no factor is claimed
             hit = next(((c, name) for c, name in _factors(world, k)
@@ -205,6 +212,15 @@ def horizon_findings(rank: int, events: list[JsonObject], total_steps: int,
                               f"{pos_end} reached in the run's {steps} optimizer steps",
                        fix=_fix(per_step)))
     return out
+
+
+def _clock(evs: list[JsonObject], total_steps: int) -> Callable[[JsonObject], int]:
+    """The optimizer step at a scheduler record, on the run's clock (``total_steps``'s):
+    the recording's step count when the run has one optimizer (a rebuilt optimizer, on
+    resume, restarts its own count), else the scheduler's optimizer's own count."""
+    if total_steps > 0 and all(isinstance(e.get("step"), int) for e in evs):
+        return lambda e: int(e["step"])
+    return lambda e: int(e.get("optimizer_steps", 0))
 
 
 def _fix(per_step: float) -> str:
