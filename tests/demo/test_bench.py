@@ -113,3 +113,34 @@ def test_zero3_study_counts_gathers_and_reductions(capsys: pytest.CaptureFixture
     assert gathers["sharded"] >= 3  # the 512x512 weight is gathered in every micro-step
     assert gathers["whole"] < gathers["sharded"]
     assert float(sharded[6].split("(")[0]) >= 1  # at least one gradient reduction per step
+
+
+def _linear_seen(rank: int, world: int) -> dict[str, list[str]]:
+    """Which ``F.linear`` each configuration's Linear layers call during its own steps."""
+    from accumguard.demo import _bench_setup as setup
+
+    setup._setup_worker()
+    args = argparse.Namespace(k=2, micro=2, dim=8, hidden=16)
+    seen: dict[str, list[str]] = {"zero3": [], "limit": []}
+    zero3 = setup._build_deepspeed(args, 3, "deferred", "unsharded")
+    after_build = torch.nn.functional.linear is setup._TORCH_LINEAR
+    limit = setup._build_local(args, with_allreduce=True)
+    for name, run in (("zero3", zero3), ("limit", limit)):
+        for layer in run.model.modules():  # type: ignore[attr-defined]  # set for the tests
+            if isinstance(layer, torch.nn.Linear):
+                layer.register_forward_hook(lambda *_, n=name: seen[n].append(
+                    torch.nn.functional.linear.__name__))
+        run(setup.make_batches(rank, 2, 2, 8))
+    seen["after"] = [str(after_build), str(torch.nn.functional.linear is setup._TORCH_LINEAR)]
+    return seen
+
+
+def test_zero3_replacement_of_linear_stays_in_its_own_rows() -> None:
+    """DeepSpeed ZeRO-3 replaces ``torch.nn.functional.linear`` for the whole process; the
+    bench's limit (and every other row) must still run torch's own, as without DeepSpeed."""
+    pytest.importorskip("deepspeed")
+    res = run_on_ranks(_linear_seen, 2, timeout=300, env={"DS_ACCELERATOR": "cpu"})
+    for seen in res:
+        assert set(seen["zero3"]) == {"zero3_linear_wrap"}, seen
+        assert set(seen["limit"]) == {"linear"}, seen
+        assert seen["after"] == ["True", "True"], seen

@@ -2,6 +2,8 @@
 10 micro-batches per rank so the last window is partial, uneven tokens, clipping at 0.1,
 AdamW) matches the fp64 reference after every step in both sync modes, with fewer
 parameter all-gathers per window than the default; the persistence flags are restored.
+The held micro-steps run without DeepSpeed's module hooks (``skip_idle_hooks``, the
+default): bit-identical to the same window with the hooks, and the hooks are back after.
 Also the ZeRO-2 speed recipe (``contiguous_gradients: false``) on the same case."""
 
 from __future__ import annotations
@@ -38,6 +40,11 @@ def _engine(case: Case, stage: int, **zero: Any) -> Any:
     return engine
 
 
+def _hook_keys(module: Any) -> list[tuple[list[int], list[int]]]:
+    """Every submodule's forward pre-hook and forward hook ids, in order."""
+    return [(list(m._forward_pre_hooks), list(m._forward_hooks)) for m in module.modules()]
+
+
 def _worker(rank: int, world: int) -> dict[str, Any]:
     import deepspeed
 
@@ -52,12 +59,16 @@ def _worker(rank: int, world: int) -> dict[str, Any]:
     out: dict[str, Any] = {"runs": [], "errors": {}}
     # (stage, extra zero_optimization keys, window_memory): ZeRO-3 both memory modes, and
     # the ZeRO-2 recipe of docs/performance.md (contiguous_gradients false) on the same case.
-    variants = [(3, {}, "sharded"), (3, {}, "unsharded"), (2, {"contiguous_gradients": False},
-                                                           "sharded")]
+    # A fourth: the unsharded window with DeepSpeed's module hooks in every micro-step.
+    variants = [(3, {}, "sharded", True), (3, {}, "unsharded", True),
+                (2, {"contiguous_gradients": False}, "sharded", True),
+                (3, {}, "unsharded", False)]
     for case in CASES:
-        for stage, zero, memory in variants:
+        for stage, zero, memory, skip in variants:
             engine = _engine(case, stage, **zero)
-            adapter = DeepSpeedEngineAdapter(engine, sync=case.sync, window_memory=memory)
+            hooks_before = _hook_keys(engine.module)
+            adapter = DeepSpeedEngineAdapter(engine, sync=case.sync, window_memory=memory,
+                                             skip_idle_hooks=skip)
             acc = Accumulator(engine, None, accumulation_steps=case.accumulation_steps,
                               engine=adapter, max_grad_norm=case.max_grad_norm,
                               count_fn=count_tokens)
@@ -73,7 +84,9 @@ def _worker(rank: int, world: int) -> dict[str, Any]:
             persist = [bool(getattr(p, "ds_persist", False)) for p in engine.module.parameters()]
             out["runs"].append({"case": case, "stage": stage, "memory": memory, "snaps": snaps,
                                 "gathers": gathers, "persist_after": persist,
-                                "described": adapter.describe()})
+                                "described": adapter.describe(), "skip": skip,
+                                "skipped": adapter.held.skipped if adapter.held else 0,
+                                "hooks_back": _hook_keys(engine.module) == hooks_before})
     for label, build in (("stage 2", lambda: DeepSpeedEngineAdapter(
             _engine(CASES[0], 2), sync="deferred", window_memory="unsharded")),
                          ("bad value", lambda: DeepSpeedEngineAdapter(
@@ -93,14 +106,15 @@ def results(deepspeed_spawn: dict[str, list[Any]]) -> dict[str, Any]:
 
 
 def test_unsharded_window_matches_the_reference_after_every_step(results: dict) -> None:
-    assert len(results["runs"]) == 6
+    assert len(results["runs"]) == 8
     for r in results["runs"]:
         errors = update_errors(r["case"], 2, r["snaps"])
         assert max(errors) <= FP32_UPDATE_TOL, (r["stage"], r["case"].sync, r["memory"], errors)
 
 
 def test_unsharded_window_gathers_less_and_restores_the_flags(results: dict) -> None:
-    by = {(r["case"].sync, r["memory"]): r for r in results["runs"] if r["stage"] == 3}
+    by = {(r["case"].sync, r["memory"]): r for r in results["runs"]
+          if r["stage"] == 3 and r["skip"]}
     for sync in ("deferred", "eager"):
         sharded, unsharded = by[(sync, "sharded")], by[(sync, "unsharded")]
         # Window 0 traces the module order (DeepSpeed releases everything then); from window
@@ -115,3 +129,20 @@ def test_unsharded_window_gathers_less_and_restores_the_flags(results: dict) -> 
 def test_unsharded_window_is_refused_where_it_cannot_apply(results: dict) -> None:
     assert "ZeRO stage 3 only" in results["errors"]["stage 2"]
     assert "window_memory ('gathered') must be one of" in results["errors"]["bad value"]
+
+
+def test_idle_hooks_skipped_bit_identical_and_put_back(results: dict) -> None:
+    import torch
+
+    for sync in ("deferred", "eager"):
+        runs = {r["skip"]: r for r in results["runs"]
+                if r["stage"] == 3 and r["memory"] == "unsharded" and r["case"].sync == sync}
+        fast, own = runs[True], runs[False]
+        # Windows of 4, 4 and 2 micro-steps: micro-steps 1 and 2 of a full window are idle.
+        # Window 0 records DeepSpeed's trace, which releases parameters: the hooks stay for
+        # an idle micro-step whose parameters are not all gathered (3 of the 4 skipped).
+        assert fast["skipped"] >= 3 and own["skipped"] == 0, (sync, fast["skipped"])
+        assert len(fast["snaps"]) == len(own["snaps"]) == 3
+        for a, b in zip(fast["snaps"], own["snaps"], strict=True):
+            assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), sync
+        assert fast["hooks_back"] and own["hooks_back"]

@@ -114,7 +114,7 @@ def test_modes_and_reasons() -> None:
         "as-written", "ds-coalesced", "ds-contiguous-gradients-off",
         "ds-coalesced-contiguous-off", "ds-overlap-comm-on"]
     assert [m.name for m in candidates("deepspeed", 3)] == [
-        "as-written", "ds-overlap-comm-on", "ds-z3-params-persistent"]
+        "as-written", "ds-coalesced", "ds-overlap-comm-on", "ds-z3-params-persistent"]
     assert not_applicable("ddp", 4) is None
     assert parse_bytes("8GB") == 8 * 10 ** 9 and parse_bytes("1MiB") == 2 ** 20
 
@@ -184,17 +184,22 @@ def test_deepspeed_zero2_coalesced_without_contiguous_gradients(tmp_path: Path) 
     assert modes["accumguard-deferred"]["error"].startswith("not run: it replaces the training")
 
 
-def test_deepspeed_zero3_parameters_kept(tmp_path: Path) -> None:
+def test_deepspeed_zero3_parameters_kept_and_coalesced(tmp_path: Path) -> None:
     """ZeRO-3 native accumulation against every parameter kept gathered
-    (``stage3_param_persistence_threshold`` set in the config DeepSpeed reads): applied,
-    measured, the updates equal (torchrun launcher). ds_train.py's 321 parameters are
-    already under DeepSpeed's default threshold (1e5), so the gathers per step do not
-    change here (4 in both: measured)."""
-    modes = _ds_advise(tmp_path, 3, ["ds-z3-params-persistent"],
+    (``stage3_param_persistence_threshold`` set in the config DeepSpeed reads) and against
+    DeepSpeed's coalesced reduction entered from outside: both applied, measured, the
+    updates equal (torchrun launcher). ds_train.py's 321 parameters are already under
+    DeepSpeed's default threshold (1e5), so the gathers per step do not change with the
+    threshold (4 in both: measured); coalesced reduces once per step instead of in each of
+    the 4 backwards."""
+    modes = _ds_advise(tmp_path, 3, ["ds-coalesced", "ds-z3-params-persistent"],
                        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                         "--master-addr", "127.0.0.1", "--master-port", str(free_port())])
-    assert list(modes) == ["as-written", "ds-z3-params-persistent", "accumguard-deferred"]
-    for name in ("as-written", "ds-z3-params-persistent"):
+    assert list(modes) == ["as-written", "ds-coalesced", "ds-z3-params-persistent",
+                           "accumguard-deferred"]
+    for name in ("as-written", "ds-coalesced", "ds-z3-params-persistent"):
         assert modes[name]["error"] is None and modes[name]["updates_equal"] is True, modes
     base, kept = modes["as-written"], modes["ds-z3-params-persistent"]
     assert kept["parameter_collectives_per_step"] == base["parameter_collectives_per_step"]
+    coalesced = modes["ds-coalesced"]
+    assert coalesced["gradient_bytes_per_step"] < base["gradient_bytes_per_step"] / 2, modes

@@ -68,13 +68,11 @@ _DS = {
 _ZERO12 = ["ds-coalesced", "ds-contiguous-gradients-off", "ds-coalesced-contiguous-off",
            "ds-overlap-comm-on"]
 _DS_BY_STAGE = {1: _ZERO12, 2: _ZERO12,
-                # ds-coalesced on ZeRO-3 under native accumulation gave updates off by up to
-                # 5e18 (uninitialised memory) in one of two runs with DeepSpeed 0.19.8: not
-                # offered there (docs/dev/performance-journal.md, session "ds"). The update
-                # record then read the last rank's partition padding, which DeepSpeed leaves
-                # uninitialised (fixed since: observe/_introspect.zero3_valid); the mode has
-                # not been re-measured, so it stays off
-                3: ["ds-overlap-comm-on", "ds-z3-params-persistent"]}
+                # ds-coalesced on ZeRO-3 once gave updates off by 5e18: the update record
+                # then read the last rank's partition padding, which DeepSpeed leaves
+                # uninitialised (fixed since: observe/_introspect.zero3_valid); re-measured
+                # equal in session "ds3" (docs/dev/performance-journal.md)
+                3: ["ds-coalesced", "ds-overlap-comm-on", "ds-z3-params-persistent"]}
 
 #: Modes ``advise`` lists but cannot apply from outside the command, and why.
 UNAPPLIABLE: dict[str, tuple[Mode, str]] = {

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from accumguard.engines.base import Engine
 
 DS_STAGES = (1, 2, 3)
+_TORCH_LINEAR = torch.nn.functional.linear  # before any DeepSpeed ZeRO-3 engine replaces it
 
 # One micro-batch (inputs, targets), and what every configuration builder returns: a function
 # running optimizer steps on the given micro-batches.
@@ -160,7 +161,8 @@ def _build_fsdp2(args: argparse.Namespace, sync: str, memory: str = "sharded") -
 
 
 def _build_deepspeed(args: argparse.Namespace, stage: int, sync: str, memory: str = "sharded",
-                     zero_extra: dict[str, Any] | None = None, lean: bool = True) -> Run:
+                     zero_extra: dict[str, Any] | None = None, lean: bool = True,
+                     skip_hooks: bool = True) -> Run:
     import deepspeed
 
     from accumguard.engines.deepspeed import DeepSpeedEngineAdapter
@@ -175,10 +177,27 @@ def _build_deepspeed(args: argparse.Namespace, stage: int, sync: str, memory: st
         "steps_per_print": 10**9,
     }
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config)
-    return _run_accumulator(engine, None,
-                            DeepSpeedEngineAdapter(engine, sync=sync, window_memory=memory,
-                                                   lean_flush=lean),
-                            args.k)
+    run = _run_accumulator(engine, None,
+                           DeepSpeedEngineAdapter(engine, sync=sync, window_memory=memory,
+                                                  lean_flush=lean, skip_idle_hooks=skip_hooks),
+                           args.k)
+    # ZeRO-3 replaces torch.nn.functional.linear for the whole process ("memory efficient
+    # linear", on by default): only this configuration's steps run with DeepSpeed's, so the
+    # limit and the other rows run torch's own, as they would without DeepSpeed.
+    installed = torch.nn.functional.linear
+    torch.nn.functional.linear = _TORCH_LINEAR
+    if installed is _TORCH_LINEAR:
+        return run
+
+    def run_with_its_linear(batches: list[Batch]) -> None:
+        torch.nn.functional.linear = installed
+        try:
+            run(batches)
+        finally:
+            torch.nn.functional.linear = _TORCH_LINEAR
+
+    run_with_its_linear.model = run.model  # type: ignore[attr-defined]  # for the tests
+    return run_with_its_linear
 
 
 def configurations(args: argparse.Namespace) -> dict[str, Callable[[], Run]]:
@@ -220,6 +239,15 @@ def configurations(args: argparse.Namespace) -> dict[str, Callable[[], Run]]:
             lambda: _build_deepspeed(args, 3, "deferred", "unsharded"))
         cfgs["DeepSpeed ZeRO-3 deferred (coalesced), window_memory=unsharded, lean_flush=False"] = (
             lambda: _build_deepspeed(args, 3, "deferred", "unsharded", lean=False))
+        # DeepSpeed's module hooks in every micro-step of the held window (before
+        # skip_idle_hooks), and ZeRO-3 with torch's own linear (a DeepSpeed config key).
+        cfgs["DeepSpeed ZeRO-3 deferred (coalesced), window_memory=unsharded, hooks every "
+             "micro-step"] = lambda: _build_deepspeed(args, 3, "deferred", "unsharded",
+                                                      skip_hooks=False)
+        cfgs["DeepSpeed ZeRO-3 deferred (coalesced), window_memory=unsharded, "
+             "memory_efficient_linear false"] = (
+            lambda: _build_deepspeed(args, 3, "deferred", "unsharded",
+                                     zero_extra={"memory_efficient_linear": False}))
     if args.only:
         # The reference rows stay: every ratio is measured against them in the same run.
         cfgs = {k: v for k, v in cfgs.items()

@@ -54,7 +54,10 @@ Memory for communication on ZeRO-3 (``window_memory``):
   (``ds_persist``, the flag behind ``stage3_param_persistence_threshold``) for micro-steps
   1..K-1 and unmarks them before the last backward, so the engine's own release hooks do
   the rest; the parameter coordinator's cached release sets are cleared at each switch.
-  ZeRO-3 only (ZeRO 0-2 never shard parameters). Tested with DeepSpeed 0.19.8.
+  The micro-steps between the window's first and last run without DeepSpeed's module hooks
+  (``skip_idle_hooks``): they would only find the parameters gathered already
+  (:mod:`accumguard.engines._deepspeed_window`). ZeRO-3 only (ZeRO 0-2 never shard
+  parameters). Tested with DeepSpeed 0.19.8.
 
 Clipping: DeepSpeed clips inside ``step()`` with config ``gradient_clipping``
 (default 1.0 when the key is absent: F9), on the reduced, possibly partitioned
@@ -68,8 +71,7 @@ fp16), and so is an Accumulator scheduler when the engine already owns one
 (it would step twice).
 
 Size (~560 lines): the config checks and error messages that make the adapter safe to
-drive are most of it. Known debt: the ZeRO-3 window-memory switch could move to its own
-helper module.
+drive are most of it; the ZeRO-3 window memory lives in ``_deepspeed_window``.
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ import torch
 from accumguard.core.errors import AccumguardWarning, ConfigError, UsageError
 from accumguard.core.scaling import GradReduction
 from accumguard.engines._deepspeed_flush import LeanFlush
+from accumguard.engines._deepspeed_window import HeldParameters
 from accumguard.engines.base import Engine, Scheduler
 from accumguard.engines.collectives import DS_COMM_MODULES, DS_REDUCE_OPS
 from accumguard.engines.registry import is_deepspeed_engine
@@ -136,13 +139,18 @@ class DeepSpeedEngineAdapter(Engine):
             that its reduce-scatter copies again (same numbers, bit for bit; see
             :mod:`accumguard.engines._deepspeed_flush`). Default True; False leaves
             DeepSpeed's flush untouched.
+        skip_idle_hooks: with ``window_memory="unsharded"``, run the micro-steps between the
+            window's first and last without DeepSpeed's ZeRO-3 module hooks, which find every
+            parameter already gathered there (bit-identical; see
+            :mod:`accumguard.engines._deepspeed_window`). Default True.
     """
 
     name = "deepspeed"
     owns_optimizer = True
 
     def __init__(self, model: DeepSpeedEngine, *, sync: str = "auto",
-                 window_memory: str = "sharded", lean_flush: bool = True) -> None:
+                 window_memory: str = "sharded", lean_flush: bool = True,
+                 skip_idle_hooks: bool = True) -> None:
         if not is_deepspeed_engine(model):
             raise ConfigError(
                 f"DeepSpeedEngineAdapter needs the engine returned by deepspeed.initialize, got "
@@ -184,15 +192,14 @@ class DeepSpeedEngineAdapter(Engine):
         self._norm: torch.Tensor | None = None
         self._rounds = 0
         self.window_memory = window_memory
-        # ZeRO-3 parameters kept gathered ("unsharded"): DeepSpeed's, with its ds_* fields
-        self._held: list[Any] = []
-        self._holding = False
+        # ZeRO-3 parameters kept gathered over the window ("unsharded")
+        self.held: HeldParameters | None = None
         self._is_last = False
-        self._clear_release_cache: Callable[[], None] | None = None
+        self._position = 0  # micro-steps of the current window entered so far
         self.lean_flush = lean_flush
         self.flush: LeanFlush | None = None  # set in bind() when it applies
         if window_memory == "unsharded":
-            self._prepare_unsharded()
+            self._prepare_unsharded(skip_idle_hooks)
 
     # -- lifecycle -------------------------------------------------------------------
     def bind(self, optimizer: torch.optim.Optimizer | None, accumulation_steps: int) -> None:
@@ -311,39 +318,24 @@ class DeepSpeedEngineAdapter(Engine):
                     "support it (DeepSpeed routes its gradients around the coalescing hooks)")
         return ""
 
-    def _prepare_unsharded(self) -> None:
+    def _prepare_unsharded(self, skip_idle_hooks: bool) -> None:
         if self.stage != 3:
             raise ConfigError(
                 f"window_memory='unsharded' applies to ZeRO stage 3 only (this engine runs "
                 f"stage {self.stage}, whose parameters are never sharded); drop the option")
-        offload = getattr(self.engine.optimizer, "parameter_offload", None)
-        coordinator = offload.get_param_coordinator() if offload is not None else None
-        cached = getattr(type(coordinator),
-                         "_PartitionedParameterCoordinator__params_to_release", None)
-        # DeepSpeed wraps the lru_cache'd method in an NVTX wrapper without functools.wraps.
-        for candidate in (cached, *(c.cell_contents for c in
-                                    (getattr(cached, "__closure__", None) or ()))):
-            if hasattr(candidate, "cache_clear"):
-                self._clear_release_cache = candidate.cache_clear
-                break
-        if self._clear_release_cache is None:
+        held = HeldParameters(self.engine, skip_idle_hooks=skip_idle_hooks)
+        if held.clear_release_cache is None:
             raise ConfigError(
                 "window_memory='unsharded' relies on the ZeRO-3 parameter coordinator of "
                 "DeepSpeed 0.19.8 (its cached release sets), which this DeepSpeed does not "
                 "have; use window_memory='sharded' or raise stage3_param_persistence_threshold "
                 "(parameters up to it are never partitioned, for the whole run)")
-        self._held = [p for p in self.engine.module.parameters()
-                      if hasattr(p, "ds_persist") and not p.ds_persist]
+        self.held = held
 
     def _hold(self, hold: bool) -> None:
         """Mark the partitioned parameters persistent (held gathered) or not."""
-        if hold == self._holding or not self._held:
-            return
-        for p in self._held:
-            p.ds_persist = hold
-        self._holding = hold
-        assert self._clear_release_cache is not None  # found when _held was filled
-        self._clear_release_cache()
+        if self.held is not None:
+            self.held.hold(hold)
 
     def _check_config(self, k: int) -> None:
         """Static checks of the config (accumguard.static.dsconfig): errors raise, warnings warn."""
@@ -408,6 +400,7 @@ class DeepSpeedEngineAdapter(Engine):
         left without its flush (a collective only this rank would enter), so the adapter is
         marked unusable and every later micro-step says so."""
         self._hold(False)
+        self._position = 0
         if self._coalesce is not None:
             self._coalesce = None
             self._aborted = True
@@ -450,9 +443,15 @@ class DeepSpeedEngineAdapter(Engine):
             self._coalesce.__enter__()
         self.engine.set_gradient_accumulation_boundary(bool(is_last))
         self._is_last = bool(is_last)
+        position, self._position = self._position, 0 if is_last else self._position + 1
         if not is_last:
             self._hold(True)  # no-op unless window_memory="unsharded"
-        yield
+        if self.held is None:
+            yield
+            return
+        # Between the window's first micro-step (which gathers) and its last (which releases).
+        with self.held.idle_hooks_skipped(position > 0 and not is_last):
+            yield
 
     def backward(self, loss: torch.Tensor) -> None:
         if self._is_last:
