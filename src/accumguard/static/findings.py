@@ -288,6 +288,16 @@ RULES: dict[str, Rule] = {
             "accelerator.backward, optimizer.step, optimizer.zero_grad inside it): Accelerate "
             "then steps once per K batches",
         ),
+        _rule(
+            "AG129", "masked-token-mean-not-divided-by-k", "LOSS_SCALE", E, MED,
+            "in a hand-written accumulation window each micro-batch's loss is a masked token mean "
+            "over its own tokens (`(x * mask).sum() / mask.sum()`) backwarded as is, and nothing "
+            "divides by K: the optimizer receives K times the mean gradient, short micro-batches "
+            "over-weighted",
+            "count the window's valid tokens once before its first backward and divide each "
+            "micro-batch's masked sum by that count — `(x * mask).sum() / window_tokens` "
+            "(all-reduce the count across ranks under DDP/FSDP, then multiply by the world size)",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

@@ -17,6 +17,7 @@
 ``scale``      AG122 AG123         a mean loss backwarded K times, never divided by K; a loss
                divided by a count summed over ranks under DDP/FSDP's own average
 ``terms``      AG127               one loss term divided by K, another added undivided
+``tokenmean``  AG129               a masked token mean per micro-batch, never divided by K
 """
 
 from accumguard.static.lint.families import (
@@ -30,7 +31,8 @@ from accumguard.static.lint.families import (
     schedule,
     sync,
     terms,
+    tokenmean,
     window,
 )
 
-__all__ = ["accelerate", "deepspeed", "horizon", "loss", "precision", "reduce", "scale", "schedule", "sync", "terms", "window"]
+__all__ = ["accelerate", "deepspeed", "horizon", "loss", "precision", "reduce", "scale", "schedule", "sync", "terms", "tokenmean", "window"]
