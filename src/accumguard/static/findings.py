@@ -298,6 +298,15 @@ RULES: dict[str, Rule] = {
             "micro-batch's masked sum by that count — `(x * mask).sum() / window_tokens` "
             "(all-reduce the count across ranks under DDP/FSDP, then multiply by the world size)",
         ),
+        _rule(
+            "AG130", "lr-from-micro-counter", "F4", E, MED,
+            "the learning rate written into the optimizer's param groups is computed from a "
+            "counter that advances on every micro-batch while the schedule is counted in "
+            "optimizer steps: the schedule runs K times fast",
+            "feed the schedule a counter of optimizer steps — increment it after "
+            "`optimizer.step()` (nanoGPT: `iter_num += 1` outside the micro-step loop), or call "
+            "`get_lr(it // K)`",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

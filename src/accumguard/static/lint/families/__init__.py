@@ -17,6 +17,7 @@
 ``scale``      AG122 AG123         a mean loss backwarded K times, never divided by K; a loss
                divided by a count summed over ranks under DDP/FSDP's own average
 ``terms``      AG127               one loss term divided by K, another added undivided
+``lrcounter``  AG130               a learning rate set by hand from a counter of micro-batches
 ``tokenmean``  AG129               a masked token mean per micro-batch, never divided by K
 """
 
@@ -25,6 +26,7 @@ from accumguard.static.lint.families import (
     deepspeed,
     horizon,
     loss,
+    lrcounter,
     precision,
     reduce,
     scale,
@@ -35,4 +37,4 @@ from accumguard.static.lint.families import (
     window,
 )
 
-__all__ = ["accelerate", "deepspeed", "horizon", "loss", "precision", "reduce", "scale", "schedule", "sync", "terms", "tokenmean", "window"]
+__all__ = ["accelerate", "deepspeed", "horizon", "loss", "lrcounter", "precision", "reduce", "scale", "schedule", "sync", "terms", "tokenmean", "window"]
