@@ -26,7 +26,7 @@ _SUM_CALLS = frozenset({"sum", "nansum"})
 def _summed_operand(expr: ast.AST) -> ast.AST | None:
     """``Y`` of a count ``Y.sum(...)`` / ``torch.sum(Y)`` (through clamp/float/max(., 1))."""
     while isinstance(expr, ast.Call):
-        name = call_attr(expr) if isinstance(expr.func, ast.Attribute) else (dotted(expr.func) or "")
+        name = (call_attr(expr) or "") if isinstance(expr.func, ast.Attribute) else (dotted(expr.func) or "")
         if isinstance(expr.func, ast.Attribute) and name in _COUNT_WRAPPERS:
             expr = expr.func.value
         elif name in {"max", "torch.max", "torch.clamp", "torch.clamp_min"} and expr.args:
@@ -47,7 +47,7 @@ def _sums_weighted_by(dividend: ast.AST, weight: ast.AST) -> bool:
     for sub in walk_all(dividend):
         if not isinstance(sub, ast.Call):
             continue
-        name = call_attr(sub) if isinstance(sub.func, ast.Attribute) else (dotted(sub.func) or "")
+        name = (call_attr(sub) or "") if isinstance(sub.func, ast.Attribute) else (dotted(sub.func) or "")
         inner = receiver(sub) if isinstance(sub.func, ast.Attribute) else (sub.args[0] if sub.args else None)
         if name.split(".")[-1] in _SUM_CALLS and inner is not None and any(
             ast.dump(n) == want for n in walk_all(inner)

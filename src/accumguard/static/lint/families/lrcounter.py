@@ -184,7 +184,7 @@ def _schedule_reads(ctx: FileContext, expr: ast.AST, counter: str) -> set[str] |
 def lr_from_micro_counter(ctx: FileContext) -> Iterator[Finding]:
     for write in _lr_writes(ctx):
         scope = ctx.scope_of(write)
-        values = [write.value]
+        values: list[ast.AST] = [write.value]
         if isinstance(write.value, ast.Name):
             values = _name_values(ctx, scope)[0].get(write.value.id, [])
         for value in values:
@@ -206,7 +206,7 @@ def lr_from_micro_counter(ctx: FileContext) -> Iterator[Finding]:
                 msg = (
                     f"the learning rate written into the param groups is computed from `{counter}`, "
                     f"which counts micro-batches (it advances on every micro-batch of the window at "
-                    f"line {window.lineno}), so the schedule advances K positions per optimizer step"
+                    f"line {getattr(window, 'lineno', 0)}), so the schedule advances K positions per optimizer step"
                 )
                 if tied:
                     msg += (f", while its horizon (`{tied[0]}`) is the loop's number of optimizer "
