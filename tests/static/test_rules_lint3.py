@@ -23,6 +23,10 @@ CASES = [
     ("bug_nanogpt_lr_micro_iter_while.py", "AG130", Severity.ERROR),
     ("bug_lr_flat_loop_index_schedule.py", "AG130", Severity.ERROR),
     ("bug_lr_inline_warmup_trainer.py", "AG130", Severity.WARNING),
+    ("bug_accelerate_horizon_prepared_len.py", "AG125", Severity.ERROR),
+    ("bug_lightning_limit_batches_below_k.py", "AG131", Severity.ERROR),
+    ("bug_lightning_short_epoch_tensor_loader.py", "AG131", Severity.ERROR),
+    ("bug_lightning_limit_batches_tail.py", "AG131", Severity.WARNING),
 ]
 
 

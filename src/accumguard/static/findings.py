@@ -307,6 +307,14 @@ RULES: dict[str, Rule] = {
             "`optimizer.step()` (nanoGPT: `iter_num += 1` outside the micro-step loop), or call "
             "`get_lr(it // K)`",
         ),
+        _rule(
+            "AG131", "lightning-epoch-shorter-than-window", "F7", E, HI,
+            "Lightning `limit_train_batches` leaves epochs (or their last window) shorter than "
+            "`accumulate_grad_batches`: the short window is stepped at the epoch's end with each "
+            "loss still divided by K",
+            "make `limit_train_batches` a multiple of `accumulate_grad_batches` (at least K), or "
+            "lower `accumulate_grad_batches` to fit the epoch",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

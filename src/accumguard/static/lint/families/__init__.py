@@ -18,12 +18,14 @@
                divided by a count summed over ranks under DDP/FSDP's own average
 ``terms``      AG127               one loss term divided by K, another added undivided
 ``lrcounter``  AG130               a learning rate set by hand from a counter of micro-batches
+``epochtail``  AG131               Lightning epochs (or their last window) shorter than K
 ``tokenmean``  AG129               a masked token mean per micro-batch, never divided by K
 """
 
 from accumguard.static.lint.families import (
     accelerate,
     deepspeed,
+    epochtail,
     horizon,
     loss,
     lrcounter,
@@ -37,4 +39,4 @@ from accumguard.static.lint.families import (
     window,
 )
 
-__all__ = ["accelerate", "deepspeed", "horizon", "loss", "lrcounter", "precision", "reduce", "scale", "schedule", "sync", "terms", "tokenmean", "window"]
+__all__ = ["accelerate", "deepspeed", "epochtail", "horizon", "loss", "lrcounter", "precision", "reduce", "scale", "schedule", "sync", "terms", "tokenmean", "window"]
