@@ -27,6 +27,9 @@ CASES = [
     ("bug_lightning_limit_batches_below_k.py", "AG131", Severity.ERROR),
     ("bug_lightning_short_epoch_tensor_loader.py", "AG131", Severity.ERROR),
     ("bug_lightning_limit_batches_tail.py", "AG131", Severity.WARNING),
+    ("bug_hf_trainer_mixtral_router_logits.py", "AG132", Severity.ERROR),
+    ("bug_hf_trainer_qwen2moe_subclass_attr.py", "AG132", Severity.ERROR),
+    ("bug_hf_trainer_auto_moe_router_logits.py", "AG132", Severity.WARNING),
 ]
 
 

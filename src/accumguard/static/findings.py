@@ -315,6 +315,16 @@ RULES: dict[str, Rule] = {
             "make `limit_train_batches` a multiple of `accumulate_grad_batches` (at least K), or "
             "lower `accumulate_grad_batches` to fit the epoch",
         ),
+        _rule(
+            "AG132", "hf-trainer-moe-router-loss-times-k", "LOSS_SCALE", E, MED,
+            "the Hugging Face Trainer trains an MoE model with output_router_logits=True and "
+            "gradient accumulation: the model adds its router loss on every micro-batch, and the "
+            "Trainer (normalising the LM loss by num_items_in_batch) does not divide by K, so the "
+            "router term weighs K times its coefficient",
+            "divide the router coefficient by K (`config.router_aux_loss_coef = coef / K`), or "
+            "subclass the Trainer and add `outputs.aux_loss * coef / K` yourself with "
+            "`output_router_logits` off for the model's own sum",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

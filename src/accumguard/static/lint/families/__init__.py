@@ -19,6 +19,7 @@
 ``terms``      AG127               one loss term divided by K, another added undivided
 ``lrcounter``  AG130               a learning rate set by hand from a counter of micro-batches
 ``epochtail``  AG131               Lightning epochs (or their last window) shorter than K
+``moeaux``     AG132               HF Trainer + MoE model adding its router loss per micro-batch, GA > 1
 ``tokenmean``  AG129               a masked token mean per micro-batch, never divided by K
 """
 
@@ -29,6 +30,7 @@ from accumguard.static.lint.families import (
     horizon,
     loss,
     lrcounter,
+    moeaux,
     precision,
     reduce,
     scale,
@@ -39,4 +41,4 @@ from accumguard.static.lint.families import (
     window,
 )
 
-__all__ = ["accelerate", "deepspeed", "epochtail", "horizon", "loss", "lrcounter", "precision", "reduce", "scale", "schedule", "sync", "terms", "tokenmean", "window"]
+__all__ = ["accelerate", "deepspeed", "epochtail", "horizon", "loss", "lrcounter", "moeaux", "precision", "reduce", "scale", "schedule", "sync", "terms", "tokenmean", "window"]
