@@ -24,7 +24,7 @@ from accumguard.static.lint._ast import dotted
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 
-__all__ = ["lightning_epoch_shorter_than_window"]
+__all__ = ["lightning_epoch_shorter_than_window", "single_assignments"]
 
 
 def _imports_lightning(ctx: FileContext) -> bool:
@@ -38,10 +38,21 @@ def _imports_lightning(ctx: FileContext) -> bool:
 _DATA_FACTORIES = frozenset({"randn", "rand", "zeros", "ones", "empty", "arange", "randperm"})
 
 
+def single_assignments(ctx: FileContext) -> dict[str, list[ast.AST]]:
+    """Per plain name: the values of its single-target assignments (one pass, cached)."""
+    def compute() -> dict[str, list[ast.AST]]:
+        out: dict[str, list[ast.AST]] = {}
+        for names, v in ctx.assignments():
+            if len(names) == 1:
+                out.setdefault(names[0], []).append(v)
+        return out
+    return ctx._cached("single_assignments", ctx.tree, compute)  # type: ignore[no-any-return]
+
+
 def _single_value(ctx: FileContext, expr: ast.AST) -> ast.AST:
     """``expr``, or the one value its name is assigned in the file."""
     if isinstance(expr, ast.Name):
-        values = [v for names, v in ctx.assignments() if names == [expr.id]]
+        values = single_assignments(ctx).get(expr.id, [])
         if len(values) == 1:
             return values[0]
     return expr
@@ -65,6 +76,17 @@ def _rows(ctx: FileContext, expr: ast.AST) -> int | None:
     return None
 
 
+def _fits(ctx: FileContext) -> dict[str, list[ast.Call]]:
+    """``x.fit(...)`` calls by receiver name (one pass, cached)."""
+    def compute() -> dict[str, list[ast.Call]]:
+        out: dict[str, list[ast.Call]] = {}
+        for c in ctx.of(ast.Call):
+            if isinstance(c.func, ast.Attribute) and c.func.attr == "fit" and (d := dotted(c.func.value)):
+                out.setdefault(d, []).append(c)
+        return out
+    return ctx._cached("lightning_fits", ctx.tree, compute)  # type: ignore[no-any-return]
+
+
 def _fit_batches(ctx: FileContext, trainer: ast.Call) -> int | None:
     """Batches per epoch of the loader handed to ``trainer.fit(module, loader)`` when all of it
     is in sight: ``DataLoader(TensorDataset(X, ...), batch_size=b)`` (no sampler, ``drop_last``
@@ -73,8 +95,7 @@ def _fit_batches(ctx: FileContext, trainer: ast.Call) -> int | None:
     if not (isinstance(parent, ast.Assign) and len(parent.targets) == 1 and isinstance(parent.targets[0], ast.Name)):
         return None
     name = parent.targets[0].id
-    fits = [c for c in ctx.of(ast.Call) if isinstance(c.func, ast.Attribute) and c.func.attr == "fit"
-            and dotted(c.func.value) == name]
+    fits = _fits(ctx).get(name, [])
     counts: set[int | None] = set()
     for fit in fits:
         loader = next((kw.value for kw in fit.keywords if kw.arg == "train_dataloaders"),

@@ -239,8 +239,7 @@ def _prepared_len(ctx: FileContext, parts: list[ast.AST]) -> ast.Call | None:
             if not (isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "len"
                     and len(n.args) == 1 and (loader := dotted(n.args[0]))):
                 continue
-            before = [(node.lineno, _is_prepare(node.value)) for node in ctx.of(ast.Assign)
-                      if node.lineno < n.lineno and loader in _target_names(node)]
+            before = [x for x in _assigns_by_target(ctx).get(loader, []) if x[0] < n.lineno]
             if before and max(before)[1]:
                 return n  # the last assignment before the len() is the prepared loader
     return None
@@ -253,6 +252,18 @@ def _accelerate_k_is_one(ctx: FileContext) -> bool:
         k.arg is not None and (k.arg != "gradient_accumulation_steps" or ctx.int_value(k.value) == 1)
         for c in calls for k in c.keywords
     )
+
+
+def _assigns_by_target(ctx: FileContext) -> dict[str, list[tuple[int, bool]]]:
+    """Per assigned name: (line, assigned from ``accelerator.prepare``) of each assignment."""
+    def compute() -> dict[str, list[tuple[int, bool]]]:
+        out: dict[str, list[tuple[int, bool]]] = {}
+        for node in ctx.of(ast.Assign):
+            prepared = _is_prepare(node.value)
+            for name in _target_names(node):
+                out.setdefault(name, []).append((node.lineno, prepared))
+        return out
+    return ctx._cached("horizon_assigns_by_target", ctx.tree, compute)  # type: ignore[no-any-return]
 
 
 def _is_prepare(value: ast.AST) -> bool:

@@ -42,10 +42,12 @@ def _lr_writes(ctx: FileContext) -> Iterator[ast.Assign]:
 
 
 def _single_defs(ctx: FileContext) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
-    defs: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]] = {}
-    for fn in ctx.of(ast.FunctionDef, ast.AsyncFunctionDef):
-        defs.setdefault(fn.name, []).append(fn)
-    return {k: v[0] for k, v in defs.items() if len(v) == 1}
+    def compute() -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
+        defs: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]] = {}
+        for fn in ctx.of(ast.FunctionDef, ast.AsyncFunctionDef):
+            defs.setdefault(fn.name, []).append(fn)
+        return {k: v[0] for k, v in defs.items() if len(v) == 1}
+    return ctx._cached("lr_single_defs", ctx.tree, compute)  # type: ignore[no-any-return]
 
 
 def _int_of(ctx: FileContext, name: str) -> int | None:
@@ -69,24 +71,64 @@ def _int_of(ctx: FileContext, name: str) -> int | None:
 
 
 def _assigned_values(ctx: FileContext, name: str) -> list[ast.AST]:
-    return [v for names, v in ctx.assignments() if name in names]
+    def compute() -> dict[str, list[ast.AST]]:
+        out: dict[str, list[ast.AST]] = {}
+        for names, v in ctx.assignments():
+            for n in names:
+                out.setdefault(n, []).append(v)
+        return out
+    return ctx._cached("lr_assigned", ctx.tree, compute).get(name, [])  # type: ignore[no-any-return]
 
 
 def _innermost_loop(ctx: FileContext, node: ast.AST, scope: ast.AST) -> ast.AST | None:
     return ctx.enclosing(node, _LOOPS) if ctx.scope_of(node) is scope else None
 
 
+def _accumulating_windows(ctx: FileContext) -> set[ast.AST]:
+    def compute() -> set[ast.AST]:
+        return {w for w in ctx.windows() if ctx.window_facts(w).accumulating}
+    return ctx._cached("lr_acc_windows", ctx.tree, compute)  # type: ignore[no-any-return]
+
+
+def _writes(ctx: FileContext, scope: ast.AST) -> dict[str, tuple[list[ast.AugAssign], list[ast.Assign]]]:
+    """Per name of ``scope``: its augmented assignments and its plain assignments (one walk)."""
+    def compute() -> dict[str, tuple[list[ast.AugAssign], list[ast.Assign]]]:
+        out: dict[str, tuple[list[ast.AugAssign], list[ast.Assign]]] = {}
+        for n in walk_local(scope):
+            if isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name):
+                out.setdefault(n.target.id, ([], []))[0].append(n)
+            elif isinstance(n, ast.Assign):
+                for t in n.targets:
+                    if isinstance(t, ast.Name):
+                        out.setdefault(t.id, ([], []))[1].append(n)
+        return out
+    return ctx._cached("lr_writes", scope, compute)  # type: ignore[no-any-return]
+
+
+def _flat_windows(ctx: FileContext) -> dict[str, list[ast.For | ast.AsyncFor]]:
+    """Accumulating ``for`` windows by the name of their index (``for it, b in enumerate(...)``)."""
+    def compute() -> dict[str, list[ast.For | ast.AsyncFor]]:
+        out: dict[str, list[ast.For | ast.AsyncFor]] = {}
+        for w in _accumulating_windows(ctx):
+            if isinstance(w, ast.For | ast.AsyncFor):
+                tgt = w.target.elts[0] if isinstance(w.target, ast.Tuple) and w.target.elts else w.target
+                if isinstance(tgt, ast.Name):
+                    out.setdefault(tgt.id, []).append(w)
+        return out
+    return ctx._cached("lr_flat_windows", ctx.tree, compute)  # type: ignore[no-any-return]
+
+
 def _micro_window(ctx: FileContext, scope: ast.AST, counter: str) -> ast.AST | None:
+    return ctx._cached("lr_micro:" + counter, scope,  # type: ignore[no-any-return]
+                       lambda: _micro_window_uncached(ctx, scope, counter))
+
+
+def _micro_window_uncached(ctx: FileContext, scope: ast.AST, counter: str) -> ast.AST | None:
     """The accumulating window in which ``counter`` counts micro-batches: it is incremented
     (``+= 1``) on every micro-batch of the window, never at the boundary, and never reset in a
     loop; or it is the index of a flat window whose optimizer step is gated by a boundary."""
-    windows = {w for w in ctx.windows() if ctx.window_facts(w).accumulating}
-    incs, resets = [], []
-    for n in walk_local(scope):
-        if isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name) and n.target.id == counter:
-            incs.append(n)
-        elif isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == counter for t in n.targets):
-            resets.append(n)
+    windows = _accumulating_windows(ctx)
+    incs, resets = _writes(ctx, scope).get(counter, ([], []))
     if any(ctx.enclosing(r, _LOOPS) is not None and ctx.scope_of(r) is scope for r in resets):
         return None
     if incs:
@@ -98,11 +140,8 @@ def _micro_window(ctx: FileContext, scope: ast.AST, counter: str) -> ast.AST | N
         if window in windows and not any(ctx.guarded(n, window) for n in incs):
             return window
         return None
-    for w in windows:
-        if not isinstance(w, ast.For | ast.AsyncFor) or ctx.scope_of(w) is not scope:
-            continue
-        tgt = w.target.elts[0] if isinstance(w.target, ast.Tuple) and w.target.elts else w.target
-        if not (isinstance(tgt, ast.Name) and tgt.id == counter) or _micro_index(ctx, w.iter):
+    for w in _flat_windows(ctx).get(counter, []):
+        if ctx.scope_of(w) is not scope or _micro_index(ctx, w.iter):
             continue
         facts = ctx.window_facts(w)
         opt_steps = [c for c, kind in facts.steps if kind == "optimizer"]

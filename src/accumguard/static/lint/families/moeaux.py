@@ -27,6 +27,7 @@ from accumguard.static.findings import Confidence, Finding, Severity
 from accumguard.static.lint._ast import dotted, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families.epochtail import single_assignments
 from accumguard.static.lint.families.loss import _trainer_ga
 
 __all__ = ["hf_trainer_moe_router_loss_times_k"]
@@ -42,7 +43,7 @@ def _model_class(ctx: FileContext, expr: ast.AST) -> str | None:
     """The class a model expression is built from (``MixtralForCausalLM(cfg)``,
     ``Qwen2MoeForCausalLM.from_config(cfg)``, a name assigned once from one)."""
     if isinstance(expr, ast.Name):
-        values = [v for names, v in ctx.assignments() if names == [expr.id]]
+        values = single_assignments(ctx).get(expr.id, [])
         expr = values[0] if len(values) == 1 else expr
     if not isinstance(expr, ast.Call):
         return None
