@@ -451,7 +451,8 @@ def test_every_script_code_has_a_check_and_families_are_modules() -> None:
     script_codes = [c for c in RULES if c.startswith("AG1")]
     assert all(owners.get(c) for c in script_codes), owners
     assert {c.family for c in checks} == {"window", "schedule", "loss", "sync", "reduce", "deepspeed",
-                                          "accelerate", "scale", "horizon", "precision", "terms"}
+                                          "accelerate", "scale", "horizon", "precision", "terms",
+                                          "tokenmean", "lrcounter", "epochtail", "moeaux"}
 
 
 def test_select_is_applied_before_rules_run(monkeypatch: pytest.MonkeyPatch) -> None:

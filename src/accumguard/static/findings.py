@@ -288,6 +288,43 @@ RULES: dict[str, Rule] = {
             "accelerator.backward, optimizer.step, optimizer.zero_grad inside it): Accelerate "
             "then steps once per K batches",
         ),
+        _rule(
+            "AG129", "masked-token-mean-not-divided-by-k", "LOSS_SCALE", E, MED,
+            "in a hand-written accumulation window each micro-batch's loss is a masked token mean "
+            "over its own tokens (`(x * mask).sum() / mask.sum()`) backwarded as is, and nothing "
+            "divides by K: the optimizer receives K times the mean gradient, short micro-batches "
+            "over-weighted",
+            "count the window's valid tokens once before its first backward and divide each "
+            "micro-batch's masked sum by that count — `(x * mask).sum() / window_tokens` "
+            "(all-reduce the count across ranks under DDP/FSDP, then multiply by the world size)",
+        ),
+        _rule(
+            "AG130", "lr-from-micro-counter", "F4", E, MED,
+            "the learning rate written into the optimizer's param groups is computed from a "
+            "counter that advances on every micro-batch while the schedule is counted in "
+            "optimizer steps: the schedule runs K times fast",
+            "feed the schedule a counter of optimizer steps — increment it after "
+            "`optimizer.step()` (nanoGPT: `iter_num += 1` outside the micro-step loop), or call "
+            "`get_lr(it // K)`",
+        ),
+        _rule(
+            "AG131", "lightning-epoch-shorter-than-window", "F7", E, HI,
+            "Lightning `limit_train_batches` leaves epochs (or their last window) shorter than "
+            "`accumulate_grad_batches`: the short window is stepped at the epoch's end with each "
+            "loss still divided by K",
+            "make `limit_train_batches` a multiple of `accumulate_grad_batches` (at least K), or "
+            "lower `accumulate_grad_batches` to fit the epoch",
+        ),
+        _rule(
+            "AG132", "hf-trainer-moe-router-loss-times-k", "LOSS_SCALE", E, MED,
+            "the Hugging Face Trainer trains an MoE model with output_router_logits=True and "
+            "gradient accumulation: the model adds its router loss on every micro-batch, and the "
+            "Trainer (normalising the LM loss by num_items_in_batch) does not divide by K, so the "
+            "router term weighs K times its coefficient",
+            "divide the router coefficient by K (`config.router_aux_loss_coef = coef / K`), or "
+            "subclass the Trainer and add `outputs.aux_loss * coef / K` yourself with "
+            "`output_router_logits` off for the model's own sum",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

@@ -17,20 +17,28 @@
 ``scale``      AG122 AG123         a mean loss backwarded K times, never divided by K; a loss
                divided by a count summed over ranks under DDP/FSDP's own average
 ``terms``      AG127               one loss term divided by K, another added undivided
+``lrcounter``  AG130               a learning rate set by hand from a counter of micro-batches
+``epochtail``  AG131               Lightning epochs (or their last window) shorter than K
+``moeaux``     AG132               HF Trainer + MoE model adding its router loss per micro-batch, GA > 1
+``tokenmean``  AG129               a masked token mean per micro-batch, never divided by K
 """
 
 from accumguard.static.lint.families import (
     accelerate,
     deepspeed,
+    epochtail,
     horizon,
     loss,
+    lrcounter,
+    moeaux,
     precision,
     reduce,
     scale,
     schedule,
     sync,
     terms,
+    tokenmean,
     window,
 )
 
-__all__ = ["accelerate", "deepspeed", "horizon", "loss", "precision", "reduce", "scale", "schedule", "sync", "terms", "window"]
+__all__ = ["accelerate", "deepspeed", "epochtail", "horizon", "loss", "lrcounter", "moeaux", "precision", "reduce", "scale", "schedule", "sync", "terms", "tokenmean", "window"]

@@ -230,12 +230,79 @@ def _accelerate_prepares(ctx: FileContext, name: str) -> bool:
     return True
 
 
+def _prepared_len(ctx: FileContext, parts: list[ast.AST]) -> ast.Call | None:
+    """A ``len(loader)`` in the horizon read after ``loader`` was reassigned from
+    ``accelerator.prepare(...)``: the prepared loader is one process's shard (Accelerate
+    1.15's ``DataLoaderShard``/``BatchSamplerShard``), so its length is per process."""
+    for p in parts:
+        for n in walk_all(p):
+            if not (isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "len"
+                    and len(n.args) == 1 and (loader := dotted(n.args[0]))):
+                continue
+            before = [x for x in _assigns_by_target(ctx).get(loader, []) if x[0] < n.lineno]
+            if before and max(before)[1]:
+                return n  # the last assignment before the len() is the prepared loader
+    return None
+
+
+def _accelerate_k_is_one(ctx: FileContext) -> bool:
+    """Every ``Accelerator(...)`` in sight leaves ``gradient_accumulation_steps`` at 1."""
+    calls = [c for c in _calls_by_attr(ctx).get("Accelerator", []) if _constructor_name(c) == "Accelerator"]
+    return bool(calls) and all(
+        k.arg is not None and (k.arg != "gradient_accumulation_steps" or ctx.int_value(k.value) == 1)
+        for c in calls for k in c.keywords
+    )
+
+
+def _assigns_by_target(ctx: FileContext) -> dict[str, list[tuple[int, bool]]]:
+    """Per assigned name: (line, assigned from ``accelerator.prepare``) of each assignment."""
+    def compute() -> dict[str, list[tuple[int, bool]]]:
+        out: dict[str, list[tuple[int, bool]]] = {}
+        for node in ctx.of(ast.Assign):
+            prepared = _is_prepare(node.value)
+            for name in _target_names(node):
+                out.setdefault(name, []).append((node.lineno, prepared))
+        return out
+    return ctx._cached("horizon_assigns_by_target", ctx.tree, compute)  # type: ignore[no-any-return]
+
+
+def _is_prepare(value: ast.AST) -> bool:
+    return (isinstance(value, ast.Call) and call_attr(value) == "prepare"
+            and "accelerator" in (dotted(receiver(value)) or "").lower())
+
+
+def _target_names(node: ast.Assign) -> set[str]:
+    out: set[str] = set()
+    for t in node.targets:
+        for x in t.elts if isinstance(t, ast.Tuple | ast.List) else [t]:
+            if (d := dotted(x)) is not None:
+                out.add(d)
+    return out
+
+
 @rule("AG125")
 def accelerate_horizon_per_process(ctx: FileContext) -> Iterator[Finding]:
     for name, ctor, horizon in _schedulers(ctx):
         parts = _expand(ctx, horizon)
         per_process = next((p for p in parts if any(_is_world(d) for d in _divides([p]))), None)
         if per_process is None:
+            # one process's optimizer steps counted from the prepared loader's length
+            length = _prepared_len(ctx, parts)
+            if length is None or not (any(ctx.mentions_accum(d) for d in _divides(parts))
+                                      or _accelerate_k_is_one(ctx) and not _divides(parts)):
+                continue  # with K > 1 and no /K the horizon is off by K / W: not decidable
+            if _multiplies_by_world(parts) or not _accelerate_prepares(ctx, name):
+                continue
+            yield ctx.finding(
+                "AG125",
+                ctor,
+                f"the horizon `{ast.unparse(horizon)}` counts optimizer steps from "
+                f"`{ast.unparse(length)}` (line {length.lineno}), read after `accelerator.prepare` "
+                "split that loader across the processes: it is one process's optimizer steps, but "
+                f"the Accelerate-prepared `{name}` advances num_processes times per optimizer step: "
+                "the schedule ends W times early and the rest of training runs at its final "
+                "learning rate",
+            )
             continue
         if _multiplies_by_world(parts) or not _accelerate_prepares(ctx, name):
             continue

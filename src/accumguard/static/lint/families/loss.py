@@ -39,6 +39,7 @@ from accumguard.static.lint._ast import (
 )
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families._masked import masked_mean, masked_mean_helpers
 from accumguard.static.lint.families._modguard import k_values
 
 _TOKEN_MEAN_KEYWORDS = frozenset(
@@ -225,8 +226,8 @@ def _divides_by_k(ctx: FileContext, window: ast.AST) -> list[tuple[ast.AST, ast.
     out = []
     for sub in ctx.local_nodes(window):
         d = _division(sub)
-        if d is None or _all_reduced(ctx, sub, d[1]):
-            continue
+        if d is None or _all_reduced(ctx, sub, d[1]) or masked_mean(ctx, window, sub, set(), helpers=False):
+            continue  # (x * mb.mask).sum() / mb.mask.sum() is a token mean, not a division by K
         ids = list(identifiers(d[1]))
         if not ctx.mentions_accum(d[1]) or any(n in i for i in ids for n in _NORMALISED_BY_COUNT):
             continue
@@ -243,7 +244,12 @@ def _per_micro_batch_token_mean(ctx: FileContext, window: ast.AST) -> bool:
             isinstance(n, ast.Call) and call_attr(n) == "sum" for n in walk_all(d[0])
         )):
             return True
-    return False
+    helpers = masked_mean_helpers(ctx)  # (x * m).sum() / m.sum(), inline or in a helper
+    return any(
+        isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in helpers
+        or isinstance(n, ast.BinOp) and masked_mean(ctx, window, n, set(), helpers=False)
+        for n in ctx.local_nodes(window)
+    )
 
 
 def _accelerate_ga_above_one(ctx: FileContext) -> bool:

@@ -1,0 +1,106 @@
+"""Masked token means: a loss summed over a mask and divided by that mask's own count.
+
+``(per_token * mask).sum() / mask.sum()`` (GRPO/PPO token losses, hand-written LM
+losses) is a mean over *this* micro-batch's valid tokens, whatever the names are: the
+divisor is the sum of an expression that also weighs the summed dividend. The same
+normaliser written once in a helper (``def masked_mean(x, m): return (x * m).sum() /
+m.sum()``) and called in the window is the same mean. Read by AG104 (the mean divided by
+K: a mean of means) and AG129 (the mean not divided by K at all: K x the gradient).
+"""
+
+from __future__ import annotations
+
+import ast
+
+from accumguard.static.lint._ast import call_attr, dotted, receiver, walk_all
+from accumguard.static.lint._context import FileContext
+from accumguard.static.lint.families.deepspeed import _name_values
+
+__all__ = ["masked_mean", "masked_mean_helpers"]
+
+#: wrappers that keep a count a count: ``m.sum().clamp(min=1)``, ``.float()``, ``max(n, 1)``
+_COUNT_WRAPPERS = frozenset({"clamp", "clamp_min", "clip", "float", "to", "type_as", "detach", "item"})
+_SUM_CALLS = frozenset({"sum", "nansum"})
+
+
+def _summed_operand(expr: ast.AST) -> ast.AST | None:
+    """``Y`` of a count ``Y.sum(...)`` / ``torch.sum(Y)`` (through clamp/float/max(., 1))."""
+    while isinstance(expr, ast.Call):
+        name = (call_attr(expr) or "") if isinstance(expr.func, ast.Attribute) else (dotted(expr.func) or "")
+        if isinstance(expr.func, ast.Attribute) and name in _COUNT_WRAPPERS:
+            expr = expr.func.value
+        elif name in {"max", "torch.max", "torch.clamp", "torch.clamp_min"} and expr.args:
+            expr = expr.args[0]
+        elif name in _SUM_CALLS and isinstance(expr.func, ast.Attribute):
+            return expr.func.value
+        elif name in {"torch.sum", "torch.nansum"} and expr.args:
+            return expr.args[0]
+        else:
+            return None
+    return None
+
+
+def _sums_weighted_by(dividend: ast.AST, weight: ast.AST) -> bool:
+    """``dividend`` sums something and ``weight`` (the count's operand) appears in what it
+    sums: ``(x * m).sum()``, ``torch.sum(x * m, -1)``, ``(x * m).sum(-1)``."""
+    want = ast.dump(weight)
+    for sub in walk_all(dividend):
+        if not isinstance(sub, ast.Call):
+            continue
+        name = (call_attr(sub) or "") if isinstance(sub.func, ast.Attribute) else (dotted(sub.func) or "")
+        inner = receiver(sub) if isinstance(sub.func, ast.Attribute) else (sub.args[0] if sub.args else None)
+        if name.split(".")[-1] in _SUM_CALLS and inner is not None and any(
+            ast.dump(n) == want for n in walk_all(inner)
+        ):
+            return True
+    return False
+
+
+def _is_masked_division(expr: ast.AST) -> bool:
+    if not (isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Div)):
+        return False
+    weight = _summed_operand(expr.right)
+    return weight is not None and _sums_weighted_by(expr.left, weight)
+
+
+def masked_mean_helpers(ctx: FileContext) -> set[str]:
+    """Functions defined once in the file whose every ``return`` is a masked token mean."""
+    def compute() -> set[str]:
+        defs: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]] = {}
+        for fn in ctx.of(ast.FunctionDef, ast.AsyncFunctionDef):
+            defs.setdefault(fn.name, []).append(fn)
+        out: set[str] = set()
+        for name, fns in defs.items():
+            if len(fns) != 1:
+                continue  # a name defined twice is not followed
+            rets = [n for n in ctx.local_nodes(fns[0]) if isinstance(n, ast.Return)]
+            if rets and all(r.value is not None and masked_mean(ctx, fns[0], r.value, set(), helpers=False)
+                            for r in rets):
+                out.add(name)
+        return out
+    return ctx._cached("masked_mean_helpers", ctx.tree, compute)  # type: ignore[no-any-return]
+
+
+def masked_mean(ctx: FileContext, scope: ast.AST, expr: ast.AST, seen: set[str], *, helpers: bool = True) -> bool:
+    """``expr`` is a masked mean over this micro-batch's tokens: the division itself, its
+    negation, ``.mean()`` of per-sequence masked means, a local name every assignment of
+    which is one, or a call of a helper that returns one."""
+    if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.USub):
+        return masked_mean(ctx, scope, expr.operand, seen, helpers=helpers)
+    if _is_masked_division(expr):
+        return True
+    if isinstance(expr, ast.Name):
+        if expr.id in seen:
+            return False
+        seen.add(expr.id)
+        values, rewritten = _name_values(ctx, scope)
+        vals = values.get(expr.id, [])
+        return expr.id not in rewritten and bool(vals) and all(
+            masked_mean(ctx, scope, v, seen, helpers=helpers) for v in vals
+        )
+    if isinstance(expr, ast.Call):
+        if isinstance(expr.func, ast.Attribute) and expr.func.attr == "mean" and not expr.args and not expr.keywords:
+            return masked_mean(ctx, scope, expr.func.value, seen, helpers=helpers)
+        if helpers and isinstance(expr.func, ast.Name):
+            return expr.func.id in masked_mean_helpers(ctx)
+    return False

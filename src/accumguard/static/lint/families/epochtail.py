@@ -1,0 +1,162 @@
+"""AG131 (F7): a Lightning epoch shorter than the accumulation window, or a tail left short.
+
+``Trainer(limit_train_batches=n, accumulate_grad_batches=K)``: Lightning 2.6.6 ends every
+epoch after n batches (fewer if the loader is shorter), steps the optimizer on the epoch's
+last batch whatever the window holds (``_TrainingEpochLoop._should_accumulate``: "Lightning
+steps on the final batch"), and divides every batch's loss by K regardless
+(``ClosureResult.from_training_step_output(..., normalize=accumulate_grad_batches)``). So a
+window of r < K batches is stepped with r/K of its mean gradient (F7: the final partial
+window scaled by 1/K). With n < K every window of every epoch is such a tail: an error.
+With n > K and n % K != 0 the last window of each epoch is short unless the loader itself
+is shorter than n (not in sight): a warning. Not reported: n a multiple of K, a fraction
+(``limit_train_batches=0.25``: the count depends on the loader), a strategy that handles
+accumulation itself (DeepSpeed), values the file does not show.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import replace
+
+from accumguard.static.findings import Confidence, Finding, Severity
+from accumguard.static.lint._ast import dotted
+from accumguard.static.lint._context import FileContext
+from accumguard.static.lint._rule import rule
+
+__all__ = ["lightning_epoch_shorter_than_window", "single_assignments"]
+
+
+def _imports_lightning(ctx: FileContext) -> bool:
+    for node in ctx.of(ast.Import, ast.ImportFrom):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+        if any(n.split(".")[0] in ("lightning", "pytorch_lightning") for n in names):
+            return True
+    return False
+
+
+_DATA_FACTORIES = frozenset({"randn", "rand", "zeros", "ones", "empty", "arange", "randperm"})
+
+
+def single_assignments(ctx: FileContext) -> dict[str, list[ast.AST]]:
+    """Per plain name: the values of its single-target assignments (one pass, cached)."""
+    def compute() -> dict[str, list[ast.AST]]:
+        out: dict[str, list[ast.AST]] = {}
+        for names, v in ctx.assignments():
+            if len(names) == 1:
+                out.setdefault(names[0], []).append(v)
+        return out
+    return ctx._cached("single_assignments", ctx.tree, compute)  # type: ignore[no-any-return]
+
+
+def _single_value(ctx: FileContext, expr: ast.AST) -> ast.AST:
+    """``expr``, or the one value its name is assigned in the file."""
+    if isinstance(expr, ast.Name):
+        values = single_assignments(ctx).get(expr.id, [])
+        if len(values) == 1:
+            return values[0]
+    return expr
+
+
+def _rows(ctx: FileContext, expr: ast.AST) -> int | None:
+    """The first dimension of a tensor built in sight (``torch.randn(12, 6)``)."""
+    expr = _single_value(ctx, expr)
+    if not isinstance(expr, ast.Call):
+        return None
+    name = (dotted(expr.func) or "").rsplit(".", 1)[-1]
+    if name in _DATA_FACTORIES and expr.args:
+        first = expr.args[0]
+        if isinstance(first, ast.Tuple | ast.List) and first.elts:
+            first = first.elts[0]
+        return ctx.int_value(first) if name != "arange" or len(expr.args) == 1 else None
+    if name == "randint":
+        size = next((kw.value for kw in expr.keywords if kw.arg == "size"), expr.args[2] if len(expr.args) > 2 else None)
+        if isinstance(size, ast.Tuple | ast.List) and size.elts:
+            return ctx.int_value(size.elts[0])
+    return None
+
+
+def _fits(ctx: FileContext) -> dict[str, list[ast.Call]]:
+    """``x.fit(...)`` calls by receiver name (one pass, cached)."""
+    def compute() -> dict[str, list[ast.Call]]:
+        out: dict[str, list[ast.Call]] = {}
+        for c in ctx.of(ast.Call):
+            if isinstance(c.func, ast.Attribute) and c.func.attr == "fit" and (d := dotted(c.func.value)):
+                out.setdefault(d, []).append(c)
+        return out
+    return ctx._cached("lightning_fits", ctx.tree, compute)  # type: ignore[no-any-return]
+
+
+def _fit_batches(ctx: FileContext, trainer: ast.Call) -> int | None:
+    """Batches per epoch of the loader handed to ``trainer.fit(module, loader)`` when all of it
+    is in sight: ``DataLoader(TensorDataset(X, ...), batch_size=b)`` (no sampler, ``drop_last``
+    as given) over a tensor whose row count is a literal."""
+    parent = ctx.parents.get(trainer)
+    if not (isinstance(parent, ast.Assign) and len(parent.targets) == 1 and isinstance(parent.targets[0], ast.Name)):
+        return None
+    name = parent.targets[0].id
+    fits = _fits(ctx).get(name, [])
+    counts: set[int | None] = set()
+    for fit in fits:
+        loader = next((kw.value for kw in fit.keywords if kw.arg == "train_dataloaders"),
+                      fit.args[1] if len(fit.args) > 1 else None)
+        counts.add(_loader_batches(ctx, loader) if loader is not None else None)
+    return counts.pop() if len(counts) == 1 else None
+
+
+def _loader_batches(ctx: FileContext, loader: ast.AST) -> int | None:
+    loader = _single_value(ctx, loader)
+    if not (isinstance(loader, ast.Call) and (dotted(loader.func) or "").endswith("DataLoader") and loader.args):
+        return None
+    kws = {k.arg: k.value for k in loader.keywords}
+    if None in kws or {"sampler", "batch_sampler"} & set(kws):
+        return None
+    bs = ctx.int_value(kws.get("batch_size", loader.args[1] if len(loader.args) > 1 else None))
+    drop = kws.get("drop_last")
+    ds = _single_value(ctx, loader.args[0])
+    if bs is None or bs <= 0 or not (isinstance(ds, ast.Call) and (dotted(ds.func) or "").endswith("TensorDataset")
+                                     and ds.args):
+        return None
+    if drop is not None and not (isinstance(drop, ast.Constant) and drop.value in (True, False)):
+        return None
+    rows = _rows(ctx, ds.args[0])
+    if rows is None:
+        return None
+    return rows // bs if drop is not None and drop.value else -(-rows // bs)
+
+
+@rule("AG131")
+def lightning_epoch_shorter_than_window(ctx: FileContext) -> Iterator[Finding]:
+    if not _imports_lightning(ctx):
+        return
+    for call in ctx.of(ast.Call):
+        if (dotted(call.func) or "").rsplit(".", 1)[-1] != "Trainer":
+            continue
+        kws = {k.arg: k.value for k in call.keywords if k.arg is not None}
+        if any(k.arg is None for k in call.keywords):
+            continue
+        strategy = kws.get("strategy")
+        if strategy is not None and "deepspeed" in ast.unparse(strategy).lower():
+            continue  # the DeepSpeed engine accumulates and scales on its own
+        n = ctx.int_value(kws["limit_train_batches"]) if "limit_train_batches" in kws else _fit_batches(ctx, call)
+        k = ctx.int_value(kws.get("accumulate_grad_batches"))
+        if n is None or k is None or k <= 1 or n <= 0 or n % k == 0:
+            continue
+        r = n % k
+        what = f"`limit_train_batches={n}`" if "limit_train_batches" in kws else f"the epoch's {n} batches"
+        if n < k:
+            verb = "is" if "limit_train_batches" in kws else "are"
+            msg = (f"{what} {verb} fewer than `accumulate_grad_batches={k}`: Lightning "
+                   f"steps the optimizer at each epoch's last batch, so every window holds at most {n} "
+                   f"batches, each loss still divided by {k}: every update is at most {n}/{k} of its window's "
+                   "mean gradient, on fewer batches than the large batch")
+            yield ctx.finding("AG131", call, msg)
+        else:
+            if "limit_train_batches" not in kws:
+                continue  # a tail read from the loader's length: AG117's class, left to watch
+            msg = (f"{what} is not a multiple of `accumulate_grad_batches={k}`: "
+                   f"each epoch's last window holds {r} batches, stepped at the epoch's end with each "
+                   f"loss still divided by {k} ({r}/{k} of its mean gradient), unless the loader has "
+                   f"fewer than {n} batches (not in sight)")
+            f = ctx.finding("AG131", call, msg)
+            yield replace(f, severity=Severity.WARNING, confidence=Confidence.MEDIUM)

@@ -1,0 +1,260 @@
+"""AG130 (F4): a learning rate written into ``param_groups`` from a counter of micro-batches.
+
+nanoGPT-style loops set the learning rate by hand — ``lr = get_lr(it)`` then
+``for g in optimizer.param_groups: g["lr"] = lr`` — with a schedule whose constants
+(``warmup_iters``, ``lr_decay_iters``) are counted in optimizer steps. When ``it`` is
+incremented once per *micro-batch* (``it += 1`` in the accumulation window, or the flat
+loop's own index when the step is gated by ``% K``), the schedule advances K positions per
+optimizer step: warm-up ends K times early and the decay reaches its floor after 1/K of the
+run. An error when the schedule's horizon is tied to the loop's count of optimizer steps
+in the source (a name or integer the schedule reads also bounds the loop around the window:
+``while step < max_iters`` and ``lr_decay_iters = max_iters``); a warning when that tie is
+not in sight (the constants may have been counted in micro-batches on purpose). Silent when
+the counter is divided before the call (``get_lr(it // K)``), when a constant the schedule
+reads is built from K (``lr_decay_iters = max_iters * grad_accum``), or when the counter
+is incremented once per optimizer step (nanoGPT's own loop).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import replace
+
+from accumguard.static.findings import Confidence, Finding, Severity
+from accumguard.static.lint._ast import FUNCS, dotted, walk_all, walk_local
+from accumguard.static.lint._context import FileContext
+from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families.deepspeed import _name_values
+
+__all__ = ["lr_from_micro_counter"]
+
+_LOOPS = (ast.For, ast.AsyncFor, ast.While)
+
+
+def _lr_writes(ctx: FileContext) -> Iterator[ast.Assign]:
+    """``group["lr"] = value`` (a param group's learning rate written by hand)."""
+    for node in ctx.of(ast.Assign):
+        for t in node.targets:
+            if (isinstance(t, ast.Subscript) and isinstance(t.slice, ast.Constant)
+                    and t.slice.value == "lr"):
+                yield node
+
+
+def _single_defs(ctx: FileContext) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
+    def compute() -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
+        defs: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]] = {}
+        for fn in ctx.of(ast.FunctionDef, ast.AsyncFunctionDef):
+            defs.setdefault(fn.name, []).append(fn)
+        return {k: v[0] for k, v in defs.items() if len(v) == 1}
+    return ctx._cached("lr_single_defs", ctx.tree, compute)  # type: ignore[no-any-return]
+
+
+def _int_of(ctx: FileContext, name: str) -> int | None:
+    """The one integer literal every assignment of ``name`` gives it (tuple assignments
+    ``a, b = 2, 8`` paired), else None."""
+    def compute() -> dict[str, set[int | None]]:
+        out: dict[str, set[int | None]] = {}
+        for node in ctx.of(ast.Assign):
+            for t in node.targets:
+                pairs: list[tuple[ast.AST, ast.AST | None]] = [(t, node.value)]
+                if isinstance(t, ast.Tuple | ast.List):
+                    vals = node.value.elts if isinstance(node.value, ast.Tuple | ast.List) else []
+                    pairs = [(x, vals[i] if len(vals) == len(t.elts) else None) for i, x in enumerate(t.elts)]
+                for x, v in pairs:
+                    if isinstance(x, ast.Name):
+                        iv = v.value if isinstance(v, ast.Constant) and type(v.value) is int else None
+                        out.setdefault(x.id, set()).add(iv)
+        return out
+    values = ctx._cached("lr_int_of", ctx.tree, compute).get(name, set())
+    return next(iter(values)) if len(values) == 1 and None not in values else None
+
+
+def _assigned_values(ctx: FileContext, name: str) -> list[ast.AST]:
+    def compute() -> dict[str, list[ast.AST]]:
+        out: dict[str, list[ast.AST]] = {}
+        for names, v in ctx.assignments():
+            for n in names:
+                out.setdefault(n, []).append(v)
+        return out
+    return ctx._cached("lr_assigned", ctx.tree, compute).get(name, [])  # type: ignore[no-any-return]
+
+
+def _innermost_loop(ctx: FileContext, node: ast.AST, scope: ast.AST) -> ast.AST | None:
+    return ctx.enclosing(node, _LOOPS) if ctx.scope_of(node) is scope else None
+
+
+def _accumulating_windows(ctx: FileContext) -> set[ast.AST]:
+    def compute() -> set[ast.AST]:
+        return {w for w in ctx.windows() if ctx.window_facts(w).accumulating}
+    return ctx._cached("lr_acc_windows", ctx.tree, compute)  # type: ignore[no-any-return]
+
+
+def _writes(ctx: FileContext, scope: ast.AST) -> dict[str, tuple[list[ast.AugAssign], list[ast.Assign]]]:
+    """Per name of ``scope``: its augmented assignments and its plain assignments (one walk)."""
+    def compute() -> dict[str, tuple[list[ast.AugAssign], list[ast.Assign]]]:
+        out: dict[str, tuple[list[ast.AugAssign], list[ast.Assign]]] = {}
+        for n in walk_local(scope):
+            if isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name):
+                out.setdefault(n.target.id, ([], []))[0].append(n)
+            elif isinstance(n, ast.Assign):
+                for t in n.targets:
+                    if isinstance(t, ast.Name):
+                        out.setdefault(t.id, ([], []))[1].append(n)
+        return out
+    return ctx._cached("lr_writes", scope, compute)  # type: ignore[no-any-return]
+
+
+def _flat_windows(ctx: FileContext) -> dict[str, list[ast.For | ast.AsyncFor]]:
+    """Accumulating ``for`` windows by the name of their index (``for it, b in enumerate(...)``)."""
+    def compute() -> dict[str, list[ast.For | ast.AsyncFor]]:
+        out: dict[str, list[ast.For | ast.AsyncFor]] = {}
+        for w in _accumulating_windows(ctx):
+            if isinstance(w, ast.For | ast.AsyncFor):
+                tgt = w.target.elts[0] if isinstance(w.target, ast.Tuple) and w.target.elts else w.target
+                if isinstance(tgt, ast.Name):
+                    out.setdefault(tgt.id, []).append(w)
+        return out
+    return ctx._cached("lr_flat_windows", ctx.tree, compute)  # type: ignore[no-any-return]
+
+
+def _micro_window(ctx: FileContext, scope: ast.AST, counter: str) -> ast.AST | None:
+    return ctx._cached("lr_micro:" + counter, scope,  # type: ignore[no-any-return]
+                       lambda: _micro_window_uncached(ctx, scope, counter))
+
+
+def _micro_window_uncached(ctx: FileContext, scope: ast.AST, counter: str) -> ast.AST | None:
+    """The accumulating window in which ``counter`` counts micro-batches: it is incremented
+    (``+= 1``) on every micro-batch of the window, never at the boundary, and never reset in a
+    loop; or it is the index of a flat window whose optimizer step is gated by a boundary."""
+    windows = _accumulating_windows(ctx)
+    incs, resets = _writes(ctx, scope).get(counter, ([], []))
+    if any(ctx.enclosing(r, _LOOPS) is not None and ctx.scope_of(r) is scope for r in resets):
+        return None
+    if incs:
+        loops = {_innermost_loop(ctx, n, scope) for n in incs}
+        if len(loops) != 1 or any(not (isinstance(n.op, ast.Add) and isinstance(n.value, ast.Constant)
+                                       and n.value.value == 1) for n in incs):
+            return None
+        window = loops.pop()
+        if window in windows and not any(ctx.guarded(n, window) for n in incs):
+            return window
+        return None
+    for w in _flat_windows(ctx).get(counter, []):
+        if ctx.scope_of(w) is not scope or _micro_index(ctx, w.iter):
+            continue
+        facts = ctx.window_facts(w)
+        opt_steps = [c for c, kind in facts.steps if kind == "optimizer"]
+        if opt_steps and not facts.unguarded_optimizer_steps:
+            return w
+    return None
+
+
+def _micro_index(ctx: FileContext, it: ast.AST) -> bool:
+    """``range(K)`` (the index of a micro-batch inside its window), not ``range(steps * K)``."""
+    if not (isinstance(it, ast.Call) and (dotted(it.func) or "") == "range"):
+        return ctx.mentions_accum(it)
+    return any(ctx.mentions_accum(a) and not (isinstance(a, ast.BinOp) and isinstance(a.op, ast.Mult))
+               for a in it.args)
+
+
+def _bounds(ctx: FileContext, window: ast.AST, counter: str) -> tuple[set[str], set[int]]:
+    """Names and integers that bound the optimizer steps around ``window``: the enclosing
+    loops' ``range(N)``/``while x < N``/``if x >= N: break`` (not the micro counter), and
+    ``A`` of a flat window's ``range(A * K)``."""
+    exprs: list[ast.AST] = []
+    if isinstance(window, ast.For | ast.AsyncFor) and isinstance(window.iter, ast.Call):
+        for a in window.iter.args:
+            if isinstance(a, ast.BinOp) and isinstance(a.op, ast.Mult):
+                exprs += [s for s in (a.left, a.right) if not ctx.mentions_accum(s)]
+    cur = ctx.parents.get(window)
+    while cur is not None and not isinstance(cur, FUNCS):
+        if isinstance(cur, ast.For | ast.AsyncFor) and isinstance(cur.iter, ast.Call) and \
+                (dotted(cur.iter.func) or "") == "range":
+            exprs += list(cur.iter.args)
+        elif isinstance(cur, ast.While):
+            exprs.append(cur.test)
+        if isinstance(cur, _LOOPS):
+            for st in cur.body:
+                if isinstance(st, ast.If) and any(isinstance(b, ast.Break) for b in st.body):
+                    exprs.append(st.test)
+        cur = ctx.parents.get(cur)
+    names: set[str] = set()
+    ints: set[int] = set()
+    for e in exprs:
+        for sub in walk_all(e):
+            if isinstance(sub, ast.Name) and sub.id != counter and not ctx.mentions_accum(sub):
+                names.add(sub.id)
+                if (v := _int_of(ctx, sub.id)) is not None and v > 1:
+                    ints.add(v)
+            elif isinstance(sub, ast.Constant) and type(sub.value) is int and sub.value > 1:
+                ints.add(sub.value)
+    return names, ints
+
+
+def _schedule_reads(ctx: FileContext, expr: ast.AST, counter: str) -> set[str] | None:
+    """The names the schedule reads besides the counter (a local function's free names, or
+    the inline expression's), None when the counter is divided or reaches it otherwise."""
+    defs = _single_defs(ctx)
+    reads: set[str] = set()
+    found = False
+    for sub in walk_all(expr):
+        if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name) and sub.func.id in defs:
+            args = [a for a in sub.args if any(isinstance(n, ast.Name) and n.id == counter for n in walk_all(a))]
+            if not args:
+                continue
+            if any(not isinstance(a, ast.Name) for a in args):
+                return None  # get_lr(it // K), get_lr(it + offset): not judged
+            fn = defs[sub.func.id]
+            params = {a.arg for a in fn.args.args + fn.args.kwonlyargs}
+            reads |= {n.id for n in walk_all(fn) if isinstance(n, ast.Name) and n.id not in params}
+            found = True
+    if not found:
+        if any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.FloorDiv | ast.Mod) for n in walk_all(expr)):
+            return None
+        names = {n.id for n in walk_all(expr) if isinstance(n, ast.Name)}
+        if counter not in names:
+            return None
+        reads = names - {counter}
+    return reads
+
+
+@rule("AG130")
+def lr_from_micro_counter(ctx: FileContext) -> Iterator[Finding]:
+    for write in _lr_writes(ctx):
+        scope = ctx.scope_of(write)
+        values: list[ast.AST] = [write.value]
+        if isinstance(write.value, ast.Name):
+            values = _name_values(ctx, scope)[0].get(write.value.id, [])
+        for value in values:
+            counters = {n.id for n in walk_all(value) if isinstance(n, ast.Name)}
+            for counter in sorted(counters):
+                window = _micro_window(ctx, scope, counter)
+                if window is None:
+                    continue
+                reads = _schedule_reads(ctx, value, counter)
+                if reads is None or any(
+                    ctx.mentions_accum(ast.Name(id=r)) or any(ctx.mentions_accum(v) for v in _assigned_values(ctx, r))
+                    for r in reads
+                ):
+                    continue  # the schedule's constants are built from K: counted in micro-batches
+                names, ints = _bounds(ctx, window, counter)
+                tied = sorted(reads & names) or sorted(
+                    r for r in reads if (v := _int_of(ctx, r)) is not None and v in ints
+                )
+                msg = (
+                    f"the learning rate written into the param groups is computed from `{counter}`, "
+                    f"which counts micro-batches (it advances on every micro-batch of the window at "
+                    f"line {getattr(window, 'lineno', 0)}), so the schedule advances K positions per optimizer step"
+                )
+                if tied:
+                    msg += (f", while its horizon (`{tied[0]}`) is the loop's number of optimizer "
+                            "steps: warm-up ends K times early and the decay reaches its floor after "
+                            "1/K of the run")
+                    yield ctx.finding("AG130", write, msg)
+                else:
+                    msg += (": K times ahead, unless the schedule's constants are counted in "
+                            "micro-batches (not in sight)")
+                    f = ctx.finding("AG130", write, msg)
+                    yield replace(f, severity=Severity.WARNING, confidence=Confidence.LOW)
+                break
