@@ -44,7 +44,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 from _work import python_calls
@@ -59,8 +59,11 @@ EVERY_N = 10  # the callbacks' default: one step in 10 checked
 def _recording() -> Callable[..., Any]:
     try:
         from accumguard.watch._recording import recording
-    except ImportError:  # b56c5f4's layout
-        from accumguard.runtime.watch import recording  # type: ignore[no-redef]
+    except ImportError:  # an older tree (b56c5f4) measured for comparison: its own layout
+        import importlib
+
+        old = importlib.import_module(".".join(("accumguard", "runtime", "watch")))
+        return cast(Callable[..., Any], old.recording)
     return recording
 
 
