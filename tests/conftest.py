@@ -8,6 +8,7 @@ import os
 import shutil
 import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -66,6 +67,24 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         raise pytest.UsageError(
             "deepspeed is not installed, so the DeepSpeed tests would be skipped; install the "
             "dev extra (pip install -e '.[dev]') or set ACCUMGUARD_ALLOW_NO_DEEPSPEED=1")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Under pytest-xdist's ``--dist loadfile``: each test module runs whole in one worker (its
+    module-scoped launches run once), and the modules that share the session-wide DeepSpeed
+    spawn (``ds_spawn.WORKERS``) run together in one worker, so that spawn runs once too."""
+    if config.getoption("dist", "no") != "loadfile":
+        return None
+    from ds_spawn import WORKERS
+    from xdist.scheduler import LoadScopeScheduling
+
+    class _ByModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "deepspeed-spawn" if Path(path).stem in WORKERS else path
+
+    return _ByModule(config, log)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,5 @@
-"""One 2-rank DeepSpeed spawn shared by the engine modules that build DeepSpeed engines.
+"""One 2-rank DeepSpeed spawn shared by the modules that build DeepSpeed engines (the engine
+modules and accumulate/test_checkpoint.py).
 
 Each of these modules used to spawn its own two ranks, and each spawn paid Python, torch and
 DeepSpeed's import plus ``init_distributed`` again (15-60 s on this machine) for a few seconds
@@ -24,12 +25,13 @@ WORKERS: dict[str, str] = {
     "test_deepspeed_window_memory": "_worker",
     "test_deepspeed_wrappers": "_run",
     "test_nonfinite_dist": "_ds_sweep",
+    "test_checkpoint": "_shared",  # tests/accumulate: DDP, FSDP2, ZeRO 1-3 checkpoint + resume
 }
 #: each worker's own spawn timeout (s): the shared spawn gets the sum of the selected ones,
 #: at most MAX_TIMEOUT (all five took 387 s at load 18-24; a hang should not cost an hour)
 TIMEOUTS = {"test_deepspeed": 600, "test_deepspeed_lean_flush": 900,
             "test_deepspeed_window_memory": 600, "test_deepspeed_wrappers": 600,
-            "test_nonfinite_dist": 900}
+            "test_nonfinite_dist": 900, "test_checkpoint": 900}
 MAX_TIMEOUT = 1800
 
 

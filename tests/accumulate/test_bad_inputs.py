@@ -200,5 +200,5 @@ def test_no_assert_needed_under_python_O() -> None:
         "        print('refused', bad)\n"
     )
     out = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True,
-                         timeout=120)
+                         timeout=300)  # importing torch alone took >120 s at load ~20
     assert out.stdout.split("\n")[:2] == ["refused -4.0", "refused nan"], out.stderr[-2000:]

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from accumguard import Accumulator, ConfigError, UsageError, run_on_ranks
+from accumguard import Accumulator, ConfigError, UsageError
 from accumguard.accumulate.checkpoint import load_checkpoint, save_checkpoint
 from accumguard.demo.toy import TokenMLP, count_tokens, make_rank_batches, token_loss
 
@@ -162,13 +162,30 @@ def _check(first: list[dict[str, Any]], resumed: list[dict[str, Any]], kinds: li
 KINDS = ["ddp", "fsdp2", "zero1", "zero2", "zero3"]
 
 
+def _shared(rank: int, world: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """This module's worker in the session's shared DeepSpeed spawn (tests/ds_spawn.py):
+    rank 0's fresh checkpoint directory, shared with rank 1, then :func:`_first_then_resume`
+    over every engine; the directory is removed afterwards."""
+    import shutil
+    import tempfile
+
+    import torch.distributed as dist
+
+    box = [tempfile.mkdtemp(prefix="accumguard-ckpt-") if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    try:
+        return _first_then_resume(rank, world, str(box[0]), KINDS)
+    finally:
+        dist.barrier()
+        if rank == 0:
+            shutil.rmtree(str(box[0]), ignore_errors=True)
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Any], list[Any]]:
-    """Every engine's first run and resume in ONE 2-rank spawn (DDP, FSDP2, ZeRO 1-3)."""
-    pytest.importorskip("deepspeed")
-    root = tmp_path_factory.mktemp("ckpt")
-    out = run_on_ranks(_first_then_resume, 2, (str(root), KINDS), timeout=900,
-                       env={"DS_ACCELERATOR": "cpu"})
+def runs(deepspeed_spawn: dict[str, list[Any]]) -> tuple[list[Any], list[Any]]:
+    """Every engine's first run and resume in the 2 ranks of the session's shared DeepSpeed
+    spawn (DDP, FSDP2, ZeRO 1-3; it was a spawn of its own, paying DeepSpeed's import again)."""
+    out = deepspeed_spawn["test_checkpoint"]
     return [first for first, _ in out], [resumed for _, resumed in out]
 
 
