@@ -34,3 +34,10 @@ def test_flagged_as_error(name: str) -> None:
     found = [f for f in lint_file(CORPUS / name) if f.code == ERRORS[name]]
     assert found, name
     assert all(f.severity is Severity.ERROR for f in found), [(f.code, f.severity) for f in found]
+
+
+@pytest.mark.parametrize("name", ["bug_ddp_local_count_from_rank_shard.py", "ok_ddp_len_micro_from_world_helper.py",
+                                  "ok_ddp_global_count_from_rank_shard.py"])
+def test_data_built_with_the_world_size_is_not_the_world_size(name: str) -> None:
+    """``shard = split(rank, world_size)``: a count or ``len()`` of that data is no world size."""
+    assert not [f for f in lint_file(CORPUS / name) if f.code == "AG112"]
