@@ -35,7 +35,7 @@ class ValueFacts(FileIndex):
                         v is not None
                         and len(names) == 1
                         and names[0] not in out
-                        and self._mentions(v, pattern, out)
+                        and self._mentions(_alias_core(v), pattern, out)
                     ):
                         out.update(names)
                 if len(out) == before:
@@ -144,6 +144,17 @@ class ValueFacts(FileIndex):
     def mentions_accum(self, expr: ast.AST) -> bool:
         """``expr`` is (or is built from) the number of accumulation steps."""
         return self._mentions(expr, ACCUM_RE, self._derived_names(ACCUM_RE))
+
+
+def _alias_core(value: ast.AST) -> ast.AST:
+    """What of an alias names the quantity: for a call, its callee and its string arguments
+    (``dist.get_world_size(group)``, ``os.getenv("WORLD_SIZE")``), not the values passed to
+    it: ``data = rank_batches(rank, world)`` is data, not the world size, and neither is a
+    count computed from it."""
+    if not isinstance(value, ast.Call):
+        return value
+    strings: list[ast.expr] = [a for a in value.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+    return ast.Tuple(elts=[value.func, *strings], ctx=ast.Load())
 
 
 def _unwrap_alias(value: ast.AST) -> ast.AST | None:

@@ -128,6 +128,8 @@ class DsConfigFinder:
         if self._is_config_argument(node):
             return True
         parent = self.ctx.parents.get(node)
+        if isinstance(parent, ast.Return):
+            return self._returned_as_config(parent)
         if not isinstance(parent, ast.Assign | ast.AnnAssign):
             return False
         targets = parent.targets if isinstance(parent, ast.Assign) else [parent.target]
@@ -135,6 +137,31 @@ class DsConfigFinder:
         if names & self._config_argument_names():
             return True
         return self._assigned_to_config_name(node) and self.ctx.is_training_script()
+
+    def _returned_as_config(self, ret: ast.Return) -> bool:
+        """``def ds_config(world): return {...}`` (its only return) and a call of it handed to
+        DeepSpeed: ``initialize(config=ds_config(world))``, or ``cfg = ds_config(world)`` with
+        ``cfg`` passed as the config."""
+        fn = self.ctx.parents.get(ret)
+        while fn is not None and not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            fn = self.ctx.parents.get(fn)
+        if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            return False
+        if sum(isinstance(n, ast.Return) for n in ast.walk(fn)) != 1:
+            return False
+        if sum(isinstance(d, ast.FunctionDef | ast.AsyncFunctionDef) and d.name == fn.name
+               for d in self.ctx.of(ast.FunctionDef, ast.AsyncFunctionDef)) != 1:
+            return False  # two functions of that name: which one is called cannot be told
+        for call in self.ctx.of(ast.Call):
+            if not (isinstance(call.func, ast.Name) and call.func.id == fn.name):
+                continue
+            if self._is_config_argument(call):
+                return True
+            parent = self.ctx.parents.get(call)
+            if isinstance(parent, ast.Assign) and {d for t in parent.targets if (d := dotted(t))} \
+                    & self._config_argument_names():
+                return True
+        return False
 
     def _config_argument_names(self) -> set[str]:
         """Names passed as a config: ``config=cfg`` keywords and ``initialize(..., cfg)``."""

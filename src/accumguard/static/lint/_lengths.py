@@ -4,7 +4,9 @@ The final partial window of an epoch (F7) leaks into the next epoch only when th
 of batches per epoch is not a multiple of K. That number is usually known at run time
 only; but small scripts often spell it out: ``DataLoader(TensorDataset(torch.randn(50, 8),
 ...), batch_size=5)`` is 10 batches, ``data = [... for _ in range(10)]`` is 10 items.
-:func:`static_len` follows names to their single assignment and reads those shapes; any
+:func:`static_len` follows names to their single assignment, and a call of a function of
+the file (``loader = make_loader()``) to that function's single ``return``, and reads those
+shapes (sizes may be module constants: ``N = 50``, ``BATCH = 5``); any
 other shape (a sampler, a dataset class, a slice, a value from the command line) is
 ``None``: unknown, never guessed.
 """
@@ -37,8 +39,8 @@ def static_len(ctx: _Facts, expr: ast.AST | None, depth: int = 0) -> int | None:
     """``len(expr)`` when the script makes it evident with constants, else None."""
     if expr is None or depth > _MAX_DEPTH:
         return None
-    if isinstance(expr, ast.Name):
-        value = _single_assignment(ctx, expr.id)
+    if isinstance(expr, ast.Name) or (isinstance(expr, ast.Attribute) and dotted(expr) is not None):
+        value = _single_assignment(ctx, dotted(expr) or "")  # `loader`, `self.loader`
         return None if value is None else static_len(ctx, value, depth + 1)
     if isinstance(expr, ast.List | ast.Tuple):
         return None if any(isinstance(e, ast.Starred) for e in expr.elts) else len(expr.elts)
@@ -58,7 +60,49 @@ def static_len(ctx: _Facts, expr: ast.AST | None, depth: int = 0) -> int | None:
         return _loader_len(ctx, expr, depth)
     if name == "TensorDataset" and expr.args:
         return _tensor_len(ctx, expr.args[0], depth + 1)
-    return None
+    returned = _returned(ctx, expr)
+    return None if returned is None else static_len(ctx, returned, depth + 1)
+
+
+def _returned(ctx: _Facts, call: ast.Call) -> ast.AST | None:
+    """What ``call`` returns when it calls a function of the file (one definition of that
+    name) with a single ``return <value>`` of its own; else None."""
+    if not isinstance(call.func, ast.Name):
+        return None
+    defs = _functions(ctx).get(call.func.id, [])
+    if len(defs) != 1:
+        return None
+    fn = defs[0]
+    assert isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef)
+    args = fn.args
+    params = {a.arg for a in args.posonlyargs + args.args + args.kwonlyargs}
+    if params & set(_assignment_index(ctx)):
+        return None  # a parameter shadows a name assigned elsewhere: its value is the caller's
+    returns = [n for n in _own_nodes(fn) if isinstance(n, ast.Return)]
+    return returns[0].value if len(returns) == 1 else None
+
+
+def _own_nodes(fn: ast.AST) -> list[ast.AST]:
+    """The nodes of ``fn``'s body, not those of functions or classes defined in it."""
+    out: list[ast.AST] = []
+    todo = list(ast.iter_child_nodes(fn))
+    while todo:
+        node = todo.pop()
+        out.append(node)
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
+            todo.extend(ast.iter_child_nodes(node))
+    return out
+
+
+def _functions(ctx: _Facts) -> dict[str, list[ast.AST]]:
+    """The file's function definitions by name, built once per file."""
+    def compute() -> dict[str, list[ast.AST]]:
+        out: dict[str, list[ast.AST]] = {}
+        for node in ast.walk(ctx.tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                out.setdefault(node.name, []).append(node)
+        return out
+    return ctx._cached("functions_by_name", ctx.tree, compute)  # type: ignore[no-any-return]
 
 
 def _single_assignment(ctx: _Facts, name: str) -> ast.AST | None:

@@ -129,6 +129,26 @@ def mod_guard(test: ast.AST) -> ModGuard | None:
     return mod_term(test)
 
 
+def flag_guard(ctx: FileContext, test: ast.AST, window: ast.AST) -> tuple[ModGuard, ast.Assign] | None:
+    """``flag = step % K == 0`` once in every iteration of ``window``, then ``if flag:``
+    (the flag often also picks ``no_sync``): the guard of the assignment, and the assignment
+    (the counter is read where it is, not at the ``if``). None for any other test, a flag
+    written twice or under a branch, an assignment after the test, or a test in a nested
+    function."""
+    if not isinstance(test, ast.Name):
+        return None
+    writes = _assigned_in(ctx, window, test.id)
+    if len(writes) != 1:
+        return None
+    flag = writes[0]
+    if not (isinstance(flag, ast.Assign) and len(flag.targets) == 1 and position(flag) < position(test)
+            and _every_iteration(ctx, flag, window)
+            and ctx.enclosing(flag, FUNCS) is ctx.enclosing(test, FUNCS)):
+        return None  # (an `if flag:` in a closure defined in the loop runs who knows when)
+    guard = mod_guard(flag.value)
+    return None if guard is None else (guard, flag)
+
+
 def int_constant(node: ast.AST | None) -> int | None:
     if isinstance(node, ast.Constant) and type(node.value) is int:
         return node.value

@@ -1,7 +1,9 @@
 """Precision rules (F12): where the gradient accumulates across a window, and in which dtype.
 
 AG120: the model itself cast to bf16/fp16 (``.to(torch.bfloat16)``, ``.half()``) while a
-window accumulates K > 1 backwards: the ``.grad`` buffers are low precision too.
+window accumulates K > 1 backwards: the ``.grad`` buffers are low precision too. A
+warning; an error when every K in sight for that window is at least ``_F12_ERROR_K`` (the
+same threshold as AG126: the expected drift then exceeds the watch rule's error bound).
 
 AG126: FSDP2 ``fully_shard(..., mp_policy=MixedPrecisionPolicy(param_dtype=bf16))`` with
 ``reduce_dtype`` bf16 (or unset: it then reduces in ``param_dtype``) while a window defers
@@ -25,6 +27,10 @@ from accumguard.static.lint._ast import FUNCS, call_attr, dotted, receiver
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._modguard import k_values, mod_term
+
+#: K from which the expected bf16/fp16 accumulation drift u*sqrt(K)/3 exceeds the watch
+#: rule's error bound (observe/_precision_rules.F12_ERROR_FACTOR; the same number there)
+_F12_ERROR_K = 144
 
 _LOW_DTYPES = ("bfloat16", "float16", "half")
 _FP32_GRAD_HINTS = re.compile(r"master|fp32_grad|grad_fp32|float32_grad|grad_accum_dtype|post_accumulate_grad")
@@ -96,20 +102,25 @@ def low_precision_model_accumulation(ctx: FileContext) -> Iterator[Finding]:
         if window is None or here is None:
             continue
         dtype = "fp16" if call_attr(cast) == "half" or "float16" in ast.unparse(cast).replace("bfloat16", "") else "bf16"
-        yield ctx.finding(
+        ks = _window_k(ctx, window)
+        known = sorted(k for k in ks if k is not None)
+        error = bool(known) and None not in ks and known[0] >= _F12_ERROR_K
+        k_text = f"K = {known[0]}" if error and len(known) == 1 else "several"
+        finding = ctx.finding(
             "AG120",
             cast,
-            f"`{name}` is cast to {dtype} and accumulates gradients over several micro-batches (the "
+            f"`{name}` is cast to {dtype} and accumulates gradients over {k_text} micro-batches (the "
             f"window at line {getattr(window, 'lineno', 1)}): its .grad buffers are {dtype}, so each "
-            "micro-batch's gradient is rounded as it is added, an error that grows with K",
+            "micro-batch's gradient is rounded as it is added, an error that grows with K"
+            + (f" (an error from K >= {_F12_ERROR_K}, the watch rule's bound)" if error else ""),
         )
+        if error:
+            finding = replace(finding, severity=Severity.ERROR, confidence=Confidence.HIGH)
+        yield finding
 
 
 # ---------------------------------------------------------------- AG126: FSDP2 bf16 reduce_dtype
 
-#: K from which the expected bf16/fp16 accumulation drift u*sqrt(K)/3 exceeds the watch
-#: rule's error bound (observe/_precision_rules.F12_ERROR_FACTOR; the same number there)
-_F12_ERROR_K = 144
 
 
 def _low_dtype(expr: ast.AST | None) -> bool:

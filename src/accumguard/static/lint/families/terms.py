@@ -12,6 +12,13 @@ assignments to the backwarded name in the window, in order (one level: ``loss = 
 Lightning backwards (they divide the whole loss themselves), a term that is a constant, a
 window whose loss cannot be followed (a name assigned in a branch, a helper), a term with
 any division of its own (``ce_sum / window_tokens``: normalised by the window's count).
+
+A term that is a local name (``lm_loss = lm_loss / K`` then ``loss = lm_loss + coef * aux``)
+is followed to its own assignments in the window before it is used (a few levels): a name
+that is a sum splices its terms in; a name inside a product (``coef * aux`` after
+``aux = aux / K``) makes the product divided when all of the name's terms are divided, and
+normalised when any of them carries a division. A name that cannot be followed stays one
+opaque, undivided term (as before).
 """
 
 from __future__ import annotations
@@ -30,6 +37,10 @@ from accumguard.static.lint._rule import rule
 class _Term:
     expr: ast.AST
     divided: bool  # divided by K
+    normalised: bool = False  # carries some division of its own (window count, ...)
+
+
+_DEPTH = 3  # how many levels of local names a term is followed through
 
 
 def _divides_by_k(ctx: FileContext, node: ast.AST) -> bool:
@@ -41,53 +52,87 @@ def _has_k_division(ctx: FileContext, expr: ast.AST) -> bool:
     return any(_divides_by_k(ctx, n) for n in walk_all(expr))
 
 
-def _split(ctx: FileContext, expr: ast.AST, name: str, prev: list[_Term] | None) -> list[_Term] | None:
-    """The additive terms of ``expr``; ``name`` (the loss itself, ``loss = loss + x``) stands
-    for ``prev``. None when it cannot be followed (``name`` unknown, a subtraction of it)."""
-    if dotted(expr) == name:
-        return None if prev is None else [_Term(t.expr, t.divided) for t in prev]
-    if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Add):
-        left = _split(ctx, expr.left, name, prev)
-        right = _split(ctx, expr.right, name, prev)
-        return None if left is None or right is None else left + right
-    if _divides_by_k(ctx, expr) and isinstance(expr, ast.BinOp):
-        inner = _split(ctx, expr.left, name, prev)
-        return None if inner is None else [_Term(t.expr, True) for t in inner]
-    if any(dotted(n) == name for n in walk_all(expr)):
-        return None  # the loss inside a product or a call: not a plain sum
-    return [_Term(expr, _has_k_division(ctx, expr))]
+class _Follow:
+    """Follows local names to their terms in one window, before the statement using them."""
 
+    def __init__(self, ctx: FileContext, window: ast.AST) -> None:
+        self.ctx, self.window = ctx, window
+        self.active: set[str] = set()
 
-def _terms_at(ctx: FileContext, window: ast.AST, name: str, backward: ast.Call) -> list[_Term] | None:
-    """The terms of ``name`` when ``backward`` runs, from the window's assignments before it
-    (all in the window's own block: one inside an ``if`` makes the sum undecidable)."""
-    terms: list[_Term] | None = None
-    writes = [n for n in ctx.local_nodes(window)
-              if isinstance(n, ast.Assign | ast.AugAssign) and position(n) < position(backward)
-              and any(dotted(t) == name for t in _targets(n))]
-    for w in sorted(writes, key=position):
-        if ctx.enclosing(w, (ast.If, ast.Try, ast.Match, *_LOOPS)) is not ctx.enclosing(
-                backward, (ast.If, ast.Try, ast.Match, *_LOOPS)):
+    def name_terms(self, name: str, at: ast.AST, depth: int) -> list[_Term] | None:
+        if depth <= 0 or name in self.active:
             return None
-        if isinstance(w, ast.Assign):
-            if len(w.targets) != 1:
-                return None
-            if dotted(w.targets[0]) != name:  # `logits, loss, aux = model(x)`: one fresh term
-                terms = [_Term(ast.Name(name), False)]
+        self.active.add(name)
+        try:
+            return self.terms_at(name, at, depth - 1)
+        finally:
+            self.active.discard(name)
+
+    def term(self, expr: ast.AST, at: ast.AST, depth: int) -> _Term:
+        """One non-sum term; the local names inside it decide whether it is divided."""
+        divided, normalised = _has_k_division(self.ctx, expr), False
+        for n in walk_all(expr):
+            if not isinstance(n, ast.Name) or n is expr:
                 continue
-            terms = _split(ctx, w.value, name, terms)
-        elif terms is None:
-            return None
-        elif isinstance(w.op, ast.Add):
-            extra = _split(ctx, w.value, name, None)
-            terms = None if extra is None else terms + extra
-        elif isinstance(w.op, ast.Div) and ctx.mentions_accum(w.value):
-            terms = [_Term(t.expr, True) for t in terms]
-        else:
-            return None
-        if terms is None:
-            return None
-    return terms
+            sub = self.name_terms(n.id, at, depth)
+            if sub:
+                divided = divided or all(t.divided for t in sub)
+                normalised = normalised or any(t.normalised or _divided_by_anything(t.expr) for t in sub)
+        return _Term(expr, divided, normalised)
+
+    def split(self, expr: ast.AST, name: str, prev: list[_Term] | None, at: ast.AST,
+              depth: int) -> list[_Term] | None:
+        """The additive terms of ``expr``; ``name`` (the loss itself, ``loss = loss + x``)
+        stands for ``prev``. None when it cannot be followed (``name`` unknown, a
+        subtraction of it)."""
+        if dotted(expr) == name:
+            return None if prev is None else [_Term(t.expr, t.divided, t.normalised) for t in prev]
+        if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Add):
+            left = self.split(expr.left, name, prev, at, depth)
+            right = self.split(expr.right, name, prev, at, depth)
+            return None if left is None or right is None else left + right
+        if _divides_by_k(self.ctx, expr) and isinstance(expr, ast.BinOp):
+            inner = self.split(expr.left, name, prev, at, depth)
+            return None if inner is None else [_Term(t.expr, True, t.normalised) for t in inner]
+        if any(dotted(n) == name for n in walk_all(expr)):
+            return None  # the loss inside a product or a call: not a plain sum
+        if isinstance(expr, ast.Name):
+            sub = self.name_terms(expr.id, at, depth)
+            if sub:
+                return sub
+        return [self.term(expr, at, depth)]
+
+    def terms_at(self, name: str, use: ast.AST, depth: int = _DEPTH) -> list[_Term] | None:
+        """The terms of ``name`` when ``use`` runs, from the window's assignments before it
+        (all in ``use``'s own block: one inside an ``if`` makes the sum undecidable)."""
+        ctx = self.ctx
+        terms: list[_Term] | None = None
+        writes = [n for n in ctx.local_nodes(self.window)
+                  if isinstance(n, ast.Assign | ast.AugAssign) and position(n) < position(use)
+                  and any(dotted(t) == name for t in _targets(n))]
+        for w in sorted(writes, key=position):
+            if ctx.enclosing(w, (ast.If, ast.Try, ast.Match, *_LOOPS)) is not ctx.enclosing(
+                    use, (ast.If, ast.Try, ast.Match, *_LOOPS)):
+                return None
+            if isinstance(w, ast.Assign):
+                if len(w.targets) != 1:
+                    return None
+                if dotted(w.targets[0]) != name:  # `logits, loss, aux = model(x)`: one fresh term
+                    terms = [_Term(ast.Name(name), False)]
+                    continue
+                terms = self.split(w.value, name, terms, w, depth)
+            elif terms is None:
+                return None
+            elif isinstance(w.op, ast.Add):
+                extra = self.split(w.value, name, None, w, depth)
+                terms = None if extra is None else terms + extra
+            elif isinstance(w.op, ast.Div) and ctx.mentions_accum(w.value):
+                terms = [_Term(t.expr, True, t.normalised) for t in terms]
+            else:
+                return None
+            if terms is None:
+                return None
+        return terms
 
 
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
@@ -130,14 +175,16 @@ def loss_term_not_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
             if loss is None:
                 continue
             name = dotted(loss)
-            terms = _terms_at(ctx, window, name, bw) if name is not None else _split(ctx, loss, "", None)
+            follow = _Follow(ctx, window)
+            terms = (follow.terms_at(name, bw) if name is not None
+                     else follow.split(loss, "", None, bw, _DEPTH))
             if not terms or len(terms) < 2:
                 continue
             divided = [t for t in terms if t.divided]
             if not divided:
                 continue
             for t in terms:
-                if t.divided or _constant(t.expr) or _divided_by_anything(t.expr):
+                if t.divided or t.normalised or _constant(t.expr) or _divided_by_anything(t.expr):
                     continue  # a term over the window's token count (`ce_sum / n_window`) is right
                 main = ast.unparse(divided[0].expr)
                 yield ctx.finding(

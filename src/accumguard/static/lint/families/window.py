@@ -53,6 +53,7 @@ from accumguard.static.lint.families._modguard import (
     counter_start,
     exclusive,
     first_window,
+    flag_guard,
     int_constant,
     k_values,
     mod_guard,
@@ -237,14 +238,18 @@ def boundary_counter_off_by_one(ctx: FileContext) -> Iterator[Finding]:
             if kind not in ("optimizer", "engine"):
                 continue
             guard_if = ctx.enclosing(call, (ast.If, *LOOPS))
-            while isinstance(guard_if, ast.If) and mod_guard(guard_if.test) is None:
+            while (isinstance(guard_if, ast.If) and mod_guard(guard_if.test) is None
+                   and flag_guard(ctx, guard_if.test, window) is None):
                 guard_if = ctx.enclosing(guard_if, (ast.If, *LOOPS))
             if not isinstance(guard_if, ast.If) or id(guard_if) in seen:
                 continue
             if exclusive(ctx, call, guard_if.body[0]):
                 continue  # the step is in the else branch
             guard = mod_guard(guard_if.test)
-            top = top_statement(ctx, guard_if, window)
+            tested: ast.AST = guard_if  # where the counter is read
+            if guard is None and (flagged := flag_guard(ctx, guard_if.test, window)) is not None:
+                guard, tested = flagged  # `do_step = i % K == 0` ... `if do_step:`
+            top = top_statement(ctx, tested, window)
             if guard is None or top is None:
                 continue
             seen.add(id(guard_if))
@@ -292,7 +297,7 @@ def boundary_counter_off_by_one(ctx: FileContext) -> Iterator[Finding]:
             finding = ctx.finding(
                 "AG115",
                 guard_if,
-                f"the step runs when `{ast.unparse(guard_if.test)}`, {where} this micro-batch's "
+                f"the step runs when {_test_text(guard_if, tested)}, {where} this micro-batch's "
                 f"backward, with `{guard.counter}` = {start} on the first micro-batch: the first "
                 f"window has {window_size_text(*n1)} micro-batch{'' if n1 == (0, 1) else 'es'} "
                 "instead of K",
@@ -308,6 +313,14 @@ def boundary_counter_off_by_one(ctx: FileContext) -> Iterator[Finding]:
                     confidence=Confidence.MEDIUM,
                 )
             yield finding
+
+
+def _test_text(guard_if: ast.If, tested: ast.AST) -> str:
+    """The ``if`` test as written (in backticks), with the flag's definition for a flag."""
+    test = f"`{ast.unparse(guard_if.test)}`"
+    if isinstance(tested, ast.Assign):
+        return f"{test} (= `{ast.unparse(tested.value)}`)"
+    return test
 
 
 def _micro_batches(n: int) -> str:
