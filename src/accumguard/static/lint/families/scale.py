@@ -93,15 +93,23 @@ def _k_in_sight(ctx: FileContext, window: ast.AST) -> str | None:
     return None
 
 
-@rule("AG122")
-def mean_loss_never_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
+def plain_windows(ctx: FileContext) -> Iterator[ast.AST]:
+    """The hand-written windows whose backwards take each micro-batch's loss as it is (plain
+    ``loss.backward()``, one guarded optimizer step, no summed loss, no engine or Accelerate
+    doing the scaling) in a file where K divides nothing: the windows in which a mean loss
+    weighs K x (AG122, AG129)."""
     if _k_scales_something(ctx):
         return
     for window in ctx.windows():
         facts = ctx.window_facts(window)
-        if (not facts.accumulating or facts.summed_loss or facts.unguarded_optimizer_steps
+        if not (not facts.accumulating or facts.summed_loss or facts.unguarded_optimizer_steps
                 or facts.accelerate or facts.engine_backward):
-            continue
+            yield window
+
+
+@rule("AG122")
+def mean_loss_never_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
+    for window in plain_windows(ctx):
         k = _k_in_sight(ctx, window)
         if k is None:
             continue

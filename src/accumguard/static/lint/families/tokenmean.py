@@ -20,7 +20,7 @@ from accumguard.static.lint._ast import call_attr, dotted, is_backward, receiver
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._masked import masked_mean
-from accumguard.static.lint.families.scale import _k_in_sight, _k_scales_something
+from accumguard.static.lint.families.scale import _k_in_sight, plain_windows
 
 __all__ = ["masked_token_mean_never_divided_by_k"]
 
@@ -48,13 +48,7 @@ def _backwarded(call: ast.Call) -> ast.AST | None:
 
 @rule("AG129")
 def masked_token_mean_never_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
-    if _k_scales_something(ctx):
-        return
-    for window in ctx.windows():
-        facts = ctx.window_facts(window)
-        if (not facts.accumulating or facts.summed_loss or facts.unguarded_optimizer_steps
-                or facts.accelerate or facts.engine_backward):
-            continue
+    for window in plain_windows(ctx):
         k = _window_k(ctx, window)
         if k is None:
             continue
