@@ -23,6 +23,8 @@ ERRORS = {
     # AG117: the epoch length evident through a loader/data-set factory function
     "bug_epoch_leak_loader_factory.py": "AG117",
     "bug_epoch_fn_leak_dataset_factory.py": "AG117",
+    # ... and through `net, data = setup()` (a name resolved in the function that reads it)
+    "bug_epoch_leak_tuple_from_builder.py": "AG117",
     # AG120: a bf16/fp16 model with a literal K at or above the F12 error threshold
     "bug_half_model_guarded_k256.py": "AG120",
     "bug_bf16_trainer_class_range_k.py": "AG120",

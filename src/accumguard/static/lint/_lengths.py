@@ -40,7 +40,7 @@ def static_len(ctx: _Facts, expr: ast.AST | None, depth: int = 0) -> int | None:
     if expr is None or depth > _MAX_DEPTH:
         return None
     if isinstance(expr, ast.Name) or (isinstance(expr, ast.Attribute) and dotted(expr) is not None):
-        value = _single_assignment(ctx, dotted(expr) or "")  # `loader`, `self.loader`
+        value = _single_assignment(ctx, dotted(expr) or "", expr)  # `loader`, `self.loader`
         return None if value is None else static_len(ctx, value, depth + 1)
     if isinstance(expr, ast.List | ast.Tuple):
         return None if any(isinstance(e, ast.Starred) for e in expr.elts) else len(expr.elts)
@@ -105,12 +105,39 @@ def _functions(ctx: _Facts) -> dict[str, list[ast.AST]]:
     return ctx._cached("functions_by_name", ctx.tree, compute)  # type: ignore[no-any-return]
 
 
-def _single_assignment(ctx: _Facts, name: str) -> ast.AST | None:
-    """The value of the one plain ``name = value`` of the file (None if assigned otherwise too)."""
-    hits = _assignment_index(ctx).get(name, ())
-    if len(hits) != 1 or hits[0][0] != [name]:
+def _single_assignment(ctx: _Facts, name: str, at: ast.AST | None = None) -> ast.AST | None:
+    """The value of the one ``name = value`` of the file, or of the function that reads it
+    at ``at`` when other functions assign the name too (None if assigned otherwise too);
+    for ``model, ds = build()`` or ``a, b = x, y`` the element at the name's place."""
+    hits = list(_assignment_index(ctx).get(name, ()))
+    if len(hits) > 1 and at is not None:
+        scope = _scopes(ctx)
+        hits = [h for h in hits if scope.get(id(h[1])) is scope.get(id(at))]
+    if len(hits) != 1:
         return None
-    return hits[0][1]
+    names, value = hits[0]
+    if names == [name]:
+        return value
+    if len(set(names)) != len(names) or name not in names:
+        return None
+    tup = value if isinstance(value, ast.Tuple) else (
+        _returned(ctx, value) if isinstance(value, ast.Call) else None)
+    if (not isinstance(tup, ast.Tuple) or len(tup.elts) != len(names)
+            or any(isinstance(e, ast.Starred) for e in tup.elts)):
+        return None
+    return tup.elts[names.index(name)]
+
+
+def _scopes(ctx: _Facts) -> dict[int, ast.AST]:
+    """Each node of a function's own body -> that function, built once per file."""
+    def compute() -> dict[int, ast.AST]:
+        out: dict[int, ast.AST] = {}
+        for defs in _functions(ctx).values():
+            for fn in defs:
+                for node in _own_nodes(fn):
+                    out[id(node)] = fn
+        return out
+    return ctx._cached("node_scopes", ctx.tree, compute)  # type: ignore[no-any-return]
 
 
 def _assignment_index(ctx: _Facts) -> dict[str, list[tuple[list[str], ast.AST]]]:
