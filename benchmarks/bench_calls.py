@@ -9,6 +9,9 @@ zero_grad) runs plain and under each tool, in one process, one thread:
   (``sys.setprofile``), counted step by step after ``--warm`` steps over ``--steps`` steps:
   the least step (the per-event work, deterministic) and the mean (with the work sampled
   on a time budget: conservation checksums, loss records; the callbacks' checked steps);
+* **torch ops/step**: operator events the torch profiler records per optimizer step added
+  by the tool (``aten::`` calls and their nested calls), the least step (deterministic, like
+  the calls' least step): the tensor work that Python call counts do not see;
 * **CPU µs/step**: ``--pairs`` alternating pairs (plain then tool, tool then plain), each
   timing ``--steps`` steps in process CPU time after ``--warm`` untimed steps of the
   installed tool; per pair the added CPU time per step and the ratio tool / plain;
@@ -157,6 +160,30 @@ def calls_per_step(tool: str, steps: int, warm: int) -> tuple[float, float, floa
         st.train(warm)
         tooled = _each_step(st, steps)
     return statistics.fmean(plain), statistics.fmean(tooled), min(plain), min(tooled)
+
+
+def ops_per_step(tool: str, steps: int, warm: int) -> int:
+    """Torch operator events per step added by ``tool``: its least step's minus the plain
+    loop's least step's, over ``steps`` steps each (the sampled work is left out: the
+    profiler slows every operator, which changes how often a time budget samples)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    def events(st: Setup) -> list[int]:
+        out = []
+        for _ in range(steps):
+            with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+                st.train(1)
+            out.append(len(prof.events()))
+        return out
+
+    st = Setup(steps)
+    st.train(warm)
+    plain = events(st)
+    with tempfile.TemporaryDirectory() as tmp, installed(tool, st, tmp):
+        st.train(warm)
+        tooled = events(st)
+    return min(tooled) - min(plain)
 
 
 def _q(xs: list[float]) -> tuple[float, float, float]:
@@ -344,11 +371,12 @@ def main() -> None:
           f"{args.steps} (least step: per-event work; mean: with the sampled work); CPU: {args.pairs} "
           f"alternating pairs x {args.steps} steps")
     print("| tool | plain calls/step | added calls, least step | added calls, mean | "
-          "plain CPU ms/step | added CPU µs/step (median, IQR) | ratio (median, IQR) |")
-    print("|---|---:|---:|---:|---:|---|---|")
+          "added torch ops, least step | plain CPU ms/step | added CPU µs/step (median, IQR) | ratio (median, IQR) |")
+    print("|---|---:|---:|---:|---:|---:|---|---|")
     for tool in tools:
         plain_calls, tool_calls, plain_min, tool_min = calls_per_step(tool, args.steps,
                                                                       args.warm)
+        ops = ops_per_step(tool, args.steps, args.warm)
         if args.pairs > 0:
             d, r, base = timed(tool, args.steps, args.warm, args.pairs)
             dlo, dmed, dhi = _q(d)
@@ -358,7 +386,7 @@ def main() -> None:
         else:
             cpu = "- | - | -"
         print(f"| {tool} | {plain_min:.0f} | {tool_min - plain_min:.0f} | "
-              f"{tool_calls - plain_calls:.0f} | {cpu} |",
+              f"{tool_calls - plain_calls:.0f} | {ops} | {cpu} |",
               flush=True)
     print(f"load at the end {os.getloadavg()[0]:.2f}")
 
