@@ -10,7 +10,7 @@ neighbours' load. Nested timings are counted once.
 Usage::
 
     python benchmarks/fsdp2_phases.py 12            # 12 timed steps per variant
-    python benchmarks/fsdp2_phases.py 12 --profile  # and a cProfile of rank 0's FSDP2 steps
+    python benchmarks/fsdp2_phases.py 12 --profile  # and a cProfile of rank 0, default variant
 """
 
 from __future__ import annotations
@@ -30,12 +30,14 @@ import torch
 from accumguard import run_on_ranks
 from accumguard.demo import _bench_setup as setup
 
-PHASES = ("forward", "backward", "last backward", "nonfinite", "step", "zero_grad",
-          "all-gathers", "skipped")
+PHASES = ("forward", "backward", "last backward", "nonfinite", "step", "zero_grad")
+COUNTS = ("all-gathers", "skipped")
 VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("limit", {}),
-    ("FSDP2, hooks every micro-step", {"skip_hooks": False}),
-    ("FSDP2, idle hooks skipped", {"skip_hooks": True}),
+    ("FSDP2, no fast path", {"skip_hooks": False, "pair": False}),
+    ("FSDP2, idle hooks skipped", {"skip_hooks": True, "pair": False}),
+    ("FSDP2, pair all-reduce", {"skip_hooks": False, "pair": True}),
+    ("FSDP2, both (default)", {"skip_hooks": True, "pair": True}),
 ]
 
 
@@ -90,6 +92,8 @@ def worker(rank: int, world: int, args: argparse.Namespace,
     spent.clear()
     gathers = {name: getattr(getattr(run, "engine", None), "all_gathers", 0)
                for name, run in runs.items()}
+    skipped = {name: getattr(getattr(getattr(run, "engine", None), "idle_hooks", None),
+                             "skipped", 0) for name, run in runs.items()}
     total: dict[str, float] = collections.defaultdict(float)
     prof = cProfile.Profile() if args.profile and rank == 0 else None
     for i in range(args.steps):
@@ -106,8 +110,9 @@ def worker(rank: int, world: int, args: argparse.Namespace,
     for name, run in runs.items():
         engine = getattr(run, "engine", None)
         idle = getattr(engine, "idle_hooks", None)
+        # counts per step (the division by steps below), shown ×1000 like the times
         spent[(name, "all-gathers")] = (getattr(engine, "all_gathers", 0) - gathers[name]) / 1000
-        spent[(name, "skipped")] = getattr(idle, "skipped", 0) / 1000 / args.steps
+        spent[(name, "skipped")] = (getattr(idle, "skipped", 0) - skipped[name]) / 1000
     text = ""
     if prof is not None:
         out = io.StringIO()
@@ -131,7 +136,9 @@ def main(argv: list[str]) -> int:
         spent, total, text = res[rank]
         for name, _ in VARIANTS:
             parts = " ".join(f"{p} {spent.get((name, p), 0.0) * 1000:6.1f}" for p in PHASES)
-            print(f"rank {rank} {name:30} CPU ms per step {total[name] * 1000:6.1f}: {parts}")
+            parts += " | per step: " + " ".join(
+                f"{c} {spent.get((name, c), 0.0) * 1000:.1f}" for c in COUNTS)
+            print(f"rank {rank} {name:28} CPU ms per step {total[name] * 1000:6.1f}: {parts}")
         if text:
             print(text)
     return 0
