@@ -5,8 +5,9 @@ forward hooks (``skip_idle_hooks``, :mod:`accumguard.engines._fsdp2_window`), FS
 forward order cleared before a window's last micro-step, and the reduce-scatter served by an
 in-place all-reduce on gloo with 2 ranks (``pair_all_reduce``). Each must give the same bits
 as the adapter without it: ``torch.equal`` on every parameter after every optimizer step, for
-deferred and eager windows, a partial last window, clipping, and a MixedPrecisionPolicy with
-an fp32 ``reduce_dtype`` (where the hooks must stay: they upcast the gradients). The tests
+deferred and eager windows, a partial last window, clipping, the sharded window (where only the
+all-reduce applies), and a MixedPrecisionPolicy with
+an fp32 ``reduce_dtype`` (where the adapter keeps the hooks: the policy casts). The tests
 also check that the fast path is really taken, that the hooks are back in their modules in
 their order afterwards, and that when FSDP2's hook handles are not where torch 2.13 keeps
 them the window runs with its hooks (the correct, slower path) and still gives the same bits.
@@ -45,7 +46,7 @@ def _hooks(model: torch.nn.Module) -> list:
 
 
 def _run(case: Case, world: int, rank: int, *, fast: bool, mp: object = None,
-         break_handles: bool = False) -> dict:
+         break_handles: bool = False, memory: str = "unsharded") -> dict:
     from accumguard.engines.fsdp2 import FSDP2Engine
 
     model = _shard(case, mp)
@@ -53,7 +54,7 @@ def _run(case: Case, world: int, rank: int, *, fast: bool, mp: object = None,
         for m in (model.embed, model.fc1, model.fc2):
             del m._get_fsdp_state()._pre_forward_hook_handle
     hooks_before = _hooks(model)
-    engine = FSDP2Engine(model, sync=case.sync, window_memory="unsharded",
+    engine = FSDP2Engine(model, sync=case.sync, window_memory=memory,  # type: ignore[arg-type]
                          skip_idle_hooks=fast, pair_all_reduce=fast)
     snaps, _, acc = train_with_accumulator(case, model, engine, make_data(case, world)[rank])
     out = {"snaps": snaps, "steps": acc.optimizer_steps,
@@ -78,7 +79,9 @@ def _grid(rank: int, world: int) -> dict:
             ("deferred-noclip", NO_CLIP.with_(sync="deferred"), {}),
             ("eager", CASE.with_(sync="eager"), {}),
             ("mixed", CASE.with_(sync="deferred"), {"mp": mp}),
-            ("no-handles", CASE.with_(sync="deferred"), {"break_handles": True})):
+            ("no-handles", CASE.with_(sync="deferred"), {"break_handles": True}),
+            # window_memory="sharded": only the 2-rank all-reduce applies
+            ("sharded", CASE.with_(sync="deferred"), {"memory": "sharded"})):
         for fast in (True, False):
             out[(label, fast)] = _run(case, world, rank, fast=fast, **kw)
     return out
@@ -96,7 +99,7 @@ def _same_bits(a: dict, b: dict) -> bool:
 
 
 @pytest.mark.parametrize("label", ["deferred", "deferred-noclip", "eager", "mixed",
-                                   "no-handles"])
+                                   "no-handles", "sharded"])
 def test_fast_window_bit_identical(results: dict, label: str) -> None:
     fast, slow = results[(label, True)], results[(label, False)]
     assert fast["steps"] == slow["steps"] == 3
@@ -122,3 +125,6 @@ def test_fast_path_taken_where_it_applies(results: dict) -> None:
     assert results[("mixed", True)]["skipped"] == 0
     # Handles not where torch 2.13 keeps them: the hooks stay (the correct, slower path).
     assert results[("no-handles", True)]["skipped"] == 0
+    # Sharded window: no hooks skipped, the final reduce-scatters served by the all-reduce.
+    assert results[("sharded", True)]["skipped"] == 0
+    assert results[("sharded", True)]["pair_calls"] == 3 * 3
