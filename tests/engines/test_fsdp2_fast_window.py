@@ -128,3 +128,56 @@ def test_fast_path_taken_where_it_applies(results: dict) -> None:
     # Sharded window: no hooks skipped, the final reduce-scatters served by the all-reduce.
     assert results[("sharded", True)]["skipped"] == 0
     assert results[("sharded", True)]["pair_calls"] == 3 * 3
+
+
+class _Inner:
+    """A stand-in for FSDP2's reduce-scatter comm: records the calls it was given."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: object,
+                 op: object, async_op: bool = False) -> str:
+        self.calls.append((output_tensor.numel(), input_tensor.numel(), op, async_op))
+        return "inner"
+
+
+class _Group:
+    def __init__(self, size: int) -> None:
+        self._size = size
+
+    def size(self) -> int:
+        return self._size
+
+    def rank(self) -> int:
+        return 0
+
+
+def test_pair_comm_hands_everything_else_to_the_comm_that_was_there() -> None:
+    """No process group needed: every case the all-reduce does not serve (an async call,
+    another op, a group of 3, an input that is not twice the output) reaches the inner comm
+    untouched, and the all-reduce is never issued (it would fail without a process group)."""
+    import torch.distributed as dist
+
+    from accumguard.engines.fsdp2 import _PairAllReduceScatter
+
+    inner = _Inner()
+    comm = _PairAllReduceScatter(inner)  # type: ignore[arg-type]
+    out, inp = torch.zeros(4), torch.ones(8)
+    cases = [(out, inp, _Group(2), dist.ReduceOp.SUM, True),
+             (out, inp, _Group(2), dist.ReduceOp.AVG, False),
+             (out, inp, _Group(3), dist.ReduceOp.SUM, False),
+             (out, torch.ones(12), _Group(2), dist.ReduceOp.SUM, False)]
+    for o, i, g, op, async_op in cases:
+        assert comm(o, i, g, op, async_op) == "inner"  # type: ignore[arg-type]
+    assert len(inner.calls) == 4 and comm.calls == 0
+
+
+def test_forward_order_left_alone_where_torch_keeps_it_elsewhere() -> None:
+    """A root state without FSDP2's private comm context: nothing cleared, nothing raised
+    (FSDP2's own prefetch, one extra all-gather per window, stays)."""
+    from accumguard.engines._fsdp2_window import IdleHooks
+
+    hooks = IdleHooks.__new__(IdleHooks)
+    hooks._root_state = object()
+    hooks.forget_forward_order()
