@@ -65,11 +65,15 @@ def _worker(rank: int, world: int) -> list[dict[str, Any]]:
                 snaps.append(flat_params(engine.module))
             flush = adapter.flush
             flushes.append(None if flush is None else (flush.in_place, flush.copied,
-                                                       flush.step_views))
+                                                       flush.step_views,
+                                                       flush.pair_reductions))
         opt = engine.optimizer
+        from deepspeed.runtime.comm import coalesced_collectives as cc
         restored = ("allreduce_bucket" not in vars(opt) and
                     getattr(opt.flatten, "__name__", "") == "_flatten_dense_tensors"
                     if stage < 3 else opt.contiguous_gradients is True)
+        # ZeRO-3's reduce-scatter function is DeepSpeed's own again after every flush
+        restored = restored and cc._torch_reduce_scatter_fn.__module__ == cc.__name__
         runs.append({"stage": stage, "zero": zero, "lean": lean, "snaps": snaps,
                      "flushes": flushes, "described": adapter.describe(),
                      "restored": restored})
@@ -117,6 +121,12 @@ def test_fast_path_is_taken_only_where_it_applies(runs: list[dict[str, Any]]) ->
         assert fast["flushes"][-1][1] == 0, fast["flushes"]
         # ZeRO-1/2: every step's gradient partition was read as a view, no flatten copy.
         assert [f[2] for f in fast["flushes"]] == ([1, 2, 3] if stage < 3 else [0, 0, 0])
+        # ZeRO-3 on gloo, 2 ranks: every window's reduce-scatter ran as an all-reduce.
+        pairs = [f[3] for f in fast["flushes"]]
+        if stage == 3:
+            assert all(b > a for a, b in zip([0, *pairs], pairs, strict=False)), pairs
+        else:
+            assert pairs == [0, 0, 0], pairs
         assert "lean flush" in fast["described"] and fast["restored"], fast
         own = _by(runs, stage, False)
         assert own["flushes"] == [None] * 3 and "lean flush" not in own["described"]

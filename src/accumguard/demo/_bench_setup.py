@@ -126,6 +126,7 @@ def _run_accumulator(model: torch.nn.Module, opt: torch.optim.Optimizer | None,
             next(windows).run(lambda b: sum_loss(model, b))
 
     run.model = model  # type: ignore[attr-defined]  # for the tests
+    run.engine = engine  # type: ignore[attr-defined]  # for the tests and benchmarks/*_phases.py
     return run
 
 
@@ -141,7 +142,8 @@ def _build_ddp(args: argparse.Namespace, sync: str, count: bool = False, bucket_
                             args.k)
 
 
-def _build_fsdp2(args: argparse.Namespace, sync: str, memory: str = "sharded") -> Run:
+def _build_fsdp2(args: argparse.Namespace, sync: str, memory: str = "sharded",
+                 skip_hooks: bool = True, pair: bool = True) -> Run:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -156,7 +158,8 @@ def _build_fsdp2(args: argparse.Namespace, sync: str, memory: str = "sharded") -
             fully_shard(layer, reshard_after_forward=False, mesh=mesh)
     fully_shard(model, reshard_after_forward=False, mesh=mesh)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    engine = FSDP2Engine(model, sync=sync, window_memory=memory)  # type: ignore[arg-type]
+    engine = FSDP2Engine(model, sync=sync, window_memory=memory,  # type: ignore[arg-type]
+                         skip_idle_hooks=skip_hooks, pair_all_reduce=pair)
     return _run_accumulator(model, opt, engine, args.k)
 
 
@@ -220,6 +223,10 @@ def configurations(args: argparse.Namespace) -> dict[str, Callable[[], Run]]:
         cfgs["FSDP2 eager"] = lambda: _build_fsdp2(args, "eager")
         cfgs["FSDP2 deferred, window_memory=unsharded"] = (
             lambda: _build_fsdp2(args, "deferred", "unsharded"))
+        # The adapter before 2026-12-02's fast path: FSDP2's forward hooks in every micro-step
+        # (skip_idle_hooks=False) and gloo's own reduce-scatter (pair_all_reduce=False).
+        cfgs["FSDP2 deferred, window_memory=unsharded, without the fast path"] = (
+            lambda: _build_fsdp2(args, "deferred", "unsharded", skip_hooks=False, pair=False))
     if not args.no_deepspeed:
         for stage in DS_STAGES:
             for sync in ("eager", "deferred"):

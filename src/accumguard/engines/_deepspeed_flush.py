@@ -33,6 +33,17 @@ optimizer. :meth:`LeanFlush.stepping` serves that as a view of the buffer: the o
 reads the same numbers; DeepSpeed frees the parameters' gradients before it scales the flat
 one in place (clipping), and the buffer is refilled only by the next flush.
 
+ZeRO-3 on gloo with 2 ranks: DeepSpeed's ``reduce_scatter_coalesced`` reduce-scatters the
+interleaved buffer in place (this rank's output is a view of its chunk of the input), and
+gloo's reduce-scatter of a tensor costs about twice the CPU time of its all-reduce of the
+same tensor (docs/dev/performance-journal.md, 2026-12-02). During the flush that call is
+served by an in-place all-reduce of the whole buffer, which leaves the same sum in this
+rank's chunk: with two ranks each element is ``a + b`` of the same two numbers, which IEEE
+754 rounds identically in either order, so the chunk holds the same bits. The other rank's
+chunk then holds the sum too instead of this rank's share; DeepSpeed reads only this rank's
+chunk (``reduce_scatter_coalesced`` returns views of it). Another group size, op or layout
+goes to DeepSpeed's own call (``pair_reductions`` counts the others).
+
 Applied only to all-reduces (``rank=None``; a ``reduce`` to one rank leaves the other
 ranks' inputs undefined, which the copy protected) and only without ``overlap_comm`` (its
 separate reduction stream and double-buffered bucket were not measured).
@@ -83,6 +94,7 @@ class LeanFlush:
         self.in_place = 0
         self.copied = 0
         self.step_views = 0  # step() flattens served as a view (ZeRO-1/2)
+        self.pair_reductions = 0  # ZeRO-3 reduce-scatters served by an all-reduce (2 ranks)
         inner = getattr(optimizer, "optimizer", None)
         # The step's flatten feeds a plain torch optimizer only (no CPU offload, whose step
         # reads its own buffers, and not Muon, whose step flattens and writes other lists).
@@ -150,11 +162,43 @@ class LeanFlush:
         saved = opt.contiguous_gradients
         opt.contiguous_gradients = False
         try:
-            yield
+            with self._pair_all_reduce():
+                yield
         finally:
             opt.contiguous_gradients = saved
         if saved:
             self.in_place += 1
+
+    @contextlib.contextmanager
+    def _pair_all_reduce(self) -> Iterator[None]:
+        """ZeRO-3, gloo, 2 ranks: DeepSpeed's in-place reduce-scatter of the interleaved
+        buffer as an in-place all-reduce of it (module docstring)."""
+        try:
+            import deepspeed.comm as ds_dist
+            from deepspeed.runtime.comm import coalesced_collectives as cc
+        except ImportError:
+            yield
+            return
+        real: Callable[..., Any] | None = getattr(cc, "_torch_reduce_scatter_fn", None)
+        if real is None:
+            yield
+            return
+
+        def reduce_scatter(input_tensor: torch.Tensor, output_tensor: torch.Tensor,
+                           group: Any = None, async_op: bool = False, prof: bool = False,
+                           ) -> Any:
+            if not async_op and _own_half_of(input_tensor, output_tensor, group, ds_dist):
+                ds_dist.all_reduce(input_tensor, group=group)
+                self.pair_reductions += 1
+                return None
+            return real(input_tensor, output_tensor, group=group, async_op=async_op,
+                        prof=prof)
+
+        cc._torch_reduce_scatter_fn = reduce_scatter
+        try:
+            yield
+        finally:
+            cc._torch_reduce_scatter_fn = real
 
     @contextlib.contextmanager
     def _all_reduce_in_place(self) -> Iterator[None]:
@@ -192,3 +236,23 @@ class LeanFlush:
                 opt.allreduce_bucket = real_bucket
             else:
                 del opt.allreduce_bucket
+
+
+def _own_half_of(input_tensor: torch.Tensor, output_tensor: torch.Tensor, group: Any,
+                 ds_dist: Any) -> bool:
+    """gloo, a group of 2, and ``output_tensor`` exactly this rank's half of ``input_tensor``
+    (contiguous, one storage, the same dtype)."""
+    import torch.distributed as dist
+
+    try:
+        if ds_dist.get_world_size(group) != 2 or dist.get_backend(group) != "gloo":
+            return False
+        rank = ds_dist.get_rank(group)
+    except (RuntimeError, ValueError, AttributeError):
+        return False
+    half = output_tensor.numel()
+    return (input_tensor.is_contiguous() and output_tensor.is_contiguous()
+            and input_tensor.dtype == output_tensor.dtype and input_tensor.numel() == 2 * half
+            and input_tensor.untyped_storage().data_ptr()
+            == output_tensor.untyped_storage().data_ptr()
+            and output_tensor.storage_offset() == input_tensor.storage_offset() + rank * half)

@@ -33,13 +33,20 @@ micro-steps 1..K-1 run with ``reshard_after_backward=False`` and ``reshard_after
 off, so the parameters gathered by the window's first forward stay unsharded until the
 last micro-step's backward reshards them (one all-gather round per window instead of K,
 plus the unsharded parameters' memory for the window). The settings are restored at the
-boundary and by :meth:`FSDP2Engine.close`.
+boundary and by :meth:`FSDP2Engine.close`. In that mode the micro-steps strictly between
+the window's first and last run without the non-root modules' FSDP2 forward hooks, which
+would only find every parameter unsharded and nothing to reduce (``skip_idle_hooks``;
+bit-identical, conditions and fallback in :mod:`accumguard.engines._fsdp2_window`).
 
 **Precision.** With ``MixedPrecisionPolicy(param_dtype=bf16)`` and no fp32
 ``reduce_dtype``, FSDP2 sums the window's micro-gradients (and reduces them) in bf16;
 :meth:`FSDP2Engine.set_accumulation_dtype` warns (``"auto"``) or refuses (``"float32"``)
 with the fix. With ``reduce_dtype=torch.float32`` the deferred mode's unsharded
 gradients are upcast and summed in fp32 by FSDP2 itself.
+
+**gloo, 2 ranks** (``pair_all_reduce``): FSDP2's reduce-scatter runs as an in-place
+all-reduce of its input and a copy of this rank's half, the same bits at about half of
+gloo's reduce-scatter CPU cost (see :class:`_PairAllReduceScatter`).
 
 **Counting.** The adapter wraps each parameter group's reduce-scatter comm
 object (the hook FSDP2 exposes as ``set_custom_reduce_scatter``) in a counter
@@ -62,6 +69,7 @@ import torch.distributed as dist
 
 from accumguard.core.errors import ConfigError
 from accumguard.core.scaling import GradReduction
+from accumguard.engines._fsdp2_window import IdleHooks
 from accumguard.engines.base import Engine, any_nonfinite
 
 if TYPE_CHECKING:
@@ -113,6 +121,44 @@ class _CountingAllGather:
         return self.inner(output_tensor, input_tensor, group, async_op)
 
 
+class _PairAllReduceScatter:
+    """gloo, 2 ranks, SUM: FSDP2's reduce-scatter as one in-place all-reduce of its input and
+    a copy of this rank's half into the output.
+
+    Why: gloo's reduce-scatter of a tensor costs about twice the CPU time of its all-reduce
+    of the same tensor (24 MB, 2 ranks: 33-48 against 18-23 ms CPU, 160-240 against 46-117 ms
+    wall; docs/dev/performance-journal.md). Why it is exact: with two ranks each element of
+    either result is the sum of the same two numbers, ``a + b``, which IEEE 754 rounds
+    identically in either order, so the output holds the same bits as gloo's reduce-scatter
+    gives. Anything else (another op, an async call, a group of another size, an input that
+    is not twice the output) goes to the comm that was there. FSDP2 does not read the input
+    after the call (it keeps it only to delay freeing it)."""
+
+    def __init__(self, inner: ReduceScatter) -> None:
+        self.inner = inner
+        self.calls = 0  # reductions served by the all-reduce (the tests read it)
+
+    def allocate(self, size: Sequence[int], *, dtype: torch.dtype,
+                 device: torch.device) -> torch.Tensor:
+        out: torch.Tensor = self.inner.allocate(size, dtype=dtype, device=device)
+        return out
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
+                 group: ProcessGroup, op: dist.ReduceOp | dist.ReduceOp.RedOpType,
+                 async_op: bool = False) -> Work | None:
+        if (async_op or not isinstance(op, dist.ReduceOp.RedOpType)
+                or op != dist.ReduceOp.SUM or group.size() != 2
+                or input_tensor.numel() != 2 * output_tensor.numel()
+                or not input_tensor.is_contiguous() or not output_tensor.is_contiguous()):
+            return self.inner(output_tensor, input_tensor, group, op, async_op)
+        dist.all_reduce(input_tensor, op=dist.ReduceOp.SUM, group=group)
+        half = output_tensor.numel()
+        start = group.rank() * half
+        output_tensor.view(-1).copy_(input_tensor.view(-1)[start:start + half])
+        self.calls += 1
+        return None
+
+
 def _backend_for(device: torch.device, group: ProcessGroup | None) -> str:
     """The backend name that serves ``device`` in ``group`` (``"cpu:gloo,cuda:nccl"`` aware)."""
     backend = str(dist.get_backend(group))
@@ -136,6 +182,14 @@ class FSDP2Engine(Engine):
         window_memory: ``"sharded"`` (default; FSDP2's own resharding, an all-gather per
             micro-step) or ``"unsharded"`` (parameters stay unsharded for the window's
             micro-steps: one all-gather round per window, more memory); see the module doc.
+        skip_idle_hooks: with ``window_memory="unsharded"`` and ``sync="deferred"``, run the
+            micro-steps between the window's first and last without the non-root modules'
+            FSDP2 forward hooks when they would change nothing (bit-identical; see
+            :mod:`accumguard.engines._fsdp2_window`). Default True.
+        pair_all_reduce: on gloo with 2 ranks, run FSDP2's reduce-scatter as an in-place
+            all-reduce and a copy of this rank's half (the same bits; gloo's reduce-scatter
+            costs about twice its all-reduce). Only where FSDP2's default comm is in place.
+            Default True.
     """
 
     name = "fsdp2"
@@ -146,7 +200,8 @@ class FSDP2Engine(Engine):
 
     def __init__(self, model: torch.nn.Module, *, sync: str = "deferred",
                  count_collectives: bool = True,
-                 window_memory: WindowMemory = "sharded") -> None:
+                 window_memory: WindowMemory = "sharded",
+                 skip_idle_hooks: bool = True, pair_all_reduce: bool = True) -> None:
         from torch.distributed.fsdp import FSDPModule
 
         if not isinstance(model, FSDPModule):
@@ -189,6 +244,13 @@ class FSDP2Engine(Engine):
             m.set_gradient_divide_factor(1.0)
             if force_sum:
                 m.set_force_sum_reduction_for_comms(True)
+        self._pair_comms: list[_PairAllReduceScatter] = []
+        if pair_all_reduce and force_sum and self.world_size == 2:
+            for g in self._groups:
+                if type(g._reduce_scatter_comm).__name__ == "DefaultReduceScatter":
+                    comm = _PairAllReduceScatter(g._reduce_scatter_comm)
+                    g._reduce_scatter_comm = comm  # type: ignore[assignment]
+                    self._pair_comms.append(comm)
         if count_collectives:
             for g in self._groups:
                 g._reduce_scatter_comm = _CountingReduceScatter(  # type: ignore[assignment]
@@ -196,6 +258,12 @@ class FSDP2Engine(Engine):
                 g._all_gather_comm = _CountingAllGather(  # type: ignore[assignment]
                     g._all_gather_comm, self)
         self._counting = count_collectives
+        self._position = 0  # this micro-step's index in its window
+        self.idle_hooks: IdleHooks | None = None
+        if window_memory == "unsharded":
+            self.idle_hooks = IdleHooks(model, self._fsdp_modules)
+            if not (skip_idle_hooks and sync == "deferred"):
+                self.idle_hooks.disable()
 
     @staticmethod
     def _data_parallel_group(model: torch.nn.Module) -> ProcessGroup:
@@ -228,11 +296,19 @@ class FSDP2Engine(Engine):
         # is_last_backward=False on a deferred micro-step skips FSDP2's end-of-backward
         # finalisation (waits on reductions that did not happen); the last one runs it.
         self._set_sync(is_last or self.sync_mode == "eager")
+        position, self._position = self._position, 0 if is_last else self._position + 1
+        idle = self.idle_hooks
         if self.window_memory == "unsharded":
             self._keep_unsharded(not is_last)
+            if is_last and idle is not None:
+                idle.forget_forward_order()
         before = self.reduce_scatters
         try:
-            yield
+            if idle is None:
+                yield
+            else:
+                with idle.skipped_if(position > 0 and not is_last):
+                    yield
         finally:
             if self.reduce_scatters > before:
                 self._rounds += 1
@@ -252,6 +328,7 @@ class FSDP2Engine(Engine):
     def abort_window(self, optimizer: torch.optim.Optimizer | None) -> None:
         """Also reshard parameters a window left unsharded (``window_memory="unsharded"``)."""
         super().abort_window(optimizer)
+        self._position = 0
         if self.window_memory == "unsharded":
             self.sync()
             for m in self._fsdp_modules:
