@@ -307,34 +307,100 @@ def first_window(start: int, offset: int, k: int, after: bool, excludes_zero: bo
 def k_values(ctx: FileContext, modulus: ast.AST, site: ast.AST) -> set[int | None]:
     """Every integer the file gives the modulus ``K`` (None for a value not in sight): the
     values :meth:`int_candidates` reads, and for a parameter of the function around ``site``
-    its default and each ``K=<int>`` keyword passed to that function."""
+    the values its calls pass (:func:`param_arguments`: its default when a call passes
+    nothing; None for a call the file does not show)."""
     values = set(ctx.int_candidates(modulus))
     func = ctx.enclosing(site, FUNCS)
     name = modulus.id if isinstance(modulus, ast.Name) else None
     if name is None or not isinstance(func, ast.FunctionDef | ast.AsyncFunctionDef):
         return values
+    passed = param_arguments(ctx, func, name)
+    if passed is _NOT_A_PARAM:
+        return values
+    values.discard(None)
+    found: set[int | None] = set()
+    for arg in passed or [None]:
+        found |= {None} if arg is None else ctx.int_candidates(arg)
+    return (values | found) or {None}
+
+
+#: :func:`param_arguments` for a name that is not a parameter of the function
+_NOT_A_PARAM: list[ast.AST | None] = []
+
+
+def param_arguments(
+    ctx: FileContext, func: ast.FunctionDef | ast.AsyncFunctionDef, name: str
+) -> list[ast.AST | None]:
+    """The expressions the file's calls of ``func`` pass for its parameter ``name`` (the
+    parameter's default for a call that passes nothing), with None for a value not in
+    sight: a ``*args`` / ``**kwargs`` call, the function handed over as a value
+    (``fire.Fire(main)``, ``mp.spawn(train, ...)``), a decorator (``@click.command``), the
+    parameter rebound in the body, or no default and no call. :data:`_NOT_A_PARAM` (an empty
+    list) when ``name`` is no parameter of ``func``."""
     args = func.args
     positional = args.posonlyargs + args.args
     params = {a.arg: d for a, d in zip(positional[len(positional) - len(args.defaults):], args.defaults, strict=True)}
     params |= {a.arg: d for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True) if d is not None}
     if name not in params and name not in {a.arg for a in positional + args.kwonlyargs}:
-        return values
-    values.discard(None)
-    found: set[int | None] = set()
-    if name in params:
-        found |= ctx.int_candidates(params[name])
+        return _NOT_A_PARAM
+    out: list[ast.AST | None] = []
+    if _rebound(ctx, func, name) or _called_from_outside(ctx, func):
+        out.append(None)
     index = next((i for i, a in enumerate(positional) if a.arg == name), None)
-    for call in calls_by_name(ctx).get(func.name, ()):
-        if dotted(call.func) not in (func.name, f"self.{func.name}"):
+    method = bool(positional) and positional[0].arg in ("self", "cls")
+    calls = calls_by_name(ctx).get(func.name, [])
+    default_used = not calls
+    for call in calls:
+        if dotted(call.func) not in (func.name, f"self.{func.name}", f"cls.{func.name}") and not (
+            method and isinstance(call.func, ast.Attribute)
+        ):
             continue
         kw = next((k.value for k in call.keywords if k.arg == name), None)
-        bound = isinstance(call.func, ast.Attribute) and positional and positional[0].arg in ("self", "cls")
+        bound = isinstance(call.func, ast.Attribute) and method
         at = None if index is None else index - 1 if bound else index
         if kw is None and at is not None and 0 <= at < len(call.args):
             kw = call.args[at]
+            if any(isinstance(a, ast.Starred) for a in call.args[: at + 1]):
+                kw = None
+                out.append(None)  # f(*xs, k): which argument lands on K is not in sight
+                continue
+        starred = any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords)
         if kw is not None:
-            found |= ctx.int_candidates(kw)
-    return (values | found) or {None}
+            out.append(kw)
+        elif starred:
+            out.append(None)  # f(*args) / f(**cfg): what the parameter gets is not in sight
+        else:
+            default_used = True
+    if default_used:
+        out.append(params.get(name))
+    return out
+
+
+def _rebound(ctx: FileContext, func: ast.AST, name: str) -> bool:
+    """The parameter ``name`` is assigned again in the body of ``func``."""
+    for n in ctx.local_nodes(func):
+        if isinstance(n, ast.Assign | ast.AugAssign | ast.AnnAssign | ast.NamedExpr):
+            targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+            if any(isinstance(s, ast.Name) and s.id == name for t in targets for s in walk_all(t)):
+                return True
+    return False
+
+
+def _called_from_outside(ctx: FileContext, func: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """``func`` may be called with arguments the file does not show: a decorator other than
+    ``staticmethod``/``classmethod`` (``@click.option``, ``@hydra.main``), or its name used as
+    a value rather than called (``fire.Fire(main)``, ``mp.spawn(train, ...)``,
+    ``Thread(target=self.run)``)."""
+    if any((dotted(d.func if isinstance(d, ast.Call) else d) or "") not in ("staticmethod", "classmethod")
+           for d in func.decorator_list):
+        return True
+    for n in ctx.of(ast.Call):
+        for a in [*n.args, *(k.value for k in n.keywords)]:
+            if isinstance(a, ast.Name | ast.Attribute) and (
+                a.id if isinstance(a, ast.Name) else a.attr
+            ) == func.name:
+                return True
+    return False
 
 
 def calls_by_name(ctx: FileContext) -> dict[str, list[ast.Call]]:

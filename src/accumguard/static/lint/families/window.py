@@ -500,9 +500,10 @@ def partial_window_leaks_into_next_epoch(ctx: FileContext) -> Iterator[Finding]:
                 continue  # a counter across epochs: windows span epochs, each of K micro-batches
             if _clears_or_steps_outside(ctx, window, repeat):
                 continue
-            if 1 in ctx.int_candidates(guard.modulus):
+            ks = k_values(ctx, guard.modulus, guard_if)
+            if 1 in ks:
                 continue  # K = 1 somewhere: nothing is left over
-            k = ctx.int_value(guard.modulus)
+            k = next(iter(ks)) if len(ks) == 1 else None  # a parameter's default when no call passes K
             n = static_len(ctx, window.iter)
             if n is None:
                 n = _length_from_callers(ctx, window)

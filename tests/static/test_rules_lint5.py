@@ -1,0 +1,66 @@
+"""Blind round 17's lint misses, by class: each corpus script below must be flagged at
+**error** level (the corpus test checks code and line, not severity), and the readings
+that made them errors must stay silent (or a warning) where the source does not decide."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from accumguard.static import Severity
+from accumguard.static.lint import lint_file, lint_source
+
+CORPUS = Path(__file__).resolve().parents[1] / "lint_corpus"
+
+ERRORS = {
+    # AG117: K is a parameter's default (no call passes it) or a module constant a call passes
+    "bug_epoch_method_param_default_k.py": "AG117",
+    "bug_epoch_kwonly_k_from_module_constant.py": "AG117",
+    # AG110: GA is a parameter of the config builder, read at its call (or from its default)
+    "bug_ds_builder_positional_class_gated.py": "AG110",
+    "bug_ds_builder_kw_default_chunk_loop.py": "AG110",
+}
+
+
+@pytest.mark.parametrize("name", sorted(ERRORS))
+def test_flagged_as_error(name: str) -> None:
+    found = [f for f in lint_file(CORPUS / name) if f.code == ERRORS[name]]
+    assert found, name
+    assert all(f.severity is Severity.ERROR for f in found), [(f.code, f.severity) for f in found]
+
+
+_EPOCH_TAIL = '''
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+{decorator}
+def train(epochs=2, accum=4):
+    model = torch.nn.Linear(8, 1)
+    loader = DataLoader(TensorDataset(torch.randn(24, 8), torch.randn(24, 1)), batch_size=4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(epochs):
+        for i, (x, y) in enumerate(loader):
+            (torch.nn.functional.mse_loss(model(x), y) / accum).backward()
+            if (i + 1) % accum == 0:
+                opt.step()
+                opt.zero_grad()
+
+{call}
+'''
+
+
+@pytest.mark.parametrize(("decorator", "call", "severity"), [
+    ("", "train()", Severity.ERROR),                      # the default: 6 batches, K = 4
+    ("", "train(accum=4)", Severity.ERROR),               # a literal
+    ("", "train(2, 4)", Severity.ERROR),                  # positionally
+    ("", "train(accum=3)", None),                         # 6 % 3 == 0: nothing left over
+    ("", "train(accum=4)\ntrain(accum=3)", Severity.WARNING),  # two Ks: not judged as one
+    ("", "train(**cfg)", Severity.WARNING),               # what K gets is not in sight
+    ("", "train(*sys.argv[1:])", Severity.WARNING),
+    ("", "train(accum=int(os.environ['K']))", Severity.WARNING),
+    ("", "fire.Fire(train)", Severity.WARNING),           # handed over: called with CLI values
+    ("@click.command()", "train()", Severity.WARNING),    # a decorator may pass K
+])
+def test_k_from_a_parameter_default(decorator: str, call: str, severity: Severity | None) -> None:
+    found = [f for f in lint_source(_EPOCH_TAIL.format(decorator=decorator, call=call)) if f.code == "AG117"]
+    assert [f.severity for f in found] == ([] if severity is None else [severity])
