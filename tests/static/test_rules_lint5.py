@@ -20,6 +20,10 @@ ERRORS = {
     # AG110: GA is a parameter of the config builder, read at its call (or from its default)
     "bug_ds_builder_positional_class_gated.py": "AG110",
     "bug_ds_builder_kw_default_chunk_loop.py": "AG110",
+    # AG133: a helper returns loss / K and its caller divides by K again; AG121 for Accelerate
+    "bug_loss_method_divides_caller_again_inline.py": "AG133",
+    "bug_loss_helper_divides_nanogpt_reassigned.py": "AG133",
+    "bug_accelerate_helper_divides_then_backward.py": "AG121",
 }
 
 
@@ -64,3 +68,44 @@ def train(epochs=2, accum=4):
 def test_k_from_a_parameter_default(decorator: str, call: str, severity: Severity | None) -> None:
     found = [f for f in lint_source(_EPOCH_TAIL.format(decorator=decorator, call=call)) if f.code == "AG117"]
     assert [f.severity for f in found] == ([] if severity is None else [severity])
+
+
+_TWICE = '''
+import torch
+K = 4
+grad_accum_steps = K
+
+
+def helper(model, x):
+    {helper}
+
+
+def train(model, data, opt):
+    for i, x in enumerate(data):
+        {caller}
+        if (i + 1) % grad_accum_steps == 0:
+            opt.step()
+            opt.zero_grad()
+'''
+
+
+@pytest.mark.parametrize(("helper", "caller", "codes"), [
+    ("return model(x).mean() / grad_accum_steps", "(helper(model, x) / grad_accum_steps).backward()", ["AG133"]),
+    # a bare `K` (the literal 4) is not named as the accumulation steps: not judged
+    ("return model(x).mean() / grad_accum_steps", "l = helper(model, x)\n        (l / int(K)).backward()", []),
+    # a division only on one branch of the helper: not every return is divided
+    ("if x is None:\n        return model(x).mean()\n    return model(x).mean() / grad_accum_steps",
+     "(helper(model, x) / grad_accum_steps).backward()", []),
+    # a `/=` under a condition in the helper is not always applied
+    ("l = model(x).mean()\n    if x.numel() > 1:\n        l /= grad_accum_steps\n    return l",
+     "(helper(model, x) / grad_accum_steps).backward()", []),
+    # the name that held the helper's value was rebound before the division
+    ("return model(x).mean() / grad_accum_steps",
+     "l = helper(model, x)\n        l = model(x).sum()\n        (l / grad_accum_steps).backward()", []),
+    # a division for logging that never reaches the backward
+    ("return model(x).mean() / grad_accum_steps",
+     "l = helper(model, x)\n        l.backward()\n        print(l / grad_accum_steps)", []),
+])
+def test_loss_divided_by_k_twice(helper: str, caller: str, codes: list[str]) -> None:
+    found = [f.code for f in lint_source(_TWICE.format(helper=helper, caller=caller)) if f.code == "AG133"]
+    assert found == codes

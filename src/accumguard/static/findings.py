@@ -325,6 +325,14 @@ RULES: dict[str, Rule] = {
             "subclass the Trainer and add `outputs.aux_loss * coef / K` yourself with "
             "`output_router_logits` off for the model's own sum",
         ),
+        _rule(
+            "AG133", "loss-divided-by-k-twice", "LOSS_SCALE", E, MED,
+            "a function of the file returns the loss divided by K and its caller divides that "
+            "result by K again before backward(): each micro-batch's gradient is scaled 1/K², "
+            "the window's gradient is G / K",
+            "divide by K in one place: drop the caller's division, or return the undivided loss "
+            "from the helper",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,
