@@ -24,6 +24,11 @@ ERRORS = {
     "bug_loss_method_divides_caller_again_inline.py": "AG133",
     "bug_loss_helper_divides_nanogpt_reassigned.py": "AG133",
     "bug_accelerate_helper_divides_then_backward.py": "AG121",
+    # AG134: the documented DeepSpeed engine loop handed a loss already divided by K (GA > 1)
+    "bug_ds_engine_loop_loss_divided_by_ga_json.py": "AG134",
+    "bug_ds_engine_loop_helper_divides.py": "AG134",
+    # AG117: K (and the batch size) read from a module dict literal nothing writes into
+    "bug_epoch_leak_dict_config_k.py": "AG117",
 }
 
 
@@ -109,3 +114,29 @@ def train(model, data, opt):
 def test_loss_divided_by_k_twice(helper: str, caller: str, codes: list[str]) -> None:
     found = [f.code for f in lint_source(_TWICE.format(helper=helper, caller=caller)) if f.code == "AG133"]
     assert found == codes
+
+
+_DICT_K = """
+import torch
+CFG = {{"accum": 4}}
+{extra}
+model = torch.nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for epoch in range(2):
+    for i, x in enumerate([torch.randn(2, 8) for _ in range(10)]):
+        (model(x).mean() / CFG["accum"]).backward()
+        if (i + 1) % CFG["accum"] == 0:
+            opt.step()
+            opt.zero_grad()
+"""
+
+
+@pytest.mark.parametrize(("extra", "severity"), [
+    ("", Severity.ERROR),                             # 10 batches, K = 4: 2 left
+    ("CFG.update(vars(args))", Severity.WARNING),     # overridden: K not in sight
+    ("CFG['accum'] = int(sys.argv[1])", Severity.WARNING),
+    ("CFG = load_yaml('cfg.yaml')", Severity.WARNING),  # assigned twice
+])
+def test_k_from_a_dict_config(extra: str, severity: Severity) -> None:
+    found = [f for f in lint_source(_DICT_K.format(extra=extra)) if f.code == "AG117"]
+    assert [f.severity for f in found] == [severity]

@@ -16,6 +16,12 @@ or an alias of one), not a size or a count (``micro_batch_size``, ``n_tokens``);
 second division by such a K of the helper's result (directly, or through the one name that
 holds it) reaching a ``.backward()`` of the same function. A helper dividing by anything else
 (a token count, the world size) is not judged.
+
+AG134 (LOSS_SCALE): the DeepSpeed form. The documented engine loop (``engine.step()`` after
+every ``engine.backward()``, no hand gating) is handed a loss already divided by K (inline,
+through the name that holds it, or by such a helper) while the config in sight has
+``gradient_accumulation_steps`` > 1: ``engine.backward(loss)`` divides by GA itself
+(``scale_wrt_gas=True``, DeepSpeed 0.19.8), so the gradient is G / K.
 """
 
 from __future__ import annotations
@@ -25,16 +31,30 @@ import re
 from collections.abc import Iterator
 
 from accumguard.static.findings import Finding
-from accumguard.static.lint._ast import ACCUM_RE, FUNCS, dotted, last_part, walk_local
+from accumguard.static.lint._ast import (
+    ACCUM_RE,
+    FUNCS,
+    call_attr,
+    dotted,
+    last_part,
+    receiver,
+    walk_local,
+)
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families.deepspeed import _config_ga, _hand_gated_steps
 from accumguard.static.lint.families.loss import _division, _flows_to_backward
 
-__all__ = ["k_dividing_helpers", "k_helper_result", "loss_divided_by_k_twice"]
+__all__ = [
+    "is_k", "k_dividing_helpers", "k_helper_result", "loss_divided_before_engine_backward",
+    "loss_divided_by_k_twice", "value_before",
+]
 
 #: K-like names that are sizes or counts, not the number of micro-steps
 _NOT_K = re.compile(r"bs$|_bs|size|tok|count|len|items|sample|numel|denom|norm")
 _CASTS = ("int", "float")
+#: DeepSpeed's short names for the accumulation steps (``gas``, ``ga_steps``, ``n_gas``)
+_GAS = re.compile(r"^(n_?|num_?)?gas?(_steps?)?$")
 
 
 def is_k(ctx: FileContext, expr: ast.AST) -> bool:
@@ -48,7 +68,7 @@ def is_k(ctx: FileContext, expr: ast.AST) -> bool:
     if d is None or not isinstance(expr, ast.Name | ast.Attribute):
         return False
     last = last_part(d)
-    if ACCUM_RE.search(last):
+    if ACCUM_RE.search(last) or _GAS.match(last):
         return not _NOT_K.search(last)
     if isinstance(expr, ast.Name):
         values = [v for names, v in ctx.assignments() if names == [d]]
@@ -115,7 +135,14 @@ def k_helper_result(ctx: FileContext, expr: ast.AST, scope: ast.AST) -> str | No
         return None
     if not isinstance(expr, ast.Name):
         return None
-    stmt = ctx.parents.get(expr)
+    value = value_before(ctx, expr)
+    return None if value is None else k_helper_result(ctx, value, scope)
+
+
+def value_before(ctx: FileContext, name: ast.Name) -> ast.AST | None:
+    """The value of the last ``name = value`` before ``name``'s statement in the same block
+    (None when that statement writes the name otherwise, or no such statement precedes it)."""
+    stmt = ctx.parents.get(name)
     while stmt is not None and not isinstance(stmt, ast.stmt):
         stmt = ctx.parents.get(stmt)
     block = ctx.parents.get(stmt) if stmt is not None else None
@@ -123,13 +150,12 @@ def k_helper_result(ctx: FileContext, expr: ast.AST, scope: ast.AST) -> str | No
                  if isinstance(getattr(block, f, None), list) and stmt in getattr(block, f)), None)
     if body is None:
         return None
-    before = body[: body.index(stmt)]
-    for prior in reversed(before):
-        if any(isinstance(n, ast.Name) and n.id == expr.id and isinstance(n.ctx, ast.Store)
+    for prior in reversed(body[: body.index(stmt)]):
+        if any(isinstance(n, ast.Name) and n.id == name.id and isinstance(n.ctx, ast.Store)
                for n in walk_local(prior)):
             if isinstance(prior, ast.Assign) and len(prior.targets) == 1 \
-                    and isinstance(prior.targets[0], ast.Name) and prior.targets[0].id == expr.id:
-                return k_helper_result(ctx, prior.value, scope)
+                    and isinstance(prior.targets[0], ast.Name) and prior.targets[0].id == name.id:
+                return prior.value
             return None
     return None
 
@@ -156,3 +182,60 @@ def loss_divided_by_k_twice(ctx: FileContext) -> Iterator[Finding]:
             f"already divided by them (`{ast.unparse(div)}`, line {getattr(div, 'lineno', '?')}): "
             "each micro-batch's gradient is scaled 1/K² and the optimizer receives G / K",
         )
+
+
+def _divided_by_k(ctx: FileContext, expr: ast.AST) -> tuple[ast.AST, str] | None:
+    """(divisor, how) when ``expr`` is a division (its divisor is compared with K and GA by the
+    rule): ``loss / d`` itself, the value of
+    the name that holds it (its last assignment in the same block), or the result of a
+    function of the file whose every return divides by K (:mod:`.twice`)."""
+    if isinstance(expr, ast.Name):
+        value = value_before(ctx, expr)
+        if value is None:
+            return None
+        expr = value
+    if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Div):
+        return expr.right, f"`{ast.unparse(expr)}`"  # K or not: the caller compares with GA
+    helper = k_helper_result(ctx, expr, ctx.scope_of(expr))
+    if helper is None:
+        return None
+    _, div = k_dividing_helpers(ctx)[helper]
+    divisor = div.right if isinstance(div, ast.BinOp) else getattr(div, "value", div)
+    return divisor, f"`{helper}()` returns `{ast.unparse(div)}` (line {getattr(div, 'lineno', '?')})"
+
+
+@rule("AG134")
+def loss_divided_before_engine_backward(ctx: FileContext) -> Iterator[Finding]:
+    """The documented engine loop (``engine.step()`` after every ``engine.backward()``) handed a
+    loss already divided by K while the config's GA > 1: DeepSpeed divides by GA again."""
+    ref = ctx.ds_config()
+    if ref is None or ctx.explicit_ds_boundary:
+        return
+    gated = {id(site) for _, site in _hand_gated_steps(ctx)}
+    for window in ctx.windows():
+        facts = ctx.window_facts(window)
+        steps = [c for c, k in facts.steps if k == "engine"]
+        if not facts.engine_backward or not steps or any(id(c) in gated for c in steps):
+            continue  # a hand-gated step: AG109 / AG110 judge the loop
+        for call in ctx.local_nodes(window):
+            if not (isinstance(call, ast.Call) and call_attr(call) == "backward"
+                    and ctx.kind_of_receiver(receiver(call)) == "engine"):
+                continue
+            if len(call.args) != 1 or call.keywords:
+                continue  # scale_wrt_gas=False (or anything else): not the default division
+            hit = _divided_by_k(ctx, call.args[0])
+            if hit is None or ctx.int_value(hit[0]) == 1:
+                continue
+            verdict, how = _config_ga(ctx, ref, {d for d in (dotted(hit[0]),) if d})
+            if verdict != "many" or not (is_k(ctx, hit[0]) or "the loop's own K" in how):
+                continue
+            name = dotted(receiver(call)) or "engine"
+            yield ctx.finding(
+                "AG134",
+                call,
+                f"the loss given to `{name}.backward()` is already divided by the accumulation steps "
+                f"({hit[1]}), and DeepSpeed's backward divides it again by the config's "
+                f"gradient_accumulation_steps {how} ({ref.where}; scale_wrt_gas=True by default), "
+                "while the engine steps once per GA backward() calls: the loss is divided twice "
+                "and the optimizer receives G / K",
+            )
