@@ -140,3 +140,10 @@ for epoch in range(2):
 def test_k_from_a_dict_config(extra: str, severity: Severity) -> None:
     found = [f for f in lint_source(_DICT_K.format(extra=extra)) if f.code == "AG117"]
     assert [f.severity for f in found] == [severity]
+
+
+def test_a_same_named_function_elsewhere_is_not_the_helper() -> None:
+    """``utils.compute_loss(...)`` is another module's function, not the file's helper."""
+    src = _TWICE.format(helper="return model(x).mean() / grad_accum_steps",
+                        caller="(utils.helper(model, x) / grad_accum_steps).backward()")
+    assert [f.code for f in lint_source(src) if f.code == "AG133"] == []

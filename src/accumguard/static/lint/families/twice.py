@@ -130,7 +130,12 @@ def k_helper_result(ctx: FileContext, expr: ast.AST, scope: ast.AST) -> str | No
     if isinstance(expr, ast.Call):
         d = dotted(expr.func) or ""
         name = d.rsplit(".", 1)[-1]
-        if name in helpers and (d == name or d.count(".") == 1):
+        if name not in helpers:
+            return None
+        method = isinstance(ctx.parents.get(helpers[name][0]), ast.ClassDef)
+        # a module function called by its name; a method on `self`/`cls` or an object
+        # (`runner.compute_loss(b)`): not a same-named function of another module
+        if (not method and d == name) or (method and d.count(".") == 1):
             return name
         return None
     if not isinstance(expr, ast.Name):
