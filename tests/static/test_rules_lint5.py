@@ -29,6 +29,9 @@ ERRORS = {
     "bug_ds_engine_loop_helper_divides.py": "AG134",
     # AG117: K (and the batch size) read from a module dict literal nothing writes into
     "bug_epoch_leak_dict_config_k.py": "AG117",
+    # AG115 / AG117 through a one-line boundary predicate of the file (`if should_step(step, K):`)
+    "bug_boundary_predicate_from_zero.py": "AG115",
+    "bug_boundary_predicate_epoch_tail.py": "AG117",
 }
 
 

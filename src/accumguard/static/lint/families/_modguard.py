@@ -9,6 +9,7 @@ The rules stay in the family module; this module emits no finding.
 from __future__ import annotations
 
 import ast
+import copy
 from dataclasses import dataclass, replace
 
 from accumguard.static.lint._ast import FUNCS, LOOPS, call_attr, dotted, position, walk_all
@@ -127,6 +128,33 @@ def mod_guard(test: ast.AST) -> ModGuard | None:
             return guard  # `... or i + 1 == len(loader)`: the end of the data, not the window
         return None
     return mod_term(test)
+
+
+def call_test(ctx: FileContext, test: ast.AST) -> ast.AST | None:
+    """``if is_boundary(i):`` with ``def is_boundary(step): return (step + 1) % K == 0`` (one
+    definition of the name in the file, a body of one ``return``, positional parameters only):
+    the returned test with each parameter replaced by the call's argument; None otherwise."""
+    if not (isinstance(test, ast.Call) and isinstance(test.func, ast.Name)) or test.keywords:
+        return None
+    defs = [f for f in ctx.of(*FUNCS) if f.name == test.func.id]
+    if len(defs) != 1:
+        return None
+    fn = defs[0]
+    body = [b for b in fn.body if not (isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant))]
+    args = fn.args
+    params = [a.arg for a in args.posonlyargs + args.args]
+    if (len(body) != 1 or not isinstance(body[0], ast.Return) or body[0].value is None
+            or args.vararg or args.kwarg or args.kwonlyargs or len(test.args) != len(params)
+            or any(isinstance(a, ast.Starred) for a in test.args)):
+        return None
+    bound = dict(zip(params, test.args, strict=True))
+
+    class _Bind(ast.NodeTransformer):
+        def visit_Name(self, node: ast.Name) -> ast.AST:
+            return copy.deepcopy(bound[node.id]) if node.id in bound else node
+
+    result: ast.AST = _Bind().visit(copy.deepcopy(body[0].value))
+    return ast.fix_missing_locations(result)
 
 
 def flag_guard(ctx: FileContext, test: ast.AST, window: ast.AST) -> tuple[ModGuard, ast.Assign] | None:
