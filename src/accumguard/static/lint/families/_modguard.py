@@ -136,7 +136,7 @@ def call_test(ctx: FileContext, test: ast.AST) -> ast.AST | None:
     the returned test with each parameter replaced by the call's argument; None otherwise."""
     if not (isinstance(test, ast.Call) and isinstance(test.func, ast.Name)) or test.keywords:
         return None
-    defs = [f for f in ctx.of(*FUNCS) if f.name == test.func.id]
+    defs = _defs_by_name(ctx).get(test.func.id, [])
     if len(defs) != 1:
         return None
     fn = defs[0]
@@ -422,13 +422,31 @@ def _called_from_outside(ctx: FileContext, func: ast.FunctionDef | ast.AsyncFunc
     if any((dotted(d.func if isinstance(d, ast.Call) else d) or "") not in ("staticmethod", "classmethod")
            for d in func.decorator_list):
         return True
-    for n in ctx.of(ast.Call):
-        for a in [*n.args, *(k.value for k in n.keywords)]:
-            if isinstance(a, ast.Name | ast.Attribute) and (
-                a.id if isinstance(a, ast.Name) else a.attr
-            ) == func.name:
-                return True
-    return False
+    return func.name in _names_passed_as_values(ctx)
+
+
+def _names_passed_as_values(ctx: FileContext) -> set[str]:
+    """Names (the last part) handed to a call as an argument, once per file."""
+    def compute() -> set[str]:
+        out: set[str] = set()
+        for n in ctx.of(ast.Call):
+            for a in [*n.args, *(k.value for k in n.keywords)]:
+                if isinstance(a, ast.Name):
+                    out.add(a.id)
+                elif isinstance(a, ast.Attribute):
+                    out.add(a.attr)
+        return out
+    return ctx._cached("names_passed", ctx.tree, compute)  # type: ignore[no-any-return]
+
+
+def _defs_by_name(ctx: FileContext) -> dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]]:
+    """The file's function definitions by name, once per file."""
+    def compute() -> dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]]:
+        out: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]] = {}
+        for f in ctx.of(*FUNCS):
+            out.setdefault(f.name, []).append(f)
+        return out
+    return ctx._cached("defs_by_name", ctx.tree, compute)  # type: ignore[no-any-return]
 
 
 def calls_by_name(ctx: FileContext) -> dict[str, list[ast.Call]]:

@@ -71,9 +71,20 @@ def is_k(ctx: FileContext, expr: ast.AST) -> bool:
     if ACCUM_RE.search(last) or _GAS.match(last):
         return not _NOT_K.search(last)
     if isinstance(expr, ast.Name):
-        values = [v for names, v in ctx.assignments() if names == [d]]
+        values = _single_name_values(ctx).get(d, [])
         return len(values) == 1 and isinstance(values[0], ast.Name | ast.Attribute) and is_k(ctx, values[0])
     return False
+
+
+def _single_name_values(ctx: FileContext) -> dict[str, list[ast.AST]]:
+    """The values of every ``name = value`` with one target, by name, once per file."""
+    def compute() -> dict[str, list[ast.AST]]:
+        out: dict[str, list[ast.AST]] = {}
+        for names, value in ctx.assignments():
+            if len(names) == 1:
+                out.setdefault(names[0], []).append(value)
+        return out
+    return ctx._cached("single_name_values", ctx.tree, compute)  # type: ignore[no-any-return]
 
 
 def _k_division(ctx: FileContext, expr: ast.AST | None) -> bool:
