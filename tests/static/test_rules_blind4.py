@@ -303,4 +303,8 @@ def test_epoch_leftover_length_from_the_callers() -> None:
 
     assert found(k_constant(8)) == []  # 8 micro-batches per call, K = 4: nothing left
     assert found(k_constant(10)) == [("AG117", 5, "error")]  # 2 left every call
-    assert found(src.format(n=8)) == [("AG117", 5, "warning")]  # K is a parameter: not in sight
+    # K is a parameter, and the one call passes 4: read there (blind round 17)
+    assert found(src.format(n=8)) == []
+    assert found(src.format(n=10)) == [("AG117", 5, "error")]
+    # a call that passes K the file does not show: not in sight
+    assert found(src.format(n=8).replace(", 4)", ", int(sys.argv[1]))")) == [("AG117", 5, "warning")]

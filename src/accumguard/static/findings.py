@@ -325,6 +325,22 @@ RULES: dict[str, Rule] = {
             "subclass the Trainer and add `outputs.aux_loss * coef / K` yourself with "
             "`output_router_logits` off for the model's own sum",
         ),
+        _rule(
+            "AG133", "loss-divided-by-k-twice", "LOSS_SCALE", E, MED,
+            "a function of the file returns the loss divided by K and its caller divides that "
+            "result by K again before backward(): each micro-batch's gradient is scaled 1/K², "
+            "the window's gradient is G / K",
+            "divide by K in one place: drop the caller's division, or return the undivided loss "
+            "from the helper",
+        ),
+        _rule(
+            "AG134", "deepspeed-loss-divided-by-ga-twice", "LOSS_SCALE", E, HI,
+            "the loss given to engine.backward() is already divided by K while the DeepSpeed "
+            "config has gradient_accumulation_steps > 1: the engine's backward divides by GA "
+            "again, the gradient is G / K",
+            "pass the undivided loss to engine.backward(loss): it divides by "
+            "gradient_accumulation_steps itself (or pass scale_wrt_gas=False if you divide by hand)",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

@@ -68,6 +68,8 @@ class ValueFacts(FileIndex):
         ``default=`` or class-field default is an integer (what the script runs with by default)."""
         if isinstance(expr, ast.Constant):
             return expr.value if type(expr.value) is int else None
+        if isinstance(expr, ast.Subscript):
+            return self._dict_entry(expr)
         d = dotted(expr)
         if d is None:
             return None
@@ -81,6 +83,8 @@ class ValueFacts(FileIndex):
         assignment to the name, and for ``args.x`` / ``cfg.x`` the argparse or field default."""
         if isinstance(expr, ast.Constant):
             return {expr.value if type(expr.value) is int else None}
+        if isinstance(expr, ast.Subscript):
+            return {self._dict_entry(expr)}
         d = dotted(expr)
         if d is None:
             return {None}
@@ -88,6 +92,38 @@ class ValueFacts(FileIndex):
         if "." in d:
             values |= self._int_defaults().get(last_part(d), set())
         return values or {None}
+
+    def _dict_entry(self, expr: ast.Subscript) -> int | None:
+        """``CONFIG["grad_accum"]`` when ``CONFIG`` is assigned once in the file, a dict literal
+        whose entry for that string key is an integer literal, and nothing else writes into it
+        (no ``CONFIG[...] = ``, ``.update()``, ``.setdefault()``, ``**`` spread, ``del``)."""
+        d = dotted(expr.value)
+        key = expr.slice
+        if d is None or not (isinstance(key, ast.Constant) and isinstance(key.value, str)):
+            return None
+        def compute() -> dict[str, ast.Dict | None]:
+            literals: dict[str, ast.Dict | None] = {}
+            for names, value in self._assigns:
+                for name in names:
+                    once = len(names) == 1 and name not in literals and isinstance(value, ast.Dict)
+                    literals[name] = value if once and isinstance(value, ast.Dict) else None
+            for n in self.of(ast.Call):
+                if isinstance(n.func, ast.Attribute) and n.func.attr in ("update", "setdefault", "pop", "clear") \
+                        and (r := dotted(n.func.value)) in literals:
+                    literals[r] = None
+            for node in ast.walk(self.tree):
+                if isinstance(node, ast.Subscript) and not isinstance(node.ctx, ast.Load) \
+                        and (r := dotted(node.value)) in literals:
+                    literals[r] = None
+            return literals
+        literal = self._cached("dict_literals", self.tree, compute).get(d)
+        if literal is None or any(k is None for k in literal.keys):
+            return None
+        hits = [v for k, v in zip(literal.keys, literal.values, strict=True)
+                if isinstance(k, ast.Constant) and k.value == key.value]
+        if len(hits) != 1 or not isinstance(hits[0], ast.Constant) or type(hits[0].value) is not int:
+            return None
+        return hits[0].value
 
     def _int_assignments(self) -> dict[str, set[int | None]]:
         """Every value assigned to each name: the integer literal, or None for anything else."""

@@ -149,12 +149,10 @@ class DsConfigFinder:
             return False
         if sum(isinstance(n, ast.Return) for n in ast.walk(fn)) != 1:
             return False
-        if sum(isinstance(d, ast.FunctionDef | ast.AsyncFunctionDef) and d.name == fn.name
-               for d in self.ctx.of(ast.FunctionDef, ast.AsyncFunctionDef)) != 1:
+        defs, calls = self._defs_and_calls_by_name()
+        if defs.get(fn.name, 0) != 1:
             return False  # two functions of that name: which one is called cannot be told
-        for call in self.ctx.of(ast.Call):
-            if not (isinstance(call.func, ast.Name) and call.func.id == fn.name):
-                continue
+        for call in calls.get(fn.name, ()):
             if self._is_config_argument(call):
                 return True
             parent = self.ctx.parents.get(call)
@@ -162,6 +160,20 @@ class DsConfigFinder:
                     & self._config_argument_names():
                 return True
         return False
+
+    def _defs_and_calls_by_name(self) -> tuple[dict[str, int], dict[str, list[ast.Call]]]:
+        """How many functions of the file bear each name, and the calls ``name(...)`` by name:
+        indexed once per file (a big file returns many dict literals)."""
+        def compute() -> tuple[dict[str, int], dict[str, list[ast.Call]]]:
+            defs: dict[str, int] = {}
+            for d in self.ctx.of(ast.FunctionDef, ast.AsyncFunctionDef):
+                defs[d.name] = defs.get(d.name, 0) + 1
+            calls: dict[str, list[ast.Call]] = {}
+            for call in self.ctx.of(ast.Call):
+                if isinstance(call.func, ast.Name):
+                    calls.setdefault(call.func.id, []).append(call)
+            return defs, calls
+        return self.ctx._cached("ds_defs_calls", self.ctx.tree, compute)  # type: ignore[no-any-return]
 
     def _config_argument_names(self) -> set[str]:
         """Names passed as a config: ``config=cfg`` keywords and ``initialize(..., cfg)``."""

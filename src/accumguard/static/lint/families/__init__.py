@@ -21,6 +21,8 @@
 ``epochtail``  AG131               Lightning epochs (or their last window) shorter than K
 ``moeaux``     AG132               HF Trainer + MoE model adding its router loss per micro-batch, GA > 1
 ``tokenmean``  AG129               a masked token mean per micro-batch, never divided by K
+``twice``      AG133               the loss divided by K in a helper and again by its caller;
+               AG134               ... or by hand before DeepSpeed's engine.backward (GA > 1)
 """
 
 from accumguard.static.lint.families import (
@@ -38,7 +40,8 @@ from accumguard.static.lint.families import (
     sync,
     terms,
     tokenmean,
+    twice,
     window,
 )
 
-__all__ = ["accelerate", "deepspeed", "epochtail", "horizon", "loss", "lrcounter", "moeaux", "precision", "reduce", "scale", "schedule", "sync", "terms", "tokenmean", "window"]
+__all__ = ["accelerate", "deepspeed", "epochtail", "horizon", "loss", "lrcounter", "moeaux", "precision", "reduce", "scale", "schedule", "sync", "terms", "tokenmean", "twice", "window"]

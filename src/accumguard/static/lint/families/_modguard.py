@@ -9,6 +9,7 @@ The rules stay in the family module; this module emits no finding.
 from __future__ import annotations
 
 import ast
+import copy
 from dataclasses import dataclass, replace
 
 from accumguard.static.lint._ast import FUNCS, LOOPS, call_attr, dotted, position, walk_all
@@ -127,6 +128,33 @@ def mod_guard(test: ast.AST) -> ModGuard | None:
             return guard  # `... or i + 1 == len(loader)`: the end of the data, not the window
         return None
     return mod_term(test)
+
+
+def call_test(ctx: FileContext, test: ast.AST) -> ast.AST | None:
+    """``if is_boundary(i):`` with ``def is_boundary(step): return (step + 1) % K == 0`` (one
+    definition of the name in the file, a body of one ``return``, positional parameters only):
+    the returned test with each parameter replaced by the call's argument; None otherwise."""
+    if not (isinstance(test, ast.Call) and isinstance(test.func, ast.Name)) or test.keywords:
+        return None
+    defs = _defs_by_name(ctx).get(test.func.id, [])
+    if len(defs) != 1:
+        return None
+    fn = defs[0]
+    body = [b for b in fn.body if not (isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant))]
+    args = fn.args
+    params = [a.arg for a in args.posonlyargs + args.args]
+    if (len(body) != 1 or not isinstance(body[0], ast.Return) or body[0].value is None
+            or args.vararg or args.kwarg or args.kwonlyargs or len(test.args) != len(params)
+            or any(isinstance(a, ast.Starred) for a in test.args)):
+        return None
+    bound = dict(zip(params, test.args, strict=True))
+
+    class _Bind(ast.NodeTransformer):
+        def visit_Name(self, node: ast.Name) -> ast.AST:
+            return copy.deepcopy(bound[node.id]) if node.id in bound else node
+
+    result: ast.AST = _Bind().visit(copy.deepcopy(body[0].value))
+    return ast.fix_missing_locations(result)
 
 
 def flag_guard(ctx: FileContext, test: ast.AST, window: ast.AST) -> tuple[ModGuard, ast.Assign] | None:
@@ -307,34 +335,118 @@ def first_window(start: int, offset: int, k: int, after: bool, excludes_zero: bo
 def k_values(ctx: FileContext, modulus: ast.AST, site: ast.AST) -> set[int | None]:
     """Every integer the file gives the modulus ``K`` (None for a value not in sight): the
     values :meth:`int_candidates` reads, and for a parameter of the function around ``site``
-    its default and each ``K=<int>`` keyword passed to that function."""
+    the values its calls pass (:func:`param_arguments`: its default when a call passes
+    nothing; None for a call the file does not show)."""
     values = set(ctx.int_candidates(modulus))
     func = ctx.enclosing(site, FUNCS)
     name = modulus.id if isinstance(modulus, ast.Name) else None
     if name is None or not isinstance(func, ast.FunctionDef | ast.AsyncFunctionDef):
         return values
+    passed = param_arguments(ctx, func, name)
+    if passed is _NOT_A_PARAM:
+        return values
+    values.discard(None)
+    found: set[int | None] = set()
+    for arg in passed or [None]:
+        found |= {None} if arg is None else ctx.int_candidates(arg)
+    return (values | found) or {None}
+
+
+#: :func:`param_arguments` for a name that is not a parameter of the function
+_NOT_A_PARAM: list[ast.AST | None] = []
+
+
+def param_arguments(
+    ctx: FileContext, func: ast.FunctionDef | ast.AsyncFunctionDef, name: str
+) -> list[ast.AST | None]:
+    """The expressions the file's calls of ``func`` pass for its parameter ``name`` (the
+    parameter's default for a call that passes nothing), with None for a value not in
+    sight: a ``*args`` / ``**kwargs`` call, the function handed over as a value
+    (``fire.Fire(main)``, ``mp.spawn(train, ...)``), a decorator (``@click.command``), the
+    parameter rebound in the body, or no default and no call. :data:`_NOT_A_PARAM` (an empty
+    list) when ``name`` is no parameter of ``func``."""
     args = func.args
     positional = args.posonlyargs + args.args
     params = {a.arg: d for a, d in zip(positional[len(positional) - len(args.defaults):], args.defaults, strict=True)}
     params |= {a.arg: d for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True) if d is not None}
     if name not in params and name not in {a.arg for a in positional + args.kwonlyargs}:
-        return values
-    values.discard(None)
-    found: set[int | None] = set()
-    if name in params:
-        found |= ctx.int_candidates(params[name])
+        return _NOT_A_PARAM
+    out: list[ast.AST | None] = []
+    if _rebound(ctx, func, name) or _called_from_outside(ctx, func):
+        out.append(None)
     index = next((i for i, a in enumerate(positional) if a.arg == name), None)
-    for call in calls_by_name(ctx).get(func.name, ()):
-        if dotted(call.func) not in (func.name, f"self.{func.name}"):
+    method = bool(positional) and positional[0].arg in ("self", "cls")
+    calls = calls_by_name(ctx).get(func.name, [])
+    default_used = not calls
+    for call in calls:
+        if dotted(call.func) not in (func.name, f"self.{func.name}", f"cls.{func.name}") and not (
+            method and isinstance(call.func, ast.Attribute)
+        ):
             continue
         kw = next((k.value for k in call.keywords if k.arg == name), None)
-        bound = isinstance(call.func, ast.Attribute) and positional and positional[0].arg in ("self", "cls")
+        bound = isinstance(call.func, ast.Attribute) and method
         at = None if index is None else index - 1 if bound else index
         if kw is None and at is not None and 0 <= at < len(call.args):
             kw = call.args[at]
+            if any(isinstance(a, ast.Starred) for a in call.args[: at + 1]):
+                kw = None
+                out.append(None)  # f(*xs, k): which argument lands on K is not in sight
+                continue
+        starred = any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords)
         if kw is not None:
-            found |= ctx.int_candidates(kw)
-    return (values | found) or {None}
+            out.append(kw)
+        elif starred:
+            out.append(None)  # f(*args) / f(**cfg): what the parameter gets is not in sight
+        else:
+            default_used = True
+    if default_used:
+        out.append(params.get(name))
+    return out
+
+
+def _rebound(ctx: FileContext, func: ast.AST, name: str) -> bool:
+    """The parameter ``name`` is assigned again in the body of ``func``."""
+    for n in ctx.local_nodes(func):
+        if isinstance(n, ast.Assign | ast.AugAssign | ast.AnnAssign | ast.NamedExpr):
+            targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+            if any(isinstance(s, ast.Name) and s.id == name for t in targets for s in walk_all(t)):
+                return True
+    return False
+
+
+def _called_from_outside(ctx: FileContext, func: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """``func`` may be called with arguments the file does not show: a decorator other than
+    ``staticmethod``/``classmethod`` (``@click.option``, ``@hydra.main``), or its name used as
+    a value rather than called (``fire.Fire(main)``, ``mp.spawn(train, ...)``,
+    ``Thread(target=self.run)``)."""
+    if any((dotted(d.func if isinstance(d, ast.Call) else d) or "") not in ("staticmethod", "classmethod")
+           for d in func.decorator_list):
+        return True
+    return func.name in _names_passed_as_values(ctx)
+
+
+def _names_passed_as_values(ctx: FileContext) -> set[str]:
+    """Names (the last part) handed to a call as an argument, once per file."""
+    def compute() -> set[str]:
+        out: set[str] = set()
+        for n in ctx.of(ast.Call):
+            for a in [*n.args, *(k.value for k in n.keywords)]:
+                if isinstance(a, ast.Name):
+                    out.add(a.id)
+                elif isinstance(a, ast.Attribute):
+                    out.add(a.attr)
+        return out
+    return ctx._cached("names_passed", ctx.tree, compute)  # type: ignore[no-any-return]
+
+
+def _defs_by_name(ctx: FileContext) -> dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]]:
+    """The file's function definitions by name, once per file."""
+    def compute() -> dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]]:
+        out: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]] = {}
+        for f in ctx.of(*FUNCS):
+            out.setdefault(f.name, []).append(f)
+        return out
+    return ctx._cached("defs_by_name", ctx.tree, compute)  # type: ignore[no-any-return]
 
 
 def calls_by_name(ctx: FileContext) -> dict[str, list[ast.Call]]:

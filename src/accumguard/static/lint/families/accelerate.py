@@ -18,11 +18,12 @@ import ast
 from collections.abc import Iterator
 
 from accumguard.static.findings import Finding
-from accumguard.static.lint._ast import call_attr, dotted, receiver, walk_all
+from accumguard.static.lint._ast import FUNCS, call_attr, dotted, receiver, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._modguard import k_values
 from accumguard.static.lint.families.loss import _assigned_names, _division, _is_loss_division
+from accumguard.static.lint.families.twice import k_dividing_helpers, k_helper_result
 
 __all__ = ["accelerator_k_without_accumulate", "loss_divided_before_accelerator_backward"]
 
@@ -86,6 +87,23 @@ def loss_divided_before_accelerator_backward(ctx: FileContext) -> Iterator[Findi
             "`accelerator.backward()`, which divides by the Accelerator's "
             "gradient_accumulation_steps itself: the loss is divided twice, and the optimizer "
             "receives G / K",
+        )
+    # the division in a helper of the file: `loss = compute_loss(batch)` (which returns
+    # `loss / grad_accum`), then `accelerator.backward(loss)`
+    for call, _ in _accelerator_backwards(ctx, ctx.tree) + [
+        b for fn in ctx.of(*FUNCS) for b in _accelerator_backwards(ctx, fn)
+    ]:
+        helper = k_helper_result(ctx, call.args[0], ctx.scope_of(call))
+        if helper is None:
+            continue
+        _, div = k_dividing_helpers(ctx)[helper]
+        yield ctx.finding(
+            "AG121",
+            call,
+            f"`{ast.unparse(call.args[0])}` comes from `{helper}()`, which divides the loss by the "
+            f"accumulation steps (`{ast.unparse(div)}`, line {getattr(div, 'lineno', '?')}), and "
+            "`accelerator.backward()` divides by the Accelerator's gradient_accumulation_steps "
+            "itself: the loss is divided twice, and the optimizer receives G / K",
         )
 
 

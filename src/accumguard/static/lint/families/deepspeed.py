@@ -38,6 +38,7 @@ from accumguard.static.lint._ast import (
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._dsrefs import DsConfigRef
 from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families._modguard import param_arguments
 
 _CONFIG_CODES = ("AG200", "AG201", "AG203", "AG204", "AG205", "AG206", "AG207")
 
@@ -138,10 +139,27 @@ def _config_ga(ctx: FileContext, ref: DsConfigRef, k_names: set[str]) -> tuple[s
     return ("unknown", "") if node is None else _ga_expression(ctx, node, k_names, "")
 
 
-def _ga_expression(ctx: FileContext, node: ast.AST, k_names: set[str], prefix: str) -> tuple[str, str]:
-    """GA written as an expression: the loop's own K (then GA = K), or an integer in sight."""
+def _ga_expression(
+    ctx: FileContext, node: ast.AST, k_names: set[str], prefix: str, depth: int = 0
+) -> tuple[str, str]:
+    """GA written as an expression: the loop's own K (then GA = K), or an integer in sight; a
+    parameter of the function that builds the config (``def ds_config(gas): return {...:
+    gas}``) is read at each call of it (``ds_config(args.gas)``, the loop's ``range(args.gas)``)."""
     text = f"{prefix}`{ast.unparse(node)}`"
     d = dotted(node)
+    func = ctx.enclosing(node, FUNCS)
+    if isinstance(node, ast.Name) and isinstance(func, ast.FunctionDef | ast.AsyncFunctionDef) and depth < 2:
+        passed = param_arguments(ctx, func, node.id)
+        if passed:  # a parameter of the builder: every value its calls pass must agree
+            verdicts = {
+                ("unknown", "") if arg is None else _ga_expression(ctx, arg, k_names, "", depth + 1)
+                for arg in passed
+            }
+            kinds = {v for v, _ in verdicts}
+            if len(kinds) != 1 or kinds == {"unknown"}:
+                return "unknown", ""
+            hows = sorted(h for _, h in verdicts)
+            return kinds.pop(), f"{text} (passed {', '.join(hows)})"
     if d is not None and d in k_names:
         literal = ctx.int_value(node, defaults=False)
         if literal == 1:

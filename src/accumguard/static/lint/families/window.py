@@ -49,6 +49,7 @@ from accumguard.static.lint.families._modguard import (
     UNKNOWN_START,
     ModGuard,
     assignments_by_name,
+    call_test,
     calls_by_name,
     counter_start,
     exclusive,
@@ -238,14 +239,14 @@ def boundary_counter_off_by_one(ctx: FileContext) -> Iterator[Finding]:
             if kind not in ("optimizer", "engine"):
                 continue
             guard_if = ctx.enclosing(call, (ast.If, *LOOPS))
-            while (isinstance(guard_if, ast.If) and mod_guard(guard_if.test) is None
+            while (isinstance(guard_if, ast.If) and mod_guard(_test_of(ctx, guard_if.test)) is None
                    and flag_guard(ctx, guard_if.test, window) is None):
                 guard_if = ctx.enclosing(guard_if, (ast.If, *LOOPS))
             if not isinstance(guard_if, ast.If) or id(guard_if) in seen:
                 continue
             if exclusive(ctx, call, guard_if.body[0]):
                 continue  # the step is in the else branch
-            guard = mod_guard(guard_if.test)
+            guard = mod_guard(_test_of(ctx, guard_if.test))
             tested: ast.AST = guard_if  # where the counter is read
             if guard is None and (flagged := flag_guard(ctx, guard_if.test, window)) is not None:
                 guard, tested = flagged  # `do_step = i % K == 0` ... `if do_step:`
@@ -297,7 +298,8 @@ def boundary_counter_off_by_one(ctx: FileContext) -> Iterator[Finding]:
             finding = ctx.finding(
                 "AG115",
                 guard_if,
-                f"the step runs when {_test_text(guard_if, tested)}, {where} this micro-batch's "
+                f"the step runs when {_test_text(guard_if, tested)}{_bound_text(ctx, guard_if.test)}, "
+                f"{where} this micro-batch's "
                 f"backward, with `{guard.counter}` = {start} on the first micro-batch: the first "
                 f"window has {window_size_text(*n1)} micro-batch{'' if n1 == (0, 1) else 'es'} "
                 "instead of K",
@@ -313,6 +315,18 @@ def boundary_counter_off_by_one(ctx: FileContext) -> Iterator[Finding]:
                     confidence=Confidence.MEDIUM,
                 )
             yield finding
+
+
+def _test_of(ctx: FileContext, test: ast.AST) -> ast.AST:
+    """The test itself, or for a call of a one-line predicate of the file (``is_boundary(i)``)
+    what it returns with the call's arguments bound (:func:`call_test`)."""
+    return call_test(ctx, test) or test
+
+
+def _bound_text(ctx: FileContext, test: ast.AST) -> str:
+    """`` (= `(i + 1) % K == 0`)`` for a predicate call read through :func:`call_test`."""
+    bound = call_test(ctx, test)
+    return "" if bound is None else f" (= `{ast.unparse(bound)}`)"
 
 
 def _test_text(guard_if: ast.If, tested: ast.AST) -> str:
@@ -378,7 +392,7 @@ def _pure_mod_guard(ctx: FileContext, call: ast.AST, window: ast.AST) -> tuple[a
     child, cur = call, ctx.parents.get(call)
     while cur is not None and cur is not window:
         if isinstance(cur, ast.If) and child is not cur.test and ctx.is_boundary_test(cur.test):
-            guard = mod_term(_flag_value(ctx, cur.test, window))
+            guard = mod_term(_test_of(ctx, _flag_value(ctx, cur.test, window)))
             if guard is None or found is not None or child not in cur.body:
                 return None
             found = (cur, guard)
@@ -500,14 +514,15 @@ def partial_window_leaks_into_next_epoch(ctx: FileContext) -> Iterator[Finding]:
                 continue  # a counter across epochs: windows span epochs, each of K micro-batches
             if _clears_or_steps_outside(ctx, window, repeat):
                 continue
-            if 1 in ctx.int_candidates(guard.modulus):
+            ks = k_values(ctx, guard.modulus, guard_if)
+            if 1 in ks:
                 continue  # K = 1 somewhere: nothing is left over
-            k = ctx.int_value(guard.modulus)
+            k = next(iter(ks)) if len(ks) == 1 else None  # a parameter's default when no call passes K
             n = static_len(ctx, window.iter)
             if n is None:
                 n = _length_from_callers(ctx, window)
             data = ast.unparse(window.iter)
-            test = f"`{ast.unparse(guard_if.test)}`"
+            test = f"`{ast.unparse(guard_if.test)}`{_bound_text(ctx, guard_if.test)}"
             value = _flag_value(ctx, guard_if.test, window)
             if value is not guard_if.test:
                 test += f" (= `{ast.unparse(value)}`)"

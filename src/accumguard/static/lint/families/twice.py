@@ -1,0 +1,257 @@
+"""AG133 (LOSS_SCALE): the loss divided by K in a function of the file and divided by K again
+where that function's result is used, before the backward.
+
+A helper (a module function or a method) returns ``loss / K``; its caller divides the result
+by K once more (``loss = compute_loss(...); (loss / K).backward()``): each micro-batch's
+gradient is scaled 1/K², so the window's gradient is G / K. With SGD every update is K times
+too small; with Adam the difference hides in epsilon and clipping, but it is not the
+large-batch update. The Accelerate form (the helper divides, ``accelerator.backward`` divides
+by its own K again) is AG121 (:mod:`.accelerate`), which follows the same helpers.
+
+Judged only when everything is in sight: one definition of the helper's name in the file;
+every ``return`` of it a division by K (``return loss / K``, or a name whose only value is
+one: ``loss = crit(...) / K`` or an unconditional ``loss /= K``); K named as the accumulation
+steps (``grad_accum_steps``, ``self.accumulation_steps``, ``args.gradient_accumulation_steps``,
+or an alias of one), not a size or a count (``micro_batch_size``, ``n_tokens``); the caller's
+second division by such a K of the helper's result (directly, or through the one name that
+holds it) reaching a ``.backward()`` of the same function. A helper dividing by anything else
+(a token count, the world size) is not judged.
+
+AG134 (LOSS_SCALE): the DeepSpeed form. The documented engine loop (``engine.step()`` after
+every ``engine.backward()``, no hand gating) is handed a loss already divided by K (inline,
+through the name that holds it, or by such a helper) while the config in sight has
+``gradient_accumulation_steps`` > 1: ``engine.backward(loss)`` divides by GA itself
+(``scale_wrt_gas=True``, DeepSpeed 0.19.8), so the gradient is G / K.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+
+from accumguard.static.findings import Finding
+from accumguard.static.lint._ast import (
+    ACCUM_RE,
+    FUNCS,
+    call_attr,
+    dotted,
+    last_part,
+    receiver,
+    walk_local,
+)
+from accumguard.static.lint._context import FileContext
+from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families.deepspeed import _config_ga, _hand_gated_steps
+from accumguard.static.lint.families.loss import _division, _flows_to_backward
+
+__all__ = [
+    "is_k", "k_dividing_helpers", "k_helper_result", "loss_divided_before_engine_backward",
+    "loss_divided_by_k_twice", "value_before",
+]
+
+#: K-like names that are sizes or counts, not the number of micro-steps
+_NOT_K = re.compile(r"bs$|_bs|size|tok|count|len|items|sample|numel|denom|norm")
+_CASTS = ("int", "float")
+#: DeepSpeed's short names for the accumulation steps (``gas``, ``ga_steps``, ``n_gas``)
+_GAS = re.compile(r"^(n_?|num_?)?gas?(_steps?)?$")
+
+
+def is_k(ctx: FileContext, expr: ast.AST) -> bool:
+    """``expr`` names the number of accumulation steps: its last identifier looks like K
+    (and not like a size or count), or it is a name whose one assignment in the file is an
+    alias of such a name (``K = args.grad_accum_steps``)."""
+    while isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id in _CASTS \
+            and len(expr.args) == 1:
+        expr = expr.args[0]
+    d = dotted(expr)
+    if d is None or not isinstance(expr, ast.Name | ast.Attribute):
+        return False
+    last = last_part(d)
+    if ACCUM_RE.search(last) or _GAS.match(last):
+        return not _NOT_K.search(last)
+    if isinstance(expr, ast.Name):
+        values = _single_name_values(ctx).get(d, [])
+        return len(values) == 1 and isinstance(values[0], ast.Name | ast.Attribute) and is_k(ctx, values[0])
+    return False
+
+
+def _single_name_values(ctx: FileContext) -> dict[str, list[ast.AST]]:
+    """The values of every ``name = value`` with one target, by name, once per file."""
+    def compute() -> dict[str, list[ast.AST]]:
+        out: dict[str, list[ast.AST]] = {}
+        for names, value in ctx.assignments():
+            if len(names) == 1:
+                out.setdefault(names[0], []).append(value)
+        return out
+    return ctx._cached("single_name_values", ctx.tree, compute)  # type: ignore[no-any-return]
+
+
+def _k_division(ctx: FileContext, expr: ast.AST | None) -> bool:
+    return isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Div) and is_k(ctx, expr.right)
+
+
+def _returns_k_division(ctx: FileContext, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> ast.AST | None:
+    """The division by K every ``return`` of ``fn`` hands back (the first one), else None."""
+    returns = [n for n in ctx.local_nodes(fn) if isinstance(n, ast.Return)]
+    if not returns:
+        return None
+    found: list[ast.AST] = []
+    for ret in returns:
+        value = ret.value
+        if _k_division(ctx, value):
+            assert value is not None
+            found.append(value)
+            continue
+        if not isinstance(value, ast.Name):
+            return None
+        writes = [n for n in ctx.local_nodes(fn)
+                  if isinstance(n, ast.Assign | ast.AugAssign | ast.AnnAssign)
+                  and any(isinstance(t, ast.Name) and t.id == value.id
+                          for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))]
+        divs = [w for w in writes if isinstance(w, ast.AugAssign) and isinstance(w.op, ast.Div)]
+        if len(divs) == 1 and divs[0] in fn.body and is_k(ctx, divs[0].value):
+            found.append(divs[0])  # `loss /= K` on the function's own level: always applied
+        elif len(writes) == 1 and isinstance(writes[0], ast.Assign) and _k_division(ctx, writes[0].value):
+            found.append(writes[0].value)
+        else:
+            return None
+    return found[0]
+
+
+def k_dividing_helpers(ctx: FileContext) -> dict[str, tuple[ast.AST, ast.AST]]:
+    """Functions/methods of the file (one definition of the name) whose every return is a
+    division by K: name -> (definition, division)."""
+    def compute() -> dict[str, tuple[ast.AST, ast.AST]]:
+        defs: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]] = {}
+        for fn in ctx.of(*FUNCS):
+            defs.setdefault(fn.name, []).append(fn)
+        out: dict[str, tuple[ast.AST, ast.AST]] = {}
+        for name, fns in defs.items():
+            if len(fns) == 1 and (div := _returns_k_division(ctx, fns[0])) is not None:
+                out[name] = (fns[0], div)
+        return out
+    return ctx._cached("k_dividing_helpers", ctx.tree, compute)  # type: ignore[no-any-return]
+
+
+def k_helper_result(ctx: FileContext, expr: ast.AST, scope: ast.AST) -> str | None:
+    """The helper's name when ``expr`` is a call of a K-dividing helper (``f(...)``,
+    ``self.f(...)``), or a name whose last value before ``expr`` in the same block is one."""
+    helpers = k_dividing_helpers(ctx)
+    if isinstance(expr, ast.Call):
+        d = dotted(expr.func) or ""
+        name = d.rsplit(".", 1)[-1]
+        if name not in helpers:
+            return None
+        method = isinstance(ctx.parents.get(helpers[name][0]), ast.ClassDef)
+        # a module function called by its name; a method on `self`/`cls` or an object
+        # (`runner.compute_loss(b)`): not a same-named function of another module
+        if (not method and d == name) or (method and d.count(".") == 1):
+            return name
+        return None
+    if not isinstance(expr, ast.Name):
+        return None
+    value = value_before(ctx, expr)
+    return None if value is None else k_helper_result(ctx, value, scope)
+
+
+def value_before(ctx: FileContext, name: ast.Name) -> ast.AST | None:
+    """The value of the last ``name = value`` before ``name``'s statement in the same block
+    (None when that statement writes the name otherwise, or no such statement precedes it)."""
+    stmt = ctx.parents.get(name)
+    while stmt is not None and not isinstance(stmt, ast.stmt):
+        stmt = ctx.parents.get(stmt)
+    block = ctx.parents.get(stmt) if stmt is not None else None
+    body = next((getattr(block, f) for f in ("body", "orelse", "finalbody")
+                 if isinstance(getattr(block, f, None), list) and stmt in getattr(block, f)), None)
+    if body is None:
+        return None
+    for prior in reversed(body[: body.index(stmt)]):
+        if any(isinstance(n, ast.Name) and n.id == name.id and isinstance(n.ctx, ast.Store)
+               for n in walk_local(prior)):
+            if isinstance(prior, ast.Assign) and len(prior.targets) == 1 \
+                    and isinstance(prior.targets[0], ast.Name) and prior.targets[0].id == name.id:
+                return prior.value
+            return None
+    return None
+
+
+@rule("AG133")
+def loss_divided_by_k_twice(ctx: FileContext) -> Iterator[Finding]:
+    if not k_dividing_helpers(ctx):
+        return
+    for node in ctx.of(ast.BinOp, ast.AugAssign):
+        d = _division(node)
+        if d is None or not is_k(ctx, d[1]):
+            continue
+        scope = ctx.scope_of(node)
+        helper = k_helper_result(ctx, d[0], scope)
+        if helper is None or not _flows_to_backward(ctx, node):
+            continue
+        fn, div = k_dividing_helpers(ctx)[helper]
+        if fn is scope or any(node is n for n in ctx.local_nodes(fn)):
+            continue
+        yield ctx.finding(
+            "AG133",
+            node,
+            f"`{ast.unparse(node)}` divides by the accumulation steps a loss that `{helper}()` "
+            f"already divided by them (`{ast.unparse(div)}`, line {getattr(div, 'lineno', '?')}): "
+            "each micro-batch's gradient is scaled 1/K² and the optimizer receives G / K",
+        )
+
+
+def _divided_by_k(ctx: FileContext, expr: ast.AST) -> tuple[ast.AST, str] | None:
+    """(divisor, how) when ``expr`` is a division (its divisor is compared with K and GA by the
+    rule): ``loss / d`` itself, the value of
+    the name that holds it (its last assignment in the same block), or the result of a
+    function of the file whose every return divides by K (:mod:`.twice`)."""
+    if isinstance(expr, ast.Name):
+        value = value_before(ctx, expr)
+        if value is None:
+            return None
+        expr = value
+    if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Div):
+        return expr.right, f"`{ast.unparse(expr)}`"  # K or not: the caller compares with GA
+    helper = k_helper_result(ctx, expr, ctx.scope_of(expr))
+    if helper is None:
+        return None
+    _, div = k_dividing_helpers(ctx)[helper]
+    divisor = div.right if isinstance(div, ast.BinOp) else getattr(div, "value", div)
+    return divisor, f"`{helper}()` returns `{ast.unparse(div)}` (line {getattr(div, 'lineno', '?')})"
+
+
+@rule("AG134")
+def loss_divided_before_engine_backward(ctx: FileContext) -> Iterator[Finding]:
+    """The documented engine loop (``engine.step()`` after every ``engine.backward()``) handed a
+    loss already divided by K while the config's GA > 1: DeepSpeed divides by GA again."""
+    ref = ctx.ds_config()
+    if ref is None or ctx.explicit_ds_boundary:
+        return
+    gated = {id(site) for _, site in _hand_gated_steps(ctx)}
+    for window in ctx.windows():
+        facts = ctx.window_facts(window)
+        steps = [c for c, k in facts.steps if k == "engine"]
+        if not facts.engine_backward or not steps or any(id(c) in gated for c in steps):
+            continue  # a hand-gated step: AG109 / AG110 judge the loop
+        for call in ctx.local_nodes(window):
+            if not (isinstance(call, ast.Call) and call_attr(call) == "backward"
+                    and ctx.kind_of_receiver(receiver(call)) == "engine"):
+                continue
+            if len(call.args) != 1 or call.keywords:
+                continue  # scale_wrt_gas=False (or anything else): not the default division
+            hit = _divided_by_k(ctx, call.args[0])
+            if hit is None or ctx.int_value(hit[0]) == 1:
+                continue
+            verdict, how = _config_ga(ctx, ref, {d for d in (dotted(hit[0]),) if d})
+            if verdict != "many" or not (is_k(ctx, hit[0]) or "the loop's own K" in how):
+                continue
+            name = dotted(receiver(call)) or "engine"
+            yield ctx.finding(
+                "AG134",
+                call,
+                f"the loss given to `{name}.backward()` is already divided by the accumulation steps "
+                f"({hit[1]}), and DeepSpeed's backward divides it again by the config's "
+                f"gradient_accumulation_steps {how} ({ref.where}; scale_wrt_gas=True by default), "
+                "while the engine steps once per GA backward() calls: the loss is divided twice "
+                "and the optimizer receives G / K",
+            )
