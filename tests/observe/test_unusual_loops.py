@@ -1,0 +1,120 @@
+"""Correct but unusual training loops, and their buggy twins, recorded in-process as
+``accumguard watch`` records them (:func:`accumguard.watch.recording`) and judged by the
+function the CLI calls (:func:`accumguard.watch._report.judge`).
+
+Found by probing ``watch`` on legal-but-unusual loops (docs/dev/probe-unusual-loops.md):
+
+* an optimizer in backward (one optimizer per parameter, stepped from
+  ``register_post_accumulate_grad_hook`` at the K-th backward): each step runs inside the
+  backward that completes its window, so the window the observer closes is cut by it (the
+  correct loop read as F7 + F13 errors; the twin that steps at every backward read as "no
+  backward pass before any of them (gradients made another way, e.g. torch.autograd.grad)",
+  which is not what happened). Such steps are set apart and said not judged; a plain
+  optimizer next to them is still judged (its F3 twin is found).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from accumguard.watch import recording
+from accumguard.watch._report import judge
+
+K = 4
+
+
+def _data(n: int = 3 * K) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g))
+            for _ in range(n)]
+
+
+def _mlp() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+
+
+def _in_backward(model: nn.Sequential, *, every_backward: bool,
+                 params: list[nn.Parameter] | None = None) -> Callable[[int], None]:
+    """Per-parameter SGD stepped from the parameters' post-accumulate hooks at the K-th
+    backward (``every_backward``: at every one, the F1 of this shape). Returns the setter
+    of the micro-step index the hooks read."""
+    chosen = list(model.parameters()) if params is None else params
+    opts = {p: torch.optim.SGD([p], lr=0.1) for p in chosen}
+    state = {"i": 0}
+
+    def hook(p: torch.Tensor) -> None:
+        if every_backward or (state["i"] + 1) % K == 0:
+            opts[p].step()
+            opts[p].zero_grad()
+
+    for p in chosen:
+        p.register_post_accumulate_grad_hook(hook)
+    return lambda i: state.__setitem__("i", i)
+
+
+def _run_in_backward(out: Path, *, every_backward: bool) -> dict[str, torch.Tensor]:
+    model = _mlp()
+    with recording(out):
+        at = _in_backward(model, every_backward=every_backward)
+        for i, (x, y) in enumerate(_data()):
+            at(i)
+            (F.cross_entropy(model(x), y) / K).backward()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _plain_in_backward(*, every_backward: bool) -> dict[str, torch.Tensor]:
+    model = _mlp()
+    at = _in_backward(model, every_backward=every_backward)
+    for i, (x, y) in enumerate(_data()):
+        at(i)
+        (F.cross_entropy(model(x), y) / K).backward()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_optimizer_in_backward_is_not_judged_and_says_so(tmp_path: Path) -> None:
+    for every_backward in (False, True):
+        out = tmp_path / f"every-{every_backward}"
+        observed = _run_in_backward(out, every_backward=every_backward)
+        plain = _plain_in_backward(every_backward=every_backward)
+        assert all(torch.equal(observed[k], plain[k]) for k in plain)  # the run unchanged
+        res = judge(out, accumulation_steps=K)
+        assert not res.errors, [f.evidence for f in res.errors]
+        assert res.report["checked"] is False  # nothing judged: never read as a pass
+        steps = len(_data()) // (1 if every_backward else K) * 4  # 4 parameters
+        assert res.report["steps_in_backward"] == steps
+        problem = res.report["problems"][0]
+        assert problem.startswith(f"nothing was checked: {steps} optimizer step(s) ran "
+                                  "inside a backward pass")
+        assert "autograd.grad" not in " ".join(res.report["problems"])
+
+
+def test_plain_optimizer_next_to_one_in_backward_is_still_judged(tmp_path: Path) -> None:
+    for bug in (False, True):
+        model = _mlp()
+        out = tmp_path / f"bug-{bug}"
+        with recording(out) as obs:
+            # every window checked: the ~1 % cost budget would skip windows of this toy
+            # loop once torch is warm (a second recording in one process)
+            obs.budget = None
+            at = _in_backward(model, every_backward=False,
+                              params=list(model[2].parameters()))
+            opt = torch.optim.SGD(model[0].parameters(), lr=0.1)
+            for i, (x, y) in enumerate(_data()):
+                at(i)
+                if bug:
+                    opt.zero_grad()  # inside the plain optimizer's window: F3
+                (F.cross_entropy(model(x), y) / K).backward()
+                if (i + 1) % K == 0:
+                    opt.step()
+                    opt.zero_grad()
+        res = judge(out, accumulation_steps=K)
+        assert res.report["steps_in_backward"] == 3 * 2
+        assert res.report["problems"][0].startswith("not checked: 6 optimizer step(s) ran")
+        assert len(res.report["steps"]) == 3
+        assert [f.cls for f in res.errors] == (["F3"] if bug else [])
