@@ -11,6 +11,11 @@ Found by probing ``watch`` on legal-but-unusual loops (docs/dev/probe-unusual-lo
   backward pass before any of them (gradients made another way, e.g. torch.autograd.grad)",
   which is not what happened). Such steps are set apart and said not judged; a plain
   optimizer next to them is still judged (its F3 twin is found).
+* the gradient divided by K in tensor hooks on the parameters (``p.register_hook(lambda
+  g: g / K)``) instead of the loss: the loss record's weight (K per window) is not the
+  update's scale; it read as LOSS_SCALE "never divided by K" (an error on the large batch's
+  own update). Windows with a parameter hook are not read for that scale; the twin without
+  the hook is still the error.
 """
 
 from __future__ import annotations
@@ -118,3 +123,26 @@ def test_plain_optimizer_next_to_one_in_backward_is_still_judged(tmp_path: Path)
         assert res.report["problems"][0].startswith("not checked: 6 optimizer step(s) ran")
         assert len(res.report["steps"]) == 3
         assert [f.cls for f in res.errors] == (["F3"] if bug else [])
+
+
+def test_gradient_divided_by_k_in_parameter_hooks(tmp_path: Path) -> None:
+    """Correct: the loss not divided, each parameter's gradient divided by K by a tensor
+    hook (the large batch's update, bit for bit the same as the loss / K loop up to
+    rounding). Bug twin: no hook (LOSS_SCALE, K x G)."""
+    for hooked in (True, False):
+        model = _mlp()
+        out = tmp_path / f"hooked-{hooked}"
+        with recording(out) as obs:
+            obs.budget = None  # every window checked (see above)
+            if hooked:
+                for p in model.parameters():
+                    p.register_hook(lambda g: g / K)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for i, (x, y) in enumerate(_data()):
+                F.cross_entropy(model(x), y).backward()
+                if (i + 1) % K == 0:
+                    opt.step()
+                    opt.zero_grad()
+        res = judge(out, accumulation_steps=K)
+        assert [f.cls for f in res.errors] == ([] if hooked else ["LOSS_SCALE"]), \
+            [f.evidence for f in res.errors]

@@ -158,8 +158,14 @@ class StepRecord:
     # the step ran inside a backward pass (an optimizer stepped from a gradient hook, e.g.
     # ``register_post_accumulate_grad_hook``: "optimizer in backward"): its window is cut by
     # the backward it ran in, so no window rule can read it (the loader sets such steps
-    # apart). Last of the recorded fields: a line written before it existed reads back False
+    # apart)
     in_backward: bool = False
+    # a parameter the step updated had a tensor hook (``p.register_hook``) when the step
+    # ran: such a hook may rescale the gradient between the loss and ``.grad`` (the gradient
+    # divided by K by hand there), so the loss record's total weight is not the update's
+    # scale (the rules that read it as one skip the window). Recorded with the loss record
+    # only. Last of the recorded fields: a line written before it existed reads back False
+    grad_hooks: bool = False
     # -- counts of the guard and the audit (not in a recording) ---------------------------
     # optimizer steps that closed the window: 1, 2 for a second step a guard in warn mode
     # let run, 0 for the audit's trailing micro-steps after the last step

@@ -309,12 +309,21 @@ class StepMachinery:
             rank_factor=factor, optimizer_index=None if own is None else self.lanes.key(owner),
             lr_changes=lr_changes, lr=lr,
             # an optimizer stepped from a gradient hook, inside a backward pass
-            in_backward=self._bw_current is not None)
+            in_backward=self._bw_current is not None,
+            grad_hooks=bool(losses or terms) and self._grad_hooked(owner))
         self._next_window(reset_losses=False)  # losses.take() above reset them
         if self._global_handle is not None and self.step >= PIN_ROOTS_AFTER_STEPS:
             self._pin_roots()
         for fn in self._handlers.on_step:
             fn(ev)
+
+    def _grad_hooked(self, owner: object) -> bool:
+        """Whether a parameter of this step (the roots' tracked ones, else the optimizer's)
+        has a tensor hook, which may rescale its gradient between the loss and ``.grad``
+        (one attribute read per parameter, on steps with a loss record only)."""
+        params = self._tracked or [p for g in getattr(owner, "param_groups", [])
+                                   for p in g["params"]]
+        return any(getattr(p, "_backward_hooks", None) for p in params)
 
     def _next_window(self, *, reset_losses: bool = True) -> None:
         self.step += 1

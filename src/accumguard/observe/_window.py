@@ -62,7 +62,7 @@ class StepTally:
                rank_factor: float | None = None, optimizer_index: int | None = None,
                lr_changes: int | None = None, lr: float | None = None,
                terms: list[list[Any]] | None = None,
-               in_backward: bool = False) -> StepRecord:
+               in_backward: bool = False, grad_hooks: bool = False) -> StepRecord:
         """The step record of this window (what :mod:`.rules` judges)."""
         loss: float | None = None
         if self.loss_ok and self.backwards:
@@ -104,4 +104,4 @@ class StepTally:
             losses=losses, terms=terms, discarded=discarded, precision=precision,
             param_norm=param_norm,
             rank_factor=rank_factor, optimizer_index=optimizer_index, lr_changes=lr_changes,
-            lr=lr, in_backward=in_backward)
+            lr=lr, in_backward=in_backward, grad_hooks=grad_hooks)
