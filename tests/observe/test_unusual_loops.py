@@ -16,6 +16,10 @@ Found by probing ``watch`` on legal-but-unusual loops (docs/dev/probe-unusual-lo
   update's scale; it read as LOSS_SCALE "never divided by K" (an error on the large batch's
   own update). Windows with a parameter hook are not read for that scale; the twin without
   the hook is still the error.
+* a loss function compiled with ``torch.compile(fullgraph=True)`` that calls the model:
+  Dynamo traced watch's global forward hook (it registers a hook: ``setattr`` on a type)
+  and, with ``fullgraph=True``, the graph break became the user's ``Unsupported`` error:
+  the run crashed under watch. The doors now pass through while torch.compile traces.
 """
 
 from __future__ import annotations
@@ -146,3 +150,34 @@ def test_gradient_divided_by_k_in_parameter_hooks(tmp_path: Path) -> None:
         res = judge(out, accumulation_steps=K)
         assert [f.cls for f in res.errors] == ([] if hooked else ["LOSS_SCALE"]), \
             [f.evidence for f in res.errors]
+
+
+def _compiled_loss_loop() -> dict[str, torch.Tensor]:
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    @torch.compile(fullgraph=True, backend="eager")
+    def loss_of(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(model(x), y) / K
+
+    for i, (x, y) in enumerate(_data()):
+        loss_of(x, y).backward()
+        if (i + 1) % K == 0:
+            opt.step()
+            opt.zero_grad()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_fullgraph_compiled_loss_runs_unchanged(tmp_path: Path) -> None:
+    """The model called inside a ``fullgraph=True`` compiled function (Dynamo traces the
+    module hooks, accumguard's global one too): the run goes on, bit-identical, and the
+    recording says no error and no failure of accumguard's own."""
+    torch._dynamo.reset()
+    with recording(tmp_path):
+        observed = _compiled_loss_loop()
+    torch._dynamo.reset()
+    plain = _compiled_loss_loop()
+    assert all(torch.equal(observed[k], plain[k]) for k in plain)
+    res = judge(tmp_path, accumulation_steps=K)
+    assert not res.errors and not res.report["accumguard_failed"]
+    assert len(res.report["steps"]) == 3
