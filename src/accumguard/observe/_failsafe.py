@@ -40,8 +40,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from torch.compiler import is_compiling
-
 from accumguard.core.errors import AccumulationError
 
 __all__ = ["ENV_FAULT", "Failsafe", "Failure", "InjectedFault", "hook_method"]
@@ -193,8 +191,8 @@ class Failsafe:
         def hook(*args: object, **kwargs: object) -> object:
             # the door is written out here and in hook_method (no shared helper): a hook
             # runs per forward/backward/step, and a helper's frame was a third of its cost
-            if not self.ok or is_compiling():
-                return None  # (traced by torch.compile: see hook_method)
+            if not self.ok:
+                return None
             try:
                 if self._fault is not None and (self._fault.hit(where, "pre")
                                                 or self._fault.hit(where, "post")):
@@ -231,7 +229,7 @@ class Failsafe:
         wrapper = make(tracked)
 
         def door(*args: object, **kwargs: object) -> object:
-            if not self.ok or is_compiling():  # traced by torch.compile: see hook_method
+            if not self.ok:
                 return orig(*args, **kwargs)
             stack = getattr(local, "stack", None)
             if stack is None:
@@ -289,11 +287,7 @@ def hook_method(fn: F) -> F:
     def hook(self: _HasFailsafe, *args: object, **kwargs: object) -> object:
         # Failsafe.hook's door, written out (one frame less per call; same semantics)
         door = self.failsafe
-        if not door.ok or is_compiling():
-            # torch.compile traces the hooks of modules called in a compiled region: our
-            # bookkeeping (a hook registered, a thread-local read) is code Dynamo cannot
-            # trace, a graph break that fullgraph=True turns into the user's error. Traced,
-            # the hook is a no-op (the compiled region's forwards go unobserved).
+        if not door.ok:
             return None
         try:
             fault = door._fault
