@@ -19,7 +19,10 @@ Found by probing ``watch`` on legal-but-unusual loops (docs/dev/probe-unusual-lo
 * a loss function compiled with ``torch.compile(fullgraph=True)`` that calls the model:
   Dynamo traced watch's global forward hook (it registers a hook: ``setattr`` on a type)
   and, with ``fullgraph=True``, the graph break became the user's ``Unsupported`` error:
-  the run crashed under watch. The doors now pass through while torch.compile traces.
+  the run crashed under watch. The global forward hook does nothing while torch.compile
+  traces.
+* the guard on an optimizer in backward raised F13 into the user's loop; it now warns once
+  and judges nothing from there on.
 """
 
 from __future__ import annotations
@@ -27,10 +30,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from accumguard import guard
+from accumguard.core.errors import AccumguardWarning
 from accumguard.watch import recording
 from accumguard.watch._report import judge
 
@@ -55,6 +61,7 @@ def _in_backward(model: nn.Sequential, *, every_backward: bool,
     of the micro-step index the hooks read."""
     chosen = list(model.parameters()) if params is None else params
     opts = {p: torch.optim.SGD([p], lr=0.1) for p in chosen}
+    model._in_backward_opts = list(opts.values())  # type: ignore[assignment]
     state = {"i": 0}
 
     def hook(p: torch.Tensor) -> None:
@@ -65,6 +72,11 @@ def _in_backward(model: nn.Sequential, *, every_backward: bool,
     for p in chosen:
         p.register_post_accumulate_grad_hook(hook)
     return lambda i: state.__setitem__("i", i)
+
+
+def _opts_of(model: nn.Module) -> list[torch.optim.Optimizer]:
+    """The per-parameter optimizers :func:`_in_backward` made for ``model``."""
+    return list(model._in_backward_opts)
 
 
 def _run_in_backward(out: Path, *, every_backward: bool) -> dict[str, torch.Tensor]:
@@ -181,3 +193,21 @@ def test_fullgraph_compiled_loss_runs_unchanged(tmp_path: Path) -> None:
     res = judge(tmp_path, accumulation_steps=K)
     assert not res.errors and not res.report["accumguard_failed"]
     assert len(res.report["steps"]) == 3
+
+
+def test_guard_on_an_optimizer_in_backward_stops_judging_and_says_so() -> None:
+    """The guard given one of the per-parameter optimizers stepped from post-accumulate
+    hooks at the K-th backward (correct): it raised F13 (WindowOverrunError) into the
+    user's loop, whose step ran inside backward 4 before that backward was counted. Now it
+    warns once that it follows no such window, and the run ends as it does unguarded."""
+    model = _mlp()
+    at = _in_backward(model, every_backward=False)
+    opts = _opts_of(model)
+    with (pytest.warns(AccumguardWarning, match="stepped inside a backward pass"),
+          guard(model, opts[0], accumulation_steps=K) as g):
+        for i, (x, y) in enumerate(_data()):
+            at(i)
+            (F.cross_entropy(model(x), y) / K).backward()
+    assert g.unfollowed
+    plain = _plain_in_backward(every_backward=False)
+    assert all(torch.equal(model.state_dict()[k], plain[k]) for k in plain)

@@ -189,7 +189,7 @@ class StepMachinery:
             step=self.step, backwards=len(w.backwards),
             source="torch" if engine is None else "deepspeed", applied=applied,
             engine=self.engine, conservation=self._step_cons,
-            owner=opt if engine is None else engine)
+            owner=opt if engine is None else engine, in_backward=self._bw_current is not None)
         for fn in fns:
             fn(ev)
 
