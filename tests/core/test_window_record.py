@@ -18,7 +18,8 @@ LINE_KEYS = [
     "sync_mismatch", "sync_backward", "forwards", "ds_boundaries", "ds_coalescing",
     "engine_step_calls", "max_backwards_per_engine_step", "moved_without_backward",
     "grad_norm", "checksum", "wall", "param_dtype", "losses", "discarded", "rank_factor",
-    "optimizer_index", "precision", "param_norm", "lr_changes", "lr", "terms", "conservation",
+    "optimizer_index", "precision", "param_norm", "lr_changes", "lr", "terms", "in_backward",
+    "grad_hooks", "conservation",
 ]
 
 

@@ -128,7 +128,9 @@ def _print(report: dict[str, Any], findings: list[Any]) -> None:
     lines = [f"accumguard watch: {len(report['ranks'])} rank(s), "
              f"{len(report['steps'])} optimizer step(s) "
              + ("observed before accumguard failed " if report.get("accumguard_failed") else "")
-             + f"on rank {min(report['ranks'], default=0)} (all optimizers' steps)"
+             + f"on rank {min(report['ranks'], default=0)} (all optimizers' steps"
+             + (f"; {report['steps_in_backward']} more ran inside backward passes, not judged"
+                if report.get("steps_in_backward") else "") + ")"
              + (f", K = {k} ({report['accumulation_steps_source']})" if k is not None else "")]
     lines += [f"  {p}" for p in report["problems"]]
     if Console is None:

@@ -153,9 +153,19 @@ class StepRecord:
     lr_changes: int | None = None
     lr: float | None = None
     # the terms of each backward's loss and the per-token log-prob selections of the window
-    # (:mod:`accumguard.observe._losses_terms`); None: none recorded. Last of the recorded
-    # fields: a line written before it existed reads back with None
+    # (:mod:`accumguard.observe._losses_terms`); None: none recorded
     terms: list[list[Any]] | None = None
+    # the step ran inside a backward pass (an optimizer stepped from a gradient hook, e.g.
+    # ``register_post_accumulate_grad_hook``: "optimizer in backward"): its window is cut by
+    # the backward it ran in, so no window rule can read it (the loader sets such steps
+    # apart)
+    in_backward: bool = False
+    # a parameter the step updated had a tensor hook (``p.register_hook``) when the step
+    # ran: such a hook may rescale the gradient between the loss and ``.grad`` (the gradient
+    # divided by K by hand there), so the loss record's total weight is not the update's
+    # scale (the rules that read it as one skip the window). Recorded with the loss record
+    # only. Last of the recorded fields: a line written before it existed reads back False
+    grad_hooks: bool = False
     # -- counts of the guard and the audit (not in a recording) ---------------------------
     # optimizer steps that closed the window: 1, 2 for a second step a guard in warn mode
     # let run, 0 for the audit's trailing micro-steps after the last step

@@ -118,6 +118,8 @@ class StepStartEvent:
     conservation: Conservation | None = None
     # the torch optimizer, or the DeepSpeed engine (an ``nn.Module``)
     owner: object = field(repr=False, default=None)
+    # the step runs inside a backward pass (an optimizer stepped from a gradient hook)
+    in_backward: bool = False
 
 
 @dataclass

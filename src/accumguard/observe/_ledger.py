@@ -96,8 +96,8 @@ def _rank_row(w: StepWindow
     call's output and the backward's root, and whether every backward was that call times
     constants (``sole``: the weights are the whole loss's); or None."""
     k = w.window
-    if k < 1 or int(w.zero_grads_between):
-        return None
+    if k < 1 or int(w.zero_grads_between) or w.grad_hooks:
+        return None  # (a parameter's tensor hook may rescale the gradient after the loss)
     by_micro: dict[int, list[Any]] = {}
     for r in w.losses or []:
         if len(r) > 8 and r[8]:

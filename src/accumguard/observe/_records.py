@@ -185,6 +185,10 @@ class RunRecording:
     run_ids: set[str | None] = field(default_factory=set)
     #: the hosts that wrote the rank files
     hosts: set[str] = field(default_factory=set)
+    #: per rank, the optimizer steps that ran inside a backward pass (an optimizer stepped
+    #: from a gradient hook): set apart from ``steps``, whose windows the rules read; such
+    #: a step's window is cut by the backward it ran in (the backward is counted after it)
+    in_backward: dict[int, int] = field(default_factory=dict)
 
     @property
     def ranks(self) -> list[int]:
@@ -244,6 +248,8 @@ def load_recordings(out_dir: Path, *, watch_id: str | None = None) -> RunRecordi
                 if r.get("host"):
                     rec.hosts.add(str(r["host"]))
                 rec.steps.setdefault(rank, [])
+            elif kind == "step" and r.get("in_backward"):
+                rec.in_backward[int(r["rank"])] = rec.in_backward.get(int(r["rank"]), 0) + 1
             elif kind == "step":
                 rec.steps.setdefault(int(r["rank"]), []).append(r)
             elif kind == "scheduler":

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
     from accumguard.observe._boundary import BoundaryScale
     from accumguard.observe._checksum import Conservation
-    from accumguard.observe._events import Handlers
+    from accumguard.observe._events import BackwardEvent, Handlers
     from accumguard.observe._lanes import Lanes
     from accumguard.observe._losses import LossRecorder
     from accumguard.observe._lr_trace import LrTrace
@@ -75,6 +75,7 @@ class StepMachinery:
     _handlers: Handlers
     _sync_roots: list[torch.nn.Module]
     _ds_engine: torch.nn.Module | None  # DeepSpeed's engine (an nn.Module)
+    _bw_current: BackwardEvent | None  # the backward pass running now, if any
     _tracked: list[torch.Tensor]
     _tracked_ids: set[int]
     _tracked_names: dict[int, str]
@@ -188,7 +189,7 @@ class StepMachinery:
             step=self.step, backwards=len(w.backwards),
             source="torch" if engine is None else "deepspeed", applied=applied,
             engine=self.engine, conservation=self._step_cons,
-            owner=opt if engine is None else engine)
+            owner=opt if engine is None else engine, in_backward=self._bw_current is not None)
         for fn in fns:
             fn(ev)
 
@@ -306,12 +307,23 @@ class StepMachinery:
             losses=losses if own is None else None, discarded=discarded, moved=moved,
             terms=terms if own is None else None,
             rank_factor=factor, optimizer_index=None if own is None else self.lanes.key(owner),
-            lr_changes=lr_changes, lr=lr)
+            lr_changes=lr_changes, lr=lr,
+            # an optimizer stepped from a gradient hook, inside a backward pass
+            in_backward=self._bw_current is not None,
+            grad_hooks=bool(losses or terms) and self._grad_hooked(owner))
         self._next_window(reset_losses=False)  # losses.take() above reset them
         if self._global_handle is not None and self.step >= PIN_ROOTS_AFTER_STEPS:
             self._pin_roots()
         for fn in self._handlers.on_step:
             fn(ev)
+
+    def _grad_hooked(self, owner: object) -> bool:
+        """Whether a parameter of this step (the roots' tracked ones, else the optimizer's)
+        has a tensor hook, which may rescale its gradient between the loss and ``.grad``
+        (one attribute read per parameter, on steps with a loss record only)."""
+        params = self._tracked or [p for g in getattr(owner, "param_groups", [])
+                                   for p in g["params"]]
+        return any(getattr(p, "_backward_hooks", None) for p in params)
 
     def _next_window(self, *, reset_losses: bool = True) -> None:
         self.step += 1

@@ -201,9 +201,12 @@ class _Mass:
 
 def _window_mass(w: StepWindow, *, via_grad: bool = False) -> _Mass | None:
     """The mass of a window whose every micro-step (backward passes, or counted
-    ``torch.autograd.grad`` calls with ``via_grad``) has a loss record; None otherwise."""
+    ``torch.autograd.grad`` calls with ``via_grad``) has a loss record; None otherwise, and
+    when a parameter's tensor hook stood between the loss and ``.grad`` (``grad_hooks``)."""
     recs = [r for r in w.losses or []
             if len(r) > 8 and bool(r[8]) == via_grad]
+    if w.grad_hooks:
+        return None  # a tensor hook may rescale the gradient after the loss: not the scale
     if not recs or (not via_grad and int(w.zero_grads_between)):
         return None
     n = len({int(r[2]) for r in recs}) if via_grad else int(w.window)

@@ -61,7 +61,8 @@ class StepTally:
                precision: dict[str, Any] | None = None, param_norm: float | None = None,
                rank_factor: float | None = None, optimizer_index: int | None = None,
                lr_changes: int | None = None, lr: float | None = None,
-               terms: list[list[Any]] | None = None) -> StepRecord:
+               terms: list[list[Any]] | None = None,
+               in_backward: bool = False, grad_hooks: bool = False) -> StepRecord:
         """The step record of this window (what :mod:`.rules` judges)."""
         loss: float | None = None
         if self.loss_ok and self.backwards:
@@ -103,4 +104,4 @@ class StepTally:
             losses=losses, terms=terms, discarded=discarded, precision=precision,
             param_norm=param_norm,
             rank_factor=rank_factor, optimizer_index=optimizer_index, lr_changes=lr_changes,
-            lr=lr)
+            lr=lr, in_backward=in_backward, grad_hooks=grad_hooks)

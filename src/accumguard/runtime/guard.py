@@ -205,6 +205,10 @@ class AccumulationGuard(GuardMachine):
         self._sync_off = False
         self._ever_reached = False
         self.checked_windows = 0  # windows whose gradient conservation was verified
+        # the guarded optimizer stepped inside a backward pass (an optimizer in backward):
+        # its windows are cut by the backward they end in, so the guard judges nothing
+        # from there on (said once, as a note); the run is unchanged
+        self.unfollowed = False
         self._leak_suspect: bool | None = None
         # The forward's sync flag matters to a DDP model only: without one the observer
         # finds no ``on_forward`` listener and builds no event per micro-step.
@@ -244,7 +248,8 @@ class AccumulationGuard(GuardMachine):
         if not self._installed:
             return
         self._uninstall()
-        if check and self.failure is None:  # after accumguard's own failure: nothing to judge
+        if check and self.failure is None and not self.unfollowed:
+            # (after accumguard's own failure, or an optimizer in backward: nothing to judge)
             self.final_checks()
 
     def __enter__(self) -> AccumulationGuard:
@@ -272,10 +277,14 @@ class AccumulationGuard(GuardMachine):
 
     # -- observer events -------------------------------------------------------------------
     def _on_ddp_forward(self, ev: ForwardEvent) -> None:
+        if self.unfollowed:
+            return
         if ev.module is self.model:
             self.forward(ev.sync)
 
     def on_backward_start(self, ev: BackwardEvent) -> None:
+        if self.unfollowed:
+            return
         # The leak check reads .grad before this backward adds to it (only when no
         # zero_grad was seen since the step: then the gradients must be None or zero).
         self._leak_suspect = None
@@ -285,6 +294,8 @@ class AccumulationGuard(GuardMachine):
             self._leak_suspect = self._grads_nonzero()  # a resumed run's restored gradient
 
     def on_backward(self, ev: BackwardEvent) -> None:
+        if self.unfollowed:
+            return
         if ev.reached:
             self._ever_reached = True
         elif ev.reached is False and (ev.forwards or self._ever_reached):
@@ -301,7 +312,15 @@ class AccumulationGuard(GuardMachine):
                       new_pass=ev.new_pass)
 
     def on_step_start(self, ev: StepStartEvent) -> None:
-        if not self.targets.owns_step(ev.owner, ev.source):
+        if self.unfollowed or not self.targets.owns_step(ev.owner, ev.source):
+            return
+        if ev.in_backward:
+            self.unfollowed = True
+            warnings.warn(AccumguardWarning(
+                f"{rank_prefix(self._rank)}the guarded optimizer stepped inside a backward "
+                "pass (an optimizer stepped from a gradient hook, e.g. "
+                "register_post_accumulate_grad_hook): the guard does not follow such windows "
+                "and checks nothing from here on; the run is unchanged"), stacklevel=2)
             return
         # The observer's window is the run since any step of the process; its verdict is
         # about this guard's window only when both counted the same backward passes (not
@@ -326,6 +345,8 @@ class AccumulationGuard(GuardMachine):
                   moved=moved)
 
     def on_engine_step(self, ev: EngineStepEvent) -> None:
+        if self.unfollowed:
+            return
         info = self.observer.engine_info if self.observer is not None else None
         ga = info.gradient_accumulation_steps if info is not None else None
         if (not ev.boundary and self.targets.owns_step(ev.owner, "deepspeed")
@@ -333,25 +354,35 @@ class AccumulationGuard(GuardMachine):
             self.double_gating(since=ev.backwards, ds_ga=int(ga or 1))
 
     def on_zero_grad(self, ev: ZeroGradEvent) -> None:
+        if self.unfollowed:
+            return
         owned = (self.targets.owns_optimizer(ev.owner) if ev.kind == "optimizer"
                  else self.targets.owns_module(ev.owner))
         if owned:
             self.zero_grad()
 
     def on_scheduler_step(self, ev: SchedulerEvent) -> None:
+        if self.unfollowed:
+            return
         if id(ev.owner) in self.targets.scheduler_ids:
             self.scheduler_step()
 
     def on_clip(self, ev: ClipEvent) -> None:
+        if self.unfollowed:
+            return
         ids = self.targets.param_ids
         if any(id(p) in ids for p in ev.params):
             self.clip(scaler_enabled=self.scaler is not None and _scaler_enabled(self.scaler))
 
     def on_unscale(self, ev: ScalerEvent) -> None:
+        if self.unfollowed:
+            return
         if ev.owner is self.scaler:
             self.unscale()
 
     def on_scaler_update(self, ev: ScalerEvent) -> None:
+        if self.unfollowed:
+            return
         if ev.owner is self.scaler:
             self.skipped_step()
 
@@ -359,6 +390,8 @@ class AccumulationGuard(GuardMachine):
         """A GradScaler skipped this guard's optimizer (inf/NaN gradients): the window
         ended, whether or not the guard was given that scaler (``skipped_step`` counts a
         window once, so the scaler's own update after it changes nothing)."""
+        if self.unfollowed:
+            return
         if self.targets.owns_optimizer(ev.owner):
             self.skipped_step()
 

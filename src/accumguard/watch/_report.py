@@ -137,8 +137,11 @@ def judge(out_dir: str | os.PathLike[str], *, command: Sequence[str] = (),
     if signalled or code != 0:
         problems += collective_positions(rec)
     backwards = sum(int(s.get("backwards", 0)) for ss in rec.steps.values() for s in ss)
+    hooked = max(rec.in_backward.values(), default=0)
     if rec.failures:
         pass  # what was (not) checked is said by the failure lines, first
+    elif hooked:  # steps set apart by the loader: the report must not read as a pass
+        problems.append(_in_backward_line(hooked, n_steps))
     elif n_steps == 0:
         backwards = sum(int(e.get("backwards_total", 0)) for e in rec.end.values())
         seen = (f"{backwards} backward passes" if backwards else "no backward pass either"
@@ -179,6 +182,8 @@ def judge(out_dir: str | os.PathLike[str], *, command: Sequence[str] = (),
         "findings": [watch_dict(f) for f in findings],
         "problems": problems,
         "steps": _summary(rec),
+        # the first rank's optimizer steps that ran inside a backward pass (not judged)
+        "steps_in_backward": rec.in_backward.get(min(rec.ranks, default=0), 0),
         "epochs": _epochs(rec),
     }
     if errors:
@@ -188,6 +193,19 @@ def judge(out_dir: str | os.PathLike[str], *, command: Sequence[str] = (),
     else:
         exit_code = code
     return WatchResult(report=report, findings=findings, exit_code=exit_code)
+
+
+def _in_backward_line(hooked: int, n_steps: int) -> str:
+    """What the report says about optimizer steps that ran inside a backward pass (an
+    optimizer stepped from a gradient hook): not judged, and whether anything else was."""
+    what = (f"{hooked} optimizer step(s) ran inside a backward pass (an optimizer stepped "
+            "from a gradient hook, e.g. register_post_accumulate_grad_hook: an optimizer in "
+            "backward); watch does not follow the windows of such steps and judged none "
+            "of them")
+    if n_steps == 0:
+        return (f"nothing was checked: {what}; the absence of findings below says nothing "
+                "about this run")
+    return f"not checked: {what}; the findings below are about the other {n_steps} step(s)"
 
 
 def run_in_group(command: Sequence[str], env: dict[str, str]) -> tuple[int, str | None]:
