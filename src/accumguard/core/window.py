@@ -164,8 +164,12 @@ class StepRecord:
     # ran: such a hook may rescale the gradient between the loss and ``.grad`` (the gradient
     # divided by K by hand there), so the loss record's total weight is not the update's
     # scale (the rules that read it as one skip the window). Recorded with the loss record
-    # only. Last of the recorded fields: a line written before it existed reads back False
+    # only. A line written before it existed reads back False
     grad_hooks: bool = False
+    # a norm clip that ran before the window's GradScaler.unscale_: [the loss scale, the
+    # norm it measured (of the scaled gradient), its max_norm]; None when none did. Last of
+    # the recorded fields: a line written before it existed reads back None
+    clip_before_unscale: list[float] | None = None
     # -- counts of the guard and the audit (not in a recording) ---------------------------
     # optimizer steps that closed the window: 1, 2 for a second step a guard in warn mode
     # let run, 0 for the audit's trailing micro-steps after the last step

@@ -40,6 +40,8 @@ CLIP_FUNCS = ("clip_grad_norm_", "clip_grad_norm", "clip_grad_value_", "clip_gra
 # calls made through an alias bound before install (``from torch.nn.utils import ...`` at
 # the top of a script that installs the guard later).
 CLIP_INNER = ("_clip_grads_with_norm_",)
+#: the clipping functions that return the norm they measured
+NORM_CLIPS = frozenset({"clip_grad_norm_", "clip_grad_norm"})
 
 
 def install(obs: PatchHost, p: Patches) -> None:
@@ -312,6 +314,7 @@ def _scaler_wrapper(obs: PatchHost, kind: str) -> Maker:
                 return orig(scaler, *args, **kwargs)
             ev = ScalerEvent(obs.step, len(obs._w.backwards), kind, scaler)
             if kind == "unscale":
+                _note_unscale(obs, scaler)
                 for fn in obs._handlers.on_unscale:
                     fn(ev)
             obs._scaler_depth += 1
@@ -327,6 +330,20 @@ def _scaler_wrapper(obs: PatchHost, kind: str) -> Maker:
         return call
 
     return make
+
+
+def _note_unscale(obs: PatchHost, scaler: object) -> None:
+    """The window's first ``unscale_``: a norm clip before it measured the gradient times
+    the loss scale (F8). The scale is read (one host read) only when such a clip ran."""
+    w = obs._w
+    if w.unscaled:
+        return
+    w.unscaled = True
+    if not w.norm_clips or not getattr(scaler, "is_enabled", lambda: False)():
+        return
+    scale = float(scaler.get_scale())  # type: ignore[attr-defined]
+    if scale != 1.0:
+        w.scaled_clip = (scale, *w.norm_clips[-1])
 
 
 def _scaler_step_wrapper(obs: PatchHost) -> Maker:
@@ -384,6 +401,8 @@ def _clip_wrapper(obs: PatchHost, name: str) -> Maker:
                 out = orig(params, *args, **kwargs)
             finally:
                 obs._clip_depth -= 1
+            if name in NORM_CLIPS and not obs._w.unscaled:
+                obs._w.norm_clips.append((limit, out))
             if obs.boundary is not None:
                 obs.boundary.after_clip(name, limit, out)
             return out

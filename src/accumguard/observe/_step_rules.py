@@ -1,7 +1,8 @@
 """Rules about one optimizer step's own events (split from :mod:`.rules`, which keeps the
 window and cross-rank rules): a step with no backward since the same optimizer's previous
 step (EXTRA_STEP), the gradient-sync flags of a window (DDP/FSDP2: F11, EXTRA_SYNC), steps
-that received no gradient (NO_UPDATE), and scheduler steps per optimizer step (F4).
+that received no gradient (NO_UPDATE), scheduler steps per optimizer step (F4), and a norm
+clip of the GradScaler-scaled gradient (F8).
 
 No torch here, as in :mod:`.rules`.
 """
@@ -14,7 +15,8 @@ from accumguard.core.window import StepRecord
 from accumguard.observe._records import Finding, JsonObject, Severity, _mk, _n
 from accumguard.observe._shared_rules import micro_sync, scheduler_ahead
 
-__all__ = ["_extra_step", "_no_update", "_scheduler_findings", "_sync_findings"]
+__all__ = ["_extra_step", "_no_update", "_scaled_clip_finding", "_scheduler_findings",
+           "_sync_findings"]
 
 
 def _extra_step(rank: int, w: StepRecord) -> list[Finding]:
@@ -162,3 +164,24 @@ def _scheduler_findings(rank: int, events: list[JsonObject]) -> list[Finding]:
                         "it steps per micro-step or per process, not once per optimizer "
                         "step")]
     return []
+
+
+def _scaled_clip_finding(rank: int, w: StepRecord) -> Finding | None:
+    """F8: ``clip_grad_norm_`` before ``GradScaler.unscale_`` measured the gradient times the
+    loss scale S. When that norm exceeded max_norm the clip shrank the gradient to
+    max_norm / S of the unscaled one, where the large batch's update is clipped at max_norm
+    (or not at all): the update differs. A clip that did not bite changed nothing."""
+    if not w.clip_before_unscale:
+        return None
+    scale, norm, limit = w.clip_before_unscale
+    if not norm > limit * (1 + 1e-6) or scale == 1.0:
+        return None
+    true = norm / scale
+    meant = (f"clipped at {limit:g}" if true > limit else f"left as it was (norm {true:.4g} "
+             f"< {limit:g})")
+    return _mk("F8", "error", rank, w.step, None,
+               f"clip_grad_norm_ ran before GradScaler.unscale_ at optimizer step "
+               f"{_n(w.step)}: it measured the gradient times the loss scale {scale:g} "
+               f"(norm {norm:.4g}) against max_norm {limit:g}, so the unscaled gradient "
+               f"reached the optimizer with norm {limit / scale:.3g}, where it should have "
+               f"been {meant}")

@@ -9,6 +9,7 @@ holds tensors (losses, checksums); the record is frozen and torch-free.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -32,6 +33,12 @@ class StepTally:
         self.sched = 0
         self.clip_micros: list[int] = []
         self.clip_names: list[str] = []
+        # GradScaler: unscaled yet in this window; the norm clips before that (max_norm and
+        # the returned norm, read at the step); (loss scale, max_norm, norm) of the last one
+        # when an unscale_ followed it: it clipped the scaled gradient
+        self.unscaled = False
+        self.norm_clips: list[tuple[object, object]] = []
+        self.scaled_clip: tuple[float, object, object] | None = None
         self.reductions_between = 0
         self.forwards = 0
         self.engine_step_calls = 0
@@ -104,4 +111,21 @@ class StepTally:
             losses=losses, terms=terms, discarded=discarded, precision=precision,
             param_norm=param_norm,
             rank_factor=rank_factor, optimizer_index=optimizer_index, lr_changes=lr_changes,
-            lr=lr, in_backward=in_backward, grad_hooks=grad_hooks)
+            lr=lr, in_backward=in_backward, grad_hooks=grad_hooks,
+            clip_before_unscale=self._scaled_clip())
+
+    def _scaled_clip(self) -> list[float] | None:
+        """[scale, norm, max_norm] of a norm clip of the scaled gradient (one host read of
+        the norm, in this rare window only); None when none ran or it was not finite."""
+        if self.scaled_clip is None:
+            return None
+        scale, limit, norm = self.scaled_clip
+        if not isinstance(limit, int | float) or isinstance(limit, bool):
+            return None
+        if isinstance(norm, torch.Tensor) and norm.numel() == 1:
+            value = float(norm.detach())
+        elif isinstance(norm, int | float):
+            value = float(norm)
+        else:
+            return None
+        return [scale, value, float(limit)] if math.isfinite(value) else None

@@ -70,6 +70,7 @@ from accumguard.observe._short_rules import continued_first, short_window_findin
 from accumguard.observe._step_rules import (
     _extra_step,
     _no_update,
+    _scaled_clip_finding,
     _scheduler_findings,
     _sync_findings,
 )
@@ -378,6 +379,9 @@ def _rank_findings(rank: int, steps: Sequence[StepRecord], info: JsonObject,
                            f"ran after backward pass {early_clips[0]} of {w.backwards} in "
                            f"the window ({len(w.clip_micros)} clipping call(s) for one "
                            "optimizer step)"))
+        scaled = _scaled_clip_finding(rank, w)
+        if scaled is not None:
+            out.append(scaled)
         out += _sync_findings(rank, w)
     # F9: DeepSpeed's default clipping active on a run that did not ask for it
     clip = info.get("gradient_clipping")
@@ -574,3 +578,4 @@ def _f1(rank: int, windows: list[StepWindow], res: KResolution) -> list[Finding]
                 f"{text}, while the script declares K: {script.describe()}. If it meant to "
                 "accumulate, the optimizer steps on every micro-step; pass "
                 "--accumulation-steps to decide")]
+
