@@ -69,20 +69,74 @@ def pytest_sessionstart(session: pytest.Session) -> None:
             "dev extra (pip install -e '.[dev]') or set ACCUMGUARD_ALLOW_NO_DEEPSPEED=1")
 
 
+def _scope(nodeid: str) -> str:
+    """The unit ``--dist loadfile`` hands to one worker: the test's module, or the group of
+    modules that share the session-wide DeepSpeed spawn (``ds_spawn.WORKERS``)."""
+    from ds_spawn import WORKERS
+
+    path = nodeid.split("::", 1)[0]
+    return "deepspeed-spawn" if Path(path).stem in WORKERS else path
+
+
+#: Seconds of the heaviest units, a lower bound: the sum of their tests among the 25 slowest
+#: of the CI run of 2026-12-02 (/tmp/accumguard-ci.log: 1,862 tests, 22 min 33 s; the
+#: dropped Trainer watch launch left out). xdist hands units out by their number of tests,
+#: most first, which put these (few tests, one or more launches each) last: at the end of a
+#: whole-suite run (09:06-09:15 UTC, load 14) both workers were in them (test_advise's
+#: DeepSpeed modes, test_invariance_scripts). Listed units go first, heaviest first, so
+#: the light many-test modules fill the end and the two workers end closer together; the
+#: rest keep xdist's order. Only the order changes: every test runs, each module whole in
+#: one worker. (Not yet measured as a whole-suite run: see docs/dev/test-speed.md.)
+_SCOPE_SECONDS: dict[str, float] = {
+    "tests/integrations/test_deepspeed_frameworks.py": 205,
+    "tests/runtime/test_advise.py": 186,
+    "tests/runtime/test_watch.py": 173,
+    "tests/runtime/test_watch_features.py": 124,
+    "tests/demo/test_demo_story.py": 65,
+    "deepspeed-spawn": 53,  # the shared DeepSpeed spawn (accumulate/test_checkpoint's setup)
+    "tests/runtime/test_watch_precision.py": 51,
+    "tests/static/test_robustness.py": 40,
+    "tests/demo/test_bench.py": 34,
+    "tests/runtime/test_launch.py": 30,
+    "tests/runtime/test_comm_ledger.py": 30,
+    "tests/runtime/test_failsafe_stacks.py": 30,
+    "tests/integrations/test_transformers.py": 27,
+    "tests/verify/test_invariance_scripts.py": 27,
+    "tests/accumulate/test_multinode.py": 27,
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In an xdist worker: the listed units first, heaviest first, then the others by their
+    number of tests (xdist's own order). A stable sort: the order inside a unit is pytest's.
+    Every worker sorts the same collection the same way, as xdist requires."""
+    if not hasattr(config, "workerinput"):
+        return
+    scopes = [_scope(item.nodeid) for item in items]
+    count: dict[str, int] = {}
+    for scope in scopes:
+        count[scope] = count.get(scope, 0) + 1
+    key = {id(item): (-_SCOPE_SECONDS.get(scope, 0.0), -count[scope])
+           for item, scope in zip(items, scopes, strict=True)}
+    items.sort(key=lambda item: key[id(item)])
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     """Under pytest-xdist's ``--dist loadfile``: each test module runs whole in one worker (its
     module-scoped launches run once), and the modules that share the session-wide DeepSpeed
-    spawn (``ds_spawn.WORKERS``) run together in one worker, so that spawn runs once too."""
+    spawn (``ds_spawn.WORKERS``) run together in one worker, so that spawn runs once too.
+    The units are handed out in the collection's order (longest first, see
+    :func:`pytest_collection_modifyitems`), not by their number of tests."""
     if config.getoption("dist", "no") != "loadfile":
         return None
-    from ds_spawn import WORKERS
     from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False  # xdist >= 3.6: keep the collection's order
 
     class _ByModule(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            return "deepspeed-spawn" if Path(path).stem in WORKERS else path
+            return _scope(nodeid)
 
     return _ByModule(config, log)  # type: ignore[arg-type]
 
