@@ -116,6 +116,20 @@ def test_division_by_world_size_needs_the_source(tmp_path: Path) -> None:
     # divided by 2 at run time, but the file names no world size: a literal constant
     found = ledger_findings(_rec(weight, EQUAL, site=f"{coef}:1", divs=by_w), K)
     assert _classes(found) == {("LOSS_SCALE", "note")}, found
+    # one division by K * W (``loss / (K * world)``, blind round 18's b07): its K part is
+    # the window's mean, the W part the error; a division by K * W with a file that names
+    # no world size, or by another product, stays a note
+    kw = tmp_path / "kw.py"
+    kw.write_text("import torch.distributed as dist\nworld = dist.get_world_size()\n"
+                  "loss = mse(out, y) / (K * world)\nloss.backward()\n")
+    by_kw = [["/", float(K * W)]]
+    found = ledger_findings(_rec(weight, EQUAL, site=f"{kw}:3", reduction="mean",
+                                 divs=by_kw), K)
+    assert _classes(found) == {("F10", "error")}, found
+    assert f"divided by {K * W} (K x W = {K} x {W})" in found[0].evidence, found[0].evidence
+    for site, divs in ((f"{coef}:1", by_kw), (f"{kw}:3", [["/", float(K * W + 1)]])):
+        found = ledger_findings(_rec(weight, EQUAL, site=site, reduction="mean", divs=divs), K)
+        assert _classes(found) <= {("LOSS_SCALE", "note")}, found
 
 
 def test_rank_local_normalisation_is_an_f6_warning() -> None:

@@ -194,7 +194,7 @@ def ledger_findings(rec: RunRecording, k: int | None = None) -> list[Finding]:
         return out
     for target in (1.0 / world, float(world)):
         if all(s.near(s.total, target) for s in judged):
-            return _f10(judged, world, target) + out
+            return _f10(judged, world, target, k) + out
     totals = [s.total for s in judged]
     s = judged[0]
     if max(totals) - min(totals) <= s.tol * max(totals) and not (
@@ -213,7 +213,8 @@ def ledger_findings(rec: RunRecording, k: int | None = None) -> list[Finding]:
     return out
 
 
-def _f10(judged: list[_Step], world: int, target: float) -> list[Finding]:
+def _f10(judged: list[_Step], world: int, target: float, k: int | None = None
+         ) -> list[Finding]:
     s = judged[0]
     engine = _ENGINES.get(s.engine, s.engine)
     small = target < 1
@@ -223,15 +224,20 @@ def _f10(judged: list[_Step], world: int, target: float) -> list[Finding]:
     # the source divides (multiplies) a loss by the world size, and at run time every
     # micro-step's loss on every rank was divided (multiplied) by exactly W: not a constant
     # weight that only happens to equal 1/W (0.5 * loss, or loss / 2, on two ranks)
-    forms = {"/": ("/", float(world)), "*1/": ("*", 1.0 / world)} if small \
-        else {"*": ("*", float(world))}
-    lines = []
+    # (a loss divided by K * W in one operation, ``loss / (K * world)``, whose K part is
+    # the window's right mean: the rest is the W the total is off by)
+    by = [float(world)] + ([float(k * world)] if k is not None and k > 1 else [])
+    forms = {"/": ("/", by), "*1/": ("*", [1.0 / b for b in by])} if small \
+        else {"*": ("*", [float(world)])}
+    lines, used = [], float(world)
     for ln, kind in world_divisions(s.site.rpartition(":")[0]) if ":" in s.site else ():
-        want = forms.get(kind)
-        if want is not None and all(
-                any(str(d[0]) == want[0] and s.near(float(d[1]), want[1]) for d in ds)
-                for x in judged for ds in x.divs):
-            lines.append(ln)
+        op, values = forms.get(kind, ("", []))
+        for v in values:
+            if all(any(str(d[0]) == op and s.near(float(d[1]), v) for d in ds)
+                   for x in judged for ds in x.divs):
+                lines.append(ln)
+                used = v if op == "/" or not small else 1.0 / v
+                break
     seen = (f"{_short(s.site)}: after {engine}'s reduction (x{s.factor:.4g}) the tokens of "
             f"each of {len(judged)} optimizer step(s) on {world} ranks carried a total "
             f"weight of {s.total:.4g} = {'1/W' if small else 'W'} instead of 1 (the large "
@@ -246,8 +252,10 @@ def _f10(judged: list[_Step], world: int, target: float) -> list[Finding]:
         file, _, at = s.site.rpartition(":")
         shown = [int(at)] if at.isdigit() and int(at) in lines else lines
         path = _short(file + ":" + ",".join(str(x) for x in shown))
+        by_what = (f"{world}" if abs(used - world) < 1e-9 else
+                   f"{used:g} (K x W = {used / world:g} x {world})")
         why = (f"; every micro-step's loss on every rank was {'divided' if small else 'multiplied'}"
-               f" by {world} before its backward and the script "
+               f" by {by_what} before its backward and the script "
                f"{'divides' if small else 'multiplies'} the loss by the world size there "
                f"({path})")
     else:
