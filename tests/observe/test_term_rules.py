@@ -358,6 +358,52 @@ def test_mse_regression_is_silent(tmp_path: Path) -> None:
     assert _errors(findings) == [], findings
 
 
+class _ZLossRegressor(torch.nn.Module):
+    """A soft-MoE regressor whose router z-loss is a mean over the micro-batch's rows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = torch.nn.Linear(6, 8)
+        self.router = torch.nn.Linear(8, 3)
+        self.out = torch.nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = torch.tanh(self.inp(x))
+        logits = self.router(h)
+        mixed = h * logits.softmax(-1).sum(-1, keepdim=True)
+        return self.out(mixed), torch.logsumexp(logits, dim=-1).pow(2).mean()
+
+
+@pytest.mark.parametrize("form", ["bug", "whole", "each"])
+def test_mse_with_router_z_loss_after_division(tmp_path: Path, form: str) -> None:
+    """An MSE on (rows, 2) predictions and a router z-loss averaged over the same rows
+    (blind round 18's b08): the z-loss added after ``mse / K`` weighs K x its large-batch
+    meaning (LOSS_SCALE naming the term); ``(mse + c * z) / K`` and ``mse / K + c * z / K``
+    are the large batch's. The MSE's rows are its samples (8), not its elements (16)."""
+    def loop() -> None:
+        torch.manual_seed(0)
+        model = _ZLossRegressor()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(3)
+        for _ in range(STEPS):
+            for _ in range(K):
+                x, y = torch.randn(8, 6, generator=g), torch.randn(8, 2, generator=g)
+                pred, z = model(x)
+                mse = F.mse_loss(pred, y)
+                loss = {"bug": mse / K + 0.01 * z, "whole": (mse + 0.01 * z) / K,
+                        "each": mse / K + 0.01 * z / K}[form]
+                loss.backward()
+            opt.step()
+            opt.zero_grad()
+
+    findings, _ = _run(tmp_path, loop)
+    errors = _errors(findings)
+    if form == "bug":
+        assert [f.cls for f in errors] == ["LOSS_SCALE"], findings
+    else:
+        assert errors == [], findings
+
+
 def _moe_ddp_rank(rank: int, world: int, path: str) -> None:
     """One rank of DDP over the MoE above: the bug's form recorded in ``path/bug``, the
     correct one in ``path/ok`` (uneven micro-batch sizes between ranks)."""

@@ -385,10 +385,14 @@ class LossRecorder:
             return
         mean, inp, target, node = ops
         try:
-            n = math.prod(torch.broadcast_shapes(inp.shape, target.shape))  # type: ignore[no-untyped-call]
+            shape = torch.broadcast_shapes(inp.shape, target.shape)  # type: ignore[no-untyped-call]
         except RuntimeError:
             return
-        self._add(out, node, n, mean, out.dtype in _LOW or inp.dtype in _LOW, n)
+        n = math.prod(shape)
+        # the rows: the samples (or tokens) of the micro-batch, each a vector over the last
+        # dimension ((8, 3) predictions: 8 rows), for a term averaged over the same rows
+        rows = n // shape[-1] if len(shape) >= 2 and shape[-1] else n
+        self._add(out, node, n, mean, out.dtype in _LOW or inp.dtype in _LOW, rows)
 
     def _add(self, out: torch.Tensor, node: Any, n: torch.Tensor | int, mean: bool,
              lp: bool, rows: int = 0) -> None:
