@@ -149,3 +149,23 @@ def deepspeed_spawn(request: pytest.FixtureRequest) -> dict[str, list[object]]:
     from ds_spawn import shared_deepspeed_spawn
 
     return shared_deepspeed_spawn(request.session)
+
+
+# Seconds per test module (setup + call + teardown of its tests, summed over workers), so
+# that every run's log says where the suite's time goes, module by module.
+_MODULE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    module = report.nodeid.split("::", 1)[0]
+    _MODULE_SECONDS[module] = _MODULE_SECONDS.get(module, 0.0) + float(report.duration)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not _MODULE_SECONDS or hasattr(terminalreporter.config, "workerinput"):
+        return
+    total = sum(_MODULE_SECONDS.values())
+    terminalreporter.write_sep("=", f"slowest 30 test modules (of {len(_MODULE_SECONDS)}; "
+                                    f"{total:.0f} s of tests in all)")
+    for module, secs in sorted(_MODULE_SECONDS.items(), key=lambda kv: -kv[1])[:30]:
+        terminalreporter.write_line(f"{secs:8.1f}s  {module}")
