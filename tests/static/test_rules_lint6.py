@@ -17,12 +17,19 @@ ERRORS = {
     # AG127: the summed loss is assigned before a branch that holds the backward
     "bug_aux_term_amp_branch_backward.py": "AG127",
     "bug_aux_term_finite_guard_trainer.py": "AG127",
+    # AG135: a torch clip before GradScaler.unscale_ (never called, or called after the clip)
+    "bug_amp_clip_before_unscale_nanogpt.py": "AG135",
+    "bug_amp_clip_then_unscale_trainer.py": "AG135",
 }
 
 SILENT = [
     "ok_aux_term_whole_sum_divided_no_sync_branch.py",
     "ok_aux_term_each_divided_amp_branch.py",
     "ok_weight_penalty_added_once_at_boundary.py",
+    "ok_amp_unscale_then_clip_trainer.py",
+    "ok_amp_clip_in_branch_after_unscale.py",
+    "ok_amp_scaler_disabled_clip.py",
+    "ok_amp_plain_branch_clips_first.py",
 ]
 
 
@@ -66,3 +73,42 @@ for i, (x, y) in enumerate(loader):
 def test_terms_read_before_the_branch_holding_the_backward(assign: str, flagged: bool) -> None:
     found = [f for f in lint_source(_TERMS.format(assign=assign)) if f.code == "AG127"]
     assert bool(found) is flagged
+
+
+_AMP = '''
+import torch
+{build}
+for i, (x, y) in enumerate(loader):
+    scaler.scale(loss_fn(model(x), y) / accum_steps).backward()
+    if (i + 1) % accum_steps == 0:
+{boundary}
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
+{helper}
+'''
+_CLIP = "        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)"
+
+
+@pytest.mark.parametrize(("build", "boundary", "helper", "severity"), [
+    ("scaler = torch.amp.GradScaler('cuda')", _CLIP, "", Severity.ERROR),
+    ("scaler = torch.cuda.amp.GradScaler()", _CLIP, "", Severity.ERROR),
+    ("scaler = torch.amp.GradScaler('cuda', enabled=True)", _CLIP, "", Severity.ERROR),
+    ("USE = True\nscaler = torch.amp.GradScaler('cuda', enabled=USE)", _CLIP, "", Severity.ERROR),
+    ("scaler = torch.amp.GradScaler('cuda')",
+     _CLIP + "\n        scaler.unscale_(optimizer)", "", Severity.ERROR),      # unscale_ after the clip
+    ("scaler = torch.amp.GradScaler('cuda', enabled=args.fp16)", _CLIP, "", Severity.WARNING),
+    ("scaler = torch.amp.GradScaler('cuda', **amp_kwargs)", _CLIP, "", Severity.WARNING),
+    ("scaler = torch.amp.GradScaler('cuda', enabled=False)", _CLIP, "", None),
+    ("scaler = torch.amp.GradScaler('cuda')",
+     "        scaler.unscale_(optimizer)\n" + _CLIP, "", None),
+    ("scaler = torch.amp.GradScaler('cuda')", "        pass", "", None),           # no clip
+    ("scaler = torch.amp.GradScaler('cuda')",                                     # a helper unscales
+     "        unscale_all()\n" + _CLIP, "def unscale_all():\n    scaler.unscale_(optimizer)", None),
+    ("scaler = torch.amp.GradScaler('cuda')",                                     # Accelerate unscales itself
+     "        accelerator.clip_grad_norm_(model.parameters(), 1.0)", "", None),
+])
+def test_clip_before_unscale(build: str, boundary: str, helper: str, severity: Severity | None) -> None:
+    src = _AMP.format(build=build, boundary=boundary, helper=helper)
+    found = [f for f in lint_source(src) if f.code == "AG135"]
+    assert [f.severity for f in found] == ([] if severity is None else [severity])
