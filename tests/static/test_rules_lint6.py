@@ -20,6 +20,11 @@ ERRORS = {
     # AG135: a torch clip before GradScaler.unscale_ (never called, or called after the clip)
     "bug_amp_clip_before_unscale_nanogpt.py": "AG135",
     "bug_amp_clip_then_unscale_trainer.py": "AG135",
+    # AG124: the horizon counted in micro-batches, read through OneCycleLR's steps_per_epoch,
+    # len(dataset) // the loader's batch size, and a LambdaLR closure's total_steps
+    "bug_horizon_onecycle_steps_per_epoch.py": "AG124",
+    "bug_horizon_dataset_len_over_batch.py": "AG124",
+    "bug_horizon_lambda_closure_warmup.py": "AG124",
 }
 
 SILENT = [
@@ -30,6 +35,9 @@ SILENT = [
     "ok_amp_clip_in_branch_after_unscale.py",
     "ok_amp_scaler_disabled_clip.py",
     "ok_amp_plain_branch_clips_first.py",
+    "ok_horizon_dataset_len_over_batch_div_k.py",
+    "ok_horizon_lambda_closure_ceil_k.py",
+    "ok_horizon_onecycle_steps_per_epoch_div_k.py",
 ]
 
 
@@ -112,3 +120,63 @@ def test_clip_before_unscale(build: str, boundary: str, helper: str, severity: S
     src = _AMP.format(build=build, boundary=boundary, helper=helper)
     found = [f for f in lint_source(src) if f.code == "AG135"]
     assert [f.severity for f in found] == ([] if severity is None else [severity])
+
+
+_HORIZON = '''
+import math
+import torch
+from transformers import get_cosine_schedule_with_warmup, get_scheduler
+CFG = {{"micro_batch_size": 8, "epochs": 2, "accum": 4}}
+ds = make_dataset()
+loader = torch.utils.data.DataLoader(ds, batch_size=CFG["micro_batch_size"])
+accum = CFG["accum"]
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+{horizon}
+sched = {ctor}
+for epoch in range(CFG["epochs"]):
+    for i, (x, y) in enumerate(loader):
+        (crit(model(x), y) / accum).backward()
+{step}
+'''
+_AT_BOUNDARY = """        if (i + 1) % accum == 0 or i + 1 == len(loader):
+            opt.step()
+            sched.step()
+            opt.zero_grad()"""
+_EVERY_MICRO = """        sched.step()
+        if (i + 1) % accum == 0 or i + 1 == len(loader):
+            opt.step()
+            opt.zero_grad()"""
+
+
+@pytest.mark.parametrize(("horizon", "ctor", "step", "codes"), [
+    # the loader's own batch size named `micro_batch_size` is not K (eval18 b13's shape)
+    ("total = len(loader) * CFG['epochs']", "get_cosine_schedule_with_warmup(opt, 10, total)",
+     _AT_BOUNDARY, ["AG124"]),
+    ("total = len(loader) * CFG['epochs']", "torch.optim.lr_scheduler.LinearLR(opt, total_iters=total)",
+     _AT_BOUNDARY, ["AG124"]),
+    ("total = len(loader) * CFG['epochs']",
+     "get_scheduler('linear', opt, num_warmup_steps=0, num_training_steps=total)", _AT_BOUNDARY, ["AG124"]),
+    ("total = len(ds) // CFG['micro_batch_size'] * CFG['epochs']",
+     "torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total)", _AT_BOUNDARY, ["AG124"]),
+    ("total = len(loader) * CFG['epochs']",
+     "torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 - s / total)", _AT_BOUNDARY, ["AG124"]),
+    # divided by K: optimizer steps
+    ("total = len(loader) // accum * CFG['epochs']",
+     "get_cosine_schedule_with_warmup(opt, 10, total)", _AT_BOUNDARY, []),
+    ("total = math.ceil(len(loader) / accum) * CFG['epochs']",
+     "torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 - s / total)", _AT_BOUNDARY, []),
+    ("total = math.ceil(len(ds) / CFG['micro_batch_size'] / accum) * CFG['epochs']",
+     "torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total)", _AT_BOUNDARY, []),
+    # a division by something that is neither K nor the loader's batch size: not decided
+    ("total = len(ds) // other_size * CFG['epochs']",
+     "torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total)", _AT_BOUNDARY, []),
+    # a horizon from the command line: not in sight
+    ("total = args.max_steps", "get_cosine_schedule_with_warmup(opt, 10, total)", _AT_BOUNDARY, []),
+    # stepped on every micro-batch: AG103 reports the stepping (as before), AG124 stays silent
+    ("total = len(loader) * CFG['epochs']", "get_cosine_schedule_with_warmup(opt, 10, total)",
+     _EVERY_MICRO, ["AG103"]),
+])
+def test_horizon_counted_in_micro_batches(horizon: str, ctor: str, step: str, codes: list[str]) -> None:
+    src = _HORIZON.format(horizon=horizon, ctor=ctor, step=step)
+    found = sorted(f.code for f in lint_source(src) if f.code in ("AG103", "AG124", "AG125"))
+    assert found == codes
