@@ -25,6 +25,9 @@ ERRORS = {
     "bug_horizon_onecycle_steps_per_epoch.py": "AG124",
     "bug_horizon_dataset_len_over_batch.py": "AG124",
     "bug_horizon_lambda_closure_warmup.py": "AG124",
+    # AG120: a bf16/fp16 model with fp32 master weights that copies .grad only at the boundary
+    "bug_bf16_master_copy_at_boundary_k512.py": "AG120",
+    "bug_half_master_sync_method_k200.py": "AG120",
 }
 
 SILENT = [
@@ -38,6 +41,9 @@ SILENT = [
     "ok_horizon_dataset_len_over_batch_div_k.py",
     "ok_horizon_lambda_closure_ceil_k.py",
     "ok_horizon_onecycle_steps_per_epoch_div_k.py",
+    "ok_half_master_moved_each_micro_method.py",
+    "ok_bf16_master_copy_at_boundary_k4.py",
+    "ok_fp32_model_autocast_master_wrapper_k256.py",
 ]
 
 
@@ -180,3 +186,57 @@ def test_horizon_counted_in_micro_batches(horizon: str, ctor: str, step: str, co
     src = _HORIZON.format(horizon=horizon, ctor=ctor, step=step)
     found = sorted(f.code for f in lint_source(src) if f.code in ("AG103", "AG124", "AG125"))
     assert found == codes
+
+
+_BF16 = '''
+import torch
+{wrapper}
+accum_steps = {k}
+model = Net().to({dtype})
+opt = {opt}
+for step in range(steps):
+    opt.zero_grad()
+    for _ in range(accum_steps):
+        loss = loss_fn(model(next(batches))) / accum_steps
+        loss.backward()
+{per_micro}
+    opt.step()
+'''
+_WRAPPER = """
+class MasterOptimizer:
+    def __init__(self, model, opt_cls, **kw):
+        self.model = model
+        self.master = [p.detach().clone().float().requires_grad_(True) for p in model.parameters()]
+        self.opt = opt_cls(self.master, **kw)
+
+    def step(self):
+        for m, p in zip(self.master, self.model.parameters()):
+            m.grad = p.grad.float()
+        self.opt.step()
+
+    def zero_grad(self):
+        for p in self.model.parameters():
+            p.grad = None
+
+    def add_micro(self):
+        for m, p in zip(self.master, self.model.parameters()):
+            m.grad = p.grad.float() if m.grad is None else m.grad + p.grad.float()
+            p.grad = None
+"""
+
+
+@pytest.mark.parametrize(("dtype", "k", "per_micro", "severity"), [
+    ("torch.bfloat16", 256, "", Severity.ERROR),      # eval18 b14's shape: master copy at step()
+    ("torch.float16", 144, "", Severity.ERROR),       # the documented threshold
+    ("torch.bfloat16", 4, "", Severity.WARNING),      # small K: a warning, as documented
+    ("torch.bfloat16", 256, "        opt.add_micro()", None),  # moved to fp32 after each backward
+    ("torch.float32", 256, "", None),                 # fp32 .grad
+    # a post-accumulate hook may move each micro-batch's gradient out of the bf16 .grad
+    ("torch.bfloat16", 256, "        model.weight.register_post_accumulate_grad_hook(to_fp32)", None),
+])
+def test_low_precision_model_behind_a_master_weight_wrapper(dtype: str, k: int, per_micro: str,
+                                                            severity: Severity | None) -> None:
+    src = _BF16.format(wrapper=_WRAPPER, dtype=dtype, opt="MasterOptimizer(model, torch.optim.SGD, lr=0.1)",
+                       k=k, per_micro=per_micro)
+    found = [f for f in lint_source(src) if f.code == "AG120"]
+    assert [f.severity for f in found] == ([] if severity is None else [severity])

@@ -33,7 +33,7 @@ from accumguard.static.lint.families._modguard import k_values, mod_term
 _F12_ERROR_K = 144
 
 _LOW_DTYPES = ("bfloat16", "float16", "half")
-_FP32_GRAD_HINTS = re.compile(r"master|fp32_grad|grad_fp32|float32_grad|grad_accum_dtype|post_accumulate_grad")
+_FP32_GRAD_HINTS = re.compile(r"fp32_grad|grad_fp32|float32_grad|grad_accum_dtype|post_accumulate_grad")
 
 
 def _low_precision_cast(node: ast.AST) -> bool:
@@ -60,6 +60,10 @@ def _low_precision_models(ctx: FileContext) -> list[tuple[str, ast.Call]]:
                 ctor = call_attr(parent) or ""
                 if ctor[:1].isupper() or "optim" in (dotted(parent.func) or ""):
                     optimized.add(d)
+        elif "optim" in (call_attr(call) or "").lower():
+            # a wrapper handed the module itself: `MasterWeightOptimizer(model, torch.optim.SGD)`
+            optimized.update(d for a in call.args if (d := dotted(a)) is not None)
+    optimized |= _master_sources(ctx)
     out: list[tuple[str, ast.Call]] = []
     for call in ctx.of(ast.Call):
         if not _low_precision_cast(call):
@@ -75,21 +79,40 @@ def _low_precision_models(ctx: FileContext) -> list[tuple[str, ast.Call]]:
     return out
 
 
+def _master_sources(ctx: FileContext) -> set[str]:
+    """Modules whose ``.parameters()`` build a list an optimizer constructor receives:
+    ``master = [p.detach().float() for p in model.parameters()]; opt = AdamW(master)``.
+    The model's own .grad is where its backwards accumulate, whatever the optimizer holds."""
+    handed = {d for call in ctx.of(ast.Call)
+              if (call_attr(call) or "")[:1].isupper() or "optim" in (dotted(call.func) or "")
+              for a in call.args if (d := dotted(a)) is not None}
+    out: set[str] = set()
+    for targets, value in ctx.assignments():
+        if len(targets) != 1 or targets[0] not in handed or not isinstance(
+                value, ast.ListComp | ast.GeneratorExp | ast.Call):
+            continue
+        for n in ast.walk(value):
+            if isinstance(n, ast.Call) and call_attr(n) == "parameters" and (d := dotted(receiver(n))):
+                out.add(d)
+    return out
+
+
 @rule("AG120")
 def low_precision_model_accumulation(ctx: FileContext) -> Iterator[Finding]:
     """A whole model in bf16/fp16 with K > 1 backwards per optimizer step: the .grad buffers
     that accumulate are bf16/fp16 too. Not with DeepSpeed (its own grad_accum_dtype, AG204),
-    nor when the file shows fp32 gradient copies (master weights, a post-accumulate hook)."""
+    nor when the file shows fp32 gradient buffers (a post-accumulate hook, a ``.grad`` moved
+    on every micro-step: fp32 master gradients); master weights that only copy the
+    already-accumulated ``.grad`` at the step do not help and are still reported."""
     models = _low_precision_models(ctx)
     if not models:
         return
-    if any(_FP32_GRAD_HINTS.search(ident) for n in ctx.of(ast.Name, ast.Attribute)
-           for ident in ((n.id if isinstance(n, ast.Name) else n.attr).lower(),)):
+    if _fp32_grad_hint(ctx):
         return
     windows = [
         w for w in ctx.windows()
         if (f := ctx.window_facts(w)).accumulating and not f.summed_loss and not f.engine_backward
-        and not f.accelerate and not f.unguarded_optimizer_steps
+        and not f.accelerate and not f.unguarded_optimizer_steps and not _grads_moved_per_micro_step(ctx, w)
     ]
     for name, cast in models:
         # the window must train this model: same function (or, for `self.model`, same class)
@@ -117,6 +140,41 @@ def low_precision_model_accumulation(ctx: FileContext) -> Iterator[Finding]:
         if error:
             finding = replace(finding, severity=Severity.ERROR, confidence=Confidence.HIGH)
         yield finding
+
+
+def _fp32_grad_hint(ctx: FileContext) -> bool:
+    """A name of the file says the gradient is kept in fp32 apart from .grad
+    (``register_post_accumulate_grad_hook``, ``fp32_grads``, ``grad_accum_dtype``). The file
+    index does not keep Name/Attribute nodes, so the tree is walked once here (cached)."""
+    def compute() -> bool:
+        return any(_FP32_GRAD_HINTS.search((n.id if isinstance(n, ast.Name) else n.attr).lower())
+                   for n in ast.walk(ctx.tree) if isinstance(n, ast.Name | ast.Attribute))
+    return ctx._cached("precision_fp32_hint", ctx.tree, compute)  # type: ignore[no-any-return]
+
+
+def _grad_readers(ctx: FileContext) -> set[str]:
+    """Names of the file's functions and methods that read or write some ``.grad``."""
+    def compute() -> set[str]:
+        return {fn.name for fn in ctx.of(*FUNCS)
+                if any(isinstance(n, ast.Attribute) and n.attr == "grad" for n in ast.walk(fn))}
+    return ctx._cached("precision_grad_readers", ctx.tree, compute)  # type: ignore[no-any-return]
+
+
+def _grads_moved_per_micro_step(ctx: FileContext, window: ast.AST) -> bool:
+    """Some ``.grad`` is touched on every micro-step, outside the boundary: in the window
+    (``m.grad = m.grad + p.grad.float(); p.grad = None``) or in a function of the file it
+    calls there. The gradient may then leave the low-precision buffer after each backward
+    (fp32 master gradients), so where it accumulates is not decided. Master weights
+    updated only at the step (``m.grad = p.grad.float()`` inside ``step()``) do not count:
+    the K backwards have been summed in the low-precision .grad by then."""
+    readers = _grad_readers(ctx)
+    for n in ctx.local_nodes(window):
+        touches = (isinstance(n, ast.Attribute) and n.attr == "grad") or (
+            isinstance(n, ast.Call) and call_attr(n) in readers
+            and call_attr(n) not in ("step", "zero_grad"))
+        if touches and not ctx.guarded(n, window):
+            return True
+    return False
 
 
 # ---------------------------------------------------------------- AG126: FSDP2 bf16 reduce_dtype
