@@ -90,7 +90,10 @@ def clip_before_unscale(ctx: FileContext) -> Iterator[Finding]:
         name = dotted(receiver(c))
         if name in scalers and attr in ("scale", "step", "unscale_"):
             by_scaler.setdefault(name, {}).setdefault(attr, []).append(c)
-    clips = [c for c in calls if _torch_clip(c)]
+    clips_by_scope: dict[int, list[ast.Call]] = {}  # a big file has many loops: look up by scope
+    for c in calls:
+        if _torch_clip(c):
+            clips_by_scope.setdefault(id(ctx.scope_of(c)), []).append(c)
     reported: set[int] = set()
     for name, enabled in scalers.items():
         uses = by_scaler.get(name, {})
@@ -101,9 +104,9 @@ def clip_before_unscale(ctx: FileContext) -> Iterator[Finding]:
             scope = ctx.scope_of(step)
             if any(ctx.scope_of(u) is not scope for u in unscales):
                 continue  # a helper unscales: whether it runs before the clip is not in sight
-            for clip in clips:
-                if (id(clip) in reported or ctx.scope_of(clip) is not scope
-                        or position(clip) >= position(step) or exclusive(ctx, clip, step)):
+            for clip in clips_by_scope.get(id(scope), []):
+                if (id(clip) in reported or position(clip) >= position(step)
+                        or exclusive(ctx, clip, step)):
                     continue
                 if any(position(u) < position(clip) for u in unscales):
                     continue

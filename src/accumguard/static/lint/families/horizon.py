@@ -233,7 +233,13 @@ def _iterated(loop: ast.AST) -> str | None:
 
 
 def _step_calls(ctx: FileContext, name: str) -> list[ast.Call]:
-    return [c for c in _calls_by_attr(ctx).get("step", []) if dotted(receiver(c)) == name]
+    def compute() -> dict[str, list[ast.Call]]:
+        out: dict[str, list[ast.Call]] = {}
+        for c in _calls_by_attr(ctx).get("step", []):
+            out.setdefault(dotted(receiver(c)) or "", []).append(c)
+        return out
+    by_receiver: dict[str, list[ast.Call]] = ctx._cached("horizon_steps", ctx.tree, compute)
+    return by_receiver.get(name, [])
 
 
 def _loader_of(ctx: FileContext, loader: str) -> tuple[str, ast.AST] | None:

@@ -112,14 +112,15 @@ def low_precision_model_accumulation(ctx: FileContext) -> Iterator[Finding]:
     windows = [
         w for w in ctx.windows()
         if (f := ctx.window_facts(w)).accumulating and not f.summed_loss and not f.engine_backward
-        and not f.accelerate and not f.unguarded_optimizer_steps and not _grads_moved_per_micro_step(ctx, w)
+        and not f.accelerate and not f.unguarded_optimizer_steps
     ]
     for name, cast in models:
         # the window must train this model: same function (or, for `self.model`, same class)
         here = ctx.enclosing(cast, (ast.ClassDef,)) if name.startswith("self.") else ctx.scope_of(cast)
         window = next(
             (w for w in windows
-             if (ctx.enclosing(w, (ast.ClassDef,)) if name.startswith("self.") else ctx.scope_of(w)) is here),
+             if (ctx.enclosing(w, (ast.ClassDef,)) if name.startswith("self.") else ctx.scope_of(w)) is here
+             and not _grads_moved_per_micro_step(ctx, w)),
             None,
         )
         if window is None or here is None:
@@ -143,12 +144,16 @@ def low_precision_model_accumulation(ctx: FileContext) -> Iterator[Finding]:
 
 
 def _fp32_grad_hint(ctx: FileContext) -> bool:
-    """A name of the file says the gradient is kept in fp32 apart from .grad
-    (``register_post_accumulate_grad_hook``, ``fp32_grads``, ``grad_accum_dtype``). The file
-    index does not keep Name/Attribute nodes, so the tree is walked once here (cached)."""
+    """The file keeps the gradient in fp32 apart from .grad: a call, an assigned name or a
+    keyword says so (``p.register_post_accumulate_grad_hook(...)``, ``self.fp32_grads =
+    ...``, ``grad_accum_dtype=...``). Read from the file index (calls and assignments), not
+    a walk of every name: a 5 MB file has ~300k of them."""
     def compute() -> bool:
-        return any(_FP32_GRAD_HINTS.search((n.id if isinstance(n, ast.Name) else n.attr).lower())
-                   for n in ast.walk(ctx.tree) if isinstance(n, ast.Name | ast.Attribute))
+        for call in ctx.of(ast.Call):
+            if _FP32_GRAD_HINTS.search((dotted(call.func) or "").lower()) or any(
+                    k.arg and _FP32_GRAD_HINTS.search(k.arg.lower()) for k in call.keywords):
+                return True
+        return any(_FP32_GRAD_HINTS.search(t.lower()) for targets, _ in ctx.assignments() for t in targets)
     return ctx._cached("precision_fp32_hint", ctx.tree, compute)  # type: ignore[no-any-return]
 
 
@@ -156,7 +161,7 @@ def _grad_readers(ctx: FileContext) -> set[str]:
     """Names of the file's functions and methods that read or write some ``.grad``."""
     def compute() -> set[str]:
         return {fn.name for fn in ctx.of(*FUNCS)
-                if any(isinstance(n, ast.Attribute) and n.attr == "grad" for n in ast.walk(fn))}
+                if any(isinstance(n, ast.Attribute) and n.attr == "grad" for n in ctx.local_nodes(fn))}
     return ctx._cached("precision_grad_readers", ctx.tree, compute)  # type: ignore[no-any-return]
 
 

@@ -108,9 +108,8 @@ class _Follow:
         (all in ``use``'s own block: one inside an ``if`` makes the sum undecidable)."""
         ctx = self.ctx
         terms: list[_Term] | None = None
-        writes = [n for n in ctx.local_nodes(self.window)
-                  if isinstance(n, ast.Assign | ast.AugAssign) and position(n) < position(use)
-                  and any(dotted(t) == name for t in _targets(n))]
+        here = position(use)
+        writes = [n for n in _writes(ctx, self.window).get(name, ()) if position(n) < here]
         use_blocks = _blocks(ctx, use)
         for w in sorted(writes, key=position):
             if _blocks(ctx, w)[0] not in use_blocks:
@@ -157,6 +156,19 @@ def _blocks(ctx: FileContext, node: ast.AST) -> list[tuple[int, str]]:
         child, cur = cur, ctx.parents.get(cur)
     out.append((0, "scope"))
     return out
+
+
+def _writes(ctx: FileContext, window: ast.AST) -> dict[str, list[ast.Assign | ast.AugAssign]]:
+    """The window's assignments by target name, in source order (built once per window:
+    a term is followed through several names, each looked up here)."""
+    def compute() -> dict[str, list[ast.Assign | ast.AugAssign]]:
+        out: dict[str, list[ast.Assign | ast.AugAssign]] = {}
+        for n in ctx.local_nodes(window):
+            if isinstance(n, ast.Assign | ast.AugAssign):
+                for name in {d for t in _targets(n) if (d := dotted(t)) is not None}:
+                    out.setdefault(name, []).append(n)
+        return out
+    return ctx._cached("terms_writes", window, compute)  # type: ignore[no-any-return]
 
 
 def _targets(node: ast.Assign | ast.AugAssign) -> list[ast.AST]:
