@@ -341,6 +341,15 @@ RULES: dict[str, Rule] = {
             "pass the undivided loss to engine.backward(loss): it divides by "
             "gradient_accumulation_steps itself (or pass scale_wrt_gas=False if you divide by hand)",
         ),
+        _rule(
+            "AG135", "clip-before-unscale", "F8", E, HI,
+            "gradient clipping runs before GradScaler.unscale_: the backward ran on the scaled "
+            "loss, so the clip compares S times the gradient with its threshold (S, the loss "
+            "scale, is 65536 at the start) and the step applies the clipped gradient divided by S",
+            "call `scaler.unscale_(optimizer)` right before the clip, at the boundary: "
+            "`scaler.unscale_(optimizer); clip_grad_norm_(model.parameters(), max_norm); "
+            "scaler.step(optimizer); scaler.update()`",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

@@ -23,10 +23,12 @@
 ``tokenmean``  AG129               a masked token mean per micro-batch, never divided by K
 ``twice``      AG133               the loss divided by K in a helper and again by its caller;
                AG134               ... or by hand before DeepSpeed's engine.backward (GA > 1)
+``ampclip``    AG135               gradient clipped before GradScaler.unscale_ (on the scaled gradient)
 """
 
 from accumguard.static.lint.families import (
     accelerate,
+    ampclip,
     deepspeed,
     epochtail,
     horizon,
@@ -44,4 +46,4 @@ from accumguard.static.lint.families import (
     window,
 )
 
-__all__ = ["accelerate", "deepspeed", "epochtail", "horizon", "loss", "lrcounter", "moeaux", "precision", "reduce", "scale", "schedule", "sync", "terms", "tokenmean", "twice", "window"]
+__all__ = ["accelerate", "ampclip", "deepspeed", "epochtail", "horizon", "loss", "lrcounter", "moeaux", "precision", "reduce", "scale", "schedule", "sync", "terms", "tokenmean", "twice", "window"]

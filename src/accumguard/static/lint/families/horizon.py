@@ -13,6 +13,11 @@ its end W times early and the rest of training runs at the schedule's final rate
 
 Only horizons whose parts are in sight are judged: a value read from a config, a
 ``max_steps`` argument or anything divided by a name the rule cannot place stays silent.
+The count of batches may be ``len(loader)`` or ``len(dataset)`` divided by the batch size
+of the ``DataLoader`` built on it; ``OneCycleLR``'s ``steps_per_epoch`` and the outside
+name a ``LambdaLR`` function reads are horizons too. What is inside ``len(...)`` is not
+read for K (the loader's ``batch_size=cfg["micro_batch_size"]`` is not the accumulation
+count), and ``CFG["epochs"]`` of a dict literal is read as that entry, not the whole dict.
 """
 
 from __future__ import annotations
@@ -46,9 +51,15 @@ def _constructor_name(call: ast.Call) -> str | None:
     return name.rsplit(".", 1)[-1] if name else None
 
 
-def _horizon_expr(call: ast.Call) -> ast.AST | None:
-    """The horizon argument of a scheduler constructor call, or None."""
+def _horizon_expr(ctx: FileContext, call: ast.Call) -> ast.AST | None:
+    """The horizon argument of a scheduler constructor call, or None. ``OneCycleLR`` without
+    ``total_steps`` reads ``steps_per_epoch`` (its horizon is ``epochs * steps_per_epoch``:
+    a per-epoch count in micro-batches is off by the same K); ``LambdaLR`` reads the name its
+    lambda (or the function of the file it names) takes from outside, when that name is
+    computed from a ``len()`` (``lambda s: 0.5 * (1 + cos(pi * s / total_steps))``)."""
     name = _constructor_name(call)
+    if name == "LambdaLR":
+        return _lambda_horizon(ctx, call)
     if name not in _HORIZON_ARG:
         return None
     kw, pos = _HORIZON_ARG[name]
@@ -56,9 +67,34 @@ def _horizon_expr(call: ast.Call) -> ast.AST | None:
         if k.arg == kw:
             return k.value
     if name == "OneCycleLR":
-        return None  # epochs * steps_per_epoch: read below only when total_steps is given
+        per_epoch = next((k.value for k in call.keywords if k.arg == "steps_per_epoch"), None)
+        return per_epoch if per_epoch is not None or len(call.args) < 5 else call.args[4]
     if len(call.args) > pos:
         return call.args[pos]
+    return None
+
+
+def _lambda_horizon(ctx: FileContext, call: ast.Call) -> ast.AST | None:
+    """The outside name a ``LambdaLR`` factor function reads that is a count of batches."""
+    fn = next((k.value for k in call.keywords if k.arg == "lr_lambda"),
+              call.args[1] if len(call.args) > 1 else None)
+    body: ast.AST | None = fn if isinstance(fn, ast.Lambda) else None
+    if isinstance(fn, ast.Name):
+        defs = [d for d in ctx.of(ast.FunctionDef) if d.name == fn.id]
+        body = defs[0] if len(defs) == 1 else None
+    if body is None:
+        return None
+    assert isinstance(body, ast.Lambda | ast.FunctionDef)
+    a = body.args
+    own = {x.arg for x in a.posonlyargs + a.args + a.kwonlyargs}
+    own |= {n.id for n in walk_all(body) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    free = [n for n in walk_all(body) if isinstance(n, ast.Name | ast.Attribute)
+            and isinstance(n.ctx, ast.Load) and (d := dotted(n)) is not None
+            and d.split(".", 1)[0] not in own]
+    for depth in (1, 2, 3):  # the name nearest to its len(): `total_steps`, not `warmup` from it
+        hit = next((n for n in free if _len_args(_expand(ctx, n, depth))), None)
+        if hit is not None:
+            return hit
     return None
 
 
@@ -68,13 +104,38 @@ def _expand(ctx: FileContext, expr: ast.AST, depth: int = 3) -> list[ast.AST]:
     parts = [expr]
     if depth == 0:
         return parts
-    names = {d for n in walk_all(expr) if isinstance(n, ast.Name | ast.Attribute) and (d := dotted(n))}
     index = _assigned_values(ctx)
+    entries: dict[int, ast.AST] = {}  # `CFG["epochs"]` of a dict literal: that entry, not the dict
+    for n in _outside_len(expr):
+        if (isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Constant)
+                and len(values := index.get(dotted(n.value) or "", [])) == 1
+                and isinstance(values[0], ast.Dict)):
+            entry = next((v for k, v in zip(values[0].keys, values[0].values, strict=True)
+                          if isinstance(k, ast.Constant) and k.value == n.slice.value), None)
+            if entry is not None:
+                entries[id(n.value)] = entry
+    names = {d for n in _outside_len(expr) if isinstance(n, ast.Name | ast.Attribute)
+             and id(n) not in entries and (d := dotted(n))}
+    for value in entries.values():
+        parts += _expand(ctx, value, depth - 1)
     for name in names:
         values = index.get(name, [])
         if len(values) == 1:
             parts += _expand(ctx, values[0], depth - 1)
     return parts
+
+
+def _outside_len(expr: ast.AST) -> Iterator[ast.AST]:
+    """The nodes of ``expr`` that are not inside a ``len(...)``: the horizon's arithmetic.
+    The loader whose length is taken is not expanded (``DataLoader(ds,
+    batch_size=cfg["micro_batch_size"])`` says nothing about how the count is scaled)."""
+    todo = [expr]
+    while todo:
+        node = todo.pop()
+        yield node
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "len":
+            continue
+        todo.extend(ast.iter_child_nodes(node))
 
 
 def _assigned_values(ctx: FileContext) -> dict[str, list[ast.AST]]:
@@ -125,7 +186,7 @@ def _len_args(parts: list[ast.AST]) -> set[str]:
 def _divides(parts: list[ast.AST]) -> list[ast.AST]:
     """The denominators of every division in the horizon's parts (``/``, ``//``,
     ``math.ceil(a / b)``)."""
-    return [n.right for p in parts for n in walk_all(p)
+    return [n.right for p in parts for n in _outside_len(p)
             if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div | ast.FloorDiv)]
 
 
@@ -155,7 +216,7 @@ def _schedulers(ctx: FileContext) -> Iterator[tuple[str, ast.Call, ast.AST]]:
         if not isinstance(node.value, ast.Call) or len(node.targets) != 1:
             continue
         name = dotted(node.targets[0])
-        horizon = _horizon_expr(node.value)
+        horizon = _horizon_expr(ctx, node.value)
         if name is None or horizon is None:
             continue
         yield name, node.value, horizon
@@ -172,7 +233,55 @@ def _iterated(loop: ast.AST) -> str | None:
 
 
 def _step_calls(ctx: FileContext, name: str) -> list[ast.Call]:
-    return [c for c in _calls_by_attr(ctx).get("step", []) if dotted(receiver(c)) == name]
+    def compute() -> dict[str, list[ast.Call]]:
+        out: dict[str, list[ast.Call]] = {}
+        for c in _calls_by_attr(ctx).get("step", []):
+            out.setdefault(dotted(receiver(c)) or "", []).append(c)
+        return out
+    by_receiver: dict[str, list[ast.Call]] = ctx._cached("horizon_steps", ctx.tree, compute)
+    return by_receiver.get(name, [])
+
+
+def _loader_of(ctx: FileContext, loader: str) -> tuple[str, ast.AST] | None:
+    """(dataset, batch size) of ``loader = DataLoader(dataset, batch_size=...)``, the one
+    assignment of that name: a horizon ``len(dataset) // batch_size * epochs`` counts its
+    batches as surely as ``len(loader) * epochs``."""
+    values = _assigned_values(ctx).get(loader, [])
+    if len(values) != 1 or not isinstance(call := values[0], ast.Call) or call_attr(call) != "DataLoader":
+        return None
+    kw = {k.arg: k.value for k in call.keywords if k.arg}
+    dataset = call.args[0] if call.args else kw.get("dataset")
+    bs = call.args[1] if len(call.args) > 1 else kw.get("batch_size")
+    ds_name = dotted(dataset) if dataset is not None else None
+    if ds_name is None or bs is None or any(k in kw for k in ("batch_sampler", "sampler")):
+        return None
+    return ds_name, bs
+
+
+def _counts_batches(ctx: FileContext, parts: list[ast.AST], loaders: set[str],
+                    window: ast.AST) -> str | None:
+    """The loader the window iterates, when the horizon is its number of batches times
+    something with no K in it: ``len(loader)``, or ``len(dataset)`` divided by the
+    loader's own batch size; else None."""
+    loader = _iterated(window)
+    if loader is None:
+        return None
+    sizes: set[str] = set()
+    if loader not in loaders:
+        built = _loader_of(ctx, loader)
+        if built is None or built[0] not in loaders:
+            return None
+        sizes = {ast.unparse(built[1])}
+    divisors = _divides(parts)
+    if any(ast.unparse(d) not in sizes for d in divisors):
+        return None  # scaled by something (`// K`, `/ world`): not a plain count of batches
+    skip = {id(n) for d in divisors for n in walk_all(d)}
+    for p in parts:
+        for n in _outside_len(p):
+            if id(n) not in skip and isinstance(n, ast.Name | ast.Attribute | ast.Constant) and (
+                    ctx.mentions_accum(n)):
+                return None  # K is in the horizon somewhere
+    return loader
 
 
 @rule("AG124")
@@ -180,29 +289,30 @@ def horizon_in_micro_batches(ctx: FileContext) -> Iterator[Finding]:
     for name, ctor, horizon in _schedulers(ctx):
         parts = _expand(ctx, horizon)
         loaders = _len_args(parts)
-        if not loaders or _divides(parts) or any(ctx.mentions_accum(p) for p in parts):
-            continue  # not a count of batches, or already scaled by something
+        if not loaders:
+            continue  # not a count of batches
         steps = _step_calls(ctx, name)
         if not steps:
             continue
-        windows: list[ast.AST] = []
+        iterated: list[str] = []
         for call in steps:
             window = _window_of(ctx, call)
             if window is None:
                 break
             facts = ctx.window_facts(window)
             if (not facts.accumulating or facts.accelerate or facts.summed_loss
-                    or facts.unguarded_optimizer_steps or not ctx.guarded(call, window)
-                    or _iterated(window) not in loaders):
+                    or facts.unguarded_optimizer_steps or not ctx.guarded(call, window)):
                 break
-            windows.append(window)
+            loader = _counts_batches(ctx, parts, loaders, window)
+            if loader is None:
+                break
+            iterated.append(loader)
         else:
-            loader = _iterated(windows[0]) or "loader"
             yield ctx.finding(
                 "AG124",
                 ctor,
                 f"the schedule's horizon `{ast.unparse(horizon)}` counts the micro-batches of "
-                f"`{loader}`, but `{name}.step()` runs once per optimizer step (the boundary at line "
+                f"`{iterated[0]}`, but `{name}.step()` runs once per optimizer step (the boundary at line "
                 f"{steps[0].lineno}): the schedule is K times longer than training and never "
                 "reaches its end",
             )

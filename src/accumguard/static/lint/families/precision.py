@@ -33,7 +33,7 @@ from accumguard.static.lint.families._modguard import k_values, mod_term
 _F12_ERROR_K = 144
 
 _LOW_DTYPES = ("bfloat16", "float16", "half")
-_FP32_GRAD_HINTS = re.compile(r"master|fp32_grad|grad_fp32|float32_grad|grad_accum_dtype|post_accumulate_grad")
+_FP32_GRAD_HINTS = re.compile(r"fp32_grad|grad_fp32|float32_grad|grad_accum_dtype|post_accumulate_grad")
 
 
 def _low_precision_cast(node: ast.AST) -> bool:
@@ -60,6 +60,10 @@ def _low_precision_models(ctx: FileContext) -> list[tuple[str, ast.Call]]:
                 ctor = call_attr(parent) or ""
                 if ctor[:1].isupper() or "optim" in (dotted(parent.func) or ""):
                     optimized.add(d)
+        elif "optim" in (call_attr(call) or "").lower():
+            # a wrapper handed the module itself: `MasterWeightOptimizer(model, torch.optim.SGD)`
+            optimized.update(d for a in call.args if (d := dotted(a)) is not None)
+    optimized |= _master_sources(ctx)
     out: list[tuple[str, ast.Call]] = []
     for call in ctx.of(ast.Call):
         if not _low_precision_cast(call):
@@ -75,16 +79,35 @@ def _low_precision_models(ctx: FileContext) -> list[tuple[str, ast.Call]]:
     return out
 
 
+def _master_sources(ctx: FileContext) -> set[str]:
+    """Modules whose ``.parameters()`` build a list an optimizer constructor receives:
+    ``master = [p.detach().float() for p in model.parameters()]; opt = AdamW(master)``.
+    The model's own .grad is where its backwards accumulate, whatever the optimizer holds."""
+    handed = {d for call in ctx.of(ast.Call)
+              if (call_attr(call) or "")[:1].isupper() or "optim" in (dotted(call.func) or "")
+              for a in call.args if (d := dotted(a)) is not None}
+    out: set[str] = set()
+    for targets, value in ctx.assignments():
+        if len(targets) != 1 or targets[0] not in handed or not isinstance(
+                value, ast.ListComp | ast.GeneratorExp | ast.Call):
+            continue
+        for n in ast.walk(value):
+            if isinstance(n, ast.Call) and call_attr(n) == "parameters" and (d := dotted(receiver(n))):
+                out.add(d)
+    return out
+
+
 @rule("AG120")
 def low_precision_model_accumulation(ctx: FileContext) -> Iterator[Finding]:
     """A whole model in bf16/fp16 with K > 1 backwards per optimizer step: the .grad buffers
     that accumulate are bf16/fp16 too. Not with DeepSpeed (its own grad_accum_dtype, AG204),
-    nor when the file shows fp32 gradient copies (master weights, a post-accumulate hook)."""
+    nor when the file shows fp32 gradient buffers (a post-accumulate hook, a ``.grad`` moved
+    on every micro-step: fp32 master gradients); master weights that only copy the
+    already-accumulated ``.grad`` at the step do not help and are still reported."""
     models = _low_precision_models(ctx)
     if not models:
         return
-    if any(_FP32_GRAD_HINTS.search(ident) for n in ctx.of(ast.Name, ast.Attribute)
-           for ident in ((n.id if isinstance(n, ast.Name) else n.attr).lower(),)):
+    if _fp32_grad_hint(ctx):
         return
     windows = [
         w for w in ctx.windows()
@@ -96,7 +119,8 @@ def low_precision_model_accumulation(ctx: FileContext) -> Iterator[Finding]:
         here = ctx.enclosing(cast, (ast.ClassDef,)) if name.startswith("self.") else ctx.scope_of(cast)
         window = next(
             (w for w in windows
-             if (ctx.enclosing(w, (ast.ClassDef,)) if name.startswith("self.") else ctx.scope_of(w)) is here),
+             if (ctx.enclosing(w, (ast.ClassDef,)) if name.startswith("self.") else ctx.scope_of(w)) is here
+             and not _grads_moved_per_micro_step(ctx, w)),
             None,
         )
         if window is None or here is None:
@@ -117,6 +141,45 @@ def low_precision_model_accumulation(ctx: FileContext) -> Iterator[Finding]:
         if error:
             finding = replace(finding, severity=Severity.ERROR, confidence=Confidence.HIGH)
         yield finding
+
+
+def _fp32_grad_hint(ctx: FileContext) -> bool:
+    """The file keeps the gradient in fp32 apart from .grad: a call, an assigned name or a
+    keyword says so (``p.register_post_accumulate_grad_hook(...)``, ``self.fp32_grads =
+    ...``, ``grad_accum_dtype=...``). Read from the file index (calls and assignments), not
+    a walk of every name: a 5 MB file has ~300k of them."""
+    def compute() -> bool:
+        for call in ctx.of(ast.Call):
+            if _FP32_GRAD_HINTS.search((dotted(call.func) or "").lower()) or any(
+                    k.arg and _FP32_GRAD_HINTS.search(k.arg.lower()) for k in call.keywords):
+                return True
+        return any(_FP32_GRAD_HINTS.search(t.lower()) for targets, _ in ctx.assignments() for t in targets)
+    return ctx._cached("precision_fp32_hint", ctx.tree, compute)  # type: ignore[no-any-return]
+
+
+def _grad_readers(ctx: FileContext) -> set[str]:
+    """Names of the file's functions and methods that read or write some ``.grad``."""
+    def compute() -> set[str]:
+        return {fn.name for fn in ctx.of(*FUNCS)
+                if any(isinstance(n, ast.Attribute) and n.attr == "grad" for n in ctx.local_nodes(fn))}
+    return ctx._cached("precision_grad_readers", ctx.tree, compute)  # type: ignore[no-any-return]
+
+
+def _grads_moved_per_micro_step(ctx: FileContext, window: ast.AST) -> bool:
+    """Some ``.grad`` is touched on every micro-step, outside the boundary: in the window
+    (``m.grad = m.grad + p.grad.float(); p.grad = None``) or in a function of the file it
+    calls there. The gradient may then leave the low-precision buffer after each backward
+    (fp32 master gradients), so where it accumulates is not decided. Master weights
+    updated only at the step (``m.grad = p.grad.float()`` inside ``step()``) do not count:
+    the K backwards have been summed in the low-precision .grad by then."""
+    readers = _grad_readers(ctx)
+    for n in ctx.local_nodes(window):
+        touches = (isinstance(n, ast.Attribute) and n.attr == "grad") or (
+            isinstance(n, ast.Call) and call_attr(n) in readers
+            and call_attr(n) not in ("step", "zero_grad"))
+        if touches and not ctx.guarded(n, window):
+            return True
+    return False
 
 
 # ---------------------------------------------------------------- AG126: FSDP2 bf16 reduce_dtype

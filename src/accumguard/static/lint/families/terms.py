@@ -10,7 +10,8 @@ times its coefficient relative to the main term. The terms are read from the
 assignments to the backwarded name in the window, in order (one level: ``loss = loss + x``,
 ``loss += x``, ``loss = loss / K``, ``loss /= K``). Not judged: Accelerate, DeepSpeed and
 Lightning backwards (they divide the whole loss themselves), a term that is a constant, a
-window whose loss cannot be followed (a name assigned in a branch, a helper), a term with
+window whose loss cannot be followed (a name assigned in a branch or loop the backward is
+not inside, a helper), a term with
 any division of its own (``ce_sum / window_tokens``: normalised by the window's count).
 
 A term that is a local name (``lm_loss = lm_loss / K`` then ``loss = lm_loss + coef * aux``)
@@ -107,13 +108,12 @@ class _Follow:
         (all in ``use``'s own block: one inside an ``if`` makes the sum undecidable)."""
         ctx = self.ctx
         terms: list[_Term] | None = None
-        writes = [n for n in ctx.local_nodes(self.window)
-                  if isinstance(n, ast.Assign | ast.AugAssign) and position(n) < position(use)
-                  and any(dotted(t) == name for t in _targets(n))]
+        here = position(use)
+        writes = [n for n in _writes(ctx, self.window).get(name, ()) if position(n) < here]
+        use_blocks = _blocks(ctx, use)
         for w in sorted(writes, key=position):
-            if ctx.enclosing(w, (ast.If, ast.Try, ast.Match, *_LOOPS)) is not ctx.enclosing(
-                    use, (ast.If, ast.Try, ast.Match, *_LOOPS)):
-                return None
+            if _blocks(ctx, w)[0] not in use_blocks:
+                return None  # written in a branch or loop the use is not inside: undecidable
             if isinstance(w, ast.Assign):
                 if len(w.targets) != 1:
                     return None
@@ -136,6 +136,39 @@ class _Follow:
 
 
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
+_CONTROL = (ast.If, ast.Try, ast.Match, *_LOOPS)
+
+
+def _blocks(ctx: FileContext, node: ast.AST) -> list[tuple[int, str]]:
+    """The statement lists around ``node``, innermost first, as (control node id, field):
+    ``if``'s body and its ``else`` are different blocks. A write whose innermost block is one
+    of the use's blocks runs before the use on every path that reaches it (the loss assigned
+    in the loop body, the backward inside ``if``/``else`` with or without ``no_sync``)."""
+    out: list[tuple[int, str]] = []
+    child, cur = node, ctx.parents.get(node)
+    while cur is not None:
+        if isinstance(cur, _CONTROL):
+            field = next((f for f in cur._fields if isinstance(getattr(cur, f, None), list)
+                          and any(c is child for c in getattr(cur, f))), "")
+            out.append((id(cur), field))
+        if isinstance(cur, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda | ast.ClassDef):
+            break
+        child, cur = cur, ctx.parents.get(cur)
+    out.append((0, "scope"))
+    return out
+
+
+def _writes(ctx: FileContext, window: ast.AST) -> dict[str, list[ast.Assign | ast.AugAssign]]:
+    """The window's assignments by target name, in source order (built once per window:
+    a term is followed through several names, each looked up here)."""
+    def compute() -> dict[str, list[ast.Assign | ast.AugAssign]]:
+        out: dict[str, list[ast.Assign | ast.AugAssign]] = {}
+        for n in ctx.local_nodes(window):
+            if isinstance(n, ast.Assign | ast.AugAssign):
+                for name in {d for t in _targets(n) if (d := dotted(t)) is not None}:
+                    out.setdefault(name, []).append(n)
+        return out
+    return ctx._cached("terms_writes", window, compute)  # type: ignore[no-any-return]
 
 
 def _targets(node: ast.Assign | ast.AugAssign) -> list[ast.AST]:

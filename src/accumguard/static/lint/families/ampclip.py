@@ -1,0 +1,129 @@
+"""AMP clipping before unscale (F8): AG135.
+
+With a ``torch.amp.GradScaler`` the backward runs on ``scaler.scale(loss)``, so every
+``.grad`` holds S times the gradient (S, the loss scale, starts at 65536). PyTorch's AMP
+recipe clips only after ``scaler.unscale_(optimizer)``; a ``clip_grad_norm_`` /
+``clip_grad_value_`` before it compares the *scaled* gradient with the threshold, so it
+clips at max_norm / S in true units (nearly every step, and hard), and ``scaler.step``
+then unscales the clipped gradient: the update is not the large batch's clipped update.
+
+Read: a scaler built in the file (``X = ...GradScaler(...)``, ShardedGradScaler too) whose
+``X.scale(...)`` is called, and a ``X.step(...)`` with a clip of ``torch.nn.utils`` before
+it in the same function, in no branch exclusive with the step, and no ``X.unscale_(...)``
+before the clip in that function. Silent when the file calls ``X.unscale_`` in another
+function (a helper may unscale first: the order is not in sight), when the scaler is built
+with ``enabled=False`` (``scale()`` then returns the loss unchanged). A warning, not an
+error, when ``enabled=`` is an expression the file does not decide (``enabled=use_amp``
+with ``use_amp`` from the command line): the clip is wrong exactly when the scaler is on.
+Clips of Accelerate, Lightning and DeepSpeed unscale by themselves and are not read.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import replace
+
+from accumguard.static.findings import Confidence, Finding, Severity
+from accumguard.static.lint._ast import call_attr, dotted, last_part, position, receiver
+from accumguard.static.lint._context import FileContext
+from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families._modguard import exclusive
+
+_TORCH_CLIPS = frozenset({"clip_grad_norm_", "clip_grad_value_"})
+
+
+def _bool_value(ctx: FileContext, expr: ast.AST) -> bool | None:
+    """A literal bool, or a name every assignment of the file gives the same literal bool."""
+    if isinstance(expr, ast.Constant) and isinstance(expr.value, bool):
+        return expr.value
+    name = dotted(expr)
+    if name is None:
+        return None
+    values = [v for targets, v in ctx.assignments() if name in targets]
+    if values and all(isinstance(v, ast.Constant) and isinstance(v.value, bool) for v in values):
+        first = values[0]
+        assert isinstance(first, ast.Constant)
+        if all(isinstance(v, ast.Constant) and v.value == first.value for v in values):
+            return bool(first.value)
+    return None
+
+
+def _scalers(ctx: FileContext) -> dict[str, bool | None]:
+    """Scaler names -> enabled (True: on unless the device lacks AMP; None: not decided)."""
+    out: dict[str, bool | None] = {}
+    for targets, value in ctx.assignments():
+        if len(targets) != 1 or not isinstance(value, ast.Call):
+            continue
+        if not last_part(dotted(value.func)).endswith("gradscaler"):
+            continue
+        kw = next((k.value for k in value.keywords if k.arg == "enabled"), None)
+        enabled: bool | None = True
+        if kw is not None:
+            enabled = _bool_value(ctx, kw)
+        elif len(value.args) >= 5 or any(k.arg is None for k in value.keywords):
+            enabled = None  # `enabled` passed positionally or through **kwargs
+        prev = out.get(targets[0], enabled)
+        out[targets[0]] = enabled if prev == enabled else None
+    return out
+
+
+def _torch_clip(call: ast.Call) -> bool:
+    """``torch.nn.utils.clip_grad_norm_(...)``, ``nn.utils...``, or the bare imported name."""
+    if call_attr(call) not in _TORCH_CLIPS:
+        return False
+    if isinstance(call.func, ast.Name):
+        return True
+    recv = dotted(receiver(call)) or ""
+    return recv.endswith("utils")
+
+
+@rule("AG135")
+def clip_before_unscale(ctx: FileContext) -> Iterator[Finding]:
+    scalers = _scalers(ctx)
+    if not scalers:
+        return
+    calls: list[ast.Call] = ctx.of(ast.Call)
+    by_scaler: dict[str, dict[str, list[ast.Call]]] = {}
+    for c in calls:
+        attr = call_attr(c)
+        name = dotted(receiver(c))
+        if name in scalers and attr in ("scale", "step", "unscale_"):
+            by_scaler.setdefault(name, {}).setdefault(attr, []).append(c)
+    clips_by_scope: dict[int, list[ast.Call]] = {}  # a big file has many loops: look up by scope
+    for c in calls:
+        if _torch_clip(c):
+            clips_by_scope.setdefault(id(ctx.scope_of(c)), []).append(c)
+    reported: set[int] = set()
+    for name, enabled in scalers.items():
+        uses = by_scaler.get(name, {})
+        if enabled is False or not uses.get("scale") or not uses.get("step"):
+            continue
+        unscales = uses.get("unscale_", [])
+        for step in uses["step"]:
+            scope = ctx.scope_of(step)
+            if any(ctx.scope_of(u) is not scope for u in unscales):
+                continue  # a helper unscales: whether it runs before the clip is not in sight
+            for clip in clips_by_scope.get(id(scope), []):
+                if (id(clip) in reported or position(clip) >= position(step)
+                        or exclusive(ctx, clip, step)):
+                    continue
+                if any(position(u) < position(clip) for u in unscales):
+                    continue
+                reported.add(id(clip))
+                after = [u for u in unscales if position(u) > position(clip)]
+                finding = ctx.finding(
+                    "AG135",
+                    clip,
+                    f"`{call_attr(clip)}` runs before any `{name}.unscale_(...)`"
+                    + (f" (the one at line {after[0].lineno} comes after it)" if after else "")
+                    + f": the backward ran on `{name}.scale(...)`, so it clips the gradient "
+                    "multiplied by the loss scale S (65536 at the start), and "
+                    f"`{name}.step` (line {step.lineno}) applies the true gradient clipped at the "
+                    "threshold / S instead of at the threshold"
+                    + ("" if enabled else " (when the scaler is enabled: its `enabled=` is not "
+                       "decided in the file)"),
+                )
+                if enabled is None:
+                    finding = replace(finding, severity=Severity.WARNING, confidence=Confidence.MEDIUM)
+                yield finding

@@ -1,0 +1,26 @@
+# corpus: style=trainer_class class=F4
+import math
+
+import torch
+
+
+def train(model, train_dl, epochs, grad_accum, warmup_frac=0.05):
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    total_steps = len(train_dl) * epochs
+    warmup = int(warmup_frac * total_steps)
+
+    def lr_lambda(step):
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, total_steps - warmup)
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)  # expect: AG124
+    for _ in range(epochs):
+        for i, batch in enumerate(train_dl):
+            loss = model(**batch).loss / grad_accum
+            loss.backward()
+            if (i + 1) % grad_accum == 0 or i + 1 == len(train_dl):
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
