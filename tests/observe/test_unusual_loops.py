@@ -17,10 +17,10 @@ Found by probing ``watch`` on legal-but-unusual loops (docs/dev/probe-unusual-lo
   own update). Windows with a parameter hook are not read for that scale; the twin without
   the hook is still the error.
 * a loss function compiled with ``torch.compile(fullgraph=True)`` that calls the model:
-  Dynamo traced watch's global forward hook (it registers a hook: ``setattr`` on a type)
-  and, with ``fullgraph=True``, the graph break became the user's ``Unsupported`` error:
-  the run crashed under watch. The global forward hook does nothing while torch.compile
-  traces.
+  Dynamo traces watch's global forward hook and, with ``fullgraph=True``, its graph break
+  becomes the user's ``Unsupported`` error. A known limitation (strict xfail below): the
+  fix tried (the hook doing nothing while Dynamo traces) left compiled models' forwards
+  unobserved.
 * the guard on an optimizer in backward raised F13 into the user's loop; it now warns once
   and judges nothing from there on.
 """
@@ -35,8 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from accumguard import guard
 from accumguard.core.errors import AccumguardWarning
+from accumguard.runtime.guard import guard
 from accumguard.watch import recording
 from accumguard.watch._report import judge
 
@@ -180,6 +180,12 @@ def _compiled_loss_loop() -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "known limitation: Dynamo traces watch's global forward hook inside the compiled "
+    "function; its hook registration is a graph break, which fullgraph=True turns into the "
+    "user's error. Skipping the hook while Dynamo traces fixed this but left every "
+    "torch.compile(model) forward unobserved (a false EXTRA_SYNC note on a correct compiled "
+    "DDP loop, tests/runtime/test_watch_features.py), so it was reverted"))
 def test_fullgraph_compiled_loss_runs_unchanged(tmp_path: Path) -> None:
     """The model called inside a ``fullgraph=True`` compiled function (Dynamo traces the
     module hooks, accumguard's global one too): the run goes on, bit-identical, and the

@@ -22,7 +22,6 @@ import weakref
 from typing import TYPE_CHECKING
 
 import torch
-from torch.compiler import is_dynamo_compiling
 
 from accumguard.observe import _patch_deepspeed
 from accumguard.observe._events import BackwardEvent, ForwardEvent
@@ -186,12 +185,6 @@ class ForwardHooks:
         modules ever called at the top level carry a depth-counting post hook, so a
         submodule's call costs one set lookup (the former global post hook with
         ``always_call`` ran on every submodule call)."""
-        if is_dynamo_compiling():
-            # torch.compile traces the module hooks of a compiled region (a compiled loss
-            # function that calls the model): registering a hook is code Dynamo cannot
-            # trace, a graph break that fullgraph=True turns into the user's error. Traced,
-            # this hook does nothing (the region's forwards go unobserved).
-            return
         if self._fwd_depth and id(module) not in self._hooked_ids:
             return  # inside a top-level forward, not a module seen at the top level
         if not self._fwd_depth and torch._C._current_autograd_node() is not None:
@@ -252,7 +245,7 @@ class ForwardHooks:
     @hook_method
     def _depth_post(self, module: torch.nn.Module, args: tuple[object, ...],
                     output: object) -> None:
-        if self._fwd_depth and not is_dynamo_compiling():  # (its pre-hook did nothing)
+        if self._fwd_depth:
             self._fwd_depth -= 1
 
     def _on_forward(self, module: torch.nn.Module) -> None:
