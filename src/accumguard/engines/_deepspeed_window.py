@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable, Iterator
 from typing import Any
+
+from accumguard.engines._hooks_off import hooks_off
 
 __all__ = ["HeldParameters"]
 
@@ -99,28 +101,6 @@ class HeldParameters:
         if not (idle and self.holding and self._hook_handles and self._all_gathered()):
             yield
             return
-        saved: list[tuple[MutableMapping[int, Any], list[tuple[int, Any]], set[int]]] = []
-        by_dict: dict[int, tuple[MutableMapping[int, Any], set[int]]] = {}
-        for h in self._hook_handles:
-            hooks = h.hooks_dict_ref()
-            if hooks is not None and h.id in hooks:
-                by_dict.setdefault(id(hooks), (hooks, set()))[1].add(h.id)
-        try:
-            for hooks, ids in by_dict.values():
-                saved.append((hooks, list(hooks.items()), ids))
-                for key in ids:
-                    del hooks[key]
+        with hooks_off(self._hook_handles):
             self.skipped += 1
             yield
-        finally:
-            for hooks, before, ids in saved:
-                now = dict(hooks)  # hooks the micro-step added or removed meanwhile stay so
-                hooks.clear()
-                for key, fn in before:
-                    if key in ids:
-                        hooks[key] = fn
-                    elif key in now:
-                        hooks[key] = now[key]
-                for key, fn in now.items():
-                    if key not in hooks:
-                        hooks[key] = fn

@@ -47,10 +47,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator, MutableMapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from accumguard.engines._hooks_off import hooks_off
 
 if TYPE_CHECKING:
     from torch.distributed.fsdp import FSDPModule
@@ -58,9 +60,6 @@ if TYPE_CHECKING:
 __all__ = ["IdleHooks"]
 
 log = logging.getLogger("accumguard")
-
-# One hook dictionary of a module, with the ids this skip removes from it.
-_Hooks = MutableMapping[int, Any]
 
 
 def _handle_parts(handle: Any) -> list[Any]:
@@ -151,31 +150,9 @@ class IdleHooks:
         if not (idle and self._handles and self._all_idle_and_unsharded()):
             yield
             return
-        saved: list[tuple[_Hooks, list[tuple[int, Any]], set[int]]] = []
-        by_dict: dict[int, tuple[_Hooks, set[int]]] = {}
-        for h in self._handles:
-            hooks = h.hooks_dict_ref()
-            if hooks is not None and h.id in hooks:
-                by_dict.setdefault(id(hooks), (hooks, set()))[1].add(h.id)
-        try:
-            for hooks, ids in by_dict.values():
-                saved.append((hooks, list(hooks.items()), ids))
-                for key in ids:
-                    del hooks[key]
+        with hooks_off(self._handles):
             self.skipped += 1
             yield
-        finally:
-            for hooks, before, ids in saved:
-                now = dict(hooks)  # hooks the micro-step added or removed meanwhile stay so
-                hooks.clear()
-                for key, fn in before:
-                    if key in ids:
-                        hooks[key] = fn
-                    elif key in now:
-                        hooks[key] = now[key]
-                for key, fn in now.items():
-                    if key not in hooks:
-                        hooks[key] = fn
 
     def forget_forward_order(self) -> None:
         """Before the window's last micro-step: clear FSDP2's recorded forward order (what a
