@@ -64,3 +64,28 @@ def test_correct_twins_stay_silent(tmp_path: Path, kw: dict[str, object]) -> Non
     found, same = _watched(tmp_path, **kw)
     assert same
     assert not [f for f in found if f[1] == "error"], found
+
+
+@pytest.mark.parametrize("fault", ["door", "note"])
+def test_a_fault_at_the_unscale_changes_nothing_and_is_recorded(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str) -> None:
+    """The unscale_ wrapper's new work (reading the loss scale after a clip) runs behind the
+    GradScaler.unscale_ patch door: a fault there (injected at the door, or raised by the
+    note itself: a scaler whose get_scale fails) leaves the run bit-identical, switches
+    observation off and is recorded as accumguard's own failure."""
+    import accumguard.observe._patch_torch as patch_torch
+    from accumguard.observe._failsafe import ENV_FAULT
+
+    plain = _loop(unscale_first=False, max_norm=1.0)
+    if fault == "door":
+        monkeypatch.setenv(ENV_FAULT, "GradScaler.unscale_:pre@1")
+    else:
+        def broken(obs: object, scaler: object) -> None:
+            raise RuntimeError("get_scale failed")
+
+        monkeypatch.setattr(patch_torch, "_note_unscale", broken)
+    with recording(tmp_path) as obs:
+        seen = _loop(unscale_first=False, max_norm=1.0)
+        failure = obs.failure
+    assert failure is not None and "unscale_" in failure.where
+    assert all(torch.equal(plain[k], seen[k]) for k in plain)
