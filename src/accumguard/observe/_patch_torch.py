@@ -339,11 +339,11 @@ def _note_unscale(obs: PatchHost, scaler: object) -> None:
     if w.unscaled:
         return
     w.unscaled = True
-    if not w.norm_clips or not getattr(scaler, "is_enabled", lambda: False)():
+    if w.norm_clip is None or not getattr(scaler, "is_enabled", lambda: False)():
         return
     scale = float(scaler.get_scale())  # type: ignore[attr-defined]
     if scale != 1.0:
-        w.scaled_clip = (scale, *w.norm_clips[-1])
+        w.scaled_clip = (scale, *w.norm_clip)
 
 
 def _scaler_step_wrapper(obs: PatchHost) -> Maker:
@@ -402,7 +402,7 @@ def _clip_wrapper(obs: PatchHost, name: str) -> Maker:
             finally:
                 obs._clip_depth -= 1
             if name in NORM_CLIPS and not obs._w.unscaled:
-                obs._w.norm_clips.append((limit, out))
+                obs._w.norm_clip = (limit, out)
             if obs.boundary is not None:
                 obs.boundary.after_clip(name, limit, out)
             return out

@@ -33,11 +33,11 @@ class StepTally:
         self.sched = 0
         self.clip_micros: list[int] = []
         self.clip_names: list[str] = []
-        # GradScaler: unscaled yet in this window; the norm clips before that (max_norm and
-        # the returned norm, read at the step); (loss scale, max_norm, norm) of the last one
-        # when an unscale_ followed it: it clipped the scaled gradient
+        # GradScaler: unscaled yet in this window; the last norm clip before that (max_norm
+        # and the returned norm, read at the step); (loss scale, max_norm, norm) of it when
+        # an unscale_ followed it: it clipped the scaled gradient
         self.unscaled = False
-        self.norm_clips: list[tuple[object, object]] = []
+        self.norm_clip: tuple[object, object] | None = None
         self.scaled_clip: tuple[float, object, object] | None = None
         self.reductions_between = 0
         self.forwards = 0
