@@ -37,7 +37,6 @@ from accumguard.demo.toy import (
     make_rank_batches,
     token_loss,
 )
-from accumguard.watch._recording import recording
 
 MODELS: dict[str, Any] = {
     "toy": (TokenMLP, lambda: make_rank_batches(seed=0, world_size=1, micro_batches=16)[0]),
@@ -81,6 +80,7 @@ def main() -> None:
                    help="watch with vs without the collective ledger, on 1-rank gloo DDP")
     args = p.parse_args()
     torch.set_num_threads(1)
+    from accumguard.watch._recording import recording
     if args.ledger:
         _ledger_side_by_side(args)
         return
@@ -121,6 +121,7 @@ def _ledger_side_by_side(args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     from accumguard.observe._comm_ledger import CommLedger
+    from accumguard.watch._recording import recording
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29671")
