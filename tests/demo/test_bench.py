@@ -1,5 +1,9 @@
 """accumguard bench: the limit is the large-batch step, the paired statistics decide a bar
-only when the interval allows it, and the paired / ZeRO-study modes run end to end."""
+only when the interval allows it, and the paired / ZeRO-study modes run end to end.
+
+The two checks on the bench's own builders (the limit against DDP, then ZeRO-3's
+replacement of ``F.linear``) run one after the other in ONE 2-rank spawn (module fixture
+``builders``; they had a spawn each)."""
 
 from __future__ import annotations
 
@@ -66,10 +70,28 @@ def _limit_vs_ddp(rank: int, world: int) -> dict[str, Any]:
     return out
 
 
-def test_limit_takes_the_same_step_as_the_accumulator_on_ddp() -> None:
+def _builders(rank: int, world: int, with_deepspeed: bool) -> dict[str, Any]:
+    """Both builder checks in the same ranks: the limit vs DDP first (no DeepSpeed yet in
+    the process), then the ZeRO-3 ``F.linear`` check."""
+    out: dict[str, Any] = {"limit_vs_ddp": _limit_vs_ddp(rank, world)}
+    if with_deepspeed:
+        out["linear_seen"] = _linear_seen(rank, world)
+    return out
+
+
+@pytest.fixture(scope="module")
+def builders() -> list[dict[str, Any]]:
+    import importlib.util
+
+    with_ds = importlib.util.find_spec("deepspeed") is not None
+    return run_on_ranks(_builders, 2, (with_ds,), timeout=420, env={"DS_ACCELERATOR": "cpu"})
+
+
+def test_limit_takes_the_same_step_as_the_accumulator_on_ddp(
+        builders: list[dict[str, Any]]) -> None:
     """The denominator is the same computation as the numerator (same model, data, optimizer,
     the large-batch gradient), only without accumguard and with one bare all-reduce."""
-    res = run_on_ranks(_limit_vs_ddp, 2, timeout=120)
+    res = [r["limit_vs_ddp"] for r in builders]
     for r in res:
         limit, ddp = r["limit"], r["ddp"]
         assert ddp.norm() > 0
@@ -135,12 +157,12 @@ def _linear_seen(rank: int, world: int) -> dict[str, list[str]]:
     return seen
 
 
-def test_zero3_replacement_of_linear_stays_in_its_own_rows() -> None:
+def test_zero3_replacement_of_linear_stays_in_its_own_rows(
+        builders: list[dict[str, Any]]) -> None:
     """DeepSpeed ZeRO-3 replaces ``torch.nn.functional.linear`` for the whole process; the
     bench's limit (and every other row) must still run torch's own, as without DeepSpeed."""
     pytest.importorskip("deepspeed")
-    res = run_on_ranks(_linear_seen, 2, timeout=300, env={"DS_ACCELERATOR": "cpu"})
-    for seen in res:
+    for seen in (r["linear_seen"] for r in builders):
         assert set(seen["zero3"]) == {"zero3_linear_wrap"}, seen
         assert set(seen["limit"]) == {"linear"}, seen
         assert seen["after"] == ["True", "True"], seen

@@ -2,27 +2,81 @@
 Accumulator loop and every correct hand-written loop (several styles) passes.
 
 One spawn for the whole torch matrix (DDP, ZeRO-1, FSDP2 ZeRO-2/3-like) on the small
-TokenMLP, 3 optimizer steps; DeepSpeed is covered by the slow full demo in test_demo.py.
+TokenMLP, 2 optimizer steps; DeepSpeed is covered by the slow full demo in test_demo.py.
 The verdicts come from the audit, which compares every step with the fp64
 single-process reference (relative update error ≤ 1e-5, mission.md).
+
+The same spawn then runs three of the catalogue's loops on ranks where CUDA *looks*
+visible (``test_catalogue_runs_on_gloo_with_cuda_visible``; its own module and spawn
+before, same setup and steps): no GPU here, so each rank fakes one
+(``torch.cuda.is_available()`` True, one device, torch's current accelerator CUDA, what
+FSDP2's default mesh reads). A ``fully_shard`` without a mesh then asks for a CUDA mesh
+and fails (checked first, so the fake is known to bite); the catalogue's loops, with
+their explicit mesh on ``ctx.device`` (the CPU under gloo), must still run and pass the
+audit. They run after the matrix, each inside its own patches, undone when it ends.
 """
 
 from __future__ import annotations
+
+import functools
+from typing import Any
+from unittest import mock
 
 import pytest
 import torch
 
 from accumguard.core.errors import ConfigError
 from accumguard.demo.demo import demo_setup
-from accumguard.demo.loops import ENGINES, catalog, engine_available, handwritten_loop
+from accumguard.demo.loops import (
+    ENGINES,
+    accumulator_loop,
+    catalog,
+    engine_available,
+    handwritten_loop,
+)
 from accumguard.verify.contract import LoopContext
 
 TORCH_ENGINES = ("ddp", "zero1", "fsdp2-zero2", "fsdp2-zero3")
 STEPS = 2
+CUDA_VISIBLE = "cuda-visible/"
+
+
+def _default_mesh_is_cuda() -> bool:
+    """Whether FSDP2 without a mesh now fails for want of CUDA (the fake is effective)."""
+    from torch.distributed.fsdp import fully_shard
+
+    try:
+        fully_shard(torch.nn.Linear(2, 2))
+    except Exception:  # noqa: BLE001 - any failure: it tried the (absent) CUDA device
+        return True
+    return False
+
+
+def _as_if_cuda_visible(loop: Any, ctx: LoopContext) -> None:
+    cuda = torch.device("cuda")
+    with mock.patch.object(torch.cuda, "is_available", return_value=True), \
+            mock.patch.object(torch.cuda, "device_count", return_value=1), \
+            mock.patch.object(torch._C, "_get_accelerator", return_value=cuda):
+        if ctx.device.type != "cpu":
+            raise AssertionError(f"gloo rank {ctx.rank} got device {ctx.device}, not cpu")
+        if not _default_mesh_is_cuda():
+            raise AssertionError("the fake CUDA host did not make FSDP2's default mesh CUDA")
+        loop(ctx)
+
+
+def _cuda_visible_loops() -> dict[str, Any]:
+    loops = {
+        "ddp/accumulator": functools.partial(accumulator_loop, engine="ddp"),
+        "fsdp2-zero2/accumulator": functools.partial(accumulator_loop, engine="fsdp2-zero2"),
+        "fsdp2-zero3/correct": functools.partial(handwritten_loop, engine="fsdp2-zero3"),
+    }
+    return {CUDA_VISIBLE + k: functools.partial(_as_if_cuda_visible, v)
+            for k, v in loops.items()}
 
 
 @pytest.fixture(scope="module")
-def reports() -> dict:
+def audited() -> tuple[dict, dict]:
+    """(the matrix's reports by key, with their catalogue item; the CUDA-visible reports)."""
     from accumguard.verify.audit import audit_many
 
     items = catalog(TORCH_ENGINES)
@@ -30,10 +84,17 @@ def reports() -> dict:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        got = audit_many(setup, {it.key: it.loop for it in items}, timeout=600)
+        got = audit_many(setup, {**{it.key: it.loop for it in items}, **_cuda_visible_loops()},
+                         timeout=600)
     finally:
         torch.set_num_threads(threads)
-    return {it.key: (it, got[it.key]) for it in items}
+    return ({it.key: (it, got[it.key]) for it in items},
+            {k: v for k, v in got.items() if k.startswith(CUDA_VISIBLE)})
+
+
+@pytest.fixture(scope="module")
+def reports(audited: tuple[dict, dict]) -> dict:
+    return audited[0]
 
 
 def test_matrix_covers_every_kind_on_every_torch_engine(reports: dict) -> None:
@@ -113,3 +174,11 @@ def test_bad_arguments_are_explained() -> None:
         handwritten_loop(ctx, engine="ddp", bug="F42")
     for engine in TORCH_ENGINES:
         assert engine_available(engine) is None
+
+
+def test_catalogue_runs_on_gloo_with_cuda_visible(audited: tuple[dict, dict]) -> None:
+    cuda_reports = audited[1]
+    assert len(cuda_reports) == 3, list(cuda_reports)
+    for key, rep in cuda_reports.items():
+        assert rep.passed, (key, rep.failures)
+        assert rep.max_update_error <= 1e-5, (key, rep.max_update_error)

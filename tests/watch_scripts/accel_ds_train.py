@@ -12,11 +12,14 @@ update is ``-lr`` times the gradient the optimizer received). ``--scenario``:
            Accelerate warns and takes DeepSpeed's value; the loop steps every K/2 micro-batches.
 
 The checks (``accumguard.integrations.accelerate.watch``) are attached in every scenario.
-One Accelerator per scenario (``--scenario exact,mean,gamis`` runs them in turn).
+One Accelerator per scenario (``--scenario exact,mean,gamis`` runs them in turn); a scenario
+``name@S`` runs at ZeRO stage S instead of ``--stage`` (recorded as ``name-zS``).
 ``--sweep DIR`` records each run in ``DIR/<scenario>`` (``accumguard.watch._recording.recording``)
 and writes ``DIR/<scenario>.json`` (rank 0): the checks' findings, the relative error of the
-first update against the fp64 large batch (ZeRO-2: every rank holds the full weights), the
-engine's K. Without ``--sweep`` it runs as is (``accumguard invariance``: ``--k {K} --mb {MB}``).
+first update against the fp64 large batch (below ZeRO-3: every rank holds the full weights),
+the relative error of the final weights against the fp64 large batch trained for every step
+(``final_error``: the weights gathered after the recording, so ZeRO-3 too), the engine's K.
+Without ``--sweep`` it runs as is (``accumguard invariance``: ``--k {K} --mb {MB}``).
 """
 
 import argparse
@@ -43,14 +46,14 @@ args = p.parse_args()
 K, MB, LR = args.k, args.mb, 0.5
 
 
-def accelerator(scenario: str) -> tuple[Accelerator, int]:
+def accelerator(scenario: str, stage: int) -> tuple[Accelerator, int]:
     """A fresh Accelerator per scenario (one DeepSpeed engine each) and its config's GA."""
     ds_k = K // 2 if scenario == "gamis" else K
     AcceleratorState._reset_state(True)
     plugin = DeepSpeedPlugin(hf_ds_config={
         "train_micro_batch_size_per_gpu": MB, "gradient_accumulation_steps": ds_k,
         "train_batch_size": "auto", "gradient_clipping": 0.0,
-        "zero_allow_untested_optimizer": True, "zero_optimization": {"stage": args.stage}})
+        "zero_allow_untested_optimizer": True, "zero_optimization": {"stage": stage}})
     return Accelerator(deepspeed_plugin=plugin, gradient_accumulation_steps=K,
                        kwargs_handlers=[InitProcessGroupKwargs(backend="gloo")]), ds_k
 
@@ -66,8 +69,33 @@ def data(r: int, scenario: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(x[i:i + MB], y[i:i + MB]) for i in range(0, n, MB)]
 
 
-def run(scenario: str) -> None:
-    acc, ds_k = accelerator(scenario)
+def large_batch(start: list[torch.Tensor], world: int, scenario: str, steps: int
+                ) -> torch.nn.Sequential:
+    """The fp64 large batch from ``start``: each step one SGD update on every rank's next K
+    micro-batches, the summed loss divided by their valid count."""
+    ref = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),
+                              torch.nn.Linear(16, 5)).double()
+    with torch.no_grad():
+        for q, s in zip(ref.parameters(), start, strict=True):
+            q.copy_(s)
+    for step in range(steps):
+        window = [data(r, scenario)[step * K:(step + 1) * K] for r in range(world)]
+        xs = torch.cat([x for rank in window for x, _ in rank]).double()
+        ys = torch.cat([y for rank in window for _, y in rank])
+        ref.zero_grad()
+        F.cross_entropy(ref(xs), ys, ignore_index=-100, reduction="sum").div(
+            (ys != -100).sum()).backward()
+        with torch.no_grad():
+            for q in ref.parameters():
+                q -= LR * q.grad
+    return ref
+
+
+def run(spec: str) -> None:
+    scenario, _, st = spec.partition("@")
+    stage = int(st or args.stage)
+    name = spec.replace("@", "-z")
+    acc, ds_k = accelerator(scenario, stage)
     rank, world = acc.process_index, acc.num_processes
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 5))
@@ -80,7 +108,7 @@ def run(scenario: str) -> None:
     if args.sweep:
         from accumguard.watch._recording import recording
 
-        ctx = recording(Path(args.sweep) / scenario)
+        ctx = recording(Path(args.sweep) / name)
     first: list[torch.Tensor] = []
     with ctx:
         if scenario in ("mean", "gamis"):
@@ -102,24 +130,30 @@ def run(scenario: str) -> None:
 
     if args.sweep:
         # the fp64 large batch of the first optimizer step: every rank's first K micro-batches
-        ref = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),
-                                  torch.nn.Linear(16, 5)).double()
-        with torch.no_grad():
-            for q, s in zip(ref.parameters(), start, strict=True):
-                q.copy_(s)
-        xs = torch.cat([torch.cat([x for x, _ in data(r, scenario)[:K]]) for r in range(world)]).double()
-        ys = torch.cat([torch.cat([y for _, y in data(r, scenario)[:K]]) for r in range(world)])
-        F.cross_entropy(ref(xs), ys, ignore_index=-100, reduction="sum").div(
-            (ys != -100).sum()).backward()
-        want = torch.cat([(-LR * q.grad).flatten() for q in ref.parameters()])
+        ref = large_batch(start, world, scenario, 1)
+        want = torch.cat([(q - s).flatten() for q, s in zip(ref.parameters(), start,
+                                                            strict=True)])
         err = None
-        if args.stage < 3:  # (ZeRO-3 partitions the parameters)
+        if stage < 3:  # (ZeRO-3 partitions the parameters)
             got = torch.cat([(a - s).flatten() for a, s in zip(first, start, strict=True)])
             err = float((got - want).norm() / want.norm())
+        # the final weights (gathered: ZeRO-3 holds a partition per rank) against the fp64
+        # large batch trained for every step; outside the recording (the gather is ours)
+        import deepspeed
+
+        params = list(model.parameters())
+        with deepspeed.zero.GatheredParameters(params):
+            final = [q.detach().clone().double() for q in params]
+        ref = large_batch(start, world, scenario, args.steps)
+        moved = torch.cat([(q - s).flatten() for q, s in zip(ref.parameters(), start,
+                                                             strict=True)])
+        off = torch.cat([(a - q).flatten() for a, q in zip(final, ref.parameters(),
+                                                           strict=True)])
+        final_err = float(off.norm() / moved.norm())
         if rank == 0:
-            Path(args.sweep, f"{scenario}.json").write_text(json.dumps({
+            Path(args.sweep, f"{name}.json").write_text(json.dumps({
                 "findings": [f.as_dict() for f in checks.findings], "update_error": err,
-                "engine_k": int(acc.gradient_accumulation_steps)}))
+                "final_error": final_err, "engine_k": int(acc.gradient_accumulation_steps)}))
     acc.wait_for_everyone()
 
 
