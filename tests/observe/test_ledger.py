@@ -132,6 +132,40 @@ def test_division_by_world_size_needs_the_source(tmp_path: Path) -> None:
         assert _classes(found) <= {("LOSS_SCALE", "note")}, found
 
 
+def test_summed_loss_divided_by_a_named_global_count_is_f10(tmp_path: Path) -> None:
+    """A summed loss divided by ``global_batch = micro * K * world`` (the large batch's N, the
+    ranks' counts equal): DDP averages again, 1/W. The run divided every loss by the step's
+    token count over all ranks and the file divides a loss by a name bound to a product
+    with the world size: F10, and no rank's LOSS_SCALE note guessing "K twice" beside it.
+    The same divisor with no world size in the product (a user's ``micro * K * 2``), or a
+    divisor other than the count, stays a note."""
+    n = 18 * K * W  # EQUAL: 18 tokens per micro-step
+    named = tmp_path / "named.py"
+    named.write_text("import torch.distributed as dist\nworld = dist.get_world_size()\n"
+                     "global_batch = cfg.micro * cfg.accum * world\n"
+                     "loss = ce(out, y, reduction='sum') / global_batch\nloss.backward()\n")
+    literal = tmp_path / "literal.py"
+    literal.write_text("global_batch = cfg.micro * cfg.accum * 2\n"
+                       "loss = ce(out, y, reduction='sum') / global_batch\nloss.backward()\n")
+    assert world_divisions(str(named)) == ((4, "/"),) and world_divisions(str(literal)) == ()
+
+    def weight(r: int, st: int, m: int, c: Any) -> float:
+        return 1 / n
+
+    found = ledger_findings(_rec(weight, EQUAL, site=f"{named}:4", divs=[["/", float(n)]]), K)
+    assert _classes(found) == {("F10", "error")}, found
+    assert "token count over all ranks" in found[0].evidence, found[0].evidence
+    assert "world size as a factor there (named.py:4)" in found[0].evidence, found[0].evidence
+    for site, divs in ((f"{literal}:2", [["/", float(n)]]),
+                       (f"{named}:4", [["/", float(n / 3)], ["/", 3.0]])):
+        found = ledger_findings(_rec(weight, EQUAL, site=site, divs=divs), K)
+        assert _classes(found) <= {("LOSS_SCALE", "note")}, found
+    # the whole judge: the ledger's F10 and no LOSS_SCALE note contradicting it
+    rec = _rec(weight, EQUAL, site=f"{named}:4", divs=[["/", float(n)]])
+    said = _classes(analyze(rec, k_flag=K)[0])
+    assert ("F10", "error") in said and not any(c == "LOSS_SCALE" for c, _ in said), said
+
+
 def test_rank_local_normalisation_is_an_f6_warning() -> None:
     """sum / this rank's window count, then DDP's average: each rank one weight, different
     between ranks: F6 warning with the spread, never an error; the whole analysis agrees."""

@@ -213,6 +213,16 @@ def ledger_findings(rec: RunRecording, k: int | None = None) -> list[Finding]:
     return out
 
 
+def _divides(x: _Step, d: list[Any], op: str, v: float | None) -> bool:
+    """Is the constant ``d`` (``[op, value]``) between a loss call and its backward's root a
+    division by ``v`` (``op`` "/"), or a multiplication by ``v`` ("*")? ``v`` None: by the
+    step's token count over all ranks (``1 / N`` for "*")."""
+    want = v if v is not None else sum(x.rank_counts())
+    if v is None and op == "*":
+        want = 1.0 / want if want else 0.0
+    return str(d[0]) == op and x.near(float(d[1]), want)
+
+
 def _f10(judged: list[_Step], world: int, target: float, k: int | None = None
          ) -> list[Finding]:
     s = judged[0]
@@ -226,17 +236,19 @@ def _f10(judged: list[_Step], world: int, target: float, k: int | None = None
     # weight that only happens to equal 1/W (0.5 * loss, or loss / 2, on two ranks)
     # (a loss divided by K * W in one operation, ``loss / (K * world)``, whose K part is
     # the window's right mean: the rest is the W the total is off by)
+    # (or a summed loss divided by the window's token count over all ranks, ``loss_sum /
+    # (micro * K * world)``: a per-step count, the large batch's N, which DDP divides again)
     by = [float(world)] + ([float(k * world)] if k is not None and k > 1 else [])
     forms = {"/": ("/", by), "*1/": ("*", [1.0 / b for b in by])} if small \
         else {"*": ("*", [float(world)])}
-    lines, used = [], float(world)
+    lines, used, global_n = [], float(world), False
     for ln, kind in world_divisions(s.site.rpartition(":")[0]) if ":" in s.site else ():
         op, values = forms.get(kind, ("", []))
-        for v in values:
-            if all(any(str(d[0]) == op and s.near(float(d[1]), v) for d in ds)
-                   for x in judged for ds in x.divs):
+        for v in [*values, None] if small else values:
+            if all(any(_divides(x, d, op, v) for d in ds) for x in judged for ds in x.divs):
                 lines.append(ln)
-                used = v if op == "/" or not small else 1.0 / v
+                global_n = v is None
+                used = (v if op == "/" or not small else 1.0 / v) if v is not None else 0.0
                 break
     seen = (f"{_short(s.site)}: after {engine}'s reduction (x{s.factor:.4g}) the tokens of "
             f"each of {len(judged)} optimizer step(s) on {world} ranks carried a total "
@@ -252,12 +264,14 @@ def _f10(judged: list[_Step], world: int, target: float, k: int | None = None
         file, _, at = s.site.rpartition(":")
         shown = [int(at)] if at.isdigit() and int(at) in lines else lines
         path = _short(file + ":" + ",".join(str(x) for x in shown))
-        by_what = (f"{world}" if abs(used - world) < 1e-9 else
+        by_what = ("the window's token count over all ranks (the large batch's N)"
+                   if global_n else f"{world}" if abs(used - world) < 1e-9 else
                    f"{used:g} (K x W = {used / world:g} x {world})")
         why = (f"; every micro-step's loss on every rank was {'divided' if small else 'multiplied'}"
                f" by {by_what} before its backward and the script "
-               f"{'divides' if small else 'multiplies'} the loss by the world size there "
-               f"({path})")
+               f"{'divides' if small else 'multiplies'} the loss by "
+               f"{'a count with the world size as a factor' if global_n else 'the world size'}"
+               f" there ({path})")
     else:
         return [_mk("LOSS_SCALE", "note", None, s.step, None,
                     f"{seen}. That is what a loss divided by the world size gives on top of "

@@ -35,12 +35,19 @@ def _names(node: ast.AST) -> list[str]:
 class _Scan(ast.NodeVisitor):
     def __init__(self) -> None:
         self.world: set[str] = set()  # names assigned from a world-size expression
+        # names assigned a product with a world-size factor (``global_batch = micro * K *
+        # world``): a divisor by such a name divides by W among other factors
+        self.world_product: set[str] = set()
         self.lines: list[tuple[int, str]] = []  # (line, "/" or "*")
 
     def worldish(self, node: ast.AST) -> bool:
         """The divisor is or contains a factor of the world size (``K * world``)."""
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
             return self.worldish(node.left) or self.worldish(node.right)
+        if isinstance(node, (ast.Name, ast.Attribute)):
+            name = node.id if isinstance(node, ast.Name) else node.attr
+            if name in self.world_product:
+                return True
         return self.is_world(node)
 
     @staticmethod
@@ -75,6 +82,9 @@ class _Scan(ast.NodeVisitor):
             for tgt, val in pairs:
                 if isinstance(tgt, ast.Name) and self.is_world(val):
                     self.world.add(tgt.id)
+                elif (isinstance(tgt, (ast.Name, ast.Attribute)) and isinstance(val, ast.BinOp)
+                      and isinstance(val.op, ast.Mult) and self.worldish(val)):
+                    self.world_product.add(tgt.id if isinstance(tgt, ast.Name) else tgt.attr)
         lossy_target = any(self.lossy(t) for t in node.targets)
         self._expr(node.value, lossy_target)
         self.generic_visit(node)

@@ -238,7 +238,13 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
         if not any(f.cls == "F4" and f.rank == rank for f in findings):
             findings += lr_schedule_findings(rank, _windows(rec.steps.get(rank, [])), res.k)
     findings += cross_rank_findings(rec)
-    findings += ledger_findings(rec, res.k)
+    ledger = ledger_findings(rec, res.k)
+    if any(f.cls == "F10" and f.severity == "error" for f in ledger):
+        # the ledger proved the whole step's weights off by exactly W across ranks: a rank's
+        # own LOSS_SCALE note or warning guessing another cause (K twice when K = W) would
+        # contradict it
+        findings = [f for f in findings if f.cls != "LOSS_SCALE" or f.severity == "error"]
+    findings += ledger
     findings += term_findings(rec)
     findings += manual_reduce_findings(rec)
     # one finding per (class, rank) is enough to act on; keep the first
