@@ -124,10 +124,15 @@ class BoundaryFacts(FileIndex):
         return self._cached("predicates", self.tree, compute)  # type: ignore[no-any-return]
 
     def _flag_source(self, name: str) -> ast.AST | None:
-        for names, value in self._assigns:
-            if names == [name]:
-                return value
-        return None
+        """The value of the first ``name = value`` of the file with that single target."""
+        def compute() -> dict[str, ast.AST]:
+            out: dict[str, ast.AST] = {}
+            for names, value in self._assigns:
+                if len(names) == 1:
+                    out.setdefault(names[0], value)
+            return out
+        first: dict[str, ast.AST] = self._cached("flag_sources", self.tree, compute)
+        return first.get(name)
 
     def in_accelerate_accumulate(self, node: ast.AST, window: ast.AST) -> bool:
         """True when ``node`` is under ``with <x>.accumulate(...)`` (or the window holds one)."""
@@ -156,19 +161,35 @@ class BoundaryFacts(FileIndex):
             # an earlier `if <boundary>: continue` (or the else branch) in the same block
             for body_name in ("body", "orelse", "finalbody"):
                 body = getattr(cur, body_name, None)
-                if isinstance(body, list) and child in body:
-                    for prev in body[: body.index(child)]:
-                        if (
-                            isinstance(prev, ast.If)
-                            and (terminates(prev.body) or terminates(prev.orelse))
-                            and self.is_boundary_test(prev.test)
-                        ):
-                            return True
+                if isinstance(body, list) and body:
+                    where, first_stop = self._block_stops(cur, body_name, body)
+                    i = where.get(id(child))
+                    if i is not None and first_stop < i:
+                        return True
             if cur is window:
                 return False
             child = cur
             cur = self.parents.get(cur)
         return False
+
+    def _block_stops(self, owner: ast.AST, body_name: str,
+                     body: list[ast.stmt]) -> tuple[dict[int, int], int]:
+        """For one block: each statement's index (by id), and the index of its first
+        ``if <boundary>: continue``-like statement (``len(body)`` when none); computed once
+        per block, not rescanned for every call asked about (a module's body is the whole
+        file)."""
+        def compute() -> tuple[dict[int, int], int]:
+            where: dict[int, int] = {}
+            for i, stmt in enumerate(body):
+                where.setdefault(id(stmt), i)
+            first = next((
+                i for i, prev in enumerate(body)
+                if isinstance(prev, ast.If)
+                and (terminates(prev.body) or terminates(prev.orelse))
+                and self.is_boundary_test(prev.test)
+            ), len(body))
+            return where, first
+        return self._cached("stops:" + body_name, owner, compute)  # type: ignore[no-any-return]
 
 
 def _last_offset(expr: ast.AST) -> bool:

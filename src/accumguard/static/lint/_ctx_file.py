@@ -46,7 +46,7 @@ class FileIndex:
         wanted = (
             ast.Call, ast.For, ast.AsyncFor, ast.While, ast.FunctionDef, ast.AsyncFunctionDef,
             ast.Assign, ast.AnnAssign, ast.AugAssign, ast.NamedExpr, ast.With, ast.AsyncWith,
-            ast.Import, ast.ImportFrom, ast.Dict, ast.Constant, ast.BinOp, ast.ClassDef,
+            ast.Import, ast.ImportFrom, ast.Dict, ast.Constant, ast.BinOp, ast.ClassDef, ast.Subscript,
         )
         parents = self.parents
         nodes = self.nodes

@@ -111,8 +111,8 @@ class ValueFacts(FileIndex):
                 if isinstance(n.func, ast.Attribute) and n.func.attr in ("update", "setdefault", "pop", "clear") \
                         and (r := dotted(n.func.value)) in literals:
                     literals[r] = None
-            for node in ast.walk(self.tree):
-                if isinstance(node, ast.Subscript) and not isinstance(node.ctx, ast.Load) \
+            for node in self.of(ast.Subscript):
+                if not isinstance(node.ctx, ast.Load) \
                         and (r := dotted(node.value)) in literals:
                     literals[r] = None
             return literals

@@ -213,8 +213,14 @@ class DsConfigFinder:
             return parent.arg == "deepspeed"
         if isinstance(parent, ast.Assign):
             names = {d for d in (dotted(t) for t in parent.targets) if d}
-            return any(kw.arg == "deepspeed" and dotted(kw.value) in names for kw in self._config_keywords())
+            return bool(names & self._hf_deepspeed_names())
         return False
+
+    def _hf_deepspeed_names(self) -> set[str | None]:
+        """The names passed as ``deepspeed=`` (once per file, not per dict literal)."""
+        return self.ctx._cached(  # type: ignore[no-any-return]
+            "hf_deepspeed_names", self.ctx.tree,
+            lambda: {dotted(kw.value) for kw in self._config_keywords() if kw.arg == "deepspeed"})
 
     def _config_keywords(self) -> list[ast.keyword]:
         def compute() -> list[ast.keyword]:

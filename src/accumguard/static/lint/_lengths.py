@@ -27,6 +27,9 @@ _MAX_DEPTH = 8
 
 class _Facts(Protocol):
     tree: ast.Module
+    parents: dict[ast.AST, ast.AST]
+
+    def of(self, *types: type) -> list[Any]: ...
 
     def assignments(self) -> list[tuple[list[str], ast.AST]]: ...
 
@@ -98,9 +101,8 @@ def _functions(ctx: _Facts) -> dict[str, list[ast.AST]]:
     """The file's function definitions by name, built once per file."""
     def compute() -> dict[str, list[ast.AST]]:
         out: dict[str, list[ast.AST]] = {}
-        for node in ast.walk(ctx.tree):
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                out.setdefault(node.name, []).append(node)
+        for node in ctx.of(ast.FunctionDef, ast.AsyncFunctionDef):  # the file index, not a walk
+            out.setdefault(node.name, []).append(node)
         return out
     return ctx._cached("functions_by_name", ctx.tree, compute)  # type: ignore[no-any-return]
 
@@ -111,8 +113,7 @@ def _single_assignment(ctx: _Facts, name: str, at: ast.AST | None = None) -> ast
     for ``model, ds = build()`` or ``a, b = x, y`` the element at the name's place."""
     hits = list(_assignment_index(ctx).get(name, ()))
     if len(hits) > 1 and at is not None:
-        scope = _scopes(ctx)
-        hits = [h for h in hits if scope.get(id(h[1])) is scope.get(id(at))]
+        hits = _hits_by_function(ctx, name).get(_function_of(ctx, at), [])
     if len(hits) != 1:
         return None
     names, value = hits[0]
@@ -128,16 +129,25 @@ def _single_assignment(ctx: _Facts, name: str, at: ast.AST | None = None) -> ast
     return tup.elts[names.index(name)]
 
 
-def _scopes(ctx: _Facts) -> dict[int, ast.AST]:
-    """Each node of a function's own body -> that function, built once per file."""
-    def compute() -> dict[int, ast.AST]:
-        out: dict[int, ast.AST] = {}
-        for defs in _functions(ctx).values():
-            for fn in defs:
-                for node in _own_nodes(fn):
-                    out[id(node)] = fn
+def _function_of(ctx: _Facts, node: ast.AST) -> ast.AST | None:
+    """The function whose own body (not a nested function, class or lambda) holds ``node``,
+    else None: read up the parent map, not from a map of every node of every function."""
+    cur = ctx.parents.get(node)
+    while cur is not None and not isinstance(cur, ast.FunctionDef | ast.AsyncFunctionDef
+                                                  | ast.ClassDef | ast.Lambda):
+        cur = ctx.parents.get(cur)
+    return cur if isinstance(cur, ast.FunctionDef | ast.AsyncFunctionDef) else None
+
+
+def _hits_by_function(ctx: _Facts, name: str) -> dict[ast.AST | None, list[tuple[list[str], ast.AST]]]:
+    """The assignments of ``name`` grouped by the function that holds them (None: none), in
+    order; once per name, not once per read of it (a big file assigns `loader` many times)."""
+    def compute() -> dict[ast.AST | None, list[tuple[list[str], ast.AST]]]:
+        out: dict[ast.AST | None, list[tuple[list[str], ast.AST]]] = {}
+        for hit in _assignment_index(ctx).get(name, ()):
+            out.setdefault(_function_of(ctx, hit[1]), []).append(hit)
         return out
-    return ctx._cached("node_scopes", ctx.tree, compute)  # type: ignore[no-any-return]
+    return ctx._cached("assign_by_function:" + name, ctx.tree, compute)  # type: ignore[no-any-return]
 
 
 def _assignment_index(ctx: _Facts) -> dict[str, list[tuple[list[str], ast.AST]]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import copy
+from bisect import bisect_left
 from dataclasses import dataclass, replace
 
 from accumguard.static.lint._ast import FUNCS, LOOPS, call_attr, dotted, position, walk_all
@@ -275,9 +276,9 @@ def assignments_by_name(ctx: FileContext, scope: ast.AST) -> dict[str, list[ast.
 def _initial_value(ctx: FileContext, window: ast.AST, counter: str) -> int | None:
     """The last ``counter = <int>`` before ``window`` in its function (for ``self.x``, else in
     the class's ``__init__``)."""
-    wpos = position(window)
-    earlier = [n for n in assignments_by_name(ctx, ctx.scope_of(window)).get(counter, ()) if position(n) < wpos]
-    last: ast.AST | None = earlier[-1] if earlier else None
+    writes = assignments_by_name(ctx, ctx.scope_of(window)).get(counter, [])
+    before = bisect_left(writes, position(window), key=position)  # sorted by position
+    last: ast.AST | None = writes[before - 1] if before else None
     if last is None and counter.startswith("self."):
         cls = ctx.enclosing(window, (ast.ClassDef,))
         init = next((f for f in getattr(cls, "body", []) if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)

@@ -40,13 +40,25 @@ def _bool_value(ctx: FileContext, expr: ast.AST) -> bool | None:
     name = dotted(expr)
     if name is None:
         return None
-    values = [v for targets, v in ctx.assignments() if name in targets]
+    values = _values_by_name(ctx).get(name, [])
     if values and all(isinstance(v, ast.Constant) and isinstance(v.value, bool) for v in values):
         first = values[0]
         assert isinstance(first, ast.Constant)
         if all(isinstance(v, ast.Constant) and v.value == first.value for v in values):
             return bool(first.value)
     return None
+
+
+def _values_by_name(ctx: FileContext) -> dict[str, list[ast.AST]]:
+    """Per assigned name: the values of the assignments that target it, in source order
+    (one pass, cached; not a scan of every assignment per scaler)."""
+    def compute() -> dict[str, list[ast.AST]]:
+        out: dict[str, list[ast.AST]] = {}
+        for targets, value in ctx.assignments():
+            for t in dict.fromkeys(targets):
+                out.setdefault(t, []).append(value)
+        return out
+    return ctx._cached("ampclip_values", ctx.tree, compute)  # type: ignore[no-any-return]
 
 
 def _scalers(ctx: FileContext) -> dict[str, bool | None]:
@@ -100,15 +112,17 @@ def clip_before_unscale(ctx: FileContext) -> Iterator[Finding]:
         if enabled is False or not uses.get("scale") or not uses.get("step"):
             continue
         unscales = uses.get("unscale_", [])
+        unscale_scopes = {id(ctx.scope_of(u)) for u in unscales}  # once per scaler, not per step
+        first_unscale = min((position(u) for u in unscales), default=None)
         for step in uses["step"]:
             scope = ctx.scope_of(step)
-            if any(ctx.scope_of(u) is not scope for u in unscales):
+            if unscale_scopes - {id(scope)}:
                 continue  # a helper unscales: whether it runs before the clip is not in sight
             for clip in clips_by_scope.get(id(scope), []):
                 if (id(clip) in reported or position(clip) >= position(step)
                         or exclusive(ctx, clip, step)):
                     continue
-                if any(position(u) < position(clip) for u in unscales):
+                if first_unscale is not None and first_unscale < position(clip):
                     continue
                 reported.add(id(clip))
                 after = [u for u in unscales if position(u) > position(clip)]

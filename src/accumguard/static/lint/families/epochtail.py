@@ -95,13 +95,15 @@ def _fit_batches(ctx: FileContext, trainer: ast.Call) -> int | None:
     if not (isinstance(parent, ast.Assign) and len(parent.targets) == 1 and isinstance(parent.targets[0], ast.Name)):
         return None
     name = parent.targets[0].id
-    fits = _fits(ctx).get(name, [])
-    counts: set[int | None] = set()
-    for fit in fits:
-        loader = next((kw.value for kw in fit.keywords if kw.arg == "train_dataloaders"),
-                      fit.args[1] if len(fit.args) > 1 else None)
-        counts.add(_loader_batches(ctx, loader) if loader is not None else None)
-    return counts.pop() if len(counts) == 1 else None
+
+    def compute() -> int | None:  # it depends on the name only: once per name, not per trainer
+        counts: set[int | None] = set()
+        for fit in _fits(ctx).get(name, []):
+            loader = next((kw.value for kw in fit.keywords if kw.arg == "train_dataloaders"),
+                          fit.args[1] if len(fit.args) > 1 else None)
+            counts.add(_loader_batches(ctx, loader) if loader is not None else None)
+        return counts.pop() if len(counts) == 1 else None
+    return ctx._cached("fit_batches:" + name, ctx.tree, compute)  # type: ignore[no-any-return]
 
 
 def _loader_batches(ctx: FileContext, loader: ast.AST) -> int | None:

@@ -23,6 +23,7 @@ count), and ``CFG["epochs"]`` of a dict literal is read as that entry, not the w
 from __future__ import annotations
 
 import ast
+from bisect import bisect_left
 from collections.abc import Iterator
 
 from accumguard.static.findings import Finding
@@ -80,7 +81,7 @@ def _lambda_horizon(ctx: FileContext, call: ast.Call) -> ast.AST | None:
               call.args[1] if len(call.args) > 1 else None)
     body: ast.AST | None = fn if isinstance(fn, ast.Lambda) else None
     if isinstance(fn, ast.Name):
-        defs = [d for d in ctx.of(ast.FunctionDef) if d.name == fn.id]
+        defs = _function_defs(ctx).get(fn.id, [])
         body = defs[0] if len(defs) == 1 else None
     if body is None:
         return None
@@ -96,6 +97,16 @@ def _lambda_horizon(ctx: FileContext, call: ast.Call) -> ast.AST | None:
         if hit is not None:
             return hit
     return None
+
+
+def _function_defs(ctx: FileContext) -> dict[str, list[ast.FunctionDef]]:
+    """The file's ``def`` statements by name, in source order (one pass, cached)."""
+    def compute() -> dict[str, list[ast.FunctionDef]]:
+        out: dict[str, list[ast.FunctionDef]] = {}
+        for d in ctx.of(ast.FunctionDef):
+            out.setdefault(d.name, []).append(d)
+        return out
+    return ctx._cached("horizon_defs", ctx.tree, compute)  # type: ignore[no-any-return]
 
 
 def _expand(ctx: FileContext, expr: ast.AST, depth: int = 3) -> list[ast.AST]:
@@ -322,6 +333,11 @@ def _accelerate_prepares(ctx: FileContext, name: str) -> bool:
     """``name`` is passed to ``accelerator.prepare(...)`` (or ``prepare_scheduler``) of an
     ``Accelerator`` that is not built with ``split_batches=True`` and does not step the
     scheduler apart from the optimizer."""
+    return bool(ctx._cached("accelerate_prepares:" + name, ctx.tree,
+                            lambda: _accelerate_prepares_uncached(ctx, name)))
+
+
+def _accelerate_prepares_uncached(ctx: FileContext, name: str) -> bool:
     calls = _calls_by_attr(ctx)
     prepared = any(
         "accelerator" in (dotted(receiver(c)) or "").lower()
@@ -349,13 +365,31 @@ def _prepared_len(ctx: FileContext, parts: list[ast.AST]) -> ast.Call | None:
             if not (isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "len"
                     and len(n.args) == 1 and (loader := dotted(n.args[0]))):
                 continue
-            before = [x for x in _assigns_by_target(ctx).get(loader, []) if x[0] < n.lineno]
-            if before and max(before)[1]:
+            if _last_assignment_prepared(ctx, loader, n.lineno):
                 return n  # the last assignment before the len() is the prepared loader
     return None
 
 
+def _last_assignment_prepared(ctx: FileContext, name: str, line: int) -> bool:
+    """The last assignment of ``name`` on a line before ``line`` is (one of the assignments of
+    that line is) from ``accelerator.prepare``: a bisection in the name's assignments."""
+    assigns = _assigns_by_target(ctx).get(name, [])
+    i = bisect_left(assigns, line, key=lambda x: x[0])
+    if i == 0:
+        return False
+    last = assigns[i - 1][0]
+    while i > 0 and assigns[i - 1][0] == last:
+        if assigns[i - 1][1]:
+            return True
+        i -= 1
+    return False
+
+
 def _accelerate_k_is_one(ctx: FileContext) -> bool:
+    return bool(ctx._cached("accelerate_k_is_one", ctx.tree, lambda: _accelerate_k_is_one_uncached(ctx)))
+
+
+def _accelerate_k_is_one_uncached(ctx: FileContext) -> bool:
     """Every ``Accelerator(...)`` in sight leaves ``gradient_accumulation_steps`` at 1."""
     calls = [c for c in _calls_by_attr(ctx).get("Accelerator", []) if _constructor_name(c) == "Accelerator"]
     return bool(calls) and all(

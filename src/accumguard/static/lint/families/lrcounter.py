@@ -109,8 +109,9 @@ def _flat_windows(ctx: FileContext) -> dict[str, list[ast.For | ast.AsyncFor]]:
     """Accumulating ``for`` windows by the name of their index (``for it, b in enumerate(...)``)."""
     def compute() -> dict[str, list[ast.For | ast.AsyncFor]]:
         out: dict[str, list[ast.For | ast.AsyncFor]] = {}
-        for w in _accumulating_windows(ctx):
-            if isinstance(w, ast.For | ast.AsyncFor):
+        accumulating = _accumulating_windows(ctx)
+        for w in ctx.windows():  # source order: the first window wins, whatever the set's order
+            if w in accumulating and isinstance(w, ast.For | ast.AsyncFor):
                 tgt = w.target.elts[0] if isinstance(w.target, ast.Tuple) and w.target.elts else w.target
                 if isinstance(tgt, ast.Name):
                     out.setdefault(tgt.id, []).append(w)

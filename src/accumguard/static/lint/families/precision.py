@@ -114,16 +114,24 @@ def low_precision_model_accumulation(ctx: FileContext) -> Iterator[Finding]:
         if (f := ctx.window_facts(w)).accumulating and not f.summed_loss and not f.engine_backward
         and not f.accelerate and not f.unguarded_optimizer_steps
     ]
+    # the windows by class and by function (or module), in order: one lookup per model
+    by_class: dict[ast.AST | None, list[ast.AST]] = {}
+    by_scope: dict[ast.AST | None, list[ast.AST]] = {}
+    for w in windows:
+        by_class.setdefault(ctx.enclosing(w, (ast.ClassDef,)), []).append(w)
+        by_scope.setdefault(ctx.scope_of(w), []).append(w)
     for name, cast in models:
         # the window must train this model: same function (or, for `self.model`, same class)
-        here = ctx.enclosing(cast, (ast.ClassDef,)) if name.startswith("self.") else ctx.scope_of(cast)
+        in_class = name.startswith("self.")
+        here = ctx.enclosing(cast, (ast.ClassDef,)) if in_class else ctx.scope_of(cast)
+        if here is None:
+            continue
         window = next(
-            (w for w in windows
-             if (ctx.enclosing(w, (ast.ClassDef,)) if name.startswith("self.") else ctx.scope_of(w)) is here
-             and not _grads_moved_per_micro_step(ctx, w)),
+            (w for w in (by_class if in_class else by_scope).get(here, ())
+             if not _grads_moved_per_micro_step(ctx, w)),
             None,
         )
-        if window is None or here is None:
+        if window is None:
             continue
         dtype = "fp16" if call_attr(cast) == "half" or "float16" in ast.unparse(cast).replace("bfloat16", "") else "bf16"
         ks = _window_k(ctx, window)
@@ -212,17 +220,26 @@ def _policy_used(ctx: FileContext, policy: ast.Call) -> bool:
     name = None
     if isinstance(parent, ast.Assign) and len(parent.targets) == 1:
         name = dotted(parent.targets[0])
-    for call in _fully_shard_calls(ctx):
-        for k in call.keywords:
-            if k.arg == "mp_policy" and (k.value is policy or (name is not None and dotted(k.value) == name)):
-                return True
-    return False
+    inline, named = _mp_policy_args(ctx)
+    return id(policy) in inline or (name is not None and name in named)
 
 
-def _fully_shard_calls(ctx: FileContext) -> list[ast.Call]:
-    """The ``fully_shard(...)`` calls of the file, one pass (cached)."""
-    return ctx._cached(  # type: ignore[no-any-return]
-        "fully_shard_calls", ctx.tree, lambda: [c for c in ctx.of(ast.Call) if call_attr(c) == "fully_shard"])
+def _mp_policy_args(ctx: FileContext) -> tuple[set[int], set[str]]:
+    """What the file's ``fully_shard(...)`` calls pass as ``mp_policy=``: the value nodes
+    (by id) and their dotted names; one pass (cached), not one per policy."""
+    def compute() -> tuple[set[int], set[str]]:
+        inline: set[int] = set()
+        named: set[str] = set()
+        for call in ctx.of(ast.Call):
+            if call_attr(call) != "fully_shard":
+                continue
+            for k in call.keywords:
+                if k.arg == "mp_policy":
+                    inline.add(id(k.value))
+                    if (d := dotted(k.value)) is not None:
+                        named.add(d)
+        return inline, named
+    return ctx._cached("mp_policy_args", ctx.tree, compute)  # type: ignore[no-any-return]
 
 
 def _window_k(ctx: FileContext, window: ast.AST) -> set[int | None]:

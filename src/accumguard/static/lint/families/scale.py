@@ -148,19 +148,28 @@ def mean_loss_never_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
 def _sum_reduced(ctx: FileContext, names: set[str]) -> bool:
     """Every all-reduce of ``names`` in the file sums (torch's default op): a count over all
     ranks. An average (``op=ReduceOp.AVG``) or any other op, or an op out of sight: False."""
-    found = False
-    for call in ctx.of(ast.Call):
-        if call_attr(call) != "all_reduce" or not call.args:
-            continue
-        if not {d for d in (dotted(s) for s in walk_all(call.args[0])) if d} & names:
-            continue
-        found = True
-        op = next((k.value for k in call.keywords if k.arg == "op"), None)
-        if op is None and len(call.args) > 1:
-            op = call.args[1]
-        if op is not None and not (dotted(op) or "").upper().endswith("SUM"):
-            return False
-    return found
+    reduced, not_summed = _all_reduce_ops(ctx)
+    return bool(names & reduced) and not names & not_summed
+
+
+def _all_reduce_ops(ctx: FileContext) -> tuple[set[str], set[str]]:
+    """The names in the first argument of the file's ``all_reduce`` calls, and those of the
+    calls whose op is not a sum: one pass (cached), not one per division."""
+    def compute() -> tuple[set[str], set[str]]:
+        reduced: set[str] = set()
+        not_summed: set[str] = set()
+        for call in ctx.of(ast.Call):
+            if call_attr(call) != "all_reduce" or not call.args:
+                continue
+            names = {d for d in (dotted(s) for s in walk_all(call.args[0])) if d}
+            reduced |= names
+            op = next((k.value for k in call.keywords if k.arg == "op"), None)
+            if op is None and len(call.args) > 1:
+                op = call.args[1]
+            if op is not None and not (dotted(op) or "").upper().endswith("SUM"):
+                not_summed |= names
+        return reduced, not_summed
+    return ctx._cached("all_reduce_ops", ctx.tree, compute)  # type: ignore[no-any-return]
 
 
 def _world_scales_something(ctx: FileContext) -> bool:

@@ -187,6 +187,15 @@ def _clips_own_rate(call: ast.Call, own_rate: set[str]) -> bool:
     return any(dotted(sub) in own_rate for sub in ast.walk(call.args[0]))
 
 
+def _reads_engine_ga(ctx: FileContext) -> bool:
+    """The script reads the engine's GA or its boundary (once per file, not per window)."""
+    return bool(ctx._cached("reads_engine_ga", ctx.tree, lambda: any(
+        call_attr(c) in ("gradient_accumulation_steps", "is_gradient_accumulation_boundary")
+        and ctx.kind_of_receiver(receiver(c)) == "engine"
+        for c in ctx.of(ast.Call)
+    )))
+
+
 def _clip_beside_engine_step(ctx: FileContext, window: ast.AST, clips: list[ast.Call]) -> Iterator[Finding]:
     """A DeepSpeed loop (``engine.step()`` after every backward) that clips by hand on every
     micro-batch: DeepSpeed only reduces and steps at its GA boundary, so with GA > 1 the clip
@@ -201,11 +210,7 @@ def _clip_beside_engine_step(ctx: FileContext, window: ast.AST, clips: list[ast.
     ga = ref.ga if ref is not None else None
     if ref is not None and not (isinstance(ga, int) and ga > 1):
         return
-    if ref is None and not any(
-        call_attr(c) in ("gradient_accumulation_steps", "is_gradient_accumulation_boundary")
-        and ctx.kind_of_receiver(receiver(c)) == "engine"
-        for c in ctx.of(ast.Call)
-    ):
+    if ref is None and not _reads_engine_ga(ctx):
         return
     for call in todo:
         finding = ctx.finding(
