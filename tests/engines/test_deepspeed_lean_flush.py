@@ -249,3 +249,22 @@ def test_kept_bucket_is_reused_only_when_nothing_else_references_it() -> None:
     flush(6.0)
     flush(7.0)
     assert (opt.allocated, lean.buckets_reused) == (5, 2)
+
+
+def test_kept_bucket_falls_back_when_deepspeed_differs() -> None:
+    """An optimizer without what the reuse rule reads (another DeepSpeed) gets DeepSpeed's own
+    allocation, and nothing raises into the flush."""
+    from accumguard.engines._deepspeed_flush import LeanFlush
+
+    opt = _FakeZero12()
+    lean = LeanFlush(opt, 2)
+
+    def missing() -> torch.dtype:
+        raise AttributeError("_gradient_reduction_buffer_dtype")
+
+    opt._gradient_reduction_buffer_dtype = missing  # type: ignore[method-assign]
+    for _ in range(3):
+        with lean.active():
+            opt.setup_buckets()
+            opt._release_ipg_buffers()
+    assert (opt.allocated, lean.buckets_reused) == (3, 0)

@@ -200,18 +200,21 @@ class LeanFlush:
         dtypes, size, dtype and CPU device DeepSpeed would allocate now, the buckets empty,
         and no other tensor referencing their memory."""
         opt = self.optimizer
-        buckets = opt.ipg_buckets
-        if not kept or opt.ready_for_gradients is not False or set(kept) != set(buckets):
-            return False
-        size = int(opt.reduce_bucket_size)
-        dtype = opt._gradient_reduction_buffer_dtype()
-        for key, buf in kept.items():
-            bucket = buckets[key]
-            if (len(bucket.buffer) or bucket.elements or buf.numel() != size
-                    or buf.dtype != dtype or buf.device.type != "cpu"
-                    # our tensor + the storage object made for the count: nothing else
-                    or torch._C._storage_Use_Count(buf.untyped_storage()._cdata) != 2):
+        try:
+            buckets = opt.ipg_buckets
+            if not kept or opt.ready_for_gradients is not False or set(kept) != set(buckets):
                 return False
+            size = int(opt.reduce_bucket_size)
+            dtype = opt._gradient_reduction_buffer_dtype()
+            for key, buf in kept.items():
+                bucket = buckets[key]
+                if (len(bucket.buffer) or bucket.elements or buf.numel() != size
+                        or buf.dtype != dtype or buf.device.type != "cpu"
+                        # our tensor + the storage object made for the count: nothing else
+                        or torch._C._storage_Use_Count(buf.untyped_storage()._cdata) != 2):
+                    return False
+        except (AttributeError, TypeError, ValueError, RuntimeError):
+            return False  # not the DeepSpeed this was written for: allocate as it does
         return True
 
     @contextlib.contextmanager
@@ -245,9 +248,12 @@ class LeanFlush:
 
         def release_ipg_buffers() -> None:
             kept = {}
-            for key, bucket in opt.ipg_buckets.items():
-                if len(bucket.buffer) == 1 and bucket.buffer[0].device.type == "cpu":
-                    kept[key] = bucket.buffer[0]
+            try:
+                for key, bucket in opt.ipg_buckets.items():
+                    if len(bucket.buffer) == 1 and bucket.buffer[0].device.type == "cpu":
+                        kept[key] = bucket.buffer[0]
+            except (AttributeError, TypeError):
+                kept = {}
             real_release()
             self._kept = kept if len(kept) == len(opt.ipg_buckets) else {}
 
