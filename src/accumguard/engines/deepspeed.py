@@ -35,7 +35,8 @@ Two modes:
   K ``step()`` calls and (with its own counter) never step.
   The block is closed *lean* (``lean_flush=True``, default): without DeepSpeed's
   redundant copies of the gradients (a flattened copy of the contiguous bucket on
-  ZeRO-1/2, the bucket copy that ZeRO-3's reduce-scatter copies again), bit-identical
+  ZeRO-1/2, the bucket copy that ZeRO-3's reduce-scatter copies again; on CPU the ZeRO-1/2
+  reduce bucket kept from one flush to the next, ``keep_reduce_bucket``), bit-identical
   to DeepSpeed's own flush (:mod:`accumguard.engines._deepspeed_flush`).
 * ``sync="auto"`` (default): deferred on ZeRO 1-3 when the config's GA is 1,
   eager when it equals K (or on ZeRO-0, which has no coalescing and already
