@@ -43,7 +43,9 @@ def worker(rank: int, world: int, args: argparse.Namespace) -> dict[Key, list[tu
             finally:
                 contiguous = getattr(self.engine.optimizer, "contiguous_gradients", None)
                 variant = f"lean_flush={self.lean_flush}" + (
-                    "" if contiguous else ", contiguous_gradients false")
+                    "" if contiguous else ", contiguous_gradients false") + (
+                    "" if self.keep_reduce_bucket or not self.lean_flush or self.stage == 3
+                    else ", keep_reduce_bucket=False")
                 rec.setdefault((self.stage, variant, phase), []).append(
                     (time.perf_counter() - t0, time.process_time() - c0))
 
@@ -54,13 +56,13 @@ def worker(rank: int, world: int, args: argparse.Namespace) -> dict[Key, list[tu
     torch.manual_seed(0)
     runs = []
     for stage in args.stages:
-        variants: list[tuple[bool, dict[str, Any]]] = [(True, {}), (False, {})]
+        variants: list[tuple[bool, dict[str, Any], bool]] = [(True, {}, True), (False, {}, True)]
         if stage < 3:
-            variants.append((True, {"contiguous_gradients": False}))
-        for lean, extra in variants:
+            variants += [(True, {"contiguous_gradients": False}, True), (True, {}, False)]
+        for lean, extra, keep in variants:
             runs.append(setup._build_deepspeed(
                 args, stage, "deferred", "unsharded" if stage == 3 else "sharded",
-                zero_extra=extra, lean=lean))
+                zero_extra=extra, lean=lean, keep_bucket=keep))
     batches = setup.make_batches(rank, args.k, args.micro, args.dim)
     for run in runs:  # warm-up: buffers, optimizer state, ZeRO-3's module trace
         run(batches)
@@ -81,7 +83,7 @@ def main(argv: list[str]) -> int:
         for (stage, variant, phase), xs in sorted(res[rank].items()):
             wall = [x[0] * 1000 for x in xs]
             cpu = sorted(x[1] * 1000 for x in xs)
-            print(f"rank {rank} ZeRO-{stage} {variant:42} {phase:5}: CPU ms median "
+            print(f"rank {rank} ZeRO-{stage} {variant:50} {phase:5}: CPU ms median "
                   f"{statistics.median(cpu):6.1f} (min {cpu[0]:6.1f}); wall ms median "
                   f"{statistics.median(wall):7.1f} over {len(xs)} steps")
     return 0

@@ -7,7 +7,9 @@ tokens, clipping at 0.1, AdamW) the parameters are bit-identical to DeepSpeed's 
 after every step and match the fp64 reference; the fast path is really taken with the
 default config, is not taken where the gradients are not one contiguous bucket
 (ZeRO-2 ``contiguous_gradients: false``), and DeepSpeed's optimizer gets its attributes
-back after every flush."""
+back after every flush. On CPU the ZeRO-1/2 reduce bucket is kept from one flush to the
+next (the same bits; an in-process test checks that a bucket still referenced elsewhere is
+not reused)."""
 
 from __future__ import annotations
 
@@ -66,11 +68,14 @@ def _worker(rank: int, world: int) -> list[dict[str, Any]]:
             flush = adapter.flush
             flushes.append(None if flush is None else (flush.in_place, flush.copied,
                                                        flush.step_views,
-                                                       flush.pair_reductions))
+                                                       flush.pair_reductions,
+                                                       flush.buckets_reused))
         opt = engine.optimizer
         from deepspeed.runtime.comm import coalesced_collectives as cc
         restored = ("allreduce_bucket" not in vars(opt) and
                     getattr(opt.flatten, "__name__", "") == "_flatten_dense_tensors"
+                    and "setup_buckets" not in vars(opt)
+                    and "_release_ipg_buffers" not in vars(opt)
                     if stage < 3 else opt.contiguous_gradients is True)
         # ZeRO-3's reduce-scatter function is DeepSpeed's own again after every flush
         restored = restored and cc._torch_reduce_scatter_fn.__module__ == cc.__name__
@@ -127,12 +132,17 @@ def test_fast_path_is_taken_only_where_it_applies(runs: list[dict[str, Any]]) ->
             assert all(b > a for a, b in zip([0, *pairs], pairs, strict=False)), pairs
         else:
             assert pairs == [0, 0, 0], pairs
+        # ZeRO-1/2 on CPU: the reduce bucket of one flush is reused by the next (the first
+        # allocates it); ZeRO-3's flush has no contiguous bucket.
+        reused = [f[4] for f in fast["flushes"]]
+        assert reused == ([0, 1, 2] if stage < 3 else [0, 0, 0]), reused
         assert "lean flush" in fast["described"] and fast["restored"], fast
         own = _by(runs, stage, False)
         assert own["flushes"] == [None] * 3 and "lean flush" not in own["described"]
     # Separate gradient tensors (no contiguous bucket): DeepSpeed's flatten copy stays.
     loose = _by(runs, 2, True, {"contiguous_gradients": False})
     assert loose["flushes"][-1][0] == 0 and loose["flushes"][-1][1] > 0, loose["flushes"]
+    assert loose["flushes"][-1][4] == 0, loose["flushes"]  # no bucket to keep
     assert loose["restored"]
 
 
@@ -158,3 +168,103 @@ def test_adjacent_view_refuses_what_is_not_one_run_of_memory() -> None:
     assert adjacent_view([base[0:4], torch.arange(4.0)]) is None  # another storage
     assert adjacent_view([base[0:4], base[4:8].to(torch.float64)]) is None  # another dtype
     assert adjacent_view([grid[:, 0]]) is None  # not contiguous
+
+
+class _Bucket:
+    def __init__(self) -> None:
+        self.buffer: list[torch.Tensor] = []
+        self.index = 0
+        self.elements = 0
+
+
+class _FakeZero12:
+    """What the kept bucket relies on of DeepSpeed 0.19.8's ZeRO-1/2 optimizer: setup_buckets
+    allocates the bucket when the optimizer is not ready for gradients and contiguous_gradients
+    is on; _release_ipg_buffers drops it at the end of the flush."""
+
+    contiguous_gradients = True
+    overlap_comm = False
+    cpu_offload = False
+    reduce_bucket_size = 64
+
+    def __init__(self) -> None:
+        self.ipg_buckets = {torch.float32: _Bucket()}
+        self.ready_for_gradients = False
+        self.allocated = 0
+
+    def _gradient_reduction_buffer_dtype(self) -> torch.dtype:
+        return torch.float32
+
+    def setup_buckets(self) -> None:
+        if not self.ready_for_gradients:
+            if self.contiguous_gradients:
+                for bucket in self.ipg_buckets.values():
+                    bucket.buffer.clear()
+                    bucket.buffer.append(torch.empty(self.reduce_bucket_size))
+                    self.allocated += 1
+            self.ready_for_gradients = True
+
+    def _release_ipg_buffers(self) -> None:
+        if self.contiguous_gradients:
+            for bucket in self.ipg_buckets.values():
+                bucket.buffer.clear()
+        self.ready_for_gradients = False
+
+    def flatten(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        return torch.cat([t.reshape(-1) for t in tensors])
+
+    def allreduce_bucket(self, bucket: list[torch.Tensor], *args: Any, **kwargs: Any,
+                         ) -> torch.Tensor:
+        return self.flatten(bucket)
+
+
+def test_kept_bucket_is_reused_only_when_nothing_else_references_it() -> None:
+    from accumguard.engines._deepspeed_flush import LeanFlush
+
+    opt = _FakeZero12()
+    lean = LeanFlush(opt, 2)
+    held: list[torch.Tensor] = []
+
+    def flush(value: float, hold: bool = False) -> torch.Tensor:
+        with lean.active():
+            opt.setup_buckets()
+            buf = opt.ipg_buckets[torch.float32].buffer[0]
+            buf[:8].fill_(value)  # the window's gradients, copied into the bucket
+            if hold:
+                held.append(buf[:8])  # e.g. a gradient tensor a user kept
+            opt._release_ipg_buffers()
+        return buf
+
+    first = flush(1.0)
+    assert (opt.allocated, lean.buckets_reused) == (1, 0)
+    assert flush(2.0) is first and (opt.allocated, lean.buckets_reused) == (1, 1)
+    flush(3.0, hold=True)
+    assert flush(4.0) is not first and (opt.allocated, lean.buckets_reused) == (2, 2)
+    assert torch.equal(held[0], torch.full((8,), 3.0))  # what it held is untouched
+    assert "setup_buckets" not in vars(opt) and "_release_ipg_buffers" not in vars(opt)
+    lean.release()
+    flush(5.0)
+    assert (opt.allocated, lean.buckets_reused) == (3, 2)
+    opt.overlap_comm = True  # (the lean flush is off there; the kept bucket is too)
+    flush(6.0)
+    flush(7.0)
+    assert (opt.allocated, lean.buckets_reused) == (5, 2)
+
+
+def test_kept_bucket_falls_back_when_deepspeed_differs() -> None:
+    """An optimizer without what the reuse rule reads (another DeepSpeed) gets DeepSpeed's own
+    allocation, and nothing raises into the flush."""
+    from accumguard.engines._deepspeed_flush import LeanFlush
+
+    opt = _FakeZero12()
+    lean = LeanFlush(opt, 2)
+
+    def missing() -> torch.dtype:
+        raise AttributeError("_gradient_reduction_buffer_dtype")
+
+    opt._gradient_reduction_buffer_dtype = missing  # type: ignore[method-assign]
+    for _ in range(3):
+        with lean.active():
+            opt.setup_buckets()
+            opt._release_ipg_buffers()
+    assert (opt.allocated, lean.buckets_reused) == (3, 0)

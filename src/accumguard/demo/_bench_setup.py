@@ -165,7 +165,7 @@ def _build_fsdp2(args: argparse.Namespace, sync: str, memory: str = "sharded",
 
 def _build_deepspeed(args: argparse.Namespace, stage: int, sync: str, memory: str = "sharded",
                      zero_extra: dict[str, Any] | None = None, lean: bool = True,
-                     skip_hooks: bool = True) -> Run:
+                     skip_hooks: bool = True, keep_bucket: bool = True) -> Run:
     import deepspeed
 
     from accumguard.engines.deepspeed import DeepSpeedEngineAdapter
@@ -182,7 +182,8 @@ def _build_deepspeed(args: argparse.Namespace, stage: int, sync: str, memory: st
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config)
     run = _run_accumulator(engine, None,
                            DeepSpeedEngineAdapter(engine, sync=sync, window_memory=memory,
-                                                  lean_flush=lean, skip_idle_hooks=skip_hooks),
+                                                  lean_flush=lean, skip_idle_hooks=skip_hooks,
+                                                  keep_reduce_bucket=keep_bucket),
                            args.k)
     # ZeRO-3 replaces torch.nn.functional.linear for the whole process ("memory efficient
     # linear", on by default): only this configuration's steps run with DeepSpeed's, so the
@@ -242,6 +243,9 @@ def configurations(args: argparse.Namespace) -> dict[str, Callable[[], Run]]:
         # DeepSpeed's own flush (the adapter before lean_flush), side by side.
         cfgs["DeepSpeed ZeRO-2 deferred (coalesced), lean_flush=False"] = (
             lambda: _build_deepspeed(args, 2, "deferred", lean=False))
+        # The lean flush allocating a new reduce bucket every flush, as DeepSpeed does.
+        cfgs["DeepSpeed ZeRO-2 deferred (coalesced), keep_reduce_bucket=False"] = (
+            lambda: _build_deepspeed(args, 2, "deferred", keep_bucket=False))
         cfgs["DeepSpeed ZeRO-3 deferred (coalesced), window_memory=unsharded"] = (
             lambda: _build_deepspeed(args, 3, "deferred", "unsharded"))
         cfgs["DeepSpeed ZeRO-3 deferred (coalesced), window_memory=unsharded, lean_flush=False"] = (

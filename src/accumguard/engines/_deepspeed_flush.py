@@ -44,6 +44,26 @@ chunk then holds the sum too instead of this rank's share; DeepSpeed reads only 
 chunk (``reduce_scatter_coalesced`` returns views of it). Another group size, op or layout
 goes to DeepSpeed's own call (``pair_reductions`` counts the others).
 
+ZeRO-1/2 on CPU, the reduce bucket kept between flushes: every flush, DeepSpeed allocates
+the contiguous bucket afresh (``setup_buckets``: ``reduce_bucket_size`` elements, 2 GB of
+fp32 with its default 5e8) and frees it when the flush ends (``_release_ipg_buffers``). On
+the GPU the caching allocator hands the same block back; on the CPU an allocation that
+large is a fresh memory mapping, so copying the window's gradients into it page-faults
+every page it touches and freeing it unmaps them again: 12-15 ms of CPU time per flush for
+25 MB of gradients (docs/dev/performance-journal.md), about a third of the flush. There the
+flush keeps the bucket tensor when DeepSpeed lets it go and gives it back at the next
+flush instead of a new allocation (``setup_buckets`` runs with ``contiguous_gradients`` off
+for that call, so it allocates nothing and does the rest of its work as usual). The
+bucket's contents are never read before they are written (each gradient is copied to its
+own range from offset 0, and only ``[0, elements)`` is reduced), so the numbers are the
+same. It is kept only when nothing else references its memory (the storage's use count:
+no gradient, and no tensor a user kept, is a view of it; otherwise DeepSpeed allocates as
+before), on the CPU only, without ``overlap_comm`` or CPU offload. Memory: the pages the
+flush touched (the window's gradients in the bucket's dtype, at most
+``reduce_bucket_size`` elements) stay resident between flushes instead of being returned to
+the system; the flush's own peak does not change. ``close()`` of the adapter lets it go;
+``DeepSpeedEngineAdapter(..., keep_reduce_bucket=False)`` turns it off.
+
 Applied only to all-reduces (``rank=None``; a ``reduce`` to one rank leaves the other
 ranks' inputs undefined, which the copy protected) and only without ``overlap_comm`` (its
 separate reduction stream and double-buffered bucket were not measured).
@@ -88,13 +108,18 @@ class LeanFlush:
     served as a view; ZeRO-3: flushes without the bucket copy), ``copied`` the flattens left
     to DeepSpeed (the tests read both: the fast path must really be taken)."""
 
-    def __init__(self, optimizer: Any, stage: int) -> None:
+    def __init__(self, optimizer: Any, stage: int, *, keep_bucket: bool = True) -> None:
         self.optimizer = optimizer
         self.stage = stage
         self.in_place = 0
         self.copied = 0
         self.step_views = 0  # step() flattens served as a view (ZeRO-1/2)
         self.pair_reductions = 0  # ZeRO-3 reduce-scatters served by an all-reduce (2 ranks)
+        self.keep_bucket = keep_bucket
+        self.buckets_reused = 0  # ZeRO-1/2 flushes that reused the kept CPU bucket
+        # ZeRO-1/2 on CPU: the reduce buckets DeepSpeed released at the end of the last flush
+        # (communication dtype -> the bucket tensor), given back at the next one.
+        self._kept: dict[Any, torch.Tensor] = {}
         inner = getattr(optimizer, "optimizer", None)
         # The step's flatten feeds a plain torch optimizer only (no CPU offload, whose step
         # reads its own buffers, and not Muon, whose step flattens and writes other lists).
@@ -153,8 +178,99 @@ class LeanFlush:
             with self._no_bucket_copy():
                 yield
             return
-        with self._all_reduce_in_place():
+        with self._all_reduce_in_place(), self._bucket_kept():
             yield
+
+    def release(self) -> None:
+        """Let the kept reduce bucket go (the adapter's ``close()``)."""
+        self._kept = {}
+
+    def _keeps_buckets(self) -> bool:
+        opt = self.optimizer
+        return (self.keep_bucket and self.stage in (1, 2) and getattr(opt, "contiguous_gradients", None) is True
+                and not getattr(opt, "overlap_comm", False)
+                and not getattr(opt, "cpu_offload", False)
+                and isinstance(getattr(opt, "ipg_buckets", None), dict)
+                and callable(getattr(opt, "setup_buckets", None))
+                and callable(getattr(opt, "_release_ipg_buffers", None))
+                and callable(getattr(torch._C, "_storage_Use_Count", None)))
+
+    def _reusable(self, kept: dict[Any, torch.Tensor]) -> bool:
+        """The kept buckets can stand in for DeepSpeed's new ones: the same communication
+        dtypes, size, dtype and CPU device DeepSpeed would allocate now, the buckets empty,
+        and no other tensor referencing their memory."""
+        opt = self.optimizer
+        try:
+            buckets = opt.ipg_buckets
+            if not kept or opt.ready_for_gradients is not False or set(kept) != set(buckets):
+                return False
+            size = int(opt.reduce_bucket_size)
+            dtype = opt._gradient_reduction_buffer_dtype()
+            for key, buf in kept.items():
+                bucket = buckets[key]
+                if (len(bucket.buffer) or bucket.elements or buf.numel() != size
+                        or buf.dtype != dtype or buf.device.type != "cpu"
+                        # our tensor + the storage object made for the count: nothing else
+                        or torch._C._storage_Use_Count(buf.untyped_storage()._cdata) != 2):
+                    return False
+        except (AttributeError, TypeError, ValueError, RuntimeError):
+            return False  # not the DeepSpeed this was written for: allocate as it does
+        return True
+
+    @contextlib.contextmanager
+    def _bucket_kept(self) -> Iterator[None]:
+        """ZeRO-1/2 on CPU: DeepSpeed's reduce bucket kept from one flush to the next (module
+        docstring)."""
+        if not self._keeps_buckets():
+            self._kept = {}
+            yield
+            return
+        opt = self.optimizer
+        had_setup, had_release = "setup_buckets" in vars(opt), "_release_ipg_buffers" in vars(opt)
+        real_setup: Callable[[], None] = opt.setup_buckets
+        real_release: Callable[[], None] = opt._release_ipg_buffers
+
+        def setup_buckets() -> None:
+            kept, self._kept = self._kept, {}
+            if not self._reusable(kept):
+                real_setup()
+                return
+            opt.contiguous_gradients = False  # setup_buckets then allocates nothing
+            try:
+                real_setup()
+            finally:
+                opt.contiguous_gradients = True
+            for key, buf in kept.items():
+                bucket = opt.ipg_buckets[key]
+                bucket.buffer.append(buf)
+                bucket.index = 0
+            self.buckets_reused += 1
+
+        def release_ipg_buffers() -> None:
+            kept = {}
+            try:
+                for key, bucket in opt.ipg_buckets.items():
+                    if len(bucket.buffer) == 1 and bucket.buffer[0].device.type == "cpu":
+                        kept[key] = bucket.buffer[0]
+            except (AttributeError, TypeError):
+                kept = {}
+            real_release()
+            self._kept = kept if len(kept) == len(opt.ipg_buckets) else {}
+
+        opt.setup_buckets = setup_buckets
+        opt._release_ipg_buffers = release_ipg_buffers
+        try:
+            yield
+        except BaseException:
+            self._kept = {}
+            raise
+        finally:
+            for name, had, real in (("setup_buckets", had_setup, real_setup),
+                                    ("_release_ipg_buffers", had_release, real_release)):
+                if had:
+                    setattr(opt, name, real)
+                else:
+                    delattr(opt, name)
 
     @contextlib.contextmanager
     def _no_bucket_copy(self) -> Iterator[None]:

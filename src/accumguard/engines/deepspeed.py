@@ -35,7 +35,8 @@ Two modes:
   K ``step()`` calls and (with its own counter) never step.
   The block is closed *lean* (``lean_flush=True``, default): without DeepSpeed's
   redundant copies of the gradients (a flattened copy of the contiguous bucket on
-  ZeRO-1/2, the bucket copy that ZeRO-3's reduce-scatter copies again), bit-identical
+  ZeRO-1/2, the bucket copy that ZeRO-3's reduce-scatter copies again; on CPU the ZeRO-1/2
+  reduce bucket kept from one flush to the next, ``keep_reduce_bucket``), bit-identical
   to DeepSpeed's own flush (:mod:`accumguard.engines._deepspeed_flush`).
 * ``sync="auto"`` (default): deferred on ZeRO 1-3 when the config's GA is 1,
   eager when it equals K (or on ZeRO-0, which has no coalescing and already
@@ -139,6 +140,11 @@ class DeepSpeedEngineAdapter(Engine):
             that its reduce-scatter copies again (same numbers, bit for bit; see
             :mod:`accumguard.engines._deepspeed_flush`). Default True; False leaves
             DeepSpeed's flush untouched.
+        keep_reduce_bucket: with the lean flush on ZeRO-1/2 and the bucket on the CPU, keep
+            DeepSpeed's contiguous reduce bucket from one flush to the next instead of
+            allocating (and page-faulting) a new one every flush; the pages the flush wrote
+            (the window's gradients in the bucket's dtype) then stay resident between flushes
+            (see :mod:`accumguard.engines._deepspeed_flush`). Default True; no effect on GPUs.
         skip_idle_hooks: with ``window_memory="unsharded"``, run the micro-steps between the
             window's first and last without DeepSpeed's ZeRO-3 module hooks, which find every
             parameter already gathered there (bit-identical; see
@@ -150,7 +156,7 @@ class DeepSpeedEngineAdapter(Engine):
 
     def __init__(self, model: DeepSpeedEngine, *, sync: str = "auto",
                  window_memory: str = "sharded", lean_flush: bool = True,
-                 skip_idle_hooks: bool = True) -> None:
+                 skip_idle_hooks: bool = True, keep_reduce_bucket: bool = True) -> None:
         if not is_deepspeed_engine(model):
             raise ConfigError(
                 f"DeepSpeedEngineAdapter needs the engine returned by deepspeed.initialize, got "
@@ -197,6 +203,7 @@ class DeepSpeedEngineAdapter(Engine):
         self._is_last = False
         self._position = 0  # micro-steps of the current window entered so far
         self.lean_flush = lean_flush
+        self.keep_reduce_bucket = keep_reduce_bucket
         self.flush: LeanFlush | None = None  # set in bind() when it applies
         if window_memory == "unsharded":
             self._prepare_unsharded(skip_idle_hooks)
@@ -220,7 +227,8 @@ class DeepSpeedEngineAdapter(Engine):
             if not_here:
                 log.info("accumguard: DeepSpeed's flush left as is (lean_flush): %s", not_here)
             else:
-                self.flush = LeanFlush(self.engine.optimizer, self.stage)
+                self.flush = LeanFlush(self.engine.optimizer, self.stage,
+                                       keep_bucket=self.keep_reduce_bucket)
         log.info("accumguard: DeepSpeed ZeRO-%d, sync=%s, config GA=%d, K=%d, clipping=%g%s",
                  self.stage, self.sync_mode, ga, k, self.clip_value,
                  f" (eager: {why})" if why else "")
@@ -409,6 +417,8 @@ class DeepSpeedEngineAdapter(Engine):
 
     def close(self) -> None:
         self._hold(False)
+        if self.flush is not None:
+            self.flush.release()
         if self._coalesce is not None:
             ctx, self._coalesce = self._coalesce, None
             ctx.__exit__(None, None, None)
