@@ -37,6 +37,27 @@ def test_every_epoch_shorter_than_k_divided_by_k_is_f7() -> None:
     assert short_epoch_findings(0, mixed, 4, True, "x") == []
 
 
+def _unrecorded(step: int, n: int) -> StepWindow:
+    """A window whose loss was built by hand (no recorded loss call: no weights)."""
+    return fold([{"step": step, "backwards": n, "data_pass_starts": [0],
+                  "zero_grads_between": 0}])[0]
+
+
+def test_lightning_short_epochs_with_a_loss_built_by_hand_are_f7() -> None:
+    """No loss weights recorded (``((net(x) - y) ** 2).mean()``), K from the Lightning
+    Trainer's accumulate_grad_batches: its automatic optimisation divides every batch's loss
+    by K, the short last window too, so each update is n/K of the window's mean: an error.
+    K declared by another library, or by the script, with no weights: only the note."""
+    windows = [_unrecorded(i, 3) for i in range(4)]
+    found = short_epoch_findings(0, windows, 4, True, "declared by lightning")
+    assert [(f.cls, f.severity) for f in found] == [("F7", "error")], found
+    assert "accumulate_grad_batches = 4" in found[0].evidence, found[0].evidence
+    assert "3/4 of the window's mean gradient" in found[0].evidence, found[0].evidence
+    for source in ("declared by transformers", "declared in the script (train.py:3)"):
+        assert [(f.cls, f.severity) for f in short_epoch_findings(0, windows, 4, True,
+                                                                   source)] == [("F7", "note")]
+
+
 def test_short_windows_closing_epochs_are_not_f13() -> None:
     windows = [_window(i, 3, 1 / 16) for i in range(5)]
     res = KResolution(4, "declared by lightning", "runtime")

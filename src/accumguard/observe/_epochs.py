@@ -109,6 +109,9 @@ def short_epoch_findings(rank: int, windows: list[StepWindow], k: int | None,
     text = (f"all {len(windows)} optimizer steps came at the end of a pass over the DataLoader "
             f"(an epoch) after {uniq} micro-batch(es), fewer than K = {k} ({source}): every "
             "epoch is shorter than K, so each step closes a short window")
+    fix_k = (f"Use K <= the batches per epoch ({min(sizes)}) (Lightning: "
+             "accumulate_grad_batches; it divides every batch's loss by it and steps "
+             "at the epoch's end), or normalise each window's loss by its own count.")
     if declared and all(m is not None and _near(m.mass, n / k, m.low)
                         for m, n in zip(masses, sizes, strict=True)):
         m0 = masses[0]
@@ -120,9 +123,20 @@ def short_epoch_findings(rank: int, windows: list[StepWindow], k: int | None,
                     f"every update is {sizes[0]}/{k} of the window's mean gradient",
                     title_=f"every epoch shorter than K = {k}, and each short window divided "
                            "by K",
-                    fix=f"Use K <= the batches per epoch ({min(sizes)}) (Lightning: "
-                        "accumulate_grad_batches; it divides every batch's loss by it and steps "
-                        "at the epoch's end), or normalise each window's loss by its own count.")]
+                    fix=fix_k)]
+    if declared and source == "declared by lightning" and all(m is None for m in masses):
+        # no loss call recorded (a loss built by hand), but K is the Lightning Trainer's
+        # accumulate_grad_batches: its automatic optimisation divides every batch's loss by
+        # it (its closure), also in an epoch's last, short window; manual optimisation
+        # does not accept accumulate_grad_batches > 1
+        return [_mk("F7", "error", rank, windows[0].step, sizes[0] - 1,
+                    f"{text}, and Lightning's automatic optimisation divides every batch's "
+                    f"loss by accumulate_grad_batches = {k}, the last window of an epoch "
+                    f"too: each short window of {uniq} micro-batch(es) is divided by {k}, "
+                    f"so every update is {uniq}/{k} of the window's mean gradient",
+                    title_=f"every epoch shorter than K = {k}, and each short window divided "
+                           "by K",
+                    fix=fix_k)]
     return [_mk("F7", "note", rank, windows[0].step, None,
                 f"{text}. Each step is the mean over its epoch only if its loss was "
                 f"normalised by the window's own count; the effective batch is {uniq} "
