@@ -80,6 +80,20 @@ def test_horizons_read_from_the_objects() -> None:
     assert hf["horizon"] == 40 and "num_training_steps=40" in hf["horizon_what"]
     assert schedule_state(sl.LambdaLR(opt, functools.partial(lambda s, n: 1.0, n=3))).get(
         "horizon") is None
+    # a hand-written schedule: the one integer its function closes over under a horizon's
+    # name; none, two, or a warm-up length alone state no horizon
+    def linear(num_training_steps: int) -> sl.LambdaLR:
+        return sl.LambdaLR(opt, lambda s: max(0.0, 1.0 - s / num_training_steps))
+
+    assert schedule_state(linear(48))["horizon"] == 48
+    assert "num_training_steps=48" in str(schedule_state(linear(48))["horizon_what"])
+    total_steps, warmup = 30, 3
+    warm = sl.LambdaLR(opt, lambda s: min(1.0, s / warmup) * (1 - s / total_steps))
+    assert schedule_state(warm)["horizon"] == 30
+    max_steps = 12
+    two = sl.LambdaLR(opt, lambda s: 1 - s / (total_steps + max_steps))
+    assert "horizon" not in schedule_state(two)
+    assert "horizon" not in schedule_state(sl.LambdaLR(opt, lambda s: min(1.0, s / warmup)))
 
 
 @pytest.mark.parametrize(("starts", "expected"), [

@@ -11,13 +11,16 @@ Only an exact factor tied to the run's structure is an error: the schedule ends 
 times early or late (up to the per-epoch rounding of a partial window). A horizon longer than
 the run by another factor is a run stopped early (``max_steps``, fewer epochs): silent. One
 that ends early by another factor is a note (the rest of the run trains at the schedule's
-final learning rate). A horizon the object does not state (a hand-written ``LambdaLR``, a
-warm-up-only ``LinearLR``, warm restarts) is not judged.
+final learning rate). A hand-written ``LambdaLR``'s horizon is the one integer its function closes
+over under a horizon's name (``num_training_steps``...). A horizon the object does not state
+(a ``LambdaLR`` without such a variable, a warm-up-only ``LinearLR``, warm restarts) is not
+judged.
 """
 
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable
 
 from accumguard.observe._epochs import complete_epochs, epochs
@@ -74,7 +77,40 @@ def _horizon(sched: object, depth: int = 0) -> tuple[int, str] | None:
                     what = str(getattr(fn.func, "__name__", "schedule")).strip("_")
                     what = what.removeprefix("get_").removesuffix("_lr_lambda")
                     return n, f"transformers get_{what}(num_training_steps={n})"
+            return _closure_horizon(fn)
     return None
+
+
+#: a hand-written LambdaLR's horizon, read from the variable its function closes over
+#: (``lambda s: 1 - s / num_training_steps`` built in a helper taking the horizon)
+_HORIZON_NAME = re.compile(
+    r"^(t_total|total|horizon|(num|total|max|n)_?(training_|train_|optimizer_|opt_)?"
+    r"(steps|iters|iterations|updates)|(training|train)_?(steps|iters|iterations))$",
+    re.IGNORECASE)
+
+
+def _closure_horizon(fn: object) -> tuple[int, str] | None:
+    """The one integer a hand-written schedule function closes over under a horizon's name
+    (``num_training_steps``, ``total_steps``, ``max_iters``...); None when there is none or
+    more than one (a warm-up length is not among the names)."""
+    code = getattr(fn, "__code__", None)
+    cells = getattr(fn, "__closure__", None)
+    names = getattr(code, "co_freevars", None)
+    if not isinstance(cells, tuple) or not isinstance(names, tuple) or len(names) != len(cells):
+        return None
+    found = []
+    for name, cell in zip(names, cells, strict=True):
+        if isinstance(name, str) and _HORIZON_NAME.match(name):
+            try:
+                value = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            if _int(value):
+                found.append((int(value), name))
+    if len(found) != 1:
+        return None
+    n, name = found[0]
+    return n, f"LambdaLR function's {name}={n}"
 
 
 def schedule_state(sched: object) -> dict[str, object]:
