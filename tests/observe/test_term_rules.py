@@ -404,6 +404,59 @@ def test_mse_with_router_z_loss_after_division(tmp_path: Path, form: str) -> Non
         assert errors == [], findings
 
 
+class _SoftMoE(torch.nn.Module):
+    """Soft experts with a Switch-style load-balancing loss: n * sum(importance ** 2), the
+    importance ``probs.mean(0)`` over the micro-batch's rows (a statistic of the micro-batch,
+    not a mean of per-row values); or, as ``penalty``, a weight penalty instead (not a
+    statistic of the micro-batch: a parameter reached without a batch mean)."""
+
+    def __init__(self, aux: str) -> None:
+        super().__init__()
+        self.aux = aux
+        self.router = torch.nn.Linear(6, 3)
+        self.experts = torch.nn.ModuleList(torch.nn.Linear(6, 1) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        probs = self.router(x).softmax(-1)
+        y = (probs * torch.cat([e(x) for e in self.experts], -1)).sum(-1, keepdim=True)
+        if self.aux == "penalty":
+            return y, sum(e.weight.pow(2).sum() for e in self.experts)  # type: ignore[return-value]
+        importance = probs.mean(0)
+        return y, (importance * importance).sum() * probs.shape[-1]
+
+
+@pytest.mark.parametrize("form", ["bug", "whole", "each", "penalty"])
+def test_load_balancing_loss_from_batch_means(tmp_path: Path, form: str) -> None:
+    """A load-balancing term computed from ``probs.mean(0)`` (its graph is a product of
+    batch means, not a mean itself) added after ``mse / K``: K x its coefficient
+    (LOSS_SCALE naming it as a statistic of the micro-batch); divided by K with the MSE:
+    silent; a weight penalty in its place is not a statistic of the micro-batch: this rule
+    says nothing of it."""
+    def loop() -> None:
+        torch.manual_seed(0)
+        model = _SoftMoE("penalty" if form == "penalty" else "switch")
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(3)
+        for _ in range(STEPS):
+            for _ in range(K):
+                x, y = torch.randn(8, 6, generator=g), torch.randn(8, 1, generator=g)
+                pred, aux = model(x)
+                mse = F.mse_loss(pred, y)
+                loss = {"bug": mse / K + 0.5 * aux, "whole": (mse + 0.5 * aux) / K,
+                        "each": mse / K + 0.5 * aux / K, "penalty": mse / K + 0.5 * aux}[form]
+                loss.backward()
+            opt.step()
+            opt.zero_grad()
+
+    findings, _ = _run(tmp_path, loop)
+    errors = _errors(findings)
+    if form == "bug":
+        assert [f.cls for f in errors] == ["LOSS_SCALE"], findings
+        assert "computed from means over the 8 rows" in errors[0].evidence, errors[0].evidence
+    else:
+        assert errors == [], findings
+
+
 def _moe_ddp_rank(rank: int, world: int, path: str) -> None:
     """One rank of DDP over the MoE above: the bug's form recorded in ``path/bug``, the
     correct one in ``path/ok`` (uneven micro-batch sizes between ranks)."""

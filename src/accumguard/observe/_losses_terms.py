@@ -8,13 +8,14 @@ its tokens. Read by the term rules (:mod:`._term_rules`); recorded by
 Two kinds of records go on the step event as ``terms``:
 
 * ``["term", micro, ordinal, node, constants, means, opaque, site, order, rows, mean,
-  backward]``:
+  backward, below]``:
   one term of a backward's sum (``ordinal``: its place in the walk, ``node``: the autograd
   node where it starts, ``constants``: ``["/", c]``/``["*", c]`` between it and the root,
   ``means``: element counts of the means above it, ``opaque``: a factor that could not be
   read, ``backward``: the backward's call site). ``site``/``order`` name the recorded loss call the term is (None for a term built
   from torch ops, an MoE router loss), ``rows`` that call's input rows, ``mean`` its
-  reduction.
+  reduction, ``below`` (a term from torch ops) the rows of the batch means that every
+  path below it goes through (:func:`~._losses_walk.batch_means_below`), or None.
 * ``["select", site, order, micro, n, seqs, divisor, uniform, sole]``: a selection's
   ``n`` tokens with a nonzero gradient (in ``seqs`` rows of its first dimension, 0 when
   it has one dimension), the product of the constants that divide it (``divisor``; None
@@ -33,7 +34,7 @@ from typing import Any
 
 import torch
 
-from accumguard.observe._losses_walk import Const, Walk
+from accumguard.observe._losses_walk import Const, Walk, batch_means_below
 
 __all__ = ["FACTOR_TOL", "TermLog", "divisor", "factor_stats", "factor_uniform", "selection_row",
            "selection_stats", "term_rows"]
@@ -60,9 +61,12 @@ class TermLog:
             return
         by_node = {c.node: c for c in calls if c.micro is None}
         where = site()
-        self.pending.append((micro, [
-            [type(x.node).__name__, x.divs, x.means, x.opaque,
-             by_node.get(x.node._sequence_nr()), where] for x in w.leaves]))
+        descs = []
+        for x in w.leaves:
+            call = by_node.get(x.node._sequence_nr())
+            below = batch_means_below(x.node) if call is None and x.select is None else None
+            descs.append([type(x.node).__name__, x.divs, x.means, x.opaque, call, where, below])
+        self.pending.append((micro, descs))
 
 
 def selection_stats(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -172,10 +176,10 @@ def term_rows(pending: list[tuple[int, list[list[Any]]]], keys: dict[int, tuple[
     for micro, descs in pending:
         if micro >= done:
             continue
-        for i, (name, divs, means, opaque, call, where) in enumerate(descs):
+        for i, (name, divs, means, opaque, call, where, below) in enumerate(descs):
             key = keys.get(id(call)) if call is not None else None
             out.append(["term", micro, i, name, divs, means, opaque,
                         key[0] if key else None, key[1] if key else None,
                         int(call.rows) if key else 0, bool(call.mean) if key else False,
-                        where])
+                        where, below])
     return out

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Const", "Leaf", "Walk", "constant", "walk"]
+__all__ = ["Const", "Leaf", "Walk", "batch_means_below", "constant", "walk"]
 
 #: One constant between a node and the root: ``["/", c]`` or ``["*", c]`` (a list: it goes
 #: to the recording as JSON).
@@ -122,6 +122,52 @@ def _mean_count(node: Any) -> int | None:
         return int(math.prod(sizes[int(d)] for d in dims))
     except (IndexError, TypeError):
         return None
+
+
+#: Nodes searched below a term built from torch ops for the batch means it is made of.
+BELOW = 32
+
+
+def batch_means_below(node: Any) -> list[int] | None:
+    """The rows averaged by the means over the batch dimension that every path below
+    ``node`` goes through before reaching a parameter (an MoE load-balancing loss: a sum of
+    products of ``probs.mean(0)``), or None: a parameter reached without such a mean (a
+    weight penalty), no such mean, or more than :data:`BELOW` nodes. A term made only of
+    such means is a statistic of its micro-batch, whatever it computes from them."""
+    rows: list[int] = []
+    stack, seen = [node], set()
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if len(seen) > BELOW:
+            return None
+        name = type(n).__name__
+        if name == "AccumulateGrad":
+            return None
+        if name.startswith("MeanBackward"):
+            r = _batch_rows(n)
+            if r:
+                rows.append(r)
+                continue
+        stack.extend(m for m, _ in n.next_functions if m is not None)
+    return sorted(set(rows)) or None
+
+
+def _batch_rows(node: Any) -> int | None:
+    """The size of dimension 0 when a mean node averages over it (``x.mean(0)``,
+    ``x.mean()``), else None."""
+    try:
+        sizes = tuple(int(s) for s in node._saved_self_sym_sizes)
+        dims = getattr(node, "_saved_dim", None)
+    except (AttributeError, RuntimeError, TypeError):
+        return None
+    if not sizes:
+        return None
+    if dims is None or dims == () or any(int(d) in (0, -len(sizes)) for d in dims):
+        return sizes[0]
+    return None
 
 
 def _reaches(node: Any, prefix: str, depth: int) -> bool:

@@ -202,7 +202,18 @@ def _mean_rows(r: list[Any], rows: int, k: int) -> int | None:
         return None
     spans = [int(c) for c in r[5]] + [int(float(c)) for op, c in r[4]
                                        if str(op) == "/" and _row_mean_divisor(float(c), rows, k)]
-    return next((c for c in spans if c >= rows and c % rows == 0), None)
+    found = next((c for c in spans if c >= rows and c % rows == 0), None)
+    if found is None and _made_of_batch_means(r, rows):
+        return rows
+    return found
+
+
+def _made_of_batch_means(r: list[Any], rows: int) -> bool:
+    """A term from torch ops whose every path down to the parameters goes through a mean
+    over the batch dimension of exactly the micro-batch's rows (an MoE load-balancing loss,
+    ``n * (probs.mean(0) ** 2).sum()``): a statistic of the micro-batch."""
+    below = r[12] if len(r) > 12 else None
+    return isinstance(below, list) and bool(below) and all(int(c) == rows for c in below)
 
 
 def _text(found: list[tuple[dict[str, Any], list[Any], list[Any]]], x: list[Any],
@@ -214,8 +225,12 @@ def _text(found: list[tuple[dict[str, Any], list[Any], list[Any]]], x: list[Any]
     over = (_mean_rows(x, rows, k) or rows) if x[7] is None else rows
     span = (f"the {rows} rows of the micro-batch" if over == rows else
             f"{over} rows, {over // rows}x the micro-batch's {rows}")
+    made = x[7] is None and not [c for c in x[5] if int(c) >= rows and int(c) % rows == 0] \
+        and _made_of_batch_means(x, rows)
     what = (f"the loss call at {_short(str(x[7]))}" if x[7] is not None else
-            f"a term built from torch ops (its graph starts at {x[3]}, a mean over {span})")
+            f"a term built from torch ops (its graph starts at {x[3]}, computed from means "
+            f"over the {rows} rows of the micro-batch: a statistic of the micro-batch)" if made
+            else f"a term built from torch ops (its graph starts at {x[3]}, a mean over {span})")
     by_k = f"is divided by K = {k} and " if _divides_by(ref[4], k) else ""
     where = f" of the loss backpropagated at {_short(str(x[11]))}" if len(x) > 11 and x[11] \
         else ""
@@ -228,7 +243,8 @@ def _text(found: list[tuple[dict[str, Any], list[Any], list[Any]]], x: list[Any]
             f"{_short(str(ref[7]))}, {by_k}weighs its tokens {weighs}; this term is multiplied by {coef} "
             f"and not divided by K in any of the {k} micro-steps of {len(found)} window(s) "
             f"(first: optimizer step {_n(w['step'])}): accumulated, its gradient is the sum of "
-            f"{k} micro-batch means, {k}x what its coefficient gives the large batch "
+            f"{k} micro-batch {'values' if made else 'means'}, {k}x what its coefficient "
+            "gives the large batch "
             f"(an effective coefficient of {k} x {coef})")
 
 
