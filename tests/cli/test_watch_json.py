@@ -82,3 +82,35 @@ def test_the_python_api_runs_a_command_and_returns_the_same_report(tmp_path: Pat
     assert {f.cls for f in result.errors} == {"F3"}
     assert result.report["schema_version"] == 1 and result.report["ranks"] == [0]
     assert (tmp_path / "rec" / "rank-0.jsonl").exists()
+
+
+_BLOCK_TORCH = (
+    "import sys\n"
+    "class _Block:\n"
+    "    def find_spec(self, name, path=None, target=None):\n"
+    "        if name == 'torch' or name.startswith('torch.'):\n"
+    "            raise ImportError('torch is blocked in this test')\n"
+    "sys.meta_path.insert(0, _Block())\n")
+
+
+def test_the_cli_judges_a_recording_without_importing_torch(tmp_path: Path) -> None:
+    """The ``watch`` CLI process only starts the command and reads its records: it must not
+    import torch (a torch import is 2-3 s of every ``accumguard watch`` start on a quiet
+    2-core machine, far more under load; it came in through ``accumguard.engines``' package
+    import for a table of names). Judged with torch blocked, the report is the in-process
+    one."""
+    import subprocess
+    import sys
+
+    _train(tmp_path / "rec", zero_every_micro_step=True)
+    blocked, here = tmp_path / "blocked.json", tmp_path / "here.json"
+    code = (_BLOCK_TORCH + "from accumguard.cli.app import main\n"
+            f"sys.exit(main(['watch', '--report', {str(tmp_path / 'rec')!r}, '-k', '4', "
+            f"'--json', {str(blocked)!r}]))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "torch is blocked" not in proc.stderr, proc.stderr[-3000:]
+    assert watch_main(["--report", str(tmp_path / "rec"), "-k", "4", "--json", str(here)]) == 1
+    got, want = json.loads(blocked.read_text()), json.loads(here.read_text())
+    assert got["findings"] == want["findings"] and {f["cls"] for f in got["findings"]} >= {"F3"}

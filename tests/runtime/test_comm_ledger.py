@@ -1,8 +1,10 @@
 """The collective ledger (``watch``'s ``comm`` record) on real DDP and FSDP2 runs, 2 gloo ranks,
 against the closed form of each engine and mode; and its rule, EXTRA_SYNC at warning level.
 
-One torchrun launch (tests/watch_scripts/comm_sweep.py) records every scenario; the rule
-cases that need no engine run on hand-made records.
+One torchrun launch records every scenario: comm_sweep.py's DDP and FSDP2 loops, then the
+DeepSpeed runs of ds_train.py (tests/watch_sweep.py's ``watch_many``: each case recorded in
+its own directory as ``watch`` records it); the rule cases that need no engine run on
+hand-made records.
 """
 
 from __future__ import annotations
@@ -11,24 +13,45 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_watch import SCRIPTS, _sweep, _torchrun  # the launcher helpers of the watch tests
+from test_watch import _torchrun  # the launcher helper of the watch tests
 from watch_sweep import watch_many
 
 from accumguard.observe._collectives import DDP_BUCKET_OP
 from accumguard.observe._records import RunRecording
 from accumguard.watch._findings import analyze, load_recordings
 
-from helpers import free_port
-
 K, STEPS = 4, 3
 MLP_BYTES = (8 * 16 + 16 + 16 * 4 + 4) * 4  # sweep_dist.mlp(), float32: every gradient once
 WIDE_BYTES = (8 * 64 + 64 + 64 * 64 + 64 + 64 * 4 + 4) * 4  # comm_sweep's small-bucket net
 
 
+#: comm_sweep.py's scenarios (``comm_sweep.py run NAME``: one scenario, unrecorded)
+COMM_CASES = ("ddp_ok", "ddp_backward_only", "ddp_every", "ddp_buckets", "fsdp2_ok",
+              "fsdp2_every")
+DS_CASES = [("native", 2, True), ("coalesce", 2, False), ("native", 1, False)]
+
+
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every scenario in ONE torchrun launch (``watch_many``): the DDP/FSDP2 loops of
+    comm_sweep.py first, then the three DeepSpeed runs (without DeepSpeed installed, only
+    the first). Each case's recording is ``OUT/<name>``."""
+    import importlib.util
+
     out = tmp_path_factory.mktemp("comm")
-    return _sweep(out, _torchrun("comm_sweep.py", str(out)), timeout=300)
+    cases = {name: _torchrun("comm_sweep.py", "run", name) for name in COMM_CASES}
+    if importlib.util.find_spec("deepspeed") is not None:
+        cases.update({f"{mode}_z{stage}": _torchrun(
+            "ds_train.py", "--mode", mode, "--stage", str(stage)) for mode, stage, _ in DS_CASES})
+    ran = watch_many(out, cases, k=K, timeout=600)
+    failed = {name: w.proc.stderr[-2000:] for name, w in ran.items() if w.proc.returncode}
+    assert not failed, failed
+    return out
+
+
+@pytest.fixture(scope="module")
+def sweep(runs: Path) -> Path:
+    return runs
 
 
 def _per_micro(step: dict[str, Any], ops: set[str]) -> dict[int, tuple[int, int]]:
@@ -138,20 +161,16 @@ def test_deepspeed_reducing_inside_every_backward_is_not_judged() -> None:
 DS_BYTES = (8 * 32 + 32 + 32 + 1) * 4  # ds_train.py's model, float32
 
 
-DS_CASES = [("native", 2, True), ("coalesce", 2, False), ("native", 1, False)]
-
-
 @pytest.fixture(scope="module")
-def ds_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The three DeepSpeed runs in one ``deepspeed`` launch (tests/watch_sweep.py), each
-    recorded as ``watch`` records it."""
-    pytest.importorskip("deepspeed")
-    out = tmp_path_factory.mktemp("ds_comm")
-    watch_many(out, {f"{mode}_z{stage}": [
-        "deepspeed", "--num_gpus", "2", "--master_port", str(free_port()),
-        str(SCRIPTS / "ds_train.py"), "--mode", mode, "--stage", str(stage)]
-        for mode, stage, _ in DS_CASES})
-    return out
+def ds_runs(runs: Path) -> Path:
+    """The three DeepSpeed runs, in the module's one torchrun launch (``runs``; they ran in
+    a ``deepspeed`` launch of their own before: the ``deepspeed`` launcher under the real
+    ``watch`` CLI is tests/runtime/test_watch.py::test_deepspeed_launcher_native)."""
+    import importlib.util
+
+    if importlib.util.find_spec("deepspeed") is None:  # (not imported here: the ranks do)
+        pytest.skip("deepspeed is not installed")
+    return runs
 
 
 @pytest.mark.parametrize(("mode", "stage", "per_micro"), DS_CASES)

@@ -5,8 +5,9 @@ Two kinds of runs:
 * **sweeps**: one launch runs many loops one after the other, each recorded in its own
   directory by the observation layer (``accumguard.watch._recording.recording``), then each
   directory is analysed as ``accumguard watch -k 4`` would. One torchrun launch covers
-  DDP, FSDP2, torch ZeRO-1 and Accelerate on 2 gloo ranks; one covers DeepSpeed; one
-  single process covers the unseen patterns. A correct loop must give no error (false
+  DDP, FSDP2, torch ZeRO-1 and Accelerate on 2 gloo ranks, then DeepSpeed (the two sweep
+  scripts one after the other in each rank, ``run_scripts.py``); one single process
+  covers the unseen patterns. A correct loop must give no error (false
   alarms are worse than misses); a broken one the right class.
 * **real launchers** under the ``watch`` CLI, one per family: ``torchrun`` (with K read
   from the script's own source, no ``-k``), ``accelerate launch``, ``deepspeed``, plus bad
@@ -73,9 +74,23 @@ def _errors(findings: list[dict]) -> set[str]:
 
 # ----------------------------------------------------------------------------- sweeps
 @pytest.fixture(scope="module")
-def dist_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("dist")
-    return _sweep(out, _torchrun("sweep_dist.py", str(out)), timeout=300)
+def two_rank_sweeps(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The torch sweep (sweep_dist.py) and the DeepSpeed sweep (ds_train.py --sweep) in ONE
+    torchrun launch (``run_scripts.py``: one process per rank runs both scripts, the process
+    group kept across them): ``OUT/dist/<scenario>`` and ``OUT/ds/<scenario>``. The torch
+    sweep runs first, as it ran alone; without DeepSpeed installed only it runs."""
+    import importlib.util
+
+    out = tmp_path_factory.mktemp("two_rank")
+    scripts = [str(SCRIPTS / "sweep_dist.py"), str(out / "dist")]
+    if importlib.util.find_spec("deepspeed") is not None:
+        scripts += ["--", str(SCRIPTS / "ds_train.py"), "--sweep", str(out / "ds")]
+    return _sweep(out, _torchrun("run_scripts.py", *scripts), timeout=600)
+
+
+@pytest.fixture(scope="module")
+def dist_sweep(two_rank_sweeps: Path) -> Path:
+    return two_rank_sweeps / "dist"
 
 
 @pytest.mark.parametrize(("name", "expected"), [
@@ -147,10 +162,12 @@ def test_single_process_patterns(plain_sweep: Path, case: str, expected: set[str
 
 
 @pytest.fixture(scope="module")
-def ds_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("deepspeed")
-    out = tmp_path_factory.mktemp("ds")
-    return _sweep(out, _torchrun("ds_train.py", "--sweep", str(out)), timeout=500)
+def ds_sweep(two_rank_sweeps: Path) -> Path:
+    import importlib.util
+
+    if importlib.util.find_spec("deepspeed") is None:  # (not imported here: the ranks do)
+        pytest.skip("deepspeed is not installed")
+    return two_rank_sweeps / "ds"
 
 
 @pytest.mark.parametrize(("name", "expected"), [

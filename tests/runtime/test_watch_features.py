@@ -14,6 +14,9 @@ applies. Four launches:
   feature's own recording must give no error finding, no internal-failure record, and
   (where a backward pass runs) conservation verdicts;
 * the unobserved reference of DDP then FSDP2 (one torchrun launch, every feature);
+  in these two launches the ``subprocess`` feature's child does not import torch
+  (``--child-without-torch``): nothing observes it there, and the parent's parameters
+  are what is compared;
 * under the real ``accumguard watch`` CLI (one launch for plain, one torchrun launch for
   DDP + FSDP2, every feature one after the other): the run must end as it does alone
   (exit 0), accumguard must report no failure of its own and no error, and every
@@ -65,7 +68,7 @@ def inproc(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One process: each feature unobserved, then observed in-process (``recording()``)."""
     out = tmp_path_factory.mktemp("inproc")
     proc = _run([sys.executable, str(SCRIPT), str(out), "plain", ",".join(FEATURES),
-                 "--inproc"])
+                 "--inproc", "--child-without-torch"])
     assert proc.returncode == 0, proc.stderr[-4000:]
     return out
 
@@ -74,7 +77,7 @@ def inproc(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def dist_ref(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """2 gloo ranks, DDP then FSDP2, every feature unobserved: the reference parameters."""
     out = tmp_path_factory.mktemp("dist_ref")
-    proc = _run(_torchrun(str(out), ",".join(DIST), ",".join(FEATURES)))
+    proc = _run(_torchrun(str(out), ",".join(DIST), ",".join(FEATURES), "--child-without-torch"))
     assert proc.returncode == 0, proc.stderr[-4000:]
     return out
 

@@ -1,7 +1,8 @@
 """Correct accumulation loops written with the autograd features people use, for the
 feature matrix (``tests/runtime/test_watch_features.py``).
 
-``features.py OUT ENGINE[,ENGINE] FEATURE[,FEATURE...] [--inproc]`` with ENGINE ``plain``
+``features.py OUT ENGINE[,ENGINE] FEATURE[,FEATURE...] [--inproc] [--child-without-torch]``
+with ENGINE ``plain``
 (one process), ``ddp`` or ``fsdp2`` (2 gloo ranks under torchrun; ``ddp,fsdp2`` runs both,
 one after the other); a feature that does not apply to an engine (``APPLIES``) is left out. Each feature is a
 short K = 2 training run (3 optimizer steps) whose final parameters (full tensors) are
@@ -357,6 +358,12 @@ def f_workers() -> dict[str, torch.Tensor]:
     return full(model)
 
 
+#: ``--child-without-torch``: the child only prints (a Python start without torch's import):
+#: for the runs where the child is not observed (the unobserved references and the
+#: in-process Observer, which observes this process only), where only the parent's
+#: parameters are compared. Under ``accumguard watch`` the child is the torch process
+#: below, observed in its own right (its recording is not its parent rank's).
+_CHILD_WITHOUT_TORCH = "print(1.0)\n"
 _CHILD = ("import torch\n"
           "m = torch.nn.Linear(3, 2)\n"
           "o = torch.optim.SGD(m.parameters(), lr=0.1)\n"
@@ -375,7 +382,8 @@ def f_subprocess() -> dict[str, torch.Tensor]:
 
     def before(step: int) -> None:
         if step == 1 and rank() == 0:
-            out = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True,
+            child = _CHILD_WITHOUT_TORCH if "--child-without-torch" in sys.argv else _CHILD
+            out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
                                  check=True, timeout=120)
             assert out.stdout.strip(), out.stderr
 
