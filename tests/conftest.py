@@ -72,9 +72,11 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 def _scope(nodeid: str) -> str:
     """The unit ``--dist loadfile`` hands to one worker: the test's module, or the group of
     modules that share the session-wide DeepSpeed spawn (``ds_spawn.WORKERS``)."""
-    from ds_spawn import WORKERS
+    from ds_spawn import TORCH_WORKERS, WORKERS
 
     path = nodeid.split("::", 1)[0]
+    if Path(path).stem in TORCH_WORKERS:
+        return "torch-spawn"
     return "deepspeed-spawn" if Path(path).stem in WORKERS else path
 
 
@@ -149,6 +151,15 @@ def deepspeed_spawn(request: pytest.FixtureRequest) -> dict[str, list[object]]:
     from ds_spawn import shared_deepspeed_spawn
 
     return shared_deepspeed_spawn(request.session)
+
+
+@pytest.fixture(scope="session")
+def torch_spawn(request: pytest.FixtureRequest) -> dict[str, list[object]]:
+    """The torch-only 2-rank (gloo) workers of tests/accumulate in ONE spawn
+    (``ds_spawn.TORCH_WORKERS``): module name -> its worker's per-rank results."""
+    from ds_spawn import shared_torch_spawn
+
+    return shared_torch_spawn(request.session)
 
 
 # Seconds per test module (setup + call + teardown of its tests, summed over workers), so

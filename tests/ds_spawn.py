@@ -34,17 +34,37 @@ TIMEOUTS = {"test_deepspeed": 600, "test_deepspeed_lean_flush": 900,
             "test_nonfinite_dist": 900, "test_checkpoint": 900}
 MAX_TIMEOUT = 1800
 
+#: The same for the torch-only 2-rank spawns of tests/accumulate (DDP on gloo, no DeepSpeed):
+#: four module fixtures, four spawns before (each two Python + torch starts and a gloo
+#: rendezvous), now one, in its own xdist unit (``torch-spawn``) so that it does not lengthen
+#: the DeepSpeed unit. integrations/test_trl_peft.py's 2-rank SFT run (a Trainer over gloo)
+#: joins it, after the accumulate workers' bitwise comparisons. In run order:
+#: test_accumulator_errors last, its uneven-ranks check ends with both ranks raising in a window.
+TORCH_WORKERS: dict[str, str] = {
+    "test_equivalence_local_ddp": "_every_ddp_run",
+    "test_master_weights": "_ddp_worker_shared",
+    "test_fp32_accumulation": "_local_and_ddp",
+    "test_trl_peft": "_sft_rank_shared",
+    "test_accumulator_errors": "_in_a_group",
+}
+TORCH_TIMEOUTS = {"test_equivalence_local_ddp": 600, "test_master_weights": 600,
+                  "test_fp32_accumulation": 180, "test_trl_peft": 600,
+                  "test_accumulator_errors": 300}
 
-def _run_workers(rank: int, world: int, modules: list[str]) -> dict[str, Any]:
+
+def _run_workers(rank: int, world: int, modules: list[str],
+                 workers: dict[str, str] | None = None) -> dict[str, Any]:
     """In each rank: every selected module's worker, as its own spawn would have called it."""
-    return {m: getattr(importlib.import_module(m), WORKERS[m])(rank, world) for m in modules}
+    table = WORKERS if workers is None else workers
+    return {m: getattr(importlib.import_module(m), table[m])(rank, world) for m in modules}
 
 
-def selected(session: pytest.Session) -> list[str]:
-    """The modules of :data:`WORKERS` that have a test selected in this session, in order."""
+def selected(session: pytest.Session, workers: dict[str, str] | None = None) -> list[str]:
+    """The modules of :data:`WORKERS` (or ``workers``) that have a test selected in this
+    session, in order."""
     names = {item.module.__name__ for item in session.items
              if isinstance(item, pytest.Function) and item.module is not None}
-    return [m for m in WORKERS if m in names]
+    return [m for m in (WORKERS if workers is None else workers) if m in names]
 
 
 def shared_deepspeed_spawn(session: pytest.Session) -> dict[str, list[Any]]:
@@ -55,4 +75,15 @@ def shared_deepspeed_spawn(session: pytest.Session) -> dict[str, list[Any]]:
     per_rank = run_on_ranks(_run_workers, 2, (modules,),
                             timeout=min(MAX_TIMEOUT, sum(TIMEOUTS[m] for m in modules)),
                             env={"DS_ACCELERATOR": "cpu"})
+    return {m: [r[m] for r in per_rank] for m in modules}
+
+
+def shared_torch_spawn(session: pytest.Session) -> dict[str, list[Any]]:
+    """module -> [rank 0's result, rank 1's result] of its :data:`TORCH_WORKERS` worker, from
+    one 2-rank gloo spawn (no DeepSpeed imported)."""
+    from accumguard import run_on_ranks
+
+    modules = selected(session, TORCH_WORKERS)
+    per_rank = run_on_ranks(_run_workers, 2, (modules, TORCH_WORKERS),
+                            timeout=min(MAX_TIMEOUT, sum(TORCH_TIMEOUTS[m] for m in modules)))
     return {m: [r[m] for r in per_rank] for m in modules}

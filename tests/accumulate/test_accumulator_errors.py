@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import pytest
 import torch
@@ -15,7 +16,6 @@ from accumguard import (
     DistributedError,
     RankFailedError,
     UsageError,
-    run_on_ranks,
 )
 from accumguard.demo.toy import IGNORE_INDEX, TokenMLP, count_tokens, make_rank_batches, token_loss
 
@@ -250,8 +250,11 @@ def _in_a_group(rank: int, world: int) -> dict:
 
 
 @pytest.fixture(scope="module")
-def in_a_group() -> list[dict]:
-    return run_on_ranks(_in_a_group, 2, timeout=300)
+def in_a_group(torch_spawn: dict[str, list[Any]]) -> list[dict]:
+    """:func:`_in_a_group`'s per-rank results, from the torch-only spawn shared with the other
+    DDP modules of tests/accumulate (tests/ds_spawn.py; this module's worker runs last)."""
+    out: list[dict] = torch_spawn["test_accumulator_errors"]
+    return out
 
 
 def test_local_engine_ignores_an_existing_process_group(in_a_group: list[dict]) -> None:

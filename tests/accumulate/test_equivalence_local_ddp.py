@@ -8,13 +8,14 @@ comparison fails broken loops by ≥ 1e-2, and collectives are counted.
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from accumguard import Accumulator, run_on_ranks
+from accumguard import Accumulator
 from accumguard.demo.toy import count_tokens, token_loss
 from accumguard.engines.ddp import DDPEngine
 from accumguard.verify.reference import flat_params
@@ -84,8 +85,11 @@ def _every_ddp_run(rank: int, world: int) -> dict:
 
 
 @pytest.fixture(scope="module")
-def ddp_runs() -> list[dict]:
-    return run_on_ranks(_every_ddp_run, 2, timeout=600)
+def ddp_runs(torch_spawn: dict[str, list[Any]]) -> list[dict]:
+    """:func:`_every_ddp_run`'s per-rank results, from the torch-only spawn shared with the
+    other DDP modules of tests/accumulate (tests/ds_spawn.py)."""
+    out: list[dict] = torch_spawn["test_equivalence_local_ddp"]
+    return out
 
 
 @pytest.fixture(scope="module")

@@ -9,12 +9,14 @@ at the cast back to the parameter's dtype, and their fp32 sum itself is within 1
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from accumguard import Accumulator, run_on_ranks
+from accumguard import Accumulator
 from accumguard.core.errors import ConfigError
 
 K, MICRO, DIM = 256, 2, 16
@@ -98,8 +100,11 @@ def test_local_bf16_fp32_accumulation_beats_bf16_sums() -> None:
     assert model.weight.grad is not None
 
 
-def test_ddp_bf16_fp32_accumulation_one_fp32_all_reduce() -> None:
-    res = run_on_ranks(_local_and_ddp, 2, (), timeout=180)[0]
+def test_ddp_bf16_fp32_accumulation_one_fp32_all_reduce(
+        torch_spawn: dict[str, list[Any]]) -> None:
+    """:func:`_local_and_ddp` on 2 gloo ranks, in the torch-only spawn shared with the other
+    DDP modules of tests/accumulate (tests/ds_spawn.py)."""
+    res = torch_spawn["test_fp32_accumulation"][0]
     print(f"DDP bf16 K={K}: {res}")
     assert res["native"]["err"] >= 1e-2, res
     assert res["auto"]["err"] <= 4e-3 and res["auto"]["sum_err"] <= 1e-3, res

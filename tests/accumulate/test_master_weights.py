@@ -32,7 +32,7 @@ import pytest
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from accumguard import Accumulator, ConfigError, run_on_ranks
+from accumguard import Accumulator, ConfigError
 from accumguard.demo.toy import count_tokens, token_loss
 from accumguard.engines.precision import enable_master_weights
 from accumguard.verify.reference import (
@@ -211,10 +211,22 @@ def _dcp_resume(rank: int, world: int, root: str) -> bool:
     return all(torch.equal(whole[k], resumed[k]) for k in whole)
 
 
+def _ddp_worker_shared(rank: int, world: int) -> dict[str, Any]:
+    """:func:`_ddp_worker` in the torch-only spawn shared with the other DDP modules of
+    tests/accumulate (tests/ds_spawn.py): rank 0 makes the checkpoint folder, both use it
+    (under the session's temporary folder, which conftest removes at the end)."""
+    import torch.distributed as dist
+
+    box: list[str | None] = [tempfile.mkdtemp() if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    assert box[0] is not None
+    return _ddp_worker(rank, world, box[0])
+
+
 @pytest.fixture(scope="module")
-def ddp_results() -> dict[str, Any]:
-    with tempfile.TemporaryDirectory() as root:
-        return run_on_ranks(_ddp_worker, 2, (root,), timeout=600)[0]
+def ddp_results(torch_spawn: dict[str, list[Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = torch_spawn["test_master_weights"][0]
+    return out
 
 
 def test_ddp_masters_match_the_large_batch(ddp_results: dict[str, Any]) -> None:

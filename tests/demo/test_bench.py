@@ -2,8 +2,9 @@
 only when the interval allows it, and the paired / ZeRO-study modes run end to end.
 
 The two checks on the bench's own builders (the limit against DDP, then ZeRO-3's
-replacement of ``F.linear``) run one after the other in ONE 2-rank spawn (module fixture
-``builders``; they had a spawn each)."""
+replacement of ``F.linear``) and the ZeRO-3 study's "every parameter whole" variant run one
+after the other in ONE 2-rank spawn (module fixture ``builders``; they had a spawn each).
+The study's "coalesced" variant runs end to end through ``bench.main`` (its own spawn)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import torch
 
 from accumguard import run_on_ranks
 from accumguard.demo import bench
+from accumguard.demo._bench_zero import _GATHERS, ZERO3_VARIANTS
 
 
 def _rounds(ratio: float, spread: float, n: int, seed: int = 0) -> list[list[float]]:
@@ -76,6 +78,8 @@ def _builders(rank: int, world: int, with_deepspeed: bool) -> dict[str, Any]:
     out: dict[str, Any] = {"limit_vs_ddp": _limit_vs_ddp(rank, world)}
     if with_deepspeed:
         out["linear_seen"] = _linear_seen(rank, world)
+        out["whole_ops"] = bench.zero_study_worker(rank, world, _ZERO_STUDY_ARGS, 3,
+                                                   *ZERO3_VARIANTS[_WHOLE])["per_step"]
     return out
 
 
@@ -84,7 +88,7 @@ def builders() -> list[dict[str, Any]]:
     import importlib.util
 
     with_ds = importlib.util.find_spec("deepspeed") is not None
-    return run_on_ranks(_builders, 2, (with_ds,), timeout=420, env={"DS_ACCELERATOR": "cpu"})
+    return run_on_ranks(_builders, 2, (with_ds,), timeout=720, env={"DS_ACCELERATOR": "cpu"})
 
 
 def test_limit_takes_the_same_step_as_the_accumulator_on_ddp(
@@ -116,24 +120,33 @@ def test_paired_mode_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert ddp["rounds"] == 3 and len(doc["samples"]["DDP deferred"]) == 3
 
 
-def test_zero3_study_counts_gathers_and_reductions(capsys: pytest.CaptureFixture[str]) -> None:
+# dim 64 / hidden 512: the 512x512 weight (262 k elements) is above ZeRO-3's default
+# persistence threshold (1e5), so the plain coalesced variant gathers it in every micro-step;
+# persistence 1e12 keeps every parameter whole and must gather less.
+_ZERO_STUDY_ARGS = argparse.Namespace(rounds=1, warm=1, dim=64, hidden=512, k=3, micro=2)
+_SHARDED = "coalesced (config GA = 1)"
+_WHOLE = "coalesced, persistence 1e12 (every parameter whole)"
+
+
+def test_zero3_study_counts_gathers_and_reductions(
+        capsys: pytest.CaptureFixture[str], builders: list[dict[str, Any]]) -> None:
+    """The study end to end (``bench.main``, its own spawn) for the coalesced variant; the
+    "every parameter whole" variant's worker ran in the ``builders`` spawn with the same
+    sizes (it had a spawn of its own through ``bench.main`` before)."""
     pytest.importorskip("deepspeed")
-    # dim 64 / hidden 512: the 512x512 weight (262 k elements) is above ZeRO-3's default
-    # persistence threshold (1e5), so the plain coalesced variant gathers it in every
-    # micro-step; persistence 1e12 keeps every parameter whole and must gather less.
-    args = ["--zero-study", "3", "--rounds", "1", "--warm", "1", "--dim", "64", "--hidden",
-            "512", "-k", "3", "--micro", "2", "--timeout", "300", "--only",
-            "coalesced (config GA = 1)", "persistence 1e12 (every"]
+    a = _ZERO_STUDY_ARGS
+    args = ["--zero-study", "3", "--rounds", str(a.rounds), "--warm", str(a.warm), "--dim",
+            str(a.dim), "--hidden", str(a.hidden), "-k", str(a.k), "--micro", str(a.micro),
+            "--timeout", "300", "--only", _SHARDED]
     assert bench.main(args) == 0
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| ZeRO-3")]
-    assert len(lines) == 2, lines
-    cells = {ln.split("|")[1].strip(): ln.split("|") for ln in lines}
-    sharded = cells["ZeRO-3 coalesced (config GA = 1)"]
-    whole = cells["ZeRO-3 coalesced, persistence 1e12 (every parameter whole)"]
-    gathers = {k: float(v[5].split("(")[0]) for k, v in
-               (("sharded", sharded), ("whole", whole))}
+    assert len(lines) == 1, lines
+    sharded = lines[0].split("|")
+    assert sharded[1].strip() == f"ZeRO-3 {_SHARDED}", sharded
+    gathers = {"sharded": float(sharded[5].split("(")[0]),
+               "whole": sum(builders[0]["whole_ops"].get(o, [0, 0])[0] for o in _GATHERS)}
     assert gathers["sharded"] >= 3  # the 512x512 weight is gathered in every micro-step
-    assert gathers["whole"] < gathers["sharded"]
+    assert gathers["whole"] < gathers["sharded"], gathers
     assert float(sharded[6].split("(")[0]) >= 1  # at least one gradient reduction per step
 
 

@@ -166,12 +166,18 @@ def _sft_rank(rank: int, world: int) -> dict[str, Any]:
             "update": float(torch.cat([u.flatten() for u in update]).double().norm())}
 
 
-def test_sft_trainer_on_two_ranks() -> None:
+def _sft_rank_shared(rank: int, world: int) -> dict[str, Any] | None:
+    """:func:`_sft_rank` in the torch-only 2-rank spawn shared with the DDP modules of
+    tests/accumulate (tests/ds_spawn.py; it had a spawn of its own); None without TRL."""
+    import importlib.util
+
+    return _sft_rank(rank, world) if importlib.util.find_spec("trl") is not None else None
+
+
+def test_sft_trainer_on_two_ranks(torch_spawn: dict[str, list[Any]]) -> None:
     """2 gloo ranks: the callback attaches on every rank, no finding, one update on both."""
     pytest.importorskip("trl")
-    from accumguard.runtime.launch import run_on_ranks
-
-    runs = run_on_ranks(_sft_rank, 2, timeout=600)
+    runs = torch_spawn["test_trl_peft"]
     for r in runs:
         assert r["world"] == 2 and r["findings"] == [], r
         assert r["backwards"] and set(r["backwards"]) == {float(K)}, r
