@@ -160,3 +160,16 @@ for i, (x, y) in enumerate(loader):
 def test_global_batch_with_the_world_size_under_ddp(define: str, flagged: bool) -> None:
     found = [f for f in lint_source(_DDP.format(define=define)) if f.code == "AG112"]
     assert bool(found) is flagged
+
+
+@pytest.mark.parametrize(("count", "flagged"), [
+    ("n.item()", False),                       # the window's count, made a Python number
+    ("int(n)", False),
+    ("self_total", False),
+    ("int((batch['labels'] != -100).sum())", True),
+])
+def test_num_items_count_read_from_the_window_or_the_micro_batch(count: str, flagged: bool) -> None:
+    body = f"        model(**batch, num_items_in_batch={count}).loss.backward()"
+    src = _NUM_ITEMS.format(body=body).replace("    n = sum(", "    self_total = n = sum(")
+    found = [f for f in lint_source(src) if f.code == "AG122"]
+    assert bool(found) is flagged

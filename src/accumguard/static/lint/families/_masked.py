@@ -152,14 +152,22 @@ def num_items_arg(call: ast.AST) -> ast.expr | None:
 
 
 def counted_per_micro_batch(ctx: FileContext, scope: ast.AST, window: ast.AST, count: ast.expr) -> bool:
-    """The count handed as ``num_items_in_batch`` is computed inside the window (the
-    micro-batch's own count, a per-micro-batch mean again); a name assigned only outside
-    the window's body (before the inner loop, a parameter, a field) counts the window."""
-    if not isinstance(count, ast.Name):
-        return any(isinstance(n, ast.Call | ast.Compare) for n in walk_all(count))
-    inside = {id(n) for n in ctx.local_nodes(window)}
-    values = _name_values(ctx, scope)[0].get(count.id, [])
-    return any(id(v) in inside for v in values)
+    """The count handed as ``num_items_in_batch`` is computed inside the window: it reads a
+    name the window assigns (its loop variable, ``batch = next(it)``, ``n = (b["labels"] !=
+    -100).sum()``), so it is the micro-batch's own count and the loss a per-micro-batch mean
+    again. A count built only from names assigned outside the window's body (before the
+    inner loop, a parameter, a field, ``n.item()`` of such a name) counts the window."""
+    def compute() -> set[str]:
+        out: set[str] = set()
+        for n in ctx.local_nodes(window):
+            targets = n.targets if isinstance(n, ast.Assign) else (
+                [n.target] if isinstance(n, ast.AugAssign | ast.AnnAssign | ast.For | ast.AsyncFor) else [])
+            out.update(x.id for t in targets for x in walk_all(t) if isinstance(x, ast.Name))
+        if isinstance(window, ast.For | ast.AsyncFor):
+            out.update(x.id for x in walk_all(window.target) if isinstance(x, ast.Name))
+        return out
+    assigned: set[str] = ctx._cached("num_items_window_names", window, compute)
+    return any(isinstance(x, ast.Name) and x.id in assigned for x in walk_all(count))
 
 
 def window_normalised(ctx: FileContext, scope: ast.AST, window: ast.AST, expr: ast.AST) -> bool:
