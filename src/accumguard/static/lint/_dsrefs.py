@@ -152,6 +152,8 @@ class DsConfigFinder:
         defs, calls = self._defs_and_calls_by_name()
         if defs.get(fn.name, 0) != 1:
             return False  # two functions of that name: which one is called cannot be told
+        if isinstance(self.ctx.parents.get(fn), ast.ClassDef):
+            calls = {fn.name: self._method_calls_by_name().get(fn.name, [])}  # cfg.to_ds(world)
         for call in calls.get(fn.name, ()):
             if self._is_config_argument(call):
                 return True
@@ -174,6 +176,16 @@ class DsConfigFinder:
                     calls.setdefault(call.func.id, []).append(call)
             return defs, calls
         return self.ctx._cached("ds_defs_calls", self.ctx.tree, compute)  # type: ignore[no-any-return]
+
+    def _method_calls_by_name(self) -> dict[str, list[ast.Call]]:
+        """The calls ``obj.name(...)`` by method name, indexed once per file."""
+        def compute() -> dict[str, list[ast.Call]]:
+            calls: dict[str, list[ast.Call]] = {}
+            for call in self.ctx.of(ast.Call):
+                if isinstance(call.func, ast.Attribute):
+                    calls.setdefault(call.func.attr, []).append(call)
+            return calls
+        return self.ctx._cached("ds_method_calls", self.ctx.tree, compute)  # type: ignore[no-any-return]
 
     def _config_argument_names(self) -> set[str]:
         """Names passed as a config: ``config=cfg`` keywords and ``initialize(..., cfg)``."""

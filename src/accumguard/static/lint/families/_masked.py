@@ -16,7 +16,8 @@ from accumguard.static.lint._ast import call_attr, dotted, receiver, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint.families.deepspeed import _name_values
 
-__all__ = ["masked_mean", "masked_mean_helpers"]
+__all__ = ["counted_per_micro_batch", "helper_called", "hf_loss", "masked_mean", "masked_mean_helpers",
+           "num_items_arg", "window_normalised"]
 
 #: wrappers that keep a count a count: ``m.sum().clamp(min=1)``, ``.float()``, ``max(n, 1)``
 _COUNT_WRAPPERS = frozenset({"clamp", "clamp_min", "clip", "float", "to", "type_as", "detach", "item"})
@@ -63,6 +64,18 @@ def _is_masked_division(expr: ast.AST) -> bool:
     return weight is not None and _sums_weighted_by(expr.left, weight)
 
 
+def helper_called(call: ast.AST) -> str | None:
+    """The name of the file's function a call reaches: ``f(...)`` or a method ``self.f(...)``."""
+    if not isinstance(call, ast.Call):
+        return None
+    if isinstance(call.func, ast.Name):
+        return call.func.id
+    if isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Name) and call.func.value.id in {
+            "self", "cls"}:
+        return call.func.attr
+    return None
+
+
 def masked_mean_helpers(ctx: FileContext) -> set[str]:
     """Functions defined once in the file whose every ``return`` is a masked token mean."""
     def compute() -> set[str]:
@@ -101,6 +114,73 @@ def masked_mean(ctx: FileContext, scope: ast.AST, expr: ast.AST, seen: set[str],
     if isinstance(expr, ast.Call):
         if isinstance(expr.func, ast.Attribute) and expr.func.attr == "mean" and not expr.args and not expr.keywords:
             return masked_mean(ctx, scope, expr.func.value, seen, helpers=helpers)
-        if helpers and isinstance(expr.func, ast.Name):
-            return expr.func.id in masked_mean_helpers(ctx)
+        if helpers and helper_called(expr) is not None:
+            return helper_called(expr) in masked_mean_helpers(ctx)
     return False
+
+
+def hf_loss(ctx: FileContext, scope: ast.AST, expr: ast.AST, seen: set[str] | None = None) -> bool:
+    """``expr`` is a model output's ``.loss`` (``out.loss``, ``model(**b).loss``, a name
+    every assignment of which is one) computed without ``num_items_in_batch``: the model's
+    own mean over this micro-batch's label tokens (those not -100)."""
+    seen = set() if seen is None else seen
+    if isinstance(expr, ast.Name):
+        if expr.id in seen:
+            return False
+        seen.add(expr.id)
+        values, rewritten = _name_values(ctx, scope)
+        vals = values.get(expr.id, [])
+        return expr.id not in rewritten and bool(vals) and all(hf_loss(ctx, scope, v, seen) for v in vals)
+    if not (isinstance(expr, ast.Attribute) and expr.attr == "loss"):
+        return False
+    out = expr.value
+    calls = [out] if isinstance(out, ast.Call) else (
+        _name_values(ctx, scope)[0].get(out.id, []) if isinstance(out, ast.Name) else [])
+    return bool(calls) and all(isinstance(c, ast.Call) and not any(
+        k.arg == "num_items_in_batch" for k in c.keywords) for c in calls)
+
+
+_NUM_ITEMS = "num_items_in_batch"
+
+
+def num_items_arg(call: ast.AST) -> ast.expr | None:
+    """The ``num_items_in_batch=`` keyword of a call (a HF model, loss function or
+    ``compute_loss``): the loss it returns is the summed loss divided by that count."""
+    if isinstance(call, ast.Call):
+        return next((k.value for k in call.keywords if k.arg == _NUM_ITEMS), None)
+    return None
+
+
+def counted_per_micro_batch(ctx: FileContext, scope: ast.AST, window: ast.AST, count: ast.expr) -> bool:
+    """The count handed as ``num_items_in_batch`` is computed inside the window: it reads a
+    name the window assigns (its loop variable, ``batch = next(it)``, ``n = (b["labels"] !=
+    -100).sum()``), so it is the micro-batch's own count and the loss a per-micro-batch mean
+    again. A count built only from names assigned outside the window's body (before the
+    inner loop, a parameter, a field, ``n.item()`` of such a name) counts the window."""
+    def compute() -> set[str]:
+        out: set[str] = set()
+        for n in ctx.local_nodes(window):
+            targets = n.targets if isinstance(n, ast.Assign) else (
+                [n.target] if isinstance(n, ast.AugAssign | ast.AnnAssign | ast.For | ast.AsyncFor) else [])
+            out.update(x.id for t in targets for x in walk_all(t) if isinstance(x, ast.Name))
+        if isinstance(window, ast.For | ast.AsyncFor):
+            out.update(x.id for x in walk_all(window.target) if isinstance(x, ast.Name))
+        return out
+    assigned: set[str] = ctx._cached("num_items_window_names", window, compute)
+    return any(isinstance(x, ast.Name) and x.id in assigned for x in walk_all(count))
+
+
+def window_normalised(ctx: FileContext, scope: ast.AST, window: ast.AST, expr: ast.AST) -> bool:
+    """``expr`` is a model output's ``.loss`` (or a name of one) from a call given
+    ``num_items_in_batch=`` a count of the whole window: the window's normalisation."""
+    if isinstance(expr, ast.Name):
+        vals = _name_values(ctx, scope)[0].get(expr.id, [])
+        return bool(vals) and all(window_normalised(ctx, scope, window, v) for v in vals)
+    if not (isinstance(expr, ast.Attribute) and expr.attr == "loss"):
+        return False
+    out = expr.value
+    calls = [out] if isinstance(out, ast.Call) else (
+        _name_values(ctx, scope)[0].get(out.id, []) if isinstance(out, ast.Name) else [])
+    counts = [num_items_arg(c) for c in calls]
+    return bool(counts) and all(c is not None and not counted_per_micro_batch(ctx, scope, window, c)
+                                for c in counts)

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from accumguard.static.findings import Confidence, Finding, Severity
-from accumguard.static.lint._ast import call_attr, dotted, last_part, position, receiver
+from accumguard.static.lint._ast import call_attr, dotted, last_part, position, receiver, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._modguard import exclusive
@@ -41,6 +41,10 @@ def _bool_value(ctx: FileContext, expr: ast.AST) -> bool | None:
     if name is None:
         return None
     values = _values_by_name(ctx).get(name, [])
+    if not values and isinstance(expr, ast.Attribute):
+        field = expr.attr  # cfg.use_amp: a dataclass field's default, once per field and file
+        return ctx._cached(f"ampclip_field_{field}", ctx.tree,  # type: ignore[no-any-return]
+                           lambda: _dataclass_default(ctx, field))
     if values and all(isinstance(v, ast.Constant) and isinstance(v.value, bool) for v in values):
         first = values[0]
         assert isinstance(first, ast.Constant)
@@ -59,6 +63,46 @@ def _values_by_name(ctx: FileContext) -> dict[str, list[ast.AST]]:
                 out.setdefault(t, []).append(value)
         return out
     return ctx._cached("ampclip_values", ctx.tree, compute)  # type: ignore[no-any-return]
+
+
+def _dataclass_default(ctx: FileContext, field: str) -> bool | None:
+    """``cfg.field`` where ``field`` is a bool field of a ``@dataclass`` of the file with a
+    literal default and nothing in the file can set it: no assignment to any ``.field``, no
+    ``field=`` keyword, and the class only built by calls without positional arguments or
+    ``**`` (never handed to a parser or a loader, which could fill it)."""
+    found: list[tuple[ast.ClassDef, bool]] = []
+    for cls in ctx.of(ast.ClassDef):
+        if not any(last_part(dotted(d.func if isinstance(d, ast.Call) else d)) == "dataclass"
+                   for d in cls.decorator_list):
+            continue
+        for st in cls.body:
+            if (isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name) and st.target.id == field
+                    and isinstance(st.value, ast.Constant) and isinstance(st.value.value, bool)):
+                found.append((cls, st.value.value))
+    if len(found) != 1:
+        return None
+    cls, default = found[0]
+    for n in ctx.of(ast.Assign, ast.AugAssign, ast.AnnAssign):
+        targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+        if any(isinstance(t, ast.Attribute) and t.attr == field for tt in targets for t in walk_all(tt)):
+            return None
+    for call in ctx.of(ast.Call):
+        if any(k.arg == field for k in call.keywords):
+            return None
+        if last_part(dotted(call.func)) in {"setattr", "replace"}:
+            return None
+    uses: list[ast.Name] = ctx._cached("ampclip_names", ctx.tree, lambda: [
+        n for n in walk_all(ctx.tree) if isinstance(n, ast.Name)])  # Names are not indexed
+    for n in uses:
+        if n.id != cls.name:
+            continue
+        parent = ctx.parents.get(n)
+        if isinstance(parent, ast.Call) and parent.func is n:
+            if parent.args or any(k.arg is None for k in parent.keywords):
+                return None
+        elif not isinstance(parent, ast.arg | ast.AnnAssign):
+            return None
+    return default
 
 
 def _scalers(ctx: FileContext) -> dict[str, bool | None]:

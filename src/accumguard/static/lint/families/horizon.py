@@ -30,6 +30,7 @@ from accumguard.static.findings import Finding
 from accumguard.static.lint._ast import WORLD_RE, call_attr, dotted, receiver, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families._acchorizon import accelerate_micro_horizon
 
 #: scheduler constructors -> (keyword of the horizon, its position in the call)
 _HORIZON_ARG: dict[str, tuple[str, int]] = {
@@ -227,10 +228,47 @@ def _schedulers(ctx: FileContext) -> Iterator[tuple[str, ast.Call, ast.AST]]:
         if not isinstance(node.value, ast.Call) or len(node.targets) != 1:
             continue
         name = dotted(node.targets[0])
-        horizon = _horizon_expr(ctx, node.value)
+        horizon = _horizon_expr(ctx, node.value) or _helper_horizon(ctx, node.value)
         if name is None or horizon is None:
             continue
         yield name, node.value, horizon
+
+
+def _defs_by_name(ctx: FileContext) -> dict[str, list[ast.FunctionDef]]:
+    def compute() -> dict[str, list[ast.FunctionDef]]:
+        out: dict[str, list[ast.FunctionDef]] = {}
+        for d in ctx.of(ast.FunctionDef):
+            out.setdefault(d.name, []).append(d)
+        return out
+    return ctx._cached("horizon_defs", ctx.tree, compute)  # type: ignore[no-any-return]
+
+
+def _helper_horizon(ctx: FileContext, call: ast.Call) -> ast.AST | None:
+    """The argument a call of a function of the file passes for the horizon of the scheduler
+    it returns (``def linear_schedule(opt, num_training_steps): return LambdaLR(opt, lambda
+    s: 1 - s / num_training_steps)``, called ``linear_schedule(opt, epochs * len(loader))``)."""
+    if not isinstance(call.func, ast.Name):
+        return None
+    defs = _defs_by_name(ctx).get(call.func.id, [])
+    if len(defs) != 1:
+        return None
+    rets = [n for n in walk_all(defs[0]) if isinstance(n, ast.Return)]
+    if len(rets) != 1 or not isinstance(rets[0].value, ast.Call):
+        return None
+    ctor = rets[0].value
+    params = [a.arg for a in defs[0].args.posonlyargs + defs[0].args.args]
+    if _constructor_name(ctor) == "LambdaLR":
+        fn = next((k.value for k in ctor.keywords if k.arg == "lr_lambda"),
+                  ctor.args[1] if len(ctor.args) > 1 else None)
+        reads = {n.id for n in walk_all(fn) if isinstance(n, ast.Name)} if isinstance(fn, ast.Lambda) else set()
+        inner: ast.AST | None = next((ast.Name(id=p) for p in params if p in reads), None)
+    else:
+        inner = _horizon_expr(ctx, ctor) if _constructor_name(ctor) in _HORIZON_ARG else None
+    if not isinstance(inner, ast.Name) or inner.id not in params:
+        return None
+    idx = params.index(inner.id)
+    kw = next((k.value for k in call.keywords if k.arg == inner.id), None)
+    return kw if kw is not None else (call.args[idx] if idx < len(call.args) else None)
 
 
 def _iterated(loop: ast.AST) -> str | None:
@@ -302,6 +340,18 @@ def horizon_in_micro_batches(ctx: FileContext) -> Iterator[Finding]:
         loaders = _len_args(parts)
         if not loaders:
             continue  # not a count of batches
+        accelerate = accelerate_micro_horizon(ctx, name, parts, loaders)
+        if accelerate is not None:
+            yield ctx.finding(
+                "AG124",
+                ctor,
+                f"the schedule's horizon `{ast.unparse(horizon)}` counts the micro-batches of "
+                f"`{accelerate}`, but `Accelerator(gradient_accumulation_steps=K > 1)` prepared "
+                f"`{name}` and steps it only when the optimizer steps, once per window of K "
+                "(`accelerator.accumulate`): the schedule is K times longer than training and "
+                "never reaches its end",
+            )
+            continue
         steps = _step_calls(ctx, name)
         if not steps:
             continue

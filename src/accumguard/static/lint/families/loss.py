@@ -39,8 +39,15 @@ from accumguard.static.lint._ast import (
 )
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
-from accumguard.static.lint.families._masked import masked_mean, masked_mean_helpers
+from accumguard.static.lint.families._masked import (
+    helper_called,
+    hf_loss,
+    masked_mean,
+    masked_mean_helpers,
+    window_normalised,
+)
 from accumguard.static.lint.families._modguard import k_values
+from accumguard.static.lint.families._worldprod import named_product_with_world
 
 _TOKEN_MEAN_KEYWORDS = frozenset(
     {"ignore_index", "attention_mask", "loss_mask", "padding_mask", "pad_token_id", "label_mask",
@@ -246,7 +253,7 @@ def _per_micro_batch_token_mean(ctx: FileContext, window: ast.AST) -> bool:
             return True
     helpers = masked_mean_helpers(ctx)  # (x * m).sum() / m.sum(), inline or in a helper
     return any(
-        isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in helpers
+        isinstance(n, ast.Call) and helper_called(n) in helpers
         or isinstance(n, ast.BinOp) and masked_mean(ctx, window, n, set(), helpers=False)
         for n in ctx.local_nodes(window)
     )
@@ -272,7 +279,8 @@ def mean_of_means(ctx: FileContext) -> Iterator[Finding]:
         facts = ctx.window_facts(window)
         if not facts.accumulating or facts.summed_loss:
             continue
-        by_k = _divides_by_k(ctx, window)
+        by_k = [(n, d) for n, d in _divides_by_k(ctx, window)  # num_items_in_batch=window count: not F5
+                if not window_normalised(ctx, ctx.scope_of(window), window, d)]
         by_accelerate = not by_k and facts.accelerate and _accelerate_ga_above_one(ctx)
         if by_accelerate:
             # accelerator.backward() divides the loss by gradient_accumulation_steps itself
@@ -292,6 +300,11 @@ def mean_of_means(ctx: FileContext) -> Iterator[Finding]:
             found = [_token_mean_hints(ctx, f) for f in methods]
             hints = any(h for h, _ in found)
             summed = summed or any(sm for _, sm in found)
+        if not explicit and not hints and not summed and all(hf_loss(ctx, scope, d) for _, d in by_k):
+            # a HF model's .loss: labels masked with -100 by a collate function of the file
+            hints, summed = ctx._cached("token_hints_file", ctx.tree, lambda: tuple(
+                any(x) for x in zip(*[_token_mean_hints(ctx, f) for f in ctx.of(ast.FunctionDef)], (False, False),
+                                    strict=False)))
         if not explicit and (not hints or summed):
             continue
         for node, _ in by_k:
@@ -315,7 +328,8 @@ def loss_divided_by_world_under_ddp(ctx: FileContext) -> Iterator[Finding]:
     if not (ctx.ddp_wrapped or engine) or not ctx.is_training_script():
         return
     for node, dividend, divisor in _divisions(ctx):
-        if not ctx.mentions_world(divisor) or not _is_loss_division(ctx, node, dividend):
+        if not (ctx.mentions_world(divisor) or named_product_with_world(ctx, divisor)) \
+                or not _is_loss_division(ctx, node, dividend):
             continue
         if _world_only_below(ctx, node, divisor):
             continue  # loss / (count / W) multiplies by W: the all-reduced count's rank share

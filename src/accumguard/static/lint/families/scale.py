@@ -24,6 +24,7 @@ from accumguard.static.findings import Finding
 from accumguard.static.lint._ast import call_attr, dotted, is_backward, receiver, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families._masked import counted_per_micro_batch, num_items_arg
 from accumguard.static.lint.families.deepspeed import _local_funcs, _name_values, _plain_loss
 from accumguard.static.lint.families.loss import (
     _division,
@@ -57,20 +58,34 @@ def _k_scales_something(ctx: FileContext) -> bool:
     return False
 
 
-def _is_mean(ctx: FileContext, scope: ast.AST, expr: ast.AST, seen: set[str]) -> bool:
-    """``expr`` is a mean-reduced loss, followed along its spine (names to their values)."""
+def _is_mean(ctx: FileContext, scope: ast.AST, expr: ast.AST, seen: set[str],
+             window: ast.AST | None = None) -> bool:
+    """``expr`` is a mean-reduced loss, followed along its spine (names to their values).
+    A call given ``num_items_in_batch=`` a count of the whole window is no mean of its own
+    micro-batch: HF divides the sum by the window's count."""
     if isinstance(expr, ast.Name):
         if expr.id in seen:
             return False
         seen.add(expr.id)
         values = _name_values(ctx, scope)[0].get(expr.id, [])
-        return bool(values) and all(_is_mean(ctx, scope, v, seen) for v in values)
+        return bool(values) and all(_is_mean(ctx, scope, v, seen, window) for v in values)
     if isinstance(expr, ast.Attribute) and expr.attr == "loss":
-        return isinstance(expr.value, ast.Call | ast.Name)  # a model output's mean loss
+        out = expr.value
+        calls = [out] if isinstance(out, ast.Call) else (
+            _name_values(ctx, scope)[0].get(out.id, []) if isinstance(out, ast.Name) else [])
+        for call in calls:
+            count = num_items_arg(call)
+            if count is not None and not (
+                    window is not None and counted_per_micro_batch(ctx, scope, window, count)):
+                return False
+        return isinstance(out, ast.Call | ast.Name)  # a model output's mean loss
     if isinstance(expr, ast.Subscript):
-        return _is_mean(ctx, scope, expr.value, seen)
+        return _is_mean(ctx, scope, expr.value, seen, window)
     if not isinstance(expr, ast.Call):
         return False
+    count = num_items_arg(expr)
+    if count is not None:
+        return window is not None and counted_per_micro_batch(ctx, scope, window, count)
     name = call_attr(expr) if isinstance(expr.func, ast.Attribute) else (dotted(expr.func) or "")
     if name == "mean" and isinstance(expr.func, ast.Attribute):
         return not expr.args and not expr.keywords  # the mean over everything
@@ -133,7 +148,7 @@ def mean_loss_never_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
             losses.append(loss)
         if not losses or not all(
             _plain_loss(ctx, scope, x, set(), _local_funcs(ctx), set())
-            and _is_mean(ctx, scope, x, set()) for x in losses
+            and _is_mean(ctx, scope, x, set(), window) for x in losses
         ):
             continue
         yield ctx.finding(
