@@ -31,6 +31,9 @@ import subprocess
 import sys
 import tempfile
 
+#: where ``recording`` lived before the watch package (trees measured with ``--src``)
+_OLD_HOME = ".".join(("accumguard", "runtime", "watch"))
+
 
 def _child(mode: str, steps: int, k: int, warm: int) -> None:
     import torch
@@ -39,8 +42,10 @@ def _child(mode: str, steps: int, k: int, warm: int) -> None:
 
     try:
         from accumguard.watch._recording import recording
-    except ImportError:  # a tree from before the watch package (--src of an older commit)
-        from accumguard.runtime.watch import recording  # type: ignore[no-redef]
+    except ImportError:  # a tree from before the watch package (--src of an older commit),
+        import importlib  # where recording lived in the module this tree moved away
+
+        recording = importlib.import_module(_OLD_HOME).recording
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from bench_watch import _steps  # the loop bench_watch.py times (imports no accumguard)
