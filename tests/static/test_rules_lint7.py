@@ -129,6 +129,10 @@ def train(cfg: Cfg):
     ("True", "train(HfArgumentParser(Cfg).parse_args_into_dataclasses()[0])", Severity.WARNING),
     ("True", "cfg = Cfg()\ncfg.amp = args.amp\ntrain(cfg)", Severity.WARNING),
     ("False", "train(Cfg())", None),                                   # off: scale() is the identity
+    # a string's replace() sets no field; dataclasses.replace(cfg, **kw) may
+    ("True", "out = 'run.pt'\ninit = out.replace('.pt', '.init.pt')\ntrain(Cfg())", Severity.ERROR),
+    ("True", "import dataclasses\ntrain(dataclasses.replace(Cfg(), **overrides))",
+     Severity.WARNING),
 ])
 def test_scaler_enabled_by_a_dataclass_default(default: str, tail: str, severity: Severity | None) -> None:
     found = [f for f in lint_source(_SCALER.format(default=default, tail=tail)) if f.code == "AG135"]

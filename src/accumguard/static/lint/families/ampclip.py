@@ -89,8 +89,8 @@ def _dataclass_default(ctx: FileContext, field: str) -> bool | None:
     for call in ctx.of(ast.Call):
         if any(k.arg == field for k in call.keywords):
             return None
-        if last_part(dotted(call.func)) in {"setattr", "replace"}:
-            return None
+        if dotted(call.func) in {"setattr", "replace", "dataclasses.replace"}:
+            return None  # (not a method named replace: ``path.replace(".pt", ...)``)
     uses: list[ast.Name] = ctx._cached("ampclip_names", ctx.tree, lambda: [
         n for n in walk_all(ctx.tree) if isinstance(n, ast.Name)])  # Names are not indexed
     for n in uses:
