@@ -94,7 +94,18 @@ def _installed(tool: str, loop: _Loop) -> Iterator[None]:
 
 
 @pytest.mark.parametrize("tool", list(BOUNDS))
-def test_per_step_calls_stay_below_the_pre_redesign_level(tool: str) -> None:
+def test_per_step_calls_stay_below_the_pre_redesign_level(tool: str,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # the work sampled on a time budget (conservation checksums, loss records) is not the
+    # per-event work counted here; on a loaded machine a slow install leaves a budget large
+    # enough to sample every measured step, so the budgets are nil after the warm-up steps
+    # (the first windows are checked whatever the budget)
+    import accumguard.observe._losses as losses
+    import accumguard.observe._profiles as profiles
+
+    monkeypatch.setattr(profiles, "WATCH_BUDGET", 0.0)
+    monkeypatch.setattr(profiles, "CONSERVATION_BUDGET", 0.0)
+    monkeypatch.setattr(losses, "_BUDGET", 0.0)
     loop = _Loop()
     for _ in range(3):
         loop.step()

@@ -23,6 +23,10 @@ from accumguard.observe._checksum import CONSERVATION_BUDGET
 __all__ = ["ObserverProfile", "callbacks", "guard", "rescale", "watch"]
 
 
+#: watch's conservation checks: the share of the run's time they may take
+WATCH_BUDGET = 0.01
+
+
 @dataclass(frozen=True)
 class ObserverProfile:
     """Keyword arguments of :class:`~._observer.Observer` (see its docstring), by name."""
@@ -45,7 +49,7 @@ def watch(every: int = 1, record_updates: bool = False) -> ObserverProfile:
     conservation on as many windows as 1 % of the run's time allows (always the first two);
     ``every == N`` on exactly every N-th window."""
     return ObserverProfile("watch", auto_roots=True, record_updates=record_updates,
-                           every=every, budget=0.01 if every == 1 else None)
+                           every=every, budget=WATCH_BUDGET if every == 1 else None)
 
 
 def guard() -> ObserverProfile:
