@@ -126,6 +126,26 @@ class FileIndex:
         """Every ``names = value`` of the file (targets as dotted names), in source order."""
         return self._assigns
 
+    def values_by_name(self) -> dict[str, list[ast.AST]]:
+        """Per assigned name (dotted), the values assigned to it in source order (one pass
+        over :meth:`assignments`, cached: rules look names up instead of rescanning)."""
+        def compute() -> dict[str, list[ast.AST]]:
+            out: dict[str, list[ast.AST]] = {}
+            for targets, value in self._assigns:
+                for t in dict.fromkeys(targets):
+                    out.setdefault(t, []).append(value)
+            return out
+        return self._cached("values_by_name", self.tree, compute)  # type: ignore[no-any-return]
+
+    def defs_by_name(self) -> dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]]:
+        """The file's ``def`` and ``async def`` statements by name (cached)."""
+        def compute() -> dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]]:
+            out: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]] = {}
+            for d in self.of(*FUNCS):
+                out.setdefault(d.name, []).append(d)
+            return out
+        return self._cached("defs_by_name", self.tree, compute)  # type: ignore[no-any-return]
+
     def scope_of(self, node: ast.AST) -> ast.AST:
         """The function around ``node``, or the module."""
         return self.enclosing(node, FUNCS) or self.tree

@@ -137,7 +137,7 @@ def call_test(ctx: FileContext, test: ast.AST) -> ast.AST | None:
     the returned test with each parameter replaced by the call's argument; None otherwise."""
     if not (isinstance(test, ast.Call) and isinstance(test.func, ast.Name)) or test.keywords:
         return None
-    defs = _defs_by_name(ctx).get(test.func.id, [])
+    defs = ctx.defs_by_name().get(test.func.id, [])
     if len(defs) != 1:
         return None
     fn = defs[0]
@@ -440,14 +440,6 @@ def _names_passed_as_values(ctx: FileContext) -> set[str]:
     return ctx._cached("names_passed", ctx.tree, compute)  # type: ignore[no-any-return]
 
 
-def _defs_by_name(ctx: FileContext) -> dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]]:
-    """The file's function definitions by name, once per file."""
-    def compute() -> dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]]:
-        out: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]] = {}
-        for f in ctx.of(*FUNCS):
-            out.setdefault(f.name, []).append(f)
-        return out
-    return ctx._cached("defs_by_name", ctx.tree, compute)  # type: ignore[no-any-return]
 
 
 def calls_by_name(ctx: FileContext) -> dict[str, list[ast.Call]]:

@@ -22,17 +22,6 @@ def _product_factors(expr: ast.AST) -> list[ast.AST] | None:
     return out
 
 
-def _values_by_target(ctx: FileContext) -> dict[str, list[ast.AST]]:
-    """Every assigned name -> its values, one pass over the file (cached)."""
-    def compute() -> dict[str, list[ast.AST]]:
-        out: dict[str, list[ast.AST]] = {}
-        for targets, value in ctx.assignments():
-            for t in targets:
-                out.setdefault(t, []).append(value)
-        return out
-    return ctx._cached("worldprod_values", ctx.tree, compute)  # type: ignore[no-any-return]
-
-
 def named_product_with_world(ctx: FileContext, divisor: ast.AST) -> bool:
     """The divisor is a name (``global_batch``, ``self.global_bsz``) that every assignment of
     the file makes a product with the world size as a factor (``micro * K * world_size``,
@@ -40,7 +29,7 @@ def named_product_with_world(ctx: FileContext, divisor: ast.AST) -> bool:
     name = dotted(divisor)
     if name is None or not isinstance(divisor, ast.Name | ast.Attribute):
         return False
-    values = _values_by_target(ctx).get(name, [])
+    values = ctx.values_by_name().get(name, [])
     if not values:
         return False
     for v in values:

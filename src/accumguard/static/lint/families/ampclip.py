@@ -40,7 +40,7 @@ def _bool_value(ctx: FileContext, expr: ast.AST) -> bool | None:
     name = dotted(expr)
     if name is None:
         return None
-    values = _values_by_name(ctx).get(name, [])
+    values = ctx.values_by_name().get(name, [])
     if not values and isinstance(expr, ast.Attribute):
         field = expr.attr  # cfg.use_amp: a dataclass field's default, once per field and file
         return ctx._cached(f"ampclip_field_{field}", ctx.tree,  # type: ignore[no-any-return]
@@ -51,18 +51,6 @@ def _bool_value(ctx: FileContext, expr: ast.AST) -> bool | None:
         if all(isinstance(v, ast.Constant) and v.value == first.value for v in values):
             return bool(first.value)
     return None
-
-
-def _values_by_name(ctx: FileContext) -> dict[str, list[ast.AST]]:
-    """Per assigned name: the values of the assignments that target it, in source order
-    (one pass, cached; not a scan of every assignment per scaler)."""
-    def compute() -> dict[str, list[ast.AST]]:
-        out: dict[str, list[ast.AST]] = {}
-        for targets, value in ctx.assignments():
-            for t in dict.fromkeys(targets):
-                out.setdefault(t, []).append(value)
-        return out
-    return ctx._cached("ampclip_values", ctx.tree, compute)  # type: ignore[no-any-return]
 
 
 def _dataclass_default(ctx: FileContext, field: str) -> bool | None:

@@ -82,7 +82,7 @@ def _lambda_horizon(ctx: FileContext, call: ast.Call) -> ast.AST | None:
               call.args[1] if len(call.args) > 1 else None)
     body: ast.AST | None = fn if isinstance(fn, ast.Lambda) else None
     if isinstance(fn, ast.Name):
-        defs = _function_defs(ctx).get(fn.id, [])
+        defs = ctx.defs_by_name().get(fn.id, [])
         body = defs[0] if len(defs) == 1 else None
     if body is None:
         return None
@@ -100,23 +100,13 @@ def _lambda_horizon(ctx: FileContext, call: ast.Call) -> ast.AST | None:
     return None
 
 
-def _function_defs(ctx: FileContext) -> dict[str, list[ast.FunctionDef]]:
-    """The file's ``def`` statements by name, in source order (one pass, cached)."""
-    def compute() -> dict[str, list[ast.FunctionDef]]:
-        out: dict[str, list[ast.FunctionDef]] = {}
-        for d in ctx.of(ast.FunctionDef):
-            out.setdefault(d.name, []).append(d)
-        return out
-    return ctx._cached("horizon_defs", ctx.tree, compute)  # type: ignore[no-any-return]
-
-
 def _expand(ctx: FileContext, expr: ast.AST, depth: int = 3) -> list[ast.AST]:
     """``expr`` and, for each name in it assigned exactly once in the file, that value
     (recursively, ``depth`` levels): the parts the horizon is computed from."""
     parts = [expr]
     if depth == 0:
         return parts
-    index = _assigned_values(ctx)
+    index = ctx.values_by_name()
     entries: dict[int, ast.AST] = {}  # `CFG["epochs"]` of a dict literal: that entry, not the dict
     for n in _outside_len(expr):
         if (isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Constant)
@@ -148,17 +138,6 @@ def _outside_len(expr: ast.AST) -> Iterator[ast.AST]:
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "len":
             continue
         todo.extend(ast.iter_child_nodes(node))
-
-
-def _assigned_values(ctx: FileContext) -> dict[str, list[ast.AST]]:
-    """Every assigned name -> its values, one pass over the file (cached)."""
-    def compute() -> dict[str, list[ast.AST]]:
-        out: dict[str, list[ast.AST]] = {}
-        for targets, value in ctx.assignments():
-            for t in targets:
-                out.setdefault(t, []).append(value)
-        return out
-    return ctx._cached("horizon_assigned", ctx.tree, compute)  # type: ignore[no-any-return]
 
 
 def _calls_by_attr(ctx: FileContext) -> dict[str, list[ast.Call]]:
@@ -234,22 +213,13 @@ def _schedulers(ctx: FileContext) -> Iterator[tuple[str, ast.Call, ast.AST]]:
         yield name, node.value, horizon
 
 
-def _defs_by_name(ctx: FileContext) -> dict[str, list[ast.FunctionDef]]:
-    def compute() -> dict[str, list[ast.FunctionDef]]:
-        out: dict[str, list[ast.FunctionDef]] = {}
-        for d in ctx.of(ast.FunctionDef):
-            out.setdefault(d.name, []).append(d)
-        return out
-    return ctx._cached("horizon_defs", ctx.tree, compute)  # type: ignore[no-any-return]
-
-
 def _helper_horizon(ctx: FileContext, call: ast.Call) -> ast.AST | None:
     """The argument a call of a function of the file passes for the horizon of the scheduler
     it returns (``def linear_schedule(opt, num_training_steps): return LambdaLR(opt, lambda
     s: 1 - s / num_training_steps)``, called ``linear_schedule(opt, epochs * len(loader))``)."""
     if not isinstance(call.func, ast.Name):
         return None
-    defs = _defs_by_name(ctx).get(call.func.id, [])
+    defs = ctx.defs_by_name().get(call.func.id, [])
     if len(defs) != 1:
         return None
     rets = [n for n in walk_all(defs[0]) if isinstance(n, ast.Return)]
@@ -295,7 +265,7 @@ def _loader_of(ctx: FileContext, loader: str) -> tuple[str, ast.AST] | None:
     """(dataset, batch size) of ``loader = DataLoader(dataset, batch_size=...)``, the one
     assignment of that name: a horizon ``len(dataset) // batch_size * epochs`` counts its
     batches as surely as ``len(loader) * epochs``."""
-    values = _assigned_values(ctx).get(loader, [])
+    values = ctx.values_by_name().get(loader, [])
     if len(values) != 1 or not isinstance(call := values[0], ast.Call) or call_attr(call) != "DataLoader":
         return None
     kw = {k.arg: k.value for k in call.keywords if k.arg}

@@ -70,14 +70,6 @@ def _int_of(ctx: FileContext, name: str) -> int | None:
     return next(iter(values)) if len(values) == 1 and None not in values else None
 
 
-def _assigned_values(ctx: FileContext, name: str) -> list[ast.AST]:
-    def compute() -> dict[str, list[ast.AST]]:
-        out: dict[str, list[ast.AST]] = {}
-        for names, v in ctx.assignments():
-            for n in names:
-                out.setdefault(n, []).append(v)
-        return out
-    return ctx._cached("lr_assigned", ctx.tree, compute).get(name, [])  # type: ignore[no-any-return]
 
 
 def _innermost_loop(ctx: FileContext, node: ast.AST, scope: ast.AST) -> ast.AST | None:
@@ -235,7 +227,7 @@ def lr_from_micro_counter(ctx: FileContext) -> Iterator[Finding]:
                     continue
                 reads = _schedule_reads(ctx, value, counter)
                 if reads is None or any(
-                    ctx.mentions_accum(ast.Name(id=r)) or any(ctx.mentions_accum(v) for v in _assigned_values(ctx, r))
+                    ctx.mentions_accum(ast.Name(id=r)) or any(ctx.mentions_accum(v) for v in ctx.values_by_name().get(r, []))
                     for r in reads
                 ):
                     continue  # the schedule's constants are built from K: counted in micro-batches
