@@ -112,28 +112,26 @@ def short_epoch_findings(rank: int, windows: list[StepWindow], k: int | None,
     fix_k = (f"Use K <= the batches per epoch ({min(sizes)}) (Lightning: "
              "accumulate_grad_batches; it divides every batch's loss by it and steps "
              "at the epoch's end), or normalise each window's loss by its own count.")
+    why = None
     if declared and all(m is not None and _near(m.mass, n / k, m.low)
                         for m, n in zip(masses, sizes, strict=True)):
         m0 = masses[0]
         assert m0 is not None
-        return [_mk("F7", "error", rank, windows[0].step, sizes[0] - 1,
-                    f"{text}, and its tokens carried a total weight of {m0.mass:.4g} = "
-                    f"{sizes[0]}/{k} (loss at {m0.site.rsplit('/', 1)[-1]}): each short "
-                    f"window was divided by K instead of its own {uniq} micro-batch(es), so "
-                    f"every update is {sizes[0]}/{k} of the window's mean gradient",
-                    title_=f"every epoch shorter than K = {k}, and each short window divided "
-                           "by K",
-                    fix=fix_k)]
-    if declared and source == "declared by lightning" and all(m is None for m in masses):
+        why = (f"its tokens carried a total weight of {m0.mass:.4g} = {sizes[0]}/{k} (loss at "
+               f"{m0.site.rsplit('/', 1)[-1]}): each short window was divided by K instead "
+               f"of its own {uniq} micro-batch(es), so every update is {sizes[0]}/{k}")
+    elif declared and source == "declared by lightning" and all(m is None for m in masses):
         # no loss call recorded (a loss built by hand), but K is the Lightning Trainer's
         # accumulate_grad_batches: its automatic optimisation divides every batch's loss by
         # it (its closure), also in an epoch's last, short window; manual optimisation
         # does not accept accumulate_grad_batches > 1
+        why = (f"Lightning's automatic optimisation divides every batch's loss by "
+               f"accumulate_grad_batches = {k}, the last window of an epoch too: each short "
+               f"window of {uniq} micro-batch(es) is divided by {k}, so every update is "
+               f"{uniq}/{k}")
+    if why is not None:
         return [_mk("F7", "error", rank, windows[0].step, sizes[0] - 1,
-                    f"{text}, and Lightning's automatic optimisation divides every batch's "
-                    f"loss by accumulate_grad_batches = {k}, the last window of an epoch "
-                    f"too: each short window of {uniq} micro-batch(es) is divided by {k}, "
-                    f"so every update is {uniq}/{k} of the window's mean gradient",
+                    f"{text}, and {why} of the window's mean gradient",
                     title_=f"every epoch shorter than K = {k}, and each short window divided "
                            "by K",
                     fix=fix_k)]
