@@ -493,3 +493,46 @@ def test_moe_aux_after_the_division_on_two_ddp_ranks(tmp_path: Path) -> None:
     assert [f.cls for f in _errors(bug)] == ["LOSS_SCALE"], bug
     assert "not divided by K" in _errors(bug)[0].title
     assert _errors(ok) == [], ok
+
+
+@pytest.mark.parametrize("where", ["batch_means", "closure_horizon"])
+def test_a_fault_in_the_new_readers_changes_nothing_and_is_recorded(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    """The per-backward search for batch means below a term and the read of a hand-written
+    LambdaLR's horizon run inside the user's process (behind the backward and scheduler
+    doors): a fault in either leaves the run bit-identical, switches observation off and is
+    recorded as accumguard's own failure."""
+    import accumguard.observe._losses_terms as terms
+    import accumguard.observe._schedules as schedules
+
+    def loop() -> dict[str, torch.Tensor]:
+        torch.manual_seed(0)
+        model = _SoftMoE("switch")
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        num_training_steps = STEPS
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 - s / (2 * num_training_steps))
+        g = torch.Generator().manual_seed(3)
+        for _ in range(STEPS):
+            for _ in range(K):
+                x, y = torch.randn(8, 6, generator=g), torch.randn(8, 1, generator=g)
+                pred, aux = model(x)
+                (F.mse_loss(pred, y) / K + 0.5 * aux).backward()
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+        return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    plain = loop()
+
+    def broken(*args: object) -> None:
+        raise RuntimeError(f"injected fault in {where}")
+
+    if where == "batch_means":
+        monkeypatch.setattr(terms, "batch_means_below", broken)
+    else:
+        monkeypatch.setattr(schedules, "_closure_horizon", broken)
+    with recording(tmp_path) as obs:
+        seen = loop()
+        failure = obs.failure
+    assert failure is not None, "the fault was not recorded"
+    assert all(torch.equal(plain[k], seen[k]) for k in plain)
