@@ -11,6 +11,7 @@ K: a mean of means) and AG129 (the mean not divided by K at all: K x the gradien
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 
 from accumguard.static.lint._ast import call_attr, dotted, receiver, walk_all
 from accumguard.static.lint._context import FileContext
@@ -103,14 +104,8 @@ def masked_mean(ctx: FileContext, scope: ast.AST, expr: ast.AST, seen: set[str],
     if _is_masked_division(expr):
         return True
     if isinstance(expr, ast.Name):
-        if expr.id in seen:
-            return False
-        seen.add(expr.id)
-        values, rewritten = _name_values(ctx, scope)
-        vals = values.get(expr.id, [])
-        return expr.id not in rewritten and bool(vals) and all(
-            masked_mean(ctx, scope, v, seen, helpers=helpers) for v in vals
-        )
+        return _every_value(ctx, scope, expr, seen,
+                            lambda v: masked_mean(ctx, scope, v, seen, helpers=helpers))
     if isinstance(expr, ast.Call):
         if isinstance(expr.func, ast.Attribute) and expr.func.attr == "mean" and not expr.args and not expr.keywords:
             return masked_mean(ctx, scope, expr.func.value, seen, helpers=helpers)
@@ -119,18 +114,25 @@ def masked_mean(ctx: FileContext, scope: ast.AST, expr: ast.AST, seen: set[str],
     return False
 
 
+def _every_value(ctx: FileContext, scope: ast.AST, name: ast.Name, seen: set[str],
+                 test: Callable[[ast.AST], bool]) -> bool:
+    """Every value the scope assigns to ``name`` passes ``test`` (a name never rewritten in
+    place, seen once per search: ``seen`` breaks cycles)."""
+    if name.id in seen:
+        return False
+    seen.add(name.id)
+    values, rewritten = _name_values(ctx, scope)
+    vals = values.get(name.id, [])
+    return name.id not in rewritten and bool(vals) and all(test(v) for v in vals)
+
+
 def hf_loss(ctx: FileContext, scope: ast.AST, expr: ast.AST, seen: set[str] | None = None) -> bool:
     """``expr`` is a model output's ``.loss`` (``out.loss``, ``model(**b).loss``, a name
     every assignment of which is one) computed without ``num_items_in_batch``: the model's
     own mean over this micro-batch's label tokens (those not -100)."""
     seen = set() if seen is None else seen
     if isinstance(expr, ast.Name):
-        if expr.id in seen:
-            return False
-        seen.add(expr.id)
-        values, rewritten = _name_values(ctx, scope)
-        vals = values.get(expr.id, [])
-        return expr.id not in rewritten and bool(vals) and all(hf_loss(ctx, scope, v, seen) for v in vals)
+        return _every_value(ctx, scope, expr, seen, lambda v: hf_loss(ctx, scope, v, seen))
     if not (isinstance(expr, ast.Attribute) and expr.attr == "loss"):
         return False
     out = expr.value
