@@ -3,7 +3,8 @@
 The exception hierarchy (:mod:`.errors`), the boundary state machine
 (:mod:`.boundary`), the one function that derives loss scales from what an engine
 does to gradients (:mod:`.scaling`), the failure taxonomy F1-F14
-(:mod:`.taxonomy`), and the one finding type every check reports (:mod:`.findings`).
+(:mod:`.taxonomy`), the one finding type every check reports (:mod:`.findings`), and F12's
+drift bound (:mod:`.precision`).
 Pure Python: the static checks import it without torch.
 """
 

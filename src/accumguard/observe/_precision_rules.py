@@ -30,9 +30,9 @@ low-precision compute was seen and the sum is fp32).
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
+from accumguard.core.precision import F12_ERROR_FACTOR, f12_drift, f12_error_k
 from accumguard.observe._records import Finding, StepWindow, _mk
 
 __all__ = ["F12_ERROR_FACTOR", "F12_MIN_K", "f12_drift", "f12_error_k", "low_precision_findings"]
@@ -40,10 +40,6 @@ __all__ = ["F12_ERROR_FACTOR", "F12_MIN_K", "f12_drift", "f12_error_k", "low_pre
 #: Unit roundoff of the low-precision gradient dtypes (as verify.tolerance, which observe
 #: may not import).
 _U_LOW = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
-#: F12 is an error when the expected drift is this many times the audit's bound for a
-#: correct loop at the same compute precision (2u): the measured drift follows the model
-#: within 15 %, so a factor 2 is a margin, not a guess (bf16: K >= 144 is 1.6e-2 and more).
-F12_ERROR_FACTOR = 2.0
 #: Windows shorter than this are not reported (the drift is below the precision floor).
 F12_MIN_K = 4
 #: Relative tolerance of a bf16/fp16 conservation verdict (as WEIGHT_TOL_LOW_PRECISION).
@@ -63,21 +59,6 @@ _FIX_FSDP = ("fully_shard(module, mp_policy=MixedPrecisionPolicy(param_dtype=tor
 _FIX_DS = ('add "data_types": {"grad_accum_dtype": "fp32"} to the DeepSpeed config (ZeRO-1 '
            "then runs its BF16 optimizer with fp32 gradients; ZeRO-2/3 keep fp32 gradient "
            "partitions)")
-
-
-def f12_drift(u: float, k: int) -> float:
-    """Expected relative drift of K gradients summed in a dtype of unit roundoff u: each
-    of the K-1 additions rounds with an error uniform in +-u of the running sum (standard
-    deviation u/sqrt(3)), the running sum grows linearly, so the errors add up to about
-    (u/sqrt(3)) * sqrt(K/3) = u*sqrt(K)/3 of the final sum (bf16, K = 32: 7.4e-3; measured
-    on blind round 6's b12: 6.6e-3)."""
-    return u * math.sqrt(k) / 3.0
-
-
-def f12_error_k() -> int:
-    """The smallest K whose expected drift reaches F12_ERROR_FACTOR times the 2u bound
-    (independent of u: u*sqrt(K)/3 >= factor*2u <=> K >= (6*factor)^2)."""
-    return math.ceil((F12_ERROR_FACTOR * 6.0) ** 2 - 1e-9)
 
 
 def _deferred_run(w: StepWindow) -> int:

@@ -32,6 +32,7 @@ import re
 from collections.abc import Mapping
 
 from accumguard.core.errors import ConfigError
+from accumguard.core.precision import f12_error_k
 from accumguard.static._dsparse import (
     MAX_BYTES,
     MAX_DEPTH,
@@ -446,6 +447,9 @@ def _effective_ga_for_costs(
     return ga
 
 
+_LOW_NAMES = {"bf16": ("bf16", "bfloat16"), "fp16": ("fp16", "float16", "half")}
+
+
 def _check_precision_and_clipping(c: _Collector, ga: int | None) -> None:
     cfg = c.cfg
     partial = getattr(cfg, "partial", False)
@@ -465,12 +469,21 @@ def _check_precision_and_clipping(c: _Collector, ga: int | None) -> None:
         if dtype is None or (isinstance(dtype, str) and dtype.lower() not in ("fp32", "float32")):
             prec = "bf16" if bf16 else "fp16"
             seen = "is not set" if dtype is None else f"is {dtype!r}"
+            # ZeRO-1/2 hand the model dtype to the optimizer as its accumulation dtype when
+            # grad_accum_dtype is unset, and sum .grad and the gradient partitions in it
+            low = dtype is None or (isinstance(dtype, str) and dtype.lower() in _LOW_NAMES[prec])
+            stage = _positive_int(_get(cfg, "zero_optimization", "stage"))
+            proven = low and stage in (1, 2) and ga >= f12_error_k()
             c.add(
                 "AG204",
                 f"{prec} is enabled with gradient_accumulation_steps {ga} and "
                 f"`data_types.grad_accum_dtype` {seen}: {ga} micro-gradients are summed in "
-                f"{prec}, and the rounding error grows with the number of micro-steps",
+                f"{prec}, and the rounding error grows with the number of micro-steps"
+                + (f" (ZeRO stage {stage} sums them in {prec}: "
+                   f"an error from K >= {f12_error_k()}, where the expected drift u*sqrt(K)/3 "
+                   "exceeds twice the precision floor of a correct loop)" if proven else ""),
                 key=("data_types", "grad_accum_dtype") if dtype is not None else (prec,),
+                severity=Severity.ERROR if proven else None,
             )
 
 

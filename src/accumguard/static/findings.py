@@ -350,6 +350,14 @@ RULES: dict[str, Rule] = {
             "`scaler.unscale_(optimizer); clip_grad_norm_(model.parameters(), max_norm); "
             "scaler.step(optimizer); scaler.update()`",
         ),
+        _rule(
+            "AG136", "hf-compute-loss-num-items-divided-by-k", "LOSS_SCALE", E, MED,
+            "a Hugging Face Trainer subclass's compute_loss divides by gradient_accumulation_steps "
+            "a loss already normalised by num_items_in_batch (the whole window's token count): "
+            "the window's gradient is G / K",
+            "drop the division by gradient_accumulation_steps: a loss summed over the micro-batch "
+            "and divided by num_items_in_batch is already the window's share",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

@@ -150,6 +150,11 @@ class FileIndex:
         """The function around ``node``, or the module."""
         return self.enclosing(node, FUNCS) or self.tree
 
+    def window_scope(self, window: ast.AST) -> ast.AST:
+        """The function whose names a window's statements read: the window itself when it is
+        a function (``training_step`` called per micro-batch), else the one around it."""
+        return window if isinstance(window, FUNCS) else self.scope_of(window)
+
     # ---------------------------------------------------------------- facts
 
     def _collect_facts(self) -> None:

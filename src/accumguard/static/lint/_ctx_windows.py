@@ -169,6 +169,15 @@ class WindowQueries(BoundaryFacts):
         out += list(self.inlined(window).values())
         return sorted(out, key=position)
 
+    def backward_scopes(self, window: ast.AST) -> list[tuple[ast.AST, ast.Call]]:
+        """(where its names are read, backward call) for each backward of ``window``: its own
+        (read in the window's function), and those of the backward helpers it calls once per
+        micro-batch (a trainer's ``self.micro_step(batch, i)``), each read in its helper."""
+        own = [(self.window_scope(window), n) for n in self.local_nodes(window)
+               if isinstance(n, ast.Call) and is_backward(n)]
+        return own + [(helper, n) for helper in self.inlined(window)
+                      for n in self.local_nodes(helper) if isinstance(n, ast.Call) and is_backward(n)]
+
     def guarded(self, node: ast.AST, window: ast.AST) -> bool:
         """Is ``node`` only reached at an accumulation boundary (within ``window``)? A call of a
         backward helper the window inlines is guarded by the helper's own ``if``s or by those
@@ -446,6 +455,34 @@ class WindowQueries(BoundaryFacts):
                 if name is not None:
                     out.setdefault(name, set()).update(mods)
         return out
+
+    def window_k_names(self, window: ast.AST) -> set[str]:
+        """The names that hold this window's K, read from its boundary: the divisor of the
+        modulo in an ``if`` that gates a step (``(i + 1) % K == 0``, or a flag assigned from
+        one), and ``X`` of a ``for _ in range(X)`` window that steps after the loop (cached).
+        A loss divided by one of them is divided by the accumulation count, whatever the name
+        (``K``, ``self.n``)."""
+        def compute() -> set[str]:
+            out: set[str] = set()
+            for scope in (window, *self.inlined(window)):
+                nodes = self.local_nodes(scope)
+                for sub in nodes:
+                    if not (isinstance(sub, ast.If) and self._gates_step(sub)):
+                        continue
+                    tests: list[ast.AST] = [sub.test]
+                    if isinstance(sub.test, ast.Name):
+                        tests += [n.value for n in nodes if isinstance(n, ast.Assign) and any(
+                            isinstance(t, ast.Name) and t.id == sub.test.id for t in n.targets)]
+                    out |= {d for t in tests for m in walk_all(t)
+                            if isinstance(m, ast.BinOp) and isinstance(m.op, ast.Mod) and has_mod(m)
+                            and (d := dotted(m.right)) is not None}
+            if (isinstance(window, ast.For) and isinstance(window.iter, ast.Call)
+                    and dotted(window.iter.func) == "range" and len(window.iter.args) == 1
+                    and not self.window_facts(window).steps
+                    and (d := dotted(window.iter.args[0])) is not None):
+                out.add(d)  # `for micro in range(K): ...backward()` then the step after it
+            return out
+        return self._cached("window_k", window, compute)  # type: ignore[no-any-return]
 
     def is_window(self, node: ast.AST) -> bool:
         windows = self._cached("window_set", self.tree, lambda: set(self.windows()))

@@ -2,6 +2,7 @@
 
 ``window``     AG101 AG102 AG105   optimizer step / zero_grad / clipping inside the window;
                AG115 AG117         the boundary counter off by one; an epoch's leftover leaking on
+``clears``     AG102               zero_grad in a clearing helper the window calls per micro-step
 ``schedule``   AG103 AG114         LR scheduler stepped per micro-step or per process;
                AG119               ... or in a framework hook run on every micro-batch
 ``horizon``    AG124 AG125         the schedule's horizon counted in micro-batches, or per process
@@ -19,6 +20,7 @@
 ``terms``      AG127               one loss term divided by K, another added undivided
 ``lrcounter``  AG130               a learning rate set by hand from a counter of micro-batches
 ``epochtail``  AG131               Lightning epochs (or their last window) shorter than K
+``hfscale``    AG136               an HF compute_loss normalised by num_items_in_batch and divided by K
 ``moeaux``     AG132               HF Trainer + MoE model adding its router loss per micro-batch, GA > 1
 ``tokenmean``  AG129               a masked token mean per micro-batch, never divided by K
 ``twice``      AG133               the loss divided by K in a helper and again by its caller;
@@ -29,8 +31,10 @@
 from accumguard.static.lint.families import (
     accelerate,
     ampclip,
+    clears,
     deepspeed,
     epochtail,
+    hfscale,
     horizon,
     loss,
     lrcounter,
@@ -46,4 +50,4 @@ from accumguard.static.lint.families import (
     window,
 )
 
-__all__ = ["accelerate", "ampclip", "deepspeed", "epochtail", "horizon", "loss", "lrcounter", "moeaux", "precision", "reduce", "scale", "schedule", "sync", "terms", "tokenmean", "twice", "window"]
+__all__ = ["accelerate", "ampclip", "clears", "deepspeed", "epochtail", "hfscale", "horizon", "loss", "lrcounter", "moeaux", "precision", "reduce", "scale", "schedule", "sync", "terms", "tokenmean", "twice", "window"]

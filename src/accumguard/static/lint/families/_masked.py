@@ -11,18 +11,28 @@ K: a mean of means) and AG129 (the mean not divided by K at all: K x the gradien
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Callable
 
-from accumguard.static.lint._ast import call_attr, dotted, receiver, walk_all
+from accumguard.static.lint._ast import (
+    COUNT_RE,
+    call_attr,
+    dotted,
+    identifiers,
+    last_part,
+    receiver,
+    walk_all,
+)
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint.families.deepspeed import _name_values
 
-__all__ = ["counted_per_micro_batch", "helper_called", "hf_loss", "masked_mean", "masked_mean_helpers",
+__all__ = ["counted_per_micro_batch", "counts_tokens", "helper_called", "hf_loss", "masked_mean", "masked_mean_helpers",
            "num_items_arg", "window_normalised"]
 
 #: wrappers that keep a count a count: ``m.sum().clamp(min=1)``, ``.float()``, ``max(n, 1)``
 _COUNT_WRAPPERS = frozenset({"clamp", "clamp_min", "clip", "float", "to", "type_as", "detach", "item"})
 _SUM_CALLS = frozenset({"sum", "nansum"})
+_COUNT_CALLS = frozenset({"sum", "count_nonzero", "numel", "nonzero"})
 
 
 def _summed_operand(expr: ast.AST) -> ast.AST | None:
@@ -153,7 +163,7 @@ def num_items_arg(call: ast.AST) -> ast.expr | None:
     return None
 
 
-def counted_per_micro_batch(ctx: FileContext, scope: ast.AST, window: ast.AST, count: ast.expr) -> bool:
+def counted_per_micro_batch(ctx: FileContext, scope: ast.AST, window: ast.AST, count: ast.AST) -> bool:
     """The count handed as ``num_items_in_batch`` is computed inside the window: it reads a
     name the window assigns (its loop variable, ``batch = next(it)``, ``n = (b["labels"] !=
     -100).sum()``), so it is the micro-batch's own count and the loss a per-micro-batch mean
@@ -186,3 +196,43 @@ def window_normalised(ctx: FileContext, scope: ast.AST, window: ast.AST, expr: a
     counts = [num_items_arg(c) for c in calls]
     return bool(counts) and all(c is not None and not counted_per_micro_batch(ctx, scope, window, c)
                                 for c in counts)
+
+
+def counts_tokens(expr: ast.AST) -> bool:
+    """``expr`` computes a count: a count-like name (``n_tokens``, ``mask``), a string key
+    (``b["mask"]``), ``.sum()`` of a comparison (``(labels != -100).sum()``), or the sum of
+    per-sequence lengths (``lengths.sum()``, ``b["seq_lens"].sum()``, ``sum(lengths)``)."""
+    if any(COUNT_RE.search(i) for i in identifiers(expr)):
+        return True
+    for sub in walk_all(expr):
+        if isinstance(sub, ast.Constant) and isinstance(sub.value, str) and COUNT_RE.search(sub.value.lower()):
+            return True
+        if isinstance(sub, ast.Call) and call_attr(sub) in _COUNT_CALLS:
+            recv = receiver(sub)
+            if recv is not None and any(isinstance(n, ast.Compare) for n in walk_all(recv)):
+                return True
+        summed = _summed(sub)
+        if summed is not None and _names_lengths(summed):
+            return True
+    return False
+
+
+_LENGTHS_RE = re.compile(r"^(seq_?|token_?|tok_?|input_?|response_?|resp_?)?(len|lens|lengths?)$")
+
+
+def _summed(node: ast.AST) -> ast.AST | None:
+    """``X`` of ``X.sum()``, ``torch.sum(X)`` or ``sum(X)``."""
+    if not isinstance(node, ast.Call):
+        return None
+    if isinstance(node.func, ast.Attribute) and node.func.attr == "sum":
+        return node.func.value
+    if dotted(node.func) in ("sum", "torch.sum") and node.args:
+        return node.args[0]
+    return None
+
+
+def _names_lengths(expr: ast.AST) -> bool:
+    """``lengths``, ``b.seq_lens``, ``batch["response_lengths"]``: per-sequence token lengths."""
+    last = (expr.slice.value if isinstance(expr, ast.Subscript) and isinstance(expr.slice, ast.Constant)
+            else last_part(dotted(expr)))
+    return isinstance(last, str) and _LENGTHS_RE.match(last.lower()) is not None

@@ -15,7 +15,9 @@ AG110 (F14) the same hand-gated loop while the config's GA is K > 1: double gati
       the 1/K to the engine's GA, which then gates a second time (and with GA 1 the step
       applies K times the mean gradient).
 AG200-AG207: a config written as a dict literal in the script gets exactly the
-      checks ``accumguard check-config`` applies to a file, at the script's lines.
+      checks ``accumguard check-config`` applies to a file, at the script's lines; a config
+      file that a DeepSpeed script (or the HF Trainer's ``deepspeed=``) names gets AG204 (the
+      dtype its windows are summed in) at the line that names it.
 """
 
 from __future__ import annotations
@@ -388,3 +390,12 @@ def config_literal_checks(ctx: FileContext) -> Iterator[Finding]:
                 line=line,
                 col=1 if f.line else getattr(ref.node, "col_offset", 0) + 1,
             )
+    named = ctx.ds_config()
+    if named is not None and not named.literal and (ctx.deepspeed or named.hf):
+        # a config file the script names: its other keys are check-config's, but the dtype
+        # the engine sums this script's windows in (F12) is said at the name's line
+        for f in dsconfig.check_config(named.cfg):
+            if f.code == "AG204":
+                yield replace(f, evidence=f"{f.evidence} (DeepSpeed config {named.where})",
+                              path=None, line=getattr(named.node, "lineno", 1),
+                              col=getattr(named.node, "col_offset", 0) + 1, key=None)

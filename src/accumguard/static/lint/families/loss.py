@@ -27,7 +27,6 @@ from dataclasses import replace
 from accumguard.static.findings import Confidence, Finding, Severity
 from accumguard.static.lint._ast import (
     ACCUM_RE,
-    COUNT_RE,
     GLOBAL_COUNT_RE,
     WORLD_RE,
     call_attr,
@@ -40,6 +39,8 @@ from accumguard.static.lint._ast import (
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._masked import (
+    counted_per_micro_batch,
+    counts_tokens,
     helper_called,
     hf_loss,
     masked_mean,
@@ -56,7 +57,6 @@ _TOKEN_MEAN_KEYWORDS = frozenset(
 _TOKEN_MEAN_NAMES = frozenset({"attention_mask", "ignore_index", "loss_mask", "pad_token_id"})
 _NORMALISED_BY_COUNT = ("token", "num_items", "n_items", "count", "n_valid", "num_valid", "denom", "normali")
 _GLOBAL_ONLY = re.compile(r"global|all_?reduce|world")
-_COUNT_CALLS = frozenset({"sum", "count_nonzero", "numel", "nonzero"})
 
 
 def _division(node: ast.AST) -> tuple[ast.AST, ast.AST] | None:
@@ -119,21 +119,6 @@ def _index_by_name(backwards: list[tuple[ast.Call, set[str]]]) -> dict[str, list
     return out
 
 
-def _counts_tokens(expr: ast.AST) -> bool:
-    """``expr`` computes a count: a count-like name (``n_tokens``, ``mask``), a string key
-    (``b["mask"]``), or ``.sum()`` of a comparison (``(labels != -100).sum()``)."""
-    if any(COUNT_RE.search(i) for i in identifiers(expr)):
-        return True
-    for sub in walk_all(expr):
-        if isinstance(sub, ast.Constant) and isinstance(sub.value, str) and COUNT_RE.search(sub.value.lower()):
-            return True
-        if isinstance(sub, ast.Call) and call_attr(sub) in _COUNT_CALLS:
-            recv = receiver(sub)
-            if recv is not None and any(isinstance(n, ast.Compare) for n in walk_all(recv)):
-                return True
-    return False
-
-
 def _count_names(ctx: FileContext) -> set[str]:
     """Names assigned from a count (``n_local = sum(int(b["mask"].sum()) for b in window)``)."""
     def compute() -> set[str]:
@@ -144,7 +129,7 @@ def _count_names(ctx: FileContext) -> set[str]:
                 continue
             if not isinstance(node.value, ast.Call | ast.BinOp | ast.Subscript | ast.Attribute | ast.Name):
                 continue
-            if _counts_tokens(node.value) and not ctx.mentions_world(node.value):
+            if counts_tokens(node.value) and not ctx.mentions_world(node.value):
                 out.add(d)
         return out
     return ctx._cached("count_names", ctx.tree, compute)  # type: ignore[no-any-return]
@@ -159,7 +144,7 @@ def _is_count(ctx: FileContext, divisor: ast.AST, *, micro_batch: bool = True) -
     scope_re = GLOBAL_COUNT_RE if micro_batch else _GLOBAL_ONLY
     if any(WORLD_RE.search(i) or ACCUM_RE.search(i) or scope_re.search(i) for i in ids):
         return False
-    if _counts_tokens(divisor):
+    if counts_tokens(divisor):
         return True
     if micro_batch:
         return False  # a name computed elsewhere may be the window's count: no guess
@@ -245,11 +230,18 @@ def _divides_by_k(ctx: FileContext, window: ast.AST) -> list[tuple[ast.AST, ast.
 
 def _per_micro_batch_token_mean(ctx: FileContext, window: ast.AST) -> bool:
     """The window computes a loss as a division by a count of this micro-batch."""
+    scope = ctx.window_scope(window)
     for sub in ctx.local_nodes(window):
         d = _division(sub)
-        if d is not None and _is_count(ctx, d[1]) and not _all_reduced(ctx, sub, d[1]) and (_is_loss(d[0]) or any(
-            isinstance(n, ast.Call) and call_attr(n) == "sum" for n in walk_all(d[0])
-        )):
+        if d is None or _all_reduced(ctx, sub, d[1]):
+            continue
+        summed = _is_loss(d[0]) or any(isinstance(n, ast.Call) and call_attr(n) == "sum" for n in walk_all(d[0]))
+        if summed and _is_count(ctx, d[1]):
+            return True
+        # a count this micro-step computes (from names the window assigns) divides whatever
+        # lands in the loss: `loss = tok / n_tok` after `n_tok = (labels != -100).sum()`
+        if (summed or _is_loss_division(ctx, sub, d[0])) and _is_micro_count(ctx, window, d[1]) \
+                and counted_per_micro_batch(ctx, scope, window, d[1]):
             return True
     helpers = masked_mean_helpers(ctx)  # (x * m).sum() / m.sum(), inline or in a helper
     return any(
@@ -257,6 +249,18 @@ def _per_micro_batch_token_mean(ctx: FileContext, window: ast.AST) -> bool:
         or isinstance(n, ast.BinOp) and masked_mean(ctx, window, n, set(), helpers=False)
         for n in ctx.local_nodes(window)
     )
+
+
+def _is_micro_count(ctx: FileContext, window: ast.AST, divisor: ast.AST) -> bool:
+    """A count: :func:`_is_count`, or a name the window itself assigns only from such counts
+    (``n = (labels != -100).sum()``, ``n = b["lengths"].sum()``) on each micro-step."""
+    if _is_count(ctx, divisor):
+        return True
+    if not isinstance(divisor, ast.Name):
+        return False
+    values = [n.value for n in ctx.local_nodes(window) if isinstance(n, ast.Assign)
+              and len(n.targets) == 1 and dotted(n.targets[0]) == divisor.id]
+    return bool(values) and all(_is_count(ctx, v) for v in values)
 
 
 def _accelerate_ga_above_one(ctx: FileContext) -> bool:
@@ -290,7 +294,7 @@ def mean_of_means(ctx: FileContext) -> Iterator[Finding]:
             ]
         if not by_k:
             continue
-        scope = window if isinstance(window, ast.FunctionDef | ast.AsyncFunctionDef) else ctx.scope_of(window)
+        scope = ctx.window_scope(window)
         explicit = _per_micro_batch_token_mean(ctx, window)
         hints, summed = _token_mean_hints(ctx, scope)
         cls = ctx.enclosing(window, (ast.ClassDef,)) if by_accelerate else None
@@ -554,7 +558,12 @@ def hf_compute_loss_ignores_num_items(ctx: FileContext) -> Iterator[Finding]:
                 continue  # no accumulation: a micro-batch is the batch
             node, what = site
             flag = _scaled_flag(cls)
+            by_k = next((n for n in walk_all(fn)
+                         if (d := _division(n)) is not None and ctx.mentions_accum(d[1])), None)
             k_note = (
+                f"; it divides by K itself (`{ast.unparse(by_k)}`): the right scale when transformers "
+                "5 counts the loss as normalised (the model's forward takes **kwargs), 1/K too "
+                "small when the Trainer divides again" if by_k is not None else
                 "" if flag is False else
                 "; and since the class does not set `loss_is_scaled_for_ga = False`, transformers 5 "
                 "counts the loss as already normalised whenever the model's forward takes **kwargs "
@@ -570,6 +579,6 @@ def hf_compute_loss_ignores_num_items(ctx: FileContext) -> Iterator[Finding]:
                 f"more than in the large batch (mean of means){k_note}; expected the window's "
                 "summed loss divided by `num_items_in_batch`",
             )
-            if ga is None or flag is False:
+            if ga is None or flag is False or by_k is not None:  # only the mean of means is sure
                 finding = replace(finding, severity=Severity.WARNING, confidence=Confidence.MEDIUM)
             yield finding

@@ -22,6 +22,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import replace
 
+from accumguard.core.precision import f12_error_k
 from accumguard.static.findings import Confidence, Finding, Severity
 from accumguard.static.lint._ast import FUNCS, call_attr, dotted, receiver
 from accumguard.static.lint._context import FileContext
@@ -29,8 +30,8 @@ from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._modguard import k_values, mod_term
 
 #: K from which the expected bf16/fp16 accumulation drift u*sqrt(K)/3 exceeds the watch
-#: rule's error bound (observe/_precision_rules.F12_ERROR_FACTOR; the same number there)
-_F12_ERROR_K = 144
+#: rule's error bound (core/precision: the one place of that bound)
+_F12_ERROR_K = f12_error_k()
 
 _LOW_DTYPES = ("bfloat16", "float16", "half")
 _FP32_GRAD_HINTS = re.compile(r"fp32_grad|grad_fp32|float32_grad|grad_accum_dtype|post_accumulate_grad")

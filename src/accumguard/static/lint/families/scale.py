@@ -21,7 +21,7 @@ import ast
 from collections.abc import Iterator
 
 from accumguard.static.findings import Finding
-from accumguard.static.lint._ast import call_attr, dotted, is_backward, receiver, walk_all
+from accumguard.static.lint._ast import call_attr, dotted, receiver, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._masked import counted_per_micro_batch, num_items_arg
@@ -42,20 +42,24 @@ _MEAN_FUNCS = {"cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_lo
 _SCALING = {"div", "div_", "true_divide", "divide"}
 
 
-def _k_scales_something(ctx: FileContext) -> bool:
+def _k_scales_something(ctx: FileContext, k_names: frozenset[str] = frozenset()) -> bool:
     """K divides something anywhere in the file (``x / K``, ``x /= K``, ``x * (1 / K)``,
     ``.div_(K)``): the loss, the learning rate or the gradients may carry the 1/K, so the
-    rule stays silent. (``step * K + micro`` indexes batches and ``n // K`` counts steps:
-    neither scales.)"""
-    for n in ctx.of(ast.BinOp, ast.AugAssign):
-        if isinstance(n.op, ast.Div):
-            sides = (n.left, n.right) if isinstance(n, ast.BinOp) else (n.target, n.value)
-            if any(ctx.mentions_accum(s) for s in sides):
-                return True
-    for call in ctx.of(ast.Call):
-        if call_attr(call) in _SCALING and any(ctx.mentions_accum(a) for a in call.args):
-            return True
-    return False
+    rule stays silent. K is a name that says accumulation, or one of ``k_names`` (what a
+    window's boundary reads K from). (``step * K + micro`` indexes batches and ``n // K``
+    counts steps: neither scales.)"""
+    def is_k(side: ast.AST) -> bool:
+        return ctx.mentions_accum(side) or any(dotted(x) in k_names for x in walk_all(side))
+
+    def compute() -> bool:
+        for n in ctx.of(ast.BinOp, ast.AugAssign):
+            if isinstance(n.op, ast.Div):
+                sides = (n.left, n.right) if isinstance(n, ast.BinOp) else (n.target, n.value)
+                if any(is_k(s) for s in sides):
+                    return True
+        return any(call_attr(call) in _SCALING and any(is_k(a) for a in call.args)
+                   for call in ctx.of(ast.Call))
+    return bool(ctx._cached("k_scales:" + ",".join(sorted(k_names)), ctx.tree, compute))
 
 
 def _is_mean(ctx: FileContext, scope: ast.AST, expr: ast.AST, seen: set[str],
@@ -95,17 +99,20 @@ def _is_mean(ctx: FileContext, scope: ast.AST, expr: ast.AST, seen: set[str],
 
 
 def _k_in_sight(ctx: FileContext, window: ast.AST) -> str | None:
-    """The name of K that bounds the window: its loop's ``range(K)`` or a modulo by K."""
+    """The name of K that bounds the window: its loop's ``range(K)`` or a modulo by K (in the
+    window or in a backward helper it calls per micro-batch), named like one; else the name
+    its boundary test reads K from (``if (i + 1) % self.K == 0: ...step()``)."""
     nodes: list[ast.AST] = []
     if isinstance(window, ast.For | ast.AsyncFor):
         nodes.append(window.iter)
-    nodes += [n.right for n in walk_all(window) if isinstance(n, ast.BinOp)
-              and isinstance(n.op, ast.Mod)]
+    nodes += [n.right for part in (window, *ctx.inlined(window)) for n in walk_all(part)
+              if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod)]
     for node in nodes:
         for sub in walk_all(node):
             if isinstance(sub, ast.Name | ast.Attribute) and ctx.mentions_accum(sub):
                 return dotted(sub)
-    return None
+    boundary = ctx.window_k_names(window)
+    return min(boundary) if len(boundary) == 1 else None
 
 
 def plain_windows(ctx: FileContext) -> Iterator[ast.AST]:
@@ -116,6 +123,8 @@ def plain_windows(ctx: FileContext) -> Iterator[ast.AST]:
     if _k_scales_something(ctx):
         return
     for window in ctx.windows():
+        if _k_scales_something(ctx, frozenset(ctx.window_k_names(window))):
+            continue
         facts = ctx.window_facts(window)
         if not (not facts.accumulating or facts.summed_loss or facts.unguarded_optimizer_steps
                 or facts.accelerate or facts.engine_backward):
@@ -128,13 +137,11 @@ def mean_loss_never_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
         k = _k_in_sight(ctx, window)
         if k is None:
             continue
-        scope = ctx.scope_of(window)
-        backwards = [n for n in ctx.local_nodes(window)
-                     if isinstance(n, ast.Call) and is_backward(n)]
+        backwards = ctx.backward_scopes(window)
         if not backwards:
             continue
-        losses: list[ast.AST] = []
-        for call in backwards:
+        losses: list[tuple[ast.AST, ast.AST]] = []
+        for scope, call in backwards:
             if call_attr(call) != "backward" or call.args or call.keywords:
                 losses = []
                 break
@@ -145,15 +152,15 @@ def mean_loss_never_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
             if loss is None:
                 losses = []
                 break
-            losses.append(loss)
+            losses.append((scope, loss))
         if not losses or not all(
             _plain_loss(ctx, scope, x, set(), _local_funcs(ctx), set())
-            and _is_mean(ctx, scope, x, set(), window) for x in losses
+            and _is_mean(ctx, scope, x, set(), window) for scope, x in losses
         ):
             continue
         yield ctx.finding(
             "AG122",
-            backwards[0],
+            backwards[0][1],
             f"each micro-batch's mean loss is backwarded as is in a window of `{k}` micro-batches "
             f"and nothing in the file divides by `{k}`: the window's gradient is the sum of K means, "
             "K times the large batch's mean gradient (with SGD, K times the learning rate)",

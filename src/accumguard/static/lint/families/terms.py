@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from accumguard.static.findings import Finding
-from accumguard.static.lint._ast import call_attr, dotted, is_backward, position, receiver, walk_all
+from accumguard.static.lint._ast import call_attr, dotted, position, receiver, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 
@@ -44,20 +44,27 @@ class _Term:
 _DEPTH = 3  # how many levels of local names a term is followed through
 
 
-def _divides_by_k(ctx: FileContext, node: ast.AST) -> bool:
+def _is_k(ctx: FileContext, expr: ast.AST, k_names: set[str]) -> bool:
+    """``expr`` is (or is built from) the accumulation count: a name that says so, or one
+    of the names the window's boundary reads K from."""
+    return ctx.mentions_accum(expr) or any(dotted(n) in k_names for n in walk_all(expr))
+
+
+def _divides_by_k(ctx: FileContext, node: ast.AST, k_names: set[str]) -> bool:
     return (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div | ast.FloorDiv)
-            and ctx.mentions_accum(node.right))
+            and _is_k(ctx, node.right, k_names))
 
 
-def _has_k_division(ctx: FileContext, expr: ast.AST) -> bool:
-    return any(_divides_by_k(ctx, n) for n in walk_all(expr))
+def _has_k_division(ctx: FileContext, expr: ast.AST, k_names: set[str]) -> bool:
+    return any(_divides_by_k(ctx, n, k_names) for n in walk_all(expr))
 
 
 class _Follow:
     """Follows local names to their terms in one window, before the statement using them."""
 
-    def __init__(self, ctx: FileContext, window: ast.AST) -> None:
+    def __init__(self, ctx: FileContext, window: ast.AST, k_names: set[str]) -> None:
         self.ctx, self.window = ctx, window
+        self.k = k_names
         self.active: set[str] = set()
 
     def name_terms(self, name: str, at: ast.AST, depth: int) -> list[_Term] | None:
@@ -71,15 +78,24 @@ class _Follow:
 
     def term(self, expr: ast.AST, at: ast.AST, depth: int) -> _Term:
         """One non-sum term; the local names inside it decide whether it is divided."""
-        divided, normalised = _has_k_division(self.ctx, expr), False
+        divided, normalised = _has_k_division(self.ctx, expr, self.k), False
         for n in walk_all(expr):
-            if not isinstance(n, ast.Name) or n is expr:
+            if n is expr:
                 continue
-            sub = self.name_terms(n.id, at, depth)
+            sub = self.name_terms(n.id, at, depth) if isinstance(n, ast.Name) else None
             if sub:
                 divided = divided or all(t.divided for t in sub)
                 normalised = normalised or any(t.normalised or _divided_by_anything(t.expr) for t in sub)
+            elif isinstance(n, ast.Name | ast.Attribute) and self.coefficient_over_k(n):
+                divided = True
         return _Term(expr, divided, normalised)
+
+    def coefficient_over_k(self, node: ast.Name | ast.Attribute) -> bool:
+        """A name every assignment of which (in the whole file) divides by K: a coefficient
+        that already carries the 1/K (``z_scale = z_coef / K``, ``self.aux_w = w / accum``)."""
+        name = dotted(node)
+        values = self.ctx.values_by_name().get(name, []) if name is not None else []
+        return bool(values) and all(_has_k_division(self.ctx, v, self.k) for v in values)
 
     def split(self, expr: ast.AST, name: str, prev: list[_Term] | None, at: ast.AST,
               depth: int) -> list[_Term] | None:
@@ -92,15 +108,16 @@ class _Follow:
             left = self.split(expr.left, name, prev, at, depth)
             right = self.split(expr.right, name, prev, at, depth)
             return None if left is None or right is None else left + right
-        if _divides_by_k(self.ctx, expr) and isinstance(expr, ast.BinOp):
+        if _divides_by_k(self.ctx, expr, self.k) and isinstance(expr, ast.BinOp):
             inner = self.split(expr.left, name, prev, at, depth)
             return None if inner is None else [_Term(t.expr, True, t.normalised) for t in inner]
         if any(dotted(n) == name for n in walk_all(expr)):
             return None  # the loss inside a product or a call: not a plain sum
         if isinstance(expr, ast.Name):
             sub = self.name_terms(expr.id, at, depth)
-            if sub:
-                return sub
+            if sub:  # a term read from a tuple unpacking has no place: the name's own
+                return [t if hasattr(t.expr, "lineno") else _Term(expr, t.divided, t.normalised)
+                        for t in sub]
         return [self.term(expr, at, depth)]
 
     def terms_at(self, name: str, use: ast.AST, depth: int = _DEPTH) -> list[_Term] | None:
@@ -126,7 +143,7 @@ class _Follow:
             elif isinstance(w.op, ast.Add):
                 extra = self.split(w.value, name, None, w, depth)
                 terms = None if extra is None else terms + extra
-            elif isinstance(w.op, ast.Div) and ctx.mentions_accum(w.value):
+            elif isinstance(w.op, ast.Div) and _is_k(ctx, w.value, self.k):
                 terms = [_Term(t.expr, True, t.normalised) for t in terms]
             else:
                 return None
@@ -199,7 +216,7 @@ def loss_term_not_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
         if (not facts.accumulating or facts.summed_loss or facts.unguarded_optimizer_steps
                 or facts.accelerate or facts.engine_backward):
             continue
-        for bw in (n for n in ctx.local_nodes(window) if isinstance(n, ast.Call) and is_backward(n)):
+        for scope, bw in ctx.backward_scopes(window):
             if call_attr(bw) != "backward" or bw.args:
                 continue
             loss = receiver(bw)
@@ -208,7 +225,9 @@ def loss_term_not_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
             if loss is None:
                 continue
             name = dotted(loss)
-            follow = _Follow(ctx, window)
+            # a helper's backward: its loss is followed in the helper (the window's K still)
+            follow = _Follow(ctx, scope if scope in ctx.inlined(window) else window,
+                             ctx.window_k_names(window))
             terms = (follow.terms_at(name, bw) if name is not None
                      else follow.split(loss, "", None, bw, _DEPTH))
             if not terms or len(terms) < 2:

@@ -52,7 +52,7 @@ def masked_token_mean_never_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
         k = _window_k(ctx, window)
         if k is None:
             continue
-        scope = ctx.scope_of(window)
+        scope = ctx.window_scope(window)
         backwards = [n for n in ctx.local_nodes(window) if isinstance(n, ast.Call) and is_backward(n)]
         losses = [_backwarded(c) for c in backwards]
         if not backwards or any(x is None for x in losses):
