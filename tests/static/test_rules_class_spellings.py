@@ -94,6 +94,15 @@ def test_clearing_helper_is_followed_from_the_window_and_its_helpers(
     assert found(_RUNNER.format(**parts)) == expected
 
 
+def test_grads_cleared_by_hand_in_a_closure() -> None:
+    clear = "for p in model.parameters():\n            p.grad = None"
+    assert found(_CLOSURE.format(clear=clear)) == [("AG102", 8, "error")]
+    # the closure moves each micro-batch's .grad into its own buffer first: accumulation by hand
+    moved = ("for p, b in zip(model.parameters(), bufs):\n"
+             "            b += p.grad\n            p.grad = None")
+    assert found(_CLOSURE.format(clear=moved)) == []
+
+
 def test_clearing_helper_in_a_k1_loop_is_silent() -> None:
     assert found("""
         import torch
@@ -305,6 +314,16 @@ def test_hf_window_normalised_loss_divided_by_k_is_g_over_k(body: str) -> None:
 ])
 def test_hf_window_normalised_loss_alone_is_silent(body: str) -> None:
     assert found(_HF.format(body=body)) == []
+
+
+def test_hf_division_by_k_in_the_other_branch_is_not_applied_to_the_normalised_loss() -> None:
+    body = ("        s = F.cross_entropy(model(**inputs).logits, inputs['labels'], reduction='sum')\n"
+            "        loss = s / inputs['labels'].numel()\n"
+            "        if num_items_in_batch is not None:\n"
+            "            loss = s / num_items_in_batch\n"
+            "            return loss\n"
+            "        loss /= self.args.gradient_accumulation_steps")
+    assert "AG136" not in codes(_HF.format(body=body))
 
 
 def test_hf_mean_divided_by_k_is_only_the_mean_of_means() -> None:

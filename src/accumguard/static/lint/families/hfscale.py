@@ -22,7 +22,7 @@ import ast
 from collections.abc import Iterator
 
 from accumguard.static.findings import Finding
-from accumguard.static.lint._ast import dotted, last_part, walk_all
+from accumguard.static.lint._ast import dotted, last_part, position, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 
@@ -31,34 +31,46 @@ __all__ = ["hf_compute_loss_divided_by_k_after_num_items"]
 _NUM_ITEMS = "num_items_in_batch"
 
 
-def _values(fn: ast.AST) -> dict[str, list[ast.AST]]:
-    """The values ``fn`` assigns to each plain name (``x /= K`` counts as ``x / K``)."""
-    out: dict[str, list[ast.AST]] = {}
-    for n in walk_all(fn):
-        if isinstance(n, ast.Assign):
-            for t in n.targets:
-                if isinstance(t, ast.Name):
-                    out.setdefault(t.id, []).append(n.value)
-    return out
+def _reaching(ctx: FileContext, fn: ast.AST, name: str, use: ast.AST) -> ast.AST | None:
+    """The value of ``name`` at ``use``: its last plain assignment in ``fn`` before ``use``
+    in a block around ``use`` (one in another branch does not reach it); None when the last
+    write before it is anything else (an augmented or tuple assignment) or there is none."""
+    around: set[ast.AST] = set()
+    cur = ctx.parents.get(use)
+    while cur is not None and cur is not fn:
+        around.add(cur)
+        cur = ctx.parents.get(cur)
+    around.add(fn)
+    writes = [n for n in ctx.local_nodes(fn) if isinstance(n, ast.Assign | ast.AugAssign)
+              and n not in around and position(n) < position(use) and ctx.parents.get(n) in around
+              and any(isinstance(t, ast.Name) and t.id == name
+                      for t in walk_all(n.targets[0] if isinstance(n, ast.Assign) else n.target))]
+    if not writes:
+        return None
+    last = max(writes, key=position)
+    if isinstance(last, ast.Assign) and len(last.targets) == 1 and isinstance(last.targets[0], ast.Name):
+        return last.value
+    return None
 
 
-def _window_normalised(expr: ast.AST, values: dict[str, list[ast.AST]], depth: int = 3) -> bool:
+def _window_normalised(ctx: FileContext, fn: ast.AST, expr: ast.AST, depth: int = 3) -> bool:
     """``expr`` is divided by ``num_items_in_batch``: a division by it, or the ``.loss`` of a
-    call given it, inline or through a name assigned from one."""
+    call given it, inline or through the value a name holds there."""
     for sub in walk_all(expr):
         if isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Div) and any(
                 isinstance(x, ast.Name) and x.id == _NUM_ITEMS for x in walk_all(sub.right)):
             return True
         if isinstance(sub, ast.Attribute) and sub.attr == "loss":
-            calls = [sub.value] if isinstance(sub.value, ast.Call) else (
-                values.get(sub.value.id, []) if isinstance(sub.value, ast.Name) else [])
-            if any(isinstance(c, ast.Call) and any(
+            call = sub.value if isinstance(sub.value, ast.Call) else (
+                _reaching(ctx, fn, sub.value.id, sub) if isinstance(sub.value, ast.Name) else None)
+            if isinstance(call, ast.Call) and any(
                     k.arg == _NUM_ITEMS and isinstance(k.value, ast.Name) and k.value.id == _NUM_ITEMS
-                    for k in c.keywords) for c in calls):
+                    for k in call.keywords):
                 return True
-        if isinstance(sub, ast.Name) and depth > 0 and any(
-                _window_normalised(v, values, depth - 1) for v in values.get(sub.id, [])):
-            return True
+        if isinstance(sub, ast.Name) and depth > 0:
+            value = _reaching(ctx, fn, sub.id, sub)
+            if value is not None and _window_normalised(ctx, fn, value, depth - 1):
+                return True
     return False
 
 
@@ -79,12 +91,12 @@ def hf_compute_loss_divided_by_k_after_num_items(ctx: FileContext) -> Iterator[F
         for fn in cls.body:
             if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) or fn.name != "compute_loss":
                 continue
-            values = _values(fn)
             for node, dividend in _k_divisions(ctx, fn):
-                if isinstance(dividend, ast.Name) and isinstance(node, ast.AugAssign):
-                    normalised = any(_window_normalised(v, values) for v in values.get(dividend.id, []))
+                if isinstance(node, ast.AugAssign) and isinstance(dividend, ast.Name):
+                    value = _reaching(ctx, fn, dividend.id, node)
+                    normalised = value is not None and _window_normalised(ctx, fn, value)
                 else:
-                    normalised = _window_normalised(dividend, values)
+                    normalised = _window_normalised(ctx, fn, dividend)
                 if not normalised:
                     continue
                 yield ctx.finding(

@@ -138,12 +138,13 @@ def _grad_clears(ctx: FileContext, window: ast.AST) -> Iterator[ast.AST]:
 
 @rule("AG102")
 def grads_cleared_by_hand_in_window(ctx: FileContext) -> Iterator[Finding]:
-    """``for p in model.parameters(): p.grad = None`` on every micro-step: zero_grad by hand."""
+    """``for p in model.parameters(): p.grad = None`` on every micro-step: zero_grad by hand
+    (in the window, or in a closure or helper that runs the backward once per micro-step)."""
     for window in ctx.windows():
         facts = ctx.window_facts(window)
         if not facts.accumulating or facts.unguarded_optimizer_steps or facts.summed_loss:
             continue
-        for node in _grad_clears(ctx, window):
+        for node in (n for part in (window, *ctx.inlined(window)) for n in _grad_clears(ctx, part)):
             if ctx.guarded(node, window):
                 continue
             yield ctx.finding(
