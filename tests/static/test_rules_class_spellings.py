@@ -235,6 +235,30 @@ def test_a_named_config_file_gets_ag204_at_the_line_naming_it(tmp_path: Path) ->
     assert lint_file(script) == []
 
 
+_DS_DICT = """
+import argparse
+import deepspeed
+GA = 256
+p = argparse.ArgumentParser()
+p.add_argument("--grad_accum", type=int, default=256)
+args = p.parse_args()
+cfg = {{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": {ga},
+       "gradient_clipping": 0.0, "bf16": {{"enabled": True}}, "zero_optimization": {{"stage": 2}}}}
+engine, _, _, _ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=cfg)
+for batch in loader:
+    engine.backward(engine(batch))
+    engine.step()
+"""
+
+
+def test_a_dict_config_whose_ga_is_a_name_is_judged_with_its_value() -> None:
+    def ag204(ga: str) -> list[str]:
+        return [s for c, _, s in found(_DS_DICT.format(ga=ga)) if c == "AG204"]
+    assert ag204("GA") == ["error"]             # one integer in the file
+    assert ag204("args.grad_accum") == ["warning"]  # the command line may change it
+    assert ag204("int(os.environ['GA'])") == []   # not in sight
+
+
 def test_a_config_file_read_by_a_script_without_deepspeed_is_not_judged(tmp_path: Path) -> None:
     (tmp_path / "ds.json").write_text(json.dumps(_ds(256, 2)), encoding="utf-8")
     script = tmp_path / "ref.py"
@@ -379,3 +403,26 @@ def test_window_token_count_from_lengths_is_silent() -> None:
             opt.step()
             opt.zero_grad()
     """) == []
+
+
+_PG_NO_K = _PG.replace("(loss / accum_steps).backward()", "loss.backward()")
+
+
+@pytest.mark.parametrize("body", [
+    "    logp, mask, lengths = policy(batch)\n    loss = -(logp * mask).sum() / lengths.sum()",
+    "    labels = batch['labels']\n    tok = F.cross_entropy(model(batch), labels, reduction='sum')\n"
+    "    loss = tok / (labels != -100).sum()",
+    "    logp = policy(batch['input_ids'])\n    am = batch['attention_mask']\n"
+    "    loss = -(logp * am).sum() / am.sum()",
+    "    labels = batch['labels']\n    n_tok = (labels != -100).sum()\n"
+    "    tok = F.cross_entropy(model(batch), labels, reduction='sum')\n    loss = tok / n_tok",
+])
+def test_token_mean_never_divided_by_k_in_count_spellings(body: str) -> None:
+    assert [(c, s) for c, _, s in found(_PG_NO_K.format(body=body))] == [("AG129", "error")]
+
+
+def test_token_sum_over_a_count_made_before_the_window_is_silent() -> None:
+    body = "    logp, mask, lengths = policy(batch)\n    loss = -(logp * mask).sum() / n_window_tok"
+    assert found(_PG_NO_K.format(body=body)) == []
+    body = "    logp, mask, lengths = policy(batch)\n    loss = -(logp * mask).sum() / n_seen"
+    assert found(_PG_NO_K.format(body=body)) == []  # a name not counted in the window: no guess

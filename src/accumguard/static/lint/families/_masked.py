@@ -15,7 +15,10 @@ import re
 from collections.abc import Callable
 
 from accumguard.static.lint._ast import (
+    ACCUM_RE,
     COUNT_RE,
+    GLOBAL_COUNT_RE,
+    WORLD_RE,
     call_attr,
     dotted,
     identifiers,
@@ -26,7 +29,7 @@ from accumguard.static.lint._ast import (
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint.families.deepspeed import _name_values
 
-__all__ = ["counted_per_micro_batch", "counts_tokens", "helper_called", "hf_loss", "masked_mean", "masked_mean_helpers",
+__all__ = ["counted_mean", "counted_per_micro_batch", "counts_tokens", "helper_called", "hf_loss", "masked_mean", "masked_mean_helpers", "micro_batch_count",
            "num_items_arg", "window_normalised"]
 
 #: wrappers that keep a count a count: ``m.sum().clamp(min=1)``, ``.float()``, ``max(n, 1)``
@@ -236,3 +239,48 @@ def _names_lengths(expr: ast.AST) -> bool:
     last = (expr.slice.value if isinstance(expr, ast.Subscript) and isinstance(expr.slice, ast.Constant)
             else last_part(dotted(expr)))
     return isinstance(last, str) and _LENGTHS_RE.match(last.lower()) is not None
+
+
+def _count_expr(expr: ast.AST) -> bool:
+    """A token count that does not say it covers the window, every rank or K."""
+    if any(WORLD_RE.search(i) or ACCUM_RE.search(i) or GLOBAL_COUNT_RE.search(i) for i in identifiers(expr)):
+        return False
+    return counts_tokens(expr)
+
+
+def micro_batch_count(ctx: FileContext, scope: ast.AST, window: ast.AST, divisor: ast.AST) -> bool:
+    """``divisor`` counts this micro-batch's tokens: a count (:func:`counts_tokens`:
+    ``mask.sum()``, ``(labels != -100).sum()``, ``lengths.sum()``), or a name the window
+    assigns only from counts, that reads a name the window assigns on each micro-step
+    (:func:`counted_per_micro_batch`: a window's count made before its micro-steps is not)."""
+    if isinstance(divisor, ast.Name):
+        values = [n.value for n in ctx.local_nodes(window) if isinstance(n, ast.Assign)
+                  and len(n.targets) == 1 and dotted(n.targets[0]) == divisor.id]
+        counted = _count_expr(divisor) or (bool(values) and all(_count_expr(v) for v in values))
+    else:
+        counted = _count_expr(divisor)
+    return counted and counted_per_micro_batch(ctx, scope, window, divisor)
+
+
+def _summed_loss(expr: ast.AST) -> bool:
+    """``expr`` sums: a ``.sum()``/``torch.sum(...)``, or a loss call with ``reduction="sum"``."""
+    return any(isinstance(n, ast.Call) and (
+        _summed(n) is not None
+        or any(k.arg == "reduction" and isinstance(k.value, ast.Constant) and k.value.value == "sum"
+               for k in n.keywords)) for n in walk_all(expr))
+
+
+def counted_mean(ctx: FileContext, scope: ast.AST, window: ast.AST, expr: ast.AST, seen: set[str]) -> bool:
+    """``expr`` is a sum over this micro-batch's tokens divided by this micro-batch's own
+    count (:func:`micro_batch_count`): ``tok_sum / (labels != -100).sum()``,
+    ``(logp * mask).sum() / lengths.sum()``; through its negation and local names."""
+    if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.USub):
+        return counted_mean(ctx, scope, window, expr.operand, seen)
+    if isinstance(expr, ast.Name):
+        return _every_value(ctx, scope, expr, seen, lambda v: counted_mean(ctx, scope, window, v, seen))
+    if not (isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Div)):
+        return False
+    left = expr.left
+    summed = _summed_loss(left) or (isinstance(left, ast.Name) and _every_value(
+        ctx, scope, left, set(), _summed_loss))  # `tok = F.cross_entropy(..., reduction="sum")`
+    return summed and micro_batch_count(ctx, scope, window, expr.right)

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from accumguard.static import dsconfig
-from accumguard.static.findings import Finding
+from accumguard.static.findings import Finding, Severity
 from accumguard.static.lint._ast import (
     FUNCS,
     LOOPS,
@@ -375,11 +375,35 @@ def engine_gating(ctx: FileContext) -> Iterator[Finding]:
             )
 
 
+def _ga_named_f12(ctx: FileContext, ref: DsConfigRef) -> list[Finding]:
+    """AG204 of a config dict whose ``gradient_accumulation_steps`` is a name the file gives
+    one integer (``GA = 256``; the config check sees a computed value and stays silent):
+    judged with that value; with an argparse default it is the run's K unless the command line
+    says otherwise, so at most a warning."""
+    node = ref.node
+    if not isinstance(node, ast.Dict) or ref.cfg.get("gradient_accumulation_steps") is not dsconfig.UNKNOWN:
+        return []
+    value = next((v for k, v in zip(node.keys, node.values, strict=True)
+                  if isinstance(k, ast.Constant) and k.value == "gradient_accumulation_steps"), None)
+    ga = ctx.int_value(value, defaults=False)
+    by_default = ga is None
+    ga = ctx.int_value(value) if by_default else ga
+    if ga is None:
+        return []
+    cfg = dsconfig.ConfigDict({**ref.cfg, "gradient_accumulation_steps": ga},
+                              key_lines=ref.cfg.key_lines, partial=ref.cfg.partial)
+    out = [f for f in dsconfig.check_config(cfg) if f.code == "AG204"]
+    if by_default:
+        out = [replace(f, severity=Severity.WARNING, evidence=f"{f.evidence} (K = {ga} is the "
+                       "default of a command-line argument)") for f in out]
+    return out
+
+
 @rule(*_CONFIG_CODES)
 def config_literal_checks(ctx: FileContext) -> Iterator[Finding]:
     """check-config's checks on each DeepSpeed config dict literal in the script."""
     for ref in ctx.ds_config_literals():
-        for f in dsconfig.check_config(ref.cfg):
+        for f in [*dsconfig.check_config(ref.cfg), *_ga_named_f12(ctx, ref)]:
             if f.code == "AG203" and ref.hf:
                 continue  # the HF Trainer's max_grad_norm (default 1.0) is the clipping asked for
             line = f.line or getattr(ref.node, "lineno", 1)

@@ -39,12 +39,12 @@ from accumguard.static.lint._ast import (
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._masked import (
-    counted_per_micro_batch,
     counts_tokens,
     helper_called,
     hf_loss,
     masked_mean,
     masked_mean_helpers,
+    micro_batch_count,
     window_normalised,
 )
 from accumguard.static.lint.families._modguard import k_values
@@ -240,8 +240,7 @@ def _per_micro_batch_token_mean(ctx: FileContext, window: ast.AST) -> bool:
             return True
         # a count this micro-step computes (from names the window assigns) divides whatever
         # lands in the loss: `loss = tok / n_tok` after `n_tok = (labels != -100).sum()`
-        if (summed or _is_loss_division(ctx, sub, d[0])) and _is_micro_count(ctx, window, d[1]) \
-                and counted_per_micro_batch(ctx, scope, window, d[1]):
+        if (summed or _is_loss_division(ctx, sub, d[0])) and micro_batch_count(ctx, scope, window, d[1]):
             return True
     helpers = masked_mean_helpers(ctx)  # (x * m).sum() / m.sum(), inline or in a helper
     return any(
@@ -249,18 +248,6 @@ def _per_micro_batch_token_mean(ctx: FileContext, window: ast.AST) -> bool:
         or isinstance(n, ast.BinOp) and masked_mean(ctx, window, n, set(), helpers=False)
         for n in ctx.local_nodes(window)
     )
-
-
-def _is_micro_count(ctx: FileContext, window: ast.AST, divisor: ast.AST) -> bool:
-    """A count: :func:`_is_count`, or a name the window itself assigns only from such counts
-    (``n = (labels != -100).sum()``, ``n = b["lengths"].sum()``) on each micro-step."""
-    if _is_count(ctx, divisor):
-        return True
-    if not isinstance(divisor, ast.Name):
-        return False
-    values = [n.value for n in ctx.local_nodes(window) if isinstance(n, ast.Assign)
-              and len(n.targets) == 1 and dotted(n.targets[0]) == divisor.id]
-    return bool(values) and all(_is_count(ctx, v) for v in values)
 
 
 def _accelerate_ga_above_one(ctx: FileContext) -> bool:

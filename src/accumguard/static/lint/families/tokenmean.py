@@ -7,7 +7,10 @@ sum of K per-micro-batch means: K times the large batch's mean gradient, with th
 of short micro-batches over-weighted on top (the mean of means, F5). The K x is what the
 source proves, so this is an error in the LOSS_SCALE class, judged under the same
 conditions as AG122 (a plain torch ``.backward()``, a window whose K is named like one,
-no division by K anywhere in the file). Divided by K it is AG104's warning (F5).
+no division by K anywhere in the file). The count may also be spelled apart from the mask:
+a summed loss divided by a count of this micro-batch made on each micro-step
+(``tok_sum / (labels != -100).sum()``, ``(logp * mask).sum() / lengths.sum()``). Divided by
+K it is AG104's warning (F5).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from accumguard.static.findings import Finding
 from accumguard.static.lint._ast import call_attr, dotted, is_backward, receiver, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
-from accumguard.static.lint.families._masked import masked_mean
+from accumguard.static.lint.families._masked import counted_mean, masked_mean
 from accumguard.static.lint.families.scale import _k_in_sight, plain_windows
 
 __all__ = ["masked_token_mean_never_divided_by_k"]
@@ -57,13 +60,14 @@ def masked_token_mean_never_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
         losses = [_backwarded(c) for c in backwards]
         if not backwards or any(x is None for x in losses):
             continue
-        if not all(x is not None and masked_mean(ctx, scope, x, set()) for x in losses):
+        if not all(x is not None and (masked_mean(ctx, scope, x, set())
+                                      or counted_mean(ctx, scope, window, x, set())) for x in losses):
             continue
         yield ctx.finding(
             "AG129",
             backwards[0],
-            "each micro-batch's loss is a mean over its own masked tokens (a masked sum divided by "
-            f"its own mask count) and is backwarded as is in a window of `{k}` micro-batches, and "
+            "each micro-batch's loss is a mean over its own tokens (a sum over its tokens divided "
+            f"by its own token count) and is backwarded as is in a window of `{k}` micro-batches, and "
             f"nothing in the file divides by `{k}`: the window's gradient is the sum of K token "
             "means, K times the large batch's (and short micro-batches' tokens weigh more)",
         )
