@@ -426,3 +426,13 @@ def test_token_sum_over_a_count_made_before_the_window_is_silent() -> None:
     assert found(_PG_NO_K.format(body=body)) == []
     body = "    logp, mask, lengths = policy(batch)\n    loss = -(logp * mask).sum() / n_seen"
     assert found(_PG_NO_K.format(body=body)) == []  # a name not counted in the window: no guess
+
+
+@pytest.mark.parametrize("k", ["K", "accum_steps"])
+def test_a_boundary_k_of_one_scales_nothing(k: str) -> None:
+    aux = _TERMS.format(k=k, body=f"    loss = ce / {k} + 0.1 * aux\n    loss.backward()")
+    assert codes(aux) == ["AG127"]
+    assert found(aux.replace(f"{k} = 4", f"{k} = 1")) == []
+    mean = _TERMS.format(k=k, body="    loss = ce\n    loss.backward()")
+    assert codes(mean) == ["AG122"]
+    assert found(mean.replace(f"{k} = 4", f"{k} = 1")) == []

@@ -35,6 +35,8 @@ version):
 
 from __future__ import annotations
 
+import ast
+
 from accumguard.static.lint._ctx_values import ValueFacts
 from accumguard.static.lint._ctx_windows import WindowFacts, WindowQueries
 
@@ -43,3 +45,9 @@ __all__ = ["FileContext", "WindowFacts"]
 
 class FileContext(WindowQueries, ValueFacts):
     """Facts about one parsed file, each computed on first use and cached."""
+
+    def window_k_is_one(self, window: ast.AST) -> bool:
+        """A name the window's boundary reads K from holds 1 (``accum_steps = 1``): every
+        micro-step is a boundary, nothing accumulates, no loss scale is wrong by K."""
+        return any(self.int_value(ast.parse(name, mode="eval").body) == 1
+                   for name in self.window_k_names(window))

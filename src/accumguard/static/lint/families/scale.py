@@ -127,7 +127,7 @@ def plain_windows(ctx: FileContext) -> Iterator[ast.AST]:
             continue
         facts = ctx.window_facts(window)
         if not (not facts.accumulating or facts.summed_loss or facts.unguarded_optimizer_steps
-                or facts.accelerate or facts.engine_backward):
+                or facts.accelerate or facts.engine_backward or ctx.window_k_is_one(window)):
             yield window
 
 

@@ -214,7 +214,7 @@ def loss_term_not_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
     for window in ctx.windows():
         facts = ctx.window_facts(window)
         if (not facts.accumulating or facts.summed_loss or facts.unguarded_optimizer_steps
-                or facts.accelerate or facts.engine_backward):
+                or facts.accelerate or facts.engine_backward or ctx.window_k_is_one(window)):
             continue
         for scope, bw in ctx.backward_scopes(window):
             if call_attr(bw) != "backward" or bw.args:
