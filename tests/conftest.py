@@ -9,6 +9,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -80,31 +81,38 @@ def _scope(nodeid: str) -> str:
     return "deepspeed-spawn" if Path(path).stem in WORKERS else path
 
 
-#: Seconds of the heaviest units, a lower bound: the sum of their tests among the 25 slowest
-#: of the CI run of 2026-12-02 (/tmp/accumguard-ci.log: 1,862 tests, 22 min 33 s; the
-#: dropped Trainer watch launch left out). xdist hands units out by their number of tests,
-#: most first, which put these (few tests, one or more launches each) last: at the end of a
-#: whole-suite run (09:06-09:15 UTC, load 14) both workers were in them (test_advise's
-#: DeepSpeed modes, test_invariance_scripts). Listed units go first, heaviest first, so
-#: the light many-test modules fill the end and the two workers end closer together; the
-#: rest keep xdist's order. Only the order changes: every test runs, each module whole in
-#: one worker. (Not yet measured as a whole-suite run: see docs/dev/test-speed.md.)
+#: Seconds of the heaviest units: the module times ("slowest 30 test modules") of a quiet
+#: ``.ci/run`` of main 4f2b311 (2026-12-02 15:17 UTC: 1,573 s of tests, 13 min 37 s), the
+#: units changed since then estimated (marked). xdist 3.8's loadscope hands each worker one
+#: unit and the next one when <= 2 of its tests are pending, in the collection's order:
+#: listed units go first, heaviest first, so that a long unit never starts near the end
+#: (test_invariance_precision_runs, 52 s in 5 tests, was unlisted and could start last);
+#: the light many-test modules fill the end and the two workers end closer together. The
+#: rest keep xdist's order (most tests first). Only the order changes: every test runs, each
+#: module whole in one worker.
 _SCOPE_SECONDS: dict[str, float] = {
-    "tests/integrations/test_deepspeed_frameworks.py": 205,
-    "tests/runtime/test_advise.py": 186,
-    "tests/runtime/test_watch.py": 173,
-    "tests/runtime/test_watch_features.py": 124,
-    "tests/demo/test_demo_story.py": 65,
-    "deepspeed-spawn": 53,  # the shared DeepSpeed spawn (accumulate/test_checkpoint's setup)
-    "tests/runtime/test_watch_precision.py": 51,
-    "tests/static/test_robustness.py": 40,
-    "tests/demo/test_bench.py": 34,
-    "tests/runtime/test_launch.py": 30,
-    "tests/runtime/test_comm_ledger.py": 30,
-    "tests/runtime/test_failsafe_stacks.py": 30,
-    "tests/integrations/test_transformers.py": 27,
-    "tests/verify/test_invariance_scripts.py": 27,
-    "tests/accumulate/test_multinode.py": 27,
+    "tests/runtime/test_advise.py": 152,
+    "tests/integrations/test_deepspeed_frameworks.py": 140,  # est.: the invariance CLI in-process
+    "tests/runtime/test_watch_features.py": 93,
+    "deepspeed-spawn": 90,  # est.: the DeepSpeed engine modules, test_checkpoint, test_audit
+    "torch-spawn": 80,  # est.: 12 modules' 2-rank workers in one spawn (ds_spawn.TORCH_WORKERS)
+    "tests/runtime/test_watch.py": 73,
+    "tests/runtime/test_failsafe_stacks.py": 66,
+    "tests/verify/test_invariance_scripts.py": 50,  # est. (61 s with the CLI launched)
+    "tests/runtime/test_launch.py": 51,
+    "tests/demo/test_demo_story.py": 51,
+    "tests/runtime/test_signals.py": 46,
+    "tests/verify/test_invariance_precision_runs.py": 45,  # est. (52 s with the CLI launched)
+    "tests/runtime/test_watch_precision.py": 38,
+    "tests/runtime/test_watch_multinode.py": 32,
+    "tests/verify/test_invariance_rl.py": 29,  # est. (34 s with the CLI launched)
+    "tests/runtime/test_watch_hang.py": 27,
+    "tests/demo/test_bench.py": 25,
+    "tests/verify/test_plugin.py": 25,
+    "tests/cli/test_cli.py": 23,
+    "tests/accumulate/test_multinode.py": 22,
+    "tests/static/test_robustness.py": 21,
+    "tests/runtime/test_guard_watch_catalogue.py": 20,
 }
 
 
@@ -151,6 +159,40 @@ def deepspeed_spawn(request: pytest.FixtureRequest) -> dict[str, list[object]]:
     from ds_spawn import shared_deepspeed_spawn
 
     return shared_deepspeed_spawn(request.session)
+
+
+@pytest.fixture
+def accumguard_cli(monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> Any:
+    """``accumguard_cli(*argv, env=None)`` -> (exit code, stdout, stderr): ``accumguard
+    ARGV`` run through the CLI's entry point (``accumguard.cli.main``) in this process,
+    with ``env`` as the whole environment (default: a launched CLI's,
+    ``helpers.launcher_env``), restored afterwards. The output is captured at the file
+    descriptors, so the commands the CLI starts (whose output passes through) are in it,
+    as they are in a launched CLI's. For the tests whose subject is the subcommand, not
+    the ``python -m accumguard.cli`` process around it: that process costs one more Python
+    start, and ``invariance``'s or ``advise``'s one more ``import torch`` too (about 2.5 s
+    of CPU each); the process boundary itself keeps real launches elsewhere (e.g.
+    runtime/test_advise.py's DDP run, verify/test_invariance_scripts.py's failing
+    command)."""
+    from accumguard.cli import main
+
+    from helpers import launcher_env
+
+    def run(*argv: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+        want = launcher_env() if env is None else dict(env)
+        for key in set(os.environ) - set(want):
+            monkeypatch.delenv(key)
+        for key, value in want.items():
+            monkeypatch.setenv(key, value)
+        capfd.readouterr()
+        try:
+            code = main(list(argv))
+        except SystemExit as exc:  # argparse's usage errors
+            code = exc.code if isinstance(exc.code, int) else 2
+        printed = capfd.readouterr()
+        return code, printed.out, printed.err
+
+    return run
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,5 @@
 """One 2-rank DeepSpeed spawn shared by the modules that build DeepSpeed engines (the engine
-modules and accumulate/test_checkpoint.py).
+modules, accumulate/test_checkpoint.py and verify/test_audit.py).
 
 Each of these modules used to spawn its own two ranks, and each spawn paid Python, torch and
 DeepSpeed's import plus ``init_distributed`` again (15-60 s on this machine) for a few seconds
@@ -25,30 +25,47 @@ WORKERS: dict[str, str] = {
     "test_deepspeed_window_memory": "_worker",
     "test_deepspeed_wrappers": "_run",
     "test_nonfinite_dist": "_ds_sweep",
+    "test_audit": "_ds_in_place",  # tests/verify: the demo's DeepSpeed loops audited
     "test_checkpoint": "_shared",  # tests/accumulate: DDP, FSDP2, ZeRO 1-3 checkpoint + resume
 }
 #: each worker's own spawn timeout (s): the shared spawn gets the sum of the selected ones,
 #: at most MAX_TIMEOUT (all five took 387 s at load 18-24; a hang should not cost an hour)
 TIMEOUTS = {"test_deepspeed": 600, "test_deepspeed_lean_flush": 900,
             "test_deepspeed_window_memory": 600, "test_deepspeed_wrappers": 600,
-            "test_nonfinite_dist": 900, "test_checkpoint": 900}
+            "test_nonfinite_dist": 900, "test_audit": 900, "test_checkpoint": 900}
 MAX_TIMEOUT = 1800
 
 #: The same for the torch-only 2-rank spawns of tests/accumulate (DDP on gloo, no DeepSpeed):
 #: four module fixtures, four spawns before (each two Python + torch starts and a gloo
 #: rendezvous), now one, in its own xdist unit (``torch-spawn``) so that it does not lengthen
 #: the DeepSpeed unit. integrations/test_trl_peft.py's 2-rank SFT run (a Trainer over gloo)
-#: joins it, after the accumulate workers' bitwise comparisons. In run order:
-#: test_accumulator_errors last, its uneven-ranks check ends with both ranks raising in a window.
+#: joins it, after the accumulate workers' bitwise comparisons. Seven more modules' module-scoped
+#: spawns (torch only: DDP, FSDP2, ZeRO-1 on gloo; the audit, diagnosis, guard-vs-watch and
+#: checks-ledger workers) joined it too (issue 24): each was two more Python + torch starts
+#: and a rendezvous for a few seconds of work. Left out on purpose: test_guard_ddp (its
+#: worker makes one rank's accumguard fail mid-window, leaving the group's collectives to
+#: the check's own recovery) and the framework workers that keep process-wide state
+#: (Accelerate's, Lightning's). In run order: test_accumulator_errors last, its uneven-ranks
+#: check ends with both ranks raising in a window.
 TORCH_WORKERS: dict[str, str] = {
     "test_equivalence_local_ddp": "_every_ddp_run",
     "test_master_weights": "_ddp_worker_shared",
     "test_fp32_accumulation": "_local_and_ddp",
+    "test_fsdp2": "_fsdp2_shared",
+    "test_fsdp2_fast_window": "_grid",
+    "test_zero1": "_zero1_shared",
+    "test_checks_ledger": "_all",
+    "test_guard_watch_agree": "_ddp_rank",
+    "test_diagnosis": "_in_place",
+    "test_audit_mechanisms": "_in_place",
     "test_trl_peft": "_sft_rank_shared",
     "test_accumulator_errors": "_in_a_group",
 }
 TORCH_TIMEOUTS = {"test_equivalence_local_ddp": 600, "test_master_weights": 600,
-                  "test_fp32_accumulation": 180, "test_trl_peft": 600,
+                  "test_fp32_accumulation": 180, "test_fsdp2": 300,
+                  "test_fsdp2_fast_window": 300, "test_zero1": 300, "test_checks_ledger": 600,
+                  "test_guard_watch_agree": 300, "test_diagnosis": 300,
+                  "test_audit_mechanisms": 600, "test_trl_peft": 600,
                   "test_accumulator_errors": 300}
 
 

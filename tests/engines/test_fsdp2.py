@@ -10,11 +10,11 @@ grid runs in one spawn (module-scoped fixture) to amortise process start-up.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import pytest
 import torch
 
-from accumguard import run_on_ranks
 from accumguard.demo.toy import token_loss
 from accumguard.verify.reference import (
     ReferenceRun,
@@ -175,9 +175,16 @@ def _precision_check(case: Case) -> dict:
     return out
 
 
+def _fsdp2_shared(rank: int, world: int) -> dict:
+    return _fsdp2_grid(rank, world, GRID)
+
+
 @pytest.fixture(scope="module")
-def fsdp2_results() -> dict:
-    return run_on_ranks(_fsdp2_grid, 2, (GRID,), timeout=300)[0]
+def fsdp2_results(torch_spawn: dict[str, list[Any]]) -> dict:
+    """Rank 0 of ``_fsdp2_grid`` over GRID, run in the session's shared gloo spawn
+    (``ds_spawn.TORCH_WORKERS``)."""
+    out: dict = torch_spawn["test_fsdp2"][0]
+    return out
 
 
 def _ids(item: tuple) -> str:

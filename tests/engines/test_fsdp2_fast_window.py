@@ -15,10 +15,10 @@ them the window runs with its hooks (the correct, slower path) and still gives t
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
-
-from accumguard import run_on_ranks
 
 from helpers import Case, cpu_mesh, engine_cases, make_data, make_model, train_with_accumulator
 
@@ -88,8 +88,11 @@ def _grid(rank: int, world: int) -> dict:
 
 
 @pytest.fixture(scope="module")
-def results() -> dict:
-    return run_on_ranks(_grid, 2, (), timeout=300)[0]
+def results(torch_spawn: dict[str, list[Any]]) -> dict:
+    """Rank 0 of ``_grid``, run in the session's shared gloo spawn
+    (``ds_spawn.TORCH_WORKERS``)."""
+    out: dict = torch_spawn["test_fsdp2_fast_window"][0]
+    return out
 
 
 def _same_bits(a: dict, b: dict) -> bool:

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import functools
 import inspect
+from typing import Any
 
 import pytest
 import torch
 
-from accumguard import run_on_ranks
 from accumguard.demo.toy import token_loss
 from accumguard.verify.reference import (
     ReferenceRun,
@@ -84,9 +84,16 @@ def _zero1_grid(rank: int, world: int, grid: list[Case]) -> dict:
     return {"grid": out, "auto": auto, "plain": plain, "seconds": time.perf_counter() - t0}
 
 
+def _zero1_shared(rank: int, world: int) -> dict:
+    return _zero1_grid(rank, world, GRID)
+
+
 @pytest.fixture(scope="module")
-def zero1_results() -> dict:
-    return run_on_ranks(_zero1_grid, 2, (GRID,), timeout=300)[0]
+def zero1_results(torch_spawn: dict[str, list[Any]]) -> dict:
+    """Rank 0 of ``_zero1_grid`` over GRID, run in the session's shared gloo spawn
+    (``ds_spawn.TORCH_WORKERS``)."""
+    out: dict = torch_spawn["test_zero1"][0]
+    return out
 
 
 @functools.cache

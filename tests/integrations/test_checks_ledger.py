@@ -14,7 +14,6 @@ import pytest
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from accumguard import run_on_ranks
 from accumguard.demo.toy import TokenMLP, make_rank_batches, token_loss
 from accumguard.integrations._checks import AccumulationChecks
 
@@ -67,8 +66,11 @@ def _all(rank: int, world: int) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def results() -> list[dict[str, Any]]:
-    return run_on_ranks(_all, 2, timeout=600)
+def results(torch_spawn: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """The 2 ranks of ``_all``, run in the session's shared gloo spawn
+    (``ds_spawn.TORCH_WORKERS``)."""
+    out: list[dict[str, Any]] = torch_spawn["test_checks_ledger"]
+    return out
 
 
 def _ddp_rows(step: dict[str, Any]) -> list[tuple[int, int, int]]:

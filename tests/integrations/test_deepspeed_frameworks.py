@@ -224,23 +224,25 @@ def test_trainer_deepspeed_clipping_and_accumulation_config(hf_sweep: Path) -> N
 
 @pytest.mark.deepspeed
 @pytest.mark.slow
-def test_trainer_deepspeed_under_invariance(tmp_path: Path) -> None:
+def test_trainer_deepspeed_under_invariance(tmp_path: Path, accumguard_cli: Any) -> None:
     """``accumguard invariance --ks 1,4`` on the Trainer + DeepSpeed script: the Trainer's own
     loss trains the same for K = 1 and 4 (ZeRO-3: each rank's partitions compared; measured
-    1.8e-6..1.5e-5)."""
+    1.8e-6..1.5e-5). The CLI's entry point runs in this process (conftest's
+    ``accumguard_cli``: its two torchrun launches are the real ones, without one more
+    Python + torch start-up for the CLI itself)."""
     for lib in ("deepspeed", "accelerate", "transformers"):
         pytest.importorskip(lib)
     report = tmp_path / "inv.json"
-    proc = subprocess.run([sys.executable, "-m", "accumguard.cli", "invariance", "--ks", "1,4",
-                           "--batch", "8", "--steps", "3", "--json", str(report), "--",
-                           *_torchrun("hf_ds_train.py", "--modes", "ok@3", "--k", "{K}",
-                                      "--mb", "{MB}", "--out", str(tmp_path))],
-                          env=launcher_env(), capture_output=True, text=True, timeout=900)
+    code, _, err = accumguard_cli(
+        "invariance", "--ks", "1,4", "--batch", "8", "--steps", "3", "--timeout", "450",
+        "--json", str(report), "--",
+        *_torchrun("hf_ds_train.py", "--modes", "ok@3", "--k", "{K}", "--mb", "{MB}",
+                   "--out", str(tmp_path)))
     data = json.loads(report.read_text()) if report.exists() else {}
-    assert data, proc.stderr[-4000:]
+    assert data, err[-4000:]
     (cmp,) = data["comparisons"]
     assert [s["backwards"] for s in cmp["steps"]] == [[K, K]] * 3
-    assert not data["diverged"] and proc.returncode == 0, cmp
+    assert not data["diverged"] and code == 0, cmp
     assert cmp["max_update_rel_diff"] < data["tolerance"], cmp
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -35,26 +34,14 @@ def _sha() -> str:
 
 
 @pytest.fixture
-def advise(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Any:
+def advise(accumguard_cli: Any) -> Any:
     """``advise(*args)`` -> (exit code, what the CLI printed on stdout then stderr):
     ``accumguard advise ARGS`` run through the CLI's entry point in this process, under a
-    launched CLI's environment."""
-    from accumguard.cli import main
-
-    env = launcher_env()
-    for key in set(os.environ) - set(env):
-        monkeypatch.delenv(key)
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
+    launched CLI's environment (conftest's ``accumguard_cli``)."""
 
     def run(*args: str) -> tuple[int, str]:
-        capsys.readouterr()
-        try:
-            code = main(["advise", *args])
-        except SystemExit as exc:  # argparse's usage errors
-            code = exc.code if isinstance(exc.code, int) else 2
-        printed = capsys.readouterr()
-        return code, printed.out + printed.err
+        code, out, err = accumguard_cli("advise", *args)
+        return code, out + err
 
     return run
 

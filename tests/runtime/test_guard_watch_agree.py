@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 import torch
 
-from accumguard import run_on_ranks
 from accumguard.runtime.guard import guard
 from accumguard.watch._findings import analyze, load_recordings
 from accumguard.watch._recording import recording
@@ -118,8 +117,13 @@ def _ddp_rank(rank: int, world: int) -> dict[str, tuple[set[str], set[str], set[
 
 
 @pytest.fixture(scope="module")
-def ddp_runs() -> list[dict[str, tuple[set[str], set[str], set[str]]]]:
-    return run_on_ranks(_ddp_rank, 2, timeout=300)
+def ddp_runs(torch_spawn: dict[str, list[Any]]
+             ) -> list[dict[str, tuple[set[str], set[str], set[str]]]]:
+    """The 2 ranks of ``_ddp_rank``, run in the session's shared gloo spawn
+    (``ds_spawn.TORCH_WORKERS``)."""
+    out: list[dict[str, tuple[set[str], set[str], set[str]]]] = torch_spawn[
+        "test_guard_watch_agree"]
+    return out
 
 
 @pytest.mark.parametrize("bug", ["None", "F1", "F3", "F11"])

@@ -14,6 +14,7 @@ import functools
 import json
 import os
 import time
+from typing import Any
 
 import pytest
 import torch
@@ -323,11 +324,11 @@ def _ds_in_place(rank: int, world: int) -> tuple[dict, dict]:
 
 
 @pytest.fixture(scope="module")
-def ds_both() -> tuple[dict, dict]:
-    pytest.importorskip("deepspeed")
-    from accumguard import run_on_ranks
-
-    return run_on_ranks(_ds_in_place, 2, (), timeout=900)[0]
+def ds_both(deepspeed_spawn: dict[str, list[Any]]) -> tuple[dict, dict]:
+    """Rank 0 of ``_ds_in_place``, run in the session's shared DeepSpeed spawn
+    (``ds_spawn.WORKERS``: DeepSpeed imported and started once for all its modules)."""
+    out: tuple[dict, dict] = deepspeed_spawn["test_audit"][0]
+    return out
 
 
 @pytest.fixture(scope="module")

@@ -26,13 +26,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from accumguard import run_on_ranks
 from accumguard.demo.toy import TokenMLP, count_tokens, make_rank_batches, token_loss
 from accumguard.verify.audit import AuditReport, audit_many
 from accumguard.verify.contract import AuditSetup, LoopContext
@@ -294,8 +294,10 @@ def _in_place(rank: int, world: int) -> dict[str, dict[str, AuditReport]]:
 
 
 @pytest.fixture(scope="module")
-def runs() -> dict[str, dict[str, AuditReport]]:
-    both = run_on_ranks(_in_place, 2, (), timeout=600)
+def runs(torch_spawn: dict[str, list[Any]]) -> dict[str, dict[str, AuditReport]]:
+    """The 2 ranks of ``_in_place``, run in the session's shared gloo spawn
+    (``ds_spawn.TORCH_WORKERS``)."""
+    both = torch_spawn["test_audit_mechanisms"]
     out = both[0]
     for group, reps in out.items():
         for name, r in reps.items():

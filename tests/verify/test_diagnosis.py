@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from accumguard import run_on_ranks
 from accumguard.core.window import StepRecord, sum_records
 from accumguard.demo.toy import (
     TokenMLP,
@@ -110,8 +110,10 @@ def _in_place(rank: int, world: int) -> tuple[dict[str, AuditReport], dict[str, 
 
 
 @pytest.fixture(scope="module")
-def both() -> list:
-    return run_on_ranks(_in_place, 2, (), timeout=300)
+def both(torch_spawn: dict[str, list[Any]]) -> list:
+    """The 2 ranks of ``_in_place``, run in the session's shared gloo spawn
+    (``ds_spawn.TORCH_WORKERS``)."""
+    return torch_spawn["test_diagnosis"]
 
 
 @pytest.fixture(scope="module")

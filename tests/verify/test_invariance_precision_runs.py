@@ -14,24 +14,26 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "invariance_scripts" / "precision_inv.py"
 
 
-def _invariance(tmp_path: Path, mode: str, ks: str) -> tuple[int, dict, str]:
+def _invariance(cli: Any, tmp_path: Path, mode: str, ks: str) -> tuple[int, dict, str]:
+    """The CLI's entry point in this process (conftest's ``accumguard_cli``), the command's
+    own output passing through as it does from a launched CLI."""
     out = tmp_path / f"{mode}.json"
-    argv = [sys.executable, "-m", "accumguard.cli", "invariance", "--ks", ks, "--batch", "512",
-            "--json", str(out), "--", sys.executable, str(SCRIPT), mode]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
-    text = proc.stdout + proc.stderr
+    code, stdout, stderr = cli("invariance", "--ks", ks, "--batch", "512", "--timeout", "300",
+                               "--json", str(out),
+                               "--", sys.executable, str(SCRIPT), mode,
+                               env={**os.environ, "OMP_NUM_THREADS": "1"})
+    text = stdout + stderr
     assert out.exists(), text
-    return proc.returncode, json.loads(out.read_text()), text
+    return code, json.loads(out.read_text()), text
 
 
 @pytest.mark.parametrize(("mode", "ks", "verdict"), [
@@ -39,8 +41,9 @@ def _invariance(tmp_path: Path, mode: str, ks: str) -> tuple[int, dict, str]:
     ("autocast", "1,4", "agrees"),
     ("bn", "1,4", "construction"), ("contrastive", "1,4", "construction"),
 ])
-def test_invariance_verdicts(tmp_path: Path, mode: str, ks: str, verdict: str) -> None:
-    code, report, text = _invariance(tmp_path, mode, ks)
+def test_invariance_verdicts(tmp_path: Path, mode: str, ks: str, verdict: str,
+                             accumguard_cli: Any) -> None:
+    code, report, text = _invariance(accumguard_cli, tmp_path, mode, ks)
     comp = report["comparisons"][0]
     diffs = [s["update_rel_diff"] for s in comp["steps"]]
     if verdict == "agrees":

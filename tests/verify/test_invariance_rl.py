@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,16 +25,18 @@ SCRIPT = Path(__file__).resolve().parents[1] / "invariance_scripts" / "rl_losses
 TIMEOUT = 300
 
 
-def _invariance(tmp_path: Path, *script_args: str) -> tuple[int, dict, str]:
+def _invariance(cli: Any, tmp_path: Path, *script_args: str) -> tuple[int, dict, str]:
+    """The CLI's entry point in this process (conftest's ``accumguard_cli``), the command's
+    own output passing through as it does from a launched CLI."""
     out = tmp_path / "report.json"
-    argv = [sys.executable, "-m", "accumguard.cli", "invariance", "--ks", "1,4", "--batch", "8",
-            "--steps", "2", "--json", str(out), "--", sys.executable, str(SCRIPT),
-            "--accum", "{K}", "--micro-batch", "{MB}", *script_args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT, env=env)
-    text = proc.stdout + proc.stderr
+    code, stdout, stderr = cli(
+        "invariance", "--ks", "1,4", "--batch", "8", "--steps", "2", "--timeout", str(TIMEOUT),
+        "--json", str(out), "--", sys.executable, str(SCRIPT), "--accum", "{K}",
+        "--micro-batch", "{MB}", *script_args,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    text = stdout + stderr
     assert out.exists(), text
-    return proc.returncode, json.loads(out.read_text()), text
+    return code, json.loads(out.read_text()), text
 
 
 def _errors(report: dict) -> set[str]:
@@ -48,9 +50,9 @@ def _errors(report: dict) -> set[str]:
     (("--loss", "dpo", "--norm", "mean"), False),
     (("--loss", "dpo", "--norm", "no_k"), True),
 ])
-def test_rl_losses_under_invariance(tmp_path: Path, args: tuple[str, ...], diverges: bool
-                                    ) -> None:
-    code, report, text = _invariance(tmp_path, *args)
+def test_rl_losses_under_invariance(tmp_path: Path, args: tuple[str, ...], diverges: bool,
+                                    accumguard_cli: Any) -> None:
+    code, report, text = _invariance(accumguard_cli, tmp_path, *args)
     steps = report["comparisons"][0]["steps"]
     if diverges:
         assert code == 1, text

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from accumguard import invariance as inv
 from accumguard.invariance import _run as inv_run
@@ -29,22 +30,25 @@ def _torchrun(*args: str) -> list[str]:
             "--master-addr", "127.0.0.1", "--master-port", str(free_port()), *args]
 
 
-def _invariance(tmp_path: Path, name: str, command: list[str], *extra: str
+def _invariance(cli: Any, tmp_path: Path, name: str, command: list[str], *extra: str
                 ) -> tuple[int, dict, str]:
+    """``accumguard invariance`` through the CLI's entry point in this process (conftest's
+    ``accumguard_cli``; the launched ``python -m accumguard.cli invariance`` process is
+    test_failing_command_after_steps')."""
     out = tmp_path / f"{name}.json"
-    argv = [sys.executable, "-m", "accumguard.cli", "invariance", "--ks", "1,4", "--batch", "8",
-            "--steps", "2", "--json", str(out), *extra, "--", *command]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT, env=env)
-    text = proc.stdout + proc.stderr
+    code, stdout, stderr = cli(
+        "invariance", "--ks", "1,4", "--batch", "8", "--steps", "2", "--timeout", str(TIMEOUT),
+        "--json", str(out), *extra, "--", *command, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    text = stdout + stderr
     assert out.exists(), text
-    return proc.returncode, json.loads(out.read_text()), text
+    return code, json.loads(out.read_text()), text
 
 
-def test_f5_token_mean_diverges_at_step_1(tmp_path: Path) -> None:
+def test_f5_token_mean_diverges_at_step_1(tmp_path: Path, accumguard_cli: Any) -> None:
     code, report, text = _invariance(
-        tmp_path, "f5", [sys.executable, str(SCRIPT), "--accum", "{K}", "--micro-batch", "{MB}",
-                         "--normalise", "mean"], "--plot", str(tmp_path / "f5.png"))
+        accumguard_cli, tmp_path, "f5",
+        [sys.executable, str(SCRIPT), "--accum", "{K}", "--micro-batch", "{MB}", "--normalise",
+         "mean"], "--plot", str(tmp_path / "f5.png"))
     assert code == 1, text
     assert report["first_divergent_step"] == 1
     comp = report["comparisons"][0]
@@ -61,10 +65,11 @@ def test_f5_token_mean_diverges_at_step_1(tmp_path: Path) -> None:
     assert (tmp_path / "f5.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_sum_over_count_agrees(tmp_path: Path) -> None:
+def test_sum_over_count_agrees(tmp_path: Path, accumguard_cli: Any) -> None:
     code, report, text = _invariance(
-        tmp_path, "sum", [sys.executable, str(SCRIPT), "--accum", "{K}", "--micro-batch", "{MB}",
-                          "--normalise", "sum"])
+        accumguard_cli, tmp_path, "sum",
+        [sys.executable, str(SCRIPT), "--accum", "{K}", "--micro-batch", "{MB}", "--normalise",
+         "sum"])
     assert code == 0, text
     assert report["diverged"] is False and report["first_divergent_step"] is None
     # fp32 rounding only (measured ~3e-7), far under the 1e-4 tolerance.
@@ -75,10 +80,10 @@ def test_sum_over_count_agrees(tmp_path: Path) -> None:
     assert report["tolerance_reason"].startswith("float32 parameters")
 
 
-def test_ddp_no_sync_two_ranks_agrees(tmp_path: Path) -> None:
+def test_ddp_no_sync_two_ranks_agrees(tmp_path: Path, accumguard_cli: Any) -> None:
     # No placeholders: the script reads ACCUMGUARD_K / ACCUMGUARD_MICRO_BATCH.
     code, report, text = _invariance(
-        tmp_path, "ddp", _torchrun(str(SCRIPT), "--normalise", "sum"))
+        accumguard_cli, tmp_path, "ddp", _torchrun(str(SCRIPT), "--normalise", "sum"))
     assert code == 0, text
     assert [r["world_size"] for r in report["runs"]] == [2, 2]
     steps = report["comparisons"][0]["steps"]
@@ -86,11 +91,12 @@ def test_ddp_no_sync_two_ranks_agrees(tmp_path: Path) -> None:
     assert report["comparisons"][0]["max_update_rel_diff"] < 1e-5
 
 
-def test_boundary_bug_gets_watch_findings(tmp_path: Path) -> None:
+def test_boundary_bug_gets_watch_findings(tmp_path: Path, accumguard_cli: Any) -> None:
     """zero_grad before every micro-step (F3): diverges, and watch's finding is attached."""
     code, report, text = _invariance(
-        tmp_path, "f3", [sys.executable, str(SCRIPT), "--accum", "{K}", "--micro-batch", "{MB}",
-                         "--zero-grad-each-micro"])
+        accumguard_cli, tmp_path, "f3",
+        [sys.executable, str(SCRIPT), "--accum", "{K}", "--micro-batch", "{MB}",
+         "--zero-grad-each-micro"])
     assert code == 1, text
     assert report["first_divergent_step"] == 1
     classes = {f["cls"] for f in report["findings"]["4"] if f["severity"] == "error"}
@@ -143,7 +149,8 @@ def test_child_env_defaults(tmp_path: Path) -> None:
     assert env["ACCUMGUARD_RECORD_UPDATES"] == "1" and env["ACCUMGUARD_MAX_STEPS"] == "1"
 
 
-def test_lightning_first_step_is_compared_like_any_other(tmp_path: Path) -> None:
+def test_lightning_first_step_is_compared_like_any_other(tmp_path: Path,
+                                                         accumguard_cli: Any) -> None:
     """Issue 23: under Lightning (automatic optimisation: forward and backward inside the
     closure given to optimizer.step) the K=1 run's first update was not recorded, and a
     correct script read "DIVERGED at step 1, relative update difference inf ... updated
@@ -152,8 +159,9 @@ def test_lightning_first_step_is_compared_like_any_other(tmp_path: Path) -> None
 
     pytest.importorskip("pytorch_lightning")
     script = SCRIPT.parent / "lightning_regression.py"
-    code, report, text = _invariance(tmp_path, "pl", [sys.executable, str(script), "--accum",
-                                                      "{K}", "--micro-batch", "{MB}"])
+    code, report, text = _invariance(accumguard_cli, tmp_path, "pl",
+                                     [sys.executable, str(script), "--accum", "{K}",
+                                      "--micro-batch", "{MB}"])
     assert code == 0, text
     steps = report["comparisons"][0]["steps"]
     assert [s["backwards_ref"] for s in steps] == [[1], [1]]
