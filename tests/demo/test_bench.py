@@ -120,6 +120,20 @@ def test_paired_mode_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert ddp["rounds"] == 3 and len(doc["samples"]["DDP deferred"]) == 3
 
 
+
+def test_only_exact_keeps_the_named_rows_and_the_references() -> None:
+    """``--only NAME --exact`` keeps that configuration alone (with the limit and compute-only
+    rows), not the variants whose names extend it; without ``--exact`` they stay."""
+    from accumguard.demo._bench_setup import configurations
+
+    base = {"dim": 8, "hidden": 16, "k": 2, "micro": 2, "no_deepspeed": True,
+            "only": ["DDP deferred"]}
+    loose = set(configurations(argparse.Namespace(**base)))
+    exact = set(configurations(argparse.Namespace(**base, exact=True)))
+    refs = {"local (compute only)", bench.LIMIT}
+    assert exact == refs | {"DDP deferred"}
+    assert loose > exact and "DDP deferred, counting comm hook" in loose
+
 # dim 64 / hidden 512: the 512x512 weight (262 k elements) is above ZeRO-3's default
 # persistence threshold (1e5), so the plain coalesced variant gathers it in every micro-step;
 # persistence 1e12 keeps every parameter whole and must gather less.

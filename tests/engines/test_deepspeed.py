@@ -71,10 +71,12 @@ class _CollectiveCounter:
         import deepspeed.comm as dscomm
         import deepspeed.runtime.comm.coalesced_collectives as coalesced
 
+        from accumguard.engines import _pair  # the 2-rank gloo reduce-scatter (ZeRO-3 flush)
+
         self.phase = "other"
         self.calls: list[tuple[str, str]] = []
-        for module in (dscomm, coalesced):
-            for name in _REDUCTIONS:
+        for module in (dscomm, coalesced, _pair):
+            for name in (*_REDUCTIONS, "reduce_scatter_pair"):
                 real = getattr(module, name, None)
                 if real is not None and not getattr(real, "_counted", False):
                     setattr(module, name, self._wrap(name, real))

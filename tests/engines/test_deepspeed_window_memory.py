@@ -4,6 +4,8 @@ AdamW) matches the fp64 reference after every step in both sync modes, with fewe
 parameter all-gathers per window than the default; the persistence flags are restored.
 The held micro-steps run without DeepSpeed's module hooks (``skip_idle_hooks``, the
 default): bit-identical to the same window with the hooks, and the hooks are back after.
+On gloo with 2 ranks the held window's parameter all-gathers run as one exchange of halves:
+bit-identical to DeepSpeed's own all-gather.
 Also the ZeRO-2 speed recipe (``contiguous_gradients: false``) on the same case."""
 
 from __future__ import annotations
@@ -60,15 +62,20 @@ def _worker(rank: int, world: int) -> dict[str, Any]:
     # (stage, extra zero_optimization keys, window_memory): ZeRO-3 both memory modes, and
     # the ZeRO-2 recipe of docs/performance.md (contiguous_gradients false) on the same case.
     # A fourth: the unsharded window with DeepSpeed's module hooks in every micro-step.
+    # A fifth: the unsharded window with DeepSpeed's own parameter all-gather (no 2-rank
+    # exchange).
     variants = [(3, {}, "sharded", True), (3, {}, "unsharded", True),
                 (2, {"contiguous_gradients": False}, "sharded", True),
-                (3, {}, "unsharded", False)]
+                (3, {}, "unsharded", False), (3, {}, "unsharded", "no pair")]
     for case in CASES:
         for stage, zero, memory, skip in variants:
             engine = _engine(case, stage, **zero)
             hooks_before = _hook_keys(engine.module)
             adapter = DeepSpeedEngineAdapter(engine, sync=case.sync, window_memory=memory,
-                                             skip_idle_hooks=skip)
+                                             skip_idle_hooks=bool(skip))
+            if skip == "no pair":
+                assert adapter.held is not None
+                adapter.held.pair = False
             acc = Accumulator(engine, None, accumulation_steps=case.accumulation_steps,
                               engine=adapter, max_grad_norm=case.max_grad_norm,
                               count_fn=count_tokens)
@@ -86,6 +93,8 @@ def _worker(rank: int, world: int) -> dict[str, Any]:
                                 "gathers": gathers, "persist_after": persist,
                                 "described": adapter.describe(), "skip": skip,
                                 "skipped": adapter.held.skipped if adapter.held else 0,
+                                "pair_gathers": (adapter.held.pair_gathers_done if adapter.held
+                                                 else 0),
                                 "hooks_back": _hook_keys(engine.module) == hooks_before})
     for label, build in (("stage 2", lambda: DeepSpeedEngineAdapter(
             _engine(CASES[0], 2), sync="deferred", window_memory="unsharded")),
@@ -106,7 +115,7 @@ def results(deepspeed_spawn: dict[str, list[Any]]) -> dict[str, Any]:
 
 
 def test_unsharded_window_matches_the_reference_after_every_step(results: dict) -> None:
-    assert len(results["runs"]) == 8
+    assert len(results["runs"]) == 10
     for r in results["runs"]:
         errors = update_errors(r["case"], 2, r["snaps"])
         assert max(errors) <= FP32_UPDATE_TOL, (r["stage"], r["case"].sync, r["memory"], errors)
@@ -114,7 +123,7 @@ def test_unsharded_window_matches_the_reference_after_every_step(results: dict) 
 
 def test_unsharded_window_gathers_less_and_restores_the_flags(results: dict) -> None:
     by = {(r["case"].sync, r["memory"]): r for r in results["runs"]
-          if r["stage"] == 3 and r["skip"]}
+          if r["stage"] == 3 and r["skip"] is True}
     for sync in ("deferred", "eager"):
         sharded, unsharded = by[(sync, "sharded")], by[(sync, "unsharded")]
         # Window 0 traces the module order (DeepSpeed releases everything then); from window
@@ -136,7 +145,8 @@ def test_idle_hooks_skipped_bit_identical_and_put_back(results: dict) -> None:
 
     for sync in ("deferred", "eager"):
         runs = {r["skip"]: r for r in results["runs"]
-                if r["stage"] == 3 and r["memory"] == "unsharded" and r["case"].sync == sync}
+                if r["stage"] == 3 and r["memory"] == "unsharded" and r["case"].sync == sync
+                and r["skip"] != "no pair"}
         fast, own = runs[True], runs[False]
         # Windows of 4, 4 and 2 micro-steps: micro-steps 1 and 2 of a full window are idle.
         # Window 0 records DeepSpeed's trace, which releases parameters: the hooks stay for
@@ -146,3 +156,20 @@ def test_idle_hooks_skipped_bit_identical_and_put_back(results: dict) -> None:
         for a, b in zip(fast["snaps"], own["snaps"], strict=True):
             assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), sync
         assert fast["hooks_back"] and own["hooks_back"]
+
+
+def test_parameter_gathers_by_exchange_bit_identical(results: dict) -> None:
+    """gloo, 2 ranks: the held window's parameter all-gathers served by one exchange of
+    halves (``_pair.all_gather_pair``) give the same parameters, bit for bit, as DeepSpeed's
+    own all-gather, and are really taken (at least one per window)."""
+    import torch
+
+    for sync in ("deferred", "eager"):
+        runs = {r["skip"]: r for r in results["runs"]
+                if r["stage"] == 3 and r["memory"] == "unsharded" and r["case"].sync == sync}
+        fast, own = runs[True], runs["no pair"]
+        assert fast["pair_gathers"] >= 3 and own["pair_gathers"] == 0, (
+            sync, fast["pair_gathers"], own["pair_gathers"])
+        assert len(fast["snaps"]) == len(own["snaps"]) == 3
+        for a, b in zip(fast["snaps"], own["snaps"], strict=True):
+            assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), sync

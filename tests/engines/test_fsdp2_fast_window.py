@@ -3,10 +3,10 @@
 The fast path (``FSDP2Engine`` defaults): idle micro-steps without the non-root modules'
 forward hooks (``skip_idle_hooks``, :mod:`accumguard.engines._fsdp2_window`), FSDP2's
 forward order cleared before a window's last micro-step, and the reduce-scatter served by an
-in-place all-reduce on gloo with 2 ranks (``pair_all_reduce``). Each must give the same bits
-as the adapter without it: ``torch.equal`` on every parameter after every optimizer step, for
+exchange of halves on gloo with 2 ranks, and so its all-gathers (``pair_all_reduce``). Each
+must give the same bits as the adapter without it: ``torch.equal`` on every parameter after every optimizer step, for
 deferred and eager windows, a partial last window, clipping, the sharded window (where only the
-all-reduce applies), and a MixedPrecisionPolicy with
+exchanges apply), and a MixedPrecisionPolicy with
 an fp32 ``reduce_dtype`` (where the adapter keeps the hooks: the policy casts). The tests
 also check that the fast path is really taken, that the hooks are back in their modules in
 their order afterwards, and that when FSDP2's hook handles are not where torch 2.13 keeps
@@ -60,6 +60,7 @@ def _run(case: Case, world: int, rank: int, *, fast: bool, mp: object = None,
     out = {"snaps": snaps, "steps": acc.optimizer_steps,
            "skipped": engine.idle_hooks.skipped if engine.idle_hooks else 0,
            "pair_calls": sum(c.calls for c in engine._pair_comms),
+           "pair_gathers": sum(c.calls for c in engine._pair_gathers),
            "all_gathers": engine.all_gathers, "windows": acc.windows_seen,
            "hooks_back": _hooks(model) == hooks_before}
     acc.close()
@@ -121,6 +122,8 @@ def test_fast_path_taken_where_it_applies(results: dict) -> None:
         # One all-gather per module and window (FSDP2's forward order cleared before the last
         # micro-step: no prefetch of a module the last backward just resharded).
         assert fast["all_gathers"] == slow["all_gathers"] == 3 * 3, label
+        # Every all-gather served by the 2-rank exchange.
+        assert fast["pair_gathers"] == 3 * 3 and slow["pair_gathers"] == 0, label
     # Eager windows reduce in every micro-step: the hooks do the reduction, never skipped.
     assert results[("eager", True)]["skipped"] == 0
     assert results[("eager", True)]["pair_calls"] == 3 * 10
@@ -157,9 +160,10 @@ class _Group:
 
 
 def test_pair_comm_hands_everything_else_to_the_comm_that_was_there() -> None:
-    """No process group needed: every case the all-reduce does not serve (an async call,
-    another op, a group of 3, an input that is not twice the output) reaches the inner comm
-    untouched, and the all-reduce is never issued (it would fail without a process group)."""
+    """No process group needed: every case the exchange does not serve (an async call,
+    another op, a group of 3, an input that is not twice the output, another dtype, an
+    output inside the input's memory) reaches the inner comm untouched, and no send is
+    issued (it would fail without a process group)."""
     import torch.distributed as dist
 
     from accumguard.engines.fsdp2 import _PairAllReduceScatter
@@ -170,10 +174,12 @@ def test_pair_comm_hands_everything_else_to_the_comm_that_was_there() -> None:
     cases = [(out, inp, _Group(2), dist.ReduceOp.SUM, True),
              (out, inp, _Group(2), dist.ReduceOp.AVG, False),
              (out, inp, _Group(3), dist.ReduceOp.SUM, False),
-             (out, torch.ones(12), _Group(2), dist.ReduceOp.SUM, False)]
+             (out, torch.ones(12), _Group(2), dist.ReduceOp.SUM, False),
+             (out.double(), inp, _Group(2), dist.ReduceOp.SUM, False),  # another dtype
+             (inp[4:], inp, _Group(2), dist.ReduceOp.SUM, False)]  # output inside the input
     for o, i, g, op, async_op in cases:
         assert comm(o, i, g, op, async_op) == "inner"  # type: ignore[arg-type]
-    assert len(inner.calls) == 4 and comm.calls == 0
+    assert len(inner.calls) == 6 and comm.calls == 0
 
 
 def test_forward_order_left_alone_where_torch_keeps_it_elsewhere() -> None:

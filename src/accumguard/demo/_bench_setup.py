@@ -261,9 +261,11 @@ def configurations(args: argparse.Namespace) -> dict[str, Callable[[], Run]]:
                                      zero_extra={"memory_efficient_linear": False}))
     if args.only:
         # The reference rows stay: every ratio is measured against them in the same run.
+        exact = getattr(args, "exact", False)  # --exact: whole names, not parts of names
         cfgs = {k: v for k, v in cfgs.items()
                 if k.startswith(("local (compute only)", "limit"))
-                or any(o.lower() in k.lower() for o in args.only)}
+                or any(o.lower() == k.lower() if exact else o.lower() in k.lower()
+                       for o in args.only)}
     return cfgs
 
 

@@ -24,7 +24,8 @@ from accumguard.demo._bench_setup import (
     make_model,
     rss_mb,
 )
-from accumguard.engines.collectives import DS_REDUCE_OPS
+from accumguard.engines import _pair
+from accumguard.engines.collectives import DS_REDUCE_OPS, OWN_OTHER_OPS, OWN_REDUCE_OPS
 
 # -- DeepSpeed ZeRO: what the engine's knobs do to collectives, time and memory ---------------
 # name -> (sync mode of the adapter, extra "zero_optimization" keys). ZeRO-3 knobs: parameter
@@ -81,7 +82,8 @@ def _reset_peak_rss() -> bool:
 @contextlib.contextmanager
 def _counting_ds_comm(counts: dict[str, list[int]], min_bytes: int = 4096) -> Iterator[None]:
     """Count DeepSpeed's collectives at its backend (``deepspeed.comm.comm.cdb``, through which
-    every deepspeed.comm call goes, once): op -> [calls, bytes]; only for tensors larger
+    every deepspeed.comm call goes, once), and accumguard's 2-rank exchanges that stand for
+    them (:mod:`accumguard.engines._pair`): op -> [calls, bytes]; only for tensors larger
     than ``min_bytes`` (default 4 KiB: the step's norm/overflow all-reduces are left out)."""
     from deepspeed.comm import comm as ds_comm
 
@@ -105,11 +107,17 @@ def _counting_ds_comm(counts: dict[str, list[int]], min_bytes: int = 4096) -> It
         if callable(real):
             patched.append(op)
             setattr(cdb, op, counted(op, real))
+    # accumguard's 2-rank exchanges (gloo), which stand for a reduce-scatter or an all-gather
+    own = [(op, getattr(_pair, op)) for op in (*OWN_REDUCE_OPS, *OWN_OTHER_OPS)]
+    for op, real in own:
+        setattr(_pair, op, counted(op, real))
     try:
         yield
     finally:
         for op in patched:
             delattr(cdb, op)  # the instance attribute shadowed the class's method
+        for op, real in own:
+            setattr(_pair, op, real)
 
 
 def zero_study_worker(rank: int, world: int, args: argparse.Namespace, stage: int, sync: str,
@@ -176,8 +184,10 @@ def zero_study(args: argparse.Namespace, stage: int, env: dict[str, str]) -> lis
                            timeout=args.timeout, env=env)
         summary = paired_summary({name: res[0]["samples"]}, {})[0]
         ops = res[0]["per_step"]
-        gathers = [sum(ops.get(o, [0, 0])[i] for o in _GATHERS) for i in (0, 1)]
-        reduces = [sum(ops.get(o, [0, 0])[i] for o in _REDUCES) for i in (0, 1)]
+        gathers = [sum(ops.get(o, [0, 0])[i] for o in (*_GATHERS, *OWN_OTHER_OPS))
+                   for i in (0, 1)]
+        reduces = [sum(ops.get(o, [0, 0])[i] for o in (*_REDUCES, *OWN_REDUCE_OPS))
+                   for i in (0, 1)]
         rows.append({**summary, "stage": stage, "sync": sync, "zero_optimization": extra,
                      "gathers_per_step": gathers[0], "gather_mb_per_step": gathers[1],
                      "reductions_per_step": reduces[0], "reduction_mb_per_step": reduces[1],

@@ -184,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hidden", type=int, default=2048)
     p.add_argument("--no-deepspeed", action="store_true", help="skip the DeepSpeed rows")
     p.add_argument("--only", nargs="*", help="keep configurations whose name contains one of these")
+    p.add_argument("--exact", action="store_true",
+                   help="--only names whole configurations (e.g. the default row without the "
+                        "variants whose names extend it)")
     p.add_argument("--isolated-memory", action="store_true",
                    help="also measure peak RSS of each configuration in its own spawn (slow)")
     p.add_argument("--json", help="write raw results to this file")

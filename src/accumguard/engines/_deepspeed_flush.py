@@ -36,13 +36,13 @@ one in place (clipping), and the buffer is refilled only by the next flush.
 ZeRO-3 on gloo with 2 ranks: DeepSpeed's ``reduce_scatter_coalesced`` reduce-scatters the
 interleaved buffer in place (this rank's output is a view of its chunk of the input), and
 gloo's reduce-scatter of a tensor costs about twice the CPU time of its all-reduce of the
-same tensor (docs/dev/performance-journal.md, 2026-12-02). During the flush that call is
-served by an in-place all-reduce of the whole buffer, which leaves the same sum in this
-rank's chunk: with two ranks each element is ``a + b`` of the same two numbers, which IEEE
-754 rounds identically in either order, so the chunk holds the same bits. The other rank's
-chunk then holds the sum too instead of this rank's share; DeepSpeed reads only this rank's
-chunk (``reduce_scatter_coalesced`` returns views of it). Another group size, op or layout
-goes to DeepSpeed's own call (``pair_reductions`` counts the others).
+same tensor, and its all-reduce twice an exchange of halves (docs/dev/performance-journal.md).
+During the flush that call is served by :func:`accumguard.engines._pair.reduce_scatter_pair`:
+this rank sends the peer's chunk, receives the peer's copy of its own chunk and adds it in
+place. With two ranks each element is ``a + b`` of the same two numbers, which IEEE 754
+rounds identically in either order, so the chunk holds the same bits; the other rank's
+chunk keeps this rank's share, as after gloo's own reduce-scatter. Another group size, op
+or layout goes to DeepSpeed's own call (``pair_reductions`` counts the exchanges).
 
 ZeRO-1/2 on CPU, the reduce bucket kept between flushes: every flush, DeepSpeed allocates
 the contiguous bucket afresh (``setup_buckets``: ``reduce_bucket_size`` elements, 2 GB of
@@ -76,6 +76,8 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
+
+from accumguard.engines import _pair
 
 __all__ = ["LeanFlush", "adjacent_view"]
 
@@ -114,7 +116,7 @@ class LeanFlush:
         self.in_place = 0
         self.copied = 0
         self.step_views = 0  # step() flattens served as a view (ZeRO-1/2)
-        self.pair_reductions = 0  # ZeRO-3 reduce-scatters served by an all-reduce (2 ranks)
+        self.pair_reductions = 0  # ZeRO-3 reduce-scatters served by an exchange (2 ranks)
         self.keep_bucket = keep_bucket
         self.buckets_reused = 0  # ZeRO-1/2 flushes that reused the kept CPU bucket
         # ZeRO-1/2 on CPU: the reduce buckets DeepSpeed released at the end of the last flush
@@ -288,7 +290,7 @@ class LeanFlush:
     @contextlib.contextmanager
     def _pair_all_reduce(self) -> Iterator[None]:
         """ZeRO-3, gloo, 2 ranks: DeepSpeed's in-place reduce-scatter of the interleaved
-        buffer as an in-place all-reduce of it (module docstring)."""
+        buffer as one exchange of halves (:mod:`accumguard.engines._pair`; module docstring)."""
         try:
             import deepspeed.comm as ds_dist
             from deepspeed.runtime.comm import coalesced_collectives as cc
@@ -304,7 +306,11 @@ class LeanFlush:
                            group: Any = None, async_op: bool = False, prof: bool = False,
                            ) -> Any:
             if not async_op and _own_half_of(input_tensor, output_tensor, group, ds_dist):
-                ds_dist.all_reduce(input_tensor, group=group)
+                half = output_tensor.numel()
+                flat = input_tensor.view(-1)
+                other = flat[half:] if output_tensor.data_ptr() == flat.data_ptr() else flat[:half]
+                _pair.reduce_scatter_pair(output_tensor.view(-1), output_tensor.view(-1), other,
+                                          group, whole=input_tensor)
                 self.pair_reductions += 1
                 return None
             return real(input_tensor, output_tensor, group=group, async_op=async_op,
@@ -356,8 +362,9 @@ class LeanFlush:
 
 def _own_half_of(input_tensor: torch.Tensor, output_tensor: torch.Tensor, group: Any,
                  ds_dist: Any) -> bool:
-    """gloo, a group of 2, and ``output_tensor`` exactly this rank's half of ``input_tensor``
-    (contiguous, one storage, the same dtype)."""
+    """gloo, a group of 2, CPU tensors, and ``output_tensor`` exactly this rank's half of
+    ``input_tensor`` (contiguous, one storage, the same dtype). (Also asked, roles swapped,
+    of an in-place all-gather: its input is this rank's half of its output.)"""
     import torch.distributed as dist
 
     try:
@@ -367,7 +374,8 @@ def _own_half_of(input_tensor: torch.Tensor, output_tensor: torch.Tensor, group:
     except (RuntimeError, ValueError, AttributeError):
         return False
     half = output_tensor.numel()
-    return (input_tensor.is_contiguous() and output_tensor.is_contiguous()
+    return (input_tensor.device.type == "cpu" and output_tensor.device.type == "cpu"
+            and input_tensor.is_contiguous() and output_tensor.is_contiguous()
             and input_tensor.dtype == output_tensor.dtype and input_tensor.numel() == 2 * half
             and input_tensor.untyped_storage().data_ptr()
             == output_tensor.untyped_storage().data_ptr()

@@ -5,8 +5,8 @@ them, the observation layer wraps them, the benchmarks tally them (pure data, no
 
 from __future__ import annotations
 
-__all__ = ["DS_COMM_MODULES", "DS_OTHER_OPS", "DS_REDUCE_OPS", "TORCH_OTHER_OPS",
-           "TORCH_REDUCE_OPS"]
+__all__ = ["DS_COMM_MODULES", "DS_OTHER_OPS", "DS_REDUCE_OPS", "OWN_COMM_MODULE",
+           "OWN_OTHER_OPS", "OWN_REDUCE_OPS", "TORCH_OTHER_OPS", "TORCH_REDUCE_OPS"]
 
 #: torch.distributed functions that reduce; FSDP2 (torch >= 2.13) issues its reduce-scatters
 #: and all-gathers through the ``*_single`` names
@@ -29,3 +29,10 @@ DS_OTHER_OPS = ("all_gather", "all_gather_into_tensor", "allgather_fn", "all_gat
 #: the modules through which DeepSpeed reaches those functions (each imported them by name)
 DS_COMM_MODULES = ("deepspeed.comm", "deepspeed.comm.comm",
                    "deepspeed.runtime.comm.coalesced_collectives")
+#: accumguard's own gradient reduction (gloo, 2 ranks, :mod:`accumguard.engines._pair`),
+#: issued where FSDP2's or DeepSpeed ZeRO-3's reduce-scatter would be, through point-to-point
+#: sends that no collective function sees; its callers look it up on that module at call time
+OWN_COMM_MODULE = "accumguard.engines._pair"
+OWN_REDUCE_OPS = ("reduce_scatter_pair",)
+#: and its 2-rank in-place all-gather (DeepSpeed ZeRO-3's coalesced parameter gather)
+OWN_OTHER_OPS = ("all_gather_pair",)

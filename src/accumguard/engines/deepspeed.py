@@ -93,7 +93,12 @@ from accumguard.core.scaling import GradReduction
 from accumguard.engines._deepspeed_flush import LeanFlush
 from accumguard.engines._deepspeed_window import HeldParameters
 from accumguard.engines.base import Engine, Scheduler
-from accumguard.engines.collectives import DS_COMM_MODULES, DS_REDUCE_OPS
+from accumguard.engines.collectives import (
+    DS_COMM_MODULES,
+    DS_REDUCE_OPS,
+    OWN_COMM_MODULE,
+    OWN_REDUCE_OPS,
+)
 from accumguard.engines.registry import is_deepspeed_engine
 
 if TYPE_CHECKING:  # (DeepSpeed ships no type information: the name documents the type)
@@ -460,7 +465,7 @@ class DeepSpeedEngineAdapter(Engine):
             yield
             return
         # Between the window's first micro-step (which gathers) and its last (which releases).
-        with self.held.idle_hooks_skipped(position > 0 and not is_last):
+        with self.held.around_micro_step(position > 0 and not is_last):
             yield
 
     def backward(self, loss: torch.Tensor) -> None:
@@ -493,9 +498,9 @@ class DeepSpeedEngineAdapter(Engine):
 
             return call
 
-        for name in _DS_COMM_MODULES:
+        for name in (*_DS_COMM_MODULES, OWN_COMM_MODULE):  # the latter: the 2-rank exchange
             module = sys.modules.get(name)
-            for op in _DS_REDUCTIONS:
+            for op in (*_DS_REDUCTIONS, *OWN_REDUCE_OPS):
                 real = getattr(module, op, None) if module is not None else None
                 if callable(real):
                     patched.append((module, op, real))

@@ -44,9 +44,10 @@ bit-identical, conditions and fallback in :mod:`accumguard.engines._fsdp2_window
 with the fix. With ``reduce_dtype=torch.float32`` the deferred mode's unsharded
 gradients are upcast and summed in fp32 by FSDP2 itself.
 
-**gloo, 2 ranks** (``pair_all_reduce``): FSDP2's reduce-scatter runs as an in-place
-all-reduce of its input and a copy of this rank's half, the same bits at about half of
-gloo's reduce-scatter CPU cost (see :class:`_PairAllReduceScatter`).
+**gloo, 2 ranks** (``pair_all_reduce``): FSDP2's reduce-scatter runs as one exchange of
+halves between the two ranks, the same bits at about a fifth of gloo's reduce-scatter CPU
+cost (see :class:`_PairAllReduceScatter`), and so does its all-gather (the same bytes, about
+a third less CPU; :class:`_PairAllGather`).
 
 **Counting.** The adapter wraps each parameter group's reduce-scatter comm
 object (the hook FSDP2 exposes as ``set_custom_reduce_scatter``) in a counter
@@ -69,6 +70,7 @@ import torch.distributed as dist
 
 from accumguard.core.errors import ConfigError
 from accumguard.core.scaling import GradReduction
+from accumguard.engines import _pair
 from accumguard.engines._fsdp2_window import IdleHooks
 from accumguard.engines.base import Engine, any_nonfinite
 
@@ -122,17 +124,21 @@ class _CountingAllGather:
 
 
 class _PairAllReduceScatter:
-    """gloo, 2 ranks, SUM: FSDP2's reduce-scatter as one in-place all-reduce of its input and
-    a copy of this rank's half into the output.
+    """gloo, 2 ranks, SUM: FSDP2's reduce-scatter as one exchange of halves
+    (:func:`accumguard.engines._pair.reduce_scatter_pair`): send the peer's half of the
+    input, receive the peer's copy of this rank's half into the output, add this rank's own.
+    (Named after its first form, an in-place all-reduce of the input and a copy of this
+    rank's half.)
 
     Why: gloo's reduce-scatter of a tensor costs about twice the CPU time of its all-reduce
-    of the same tensor (24 MB, 2 ranks: 33-48 against 18-23 ms CPU, 160-240 against 46-117 ms
-    wall; docs/dev/performance-journal.md). Why it is exact: with two ranks each element of
-    either result is the sum of the same two numbers, ``a + b``, which IEEE 754 rounds
-    identically in either order, so the output holds the same bits as gloo's reduce-scatter
-    gives. Anything else (another op, an async call, a group of another size, an input that
-    is not twice the output) goes to the comm that was there. FSDP2 does not read the input
-    after the call (it keeps it only to delay freeing it)."""
+    of the same tensor, and the all-reduce about twice this exchange (25 MB, 2 ranks: 31-32,
+    15-16 and 6.4-6.6 ms CPU; docs/dev/performance-journal.md). Why it is exact: with two
+    ranks each element of the result is the sum of the same two numbers, ``a + b``, which
+    IEEE 754 rounds identically in either order, so the output holds the same bits as
+    gloo's reduce-scatter gives. Anything else (another op, an async call, a group of
+    another size, an input that is not twice the output, an output inside the input's
+    memory) goes to the comm that was there. The input is left as it was (FSDP2 does not
+    read it after the call; it keeps it only to delay freeing it)."""
 
     def __init__(self, inner: ReduceScatter) -> None:
         self.inner = inner
@@ -149,15 +155,48 @@ class _PairAllReduceScatter:
         if (async_op or not isinstance(op, dist.ReduceOp.RedOpType)
                 or op != dist.ReduceOp.SUM or group.size() != 2
                 or input_tensor.numel() != 2 * output_tensor.numel()
-                or not input_tensor.is_contiguous() or not output_tensor.is_contiguous()):
+                or input_tensor.dtype != output_tensor.dtype or input_tensor.device.type != "cpu"
+                or not input_tensor.is_contiguous() or not output_tensor.is_contiguous()
+                or output_tensor.untyped_storage().data_ptr()
+                == input_tensor.untyped_storage().data_ptr()):
             return self.inner(output_tensor, input_tensor, group, op, async_op)
-        dist.all_reduce(input_tensor, op=dist.ReduceOp.SUM, group=group)
         half = output_tensor.numel()
-        start = group.rank() * half
-        output_tensor.view(-1).copy_(input_tensor.view(-1)[start:start + half])
+        flat = input_tensor.view(-1)
+        own, other = (flat[:half], flat[half:]) if group.rank() == 0 else (flat[half:], flat[:half])
+        _pair.reduce_scatter_pair(output_tensor.view(-1), own, other, group, whole=input_tensor)
         self.calls += 1
         return None
 
+
+
+class _PairAllGather:
+    """gloo, 2 ranks: FSDP2's in-place all-gather (its input is this rank's slot of the
+    output) as one exchange of halves (:func:`accumguard.engines._pair.all_gather_pair`):
+    the same bytes in the same places, about a third less CPU than gloo's all-gather.
+    Anything else (an async call, a group of another size, another layout) goes to the comm
+    that was there."""
+
+    def __init__(self, inner: AllGather) -> None:
+        self.inner = inner
+        self.calls = 0  # gathers served by the exchange (the tests read it)
+
+    def allocate(self, size: Sequence[int], *, dtype: torch.dtype,
+                 device: torch.device) -> torch.Tensor:
+        out: torch.Tensor = self.inner.allocate(size, dtype=dtype, device=device)
+        return out
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
+                 group: ProcessGroup, async_op: bool = False) -> Work | None:
+        half = input_tensor.numel()
+        if (async_op or group.size() != 2 or output_tensor.numel() != 2 * half
+                or input_tensor.device.type != "cpu" or input_tensor.dtype != output_tensor.dtype
+                or not input_tensor.is_contiguous() or not output_tensor.is_contiguous()
+                or input_tensor.data_ptr() != output_tensor.data_ptr()
+                + group.rank() * half * output_tensor.element_size()):
+            return self.inner(output_tensor, input_tensor, group, async_op)
+        _pair.all_gather_pair(output_tensor, input_tensor, group).wait()
+        self.calls += 1
+        return None
 
 def _backend_for(device: torch.device, group: ProcessGroup | None) -> str:
     """The backend name that serves ``device`` in ``group`` (``"cpu:gloo,cuda:nccl"`` aware)."""
@@ -186,10 +225,11 @@ class FSDP2Engine(Engine):
             micro-steps between the window's first and last without the non-root modules'
             FSDP2 forward hooks when they would change nothing (bit-identical; see
             :mod:`accumguard.engines._fsdp2_window`). Default True.
-        pair_all_reduce: on gloo with 2 ranks, run FSDP2's reduce-scatter as an in-place
-            all-reduce and a copy of this rank's half (the same bits; gloo's reduce-scatter
-            costs about twice its all-reduce). Only where FSDP2's default comm is in place.
-            Default True.
+        pair_all_reduce: on gloo with 2 ranks, run FSDP2's reduce-scatter as one exchange
+            of halves between the two ranks (the same bits; gloo's reduce-scatter costs about
+            twice its all-reduce, which costs about twice the exchange), and its all-gather the
+            same way. Only where FSDP2's default comms are in place. Default True. (The name
+            is that of its first form, an all-reduce.)
     """
 
     name = "fsdp2"
@@ -245,12 +285,17 @@ class FSDP2Engine(Engine):
             if force_sum:
                 m.set_force_sum_reduction_for_comms(True)
         self._pair_comms: list[_PairAllReduceScatter] = []
+        self._pair_gathers: list[_PairAllGather] = []
         if pair_all_reduce and force_sum and self.world_size == 2:
             for g in self._groups:
                 if type(g._reduce_scatter_comm).__name__ == "DefaultReduceScatter":
                     comm = _PairAllReduceScatter(g._reduce_scatter_comm)
                     g._reduce_scatter_comm = comm  # type: ignore[assignment]
                     self._pair_comms.append(comm)
+                if type(g._all_gather_comm).__name__ == "DefaultAllGather":
+                    gather = _PairAllGather(g._all_gather_comm)
+                    g._all_gather_comm = gather  # type: ignore[assignment]
+                    self._pair_gathers.append(gather)
         if count_collectives:
             for g in self._groups:
                 g._reduce_scatter_comm = _CountingReduceScatter(  # type: ignore[assignment]

@@ -27,6 +27,8 @@ from accumguard.engines.collectives import (
     DS_COMM_MODULES,
     DS_OTHER_OPS,
     DS_REDUCE_OPS,
+    OWN_OTHER_OPS,
+    OWN_REDUCE_OPS,
     TORCH_OTHER_OPS,
     TORCH_REDUCE_OPS,
 )
@@ -34,7 +36,7 @@ from accumguard.observe._failsafe import Failsafe, Maker, Original
 from accumguard.observe._patch import Patches
 
 __all__ = ["DDP_BUCKET_OP", "CollectiveCounter", "DS_COMM_MODULES", "DS_REDUCE_OPS",
-           "TORCH_REDUCE_OPS"]
+           "OWN_REDUCE_OPS", "TORCH_REDUCE_OPS"]
 
 #: Where a collective was entered: (optimizer step, backwards so far in the window, inside a
 #: backward); the step and count are None when the observer did not say.
@@ -90,6 +92,11 @@ class CollectiveCounter:
         for op in TORCH_REDUCE_OPS + TORCH_OTHER_OPS:
             if hasattr(dist, op):
                 self.patches.wrap(dist, op, self._counting(op, op in TORCH_REDUCE_OPS))
+        # accumguard's own 2-rank reduce-scatter (point-to-point sends, seen by no function above)
+        import accumguard.engines._pair as pair
+
+        for op in OWN_REDUCE_OPS + OWN_OTHER_OPS:
+            self.patches.wrap(pair, op, self._counting(op, op in OWN_REDUCE_OPS))
 
     def install_deepspeed(self) -> None:
         """Wrap ``deepspeed.comm`` (call again once it is imported; idempotent)."""

@@ -18,13 +18,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from accumguard.observe._collectives import DDP_BUCKET_OP, DS_REDUCE_OPS, TORCH_REDUCE_OPS
+from accumguard.observe._collectives import (
+    DDP_BUCKET_OP,
+    DS_REDUCE_OPS,
+    OWN_REDUCE_OPS,
+    TORCH_REDUCE_OPS,
+)
 from accumguard.observe._records import Finding, JsonObject, _mk
 
 __all__ = ["GRAD_OPS", "WindowComm", "comm_findings", "window_comm"]
 
 #: Ledger ops that reduce a gradient (DDP's C++ buckets, and the Python reductions).
-GRAD_OPS = frozenset((DDP_BUCKET_OP, *TORCH_REDUCE_OPS, *DS_REDUCE_OPS))
+GRAD_OPS = frozenset((DDP_BUCKET_OP, *TORCH_REDUCE_OPS, *DS_REDUCE_OPS, *OWN_REDUCE_OPS))
 
 #: A reduction between or inside non-final backwards counts as a gradient sync when it
 #: moves at least this share of the final round's bytes (a token count or a metric
