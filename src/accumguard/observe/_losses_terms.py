@@ -45,6 +45,9 @@ from accumguard.observe._losses_walk import Const, Walk, batch_means_below
 __all__ = ["FACTOR_TOL", "TermLog", "divisor", "factor_stats", "factor_uniform", "mean_rows",
            "selection_row", "selection_stats", "term_rows"]
 
+#: "mean" records kept per window (as the loss record's calls: the recording stays bounded;
+#: a longer window is not judged by them).
+MAX_MEANS = 256
 #: Relative spread under which a selection's nonzero per-token gradients are one weight
 #: (the same value broadcast by the backward of a sum or a mean is bitwise equal).
 UNIFORM_TOL = 1e-6
@@ -70,6 +73,8 @@ class TermLog:
         call site (computed only then)."""
         if w.complete and len(w.leaves) == 1:
             x = w.leaves[0]
+            if len(self.means) >= MAX_MEANS:
+                return
             if (x.first == "mean" and not (x.split or x.opaque or x.weighted) and x.select is None
                     and type(x.node).__name__ != "AccumulateGrad"
                     and not any(c.node == x.node._sequence_nr() for c in calls)):
