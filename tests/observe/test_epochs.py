@@ -6,10 +6,25 @@ whole window: data skipped, update right; an error when that step is short too).
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+import torch
+
+from accumguard.observe import _losses
 from accumguard.observe._epochs import dropped_finding, short_epoch_findings
-from accumguard.observe._records import KResolution, StepWindow
+from accumguard.observe._records import Finding, KResolution, RunRecording, StepWindow
 from accumguard.observe._records import windows as fold
-from accumguard.observe.rules import _window_findings
+from accumguard.observe.rules import _window_findings, analyze, resolve_k
+from accumguard.watch._findings import load_recordings
+from accumguard.watch._recording import recording
+
+
+@pytest.fixture(autouse=True)
+def _record_every_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every window's loss record (a toy's windows are cheap: the time budget would skip
+    some; the budget has its own test)."""
+    monkeypatch.setattr(_losses, "_ALWAYS", 10_000)
 
 
 def _window(step: int, n: int, weight: float, start: bool = True) -> StepWindow:
@@ -111,3 +126,142 @@ def test_an_unchecked_window_across_passes_with_a_reset_is_not_called_a_leak() -
     leak = dict(span, zero_grads_between=0)
     assert [(f.cls, f.severity) for f in _window_findings(0, fold([*whole, leak]), {}, res)] == [
         ("F7", "error")]
+
+
+# -- epochs shorter than a K the script declares, and an epoch's short tail, recorded in
+# process (the engine does not matter: a plain loop over a DataLoader) --------------------
+
+class _ScriptK:
+    """A K the script's source declares (what ``watch._declared`` finds: a config field)."""
+
+    def __init__(self, value: int) -> None:
+        self.value, self.divides_loss, self.where = value, True, "train.py:7"
+
+    def describe(self) -> str:
+        return f"grad_accum_steps = {self.value} declared in the script (train.py:7)"
+
+
+def _epoch_run(tmp: Path, *, k: int, batches: int, how: str, loss: str,
+               epochs: int = 3) -> list[torch.Tensor]:
+    """The brief's loop: ``loss = crit(model(x), y) / K; loss.backward()``, a step every K
+    and at each epoch's end. ``how``: 'k' divides by K (the bug), 'own' by the window's real
+    length ``min(K, remaining)``, 'rescale' by K and multiplies a short window's gradient
+    by K / its length before the step (right too). ``loss``: 'hand' (``((out - y) ** 2).mean()``, no loss
+    call recorded) or 'mse' (``nn.MSELoss``). Returns the final parameters."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(7)
+    data = torch.utils.data.TensorDataset(torch.randn(4 * batches, 8, generator=g),
+                                          torch.randn(4 * batches, 1, generator=g))
+    loader = torch.utils.data.DataLoader(data, batch_size=4)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(),
+                                torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    crit = torch.nn.MSELoss()
+    with recording(tmp) as obs:
+        obs.budget = None  # conservation checked on every window (a toy: the budget skips)
+        for _ in range(epochs):
+            for i, (x, y) in enumerate(loader):
+                out = model(x)
+                value = ((out - y) ** 2).mean() if loss == "hand" else crit(out, y)
+                size = min(k, len(loader) - (i - i % k))
+                (value / (size if how == "own" else k)).backward()
+                if (i + 1) % k == 0 or i + 1 == len(loader):
+                    if how == "rescale" and size < k:  # divided by K, then fixed at the step
+                        for p in model.parameters():
+                            p.grad.mul_(k / size)  # type: ignore[union-attr]
+                    opt.step()
+                    opt.zero_grad()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def _judge(tmp: Path, k: int) -> tuple[list[Finding], int | None]:
+    found, resolved, _ = analyze(load_recordings(tmp), script=_ScriptK(k))
+    return found, resolved
+
+
+@pytest.mark.parametrize("loss", ["hand", "mse"])
+def test_every_epoch_shorter_than_a_script_k_divided_by_k_is_f7(tmp_path: Path,
+                                                                 loss: str) -> None:
+    """6 micro-batches per epoch, K = 8 read from the script, each divided by 8: every step
+    is a short window weighing 6/8 (F7 error, K the declared 8, not the inferred 6), with
+    a loss built by hand too (its divisor read from the autograd graph)."""
+    _epoch_run(tmp_path, k=8, batches=6, how="k", loss=loss)
+    found, k = _judge(tmp_path, 8)
+    assert k == 8
+    errors = [f for f in found if f.severity == "error"]
+    assert [(f.cls, f.step) for f in errors] == [("F7", 1)], found
+    assert "0.75 = 6/8" in errors[0].evidence and "fewer than K = 8" in errors[0].evidence
+    if loss == "hand":
+        assert "built by hand" in errors[0].evidence and "divided by 8" in errors[0].evidence
+    assert not [f for f in found if f.cls == "F13"], found
+
+
+@pytest.mark.parametrize("loss", ["hand", "mse"])
+def test_every_epoch_shorter_than_k_normalised_by_its_own_length_is_no_error(
+        tmp_path: Path, loss: str) -> None:
+    """The twin dividing by ``min(K, remaining)``: each step is its epoch's mean; a note
+    says so (measured) and that the effective batch is 6, not 8."""
+    _epoch_run(tmp_path, k=8, batches=6, how="own", loss=loss)
+    found, k = _judge(tmp_path, 8)
+    assert k == 8 and not [f for f in found if f.severity != "note"], found
+    assert [f.cls for f in found] == ["F7"] and "measured: a total weight of 1" in \
+        found[0].evidence, found
+
+
+@pytest.mark.parametrize(("how", "batches", "k", "errors"),
+                         [("k", 24, 5, {"F7"}), ("own", 24, 5, set()),
+                          ("rescale", 24, 5, set()), ("k", 24, 4, set())],
+                         ids=["tail_divided_by_k", "tail_own_length", "tail_rescaled_at_step",
+                              "k_divides_the_epoch"])
+def test_an_epoch_tail_of_a_loss_built_by_hand(tmp_path: Path, how: str, batches: int,
+                                               k: int, errors: set[str]) -> None:
+    """24 micro-batches per epoch, K = 5: each epoch's last window has 4, divided by 5 (F7
+    from the loss built by hand); normalised by its own 4, divided by 5 and rescaled by 5/4
+    at the step, or K = 4 dividing the epoch (no flush ever needed): silent."""
+    _epoch_run(tmp_path, k=k, batches=batches, how=how, loss="hand")
+    found, resolved = _judge(tmp_path, k)
+    assert resolved == k and {f.cls for f in found if f.severity == "error"} == errors, found
+    assert not [f for f in found if f.severity == "warning"], found
+    if errors:
+        f = next(f for f in found if f.cls == "F7")
+        assert "4 of K = 5" in f.evidence and "0.8 = 4/5" in f.evidence, f.evidence
+    else:
+        assert not found, found
+
+
+def test_watching_the_short_epochs_changes_nothing(tmp_path: Path) -> None:
+    """The run under the recording is bit-identical to the same run without it."""
+    watched = _epoch_run(tmp_path, k=8, batches=6, how="k", loss="hand")
+    torch.manual_seed(0)
+    plain = _plain_run()
+    assert all(torch.equal(a, b) for a, b in zip(watched, plain, strict=True))
+
+
+def _plain_run() -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(7)
+    data = torch.utils.data.TensorDataset(torch.randn(24, 8, generator=g),
+                                          torch.randn(24, 1, generator=g))
+    loader = torch.utils.data.DataLoader(data, batch_size=4)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(),
+                                torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        for i, (x, y) in enumerate(loader):
+            (((model(x) - y) ** 2).mean() / 8).backward()
+            if (i + 1) % 8 == 0 or i + 1 == len(loader):
+                opt.step()
+                opt.zero_grad()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_a_script_k_is_kept_only_when_every_epoch_is_shorter() -> None:
+    """K = 8 from the script, windows of 6: kept when each window is a whole epoch (the run
+    cannot reach K); windows of 6 inside longer passes disagree with it (inferred 6)."""
+    rec = RunRecording(steps={0: [{"step": i, "backwards": 6, "data_pass_starts": [0]}
+                                  for i in range(3)]})
+    assert resolve_k(rec, None, _ScriptK(8)).k == 8
+    inside = RunRecording(steps={0: [{"step": i, "backwards": 6,
+                                      "data_pass_starts": [0] if i == 0 else []}
+                                     for i in range(3)]})
+    assert resolve_k(inside, None, _ScriptK(8)).strength == "inferred"

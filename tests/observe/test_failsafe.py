@@ -355,3 +355,35 @@ def test_a_fault_tracing_the_learning_rate_changes_nothing(
     assert failure is not None and f"lr {where}" in failure.error + failure.traceback
     for a, b in zip(params, unobserved, strict=True):
         assert torch.equal(a, b)
+
+
+def _train_bf16() -> list[torch.Tensor]:
+    """A bf16 model summing K micro-gradients in its own .grad: the drift hook's door
+    (:class:`accumguard.observe._precision.AccumDrift`) is on its parameters."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.Tanh(),
+                                torch.nn.Linear(12, 3)).to(torch.bfloat16)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(STEPS):
+        for _ in range(K):
+            x, y = torch.randn(5, 6, generator=g), torch.randint(0, 3, (5,), generator=g)
+            (F.cross_entropy(model(x.bfloat16()).float(), y) / K).backward()
+        opt.step()
+        opt.zero_grad()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("nth", [1, 7])
+def test_a_fault_in_the_drift_hook_changes_nothing(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch,
+                                                    nth: int) -> None:
+    unobserved = _train_bf16()
+    monkeypatch.setenv(ENV_FAULT, f"hook:precision_drift:pre@{nth}")
+    with recording(tmp_path) as obs:
+        params = _train_bf16()
+        failure = obs.failure
+        assert failure is not None and "precision_drift" in failure.where
+    for a, b in zip(params, unobserved, strict=True):
+        assert torch.equal(a, b)
+    assert list(load_recordings(tmp_path).failures) == [0]

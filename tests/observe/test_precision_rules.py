@@ -114,3 +114,96 @@ def test_live_findings_carry_f12_for_the_callbacks() -> None:
     assert [(f.cls, f.severity) for f in live_findings(bug, rank=None, k=256)] \
         == [("F12", "error")]
     assert live_findings(dict(_ds(256, "float32"), step=3), rank=0, k=256) == []
+
+
+# -- the drift measured on the sum (AccumDrift: a sample shadowed in fp32) ----------------
+
+def _measured(w: dict[str, Any], sums: int, drift: float) -> dict[str, Any]:
+    prec = dict(w["precision"], drift={"dtype": "bfloat16", "sums": sums, "drift": drift,
+                                       "elements": 384})
+    return dict(w, precision=prec)
+
+
+def test_a_measured_drift_decides_the_level() -> None:
+    """FSDP2 reduce_dtype=bf16 at K = 128: the expectation alone (0.015 < 2 x 2u) is a
+    warning; 0.012 measured on the sum of 127 micro-gradients (1.5 x 2u) is an error. A
+    measurement below 1.2 x 2u stays a warning even where the expectation (K = 256) says
+    error: the measurement is the evidence."""
+    k128 = _fsdp([False] * 127 + [True], "bfloat16")
+    assert _sev(k128) == [("F12", "warning")]
+    assert _sev(_measured(k128, 127, 0.012)) == [("F12", "error")]
+    f = low_precision_findings(0, windows([_measured(k128, 127, 0.012)]))[0]
+    assert "differs from their fp32 sum by 0.012" in f.evidence and "1.5x" in f.evidence
+    assert "reduce_dtype=torch.float32" in f.fix
+    assert _sev(_measured(k128, 127, 0.008)) == [("F12", "warning")]
+    k256 = _fsdp([False] * 255 + [True], "bfloat16")
+    assert _sev(_measured(k256, 255, 0.008)) == [("F12", "warning")]
+    # several windows: the smallest drift at the longest sum decides
+    other = dict(_measured(k128, 127, 0.008), step=1)
+    assert _sev(_measured(k128, 127, 0.02)) == [("F12", "error")]
+    assert [(f.cls, f.severity) for f in low_precision_findings(
+        0, windows([_measured(k128, 127, 0.02), other]))] == [("F12", "warning")]
+
+
+def test_a_measurement_behind_a_changed_grad_is_not_used() -> None:
+    """A zero_grad or a clip between the backwards changed .grad behind the shadow: the
+    measurement says nothing about rounding, the expectation decides (a warning at 128)."""
+    k128 = _fsdp([False] * 127 + [True], "bfloat16")
+    cleared = dict(_measured(k128, 127, 0.5), zero_grads_between=1)
+    assert _sev(cleared) == [("F12", "warning")]
+    clipped = dict(_measured(k128, 127, 0.5), clip_micros=[3])
+    assert _sev(clipped) == [("F12", "warning")]
+
+
+def _bf16_run(tmp: Any, k: int, watched: bool) -> list[Any]:
+    import torch
+    import torch.nn.functional as F  # noqa: N812
+
+    from accumguard.watch._recording import recording
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(),
+                                torch.nn.Linear(32, 4)).to(torch.bfloat16)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    with recording(tmp) if watched else _nothing():
+        for _ in range(2):
+            for _ in range(k):
+                x, y = torch.randn(2, 8, generator=g), torch.randint(0, 4, (2,), generator=g)
+                (F.cross_entropy(model(x.bfloat16()).float(), y) / k).backward()
+            opt.step()
+            opt.zero_grad()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+class _nothing:  # noqa: N801 - a null context manager, as recording() is used
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+@pytest.mark.parametrize(("k", "level"), [(2, None), (128, "error")])
+def test_the_drift_is_measured_on_a_bf16_model(tmp_path: Any, k: int,
+                                               level: str | None) -> None:
+    """A bf16 model's own .grad summing K micro-gradients, recorded in process: at K = 128
+    the measured drift (about 1.1e-2 here, on 127 sums) is beyond 1.2 x 2u: an error (the expectation
+    alone, 0.015 < 2 x 2u, was a warning); at K = 2 nothing is reported. The recorded run's
+    parameters are bit-identical to the unrecorded run's."""
+    from accumguard.watch._findings import analyze, load_recordings
+
+    watched = _bf16_run(tmp_path, k, True)
+    plain = _bf16_run(tmp_path / "unused", k, False)
+    import torch
+
+    assert all(torch.equal(a, b) for a, b in zip(watched, plain, strict=True))
+    rec = load_recordings(tmp_path)
+    drifts = [s["precision"].get("drift") for s in rec.steps[0]]
+    # measured before each addition: K - 1 sums (one at K = 2: nothing to measure)
+    assert all(d["sums"] == k - 1 and d["dtype"] == "bfloat16" for d in drifts) if k > 2 \
+        else drifts == [None, None], drifts
+    found = [f for f in analyze(rec)[0] if f.cls == "F12"]
+    assert [f.severity.value for f in found] == ([level] if level else []), found
+    if level:
+        assert "measured on" in found[0].evidence and "torch.autocast" in found[0].fix

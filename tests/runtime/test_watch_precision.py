@@ -73,3 +73,31 @@ def test_two_ranks(dist: Path, name: str, expected: set[str], fix: str | None) -
     else:  # the twin: bf16 compute seen, the sum said to be fp32
         assert notes == {"F12"} and "no low-precision accumulation" in findings[0].evidence
 
+
+
+@pytest.fixture(scope="module")
+def fsdp_k128(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """FSDP2 on 2 ranks at K = 128 (bf16 and fp32 reduce_dtype) and at K = 2 (bf16): one
+    launch; each run again unrecorded and its parameters compared."""
+    out = tmp_path_factory.mktemp("precision_k128")
+    return _sweep(out, _torchrun("precision.py", "--sweep", str(out), "fsdp_bf16@128",
+                                 "fsdp_fp32@128", "fsdp_bf16@2"), timeout=600)
+
+
+@pytest.mark.parametrize(("name", "level"), [
+    ("fsdp_bf16@128", "error"), ("fsdp_fp32@128", None), ("fsdp_bf16@2", None)])
+def test_fsdp2_bf16_reduce_at_k128_is_measured(fsdp_k128: Path, name: str,
+                                               level: str | None) -> None:
+    """K = 128 is below the K >= 144 the expectation alone needs for an error: the drift
+    measured on FSDP2's bf16 unsharded gradient (a sample of it shadowed in fp32) makes it
+    one (measured 1.16e-2 to 1.35e-2 on 127 sums, about 1.5x the 2u bound). The fp32 twin
+    and K = 2 have no F12 error or warning; every run is bit-identical to the unrecorded
+    one."""
+    for rank in (0, 1):
+        assert (fsdp_k128 / f"identical-{name}-rank{rank}").read_text() == "True"
+    _, _, findings = _classes(fsdp_k128, name)
+    f12 = [f for f in findings if f.cls == "F12" and f.severity.value != "note"]
+    assert [f.severity.value for f in f12] == ([level] * 2 if level else []), findings
+    if level:
+        assert all("measured on" in f.evidence and "127 micro-step gradients" in f.evidence
+                   and "reduce_dtype=torch.float32" in f.fix for f in f12), f12

@@ -11,7 +11,8 @@ boundary: F12), ``master_ok`` (each micro-step's bf16 .grad added into the fp32 
 cleared: correct), ``autocast`` (fp32 parameters, bf16 autocast forward: correct),
 ``accumulator`` (a bf16 model under accumguard's Accumulator: fp32 accumulation, correct).
 Two ranks: ``fsdp_bf16`` (MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16), sync
-off for K-1 micro-steps: F12), ``fsdp_fp32`` (reduce_dtype=fp32: correct), ``ds_bf16``
+off for K-1 micro-steps: F12), ``fsdp_fp32`` (reduce_dtype=fp32: correct) (``NAME@K``: a
+scenario at its own K; the FSDP2 ones are run again unrecorded and compared), ``ds_bf16``
 (DeepSpeed ZeRO-2, bf16, default grad_accum_dtype: F12), ``ds_fp32`` (the same with
 ``data_types.grad_accum_dtype: fp32``: correct).
 """
@@ -102,7 +103,7 @@ def accumulator(k: int) -> None:
                                              reduction="sum"))
 
 
-def fsdp(k: int, reduce: torch.dtype) -> None:
+def fsdp(k: int, reduce: torch.dtype) -> torch.nn.Module:
     import torch.distributed as dist
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -119,6 +120,7 @@ def fsdp(k: int, reduce: torch.dtype) -> None:
             (F.cross_entropy(model(x).float(), y) / k).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+    return model
 
 
 def ds(k: int, accum: str | None) -> None:
@@ -149,6 +151,11 @@ SCENARIOS = {
 }
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A parameter's data on this rank (an FSDP2 DTensor's local shard)."""
+    return t.to_local() if hasattr(t, "to_local") else t.data
+
+
 def main() -> None:
     k = int(os.environ.get("PRECISION_K", "256"))
     dist_run = "RANK" in os.environ
@@ -161,8 +168,17 @@ def main() -> None:
 
         out = Path(sys.argv[2])
         for name in sys.argv[3:]:
+            # NAME@K: that scenario at its own K; one returning its model is then run again
+            # unrecorded, its parameters compared bit for bit (OUT/identical-NAME-rankR)
+            base, _, own = name.partition("@")
             with recording(out / name):
-                SCENARIOS[name](k)
+                model = SCENARIOS[base](int(own) if own else k)
+            if model is not None and own:
+                plain = SCENARIOS[base](int(own))
+                same = all(torch.equal(_local(a), _local(b)) for a, b in
+                           zip(model.parameters(), plain.parameters(), strict=True))
+                rank = os.environ.get("RANK", "0")
+                (out / f"identical-{name}-rank{rank}").write_text(str(same))
             if dist_run:
                 torch.distributed.barrier()
     else:

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from accumguard.observe._lanes import Lanes
     from accumguard.observe._losses import LossRecorder
     from accumguard.observe._lr_trace import LrTrace
+    from accumguard.observe._precision import AccumDrift
 
 __all__ = ["BackwardPath"]
 
@@ -59,6 +60,8 @@ class BackwardPath:
     _given_roots: list[torch.nn.Module]
     _ds_engine: torch.nn.Module | None  # DeepSpeed's engine (an nn.Module)
     _tracked: list[torch.Tensor]
+    _fsdp_groups: dict[int, list[object]]
+    drift: AccumDrift
     _end_versions: list[tuple[int, int] | None]
     _window_checked: bool | None
     _t_checks: float
@@ -72,6 +75,7 @@ class BackwardPath:
         def _sync_flag(self, root: torch.nn.Module) -> bool | None: ...
         def _tracking(self) -> bool: ...
         def _checksums(self) -> torch.Tensor: ...
+        def _watch_drift(self) -> None: ...
 
     def _run_backward(self, source: str, loss: object, engine: torch.nn.Module | None,
                       fn: Original, args: tuple[object, ...],
@@ -133,6 +137,8 @@ class BackwardPath:
             else:
                 w.starts.append(self._checksums())
             self._t_checks += time.perf_counter() - t0
+        if self.drift.key != (len(self._tracked), len(self._fsdp_groups)):
+            self._watch_drift()  # (compared here: a call per backward shows in the hot path)
         handlers = self._handlers
         for listen in handlers.on_backward_start:
             listen(ev)

@@ -22,11 +22,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from accumguard.observe._records import Finding, JsonObject, StepLike, StepWindow, _mk, _n, records
-from accumguard.observe._weight_rules import _near, _window_mass
+from accumguard.observe._records import (
+    Finding,
+    JsonObject,
+    RunRecording,
+    StepLike,
+    StepWindow,
+    _mk,
+    _n,
+    _windows,
+    records,
+)
+from accumguard.observe._weight_rules import _f7_mass, _near, _rescaled
 
 __all__ = ["Epoch", "complete_epochs", "dropped_finding", "dropped_tail", "epochs",
-           "short_epoch_findings"]
+           "every_epoch_short", "short_epoch_findings"]
 
 
 @dataclass(frozen=True)
@@ -90,6 +100,20 @@ def complete_epochs(steps: Sequence[StepLike], pending: int = 0) -> bool:
     return len(eps) >= 2 and len({e.backwards for e in eps}) == 1
 
 
+def every_epoch_short(windows: list[StepWindow], k: int) -> bool:
+    """Two or more optimizer steps, each closing one whole pass over the DataLoader of
+    fewer than K micro-batches: every window begins a pass and is shorter than K."""
+    ws = [w for w in windows if w.window]
+    return len(ws) >= 2 and all(0 in (w.data_pass_starts or []) and w.window < k for w in ws)
+
+
+def run_epochs_short(rec: RunRecording, k: int) -> bool:
+    """:func:`every_epoch_short` on every rank that stepped: such a run's windows cannot
+    reach K, so they do not contradict a K the script declares."""
+    ranks = [s for s in rec.steps.values() if s]
+    return bool(ranks) and all(every_epoch_short(_windows(s), k) for s in ranks)
+
+
 def short_epoch_findings(rank: int, windows: list[StepWindow], k: int | None,
                          declared: bool, source: str) -> list[Finding]:
     """Every pass over the data held fewer micro-batches than K, and each optimizer step
@@ -98,13 +122,12 @@ def short_epoch_findings(rank: int, windows: list[StepWindow], k: int | None,
     short window divided by K instead of its own n: the update is n/K of its mean
     gradient); a note otherwise (the steps are right only if each was normalised by its
     own count, and each is a batch of n, not K, micro-batches)."""
-    if k is None or k < 2 or len(windows) < 2:
+    if k is None or k < 2 or not all(w.window for w in windows) \
+            or not every_epoch_short(windows, k):
         return []
     sizes = [w.window for w in windows]
-    whole = all(0 in (w.data_pass_starts or []) for w in windows)
-    if not whole or not all(1 <= n < k for n in sizes):
-        return []
-    masses = [_window_mass(w) for w in windows]
+    masses = [_f7_mass(w) for w in windows]
+    measured = [(m, n) for m, n in zip(masses, sizes, strict=True) if m is not None]
     uniq = "/".join(map(str, sorted(set(sizes))))
     text = (f"all {len(windows)} optimizer steps came at the end of a pass over the DataLoader "
             f"(an epoch) after {uniq} micro-batch(es), fewer than K = {k} ({source}): every "
@@ -113,14 +136,14 @@ def short_epoch_findings(rank: int, windows: list[StepWindow], k: int | None,
              "accumulate_grad_batches; it divides every batch's loss by it and steps "
              "at the epoch's end), or normalise each window's loss by its own count.")
     why = None
-    if declared and all(m is not None and _near(m.mass, n / k, m.low)
-                        for m, n in zip(masses, sizes, strict=True)):
-        m0 = masses[0]
-        assert m0 is not None
-        why = (f"its tokens carried a total weight of {m0.mass:.4g} = {sizes[0]}/{k} (loss at "
-               f"{m0.site.rsplit('/', 1)[-1]}): each short window was divided by K instead "
-               f"of its own {uniq} micro-batch(es), so every update is {sizes[0]}/{k}")
-    elif declared and source == "declared by lightning" and all(m is None for m in masses):
+    if declared and measured and all(_near(m.mass, n / k, m.low) for m, n in measured):
+        m0, n0 = measured[0]
+        why = (f"{m0.words(n0, k)} (measured in {len(measured)} of the {len(windows)} "
+               "windows, each n/K): each short window was "
+               f"divided by K instead of its own {uniq} micro-batch(es), so every update is "
+               f"{uniq}/{k}")
+    elif declared and source == "declared by lightning" and all(m is None for m in masses) \
+            and not any(_rescaled(w) for w in windows):
         # no loss call recorded (a loss built by hand), but K is the Lightning Trainer's
         # accumulate_grad_batches: its automatic optimisation divides every batch's loss by
         # it (its closure), also in an epoch's last, short window; manual optimisation
@@ -135,10 +158,15 @@ def short_epoch_findings(rank: int, windows: list[StepWindow], k: int | None,
                     title_=f"every epoch shorter than K = {k}, and each short window divided "
                            "by K",
                     fix=fix_k)]
+    own = bool(measured) and all(_near(m.mass, 1.0, m.low) for m, _ in measured)
     return [_mk("F7", "note", rank, windows[0].step, None,
-                f"{text}. Each step is the mean over its epoch only if its loss was "
-                f"normalised by the window's own count; the effective batch is {uniq} "
-                f"micro-batch(es), not {k}",
+                f"{text}. " + (f"Each window's loss was normalised by its own count "
+                               f"(measured: a total weight of 1 in {len(measured)} of the "
+                               f"{len(windows)} windows), so each step is the mean over its "
+                               "epoch" if own else
+                               "Each step is the mean over its epoch only if its loss was "
+                               "normalised by the window's own count")
+                + f"; the effective batch is {uniq} micro-batch(es), not {k}",
                 title_=f"every epoch shorter than K = {k}: each optimizer step closes a short "
                        "window",
                 fix=f"Use K <= the batches per epoch ({min(sizes)}).")]

@@ -60,6 +60,7 @@ from accumguard.observe._losses_terms import (
     TermLog,
     factor_stats,
     factor_uniform,
+    mean_rows,
     selection_row,
     selection_stats,
     term_rows,
@@ -233,7 +234,7 @@ class LossRecorder:
             if not carry:
                 self.calls = [c for c in self.calls if c.g is None]  # forwards to come
                 self.micro = self.gmicro = 0
-                self.terms.pending = []
+                self.terms.clear()
             return None
         t = time.perf_counter()
         try:
@@ -252,7 +253,10 @@ class LossRecorder:
         self.micro = self.gmicro = 0
         micros = len({(c.grad, c.micro) for c in calls})
         prev, self.prev_micros = self.prev_micros, micros
-        pending, self.terms.pending = self.terms.pending, []
+        pending, means = self.terms.pending, mean_rows(self.terms.means, done)
+        self.terms.clear()
+        # a loss built by hand (no loss call) still has its "mean" records
+        self.term_records = means or None
         # one micro-step says nothing about F5; it is kept when it can be a short last
         # window after windows of several (F7), one autograd.grad step (F1), or on
         # several ranks (the loss-weight ledger judges a window of one across ranks)
@@ -311,7 +315,7 @@ class LossRecorder:
                         c.sole, c.grad, c.divs])
             if len(out) >= _MAX_RECORDS:
                 break
-        self.term_records = sel + term_rows(pending, keys, done) or None
+        self.term_records = sel + term_rows(pending, keys, done) + means or None
         return out or None
 
     def take_terms(self) -> list[list[Any]] | None:
@@ -322,7 +326,7 @@ class LossRecorder:
 
     def reset(self) -> None:
         self.calls = []
-        self.terms.pending = []
+        self.terms.clear()
         self.micro = self.gmicro = 0
 
     # -- the patch ------------------------------------------------------------------------

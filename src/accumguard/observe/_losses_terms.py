@@ -16,6 +16,12 @@ Two kinds of records go on the step event as ``terms``:
   from torch ops, an MoE router loss), ``rows`` that call's input rows, ``mean`` its
   reduction, ``below`` (a term from torch ops) the rows of the batch means that every
   path below it goes through (:func:`~._losses_walk.batch_means_below`), or None.
+* ``["mean", micro, divisor, count, site]``: a backward whose loss was built by hand as
+  one mean over the elements of a tensor (``((out - y) ** 2).mean()``: no recorded loss
+  call, no sum of terms) times constants only (``divisor``: their product, read from the
+  graph as :func:`divisor` reads a term's; ``count``: the elements averaged, ``site``: the
+  backward's call site). That mean carries the weight ``1 / divisor``: the scale rules read
+  a window's total weight from them as from the loss record (:mod:`._weight_rules`).
 * ``["select", site, order, micro, n, seqs, divisor, uniform, sole]``: a selection's
   ``n`` tokens with a nonzero gradient (in ``seqs`` rows of its first dimension, 0 when
   it has one dimension), the product of the constants that divide it (``divisor``; None
@@ -36,9 +42,12 @@ import torch
 
 from accumguard.observe._losses_walk import Const, Walk, batch_means_below
 
-__all__ = ["FACTOR_TOL", "TermLog", "divisor", "factor_stats", "factor_uniform", "selection_row",
-           "selection_stats", "term_rows"]
+__all__ = ["FACTOR_TOL", "TermLog", "divisor", "factor_stats", "factor_uniform", "mean_rows",
+           "selection_row", "selection_stats", "term_rows"]
 
+#: "mean" records kept per window (as the loss record's calls: the recording stays bounded;
+#: a longer window is not judged by them).
+MAX_MEANS = 256
 #: Relative spread under which a selection's nonzero per-token gradients are one weight
 #: (the same value broadcast by the backward of a sum or a mean is bitwise equal).
 UNIFORM_TOL = 1e-6
@@ -51,12 +60,28 @@ class TermLog:
 
     def __init__(self) -> None:
         # per backward: (micro, [[node, constants, means, opaque, the recorded call, the
-    # backward's site]])
+        # backward's site]])
         self.pending: list[tuple[int, list[list[Any]]]] = []
+        self.means: list[list[Any]] = []  # the "mean" records of the window's backwards
+
+    def clear(self) -> None:
+        self.pending, self.means = [], []
 
     def on_walk(self, micro: int, w: Walk, calls: list[Any], site: Callable[[], str]) -> None:
-        """Keep the terms of a backward whose root is a sum (every path walked); ``site``:
-        the backward's call site (computed only then)."""
+        """Keep the terms of a backward whose root is a sum (every path walked), or its
+        "mean" record when its root is one mean times constants; ``site``: the backward's
+        call site (computed only then)."""
+        if w.complete and len(w.leaves) == 1:
+            x = w.leaves[0]
+            if len(self.means) >= MAX_MEANS:
+                return
+            if (x.first == "mean" and not (x.split or x.opaque or x.weighted) and x.select is None
+                    and type(x.node).__name__ != "AccumulateGrad"
+                    and not any(c.node == x.node._sequence_nr() for c in calls)):
+                d = divisor(x.divs, False)
+                if d is not None and d > 0:
+                    self.means.append(["mean", micro, d, int(x.means[0]), site()])
+            return
         if not w.complete or len(w.leaves) < 2 or not any(x.split for x in w.leaves):
             return
         by_node = {c.node: c for c in calls if c.micro is None}
@@ -167,6 +192,11 @@ def selection_row(site: str, idx: int, micro: int | None, divs: list[Const],
     uniform = lo == hi or abs(hi - lo) <= UNIFORM_TOL * max(abs(hi), abs(lo))
     return ["select", site, idx, micro, int(n), int(rows), divisor(divs, opaque),
             bool(uniform), sole]
+
+
+def mean_rows(means: list[list[Any]], done: int) -> list[list[Any]]:
+    """The ``mean`` records of the window's completed backwards."""
+    return [r for r in means if int(r[1]) < done]
 
 
 def term_rows(pending: list[tuple[int, list[list[Any]]]], keys: dict[int, tuple[str, int]],

@@ -67,6 +67,9 @@ class Leaf:
     # the data tensors multiplying it per token (advantages, a mask), None when a data
     # factor could not be divided out (a division, a reduction over a dimension above it)
     factors: list[torch.Tensor] | None = None
+    # the first reduction from the root down to it: "mean" for a mean over all the elements
+    # of a tensor of several (``x.mean()``), "other" for any other sum or mean, "" for none
+    first: str = ""
 
 
 @dataclass
@@ -229,9 +232,10 @@ def _factor(node: Any) -> torch.Tensor | None:
 
 
 #: One node to visit: (node, output index, constants above, addition above, means above,
-#: opaque above, a data factor above, the data factors above (None: not divisible)).
+#: opaque above, a data factor above, the data factors above (None: not divisible), the
+#: first reduction above (:attr:`Leaf.first`)).
 _Item = tuple[Any, int, list[Const], bool, list[int], bool, bool,
-              list[torch.Tensor] | None]
+              list[torch.Tensor] | None, str]
 #: A reduction over some dimensions: data factors above it hold per-row values.
 _DIM_REDUCE = ("SumBackward1", "MeanBackward1")
 
@@ -244,12 +248,12 @@ def _walk(root: torch.Tensor | Sequence[torch.Tensor], out: Walk) -> None:
     fn = getattr(root, "grad_fn", None)
     if fn is None:
         return
-    stack: list[_Item] = [(fn, 0, [], False, [], False, False, [])]
+    stack: list[_Item] = [(fn, 0, [], False, [], False, False, [], "")]
     for _ in range(NODES):
         if not stack:
             out.complete = True
             return
-        node, index, divs, split, means, opaque, weighted, factors = stack.pop()
+        node, index, divs, split, means, opaque, weighted, factors, first = stack.pop()
         seq = node._sequence_nr()
         if seq in out.chain:
             continue
@@ -259,8 +263,8 @@ def _walk(root: torch.Tensor | Sequence[torch.Tensor], out: Walk) -> None:
         select = _selection(name, node)
         if select is None and name.startswith(("AddBackward0", "SubBackward0")) \
                 and len(nxt) > 1:
-            stack.extend((n, i, divs, True, means, opaque, weighted, factors)  # the terms
-                         for n, i in nxt)
+            stack.extend((n, i, divs, True, means, opaque, weighted, factors, first)
+                         for n, i in nxt)  # the terms
             continue
         if select is None and name.startswith(LINEAR + _PASS) and len(nxt) == 1:
             if name.startswith(("DivBackward", "MulBackward")):
@@ -276,11 +280,15 @@ def _walk(root: torch.Tensor | Sequence[torch.Tensor], out: Walk) -> None:
             elif name.startswith("MeanBackward"):
                 count = _mean_count(node)
                 means = [*means, count] if count else means
+                if not first:
+                    first = "mean" if name == "MeanBackward0" and (count or 0) > 1 else "other"
+            elif name.startswith("SumBackward") and not first:
+                first = "other"
             if factors and name.startswith(_DIM_REDUCE + ("ExpandBackward",)):
                 factors = None  # per-row factors above a reduction: not per token here
             stack.append((nxt[0][0], nxt[0][1], divs, split, means, opaque, weighted,
-                          factors))
+                          factors, first))
             continue
         out.leaves.append(Leaf(node, index, divs, split, means, opaque, select, weighted,
-                               factors if weighted and select is not None else None))
+                               factors if weighted and select is not None else None, first))
     out.complete = not stack

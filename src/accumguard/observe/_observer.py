@@ -61,7 +61,7 @@ from accumguard.observe._lanes import Lanes
 from accumguard.observe._losses import LossRecorder
 from accumguard.observe._lr_trace import LrTrace
 from accumguard.observe._patch import Patches
-from accumguard.observe._precision import MasterSum
+from accumguard.observe._precision import AccumDrift, MasterSum
 from accumguard.observe._profiles import ObserverProfile
 from accumguard.observe._step_precision import StepPrecision
 from accumguard.observe._steps import PIN_ROOTS_AFTER_STEPS, StepMachinery
@@ -157,6 +157,7 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
         self.patches = Patches(self.failsafe)
         self.counter = CollectiveCounter(self._on_collective, failsafe=self.failsafe)
         self.losses = LossRecorder(self)  # cross-entropy calls and their token weights (F5)
+        self.drift = AccumDrift(self.failsafe.hook)  # a low-precision sum's rounding (F12)
         self.counter.position = self._collective_position
         self.installed = False
         self.backward_total = 0
@@ -290,6 +291,7 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
         self._hooked_ids.clear()
         self._fwd_depth = 0
         self._attribution.reset()
+        self.drift.remove()
         self._sync_root, self._pinned_any = None, False  # no reference to the user's model
 
     def __enter__(self) -> Observer:

@@ -37,7 +37,7 @@ from accumguard.observe._checksum import checksums
 if TYPE_CHECKING:
     from accumguard.observe._seams import DeepSpeedEngine
 
-__all__ = ["LOW", "autocast_dtype", "deepspeed_dtypes", "fsdp_dtypes", "least_precise",
+__all__ = ["LOW", "AccumDrift", "autocast_dtype", "deepspeed_dtypes", "fsdp_dtypes", "least_precise",
            "model_grad_sum", "name_of", "step_facts"]
 
 LOW = (torch.bfloat16, torch.float16)
@@ -171,11 +171,13 @@ def model_grad_sum(tracked: Sequence[torch.Tensor], members: Sequence[bool],
 
 def step_facts(*, params: str | None, fsdp: dict[str, str] | None,
                deepspeed: dict[str, str] | None, autocast: str | None,
-               model_grad: MasterSum | None) -> dict[str, Any] | None:
+               model_grad: MasterSum | None, drift: dict[str, Any] | None = None
+               ) -> dict[str, Any] | None:
     """The step record's ``precision`` field: the compute dtype (the least precise of the
     roots' trainable parameters, FSDP2's ``param_dtype``, DeepSpeed's model dtype and an
     autocast region) and, when set, the FSDP2/DeepSpeed dtypes and the master-weight
-    pattern's sum. None when nothing is bf16/fp16 (the record stays as it was)."""
+    pattern's sum, and the drift :class:`AccumDrift` measured. None when nothing is
+    bf16/fp16 (the record stays as it was)."""
     compute = least_precise([params, autocast, (fsdp or {}).get("compute"),
                              (deepspeed or {}).get("compute")])
     low = {"bfloat16", "float16"}
@@ -191,4 +193,115 @@ def step_facts(*, params: str | None, fsdp: dict[str, str] | None,
         out["deepspeed"] = deepspeed
     if model_grad is not None:
         out["model_grad"] = model_grad
+    if drift is not None:
+        out["drift"] = drift
     return out
+
+
+#: Elements of each watched gradient whose low-precision sum is shadowed in fp32, and how
+#: many parameters are watched (the largest low-precision ones).
+_DRIFT_SAMPLE = 2048
+_DRIFT_PARAMS = 2
+
+
+class _Shadow:
+    """One watched parameter: its sample's indices, the fp32 shadow of the sum its ``.grad``
+    should hold, the contributions in it, and the last comparison."""
+
+    __slots__ = ("count", "idx", "last", "param", "shadow")
+
+    def __init__(self, param: torch.Tensor) -> None:
+        self.param = param
+        step = max(1, param.numel() // _DRIFT_SAMPLE)
+        self.idx = torch.arange(0, param.numel(), step, device=param.device)[:_DRIFT_SAMPLE]
+        self.shadow: torch.Tensor | None = None
+        self.count = 0
+        self.last: tuple[int, float, float, str] | None = None  # sums, |err|^2, |ref|^2, dtype
+
+
+class AccumDrift:
+    """The rounding of a window's low-precision gradient sum, measured (F12's evidence).
+
+    A gradient hook on a few low-precision leaf parameters (a bf16 model's own, FSDP2's
+    unsharded parameters) sees each backward's contribution before it is added into
+    ``.grad``; a strided sample of it is summed in fp32 (the shadow: what an fp32 buffer
+    would hold). Before each addition the sample of ``.grad`` (the sum actually kept, in its
+    dtype) is compared with the shadow: the relative difference is the drift the
+    low-precision sum added, on the same micro-gradients. Only there: after the window's
+    last backward a collective may have changed ``.grad`` (DDP's average), so the last
+    addition of a window is not measured (K-1 of its K sums are). A ``.grad`` that was
+    moved away between backwards (FSDP2 ``reduce_dtype=float32``, an fp32 buffer) restarts
+    the shadow at every backward: nothing is summed there, nothing is measured. The hooks
+    return None (the gradient is untouched) and run behind the fail-safe door."""
+
+    def __init__(self, hook: Any) -> None:
+        self._hook = hook  # Failsafe.hook: the door of every torch hook
+        self.shadows: dict[int, _Shadow] = {}  # (the observer reads it: any watched?)
+        self._handles: list[Any] = []
+        #: the candidates last read (the observer's tracked parameters' and FSDP2 roots'
+        #: counts): the observer calls :meth:`watch` only when its own differ
+        self.key: object = None
+
+    def watch(self, key: object, candidates: Iterable[torch.Tensor]) -> None:
+        """Hook the largest low-precision leaf parameters among ``candidates`` (``key``:
+        kept as :attr:`key`; None: look again next time)."""
+        self.key = key
+        if len(self.shadows) >= _DRIFT_PARAMS:
+            return
+        low = sorted((p for p in candidates if p.dtype in LOW and p.is_leaf and p.requires_grad
+                      and p.numel() >= 2 and id(p) not in self.shadows),
+                     key=lambda p: -p.numel())
+        for p in low[:_DRIFT_PARAMS - len(self.shadows)]:
+            sh = _Shadow(p)
+            self.shadows[id(p)] = sh
+            self._handles.append(p.register_hook(self._hook(  # type: ignore[no-untyped-call]
+                lambda grad, sh=sh: self._on_grad(sh, grad), "precision_drift")))
+
+    @torch.no_grad()
+    def _on_grad(self, sh: _Shadow, grad: torch.Tensor) -> None:
+        if type(grad) is not torch.Tensor or grad.is_sparse:
+            return
+        cur = sh.param.grad
+        if cur is None or sh.shadow is None or type(cur) is not torch.Tensor:
+            sh.shadow = (torch.zeros(sh.idx.numel(), dtype=torch.float32, device=grad.device)
+                         if cur is None or type(cur) is not torch.Tensor
+                         else cur.reshape(-1)[sh.idx].float())
+            sh.count = 0
+        elif sh.count >= 2:
+            self._compare(sh, cur)
+        sh.shadow += grad.reshape(-1)[sh.idx].float()
+        sh.count += 1
+
+    def _compare(self, sh: _Shadow, cur: torch.Tensor) -> None:
+        if cur.dtype not in LOW or sh.shadow is None:
+            return
+        diff = cur.reshape(-1)[sh.idx].float() - sh.shadow
+        sh.last = (sh.count, float(diff.pow(2).sum()), float(sh.shadow.pow(2).sum()),
+                   str(name_of(cur.dtype)))
+
+    def take(self) -> dict[str, Any] | None:
+        """At the step: the window's measured drift ``{"dtype", "sums", "drift",
+        "elements"}`` (the longest sum measured, over the watched parameters), None when no
+        low-precision sum of two or more contributions was seen; then a new window."""
+        lasts = [sh.last for sh in self.shadows.values() if sh.last is not None]
+        self.reset()
+        if not lasts:
+            return None
+        m = max(x[0] for x in lasts)
+        top = [x for x in lasts if x[0] == m]
+        ref = sum(x[2] for x in top)
+        if ref <= 0:
+            return None
+        return {"dtype": top[0][3], "sums": m, "drift": (sum(x[1] for x in top) / ref) ** 0.5,
+                "elements": sum(int(sh.idx.numel()) for sh in self.shadows.values()
+                                if sh.param.dtype in LOW)}
+
+    def reset(self) -> None:
+        """A new window: every shadow starts again from the ``.grad`` it will find."""
+        for sh in self.shadows.values():
+            sh.shadow, sh.count, sh.last = None, 0, None
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles, self.shadows, self.key = [], {}, None

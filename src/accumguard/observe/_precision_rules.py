@@ -22,7 +22,14 @@ correct loop at that compute precision (bf16 micro-gradients summed in fp32) sit
 from the exact gradient (measured 3.7e-3 at every K), and the audit
 (:mod:`accumguard.verify.tolerance`) allows twice that floor: 2u. F12 is an error when the
 expected drift is F12_ERROR_FACTOR times that bound (bf16 and fp16 alike: K >= 144) and the
-sum was seen reaching the optimizer, a warning below it; autocast with fp32 parameters,
+sum was seen reaching the optimizer, a warning below it. The drift is also measured where the
+sum is kept in a parameter's ``.grad`` (a bf16 model's own, FSDP2's unsharded gradient:
+:class:`._precision.AccumDrift` shadows a sample of it in fp32): the low-precision sum against
+the fp32 sum of the same micro-gradients, i.e. what the sum's dtype alone added to the
+update's error. A measurement replaces the expectation: an error when, in every window
+measured at the longest sum, it is at least F12_MEASURED_FACTOR times the 2u bound (the
+margin covers the sample: a few hundred elements or more), a warning otherwise (bf16, K = 2:
+about 2e-3; K = 128: 1.1e-2 to 1.4e-2 against 2u = 7.8e-3); autocast with fp32 parameters,
 fp32 master gradients summed per micro-step, FSDP2 ``reduce_dtype=float32``, DeepSpeed
 ``grad_accum_dtype: fp32`` and accumguard's Accumulator stay silent (a note says the
 low-precision compute was seen and the sum is fp32).
@@ -30,16 +37,23 @@ low-precision compute was seen and the sum is fp32).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from accumguard.core.precision import F12_ERROR_FACTOR, f12_drift, f12_error_k
 from accumguard.observe._records import Finding, StepWindow, _mk
 
-__all__ = ["F12_ERROR_FACTOR", "F12_MIN_K", "f12_drift", "f12_error_k", "low_precision_findings"]
+__all__ = ["F12_ERROR_FACTOR", "F12_MEASURED_FACTOR", "F12_MIN_K", "f12_drift", "f12_error_k", "low_precision_findings"]
 
 #: Unit roundoff of the low-precision gradient dtypes (as verify.tolerance, which observe
 #: may not import).
 _U_LOW = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
+#: F12 is an error when the drift *measured* on the sum (not expected from K) is this many
+#: times the 2u bound of a correct loop: the measured drift is the distance between the
+#: update and the one an fp32 sum of the same micro-gradients gives, so beyond 2u alone the
+#: update is further from the large batch than a correct loop at that precision may be; the
+#: factor is the margin of a sampled measurement.
+F12_MEASURED_FACTOR = 1.2
 #: Windows shorter than this are not reported (the drift is below the precision floor).
 F12_MIN_K = 4
 #: Relative tolerance of a bf16/fp16 conservation verdict (as WEIGHT_TOL_LOW_PRECISION).
@@ -164,6 +178,21 @@ def low_precision_findings(rank: int | None, windows: list[StepWindow]
     w, (dtype, n, where, fix, seen) = max(judged, key=lambda t: t[1][1])
     u = _U_LOW[dtype]
     drift, floor = f12_drift(u, n), 2 * u
+    measured = _measured(judged, dtype)
+    if measured is not None:
+        m, d, elements, count = measured
+        error = seen and d >= F12_MEASURED_FACTOR * floor
+        return [_mk("F12", "error" if error else "warning", rank, w.step, None,
+                    f"{n} backward passes summed in {where} ({len(judged)} window(s)); "
+                    f"measured on {elements} sampled gradient elements in {count} window(s): "
+                    f"the {dtype} sum of {m} micro-step gradients differs from their fp32 sum "
+                    f"by {d:.2g} (relative, the smallest of those windows; about "
+                    f"u*sqrt(K)/3 = {f12_drift(u, m):.2g} expected), against {floor:.2g} (2u) "
+                    f"for a correct loop at {dtype} precision"
+                    + (f": {d / floor:.1f}x beyond it, so the update is further from the large "
+                       "batch's than a correct loop at this precision can be" if error else
+                       f" ({F12_MEASURED_FACTOR:g}x that bound makes it an error)" if seen else
+                       " (not confirmed to reach the optimizer: a warning)"), fix=fix)]
     error = seen and drift >= F12_ERROR_FACTOR * floor
     k_err = f12_error_k()
     return [_mk("F12", "error" if error else "warning", rank, w.step, None,
@@ -175,3 +204,28 @@ def low_precision_findings(rank: int | None, windows: list[StepWindow]
                 + (f": {drift / floor:.1f}x beyond it" if error else
                    f" (an error from K >= {k_err})" if seen else
                    " (not confirmed to reach the optimizer: a warning)"), fix=fix)]
+
+
+def _measured(judged: list[tuple[StepWindow, tuple[str, int, str, str, bool]]], dtype: str
+              ) -> tuple[int, float, int, int] | None:
+    """The drift measured on the judged windows' sums (:class:`._precision.AccumDrift`):
+    ``(sums, drift, elements, windows)`` at the longest sum measured, the smallest drift of
+    those windows; None when no window has a usable measurement (of at least F12_MIN_K sums
+    in ``dtype``; a window with a zero_grad or a clip between its backwards, or whose
+    conservation saw its gradient changed, changed ``.grad`` behind the shadow's back)."""
+    rows = []
+    for w, _ in judged:
+        d = _prec(w).get("drift")
+        cons = w.conservation
+        if (not isinstance(d, dict) or d.get("dtype") != dtype or int(w.zero_grads_between)
+                or any(int(c) < int(w.backwards) for c in w.clip_micros or [])
+                or (cons is not None and not cons.ok)):
+            continue
+        sums, drift = int(d.get("sums", 0)), float(d.get("drift", math.nan))
+        if sums >= F12_MIN_K and math.isfinite(drift):
+            rows.append((sums, drift, int(d.get("elements", 0))))
+    if not rows:
+        return None
+    m = max(r[0] for r in rows)
+    top = [r for r in rows if r[0] == m]
+    return m, min(r[1] for r in top), max(r[2] for r in top), len(top)

@@ -15,6 +15,8 @@ import torch
 
 from accumguard.observe._introspect import param_dtype
 from accumguard.observe._precision import (
+    LOW,
+    AccumDrift,
     MasterSum,
     deepspeed_dtypes,
     fsdp_dtypes,
@@ -41,6 +43,7 @@ class StepPrecision:
     _tracked: list[torch.Tensor]
     _fsdp_groups: dict[int, list[object]]
     _step_master: MasterSum | None
+    drift: AccumDrift
 
     def _dtype_of(self, owner: object) -> str | None:
         """:func:`_param_dtype`, once per optimizer/engine (it walks every parameter; a
@@ -64,4 +67,19 @@ class StepPrecision:
             if fsdp is not None or not groups:
                 self._prec_static = {key: static}
         return step_facts(params=static[0], fsdp=static[1], deepspeed=static[2],
-                          autocast=w.autocast, model_grad=self._step_master)
+                          autocast=w.autocast, model_grad=self._step_master,
+                          drift=self.drift.take() if self.drift.shadows else None)
+
+    def _watch_drift(self) -> None:
+        """Before an observed backward whose tracked parameters or FSDP2 roots changed in
+        number since the last call (the caller compares ``drift.key``): let
+        :class:`._precision.AccumDrift` hook the low-precision parameters whose ``.grad`` a
+        window may sum (the tracked ones, FSDP2's unsharded ones)."""
+        key = (len(self._tracked), len(self._fsdp_groups))
+        fps = [fp for gs in self._fsdp_groups.values() for g in gs
+               for fp in getattr(g, "fsdp_params", None) or []]
+        made = [getattr(fp, "_unsharded_param", None) for fp in fps]
+        # (FSDP2 makes its unsharded parameters at its first all-gather: until then, again)
+        self.drift.watch(key if all(isinstance(p, torch.Tensor) for p in made) else None,
+                         [p for p in self._tracked if p is not _GONE]
+                         + [p for p in made if isinstance(p, torch.Tensor) and p.dtype in LOW])

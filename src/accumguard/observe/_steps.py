@@ -25,7 +25,7 @@ from accumguard.observe._checksum import (
 )
 from accumguard.observe._events import ScalerEvent, StepStartEvent
 from accumguard.observe._introspect import local, snapshot, tol_for
-from accumguard.observe._precision import MasterSum, model_grad_sum
+from accumguard.observe._precision import AccumDrift, MasterSum, model_grad_sum
 from accumguard.observe._reduction import rank_factor
 from accumguard.observe._window import StepTally
 
@@ -66,6 +66,7 @@ class StepMachinery:
     force_checks: int
     backward_total: int
     boundary: BoundaryScale | None
+    drift: AccumDrift
     lanes: Lanes
     losses: LossRecorder
     lr_trace: LrTrace
@@ -329,6 +330,8 @@ class StepMachinery:
         self.step += 1
         self._w = StepTally()
         self._window_checked = None if self._armed else False  # unarmed: no checksums
+        if self.drift.shadows:
+            self.drift.reset()
         if self.boundary is not None:
             self.boundary.reset()
         if reset_losses:

@@ -197,6 +197,21 @@ class _Mass:
     sole: bool
     low: bool
     site: str
+    hand: bool = False  # read from the "mean" records of a loss built by hand
+
+    def words(self, n: int, k: int, *, at: bool = True) -> str:
+        """What the window's ``n`` micro-steps weighed and how it was read (``k``: the
+        weight ``n/k`` named; ``at``: name the loss's line)."""
+        where = self.site.rsplit("/", 1)[-1]
+        if not self.hand:
+            return (f"its tokens carried a total weight of {self.mass:.4g} = {n}/{k}"
+                    + (f" (loss at {where})" if at else ""))
+        d = 1 / self.per_micro[0] if len(set(self.per_micro)) == 1 else None
+        return ("each backward's loss was one mean built by hand"
+                + (f" (backward at {where})" if at else "")
+                + (f" divided by {d:.4g}" if d is not None else " times a constant")
+                + " (read from the autograd graph at run time), so its micro-steps weighed "
+                f"{self.mass:.4g} = {n}/{k} in total")
 
 
 def _window_mass(w: StepWindow, *, via_grad: bool = False) -> _Mass | None:
@@ -222,6 +237,40 @@ def _window_mass(w: StepWindow, *, via_grad: bool = False) -> _Mass | None:
     sole = all(len(by_micro[m]) == 1 and bool(by_micro[m][0][7]) for m in range(n))
     return _Mass(sum(per_micro), per_micro, sole, any(bool(r[5]) for r in recs),
                  str(recs[0][0]))
+
+
+def _hand_mass(w: StepWindow) -> _Mass | None:
+    """The mass of a window whose every micro-step's loss was one mean built by hand times
+    constants (its "mean" records, :mod:`._losses_terms`): ``1/divisor`` per micro-step."""
+    if w.grad_hooks or int(w.zero_grads_between) or w.backwards_per_micro != 1:
+        return None
+    by: dict[int, list[Any]] = {}
+    for r in w.terms or []:
+        if r and r[0] == "mean":
+            by.setdefault(int(r[1]), []).append(r)
+    n = int(w.window)
+    if n < 1 or sorted(by) != list(range(n)) or any(len(v) != 1 for v in by.values()):
+        return None
+    per = [1.0 / float(by[m][0][2]) for m in range(n)]
+    return _Mass(sum(per), per, True, False, str(by[0][0][4]), hand=True)
+
+
+def _f7_mass(w: StepWindow) -> _Mass | None:
+    """A window's mass for the partial-window rules (F7): from its loss record, else from
+    a loss built by hand; None when the optimizer did not receive the window's gradient
+    as it was (conservation checked with a boundary scale other than 1: clipping, an
+    unscale, a rescale by hand), since the mass is then not what the update weighs."""
+    if _rescaled(w):
+        return None
+    m = _window_mass(w)
+    return m if m is not None else _hand_mass(w)
+
+
+def _rescaled(w: StepWindow) -> bool:
+    """Conservation was checked and the optimizer received the window's summed gradient
+    times a scale other than 1 (a clip that acted, an unscale, a rescale by hand)."""
+    cons = w.conservation
+    return cons is not None and cons.ok and not _near(float(cons.scale), 1.0, False)
 
 
 def _near(a: float, b: float, low: bool) -> bool:
@@ -314,7 +363,7 @@ def partial_window_findings(rank: int | None, windows: list[StepWindow],
     a dropped one is not there.)"""
     if k is None or k < 2:
         return []
-    masses = [_window_mass(w) for w in windows]
+    masses = [_f7_mass(w) for w in windows]
     full = [m for w, m in zip(windows, masses, strict=True)
             if m is not None and int(w.window) == k]
     if not full or not all(_near(m.mass, 1.0, m.low) for m in full):
@@ -330,10 +379,10 @@ def partial_window_findings(rank: int | None, windows: list[StepWindow],
                         f"{_n(w.step)} had {n} of K = {k} micro-steps"
                         + (" (the end of the run)" if i == len(windows) - 1
                            else " (the end of a pass over the DataLoader)")
-                        + f", and its tokens carried a total weight of {m.mass:.4g} = "
-                        f"{n}/{k}, while each of the {len(full)} full window(s) seen "
-                        f"carried 1: the partial window was divided by K instead of its "
-                        f"{n} micro-steps, so its update is {m.mass:.3g}x its mean gradient")]
+                        + f", and {m.words(n, k, at=False)}, while each of the {len(full)} full "
+                        f"window(s) seen weighed 1: the partial window was divided by K "
+                        f"instead of its {n} micro-steps, so its update is {m.mass:.3g}x "
+                        "its mean gradient")]
     return []
 
 

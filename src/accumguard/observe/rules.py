@@ -31,7 +31,12 @@ from collections.abc import Mapping, Sequence
 from accumguard.core.window import Conservation, StepRecord
 from accumguard.observe import _shared_rules as shared
 from accumguard.observe._comm_rules import comm_findings
-from accumguard.observe._epochs import dropped_finding, dropped_tail, short_epoch_findings
+from accumguard.observe._epochs import (
+    dropped_finding,
+    dropped_tail,
+    run_epochs_short,
+    short_epoch_findings,
+)
 from accumguard.observe._ledger import ledger_findings, term_findings
 from accumguard.observe._lr_rules import lr_schedule_findings
 from accumguard.observe._precision_rules import (
@@ -167,9 +172,9 @@ def resolve_k(rec: RunRecording, flag: int | None, script: DeclaredK | None = No
     DeepSpeed GA > 1), from the script's source, or inferred from the windows.
 
     A K the script declares is used as declared only when the run agrees with it (its
-    most common window is K) or when every window has one backward (the F1 signature,
-    judged by :func:`_f1_from_script`); otherwise the inferred K is used and a note
-    says the two differ.
+    most common window is K), when every window has one backward (the F1 signature,
+    judged by :func:`_f1`), or when every window is a whole epoch shorter than K (the
+    run cannot reach K); otherwise the inferred K is used and a note says the two differ.
     """
     if flag:
         return KResolution(flag, "--accumulation-steps", "flag")
@@ -186,8 +191,10 @@ def resolve_k(rec: RunRecording, flag: int | None, script: DeclaredK | None = No
     if per_opt:  # several optimizers, each with its own window: the accumulating one's K
         inferred = max(per_opt.values())
     if (script is not None and script.value is not None and script.value >= 1
-            and (inferred is None or inferred in (1, script.value))):
-        # windows of one backward against a declared K > 1 is the F1 question (_f1)
+            and (inferred is None or inferred in (1, script.value)
+                 or (not per_opt and run_epochs_short(rec, script.value)))):
+        # windows of one backward against a declared K > 1 is the F1 question (_f1); epochs
+        # shorter than K cannot show K (each step closes one: _epochs)
         return KResolution(script.value, f"declared in the script ({script.where})",
                            "script", script)
     if inferred is None:
