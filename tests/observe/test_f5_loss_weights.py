@@ -331,6 +331,34 @@ def test_budget_keeps_the_first_windows(tmp_path: Path) -> None:
     assert _errors(analyze(rec)[0]) == {"F5"}
 
 
+def test_budget_counts_the_walk_below_each_root(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The record's cost counted against its budget is all of it: the walk below each
+    backward's root (and the gradient hooks), not only the loss calls and the step's
+    transfer. A walk that takes 20 ms shows in ``spent`` once per recorded backward."""
+    import time
+
+    from accumguard.observe import _losses
+
+    walk = _losses.walk
+
+    def slow_walk(root: object) -> object:
+        time.sleep(0.02)
+        return walk(root)
+
+    monkeypatch.setattr(_losses, "walk", slow_walk)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with recording(tmp_path) as obs:
+        for j in range(K):  # the first window: always recorded
+            x, y = _batch(j)
+            (F.cross_entropy(model(x)[0], y) / K).backward()
+        spent = obs.losses.spent
+        opt.step()
+        opt.zero_grad()
+    assert spent >= 0.02 * K, spent
+
+
 @pytest.mark.parametrize(("divisor", "says"), [
     (K, "a per-micro-batch mean divided by K"),
     (1, f"not divided by K either, so the window's gradient is also {K}x"),

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # for the annotation only: this module runs without torch
@@ -243,11 +244,13 @@ class StepRecord:
         a run with no engine). Shallow: ``dataclasses.asdict`` deep-copied every list, on
         every step."""
         rec: dict[str, Any] = {"kind": "step", "rank": rank}
-        for name in _RECORDED:
-            if name != "conservation":  # written last, as a dict
-                v = getattr(self, name)
-                rec[name] = list(v) if isinstance(v, list) else v
-        cons = self.conservation
+        # one C call reads every field (a Python loop of getattr was ~1000 bytecodes a step)
+        rec.update(zip(_RECORDED_FIRST, _read_recorded(self), strict=True))
+        for name in _LIST_FIELDS:  # (the fields typed as lists: the others hold none)
+            v = rec[name]
+            if isinstance(v, list):
+                rec[name] = list(v)
+        cons = self.conservation  # written last, as a dict
         if cons is None:
             rec["conservation"] = None
         else:
@@ -286,6 +289,11 @@ _EXTRA = ("optimizer_steps", "forward_calls", "zero_grad_calls", "ddp_sync_round
 #: the fields a recording's step line holds (in order); ``updates`` and the guard's and the
 #: audit's counts are not recorded
 _RECORDED = tuple(f.name for f in fields(StepRecord) if f.name not in ("updates", *_EXTRA))
+#: the recorded fields but ``conservation`` (written last), and one getter of them all
+_RECORDED_FIRST = tuple(n for n in _RECORDED if n != "conservation")
+_read_recorded = attrgetter(*_RECORDED_FIRST)
+_LIST_FIELDS = tuple(f.name for f in fields(StepRecord)
+                     if f.name in _RECORDED_FIRST and "list[" in str(f.type))
 _CONSERVATION = tuple(f.name for f in fields(Conservation))
 
 #: the audit report's count keys (stable JSON) -> the record's fields

@@ -69,7 +69,7 @@ def checksums(params: Sequence[torch.Tensor]) -> torch.Tensor:
         g = p.grad
         if g is None:
             continue
-        f = _local(g)
+        f = g if type(g) is torch.Tensor else _local(g)  # (a plain tensor: no lookup)
         if f.layout != torch.strided:  # a sparse gradient (nn.Embedding(sparse=True))
             out[i] = _sparse_sums(f)
             continue
@@ -128,11 +128,7 @@ def _sparse_sums(g: torch.Tensor) -> torch.Tensor:
 def grad_versions(params: Sequence[torch.Tensor]) -> list[tuple[int, int] | None]:
     """Identity and in-place version of each ``.grad``: equal lists mean untouched grads,
     so a checksum need not be recomputed."""
-    out: list[tuple[int, int] | None] = []
-    for p in params:
-        g = p.grad
-        out.append(None if g is None else (id(g), int(g._version)))
-    return out
+    return [None if (g := p.grad) is None else (id(g), int(g._version)) for p in params]
 
 
 def _rel(x: torch.Tensor, scale: float) -> float:

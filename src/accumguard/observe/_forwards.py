@@ -268,5 +268,11 @@ class ForwardHooks:
 def _compiled_original(module: torch.nn.Module) -> torch.nn.Module:
     """The module ``torch.compile`` wrapped (its ``OptimizedModule`` is what the script
     calls: a DDP/FSDP2 model compiled is still DDP/FSDP2), else ``module``."""
-    inner = getattr(module, "_orig_mod", None)
+    # looked up where OptimizedModule keeps it (its __dict__ and _modules): a getattr that
+    # misses goes through Module.__getattr__'s AttributeError, at every root forward
+    own = getattr(module, "__dict__", None) or {}
+    inner = own.get("_orig_mod")
+    if inner is None:
+        mods = own.get("_modules")
+        inner = mods.get("_orig_mod") if isinstance(mods, dict) else None
     return inner if isinstance(inner, torch.nn.Module) else module

@@ -44,7 +44,9 @@ def window_loss(losses: list[torch.Tensor]) -> float:
     if not losses:
         return 0.0
     try:
-        return float(torch.stack([x.reshape(()) for x in losses]).to(torch.float64).sum())
+        # (a 0-dim loss, the usual one, is stacked as it is: no view op per micro-step)
+        return float(torch.stack([x if x.dim() == 0 else x.reshape(()) for x in losses])
+                     .to(torch.float64).sum())
     except RuntimeError:  # mixed devices or dtypes
         return float(sum(float(x) for x in losses))
 

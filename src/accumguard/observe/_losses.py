@@ -17,7 +17,9 @@ call the same ``g`` whatever its ``n``. Nothing is read on the host until the op
 step (one transfer per window, and none when fewer than two micro-steps had a call).
 Cost control: the first windows are always recorded, later ones while the record has cost
 at most 0.5 % of the run's time (about 50 µs of Python per loss call and step on a CPU:
-every window of a real model, some windows of a toy one).
+every window of a real model, some windows of a toy one). The cost counted is all of it:
+the loss calls' records, the walk below each backward's root, the gradient hooks and the
+step's transfer.
 
 The element-wise regression losses (``mse_loss``, ``l1_loss``, ``smooth_l1_loss``,
 ``huber_loss``, ``binary_cross_entropy_with_logits``) are recorded the same way, their
@@ -178,7 +180,9 @@ class LossRecorder:
         def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
             if not rec.on or rec.root is not None:
                 return orig(tensors, *args, **kwargs)
+            t = time.perf_counter()
             rec._walk(tensors, backward=True)
+            rec.spent += time.perf_counter() - t  # the walk is the record's cost too
             rec.root = tensors
             try:
                 return orig(tensors, *args, **kwargs)
@@ -208,7 +212,9 @@ class LossRecorder:
             counted = bool(params) and all(isinstance(p, torch.nn.Parameter) for p in params)
             if not counted:
                 return orig(outputs, inputs, *args, **kwargs)
+            t = time.perf_counter()
             rec._walk(outputs)
+            rec.spent += time.perf_counter() - t
             rec.in_grad, rec.root = True, outputs
             try:
                 out = orig(outputs, inputs, *args, **kwargs)
@@ -414,6 +420,7 @@ class LossRecorder:
         via = self.in_grad
         if (obs._bw_current is None and not via) or not obs.installed or grad is None:
             return  # another torch.autograd.grad, or a backward the observer did not see
+        t = time.perf_counter()
         micro = self.gmicro if via else self.micro
         if call.micro is None:
             call.micro, call.grad = micro, via
@@ -424,6 +431,7 @@ class LossRecorder:
             call.sole, call.divs = False, []
         else:  # backpropagated in two backward passes (retain_graph): no single weight
             call.g = None
+        self.spent += time.perf_counter() - t
 
     def _sole(self, call: _Call) -> bool:
         """Is the running backward's root the output of the call's node times constants?
@@ -474,12 +482,14 @@ class LossRecorder:
         if call.micro is not None:  # reached by two backward passes: no single weight
             call.g = None
             return
+        t = time.perf_counter()
         call.micro, call.lp = self.micro, grad.dtype in _LOW
         call.n, call.g, call.stats = selection_stats(grad.detach())
         if call.factors:
             call.fstats = factor_stats(grad.detach(), call.factors)
         call.factors = None  # the saved tensors are not kept past the backward
         call.sole = self._sole(call)
+        self.spent += time.perf_counter() - t
 
     # -- naming the call ----------------------------------------------------------------------
     def _site(self, depth: int = 3, frames: int = _FRAMES) -> str:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import time
+from itertools import chain
+from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -41,6 +43,10 @@ if TYPE_CHECKING:
     from accumguard.observe._tally import Tally
 
 __all__ = ["PIN_ROOTS_AFTER_STEPS", "StepMachinery"]
+
+_PARAMS = itemgetter("params")
+_GRAD = attrgetter("grad")
+_VERSION = attrgetter("_version")
 
 #: The row of a tracked parameter that was replaced and dropped (no gradient, checksum 0).
 _GONE = torch.empty(0)
@@ -219,8 +225,11 @@ class StepMachinery:
 
     @staticmethod
     def _grad_state(opt: object) -> list[tuple[int, int]]:
-        return [(id(p.grad), p.grad._version) for g in getattr(opt, "param_groups", [])
-                for p in g["params"] if p.grad is not None]
+        # at every step: the loops over the parameters are C's (map, zip), and each .grad is
+        # read once (its property builds the Python object at every read)
+        params = chain.from_iterable(map(_PARAMS, getattr(opt, "param_groups", [])))
+        grads = [g for g in map(_GRAD, params) if g is not None]
+        return list(zip(map(id, grads), map(_VERSION, grads), strict=True))
 
     def _no_new_grad(self, opt: object) -> bool:
         """No gradient reached ``opt`` since its previous step: its ``.grad`` tensors are
