@@ -19,6 +19,7 @@ LINE_KEYS = [
     "engine_step_calls", "max_backwards_per_engine_step", "moved_without_backward",
     "grad_norm", "checksum", "wall", "param_dtype", "losses", "discarded", "rank_factor",
     "optimizer_index", "precision", "param_norm", "lr_changes", "lr", "terms", "in_backward",
+    "backward_pass",
     "grad_hooks", "clip_before_unscale", "conservation",
 ]
 

@@ -99,19 +99,32 @@ def _plain_in_backward(*, every_backward: bool) -> dict[str, torch.Tensor]:
 
 
 def test_optimizer_in_backward_is_not_judged_and_says_so(tmp_path: Path) -> None:
+    """Gated on the K-th backward (correct): nothing judged, and said so. Stepping in
+    every backward pass while K > 1 is declared: F1, the one question such steps answer
+    (each micro-batch's gradient applied on its own); with no K declared: not judged."""
     for every_backward in (False, True):
         out = tmp_path / f"every-{every_backward}"
         observed = _run_in_backward(out, every_backward=every_backward)
         plain = _plain_in_backward(every_backward=every_backward)
         assert all(torch.equal(observed[k], plain[k]) for k in plain)  # the run unchanged
         res = judge(out, accumulation_steps=K)
-        assert not res.errors, [f.evidence for f in res.errors]
-        assert res.report["checked"] is False  # nothing judged: never read as a pass
+        assert [f.cls for f in res.errors] == (["F1"] if every_backward else []), \
+            [f.evidence for f in res.errors]
+        assert res.report["checked"] is False  # windows not judged: never read as a pass
         steps = len(_data()) // (1 if every_backward else K) * 4  # 4 parameters
         assert res.report["steps_in_backward"] == steps
         problem = res.report["problems"][0]
-        assert problem.startswith(f"nothing was checked: {steps} optimizer step(s) ran "
-                                  "inside a backward pass")
+        if every_backward:
+            assert f"inside each of the {len(_data())} backward passes" in \
+                res.errors[0].evidence
+            assert problem.startswith(f"otherwise not checked: {steps} optimizer step(s) "
+                                      "ran inside a backward pass")
+            assert "judged only that one ran in every backward pass" in problem
+            unflagged = judge(out)  # no K declared anywhere: not judged
+            assert not unflagged.findings, [f.evidence for f in unflagged.findings]
+        else:
+            assert problem.startswith(f"nothing was checked: {steps} optimizer step(s) ran "
+                                      "inside a backward pass")
         assert "autograd.grad" not in " ".join(res.report["problems"])
 
 

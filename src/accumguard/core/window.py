@@ -161,6 +161,9 @@ class StepRecord:
     # the backward it ran in, so no window rule can read it (the loader sets such steps
     # apart)
     in_backward: bool = False
+    # for such a step, the run's 0-based ordinal of the backward pass it ran inside (the
+    # F1 rule of optimizers in backward asks whether every backward pass stepped); else None
+    backward_pass: int | None = None
     # a parameter the step updated had a tensor hook (``p.register_hook``) when the step
     # ran: such a hook may rescale the gradient between the loss and ``.grad`` (the gradient
     # divided by K by hand there), so the loss record's total weight is not the update's

@@ -189,6 +189,8 @@ class RunRecording:
     #: from a gradient hook): set apart from ``steps``, whose windows the rules read; such
     #: a step's window is cut by the backward it ran in (the backward is counted after it)
     in_backward: dict[int, int] = field(default_factory=dict)
+    #: per rank, the ordinals of the backward passes such steps ran inside
+    in_backward_passes: dict[int, set[int]] = field(default_factory=dict)
 
     @property
     def ranks(self) -> list[int]:
@@ -250,6 +252,9 @@ def load_recordings(out_dir: Path, *, watch_id: str | None = None) -> RunRecordi
                 rec.steps.setdefault(rank, [])
             elif kind == "step" and r.get("in_backward"):
                 rec.in_backward[int(r["rank"])] = rec.in_backward.get(int(r["rank"]), 0) + 1
+                if isinstance(r.get("backward_pass"), int):
+                    rec.in_backward_passes.setdefault(int(r["rank"]), set()).add(
+                        r["backward_pass"])
             elif kind == "step":
                 rec.steps.setdefault(int(r["rank"]), []).append(r)
             elif kind == "scheduler":

@@ -320,6 +320,8 @@ class StepMachinery:
             lr_changes=lr_changes, lr=lr,
             # an optimizer stepped from a gradient hook, inside a backward pass
             in_backward=self._bw_current is not None,
+            # (backward_total counts a backward pass when it ends: this one's ordinal)
+            backward_pass=self.backward_total if self._bw_current is not None else None,
             grad_hooks=bool(losses or terms) and self._grad_hooked(owner))
         self._next_window(reset_losses=False)  # losses.take() above reset them
         if self._global_handle is not None and self.step >= PIN_ROOTS_AFTER_STEPS:

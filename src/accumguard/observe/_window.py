@@ -69,7 +69,8 @@ class StepTally:
                rank_factor: float | None = None, optimizer_index: int | None = None,
                lr_changes: int | None = None, lr: float | None = None,
                terms: list[list[Any]] | None = None,
-               in_backward: bool = False, grad_hooks: bool = False) -> StepRecord:
+               in_backward: bool = False, grad_hooks: bool = False,
+               backward_pass: int | None = None) -> StepRecord:
         """The step record of this window (what :mod:`.rules` judges)."""
         loss: float | None = None
         if self.loss_ok and self.backwards:
@@ -112,7 +113,7 @@ class StepTally:
             param_norm=param_norm,
             rank_factor=rank_factor, optimizer_index=optimizer_index, lr_changes=lr_changes,
             lr=lr, in_backward=in_backward, grad_hooks=grad_hooks,
-            clip_before_unscale=self._scaled_clip())
+            backward_pass=backward_pass, clip_before_unscale=self._scaled_clip())
 
     def _scaled_clip(self) -> list[float] | None:
         """[scale, norm, max_norm] of a norm clip of the scaled gradient (one host read of

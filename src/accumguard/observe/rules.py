@@ -37,6 +37,7 @@ from accumguard.observe._epochs import (
     run_epochs_short,
     short_epoch_findings,
 )
+from accumguard.observe._hook_step_rules import in_backward_findings
 from accumguard.observe._ledger import ledger_findings, term_findings
 from accumguard.observe._lr_rules import lr_schedule_findings
 from accumguard.observe._precision_rules import (
@@ -245,6 +246,7 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
         if not any(f.cls == "F4" and f.rank == rank for f in findings):
             findings += lr_schedule_findings(rank, _windows(rec.steps.get(rank, [])), res.k)
     findings += cross_rank_findings(rec)
+    findings += in_backward_findings(rec, res)
     ledger = ledger_findings(rec, res.k)
     if any(f.cls == "F10" and f.severity == "error" for f in ledger):
         # the ledger proved the whole step's weights off by exactly W across ranks: a rank's

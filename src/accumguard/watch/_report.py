@@ -141,7 +141,8 @@ def judge(out_dir: str | os.PathLike[str], *, command: Sequence[str] = (),
     if rec.failures:
         pass  # what was (not) checked is said by the failure lines, first
     elif hooked:  # steps set apart by the loader: the report must not read as a pass
-        problems.append(_in_backward_line(hooked, n_steps))
+        problems.append(_in_backward_line(hooked, n_steps, any(
+            f.cls == "F1" and "inside each of the" in f.evidence for f in findings)))
     elif n_steps == 0:
         backwards = sum(int(e.get("backwards_total", 0)) for e in rec.end.values())
         seen = (f"{backwards} backward passes" if backwards else "no backward pass either"
@@ -195,13 +196,20 @@ def judge(out_dir: str | os.PathLike[str], *, command: Sequence[str] = (),
     return WatchResult(report=report, findings=findings, exit_code=exit_code)
 
 
-def _in_backward_line(hooked: int, n_steps: int) -> str:
+def _in_backward_line(hooked: int, n_steps: int, every_pass: bool = False) -> str:
     """What the report says about optimizer steps that ran inside a backward pass (an
-    optimizer stepped from a gradient hook): not judged, and whether anything else was."""
+    optimizer stepped from a gradient hook): not judged but for ``every_pass`` (F1: a step
+    in every backward pass while K > 1 is declared), and whether anything else was."""
     what = (f"{hooked} optimizer step(s) ran inside a backward pass (an optimizer stepped "
             "from a gradient hook, e.g. register_post_accumulate_grad_hook: an optimizer in "
             "backward); watch does not follow the windows of such steps and judged none "
             "of them")
+    if every_pass:
+        what = what.replace("judged none of them", "judged only that one ran in every "
+                            "backward pass (F1 below)")
+        return (f"otherwise not checked: {what}" if n_steps == 0 else
+                f"otherwise not checked: {what}; the other findings are about the other "
+                f"{n_steps} step(s)")
     if n_steps == 0:
         return (f"nothing was checked: {what}; the absence of findings below says nothing "
                 "about this run")
