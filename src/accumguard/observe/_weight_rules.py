@@ -383,7 +383,42 @@ def partial_window_findings(rank: int | None, windows: list[StepWindow],
                         f"window(s) seen weighed 1: the partial window was divided by K "
                         f"instead of its {n} micro-steps, so its update is {m.mass:.3g}x "
                         "its mean gradient")]
-    return []
+    return _mid_run_short(rank, windows, masses, k, len(full))
+
+
+def _mid_run_short(rank: int | None, windows: list[StepWindow], masses: list[_Mass | None],
+                   k: int, n_full: int) -> list[Finding]:
+    """A short window in the middle of the run, n < K micro-steps divided by K (weight n/K,
+    while every full window weighed 1): its update is n/K of its mean gradient whatever
+    ended it. Inside a DataLoader pass the boundary moved (F13: a counter reset, a resume
+    that restarted at the saved micro-batch); with no DataLoader seen, a one-off short
+    window is read as F13 and recurring ones as epochs' ends (F7); the evidence says both."""
+    passes = any(w.data_pass_starts for w in windows)
+    short = []
+    for i, (w, m) in enumerate(zip(windows, masses, strict=True)):
+        n = int(w.window)
+        if m is None or not 1 <= n < k or i in (0, len(windows) - 1):
+            continue  # (the first window: a resumed run's saved one; the last: F7 above)
+        if 0 in (windows[i + 1].data_pass_starts or []) or not _near(m.mass, n / k, m.low):
+            continue  # a pass's end (F7 above) or normalised by its own size
+        short.append((w, m, n))
+    if not short:
+        return []
+    w, m, n = short[0]
+    cls = "F13" if passes or len(short) == 1 else "F7"
+    where = ("inside a pass over the DataLoader" if passes else
+             "in the middle of the run (no DataLoader pass seen: "
+             + ("each such window may be an epoch's end" if cls == "F7" else
+                "the only such window; an epoch's end would recur") + ")")
+    return [_mk(cls, "error", rank, w.step, n - 1,
+                f"{_short(m.site)}: the window before optimizer step {_n(w.step)} had {n} of "
+                f"K = {k} micro-steps, {where}, and {m.words(n, k, at=False)}, while each of "
+                f"the {n_full} full window(s) seen weighed 1: it was divided by K instead of "
+                f"its {n} micro-steps, so its update is {m.mass:.3g}x its mean gradient"
+                + (f" ({len(short)} such windows)" if len(short) > 1 else "")
+                + (": the window boundary moved (e.g. a counter reset, or a resume that "
+                   "restarted at the saved micro-batch instead of the one after it)"
+                   if cls == "F13" else ""))]
 
 
 def grad_step_findings(rank: int | None, windows: list[StepWindow],
