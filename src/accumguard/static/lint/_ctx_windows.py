@@ -282,6 +282,8 @@ class WindowQueries(BoundaryFacts):
         """Does the code around ``window`` show gradient accumulation (see module doc)?"""
         if self._scope_shows_accumulation(window, skip):
             return True
+        if any(self._scope_shows_accumulation(h) for h in self.inlined(window)):
+            return True  # the backward helper run per micro-batch gates its own step
         fn = window if isinstance(window, FUNCS) else self.enclosing(window, FUNCS)
         if fn is None:
             return self._scope_shows_accumulation(self.tree, skip)
