@@ -1,6 +1,7 @@
 """Statically decidable classes lint used to miss, in several spellings each, against their
 correct twins: the scheduler stepped on every micro-batch inside the backward helper the loop
-calls (AG103)."""
+calls (AG103); an optimizer stepped in a post-accumulate-grad hook while the loop
+accumulates (AG137)."""
 
 from __future__ import annotations
 
@@ -93,3 +94,108 @@ def test_scheduler_stepped_per_micro_batch_in_helper_is_f4(template: str, call: 
 @pytest.mark.parametrize(("template", "call", "line"), _SCHED_CASES)
 def test_scheduler_stepped_at_the_helpers_boundary_is_silent(template: str, call: str, line: int) -> None:
     assert found(template.format(in_branch=call, after="pass")) == []
+
+
+# ---------------------------------------------------------------- 2. F1: optimizer fused into backward
+
+_FUSED_INNER = """
+import torch
+
+ACCUM = 4
+model = torch.nn.Linear(8, 1)
+optims = {{p: torch.optim.AdamW([p], lr=1e-3) for p in model.parameters()}}
+boundary = [False]
+
+def hook(p):
+    {hook_body}
+
+for p in model.parameters():
+    p.register_post_accumulate_grad_hook(hook)
+
+for step in range(100):
+    {loop}
+"""
+_INNER_LOOP = """for k in range(ACCUM):
+        boundary[0] = k == ACCUM - 1
+        x, y = next(data)
+        (torch.nn.functional.mse_loss(model(x), y) / ACCUM).backward()"""
+_ONE_BACKWARD = """x, y = next(data)
+    torch.nn.functional.mse_loss(model(x), y).backward()"""
+_STEP = "optims[p].step()\n    optims[p].zero_grad()"
+_GATED = "if boundary[0]:\n        optims[p].step()\n        optims[p].zero_grad()"
+
+_FUSED_NESTED = """
+import torch
+
+def train(model, loader, sched, k=8):
+    optimizer_dict = {{p: torch.optim.SGD([p], lr=0.1) for p in model.parameters()}}
+    last = [False]
+
+    def optimizer_hook(param):
+        {hook_body}
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(optimizer_hook)
+
+    for i, batch in enumerate(loader):
+        {loop}
+"""
+_MOD_LOOP = """last[0] = (i + 1) % k == 0
+        (model(batch).mean() / k).backward()
+        if (i + 1) % k == 0:
+            sched.step()"""
+_NESTED_ONE = """model(batch).mean().backward()
+        sched.step()"""
+_N_STEP = "optimizer_dict[param].step()\n        optimizer_dict[param].zero_grad()"
+_N_GATED = "if last[0]:\n            optimizer_dict[param].step()\n            optimizer_dict[param].zero_grad()"
+
+_FUSED_CLASS = """
+import functools
+import torch
+
+class FusedTrainer:
+    def __init__(self, model, grad_accum_steps):
+        self.model = model
+        self.grad_accum_steps = grad_accum_steps
+        self.at_boundary = False
+        self.opts = {{}}
+        for p in model.parameters():
+            self.opts[p] = torch.optim.AdamW([p], lr=1e-4)
+            p.register_post_accumulate_grad_hook(functools.partial(self._apply, tag="x"))
+
+    def _apply(self, p, tag):
+        {hook_body}
+
+    def fit(self, loader):
+        for batch in loader:
+            {loop}
+"""
+_CLASS_LOOP = "(self.model(batch).loss / self.grad_accum_steps).backward()"
+_CLASS_ONE = "self.model(batch).loss.backward()"
+_C_STEP = "self.opts[p].step()\n        self.opts[p].zero_grad(set_to_none=True)"
+_C_GATED = "if self.at_boundary:\n            self.opts[p].step()"
+
+_FUSED_CASES = [
+    (_FUSED_INNER, _STEP, _GATED, _INNER_LOOP, _ONE_BACKWARD, 10),
+    (_FUSED_NESTED, _N_STEP, _N_GATED, _MOD_LOOP, _NESTED_ONE, 9),
+    (_FUSED_CLASS, _C_STEP, _C_GATED, _CLASS_LOOP, _CLASS_ONE, 16),
+]
+
+
+@pytest.mark.parametrize(("template", "step", "gated", "accum", "one", "line"), _FUSED_CASES)
+def test_optimizer_in_backward_with_accumulation_is_f1(
+        template: str, step: str, gated: str, accum: str, one: str, line: int) -> None:
+    assert found(template.format(hook_body=step, loop=accum)) == [("AG137", line, "error")]
+
+
+@pytest.mark.parametrize(("template", "step", "gated", "accum", "one", "line"), _FUSED_CASES)
+def test_optimizer_in_backward_without_accumulation_is_silent(
+        template: str, step: str, gated: str, accum: str, one: str, line: int) -> None:
+    assert found(template.format(hook_body=step, loop=one)) == []
+
+
+@pytest.mark.parametrize(("template", "step", "gated", "accum", "one", "line"), _FUSED_CASES)
+def test_optimizer_in_backward_gated_on_the_boundary_is_silent(
+        template: str, step: str, gated: str, accum: str, one: str, line: int) -> None:
+    assert found(template.format(hook_body=gated, loop=accum)) == []
+

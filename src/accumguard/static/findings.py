@@ -289,6 +289,15 @@ RULES: dict[str, Rule] = {
             "then steps once per K batches",
         ),
         _rule(
+            "AG137", "optimizer-in-backward-accumulating", "F1", E, MED,
+            "an optimizer steps in a register_post_accumulate_grad_hook (optimizer fused into "
+            "backward) while the loop runs several backwards per optimizer step: the hook steps "
+            "after every backward, on each micro-batch's gradient alone",
+            "with accumulation, step outside the hook once per window (`if (i + 1) % K == 0: "
+            "opt.step(); opt.zero_grad()`), or gate the hook on a boundary flag the loop sets on "
+            "the window's last micro-batch; or run one backward per step",
+        ),
+        _rule(
             "AG129", "masked-token-mean-not-divided-by-k", "LOSS_SCALE", E, MED,
             "in a hand-written accumulation window each micro-batch's loss is a masked token mean "
             "over its own tokens (`(x * mask).sum() / mask.sum()`) backwarded as is, and nothing "
