@@ -199,3 +199,67 @@ def test_optimizer_in_backward_gated_on_the_boundary_is_silent(
         template: str, step: str, gated: str, accum: str, one: str, line: int) -> None:
     assert found(template.format(hook_body=gated, loop=accum)) == []
 
+
+# ---------------------------------------------------------------- 3. F8: clipping in Lightning's backward hooks
+
+_LIT_MODULE = """
+import torch
+import pytorch_lightning as pl
+
+class LitModel(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(8, 1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.net(x), y)
+
+    def {hook}(self, *args):
+        {clip}
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+trainer = pl.Trainer(max_epochs=1, accumulate_grad_batches={k})
+trainer.fit(LitModel(), loader)
+"""
+
+_LIT_CALLBACK = """
+import torch
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import Callback
+
+ACC = {k}
+
+class ClipCallback(Callback):
+    def {hook}(self, trainer, pl_module, *args):
+        {clip}
+
+trainer = Trainer(callbacks=[ClipCallback()], accumulate_grad_batches=ACC)
+trainer.fit(model, loader)
+"""
+
+_NORM = "torch.nn.utils.clip_grad_norm_(self.parameters(), max_norm=1.0)"
+_LIT_GRAD = "self.clip_gradients(self.optimizers(), gradient_clip_val=0.5, gradient_clip_algorithm='norm')"
+_CB_NORM = "torch.nn.utils.clip_grad_norm_(pl_module.parameters(), 1.0)"
+
+_LIT_CASES = [(_LIT_MODULE, _NORM, 15), (_LIT_MODULE, _LIT_GRAD, 15), (_LIT_CALLBACK, _CB_NORM, 10)]
+
+
+@pytest.mark.parametrize("hook", ["on_after_backward", "on_before_backward"])
+@pytest.mark.parametrize(("template", "clip", "line"), _LIT_CASES)
+def test_clip_in_lightning_backward_hook_with_accumulation_is_f8(
+        template: str, clip: str, line: int, hook: str) -> None:
+    assert found(template.format(hook=hook, clip=clip, k=4)) == [("AG138", line, "error")]
+
+
+@pytest.mark.parametrize("hook", ["configure_gradient_clipping", "on_before_optimizer_step"])
+@pytest.mark.parametrize(("template", "clip", "line"), _LIT_CASES)
+def test_clip_once_per_optimizer_step_is_silent(template: str, clip: str, line: int, hook: str) -> None:
+    assert found(template.format(hook=hook, clip=clip, k=4)) == []
+
+
+@pytest.mark.parametrize(("template", "clip", "line"), _LIT_CASES)
+def test_clip_in_backward_hook_without_accumulation_is_silent(template: str, clip: str, line: int) -> None:
+    assert found(template.format(hook="on_after_backward", clip=clip, k=1)) == []

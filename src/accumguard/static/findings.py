@@ -298,6 +298,14 @@ RULES: dict[str, Rule] = {
             "the window's last micro-batch; or run one backward per step",
         ),
         _rule(
+            "AG138", "clip-in-lightning-backward-hook", "F8", E, HI,
+            "gradient clipping in a LightningModule's on_after_backward / on_before_backward while "
+            "the Trainer accumulates (accumulate_grad_batches > 1): Lightning calls the hook on "
+            "every batch, so the partial sum of the window is clipped after each micro-batch",
+            "clip once per optimizer step: Trainer(gradient_clip_val=...), or clip in "
+            "configure_gradient_clipping / on_before_optimizer_step",
+        ),
+        _rule(
             "AG129", "masked-token-mean-not-divided-by-k", "LOSS_SCALE", E, MED,
             "in a hand-written accumulation window each micro-batch's loss is a masked token mean "
             "over its own tokens (`(x * mask).sum() / mask.sum()`) backwarded as is, and nothing "
