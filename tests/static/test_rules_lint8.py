@@ -263,3 +263,84 @@ def test_clip_once_per_optimizer_step_is_silent(template: str, clip: str, line: 
 @pytest.mark.parametrize(("template", "clip", "line"), _LIT_CASES)
 def test_clip_in_backward_hook_without_accumulation_is_silent(template: str, clip: str, line: int) -> None:
     assert found(template.format(hook="on_after_backward", clip=clip, k=1)) == []
+
+
+# ---------------------------------------------------------------- 4. DeepSpeed hand gating, config unseen
+
+_DS_INNER = """
+import argparse
+import deepspeed
+import torch
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--accum", type=int, default=4)
+parser = deepspeed.add_config_arguments(parser)
+args = parser.parse_args()
+engine, _, _, _ = deepspeed.initialize(args=args, model=model, model_parameters=model.parameters())
+for step in range(100):
+    {loop}
+"""
+_DS_INNER_BUG = """for k in range(args.accum):
+        x, y = next(data)
+        engine.backward(torch.nn.functional.mse_loss(engine(x), y) / args.accum)
+    engine.step()"""
+_DS_INNER_OK = """x, y = next(data)
+    engine.backward(torch.nn.functional.mse_loss(engine(x), y))
+    engine.step()"""
+
+_DS_MOD = """
+import deepspeed
+
+GRAD_ACC = 8
+engine, _, _, _ = deepspeed.initialize(config=args.deepspeed_config, model=model,
+                                       model_parameters=model.parameters())
+for i, batch in enumerate(loader):
+    loss = engine(batch).loss
+    {loop}
+"""
+_DS_MOD_BUG = """engine.backward(loss / GRAD_ACC)
+    if (i + 1) % GRAD_ACC == 0:
+        engine.step()"""
+_DS_MOD_OK = """engine.backward(loss)
+    engine.step()"""
+
+_DS_CLASS = """
+import deepspeed
+
+class DSTrainer:
+    def __init__(self, model, opts):
+        self.engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                                    config=opts.ds_config)
+        self.k = opts.accum
+        self.micro = 0
+
+    def train_epoch(self, loader):
+        for x, y in loader:
+            {loop}
+"""
+_DS_CLASS_BUG = """self.engine.backward(self.engine(x, y) / self.k)
+            self.micro += 1
+            if self.micro % self.k == 0:
+                self.engine.step()"""
+_DS_CLASS_OK = """self.engine.backward(self.engine(x, y))
+            self.engine.step()"""
+
+_DS_CASES = [(_DS_INNER, _DS_INNER_BUG, _DS_INNER_OK, 15), (_DS_MOD, _DS_MOD_BUG, _DS_MOD_OK, 11),
+             (_DS_CLASS, _DS_CLASS_BUG, _DS_CLASS_OK, 16)]
+
+
+@pytest.mark.parametrize(("template", "bug", "ok", "line"), _DS_CASES)
+def test_deepspeed_hand_gated_with_config_unseen_warns(template: str, bug: str, ok: str, line: int) -> None:
+    assert found(template.format(loop=bug)) == [("AG139", line, "warning")]
+
+
+@pytest.mark.parametrize(("template", "bug", "ok", "line"), _DS_CASES)
+def test_deepspeed_engine_gated_is_silent(template: str, bug: str, ok: str, line: int) -> None:
+    assert found(template.format(loop=ok)) == []
+
+
+def test_deepspeed_hand_gated_with_config_in_sight_keeps_its_verdict() -> None:
+    src = _DS_MOD.replace("config=args.deepspeed_config", "config=ds_config").replace(
+        "GRAD_ACC = 8", 'GRAD_ACC = 8\nds_config = {{"train_micro_batch_size_per_gpu": 4, '
+        '"gradient_accumulation_steps": GRAD_ACC, "gradient_clipping": 1.0}}')
+    assert [c for c, _, _ in found(src.format(loop=_DS_MOD_BUG))] == ["AG110"]

@@ -306,6 +306,15 @@ RULES: dict[str, Rule] = {
             "configure_gradient_clipping / on_before_optimizer_step",
         ),
         _rule(
+            "AG139", "deepspeed-hand-gated-config-unseen", "F14", W, MED,
+            "engine.step() once per several engine.backward() calls while the DeepSpeed config "
+            "comes from the command line: wrong with gradient_accumulation_steps = K (double "
+            "gating) and with GA 1 on ZeRO-1/2 (each backward a boundary); right only with GA 1 on "
+            "ZeRO-0/3 or managed_gradient_accumulation false",
+            "let the engine gate: call engine.step() after every engine.backward(loss) (no / K, "
+            "the engine scales by 1/GA) and set \"gradient_accumulation_steps\": K in the config",
+        ),
+        _rule(
             "AG129", "masked-token-mean-not-divided-by-k", "LOSS_SCALE", E, MED,
             "in a hand-written accumulation window each micro-batch's loss is a masked token mean "
             "over its own tokens (`(x * mask).sum() / mask.sum()`) backwarded as is, and nothing "

@@ -14,6 +14,8 @@ AG110 (F14) the same hand-gated loop while the config's GA is K > 1: double gati
       own modulo while the loss handed to ``backward()`` is never divided: the loop leaves
       the 1/K to the engine's GA, which then gates a second time (and with GA 1 the step
       applies K times the mean gradient).
+AG139 (F14/F2) the same hand-gated loop, loss divided by K, config out of sight: a
+      warning naming the configs that make it wrong (GA = K; GA 1 on ZeRO-1/2).
 AG200-AG207: a config written as a dict literal in the script gets exactly the
       checks ``accumguard check-config`` applies to a file, at the script's lines; a config
       file that a DeepSpeed script (or the HF Trainer's ``deepspeed=``) names gets AG204 (the
@@ -302,7 +304,7 @@ def _plain_loss(
     return False  # arithmetic, a conditional, anything else: cannot tell
 
 
-@rule("AG109", "AG110")
+@rule("AG109", "AG110", "AG139")
 def engine_gating(ctx: FileContext) -> Iterator[Finding]:
     if ctx.explicit_ds_boundary:
         return
@@ -345,6 +347,21 @@ def engine_gating(ctx: FileContext) -> Iterator[Finding]:
                     "loss by 1/GA: with the config's gradient_accumulation_steps = K the engine gates a "
                     "second time and steps once per K x K micro-batches (double gating); with GA = 1 "
                     "the step applies K times the mean gradient (the config is not in sight)",
+                )
+            elif id(site) not in by_engine:
+                # the loss is divided by K (or cannot be told): right only with GA 1 on ZeRO-0/3
+                # or managed_gradient_accumulation false, wrong with GA = K (F14) and with GA 1
+                # on ZeRO-1/2 (F2); the config decides, and it is not in sight
+                name = dotted(receiver(site)) or "engine"
+                yield ctx.finding(
+                    "AG139",
+                    site,
+                    f"`{name}.step()` runs once per several `backward()` calls and the DeepSpeed config "
+                    "is not in sight (command line): with gradient_accumulation_steps = K the engine "
+                    "gates a second time and steps once per K x K micro-batches; with GA 1 on ZeRO-1/2 "
+                    "every backward is a boundary and the optimizer trains on the last micro-batch "
+                    "only; only GA 1 on ZeRO-0/3 (an all-reduce per micro-batch) or "
+                    "managed_gradient_accumulation false makes this loop right",
                 )
         return
     if ref.managed is False:
