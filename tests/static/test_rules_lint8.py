@@ -5,11 +5,13 @@ accumulates (AG137)."""
 
 from __future__ import annotations
 
+import json
 import textwrap
+from pathlib import Path
 
 import pytest
 
-from accumguard.static.lint import lint_source
+from accumguard.static.lint import lint_file, lint_source
 
 
 def found(src: str) -> list[tuple[str, int, str]]:
@@ -344,3 +346,65 @@ def test_deepspeed_hand_gated_with_config_in_sight_keeps_its_verdict() -> None:
         "GRAD_ACC = 8", 'GRAD_ACC = 8\nds_config = {{"train_micro_batch_size_per_gpu": 4, '
         '"gradient_accumulation_steps": GRAD_ACC, "gradient_clipping": 1.0}}')
     assert [c for c, _, _ in found(src.format(loop=_DS_MOD_BUG))] == ["AG110"]
+
+
+# ---------------------------------------------------------------- 5. F9: DeepSpeed's default clipping, config file
+
+_NAMES_JSON = {
+    "initialize": """
+import deepspeed
+engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config="ds.json")
+for x in loader:
+    engine.backward(engine(x))
+    engine.step()
+""",
+    "argparse": """
+import argparse
+import deepspeed
+parser = argparse.ArgumentParser()
+parser.add_argument("--ds_config", default="ds.json")
+args = parser.parse_args()
+engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=args.ds_config)
+for x in loader:
+    engine.backward(engine(x))
+    engine.step()
+""",
+    "config_path": """
+import deepspeed
+DS_CONFIG = "ds.json"
+engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=DS_CONFIG)
+for x in loader:
+    engine.backward(engine(x))
+    engine.step()
+""",
+}
+
+
+def _lint_with_json(tmp_path: Path, script: str, cfg: dict[str, object]) -> list[tuple[str, str]]:
+    (tmp_path / "ds.json").write_text(json.dumps(cfg))
+    (tmp_path / "train.py").write_text(textwrap.dedent(script))
+    return [(f.code or "", f.severity.value) for f in lint_file(tmp_path / "train.py")]
+
+
+_CFG = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 8,
+        "zero_optimization": {"stage": 3}}
+
+
+@pytest.mark.parametrize("spelling", sorted(_NAMES_JSON))
+def test_named_config_file_without_gradient_clipping_warns_f9(tmp_path: Path, spelling: str) -> None:
+    assert _lint_with_json(tmp_path, _NAMES_JSON[spelling], _CFG) == [("AG203", "warning")]
+
+
+@pytest.mark.parametrize("clip", [0.0, 1.0])
+@pytest.mark.parametrize("spelling", sorted(_NAMES_JSON))
+def test_named_config_file_with_gradient_clipping_is_silent(tmp_path: Path, spelling: str, clip: float) -> None:
+    assert _lint_with_json(tmp_path, _NAMES_JSON[spelling], {**_CFG, "gradient_clipping": clip}) == []
+
+
+def test_config_file_handed_to_the_hf_trainer_is_silent(tmp_path: Path) -> None:
+    script = """
+    from transformers import Trainer, TrainingArguments
+    args = TrainingArguments(output_dir="out", deepspeed="ds.json", gradient_accumulation_steps=8)
+    Trainer(model=model, args=args, train_dataset=ds).train()
+    """
+    assert _lint_with_json(tmp_path, script, _CFG) == []

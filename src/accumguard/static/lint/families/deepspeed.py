@@ -19,7 +19,8 @@ AG139 (F14/F2) the same hand-gated loop, loss divided by K, config out of sight:
 AG200-AG207: a config written as a dict literal in the script gets exactly the
       checks ``accumguard check-config`` applies to a file, at the script's lines; a config
       file that a DeepSpeed script (or the HF Trainer's ``deepspeed=``) names gets AG204 (the
-      dtype its windows are summed in) at the line that names it.
+      dtype its windows are summed in) and, outside the HF Trainer, AG203 (DeepSpeed's
+      default clipping when the file sets no ``gradient_clipping``) at the line that names it.
 """
 
 from __future__ import annotations
@@ -434,9 +435,11 @@ def config_literal_checks(ctx: FileContext) -> Iterator[Finding]:
     named = ctx.ds_config()
     if named is not None and not named.literal and (ctx.deepspeed or named.hf):
         # a config file the script names: its other keys are check-config's, but the dtype
-        # the engine sums this script's windows in (F12) is said at the name's line
+        # the engine sums this script's windows in (F12) and the clipping DeepSpeed applies
+        # to them when the file sets none (F9; the HF Trainer's max_grad_norm is asked for)
+        # are said at the name's line
         for f in dsconfig.check_config(named.cfg):
-            if f.code == "AG204":
+            if f.code == "AG204" or (f.code == "AG203" and not named.hf):
                 yield replace(f, evidence=f"{f.evidence} (DeepSpeed config {named.where})",
                               path=None, line=getattr(named.node, "lineno", 1),
                               col=getattr(named.node, "col_offset", 0) + 1, key=None)
