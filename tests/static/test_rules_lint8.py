@@ -408,3 +408,35 @@ def test_config_file_handed_to_the_hf_trainer_is_silent(tmp_path: Path) -> None:
     Trainer(model=model, args=args, train_dataset=ds).train()
     """
     assert _lint_with_json(tmp_path, script, _CFG) == []
+
+
+_DATACLASS = """
+import dataclasses
+from dataclasses import asdict, dataclass, field
+import deepspeed
+
+@dataclass
+class DSConfig:
+    train_micro_batch_size_per_gpu: int = 4
+    gradient_accumulation_steps: int = 1
+    zero_optimization: dict = field(default_factory=lambda: {{"stage": 3}})
+    {clip_field}
+
+engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                       config={as_dict}(DSConfig({kwargs})))
+for x in loader:
+    engine.backward(engine(x))
+    engine.step()
+"""
+
+
+@pytest.mark.parametrize(("as_dict", "kwargs"), [("asdict", ""), ("dataclasses.asdict", "gradient_accumulation_steps=1")])
+def test_dataclass_config_without_gradient_clipping_warns_f9(as_dict: str, kwargs: str) -> None:
+    src = _DATACLASS.format(clip_field="", as_dict=as_dict, kwargs=kwargs)
+    assert found(src) == [("AG203", 14, "warning")]
+
+
+@pytest.mark.parametrize(("clip_field", "kwargs"), [("gradient_clipping: float = 0.0", ""),
+                                                    ("", "gradient_clipping=1.0")])
+def test_dataclass_config_with_gradient_clipping_is_silent(clip_field: str, kwargs: str) -> None:
+    assert found(_DATACLASS.format(clip_field=clip_field, as_dict="asdict", kwargs=kwargs)) == []
