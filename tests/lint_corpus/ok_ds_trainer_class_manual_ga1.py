@@ -23,4 +23,4 @@ class DSTrainer:
             self.engine.backward(loss)
             self.micro += 1
             if self.micro % self.accum == 0:
-                self.engine.step()
+                self.engine.step()  # expect: AG139

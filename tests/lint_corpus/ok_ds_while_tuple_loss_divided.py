@@ -11,5 +11,5 @@ while micro < max_micro:
     logits, loss = engine(X, Y)
     engine.backward(loss / ACCUM)
     if micro % ACCUM == ACCUM - 1:
-        engine.step()
+        engine.step()  # expect: AG139
     micro += 1

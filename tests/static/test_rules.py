@@ -408,7 +408,8 @@ def test_deepspeed_without_config_in_sight_is_not_guessed() -> None:
         if (i + 1) % 4 == 0:
             engine.step()
     """
-    assert codes(src) == []
+    # no error (GA 1 on ZeRO-0/3 would be right); a warning naming the configs that are wrong
+    assert [(f.code, f.severity.value) for f in lint_source(textwrap.dedent(src))] == [("AG139", "warning")]
 
 
 def test_all_reduce_in_library_code_is_not_checked() -> None:
@@ -453,7 +454,7 @@ def test_every_script_code_has_a_check_and_families_are_modules() -> None:
     assert {c.family for c in checks} == {"window", "schedule", "loss", "sync", "reduce", "deepspeed",
                                           "accelerate", "scale", "horizon", "precision", "terms",
                                           "tokenmean", "lrcounter", "epochtail", "moeaux", "twice", "ampclip",
-                                          "clears", "hfscale"}
+                                          "clears", "hfscale", "fused", "hookclip"}
 
 
 def test_select_is_applied_before_rules_run(monkeypatch: pytest.MonkeyPatch) -> None:

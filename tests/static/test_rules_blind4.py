@@ -271,8 +271,9 @@ for update in range(n):
         ("", "engine.gradient_accumulation_steps()", "pass", "engine.step()", [("AG110", 9)]),
         # the engine gates: step() after every backward
         ("gas = engine.gradient_accumulation_steps()", "gas", "engine.step()", "pass", []),
-        # the loop's own K, not the engine's, and no config in sight: not guessed
-        ("gas = args.accum", "gas", "pass", "engine.step()", []),
+        # the loop's own K, not the engine's, and no config in sight: no error, a warning (AG139)
+        # naming the configs that make it wrong
+        ("gas = args.accum", "gas", "pass", "engine.step()", [("AG139", 9)]),
     ],
 )
 def test_deepspeed_k_from_the_engine(k_line: str, k: str, inner: str, outer: str, expected: list) -> None:

@@ -289,6 +289,32 @@ RULES: dict[str, Rule] = {
             "then steps once per K batches",
         ),
         _rule(
+            "AG137", "optimizer-in-backward-accumulating", "F1", E, MED,
+            "an optimizer steps in a register_post_accumulate_grad_hook (optimizer fused into "
+            "backward) while the loop runs several backwards per optimizer step: the hook steps "
+            "after every backward, on each micro-batch's gradient alone",
+            "with accumulation, step outside the hook once per window (`if (i + 1) % K == 0: "
+            "opt.step(); opt.zero_grad()`), or gate the hook on a boundary flag the loop sets on "
+            "the window's last micro-batch; or run one backward per step",
+        ),
+        _rule(
+            "AG138", "clip-in-lightning-backward-hook", "F8", E, HI,
+            "gradient clipping in a LightningModule's on_after_backward / on_before_backward while "
+            "the Trainer accumulates (accumulate_grad_batches > 1): Lightning calls the hook on "
+            "every batch, so the partial sum of the window is clipped after each micro-batch",
+            "clip once per optimizer step: Trainer(gradient_clip_val=...), or clip in "
+            "configure_gradient_clipping / on_before_optimizer_step",
+        ),
+        _rule(
+            "AG139", "deepspeed-hand-gated-config-unseen", "F14", W, MED,
+            "engine.step() once per several engine.backward() calls while the DeepSpeed config "
+            "comes from the command line: wrong with gradient_accumulation_steps = K (double "
+            "gating) and with GA 1 on ZeRO-1/2 (each backward a boundary); right only with GA 1 on "
+            "ZeRO-0/3 or managed_gradient_accumulation false",
+            "let the engine gate: call engine.step() after every engine.backward(loss) (no / K, "
+            "the engine scales by 1/GA) and set \"gradient_accumulation_steps\": K in the config",
+        ),
+        _rule(
             "AG129", "masked-token-mean-not-divided-by-k", "LOSS_SCALE", E, MED,
             "in a hand-written accumulation window each micro-batch's loss is a masked token mean "
             "over its own tokens (`(x * mask).sum() / mask.sum()`) backwarded as is, and nothing "

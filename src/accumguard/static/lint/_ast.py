@@ -17,9 +17,9 @@ _LEAVES = (ast.expr_context, ast.operator, ast.boolop, ast.unaryop, ast.cmpop)
 _SKIP_LOCAL = SCOPES + _LEAVES
 FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef)
 
-#: identifiers that show accumulation is going on
+#: identifiers that show accumulation is going on (``register_post_accumulate_grad_hook`` does not)
 ACCUM_RE = re.compile(
-    r"grad(ient)?s?_?acc|accum|micro_?(batch|step|bs)|n_?micro|num_?micro|_micro$|^micro"
+    r"grad(ient)?s?_?acc|(?<!post_)accum|micro_?(batch|step|bs)|n_?micro|num_?micro|_micro$|^micro"
 )
 #: identifiers that, in an ``if`` test, mean "this is the boundary"
 BOUNDARY_RE = re.compile(

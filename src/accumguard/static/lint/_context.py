@@ -24,8 +24,8 @@ version):
    window too: the framework calls it once per micro-batch.
 2. A window is an *accumulation* window only when the code shows accumulation:
    an accumulation-like name, a modulo in an ``if`` that gates a step,
-   ``no_sync`` or ``accelerator.accumulate`` — in the window, its function, its
-   class (or the module, for top-level loops); for a DeepSpeed engine, a config
+   ``no_sync`` or ``accelerator.accumulate`` — in the window, the backward helpers
+   it calls, its function, its class (or the module, for top-level loops); for a DeepSpeed engine, a config
    in sight with GA > 1. Names inside an inner loop that only sums losses before
    one backward do not count: that loop is K = 1.
 3. A call is *guarded* when an enclosing ``if`` (up to the window) tests a

@@ -282,6 +282,8 @@ class WindowQueries(BoundaryFacts):
         """Does the code around ``window`` show gradient accumulation (see module doc)?"""
         if self._scope_shows_accumulation(window, skip):
             return True
+        if any(self._scope_shows_accumulation(h) for h in self.inlined(window)):
+            return True  # the backward helper run per micro-batch gates its own step
         fn = window if isinstance(window, FUNCS) else self.enclosing(window, FUNCS)
         if fn is None:
             return self._scope_shows_accumulation(self.tree, skip)
@@ -488,13 +490,18 @@ class WindowQueries(BoundaryFacts):
         windows = self._cached("window_set", self.tree, lambda: set(self.windows()))
         return node in windows
 
+    def window_itself_accumulates(self, window: ast.AST) -> bool:
+        """The window's own code (or a backward helper it calls) shows accumulation, not
+        only its function, class or module."""
+        return self._scope_shows_accumulation(window) or any(
+            self._scope_shows_accumulation(h) for h in self.inlined(window))
+
     def _plain_k1_shape(self, window: ast.AST, f: WindowFacts) -> bool:
         """backward, step and zero_grad all unguarded in the window, and nothing in the window
         itself says accumulation (the evidence was elsewhere in the function or file, e.g.
         ``micro_batch_size = 1`` or a reference loop over whole windows): one step per
         backward, nothing accumulated, K = 1."""
-        if self._scope_shows_accumulation(window) or any(
-                self._scope_shows_accumulation(h) for h in self.inlined(window)):
+        if self.window_itself_accumulates(window):
             return False
         if not any(k == "optimizer" and not self.guarded(c, window) for c, k in f.steps):
             return False

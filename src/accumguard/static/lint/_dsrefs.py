@@ -113,6 +113,42 @@ class DsConfigFinder:
                 self._apply_later_updates(name, cfg)
             out.append(DsConfigRef(cfg, f"dict literal at line {getattr(node, 'lineno', 1)}", node, literal=True,
                                    hf=self._handed_to_hf(node), name=name))
+        return out + self._dataclass_configs()
+
+    def _dataclass_configs(self) -> list[DsConfigRef]:
+        """``asdict(DSConfig(...))`` handed to DeepSpeed, ``DSConfig`` a ``@dataclass`` of the
+        file: its fields' defaults (``field(default=...)``, ``default_factory=lambda: {...}``)
+        with the call's keywords over them, read as a dict literal at the fields' lines."""
+        classes = {c.name: c for c in self.ctx.of(ast.ClassDef)
+                   if any(last_part(dotted(d.func if isinstance(d, ast.Call) else d)) == "dataclass"
+                          for d in c.decorator_list)}
+        out: list[DsConfigRef] = []
+        for call in self.ctx.of(ast.Call):
+            if last_part(dotted(call.func)) != "asdict" or len(call.args) != 1 or not classes:
+                continue
+            inner = call.args[0]
+            if not (isinstance(inner, ast.Call) and isinstance(inner.func, ast.Name) and not inner.args):
+                continue
+            cls = classes.get(inner.func.id)
+            if cls is None or not self._used_as_config(call):
+                continue
+            fields: dict[str, ast.expr] = {}
+            keys: dict[str, ast.Constant] = {}
+            for stmt in cls.body:
+                if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.value is not None:
+                    fields[stmt.target.id] = _field_default(stmt.value)
+                    keys[stmt.target.id] = ast.copy_location(ast.Constant(stmt.target.id), stmt)
+            for kw in inner.keywords:
+                if kw.arg is None:
+                    continue
+                fields[kw.arg] = kw.value
+                keys[kw.arg] = ast.copy_location(ast.Constant(kw.arg), kw.value)
+            if not (set(fields) & set(_DS_BATCH_KEYS) or "zero_optimization" in fields):
+                continue
+            cfg = _config_from_literal(ast.Dict(keys=[keys[k] for k in fields], values=list(fields.values())))
+            if cfg is not None:
+                out.append(DsConfigRef(cfg, f"dataclass {cls.name} at line {cls.lineno}", call, literal=True,
+                                       hf=self._handed_to_hf(call), name=None))
         return out
 
     def _is_config_argument(self, node: ast.AST) -> bool:
@@ -346,6 +382,18 @@ class DsConfigFinder:
                 return DsConfigRef(cfg, where, node, literal=False, name=name)
         literals = self.ds_config_literals()
         return literals[0] if literals else None
+
+
+def _field_default(value: ast.expr) -> ast.expr:
+    """A dataclass field's default: ``field(default=x)`` -> x, ``field(default_factory=lambda:
+    x)`` -> x, a plain default as is (anything else stays a computed value)."""
+    if isinstance(value, ast.Call) and last_part(dotted(value.func)) == "field":
+        for kw in value.keywords:
+            if kw.arg == "default":
+                return kw.value
+            if kw.arg == "default_factory" and isinstance(kw.value, ast.Lambda):
+                return kw.value.body
+    return value
 
 
 def _literal_keys(node: ast.AST) -> list[str]:

@@ -26,6 +26,8 @@
 ``twice``      AG133               the loss divided by K in a helper and again by its caller;
                AG134               ... or by hand before DeepSpeed's engine.backward (GA > 1)
 ``ampclip``    AG135               gradient clipped before GradScaler.unscale_ (on the scaled gradient)
+``hookclip``   AG138               clipping in Lightning's on_after_backward/on_before_backward, K > 1
+``fused``      AG137               an optimizer stepped in a post-accumulate-grad hook, loop accumulating
 """
 
 from accumguard.static.lint.families import (
@@ -34,7 +36,9 @@ from accumguard.static.lint.families import (
     clears,
     deepspeed,
     epochtail,
+    fused,
     hfscale,
+    hookclip,
     horizon,
     loss,
     lrcounter,
@@ -50,4 +54,4 @@ from accumguard.static.lint.families import (
     window,
 )
 
-__all__ = ["accelerate", "ampclip", "clears", "deepspeed", "epochtail", "hfscale", "horizon", "loss", "lrcounter", "moeaux", "precision", "reduce", "scale", "schedule", "sync", "terms", "tokenmean", "twice", "window"]
+__all__ = ["accelerate", "ampclip", "clears", "deepspeed", "epochtail", "fused", "hookclip", "hfscale", "horizon", "loss", "lrcounter", "moeaux", "precision", "reduce", "scale", "schedule", "sync", "terms", "tokenmean", "twice", "window"]

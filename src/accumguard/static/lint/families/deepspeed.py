@@ -14,10 +14,13 @@ AG110 (F14) the same hand-gated loop while the config's GA is K > 1: double gati
       own modulo while the loss handed to ``backward()`` is never divided: the loop leaves
       the 1/K to the engine's GA, which then gates a second time (and with GA 1 the step
       applies K times the mean gradient).
+AG139 (F14/F2) the same hand-gated loop, loss divided by K, config out of sight: a
+      warning naming the configs that make it wrong (GA = K; GA 1 on ZeRO-1/2).
 AG200-AG207: a config written as a dict literal in the script gets exactly the
       checks ``accumguard check-config`` applies to a file, at the script's lines; a config
       file that a DeepSpeed script (or the HF Trainer's ``deepspeed=``) names gets AG204 (the
-      dtype its windows are summed in) at the line that names it.
+      dtype its windows are summed in) and, outside the HF Trainer, AG203 (DeepSpeed's
+      default clipping when the file sets no ``gradient_clipping``) at the line that names it.
 """
 
 from __future__ import annotations
@@ -302,7 +305,7 @@ def _plain_loss(
     return False  # arithmetic, a conditional, anything else: cannot tell
 
 
-@rule("AG109", "AG110")
+@rule("AG109", "AG110", "AG139")
 def engine_gating(ctx: FileContext) -> Iterator[Finding]:
     if ctx.explicit_ds_boundary:
         return
@@ -345,6 +348,21 @@ def engine_gating(ctx: FileContext) -> Iterator[Finding]:
                     "loss by 1/GA: with the config's gradient_accumulation_steps = K the engine gates a "
                     "second time and steps once per K x K micro-batches (double gating); with GA = 1 "
                     "the step applies K times the mean gradient (the config is not in sight)",
+                )
+            elif id(site) not in by_engine:
+                # the loss is divided by K (or cannot be told): right only with GA 1 on ZeRO-0/3
+                # or managed_gradient_accumulation false, wrong with GA = K (F14) and with GA 1
+                # on ZeRO-1/2 (F2); the config decides, and it is not in sight
+                name = dotted(receiver(site)) or "engine"
+                yield ctx.finding(
+                    "AG139",
+                    site,
+                    f"`{name}.step()` runs once per several `backward()` calls and the DeepSpeed config "
+                    "is not in sight (command line): with gradient_accumulation_steps = K the engine "
+                    "gates a second time and steps once per K x K micro-batches; with GA 1 on ZeRO-1/2 "
+                    "every backward is a boundary and the optimizer trains on the last micro-batch "
+                    "only; only GA 1 on ZeRO-0/3 (an all-reduce per micro-batch) or "
+                    "managed_gradient_accumulation false makes this loop right",
                 )
         return
     if ref.managed is False:
@@ -417,9 +435,11 @@ def config_literal_checks(ctx: FileContext) -> Iterator[Finding]:
     named = ctx.ds_config()
     if named is not None and not named.literal and (ctx.deepspeed or named.hf):
         # a config file the script names: its other keys are check-config's, but the dtype
-        # the engine sums this script's windows in (F12) is said at the name's line
+        # the engine sums this script's windows in (F12) and the clipping DeepSpeed applies
+        # to them when the file sets none (F9; the HF Trainer's max_grad_norm is asked for)
+        # are said at the name's line
         for f in dsconfig.check_config(named.cfg):
-            if f.code == "AG204":
+            if f.code == "AG204" or (f.code == "AG203" and not named.hf):
                 yield replace(f, evidence=f"{f.evidence} (DeepSpeed config {named.where})",
                               path=None, line=getattr(named.node, "lineno", 1),
                               col=getattr(named.node, "col_offset", 0) + 1, key=None)

@@ -23,6 +23,11 @@ from accumguard.static.findings import Finding
 from accumguard.static.lint._ast import FUNCS, call_attr, dotted, receiver, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families._lightning import (
+    LIGHTNING_PER_BATCH,
+    automatic_lightning_module,
+    lightning_accumulates,
+)
 
 
 @rule("AG103")
@@ -70,34 +75,8 @@ def scheduler_per_process(ctx: FileContext) -> Iterator[Finding]:
                     )
 
 
-# HF calls on_substep_end after every micro-batch but the last of a window; Lightning calls
-# these on every batch whatever accumulate_grad_batches is
+# HF calls on_substep_end after every micro-batch but the last of a window
 _HF_SUBSTEP = "on_substep_end"
-_LIGHTNING_PER_BATCH = ("on_train_batch_end", "on_train_batch_start", "on_after_backward", "on_before_backward")
-
-
-def _lightning_accumulates(ctx: FileContext) -> bool:
-    """``accumulate_grad_batches=<K>`` in sight with every value K > 1."""
-    values: set[int | None] = set()
-    for call in ctx.of(ast.Call):
-        for kw in call.keywords:
-            if kw.arg == "accumulate_grad_batches":
-                values |= ctx.int_candidates(kw.value)
-    return bool(values) and all(v is not None and v > 1 for v in values)
-
-
-def _automatic_lightning_module(ctx: FileContext, func: ast.AST) -> bool:
-    """``func`` is a method of a ``LightningModule`` subclass that leaves automatic
-    optimisation on (no ``automatic_optimization = False`` in the class)."""
-    cls = ctx.enclosing(func, (ast.ClassDef,))
-    if not isinstance(cls, ast.ClassDef) or not any(
-            (dotted(b) or "").rsplit(".", 1)[-1] == "LightningModule" for b in cls.bases):
-        return False
-    for n in walk_all(cls):
-        if (isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant) and n.value.value is False
-                and any((dotted(t) or "").endswith("automatic_optimization") for t in n.targets)):
-            return False
-    return True
 
 
 def _is_scheduler(ctx: FileContext, recv: ast.AST | None) -> bool:
@@ -124,16 +103,16 @@ def scheduler_in_micro_step_hook(ctx: FileContext) -> Iterator[Finding]:
             continue  # a hook is a method
         if func.name == _HF_SUBSTEP:
             where = "Hugging Face calls `on_substep_end` after every micro-batch of a window but the last"
-        elif func.name in _LIGHTNING_PER_BATCH:
+        elif func.name in LIGHTNING_PER_BATCH:
             if lightning is None:
-                lightning = _lightning_accumulates(ctx)
+                lightning = lightning_accumulates(ctx)
             if not lightning:
                 continue
             where = (f"Lightning calls `{func.name}` on every batch, and accumulate_grad_batches > 1 "
                      "makes K batches one optimizer step")
-        elif func.name == "training_step" and _automatic_lightning_module(ctx, func):
+        elif func.name == "training_step" and automatic_lightning_module(ctx, func):
             if lightning is None:
-                lightning = _lightning_accumulates(ctx)
+                lightning = lightning_accumulates(ctx)
             if not lightning:
                 continue
             where = ("under automatic optimisation Lightning runs `training_step` on every batch and "
