@@ -362,7 +362,8 @@ def engine_gating(ctx: FileContext) -> Iterator[Finding]:
                     "gates a second time and steps once per K x K micro-batches; with GA 1 on ZeRO-1/2 "
                     "every backward is a boundary and the optimizer trains on the last micro-batch "
                     "only; only GA 1 on ZeRO-0/3 (an all-reduce per micro-batch) or "
-                    "managed_gradient_accumulation false makes this loop right",
+                    "managed_gradient_accumulation false makes this loop right, and only if its "
+                    "loss is divided by K",
                 )
         return
     if ref.managed is False:
