@@ -185,7 +185,7 @@ class BoundaryFacts(FileIndex):
             first = next((
                 i for i, prev in enumerate(body)
                 if isinstance(prev, ast.If)
-                and (terminates(prev.body) or terminates(prev.orelse))
+                and (_skips(owner, prev.body) or _skips(owner, prev.orelse))
                 and self.is_boundary_test(prev.test)
             ), len(body))
             return where, first
@@ -221,3 +221,15 @@ def _accumulation_manager(node: ast.AST) -> bool:
 
 def _is_accumulate_call(node: ast.AST) -> bool:
     return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "accumulate"
+
+
+def _skips(owner: ast.AST, body: list[ast.stmt]) -> bool:
+    """The block skips the rest of ``owner``'s block for this iteration or call (``continue``;
+    ``return`` in a function), so what follows runs only when its ``if`` was false. A
+    ``break`` (or a ``return`` inside a loop) ends the whole loop instead: what follows it
+    runs on every micro-step before the end (``if it >= steps * K: break`` is a run limit,
+    not a boundary)."""
+    if not terminates(body) or isinstance(body[-1], ast.Break):
+        return False
+    return not (isinstance(body[-1], ast.Return)
+                and isinstance(owner, ast.For | ast.AsyncFor | ast.While))
