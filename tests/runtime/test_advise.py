@@ -85,21 +85,43 @@ def test_every_ddp_mode_is_measured(ddp_report: dict[str, Any]) -> None:
 
 def test_a_deferred_mode_is_recommended(ddp_report: dict[str, Any]) -> None:
     """Deferring saves 3 all-reduces of the whole gradient per step. The recommendation is
-    the fastest mode with equal updates (checked on the numbers in the report); that it is
-    the deferred one is a timing: on this shared 2-core machine (load 11-14) the deferred
-    mode was the fastest in 3 of 4 runs, so the test accepts another mode only when the
-    measured spreads overlap (min of one <= max of the other), and says so."""
+    the fastest mode with equal updates unless the timings cannot separate it from a mode
+    that moves fewer bytes (that mode's median inside the fastest's min-max): then the
+    fewer bytes win. On this 2-core machine a few steps spread 2-5x, so the deferred mode
+    is recommended unless it was measured clearly slower, and the report says why."""
     modes = {m["mode"]: m for m in ddp_report["modes"]}
     best = ddp_report["recommended"]["mode"]
     fastest = min((m for m in modes.values() if m["updates_equal"]),
                   key=lambda m: m["seconds_per_step"]["median"])
-    assert best == fastest["mode"], ddp_report["stdout"]
     assert f"recommended: {best}" in ddp_report["stdout"]
-    if best != "ddp-deferred":
-        deferred, won = modes["ddp-deferred"]["seconds_per_step"], modes[best]["seconds_per_step"]
-        assert deferred["min"] <= won["max"], ddp_report["stdout"]  # within the noise
-    else:
+    deferred = modes["ddp-deferred"]["seconds_per_step"]
+    if deferred["median"] <= fastest["seconds_per_step"]["max"]:
+        assert best == "ddp-deferred", ddp_report["stdout"]
         assert "no_sync" in ddp_report["recommended"]["how"]
+        if fastest["mode"] != best:
+            assert "do not separate" in ddp_report["recommended"]["basis"]
+    else:
+        assert best == fastest["mode"], ddp_report["stdout"]
+
+
+def test_choose_breaks_timing_ties_by_bytes() -> None:
+    """In-process: a tie on time goes to the fewest bytes and says why; a mode clearly
+    faster wins on time even when it moves more."""
+    from accumguard.advise._modes import candidates
+    from accumguard.advise.run import ModeResult, choose
+
+    modes = {m.name: m for m in candidates("ddp")}
+
+    def res(name: str, secs: list[float], grad_bytes: float) -> ModeResult:
+        return ModeResult(modes[name], seconds=secs, grad_bytes=grad_bytes, peak_bytes=1)
+
+    every = res("as-written", [0.018, 0.024, 0.062], 4e5)
+    deferred = res("ddp-deferred", [0.021, 0.049, 0.094], 1e5)
+    best, basis = choose([every, deferred])
+    assert best is deferred and "do not separate" in basis and "1e+05 B" in basis
+    slow = res("ddp-deferred", [0.07, 0.08, 0.09], 1e5)
+    assert choose([every, slow]) == (every, "fastest median")
+    assert choose([]) == (None, "")
 
 
 def test_fsdp2_modes(tmp_path: Path, advise: Any) -> None:

@@ -115,6 +115,7 @@ class AdviseReport:
     results: list[ModeResult]
     why_not: str | None  # no mode but the command as written applies
     recommended: ModeResult | None
+    basis: str = ""  # why ``recommended`` was chosen: measured faster, or a tie on time
 
     def to_dict(self) -> dict[str, Any]:
         return {"command": self.command, "engine": self.engine, "accumulation_steps": self.k,
@@ -122,7 +123,8 @@ class AdviseReport:
                 "memory_budget_bytes": self.memory_budget, "not_applicable": self.why_not,
                 "modes": [r.to_dict() for r in self.results],
                 "recommended": None if self.recommended is None else {
-                    "mode": self.recommended.mode.name, "how": self.recommended.mode.how}}
+                    "mode": self.recommended.mode.name, "how": self.recommended.mode.how,
+                    "basis": self.basis}}
 
 
 def _measure(res: ModeResult, observe_dir: Path) -> tuple[str, int, int, int | None]:
@@ -228,7 +230,33 @@ def run_advise(opts: AdviseOptions) -> AdviseReport:
         r.fits = budget is None or r.peak_bytes is None or r.peak_bytes <= budget
     ok = [r for r in results if r.error is None and r.equal and r.fits
           and r.median_s is not None]
-    best = min(ok, key=lambda r: r.median_s or 0.0) if ok else None
+    best, basis = choose(ok)
     return AdviseReport(command=list(opts.command), engine=engine, k=k, world=world,
                         tolerance=tol, memory_budget=budget, results=results,
-                        why_not=why_not, recommended=best)
+                        why_not=why_not, recommended=best, basis=basis)
+
+
+def _bytes(r: ModeResult) -> float:
+    return (r.grad_bytes or 0.0) + (r.param_bytes or 0.0)
+
+
+def choose(ok: list[ModeResult]) -> tuple[ModeResult | None, str]:
+    """The fastest eligible mode, unless the timings cannot tell the modes apart.
+
+    A few steps on a busy machine spread widely; a mode whose median lies inside the
+    fastest mode's own min-max range was not measured slower. Among such ties the mode that
+    moves the fewest bytes per step wins (then the smaller peak): communication saved here is
+    time saved wherever the interconnect is the bottleneck, and the report says so.
+    """
+    if not ok:
+        return None, ""
+    fastest = min(ok, key=lambda r: r.median_s or 0.0)
+    top = max(fastest.seconds)
+    tied = [r for r in ok if (r.median_s or 0.0) <= top]
+    best = min(tied, key=lambda r: (_bytes(r), r.peak_bytes or 0, r.median_s or 0.0))
+    if best is fastest:
+        return best, "fastest median"
+    return best, (f"its median time is within the fastest mode's spread ({fastest.mode.name}: "
+                  f"{min(fastest.seconds):.3g}-{top:.3g} s), so the timings do not separate "
+                  f"them; it moves the fewest bytes per step ({_bytes(best):.3g} B against "
+                  f"{_bytes(fastest):.3g} B)")

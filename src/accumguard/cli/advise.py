@@ -106,8 +106,11 @@ def format_text(rep: AdviseReport) -> str:
     else:
         base = rep.results[0].median_s
         gain = (f", {base / best.median_s:.2f}x the speed of the command as written"
-                if base and best.median_s and best is not rep.results[0] else "")
+                if base and best.median_s and best is not rep.results[0]
+                and rep.basis == "fastest median" else "")
         lines.append(f"recommended: {best.mode.name} ({best.mode.what}{gain}): {best.mode.how}")
+        if rep.basis and rep.basis != "fastest median":
+            lines.append(f"  why: {rep.basis}")
     return "\n".join(lines)
 
 
