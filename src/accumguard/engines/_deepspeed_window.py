@@ -22,8 +22,8 @@ micro-step keeps the hooks whenever a held parameter is not gathered at its star
 first micro-step that finds some gathered and some not, an idle one after an exception),
 when the gather would be quantized or hierarchical (ZeRO++: DeepSpeed's coordinator then
 gathers differently), and in a window of one micro-step (nothing is held). The
-coordinator's trace and counters are then untouched by held windows (its step resets them
-at the next hooked forward). Gradient hooks (the per-parameter reduction hooks, a no-op
+coordinator's trace and counters are then untouched by held windows (its ``reset_step``, at
+the next hooked forward, starts them afresh). Gradient hooks (the per-parameter reduction hooks, a no-op
 inside the coalesced block) are not touched. The update is bit-identical to the hooks in
 every micro-step (tests/engines/test_deepspeed_window_memory.py).
 
