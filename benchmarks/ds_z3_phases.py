@@ -2,8 +2,11 @@
 limit (the bench's compute + one all-reduce): per rank, CPU ms per optimizer step in the
 forwards, the backwards, the flush (the adapter's ``sync()``) and the step, the variants
 alternating step by step: the limit, ZeRO-3 with DeepSpeed's module hooks in every
-micro-step (``skip_idle_hooks=False``), without them in the idle micro-steps (the default),
-and the same with ``"memory_efficient_linear": false`` (torch's own linear).
+micro-step (``skip_idle_hooks=False``), without them in the idle micro-steps only (the
+window's first and last keep them: ``whole_window=False``), without them in the whole window
+(the default: the parameters gathered in one call before the first forward, the phase
+``gather``), and the same with ``"memory_efficient_linear": false``
+(torch's own linear).
 
 The limit runs torch's ``F.linear``; each ZeRO-3 variant runs the one its engine installed
 (the bench does the same). CPU time, not wall time: on a shared machine the waits inside
@@ -29,12 +32,13 @@ import torch
 from accumguard import run_on_ranks
 from accumguard.demo import _bench_setup as setup
 
-PHASES = ("forward", "backward", "flush", "step")
+PHASES = ("gather", "forward", "backward", "flush", "step")
 VARIANTS: list[tuple[str, dict[str, Any], bool]] = [
     ("limit", {}, True),
     ("ZeRO-3, hooks every micro-step", {}, False),
-    ("ZeRO-3, idle hooks skipped", {}, True),
-    ("ZeRO-3, idle hooks skipped, memory_efficient_linear false",
+    ("ZeRO-3, hooks skipped in idle micro-steps only", {}, True),
+    ("ZeRO-3, hooks skipped in the whole window", {}, True),
+    ("ZeRO-3, whole window, memory_efficient_linear false",
      {"memory_efficient_linear": False}, True),
 ]
 
@@ -42,6 +46,7 @@ VARIANTS: list[tuple[str, dict[str, Any], bool]] = [
 def worker(rank: int, world: int, args: argparse.Namespace,
            ) -> tuple[dict[tuple[str, str], float], dict[str, float]]:
     setup._setup_worker()
+    from accumguard.engines._deepspeed_window import HeldParameters
     from accumguard.engines.deepspeed import DeepSpeedEngineAdapter as Adapter
 
     spent: dict[tuple[str, str], float] = collections.defaultdict(float)
@@ -66,12 +71,16 @@ def worker(rank: int, world: int, args: argparse.Namespace,
     Adapter.sync = timed("flush", Adapter.sync)  # type: ignore[method-assign]
     Adapter.optimizer_step = timed("step", Adapter.optimizer_step)  # type: ignore[method-assign]
     torch.Tensor.backward = timed("backward", torch.Tensor.backward)  # type: ignore[method-assign]
+    HeldParameters._gather_window = timed(  # type: ignore[method-assign]
+        "gather", HeldParameters._gather_window)
     torch.manual_seed(0)
     runs = {}
     for name, zero, skip in VARIANTS:
         runs[name] = (setup._build_local(args, with_allreduce=True) if name == "limit" else
                       setup._build_deepspeed(args, 3, "deferred", "unsharded", zero_extra=zero,
                                              skip_hooks=skip))
+        if "idle micro-steps only" in name:
+            runs[name].engine.held.whole_window = False  # type: ignore[attr-defined]
     batches = setup.make_batches(rank, args.k, args.micro, args.dim)
     for name, run in runs.items():  # warm-up: buffers, optimizer state, ZeRO-3's module trace
         current[0] = name
@@ -97,7 +106,7 @@ def main(argv: list[str]) -> int:
         spent, total = res[rank]
         for name, _, _ in VARIANTS:
             parts = " ".join(f"{p} {spent.get((name, p), 0.0) * 1000:6.1f}" for p in PHASES)
-            print(f"rank {rank} {name:58} CPU ms per step {total[name] * 1000:6.1f}: {parts}")
+            print(f"rank {rank} {name:52} CPU ms per step {total[name] * 1000:6.1f}: {parts}")
     return 0
 
 

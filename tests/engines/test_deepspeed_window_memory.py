@@ -76,6 +76,18 @@ def _worker(rank: int, world: int) -> dict[str, Any]:
             if skip == "no pair":
                 assert adapter.held is not None
                 adapter.held.pair = False
+            # The parameters' states when the window's last backward has ended (before the
+            # flush): released, whoever released them (DeepSpeed's hooks or release_window).
+            at_sync: list[list[str]] = []
+            real_sync = adapter.sync
+
+            def sync(real: Any = real_sync, seen: list[list[str]] = at_sync,
+                     e: Any = engine) -> None:
+                seen.append(sorted({p.ds_status.name for p in e.module.parameters()
+                                    if hasattr(p, "ds_status")}))
+                real()
+
+            adapter.sync = sync  # type: ignore[method-assign]
             acc = Accumulator(engine, None, accumulation_steps=case.accumulation_steps,
                               engine=adapter, max_grad_norm=case.max_grad_norm,
                               count_fn=count_tokens)
@@ -95,6 +107,9 @@ def _worker(rank: int, world: int) -> dict[str, Any]:
                                 "skipped": adapter.held.skipped if adapter.held else 0,
                                 "pair_gathers": (adapter.held.pair_gathers_done if adapter.held
                                                  else 0),
+                                "window_gathers": (adapter.held.window_gathers if adapter.held
+                                                   else 0),
+                                "at_sync": at_sync,
                                 "hooks_back": _hook_keys(engine.module) == hooks_before})
     for label, build in (("stage 2", lambda: DeepSpeedEngineAdapter(
             _engine(CASES[0], 2), sync="deferred", window_memory="unsharded")),
@@ -149,13 +164,29 @@ def test_idle_hooks_skipped_bit_identical_and_put_back(results: dict) -> None:
                 and r["skip"] != "no pair"}
         fast, own = runs[True], runs[False]
         # Windows of 4, 4 and 2 micro-steps: micro-steps 1 and 2 of a full window are idle.
-        # Window 0 records DeepSpeed's trace, which releases parameters: the hooks stay for
-        # an idle micro-step whose parameters are not all gathered (3 of the 4 skipped).
         assert fast["skipped"] >= 3 and own["skipped"] == 0, (sync, fast["skipped"])
         assert len(fast["snaps"]) == len(own["snaps"]) == 3
         for a, b in zip(fast["snaps"], own["snaps"], strict=True):
             assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), sync
         assert fast["hooks_back"] and own["hooks_back"]
+
+
+def test_whole_window_without_hooks_gathers_once_and_releases(results: dict) -> None:
+    """The held window's first and last micro-steps run without DeepSpeed's module hooks
+    too: its parameters gathered in one call at the first micro-step (every window, the
+    first included), released after the last backward as DeepSpeed's hooks release them
+    (every parameter partitioned when the flush starts, as with the hooks). The updates are
+    bit-identical to the hooks in every micro-step (test above)."""
+    for sync in ("deferred", "eager"):
+        runs = {r["skip"]: r for r in results["runs"]
+                if r["stage"] == 3 and r["memory"] == "unsharded" and r["case"].sync == sync}
+        fast, own = runs[True], runs[False]
+        # Windows of 4, 4 and 2 micro-steps, every micro-step without the hooks.
+        assert fast["window_gathers"] == 3 and fast["skipped"] == 10, (
+            sync, fast["window_gathers"], fast["skipped"])
+        assert own["window_gathers"] == 0
+        for r in (fast, own, runs["no pair"]):
+            assert r["at_sync"] == [["NOT_AVAILABLE"]] * 3, (sync, r["skip"], r["at_sync"])
 
 
 def test_parameter_gathers_by_exchange_bit_identical(results: dict) -> None:

@@ -201,6 +201,7 @@ def _build_deepspeed(args: argparse.Namespace, stage: int, sync: str, memory: st
             torch.nn.functional.linear = _TORCH_LINEAR
 
     run_with_its_linear.model = run.model  # type: ignore[attr-defined]  # for the tests
+    run_with_its_linear.engine = run.engine  # type: ignore[attr-defined]  # benchmarks/*_phases.py
     return run_with_its_linear
 
 

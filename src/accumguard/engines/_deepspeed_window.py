@@ -6,27 +6,33 @@ parameters are marked persistent (``ds_persist``, the flag behind
 backward, whose release hooks then re-partition them as usual; the parameter coordinator's
 cached release sets are cleared at each switch (DeepSpeed 0.19.8 caches them per module).
 
-Idle hooks (``skip_idle_hooks``): DeepSpeed's ZeRO-3 module hooks run in every forward
-and backward of every submodule (fetch, trace, prefetch and release bookkeeping; on CPU,
+Hooks (``skip_idle_hooks``): DeepSpeed's ZeRO-3 module hooks run in every forward and
+backward of every submodule (fetch, trace, prefetch and release bookkeeping; on CPU,
 measured per phase with ``benchmarks/ds_z3_phases.py``, a large share of a held window's
-forward). While the parameters are held, the micro-steps strictly between the window's
-first (which gathers them) and its last (whose backward releases them) find every
-parameter already gathered and release nothing: their hooks do no work on the numbers.
-Those micro-steps run with DeepSpeed's module hooks taken out of the modules' hook
-dictionaries and put back, in their original order, when the micro-step ends (whatever
-happens in it). Only when every held parameter is gathered at that point; otherwise the
-hooks stay (a parameter a micro-step has not used yet is gathered by them). The
-coordinator sees the window as first and last micro-step only: both run its
-``reset_step`` and trace checks as before, so its recorded module order still matches.
-Gradient hooks (the per-parameter reduction hooks, a no-op inside the coalesced block)
-are not touched. The update is bit-identical (tests/engines/test_deepspeed_window_memory.py).
+forward). While the parameters are held, they do no work on the numbers: the micro-steps
+strictly between the window's first and last find every parameter gathered and release
+nothing. So the whole window runs with DeepSpeed's module hooks taken out of the modules'
+hook dictionaries and put back, in their original order, when each micro-step ends
+(whatever happens in it): at the window's first micro-step the held parameters, all
+released then, are gathered in one call of DeepSpeed's own ``all_gather_coalesced`` (what
+its coordinator calls, one bucket instead of one per module), and after the last backward
+:meth:`HeldParameters.release_window` re-partitions them as DeepSpeed's post-backward hooks
+would (every held parameter released when the flush starts, as with the hooks). A
+micro-step keeps the hooks whenever a held parameter is not gathered at its start (a
+first micro-step that finds some gathered and some not, an idle one after an exception),
+when the gather would be quantized or hierarchical (ZeRO++: DeepSpeed's coordinator then
+gathers differently), and in a window of one micro-step (nothing is held). The
+coordinator's trace and counters are then untouched by held windows (its ``reset_step``, at
+the next hooked forward, starts them afresh). Gradient hooks (the per-parameter reduction hooks, a no-op
+inside the coalesced block) are not touched. The update is bit-identical to the hooks in
+every micro-step (tests/engines/test_deepspeed_window_memory.py).
 
 Gathers by exchange (:meth:`HeldParameters.pair_gathers`): on gloo with 2 ranks, the
-micro-steps that keep their hooks (the window's first, which gathers the parameters, and
-its last) run DeepSpeed's in-place all-gather of a coalesced bucket of partitions as one
-exchange of halves between the two ranks (:func:`accumguard.engines._pair.all_gather_pair`):
-the same bytes in the same places, about a third less CPU than gloo's all-gather. Any other
-gather goes to DeepSpeed's own function; on NCCL (or any other backend) nothing changes.
+window's parameter gather (and those of micro-steps that keep their hooks) run DeepSpeed's
+in-place all-gather of a coalesced bucket of partitions as one exchange of halves between
+the two ranks (:func:`accumguard.engines._pair.all_gather_pair`): the same bytes in the
+same places, about a third less CPU than gloo's all-gather. Any other gather goes to
+DeepSpeed's own function; on NCCL (or any other backend) nothing changes.
 """
 
 from __future__ import annotations
@@ -49,13 +55,16 @@ log = logging.getLogger("accumguard")
 
 
 class HeldParameters:
-    """The ZeRO-3 parameters held gathered over a window, and the idle micro-steps' hooks.
+    """The ZeRO-3 parameters held gathered over a window, and the window's module hooks.
 
-    ``skipped`` counts the micro-steps run without DeepSpeed's module hooks, and
-    ``pair_gathers_done`` the parameter gathers served by a 2-rank exchange (the tests read
-    them: the fast paths must really be taken)."""
+    ``skipped`` counts the micro-steps run without DeepSpeed's module hooks,
+    ``window_gathers`` the windows gathered here in one call, and ``pair_gathers_done`` the
+    parameter gathers served by a 2-rank exchange (the tests read them: the fast paths must
+    really be taken). ``whole_window=False`` keeps the hooks in the window's first and last
+    micro-steps (DeepSpeed gathers and releases there, module by module)."""
 
-    def __init__(self, engine: Any, *, skip_idle_hooks: bool, pair_gathers: bool = True) -> None:
+    def __init__(self, engine: Any, *, skip_idle_hooks: bool, pair_gathers: bool = True,
+                 whole_window: bool = True) -> None:
         offload = getattr(engine.optimizer, "parameter_offload", None)
         coordinator = offload.get_param_coordinator() if offload is not None else None
         cached = getattr(type(coordinator),
@@ -74,6 +83,10 @@ class HeldParameters:
         self.pair = pair_gathers
         self.pair_gathers_done = 0  # parameter gathers served by a 2-rank exchange
         self._hook_handles = self._module_hook_handles(offload) if skip_idle_hooks else []
+        self.whole_window = whole_window and bool(self._hook_handles) and \
+            self._plain_gathers(coordinator)
+        self.window_gathers = 0  # windows whose parameters were gathered here, in one call
+        self._release_after = False  # the last micro-step ran without hooks: release here
 
     @staticmethod
     def _module_hook_handles(offload: Any) -> list[Any]:
@@ -108,16 +121,66 @@ class HeldParameters:
                 return False
         return True
 
+    def _plain_gathers(self, coordinator: Any) -> bool:
+        """The held parameters can be gathered here exactly as DeepSpeed's coordinator would:
+        no quantized or secondary (hpZ) partitions, the coordinator's own gather unquantized."""
+        if coordinator is None or not self.params or \
+                getattr(coordinator, "zero_quantized_weights", True) is not False or \
+                getattr(coordinator, "zero_quantized_nontrainable_weights", True) is not False:
+            return False
+        return all(callable(getattr(p, "all_gather_coalesced", None))
+                   and getattr(p, "ds_secondary_tensor", 1) is None
+                   and not hasattr(getattr(p, "ds_tensor", None), "ds_quant_scale")
+                   for p in self.params)
+
+    def _statuses(self) -> set[str | None]:
+        return {getattr(getattr(p, "ds_status", None), "name", None) for p in self.params}
+
+    def _gather_window(self) -> bool:
+        """At the window's first micro-step, every held parameter released: gather them all in
+        one coalesced call (DeepSpeed's ``all_gather_coalesced``, as its coordinator does, the
+        2-rank exchange included), so that this micro-step runs without the module hooks too.
+        True when every held parameter is gathered afterwards."""
+        if self._statuses() != {"NOT_AVAILABLE"}:
+            return self._all_gathered()
+        with torch.no_grad(), self.pair_gathers():
+            self.params[0].all_gather_coalesced(self.params).wait()
+        self.window_gathers += 1
+        return self._all_gathered()
+
+    def release_window(self) -> None:
+        """After the last backward of a window run without the module hooks: release (re-shard)
+        the held parameters, as DeepSpeed's post-backward hooks would have."""
+        if not self._release_after:
+            return
+        self._release_after = False
+        with torch.no_grad():
+            for p in self.params:
+                if getattr(getattr(p, "ds_status", None), "name", None) == "AVAILABLE" and \
+                        not p.ds_active_sub_modules and not p.ds_persist:
+                    p.partition()
+
     @contextlib.contextmanager
-    def around_micro_step(self, idle: bool) -> Iterator[None]:
-        """Around one micro-step (forward and backward): without DeepSpeed's module hooks when
-        ``idle`` (a held micro-step between the window's first and last) and every held
-        parameter is gathered; otherwise as is, with the parameter gathers of a 2-rank gloo
-        group served by one exchange of halves (:meth:`pair_gathers`)."""
-        if not (idle and self.holding and self._hook_handles and self._all_gathered()):
+    def around_micro_step(self, position: int, *, last: bool) -> Iterator[None]:
+        """Around the micro-step at ``position`` in its window (forward and backward), ``last``
+        the window's last: without DeepSpeed's module hooks when it is idle (a held micro-step
+        between the window's first and last) and every held parameter is gathered; with
+        ``whole_window``, also the window's first micro-step (the parameters gathered here
+        first, in one call) and its last (released by :meth:`release_window` after its
+        backward); a window of one micro-step holds nothing. Otherwise as is, with the
+        parameter gathers of a 2-rank gloo group served by one exchange of halves
+        (:meth:`pair_gathers`)."""
+        hook_free = False
+        if self.holding and self._hook_handles:
+            if position > 0 and not last:
+                hook_free = self._all_gathered()
+            elif self.whole_window:
+                hook_free = self._gather_window() if position == 0 else self._all_gathered()
+        if not hook_free:
             with self.pair_gathers():
                 yield
             return
+        self._release_after = last and position > 0
         with hooks_off(self._hook_handles):
             self.skipped += 1
             yield

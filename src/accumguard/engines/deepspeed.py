@@ -55,9 +55,9 @@ Memory for communication on ZeRO-3 (``window_memory``):
   (``ds_persist``, the flag behind ``stage3_param_persistence_threshold``) for micro-steps
   1..K-1 and unmarks them before the last backward, so the engine's own release hooks do
   the rest; the parameter coordinator's cached release sets are cleared at each switch.
-  The micro-steps between the window's first and last run without DeepSpeed's module hooks
-  (``skip_idle_hooks``): they would only find the parameters gathered already
-  (:mod:`accumguard.engines._deepspeed_window`). ZeRO-3 only (ZeRO 0-2 never shard
+  With ``skip_idle_hooks`` the whole window runs without DeepSpeed's module hooks: its
+  parameters gathered in one call at its first micro-step and released after its last
+  backward (:mod:`accumguard.engines._deepspeed_window`). ZeRO-3 only (ZeRO 0-2 never shard
   parameters). Tested with DeepSpeed 0.19.8.
 
 Clipping: DeepSpeed clips inside ``step()`` with config ``gradient_clipping``
@@ -71,8 +71,7 @@ A ``torch.amp.GradScaler`` is refused (DeepSpeed has its own loss scaling for
 fp16), and so is an Accumulator scheduler when the engine already owns one
 (it would step twice).
 
-Size (~560 lines): the config checks and error messages that make the adapter safe to
-drive are most of it; the ZeRO-3 window memory lives in ``_deepspeed_window``.
+Size (~600 lines): mostly the config checks and error messages that make it safe to drive.
 """
 
 from __future__ import annotations
@@ -150,10 +149,10 @@ class DeepSpeedEngineAdapter(Engine):
             allocating (and page-faulting) a new one every flush; the pages the flush wrote
             (the window's gradients in the bucket's dtype) then stay resident between flushes
             (see :mod:`accumguard.engines._deepspeed_flush`). Default True; no effect on GPUs.
-        skip_idle_hooks: with ``window_memory="unsharded"``, run the micro-steps between the
-            window's first and last without DeepSpeed's ZeRO-3 module hooks, which find every
-            parameter already gathered there (bit-identical; see
-            :mod:`accumguard.engines._deepspeed_window`). Default True.
+        skip_idle_hooks: with ``window_memory="unsharded"``, run the window without DeepSpeed's
+            ZeRO-3 module hooks (the parameters gathered in one call, then released after the
+            last backward; bit-identical, :mod:`accumguard.engines._deepspeed_window`). Default
+            True.
     """
 
     name = "deepspeed"
@@ -345,8 +344,7 @@ class DeepSpeedEngineAdapter(Engine):
                 "(parameters up to it are never partitioned, for the whole run)")
         self.held = held
 
-    def _hold(self, hold: bool) -> None:
-        """Mark the partitioned parameters persistent (held gathered) or not."""
+    def _hold(self, hold: bool) -> None:  # held gathered (persistent) or not
         if self.held is not None:
             self.held.hold(hold)
 
@@ -413,6 +411,8 @@ class DeepSpeedEngineAdapter(Engine):
         left without its flush (a collective only this rank would enter), so the adapter is
         marked unusable and every later micro-step says so."""
         self._hold(False)
+        if self.held is not None:
+            self.held.release_window()  # an aborted last micro-step run without the hooks
         self._position = 0
         if self._coalesce is not None:
             self._coalesce = None
@@ -439,8 +439,7 @@ class DeepSpeedEngineAdapter(Engine):
     # -- the four questions -----------------------------------------------------------
     def reduction(self) -> GradReduction:
         # backward(scale_wrt_gas=False): no ÷GA. ZeRO 0-3 average over the data-parallel ranks.
-        return GradReduction(world_size=self.world_size, averages_over_ranks=True,
-                             divides_by=1.0)
+        return GradReduction(world_size=self.world_size, averages_over_ranks=True, divides_by=1.0)
 
     @contextlib.contextmanager
     def micro_step(self, *, is_last: bool) -> Iterator[None]:
@@ -456,23 +455,26 @@ class DeepSpeedEngineAdapter(Engine):
             # The block opens at the window's first micro-step and closes in sync().
             self._coalesce = self.engine.coalesce_grad_reduction()
             self._coalesce.__enter__()
-        self.engine.set_gradient_accumulation_boundary(bool(is_last))
-        self._is_last = bool(is_last)
+        self._is_last = is_last = bool(is_last)
+        self.engine.set_gradient_accumulation_boundary(is_last)
         position, self._position = self._position, 0 if is_last else self._position + 1
         if not is_last:
             self._hold(True)  # no-op unless window_memory="unsharded"
         if self.held is None:
             yield
             return
-        # Between the window's first micro-step (which gathers) and its last (which releases).
-        with self.held.around_micro_step(position > 0 and not is_last):
+        with self.held.around_micro_step(position, last=is_last):
             yield
 
     def backward(self, loss: torch.Tensor) -> None:
         if self._is_last:
-            self._hold(False)  # the last backward releases (re-shards) them as usual
-        with self._counting_round():
-            self.engine.backward(loss, scale_wrt_gas=False)
+            self._hold(False)  # the last backward releases (re-shards) them
+        try:
+            with self._counting_round():
+                self.engine.backward(loss, scale_wrt_gas=False)
+        finally:
+            if self._is_last and self.held is not None:
+                self.held.release_window()  # when that backward ran without the hooks
 
     def sync(self) -> None:
         if self._coalesce is not None:
