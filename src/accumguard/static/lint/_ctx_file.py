@@ -299,6 +299,20 @@ class FileIndex:
             return out
         return self._cached("backward_losses", scope, compute)  # type: ignore[no-any-return]
 
+    def trainer_compute_losses(self) -> list[tuple[ast.ClassDef, ast.FunctionDef | ast.AsyncFunctionDef]]:
+        """(class, method) for each ``compute_loss`` defined in a class whose base is named like
+        a Trainer (``Trainer``, ``transformers.Trainer``, ``SFTTrainer``), cached: the Hugging
+        Face Trainer calls it once per micro-batch."""
+        def compute() -> list[tuple[ast.ClassDef, ast.FunctionDef | ast.AsyncFunctionDef]]:
+            out: list[tuple[ast.ClassDef, ast.FunctionDef | ast.AsyncFunctionDef]] = []
+            for cls in self.of(ast.ClassDef):
+                if not any((last_part(dotted(b)) or "").endswith("trainer") for b in cls.bases):
+                    continue
+                out += [(cls, fn) for fn in cls.body
+                        if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) and fn.name == "compute_loss"]
+            return out
+        return self._cached("compute_losses", self.tree, compute)  # type: ignore[no-any-return]
+
     # ---------------------------------------------------------------- DeepSpeed config
 
     def ds_config(self) -> DsConfigRef | None:

@@ -502,8 +502,11 @@ def _trainer_ga_uncached(ctx: FileContext) -> tuple[int | None, str]:
                 values.add(ctx.int_value(k.value))
         if (last_part(dotted(call.func)) or "").endswith("trainingarguments") or call_attr(call) in ("SFTConfig",):
             args_calls += 1
-            if any(k.arg is None for k in call.keywords):
-                values.add(None)
+            for k in call.keywords:
+                if k.arg is None:  # `TrainingArguments(**kwargs)`: read when the file spells it
+                    spread = ctx.ds_finder().resolver().resolve(k.value)
+                    ga = None if spread is None or spread.partial else spread.get("gradient_accumulation_steps", 1)
+                    values.add(ga if type(ga) is int else None)
     for names, value in ctx.assignments():
         if any(n.endswith(".gradient_accumulation_steps") for n in names):
             values.add(ctx.int_value(value))
@@ -529,43 +532,38 @@ def _scaled_flag(cls: ast.ClassDef) -> bool | None:
 def hf_compute_loss_ignores_num_items(ctx: FileContext) -> Iterator[Finding]:
     """A ``Trainer`` subclass whose ``compute_loss`` returns a per-micro-batch mean and never
     uses ``num_items_in_batch``, with gradient accumulation on."""
-    for cls in ctx.of(ast.ClassDef):
-        if not any((last_part(dotted(b)) or "").endswith("trainer") for b in cls.bases):
+    for cls, fn in ctx.trainer_compute_losses():
+        if _uses_num_items(fn):
             continue
-        for fn in cls.body:
-            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) or fn.name != "compute_loss":
-                continue
-            if _uses_num_items(fn):
-                continue
-            site = _mean_loss_site(ctx, fn, cls)
-            if site is None:
-                continue  # a summed loss, or one this rule cannot read
-            ga, how = _trainer_ga(ctx)
-            if ga == 1:
-                continue  # no accumulation: a micro-batch is the batch
-            node, what = site
-            flag = _scaled_flag(cls)
-            by_k = next((n for n in walk_all(fn)
-                         if (d := _division(n)) is not None and ctx.mentions_accum(d[1])), None)
-            k_note = (
-                f"; it divides by K itself (`{ast.unparse(by_k)}`): the right scale when transformers "
-                "5 counts the loss as normalised (the model's forward takes **kwargs), 1/K too "
-                "small when the Trainer divides again" if by_k is not None else
-                "" if flag is False else
-                "; and since the class does not set `loss_is_scaled_for_ga = False`, transformers 5 "
-                "counts the loss as already normalised whenever the model's forward takes **kwargs "
-                "(most HF models) and the batch has `labels`, and skips its own division by K: the "
-                "gradient is then K times too large as well"
-            )
-            finding = ctx.finding(
-                "AG118",
-                node,
-                f"`{cls.name}.compute_loss` returns a per-micro-batch mean ({what}) and never uses "
-                f"`num_items_in_batch`, with {how if ga else 'gradient accumulation possibly on (its value is not in sight)'}"
-                ": the Trainer adds K micro-batch means, so the tokens of short micro-batches weigh "
-                f"more than in the large batch (mean of means){k_note}; expected the window's "
-                "summed loss divided by `num_items_in_batch`",
-            )
-            if ga is None or flag is False or by_k is not None:  # only the mean of means is sure
-                finding = replace(finding, severity=Severity.WARNING, confidence=Confidence.MEDIUM)
-            yield finding
+        site = _mean_loss_site(ctx, fn, cls)
+        if site is None:
+            continue  # a summed loss, or one this rule cannot read
+        ga, how = _trainer_ga(ctx)
+        if ga == 1:
+            continue  # no accumulation: a micro-batch is the batch
+        node, what = site
+        flag = _scaled_flag(cls)
+        by_k = next((n for n in walk_all(fn)
+                     if (d := _division(n)) is not None and ctx.mentions_accum(d[1])), None)
+        k_note = (
+            f"; it divides by K itself (`{ast.unparse(by_k)}`): the right scale when transformers "
+            "5 counts the loss as normalised (the model's forward takes **kwargs), 1/K too "
+            "small when the Trainer divides again" if by_k is not None else
+            "" if flag is False else
+            "; and since the class does not set `loss_is_scaled_for_ga = False`, transformers 5 "
+            "counts the loss as already normalised whenever the model's forward takes **kwargs "
+            "(most HF models) and the batch has `labels`, and skips its own division by K: the "
+            "gradient is then K times too large as well"
+        )
+        finding = ctx.finding(
+            "AG118",
+            node,
+            f"`{cls.name}.compute_loss` returns a per-micro-batch mean ({what}) and never uses "
+            f"`num_items_in_batch`, with {how if ga else 'gradient accumulation possibly on (its value is not in sight)'}"
+            ": the Trainer adds K micro-batch means, so the tokens of short micro-batches weigh "
+            f"more than in the large batch (mean of means){k_note}; expected the window's "
+            "summed loss divided by `num_items_in_batch`",
+        )
+        if ga is None or flag is False or by_k is not None:  # only the mean of means is sure
+            finding = replace(finding, severity=Severity.WARNING, confidence=Confidence.MEDIUM)
+        yield finding

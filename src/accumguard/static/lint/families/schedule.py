@@ -43,7 +43,8 @@ def scheduler_every_micro_step(ctx: FileContext) -> Iterator[Finding]:
             yield ctx.finding(
                 "AG103",
                 call,
-                f"`{name}.step()` runs on every micro-batch: the learning-rate schedule advances K "
+                f"`{name}.step()`{ctx.via_text(call, window)} runs on every micro-batch: the "
+                "learning-rate schedule advances K "
                 "times per optimizer step",
             )
 

@@ -1,0 +1,457 @@
+"""Statically decidable classes lint used to miss, each in several spellings, against correct
+twins: a step / clear / clip / scheduler step in a helper (or a helper of a helper) the window
+runs on every micro-step; a function handed to another function that runs it per micro-batch;
+a DeepSpeed config whose values are evident but spelled through names (nested dataclasses,
+``asdict(cfg)``, ``{**base}`` / ``dict(**base)`` merges, ``.update()`` calls, a builder that
+returns the name it filled)."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from accumguard.static.lint import lint_source
+
+
+def errors(src: str) -> set[tuple[str, str]]:
+    """(code, class) of each error finding."""
+    return {(f.code or "", str(f.failure_class)) for f in lint_source(textwrap.dedent(src))
+            if f.severity.value == "error"}
+
+
+def codes(src: str) -> set[str]:
+    return {code for code, _ in errors(src)}
+
+
+# ---------------------------------------------------------------- 1. helpers calling helpers
+
+_STEP_CHAIN = """
+import torch
+
+class Runner:
+    def __init__(self, model, opt, accumulation=8):
+        self.model, self.opt, self.accumulation = model, opt, accumulation
+
+    def _apply(self):
+        self.opt.step()
+        self.opt.zero_grad()
+
+    def _update(self):
+        {clip}
+        self._apply()
+
+    def run(self, batches):
+        for n, (x, y) in enumerate(batches, start=1):
+            loss = torch.nn.functional.mse_loss(self.model(x), y) / self.accumulation
+            loss.backward()
+            {call}
+"""
+
+_CLEAR_CHAIN = """
+import torch
+
+ACCUM = 4
+
+def _clear(model):
+    model.zero_grad(set_to_none=True)
+
+def reset_state(model, stats):
+    stats.clear()
+    _clear(model)
+
+def train(model, loader, opt, stats):
+    for i, (x, y) in enumerate(loader):
+        {before}
+        (model(x, y) / ACCUM).backward()
+        if (i + 1) % ACCUM == 0:
+            opt.step()
+            {after}
+"""
+
+_CLIP_CHAIN = """
+import torch
+
+class Fit:
+    def __init__(self, model, opt, accum_steps=4):
+        self.model, self.opt, self.accum_steps = model, opt, accum_steps
+
+    def _clip(self):
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+
+    def _post_backward(self):
+        self._clip()
+
+    def fit(self, loader):
+        for i, (x, y) in enumerate(loader):
+            (self.model(x, y) / self.accum_steps).backward()
+            {pre}
+            if (i + 1) % self.accum_steps == 0:
+                {at}
+                self.opt.step()
+                self.opt.zero_grad()
+"""
+
+_SCHED_CHAIN = """
+import torch
+
+grad_accumulation_steps = 4
+
+def bump_lr(sched):
+    sched.step()
+
+def on_window_end(sched, logs):
+    logs.append(sched.get_last_lr()[0])
+    bump_lr(sched)
+
+def train(model, loader, opt, sched, logs):
+    for i, (x, y) in enumerate(loader):
+        (model(x, y) / grad_accumulation_steps).backward()
+        if (i + 1) % grad_accumulation_steps == 0:
+            opt.step()
+            opt.zero_grad()
+            {at}
+        {each}
+"""
+
+
+@pytest.mark.parametrize(("src", "code"), [
+    (_STEP_CHAIN.format(clip="pass", call="self._update()"), "AG101"),
+    (_STEP_CHAIN.format(clip="pass", call="self._apply()"), "AG101"),
+    (_CLEAR_CHAIN.format(before="reset_state(model, stats)", after="pass"), "AG102"),
+    (_CLEAR_CHAIN.format(before="pass", after="pass\n        reset_state(model, stats)"), "AG102"),
+    (_CLIP_CHAIN.format(pre="self._post_backward()", at="pass"), "AG105"),
+    (_SCHED_CHAIN.format(at="pass", each="on_window_end(sched, logs)"), "AG103"),
+    (_SCHED_CHAIN.format(at="pass", each="bump_lr(sched)"), "AG103"),
+], ids=["step-2-deep", "step-1-deep", "clear-2-deep", "clear-after-if", "clip-2-deep", "sched-2-deep",
+        "sched-1-deep"])
+def test_a_boundary_call_helpers_deep_runs_every_micro_step(src: str, code: str) -> None:
+    assert code in codes(src), lint_source(textwrap.dedent(src))
+
+
+@pytest.mark.parametrize("src", [
+    _STEP_CHAIN.format(clip="pass", call="if n % self.accumulation == 0:\n                self._update()"),
+    _STEP_CHAIN.format(clip="torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)",
+                       call="if n % self.accumulation == 0:\n                self._update()"),
+    _CLEAR_CHAIN.format(before="pass", after="reset_state(model, stats)"),
+    _CLIP_CHAIN.format(pre="pass", at="self._post_backward()"),
+    _SCHED_CHAIN.format(at="on_window_end(sched, logs)", each="pass"),
+], ids=["step-guarded-call", "step-and-clip-guarded", "clear-at-boundary", "clip-at-boundary",
+        "sched-at-boundary"])
+def test_the_same_helpers_called_at_the_boundary_are_silent(src: str) -> None:
+    assert not errors(src), lint_source(textwrap.dedent(src))
+
+
+def test_a_helper_guarded_inside_itself_is_at_the_boundary() -> None:
+    src = """
+    import torch
+
+    class T:
+        def __init__(self, opt, k=4):
+            self.opt, self.k, self.n = opt, k, 0
+
+        def _maybe_step(self):
+            self.n += 1
+            if self.n % self.k == 0:
+                self._really_step()
+
+        def _really_step(self):
+            self.opt.step()
+            self.opt.zero_grad()
+
+        def loop(self, model, loader):
+            for x in loader:
+                (model(x).mean() / self.k).backward()
+                self._maybe_step()
+    """
+    assert not errors(src)
+
+
+# ---------------------------------------------------------------- 2. a function handed over
+
+_PASSED = """
+import functools
+import torch
+
+grad_accum = 4
+
+def run_epoch(fn, loader):
+    for i, batch in enumerate(loader):
+        fn(i, batch)
+
+class MiniTrainer:
+    def __init__(self, loader):
+        self.loader = loader
+
+    def fit(self, body):
+        for i, batch in enumerate(self.loader):
+            body(i, batch)
+
+def main(model, loader, opt):
+    def step_fn(i, batch):
+        loss = model(batch).mean() / grad_accum
+        loss.backward()
+        {gate}opt.step()
+        {gate}opt.zero_grad()
+
+    {handover}
+"""
+
+
+@pytest.mark.parametrize("handover", [
+    "run_epoch(step_fn, loader)",
+    "run_epoch(fn=step_fn, loader=loader)",
+    "run_epoch(functools.partial(step_fn), loader)",
+    "MiniTrainer(loader).fit(step_fn)",
+])
+def test_a_function_handed_to_a_loop_of_the_file_is_a_window(handover: str) -> None:
+    bug = _PASSED.format(gate="", handover=handover)
+    assert "AG101" in codes(bug), lint_source(textwrap.dedent(bug))
+    ok = _PASSED.format(gate="if (i + 1) % grad_accum == 0: ", handover=handover)
+    assert not errors(ok), lint_source(textwrap.dedent(ok))
+
+
+def test_a_function_handed_to_an_unknown_trainer_is_not_guessed() -> None:
+    src = _PASSED.format(gate="", handover="import lightning\n    lightning.Fabric().launch(step_fn)")
+    assert not errors(src)
+
+
+# ---------------------------------------------------------------- 3. DeepSpeed configs through names
+
+_DS_LOOP = """
+import deepspeed
+import torch
+from dataclasses import asdict, dataclass, field
+
+{config}
+
+def train(model, loader, accum=8):
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config={arg})
+    for i, (x, y) in enumerate(loader):
+        engine.backward(torch.nn.functional.mse_loss(engine(x), y) / accum)
+        if (i + 1) % accum == 0:
+            engine.step()
+"""
+
+_NESTED_DC = """
+@dataclass
+class ZeroCfg:
+    stage: int = 2
+
+@dataclass
+class DSConfig:
+    train_micro_batch_size_per_gpu: int = 4
+    gradient_accumulation_steps: int = {ga}
+    gradient_clipping: float = 1.0
+    zero_optimization: ZeroCfg = field(default_factory=ZeroCfg)
+"""
+
+_DC_INSTANCE = """
+@dataclass
+class DSArgs:
+    train_micro_batch_size_per_gpu: int = 2
+    gradient_accumulation_steps: int = 4
+    gradient_clipping: float = 1.0
+    zero_optimization: dict = None
+
+cfg = DSArgs(gradient_accumulation_steps={ga}, zero_optimization={{"stage": 2}})
+"""
+
+_MERGE_FUNC = """
+BASE = {{"train_micro_batch_size_per_gpu": 2, "gradient_clipping": 1.0}}
+
+def build_ds_config():
+    zero = {{"stage": 1}}
+    return dict(**BASE, gradient_accumulation_steps={ga}, zero_optimization=zero)
+"""
+
+_MERGE_LITERAL = """
+BASE = {{"train_micro_batch_size_per_gpu": 2, "gradient_clipping": 1.0, "zero_optimization": {{"stage": 2}}}}
+ds_config = {{**BASE, "gradient_accumulation_steps": {ga}}}
+"""
+
+_UPDATE_MODULE = """
+ds_cfg = {{"train_micro_batch_size_per_gpu": 8, "gradient_clipping": 1.0}}
+ds_cfg.update({{"gradient_accumulation_steps": {ga}, "zero_optimization": {{"stage": 1}}}})
+"""
+
+_UPDATE_BUILDER = """
+def make_config(micro_bs):
+    cfg = {{"train_micro_batch_size_per_gpu": micro_bs, "gradient_clipping": 1.0}}
+    cfg["zero_optimization"] = {{"stage": 2}}
+    cfg.update(gradient_accumulation_steps={ga})
+    return cfg
+"""
+
+_SPELLINGS = [
+    (_NESTED_DC, "asdict(DSConfig())"),
+    (_DC_INSTANCE, "asdict(cfg)"),
+    (_MERGE_FUNC, "build_ds_config()"),
+    (_MERGE_LITERAL, "ds_config"),
+    (_UPDATE_MODULE, "ds_cfg"),
+    (_UPDATE_BUILDER, "make_config(8)"),
+]
+_IDS = ["nested-dataclass", "dataclass-instance", "dict-merge-builder", "spread-literal", "update-module",
+        "update-builder"]
+
+
+@pytest.mark.parametrize(("config", "arg"), _SPELLINGS, ids=_IDS)
+def test_a_config_spelled_through_names_is_read(config: str, arg: str) -> None:
+    ga1 = _DS_LOOP.format(config=config.format(ga=1), arg=arg)
+    assert ("AG109", "F2") in errors(ga1), lint_source(textwrap.dedent(ga1))
+    ga8 = _DS_LOOP.format(config=config.format(ga=8), arg=arg)
+    assert ("AG110", "F14") in errors(ga8), lint_source(textwrap.dedent(ga8))
+
+
+@pytest.mark.parametrize(("config", "arg"), _SPELLINGS, ids=_IDS)
+def test_the_engine_loop_with_those_configs_is_silent(config: str, arg: str) -> None:
+    src = _DS_LOOP.format(config=config.format(ga=8), arg=arg).replace(
+        "        if (i + 1) % accum == 0:\n            engine.step()", "        engine.step()").replace(
+        "/ accum)", ")")
+    assert not errors(src), lint_source(textwrap.dedent(src))
+
+
+def test_an_update_that_may_not_run_leaves_the_config_partial() -> None:
+    config = """
+ds_cfg = {"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1, "zero_optimization": {"stage": 2}}
+import os
+if os.environ.get("BIG"):
+    ds_cfg.update(gradient_accumulation_steps=8)
+"""
+    src = _DS_LOOP.format(config=config, arg="ds_cfg")
+    # GA is 1 or 8 depending on the environment: no AG109/AG110 error on a guess
+    assert not {"AG109", "AG110"} & codes(src), lint_source(textwrap.dedent(src))
+
+
+# ---------------------------------------------------------------- 4. a loop averaging over its own micro-batches
+
+_GROUPED = """
+import itertools
+import torch
+
+def batched(it, n):
+    it = iter(it)
+    while chunk := list(itertools.islice(it, n)):
+        yield chunk
+
+def train(model, loader, opt, sched):
+    for group in batched(loader, 4):
+        for x, y in group:
+            loss = torch.nn.functional.mse_loss(model(x), y) / {count}
+            loss.backward()
+            {inner}
+        opt.step()
+        {outer}
+        opt.zero_grad()
+"""
+
+
+@pytest.mark.parametrize("count", ["len(group)"])
+def test_a_loop_that_divides_by_its_own_length_is_a_window(count: str) -> None:
+    bug = _GROUPED.format(count=count, inner="sched.step()", outer="pass")
+    assert ("AG103", "F4") in errors(bug), lint_source(textwrap.dedent(bug))
+    ok = _GROUPED.format(count=count, inner="pass", outer="sched.step()")
+    assert not errors(ok)
+
+
+def test_a_range_loop_divided_by_its_bound_is_a_window() -> None:
+    src = """
+    import torch
+
+    def train(model, it, opt, n):
+        for step in range(100):
+            for _ in range(n):
+                (model(next(it)).mean() / n).backward()
+                opt.zero_grad()
+            opt.step()
+    """
+    assert ("AG102", "F3") in errors(src)
+
+
+def test_a_multi_task_sum_is_not_made_a_window_by_this() -> None:
+    src = """
+    import torch
+
+    def train(model, tasks, loader, opt):
+        for batch in loader:
+            for task in tasks:
+                model(batch, task).loss.backward()
+            opt.step()
+            opt.zero_grad()
+    """
+    assert not errors(src)
+
+
+# ---------------------------------------------------------------- 5. K read through a boundary flag (F12)
+
+def test_fsdp2_low_precision_reduce_reads_k_through_a_flag() -> None:
+    src = """
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    ACCUM_STEPS = {k}
+
+    def train(model, loader, opt):
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
+        fully_shard(model, mp_policy=mp)
+        for i, (x, y) in enumerate(loader):
+            is_last = (i + 1) % ACCUM_STEPS == 0
+            model.set_requires_gradient_sync(is_last)
+            (model(x, y) / ACCUM_STEPS).backward()
+            if is_last:
+                opt.step()
+                opt.zero_grad()
+    """
+    assert ("AG126", "F12") in errors(src.format(k=512))
+    assert not errors(src.format(k=8))  # a warning below the bound
+
+
+def test_a_bf16_model_reads_k_through_a_flag() -> None:
+    src = """
+    import torch
+
+    K = 256
+
+    def train(model, loader):
+        model = model.to(torch.bfloat16)
+        opt = torch.optim.AdamW(model.parameters())
+        for i, (x, y) in enumerate(loader):
+            ready = (i + 1) % K == 0
+            (model(x, y) / K).backward()
+            if ready:
+                opt.step()
+                opt.zero_grad()
+    """
+    assert ("AG120", "F12") in errors(src)
+
+
+# ---------------------------------------------------------------- 6. HF TrainingArguments(**kwargs)
+
+_HF = """
+from torch import nn
+from transformers import Trainer, TrainingArguments
+
+training_kwargs = {spec}
+
+class T(Trainer):
+    def compute_loss(self, model, inputs, return_outputs=False, **kwargs):
+        out = model(input_ids=inputs["input_ids"])
+        loss = nn.functional.cross_entropy(out.logits.flatten(0, 1), inputs["labels"].flatten())
+        return (loss, out) if return_outputs else loss
+
+def main(model, ds):
+    T(model=model, args=TrainingArguments(**training_kwargs), train_dataset=ds).train()
+"""
+
+
+@pytest.mark.parametrize(("spec", "severity"), [
+    ('dict(output_dir="o", gradient_accumulation_steps=16)', "error"),
+    ('{"output_dir": "o", "gradient_accumulation_steps": 16}', "error"),
+    ('{"output_dir": "o"}', None),  # GA 1: the micro-batch is the batch
+    ('dict(output_dir="o", gradient_accumulation_steps=1)', None),
+    ('load_kwargs()', "warning"),  # out of sight
+])
+def test_trainer_arguments_spread_from_a_dict_of_the_file(spec: str, severity: str | None) -> None:
+    src = textwrap.dedent(_HF.format(spec=spec))
+    got = {f.severity.value for f in lint_source(src) if f.code == "AG118"}
+    assert got == ({severity} if severity else set()), lint_source(src)
