@@ -455,3 +455,78 @@ def test_trainer_arguments_spread_from_a_dict_of_the_file(spec: str, severity: s
     src = textwrap.dedent(_HF.format(spec=spec))
     got = {f.severity.value for f in lint_source(src) if f.code == "AG118"}
     assert got == ({severity} if severity else set()), lint_source(src)
+
+
+# ---------------------------------------------------------------- 7. a config handed over through copies and builders
+
+_COPY = """
+import copy
+BASE_CONFIG = {{"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 4,
+                "gradient_clipping": 1.0, "zero_optimization": {{"stage": 2}}}}
+config = copy.deepcopy(BASE_CONFIG)
+config["gradient_accumulation_steps"] = {ga}
+"""
+
+_TO_DICT = """
+@dataclass
+class Zero:
+    stage: int = 1
+
+@dataclass
+class Cfg:
+    train_micro_batch_size_per_gpu: int = 4
+    gradient_accumulation_steps: int = {ga}
+    gradient_clipping: float = 1.0
+    zero_optimization: Zero = field(default_factory=Zero)
+
+    def to_dict(self):
+        return asdict(self)
+
+cfg = Cfg()
+"""
+
+_SPREADS_ONLY = """
+batch = {{"train_batch_size": {tbs}, "train_micro_batch_size_per_gpu": 32}}
+zero2 = {{"zero_optimization": {{"stage": 2}}, "gradient_clipping": 1.0}}
+ds_config = {{**batch, **zero2}}
+"""
+
+_BUILDER_COPY = """
+import copy
+BASE = {{"train_micro_batch_size_per_gpu": 8, "gradient_clipping": 1.0, "zero_optimization": {{"stage": 1}}}}
+
+def make():
+    c = BASE.copy()
+    c["gradient_accumulation_steps"] = {ga}
+    return c
+"""
+
+_SPELLINGS2 = [
+    (_COPY.format(ga=1), _COPY.format(ga=8), "config"),
+    (_TO_DICT.format(ga=1), _TO_DICT.format(ga=8), "cfg.to_dict()"),
+    (_SPREADS_ONLY.format(tbs=32), _SPREADS_ONLY.format(tbs=256), "ds_config"),
+    (_BUILDER_COPY.format(ga=1), _BUILDER_COPY.format(ga=8), "make()"),
+]
+
+
+@pytest.mark.parametrize(("ga1", "ga8", "arg"), _SPELLINGS2, ids=["deepcopy-then-key", "dataclass-to-dict",
+                                                                   "spreads-only", "builder-copy"])
+def test_a_config_built_from_copies_and_builders_is_read(ga1: str, ga8: str, arg: str) -> None:
+    bug = _DS_LOOP.format(config=ga1, arg=arg)
+    assert ("AG109", "F2") in errors(bug), lint_source(textwrap.dedent(bug))
+    ok = _DS_LOOP.format(config=ga8, arg=arg).replace(
+        "        if (i + 1) % accum == 0:\n            engine.step()", "        engine.step()").replace("/ accum)", ")")
+    if arg != "ds_config":  # 256 / 32: GA 8 only with one rank; the engine loop is right for any GA
+        assert not errors(ok), lint_source(textwrap.dedent(ok))
+
+
+def test_a_key_written_under_a_condition_is_unknown() -> None:
+    config = """
+import copy, os
+BASE = {"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1, "zero_optimization": {"stage": 2}}
+config = copy.deepcopy(BASE)
+if os.environ.get("ACCUM"):
+    config["gradient_accumulation_steps"] = 8
+"""
+    src = _DS_LOOP.format(config=config, arg="config")
+    assert not {"AG109", "AG110"} & codes(src), lint_source(textwrap.dedent(src))

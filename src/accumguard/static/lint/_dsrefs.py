@@ -111,19 +111,62 @@ class DsConfigFinder:
             ):
                 continue  # a nested section: read with its parent
             keys = literal_keys(node)
-            if not (set(keys) & set(_DS_BATCH_KEYS) or "zero_optimization" in keys):
+            spread = (isinstance(node, ast.Dict) and None in node.keys) or (isinstance(node, ast.Call) and (
+                bool(node.args) or any(k.arg is None for k in node.keywords)))
+            if not (set(keys) & set(_DS_BATCH_KEYS) or "zero_optimization" in keys or spread):
                 continue
             if not self._used_as_config(node):
                 continue  # a template or a fragment (library code), not a config
             cfg = config_from_literal(node, resolve=self.resolver().resolve)
-            if cfg is None:
-                continue
+            if cfg is None or not (set(cfg) & set(_DS_BATCH_KEYS) or "zero_optimization" in cfg):
+                continue  # `{**base}` whose base cannot be read, or is no DeepSpeed config
             name = self._holder_name(node)
             if name is not None:
                 self._apply_later_updates(name, cfg, node)
             out.append(DsConfigRef(cfg, f"dict literal at line {getattr(node, 'lineno', 1)}", node, literal=True,
                                    hf=self._handed_to_hf(node), name=name))
-        return out + self._dataclass_configs()
+        out += self._dataclass_configs()
+        return out + self._resolved_arguments({id(r.node) for r in out})
+
+    def _resolved_arguments(self, found: set[int]) -> list[DsConfigRef]:
+        """A config handed to DeepSpeed as an expression no literal above stands for
+        (``config=cfg`` with ``cfg = copy.deepcopy(BASE)`` then ``cfg["key"] = ...``,
+        ``config=make()`` returning such a name), read by the resolver when it leads to dict
+        literals of the file."""
+        out: list[DsConfigRef] = []
+        resolver = self.resolver()
+        args: list[ast.AST] = [kw.value for kw in self._config_keywords()]
+        args += [a for c in self.ctx.of(ast.Call) if call_attr(c) == "initialize" and self.ctx.deepspeed
+                 for a in c.args]
+        for arg in args:
+            if not isinstance(arg, ast.Name | ast.Call) or self._root_literal(arg) in found:
+                continue
+            if isinstance(arg, ast.Call) and last_part(dotted(arg.func)) in ("load", "loads", "asdict"):
+                continue  # a file (read above by its path) or a dataclass (read above)
+            cfg = resolver.resolve(arg)
+            if cfg is None or not (set(cfg) & set(_DS_BATCH_KEYS) or "zero_optimization" in cfg):
+                continue
+            found.add(id(arg))
+            out.append(DsConfigRef(cfg, f"config built at line {getattr(arg, 'lineno', 1)}", arg, literal=True,
+                                   hf=self._handed_to_hf(arg), name=dotted(arg) if isinstance(arg, ast.Name) else None))
+        return out
+
+    def _root_literal(self, expr: ast.AST) -> int:
+        """The id of the node a config expression stands for: a name's one binding value, a
+        call's function's one return value, followed a few steps (else the expression)."""
+        resolver = self.resolver()
+        for _ in range(4):
+            nxt: ast.AST | None = None
+            if isinstance(expr, ast.Name) and (bound := resolver.binding(expr)) is not None:
+                nxt = bound[1].value
+            elif isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) \
+                    and (fn := self._function(expr.func.id)) is not None:
+                rets = [n for n in walk_local(fn) if isinstance(n, ast.Return)]
+                nxt = rets[0].value if len(rets) == 1 else None
+            if nxt is None:
+                break
+            expr = nxt
+        return id(expr)
 
     def _dataclass_configs(self) -> list[DsConfigRef]:
         """``asdict(DSConfig(...))`` (or ``asdict(cfg)``, ``cfg`` bound once to such a call)
@@ -162,7 +205,28 @@ class DsConfigFinder:
         return self.ctx._cached(  # type: ignore[no-any-return]
             "ds_resolver", self.ctx.tree,
             lambda: NameResolver(self.ctx.parents, self.ctx.tree, self._classes(), self._scope_assigns,
-                                 self._scope_updates))
+                                 self._scope_updates, self._scope_subscripts, self._function))
+
+    def _function(self, name: str) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+        """The file's only module-level-or-nested function ``name`` (not a method)."""
+        def compute() -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
+            defs = self._defs_and_calls_by_name()[0]
+            return {f.name: f for f in self.ctx.of(ast.FunctionDef, ast.AsyncFunctionDef)
+                    if defs.get(f.name, 0) == 1 and not isinstance(self.ctx.parents.get(f), ast.ClassDef)}
+        table: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = self.ctx._cached("ds_functions", self.ctx.tree, compute)
+        return table.get(name)
+
+    def _scope_subscripts(self, scope: ast.AST) -> dict[str, list[ast.Assign]]:
+        """Per plain name, its ``name["key"] = value`` statements in ``scope``."""
+        def compute() -> dict[str, list[ast.Assign]]:
+            out: dict[str, list[ast.Assign]] = {}
+            for n in walk_local(scope):
+                if isinstance(n, ast.Assign):
+                    for t in n.targets:
+                        if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name):
+                            out.setdefault(t.value.id, []).append(n)
+            return out
+        return self.ctx._cached("ds_scope_subs", scope, compute)  # type: ignore[no-any-return]
 
     def _scope_assigns(self, scope: ast.AST) -> dict[str, list[ast.Assign]]:
         """Per plain name, its assignments in ``scope`` (outside nested definitions)."""
@@ -409,12 +473,16 @@ class DsConfigFinder:
         if ref.name is not None:
             subs, _ = self._updates_by_name()
             hits = [
-                n.value for n in subs.get(ref.name, ())
+                n for n in subs.get(ref.name, ())
                 for t in n.targets
                 if isinstance(t, ast.Subscript) and isinstance(t.slice, ast.Constant) and t.slice.value == key
             ]
             if hits:
-                return hits[-1]
+                resolver = self.resolver()
+                last = hits[-1]
+                if ref.cfg.get(key) is dsconfig.UNKNOWN and not resolver.always_runs(last):
+                    return None  # written under a condition: either value may hold
+                return last.value
         node = ref.node
         if isinstance(node, ast.Dict):
             for k, v in zip(node.keys, node.values, strict=True):

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from accumguard.static import dsconfig
-from accumguard.static.lint._ast import FUNCS, dotted, last_part
+from accumguard.static.lint._ast import FUNCS, dotted, last_part, walk_local
 
 #: what a resolver gives for an expression: the config section it evaluates to, or None
 Resolve = Callable[[ast.AST], dsconfig.ConfigDict | None]
@@ -178,12 +178,16 @@ class NameResolver:
 
     def __init__(self, parents: dict[ast.AST, ast.AST], tree: ast.AST,
                  classes: dict[str, ast.ClassDef], assigns: Callable[[ast.AST], dict[str, list[ast.Assign]]],
-                 updates: Callable[[ast.AST], dict[str, list[ast.Call]]]) -> None:
+                 updates: Callable[[ast.AST], dict[str, list[ast.Call]]],
+                 subscripts: Callable[[ast.AST], dict[str, list[ast.Assign]]],
+                 function: Callable[[str], ast.FunctionDef | ast.AsyncFunctionDef | None]) -> None:
         self.parents = parents
         self.tree = tree
         self.classes = classes
         self._assigns = assigns  # scope -> name -> its plain assignments there
         self._updates = updates  # scope -> name -> its `.update()`/`.setdefault()` calls there
+        self._subscripts = subscripts  # scope -> name -> its `name["key"] = v` statements there
+        self._function = function  # the file's one function of that name (None: none or several)
         self._active: set[int] = set()
 
     def scope_of(self, node: ast.AST) -> ast.AST:
@@ -212,7 +216,9 @@ class NameResolver:
             if name == "asdict" and len(expr.args) == 1:
                 return self.resolve(expr.args[0])
             lit = dataclass_dict(expr, self.classes)
-            return None if lit is None else config_from_literal(lit, resolve=self.resolve)
+            if lit is not None:
+                return config_from_literal(lit, resolve=self.resolve)
+            return self._returned(expr)
         if not isinstance(expr, ast.Name):
             return None
         bound = self.binding(expr)
@@ -226,7 +232,48 @@ class NameResolver:
             cfg = self.resolve(value) if isinstance(value, ast.Call | ast.Name) else None
         if cfg is not None:
             self.apply_updates(expr.id, scope, assign, cfg)
+            self._apply_subscripts(expr.id, scope, assign, cfg)
         return cfg
+
+    def _returned(self, call: ast.Call) -> dsconfig.ConfigDict | None:
+        """What a call of the file's function returns, when it has one ``return`` (its
+        parameters are not bound: a value built from them is unknown); for ``obj.method()``
+        with ``obj`` bound to a dataclass instance, a method returning ``asdict(self)``."""
+        if isinstance(call.func, ast.Attribute):
+            inst = self.binding(call.func.value) if isinstance(call.func.value, ast.Name) else None
+            value = inst[1].value if inst is not None else call.func.value
+            if not (isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in self.classes):
+                return None
+            cls = self.classes[value.func.id]
+            method = next((f for f in cls.body if isinstance(f, FUNCS) and f.name == call.func.attr), None)
+            ret = _single_return(method) if method is not None else None
+            if (isinstance(ret, ast.Call) and last_part(dotted(ret.func)) == "asdict" and len(ret.args) == 1
+                    and isinstance(ret.args[0], ast.Name) and ret.args[0].id == "self"):
+                lit = dataclass_dict(value, self.classes)
+                return None if lit is None else config_from_literal(lit, resolve=self.resolve)
+            return None
+        if not isinstance(call.func, ast.Name):
+            return None
+        fn = self._function(call.func.id)
+        ret = _single_return(fn) if fn is not None else None
+        return None if ret is None else self.resolve(ret)
+
+    def _apply_subscripts(self, name: str, scope: ast.AST, assign: ast.AST, cfg: dsconfig.ConfigDict) -> None:
+        """``name["key"] = value`` after ``assign`` in ``scope``: the value when the statement
+        always runs, else the key may hold either value (unknown)."""
+        after = getattr(assign, "lineno", 0)
+        for stmt in self._subscripts(scope).get(name, []):
+            if stmt.lineno < after:
+                continue
+            for t in stmt.targets:
+                if isinstance(t, ast.Subscript) and isinstance(t.slice, ast.Constant) and isinstance(t.slice.value, str):
+                    key = t.slice.value
+                    value = literal_value(stmt.value, self.resolve)
+                    if not self._always_runs_stmt(stmt, scope) and cfg.get(key, dsconfig.UNKNOWN) != value:
+                        value = dsconfig.UNKNOWN
+                        cfg.partial = cfg.partial or key not in cfg
+                    cfg[key] = value
+                    cfg.key_lines[(key,)] = stmt.lineno
 
     def binding(self, name: ast.Name) -> tuple[ast.AST, ast.Assign] | None:
         """The one assignment of ``name`` in its function, else in the module (None when
@@ -261,6 +308,14 @@ class NameResolver:
         stmt = self.parents.get(call)
         if not isinstance(stmt, ast.Expr):
             return False
+        return self._always_runs_stmt(stmt, scope)
+
+    def always_runs(self, stmt: ast.AST) -> bool:
+        """``stmt`` runs whenever its function (or the module) runs: no ``if``, loop or ``try``
+        around it there."""
+        return self._always_runs_stmt(stmt, self.scope_of(stmt))
+
+    def _always_runs_stmt(self, stmt: ast.AST, scope: ast.AST) -> bool:
         cur = self.parents.get(stmt)
         while cur is not None and cur is not scope:
             if not isinstance(cur, _STRAIGHT):
@@ -289,3 +344,9 @@ class NameResolver:
             cfg.key_lines = {p: ln for p, ln in cfg.key_lines.items() if p[0] != key}
         cfg.key_lines.update(upd.key_lines)
         return True
+
+
+def _single_return(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> ast.expr | None:
+    """The value of the function's only ``return`` (outside nested definitions), if any."""
+    rets = [n for n in walk_local(fn) if isinstance(n, ast.Return)]
+    return rets[0].value if len(rets) == 1 else None
