@@ -530,3 +530,41 @@ if os.environ.get("ACCUM"):
 """
     src = _DS_LOOP.format(config=config, arg="config")
     assert not {"AG109", "AG110"} & codes(src), lint_source(textwrap.dedent(src))
+
+
+# ---------------------------------------------------------------- 8. a wrapper class of the file around the optimizer
+
+_WRAPPER = """
+import torch
+
+class {name}{bases}:
+    def __init__(self, optimizer, accumulative_counts=4):
+        self.optimizer = optimizer
+        self.accumulative_counts = accumulative_counts
+        self._inner = 0
+
+    def step(self):
+        self._inner += 1
+        {gate}self.optimizer.step()
+        {gate}self.optimizer.zero_grad()
+
+def train(model, loader):
+    optim_wrapper = {name}(torch.optim.SGD(model.parameters(), lr=0.1), accumulative_counts=4)
+    for x, y in loader:
+        loss = torch.nn.functional.mse_loss(model(x), y) / optim_wrapper.accumulative_counts
+        loss.backward()
+        optim_wrapper.step()
+"""
+
+
+def test_a_wrapper_that_gates_its_own_step_is_followed() -> None:
+    ok = _WRAPPER.format(name="AccumulatingOptimizer", bases="",
+                         gate="if self._inner % self.accumulative_counts == 0: ")
+    assert not errors(ok), lint_source(textwrap.dedent(ok))
+    bug = _WRAPPER.format(name="AccumulatingOptimizer", bases="", gate="")
+    assert ("AG101", "F1") in errors(bug), lint_source(textwrap.dedent(bug))
+
+
+def test_a_custom_optimizer_subclass_is_still_an_optimizer() -> None:
+    src = _WRAPPER.format(name="MyOptim", bases="(torch.optim.Optimizer)", gate="")
+    assert ("AG101", "F1") in errors(src), lint_source(textwrap.dedent(src))
