@@ -568,3 +568,132 @@ def test_a_wrapper_that_gates_its_own_step_is_followed() -> None:
 def test_a_custom_optimizer_subclass_is_still_an_optimizer() -> None:
     src = _WRAPPER.format(name="MyOptim", bases="(torch.optim.Optimizer)", gate="")
     assert ("AG101", "F1") in errors(src), lint_source(textwrap.dedent(src))
+
+
+# ---------------------------------------------------------------- 9. Accelerate: a scheduler never prepared
+
+_ACC = """
+import torch
+from accelerate import Accelerator
+
+def main(model, loader):
+    accelerator = Accelerator(gradient_accumulation_steps={k})
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=1000)
+    model, optimizer, loader{prepared} = accelerator.prepare(model, optimizer, loader{prepared})
+    for batch in loader:
+        with accelerator.accumulate(model):
+            accelerator.backward(model(**batch).loss)
+            optimizer.step()
+            {gate}scheduler.step()
+            optimizer.zero_grad()
+"""
+
+
+def test_an_unprepared_scheduler_steps_every_micro_batch_under_accumulate() -> None:
+    bug = _ACC.format(k=8, prepared="", gate="")
+    assert ("AG103", "F4") in errors(bug), lint_source(textwrap.dedent(bug))
+
+
+@pytest.mark.parametrize(("k", "prepared", "gate"), [
+    (8, ", scheduler", ""),  # prepared: Accelerate gates it
+    (8, "", "if accelerator.sync_gradients: "),
+    (1, "", ""),  # no accumulation
+])
+def test_a_prepared_or_gated_scheduler_is_silent(k: int, prepared: str, gate: str) -> None:
+    src = _ACC.format(k=k, prepared=prepared, gate=gate)
+    assert not errors(src), lint_source(textwrap.dedent(src))
+
+
+# ---------------------------------------------------------------- 10. HF Trainer.training_step override
+
+_HF_STEP = """
+from transformers import Trainer, TrainingArguments
+
+class StepTrainer(Trainer):
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
+        self.accelerator.backward(loss)
+        {body}
+        return loss.detach()
+
+def main(model, ds):
+    args = TrainingArguments(output_dir="x", gradient_accumulation_steps={k})
+    StepTrainer(model=model, args=args, train_dataset=ds).train()
+"""
+
+
+def test_a_trainer_training_step_that_steps_the_optimizer_is_f1_with_ga() -> None:
+    body = "self.optimizer.step()\n        self.optimizer.zero_grad()"
+    bug = _HF_STEP.format(body=body, k=4)
+    assert ("AG101", "F1") in errors(bug), lint_source(textwrap.dedent(bug))
+    assert not errors(_HF_STEP.format(body=body, k=1))
+    assert not errors(_HF_STEP.format(body="pass", k=4))
+
+
+# ---------------------------------------------------------------- 11. a config in sight whose GA and stage are passed in
+
+_PASSED_IN = """
+import deepspeed
+
+def _ds_config(stage, ga):
+    cfg = {{"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": ga,
+           "zero_optimization": {{"stage": stage}}, "gradient_clipping": 1.0}}
+    return cfg
+
+def run(model, data, stage, ga, k):
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                      config=_ds_config(stage, ga))
+    for start in range(0, len(data), k):
+        for batch in data[start:start + k]:
+            engine.backward({loss})
+        engine.step()
+"""
+
+
+def test_a_config_whose_ga_and_stage_are_passed_in_is_judged_as_out_of_sight() -> None:
+    divided = textwrap.dedent(_PASSED_IN.format(loss="engine(batch).mean() / k"))
+    assert {(f.code, f.severity.value) for f in lint_source(divided) if f.code in ("AG109", "AG110", "AG139")} \
+        == {("AG139", "warning")}, lint_source(divided)
+
+
+# ---------------------------------------------------------------- 12. loss / W returned by a helper
+
+_DDP_HELPER = """
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+ACCUM = 4
+
+def compute_loss(model, x, y):
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    {ret}
+
+def train(model, loader):
+    model = DDP(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for i, (x, y) in enumerate(loader):
+        loss = compute_loss(model, x, y) / ACCUM
+        loss.backward()
+        if (i + 1) % ACCUM == 0:
+            opt.step()
+            opt.zero_grad()
+"""
+
+
+@pytest.mark.parametrize("ret", ["return loss / dist.get_world_size()",
+                                 "loss = loss / dist.get_world_size()\n    return loss"])
+def test_a_helper_returning_the_loss_over_w_under_ddp(ret: str) -> None:
+    bug = _DDP_HELPER.format(ret=ret)
+    assert ("AG112", "F10") in errors(bug), lint_source(textwrap.dedent(bug))
+
+
+def test_a_helper_dividing_a_logged_copy_by_w_is_silent() -> None:
+    src = _DDP_HELPER.format(ret="return loss").replace(
+        "        loss.backward()", "        loss.backward()\n        shown = compute_mean(loss.detach())") + """
+def compute_mean(loss):
+    dist.all_reduce(loss)
+    return loss / dist.get_world_size()
+"""
+    assert not errors(src), lint_source(textwrap.dedent(src))

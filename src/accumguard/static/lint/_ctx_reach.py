@@ -58,6 +58,17 @@ class ReachFacts(BoundaryFacts):
             return None
         return fns[0]
 
+    def call_sites(self, fn: ast.AST) -> list[ast.Call]:
+        """The calls of the file that :meth:`callee_of` resolves to ``fn`` (one index per file)."""
+        def compute() -> dict[ast.AST, list[ast.Call]]:
+            out: dict[ast.AST, list[ast.Call]] = {}
+            for c in self.of(ast.Call):
+                if (target := self.callee_of(c)) is not None:
+                    out.setdefault(target, []).append(c)
+            return out
+        table: dict[ast.AST, list[ast.Call]] = self._cached("call_sites", self.tree, compute)
+        return table.get(fn, [])
+
     def has_own_backward(self, fn: ast.AST) -> bool:
         """``fn`` runs a backward itself (outside nested definitions)."""
         return bool(self._cached("own_backward", fn, lambda: any(

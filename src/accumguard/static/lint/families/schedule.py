@@ -30,10 +30,60 @@ from accumguard.static.lint.families._lightning import (
 )
 
 
+def _accelerator_k(ctx: FileContext) -> int | None:
+    """The ``gradient_accumulation_steps`` every ``Accelerator(...)`` of the file is given, when
+    it is one integer in sight (None otherwise)."""
+    def compute() -> int | None:
+        values = {ctx.int_value(k.value) for c in ctx.of(ast.Call) if call_attr(c) == "Accelerator"
+                  for k in c.keywords if k.arg == "gradient_accumulation_steps"}
+        return values.pop() if len(values) == 1 else None
+    return ctx._cached("accelerator_k", ctx.tree, compute)  # type: ignore[no-any-return]
+
+
+def _prepared_names(ctx: FileContext) -> set[str] | None:
+    """What ``accelerator.prepare(...)`` receives or returns (dotted names); None when the file
+    calls no ``prepare`` or hands it a ``*spread`` (what is prepared cannot be told)."""
+    def compute() -> set[str] | None:
+        calls = [c for c in ctx.of(ast.Call) if call_attr(c) == "prepare" and c.args]
+        if not calls or any(isinstance(a, ast.Starred) for c in calls for a in c.args):
+            return None
+        out = {d for c in calls for a in c.args if (d := dotted(a)) is not None}
+        for c in calls:
+            parent = ctx.parents.get(c)
+            if isinstance(parent, ast.Assign):
+                out |= {d for t in parent.targets for x in walk_all(t) if (d := dotted(x)) is not None}
+        return out
+    return ctx._cached("prepared_names", ctx.tree, compute)  # type: ignore[no-any-return]
+
+
+def _unprepared_scheduler_steps(ctx: FileContext, window: ast.AST) -> Iterator[Finding]:
+    """Inside ``accelerator.accumulate(...)`` Accelerate gates the *prepared* scheduler's step;
+    a scheduler built in the file and never handed to ``prepare`` steps on every micro-batch."""
+    k = _accelerator_k(ctx)
+    prepared = _prepared_names(ctx)
+    if k is None or k < 2 or prepared is None:
+        return
+    for call, kind in ctx.window_facts(window).steps:
+        name = dotted(receiver(call))
+        if kind != "scheduler" or name is None or name in prepared or name not in ctx.schedulers \
+                or ctx.guarded(call, window):
+            continue
+        yield ctx.finding(
+            "AG103",
+            call,
+            f"`{name}.step()` runs on every micro-batch: `{name}` was never handed to "
+            "`accelerator.prepare`, so Accelerate does not gate its step under `accumulate()` "
+            f"(gradient_accumulation_steps = {k}): the learning-rate schedule advances K times per "
+            "optimizer step; prepare it, or step it under `if accelerator.sync_gradients:`",
+        )
+
+
 @rule("AG103")
 def scheduler_every_micro_step(ctx: FileContext) -> Iterator[Finding]:
     for window in ctx.windows():
         facts = ctx.window_facts(window)
+        if facts.accelerate and facts.accumulating and not facts.summed_loss:
+            yield from _unprepared_scheduler_steps(ctx, window)
         if not facts.accumulating or facts.unguarded_optimizer_steps or facts.accelerate or facts.summed_loss:
             continue
         for call, kind in facts.steps:
