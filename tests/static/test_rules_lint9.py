@@ -697,3 +697,21 @@ def compute_mean(loss):
     return loss / dist.get_world_size()
 """
     assert not errors(src), lint_source(textwrap.dedent(src))
+
+
+def test_a_non_deepspeed_config_keyword_is_not_read_as_a_deepspeed_config() -> None:
+    src = """
+    import copy
+    from mylib import Runner
+
+    BASE = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 16, "gradient_accumulation_steps": 2}
+
+    def main(model, loader, opt):
+        cfg = copy.deepcopy(BASE)
+        Runner(model, config=cfg).fit(loader)
+        for i, x in enumerate(loader):
+            model(x).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    """
+    assert not [f for f in lint_source(textwrap.dedent(src)) if (f.code or "").startswith("AG2")]

@@ -135,7 +135,10 @@ class DsConfigFinder:
         literals of the file."""
         out: list[DsConfigRef] = []
         resolver = self.resolver()
-        args: list[ast.AST] = [kw.value for kw in self._config_keywords()]
+        # `config=` is a common keyword: only in a file that uses DeepSpeed, or under a name
+        # that says DeepSpeed (`TrainingArguments(deepspeed=...)`, `hf_ds_config=`)
+        args: list[ast.AST] = [kw.value for kw in self._config_keywords()
+                               if self.ctx.deepspeed or kw.arg not in ("config", "config_params")]
         args += [a for c in self.ctx.of(ast.Call) if call_attr(c) == "initialize" and self.ctx.deepspeed
                  for a in c.args]
         for arg in args:
