@@ -8,10 +8,11 @@ returns the name it filled)."""
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import pytest
 
-from accumguard.static.lint import lint_source
+from accumguard.static.lint import lint_file, lint_source
 
 
 def errors(src: str) -> set[tuple[str, str]]:
@@ -715,3 +716,36 @@ def test_a_non_deepspeed_config_keyword_is_not_read_as_a_deepspeed_config() -> N
             opt.zero_grad()
     """
     assert not [f for f in lint_source(textwrap.dedent(src)) if (f.code or "").startswith("AG2")]
+
+
+# ---------------------------------------------------------------- 13. f-string paths beside the script, pydantic configs
+
+def test_a_json_config_named_by_an_fstring_beside_the_script(tmp_path: Path) -> None:
+    (tmp_path / "ds_zero2.json").write_text(
+        '{"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,'
+        ' "zero_optimization": {"stage": 2}}')
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(_DS_LOOP.format(config="import os\nHERE = os.path.dirname(__file__)",
+                                                      arg='f"{HERE}/ds_zero2.json"')))
+    assert ("AG109", "F2") in {(f.code, str(f.failure_class)) for f in lint_file(script)
+                               if f.severity.value == "error"}, lint_file(script)
+
+
+def test_a_pydantic_config_is_read_like_a_dataclass() -> None:
+    config = """
+from pydantic import BaseModel, Field
+
+class Zero(BaseModel):
+    stage: int = 1
+
+class DSConfig(BaseModel):
+    train_micro_batch_size_per_gpu: int = 4
+    gradient_accumulation_steps: int = Field(default={ga})
+    gradient_clipping: float = 1.0
+    zero_optimization: Zero = Field(default_factory=Zero)
+
+cfg = DSConfig()
+"""
+    for ga, code in ((1, "AG109"), (8, "AG110")):
+        src = _DS_LOOP.format(config=config.format(ga=ga), arg="cfg.model_dump()")
+        assert code in codes(src), lint_source(textwrap.dedent(src))

@@ -512,7 +512,10 @@ class DsConfigFinder:
             tried += 1
             if tried > _MAX_JSON_CANDIDATES:
                 break
-            for cand in (base / node.value, Path(node.value)):
+            cands = [base / node.value, Path(node.value)]
+            if isinstance(self.ctx.parents.get(node), ast.JoinedStr) and node.value.startswith("/"):
+                cands.insert(0, base / node.value.lstrip("/"))  # f"{HERE}/ds_config.json"
+            for cand in cands:
                 try:
                     if not cand.is_file():
                         continue

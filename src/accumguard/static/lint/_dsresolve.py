@@ -116,11 +116,13 @@ def config_from_literal(node: ast.AST, prefix: tuple[str, ...] = (),
 
 
 def dataclass_classes(classes: Iterable[ast.ClassDef]) -> dict[str, ast.ClassDef]:
-    """The file's ``@dataclass`` classes by name (a name defined twice is left out)."""
+    """The file's ``@dataclass`` classes (and pydantic ``BaseModel`` subclasses, read the same way)
+    by name (a name defined twice is left out)."""
     out: dict[str, ast.ClassDef] = {}
     twice: set[str] = set()
     for c in classes:
-        if any(last_part(dotted(d.func if isinstance(d, ast.Call) else d)) == "dataclass" for d in c.decorator_list):
+        if any(last_part(dotted(d.func if isinstance(d, ast.Call) else d)) == "dataclass" for d in c.decorator_list) \
+                or any(last_part(dotted(b)) == "basemodel" for b in c.bases):  # pydantic: the same fields
             if c.name in out:
                 twice.add(c.name)
             out[c.name] = c
@@ -131,7 +133,7 @@ def field_default(value: ast.expr, classes: dict[str, ast.ClassDef] | None = Non
     """A dataclass field's default: ``field(default=x)`` -> x, ``field(default_factory=lambda:
     x)`` -> x, ``field(default_factory=Cls)`` -> ``Cls()``, a plain default as is (anything
     else stays a computed value)."""
-    if isinstance(value, ast.Call) and last_part(dotted(value.func)) == "field":
+    if isinstance(value, ast.Call) and last_part(dotted(value.func)) == "field":  # also pydantic Field
         for kw in value.keywords:
             if kw.arg == "default":
                 return kw.value
@@ -213,8 +215,10 @@ class NameResolver:
                 return self.resolve(expr.args[0])
             if isinstance(expr.func, ast.Attribute) and expr.func.attr == "copy" and not expr.args:
                 return self.resolve(expr.func.value)
-            if name == "asdict" and len(expr.args) == 1:
+            if name in ("asdict", "vars") and len(expr.args) == 1:
                 return self.resolve(expr.args[0])
+            if name in ("model_dump", "dict") and isinstance(expr.func, ast.Attribute) and not expr.args:
+                return self.resolve(expr.func.value)  # pydantic's `cfg.model_dump()`
             lit = dataclass_dict(expr, self.classes)
             if lit is not None:
                 return config_from_literal(lit, resolve=self.resolve)
