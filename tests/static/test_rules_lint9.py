@@ -749,3 +749,55 @@ cfg = DSConfig()
     for ga, code in ((1, "AG109"), (8, "AG110")):
         src = _DS_LOOP.format(config=config.format(ga=ga), arg="cfg.model_dump()")
         assert code in codes(src), lint_source(textwrap.dedent(src))
+
+
+# ---------------------------------------------------------------- 14. a config given by a launcher beside the script
+
+_CLI_SCRIPT = """
+import argparse
+import deepspeed
+import torch
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--grad_accum", type=int, default=4)
+    p = deepspeed.add_config_arguments(p)
+    args = p.parse_args()
+    model = torch.nn.Linear(4, 4)
+    engine, _, _, _ = deepspeed.initialize(args=args, model=model, model_parameters=model.parameters())
+    for step in range(3):
+        for k in range(args.grad_accum):
+            engine.backward(engine(torch.randn(2, 4)).mean() / args.grad_accum)
+        engine.step()
+"""
+
+
+def _cli_case(tmp_path: Path, launchers: dict[str, str], configs: dict[str, int]) -> set[tuple[str, str]]:
+    for name, ga in configs.items():
+        (tmp_path / name).write_text(
+            f'{{"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": {ga}, '
+            '"gradient_clipping": 1.0, "zero_optimization": {"stage": 2}}')
+    for name, text in launchers.items():
+        (tmp_path / name).write_text(text)
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(_CLI_SCRIPT))
+    return {(f.code or "", f.severity.value) for f in lint_file(script)}
+
+
+def test_a_config_given_by_a_launcher_beside_the_script_is_read(tmp_path: Path) -> None:
+    got = _cli_case(tmp_path, {"run.sh": "deepspeed --num_gpus 2 train.py --deepspeed --deepspeed_config ds.json\n"},
+                    {"ds.json": 1})
+    assert ("AG109", "error") in got, got
+
+
+def test_launchers_that_disagree_leave_the_config_out_of_sight(tmp_path: Path) -> None:
+    got = _cli_case(tmp_path, {"run.sh": "deepspeed train.py --deepspeed_config ds1.json\n",
+                               "big.sh": "deepspeed train.py --deepspeed_config=ds8.json\n"},
+                    {"ds1.json": 1, "ds8.json": 8})
+    assert not {c for c, sev in got if sev == "error"}, got
+    assert ("AG139", "warning") in got, got
+
+
+def test_a_launcher_line_of_another_script_is_not_read(tmp_path: Path) -> None:
+    got = _cli_case(tmp_path, {"run.sh": "deepspeed other_train.py --deepspeed_config ds.json\n"}, {"ds.json": 1})
+    assert ("AG109", "error") not in got, got

@@ -534,4 +534,70 @@ class DsConfigFinder:
                         where += " as updated in the script"
                 return DsConfigRef(cfg, where, node, literal=False, name=name)
         literals = self.ds_config_literals()
-        return literals[0] if literals else None
+        if literals:
+            return literals[0]
+        return self._launcher_config()
+
+    def _launcher_config(self) -> DsConfigRef | None:
+        """The config a launcher beside the script gives it on the command line
+        (``deepspeed train.py --deepspeed --deepspeed_config ds.json`` in ``run.sh``), for a
+        DeepSpeed script that reads ``--deepspeed_config`` (``deepspeed.add_config_arguments``
+        or its own argument) and names no config itself: read when the launchers agree on one
+        file that exists beside the script."""
+        path = self.ctx.path
+        if path is None or not self.ctx.deepspeed:
+            return None
+        anchor = next((c for c in self.ctx.of(ast.Call) if call_attr(c) == "add_config_arguments"), None)
+        if anchor is None:
+            anchor = next((c for c in self.ctx.of(ast.Constant)
+                           if isinstance(c.value, str) and c.value in ("--deepspeed_config", "--deepspeed-config")), None)
+        if anchor is None:
+            return None
+        found = launcher_configs(path)
+        if len(found) != 1:
+            return None  # none, or several different ones: which one runs cannot be told
+        (cfg_path, where), = found.items()
+        try:
+            cfg = dsconfig.load_config(cfg_path)
+        except (OSError, ValueError):
+            return None
+        if not any(k in cfg for k in (*_DS_BATCH_KEYS, "zero_optimization")):
+            return None
+        return DsConfigRef(cfg, f"{cfg_path.name}, given by {where}", anchor, literal=False)
+
+
+_LAUNCHERS = ("*.sh", "*.bash", "*.slurm", "*.sbatch", "Makefile")
+_MAX_LAUNCHER_BYTES = 200_000
+_CONFIG_FLAG = re.compile(r"--deepspeed[_-]config[= ]+['\"]?([^\s'\"]+)")
+
+
+def launcher_configs(script: Path) -> dict[Path, str]:
+    """The configs the launchers beside ``script`` pass it (``--deepspeed_config X`` on a line
+    that runs the script), each with where it was read (``run.sh:14``); only files that exist
+    beside the script (the launcher is assumed to run from its own folder)."""
+    out: dict[Path, str] = {}
+    folder = script.parent
+    try:
+        launchers = sorted({p for pat in _LAUNCHERS for p in folder.glob(pat)})[:20]
+    except OSError:
+        return out
+    for launcher in launchers:
+        try:
+            if launcher.stat().st_size > _MAX_LAUNCHER_BYTES:
+                continue
+            lines = launcher.read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
+            continue
+        for no, line in enumerate(lines, 1):
+            if not re.search(rf"(^|[\s/]){re.escape(script.name)}(\s|$|[\"'])", line):
+                continue
+            m = _CONFIG_FLAG.search(line)
+            if m is None:
+                continue
+            cand = folder / m.group(1)
+            try:
+                if cand.is_file():
+                    out.setdefault(cand.resolve(), f"{launcher.name}:{no}")
+            except OSError:
+                continue
+    return out
