@@ -801,3 +801,30 @@ def test_launchers_that_disagree_leave_the_config_out_of_sight(tmp_path: Path) -
 def test_a_launcher_line_of_another_script_is_not_read(tmp_path: Path) -> None:
     got = _cli_case(tmp_path, {"run.sh": "deepspeed other_train.py --deepspeed_config ds.json\n"}, {"ds.json": 1})
     assert ("AG109", "error") not in got, got
+
+
+# ---------------------------------------------------------------- 15. timm's step_update given the micro-batch counter
+
+_TIMM = """
+import torch
+
+def train_one_epoch(epoch, model, loader, optimizer, lr_scheduler, accum_steps=4):
+    num_updates = epoch * (len(loader) // accum_steps)
+    for batch_idx, (x, y) in enumerate(loader):
+        need_update = (batch_idx + 1) % accum_steps == 0
+        (torch.nn.functional.cross_entropy(model(x), y) / accum_steps).backward()
+        if need_update:
+            optimizer.step()
+            optimizer.zero_grad()
+            num_updates += 1
+        {call}
+"""
+
+
+def test_timm_step_update_with_the_micro_batch_counter_is_f4() -> None:
+    bug = _TIMM.format(call="lr_scheduler.step_update(num_updates=batch_idx)")
+    assert ("AG103", "F4") in errors(bug), lint_source(textwrap.dedent(bug))
+    for call in ("lr_scheduler.step_update(num_updates=num_updates)",
+                 "lr_scheduler.step_update(num_updates)"):
+        ok = _TIMM.format(call=call)
+        assert not errors(ok), lint_source(textwrap.dedent(ok))

@@ -78,12 +78,54 @@ def _unprepared_scheduler_steps(ctx: FileContext, window: ast.AST) -> Iterator[F
         )
 
 
+def _micro_counters(ctx: FileContext, window: ast.AST) -> set[str]:
+    """The names that count the window's micro-batches: ``i`` of ``for i, b in enumerate(...)``
+    (or ``for i in range(...)``) and a name the loop body increments on every micro-batch
+    (``micro += 1`` not behind a boundary test or an ``if <boundary>: continue``)."""
+    out: set[str] = set()
+    if isinstance(window, ast.For | ast.AsyncFor):
+        target, it = window.target, window.iter
+        if isinstance(it, ast.Call) and call_attr(it) == "enumerate" and isinstance(target, ast.Tuple) \
+                and target.elts and isinstance(target.elts[0], ast.Name):
+            out.add(target.elts[0].id)
+        elif isinstance(it, ast.Call) and call_attr(it) == "range" and isinstance(target, ast.Name):
+            out.add(target.id)
+    for stmt in getattr(window, "body", []):
+        if isinstance(stmt, ast.AugAssign) and isinstance(stmt.op, ast.Add) and isinstance(stmt.target, ast.Name) \
+                and not ctx.guarded(stmt, window):
+            out.add(stmt.target.id)
+    return out
+
+
+def _step_update_by_micro_counter(ctx: FileContext, window: ast.AST) -> Iterator[Finding]:
+    """timm's ``lr_scheduler.step_update(num_updates=n)`` sets the learning rate for update
+    ``n``: called with the loop's micro-batch counter, the schedule runs K times fast."""
+    counters = _micro_counters(ctx, window)
+    if not counters:
+        return
+    for n in ctx.local_nodes(window):
+        if not (isinstance(n, ast.Call) and call_attr(n) == "step_update"
+                and ctx.kind_of_receiver(receiver(n)) == "scheduler"):
+            continue
+        arg = next((k.value for k in n.keywords if k.arg == "num_updates"), n.args[0] if n.args else None)
+        if isinstance(arg, ast.Name) and arg.id in counters:
+            yield ctx.finding(
+                "AG103",
+                n,
+                f"`{ast.unparse(n.func)}(...)` is given `{arg.id}`, which counts micro-batches: the "
+                "scheduler sets the learning rate of update number `" + arg.id + "`, so the schedule "
+                "runs K times fast; pass the number of optimizer steps taken",
+            )
+
+
 @rule("AG103")
 def scheduler_every_micro_step(ctx: FileContext) -> Iterator[Finding]:
     for window in ctx.windows():
         facts = ctx.window_facts(window)
         if facts.accelerate and facts.accumulating and not facts.summed_loss:
             yield from _unprepared_scheduler_steps(ctx, window)
+        if facts.accumulating and not facts.unguarded_optimizer_steps and not facts.summed_loss:
+            yield from _step_update_by_micro_counter(ctx, window)
         if not facts.accumulating or facts.unguarded_optimizer_steps or facts.accelerate or facts.summed_loss:
             continue
         for call, kind in facts.steps:
