@@ -229,6 +229,30 @@ class FileIndex:
         return out
 
 
+    def wrapper_instances(self) -> dict[str, ast.ClassDef]:
+        """Names bound only to instances of a class of the file that defines ``step`` or
+        ``zero_grad`` itself and is no optimizer or scheduler subclass (``optim_wrapper =
+        AccumulatingOptimizer(opt, 4)``): what its ``step()`` does is the class's own code,
+        read by following the method (cached)."""
+        def compute() -> dict[str, ast.ClassDef]:
+            classes: dict[str, ast.ClassDef | None] = {}
+            for c in self.of(ast.ClassDef):
+                classes[c.name] = None if c.name in classes else c
+            out: dict[str, ast.ClassDef] = {}
+            for name, values in self.values_by_name().items():
+                owners = {v.func.id for v in values if isinstance(v, ast.Call) and isinstance(v.func, ast.Name)}
+                if len(owners) != 1 or len(values) != sum(isinstance(v, ast.Call) for v in values):
+                    continue
+                cls = classes.get(next(iter(owners)))
+                if cls is None or any(re.search(r"(optimizer|scheduler|lr|module)$", last_part(dotted(b)).lower())
+                                      for b in cls.bases):
+                    continue
+                if any(isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef) and f.name in ("step", "zero_grad")
+                       for f in cls.body):
+                    out[name] = cls
+            return out
+        return self._cached("wrapper_instances", self.tree, compute)  # type: ignore[no-any-return]
+
     def kind_of_receiver(self, recv: ast.AST | None) -> str:
         """'engine' | 'scheduler' | 'optimizer' | 'scaler' | 'other' for the object a method is called on."""
         name = dotted(recv)
@@ -237,6 +261,8 @@ class FileIndex:
             if isinstance(recv, ast.Subscript):
                 return self.kind_of_receiver(recv.value)
             return "other"
+        if name in self.wrapper_instances():
+            return "other"  # a class of the file: its own step() is followed (ReachFacts.callee_of)
         last = last_part(name)
         if name in self.engines or ENGINE_RE.search(last):
             return "engine"
@@ -298,6 +324,20 @@ class FileIndex:
                     out.append((n, src))
             return out
         return self._cached("backward_losses", scope, compute)  # type: ignore[no-any-return]
+
+    def trainer_compute_losses(self) -> list[tuple[ast.ClassDef, ast.FunctionDef | ast.AsyncFunctionDef]]:
+        """(class, method) for each ``compute_loss`` defined in a class whose base is named like
+        a Trainer (``Trainer``, ``transformers.Trainer``, ``SFTTrainer``), cached: the Hugging
+        Face Trainer calls it once per micro-batch."""
+        def compute() -> list[tuple[ast.ClassDef, ast.FunctionDef | ast.AsyncFunctionDef]]:
+            out: list[tuple[ast.ClassDef, ast.FunctionDef | ast.AsyncFunctionDef]] = []
+            for cls in self.of(ast.ClassDef):
+                if not any((last_part(dotted(b)) or "").endswith("trainer") for b in cls.bases):
+                    continue
+                out += [(cls, fn) for fn in cls.body
+                        if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) and fn.name == "compute_loss"]
+            return out
+        return self._cached("compute_losses", self.tree, compute)  # type: ignore[no-any-return]
 
     # ---------------------------------------------------------------- DeepSpeed config
 

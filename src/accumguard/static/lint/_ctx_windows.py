@@ -27,8 +27,8 @@ from accumguard.static.lint._ast import (
     walk_all,
     walk_local,
 )
-from accumguard.static.lint._ctx_boundary import BoundaryFacts
 from accumguard.static.lint._ctx_file import _pos
+from accumguard.static.lint._ctx_reach import ReachFacts
 
 #: a loop over these iterates the micro-batches of one window
 _MICRO_ITER_RE = re.compile(r"window(?!s)|micro|chunk|accum")  # string literals naming a .json file we try to open
@@ -66,7 +66,7 @@ def _stepped_name(call: ast.Call) -> str | None:
     return recv
 
 
-class WindowQueries(BoundaryFacts):
+class WindowQueries(ReachFacts):
     """Windows, whether they accumulate, and their classified calls."""
 
     # ---------------------------------------------------------------- windows
@@ -134,15 +134,37 @@ class WindowQueries(BoundaryFacts):
 
     def _helper_call_sites(self, helper: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.Call]:
         """Where ``helper`` is called: ``name(...)`` for a function (module-level or nested),
-        ``self.name(...)`` inside its own class for a method. A name defined twice is not
-        followed (which definition runs cannot be told)."""
+        ``self.name(...)`` inside its own class for a method, and where a function it is handed
+        to calls it (``run_epoch(step_fn, loader)``: :meth:`passed_call_sites`). A name defined
+        twice is not followed (which definition runs cannot be told)."""
         owner = self.parents.get(helper)
         defs, by_name, by_self = self._call_index()
         if defs.get(helper.name, 0) != 1:
             return []
+        passed = self.passed_call_sites(helper)
         if isinstance(owner, ast.ClassDef):
-            return [c for c in by_self.get(helper.name, ()) if self.enclosing(c, (ast.ClassDef,)) is owner]
-        return list(by_name.get(helper.name, ()))
+            return [c for c in by_self.get(helper.name, ()) if self.enclosing(c, (ast.ClassDef,)) is owner] + passed
+        return list(by_name.get(helper.name, ())) + passed
+
+    def via_text(self, node: ast.AST, window: ast.AST) -> str:
+        """`` (in `_apply()`, run from line 21)`` for a call that sits in a helper the window
+        runs (the line of the window's own call that leads to it), else ``""``."""
+        links = {**self.reached(window), **self.inlined(window)}
+        fn = self.enclosing(node, FUNCS)
+        if fn is None or fn not in links:
+            return ""
+        site, seen = links[fn], {fn}
+        while (up := self.enclosing(site, FUNCS)) in links and up not in seen:
+            seen.add(up)
+            site = links[up]
+        return f" (in `{getattr(fn, 'name', '?')}()`, run from line {site.lineno})"
+
+    def reached(self, window: ast.AST) -> dict[ast.AST, ast.Call]:
+        """The functions without a backward that ``window`` (or a backward helper of it) runs
+        on every micro-step, helpers calling helpers included, each with the call that runs it
+        (:meth:`reach_from`, cached): their steps, clears and clips are the window's."""
+        return self._cached(  # type: ignore[no-any-return]
+            "reached", window, lambda: self.reach_from((window, *self.inlined(window))))
 
     def _call_index(self) -> tuple[dict[str, int], dict[str, list[ast.Call]], dict[str, list[ast.Call]]]:
         """How often each function name is defined, the ``name(...)`` calls and the
@@ -184,14 +206,22 @@ class WindowQueries(BoundaryFacts):
         around the helper's call in the window."""
         if super().guarded(node, window):
             return True
-        sites = self.inlined(window)
-        if not sites:
+        links = {**self.reached(window), **self.inlined(window)}
+        if not links:
             return False
         helper = self.enclosing(node, FUNCS)
-        site = sites.get(helper) if helper is not None else None
-        if helper is None or site is None:
-            return False
-        return super().guarded(node, helper) or super().guarded(site, window)
+        followed: set[ast.AST] = set()
+        while helper is not None and helper not in followed:
+            site = links.get(helper)
+            if site is None:
+                return False
+            followed.add(helper)
+            if super().guarded(node, helper):
+                return True  # the helper's own `if` (`if (self.it + 1) % self.k == 0:`)
+            if super().guarded(site, window):
+                return True  # an `if` around the call in the window
+            node, helper = site, self.enclosing(site, FUNCS)  # a helper calling a helper
+        return False
 
     def _inner_summing_loops(self, window: ast.AST) -> list[ast.AST]:
         """Loops inside ``window`` without a backward that build the loss (``loss += ...``):
@@ -282,7 +312,7 @@ class WindowQueries(BoundaryFacts):
         """Does the code around ``window`` show gradient accumulation (see module doc)?"""
         if self._scope_shows_accumulation(window, skip):
             return True
-        if any(self._scope_shows_accumulation(h) for h in self.inlined(window)):
+        if any(self._scope_shows_accumulation(h) for h in (*self.inlined(window), *self.reached(window))):
             return True  # the backward helper run per micro-batch gates its own step
         fn = window if isinstance(window, FUNCS) else self.enclosing(window, FUNCS)
         if fn is None:
@@ -305,7 +335,7 @@ class WindowQueries(BoundaryFacts):
     def _window_facts(self, window: ast.AST) -> WindowFacts:
         f = WindowFacts(window)
         calls = [n for n in self.local_nodes(window) if isinstance(n, ast.Call)]
-        for helper in self.inlined(window):
+        for helper in (*self.inlined(window), *self.reached(window)):
             calls += [n for n in self.local_nodes(helper) if isinstance(n, ast.Call)]
         calls.sort(key=lambda n: (n.lineno, n.col_offset))
         for call in calls:
@@ -335,7 +365,7 @@ class WindowQueries(BoundaryFacts):
         iterates_micro_batches = isinstance(window, ast.For | ast.AsyncFor) and any(
             _MICRO_ITER_RE.search(i) for i in identifiers(window.iter)
         )
-        if iterates_micro_batches:
+        if iterates_micro_batches or (not f.accumulating and self._averages_over_own_iterations(window, f)):
             f.accumulating = True  # `for mb in window:` / `for micro in batch.chunk(K):`
         elif f.accumulating and not (ds_ga is not None and ds_ga > 1) and self._plain_k1_shape(window, f):
             f.accumulating = False
@@ -354,6 +384,23 @@ class WindowQueries(BoundaryFacts):
                     c for c in f.unguarded_optimizer_steps if _stepped_name(c) not in own
                 ]
         return f
+
+    def _averages_over_own_iterations(self, window: ast.AST, f: WindowFacts) -> bool:
+        """A loop that does not step the optimizer itself and divides something by its own
+        number of iterations (``for x in group: (loss / len(group)).backward()``, ``for _ in
+        range(n): ... / n``): the loss is averaged over the loop's micro-batches, one window."""
+        if not isinstance(window, ast.For | ast.AsyncFor) or any(k == "optimizer" for _, k in f.steps):
+            return False
+        it = window.iter
+        counts = [ast.dump(ast.Call(func=ast.Name("len", ast.Load()), args=[it], keywords=[]))]
+        if isinstance(it, ast.Call) and dotted(it.func) == "range" and len(it.args) == 1:
+            counts.append(ast.dump(it.args[0]))
+        for n in self.local_nodes(window):
+            right = n.right if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) else \
+                n.value if isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Div) else None
+            if right is not None and ast.dump(right) in counts:
+                return True
+        return False
 
     def _own_rate_optimizers(self, window: ast.AST, f: WindowFacts) -> set[str]:
         """Optimizers of ``window`` that step on every micro-step and clear their own

@@ -11,13 +11,19 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from accumguard.static import dsconfig
-from accumguard.static.lint._ast import call_attr, dotted, last_part, receiver
+from accumguard.static.lint._ast import call_attr, dotted, last_part, receiver, walk_local
+from accumguard.static.lint._dsresolve import (
+    NameResolver,
+    config_from_literal,
+    dataclass_classes,
+    literal_keys,
+    literal_value,
+)
 
 
 class FileFacts(Protocol):
@@ -42,7 +48,11 @@ _DS_CONFIG_NAME = re.compile(r"ds_?conf|deepspeed_?conf|ds_?cfg|zero_?conf")
 _CONFIG_KEYWORDS = frozenset(
     {"config", "config_params", "ds_config", "deepspeed", "hf_ds_config", "deepspeed_config"}
 )
-_MAX_JSON_CANDIDATES = 32  # string literals naming a .json file we try to open
+_MAX_JSON_CANDIDATES = 32
+#: an update call made in another scope than the config's: never applied (the config is partial)
+_NEVER_APPLIED = ast.Call(func=ast.Name("update"), args=[], keywords=[], lineno=10**9)
+#: a binding that is not one plain assignment (a tuple target, ``+=``): not a literal
+_OPAQUE = ast.Assign(targets=[], value=ast.Constant(None), lineno=0)  # string literals naming a .json file we try to open
 
 
 @dataclass(frozen=True)
@@ -100,56 +110,168 @@ class DsConfigFinder:
                 and dotted(grand.func) == "dict"
             ):
                 continue  # a nested section: read with its parent
-            keys = _literal_keys(node)
-            if not (set(keys) & set(_DS_BATCH_KEYS) or "zero_optimization" in keys):
+            keys = literal_keys(node)
+            spread = (isinstance(node, ast.Dict) and None in node.keys) or (isinstance(node, ast.Call) and (
+                bool(node.args) or any(k.arg is None for k in node.keywords)))
+            if not (set(keys) & set(_DS_BATCH_KEYS) or "zero_optimization" in keys or spread):
                 continue
             if not self._used_as_config(node):
                 continue  # a template or a fragment (library code), not a config
-            cfg = _config_from_literal(node)
-            if cfg is None:
-                continue
+            cfg = config_from_literal(node, resolve=self.resolver().resolve)
+            if cfg is None or not (set(cfg) & set(_DS_BATCH_KEYS) or "zero_optimization" in cfg):
+                continue  # `{**base}` whose base cannot be read, or is no DeepSpeed config
             name = self._holder_name(node)
             if name is not None:
-                self._apply_later_updates(name, cfg)
+                self._apply_later_updates(name, cfg, node)
             out.append(DsConfigRef(cfg, f"dict literal at line {getattr(node, 'lineno', 1)}", node, literal=True,
                                    hf=self._handed_to_hf(node), name=name))
-        return out + self._dataclass_configs()
+        out += self._dataclass_configs()
+        return out + self._resolved_arguments({id(r.node) for r in out})
+
+    def _resolved_arguments(self, found: set[int]) -> list[DsConfigRef]:
+        """A config handed to DeepSpeed as an expression no literal above stands for
+        (``config=cfg`` with ``cfg = copy.deepcopy(BASE)`` then ``cfg["key"] = ...``,
+        ``config=make()`` returning such a name), read by the resolver when it leads to dict
+        literals of the file."""
+        out: list[DsConfigRef] = []
+        resolver = self.resolver()
+        # `config=` is a common keyword: only in a file that uses DeepSpeed, or under a name
+        # that says DeepSpeed (`TrainingArguments(deepspeed=...)`, `hf_ds_config=`)
+        args: list[ast.AST] = [kw.value for kw in self._config_keywords()
+                               if self.ctx.deepspeed or kw.arg not in ("config", "config_params")]
+        args += [a for c in self.ctx.of(ast.Call) if call_attr(c) == "initialize" and self.ctx.deepspeed
+                 for a in c.args]
+        for arg in args:
+            if not isinstance(arg, ast.Name | ast.Call) or self._root_literal(arg) in found:
+                continue
+            if isinstance(arg, ast.Call) and last_part(dotted(arg.func)) in ("load", "loads", "asdict"):
+                continue  # a file (read above by its path) or a dataclass (read above)
+            cfg = resolver.resolve(arg)
+            if cfg is None or not (set(cfg) & set(_DS_BATCH_KEYS) or "zero_optimization" in cfg):
+                continue
+            found.add(id(arg))
+            out.append(DsConfigRef(cfg, f"config built at line {getattr(arg, 'lineno', 1)}", arg, literal=True,
+                                   hf=self._handed_to_hf(arg), name=dotted(arg) if isinstance(arg, ast.Name) else None))
+        return out
+
+    def _root_literal(self, expr: ast.AST) -> int:
+        """The id of the node a config expression stands for: a name's one binding value, a
+        call's function's one return value, followed a few steps (else the expression)."""
+        resolver = self.resolver()
+        for _ in range(4):
+            nxt: ast.AST | None = None
+            if isinstance(expr, ast.Name) and (bound := resolver.binding(expr)) is not None:
+                nxt = bound[1].value
+            elif isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) \
+                    and (fn := self._function(expr.func.id)) is not None:
+                rets = [n for n in walk_local(fn) if isinstance(n, ast.Return)]
+                nxt = rets[0].value if len(rets) == 1 else None
+            if nxt is None:
+                break
+            expr = nxt
+        return id(expr)
 
     def _dataclass_configs(self) -> list[DsConfigRef]:
-        """``asdict(DSConfig(...))`` handed to DeepSpeed, ``DSConfig`` a ``@dataclass`` of the
-        file: its fields' defaults (``field(default=...)``, ``default_factory=lambda: {...}``)
-        with the call's keywords over them, read as a dict literal at the fields' lines."""
-        classes = {c.name: c for c in self.ctx.of(ast.ClassDef)
-                   if any(last_part(dotted(d.func if isinstance(d, ast.Call) else d)) == "dataclass"
-                          for d in c.decorator_list)}
+        """``asdict(DSConfig(...))`` (or ``asdict(cfg)``, ``cfg`` bound once to such a call)
+        handed to DeepSpeed, ``DSConfig`` a ``@dataclass`` of the file: its fields' defaults
+        (``field(default=...)``, ``default_factory=lambda: {...}``, a nested dataclass) with the
+        call's keywords over them, read as a dict literal at the fields' lines."""
+        classes = self._classes()
         out: list[DsConfigRef] = []
+        if not classes:
+            return out
+        resolver = self.resolver()
         for call in self.ctx.of(ast.Call):
-            if last_part(dotted(call.func)) != "asdict" or len(call.args) != 1 or not classes:
+            if last_part(dotted(call.func)) != "asdict" or len(call.args) != 1:
                 continue
-            inner = call.args[0]
-            if not (isinstance(inner, ast.Call) and isinstance(inner.func, ast.Name) and not inner.args):
+            inner: ast.AST = call.args[0]
+            if isinstance(inner, ast.Name) and (bound := resolver.binding(inner)) is not None:
+                inner = bound[1].value
+            if not (isinstance(inner, ast.Call) and isinstance(inner.func, ast.Name)):
                 continue
             cls = classes.get(inner.func.id)
             if cls is None or not self._used_as_config(call):
                 continue
-            fields: dict[str, ast.expr] = {}
-            keys: dict[str, ast.Constant] = {}
-            for stmt in cls.body:
-                if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.value is not None:
-                    fields[stmt.target.id] = _field_default(stmt.value)
-                    keys[stmt.target.id] = ast.copy_location(ast.Constant(stmt.target.id), stmt)
-            for kw in inner.keywords:
-                if kw.arg is None:
-                    continue
-                fields[kw.arg] = kw.value
-                keys[kw.arg] = ast.copy_location(ast.Constant(kw.arg), kw.value)
-            if not (set(fields) & set(_DS_BATCH_KEYS) or "zero_optimization" in fields):
+            cfg = resolver.resolve(call.args[0])
+            if cfg is None or not (set(cfg) & set(_DS_BATCH_KEYS) or "zero_optimization" in cfg):
                 continue
-            cfg = _config_from_literal(ast.Dict(keys=[keys[k] for k in fields], values=list(fields.values())))
-            if cfg is not None:
-                out.append(DsConfigRef(cfg, f"dataclass {cls.name} at line {cls.lineno}", call, literal=True,
-                                       hf=self._handed_to_hf(call), name=None))
+            out.append(DsConfigRef(cfg, f"dataclass {cls.name} at line {cls.lineno}", call, literal=True,
+                                   hf=self._handed_to_hf(call), name=None))
         return out
+
+    def _classes(self) -> dict[str, ast.ClassDef]:
+        return self.ctx._cached(  # type: ignore[no-any-return]
+            "ds_dataclasses", self.ctx.tree, lambda: dataclass_classes(self.ctx.of(ast.ClassDef)))
+
+    def resolver(self) -> NameResolver:
+        """The file's reader of config sections given by name (:mod:`._dsresolve`)."""
+        return self.ctx._cached(  # type: ignore[no-any-return]
+            "ds_resolver", self.ctx.tree,
+            lambda: NameResolver(self.ctx.parents, self.ctx.tree, self._classes(), self._scope_assigns,
+                                 self._scope_updates, self._scope_subscripts, self._function))
+
+    def _function(self, name: str) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+        """The file's only module-level-or-nested function ``name`` (not a method)."""
+        def compute() -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
+            defs = self._defs_and_calls_by_name()[0]
+            return {f.name: f for f in self.ctx.of(ast.FunctionDef, ast.AsyncFunctionDef)
+                    if defs.get(f.name, 0) == 1 and not isinstance(self.ctx.parents.get(f), ast.ClassDef)}
+        table: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = self.ctx._cached("ds_functions", self.ctx.tree, compute)
+        return table.get(name)
+
+    def _scope_subscripts(self, scope: ast.AST) -> dict[str, list[ast.Assign]]:
+        """Per plain name, its ``name["key"] = value`` statements in ``scope``."""
+        def compute() -> dict[str, list[ast.Assign]]:
+            out: dict[str, list[ast.Assign]] = {}
+            for n in walk_local(scope):
+                if isinstance(n, ast.Assign):
+                    for t in n.targets:
+                        if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name):
+                            out.setdefault(t.value.id, []).append(n)
+            return out
+        return self.ctx._cached("ds_scope_subs", scope, compute)  # type: ignore[no-any-return]
+
+    def _scope_assigns(self, scope: ast.AST) -> dict[str, list[ast.Assign]]:
+        """Per plain name, its assignments in ``scope`` (outside nested definitions)."""
+        def compute() -> dict[str, list[ast.Assign]]:
+            out: dict[str, list[ast.Assign]] = {}
+            for n in walk_local(scope):
+                if isinstance(n, ast.Assign | ast.AnnAssign | ast.AugAssign | ast.NamedExpr):
+                    targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+                    for t in targets:
+                        for x in t.elts if isinstance(t, ast.Tuple | ast.List) else [t]:
+                            if isinstance(x, ast.Name):
+                                # a tuple target or an augmented assignment: not one literal
+                                single = isinstance(n, ast.Assign | ast.AnnAssign) and x is t and n.value is not None
+                                out.setdefault(x.id, []).append(n if single else _OPAQUE)  # type: ignore[arg-type]
+            return out
+        return self.ctx._cached("ds_scope_assigns", scope, compute)  # type: ignore[no-any-return]
+
+    def _scope_updates(self, scope: ast.AST) -> dict[str, list[ast.Call]]:
+        """Per plain name, its ``.update()``/``.setdefault()`` calls in ``scope``; a name updated
+        in another scope too gets a marker call that never applies (the config is partial)."""
+        def compute() -> dict[str, list[ast.Call]]:
+            out: dict[str, list[ast.Call]] = {}
+            for n in walk_local(scope):
+                if (isinstance(n, ast.Call) and call_attr(n) in ("update", "setdefault")
+                        and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)):
+                    out.setdefault(n.func.value.id, []).append(n)
+            totals = self._update_counts()
+            for name, calls in out.items():
+                if totals.get(name, 0) > len(calls):
+                    calls.append(_NEVER_APPLIED)
+            return out
+        return self.ctx._cached("ds_scope_updates", scope, compute)  # type: ignore[no-any-return]
+
+    def _update_counts(self) -> dict[str, int]:
+        """How many ``.update()``/``.setdefault()`` calls each name receives in the whole file."""
+        def compute() -> dict[str, int]:
+            out: dict[str, int] = {}
+            for c in self.ctx.of(ast.Call):
+                if call_attr(c) in ("update", "setdefault") and (d := dotted(receiver(c))) is not None:
+                    out[d] = out.get(d, 0) + 1
+            return out
+        return self.ctx._cached("ds_update_counts", self.ctx.tree, compute)  # type: ignore[no-any-return]
 
     def _is_config_argument(self, node: ast.AST) -> bool:
         parent = self.ctx.parents.get(node)
@@ -172,7 +294,21 @@ class DsConfigFinder:
         names = {d for d in (dotted(t) for t in targets) if d}
         if names & self._config_argument_names():
             return True
+        if (ret := self._returned_name(parent, names)) is not None and self._returned_as_config(ret):
+            return True  # `cfg = {...}; cfg.update(...); return cfg` in a builder handed over
         return self._assigned_to_config_name(node) and self.ctx.is_training_script()
+
+    def _returned_name(self, stmt: ast.AST, names: set[str]) -> ast.Return | None:
+        """The only ``return`` of the function around ``stmt`` when it returns one of ``names``."""
+        fn = self.ctx.parents.get(stmt)
+        while fn is not None and not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            fn = self.ctx.parents.get(fn)
+        if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            return None
+        rets = [n for n in walk_local(fn) if isinstance(n, ast.Return)]
+        if len(rets) == 1 and rets[0].value is not None and dotted(rets[0].value) in names:
+            return rets[0]
+        return None
 
     def _returned_as_config(self, ret: ast.Return) -> bool:
         """``def ds_config(world): return {...}`` (its only return) and a call of it handed to
@@ -309,9 +445,12 @@ class DsConfigFinder:
                     return dotted(stmt.targets[0])
         return None
 
-    def _apply_later_updates(self, name: str, cfg: dsconfig.ConfigDict) -> None:
-        """``cfg["gradient_clipping"] = 1.0`` / ``cfg.update(...)`` after ``cfg = {...}``."""
+    def _apply_later_updates(self, name: str, cfg: dsconfig.ConfigDict, node: ast.AST | None = None) -> None:
+        """``cfg["gradient_clipping"] = 1.0`` / ``cfg.update(...)`` after ``cfg = {...}``: an
+        update of the literal's own scope that always runs, with literal arguments, is applied
+        (:meth:`NameResolver.apply_updates`); any other makes the config partial."""
         subs, updated = self._updates_by_name()
+        resolve = self.resolver().resolve
         for n in subs.get(name, ()):
             for t in n.targets:
                 if (
@@ -320,9 +459,15 @@ class DsConfigFinder:
                     and isinstance(t.slice.value, str)
                     and dotted(t.value) == name
                 ):
-                    cfg[t.slice.value] = _literal_value(n.value)
+                    cfg[t.slice.value] = literal_value(n.value, resolve)
                     cfg.key_lines.setdefault((t.slice.value,), n.lineno)
-        if name in updated:
+        if name not in updated:
+            return
+        stmt = self.ctx.parents.get(node) if node is not None else None
+        if isinstance(stmt, ast.Assign | ast.AnnAssign) and "." not in name:
+            resolver = self.resolver()
+            resolver.apply_updates(name, resolver.scope_of(stmt), stmt, cfg)
+        else:
             cfg.partial = True
 
     def value_node(self, ref: DsConfigRef, key: str) -> ast.AST | None:
@@ -331,17 +476,22 @@ class DsConfigFinder:
         if ref.name is not None:
             subs, _ = self._updates_by_name()
             hits = [
-                n.value for n in subs.get(ref.name, ())
+                n for n in subs.get(ref.name, ())
                 for t in n.targets
                 if isinstance(t, ast.Subscript) and isinstance(t.slice, ast.Constant) and t.slice.value == key
             ]
             if hits:
-                return hits[-1]
+                resolver = self.resolver()
+                last = hits[-1]
+                if ref.cfg.get(key) is dsconfig.UNKNOWN and not resolver.always_runs(last):
+                    return None  # written under a condition: either value may hold
+                return last.value
         node = ref.node
         if isinstance(node, ast.Dict):
             for k, v in zip(node.keys, node.values, strict=True):
                 if isinstance(k, ast.Constant) and k.value == key:
-                    return v
+                    # a literal the config no longer holds was overwritten (an update that may run)
+                    return None if isinstance(v, ast.Constant) and ref.cfg.get(key) is dsconfig.UNKNOWN else v
         elif isinstance(node, ast.Call) and not isinstance(node.func, ast.Attribute):
             for kw in node.keywords:
                 if kw.arg == key:
@@ -362,7 +512,10 @@ class DsConfigFinder:
             tried += 1
             if tried > _MAX_JSON_CANDIDATES:
                 break
-            for cand in (base / node.value, Path(node.value)):
+            cands = [base / node.value, Path(node.value)]
+            if isinstance(self.ctx.parents.get(node), ast.JoinedStr) and node.value.startswith("/"):
+                cands.insert(0, base / node.value.lstrip("/"))  # f"{HERE}/ds_config.json"
+            for cand in cands:
                 try:
                     if not cand.is_file():
                         continue
@@ -381,72 +534,70 @@ class DsConfigFinder:
                         where += " as updated in the script"
                 return DsConfigRef(cfg, where, node, literal=False, name=name)
         literals = self.ds_config_literals()
-        return literals[0] if literals else None
+        if literals:
+            return literals[0]
+        return self._launcher_config()
 
-
-def _field_default(value: ast.expr) -> ast.expr:
-    """A dataclass field's default: ``field(default=x)`` -> x, ``field(default_factory=lambda:
-    x)`` -> x, a plain default as is (anything else stays a computed value)."""
-    if isinstance(value, ast.Call) and last_part(dotted(value.func)) == "field":
-        for kw in value.keywords:
-            if kw.arg == "default":
-                return kw.value
-            if kw.arg == "default_factory" and isinstance(kw.value, ast.Lambda):
-                return kw.value.body
-    return value
-
-
-def _literal_keys(node: ast.AST) -> list[str]:
-    if isinstance(node, ast.Dict):
-        return [k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)]
-    if isinstance(node, ast.Call):
-        return [k.arg for k in node.keywords if k.arg]
-    return []
-
-
-def _literal_value(node: ast.AST) -> Any:
-    """The value of a literal; nested dicts keep UNKNOWN for what is computed."""
-    if isinstance(node, ast.Dict) or (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "dict"):
-        sub = _config_from_literal(node)
-        return dsconfig.UNKNOWN if sub is None else dict(sub)
-    try:
-        return ast.literal_eval(node)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        return dsconfig.UNKNOWN
-
-
-def _config_from_literal(node: ast.AST, prefix: tuple[str, ...] = ()) -> dsconfig.ConfigDict | None:
-    """A :class:`ConfigDict` from a dict literal / ``dict(...)``, with each key's line;
-    computed values become ``UNKNOWN`` and ``**spread`` makes it partial."""
-    items: Iterable[tuple[ast.AST | None, ast.AST, int]]
-    if isinstance(node, ast.Dict):
-        items = [(k, v, (k or v).lineno) for k, v in zip(node.keys, node.values, strict=True)]
-    elif isinstance(node, ast.Call):
-        items = [(ast.Constant(k.arg) if k.arg else None, k.value, k.value.lineno) for k in node.keywords]
-        if node.args:
+    def _launcher_config(self) -> DsConfigRef | None:
+        """The config a launcher beside the script gives it on the command line
+        (``deepspeed train.py --deepspeed --deepspeed_config ds.json`` in ``run.sh``), for a
+        DeepSpeed script that reads ``--deepspeed_config`` (``deepspeed.add_config_arguments``
+        or its own argument) and names no config itself: read when the launchers agree on one
+        file that exists beside the script."""
+        path = self.ctx.path
+        if path is None or not self.ctx.deepspeed:
             return None
-    else:
-        return None
-    data: dict[str, Any] = {}
-    lines: dict[tuple[str, ...], int] = {}
-    partial = False
-    for k, v, line in items:
-        if k is None:
-            partial = True  # {**base, ...}
+        anchor = next((c for c in self.ctx.of(ast.Call) if call_attr(c) == "add_config_arguments"), None)
+        if anchor is None:
+            anchor = next((c for c in self.ctx.of(ast.Constant)
+                           if isinstance(c.value, str) and c.value in ("--deepspeed_config", "--deepspeed-config")), None)
+        if anchor is None:
+            return None
+        found = launcher_configs(path)
+        if len(found) != 1:
+            return None  # none, or several different ones: which one runs cannot be told
+        (cfg_path, where), = found.items()
+        try:
+            cfg = dsconfig.load_config(cfg_path)
+        except (OSError, ValueError):
+            return None
+        if not any(k in cfg for k in (*_DS_BATCH_KEYS, "zero_optimization")):
+            return None
+        return DsConfigRef(cfg, f"{cfg_path.name}, given by {where}", anchor, literal=False)
+
+
+_LAUNCHERS = ("*.sh", "*.bash", "*.slurm", "*.sbatch", "Makefile")
+_MAX_LAUNCHER_BYTES = 200_000
+_CONFIG_FLAG = re.compile(r"--deepspeed[_-]config[= ]+['\"]?([^\s'\"]+)")
+
+
+def launcher_configs(script: Path) -> dict[Path, str]:
+    """The configs the launchers beside ``script`` pass it (``--deepspeed_config X`` on a line
+    that runs the script), each with where it was read (``run.sh:14``); only files that exist
+    beside the script (the launcher is assumed to run from its own folder)."""
+    out: dict[Path, str] = {}
+    folder = script.parent
+    try:
+        launchers = sorted({p for pat in _LAUNCHERS for p in folder.glob(pat)})[:20]
+    except OSError:
+        return out
+    for launcher in launchers:
+        try:
+            if launcher.stat().st_size > _MAX_LAUNCHER_BYTES:
+                continue
+            lines = launcher.read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
             continue
-        if not (isinstance(k, ast.Constant) and isinstance(k.value, str)):
-            partial = True
-            continue
-        key = k.value
-        lines[prefix + (key,)] = line
-        if isinstance(v, ast.Dict) or (isinstance(v, ast.Call) and isinstance(v.func, ast.Name) and v.func.id == "dict"):
-            sub = _config_from_literal(v, prefix + (key,))
-            if sub is None:
-                data[key] = dsconfig.UNKNOWN
-            else:
-                data[key] = dict(sub)
-                lines.update(sub.key_lines)
-                partial = partial or sub.partial
-        else:
-            data[key] = _literal_value(v)
-    return dsconfig.ConfigDict(data, key_lines=lines, partial=partial)
+        for no, line in enumerate(lines, 1):
+            if not re.search(rf"(^|[\s/]){re.escape(script.name)}(\s|$|[\"'])", line):
+                continue
+            m = _CONFIG_FLAG.search(line)
+            if m is None:
+                continue
+            cand = folder / m.group(1)
+            try:
+                if cand.is_file():
+                    out.setdefault(cand.resolve(), f"{launcher.name}:{no}")
+            except OSError:
+                continue
+    return out

@@ -2,7 +2,6 @@
 
 ``window``     AG101 AG102 AG105   optimizer step / zero_grad / clipping inside the window;
                AG115 AG117         the boundary counter off by one; an epoch's leftover leaking on
-``clears``     AG102               zero_grad in a clearing helper the window calls per micro-step
 ``schedule``   AG103 AG114         LR scheduler stepped per micro-step or per process;
                AG119               ... or in a framework hook run on every micro-batch
 ``horizon``    AG124 AG125         the schedule's horizon counted in micro-batches, or per process
@@ -33,7 +32,6 @@
 from accumguard.static.lint.families import (
     accelerate,
     ampclip,
-    clears,
     deepspeed,
     epochtail,
     fused,
@@ -54,4 +52,4 @@ from accumguard.static.lint.families import (
     window,
 )
 
-__all__ = ["accelerate", "ampclip", "clears", "deepspeed", "epochtail", "fused", "hookclip", "hfscale", "horizon", "loss", "lrcounter", "moeaux", "precision", "reduce", "scale", "schedule", "sync", "terms", "tokenmean", "twice", "window"]
+__all__ = ["accelerate", "ampclip", "deepspeed", "epochtail", "fused", "hookclip", "hfscale", "horizon", "loss", "lrcounter", "moeaux", "precision", "reduce", "scale", "schedule", "sync", "terms", "tokenmean", "twice", "window"]

@@ -14,7 +14,8 @@ AG110 (F14) the same hand-gated loop while the config's GA is K > 1: double gati
       own modulo while the loss handed to ``backward()`` is never divided: the loop leaves
       the 1/K to the engine's GA, which then gates a second time (and with GA 1 the step
       applies K times the mean gradient).
-AG139 (F14/F2) the same hand-gated loop, loss divided by K, config out of sight: a
+AG139 (F14/F2) the same hand-gated loop, loss divided by K, config out of sight (or in sight
+      without a readable GA or stage, both passed in by the caller): a
       warning naming the configs that make it wrong (GA = K; GA 1 on ZeRO-1/2).
 AG200-AG207: a config written as a dict literal in the script gets exactly the
       checks ``accumguard check-config`` applies to a file, at the script's lines; a config
@@ -305,6 +306,40 @@ def _plain_loss(
     return False  # arithmetic, a conditional, anything else: cannot tell
 
 
+def _config_out_of_sight(ctx: FileContext, window: ast.AST, site: ast.Call,
+                         ref: DsConfigRef | None = None) -> Iterator[Finding]:
+    """A hand-gated ``engine.step()`` whose config's GA (or stage) is not in sight: GA is not
+    guessed, but a loop that gates step() with its own modulo and hands engine.backward() a
+    loss it never divides is wrong for every GA (GA = K gates twice, F14; GA = 1 applies K
+    times the mean gradient): AG110; a loss divided by K is right only with GA 1 on ZeRO-0/3
+    or managed_gradient_accumulation false: AG139, a warning."""
+    name = dotted(receiver(site)) or "engine"
+    sight = ("is not in sight (command line)" if ref is None else
+             f"({ref.where}) does not show its gradient_accumulation_steps and ZeRO stage (values passed in)")
+    if (k := _undivided_hand_gated(ctx, window, site)) is not None:
+        yield ctx.finding(
+            "AG110",
+            site,
+            f"`{name}.step()` is gated by hand every `{k}` micro-batches and the loss given to "
+            "`backward()` is never divided by it, so the loop relies on DeepSpeed to scale the "
+            "loss by 1/GA: with the config's gradient_accumulation_steps = K the engine gates a "
+            "second time and steps once per K x K micro-batches (double gating); with GA = 1 "
+            f"the step applies K times the mean gradient (the config {sight})",
+        )
+        return
+    yield ctx.finding(
+        "AG139",
+        site,
+        f"`{name}.step()` runs once per several `backward()` calls and the DeepSpeed config "
+        f"{sight}: with gradient_accumulation_steps = K the engine "
+        "gates a second time and steps once per K x K micro-batches; with GA 1 on ZeRO-1/2 "
+        "every backward is a boundary and the optimizer trains on the last micro-batch "
+        "only; only GA 1 on ZeRO-0/3 (an all-reduce per micro-batch) or "
+        "managed_gradient_accumulation false makes this loop right, and only if its "
+        "loss is divided by K",
+    )
+
+
 @rule("AG109", "AG110", "AG139")
 def engine_gating(ctx: FileContext) -> Iterator[Finding]:
     if ctx.explicit_ds_boundary:
@@ -334,37 +369,9 @@ def engine_gating(ctx: FileContext) -> Iterator[Finding]:
         )
     ref = ctx.ds_config()
     if ref is None:
-        # no config in sight: GA is not guessed, but a loop that gates step() with its own
-        # modulo and hands engine.backward() a loss it never divides is wrong for every GA:
-        # GA = K gates twice (F14), GA = 1 applies K times the mean gradient
         for window, site in sites:
-            if id(site) not in by_engine and (k := _undivided_hand_gated(ctx, window, site)) is not None:
-                name = dotted(receiver(site)) or "engine"
-                yield ctx.finding(
-                    "AG110",
-                    site,
-                    f"`{name}.step()` is gated by hand every `{k}` micro-batches and the loss given to "
-                    "`backward()` is never divided by it, so the loop relies on DeepSpeed to scale the "
-                    "loss by 1/GA: with the config's gradient_accumulation_steps = K the engine gates a "
-                    "second time and steps once per K x K micro-batches (double gating); with GA = 1 "
-                    "the step applies K times the mean gradient (the config is not in sight)",
-                )
-            elif id(site) not in by_engine:
-                # the loss is divided by K (or cannot be told): right only with GA 1 on ZeRO-0/3
-                # or managed_gradient_accumulation false, wrong with GA = K (F14) and with GA 1
-                # on ZeRO-1/2 (F2); the config decides, and it is not in sight
-                name = dotted(receiver(site)) or "engine"
-                yield ctx.finding(
-                    "AG139",
-                    site,
-                    f"`{name}.step()` runs once per several `backward()` calls and the DeepSpeed config "
-                    "is not in sight (command line): with gradient_accumulation_steps = K the engine "
-                    "gates a second time and steps once per K x K micro-batches; with GA 1 on ZeRO-1/2 "
-                    "every backward is a boundary and the optimizer trains on the last micro-batch "
-                    "only; only GA 1 on ZeRO-0/3 (an all-reduce per micro-batch) or "
-                    "managed_gradient_accumulation false makes this loop right, and only if its "
-                    "loss is divided by K",
-                )
+            if id(site) not in by_engine:
+                yield from _config_out_of_sight(ctx, window, site)
         return
     if ref.managed is False:
         return  # step() is the boundary: a hand-gated loop is what this mode expects
@@ -373,10 +380,15 @@ def engine_gating(ctx: FileContext) -> Iterator[Finding]:
             continue
         name = dotted(receiver(site)) or "engine"
         verdict, how = _config_ga(ctx, ref, _loop_k_names(ctx, window, site))
+        if verdict == "unknown" or (verdict == "one" and ref.stage is None):
+            # the config is in sight but what decides cannot be read (a GA or stage passed in
+            # from the caller): judged as a config out of sight
+            yield from _config_out_of_sight(ctx, window, site, ref)
+            continue
         if verdict == "one":
             stage = ref.stage
             if stage not in (1, 2):
-                continue  # ZeRO-0/3 accumulate right with GA 1; unknown stage: no guess
+                continue  # ZeRO-0/3 accumulate right with GA 1
             yield ctx.finding(
                 "AG109",
                 site,

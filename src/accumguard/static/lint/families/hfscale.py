@@ -22,7 +22,7 @@ import ast
 from collections.abc import Iterator
 
 from accumguard.static.findings import Finding
-from accumguard.static.lint._ast import dotted, last_part, position, walk_all
+from accumguard.static.lint._ast import position, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 
@@ -85,26 +85,21 @@ def _k_divisions(ctx: FileContext, fn: ast.AST) -> Iterator[tuple[ast.AST, ast.A
 
 @rule("AG136")
 def hf_compute_loss_divided_by_k_after_num_items(ctx: FileContext) -> Iterator[Finding]:
-    for cls in ctx.of(ast.ClassDef):
-        if not any((last_part(dotted(b)) or "").endswith("trainer") for b in cls.bases):
-            continue
-        for fn in cls.body:
-            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) or fn.name != "compute_loss":
+    for cls, fn in ctx.trainer_compute_losses():
+        for node, dividend in _k_divisions(ctx, fn):
+            if isinstance(node, ast.AugAssign) and isinstance(dividend, ast.Name):
+                value = _reaching(ctx, fn, dividend.id, node)
+                normalised = value is not None and _window_normalised(ctx, fn, value)
+            else:
+                normalised = _window_normalised(ctx, fn, dividend)
+            if not normalised:
                 continue
-            for node, dividend in _k_divisions(ctx, fn):
-                if isinstance(node, ast.AugAssign) and isinstance(dividend, ast.Name):
-                    value = _reaching(ctx, fn, dividend.id, node)
-                    normalised = value is not None and _window_normalised(ctx, fn, value)
-                else:
-                    normalised = _window_normalised(ctx, fn, dividend)
-                if not normalised:
-                    continue
-                yield ctx.finding(
-                    "AG136",
-                    node,
-                    f"`{cls.name}.compute_loss` divides by the accumulation steps "
-                    f"(`{ast.unparse(node)}`) a loss already normalised by `num_items_in_batch`, "
-                    "the token count of the whole window of K micro-batches: the window's "
-                    "gradient is G / K (G / K² if the Trainer divides by K too, "
-                    "`loss_is_scaled_for_ga = False`)",
-                )
+            yield ctx.finding(
+                "AG136",
+                node,
+                f"`{cls.name}.compute_loss` divides by the accumulation steps "
+                f"(`{ast.unparse(node)}`) a loss already normalised by `num_items_in_batch`, "
+                "the token count of the whole window of K micro-batches: the window's "
+                "gradient is G / K (G / K² if the Trainer divides by K too, "
+                "`loss_is_scaled_for_ga = False`)",
+            )

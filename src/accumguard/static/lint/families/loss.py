@@ -27,12 +27,12 @@ from dataclasses import replace
 from accumguard.static.findings import Confidence, Finding, Severity
 from accumguard.static.lint._ast import (
     ACCUM_RE,
+    FUNCS,
     GLOBAL_COUNT_RE,
     WORLD_RE,
     call_attr,
     dotted,
     identifiers,
-    last_part,
     receiver,
     walk_all,
 )
@@ -93,8 +93,34 @@ def _assigned_names(ctx: FileContext, node: ast.AST) -> set[str]:
     return set()
 
 
-def _flows_to_backward(ctx: FileContext, node: ast.AST) -> bool:
-    """Is the division part of the loss that is back-propagated (same function)?"""
+def _flows_to_backward(ctx: FileContext, node: ast.AST, depth: int = 0, *, through_returns: bool = False) -> bool:
+    """Is the division part of the loss that is back-propagated: in its own function, or (with
+    ``through_returns``) returned by a function of the file (``def compute_loss(...): return
+    loss / W``) whose call is back-propagated where it is called (two calls deep)?"""
+    if _flows_here(ctx, node):
+        return True
+    fn = ctx.enclosing(node, FUNCS)
+    if (not through_returns or depth >= 2 or not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef)
+            or not _returned(ctx, fn, node)):
+        return False
+    return any(_flows_to_backward(ctx, site, depth + 1, through_returns=True) for site in ctx.call_sites(fn))
+
+
+def _returned(ctx: FileContext, fn: ast.FunctionDef | ast.AsyncFunctionDef, node: ast.AST) -> bool:
+    """``node`` is (part of) what ``fn`` returns: inside its ``return`` expression, or
+    assigned to a name a later ``return`` gives back."""
+    cur = ctx.parents.get(node)
+    while cur is not None and cur is not fn:
+        if isinstance(cur, ast.Return):
+            return True
+        cur = ctx.parents.get(cur)
+    names = _assigned_names(ctx, node)
+    line = getattr(node, "lineno", 0)
+    return any(isinstance(n, ast.Return) and n.value is not None and n.lineno > line
+               and dotted(n.value) in names for n in ctx.local_nodes(fn))
+
+
+def _flows_here(ctx: FileContext, node: ast.AST) -> bool:
     scope = ctx.scope_of(node)
     backwards = ctx.backward_losses(scope)
     calls = ctx._cached("backward_ids", scope, lambda: {id(call) for call, _ in backwards})
@@ -327,7 +353,7 @@ def loss_divided_by_world_under_ddp(ctx: FileContext) -> Iterator[Finding]:
         if any(isinstance(s, ast.BinOp) and isinstance(s.op, ast.Mult) and any(
             WORLD_RE.search(i) for i in identifiers(s)) for s in walk_all(dividend)):
             continue
-        if _under_wrapper_branch(ctx, node) or not _flows_to_backward(ctx, node):
+        if _under_wrapper_branch(ctx, node) or not _flows_to_backward(ctx, node, through_returns=True):
             continue
         yield ctx.finding(
             "AG112",
@@ -487,34 +513,6 @@ def _uses_num_items(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     return False
 
 
-def _trainer_ga(ctx: FileContext) -> tuple[int | None, str]:
-    """The Trainer's gradient_accumulation_steps as the file sets it: (value, how), value None
-    when it is not in sight (arguments parsed from the command line, ``**config``); cached."""
-    return ctx._cached("trainer_ga", ctx.tree, lambda: _trainer_ga_uncached(ctx))  # type: ignore[no-any-return]
-
-
-def _trainer_ga_uncached(ctx: FileContext) -> tuple[int | None, str]:
-    values: set[int | None] = set()
-    args_calls = 0
-    for call in ctx.of(ast.Call):
-        for k in call.keywords:
-            if k.arg == "gradient_accumulation_steps":
-                values.add(ctx.int_value(k.value))
-        if (last_part(dotted(call.func)) or "").endswith("trainingarguments") or call_attr(call) in ("SFTConfig",):
-            args_calls += 1
-            if any(k.arg is None for k in call.keywords):
-                values.add(None)
-    for names, value in ctx.assignments():
-        if any(n.endswith(".gradient_accumulation_steps") for n in names):
-            values.add(ctx.int_value(value))
-    if not values:
-        return (1, "the default 1") if args_calls else (None, "")
-    if None in values:
-        return None, ""
-    top = max(v for v in values if v is not None)
-    return top, f"gradient_accumulation_steps = {top}"
-
-
 def _scaled_flag(cls: ast.ClassDef) -> bool | None:
     """The class's ``loss_is_scaled_for_ga`` (transformers 5), when set to a constant."""
     for n in walk_all(cls):
@@ -529,43 +527,38 @@ def _scaled_flag(cls: ast.ClassDef) -> bool | None:
 def hf_compute_loss_ignores_num_items(ctx: FileContext) -> Iterator[Finding]:
     """A ``Trainer`` subclass whose ``compute_loss`` returns a per-micro-batch mean and never
     uses ``num_items_in_batch``, with gradient accumulation on."""
-    for cls in ctx.of(ast.ClassDef):
-        if not any((last_part(dotted(b)) or "").endswith("trainer") for b in cls.bases):
+    for cls, fn in ctx.trainer_compute_losses():
+        if _uses_num_items(fn):
             continue
-        for fn in cls.body:
-            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) or fn.name != "compute_loss":
-                continue
-            if _uses_num_items(fn):
-                continue
-            site = _mean_loss_site(ctx, fn, cls)
-            if site is None:
-                continue  # a summed loss, or one this rule cannot read
-            ga, how = _trainer_ga(ctx)
-            if ga == 1:
-                continue  # no accumulation: a micro-batch is the batch
-            node, what = site
-            flag = _scaled_flag(cls)
-            by_k = next((n for n in walk_all(fn)
-                         if (d := _division(n)) is not None and ctx.mentions_accum(d[1])), None)
-            k_note = (
-                f"; it divides by K itself (`{ast.unparse(by_k)}`): the right scale when transformers "
-                "5 counts the loss as normalised (the model's forward takes **kwargs), 1/K too "
-                "small when the Trainer divides again" if by_k is not None else
-                "" if flag is False else
-                "; and since the class does not set `loss_is_scaled_for_ga = False`, transformers 5 "
-                "counts the loss as already normalised whenever the model's forward takes **kwargs "
-                "(most HF models) and the batch has `labels`, and skips its own division by K: the "
-                "gradient is then K times too large as well"
-            )
-            finding = ctx.finding(
-                "AG118",
-                node,
-                f"`{cls.name}.compute_loss` returns a per-micro-batch mean ({what}) and never uses "
-                f"`num_items_in_batch`, with {how if ga else 'gradient accumulation possibly on (its value is not in sight)'}"
-                ": the Trainer adds K micro-batch means, so the tokens of short micro-batches weigh "
-                f"more than in the large batch (mean of means){k_note}; expected the window's "
-                "summed loss divided by `num_items_in_batch`",
-            )
-            if ga is None or flag is False or by_k is not None:  # only the mean of means is sure
-                finding = replace(finding, severity=Severity.WARNING, confidence=Confidence.MEDIUM)
-            yield finding
+        site = _mean_loss_site(ctx, fn, cls)
+        if site is None:
+            continue  # a summed loss, or one this rule cannot read
+        ga, how = ctx.trainer_ga()
+        if ga == 1:
+            continue  # no accumulation: a micro-batch is the batch
+        node, what = site
+        flag = _scaled_flag(cls)
+        by_k = next((n for n in walk_all(fn)
+                     if (d := _division(n)) is not None and ctx.mentions_accum(d[1])), None)
+        k_note = (
+            f"; it divides by K itself (`{ast.unparse(by_k)}`): the right scale when transformers "
+            "5 counts the loss as normalised (the model's forward takes **kwargs), 1/K too "
+            "small when the Trainer divides again" if by_k is not None else
+            "" if flag is False else
+            "; and since the class does not set `loss_is_scaled_for_ga = False`, transformers 5 "
+            "counts the loss as already normalised whenever the model's forward takes **kwargs "
+            "(most HF models) and the batch has `labels`, and skips its own division by K: the "
+            "gradient is then K times too large as well"
+        )
+        finding = ctx.finding(
+            "AG118",
+            node,
+            f"`{cls.name}.compute_loss` returns a per-micro-batch mean ({what}) and never uses "
+            f"`num_items_in_batch`, with {how if ga else 'gradient accumulation possibly on (its value is not in sight)'}"
+            ": the Trainer adds K micro-batch means, so the tokens of short micro-batches weigh "
+            f"more than in the large batch (mean of means){k_note}; expected the window's "
+            "summed loss divided by `num_items_in_batch`",
+        )
+        if ga is None or flag is False or by_k is not None:  # only the mean of means is sure
+            finding = replace(finding, severity=Severity.WARNING, confidence=Confidence.MEDIUM)
+        yield finding

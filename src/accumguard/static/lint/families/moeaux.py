@@ -28,7 +28,6 @@ from accumguard.static.lint._ast import dotted, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families.epochtail import single_assignments
-from accumguard.static.lint.families.loss import _trainer_ga
 
 __all__ = ["hf_trainer_moe_router_loss_times_k"]
 
@@ -93,7 +92,7 @@ def _stock_trainers(ctx: FileContext) -> Iterator[ast.Call]:
 def hf_trainer_moe_router_loss_times_k(ctx: FileContext) -> Iterator[Finding]:
     if not _router_logits_on(ctx):
         return
-    ga, how = _trainer_ga(ctx)
+    ga, how = ctx.trainer_ga()
     if ga is not None and ga <= 1:
         return
     for call in _stock_trainers(ctx):

@@ -259,6 +259,10 @@ def _window_k(ctx: FileContext, window: ast.AST) -> set[int | None]:
                 out |= k_values(ctx, guard.modulus, window)
                 break
             cur = ctx.parents.get(cur)
+    if not out:
+        # a flag assigned from the modulo (`is_last = (i + 1) % K == 0` ... `if is_last:`)
+        for name in sorted(ctx.window_k_names(window)):
+            out |= k_values(ctx, ast.parse(name, mode="eval").body, window)
     return out or {None}
 
 

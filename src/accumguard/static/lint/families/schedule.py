@@ -30,10 +30,102 @@ from accumguard.static.lint.families._lightning import (
 )
 
 
+def _accelerator_k(ctx: FileContext) -> int | None:
+    """The ``gradient_accumulation_steps`` every ``Accelerator(...)`` of the file is given, when
+    it is one integer in sight (None otherwise)."""
+    def compute() -> int | None:
+        values = {ctx.int_value(k.value) for c in ctx.of(ast.Call) if call_attr(c) == "Accelerator"
+                  for k in c.keywords if k.arg == "gradient_accumulation_steps"}
+        return values.pop() if len(values) == 1 else None
+    return ctx._cached("accelerator_k", ctx.tree, compute)  # type: ignore[no-any-return]
+
+
+def _prepared_names(ctx: FileContext) -> set[str] | None:
+    """What ``accelerator.prepare(...)`` receives or returns (dotted names); None when the file
+    calls no ``prepare`` or hands it a ``*spread`` (what is prepared cannot be told)."""
+    def compute() -> set[str] | None:
+        calls = [c for c in ctx.of(ast.Call) if call_attr(c) == "prepare" and c.args]
+        if not calls or any(isinstance(a, ast.Starred) for c in calls for a in c.args):
+            return None
+        out = {d for c in calls for a in c.args if (d := dotted(a)) is not None}
+        for c in calls:
+            parent = ctx.parents.get(c)
+            if isinstance(parent, ast.Assign):
+                out |= {d for t in parent.targets for x in walk_all(t) if (d := dotted(x)) is not None}
+        return out
+    return ctx._cached("prepared_names", ctx.tree, compute)  # type: ignore[no-any-return]
+
+
+def _unprepared_scheduler_steps(ctx: FileContext, window: ast.AST) -> Iterator[Finding]:
+    """Inside ``accelerator.accumulate(...)`` Accelerate gates the *prepared* scheduler's step;
+    a scheduler built in the file and never handed to ``prepare`` steps on every micro-batch."""
+    k = _accelerator_k(ctx)
+    prepared = _prepared_names(ctx)
+    if k is None or k < 2 or prepared is None:
+        return
+    for call, kind in ctx.window_facts(window).steps:
+        name = dotted(receiver(call))
+        if kind != "scheduler" or name is None or name in prepared or name not in ctx.schedulers \
+                or ctx.guarded(call, window):
+            continue
+        yield ctx.finding(
+            "AG103",
+            call,
+            f"`{name}.step()` runs on every micro-batch: `{name}` was never handed to "
+            "`accelerator.prepare`, so Accelerate does not gate its step under `accumulate()` "
+            f"(gradient_accumulation_steps = {k}): the learning-rate schedule advances K times per "
+            "optimizer step; prepare it, or step it under `if accelerator.sync_gradients:`",
+        )
+
+
+def _micro_counters(ctx: FileContext, window: ast.AST) -> set[str]:
+    """The names that count the window's micro-batches: ``i`` of ``for i, b in enumerate(...)``
+    (or ``for i in range(...)``) and a name the loop body increments on every micro-batch
+    (``micro += 1`` not behind a boundary test or an ``if <boundary>: continue``)."""
+    out: set[str] = set()
+    if isinstance(window, ast.For | ast.AsyncFor):
+        target, it = window.target, window.iter
+        if isinstance(it, ast.Call) and call_attr(it) == "enumerate" and isinstance(target, ast.Tuple) \
+                and target.elts and isinstance(target.elts[0], ast.Name):
+            out.add(target.elts[0].id)
+        elif isinstance(it, ast.Call) and call_attr(it) == "range" and isinstance(target, ast.Name):
+            out.add(target.id)
+    for stmt in getattr(window, "body", []):
+        if isinstance(stmt, ast.AugAssign) and isinstance(stmt.op, ast.Add) and isinstance(stmt.target, ast.Name) \
+                and not ctx.guarded(stmt, window):
+            out.add(stmt.target.id)
+    return out
+
+
+def _step_update_by_micro_counter(ctx: FileContext, window: ast.AST) -> Iterator[Finding]:
+    """timm's ``lr_scheduler.step_update(num_updates=n)`` sets the learning rate for update
+    ``n``: called with the loop's micro-batch counter, the schedule runs K times fast."""
+    counters = _micro_counters(ctx, window)
+    if not counters:
+        return
+    for n in ctx.local_nodes(window):
+        if not (isinstance(n, ast.Call) and call_attr(n) == "step_update"
+                and ctx.kind_of_receiver(receiver(n)) == "scheduler"):
+            continue
+        arg = next((k.value for k in n.keywords if k.arg == "num_updates"), n.args[0] if n.args else None)
+        if isinstance(arg, ast.Name) and arg.id in counters:
+            yield ctx.finding(
+                "AG103",
+                n,
+                f"`{ast.unparse(n.func)}(...)` is given `{arg.id}`, which counts micro-batches: the "
+                "scheduler sets the learning rate of update number `" + arg.id + "`, so the schedule "
+                "runs K times fast; pass the number of optimizer steps taken",
+            )
+
+
 @rule("AG103")
 def scheduler_every_micro_step(ctx: FileContext) -> Iterator[Finding]:
     for window in ctx.windows():
         facts = ctx.window_facts(window)
+        if facts.accelerate and facts.accumulating and not facts.summed_loss:
+            yield from _unprepared_scheduler_steps(ctx, window)
+        if facts.accumulating and not facts.unguarded_optimizer_steps and not facts.summed_loss:
+            yield from _step_update_by_micro_counter(ctx, window)
         if not facts.accumulating or facts.unguarded_optimizer_steps or facts.accelerate or facts.summed_loss:
             continue
         for call, kind in facts.steps:
@@ -43,7 +135,8 @@ def scheduler_every_micro_step(ctx: FileContext) -> Iterator[Finding]:
             yield ctx.finding(
                 "AG103",
                 call,
-                f"`{name}.step()` runs on every micro-batch: the learning-rate schedule advances K "
+                f"`{name}.step()`{ctx.via_text(call, window)} runs on every micro-batch: the "
+                "learning-rate schedule advances K "
                 "times per optimizer step",
             )
 

@@ -76,8 +76,9 @@ def step_every_micro_step(ctx: FileContext) -> Iterator[Finding]:
             yield ctx.finding(
                 "AG101",
                 call,
-                f"`{name}.step()` runs on every micro-batch of this accumulation loop (line "
-                f"{getattr(window, 'lineno', '?')}) with no boundary condition: the optimizer takes K "
+                f"`{name}.step()`{ctx.via_text(call, window)} runs on every micro-batch of this "
+                f"accumulation loop (line {getattr(window, 'lineno', '?')}) with no boundary condition: "
+                "the optimizer takes K "
                 "small steps instead of one",
             )
 
@@ -103,7 +104,7 @@ def zero_grad_in_window(ctx: FileContext) -> Iterator[Finding]:
             yield ctx.finding(
                 "AG102",
                 call,
-                f"`{name}.zero_grad()` on every micro-batch erases the gradients accumulated so far: "
+                f"`{name}.zero_grad()`{ctx.via_text(call, window)} on every micro-batch erases the gradients accumulated so far: "
                 f"only the last micro-batch reaches the optimizer{extra}",
             )
 
@@ -144,7 +145,8 @@ def grads_cleared_by_hand_in_window(ctx: FileContext) -> Iterator[Finding]:
         facts = ctx.window_facts(window)
         if not facts.accumulating or facts.unguarded_optimizer_steps or facts.summed_loss:
             continue
-        for node in (n for part in (window, *ctx.inlined(window)) for n in _grad_clears(ctx, part)):
+        for node in (n for part in (window, *ctx.inlined(window), *ctx.reached(window))
+                     for n in _grad_clears(ctx, part)):
             if ctx.guarded(node, window):
                 continue
             yield ctx.finding(
@@ -175,7 +177,7 @@ def clip_in_window(ctx: FileContext) -> Iterator[Finding]:
             yield ctx.finding(
                 "AG105",
                 call,
-                f"`{call_attr(call)}` runs on every micro-batch: it acts on a partial (and, under "
+                f"`{call_attr(call)}`{ctx.via_text(call, window)} runs on every micro-batch: it acts on a partial (and, under "
                 "no_sync, unsynchronised) gradient; clip once on the full gradient at the boundary",
             )
 
