@@ -225,7 +225,11 @@ def _rollout(g: torch.Generator, n: int, empty: bool = False
 
 def _pg(norm: str) -> Callable[[], None]:
     """REINFORCE on rollouts of 2K micro-batches of 3 sequences: ``norm`` picks the
-    divisor (``rollout``: the tokens of the whole rollout while stepping every K, the bug)."""
+    divisor (``rollout``: the tokens of the whole rollout while stepping every K, the bug);
+    a ``[..., 0]`` suffix selects the gathered column by indexing instead of ``squeeze``."""
+    index = norm.endswith(" [..., 0]")
+    norm = norm.removesuffix(" [..., 0]")
+
     def loop() -> None:
         torch.manual_seed(0)
         policy = _Policy()
@@ -240,6 +244,8 @@ def _pg(norm: str) -> Callable[[], None]:
                     lp = F.log_softmax(policy(seq[sl, :-1]), -1)
                     if norm == "take_along_dim window":
                         logp = torch.take_along_dim(lp, seq[sl, 1:, None], -1).squeeze(-1)
+                    elif index:  # a dimension of size 1 indexed: the same selection
+                        logp = lp.gather(-1, seq[sl, 1:, None])[..., 0]
                     else:
                         logp = lp.gather(-1, seq[sl, 1:, None]).squeeze(-1)
                     tok = -(adv[sl, None] * logp * mask[sl])
@@ -266,6 +272,7 @@ def _pg(norm: str) -> Callable[[], None]:
 
 
 @pytest.mark.parametrize(("norm", "unit"), [("rollout", "tokens"),
+                                           ("rollout [..., 0]", "tokens"),
                                            ("grpo rollout", "sequences")])
 def test_pg_normaliser_spanning_two_optimizer_steps_is_an_error(tmp_path: Path, norm: str,
                                                                 unit: str) -> None:
@@ -283,7 +290,8 @@ def test_pg_normaliser_spanning_two_optimizer_steps_is_an_error(tmp_path: Path, 
         assert not ws or max(ws) - min(ws) <= 1e-6 * max(ws), s.get("losses")
 
 
-@pytest.mark.parametrize("norm", ["window", "take_along_dim window", "grpo", "grpo mean/K",
+@pytest.mark.parametrize("norm", ["window", "window [..., 0]", "take_along_dim window", "grpo",
+                                  "grpo mean/K",
                                   "grpo rollout, fixed count"])
 def test_pg_normalised_per_window_is_silent(tmp_path: Path, norm: str) -> None:
     findings, steps = _run(tmp_path, _pg(norm))
