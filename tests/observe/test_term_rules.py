@@ -503,6 +503,57 @@ def test_moe_aux_after_the_division_on_two_ddp_ranks(tmp_path: Path) -> None:
     assert _errors(ok) == [], ok
 
 
+def _moe_world_rank(rank: int, world: int, path: str) -> None:
+    """One rank of DDP over the MoE: the router term multiplied by the world size beside a
+    right CE (``bug``), and the correct form (``ok``), each recorded in ``path/<form>``."""
+    from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: N817
+
+    for sub in ("bug", "ok"):
+        torch.manual_seed(0)
+        model = DDP(_MoE())
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(7 + rank)
+        with recording(Path(path) / sub):
+            for _ in range(2):
+                for m in range(K):
+                    x = torch.randn(4, 6, generator=g)
+                    y = torch.randint(0, 3, (4,), generator=g)
+                    with model.no_sync() if m < K - 1 else contextlib.nullcontext():
+                        logits, aux = model(x)
+                        ce = F.cross_entropy(logits, y)
+                        term = 0.01 * aux * world if sub == "bug" else 0.01 * aux
+                        loss = (ce + term) / K
+                        loss.backward()
+                opt.step()
+                opt.zero_grad()
+
+
+def test_a_term_multiplied_by_the_world_size_on_two_ddp_ranks(tmp_path: Path) -> None:
+    """2 gloo ranks (DDP): an MoE router term multiplied by W while the CE beside it weighs
+    1 over each window is F10 naming the term and the line; the correct form is silent; and
+    the same recording read against a source that multiplies nothing by the world size (a
+    coefficient that only happens to equal W) is silent."""
+    from accumguard.observe._records import window_lines
+    from accumguard.observe._term_world_rules import term_world_findings
+    from accumguard.runtime.launch import run_on_ranks
+
+    run_on_ranks(_moe_world_rank, 2, (str(tmp_path),), timeout=300)
+    rec = load_recordings(tmp_path / "bug")
+    bug, _, _ = analyze(rec)
+    ok, _, _ = analyze(load_recordings(tmp_path / "ok"))
+    (f,) = _errors(bug)
+    assert f.cls == "F10" and "multiplied by the world size" in f.title, bug
+    assert "multiplied by exactly W = 2" in f.evidence and "test_term_rules.py:" in f.evidence
+    assert _errors(ok) == [], ok
+    plain = tmp_path / "plain.py"
+    plain.write_text("loss = (ce + 0.02 * aux) / 4\n")
+    windows = window_lines(rec.steps[0])
+    for w in windows:
+        w["terms"] = [[*t[:11], f"{plain}:1", *t[12:]] if t[0] == "term" else t
+                      for t in w["terms"] or []]
+    assert term_world_findings(0, windows, 2) == []
+
+
 @pytest.mark.parametrize("where", ["batch_means", "closure_horizon"])
 def test_a_fault_in_the_new_readers_changes_nothing_and_is_recorded(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
