@@ -508,7 +508,7 @@ def _moe_world_rank(rank: int, world: int, path: str) -> None:
     right CE (``bug``), and the correct form (``ok``), each recorded in ``path/<form>``."""
     from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: N817
 
-    for sub in ("bug", "ok"):
+    for sub in ("bug", "ok", "global"):
         torch.manual_seed(0)
         model = DDP(_MoE())
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -521,7 +521,11 @@ def _moe_world_rank(rank: int, world: int, path: str) -> None:
                     with model.no_sync() if m < K - 1 else contextlib.nullcontext():
                         logits, aux = model(x)
                         ce = F.cross_entropy(logits, y)
-                        term = 0.01 * aux * world if sub == "bug" else 0.01 * aux
+                        # "global": a z-loss summed over the rows and divided by the rows of
+                        # all ranks (a count summed over ranks), times W: right
+                        z = torch.logsumexp(logits, -1).pow(2)
+                        term = {"bug": 0.01 * aux * world, "ok": 0.01 * aux,
+                                "global": 0.01 * z.sum() / (4 * world) * world}[sub]
                         loss = (ce + term) / K
                         loss.backward()
                 opt.step()
@@ -530,7 +534,8 @@ def _moe_world_rank(rank: int, world: int, path: str) -> None:
 
 def test_a_term_multiplied_by_the_world_size_on_two_ddp_ranks(tmp_path: Path) -> None:
     """2 gloo ranks (DDP): an MoE router term multiplied by W while the CE beside it weighs
-    1 over each window is F10 naming the term and the line; the correct form is silent; and
+    1 over each window is F10 naming the term and the line; the correct form and a z-loss
+    summed and divided by the rows of all ranks, times W (right), are silent; and
     the same recording read against a source that multiplies nothing by the world size (a
     coefficient that only happens to equal W) is silent."""
     from accumguard.observe._records import window_lines
@@ -545,6 +550,8 @@ def test_a_term_multiplied_by_the_world_size_on_two_ddp_ranks(tmp_path: Path) ->
     assert f.cls == "F10" and "multiplied by the world size" in f.title, bug
     assert "multiplied by exactly W = 2" in f.evidence and "test_term_rules.py:" in f.evidence
     assert _errors(ok) == [], ok
+    glob, _, _ = analyze(load_recordings(tmp_path / "global"))
+    assert _errors(glob) == [], glob
     plain = tmp_path / "plain.py"
     plain.write_text("loss = (ce + 0.02 * aux) / 4\n")
     windows = window_lines(rec.steps[0])

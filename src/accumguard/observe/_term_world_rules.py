@@ -12,7 +12,8 @@ MoE router or z-loss scaled by W (transformers#48690, Megatron-LM PR #3768).
 Error (F10) only when all of this is proven: every window judged (K >= 2 micro-steps, every
 backward the same sum of terms) has a main loss call weighing 1 over the window and
 another term that is a per-micro-batch mean or statistic (the rows of that call's input),
-divided by K like the main call (a term not divided by K is :mod:`._term_rules`'s), whose
+divided by K like the main call (a term not divided by K is :mod:`._term_rules`'s) and by
+no other constant (a sum divided by a count over all ranks is right times W), whose
 constants hold exactly W (``["*", W]``) while the main call's do not; and the file of the
 backward multiplies some value by the world size (``* world_size``, ``*
 dist.get_world_size()``, ``* accelerator.num_processes``): a coefficient that only happens
@@ -68,8 +69,13 @@ def _window_hit(w: dict[str, Any], world: int) -> tuple[list[Any], list[Any]] | 
         if any(r is None or r[6] for r in recs):
             continue
         terms = [r for r in recs if r is not None]
+        # a mean of its own rows (a mean node or a recorded mean call), divided by K and by
+        # nothing else: a division by a count (``z.sum() / n_global * world_size``, a count
+        # summed over ranks) makes the W right, and is not judged
         mean = all((bool(r[10]) if r[7] is not None else _mean_rows(r, rows, k) is not None)
-                   and _divides_by(r[4], k) for r in terms)
+                   and _divides_by(r[4], k)
+                   and all(str(op) != "/" or _is(float(c), float(k)) or _is(float(c), 1.0)
+                           for op, c in r[4]) for r in terms)
         if not mean:
             continue
         judged = True
