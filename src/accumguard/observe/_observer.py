@@ -210,6 +210,7 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
         self._last_owner = 0  # id() of the optimizer/engine of the previous step
         self._last_grads: list[tuple[int, int]] = []  # its gradients then: (id, version)
         self._step_checksum: torch.Tensor | None = None
+        self._step_bw0 = 0  # backward passes ended when the step at hand began
         self._step_members: list[bool] | None = None
         self._step_master: MasterSum | None = None  # see _precision.model_grad_sum
         self._prec_static: dict[tuple[int, int],
