@@ -47,6 +47,7 @@ from accumguard.observe._records import (
     _windows,
     window_lines,
 )
+from accumguard.observe._seq_rules import sequence_mean_findings
 from accumguard.observe._term_rules import selection_findings, term_scale_findings
 from accumguard.observe._term_world_rules import term_world_findings
 from accumguard.observe._weight_rules import WEIGHT_TOL, WEIGHT_TOL_LOW_PRECISION, _short
@@ -352,7 +353,7 @@ def term_findings(rec: RunRecording) -> list[Finding]:
         if found:
             out += found
             break
-    for rule in (term_scale_findings, selection_findings):
+    for rule in (term_scale_findings, selection_findings, sequence_mean_findings):
         for r in rec.ranks:
             found = rule(r, window_lines(rec.steps.get(r, [])))
             if found:

@@ -106,8 +106,8 @@ _WEIGHT_NAMES = {2: "weight", 4: "weight", 5: "weight", 6: "pos_weight"}
 class _Call:
     """One recorded loss call; ``micro`` and ``g`` are set by the gradient hook."""
 
-    __slots__ = ("divs", "factors", "fstats", "g", "grad", "lp", "mean", "micro", "n",
-                 "node", "opaque", "rows", "seq", "site", "sole", "stats", "weighted")
+    __slots__ = ("divs", "factors", "fstats", "g", "grad", "lp", "mean", "mean_rows", "micro",
+                 "n", "node", "opaque", "rows", "seq", "site", "sole", "stats", "weighted")
 
     def __init__(self, site: str, seq: int, n: torch.Tensor | int, mean: bool,
                  lp: bool, node: int, rows: int = 0) -> None:
@@ -124,6 +124,9 @@ class _Call:
         # the constants between this output and the root: ["/", c] or ["*", c]
         self.divs: list[Const] = []
         self.rows = rows  # the rows of the call's input (the micro-batch's samples/tokens)
+        # a selection whose first reduction from the root is a mean over its rows (one value
+        # per sequence: ``per_seq.mean()``): that mean's count, else 0
+        self.mean_rows = 0
         # a log-prob selection (:mod:`._losses_terms`): [count, rows, sum, min, max] of the
         # nonzero per-token gradients, a device tensor until the step
         self.stats: torch.Tensor | None = None
@@ -300,7 +303,7 @@ class LossRecorder:
             uniform = True
             if c.stats is not None:
                 row = selection_row(c.site, idx, c.micro, c.divs, c.opaque, c.sole,
-                                    next(s_iter))
+                                    next(s_iter), c.mean_rows)
                 if row is None:
                     continue
                 sel.append(row)
@@ -464,6 +467,7 @@ class LossRecorder:
                 continue
             call = _Call(where(), self.seq, 0, True, False, leaf.node._sequence_nr())
             call.opaque, call.weighted = leaf.opaque, leaf.weighted
+            call.mean_rows = int(leaf.means[0]) if leaf.first == "mean" and leaf.means else 0
             call.factors = leaf.factors or None
             self.seq += 1
             self.calls.append(call)
@@ -484,6 +488,8 @@ class LossRecorder:
             return
         t = time.perf_counter()
         call.micro, call.lp = self.micro, grad.dtype in _LOW
+        if call.mean_rows and (grad.dim() < 2 or int(grad.shape[0]) != call.mean_rows):
+            call.mean_rows = 0  # the mean was not over the selection's rows
         call.n, call.g, call.stats = selection_stats(grad.detach())
         if call.factors:
             call.fstats = factor_stats(grad.detach(), call.factors)
