@@ -16,12 +16,17 @@ import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
 
+import accumguard.observe._losses as _losses_module
 from accumguard.observe._records import Finding
 from accumguard.watch._findings import analyze, load_recordings
 from accumguard.watch._recording import recording
 
 K, STEPS = 4, 3
 V, T = 11, 7
+
+
+#: the loss record's always-recorded windows as shipped (the fixture below raises it)
+_SHIPPED_ALWAYS = _losses_module._ALWAYS
 
 
 @pytest.fixture(autouse=True)
@@ -288,6 +293,21 @@ def test_pg_normaliser_spanning_two_optimizer_steps_is_an_error(tmp_path: Path, 
     for s in steps:
         ws = [float(r[4]) for r in s.get("losses") or []]
         assert not ws or max(ws) - min(ws) <= 1e-6 * max(ws), s.get("losses")
+
+
+def test_pg_rollout_normaliser_is_found_without_time_budget(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    """On a toy model the loss record is kept within a time budget after its first windows;
+    under load none after those may be kept. The rollout normaliser needs two rollouts of
+    two optimizer steps (four consecutive windows): those are always recorded, so a budget
+    that nothing fits in still finds it (it was found or not by timing)."""
+    import accumguard.observe._losses as losses
+
+    monkeypatch.setattr(losses, "_ALWAYS", _SHIPPED_ALWAYS)  # not the fixture's 1000
+    monkeypatch.setattr(losses, "_BUDGET", 0.0)
+    findings, _ = _run(tmp_path, _pg("rollout"))
+    assert [f.cls for f in _errors(findings)] == ["LOSS_SCALE"], findings
 
 
 @pytest.mark.parametrize("norm", ["window", "window [..., 0]", "take_along_dim window", "grpo",

@@ -90,7 +90,9 @@ _OWN = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch,) if m.__file_
 #: Windows always recorded, then windows are recorded while the record has cost at most
 #: this fraction of the time since install (F5 shows in every window with uneven counts:
 #: a model whose micro-steps take milliseconds is recorded on every window, a toy on some).
-_ALWAYS = 2
+#: Four: a log-prob normaliser spanning two optimizer steps is proven by two such spans
+#: (:mod:`._term_rules`), four consecutive windows, whatever the machine's load.
+_ALWAYS = 4
 _BUDGET = 0.005
 _LOW = (torch.float16, torch.bfloat16)
 #: Element-wise losses: argument positions of (size_average, reduce, reduction, weight-like
