@@ -146,3 +146,51 @@ def test_pg_correct_normalisers_are_silent(tmp_path: Path, norm: str, how: str, 
     if norm in ("window", "drgrpo") or equal:  # the weights were read: one per window
         recs = [r for s in steps for r in s.get("losses") or []]
         assert recs, steps
+
+
+def _seq_loop(norm: str) -> Callable[[], None]:
+    """GRPO with dynamic sampling: micro-batches of 2, 6, 3 and 5 completions (filtered
+    groups); one value per completion (its token mean times the advantage), then ``mean``:
+    a mean over the micro-batch's completions / K (the bug), or ``window``: their sum over
+    the window's count of completions."""
+    sizes = [2, 6, 3, 5]
+
+    def loop() -> None:
+        torch.manual_seed(0)
+        policy = _Policy()
+        opt = torch.optim.SGD(policy.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(5)
+        for _ in range(STEPS):
+            for m in range(K):
+                n = sizes[m] if norm != "equal" else 4
+                seq = torch.randint(1, V, (n, T + 1), generator=g)
+                lens = torch.randint(1, T + 1, (n,), generator=g)
+                mask = (torch.arange(T)[None, :] < lens[:, None]).float()
+                adv = torch.randn(n, generator=g)
+                per_seq = (-adv[:, None] * _logp(policy, seq, "gather") * mask).sum(-1) \
+                    / mask.sum(-1)
+                if norm == "window":
+                    loss = per_seq.sum() / sum(sizes)
+                else:  # "mean" (uneven sizes: the bug) and "equal" (4 each: right)
+                    loss = per_seq.mean() / K
+                loss.backward()
+            opt.step()
+            opt.zero_grad()
+
+    return loop
+
+
+@pytest.mark.parametrize(("norm", "expected"), [("mean", ["F5"]), ("window", []),
+                                                ("equal", [])])
+def test_pg_sequence_mean_per_micro_batch_over_uneven_counts(tmp_path: Path, norm: str,
+                                                             expected: list[str]) -> None:
+    """A per-completion value averaged over each micro-batch's completions, / K, while the
+    micro-batches hold different numbers of completions: each micro-batch weighs the same,
+    a completion 1/(K n_m) instead of 1/N (F5 one level up from tokens). The window's count
+    of completions as the divisor, or equal counts, are the large batch's mean: silent."""
+    findings, _ = _run(tmp_path, _seq_loop(norm))
+    errors = _errors(findings)
+    assert [f.cls for f in errors] == expected, findings
+    if expected:
+        assert "uneven sequence counts" in errors[0].title
+        assert "2 / 6 / 3 / 5 sequences" in errors[0].evidence, errors[0].evidence

@@ -61,11 +61,11 @@ class _Recorder:
         self.steps.append(rules.step_record(ev, 0))
 
 
-def _observe(loop: Any) -> list[dict[str, Any]]:
+def _observe(loop: Any, budget: float | None = None) -> list[dict[str, Any]]:
     from accumguard.observe import Observer
 
     rec = _Recorder()
-    obs = Observer(auto_roots=True)
+    obs = Observer(auto_roots=True, budget=budget)
     obs.add_listener(rec)
     with obs:
         loop()
@@ -134,6 +134,22 @@ def test_gan_generator_zero_grad_inside_its_window_is_still_f3() -> None:
     # the discriminator's windows are intact: the clear is blamed on the generator only
     disc = [s for s in steps if s["optimizer_index"] == 2]
     assert all(s["conservation"]["ok"] for s in disc)
+
+
+def test_gan_generator_f3_does_not_depend_on_the_time_budget() -> None:
+    """``watch`` checks windows within a time budget after the run's first two; under load
+    (or on a toy model, where checksums cost more than 1 % of the run) no window after those
+    may be checked, and the generator's windows, each spanning K discriminator steps, were
+    then never checked: the F3 depended on timing. Each optimizer's first two windows are
+    checked whatever the budget: a budget no check fits in still finds the F3, at the
+    generator's first step, and the correct loop stays silent."""
+    steps = _observe(lambda: _gan("gen_zero_grad"), budget=1e-12)
+    gen = [s for s in steps if s["optimizer_index"] == 1]
+    assert [bool(s["conservation"]) for s in gen[:2]] == [True, True], gen
+    errs = _errors(steps, None)
+    assert [(f.cls, f.step) for f in errs] == [("F3", gen[0]["step"] + 1)], errs
+    ok = _observe(_gan, budget=1e-12)
+    assert _errors(ok, K) == [] and _errors(ok, None) == []
 
 
 def _single(bug: str = "") -> None:

@@ -16,12 +16,17 @@ import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
 
+import accumguard.observe._losses as _losses_module
 from accumguard.observe._records import Finding
 from accumguard.watch._findings import analyze, load_recordings
 from accumguard.watch._recording import recording
 
 K, STEPS = 4, 3
 V, T = 11, 7
+
+
+#: the loss record's always-recorded windows as shipped (the fixture below raises it)
+_SHIPPED_ALWAYS = _losses_module._ALWAYS
 
 
 @pytest.fixture(autouse=True)
@@ -225,7 +230,11 @@ def _rollout(g: torch.Generator, n: int, empty: bool = False
 
 def _pg(norm: str) -> Callable[[], None]:
     """REINFORCE on rollouts of 2K micro-batches of 3 sequences: ``norm`` picks the
-    divisor (``rollout``: the tokens of the whole rollout while stepping every K, the bug)."""
+    divisor (``rollout``: the tokens of the whole rollout while stepping every K, the bug);
+    a ``[..., 0]`` suffix selects the gathered column by indexing instead of ``squeeze``."""
+    index = norm.endswith(" [..., 0]")
+    norm = norm.removesuffix(" [..., 0]")
+
     def loop() -> None:
         torch.manual_seed(0)
         policy = _Policy()
@@ -240,6 +249,8 @@ def _pg(norm: str) -> Callable[[], None]:
                     lp = F.log_softmax(policy(seq[sl, :-1]), -1)
                     if norm == "take_along_dim window":
                         logp = torch.take_along_dim(lp, seq[sl, 1:, None], -1).squeeze(-1)
+                    elif index:  # a dimension of size 1 indexed: the same selection
+                        logp = lp.gather(-1, seq[sl, 1:, None])[..., 0]
                     else:
                         logp = lp.gather(-1, seq[sl, 1:, None]).squeeze(-1)
                     tok = -(adv[sl, None] * logp * mask[sl])
@@ -266,6 +277,7 @@ def _pg(norm: str) -> Callable[[], None]:
 
 
 @pytest.mark.parametrize(("norm", "unit"), [("rollout", "tokens"),
+                                           ("rollout [..., 0]", "tokens"),
                                            ("grpo rollout", "sequences")])
 def test_pg_normaliser_spanning_two_optimizer_steps_is_an_error(tmp_path: Path, norm: str,
                                                                 unit: str) -> None:
@@ -283,7 +295,23 @@ def test_pg_normaliser_spanning_two_optimizer_steps_is_an_error(tmp_path: Path, 
         assert not ws or max(ws) - min(ws) <= 1e-6 * max(ws), s.get("losses")
 
 
-@pytest.mark.parametrize("norm", ["window", "take_along_dim window", "grpo", "grpo mean/K",
+def test_pg_rollout_normaliser_is_found_without_time_budget(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    """On a toy model the loss record is kept within a time budget after its first windows;
+    under load none after those may be kept. The rollout normaliser needs two rollouts of
+    two optimizer steps (four consecutive windows): those are always recorded, so a budget
+    that nothing fits in still finds it (it was found or not by timing)."""
+    import accumguard.observe._losses as losses
+
+    monkeypatch.setattr(losses, "_ALWAYS", _SHIPPED_ALWAYS)  # not the fixture's 1000
+    monkeypatch.setattr(losses, "_BUDGET", 0.0)
+    findings, _ = _run(tmp_path, _pg("rollout"))
+    assert [f.cls for f in _errors(findings)] == ["LOSS_SCALE"], findings
+
+
+@pytest.mark.parametrize("norm", ["window", "window [..., 0]", "take_along_dim window", "grpo",
+                                  "grpo mean/K",
                                   "grpo rollout, fixed count"])
 def test_pg_normalised_per_window_is_silent(tmp_path: Path, norm: str) -> None:
     findings, steps = _run(tmp_path, _pg(norm))
@@ -493,6 +521,64 @@ def test_moe_aux_after_the_division_on_two_ddp_ranks(tmp_path: Path) -> None:
     assert [f.cls for f in _errors(bug)] == ["LOSS_SCALE"], bug
     assert "not divided by K" in _errors(bug)[0].title
     assert _errors(ok) == [], ok
+
+
+def _moe_world_rank(rank: int, world: int, path: str) -> None:
+    """One rank of DDP over the MoE: the router term multiplied by the world size beside a
+    right CE (``bug``), and the correct form (``ok``), each recorded in ``path/<form>``."""
+    from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: N817
+
+    for sub in ("bug", "ok", "global"):
+        torch.manual_seed(0)
+        model = DDP(_MoE())
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(7 + rank)
+        with recording(Path(path) / sub):
+            for _ in range(2):
+                for m in range(K):
+                    x = torch.randn(4, 6, generator=g)
+                    y = torch.randint(0, 3, (4,), generator=g)
+                    with model.no_sync() if m < K - 1 else contextlib.nullcontext():
+                        logits, aux = model(x)
+                        ce = F.cross_entropy(logits, y)
+                        # "global": a z-loss summed over the rows and divided by the rows of
+                        # all ranks (a count summed over ranks), times W: right
+                        z = torch.logsumexp(logits, -1).pow(2)
+                        term = {"bug": 0.01 * aux * world, "ok": 0.01 * aux,
+                                "global": 0.01 * z.sum() / (4 * world) * world}[sub]
+                        loss = (ce + term) / K
+                        loss.backward()
+                opt.step()
+                opt.zero_grad()
+
+
+def test_a_term_multiplied_by_the_world_size_on_two_ddp_ranks(tmp_path: Path) -> None:
+    """2 gloo ranks (DDP): an MoE router term multiplied by W while the CE beside it weighs
+    1 over each window is F10 naming the term and the line; the correct form and a z-loss
+    summed and divided by the rows of all ranks, times W (right), are silent; and
+    the same recording read against a source that multiplies nothing by the world size (a
+    coefficient that only happens to equal W) is silent."""
+    from accumguard.observe._records import window_lines
+    from accumguard.observe._term_world_rules import term_world_findings
+    from accumguard.runtime.launch import run_on_ranks
+
+    run_on_ranks(_moe_world_rank, 2, (str(tmp_path),), timeout=300)
+    rec = load_recordings(tmp_path / "bug")
+    bug, _, _ = analyze(rec)
+    ok, _, _ = analyze(load_recordings(tmp_path / "ok"))
+    (f,) = _errors(bug)
+    assert f.cls == "F10" and "multiplied by the world size" in f.title, bug
+    assert "multiplied by exactly W = 2" in f.evidence and "test_term_rules.py:" in f.evidence
+    assert _errors(ok) == [], ok
+    glob, _, _ = analyze(load_recordings(tmp_path / "global"))
+    assert _errors(glob) == [], glob
+    plain = tmp_path / "plain.py"
+    plain.write_text("loss = (ce + 0.02 * aux) / 4\n")
+    windows = window_lines(rec.steps[0])
+    for w in windows:
+        w["terms"] = [[*t[:11], f"{plain}:1", *t[12:]] if t[0] == "term" else t
+                      for t in w["terms"] or []]
+    assert term_world_findings(0, windows, 2) == []
 
 
 @pytest.mark.parametrize("where", ["batch_means", "closure_horizon"])

@@ -47,6 +47,7 @@ class _Lane:
     since: int  # serial of the first backward of its current window
     pids: frozenset[int] = frozenset()
     n_params: int = -1
+    steps: int = 0  # windows of this optimizer ended so far
 
 
 @dataclass
@@ -144,6 +145,12 @@ class Lanes:
                                 for i, (_, a) in enumerate(items) for _, b in items[i + 1:])
         return self._several
 
+    def young(self, n: int) -> bool:
+        """Several optimizers over disjoint parameters, and one of them has ended fewer than
+        ``n`` windows: its first windows span many of the shared ones (a generator's window
+        of K discriminator steps), so they are checked whatever the time budget."""
+        return self.several() and any(ln.steps < n for ln in list(self._lanes.values()))
+
     def partners(self, opt: object) -> list[tuple[object, _Lane]]:
         """The other live optimizers over parameters disjoint from ``opt``'s."""
         lane = self._get(opt)
@@ -232,6 +239,7 @@ class Lanes:
         lane = self._get(opt)
         if lane is not None:
             lane.since = serial
+            lane.steps += 1
         if not self.log and not self.zeros:
             return
         low = min((ln.since for ln in self._lanes.values()), default=serial)

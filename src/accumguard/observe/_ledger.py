@@ -47,7 +47,9 @@ from accumguard.observe._records import (
     _windows,
     window_lines,
 )
+from accumguard.observe._seq_rules import sequence_mean_findings
 from accumguard.observe._term_rules import selection_findings, term_scale_findings
+from accumguard.observe._term_world_rules import term_world_findings
 from accumguard.observe._weight_rules import WEIGHT_TOL, WEIGHT_TOL_LOW_PRECISION, _short
 
 __all__ = ["ledger_findings", "term_findings"]
@@ -345,7 +347,13 @@ def term_findings(rec: RunRecording) -> list[Finding]:
     over other micro-steps than its window's), each said once, for the first rank that
     shows it."""
     out = _rank_term_findings(rec)
-    for rule in (term_scale_findings, selection_findings):
+    world = len([r for r in rec.ranks if rec.steps.get(r)])
+    for r in rec.ranks:
+        found = term_world_findings(r, window_lines(rec.steps.get(r, [])), world)
+        if found:
+            out += found
+            break
+    for rule in (term_scale_findings, selection_findings, sequence_mean_findings):
         for r in rec.ranks:
             found = rule(r, window_lines(rec.steps.get(r, [])))
             if found:

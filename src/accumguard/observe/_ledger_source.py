@@ -10,7 +10,7 @@ import functools
 import re
 from pathlib import Path
 
-__all__ = ["world_divisions"]
+__all__ = ["world_divisions", "world_multiplications"]
 
 #: Names that hold the number of data-parallel ranks.
 _WORLD = re.compile(r"^(world(_size)?|num_processes|n_?procs|n_?gpus|num_gpus|ngpus|dp_size|"
@@ -39,6 +39,7 @@ class _Scan(ast.NodeVisitor):
         # world``): a divisor by such a name divides by W among other factors
         self.world_product: set[str] = set()
         self.lines: list[tuple[int, str]] = []  # (line, "/" or "*")
+        self.products: list[int] = []  # lines where any value is multiplied by the world size
 
     def worldish(self, node: ast.AST) -> bool:
         """The divisor is or contains a factor of the world size (``K * world``)."""
@@ -97,6 +98,9 @@ class _Scan(ast.NodeVisitor):
 
     def visit_BinOp(self, node: ast.BinOp) -> None:
         self._expr(node, False)
+        if isinstance(node.op, ast.Mult) and (self.is_world(node.left)
+                                              or self.is_world(node.right)):
+            self.products.append(node.lineno)
         self.generic_visit(node)
 
     def _scales(self, op: ast.operator, other: ast.AST) -> str:
@@ -133,3 +137,19 @@ def world_divisions(path: str) -> tuple[tuple[int, str], ...]:
     scan.lines = []
     scan.visit(tree)
     return tuple(sorted(set(scan.lines)))
+
+
+@functools.lru_cache(maxsize=32)
+def world_multiplications(path: str) -> tuple[int, ...]:
+    """The lines where ``path`` multiplies any value by the world size (``0.5 * aux *
+    world_size``, ``coef * dist.get_world_size()``); empty when the file cannot be read or
+    parsed."""
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return ()
+    scan = _Scan()
+    scan.visit(tree)
+    scan.products = []
+    scan.visit(tree)
+    return tuple(sorted(set(scan.products)))

@@ -90,7 +90,9 @@ _OWN = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch,) if m.__file_
 #: Windows always recorded, then windows are recorded while the record has cost at most
 #: this fraction of the time since install (F5 shows in every window with uneven counts:
 #: a model whose micro-steps take milliseconds is recorded on every window, a toy on some).
-_ALWAYS = 2
+#: Four: a log-prob normaliser spanning two optimizer steps is proven by two such spans
+#: (:mod:`._term_rules`), four consecutive windows, whatever the machine's load.
+_ALWAYS = 4
 _BUDGET = 0.005
 _LOW = (torch.float16, torch.bfloat16)
 #: Element-wise losses: argument positions of (size_average, reduce, reduction, weight-like
@@ -106,8 +108,8 @@ _WEIGHT_NAMES = {2: "weight", 4: "weight", 5: "weight", 6: "pos_weight"}
 class _Call:
     """One recorded loss call; ``micro`` and ``g`` are set by the gradient hook."""
 
-    __slots__ = ("divs", "factors", "fstats", "g", "grad", "lp", "mean", "micro", "n",
-                 "node", "opaque", "rows", "seq", "site", "sole", "stats", "weighted")
+    __slots__ = ("divs", "factors", "fstats", "g", "grad", "lp", "mean", "mean_rows", "micro",
+                 "n", "node", "opaque", "rows", "seq", "site", "sole", "stats", "weighted")
 
     def __init__(self, site: str, seq: int, n: torch.Tensor | int, mean: bool,
                  lp: bool, node: int, rows: int = 0) -> None:
@@ -124,6 +126,9 @@ class _Call:
         # the constants between this output and the root: ["/", c] or ["*", c]
         self.divs: list[Const] = []
         self.rows = rows  # the rows of the call's input (the micro-batch's samples/tokens)
+        # a selection whose first reduction from the root is a mean over its rows (one value
+        # per sequence: ``per_seq.mean()``): that mean's count, else 0
+        self.mean_rows = 0
         # a log-prob selection (:mod:`._losses_terms`): [count, rows, sum, min, max] of the
         # nonzero per-token gradients, a device tensor until the step
         self.stats: torch.Tensor | None = None
@@ -300,7 +305,7 @@ class LossRecorder:
             uniform = True
             if c.stats is not None:
                 row = selection_row(c.site, idx, c.micro, c.divs, c.opaque, c.sole,
-                                    next(s_iter))
+                                    next(s_iter), c.mean_rows)
                 if row is None:
                     continue
                 sel.append(row)
@@ -464,6 +469,7 @@ class LossRecorder:
                 continue
             call = _Call(where(), self.seq, 0, True, False, leaf.node._sequence_nr())
             call.opaque, call.weighted = leaf.opaque, leaf.weighted
+            call.mean_rows = int(leaf.means[0]) if leaf.first == "mean" and leaf.means else 0
             call.factors = leaf.factors or None
             self.seq += 1
             self.calls.append(call)
@@ -484,6 +490,8 @@ class LossRecorder:
             return
         t = time.perf_counter()
         call.micro, call.lp = self.micro, grad.dtype in _LOW
+        if call.mean_rows and (grad.dim() < 2 or int(grad.shape[0]) != call.mean_rows):
+            call.mean_rows = 0  # the mean was not over the selection's rows
         call.n, call.g, call.stats = selection_stats(grad.detach())
         if call.factors:
             call.fstats = factor_stats(grad.detach(), call.factors)

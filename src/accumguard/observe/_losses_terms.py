@@ -22,11 +22,13 @@ Two kinds of records go on the step event as ``terms``:
   graph as :func:`divisor` reads a term's; ``count``: the elements averaged, ``site``: the
   backward's call site). That mean carries the weight ``1 / divisor``: the scale rules read
   a window's total weight from them as from the loss record (:mod:`._weight_rules`).
-* ``["select", site, order, micro, n, seqs, divisor, uniform, sole]``: a selection's
+* ``["select", site, order, micro, n, seqs, divisor, uniform, sole, mean_rows]``: a selection's
   ``n`` tokens with a nonzero gradient (in ``seqs`` rows of its first dimension, 0 when
   it has one dimension), the product of the constants that divide it (``divisor``; None
   when a factor could not be read) and whether every token got the same gradient (then
-  the selection is also a loss record, reduction ``'log-prob'``, judged like any loss).
+  the selection is also a loss record, reduction ``'log-prob'``, judged like any loss);
+  ``mean_rows``: when the first reduction from the root is a mean over the selection's rows
+  (one value per sequence, ``per_seq.mean()``), that mean's count, else 0.
 
 A selection's gradient is reduced on its device at the backward (count, sum, min and max of
 the nonzero entries: a few element-wise passes over one value per token) and read on the
@@ -184,14 +186,15 @@ def divisor(divs: list[Const], opaque: bool) -> float | None:
 
 
 def selection_row(site: str, idx: int, micro: int | None, divs: list[Const],
-                  opaque: bool, sole: bool, stats: list[float]) -> list[Any] | None:
+                  opaque: bool, sole: bool, stats: list[float], mean_rows: int = 0
+                  ) -> list[Any] | None:
     """The ``select`` record of one selection, or None when no token had a gradient."""
     n, rows, _, lo, hi = stats
     if n <= 0 or micro is None:
         return None
     uniform = lo == hi or abs(hi - lo) <= UNIFORM_TOL * max(abs(hi), abs(lo))
     return ["select", site, idx, micro, int(n), int(rows), divisor(divs, opaque),
-            bool(uniform), sole]
+            bool(uniform), sole, int(mean_rows)]
 
 
 def mean_rows(means: list[list[Any]], done: int) -> list[list[Any]]:

@@ -221,6 +221,18 @@ def walk(root: torch.Tensor | Sequence[torch.Tensor]) -> Walk:
     return out
 
 
+def _unit_select(node: Any) -> bool:
+    """An index into a dimension of size 1 (``gather(...)[..., 0]``): a squeeze, as linear
+    as one; an index into a larger dimension is not walked through."""
+    if not type(node).__name__.startswith("SelectBackward"):
+        return False
+    try:
+        sizes = tuple(int(s) for s in node._saved_self_sym_sizes)
+        return sizes[int(node._saved_dim)] == 1
+    except (AttributeError, RuntimeError, TypeError, IndexError):
+        return False
+
+
 def _factor(node: Any) -> torch.Tensor | None:
     """The data operand of a multiplication whose other operand is on the path (the one
     input with a gradient), or None (a division, both operands on the path)."""
@@ -266,7 +278,8 @@ def _walk(root: torch.Tensor | Sequence[torch.Tensor], out: Walk) -> None:
             stack.extend((n, i, divs, True, means, opaque, weighted, factors, first)
                          for n, i in nxt)  # the terms
             continue
-        if select is None and name.startswith(LINEAR + _PASS) and len(nxt) == 1:
+        if select is None and (name.startswith(LINEAR + _PASS) or _unit_select(node)) \
+                and len(nxt) == 1:
             if name.startswith(("DivBackward", "MulBackward")):
                 c = constant(node)
                 if c is not None and c != 0.0:

@@ -68,8 +68,14 @@ from accumguard.observe._steps import PIN_ROOTS_AFTER_STEPS, StepMachinery
 from accumguard.observe._tally import Tally
 from accumguard.observe._window import StepTally
 
+#: With several optimizers, the first two windows of each are checked whatever the time
+#: budget (as the run's first two are), up to this many shared windows (an optimizer that
+#: never steps does not lift the budget for ever).
+LANE_FIRST_LIMIT = 64
+
 # PIN_ROOTS_AFTER_STEPS lives in :mod:`._steps`; re-exported here (its old home)
 __all__ = ["PIN_ROOTS_AFTER_STEPS", "Observer"]
+
 
 class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
     """Installs the observation layer in this process and reports events to listeners.
@@ -204,6 +210,7 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
         self._last_owner = 0  # id() of the optimizer/engine of the previous step
         self._last_grads: list[tuple[int, int]] = []  # its gradients then: (id, version)
         self._step_checksum: torch.Tensor | None = None
+        self._step_bw0 = 0  # backward passes ended when the step at hand began
         self._step_members: list[bool] | None = None
         self._step_master: MasterSum | None = None  # see _precision.model_grad_sum
         self._prec_static: dict[tuple[int, int],
@@ -450,7 +457,8 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
                 return True
             # sampled_records: the arming at the previous step end already decided it
             ok = self._armed if self.sampled_records else self.step % self.every == 0
-            if ok and self.budget is not None and self.step >= 2:
+            if ok and self.budget is not None and self.step >= 2 and not (
+                    self.step < LANE_FIRST_LIMIT and self.lanes.young(2)):
                 elapsed = time.perf_counter() - self._t_start
                 ok = self._t_checks <= self.budget * elapsed
             self._window_checked = ok

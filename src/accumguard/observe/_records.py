@@ -233,12 +233,16 @@ def load_recordings(out_dir: Path, *, watch_id: str | None = None) -> RunRecordi
                  and lines[0].get("watch_id") in (None, watch_id)]
     # A process started by a recorded process (the script's own subprocess: it inherits the
     # rank's environment, so it records under the same rank) trained on its own: its steps
-    # are not the rank's. The start record names each process and its parent.
-    pids = {r.get("pid") for lines in files for r in lines[:1] if r.get("kind") == "start"}
+    # are not the rank's. The start record names each process and its parent. A child that
+    # records under another rank than its parent is that rank (Lightning's subprocess
+    # launcher starts ranks 1..W-1 from rank 0's process).
+    pids = {r.get("pid"): r.get("rank", 0) for lines in files for r in lines[:1]
+            if r.get("kind") == "start"}
     for lines in files:
         first = lines[0] if lines else {}
         if first.get("kind") == "start" and first.get("ppid") is not None \
-                and first.get("ppid") in pids:
+                and first.get("ppid") in pids \
+                and int(pids[first.get("ppid")] or 0) == int(first.get("rank", 0) or 0):
             rec.children += 1
             continue
         for r in lines:

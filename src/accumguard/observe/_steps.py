@@ -96,6 +96,7 @@ class StepMachinery:
     _step_applied: bool
     _step_cons: Conservation | None
     _step_checksum: torch.Tensor | None
+    _step_bw0: int  # backward passes ended when the step at hand began
     _step_members: list[bool] | None
     _step_master: MasterSum | None
     _before: dict[str, torch.Tensor] | None
@@ -142,6 +143,7 @@ class StepMachinery:
         self._step_checksum = None
         self._step_members = None
         self._step_master = None
+        self._step_bw0 = self.backward_total
         if self._tracking() and w.starts and len(w.starts) == len(w.ends):
             t0 = time.perf_counter()
             # a collective writes .grad in place without bumping its version (c10d): after
@@ -293,8 +295,11 @@ class StepMachinery:
             self._next_window()
             return
         chk = None
+        # a backward inside the step (a closure: Lightning's automatic optimisation runs the
+        # window's last micro-step there) came after the checksum: it is not what the
+        # optimizer received, so it is not recorded (the ranks would be compared on it)
         if cons is not None and self._step_members is not None \
-                and self._step_checksum is not None:
+                and self._step_checksum is not None and self.backward_total == self._step_bw0:
             mask = torch.tensor(self._step_members, dtype=torch.bool)
             chk = [float(x) for x in self._step_checksum[mask].sum(0)]
         precision = self._precision(owner, source, w)
