@@ -5,7 +5,8 @@
 ``schedule``   AG103 AG114         LR scheduler stepped per micro-step or per process;
                AG119               ... or in a framework hook run on every micro-batch
 ``horizon``    AG124 AG125         the schedule's horizon counted in micro-batches, or per process
-                                   for an Accelerate-prepared scheduler
+                                   for an Accelerate-prepared scheduler (Lightning's step
+                                   interval under accumulate_grad_batches too)
 ``precision``  AG120 AG126         a model cast to bf16/fp16 accumulating its .grad; FSDP2 bf16
                                    reduce_dtype with the sync deferred over the window
 ``loss``       AG104 AG112 AG113   loss normalisation: mean of means, /W under DDP, rank means;

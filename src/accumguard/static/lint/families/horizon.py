@@ -5,6 +5,7 @@ AG124: the horizon is counted in micro-batches (``T_max=epochs * len(loader)``, 
 by K) while the scheduler is stepped once per optimizer step, at the boundary of a window
 that iterates that same loader one micro-batch at a time: the schedule is K times too long
 (a cosine never anneals, a linear decay stops at a fraction of its way).
+The Accelerate and Lightning shapes of AG124 are in :mod:`._acchorizon` and :mod:`._lghorizon`.
 
 AG125: an Accelerate-prepared scheduler whose horizon divides by the number of processes
 (sized in one process's optimizer steps): the prepared scheduler advances
@@ -31,6 +32,7 @@ from accumguard.static.lint._ast import WORLD_RE, call_attr, dotted, receiver, w
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._acchorizon import accelerate_micro_horizon
+from accumguard.static.lint.families._lghorizon import lightning_micro_horizons
 
 #: scheduler constructors -> (keyword of the horizon, its position in the call)
 _HORIZON_ARG: dict[str, tuple[str, int]] = {
@@ -347,6 +349,14 @@ def horizon_in_micro_batches(ctx: FileContext) -> Iterator[Finding]:
                 f"{steps[0].lineno}): the schedule is K times longer than training and never "
                 "reaches its end",
             )
+    for ctor, message in lightning_micro_horizons(ctx, _horizon_expr):
+        yield ctx.finding("AG124", ctor, message, fix=_LIGHTNING_FIX)
+
+
+_LIGHTNING_FIX = ("size the horizon in optimizer steps: `self.trainer.estimated_stepping_batches` (it "
+                  "counts accumulate_grad_batches and max_epochs), or divide the batches per epoch by "
+                  "accumulate_grad_batches: `math.ceil(len(self.train_dataloader()) / "
+                  "self.trainer.accumulate_grad_batches) * self.trainer.max_epochs`")
 
 
 def _accelerate_prepares(ctx: FileContext, name: str) -> bool:
