@@ -155,7 +155,8 @@ def test_a_measurement_behind_a_changed_grad_is_not_used() -> None:
     assert _sev(clipped) == [("F12", "warning")]
 
 
-def _bf16_run(tmp: Any, k: int, watched: bool) -> list[Any]:
+def _bf16_run(tmp: Any, k: int, watched: bool, steps: int = 2,
+              hooks: list[int] | None = None) -> list[Any]:
     import torch
     import torch.nn.functional as F  # noqa: N812
 
@@ -166,18 +167,20 @@ def _bf16_run(tmp: Any, k: int, watched: bool) -> list[Any]:
                                 torch.nn.Linear(32, 4)).to(torch.bfloat16)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(1)
-    with recording(tmp) if watched else _nothing():
-        for _ in range(2):
+    with recording(tmp) if watched else _nothing() as obs:
+        for _ in range(steps):
             for _ in range(k):
                 x, y = torch.randn(2, 8, generator=g), torch.randint(0, 4, (2,), generator=g)
                 (F.cross_entropy(model(x.bfloat16()).float(), y) / k).backward()
+            if hooks is not None and obs is not None:  # the drift hooks on in this window
+                hooks.append(sum(len(p._backward_hooks or {}) for p in model.parameters()))
             opt.step()
             opt.zero_grad()
     return [p.detach().clone() for p in model.parameters()]
 
 
 class _nothing:  # noqa: N801 - a null context manager, as recording() is used
-    def __enter__(self) -> None:
+    def __enter__(self) -> Any:
         return None
 
     def __exit__(self, *exc: object) -> None:
@@ -207,3 +210,32 @@ def test_the_drift_is_measured_on_a_bf16_model(tmp_path: Any, k: int,
     assert [f.severity.value for f in found] == ([level] if level else []), found
     if level:
         assert "measured on" in found[0].evidence and "torch.autocast" in found[0].fix
+
+
+def test_the_drift_is_sampled_on_a_schedule(tmp_path: Any,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shadow runs in the first two windows, then at doubling gaps (windows 2, 4, 8)
+    within its budget; in the other windows its hooks are off (no per-backward work) and the
+    window has no measurement. Past its budget only the first windows are measured. The run
+    stays bit-identical to the unrecorded one, and F12 is still measured (an error at K =
+    128 from the first windows alone)."""
+    import torch
+
+    from accumguard.observe import _precision
+    from accumguard.watch._findings import analyze, load_recordings
+
+    monkeypatch.setattr(_precision, "_DRIFT_BUDGET", 1e9)
+    hooks: list[int] = []
+    watched = _bf16_run(tmp_path / "a", 8, True, steps=10, hooks=hooks)
+    plain = _bf16_run(tmp_path / "unused", 8, False, steps=10)
+    assert all(torch.equal(a, b) for a, b in zip(watched, plain, strict=True))
+    measured = [i for i, s in enumerate(load_recordings(tmp_path / "a").steps[0])
+                if s["precision"].get("drift")]
+    assert measured == [0, 1, 2, 4, 8], measured
+    assert [i for i, n in enumerate(hooks) if n] == measured, hooks
+    monkeypatch.setattr(_precision, "_DRIFT_BUDGET", 0.0)
+    _bf16_run(tmp_path / "b", 128, True, steps=4)
+    rec = load_recordings(tmp_path / "b")
+    assert [bool(s["precision"].get("drift")) for s in rec.steps[0]] == [True, True, False,
+                                                                           False]
+    assert [f.severity.value for f in analyze(rec)[0] if f.cls == "F12"] == ["error"]

@@ -27,6 +27,7 @@ checksums already taken; nothing touches the user's tensors.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -202,11 +203,20 @@ def step_facts(*, params: str | None, fsdp: dict[str, str] | None,
 #: many parameters are watched (the largest low-precision ones).
 _DRIFT_SAMPLE = 2048
 _DRIFT_PARAMS = 2
+#: Windows shadowed: the first ``_DRIFT_ALWAYS``, then at doubling gaps (2, 4, 8, ... windows
+#: after the last, at most ``_DRIFT_MAX_GAP``) while the shadow has cost at most
+#: ``_DRIFT_BUDGET`` of the time since the first window (its hooks, taken off in the other
+#: windows, cost nothing there). The drift of a sum is a property of its dtype and its K,
+#: the same in every window: a few windows measure it.
+_DRIFT_ALWAYS = 2
+_DRIFT_MAX_GAP = 64
+_DRIFT_BUDGET = 0.0025
 
 
 class _Shadow:
     """One watched parameter: its sample's indices, the fp32 shadow of the sum its ``.grad``
-    should hold, the contributions in it, and the last comparison."""
+    should hold, the contributions in it, and the last comparison (kept as tensors, read
+    at the step: nothing is read to the host at a backward)."""
 
     __slots__ = ("count", "idx", "last", "param", "shadow")
 
@@ -216,7 +226,8 @@ class _Shadow:
         self.idx = torch.arange(0, param.numel(), step, device=param.device)[:_DRIFT_SAMPLE]
         self.shadow: torch.Tensor | None = None
         self.count = 0
-        self.last: tuple[int, float, float, str] | None = None  # sums, |err|^2, |ref|^2, dtype
+        # sums, the kept sum's sample (fp32), the shadow then, its dtype
+        self.last: tuple[int, torch.Tensor, torch.Tensor, str] | None = None
 
 
 class AccumDrift:
@@ -226,13 +237,15 @@ class AccumDrift:
     unsharded parameters) sees each backward's contribution before it is added into
     ``.grad``; a strided sample of it is summed in fp32 (the shadow: what an fp32 buffer
     would hold). Before each addition the sample of ``.grad`` (the sum actually kept, in its
-    dtype) is compared with the shadow: the relative difference is the drift the
-    low-precision sum added, on the same micro-gradients. Only there: after the window's
-    last backward a collective may have changed ``.grad`` (DDP's average), so the last
-    addition of a window is not measured (K-1 of its K sums are). A ``.grad`` that was
-    moved away between backwards (FSDP2 ``reduce_dtype=float32``, an fp32 buffer) restarts
-    the shadow at every backward: nothing is summed there, nothing is measured. The hooks
-    return None (the gradient is untouched) and run behind the fail-safe door."""
+    dtype) is kept beside the shadow; at the step the last pair is compared: the relative
+    difference is the drift the low-precision sum added, on the same micro-gradients. Only
+    there: after the window's last backward a collective may have changed ``.grad`` (DDP's
+    average), so the last addition of a window is not measured (K-1 of its K sums are). A
+    ``.grad`` that was moved away between backwards (FSDP2 ``reduce_dtype=float32``, an fp32
+    buffer) restarts the shadow at every backward: nothing is summed there, nothing is
+    measured. Sampled windows only (``_DRIFT_ALWAYS``, doubling gaps, ``_DRIFT_BUDGET``):
+    in the others the hooks are off. The hooks return None (the gradient is untouched) and
+    run behind the fail-safe door."""
 
     def __init__(self, hook: Any) -> None:
         self._hook = hook  # Failsafe.hook: the door of every torch hook
@@ -241,6 +254,12 @@ class AccumDrift:
         #: the candidates last read (the observer's tracked parameters' and FSDP2 roots'
         #: counts): the observer calls :meth:`watch` only when its own differ
         self.key: object = None
+        self.on = True  # this window is shadowed (the hooks are on)
+        self.window = 0  # windows ended since the first shadow was made
+        self.spent = 0.0  # seconds the shadow has cost
+        self._t0: float | None = None  # when the first shadow was made
+        self._due = _DRIFT_ALWAYS  # the next window shadowed after the first ones
+        self._gap = 2
 
     def watch(self, key: object, candidates: Iterable[torch.Tensor]) -> None:
         """Hook the largest low-precision leaf parameters among ``candidates`` (``key``:
@@ -252,47 +271,60 @@ class AccumDrift:
                       and p.numel() >= 2 and id(p) not in self.shadows),
                      key=lambda p: -p.numel())
         for p in low[:_DRIFT_PARAMS - len(self.shadows)]:
+            if self._t0 is None:
+                self._t0 = time.perf_counter()
             sh = _Shadow(p)
             self.shadows[id(p)] = sh
-            self._handles.append(p.register_hook(self._hook(  # type: ignore[no-untyped-call]
-                lambda grad, sh=sh: self._on_grad(sh, grad), "precision_drift")))
+            if self.on:
+                self._handles.append(self._register(sh))
+
+    def _register(self, sh: _Shadow) -> Any:
+        return sh.param.register_hook(self._hook(  # type: ignore[no-untyped-call]
+            lambda grad, sh=sh: self._on_grad(sh, grad), "precision_drift"))
 
     @torch.no_grad()
     def _on_grad(self, sh: _Shadow, grad: torch.Tensor) -> None:
         if type(grad) is not torch.Tensor or grad.is_sparse:
             return
+        t = time.perf_counter()
         cur = sh.param.grad
         if cur is None or sh.shadow is None or type(cur) is not torch.Tensor:
             sh.shadow = (torch.zeros(sh.idx.numel(), dtype=torch.float32, device=grad.device)
                          if cur is None or type(cur) is not torch.Tensor
                          else cur.reshape(-1)[sh.idx].float())
             sh.count = 0
-        elif sh.count >= 2:
-            self._compare(sh, cur)
-        sh.shadow += grad.reshape(-1)[sh.idx].float()
+        elif sh.count >= 2 and cur.dtype in LOW:
+            # the kept sum's sample beside the shadow (compared at the step); the shadow
+            # then grows out of place, so the one kept here stays as it is
+            sh.last = (sh.count, cur.reshape(-1)[sh.idx].float(), sh.shadow,
+                       str(name_of(cur.dtype)))
+        sh.shadow = sh.shadow + grad.reshape(-1)[sh.idx].float()
         sh.count += 1
-
-    def _compare(self, sh: _Shadow, cur: torch.Tensor) -> None:
-        if cur.dtype not in LOW or sh.shadow is None:
-            return
-        diff = cur.reshape(-1)[sh.idx].float() - sh.shadow
-        sh.last = (sh.count, float(diff.pow(2).sum()), float(sh.shadow.pow(2).sum()),
-                   str(name_of(cur.dtype)))
+        self.spent += time.perf_counter() - t
 
     def take(self) -> dict[str, Any] | None:
         """At the step: the window's measured drift ``{"dtype", "sums", "drift",
         "elements"}`` (the longest sum measured, over the watched parameters), None when no
         low-precision sum of two or more contributions was seen; then a new window."""
+        t = time.perf_counter()
+        try:
+            return self._take()
+        finally:
+            self.spent += time.perf_counter() - t
+
+    @torch.no_grad()
+    def _take(self) -> dict[str, Any] | None:
         lasts = [sh.last for sh in self.shadows.values() if sh.last is not None]
         self.reset()
         if not lasts:
             return None
         m = max(x[0] for x in lasts)
         top = [x for x in lasts if x[0] == m]
-        ref = sum(x[2] for x in top)
+        ref = sum(float(x[2].pow(2).sum()) for x in top)
         if ref <= 0:
             return None
-        return {"dtype": top[0][3], "sums": m, "drift": (sum(x[1] for x in top) / ref) ** 0.5,
+        err = sum(float((x[1] - x[2]).pow(2).sum()) for x in top)
+        return {"dtype": top[0][3], "sums": m, "drift": (err / ref) ** 0.5,
                 "elements": sum(int(sh.idx.numel()) for sh in self.shadows.values()
                                 if sh.param.dtype in LOW)}
 
@@ -300,6 +332,26 @@ class AccumDrift:
         """A new window: every shadow starts again from the ``.grad`` it will find."""
         for sh in self.shadows.values():
             sh.shadow, sh.count, sh.last = None, 0, None
+
+    def next_window(self) -> None:
+        """A window ended: reset the shadows and decide whether the next one is shadowed
+        (hooks put on or taken off accordingly)."""
+        self.reset()
+        self.window += 1
+        on = self.window < _DRIFT_ALWAYS
+        if not on and self.window >= self._due:
+            t0 = self._t0 if self._t0 is not None else time.perf_counter()
+            on = self.spent <= _DRIFT_BUDGET * (time.perf_counter() - t0)
+            if on:
+                self._due = self.window + self._gap
+                self._gap = min(2 * self._gap, _DRIFT_MAX_GAP)
+        if on and not self.on:
+            self._handles = [self._register(sh) for sh in self.shadows.values()]
+        elif self.on and not on:
+            for h in self._handles:
+                h.remove()
+            self._handles = []
+        self.on = on
 
     def remove(self) -> None:
         for h in self._handles:

@@ -347,7 +347,7 @@ class StepMachinery:
         self._w = StepTally()
         self._window_checked = None if self._armed else False  # unarmed: no checksums
         if self.drift.shadows:
-            self.drift.reset()
+            self.drift.next_window()  # (and whether the next window is shadowed)
         if self.boundary is not None:
             self.boundary.reset()
         if reset_losses:
