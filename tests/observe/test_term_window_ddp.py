@@ -5,7 +5,9 @@ the window only across ranks: each rank's own total differs), and a PaLM-style z
 masked mean over the micro-batch's valid tokens, or a mean node) is added in every
 backward without a division by K: LOSS_SCALE naming the term. The correct twins (the
 z-term divided by K, normalised like the main term, a sum, a learned coefficient, present
-in only some backwards) say nothing at error level.
+in only some backwards) say nothing at error level, the watched run is bit-identical, a
+term divided by the main call's count is never judged, and the masked z-loss is found in
+one process too.
 """
 
 from __future__ import annotations
@@ -125,3 +127,58 @@ def test_a_z_loss_not_divided_by_k_beside_a_window_normalised_sum_is_an_error(
 @pytest.mark.parametrize("form", [f for f in FORMS if f.startswith("ok")])
 def test_correct_z_loss_twins_on_ddp_are_silent(runs: Path, form: str) -> None:
     assert _errors(runs, form) == []
+
+
+def test_a_term_divided_by_the_main_calls_count_is_not_judged(runs: Path) -> None:
+    """The z-term normalised like the main term (by the window's all-reduced count): were
+    that count a multiple of the micro-batch's rows that is no multiple of K (75 = 5 x 15
+    here, the recording's 72 rewritten), it could pass for a mean over rows; a divisor the
+    main call shares is never judged."""
+    from accumguard.observe._records import window_lines
+    from accumguard.observe._term_rules import term_scale_findings
+
+    rec = load_recordings(runs / "ok_global")
+    windows = window_lines(rec.steps[0])
+    masses = {}
+    for w in windows:
+        for t in w["terms"]:
+            if t[0] == "term":
+                t[4] = [["/", 75.0] if op == "/" else [op, c] for op, c in t[4]]
+                if t[7] is not None:
+                    masses[int(w["step"])] = {(str(t[7]), int(t[8])): (1.0, 1e-3)}
+    assert len(masses) == len(windows) == 2
+    assert term_scale_findings(0, windows, masses) == []
+
+
+@pytest.mark.parametrize("form", ["bug", "ok"])
+def test_a_masked_z_loss_beside_a_mean_over_k_in_one_process(tmp_path: Path,
+                                                                form: str) -> None:
+    """One process: the CE summed over the valid tokens divided by the window's count
+    (``ignore_index``; a per-micro-batch mean / K would be F5 under uneven counts) beside
+    the masked z-loss: not divided by K is LOSS_SCALE, divided by K is silent."""
+    torch.manual_seed(0)
+    model = _LM()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(5)
+    with recording(tmp_path):
+        for _ in range(3):
+            batches = []
+            for _ in range(K):
+                x = torch.randint(0, V, (B, T), generator=g)
+                y = torch.randint(0, V, (B, T), generator=g).view(-1)
+                y[torch.rand(B * T, generator=g) < 0.4] = -100
+                batches.append((x, y))
+            n = sum(int((y != -100).sum()) for _, y in batches)
+            for x, y in batches:
+                logits = model(x).view(-1, V)
+                mask = (y != -100).float()
+                z = 1e-3 * (torch.logsumexp(logits, -1) ** 2 * mask).sum() / mask.sum()
+                ce = F.cross_entropy(logits, y, reduction="sum", ignore_index=-100) / n
+                (ce + (z if form == "bug" else z / K)).backward()
+            opt.step()
+            opt.zero_grad()
+    findings, _, _ = analyze(load_recordings(tmp_path))
+    errors = [f for f in findings if f.severity == "error"]
+    assert [f.cls for f in errors] == (["LOSS_SCALE"] if form == "bug" else []), findings
+    if form == "bug":
+        assert "masked mean over the micro-batch's valid tokens" in errors[0].evidence
