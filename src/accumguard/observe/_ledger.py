@@ -48,11 +48,11 @@ from accumguard.observe._records import (
     window_lines,
 )
 from accumguard.observe._seq_rules import sequence_mean_findings
-from accumguard.observe._term_rules import selection_findings, term_scale_findings
+from accumguard.observe._term_rules import Masses, selection_findings, term_scale_findings
 from accumguard.observe._term_world_rules import term_world_findings
 from accumguard.observe._weight_rules import WEIGHT_TOL, WEIGHT_TOL_LOW_PRECISION, _short
 
-__all__ = ["ledger_findings", "term_findings"]
+__all__ = ["ledger_findings", "term_findings", "window_masses"]
 
 _ENGINES = {"ddp": "DDP", "fsdp2": "FSDP2", "deepspeed": "DeepSpeed"}
 
@@ -353,12 +353,47 @@ def term_findings(rec: RunRecording) -> list[Finding]:
         if found:
             out += found
             break
-    for rule in (term_scale_findings, selection_findings, sequence_mean_findings):
+    masses = window_masses(rec)
+    for r in rec.ranks:
+        found = term_scale_findings(r, window_lines(rec.steps.get(r, [])), masses)
+        if found:
+            out += found
+            break
+    for rule in (selection_findings, sequence_mean_findings):
         for r in rec.ranks:
             found = rule(r, window_lines(rec.steps.get(r, [])))
             if found:
                 out += found
                 break
+    return out
+
+
+def window_masses(rec: RunRecording) -> Masses:
+    """Per step seen on every rank (two or more) with a known engine factor, per loss call
+    that is a term of a sum in every micro-step of every rank: its tokens' total weight in
+    the update (``E``, 1 for the large batch's mean: a sum times W divided by the window's
+    count all-reduced over ranks) and its tolerance."""
+    ranks = [r for r in rec.ranks if rec.steps.get(r)]
+    if len(ranks) < 2:
+        return {}
+    per_rank = {r: {w.step: w for w in _windows(rec.steps[r])} for r in ranks}
+    out: Masses = {}
+    for step in sorted(per_rank[ranks[0]]):
+        rows = [per_rank[r].get(step) for r in ranks]
+        present = [w for w in rows if w is not None and w.window >= 1
+                   and not int(w.zero_grads_between)]
+        if len(present) != len(rows):
+            continue
+        groups = [_terms(w) for w in present]
+        low = any(bool(x[5]) for g in groups for recs in g.values() for x in recs)
+        factor = _factor(present, low)
+        if factor is None:
+            continue
+        tol = WEIGHT_TOL_LOW_PRECISION if low else WEIGHT_TOL
+        for key in set.intersection(*(set(g) for g in groups)):
+            total = sum(abs(float(x[4])) * factor * float(x[3]) for g in groups
+                        for x in g[key])
+            out.setdefault(step, {})[key] = (total, tol)
     return out
 
 

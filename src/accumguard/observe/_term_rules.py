@@ -2,10 +2,15 @@
 
 * **A term of the loss not divided by K** while the loss call beside it is. In every
   backward of a window of K micro-steps the loss is a sum of terms; one term is a recorded
-  loss call (a mean) divided by exactly K whose tokens weigh 1 in total over the window (the
-  main loss is the large batch's mean); another term, in every backward too, is a mean over
-  the same micro-batch's rows (a mean node over exactly the rows of that call's input, or a
-  recorded mean loss call) and nothing divides it by K: summed over the window its gradient
+  loss call whose tokens weigh 1 in total over the window (the main loss is the large
+  batch's mean: a mean divided by K, a sum divided by the window's count, or on DDP a sum
+  times W divided by the window's count all-reduced over ranks, whose tokens weigh 1 only
+  across ranks: the loss-weight ledger's total, :func:`._ledger.window_masses`); another
+  term, in every backward too, is a mean over the same micro-batch's rows (a mean node over
+  exactly the rows of that call's input, or a recorded mean loss call) or over its valid
+  tokens (a masked sum divided by a count equal, in every micro-step, to the main call's
+  valid tokens there, the counts taking at least two values: a PaLM z-loss
+  ``(lse ** 2 * mask).sum() / mask.sum()``) and nothing divides it by K: summed over the window its gradient
   is the sum of K micro-batch means, K x what its coefficient means for the large batch (an
   MoE router loss added after ``loss / K``). Not judged: a term with a factor that could not
   be read, a term whose constants may hold a 1/K (``aux * (0.01 / K)``: a constant with
@@ -32,7 +37,7 @@ from typing import Any
 from accumguard.observe._records import Finding, _mk, _n
 from accumguard.observe._weight_rules import WEIGHT_TOL, _short
 
-__all__ = ["selection_findings", "term_scale_findings", "window_term_findings"]
+__all__ = ["Masses", "selection_findings", "term_scale_findings", "window_term_findings"]
 
 #: Relative tolerance for "this constant is K" (constants are read exactly from the graph).
 _EXACT = 1e-9
@@ -110,10 +115,18 @@ def _window_terms(w: dict[str, Any]) -> dict[int, list[list[Any]]] | None:
     return by_micro if len(shapes) == 1 else None
 
 
-def term_scale_findings(rank: int, windows: list[dict[str, Any]]) -> list[Finding]:
+#: Per optimizer step, per recorded loss call (site, order) that is a term of a sum on every
+#: rank: its tokens' total weight in the update over all ranks (the ledger's ``E``) and the
+#: tolerance it is read with.
+Masses = dict[int, dict[tuple[str, int], tuple[float, float]]]
+
+
+def term_scale_findings(rank: int, windows: list[dict[str, Any]],
+                        masses: Masses | None = None) -> list[Finding]:
     """LOSS_SCALE for a term not divided by K beside a loss call divided by K (module doc)."""
     hits: dict[int, list[tuple[dict[str, Any], list[Any], list[Any]]]] = {}
     judged: dict[int, int] = {}
+    counted: dict[int, set[float]] = {}  # per term, the valid counts that divided it
     for w in windows:
         by_micro = _window_terms(w)
         if by_micro is None:
@@ -130,27 +143,35 @@ def term_scale_findings(rank: int, windows: list[dict[str, Any]]) -> list[Findin
         # loss that is not is the scale rules' to judge)
         main = next(((o, rm) for o, rm in sorted(refs.items()) if len(rm) == k
                      and len({(str(r[7]), int(r[8])) for r in rm.values()}) == 1
-                     and _is_window_mean(w, rm[0], k)), None)
+                     and _is_window_mean(w, rm[0], k, masses)), None)
         if main is None:
             continue
         o_main, rm = main
         ref = rm[0]
+        valid = _valid_counts(w, ref, k)
         ordinals = {int(r[2]) for r in by_micro[0]} - {o_main}
         for o in ordinals:
             recs = [next(r for r in by_micro[m] if int(r[2]) == o) for m in range(k)]
             judged[o] = judged.get(o, 0) + 1
-            if all(_unscaled_mean(r, rm[m], k) for m, r in enumerate(recs)):
+            if all(_unscaled_mean(r, rm[m], k, valid[m]) for m, r in enumerate(recs)):
                 hits.setdefault(o, []).append((w, recs[0], ref))
+                counted.setdefault(o, set()).update(
+                    c for m, r in enumerate(recs) if (c := _by_count(r, rm[m], k, valid[m])))
     for o, found in sorted(hits.items()):
         if len(found) != judged[o]:
             continue  # the pattern is not in every window judged
+        if len(counted.get(o, ())) == 1:
+            continue  # a divisor equal to one unchanging count could be a chosen constant
         w, x, ref = found[0]
         k = int(w["window"])
+        across = _rank_mass(w, ref) is not None and not _near_one(_rank_mass(w, ref))
         beside = (f"the loss call beside it is divided by K = {k}" if _divides_by(ref[4], k)
                   else f"the loss call beside it is normalised over the whole window of K = "
-                  f"{k} micro-steps (by the window's token count, as the HF Trainer's "
-                  "`num_items_in_batch` does)")
-        return [_mk("LOSS_SCALE", "error", rank, int(w["step"]), None, _text(found, x, ref, k),
+                  f"{k} micro-steps (by the window's token count"
+                  + (" all-reduced over ranks, times the world size" if across else
+                     ", as the HF Trainer's `num_items_in_batch` does") + ")")
+        return [_mk("LOSS_SCALE", "error", rank, int(w["step"]), None,
+                    _text(found, x, ref, k, masses),
                     title_=f"a term of the loss is not divided by K: it weighs {k}x its "
                            "coefficient",
                     fix=f"Divide that term by K as well (e.g. loss = (ce + coef * aux) / K, "
@@ -164,14 +185,32 @@ def term_scale_findings(rank: int, windows: list[dict[str, Any]]) -> list[Findin
     return []
 
 
-def _is_window_mean(w: dict[str, Any], ref: list[Any], k: int) -> bool:
+def _rank_mass(w: dict[str, Any], ref: list[Any]) -> float | None:
+    return _mass(w, str(ref[7]), int(ref[8]))
+
+
+def _near_one(mass: float | None) -> bool:
+    return mass is not None and abs(mass - 1.0) <= WEIGHT_TOL
+
+
+def _global_mass(w: dict[str, Any], ref: list[Any], masses: Masses | None) -> bool:
+    """Over all ranks the reference call's tokens weigh 1 in total in the update (the
+    ledger's total, the engine's average included: a sum times W over the window's
+    all-reduced count)."""
+    got = (masses or {}).get(int(w["step"]), {}).get((str(ref[7]), int(ref[8])))
+    return got is not None and abs(got[0] - 1.0) <= got[1]
+
+
+def _is_window_mean(w: dict[str, Any], ref: list[Any], k: int,
+                    masses: Masses | None = None) -> bool:
     """The reference call's tokens weigh 1 in total over the window (the large batch's
-    mean), or, when it is divided by K, its coefficient: ``0.5 * ce / K`` beside a
-    distillation term weighs 0.5, the coefficient the user chose for the large batch."""
+    mean; on this rank, or over all ranks in the ledger's ``masses``), or, when it is
+    divided by K, its coefficient: ``0.5 * ce / K`` beside a distillation term weighs 0.5,
+    the coefficient the user chose for the large batch."""
     mass = _mass(w, str(ref[7]), int(ref[8]))
     if mass is None:
         return False
-    if abs(mass - 1.0) <= WEIGHT_TOL:
+    if abs(mass - 1.0) <= WEIGHT_TOL or _global_mass(w, ref, masses):
         return True
     if ref[6] or not _divides_by(ref[4], k):
         return False
@@ -181,11 +220,47 @@ def _is_window_mean(w: dict[str, Any], ref: list[Any], k: int) -> bool:
     return coef > 0 and abs(mass / coef - 1.0) <= WEIGHT_TOL
 
 
-def _unscaled_mean(r: list[Any], ref: list[Any], k: int) -> bool:
+def _valid_counts(w: dict[str, Any], ref: list[Any], k: int) -> list[int]:
+    """Per micro-step the valid tokens of the reference call (0: not recorded)."""
+    out = [0] * k
+    for r in w.get("losses") or []:
+        if str(r[0]) == str(ref[7]) and int(r[1]) == int(ref[8]) and 0 <= int(r[2]) < k \
+                and not (len(r) > 8 and r[8]):
+            out[int(r[2])] = int(r[3])
+    return out
+
+
+def _count_divisor(r: list[Any], valid: int, k: int) -> float | None:
+    """The one division of term ``r`` by exactly the micro-step's ``valid`` tokens of the
+    reference call (a masked mean over them: ``(x * mask).sum() / mask.sum()``), or None."""
+    if r[7] is not None or valid <= 0 or r[5]:
+        return None
+    hits = [float(c) for op, c in r[4] if str(op) == "/" and float(c) == float(valid)]
+    return hits[0] if len(hits) == 1 else None
+
+
+def _shares_divisor(r: list[Any], ref: list[Any]) -> bool:
+    """Term ``r`` is divided by a constant the reference call is divided by too (the
+    window's token count all-reduced over ranks: normalised like the main term, whatever
+    multiple of the rows that count happens to be)."""
+    theirs = [float(c) for op, c in ref[4] if str(op) == "/" and float(c) != 1.0]
+    return any(str(op) == "/" and any(_is(float(c), d) for d in theirs) for op, c in r[4])
+
+
+def _unscaled_mean(r: list[Any], ref: list[Any], k: int, valid: int = 0) -> bool:
     """Term ``r`` of one backward is a mean over the rows of the reference call's input
-    (``ref``), every factor read, and nothing divides it by K."""
+    (``ref``) or over its ``valid`` tokens (:func:`_by_count`), every factor read, and
+    nothing divides it by K."""
+    if r[6] or _divides_by(r[4], k) or _shares_divisor(r, ref):
+        return False
+    return _row_mean(r, ref, k) or _by_count(r, ref, k, valid) is not None
+
+
+def _row_mean(r: list[Any], ref: list[Any], k: int) -> bool:
+    """A mean over the reference call's rows (or a whole multiple of them), or a recorded
+    mean loss call, no constant of which may hold a 1/K."""
     rows = int(ref[9])
-    if r[6] or _divides_by(r[4], k) or _may_hold_k(r[4], k, rows):
+    if _may_hold_k(r[4], k, rows):
         return False
     if r[7] is not None:
         return bool(r[10])  # a recorded loss call with reduction 'mean'
@@ -193,6 +268,19 @@ def _unscaled_mean(r: list[Any], ref: list[Any], k: int) -> bool:
     # probabilities of every layer, concatenated; or a sum divided by that count, as
     # transformers' load-balancing loss does under an attention mask): a per-micro-batch mean
     return _mean_rows(r, rows, k) is not None
+
+
+def _by_count(r: list[Any], ref: list[Any], k: int, valid: int) -> float | None:
+    """The count a term that is no mean over rows (:func:`_row_mean`) is a masked mean
+    over: its division by exactly the micro-step's ``valid`` tokens, the other constants
+    holding no 1/K; else None."""
+    if _row_mean(r, ref, k):
+        return None
+    count = _count_divisor(r, valid, k)
+    if count is None:
+        return None
+    rest = [d for d in r[4] if not (str(d[0]) == "/" and float(d[1]) == count)]
+    return None if _may_hold_k(rest, k, int(ref[9])) else count
 
 
 def _mean_rows(r: list[Any], rows: int, k: int) -> int | None:
@@ -217,17 +305,23 @@ def _made_of_batch_means(r: list[Any], rows: int) -> bool:
 
 
 def _text(found: list[tuple[dict[str, Any], list[Any], list[Any]]], x: list[Any],
-          ref: list[Any], k: int) -> str:
+          ref: list[Any], k: int, masses: Masses | None = None) -> str:
     w = found[0][0]
+    valid = _valid_counts(w, ref, k)[0]
+    count = _by_count(x, ref, k, valid)
     coef = " x ".join(f"{float(c):g}" for op, c in x[4]
                       if str(op) == "*" and float(c) != 1.0) or "1"
     rows = int(ref[9])
     over = (_mean_rows(x, rows, k) or rows) if x[7] is None else rows
     span = (f"the {rows} rows of the micro-batch" if over == rows else
             f"{over} rows, {over // rows}x the micro-batch's {rows}")
-    made = x[7] is None and not [c for c in x[5] if int(c) >= rows and int(c) % rows == 0] \
+    made = x[7] is None and count is None and not [c for c in x[5] if int(c) >= rows and int(c) % rows == 0] \
         and _made_of_batch_means(x, rows)
     what = (f"the loss call at {_short(str(x[7]))}" if x[7] is not None else
+            f"a term built from torch ops (its graph starts at {x[3]}, a masked mean over "
+            f"the micro-batch's valid tokens: divided in every micro-step by exactly the "
+            f"valid tokens of the loss call beside it, {count:g} in the first)"
+            if count is not None else
             f"a term built from torch ops (its graph starts at {x[3]}, computed from means "
             f"over the {rows} rows of the micro-batch: a statistic of the micro-batch)" if made
             else f"a term built from torch ops (its graph starts at {x[3]}, a mean over {span})")
@@ -237,6 +331,8 @@ def _text(found: list[tuple[dict[str, Any], list[Any], list[Any]]], x: list[Any]
     mass = _mass(w, str(ref[7]), int(ref[8]))
     weighs = ("1 in total over each window (the large batch's mean)"
               if mass is None or abs(mass - 1.0) <= WEIGHT_TOL else
+              "1 in total over each window across the ranks once the engine averages them "
+              "(the large batch's mean)" if _global_mass(w, ref, masses) else
               f"{mass:.4g} in total over each window (its coefficient times the large "
               "batch's mean)")
     return (f"{what}{where} is one term of a sum whose other term, the loss call at "

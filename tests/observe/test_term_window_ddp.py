@@ -1,0 +1,184 @@
+"""A term not divided by K beside a main loss normalised over the window on DDP (issue 25
+item 2): 2 gloo ranks, K micro-steps; the main term is a token sum (``ignore_index``)
+times W divided by the window's all-reduced token count (its tokens weigh 1 in total over
+the window only across ranks: each rank's own total differs), and a PaLM-style z-loss (a
+masked mean over the micro-batch's valid tokens, or a mean node) is added in every
+backward without a division by K: LOSS_SCALE naming the term. The correct twins (the
+z-term divided by K, normalised like the main term, a sum, a learned coefficient, present
+in only some backwards) say nothing at error level, the watched run is bit-identical, a
+term divided by the main call's count is never judged, and the masked z-loss is found in
+one process too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F  # noqa: N812
+
+from accumguard.watch._findings import analyze, load_recordings
+from accumguard.watch._recording import recording
+
+K, V, B, T = 4, 13, 3, 5
+FORMS = ("bug masked", "bug mean", "ok /K", "ok global", "ok sum", "ok learned coef",
+         "ok some backwards")
+
+
+class _LM(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(V, 8)
+        self.head = torch.nn.Linear(8, V)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.emb(x)))
+
+
+def _rank(rank: int, world: int, path: str) -> dict[str, dict[str, torch.Tensor]]:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: N817
+
+    out = {}
+    for watched, form in [(True, f) for f in FORMS] + [(False, "bug masked")]:
+        torch.manual_seed(0)
+        model = DDP(_LM())
+        coef = torch.nn.Parameter(torch.tensor(1e-3))  # learned, outside DDP
+        opt = torch.optim.SGD([*model.parameters(), coef], lr=0.1)
+        g = torch.Generator().manual_seed(11 + rank)
+        sub = Path(path) / form.replace(" ", "_").replace("/", "")
+        with recording(sub) if watched else contextlib.nullcontext():
+            for _ in range(2):
+                batches = []
+                for _ in range(K):
+                    x = torch.randint(0, V, (B, T), generator=g)
+                    y = torch.randint(0, V, (B, T), generator=g)
+                    y[torch.rand(B, T, generator=g) < 0.4] = -100  # varied valid counts
+                    batches.append((x, y))
+                n_global = torch.tensor(float(sum(int((y != -100).sum()) for _, y in batches)))
+                dist.all_reduce(n_global)
+                for m, (x, y) in enumerate(batches):
+                    with model.no_sync() if m < K - 1 else contextlib.nullcontext():
+                        logits = model(x).view(-1, V)
+                        yf = y.view(-1)
+                        main = F.cross_entropy(logits, yf, reduction="sum",
+                                               ignore_index=-100) * world / n_global
+                        mask = (yf != -100).float()
+                        z = torch.logsumexp(logits, -1) ** 2
+                        term = {
+                            "bug masked": 1e-3 * (z * mask).sum() / mask.sum(),
+                            "bug mean": 1e-3 * z.mean(),
+                            "ok /K": 1e-3 * (z * mask).sum() / mask.sum() / K,
+                            "ok global": 1e-3 * (z * mask).sum() * world / n_global,
+                            "ok sum": 1e-3 * (z * mask).sum(),
+                            "ok learned coef": coef * ((z * mask).sum() / mask.sum()),
+                            "ok some backwards": 1e-3 * (z * mask).sum() / mask.sum(),
+                        }[form]
+                        loss = main + term if form != "ok some backwards" or m == 0 else main
+                        loss.backward()
+                opt.step()
+                opt.zero_grad()
+        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        out[form if watched else "unwatched"] = state
+    return out
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory: pytest.TempPathFactory
+          ) -> tuple[Path, list[dict[str, dict[str, torch.Tensor]]]]:
+    from accumguard.runtime.launch import run_on_ranks
+
+    path = tmp_path_factory.mktemp("zloss")
+    return path, run_on_ranks(_rank, 2, (str(path),), timeout=600)
+
+
+@pytest.fixture
+def runs(ranks: tuple[Path, list[dict[str, dict[str, torch.Tensor]]]]) -> Path:
+    return ranks[0]
+
+
+def test_the_watched_bug_is_bit_identical_to_the_unwatched_run(
+        ranks: tuple[Path, list[dict[str, dict[str, torch.Tensor]]]]) -> None:
+    for states in ranks[1]:
+        watched, plain = states["bug masked"], states["unwatched"]
+        assert all(torch.equal(watched[k], plain[k]) for k in plain)
+
+
+def _errors(path: Path, form: str) -> list:
+    findings, _, _ = analyze(load_recordings(path / form.replace(" ", "_").replace("/", "")))
+    return [f for f in findings if f.severity == "error"]
+
+
+@pytest.mark.parametrize("form", [f for f in FORMS if f.startswith("bug")])
+def test_a_z_loss_not_divided_by_k_beside_a_window_normalised_sum_is_an_error(
+        runs: Path, form: str) -> None:
+    errors = _errors(runs, form)
+    assert [f.cls for f in errors] == ["LOSS_SCALE"], errors
+    (f,) = errors
+    assert "not divided by K" in f.title and "4x" in f.title, f.title
+    assert "LogsumexpBackward0" in f.evidence or "PowBackward0" in f.evidence, f.evidence
+    assert "multiplied by 0.001" in f.evidence, f.evidence
+    assert "1 in total over each window" in f.evidence, f.evidence
+    assert "all-reduced" in f.fix, f.fix
+
+
+@pytest.mark.parametrize("form", [f for f in FORMS if f.startswith("ok")])
+def test_correct_z_loss_twins_on_ddp_are_silent(runs: Path, form: str) -> None:
+    assert _errors(runs, form) == []
+
+
+def test_a_term_divided_by_the_main_calls_count_is_not_judged(runs: Path) -> None:
+    """The z-term normalised like the main term (by the window's all-reduced count): were
+    that count a multiple of the micro-batch's rows that is no multiple of K (75 = 5 x 15
+    here, the recording's 72 rewritten), it could pass for a mean over rows; a divisor the
+    main call shares is never judged."""
+    from accumguard.observe._records import window_lines
+    from accumguard.observe._term_rules import term_scale_findings
+
+    rec = load_recordings(runs / "ok_global")
+    windows = window_lines(rec.steps[0])
+    masses = {}
+    for w in windows:
+        for t in w["terms"]:
+            if t[0] == "term":
+                t[4] = [["/", 75.0] if op == "/" else [op, c] for op, c in t[4]]
+                if t[7] is not None:
+                    masses[int(w["step"])] = {(str(t[7]), int(t[8])): (1.0, 1e-3)}
+    assert len(masses) == len(windows) == 2
+    assert term_scale_findings(0, windows, masses) == []
+
+
+@pytest.mark.parametrize("form", ["bug", "ok"])
+def test_a_masked_z_loss_beside_a_mean_over_k_in_one_process(tmp_path: Path,
+                                                                form: str) -> None:
+    """One process: the CE summed over the valid tokens divided by the window's count
+    (``ignore_index``; a per-micro-batch mean / K would be F5 under uneven counts) beside
+    the masked z-loss: not divided by K is LOSS_SCALE, divided by K is silent."""
+    torch.manual_seed(0)
+    model = _LM()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(5)
+    with recording(tmp_path):
+        for _ in range(3):
+            batches = []
+            for _ in range(K):
+                x = torch.randint(0, V, (B, T), generator=g)
+                y = torch.randint(0, V, (B, T), generator=g).view(-1)
+                y[torch.rand(B * T, generator=g) < 0.4] = -100
+                batches.append((x, y))
+            n = sum(int((y != -100).sum()) for _, y in batches)
+            for x, y in batches:
+                logits = model(x).view(-1, V)
+                mask = (y != -100).float()
+                z = 1e-3 * (torch.logsumexp(logits, -1) ** 2 * mask).sum() / mask.sum()
+                ce = F.cross_entropy(logits, y, reduction="sum", ignore_index=-100) / n
+                (ce + (z if form == "bug" else z / K)).backward()
+            opt.step()
+            opt.zero_grad()
+    findings, _, _ = analyze(load_recordings(tmp_path))
+    errors = [f for f in findings if f.severity == "error"]
+    assert [f.cls for f in errors] == (["LOSS_SCALE"] if form == "bug" else []), findings
+    if form == "bug":
+        assert "masked mean over the micro-batch's valid tokens" in errors[0].evidence
