@@ -1,4 +1,4 @@
-"""``accumguard watch`` on a job of two nodes: two torchrun agents (``--nnodes 2``, c10d
+"""``accumguard watch`` on a job of two nodes: two torchrun agents (``--nnodes 2``, static
 rendezvous on 127.0.0.1), each under its own ``watch --out SHARED``, as under SLURM.
 
 Each node's watch sees one rank of two: it must say that the checks comparing ranks were
@@ -25,14 +25,18 @@ SCRIPT = Path(__file__).resolve().parents[1] / "watch_scripts" / "manual_dp.py"
 
 def _two_nodes(tmp: Path, bug: str) -> tuple[Path, list[dict], list[str]]:
     shared = tmp / "shared"
-    endpoint = f"127.0.0.1:{free_port()}"
+    # The static rendezvous (node 0's agent hosts the store) rather than c10d: with c10d, node
+    # 1's agent keeps polling the store for waiting nodes after its worker ends, and fails the
+    # run when node 0's agent has already exited and taken the store with it (seen once in
+    # CI: RendezvousConnectionError on node 1, exit 1), a torchrun race, not the test's subject.
+    port = str(free_port())
     procs = []
     for node in (0, 1):
         cmd = [sys.executable, "-m", "accumguard.cli", "watch", "-k", "4", "--out", str(shared),
                "--json", str(tmp / f"node{node}.json"), "--",
                sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank",
-               str(node), "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-               endpoint, "--rdzv-id", f"mn-{bug}", str(SCRIPT), "--bug", bug]
+               str(node), "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port",
+               port, str(SCRIPT), "--bug", bug]
         procs.append(subprocess.Popen(cmd, env=launcher_env(), stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True,
                                       start_new_session=True))
