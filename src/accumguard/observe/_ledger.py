@@ -33,7 +33,7 @@ DeepSpeed fp16 (a dynamic loss scale) is not judged.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -368,16 +368,15 @@ def term_findings(rec: RunRecording) -> list[Finding]:
     return out
 
 
-def window_masses(rec: RunRecording) -> Masses:
-    """Per step seen on every rank (two or more) with a known engine factor, per loss call
-    that is a term of a sum in every micro-step of every rank: its tokens' total weight in
-    the update (``E``, 1 for the large batch's mean: a sum times W divided by the window's
-    count all-reduced over ranks) and its tolerance."""
+def _judged_steps(
+        rec: RunRecording,
+) -> Iterator[tuple[int, list[dict[tuple[str, int], list[list[Any]]]], float, float]]:
+    """The steps seen on every rank (two or more) in a window without a zero_grad inside,
+    with a known engine factor: (step, each rank's loss terms, the factor, the tolerance)."""
     ranks = [r for r in rec.ranks if rec.steps.get(r)]
     if len(ranks) < 2:
-        return {}
+        return
     per_rank = {r: {w.step: w for w in _windows(rec.steps[r])} for r in ranks}
-    out: Masses = {}
     for step in sorted(per_rank[ranks[0]]):
         rows = [per_rank[r].get(step) for r in ranks]
         present = [w for w in rows if w is not None and w.window >= 1
@@ -389,7 +388,16 @@ def window_masses(rec: RunRecording) -> Masses:
         factor = _factor(present, low)
         if factor is None:
             continue
-        tol = WEIGHT_TOL_LOW_PRECISION if low else WEIGHT_TOL
+        yield step, groups, factor, WEIGHT_TOL_LOW_PRECISION if low else WEIGHT_TOL
+
+
+def window_masses(rec: RunRecording) -> Masses:
+    """Per step seen on every rank (two or more) with a known engine factor, per loss call
+    that is a term of a sum in every micro-step of every rank: its tokens' total weight in
+    the update (``E``, 1 for the large batch's mean: a sum times W divided by the window's
+    count all-reduced over ranks) and its tolerance."""
+    out: Masses = {}
+    for step, groups, factor, tol in _judged_steps(rec):
         for key in set.intersection(*(set(g) for g in groups)):
             total = sum(abs(float(x[4])) * factor * float(x[3]) for g in groups
                         for x in g[key])
@@ -406,25 +414,10 @@ def _rank_term_findings(rec: RunRecording) -> list[Finding]:
     show), and after the engine's average the term's tokens weigh exactly 1/W in total, in
     every step judged. Any coefficient, a term not in every micro-step, an unknown
     reduction: not judged."""
-    ranks = [r for r in rec.ranks if rec.steps.get(r)]
-    if len(ranks) < 2:
-        return []
-    world = len(ranks)
-    per_rank = {r: {w.step: w for w in _windows(rec.steps[r])} for r in ranks}
+    world = len([r for r in rec.ranks if rec.steps.get(r)])
     seen: dict[tuple[str, int], list[tuple[int, float, bool, list[float]]]] = {}
     spoiled: set[tuple[str, int]] = set()
-    for step in sorted(per_rank[ranks[0]]):
-        rows = [per_rank[r].get(step) for r in ranks]
-        present = [w for w in rows if w is not None and w.window >= 1
-                   and not int(w.zero_grads_between)]
-        if len(present) != len(rows):
-            continue
-        groups = [_terms(w) for w in present]
-        low = any(bool(x[5]) for g in groups for recs in g.values() for x in recs)
-        factor = _factor(present, low)
-        if factor is None:
-            continue
-        tol = WEIGHT_TOL_LOW_PRECISION if low else WEIGHT_TOL
+    for step, groups, factor, tol in _judged_steps(rec):
         for key in set.intersection(*(set(g) for g in groups)):
             recs = [g[key] for g in groups]
             if any(len(x) > 9 and any(str(d[0]) == "*" for d in x[9]) for rs in recs

@@ -20,23 +20,15 @@ from __future__ import annotations
 from typing import Any
 
 from accumguard.observe._records import Finding, _mk, _n
+from accumguard.observe._term_rules import one_select_per_micro
 from accumguard.observe._weight_rules import _short
 
 __all__ = ["sequence_mean_findings"]
 
 
 def _rows(w: dict[str, Any]) -> list[list[Any]] | None:
-    k = int(w.get("window", 0))
-    if k < 2 or int(w.get("zero_grads_between", 0)):
-        return None
-    by_micro: dict[int, list[list[Any]]] = {}
-    for r in w.get("terms") or []:
-        if r and r[0] == "select":
-            by_micro.setdefault(int(r[3]), []).append(r)
-    if sorted(by_micro) != list(range(k)) or any(len(v) != 1 for v in by_micro.values()):
-        return None
-    recs = [by_micro[m][0] for m in range(k)]
-    if len({(str(r[1]), int(r[2])) for r in recs}) != 1:
+    recs = one_select_per_micro(w, 2)
+    if recs is None:
         return None
     if any(len(r) < 10 or int(r[9]) < 1 or r[6] is None or bool(r[7]) for r in recs):
         return None

@@ -346,11 +346,11 @@ def _text(found: list[tuple[dict[str, Any], list[Any], list[Any]]], x: list[Any]
 
 # -- a selection normalised over other micro-steps ----------------------------------------
 
-def _selection_rows(w: dict[str, Any]) -> list[list[Any]] | None:
-    """Per micro-step the one ``select`` record of a window (one site, every micro-step,
-    divisor read), or None."""
+def one_select_per_micro(w: dict[str, Any], min_k: int) -> list[list[Any]] | None:
+    """Per micro-step the one ``select`` record of a window of at least ``min_k`` micro-steps
+    (one call site in every micro-step, no zero_grad inside), or None."""
     k = int(w.get("window", 0))
-    if k < 1 or int(w.get("zero_grads_between", 0)):
+    if k < min_k or int(w.get("zero_grads_between", 0)):
         return None
     by_micro: dict[int, list[list[Any]]] = {}
     for r in w.get("terms") or []:
@@ -359,8 +359,15 @@ def _selection_rows(w: dict[str, Any]) -> list[list[Any]] | None:
     if sorted(by_micro) != list(range(k)) or any(len(v) != 1 for v in by_micro.values()):
         return None
     recs = [by_micro[m][0] for m in range(k)]
-    if len({(str(r[1]), int(r[2])) for r in recs}) != 1 or any(
-            r[6] is None or float(r[6]) <= 0 for r in recs):
+    if len({(str(r[1]), int(r[2])) for r in recs}) != 1:
+        return None
+    return recs
+
+
+def _selection_rows(w: dict[str, Any]) -> list[list[Any]] | None:
+    """:func:`one_select_per_micro` whose divisor was read in every micro-step."""
+    recs = one_select_per_micro(w, 1)
+    if recs is None or any(r[6] is None or float(r[6]) <= 0 for r in recs):
         return None
     return recs
 
