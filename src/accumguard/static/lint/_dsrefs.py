@@ -48,11 +48,11 @@ _DS_CONFIG_NAME = re.compile(r"ds_?conf|deepspeed_?conf|ds_?cfg|zero_?conf")
 _CONFIG_KEYWORDS = frozenset(
     {"config", "config_params", "ds_config", "deepspeed", "hf_ds_config", "deepspeed_config"}
 )
-_MAX_JSON_CANDIDATES = 32
+_MAX_JSON_CANDIDATES = 32  # string literals naming a .json file tried
 #: an update call made in another scope than the config's: never applied (the config is partial)
 _NEVER_APPLIED = ast.Call(func=ast.Name("update"), args=[], keywords=[], lineno=10**9)
 #: a binding that is not one plain assignment (a tuple target, ``+=``): not a literal
-_OPAQUE = ast.Assign(targets=[], value=ast.Constant(None), lineno=0)  # string literals naming a .json file we try to open
+_OPAQUE = ast.Assign(targets=[], value=ast.Constant(None), lineno=0)
 
 
 @dataclass(frozen=True)
@@ -69,10 +69,7 @@ class DsConfigRef:
     @property
     def ga(self) -> int | None:
         """GA for AG109/AG110: None when absent and not derivable (DeepSpeed then uses 1)."""
-        ga = dsconfig.resolved_accumulation_steps(self.cfg)
-        if "gradient_accumulation_steps" not in self.cfg and ga is None:
-            return None
-        return ga
+        return dsconfig.resolved_accumulation_steps(self.cfg)
 
     @property
     def stage(self) -> int | None:
@@ -88,7 +85,6 @@ class DsConfigFinder:
 
     def __init__(self, ctx: FileFacts) -> None:
         self.ctx = ctx
-
 
     def ds_config(self) -> DsConfigRef | None:
         """The DeepSpeed config the script names (a .json path literal or a dict literal)."""
