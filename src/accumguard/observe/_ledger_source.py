@@ -122,34 +122,32 @@ class _Scan(ast.NodeVisitor):
 
 
 @functools.lru_cache(maxsize=32)
+def _scanned(path: str) -> _Scan | None:
+    """The file scanned twice (a name bound to the world size after its first use still
+    counts), with the second pass's lines; None when it cannot be read or parsed."""
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return None
+    scan = _Scan()
+    scan.visit(tree)
+    scan.lines, scan.products = [], []
+    scan.visit(tree)
+    return scan
+
+
 def world_divisions(path: str) -> tuple[tuple[int, str], ...]:
     """``(line, "/")`` where ``path`` divides a loss by the world size (``loss /
     world_size``, ``loss / K / dist.get_world_size()``, ``loss /= accelerator.num_processes``),
     ``(line, "*1/")`` for ``loss * (1 / W)``, ``(line, "*")`` where it multiplies one by it;
     empty when the file cannot be read or parsed."""
-    try:
-        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
-    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
-        return ()
-    scan = _Scan()
-    # two passes: a name bound to the world size after its first use still counts
-    scan.visit(tree)
-    scan.lines = []
-    scan.visit(tree)
-    return tuple(sorted(set(scan.lines)))
+    scan = _scanned(path)
+    return () if scan is None else tuple(sorted(set(scan.lines)))
 
 
-@functools.lru_cache(maxsize=32)
 def world_multiplications(path: str) -> tuple[int, ...]:
     """The lines where ``path`` multiplies any value by the world size (``0.5 * aux *
     world_size``, ``coef * dist.get_world_size()``); empty when the file cannot be read or
     parsed."""
-    try:
-        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
-    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
-        return ()
-    scan = _Scan()
-    scan.visit(tree)
-    scan.products = []
-    scan.visit(tree)
-    return tuple(sorted(set(scan.products)))
+    scan = _scanned(path)
+    return () if scan is None else tuple(sorted(set(scan.products)))
