@@ -4,14 +4,22 @@ accumulation loop with and without it, alternating which goes first, timed in pr
 CPU time (one thread: the cost is Python work per event, and CPU time is what a shared,
 loaded machine measures least badly). Prints the median per-step time ratio per model.
 
-Steady state: after installing, ``--warm`` steps run untimed (the first two windows'
-conservation is always checked; afterwards it is sampled within ~1 % of the run's time).
+Steady state: after installing, ``--warm`` steps run untimed (the first four windows' loss
+records and the first two windows' conservation checks are always on, each such window
+costs a fifth to a half of a step more; afterwards both are sampled within 0.5 % and 1 % of
+the run's time). ``benchmarks/bench_watch_lockstep.py`` measures the same overhead with the
+machine's drift taken out (two processes taking turns on one core).
 
-    python benchmarks/bench_watch.py [--steps 20] [--k 4] [--reps 11] [--warm 3] [--models toy,demo-lm]
+    python benchmarks/bench_watch.py [--steps 20] [--k 4] [--reps 11] [--warm 4] [--models toy,demo-lm]
 
-Each repetition is a pair (plain and watched, in alternating order); the median of the
-per-pair ratios and their interquartile range are printed. ``benchmarks/bench_calls.py``
-gives the same pairs for watch, the guard and the callbacks, with Python calls per step.
+Each repetition times four runs of ``--steps`` steps in a mirrored order, plain, watched,
+watched, plain (the next one watched, plain, plain, watched): a load that drifts steadily
+through the repetition (this machine's CPU time per step wanders by ±25 % over seconds)
+weighs on both sides equally, which a pair does not. Garbage is collected, untimed, before
+each timed run (neither side pays for the other's). The ratio of a repetition is watched
+over plain, summed; the median of the ratios and their interquartile range are printed.
+``benchmarks/bench_calls.py`` gives pairs for watch, the guard and the callbacks, with
+Python calls per step.
 
 ``--ledger``: side by side, ``watch`` with the collective ledger against ``watch`` with the
 ledger switched off, on the model wrapped in a 1-rank gloo DDP deferring with ``no_sync``
@@ -22,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import os
 import statistics
 import tempfile
@@ -74,7 +83,7 @@ def main() -> None:
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--reps", type=int, default=11)
     p.add_argument("--models", default=",".join(MODELS))
-    p.add_argument("--warm", type=int, default=3,
+    p.add_argument("--warm", type=int, default=4,
                    help="untimed optimizer steps after installing (steady state)")
     p.add_argument("--ledger", action="store_true",
                    help="watch with vs without the collective ledger, on 1-rank gloo DDP")
@@ -85,7 +94,7 @@ def main() -> None:
         _ledger_side_by_side(args)
         return
     print(f"load average {os.getloadavg()[0]:.1f}; K={args.k}, {args.steps} steps per timing, "
-          f"median of {args.reps} alternating repetitions, process CPU time")
+          f"median of {args.reps} mirrored repetitions (P WW P / W PP W), process CPU time")
     for name in args.models.split(","):
         cls, data_fn = MODELS[name]
         torch.manual_seed(0)
@@ -96,22 +105,29 @@ def main() -> None:
         plain, observed, ratios = [], [], []
         with tempfile.TemporaryDirectory() as tmp:
             for rep in range(args.reps):
-                got = {}
-                for which in (("plain", "watch") if rep % 2 == 0 else ("watch", "plain")):
+                got: dict[str, list[float]] = {"plain": [], "watch": []}
+                order = ("plain", "watch", "plain") if rep % 2 == 0 else \
+                    ("watch", "plain", "watch")
+                for i, which in enumerate(order):
+                    runs = 1 if i != 1 else 2  # the middle one twice: P WW P or W PP W
                     if which == "plain":
-                        got[which] = _steps(model, opt, data, args.k, args.steps)
+                        for _ in range(runs):
+                            gc.collect()
+                            got[which].append(_steps(model, opt, data, args.k, args.steps))
                     else:
-                        with recording(os.path.join(tmp, str(rep))):  # as watch installs it
+                        with recording(os.path.join(tmp, f"{rep}-{i}")):  # as watch installs it
                             # steady state: the first windows (conservation always checked)
                             # are untimed, as in bench_guard.py
                             _steps(model, opt, data, args.k, args.warm)
-                            got[which] = _steps(model, opt, data, args.k, args.steps)
-                plain.append(got["plain"])
-                observed.append(got["watch"])
-                ratios.append(got["watch"] / got["plain"])
+                            for _ in range(runs):
+                                gc.collect()
+                                got[which].append(_steps(model, opt, data, args.k, args.steps))
+                plain.append(statistics.mean(got["plain"]))
+                observed.append(statistics.mean(got["watch"]))
+                ratios.append(sum(got["watch"]) / sum(got["plain"]))
         a, b = statistics.median(plain), statistics.median(observed)
         print(f"{name}, K={args.k}: plain {a * 1e3:.2f} ms/step, watch {b * 1e3:.2f} ms/step, "
-              f"ratio {statistics.median(ratios):.3f} (IQR {_iqr(ratios)} over the pairs)")
+              f"ratio {statistics.median(ratios):.3f} (IQR {_iqr(ratios)} over the repetitions)")
 
 
 def _ledger_side_by_side(args: argparse.Namespace) -> None:

@@ -145,6 +145,44 @@ def test_the_wrapped_call_runs_once_whatever_fails() -> None:
     assert fs.failure is not None and fs.failure.where == "Thing.run"
 
 
+def test_a_wrapper_that_passes_skips_itself_and_a_failing_test_of_it_changes_nothing() -> None:
+    """A wrapper's ``passes`` (the door's short cut: its own first test, read before the
+    door's bookkeeping) sends the call straight to the original while it holds; when that
+    test itself fails, the original still runs once and the failure is accumguard's."""
+    fs = Failsafe()
+    calls: list[int] = []
+    wrapped: list[int] = []
+    state = {"through": False, "broken": False}
+
+    class Thing:
+        def run(self, x: int) -> int:
+            calls.append(x)
+            return x * 2
+
+    def make(orig):  # noqa: ANN001, ANN202
+        def run(this, x):  # noqa: ANN001, ANN202
+            wrapped.append(x)
+            return orig(this, x)
+
+        def passes() -> bool:
+            if state["broken"]:
+                raise RuntimeError("the short cut's test failed")
+            return state["through"]
+
+        run.passes = passes
+        return run
+
+    Patches(fs).wrap(Thing, "run", make)
+    assert Thing().run(1) == 2 and wrapped == [1]
+    state["through"] = True
+    assert Thing().run(2) == 4 and wrapped == [1]  # straight to the original
+    state["through"], state["broken"] = False, True
+    assert Thing().run(3) == 6 and calls == [1, 2, 3]  # ran once, unchanged
+    assert fs.failure is not None and "short cut" in fs.failure.error
+    state["broken"] = False
+    assert Thing().run(4) == 8 and wrapped == [1]  # off from then on: a plain pass-through
+
+
 def test_a_consumed_generator_is_handed_back_for_the_pass_through() -> None:
     fs = Failsafe()
 

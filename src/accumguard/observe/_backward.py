@@ -99,7 +99,11 @@ class BackwardPath:
                 # guard): keep no loss tensors; a listener added later sees it unknown.
                 w.loss_ok = False
             elif isinstance(loss, torch.Tensor) and loss.numel() == 1:
-                w.losses.append(loss.detach())
+                # a CPU loss is read now (one host read, no device to wait for: cheaper
+                # than keeping a detached tensor and stacking them at the step); a device
+                # loss is kept and read once per window, at the step
+                w.losses.append(loss.item() if type(loss) is torch.Tensor and loss.device.type == "cpu"
+                                else loss.detach())
             else:
                 w.loss_ok = False
         ev.sync_forward = self._last_sync_forward

@@ -39,14 +39,18 @@ def param_dtype(owner: object) -> str | None:
     return str(next(iter(dtypes))).replace("torch.", "") if dtypes else None
 
 
-def window_loss(losses: list[torch.Tensor]) -> float:
-    """Sum in float64 of the window's scalar losses (one reduction per step)."""
+def window_loss(losses: list[torch.Tensor | float]) -> float:
+    """Sum in float64 of the window's scalar losses: CPU losses as the floats read at each
+    backward, device losses stacked (one reduction and one host read per step)."""
     if not losses:
         return 0.0
+    if type(losses[0]) is float:  # (a window's losses share one device)
+        return float(sum(float(x) for x in losses))
     try:
         # (a 0-dim loss, the usual one, is stacked as it is: no view op per micro-step)
-        return float(torch.stack([x if x.dim() == 0 else x.reshape(()) for x in losses])
-                     .to(torch.float64).sum())
+        return float(torch.stack([x if x.dim() == 0 else x.reshape(())
+                                  for x in losses if isinstance(x, torch.Tensor)])
+                     .to(torch.float64).sum()) + sum(x for x in losses if type(x) is float)
     except RuntimeError:  # mixed devices or dtypes
         return float(sum(float(x) for x in losses))
 

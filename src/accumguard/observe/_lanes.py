@@ -57,7 +57,7 @@ class _Entry:
     touched: frozenset[int]  # id() of the parameters whose .grad this backward changed
     start: torch.Tensor | None = None  # gradient checksums (all tracked parameters)
     end: torch.Tensor | None = None
-    loss: torch.Tensor | None = None
+    loss: torch.Tensor | float | None = None
 
 
 @dataclass
@@ -201,7 +201,7 @@ class Lanes:
 
     def after_backward(self, pending: _Pending | None, serial: int, ev: BackwardEvent,
                        start: torch.Tensor | None, end: torch.Tensor | None,
-                       loss: torch.Tensor | None) -> None:
+                       loss: torch.Tensor | float | None) -> None:
         if pending is None:
             return
         after = _versions(pending.params)

@@ -170,6 +170,9 @@ def _backward_wrapper(obs: PatchHost, source: str) -> Maker:
                 return orig(tensors, *args, **kwargs)  # inside a backward: one pass
             return obs._run_backward(source, tensors, None, orig, (tensors, *args), kwargs)
 
+        # (the door's short cut: the first test above, read before the door's bookkeeping)
+        backward.passes = lambda: bool(obs._bw_depth or not obs.installed  # type: ignore[attr-defined]
+                                       or obs._in_observer)
         return backward
 
     return make
@@ -407,6 +410,9 @@ def _clip_wrapper(obs: PatchHost, name: str) -> Maker:
                 obs.boundary.after_clip(name, limit, out)
             return out
 
+        # (the door's short cut: the first test above; a clip nested in one is plain)
+        clip.passes = lambda: bool(not obs.installed or obs._in_observer  # type: ignore[attr-defined]
+                                   or obs._ds_step_depth or obs._clip_depth)
         return clip
 
     return make

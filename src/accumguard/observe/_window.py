@@ -26,7 +26,7 @@ class StepTally:
 
     def __init__(self) -> None:
         self.backwards: list[BackwardEvent] = []
-        self.losses: list[torch.Tensor] = []  # summed once, at the step (not per backward)
+        self.losses: list[torch.Tensor | float] = []  # summed once, at the step (not per backward)
         self.loss_ok = True
         self.zero_grads = 0
         self.zero_between = 0
