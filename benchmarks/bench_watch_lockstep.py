@@ -28,6 +28,7 @@ import contextlib
 import multiprocessing as mp
 import os
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -89,7 +90,7 @@ def _worker(which: str, mine: Any, theirs: Any, args: argparse.Namespace, out: A
     for s in range(3):  # the same untimed start on both sides, before any install
         window(s)
     ctx: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
-    tmp = tempfile.mkdtemp(prefix="accumguard-lockstep-")
+    tmp = tempfile.mkdtemp(prefix="accumguard-lockstep-")  # the recording; removed at the end
     if which == "watch":
         if args.no_budgets:
             import accumguard.observe._losses as losses
@@ -112,6 +113,7 @@ def _worker(which: str, mine: Any, theirs: Any, args: argparse.Namespace, out: A
                 times.append(t)
             else:
                 spent.clear()  # the phases of the timed windows only
+    shutil.rmtree(tmp, ignore_errors=True)
     out.put((which, times, {k: v / args.windows for k, v in spent.items()}))
 
 
