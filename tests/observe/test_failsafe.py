@@ -122,14 +122,23 @@ def test_the_users_own_error_passes_unchanged(monkeypatch: pytest.MonkeyPatch) -
     assert fs.failure is not None and "ValueError" in fs.failure.error
 
 
-def test_the_wrapped_call_runs_once_whatever_fails() -> None:
-    fs = Failsafe()
-    calls: list[int] = []
+def _counting_thing(calls: list[int]) -> type:
+    """A class whose ``run(x)`` appends ``x`` to ``calls`` and returns ``2 * x``: the user's
+    function a patch wraps."""
 
     class Thing:
         def run(self, x: int) -> int:
             calls.append(x)
             return x * 2
+
+    return Thing
+
+
+def test_the_wrapped_call_runs_once_whatever_fails() -> None:
+    fs = Failsafe()
+    calls: list[int] = []
+
+    Thing = _counting_thing(calls)
 
     def make(orig):  # noqa: ANN001, ANN202
         def run(this, x):  # noqa: ANN001, ANN202
@@ -154,10 +163,7 @@ def test_a_wrapper_that_passes_skips_itself_and_a_failing_test_of_it_changes_not
     wrapped: list[int] = []
     state = {"through": False, "broken": False}
 
-    class Thing:
-        def run(self, x: int) -> int:
-            calls.append(x)
-            return x * 2
+    Thing = _counting_thing(calls)
 
     def make(orig):  # noqa: ANN001, ANN202
         def run(this, x):  # noqa: ANN001, ANN202
