@@ -193,16 +193,11 @@ def _compiled_loss_loop() -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known limitation: Dynamo traces watch's global forward hook inside the compiled "
-    "function; its hook registration is a graph break, which fullgraph=True turns into the "
-    "user's error. Skipping the hook while Dynamo traces fixed this but left every "
-    "torch.compile(model) forward unobserved (a false EXTRA_SYNC note on a correct compiled "
-    "DDP loop, tests/runtime/test_watch_features.py), so it was reverted"))
 def test_fullgraph_compiled_loss_runs_unchanged(tmp_path: Path) -> None:
     """The model called inside a ``fullgraph=True`` compiled function (Dynamo traces the
-    module hooks, accumguard's global one too): the run goes on, bit-identical, and the
-    recording says no error and no failure of accumguard's own."""
+    module hooks, accumguard's global one too; registering the depth hook there was a graph
+    break that fullgraph turned into the user's error): the run goes on, bit-identical, and
+    the recording says no error and no failure of accumguard's own."""
     torch._dynamo.reset()
     with recording(tmp_path):
         observed = _compiled_loss_loop()

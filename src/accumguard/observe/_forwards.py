@@ -187,6 +187,12 @@ class ForwardHooks:
         ``always_call`` ran on every submodule call)."""
         if self._fwd_depth and id(module) not in self._hooked_ids:
             return  # inside a top-level forward, not a module seen at the top level
+        if id(module) not in self._hooked_ids and torch.compiler.is_compiling():
+            # a module first met while Dynamo traces a compiled function: registering its
+            # depth hook would be a graph break, which fullgraph=True raises into the
+            # user's code. Its forwards are not counted (their backwards still are); a
+            # module met first outside (torch.compile(model) is called outside) is hooked.
+            return
         if not self._fwd_depth and torch._C._current_autograd_node() is not None:
             # a forward run by the backward pass (activation checkpointing's recompute, a
             # hook's module call): not a forward of the window, not a root
@@ -213,6 +219,17 @@ class ForwardHooks:
         self._pinned = [m.register_forward_pre_hook(self._global_pre)
                         for m in list(self._depth_hooked.keys())]
         self._pinned_any = True
+
+    def _pin_module(self, module: torch.nn.Module) -> None:
+        """Pin a model made after the roots were pinned (DDP's ``__init__``,
+        ``fully_shard``): its pre-hook and its depth hook now, outside any compiled
+        function (``torch.compile(DDP(model))`` calls it first inside one, where the
+        registration would be a graph break)."""
+        self._pinned.append(module.register_forward_pre_hook(self._global_pre))
+        if module not in self._depth_hooked:
+            self._depth_hooked[module] = module.register_forward_hook(self._depth_post,
+                                                                      always_call=True)
+            self._hooked_ids.add(id(module))
 
     def _hook_roots(self, on: bool) -> None:
         """Add (remove) the forward hooks on the given roots. Unarmed windows of

@@ -101,7 +101,7 @@ def _pin_after(obs: PatchHost) -> Maker:
             out = orig(module, *a, **kw)
             if obs.installed and obs._global_handle is None and obs.auto_roots \
                     and obs._pinned_any and isinstance(module, torch.nn.Module):
-                obs._pinned.append(module.register_forward_pre_hook(obs._global_pre))
+                obs._pin_module(module)
             return out
 
         return call
