@@ -173,6 +173,7 @@ def ds_sweep(two_rank_sweeps: Path) -> Path:
 @pytest.mark.parametrize(("name", "expected"), [
     ("manual_z2", {"F2"}), ("double_z1_noclip", {"F14", "F9"}),
     ("coalesce_z2", set()), ("boundary_z3", set()),
+    ("native_z0_noclip", {"F9"}), ("native_z0", set()),
 ])
 def test_deepspeed_loops(ds_sweep: Path, name: str, expected: set[str]) -> None:
     rec = load_recordings(ds_sweep / name)

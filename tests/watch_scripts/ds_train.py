@@ -29,6 +29,8 @@ args = p.parse_args()
 SWEEP = {  # --sweep DIR: each under its own recording, in one launch (name: mode, stage, no_clip)
     "manual_z2": ("manual", 2, False), "double_z1_noclip": ("double", 1, True),
     "coalesce_z2": ("coalesce", 2, False), "boundary_z3": ("boundary", 3, False),
+    # ZeRO-0 fp32 clips in clip_fp32_gradients and keeps no norm: F9 read from there
+    "native_z0_noclip": ("native", 0, True), "native_z0": ("native", 0, False),
 }
 
 

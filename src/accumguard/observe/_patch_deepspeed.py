@@ -28,9 +28,40 @@ def patch_engine(obs: PatchHost, mod: ModuleType) -> None:
     """Wrap the engine class of ``deepspeed.runtime.engine`` and count ``deepspeed.comm``."""
     cls = getattr(mod, "DeepSpeedEngine", None)
     if obs.installed and cls is not None:
+        clip = _ClipNorm()
         obs.patches.wrap(cls, "backward", _backward_wrapper(obs))
-        obs.patches.wrap(cls, "step", _step_wrapper(obs))
+        obs.patches.wrap(cls, "step", _step_wrapper(obs, clip))
+        obs.patches.wrap(cls, "clip_fp32_gradients", _clip_wrapper(obs, clip))
         obs.counter.install_deepspeed()
+
+
+class _ClipNorm:
+    """The gradient norm the engine's own fp32 clip was given (ZeRO-0 without fp16/bf16:
+    DeepSpeed clips there and discards the norm, so ``get_global_grad_norm()`` is None and
+    the F9 rule had nothing to compare with the default clip)."""
+
+    value: float | None = None
+
+
+def _clip_wrapper(obs: PatchHost, seen: _ClipNorm) -> Maker:
+    def make(orig: Original) -> Original:
+        def clip_fp32_gradients(engine: torch.nn.Module, /, *args: object,
+                                **kwargs: object) -> object:
+            info = obs.engine_info
+            # read only where the F9 rule needs it: the engine clips by its default
+            if obs.installed and info is not None and not info.clipping_set_by_user:
+                module = getattr(engine, "module", engine)
+                with torch.no_grad():
+                    norms = [torch.linalg.vector_norm(p.grad.detach().float())
+                             for p in module.parameters() if p.grad is not None]
+                    # after the boundary's all-reduce every rank holds the same gradient
+                    seen.value = float(torch.linalg.vector_norm(torch.stack(norms))) \
+                        if norms else None
+            return orig(engine, *args, **kwargs)
+
+        return clip_fp32_gradients
+
+    return make
 
 
 def note_engine(obs: EngineHost, module: torch.nn.Module) -> None:
@@ -71,7 +102,7 @@ def _backward_wrapper(obs: PatchHost) -> Maker:
     return make
 
 
-def _step_wrapper(obs: PatchHost) -> Maker:
+def _step_wrapper(obs: PatchHost, clip: _ClipNorm) -> Maker:
     def make(orig: Original) -> Original:
         def step(engine: torch.nn.Module, /, *args: object, **kwargs: object) -> object:
             if not obs.installed or obs._in_observer or obs._ds_step_depth:
@@ -98,6 +129,7 @@ def _step_wrapper(obs: PatchHost) -> Maker:
             if boundary:
                 obs._begin_step(_inner_optimizer(engine), True, engine=engine)
             obs._ds_step_depth += 1
+            clip.value = None
             try:
                 return orig(engine, *args, **kwargs)
             finally:
@@ -115,7 +147,7 @@ def _step_wrapper(obs: PatchHost) -> Maker:
                     norm = None
                     with contextlib.suppress(Exception):
                         n = ds.get_global_grad_norm()
-                        norm = float(n) if n is not None else None
+                        norm = float(n) if n is not None else clip.value
                     if not boundary:
                         obs._begin_step(_inner_optimizer(engine), True, engine=engine)
                     obs._end_step("deepspeed",

@@ -456,8 +456,9 @@ def _check_precision_and_clipping(c: _Collector, ga: int | None) -> None:
     if "gradient_clipping" not in cfg and not partial:
         c.add(
             "AG203",
-            "`gradient_clipping` is not set, so DeepSpeed clips the global gradient norm at 1.0; "
-            "a plain PyTorch loop without clip_grad_norm_ does not, so the two runs differ",
+            "`gradient_clipping` is not set, so DeepSpeed clips the global gradient norm at 1.0 "
+            "at every step, whether or not the script clips too (a clip_grad_norm_ of its own "
+            "at another norm does not replace the engine's)",
             key=("gradient_clipping",),
         )
     bf16 = _enabled(cfg.get("bf16")) or _enabled(cfg.get("bfloat16"))
