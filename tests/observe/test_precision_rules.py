@@ -239,3 +239,31 @@ def test_the_drift_is_sampled_on_a_schedule(tmp_path: Any,
     assert [bool(s["precision"].get("drift")) for s in rec.steps[0]] == [True, True, False,
                                                                            False]
     assert [f.severity.value for f in analyze(rec)[0] if f.cls == "F12"] == ["error"]
+
+
+@pytest.mark.parametrize("cleared", [False, True])
+def test_model_grad_sum_tells_a_grad_cleared_between_backwards(cleared: bool) -> None:
+    """The master-weight pattern's "summed in place" (``model_grad_sum``) on real checksums
+    of a bf16 parameter: a .grad moved to an fp32 buffer and set to None after every
+    backward (a correct loop) is not in place. Its signed sums cancel to about 1/sqrt(n) of
+    its absolute sum (2 % at 64 x 64), under the 3 % tolerance: comparing them alone called
+    this loop a bf16 sum (blind round 23, a false F12 warning)."""
+    import torch
+
+    from accumguard.observe._checksum import checksums
+    from accumguard.observe._precision import model_grad_sum
+
+    torch.manual_seed(0)
+    p = torch.zeros(64, 64, dtype=torch.bfloat16, requires_grad=True)
+    master = torch.zeros(64, 64, requires_grad=True)
+    starts, ends = [], []
+    for _ in range(4):
+        if cleared:
+            p.grad = None
+        starts.append(checksums([p]))
+        g = torch.randn(64, 64).bfloat16()
+        p.grad = g if p.grad is None else p.grad + g
+        ends.append(checksums([p]))
+    master.grad = p.grad.float()
+    out = model_grad_sum([p], [False], starts, ends, [master])
+    assert out is not None and out["in_place"] is (not cleared), out

@@ -50,6 +50,9 @@ def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_single_process(plain: Path, name: str, expected: set[str], fix: str | None) -> None:
     errors, _, findings = _classes(plain, name)
     assert errors == expected, findings
+    if not expected:  # a correct twin: no F12 at any level above a note (its evidence
+        # would claim a low-precision sum that did not happen)
+        assert not [f for f in findings if f.cls == "F12" and f.severity != "note"], findings
     if fix:
         f = next(f for f in findings if f.cls == "F12")
         assert fix in f.fix and "256 backward passes" in f.evidence, f
