@@ -47,3 +47,18 @@ def test_lightning_ddp_both_ranks_judged(out: Path, case: str, errors: list[str]
     else:
         (f,) = findings
         assert "divides the loss by the world size" in f.evidence, f.evidence
+
+
+def test_lightning_manual_sync_fix_is_lightnings_and_it_works(out: Path) -> None:
+    """Manual optimisation that all-reduces on every batch: the EXTRA_SYNC fix is worded for
+    Lightning (a block_backward_sync inside training_step defers nothing: DDP's forward
+    runs around it), and the script that follows it (``manual_flag``) has no finding."""
+    findings, k, _ = analyze(load_recordings(out / "manual_sync"))
+    assert k == 3
+    assert [(f.cls, f.severity, f.rank) for f in findings] == [
+        ("EXTRA_SYNC", "warning", 0), ("EXTRA_SYNC", "warning", 1)], findings
+    for f in findings:
+        assert f.fix.startswith("Lightning:") and "on_train_batch_start" in f.fix, f.fix
+        assert "no_sync" not in f.fix
+    findings, k, _ = analyze(load_recordings(out / "manual_flag"))
+    assert findings == [] and k == 3, findings

@@ -13,9 +13,10 @@ ranks. The intended gradient is ``G = sum(g_i) / N``.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["FailureClass", "TAXONOMY", "describe", "fix_for", "title"]
+__all__ = ["FRAMEWORKS", "FailureClass", "TAXONOMY", "describe", "fix_for", "fix_in", "title"]
 
 
 @dataclass(frozen=True)
@@ -153,6 +154,106 @@ def fix_for(class_id: str) -> str:
     """The canonical fix for ``class_id`` (empty when unknown)."""
     c = TAXONOMY.get(class_id)
     return c.fix if c else ""
+
+
+#: The training frameworks whose own idiom names a fix, outermost first: the HF Trainer and
+#: Lightning run on Accelerate/DDP, and their users write neither, so their idiom wins.
+FRAMEWORKS = ("lightning", "transformers", "accelerate")
+
+_LIGHTNING_SYNC = (
+    "Lightning: DDP decides whether a backward all-reduces at its forward, which Lightning "
+    "runs around training_step, so a block_backward_sync() entered inside training_step "
+    "defers nothing. In manual optimisation set "
+    "`self.trainer.strategy.model.require_backward_grad_sync = (batch_idx + 1) % K == 0` in "
+    "on_train_batch_start; automatic optimisation with Trainer(accumulate_grad_batches=K) "
+    "does this itself.")
+_ACCELERATE_SYNC = (
+    "Accelerate: run the forward and accelerator.backward of micro-steps 1..K-1 inside "
+    "`with accelerator.accumulate(model):` (Accelerator(gradient_accumulation_steps=K)) or "
+    "`with accelerator.no_sync(model):`; both skip the gradient all-reduce until the "
+    "window's last micro-step.")
+
+#: The fix of a class in a framework's own words, where the class's generic fix (plain
+#: optimizer calls, model.no_sync()) is not what its users write.
+_FRAMEWORK_FIXES: dict[tuple[str, str], str] = {
+    ("F1", "lightning"): (
+        "Lightning: in automatic optimisation set Trainer(accumulate_grad_batches=K) and let "
+        "Lightning step; in manual optimisation call opt.step() and opt.zero_grad() only on "
+        "the window's last batch ((batch_idx + 1) % K == 0)."),
+    ("F1", "transformers"): (
+        "Hugging Face Trainer: set gradient_accumulation_steps=K in the TrainingArguments and "
+        "let the Trainer step; an overridden training_step or a callback must not call "
+        "optimizer.step(), zero_grad() or the scheduler's step()."),
+    ("F1", "accelerate"): (
+        "Accelerate: create Accelerator(gradient_accumulation_steps=K) and run each "
+        "micro-step inside `with accelerator.accumulate(model):`, calling step() and "
+        "zero_grad() of the optimizer (and step() of the scheduler) that accelerator.prepare "
+        "returned: they act only on the window's last micro-step."),
+    ("F3", "lightning"): (
+        "Lightning: in manual optimisation call opt.zero_grad() only right after opt.step() "
+        "on the window's last batch ((batch_idx + 1) % K == 0), never on the other batches; "
+        "automatic optimisation with accumulate_grad_batches=K zeroes them itself."),
+    ("F3", "transformers"): (
+        "Hugging Face Trainer: do not zero gradients in an overridden training_step or "
+        "compute_loss: the Trainer zeroes them after each optimizer step."),
+    ("F3", "accelerate"): (
+        "Accelerate: call zero_grad() on the optimizer that accelerator.prepare returned, "
+        "inside `with accelerator.accumulate(model):` (it then acts only on the window's "
+        "last micro-step); model.zero_grad() or the unprepared optimizer's zero_grad() clear "
+        "the window on every micro-step."),
+    ("F4", "lightning"): (
+        "Lightning: step the scheduler once per optimizer step: in automatic optimisation "
+        "return it from configure_optimizers with \"interval\": \"step\" (Lightning steps it "
+        "after each optimizer step); in manual optimisation call sch.step() inside the same "
+        "`if (batch_idx + 1) % K == 0:` as opt.step()."),
+    ("F4", "transformers"): (
+        "Hugging Face Trainer: let the Trainer step the scheduler (lr_scheduler_type in the "
+        "TrainingArguments, or one passed as optimizers=(optimizer, scheduler)): it steps it "
+        "once per optimizer step; do not step it in a callback or in training_step."),
+    ("F4", "accelerate"): (
+        "Accelerate: pass the scheduler through accelerator.prepare and call its step() "
+        "inside `with accelerator.accumulate(model):`: the prepared scheduler steps only on "
+        "the window's last micro-step (num_processes times per call unless "
+        "split_batches=True, which its horizon must allow for)."),
+    ("F8", "lightning"): (
+        "Lightning: in automatic optimisation set Trainer(gradient_clip_val=..., "
+        "gradient_clip_algorithm=\"norm\"), which clips once per optimizer step after "
+        "unscaling; in manual optimisation call self.clip_gradients(opt, "
+        "gradient_clip_val=..., gradient_clip_algorithm=\"norm\") once, right before "
+        "opt.step() on the window's last batch."),
+    ("F8", "transformers"): (
+        "Hugging Face Trainer: set max_grad_norm in the TrainingArguments (the Trainer clips "
+        "once per optimizer step, after unscaling) and do not clip in training_step."),
+    ("F8", "accelerate"): (
+        "Accelerate: call accelerator.clip_grad_norm_(model.parameters(), max_norm), which "
+        "unscales first, only when accelerator.sync_gradients is True (the window's last "
+        "micro-step), before the optimizer step."),
+    ("F10", "lightning"): (
+        "Lightning's DDP strategy already averages gradients over processes: the loss needs "
+        "no division by the world size and no all-reduce of its own."),
+    ("F10", "transformers"): (
+        "The Hugging Face Trainer already handles the average over processes: return from "
+        "compute_loss the loss of this batch (summed and divided by num_items_in_batch, or the "
+        "model's own), with no division by the number of processes and no all-reduce."),
+    ("F10", "accelerate"): (
+        "Accelerate's prepared model already averages gradients over processes: pass "
+        "accelerator.backward the loss of this process's micro-batch, with no division by "
+        "num_processes and no all-reduce of its own."),
+    ("F11", "lightning"): _LIGHTNING_SYNC,
+    ("F11", "accelerate"): _ACCELERATE_SYNC,
+    ("EXTRA_SYNC", "lightning"): _LIGHTNING_SYNC,
+    ("EXTRA_SYNC", "accelerate"): _ACCELERATE_SYNC,
+}
+
+
+def fix_in(class_id: str, frameworks: Iterable[str]) -> str | None:
+    """The fix of ``class_id`` in the idiom of the outermost of ``frameworks`` that drove the
+    run (:data:`FRAMEWORKS`), or None when it has none."""
+    used = set(frameworks)
+    for fw in FRAMEWORKS:
+        if fw in used and (class_id, fw) in _FRAMEWORK_FIXES:
+            return _FRAMEWORK_FIXES[(class_id, fw)]
+    return None
 
 
 def describe(class_id: str) -> str:

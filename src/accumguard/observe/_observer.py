@@ -170,6 +170,9 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
         self.engine = "local"
         self.engine_info: EngineInfo | None = None
         self.declared_k: dict[str, int] = {}
+        # the training frameworks seen driving the run (a Trainer built, Accelerate's
+        # backward called): the fixes are worded in their idiom (taxonomy.fix_in)
+        self.frameworks: list[str] = []
         self.trainer_clip: float | None = None  # the HF Trainer's max_grad_norm (patched in)
         self._w = StepTally()
         # several optimizers over disjoint parameters: each one's own window (:mod:`._lanes`)

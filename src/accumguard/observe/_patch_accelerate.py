@@ -28,6 +28,8 @@ def patch_accelerator(obs: PatchHost, mod: ModuleType) -> None:
 
     def make_backward(orig: Original) -> Original:
         def backward(acc: object, /, loss: object, *args: object, **kwargs: object) -> object:
+            if "accelerate" not in obs.frameworks:
+                obs.frameworks.append("accelerate")
             k = getattr(acc, "gradient_accumulation_steps", None)
             if isinstance(k, int) and k > 1:  # 1 is the default: it declares nothing
                 obs.declared_k.setdefault("accelerate", k)

@@ -48,6 +48,8 @@ def _declares_k(obs: PatchHost, mod: ModuleType, cls_name: str, method: str, att
     def make(orig: Original) -> Original:
         def init(this: object, /, *a: object, **kw: object) -> object:
             out = orig(this, *a, **kw)
+            if library not in obs.frameworks:
+                obs.frameworks.append(library)
             k = getattr(this, attr, None)
             if isinstance(k, int) and k > 1:  # 1 is the default: it declares nothing
                 obs.declared_k[library] = k

@@ -28,6 +28,7 @@ import dataclasses
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
+from accumguard.core.taxonomy import fix_for, fix_in
 from accumguard.core.window import Conservation, StepRecord
 from accumguard.observe import _shared_rules as shared
 from accumguard.observe._comm_rules import comm_findings
@@ -264,7 +265,37 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
         if key not in seen:
             seen.add(key)
             unique.append(f)
-    return unique, res.k, res.source
+    return framework_fixes(unique, frameworks(rec)), res.k, res.source
+
+
+def frameworks(rec: RunRecording) -> set[str]:
+    """The training frameworks any rank saw driving the run (its end record)."""
+    out: set[str] = set()
+    for end in rec.end.values():
+        names = end.get("frameworks")
+        if isinstance(names, list):
+            out.update(str(n) for n in names)
+    return out
+
+
+#: Classes whose findings word their fix for the engine (model.no_sync() for DDP): a
+#: framework's own idiom replaces it when that fix is DDP's.
+_SYNC_CLASSES = ("F11", "EXTRA_SYNC")
+
+
+def framework_fixes(findings: list[Finding], used: set[str]) -> list[Finding]:
+    """The fix of each finding in the idiom of the framework that drove the run (Lightning,
+    the HF Trainer, Accelerate: :func:`~accumguard.core.taxonomy.fix_in`) where the
+    finding gave its class's generic fix, or DDP's no_sync() for a sync class; a fix a
+    rule worded from what it measured (a horizon, a clip's numbers) is kept."""
+    if not used:
+        return findings
+    out = []
+    for f in findings:
+        fix = fix_in(f.cls, used)
+        generic = f.fix == fix_for(f.cls) or (f.cls in _SYNC_CLASSES and "no_sync" in f.fix)
+        out.append(dataclasses.replace(f, fix=fix) if fix is not None and generic else f)
+    return out
 
 
 class _OwnRate:

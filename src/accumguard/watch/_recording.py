@@ -451,6 +451,7 @@ class _Agent:
             self._write({"kind": "end", "reason": reason, "pending_backwards": pending,
                          "steps": obs.step, "backwards_total": obs.backward_total,
                          "declared_k": dict(obs.declared_k), "engine": obs.engine,
+                         "frameworks": list(obs.frameworks),
                          "collective": obs.counter.state(), **_peak_memory(),
                          **({"advise_applied": list(self.advise.applied)}
                             if self.advise is not None else {})})
