@@ -45,3 +45,39 @@ def test_epochs(watched: dict[str, Watched], mode: str, expected: set[str]) -> N
     if mode == "plain_drop":
         assert [(f["cls"], f["severity"]) for f in findings
                 if f["severity"] != "note"] == [("F7", "warning")], findings
+
+
+def test_two_optimizers_epochs_count_each_micro_batch_once(tmp_path: Path) -> None:
+    """Two optimizers over disjoint parameters stepping together every K = 2 micro-batches,
+    two passes of 12 batches: each optimizer's step records hold the same window's
+    backwards, and the report's epochs summed them per record (24 micro-batches, 12 steps
+    per pass). Counted on the first optimizer's windows: 12 and 6, named so; the steps
+    table says which optimizer each row is."""
+    import torch
+    import torch.nn.functional as F  # noqa: N812 - torch's own alias
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from accumguard.watch import recording
+    from accumguard.watch._report import judge
+
+    torch.manual_seed(0)
+    body, head = torch.nn.Linear(6, 8), torch.nn.Linear(8, 3)
+    opts = [torch.optim.AdamW(body.parameters(), lr=1e-3), torch.optim.SGD(head.parameters(),
+                                                                           lr=0.1)]
+    loader = DataLoader(TensorDataset(torch.randn(48, 6), torch.randint(0, 3, (48,))),
+                        batch_size=4)
+    with recording(tmp_path):
+        for _ in range(2):
+            for i, (x, y) in enumerate(loader):
+                (F.cross_entropy(head(torch.tanh(body(x))), y) / 2).backward()
+                if (i + 1) % 2 == 0:
+                    for opt in opts:
+                        opt.step()
+                        opt.zero_grad()
+    res = judge(tmp_path)
+    assert not res.errors, res.findings
+    epochs = res.report["epochs"]
+    assert [(e["micro_batches"], e["optimizer_steps"]) for e in epochs] == [(12, 6), (12, 6)]
+    assert all(e["optimizer_steps_of"] == "optimizer #1 (AdamW)" for e in epochs), epochs
+    assert [(r["optimizer"], r["optimizer_index"]) for r in res.report["steps"][:4]] == [
+        ("AdamW", None), ("SGD", 2), ("AdamW", 1), ("SGD", 2)], res.report["steps"][:4]

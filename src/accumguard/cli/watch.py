@@ -118,6 +118,13 @@ def _no_finding_line(report: dict[str, Any]) -> str:
     return "no accumulation finding"
 
 
+def _optimizer_cell(row: dict[str, Any]) -> str:
+    """``AdamW #1``: the optimizer of a step row (no number before the optimizers were told
+    apart: the first steps' shared window)."""
+    idx = row.get("optimizer_index")
+    return f"{row.get('optimizer') or '?'}" + ("" if idx is None else f" #{idx}")
+
+
 def _print(report: dict[str, Any], findings: list[Any]) -> None:
     try:
         from rich.console import Console
@@ -153,11 +160,19 @@ def _print(report: dict[str, Any], findings: list[Any]) -> None:
                         "torch.distributed collectives from Python, the script's or "
                         "DeepSpeed's, DDP's bucket all-reduces run in C++ and are not "
                         "counted; conservation err: '-' when not sampled or not judged)")
-        for col in ("step", "backwards", "applied", "sched", "coll.", "conservation err"):
+        # several optimizers over disjoint parameters: each row is one optimizer's step,
+        # its backwards those of its own window (the same backwards for optimizers that
+        # step together)
+        several = len({r.get("optimizer_index") for r in report["steps"]} - {None}) > 1
+        cols = ("step", *(("optimizer",) if several else ()), "backwards", "applied", "sched",
+                "coll.", "conservation err")
+        for col in cols:
             t.add_column(col)
         for row in report["steps"][:50]:
             ce = row["conservation_error"]
-            t.add_row(str(row["step"]), str(row["backwards"]), str(row["applied"]),
+            t.add_row(str(row["step"]),
+                      *((_optimizer_cell(row),) if several else ()),
+                      str(row["backwards"]), str(row["applied"]),
                       str(row["scheduler_steps"]), str(row["grad_collective_rounds"]),
                       "-" if ce is None else f"{ce:.1e}")
         console.print(t)

@@ -276,8 +276,24 @@ def _epochs(rec: Any) -> list[dict[str, Any]]:
 
     rank = min(rec.steps, default=0)
     pending = int(rec.end.get(rank, {}).get("pending_backwards", 0) or 0)
-    return [e.as_dict() for e in epochs(rec.steps.get(rank, []), rec.schedulers.get(rank, []),
-                                        pending)]
+    steps = rec.steps.get(rank, [])
+    lanes = sorted({s.get("optimizer_index") for s in steps} - {None})
+    if len(lanes) < 2:
+        return [e.as_dict() for e in epochs(steps, rec.schedulers.get(rank, []), pending)]
+    # several optimizers over disjoint parameters: each one's step records hold the
+    # backwards of its own window, so summing every record counts a micro-batch once per
+    # optimizer; one optimizer's windows cover every backward once (its steps are counted,
+    # with the shared window's before the optimizers were told apart, index None)
+    first = [s for s in steps if s.get("optimizer_index") in (None, lanes[0])]
+    name = next((str(s.get("optimizer")) for s in first if s.get("optimizer")), "optimizer")
+    # a scheduler record made at another optimizer's step is placed at this one's step
+    # before it (the same window when the optimizers step together)
+    ids = [int(s.get("step", 0)) for s in first]
+    scheds = [{**e, "step": max((i for i in ids if i <= int(e.get("step", 0))),
+                                default=ids[0] if ids else 0)}
+              for e in rec.schedulers.get(rank, [])]
+    return [{**e.as_dict(), "optimizer_steps_of": f"optimizer #{lanes[0]} ({name})"}
+            for e in epochs(first, scheds, pending)]
 
 
 def _failure_lines(rec: Any) -> list[str]:
@@ -310,6 +326,7 @@ def _summary(rec: Any) -> list[dict[str, Any]]:
         cons = s.get("conservation") or {}
         mixed = _ranks_mixed(s, cons)
         rows.append({"step": int(s["step"]) + 1, "backwards": s["backwards"], "applied": s["applied"],
+                     "optimizer": s.get("optimizer"), "optimizer_index": s.get("optimizer_index"),
                      "scheduler_steps": s.get("scheduler_steps", 0),
                      "grad_collective_rounds": s.get("reduction_rounds", 0),
                      "conservation_error": cons.get("received") if cons and not mixed else None,
