@@ -77,6 +77,10 @@ class FileIndex:
         self.engines: set[str] = set()
         self.deepspeed = False
         self.ddp_wrapped = False
+        # accelerate imported and a .prepare(...) call: the model runs under DDP (or FSDP,
+        # DeepSpeed) whenever it is launched on several processes
+        self.accelerate = False
+        self.accelerate_prepare = False
         self.explicit_ds_boundary = False
         self.boundary_flags: set[str] = set()
         self._assigns: list[tuple[list[str], ast.AST]] = []
@@ -166,10 +170,14 @@ class FileIndex:
                     mods.append(node.module)
                 if any(m.split(".")[0] == "deepspeed" for m in mods):
                     self.deepspeed = True
+                if any(m.split(".")[0] == "accelerate" for m in mods):
+                    self.accelerate = True
             elif isinstance(node, ast.Call):
                 name = call_attr(node) or ""
                 if name in DDP_WRAPPERS:
                     self.ddp_wrapped = True
+                if name == "prepare":
+                    self.accelerate_prepare = True
                 if name in ("coalesce_grad_reduction", "set_gradient_accumulation_boundary", "no_sync"):
                     self.explicit_ds_boundary = True
             else:

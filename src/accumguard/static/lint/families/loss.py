@@ -342,7 +342,10 @@ def mean_of_means(ctx: FileContext) -> Iterator[Finding]:
 def loss_divided_by_world_under_ddp(ctx: FileContext) -> Iterator[Finding]:
     # a DeepSpeed engine's backward averages over the data-parallel ranks too
     engine = ctx.deepspeed and any(ctx.window_facts(w).engine_backward for w in ctx.windows())
-    if not (ctx.ddp_wrapped or engine) or not ctx.is_training_script():
+    # a model accelerator.prepare() wrapped: DDP's average whenever num_processes > 1 (and a
+    # division by num_processes changes nothing when it is 1)
+    accelerate = ctx.accelerate and ctx.accelerate_prepare
+    if not (ctx.ddp_wrapped or engine or accelerate) or not ctx.is_training_script():
         return
     for node, dividend, divisor in _divisions(ctx):
         if not (ctx.mentions_world(divisor) or named_product_with_world(ctx, divisor)) \
@@ -359,7 +362,8 @@ def loss_divided_by_world_under_ddp(ctx: FileContext) -> Iterator[Finding]:
             "AG112",
             node,
             "the loss is divided by the world size before backward while the model is wrapped in "
-            + ("DDP/FSDP" if ctx.ddp_wrapped else "a DeepSpeed engine")
+            + ("DDP/FSDP" if ctx.ddp_wrapped else "a DeepSpeed engine" if engine else
+               "DDP by accelerator.prepare() on several processes")
             + ", which already averages gradients over ranks: the optimizer receives G / W",
         )
 
