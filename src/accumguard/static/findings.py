@@ -315,6 +315,16 @@ RULES: dict[str, Rule] = {
             "the engine scales by 1/GA) and set \"gradient_accumulation_steps\": K in the config",
         ),
         _rule(
+            "AG140", "hf-tokens-not-averaged-across-devices", "F6", W, MED,
+            "Hugging Face TrainingArguments(average_tokens_across_devices=False): on several "
+            "processes each rank divides its loss by its own token count (num_items_in_batch "
+            "counts this rank's tokens) and DDP then averages the ranks' means, so ranks with "
+            "fewer tokens weigh more",
+            "set average_tokens_across_devices=True (the default): the Trainer then counts "
+            "num_items_in_batch over every rank and scales the loss so that DDP's average is "
+            "the whole batch's token mean",
+        ),
+        _rule(
             "AG129", "masked-token-mean-not-divided-by-k", "LOSS_SCALE", E, MED,
             "in a hand-written accumulation window each micro-batch's loss is a masked token mean "
             "over its own tokens (`(x * mask).sum() / mask.sum()`) backwarded as is, and nothing "

@@ -21,6 +21,7 @@
 ``lrcounter``  AG130               a learning rate set by hand from a counter of micro-batches
 ``epochtail``  AG131               Lightning epochs (or their last window) shorter than K
 ``hfscale``    AG136               an HF compute_loss normalised by num_items_in_batch and divided by K
+``hftokens``   AG140               HF TrainingArguments(average_tokens_across_devices=False) (F6)
 ``moeaux``     AG132               HF Trainer + MoE model adding its router loss per micro-batch, GA > 1
 ``tokenmean``  AG129               a masked token mean per micro-batch, never divided by K
 ``twice``      AG133               the loss divided by K in a helper and again by its caller;
@@ -37,6 +38,7 @@ from accumguard.static.lint.families import (
     epochtail,
     fused,
     hfscale,
+    hftokens,
     hookclip,
     horizon,
     loss,
@@ -53,4 +55,4 @@ from accumguard.static.lint.families import (
     window,
 )
 
-__all__ = ["accelerate", "ampclip", "deepspeed", "epochtail", "fused", "hookclip", "hfscale", "horizon", "loss", "lrcounter", "moeaux", "precision", "reduce", "scale", "schedule", "sync", "terms", "tokenmean", "twice", "window"]
+__all__ = ["accelerate", "ampclip", "deepspeed", "epochtail", "fused", "hookclip", "hfscale", "hftokens", "horizon", "loss", "lrcounter", "moeaux", "precision", "reduce", "scale", "schedule", "sync", "terms", "tokenmean", "twice", "window"]

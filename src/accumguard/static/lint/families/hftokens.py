@@ -1,0 +1,40 @@
+"""AG140 (F6): ``TrainingArguments(average_tokens_across_devices=False)``.
+
+The Hugging Face Trainer normalises a causal LM's loss by ``num_items_in_batch``, the token
+count of the accumulation window. With ``average_tokens_across_devices=True`` (the default in
+transformers 5) that count is summed over the ranks and the loss is scaled by the number of
+processes, so that DDP's average is the whole batch's token mean. Set to False, each rank
+divides by its own tokens and DDP averages the ranks' means: ranks with fewer tokens weigh
+more (F6, a warning: exact only when every rank holds as many tokens, and irrelevant on one
+process, which the file does not tell).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+from accumguard.static.findings import Finding
+from accumguard.static.lint._ast import dotted
+from accumguard.static.lint._context import FileContext
+from accumguard.static.lint._rule import rule
+
+__all__ = ["tokens_not_averaged_across_devices"]
+
+_ARGS = ("TrainingArguments", "SFTConfig", "DPOConfig", "GRPOConfig", "ORPOConfig", "KTOConfig",
+         "RewardConfig", "Seq2SeqTrainingArguments")
+
+
+@rule("AG140")
+def tokens_not_averaged_across_devices(ctx: FileContext) -> Iterator[Finding]:
+    for call in ctx.of(ast.Call):
+        if (dotted(call.func) or "").rsplit(".", 1)[-1] not in _ARGS:
+            continue
+        for kw in call.keywords:
+            if kw.arg == "average_tokens_across_devices" and isinstance(kw.value, ast.Constant) \
+                    and kw.value.value is False:
+                yield ctx.finding(
+                    "AG140", kw.value,
+                    "average_tokens_across_devices=False: on several processes each rank "
+                    "normalises its loss by its own token count and DDP averages the ranks' "
+                    "means (rank-local normalisation: ranks with fewer tokens weigh more)")
