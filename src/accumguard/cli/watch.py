@@ -118,6 +118,16 @@ def _no_finding_line(report: dict[str, Any]) -> str:
     return "no accumulation finding"
 
 
+def _conservation_cell(row: dict[str, Any]) -> str:
+    """The measured conservation error; ``clipped`` for a window clipped after its last
+    backward (its distance is the clip's doing); ``-`` when not sampled or not judged."""
+    ce = row["conservation_error"]
+    if ce is not None:
+        return f"{ce:.1e}"
+    return "clipped" if str(row.get("conservation_not_judged") or "").startswith("clipped") \
+        else "-"
+
+
 def _optimizer_cell(row: dict[str, Any]) -> str:
     """``AdamW #1``: the optimizer of a step row (no number before the optimizers were told
     apart: the first steps' shared window)."""
@@ -159,7 +169,8 @@ def _print(report: dict[str, Any], findings: list[Any]) -> None:
                         "shows on step n+1; coll.: backwards or flushes that issued "
                         "torch.distributed collectives from Python, the script's or "
                         "DeepSpeed's, DDP's bucket all-reduces run in C++ and are not "
-                        "counted; conservation err: '-' when not sampled or not judged)")
+                        "counted; conservation err: '-' when not sampled or not judged, "
+                        "'clipped' when clipped after the window's last backward)")
         # several optimizers over disjoint parameters: each row is one optimizer's step,
         # its backwards those of its own window (the same backwards for optimizers that
         # step together)
@@ -169,12 +180,11 @@ def _print(report: dict[str, Any], findings: list[Any]) -> None:
         for col in cols:
             t.add_column(col)
         for row in report["steps"][:50]:
-            ce = row["conservation_error"]
             t.add_row(str(row["step"]),
                       *((_optimizer_cell(row),) if several else ()),
                       str(row["backwards"]), str(row["applied"]),
                       str(row["scheduler_steps"]), str(row["grad_collective_rounds"]),
-                      "-" if ce is None else f"{ce:.1e}")
+                      _conservation_cell(row))
         console.print(t)
     if not findings:
         console.print(_no_finding_line(report), markup=False)

@@ -1,0 +1,34 @@
+"""The report's per-step rows say what was measured: a window clipped by value after its last
+backward (correct) has a conservation distance that is the clip's doing, not an error; the
+row says so instead of showing it as a number next to "no accumulation finding"."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F  # noqa: N812 - torch's own alias
+
+from accumguard.watch import recording
+from accumguard.watch._report import judge
+
+K = 3
+
+
+def test_a_value_clip_after_the_last_backward_is_marked_clipped(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    with recording(tmp_path):
+        for _ in range(4):
+            for _ in range(K):
+                x, y = torch.randn(4, 8), torch.randint(0, 2, (4,))
+                (F.cross_entropy(model(x), y) * 10 / K).backward()
+            torch.nn.utils.clip_grad_value_(model.parameters(), 0.05)
+            opt.step()
+            opt.zero_grad()
+    res = judge(tmp_path, accumulation_steps=K)
+    assert not [f for f in res.findings if f.severity != "note"], res.findings
+    first = res.report["steps"][0]
+    assert first["conservation_error"] is None, first
+    assert first["conservation_not_judged"].startswith("clipped after"), first
