@@ -17,7 +17,7 @@ total_steps = len(train_ds) // args.batch_size * args.epochs
 scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total_steps)  # expect: AG124
 for epoch in range(args.epochs):
     for step, (x, y) in enumerate(loader):
-        (loss_fn(model(x), y) / args.grad_accum_steps).backward()
+        (loss_fn(model(x), y) / args.grad_accum_steps).backward()  # expect: AG141
         if (step + 1) % args.grad_accum_steps == 0 or step + 1 == len(loader):
             optimizer.step()
             scheduler.step()

@@ -18,7 +18,7 @@ def train(model, train_dl, epochs, grad_accum, warmup_frac=0.05):
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)  # expect: AG124
     for _ in range(epochs):
         for i, batch in enumerate(train_dl):
-            loss = model(**batch).loss / grad_accum
+            loss = model(**batch).loss / grad_accum  # expect: AG141
             loss.backward()
             if (i + 1) % grad_accum == 0 or i + 1 == len(train_dl):
                 optimizer.step()

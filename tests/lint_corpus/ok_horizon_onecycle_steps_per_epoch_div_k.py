@@ -10,7 +10,7 @@ steps_per_epoch = math.ceil(len(train_loader) / accum_steps)
 scheduler = OneCycleLR(optimizer, max_lr=0.4, epochs=epochs, steps_per_epoch=steps_per_epoch)
 for epoch in range(epochs):
     for i, (x, y) in enumerate(train_loader):
-        loss = criterion(model(x), y) / accum_steps
+        loss = criterion(model(x), y) / accum_steps  # expect: AG141
         loss.backward()
         if (i + 1) % accum_steps == 0 or i + 1 == len(train_loader):
             optimizer.step()

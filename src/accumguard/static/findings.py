@@ -325,6 +325,14 @@ RULES: dict[str, Rule] = {
             "the whole batch's token mean",
         ),
         _rule(
+            "AG141", "tail-window-divided-by-k", "F7", W, MED,
+            "the step also runs on the pass's last, partial window (`or i + 1 == len(loader)`) "
+            "while every micro-step's loss is divided by K: that window's r < K micro-batches "
+            "reach the optimizer as r/K of their mean gradient",
+            "divide each micro-step's loss by the size of its own window, `min(K, len(loader) - "
+            "start)` with `start = (i // K) * K` (or by the window's sample/token count)",
+        ),
+        _rule(
             "AG129", "masked-token-mean-not-divided-by-k", "LOSS_SCALE", E, MED,
             "in a hand-written accumulation window each micro-batch's loss is a masked token mean "
             "over its own tokens (`(x * mask).sum() / mask.sum()`) backwarded as is, and nothing "

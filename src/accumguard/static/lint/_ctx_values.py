@@ -178,8 +178,41 @@ class ValueFacts(FileIndex):
         return self._mentions(expr, WORLD_RE, self._derived_names(WORLD_RE))
 
     def mentions_accum(self, expr: ast.AST) -> bool:
-        """``expr`` is (or is built from) the number of accumulation steps."""
-        return self._mentions(expr, ACCUM_RE, self._derived_names(ACCUM_RE))
+        """``expr`` is (or is built from) the number of accumulation steps: a name that says
+        so (``grad_accum_steps``), one assigned from it, or the modulus of the test that
+        gates an optimizer step (``K`` in ``if (i + 1) % K == 0: opt.step()``)."""
+        return self._mentions(expr, ACCUM_RE,
+                              self._derived_names(ACCUM_RE) | self._boundary_moduli())
+
+    def _boundary_moduli(self) -> set[str]:
+        """Names ``K`` of ``if ... % K ...:`` tests whose body calls ``.step()``: whatever
+        the script calls it, the window's size."""
+        def steps(body: list[ast.stmt]) -> bool:
+            return any(isinstance(c, ast.Call) and call_attr(c) == "step"
+                       for stmt in body for c in walk_all(stmt))
+
+        def compute() -> set[str]:
+            out: set[str] = set()
+            flags: dict[str, str] = {}  # `sync = (i + 1) % K == 0` -> {"sync": "K"}
+            tested: set[str] = set()  # flags an `if` that steps tests
+            for mod in self.of(ast.BinOp):
+                d = dotted(mod.right) if isinstance(mod.op, ast.Mod) else None
+                if d is None:
+                    continue
+                child, cur = mod, self.parents.get(mod)
+                while cur is not None and not isinstance(cur, ast.stmt):
+                    child, cur = cur, self.parents.get(cur)
+                if isinstance(cur, ast.If) and child is cur.test and steps(cur.body):
+                    out.add(d)
+                elif isinstance(cur, ast.Assign) and len(cur.targets) == 1 \
+                        and isinstance(cur.targets[0], ast.Name):
+                    flags[cur.targets[0].id] = d
+            if flags:  # one walk: the names tested by an `if` that steps
+                for use in walk_all(self.tree):
+                    if isinstance(use, ast.If) and steps(use.body):
+                        tested.update(n.id for n in walk_all(use.test) if isinstance(n, ast.Name))
+            return out | {d for n, d in flags.items() if n in tested}
+        return self._cached("boundary_moduli", self.tree, compute)  # type: ignore[no-any-return]
 
 
 def _alias_core(value: ast.AST) -> ast.AST:

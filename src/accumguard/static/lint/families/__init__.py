@@ -22,6 +22,7 @@
 ``epochtail``  AG131               Lightning epochs (or their last window) shorter than K
 ``hfscale``    AG136               an HF compute_loss normalised by num_items_in_batch and divided by K
 ``hftokens``   AG140               HF TrainingArguments(average_tokens_across_devices=False) (F6)
+``tailscale``  AG141               the pass's partial last window stepped, its loss still divided by K
 ``moeaux``     AG132               HF Trainer + MoE model adding its router loss per micro-batch, GA > 1
 ``tokenmean``  AG129               a masked token mean per micro-batch, never divided by K
 ``twice``      AG133               the loss divided by K in a helper and again by its caller;
@@ -49,10 +50,11 @@ from accumguard.static.lint.families import (
     scale,
     schedule,
     sync,
+    tailscale,
     terms,
     tokenmean,
     twice,
     window,
 )
 
-__all__ = ["accelerate", "ampclip", "deepspeed", "epochtail", "fused", "hookclip", "hfscale", "hftokens", "horizon", "loss", "lrcounter", "moeaux", "precision", "reduce", "scale", "schedule", "sync", "terms", "tokenmean", "twice", "window"]
+__all__ = ["accelerate", "ampclip", "deepspeed", "epochtail", "fused", "hookclip", "hfscale", "hftokens", "horizon", "loss", "lrcounter", "moeaux", "precision", "reduce", "scale", "schedule", "sync", "tailscale", "terms", "tokenmean", "twice", "window"]

@@ -1,0 +1,107 @@
+"""AG141 (F7): the final partial window is stepped, but its loss is still divided by K.
+
+``if (i + 1) % K == 0 or i + 1 == len(loader): step`` flushes the last ``len % K``
+micro-batches of a pass instead of leaking them (AG117's case), but when every micro-batch's
+loss is divided by the constant K, that short window of r < K micro-batches reaches the
+optimizer as r/K of its mean gradient: its update is shrunk by r/K while the full windows'
+are not. Right: divide the tail's losses by its own size (``min(K, len - start)``), or by the
+window's sample/token count. An error when the pass length and K are in sight and leave a
+tail; a warning when the length is not in sight (no tail when it divides by K).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import replace
+
+from accumguard.static.findings import Confidence, Finding, Severity
+from accumguard.static.lint._ast import walk_all
+from accumguard.static.lint._context import FileContext
+from accumguard.static.lint._lengths import static_len
+from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families._modguard import (
+    ModGuard,
+    assignments_by_name,
+    k_values,
+    mod_term,
+)
+from accumguard.static.lint.families.loss import _divides_by_k
+
+__all__ = ["tail_window_divided_by_k"]
+
+
+def _len_name(ctx: FileContext, node: ast.AST, scope: ast.AST) -> bool:
+    """``len(...)``, or a name the scope assigns once from ``len(...)`` (``n = len(loader)``)."""
+    for sub in walk_all(node):
+        if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name) and sub.func.id == "len":
+            return True
+        if isinstance(sub, ast.Name):
+            writes = assignments_by_name(ctx, scope).get(sub.id, [])
+            if len(writes) == 1 and isinstance(writes[0], ast.Assign) and any(
+                    isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id == "len"
+                    for c in walk_all(writes[0].value)):
+                return True
+    return False
+
+
+def _flush_guard(ctx: FileContext, call: ast.AST, window: ast.AST) -> tuple[ast.If, ModGuard] | None:
+    """The ``if`` around ``call`` whose test is ``<modulo window test> or <end of the pass>``
+    (``i + 1 == len(loader)``, ``i == n - 1`` with ``n = len(loader)``), and its modulo."""
+    scope = ctx.scope_of(window)
+    child, cur = call, ctx.parents.get(call)
+    while cur is not None and cur is not window:
+        if isinstance(cur, ast.If) and child in cur.body and isinstance(cur.test, ast.BoolOp) \
+                and isinstance(cur.test.op, ast.Or):
+            mods = [(t, g) for t in cur.test.values if (g := mod_term(t)) is not None]
+            others = [t for t in cur.test.values if all(t is not m for m, _ in mods)]
+            if len(mods) == 1 and others and all(
+                    isinstance(t, ast.Compare) and any(isinstance(op, ast.Eq | ast.GtE)
+                                                       for op in t.ops)
+                    and _len_name(ctx, t, scope) for t in others):
+                return cur, mods[0][1]
+        child, cur = cur, ctx.parents.get(cur)
+    return None
+
+
+@rule("AG141")
+def tail_window_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
+    for window in ctx.windows():
+        if not isinstance(window, ast.For | ast.AsyncFor):
+            continue
+        facts = ctx.window_facts(window)
+        if not facts.accumulating or facts.accelerate or facts.summed_loss:
+            continue
+        divisions = _divides_by_k(ctx, window)
+        if not divisions:
+            continue
+        for call, kind in facts.steps:
+            if kind != "optimizer":
+                continue
+            hit = _flush_guard(ctx, call, window)
+            if hit is None:
+                continue
+            guard_if, guard = hit
+            ks = k_values(ctx, guard.modulus, guard_if)
+            if 1 in ks:
+                continue
+            k = next(iter(ks)) if len(ks) == 1 else None
+            n = static_len(ctx, window.iter)
+            if n is not None and k is not None and n % k == 0:
+                continue  # no tail: every window is whole
+            node = divisions[0][0]
+            head = (f"the step also runs at the end of the pass (`{ast.unparse(guard_if.test)}`), "
+                    f"but the loss is divided by K (`{ast.unparse(node)}`) in every micro-step: "
+                    "the last window's r < K micro-batches reach the optimizer as r/K of their "
+                    "mean gradient")
+            if n is not None and k is not None:
+                r = n % k
+                yield replace(ctx.finding(
+                    "AG141", node,
+                    f"{head}; `{ast.unparse(window.iter)}` gives {n} micro-batches per pass, so the "
+                    f"last window has {r} and its update is {r}/{k} of the large batch's"),
+                    severity=Severity.ERROR, confidence=Confidence.HIGH)
+                continue
+            yield ctx.finding("AG141", node, f"{head} (the pass length is not in sight: no "
+                              "tail when it is a multiple of K)")
+            break
