@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from accumguard.observe import rules
 
 
@@ -273,3 +275,46 @@ def test_observed_gan_trains_bit_identically() -> None:
     _observe(lambda: observed.extend(run()))
     assert len(plain) == len(observed) == 8
     assert all(torch.equal(a, b) for a, b in zip(plain, observed, strict=True))
+
+
+def _resume(skip: int) -> None:
+    """A trainer that saves after 3 windows, then resumes on a rebuilt model and optimizer
+    (the first ones still referenced, as a script's variables keep them) with its micro-step
+    counter advanced by ``skip`` past the saved one (1: off by one, F13)."""
+    import torch
+    import torch.nn.functional as F  # noqa: N812 - torch's own alias
+
+    torch.manual_seed(0)
+    data = [(torch.randn(6, 8), torch.randn(6, 2)) for _ in range(40)]
+
+    def build() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+        return m, torch.optim.SGD(m.parameters(), lr=0.05)
+
+    first = build()  # kept alive, as `t = Trainer(...)` keeps it
+    micro = 0
+    for x, y in data[:3 * K]:
+        (F.mse_loss(first[0](x), y) / K).backward()
+        micro += 1
+        if micro % K == 0:
+            first[1].step()
+            first[1].zero_grad()
+    model, opt = build()
+    model.load_state_dict(first[0].state_dict())
+    micro += skip
+    for x, y in data[3 * K:]:
+        (F.mse_loss(model(x), y) / K).backward()
+        micro += 1
+        if micro % K == 0:
+            opt.step()
+            opt.zero_grad()
+
+
+@pytest.mark.parametrize(("skip", "errors"), [(0, []), (1, [("F13", 4)])])
+def test_a_resume_on_a_rebuilt_optimizer_keeps_the_loss_record(skip: int, errors: list) -> None:
+    """The rebuilt optimizer's windows are the shared ones (the old optimizer steps no
+    more): its own window dropped the loss record, so the resumed window of K-1 micro-steps
+    divided by K went unjudged (blind round 24, b02: found only with -k given)."""
+    steps = _observe(lambda: _resume(skip))
+    found = [(f.cls, f.step) for f in _analyze(steps) if f.severity == "error"]
+    assert found == errors, _analyze(steps)

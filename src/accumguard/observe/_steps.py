@@ -246,6 +246,9 @@ class StepMachinery:
                   owner: object, *, discarded: bool = False) -> None:
         w = self._w
         own, self._ow = self._ow, None
+        same = own is None or (len(own.backwards) == len(w.backwards)
+                               and all(a is b for a, b in zip(own.backwards, w.backwards,
+                                                              strict=True)))
         lr_changes, lr = self.lr_trace.take()
         # a DeepSpeed step's owner is its engine; a torch step's, its optimizer
         ds_engine = owner if source == "deepspeed" and isinstance(owner, torch.nn.Module) \
@@ -318,9 +321,10 @@ class StepMachinery:
             param_norm=(None if updates is None or before is None else
                         float(sum(float(v.pow(2).sum()) for v in before.values())) ** 0.5),
             # with its own window, the loss record follows the shared window's backwards,
-            # not this optimizer's
-            losses=losses if own is None else None, discarded=discarded, moved=moved,
-            terms=terms if own is None else None,
+            # not this optimizer's, unless they are the same backwards (an optimizer left
+            # behind by a model rebuilt on resume: the new one's window is the shared one)
+            losses=losses if same else None, discarded=discarded, moved=moved,
+            terms=terms if same else None,
             rank_factor=factor, optimizer_index=None if own is None else self.lanes.key(owner),
             lr_changes=lr_changes, lr=lr,
             # an optimizer stepped from a gradient hook, inside a backward pass
