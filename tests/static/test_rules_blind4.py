@@ -123,8 +123,9 @@ for epoch in range(3):
         # divided by K = 4 (AG141, F7: its update is 2/4 of the large batch's)
         (50, "", "pass", "(i + 1) % K == 0 or i + 1 == len(loader)", "pass",
          [("AG141", 10, "error")]),
-        # a flush after the loop, or the gradients dropped at the start of each epoch
-        (50, "", "pass", "(i + 1) % K == 0", "optimizer.step()", []),
+        # a flush after the loop (the tail, still divided by K: AG141), or the gradients
+        # dropped at the start of each epoch
+        (50, "", "pass", "(i + 1) % K == 0", "optimizer.step()", [("AG141", 10, "error")]),
         (50, "", "optimizer.zero_grad()", "(i + 1) % K == 0", "pass", []),
         (50, "", "pass", "(i + 1) % K == 0", "model.zero_grad(set_to_none=True)", []),
         # off by one is AG115's, not a leftover

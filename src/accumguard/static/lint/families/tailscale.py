@@ -1,6 +1,7 @@
 """AG141 (F7): the final partial window is stepped, but its loss is still divided by K.
 
-``if (i + 1) % K == 0 or i + 1 == len(loader): step`` flushes the last ``len % K``
+``if (i + 1) % K == 0 or i + 1 == len(loader): step`` (or a step after the loop:
+``if micro % K != 0: optimizer.step()``) flushes the last ``len % K``
 micro-batches of a pass instead of leaking them (AG117's case), but when every micro-batch's
 loss is divided by the constant K, that short window of r < K micro-batches reaches the
 optimizer as r/K of its mean gradient: its update is shrunk by r/K while the full windows'
@@ -16,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from accumguard.static.findings import Confidence, Finding, Severity
-from accumguard.static.lint._ast import walk_all
+from accumguard.static.lint._ast import call_attr, receiver, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._lengths import static_len
 from accumguard.static.lint._rule import rule
@@ -27,6 +28,7 @@ from accumguard.static.lint.families._modguard import (
     mod_term,
 )
 from accumguard.static.lint.families.loss import _divides_by_k
+from accumguard.static.lint.families.window import _pure_mod_guard
 
 __all__ = ["tail_window_divided_by_k"]
 
@@ -64,6 +66,21 @@ def _flush_guard(ctx: FileContext, call: ast.AST, window: ast.AST) -> tuple[ast.
     return None
 
 
+def _steps_after(ctx: FileContext, window: ast.AST) -> bool:
+    """A statement after the window loop, in the block that holds it, steps an optimizer:
+    the partial window left when the loop ends is flushed there."""
+    parent = ctx.parents.get(window)
+    for field in ("body", "orelse", "finalbody"):
+        block = getattr(parent, field, None)
+        if isinstance(block, list) and window in block:
+            for stmt in block[block.index(window) + 1:]:
+                for n in walk_all(stmt):
+                    if isinstance(n, ast.Call) and call_attr(n) == "step" \
+                            and ctx.kind_of_receiver(receiver(n)) == "optimizer":
+                        return True
+    return False
+
+
 @rule("AG141")
 def tail_window_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
     for window in ctx.windows():
@@ -79,8 +96,13 @@ def tail_window_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
             if kind != "optimizer":
                 continue
             hit = _flush_guard(ctx, call, window)
+            after = False
             if hit is None:
-                continue
+                hit = _pure_mod_guard(ctx, call, window)
+                after = hit is not None and _steps_after(ctx, window)
+                if not after:
+                    continue
+            assert hit is not None
             guard_if, guard = hit
             ks = k_values(ctx, guard.modulus, guard_if)
             if 1 in ks:
@@ -90,7 +112,9 @@ def tail_window_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
             if n is not None and k is not None and n % k == 0:
                 continue  # no tail: every window is whole
             node = divisions[0][0]
-            head = (f"the step also runs at the end of the pass (`{ast.unparse(guard_if.test)}`), "
+            where = ("after the loop, on the micro-batches left" if after
+                     else f"at the end of the pass (`{ast.unparse(guard_if.test)}`)")
+            head = (f"the step also runs {where}, "
                     f"but the loss is divided by K (`{ast.unparse(node)}`) in every micro-step: "
                     "the last window's r < K micro-batches reach the optimizer as r/K of their "
                     "mean gradient")
