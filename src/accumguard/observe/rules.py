@@ -139,13 +139,21 @@ def live_findings(record: StepLike, *, rank: int | None, k: int | None
     return out
 
 
-def _inferred(rec: RunRecording) -> int | None:
+def _inferred(rec: RunRecording, prefer: int | None = None) -> int | None:
     """The most common window, not counting windows that span two passes over a DataLoader
-    (a leftover leaked into the next epoch is not the loop's K)."""
+    (a leftover leaked into the next epoch is not the loop's K). A tie goes to ``prefer``
+    (the K the script declares) when it is one of the tied sizes, else to the largest: a
+    window shorter than K is a partial one (a resumed run's first, an epoch's last), so a
+    short run of one resumed window and one whole one is K, not the partial size."""
     windows = [w for steps in rec.steps.values() for w in _windows(steps)]
     inside = [w for w in windows if not _spans_passes(w)]
     sizes = [w.window for w in (inside or windows) if w.window > 0]
-    return Counter(sizes).most_common(1)[0][0] if sizes else None
+    if not sizes:
+        return None
+    counts = Counter(sizes)
+    top = max(counts.values())
+    tied = [s for s, c in counts.items() if c == top]
+    return prefer if prefer in tied else max(tied)
 
 
 def _inferred_per_optimizer(rec: RunRecording) -> dict[int, int]:
@@ -188,7 +196,7 @@ def resolve_k(rec: RunRecording, flag: int | None, script: DeclaredK | None = No
         k = info.get("gradient_accumulation_steps")
         if isinstance(k, int) and k > 1:
             return KResolution(k, "DeepSpeed config gradient_accumulation_steps", "runtime")
-    inferred = _inferred(rec)
+    inferred = _inferred(rec, script.value if script is not None else None)
     per_opt = _inferred_per_optimizer(rec)
     if per_opt:  # several optimizers, each with its own window: the accumulating one's K
         inferred = max(per_opt.values())
