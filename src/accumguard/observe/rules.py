@@ -310,11 +310,11 @@ class _OwnRate:
     """The note for an optimizer that steps after every backward reaching its parameters
     while another accumulates the declared K (its rank filled in per rank)."""
 
-    def __init__(self, cls: str, step: int, evidence: str) -> None:
-        self.cls, self.step, self.evidence = cls, step, evidence
+    def __init__(self, cls: str, step: int, evidence: str, title: str | None = None) -> None:
+        self.cls, self.step, self.evidence, self.title = cls, step, evidence, title
 
     def _replace(self, rank: int) -> Finding:
-        return _mk(self.cls, "note", rank, self.step, 0, self.evidence)
+        return _mk(self.cls, "note", rank, self.step, 0, self.evidence, title_=self.title)
 
 
 def _optimizer_groups(steps: list[JsonObject]) -> list[tuple[int | None, list[JsonObject]]]:
@@ -360,6 +360,26 @@ def _group_ks(groups: list[tuple[int | None, list[JsonObject]]], res: KResolutio
                                 f"({res.source}): judged as an optimizer stepping at its own "
                                 "rate (a GAN's discriminator, a critic). If it was meant to "
                                 "accumulate K too, it steps on every micro-step")
+                out.append((idx, steps, KResolution(1, f"optimizer #{idx}'s own rate",
+                                                    "inferred"), note))
+                continue
+            paced = [i for i, s in groups if i != idx and inferred[i] == k
+                     and len(s) >= len(steps)]
+            if inf is None and paced:
+                # no backward before its steps (gradients from torch.autograd.grad, .grad set
+                # by hand) and no more steps than the optimizer accumulating K: it steps once
+                # per window (a probe, a critic fitted on the window), not once per micro-step
+                name = next((str(s.get("optimizer")) for s in steps if s.get("optimizer")),
+                            "optimizer")
+                note = _OwnRate("F1", steps[0].get("step", 0) if steps else 0,
+                                f"optimizer #{idx} ({name}) stepped {len(steps)} time(s) on "
+                                "gradients made without a backward pass (torch.autograd.grad, "
+                                f".grad set by hand), no more often than optimizer "
+                                f"#{paced[0]}, which accumulated K = {k} ({res.source}): "
+                                "judged as stepping once per window at its own rate, not "
+                                "per micro-step",
+                                title=f"optimizer #{idx} steps once per window on "
+                                      "torch.autograd.grad gradients: its own rate, not F1")
                 out.append((idx, steps, KResolution(1, f"optimizer #{idx}'s own rate",
                                                     "inferred"), note))
                 continue

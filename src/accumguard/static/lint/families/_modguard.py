@@ -239,6 +239,10 @@ def counter_start(ctx: FileContext, window: ast.AST, top: ast.stmt, counter: str
         return None
     bump = 1 if position(inc) < position(top) else 0
     init = _initial_value(ctx, window, counter)
+    if init is None and bump:
+        # counted before the test: from 0 it reads 1 at the first micro-batch, so windows
+        # are K whatever the start (a counter restored on resume); nothing to say
+        return None
     return UNKNOWN_START if init is None else init + bump
 
 
