@@ -28,7 +28,7 @@ from accumguard.static.lint.families._modguard import (
     mod_term,
 )
 from accumguard.static.lint.families.loss import _divides_by_k
-from accumguard.static.lint.families.window import _pure_mod_guard
+from accumguard.static.lint.families.window import _pure_mod_guard, hand_for_windows
 
 __all__ = ["tail_window_divided_by_k"]
 
@@ -83,12 +83,7 @@ def _steps_after(ctx: FileContext, window: ast.AST) -> bool:
 
 @rule("AG141")
 def tail_window_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
-    for window in ctx.windows():
-        if not isinstance(window, ast.For | ast.AsyncFor):
-            continue
-        facts = ctx.window_facts(window)
-        if not facts.accumulating or facts.accelerate or facts.summed_loss:
-            continue
+    for window, facts in hand_for_windows(ctx):
         divisions = _divides_by_k(ctx, window)
         if not divisions:
             continue

@@ -43,6 +43,7 @@ from accumguard.static.lint._ast import (
     walk_local,
 )
 from accumguard.static.lint._context import FileContext
+from accumguard.static.lint._ctx_windows import WindowFacts
 from accumguard.static.lint._lengths import static_len
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._modguard import (
@@ -485,16 +486,23 @@ def _length_from_callers(ctx: FileContext, window: ast.For | ast.AsyncFor) -> in
     return lengths.pop() if len(lengths) == 1 else None
 
 
-@rule("AG117")
-def partial_window_leaks_into_next_epoch(ctx: FileContext) -> Iterator[Finding]:
-    """``for epoch ...: for i, b in enumerate(loader): ... if (i + 1) % K == 0: step`` with
-    nothing after the inner loop: the last ``len(loader) % K`` micro-batches stay in .grad."""
+def hand_for_windows(ctx: FileContext) -> Iterator[tuple[ast.For | ast.AsyncFor, WindowFacts]]:
+    """The ``for`` windows a hand-written loop accumulates in (not Accelerate's, not a loss
+    summed and normalised later), with their facts: where a pass's last, partial window is
+    judged (AG117, AG141)."""
     for window in ctx.windows():
         if not isinstance(window, ast.For | ast.AsyncFor):
             continue
         facts = ctx.window_facts(window)
-        if not facts.accumulating or facts.accelerate or facts.summed_loss:
-            continue
+        if facts.accumulating and not facts.accelerate and not facts.summed_loss:
+            yield window, facts
+
+
+@rule("AG117")
+def partial_window_leaks_into_next_epoch(ctx: FileContext) -> Iterator[Finding]:
+    """``for epoch ...: for i, b in enumerate(loader): ... if (i + 1) % K == 0: step`` with
+    nothing after the inner loop: the last ``len(loader) % K`` micro-batches stay in .grad."""
+    for window, facts in hand_for_windows(ctx):
         around = ctx.enclosing(window, (*LOOPS, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda))
         if isinstance(around, LOOPS):
             repeat: ast.AST = around
