@@ -16,7 +16,7 @@ from torch import nn
 
 from accumguard.core.findings import Finding, Severity
 from accumguard.core.taxonomy import fix_for, fix_in
-from accumguard.observe.rules import framework_fixes
+from accumguard.observe._framework_fixes import framework_fixes
 from accumguard.watch import recording
 from accumguard.watch._report import judge
 

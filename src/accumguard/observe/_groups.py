@@ -1,0 +1,98 @@
+"""Several optimizers over disjoint parameters, judged each on its own windows: a rank's step
+lines per optimizer (``optimizer_index``) and the K each group is judged with (the declared
+K, an optimizer at its own rate, or each one's inferred K)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from accumguard.core.findings import Finding
+from accumguard.observe._records import JsonObject, KResolution, _mk, _windows
+
+__all__ = ["OwnRate", "group_ks", "optimizer_groups"]
+
+
+class OwnRate:
+    """The note for an optimizer that steps after every backward reaching its parameters
+    while another accumulates the declared K (its rank filled in per rank)."""
+
+    def __init__(self, cls: str, step: int, evidence: str, title: str | None = None) -> None:
+        self.cls, self.step, self.evidence, self.title = cls, step, evidence, title
+
+    def _replace(self, rank: int) -> Finding:
+        return _mk(self.cls, "note", rank, self.step, 0, self.evidence, title_=self.title)
+
+
+def optimizer_groups(steps: list[JsonObject]) -> list[tuple[int | None, list[JsonObject]]]:
+    """A rank's step lines per optimizer when the observer gave several optimizers over
+    disjoint parameters their own windows (``optimizer_index``), else one group."""
+    keys = {s.get("optimizer_index") for s in steps} - {None}
+    if len(keys) < 2:
+        return [(None, steps)]
+    by: dict[int | None, list[JsonObject]] = {}
+    for s in steps:
+        by.setdefault(s.get("optimizer_index"), []).append(s)
+    return sorted(by.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))
+
+
+def group_ks(groups: list[tuple[int | None, list[JsonObject]]], res: KResolution
+              ) -> list[tuple[int | None, list[JsonObject], KResolution, OwnRate | None]]:
+    """K for each optimizer's windows. One group: the run's K. Several: each optimizer's
+    K is its own. A declared K (flag, framework, script) applies to every optimizer, except
+    that one stepping after each backward that reached its parameters while another
+    accumulates the declared K steps at its own rate (a GAN's discriminator, a critic): a
+    note, not F1. Without a declared K, each optimizer's K is inferred from its windows."""
+    if len(groups) < 2:
+        return [(idx, steps, res, None) for idx, steps in groups]
+    inferred: dict[int | None, int | None] = {}
+    for idx, steps in groups:
+        sizes = [w.window for w in _windows(steps) if w.window > 0]
+        inferred[idx] = Counter(sizes).most_common(1)[0][0] if sizes else None
+    out: list[tuple[int | None, list[JsonObject], KResolution, OwnRate | None]] = []
+    k = res.k
+    for idx, steps in groups:
+        inf = inferred[idx]
+        if res.declared and k is not None and k > 1:
+            others = [i for i, n in inferred.items() if i != idx and n == k]
+            if inf == 1 and others:
+                ws = _windows(steps)
+                ones = sum(1 for w in ws if w.window == 1)
+                name = next((str(s.get("optimizer")) for s in steps if s.get("optimizer")),
+                            "optimizer")
+                note = OwnRate("F1", ws[0].step if ws else 0,
+                                f"optimizer #{idx} ({name}) stepped after a single backward "
+                                f"pass reaching its parameters in {ones} of {len(ws)} "
+                                f"steps, while optimizer #{others[0]} accumulated K = {k} "
+                                f"({res.source}): judged as an optimizer stepping at its own "
+                                "rate (a GAN's discriminator, a critic). If it was meant to "
+                                "accumulate K too, it steps on every micro-step")
+                out.append((idx, steps, KResolution(1, f"optimizer #{idx}'s own rate",
+                                                    "inferred"), note))
+                continue
+            paced = [i for i, s in groups if i != idx and inferred[i] == k
+                     and len(s) >= len(steps)]
+            if inf is None and paced:
+                # no backward before its steps (gradients from torch.autograd.grad, .grad set
+                # by hand) and no more steps than the optimizer accumulating K: it steps once
+                # per window (a probe, a critic fitted on the window), not once per micro-step
+                name = next((str(s.get("optimizer")) for s in steps if s.get("optimizer")),
+                            "optimizer")
+                note = OwnRate("F1", steps[0].get("step", 0) if steps else 0,
+                                f"optimizer #{idx} ({name}) stepped {len(steps)} time(s) on "
+                                "gradients made without a backward pass (torch.autograd.grad, "
+                                f".grad set by hand), no more often than optimizer "
+                                f"#{paced[0]}, which accumulated K = {k} ({res.source}): "
+                                "judged as stepping once per window at its own rate, not "
+                                "per micro-step",
+                                title=f"optimizer #{idx} steps once per window on "
+                                      "torch.autograd.grad gradients: its own rate, not F1")
+                out.append((idx, steps, KResolution(1, f"optimizer #{idx}'s own rate",
+                                                    "inferred"), note))
+                continue
+            out.append((idx, steps, res, None))
+        elif inf is not None:
+            out.append((idx, steps, KResolution(inf, f"inferred from optimizer #{idx}'s "
+                                                "windows", "inferred", res.script), None))
+        else:
+            out.append((idx, steps, res, None))
+    return out
