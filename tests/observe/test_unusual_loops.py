@@ -225,3 +225,50 @@ def test_guard_on_an_optimizer_in_backward_stops_judging_and_says_so() -> None:
     assert g.unfollowed
     plain = _plain_in_backward(every_backward=False)
     assert all(torch.equal(model.state_dict()[k], plain[k]) for k in plain)
+
+
+def _ddp_in_a_compiled_function(never_sync: bool) -> None:
+    """A DDP model (one process) called only inside a function torch.compile traces, first
+    there; ``never_sync``: no_sync on every micro-step, the window's last one too (F11)."""
+    import contextlib
+
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(_mlp())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    @torch.compile(backend="eager")
+    def loss_of(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(model(x), y) / K
+
+    for i, (x, y) in enumerate(_data()):
+        last = (i + 1) % K == 0
+        with model.no_sync() if never_sync or not last else contextlib.nullcontext():
+            loss_of(x, y).backward()
+        if last:
+            opt.step()
+            opt.zero_grad()
+
+
+@pytest.mark.parametrize(("never_sync", "errors"), [(False, []), (True, ["F11"])])
+def test_a_ddp_model_first_called_in_a_compiled_function_is_observed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, never_sync: bool,
+        errors: list[str]) -> None:
+    """Its depth hook is registered when DDP is made, outside the trace, so its forwards
+    and sync flag are read (skipping a module first met in the trace, for fullgraph's sake,
+    left this DDP unobserved: a never-synced loop went without F11)."""
+    import torch.distributed as dist
+
+    from helpers import free_port
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    torch._dynamo.reset()
+    try:
+        with recording(tmp_path):
+            _ddp_in_a_compiled_function(never_sync)
+    finally:
+        torch._dynamo.reset()
+        dist.destroy_process_group()
+    res = judge(tmp_path, accumulation_steps=K)
+    assert sorted({f.cls for f in res.errors}) == errors, res.findings

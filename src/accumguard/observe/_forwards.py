@@ -220,13 +220,15 @@ class ForwardHooks:
                         for m in list(self._depth_hooked.keys())]
         self._pinned_any = True
 
-    def _pin_module(self, module: torch.nn.Module) -> None:
-        """Pin a model made after the roots were pinned (DDP's ``__init__``,
-        ``fully_shard``): its pre-hook and its depth hook now, outside any compiled
-        function (``torch.compile(DDP(model))`` calls it first inside one, where the
-        registration would be a graph break)."""
-        self._pinned.append(module.register_forward_pre_hook(self._global_pre))
-        if module not in self._depth_hooked:
+    def _pin_module(self, module: torch.nn.Module, *, depth: bool) -> None:
+        """A DDP/FSDP2 model just made (DDP's ``__init__``, ``fully_shard``): its pre-hook once
+        the roots are pinned (before, the global pre-hook sees its forwards), and with
+        ``depth`` its depth hook now, outside any compiled function (a function
+        ``torch.compile`` traces may call it first, where the registration would be a graph
+        break that fullgraph=True raises)."""
+        if self._global_handle is None and self._pinned_any:
+            self._pinned.append(module.register_forward_pre_hook(self._global_pre))
+        if depth and module not in self._depth_hooked:
             self._depth_hooked[module] = module.register_forward_hook(self._depth_post,
                                                                       always_call=True)
             self._hooked_ids.add(id(module))

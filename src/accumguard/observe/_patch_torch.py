@@ -92,16 +92,18 @@ def install_after_losses(obs: PatchHost, p: Patches) -> None:
         p.wrap(scaler_cls, "step", _scaler_step_wrapper(obs))
 
 
-def _pin_after(obs: PatchHost) -> Maker:
+def _pin_after(obs: PatchHost, *, depth: bool) -> Maker:
     """A wrapper of a call that makes a model (DDP's ``__init__``, ``fully_shard``): once the
-    roots are pinned, the module it was given gets the top-level pre-hook."""
+    roots are pinned the module it was given gets the top-level pre-hook; with ``depth``
+    (DDP, always a root) its depth hook too, at once (:meth:`~._forwards.ForwardHooks.
+    _pin_module`). ``fully_shard`` is also called on every shard inside the root: they keep
+    no depth hook, so inside the root's forward they return at the pre-hook's first test."""
 
     def make(orig: Original) -> Original:
         def call(module: object, /, *a: object, **kw: object) -> object:
             out = orig(module, *a, **kw)
-            if obs.installed and obs._global_handle is None and obs.auto_roots \
-                    and obs._pinned_any and isinstance(module, torch.nn.Module):
-                obs._pin_module(module)
+            if obs.installed and obs.auto_roots and isinstance(module, torch.nn.Module):
+                obs._pin_module(module, depth=depth)
             return out
 
         return call
@@ -117,7 +119,7 @@ def patch_ddp_init(obs: PatchHost, mod: ModuleType) -> None:
     if not obs.installed:
         return
 
-    obs.patches.wrap(mod.DistributedDataParallel, "__init__", _pin_after(obs))
+    obs.patches.wrap(mod.DistributedDataParallel, "__init__", _pin_after(obs, depth=True))
 
 
 def patch_fully_shard(obs: PatchHost, mod: ModuleType) -> None:
@@ -129,7 +131,7 @@ def patch_fully_shard(obs: PatchHost, mod: ModuleType) -> None:
     if not obs.installed:
         return
 
-    make = _pin_after(obs)
+    make = _pin_after(obs, depth=False)
 
     obs.patches.wrap(mod, "fully_shard", make)
 
