@@ -276,3 +276,36 @@ def test_tail_leak_behind_a_boundary_flag() -> None:
     assert found(src, select="AG117") == [("AG117", 10, "error")]
     flushed = src.replace("ready = (i + 1) % K == 0", "ready = (i + 1) % K == 0 or i + 1 == len(loader)")
     assert found(flushed, select="AG117") == []
+
+
+# ---------------------------------------------------------------- AG127, Lightning manual
+
+_LIGHTNING_MANUAL = """
+import torch.nn.functional as F
+import pytorch_lightning as pl
+
+class Lit(pl.LightningModule):
+    def __init__(self, accumulate=4):
+        super().__init__()
+        self.automatic_optimization = {automatic}
+        self.accumulate = accumulate
+
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        pred, aux = self.net(batch[0])
+        loss = F.mse_loss(pred, batch[1]) / self.accumulate
+        loss = loss + 0.1 * aux
+        self.manual_backward(loss)
+        if (batch_idx + 1) % self.accumulate == 0:
+            opt.step()
+            opt.zero_grad()
+"""
+
+
+def test_loss_term_not_divided_by_k_in_lightning_manual_optimisation() -> None:
+    """Lightning divides nothing a module backwards itself: the undivided router term weighs
+    K times (blind round 24, b09); the same lines with the sum divided are silent."""
+    src = _LIGHTNING_MANUAL.format(automatic="False")
+    assert [(c, s) for c, _, s in found(src, select="AG127")] == [("AG127", "error")]
+    fixed = src.replace("loss = loss + 0.1 * aux", "loss = loss + 0.1 * aux / self.accumulate")
+    assert found(fixed, select="AG127") == []

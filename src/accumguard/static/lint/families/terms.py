@@ -9,7 +9,9 @@ times its mean: the auxiliary (router, load-balancing, z-loss, regulariser) term
 times its coefficient relative to the main term. The terms are read from the
 assignments to the backwarded name in the window, in order (one level: ``loss = loss + x``,
 ``loss += x``, ``loss = loss / K``, ``loss /= K``). Not judged: Accelerate, DeepSpeed and
-Lightning backwards (they divide the whole loss themselves), a term that is a constant, a
+Lightning automatic-optimisation backwards (they divide the whole loss themselves; a
+``self.manual_backward`` in a module with ``automatic_optimization = False`` is judged:
+Lightning divides nothing there), a term that is a constant, a
 window whose loss cannot be followed (a name assigned in a branch or loop the backward is
 not inside, a helper), a term with
 any division of its own (``ce_sum / window_tokens``: normalised by the window's count).
@@ -32,6 +34,7 @@ from accumguard.static.findings import Finding
 from accumguard.static.lint._ast import call_attr, dotted, position, receiver, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families._lightning import manual_optimization
 
 
 @dataclass
@@ -209,6 +212,13 @@ def _divided_by_anything(expr: ast.AST) -> bool:
     return any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div | ast.FloorDiv) for n in walk_all(expr))
 
 
+def _manual(ctx: FileContext, call: ast.AST) -> bool:
+    """``self.manual_backward`` in a class that sets ``automatic_optimization = False``:
+    Lightning divides nothing there (it divides only what automatic optimisation backwards)."""
+    cls = ctx.enclosing(call, (ast.ClassDef,))
+    return isinstance(cls, ast.ClassDef) and manual_optimization(cls)
+
+
 @rule("AG127")
 def loss_term_not_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
     for window in ctx.windows():
@@ -217,9 +227,12 @@ def loss_term_not_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
                 or facts.accelerate or facts.engine_backward or ctx.window_k_is_one(window)):
             continue
         for scope, bw in ctx.backward_scopes(window):
-            if call_attr(bw) != "backward" or bw.args:
+            if call_attr(bw) == "manual_backward" and len(bw.args) == 1 and _manual(ctx, bw):
+                loss: ast.AST | None = bw.args[0]  # Lightning leaves the scale to the module
+            elif call_attr(bw) != "backward" or bw.args:
                 continue
-            loss = receiver(bw)
+            else:
+                loss = receiver(bw)
             if isinstance(loss, ast.Call) and call_attr(loss) == "scale" and len(loss.args) == 1:
                 loss = loss.args[0]  # scaler.scale(loss).backward()
             if loss is None:
