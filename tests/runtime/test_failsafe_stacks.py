@@ -4,7 +4,7 @@ the wrapped call) leaves the run bit-identical to the unobserved run, and the re
 first that accumguard failed (exit code 3), never "no accumulation finding".
 
 One correct loop per stack (tests/watch_scripts/failsafe_stacks.py, K = 4): plain, DDP,
-FSDP2 and DeepSpeed ZeRO-2 on 2 gloo ranks (torchrun), Accelerate, the HF Trainer and
+FSDP2, DeepSpeed ZeRO-2 and ZeRO-0 (its default clip) on 2 gloo ranks (torchrun), Accelerate, the HF Trainer and
 Lightning in one process. The unobserved runs take two launches for all stacks (module
 fixture); each stack's faulted run is its own real ``watch`` launch. Every door kind is swept in-process by
 tests/observe/test_failsafe.py; here each stack fails in a door of its own.
@@ -22,7 +22,7 @@ import pytest
 from helpers import free_port, launcher_env
 
 SCRIPT = Path(__file__).resolve().parents[1] / "watch_scripts" / "failsafe_stacks.py"
-TWO_RANKS = {"ddp", "fsdp2", "deepspeed"}
+TWO_RANKS = {"ddp", "fsdp2", "deepspeed", "deepspeed0"}
 
 #: stack -> the door that fails (label[:pre|post]@call)
 CASES = {
@@ -30,6 +30,8 @@ CASES = {
     "ddp": "hook:_global_pre:pre@3",
     "fsdp2": "Tensor.backward:post@3",
     "deepspeed": "DeepSpeedEngine.backward:post@2",
+    # ZeRO-0 fp32 with the engine's default clip: the norm read before the engine clips
+    "deepspeed0": "DeepSpeedEngine.clip_fp32_gradients:pre@1",
     "accelerate": "Accelerator.backward:pre@3",
     "hf": "hook:_opt_post:pre@2",
     "lightning": "Optimizer.zero_grad:post@1",

@@ -1,7 +1,7 @@
 """One small correct accumulation loop per stack, for the fail-safe tests.
 
 ``python failsafe_stacks.py STACK OUT`` (``torchrun --nproc-per-node 2 ...`` for ``ddp``,
-``fsdp2``, ``deepspeed``) trains a few optimizer steps with K = 4 and writes, on rank 0,
+``fsdp2``, ``deepspeed``, ``deepspeed0``) trains a few optimizer steps with K = 4 and writes, on rank 0,
 the SHA-256 of every parameter's bytes (in name order) to OUT: a run under ``accumguard
 watch`` with an injected internal fault must write the same digest as the unobserved run.
 """
@@ -97,13 +97,17 @@ def fsdp2() -> None:
     dist.destroy_process_group()
 
 
-def deepspeed_run() -> None:
+def deepspeed_run(stage: int = 2) -> None:
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="gloo")
     config = {"train_micro_batch_size_per_gpu": 6, "gradient_accumulation_steps": K,
-              "gradient_clipping": 0.0, "zero_optimization": {"stage": 2},
+              "gradient_clipping": 0.0, "zero_optimization": {"stage": stage},
               "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "torch_adam": True}}}
+    if stage == 0:
+        # ZeRO-0 fp32 with the engine's default clip (1.0, not in the config): it clips in
+        # DeepSpeedEngine.clip_fp32_gradients, where watch reads the norm
+        del config["gradient_clipping"]
     model = model_fn()
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                            config=config)
@@ -173,4 +177,5 @@ def lightning_run() -> None:
 
 
 {"plain": plain, "ddp": ddp, "fsdp2": fsdp2, "deepspeed": deepspeed_run,
+ "deepspeed0": lambda: deepspeed_run(stage=0),
  "accelerate": accelerate_run, "hf": hf_trainer, "lightning": lightning_run}[STACK]()
