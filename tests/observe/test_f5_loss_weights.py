@@ -271,11 +271,13 @@ def test_recorder_drops_a_discarded_window() -> None:
 
 
 @pytest.mark.parametrize("kind", ["nll_loss", "soft_targets", "bf16_autocast",
-                                  "label_smoothing"])
+                                  "label_smoothing", "mse_loss"])
 def test_other_loss_forms(tmp_path: Path, kind: str) -> None:
     """``nll_loss`` on log-probabilities, probability targets (the count is the rows: the
     batch size varies), bf16 autocast and label smoothing: the mean / K is F5, the sum / N
-    is silent."""
+    is silent. The evidence names what the count counts: tokens (class targets), samples
+    (probability targets), elements (``mse_loss``)."""
+    unit = {"soft_targets": "samples", "mse_loss": "elements"}.get(kind, "tokens")
     for broken in (True, False):
         torch.manual_seed(0)
         model = torch.nn.Linear(6, 5)
@@ -287,11 +289,14 @@ def test_other_loss_forms(tmp_path: Path, kind: str) -> None:
                 rows = [3, 7, 2, 5]
                 xs = [torch.randn(r, 6, generator=g) for r in rows]
                 ys = [torch.randint(0, 5, (r,), generator=g) for r in rows]
-                if kind != "soft_targets":
+                if kind == "mse_loss":
+                    ys = [torch.randn(r, 5, generator=g) for r in rows]
+                elif kind != "soft_targets":
                     for y in ys:
                         y[: len(y) // 2] = -100  # uneven valid counts (and rows)
-                total = sum(int((y != -100).sum()) for y in ys) if kind != "soft_targets" \
-                    else sum(rows)
+                total = (sum(rows) if kind == "soft_targets" else
+                         sum(5 * r for r in rows) if kind == "mse_loss" else
+                         sum(int((y != -100).sum()) for y in ys))
                 for x, y in zip(xs, ys, strict=True):
                     red = "mean" if broken else "sum"
                     scale = 1 / K if broken else 1 / total
@@ -300,6 +305,8 @@ def test_other_loss_forms(tmp_path: Path, kind: str) -> None:
                     elif kind == "soft_targets":
                         p = torch.softmax(torch.randn(len(y), 5, generator=g), -1)
                         loss = F.cross_entropy(model(x), p, reduction=red)
+                    elif kind == "mse_loss":
+                        loss = F.mse_loss(model(x), y, reduction=red)
                     elif kind == "label_smoothing":
                         loss = F.cross_entropy(model(x), y, reduction=red, label_smoothing=0.1)
                     else:
@@ -308,8 +315,12 @@ def test_other_loss_forms(tmp_path: Path, kind: str) -> None:
                     (loss * scale).backward()
                 opt.step()
                 opt.zero_grad()
-        errors = _errors(analyze(load_recordings(out))[0])
-        assert errors == ({"F5"} if broken else set()), (kind, broken, errors)
+        found = analyze(load_recordings(out))[0]
+        assert _errors(found) == ({"F5"} if broken else set()), (kind, broken, found)
+        if broken:
+            f5 = next(f for f in found if f.cls == "F5")
+            assert f" valid {unit} in the " in f5.evidence, f5.evidence
+            assert {"tokens", "samples", "elements"} - {unit} & set(f5.evidence.split()) == set()
 
 
 def test_budget_keeps_the_first_windows(tmp_path: Path) -> None:

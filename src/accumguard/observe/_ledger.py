@@ -50,7 +50,13 @@ from accumguard.observe._records import (
 from accumguard.observe._seq_rules import sequence_mean_findings
 from accumguard.observe._term_rules import Masses, selection_findings, term_scale_findings
 from accumguard.observe._term_world_rules import term_world_findings
-from accumguard.observe._weight_rules import WEIGHT_TOL, WEIGHT_TOL_LOW_PRECISION, _short
+from accumguard.observe._weight_rules import (
+    WEIGHT_TOL,
+    WEIGHT_TOL_LOW_PRECISION,
+    _short,
+    one,
+    units,
+)
 
 __all__ = ["ledger_findings", "term_findings", "window_masses"]
 
@@ -75,6 +81,7 @@ class _Step:
     # (["/", c] or ["*", c], see :mod:`._losses`)
     divs: list[list[Any]]
     sole: bool  # every backward was the loss call times constants: the total is the loss's
+    unit: str = "tokens"  # what the counts count (``_weight_rules.units``)
 
     @property
     def tol(self) -> float:
@@ -92,11 +99,12 @@ class _Step:
 
 
 def _rank_row(w: StepWindow
-             ) -> tuple[list[float], list[float], bool, str, list[list[Any]], bool] | None:
+             ) -> tuple[list[float], list[float], bool, str, list[list[Any]], bool, str] | None:
     """Per micro-step (weight, count) of a window whose every backward had one loss call,
     whether any was low precision, the site, per micro-step the constants between the
     call's output and the backward's root, and whether every backward was that call times
-    constants (``sole``: the weights are the whole loss's); or None."""
+    constants (``sole``: the weights are the whole loss's), and what the counts count; or
+    None."""
     k = w.window
     if k < 1 or int(w.zero_grads_between) or w.grad_hooks:
         return None  # (a parameter's tensor hook may rescale the gradient after the loss)
@@ -116,7 +124,7 @@ def _rank_row(w: StepWindow
     divs = [list(r[9]) if len(r) > 9 and r[9] else [] for r in recs]
     return ([abs(x) for x in ws], [float(r[3]) for r in recs],
             any(bool(r[5]) for r in recs), str(recs[0][0]), divs,
-            all(len(r) > 7 and bool(r[7]) for r in recs))
+            all(len(r) > 7 and bool(r[7]) for r in recs), units(recs))
 
 
 def _scale(w: StepWindow, low: bool) -> float | None:
@@ -176,7 +184,9 @@ def _steps(rec: RunRecording) -> list[_Step]:
                              first.engine, first.optimizer,
                              any(w is not None and w.clips for w in rows.values()),
                              [d for p in parsed.values() for d in p[4]],
-                             all(p[5] for p in parsed.values())))
+                             all(p[5] for p in parsed.values()),
+                             next(iter({p[6] for p in parsed.values()}))
+                             if len({p[6] for p in parsed.values()}) == 1 else "units"))
     return out
 
 
@@ -203,7 +213,7 @@ def ledger_findings(rec: RunRecording, k: int | None = None) -> list[Finding]:
             k is not None and k > 1 and (s.near(s.total, 1.0 / k) or s.near(s.total, float(k)))):
         out.append(_mk("LOSS_SCALE", "note", None, s.step, None,
                        f"{_short(s.site)}: after {_ENGINES.get(s.engine, s.engine)}'s reduction "
-                       f"the tokens of every step carried a total weight of {s.total:.4g} "
+                       f"the {s.unit} of every step carried a total weight of {s.total:.4g} "
                        f"(the large batch's mean: 1; {len(judged)} step(s) on {world} ranks): "
                        "a constant of the loop (a loss weight, a sum instead of a mean, "
                        "or a GradScaler's loss scale, which the recorded weights include), "
@@ -211,7 +221,7 @@ def ledger_findings(rec: RunRecording, k: int | None = None) -> list[Finding]:
                        title_="loss weights total a constant other than 1 (not judged)",
                        fix="Nothing to fix if the constant is intended (a loss weight); for "
                            "the large batch's mean, normalise the summed loss by the window's "
-                           "token count over all micro-steps and ranks."))
+                           f"{one(s.unit)} count over all micro-steps and ranks."))
     return out
 
 
@@ -252,21 +262,22 @@ def _f10(judged: list[_Step], world: int, target: float, k: int | None = None
                 global_n = v is None
                 used = (v if op == "/" or not small else 1.0 / v) if v is not None else 0.0
                 break
-    seen = (f"{_short(s.site)}: after {engine}'s reduction (x{s.factor:.4g}) the tokens of "
+    u = s.unit
+    seen = (f"{_short(s.site)}: after {engine}'s reduction (x{s.factor:.4g}) the {u} of "
             f"each of {len(judged)} optimizer step(s) on {world} ranks carried a total "
             f"weight of {s.total:.4g} = {'1/W' if small else 'W'} instead of 1 (the large "
-            "batch gives each of its N tokens 1/N)")
+            f"batch gives each of its N {u} 1/N)")
     if common:
         c = common[0]
-        why = (f"; at optimizer step {_n(c.step)} every token of every rank carried the same "
-               f"weight while the ranks held {', '.join(f'{v:g}' for v in c.rank_counts())} "
-               "tokens, so the loss was divided by a count common to all ranks, the window's "
+        why = (f"; at optimizer step {_n(c.step)} every {one(u)} of every rank carried the "
+               f"same weight while the ranks held {', '.join(f'{v:g}' for v in c.rank_counts())} "
+               f"{u}, so the loss was divided by a count common to all ranks, the window's "
                f"global count, and {engine} then averaged the ranks' gradients again")
     elif lines:
         file, _, at = s.site.rpartition(":")
         shown = [int(at)] if at.isdigit() and int(at) in lines else lines
         path = _short(file + ":" + ",".join(str(x) for x in shown))
-        by_what = ("the window's token count over all ranks (the large batch's N)"
+        by_what = (f"the window's {one(u)} count over all ranks (the large batch's N)"
                    if global_n else f"{world}" if abs(used - world) < 1e-9 else
                    f"{used:g} (K x W = {used / world:g} x {world})")
         why = (f"; every micro-step's loss on every rank was {'divided' if small else 'multiplied'}"
@@ -278,7 +289,7 @@ def _f10(judged: list[_Step], world: int, target: float, k: int | None = None
         return [_mk("LOSS_SCALE", "note", None, s.step, None,
                     f"{seen}. That is what a loss divided by the world size gives on top of "
                     f"{engine}'s own average, but also what a constant weight of "
-                    f"{target:.4g} the loop chose gives (the ranks' token counts are equal, "
+                    f"{target:.4g} the loop chose gives (the ranks' {one(u)} counts are equal, "
                     "and no division of the loss by exactly W at run time matches a division "
                     "by the world size in the loss call's file): not judged",
                     title_=f"loss weights total {'1/W' if small else 'W'} (not judged)",
@@ -327,18 +338,19 @@ def _f6(steps: list[_Step]) -> list[Finding]:
     s, rank_w = hits[0]
     big_n = sum(s.rank_counts())
     norm = big_n / s.total  # the weights as multiples of 1/N once they total 1
-    text = ", ".join(f"rank {r}: {w * norm:.4g}/N for each of {c:g} tokens" for r, w, c in
+    u = s.unit
+    text = ", ".join(f"rank {r}: {w * norm:.4g}/N for each of {c:g} {u}" for r, w, c in
                      zip(sorted(s.weights), rank_w, s.rank_counts(), strict=True))
     if s.factor is None or not s.near(s.total, 1.0):
         text += " (scaled to a total of 1)"
     return [_mk("F6", "warning", None, s.step, None,
-                f"{_short(s.site)}: every token of a rank carried one weight, but the weights "
+                f"{_short(s.site)}: every {one(u)} of a rank carried one weight, but the weights "
                 f"differ between ranks by {max(rank_w) / min(rank_w):.3g}x at optimizer step "
                 f"{_n(s.step)} ({text}, N = {big_n:g}; {len(hits)} of {len(steps)} step(s)): "
                 "each rank "
-                "normalised its loss by its own token count and the ranks' gradients were "
-                "then averaged, so a token on a rank with fewer tokens weighs more. Standard "
-                "DDP practice, but not the large batch's gradient (every token 1/N)")]
+                f"normalised its loss by its own {one(u)} count and the ranks' gradients were "
+                f"then averaged, so a {one(u)} on a rank with fewer {u} weighs more. Standard "
+                f"DDP practice, but not the large batch's gradient (every {one(u)} 1/N)")]
 
 
 def term_findings(rec: RunRecording) -> list[Finding]:

@@ -109,11 +109,15 @@ class _Call:
     """One recorded loss call; ``micro`` and ``g`` are set by the gradient hook."""
 
     __slots__ = ("divs", "factors", "fstats", "g", "grad", "lp", "mean", "mean_rows", "micro",
-                 "n", "node", "opaque", "rows", "seq", "site", "sole", "stats", "weighted")
+                 "n", "node", "opaque", "rows", "seq", "site", "sole", "stats", "unit",
+                 "weighted")
 
     def __init__(self, site: str, seq: int, n: torch.Tensor | int, mean: bool,
-                 lp: bool, node: int, rows: int = 0) -> None:
+                 lp: bool, node: int, rows: int = 0, unit: str = "tokens") -> None:
         self.site = site
+        # what ``n`` counts, for the findings' words: "tokens" (class-index targets, log-prob
+        # selections), "samples" (probability targets), "elements" (mse_loss and its kin)
+        self.unit = unit
         self.seq = seq
         self.n = n
         self.mean = mean
@@ -318,14 +322,14 @@ class LossRecorder:
                     one = factor_uniform(fs)
                     if one is not None and fs[0] > 0:
                         out.append([c.site, idx, c.micro, int(fs[0]), one, c.lp, "log-prob",
-                                    c.sole, c.grad, c.divs])
+                                    c.sole, c.grad, c.divs, "tokens"])
                     continue
             if n <= 0 or g == 0 or g != g or not uniform:
                 continue  # nothing averaged, the loss did not reach the optimizer, or
                 # a selection whose tokens carry data-dependent weights (advantages)
             out.append([c.site, idx, c.micro, int(n), g / n if c.mean else g, c.lp,
                         ("log-prob" if c.stats is not None else "mean") if c.mean else "sum",
-                        c.sole, c.grad, c.divs])
+                        c.sole, c.grad, c.divs, "tokens" if c.stats is not None else c.unit])
             if len(out) >= _MAX_RECORDS:
                 break
         self.term_records = sel + term_rows(pending, keys, done) + means or None
@@ -380,13 +384,15 @@ class LossRecorder:
             return
         mean, inp, target, node = ops
         n: torch.Tensor | int
+        unit = "tokens"
         if target.is_floating_point():  # probability targets: 'mean' divides by rows
             n = inp.numel() // inp.shape[1] if inp.dim() >= 2 else 1
+            unit = "samples"
         else:
             ignore = args[4] if na > 4 else get("ignore_index", -100)
             n = torch.count_nonzero(target != ignore)
         rows = inp.numel() // inp.shape[1] if inp.dim() >= 2 and inp.shape[1] else 1
-        self._add(out, node, n, mean, out.dtype in _LOW or inp.dtype in _LOW, rows)
+        self._add(out, node, n, mean, out.dtype in _LOW or inp.dtype in _LOW, rows, unit)
 
     def _record_elementwise(self, kind: str, out: torch.Tensor, args: tuple[Any, ...],
                             kwargs: dict[str, Any]) -> None:
@@ -411,11 +417,11 @@ class LossRecorder:
         # the rows: the samples (or tokens) of the micro-batch, each a vector over the last
         # dimension ((8, 3) predictions: 8 rows), for a term averaged over the same rows
         rows = n // shape[-1] if len(shape) >= 2 and shape[-1] else n
-        self._add(out, node, n, mean, out.dtype in _LOW or inp.dtype in _LOW, rows)
+        self._add(out, node, n, mean, out.dtype in _LOW or inp.dtype in _LOW, rows, "elements")
 
     def _add(self, out: torch.Tensor, node: Any, n: torch.Tensor | int, mean: bool,
-             lp: bool, rows: int = 0) -> None:
-        call = _Call(self._site(), self.seq, n, mean, lp, node._sequence_nr(), rows)
+             lp: bool, rows: int = 0, unit: str = "tokens") -> None:
+        call = _Call(self._site(), self.seq, n, mean, lp, node._sequence_nr(), rows, unit)
         self.seq += 1
         self.calls.append(call)
         # a pre-hook on the loss's autograd node: the gradient of its output, once per

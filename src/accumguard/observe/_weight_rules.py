@@ -18,7 +18,7 @@ from accumguard.observe._records import Finding, KResolution, StepWindow, _mk, _
 
 __all__ = ["MASS_TOL", "MASS_TOL_LOW_PRECISION", "WEIGHT_TOL", "WEIGHT_TOL_LOW_PRECISION",
            "classify_token_weights", "grad_step_findings", "loss_scale_findings",
-           "loss_weight_findings", "partial_window_findings"]
+           "loss_weight_findings", "one", "partial_window_findings", "units"]
 
 # -- token weights (the probe of :mod:`accumguard.observe.tokens`) -------------------------
 
@@ -117,6 +117,19 @@ def _loss_groups(w: StepRecord) -> dict[tuple[str, int], dict[int, list[Any]]]:
     return groups
 
 
+def units(recs: list[Any]) -> str:
+    """What the loss records' counts count, for the words: "tokens" (class-index targets,
+    log-prob selections; also a recording without the field), "samples" (probability
+    targets), "elements" (``mse_loss`` and its kin); "units" when they differ."""
+    kinds = {str(r[10]) if len(r) > 10 and r[10] else "tokens" for r in recs}
+    return kinds.pop() if len(kinds) == 1 else "units"
+
+
+def one(unit: str) -> str:
+    """The singular of :func:`units`' word."""
+    return unit[:-1] if unit.endswith("s") else unit
+
+
 def _short(site: str) -> str:
     path, _, line = site.rpartition(":")
     return f"{Path(path).name}:{line}" if path else site
@@ -156,15 +169,16 @@ def loss_weight_findings(rank: int | None, windows: list[StepWindow]) -> list[Fi
             total = sum(ns)
             red = str(recs[0][6])
             mass = sum(masses) / k
+            u = units(recs)
             out.append(_mk("F5", "error", rank, w.step, None,
                            f"{_short(site)}: the loss call there (reduction='{red}'"
                            + (f", call {idx + 1} at that line" if idx else "")
-                           + f") saw {', '.join(f'{n:g}' for n in ns)} valid tokens in the "
+                           + f") saw {', '.join(f'{n:g}' for n in ns)} valid {u} in the "
                            f"{k} micro-steps of optimizer step {_n(w.step)}, and each "
-                           f"micro-step's tokens reached the optimizer with the same total "
-                           f"weight ({mass:.4g}) whatever their count: one token weighed "
+                           f"micro-step's {u} reached the optimizer with the same total "
+                           f"weight ({mass:.4g}) whatever their count: one {one(u)} weighed "
                            f"{min(ws):.4g} to {max(ws):.4g} ({max(ws) / min(ws):.3g}x apart) "
-                           f"instead of one weight for all {total:g} tokens (1/N); "
+                           f"instead of one weight for all {total:g} {u} (1/N); "
                            + _mean_form(mass, k)))
             break
         if out:
@@ -198,13 +212,14 @@ class _Mass:
     low: bool
     site: str
     hand: bool = False  # read from the "mean" records of a loss built by hand
+    unit: str = "tokens"  # what the loss calls' counts count (:func:`units`)
 
     def words(self, n: int, k: int, *, at: bool = True) -> str:
         """What the window's ``n`` micro-steps weighed and how it was read (``k``: the
         weight ``n/k`` named; ``at``: name the loss's line)."""
         where = self.site.rsplit("/", 1)[-1]
         if not self.hand:
-            return (f"its tokens carried a total weight of {self.mass:.4g} = {n}/{k}"
+            return (f"its {self.unit} carried a total weight of {self.mass:.4g} = {n}/{k}"
                     + (f" (loss at {where})" if at else ""))
         d = 1 / self.per_micro[0] if len(set(self.per_micro)) == 1 else None
         return ("each backward's loss was one mean built by hand"
@@ -236,7 +251,7 @@ def _window_mass(w: StepWindow, *, via_grad: bool = False) -> _Mass | None:
     per_micro = [sum(abs(float(r[4]) * float(r[3])) for r in by_micro[m]) for m in range(n)]
     sole = all(len(by_micro[m]) == 1 and bool(by_micro[m][0][7]) for m in range(n))
     return _Mass(sum(per_micro), per_micro, sole, any(bool(r[5]) for r in recs),
-                 str(recs[0][0]))
+                 str(recs[0][0]), unit=units(recs))
 
 
 def _hand_mass(w: StepWindow) -> _Mass | None:
@@ -297,7 +312,7 @@ def loss_scale_findings(rank: int | None, windows: list[StepWindow], k: int | No
     w, m = judged[0]
     seen = (f"{_short(m.site)}: every backward's loss was that call's output times a "
             f"constant (nothing else in the loss), and in each window of K = {k} micro-steps "
-            f"({len(judged)} judged) its tokens carried a total weight of "
+            f"({len(judged)} judged) its {m.unit} carried a total weight of "
             f"{m.per_micro[0]:.4g} per micro-step (1/K^2 = {1 / k ** 2:.4g}), "
             f"{m.mass:.4g} per window (1/K) instead of 1")
     if world > 1 and _near(1.0 / k, 1.0 / world, False):
@@ -335,7 +350,7 @@ def _times_k(rank: int | None, judged: list[tuple[StepWindow, _Mass]], k: int,
     clipped = any(int(x.clips) for x, _ in judged)
     seen = (f"{_short(m.site)}: every backward's loss was that call's output times a "
             f"constant (nothing else in the loss), and in each window of K = {k} micro-steps "
-            f"({len(judged)} judged) its tokens carried a total weight of "
+            f"({len(judged)} judged) its {m.unit} carried a total weight of "
             f"{m.per_micro[0]:.4g} per micro-step, {m.mass:.4g} per window (K) instead of 1, "
             "and the optimizer received that sum unchanged (gradient conservation, scale 1)")
     if world > 1 and _near(float(k), float(world), False):
@@ -351,7 +366,7 @@ def _times_k(rank: int | None, judged: list[tuple[StepWindow, _Mass]], k: int,
                 + (" and, here, gradient clipping, which sees a norm K times larger"
                    if clipped else " and any gradient clipping") + " change the update), "
                 "but it is not the large-batch update. Divide each micro-step's loss by K "
-                "(or normalise by the window's token count)")]
+                f"(or normalise by the window's {one(m.unit)} count)")]
 
 
 def partial_window_findings(rank: int | None, windows: list[StepWindow],
