@@ -174,6 +174,11 @@ class StepRecord:
     # norm it measured (of the scaled gradient), its max_norm]; None when none did. Last of
     # the recorded fields: a line written before it existed reads back None
     clip_before_unscale: list[float] | None = None
+    # the window was begun again at a zero_grad that followed an in-place change of the
+    # parameters without an optimizer step (sharpness-aware minimisation's ascent step, a
+    # weight perturbation): its first pass probed the perturbation; the record is the pass
+    # after it. How often (0: never). A line written before it existed reads back 0
+    restarts: int = 0
     # -- counts of the guard and the audit (not in a recording) ---------------------------
     # optimizer steps that closed the window: 1, 2 for a second step a guard in warn mode
     # let run, 0 for the audit's trailing micro-steps after the last step

@@ -76,6 +76,7 @@ class BackwardPath:
         def _tracking(self) -> bool: ...
         def _checksums(self) -> torch.Tensor: ...
         def _watch_drift(self) -> None: ...
+        def _param_versions(self) -> list[int] | None: ...
 
     def _run_backward(self, source: str, loss: object, engine: torch.nn.Module | None,
                       fn: Original, args: tuple[object, ...],
@@ -85,6 +86,8 @@ class BackwardPath:
         if self._bw_depth or not self.installed or self._in_observer:
             return fn(*args, **kwargs)
         w = self._w
+        if not w.backwards and w.param_versions is None:
+            w.param_versions = self._param_versions()
         if not self._armed and not self._wants_backwards:
             return self._run_unobserved_backward(source, w, fn, args, kwargs)
         ev = BackwardEvent(step=self.step, micro=len(w.backwards), source=source,

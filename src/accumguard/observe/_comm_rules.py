@@ -131,8 +131,10 @@ def comm_findings(rank: int, windows: list[JsonObject],
                   found: list[Finding]) -> list[Finding]:
     """``found`` with the ledger's EXTRA_SYNC warning for this rank's windows; the warning
     replaces the sync-flag rule's EXTRA_SYNC note (the same cost, now measured)."""
+    # (a two-pass step's ledger holds its first pass's syncs too, which the method needs:
+    # not judged)
     judged = [(w, c) for w in windows if w.get("engine") != "deepspeed"
-              for c in [window_comm(w)] if c is not None]
+              and not w.get("restarts") for c in [window_comm(w)] if c is not None]
     hits = [(w, c) for w, c in judged if c.extra_calls]
     if not hits:
         return found

@@ -204,6 +204,9 @@ def _zero_wrapper(obs: PatchHost, kind: str) -> Maker:
                     or obs._ds_step_depth):
                 return orig(this, *args, **kwargs)
             w = obs._w
+            if w.backwards and obs._perturbed():
+                obs._restart_window()  # SAM's second pass: a new window, not F3
+                w = obs._w
             fns = obs._handlers.on_zero_grad
             if fns:
                 ev = ZeroGradEvent(obs.step, len(w.backwards), kind, this)

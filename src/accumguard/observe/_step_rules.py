@@ -15,7 +15,7 @@ from accumguard.core.window import StepRecord
 from accumguard.observe._records import Finding, JsonObject, Severity, _mk, _n
 from accumguard.observe._shared_rules import micro_sync, scheduler_ahead
 
-__all__ = ["_extra_step", "_no_update", "_scaled_clip_finding", "_scheduler_findings",
+__all__ = ["_extra_step", "_no_update", "_two_pass", "_scaled_clip_finding", "_scheduler_findings",
            "_sync_findings"]
 
 
@@ -86,6 +86,28 @@ def _sync_findings(rank: int, w: StepRecord) -> list[Finding]:
                 "gradient the optimizer receives",
                 title_=f"gradients synchronised on {which}: {extra} extra all-reduce "
                        "round(s) per optimizer step", fix=fix)]
+
+
+def _two_pass(rank: int, steps: Sequence[StepRecord]) -> list[Finding]:
+    """A note, once: windows begun again at a zero_grad that followed an in-place change of
+    the parameters with no optimizer step (the observer's restart): sharpness-aware
+    minimisation and weight perturbations clear the first pass's gradient on purpose."""
+    hit = [w for w in steps if int(getattr(w, "restarts", 0) or 0)]
+    if not hit:
+        return []
+    w = hit[0]
+    return [_mk("F3", "note", rank, w.step, None,
+                f"in {len(hit)} of {len(steps)} optimizer step(s) (first: step {_n(w.step)}) "
+                "the parameters were changed in place after backward passes without an "
+                "optimizer step, and then zero_grad() cleared the gradient before more "
+                "backward passes: a two-pass step (sharpness-aware minimisation's ascent, a "
+                "weight perturbation). The gradient of the first pass is meant to be cleared; "
+                "each such window is judged from that zero_grad on (the pass after it: "
+                f"{w.backwards} backward pass(es) at step {_n(w.step)})",
+                title_="two-pass step (SAM-like): judged from its second pass, not a zero_grad "
+                       "inside the window",
+                fix="Nothing to fix if the parameters are perturbed on purpose (SAM, ASAM, "
+                    "weight perturbation); accumulate the same K micro-batches in both passes.")]
 
 
 def _no_update(rank: int, steps: Sequence[StepRecord]) -> list[Finding]:

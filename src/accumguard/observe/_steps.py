@@ -346,6 +346,39 @@ class StepMachinery:
                                    for p in g["params"]]
         return any(getattr(p, "_backward_hooks", None) for p in params)
 
+    def _param_versions(self) -> list[int] | None:
+        """``_version`` of up to 9 tracked parameters, evenly spaced (read at a window's first
+        backward; a handful of attribute reads). None where an engine changes parameters
+        in place by itself (FSDP2's all-gathers, DeepSpeed's partitions) or none is tracked."""
+        tracked = self._tracked
+        if not tracked or self.engine not in ("local", "ddp"):
+            return None
+        every = max(1, len(tracked) // 8)
+        return [tracked[i]._version for i in range(0, len(tracked), every)]
+
+    def _perturbed(self) -> bool:
+        """At a zero_grad inside the window: the parameters changed in place since its first
+        backward, and no optimizer stepped (any step begins a new window): a two-pass step
+        (sharpness-aware minimisation's ascent, a weight perturbation), not a reset of the
+        accumulated gradient."""
+        before = self._w.param_versions
+        now = self._param_versions() if before is not None else None
+        return now is not None and len(now) == len(before or ()) and now != before
+
+    def _restart_window(self) -> None:
+        """Begin the window again at this zero_grad (see :meth:`_perturbed`): its backwards so
+        far were the perturbation's probe; the window judged is the pass after it (same
+        optimizer step, same checks)."""
+        old = self._w
+        self._w = w = StepTally()
+        w.restarts = old.restarts + 1
+        w.data_passes = [0] * len(old.data_passes)  # a pass begun in the probe: this window's
+        w.autocast_read, w.autocast = old.autocast_read, old.autocast
+        self._window_checked = None if self._armed else False
+        if self.boundary is not None:
+            self.boundary.reset()
+        self.losses.reset()
+
     def _next_window(self, *, reset_losses: bool = True) -> None:
         self.step += 1
         self._w = StepTally()

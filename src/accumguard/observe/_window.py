@@ -50,6 +50,11 @@ class StepTally:
         self.data_passes: list[int] = []  # backward count when a DataLoader pass began
         self.autocast: str | None = None  # autocast dtype at the window's first root forward
         self.autocast_read = False
+        # ``_version`` of a few tracked parameters at the window's first backward (an
+        # in-place change without an optimizer step then shows at a zero_grad), and how
+        # often the window was begun again at such a zero_grad
+        self.param_versions: list[int] | None = None
+        self.restarts = 0
 
     def unusual(self, window_size: int | None) -> bool:
         """Does a window counted without hooks deserve its record? A bug that shows once per
@@ -113,7 +118,8 @@ class StepTally:
             param_norm=param_norm,
             rank_factor=rank_factor, optimizer_index=optimizer_index, lr_changes=lr_changes,
             lr=lr, in_backward=in_backward, grad_hooks=grad_hooks,
-            backward_pass=backward_pass, clip_before_unscale=self._scaled_clip())
+            backward_pass=backward_pass, clip_before_unscale=self._scaled_clip(),
+            restarts=self.restarts)
 
     def _scaled_clip(self) -> list[float] | None:
         """[scale, norm, max_norm] of a norm clip of the scaled gradient (one host read of

@@ -81,6 +81,7 @@ from accumguard.observe._step_rules import (
     _scaled_clip_finding,
     _scheduler_findings,
     _sync_findings,
+    _two_pass,
 )
 from accumguard.observe._weight_rules import (
     WEIGHT_TOL,
@@ -236,6 +237,7 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
             found: list[Finding] = _rank_findings(rank, steps, info, gres.k, gres.declared)
             found += _window_findings(rank, ws, info, gres)
             found += _no_update(rank, steps)
+            found += _two_pass(rank, steps)
             found += loss_weight_findings(rank, ws)
             found += loss_scale_findings(rank, ws, gres.k, rec.world)
             found += rank_scale_findings(rank, ws, rec.world)
