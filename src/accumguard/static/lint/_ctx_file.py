@@ -34,6 +34,9 @@ from accumguard.static.lint._ast import (
 )
 from accumguard.static.lint._dsrefs import DsConfigFinder, DsConfigRef
 
+#: a collection of optimizers, by its name (``opts``, ``optimizers``, ``self.optims``)
+_OPTIMS_RE = re.compile(r"^(opts|optims|optimi[sz]ers|[a-z_]*_opts|[a-z_]*_optimi[sz]ers)$")
+
 
 class FileIndex:
     """The file's nodes, parents and whole-file facts, each computed once and cached."""
@@ -195,6 +198,18 @@ class FileIndex:
                         self._classify_assign(d, value)
                 assigns.append((names, value))
         self._assigns = assigns
+        for loop in self.of(ast.For):
+            # `for o in opts: o.step()`: the loop variable over a collection of optimizers
+            # (named so, or a tuple/list of known ones) is one
+            if not isinstance(loop.target, ast.Name):
+                continue
+            it = loop.iter
+            elts = it.elts if isinstance(it, ast.Tuple | ast.List) else None
+            src = dotted(it)
+            if (elts and all((d := dotted(e)) is not None and (d in self.optimizers or OPTIM_RE.search(
+                    last_part(d))) for e in elts)) or (src is not None and _OPTIMS_RE.search(
+                    last_part(src))):
+                self.optimizers.add(loop.target.id)
 
     def _classify_assign(self, target: str, value: ast.AST) -> None:
         if not isinstance(value, ast.Call):

@@ -364,7 +364,7 @@ class WindowQueries(ReachFacts):
         )
         iterates_micro_batches = isinstance(window, ast.For | ast.AsyncFor) and any(
             _MICRO_ITER_RE.search(i) for i in identifiers(window.iter)
-        )
+        ) and not _steps_by_window(window.iter)
         if iterates_micro_batches or (not f.accumulating and self._averages_over_own_iterations(window, f)):
             f.accumulating = True  # `for mb in window:` / `for micro in batch.chunk(K):`
         elif f.accumulating and not (ds_ga is not None and ds_ga > 1) and self._plain_k1_shape(window, f):
@@ -547,12 +547,62 @@ class WindowQueries(ReachFacts):
         """backward, step and zero_grad all unguarded in the window, and nothing in the window
         itself says accumulation (the evidence was elsewhere in the function or file, e.g.
         ``micro_batch_size = 1`` or a reference loop over whole windows): one step per
-        backward, nothing accumulated, K = 1."""
-        if self.window_itself_accumulates(window):
+        backward, nothing accumulated, K = 1. An accumulation name that only builds the
+        batch (``torch.cat([get_batch(it, m) for m in range(grad_accum)])``, a slice
+        ``batches[w0:w0 + grad_accum]``, ``range(0, n, grad_accum)`` as the loop's own
+        iterable, an inner loop with no backward that gathers the micro-batches) says the
+        batch is a whole window: the large-batch reference's shape, K = 1."""
+        if self.window_itself_accumulates(window) and not self._accum_only_builds_batch(window):
             return False
         if not any(k == "optimizer" and not self.guarded(c, window) for c, k in f.steps):
             return False
         return any(not self.guarded(z, window) for z, _ in f.zero_grads)
+
+
+    def _accum_only_builds_batch(self, window: ast.AST) -> bool:
+        """Every accumulation name of the window's own code is inside a comprehension, a
+        subscript's slice, the window loop's iterable or an inner loop with no backward, and
+        the window calls no ``no_sync``/``accumulate`` and gates no step by a modulo (those
+        say accumulation wherever the names are); no backward helper is inlined."""
+        if self.inlined(window):
+            return False
+        found = False
+        for sub in self.local_nodes(window):
+            if isinstance(sub, ast.If) and (has_mod(sub.test) or self._mod_flag(sub.test, window)) \
+                    and self._gates_step(sub):
+                return False
+            if isinstance(sub, ast.Call) and call_attr(sub) in ("no_sync", "accumulate",
+                                                                "no_backward_sync"):
+                return False
+            name = sub.id if isinstance(sub, ast.Name) else \
+                sub.attr if isinstance(sub, ast.Attribute) else None
+            if name is None or not _accum_name(name.lower()):
+                continue
+            found = True
+            if not self._builds_batch(sub, window):
+                return False
+        return found
+
+    def _builds_batch(self, node: ast.AST, window: ast.AST) -> bool:
+        child, cur = node, self.parents.get(node)
+        while cur is not None and child is not window:
+            if isinstance(cur, ast.ListComp | ast.SetComp | ast.GeneratorExp | ast.DictComp):
+                return True
+            if isinstance(cur, ast.Subscript) and child is cur.slice:
+                return True
+            if isinstance(cur, ast.For | ast.AsyncFor) and (
+                    child is cur.iter if cur is window else
+                    not any(isinstance(n, ast.Call) and is_backward(n) for n in walk_all(cur))):
+                return True
+            child, cur = cur, self.parents.get(cur)
+        return False
+
+
+def _steps_by_window(it: ast.AST) -> bool:
+    """``range(start, stop, K)``: each iteration starts a whole window (the large-batch
+    reference's loop), not one micro-batch."""
+    return (isinstance(it, ast.Call) and dotted(it.func) == "range" and len(it.args) == 3
+            and any(_MICRO_ITER_RE.search(i) for i in identifiers(it.args[2])))
 
 
 _ACCUM_NAMES: dict[str, bool] = {}

@@ -1,0 +1,74 @@
+"""A large-batch reference loop in the same file as the accumulating one (how people check
+their own loops): each iteration gathers a whole window's micro-batches into one batch, one
+backward, one step. The accumulation count names the batch's size there, not a window of
+micro-steps: no F1/F3 error (blind round 25 found both on two correct scripts)."""
+
+from __future__ import annotations
+
+import textwrap
+
+from accumguard.static.lint import lint_source
+
+
+def _errors(src: str) -> list[str]:
+    return [f.code for f in lint_source(textwrap.dedent(src)) if f.severity.value == "error"]
+
+
+_ACCUMULATING = """
+import torch
+import torch.nn.functional as F
+
+def train(model, optimizer, args):
+    for it in range(args.max_iters):
+        for micro_step in range(args.gradient_accumulation_steps):
+            x, y = get_batch(it, micro_step)
+            loss = F.cross_entropy(model(x), y) / args.gradient_accumulation_steps
+            loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+"""
+
+
+def test_a_reference_loop_that_concatenates_the_window_is_not_f1() -> None:
+    src = _ACCUMULATING + """
+def reference(model, optimizer, args):
+    for it in range(args.max_iters):
+        xs, ys = zip(*[get_batch(it, m) for m in range(args.gradient_accumulation_steps)])
+        x, y = torch.cat(xs), torch.cat(ys)
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+"""
+    assert _errors(src) == []
+    # the same loop dividing its one loss by K meant to accumulate: still F1
+    meant = src.replace("F.cross_entropy(model(x), y).backward()",
+                        "(F.cross_entropy(model(x), y) / args.gradient_accumulation_steps).backward()")
+    assert "AG101" in _errors(meant)
+
+
+def test_a_reference_loop_over_whole_windows_with_several_optimizers_is_not_f1_or_f3() -> None:
+    src = _ACCUMULATING + """
+def reference(model, opts, batches, cfg):
+    for w0 in range(0, len(batches) - len(batches) % cfg.grad_accum, cfg.grad_accum):
+        ids = [i for b in batches[w0:w0 + cfg.grad_accum] for i in b]
+        loss = F.cross_entropy(model(data[ids]), labels[ids], reduction="sum") / len(ids)
+        loss.backward()
+        for o in opts:
+            o.step()
+        for o in opts:
+            o.zero_grad(set_to_none=True)
+"""
+    assert _errors(src) == []
+
+
+def test_optimizers_stepped_in_a_loop_over_them_every_micro_batch_are_f1() -> None:
+    src = """
+import torch.nn.functional as F
+grad_accum = 4
+for i, (x, y) in enumerate(loader):
+    (F.cross_entropy(model(x), y) / grad_accum).backward()
+    for o in opts:
+        o.step()
+        o.zero_grad()
+"""
+    assert "AG101" in _errors(src)
