@@ -179,6 +179,10 @@ class StepRecord:
     # weight perturbation): its first pass probed the perturbation; the record is the pass
     # after it. How often (0: never). A line written before it existed reads back 0
     restarts: int = 0
+    # which optimizer (or DeepSpeed engine) object stepped: 1-based in the order of their
+    # first steps in this process (a reference run's optimizer after the training's, an
+    # optimizer rebuilt on resume: each its own number); None in a line written before it
+    opt_serial: int | None = None
     # -- counts of the guard and the audit (not in a recording) ---------------------------
     # optimizer steps that closed the window: 1, 2 for a second step a guard in warn mode
     # let run, 0 for the audit's trailing micro-steps after the last step

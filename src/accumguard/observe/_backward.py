@@ -76,7 +76,6 @@ class BackwardPath:
         def _tracking(self) -> bool: ...
         def _checksums(self) -> torch.Tensor: ...
         def _watch_drift(self) -> None: ...
-        def _param_versions(self) -> list[int] | None: ...
 
     def _run_backward(self, source: str, loss: object, engine: torch.nn.Module | None,
                       fn: Original, args: tuple[object, ...],
@@ -87,7 +86,13 @@ class BackwardPath:
             return fn(*args, **kwargs)
         w = self._w
         if not w.backwards and w.param_versions is None:
-            w.param_versions = self._param_versions()
+            # (StepMachinery._param_versions inlined: once per window, on the hot path)
+            tracked = self._tracked
+            if tracked and self.engine in ("local", "ddp"):
+                pv: list[int] = []
+                for i in range(0, len(tracked), max(1, len(tracked) // 8)):
+                    pv.append(tracked[i]._version)
+                w.param_versions = pv
         if not self._armed and not self._wants_backwards:
             return self._run_unobserved_backward(source, w, fn, args, kwargs)
         ev = BackwardEvent(step=self.step, micro=len(w.backwards), source=source,

@@ -208,6 +208,8 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
         self._ds_engine: torch.nn.Module | None = None
         self._sched_counts = Tally()
         self._opt_steps = Tally()
+        self._opt_serials = Tally()  # optimizer -> its number (StepMachinery._serial)
+        self._n_serials = 0
         self._before: dict[str, torch.Tensor] | None = None
         self._idle_before: dict[str, torch.Tensor] | None = None  # see _begin_step
         self._last_owner = 0  # id() of the optimizer/engine of the previous step

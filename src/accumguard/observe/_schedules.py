@@ -147,13 +147,16 @@ def _match(big: float, small: float, c: int, slack: int) -> bool:
 
 def horizon_findings(rank: int, events: list[JsonObject], total_steps: int,
                      world: int, k: int | None, epochs: int, complete: bool, *,
-                     backwards: int = 0, whole_epochs: bool = False) -> list[Finding]:
+                     backwards: int = 0, whole_epochs: bool = False,
+                     serials: list[int | None] | None = None) -> list[Finding]:
     """F4 from a stated horizon. ``events``: the rank's scheduler records; ``total_steps``:
     the optimizer steps the rank made; ``epochs``: passes over a DataLoader seen (the slack
     of per-epoch rounding); ``complete``: the run went to its own end (a horizon longer
     than a run cut short proves nothing); ``backwards``: the rank's backward passes;
     ``whole_epochs``: its passes over the data were all of one length (it did not break out
-    of the last one).
+    of the last one); ``serials``: per optimizer step, which optimizer object made it (a
+    schedule is compared with the steps of the optimizers that stepped while it lived: a
+    reference run's or a second phase's optimizer after the training's is not its run).
 
     A schedule that ends late by W or K is an error only when the run went through whole
     passes over the data, or when the horizon is exactly the run's count of backward passes
@@ -183,8 +186,9 @@ def horizon_findings(rank: int, events: list[JsonObject], total_steps: int,
         # one call may make several steps: Accelerate's num_processes), from the second call
         pos0 = int(first["pos"]) - max(0, int(evs[1]["pos"]) - int(first["pos"]))
         pos_end = int(last["pos"])
-        when = _clock(evs, total_steps)
-        steps = max(total_steps, when(last))
+        off, own = _phase(serials, evs, total_steps)
+        when = _clock(evs, total_steps, off)
+        steps = max(own, when(last))
         # the optimizer steps this scheduler object lived for (a scheduler rebuilt on resume
         # lives for the run's second part only), counted like ``pos0``
         span = when(last) - (when(first) - max(0, when(evs[1]) - when(first)))
@@ -250,12 +254,31 @@ def horizon_findings(rank: int, events: list[JsonObject], total_steps: int,
     return out
 
 
-def _clock(evs: list[JsonObject], total_steps: int) -> Callable[[JsonObject], int]:
+def _phase(serials: list[int | None] | None, evs: list[JsonObject], total_steps: int
+           ) -> tuple[int, int]:
+    """(steps before, steps of) the optimizers that stepped while the schedule lived, when
+    those steps are one stretch of the run and other optimizer objects stepped outside it
+    (a large-batch reference run after the training); else (0, ``total_steps``)."""
+    if (not serials or len(serials) != total_steps or None in serials or len(set(serials)) < 2
+            or not all(isinstance(e.get("step"), int) for e in evs)):
+        return 0, total_steps
+    # (a record's step is the optimizer steps made so far: the last one before it is step - 1)
+    lo = max(0, int(evs[0]["step"]) - 1)
+    hi = min(total_steps, max(lo + 1, int(evs[-1]["step"])))
+    live = set(serials[lo:hi])
+    idx = [i for i, s in enumerate(serials) if s in live]
+    if not idx or idx != list(range(idx[0], idx[-1] + 1)):
+        return 0, total_steps
+    return idx[0], len(idx)
+
+
+def _clock(evs: list[JsonObject], total_steps: int, off: int = 0
+           ) -> Callable[[JsonObject], int]:
     """The optimizer step at a scheduler record, on the run's clock (``total_steps``'s):
     the recording's step count when the run has one optimizer (a rebuilt optimizer, on
     resume, restarts its own count), else the scheduler's optimizer's own count."""
     if total_steps > 0 and all(isinstance(e.get("step"), int) for e in evs):
-        return lambda e: int(e["step"])
+        return lambda e: int(e["step"]) - off  # (``off``: the steps of an earlier phase)
     return lambda e: int(e.get("optimizer_steps", 0))
 
 
@@ -285,4 +308,5 @@ def run_horizon_findings(rec: RunRecording, rank: int, k: int | None) -> list[Fi
     pending = int(end.get("pending_backwards", 0) or 0)
     return horizon_findings(rank, rec.schedulers.get(rank, []), total, rec.world, k, len(eps),
                             complete, backwards=backwards,
-                            whole_epochs=complete_epochs(steps, pending))
+                            whole_epochs=complete_epochs(steps, pending),
+                            serials=[s.opt_serial for s in steps])

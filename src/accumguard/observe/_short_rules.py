@@ -46,11 +46,16 @@ def short_window_findings(rank: int, windows: list[StepWindow], res: KResolution
     continued = continued_first(windows, k)
     out: list[Finding] = []
     said: set[str] = set()
+    serials = [w.opt_serial for w in windows]
     for i, w in enumerate(windows):
         n = w.window
         if not shared.early_step(n, k, w.forwards or ()):
             continue
         nxt = windows[i + 1] if i + 1 < len(windows) else None
+        if nxt is not None and serials[i] is not None and serials[i] not in serials[i + 1:]:
+            # its optimizer never stepped again (another optimizer object took over: a
+            # large-batch reference run after the training, a second phase): its last window
+            nxt = None
         ends = (0 in (nxt.data_pass_starts or [])) if nxt is not None and passes else (
             False if passes else None)
         verdict = shared.short_window(n, k, first=i == 0,

@@ -92,6 +92,8 @@ class StepMachinery:
     _t_checks: float
     _global_handle: RemovableHandle | None
     _opt_steps: Tally
+    _opt_serials: Tally
+    _n_serials: int
     _step_t0: float
     _step_applied: bool
     _step_cons: Conservation | None
@@ -331,12 +333,21 @@ class StepMachinery:
             in_backward=self._bw_current is not None,
             # (backward_total counts a backward pass when it ends: this one's ordinal)
             backward_pass=self.backward_total if self._bw_current is not None else None,
-            grad_hooks=bool(losses or terms) and self._grad_hooked(owner))
+            grad_hooks=bool(losses or terms) and self._grad_hooked(owner),
+            opt_serial=self._serial(owner))
         self._next_window(reset_losses=False)  # losses.take() above reset them
         if self._global_handle is not None and self.step >= PIN_ROOTS_AFTER_STEPS:
             self._pin_roots()
         for fn in self._handlers.on_step:
             fn(ev)
+
+    def _serial(self, owner: object) -> int:
+        """``owner``'s number in the order of the optimizers' (engines') first steps."""
+        n = self._opt_serials.get(owner)
+        if not n:
+            self._n_serials += 1
+            n = self._opt_serials.set(owner, self._n_serials)
+        return n
 
     def _grad_hooked(self, owner: object) -> bool:
         """Whether a parameter of this step (the roots' tracked ones, else the optimizer's)
@@ -350,11 +361,10 @@ class StepMachinery:
         """``_version`` of up to 9 tracked parameters, evenly spaced (read at a window's first
         backward; a handful of attribute reads). None where an engine changes parameters
         in place by itself (FSDP2's all-gathers, DeepSpeed's partitions) or none is tracked."""
-        tracked = self._tracked
+        tracked = self._tracked  # (inlined in BackwardPath._run_backward: keep them alike)
         if not tracked or self.engine not in ("local", "ddp"):
             return None
-        every = max(1, len(tracked) // 8)
-        return [tracked[i]._version for i in range(0, len(tracked), every)]
+        return [tracked[i]._version for i in range(0, len(tracked), max(1, len(tracked) // 8))]
 
     def _perturbed(self) -> bool:
         """At a zero_grad inside the window: the parameters changed in place since its first

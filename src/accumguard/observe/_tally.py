@@ -29,7 +29,10 @@ class Tally:
 
     def add(self, obj: object) -> int:
         entry = self._d.get(id(obj))  # get() inlined (called at every step)
-        n = 1 if entry is None or entry[0]() is not obj else entry[1] + 1
+        return self.set(obj, 1 if entry is None or entry[0]() is not obj else entry[1] + 1)
+
+    def set(self, obj: object, n: int) -> int:
+        """Store ``n`` for ``obj`` (returns it)."""
         ref: Callable[[], object]
         try:
             ref = weakref.ref(obj)

@@ -75,7 +75,7 @@ class StepTally:
                lr_changes: int | None = None, lr: float | None = None,
                terms: list[list[Any]] | None = None,
                in_backward: bool = False, grad_hooks: bool = False,
-               backward_pass: int | None = None) -> StepRecord:
+               backward_pass: int | None = None, opt_serial: int | None = None) -> StepRecord:
         """The step record of this window (what :mod:`.rules` judges)."""
         loss: float | None = None
         if self.loss_ok and self.backwards:
@@ -119,7 +119,7 @@ class StepTally:
             rank_factor=rank_factor, optimizer_index=optimizer_index, lr_changes=lr_changes,
             lr=lr, in_backward=in_backward, grad_hooks=grad_hooks,
             backward_pass=backward_pass, clip_before_unscale=self._scaled_clip(),
-            restarts=self.restarts)
+            restarts=self.restarts, opt_serial=opt_serial)
 
     def _scaled_clip(self) -> list[float] | None:
         """[scale, norm, max_norm] of a norm clip of the scaled gradient (one host read of
