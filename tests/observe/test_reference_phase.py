@@ -101,3 +101,24 @@ def test_a_short_last_window_of_the_training_is_not_f13_before_a_reference() -> 
     assert [f for f in found if f.severity.value == "error"] == [], found
     same = analyze(RunRecording(steps={0: steps(1)}), script=_ScriptK(K))[0]
     assert "F13" in {f.cls for f in same if f.severity.value == "error"}, same
+
+
+def _phases(first: list[int], second: list[int], serial_b: int) -> RunRecording:
+    a = [{"step": i, "backwards": n, "opt_serial": 1} for i, n in enumerate(first)]
+    b = [{"step": len(first) + i, "backwards": n, "opt_serial": serial_b}
+         for i, n in enumerate(second)]
+    return RunRecording(steps={0: a + b})
+
+
+def _codes(rec: RunRecording) -> list[tuple[str, str]]:
+    return [(f.cls, f.severity.value) for f in analyze(rec, k_flag=K)[0]]
+
+
+def test_a_later_optimizer_stepping_on_whole_batches_is_a_phase_not_f1() -> None:
+    """K = 4 declared (a framework, a flag); the training optimizer accumulated 4, then
+    another optimizer object made the run's last steps after one backward each (the
+    script's large-batch reference): a note, no error. The same steps by the training's
+    own optimizer, or a run that never accumulated, are F1."""
+    assert _codes(_phases([4, 4, 4], [1, 1, 1, 1], 2)) == [("F1", "note")]
+    assert ("F1", "error") in _codes(_phases([4, 4, 4], [1, 1, 1, 1], 1))
+    assert ("F1", "error") in _codes(_phases([1, 1, 1], [1, 1, 1, 1], 2))

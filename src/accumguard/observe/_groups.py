@@ -16,11 +16,14 @@ class OwnRate:
     """The note for an optimizer that steps after every backward reaching its parameters
     while another accumulates the declared K (its rank filled in per rank)."""
 
-    def __init__(self, cls: str, step: int, evidence: str, title: str | None = None) -> None:
+    def __init__(self, cls: str, step: int, evidence: str, title: str | None = None,
+                 fix: str | None = None) -> None:
         self.cls, self.step, self.evidence, self.title = cls, step, evidence, title
+        self.fix = fix
 
     def _replace(self, rank: int) -> Finding:
-        return _mk(self.cls, "note", rank, self.step, 0, self.evidence, title_=self.title)
+        return _mk(self.cls, "note", rank, self.step, 0, self.evidence, title_=self.title,
+                   fix=self.fix)
 
 
 def optimizer_groups(steps: list[JsonObject]) -> list[tuple[int | None, list[JsonObject]]]:
@@ -43,6 +46,9 @@ def group_ks(groups: list[tuple[int | None, list[JsonObject]]], res: KResolution
     accumulates the declared K steps at its own rate (a GAN's discriminator, a critic): a
     note, not F1. Without a declared K, each optimizer's K is inferred from its windows."""
     if len(groups) < 2:
+        split = _later_phase(groups[0][1], res) if groups else None
+        if split is not None:
+            return split
         return [(idx, steps, res, None) for idx, steps in groups]
     inferred: dict[int | None, int | None] = {}
     for idx, steps in groups:
@@ -96,3 +102,45 @@ def group_ks(groups: list[tuple[int | None, list[JsonObject]]], res: KResolution
         else:
             out.append((idx, steps, res, None))
     return out
+
+
+def _later_phase(steps: list[JsonObject], res: KResolution
+                 ) -> list[tuple[int | None, list[JsonObject], KResolution, OwnRate | None]] | None:
+    """One optimizer object accumulated K, then other optimizer objects (``opt_serial``)
+    took over and stepped after every single backward until the end: a second phase of the
+    script (a large-batch reference run after the training, a head fine-tuned after
+    pre-training), each of whose steps is one window of its own. Judged apart, at K = 1,
+    with a note, instead of as an optimizer stepping every micro-step of the first phase's
+    K. None when the steps are not so."""
+    k = res.k
+    serials = [s.get("opt_serial") for s in steps]
+    if k is None or k < 2 or None in serials or len(set(serials)) < 2:
+        return None
+    starts = [i for i in range(1, len(steps)) if serials[i] != serials[i - 1]]
+    if len(set(serials)) != len(starts) + 1:
+        return None  # an optimizer object stepping again after another: not phases
+    for cut in starts:
+        before, after = _windows(steps[:cut]), _windows(steps[cut:])
+        sizes = Counter(w.window for w in before if w.window > 0)
+        if (sizes and sizes.most_common(1)[0][0] == k and after
+                and all(w.window == 1 for w in after)):
+            first = steps[cut]
+            name = str(first.get("optimizer") or "optimizer")
+            note = OwnRate("F1", int(first.get("step", 0) or 0),
+                           f"after optimizer step {int(first.get('step', 0) or 0)}, where the "
+                           f"optimizer that accumulated K = {k} ({res.source}) stepped for the "
+                           f"last time, another optimizer object ({name}) made the run's last "
+                           f"{len(after)} step(s), each after a single backward pass: judged "
+                           "as a phase of its own (a large-batch reference run, a second "
+                           "training stage) whose windows are one backward pass, not as "
+                           "micro-steps of the first phase's windows. If that phase was meant "
+                           "to accumulate K too, it steps on every micro-step",
+                           title="a later phase with another optimizer steps after every "
+                                 "backward: judged on its own (K = 1), not F1",
+                           fix="Nothing to fix for a reference run or a stage that steps on "
+                               "whole batches; if that phase was meant to accumulate, step "
+                               "its optimizer once per K backward passes.")
+            return [(None, steps[:cut], res, None),
+                    (None, steps[cut:], KResolution(1, "the later phase's own windows",
+                                                    "inferred"), note)]
+    return None
