@@ -54,7 +54,7 @@ def _run(tmp: Path, *, reference: bool, horizon_factor: int = 1) -> list[tuple[s
             rsched = torch.optim.lr_scheduler.LambdaLR(ropt, _linear(3 * steps))
             for _ in range(6):  # 18 reference steps: 24 in the run, 4 x (= K) the training's
                 for w0 in range(0, len(data), K):
-                    xs, ys = zip(*data[w0:w0 + K])
+                    xs, ys = zip(*data[w0:w0 + K], strict=True)
                     F.cross_entropy(ref(torch.cat(xs)), torch.cat(ys)).backward()
                     ropt.step()
                     rsched.step()

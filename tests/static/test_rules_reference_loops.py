@@ -72,3 +72,29 @@ for i, (x, y) in enumerate(loader):
         o.zero_grad()
 """
     assert "AG101" in _errors(src)
+
+
+_HARVEST = """
+import torch
+grad_accum = 4
+for step in range(steps):
+    acc = [torch.zeros_like(p) for p in master.parameters()]
+    for k in range(grad_accum):
+        work.zero_grad()
+        (loss_fn(work, next(it)) / grad_accum).backward()
+        for a, p in zip(acc, work.parameters()):
+{read}
+    for pm, a in zip(master.parameters(), acc):
+        pm.grad = a
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def test_zero_grad_before_each_backward_whose_grad_is_summed_into_a_buffer_is_not_f3() -> None:
+    """Each micro-step's .grad added to an fp32 buffer right after its backward (a bf16
+    model accumulated by hand): clearing .grad every micro-step is the method. Reading
+    .grad only to log it is no such buffer: F3 stays."""
+    assert _errors(_HARVEST.format(read="            a += p.grad.float()")) == []
+    assert _errors(_HARVEST.format(read="            a.add_(p.grad)")) == []
+    assert "AG102" in _errors(_HARVEST.format(read="            print(p.grad.norm())"))
