@@ -622,3 +622,39 @@ def test_a_fault_in_the_new_readers_changes_nothing_and_is_recorded(
         failure = obs.failure
     assert failure is not None, "the fault was not recorded"
     assert all(torch.equal(plain[k], seen[k]) for k in plain)
+
+
+# -- a sequence-level z-loss beside a flattened token loss ----------------------------------
+
+def _seq_z(divided: bool) -> Callable[[], None]:
+    """A causal LM head: the CE over the tokens flattened (sequences x positions rows),
+    summed and normalised by the window's token count (HF's num_items_in_batch), plus a
+    z-loss averaged per sequence then over the micro-batch's sequences."""
+    def loop() -> None:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Embedding(11, 8), torch.nn.Linear(8, 11))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(1)
+        for _ in range(STEPS):
+            batches = [torch.randint(0, 11, (3, 7), generator=g) for _ in range(K)]
+            n_window = sum(b[:, 1:].numel() for b in batches)
+            for ids in batches:
+                logits = model(ids[:, :-1])
+                ce = F.cross_entropy(logits.reshape(-1, 11), ids[:, 1:].reshape(-1),
+                                     reduction="sum") / n_window
+                z = torch.logsumexp(logits, -1).pow(2).mean(1).mean()
+                (ce + 0.005 * (z / K if divided else z)).backward()
+            opt.step()
+            opt.zero_grad()
+
+    return loop
+
+
+def test_a_sequence_z_loss_beside_a_window_normalised_token_loss(tmp_path: Path) -> None:
+    """Not divided by K while the CE is normalised over the window: its mean over the
+    micro-batch's 3 sequences (18 flattened rows) weighs K x (blind round 25: an HF Trainer
+    compute_loss adding a z-loss); divided by K, silent."""
+    findings, _ = _run(tmp_path / "bug", _seq_z(False))
+    (f,) = _errors(findings)
+    assert f.cls == "LOSS_SCALE" and "3 items of 6 of the micro-batch's 18 rows" in f.evidence, f
+    assert _errors(_run(tmp_path / "ok", _seq_z(True))[0]) == []

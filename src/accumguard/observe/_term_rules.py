@@ -293,6 +293,11 @@ def _mean_rows(r: list[Any], rows: int, k: int) -> int | None:
     found = next((c for c in spans if c >= rows and c % rows == 0), None)
     if found is None and _made_of_batch_means(r, rows):
         return rows
+    if found is None:
+        # a mean node over a whole divisor of the rows: the micro-batch's sequences when the
+        # loss call beside it took the tokens flattened (rows = sequences x positions)
+        found = next((c for c in (int(x) for x in r[5]) if 2 <= c < rows and rows % c == 0),
+                     None)
     return found
 
 
@@ -314,7 +319,9 @@ def _text(found: list[tuple[dict[str, Any], list[Any], list[Any]]], x: list[Any]
     rows = int(ref[9])
     over = (_mean_rows(x, rows, k) or rows) if x[7] is None else rows
     span = (f"the {rows} rows of the micro-batch" if over == rows else
-            f"{over} rows, {over // rows}x the micro-batch's {rows}")
+            f"{over} rows, {over // rows}x the micro-batch's {rows}" if over > rows else
+            f"{over} items of {rows // over} of the micro-batch's {rows} rows each (its "
+            "sequences, when the loss beside it took the tokens flattened)")
     made = x[7] is None and count is None and not [c for c in x[5] if int(c) >= rows and int(c) % rows == 0] \
         and _made_of_batch_means(x, rows)
     what = (f"the loss call at {_short(str(x[7]))}" if x[7] is not None else
