@@ -98,3 +98,19 @@ def test_zero_grad_before_each_backward_whose_grad_is_summed_into_a_buffer_is_no
     assert _errors(_HARVEST.format(read="            a += p.grad.float()")) == []
     assert _errors(_HARVEST.format(read="            a.add_(p.grad)")) == []
     assert "AG102" in _errors(_HARVEST.format(read="            print(p.grad.norm())"))
+
+
+def test_a_reference_loop_over_the_number_of_windows_is_not_f1() -> None:
+    """``for w in range(n_batches // accum)`` with the window's batches sliced out: each
+    iteration is one whole window (blind round 25, writer a)."""
+    src = _ACCUMULATING + """
+def reference(model, opt, per_rank, cfg):
+    for w in range(len(per_rank) // cfg.accum):
+        ids = [i for b in per_rank[w * cfg.accum:(w + 1) * cfg.accum] for i in b]
+        (F.cross_entropy(model(x[ids]), y[ids], reduction="sum") / len(ids)).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+"""
+    assert _errors(src) == []
+    micro = src.replace("range(len(per_rank) // cfg.accum)", "range(cfg.accum)")
+    assert "AG101" in _errors(micro)  # K iterations stepping every one of them: F1

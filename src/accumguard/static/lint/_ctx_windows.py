@@ -599,10 +599,15 @@ class WindowQueries(ReachFacts):
 
 
 def _steps_by_window(it: ast.AST) -> bool:
-    """``range(start, stop, K)``: each iteration starts a whole window (the large-batch
-    reference's loop), not one micro-batch."""
-    return (isinstance(it, ast.Call) and dotted(it.func) == "range" and len(it.args) == 3
-            and any(_MICRO_ITER_RE.search(i) for i in identifiers(it.args[2])))
+    """``range(start, stop, K)`` or ``range(n // K)``: each iteration is a whole window (the
+    large-batch reference's loop), not one micro-batch."""
+    if not (isinstance(it, ast.Call) and dotted(it.func) == "range" and it.args):
+        return False
+    if len(it.args) == 3:
+        return any(_MICRO_ITER_RE.search(i) for i in identifiers(it.args[2]))
+    stop = it.args[-1]
+    return (len(it.args) == 1 and isinstance(stop, ast.BinOp) and isinstance(stop.op, ast.FloorDiv)
+            and any(_MICRO_ITER_RE.search(i) for i in identifiers(stop.right)))
 
 
 _ACCUM_NAMES: dict[str, bool] = {}
