@@ -114,3 +114,23 @@ def reference(model, opt, per_rank, cfg):
     assert _errors(src) == []
     micro = src.replace("range(len(per_rank) // cfg.accum)", "range(cfg.accum)")
     assert "AG101" in _errors(micro)  # K iterations stepping every one of them: F1
+
+
+def test_a_stepped_tail_behind_a_flag_with_the_loss_divided_by_k_is_ag141() -> None:
+    """``update_now = (step + 1) % K == 0 or step + 1 == len(loader)`` then ``if update_now:``:
+    the last window of a pass is stepped, and its loss was divided by K (blind round 25,
+    writer a; the same test written inline in the ``if`` was found before)."""
+    src = """
+import torch
+K = 4
+for epoch in range(2):
+    for step, (x, y) in enumerate(loader):
+        update_now = (step + 1) % K == 0 or step + 1 == len(loader)
+        loss = model(x).mean() / K
+        loss.backward()
+        if update_now:
+            opt.step()
+            opt.zero_grad()
+"""
+    found = [f for f in lint_source(textwrap.dedent(src)) if f.code == "AG141"]
+    assert len(found) == 1 and "step + 1 == len(loader)" in found[0].message, found

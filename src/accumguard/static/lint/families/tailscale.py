@@ -53,10 +53,11 @@ def _flush_guard(ctx: FileContext, call: ast.AST, window: ast.AST) -> tuple[ast.
     scope = ctx.scope_of(window)
     child, cur = call, ctx.parents.get(call)
     while cur is not None and cur is not window:
-        if isinstance(cur, ast.If) and child in cur.body and isinstance(cur.test, ast.BoolOp) \
-                and isinstance(cur.test.op, ast.Or):
-            mods = [(t, g) for t in cur.test.values if (g := mod_term(t)) is not None]
-            others = [t for t in cur.test.values if all(t is not m for m, _ in mods)]
+        test = _flag_value(ctx, cur.test, window) if isinstance(cur, ast.If) else None
+        if isinstance(cur, ast.If) and child in cur.body and isinstance(test, ast.BoolOp) \
+                and isinstance(test.op, ast.Or):
+            mods = [(t, g) for t in test.values if (g := mod_term(t)) is not None]
+            others = [t for t in test.values if all(t is not m for m, _ in mods)]
             if len(mods) == 1 and others and all(
                     isinstance(t, ast.Compare) and any(isinstance(op, ast.Eq | ast.GtE)
                                                        for op in t.ops)
@@ -64,6 +65,17 @@ def _flush_guard(ctx: FileContext, call: ast.AST, window: ast.AST) -> tuple[ast.
                 return cur, mods[0][1]
         child, cur = cur, ctx.parents.get(cur)
     return None
+
+
+def _flag_value(ctx: FileContext, test: ast.AST, window: ast.AST) -> ast.AST:
+    """``test``, or the value of the one assignment in the window to the name it is
+    (``update_now = (i + 1) % K == 0 or i + 1 == len(loader)`` then ``if update_now:``)."""
+    if not isinstance(test, ast.Name):
+        return test
+    writes = [n for n in ctx.local_nodes(window) if isinstance(n, ast.Assign)
+              and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)
+              and n.targets[0].id == test.id]
+    return writes[0].value if len(writes) == 1 else test
 
 
 def _steps_after(ctx: FileContext, window: ast.AST) -> bool:
@@ -108,7 +120,7 @@ def tail_window_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
                 continue  # no tail: every window is whole
             node = divisions[0][0]
             where = ("after the loop, on the micro-batches left" if after
-                     else f"at the end of the pass (`{ast.unparse(guard_if.test)}`)")
+                     else f"at the end of the pass (`{ast.unparse(_flag_value(ctx, guard_if.test, window))}`)")
             head = (f"the step also runs {where}, "
                     f"but the loss is divided by K (`{ast.unparse(node)}`) in every micro-step: "
                     "the last window's r < K micro-batches reach the optimizer as r/K of their "
