@@ -134,3 +134,17 @@ for epoch in range(2):
 """
     found = [f for f in lint_source(textwrap.dedent(src)) if f.code == "AG141"]
     assert len(found) == 1 and "step + 1 == len(loader)" in found[0].message, found
+
+
+def test_average_tokens_across_devices_false_in_a_spread_dict_is_ag140() -> None:
+    """``TrainingArguments(**TRAIN_KW)`` with ``TRAIN_KW = dict(...,
+    average_tokens_across_devices=False)`` (blind round 25, writer b)."""
+    src = """
+from transformers import TrainingArguments
+TRAIN_KW = dict(output_dir="out", gradient_accumulation_steps=2,
+                average_tokens_across_devices={value})
+args = TrainingArguments(**TRAIN_KW)
+"""
+    codes = [f.code for f in lint_source(textwrap.dedent(src.format(value="False")))]
+    assert codes == ["AG140"]
+    assert [f.code for f in lint_source(textwrap.dedent(src.format(value="True")))] == []

@@ -25,12 +25,24 @@ _ARGS = ("TrainingArguments", "SFTConfig", "DPOConfig", "GRPOConfig", "ORPOConfi
          "RewardConfig", "Seq2SeqTrainingArguments")
 
 
+def _spread(ctx: FileContext, call: ast.Call) -> list[ast.keyword]:
+    """The keywords of ``dict(...)`` calls assigned to a name the call spreads
+    (``TrainingArguments(**train_kw)`` with ``train_kw = dict(..., k=v)``)."""
+    names = {dotted(kw.value) for kw in call.keywords if kw.arg is None} - {None}
+    out: list[ast.keyword] = []
+    for node in ctx.of(ast.Assign):
+        if (len(node.targets) == 1 and dotted(node.targets[0]) in names
+                and isinstance(node.value, ast.Call) and dotted(node.value.func) == "dict"):
+            out += node.value.keywords
+    return out
+
+
 @rule("AG140")
 def tokens_not_averaged_across_devices(ctx: FileContext) -> Iterator[Finding]:
     for call in ctx.of(ast.Call):
         if (dotted(call.func) or "").rsplit(".", 1)[-1] not in _ARGS:
             continue
-        for kw in call.keywords:
+        for kw in [*call.keywords, *_spread(ctx, call)]:
             if kw.arg == "average_tokens_across_devices" and isinstance(kw.value, ast.Constant) \
                     and kw.value.value is False:
                 yield ctx.finding(
