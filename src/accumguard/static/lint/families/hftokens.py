@@ -29,11 +29,19 @@ def _spread(ctx: FileContext, call: ast.Call) -> list[ast.keyword]:
     """The keywords of ``dict(...)`` calls assigned to a name the call spreads
     (``TrainingArguments(**train_kw)`` with ``train_kw = dict(..., k=v)``)."""
     names = {dotted(kw.value) for kw in call.keywords if kw.arg is None} - {None}
-    out: list[ast.keyword] = []
+    if not names:
+        return []
+    dicts = ctx._cached("hf_dict_kw", ctx.tree, lambda: _dict_keywords(ctx))
+    return [kw for name in names for kw in dicts.get(name, [])]
+
+
+def _dict_keywords(ctx: FileContext) -> dict[str | None, list[ast.keyword]]:
+    """Per name, the keywords of the ``dict(...)`` calls assigned to it (once per file)."""
+    out: dict[str | None, list[ast.keyword]] = {}
     for node in ctx.of(ast.Assign):
-        if (len(node.targets) == 1 and dotted(node.targets[0]) in names
-                and isinstance(node.value, ast.Call) and dotted(node.value.func) == "dict"):
-            out += node.value.keywords
+        if (len(node.targets) == 1 and isinstance(node.value, ast.Call)
+                and dotted(node.value.func) == "dict"):
+            out.setdefault(dotted(node.targets[0]), []).extend(node.value.keywords)
     return out
 
 
