@@ -4,7 +4,6 @@ calls of each one classified once (rules 1 and 2 of :mod:`._context`)."""
 from __future__ import annotations
 
 import ast
-import re
 from dataclasses import dataclass, field
 
 from accumguard.static.lint._ast import (
@@ -27,11 +26,14 @@ from accumguard.static.lint._ast import (
     walk_all,
     walk_local,
 )
+from accumguard.static.lint._ctx_batch import (
+    MICRO_ITER_RE,
+    accum_name,
+    accum_only_builds_batch,
+    steps_by_window,
+)
 from accumguard.static.lint._ctx_file import _pos
 from accumguard.static.lint._ctx_reach import ReachFacts
-
-#: a loop over these iterates the micro-batches of one window
-_MICRO_ITER_RE = re.compile(r"window(?!s)|micro|chunk|accum")  # string literals naming a .json file we try to open
 
 
 @dataclass
@@ -271,7 +273,7 @@ class WindowQueries(ReachFacts):
             if skip:
                 idents = idents.difference(*(self.identifier_set(s) for s in skip))
             # bare `accumulate` is itertools.accumulate / index_put_(accumulate=True)
-            return any(_accum_name(i) for i in idents)
+            return any(accum_name(i) for i in idents)
 
         if skip:
             return compute()
@@ -363,8 +365,8 @@ class WindowQueries(ReachFacts):
             ds_ga is not None and ds_ga > 1
         )
         iterates_micro_batches = isinstance(window, ast.For | ast.AsyncFor) and any(
-            _MICRO_ITER_RE.search(i) for i in identifiers(window.iter)
-        ) and not _steps_by_window(window.iter)
+            MICRO_ITER_RE.search(i) for i in identifiers(window.iter)
+        ) and not steps_by_window(window.iter)
         if iterates_micro_batches or (not f.accumulating and self._averages_over_own_iterations(window, f)):
             f.accumulating = True  # `for mb in window:` / `for micro in batch.chunk(K):`
         elif f.accumulating and not (ds_ga is not None and ds_ga > 1) and self._plain_k1_shape(window, f):
@@ -552,75 +554,11 @@ class WindowQueries(ReachFacts):
         ``batches[w0:w0 + grad_accum]``, ``range(0, n, grad_accum)`` as the loop's own
         iterable, an inner loop with no backward that gathers the micro-batches) says the
         batch is a whole window: the large-batch reference's shape, K = 1."""
-        if self.window_itself_accumulates(window) and not self._accum_only_builds_batch(window):
+        if self.window_itself_accumulates(window) and not accum_only_builds_batch(self, window):
             return False
         if not any(k == "optimizer" and not self.guarded(c, window) for c, k in f.steps):
             return False
         return any(not self.guarded(z, window) for z, _ in f.zero_grads)
-
-
-    def _accum_only_builds_batch(self, window: ast.AST) -> bool:
-        """Every accumulation name of the window's own code is inside a comprehension, a
-        subscript's slice, the window loop's iterable or an inner loop with no backward, and
-        the window calls no ``no_sync``/``accumulate`` and gates no step by a modulo (those
-        say accumulation wherever the names are); no backward helper is inlined."""
-        if self.inlined(window):
-            return False
-        found = False
-        for sub in self.local_nodes(window):
-            if isinstance(sub, ast.If) and (has_mod(sub.test) or self._mod_flag(sub.test, window)) \
-                    and self._gates_step(sub):
-                return False
-            if isinstance(sub, ast.Call) and call_attr(sub) in ("no_sync", "accumulate",
-                                                                "no_backward_sync"):
-                return False
-            name = sub.id if isinstance(sub, ast.Name) else \
-                sub.attr if isinstance(sub, ast.Attribute) else None
-            if name is None or not _accum_name(name.lower()):
-                continue
-            found = True
-            if not self._builds_batch(sub, window):
-                return False
-        return found
-
-    def _builds_batch(self, node: ast.AST, window: ast.AST) -> bool:
-        child, cur = node, self.parents.get(node)
-        while cur is not None and child is not window:
-            if isinstance(cur, ast.ListComp | ast.SetComp | ast.GeneratorExp | ast.DictComp):
-                return True
-            if isinstance(cur, ast.Subscript) and child is cur.slice:
-                return True
-            if isinstance(cur, ast.For | ast.AsyncFor) and (
-                    child is cur.iter if cur is window else
-                    not any(isinstance(n, ast.Call) and is_backward(n) for n in walk_all(cur))):
-                return True
-            child, cur = cur, self.parents.get(cur)
-        return False
-
-
-def _steps_by_window(it: ast.AST) -> bool:
-    """``range(start, stop, K)`` or ``range(n // K)``: each iteration is a whole window (the
-    large-batch reference's loop), not one micro-batch."""
-    if not (isinstance(it, ast.Call) and dotted(it.func) == "range" and it.args):
-        return False
-    if len(it.args) == 3:
-        return any(_MICRO_ITER_RE.search(i) for i in identifiers(it.args[2]))
-    stop = it.args[-1]
-    return (len(it.args) == 1 and isinstance(stop, ast.BinOp) and isinstance(stop.op, ast.FloorDiv)
-            and any(_MICRO_ITER_RE.search(i) for i in identifiers(stop.right)))
-
-
-_ACCUM_NAMES: dict[str, bool] = {}
-
-
-def _accum_name(ident: str) -> bool:
-    """``ACCUM_RE`` on an identifier, memoised (a big file repeats the same few names)."""
-    hit = _ACCUM_NAMES.get(ident)
-    if hit is None:
-        hit = ident != "accumulate" and ACCUM_RE.search(ident) is not None
-        if len(_ACCUM_NAMES) < 100_000:
-            _ACCUM_NAMES[ident] = hit
-    return hit
 
 
 def _class_settings_accumulate(cls: ast.ClassDef) -> bool:

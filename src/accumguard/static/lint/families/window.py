@@ -38,16 +38,15 @@ from accumguard.static.lint._ast import (
     LOOPS,
     call_attr,
     dotted,
-    is_backward,
     position,
     receiver,
-    walk_all,
     walk_local,
 )
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._ctx_windows import WindowFacts
 from accumguard.static.lint._lengths import static_len
 from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families._harvest import harvests_grads
 from accumguard.static.lint.families._modguard import (
     UNKNOWN_START,
     ModGuard,
@@ -93,7 +92,7 @@ def zero_grad_in_window(ctx: FileContext) -> Iterator[Finding]:
         facts = ctx.window_facts(window)
         if not facts.accumulating or facts.unguarded_optimizer_steps or facts.summed_loss:
             continue
-        harvested = _harvests_grads(ctx, window)
+        harvested = harvests_grads(ctx, window)
         for call, kind in facts.zero_grads:
             if ctx.guarded(call, window) or (facts.accelerate and kind == "optimizer"):
                 continue
@@ -113,34 +112,6 @@ def zero_grad_in_window(ctx: FileContext) -> Iterator[Finding]:
                 f"`{name}.zero_grad()`{ctx.via_text(call, window)} on every micro-batch erases the gradients accumulated so far: "
                 f"only the last micro-batch reaches the optimizer{extra}",
             )
-
-
-def _harvests_grads(ctx: FileContext, window: ast.AST) -> bool:
-    """After a backward, the window adds each parameter's ``.grad`` into a buffer of its own
-    (``acc += p.grad.float()``, ``buf.add_(p.grad)``, ``acc[i] = acc[i] + p.grad``): it
-    accumulates by hand (in fp32, say) and clears ``.grad`` at every micro-step on purpose."""
-    nodes = list(ctx.local_nodes(window))
-    backwards = [position(n) for n in nodes if isinstance(n, ast.Call) and is_backward(n)]
-    if not backwards:
-        return False
-    first = min(backwards)
-
-    def reads_grad(e: ast.AST | None) -> bool:
-        return e is not None and any(isinstance(a, ast.Attribute) and a.attr == "grad"
-                                     and isinstance(a.ctx, ast.Load) for a in walk_all(e))
-
-    for n in nodes:
-        if position(n) < first:
-            continue
-        if isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Add) and reads_grad(n.value):
-            return True
-        if isinstance(n, ast.Call) and call_attr(n) in ("add_", "copy_", "append") and any(
-                reads_grad(a) for a in n.args):
-            return True
-        if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Subscript) and isinstance(
-                n.value, ast.BinOp) and isinstance(n.value.op, ast.Add) and reads_grad(n.value):
-            return True
-    return False
 
 
 def _grad_clears(ctx: FileContext, window: ast.AST) -> Iterator[ast.AST]:

@@ -1,0 +1,91 @@
+"""Whether a window's accumulation names only build its batch: the large-batch reference's
+loop (each iteration gathers a whole window's micro-batches into one batch: one backward, one
+step, K = 1), told from a loop over micro-batches. Used by :mod:`._ctx_windows`."""
+
+from __future__ import annotations
+
+import ast
+import re
+from typing import TYPE_CHECKING
+
+from accumguard.static.lint._ast import (
+    ACCUM_RE,
+    call_attr,
+    dotted,
+    has_mod,
+    identifiers,
+    is_backward,
+    walk_all,
+)
+
+if TYPE_CHECKING:
+    from accumguard.static.lint._ctx_windows import WindowQueries
+
+__all__ = ["MICRO_ITER_RE", "accum_name", "accum_only_builds_batch", "steps_by_window"]
+
+#: a loop over these iterates the micro-batches of one window
+MICRO_ITER_RE = re.compile(r"window(?!s)|micro|chunk|accum")
+
+_ACCUM_NAMES: dict[str, bool] = {}
+
+
+def accum_name(ident: str) -> bool:
+    """``ACCUM_RE`` on an identifier, memoised (a big file repeats the same few names)."""
+    hit = _ACCUM_NAMES.get(ident)
+    if hit is None:
+        hit = ident != "accumulate" and ACCUM_RE.search(ident) is not None
+        if len(_ACCUM_NAMES) < 100_000:
+            _ACCUM_NAMES[ident] = hit
+    return hit
+
+
+def accum_only_builds_batch(ctx: WindowQueries, window: ast.AST) -> bool:
+    """Every accumulation name of the window's own code is inside a comprehension, a
+    subscript's slice, the window loop's iterable or an inner loop with no backward, and
+    the window calls no ``no_sync``/``accumulate`` and gates no step by a modulo (those
+    say accumulation wherever the names are); no backward helper is inlined."""
+    if ctx.inlined(window):
+        return False
+    found = False
+    for sub in ctx.local_nodes(window):
+        if isinstance(sub, ast.If) and (has_mod(sub.test) or ctx._mod_flag(sub.test, window)) \
+                and ctx._gates_step(sub):
+            return False
+        if isinstance(sub, ast.Call) and call_attr(sub) in ("no_sync", "accumulate",
+                                                            "no_backward_sync"):
+            return False
+        name = sub.id if isinstance(sub, ast.Name) else \
+            sub.attr if isinstance(sub, ast.Attribute) else None
+        if name is None or not accum_name(name.lower()):
+            continue
+        found = True
+        if not _builds_batch(ctx, sub, window):
+            return False
+    return found
+
+
+def _builds_batch(ctx: WindowQueries, node: ast.AST, window: ast.AST) -> bool:
+    child, cur = node, ctx.parents.get(node)
+    while cur is not None and child is not window:
+        if isinstance(cur, ast.ListComp | ast.SetComp | ast.GeneratorExp | ast.DictComp):
+            return True
+        if isinstance(cur, ast.Subscript) and child is cur.slice:
+            return True
+        if isinstance(cur, ast.For | ast.AsyncFor) and (
+                child is cur.iter if cur is window else
+                not any(isinstance(n, ast.Call) and is_backward(n) for n in walk_all(cur))):
+            return True
+        child, cur = cur, ctx.parents.get(cur)
+    return False
+
+
+def steps_by_window(it: ast.AST) -> bool:
+    """``range(start, stop, K)`` or ``range(n // K)``: each iteration is a whole window (the
+    large-batch reference's loop), not one micro-batch."""
+    if not (isinstance(it, ast.Call) and dotted(it.func) == "range" and it.args):
+        return False
+    if len(it.args) == 3:
+        return any(MICRO_ITER_RE.search(i) for i in identifiers(it.args[2]))
+    stop = it.args[-1]
+    return (len(it.args) == 1 and isinstance(stop, ast.BinOp) and isinstance(stop.op, ast.FloorDiv)
+            and any(MICRO_ITER_RE.search(i) for i in identifiers(stop.right)))
