@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import ast
 import re
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Mapping
+from typing import Protocol
 
 from accumguard.static.lint._ast import (
     ACCUM_RE,
@@ -18,8 +19,17 @@ from accumguard.static.lint._ast import (
     walk_all,
 )
 
-if TYPE_CHECKING:
-    from accumguard.static.lint._ctx_windows import WindowQueries
+
+class WindowQueries(Protocol):
+    """What the shape test reads of the file's context (:class:`._ctx_windows.WindowQueries`)."""
+
+    @property
+    def parents(self) -> Mapping[ast.AST, ast.AST]: ...
+
+    def inlined(self, window: ast.AST) -> Mapping[ast.AST, ast.AST]: ...
+    def local_nodes(self, node: ast.AST) -> Iterable[ast.AST]: ...
+    def _mod_flag(self, test: ast.AST, scope: ast.AST) -> bool: ...
+    def _gates_step(self, node: ast.If) -> bool: ...
 
 __all__ = ["MICRO_ITER_RE", "accum_name", "accum_only_builds_batch", "steps_by_window"]
 
