@@ -95,29 +95,40 @@ class ValueFacts(FileIndex):
 
     def _dict_entry(self, expr: ast.Subscript) -> int | None:
         """``CONFIG["grad_accum"]`` when ``CONFIG`` is assigned once in the file, a dict literal
-        whose entry for that string key is an integer literal, and nothing else writes into it
-        (no ``CONFIG[...] = ``, ``.update()``, ``.setdefault()``, ``**`` spread, ``del``)."""
+        whose entry for that string key is an integer literal, and nothing else writes that
+        entry (no ``CONFIG["grad_accum"] = ``, no store under a computed key, no
+        ``.update()``, ``.setdefault()``, ``**`` spread, ``del``); a store under another
+        constant key (``CONFIG["seed"] = args.seed``) leaves it as written."""
         d = dotted(expr.value)
         key = expr.slice
         if d is None or not (isinstance(key, ast.Constant) and isinstance(key.value, str)):
             return None
-        def compute() -> dict[str, ast.Dict | None]:
-            literals: dict[str, ast.Dict | None] = {}
+        def compute() -> dict[str, tuple[ast.Dict, set[object]] | None]:
+            literals: dict[str, tuple[ast.Dict, set[object]] | None] = {}
             for names, value in self._assigns:
                 for name in names:
                     once = len(names) == 1 and name not in literals and isinstance(value, ast.Dict)
-                    literals[name] = value if once and isinstance(value, ast.Dict) else None
+                    literals[name] = (value, set()) if once and isinstance(value, ast.Dict) \
+                        else None
             for n in self.of(ast.Call):
                 if isinstance(n.func, ast.Attribute) and n.func.attr in ("update", "setdefault", "pop", "clear") \
                         and (r := dotted(n.func.value)) in literals:
                     literals[r] = None
             for node in self.of(ast.Subscript):
-                if not isinstance(node.ctx, ast.Load) \
-                        and (r := dotted(node.value)) in literals:
+                if isinstance(node.ctx, ast.Load) or (r := dotted(node.value)) not in literals:
+                    continue
+                entry = literals[r]
+                if entry is not None and isinstance(node.slice, ast.Constant) \
+                        and isinstance(node.slice.value, str):
+                    entry[1].add(node.slice.value)  # one other entry written
+                else:
                     literals[r] = None
             return literals
-        literal = self._cached("dict_literals", self.tree, compute).get(d)
-        if literal is None or any(k is None for k in literal.keys):
+        found = self._cached("dict_literals", self.tree, compute).get(d)
+        if found is None or key.value in found[1]:
+            return None
+        literal = found[0]
+        if any(k is None for k in literal.keys):
             return None
         hits = [v for k, v in zip(literal.keys, literal.values, strict=True)
                 if isinstance(k, ast.Constant) and k.value == key.value]
