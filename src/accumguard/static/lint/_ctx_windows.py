@@ -36,6 +36,11 @@ from accumguard.static.lint._ctx_file import _pos
 from accumguard.static.lint._ctx_reach import ReachFacts
 
 
+#: Levels of backward helpers followed up to the loop that runs them (a trainer's
+#: ``train_epoch`` loop -> ``_training_step`` -> ``_backward``).
+HELPER_DEPTH = 3
+
+
 @dataclass
 class WindowFacts:
     """The calls of one window that the rules reason about, classified once."""
@@ -109,14 +114,32 @@ class WindowQueries(ReachFacts):
             seen.add(cur)
             out.append(cur)
         inlined: dict[ast.AST, dict[ast.AST, ast.Call]] = {}
-        for helper in helpers:
+        # a helper called only from another function (a trainer's `_training_step` calling
+        # its `_backward`): that function is a helper too, up to HELPER_DEPTH levels; the
+        # loops calling the outermost one are the windows, every level inlined into them
+        below: dict[ast.AST, list[tuple[ast.AST, ast.Call]]] = {h: [] for h in helpers}
+        depth = {h: 1 for h in helpers}
+        i = 0
+        while i < len(helpers):
+            helper = helpers[i]
+            i += 1
             for site in self._helper_call_sites(helper):
                 loop = self.parents.get(site)
                 while loop is not None and not isinstance(loop, LOOPS + SCOPES):
                     loop = self.parents.get(loop)
+                if isinstance(loop, FUNCS) and loop not in below \
+                        and depth[helper] < HELPER_DEPTH and loop.name not in WINDOW_FUNCS \
+                        and not loop.name.startswith("training_step"):
+                    helpers.append(loop)
+                    depth[loop] = depth[helper] + 1
+                    below[loop] = [(helper, site), *below[helper]]
+                    continue
                 if not isinstance(loop, LOOPS):
                     continue  # called once per function call: a window only when named like one
-                inlined.setdefault(loop, {}).setdefault(helper, site)
+                links = inlined.setdefault(loop, {})
+                links.setdefault(helper, site)
+                for sub, sub_site in below[helper]:
+                    links.setdefault(sub, sub_site)
                 if loop not in seen:
                     seen.add(loop)
                     out.append(loop)
