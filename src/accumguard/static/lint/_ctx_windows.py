@@ -35,7 +35,6 @@ from accumguard.static.lint._ctx_batch import (
 from accumguard.static.lint._ctx_file import _pos
 from accumguard.static.lint._ctx_reach import ReachFacts
 
-
 #: Levels of backward helpers followed up to the loop that runs them (a trainer's
 #: ``train_epoch`` loop -> ``_training_step`` -> ``_backward``).
 HELPER_DEPTH = 3
