@@ -18,6 +18,7 @@ constant the user chose: not judged.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 
 from accumguard.static.findings import Finding
@@ -196,13 +197,54 @@ def _all_reduce_ops(ctx: FileContext) -> tuple[set[str], set[str]]:
 
 def _world_scales_something(ctx: FileContext) -> bool:
     """The world size multiplies or divides something in the file (``loss * W``,
-    ``count / W``, an LR scaled by W): the rule stays silent."""
+    ``count / W``, an LR scaled by W): the rule stays silent. Arithmetic that places a
+    rank's data (an offset built with the rank, ``((it * K + m) * world + rank) * bs``; a
+    slice or ``range`` bound) scales no loss and is not counted."""
     for n in ctx.of(ast.BinOp, ast.AugAssign):
         if isinstance(n.op, ast.Mult | ast.Div):
             sides = (n.left, n.right) if isinstance(n, ast.BinOp) else (n.target, n.value)
-            if any(ctx.mentions_world(s) for s in sides):
+            if any(ctx.mentions_world(s) for s in sides) and not _places_data(ctx, n) \
+                    and _about_scale(ctx, n):
                 return True
     return False
+
+
+#: identifiers of what a world-size factor could compensate: the loss, a count, the learning
+#: rate, the gradients, a scale or weight
+_SCALED_RE = re.compile(r"loss|lr$|^lr|learning_rate|^grads?$|^grad_(?!acc)|_grads?$|scale"
+                        r"|weight|coef|norm|tok|count|valid|mask|num_items|n_items|denom"
+                        r"|factor")
+
+
+def _about_scale(ctx: FileContext, node: ast.AST) -> bool:
+    """The statement around ``node`` touches something a world-size factor could compensate
+    (not a data size: ``pack(max_iters * K * world * bs)``)."""
+    cur: ast.AST | None = node
+    while cur is not None and not isinstance(cur, ast.stmt):
+        cur = ctx.parents.get(cur)
+    return any(isinstance(x, ast.Name | ast.Attribute) and _SCALED_RE.search(
+        (x.id if isinstance(x, ast.Name) else x.attr).lower())
+        for x in ast.walk(cur if cur is not None else node))
+
+
+_RANK_RE = re.compile(r"(^|_)rank$|get_rank|rank_id|process_index")
+
+
+def _places_data(ctx: FileContext, node: ast.AST) -> bool:
+    """``node`` computes where a rank's data is: its statement names the rank, or it sits in
+    a subscript's slice or a ``range(...)`` call."""
+    cur: ast.AST | None = node
+    while cur is not None and not isinstance(cur, ast.stmt):
+        parent = ctx.parents.get(cur)
+        if isinstance(parent, ast.Subscript) and parent.slice is cur:
+            return True
+        if isinstance(parent, ast.Slice) or (isinstance(parent, ast.Call)
+                                              and call_attr(parent) == "range"):
+            return True
+        cur = parent
+    stmt = cur if cur is not None else node
+    return any(isinstance(x, ast.Name | ast.Attribute) and _RANK_RE.search(
+        (x.id if isinstance(x, ast.Name) else x.attr).lower()) for x in ast.walk(stmt))
 
 
 @rule("AG123")
