@@ -27,6 +27,7 @@ from dataclasses import replace
 from accumguard.static.findings import Confidence, Finding, Severity
 from accumguard.static.lint._ast import (
     ACCUM_RE,
+    DDP_WRAPPERS,
     FUNCS,
     GLOBAL_COUNT_RE,
     WORLD_RE,
@@ -368,6 +369,50 @@ def loss_divided_by_world_under_ddp(ctx: FileContext) -> Iterator[Finding]:
         )
 
 
+def _wrapped_names(ctx: FileContext) -> set[str]:
+    """Names handed to a DDP/FSDP wrapper or assigned from one (``fully_shard(model)``,
+    ``model = DDP(model)``), cached per file."""
+    def compute() -> set[str]:
+        out: set[str] = set()
+        for call in ctx.of(ast.Call):
+            if (call_attr(call) or "") not in DDP_WRAPPERS:
+                continue
+            out |= {d for a in call.args[:1] if (d := dotted(a)) is not None}
+            parent = ctx.parents.get(call)
+            if isinstance(parent, ast.Assign):
+                out |= {d for t in parent.targets if (d := dotted(t)) is not None}
+        return out
+    return ctx._cached("wrapped_names", ctx.tree, compute)  # type: ignore[no-any-return]
+
+
+def _plain_model_only(ctx: FileContext, dividend: ast.AST) -> bool:
+    """Every module the loss calls is a local name its function builds from a class
+    (``ref = LM()``, ``copy.deepcopy(...)``) and never wraps: a single-process reference run in a DDP/FSDP
+    script, whose gradient no rank average touches."""
+    wrapped = _wrapped_names(ctx)
+    func = ctx.enclosing(dividend, FUNCS)
+    if func is None:
+        return False
+    built: dict[str, bool] = {}  # local name -> assigned only from a class built here
+    values: dict[str, list[ast.AST]] = {}  # local name -> the values assigned to it
+    for n in ast.walk(func):
+        if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name):
+            name = n.targets[0].id
+            values.setdefault(name, []).append(n.value)
+            made = call_attr(n.value) or "" if isinstance(n.value, ast.Call) else ""
+            # a class built here (``LM()``, ``GPT(cfg)``) or a deep copy; a factory
+            # (``build_model()``) may return a wrapped model
+            plain = made not in DDP_WRAPPERS and (made[:1].isupper() or made == "deepcopy")
+            built[name] = built.get(name, True) and plain
+    # the modules called in the loss, or in what its names were assigned (``logits = ref(x)``)
+    exprs = [dividend, *(v for x in walk_all(dividend) if isinstance(x, ast.Name)
+                         for v in values.get(x.id, []))]
+    called = {c.func.id for e in exprs for c in walk_all(e)
+              if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
+    models = [c for c in called if c in built]
+    return bool(models) and all(built[m] and m not in wrapped for m in models)
+
+
 @rule("AG113")
 def rank_local_token_mean_under_ddp(ctx: FileContext) -> Iterator[Finding]:
     if not ctx.ddp_wrapped or not ctx.is_training_script():
@@ -383,6 +428,8 @@ def rank_local_token_mean_under_ddp(ctx: FileContext) -> Iterator[Finding]:
             continue
         if _under_wrapper_branch(ctx, node) or not _flows_to_backward(ctx, node):
             continue
+        if _plain_model_only(ctx, dividend):
+            continue  # a single-process reference model (never wrapped): no rank average
         window = ctx.enclosing(node, (ast.For, ast.AsyncFor, ast.While))
         if window is not None and ctx.is_window(window):
             facts = ctx.window_facts(window)
