@@ -33,6 +33,8 @@ from accumguard.static.lint.families.loss import (
     _is_loss_division,
     _mean_criteria,
     _reduction,
+    custom_rank_reduction,
+    returned_reduced,
 )
 
 __all__ = ["global_count_then_ddp_average", "mean_loss_never_divided_by_k"]
@@ -250,7 +252,8 @@ def _places_data(ctx: FileContext, node: ast.AST) -> bool:
 @rule("AG123")
 def global_count_then_ddp_average(ctx: FileContext) -> Iterator[Finding]:
     """A loss divided by a count summed over every rank, under DDP/FSDP's own average."""
-    if not ctx.ddp_wrapped or not ctx.is_training_script() or _world_scales_something(ctx):
+    if not ctx.ddp_wrapped or not ctx.is_training_script() or _world_scales_something(ctx) \
+            or custom_rank_reduction(ctx):
         return
     if any(ctx.window_facts(w).accelerate or ctx.window_facts(w).engine_backward
            for w in ctx.windows()):
@@ -262,7 +265,8 @@ def global_count_then_ddp_average(ctx: FileContext) -> Iterator[Finding]:
         names = {x for x in (dotted(s) for s in walk_all(d[1])) if x}
         reduced = names & (ctx.all_reduced_names(ctx.scope_of(node))
                            | ctx.all_reduced_names(ctx.tree))
-        if not reduced or not _sum_reduced(ctx, reduced):
+        if not (reduced and _sum_reduced(ctx, reduced)) \
+                and not returned_reduced(ctx, d[1], summed=True):
             continue
         yield ctx.finding(
             "AG123",

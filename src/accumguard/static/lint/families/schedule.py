@@ -20,7 +20,7 @@ import ast
 from collections.abc import Iterator
 
 from accumguard.static.findings import Finding
-from accumguard.static.lint._ast import FUNCS, call_attr, dotted, receiver, walk_all
+from accumguard.static.lint._ast import FUNCS, WORLD_RE, call_attr, dotted, receiver, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._lightning import (
@@ -141,6 +141,15 @@ def scheduler_every_micro_step(ctx: FileContext) -> Iterator[Finding]:
             )
 
 
+def _is_world(ctx: FileContext, stop: ast.AST) -> bool:
+    """``stop`` is the world size itself (``world``, ``args.world_size``,
+    ``dist.get_world_size()``, ``accelerator.num_processes``), not a value computed from
+    it (``steps_per_epoch(cfg, world)``, ``n // world``: a count of windows)."""
+    if isinstance(stop, ast.Call):
+        return bool(WORLD_RE.search((call_attr(stop) or "").lower())) and not stop.args
+    return isinstance(stop, ast.Name | ast.Attribute) and ctx.mentions_world(stop)
+
+
 @rule("AG114")
 def scheduler_per_process(ctx: FileContext) -> Iterator[Finding]:
     for loop in ctx.of(ast.For, ast.AsyncFor):
@@ -149,7 +158,7 @@ def scheduler_per_process(ctx: FileContext) -> Iterator[Finding]:
         args = loop.iter.args
         if len(args) > 2 or (len(args) == 2 and not (isinstance(args[0], ast.Constant) and args[0].value == 0)):
             continue  # range(start, stop): not "once per process"
-        if not ctx.mentions_world(loop.iter.args[-1]):
+        if not _is_world(ctx, loop.iter.args[-1]):
             continue
         for stmt in loop.body:
             for sub in walk_all(stmt):
