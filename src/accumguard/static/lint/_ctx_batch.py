@@ -81,12 +81,26 @@ def _builds_batch(ctx: WindowQueries, node: ast.AST, window: ast.AST) -> bool:
             return True
         if isinstance(cur, ast.Subscript) and child is cur.slice:
             return True
+        if isinstance(cur, ast.Subscript) and child is cur.value and _window_slice(cur, window):
+            return True  # micro_batches[step * K:(step + 1) * K]: one whole window's items
         if isinstance(cur, ast.For | ast.AsyncFor) and (
                 child is cur.iter if cur is window else
                 not any(isinstance(n, ast.Call) and is_backward(n) for n in walk_all(cur))):
             return True
         child, cur = cur, ctx.parents.get(cur)
     return False
+
+
+def _window_slice(sub: ast.Subscript, window: ast.AST) -> bool:
+    """``items[a:b]`` with both bounds built from the window loop's own variable: each
+    iteration takes a whole window of items (the large-batch reference)."""
+    target = getattr(window, "target", None)
+    names = {n.id for n in ast.walk(target) if isinstance(n, ast.Name)} if target else set()
+    sl = sub.slice
+    return bool(names) and isinstance(sl, ast.Slice) and sl.lower is not None \
+        and sl.upper is not None and all(
+            any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(b))
+            for b in (sl.lower, sl.upper))
 
 
 def steps_by_window(it: ast.AST) -> bool:
