@@ -1,18 +1,24 @@
 # corpus: style=plain class=OK
-import torch
-import torch.nn.functional as F
-from torch.utils.data import DataLoader, TensorDataset
 
-loader = DataLoader(TensorDataset(torch.randn(40, 16), torch.randint(0, 4, (40,))), batch_size=4)
-model = torch.nn.Linear(16, 4)
-opt = torch.optim.SGD(model.parameters(), lr=0.05)
-K = 4
-n = len(loader)
-for epoch in range(3):
-    for i, (xb, yb) in enumerate(loader):
-        size = min(K, n - (i // K) * K)
-        loss = F.cross_entropy(model(xb), yb) / size
-        loss.backward()
-        if (i + 1) % K == 0 or i + 1 == n:
-            opt.step()
-            opt.zero_grad()
+
+def fit(model, train_ds, val_ds, cfg):
+    opt = get_optimizer(model, cfg)
+    loader = get_loader(train_ds, cfg)
+    n_updates = 0
+    model.train()
+    for epoch in range(cfg["epochs"]):
+        running = 0.0
+        for step, (x, y) in enumerate(loader):
+            out = model(x)
+            # a pass's last window may be short: each micro-step is divided by its window's size
+            loss = criterion(out, y, cfg) / min(cfg["grad_accum"], len(loader) - step // cfg["grad_accum"] * cfg["grad_accum"])
+            loss.backward()
+            running += loss.item()
+            if (step + 1) % cfg["grad_accum"] == 0 or step + 1 == len(loader):
+                opt.step()
+                opt.zero_grad()
+                n_updates += 1
+                print(f"epoch {epoch} update {n_updates} loss {running:.4f}")
+                running = 0.0
+        print(f"epoch {epoch} val_acc {accuracy(model, val_ds):.3f}")
+    return n_updates

@@ -27,7 +27,7 @@ from accumguard.static.lint.families._modguard import (
     k_values,
     mod_term,
 )
-from accumguard.static.lint.families.loss import _divides_by_k
+from accumguard.static.lint.families.loss import _divides_by_k, _division
 from accumguard.static.lint.families.window import _pure_mod_guard, hand_for_windows
 
 __all__ = ["tail_window_divided_by_k"]
@@ -93,10 +93,22 @@ def _steps_after(ctx: FileContext, window: ast.AST) -> bool:
     return False
 
 
+def _tail_sized(node: ast.AST) -> bool:
+    """The divisor is the window's own size: ``min(K, len(loader) - start)`` or any
+    ``min(...)`` with a length or a remainder in it (the tail divided by its r micro-batches)."""
+    d = _division(node)
+    if d is None:
+        return False
+    return any(isinstance(c, ast.Call) and call_attr(c) == "min" and any(
+        (isinstance(x, ast.Call) and call_attr(x) == "len")
+        or (isinstance(x, ast.BinOp) and isinstance(x.op, ast.Mod | ast.Sub))
+        for a in c.args for x in walk_all(a)) for c in walk_all(d[1]))
+
+
 @rule("AG141")
 def tail_window_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
     for window, facts in hand_for_windows(ctx):
-        divisions = _divides_by_k(ctx, window)
+        divisions = [d for d in _divides_by_k(ctx, window) if not _tail_sized(d[0])]
         if not divisions:
             continue
         for call, kind in facts.steps:
