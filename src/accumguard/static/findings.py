@@ -395,6 +395,17 @@ RULES: dict[str, Rule] = {
             "scaler.step(optimizer); scaler.update()`",
         ),
         _rule(
+            "AG142", "hf-loss-term-not-divided-by-k", "LOSS_SCALE", E, MED,
+            "a Hugging Face Trainer loss adds a mean of its own micro-batch (a z-loss, a "
+            "regulariser) beside a term normalised by num_items_in_batch: the Trainer does not "
+            "divide that loss by K, so the mean is summed over the window and weighs K times "
+            "its coefficient",
+            "divide that term by the accumulation steps (`coef * aux / "
+            "self.current_gradient_accumulation_steps` in compute_loss, or the K of the "
+            "TrainingArguments in a compute_loss_func), or normalise it by the window's count "
+            "as the main term is",
+        ),
+        _rule(
             "AG136", "hf-compute-loss-num-items-divided-by-k", "LOSS_SCALE", E, MED,
             "a Hugging Face Trainer subclass's compute_loss divides by gradient_accumulation_steps "
             "a loss already normalised by num_items_in_batch (the whole window's token count): "

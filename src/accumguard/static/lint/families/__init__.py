@@ -21,6 +21,8 @@
 ``lrcounter``  AG130               a learning rate set by hand from a counter of micro-batches
 ``epochtail``  AG131               Lightning epochs (or their last window) shorter than K
 ``hfscale``    AG136               an HF compute_loss normalised by num_items_in_batch and divided by K
+``hfterms``    AG142               an HF Trainer loss term that is a micro-batch mean beside a
+                                   num_items_in_batch-normalised term, not divided by K
 ``hftokens``   AG140               HF TrainingArguments(average_tokens_across_devices=False) (F6)
 ``tailscale``  AG141               the pass's partial last window stepped, its loss still divided by K
 ``moeaux``     AG132               HF Trainer + MoE model adding its router loss per micro-batch, GA > 1
@@ -39,6 +41,7 @@ from accumguard.static.lint.families import (
     epochtail,
     fused,
     hfscale,
+    hfterms,
     hftokens,
     hookclip,
     horizon,
@@ -57,4 +60,4 @@ from accumguard.static.lint.families import (
     window,
 )
 
-__all__ = ["accelerate", "ampclip", "deepspeed", "epochtail", "fused", "hookclip", "hfscale", "hftokens", "horizon", "loss", "lrcounter", "moeaux", "precision", "reduce", "scale", "schedule", "sync", "tailscale", "terms", "tokenmean", "twice", "window"]
+__all__ = ["accelerate", "ampclip", "deepspeed", "epochtail", "fused", "hookclip", "hfscale", "hfterms", "hftokens", "horizon", "loss", "lrcounter", "moeaux", "precision", "reduce", "scale", "schedule", "sync", "tailscale", "terms", "tokenmean", "twice", "window"]

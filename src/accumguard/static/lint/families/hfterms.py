@@ -1,0 +1,170 @@
+"""AG142 (LOSS_SCALE): a Hugging Face Trainer loss (a ``compute_loss`` override, or the
+function given as ``compute_loss_func``) that adds, beside a term normalised by
+``num_items_in_batch``, a term that is a mean of its own micro-batch and is divided by
+nothing.
+
+``num_items_in_batch`` counts the whole accumulation window's tokens, so the normalised term
+is the window's token mean and the Trainer does not divide the loss by K (transformers 5:
+``compute_loss_func`` given, or the model taking loss kwargs). A micro-batch mean added at
+full weight (a z-loss, an activation or router regulariser: ``coef * x.mean()``) is then
+summed over the K micro-batches: it weighs K times its coefficient next to the main term
+(the large batch's loss is the main token mean plus coef times the mean over the whole
+window). Proven from the source: the mean is a ``.mean()`` (or ``torch.mean``) at the top of
+the term, inline, through a name the function assigns, or as the return of a function of the
+file; no division applies to the term outside the mean; the file does not set
+``loss_is_scaled_for_ga = False``. An error when ``gradient_accumulation_steps`` is in sight
+and above 1, a warning when it is not in sight, nothing when it is 1.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import replace
+
+from accumguard.static.findings import Finding, Severity
+from accumguard.static.lint._ast import FUNCS, call_attr, dotted
+from accumguard.static.lint._context import FileContext
+from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families._modguard import k_values
+from accumguard.static.lint.families.hfscale import _reaching, _window_normalised
+
+__all__ = ["hf_loss_term_not_divided_by_k"]
+
+_Func = ast.FunctionDef | ast.AsyncFunctionDef
+
+
+def _loss_functions(ctx: FileContext) -> list[_Func]:
+    """``compute_loss`` overrides, and the functions handed to ``compute_loss_func=`` (by
+    name, or the inner function a factory of the file returns)."""
+    out: list[_Func] = [fn for _, fn in ctx.trainer_compute_losses()]
+    defs: dict[str, list[_Func]] = {}
+    for f in ctx.of(*FUNCS):
+        defs.setdefault(f.name, []).append(f)
+    for call in ctx.of(ast.Call):
+        for kw in call.keywords:
+            if kw.arg != "compute_loss_func":
+                continue
+            value = kw.value
+            if isinstance(value, ast.Name) and len(defs.get(value.id, [])) == 1:
+                out.append(defs[value.id][0])
+            elif isinstance(value, ast.Call) and len(defs.get(call_attr(value) or "", [])) == 1:
+                factory = defs[call_attr(value) or ""][0]
+                returned = {r.value.id for r in ast.walk(factory)
+                            if isinstance(r, ast.Return) and isinstance(r.value, ast.Name)}
+                out += [f for f in factory.body if isinstance(f, FUNCS) and f.name in returned]
+    return list(dict.fromkeys(out))
+
+
+def _returned_losses(ctx: FileContext, fn: _Func) -> list[ast.AST]:
+    """The loss expressions ``fn`` returns (``(loss, outputs) if return_outputs else loss``:
+    the loss), a returned name replaced by the value it holds there."""
+    out: list[ast.AST] = []
+    for ret in (n for n in ctx.local_nodes(fn) if isinstance(n, ast.Return) and n.value is not None):
+        stack: list[ast.AST] = [ret.value] if ret.value is not None else []
+        while stack:
+            e = stack.pop()
+            if isinstance(e, ast.IfExp):
+                stack += [e.body, e.orelse]
+            elif isinstance(e, ast.Tuple) and e.elts:
+                stack.append(e.elts[0])
+            elif isinstance(e, ast.Name):
+                value = _reaching(ctx, fn, e.id, ret)
+                if value is not None:
+                    out.append(value)
+            else:
+                out.append(e)
+    return out
+
+
+def _terms(ctx: FileContext, fn: _Func, expr: ast.AST, at: ast.AST, depth: int = 2) -> list[ast.AST]:
+    """The additive terms of ``expr`` (a name holding a sum is split too)."""
+    if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Add):
+        return _terms(ctx, fn, expr.left, at, depth) + _terms(ctx, fn, expr.right, at, depth)
+    if isinstance(expr, ast.Name) and depth > 0:
+        value = _reaching(ctx, fn, expr.id, at)
+        if isinstance(value, ast.BinOp) and isinstance(value.op, ast.Add):
+            return _terms(ctx, fn, value, at, depth - 1)
+    return [expr]
+
+
+def _is_mean_call(e: ast.AST) -> bool:
+    """``x.mean()`` or ``torch.mean(x)`` over every element (no ``dim``)."""
+    if not isinstance(e, ast.Call) or call_attr(e) != "mean" or e.keywords:
+        return False
+    if isinstance(e.func, ast.Attribute) and dotted(e.func.value) in ("torch",):
+        return len(e.args) == 1
+    return not e.args
+
+
+def _micro_mean(ctx: FileContext, fn: _Func, term: ast.AST, at: ast.AST) -> ast.AST | None:
+    """The mean a term is, times constants or coefficients and nothing divided: the mean
+    call (inline, through a name ``fn`` assigns, or a file function returning one), else
+    None."""
+    defs = {f.name: f for f in ctx.of(*FUNCS)}
+    stack, found = [term], None
+    while stack:
+        e = stack.pop()
+        if isinstance(e, ast.BinOp) and isinstance(e.op, ast.Mult):
+            stack += [e.left, e.right]
+        elif isinstance(e, (ast.BinOp, ast.UnaryOp)):
+            return None  # a division (or anything else) outside the mean
+        elif _is_mean_call(e):
+            found = e
+        elif isinstance(e, ast.Name):
+            value = _reaching(ctx, fn, e.id, at)
+            if value is not None and _micro_mean(ctx, fn, value, at) is not None:
+                found = e
+        elif isinstance(e, ast.Call) and (call_attr(e) or "") in defs:
+            body = defs[call_attr(e) or ""]
+            rets = [r.value for r in ast.walk(body) if isinstance(r, ast.Return) and r.value is not None]
+            if rets and all(_is_mean_call(r) for r in rets):
+                found = e
+    return found
+
+
+def _scaled_for_ga_false(ctx: FileContext) -> bool:
+    return any(isinstance(n, ast.Assign) and any(
+        isinstance(t, ast.Attribute | ast.Name) and (dotted(t) or "").endswith("loss_is_scaled_for_ga")
+        for t in n.targets) and isinstance(n.value, ast.Constant) and n.value.value is False
+        for n in ctx.of(ast.Assign))
+
+
+def _trainer_ks(ctx: FileContext) -> set[int | None]:
+    """The ``gradient_accumulation_steps`` given to the file's training-arguments calls."""
+    out: set[int | None] = set()
+    for call in ctx.of(ast.Call):
+        for kw in call.keywords:
+            if kw.arg == "gradient_accumulation_steps":
+                out |= k_values(ctx, kw.value, call)
+    return out
+
+
+@rule("AG142")
+def hf_loss_term_not_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
+    fns = _loss_functions(ctx)
+    if not fns or _scaled_for_ga_false(ctx):
+        return
+    ks = _trainer_ks(ctx)
+    if 1 in ks:
+        return
+    known = bool(ks) and None not in ks
+    for fn in fns:
+        ret_at = next((n for n in ctx.local_nodes(fn) if isinstance(n, ast.Return)), fn)
+        for loss in _returned_losses(ctx, fn):
+            terms = _terms(ctx, fn, loss, ret_at)
+            if len(terms) < 2 or not any(_window_normalised(ctx, fn, t) for t in terms):
+                continue
+            for t in terms:
+                if _window_normalised(ctx, fn, t) or _micro_mean(ctx, fn, t, ret_at) is None:
+                    continue
+                k = next(iter(ks)) if known and len(ks) == 1 else "K"
+                f = ctx.finding(
+                    "AG142", t,
+                    f"the loss term `{ast.unparse(t)}` is a mean of this micro-batch added at "
+                    "full weight beside a term normalised by `num_items_in_batch` (the whole "
+                    "window's token count, so the Trainer does not divide the loss by "
+                    f"gradient_accumulation_steps = {k}): summed over the window it weighs "
+                    f"{k}x its coefficient")
+                yield f if known else replace(f, severity=Severity.WARNING)
+                break
