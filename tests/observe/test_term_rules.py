@@ -181,6 +181,8 @@ def _distill(form: str) -> Callable[[], None]:
                     loss = 0.5 * ce / K + 0.5 * kd
                 elif form == "(0.5 ce + 0.5 kd) / K":
                     loss = (0.5 * ce + 0.5 * kd) / K
+                elif form == "(0.5 ce + 0.5 kd / K) / K":  # the bug: kd divided twice
+                    loss = (0.5 * ce + 0.5 * kd / K) / K
                 else:  # "0.5 ce/K + 0.5 kd/K"
                     loss = 0.5 * ce / K + 0.5 * kd / K
                 loss.backward()
@@ -199,6 +201,15 @@ def test_a_distillation_term_not_divided_by_k_beside_a_weighted_ce_is_an_error(
     assert f.cls == "LOSS_SCALE", findings
     assert "weighs its tokens 0.5 in total" in f.evidence, f.evidence
     assert "multiplied by 0.5 x 2 x 2" in f.evidence and "4x" in f.evidence, f.evidence
+
+
+def test_a_distillation_term_divided_by_k_twice_is_an_error(tmp_path: Path) -> None:
+    """The KD term is divided by K in the loss and again with the whole loss (as an engine
+    that divides by its GA does): it weighs 1/K of its coefficient (blind round 26, c_b01)."""
+    findings, _ = _run(tmp_path, _distill("(0.5 ce + 0.5 kd / K) / K"))
+    (f,) = _errors(findings)
+    assert f.cls == "LOSS_SCALE" and "divided by K twice" in f.title, findings
+    assert "divided by K 2 times" in f.evidence and f"1/{K} of what" in f.evidence, f.evidence
 
 
 @pytest.mark.parametrize("form", ["(0.5 ce + 0.5 kd) / K", "0.5 ce/K + 0.5 kd/K"])

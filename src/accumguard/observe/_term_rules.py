@@ -125,6 +125,7 @@ def term_scale_findings(rank: int, windows: list[dict[str, Any]],
                         masses: Masses | None = None) -> list[Finding]:
     """LOSS_SCALE for a term not divided by K beside a loss call divided by K (module doc)."""
     hits: dict[int, list[tuple[dict[str, Any], list[Any], list[Any]]]] = {}
+    twice: dict[int, list[tuple[dict[str, Any], list[Any], list[Any]]]] = {}
     judged: dict[int, int] = {}
     counted: dict[int, set[float]] = {}  # per term, the valid counts that divided it
     for w in windows:
@@ -157,6 +158,8 @@ def term_scale_findings(rank: int, windows: list[dict[str, Any]],
                 hits.setdefault(o, []).append((w, recs[0], ref))
                 counted.setdefault(o, set()).update(
                     c for m, r in enumerate(recs) if (c := _by_count(r, rm[m], k, valid[m])))
+            elif all(_twice_divided_mean(r, rm[m], k, valid[m]) for m, r in enumerate(recs)):
+                twice.setdefault(o, []).append((w, recs[0], ref))
     for o, found in sorted(hits.items()):
         if len(found) != judged[o]:
             continue  # the pattern is not in every window judged
@@ -182,7 +185,60 @@ def term_scale_findings(rank: int, windows: list[dict[str, Any]],
                         "set `model.config.router_aux_loss_coef` to the coefficient / K. If "
                         f"the larger weight is wanted, write the coefficient as {k} x coef / "
                         "K so the intent is explicit.")]
+    for o, found in sorted(twice.items()):
+        if len(found) != judged[o]:
+            continue
+        w, x, ref = found[0]
+        k = int(w["window"])
+        return [_mk("LOSS_SCALE", "error", rank, int(w["step"]), None,
+                    _twice_text(found, x, ref, k),
+                    title_=f"a term of the loss is divided by K twice: it weighs 1/{k} of its "
+                           "coefficient",
+                    fix=f"Divide that term by K = {k} once, as the loss beside it is: remove "
+                        "the division written in the loss function when the engine already "
+                        "divides the whole loss by the accumulation steps (DeepSpeed's "
+                        "engine.backward, Accelerate's accelerator.backward, the HF Trainer "
+                        "without num_items_in_batch), or the engine's when the loss is scaled "
+                        "by hand.")]
     return []
+
+
+def _k_divisions(divs: list[list[Any]], k: int) -> int:
+    """How many constants between a term and the root divide it by exactly ``k``."""
+    return sum(1 for op, c in divs if (str(op) == "/" and _is(float(c), float(k)))
+               or (str(op) == "*" and _is(float(c), 1.0 / k)))
+
+
+def _twice_divided_mean(r: list[Any], ref: list[Any], k: int, valid: int) -> bool:
+    """Term ``r`` is a per-micro-batch mean (over the rows, or a masked mean over the valid
+    tokens, of the loss call ``ref`` beside it) divided by exactly K at least twice, once
+    more than ``ref`` is: summed over the window it weighs ``K ** (1 - n)`` of its
+    coefficient (``kd / K`` written in the loss while the engine divides by K too)."""
+    n = _k_divisions(r[4], k)
+    if r[6] or n < 2 or n != _k_divisions(ref[4], k) + 1:
+        return False
+    rest = [*r[:4], [d for d in r[4] if not _k_divisions([d], k)], *r[5:]]
+    return _row_mean(rest, ref, k) or _by_count(rest, ref, k, valid) is not None
+
+
+def _twice_text(found: list[tuple[dict[str, Any], list[Any], list[Any]]], x: list[Any],
+                ref: list[Any], k: int) -> str:
+    w = found[0][0]
+    n = _k_divisions(x[4], k)
+    what = (f"the loss call at {_short(str(x[7]))}" if x[7] is not None else
+            f"a term built from torch ops (its graph starts at {x[3]}, a mean over the "
+            "micro-batch)")
+    where = f" of the loss backpropagated at {_short(str(x[11]))}" if len(x) > 11 and x[11] \
+        else ""
+    return (f"{what}{where} is one term of a sum whose other term, the loss call at "
+            f"{_short(str(ref[7]))}, is divided by K = {k} {_k_divisions(ref[4], k)} time(s) "
+            f"and weighs its tokens 1 in total over each window (the large batch's mean); this "
+            f"term, a mean of its micro-batch, is divided by K {n} times in every one of the "
+            f"{k} micro-steps of {len(found)} window(s) (first: optimizer step "
+            f"{_n(w['step'])}; constants read from the graph: "
+            + ", ".join(f"{op} {float(c):g}" for op, c in x[4])
+            + f"): accumulated, it weighs 1/{k ** (n - 1)} of what its coefficient gives the "
+            "large batch")
 
 
 def _rank_mass(w: dict[str, Any], ref: list[Any]) -> float | None:
