@@ -669,3 +669,56 @@ def test_a_sequence_z_loss_beside_a_window_normalised_token_loss(tmp_path: Path)
     (f,) = _errors(findings)
     assert f.cls == "LOSS_SCALE" and "3 items of 6 of the micro-batch's 18 rows" in f.evidence, f
     assert _errors(_run(tmp_path / "ok", _seq_z(True))[0]) == []
+
+
+# -- a PPO/GRPO objective whose importance ratio stops the walk --------------------------------
+def _ppo(norm: str) -> Callable[[], None]:
+    """A clipped-ratio objective with a KL penalty, per token, summed over the tokens a 0/1
+    mask keeps: ``norm`` is ``micro`` (each micro-batch's own token count, then / K: a mean
+    of per-micro-batch means, F5) or ``window`` (the window's token count: right)."""
+    def loop() -> None:
+        torch.manual_seed(0)
+        policy = _Policy()
+        ref = _Policy()
+        opt = torch.optim.SGD(policy.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(3)
+        for _ in range(STEPS):
+            seq, mask, adv = _rollout(g, 3 * K)
+            window_tokens = mask.sum()
+            for m in range(K):
+                sl = slice(3 * m, 3 * (m + 1))
+                logp = F.log_softmax(policy(seq[sl, :-1]), -1).gather(
+                    -1, seq[sl, 1:, None]).squeeze(-1)
+                with torch.no_grad():
+                    ref_logp = F.log_softmax(ref(seq[sl, :-1]), -1).gather(
+                        -1, seq[sl, 1:, None]).squeeze(-1)
+                ratio = torch.exp(logp - logp.detach())
+                a = adv[sl, None]
+                surrogate = -torch.min(ratio * a, ratio.clamp(0.8, 1.2) * a)
+                kl = torch.exp(ref_logp - logp) - (ref_logp - logp) - 1
+                obj = surrogate + 0.05 * kl
+                if norm == "micro":
+                    loss = (obj * mask[sl]).sum() / mask[sl].sum() / K
+                else:
+                    loss = (obj * mask[sl]).sum() / window_tokens
+                loss.backward()
+            opt.step()
+            opt.zero_grad()
+
+    return loop
+
+
+def test_ppo_objective_normalised_per_micro_batch_is_f5(tmp_path: Path) -> None:
+    """The ratio ``exp(logp - old)`` hides the log-prob selection from the walk; the masked
+    sum over the tokens is recorded instead (blind round 26, c_b02: GRPO on ZeRO-3)."""
+    findings, steps = _run(tmp_path, _ppo("micro"))
+    (f,) = _errors(findings)
+    assert f.cls == "F5", findings
+    recs = [r for s in steps for r in s.get("losses") or []]
+    assert recs and all(r[6] == "sum" and r[10] == "tokens" for r in recs), recs
+
+
+def test_ppo_objective_normalised_by_the_window_is_silent(tmp_path: Path) -> None:
+    findings, steps = _run(tmp_path, _ppo("window"))
+    assert _errors(findings) == [], findings
+    assert any(s.get("losses") for s in steps)  # recorded, and judged right

@@ -67,7 +67,7 @@ from accumguard.observe._losses_terms import (
     selection_stats,
     term_rows,
 )
-from accumguard.observe._losses_walk import Const, walk
+from accumguard.observe._losses_walk import Const, masked_sum, walk
 
 if TYPE_CHECKING:
     from accumguard.observe._patch import Patches
@@ -474,6 +474,9 @@ class LossRecorder:
                 site.append(self._site(3, 4 * _FRAMES))
             return site[0]
 
+        if not any(leaf.select for leaf in w.leaves) and len(self.calls) < _MAX_CALLS \
+                and not any(c.node in w.chain for c in self.calls):
+            self._masked_sum(root, where)
         for leaf in w.leaves:
             if leaf.select is None or len(self.calls) >= _MAX_CALLS:
                 continue
@@ -485,6 +488,25 @@ class LossRecorder:
             self.calls.append(call)
             leaf.node.register_prehook(functools.partial(self._on_select, call, leaf.index))
         self.terms.on_walk(self.micro, w, self.calls, where)
+
+    def _masked_sum(self, root: Any, where: Callable[[], str]) -> None:
+        """A loss built by hand as ``(x * mask).sum()`` times constants (no loss call, no
+        log-prob selection reached: a PPO/GRPO objective whose ratio stops the walk) is
+        recorded as a sum over the tokens its 0/1 mask keeps: the gradient reaching the sum
+        is their weight, as a ``reduction='sum'`` loss call's is (a mask that is not 0/1
+        counts as no token: the record is dropped at the step)."""
+        found = masked_sum(root)
+        if found is None:
+            return
+        node, mask = found
+        with torch.no_grad():
+            binary = ((mask == 0) | (mask == 1)).all()
+            n = torch.where(binary, torch.count_nonzero(mask), -1)
+        rows = int(mask.shape[0]) if mask.dim() >= 1 else 1
+        call = _Call(where(), self.seq, n, False, mask.dtype in _LOW, node._sequence_nr(), rows)
+        self.seq += 1
+        self.calls.append(call)
+        node.register_prehook(functools.partial(self._on_grad, call, 0))
 
     @hook_method
     def _on_select(self, call: _Call, index: int, grad_outputs: tuple[torch.Tensor | None, ...]) -> None:

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Const", "Leaf", "Walk", "batch_means_below", "constant", "walk"]
+__all__ = ["Const", "Leaf", "Walk", "batch_means_below", "constant", "masked_sum", "walk"]
 
 #: One constant between a node and the root: ``["/", c]`` or ``["*", c]`` (a list: it goes
 #: to the recording as JSON).
@@ -305,3 +305,42 @@ def _walk(root: torch.Tensor | Sequence[torch.Tensor], out: Walk) -> None:
         out.leaves.append(Leaf(node, index, divs, split, means, opaque, select, weighted,
                                factors if weighted and select is not None else None, first))
     out.complete = not stack
+
+
+#: Nodes between a backward's root and a masked sum: constants, casts, views, a negation.
+_MASKED_CHAIN = ("MulBackward0", "DivBackward0", "NegBackward", "CloneBackward", "ToCopyBackward",
+                 "AliasBackward", "ViewBackward", "SqueezeBackward", "UnsqueezeBackward",
+                 "ReshapeAliasBackward")
+
+
+def masked_sum(root: torch.Tensor | Sequence[torch.Tensor]) -> tuple[Any, torch.Tensor] | None:
+    """``(sum node, mask)`` when the root is ``(x * mask).sum()`` times constants only (a
+    loss built by hand over the tokens a 0/1 mask keeps: a policy-gradient or any per-token
+    objective ``(obj * mask).sum() / n``), else None. The mask is the multiplication's data
+    operand; whether it holds only 0 and 1 is decided on its device by the caller."""
+    if isinstance(root, (list, tuple)):
+        if len(root) != 1:
+            return None
+        root = root[0]
+    node = getattr(root, "grad_fn", None)
+    try:
+        for _ in range(16):
+            if node is None:
+                return None
+            name = type(node).__name__
+            nxt = [n for n, _ in node.next_functions if n is not None]
+            if name == "SumBackward0" and len(nxt) == 1:
+                below = nxt[0]
+                if not type(below).__name__.startswith("MulBackward0"):
+                    return None
+                mask = _factor(below)
+                return (node, mask) if mask is not None and mask.dim() >= 1 else None
+            if not name.startswith(_MASKED_CHAIN) or len(nxt) != 1:
+                return None
+            if name.startswith(("MulBackward", "DivBackward")) and constant(node) is None \
+                    and not _unread(node):
+                return None  # a data tensor above the sum (a device scalar is read by the hook)
+            node = nxt[0]
+    except (AttributeError, RuntimeError, TypeError):
+        return None
+    return None
