@@ -12,6 +12,7 @@ from accumguard.static.lint._ast import (
     call_attr,
     dotted,
     has_mod,
+    is_backward,
     last_part,
     terminates,
     walk_all,
@@ -164,7 +165,12 @@ class BoundaryFacts(FileIndex):
                 if isinstance(body, list) and body:
                     where, first_stop = self._block_stops(cur, body_name, body)
                     i = where.get(id(child))
-                    if i is not None and first_stop < i:
+                    if i is not None and first_stop < i and not (
+                            _has_backward(body[first_stop + 1:i])
+                            and not _has_backward(body[first_stop:first_stop + 1])):
+                        # (a stop with no backward of its own, before the micro-step's
+                        # backward, skips the whole micro-step: a fast-forward on resume,
+                        # not a boundary)
                         return True
             if cur is window:
                 return False
@@ -233,3 +239,8 @@ def _skips(owner: ast.AST, body: list[ast.stmt]) -> bool:
         return False
     return not (isinstance(body[-1], ast.Return)
                 and isinstance(owner, ast.For | ast.AsyncFor | ast.While))
+
+
+def _has_backward(stmts: list[ast.stmt]) -> bool:
+    return any(isinstance(n, ast.Call) and is_backward(n) for stmt in stmts for n in walk_all(stmt))
+
