@@ -200,19 +200,26 @@ def _low_dtype(expr: ast.AST | None) -> bool:
 
 
 def _low_reduce_policies(ctx: FileContext) -> list[ast.Call]:
-    """``MixedPrecisionPolicy(...)`` calls with a bf16/fp16 ``param_dtype`` and a
-    ``reduce_dtype`` that is unset, None or bf16/fp16 (read by keyword only)."""
+    """``MixedPrecisionPolicy(...)`` calls with a bf16/fp16 ``reduce_dtype``, or a bf16/fp16
+    ``param_dtype`` and a ``reduce_dtype`` that is unset or None (read by keyword only)."""
     out: list[ast.Call] = []
     for call in ctx.of(ast.Call):
         if (dotted(call.func) or "").split(".")[-1] != "MixedPrecisionPolicy":
             continue
         kws = {k.arg: k.value for k in call.keywords}
-        if None in kws or call.args or not _low_dtype(kws.get("param_dtype")):
+        if None in kws or call.args:
             continue
         reduce = kws.get("reduce_dtype")
-        if reduce is None or (isinstance(reduce, ast.Constant) and reduce.value is None) or _low_dtype(reduce):
+        # a reduce_dtype named low keeps the deferred sum in it (fp32 compute too)
+        unset = reduce is None or (isinstance(reduce, ast.Constant) and reduce.value is None)
+        if _low_dtype(reduce) or (_low_dtype(kws.get("param_dtype")) and unset):
             out.append(call)
     return out
+
+
+def _param_dtype(policy: ast.Call) -> str:
+    value = next((k.value for k in policy.keywords if k.arg == "param_dtype"), None)
+    return ast.unparse(value) if value is not None else "unset (float32)"
 
 
 def _policy_used(ctx: FileContext, policy: ast.Call) -> bool:
@@ -280,8 +287,9 @@ def fsdp2_low_precision_reduce(ctx: FileContext) -> Iterator[Finding]:
     if not policies:
         return
     windows = [
+        # (a window that defers the sync accumulates, whatever its names say)
         w for w in ctx.windows()
-        if (f := ctx.window_facts(w)).accumulating and not f.summed_loss and not f.engine_backward
+        if not (f := ctx.window_facts(w)).summed_loss and not f.engine_backward
         and not f.accelerate and not f.unguarded_optimizer_steps and _defers_sync(ctx, w)
     ]
     if not windows:
@@ -299,7 +307,7 @@ def fsdp2_low_precision_reduce(ctx: FileContext) -> Iterator[Finding]:
         finding = ctx.finding(
             "AG126",
             policy,
-            f"`{ast.unparse(policy.func)}` with param_dtype={ast.unparse(next(k.value for k in policy.keywords if k.arg == 'param_dtype'))} "
+            f"`{ast.unparse(policy.func)}` with param_dtype={_param_dtype(policy)} "
             f"and {how}, while the window at line {getattr(windows[0], 'lineno', 1)} defers the "
             f"gradient sync over {k_text} micro-batches: FSDP2 sums the window's unsharded "
             "gradient in that low-precision dtype, a rounding drift that grows like sqrt(K)"
