@@ -468,6 +468,7 @@ def _plain_model_only(ctx: FileContext, dividend: ast.AST) -> bool:
             for e in n.targets[0].elts:  # ``_, loss_sum = ref(X, Y)``
                 if isinstance(e, ast.Name):
                     values.setdefault(e.id, []).append(n.value)
+                    built[e.id] = False  # (``model, opt = accelerator.prepare(...)``)
         if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name):
             name = n.targets[0].id
             values.setdefault(name, []).append(n.value)
@@ -483,14 +484,20 @@ def _plain_model_only(ctx: FileContext, dividend: ast.AST) -> bool:
     called = {c.func.id for e in exprs for c in walk_all(e)
               if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
     models = [c for c in called if c in built]
+    # (a module handed to a loss helper, ``ce_sum(model, x, y)``, built from a class: data
+    # tensors among the arguments are no modules)
+    models += [a.id for e in exprs for c in walk_all(e) if isinstance(c, ast.Call)
+               for a in c.args if isinstance(a, ast.Name) and built.get(a.id)]
     return bool(models) and all(built[m] and m not in wrapped for m in models)
 
 
 @rule("AG113")
 def rank_local_token_mean_under_ddp(ctx: FileContext) -> Iterator[Finding]:
-    if not ctx.ddp_wrapped or not ctx.is_training_script() or custom_rank_reduction(ctx):
+    # a model accelerator.prepare() wraps is DDP whenever the run has several processes
+    wrapped = ctx.ddp_wrapped or (ctx.accelerate and ctx.accelerate_prepare)
+    if not wrapped or not ctx.is_training_script() or custom_rank_reduction(ctx):
         return
-    for node, dividend, divisor in _divisions(ctx):
+    for node, dividend, divisor in [*_divisions(ctx), *_reciprocal_products(ctx)]:
         if not _is_count(ctx, divisor, micro_batch=False) or not (_is_loss_division(ctx, node, dividend) or any(
             isinstance(n, ast.Call) and call_attr(n) == "sum" for n in walk_all(dividend)
         )):
@@ -499,6 +506,8 @@ def rank_local_token_mean_under_ddp(ctx: FileContext) -> Iterator[Finding]:
         count_names = {d for d in (dotted(s) for s in walk_all(divisor)) if d}
         if count_names & ctx.all_reduced_names(scope) or count_names & ctx.all_reduced_names(ctx.tree):
             continue
+        if not ctx.ddp_wrapped and not _local_count(ctx, node, count_names):
+            continue  # under Accelerate: only a count computed here, not named as the window's
         if returned_reduced(ctx, divisor):
             continue  # a helper of the file all-reduces the count it returns
         if _under_wrapper_branch(ctx, node) or not _flows_to_backward(ctx, node):
@@ -516,6 +525,37 @@ def rank_local_token_mean_under_ddp(ctx: FileContext) -> Iterator[Finding]:
             "under DDP/FSDP the loss is divided by this rank's own token count, which is never "
             "all-reduced: DDP then averages rank-local means, so ranks with fewer tokens weigh more",
         )
+
+
+def _local_count(ctx: FileContext, node: ast.AST, names: set[str]) -> bool:
+    """The count is assigned in the function around ``node`` and no name of it says it
+    spans the window or the ranks (``window_tokens``, ``global_count``)."""
+    func = ctx.enclosing(node, FUNCS)
+    if func is None or any(GLOBAL_COUNT_RE.search(n.lower()) for n in names):
+        return False
+    assigned = {t.id for a in ast.walk(func) if isinstance(a, ast.Assign)
+                for t in a.targets if isinstance(t, ast.Name)}
+    return bool(names & assigned)
+
+
+def _reciprocal_products(ctx: FileContext) -> Iterator[tuple[ast.AST, ast.AST, ast.AST]]:
+    """``loss * scale`` where ``scale`` is assigned once in its function as ``1 / count``:
+    (the product, the other factor, the count), as a division by the count."""
+    for node in ctx.of(ast.BinOp):
+        if not isinstance(node.op, ast.Mult):
+            continue
+        func = ctx.enclosing(node, FUNCS)
+        for factor, other in ((node.right, node.left), (node.left, node.right)):
+            if not isinstance(factor, ast.Name) or func is None:
+                continue
+            values = [a.value for a in ast.walk(func) if isinstance(a, ast.Assign)
+                      and len(a.targets) == 1 and isinstance(a.targets[0], ast.Name)
+                      and a.targets[0].id == factor.id]
+            v = values[0] if len(values) == 1 else None
+            if isinstance(v, ast.BinOp) and isinstance(v.op, ast.Div) \
+                    and isinstance(v.left, ast.Constant) and v.left.value in (1, 1.0):
+                yield node, other, v.right
+                break
 
 
 # ---------------------------------------------------------------- AG118: HF Trainer.compute_loss
