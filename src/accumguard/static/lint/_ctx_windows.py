@@ -305,11 +305,13 @@ class WindowQueries(ReachFacts):
         """``test`` is a name ``scope`` assigns from a modulo (``ready = (i + 1) % K == 0``)."""
         if not isinstance(test, ast.Name):
             return False
-        return any(
-            isinstance(n, ast.Assign) and has_mod(n.value)
-            and any(isinstance(t, ast.Name) and t.id == test.id for t in n.targets)
-            for n in self.local_nodes(scope)
-        )
+
+        def compute() -> set[str]:  # once per scope: asked for every `if name:` in it
+            return {t.id for n in self.local_nodes(scope)
+                    if isinstance(n, ast.Assign) and has_mod(n.value)
+                    for t in n.targets if isinstance(t, ast.Name)}
+
+        return test.id in self._cached("mod_flags", scope, compute)
 
     def identifier_set(self, node: ast.AST) -> set[str]:
         """The distinct lower-cased identifiers of ``node`` outside nested scopes (cached)."""
