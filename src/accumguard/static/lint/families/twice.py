@@ -255,3 +255,117 @@ def loss_divided_before_engine_backward(ctx: FileContext) -> Iterator[Finding]:
                 "while the engine steps once per GA backward() calls: the loss is divided twice "
                 "and the optimizer receives G / K",
             )
+
+
+def _functions_by_name(ctx: FileContext) -> dict[str, list[ast.AST]]:
+    def compute() -> dict[str, list[ast.AST]]:
+        out: dict[str, list[ast.AST]] = {}
+        for f in ctx.of(*FUNCS):
+            out.setdefault(f.name, []).append(f)
+        return out
+    return ctx._cached("functions_by_name", ctx.tree, compute)  # type: ignore[no-any-return]
+
+
+def _returned_element(ctx: FileContext, name: ast.Name) -> tuple[ast.AST, ast.AST] | None:
+    """``loss`` of ``loss, ce, kd = total_loss(...)`` (a function of the file): the matching
+    element of that function's returned tuple, and the function (one definition, every
+    return a tuple of the same length)."""
+    stmt = ctx.parents.get(name)
+    while stmt is not None and not isinstance(stmt, ast.stmt):
+        stmt = ctx.parents.get(stmt)
+    block = ctx.parents.get(stmt) if stmt is not None else None
+    body = next((getattr(block, f) for f in ("body", "orelse", "finalbody")
+                 if isinstance(getattr(block, f, None), list) and stmt in getattr(block, f)), None)
+    if body is None:
+        return None
+    for prior in reversed(body[: body.index(stmt)]):
+        if not (isinstance(prior, ast.Assign) and len(prior.targets) == 1):
+            continue
+        target = prior.targets[0]
+        if not isinstance(target, ast.Tuple):
+            if isinstance(target, ast.Name) and target.id == name.id:
+                return None
+            continue
+        ids = [e.id if isinstance(e, ast.Name) else None for e in target.elts]
+        if name.id not in ids or not isinstance(prior.value, ast.Call):
+            continue
+        fns = _functions_by_name(ctx).get(call_attr(prior.value) or "", [])
+        if len(fns) != 1:
+            return None
+        rets = [r.value for r in ast.walk(fns[0]) if isinstance(r, ast.Return)]
+        i = ids.index(name.id)
+        if not rets or not all(isinstance(r, ast.Tuple) and len(r.elts) == len(ids) for r in rets):
+            return None
+        return rets[0].elts[i], fns[0]  # type: ignore[union-attr]
+    return None
+
+
+def _sum_terms(ctx: FileContext, expr: ast.AST) -> list[ast.AST]:
+    if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Add):
+        return _sum_terms(ctx, expr.left) + _sum_terms(ctx, expr.right)
+    return [expr]
+
+
+def _term_k_division(ctx: FileContext, term: ast.AST) -> str | None:
+    """How a term (a product of factors) is divided by K: a factor that is a division by
+    K, a K-dividing helper's result, or a name holding one."""
+    stack = [term]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, ast.BinOp) and isinstance(e.op, ast.Mult):
+            stack += [e.left, e.right]
+            continue
+        if isinstance(e, ast.BinOp) and isinstance(e.op, ast.Div) and is_k(ctx, e.right):
+            return f"`{ast.unparse(e)}`"
+        helper = k_helper_result(ctx, e, ctx.scope_of(e))
+        if helper is not None:
+            _, div = k_dividing_helpers(ctx)[helper]
+            return f"`{helper}()` returns `{ast.unparse(div)}` (line {getattr(div, 'lineno', '?')})"
+    return None
+
+
+@rule("AG134")
+def term_divided_before_engine_backward(ctx: FileContext) -> Iterator[Finding]:
+    """One term of the loss handed to the documented engine loop is divided by K while the
+    others are not (``loss = ce + w * kd`` with ``kd`` returned as ``kl / K``): DeepSpeed
+    divides the whole loss by GA, so that term is divided twice and weighs 1/K of its
+    coefficient beside the others."""
+    ref = ctx.ds_config()
+    if ref is None or ctx.explicit_ds_boundary:
+        return
+    gated = {id(site) for _, site in _hand_gated_steps(ctx)}
+    for window in ctx.windows():
+        facts = ctx.window_facts(window)
+        steps = [c for c, k in facts.steps if k == "engine"]
+        if not facts.engine_backward or not steps or any(id(c) in gated for c in steps):
+            continue
+        for call in ctx.local_nodes(window):
+            if not (isinstance(call, ast.Call) and call_attr(call) == "backward"
+                    and ctx.kind_of_receiver(receiver(call)) == "engine"
+                    and len(call.args) == 1 and not call.keywords
+                    and isinstance(call.args[0], ast.Name)):
+                continue
+            loss: ast.AST | None = value_before(ctx, call.args[0])
+            if loss is None:
+                found = _returned_element(ctx, call.args[0])
+                loss = found[0] if found is not None else None
+            if loss is None:
+                continue
+            terms = _sum_terms(ctx, loss)
+            how = [_term_k_division(ctx, t) for t in terms]
+            if len(terms) < 2 or all(h is None for h in how) or all(h is not None for h in how):
+                continue
+            verdict, ga = _config_ga(ctx, ref, set())
+            if verdict != "many":
+                continue
+            t, h = next((t, h) for t, h in zip(terms, how, strict=True) if h is not None)
+            name = dotted(receiver(call)) or "engine"
+            yield ctx.finding(
+                "AG134",
+                call,
+                f"the loss given to `{name}.backward()` is a sum whose term `{ast.unparse(t)}` is "
+                f"already divided by the accumulation steps ({h}) while the other terms are not; "
+                f"DeepSpeed's backward divides the whole loss by the config's "
+                f"gradient_accumulation_steps {ga} ({ref.where}) again, so that term is divided "
+                "twice: it weighs 1/K of its coefficient beside the others",
+            )
