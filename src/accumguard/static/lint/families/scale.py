@@ -26,6 +26,7 @@ from accumguard.static.lint._ast import call_attr, dotted, receiver, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._masked import counted_per_micro_batch, num_items_arg
+from accumguard.static.lint.families._rankavg import custom_rank_reduction, returned_reduced
 from accumguard.static.lint.families.deepspeed import _local_funcs, _name_values, _plain_loss
 from accumguard.static.lint.families.loss import (
     _division,
@@ -33,8 +34,6 @@ from accumguard.static.lint.families.loss import (
     _is_loss_division,
     _mean_criteria,
     _reduction,
-    custom_rank_reduction,
-    returned_reduced,
 )
 
 __all__ = ["global_count_then_ddp_average", "mean_loss_never_divided_by_k"]

@@ -1,0 +1,174 @@
+"""What a DDP/FSDP/Accelerate wrapper's average over ranks does to a loss, as the loss rules
+(AG112, AG113, AG123) read it from the source: a changed rank reduction (a divide factor, a
+comm hook), counts all-reduced by a helper of the file, single-process reference models beside
+the wrapped one, and a loss scaled by ``1 / count``."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+from accumguard.static.lint._ast import (
+    DDP_WRAPPERS,
+    FUNCS,
+    GLOBAL_COUNT_RE,
+    call_attr,
+    dotted,
+    walk_all,
+)
+from accumguard.static.lint._context import FileContext
+
+__all__ = ["custom_rank_reduction", "local_count", "plain_model_only", "reciprocal_products",
+           "returned_reduced"]
+
+
+#: Calls that change what DDP/FSDP does to the gradients across ranks: with them in the file
+#: the wrapper's plain average over W is not what runs (FSDP2's divide factor set to 1 sums).
+_REDUCTION_CHANGED = frozenset({"set_gradient_divide_factor", "set_reduce_scatter_divide_factor",
+                                "register_comm_hook", "set_all_reduce_hook",
+                                "set_force_sum_reduction_for_comms"})
+
+
+def custom_rank_reduction(ctx: FileContext) -> bool:
+    """The file changes the wrapper's reduction over ranks (a divide factor, a comm hook):
+    the rules that assume DDP/FSDP's average say nothing."""
+    return any((call_attr(c) or "") in _REDUCTION_CHANGED for c in ctx.of(ast.Call))
+
+
+def _wrapped_names(scope: ast.AST, parents: dict[ast.AST, ast.AST]) -> set[str]:
+    """Names ``scope`` hands to a DDP/FSDP wrapper or assigns from one
+    (``fully_shard(model)``, ``model = DDP(model)``)."""
+    out: set[str] = set()
+    for call in ast.walk(scope):
+        if not isinstance(call, ast.Call) or (call_attr(call) or "") not in DDP_WRAPPERS:
+            continue
+        out |= {d for a in call.args[:1] if (d := dotted(a)) is not None}
+        parent = parents.get(call)
+        if isinstance(parent, ast.Assign):
+            out |= {d for t in parent.targets if (d := dotted(t)) is not None}
+    return out
+
+
+def _file_functions(ctx: FileContext) -> dict[str, list[ast.AST]]:
+    """The functions and methods defined in the file, by name (cached)."""
+    def compute() -> dict[str, list[ast.AST]]:
+        out: dict[str, list[ast.AST]] = {}
+        for f in ctx.of(*FUNCS):
+            out.setdefault(f.name, []).append(f)
+        return out
+    return ctx._cached("file_functions", ctx.tree, compute)  # type: ignore[no-any-return]
+
+
+def _file_function_without(ctx: FileContext, name: str, calls: frozenset[str]) -> bool:
+    """``name`` is one function of this file, and its body calls none of ``calls``."""
+    defs = _file_functions(ctx).get(name, [])
+    return len(defs) == 1 and not any(
+        isinstance(c, ast.Call) and (call_attr(c) or "") in calls for c in ast.walk(defs[0]))
+
+
+_REDUCES = frozenset({"all_reduce", "all_reduce_coalesced", "reduce", "all_gather", "gather",
+                      "reduce_tensor", "sync_tensor"})
+
+
+def returned_reduced(ctx: FileContext, divisor: ast.AST, *, summed: bool = False) -> bool:
+    """The count is what a function of this file returns after an all-reduce in its body
+    (``denom = self.global_token_count(mbs)``), directly or through a local name; with
+    ``summed``, every reduction there sums (torch's default op)."""
+    func = ctx.enclosing(divisor, FUNCS)
+    exprs = [divisor]
+    if func is not None:
+        names = {x.id for x in walk_all(divisor) if isinstance(x, ast.Name)}
+        exprs += [n.value for n in ast.walk(func) if isinstance(n, ast.Assign)
+                  and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)
+                  and n.targets[0].id in names]
+    for e in exprs:
+        for c in walk_all(e):
+            if not isinstance(c, ast.Call):
+                continue
+            defs = _file_functions(ctx).get(call_attr(c) or "", [])
+            if len(defs) != 1:
+                continue
+            reductions = [x for x in ast.walk(defs[0]) if isinstance(x, ast.Call)
+                          and (call_attr(x) or "") in _REDUCES]
+            if reductions and (not summed or all(_sums(x) for x in reductions)):
+                return True
+    return False
+
+
+def _sums(call: ast.Call) -> bool:
+    """An all-reduce whose op is a sum (given as ``SUM`` or left to torch's default)."""
+    if call_attr(call) != "all_reduce":
+        return False
+    op = next((k.value for k in call.keywords if k.arg == "op"), None)
+    if op is None and len(call.args) > 1:
+        op = call.args[1]
+    return op is None or (dotted(op) or "").upper().endswith("SUM")
+
+
+def plain_model_only(ctx: FileContext, dividend: ast.AST) -> bool:
+    """Every module the loss calls is a local name its function builds from a class
+    (``ref = LM()``, ``copy.deepcopy(...)``) and never wraps: a single-process reference run in a DDP/FSDP
+    script, whose gradient no rank average touches."""
+    func = ctx.enclosing(dividend, FUNCS)
+    if func is None:
+        return False
+    wrapped = _wrapped_names(func, ctx.parents)  # (another function's `model` is another)
+    built: dict[str, bool] = {}  # local name -> assigned only from a class built here
+    values: dict[str, list[ast.AST]] = {}  # local name -> the values assigned to it
+    for n in ast.walk(func):
+        if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Tuple):
+            for e in n.targets[0].elts:  # ``_, loss_sum = ref(X, Y)``
+                if isinstance(e, ast.Name):
+                    values.setdefault(e.id, []).append(n.value)
+                    built[e.id] = False  # (``model, opt = accelerator.prepare(...)``)
+        if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name):
+            name = n.targets[0].id
+            values.setdefault(name, []).append(n.value)
+            made = call_attr(n.value) or "" if isinstance(n.value, ast.Call) else ""
+            # a class built here (``LM()``, ``GPT(cfg)``), a deep copy, or a factory of this
+            # file that wraps nothing (a factory out of sight may return a wrapped model)
+            plain = made not in DDP_WRAPPERS and (made[:1].isupper() or made == "deepcopy"
+                                                  or _file_function_without(ctx, made, DDP_WRAPPERS))
+            built[name] = built.get(name, True) and plain
+    # the modules called in the loss, or in what its names were assigned (``logits = ref(x)``)
+    exprs = [dividend, *(v for x in walk_all(dividend) if isinstance(x, ast.Name)
+                         for v in values.get(x.id, []))]
+    called = {c.func.id for e in exprs for c in walk_all(e)
+              if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
+    models = [c for c in called if c in built]
+    # (a module handed to a loss helper, ``ce_sum(model, x, y)``, built from a class: data
+    # tensors among the arguments are no modules)
+    models += [a.id for e in exprs for c in walk_all(e) if isinstance(c, ast.Call)
+               for a in c.args if isinstance(a, ast.Name) and built.get(a.id)]
+    return bool(models) and all(built[m] and m not in wrapped for m in models)
+
+
+def local_count(ctx: FileContext, node: ast.AST, names: set[str]) -> bool:
+    """The count is assigned in the function around ``node`` and no name of it says it
+    spans the window or the ranks (``window_tokens``, ``global_count``)."""
+    func = ctx.enclosing(node, FUNCS)
+    if func is None or any(GLOBAL_COUNT_RE.search(n.lower()) for n in names):
+        return False
+    assigned = {t.id for a in ast.walk(func) if isinstance(a, ast.Assign)
+                for t in a.targets if isinstance(t, ast.Name)}
+    return bool(names & assigned)
+
+
+def reciprocal_products(ctx: FileContext) -> Iterator[tuple[ast.AST, ast.AST, ast.AST]]:
+    """``loss * scale`` where ``scale`` is assigned once in its function as ``1 / count``:
+    (the product, the other factor, the count), as a division by the count."""
+    for node in ctx.of(ast.BinOp):
+        if not isinstance(node.op, ast.Mult):
+            continue
+        func = ctx.enclosing(node, FUNCS)
+        for factor, other in ((node.right, node.left), (node.left, node.right)):
+            if not isinstance(factor, ast.Name) or func is None:
+                continue
+            values = [a.value for a in ast.walk(func) if isinstance(a, ast.Assign)
+                      and len(a.targets) == 1 and isinstance(a.targets[0], ast.Name)
+                      and a.targets[0].id == factor.id]
+            v = values[0] if len(values) == 1 else None
+            if isinstance(v, ast.BinOp) and isinstance(v.op, ast.Div) \
+                    and isinstance(v.left, ast.Constant) and v.left.value in (1, 1.0):
+                yield node, other, v.right
+                break
