@@ -155,18 +155,22 @@ def k_helper_result(ctx: FileContext, expr: ast.AST, scope: ast.AST) -> str | No
     return None if value is None else k_helper_result(ctx, value, scope)
 
 
-def value_before(ctx: FileContext, name: ast.Name) -> ast.AST | None:
-    """The value of the last ``name = value`` before ``name``'s statement in the same block
-    (None when that statement writes the name otherwise, or no such statement precedes it)."""
-    stmt = ctx.parents.get(name)
+def _earlier_in_block(ctx: FileContext, node: ast.AST) -> list[ast.stmt]:
+    """The statements before ``node``'s statement in its block, nearest first (none when
+    the statement is in no block of statements)."""
+    stmt = ctx.parents.get(node)
     while stmt is not None and not isinstance(stmt, ast.stmt):
         stmt = ctx.parents.get(stmt)
     block = ctx.parents.get(stmt) if stmt is not None else None
     body = next((getattr(block, f) for f in ("body", "orelse", "finalbody")
                  if isinstance(getattr(block, f, None), list) and stmt in getattr(block, f)), None)
-    if body is None:
-        return None
-    for prior in reversed(body[: body.index(stmt)]):
+    return [] if body is None else list(reversed(body[: body.index(stmt)]))
+
+
+def value_before(ctx: FileContext, name: ast.Name) -> ast.AST | None:
+    """The value of the last ``name = value`` before ``name``'s statement in the same block
+    (None when that statement writes the name otherwise, or no such statement precedes it)."""
+    for prior in _earlier_in_block(ctx, name):
         if any(isinstance(n, ast.Name) and n.id == name.id and isinstance(n.ctx, ast.Store)
                for n in walk_local(prior)):
             if isinstance(prior, ast.Assign) and len(prior.targets) == 1 \
@@ -270,15 +274,7 @@ def _returned_element(ctx: FileContext, name: ast.Name) -> tuple[ast.AST, ast.AS
     """``loss`` of ``loss, ce, kd = total_loss(...)`` (a function of the file): the matching
     element of that function's returned tuple, and the function (one definition, every
     return a tuple of the same length)."""
-    stmt = ctx.parents.get(name)
-    while stmt is not None and not isinstance(stmt, ast.stmt):
-        stmt = ctx.parents.get(stmt)
-    block = ctx.parents.get(stmt) if stmt is not None else None
-    body = next((getattr(block, f) for f in ("body", "orelse", "finalbody")
-                 if isinstance(getattr(block, f, None), list) and stmt in getattr(block, f)), None)
-    if body is None:
-        return None
-    for prior in reversed(body[: body.index(stmt)]):
+    for prior in _earlier_in_block(ctx, name):
         if not (isinstance(prior, ast.Assign) and len(prior.targets) == 1):
             continue
         target = prior.targets[0]
