@@ -722,3 +722,36 @@ def test_ppo_objective_normalised_by_the_window_is_silent(tmp_path: Path) -> Non
     findings, steps = _run(tmp_path, _ppo("window"))
     assert _errors(findings) == [], findings
     assert any(s.get("losses") for s in steps)  # recorded, and judged right
+
+
+def test_a_fault_in_the_masked_sum_record_changes_nothing(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The masked-sum read runs inside the user's backward: if it raises, the backward still
+    runs, the parameters end as without watch, and the failure is accumguard's own."""
+    import accumguard.observe._losses as losses
+
+    def run() -> list[torch.Tensor]:
+        out: list[torch.Tensor] = []
+        real = torch.optim.SGD.step
+
+        def keep(self: torch.optim.SGD, *a: object, **k: object) -> object:
+            r = real(self, *a, **k)
+            out[:] = [p.detach().clone() for g in self.param_groups for p in g["params"]]
+            return r
+
+        with monkeypatch.context() as m:
+            m.setattr(torch.optim.SGD, "step", keep)
+            _ppo("micro")()
+        return out
+
+    unobserved = run()
+
+    def boom(root: object) -> None:
+        raise RuntimeError("injected fault in masked_sum")
+
+    monkeypatch.setattr(losses, "masked_sum", boom)
+    with recording(tmp_path) as obs:
+        observed = run()
+        assert obs.failure is not None
+    assert unobserved and all(torch.equal(a, b) for a, b in zip(observed, unobserved, strict=True))
+    assert list(load_recordings(tmp_path).failures) == [0]
