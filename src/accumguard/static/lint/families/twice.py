@@ -224,41 +224,49 @@ def _divided_by_k(ctx: FileContext, expr: ast.AST) -> tuple[ast.AST, str] | None
     return divisor, f"`{helper}()` returns `{ast.unparse(div)}` (line {getattr(div, 'lineno', '?')})"
 
 
-@rule("AG134")
-def loss_divided_before_engine_backward(ctx: FileContext) -> Iterator[Finding]:
-    """The documented engine loop (``engine.step()`` after every ``engine.backward()``) handed a
-    loss already divided by K while the config's GA > 1: DeepSpeed divides by GA again."""
-    ref = ctx.ds_config()
-    if ref is None or ctx.explicit_ds_boundary:
+def _engine_loop_backwards(ctx: FileContext) -> Iterator[ast.Call]:
+    """``engine.backward(loss)`` calls (one argument, DeepSpeed's default division by GA) in
+    the documented engine loop: ``engine.step()`` after every backward, no hand gating (a
+    hand-gated step is AG109's / AG110's)."""
+    if ctx.explicit_ds_boundary:
         return
     gated = {id(site) for _, site in _hand_gated_steps(ctx)}
     for window in ctx.windows():
         facts = ctx.window_facts(window)
         steps = [c for c, k in facts.steps if k == "engine"]
         if not facts.engine_backward or not steps or any(id(c) in gated for c in steps):
-            continue  # a hand-gated step: AG109 / AG110 judge the loop
+            continue
         for call in ctx.local_nodes(window):
-            if not (isinstance(call, ast.Call) and call_attr(call) == "backward"
-                    and ctx.kind_of_receiver(receiver(call)) == "engine"):
-                continue
-            if len(call.args) != 1 or call.keywords:
-                continue  # scale_wrt_gas=False (or anything else): not the default division
-            hit = _divided_by_k(ctx, call.args[0])
-            if hit is None or ctx.int_value(hit[0]) == 1:
-                continue
-            verdict, how = _config_ga(ctx, ref, {d for d in (dotted(hit[0]),) if d})
-            if verdict != "many" or not (is_k(ctx, hit[0]) or "the loop's own K" in how):
-                continue
-            name = dotted(receiver(call)) or "engine"
-            yield ctx.finding(
-                "AG134",
-                call,
-                f"the loss given to `{name}.backward()` is already divided by the accumulation steps "
-                f"({hit[1]}), and DeepSpeed's backward divides it again by the config's "
-                f"gradient_accumulation_steps {how} ({ref.where}; scale_wrt_gas=True by default), "
-                "while the engine steps once per GA backward() calls: the loss is divided twice "
-                "and the optimizer receives G / K",
-            )
+            if (isinstance(call, ast.Call) and call_attr(call) == "backward"
+                    and ctx.kind_of_receiver(receiver(call)) == "engine"
+                    and len(call.args) == 1 and not call.keywords):
+                yield call
+
+
+@rule("AG134")
+def loss_divided_before_engine_backward(ctx: FileContext) -> Iterator[Finding]:
+    """The documented engine loop (``engine.step()`` after every ``engine.backward()``) handed a
+    loss already divided by K while the config's GA > 1: DeepSpeed divides by GA again."""
+    ref = ctx.ds_config()
+    if ref is None:
+        return
+    for call in _engine_loop_backwards(ctx):
+        hit = _divided_by_k(ctx, call.args[0])
+        if hit is None or ctx.int_value(hit[0]) == 1:
+            continue
+        verdict, how = _config_ga(ctx, ref, {d for d in (dotted(hit[0]),) if d})
+        if verdict != "many" or not (is_k(ctx, hit[0]) or "the loop's own K" in how):
+            continue
+        name = dotted(receiver(call)) or "engine"
+        yield ctx.finding(
+            "AG134",
+            call,
+            f"the loss given to `{name}.backward()` is already divided by the accumulation steps "
+            f"({hit[1]}), and DeepSpeed's backward divides it again by the config's "
+            f"gradient_accumulation_steps {how} ({ref.where}; scale_wrt_gas=True by default), "
+            "while the engine steps once per GA backward() calls: the loss is divided twice "
+            "and the optimizer receives G / K",
+        )
 
 
 def _functions_by_name(ctx: FileContext) -> dict[str, list[ast.AST]]:
@@ -327,41 +335,32 @@ def term_divided_before_engine_backward(ctx: FileContext) -> Iterator[Finding]:
     divides the whole loss by GA, so that term is divided twice and weighs 1/K of its
     coefficient beside the others."""
     ref = ctx.ds_config()
-    if ref is None or ctx.explicit_ds_boundary:
+    if ref is None:
         return
-    gated = {id(site) for _, site in _hand_gated_steps(ctx)}
-    for window in ctx.windows():
-        facts = ctx.window_facts(window)
-        steps = [c for c, k in facts.steps if k == "engine"]
-        if not facts.engine_backward or not steps or any(id(c) in gated for c in steps):
+    for call in _engine_loop_backwards(ctx):
+        if not isinstance(call.args[0], ast.Name):
             continue
-        for call in ctx.local_nodes(window):
-            if not (isinstance(call, ast.Call) and call_attr(call) == "backward"
-                    and ctx.kind_of_receiver(receiver(call)) == "engine"
-                    and len(call.args) == 1 and not call.keywords
-                    and isinstance(call.args[0], ast.Name)):
-                continue
-            loss: ast.AST | None = value_before(ctx, call.args[0])
-            if loss is None:
-                found = _returned_element(ctx, call.args[0])
-                loss = found[0] if found is not None else None
-            if loss is None:
-                continue
-            terms = _sum_terms(ctx, loss)
-            how = [_term_k_division(ctx, t) for t in terms]
-            if len(terms) < 2 or all(h is None for h in how) or all(h is not None for h in how):
-                continue
-            verdict, ga = _config_ga(ctx, ref, set())
-            if verdict != "many":
-                continue
-            t, h = next((t, h) for t, h in zip(terms, how, strict=True) if h is not None)
-            name = dotted(receiver(call)) or "engine"
-            yield ctx.finding(
-                "AG134",
-                call,
-                f"the loss given to `{name}.backward()` is a sum whose term `{ast.unparse(t)}` is "
-                f"already divided by the accumulation steps ({h}) while the other terms are not; "
-                f"DeepSpeed's backward divides the whole loss by the config's "
-                f"gradient_accumulation_steps {ga} ({ref.where}) again, so that term is divided "
-                "twice: it weighs 1/K of its coefficient beside the others",
-            )
+        loss: ast.AST | None = value_before(ctx, call.args[0])
+        if loss is None:
+            found = _returned_element(ctx, call.args[0])
+            loss = found[0] if found is not None else None
+        if loss is None:
+            continue
+        terms = _sum_terms(ctx, loss)
+        how = [_term_k_division(ctx, t) for t in terms]
+        if len(terms) < 2 or all(h is None for h in how) or all(h is not None for h in how):
+            continue
+        verdict, ga = _config_ga(ctx, ref, set())
+        if verdict != "many":
+            continue
+        t, h = next((t, h) for t, h in zip(terms, how, strict=True) if h is not None)
+        name = dotted(receiver(call)) or "engine"
+        yield ctx.finding(
+            "AG134",
+            call,
+            f"the loss given to `{name}.backward()` is a sum whose term `{ast.unparse(t)}` is "
+            f"already divided by the accumulation steps ({h}) while the other terms are not; "
+            f"DeepSpeed's backward divides the whole loss by the config's "
+            f"gradient_accumulation_steps {ga} ({ref.where}) again, so that term is divided "
+            "twice: it weighs 1/K of its coefficient beside the others",
+        )
