@@ -747,11 +747,66 @@ def test_a_fault_in_the_masked_sum_record_changes_nothing(tmp_path: Path,
     unobserved = run()
 
     def boom(root: object) -> None:
-        raise RuntimeError("injected fault in masked_sum")
+        raise RuntimeError("injected fault in masked_sums")
 
-    monkeypatch.setattr(losses, "masked_sum", boom)
+    monkeypatch.setattr(losses, "masked_sums", boom)
     with recording(tmp_path) as obs:
         observed = run()
         assert obs.failure is not None
     assert unobserved and all(torch.equal(a, b) for a, b in zip(observed, unobserved, strict=True))
     assert list(load_recordings(tmp_path).failures) == [0]
+
+
+def _ppo_kl(kl_over_k: bool) -> Callable[[], None]:
+    """A PPO objective summed over the tokens a 0/1 mask keeps, divided by the window's
+    token count, beside a KL penalty that is a mean over the micro-batch's sequences (per
+    sequence a masked mean): ``kl_over_k`` False leaves the KL term undivided by K, so the
+    window sums K micro-batch means of it (blind round 25, c_b06, on FSDP2)."""
+    def loop() -> None:
+        torch.manual_seed(0)
+        policy = _Policy()
+        ref = _Policy()
+        with torch.no_grad():
+            for p in policy.parameters():
+                p.add_(0.1 * torch.randn_like(p))  # away from the reference: a KL gradient
+        opt = torch.optim.SGD(policy.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(3)
+        for _ in range(STEPS):
+            seq, mask, adv = _rollout(g, 3 * K)
+            window_tokens = mask.sum()
+            for m in range(K):
+                sl = slice(3 * m, 3 * (m + 1))
+                logp = F.log_softmax(policy(seq[sl, :-1]), -1).gather(
+                    -1, seq[sl, 1:, None]).squeeze(-1)
+                with torch.no_grad():
+                    ref_logp = F.log_softmax(ref(seq[sl, :-1]), -1).gather(
+                        -1, seq[sl, 1:, None]).squeeze(-1)
+                ratio = torch.exp(logp - logp.detach())
+                a = adv[sl, None]
+                pg = -(torch.min(ratio * a, ratio.clamp(0.8, 1.2) * a) * mask[sl]).sum() \
+                    / window_tokens
+                d = ref_logp - logp
+                per_seq = ((torch.exp(d) - d - 1) * mask[sl]).sum(1) / mask[sl].sum(1)
+                kl = 0.1 * per_seq.mean()
+                (pg + (kl / K if kl_over_k else kl)).backward()
+            opt.step()
+            opt.zero_grad()
+
+    return loop
+
+
+def test_a_kl_mean_not_divided_by_k_beside_a_masked_sum_is_an_error(tmp_path: Path) -> None:
+    findings, steps = _run(tmp_path, _ppo_kl(False))
+    (f,) = _errors(findings)
+    assert f.cls == "LOSS_SCALE" and "not divided by K" in f.title, findings
+    assert "masked sum (objective * mask).sum()" in f.evidence, f.evidence
+    terms = [r for s in steps for r in s.get("terms") or [] if r[0] == "term"]
+    assert any(r[3] == "masked sum" for r in terms), terms
+
+
+def test_a_kl_mean_divided_by_k_beside_a_masked_sum_is_silent(tmp_path: Path) -> None:
+    findings, steps = _run(tmp_path, _ppo_kl(True))
+    assert _errors(findings) == [] and not [f for f in findings if f.severity == "warning"], \
+        findings
+    # the masked sum is recorded as one term (its tokens weigh 1 over the window)
+    assert any(len(r) > 11 and r[11] == "masked sum" for s in steps for r in s.get("losses") or [])

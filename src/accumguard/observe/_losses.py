@@ -67,7 +67,7 @@ from accumguard.observe._losses_terms import (
     selection_stats,
     term_rows,
 )
-from accumguard.observe._losses_walk import Const, masked_sum, walk
+from accumguard.observe._losses_walk import Const, masked_sums, walk
 
 if TYPE_CHECKING:
     from accumguard.observe._patch import Patches
@@ -108,8 +108,8 @@ _WEIGHT_NAMES = {2: "weight", 4: "weight", 5: "weight", 6: "pos_weight"}
 class _Call:
     """One recorded loss call; ``micro`` and ``g`` are set by the gradient hook."""
 
-    __slots__ = ("divs", "factors", "fstats", "g", "grad", "lp", "mean", "mean_rows", "micro",
-                 "n", "node", "opaque", "rows", "seq", "site", "sole", "stats", "unit",
+    __slots__ = ("divs", "factors", "fstats", "g", "grad", "lp", "masked", "mean", "mean_rows",
+                 "micro", "n", "node", "opaque", "rows", "seq", "site", "sole", "stats", "unit",
                  "weighted")
 
     def __init__(self, site: str, seq: int, n: torch.Tensor | int, mean: bool,
@@ -144,6 +144,9 @@ class _Call:
         # the backward reaches it; then the weights read through them (factor_stats)
         self.factors: list[torch.Tensor] | None = None
         self.fstats: torch.Tensor | None = None
+        # a masked sum ``(obj * mask).sum()`` built by hand (:meth:`LossRecorder._masked_sum`):
+        # "whole" when it is the loss times constants, "term" when one term of a sum
+        self.masked = ""
 
 
 class LossRecorder:
@@ -304,6 +307,9 @@ class LossRecorder:
         out: list[list[Any]] = []
         sel: list[list[Any]] = []
         for c, n, g in zip(calls, vals[0], vals[1], strict=True):
+            if c.masked == "term" and (n <= 0 or any(str(op) == "/" and float(d) == n
+                                                     for op, d in c.divs)):
+                continue  # not 0/1, or a per-micro-batch masked mean (a term from torch ops)
             key = (c.grad, c.micro, c.site)
             idx = order.get(key, 0)  # type: ignore[arg-type]
             order[key] = idx + 1  # type: ignore[index]
@@ -329,7 +335,8 @@ class LossRecorder:
                 # a selection whose tokens carry data-dependent weights (advantages)
             out.append([c.site, idx, c.micro, int(n), g / n if c.mean else g, c.lp,
                         ("log-prob" if c.stats is not None else "mean") if c.mean else "sum",
-                        c.sole, c.grad, c.divs, "tokens" if c.stats is not None else c.unit])
+                        c.sole, c.grad, c.divs, "tokens" if c.stats is not None else c.unit,
+                        *(["masked sum"] if c.masked else [])])
             if len(out) >= _MAX_RECORDS:
                 break
         self.term_records = sel + term_rows(pending, keys, done) + means or None
@@ -491,22 +498,25 @@ class LossRecorder:
 
     def _masked_sum(self, root: Any, where: Callable[[], str]) -> None:
         """A loss built by hand as ``(x * mask).sum()`` times constants (no loss call, no
-        log-prob selection reached: a PPO/GRPO objective whose ratio stops the walk) is
-        recorded as a sum over the tokens its 0/1 mask keeps: the gradient reaching the sum
-        is their weight, as a ``reduction='sum'`` loss call's is (a mask that is not 0/1
-        counts as no token: the record is dropped at the step)."""
-        found = masked_sum(root)
-        if found is None:
-            return
-        node, mask = found
-        with torch.no_grad():
-            binary = ((mask == 0) | (mask == 1)).all()
-            n = torch.where(binary, torch.count_nonzero(mask), -1)
-        rows = int(mask.shape[0]) if mask.dim() >= 1 else 1
-        call = _Call(where(), self.seq, n, False, mask.dtype in _LOW, node._sequence_nr(), rows)
-        self.seq += 1
-        self.calls.append(call)
-        node.register_prehook(functools.partial(self._on_grad, call, 0))
+        log-prob selection reached: a PPO/GRPO objective whose ratio stops the walk), or such
+        a sum as one term of the loss (a PPO objective beside a KL penalty), is recorded as a
+        sum over the tokens its 0/1 mask keeps: the gradient reaching the sum is their
+        weight, as a ``reduction='sum'`` loss call's is (a mask that is not 0/1 counts as no
+        token: the record is dropped at the step; so is a term divided by its own count, a
+        per-micro-batch masked mean, which the term rules read as a term from torch ops)."""
+        for node, mask, term in masked_sums(root):
+            if len(self.calls) >= _MAX_CALLS:
+                return
+            with torch.no_grad():
+                binary = ((mask == 0) | (mask == 1)).all()
+                n = torch.where(binary, torch.count_nonzero(mask), -1)
+            rows = int(mask.shape[0]) if mask.dim() >= 1 else 1
+            call = _Call(where(), self.seq, n, False, mask.dtype in _LOW, node._sequence_nr(),
+                         rows)
+            call.masked = "term" if term else "whole"
+            self.seq += 1
+            self.calls.append(call)
+            node.register_prehook(functools.partial(self._on_grad, call, 0))
 
     @hook_method
     def _on_select(self, call: _Call, index: int, grad_outputs: tuple[torch.Tensor | None, ...]) -> None:

@@ -91,8 +91,14 @@ class TermLog:
         descs = []
         for x in w.leaves:
             call = by_node.get(x.node._sequence_nr())
+            name = type(x.node).__name__
+            if call is None and x.msum is not None and x.msum in by_node:
+                # the term below a masked sum recorded as a loss (_losses_walk.masked_sums)
+                descs.append(["masked sum", x.divs, x.means, x.opaque, by_node[x.msum], where,
+                              None])
+                continue
             below = batch_means_below(x.node) if call is None and x.select is None else None
-            descs.append([type(x.node).__name__, x.divs, x.means, x.opaque, call, where, below])
+            descs.append([name, x.divs, x.means, x.opaque, call, where, below])
         self.pending.append((micro, descs))
 
 

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Const", "Leaf", "Walk", "batch_means_below", "constant", "masked_sum", "walk"]
+__all__ = ["Const", "Leaf", "Walk", "batch_means_below", "constant", "masked_sums", "walk"]
 
 #: One constant between a node and the root: ``["/", c]`` or ``["*", c]`` (a list: it goes
 #: to the recording as JSON).
@@ -70,6 +70,10 @@ class Leaf:
     # the first reduction from the root down to it: "mean" for a mean over all the elements
     # of a tensor of several (``x.mean()``), "other" for any other sum or mean, "" for none
     first: str = ""
+    # the sequence number of the first whole sum (``SumBackward0``) from the root down to it:
+    # a masked sum ``(obj * mask).sum()`` recorded as a loss (:func:`masked_sums`) is linked
+    # to the term below it by this
+    msum: int | None = None
 
 
 @dataclass
@@ -245,9 +249,9 @@ def _factor(node: Any) -> torch.Tensor | None:
 
 #: One node to visit: (node, output index, constants above, addition above, means above,
 #: opaque above, a data factor above, the data factors above (None: not divisible), the
-#: first reduction above (:attr:`Leaf.first`)).
+#: first reduction above (:attr:`Leaf.first`), the first whole sum above (:attr:`Leaf.msum`)).
 _Item = tuple[Any, int, list[Const], bool, list[int], bool, bool,
-              list[torch.Tensor] | None, str]
+              list[torch.Tensor] | None, str, int | None]
 #: A reduction over some dimensions: data factors above it hold per-row values.
 _DIM_REDUCE = ("SumBackward1", "MeanBackward1")
 
@@ -260,12 +264,12 @@ def _walk(root: torch.Tensor | Sequence[torch.Tensor], out: Walk) -> None:
     fn = getattr(root, "grad_fn", None)
     if fn is None:
         return
-    stack: list[_Item] = [(fn, 0, [], False, [], False, False, [], "")]
+    stack: list[_Item] = [(fn, 0, [], False, [], False, False, [], "", None)]
     for _ in range(NODES):
         if not stack:
             out.complete = True
             return
-        node, index, divs, split, means, opaque, weighted, factors, first = stack.pop()
+        node, index, divs, split, means, opaque, weighted, factors, first, msum = stack.pop()
         seq = node._sequence_nr()
         if seq in out.chain:
             continue
@@ -275,8 +279,9 @@ def _walk(root: torch.Tensor | Sequence[torch.Tensor], out: Walk) -> None:
         select = _selection(name, node)
         if select is None and name.startswith(("AddBackward0", "SubBackward0")) \
                 and len(nxt) > 1:
-            stack.extend((n, i, divs, True, means, opaque, weighted, factors, first)
-                         for n, i in nxt)  # the terms
+            # the terms (a sum above this addition is not any one term's)
+            stack.extend((n, i, divs, True, means, opaque, weighted, factors, first, None)
+                         for n, i in nxt)
             continue
         if select is None and (name.startswith(LINEAR + _PASS) or _unit_select(node)) \
                 and len(nxt) == 1:
@@ -297,50 +302,65 @@ def _walk(root: torch.Tensor | Sequence[torch.Tensor], out: Walk) -> None:
                     first = "mean" if name == "MeanBackward0" and (count or 0) > 1 else "other"
             elif name.startswith("SumBackward") and not first:
                 first = "other"
+            if msum is None and name == "SumBackward0":
+                msum = seq
             if factors and name.startswith(_DIM_REDUCE + ("ExpandBackward",)):
                 factors = None  # per-row factors above a reduction: not per token here
             stack.append((nxt[0][0], nxt[0][1], divs, split, means, opaque, weighted,
-                          factors, first))
+                          factors, first, msum))
             continue
         out.leaves.append(Leaf(node, index, divs, split, means, opaque, select, weighted,
-                               factors if weighted and select is not None else None, first))
+                               factors if weighted and select is not None else None, first,
+                               msum))
     out.complete = not stack
 
 
+#: Nodes visited looking for masked sums below a backward's root (:func:`masked_sums`).
+_MASKED_NODES = 32
 #: Nodes between a backward's root and a masked sum: constants, casts, views, a negation.
 _MASKED_CHAIN = ("MulBackward0", "DivBackward0", "NegBackward", "CloneBackward", "ToCopyBackward",
                  "AliasBackward", "ViewBackward", "SqueezeBackward", "UnsqueezeBackward",
                  "ReshapeAliasBackward")
 
 
-def masked_sum(root: torch.Tensor | Sequence[torch.Tensor]) -> tuple[Any, torch.Tensor] | None:
-    """``(sum node, mask)`` when the root is ``(x * mask).sum()`` times constants only (a
-    loss built by hand over the tokens a 0/1 mask keeps: a policy-gradient or any per-token
-    objective ``(obj * mask).sum() / n``), else None. The mask is the multiplication's data
-    operand; whether it holds only 0 and 1 is decided on its device by the caller."""
+def masked_sums(root: torch.Tensor | Sequence[torch.Tensor]) -> list[tuple[Any, torch.Tensor, bool]]:
+    """``(sum node, mask, term)`` for each ``(x * mask).sum()`` that is the root times
+    constants only (``term`` False: a loss built by hand over the tokens a 0/1 mask keeps, a
+    policy-gradient or any per-token objective ``(obj * mask).sum() / n``) or one term of a
+    sum of terms at the root (``term`` True: a PPO objective beside a KL penalty). The mask
+    is the multiplication's data operand; whether it holds only 0 and 1 is decided on its
+    device by the caller."""
     if isinstance(root, (list, tuple)):
         if len(root) != 1:
-            return None
+            return []
         root = root[0]
-    node = getattr(root, "grad_fn", None)
+    out: list[tuple[Any, torch.Tensor, bool]] = []
+    stack: list[tuple[Any, bool]] = [(getattr(root, "grad_fn", None), False)]
     try:
-        for _ in range(16):
+        for _ in range(_MASKED_NODES):
+            if not stack:
+                break
+            node, term = stack.pop()
             if node is None:
-                return None
+                continue
             name = type(node).__name__
             nxt = [n for n, _ in node.next_functions if n is not None]
             if name == "SumBackward0" and len(nxt) == 1:
                 below = nxt[0]
-                if not type(below).__name__.startswith("MulBackward0"):
-                    return None
-                mask = _factor(below)
-                return (node, mask) if mask is not None and mask.dim() >= 1 else None
+                if type(below).__name__.startswith("MulBackward0"):
+                    mask = _factor(below)
+                    if mask is not None and mask.dim() >= 1:
+                        out.append((node, mask, term))
+                continue
+            if name.startswith(("AddBackward0", "SubBackward0")) and len(nxt) > 1:
+                stack.extend((n, True) for n in nxt)  # the terms of a sum
+                continue
             if not name.startswith(_MASKED_CHAIN) or len(nxt) != 1:
-                return None
+                continue
             if name.startswith(("MulBackward", "DivBackward")) and constant(node) is None \
                     and not _unread(node):
-                return None  # a data tensor above the sum (a device scalar is read by the hook)
-            node = nxt[0]
+                continue  # a data tensor above the sum (a device scalar is read by the hook)
+            stack.append((nxt[0], term))
     except (AttributeError, RuntimeError, TypeError):
-        return None
-    return None
+        return []
+    return out

@@ -168,8 +168,9 @@ def term_scale_findings(rank: int, windows: list[dict[str, Any]],
         w, x, ref = found[0]
         k = int(w["window"])
         across = _rank_mass(w, ref) is not None and not _near_one(_rank_mass(w, ref))
-        beside = (f"the loss call beside it is divided by K = {k}" if _divides_by(ref[4], k)
-                  else f"the loss call beside it is normalised over the whole window of K = "
+        other = "the masked sum" if str(ref[3]) == "masked sum" else "the loss call"
+        beside = (f"{other} beside it is divided by K = {k}" if _divides_by(ref[4], k)
+                  else f"{other} beside it is normalised over the whole window of K = "
                   f"{k} micro-steps (by the window's token count"
                   + (" all-reduced over ranks, times the world size" if across else
                      ", as the HF Trainer's `num_items_in_batch` does") + ")")
@@ -230,8 +231,8 @@ def _twice_text(found: list[tuple[dict[str, Any], list[Any], list[Any]]], x: lis
             "micro-batch)")
     where = f" of the loss backpropagated at {_short(str(x[11]))}" if len(x) > 11 and x[11] \
         else ""
-    return (f"{what}{where} is one term of a sum whose other term, the loss call at "
-            f"{_short(str(ref[7]))}, is divided by K = {k} {_k_divisions(ref[4], k)} time(s) "
+    return (f"{what}{where} is one term of a sum whose other term, {_ref_words(ref)}, is "
+            f"divided by K = {k} {_k_divisions(ref[4], k)} time(s) "
             f"and weighs its tokens 1 in total over each window (the large batch's mean); this "
             f"term, a mean of its micro-batch, is divided by K {n} times in every one of the "
             f"{k} micro-steps of {len(found)} window(s) (first: optimizer step "
@@ -239,6 +240,14 @@ def _twice_text(found: list[tuple[dict[str, Any], list[Any], list[Any]]], x: lis
             + ", ".join(f"{op} {float(c):g}" for op, c in x[4])
             + f"): accumulated, it weighs 1/{k ** (n - 1)} of what its coefficient gives the "
             "large batch")
+
+
+def _ref_words(ref: list[Any]) -> str:
+    """The reference term in words: a loss call, or a masked sum built by hand."""
+    if str(ref[3]) == "masked sum":
+        return ("the masked sum (objective * mask).sum() of the loss backpropagated at "
+                f"{_short(str(ref[7]))}")
+    return f"the loss call at {_short(str(ref[7]))}"
 
 
 def _rank_mass(w: dict[str, Any], ref: list[Any]) -> float | None:
@@ -398,8 +407,8 @@ def _text(found: list[tuple[dict[str, Any], list[Any], list[Any]]], x: list[Any]
               "(the large batch's mean)" if _global_mass(w, ref, masses) else
               f"{mass:.4g} in total over each window (its coefficient times the large "
               "batch's mean)")
-    return (f"{what}{where} is one term of a sum whose other term, the loss call at "
-            f"{_short(str(ref[7]))}, {by_k}weighs its tokens {weighs}; this term is multiplied by {coef} "
+    return (f"{what}{where} is one term of a sum whose other term, {_ref_words(ref)}, "
+            f"{by_k}weighs its tokens {weighs}; this term is multiplied by {coef} "
             f"and not divided by K in any of the {k} micro-steps of {len(found)} window(s) "
             f"(first: optimizer step {_n(w['step'])}): accumulated, its gradient is the sum of "
             f"{k} micro-batch {'values' if made else 'means'}, {k}x what its coefficient "
