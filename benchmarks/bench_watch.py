@@ -11,6 +11,14 @@ the run's time). ``benchmarks/bench_watch_lockstep.py`` measures the same overhe
 machine's drift taken out (two processes taking turns on one core).
 
     python benchmarks/bench_watch.py [--steps 20] [--k 4] [--reps 11] [--warm 4] [--models toy,demo-lm]
+        [--run 400] [--run-reps 5] [--observe-steps 64]
+
+Two figures per model. *While observing*: the cost per step of a window watch observes
+(every window of a run observed with ``--observe-steps 0``; the first 64 of any run). *A run
+of ``--run`` steps from the install*: the whole run, as ``accumguard watch`` installs it by
+default (observed for its first ``--observe-steps`` steps, longer while the end of a first
+DataLoader pass is in reach; the demo loop has none), against the same run plain, in the
+same mirrored order: what a user's run of that length pays.
 
 Each repetition times four runs of ``--steps`` steps in a mirrored order, plain, watched,
 watched, plain (the next one watched, plain, plain, watched): a load that drifts steadily
@@ -46,6 +54,7 @@ from accumguard.demo.toy import (
     make_rank_batches,
     token_loss,
 )
+from accumguard.watch._recording import OBSERVE_STEPS
 
 MODELS: dict[str, Any] = {
     "toy": (TokenMLP, lambda: make_rank_batches(seed=0, world_size=1, micro_batches=16)[0]),
@@ -85,6 +94,11 @@ def main() -> None:
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--warm", type=int, default=4,
                    help="untimed optimizer steps after installing (steady state)")
+    p.add_argument("--run", type=int, default=400, metavar="N",
+                   help="also time a whole run of N steps from the install with watch's "
+                        "default observation (0: skip)")
+    p.add_argument("--run-reps", type=int, default=5)
+    p.add_argument("--observe-steps", type=int, default=OBSERVE_STEPS)
     p.add_argument("--ledger", action="store_true",
                    help="watch with vs without the collective ledger, on 1-rank gloo DDP")
     args = p.parse_args()
@@ -126,8 +140,38 @@ def main() -> None:
                 observed.append(statistics.mean(got["watch"]))
                 ratios.append(sum(got["watch"]) / sum(got["plain"]))
         a, b = statistics.median(plain), statistics.median(observed)
-        print(f"{name}, K={args.k}: plain {a * 1e3:.2f} ms/step, watch {b * 1e3:.2f} ms/step, "
-              f"ratio {statistics.median(ratios):.3f} (IQR {_iqr(ratios)} over the repetitions)")
+        print(f"{name}, K={args.k}, while observing: plain {a * 1e3:.2f} ms/step, watch "
+              f"{b * 1e3:.2f} ms/step, ratio {statistics.median(ratios):.3f} (IQR "
+              f"{_iqr(ratios)} over the repetitions)")
+        if args.run:
+            _whole_run(name, model, opt, data, args)
+
+
+def _whole_run(name: str, model: torch.nn.Module, opt: torch.optim.Optimizer, data: list,
+               args: argparse.Namespace) -> None:
+    """A whole run of ``--run`` steps from the install, watched as ``accumguard watch``
+    installs it (``--observe-steps``: observed for its first steps, then nothing of
+    accumguard in it), against the same run plain; mirrored order as above."""
+    from accumguard.watch._recording import recording
+
+    ratios = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for rep in range(args.run_reps):
+            got: dict[str, list[float]] = {"plain": [], "watch": []}
+            order = ("plain", "watch", "watch", "plain") if rep % 2 == 0 else \
+                ("watch", "plain", "plain", "watch")
+            for i, which in enumerate(order):
+                gc.collect()
+                if which == "plain":
+                    got[which].append(_steps(model, opt, data, args.k, args.run))
+                else:
+                    with recording(os.path.join(tmp, f"run-{rep}-{i}"),
+                                   observe_steps=args.observe_steps):
+                        got[which].append(_steps(model, opt, data, args.k, args.run))
+            ratios.append(sum(got["watch"]) / sum(got["plain"]))
+    print(f"{name}, K={args.k}, a run of {args.run} steps from the install (observed for the "
+          f"first {args.observe_steps}): ratio {statistics.median(ratios):.3f} (IQR "
+          f"{_iqr(ratios)} over {args.run_reps} repetitions)")
 
 
 def _ledger_side_by_side(args: argparse.Namespace) -> None:

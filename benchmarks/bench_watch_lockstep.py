@@ -6,7 +6,7 @@ makes two separate timings on a shared machine differ by ±25 % (and a pair of t
 bias and spread (about 1.000 ± 0.01 here).
 
     python benchmarks/bench_watch_lockstep.py [--windows 600] [--warm 10] [--turn 1]
-        [--core 0] [--aa] [--no-budgets]
+        [--core 0] [--aa] [--no-budgets] [--observe-steps N]
 
 Prints the ratio of the summed CPU times (watched / plain), the mean of the per-window
 ratios with a bootstrap 95 % interval, and the added CPU µs per timed window by phase
@@ -98,7 +98,7 @@ def _worker(which: str, mine: Any, theirs: Any, args: argparse.Namespace, out: A
             profiles.WATCH_BUDGET = 0.0  # type: ignore[misc]
             losses._BUDGET = 0.0  # type: ignore[misc]
         from accumguard.watch._recording import recording
-        ctx = recording(os.path.join(tmp, "rec"))
+        ctx = recording(os.path.join(tmp, "rec"), observe_steps=args.observe_steps or None)
     spent.clear()
     times: list[float] = []
     total = args.warm + args.windows
@@ -134,6 +134,9 @@ def main() -> None:
     p.add_argument("--turn", type=int, default=1, help="windows per turn")
     p.add_argument("--core", type=int, default=0)
     p.add_argument("--aa", action="store_true", help="plain against plain (calibration)")
+    p.add_argument("--observe-steps", type=int, default=0, metavar="N",
+                   help="watch observes the first N windows after the install, as the CLI "
+                        "does by default with 64 (0: every window)")
     p.add_argument("--no-budgets", action="store_true",
                    help="switch watch's sampled work off (per-event work only)")
     args = p.parse_args()

@@ -36,6 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", default=None, metavar="PATH", help="write the report as JSON")
     p.add_argument("--every", type=int, default=1, metavar="N",
                    help="check gradient conservation on every N-th optimizer step (default 1)")
+    p.add_argument("--observe-steps", type=int, default=None, metavar="N",
+                   help="observe each rank for its first N optimizer steps, longer while the "
+                        "end of its first pass over a DataLoader is within reach, then let it "
+                        "run on with nothing of accumguard in it (default 64; 0: every step)")
     p.add_argument("--keep", default=None, metavar="DIR",
                    help="keep the per-rank recordings in DIR (default: a temporary folder)")
     p.add_argument("--out", default=None, metavar="DIR",
@@ -67,13 +71,19 @@ def watch_main(argv: Sequence[str]) -> int:
     if args.accumulation_steps is not None and args.accumulation_steps < 1:
         print("accumguard watch: error: --accumulation-steps must be >= 1", file=sys.stderr)
         return 2
+    if args.observe_steps is not None and args.observe_steps < 0:
+        print("accumguard watch: error: --observe-steps must be >= 0 (0: every step)",
+              file=sys.stderr)
+        return 2
     if shutil.which(command[0]) is None and not Path(command[0]).exists():
         print(f"accumguard watch: error: command not found: {command[0]!r}", file=sys.stderr)
         return 127
+    from accumguard.watch._recording import OBSERVE_STEPS
     from accumguard.watch._report import watch
 
+    observe = OBSERVE_STEPS if args.observe_steps is None else args.observe_steps or None
     return _emit(watch(command, accumulation_steps=args.accumulation_steps, every=args.every,
-                       keep=args.keep, out=args.out), args)
+                       keep=args.keep, out=args.out, observe_steps=observe), args)
 
 
 def _report_only(out_dir: Path, args: argparse.Namespace, command: list[str]) -> int:

@@ -203,6 +203,8 @@ class Handlers:
     on_scaler_update: list[Callable[[ScalerEvent], object]] = field(default_factory=list)
     on_scaler_skip: list[Callable[[ScalerEvent], object]] = field(default_factory=list)
     on_internal_error: list[Callable[[Failure], object]] = field(default_factory=list)
+    # observation ends on purpose after this many optimizer steps (``observe_steps``)
+    on_retire: list[Callable[[int], object]] = field(default_factory=list)
 
     @classmethod
     def of(cls, listeners: Iterable[object]) -> Handlers:

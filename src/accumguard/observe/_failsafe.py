@@ -122,6 +122,10 @@ class Failsafe:
         self.name = name
         self.failure: Failure | None = None
         self.ok = True
+        # observation ended on purpose (:meth:`retire`): the doors pass through, and the
+        # first one entered with no patched call running tears the patches down
+        self.retired = False
+        self._retire_pending = False
         self._step = step
         self._on_fail: list[Callable[[Failure], None]] = []
         self._teardown: list[Callable[[], None]] = []
@@ -163,6 +167,17 @@ class Failsafe:
                 fn(self.failure)
         if not getattr(self._local, "stack", None):
             self._tear_down()
+
+    def retire(self) -> None:
+        """End observation on purpose (not a failure): every door passes through from now
+        on, and the patches and hooks are removed at the next patched call entered with no
+        other one running on this thread (not here: this may run inside torch's loop over
+        its optimizer hooks, which must not change under it)."""
+        if not self.ok:
+            return
+        self.ok = False
+        self.retired = True
+        self._retire_pending = True
 
     def _tear_down(self) -> None:
         actions, self._teardown = self._teardown, []
@@ -234,6 +249,10 @@ class Failsafe:
 
         def door(*args: object, **kwargs: object) -> object:
             if not self.ok:
+                if self._retire_pending and not getattr(local, "stack", None) \
+                        and not _in_backward():
+                    self._retire_pending = False
+                    self._tear_down()
                 return orig(*args, **kwargs)
             if passes is not None:
                 try:
@@ -285,6 +304,14 @@ class Failsafe:
         stack = getattr(self._local, "stack", None)
         if stack:
             stack[-1].args, stack[-1].kwargs = args, kwargs
+
+
+def _in_backward() -> bool:
+    """A backward pass is running on this thread (a hook's collective): hooks are not
+    removed from inside it."""
+    import torch  # (imported by then: a door only runs in a process that uses torch)
+
+    return torch._C._current_autograd_node() is not None
 
 
 class _HasFailsafe(Protocol):

@@ -112,6 +112,10 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
         window_size: K, for ``sampled_records`` (see there); None: not judged.
         failsafe: the door of every patch and hook (:mod:`._failsafe`), shared with the
             listener's own hooks (the framework callbacks); default: the observer's own.
+        observe_steps: end observation after this many optimizer steps (``watch``: a long
+            run's steady state costs nothing once its first windows were seen), later while
+            the first DataLoader pass whose end is in reach has not ended
+            (:meth:`~._steps.StepMachinery._retire_due`); None: observe to the end.
         boundary_param: a parameter whose gradient's scale between the last backward and
             the first clip (or the step) is measured on checked windows
             (:meth:`boundary_scale`; the framework callbacks pass the logits layer's weight).
@@ -124,7 +128,8 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
                  record_losses: bool = True, window_loss: bool = True,
                  sampled_records: bool = False, window_size: int | None = None,
                  boundary_param: torch.Tensor | None = None,
-                 failsafe: Failsafe | None = None) -> None:
+                 failsafe: Failsafe | None = None,
+                 observe_steps: int | None = None) -> None:
         self.listeners: list[object] = []
         # the listeners' bound methods per event kind (:class:`._events.Handlers`)
         self._handlers = Handlers()
@@ -146,6 +151,9 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
         self.window_loss = window_loss
         self.sampled_records = sampled_records
         self.window_size = window_size
+        self.observe_steps = observe_steps
+        self._pass_at: list[int] = []  # windows in which a DataLoader pass began
+        self._pass_len: int | None = None  # micro-batches of the first pass (len(loader))
         self.boundary = BoundaryScale(boundary_param) if boundary_param is not None else None
         self._armed = True  # this window is sampled (always, without sampled_records)
         self._root_handles: list[RemovableHandle] = []
@@ -256,7 +264,8 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
                    budget=profile.budget, attribute=profile.attribute,
                    record_losses=profile.record_losses, window_loss=profile.window_loss,
                    sampled_records=profile.sampled_records, window_size=profile.window_size,
-                   boundary_param=boundary_param, failsafe=failsafe)
+                   boundary_param=boundary_param, failsafe=failsafe,
+                   observe_steps=profile.observe_steps)
 
     def install(self) -> Observer:
         """Install every patch and hook; an internal error while doing so undoes them and is

@@ -238,6 +238,9 @@ def _data_pass_wrapper(obs: PatchHost) -> Maker:
             if (obs.installed and not obs._in_observer and torch.is_grad_enabled()
                     and not obs._in_data_pass):
                 obs._w.data_passes.append(len(obs._w.backwards))
+                if obs._pass_len is None:  # the first pass's micro-batches (observe_steps)
+                    with contextlib.suppress(Exception):  # an IterableDataset has no len
+                        obs._pass_len = int(len(loader))  # type: ignore[arg-type]
             obs._in_data_pass += 1  # a subclass's __iter__ calling super() is one pass
             try:
                 return orig(loader)

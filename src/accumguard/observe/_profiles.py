@@ -42,14 +42,18 @@ class ObserverProfile:
     window_loss: bool = True
     sampled_records: bool = False
     window_size: int | None = None
+    observe_steps: int | None = None
 
 
-def watch(every: int = 1, record_updates: bool = False) -> ObserverProfile:
+def watch(every: int = 1, record_updates: bool = False,
+          observe_steps: int | None = None) -> ObserverProfile:
     """``accumguard watch`` (and in-process ``recording()``): ``every == 1`` checks
     conservation on as many windows as 1 % of the run's time allows (always the first two);
-    ``every == N`` on exactly every N-th window."""
+    ``every == N`` on exactly every N-th window. ``observe_steps``: observation ends after
+    that many optimizer steps (and the first epoch's end, when in reach); None: never."""
     return ObserverProfile("watch", auto_roots=True, record_updates=record_updates,
-                           every=every, budget=WATCH_BUDGET if every == 1 else None)
+                           every=every, budget=WATCH_BUDGET if every == 1 else None,
+                           observe_steps=observe_steps)
 
 
 def guard() -> ObserverProfile:

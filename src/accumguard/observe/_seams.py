@@ -102,6 +102,7 @@ class PatchHost(EngineHost, Protocol):
     _scaler_depth: int
     _clip_depth: int
     _in_data_pass: int
+    _pass_len: int | None
     # auto_roots: the global forward pre-hook, then the pinned per-root ones
     _global_handle: RemovableHandle | None
     _pinned: list[RemovableHandle]

@@ -37,12 +37,13 @@ if TYPE_CHECKING:
     from accumguard.observe._boundary import BoundaryScale
     from accumguard.observe._checksum import Conservation
     from accumguard.observe._events import BackwardEvent, Handlers
+    from accumguard.observe._failsafe import Failsafe
     from accumguard.observe._lanes import Lanes
     from accumguard.observe._losses import LossRecorder
     from accumguard.observe._lr_trace import LrTrace
     from accumguard.observe._tally import Tally
 
-__all__ = ["PIN_ROOTS_AFTER_STEPS", "StepMachinery"]
+__all__ = ["OBSERVE_MAX", "PIN_ROOTS_AFTER_STEPS", "StepMachinery"]
 
 _PARAMS = itemgetter("params")
 _GRAD = attrgetter("grad")
@@ -50,6 +51,11 @@ _VERSION = attrgetter("_version")
 
 #: The row of a tracked parameter that was replaced and dropped (no gradient, checksum 0).
 _GONE = torch.empty(0)
+
+#: ``observe_steps``: the most optimizer steps observed while waiting for the end of the first
+#: DataLoader pass (an epoch tail is judged at its window); a first pass predicted to end
+#: later ends observation at ``observe_steps`` already.
+OBSERVE_MAX = 2048
 
 #: ``auto_roots``: optimizer steps after which the modules seen at the top level are hooked
 #: one by one instead of through the global forward pre-hook (:meth:`Observer._pin_roots`).
@@ -66,6 +72,10 @@ class StepMachinery:
     engine: str
     step: int
     every: int
+    observe_steps: int | None
+    _pass_at: list[int]
+    _pass_len: int | None
+    failsafe: Failsafe
     record_updates: bool
     sampled_records: bool
     window_size: int | None
@@ -340,6 +350,32 @@ class StepMachinery:
             self._pin_roots()
         for fn in self._handlers.on_step:
             fn(ev)
+        if self.observe_steps is not None and self._retire_due(w):
+            for end in self._handlers.on_retire:
+                end(self.step)
+            self.failsafe.retire()
+
+    def _retire_due(self, w: StepTally) -> bool:
+        """After the window ``w`` (``self.step`` windows recorded), has the run been seen
+        long enough (``observe_steps``)? Bugs of the loop's shape show in every window, so
+        its first windows settle them; a bug at an epoch's end shows once per pass, so
+        observation goes on through the first pass's end and the next pass's first window
+        when that end is in reach (within :data:`OBSERVE_MAX` steps, predicted from the
+        DataLoader's length), and ends at once when it is not, or no length is known."""
+        done, limit = self.step, self.observe_steps or 0
+        if w.data_passes:
+            self._pass_at.append(done - 1)
+        if done < limit:
+            return False
+        if done >= max(limit, OBSERVE_MAX) or not self._pass_at:
+            return True
+        if len(self._pass_at) >= 2:
+            return done >= self._pass_at[-1] + 2
+        per_window = len(w.backwards)
+        if self._pass_len is None or per_window < 1:
+            return True
+        ends = self._pass_at[0] + -(-self._pass_len // per_window)
+        return ends + 2 > max(limit, OBSERVE_MAX)
 
     def _serial(self, owner: object) -> int:
         """``owner``'s number in the order of the optimizers' (engines') first steps."""

@@ -39,7 +39,8 @@ The recording, one JSON object per line (flushed at every optimizer step, at exi
   "pos", "horizon", "horizon_what"}`` (``pos``: the scheduler's ``last_epoch``; ``horizon``:
   where its schedule ends, when the object states it: :mod:`accumguard.observe._schedules`);
 * ``{"kind": "end", "reason", "pending_backwards", "declared_k", "collective"}`` last
-  (``reason``: ``exit``, ``max_steps``, ``destroy_process_group``, ``signal``;
+  (``reason``: ``exit``, ``max_steps``, ``destroy_process_group``, ``signal``, ``observed``
+  (observation ended after ``ACCUMGUARD_OBSERVE_STEPS``, the run went on);
   ``collective``: ``{open, last_done, failed, calls}`` from
   :meth:`~accumguard.observe._collectives.CollectiveCounter.state`: the collective the
   rank was inside when it ended, the last it left, the last that raised).
@@ -77,13 +78,18 @@ if TYPE_CHECKING:  # (imported lazily at run time: the bootstrap stays light unt
     from accumguard.observe._observer import Observer
     from accumguard.runtime._advise_modes import _Applier as Applier
 
-__all__ = ["BOOTSTRAP_DIR", "ENV_DIR", "ENV_EVERY", "ENV_MAX_STEPS", "ENV_RECORD_UPDATES",
-           "observed_env", "recording", "start_agent"]
+__all__ = ["BOOTSTRAP_DIR", "ENV_DIR", "ENV_EVERY", "ENV_MAX_STEPS", "ENV_OBSERVE_STEPS",
+           "ENV_RECORD_UPDATES", "OBSERVE_STEPS", "observed_env", "recording", "start_agent"]
 
 ENV_DIR = "ACCUMGUARD_OBSERVE_DIR"
 ENV_RECORD_UPDATES = "ACCUMGUARD_RECORD_UPDATES"
 ENV_MAX_STEPS = "ACCUMGUARD_MAX_STEPS"
 ENV_EVERY = "ACCUMGUARD_OBSERVE_EVERY"
+ENV_OBSERVE_STEPS = "ACCUMGUARD_OBSERVE_STEPS"
+#: ``accumguard watch``'s default ``--observe-steps``: a long run is observed for its first
+#: 64 optimizer steps (and through its first epoch's end when that is in reach), then runs
+#: on with nothing of accumguard in it
+OBSERVE_STEPS = 64
 ENV_DECLARED_K = "ACCUMGUARD_DECLARED_K"
 #: names the ``watch`` that started the command, so a directory shared by the watches of
 #: several nodes tells each watch which rank files are its own
@@ -95,7 +101,8 @@ _agent: _Agent | None = None
 
 def observed_env(base_env: Mapping[str, str] | None, out_dir: str | os.PathLike[str], *,
                  record_updates: bool = False, max_steps: int | None = None,
-                 every: int = 1, watch_id: str | None = None) -> dict[str, str]:
+                 every: int = 1, watch_id: str | None = None,
+                 observe_steps: int | None = None) -> dict[str, str]:
     """The environment for a child command whose every Python process is observed.
 
     ``base_env`` (``os.environ`` when None) is copied; the bootstrap directory is put
@@ -104,7 +111,9 @@ def observed_env(base_env: Mapping[str, str] | None, out_dir: str | os.PathLike[
     ``updates-rank-<R>.pt`` with ``record_updates``). ``max_steps`` ends each rank
     cleanly (exit 0) after that many optimizer steps. ``every`` checks gradient
     conservation on every N-th optimizer step only. ``watch_id`` is written into each
-    rank's start record (see :data:`ENV_WATCH_ID`).
+    rank's start record (see :data:`ENV_WATCH_ID`). ``observe_steps`` ends observation
+    after that many optimizer steps (:class:`~accumguard.observe.Observer`'s
+    ``observe_steps``; ignored with ``record_updates`` or ``max_steps``); None: every step.
     """
     env = dict(os.environ if base_env is None else base_env)
     out = Path(out_dir).resolve()
@@ -126,6 +135,11 @@ def observed_env(base_env: Mapping[str, str] | None, out_dir: str | os.PathLike[
             raise ValueError(f"max_steps ({max_steps}) must be >= 1")
         env[ENV_MAX_STEPS] = str(int(max_steps))
     env[ENV_EVERY] = str(max(1, int(every)))
+    env.pop(ENV_OBSERVE_STEPS, None)
+    if observe_steps is not None:
+        if observe_steps < 1:
+            raise ValueError(f"observe_steps ({observe_steps}) must be >= 1 (None: every step)")
+        env[ENV_OBSERVE_STEPS] = str(int(observe_steps))
     env.pop(ENV_WATCH_ID, None)
     if watch_id is not None:
         env[ENV_WATCH_ID] = watch_id
@@ -160,16 +174,18 @@ def _install_all(_torch: object = None) -> None:
 
 @contextlib.contextmanager
 def recording(out_dir: str | os.PathLike[str], *, record_updates: bool = False,
-              every: int = 1) -> Iterator[Observer]:
+              every: int = 1, observe_steps: int | None = None) -> Iterator[Observer]:
     """Observe a block of this process and write its recording to ``out_dir`` (the same
     ``rank-<R>.jsonl`` as under ``accumguard watch``), then remove every patch.
 
     Runs several scenarios in one process (one directory each) where starting a command
     per scenario would cost a Python and torch start-up each time; the recording is
     analysed with :func:`accumguard.watch._findings.load_recordings`. Yields the
-    :class:`~accumguard.observe.Observer`.
+    :class:`~accumguard.observe.Observer`. ``observe_steps``: as :func:`observed_env`'s
+    (``accumguard watch`` uses :data:`OBSERVE_STEPS`); None: every step.
     """
-    agent = _Agent(Path(out_dir), record_updates=record_updates, every=every)
+    agent = _Agent(Path(out_dir), record_updates=record_updates, every=every,
+                   observe_steps=observe_steps)
     agent.install(handlers=False)
     assert agent.observer is not None  # (install made it)
     try:
@@ -182,7 +198,7 @@ class _Agent:
     """Owns the observer of this process and writes its recording."""
 
     def __init__(self, out_dir: Path, *, record_updates: bool | None = None,
-                 every: int | None = None) -> None:
+                 every: int | None = None, observe_steps: int | None = None) -> None:
         self.out_dir = out_dir
         self.record_updates = (os.environ.get(ENV_RECORD_UPDATES, "") not in ("", "0")
                                if record_updates is None else record_updates)
@@ -192,6 +208,12 @@ class _Agent:
         env_every = os.environ.get(ENV_EVERY, "1")
         self.every = every if every is not None else (
             int(env_every) if env_every.strip().isdigit() else 1)
+        env_observe = os.environ.get(ENV_OBSERVE_STEPS, "") if every is None else ""
+        self.observe_steps = observe_steps if every is not None else (
+            int(env_observe) if env_observe.strip().isdigit() and int(env_observe) > 0
+            else None)
+        if self.record_updates or self.max_steps is not None:
+            self.observe_steps = None  # invariance/advise compare every step they asked for
         self.observer: Observer | None = None
         self.ledger: CommLedger | None = None
         self.advise: Applier | None = None  # accumguard advise's mode (runtime._advise_modes)
@@ -230,7 +252,7 @@ class _Agent:
         # every=1 (default): conservation checked on as many windows as ~1 % of the run's
         # time allows (always the first two); every=N: exactly every N-th window.
         self.observer = obs = Observer.from_profile(
-            profiles.watch(self.every, self.record_updates))
+            profiles.watch(self.every, self.record_updates, self.observe_steps))
         self.ledger = CommLedger(obs)  # the step record's "comm" (collectives)
         self.ledger.attach()
         obs.add_listener(self.ledger)
@@ -331,6 +353,11 @@ class _Agent:
         self._write({"kind": "internal_error", "rank": self._rank(), **failure.as_dict()})
         self.flush("internal_error")
 
+    def on_retire(self, steps: int) -> None:
+        """Observation ends here on purpose (``observe_steps``): the recording ends with it
+        (the observer removes its patches at the next patched call)."""
+        self.close("observed", uninstall=False)
+
     def on_engine(self, info: EngineInfo) -> None:
         from dataclasses import asdict
 
@@ -420,8 +447,11 @@ class _Agent:
         with contextlib.suppress(Exception):
             self._flush_file()
 
-    def close(self, reason: str) -> None:
+    def close(self, reason: str, *, uninstall: bool = True) -> None:
         if self.closed:
+            if uninstall and self.observer is not None:  # (ended at observe_steps: now
+                with contextlib.suppress(Exception):  # nothing of it may stay installed)
+                    self.observer.uninstall()
             return
         self.closed = True
         obs = self.observer
@@ -440,7 +470,7 @@ class _Agent:
         if self.fh is not None:
             with contextlib.suppress(Exception):
                 self.fh.close()
-        if obs is not None:
+        if obs is not None and uninstall:
             with contextlib.suppress(Exception):  # at exit: never an error of the script's
                 obs.uninstall()
 

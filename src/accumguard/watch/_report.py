@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from accumguard.observe._records import Finding, watch_dict
+from accumguard.watch._recording import OBSERVE_STEPS
 
 __all__ = ["EXIT_ACCUMGUARD_FAILED", "JSON_SCHEMA_VERSION", "WatchResult", "judge",
            "run_in_group", "watch"]
@@ -57,12 +58,15 @@ class WatchResult:
 
 def watch(command: Sequence[str], *, accumulation_steps: int | None = None, every: int = 1,
           keep: str | os.PathLike[str] | None = None,
-          out: str | os.PathLike[str] | None = None) -> WatchResult:
+          out: str | os.PathLike[str] | None = None,
+          observe_steps: int | None = OBSERVE_STEPS) -> WatchResult:
     """Run ``command`` (``python x.py``, ``torchrun ...``, ``deepspeed ...``, ``accelerate
     launch ...``) unmodified, with accumguard's observation in every Python process it
     starts, and judge what they recorded. ``keep``: keep the rank records in that directory
     (cleared first); ``out``: a directory shared by the watches of several nodes (never
-    cleared; see docs/multinode.md). The command's output passes through."""
+    cleared; see docs/multinode.md). ``observe_steps``: each rank is observed for that many
+    optimizer steps (longer while its first epoch's end is in reach), then runs on with
+    nothing of accumguard in it; None: every step. The command's output passes through."""
     from accumguard.watch._recording import observed_env
 
     if not command:
@@ -88,7 +92,8 @@ def watch(command: Sequence[str], *, accumulation_steps: int | None = None, ever
         tmp = tempfile.TemporaryDirectory(prefix="accumguard-watch-")
         out_dir = Path(tmp.name)
     try:
-        env = observed_env(None, out_dir, every=every, watch_id=watch_id)
+        env = observed_env(None, out_dir, every=every, watch_id=watch_id,
+                           observe_steps=observe_steps)
         code, signalled = run_in_group(command, env)
         return judge(out_dir, command=command, accumulation_steps=accumulation_steps,
                      code=code, signalled=signalled, watch_id=watch_id)
@@ -245,6 +250,18 @@ def _coverage_lines(rec: Any, *, out_dir: Path, shared: bool, merged: bool) -> l
     only that node's ranks, and the rules that compare ranks then covered only those."""
     lines = []
     seen = rec.ranks
+    ended = {r: int(e.get("steps", 0) or 0) for r, e in rec.end.items()
+             if e.get("reason") == "observed"}
+    if ended:
+        counts = sorted(set(ended.values()))
+        which = "each rank" if set(ended) == set(seen) else \
+            "rank(s) " + ", ".join(map(str, sorted(ended)))
+        lines.append(f"watch observed the first {'/'.join(map(str, counts))} optimizer steps of "
+                     f"{which}, then let the run go on with nothing of accumguard in it "
+                     "(--observe-steps; longer while the end of a first DataLoader pass was in "
+                     "reach): the findings are about those steps; a bug that shows only later "
+                     "(a later epoch's end, a change of phase) needs --observe-steps 0 (every "
+                     "step)")
     if len(rec.run_ids - {None}) > 1:
         lines.append(f"the records in {str(out_dir)} belong to {len(rec.run_ids - {None})} "
                      "different jobs (torchrun run ids "

@@ -1,0 +1,170 @@
+"""``observe_steps``: watch observes a run's first windows (and its first epoch's end when
+that is in reach), then leaves the process with nothing of accumguard in it.
+
+What must hold: the run computes exactly what it computes unobserved (bit-identical
+parameters), every patch and hook is gone after the next patched call, the recording ends
+with reason ``observed`` at that step, an epoch's tail within reach is still judged, and
+the report says which steps the findings are about."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F  # noqa: N812 - torch's own alias
+from torch.utils.data import DataLoader, TensorDataset
+
+from accumguard.observe import _steps
+from accumguard.watch._recording import ENV_OBSERVE_STEPS, observed_env, recording
+from accumguard.watch._report import judge
+
+K = 4
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+
+
+def _list_loop(model: torch.nn.Module, windows: int) -> None:
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(windows):
+        for _ in range(K):
+            x, y = torch.randn(6, 8, generator=g), torch.randint(0, 4, (6,), generator=g)
+            (F.cross_entropy(model(x), y) / K).backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def _loader_loop(model: torch.nn.Module, batches: int, epochs: int, *, leak: bool) -> None:
+    """``batches`` micro-batches per pass; ``leak``: the step counter restarts every
+    epoch, so a tail of ``batches % K`` micro-batches is carried into the next epoch's first
+    window (F7); otherwise a global counter (windows straddle epochs: correct)."""
+    g = torch.Generator().manual_seed(2)
+    ds = TensorDataset(torch.randn(batches * 2, 8, generator=g),
+                       torch.randint(0, 4, (batches * 2,), generator=g))
+    dl = DataLoader(ds, batch_size=2, shuffle=False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    micro = 0
+    for _ in range(epochs):
+        for i, (x, y) in enumerate(dl):
+            (F.cross_entropy(model(x), y) / K).backward()
+            micro += 1
+            if (i + 1 if leak else micro) % K == 0:
+                opt.step()
+                opt.zero_grad()
+
+
+def _records(out: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in (out / "rank-0.jsonl").read_text().splitlines()]
+
+
+def _run(tmp_path: Path, loop: Callable[[torch.nn.Module], None],
+         observe: int | None) -> tuple[torch.nn.Module, list[dict[str, object]]]:
+    model = _model()
+    out = tmp_path / "rec"
+    with recording(out, observe_steps=observe):
+        loop(model)
+    return model, _records(out)
+
+
+def test_retired_run_is_unchanged_and_nothing_stays_installed(tmp_path: Path) -> None:
+    plain = _model()
+    _list_loop(plain, 20)
+    patched = {"Tensor.backward": torch.Tensor.backward,
+               "autograd.backward": torch.autograd.backward,
+               "cross_entropy": F.cross_entropy, "zero_grad": torch.optim.Optimizer.zero_grad}
+    model = _model()
+    out = tmp_path / "rec"
+    seen_after: dict[str, bool] = {}
+    with recording(out, observe_steps=8) as obs:
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        g = torch.Generator().manual_seed(1)
+        for s in range(20):
+            for _ in range(K):
+                x, y = torch.randn(6, 8, generator=g), torch.randint(0, 4, (6,), generator=g)
+                (F.cross_entropy(model(x), y) / K).backward()
+            opt.step()
+            opt.zero_grad()
+            if s == 8:  # the window after the one that ended observation
+                from torch.optim import optimizer as optim_mod
+                seen_after = {
+                    "patches": all(getattr(owner, name) is fn for (owner, name), fn in zip(
+                        [(torch.Tensor, "backward"), (torch.autograd, "backward"),
+                         (F, "cross_entropy"), (torch.optim.Optimizer, "zero_grad")],
+                        patched.values(), strict=True)),
+                    "optimizer hooks": not optim_mod._global_optimizer_pre_hooks
+                    and not optim_mod._global_optimizer_post_hooks,
+                    "module hooks": not any(m._forward_pre_hooks or m._forward_hooks
+                                            for m in model.modules()),
+                }
+        assert obs.failure is None and obs.failsafe.retired
+    assert seen_after == {"patches": True, "optimizer hooks": True, "module hooks": True}
+    for a, b in zip(plain.parameters(), model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    recs = _records(out)
+    steps = [r for r in recs if r["kind"] == "step"]
+    assert [r["step"] for r in steps] == list(range(8))
+    end = recs[-1]
+    assert end["kind"] == "end" and end["reason"] == "observed" and end["steps"] == 8
+    assert end["pending_backwards"] == 0
+
+
+def test_every_step_when_not_limited(tmp_path: Path) -> None:
+    _, recs = _run(tmp_path, lambda m: _list_loop(m, 12), None)
+    assert len([r for r in recs if r["kind"] == "step"]) == 12
+    assert recs[-1]["reason"] == "exit"
+
+
+def test_first_epoch_end_in_reach_is_observed_and_judged(tmp_path: Path) -> None:
+    """Passes of 50 micro-batches (12 windows and a tail of 2): observation goes on past
+    observe_steps = 4 through the window where the second pass began and the one after it,
+    and the tail carried into that window is F7 (its twin, a global counter, is silent)."""
+    _, recs = _run(tmp_path / "leak", lambda m: _loader_loop(m, 50, 3, leak=True), 4)
+    steps = [r for r in recs if r["kind"] == "step"]
+    begun = [r["step"] for r in steps if r["data_pass_starts"]]
+    assert begun[:2] == [0, 12] and len(steps) == 14 and recs[-1]["reason"] == "observed"
+    result = judge(tmp_path / "leak" / "rec")
+    assert {(f.cls, f.severity) for f in result.findings} >= {("F7", "error")}, result.findings
+    assert any("observed the first 14 optimizer steps" in p
+               for p in result.report["problems"]), result.report["problems"]
+    _, recs = _run(tmp_path / "ok", lambda m: _loader_loop(m, 50, 3, leak=False), 4)
+    result = judge(tmp_path / "ok" / "rec")
+    assert not [f for f in result.findings if f.severity != "note"], result.findings
+
+
+def test_epoch_end_out_of_reach_ends_observation_at_the_limit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A first pass predicted (from len(loader)) to end after OBSERVE_MAX steps: observation
+    ends at observe_steps already instead of paying for the whole pass."""
+    monkeypatch.setattr(_steps, "OBSERVE_MAX", 10)
+    _, recs = _run(tmp_path, lambda m: _loader_loop(m, 80, 1, leak=False), 4)
+    assert len([r for r in recs if r["kind"] == "step"]) == 4
+    assert recs[-1]["reason"] == "observed"
+
+
+def test_observed_env_and_what_ignores_it(monkeypatch: pytest.MonkeyPatch,
+                                          tmp_path: Path) -> None:
+    env = observed_env({}, tmp_path, observe_steps=64)
+    assert env[ENV_OBSERVE_STEPS] == "64"
+    assert ENV_OBSERVE_STEPS not in observed_env(env, tmp_path)
+    with pytest.raises(ValueError, match="observe_steps"):
+        observed_env({}, tmp_path, observe_steps=0)
+    from accumguard.watch._recording import _Agent
+
+    monkeypatch.setenv(ENV_OBSERVE_STEPS, "64")
+    assert _Agent(tmp_path).observe_steps == 64
+    # invariance and advise compare every step they asked for
+    monkeypatch.setenv("ACCUMGUARD_RECORD_UPDATES", "1")
+    assert _Agent(tmp_path).observe_steps is None
+
+
+def test_cli_rejects_a_negative_count(capsys: pytest.CaptureFixture[str]) -> None:
+    from accumguard.cli.watch import watch_main
+
+    assert watch_main(["--observe-steps", "-1", "--", "python", "x.py"]) == 2
+    assert "--observe-steps must be >= 0" in capsys.readouterr().err
