@@ -26,6 +26,7 @@ import torch
 from accumguard.observe import _patch_deepspeed
 from accumguard.observe._events import BackwardEvent, ForwardEvent
 from accumguard.observe._failsafe import hook_method
+from accumguard.observe._hookref import ModuleHook
 from accumguard.observe._introspect import engine_kind, fsdp_param_groups
 from accumguard.observe._precision import autocast_dtype
 
@@ -201,7 +202,7 @@ class ForwardHooks:
         if self._fwd_depth and not hooked:
             return
         if not hooked:
-            self._depth_hooked[module] = module.register_forward_hook(self._depth_post,
+            self._depth_hooked[module] = module.register_forward_hook(ModuleHook(self._depth_post),
                                                                       always_call=True)
             self._hooked_ids.add(id(module))
         self._fwd_depth += 1
@@ -216,7 +217,7 @@ class ForwardHooks:
         assert self._global_handle is not None
         self._global_handle.remove()
         self._global_handle = None
-        self._pinned = [m.register_forward_pre_hook(self._global_pre)
+        self._pinned = [m.register_forward_pre_hook(ModuleHook(self._global_pre))
                         for m in list(self._depth_hooked.keys())]
         self._pinned_any = True
 
@@ -227,9 +228,9 @@ class ForwardHooks:
         ``torch.compile`` traces may call it first, where the registration would be a graph
         break that fullgraph=True raises)."""
         if self._global_handle is None and self._pinned_any:
-            self._pinned.append(module.register_forward_pre_hook(self._global_pre))
+            self._pinned.append(module.register_forward_pre_hook(ModuleHook(self._global_pre)))
         if depth and module not in self._depth_hooked:
-            self._depth_hooked[module] = module.register_forward_hook(self._depth_post,
+            self._depth_hooked[module] = module.register_forward_hook(ModuleHook(self._depth_post),
                                                                       always_call=True)
             self._hooked_ids.add(id(module))
 
@@ -247,11 +248,11 @@ class ForwardHooks:
             if self.attribute and engine_kind(m) not in ("ddp", "fsdp2"):
                 # no sync flag to read before the forward: one hook after it does both
                 # (a hooked module call costs a slower call path per hook kind)
-                self._root_handles.append(m.register_forward_hook(self._root_forward_and_post))
+                self._root_handles.append(m.register_forward_hook(ModuleHook(self._root_forward_and_post)))
                 continue
-            self._root_handles.append(m.register_forward_pre_hook(self._root_pre))
+            self._root_handles.append(m.register_forward_pre_hook(ModuleHook(self._root_pre)))
             if self.attribute:
-                self._root_handles.append(m.register_forward_hook(self._root_post))
+                self._root_handles.append(m.register_forward_hook(ModuleHook(self._root_post)))
 
     def _remove_root_hooks(self) -> None:
         if self._global_handle is not None:

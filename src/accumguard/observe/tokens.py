@@ -30,6 +30,7 @@ import torch
 
 from accumguard.core.errors import ConfigError
 from accumguard.observe._failsafe import Failsafe, hook_method
+from accumguard.observe._hookref import ModuleHook
 
 __all__ = ["TokenWeightProbe", "find_logits_module"]
 
@@ -77,7 +78,7 @@ class TokenWeightProbe:
         self.low_precision = False  # a bf16/fp16 logits gradient was seen
         self._module = module
         self._vocab = 0  # the logits' last dimension (label smoothing's V)
-        self._handle: Any = module.register_forward_hook(self._on_forward)
+        self._handle: Any = module.register_forward_hook(ModuleHook(self._on_forward))
 
     @property
     def active(self) -> bool:
@@ -88,7 +89,7 @@ class TokenWeightProbe:
     @active.setter
     def active(self, on: bool) -> None:
         if on and self._handle is None:
-            self._handle = self._module.register_forward_hook(self._on_forward)
+            self._handle = self._module.register_forward_hook(ModuleHook(self._on_forward))
         elif not on and self._handle is not None:
             self._handle.remove()
             self._handle = None

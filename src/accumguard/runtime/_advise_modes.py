@@ -110,13 +110,15 @@ class _Applier:
     def _fully_shard(self, orig: Original) -> Original:
         import torch
 
+        from accumguard.observe._hookref import ModuleHook
+
         def fully_shard(*args: object, **kwargs: object) -> object:
             out = orig(*args, **kwargs)
             hook = self.observer.failsafe.hook(self._fsdp_pre, "advise_fsdp")
             for m in out if isinstance(out, (list, tuple)) else [out]:
                 if isinstance(m, torch.nn.Module) and hasattr(m, "set_requires_gradient_sync"):
                     self.observer.patches.add(
-                        m.register_forward_pre_hook(hook, prepend=True).remove)
+                        m.register_forward_pre_hook(ModuleHook(hook), prepend=True).remove)
             return out
 
         return fully_shard

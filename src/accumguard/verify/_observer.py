@@ -48,6 +48,7 @@ from accumguard.observe._events import (
     StepEvent,
     ZeroGradEvent,
 )
+from accumguard.observe._hookref import ModuleHook
 from accumguard.verify.contract import LoopContext
 from accumguard.verify.reference import canonical_name, flat_params
 from accumguard.verify.report import LoopObservation
@@ -120,7 +121,7 @@ class Observer:
         handles = []
         try:
             self.layer.install()
-            handles.append(self.model.register_forward_pre_hook(self._fwd_pre))
+            handles.append(self.model.register_forward_pre_hook(ModuleHook(self._fwd_pre)))
             self.ctx.on_loss = self._on_loss
             yield
         finally:
