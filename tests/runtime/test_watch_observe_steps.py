@@ -72,15 +72,27 @@ def _run(tmp_path: Path, loop: Callable[[torch.nn.Module], None],
     return model, _records(out)
 
 
-def test_retired_run_is_unchanged_and_nothing_stays_installed(tmp_path: Path) -> None:
+def _end(recs: list[dict[str, object]]) -> dict[str, object]:
+    return next(r for r in recs if r["kind"] == "end")
+
+
+def test_retired_run_is_unchanged_and_only_counters_stay(tmp_path: Path) -> None:
+    """After the window that ends observation, the next patched call removes every patch
+    and hook of the observer; what stays are the tail's counters (one wrapper of
+    ``torch.autograd.backward`` and of ``DataLoader.__iter__``, torch's two global optimizer
+    step hooks), gone too when the recording ends. The parameters are bit-identical to an
+    unobserved run's."""
+    from torch.optim import optimizer as optim_mod
+
     plain = _model()
     _list_loop(plain, 20)
-    patched = {"Tensor.backward": torch.Tensor.backward,
-               "autograd.backward": torch.autograd.backward,
-               "cross_entropy": F.cross_entropy, "zero_grad": torch.optim.Optimizer.zero_grad}
+    originals = {(torch.Tensor, "backward"): torch.Tensor.backward,
+                 (F, "cross_entropy"): F.cross_entropy,
+                 (torch.optim.Optimizer, "zero_grad"): torch.optim.Optimizer.zero_grad}
+    orig_backward = torch.autograd.backward
     model = _model()
     out = tmp_path / "rec"
-    seen_after: dict[str, bool] = {}
+    seen_after: dict[str, object] = {}
     with recording(out, observe_steps=8) as obs:
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         g = torch.Generator().manual_seed(1)
@@ -91,33 +103,36 @@ def test_retired_run_is_unchanged_and_nothing_stays_installed(tmp_path: Path) ->
             opt.step()
             opt.zero_grad()
             if s == 8:  # the window after the one that ended observation
-                from torch.optim import optimizer as optim_mod
                 seen_after = {
-                    "patches": all(getattr(owner, name) is fn for (owner, name), fn in zip(
-                        [(torch.Tensor, "backward"), (torch.autograd, "backward"),
-                         (F, "cross_entropy"), (torch.optim.Optimizer, "zero_grad")],
-                        patched.values(), strict=True)),
-                    "optimizer hooks": not optim_mod._global_optimizer_pre_hooks
-                    and not optim_mod._global_optimizer_post_hooks,
-                    "module hooks": not any(m._forward_pre_hooks or m._forward_hooks
-                                            for m in model.modules()),
+                    "patches": all(getattr(owner, name) is fn
+                                   for (owner, name), fn in originals.items()),
+                    "hooks": (len(optim_mod._global_optimizer_pre_hooks),
+                              len(optim_mod._global_optimizer_post_hooks)),
+                    "module hooks": any(m._forward_pre_hooks or m._forward_hooks
+                                        for m in model.modules()),
+                    "counting": obs.tail is not None and torch.autograd.backward is not
+                    orig_backward,
                 }
         assert obs.failure is None and obs.failsafe.retired
-    assert seen_after == {"patches": True, "optimizer hooks": True, "module hooks": True}
+    assert seen_after == {"patches": True, "hooks": (1, 1), "module hooks": False,
+                          "counting": True}
+    assert torch.autograd.backward is orig_backward
+    assert not optim_mod._global_optimizer_pre_hooks
+    assert not optim_mod._global_optimizer_post_hooks
     for a, b in zip(plain.parameters(), model.parameters(), strict=True):
         assert torch.equal(a, b)
     recs = _records(out)
     steps = [r for r in recs if r["kind"] == "step"]
     assert [r["step"] for r in steps] == list(range(8))
-    end = recs[-1]
-    assert end["kind"] == "end" and end["reason"] == "observed" and end["steps"] == 8
-    assert end["pending_backwards"] == 0
+    end = _end(recs)
+    assert end["reason"] == "observed" and end["steps"] == 8 and end["pending_backwards"] == 0
+    assert recs[-1]["kind"] == "tail" and recs[-1]["steps"] == 12
 
 
 def test_every_step_when_not_limited(tmp_path: Path) -> None:
     _, recs = _run(tmp_path, lambda m: _list_loop(m, 12), None)
     assert len([r for r in recs if r["kind"] == "step"]) == 12
-    assert recs[-1]["reason"] == "exit"
+    assert _end(recs)["reason"] == "exit" and recs[-1]["kind"] == "end"
 
 
 def test_first_epoch_end_in_reach_is_observed_and_judged(tmp_path: Path) -> None:
@@ -127,7 +142,7 @@ def test_first_epoch_end_in_reach_is_observed_and_judged(tmp_path: Path) -> None
     _, recs = _run(tmp_path / "leak", lambda m: _loader_loop(m, 50, 3, leak=True), 4)
     steps = [r for r in recs if r["kind"] == "step"]
     begun = [r["step"] for r in steps if r["data_pass_starts"]]
-    assert begun[:2] == [0, 12] and len(steps) == 14 and recs[-1]["reason"] == "observed"
+    assert begun[:2] == [0, 12] and len(steps) == 14 and _end(recs)["reason"] == "observed"
     result = judge(tmp_path / "leak" / "rec")
     assert {(f.cls, f.severity) for f in result.findings} >= {("F7", "error")}, result.findings
     assert any("observed the first 14 optimizer steps" in p
@@ -144,7 +159,7 @@ def test_epoch_end_out_of_reach_ends_observation_at_the_limit(
     monkeypatch.setattr(_steps, "OBSERVE_MAX", 10)
     _, recs = _run(tmp_path, lambda m: _loader_loop(m, 80, 1, leak=False), 4)
     assert len([r for r in recs if r["kind"] == "step"]) == 4
-    assert recs[-1]["reason"] == "observed"
+    assert _end(recs)["reason"] == "observed"
 
 
 def test_observed_env_and_what_ignores_it(monkeypatch: pytest.MonkeyPatch,
@@ -168,3 +183,39 @@ def test_cli_rejects_a_negative_count(capsys: pytest.CaptureFixture[str]) -> Non
 
     assert watch_main(["--observe-steps", "-1", "--", "python", "x.py"]) == 2
     assert "--observe-steps must be >= 0" in capsys.readouterr().err
+
+
+def _scheduled_loop(model: torch.nn.Module, windows: int, t_max: int) -> None:
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=t_max)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(windows):
+        for _ in range(K):
+            x, y = torch.randn(6, 8, generator=g), torch.randint(0, 4, (6,), generator=g)
+            (F.cross_entropy(model(x), y) / K).backward()
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+
+
+@pytest.mark.parametrize(("t_max", "f4"), [(30 * K, True), (30, False)])
+def test_the_horizon_is_judged_on_the_whole_run(tmp_path: Path, t_max: int, f4: bool) -> None:
+    """A schedule planned in micro-steps (K x the run's 30 optimizer steps) is F4 although
+    watch observed only the first 8 steps: the rest of the run was counted (the ``tail``
+    record: steps, backwards, each scheduler's final position), and its counters are gone
+    when the recording ends."""
+    orig = torch.autograd.backward
+    _, recs = _run(tmp_path, lambda m: _scheduled_loop(m, 30, t_max), 8)
+    assert torch.autograd.backward is orig
+    tail = recs[-1]
+    assert tail["kind"] == "tail" and tail["reason"] == "exit"
+    assert (tail["steps"], tail["backwards"], tail["pending_backwards"]) == (22, 88, 0)
+    (final,) = tail["schedulers"]
+    assert final["pos"] == 30 and final["step"] == 30
+    result = judge(tmp_path / "rec")
+    errors = [f for f in result.findings if f.severity == "error"]
+    if f4:
+        (f,) = errors
+        assert f.cls == "F4" and "30 optimizer steps" in f.evidence, f.evidence
+    else:
+        assert errors == [], errors

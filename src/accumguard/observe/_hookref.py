@@ -13,6 +13,7 @@ enables), so nothing of accumguard is needed to load the file.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -23,20 +24,28 @@ __all__ = ["ModuleHook"]
 UNPICKLED = "accumguard.unpickled_hook"
 
 
-class ModuleHook:
-    """``fn`` as a module hook (forward pre or post), inert in a copy, a no-op when pickled."""
+def _inert(*args: Any, **kwargs: Any) -> None:
+    """What a copied module's hook calls: nothing."""
 
-    __slots__ = ("fn",)
 
-    def __init__(self, fn: Callable[..., Any] | None) -> None:
-        self.fn = fn
+class ModuleHook(functools.partial[Any]):
+    """``fn`` as a module hook (forward pre or post), inert in a copy, a no-op when pickled.
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        fn = self.fn
-        return None if fn is None else fn(*args, **kwargs)
+    A :class:`functools.partial` with no bound arguments: calling it adds no Python frame
+    to the hot path (a hook runs at every forward)."""
+
+    __slots__ = ()
+
+    def __new__(cls, fn: Callable[..., Any]) -> ModuleHook:
+        return super().__new__(cls, fn)
+
+    @property
+    def inert(self) -> bool:
+        """This is a copied module's hook: it does nothing."""
+        return self.func is _inert
 
     def __deepcopy__(self, memo: dict[int, Any]) -> ModuleHook:
-        return ModuleHook(None)
+        return ModuleHook(_inert)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (getattr, (logging.getLogger(UNPICKLED), "debug"))

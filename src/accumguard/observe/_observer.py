@@ -65,6 +65,7 @@ from accumguard.observe._precision import AccumDrift, MasterSum
 from accumguard.observe._profiles import ObserverProfile
 from accumguard.observe._step_precision import StepPrecision
 from accumguard.observe._steps import PIN_ROOTS_AFTER_STEPS, StepMachinery
+from accumguard.observe._tail import Tail
 from accumguard.observe._tally import Tally
 from accumguard.observe._window import StepTally
 
@@ -154,6 +155,7 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
         self.observe_steps = observe_steps
         self._pass_at: list[int] = []  # windows in which a DataLoader pass began
         self._pass_len: int | None = None  # micro-batches of the first pass (len(loader))
+        self.tail: Tail | None = None  # the counters after observation ended (_tail)
         self.boundary = BoundaryScale(boundary_param) if boundary_param is not None else None
         self._armed = True  # this window is sampled (always, without sampled_records)
         self._root_handles: list[RemovableHandle] = []
@@ -305,6 +307,8 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
 
     def uninstall(self) -> None:
         self.installed = False
+        if self.tail is not None:
+            self.tail.remove()
         self.patches.undo()
         for handle in list(self._depth_hooked.values()):
             handle.remove()
@@ -314,6 +318,20 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
         self._attribution.reset()
         self.drift.remove()
         self._sync_root, self._pinned_any = None, False  # no reference to the user's model
+
+    def _start_tail(self) -> None:
+        """Observation ended (``observe_steps``) and its patches are gone: count the rest."""
+        if self.tail is None and not self.installed:
+            self.tail = Tail().install()
+
+    def tail_record(self, reason: str) -> dict[str, object]:
+        """The ``tail`` record at the run's end: what the run did after observation ended
+        (:mod:`._tail`; all zero when it ended before another patched call)."""
+        tail = self.tail if self.tail is not None else Tail()
+        observed = {id(o): n for o, n in self._opt_steps.items()}
+        out = tail.record(lambda opt: observed.get(opt, 0), self.step)
+        out["reason"] = reason
+        return out
 
     def __enter__(self) -> Observer:
         return self.install()

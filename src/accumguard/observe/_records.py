@@ -175,6 +175,9 @@ class RunRecording:
     engine: dict[int, JsonObject] = field(default_factory=dict)
     end: dict[int, JsonObject] = field(default_factory=dict)
     failures: dict[int, JsonObject] = field(default_factory=dict)
+    #: per rank, what the run did after observation ended (``observe_steps``), counted
+    #: (:mod:`accumguard.observe._tail`): its real end's reason, steps, backwards, passes
+    tail: dict[int, JsonObject] = field(default_factory=dict)
     world: int = 1
     #: optimizer steps observed on every rank before accumguard failed (None: no failure)
     observed_steps: int | None = None
@@ -267,6 +270,8 @@ def load_recordings(out_dir: Path, *, watch_id: str | None = None) -> RunRecordi
                 rec.engine[rank] = r
             elif kind == "end":
                 rec.end[rank] = r
+            elif kind == "tail":
+                rec.tail[rank] = r
             elif kind == "internal_error":
                 rec.failures.setdefault(int(r.get("rank", rank)), r)
     if rec.failures:

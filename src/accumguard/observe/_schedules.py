@@ -23,6 +23,7 @@ import functools
 import re
 from collections.abc import Callable
 
+from accumguard.core.window import StepRecord
 from accumguard.observe._epochs import complete_epochs, epochs
 from accumguard.observe._records import Finding, JsonObject, RunRecording, _mk, records
 
@@ -306,7 +307,37 @@ def run_horizon_findings(rec: RunRecording, rank: int, k: int | None) -> list[Fi
     complete = end.get("reason") in _COMPLETE and not rec.failures
     backwards = 0 if several else sum(int(s.backwards or 0) for s in steps)
     pending = int(end.get("pending_backwards", 0) or 0)
-    return horizon_findings(rank, rec.schedulers.get(rank, []), total, rec.world, k, len(eps),
+    events = rec.schedulers.get(rank, [])
+    tail = rec.tail.get(rank)
+    if tail is not None and not rec.failures:
+        # observation ended early (observe_steps) and the rest of the run was counted:
+        # judged on the whole run's totals and each scheduler's final state
+        n_eps, whole = _passes(steps, tail)
+        return horizon_findings(
+            rank, [*events, *tail.get("schedulers", [])],
+            0 if several else total + int(tail.get("steps", 0)), rec.world, k, n_eps,
+            tail.get("reason") in _COMPLETE,
+            backwards=0 if several else backwards + int(tail.get("backwards", 0)),
+            whole_epochs=whole, serials=None)
+    return horizon_findings(rank, events, total, rec.world, k, len(eps),
                             complete, backwards=backwards,
                             whole_epochs=complete_epochs(steps, pending),
                             serials=[s.opt_serial for s in steps])
+
+
+def _passes(steps: list[StepRecord], tail: JsonObject) -> tuple[int, bool]:
+    """(DataLoader passes, all of one length in backward passes) over the observed windows
+    and the counted rest of the run (:mod:`._tail`)."""
+    starts: list[int] = []
+    total = 0
+    for s in steps:
+        n = int(s.backwards or 0)
+        starts += [total + int(j) for j in s.data_pass_starts or [] if 0 <= int(j) <= n]
+        total += n
+    starts += [total + int(j) for j in tail.get("passes", [])]
+    total += int(tail.get("backwards", 0))
+    ends = total - int(tail.get("pending_backwards", 0) or 0)
+    if not starts:
+        return 0, False
+    lengths = [b - a for a, b in zip(starts, [*starts[1:], ends], strict=True)]
+    return len(starts), len(starts) >= 2 and len(set(lengths)) == 1

@@ -125,6 +125,7 @@ class StepMachinery:
         def _pin_roots(self) -> None: ...
         def _dtype_of(self, owner: object) -> str | None: ...
         def _precision(self, owner: object, source: str, w: StepTally) -> dict[str, Any] | None: ...
+        def _start_tail(self) -> None: ...
 
     def _skipped_step(self, opt: torch.optim.Optimizer) -> None:
         """A GradScaler step that found inf/NaN gradients and skipped the optimizer: the
@@ -353,6 +354,8 @@ class StepMachinery:
         if self.observe_steps is not None and self._retire_due(w):
             for end in self._handlers.on_retire:
                 end(self.step)
+            # once the patches are gone, the run's totals go on being counted (_tail)
+            self.failsafe.on_teardown(self._start_tail)
             self.failsafe.retire()
 
     def _retire_due(self, w: StepTally) -> bool:

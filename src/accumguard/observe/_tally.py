@@ -31,6 +31,15 @@ class Tally:
         entry = self._d.get(id(obj))  # get() inlined (called at every step)
         return self.set(obj, 1 if entry is None or entry[0]() is not obj else entry[1] + 1)
 
+    def items(self) -> list[tuple[object, int]]:
+        """The live objects and their counts."""
+        out = []
+        for ref, n in self._d.values():
+            obj = ref()
+            if obj is not None:
+                out.append((obj, n))
+        return out
+
     def set(self, obj: object, n: int) -> int:
         """Store ``n`` for ``obj`` (returns it)."""
         ref: Callable[[], object]

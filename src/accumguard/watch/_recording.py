@@ -38,6 +38,9 @@ The recording, one JSON object per line (flushed at every optimizer step, at exi
 * ``{"kind": "scheduler", "step", "micro", "count", "optimizer_steps", "in_step", "sid",
   "pos", "horizon", "horizon_what"}`` (``pos``: the scheduler's ``last_epoch``; ``horizon``:
   where its schedule ends, when the object states it: :mod:`accumguard.observe._schedules`);
+* ``{"kind": "tail", "reason", "steps", "backwards", "pending_backwards", "passes",
+  "schedulers"}`` after an end record with reason ``observed``: what the run did after
+  observation ended, counted (:mod:`accumguard.observe._tail`), at its real end;
 * ``{"kind": "end", "reason", "pending_backwards", "declared_k", "collective"}`` last
   (``reason``: ``exit``, ``max_steps``, ``destroy_process_group``, ``signal``, ``observed``
   (observation ended after ``ACCUMGUARD_OBSERVE_STEPS``, the run went on);
@@ -222,6 +225,7 @@ class _Agent:
         self.buffer: list[dict[str, Any]] = []  # JSON records (step_record's own fields)
         self.updates: list[dict[str, torch.Tensor]] = []
         self.closed = False
+        self.retired = False  # observation ended at observe_steps (on_retire)
         self._seen = False
         self._bw_base = 0  # the observer's backward count when activity was last reset
         self.pid = os.getpid()
@@ -354,9 +358,14 @@ class _Agent:
         self.flush("internal_error")
 
     def on_retire(self, steps: int) -> None:
-        """Observation ends here on purpose (``observe_steps``): the recording ends with it
-        (the observer removes its patches at the next patched call)."""
-        self.close("observed", uninstall=False)
+        """Observation ends here on purpose (``observe_steps``; the observer removes its
+        patches at the next patched call): the end record now, the run's totals after it
+        (the ``tail`` record) when the process ends."""
+        obs = self.observer
+        if obs is not None:
+            self._write_end(obs, "observed", False)
+        self.flush("observed")
+        self.retired = True
 
     def on_engine(self, info: EngineInfo) -> None:
         from dataclasses import asdict
@@ -447,18 +456,19 @@ class _Agent:
         with contextlib.suppress(Exception):
             self._flush_file()
 
-    def close(self, reason: str, *, uninstall: bool = True) -> None:
+    def close(self, reason: str) -> None:
         if self.closed:
-            if uninstall and self.observer is not None:  # (ended at observe_steps: now
-                with contextlib.suppress(Exception):  # nothing of it may stay installed)
-                    self.observer.uninstall()
             return
         self.closed = True
         obs = self.observer
         # a rank stuck in (or failed in) a collective before its first step is still named
         stuck = obs is not None and (obs.counter.open is not None
                                      or obs.counter.failed is not None)
-        if obs is not None and (self.seen_activity or self.fh is not None or stuck):
+        if self.retired:
+            if obs is not None:
+                with contextlib.suppress(Exception):  # at exit: never raises
+                    self._write(obs.tail_record(reason))
+        elif obs is not None and (self.seen_activity or self.fh is not None or stuck):
             self._write_end(obs, reason, stuck)
         with contextlib.suppress(Exception):
             self._flush_file()
@@ -470,7 +480,7 @@ class _Agent:
         if self.fh is not None:
             with contextlib.suppress(Exception):
                 self.fh.close()
-        if obs is not None and uninstall:
+        if obs is not None:
             with contextlib.suppress(Exception):  # at exit: never an error of the script's
                 obs.uninstall()
 
