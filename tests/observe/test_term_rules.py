@@ -810,3 +810,43 @@ def test_a_kl_mean_divided_by_k_beside_a_masked_sum_is_silent(tmp_path: Path) ->
         findings
     # the masked sum is recorded as one term (its tokens weigh 1 over the window)
     assert any(len(r) > 11 and r[11] == "masked sum" for s in steps for r in s.get("losses") or [])
+
+
+def _z_mean(over_k: bool) -> Callable[[], None]:
+    """A token loss summed and divided by the window's valid tokens (the HF Trainer's
+    ``num_items_in_batch`` form) beside a z-loss written as the mean over the valid tokens
+    selected, ``lse[valid].pow(2).mean()``: not divided by K it weighs K x its coefficient
+    (blind round 27, b_b01)."""
+    def loop() -> None:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Embedding(V, 16), torch.nn.Linear(16, V))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(5)
+        for _ in range(STEPS):
+            toks = torch.randint(0, V, (K, 3, T), generator=g)
+            labels = toks.clone()
+            for m in range(K):  # a different number of valid tokens in each micro-batch
+                labels[m, :, : m + 1] = -100
+            n_window = (labels != -100).sum()
+            for m in range(K):
+                logits = model(toks[m])
+                ce = F.cross_entropy(logits.reshape(-1, V), labels[m].reshape(-1),
+                                     ignore_index=-100, reduction="sum") / n_window
+                valid = labels[m] != -100
+                z = torch.logsumexp(logits, -1)[valid].pow(2).mean()
+                (ce + 0.01 * (z / K if over_k else z)).backward()
+            opt.step()
+            opt.zero_grad()
+
+    return loop
+
+
+def test_a_z_loss_mean_over_valid_tokens_not_divided_by_k_is_an_error(tmp_path: Path) -> None:
+    findings, _ = _run(tmp_path, _z_mean(False))
+    (f,) = _errors(findings)
+    assert f.cls == "LOSS_SCALE" and "averaged in every micro-step" in f.evidence, findings
+
+
+def test_a_z_loss_mean_over_valid_tokens_divided_by_k_is_silent(tmp_path: Path) -> None:
+    findings, _ = _run(tmp_path, _z_mean(True))
+    assert _errors(findings) == [], findings

@@ -297,9 +297,15 @@ def _valid_counts(w: dict[str, Any], ref: list[Any], k: int) -> list[int]:
 
 def _count_divisor(r: list[Any], valid: int, k: int) -> float | None:
     """The one division of term ``r`` by exactly the micro-step's ``valid`` tokens of the
-    reference call (a masked mean over them: ``(x * mask).sum() / mask.sum()``), or None."""
-    if r[7] is not None or valid <= 0 or r[5]:
+    reference call (a masked mean over them: ``(x * mask).sum() / mask.sum()``), or its one
+    mean over exactly that many elements (the valid tokens selected, then averaged:
+    ``x[mask].mean()``, a z-loss), or None."""
+    if r[7] is not None or valid <= 0:
         return None
+    if r[5]:
+        over = [int(c) for c in r[5]]
+        by = [c for op, c in r[4] if str(op) == "/" and float(c) == float(valid)]
+        return float(valid) if over == [valid] and not by else None
     hits = [float(c) for op, c in r[4] if str(op) == "/" and float(c) == float(valid)]
     return hits[0] if len(hits) == 1 else None
 
@@ -391,8 +397,10 @@ def _text(found: list[tuple[dict[str, Any], list[Any], list[Any]]], x: list[Any]
         and _made_of_batch_means(x, rows)
     what = (f"the loss call at {_short(str(x[7]))}" if x[7] is not None else
             f"a term built from torch ops (its graph starts at {x[3]}, a masked mean over "
-            f"the micro-batch's valid tokens: divided in every micro-step by exactly the "
-            f"valid tokens of the loss call beside it, {count:g} in the first)"
+            f"the micro-batch's valid tokens: "
+            + ("averaged" if x[5] else "divided")
+            + " in every micro-step over exactly the valid tokens of the loss call beside "
+            f"it, {count:g} in the first)"
             if count is not None else
             f"a term built from torch ops (its graph starts at {x[3]}, computed from means "
             f"over the {rows} rows of the micro-batch: a statistic of the micro-batch)" if made

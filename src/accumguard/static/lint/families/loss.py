@@ -39,6 +39,7 @@ from accumguard.static.lint._ast import (
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._masked import (
+    counted_per_micro_batch,
     counts_tokens,
     helper_called,
     hf_loss,
@@ -297,6 +298,20 @@ def _accelerate_ga_above_one(ctx: FileContext) -> bool:
     return bool(ctx._cached("accelerate_ga_above_one", ctx.tree, compute))
 
 
+def _divided_by_window_count(ctx: FileContext, window: ast.AST) -> bool:
+    """The window divides its loss by a token count computed outside it (before the
+    micro-batches: a count of the whole window, gathered over ranks as the Accelerate docs
+    do): ``accelerator.backward``'s division by K then undoes a ``* K`` the script wrote, not a
+    per-micro-batch mean's."""
+    scope = ctx.window_scope(window)
+    for sub in ctx.local_nodes(window):
+        d = _division(sub)
+        if d is not None and counts_tokens(d[1]) and not counted_per_micro_batch(
+                ctx, scope, window, d[1]):
+            return True
+    return False
+
+
 @rule("AG104")
 def mean_of_means(ctx: FileContext) -> Iterator[Finding]:
     for window in ctx.windows():
@@ -305,7 +320,8 @@ def mean_of_means(ctx: FileContext) -> Iterator[Finding]:
             continue
         by_k = [(n, d) for n, d in _divides_by_k(ctx, window)  # num_items_in_batch=window count: not F5
                 if not window_normalised(ctx, ctx.scope_of(window), window, d)]
-        by_accelerate = not by_k and facts.accelerate and _accelerate_ga_above_one(ctx)
+        by_accelerate = (not by_k and facts.accelerate and _accelerate_ga_above_one(ctx)
+                         and not _divided_by_window_count(ctx, window))
         if by_accelerate:
             # accelerator.backward() divides the loss by gradient_accumulation_steps itself
             by_k = [
