@@ -250,8 +250,12 @@ for step in range(5):
     ("        loss = F.cross_entropy(logits, y) / accumulation_steps + 0.01 * aux / accumulation_steps", []),
     ("        loss = F.cross_entropy(logits, y, reduction='sum') / n_window + 0.01 * aux / accumulation_steps", []),
     ("        loss = F.cross_entropy(logits, y) / accumulation_steps + 0 * aux.sum()", []),
+    # a term added under a setting (not the step): undivided whenever that branch runs
     ("        loss = F.cross_entropy(logits, y) / accumulation_steps\n        if use_aux:\n"
-     "            loss = loss + 0.01 * aux", []),
+     "            loss = loss + 0.01 * aux", ["AG127"]),
+    # ... but added once per window, at the boundary: its full weight, right
+    ("        loss = F.cross_entropy(logits, y) / accumulation_steps\n"
+     "        if micro == accumulation_steps - 1:\n            loss = loss + 0.01 * aux", []),
 ])
 def test_loss_term_not_divided_by_k(body: str, codes: list[str]) -> None:
     assert [c for c, _, _ in errors(_TERMS.format(body=body))] == codes

@@ -80,9 +80,12 @@ for i, (x, y) in enumerate(loader):
     ("    loss = crit(out, y) / K\n    loss += 0.01 * aux", True),
     ("    loss = (crit(out, y) + 0.01 * aux) / K", False),
     ("    loss = crit(out, y) / K + 0.01 * aux / K", False),
-    # a write inside a branch the backward is not in: which terms reach it is not decided here
+    # a write inside a branch the backward is not in: which terms reach it is not decided
+    # here when the branch tests the step (once per window, at the boundary: right) ...
     ("    loss = crit(out, y) / K\n    if (i + 1) % K == 0:\n        loss = loss + 0.01 * aux", False),
-    ("    loss = crit(out, y) / K\n    if use_aux:\n        loss = loss + 0.01 * aux", False),
+    # ... and is when it tests a setting of the run: the term is undivided whenever it runs
+    ("    loss = crit(out, y) / K\n    if use_aux:\n        loss = loss + 0.01 * aux", True),
+    ("    loss = crit(out, y) / K\n    if teacher is not None:\n        loss += 0.5 * kd", True),
 ])
 def test_terms_read_before_the_branch_holding_the_backward(assign: str, flagged: bool) -> None:
     found = [f for f in lint_source(_TERMS.format(assign=assign)) if f.code == "AG127"]

@@ -132,11 +132,21 @@ class _Follow:
         writes = [n for n in _writes(ctx, self.window).get(name, ()) if position(n) < here]
         use_blocks = _blocks(ctx, use)
         for w in sorted(writes, key=position):
-            if _blocks(ctx, w)[0] not in use_blocks:
+            if _blocks(ctx, w)[0] not in use_blocks and not (
+                    terms is not None and _added_under_if(ctx, w, name, use_blocks)):
                 return None  # written in a branch or loop the use is not inside: undecidable
             if isinstance(w, ast.Assign):
                 if len(w.targets) != 1:
                     return None
+                returned = _returned(ctx, w, name) if depth > 0 else None
+                if returned is not None:  # `loss, ce = self.compute_loss(x)`: its terms there
+                    expr, fn, ret = returned
+                    inner = _Follow(ctx, fn, self.k)
+                    terms = (inner.terms_at(expr.id, ret, depth - 1) if isinstance(expr, ast.Name)
+                             else inner.split(expr, "", None, ret, depth - 1))
+                    if not terms:
+                        terms = [_Term(ast.Name(name), False)]
+                    continue
                 if dotted(w.targets[0]) != name:  # `logits, loss, aux = model(x)`: one fresh term
                     terms = [_Term(ast.Name(name), False)]
                     continue
@@ -153,6 +163,87 @@ class _Follow:
             if terms is None:
                 return None
         return terms
+
+
+def _added_under_if(ctx: FileContext, w: ast.AST, name: str,
+                    use_blocks: list[tuple[int, str]]) -> bool:
+    """``loss = loss + x`` / ``loss += x`` in the body of an ``if`` (no ``else``) that is
+    itself in the use's block: when the branch runs, ``x`` is one more term of the loss (a
+    distillation term added when a teacher is given); judged as if it ran."""
+    if isinstance(w, ast.AugAssign):
+        adds = isinstance(w.op, ast.Add)
+    elif isinstance(w, ast.Assign) and len(w.targets) == 1 and dotted(w.targets[0]) == name:
+        v = w.value
+        adds = isinstance(v, ast.BinOp) and isinstance(v.op, ast.Add) and dotted(v.left) == name
+    else:
+        adds = False
+    branch = ctx.parents.get(w)
+    return (adds and isinstance(branch, ast.If) and not branch.orelse
+            and any(c is w for c in branch.body) and _blocks(ctx, branch)[0] in use_blocks
+            and _setting(ctx, branch.test))
+
+
+def _setting(ctx: FileContext, test: ast.AST) -> bool:
+    """An ``if`` on a setting of the run, not on the step (``if self.teacher is not None``,
+    ``if args.use_aux``): a name or field the enclosing function never assigns, tested for
+    truth or against None. A term added under a test of the step or micro-step counter
+    (``if (i + 1) % K == 0``: once per window, at its full weight) is not one of these."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        test = test.operand
+    if isinstance(test, ast.Compare):
+        if not (len(test.ops) == 1 and isinstance(test.ops[0], ast.Is | ast.IsNot)
+                and isinstance(test.comparators[0], ast.Constant)
+                and test.comparators[0].value is None):
+            return False
+        test = test.left
+    name = dotted(test) if isinstance(test, ast.Name | ast.Attribute) else None
+    if name is None or ctx.mentions_accum(test):
+        return False
+    fn = ctx.enclosing(test, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+    scope = fn if fn is not None else ctx.tree
+    return not any(isinstance(n, ast.Assign | ast.AugAssign | ast.For | ast.AsyncFor)
+                   and any(dotted(t) == name for t in _loop_or_targets(n))
+                   for n in ast.walk(scope))
+
+
+def _loop_or_targets(node: ast.AST) -> list[ast.AST]:
+    if isinstance(node, ast.For | ast.AsyncFor):
+        t = node.target
+        return list(t.elts) if isinstance(t, ast.Tuple | ast.List) else [t]
+    return _targets(node)  # type: ignore[arg-type]
+
+
+def _returned(ctx: FileContext, w: ast.Assign, name: str
+              ) -> tuple[ast.AST, ast.FunctionDef | ast.AsyncFunctionDef, ast.Return] | None:
+    """``loss`` of ``loss = f(...)`` or ``loss, ce = self.f(...)`` where ``f`` is the one
+    function of the file by that name and has one ``return``: what it returns there (the
+    matching element of a tuple), the function, and that return."""
+    target, call = w.targets[0], w.value
+    if not isinstance(call, ast.Call):
+        return None
+    if isinstance(target, ast.Tuple):
+        ids = [dotted(e) for e in target.elts]
+        if ids.count(name) != 1:
+            return None
+        i: int | None = ids.index(name)
+    elif dotted(target) == name:
+        i = None
+    else:
+        return None
+    fns = [f for f in ctx.of(ast.FunctionDef, ast.AsyncFunctionDef)
+           if f.name == call_attr(call)]
+    if len(fns) != 1:
+        return None
+    rets = [r for r in ast.walk(fns[0]) if isinstance(r, ast.Return) and r.value is not None
+            and ctx.enclosing(r, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) is fns[0]]
+    if len(rets) != 1:
+        return None
+    value = rets[0].value
+    if i is None:
+        return None if isinstance(value, ast.Tuple) else (value, fns[0], rets[0])  # type: ignore[return-value]
+    if not (isinstance(value, ast.Tuple) and len(value.elts) == len(target.elts)):  # type: ignore[attr-defined]
+        return None
+    return value.elts[i], fns[0], rets[0]
 
 
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
