@@ -22,7 +22,7 @@ import ast
 from collections.abc import Iterator
 
 from accumguard.static.findings import Finding
-from accumguard.static.lint._ast import position, walk_all
+from accumguard.static.lint._ast import call_attr, position, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 
@@ -50,6 +50,11 @@ def _reaching(ctx: FileContext, fn: ast.AST, name: str, use: ast.AST) -> ast.AST
     last = max(writes, key=position)
     if isinstance(last, ast.Assign) and len(last.targets) == 1 and isinstance(last.targets[0], ast.Name):
         return last.value
+    if (isinstance(last, ast.Assign) and len(last.targets) == 1
+            and isinstance(last.targets[0], ast.Tuple) and last.targets[0].elts
+            and isinstance(last.targets[0].elts[0], ast.Name) and last.targets[0].elts[0].id == name
+            and isinstance(last.value, ast.Call) and call_attr(last.value) == "compute_loss"):
+        return last.value  # `loss, outputs = super().compute_loss(..., return_outputs=True)`
     return None
 
 
@@ -67,6 +72,10 @@ def _window_normalised(ctx: FileContext, fn: ast.AST, expr: ast.AST, depth: int 
                     k.arg == _NUM_ITEMS and isinstance(k.value, ast.Name) and k.value.id == _NUM_ITEMS
                     for k in call.keywords):
                 return True
+        if isinstance(sub, ast.Call) and call_attr(sub) == "compute_loss" and any(
+                k.arg == _NUM_ITEMS and isinstance(k.value, ast.Name) and k.value.id == _NUM_ITEMS
+                for k in sub.keywords):
+            return True  # the Trainer's own compute_loss given the window's count
         if isinstance(sub, ast.Name) and depth > 0:
             value = _reaching(ctx, fn, sub.id, sub)
             if value is not None and _window_normalised(ctx, fn, value, depth - 1):

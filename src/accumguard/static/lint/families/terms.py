@@ -200,10 +200,26 @@ def _setting(ctx: FileContext, test: ast.AST) -> bool:
     if name is None or ctx.mentions_accum(test):
         return False
     fn = ctx.enclosing(test, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
-    scope = fn if fn is not None else ctx.tree
-    return not any(isinstance(n, ast.Assign | ast.AugAssign | ast.For | ast.AsyncFor)
-                   and any(dotted(t) == name for t in _loop_or_targets(n))
-                   for n in ast.walk(scope))
+    return name not in _assigned(ctx, fn if fn is not None else ctx.tree)
+
+
+def _assigned(ctx: FileContext, scope: ast.AST) -> set[str]:
+    """The names and fields ``scope`` assigns or loops over (once per scope)."""
+    def compute() -> set[str]:
+        return {d for n in ast.walk(scope) if isinstance(n, ast.Assign | ast.AugAssign | ast.For
+                                                           | ast.AsyncFor)
+                for t in _loop_or_targets(n) if (d := dotted(t)) is not None}
+    return ctx._cached("terms_assigned", scope, compute)  # type: ignore[no-any-return]
+
+
+def _defs(ctx: FileContext) -> dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]]:
+    """The file's functions by name (once per file)."""
+    def compute() -> dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]]:
+        out: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]] = {}
+        for f in ctx.of(ast.FunctionDef, ast.AsyncFunctionDef):
+            out.setdefault(f.name, []).append(f)
+        return out
+    return ctx._cached("terms_defs", ctx.tree, compute)  # type: ignore[no-any-return]
 
 
 def _loop_or_targets(node: ast.AST) -> list[ast.AST]:
@@ -230,8 +246,7 @@ def _returned(ctx: FileContext, w: ast.Assign, name: str
         i = None
     else:
         return None
-    fns = [f for f in ctx.of(ast.FunctionDef, ast.AsyncFunctionDef)
-           if f.name == call_attr(call)]
+    fns = _defs(ctx).get(call_attr(call) or "", [])
     if len(fns) != 1:
         return None
     rets = [r for r in ast.walk(fns[0]) if isinstance(r, ast.Return) and r.value is not None

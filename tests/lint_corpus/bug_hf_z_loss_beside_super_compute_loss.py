@@ -1,0 +1,26 @@
+# corpus: style=hf class=LOSS_SCALE
+"""An HF Trainer z-loss: the language-model term comes from the Trainer's own compute_loss
+given num_items_in_batch (the window's token count: the Trainer then does not divide by K),
+the z-loss is a mean over this micro-batch's valid tokens added at full weight."""
+import torch
+from transformers import Trainer, TrainingArguments
+
+
+class ZLossTrainer(Trainer):
+    def __init__(self, *args, z_loss_weight=1e-4, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.z_loss_weight = z_loss_weight
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        lm_loss, outputs = super().compute_loss(model, inputs, return_outputs=True,
+                                                num_items_in_batch=num_items_in_batch)
+        valid = inputs["labels"][:, 1:] != -100
+        log_z = torch.logsumexp(outputs.logits[:, :-1].float(), dim=-1)
+        z_loss = log_z[valid].pow(2).mean()
+        loss = lm_loss + self.z_loss_weight * z_loss  # expect: AG142
+        return (loss, outputs) if return_outputs else loss
+
+
+args = TrainingArguments(output_dir="out", gradient_accumulation_steps=4, per_device_train_batch_size=2)
+trainer = ZLossTrainer(model=model, args=args, train_dataset=train_ds)
+trainer.train()
