@@ -35,6 +35,7 @@ from accumguard.static.lint._ast import call_attr, dotted, position, receiver, w
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._lightning import manual_optimization
+from accumguard.static.lint.families.deepspeed import _config_ga
 
 
 @dataclass
@@ -315,7 +316,24 @@ def _constant(expr: ast.AST) -> bool:
 
 
 def _divided_by_anything(expr: ast.AST) -> bool:
-    return any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div | ast.FloorDiv) for n in walk_all(expr))
+    """The term carries a division of its own: at its top (``ce_sum / n_window``, through
+    products, signs and the receiver of a ``.sum()``/``.mean()``), not inside a call's
+    arguments (``kl_div(log_softmax(s / T), ...)``: a temperature, not a normalisation)."""
+    stack = [expr]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, ast.BinOp):
+            if isinstance(e.op, ast.Div | ast.FloorDiv):
+                return True
+            stack += [e.left, e.right]
+        elif isinstance(e, ast.UnaryOp):
+            stack.append(e.operand)
+        elif isinstance(e, ast.Call) and call_attr(e) in ("sum", "mean"):
+            if isinstance(e.func, ast.Attribute) and dotted(e.func.value) != "torch":
+                stack.append(e.func.value)
+            elif e.args:
+                stack.append(e.args[0])
+    return False
 
 
 def _manual(ctx: FileContext, call: ast.AST) -> bool:
@@ -325,16 +343,29 @@ def _manual(ctx: FileContext, call: ast.AST) -> bool:
     return isinstance(cls, ast.ClassDef) and manual_optimization(cls)
 
 
+def _engine_divides_by_one(ctx: FileContext, window: ast.AST) -> bool:
+    """A DeepSpeed engine whose config in sight sets gradient_accumulation_steps to 1 (or
+    leaves it out): its ``engine.backward`` divides the loss by nothing, so the loop's own
+    K-division is the only one (the documented GA > 1 loop is AG134's)."""
+    ref = ctx.ds_config()
+    return ref is not None and _config_ga(ctx, ref, ctx.window_k_names(window))[0] == "one"
+
+
 @rule("AG127")
 def loss_term_not_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
     for window in ctx.windows():
         facts = ctx.window_facts(window)
+        engine_by_one = facts.engine_backward and _engine_divides_by_one(ctx, window)
         if (not facts.accumulating or facts.summed_loss or facts.unguarded_optimizer_steps
-                or facts.accelerate or facts.engine_backward or ctx.window_k_is_one(window)):
+                or facts.accelerate or (facts.engine_backward and not engine_by_one)
+                or ctx.window_k_is_one(window)):
             continue
         for scope, bw in ctx.backward_scopes(window):
             if call_attr(bw) == "manual_backward" and len(bw.args) == 1 and _manual(ctx, bw):
                 loss: ast.AST | None = bw.args[0]  # Lightning leaves the scale to the module
+            elif (engine_by_one and call_attr(bw) == "backward" and len(bw.args) == 1
+                  and ctx.kind_of_receiver(receiver(bw)) == "engine"):
+                loss = bw.args[0]  # DeepSpeed with GA = 1 divides by nothing
             elif call_attr(bw) != "backward" or bw.args:
                 continue
             else:
