@@ -29,14 +29,19 @@ def _model() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
 
 
-def _list_loop(model: torch.nn.Module, windows: int) -> None:
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+def _list_loop(model: torch.nn.Module, windows: int, t_max: int | None = None) -> None:
+    """K micro-batches per window from a generator; with ``t_max``, a cosine schedule
+    stepped after every optimizer step."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.0 if t_max else 0.9)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=t_max) if t_max else None
     g = torch.Generator().manual_seed(1)
     for _ in range(windows):
         for _ in range(K):
             x, y = torch.randn(6, 8, generator=g), torch.randint(0, 4, (6,), generator=g)
             (F.cross_entropy(model(x), y) / K).backward()
         opt.step()
+        if sched is not None:
+            sched.step()
         opt.zero_grad()
 
 
@@ -185,19 +190,6 @@ def test_cli_rejects_a_negative_count(capsys: pytest.CaptureFixture[str]) -> Non
     assert "--observe-steps must be >= 0" in capsys.readouterr().err
 
 
-def _scheduled_loop(model: torch.nn.Module, windows: int, t_max: int) -> None:
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=t_max)
-    g = torch.Generator().manual_seed(1)
-    for _ in range(windows):
-        for _ in range(K):
-            x, y = torch.randn(6, 8, generator=g), torch.randint(0, 4, (6,), generator=g)
-            (F.cross_entropy(model(x), y) / K).backward()
-        opt.step()
-        sched.step()
-        opt.zero_grad()
-
-
 @pytest.mark.parametrize(("t_max", "f4"), [(30 * K, True), (30, False)])
 def test_the_horizon_is_judged_on_the_whole_run(tmp_path: Path, t_max: int, f4: bool) -> None:
     """A schedule planned in micro-steps (K x the run's 30 optimizer steps) is F4 although
@@ -205,7 +197,7 @@ def test_the_horizon_is_judged_on_the_whole_run(tmp_path: Path, t_max: int, f4: 
     record: steps, backwards, each scheduler's final position), and its counters are gone
     when the recording ends."""
     orig = torch.autograd.backward
-    _, recs = _run(tmp_path, lambda m: _scheduled_loop(m, 30, t_max), 8)
+    _, recs = _run(tmp_path, lambda m: _list_loop(m, 30, t_max), 8)
     assert torch.autograd.backward is orig
     tail = recs[-1]
     assert tail["kind"] == "tail" and tail["reason"] == "exit"
