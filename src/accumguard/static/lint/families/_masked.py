@@ -145,7 +145,15 @@ def hf_loss(ctx: FileContext, scope: ast.AST, expr: ast.AST, seen: set[str] | No
     own mean over this micro-batch's label tokens (those not -100)."""
     seen = set() if seen is None else seen
     if isinstance(expr, ast.Name):
-        return _every_value(ctx, scope, expr, seen, lambda v: hf_loss(ctx, scope, v, seen))
+        # `loss = out.loss` then `loss = loss / K`: the scaled value is the same loss
+        values, rewritten = _name_values(ctx, scope)
+        vals = [v for v in values.get(expr.id, []) if not (
+            isinstance(v, ast.BinOp) and isinstance(v.op, ast.Div | ast.Mult)
+            and isinstance(v.left, ast.Name) and v.left.id == expr.id)]
+        if expr.id in seen or expr.id in rewritten or not vals:
+            return False
+        seen.add(expr.id)
+        return all(hf_loss(ctx, scope, v, seen) for v in vals)
     if not (isinstance(expr, ast.Attribute) and expr.attr == "loss"):
         return False
     out = expr.value
@@ -182,7 +190,31 @@ def counted_per_micro_batch(ctx: FileContext, scope: ast.AST, window: ast.AST, c
             out.update(x.id for x in walk_all(window.target) if isinstance(x, ast.Name))
         return out
     assigned: set[str] = ctx._cached("num_items_window_names", window, compute)
+    if isinstance(count, ast.Name) and _sums_a_window_slice(ctx, window, count.id):
+        return False
     return any(isinstance(x, ast.Name) and x.id in assigned for x in walk_all(count))
+
+
+def _sums_a_window_slice(ctx: FileContext, window: ast.AST, name: str) -> bool:
+    """``name`` is assigned once in the window, from a comprehension over ``items[a:a + K]``
+    (K the accumulation count): the count of the window the micro-batch belongs to, made at
+    each micro-step (``num_items = sum(... for b in batches[w0:w0 + K])``)."""
+    values = [n.value for n in ctx.local_nodes(window) if isinstance(n, ast.Assign)
+              and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)
+              and n.targets[0].id == name]
+    if len(values) != 1:
+        return False
+    for comp in walk_all(values[0]):
+        if not isinstance(comp, ast.GeneratorExp | ast.ListComp | ast.SetComp):
+            continue
+        for gen in comp.generators:
+            sl = gen.iter.slice if isinstance(gen.iter, ast.Subscript) else None
+            if (isinstance(sl, ast.Slice) and sl.lower is not None
+                    and isinstance(sl.upper, ast.BinOp) and isinstance(sl.upper.op, ast.Add)
+                    and ast.dump(sl.upper.left) == ast.dump(sl.lower)
+                    and ctx.mentions_accum(sl.upper.right)):
+                return True
+    return False
 
 
 def window_normalised(ctx: FileContext, scope: ast.AST, window: ast.AST, expr: ast.AST) -> bool:

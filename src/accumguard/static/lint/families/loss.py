@@ -342,9 +342,10 @@ def mean_of_means(ctx: FileContext) -> Iterator[Finding]:
             summed = summed or any(sm for _, sm in found)
         if not explicit and not hints and not summed and all(hf_loss(ctx, scope, d) for _, d in by_k):
             # a HF model's .loss: labels masked with -100 by a collate function of the file
-            hints, summed = ctx._cached("token_hints_file", ctx.tree, lambda: tuple(
-                any(x) for x in zip(*[_token_mean_hints(ctx, f) for f in ctx.of(ast.FunctionDef)], (False, False),
-                                    strict=False)))
+            # (a reduction='sum' elsewhere in the file, a reference computation, is not this
+            # loss: the window's own scope said it is not summed)
+            hints = bool(ctx._cached("token_hints_file", ctx.tree, lambda: any(
+                _token_mean_hints(ctx, f)[0] for f in ctx.of(ast.FunctionDef))))
         if not explicit and (not hints or summed):
             continue
         for node, _ in by_k:
