@@ -211,3 +211,18 @@ def test_the_horizon_is_judged_on_the_whole_run(tmp_path: Path, t_max: int, f4: 
         assert f.cls == "F4" and "30 optimizer steps" in f.evidence, f.evidence
     else:
         assert errors == [], errors
+
+
+def test_a_new_phase_after_the_observed_steps_is_reported_unobserved(tmp_path: Path) -> None:
+    """A second optimizer object (a second stage, a model rebuilt to resume) that starts
+    stepping after observation ended is not observed; the report says so, with its count."""
+    def two_phases(model: torch.nn.Module) -> None:
+        _list_loop(model, 10)
+        _list_loop(model, 5)  # a new SGD object: the second phase
+
+    _, recs = _run(tmp_path, two_phases, 6)
+    tail = recs[-1]
+    assert tail["kind"] == "tail" and (tail["steps"], tail["new_optimizer_steps"]) == (9, 5)
+    lines = judge(tmp_path / "rec").report["problems"]
+    assert any("made 5 optimizer step(s)" in p and "none of them was observed" in p
+               for p in lines), lines

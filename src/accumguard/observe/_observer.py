@@ -322,7 +322,7 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
     def _start_tail(self) -> None:
         """Observation ended (``observe_steps``) and its patches are gone: count the rest."""
         if self.tail is None and not self.installed:
-            self.tail = Tail().install()
+            self.tail = Tail([opt for opt, _ in self._opt_steps.items()]).install()
 
     def tail_record(self, reason: str) -> dict[str, object]:
         """The ``tail`` record at the run's end: what the run did after observation ended

@@ -28,7 +28,11 @@ __all__ = ["Tail"]
 class Tail:
     """Counters installed after observation ended; ``remove()`` takes them out."""
 
-    def __init__(self) -> None:
+    def __init__(self, known: list[object] | None = None) -> None:
+        # the optimizers observation saw step: a step by any other (a new phase, a model
+        # rebuilt to resume) is counted apart, so the report can say it went unobserved
+        self._known = [weakref.ref(o) for o in known or []]
+        self.new_steps = 0
         self.steps = 0  # outermost optimizer steps
         self.per_optimizer = Tally()
         self.backwards = 0
@@ -82,6 +86,8 @@ class Tail:
             self.steps += 1
             self.backwards_at_step = self.backwards
             self.per_optimizer.add(opt)
+            if not any(ref() is opt for ref in self._known):
+                self.new_steps += 1
 
     def _backward(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         def backward(*args: Any, **kwargs: Any) -> Any:
@@ -139,6 +145,7 @@ class Tail:
                            "micro": 0, "in_step": bool(self._opt_depth), "final": True,
                            "optimizer_steps": optimizer_steps(int(known["opt"]))
                            + int(known["own"]), **fields})
-        return {"kind": "tail", "steps": self.steps, "backwards": self.backwards,
+        return {"kind": "tail", "steps": self.steps, "new_optimizer_steps": self.new_steps,
+                "backwards": self.backwards,
                 "pending_backwards": self.backwards - self.backwards_at_step,
                 "passes": list(self.passes), "schedulers": scheds}

@@ -262,6 +262,13 @@ def _coverage_lines(rec: Any, *, out_dir: Path, shared: bool, merged: bool) -> l
                      "reach): the findings are about those steps; a bug that shows only later "
                      "(a later epoch's end, a change of phase) needs --observe-steps 0 (every "
                      "step)")
+        new = {r: int(t.get("new_optimizer_steps", 0) or 0) for r, t in rec.tail.items()}
+        if any(new.values()):
+            lines.append(f"after the observed steps, optimizers watch had not seen step made "
+                         f"{max(new.values())} optimizer step(s) on rank(s) "
+                         f"{', '.join(str(r) for r in sorted(new) if new[r])} (a new phase: a "
+                         "second stage, a model rebuilt to resume): none of them was observed; "
+                         "--observe-steps 0 checks them")
     if len(rec.run_ids - {None}) > 1:
         lines.append(f"the records in {str(out_dir)} belong to {len(rec.run_ids - {None})} "
                      "different jobs (torchrun run ids "
