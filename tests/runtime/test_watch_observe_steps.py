@@ -226,3 +226,28 @@ def test_a_new_phase_after_the_observed_steps_is_reported_unobserved(tmp_path: P
     lines = judge(tmp_path / "rec").report["problems"]
     assert any("made 5 optimizer step(s)" in p and "none of them was observed" in p
                for p in lines), lines
+
+
+def test_counters_that_cannot_be_installed_change_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tail's install raising (a fault injected where the observer retires, inside the
+    user's zero_grad): the run goes on bit-identical, nothing is left installed, the tail
+    record says the rest is unknown, and the horizon rule judges the observed steps as a run
+    cut there (no F4 claimed from counts that do not exist)."""
+    from accumguard.observe import _tail
+
+    plain = _model()
+    _list_loop(plain, 30, 30 * K)
+
+    def boom(self: object) -> object:
+        raise RuntimeError("injected fault in the tail's install")
+
+    monkeypatch.setattr(_tail.Tail, "install", boom)
+    orig = torch.autograd.backward
+    model, recs = _run(tmp_path, lambda m: _list_loop(m, 30, 30 * K), 8)
+    assert torch.autograd.backward is orig
+    for a, b in zip(plain.parameters(), model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert recs[-1] == {"kind": "tail", "reason": "exit", "unknown": True}
+    errors = [f for f in judge(tmp_path / "rec").findings if f.severity == "error"]
+    assert errors == [], errors

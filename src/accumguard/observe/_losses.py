@@ -137,16 +137,12 @@ class _Call:
         # nonzero per-token gradients, a device tensor until the step
         self.stats: torch.Tensor | None = None
         self.opaque = False  # a factor between the selection and the root was not read
-        # a data tensor multiplies the selection's tokens (advantages, a mask): equal
-        # weights in one micro-step are then not a normalisation (one sequence)
+        # data tensors multiply the selection (advantages): equal weights are no normalisation
         self.weighted = False
-        # the data tensors multiplying the selection per token (advantages, a mask), until
-        # the backward reaches it; then the weights read through them (factor_stats)
+        # those tensors until the backward reaches it, then the weights read through them
         self.factors: list[torch.Tensor] | None = None
         self.fstats: torch.Tensor | None = None
-        # a masked sum ``(obj * mask).sum()`` built by hand (:meth:`LossRecorder._masked_sum`):
-        # "whole" when it is the loss times constants, "term" when one term of a sum
-        self.masked = ""
+        self.masked = ""  # a masked sum (LossRecorder._masked_sum): "whole" or "term"
 
 
 class LossRecorder:
@@ -497,13 +493,10 @@ class LossRecorder:
         self.terms.on_walk(self.micro, w, self.calls, where)
 
     def _masked_sum(self, root: Any, where: Callable[[], str]) -> None:
-        """A loss built by hand as ``(x * mask).sum()`` times constants (no loss call, no
-        log-prob selection reached: a PPO/GRPO objective whose ratio stops the walk), or such
-        a sum as one term of the loss (a PPO objective beside a KL penalty), is recorded as a
-        sum over the tokens its 0/1 mask keeps: the gradient reaching the sum is their
-        weight, as a ``reduction='sum'`` loss call's is (a mask that is not 0/1 counts as no
-        token: the record is dropped at the step; so is a term divided by its own count, a
-        per-micro-batch masked mean, which the term rules read as a term from torch ops)."""
+        """``(x * mask).sum()`` times constants, the whole loss or one term of it (a PPO
+        objective, no loss call reached), recorded as a ``reduction='sum'`` call over the
+        tokens its 0/1 mask keeps (dropped at the step when the mask is not 0/1, or when a
+        term is divided by its own count: the term rules read that as a term from torch ops)."""
         for node, mask, term in masked_sums(root):
             if len(self.calls) >= _MAX_CALLS:
                 return

@@ -322,14 +322,21 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
     def _start_tail(self) -> None:
         """Observation ended (``observe_steps``) and its patches are gone: count the rest."""
         if self.tail is None and not self.installed:
-            self.tail = Tail([opt for opt, _ in self._opt_steps.items()]).install()
+            tail = Tail([opt for opt, _ in self._opt_steps.items()])
+            try:
+                self.tail = tail.install()
+            except Exception:  # noqa: BLE001 - the run goes on; its rest stays unknown
+                tail.remove()
 
     def tail_record(self, reason: str) -> dict[str, object]:
         """The ``tail`` record at the run's end: what the run did after observation ended
-        (:mod:`._tail`; all zero when it ended before another patched call)."""
-        tail = self.tail if self.tail is not None else Tail()
+        (:mod:`._tail`), or ``unknown`` when nothing counted it (the run ended before
+        another patched call, or the counters could not be installed): the rules then
+        judge the observed steps as a run cut there."""
+        if self.tail is None:
+            return {"kind": "tail", "reason": reason, "unknown": True}
         observed = {id(o): n for o, n in self._opt_steps.items()}
-        out = tail.record(lambda opt: observed.get(opt, 0), self.step)
+        out = self.tail.record(lambda opt: observed.get(opt, 0), self.step)
         out["reason"] = reason
         return out
 

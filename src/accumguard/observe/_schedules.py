@@ -309,7 +309,7 @@ def run_horizon_findings(rec: RunRecording, rank: int, k: int | None) -> list[Fi
     pending = int(end.get("pending_backwards", 0) or 0)
     events = rec.schedulers.get(rank, [])
     tail = rec.tail.get(rank)
-    if tail is not None and not rec.failures:
+    if tail is not None and not tail.get("unknown") and not rec.failures:
         # observation ended early (observe_steps) and the rest of the run was counted:
         # judged on the whole run's totals and each scheduler's final state
         n_eps, whole = _passes(steps, tail)

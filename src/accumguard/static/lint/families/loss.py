@@ -299,10 +299,8 @@ def _accelerate_ga_above_one(ctx: FileContext) -> bool:
 
 
 def _divided_by_window_count(ctx: FileContext, window: ast.AST) -> bool:
-    """The window divides its loss by a token count computed outside it (before the
-    micro-batches: a count of the whole window, gathered over ranks as the Accelerate docs
-    do): ``accelerator.backward``'s division by K then undoes a ``* K`` the script wrote, not a
-    per-micro-batch mean's."""
+    """The window divides its loss by a token count made before its micro-batches (the
+    Accelerate docs' gathered count): ``accelerator.backward``'s /K undoes the script's * K."""
     scope = ctx.window_scope(window)
     for sub in ctx.local_nodes(window):
         d = _division(sub)
