@@ -672,6 +672,16 @@ def test_a_sequence_z_loss_beside_a_window_normalised_token_loss(tmp_path: Path)
 
 
 # -- a PPO/GRPO objective whose importance ratio stops the walk --------------------------------
+def _policy_logps(policy: torch.nn.Module, ref: torch.nn.Module, seq: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token log-probs of the policy (gather of log_softmax) and of the frozen reference,
+    and the importance ratio exp(logp - old) whose graph hides the selection."""
+    logp = F.log_softmax(policy(seq[:, :-1]), -1).gather(-1, seq[:, 1:, None]).squeeze(-1)
+    with torch.no_grad():
+        ref_logp = F.log_softmax(ref(seq[:, :-1]), -1).gather(-1, seq[:, 1:, None]).squeeze(-1)
+    return logp, ref_logp, torch.exp(logp - logp.detach())
+
+
 def _ppo(norm: str) -> Callable[[], None]:
     """A clipped-ratio objective with a KL penalty, per token, summed over the tokens a 0/1
     mask keeps: ``norm`` is ``micro`` (each micro-batch's own token count, then / K: a mean
@@ -687,12 +697,7 @@ def _ppo(norm: str) -> Callable[[], None]:
             window_tokens = mask.sum()
             for m in range(K):
                 sl = slice(3 * m, 3 * (m + 1))
-                logp = F.log_softmax(policy(seq[sl, :-1]), -1).gather(
-                    -1, seq[sl, 1:, None]).squeeze(-1)
-                with torch.no_grad():
-                    ref_logp = F.log_softmax(ref(seq[sl, :-1]), -1).gather(
-                        -1, seq[sl, 1:, None]).squeeze(-1)
-                ratio = torch.exp(logp - logp.detach())
+                logp, ref_logp, ratio = _policy_logps(policy, ref, seq[sl])
                 a = adv[sl, None]
                 surrogate = -torch.min(ratio * a, ratio.clamp(0.8, 1.2) * a)
                 kl = torch.exp(ref_logp - logp) - (ref_logp - logp) - 1
@@ -776,12 +781,7 @@ def _ppo_kl(kl_over_k: bool) -> Callable[[], None]:
             window_tokens = mask.sum()
             for m in range(K):
                 sl = slice(3 * m, 3 * (m + 1))
-                logp = F.log_softmax(policy(seq[sl, :-1]), -1).gather(
-                    -1, seq[sl, 1:, None]).squeeze(-1)
-                with torch.no_grad():
-                    ref_logp = F.log_softmax(ref(seq[sl, :-1]), -1).gather(
-                        -1, seq[sl, 1:, None]).squeeze(-1)
-                ratio = torch.exp(logp - logp.detach())
+                logp, ref_logp, ratio = _policy_logps(policy, ref, seq[sl])
                 a = adv[sl, None]
                 pg = -(torch.min(ratio * a, ratio.clamp(0.8, 1.2) * a) * mask[sl]).sum() \
                     / window_tokens

@@ -251,3 +251,43 @@ def test_counters_that_cannot_be_installed_change_nothing(
     assert recs[-1] == {"kind": "tail", "reason": "exit", "unknown": True}
     errors = [f for f in judge(tmp_path / "rec").findings if f.severity == "error"]
     assert errors == [], errors
+
+
+def test_a_fault_in_the_counters_scheduler_read_changes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tail reads each LR scheduler's state inside the user's ``scheduler.step()``; that
+    read raising (injected after observation ended) costs the scheduler's final state only:
+    the step runs, the run stays bit-identical, its stale state is not reported as final,
+    and a right schedule gets no finding."""
+    from accumguard.observe import _schedules
+
+    plain = _model()
+    _list_loop(plain, 20, 20)
+    model = _model()
+    out = tmp_path / "rec"
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=20)
+    g = torch.Generator().manual_seed(1)
+    real, armed = _schedules.schedule_state, [False]
+
+    def read(sched: object) -> dict[str, object]:
+        if armed[0]:
+            raise RuntimeError("injected fault in schedule_state")
+        return real(sched)
+
+    monkeypatch.setattr(_schedules, "schedule_state", read)
+    with recording(out, observe_steps=8) as obs:
+        for s in range(20):
+            armed[0] = s >= 8  # observation has ended: the fault hits the counters only
+            for _ in range(K):
+                x, y = torch.randn(6, 8, generator=g), torch.randint(0, 4, (6,), generator=g)
+                (F.cross_entropy(model(x), y) / K).backward()
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+        assert obs.failure is None and obs.tail is not None
+    for a, b in zip(plain.parameters(), model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    tail = _records(out)[-1]
+    assert tail["kind"] == "tail" and tail["steps"] == 12 and tail["schedulers"] == []
+    assert [f for f in judge(out).findings if f.severity == "error"] == []

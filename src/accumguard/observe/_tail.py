@@ -125,8 +125,8 @@ class Tail:
                 known.update(pos=pos, at=self.steps,
                              own=self.per_optimizer.get(opt) if opt is not None else self.steps,
                              opt=id(opt))
-            except Exception:  # noqa: BLE001, S110 - a count lost, never the user's step
-                pass
+            except Exception:  # noqa: BLE001 - a state lost, never the user's step
+                self.scheds.pop(id(sched), None)  # (a stale one is not its final state)
             return out
 
         return step

@@ -94,6 +94,15 @@ class FileIndex:
 
     # ---------------------------------------------------------------- nodes and findings
 
+    def functions_by_name(self) -> dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]]:
+        """The file's function and method definitions by name (built once per file)."""
+        def compute() -> dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]]:
+            out: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]] = {}
+            for node in self.of(ast.FunctionDef, ast.AsyncFunctionDef):
+                out.setdefault(node.name, []).append(node)
+            return out
+        return self._cached("functions_by_name", self.tree, compute)  # type: ignore[no-any-return]
+
     def of(self, *types: type) -> list[Any]:
         """Nodes of the given types, in walk order per type."""
         out: list[ast.AST] = []

@@ -37,6 +37,8 @@ class _Facts(Protocol):
 
     def int_value(self, expr: ast.AST | None, *, defaults: bool = True) -> int | None: ...
 
+    def functions_by_name(self) -> dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]]: ...
+
 
 def static_len(ctx: _Facts, expr: ast.AST | None, depth: int = 0) -> int | None:
     """``len(expr)`` when the script makes it evident with constants, else None."""
@@ -72,7 +74,7 @@ def _returned(ctx: _Facts, call: ast.Call) -> ast.AST | None:
     name) with a single ``return <value>`` of its own; else None."""
     if not isinstance(call.func, ast.Name):
         return None
-    defs = _functions(ctx).get(call.func.id, [])
+    defs = ctx.functions_by_name().get(call.func.id, [])
     if len(defs) != 1:
         return None
     fn = defs[0]
@@ -95,16 +97,6 @@ def _own_nodes(fn: ast.AST) -> list[ast.AST]:
         if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
             todo.extend(ast.iter_child_nodes(node))
     return out
-
-
-def _functions(ctx: _Facts) -> dict[str, list[ast.AST]]:
-    """The file's function definitions by name, built once per file."""
-    def compute() -> dict[str, list[ast.AST]]:
-        out: dict[str, list[ast.AST]] = {}
-        for node in ctx.of(ast.FunctionDef, ast.AsyncFunctionDef):  # the file index, not a walk
-            out.setdefault(node.name, []).append(node)
-        return out
-    return ctx._cached("functions_by_name", ctx.tree, compute)  # type: ignore[no-any-return]
 
 
 def _single_assignment(ctx: _Facts, name: str, at: ast.AST | None = None) -> ast.AST | None:

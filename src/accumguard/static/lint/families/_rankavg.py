@@ -49,19 +49,9 @@ def _wrapped_names(scope: ast.AST, parents: dict[ast.AST, ast.AST]) -> set[str]:
     return out
 
 
-def _file_functions(ctx: FileContext) -> dict[str, list[ast.AST]]:
-    """The functions and methods defined in the file, by name (cached)."""
-    def compute() -> dict[str, list[ast.AST]]:
-        out: dict[str, list[ast.AST]] = {}
-        for f in ctx.of(*FUNCS):
-            out.setdefault(f.name, []).append(f)
-        return out
-    return ctx._cached("file_functions", ctx.tree, compute)  # type: ignore[no-any-return]
-
-
 def _file_function_without(ctx: FileContext, name: str, calls: frozenset[str]) -> bool:
     """``name`` is one function of this file, and its body calls none of ``calls``."""
-    defs = _file_functions(ctx).get(name, [])
+    defs = ctx.functions_by_name().get(name, [])
     return len(defs) == 1 and not any(
         isinstance(c, ast.Call) and (call_attr(c) or "") in calls for c in ast.walk(defs[0]))
 
@@ -85,7 +75,7 @@ def returned_reduced(ctx: FileContext, divisor: ast.AST, *, summed: bool = False
         for c in walk_all(e):
             if not isinstance(c, ast.Call):
                 continue
-            defs = _file_functions(ctx).get(call_attr(c) or "", [])
+            defs = ctx.functions_by_name().get(call_attr(c) or "", [])
             if len(defs) != 1:
                 continue
             reductions = [x for x in ast.walk(defs[0]) if isinstance(x, ast.Call)

@@ -213,16 +213,6 @@ def _assigned(ctx: FileContext, scope: ast.AST) -> set[str]:
     return ctx._cached("terms_assigned", scope, compute)  # type: ignore[no-any-return]
 
 
-def _defs(ctx: FileContext) -> dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]]:
-    """The file's functions by name (once per file)."""
-    def compute() -> dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]]:
-        out: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]] = {}
-        for f in ctx.of(ast.FunctionDef, ast.AsyncFunctionDef):
-            out.setdefault(f.name, []).append(f)
-        return out
-    return ctx._cached("terms_defs", ctx.tree, compute)  # type: ignore[no-any-return]
-
-
 def _loop_or_targets(node: ast.AST) -> list[ast.AST]:
     if isinstance(node, ast.For | ast.AsyncFor):
         t = node.target
@@ -247,7 +237,7 @@ def _returned(ctx: FileContext, w: ast.Assign, name: str
         i = None
     else:
         return None
-    fns = _defs(ctx).get(call_attr(call) or "", [])
+    fns = ctx.functions_by_name().get(call_attr(call) or "", [])
     if len(fns) != 1:
         return None
     rets = [r for r in ast.walk(fns[0]) if isinstance(r, ast.Return) and r.value is not None

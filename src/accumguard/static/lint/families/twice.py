@@ -269,15 +269,6 @@ def loss_divided_before_engine_backward(ctx: FileContext) -> Iterator[Finding]:
         )
 
 
-def _functions_by_name(ctx: FileContext) -> dict[str, list[ast.AST]]:
-    def compute() -> dict[str, list[ast.AST]]:
-        out: dict[str, list[ast.AST]] = {}
-        for f in ctx.of(*FUNCS):
-            out.setdefault(f.name, []).append(f)
-        return out
-    return ctx._cached("functions_by_name", ctx.tree, compute)  # type: ignore[no-any-return]
-
-
 def _returned_element(ctx: FileContext, name: ast.Name) -> tuple[ast.AST, ast.AST] | None:
     """``loss`` of ``loss, ce, kd = total_loss(...)`` (a function of the file): the matching
     element of that function's returned tuple, and the function (one definition, every
@@ -293,7 +284,7 @@ def _returned_element(ctx: FileContext, name: ast.Name) -> tuple[ast.AST, ast.AS
         ids = [e.id if isinstance(e, ast.Name) else None for e in target.elts]
         if name.id not in ids or not isinstance(prior.value, ast.Call):
             continue
-        fns = _functions_by_name(ctx).get(call_attr(prior.value) or "", [])
+        fns = ctx.functions_by_name().get(call_attr(prior.value) or "", [])
         if len(fns) != 1:
             return None
         rets = [r.value for r in ast.walk(fns[0]) if isinstance(r, ast.Return)]
