@@ -29,11 +29,10 @@ class ValueFacts(FileIndex):
             out: set[str] = set()
             for _ in range(3):
                 before = len(out)
-                for names, value in self._assigns:
+                for names, value in self._pairs():
                     v = _unwrap_alias(value)
                     if (
                         v is not None
-                        and len(names) == 1
                         and names[0] not in out
                         and self._mentions(_alias_core(v), pattern, out)
                     ):
@@ -42,6 +41,16 @@ class ValueFacts(FileIndex):
                     break
             return out
         return self._cached("derived:" + pattern.pattern, self.tree, compute)  # type: ignore[no-any-return]
+
+    def _pairs(self) -> list[tuple[list[str], ast.AST]]:
+        """Single-name assignments, with ``K, W = a, b`` taken apart into ``K = a``, ``W = b``."""
+        out: list[tuple[list[str], ast.AST]] = []
+        for names, value in self._assigns:
+            if len(names) == 1:
+                out.append((names, value))
+            elif isinstance(value, ast.Tuple | ast.List) and len(value.elts) == len(names):
+                out.extend(([n], v) for n, v in zip(names, value.elts, strict=True))
+        return out
 
     @staticmethod
     def _mentions(expr: ast.AST, pattern: re.Pattern[str], names: set[str]) -> bool:

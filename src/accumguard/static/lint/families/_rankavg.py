@@ -12,14 +12,17 @@ from accumguard.static.lint._ast import (
     DDP_WRAPPERS,
     FUNCS,
     GLOBAL_COUNT_RE,
+    GRAD_TENSOR_RE,
     call_attr,
     dotted,
+    identifiers,
+    receiver,
     walk_all,
 )
 from accumguard.static.lint._context import FileContext
 
-__all__ = ["custom_rank_reduction", "local_count", "plain_model_only", "reciprocal_products",
-           "returned_reduced"]
+__all__ = ["custom_rank_reduction", "hand_average", "local_count", "plain_model_only",
+           "reciprocal_products", "returned_reduced", "summed_over_ranks"]
 
 
 #: Calls that change what DDP/FSDP does to the gradients across ranks: with them in the file
@@ -85,13 +88,16 @@ def returned_reduced(ctx: FileContext, divisor: ast.AST, *, summed: bool = False
     return False
 
 
+def _op(call: ast.Call) -> ast.AST | None:
+    op = next((k.value for k in call.keywords if k.arg == "op"), None)
+    return call.args[1] if op is None and len(call.args) > 1 else op
+
+
 def _sums(call: ast.Call) -> bool:
     """An all-reduce whose op is a sum (given as ``SUM`` or left to torch's default)."""
     if call_attr(call) != "all_reduce":
         return False
-    op = next((k.value for k in call.keywords if k.arg == "op"), None)
-    if op is None and len(call.args) > 1:
-        op = call.args[1]
+    op = _op(call)
     return op is None or (dotted(op) or "").upper().endswith("SUM")
 
 
@@ -162,3 +168,116 @@ def reciprocal_products(ctx: FileContext) -> Iterator[tuple[ast.AST, ast.AST, as
                     and isinstance(v.left, ast.Constant) and v.left.value in (1, 1.0):
                 yield node, other, v.right
                 break
+
+
+# ---------------------------------------------------------------- counts summed over ranks
+
+
+def summed_over_ranks(ctx: FileContext, divisor: ast.AST, *, accelerate: bool) -> bool:
+    """``divisor`` is a count summed over every rank: a name all-reduced with SUM (torch's
+    default op) in the file, what a helper of the file returns after summing all-reduces, or
+    (``accelerate``) Accelerate's ``accelerator.reduce(n)`` / ``accelerator.gather(n).sum()``."""
+    names = {x for x in (dotted(s) for s in walk_all(divisor)) if x}
+    reduced = names & (ctx.all_reduced_names(ctx.scope_of(divisor))
+                       | ctx.all_reduced_names(ctx.tree))
+    summed, not_summed = _all_reduce_ops(ctx)
+    return bool(reduced & summed and not reduced & not_summed) \
+        or returned_reduced(ctx, divisor, summed=True) \
+        or (accelerate and _accelerate_summed(ctx, divisor))
+
+
+def _all_reduce_ops(ctx: FileContext) -> tuple[set[str], set[str]]:
+    """The names in the first argument of the file's ``all_reduce`` calls, and those of the
+    calls whose op is not a sum: one pass (cached), not one per division."""
+    def compute() -> tuple[set[str], set[str]]:
+        reduced: set[str] = set()
+        not_summed: set[str] = set()
+        for call in ctx.of(ast.Call):
+            if call_attr(call) != "all_reduce" or not call.args:
+                continue
+            names = {d for d in (dotted(s) for s in walk_all(call.args[0])) if d}
+            reduced |= names
+            if not _sums(call):
+                not_summed |= names
+        return reduced, not_summed
+    return ctx._cached("all_reduce_ops", ctx.tree, compute)  # type: ignore[no-any-return]
+
+
+def _accelerate_summed(ctx: FileContext, divisor: ast.AST) -> bool:
+    """Accelerate sums the count over the processes, in the division or in a local name's
+    value in the same function."""
+    func = ctx.enclosing(divisor, FUNCS)
+    exprs = [divisor]
+    if func is not None:
+        names = {x.id for x in walk_all(divisor) if isinstance(x, ast.Name)}
+        exprs += [n.value for n in ast.walk(func) if isinstance(n, ast.Assign)
+                  and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)
+                  and n.targets[0].id in names]
+    return any(_accelerate_sum_call(c) for e in exprs for c in walk_all(e)
+               if isinstance(c, ast.Call))
+
+
+def _by_accelerator(call: ast.Call) -> bool:
+    return "accelerat" in (dotted(receiver(call)) or "").lower()
+
+
+def _accelerate_sum_call(call: ast.Call) -> bool:
+    """``accelerator.reduce(n)`` (a sum unless told otherwise) or
+    ``accelerator.gather(n).sum()`` / ``torch.sum(accelerator.gather(n))``."""
+    attr = call_attr(call)
+    if attr == "reduce" and _by_accelerator(call):
+        how = next((k.value for k in call.keywords if k.arg == "reduction"), None)
+        if how is None and len(call.args) > 1:
+            how = call.args[1]
+        return how is None or (isinstance(how, ast.Constant) and how.value == "sum")
+    if attr == "sum":
+        inner = call.args[0] if call.args else receiver(call)
+        return (isinstance(inner, ast.Call) and call_attr(inner) in ("gather", "gather_for_metrics")
+                and _by_accelerator(inner))
+    return False
+
+
+# ---------------------------------------------------------------- gradients averaged by hand
+
+
+def hand_average(ctx: FileContext) -> list[ast.AST]:
+    """Where the file averages the gradients over ranks by hand: an ``all_reduce`` of
+    gradients with op ``AVG``, or a summing one followed in the same function by a division
+    of gradients by the world size (``p.grad.div_(world)``, ``buf /= W``). Empty when none."""
+    def compute() -> list[ast.AST]:
+        out: list[ast.AST] = []
+        divisions = [n for n in ctx.of(ast.Call, ast.AugAssign) if _divides_grads_by_world(ctx, n)]
+        for call in ctx.of(ast.Call):
+            if call_attr(call) != "all_reduce" or not call.args \
+                    or not any(GRAD_TENSOR_RE.search(i) for i in identifiers(call.args[0])):
+                continue
+            if _averages(call):
+                out.append(call)
+            elif _sums(call):
+                func = ctx.enclosing(call, FUNCS)
+                out += [n for n in divisions if getattr(n, "lineno", 0) >= call.lineno
+                        and ctx.enclosing(n, FUNCS) is func and n not in out]
+        return out
+    return ctx._cached("hand_average", ctx.tree, compute)  # type: ignore[no-any-return]
+
+
+def _averages(call: ast.Call) -> bool:
+    op = _op(call)
+    return op is not None and (dotted(op) or "").upper().endswith("AVG")
+
+
+def _divides_grads_by_world(ctx: FileContext, n: ast.AST) -> bool:
+    """``g.div_(W)``, ``g.mul_(1 / W)`` or ``g /= W`` on gradients."""
+    target: ast.AST | None
+    if isinstance(n, ast.Call) and call_attr(n) in ("div_", "mul_") and len(n.args) == 1:
+        target, by = receiver(n), n.args[0]
+        if call_attr(n) == "mul_":
+            if not (isinstance(by, ast.BinOp) and isinstance(by.op, ast.Div)):
+                return False
+            by = by.right
+    elif isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Div):
+        target, by = n.target, n.value
+    else:
+        return False
+    return target is not None and any(GRAD_TENSOR_RE.search(i) for i in identifiers(target)) \
+        and ctx.mentions_world(by)

@@ -21,6 +21,7 @@ from accumguard.static.lint._ast import (
 )
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families.scale import loss_divisions_by_rank_sum
 
 _DIV_CALLS = frozenset({"div_", "div", "mul_", "true_divide_", "divide_", "mul"})
 
@@ -79,6 +80,8 @@ def all_reduce_sum_without_average(ctx: FileContext) -> Iterator[Finding]:
             continue  # AG108's case
         if op in ("avg", "mean", "premul_sum") or _divides_by_world(ctx, ctx.scope_of(node)):
             continue
+        if any(loss_divisions_by_rank_sum(ctx, accelerate=False)):
+            continue  # the loss's count spans every rank: the summed gradients are the mean
         yield ctx.finding(
             "AG107",
             node,

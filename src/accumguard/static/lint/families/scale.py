@@ -26,7 +26,11 @@ from accumguard.static.lint._ast import call_attr, dotted, receiver, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._masked import counted_per_micro_batch, num_items_arg
-from accumguard.static.lint.families._rankavg import custom_rank_reduction, returned_reduced
+from accumguard.static.lint.families._rankavg import (
+    custom_rank_reduction,
+    hand_average,
+    summed_over_ranks,
+)
 from accumguard.static.lint.families.deepspeed import _local_funcs, _name_values, _plain_loss
 from accumguard.static.lint.families.loss import (
     _division,
@@ -36,7 +40,8 @@ from accumguard.static.lint.families.loss import (
     _reduction,
 )
 
-__all__ = ["global_count_then_ddp_average", "mean_loss_never_divided_by_k"]
+__all__ = ["global_count_then_ddp_average", "loss_divisions_by_rank_sum",
+           "mean_loss_never_divided_by_k"]
 
 _MEAN_FUNCS = {"cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss",
                "huber_loss", "binary_cross_entropy", "binary_cross_entropy_with_logits",
@@ -169,39 +174,15 @@ def mean_loss_never_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
         )
 
 
-def _sum_reduced(ctx: FileContext, names: set[str]) -> bool:
-    """Every all-reduce of ``names`` in the file sums (torch's default op): a count over all
-    ranks. An average (``op=ReduceOp.AVG``) or any other op, or an op out of sight: False."""
-    reduced, not_summed = _all_reduce_ops(ctx)
-    return bool(names & reduced) and not names & not_summed
-
-
-def _all_reduce_ops(ctx: FileContext) -> tuple[set[str], set[str]]:
-    """The names in the first argument of the file's ``all_reduce`` calls, and those of the
-    calls whose op is not a sum: one pass (cached), not one per division."""
-    def compute() -> tuple[set[str], set[str]]:
-        reduced: set[str] = set()
-        not_summed: set[str] = set()
-        for call in ctx.of(ast.Call):
-            if call_attr(call) != "all_reduce" or not call.args:
-                continue
-            names = {d for d in (dotted(s) for s in walk_all(call.args[0])) if d}
-            reduced |= names
-            op = next((k.value for k in call.keywords if k.arg == "op"), None)
-            if op is None and len(call.args) > 1:
-                op = call.args[1]
-            if op is not None and not (dotted(op) or "").upper().endswith("SUM"):
-                not_summed |= names
-        return reduced, not_summed
-    return ctx._cached("all_reduce_ops", ctx.tree, compute)  # type: ignore[no-any-return]
-
-
 def _world_scales_something(ctx: FileContext) -> bool:
     """The world size multiplies or divides something in the file (``loss * W``,
     ``count / W``, an LR scaled by W): the rule stays silent. Arithmetic that places a
     rank's data (an offset built with the rank, ``((it * K + m) * world + rank) * bs``; a
     slice or ``range`` bound) scales no loss and is not counted."""
+    averaging = set(hand_average(ctx))
     for n in ctx.of(ast.BinOp, ast.AugAssign):
+        if n in averaging:
+            continue
         if isinstance(n.op, ast.Mult | ast.Div):
             sides = (n.left, n.right) if isinstance(n, ast.BinOp) else (n.target, n.value)
             if any(ctx.mentions_world(s) for s in sides) and not _places_data(ctx, n) \
@@ -248,30 +229,44 @@ def _places_data(ctx: FileContext, node: ast.AST) -> bool:
         (x.id if isinstance(x, ast.Name) else x.attr).lower()) for x in ast.walk(stmt))
 
 
+def loss_divisions_by_rank_sum(ctx: FileContext, *, accelerate: bool
+                               ) -> Iterator[tuple[ast.AST, tuple[ast.AST, ast.AST]]]:
+    """Each division of a loss that reaches a backward by a count summed over every rank,
+    with its (dividend, divisor)."""
+    for node in ctx.of(ast.BinOp, ast.AugAssign):
+        d = _division(node)
+        if d is not None and _is_loss_division(ctx, node, d[0]) and _flows_to_backward(ctx, node) \
+                and summed_over_ranks(ctx, d[1], accelerate=accelerate):
+            yield node, d
+
+
 @rule("AG123")
 def global_count_then_ddp_average(ctx: FileContext) -> Iterator[Finding]:
     """A loss divided by a count summed over every rank, under DDP/FSDP's own average."""
-    if not ctx.ddp_wrapped or not ctx.is_training_script() or _world_scales_something(ctx) \
-            or custom_rank_reduction(ctx):
+    prepared = ctx.accelerate and ctx.accelerate_prepare
+    by_hand = not ctx.ddp_wrapped and not prepared and bool(hand_average(ctx))
+    if not (ctx.ddp_wrapped or prepared or by_hand) or not ctx.is_training_script() \
+            or _world_scales_something(ctx) or custom_rank_reduction(ctx):
         return
-    if any(ctx.window_facts(w).accelerate or ctx.window_facts(w).engine_backward
-           for w in ctx.windows()):
+    if any(ctx.window_facts(w).engine_backward for w in ctx.windows()):
         return
-    for node in ctx.of(ast.BinOp, ast.AugAssign):
-        d = _division(node)
-        if d is None or not _is_loss_division(ctx, node, d[0]) or not _flows_to_backward(ctx, node):
-            continue
-        names = {x for x in (dotted(s) for s in walk_all(d[1])) if x}
-        reduced = names & (ctx.all_reduced_names(ctx.scope_of(node))
-                           | ctx.all_reduced_names(ctx.tree))
-        if not (reduced and _sum_reduced(ctx, reduced)) \
-                and not returned_reduced(ctx, d[1], summed=True):
-            continue
+    for node, d in loss_divisions_by_rank_sum(ctx, accelerate=prepared):
+        if by_hand:
+            avg = hand_average(ctx)[0]
+            how = (f"line {getattr(avg, 'lineno', 0)} (`{ast.unparse(avg)}`) then averages the summed gradients "
+                   "over the W ranks")
+            fix = ("Remove that division: the count already spans every rank (or multiply the "
+                   "loss by the world size)")
+        else:
+            accel = prepared and not ctx.ddp_wrapped
+            how = ("the model `accelerator.prepare` wrapped (DDP/FSDP/DeepSpeed on W processes)"
+                   if accel else "the model's DDP/FSDP wrapper") + \
+                " then averages the gradients over the W ranks"
+            fix = (f"Multiply the loss by {'`accelerator.num_processes`' if accel else 'the world size'}"
+                   " (or divide by the count's rank share, count / W)")
         yield ctx.finding(
             "AG123",
             node,
-            f"the loss is divided by `{ast.unparse(d[1])}`, a count all-reduced (summed) over "
-            "every rank, and the model's DDP/FSDP wrapper then averages the gradients over the "
-            "W ranks: the optimizer receives G / W. Multiply by the world size (or divide by the "
-            "count's rank share, count / W)",
+            f"the loss is divided by `{ast.unparse(d[1])}`, a count summed over every rank, "
+            f"and {how}: the optimizer receives G / W. {fix}",
         )
