@@ -111,7 +111,7 @@ _CLASSES = (
         "Gate the boundary in one place only: either call engine.backward()/engine.step() on "
         "every micro-batch and let DeepSpeed's gradient_accumulation_steps=K decide, or set "
         "it to 1 and accumulate in your loop inside engine.coalesce_grad_reduction()."),
-    _fc("LOSS_SCALE", "token weights off: the loss is not normalised by the window's count",
+    _fc("LOSS_SCALE", "loss weights off: the units do not each weigh 1 / the window's count",
         "tokens carry weights other than 1/N (a constant factor, or a pattern that is neither "
         "a per-micro-batch nor a per-rank mean)",
         "Sum per-token losses over the micro-batch and divide by the window's global token "

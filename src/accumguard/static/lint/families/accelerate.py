@@ -21,6 +21,7 @@ from accumguard.static.findings import Finding
 from accumguard.static.lint._ast import FUNCS, call_attr, dotted, receiver, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families._masked import counted_per_micro_batch, counts_tokens
 from accumguard.static.lint.families._modguard import k_values
 from accumguard.static.lint.families.loss import _assigned_names, _division, _is_loss_division
 from accumguard.static.lint.families.twice import k_dividing_helpers, k_helper_result
@@ -37,6 +38,20 @@ def _accelerator_ks(ctx: FileContext) -> set[int | None]:
                 if kw.arg == "gradient_accumulation_steps":
                     values |= k_values(ctx, kw.value, call)
     return values
+
+
+def _names_k(ctx: FileContext, expr: ast.AST) -> bool:
+    """``expr`` reads what the file hands ``Accelerator(gradient_accumulation_steps=...)``
+    (``ga``, ``cfg.accum``) or its integer value."""
+    def compute() -> set[str]:
+        return {d for call in ctx.of(ast.Call)
+                if (dotted(call.func) or "").split(".")[-1] == "Accelerator"
+                for kw in call.keywords if kw.arg == "gradient_accumulation_steps"
+                and (d := dotted(kw.value)) is not None}
+    names: set[str] = ctx._cached("accelerator_k_names", ctx.tree, compute)
+    ks = _accelerator_ks(ctx)
+    return any((isinstance(x, ast.Name | ast.Attribute) and dotted(x) in names)
+               or (isinstance(x, ast.Constant) and x.value in ks) for x in walk_all(expr))
 
 
 def _accelerator_backwards(ctx: FileContext, scope: ast.AST) -> list[tuple[ast.Call, set[str]]]:
@@ -59,6 +74,9 @@ def _k_only_below(ctx: FileContext, node: ast.AST, divisor: ast.AST) -> bool:
 @rule("AG121")
 def loss_divided_before_accelerator_backward(ctx: FileContext) -> Iterator[Finding]:
     ks = _accelerator_ks(ctx)
+    if ks and all(k is None or k > 1 for k in ks):
+        # K out of sight is still > 1 here: the window gathers several micro-batches
+        yield from _window_count_findings(ctx)
     if not ks or not all(k is not None and k > 1 for k in ks):
         return
     for node in ctx.of(ast.BinOp, ast.AugAssign):
@@ -104,6 +122,67 @@ def loss_divided_before_accelerator_backward(ctx: FileContext) -> Iterator[Findi
             f"accumulation steps (`{ast.unparse(div)}`, line {getattr(div, 'lineno', '?')}), and "
             "`accelerator.backward()` divides by the Accelerator's gradient_accumulation_steps "
             "itself: the loss is divided twice, and the optimizer receives G / K",
+        )
+
+
+def _counts_several_batches(ctx: FileContext, divisor: ast.AST) -> bool:
+    """The count is built by a comprehension over several batches (``sum(... for b in
+    window)``), directly or through the names it is assigned from in the same function
+    (``n = accelerator.gather(n).sum()``): the window's count, not one micro-batch's."""
+    func = ctx.enclosing(divisor, FUNCS)
+    if func is None:
+        return False
+    values: dict[str, list[ast.AST]] = {}
+    for n in ast.walk(func):
+        if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name):
+            values.setdefault(n.targets[0].id, []).append(n.value)
+    seen: set[str] = set()
+    todo = [x.id for x in walk_all(divisor) if isinstance(x, ast.Name)]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for v in values.get(name, []):
+            if any(isinstance(x, ast.GeneratorExp | ast.ListComp) for x in ast.walk(v)):
+                return True
+            todo += [x.id for x in walk_all(v) if isinstance(x, ast.Name)]
+    return False
+
+
+def _window_count_divisions(ctx: FileContext) -> Iterator[tuple[ast.AST, ast.AST]]:
+    """Loss divisions inside an Accelerate window by a count of all the window's
+    micro-batches, with nothing in the function multiplying by K to undo ``backward``'s /K."""
+    for window in ctx.windows():
+        if not ctx.window_facts(window).accelerate:
+            continue
+        scope = ctx.window_scope(window)
+        for sub in ctx.local_nodes(window):
+            d = _division(sub)
+            if d is None or not counts_tokens(d[1]) or ctx.mentions_accum(d[1]) \
+                    or counted_per_micro_batch(ctx, scope, window, d[1]) \
+                    or not _is_loss_division(ctx, sub, d[0]) \
+                    or not _counts_several_batches(ctx, d[1]):
+                continue
+            func = ctx.enclosing(sub, FUNCS) or ctx.tree
+            if any(isinstance(m, ast.BinOp | ast.AugAssign) and isinstance(m.op, ast.Mult)
+                   and (ctx.mentions_accum(m) or _names_k(ctx, m)) for m in ast.walk(func)):
+                continue
+            yield sub, d[1]
+
+
+def _window_count_findings(ctx: FileContext) -> Iterator[Finding]:
+    """The loss normalised by the window's count (the Accelerate docs' recipe without its
+    ``* gradient_accumulation_steps``): the window's sum is already the large batch's mean."""
+    for node, count in _window_count_divisions(ctx):
+        yield ctx.finding(
+            "AG121",
+            node,
+            f"the loss is divided by `{ast.unparse(count)}`, a count of all the window's "
+            "micro-batches, and `accelerator.backward()` divides it by the Accelerator's "
+            "gradient_accumulation_steps as well: the optimizer receives G / K",
+            fix="multiply the loss by accelerator.gradient_accumulation_steps (the Accelerate "
+                "docs' recipe: loss_sum * K * num_processes / window_count)",
         )
 
 

@@ -255,18 +255,19 @@ def global_count_then_ddp_average(ctx: FileContext) -> Iterator[Finding]:
             avg = hand_average(ctx)[0]
             how = (f"line {getattr(avg, 'lineno', 0)} (`{ast.unparse(avg)}`) then averages the summed gradients "
                    "over the W ranks")
-            fix = ("Remove that division: the count already spans every rank (or multiply the "
+            fix = ("remove that division: the count already spans every rank (or multiply the "
                    "loss by the world size)")
         else:
             accel = prepared and not ctx.ddp_wrapped
             how = ("the model `accelerator.prepare` wrapped (DDP/FSDP/DeepSpeed on W processes)"
                    if accel else "the model's DDP/FSDP wrapper") + \
                 " then averages the gradients over the W ranks"
-            fix = (f"Multiply the loss by {'`accelerator.num_processes`' if accel else 'the world size'}"
-                   " (or divide by the count's rank share, count / W)")
+            fix = (f"multiply the loss by {'accelerator.num_processes' if accel else 'the world size'}"
+                   ", or divide by the count's rank share (global_count / world_size)")
         yield ctx.finding(
             "AG123",
             node,
             f"the loss is divided by `{ast.unparse(d[1])}`, a count summed over every rank, "
-            f"and {how}: the optimizer receives G / W. {fix}",
+            f"and {how}: the optimizer receives G / W",
+            fix=fix,
         )
