@@ -356,9 +356,9 @@ def test_budget_counts_the_walk_below_each_root(tmp_path: Path,
 
     walk = _losses.walk
 
-    def slow_walk(root: object) -> object:
+    def slow_walk(root: object, stops: frozenset[int] = frozenset()) -> object:
         time.sleep(0.02)
-        return walk(root)
+        return walk(root, stops)
 
     monkeypatch.setattr(_losses, "walk", slow_walk)
     model = Net()

@@ -175,7 +175,7 @@ class LossRecorder:
 
         for name in ("cross_entropy", "nll_loss"):
             patches.wrap(F, name, self._wrapper)
-        for name in _ELEMENTWISE:
+        for name in (*_ELEMENTWISE, "kl_div"):
             patches.wrap(F, name, functools.partial(self._wrapper, kind=name))
         patches.wrap(torch.autograd, "backward", self._backward_root)
         patches.wrap(torch.autograd, "grad", self._grad_wrapper)
@@ -353,8 +353,8 @@ class LossRecorder:
     def _wrapper(self, orig: Callable[..., Any], kind: str | None = None
                  ) -> Callable[..., Any]:
         rec = self
-        record = rec._record if kind is None else functools.partial(rec._record_elementwise,
-                                                                    kind)
+        record = rec._record if kind is None else rec._record_kl if kind == "kl_div" \
+            else functools.partial(rec._record_elementwise, kind)
 
         def loss_fn(*args: Any, **kwargs: Any) -> Any:
             out = orig(*args, **kwargs)
@@ -422,6 +422,27 @@ class LossRecorder:
         rows = n // shape[-1] if len(shape) >= 2 and shape[-1] else n
         self._add(out, node, n, mean, out.dtype in _LOW or inp.dtype in _LOW, rows, "elements")
 
+    def _record_kl(self, out: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """``kl_div(input, target, size_average, reduce, reduction, log_target)``:
+        ``'batchmean'`` divides by the input's first dimension (the micro-batch's samples,
+        as distillation losses use it), ``'mean'`` by its element count."""
+        na, get = len(args), kwargs.get
+        if (args[2] if na > 2 else get("size_average")) is not None \
+                or (args[3] if na > 3 else get("reduce")) is not None:
+            return
+        reduction = args[4] if na > 4 else get("reduction", "mean")
+        inp = args[0] if na > 0 else get("input")
+        node = out.grad_fn
+        if not isinstance(inp, torch.Tensor) or node is None or inp.dim() == 0 \
+                or reduction not in ("batchmean", "mean", "sum"):
+            return
+        lp = out.dtype in _LOW or inp.dtype in _LOW
+        if reduction == "mean":
+            n = inp.numel()
+            self._add(out, node, n, True, lp, n // inp.shape[-1] if inp.dim() >= 2 else n, "elements")
+        else:
+            self._add(out, node, inp.shape[0], reduction == "batchmean", lp, inp.shape[0], "samples")
+
     def _add(self, out: torch.Tensor, node: Any, n: torch.Tensor | int, mean: bool,
              lp: bool, rows: int = 0, unit: str = "tokens") -> None:
         call = _Call(self._site(), self.seq, n, mean, lp, node._sequence_nr(), rows, unit)
@@ -466,7 +487,7 @@ class LossRecorder:
         """The nodes from the root of the backward about to run (:mod:`._losses_walk`);
         for a backward pass (not a counted ``autograd.grad``), its terms and log-prob
         selections are recorded too (:mod:`._losses_terms`)."""
-        w = walk(root)
+        w = walk(root, frozenset(c.node for c in self.calls if c.micro is None))
         self.chain = w.chain
         if not backward or not w.leaves or not self.obs._active():
             return

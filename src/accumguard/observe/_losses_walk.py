@@ -214,12 +214,14 @@ def _selection(name: str, node: Any) -> str | None:
     return None
 
 
-def walk(root: torch.Tensor | Sequence[torch.Tensor]) -> Walk:
+def walk(root: torch.Tensor | Sequence[torch.Tensor], stops: frozenset[int] = frozenset()) -> Walk:
     """The chain, leaves and completeness below ``root`` (a tensor, or a one-tensor list);
-    an empty walk when the graph is unusual (a tensor subclass)."""
+    an empty walk when the graph is unusual (a tensor subclass). ``stops``: the sequence
+    numbers of recorded loss calls' outputs, leaves wherever they are (a ``kl_div`` whose
+    ``'batchmean'`` ends in a division is one term, not the nodes below it)."""
     out = Walk()
     try:
-        _walk(root, out)
+        _walk(root, out, stops)
     except (AttributeError, RuntimeError, TypeError, ValueError):
         return Walk()
     return out
@@ -256,7 +258,7 @@ _Item = tuple[Any, int, list[Const], bool, list[int], bool, bool,
 _DIM_REDUCE = ("SumBackward1", "MeanBackward1")
 
 
-def _walk(root: torch.Tensor | Sequence[torch.Tensor], out: Walk) -> None:
+def _walk(root: torch.Tensor | Sequence[torch.Tensor], out: Walk, stops: frozenset[int]) -> None:
     if isinstance(root, (list, tuple)):
         if len(root) != 1:
             return
@@ -277,6 +279,10 @@ def _walk(root: torch.Tensor | Sequence[torch.Tensor], out: Walk) -> None:
         name = type(node).__name__
         nxt = [(n, i) for n, i in node.next_functions if n is not None]
         select = _selection(name, node)
+        if seq in stops:
+            out.leaves.append(Leaf(node, index, divs, split, means, opaque, None, weighted,
+                                   None, first, msum))
+            continue
         if select is None and name.startswith(("AddBackward0", "SubBackward0")) \
                 and len(nxt) > 1:
             # the terms (a sum above this addition is not any one term's)

@@ -142,12 +142,14 @@ def term_scale_findings(rank: int, windows: list[dict[str, Any]],
                     refs.setdefault(int(r[2]), {})[m] = r
         # ... whose tokens weigh 1 in total over the window: the large batch's mean (a main
         # loss that is not is the scale rules' to judge)
-        main = next(((o, rm) for o, rm in sorted(refs.items()) if len(rm) == k
-                     and len({(str(r[7]), int(r[8])) for r in rm.values()}) == 1
-                     and _is_window_mean(w, rm[0], k, masses)), None)
-        if main is None:
+        # of several calls that qualify (a distillation term is a recorded call too), the
+        # one divided by K the fewest times: a term divided once more is the one to judge
+        mains = [(_k_divisions(rm[0][4], k), o, rm) for o, rm in sorted(refs.items())
+                 if len(rm) == k and len({(str(r[7]), int(r[8])) for r in rm.values()}) == 1
+                 and _is_window_mean(w, rm[0], k, masses)]
+        if not mains:
             continue
-        o_main, rm = main
+        _, o_main, rm = min(mains, key=lambda x: (x[0], x[1]))
         ref = rm[0]
         valid = _valid_counts(w, ref, k)
         ordinals = {int(r[2]) for r in by_micro[0]} - {o_main}
@@ -218,6 +220,8 @@ def _twice_divided_mean(r: list[Any], ref: list[Any], k: int, valid: int) -> boo
     n = _k_divisions(r[4], k)
     if r[6] or n < 2 or n != _k_divisions(ref[4], k) + 1:
         return False
+    if sum(1 for op, c in r[4] if str(op) == "/" and _is(float(c), float(k))) < 2:
+        return False  # a factor 1/K may be a coefficient the user chose (0.25 * ce, K = 4)
     rest = [*r[:4], [d for d in r[4] if not _k_divisions([d], k)], *r[5:]]
     return _row_mean(rest, ref, k) or _by_count(rest, ref, k, valid) is not None
 

@@ -1,0 +1,101 @@
+"""A distillation term (``kl_div``) beside a window-normalised cross-entropy.
+
+``kl_div(..., reduction='batchmean')`` ends in a division by the micro-batch's samples, so
+its output is not the node below it: the loss record stops the walk at the recorded call's
+output and the term rule judges it like any mean term (blind round 28 a_b04: an HF Trainer
+``compute_loss`` adding ``alpha * kl`` to the model's ``num_items_in_batch`` loss).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F  # noqa: N812
+
+from accumguard.observe._records import Finding
+from accumguard.watch._findings import analyze, load_recordings
+from accumguard.watch._recording import recording
+
+K, STEPS, V, T = 4, 3, 13, 6
+
+
+@pytest.fixture(autouse=True)
+def _every_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Record every window (the record's cost budget samples a toy's windows by timing)."""
+    import accumguard.observe._losses as losses
+
+    monkeypatch.setattr(losses, "_ALWAYS", 1000)
+
+
+def _findings(tmp_path: Path, loop: Callable[[], dict[str, torch.Tensor]]
+              ) -> tuple[list[Finding], dict[str, torch.Tensor]]:
+    with recording(tmp_path):
+        weights = loop()
+    findings, _, _ = analyze(load_recordings(tmp_path))
+    return [f for f in findings if f.severity == "error"], weights
+
+
+def _distill(kl_form: str, over_k: bool) -> Callable[[], dict[str, torch.Tensor]]:
+    """A student LM: token CE summed and divided by the window's valid-token count, plus
+    ``0.5 * KL(teacher || student) * T^2`` per micro-batch (``kl_form``: the functional
+    with ``'batchmean'`` or ``'sum'``, or the ``nn.KLDivLoss`` module)."""
+    def loop() -> dict[str, torch.Tensor]:
+        torch.manual_seed(0)
+        student = torch.nn.Sequential(torch.nn.Embedding(V, 16), torch.nn.Linear(16, V))
+        teacher = torch.nn.Sequential(torch.nn.Embedding(V, 16), torch.nn.Linear(16, V))
+        kl_module = torch.nn.KLDivLoss(reduction="batchmean", log_target=True)
+        opt = torch.optim.SGD(student.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(7)
+        for _ in range(STEPS):
+            ids = torch.randint(0, V, (K, 2 + K, T), generator=g)
+            labels = ids.roll(-1, -1)
+            for m in range(K):  # uneven valid tokens per micro-batch
+                labels[m, :, : m + 1] = -100
+            n_window = (labels != -100).sum()
+            for m in range(K):
+                logits = student(ids[m])
+                ce = F.cross_entropy(logits.reshape(-1, V), labels[m].reshape(-1),
+                                     reduction="sum") / n_window
+                with torch.no_grad():
+                    t_logp = F.log_softmax(teacher(ids[m]) / 2.0, -1)
+                s_logp = F.log_softmax(logits / 2.0, -1)
+                if kl_form == "module":
+                    kl = kl_module(s_logp, t_logp)
+                else:
+                    kl = F.kl_div(s_logp, t_logp, log_target=True, reduction=kl_form)
+                kl = kl * 4.0
+                (ce + 0.5 * (kl / K if over_k else kl)).backward()
+            opt.step()
+            opt.zero_grad()
+        return {n: p.detach().clone() for n, p in student.named_parameters()}
+
+    return loop
+
+
+@pytest.mark.parametrize("kl_form", ["batchmean", "module"])
+def test_a_kl_term_not_divided_by_k_is_an_error_naming_it(tmp_path: Path, kl_form: str) -> None:
+    errors, _ = _findings(tmp_path, _distill(kl_form, over_k=False))
+    (f,) = errors
+    assert f.cls == "LOSS_SCALE" and f"weighs {K}x" in f.title, f
+    assert "test_term_kl_div.py" in f.evidence, f.evidence
+
+
+@pytest.mark.parametrize("kl_form", ["batchmean", "module"])
+def test_a_kl_term_divided_by_k_is_silent(tmp_path: Path, kl_form: str) -> None:
+    errors, _ = _findings(tmp_path, _distill(kl_form, over_k=True))
+    assert errors == []
+
+
+def test_a_summed_kl_term_is_a_chosen_constant_not_judged(tmp_path: Path) -> None:
+    """A sum over the micro-batch means the sum over the window for the large batch."""
+    errors, _ = _findings(tmp_path, _distill("sum", over_k=False))
+    assert errors == []
+
+
+def test_recording_the_kl_term_leaves_the_run_bit_identical(tmp_path: Path) -> None:
+    _, watched = _findings(tmp_path, _distill("batchmean", over_k=False))
+    plain = _distill("batchmean", over_k=False)()
+    assert all(torch.equal(watched[n], plain[n]) for n in plain)
