@@ -24,7 +24,7 @@ from accumguard.watch._recording import recording
 
 K, V, B, T = 4, 13, 3, 5
 FORMS = ("bug masked", "bug mean", "ok /K", "ok global", "ok sum", "ok learned coef",
-         "ok some backwards")
+         "ok some backwards", "main over K")
 
 
 class _LM(torch.nn.Module):
@@ -75,8 +75,11 @@ def _rank(rank: int, world: int, path: str) -> dict[str, dict[str, torch.Tensor]
                             "ok sum": 1e-3 * (z * mask).sum(),
                             "ok learned coef": coef * ((z * mask).sum() / mask.sum()),
                             "ok some backwards": 1e-3 * (z * mask).sum() / mask.sum(),
+                            "main over K": 1e-3 * (z * mask).sum() / mask.sum(),
                         }[form]
                         loss = main + term if form != "ok some backwards" or m == 0 else main
+                        if form == "main over K":  # as an engine dividing by its GA does
+                            loss = loss / K
                         loss.backward()
                 opt.step()
                 opt.zero_grad()
@@ -182,3 +185,12 @@ def test_a_masked_z_loss_beside_a_mean_over_k_in_one_process(tmp_path: Path,
     assert [f.cls for f in errors] == (["LOSS_SCALE"] if form == "bug" else []), findings
     if form == "bug":
         assert "masked mean over the micro-batch's valid tokens" in errors[0].evidence
+
+
+def test_a_window_normalised_term_divided_by_k_as_well_is_an_error(runs: Path) -> None:
+    """The whole loss divided by K (as DeepSpeed's engine.backward does) while its main term
+    is already normalised by the window's all-reduced count: that term weighs 1/K in total
+    over the ranks (blind round 28 b_b04); the z-term beside it, a mean divided by K, is right."""
+    (f,) = _errors(runs, "main over K")
+    assert f.cls == "LOSS_SCALE" and f"weighs 1/{K}" in f.title, f
+    assert "test_term_window_ddp.py" in f.evidence and f"{K}x too small" in f.evidence, f.evidence

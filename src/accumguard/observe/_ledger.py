@@ -427,31 +427,38 @@ def _rank_term_findings(rec: RunRecording) -> list[Finding]:
     every step judged. Any coefficient, a term not in every micro-step, an unknown
     reduction: not judged."""
     world = len([r for r in rec.ranks if rec.steps.get(r)])
-    seen: dict[tuple[str, int], list[tuple[int, float, bool, list[float]]]] = {}
+    seen: dict[tuple[str, int], list[tuple[int, float, bool, list[float], int]]] = {}
     spoiled: set[tuple[str, int]] = set()
     for step, groups, factor, tol in _judged_steps(rec):
         for key in set.intersection(*(set(g) for g in groups)):
             recs = [g[key] for g in groups]
-            if any(len(x) > 9 and any(str(d[0]) == "*" for d in x[9]) for rs in recs
-                   for x in rs):
-                spoiled.add(key)  # a coefficient the user chose: never judged
+            if any(len(x) > 9 and any(str(d[0]) == "*" and float(d[1]) not in (1.0, world) for d in x[9])
+                   for rs in recs for x in rs):
+                spoiled.add(key)  # a coefficient the user chose (times W is no coefficient)
                 continue
             ws = [abs(float(x[4])) * factor for rs in recs for x in rs]
             counts = [sum(float(x[3]) for x in rs) for rs in recs]
             total = sum(abs(float(x[4])) * factor * float(x[3]) for rs in recs for x in rs)
             uniform = max(ws) - min(ws) <= tol * max(ws)
-            seen.setdefault(key, []).append((step, total, uniform, counts))
+            seen.setdefault(key, []).append((step, total, uniform, counts, len(recs[0])))
     out = []
     for key, obs in sorted(seen.items()):
-        if key in spoiled or not all(u for _, _, u, _ in obs):
+        if key in spoiled or not all(u for _, _, u, _, _ in obs):
             continue
-        if not all(abs(t * world - 1.0) <= WEIGHT_TOL_LOW_PRECISION for _, t, _, _ in obs):
+        ks = {k for _, _, _, _, k in obs}
+        by_w = all(abs(t * world - 1.0) <= WEIGHT_TOL_LOW_PRECISION for _, t, _, _, _ in obs)
+        by_k = len(ks) == 1 and min(ks) >= 2 and all(
+            abs(t * k - 1.0) <= WEIGHT_TOL_LOW_PRECISION for _, t, _, _, k in obs)
+        if not (by_w or by_k) or (by_w and by_k):
             continue
-        proof = next(((st, c) for st, _, _, c in obs if max(c) - min(c) > 0), None)
+        proof = next(((st, c) for st, _, _, c, _ in obs if max(c) - min(c) > 0), None)
         if proof is None:
             continue
         site, idx = key
         st, counts = proof
+        if by_k:
+            out.append(_count_term_over_k(site, idx, st, counts, len(obs), min(ks), obs[0][0]))
+            continue
         out.append(_mk("F10", "error", None, obs[0][0], None,
                        f"{_short(site)}: the loss call there is one term of a sum"
                        + (f" (call {idx + 1} at that line)" if idx else "")
@@ -467,6 +474,29 @@ def _rank_term_findings(rec: RunRecording) -> list[Finding]:
                            "the world size (the engine averages over ranks), or divide it "
                            "by the per-rank count instead."))
     return out
+
+
+def _count_term_over_k(site: str, idx: int, st: int, counts: list[float], steps: int, k: int,
+                       first: int) -> Finding:
+    """LOSS_SCALE for a term divided by the window's global count and by K as well."""
+    return _mk("LOSS_SCALE", "error", None, first, None,
+               f"{_short(site)}: the loss call there is one term of a sum"
+               + (f" (call {idx + 1} at that line)" if idx else "")
+               + f"; at optimizer step {_n(st)} its tokens carried one weight on every rank "
+               f"while the ranks held {', '.join(f'{v:g}' for v in counts)} of them, so the "
+               "term was divided by a count common to all ranks and micro-steps (the "
+               "window's global count), no coefficient multiplies it, and its tokens "
+               f"weighed 1/K = {1 / k:.4g} in total in each of {steps} step(s) instead of 1: "
+               f"divided by the window's count and by K = {k} as well, this term's gradient "
+               f"is {k}x too small relative to its large-batch meaning (and any other term "
+               f"of the loss {k}x too heavy beside it)",
+               title_=f"a term normalised by the window's token count is divided by K as well: "
+                      f"it weighs 1/{k}",
+               fix="Multiply that term by K (the Accelerate docs' recipe: sum * K * W / "
+                   "window count), or do not let the engine divide it: DeepSpeed's "
+                   "engine.backward, Accelerate's accelerator.backward and Lightning divide "
+                   "the whole loss by their gradient accumulation steps, which a term "
+                   "already normalised over the whole window must undo.")
 
 
 def _terms(w: StepWindow) -> dict[tuple[str, int], list[list[Any]]]:
