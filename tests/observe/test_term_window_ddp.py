@@ -24,7 +24,7 @@ from accumguard.watch._recording import recording
 
 K, V, B, T = 4, 13, 3, 5
 FORMS = ("bug masked", "bug mean", "ok /K", "ok global", "ok sum", "ok learned coef",
-         "ok some backwards", "main over K")
+         "ok some backwards", "main over K", "scale both", "ok scale main")
 
 
 class _LM(torch.nn.Module):
@@ -75,11 +75,15 @@ def _rank(rank: int, world: int, path: str) -> dict[str, dict[str, torch.Tensor]
                             "ok sum": 1e-3 * (z * mask).sum(),
                             "ok learned coef": coef * ((z * mask).sum() / mask.sum()),
                             "ok some backwards": 1e-3 * (z * mask).sum() / mask.sum(),
-                            "main over K": 1e-3 * (z * mask).sum() / mask.sum(),
-                        }[form]
+                        }.get(form, 1e-3 * (z * mask).sum() / mask.sum())
                         loss = main + term if form != "ok some backwards" or m == 0 else main
                         if form == "main over K":  # as an engine dividing by its GA does
                             loss = loss / K
+                        zm = 1e-3 * (z * mask).sum() / mask.sum()
+                        if form == "scale both":  # W x K meant for the CE, then Lightning's /K
+                            loss = (main / world + zm) * (world * K) / K
+                        if form == "ok scale main":
+                            loss = (main * K + zm) / K
                         loss.backward()
                 opt.step()
                 opt.zero_grad()
@@ -194,3 +198,14 @@ def test_a_window_normalised_term_divided_by_k_as_well_is_an_error(runs: Path) -
     (f,) = _errors(runs, "main over K")
     assert f.cls == "LOSS_SCALE" and f"weighs 1/{K}" in f.title, f
     assert "test_term_window_ddp.py" in f.evidence and f"{K}x too small" in f.evidence, f.evidence
+
+
+def test_a_scale_meant_for_the_window_normalised_term_applied_to_a_mean_is_an_error(
+        runs: Path) -> None:
+    """``(ce_sum / n_global + z) * W * K`` then the engine's /K: right for the CE, but the
+    z-loss, a per-micro-batch mean, weighs W x K its coefficient (blind round 28 c_b04);
+    the scale applied to the CE alone is silent."""
+    (f,) = _errors(runs, "scale both")
+    assert f.cls == "LOSS_SCALE" and f"weighs {2 * K}x" in f.title, f
+    assert "the constants above the sum" in f.evidence, f.evidence
+    assert _errors(runs, "ok scale main") == []

@@ -128,6 +128,8 @@ def term_scale_findings(rank: int, windows: list[dict[str, Any]],
     twice: dict[int, list[tuple[dict[str, Any], list[Any], list[Any]]]] = {}
     judged: dict[int, int] = {}
     counted: dict[int, set[float]] = {}  # per term, the valid counts that divided it
+    # per term: (window, record, reference, K x the constants above the sum)
+    scaled: dict[int, list[tuple[dict[str, Any], list[Any], list[Any], int]]] = {}
     for w in windows:
         by_micro = _window_terms(w)
         if by_micro is None:
@@ -162,6 +164,12 @@ def term_scale_findings(rank: int, windows: list[dict[str, Any]],
                     c for m, r in enumerate(recs) if (c := _by_count(r, rm[m], k, valid[m])))
             elif all(_twice_divided_mean(r, rm[m], k, valid[m]) for m, r in enumerate(recs)):
                 twice.setdefault(o, []).append((w, recs[0], ref))
+            elif len(fs := {_common_factor(r, rm[m], k, valid[m]) for m, r in enumerate(recs)}
+                     ) == 1 and None not in fs:
+                scaled.setdefault(o, []).append((w, recs[0], ref, fs.pop() or 0))
+                counted.setdefault(o, set()).update(
+                    c for m, r in enumerate(recs)
+                    if (c := _by_count(_own(r, rm[m]), rm[m], k, valid[m])))
     for o, found in sorted(hits.items()):
         if len(found) != judged[o]:
             continue  # the pattern is not in every window judged
@@ -188,6 +196,19 @@ def term_scale_findings(rank: int, windows: list[dict[str, Any]],
                         "set `model.config.router_aux_loss_coef` to the coefficient / K. If "
                         f"the larger weight is wanted, write the coefficient as {k} x coef / "
                         "K so the intent is explicit.")]
+    for o, found_s in sorted(scaled.items()):
+        if len(found_s) != judged[o] or len({f for *_, f in found_s}) != 1 \
+                or len(counted.get(o, ())) == 1:
+            continue
+        w, x, ref, n = found_s[0]
+        return [_mk("LOSS_SCALE", "error", rank, int(w["step"]), None,
+                    _common_text(found_s, x, ref, n),
+                    title_=f"a scale meant for the loss beside it also multiplies a term: it "
+                           f"weighs {n}x its coefficient",
+                    fix="Apply the scale only to the term normalised by the window's count "
+                        "(e.g. loss = ce_sum * scale / window_count + coef * aux): a "
+                        "per-micro-batch mean term is already right once the engine divides "
+                        "by K and averages over the ranks.")]
     for o, found in sorted(twice.items()):
         if len(found) != judged[o]:
             continue
@@ -204,6 +225,59 @@ def term_scale_findings(rank: int, windows: list[dict[str, Any]],
                         "without num_items_in_batch), or the engine's when the loss is scaled "
                         "by hand.")]
     return []
+
+
+def _common(r: list[Any], ref: list[Any]) -> list[list[Any]]:
+    """The constants above the sum: the longest common start of the two terms' chains."""
+    out = []
+    for a, b in zip(r[4], ref[4], strict=False):
+        if str(a[0]) != str(b[0]) or not _is(float(a[1]), float(b[1])):
+            break
+        out.append(a)
+    return out
+
+
+def _own(r: list[Any], ref: list[Any]) -> list[Any]:
+    """Term ``r`` with only the constants below the sum (its own)."""
+    return [*r[:4], r[4][len(_common(r, ref)):], *r[5:]]
+
+
+def _common_factor(r: list[Any], ref: list[Any], k: int, valid: int) -> int | None:
+    """For a per-micro-batch mean term (over the rows or the valid tokens) sharing constants
+    above the sum with the window-mean loss call ``ref``: K times their product, when that
+    is a whole number >= 2 (a scale such as W x K that undoes the engine's /K and average for
+    a term normalised by the window's count, applied to this mean too: it weighs that many
+    times its coefficient); else None."""
+    common = _common(r, ref)
+    if r[6] or not common:
+        return None
+    own = _own(r, ref)
+    if not (_row_mean(own, ref, k) or _by_count(own, ref, k, valid) is not None):
+        return None
+    f = float(k)
+    for op, c in common:
+        f = f / float(c) if str(op) == "/" else f * float(c)
+    n = round(f)
+    return n if n >= 2 and _is(f, float(n)) else None
+
+
+def _common_text(found: list[tuple[dict[str, Any], list[Any], list[Any], int]], x: list[Any],
+                 ref: list[Any], n: int) -> str:
+    w = found[0][0]
+    k = int(w["window"])
+    what = (f"the loss call at {_short(str(x[7]))}" if x[7] is not None else
+            f"a term built from torch ops (its graph starts at {x[3]}, a mean over the "
+            "micro-batch)")
+    where = f" of the loss backpropagated at {_short(str(x[11]))}" if len(x) > 11 and x[11] \
+        else ""
+    common = ", ".join(f"{op} {float(c):g}" for op, c in _common(x, ref))
+    return (f"{what}{where} is one term of a sum whose other term, {_ref_words(ref)}, "
+            "weighs its tokens 1 in total over each window (the large batch's mean); the "
+            f"constants above the sum ({common}) multiply both, and this term is a mean over "
+            f"its micro-batch in every one of the {k} micro-steps of {len(found)} window(s) "
+            f"(first: optimizer step {_n(w['step'])}): accumulated over K = {k} micro-steps "
+            f"it weighs K x those constants = {n} x what its own coefficient gives the large "
+            "batch")
 
 
 def _k_divisions(divs: list[list[Any]], k: int) -> int:
