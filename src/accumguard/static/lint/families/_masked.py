@@ -17,6 +17,7 @@ from collections.abc import Callable
 from accumguard.static.lint._ast import (
     ACCUM_RE,
     COUNT_RE,
+    FUNCS,
     GLOBAL_COUNT_RE,
     WORLD_RE,
     call_attr,
@@ -29,7 +30,7 @@ from accumguard.static.lint._ast import (
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint.families.deepspeed import _name_values
 
-__all__ = ["counted_mean", "counted_per_micro_batch", "counts_tokens", "helper_called", "hf_loss", "masked_mean", "masked_mean_helpers", "micro_batch_count",
+__all__ = ["counted_mean", "counted_per_micro_batch", "counts_tokens", "counts_window", "helper_called", "hf_loss", "masked_mean", "masked_mean_helpers", "micro_batch_count",
            "num_items_arg", "window_normalised"]
 
 #: wrappers that keep a count a count: ``m.sum().clamp(min=1)``, ``.float()``, ``max(n, 1)``
@@ -316,3 +317,50 @@ def counted_mean(ctx: FileContext, scope: ast.AST, window: ast.AST, expr: ast.AS
     summed = _summed_loss(left) or (isinstance(left, ast.Name) and _every_value(
         ctx, scope, left, set(), _summed_loss))  # `tok = F.cross_entropy(..., reduction="sum")`
     return summed and micro_batch_count(ctx, scope, window, expr.right)
+
+
+def counts_window(ctx: FileContext, divisor: ast.AST) -> bool:
+    """The count is built over several batches by a comprehension that counts
+    (``sum((y != -100).sum() for _, y in window)``,
+    ``torch.stack([... for _, lab in window]).sum()``): directly, through the names it is
+    assigned from in the same function (``n = accelerator.gather(n).sum()``), or as what a
+    function of the file returns (``n = self.global_tokens(window)``). The window's count,
+    not one micro-batch's."""
+    func = ctx.enclosing(divisor, FUNCS)
+    if func is None:
+        return False
+    return _built_over_batches(ctx, func, [divisor], depth=2)
+
+
+def _counts_items(elt: ast.AST) -> bool:
+    """A comprehension's element counts something: valid tokens (``(y != -100).sum()``,
+    a count-like name) or a size (``len(b)``, ``x.numel()``, ``x.size(0)``)."""
+    return counts_tokens(elt) or any(
+        isinstance(c, ast.Call) and call_attr(c) in ("len", "numel", "size") for c in walk_all(elt))
+
+
+def _built_over_batches(ctx: FileContext, func: ast.AST, exprs: list[ast.expr | ast.AST],
+                        depth: int) -> bool:
+    values: dict[str, list[ast.AST]] = {}
+    for n in ast.walk(func):
+        if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name):
+            values.setdefault(n.targets[0].id, []).append(n.value)
+    seen: set[str] = set()
+    todo: list[ast.AST] = list(exprs)
+    while todo:
+        e = todo.pop()
+        if any(isinstance(x, ast.GeneratorExp | ast.ListComp) and _counts_items(x.elt)
+               for x in ast.walk(e)):
+            return True
+        for x in walk_all(e):
+            if isinstance(x, ast.Name) and x.id not in seen:
+                seen.add(x.id)
+                todo += values.get(x.id, [])
+            elif isinstance(x, ast.Call) and depth > 0:
+                defs = ctx.functions_by_name().get(call_attr(x) or "", [])
+                rets: list[ast.expr | ast.AST] = [
+                    r.value for d in defs[:1] if len(defs) == 1 for r in ast.walk(d)
+                    if isinstance(r, ast.Return) and r.value is not None]
+                if rets and _built_over_batches(ctx, defs[0], rets, depth - 1):
+                    return True
+    return False

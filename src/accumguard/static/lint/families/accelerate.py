@@ -21,7 +21,10 @@ from accumguard.static.findings import Finding
 from accumguard.static.lint._ast import FUNCS, call_attr, dotted, receiver, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
-from accumguard.static.lint.families._masked import counted_per_micro_batch, counts_tokens
+from accumguard.static.lint.families._masked import (
+    counted_per_micro_batch,
+    counts_window,
+)
 from accumguard.static.lint.families._modguard import k_values
 from accumguard.static.lint.families.loss import _assigned_names, _division, _is_loss_division
 from accumguard.static.lint.families.twice import k_dividing_helpers, k_helper_result
@@ -125,31 +128,6 @@ def loss_divided_before_accelerator_backward(ctx: FileContext) -> Iterator[Findi
         )
 
 
-def _counts_several_batches(ctx: FileContext, divisor: ast.AST) -> bool:
-    """The count is built by a comprehension over several batches (``sum(... for b in
-    window)``), directly or through the names it is assigned from in the same function
-    (``n = accelerator.gather(n).sum()``): the window's count, not one micro-batch's."""
-    func = ctx.enclosing(divisor, FUNCS)
-    if func is None:
-        return False
-    values: dict[str, list[ast.AST]] = {}
-    for n in ast.walk(func):
-        if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name):
-            values.setdefault(n.targets[0].id, []).append(n.value)
-    seen: set[str] = set()
-    todo = [x.id for x in walk_all(divisor) if isinstance(x, ast.Name)]
-    while todo:
-        name = todo.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        for v in values.get(name, []):
-            if any(isinstance(x, ast.GeneratorExp | ast.ListComp) for x in ast.walk(v)):
-                return True
-            todo += [x.id for x in walk_all(v) if isinstance(x, ast.Name)]
-    return False
-
-
 def _window_count_divisions(ctx: FileContext) -> Iterator[tuple[ast.AST, ast.AST]]:
     """Loss divisions inside an Accelerate window by a count of all the window's
     micro-batches, with nothing in the function multiplying by K to undo ``backward``'s /K."""
@@ -159,10 +137,10 @@ def _window_count_divisions(ctx: FileContext) -> Iterator[tuple[ast.AST, ast.AST
         scope = ctx.window_scope(window)
         for sub in ctx.local_nodes(window):
             d = _division(sub)
-            if d is None or not counts_tokens(d[1]) or ctx.mentions_accum(d[1]) \
+            if d is None or ctx.mentions_accum(d[1]) \
                     or counted_per_micro_batch(ctx, scope, window, d[1]) \
                     or not _is_loss_division(ctx, sub, d[0]) \
-                    or not _counts_several_batches(ctx, d[1]):
+                    or not counts_window(ctx, d[1]):
                 continue
             func = ctx.enclosing(sub, FUNCS) or ctx.tree
             if any(isinstance(m, ast.BinOp | ast.AugAssign) and isinstance(m.op, ast.Mult)

@@ -88,8 +88,19 @@ def _terms(ctx: FileContext, fn: _Func, expr: ast.AST, at: ast.AST, depth: int =
     return [expr]
 
 
+#: torch loss functions whose default ``reduction`` averages over the micro-batch
+_LOSS_MEANS = frozenset({"cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss",
+                         "huber_loss", "binary_cross_entropy",
+                         "binary_cross_entropy_with_logits", "kl_div"})
+
+
 def _is_mean_call(e: ast.AST) -> bool:
-    """``x.mean()`` or ``torch.mean(x)`` over every element (no ``dim``)."""
+    """``x.mean()`` or ``torch.mean(x)`` over every element (no ``dim``), or a torch loss
+    function averaging its micro-batch (``F.kl_div(..., reduction="batchmean")``,
+    ``F.mse_loss(a, b)``)."""
+    if isinstance(e, ast.Call) and call_attr(e) in _LOSS_MEANS:
+        how = next((k.value for k in e.keywords if k.arg == "reduction"), None)
+        return how is None or (isinstance(how, ast.Constant) and how.value in ("mean", "batchmean"))
     if not isinstance(e, ast.Call) or call_attr(e) != "mean" or e.keywords:
         return False
     if isinstance(e.func, ast.Attribute) and dotted(e.func.value) in ("torch",):
@@ -118,9 +129,19 @@ def _micro_mean(ctx: FileContext, fn: _Func, term: ast.AST, at: ast.AST) -> ast.
         elif isinstance(e, ast.Call) and (call_attr(e) or "") in defs:
             body = defs[call_attr(e) or ""]
             rets = [r.value for r in ast.walk(body) if isinstance(r, ast.Return) and r.value is not None]
-            if rets and all(_is_mean_call(r) for r in rets):
+            if rets and all(_mean_times_constants(r) for r in rets):
                 found = e
     return found
+
+
+def _mean_times_constants(e: ast.AST) -> bool:
+    """A mean call times numbers or names (``F.kl_div(...) * T * T``), nothing divided."""
+    if isinstance(e, ast.BinOp) and isinstance(e.op, ast.Mult):
+        sides = [e.left, e.right]
+        means = [x for x in sides if _mean_times_constants(x)]
+        return len(means) == 1 and all(
+            isinstance(x, ast.Constant | ast.Name | ast.Attribute) for x in sides if x not in means)
+    return _is_mean_call(e)
 
 
 def _scaled_for_ga_false(ctx: FileContext) -> bool:

@@ -42,6 +42,7 @@ from accumguard.static.lint._ast import (
 )
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families._masked import counts_window
 from accumguard.static.lint.families.deepspeed import _config_ga, _hand_gated_steps
 from accumguard.static.lint.families.loss import _division, _flows_to_backward
 
@@ -267,6 +268,61 @@ def loss_divided_before_engine_backward(ctx: FileContext) -> Iterator[Finding]:
             "while the engine steps once per GA backward() calls: the loss is divided twice "
             "and the optimizer receives G / K",
         )
+
+
+@rule("AG134")
+def window_count_before_engine_backward(ctx: FileContext) -> Iterator[Finding]:
+    """The documented engine loop handed a loss (or one term of it) divided by the window's
+    count, a count over all its micro-batches, with nothing multiplying by K, while the
+    config's GA > 1: DeepSpeed divides by GA as well, so that term weighs 1/K."""
+    ref = ctx.ds_config()
+    if ref is None:
+        return
+    for call in _engine_loop_backwards(ctx):
+        loss: ast.AST | None = call.args[0]
+        if isinstance(loss, ast.Name):
+            loss = value_before(ctx, loss)
+        if loss is None:
+            continue
+        for term in _sum_terms(ctx, loss):
+            d = _window_count_division(ctx, term)
+            if d is None:
+                continue
+            verdict, how = _config_ga(ctx, ref, set())
+            if verdict == "one":
+                break  # (out of sight it is K: the loop gathers the window's micro-batches)
+            how = how or "(K, out of sight here)"
+            name = dotted(receiver(call)) or "engine"
+            yield ctx.finding(
+                "AG134",
+                d,
+                f"`{ast.unparse(d)}` divides the loss by a count of all the window's "
+                f"micro-batches, and `{name}.backward()` divides it again by the config's "
+                f"gradient_accumulation_steps {how} ({ref.where}; scale_wrt_gas=True by "
+                "default): that term weighs 1/K of the large batch's mean",
+                fix="multiply that term by the gradient accumulation steps (sum * K * W / "
+                    "window_count), or normalise by the micro-step's share of the count",
+            )
+            break
+
+
+def _window_count_division(ctx: FileContext, term: ast.AST) -> ast.AST | None:
+    """The division of a term (a product of factors) by a count of the whole window, with
+    no factor naming K."""
+    stack, found = [term], None
+    while stack:
+        e = stack.pop()
+        if isinstance(e, ast.BinOp) and isinstance(e.op, ast.Mult):
+            if any(is_k(ctx, x) or ctx.mentions_accum(x) for x in (e.left, e.right)):
+                return None
+            stack += [e.left, e.right]
+        elif isinstance(e, ast.BinOp) and isinstance(e.op, ast.Div):
+            if is_k(ctx, e.right) or ctx.mentions_accum(e.right):
+                return None
+            if counts_window(ctx, e.right):
+                found = e
+            stack.append(e.left)
+    return found
 
 
 def _returned_element(ctx: FileContext, name: ast.Name) -> tuple[ast.AST, ast.AST] | None:
