@@ -71,7 +71,8 @@ class FileContext(WindowQueries, ValueFacts):
                 for k in call.keywords:
                     if k.arg is None:  # `TrainingArguments(**kwargs)`: read when the file spells it
                         spread = self.ds_finder().resolver().resolve(k.value)
-                        ga = None if spread is None or spread.partial else spread.get("gradient_accumulation_steps", 1)
+                        ga = None if spread is None else spread.get(
+                            "gradient_accumulation_steps", None if spread.partial else 1)
                         values.add(ga if type(ga) is int else None)
         for names, value in self.assignments():
             if any(n.endswith(".gradient_accumulation_steps") for n in names):

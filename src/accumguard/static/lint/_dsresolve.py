@@ -223,6 +223,13 @@ class NameResolver:
             if lit is not None:
                 return config_from_literal(lit, resolve=self.resolve)
             return self._returned(expr)
+        if isinstance(expr, ast.Subscript) and isinstance(expr.slice, ast.Constant) \
+                and isinstance(expr.slice.value, str):  # `**CFG["train"]`
+            outer = self.resolve(expr.value)
+            inner = outer.get(expr.slice.value) if outer is not None else None
+            if isinstance(inner, dict) and not isinstance(inner, dsconfig.ConfigDict):
+                inner = dsconfig.ConfigDict(inner, partial=bool(outer and outer.partial))
+            return inner if isinstance(inner, dsconfig.ConfigDict) else None
         if not isinstance(expr, ast.Name):
             return None
         bound = self.binding(expr)

@@ -64,6 +64,14 @@ def _accelerator_backwards(ctx: FileContext, scope: ast.AST) -> list[tuple[ast.C
             and "accelerator" in (dotted(receiver(call)) or "").lower()]
 
 
+def _times_k(ctx: FileContext, dividend: ast.AST) -> bool:
+    """The dividend is multiplied by K (``loss * K / min(K, left)``: a short window's own
+    size undoing ``backward``'s /K, not a second division)."""
+    return any(isinstance(m, ast.BinOp) and isinstance(m.op, ast.Mult)
+               and (ctx.mentions_accum(m.left) or ctx.mentions_accum(m.right))
+               for m in walk_all(dividend))
+
+
 def _k_only_below(ctx: FileContext, node: ast.AST, divisor: ast.AST) -> bool:
     """K divides the divisor (``loss / (n / K)`` multiplies by K, undoing ``backward``'s own
     division), or this division is the divisor of another one."""
@@ -89,7 +97,8 @@ def loss_divided_before_accelerator_backward(ctx: FileContext) -> Iterator[Findi
         divisor = d[1]
         if not (ctx.mentions_accum(divisor) or ctx.int_value(divisor) in ks):
             continue
-        if not _is_loss_division(ctx, node, d[0]) or _k_only_below(ctx, node, divisor):
+        if not _is_loss_division(ctx, node, d[0]) or _k_only_below(ctx, node, divisor) \
+                or _times_k(ctx, d[0]):
             continue
         scope = ctx.scope_of(node)
         backs = _accelerator_backwards(ctx, scope)

@@ -28,16 +28,23 @@ from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._modguard import k_values
 from accumguard.static.lint.families.hfscale import _reaching, _window_normalised
+from accumguard.static.lint.families.loss import _mean_loss_site, _uses_num_items
 
-__all__ = ["hf_loss_term_not_divided_by_k"]
+__all__ = ["hf_compute_loss_func_ignores_num_items", "hf_loss_term_not_divided_by_k"]
 
 _Func = ast.FunctionDef | ast.AsyncFunctionDef
 
 
 def _loss_functions(ctx: FileContext) -> list[_Func]:
-    """``compute_loss`` overrides, and the functions handed to ``compute_loss_func=`` (by
-    name, or the inner function a factory of the file returns)."""
+    """``compute_loss`` overrides, and the functions handed to ``compute_loss_func=``."""
     out: list[_Func] = [fn for _, fn in ctx.trainer_compute_losses()]
+    return list(dict.fromkeys(out + _compute_loss_funcs(ctx)))
+
+
+def _compute_loss_funcs(ctx: FileContext) -> list[_Func]:
+    """The functions handed to ``compute_loss_func=`` (by name, or the inner function a
+    factory of the file returns)."""
+    out: list[_Func] = []
     defs: dict[str, list[_Func]] = {}
     for f in ctx.of(*FUNCS):
         defs.setdefault(f.name, []).append(f)
@@ -189,3 +196,31 @@ def hf_loss_term_not_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
                     f"{k}x its coefficient")
                 yield f if known else replace(f, severity=Severity.WARNING)
                 break
+
+
+@rule("AG118")
+def hf_compute_loss_func_ignores_num_items(ctx: FileContext) -> Iterator[Finding]:
+    """The function given as ``compute_loss_func`` returns a per-micro-batch mean and never
+    uses ``num_items_in_batch``: transformers 5 counts such a loss as already normalised
+    (``loss_is_scaled_for_ga``) and does not divide it by K, so the window's gradient is the
+    sum of K micro-batch means: a mean of means, K times the large batch's."""
+    ga, how = ctx.trainer_ga()
+    if ga == 1 or _scaled_for_ga_false(ctx):
+        return
+    for fn in _compute_loss_funcs(ctx):
+        if _uses_num_items(fn):
+            continue
+        site = _mean_loss_site(ctx, fn, None)
+        if site is None:
+            continue
+        node, what = site
+        f = ctx.finding(
+            "AG118", node,
+            f"`{fn.name}`, the Trainer's compute_loss_func, returns a per-micro-batch mean "
+            f"({what}) and never uses `num_items_in_batch`, with "
+            f"{how if ga else 'gradient accumulation possibly on (its value is not in sight)'}: "
+            "transformers 5 counts a compute_loss_func's loss as already normalised and does not "
+            "divide it by K, so the window's gradient is the sum of K micro-batch means (a mean "
+            "of means, and K times the large batch's gradient); expected the summed loss divided "
+            "by `num_items_in_batch`")
+        yield f if ga is not None else replace(f, severity=Severity.WARNING)
