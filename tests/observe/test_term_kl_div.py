@@ -99,3 +99,24 @@ def test_recording_the_kl_term_leaves_the_run_bit_identical(tmp_path: Path) -> N
     _, watched = _findings(tmp_path, _distill("batchmean", over_k=False))
     plain = _distill("batchmean", over_k=False)()
     assert all(torch.equal(watched[n], plain[n]) for n in plain)
+
+
+def test_a_fault_in_the_kl_record_changes_nothing(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kl_div record runs inside the user's forward: if it raises, the user's kl_div
+    still returns its value, the parameters end as without watch, and the failure is
+    reported as accumguard's own, never as a finding."""
+    import accumguard.observe._losses as losses
+
+    plain = _distill("batchmean", over_k=False)()
+
+    def boom(self: object, out: object, args: object, kwargs: object) -> None:
+        raise RuntimeError("injected fault in the kl_div record")
+
+    monkeypatch.setattr(losses.LossRecorder, "_record_kl", boom)
+    with recording(tmp_path) as obs:
+        watched = _distill("batchmean", over_k=False)()
+        assert obs.failure is not None
+    assert all(torch.equal(watched[n], plain[n]) for n in plain)
+    recs = load_recordings(tmp_path)
+    assert list(recs.failures) == [0]
