@@ -47,8 +47,9 @@ from accumguard.observe._records import (
     _windows,
     window_lines,
 )
+from accumguard.observe._selection_rules import selection_findings
 from accumguard.observe._seq_rules import sequence_mean_findings
-from accumguard.observe._term_rules import Masses, selection_findings, term_scale_findings
+from accumguard.observe._term_rules import Masses, term_scale_findings
 from accumguard.observe._term_world_rules import term_world_findings
 from accumguard.observe._weight_rules import (
     WEIGHT_TOL,

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from accumguard.observe._records import Finding, _mk, _n
-from accumguard.observe._term_rules import one_select_per_micro
+from accumguard.observe._selection_rules import one_select_per_micro
 from accumguard.observe._weight_rules import _short
 
 __all__ = ["sequence_mean_findings"]
