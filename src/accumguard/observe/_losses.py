@@ -47,7 +47,6 @@ in the same backward. Two more facts go with each record (the scale rules of
 from __future__ import annotations
 
 import functools
-import math
 import os
 import sys
 import time
@@ -58,6 +57,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from accumguard.observe._failsafe import hook_method
+from accumguard.observe._loss_args import (
+    ELEMENTWISE,
+    LOW,
+    read_class_loss,
+    read_elementwise,
+    read_kl_div,
+)
 from accumguard.observe._losses_terms import (
     TermLog,
     factor_stats,
@@ -94,17 +100,6 @@ _OWN = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch,) if m.__file_
 #: (:mod:`._term_rules`), four consecutive windows, whatever the machine's load.
 _ALWAYS = 4
 _BUDGET = 0.005
-_LOW = (torch.float16, torch.bfloat16)
-#: Element-wise losses: argument positions of (size_average, reduce, reduction, weight-like
-#: arguments that make the mean a weighted one); None where the function has none.
-_ELEMENTWISE: dict[str, tuple[int | None, int | None, int, tuple[int, ...]]] = {
-    "mse_loss": (2, 3, 4, (5,)),
-    "l1_loss": (2, 3, 4, (5,)),
-    "smooth_l1_loss": (2, 3, 4, ()),
-    "huber_loss": (None, None, 2, (4,)),
-    "binary_cross_entropy_with_logits": (3, 4, 5, (2, 6)),
-}
-_WEIGHT_NAMES = {2: "weight", 4: "weight", 5: "weight", 6: "pos_weight"}
 class _Call:
     """One recorded loss call; ``micro`` and ``g`` are set by the gradient hook."""
 
@@ -175,7 +170,7 @@ class LossRecorder:
 
         for name in ("cross_entropy", "nll_loss"):
             patches.wrap(F, name, self._wrapper)
-        for name in (*_ELEMENTWISE, "kl_div"):
+        for name in (*ELEMENTWISE, "kl_div"):
             patches.wrap(F, name, functools.partial(self._wrapper, kind=name))
         patches.wrap(torch.autograd, "backward", self._backward_root)
         patches.wrap(torch.autograd, "grad", self._grad_wrapper)
@@ -375,73 +370,20 @@ class LossRecorder:
         return loss_fn
 
     def _record(self, out: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        # (positional order of cross_entropy and nll_loss: input, target, weight,
-        # size_average, ignore_index, reduce, reduction); kept lean: it runs per loss call
-        na, get = len(args), kwargs.get
-        if ((args[2] if na > 2 else get("weight")) is not None
-                or (args[3] if na > 3 else get("size_average")) is not None
-                or (args[5] if na > 5 else get("reduce")) is not None):
-            return  # class weights or the legacy reduction flags: not a plain mean/sum
-        ops = _operands(out, args, kwargs, 6)
-        if ops is None:
-            return
-        mean, inp, target, node = ops
-        n: torch.Tensor | int
-        unit = "tokens"
-        if target.is_floating_point():  # probability targets: 'mean' divides by rows
-            n = inp.numel() // inp.shape[1] if inp.dim() >= 2 else 1
-            unit = "samples"
-        else:
-            ignore = args[4] if na > 4 else get("ignore_index", -100)
-            n = torch.count_nonzero(target != ignore)
-        rows = inp.numel() // inp.shape[1] if inp.dim() >= 2 and inp.shape[1] else 1
-        self._add(out, node, n, mean, out.dtype in _LOW or inp.dtype in _LOW, rows, unit)
+        got = read_class_loss(out, args, kwargs)  # kept lean: it runs per loss call
+        if got is not None:
+            self._add(out, *got)
 
     def _record_elementwise(self, kind: str, out: torch.Tensor, args: tuple[Any, ...],
                             kwargs: dict[str, Any]) -> None:
-        """``mse_loss`` and its kin: ``'mean'`` divides by the broadcast element count."""
-        i_avg, i_red, i_reduction, i_weights = _ELEMENTWISE[kind]
-        na, get = len(args), kwargs.get
-        for i, name in ((i_avg, "size_average"), (i_red, "reduce")):
-            if i is not None and (args[i] if na > i else get(name)) is not None:
-                return
-        for i in i_weights:
-            if (args[i] if na > i else get(_WEIGHT_NAMES[i])) is not None:
-                return  # a weighted mean: not one weight per element
-        ops = _operands(out, args, kwargs, i_reduction)
-        if ops is None:
-            return
-        mean, inp, target, node = ops
-        try:
-            shape = torch.broadcast_shapes(inp.shape, target.shape)  # type: ignore[no-untyped-call]
-        except RuntimeError:
-            return
-        n = math.prod(shape)
-        # the rows: the samples (or tokens) of the micro-batch, each a vector over the last
-        # dimension ((8, 3) predictions: 8 rows), for a term averaged over the same rows
-        rows = n // shape[-1] if len(shape) >= 2 and shape[-1] else n
-        self._add(out, node, n, mean, out.dtype in _LOW or inp.dtype in _LOW, rows, "elements")
+        got = read_elementwise(kind, out, args, kwargs)
+        if got is not None:
+            self._add(out, *got)
 
     def _record_kl(self, out: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """``kl_div(input, target, size_average, reduce, reduction, log_target)``:
-        ``'batchmean'`` divides by the input's first dimension (the micro-batch's samples,
-        as distillation losses use it), ``'mean'`` by its element count."""
-        na, get = len(args), kwargs.get
-        if (args[2] if na > 2 else get("size_average")) is not None \
-                or (args[3] if na > 3 else get("reduce")) is not None:
-            return
-        reduction = args[4] if na > 4 else get("reduction", "mean")
-        inp = args[0] if na > 0 else get("input")
-        node = out.grad_fn
-        if not isinstance(inp, torch.Tensor) or node is None or inp.dim() == 0 \
-                or reduction not in ("batchmean", "mean", "sum"):
-            return
-        lp = out.dtype in _LOW or inp.dtype in _LOW
-        if reduction == "mean":
-            n = inp.numel()
-            self._add(out, node, n, True, lp, n // inp.shape[-1] if inp.dim() >= 2 else n, "elements")
-        else:
-            self._add(out, node, inp.shape[0], reduction == "batchmean", lp, inp.shape[0], "samples")
+        got = read_kl_div(out, args, kwargs)
+        if got is not None:
+            self._add(out, *got)
 
     def _add(self, out: torch.Tensor, node: Any, n: torch.Tensor | int, mean: bool,
              lp: bool, rows: int = 0, unit: str = "tokens") -> None:
@@ -525,7 +467,7 @@ class LossRecorder:
                 binary = ((mask == 0) | (mask == 1)).all()
                 n = torch.where(binary, torch.count_nonzero(mask), -1)
             rows = int(mask.shape[0]) if mask.dim() >= 1 else 1
-            call = _Call(where(), self.seq, n, False, mask.dtype in _LOW, node._sequence_nr(),
+            call = _Call(where(), self.seq, n, False, mask.dtype in LOW, node._sequence_nr(),
                          rows)
             call.masked = "term" if term else "whole"
             self.seq += 1
@@ -545,7 +487,7 @@ class LossRecorder:
             call.g = None
             return
         t = time.perf_counter()
-        call.micro, call.lp = self.micro, grad.dtype in _LOW
+        call.micro, call.lp = self.micro, grad.dtype in LOW
         if call.mean_rows and (grad.dim() < 2 or int(grad.shape[0]) != call.mean_rows):
             call.mean_rows = 0  # the mean was not over the selection's rows
         call.n, call.g, call.stats = selection_stats(grad.detach())
@@ -602,20 +544,3 @@ def _distributed() -> bool:
     """Several ranks in the default process group."""
     dist = torch.distributed
     return bool(dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1)
-
-
-def _operands(out: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any],
-              i_reduction: int) -> tuple[bool, torch.Tensor, torch.Tensor, Any] | None:
-    """``(mean?, input, target, grad node)`` of a loss call with a plain ``'mean'`` or
-    ``'sum'`` reduction (its position ``i_reduction``) and tensor operands, else None."""
-    na, get = len(args), kwargs.get
-    reduction = args[i_reduction] if na > i_reduction else get("reduction", "mean")
-    if reduction not in ("mean", "sum"):
-        return None
-    inp = args[0] if na > 0 else get("input")
-    target = args[1] if na > 1 else get("target")
-    node = out.grad_fn
-    if not isinstance(inp, torch.Tensor) or not isinstance(target, torch.Tensor) \
-            or node is None:
-        return None
-    return reduction == "mean", inp, target, node
