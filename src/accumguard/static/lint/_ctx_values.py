@@ -204,6 +204,21 @@ class ValueFacts(FileIndex):
         return self._mentions(expr, ACCUM_RE,
                               self._derived_names(ACCUM_RE) | self._boundary_moduli())
 
+    def sized_by_accum(self, expr: ast.AST, depth: int = 2) -> bool:
+        """``expr`` is computed from K, also through names assigned from arithmetic on it
+        (``win = bs * grad_accum * world`` then ``range(s * win, (s + 1) * win)``): a data
+        size of a whole window, which :meth:`mentions_accum` (names that *are* K) does not
+        count. Only arithmetic is followed: a count made over a list of K batches is a count,
+        not a size in K."""
+        if self.mentions_accum(expr):
+            return True
+        if depth == 0:
+            return False
+        names = {d for x in walk_all(expr) if isinstance(x, ast.Name | ast.Attribute)
+                 and (d := dotted(x)) is not None}
+        return any(len(ns) == 1 and ns[0] in names and isinstance(v, ast.BinOp)
+                   and self.sized_by_accum(v, depth - 1) for ns, v in self._assigns)
+
     def _boundary_moduli(self) -> set[str]:
         """Names ``K`` of ``if ... % K ...:`` tests whose body calls ``.step()``: whatever
         the script calls it, the window's size."""

@@ -146,7 +146,7 @@ def _window_count_divisions(ctx: FileContext) -> Iterator[tuple[ast.AST, ast.AST
         scope = ctx.window_scope(window)
         for sub in ctx.local_nodes(window):
             d = _division(sub)
-            if d is None or ctx.mentions_accum(d[1]) \
+            if d is None or ctx.sized_by_accum(d[1]) \
                     or counted_per_micro_batch(ctx, scope, window, d[1]) \
                     or not _is_loss_division(ctx, sub, d[0]) \
                     or not counts_window(ctx, d[1]):

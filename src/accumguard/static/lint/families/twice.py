@@ -317,7 +317,7 @@ def _window_count_division(ctx: FileContext, term: ast.AST) -> ast.AST | None:
                 return None
             stack += [e.left, e.right]
         elif isinstance(e, ast.BinOp) and isinstance(e.op, ast.Div):
-            if is_k(ctx, e.right) or ctx.mentions_accum(e.right):
+            if is_k(ctx, e.right) or ctx.sized_by_accum(e.right):
                 return None
             if counts_window(ctx, e.right):
                 found = e

@@ -73,6 +73,8 @@ def step_every_micro_step(ctx: FileContext) -> Iterator[Finding]:
         facts = ctx.window_facts(window)
         if facts.summed_loss:
             continue  # the inner loop sums losses into one backward: K = 1
+        if _whole_window_iteration(ctx, window):
+            continue
         for call in facts.unguarded_optimizer_steps:
             name = dotted(receiver(call)) or "optimizer"
             yield ctx.finding(
@@ -83,6 +85,25 @@ def step_every_micro_step(ctx: FileContext) -> Iterator[Finding]:
                 "the optimizer takes K "
                 "small steps instead of one",
             )
+
+
+def _whole_window_iteration(ctx: FileContext, window: ast.AST) -> bool:
+    """Each iteration of the loop is one whole window, not a micro-batch: the loop iterates
+    over windows (its iterable is made with K: ``windows(loader, K)``) or takes its data by
+    a range or slice sized with K (``range(s * win, (s + 1) * win)``, ``win = bs * K * W``),
+    and every backward is in its own body, none in a nested loop: a large-batch reference
+    or a loop that steps once per window, K = 1 per iteration."""
+    if not isinstance(window, ast.For | ast.AsyncFor):
+        return False
+    backs = [n for n in walk_local(window) if isinstance(n, ast.Call) and call_attr(n) == "backward"]
+    if not backs or any(ctx.enclosing(b, (ast.For, ast.AsyncFor, ast.While)) is not window
+                        for b in backs):
+        return False
+    if ctx.mentions_accum(window.iter):
+        return True
+    bounds = [n for stmt in window.body for n in walk_local(stmt)
+              if (isinstance(n, ast.Call) and call_attr(n) == "range") or isinstance(n, ast.Slice)]
+    return any(ctx.sized_by_accum(b) for b in bounds)
 
 
 @rule("AG102")
