@@ -88,9 +88,8 @@ def step_every_micro_step(ctx: FileContext) -> Iterator[Finding]:
 
 
 def _whole_window_iteration(ctx: FileContext, window: ast.AST) -> bool:
-    """Each iteration of the loop is one whole window, not a micro-batch: the loop iterates
-    over windows (its iterable is made with K: ``windows(loader, K)``) or takes its data by
-    a range or slice sized with K (``range(s * win, (s + 1) * win)``, ``win = bs * K * W``),
+    """Each iteration of the loop is one whole window, not a micro-batch: the loop takes its
+    data by a range or slice sized with K (``range(s * win, (s + 1) * win)``, ``win = bs * K * W``),
     and every backward is in its own body, none in a nested loop: a large-batch reference
     or a loop that steps once per window, K = 1 per iteration."""
     if not isinstance(window, ast.For | ast.AsyncFor):
@@ -99,8 +98,10 @@ def _whole_window_iteration(ctx: FileContext, window: ast.AST) -> bool:
     if not backs or any(ctx.enclosing(b, (ast.For, ast.AsyncFor, ast.While)) is not window
                         for b in backs):
         return False
-    if ctx.mentions_accum(window.iter):
-        return True
+    if ctx.mentions_accum(window.iter) or any(
+            isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) and ctx.mentions_accum(n.right)
+            for n in walk_local(window)):
+        return False  # K iterations, or a loss divided by K: micro-steps (F1 stays)
     bounds = [n for stmt in window.body for n in walk_local(stmt)
               if (isinstance(n, ast.Call) and call_attr(n) == "range") or isinstance(n, ast.Slice)]
     return any(ctx.sized_by_accum(b) for b in bounds)
