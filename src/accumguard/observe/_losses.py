@@ -263,7 +263,9 @@ class LossRecorder:
         self.calls = []
         self.micro = self.gmicro = 0
         micros = len({(c.grad, c.micro) for c in calls})
-        prev, self.prev_micros = self.prev_micros, micros
+        prev = self.prev_micros
+        if micros:  # a step with no loss call (another optimizer's, same boundary) keeps it
+            self.prev_micros = micros
         pending, means = self.terms.pending, mean_rows(self.terms.means, done)
         self.terms.clear()
         # a loss built by hand (no loss call) still has its "mean" records

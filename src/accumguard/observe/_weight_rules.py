@@ -381,24 +381,48 @@ def partial_window_findings(rank: int | None, windows: list[StepWindow],
     masses = [_f7_mass(w) for w in windows]
     full = [m for w, m in zip(windows, masses, strict=True)
             if m is not None and int(w.window) == k]
-    if not full or not all(_near(m.mass, 1.0, m.low) for m in full):
+    if not full:
         return []
+    # every full window weighs the same: 1 for a loss normalised to the window's mean, or
+    # the sum of the coefficients of a loss of several terms (CE + 0.5 * MSE: 1.5)
+    ref = sum(m.mass for m in full) / len(full)
+    if ref <= 0 or not all(_near(m.mass, ref, m.low) for m in full):
+        return []
+    one = _near(ref, 1.0, full[0].low)
     for i, (w, m) in enumerate(zip(windows, masses, strict=True)):
         n = int(w.window)
         if m is None or not 1 <= n < k:
             continue
         last = i == len(windows) - 1 or 0 in (windows[i + 1].data_pass_starts or [])
-        if last and _near(m.mass, n / k, m.low):
+        if not one and not all(_each_call_over_k(x, k) for x in (*windows, w)
+                               if int(x.window) in (k, n)):
+            continue  # a window weighing other than 1 is judged only when every loss call
+            # is divided by exactly K (a sum loss, or a mean never divided, is not F7)
+        if last and _near(m.mass, n / k * ref, m.low):
+            weighed = (m.words(n, k, at=False) if one else
+                       f"its {m.unit} carried a total weight of {m.mass:.4g} = {n}/{k} of "
+                       f"the {ref:.4g} each full window carried (a loss of several terms)")
             return [_mk("F7", "error", rank, w.step, n - 1,
                         f"{_short(m.site)}: the last window before optimizer step "
                         f"{_n(w.step)} had {n} of K = {k} micro-steps"
                         + (" (the end of the run)" if i == len(windows) - 1
                            else " (the end of a pass over the DataLoader)")
-                        + f", and {m.words(n, k, at=False)}, while each of the {len(full)} full "
-                        f"window(s) seen weighed 1: the partial window was divided by K "
-                        f"instead of its {n} micro-steps, so its update is {m.mass:.3g}x "
-                        "its mean gradient")]
-    return _mid_run_short(rank, windows, masses, k, len(full))
+                        + f", and {weighed}, while each of the {len(full)} full "
+                        f"window(s) seen weighed {ref:.4g}: the partial window was divided by "
+                        f"K instead of its {n} micro-steps, so its update is {n}/{k} of its "
+                        "mean gradient")]
+    return _mid_run_short(rank, windows, masses, k, len(full)) if one else []
+
+
+def _each_call_over_k(w: StepWindow, k: int) -> bool:
+    """Every loss record of the window is a mean with a division by exactly ``k`` among the
+    constants between it and the root (``loss / K`` over a loss of several terms)."""
+    recs = w.losses or []
+    return bool(recs) and all(
+        len(r) > 9 and str(r[6]) == "mean" and any(
+            (str(op) == "/" and abs(float(c) - k) <= 1e-9 * k)
+            or (str(op) == "*" and abs(float(c) * k - 1.0) <= 1e-9) for op, c in r[9] or [])
+        for r in recs)
 
 
 def _mid_run_short(rank: int | None, windows: list[StepWindow], masses: list[_Mass | None],
