@@ -125,6 +125,9 @@ def _micro_mean(ctx: FileContext, fn: _Func, term: ast.AST, at: ast.AST) -> ast.
         e = stack.pop()
         if isinstance(e, ast.BinOp) and isinstance(e.op, ast.Mult):
             stack += [e.left, e.right]
+        elif isinstance(e, ast.BinOp) and isinstance(e.op, ast.Pow) and all(
+                isinstance(x, ast.Constant | ast.Name | ast.Attribute) for x in (e.left, e.right)):
+            continue  # a coefficient (``self.temperature ** 2``)
         elif isinstance(e, (ast.BinOp, ast.UnaryOp)):
             return None  # a division (or anything else) outside the mean
         elif _is_mean_call(e):
