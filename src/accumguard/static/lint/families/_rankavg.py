@@ -63,10 +63,8 @@ _REDUCES = frozenset({"all_reduce", "all_reduce_coalesced", "reduce", "all_gathe
                       "reduce_tensor", "sync_tensor"})
 
 
-def returned_reduced(ctx: FileContext, divisor: ast.AST, *, summed: bool = False) -> bool:
-    """The count is what a function of this file returns after an all-reduce in its body
-    (``denom = self.global_token_count(mbs)``), directly or through a local name; with
-    ``summed``, every reduction there sums (torch's default op)."""
+def _divisor_values(ctx: FileContext, divisor: ast.AST) -> list[ast.AST]:
+    """The divisor and the values its names are assigned in its function."""
     func = ctx.enclosing(divisor, FUNCS)
     exprs = [divisor]
     if func is not None:
@@ -74,6 +72,14 @@ def returned_reduced(ctx: FileContext, divisor: ast.AST, *, summed: bool = False
         exprs += [n.value for n in ast.walk(func) if isinstance(n, ast.Assign)
                   and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)
                   and n.targets[0].id in names]
+    return exprs
+
+
+def returned_reduced(ctx: FileContext, divisor: ast.AST, *, summed: bool = False) -> bool:
+    """The count is what a function of this file returns after an all-reduce in its body
+    (``denom = self.global_token_count(mbs)``), directly or through a local name; with
+    ``summed``, every reduction there sums (torch's default op)."""
+    exprs = _divisor_values(ctx, divisor)
     for e in exprs:
         for c in walk_all(e):
             if not isinstance(c, ast.Call):
@@ -206,13 +212,7 @@ def _all_reduce_ops(ctx: FileContext) -> tuple[set[str], set[str]]:
 def _accelerate_summed(ctx: FileContext, divisor: ast.AST) -> bool:
     """Accelerate sums the count over the processes, in the division or in a local name's
     value in the same function."""
-    func = ctx.enclosing(divisor, FUNCS)
-    exprs = [divisor]
-    if func is not None:
-        names = {x.id for x in walk_all(divisor) if isinstance(x, ast.Name)}
-        exprs += [n.value for n in ast.walk(func) if isinstance(n, ast.Assign)
-                  and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)
-                  and n.targets[0].id in names]
+    exprs = _divisor_values(ctx, divisor)
     return any(_accelerate_sum_call(c) for e in exprs for c in walk_all(e)
                if isinstance(c, ast.Call))
 
