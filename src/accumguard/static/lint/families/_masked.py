@@ -30,7 +30,7 @@ from accumguard.static.lint._ast import (
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint.families.deepspeed import _name_values
 
-__all__ = ["counted_mean", "counted_per_micro_batch", "counts_tokens", "counts_window", "helper_called", "hf_loss", "masked_mean", "masked_mean_helpers", "micro_batch_count",
+__all__ = ["counted_mean", "counted_per_micro_batch", "counts_tokens", "counts_window", "forward_token_mean", "helper_called", "hf_loss", "masked_mean", "masked_mean_helpers", "micro_batch_count",
            "num_items_arg", "window_normalised"]
 
 #: wrappers that keep a count a count: ``m.sum().clamp(min=1)``, ``.float()``, ``max(n, 1)``
@@ -162,6 +162,71 @@ def hf_loss(ctx: FileContext, scope: ast.AST, expr: ast.AST, seen: set[str] | No
         _name_values(ctx, scope)[0].get(out.id, []) if isinstance(out, ast.Name) else [])
     return bool(calls) and all(isinstance(c, ast.Call) and not any(
         k.arg == "num_items_in_batch" for k in c.keywords) for c in calls)
+
+
+def forward_token_mean(ctx: FileContext, scope: ast.AST, expr: ast.AST) -> bool:
+    """``expr`` is the loss a module of the file returns from ``forward`` (``logits, loss =
+    model(X, Y)``, nanoGPT's shape), computed there as a mean ``cross_entropy``/``nll_loss``
+    with an ``ignore_index``: a mean over this micro-batch's valid tokens."""
+    if not isinstance(expr, ast.Name):
+        return False
+    spots = [(n, i) for n in ast.walk(scope) if isinstance(n, ast.Assign) and len(n.targets) == 1
+             and isinstance(n.targets[0], ast.Tuple) and isinstance(n.value, ast.Call)
+             for i, e in enumerate(n.targets[0].elts) if isinstance(e, ast.Name) and e.id == expr.id]
+    if len(spots) != 1:
+        return False
+    assign, index = spots[0]
+    width = len(assign.targets[0].elts)  # type: ignore[attr-defined]
+    forwards = [f for f in ctx.functions_by_name().get("forward", [])
+                if isinstance(ctx.parents.get(f), ast.ClassDef)]
+    shaped = [f for f in forwards if any(
+        isinstance(r, ast.Return) and isinstance(r.value, ast.Tuple) and len(r.value.elts) == width
+        for r in ast.walk(f))]
+    if len(shaped) != 1:
+        return False
+    ignored = _returned_token_mean(shaped[0], index, width)
+    return ignored is not None and _writes_value(ctx, ignored)
+
+
+def _returned_token_mean(fn: ast.AST, index: int, width: int) -> object | None:
+    """The ``ignore_index`` value of the mean loss call whose result ``fn`` returns at
+    ``index`` of a tuple of ``width``, or None."""
+    means: dict[str, object] = {}
+    for n in ast.walk(fn):
+        if not (isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+                and call_attr(n.value) in ("cross_entropy", "nll_loss")):
+            continue
+        kws = {k.arg: k.value for k in n.value.keywords}
+        how = kws.get("reduction")
+        value = _number(kws.get("ignore_index"))
+        if value is None or not (how is None or (isinstance(how, ast.Constant) and how.value == "mean")):
+            continue
+        means.update({t.id: value for t in n.targets if isinstance(t, ast.Name)})
+    rets = [r.value.elts[index] for r in ast.walk(fn) if isinstance(r, ast.Return)
+            and isinstance(r.value, ast.Tuple) and len(r.value.elts) == width]
+    return next((means[e.id] for e in rets if isinstance(e, ast.Name) and e.id in means), None)
+
+
+def _number(e: ast.AST | None) -> object | None:
+    if isinstance(e, ast.UnaryOp) and isinstance(e.op, ast.USub) and isinstance(e.operand, ast.Constant):
+        return -e.operand.value if isinstance(e.operand.value, int | float) else None
+    return e.value if isinstance(e, ast.Constant) and isinstance(e.value, int | float) else None
+
+
+def _writes_value(ctx: FileContext, value: object) -> bool:
+    """The file writes ``value`` into a tensor (``y.masked_fill(pad, -100)``, ``y[pad] = -1``,
+    ``torch.full(..., -100)``, ``F.pad(..., value=-100)``): targets that the loss's
+    ``ignore_index`` skips exist, so its valid count varies. An ``ignore_index`` that no
+    target ever takes (nanoGPT's -1 over equal-length batches) says nothing."""
+    for n in ctx.of(ast.Call, ast.Assign):
+        if isinstance(n, ast.Assign):
+            if any(isinstance(t, ast.Subscript) for t in n.targets) and _number(n.value) == value:
+                return True
+        elif call_attr(n) in ("masked_fill", "masked_fill_", "full", "full_like", "pad", "where",
+                              "fill_", "new_full") and any(
+                _number(a) == value for a in [*n.args, *(k.value for k in n.keywords)]):
+            return True
+    return False
 
 
 _NUM_ITEMS = "num_items_in_batch"

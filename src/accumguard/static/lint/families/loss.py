@@ -41,6 +41,7 @@ from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._masked import (
     counted_per_micro_batch,
     counts_tokens,
+    forward_token_mean,
     helper_called,
     hf_loss,
     masked_mean,
@@ -338,10 +339,10 @@ def mean_of_means(ctx: FileContext) -> Iterator[Finding]:
             found = [_token_mean_hints(ctx, f) for f in methods]
             hints = any(h for h, _ in found)
             summed = summed or any(sm for _, sm in found)
-        if not explicit and not hints and not summed and all(hf_loss(ctx, scope, d) for _, d in by_k):
-            # a HF model's .loss: labels masked with -100 by a collate function of the file
-            # (a reduction='sum' elsewhere in the file, a reference computation, is not this
-            # loss: the window's own scope said it is not summed)
+        if not explicit and not hints and not summed and all(
+                hf_loss(ctx, scope, d) or forward_token_mean(ctx, scope, d) for _, d in by_k):
+            # a HF model's .loss or a module's forward's token mean: -100/ignore_index in the
+            # file (a reduction='sum' elsewhere, a reference, is not this loss)
             hints = bool(ctx._cached("token_hints_file", ctx.tree, lambda: any(
                 _token_mean_hints(ctx, f)[0] for f in ctx.of(ast.FunctionDef))))
         if not explicit and (not hints or summed):
