@@ -31,7 +31,8 @@ class WindowQueries(Protocol):
     def _mod_flag(self, test: ast.AST, scope: ast.AST) -> bool: ...
     def _gates_step(self, node: ast.If) -> bool: ...
 
-__all__ = ["MICRO_ITER_RE", "accum_name", "accum_only_builds_batch", "steps_by_window"]
+__all__ = ["MICRO_ITER_RE", "accum_name", "accum_only_builds_batch", "iter_identifiers",
+           "steps_by_window"]
 
 #: a loop over these iterates the micro-batches of one window
 MICRO_ITER_RE = re.compile(r"window(?!s)|micro|chunk|accum")
@@ -113,3 +114,19 @@ def steps_by_window(it: ast.AST) -> bool:
     stop = it.args[-1]
     return (len(it.args) == 1 and isinstance(stop, ast.BinOp) and isinstance(stop.op, ast.FloorDiv)
             and any(MICRO_ITER_RE.search(i) for i in identifiers(stop.right)))
+
+
+#: a call that yields whole windows of K items (``windows(loader, K)``): its K sizes them
+_WINDOWS_CALL_RE = re.compile(r"windows$|_groups$|^groups$|batched$")
+
+
+def iter_identifiers(it: ast.AST) -> list[str]:
+    """The identifiers of a loop's iterable, without the arguments of a call that yields
+    whole windows (``zip(*[windows(l, grad_accum) for l in loaders])`` iterates windows:
+    its K is their size, not a sign that the loop runs over micro-batches)."""
+    skip: set[int] = set()
+    for c in walk_all(it):
+        if isinstance(c, ast.Call) and _WINDOWS_CALL_RE.search((call_attr(c) or "").lower()):
+            skip |= {id(x) for a in [*c.args, *c.keywords] for x in walk_all(a)}
+    return [x.id.lower() if isinstance(x, ast.Name) else x.attr.lower() for x in walk_all(it)
+            if id(x) not in skip and isinstance(x, ast.Name | ast.Attribute)]

@@ -4,7 +4,6 @@ calls of each one classified once (rules 1 and 2 of :mod:`._context`)."""
 from __future__ import annotations
 
 import ast
-import re
 from dataclasses import dataclass, field
 
 from accumguard.static.lint._ast import (
@@ -31,6 +30,7 @@ from accumguard.static.lint._ctx_batch import (
     MICRO_ITER_RE,
     accum_name,
     accum_only_builds_batch,
+    iter_identifiers,
     steps_by_window,
 )
 from accumguard.static.lint._ctx_file import _pos
@@ -390,7 +390,7 @@ class WindowQueries(ReachFacts):
             ds_ga is not None and ds_ga > 1
         )
         iterates_micro_batches = isinstance(window, ast.For | ast.AsyncFor) and any(
-            MICRO_ITER_RE.search(i) for i in _iter_identifiers(window.iter)
+            MICRO_ITER_RE.search(i) for i in iter_identifiers(window.iter)
         ) and not steps_by_window(window.iter)
         if iterates_micro_batches or (not f.accumulating and self._averages_over_own_iterations(window, f)):
             f.accumulating = True  # `for mb in window:` / `for micro in batch.chunk(K):`
@@ -584,22 +584,6 @@ class WindowQueries(ReachFacts):
         if not any(k == "optimizer" and not self.guarded(c, window) for c, k in f.steps):
             return False
         return any(not self.guarded(z, window) for z, _ in f.zero_grads)
-
-
-#: a call that yields whole windows of K items (``windows(loader, K)``): its K sizes them
-_WINDOWS_CALL_RE = re.compile(r"windows$|_groups$|^groups$|batched$")
-
-
-def _iter_identifiers(it: ast.AST) -> list[str]:
-    """The identifiers of a loop's iterable, without the arguments of a call that yields
-    whole windows (``zip(*[windows(l, grad_accum) for l in loaders])`` iterates windows:
-    its K is their size, not a sign that the loop runs over micro-batches)."""
-    skip: set[int] = set()
-    for c in walk_all(it):
-        if isinstance(c, ast.Call) and _WINDOWS_CALL_RE.search((call_attr(c) or "").lower()):
-            skip |= {id(x) for a in [*c.args, *c.keywords] for x in walk_all(a)}
-    return [x.id.lower() if isinstance(x, ast.Name) else x.attr.lower() for x in walk_all(it)
-            if id(x) not in skip and isinstance(x, ast.Name | ast.Attribute)]
 
 
 def _class_settings_accumulate(cls: ast.ClassDef) -> bool:

@@ -88,15 +88,13 @@ def step_every_micro_step(ctx: FileContext) -> Iterator[Finding]:
 
 
 def _whole_window_iteration(ctx: FileContext, window: ast.AST) -> bool:
-    """Each iteration of the loop is one whole window, not a micro-batch: the loop takes its
-    data by a range or slice sized with K (``range(s * win, (s + 1) * win)``, ``win = bs * K * W``),
-    and every backward is in its own body, none in a nested loop: a large-batch reference
-    or a loop that steps once per window, K = 1 per iteration."""
+    """Each iteration is one whole window (a large-batch reference): the loop takes its data
+    by a range or slice sized with K (``win = bs * K * W``; ``xs[s * win:(s + 1) * win]``),
+    does not run K iterations nor divide its loss by K, and has every backward in its body."""
     if not isinstance(window, ast.For | ast.AsyncFor):
         return False
     backs = [n for n in walk_local(window) if isinstance(n, ast.Call) and call_attr(n) == "backward"]
-    if not backs or any(ctx.enclosing(b, (ast.For, ast.AsyncFor, ast.While)) is not window
-                        for b in backs):
+    if not backs or any(ctx.enclosing(b, (ast.For, ast.AsyncFor, ast.While)) is not window for b in backs):
         return False
     if ctx.mentions_accum(window.iter) or any(
             isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) and ctx.mentions_accum(n.right)
