@@ -120,3 +120,23 @@ def test_a_fault_in_the_kl_record_changes_nothing(tmp_path: Path,
     assert all(torch.equal(watched[n], plain[n]) for n in plain)
     recs = load_recordings(tmp_path)
     assert list(recs.failures) == [0]
+
+
+def test_a_fault_in_the_walk_below_the_root_changes_nothing(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The walk (now told where recorded calls stop it) runs inside the user's backward: if
+    it raises, the backward still runs, the parameters end as without watch, and the
+    failure is accumguard's own."""
+    import accumguard.observe._losses as losses
+
+    plain = _distill("batchmean", over_k=False)()
+
+    def boom(root: object, stops: frozenset[int] = frozenset()) -> None:
+        raise RuntimeError("injected fault in the walk")
+
+    monkeypatch.setattr(losses, "walk", boom)
+    with recording(tmp_path) as obs:
+        watched = _distill("batchmean", over_k=False)()
+        assert obs.failure is not None
+    assert all(torch.equal(watched[n], plain[n]) for n in plain)
+    assert list(load_recordings(tmp_path).failures) == [0]

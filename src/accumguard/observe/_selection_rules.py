@@ -20,8 +20,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from accumguard.observe._records import Finding, _mk, _n
-from accumguard.observe._term_rules import _is
-from accumguard.observe._weight_rules import WEIGHT_TOL, _short
+from accumguard.observe._weight_rules import WEIGHT_TOL, _is, _short
 
 __all__ = ["one_select_per_micro", "selection_findings"]
 

@@ -30,12 +30,10 @@ from __future__ import annotations
 from typing import Any
 
 from accumguard.observe._records import Finding, _mk, _n
-from accumguard.observe._weight_rules import WEIGHT_TOL, _short
+from accumguard.observe._weight_rules import WEIGHT_TOL, _divides_by, _is, _short
 
 __all__ = ["Masses", "term_scale_findings"]
 
-#: Relative tolerance for "this constant is K" (constants are read exactly from the graph).
-_EXACT = 1e-9
 
 
 # -- a term not divided by K ------------------------------------------------------------------
@@ -44,16 +42,6 @@ def _sig(x: float) -> int:
     """Significant decimal digits of ``x`` (to 12)."""
     digits = f"{abs(x):.12e}".split("e")[0].replace(".", "").rstrip("0")
     return max(len(digits), 1)
-
-
-def _is(c: float, target: float) -> bool:
-    return abs(c - target) <= _EXACT * abs(target)
-
-
-def _divides_by(divs: list[list[Any]], k: int) -> bool:
-    """A constant between the term and the root divides it by exactly ``k``."""
-    return any((str(op) == "/" and _is(float(c), float(k)))
-               or (str(op) == "*" and _is(float(c), 1.0 / k)) for op, c in divs)
 
 
 def _row_mean_divisor(c: float, rows: int, k: int) -> bool:

@@ -418,11 +418,22 @@ def _each_call_over_k(w: StepWindow, k: int) -> bool:
     """Every loss record of the window is a mean with a division by exactly ``k`` among the
     constants between it and the root (``loss / K`` over a loss of several terms)."""
     recs = w.losses or []
-    return bool(recs) and all(
-        len(r) > 9 and str(r[6]) == "mean" and any(
-            (str(op) == "/" and abs(float(c) - k) <= 1e-9 * k)
-            or (str(op) == "*" and abs(float(c) * k - 1.0) <= 1e-9) for op, c in r[9] or [])
-        for r in recs)
+    return bool(recs) and all(len(r) > 9 and str(r[6]) == "mean" and _divides_by(r[9] or [], k)
+                              for r in recs)
+
+
+#: Relative tolerance for "this constant is K" (constants are read exactly from the graph).
+_EXACT = 1e-9
+
+
+def _is(c: float, target: float) -> bool:
+    return abs(c - target) <= _EXACT * abs(target)
+
+
+def _divides_by(divs: list[list[Any]], k: int) -> bool:
+    """A constant between a loss (or term) and the root divides it by exactly ``k``."""
+    return any((str(op) == "/" and _is(float(c), float(k)))
+               or (str(op) == "*" and _is(float(c), 1.0 / k)) for op, c in divs)
 
 
 def _mid_run_short(rank: int | None, windows: list[StepWindow], masses: list[_Mass | None],
