@@ -268,8 +268,9 @@ class LossRecorder:
             self.prev_micros = micros
         pending, means = self.terms.pending, mean_rows(self.terms.means, done)
         self.terms.clear()
-        # a loss built by hand (no loss call) still has its "mean" records
-        self.term_records = means or None
+        # a loss built by hand (no loss call) still has its "mean" records, and the terms
+        # of its sum (a PPO loss: policy, value and entropy means)
+        self.term_records = ([] if calls else term_rows(pending, {}, done)) + means or None
         # one micro-step says nothing about F5; it is kept when it can be a short last
         # window after windows of several (F7), one autograd.grad step (F1), or on
         # several ranks (the loss-weight ledger judges a window of one across ranks)

@@ -174,17 +174,53 @@ def _no_update(rank: int, steps: Sequence[StepRecord]) -> list[Finding]:
 
 
 def _scheduler_findings(rank: int, events: list[JsonObject]) -> list[Finding]:
+    """F4: a scheduler that stepped more often than its optimizer. An error, unless the
+    schedule states its end (its horizon) and the run's last step of it lands exactly there:
+    then the horizon was counted in the steps it is given (``num_training_steps`` in
+    micro-batches, or W x the optimizer steps for a scheduler stepped once per process, as
+    Accelerate's prepared one is) and the learning rate at each optimizer step is the
+    schedule's at the same fraction of the run. Extra steps all made at the boundary (none
+    between two backwards of a window: a loop of scheduler steps after the optimizer's)
+    then say nothing; extra steps between backwards are a warning (warm-up and milestones
+    count micro-steps)."""
     for e in events:
         if not e.get("in_step") and scheduler_ahead(int(e["count"]), int(e["optimizer_steps"]),
                                                     allowance=1):
             micro = int(e["micro"])  # backward passes before it: after micro-step `micro`
-            return [_mk("F4", "error", rank, int(e["step"]), micro - 1 if micro else None,
-                        f"the LR scheduler had stepped {e['count']} times when its "
-                        f"optimizer had stepped {e['optimizer_steps']} times (seen after "
-                        f"{micro} backward pass(es) of optimizer step "
-                        f"{_n(int(e['step']))}): "
-                        "it steps per micro-step or per process, not once per optimizer "
-                        "step")]
+            mine = [x for x in events if x.get("sid") == e.get("sid")]
+            last = mine[-1]
+            horizon, pos = last.get("horizon"), last.get("pos", last.get("count"))
+            ratio = int(last["count"]) / max(int(last["optimizer_steps"]), 1)
+            consumed = isinstance(horizon, int) and isinstance(pos, int) and horizon > 0 \
+                and abs(pos - horizon) <= max(ratio, 1.0)
+            text = (f"the LR scheduler had stepped {e['count']} times when its "
+                    f"optimizer had stepped {e['optimizer_steps']} times (seen after "
+                    f"{micro} backward pass(es) of optimizer step {_n(int(e['step']))}): ")
+            if not consumed:
+                return [_mk("F4", "error", rank, int(e["step"]), micro - 1 if micro else None,
+                            text + "it steps per micro-step or per process, not once per "
+                            "optimizer step")]
+            where = (f"its last step reached position {pos} of the {horizon} its schedule "
+                     f"states ({last.get('horizon_what') or 'its horizon'}) at the run's "
+                     f"last optimizer step, {ratio:.3g} scheduler steps per optimizer step")
+            if all(int(x["micro"]) == 0 for x in mine if not x.get("in_step")):
+                return [_mk("F4", "note", rank, int(e["step"]), None,
+                            text + "every scheduler step came at a boundary, and " + where
+                            + ": the horizon was counted in the steps it is given, so the "
+                            "schedule ends with the run (not judged an error)",
+                            title_="the LR scheduler steps several times per optimizer step, "
+                                   "on a horizon counted for it",
+                            fix="Nothing to fix if the horizon was counted for these steps; "
+                                "if it was meant in optimizer steps, step the scheduler once "
+                                "per optimizer step.")]
+            return [_mk("F4", "warning", rank, int(e["step"]), micro - 1 if micro else None,
+                        text + "it steps between the backwards of a window, and " + where
+                        + ": the schedule ends with the run, but its warm-up and milestones "
+                        "are counted in micro-steps",
+                        title_="the LR scheduler steps per micro-step, on a horizon counted "
+                               "in micro-steps",
+                        fix="Step the scheduler once per optimizer step and count its horizon, "
+                            "warm-up and milestones in optimizer steps (micro-batches / K).")]
     return []
 
 

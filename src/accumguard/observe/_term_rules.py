@@ -202,6 +202,69 @@ def term_scale_findings(rank: int, windows: list[dict[str, Any]],
                         "engine.backward, Accelerate's accelerator.backward, the HF Trainer "
                         "without num_items_in_batch), or the engine's when the loss is scaled "
                         "by hand.")]
+    return _torch_terms_findings(rank, windows)
+
+
+# -- a loss built from torch ops only: a mean term not divided by K beside ones that are ------
+
+def _torch_terms_findings(rank: int, windows: list[dict[str, Any]]) -> list[Finding]:
+    """LOSS_SCALE for a loss built from torch ops only (no recorded loss call: a PPO
+    objective, ``pg / K + vf * v / K - ent * e``): in every backward of every window judged,
+    some terms are means over the micro-batch's rows divided by exactly K once, and a term
+    that is a mean over the same number of elements is not divided by K (no constant of it
+    may hold a 1/K, every factor read): relative to the terms beside it, accumulated over
+    the window, it weighs K times its coefficient. A loss with a recorded call is
+    :func:`term_scale_findings`' own."""
+    hits: dict[int, list[tuple[dict[str, Any], list[Any], list[list[Any]]]]] = {}
+    judged = 0
+    for w in windows:
+        by_micro = _window_terms(w)
+        if by_micro is None or any(r[7] is not None for rs in by_micro.values() for r in rs):
+            continue
+        k = int(w["window"])
+        judged += 1
+        found: dict[int, list[tuple[list[Any], list[list[Any]]]]] = {}
+        for m in range(k):
+            rs = sorted(by_micro[m], key=lambda r: int(r[2]))
+            refs = [r for r in rs if not r[6] and r[5] and int(r[5][0]) >= 2
+                    and _k_divisions(r[4], k) == 1]
+            for r in rs:
+                if r in refs or r[6] or not r[5] or _divides_by(r[4], k) \
+                        or _may_hold_k(r[4], k):
+                    continue
+                same = [x for x in refs if int(x[5][0]) == int(r[5][0])]
+                if same:
+                    found.setdefault(int(r[2]), []).append((r, same))
+        for o, pairs in found.items():
+            if len(pairs) == k:
+                hits.setdefault(o, []).append((w, pairs[0][0], pairs[0][1]))
+    for _o, got in sorted(hits.items()):
+        if len(got) != judged:
+            continue  # not in every window judged
+        w, x, refs = got[0]
+        k = int(w["window"])
+        coef = " x ".join(f"{float(c):g}" for op, c in x[4]
+                          if str(op) == "*" and float(c) != 1.0) or "1"
+        where = f" of the loss backpropagated at {_short(str(x[11]))}" if x[11] else ""
+        beside = (f"whose term starting at {refs[0][3]} (a mean over as many elements) is"
+                  if len(refs) == 1 else
+                  f"whose {len(refs)} terms starting at {', '.join(str(r[3]) for r in refs)} "
+                  "(means over as many elements) are")
+        return [_mk("LOSS_SCALE", "error", rank, int(w["step"]), None,
+                    f"a term built from torch ops (its graph starts at {x[3]}, a mean over "
+                    f"{int(x[5][0])} elements){where} is one term of a sum {beside} divided "
+                    f"by K = {k}; this term is multiplied by {coef} and not divided by K in any "
+                    f"of the {k} micro-steps of {len(got)} window(s) (first: optimizer step "
+                    f"{_n(w['step'])}): accumulated, its gradient is the sum of {k} "
+                    f"micro-batch means, {k}x its weight relative to the terms beside it "
+                    f"(an effective coefficient of {k} x {coef})",
+                    title_=f"a term of the loss is not divided by K: it weighs {k}x its "
+                           "coefficient",
+                    fix=f"Divide that term by K as well (e.g. loss = (pg + vf * v - ent * e) "
+                        f"/ K): the terms beside it are divided by K = {k}, this one is not, "
+                        f"so accumulation sums {k} micro-batch means of it. If the larger "
+                        f"weight is wanted, write the coefficient as {k} x coef / K so the "
+                        "intent is explicit.")]
     return []
 
 

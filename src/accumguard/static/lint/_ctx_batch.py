@@ -17,6 +17,7 @@ from accumguard.static.lint._ast import (
     identifiers,
     is_backward,
     walk_all,
+    walk_local,
 )
 
 
@@ -30,9 +31,13 @@ class WindowQueries(Protocol):
     def local_nodes(self, node: ast.AST) -> Iterable[ast.AST]: ...
     def _mod_flag(self, test: ast.AST, scope: ast.AST) -> bool: ...
     def _gates_step(self, node: ast.If) -> bool: ...
+    def enclosing(self, node: ast.AST, kinds: tuple[type, ...]) -> ast.AST | None: ...
+    def mentions_accum(self, expr: ast.AST) -> bool: ...
+    def sized_by_accum(self, expr: ast.AST, depth: int = 2) -> bool: ...
+    def assignments(self) -> list[tuple[list[str], ast.AST]]: ...
 
 __all__ = ["MICRO_ITER_RE", "accum_name", "accum_only_builds_batch", "iter_identifiers",
-           "steps_by_window"]
+           "steps_by_window", "whole_window_iteration"]
 
 #: a loop over these iterates the micro-batches of one window
 MICRO_ITER_RE = re.compile(r"window(?!s)|micro|chunk|accum")
@@ -130,3 +135,47 @@ def iter_identifiers(it: ast.AST) -> list[str]:
             skip |= {id(x) for a in [*c.args, *c.keywords] for x in walk_all(a)}
     return [x.id.lower() if isinstance(x, ast.Name) else x.attr.lower() for x in walk_all(it)
             if id(x) not in skip and isinstance(x, ast.Name | ast.Attribute)]
+
+
+def whole_window_iteration(ctx: WindowQueries, window: ast.AST) -> bool:
+    """Each iteration is one whole window (a large-batch reference): the loop takes its data
+    by a range or slice sized with K (``win = bs * K * W``; ``xs[s * win:(s + 1) * win]``;
+    ``[batch(s, m) for m in range(K)]``), does not run K iterations nor divide its loss by
+    K, and has every backward in its body. Its step, zero_grad and clipping are once per
+    window, not per micro-step."""
+    if not isinstance(window, ast.For | ast.AsyncFor):
+        return False
+    backs = [n for n in walk_local(window) if isinstance(n, ast.Call) and call_attr(n) == "backward"]
+    if not backs or any(ctx.enclosing(b, (ast.For, ast.AsyncFor, ast.While)) is not window for b in backs):
+        return False
+    if _k_iterations(ctx, window.iter) or any(
+            isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) and ctx.mentions_accum(n.right)
+            for n in walk_local(window)):
+        return False  # K iterations, or a loss divided by K: micro-steps (F1 stays)
+    bounds = [n for stmt in window.body for n in walk_local(stmt)
+              if (isinstance(n, ast.Call) and call_attr(n) == "range") or isinstance(n, ast.Slice)]
+    return any(ctx.sized_by_accum(b) for b in bounds)
+
+
+def _k_iterations(ctx: WindowQueries, it: ast.AST) -> bool:
+    """The loop's iterable is sized by K (``range(K)``, ``batch.chunk(K)``), not a number
+    of windows (``range(n // K)``, ``range(n_windows)`` with ``n_windows = len(x) // K``):
+    K, or a name made from it, outside the right side of a division."""
+    under_div = {id(x) for n in walk_all(it)
+                 if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div | ast.FloorDiv)
+                 for x in walk_all(n.right)}
+    for n in walk_all(it):
+        if id(n) in under_div or not isinstance(n, ast.Name | ast.Attribute | ast.Subscript):
+            continue
+        if ctx.mentions_accum(n) and not _windows_count(ctx, n):
+            return True
+    return False
+
+
+def _windows_count(ctx: WindowQueries, name: ast.AST) -> bool:
+    """``n_windows`` assigned (only) from a division by K: a number of windows."""
+    d = dotted(name)
+    values = [v for ns, v in ctx.assignments() if ns == [d]] if d else []
+    return bool(values) and all(
+        isinstance(v, ast.BinOp) and isinstance(v.op, ast.Div | ast.FloorDiv)
+        and ctx.mentions_accum(v.right) for v in values)

@@ -285,6 +285,24 @@ class FileIndex:
             return out
         return self._cached("wrapper_instances", self.tree, compute)  # type: ignore[no-any-return]
 
+    def is_accelerator(self, expr: ast.AST | None) -> bool:
+        """``expr`` names an Accelerate ``Accelerator``: its name says so, or it is assigned
+        from ``Accelerator(...)`` in the file (``acc``, ``self.accel``)."""
+        d = dotted(expr) if expr is not None else None
+        if d is None:
+            return False
+        if "accelerator" in d.lower():
+            return True
+
+        def compute() -> set[str]:
+            out: set[str] = set()
+            for targets, value in self.assignments():
+                if isinstance(value, ast.Call) and (
+                        dotted(value.func) or "").rsplit(".", 1)[-1] == "Accelerator":
+                    out.update(targets)
+            return out
+        return d in self._cached("accelerator_names", self.tree, compute)
+
     def kind_of_receiver(self, recv: ast.AST | None) -> str:
         """'engine' | 'scheduler' | 'optimizer' | 'scaler' | 'other' for the object a method is called on."""
         name = dotted(recv)

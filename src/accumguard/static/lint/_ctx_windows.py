@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from accumguard.static.lint._ast import (
     ACCUM_RE,
@@ -32,6 +33,7 @@ from accumguard.static.lint._ctx_batch import (
     accum_only_builds_batch,
     iter_identifiers,
     steps_by_window,
+    whole_window_iteration,
 )
 from accumguard.static.lint._ctx_file import _pos
 from accumguard.static.lint._ctx_reach import ReachFacts
@@ -75,6 +77,10 @@ def _stepped_name(call: ast.Call) -> str | None:
 
 class WindowQueries(ReachFacts):
     """Windows, whether they accumulate, and their classified calls."""
+
+    if TYPE_CHECKING:  # :class:`._ctx_values.ValueFacts`' own, beside this in the context
+        def mentions_accum(self, expr: ast.AST) -> bool: ...
+        def sized_by_accum(self, expr: ast.AST, depth: int = 2) -> bool: ...
 
     # ---------------------------------------------------------------- windows
 
@@ -394,7 +400,8 @@ class WindowQueries(ReachFacts):
         ) and not steps_by_window(window.iter)
         if iterates_micro_batches or (not f.accumulating and self._averages_over_own_iterations(window, f)):
             f.accumulating = True  # `for mb in window:` / `for micro in batch.chunk(K):`
-        elif f.accumulating and not (ds_ga is not None and ds_ga > 1) and self._plain_k1_shape(window, f):
+        elif f.accumulating and not (ds_ga is not None and ds_ga > 1) and (
+                self._plain_k1_shape(window, f) or whole_window_iteration(self, window)):
             f.accumulating = False
         f.accelerate = self.in_accelerate_accumulate(window, window)
         f.engine_steps_unguarded = any(
@@ -476,8 +483,8 @@ class WindowQueries(ReachFacts):
             return True
         bw = max(before, key=position)
         recv = receiver(bw)
-        if call_attr(bw) == "manual_backward" or self.kind_of_receiver(recv) == "engine" or (
-                dotted(recv) or "").endswith("accelerator"):
+        if call_attr(bw) == "manual_backward" or self.kind_of_receiver(recv) == "engine" or \
+                self.is_accelerator(recv):
             expr: ast.AST | None = bw.args[0] if bw.args else None  # x.backward(loss)
         else:
             expr = recv  # loss.backward()

@@ -16,20 +16,8 @@ from accumguard.static.lint.families.loss import _accelerate_ga_above_one
 __all__ = ["accelerate_micro_horizon"]
 
 
-def _accelerators(ctx: FileContext) -> set[str]:
-    """Names assigned from ``Accelerator(...)`` (``accelerator``, ``self.acc``), cached."""
-    def compute() -> set[str]:
-        out: set[str] = set()
-        for targets, value in ctx.assignments():
-            if isinstance(value, ast.Call) and (dotted(value.func) or "").rsplit(".", 1)[-1] == "Accelerator":
-                out.update(targets)
-        return out
-    return ctx._cached("acchorizon_accelerators", ctx.tree, compute)  # type: ignore[no-any-return]
-
-
 def _is_accelerator(ctx: FileContext, expr: ast.AST | None) -> bool:
-    d = dotted(expr) if expr is not None else None
-    return d is not None and ("accelerator" in d.lower() or d in _accelerators(ctx))
+    return ctx.is_accelerator(expr)
 
 
 def _prepare_calls(ctx: FileContext) -> list[tuple[list[ast.AST], ast.Call, int]]:

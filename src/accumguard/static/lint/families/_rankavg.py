@@ -213,19 +213,15 @@ def _accelerate_summed(ctx: FileContext, divisor: ast.AST) -> bool:
     """Accelerate sums the count over the processes, in the division or in a local name's
     value in the same function."""
     exprs = _divisor_values(ctx, divisor)
-    return any(_accelerate_sum_call(c) for e in exprs for c in walk_all(e)
+    return any(_accelerate_sum_call(ctx, c) for e in exprs for c in walk_all(e)
                if isinstance(c, ast.Call))
 
 
-def _by_accelerator(call: ast.Call) -> bool:
-    return "accelerat" in (dotted(receiver(call)) or "").lower()
-
-
-def _accelerate_sum_call(call: ast.Call) -> bool:
+def _accelerate_sum_call(ctx: FileContext, call: ast.Call) -> bool:
     """``accelerator.reduce(n)`` (a sum unless told otherwise) or
     ``accelerator.gather(n).sum()`` / ``torch.sum(accelerator.gather(n))``."""
     attr = call_attr(call)
-    if attr == "reduce" and _by_accelerator(call):
+    if attr == "reduce" and ctx.is_accelerator(receiver(call)):
         how = next((k.value for k in call.keywords if k.arg == "reduction"), None)
         if how is None and len(call.args) > 1:
             how = call.args[1]
@@ -233,7 +229,7 @@ def _accelerate_sum_call(call: ast.Call) -> bool:
     if attr == "sum":
         inner = call.args[0] if call.args else receiver(call)
         return (isinstance(inner, ast.Call) and call_attr(inner) in ("gather", "gather_for_metrics")
-                and _by_accelerator(inner))
+                and ctx.is_accelerator(receiver(inner)))
     return False
 
 

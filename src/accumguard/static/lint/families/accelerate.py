@@ -61,7 +61,7 @@ def _accelerator_backwards(ctx: FileContext, scope: ast.AST) -> list[tuple[ast.C
     """``accelerator.backward(loss)`` calls in ``scope`` with the names their loss is made of."""
     return [(call, names) for call, names in ctx.backward_losses(scope)
             if call_attr(call) == "backward" and call.args
-            and "accelerator" in (dotted(receiver(call)) or "").lower()]
+            and ctx.is_accelerator(receiver(call))]
 
 
 def _times_k(ctx: FileContext, dividend: ast.AST) -> bool:

@@ -370,7 +370,7 @@ def _accelerate_prepares(ctx: FileContext, name: str) -> bool:
 def _accelerate_prepares_uncached(ctx: FileContext, name: str) -> bool:
     calls = _calls_by_attr(ctx)
     prepared = any(
-        "accelerator" in (dotted(receiver(c)) or "").lower()
+        ctx.is_accelerator(receiver(c))
         and any(dotted(a) == name for a in c.args)
         for c in calls.get("prepare", []) + calls.get("prepare_scheduler", [])
     )
@@ -433,16 +433,16 @@ def _assigns_by_target(ctx: FileContext) -> dict[str, list[tuple[int, bool]]]:
     def compute() -> dict[str, list[tuple[int, bool]]]:
         out: dict[str, list[tuple[int, bool]]] = {}
         for node in ctx.of(ast.Assign):
-            prepared = _is_prepare(node.value)
+            prepared = _is_prepare(ctx, node.value)
             for name in _target_names(node):
                 out.setdefault(name, []).append((node.lineno, prepared))
         return out
     return ctx._cached("horizon_assigns_by_target", ctx.tree, compute)  # type: ignore[no-any-return]
 
 
-def _is_prepare(value: ast.AST) -> bool:
+def _is_prepare(ctx: FileContext, value: ast.AST) -> bool:
     return (isinstance(value, ast.Call) and call_attr(value) == "prepare"
-            and "accelerator" in (dotted(receiver(value)) or "").lower())
+            and ctx.is_accelerator(receiver(value)))
 
 
 def _target_names(node: ast.Assign) -> set[str]:

@@ -325,7 +325,7 @@ def mean_of_means(ctx: FileContext) -> Iterator[Finding]:
             # accelerator.backward() divides the loss by gradient_accumulation_steps itself
             by_k = [
                 (n, n) for n in ctx.local_nodes(window)
-                if isinstance(n, ast.Call) and call_attr(n) == "backward" and "accelerator" in (dotted(receiver(n)) or "")
+                if isinstance(n, ast.Call) and call_attr(n) == "backward" and ctx.is_accelerator(receiver(n))
             ]
         if not by_k:
             continue

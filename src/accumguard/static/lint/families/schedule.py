@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from accumguard.static.findings import Finding
 from accumguard.static.lint._ast import FUNCS, WORLD_RE, call_attr, dotted, receiver, walk_all
 from accumguard.static.lint._context import FileContext
+from accumguard.static.lint._ctx_batch import whole_window_iteration
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._lightning import (
     LIGHTNING_PER_BATCH,
@@ -160,6 +161,9 @@ def scheduler_per_process(ctx: FileContext) -> Iterator[Finding]:
             continue  # range(start, stop): not "once per process"
         if not _is_world(ctx, loop.iter.args[-1]):
             continue
+        outer = ctx.enclosing(loop, (ast.For, ast.AsyncFor))
+        if outer is not None and whole_window_iteration(ctx, outer):
+            continue  # one process stepping for the W it stands for (a large-batch reference)
         for stmt in loop.body:
             for sub in walk_all(stmt):
                 if (

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from accumguard.static.findings import Finding
-from accumguard.static.lint._ast import call_attr, dotted, position, receiver, walk_all
+from accumguard.static.lint._ast import call_attr, dotted, position, receiver, walk_all, walk_local
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._lightning import manual_optimization
@@ -55,8 +55,36 @@ def _is_k(ctx: FileContext, expr: ast.AST, k_names: set[str]) -> bool:
 
 
 def _divides_by_k(ctx: FileContext, node: ast.AST, k_names: set[str]) -> bool:
+    if isinstance(node, ast.Call):
+        return _helper_divides_by_k(ctx, node, k_names)
     return (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div | ast.FloorDiv)
             and _is_k(ctx, node.right, k_names))
+
+
+def _helper_divides_by_k(ctx: FileContext, call: ast.Call, k_names: set[str]) -> bool:
+    """``scale_for_accumulation(ce, K)``: a call of the file's one function of that name
+    whose every ``return`` divides by one of its parameters, given K for it."""
+    name = call.func.id if isinstance(call.func, ast.Name) else (
+        call.func.attr if isinstance(call.func, ast.Attribute) else None)
+    fns = ctx.defs_by_name().get(name or "", [])
+    if len(fns) != 1:
+        return False
+    fn = fns[0]
+    params = [a.arg for a in (*fn.args.posonlyargs, *fn.args.args)]
+    if params and params[0] in ("self", "cls") and isinstance(call.func, ast.Attribute):
+        params = params[1:]
+    rets = [n for n in walk_local(fn) if isinstance(n, ast.Return)]
+    if not rets or not all(isinstance(r.value, ast.BinOp) and isinstance(r.value.op, ast.Div)
+                           and isinstance(r.value.right, ast.Name) for r in rets):
+        return False
+    divisors = {r.value.right.id for r in rets}  # type: ignore[union-attr]
+    if len(divisors) != 1:
+        return False
+    (param,) = divisors
+    bound = [a for i, a in enumerate(call.args) if i < len(params) and params[i] == param
+             and not isinstance(a, ast.Starred)]
+    bound += [kw.value for kw in call.keywords if kw.arg == param]
+    return len(bound) == 1 and _is_k(ctx, bound[0], k_names)
 
 
 def _has_k_division(ctx: FileContext, expr: ast.AST, k_names: set[str]) -> bool:
@@ -103,12 +131,14 @@ class _Follow:
 
     def split(self, expr: ast.AST, name: str, prev: list[_Term] | None, at: ast.AST,
               depth: int) -> list[_Term] | None:
-        """The additive terms of ``expr``; ``name`` (the loss itself, ``loss = loss + x``)
-        stands for ``prev``. None when it cannot be followed (``name`` unknown, a
-        subtraction of it)."""
+        """The additive terms of ``expr`` (a subtracted one too: ``loss - ent_coef * ent``);
+        ``name`` (the loss itself, ``loss = loss + x``) stands for ``prev``. None when it
+        cannot be followed (``name`` unknown, a subtraction of it)."""
         if dotted(expr) == name:
             return None if prev is None else [_Term(t.expr, t.divided, t.normalised) for t in prev]
-        if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Add):
+        if isinstance(expr, ast.BinOp) and (isinstance(expr.op, ast.Add) or (
+                isinstance(expr.op, ast.Sub) and not any(dotted(n) == name
+                                                         for n in walk_all(expr.right)))):
             left = self.split(expr.left, name, prev, at, depth)
             right = self.split(expr.right, name, prev, at, depth)
             return None if left is None or right is None else left + right
@@ -139,7 +169,8 @@ class _Follow:
             if isinstance(w, ast.Assign):
                 if len(w.targets) != 1:
                     return None
-                returned = _returned(ctx, w, name) if depth > 0 else None
+                helper = isinstance(w.value, ast.Call) and _helper_divides_by_k(ctx, w.value, self.k)
+                returned = _returned(ctx, w, name) if depth > 0 and not helper else None
                 if returned is not None:  # `loss, ce = self.compute_loss(x)`: its terms there
                     expr, fn, ret = returned
                     inner = _Follow(ctx, fn, self.k)
@@ -154,7 +185,7 @@ class _Follow:
                 terms = self.split(w.value, name, terms, w, depth)
             elif terms is None:
                 return None
-            elif isinstance(w.op, ast.Add):
+            elif isinstance(w.op, ast.Add | ast.Sub):
                 extra = self.split(w.value, name, None, w, depth)
                 terms = None if extra is None else terms + extra
             elif isinstance(w.op, ast.Div) and _is_k(ctx, w.value, self.k):
@@ -172,10 +203,11 @@ def _added_under_if(ctx: FileContext, w: ast.AST, name: str,
     itself in the use's block: when the branch runs, ``x`` is one more term of the loss (a
     distillation term added when a teacher is given); judged as if it ran."""
     if isinstance(w, ast.AugAssign):
-        adds = isinstance(w.op, ast.Add)
+        adds = isinstance(w.op, ast.Add | ast.Sub)
     elif isinstance(w, ast.Assign) and len(w.targets) == 1 and dotted(w.targets[0]) == name:
         v = w.value
-        adds = isinstance(v, ast.BinOp) and isinstance(v.op, ast.Add) and dotted(v.left) == name
+        adds = isinstance(v, ast.BinOp) and isinstance(v.op, ast.Add | ast.Sub) \
+            and dotted(v.left) == name
     else:
         adds = False
     branch = ctx.parents.get(w)
@@ -186,20 +218,25 @@ def _added_under_if(ctx: FileContext, w: ast.AST, name: str,
 
 def _setting(ctx: FileContext, test: ast.AST) -> bool:
     """An ``if`` on a setting of the run, not on the step (``if self.teacher is not None``,
-    ``if args.use_aux``): a name or field the enclosing function never assigns, tested for
-    truth or against None. A term added under a test of the step or micro-step counter
+    ``if args.use_aux``, ``if self.ent_coef > 0``): a name or field the enclosing function
+    never assigns, tested for truth or against a number, or any name tested against None. A term added under a test of the step or micro-step counter
     (``if (i + 1) % K == 0``: once per window, at its full weight) is not one of these."""
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
         test = test.operand
+    none_test = False
     if isinstance(test, ast.Compare):
-        if not (len(test.ops) == 1 and isinstance(test.ops[0], ast.Is | ast.IsNot)
-                and isinstance(test.comparators[0], ast.Constant)
-                and test.comparators[0].value is None):
+        if not (len(test.ops) == 1 and isinstance(test.comparators[0], ast.Constant)):
+            return False
+        none_test = (isinstance(test.ops[0], ast.Is | ast.IsNot)
+                     and test.comparators[0].value is None)
+        if not none_test and not isinstance(test.comparators[0].value, int | float):
             return False
         test = test.left
     name = dotted(test) if isinstance(test, ast.Name | ast.Attribute) else None
     if name is None or ctx.mentions_accum(test):
         return False
+    if none_test:
+        return True  # present or not, the same in every micro-step (`if aux is not None`)
     fn = ctx.enclosing(test, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
     return name not in _assigned(ctx, fn if fn is not None else ctx.tree)
 

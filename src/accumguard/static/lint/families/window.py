@@ -73,8 +73,6 @@ def step_every_micro_step(ctx: FileContext) -> Iterator[Finding]:
         facts = ctx.window_facts(window)
         if facts.summed_loss:
             continue  # the inner loop sums losses into one backward: K = 1
-        if _whole_window_iteration(ctx, window):
-            continue
         for call in facts.unguarded_optimizer_steps:
             name = dotted(receiver(call)) or "optimizer"
             yield ctx.finding(
@@ -85,24 +83,6 @@ def step_every_micro_step(ctx: FileContext) -> Iterator[Finding]:
                 "the optimizer takes K "
                 "small steps instead of one",
             )
-
-
-def _whole_window_iteration(ctx: FileContext, window: ast.AST) -> bool:
-    """Each iteration is one whole window (a large-batch reference): the loop takes its data
-    by a range or slice sized with K (``win = bs * K * W``; ``xs[s * win:(s + 1) * win]``),
-    does not run K iterations nor divide its loss by K, and has every backward in its body."""
-    if not isinstance(window, ast.For | ast.AsyncFor):
-        return False
-    backs = [n for n in walk_local(window) if isinstance(n, ast.Call) and call_attr(n) == "backward"]
-    if not backs or any(ctx.enclosing(b, (ast.For, ast.AsyncFor, ast.While)) is not window for b in backs):
-        return False
-    if ctx.mentions_accum(window.iter) or any(
-            isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) and ctx.mentions_accum(n.right)
-            for n in walk_local(window)):
-        return False  # K iterations, or a loss divided by K: micro-steps (F1 stays)
-    bounds = [n for stmt in window.body for n in walk_local(stmt)
-              if (isinstance(n, ast.Call) and call_attr(n) == "range") or isinstance(n, ast.Slice)]
-    return any(ctx.sized_by_accum(b) for b in bounds)
 
 
 @rule("AG102")

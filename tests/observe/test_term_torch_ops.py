@@ -1,0 +1,99 @@
+"""A loss built from torch ops only (no recorded loss call: a PPO objective of a policy, a
+value and an entropy mean) is a sum of terms too: a mean term not divided by K beside terms
+that are is LOSS_SCALE naming the term (blind round 30, writer c: an entropy bonus
+subtracted after ``loss / K``); the correct forms say nothing at error level. Recorded
+in-process, judged on the recorded windows."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from torch.distributions import Categorical
+
+from accumguard.observe._records import Finding
+from accumguard.watch._findings import analyze, load_recordings
+from accumguard.watch._recording import recording
+
+K, STEPS, ROWS = 4, 3, 12
+
+
+@pytest.fixture(autouse=True)
+def _every_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Record every window (the loss record's budget samples a toy's windows by timing)."""
+    import accumguard.observe._losses as losses
+
+    monkeypatch.setattr(losses, "_ALWAYS", 1000)
+
+
+class _ActorCritic(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.Linear(5, 16)
+        self.pi = torch.nn.Linear(16, 3)
+        self.v = torch.nn.Linear(16, 1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = torch.tanh(self.body(x))
+        return self.pi(h), self.v(h).squeeze(-1)
+
+
+def _ppo(form: str) -> Callable[[], None]:
+    def loop() -> None:
+        torch.manual_seed(0)
+        model = _ActorCritic()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        g = torch.Generator().manual_seed(1)
+        for _ in range(STEPS):
+            for _ in range(K):
+                obs = torch.randn(ROWS, 5, generator=g)
+                act = torch.randint(0, 3, (ROWS,), generator=g)
+                adv, ret = torch.randn(ROWS, generator=g), torch.randn(ROWS, generator=g)
+                old = torch.randn(ROWS, generator=g) * 0.1 - 1.0
+                logits, values = model(obs)
+                d = Categorical(logits=logits)
+                ratio = (d.log_prob(act) - old).exp()
+                pg = -torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv).mean()
+                v = 0.5 * (values - ret).pow(2).mean()
+                ent = d.entropy().mean()
+                if form == "entropy after /K":  # the bug
+                    loss = (pg + 0.5 * v) / K - 0.01 * ent
+                elif form == "(pg + v - ent) / K":
+                    loss = (pg + 0.5 * v - 0.01 * ent) / K
+                elif form == "each / K":
+                    loss = pg / K + 0.5 * v / K - 0.01 * ent / K
+                elif form == "entropy (c / K)":  # a coefficient that holds the 1/K
+                    loss = (pg + 0.5 * v) / K - ent * (0.01 / K)
+                else:  # "summed policy": a sum's large-batch meaning is the sum over micro-batches
+                    loss = -torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv).sum() / K \
+                        - 0.01 * ent / K
+                loss.backward()
+            opt.step()
+            opt.zero_grad()
+
+    return loop
+
+
+def _errors(tmp_path: Path, form: str) -> list[Finding]:
+    with recording(tmp_path):
+        _ppo(form)()
+    findings, _, _ = analyze(load_recordings(tmp_path))
+    return [f for f in findings if f.severity == "error"]
+
+
+def test_an_entropy_bonus_added_after_the_division_by_k_is_an_error(tmp_path: Path) -> None:
+    (f,) = _errors(tmp_path, "entropy after /K")
+    assert f.cls == "LOSS_SCALE", f
+    assert "not divided by K" in f.title and f"{K}x" in f.title
+    assert f"a mean over {ROWS} elements" in f.evidence
+    assert "2 terms starting at" in f.evidence and f"divided by K = {K}" in f.evidence
+    assert "multiplied by 0.01" in f.evidence and f"of the {K} micro-steps" in f.evidence
+    assert "test_term_torch_ops.py" in f.evidence  # the backward's line
+
+
+@pytest.mark.parametrize("form", ["(pg + v - ent) / K", "each / K", "entropy (c / K)",
+                                  "summed policy"])
+def test_correct_or_undecidable_forms_say_nothing(tmp_path: Path, form: str) -> None:
+    assert _errors(tmp_path, form) == []
