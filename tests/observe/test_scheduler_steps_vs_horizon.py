@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-pytestmark = pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)`")
-
 from accumguard.observe._records import Finding
 from accumguard.watch._findings import analyze, load_recordings
 from accumguard.watch._recording import recording
+
+pytestmark = pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)`")
 
 K, STEPS, W = 2, 6, 2
 

@@ -4,6 +4,7 @@ which polarity, and is a call only reached there (rule 3 of :mod:`._context`)?""
 from __future__ import annotations
 
 import ast
+from typing import TYPE_CHECKING
 
 from accumguard.static.lint._ast import (
     ACCUM_RE,
@@ -22,6 +23,9 @@ from accumguard.static.lint._ctx_file import FileIndex
 
 class BoundaryFacts(FileIndex):
     """Boundary tests, boundary flags and guards, on top of the file index."""
+
+    if TYPE_CHECKING:  # :class:`._ctx_windows.WindowQueries`' own, above this in the context
+        def inlined(self, window: ast.AST) -> dict[ast.AST, ast.Call]: ...
 
     def _ensure_boundary_flags(self) -> None:
         """Names assigned from a boundary test (``is_last = k == K - 1``), to a fixpoint."""
@@ -154,9 +158,18 @@ class BoundaryFacts(FileIndex):
         """Is ``node`` only reached at an accumulation boundary (within ``window``)?"""
         child = node
         cur = self.parents.get(node)
+        tested: list[str] = []  # names an `if` above tests: a helper's parameter, maybe
         while cur is not None:
             if isinstance(cur, ast.If | ast.IfExp) and child is not cur.test and self.is_boundary_test(cur.test):
                 return True
+            if isinstance(cur, ast.If) and child is not cur.test and isinstance(cur.test, ast.Name):
+                tested.append(cur.test.id)
+            if isinstance(cur, ast.FunctionDef | ast.AsyncFunctionDef) and tested:
+                site = self.inlined(window).get(cur)
+                if site is not None and any(
+                        (arg := bound_argument(cur, site, name)) is not None
+                        and self.is_boundary_test(arg) for name in tested):
+                    return True  # `loss_scaler(loss, opt, update_grad=(i + 1) % K == 0)`
             if isinstance(cur, ast.While) and cur is not window and self.is_boundary_test(cur.test):
                 return True
             # an earlier `if <boundary>: continue` (or the else branch) in the same block
@@ -196,6 +209,24 @@ class BoundaryFacts(FileIndex):
             ), len(body))
             return where, first
         return self._cached("stops:" + body_name, owner, compute)  # type: ignore[no-any-return]
+
+
+def bound_argument(fn: ast.FunctionDef | ast.AsyncFunctionDef, call: ast.Call,
+                    param: str) -> ast.AST | None:
+    """The argument ``call`` gives ``fn``'s parameter ``param`` (``self`` skipped for a
+    method called on an object), or None."""
+    params = [a.arg for a in (*fn.args.posonlyargs, *fn.args.args)]
+    if params and params[0] in ("self", "cls"):
+        params = params[1:]
+    for kw in call.keywords:
+        if kw.arg == param:
+            return kw.value
+    for i, a in enumerate(call.args):
+        if isinstance(a, ast.Starred):
+            return None
+        if i < len(params) and params[i] == param:
+            return a
+    return None
 
 
 def _last_offset(expr: ast.AST) -> bool:

@@ -261,6 +261,27 @@ class FileIndex:
         return out
 
 
+    def callable_instances(self) -> dict[str, ast.ClassDef]:
+        """Names bound only to instances of one class of the file that defines ``__call__``
+        (``loss_scaler = NativeScalerWithGradNormCount()``, also as the parameter of that
+        name a training function is given): calling one runs that method (cached)."""
+        def compute() -> dict[str, ast.ClassDef]:
+            classes: dict[str, ast.ClassDef | None] = {}
+            for c in self.of(ast.ClassDef):
+                classes[c.name] = None if c.name in classes else c
+            out: dict[str, ast.ClassDef] = {}
+            for name, values in self.values_by_name().items():
+                owners = {v.func.id for v in values if isinstance(v, ast.Call)
+                          and isinstance(v.func, ast.Name)}
+                if len(owners) != 1 or len(values) != sum(isinstance(v, ast.Call) for v in values):
+                    continue
+                cls = classes.get(next(iter(owners)))
+                if cls is not None and any(isinstance(f, ast.FunctionDef) and f.name == "__call__"
+                                           for f in cls.body):
+                    out[name] = cls
+            return out
+        return self._cached("callable_instances", self.tree, compute)  # type: ignore[no-any-return]
+
     def wrapper_instances(self) -> dict[str, ast.ClassDef]:
         """Names bound only to instances of a class of the file that defines ``step`` or
         ``zero_grad`` itself and is no optimizer or scheduler subclass (``optim_wrapper =

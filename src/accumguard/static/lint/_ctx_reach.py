@@ -37,6 +37,10 @@ class ReachFacts(BoundaryFacts):
 
     def callee_of(self, call: ast.Call) -> Func | None:
         """The function of the file ``call`` runs, when the file defines that name once."""
+        if isinstance(call.func, ast.Name) and (
+                cls := self.callable_instances().get(call.func.id)) is not None:
+            hits = [f for f in cls.body if isinstance(f, FUNCS) and f.name == "__call__"]
+            return hits[0]  # `loss_scaler(loss, optimizer, ...)`: the class's own __call__
         if isinstance(call.func, ast.Name):
             name, method = call.func.id, False
         elif (isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Name)

@@ -173,6 +173,10 @@ class WindowQueries(ReachFacts):
         if defs.get(helper.name, 0) != 1:
             return []
         passed = self.passed_call_sites(helper)
+        if isinstance(owner, ast.ClassDef) and helper.name == "__call__":
+            names = {n for n, cls in self.callable_instances().items() if cls is owner}
+            return [c for c in self.of(ast.Call)  # `loss_scaler(loss, optimizer, ...)`
+                    if isinstance(c.func, ast.Name) and c.func.id in names] + passed
         if isinstance(owner, ast.ClassDef):
             return [c for c in by_self.get(helper.name, ()) if self.enclosing(c, (ast.ClassDef,)) is owner] + passed
         return list(by_name.get(helper.name, ())) + passed

@@ -17,8 +17,9 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from accumguard.static.findings import Confidence, Finding, Severity
-from accumguard.static.lint._ast import call_attr, receiver, walk_all
+from accumguard.static.lint._ast import FUNCS, call_attr, receiver, walk_all
 from accumguard.static.lint._context import FileContext
+from accumguard.static.lint._ctx_boundary import bound_argument
 from accumguard.static.lint._lengths import static_len
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._modguard import (
@@ -47,23 +48,44 @@ def _len_name(ctx: FileContext, node: ast.AST, scope: ast.AST) -> bool:
     return False
 
 
-def _flush_guard(ctx: FileContext, call: ast.AST, window: ast.AST) -> tuple[ast.If, ModGuard] | None:
+def _flush_guard(ctx: FileContext, call: ast.AST,
+                 window: ast.AST) -> tuple[ast.AST, ModGuard, ast.AST] | None:
     """The ``if`` around ``call`` whose test is ``<modulo window test> or <end of the pass>``
-    (``i + 1 == len(loader)``, ``i == n - 1`` with ``n = len(loader)``), and its modulo."""
+    (``i + 1 == len(loader)``, ``i == n - 1`` with ``n = len(loader)``): (where it is read,
+    its modulo, the test). In a helper the window runs, an ``if`` on one of its parameters
+    reads the argument the window's call gives it (``loss_scaler(..., update_grad=flag)``)."""
     scope = ctx.scope_of(window)
+    tested: list[str] = []
     child, cur = call, ctx.parents.get(call)
     while cur is not None and cur is not window:
-        test = _flag_value(ctx, cur.test, window) if isinstance(cur, ast.If) else None
-        if isinstance(cur, ast.If) and child in cur.body and isinstance(test, ast.BoolOp) \
-                and isinstance(test.op, ast.Or):
-            mods = [(t, g) for t in test.values if (g := mod_term(t)) is not None]
-            others = [t for t in test.values if all(t is not m for m, _ in mods)]
-            if len(mods) == 1 and others and all(
-                    isinstance(t, ast.Compare) and any(isinstance(op, ast.Eq | ast.GtE)
-                                                       for op in t.ops)
-                    and _len_name(ctx, t, scope) for t in others):
-                return cur, mods[0][1]
+        if isinstance(cur, ast.If) and child in cur.body:
+            test = _flag_value(ctx, cur.test, window)
+            guard = _flush_test(ctx, test, scope)
+            if guard is not None:
+                return cur, guard, test
+            if isinstance(cur.test, ast.Name):
+                tested.append(cur.test.id)
+        if isinstance(cur, FUNCS) and tested and (site := ctx.inlined(window).get(cur)) is not None:
+            for name in tested:
+                arg = bound_argument(cur, site, name)
+                test = _flag_value(ctx, arg, window) if arg is not None else None
+                guard = _flush_test(ctx, test, scope) if test is not None else None
+                if guard is not None:
+                    return site, guard, test
         child, cur = cur, ctx.parents.get(cur)
+    return None
+
+
+def _flush_test(ctx: FileContext, test: ast.AST, scope: ast.AST) -> ModGuard | None:
+    """The modulo of ``<modulo window test> or <end of the pass>``, else None."""
+    if not (isinstance(test, ast.BoolOp) and isinstance(test.op, ast.Or)):
+        return None
+    mods = [(t, g) for t in test.values if (g := mod_term(t)) is not None]
+    others = [t for t in test.values if all(t is not m for m, _ in mods)]
+    if len(mods) == 1 and others and all(
+            isinstance(t, ast.Compare) and any(isinstance(op, ast.Eq | ast.GtE) for op in t.ops)
+            and _len_name(ctx, t, scope) for t in others):
+        return mods[0][1]
     return None
 
 
@@ -117,13 +139,13 @@ def tail_window_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
             hit = _flush_guard(ctx, call, window)
             after = False
             if hit is None:
-                hit = _pure_mod_guard(ctx, call, window)
-                after = hit is not None and _steps_after(ctx, window)
-                if not after:
+                pure = _pure_mod_guard(ctx, call, window)
+                after = pure is not None and _steps_after(ctx, window)
+                if pure is None or not after:
                     continue
-            assert hit is not None
-            guard_if, guard = hit
-            ks = k_values(ctx, guard.modulus, guard_if)
+                hit = (pure[0], pure[1], _flag_value(ctx, pure[0].test, window))
+            site, guard, test = hit
+            ks = k_values(ctx, guard.modulus, site)
             if 1 in ks:
                 continue
             k = next(iter(ks)) if len(ks) == 1 else None
@@ -132,7 +154,7 @@ def tail_window_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
                 continue  # no tail: every window is whole
             node = divisions[0][0]
             where = ("after the loop, on the micro-batches left" if after
-                     else f"at the end of the pass (`{ast.unparse(_flag_value(ctx, guard_if.test, window))}`)")
+                     else f"at the end of the pass (`{ast.unparse(test)}`)")
             head = (f"the step also runs {where}, "
                     f"but the loss is divided by K (`{ast.unparse(node)}`) in every micro-step: "
                     "the last window's r < K micro-batches reach the optimizer as r/K of their "
