@@ -26,7 +26,8 @@
 ``hftokens``   AG140               HF TrainingArguments(average_tokens_across_devices=False) (F6)
 ``tailscale``  AG141               the pass's partial last window stepped, its loss still divided by K
 ``moeaux``     AG132               HF Trainer + MoE model adding its router loss per micro-batch, GA > 1
-``tokenmean``  AG129               a masked token mean per micro-batch, never divided by K
+``tokenmean``  AG129               a masked token mean per micro-batch, never divided by K;
+               AG104               ... returned by a Lightning training_step, K > 1
 ``twice``      AG133               the loss divided by K in a helper and again by its caller;
                AG134               ... or by hand before DeepSpeed's engine.backward (GA > 1)
 ``ampclip``    AG135               gradient clipped before GradScaler.unscale_ (on the scaled gradient)

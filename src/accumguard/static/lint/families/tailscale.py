@@ -68,10 +68,12 @@ def _flush_guard(ctx: FileContext, call: ast.AST,
         if isinstance(cur, FUNCS) and tested and (site := ctx.inlined(window).get(cur)) is not None:
             for name in tested:
                 arg = bound_argument(cur, site, name)
-                test = _flag_value(ctx, arg, window) if arg is not None else None
-                guard = _flush_test(ctx, test, scope) if test is not None else None
+                if arg is None:
+                    continue
+                value = _flag_value(ctx, arg, window)
+                guard = _flush_test(ctx, value, scope)
                 if guard is not None:
-                    return site, guard, test
+                    return site, guard, value
         child, cur = cur, ctx.parents.get(cur)
     return None
 

@@ -11,6 +11,12 @@ no division by K anywhere in the file). The count may also be spelled apart from
 a summed loss divided by a count of this micro-batch made on each micro-step
 (``tok_sum / (labels != -100).sum()``, ``(logp * mask).sum() / lengths.sum()``). Divided by
 K it is AG104's warning (F5).
+
+AG104 (F5) under Lightning's automatic optimisation: ``accumulate_grad_batches=K > 1`` in
+sight, and a ``LightningModule.training_step`` returns a mean over a variable number of
+tokens (a masked mean, or a mean-reduced loss with ``ignore_index``/-100/a mask in the
+method): Lightning divides what ``training_step`` returns by K, so the window's update is
+the mean of K micro-batch means. A warning, as AG104's: exact for unpadded batches.
 """
 
 from __future__ import annotations
@@ -22,10 +28,15 @@ from accumguard.static.findings import Finding
 from accumguard.static.lint._ast import call_attr, dotted, is_backward, receiver, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families._lightning import (
+    automatic_lightning_module,
+    lightning_accumulates,
+)
 from accumguard.static.lint.families._masked import counted_mean, masked_mean
+from accumguard.static.lint.families.loss import _token_mean_hints
 from accumguard.static.lint.families.scale import _k_in_sight, plain_windows
 
-__all__ = ["masked_token_mean_never_divided_by_k"]
+__all__ = ["lightning_token_mean", "masked_token_mean_never_divided_by_k"]
 
 
 def _window_k(ctx: FileContext, window: ast.AST) -> str | None:
@@ -70,4 +81,49 @@ def masked_token_mean_never_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
             f"by its own token count) and is backwarded as is in a window of `{k}` micro-batches, and "
             f"nothing in the file divides by `{k}`: the window's gradient is the sum of K token "
             "means, K times the large batch's (and short micro-batches' tokens weigh more)",
+        )
+
+
+def _returned_loss(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.AST]:
+    """What ``training_step`` returns as its loss: ``return loss`` or ``{"loss": loss}``."""
+    out: list[ast.AST] = []
+    for n in walk_all(fn):
+        if not isinstance(n, ast.Return) or n.value is None:
+            continue
+        v: ast.AST | None = n.value
+        if isinstance(v, ast.Dict):
+            v = next((val for key, val in zip(v.keys, v.values, strict=True)
+                      if isinstance(key, ast.Constant) and key.value == "loss"), None)
+        if v is not None and not (isinstance(v, ast.Constant) and v.value is None):
+            out.append(v)
+    return out
+
+
+@rule("AG104")
+def lightning_token_mean(ctx: FileContext) -> Iterator[Finding]:
+    if not lightning_accumulates(ctx):
+        return
+    for fn in ctx.of(ast.FunctionDef):
+        if fn.name != "training_step" or not automatic_lightning_module(ctx, fn):
+            continue
+        losses = _returned_loss(fn)
+        if not losses:
+            continue
+        explicit = all(masked_mean(ctx, fn, x, set()) or counted_mean(ctx, fn, fn, x, set())
+                       for x in losses)
+        hints, summed = _token_mean_hints(ctx, fn)
+        if not explicit and (not hints or summed):
+            continue
+        yield ctx.finding(
+            "AG104",
+            losses[0],
+            "Lightning divides the loss `training_step` returns by accumulate_grad_batches, but it "
+            "is a mean over "
+            + ("this micro-batch's own token count" if explicit else
+               "a variable number of tokens (padding mask / ignore_index in sight)")
+            + ": the window's update is the mean of K micro-batch means, which weights short "
+            "micro-batches' tokens too much (mean of means)",
+            fix="return the micro-batch's summed loss divided by the window's token count (count "
+                "the tokens of the accumulate_grad_batches micro-batches once, all-reduced over "
+                "the ranks) times accumulate_grad_batches, since Lightning divides by it",
         )
