@@ -53,6 +53,8 @@ def test_extra_scheduler_steps_are_judged_by_the_horizon(tmp_path: Path, per: st
     found = _run(tmp_path, per=per, horizon=horizon)
     # the step-count finding (a horizon reached early also has a note of its own)
     (f,) = [x for x in found if "scheduler had stepped" in x.evidence]
+    # every one of these ends K or W x early or on time: never "not a factor of W or K"
+    assert not any("Not a factor of W or K" in x.evidence for x in found), found
     assert f.severity.value == severity, f
     if severity != "error":
         assert f"position {horizon} of the {horizon}" in f.evidence

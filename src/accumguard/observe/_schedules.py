@@ -192,7 +192,10 @@ def horizon_findings(rank: int, events: list[JsonObject], total_steps: int,
         steps = max(own, when(last))
         # the optimizer steps this scheduler object lived for (a scheduler rebuilt on resume
         # lives for the run's second part only), counted like ``pos0``
-        span = when(last) - (when(first) - max(0, when(evs[1]) - when(first)))
+        # (at least the windows it stepped in: a scheduler stepped per micro-step before the
+        # window's optimizer step makes its first calls at optimizer step 0)
+        span = max(when(last) - (when(first) - max(0, when(evs[1]) - when(first))),
+                   when(last) - when(first) + 1)
         advanced = pos_end - pos0
         if steps < 4 or advanced < 2 or h <= pos0 or span < 1:
             continue
@@ -218,7 +221,10 @@ def horizon_findings(rank: int, events: list[JsonObject], total_steps: int,
                                       f"scheduler steps, reached at optimizer step {at} of "
                                       f"{steps}",
                                fix=_fix(per_step)))
-            elif ratio >= 1.25 and steps - at >= 2:
+            elif ratio >= 1.25 and steps - at >= 2 and not any(
+                    int(e.get("micro", 0)) and not e.get("in_step") for e in evs):
+                # (a scheduler that also steps between backwards is the step-count rule's
+                # error: its end, reached inside a window, is no whole step of this clock)
                 out.append(_mk("F4", "note", rank, at - 1, None,
                                f"the LR schedule ({what}) reached its end at optimizer step "
                                f"{at} of the run's {steps} ({rate}); the remaining "
