@@ -97,3 +97,57 @@ def test_an_entropy_bonus_added_after_the_division_by_k_is_an_error(tmp_path: Pa
                                   "summed policy"])
 def test_correct_or_undecidable_forms_say_nothing(tmp_path: Path, form: str) -> None:
     assert _errors(tmp_path, form) == []
+
+
+# -- a router over every input position beside a causal LM loss over the shifted tokens ----
+
+class _CausalMoE(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(13, 8)
+        self.router = torch.nn.Linear(8, 3)
+        self.head = torch.nn.Linear(8, 13)
+
+    def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.emb(ids).flatten(0, 1)  # every position: B x T rows
+        probs = torch.softmax(self.router(h), -1)
+        frac = torch.stack([(probs.argmax(-1) == e).float().mean() for e in range(3)])
+        aux = 3 * (frac * probs.mean(0)).sum()
+        return self.head(h * probs.max(-1).values[:, None]).view(*ids.shape, 13), aux
+
+
+def _causal(form: str) -> Callable[[], None]:
+    def loop() -> None:
+        torch.manual_seed(0)
+        model = _CausalMoE()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(2)
+        for _ in range(STEPS):
+            for _ in range(K):
+                ids = torch.randint(0, 13, (3, 8), generator=g)
+                logits, aux = model(ids)
+                ce = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1),
+                                                       ids[:, 1:].flatten())
+                loss = ce / K + 0.01 * aux if form == "aux after /K" else (ce + 0.01 * aux) / K
+                loss.backward()
+            opt.step()
+            opt.zero_grad()
+
+    return loop
+
+
+def test_a_router_over_the_unshifted_positions_is_a_micro_batch_mean(tmp_path: Path) -> None:
+    """The CE takes 3 x 7 shifted tokens, the router's mean 3 x 8 positions: the same
+    micro-batch's sequences (blind round 31, writer a: an FSDP2 MoE LM)."""
+    with recording(tmp_path / "bug"):
+        _causal("aux after /K")()
+    findings, _, _ = analyze(load_recordings(tmp_path / "bug"))
+    (f,) = [x for x in findings if x.severity == "error"]
+    assert f.cls == "LOSS_SCALE", f
+    assert "a mean over 24 rows, the micro-batch's 21 tokens before the loss beside it dropped " \
+           "one position of each of its 3 sequences" in f.evidence
+    assert "multiplied by 0.01 x 3" in f.evidence
+    with recording(tmp_path / "ok"):
+        _causal("(ce + aux) / K")()
+    findings, _, _ = analyze(load_recordings(tmp_path / "ok"))
+    assert [x for x in findings if x.severity == "error"] == []

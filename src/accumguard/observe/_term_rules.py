@@ -243,8 +243,7 @@ def _torch_terms_findings(rank: int, windows: list[dict[str, Any]]) -> list[Find
             continue  # not in every window judged
         w, x, refs = got[0]
         k = int(w["window"])
-        coef = " x ".join(f"{float(c):g}" for op, c in x[4]
-                          if str(op) == "*" and float(c) != 1.0) or "1"
+        coef = _coef_text(x[4], set())
         where = f" of the loss backpropagated at {_short(str(x[11]))}" if x[11] else ""
         beside = (f"whose term starting at {refs[0][3]} (a mean over as many elements) is"
                   if len(refs) == 1 else
@@ -481,6 +480,8 @@ def _mean_rows(r: list[Any], rows: int, k: int) -> int | None:
     spans = [int(c) for c in r[5]] + [int(float(c)) for op, c in r[4]
                                        if str(op) == "/" and _row_mean_divisor(float(c), rows, k)]
     found = next((c for c in spans if c >= rows and c % rows == 0), None)
+    if found is None:
+        found = next((c for c in spans if _shifted(c, rows)), None)
     if found is None and _made_of_batch_means(r, rows):
         return rows
     if found is None:
@@ -491,12 +492,30 @@ def _mean_rows(r: list[Any], rows: int, k: int) -> int | None:
     return found
 
 
+def _shifted(c: int, rows: int) -> bool:
+    """``c`` elements are the micro-batch's tokens before a causal LM loss drops one position
+    per sequence: ``rows`` = d x (T - 1) and ``c`` = d x T for d = c - rows sequences of T >= 5
+    (a router's probabilities over every input position, beside the shifted LM loss)."""
+    d = c - rows
+    return d >= 1 and rows % d == 0 and rows // d >= 4
+
+
+def _coef_text(divs: list[list[Any]], counts: set[float], rows: int = 0, k: int = 0) -> str:
+    """The constants a term is multiplied and divided by, in words (``0.02 x 4 / 2``), but
+    the divisions that make it a mean (by its count, or by a whole multiple of the rows)."""
+    mul = [f"{float(c):g}" for op, c in divs if str(op) == "*" and float(c) != 1.0]
+    div = [f"/ {float(c):g}" for op, c in divs if str(op) == "/" and float(c) != 1.0
+           and float(c) not in counts and not (k and _row_mean_divisor(float(c), rows, k))]
+    return " ".join([" x ".join(mul) or "1", *div])
+
+
 def _made_of_batch_means(r: list[Any], rows: int) -> bool:
     """A term from torch ops whose every path down to the parameters goes through a mean
     over the batch dimension of exactly the micro-batch's rows (an MoE load-balancing loss,
     ``n * (probs.mean(0) ** 2).sum()``): a statistic of the micro-batch."""
     below = r[12] if len(r) > 12 else None
-    return isinstance(below, list) and bool(below) and all(int(c) == rows for c in below)
+    return isinstance(below, list) and bool(below) and all(
+        int(c) == rows or _shifted(int(c), rows) for c in below)
 
 
 def _text(found: list[tuple[dict[str, Any], list[Any], list[Any]]], x: list[Any],
@@ -504,11 +523,12 @@ def _text(found: list[tuple[dict[str, Any], list[Any], list[Any]]], x: list[Any]
     w = found[0][0]
     valid = _valid_counts(w, ref, k)[0]
     count = _by_count(x, ref, k, valid)
-    coef = " x ".join(f"{float(c):g}" for op, c in x[4]
-                      if str(op) == "*" and float(c) != 1.0) or "1"
     rows = int(ref[9])
+    coef = _coef_text(x[4], {count} if count is not None else set(), rows, k)
     over = (_mean_rows(x, rows, k) or rows) if x[7] is None else rows
     span = (f"the {rows} rows of the micro-batch" if over == rows else
+            f"{over} rows, the micro-batch's {rows} tokens before the loss beside it dropped "
+            f"one position of each of its {over - rows} sequences" if _shifted(over, rows) else
             f"{over} rows, {over // rows}x the micro-batch's {rows}" if over > rows else
             f"{over} items of {rows // over} of the micro-batch's {rows} rows each (its "
             "sequences, when the loss beside it took the tokens flattened)")

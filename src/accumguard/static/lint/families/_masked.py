@@ -72,11 +72,28 @@ def _sums_weighted_by(dividend: ast.AST, weight: ast.AST) -> bool:
     return False
 
 
-def _is_masked_division(expr: ast.AST) -> bool:
+def _is_masked_division(expr: ast.AST, *, rows: bool = True) -> bool:
+    """``(x * m).sum() / m.sum()``; with ``rows`` also a mean per row, its count summed along
+    a dimension (``(x * m).sum(1) / m.sum(1)``: one mean per sequence)."""
     if not (isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Div)):
         return False
     weight = _summed_operand(expr.right)
-    return weight is not None and _sums_weighted_by(expr.left, weight)
+    if weight is None or not _sums_weighted_by(expr.left, weight):
+        return False
+    return rows or not _along_a_dimension(expr.right)
+
+
+def _along_a_dimension(count: ast.AST) -> bool:
+    """The count is summed along a dimension (``m.sum(1)``, ``m.sum(dim=-1)``,
+    ``torch.sum(m, -1)``): a count per row, not the micro-batch's."""
+    for sub in walk_all(count):
+        if isinstance(sub, ast.Call) and (call_attr(sub) or dotted(sub.func) or "").split(".")[-1] \
+                in _COUNT_CALLS:
+            method = isinstance(sub.func, ast.Attribute) and dotted(sub.func.value) != "torch"
+            if len(sub.args) > (0 if method else 1) or any(k.arg in ("dim", "axis")
+                                                           for k in sub.keywords):
+                return True
+    return False
 
 
 def helper_called(call: ast.AST) -> str | None:
@@ -91,8 +108,9 @@ def helper_called(call: ast.AST) -> str | None:
     return None
 
 
-def masked_mean_helpers(ctx: FileContext) -> set[str]:
-    """Functions defined once in the file whose every ``return`` is a masked token mean."""
+def masked_mean_helpers(ctx: FileContext, *, rows: bool = True) -> set[str]:
+    """Functions defined once in the file whose every ``return`` is a masked token mean
+    (``rows``: or per-row masked means)."""
     def compute() -> set[str]:
         defs: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]] = {}
         for fn in ctx.of(ast.FunctionDef, ast.AsyncFunctionDef):
@@ -102,29 +120,33 @@ def masked_mean_helpers(ctx: FileContext) -> set[str]:
             if len(fns) != 1:
                 continue  # a name defined twice is not followed
             rets = [n for n in ctx.local_nodes(fns[0]) if isinstance(n, ast.Return)]
-            if rets and all(r.value is not None and masked_mean(ctx, fns[0], r.value, set(), helpers=False)
-                            for r in rets):
+            if rets and all(r.value is not None and masked_mean(
+                    ctx, fns[0], r.value, set(), helpers=False, rows=rows) for r in rets):
                 out.add(name)
         return out
-    return ctx._cached("masked_mean_helpers", ctx.tree, compute)  # type: ignore[no-any-return]
+    return ctx._cached(f"masked_mean_helpers:{rows}", ctx.tree, compute)  # type: ignore[no-any-return]
 
 
-def masked_mean(ctx: FileContext, scope: ast.AST, expr: ast.AST, seen: set[str], *, helpers: bool = True) -> bool:
+def masked_mean(ctx: FileContext, scope: ast.AST, expr: ast.AST, seen: set[str], *,
+                helpers: bool = True, rows: bool = True) -> bool:
     """``expr`` is a masked mean over this micro-batch's tokens: the division itself, its
-    negation, ``.mean()`` of per-sequence masked means, a local name every assignment of
-    which is one, or a call of a helper that returns one."""
+    negation, a local name every assignment of which is one, or a call of a helper that
+    returns one; with ``rows`` (a mean per micro-batch, whatever its unit: AG129's K x) also
+    ``.mean()`` of per-sequence masked means. Without it (AG104's mean of token means) a
+    mean of per-sequence means is not one: its unit is the sequence, and with as many
+    sequences in every micro-batch, / K is the large batch's mean over them."""
     if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.USub):
-        return masked_mean(ctx, scope, expr.operand, seen, helpers=helpers)
-    if _is_masked_division(expr):
+        return masked_mean(ctx, scope, expr.operand, seen, helpers=helpers, rows=rows)
+    if _is_masked_division(expr, rows=rows):
         return True
     if isinstance(expr, ast.Name):
         return _every_value(ctx, scope, expr, seen,
-                            lambda v: masked_mean(ctx, scope, v, seen, helpers=helpers))
+                            lambda v: masked_mean(ctx, scope, v, seen, helpers=helpers, rows=rows))
     if isinstance(expr, ast.Call):
         if isinstance(expr.func, ast.Attribute) and expr.func.attr == "mean" and not expr.args and not expr.keywords:
-            return masked_mean(ctx, scope, expr.func.value, seen, helpers=helpers)
+            return masked_mean(ctx, scope, expr.func.value, seen, helpers=helpers, rows=rows)
         if helpers and helper_called(expr) is not None:
-            return helper_called(expr) in masked_mean_helpers(ctx)
+            return helper_called(expr) in masked_mean_helpers(ctx, rows=rows)
     return False
 
 

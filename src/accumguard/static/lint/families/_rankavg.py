@@ -22,7 +22,7 @@ from accumguard.static.lint._ast import (
 from accumguard.static.lint._context import FileContext
 
 __all__ = ["custom_rank_reduction", "hand_average", "local_count", "plain_model_only",
-           "reciprocal_products", "returned_reduced", "summed_over_ranks"]
+           "reciprocal_products", "returned_reduced", "simulates_ranks", "summed_over_ranks"]
 
 
 #: Calls that change what DDP/FSDP does to the gradients across ranks: with them in the file
@@ -277,3 +277,19 @@ def _divides_grads_by_world(ctx: FileContext, n: ast.AST) -> bool:
         return False
     return target is not None and any(GRAD_TENSOR_RE.search(i) for i in identifiers(target)) \
         and ctx.mentions_world(by)
+
+
+def simulates_ranks(ctx: FileContext, node: ast.AST) -> bool:
+    """A loop around ``node`` loops over the ranks itself, or holds a loop over them
+    (``for r in range(world)``, a comprehension over them): one process standing for every
+    rank (a large-batch reference), whose division by W is the large batch's, not a second
+    average."""
+    loop = ctx.enclosing(node, (ast.For, ast.AsyncFor, ast.While))
+    while loop is not None:
+        for n in [loop, *ctx.local_nodes(loop)]:
+            it = n.iter if isinstance(n, ast.For | ast.AsyncFor | ast.comprehension) else None
+            if isinstance(it, ast.Call) and call_attr(it) == "range" and it.args \
+                    and ctx.mentions_world(it.args[-1]):
+                return True
+        loop = ctx.enclosing(loop, (ast.For, ast.AsyncFor, ast.While))
+    return False

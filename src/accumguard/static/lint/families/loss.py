@@ -56,6 +56,7 @@ from accumguard.static.lint.families._rankavg import (
     plain_model_only,
     reciprocal_products,
     returned_reduced,
+    simulates_ranks,
 )
 from accumguard.static.lint.families._worldprod import named_product_with_world
 
@@ -277,10 +278,10 @@ def _per_micro_batch_token_mean(ctx: FileContext, window: ast.AST) -> bool:
         # lands in the loss: `loss = tok / n_tok` after `n_tok = (labels != -100).sum()`
         if (summed or _is_loss_division(ctx, sub, d[0])) and micro_batch_count(ctx, scope, window, d[1]):
             return True
-    helpers = masked_mean_helpers(ctx)  # (x * m).sum() / m.sum(), inline or in a helper
+    helpers = masked_mean_helpers(ctx, rows=False)  # (x * m).sum() / m.sum(), inline or in a helper
     return any(
         isinstance(n, ast.Call) and helper_called(n) in helpers
-        or isinstance(n, ast.BinOp) and masked_mean(ctx, window, n, set(), helpers=False)
+        or isinstance(n, ast.BinOp) and masked_mean(ctx, window, n, set(), helpers=False, rows=False)
         for n in ctx.local_nodes(window)
     )
 
@@ -380,7 +381,8 @@ def loss_divided_by_world_under_ddp(ctx: FileContext) -> Iterator[Finding]:
         if any(isinstance(s, ast.BinOp) and isinstance(s.op, ast.Mult) and any(
             WORLD_RE.search(i) for i in identifiers(s)) for s in walk_all(dividend)):
             continue
-        if _under_wrapper_branch(ctx, node) or not _flows_to_backward(ctx, node, through_returns=True):
+        if _under_wrapper_branch(ctx, node) or simulates_ranks(ctx, node) \
+                or not _flows_to_backward(ctx, node, through_returns=True):
             continue
         yield ctx.finding(
             "AG112",

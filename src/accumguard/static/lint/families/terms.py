@@ -218,8 +218,8 @@ def _added_under_if(ctx: FileContext, w: ast.AST, name: str,
 
 def _setting(ctx: FileContext, test: ast.AST) -> bool:
     """An ``if`` on a setting of the run, not on the step (``if self.teacher is not None``,
-    ``if args.use_aux``, ``if self.ent_coef > 0``): a name or field the enclosing function
-    never assigns, tested for truth or against a number, or any name tested against None. A term added under a test of the step or micro-step counter
+    ``if args.use_aux``, ``if self.ent_coef > 0``, ``if cfg["kd_weight"] > 0``): a name or
+    field (or a string key of one) the enclosing function never assigns, tested for truth or against a number, or any name tested against None. A term added under a test of the step or micro-step counter
     (``if (i + 1) % K == 0``: once per window, at its full weight) is not one of these."""
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
         test = test.operand
@@ -232,6 +232,9 @@ def _setting(ctx: FileContext, test: ast.AST) -> bool:
         if not none_test and not isinstance(test.comparators[0].value, int | float):
             return False
         test = test.left
+    if isinstance(test, ast.Subscript) and isinstance(test.slice, ast.Constant) \
+            and isinstance(test.slice.value, str):
+        test = test.value  # `cfg["kd_weight"]`: a setting when `cfg` is one
     name = dotted(test) if isinstance(test, ast.Name | ast.Attribute) else None
     if name is None or ctx.mentions_accum(test):
         return False

@@ -109,7 +109,7 @@ def lightning_token_mean(ctx: FileContext) -> Iterator[Finding]:
         losses = _returned_loss(fn)
         if not losses:
             continue
-        explicit = all(masked_mean(ctx, fn, x, set()) or counted_mean(ctx, fn, fn, x, set())
+        explicit = all(masked_mean(ctx, fn, x, set(), rows=False) or counted_mean(ctx, fn, fn, x, set())
                        for x in losses)
         hints, summed = _token_mean_hints(ctx, fn)
         if not explicit and (not hints or summed):

@@ -313,8 +313,9 @@ def _window_count_division(ctx: FileContext, term: ast.AST) -> ast.AST | None:
     while stack:
         e = stack.pop()
         if isinstance(e, ast.BinOp) and isinstance(e.op, ast.Mult):
-            if any(is_k(ctx, x) or ctx.mentions_accum(x) for x in (e.left, e.right)):
-                return None
+            if any(is_k(ctx, x) or ctx.mentions_accum(x) or ctx.sized_by_accum(x)
+                   for x in (e.left, e.right)):
+                return None  # (`* engine_divisor` with `engine_divisor = gas * world`)
             stack += [e.left, e.right]
         elif isinstance(e, ast.BinOp) and isinstance(e.op, ast.Div):
             if is_k(ctx, e.right) or ctx.sized_by_accum(e.right):
