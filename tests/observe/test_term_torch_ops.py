@@ -113,6 +113,9 @@ class _CausalMoE(torch.nn.Module):
         probs = torch.softmax(self.router(h), -1)
         frac = torch.stack([(probs.argmax(-1) == e).float().mean() for e in range(3)])
         aux = 3 * (frac * probs.mean(0)).sum()
+        # transformers' form: two layers' router rows summed, divided by their number (a float)
+        second = torch.softmax(self.router(torch.tanh(h)), -1)
+        self.aux_layers = 3 * (frac * ((probs.sum(0) + second.sum(0)) / float(2 * len(h)))).sum()
         return self.head(h * probs.max(-1).values[:, None]).view(*ids.shape, 13), aux
 
 
@@ -128,25 +131,45 @@ def _causal(form: str) -> Callable[[], None]:
                 logits, aux = model(ids)
                 ce = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1),
                                                        ids[:, 1:].flatten())
-                loss = ce / K + 0.01 * aux if form == "aux after /K" else (ce + 0.01 * aux) / K
+                if form == "layers aux after /K":
+                    aux = model.aux_layers
+                loss = ce / K + 0.01 * aux if form.endswith("after /K") else (ce + 0.01 * aux) / K
                 loss.backward()
             opt.step()
             opt.zero_grad()
+        # a large-batch reference phase with its own optimizer, the aux divided by K there
+        ref_opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(STEPS):
+            for _ in range(K):
+                ids = torch.randint(0, 13, (3, 8), generator=g)
+                logits, aux = model(ids)
+                ce = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1),
+                                                       ids[:, 1:].flatten())
+                ((ce + 0.01 * aux) / K).backward()
+            ref_opt.step()
+            ref_opt.zero_grad()
 
     return loop
 
 
 def test_a_router_over_the_unshifted_positions_is_a_micro_batch_mean(tmp_path: Path) -> None:
-    """The CE takes 3 x 7 shifted tokens, the router's mean 3 x 8 positions: the same
-    micro-batch's sequences (blind round 31, writer a: an FSDP2 MoE LM)."""
+    """The CE takes 3 x 7 shifted tokens, the router's mean 3 x 8 positions, or 2 layers' of
+    them summed and divided by 48 (transformers' MoE loss): the same micro-batch's sequences
+    (blind round 31: an FSDP2 MoE LM, an HF Trainer Mixtral). A later reference phase with
+    its own optimizer, written right, is judged apart and does not hide the training's."""
     with recording(tmp_path / "bug"):
         _causal("aux after /K")()
     findings, _, _ = analyze(load_recordings(tmp_path / "bug"))
     (f,) = [x for x in findings if x.severity == "error"]
     assert f.cls == "LOSS_SCALE", f
-    assert "a mean over 24 rows, the micro-batch's 21 tokens before the loss beside it dropped " \
-           "one position of each of its 3 sequences" in f.evidence
+    assert "a mean over 24 rows, the micro-batch's 24 positions (its 21 tokens before the loss " \
+           "beside it dropped one position of each of its 3 sequences)" in f.evidence
     assert "multiplied by 0.01 x 3" in f.evidence
+    with recording(tmp_path / "layers"):
+        _causal("layers aux after /K")()
+    findings, _, _ = analyze(load_recordings(tmp_path / "layers"))
+    (f,) = [x for x in findings if x.severity == "error"]
+    assert "48 rows, 2 x the micro-batch's 24 positions" in f.evidence, f
     with recording(tmp_path / "ok"):
         _causal("(ce + aux) / K")()
     findings, _, _ = analyze(load_recordings(tmp_path / "ok"))

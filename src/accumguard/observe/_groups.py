@@ -107,15 +107,55 @@ def group_ks(groups: list[tuple[int | None, list[JsonObject]]], res: KResolution
 def _later_phase(steps: list[JsonObject], res: KResolution
                  ) -> list[tuple[int | None, list[JsonObject], KResolution, OwnRate | None]] | None:
     """One optimizer object accumulated K, then other optimizer objects (``opt_serial``)
-    took over and stepped after every single backward until the end: a second phase of the
-    script (a large-batch reference run after the training, a head fine-tuned after
-    pre-training), each of whose steps is one window of its own. Judged apart, at K = 1,
-    with a note, instead of as an optimizer stepping every micro-step of the first phase's
-    K. None when the steps are not so."""
+    took over and stepped after every window of one size K' (1: after every backward) until
+    the end: a second phase of the script (a large-batch reference run after the training,
+    accumulating over one micro-batch or over the K x W micro-batches of the run's window;
+    a head fine-tuned after pre-training), each of whose windows is its own. Judged apart,
+    at K', with a note, instead of as steps of the first phase's K (F1 at K' = 1, an
+    off-by-one counter otherwise). None when the steps are not so."""
     k = res.k
     serials = [s.get("opt_serial") for s in steps]
     if k is None or k < 2 or None in serials or len(set(serials)) < 2:
         return None
+    starts = [i for i in range(1, len(steps)) if serials[i] != serials[i - 1]]
+    if len(set(serials)) != len(starts) + 1:
+        return None  # an optimizer object stepping again after another: not phases
+    for cut in starts:
+        before, after = _windows(steps[:cut]), _windows(steps[cut:])
+        sizes = Counter(w.window for w in before if w.window > 0)
+        own = {w.window for w in after}
+        if not (sizes and sizes.most_common(1)[0][0] == k and after and len(own) == 1):
+            continue
+        k2 = own.pop()
+        if k2 < 1 or k2 == k:
+            continue
+        first = steps[cut]
+        name = str(first.get("optimizer") or "optimizer")
+        each = ("each after a single backward pass" if k2 == 1 else
+                f"each after {k2} backward passes")
+        note = OwnRate("F1" if k2 == 1 else "F13", int(first.get("step", 0) or 0),
+                       f"after optimizer step {int(first.get('step', 0) or 0)}, where the "
+                       f"optimizer that accumulated K = {k} ({res.source}) stepped for the "
+                       f"last time, another optimizer object ({name}) made the run's last "
+                       f"{len(after)} step(s), {each}: judged as a phase of its own (a "
+                       "large-batch reference run, a second training stage) whose windows "
+                       f"are {k2} backward pass(es), not as "
+                       + ("micro-steps of the first phase's windows. If that phase was meant "
+                          "to accumulate K too, it steps on every micro-step" if k2 == 1 else
+                          f"windows of the first phase's K = {k}. If that phase was meant to "
+                          f"accumulate K = {k} too, its windows are {k2} micro-steps long"),
+                       title=("a later phase with another optimizer steps after every "
+                              "backward: judged on its own (K = 1), not F1" if k2 == 1 else
+                              f"a later phase with another optimizer steps every {k2} "
+                              f"backwards: judged on its own (K = {k2}), not as windows of "
+                              f"K = {k}"),
+                       fix="Nothing to fix for a reference run or a stage that steps on "
+                           "whole batches; if that phase was meant to accumulate K, step "
+                           "its optimizer once per K backward passes.")
+        return [(None, steps[:cut], res, None),
+                (None, steps[cut:], KResolution(k2, "the later phase's own windows",
+                                                "inferred"), note)]
+    return None
     starts = [i for i in range(1, len(steps)) if serials[i] != serials[i - 1]]
     if len(set(serials)) != len(starts) + 1:
         return None  # an optimizer object stepping again after another: not phases

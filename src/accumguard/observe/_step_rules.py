@@ -51,6 +51,8 @@ def _sync_findings(rank: int, w: StepRecord) -> list[Finding]:
         return []
     if not syncs or any(s is None for s in syncs):
         return []
+    if w.forwards and not any(w.forwards):
+        return []  # no forward of the watched model in the window (a reference model's)
     mism = w.sync_mismatch or [] if engine == "ddp" else []
     # the guard judges each backward with the same rule as it happens
     verdicts = [micro_sync(s, last=j == len(syncs) - 1) for j, s in enumerate(syncs)]

@@ -57,7 +57,8 @@ def _may_hold_k(divs: list[list[Any]], k: int, rows: int = 0) -> bool:
     multiple of K) but a mean's over whole multiples of the rows (:func:`_row_mean_divisor`)."""
     for op, c in divs:
         if str(op) == "/":
-            if float(c) % k == 0 and not _row_mean_divisor(float(c), rows, k):
+            if float(c) % k == 0 and not _row_mean_divisor(float(c), rows, k) \
+                    and not (float(c).is_integer() and _positions(int(c), rows)):
                 return True
             continue
         if _sig(float(c) * k) < _sig(float(c)):
@@ -101,7 +102,21 @@ Masses = dict[int, dict[tuple[str, int], tuple[float, float]]]
 
 def term_scale_findings(rank: int, windows: list[dict[str, Any]],
                         masses: Masses | None = None) -> list[Finding]:
-    """LOSS_SCALE for a term not divided by K beside a loss call divided by K (module doc)."""
+    """LOSS_SCALE for a term not divided by K beside a loss call divided by K (module doc),
+    judged per optimizer object: a later phase's windows (a large-batch reference run, whose
+    loss is written apart) neither prove nor disprove the training's pattern."""
+    groups: dict[Any, list[dict[str, Any]]] = {}
+    for w in windows:
+        groups.setdefault(w.get("opt_serial"), []).append(w)
+    for group in groups.values():
+        found = _term_scale_findings(rank, group, masses)
+        if found:
+            return found
+    return []
+
+
+def _term_scale_findings(rank: int, windows: list[dict[str, Any]],
+                         masses: Masses | None = None) -> list[Finding]:
     hits: dict[int, list[tuple[dict[str, Any], list[Any], list[Any]]]] = {}
     twice: dict[int, list[tuple[dict[str, Any], list[Any], list[Any]]]] = {}
     judged: dict[int, int] = {}
@@ -478,10 +493,12 @@ def _mean_rows(r: list[Any], rows: int, k: int) -> int | None:
     if rows <= 0:
         return None
     spans = [int(c) for c in r[5]] + [int(float(c)) for op, c in r[4]
-                                       if str(op) == "/" and _row_mean_divisor(float(c), rows, k)]
+                                       if str(op) == "/" and (_row_mean_divisor(float(c), rows, k)
+                                                              or (float(c).is_integer()
+                                                                  and _positions(int(c), rows)))]
     found = next((c for c in spans if c >= rows and c % rows == 0), None)
     if found is None:
-        found = next((c for c in spans if _shifted(c, rows)), None)
+        found = next((c for c in spans if _positions(c, rows)), None)
     if found is None and _made_of_batch_means(r, rows):
         return rows
     if found is None:
@@ -500,13 +517,31 @@ def _shifted(c: int, rows: int) -> bool:
     return d >= 1 and rows % d == 0 and rows // d >= 4
 
 
+def _positions(c: int, rows: int) -> int:
+    """m when ``c`` is m x the micro-batch's positions before the causal shift
+    (:func:`_shifted`; m layers' router rows, transformers' MoE loss), else 0."""
+    for m in range(1, 17):
+        if c % m == 0 and c // m > rows and _shifted(c // m, rows):
+            return m
+    return 0
+
+
 def _coef_text(divs: list[list[Any]], counts: set[float], rows: int = 0, k: int = 0) -> str:
     """The constants a term is multiplied and divided by, in words (``0.02 x 4 / 2``), but
     the divisions that make it a mean (by its count, or by a whole multiple of the rows)."""
     mul = [f"{float(c):g}" for op, c in divs if str(op) == "*" and float(c) != 1.0]
     div = [f"/ {float(c):g}" for op, c in divs if str(op) == "/" and float(c) != 1.0
-           and float(c) not in counts and not (k and _row_mean_divisor(float(c), rows, k))]
+           and float(c) not in counts and not (k and _row_mean_divisor(float(c), rows, k))
+           and not (rows and float(c).is_integer() and _positions(int(c), rows))]
     return " ".join([" x ".join(mul) or "1", *div])
+
+
+def _positions_text(c: int, rows: int) -> str:
+    m = _positions(c, rows)
+    pos = c // m
+    return (f"{c} rows, " + (f"{m} x " if m > 1 else "") + f"the micro-batch's {pos} positions "
+            f"(its {rows} tokens before the loss beside it dropped one position of each of its "
+            f"{pos - rows} sequences)")
 
 
 def _made_of_batch_means(r: list[Any], rows: int) -> bool:
@@ -515,7 +550,7 @@ def _made_of_batch_means(r: list[Any], rows: int) -> bool:
     ``n * (probs.mean(0) ** 2).sum()``): a statistic of the micro-batch."""
     below = r[12] if len(r) > 12 else None
     return isinstance(below, list) and bool(below) and all(
-        int(c) == rows or _shifted(int(c), rows) for c in below)
+        int(c) == rows or _positions(int(c), rows) for c in below)
 
 
 def _text(found: list[tuple[dict[str, Any], list[Any], list[Any]]], x: list[Any],
@@ -527,8 +562,7 @@ def _text(found: list[tuple[dict[str, Any], list[Any], list[Any]]], x: list[Any]
     coef = _coef_text(x[4], {count} if count is not None else set(), rows, k)
     over = (_mean_rows(x, rows, k) or rows) if x[7] is None else rows
     span = (f"the {rows} rows of the micro-batch" if over == rows else
-            f"{over} rows, the micro-batch's {rows} tokens before the loss beside it dropped "
-            f"one position of each of its {over - rows} sequences" if _shifted(over, rows) else
+            _positions_text(over, rows) if _positions(over, rows) else
             f"{over} rows, {over // rows}x the micro-batch's {rows}" if over > rows else
             f"{over} items of {rows // over} of the micro-batch's {rows} rows each (its "
             "sequences, when the loss beside it took the tokens flattened)")

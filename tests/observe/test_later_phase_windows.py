@@ -1,0 +1,72 @@
+"""A script that trains with K, then runs a large-batch reference with another optimizer
+object in the same process (blind round 31, writer c: an HF Trainer with K = 3 on 2 ranks,
+then rank 0's reference accumulating the K x W = 6 micro-batches of each window): the
+reference's windows of 6 are a phase of their own, not an off-by-one counter (F13) of the
+training's K = 3, and the DDP sync flags of a window in which the watched model ran no forward
+(the reference model's window) say nothing about synchronisation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from accumguard.core.window import StepRecord
+from accumguard.observe._step_rules import _sync_findings
+from accumguard.watch._findings import analyze, load_recordings
+from accumguard.watch._recording import recording
+
+K, STEPS = 3, 4
+
+
+def _run(ref_k: int) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(STEPS):
+        for _ in range(K):
+            (model(torch.randn(5, 4)).pow(2).mean() / K).backward()
+        opt.step()
+        opt.zero_grad()
+    ref = torch.nn.Linear(4, 1)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for _ in range(STEPS):
+        for _ in range(ref_k):
+            (ref(torch.randn(5, 4)).pow(2).mean() / ref_k).backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+
+
+def test_a_reference_phase_accumulating_k_times_w_is_judged_on_its_own(tmp_path: Path) -> None:
+    with recording(tmp_path):
+        _run(ref_k=2 * K)
+    findings, _, _ = analyze(load_recordings(tmp_path), k_flag=K)  # K declared (--k)
+    assert not [f for f in findings if f.severity.value != "note"], findings
+    (note,) = [f for f in findings if "later phase" in f.title]
+    assert f"judged on its own (K = {2 * K}), not as windows of K = {K}" in note.title
+    assert f"each after {2 * K} backward passes" in note.evidence
+
+
+def test_the_same_windows_with_one_optimizer_stay_f13(tmp_path: Path) -> None:
+    """Control: one optimizer object whose windows go from K to 2K is not a new phase."""
+    with recording(tmp_path):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for i in range(2 * STEPS):
+            for _ in range(K if i < STEPS else 2 * K):
+                (model(torch.randn(5, 4)).pow(2).mean() / K).backward()
+            opt.step()
+            opt.zero_grad()
+    findings, _, _ = analyze(load_recordings(tmp_path), k_flag=K)
+    assert any(f.cls == "F13" and f.severity.value == "error" for f in findings), findings
+
+
+def test_sync_flags_of_a_window_without_a_forward_of_the_watched_model_say_nothing() -> None:
+    reference = StepRecord(step=4, backwards=3, engine="ddp", sync_micros=[True, True, True],
+                           sync_backward=[True, True, True], forwards=[0, 0, 0])
+    assert _sync_findings(0, reference) == []
+    training = StepRecord(step=4, backwards=3, engine="ddp", sync_micros=[True, True, True],
+                          sync_backward=[True, True, True], forwards=[1, 1, 1])
+    (f,) = _sync_findings(0, training)
+    assert f.cls == "EXTRA_SYNC"
