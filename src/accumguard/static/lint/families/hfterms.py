@@ -11,7 +11,8 @@ summed over the K micro-batches: it weighs K times its coefficient next to the m
 (the large batch's loss is the main token mean plus coef times the mean over the whole
 window). Proven from the source: the mean is a ``.mean()`` (or ``torch.mean``) at the top of
 the term, inline, through a name the function assigns, or as the return of a function of the
-file; no division applies to the term outside the mean; the file does not set
+file, or a transformers MoE model's ``outputs.aux_loss`` (its router load-balancing loss
+over the micro-batch's tokens); no division applies to the term outside the mean; the file does not set
 ``loss_is_scaled_for_ga = False``. An error when ``gradient_accumulation_steps`` is in sight
 and above 1, a warning when it is not in sight, nothing when it is 1.
 """
@@ -130,7 +131,7 @@ def _micro_mean(ctx: FileContext, fn: _Func, term: ast.AST, at: ast.AST) -> ast.
             continue  # a coefficient (``self.temperature ** 2``)
         elif isinstance(e, (ast.BinOp, ast.UnaryOp)):
             return None  # a division (or anything else) outside the mean
-        elif _is_mean_call(e):
+        elif _is_mean_call(e) or _moe_aux(e):
             found = e
         elif isinstance(e, ast.Name):
             value = _reaching(ctx, fn, e.id, at)
@@ -142,6 +143,15 @@ def _micro_mean(ctx: FileContext, fn: _Func, term: ast.AST, at: ast.AST) -> ast.
             if rets and all(_mean_times_constants(r) for r in rets):
                 found = e
     return found
+
+
+def _moe_aux(e: ast.AST) -> bool:
+    """``outputs.aux_loss`` (``outputs["aux_loss"]``): a transformers Mixture-of-Experts
+    model's router load-balancing loss, a statistic of the micro-batch's tokens."""
+    if isinstance(e, ast.Attribute):
+        return e.attr == "aux_loss"
+    return (isinstance(e, ast.Subscript) and isinstance(e.slice, ast.Constant)
+            and e.slice.value == "aux_loss")
 
 
 def _mean_times_constants(e: ast.AST) -> bool:
@@ -192,8 +202,10 @@ def hf_loss_term_not_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
                 k = next(iter(ks)) if known and len(ks) == 1 else "K"
                 f = ctx.finding(
                     "AG142", t,
-                    f"the loss term `{ast.unparse(t)}` is a mean of this micro-batch added at "
-                    "full weight beside a term normalised by `num_items_in_batch` (the whole "
+                    f"the loss term `{ast.unparse(t)}` is a mean of this micro-batch"
+                    + (" (a transformers MoE model's router load-balancing loss)"
+                       if any(_moe_aux(x) for x in ast.walk(t)) else "")
+                    + " added at full weight beside a term normalised by `num_items_in_batch` (the whole "
                     "window's token count, so the Trainer does not divide the loss by "
                     f"gradient_accumulation_steps = {k}): summed over the window it weighs "
                     f"{k}x its coefficient")
