@@ -174,3 +174,43 @@ def test_a_router_over_the_unshifted_positions_is_a_micro_batch_mean(tmp_path: P
         _causal("(ce + aux) / K")()
     findings, _, _ = analyze(load_recordings(tmp_path / "ok"))
     assert [x for x in findings if x.severity == "error"] == []
+
+
+def _ppo_params() -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    model = _ActorCritic()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(STEPS):
+        for _ in range(K):
+            logits, values = model(torch.randn(ROWS, 5, generator=g))
+            d = Categorical(logits=logits)
+            loss = (-d.log_prob(torch.randint(0, 3, (ROWS,), generator=g)).mean()
+                    + 0.5 * values.pow(2).mean()) / K - 0.01 * d.entropy().mean()
+            loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_a_fault_keeping_the_terms_of_a_loss_without_a_loss_call_changes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The window's term rows of a loss built from torch ops are made at the optimizer step,
+    inside the user's ``step()``: a raise there switches observation off, is reported as
+    accumguard's own failure, and the run is bit-identical (fails with the door's guard
+    broken on purpose: hook_method's door in observe/_failsafe.py)."""
+    import accumguard.observe._losses as losses
+
+    unobserved = _ppo_params()
+
+    def broken(*args: object, **kwargs: object) -> list[list[object]]:
+        raise RuntimeError("injected: term_rows")
+
+    monkeypatch.setattr(losses, "term_rows", broken)
+    with recording(tmp_path) as obs:
+        params = _ppo_params()
+        failure = obs.failure
+    assert failure is not None and "term_rows" in failure.error + failure.traceback
+    for a, b in zip(params, unobserved, strict=True):
+        assert torch.equal(a, b)
+    assert list(load_recordings(tmp_path).failures) == [0]
