@@ -5,7 +5,9 @@ losses) is a mean over *this* micro-batch's valid tokens, whatever the names are
 divisor is the sum of an expression that also weighs the summed dividend. The same
 normaliser written once in a helper (``def masked_mean(x, m): return (x * m).sum() /
 m.sum()``) and called in the window is the same mean. Read by AG104 (the mean divided by
-K: a mean of means) and AG129 (the mean not divided by K at all: K x the gradient).
+K: a mean of means) and AG129 (the mean not divided by K at all: K x the gradient). Also
+the hints that a mean-reduced loss averages a variable number of tokens
+(:func:`token_mean_hints`: ``ignore_index``, a mask, -100 in the scope).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from accumguard.static.lint._context import FileContext
 from accumguard.static.lint.families.deepspeed import _name_values
 
 __all__ = ["counted_mean", "counted_per_micro_batch", "counts_tokens", "counts_window", "forward_token_mean", "helper_called", "hf_loss", "masked_mean", "masked_mean_helpers", "micro_batch_count",
-           "num_items_arg", "window_normalised"]
+           "num_items_arg", "token_mean_hints", "window_normalised"]
 
 #: wrappers that keep a count a count: ``m.sum().clamp(min=1)``, ``.float()``, ``max(n, 1)``
 _COUNT_WRAPPERS = frozenset({"clamp", "clamp_min", "clip", "float", "to", "type_as", "detach", "item"})
@@ -451,3 +453,35 @@ def _built_over_batches(ctx: FileContext, func: ast.AST, exprs: list[ast.expr | 
                 if rets and _built_over_batches(ctx, defs[0], rets, depth - 1):
                     return True
     return False
+
+
+_TOKEN_MEAN_KEYWORDS = frozenset(
+    {"ignore_index", "attention_mask", "loss_mask", "padding_mask", "pad_token_id", "label_mask",
+     "labels_mask", "token_mask", "mask"}
+)
+_TOKEN_MEAN_NAMES = frozenset({"attention_mask", "ignore_index", "loss_mask", "pad_token_id"})
+
+
+def token_mean_hints(ctx: FileContext, scope: ast.AST) -> tuple[bool, bool]:
+    """(token-mean hints in sight, loss summed with reduction='sum') for ``scope``."""
+    def compute() -> tuple[bool, bool]:
+        hints = summed = False
+        for sub in ctx.local_nodes(scope):
+            if isinstance(sub, ast.keyword) and sub.arg:
+                if sub.arg in _TOKEN_MEAN_KEYWORDS:
+                    hints = True
+                elif sub.arg == "reduction" and isinstance(sub.value, ast.Constant) and sub.value.value == "sum":
+                    summed = True
+            elif isinstance(sub, ast.Name | ast.Attribute):
+                ident = sub.id if isinstance(sub, ast.Name) else sub.attr
+                if ident.lower() in _TOKEN_MEAN_NAMES:
+                    hints = True
+            elif isinstance(sub, ast.Constant) and sub.value in ("attention_mask", "loss_mask") or (
+                isinstance(sub, ast.UnaryOp)
+                and isinstance(sub.op, ast.USub)
+                and isinstance(sub.operand, ast.Constant)
+                and sub.operand.value == 100
+            ):
+                hints = True
+        return hints, summed
+    return ctx._cached("token_hints", scope, compute)  # type: ignore[no-any-return]

@@ -47,6 +47,7 @@ from accumguard.static.lint.families._masked import (
     masked_mean,
     masked_mean_helpers,
     micro_batch_count,
+    token_mean_hints,
     window_normalised,
 )
 from accumguard.static.lint.families._modguard import k_values
@@ -60,11 +61,6 @@ from accumguard.static.lint.families._rankavg import (
 )
 from accumguard.static.lint.families._worldprod import named_product_with_world
 
-_TOKEN_MEAN_KEYWORDS = frozenset(
-    {"ignore_index", "attention_mask", "loss_mask", "padding_mask", "pad_token_id", "label_mask",
-     "labels_mask", "token_mask", "mask"}
-)
-_TOKEN_MEAN_NAMES = frozenset({"attention_mask", "ignore_index", "loss_mask", "pad_token_id"})
 _NORMALISED_BY_COUNT = ("token", "num_items", "n_items", "count", "n_valid", "num_valid", "denom", "normali")
 _GLOBAL_ONLY = re.compile(r"global|all_?reduce|world")
 
@@ -216,31 +212,6 @@ def _divisions(ctx: FileContext) -> Iterator[tuple[ast.AST, ast.AST, ast.AST]]:
             yield node, d[0], d[1]
 
 
-def _token_mean_hints(ctx: FileContext, scope: ast.AST) -> tuple[bool, bool]:
-    """(token-mean hints in sight, loss summed with reduction='sum') for ``scope``."""
-    def compute() -> tuple[bool, bool]:
-        hints = summed = False
-        for sub in ctx.local_nodes(scope):
-            if isinstance(sub, ast.keyword) and sub.arg:
-                if sub.arg in _TOKEN_MEAN_KEYWORDS:
-                    hints = True
-                elif sub.arg == "reduction" and isinstance(sub.value, ast.Constant) and sub.value.value == "sum":
-                    summed = True
-            elif isinstance(sub, ast.Name | ast.Attribute):
-                ident = sub.id if isinstance(sub, ast.Name) else sub.attr
-                if ident.lower() in _TOKEN_MEAN_NAMES:
-                    hints = True
-            elif isinstance(sub, ast.Constant) and sub.value in ("attention_mask", "loss_mask") or (
-                isinstance(sub, ast.UnaryOp)
-                and isinstance(sub.op, ast.USub)
-                and isinstance(sub.operand, ast.Constant)
-                and sub.operand.value == 100
-            ):
-                hints = True
-        return hints, summed
-    return ctx._cached("token_hints", scope, compute)  # type: ignore[no-any-return]
-
-
 def _all_reduced(ctx: FileContext, node: ast.AST, divisor: ast.AST) -> bool:
     """The divisor is (built from) a name all-reduced in the division's scope or the file: a
     count over the window's micro-steps and every rank, neither K nor this micro-batch's own
@@ -332,12 +303,12 @@ def mean_of_means(ctx: FileContext) -> Iterator[Finding]:
             continue
         scope = ctx.window_scope(window)
         explicit = _per_micro_batch_token_mean(ctx, window)
-        hints, summed = _token_mean_hints(ctx, scope)
+        hints, summed = token_mean_hints(ctx, scope)
         cls = ctx.enclosing(window, (ast.ClassDef,)) if by_accelerate else None
         if by_accelerate and not hints and isinstance(cls, ast.ClassDef):
             # a trainer class builds its criterion in __init__ (CrossEntropyLoss(ignore_index=pad))
             methods = [f for f in cls.body if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)]
-            found = [_token_mean_hints(ctx, f) for f in methods]
+            found = [token_mean_hints(ctx, f) for f in methods]
             hints = any(h for h, _ in found)
             summed = summed or any(sm for _, sm in found)
         if not explicit and not hints and not summed and all(
@@ -345,7 +316,7 @@ def mean_of_means(ctx: FileContext) -> Iterator[Finding]:
             # a HF model's .loss or a module's forward's token mean: -100/ignore_index in the
             # file (a reduction='sum' elsewhere, a reference, is not this loss)
             hints = bool(ctx._cached("token_hints_file", ctx.tree, lambda: any(
-                _token_mean_hints(ctx, f)[0] for f in ctx.of(ast.FunctionDef))))
+                token_mean_hints(ctx, f)[0] for f in ctx.of(ast.FunctionDef))))
         if not explicit and (not hints or summed):
             continue
         for node, _ in by_k:

@@ -32,8 +32,7 @@ from accumguard.static.lint.families._lightning import (
     automatic_lightning_module,
     lightning_accumulates,
 )
-from accumguard.static.lint.families._masked import counted_mean, masked_mean
-from accumguard.static.lint.families.loss import _token_mean_hints
+from accumguard.static.lint.families._masked import counted_mean, masked_mean, token_mean_hints
 from accumguard.static.lint.families.scale import _k_in_sight, plain_windows
 
 __all__ = ["lightning_token_mean", "masked_token_mean_never_divided_by_k"]
@@ -111,7 +110,7 @@ def lightning_token_mean(ctx: FileContext) -> Iterator[Finding]:
             continue
         explicit = all(masked_mean(ctx, fn, x, set(), rows=False) or counted_mean(ctx, fn, fn, x, set())
                        for x in losses)
-        hints, summed = _token_mean_hints(ctx, fn)
+        hints, summed = token_mean_hints(ctx, fn)
         if not explicit and (not hints or summed):
             continue
         yield ctx.finding(
