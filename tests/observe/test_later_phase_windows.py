@@ -70,3 +70,27 @@ def test_sync_flags_of_a_window_without_a_forward_of_the_watched_model_say_nothi
                           sync_backward=[True, True, True], forwards=[1, 1, 1])
     (f,) = _sync_findings(0, training)
     assert f.cls == "EXTRA_SYNC"
+
+
+def test_a_reference_phase_with_short_tails_is_still_its_own_phase(tmp_path: Path) -> None:
+    """The reference's own passes end in shorter windows (4 windows of 6, then one of 2)."""
+    with recording(tmp_path):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(STEPS):
+            for _ in range(K):
+                (model(torch.randn(5, 4)).pow(2).mean() / K).backward()
+            opt.step()
+            opt.zero_grad()
+        ref = torch.nn.Linear(4, 1)
+        ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+        for n in [2 * K] * STEPS + [2]:
+            for _ in range(n):
+                (ref(torch.randn(5, 4)).pow(2).mean() / n).backward()
+            ref_opt.step()
+            ref_opt.zero_grad()
+    findings, _, _ = analyze(load_recordings(tmp_path), k_flag=K)
+    assert not [f for f in findings if f.severity.value == "error"], findings
+    (note,) = [f for f in findings if "later phase" in f.title]
+    assert f"{STEPS} of them after {2 * K} backward passes, the others after fewer" in note.evidence

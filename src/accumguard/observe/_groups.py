@@ -107,8 +107,8 @@ def group_ks(groups: list[tuple[int | None, list[JsonObject]]], res: KResolution
 def _later_phase(steps: list[JsonObject], res: KResolution
                  ) -> list[tuple[int | None, list[JsonObject], KResolution, OwnRate | None]] | None:
     """One optimizer object accumulated K, then other optimizer objects (``opt_serial``)
-    took over and stepped after every window of one size K' (1: after every backward) until
-    the end: a second phase of the script (a large-batch reference run after the training,
+    took over and stepped after windows of one size K' (1: after every backward; a few
+    shorter ones allowed, the tails of its own passes) until the end: a second phase of the script (a large-batch reference run after the training,
     accumulating over one micro-batch or over the K x W micro-batches of the run's window;
     a head fine-tuned after pre-training), each of whose windows is its own. Judged apart,
     at K', with a note, instead of as steps of the first phase's K (F1 at K' = 1, an
@@ -123,16 +123,18 @@ def _later_phase(steps: list[JsonObject], res: KResolution
     for cut in starts:
         before, after = _windows(steps[:cut]), _windows(steps[cut:])
         sizes = Counter(w.window for w in before if w.window > 0)
-        own = {w.window for w in after}
-        if not (sizes and sizes.most_common(1)[0][0] == k and after and len(own) == 1):
+        own = Counter(w.window for w in after)
+        if not (sizes and sizes.most_common(1)[0][0] == k and after):
             continue
-        k2 = own.pop()
-        if k2 < 1 or k2 == k:
+        # one size K' (a few shorter windows allowed: the tails of its own passes)
+        k2, n2 = own.most_common(1)[0]
+        if k2 < 1 or k2 == k or any(size > k2 for size in own) or n2 < max(2, len(after) // 2):
             continue
         first = steps[cut]
         name = str(first.get("optimizer") or "optimizer")
-        each = ("each after a single backward pass" if k2 == 1 else
-                f"each after {k2} backward passes")
+        each = ("each" if n2 == len(after) else f"{n2} of them") + (
+            " after a single backward pass" if k2 == 1 else f" after {k2} backward passes") + (
+            "" if n2 == len(after) else ", the others after fewer")
         note = OwnRate("F1" if k2 == 1 else "F13", int(first.get("step", 0) or 0),
                        f"after optimizer step {int(first.get('step', 0) or 0)}, where the "
                        f"optimizer that accumulated K = {k} ({res.source}) stepped for the "
