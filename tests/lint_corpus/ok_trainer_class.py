@@ -3,7 +3,9 @@ import torch
 
 
 class Trainer:
-    """Class-based trainer with a derived boundary flag."""
+    """Class-based trainer with a derived boundary flag. Correct when the loader's length is
+    a multiple of K; its length is not in sight, so the tail the flag also steps, divided by
+    K, is AG141's warning."""
 
     def __init__(self, model, optimizer, scheduler, accum_steps: int) -> None:
         self.model = model
@@ -17,7 +19,7 @@ class Trainer:
         n = len(loader)
         for idx, batch in enumerate(loader):
             should_step = (idx + 1) % self.accum_steps == 0 or idx + 1 == n
-            loss = self.model(batch).mean() / self.accum_steps
+            loss = self.model(batch).mean() / self.accum_steps  # expect: AG141
             loss.backward()
             if not should_step:
                 continue

@@ -197,3 +197,36 @@ def reference(per_rank, world, total, hp):
     training = src.replace("x = torch.cat([mb for r in per_rank for mb in r[w * K:(w + 1) * K]])",
                            "x = next(it)")
     assert _errors(training) == ["AG114"]
+
+
+def test_a_reference_striding_by_k_and_a_nanogpt_skip_to_the_step() -> None:
+    """Blind round 32, writer b: the reference walks the micro-batches with
+    ``range(0, n_micro, K)`` (one iteration per window: no F1), and the training loop
+    steps after ``if not last_in_window: continue``, the flag also true at the pass's end,
+    every loss divided by K: AG141 (the short tail divided by K)."""
+    src = """
+import torch.nn.functional as F
+gradient_accumulation_steps = 4
+
+def reference(m, opt, per_rank, world):
+    n_micro = len(per_rank[0])
+    for start in range(0, n_micro, gradient_accumulation_steps):
+        idx = range(start, min(start + gradient_accumulation_steps, n_micro))
+        xs = torch.cat([per_rank[r][i][0] for r in range(world) for i in idx])
+        opt.zero_grad()
+        F.mse_loss(m(xs), 0 * xs).backward()
+        opt.step()
+
+def train(model, optimizer, loader):
+    n_micro = len(loader)
+    for micro_step, (X, Y) in enumerate(loader):
+        last_in_window = (micro_step + 1) % gradient_accumulation_steps == 0 or micro_step == n_micro - 1
+        loss = F.mse_loss(model(X), Y) / gradient_accumulation_steps
+        loss.backward()
+        if not last_in_window:
+            continue
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+"""
+    found = [f.code for f in lint_source(textwrap.dedent(src))]
+    assert found == ["AG141"], found

@@ -159,11 +159,15 @@ def whole_window_iteration(ctx: WindowQueries, window: ast.AST) -> bool:
 
 def _k_iterations(ctx: WindowQueries, it: ast.AST) -> bool:
     """The loop's iterable is sized by K (``range(K)``, ``batch.chunk(K)``), not a number
-    of windows (``range(n // K)``, ``range(n_windows)`` with ``n_windows = len(x) // K``):
-    K, or a name made from it, outside the right side of a division."""
+    of windows (``range(n // K)``, ``range(n_windows)`` with ``n_windows = len(x) // K``,
+    ``range(0, n, K)``): K, or a name made from it, outside the right side of a division
+    and a range's stride."""
     under_div = {id(x) for n in walk_all(it)
                  if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div | ast.FloorDiv)
                  for x in walk_all(n.right)}
+    if isinstance(it, ast.Call) and call_attr(it) == "range" and len(it.args) == 3 \
+            and ctx.mentions_accum(it.args[2]):
+        return False  # `range(0, n_micro, K)`: one iteration per window's first micro-batch
     for n in walk_all(it):
         if id(n) in under_div or not isinstance(n, ast.Name | ast.Attribute | ast.Subscript):
             continue

@@ -65,6 +65,9 @@ def _flush_guard(ctx: FileContext, call: ast.AST,
                 return cur, guard, test
             if isinstance(cur.test, ast.Name):
                 tested.append(cur.test.id)
+        skip = _skipped_unless(ctx, cur, child, window, scope)
+        if skip is not None:
+            return skip
         if isinstance(cur, FUNCS) and tested and (site := ctx.inlined(window).get(cur)) is not None:
             for name in tested:
                 arg = bound_argument(cur, site, name)
@@ -75,6 +78,27 @@ def _flush_guard(ctx: FileContext, call: ast.AST,
                 if guard is not None:
                     return site, guard, value
         child, cur = cur, ctx.parents.get(cur)
+    if cur is window:
+        return _skipped_unless(ctx, window, child, window, scope)
+    return None
+
+
+def _skipped_unless(ctx: FileContext, block_owner: ast.AST, child: ast.AST, window: ast.AST,
+                    scope: ast.AST) -> tuple[ast.AST, ModGuard, ast.AST] | None:
+    """``if not <flag>: continue`` before ``child`` in its block, the flag a flush test
+    (nanoGPT's ``if not last_in_window: continue`` then the step)."""
+    for field in ("body", "orelse"):
+        block = getattr(block_owner, field, None)
+        if not isinstance(block, list) or child not in block:
+            continue
+        for stmt in block[:block.index(child)]:
+            if isinstance(stmt, ast.If) and isinstance(stmt.test, ast.UnaryOp) \
+                    and isinstance(stmt.test.op, ast.Not) and stmt.body \
+                    and isinstance(stmt.body[-1], ast.Continue) and not stmt.orelse:
+                value = _flag_value(ctx, stmt.test.operand, window)
+                guard = _flush_test(ctx, value, scope)
+                if guard is not None:
+                    return stmt, guard, value
     return None
 
 
