@@ -60,6 +60,7 @@ from accumguard.static.lint.families._rankavg import (
     simulates_ranks,
 )
 from accumguard.static.lint.families._worldprod import named_product_with_world
+from accumguard.static.lint.families.deepspeed import _config_ga
 
 _NORMALISED_BY_COUNT = ("token", "num_items", "n_items", "count", "n_valid", "num_valid", "denom", "normali")
 _GLOBAL_ONLY = re.compile(r"global|all_?reduce|world")
@@ -271,6 +272,18 @@ def _accelerate_ga_above_one(ctx: FileContext) -> bool:
     return bool(ctx._cached("accelerate_ga_above_one", ctx.tree, compute))
 
 
+def _engine_ga_above_one(ctx: FileContext) -> bool:
+    """The DeepSpeed config in sight sets gradient_accumulation_steps above 1, or to a name
+    that says it is the accumulation count (``c.accum``, its value out of sight)."""
+    ref = ctx.ds_config()
+    if ref is None:
+        return False
+    verdict = _config_ga(ctx, ref, set())[0]
+    node = ctx.ds_finder().value_node(ref, "gradient_accumulation_steps")
+    return verdict == "many" or (verdict == "unknown" and node is not None
+                                 and ctx.mentions_accum(node))
+
+
 def _divided_by_window_count(ctx: FileContext, window: ast.AST) -> bool:
     """The window divides its loss by a token count made before its micro-batches (the
     Accelerate docs' gathered count): ``accelerator.backward``'s /K undoes the script's * K."""
@@ -299,11 +312,28 @@ def mean_of_means(ctx: FileContext) -> Iterator[Finding]:
                 (n, n) for n in ctx.local_nodes(window)
                 if isinstance(n, ast.Call) and call_attr(n) == "backward" and ctx.is_accelerator(receiver(n))
             ]
+        by_engine = (not by_k and facts.engine_backward and _engine_ga_above_one(ctx)
+                     and not _divided_by_window_count(ctx, window))
+        if by_engine:
+            # DeepSpeed's engine.backward divides the loss by the config's GA itself (unless
+            # told scale_wrt_gas=False)
+            by_k = [(n, n) for n in ctx.local_nodes(window) if isinstance(n, ast.Call)
+                    and call_attr(n) == "backward" and n.args
+                    and ctx.kind_of_receiver(receiver(n)) == "engine"
+                    and not any(k.arg == "scale_wrt_gas" and isinstance(k.value, ast.Constant)
+                                and k.value.value is False for k in n.keywords)]
         if not by_k:
             continue
         scope = ctx.window_scope(window)
         explicit = _per_micro_batch_token_mean(ctx, window)
         hints, summed = token_mean_hints(ctx, scope)
+        if by_engine and not hints and not summed:
+            # the mean-reduced loss computed in a helper the window calls (`token_ce(...)`)
+            called = [f for n in ctx.local_nodes(window) if isinstance(n, ast.Call)
+                      for f in ctx.defs_by_name().get(helper_called(n) or "", [])]
+            found = [token_mean_hints(ctx, f) for f in called]
+            hints = any(h for h, _ in found)
+            summed = any(sm for _, sm in found)
         cls = ctx.enclosing(window, (ast.ClassDef,)) if by_accelerate else None
         if by_accelerate and not hints and isinstance(cls, ast.ClassDef):
             # a trainer class builds its criterion in __init__ (CrossEntropyLoss(ignore_index=pad))
@@ -324,7 +354,10 @@ def mean_of_means(ctx: FileContext) -> Iterator[Finding]:
                 "AG104",
                 node,
                 ("`accelerator.backward()` divides the loss by gradient_accumulation_steps"
-                 if by_accelerate else "the loss is divided by the number of accumulation steps")
+                 if by_accelerate else
+                 "DeepSpeed's `engine.backward()` divides the loss by the config's "
+                 "gradient_accumulation_steps" if by_engine else
+                 "the loss is divided by the number of accumulation steps")
                 + ", but it is a mean over "
                 + ("this micro-batch's own token count" if explicit else
                    "a variable number of tokens (padding mask / ignore_index in sight)")
