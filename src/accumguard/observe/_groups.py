@@ -158,31 +158,3 @@ def _later_phase(steps: list[JsonObject], res: KResolution
                 (None, steps[cut:], KResolution(k2, "the later phase's own windows",
                                                 "inferred"), note)]
     return None
-    starts = [i for i in range(1, len(steps)) if serials[i] != serials[i - 1]]
-    if len(set(serials)) != len(starts) + 1:
-        return None  # an optimizer object stepping again after another: not phases
-    for cut in starts:
-        before, after = _windows(steps[:cut]), _windows(steps[cut:])
-        sizes = Counter(w.window for w in before if w.window > 0)
-        if (sizes and sizes.most_common(1)[0][0] == k and after
-                and all(w.window == 1 for w in after)):
-            first = steps[cut]
-            name = str(first.get("optimizer") or "optimizer")
-            note = OwnRate("F1", int(first.get("step", 0) or 0),
-                           f"after optimizer step {int(first.get('step', 0) or 0)}, where the "
-                           f"optimizer that accumulated K = {k} ({res.source}) stepped for the "
-                           f"last time, another optimizer object ({name}) made the run's last "
-                           f"{len(after)} step(s), each after a single backward pass: judged "
-                           "as a phase of its own (a large-batch reference run, a second "
-                           "training stage) whose windows are one backward pass, not as "
-                           "micro-steps of the first phase's windows. If that phase was meant "
-                           "to accumulate K too, it steps on every micro-step",
-                           title="a later phase with another optimizer steps after every "
-                                 "backward: judged on its own (K = 1), not F1",
-                           fix="Nothing to fix for a reference run or a stage that steps on "
-                               "whole batches; if that phase was meant to accumulate, step "
-                               "its optimizer once per K backward passes.")
-            return [(None, steps[:cut], res, None),
-                    (None, steps[cut:], KResolution(1, "the later phase's own windows",
-                                                    "inferred"), note)]
-    return None

@@ -261,10 +261,9 @@ class FileIndex:
         return out
 
 
-    def callable_instances(self) -> dict[str, ast.ClassDef]:
-        """Names bound only to instances of one class of the file that defines ``__call__``
-        (``loss_scaler = NativeScalerWithGradNormCount()``, also as the parameter of that
-        name a training function is given): calling one runs that method (cached)."""
+    def _instances(self) -> dict[str, ast.ClassDef]:
+        """Names bound only to instances of one class of the file (every assignment of the
+        name a call of that class), each with the class (cached)."""
         def compute() -> dict[str, ast.ClassDef]:
             classes: dict[str, ast.ClassDef | None] = {}
             for c in self.of(ast.ClassDef):
@@ -276,10 +275,19 @@ class FileIndex:
                 if len(owners) != 1 or len(values) != sum(isinstance(v, ast.Call) for v in values):
                     continue
                 cls = classes.get(next(iter(owners)))
-                if cls is not None and any(isinstance(f, ast.FunctionDef) and f.name == "__call__"
-                                           for f in cls.body):
+                if cls is not None:
                     out[name] = cls
             return out
+        return self._cached("instances", self.tree, compute)  # type: ignore[no-any-return]
+
+    def callable_instances(self) -> dict[str, ast.ClassDef]:
+        """Names bound only to instances of one class of the file that defines ``__call__``
+        (``loss_scaler = NativeScalerWithGradNormCount()``, also as the parameter of that
+        name a training function is given): calling one runs that method (cached)."""
+        def compute() -> dict[str, ast.ClassDef]:
+            return {name: cls for name, cls in self._instances().items()
+                    if any(isinstance(f, ast.FunctionDef) and f.name == "__call__"
+                           for f in cls.body)}
         return self._cached("callable_instances", self.tree, compute)  # type: ignore[no-any-return]
 
     def wrapper_instances(self) -> dict[str, ast.ClassDef]:
@@ -288,22 +296,11 @@ class FileIndex:
         AccumulatingOptimizer(opt, 4)``): what its ``step()`` does is the class's own code,
         read by following the method (cached)."""
         def compute() -> dict[str, ast.ClassDef]:
-            classes: dict[str, ast.ClassDef | None] = {}
-            for c in self.of(ast.ClassDef):
-                classes[c.name] = None if c.name in classes else c
-            out: dict[str, ast.ClassDef] = {}
-            for name, values in self.values_by_name().items():
-                owners = {v.func.id for v in values if isinstance(v, ast.Call) and isinstance(v.func, ast.Name)}
-                if len(owners) != 1 or len(values) != sum(isinstance(v, ast.Call) for v in values):
-                    continue
-                cls = classes.get(next(iter(owners)))
-                if cls is None or any(re.search(r"(optimizer|scheduler|lr|module)$", last_part(dotted(b)).lower())
-                                      for b in cls.bases):
-                    continue
-                if any(isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef) and f.name in ("step", "zero_grad")
-                       for f in cls.body):
-                    out[name] = cls
-            return out
+            return {name: cls for name, cls in self._instances().items()
+                    if not any(re.search(r"(optimizer|scheduler|lr|module)$",
+                                         last_part(dotted(b)).lower()) for b in cls.bases)
+                    and any(isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
+                            and f.name in ("step", "zero_grad") for f in cls.body)}
         return self._cached("wrapper_instances", self.tree, compute)  # type: ignore[no-any-return]
 
     def is_accelerator(self, expr: ast.AST | None) -> bool:
