@@ -456,3 +456,15 @@ def config_literal_checks(ctx: FileContext) -> Iterator[Finding]:
                 yield replace(f, evidence=f"{f.evidence} (DeepSpeed config {named.where})",
                               path=None, line=getattr(named.node, "lineno", 1),
                               col=getattr(named.node, "col_offset", 0) + 1, key=None)
+
+
+def engine_ga_above_one(ctx: FileContext) -> bool:
+    """The DeepSpeed config in sight sets gradient_accumulation_steps above 1, or to a name
+    that says it is the accumulation count (``c.accum``, its value out of sight)."""
+    ref = ctx.ds_config()
+    if ref is None:
+        return False
+    verdict = _config_ga(ctx, ref, set())[0]
+    node = ctx.ds_finder().value_node(ref, "gradient_accumulation_steps")
+    return verdict == "many" or (verdict == "unknown" and node is not None
+                                 and ctx.mentions_accum(node))

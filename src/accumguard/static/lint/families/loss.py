@@ -60,7 +60,7 @@ from accumguard.static.lint.families._rankavg import (
     simulates_ranks,
 )
 from accumguard.static.lint.families._worldprod import named_product_with_world
-from accumguard.static.lint.families.deepspeed import _config_ga
+from accumguard.static.lint.families.deepspeed import engine_ga_above_one
 
 _NORMALISED_BY_COUNT = ("token", "num_items", "n_items", "count", "n_valid", "num_valid", "denom", "normali")
 _GLOBAL_ONLY = re.compile(r"global|all_?reduce|world")
@@ -272,18 +272,6 @@ def _accelerate_ga_above_one(ctx: FileContext) -> bool:
     return bool(ctx._cached("accelerate_ga_above_one", ctx.tree, compute))
 
 
-def _engine_ga_above_one(ctx: FileContext) -> bool:
-    """The DeepSpeed config in sight sets gradient_accumulation_steps above 1, or to a name
-    that says it is the accumulation count (``c.accum``, its value out of sight)."""
-    ref = ctx.ds_config()
-    if ref is None:
-        return False
-    verdict = _config_ga(ctx, ref, set())[0]
-    node = ctx.ds_finder().value_node(ref, "gradient_accumulation_steps")
-    return verdict == "many" or (verdict == "unknown" and node is not None
-                                 and ctx.mentions_accum(node))
-
-
 def _divided_by_window_count(ctx: FileContext, window: ast.AST) -> bool:
     """The window divides its loss by a token count made before its micro-batches (the
     Accelerate docs' gathered count): ``accelerator.backward``'s /K undoes the script's * K."""
@@ -312,7 +300,7 @@ def mean_of_means(ctx: FileContext) -> Iterator[Finding]:
                 (n, n) for n in ctx.local_nodes(window)
                 if isinstance(n, ast.Call) and call_attr(n) == "backward" and ctx.is_accelerator(receiver(n))
             ]
-        by_engine = (not by_k and facts.engine_backward and _engine_ga_above_one(ctx)
+        by_engine = (not by_k and facts.engine_backward and engine_ga_above_one(ctx)
                      and not _divided_by_window_count(ctx, window))
         if by_engine:
             # DeepSpeed's engine.backward divides the loss by the config's GA itself (unless
