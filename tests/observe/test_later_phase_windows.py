@@ -19,7 +19,9 @@ from accumguard.watch._recording import recording
 K, STEPS = 3, 4
 
 
-def _run(ref_k: int) -> None:
+def _run(ref_windows: list[int]) -> None:
+    """K = 3 windows with one optimizer, then a reference phase with another optimizer
+    whose windows have the given sizes."""
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -30,16 +32,16 @@ def _run(ref_k: int) -> None:
         opt.zero_grad()
     ref = torch.nn.Linear(4, 1)
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
-    for _ in range(STEPS):
-        for _ in range(ref_k):
-            (ref(torch.randn(5, 4)).pow(2).mean() / ref_k).backward()
+    for n in ref_windows:
+        for _ in range(n):
+            (ref(torch.randn(5, 4)).pow(2).mean() / n).backward()
         ref_opt.step()
         ref_opt.zero_grad()
 
 
 def test_a_reference_phase_accumulating_k_times_w_is_judged_on_its_own(tmp_path: Path) -> None:
     with recording(tmp_path):
-        _run(ref_k=2 * K)
+        _run([2 * K] * STEPS)
     findings, _, _ = analyze(load_recordings(tmp_path), k_flag=K)  # K declared (--k)
     assert not [f for f in findings if f.severity.value != "note"], findings
     (note,) = [f for f in findings if "later phase" in f.title]
@@ -75,21 +77,7 @@ def test_sync_flags_of_a_window_without_a_forward_of_the_watched_model_say_nothi
 def test_a_reference_phase_with_short_tails_is_still_its_own_phase(tmp_path: Path) -> None:
     """The reference's own passes end in shorter windows (4 windows of 6, then one of 2)."""
     with recording(tmp_path):
-        torch.manual_seed(0)
-        model = torch.nn.Linear(4, 1)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        for _ in range(STEPS):
-            for _ in range(K):
-                (model(torch.randn(5, 4)).pow(2).mean() / K).backward()
-            opt.step()
-            opt.zero_grad()
-        ref = torch.nn.Linear(4, 1)
-        ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
-        for n in [2 * K] * STEPS + [2]:
-            for _ in range(n):
-                (ref(torch.randn(5, 4)).pow(2).mean() / n).backward()
-            ref_opt.step()
-            ref_opt.zero_grad()
+        _run([2 * K] * STEPS + [2])
     findings, _, _ = analyze(load_recordings(tmp_path), k_flag=K)
     assert not [f for f in findings if f.severity.value == "error"], findings
     (note,) = [f for f in findings if "later phase" in f.title]
