@@ -216,8 +216,8 @@ def _window(step: int, weights: list[float], counts: list[int], *, low: bool = F
 
 def test_rule_tolerances_and_cross_rank_note() -> None:
     """Rounding-level differences never count; the F5 signature needs equal total weight
-    per micro-step; differences only across ranks (each rank by its own count) are an F6
-    warning, never an error."""
+    per micro-step; differences only across ranks (each rank by its own count) are F6 (the
+    loss-weight ledger's), not F5."""
     counts = [100, 103, 97, 100]
     exact = [1 / 400 * (1 + e) for e in (0, 1e-7, -1e-7, 3e-8)]  # fp32 rounding of 1/N
     assert not loss_weight_findings(0, windows([_window(0, exact, counts)]))
@@ -231,8 +231,8 @@ def test_rule_tolerances_and_cross_rank_note() -> None:
     rec.steps = {0: [_window(0, [1 / 400] * 4, counts)],
                  1: [_window(0, [1 / 300] * 4, [75] * 4)]}
     findings = analyze(rec)[0]
-    # (a warning since the loss-weight ledger: the ranks' tokens weigh 1.33x apart)
-    assert [(f.cls, f.severity) for f in findings] == [("F6", "warning")], findings
+    # the loss-weight ledger: the ranks' tokens weigh 1.33x apart
+    assert [(f.cls, f.severity) for f in findings] == [("F6", "error")], findings
 
 
 def test_windows_that_are_not_one_accumulation_window_are_not_judged() -> None:

@@ -1,6 +1,6 @@
 """The loss-weight ledger (:mod:`accumguard.observe._ledger`) on recorded windows: the loss
 weights of every rank composed with the engine's reduction, judged against the large batch
-(F10 error, F6 warning, a note for a constant the user chose), with correct twins."""
+(F10 error, F6 error, a note for a constant the user chose), with correct twins."""
 
 from __future__ import annotations
 
@@ -166,17 +166,17 @@ def test_summed_loss_divided_by_a_named_global_count_is_f10(tmp_path: Path) -> N
     assert ("F10", "error") in said and not any(c == "LOSS_SCALE" for c, _ in said), said
 
 
-def test_rank_local_normalisation_is_an_f6_warning() -> None:
+def test_rank_local_normalisation_is_an_f6_error() -> None:
     """sum / this rank's window count, then DDP's average: each rank one weight, different
-    between ranks: F6 warning with the spread, never an error; the whole analysis agrees."""
+    between ranks: F6 error with the spread; the whole analysis agrees."""
     def local(r: int, st: int, m: int, c: Any) -> float:
         return 1 / sum(c[r][st])
 
     rec = _rec(local, UNEVEN)
     found = ledger_findings(rec, K)
-    assert _classes(found) == {("F6", "warning")}, found
+    assert _classes(found) == {("F6", "error")}, found
     assert "rank 0: 1.091/N for each of 22 tokens" in found[0].evidence, found[0].evidence
-    assert ("F6", "warning") in _classes(analyze(rec)[0])
+    assert ("F6", "error") in _classes(analyze(rec)[0])
     # equal counts: the same weights everywhere, the large batch: silent
     assert not ledger_findings(_rec(local, EQUAL), K)
 

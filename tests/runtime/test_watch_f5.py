@@ -93,7 +93,7 @@ SCRIPT = textwrap.dedent('''
                 elif MODE == "sum_n":  # DDP averages over ranks: times the world size
                     loss = F.cross_entropy(logits, y.reshape(-1), reduction="sum") \\
                         * world / n_total
-                elif MODE == "rank_n":  # each rank by its own count: F6, a warning only
+                elif MODE == "rank_n":  # each rank by its own count: F6
                     loss = F.cross_entropy(logits, y.reshape(-1), reduction="sum") / n_local
                 else:  # mean_scaled
                     n_i = int((y != -100).sum())
@@ -152,16 +152,17 @@ def test_plain_script(local: dict[str, Watched], mode: str, bug: bool) -> None:
 
 
 @pytest.mark.parametrize(("mode", "bug"), [("mean_k", True), ("sum_n", False),
-                                           ("rank_n", False)])
+                                           ("rank_n", True)])
 def test_torchrun_ddp(ranks: dict[str, Watched], mode: str, bug: bool) -> None:
     """Per rank: a token mean / K is F5 on both ranks; the global count is silent; each
     rank dividing by its own count (one weight per rank, different across ranks, DDP
-    averaging the ranks) is standard DDP practice: an F6 warning (the loss-weight ledger),
-    exit 0."""
+    averaging the ranks) is common DDP practice but not the large batch: an F6 error (the
+    loss-weight ledger), exit 1."""
     code, findings, report, _ = ranks[mode]
     assert report["ranks"] == [0, 1]
-    warnings = {f["cls"] for f in findings if f["severity"] == "warning"}
-    if bug:
+    if mode == "rank_n":
+        assert code == 1 and _errors(findings) == {"F6"}, findings
+    elif bug:
         assert code == 1 and _errors(findings) == {"F5"}, findings
         # one finding per rank, or one naming both when they found it at the same step
         f5 = [f for f in findings if f["cls"] == "F5"]
@@ -169,7 +170,7 @@ def test_torchrun_ddp(ranks: dict[str, Watched], mode: str, bug: bool) -> None:
             [f["rank"] for f in f5] == [None] and "every rank (0, 1)" in f5[0]["evidence"])
     else:
         assert code == 0 and not _errors(findings), findings
-        assert ("F6" in warnings) == (mode == "rank_n"), findings
+        assert not any(f["cls"] == "F6" for f in findings), findings
 
 
 @pytest.mark.parametrize(("mode", "bug"), [("hf_mean", True), ("hf_items", False)])

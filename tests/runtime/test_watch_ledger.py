@@ -1,7 +1,7 @@
 """The loss-weight ledger under the real ``accumguard watch`` CLI on 2 gloo ranks (issue 25):
 a loss normalised to the window's global token count and then averaged again by DDP, FSDP2
 or DeepSpeed ZeRO-2 (F10, W x too small), a loss divided by the world size on top of the
-engine's average (F10), each rank normalising by its own count (F6, a warning), and the
+engine's average (F10), each rank normalising by its own count (F6, an error), and the
 correct twins: the global count times W, the per-rank mean / K, a constant weight of 0.5
 the user chose on two ranks (a note, not judged).
 
@@ -75,13 +75,13 @@ def test_ledger_under_watch(watched: dict[str, Watched], engine: str, mode: str,
                    for f in findings), findings
 
 
-def test_rank_local_normalisation_is_a_warning(watched: dict[str, Watched]) -> None:
-    """DDP, each rank divides its summed loss by its own window count: F6 warning, exit 0."""
+def test_rank_local_normalisation_is_an_error(watched: dict[str, Watched]) -> None:
+    """DDP, each rank divides its summed loss by its own window count: F6 error, exit 1."""
     code, findings, _, proc = watched["ddp-local-sgd-3"]
     assert "trained" in proc.stdout, proc.stderr[-3000:]
-    assert code == 0 and not _errors(findings), findings
+    assert code == 1 and _errors(findings) == {"F6"}, findings
     f6 = [f for f in findings if f["cls"] == "F6"]
-    assert f6 and f6[0]["severity"] == "warning" and "/N for each of" in f6[0]["evidence"], f6
+    assert f6 and f6[0]["severity"] == "error" and "/N for each of" in f6[0]["evidence"], f6
 
 
 def test_no_accumulation_loss_divided_by_world_size(watched: dict[str, Watched]) -> None:

@@ -19,7 +19,9 @@ token ``1/N`` (N: the window's tokens over all micro-steps and ranks): the total
   note says that the total was not judged (``0.5 * loss`` on two ranks weighs the same).
 * Each rank giving its tokens one weight, the weights differing between ranks while the
   ranks' totals are equal (each rank divided by its own count, the counts unequal) is F6,
-  a warning with the spread of the weights: standard DDP practice, not the large batch.
+  an error with the spread of the weights: common DDP practice, but the measured weights
+  prove the update is not the large batch's (F5's mechanism across ranks, and F5 is an
+  error).
 * Any other constant total is the user's (a loss weight, a sum instead of a mean): a
   note says once that it was not judged. Per-micro-batch means stay F5
   (:func:`._weight_rules.loss_weight_findings`); 1/K and K per rank stay LOSS_SCALE.
@@ -192,7 +194,7 @@ def _steps(rec: RunRecording) -> list[_Step]:
 
 
 def ledger_findings(rec: RunRecording, k: int | None = None) -> list[Finding]:
-    """F10 (error), F6 (warning) or a note on the total, from the ledger of every step seen
+    """F10 (error), F6 (error) or a note on the total, from the ledger of every step seen
     on all ranks (see the module docstring). ``k``: the run's K (a total of 1/K or K is the
     LOSS_SCALE rules' to judge, not a constant the user chose)."""
     steps = _steps(rec)
@@ -344,13 +346,13 @@ def _f6(steps: list[_Step]) -> list[Finding]:
                      zip(sorted(s.weights), rank_w, s.rank_counts(), strict=True))
     if s.factor is None or not s.near(s.total, 1.0):
         text += " (scaled to a total of 1)"
-    return [_mk("F6", "warning", None, s.step, None,
+    return [_mk("F6", "error", None, s.step, None,
                 f"{_short(s.site)}: every {one(u)} of a rank carried one weight, but the weights "
                 f"differ between ranks by {max(rank_w) / min(rank_w):.3g}x at optimizer step "
                 f"{_n(s.step)} ({text}, N = {big_n:g}; {len(hits)} of {len(steps)} step(s)): "
                 "each rank "
                 f"normalised its loss by its own {one(u)} count and the ranks' gradients were "
-                f"then averaged, so a {one(u)} on a rank with fewer {u} weighs more. Standard "
+                f"then averaged, so a {one(u)} on a rank with fewer {u} weighs more. Common "
                 f"DDP practice, but not the large batch's gradient (every {one(u)} 1/N)")]
 
 
