@@ -2,7 +2,8 @@
 object in the same process (blind round 31, writer c: an HF Trainer with K = 3 on 2 ranks,
 then rank 0's reference accumulating the K x W = 6 micro-batches of each window): the
 reference's windows of 6 are a phase of their own, not an off-by-one counter (F13) of the
-training's K = 3, and the DDP sync flags of a window in which the watched model ran no forward
+training's K = 3 (blind round 33, writer a: an HF Trainer whose single-process reference
+stepped once per whole batch *before* the training: F1 before), and the DDP sync flags of a window in which the watched model ran no forward
 (the reference model's window) say nothing about synchronisation."""
 
 from __future__ import annotations
@@ -82,3 +83,40 @@ def test_a_reference_phase_with_short_tails_is_still_its_own_phase(tmp_path: Pat
     assert not [f for f in findings if f.severity.value == "error"], findings
     (note,) = [f for f in findings if "later phase" in f.title]
     assert f"{STEPS} of them after {2 * K} backward passes, the others after fewer" in note.evidence
+
+
+def _reference_first(ref_steps: int, *, new_optimizer: bool) -> None:
+    """A large-batch reference stepping once per whole batch first, then the training's K
+    windows (with another optimizer object, or, as the control, the same one)."""
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(4, 1)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for _ in range(ref_steps):
+        ref(torch.randn(4 * K, 4)).pow(2).mean().backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+    model = ref if not new_optimizer else torch.nn.Linear(4, 1)
+    opt = ref_opt if not new_optimizer else torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(STEPS):
+        for _ in range(K):
+            (model(torch.randn(4, 4)).pow(2).mean() / K).backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def test_a_reference_phase_before_the_training_is_judged_on_its_own(tmp_path: Path) -> None:
+    with recording(tmp_path):
+        _reference_first(3, new_optimizer=True)
+    findings, _, _ = analyze(load_recordings(tmp_path), k_flag=K)
+    assert not [f for f in findings if f.severity.value != "note"], findings
+    (note,) = [f for f in findings if "earlier phase" in f.title]
+    assert "judged on its own (K = 1), not F1" in note.title
+    assert "made the run's first 3 step(s), each after a single backward pass" in note.evidence
+
+
+def test_the_same_optimizer_stepping_every_backward_first_stays_f1(tmp_path: Path) -> None:
+    """Control: one optimizer object that steps after every backward, then accumulates K."""
+    with recording(tmp_path):
+        _reference_first(3, new_optimizer=False)
+    findings, _, _ = analyze(load_recordings(tmp_path), k_flag=K)
+    assert any(f.cls == "F1" and f.severity.value == "error" for f in findings), findings

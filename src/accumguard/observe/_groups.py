@@ -50,12 +50,16 @@ def group_ks(groups: list[tuple[int | None, list[JsonObject]]], res: KResolution
         if split is not None:
             return split
         return [(idx, steps, res, None) for idx, steps in groups]
+    k = res.k
     inferred: dict[int | None, int | None] = {}
     for idx, steps in groups:
-        sizes = [w.window for w in _windows(steps) if w.window > 0]
-        inferred[idx] = Counter(sizes).most_common(1)[0][0] if sizes else None
+        sizes = Counter(w.window for w in _windows(steps) if w.window > 0)
+        top = max(sizes.values(), default=0)
+        tied = [n for n, c in sizes.items() if c == top]
+        # a tie (windows 1 then 4 after a resume) is not an optimizer at its own rate: the
+        # declared K when it is among the tied sizes, else the largest
+        inferred[idx] = (k if k in tied else max(tied)) if tied else None
     out: list[tuple[int | None, list[JsonObject], KResolution, OwnRate | None]] = []
-    k = res.k
     for idx, steps in groups:
         inf = inferred[idx]
         if res.declared and k is not None and k > 1:
@@ -106,12 +110,13 @@ def group_ks(groups: list[tuple[int | None, list[JsonObject]]], res: KResolution
 
 def _later_phase(steps: list[JsonObject], res: KResolution
                  ) -> list[tuple[int | None, list[JsonObject], KResolution, OwnRate | None]] | None:
-    """One optimizer object accumulated K, then other optimizer objects (``opt_serial``)
-    took over and stepped after windows of one size K' (1: after every backward; a few
-    shorter ones allowed, the tails of its own passes) until the end: a second phase of the script (a large-batch reference run after the training,
+    """One optimizer object accumulated K, and other optimizer objects (``opt_serial``)
+    stepped after windows of one size K' (1: after every backward; a few shorter ones
+    allowed, the tails of their own passes) before its first step or after its last: a
+    second phase of the script (a large-batch reference run before or after the training,
     accumulating over one micro-batch or over the K x W micro-batches of the run's window;
     a head fine-tuned after pre-training), each of whose windows is its own. Judged apart,
-    at K', with a note, instead of as steps of the first phase's K (F1 at K' = 1, an
+    at K', with a note, instead of as steps of the training's K (F1 at K' = 1, an
     off-by-one counter otherwise). None when the steps are not so."""
     k = res.k
     serials = [s.get("opt_serial") for s in steps]
@@ -121,40 +126,55 @@ def _later_phase(steps: list[JsonObject], res: KResolution
     if len(set(serials)) != len(starts) + 1:
         return None  # an optimizer object stepping again after another: not phases
     for cut in starts:
-        before, after = _windows(steps[:cut]), _windows(steps[cut:])
-        sizes = Counter(w.window for w in before if w.window > 0)
-        own = Counter(w.window for w in after)
-        if not (sizes and sizes.most_common(1)[0][0] == k and after):
-            continue
-        # one size K' (a few shorter windows allowed: the tails of its own passes)
-        k2, n2 = own.most_common(1)[0]
-        if k2 < 1 or k2 == k or any(size > k2 for size in own) or n2 < max(2, len(after) // 2):
-            continue
-        first = steps[cut]
-        name = str(first.get("optimizer") or "optimizer")
-        each = ("each" if n2 == len(after) else f"{n2} of them") + (
-            " after a single backward pass" if k2 == 1 else f" after {k2} backward passes") + (
-            "" if n2 == len(after) else ", the others after fewer")
-        note = OwnRate("F1" if k2 == 1 else "F13", int(first.get("step", 0) or 0),
-                       f"after optimizer step {int(first.get('step', 0) or 0)}, where the "
-                       f"optimizer that accumulated K = {k} ({res.source}) stepped for the "
-                       f"last time, another optimizer object ({name}) made the run's last "
-                       f"{len(after)} step(s), {each}: judged as a phase of its own (a "
-                       "large-batch reference run, a second training stage) whose windows "
-                       f"are {k2} backward pass(es), not as "
-                       + ("micro-steps of the first phase's windows. If that phase was meant "
-                          "to accumulate K too, it steps on every micro-step" if k2 == 1 else
-                          f"windows of the first phase's K = {k}. If that phase was meant to "
-                          f"accumulate K = {k} too, its windows are {k2} micro-steps long"),
-                       title=("a later phase with another optimizer steps after every "
-                              "backward: judged on its own (K = 1), not F1" if k2 == 1 else
-                              f"a later phase with another optimizer steps every {k2} "
-                              f"backwards: judged on its own (K = {k2}), not as windows of "
-                              f"K = {k}"),
-                       fix="Nothing to fix for a reference run or a stage that steps on "
-                           "whole batches; if that phase was meant to accumulate K, step "
-                           "its optimizer once per K backward passes.")
-        return [(None, steps[:cut], res, None),
-                (None, steps[cut:], KResolution(k2, "the later phase's own windows",
-                                                "inferred"), note)]
+        for later in (True, False):
+            main, other = (steps[:cut], steps[cut:]) if later else (steps[cut:], steps[:cut])
+            split = _phase(main, other, k, res, later=later)
+            if split is not None:
+                note, k2 = split
+                phase = (None, other, KResolution(
+                    k2, f"the {'later' if later else 'earlier'} phase's own windows",
+                    "inferred"), note)
+                return [(None, main, res, None), phase] if later else [phase, (None, main, res, None)]
     return None
+
+
+def _phase(main: list[JsonObject], other: list[JsonObject], k: int, res: KResolution, *,
+           later: bool) -> tuple[OwnRate, int] | None:
+    """The note and K' when ``main``'s windows are mostly K and ``other``'s are one size
+    K' != K (shorter tails allowed), else None."""
+    sizes = Counter(w.window for w in _windows(main) if w.window > 0)
+    own = Counter(w.window for w in _windows(other))
+    if not (sizes and sizes.most_common(1)[0][0] == k and own):
+        return None
+    k2, n2 = own.most_common(1)[0]
+    n_other = sum(own.values())
+    if k2 < 1 or k2 == k or any(size > k2 for size in own) or n2 < max(2, n_other // 2):
+        return None
+    first, edge = other[0], (main[-1] if later else main[0])
+    name = str(first.get("optimizer") or "optimizer")
+    at = int(edge.get("step", 0) or 0)
+    each = ("each" if n2 == n_other else f"{n2} of them") + (
+        " after a single backward pass" if k2 == 1 else f" after {k2} backward passes") + (
+        "" if n2 == n_other else ", the others after fewer")
+    when = "a later" if later else "an earlier"
+    note = OwnRate("F1" if k2 == 1 else "F13", int(first.get("step", 0) or 0),
+                   f"{'after' if later else 'before'} optimizer step {at}, where the optimizer "
+                   f"that accumulated K = {k} ({res.source}) stepped for the "
+                   f"{'last' if later else 'first'} time, another optimizer object ({name}) "
+                   f"made the run's {'last' if later else 'first'} {n_other} step(s), {each}: "
+                   "judged as a phase of its own (a large-batch reference run, a "
+                   f"{'second training' if later else 'warm-up'} stage) whose windows are "
+                   f"{k2} backward pass(es), not as "
+                   + ("micro-steps of the training's windows. If that phase was meant to "
+                      "accumulate K too, it steps on every micro-step" if k2 == 1 else
+                      f"windows of the training's K = {k}. If that phase was meant to "
+                      f"accumulate K = {k} too, its windows are {k2} micro-steps long"),
+                   title=(f"{when} phase with another optimizer steps after every "
+                          "backward: judged on its own (K = 1), not F1" if k2 == 1 else
+                          f"{when} phase with another optimizer steps every {k2} "
+                          f"backwards: judged on its own (K = {k2}), not as windows of "
+                          f"K = {k}"),
+                   fix="Nothing to fix for a reference run or a stage that steps on "
+                       "whole batches; if that phase was meant to accumulate K, step "
+                       "its optimizer once per K backward passes.")
+    return note, k2

@@ -413,6 +413,16 @@ RULES: dict[str, Rule] = {
             "drop the division by gradient_accumulation_steps: a loss summed over the micro-batch "
             "and divided by num_items_in_batch is already the window's share",
         ),
+        _rule(
+            "AG143", "hf-compute-loss-num-items-not-times-w", "F10", W, MED,
+            "a Hugging Face Trainer subclass's compute_loss divides by num_items_in_batch (the "
+            "window's token count summed over every process) and never multiplies by the "
+            "number of processes, which the Trainer's own compute_loss does: on W processes DDP "
+            "then averages again and the gradient is G / W",
+            "multiply the loss by `self.accelerator.num_processes` when "
+            "`self.args.average_tokens_across_devices` is set (as Trainer.compute_loss does), "
+            "or return `super().compute_loss(...)`",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

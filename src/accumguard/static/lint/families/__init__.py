@@ -20,7 +20,8 @@
 ``terms``      AG127               one loss term divided by K, another added undivided
 ``lrcounter``  AG130               a learning rate set by hand from a counter of micro-batches
 ``epochtail``  AG131               Lightning epochs (or their last window) shorter than K
-``hfscale``    AG136               an HF compute_loss normalised by num_items_in_batch and divided by K
+``hfscale``    AG136               an HF compute_loss normalised by num_items_in_batch and divided by K;
+               AG143               ... or never multiplied by the number of processes (G / W)
 ``hfterms``    AG142               an HF Trainer loss term that is a micro-batch mean beside a
                                    num_items_in_batch-normalised term, not divided by K
 ``hftokens``   AG140               HF TrainingArguments(average_tokens_across_devices=False) (F6)

@@ -485,3 +485,23 @@ def token_mean_hints(ctx: FileContext, scope: ast.AST) -> tuple[bool, bool]:
                 hints = True
         return hints, summed
     return ctx._cached("token_hints", scope, compute)  # type: ignore[no-any-return]
+
+
+def window_sum_names(ctx: FileContext, node: ast.AST) -> set[str]:
+    """Names assigned in ``node``'s function from a sum over several micro-batches of a
+    ``.sum()`` (``n = sum(b[3].sum() for b in batch)``): a normaliser counted over this
+    rank's window, whatever its name says."""
+    func = ctx.enclosing(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+    out: set[str] = set()
+    for a in ast.walk(func if func is not None else ctx.tree):
+        if not (isinstance(a, ast.Assign) and len(a.targets) == 1
+                and isinstance(a.targets[0], ast.Name) and isinstance(a.value, ast.Call)):
+            continue
+        v = a.value
+        if not (isinstance(v.func, ast.Name) and v.func.id == "sum" and len(v.args) == 1
+                and isinstance(v.args[0], ast.GeneratorExp | ast.ListComp)):
+            continue
+        if any(isinstance(c, ast.Call) and call_attr(c) == "sum" and c is not v
+               for c in ast.walk(v.args[0].elt)) and not ctx.mentions_world(v):
+            out.add(a.targets[0].id)
+    return out

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from accumguard.static import dsconfig
-from accumguard.static.findings import Finding, Severity
+from accumguard.static.findings import Confidence, Finding, Severity
 from accumguard.static.lint._ast import (
     FUNCS,
     LOOPS,
@@ -380,6 +380,17 @@ def engine_gating(ctx: FileContext) -> Iterator[Finding]:
             continue
         name = dotted(receiver(site)) or "engine"
         verdict, how = _config_ga(ctx, ref, _loop_k_names(ctx, window, site))
+        if verdict == "one" and ref.stage is None and _undivided_hand_gated(ctx, window, site) is None:
+            # GA 1 in sight, the stage passed in: wrong on ZeRO-1/2, right on ZeRO-0/3
+            yield replace(ctx.finding(
+                "AG109",
+                site,
+                f"`{name}.step()` is called once per several `backward()` calls, but the "
+                f"DeepSpeed config ({ref.where}) has gradient_accumulation_steps {how} and its "
+                "ZeRO stage is passed in: on ZeRO-1/2 every backward is a boundary, so the "
+                "optimizer trains on the last micro-batch only (right on ZeRO-0/3)",
+            ), severity=Severity.WARNING, confidence=Confidence.MEDIUM)
+            continue
         if verdict == "unknown" or (verdict == "one" and ref.stage is None):
             # the config is in sight but what decides cannot be read (a GA or stage passed in
             # from the caller): judged as a config out of sight

@@ -115,7 +115,7 @@ def _loader_batches(ctx: FileContext, loader: ast.AST) -> int | None:
         return None
     bs = ctx.int_value(kws.get("batch_size", loader.args[1] if len(loader.args) > 1 else None))
     drop = kws.get("drop_last")
-    ds = _single_value(ctx, loader.args[0])
+    ds = _returned_dataset(ctx, _single_value(ctx, loader.args[0]))
     if bs is None or bs <= 0 or not (isinstance(ds, ast.Call) and (dotted(ds.func) or "").endswith("TensorDataset")
                                      and ds.args):
         return None
@@ -125,6 +125,26 @@ def _loader_batches(ctx: FileContext, loader: ast.AST) -> int | None:
     if rows is None:
         return None
     return rows // bs if drop is not None and drop.value else -(-rows // bs)
+
+
+def _returned_dataset(ctx: FileContext, ds: ast.AST) -> ast.AST:
+    """``make_ds()`` of a function of the file whose one ``return`` is the dataset built
+    there (``return TensorDataset(x, y)``): that expression, else ``ds``."""
+    if not (isinstance(ds, ast.Call) and isinstance(ds.func, ast.Name) and not ds.args):
+        return ds
+    defs = ctx.defs_by_name().get(ds.func.id, [])
+    if len(defs) != 1:
+        return ds
+    returns = [n for n in ast.walk(defs[0]) if isinstance(n, ast.Return) and n.value is not None]
+    return returns[0].value if len(returns) == 1 and returns[0].value is not None else ds
+
+
+def _rescales_windows(ctx: FileContext, trainer: ast.Call) -> bool:
+    """The module reads the window's size from the Trainer (``self.trainer.accumulate_grad_batches``,
+    ``num_training_batches``) outside the ``Trainer(...)`` call: it may scale its short window."""
+    inside = set(ast.walk(trainer))
+    return any(isinstance(n, ast.Attribute) and n.attr in ("accumulate_grad_batches", "num_training_batches")
+               and n not in inside for n in ast.walk(ctx.tree))
 
 
 @rule("AG131")
@@ -155,7 +175,17 @@ def lightning_epoch_shorter_than_window(ctx: FileContext) -> Iterator[Finding]:
             yield ctx.finding("AG131", call, msg)
         else:
             if "limit_train_batches" not in kws:
-                continue  # a tail read from the loader's length: AG117's class, left to watch
+                if _rescales_windows(ctx, call):
+                    continue
+                tail = ctx.finding("AG131", call, (
+                    f"the epoch's {n} batches (the loader handed to fit, in sight) are not a "
+                    f"multiple of `accumulate_grad_batches={k}`: Lightning steps the optimizer at "
+                    f"each epoch's last batch, so each epoch's last window holds {r} batches, each "
+                    f"loss still divided by {k} ({r}/{k} of its mean gradient)"))
+                # max_steps may end the run before the first epoch's end (never its tail)
+                yield tail if "max_steps" not in kws else replace(
+                    tail, severity=Severity.WARNING, confidence=Confidence.MEDIUM)
+                continue
             msg = (f"{what} is not a multiple of `accumulate_grad_batches={k}`: "
                    f"each epoch's last window holds {r} batches, stepped at the epoch's end with each "
                    f"loss still divided by {k} ({r}/{k} of its mean gradient), unless the loader has "

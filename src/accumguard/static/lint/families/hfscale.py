@@ -1,5 +1,6 @@
 """AG136 (LOSS_SCALE): a Hugging Face ``Trainer`` subclass's ``compute_loss`` normalises the
-loss by ``num_items_in_batch`` and divides it by the accumulation steps as well.
+loss by ``num_items_in_batch`` and divides it by the accumulation steps as well. AG143 (F10,
+below): the same normalisation without the Trainer's ``* num_processes``.
 
 ``num_items_in_batch`` is the token count of the whole accumulation window (all K
 micro-batches), so a loss divided by it (``loss_sum / num_items_in_batch``, or the model's
@@ -19,14 +20,15 @@ first applied to the second (inline, or through a name the method assigns).
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 
 from accumguard.static.findings import Finding
-from accumguard.static.lint._ast import call_attr, position, walk_all
+from accumguard.static.lint._ast import call_attr, dotted, position, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 
-__all__ = ["hf_compute_loss_divided_by_k_after_num_items"]
+__all__ = ["hf_compute_loss_divided_by_k_after_num_items", "hf_compute_loss_num_items_not_times_w"]
 
 _NUM_ITEMS = "num_items_in_batch"
 
@@ -112,3 +114,77 @@ def hf_compute_loss_divided_by_k_after_num_items(ctx: FileContext) -> Iterator[F
                 "gradient is G / K (G / K² if the Trainer divides by K too, "
                 "`loss_is_scaled_for_ga = False`)",
             )
+
+
+def _own_normalisation(fn: ast.AST) -> ast.AST | None:
+    """The method's own division by ``num_items_in_batch`` (``loss / num_items_in_batch``), or
+    the ``.loss`` of a model call given it: not the Trainer's ``compute_loss``, which
+    multiplies by the number of processes itself."""
+    for sub in walk_all(fn):
+        if isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Div) and any(
+                isinstance(x, ast.Name) and x.id == _NUM_ITEMS for x in walk_all(sub.right)):
+            return sub
+        if isinstance(sub, ast.AugAssign) and isinstance(sub.op, ast.Div) and any(
+                isinstance(x, ast.Name) and x.id == _NUM_ITEMS for x in walk_all(sub.value)):
+            return sub
+        if isinstance(sub, ast.Call) and call_attr(sub) != "compute_loss" and any(
+                k.arg == _NUM_ITEMS and isinstance(k.value, ast.Name) and k.value.id == _NUM_ITEMS
+                for k in sub.keywords):
+            return sub
+    return None
+
+
+def _times_world(ctx: FileContext, scope: ast.AST) -> bool:
+    """A multiplication by the number of processes (or anything named after the world
+    size) in ``scope``."""
+    for n in walk_all(scope):
+        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult) and (
+                ctx.mentions_world(n.left) or ctx.mentions_world(n.right)):
+            return True
+        if isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Mult) and ctx.mentions_world(n.value):
+            return True
+    return False
+
+
+def _per_rank_counts(ctx: FileContext) -> bool:
+    """``average_tokens_across_devices=False`` in the file: ``num_items_in_batch`` is then
+    this rank's count (AG140's case, not G / W)."""
+    return any(isinstance(n, ast.keyword) and n.arg == "average_tokens_across_devices"
+               and not (isinstance(n.value, ast.Constant) and n.value.value is True)
+               for n in ast.walk(ctx.tree))
+
+
+_SEVERAL_RE = re.compile(r"world|num_processes|local_rank|process_index|is_main_process|get_rank")
+
+
+def _several_processes(ctx: FileContext) -> bool:
+    """The file reads the world size or a rank (``WORLD_SIZE``, ``is_world_process_zero()``,
+    ``accelerator.num_processes``): it is written to run on several processes."""
+    return any((isinstance(n, ast.Name) and _SEVERAL_RE.search(n.id.lower()))
+               or (isinstance(n, ast.Attribute) and _SEVERAL_RE.search(n.attr.lower()))
+               or (isinstance(n, ast.Constant) and isinstance(n.value, str)
+                   and _SEVERAL_RE.search(n.value.lower()))
+               for n in ast.walk(ctx.tree))
+
+
+@rule("AG143")
+def hf_compute_loss_num_items_not_times_w(ctx: FileContext) -> Iterator[Finding]:
+    """A warning: exact on one process, G / W on W (the launch is out of the file's sight),
+    said only when the file reads the world size or a rank."""
+    if _per_rank_counts(ctx) or not ctx.trainer_compute_losses() or not _several_processes(ctx):
+        return
+    for cls, fn in ctx.trainer_compute_losses():
+        node = _own_normalisation(fn)
+        if node is None or _times_world(ctx, cls) or any(
+                isinstance(c, ast.Call) and call_attr(c) == "compute_loss"
+                and (dotted(c.func) or "").startswith("super") for c in walk_all(fn)):
+            continue
+        yield ctx.finding(
+            "AG143",
+            node,
+            f"`{cls.name}.compute_loss` normalises the loss by `num_items_in_batch` "
+            f"(`{ast.unparse(node)}`), the window's token count summed over every process "
+            "(average_tokens_across_devices, on by default), and never multiplies it by the "
+            "number of processes as Trainer.compute_loss does: on W processes DDP averages the "
+            "ranks again and the gradient is G / W (exact on one process)",
+        )

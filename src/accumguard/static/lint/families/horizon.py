@@ -24,10 +24,12 @@ count), and ``CFG["epochs"]`` of a dict literal is read as that entry, not the w
 from __future__ import annotations
 
 import ast
+import re
 from bisect import bisect_left
 from collections.abc import Iterator
+from dataclasses import replace
 
-from accumguard.static.findings import Finding
+from accumguard.static.findings import Confidence, Finding, Severity
 from accumguard.static.lint._ast import WORLD_RE, call_attr, dotted, receiver, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
@@ -460,6 +462,18 @@ def accelerate_horizon_per_process(ctx: FileContext) -> Iterator[Finding]:
         parts = _expand(ctx, horizon)
         per_process = next((p for p in parts if any(_is_world(d) for d in _divides([p]))), None)
         if per_process is None:
+            named = _optimizer_step_horizon(ctx, name, parts)
+            if named is not None:
+                yield replace(ctx.finding(
+                    "AG125",
+                    ctor,
+                    f"the horizon `{ast.unparse(horizon)}` counts optimizer steps (`{named}`), "
+                    "and the file runs on several processes (it scales a count by the number of "
+                    f"processes), but the Accelerate-prepared `{name}` advances num_processes "
+                    "times per optimizer step: on W processes the schedule ends W times early "
+                    "and the rest of training runs at its final learning rate",
+                ), severity=Severity.WARNING, confidence=Confidence.MEDIUM)
+                continue
             # one process's optimizer steps counted from the prepared loader's length
             length = _prepared_len(ctx, parts)
             if length is None or not (any(ctx.mentions_accum(d) for d in _divides(parts))
@@ -489,3 +503,31 @@ def accelerate_horizon_per_process(ctx: FileContext) -> Iterator[Finding]:
             "num_processes times per optimizer step: the schedule ends W times early and the "
             "rest of training runs at its final learning rate",
         )
+
+
+#: a horizon named as a count of optimizer steps (updates), not of batches or scheduler steps
+_OPT_STEPS_RE = re.compile(r"(^|_)(updates?|opt(imizer)?_?steps|train(ing)?_steps|max_steps|"
+                           r"total_steps|num_steps|n_steps|steps)$")
+
+
+def _optimizer_step_horizon(ctx: FileContext, name: str, parts: list[ast.AST]) -> str | None:
+    """The name of a horizon counted in optimizer steps (``num_training_steps=args.num_updates``,
+    no ``len()``, no division, no ``* num_processes``) of a scheduler that the file's
+    Accelerator prepares, in a file that scales some count by the number of processes (it is
+    written for several): None otherwise."""
+    if _len_args(parts) or _divides(parts) or _multiplies_by_world(parts) \
+            or not _accelerate_prepares(ctx, name) or not _scales_by_world(ctx):
+        return None
+    for n in walk_all(parts[0]):
+        d = dotted(n) if isinstance(n, ast.Name | ast.Attribute) else None
+        if d is not None and _OPT_STEPS_RE.search(d.rsplit(".", 1)[-1].lower()):
+            return d
+    return None
+
+
+def _scales_by_world(ctx: FileContext) -> bool:
+    """Something in the file is multiplied by the number of processes (a global batch, a
+    data size): the script is written for several processes."""
+    return bool(ctx._cached("horizon_scales_by_world", ctx.tree, lambda: any(
+        isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult)
+        and (_is_world(n.left) or _is_world(n.right)) for n in ctx.of(ast.BinOp))))

@@ -49,6 +49,7 @@ from accumguard.static.lint.families._masked import (
     micro_batch_count,
     token_mean_hints,
     window_normalised,
+    window_sum_names,
 )
 from accumguard.static.lint.families._modguard import k_values
 from accumguard.static.lint.families._rankavg import (
@@ -315,12 +316,13 @@ def mean_of_means(ctx: FileContext) -> Iterator[Finding]:
         scope = ctx.window_scope(window)
         explicit = _per_micro_batch_token_mean(ctx, window)
         hints, summed = token_mean_hints(ctx, scope)
-        if by_engine and not hints and not summed:
-            # the mean-reduced loss computed in a helper the window calls (`token_ce(...)`)
+        if by_engine and not summed:
+            # the loss computed in a helper the window calls (`token_ce(...)`): a mean, or a
+            # sum (the window's count read in the window itself is then its normaliser)
             called = [f for n in ctx.local_nodes(window) if isinstance(n, ast.Call)
                       for f in ctx.defs_by_name().get(helper_called(n) or "", [])]
             found = [token_mean_hints(ctx, f) for f in called]
-            hints = any(h for h, _ in found)
+            hints = hints or any(h for h, _ in found)
             summed = any(sm for _, sm in found)
         cls = ctx.enclosing(window, (ast.ClassDef,)) if by_accelerate else None
         if by_accelerate and not hints and isinstance(cls, ast.ClassDef):
@@ -393,7 +395,9 @@ def rank_local_token_mean_under_ddp(ctx: FileContext) -> Iterator[Finding]:
     if not wrapped or not ctx.is_training_script() or custom_rank_reduction(ctx):
         return
     for node, dividend, divisor in [*_divisions(ctx), *reciprocal_products(ctx)]:
-        if not _is_count(ctx, divisor, micro_batch=False) or not (_is_loss_division(ctx, node, dividend) or any(
+        counted = _is_count(ctx, divisor, micro_batch=False) or (
+            isinstance(divisor, ast.Name) and divisor.id in window_sum_names(ctx, node))
+        if not counted or not (_is_loss_division(ctx, node, dividend) or any(
             isinstance(n, ast.Call) and call_attr(n) == "sum" for n in walk_all(dividend)
         )):
             continue
@@ -407,8 +411,8 @@ def rank_local_token_mean_under_ddp(ctx: FileContext) -> Iterator[Finding]:
             continue  # a helper of the file all-reduces the count it returns
         if _under_wrapper_branch(ctx, node) or not _flows_to_backward(ctx, node):
             continue
-        if plain_model_only(ctx, dividend):
-            continue  # a single-process reference model (never wrapped): no rank average
+        if plain_model_only(ctx, dividend) or simulates_ranks(ctx, node):
+            continue  # a single-process reference (never wrapped, or standing for every rank)
         window = ctx.enclosing(node, (ast.For, ast.AsyncFor, ast.While))
         if window is not None and ctx.is_window(window):
             facts = ctx.window_facts(window)
@@ -417,8 +421,9 @@ def rank_local_token_mean_under_ddp(ctx: FileContext) -> Iterator[Finding]:
         yield ctx.finding(
             "AG113",
             node,
-            "under DDP/FSDP the loss is divided by this rank's own token count, which is never "
-            "all-reduced: DDP then averages rank-local means, so ranks with fewer tokens weigh more",
+            f"under DDP/FSDP the loss is divided by `{ast.unparse(divisor)}`, this rank's own count "
+            "(of tokens or samples), which is never all-reduced: DDP then averages rank-local "
+            "means, so ranks with fewer tokens weigh more",
         )
 
 

@@ -200,12 +200,14 @@ _SCALED_RE = re.compile(r"loss|lr$|^lr|learning_rate|^grads?$|^grad_(?!acc)|_gra
 
 def _about_scale(ctx: FileContext, node: ast.AST) -> bool:
     """The statement around ``node`` touches something a world-size factor could compensate
-    (not a data size: ``pack(max_iters * K * world * bs)``)."""
+    (not a data size: ``pack(max_iters * K * world * bs)``), or a value the file all-reduces
+    (``n = n / world`` after ``all_reduce(n)``: the count's rank share, whatever its name)."""
     cur: ast.AST | None = node
     while cur is not None and not isinstance(cur, ast.stmt):
         cur = ctx.parents.get(cur)
-    return any(isinstance(x, ast.Name | ast.Attribute) and _SCALED_RE.search(
-        (x.id if isinstance(x, ast.Name) else x.attr).lower())
+    reduced = ctx.all_reduced_names(ctx.scope_of(node)) | ctx.all_reduced_names(ctx.tree)
+    return any(isinstance(x, ast.Name | ast.Attribute) and (_SCALED_RE.search(
+        (x.id if isinstance(x, ast.Name) else x.attr).lower()) or dotted(x) in reduced)
         for x in ast.walk(cur if cur is not None else node))
 
 
