@@ -50,16 +50,12 @@ def group_ks(groups: list[tuple[int | None, list[JsonObject]]], res: KResolution
         if split is not None:
             return split
         return [(idx, steps, res, None) for idx, steps in groups]
-    k = res.k
     inferred: dict[int | None, int | None] = {}
     for idx, steps in groups:
-        sizes = Counter(w.window for w in _windows(steps) if w.window > 0)
-        top = max(sizes.values(), default=0)
-        tied = [n for n, c in sizes.items() if c == top]
-        # a tie (windows 1 then 4 after a resume) is not an optimizer at its own rate: the
-        # declared K when it is among the tied sizes, else the largest
-        inferred[idx] = (k if k in tied else max(tied)) if tied else None
+        sizes = [w.window for w in _windows(steps) if w.window > 0]
+        inferred[idx] = Counter(sizes).most_common(1)[0][0] if sizes else None
     out: list[tuple[int | None, list[JsonObject], KResolution, OwnRate | None]] = []
+    k = res.k
     for idx, steps in groups:
         inf = inferred[idx]
         if res.declared and k is not None and k > 1:
