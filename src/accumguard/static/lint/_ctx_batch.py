@@ -153,7 +153,8 @@ def whole_window_iteration(ctx: WindowQueries, window: ast.AST) -> bool:
             for n in walk_local(window)):
         return False  # K iterations, or a loss divided by K: micro-steps (F1 stays)
     bounds = [n for stmt in window.body for n in walk_local(stmt)
-              if (isinstance(n, ast.Call) and call_attr(n) == "range") or isinstance(n, ast.Slice)]
+              if (isinstance(n, ast.Call) and (call_attr(n) == "range" or dotted(n.func) == "slice"))
+              or isinstance(n, ast.Slice)]
     return any(ctx.sized_by_accum(b) for b in bounds)
 
 

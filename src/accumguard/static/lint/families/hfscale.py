@@ -119,13 +119,18 @@ def hf_compute_loss_divided_by_k_after_num_items(ctx: FileContext) -> Iterator[F
 def _own_normalisation(fn: ast.AST) -> ast.AST | None:
     """The method's own division by ``num_items_in_batch`` (``loss / num_items_in_batch``), or
     the ``.loss`` of a model call given it: not the Trainer's ``compute_loss``, which
-    multiplies by the number of processes itself."""
+    multiplies by the number of processes itself. A name the method assigns from it
+    (``denom = num_items_in_batch if num_items_in_batch is not None else n``) counts too."""
+    counts = {_NUM_ITEMS} | {t.id for n in walk_all(fn) if isinstance(n, ast.Assign)
+                             for t in n.targets if isinstance(t, ast.Name)
+                             and any(isinstance(x, ast.Name) and x.id == _NUM_ITEMS
+                                     for x in walk_all(n.value))}
     for sub in walk_all(fn):
         if isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Div) and any(
-                isinstance(x, ast.Name) and x.id == _NUM_ITEMS for x in walk_all(sub.right)):
+                isinstance(x, ast.Name) and x.id in counts for x in walk_all(sub.right)):
             return sub
         if isinstance(sub, ast.AugAssign) and isinstance(sub.op, ast.Div) and any(
-                isinstance(x, ast.Name) and x.id == _NUM_ITEMS for x in walk_all(sub.value)):
+                isinstance(x, ast.Name) and x.id in counts for x in walk_all(sub.value)):
             return sub
         if isinstance(sub, ast.Call) and call_attr(sub) != "compute_loss" and any(
                 k.arg == _NUM_ITEMS and isinstance(k.value, ast.Name) and k.value.id == _NUM_ITEMS
