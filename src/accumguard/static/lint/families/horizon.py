@@ -528,6 +528,5 @@ def _optimizer_step_horizon(ctx: FileContext, name: str, parts: list[ast.AST]) -
 def _scales_by_world(ctx: FileContext) -> bool:
     """Something in the file is multiplied by the number of processes (a global batch, a
     data size): the script is written for several processes."""
-    return bool(ctx._cached("horizon_scales_by_world", ctx.tree, lambda: any(
-        isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult)
-        and (_is_world(n.left) or _is_world(n.right)) for n in ctx.of(ast.BinOp))))
+    return bool(ctx._cached("horizon_scales_by_world", ctx.tree,
+                            lambda: _multiplies_by_world([ctx.tree])))
