@@ -393,7 +393,8 @@ class WindowQueries(OwnRateQueries):
         iterates_micro_batches = isinstance(window, ast.For | ast.AsyncFor) and any(
             MICRO_ITER_RE.search(i) for i in iter_identifiers(window.iter)
         ) and not steps_by_window(window.iter)
-        if iterates_micro_batches or (not f.accumulating and self._averages_over_own_iterations(window, f)):
+        if iterates_micro_batches or (not f.accumulating and (
+                self._averages_over_own_iterations(window, f) or self._steps_after_range_loop(window, f))):
             f.accumulating = True  # `for mb in window:` / `for micro in batch.chunk(K):`
         elif f.accumulating and not (ds_ga is not None and ds_ga > 1) and (
                 self._plain_k1_shape(window, f) or whole_window_iteration(self, window)):
@@ -429,6 +430,26 @@ class WindowQueries(OwnRateQueries):
                 n.value if isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Div) else None
             if right is not None and ast.dump(right) in counts:
                 return True
+        return False
+
+    def _steps_after_range_loop(self, window: ast.AST, f: WindowFacts) -> bool:
+        """``for _ in range(X): ...backward()`` with no step of its own, followed in the
+        enclosing block by an optimizer's ``.step()``: the loop is one window of X micro-batches
+        whatever the names (``for k in range(K)``; nanoGPT's shape with short names)."""
+        if not (isinstance(window, ast.For) and isinstance(window.iter, ast.Call)
+                and dotted(window.iter.func) == "range" and len(window.iter.args) == 1
+                and not isinstance(window.iter.args[0], ast.Constant) and not f.steps):
+            return False
+        parent = self.parents.get(window)
+        body = next((b for b in (getattr(parent, "body", None), getattr(parent, "orelse", None))
+                     if isinstance(b, list) and window in b), None)
+        if body is None:
+            return False
+        for stmt in body[body.index(window) + 1:]:
+            for call in walk_all(stmt):
+                if isinstance(call, ast.Call) and call_attr(call) == "step" \
+                        and self.kind_of_receiver(receiver(call)) in ("optimizer", "scaler"):
+                    return True
         return False
 
     def window_k_names(self, window: ast.AST) -> set[str]:

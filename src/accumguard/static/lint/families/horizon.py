@@ -34,7 +34,10 @@ from accumguard.static.lint._ast import WORLD_RE, call_attr, dotted, receiver, w
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._acchorizon import accelerate_micro_horizon
-from accumguard.static.lint.families._lghorizon import lightning_micro_horizons
+from accumguard.static.lint.families._lghorizon import (
+    lightning_k_frequencies,
+    lightning_micro_horizons,
+)
 
 #: scheduler constructors -> (keyword of the horizon, its position in the call)
 _HORIZON_ARG: dict[str, tuple[str, int]] = {
@@ -353,8 +356,13 @@ def horizon_in_micro_batches(ctx: FileContext) -> Iterator[Finding]:
             )
     for ctor, message in lightning_micro_horizons(ctx, _horizon_expr):
         yield ctx.finding("AG124", ctor, message, fix=_LIGHTNING_FIX)
+    for freq, message in lightning_k_frequencies(ctx):
+        yield replace(ctx.finding("AG124", freq, message, fix=_FREQUENCY_FIX),
+                      severity=Severity.WARNING, confidence=Confidence.MEDIUM)
 
 
+_FREQUENCY_FIX = ("drop `frequency` (or set it to 1): an `\"interval\": \"step\"` scheduler already steps "
+                  "once per optimizer step, after Lightning's accumulation")
 _LIGHTNING_FIX = ("size the horizon in optimizer steps: `self.trainer.estimated_stepping_batches` (it "
                   "counts accumulate_grad_batches and max_epochs), or divide the batches per epoch by "
                   "accumulate_grad_batches: `math.ceil(len(self.train_dataloader()) / "
