@@ -49,7 +49,7 @@ class BoundaryFacts(FileIndex):
         return bool(self._cached("boundary", expr, lambda: self._boundary_test_uncached(expr)))
 
     def _boundary_test_uncached(self, expr: ast.AST) -> bool:
-        if has_mod(expr):
+        if has_mod(expr) or self.counter_bound(expr) is not None:
             return True
         for sub in walk_all(expr):
             if isinstance(sub, ast.Name | ast.Attribute):
@@ -65,6 +65,32 @@ class BoundaryFacts(FileIndex):
                 if isinstance(parent, ast.BinOp | ast.Compare):
                     return True
         return False
+
+    def counter_bound(self, test: ast.AST) -> ast.AST | None:
+        """X of an ``if c == X:`` (or ``c >= X``) test whose body resets the counter (``c = 0``)
+        while the loop around it counts ``c += 1``: a window of X micro-batches spelled with a
+        counter instead of a modulo, whatever the names (``seen == n``)."""
+        if not (isinstance(test, ast.Compare) and len(test.ops) == 1
+                and isinstance(test.ops[0], ast.Eq | ast.GtE)):
+            return None
+        counter = dotted(test.left)
+        bound = test.comparators[0]
+        if counter is None or (isinstance(bound, ast.Constant)
+                               and not (isinstance(bound.value, int) and bound.value > 1)):
+            return None
+        node = self.parents.get(test)
+        if not isinstance(node, ast.If) or node.test is not test:
+            return None
+        resets = any(isinstance(a, ast.Assign) and isinstance(a.value, ast.Constant) and a.value.value == 0
+                     and any(dotted(t) == counter for t in a.targets)
+                     for stmt in node.body for a in walk_all(stmt))
+        loop = self.parents.get(node)
+        while loop is not None and not isinstance(loop, ast.For | ast.AsyncFor | ast.While):
+            loop = self.parents.get(loop)
+        counts = loop is not None and any(
+            isinstance(a, ast.AugAssign) and isinstance(a.op, ast.Add) and dotted(a.target) == counter
+            and isinstance(a.value, ast.Constant) and a.value.value == 1 for a in walk_all(loop))
+        return bound if resets and counts else None
 
     def boundary_polarity(self, expr: ast.AST) -> bool | None:
         """True when ``expr`` is truthy exactly at the boundary (``(i+1) % K == 0``,

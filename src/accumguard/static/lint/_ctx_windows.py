@@ -283,7 +283,8 @@ class WindowQueries(OwnRateQueries):
                 if sub in skip:
                     continue
                 # a modulo that gates a step (not `if i % 100 == 0: print(...)`)
-                if isinstance(sub, ast.If) and (has_mod(sub.test) or self._mod_flag(sub.test, node)) \
+                if isinstance(sub, ast.If) and (has_mod(sub.test) or self._mod_flag(sub.test, node)
+                                                or self.counter_bound(sub.test) is not None) \
                         and self._gates_step(sub):
                     return True
                 if (
@@ -472,6 +473,9 @@ class WindowQueries(OwnRateQueries):
                     out |= {d for t in tests for m in walk_all(t)
                             if isinstance(m, ast.BinOp) and isinstance(m.op, ast.Mod) and has_mod(m)
                             and (d := dotted(m.right)) is not None}
+                    bound = self.counter_bound(sub.test)
+                    if bound is not None and (d := dotted(bound)) is not None:
+                        out.add(d)
             if (isinstance(window, ast.For) and isinstance(window.iter, ast.Call)
                     and dotted(window.iter.func) == "range" and len(window.iter.args) == 1
                     and not self.window_facts(window).steps
