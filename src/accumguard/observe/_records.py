@@ -6,6 +6,7 @@ re-exports the public names)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -183,6 +184,9 @@ class RunRecording:
     observed_steps: int | None = None
     #: recordings left out: processes started by a recorded process (a script's subprocess)
     children: int = 0
+    #: optimizer steps of the job's launcher: a process of one that started the ranks of a
+    #: larger job and trained on its own too (a single-process reference): not judged
+    launcher_steps: int = 0
     #: the jobs the rank files belong to (torchrun's run id, else None): more than one means
     #: a shared directory holds several jobs' records
     run_ids: set[str | None] = field(default_factory=set)
@@ -239,13 +243,21 @@ def load_recordings(out_dir: Path, *, watch_id: str | None = None) -> RunRecordi
     # are not the rank's. The start record names each process and its parent. A child that
     # records under another rank than its parent is that rank (Lightning's subprocess
     # launcher starts ranks 1..W-1 from rank 0's process).
-    pids = {r.get("pid"): r.get("rank", 0) for lines in files for r in lines[:1]
-            if r.get("kind") == "start"}
+    starts = {r.get("pid"): r for lines in files for r in lines[:1] if r.get("kind") == "start"}
+    # A process of one (world 1) that started ranks of a larger job (mp.spawn from the
+    # script's main) is the job's launcher: its own training (a single-process reference, an
+    # evaluation) is no rank's, whatever rank number it recorded under.
+    launchers = {s.get("ppid") for s in starts.values()
+                 if _world_of(s) > 1 and s.get("ppid") in starts
+                 and _world_of(starts[s.get("ppid")]) == 1}
     for lines in files:
         first = lines[0] if lines else {}
-        if first.get("kind") == "start" and first.get("ppid") is not None \
-                and first.get("ppid") in pids \
-                and int(pids[first.get("ppid")] or 0) == int(first.get("rank", 0) or 0):
+        if first.get("kind") == "start" and first.get("pid") in launchers:
+            rec.launcher_steps += sum(1 for r in lines if r.get("kind") == "step")
+            continue
+        parent = starts.get(first.get("ppid")) if first.get("kind") == "start" else None
+        if parent is not None and first.get("ppid") not in launchers \
+                and int(parent.get("rank", 0) or 0) == int(first.get("rank", 0) or 0):
             rec.children += 1
             continue
         for r in lines:
@@ -277,6 +289,12 @@ def load_recordings(out_dir: Path, *, watch_id: str | None = None) -> RunRecordi
     if rec.failures:
         _truncate_at_failure(rec)
     return rec
+
+
+def _world_of(start: JsonObject) -> int:
+    with contextlib.suppress(TypeError, ValueError):
+        return int(start.get("world", 1) or 1)
+    return 1
 
 
 def _truncate_at_failure(rec: RunRecording) -> None:

@@ -482,7 +482,29 @@ def _window_findings(rank: int, windows: list[StepWindow], info: JsonObject,
             periodic = len({b - a for a, b in zip(at, at[1:], strict=False)}) <= 1
             leak = (not mid_short and len({w.window for w in long}) == 1
                     and regular > len(long) and at[0] > 0 and periodic)
-            if leak:
+            first = windows[at[0]]
+            before = windows[at[0] - 1] if at[0] > 0 else None
+            cons = first.conservation
+            rebuilt = (leak and before is not None and first.opt_serial is not None
+                       and before.opt_serial != first.opt_serial
+                       and before.opt_serial not in {w.opt_serial for w in windows[at[0]:]}
+                       and not (cons and not cons.ok and cons.reason == "stale"))
+            if rebuilt:
+                # the extra backwards ran after the last step of an optimizer object never
+                # seen again (a run interrupted mid-window, then resumed or rebuilt): they
+                # may have been the abandoned model's, and no gradient of this one was found
+                # left over: a leak is possible, not shown
+                out.append(_mk("F7", "warning", rank, first.step, None,
+                               f"a window of {n0} backward passes before optimizer step "
+                               f"{_n(first.step)}, the first step of a new optimizer object "
+                               f"(the previous one never stepped again: a resume or a rebuilt "
+                               f"model), K = {k}: {n0 - k} backward pass(es) ran after the "
+                               "previous optimizer's last step. If they were the abandoned "
+                               "model's (a run interrupted mid-window), nothing leaked; if they "
+                               "were this model's, they leaked into its first window. Which one "
+                               "was not measured",
+                               title_="backward passes before a rebuilt optimizer's first step"))
+            elif leak:
                 out.append(_mk("F7", "error", rank, long[0].step, n0 - 1,
                                f"a window of {n0} backward passes before optimizer step "
                                f"{_n(long[0].step)} among {regular} windows of K = {k}: "
