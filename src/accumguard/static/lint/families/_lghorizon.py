@@ -187,7 +187,6 @@ def lightning_k_frequencies(ctx: FileContext) -> Iterator[tuple[ast.AST, str]]:
             named = ctx.mentions_accum(freq)
             if not named and not (k is not None and ctx.int_value(freq) == k):
                 continue
-            shown = ast.unparse(freq)
             yield freq, (
                 f"the scheduler's `\"frequency\": {ast.unparse(freq)}` is the accumulation count K, "
                 f"but with `\"interval\": \"step\"` Lightning counts the frequency in optimizer "
