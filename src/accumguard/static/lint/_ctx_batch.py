@@ -59,11 +59,16 @@ def accum_only_builds_batch(ctx: WindowQueries, window: ast.AST) -> bool:
     """Every accumulation name of the window's own code is inside a comprehension, a
     subscript's slice, the window loop's iterable or an inner loop with no backward, and
     the window calls no ``no_sync``/``accumulate`` and gates no step by a modulo (those
-    say accumulation wherever the names are); no backward helper is inlined."""
-    if ctx.inlined(window):
-        return False
+    say accumulation wherever the names are); no backward helper it calls shows
+    accumulation itself."""
+    inlined = ctx.inlined(window)
+    if any(ctx._scope_shows_accumulation(h) for h in inlined):
+        return False  # the backward helper gates its own step or names K itself
+    helper_names = {c.func for c in inlined.values()}  # `micro(xs, ys)`: a helper's name
     found = False
     for sub in ctx.local_nodes(window):
+        if sub in helper_names:
+            continue
         if isinstance(sub, ast.If) and (has_mod(sub.test) or ctx._mod_flag(sub.test, window)) \
                 and ctx._gates_step(sub):
             return False
@@ -72,8 +77,9 @@ def accum_only_builds_batch(ctx: WindowQueries, window: ast.AST) -> bool:
             return False
         name = sub.id if isinstance(sub, ast.Name) else \
             sub.attr if isinstance(sub, ast.Attribute) else None
-        if name is None or not accum_name(name.lower()):
-            continue
+        if name is None or not (accum_name(name.lower()) or (
+                isinstance(sub, ast.Name) and ctx.mentions_accum(sub))):
+            continue  # (`K = CONFIG["accum"]`: K is a name of the accumulation count too)
         found = True
         if not _builds_batch(ctx, sub, window):
             return False

@@ -507,7 +507,27 @@ class WindowQueries(OwnRateQueries):
             return False
         if not any(k == "optimizer" and not self.guarded(c, window) for c, k in f.steps):
             return False
-        return any(not self.guarded(z, window) for z, _ in f.zero_grads)
+        return any(not self.guarded(z, window) for z, _ in f.zero_grads) or (
+            accum_only_builds_batch(self, window) and self._resets_grads_by_hand(window))
+
+    def _resets_grads_by_hand(self, window: ast.AST) -> bool:
+        """The window (or a helper it calls) clears gradients without ``zero_grad()``:
+        ``p.grad = None``, ``p.grad.zero_()``, ``p.main_grad.zero_()`` (fp32 gradient buffers
+        of a mixed-precision loop), not under a condition."""
+        for scope in (window, *self.inlined(window), *self.reached(window)):
+            for n in self.local_nodes(scope):
+                if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant) \
+                        and n.value.value is None and any(
+                            isinstance(t, ast.Attribute) and "grad" in t.attr for t in n.targets):
+                    hit: ast.AST = n
+                elif isinstance(n, ast.Call) and call_attr(n) in ("zero_", "fill_") and isinstance(
+                        r := receiver(n), ast.Attribute) and "grad" in r.attr:
+                    hit = n
+                else:
+                    continue
+                if scope is not window or not self.guarded(hit, window):
+                    return True
+        return False
 
 
 def _class_settings_accumulate(cls: ast.ClassDef) -> bool:
