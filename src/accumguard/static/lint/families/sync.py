@@ -41,6 +41,7 @@ from dataclasses import replace
 from accumguard.static.findings import Confidence, Finding, Severity
 from accumguard.static.lint._ast import (
     ACCUM_RE,
+    FUNCS,
     LOOPS,
     SCOPES,
     call_attr,
@@ -331,6 +332,114 @@ def _first_test(ctx: FileContext, expr: ast.AST) -> bool | None:
     return None
 
 
+def _assigned(ctx: FileContext, scope: ast.AST, name: str) -> list[ast.AST]:
+    """The values ``scope``'s own code assigns to ``name`` (one pass per scope, cached)."""
+    def compute() -> dict[str, list[ast.AST]]:
+        out: dict[str, list[ast.AST]] = {}
+        for n in ctx.local_nodes(scope):
+            if isinstance(n, ast.Assign):
+                for t in n.targets:
+                    if isinstance(t, ast.Name):
+                        out.setdefault(t.id, []).append(n.value)
+        return out
+    table: dict[str, list[ast.AST]] = ctx._cached("sync_assigned", scope, compute)
+    return table.get(name, [])
+
+
+def _step_gates(ctx: FileContext, scope: ast.AST) -> list[ast.If]:
+    """The ``if`` statements of ``scope``'s own code that gate an optimizer step (cached)."""
+    gates: list[ast.If] = ctx._cached("sync_gates", scope, lambda: [
+        g for g in ctx.local_nodes(scope) if isinstance(g, ast.If) and ctx._gates_step(g)])
+    return gates
+
+
+def _residue(ctx: FileContext, expr: ast.AST, scope: ast.AST) -> tuple[str, str, int] | None:
+    """(counter, K, r) of a test ``(c + a) % K == b`` (``b`` an integer or ``K - n``): true
+    when ``c`` is ``r = b - a`` modulo K. A name is read through its one assignment in
+    ``scope`` (``is_boundary = micro % K == 0``)."""
+    if isinstance(expr, ast.Name):
+        values = _assigned(ctx, scope, expr.id)
+        if len(values) != 1:
+            return None
+        expr = values[0]
+    if not (isinstance(expr, ast.Compare) and len(expr.ops) == 1 and isinstance(expr.ops[0], ast.Eq)):
+        return None
+    left, right = expr.left, expr.comparators[0]
+    if isinstance(right, ast.BinOp) and isinstance(right.op, ast.Mod):
+        left, right = right, left
+    if not (isinstance(left, ast.BinOp) and isinstance(left.op, ast.Mod)):
+        return None
+    k = ast.dump(left.right)
+    counter, shift = left.left, 0
+    if isinstance(counter, ast.BinOp) and isinstance(counter.op, ast.Add | ast.Sub) \
+            and isinstance(counter.right, ast.Constant) and type(counter.right.value) is int:
+        shift = counter.right.value if isinstance(counter.op, ast.Add) else -counter.right.value
+        counter = counter.left
+    name = dotted(counter)
+    if name is None:
+        return None
+    if isinstance(right, ast.Constant) and type(right.value) is int:
+        r = right.value
+    elif isinstance(right, ast.BinOp) and isinstance(right.op, ast.Sub) \
+            and ast.dump(right.left) == k and isinstance(right.right, ast.Constant) \
+            and type(right.right.value) is int:
+        r = -right.right.value
+    else:
+        return None
+    return name, k, r - shift
+
+
+def _off_the_step(ctx: FileContext, node: ast.AST, value: ast.AST) -> tuple[str, str] | None:
+    """(the sync test, the step's test) when the sync flag is on at another micro-step than
+    the one the optimizer steps at: both tests read the same counter modulo the same K with
+    different residues (``set_requires_gradient_sync(micro % K == 1)`` beside ``if micro % K
+    == 0: opt.step()``)."""
+    scope = ctx.enclosing(node, FUNCS) or ctx.tree
+    sync = _residue(ctx, value, scope)
+    if sync is None:
+        return None
+    for gate in _step_gates(ctx, scope):
+        step = _residue(ctx, gate.test, scope)
+        if step is None or step[:2] != sync[:2] or step[2] == sync[2]:
+            continue
+        k = ctx.int_value(gate.test.left.right) if (  # the K the tests share, when in sight
+            isinstance(gate.test, ast.Compare) and isinstance(gate.test.left, ast.BinOp)) else None
+        diff = abs(step[2] - sync[2])
+        if diff == 1 or (k is not None and k > 1 and diff % k != 0):
+            shown = ast.unparse(gate.test)
+            if isinstance(gate.test, ast.Name):
+                shown += " = " + ast.unparse(_assigned(ctx, scope, shown)[0])
+            return ast.unparse(value), shown
+    return None
+
+
+def _first_of_stepless_loop(ctx: FileContext, test: ast.AST) -> bool:
+    """``test`` (or the one value its name is assigned) is true at the first iteration only
+    of the loop counting from 0 (``micro % K == 0``, ``micro == 0``), and that loop steps no
+    optimizer inside: the step comes after its last iteration, which the test misses."""
+    scope = ctx.enclosing(test, FUNCS) or ctx.tree
+    value = test
+    if isinstance(test, ast.Name):
+        values = _assigned(ctx, scope, test.id)
+        if len(values) != 1:
+            return False
+        value = values[0]
+    if _first_test(ctx, value) is not True:
+        return False
+    counters = {x.id for x in ast.walk(value) if isinstance(x, ast.Name)
+                and _zero_based_counter(ctx, x) is not None}
+    loop = ctx.parents.get(test)
+    while loop is not None and not isinstance(loop, SCOPES):
+        if isinstance(loop, ast.For | ast.AsyncFor):
+            target = loop.target.elts[0] if isinstance(loop.target, ast.Tuple) and loop.target.elts \
+                else loop.target
+            if isinstance(target, ast.Name) and target.id in counters:
+                return not any(isinstance(c, ast.Call) and call_attr(c) == "step"
+                               for c in ast.walk(loop))
+        loop = ctx.parents.get(loop)
+    return False
+
+
 def _effective(ctx: FileContext, node: ast.AST, value: ast.AST) -> str:
     """'boundary' (on exactly at the boundary), 'inverted', 'first' (on at the first micro-step
     of the window, off at the last), 'off', 'on' or 'unknown'."""
@@ -371,6 +480,9 @@ def _no_sync_polarity(ctx: FileContext, call: ast.Call) -> tuple[str, ast.AST | 
     while cur is not None and not isinstance(cur, SCOPES):
         if isinstance(cur, ast.IfExp | ast.If) and child is not cur.test:
             in_true_branch = child is cur.body or (isinstance(cur, ast.If) and child in cur.body)
+            if _first_of_stepless_loop(ctx, cur.test):
+                # synchronised where the test holds (the loop's first iteration) only
+                return ("first" if not in_true_branch else "ok"), cur.test
             p = ctx.boundary_polarity(cur.test)
             if p is not None:
                 active_at_boundary = p if in_true_branch else not p
@@ -417,8 +529,10 @@ def sync_flag_polarity(ctx: FileContext) -> Iterator[Finding]:
     settings = _sync_settings(ctx)
     if not settings:
         return
+    offsets = {node: _off_the_step(ctx, node, value) for node, value, _ in settings}
     kinds = [
-        (node, recv, "after_forward" if ddp_flag_after_forward(ctx, node) else _effective(ctx, node, value))
+        (node, recv, "after_forward" if ddp_flag_after_forward(ctx, node)
+         else "offset" if offsets[node] else _effective(ctx, node, value))
         for node, value, recv in settings
     ]
     re_enabled = {recv for _, recv, k in kinds if k in ("boundary", "on", "unknown", "after_forward", "first")}
@@ -427,7 +541,17 @@ def sync_flag_polarity(ctx: FileContext) -> Iterator[Finding]:
             f"`{recv}.set_requires_gradient_sync(...)`" if isinstance(node, ast.Call)
             else f"`{recv}.require_backward_grad_sync`"
         )
-        if kind == "inverted":
+        if kind == "offset" and (tests := offsets.get(node)) is not None:
+            yield ctx.finding(
+                "AG111",
+                node,
+                f"{what} turns synchronisation on when `{tests[0]}`, but the optimizer steps "
+                f"when `{tests[1]}`: another micro-step of the window. The stepping micro-step's "
+                "gradient is not synchronised (the ranks step on different gradients), and what "
+                "was synchronised earlier is only part of the window; expected the sync flag to "
+                "be the step's own test",
+            )
+        elif kind == "inverted":
             yield ctx.finding(
                 "AG111",
                 node,
