@@ -132,6 +132,19 @@ def test_fsdp2_step_every_micro_batch_is_a_true_note(dist_sweep: Path) -> None:
     assert [(f.cls, f.severity) for f in findings] == [("OK", "note")] * 2, findings
 
 
+def test_fsdp2_two_optimizers_each_see_the_whole_window(dist_sweep: Path) -> None:
+    """Two optimizers over disjoint FSDP2 parameters, stepped after each window whose sync
+    is on at the last micro-step only: the three unsynced backwards change no sharded
+    ``.grad`` (FSDP2 keeps them unsharded until the reduce-scatter), yet they are each
+    optimizer's (blind round 35: counted as windows of 1, an F1 error on a correct loop)."""
+    rec = load_recordings(dist_sweep / "fsdp2_two_optimizers")
+    assert rec.ranks == [0, 1]
+    for rank in rec.ranks:
+        assert [s["backwards"] for s in rec.steps[rank]] == [4, 4] * 3, rec.steps[rank]
+    errors, _, findings = _classes(dist_sweep, "fsdp2_two_optimizers", k=4)
+    assert errors == set(), findings
+
+
 def test_sweep_records_param_dtype_and_both_ranks(dist_sweep: Path) -> None:
     rec = load_recordings(dist_sweep / "fsdp2_ok")
     assert rec.ranks == [0, 1]

@@ -93,18 +93,23 @@ def fsdp2(bug: str) -> None:
     for layer in (model[0], model[2]):
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    opts = [torch.optim.SGD(model.parameters(), lr=0.1)]
+    if bug == "two_optimizers":  # a body and a head optimizer, stepped one after the other
+        opts = [torch.optim.AdamW(model[0].parameters(), lr=1e-2),
+                torch.optim.SGD(model[2].parameters(), lr=0.1, momentum=0.9)]
     for i, (x, y) in enumerate(data()):
         last = (i + 1) % K == 0
-        sync = {"ok": last, "inverted": not last, "never": False, "wasteful": True,
+        sync = {"ok": last, "two_optimizers": last, "inverted": not last, "never": False, "wasteful": True,
                 "stepevery": last, "stepevery_never": False}[bug]
         model.set_requires_gradient_sync(sync)
         ce(model(x), y).backward()
         # stepevery*: step() + zero_grad() after every micro-batch; FSDP2 hands .grad = None
         # to the unsynced ones (no-ops), so with the flag on at the last it is the large batch
         if last or bug.startswith("stepevery"):
-            opt.step()
-            opt.zero_grad()
+            for opt in opts:
+                opt.step()
+            for opt in opts:
+                opt.zero_grad()
 
 
 # ----------------------------------------------------------------------------- ZeRO-1
@@ -149,7 +154,8 @@ SCENARIOS: dict[str, Callable[[], None]] = {
     **{f"ddp_{b}": (lambda b=b: ddp(b)) for b in
        ("ok", "wasteful", "F3", "F4", "F7", "F8", "F11", "F13", "never")},
     **{f"fsdp2_{b}": (lambda b=b: fsdp2(b)) for b in ("ok", "inverted", "never", "wasteful",
-                                                          "stepevery", "stepevery_never")},
+                                                          "stepevery", "stepevery_never",
+                                                          "two_optimizers")},
     "zero1_ok": lambda: zero1("ok"),
     "zero1_F1": lambda: zero1("F1"),
     "accelerate_ok": lambda: accelerate("ok"),

@@ -248,6 +248,20 @@ class Lanes:
         self.zeros = [z for z in self.zeros if z.serial > low]
 
     # -- an optimizer's own window ------------------------------------------------------------
+    def _attributed(self, every: frozenset[int]) -> dict[int, frozenset[int]]:
+        """The parameters each logged backward reached. A backward that changed no ``.grad``
+        (an FSDP2 micro-step with gradient sync off: its gradient waits in FSDP2's unsharded
+        buffers) reached what the next backward that changed some did (the synchronising
+        micro-step, whose reduce-scatter hands the accumulated gradient to the sharded
+        ``.grad``); with none after it yet, every optimizer's parameters (``every``)."""
+        out: dict[int, frozenset[int]] = {}
+        after = every
+        for e in reversed(self.log):
+            if e.touched:
+                after = e.touched
+            out[id(e)] = e.touched or after
+        return out
+
     def window(self, opt: object, shared: StepTally, serial: int, tracked: int) -> StepTally | None:
         """The window of ``opt`` (a torch optimizer about to step after ``serial`` backward
         passes), or None when the shared window is its window (one optimizer, optimizers
@@ -260,11 +274,12 @@ class Lanes:
         if lane is None or lane.since < self._floor:
             return None
         mine = lane.pids
-        entries = [e for e in self.log if e.serial >= lane.since and e.touched & mine]
         lanes = [(lane, mine)] + [(ol, ol.pids) for _, ol in partners]
+        touched = self._attributed(mine.union(*(pids for _, pids in lanes)))
+        entries = [e for e in self.log if e.serial >= lane.since and touched[id(e)] & mine]
 
         def reach(e: _Entry) -> frozenset[int]:
-            return frozenset(ln.key for ln, pids in lanes if e.touched & pids)
+            return frozenset(ln.key for ln, pids in lanes if touched[id(e)] & pids)
 
         zeros = [z for z in self.zeros if z.pids & mine]
         if entries:
