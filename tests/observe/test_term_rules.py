@@ -850,6 +850,9 @@ def test_a_z_loss_mean_over_valid_tokens_not_divided_by_k_is_an_error(tmp_path: 
     assert f.cls == "LOSS_SCALE" and "averaged in every micro-step" in f.evidence, findings
 
 
-def test_a_z_loss_mean_over_valid_tokens_divided_by_k_is_silent(tmp_path: Path) -> None:
+def test_a_z_loss_mean_over_valid_tokens_divided_by_k_is_a_mean_of_means(tmp_path: Path) -> None:
+    """Divided by K, the z-loss is a mean of per-micro-batch means over uneven valid counts
+    beside a CE normalised over the window's tokens: F5 (the scale is right, the weights of
+    the tokens are not)."""
     findings, _ = _run(tmp_path, _z_mean(True))
-    assert _errors(findings) == [], findings
+    assert [f.cls for f in _errors(findings)] == ["F5"], findings

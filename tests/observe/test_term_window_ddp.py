@@ -3,9 +3,9 @@ item 2): 2 gloo ranks, K micro-steps; the main term is a token sum (``ignore_ind
 times W divided by the window's all-reduced token count (its tokens weigh 1 in total over
 the window only across ranks: each rank's own total differs), and a PaLM-style z-loss (a
 masked mean over the micro-batch's valid tokens, or a mean node) is added in every
-backward without a division by K: LOSS_SCALE naming the term. The correct twins (the
-z-term divided by K, normalised like the main term, a sum, a learned coefficient, present
-in only some backwards) say nothing at error level, the watched run is bit-identical, a
+backward without a division by K: LOSS_SCALE naming the term; divided by K it is a mean of
+per-micro-batch means (F5). The correct twins (the z-term normalised like the main term, a
+sum, a learned coefficient, present in only some backwards) say nothing at error level, the watched run is bit-identical, a
 term divided by the main call's count is never judged, and the masked z-loss is found in
 one process too.
 """
@@ -23,7 +23,7 @@ from accumguard.watch._findings import analyze, load_recordings
 from accumguard.watch._recording import recording
 
 K, V, B, T = 4, 13, 3, 5
-FORMS = ("bug masked", "bug mean", "ok /K", "ok global", "ok sum", "ok learned coef",
+FORMS = ("bug masked", "bug mean", "means /K", "ok global", "ok sum", "ok learned coef",
          "ok some backwards", "main over K", "scale both", "ok scale main")
 
 
@@ -70,7 +70,7 @@ def _rank(rank: int, world: int, path: str) -> dict[str, dict[str, torch.Tensor]
                         term = {
                             "bug masked": 1e-3 * (z * mask).sum() / mask.sum(),
                             "bug mean": 1e-3 * z.mean(),
-                            "ok /K": 1e-3 * (z * mask).sum() / mask.sum() / K,
+                            "means /K": 1e-3 * (z * mask).sum() / mask.sum() / K,
                             "ok global": 1e-3 * (z * mask).sum() * world / n_global,
                             "ok sum": 1e-3 * (z * mask).sum(),
                             "ok learned coef": coef * ((z * mask).sum() / mask.sum()),
@@ -136,6 +136,15 @@ def test_correct_z_loss_twins_on_ddp_are_silent(runs: Path, form: str) -> None:
     assert _errors(runs, form) == []
 
 
+def test_a_masked_mean_term_divided_by_k_on_ddp_is_a_mean_of_means(runs: Path) -> None:
+    """The z-term a masked mean over each micro-batch's valid tokens divided by K, beside the
+    CE normalised by the window's all-reduced count: its tokens weigh 1/(K x W x their
+    micro-batch's count), not 1/N as the CE's do (blind round 35 c_b02's mechanism): F5."""
+    errors = _errors(runs, "means /K")
+    assert [f.cls for f in errors] == ["F5"], errors
+    assert "mean of per-micro-batch means" in errors[0].title
+
+
 def test_a_term_divided_by_the_main_calls_count_is_not_judged(runs: Path) -> None:
     """The z-term normalised like the main term (by the window's all-reduced count): were
     that count a multiple of the micro-batch's rows that is no multiple of K (75 = 5 x 15
@@ -157,12 +166,13 @@ def test_a_term_divided_by_the_main_calls_count_is_not_judged(runs: Path) -> Non
     assert term_scale_findings(0, windows, masses) == []
 
 
-@pytest.mark.parametrize("form", ["bug", "ok"])
+@pytest.mark.parametrize("form", ["bug", "means", "ok"])
 def test_a_masked_z_loss_beside_a_mean_over_k_in_one_process(tmp_path: Path,
                                                                 form: str) -> None:
     """One process: the CE summed over the valid tokens divided by the window's count
-    (``ignore_index``; a per-micro-batch mean / K would be F5 under uneven counts) beside
-    the masked z-loss: not divided by K is LOSS_SCALE, divided by K is silent."""
+    (``ignore_index``) beside the masked z-loss: not divided by K is LOSS_SCALE; divided by
+    K it is a mean of per-micro-batch means over uneven counts (F5, as the CE itself would
+    be); normalised by the window's count like the CE, silent."""
     torch.manual_seed(0)
     model = _LM()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -179,14 +189,16 @@ def test_a_masked_z_loss_beside_a_mean_over_k_in_one_process(tmp_path: Path,
             for x, y in batches:
                 logits = model(x).view(-1, V)
                 mask = (y != -100).float()
-                z = 1e-3 * (torch.logsumexp(logits, -1) ** 2 * mask).sum() / mask.sum()
+                z_sum = 1e-3 * (torch.logsumexp(logits, -1) ** 2 * mask).sum()
+                z = z_sum / mask.sum()
                 ce = F.cross_entropy(logits, y, reduction="sum", ignore_index=-100) / n
-                (ce + (z if form == "bug" else z / K)).backward()
+                (ce + {"bug": z, "means": z / K, "ok": z_sum / n}[form]).backward()
             opt.step()
             opt.zero_grad()
     findings, _, _ = analyze(load_recordings(tmp_path))
     errors = [f for f in findings if f.severity == "error"]
-    assert [f.cls for f in errors] == (["LOSS_SCALE"] if form == "bug" else []), findings
+    expected = {"bug": ["LOSS_SCALE"], "means": ["F5"], "ok": []}[form]
+    assert [f.cls for f in errors] == expected, findings
     if form == "bug":
         assert "masked mean over the micro-batch's valid tokens" in errors[0].evidence
 

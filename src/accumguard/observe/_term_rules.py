@@ -123,6 +123,8 @@ def _term_scale_findings(rank: int, windows: list[dict[str, Any]],
     counted: dict[int, set[float]] = {}  # per term, the valid counts that divided it
     # per term: (window, record, reference, K x the constants above the sum)
     scaled: dict[int, list[tuple[dict[str, Any], list[Any], list[Any], int]]] = {}
+    means: dict[int, list[tuple[dict[str, Any], list[Any], list[Any]]]] = {}
+    counted_means: dict[int, set[float]] = {}
     for w in windows:
         by_micro = _window_terms(w)
         if by_micro is None:
@@ -157,6 +159,12 @@ def _term_scale_findings(rank: int, windows: list[dict[str, Any]],
                     c for m, r in enumerate(recs) if (c := _by_count(r, rm[m], k, valid[m])))
             elif all(_twice_divided_mean(r, rm[m], k, valid[m]) for m, r in enumerate(recs)):
                 twice.setdefault(o, []).append((w, recs[0], ref))
+            elif all((c := _mean_of_means(r, rm[m], k, valid[m])) is not None
+                     for m, r in enumerate(recs)):
+                means.setdefault(o, []).append((w, recs[0], ref))
+                counted_means.setdefault(o, set()).update(
+                    c for m, r in enumerate(recs)
+                    if (c := _mean_of_means(r, rm[m], k, valid[m])) is not None)
             elif len(fs := {_common_factor(r, rm[m], k, valid[m]) for m, r in enumerate(recs)}
                      ) == 1 and None not in fs:
                 scaled.setdefault(o, []).append((w, recs[0], ref, fs.pop() or 0))
@@ -202,6 +210,29 @@ def _term_scale_findings(rank: int, windows: list[dict[str, Any]],
                         "(e.g. loss = ce_sum * scale / window_count + coef * aux): a "
                         "per-micro-batch mean term is already right once the engine divides "
                         "by K and averages over the ranks.")]
+    for o, found in sorted(means.items()):
+        if len(found) != judged[o] or len(counted_means.get(o, ())) < 2:
+            continue  # equal counts everywhere: the mean of means is the large batch's mean
+        w, x, ref = found[0]
+        k = int(w["window"])
+        counts = _valid_counts(w, ref, k)
+        return [_mk("F5", "error", rank, int(w["step"]), None,
+                    f"a term built from torch ops (its graph starts at {x[3]}) is, in every "
+                    f"micro-step of {len(found)} window(s), a masked mean over exactly the "
+                    f"valid tokens of the loss beside it ({', '.join(str(c) for c in counts)} "
+                    f"in the {k} micro-steps of optimizer step {_n(w['step'])}) divided by K = "
+                    f"{k}, while that loss, {_ref_words(ref)}, is normalised once over the "
+                    f"whole window's {sum(counts)} tokens: this term's tokens weigh (times its "
+                    "coefficient) "
+                    f"1/(K x their micro-batch's count), {1 / (k * max(counts)):.4g} to "
+                    f"{1 / (k * min(counts)):.4g}, instead of 1/{sum(counts)} each: a mean of "
+                    "micro-batch means, not the large batch's mean",
+                    title_="a term of the loss is a mean of per-micro-batch means",
+                    fix="Normalise that term like the loss beside it: sum it over the valid "
+                        "tokens and divide by the window's token count (all micro-steps, and "
+                        "all ranks when the engine averages over them), e.g. "
+                        "(term * mask).sum() / window_tokens instead of "
+                        "(term * mask).sum() / mask.sum() / K.")]
     for o, found in sorted(twice.items()):
         if len(found) != judged[o]:
             continue
@@ -353,6 +384,24 @@ def _twice_divided_mean(r: list[Any], ref: list[Any], k: int, valid: int) -> boo
         return False  # a factor 1/K may be a coefficient the user chose (0.25 * ce, K = 4)
     rest = [*r[:4], [d for d in r[4] if not _k_divisions([d], k)], *r[5:]]
     return _row_mean(rest, ref, k) or _by_count(rest, ref, k, valid) is not None
+
+
+def _mean_of_means(r: list[Any], ref: list[Any], k: int, valid: int) -> float | None:
+    """The micro-step's valid-token count when term ``r`` is a masked mean over exactly
+    those tokens divided by K once more than ``ref`` is, ``ref`` being normalised over the
+    whole window (no division by K): a per-micro-batch mean beside a window-count mean."""
+    if r[6] or _k_divisions(ref[4], k) != 0 or _k_divisions(r[4], k) != 1:
+        return None
+    if sum(1 for op, c in r[4] if str(op) == "/" and _is(float(c), float(k))) != 1:
+        return None  # a factor 1/K may be a coefficient the user chose
+    rest = [*r[:4], [d for d in r[4] if not _k_divisions([d], k)], *r[5:]]
+    # (the exact valid count decides, before any reading as a mean over whole rows: 88
+    # tokens of 4 rows is also 22 x the rows)
+    count = _count_divisor(rest, valid, k)
+    if count is None:
+        return None
+    others = [d for d in rest[4] if not (str(d[0]) == "/" and float(d[1]) == count)]
+    return None if _may_hold_k(others, k, int(ref[9])) else count
 
 
 def _twice_text(found: list[tuple[dict[str, Any], list[Any], list[Any]]], x: list[Any],
