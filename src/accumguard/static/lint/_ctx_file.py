@@ -24,6 +24,7 @@ from accumguard.static.lint._ast import (
     OPTIMIZER_CLASSES,
     SCALER_RE,
     SCHED_RE,
+    SCOPES,
     call_attr,
     dotted,
     is_backward,
@@ -342,6 +343,16 @@ class FileIndex:
             return "scaler"
         if self.deepspeed and name in self.ds_backward_receivers:
             return "engine"
+        if isinstance(recv, ast.Name):
+            # `for s in scheds: s.step()`: the loop variable is one of the list's objects
+            cur = self.parents.get(recv)
+            while cur is not None and not isinstance(cur, SCOPES):
+                if isinstance(cur, ast.For | ast.AsyncFor) and isinstance(cur.target, ast.Name) \
+                        and cur.target.id == recv.id:
+                    it = cur.iter
+                    return self.kind_of_receiver(it) if isinstance(it, ast.Name | ast.Attribute) \
+                        and dotted(it) != name else "other"
+                cur = self.parents.get(cur)
         return "other"
 
     # ---------------------------------------------------------------- script-level facts

@@ -170,7 +170,41 @@ class WindowQueries(OwnRateQueries):
                     if isinstance(c.func, ast.Name) and c.func.id in names] + passed
         if isinstance(owner, ast.ClassDef):
             return [c for c in by_self.get(helper.name, ()) if self.enclosing(c, (ast.ClassDef,)) is owner] + passed
-        return list(by_name.get(helper.name, ())) + passed
+        return list(by_name.get(helper.name, ())) + passed + self._factory_call_sites(helper)
+
+    def _factory_call_sites(self, helper: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.Call]:
+        """Calls of a closure its factory returns: ``def make_step(...): def micro(...):
+        ...; return micro`` then ``step_fn = make_step(...)`` and ``step_fn(x)`` (a tuple
+        return is matched by position: ``micro, step = make_trainer(...)``). Names bound
+        once only."""
+        factory = self.parents.get(helper)
+        if not isinstance(factory, FUNCS):
+            return []
+        slots: set[int | None] = set()
+        for ret in self.local_nodes(factory):
+            if not isinstance(ret, ast.Return) or ret.value is None:
+                continue
+            if isinstance(ret.value, ast.Name) and ret.value.id == helper.name:
+                slots.add(None)
+            elif isinstance(ret.value, ast.Tuple):
+                slots |= {i for i, e in enumerate(ret.value.elts)
+                          if isinstance(e, ast.Name) and e.id == helper.name}
+        if not slots:
+            return []
+        _, by_name, _ = self._call_index()
+        bound: list[str] = []
+        for call in by_name.get(factory.name, ()):
+            stmt = self.parents.get(call)
+            if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1):
+                continue
+            target = stmt.targets[0]
+            if None in slots and isinstance(target, ast.Name):
+                bound.append(target.id)
+            elif isinstance(target, ast.Tuple):
+                bound += [e.id for i, e in enumerate(target.elts)
+                          if i in slots and isinstance(e, ast.Name)]
+        names = {b for b in bound if bound.count(b) == 1 and b != helper.name}
+        return [c for b in names for c in by_name.get(b, ())]
 
     def via_text(self, node: ast.AST, window: ast.AST) -> str:
         """`` (in `_apply()`, run from line 21)`` for a call that sits in a helper the window
