@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Iterator
+from dataclasses import replace
 
-from accumguard.static.findings import Finding
+from accumguard.static.findings import Confidence, Finding, Severity
 from accumguard.static.lint._ast import FUNCS, WORLD_RE, call_attr, dotted, receiver, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._ctx_batch import whole_window_iteration
@@ -39,6 +40,14 @@ def _accelerator_k(ctx: FileContext) -> int | None:
                   for k in c.keywords if k.arg == "gradient_accumulation_steps"}
         return values.pop() if len(values) == 1 else None
     return ctx._cached("accelerator_k", ctx.tree, compute)  # type: ignore[no-any-return]
+
+
+def _accelerator_k_expr(ctx: FileContext) -> ast.AST | None:
+    """The one expression every ``Accelerator(...)`` of the file is given as
+    ``gradient_accumulation_steps`` (its value may be out of sight), else None."""
+    exprs = [k.value for c in ctx.of(ast.Call) if call_attr(c) == "Accelerator"
+             for k in c.keywords if k.arg == "gradient_accumulation_steps"]
+    return exprs[0] if len({ast.dump(e) for e in exprs}) == 1 else None
 
 
 def _prepared_names(ctx: FileContext) -> set[str] | None:
@@ -62,21 +71,28 @@ def _unprepared_scheduler_steps(ctx: FileContext, window: ast.AST) -> Iterator[F
     a scheduler built in the file and never handed to ``prepare`` steps on every micro-batch."""
     k = _accelerator_k(ctx)
     prepared = _prepared_names(ctx)
-    if k is None or k < 2 or prepared is None:
+    expr = _accelerator_k_expr(ctx) if k is None else None
+    if prepared is None or (k is not None and k < 2) or (
+            k is None and (expr is None or isinstance(expr, ast.Constant))):
         return
+    shown = str(k) if k is not None else f"`{ast.unparse(expr)}`" if expr is not None else "?"
     for call, kind in ctx.window_facts(window).steps:
         name = dotted(receiver(call))
         if kind != "scheduler" or name is None or name in prepared or name not in ctx.schedulers \
                 or ctx.guarded(call, window):
             continue
-        yield ctx.finding(
+        finding = ctx.finding(
             "AG103",
             call,
             f"`{name}.step()` runs on every micro-batch: `{name}` was never handed to "
             "`accelerator.prepare`, so Accelerate does not gate its step under `accumulate()` "
-            f"(gradient_accumulation_steps = {k}): the learning-rate schedule advances K times per "
-            "optimizer step; prepare it, or step it under `if accelerator.sync_gradients:`",
+            f"(gradient_accumulation_steps = {shown}): the learning-rate schedule advances K "
+            "times per optimizer step; prepare it, or step it under "
+            "`if accelerator.sync_gradients:`"
+            + ("" if k is not None else " (K is not in sight: with K = 1 this is right)"),
         )
+        yield finding if k is not None else replace(
+            finding, severity=Severity.WARNING, confidence=Confidence.MEDIUM)
 
 
 def _micro_counters(ctx: FileContext, window: ast.AST) -> set[str]:
