@@ -45,9 +45,11 @@ def _accelerator_k(ctx: FileContext) -> int | None:
 def _accelerator_k_expr(ctx: FileContext) -> ast.AST | None:
     """The one expression every ``Accelerator(...)`` of the file is given as
     ``gradient_accumulation_steps`` (its value may be out of sight), else None."""
-    exprs = [k.value for c in ctx.of(ast.Call) if call_attr(c) == "Accelerator"
-             for k in c.keywords if k.arg == "gradient_accumulation_steps"]
-    return exprs[0] if len({ast.dump(e) for e in exprs}) == 1 else None
+    def compute() -> ast.AST | None:
+        exprs = [k.value for c in ctx.of(ast.Call) if call_attr(c) == "Accelerator"
+                 for k in c.keywords if k.arg == "gradient_accumulation_steps"]
+        return exprs[0] if len({ast.dump(e) for e in exprs}) == 1 else None
+    return ctx._cached("accelerator_k_expr", ctx.tree, compute)  # type: ignore[no-any-return]
 
 
 def _prepared_names(ctx: FileContext) -> set[str] | None:
