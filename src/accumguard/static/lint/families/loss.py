@@ -513,9 +513,9 @@ def _mean_loss_site(ctx: FileContext, fn: ast.AST, cls: ast.ClassDef | None = No
                 return n, f"`{d}`, a mean-reducing loss module"
             if name == "mean" and not n.args and _is_loss(n.func):
                 return n, f"`{ast.unparse(n)}`"
-        elif (div := _division(n)) is not None and _is_count(ctx, div[1]) and (_is_loss(div[0]) or any(
-            isinstance(x, ast.Call) and call_attr(x) == "sum" for x in walk_all(div[0])
-        )):
+        elif (div := _division(n)) is not None and _is_count(ctx, _unpacked(ctx, fn, div[1])) and (
+            _is_loss(top := _unpacked(ctx, fn, div[0])) or any(
+                isinstance(x, ast.Call) and call_attr(x) == "sum" for x in walk_all(top))):
             return n, f"`{ast.unparse(n)}`, divided by this micro-batch's own count"
         elif (
             isinstance(n, ast.Attribute) and n.attr == "loss" and isinstance(n.ctx, ast.Load)
@@ -526,6 +526,32 @@ def _mean_loss_site(ctx: FileContext, fn: ast.AST, cls: ast.ClassDef | None = No
         ):
             return n, f"`{ast.unparse(n)}`, the model's mean over this micro-batch's tokens"
     return None
+
+
+def _unpacked(ctx: FileContext, fn: ast.AST, expr: ast.AST) -> ast.AST:
+    """What a name of ``fn`` holds when ``fn`` binds it once by unpacking the tuple a function
+    of the file returns (``ce_sum, n_tok = token_ce_sum(model, batch)`` with ``return
+    F.cross_entropy(..., reduction="sum"), (tgt != -100).sum()``): that element; a clamp of it
+    (``n_tok.clamp(min=1)``) reads through. Else ``expr`` itself."""
+    inner = expr
+    if isinstance(inner, ast.Call) and call_attr(inner) in ("clamp", "clamp_min", "clip") \
+            and isinstance(inner.func, ast.Attribute):
+        inner = inner.func.value
+    if not isinstance(inner, ast.Name):
+        return expr
+    binds = [n for n in ctx.local_nodes(fn) if isinstance(n, ast.Assign) and len(n.targets) == 1
+             and any(isinstance(x, ast.Name) and x.id == inner.id for x in walk_all(n.targets[0]))]
+    if len(binds) != 1 or not isinstance(binds[0].targets[0], ast.Tuple) \
+            or not isinstance(binds[0].value, ast.Call) or not isinstance(binds[0].value.func, ast.Name):
+        return expr
+    slot = next((i for i, e in enumerate(binds[0].targets[0].elts)
+                 if isinstance(e, ast.Name) and e.id == inner.id), None)
+    defs = ctx.defs_by_name().get(binds[0].value.func.id, [])
+    if slot is None or len(defs) != 1:
+        return expr
+    rets = [r.value for r in walk_all(defs[0]) if isinstance(r, ast.Return)
+            and isinstance(r.value, ast.Tuple) and len(r.value.elts) == len(binds[0].targets[0].elts)]
+    return rets[0].elts[slot] if len(rets) == 1 else expr
 
 
 def _uses_num_items(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
