@@ -347,7 +347,7 @@ def _constant(expr: ast.AST) -> bool:
 
 def _divided_by_anything(expr: ast.AST) -> bool:
     """The term carries a division of its own: at its top (``ce_sum / n_window``, through
-    products, signs and the receiver of a ``.sum()``/``.mean()``), not inside a call's
+    products, signs and the receiver of a ``.sum()``), not inside a call's
     arguments (``kl_div(log_softmax(s / T), ...)``: a temperature, not a normalisation)."""
     stack = [expr]
     while stack:
@@ -358,7 +358,9 @@ def _divided_by_anything(expr: ast.AST) -> bool:
             stack += [e.left, e.right]
         elif isinstance(e, ast.UnaryOp):
             stack.append(e.operand)
-        elif isinstance(e, ast.Call) and call_attr(e) in ("sum", "mean"):
+        elif isinstance(e, ast.Call) and call_attr(e) == "sum":
+            # (not through a `.mean()`: `(logp / lengths).mean()` is a mean over the
+            # micro-batch, whatever divides its elements)
             if isinstance(e.func, ast.Attribute) and dotted(e.func.value) != "torch":
                 stack.append(e.func.value)
             elif e.args:
