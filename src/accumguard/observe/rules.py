@@ -495,14 +495,15 @@ def _window_findings(rank: int, windows: list[StepWindow], info: JsonObject,
                 # may have been the abandoned model's, and no gradient of this one was found
                 # left over: a leak is possible, not shown
                 out.append(_mk("F7", "warning", rank, first.step, None,
-                               f"a window of {n0} backward passes before optimizer step "
-                               f"{_n(first.step)}, the first step of a new optimizer object "
-                               f"(the previous one never stepped again: a resume or a rebuilt "
-                               f"model), K = {k}: {n0 - k} backward pass(es) ran after the "
-                               "previous optimizer's last step. If they were the abandoned "
-                               "model's (a run interrupted mid-window), nothing leaked; if they "
-                               "were this model's, they leaked into its first window. Which one "
-                               "was not measured",
+                               f"{n0} backward passes ran between the last step of an "
+                               f"optimizer object that never stepped again and optimizer step "
+                               f"{_n(first.step)}, the first of a new one (a resume or a "
+                               f"rebuilt model), K = {k}: {n0 - k} more than a window. If the "
+                               "first of them were the abandoned model's (a run interrupted "
+                               "mid-window), the new optimizer's first window is what remains "
+                               "(whole, or short if the resume skipped micro-batches); if all "
+                               f"were this model's, {n0 - k} leaked into it. Which backward "
+                               "reached which model was not measured",
                                title_="backward passes before a rebuilt optimizer's first step"))
             elif leak:
                 out.append(_mk("F7", "error", rank, long[0].step, n0 - 1,
