@@ -230,11 +230,20 @@ def _divides_by_k(ctx: FileContext, window: ast.AST) -> list[tuple[ast.AST, ast.
         if d is None or _all_reduced(ctx, sub, d[1]) or masked_mean(ctx, window, sub, set(), helpers=False):
             continue  # (x * mb.mask).sum() / mb.mask.sum() is a token mean, not a division by K
         ids = list(identifiers(d[1]))
-        if not ctx.mentions_accum(d[1]) or any(n in i for i in ids for n in _NORMALISED_BY_COUNT):
+        if not (ctx.mentions_accum(d[1]) or _len_of_window(window, d[1])) \
+                or any(n in i for i in ids for n in _NORMALISED_BY_COUNT):
             continue
         if _is_loss_division(ctx, sub, d[0]):
             out.append((sub, d[0]))
     return out
+
+
+def _len_of_window(window: ast.AST, divisor: ast.AST) -> bool:
+    """``len(window)`` for a window loop ``for mb in window:``: the number of its micro-batches,
+    K, whatever the name."""
+    return (isinstance(window, ast.For | ast.AsyncFor) and isinstance(divisor, ast.Call)
+            and dotted(divisor.func) == "len" and len(divisor.args) == 1
+            and ast.dump(divisor.args[0]) == ast.dump(window.iter))
 
 
 def _per_micro_batch_token_mean(ctx: FileContext, window: ast.AST) -> bool:
