@@ -40,7 +40,7 @@ def _job(tmp: Path, *, parent_world: int) -> Path:
 
 def test_the_spawning_process_reference_is_not_rank_zero(tmp_path: Path) -> None:
     rec = load_recordings(_job(tmp_path, parent_world=1))
-    assert rec.launcher_steps == 4
+    assert rec.outside_steps == 4
     assert sorted(rec.steps) == [0, 1]
     assert [int(s["backwards"]) for s in rec.steps[0]] == [K] * 4  # the spawned rank 0's
     found = analyze(rec, k_flag=K)[0]
@@ -51,7 +51,7 @@ def test_a_subprocess_of_a_rank_is_still_not_the_rank(tmp_path: Path) -> None:
     """The same files, the parent a rank of the 2-process job (world 2): its child under
     the same rank number is the script's subprocess, left out as before."""
     rec = load_recordings(_job(tmp_path, parent_world=2))
-    assert rec.launcher_steps == 0
+    assert rec.outside_steps == 0
     assert rec.children == 1
     assert [int(s["backwards"]) for s in rec.steps[0]] == [1] * 4
 
@@ -74,3 +74,20 @@ def test_backwards_before_a_rebuilt_optimizer_first_step_are_a_warning() -> None
 def test_the_same_long_window_from_one_optimizer_is_still_a_leak() -> None:
     found = analyze(_resumed(3, serial_after=1), k_flag=K)[0]
     assert any(f.cls == "F7" and f.severity.value == "error" for f in found), found
+
+
+def test_a_reference_subprocess_beside_the_spawned_ranks_is_set_apart(tmp_path: Path) -> None:
+    """The main process records nothing (it only spawns); its ranks (world 2) and a
+    reference subprocess (a process of one, recording under rank 0 too) are siblings: two
+    processes cannot both be rank 0 of the job (blind round 36 a_c03)."""
+    train = [{"step": i, "backwards": K, "opt_serial": 1, "checksum": [0.5, 0.25, 2.0 + i]}
+             for i in range(3)]
+    ref = [{"step": i, "backwards": 1, "opt_serial": 1} for i in range(3)]
+    _write(tmp_path / "rank-0.jsonl", {"rank": 0, "world": 2, "pid": 201, "ppid": 200}, train)
+    _write(tmp_path / "rank-1.jsonl", {"rank": 1, "world": 2, "pid": 202, "ppid": 200}, train)
+    _write(tmp_path / "rank-0.pid-203.jsonl", {"rank": 0, "world": 1, "pid": 203, "ppid": 200},
+           ref)
+    rec = load_recordings(tmp_path)
+    assert rec.outside_steps == 3 and sorted(rec.steps) == [0, 1]
+    assert [int(s["backwards"]) for s in rec.steps[0]] == [K] * 3
+    assert [f for f in analyze(rec, k_flag=K)[0] if f.severity.value == "error"] == []

@@ -198,7 +198,11 @@ class ForwardHooks:
             # a forward run by the backward pass (activation checkpointing's recompute, a
             # hook's module call): not a forward of the window, not a root
             return
-        hooked = module in self._depth_hooked  # (ids are reused: the weak map decides)
+        # (ids are reused: the weak map decides; but not while Dynamo traces this hook: the
+        # map holds compiled wrappers whose inner module Dynamo may be tracing already, and
+        # rebuilding them raised an AssertionError into the user's code (blind round 36
+        # a_c03). There a module's id among the hooked ones is taken as it.)
+        hooked = True if torch.compiler.is_compiling() else module in self._depth_hooked
         if self._fwd_depth and not hooked:
             return
         if not hooked:

@@ -184,9 +184,10 @@ class RunRecording:
     observed_steps: int | None = None
     #: recordings left out: processes started by a recorded process (a script's subprocess)
     children: int = 0
-    #: optimizer steps of the job's launcher: a process of one that started the ranks of a
-    #: larger job and trained on its own too (a single-process reference): not judged
-    launcher_steps: int = 0
+    #: optimizer steps of processes of one outside the job: the launcher that started the
+    #: ranks of a larger job and trained on its own too, or a process of one recording under a
+    #: rank a process of the job recorded under (a single-process reference): not judged
+    outside_steps: int = 0
     #: the jobs the rank files belong to (torchrun's run id, else None): more than one means
     #: a shared directory holds several jobs' records
     run_ids: set[str | None] = field(default_factory=set)
@@ -250,15 +251,21 @@ def load_recordings(out_dir: Path, *, watch_id: str | None = None) -> RunRecordi
     launchers = {s.get("ppid") for s in starts.values()
                  if _world_of(s) > 1 and s.get("ppid") in starts
                  and _world_of(starts[s.get("ppid")]) == 1}
+    # So is a process of one recording under a rank that a process of the job also recorded
+    # under (a reference run in a subprocess beside the spawned ranks): two processes cannot
+    # both be rank 0 of the job.
+    in_job = {int(s.get("rank", 0) or 0) for s in starts.values() if _world_of(s) > 1}
     for lines in files:
         first = lines[0] if lines else {}
-        if first.get("kind") == "start" and first.get("pid") in launchers:
-            rec.launcher_steps += sum(1 for r in lines if r.get("kind") == "step")
-            continue
-        parent = starts.get(first.get("ppid")) if first.get("kind") == "start" else None
-        if parent is not None and first.get("ppid") not in launchers \
-                and int(parent.get("rank", 0) or 0) == int(first.get("rank", 0) or 0):
+        start = first if first.get("kind") == "start" else {}
+        parent = starts.get(start.get("ppid")) if start else None
+        if parent is not None and start.get("ppid") not in launchers \
+                and int(parent.get("rank", 0) or 0) == int(start.get("rank", 0) or 0):
             rec.children += 1
+            continue
+        if start and (start.get("pid") in launchers or (
+                _world_of(start) == 1 and int(start.get("rank", 0) or 0) in in_job)):
+            rec.outside_steps += sum(1 for r in lines if r.get("kind") == "step")
             continue
         for r in lines:
             kind = r.get("kind")

@@ -269,11 +269,11 @@ def _coverage_lines(rec: Any, *, out_dir: Path, shared: bool, merged: bool) -> l
                          f"{', '.join(str(r) for r in sorted(new) if new[r])} (a new phase: a "
                          "second stage, a model rebuilt to resume): none of them was observed; "
                          "--observe-steps 0 checks them")
-    if getattr(rec, "launcher_steps", 0):
-        lines.append(f"the process that started the ranks (a process of one, not a rank of the "
-                     f"{rec.world}-rank job) made {rec.launcher_steps} optimizer step(s) of its "
-                     "own (a single-process reference or an evaluation): they are not a rank's "
-                     "and were not judged")
+    if getattr(rec, "outside_steps", 0):
+        lines.append(f"{rec.outside_steps} optimizer step(s) were made by process(es) of one "
+                     f"outside the {rec.world}-rank job (the script's process that started the "
+                     "ranks, or a subprocess beside them: a single-process reference or an "
+                     "evaluation): they are not a rank's and were not judged")
     if len(rec.run_ids - {None}) > 1:
         lines.append(f"the records in {str(out_dir)} belong to {len(rec.run_ids - {None})} "
                      "different jobs (torchrun run ids "

@@ -1,0 +1,64 @@
+"""A DDP model called once eagerly (hooked by the observer), then compiled and trained
+(blind round 36 a_c03: an Accelerate-prepared PEFT model compiled after reference log-probs
+were taken eagerly). Dynamo traced the observer's forward hooks of the inner module and
+raised an AssertionError into the user's code; no observer code may go into a compiled
+graph. The watched run must finish with the same bits as the unwatched one."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from accumguard.watch._findings import analyze, load_recordings
+from accumguard.watch._recording import recording
+
+K = 4
+
+
+@pytest.fixture
+def one_rank_group() -> Iterator[None]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                            world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _train(out: Path | None) -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    g = torch.Generator().manual_seed(1)
+    data = [torch.randn(3, 4, generator=g) for _ in range(2 * K)]
+    with recording(out) if out is not None else contextlib.nullcontext():
+        with torch.no_grad():
+            model(data[0])  # an eager call first: the observer hooks the module
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        fwd = torch.compile(ddp, backend="aot_eager")
+        for i, x in enumerate(data):
+            (fwd(x).pow(2).mean() / K).backward()
+            if (i + 1) % K == 0:
+                opt.step()
+                opt.zero_grad()
+    torch._dynamo.reset()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.usefixtures("one_rank_group")
+def test_a_compiled_ddp_model_hooked_before_trains_unchanged(tmp_path: Path) -> None:
+    watched = _train(tmp_path)
+    plain = _train(None)
+    assert all(torch.equal(a, b) for a, b in zip(watched, plain, strict=True))
+    rec = load_recordings(tmp_path)
+    assert [int(s["backwards"]) for s in rec.steps[0]] == [K, K]
+    assert [f for f in analyze(rec)[0] if f.severity.value == "error"] == []
