@@ -210,6 +210,12 @@ def ledger_findings(rec: RunRecording, k: int | None = None) -> list[Finding]:
     for target in (1.0 / world, float(world)):
         if all(s.near(s.total, target) for s in judged):
             return _f10(judged, world, target, k) + out
+    if k is not None and k > 1 and k != world:
+        for target, op in ((1.0 / k, "/"), (float(k), "*")):
+            if all(s.near(s.total, target) and s.divs and all(
+                    any(_divides(s, d, op, float(k)) for d in ds) for ds in s.divs)
+                   for s in judged):
+                return _k_total(judged, world, k, target < 1) + out
     totals = [s.total for s in judged]
     s = judged[0]
     if max(totals) - min(totals) <= s.tol * max(totals) and not (
@@ -226,6 +232,37 @@ def ledger_findings(rec: RunRecording, k: int | None = None) -> list[Finding]:
                            "the large batch's mean, normalise the summed loss by the window's "
                            f"{one(s.unit)} count over all micro-steps and ranks."))
     return out
+
+
+def _k_total(judged: list[_Step], world: int, k: int, small: bool) -> list[Finding]:
+    """LOSS_SCALE: over all ranks, after the engine's reduction, the tokens of every step
+    weigh 1/K (or K) in total, and a constant between the loss and its backward divides
+    (multiplies) it by exactly K: the window's normalisation and an accumulation division
+    (or product) are applied together where only one belongs."""
+    s = judged[0]
+    engine = _ENGINES.get(s.engine, s.engine)
+    over = all(any(_divides(x, d, "/", None) for ds in x.divs for d in ds) for x in judged)
+    norm = (f"its normalisation over the window's {s.unit} on all ranks" if over else
+            "the rest of its scale")
+    how = (f"divided by K = {k} on top of {norm} (a framework "
+           "or engine that divides the returned loss by its accumulation steps: Lightning's "
+           "automatic optimisation, DeepSpeed's engine.backward, Accelerate's backward, the "
+           "HF Trainer without num_items_in_batch)" if small else
+           f"multiplied by K = {k} while nothing divides it by K again")
+    return [_mk("LOSS_SCALE", "error", None, s.step, None,
+                f"{_short(s.site)}: after {engine}'s reduction the {s.unit} of every step "
+                f"carried a total weight of {s.total:.4g} over the {world} ranks "
+                f"({len(judged)} step(s)), {'1/' if small else ''}{k} where the large batch's "
+                f"mean gives 1, and each micro-step's loss was {how}: every update is "
+                f"{k}x too {'small' if small else 'large'}",
+                title_=f"loss weights total {'1/' if small else ''}{k} over the ranks: the "
+                       f"update is K = {k} times too {'small' if small else 'large'}",
+                fix=("Multiply the window-normalised loss by K where the engine divides by "
+                     "its accumulation steps (Lightning: return loss_sum / window_count * "
+                     "world_size * accumulate_grad_batches), or let the engine's division "
+                     "stand and normalise per micro-step instead." if small else
+                     "Remove the factor K: a loss normalised over the window's count needs "
+                     "no K when nothing divides it by K."))]
 
 
 def _divides(x: _Step, d: list[Any], op: str, v: float | None) -> bool:
