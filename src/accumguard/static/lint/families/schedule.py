@@ -137,10 +137,53 @@ def _step_update_by_micro_counter(ctx: FileContext, window: ast.AST) -> Iterator
             )
 
 
+def _ds_ga_out_of_sight(ctx: FileContext) -> str | None:
+    """The DeepSpeed config's ``gradient_accumulation_steps`` when the config dict is in
+    sight but that value is not (``hp["grad_accum"]`` of a function's argument) and it names
+    the accumulation count: its source text; else None."""
+    ref = ctx.ds_config()
+    node = getattr(ref, "node", None) if ref is not None else None
+    if ref is None or ref.ga is not None or not isinstance(node, ast.Dict):
+        return None
+    for key, value in zip(node.keys, node.values, strict=True):
+        if isinstance(key, ast.Constant) and key.value == "gradient_accumulation_steps":
+            text = ast.unparse(value)
+            return text if ctx.mentions_accum(value) or "accum" in text.lower() else None
+    return None
+
+
+def _ds_client_scheduler_steps(ctx: FileContext, window: ast.AST) -> Iterator[Finding]:
+    """An engine loop (``engine.backward`` then an unguarded ``engine.step()`` every
+    micro-batch, as DeepSpeed wants) that also steps a scheduler of its own on every
+    micro-batch, while the config's GA is out of sight: a warning (AG103 proper when GA > 1
+    is in sight)."""
+    ga = _ds_ga_out_of_sight(ctx)
+    facts = ctx.window_facts(window)
+    if ga is None or not facts.engine_backward or not facts.engine_steps_unguarded:
+        return
+    for call, kind in facts.steps:
+        if kind != "scheduler" or ctx.guarded(call, window):
+            continue
+        name = dotted(receiver(call)) or "scheduler"
+        finding = ctx.finding(
+            "AG103",
+            call,
+            f"`{name}.step()`{ctx.via_text(call, window)} runs after every `engine.step()`, on "
+            "every micro-batch, but the DeepSpeed engine steps its optimizer once per "
+            f"gradient_accumulation_steps calls (`{ga}` in the config, its value out of sight): "
+            "with GA > 1 the learning-rate schedule advances K times per optimizer step; step it "
+            "under `if engine.is_gradient_accumulation_boundary():` (read before "
+            "`engine.step()`), or hand it to `deepspeed.initialize(lr_scheduler=...)`",
+        )
+        yield replace(finding, severity=Severity.WARNING, confidence=Confidence.MEDIUM)
+
+
 @rule("AG103")
 def scheduler_every_micro_step(ctx: FileContext) -> Iterator[Finding]:
     for window in ctx.windows():
         facts = ctx.window_facts(window)
+        if not facts.accumulating and facts.engine_backward:
+            yield from _ds_client_scheduler_steps(ctx, window)
         if facts.accelerate and facts.accumulating and not facts.summed_loss:
             yield from _unprepared_scheduler_steps(ctx, window)
         if facts.accumulating and not facts.unguarded_optimizer_steps and not facts.summed_loss:
