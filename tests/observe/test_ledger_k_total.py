@@ -59,3 +59,14 @@ def test_a_total_of_one_over_k_without_a_division_by_k_is_not_called_one() -> No
             for loss in line["losses"]:
                 loss[9] = [["*", 1.0 / K] if c == ["/", float(K)] else c for c in loss[9]]
     assert [f for f in _errors(rec) if f.cls == "LOSS_SCALE"] == []
+
+
+def test_a_step_after_every_backward_is_left_to_f1() -> None:
+    """Each micro-step's loss / K stepped alone (F1): a total of 1/K per step is F1's to
+    say; the ledger does not add a second, untrue reason ("normalised over the window")."""
+    rec = _rec(div_k=True, times_k=False)
+    for lines in rec.steps.values():
+        for line in lines:
+            line["losses"] = line["losses"][:1]
+            line["backwards"] = 1
+    assert [f for f in _errors(rec) if f.cls == "LOSS_SCALE" and f.rank is None] == []

@@ -210,7 +210,9 @@ def ledger_findings(rec: RunRecording, k: int | None = None) -> list[Finding]:
     for target in (1.0 / world, float(world)):
         if all(s.near(s.total, target) for s in judged):
             return _f10(judged, world, target, k) + out
-    if k is not None and k > 1 and k != world:
+    whole = all(len(ws) == k for x in judged for ws in x.weights.values())
+    if k is not None and k > 1 and k != world and whole:
+        # (windows of K micro-steps: a step after every backward is F1's to say)
         for target, op in ((1.0 / k, "/"), (float(k), "*")):
             if all(s.near(s.total, target) and s.divs and all(
                     any(_divides(s, d, op, float(k)) for d in ds) for ds in s.divs)

@@ -244,7 +244,8 @@ def load_recordings(out_dir: Path, *, watch_id: str | None = None) -> RunRecordi
     # are not the rank's. The start record names each process and its parent. A child that
     # records under another rank than its parent is that rank (Lightning's subprocess
     # launcher starts ranks 1..W-1 from rank 0's process).
-    starts = {r.get("pid"): r for lines in files for r in lines[:1] if r.get("kind") == "start"}
+    starts = {r.get("pid"): r for lines in files for r in lines[:1]
+              if r.get("kind") == "start" and r.get("pid") is not None}
     # A process of one (world 1) that started ranks of a larger job (mp.spawn from the
     # script's main) is the job's launcher: its own training (a single-process reference, an
     # evaluation) is no rank's, whatever rank number it recorded under.
@@ -258,7 +259,8 @@ def load_recordings(out_dir: Path, *, watch_id: str | None = None) -> RunRecordi
     for lines in files:
         first = lines[0] if lines else {}
         start = first if first.get("kind") == "start" else {}
-        parent = starts.get(start.get("ppid")) if start else None
+        ppid = start.get("ppid") if start else None
+        parent = starts.get(ppid) if ppid is not None and ppid != start.get("pid") else None
         if parent is not None and start.get("ppid") not in launchers \
                 and int(parent.get("rank", 0) or 0) == int(start.get("rank", 0) or 0):
             rec.children += 1
