@@ -26,7 +26,8 @@ from typing import Any
 
 from accumguard.observe._ledger_source import world_multiplications
 from accumguard.observe._records import Finding, _mk, _n
-from accumguard.observe._term_rules import _is_window_mean, _mean_rows, _window_terms
+from accumguard.observe._term_reads import _mean_rows, _window_terms
+from accumguard.observe._term_rules import _is_window_mean
 from accumguard.observe._weight_rules import _divides_by, _is, _short
 
 __all__ = ["term_world_findings"]

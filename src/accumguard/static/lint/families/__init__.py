@@ -9,8 +9,7 @@
                                    interval under accumulate_grad_batches too)
 ``precision``  AG120 AG126         a model cast to bf16/fp16 accumulating its .grad; FSDP2 bf16
                                    reduce_dtype with the sync deferred over the window
-``loss``       AG104 AG112 AG113   loss normalisation: mean of means, /W under DDP, rank means;
-               AG118               an HF Trainer.compute_loss mean that ignores num_items_in_batch
+``loss``       AG104 AG112 AG113   loss normalisation: mean of means, /W under DDP, rank means
 ``sync``       AG106 AG111         gradient-sync flags (DDP no_sync, FSDP2 set_requires_gradient_sync)
 ``reduce``     AG107 AG108         hand-written gradient all-reduce
 ``deepspeed``  AG109 AG110 AG2xx   engine gating vs. the config; config checks on dict literals
@@ -21,7 +20,8 @@
 ``lrcounter``  AG130               a learning rate set by hand from a counter of micro-batches
 ``epochtail``  AG131               Lightning epochs (or their last window) shorter than K
 ``hfscale``    AG136               an HF compute_loss normalised by num_items_in_batch and divided by K;
-               AG143               ... or never multiplied by the number of processes (G / W)
+               AG143               ... or never multiplied by the number of processes (G / W);
+               AG118               ... or a per-micro-batch mean that ignores num_items_in_batch
 ``hfterms``    AG142               an HF Trainer loss term that is a micro-batch mean beside a
                                    num_items_in_batch-normalised term, not divided by K
 ``hftokens``   AG140               HF TrainingArguments(average_tokens_across_devices=False) (F6)

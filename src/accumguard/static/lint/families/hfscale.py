@@ -15,6 +15,9 @@ without ``labels``) the division by it raises, and the model given ``None`` retu
 which the Trainer then divides by K after the method did (1/K²). Judged only when the
 division by K and the normalisation by ``num_items_in_batch`` are both in the method, the
 first applied to the second (inline, or through a name the method assigns).
+
+AG118 (F5, at the end): a ``compute_loss`` override that returns a per-micro-batch mean and
+never uses ``num_items_in_batch``.
 """
 
 from __future__ import annotations
@@ -22,11 +25,13 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Iterator
+from dataclasses import replace
 
-from accumguard.static.findings import Finding
+from accumguard.static.findings import Confidence, Finding, Severity
 from accumguard.static.lint._ast import call_attr, dotted, position, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families.loss import _division, _mean_loss_site
 
 __all__ = ["hf_compute_loss_divided_by_k_after_num_items", "hf_compute_loss_num_items_not_times_w"]
 
@@ -193,3 +198,74 @@ def hf_compute_loss_num_items_not_times_w(ctx: FileContext) -> Iterator[Finding]
             "number of processes as Trainer.compute_loss does: on W processes DDP averages the "
             "ranks again and the gradient is G / W (exact on one process)",
         )
+
+
+def _uses_num_items(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """The body reads ``num_items_in_batch``, forwards ``**kwargs``, or calls the base class."""
+    kwarg = fn.args.kwarg.arg if fn.args.kwarg else None
+    for stmt in fn.body:
+        for n in walk_all(stmt):
+            if isinstance(n, ast.Name) and n.id == _NUM_ITEMS:
+                return True
+            if isinstance(n, ast.Constant) and n.value == _NUM_ITEMS:
+                return True  # kwargs.get("num_items_in_batch")
+            if isinstance(n, ast.keyword) and n.arg is None and isinstance(n.value, ast.Name) and n.value.id == kwarg:
+                return True  # **kwargs handed on
+            if (
+                isinstance(n, ast.Call) and call_attr(n) == "compute_loss"
+                and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Call)
+                and dotted(n.func.value.func) == "super"
+            ):
+                return True
+    return False
+
+
+def _scaled_flag(cls: ast.ClassDef) -> bool | None:
+    """The class's ``loss_is_scaled_for_ga`` (transformers 5), when set to a constant."""
+    for n in walk_all(cls):
+        if isinstance(n, ast.Assign | ast.AnnAssign) and n.value is not None:
+            targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+            if any((dotted(t) or "").endswith("loss_is_scaled_for_ga") for t in targets):
+                return n.value.value if isinstance(n.value, ast.Constant) and isinstance(n.value.value, bool) else None
+    return None
+
+
+@rule("AG118")
+def hf_compute_loss_ignores_num_items(ctx: FileContext) -> Iterator[Finding]:
+    """A ``Trainer`` subclass whose ``compute_loss`` returns a per-micro-batch mean and never
+    uses ``num_items_in_batch``, with gradient accumulation on."""
+    for cls, fn in ctx.trainer_compute_losses():
+        if _uses_num_items(fn):
+            continue
+        site = _mean_loss_site(ctx, fn, cls)
+        if site is None:
+            continue  # a summed loss, or one this rule cannot read
+        ga, how = ctx.trainer_ga()
+        if ga == 1:
+            continue  # no accumulation: a micro-batch is the batch
+        node, what = site
+        flag = _scaled_flag(cls)
+        by_k = next((n for n in walk_all(fn)
+                     if (d := _division(n)) is not None and ctx.mentions_accum(d[1])), None)
+        k_note = (
+            f"; it divides by K itself (`{ast.unparse(by_k)}`): the right scale when transformers "
+            "5 counts the loss as normalised (the model's forward takes **kwargs), 1/K too "
+            "small when the Trainer divides again" if by_k is not None else
+            "" if flag is False else
+            "; and since the class does not set `loss_is_scaled_for_ga = False`, transformers 5 "
+            "counts the loss as already normalised whenever the model's forward takes **kwargs "
+            "(most HF models) and the batch has `labels`, and skips its own division by K: the "
+            "gradient is then K times too large as well"
+        )
+        finding = ctx.finding(
+            "AG118",
+            node,
+            f"`{cls.name}.compute_loss` returns a per-micro-batch mean ({what}) and never uses "
+            f"`num_items_in_batch`, with {how if ga else 'gradient accumulation possibly on (its value is not in sight)'}"
+            ": the Trainer adds K micro-batch means, so the tokens of short micro-batches weigh "
+            f"more than in the large batch (mean of means){k_note}; expected the window's "
+            "summed loss divided by `num_items_in_batch`",
+        )
+        if ga is None or flag is False or by_k is not None:  # only the mean of means is sure
+            finding = replace(finding, severity=Severity.WARNING, confidence=Confidence.MEDIUM)
+        yield finding

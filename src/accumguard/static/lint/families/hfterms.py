@@ -28,8 +28,8 @@ from accumguard.static.lint._ast import FUNCS, call_attr, dotted
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._modguard import k_values
-from accumguard.static.lint.families.hfscale import _reaching, _window_normalised
-from accumguard.static.lint.families.loss import _mean_loss_site, _uses_num_items
+from accumguard.static.lint.families.hfscale import _reaching, _uses_num_items, _window_normalised
+from accumguard.static.lint.families.loss import _mean_loss_site
 
 __all__ = ["hf_compute_loss_func_ignores_num_items", "hf_loss_term_not_divided_by_k"]
 

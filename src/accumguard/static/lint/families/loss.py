@@ -22,9 +22,8 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Iterator
-from dataclasses import replace
 
-from accumguard.static.findings import Confidence, Finding, Severity
+from accumguard.static.findings import Finding
 from accumguard.static.lint._ast import (
     ACCUM_RE,
     FUNCS,
@@ -62,6 +61,7 @@ from accumguard.static.lint.families._rankavg import (
 )
 from accumguard.static.lint.families._worldprod import named_product_with_world
 from accumguard.static.lint.families.deepspeed import engine_ga_above_one
+from accumguard.static.lint.families.terms import returned_by_call
 
 _NORMALISED_BY_COUNT = ("token", "num_items", "n_items", "count", "n_valid", "num_valid", "denom", "normali")
 _GLOBAL_ONLY = re.compile(r"global|all_?reduce|world")
@@ -444,7 +444,6 @@ _MEAN_LOSS_FUNCS = frozenset(
      "binary_cross_entropy", "binary_cross_entropy_with_logits", "kl_div", "soft_margin_loss"}
 )
 _LOSS_CLASS = re.compile(r"Loss$")
-_NUM_ITEMS = "num_items_in_batch"
 
 
 def _is_loss_class(func: ast.AST) -> bool:
@@ -538,10 +537,11 @@ def _mean_loss_site(ctx: FileContext, fn: ast.AST, cls: ast.ClassDef | None = No
 
 
 def _unpacked(ctx: FileContext, fn: ast.AST, expr: ast.AST) -> ast.AST:
-    """What a name of ``fn`` holds when ``fn`` binds it once by unpacking the tuple a function
-    of the file returns (``ce_sum, n_tok = token_ce_sum(model, batch)`` with ``return
-    F.cross_entropy(..., reduction="sum"), (tgt != -100).sum()``): that element; a clamp of it
-    (``n_tok.clamp(min=1)``) reads through. Else ``expr`` itself."""
+    """What a name of ``fn`` holds when ``fn`` binds it once from a call of a function of the
+    file (``ce_sum, n_tok = token_ce_sum(model, batch)`` with ``return
+    F.cross_entropy(..., reduction="sum"), (tgt != -100).sum()``): what that function returns
+    for it (:func:`.terms.returned_by_call`); a clamp of it (``n_tok.clamp(min=1)``) reads
+    through. Else ``expr`` itself."""
     inner = expr
     if isinstance(inner, ast.Call) and call_attr(inner) in ("clamp", "clamp_min", "clip") \
             and isinstance(inner.func, ast.Attribute):
@@ -550,85 +550,5 @@ def _unpacked(ctx: FileContext, fn: ast.AST, expr: ast.AST) -> ast.AST:
         return expr
     binds = [n for n in ctx.local_nodes(fn) if isinstance(n, ast.Assign) and len(n.targets) == 1
              and any(isinstance(x, ast.Name) and x.id == inner.id for x in walk_all(n.targets[0]))]
-    if len(binds) != 1 or not isinstance(binds[0].targets[0], ast.Tuple) \
-            or not isinstance(binds[0].value, ast.Call) or not isinstance(binds[0].value.func, ast.Name):
-        return expr
-    slot = next((i for i, e in enumerate(binds[0].targets[0].elts)
-                 if isinstance(e, ast.Name) and e.id == inner.id), None)
-    defs = ctx.defs_by_name().get(binds[0].value.func.id, [])
-    if slot is None or len(defs) != 1:
-        return expr
-    rets = [r.value for r in walk_all(defs[0]) if isinstance(r, ast.Return)
-            and isinstance(r.value, ast.Tuple) and len(r.value.elts) == len(binds[0].targets[0].elts)]
-    return rets[0].elts[slot] if len(rets) == 1 else expr
-
-
-def _uses_num_items(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
-    """The body reads ``num_items_in_batch``, forwards ``**kwargs``, or calls the base class."""
-    kwarg = fn.args.kwarg.arg if fn.args.kwarg else None
-    for stmt in fn.body:
-        for n in walk_all(stmt):
-            if isinstance(n, ast.Name) and n.id == _NUM_ITEMS:
-                return True
-            if isinstance(n, ast.Constant) and n.value == _NUM_ITEMS:
-                return True  # kwargs.get("num_items_in_batch")
-            if isinstance(n, ast.keyword) and n.arg is None and isinstance(n.value, ast.Name) and n.value.id == kwarg:
-                return True  # **kwargs handed on
-            if (
-                isinstance(n, ast.Call) and call_attr(n) == "compute_loss"
-                and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Call)
-                and dotted(n.func.value.func) == "super"
-            ):
-                return True
-    return False
-
-
-def _scaled_flag(cls: ast.ClassDef) -> bool | None:
-    """The class's ``loss_is_scaled_for_ga`` (transformers 5), when set to a constant."""
-    for n in walk_all(cls):
-        if isinstance(n, ast.Assign | ast.AnnAssign) and n.value is not None:
-            targets = n.targets if isinstance(n, ast.Assign) else [n.target]
-            if any((dotted(t) or "").endswith("loss_is_scaled_for_ga") for t in targets):
-                return n.value.value if isinstance(n.value, ast.Constant) and isinstance(n.value.value, bool) else None
-    return None
-
-
-@rule("AG118")
-def hf_compute_loss_ignores_num_items(ctx: FileContext) -> Iterator[Finding]:
-    """A ``Trainer`` subclass whose ``compute_loss`` returns a per-micro-batch mean and never
-    uses ``num_items_in_batch``, with gradient accumulation on."""
-    for cls, fn in ctx.trainer_compute_losses():
-        if _uses_num_items(fn):
-            continue
-        site = _mean_loss_site(ctx, fn, cls)
-        if site is None:
-            continue  # a summed loss, or one this rule cannot read
-        ga, how = ctx.trainer_ga()
-        if ga == 1:
-            continue  # no accumulation: a micro-batch is the batch
-        node, what = site
-        flag = _scaled_flag(cls)
-        by_k = next((n for n in walk_all(fn)
-                     if (d := _division(n)) is not None and ctx.mentions_accum(d[1])), None)
-        k_note = (
-            f"; it divides by K itself (`{ast.unparse(by_k)}`): the right scale when transformers "
-            "5 counts the loss as normalised (the model's forward takes **kwargs), 1/K too "
-            "small when the Trainer divides again" if by_k is not None else
-            "" if flag is False else
-            "; and since the class does not set `loss_is_scaled_for_ga = False`, transformers 5 "
-            "counts the loss as already normalised whenever the model's forward takes **kwargs "
-            "(most HF models) and the batch has `labels`, and skips its own division by K: the "
-            "gradient is then K times too large as well"
-        )
-        finding = ctx.finding(
-            "AG118",
-            node,
-            f"`{cls.name}.compute_loss` returns a per-micro-batch mean ({what}) and never uses "
-            f"`num_items_in_batch`, with {how if ga else 'gradient accumulation possibly on (its value is not in sight)'}"
-            ": the Trainer adds K micro-batch means, so the tokens of short micro-batches weigh "
-            f"more than in the large batch (mean of means){k_note}; expected the window's "
-            "summed loss divided by `num_items_in_batch`",
-        )
-        if ga is None or flag is False or by_k is not None:  # only the mean of means is sure
-            finding = replace(finding, severity=Severity.WARNING, confidence=Confidence.MEDIUM)
-        yield finding
+    got = returned_by_call(ctx, binds[0], inner.id) if len(binds) == 1 else None
+    return got[0] if got is not None else expr

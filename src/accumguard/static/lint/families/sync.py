@@ -346,6 +346,16 @@ def _assigned(ctx: FileContext, scope: ast.AST, name: str) -> list[ast.AST]:
     return table.get(name, [])
 
 
+def _through_name(ctx: FileContext, scope: ast.AST, expr: ast.AST) -> ast.AST:
+    """A name ``scope`` assigns once read as its value (``is_boundary = micro % K == 0``);
+    anything else as it is."""
+    if isinstance(expr, ast.Name):
+        values = _assigned(ctx, scope, expr.id)
+        if len(values) == 1:
+            return values[0]
+    return expr
+
+
 def _step_gates(ctx: FileContext, scope: ast.AST) -> list[ast.If]:
     """The ``if`` statements of ``scope``'s own code that gate an optimizer step (cached)."""
     gates: list[ast.If] = ctx._cached("sync_gates", scope, lambda: [
@@ -357,11 +367,7 @@ def _residue(ctx: FileContext, expr: ast.AST, scope: ast.AST) -> tuple[str, str,
     """(counter, K, r) of a test ``(c + a) % K == b`` (``b`` an integer or ``K - n``): true
     when ``c`` is ``r = b - a`` modulo K. A name is read through its one assignment in
     ``scope`` (``is_boundary = micro % K == 0``)."""
-    if isinstance(expr, ast.Name):
-        values = _assigned(ctx, scope, expr.id)
-        if len(values) != 1:
-            return None
-        expr = values[0]
+    expr = _through_name(ctx, scope, expr)
     if not (isinstance(expr, ast.Compare) and len(expr.ops) == 1 and isinstance(expr.ops[0], ast.Eq)):
         return None
     left, right = expr.left, expr.comparators[0]
@@ -407,8 +413,8 @@ def _off_the_step(ctx: FileContext, node: ast.AST, value: ast.AST) -> tuple[str,
         diff = abs(step[2] - sync[2])
         if diff == 1 or (k is not None and k > 1 and diff % k != 0):
             shown = ast.unparse(gate.test)
-            if isinstance(gate.test, ast.Name):
-                shown += " = " + ast.unparse(_assigned(ctx, scope, shown)[0])
+            if (value := _through_name(ctx, scope, gate.test)) is not gate.test:
+                shown += " = " + ast.unparse(value)
             return ast.unparse(value), shown
     return None
 
@@ -418,12 +424,7 @@ def _first_of_stepless_loop(ctx: FileContext, test: ast.AST) -> bool:
     of the loop counting from 0 (``micro % K == 0``, ``micro == 0``), and that loop steps no
     optimizer inside: the step comes after its last iteration, which the test misses."""
     scope = ctx.enclosing(test, FUNCS) or ctx.tree
-    value = test
-    if isinstance(test, ast.Name):
-        values = _assigned(ctx, scope, test.id)
-        if len(values) != 1:
-            return False
-        value = values[0]
+    value = _through_name(ctx, scope, test)
     if _first_test(ctx, value) is not True:
         return False
     counters = {x.id for x in ast.walk(value) if isinstance(x, ast.Name)

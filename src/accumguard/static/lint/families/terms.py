@@ -170,7 +170,7 @@ class _Follow:
                 if len(w.targets) != 1:
                     return None
                 helper = isinstance(w.value, ast.Call) and _helper_divides_by_k(ctx, w.value, self.k)
-                returned = _returned(ctx, w, name) if depth > 0 and not helper else None
+                returned = returned_by_call(ctx, w, name) if depth > 0 and not helper else None
                 if returned is not None:  # `loss, ce = self.compute_loss(x)`: its terms there
                     expr, fn, ret = returned
                     inner = _Follow(ctx, fn, self.k)
@@ -260,7 +260,7 @@ def _loop_or_targets(node: ast.AST) -> list[ast.AST]:
     return _targets(node)  # type: ignore[arg-type]
 
 
-def _returned(ctx: FileContext, w: ast.Assign, name: str
+def returned_by_call(ctx: FileContext, w: ast.Assign, name: str
               ) -> tuple[ast.AST, ast.FunctionDef | ast.AsyncFunctionDef, ast.Return] | None:
     """``loss`` of ``loss = f(...)`` or ``loss, ce = self.f(...)`` where ``f`` is the one
     function of the file by that name and has one ``return``: what it returns there (the
