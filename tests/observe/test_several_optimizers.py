@@ -359,3 +359,44 @@ def test_a_probe_fitted_once_per_window_by_autograd_grad_is_not_f1() -> None:
         assert _errors(steps, k) == [], _analyze(steps, k=k)
     notes = [f for f in _analyze(steps, k=K) if f.severity == "note" and f.cls == "F1"]
     assert notes and "once per window" in notes[0].title, notes
+
+
+def test_a_fault_in_the_lanes_attribution_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each optimizer's window is built inside the optimizer-step hook (``_lanes``): an
+    internal error there switches observation off, is recorded as accumguard's own
+    failure, and the GAN trains with the same bits as unobserved."""
+    import torch
+
+    from accumguard.observe import Observer
+    from accumguard.observe._lanes import Lanes
+
+    def boom(self: Any, every: Any) -> Any:
+        raise RuntimeError("injected: lanes attribution")
+
+    def run(observer: Any = None) -> list[torch.Tensor]:
+        out: list[torch.Tensor] = []
+        real_init = torch.optim.Adam.__init__
+
+        def keep(self: Any, params: Any, *a: Any, **kw: Any) -> None:
+            params = list(params)
+            out.extend(params)
+            real_init(self, params, *a, **kw)
+
+        torch.optim.Adam.__init__ = keep  # type: ignore[method-assign]
+        try:
+            if observer is None:
+                _gan("gen_zero_grad")
+            else:
+                with observer:
+                    _gan("gen_zero_grad")
+        finally:
+            torch.optim.Adam.__init__ = real_init  # type: ignore[method-assign]
+        return [p.detach().clone() for p in out]
+
+    plain = run()
+    monkeypatch.setattr(Lanes, "_attributed", boom)
+    obs = Observer(auto_roots=True)
+    observed = run(obs)
+    assert all(torch.equal(a, b) for a, b in zip(plain, observed, strict=True))
+    failure = obs.failsafe.failure
+    assert failure is not None and "lanes attribution" in str(failure), failure
