@@ -183,6 +183,10 @@ class StepRecord:
     # first steps in this process (a reference run's optimizer after the training's, an
     # optimizer rebuilt on resume: each its own number); None in a line written before it
     opt_serial: int | None = None
+    # backward passes the window left out: they ran before its optimizer was made, when
+    # none of that optimizer's parameters held a gradient (an abandoned model's, in a run
+    # rebuilt to resume), so none is in this step's gradient; 0: none
+    unborn: int = 0
     # -- counts of the guard and the audit (not in a recording) ---------------------------
     # optimizer steps that closed the window: 1, 2 for a second step a guard in warn mode
     # let run, 0 for the audit's trailing micro-steps after the last step

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from accumguard.observe._events import BackwardEvent
+from accumguard.observe._introspect import local
 from accumguard.observe._window import StepTally
 
 __all__ = ["Lanes"]
@@ -48,6 +49,9 @@ class _Lane:
     pids: frozenset[int] = frozenset()
     n_params: int = -1
     steps: int = 0  # windows of this optimizer ended so far
+    # backward passes done when it was made, if none of its parameters held a gradient then
+    # (the backwards before it cannot be in its first step's gradient)
+    born: int | None = None
 
 
 @dataclass
@@ -102,6 +106,9 @@ class Lanes:
         self._shape: tuple[int, int] = (0, 0)
         self._several = False
         self._several_shape: tuple[int, int] = (0, 0)
+        # optimizers made with no gradient on their parameters that have not stepped yet:
+        # the step path asks :meth:`unborn` only while there is one (a read, not a call)
+        self.newborn = 0
 
     # -- registry -------------------------------------------------------------------------
     def _get(self, opt: object) -> _Lane | None:
@@ -124,6 +131,31 @@ class Lanes:
             self._next_key += 1
             self._params = None
         return lane
+
+    def birth(self, opt: object, serial: int) -> None:
+        """``opt`` was just made, after ``serial`` backward passes. When none of its
+        parameters holds a gradient (every ``.grad`` None or zero), no earlier backward is
+        in the gradient of its first step: a run rebuilt to resume (a new model and a new
+        optimizer after an abandoned one's backwards) starts its first window here."""
+        lane = self._get(opt)
+        if lane is None:
+            return
+        for g in getattr(opt, "param_groups", None) or []:
+            for p in g["params"]:
+                grad = getattr(p, "grad", None)
+                if grad is not None and (grad.is_meta or bool(local(grad).any())):
+                    return
+        if lane.born is None and not lane.steps:
+            self.newborn += 1
+        lane.born = serial
+
+    def unborn(self, opt: object, start: int) -> int:
+        """How many of the backward passes from ``start`` on ran before ``opt`` was made
+        with no gradient on its parameters (0 when it held one then, or has stepped)."""
+        lane = self._get(opt)
+        if lane is None or lane.born is None or lane.steps:
+            return 0
+        return max(0, lane.born - start)
 
     def _refresh(self, opt: object, lane: _Lane) -> None:
         n = _count(opt)
@@ -239,6 +271,8 @@ class Lanes:
         lane = self._get(opt)
         if lane is not None:
             lane.since = serial
+            if lane.born is not None and not lane.steps:
+                self.newborn -= 1
             lane.steps += 1
         if not self.log and not self.zeros:
             return

@@ -189,6 +189,7 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
         self.lanes = Lanes()
         self.lr_trace = LrTrace()  # learning rates read at each backward (F4, by hand)
         self._ow: StepTally | None = None  # the stepping optimizer's own window, if not self._w
+        self._unborn = 0  # backwards _ow left out: before its optimizer was made (a resume)
         self._fwd_depth = 0
         # modules called at the top level -> their depth-counting post hook (weak: a loss
         # module built on every step takes its hook with it when it is freed)

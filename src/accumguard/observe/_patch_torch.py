@@ -190,6 +190,7 @@ def _optimizer_init_wrapper(obs: PatchHost) -> Maker:
             orig(this, *args, **kwargs)
             if obs.installed and not obs._in_observer:
                 obs.lanes.register(this, obs.backward_total)
+                obs.lanes.birth(this, obs.backward_total)
 
         return __init__
 
@@ -218,6 +219,7 @@ def _zero_wrapper(obs: PatchHost, kind: str) -> Maker:
             if w.backwards:
                 w.zero_grads += 1
                 w.zero_between += 1
+                w.zero_micros.append(len(w.backwards))
             obs._zero_depth += 1
             try:
                 return orig(this, *args, **kwargs)

@@ -16,21 +16,34 @@ from __future__ import annotations
 from accumguard.observe import _shared_rules as shared
 from accumguard.observe._records import Finding, KResolution, StepWindow, _mk, _n
 
-__all__ = ["continued_first", "short_window_findings"]
+__all__ = ["continued_windows", "reborn", "short_window_findings"]
 
 
-def continued_first(windows: list[StepWindow], k: int | None) -> StepWindow | None:
-    """The run's first window when it continues a saved partial window (a resumed run that
-    restored the gradient it saved): fewer than K backward passes and a gradient already in
-    ``.grad`` before its first one (the conservation verdict's "stale" part). Only the
-    run's first optimizer step (step 0): the callbacks judge each window on its own, and a
-    later window that began on a gradient is a leak (F7)."""
-    if not windows or k is None or k < 2 or windows[0].step != 0:
-        return None
-    w = windows[0]
-    cons = w.conservation
-    stale = cons is not None and cons.reason == "stale"
-    return w if shared.continues_saved_window(w.window, k, first=True, stale=stale) else None
+def reborn(windows: list[StepWindow], i: int) -> bool:
+    """Window ``i`` is the first of an optimizer made after an abandoned model's backwards
+    (a run rebuilt to resume in the same process: :attr:`StepRecord.unborn`)."""
+    w = windows[i]
+    return i > 0 and w.unborn > 0 and w.opt_serial not in {x.opt_serial for x in windows[:i]}
+
+
+def continued_windows(windows: list[StepWindow], k: int | None) -> list[StepWindow]:
+    """The windows that continue a saved partial window (a resumed run that restored the
+    gradient it saved): fewer than K backward passes and a gradient already in ``.grad``
+    before the first one (the conservation verdict's "stale" part). The run's first
+    optimizer step (step 0), or the first window of an optimizer rebuilt to resume
+    (:func:`reborn`): the callbacks judge each window on its own, and any other window that
+    began on a gradient is a leak (F7)."""
+    if not windows or k is None or k < 2:
+        return []
+    out = []
+    for i, w in enumerate(windows):
+        if not (i == 0 and w.step == 0) and not reborn(windows, i):
+            continue
+        cons = w.conservation
+        stale = cons is not None and cons.reason == "stale"
+        if shared.continues_saved_window(w.window, k, first=True, stale=stale):
+            out.append(w)
+    return out
 
 
 def short_window_findings(rank: int, windows: list[StepWindow], res: KResolution,
@@ -43,7 +56,7 @@ def short_window_findings(rank: int, windows: list[StepWindow], res: KResolution
     if k is None or k <= 1 or not windows or any(w.window > k for w in windows):
         return []
     passes = any(w.data_pass_starts for w in windows)
-    continued = continued_first(windows, k)
+    continued = continued_windows(windows, k)
     out: list[Finding] = []
     said: set[str] = set()
     serials = [w.opt_serial for w in windows]
@@ -58,16 +71,45 @@ def short_window_findings(rank: int, windows: list[StepWindow], res: KResolution
             nxt = None
         ends = (0 in (nxt.data_pass_starts or [])) if nxt is not None and passes else (
             False if passes else None)
-        verdict = shared.short_window(n, k, first=i == 0,
+        # the first window of an optimizer made after an abandoned model's backwards (a run
+        # rebuilt to resume): its origin is judged as the run's first window's
+        again = reborn(windows, i)
+        verdict = shared.short_window(n, k, first=i == 0 or again,
                                       nxt=None if nxt is None else nxt.window,
                                       last=nxt is None, ends_pass=ends,
-                                      continued=w is continued)
+                                      continued=any(w is c for c in continued))
+        if again and verdict == "F13" and nxt is not None and nxt.window == k:
+            if "F13" not in said:
+                said.add("F13")
+                out.append(_resumed_short(rank, windows, i, k, res))
+            continue
+        if again and verdict == "F1":
+            continue  # (a tail left by the abandoned run: not this optimizer's cadence)
         if verdict in ("F1", "F13") and verdict not in said:
             f = _finding(rank, verdict, i, windows, res, passes, f1_found)
             if f is not None:
                 said.add(verdict)
                 out.append(f)
     return out
+
+
+def _resumed_short(rank: int, windows: list[StepWindow], i: int, k: int,
+                   res: KResolution) -> Finding:
+    w = windows[i]
+    rest = [x.window for x in windows[i + 1:] if x.opt_serial == w.opt_serial]
+    steady = len(rest) >= 2 and all(m <= k for m in rest) and 2 * rest.count(k) >= len(rest)
+    return _mk("F13", "error" if res.declared or steady else "warning", rank, w.step,
+               w.window - 1,
+               f"the first step of an optimizer made after {w.unborn} backward pass(es) of "
+               f"an abandoned one (a run rebuilt to resume) came after {w.window} backward "
+               f"pass(es) of its own, the next after {windows[i + 1].window} (K = {k}), and "
+               "its parameters held no gradient before them: the resume began mid-window "
+               f"without the saved window's gradient, so {k - w.window} micro-batch(es) of "
+               "that window are missing from its update",
+               title_="a resumed run's first window is short",
+               fix="On resume, restart the window: rewind the data to the window's first "
+                   "micro-batch (checkpoints taken mid-window hold no gradient), or save the "
+                   "partial gradient with the checkpoint and restore it into .grad")
 
 
 def _finding(rank: int, verdict: str, i: int, windows: list[StepWindow], res: KResolution,

@@ -89,6 +89,7 @@ class StepMachinery:
     _armed: bool
     _w: StepTally
     _ow: StepTally | None
+    _unborn: int
     _handlers: Handlers
     _sync_roots: list[torch.nn.Module]
     _ds_engine: torch.nn.Module | None  # DeepSpeed's engine (an nn.Module)
@@ -152,6 +153,12 @@ class StepMachinery:
         # several optimizers on disjoint parameters: this one's own window (:mod:`._lanes`)
         self._ow = ow = (self.lanes.window(opt, shared, self.backward_total, len(self._tracked))
                          if engine is None and self.lanes.several() else None)
+        if self.lanes.newborn and ow is None and engine is None and shared.backwards:
+            # a run rebuilt to resume: the abandoned model's backwards are not this window's
+            unborn = self.lanes.unborn(opt, self.backward_total - len(shared.backwards))
+            if 0 < unborn < len(shared.backwards):
+                self._ow = ow = shared.without_first(unborn)
+                self._unborn = unborn
         w = shared if ow is None else ow
         self._step_checksum = None
         self._step_members = None
@@ -259,6 +266,7 @@ class StepMachinery:
                   owner: object, *, discarded: bool = False) -> None:
         w = self._w
         own, self._ow = self._ow, None
+        unborn, self._unborn = self._unborn, 0
         same = own is None or (len(own.backwards) == len(w.backwards)
                                and all(a is b for a, b in zip(own.backwards, w.backwards,
                                                               strict=True)))
@@ -338,14 +346,15 @@ class StepMachinery:
             # behind by a model rebuilt on resume: the new one's window is the shared one)
             losses=losses if same else None, discarded=discarded, moved=moved,
             terms=terms if same else None,
-            rank_factor=factor, optimizer_index=None if own is None else self.lanes.key(owner),
+            rank_factor=factor,
+            optimizer_index=None if own is None or unborn else self.lanes.key(owner),
             lr_changes=lr_changes, lr=lr,
             # an optimizer stepped from a gradient hook, inside a backward pass
             in_backward=self._bw_current is not None,
             # (backward_total counts a backward pass when it ends: this one's ordinal)
             backward_pass=self.backward_total if self._bw_current is not None else None,
             grad_hooks=bool(losses or terms) and self._grad_hooked(owner),
-            opt_serial=self._serial(owner))
+            opt_serial=self._serial(owner), unborn=unborn)
         self._next_window(reset_losses=False)  # losses.take() above reset them
         if self._global_handle is not None and self.step >= PIN_ROOTS_AFTER_STEPS:
             self._pin_roots()

@@ -47,6 +47,7 @@ class StepTally:
         self.starts: list[torch.Tensor] = []  # gradient checksums before each backward
         self.ends: list[torch.Tensor] = []  # ... and after it
         self.zero_since_backward = 0
+        self.zero_micros: list[int] = []  # backward passes before each zero_grad counted above
         self.data_passes: list[int] = []  # backward count when a DataLoader pass began
         self.autocast: str | None = None  # autocast dtype at the window's first root forward
         self.autocast_read = False
@@ -55,6 +56,30 @@ class StepTally:
         # often the window was begun again at such a zero_grad
         self.param_versions: list[int] | None = None
         self.restarts = 0
+
+    def without_first(self, n: int) -> StepTally:
+        """This window less its first ``n`` backward passes: those ran before the stepping
+        optimizer was made with no gradient on its parameters (an abandoned model's, in a
+        run rebuilt to resume), so none of them is in its gradient."""
+        w = StepTally()
+        w.backwards = self.backwards[n:]
+        if len(self.starts) == len(self.backwards) == len(self.ends):
+            w.starts, w.ends = self.starts[n:], self.ends[n:]
+        if self.loss_ok and len(self.losses) == len(self.backwards):
+            w.losses = self.losses[n:]
+        else:
+            w.loss_ok = False
+        w.zero_micros = [z - n for z in self.zero_micros if z > n]
+        w.zero_grads = w.zero_between = len(w.zero_micros)
+        w.clip_micros = [c - n for c in self.clip_micros if c >= n]
+        w.clip_names = list(self.clip_names)
+        w.data_passes = [d - n for d in self.data_passes if d >= n]
+        for name in ("sched", "unscaled", "norm_clip", "scaled_clip", "reductions_between",
+                     "forwards", "engine_step_calls", "bw_since_engine_step",
+                     "max_bw_per_engine_step", "autocast", "autocast_read", "param_versions",
+                     "restarts"):
+            setattr(w, name, getattr(self, name))
+        return w
 
     def unusual(self, window_size: int | None) -> bool:
         """Does a window counted without hooks deserve its record? A bug that shows once per
@@ -75,7 +100,8 @@ class StepTally:
                lr_changes: int | None = None, lr: float | None = None,
                terms: list[list[Any]] | None = None,
                in_backward: bool = False, grad_hooks: bool = False,
-               backward_pass: int | None = None, opt_serial: int | None = None) -> StepRecord:
+               backward_pass: int | None = None, opt_serial: int | None = None,
+               unborn: int = 0) -> StepRecord:
         """The step record of this window (what :mod:`.rules` judges)."""
         loss: float | None = None
         if self.loss_ok and self.backwards:
@@ -119,7 +145,7 @@ class StepTally:
             rank_factor=rank_factor, optimizer_index=optimizer_index, lr_changes=lr_changes,
             lr=lr, in_backward=in_backward, grad_hooks=grad_hooks,
             backward_pass=backward_pass, clip_before_unscale=self._scaled_clip(),
-            restarts=self.restarts, opt_serial=opt_serial)
+            restarts=self.restarts, opt_serial=opt_serial, unborn=unborn)
 
     def _scaled_clip(self) -> list[float] | None:
         """[scale, norm, max_norm] of a norm clip of the scaled gradient (one host read of

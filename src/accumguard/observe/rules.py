@@ -74,7 +74,7 @@ from accumguard.observe._records import (
 from accumguard.observe._schedules import run_horizon_findings
 from accumguard.observe._shared_rules import conservation_class as _conservation_class
 from accumguard.observe._shared_rules import double_gating, engine_resets
-from accumguard.observe._short_rules import continued_first, short_window_findings
+from accumguard.observe._short_rules import continued_windows, short_window_findings
 from accumguard.observe._step_rules import (
     _extra_step,
     _no_update,
@@ -283,7 +283,7 @@ def _rank_findings(rank: int, steps: Sequence[StepRecord], info: JsonObject,
                    k: int | None, declared: bool) -> list[Finding]:
     out: list[Finding] = []
     windows = _windows(steps)
-    resumed = continued_first(windows, k)  # its gradient before the first backward: saved
+    resumed = continued_windows(windows, k)  # their gradient before the first backward: saved
     ds_ga = info.get("gradient_accumulation_steps")
     stage = info.get("zero_stage")
     managed = info.get("managed_accumulation", True)
@@ -318,7 +318,7 @@ def _rank_findings(rank: int, steps: Sequence[StepRecord], info: JsonObject,
                 continue
         early_clips = [c for c in (w.clip_micros or [])  # (a clip before any: no F8)
                        if shared.clip_verdict(int(c), int(w.backwards)) == "inside"]
-        cons = None if w is resumed else w.conservation
+        cons = None if any(w is r for r in resumed) else w.conservation
         clipped = bool(early_clips) and not int(w.zero_grads_between)
         if cons and not cons.ok and not (clipped and cons.reason != "stale"):
             # (a clip between backwards shrinks the accumulated gradient: F8 below says so)
