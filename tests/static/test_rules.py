@@ -454,7 +454,8 @@ def test_every_script_code_has_a_check_and_families_are_modules() -> None:
     assert {c.family for c in checks} == {"window", "schedule", "loss", "sync", "reduce", "deepspeed",
                                           "accelerate", "scale", "horizon", "precision", "terms",
                                           "tokenmean", "lrcounter", "epochtail", "moeaux", "twice", "ampclip",
-                                          "hfscale", "fused", "hookclip", "hftokens", "tailscale", "hfterms"}
+                                          "hfscale", "fused", "hookclip", "hftokens", "tailscale", "hfterms",
+                                          "lgwindow"}
 
 
 def test_select_is_applied_before_rules_run(monkeypatch: pytest.MonkeyPatch) -> None:

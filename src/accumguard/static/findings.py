@@ -423,6 +423,13 @@ RULES: dict[str, Rule] = {
             "`self.args.average_tokens_across_devices` is set (as Trainer.compute_loss does), "
             "or return `super().compute_loss(...)`",
         ),
+        _rule(
+            "AG144", "lightning-window-count-divided-by-k", "LOSS_SCALE", W, MED,
+            "a LightningModule's training_step returns a summed loss divided by the whole "
+            "window's count (a name such as win_tokens or num_items_in_batch), and Lightning "
+            "divides the returned loss by accumulate_grad_batches again: the update is G / K",
+            "multiply the returned loss by `self.trainer.accumulate_grad_batches`",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

@@ -34,6 +34,7 @@
 ``ampclip``    AG135               gradient clipped before GradScaler.unscale_ (on the scaled gradient)
 ``hookclip``   AG138               clipping in Lightning's on_after_backward/on_before_backward, K > 1
 ``fused``      AG137               an optimizer stepped in a post-accumulate-grad hook, loop accumulating
+``lgwindow``   AG144               a Lightning training_step divided by the window's count, /K again
 """
 
 from accumguard.static.lint.families import (
@@ -47,6 +48,7 @@ from accumguard.static.lint.families import (
     hftokens,
     hookclip,
     horizon,
+    lgwindow,
     loss,
     lrcounter,
     moeaux,
@@ -62,4 +64,4 @@ from accumguard.static.lint.families import (
     window,
 )
 
-__all__ = ["accelerate", "ampclip", "deepspeed", "epochtail", "fused", "hookclip", "hfscale", "hfterms", "hftokens", "horizon", "loss", "lrcounter", "moeaux", "precision", "reduce", "scale", "schedule", "sync", "tailscale", "terms", "tokenmean", "twice", "window"]
+__all__ = ["accelerate", "ampclip", "deepspeed", "epochtail", "fused", "hookclip", "hfscale", "hfterms", "hftokens", "horizon", "lgwindow", "loss", "lrcounter", "moeaux", "precision", "reduce", "scale", "schedule", "sync", "tailscale", "terms", "tokenmean", "twice", "window"]

@@ -40,3 +40,18 @@ def automatic_lightning_module(ctx: FileContext, func: ast.AST) -> bool:
             (dotted(b) or "").rsplit(".", 1)[-1] == "LightningModule" for b in cls.bases):
         return False
     return not manual_optimization(cls)
+
+
+def returned_losses(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.AST]:
+    """What ``training_step`` returns as its loss: ``return loss`` or ``{"loss": loss}``."""
+    out: list[ast.AST] = []
+    for n in walk_all(fn):
+        if not isinstance(n, ast.Return) or n.value is None:
+            continue
+        v: ast.AST | None = n.value
+        if isinstance(v, ast.Dict):
+            v = next((val for key, val in zip(v.keys, v.values, strict=True)
+                      if isinstance(key, ast.Constant) and key.value == "loss"), None)
+        if v is not None and not (isinstance(v, ast.Constant) and v.value is None):
+            out.append(v)
+    return out

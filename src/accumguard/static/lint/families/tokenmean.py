@@ -31,8 +31,10 @@ from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._lightning import (
     automatic_lightning_module,
     lightning_accumulates,
+    returned_losses,
 )
 from accumguard.static.lint.families._masked import counted_mean, masked_mean, token_mean_hints
+from accumguard.static.lint.families.lgwindow import window_count_division
 from accumguard.static.lint.families.scale import _k_in_sight, plain_windows
 
 __all__ = ["lightning_token_mean", "masked_token_mean_never_divided_by_k"]
@@ -83,21 +85,6 @@ def masked_token_mean_never_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
         )
 
 
-def _returned_loss(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.AST]:
-    """What ``training_step`` returns as its loss: ``return loss`` or ``{"loss": loss}``."""
-    out: list[ast.AST] = []
-    for n in walk_all(fn):
-        if not isinstance(n, ast.Return) or n.value is None:
-            continue
-        v: ast.AST | None = n.value
-        if isinstance(v, ast.Dict):
-            v = next((val for key, val in zip(v.keys, v.values, strict=True)
-                      if isinstance(key, ast.Constant) and key.value == "loss"), None)
-        if v is not None and not (isinstance(v, ast.Constant) and v.value is None):
-            out.append(v)
-    return out
-
-
 @rule("AG104")
 def lightning_token_mean(ctx: FileContext) -> Iterator[Finding]:
     if not lightning_accumulates(ctx):
@@ -105,9 +92,9 @@ def lightning_token_mean(ctx: FileContext) -> Iterator[Finding]:
     for fn in ctx.of(ast.FunctionDef):
         if fn.name != "training_step" or not automatic_lightning_module(ctx, fn):
             continue
-        losses = _returned_loss(fn)
-        if not losses:
-            continue
+        losses = returned_losses(fn)
+        if not losses or any(window_count_division(ctx, fn, x) for x in losses):
+            continue  # (a share of the window's count: AG144 judges its scale)
         explicit = all(masked_mean(ctx, fn, x, set(), rows=False) or counted_mean(ctx, fn, fn, x, set())
                        for x in losses)
         hints, summed = token_mean_hints(ctx, fn)

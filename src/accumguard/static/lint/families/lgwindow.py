@@ -1,0 +1,151 @@
+"""AG144 (LOSS_SCALE): a ``LightningModule.training_step`` returns a summed loss divided by
+the whole window's count, and Lightning divides it by K again.
+
+Under automatic optimisation with ``accumulate_grad_batches=K > 1``, Lightning divides the
+loss ``training_step`` returns by K before its backward. A loss that is already the
+window's share (a token or sample sum divided by the count of the K micro-batches, as the
+Hugging Face Trainer's ``num_items_in_batch``) then weighs 1/K of what the large batch gives
+it: the update is G / K. Right is the same loss times ``accumulate_grad_batches``. The window count is known by its name (``win_tokens``,
+``window_tokens``, ``num_items_in_batch``): a warning, not an error.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+
+from accumguard.static.findings import Finding
+from accumguard.static.lint._ast import call_attr, dotted, walk_all
+from accumguard.static.lint._context import FileContext
+from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families._lightning import (
+    automatic_lightning_module,
+    lightning_accumulates,
+    returned_losses,
+)
+
+__all__ = ["lightning_window_count_divided_by_k", "window_count_division"]
+
+#: a count of the whole window (every micro-batch of the step), by its name
+_WINDOW_COUNT = re.compile(r"(^|_)(win|window)(_|$)|num_items_in_batch|items_in_window|"
+                           r"window_(tokens|items|count|n)|(tokens|items)_per_(window|step)",
+                           re.IGNORECASE)
+_SUMMED = re.compile(r"sum|total", re.IGNORECASE)
+_DEPTH = 4
+
+
+def _label(node: ast.AST) -> str:
+    """The identifier a value is known by: a name, an attribute path, a string key."""
+    if isinstance(node, ast.Subscript):
+        key = node.slice
+        if isinstance(key, ast.Constant) and isinstance(key.value, str):
+            return key.value
+        return _label(node.value)
+    return dotted(node) or ""
+
+
+def _expanded(fn: ast.AST, expr: ast.AST, depth: int = _DEPTH) -> list[ast.AST]:
+    """``expr`` and the values its local names were assigned in ``fn``, ``depth`` deep."""
+    out = [expr]
+    if depth <= 0:
+        return out
+    names = {n.id for n in walk_all(expr) if isinstance(n, ast.Name)}
+    if not names:
+        return out
+    for node in walk_all(fn):
+        targets: list[ast.AST] = []
+        if isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign) and node.value is not None:
+            targets = [node.target]
+        else:
+            continue
+        if any(isinstance(t, ast.Name) and t.id in names for t in targets):
+            value = node.value
+            assert value is not None
+            out += _expanded(fn, value, depth - 1)
+            if isinstance(node, ast.AugAssign):
+                out.append(node)  # `loss /= win_tokens`, `loss *= K`
+    return out
+
+
+def _divisions(parts: list[ast.AST]) -> list[tuple[ast.AST, ast.AST]]:
+    """(numerator, divisor) of every ``/`` and ``/=`` in the parts."""
+    out: list[tuple[ast.AST, ast.AST]] = []
+    for part in parts:
+        for n in walk_all(part):
+            if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div):
+                out.append((n.left, n.right))
+            elif isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Div):
+                out.append((n.target, n.value))
+    return out
+
+
+def _summed(ctx: FileContext, fn: ast.AST, num: ast.AST) -> bool:
+    """The numerator is a sum: ``.sum()``, ``reduction="sum"``, or a name saying so."""
+    for part in _expanded(fn, num, 2):
+        for n in walk_all(part):
+            if isinstance(n, ast.Call) and (call_attr(n) == "sum" or any(
+                    k.arg == "reduction" and isinstance(k.value, ast.Constant)
+                    and k.value.value == "sum" for k in n.keywords)):
+                return True
+            if isinstance(n, ast.Name) and _SUMMED.search(n.id):
+                return True
+    return False
+
+
+def _k_names(ctx: FileContext) -> set[str]:
+    """What the file's ``accumulate_grad_batches=`` keywords are given (``K``, ``cfg.accum``)."""
+    return {dotted(kw.value) or "" for call in ctx.of(ast.Call) for kw in call.keywords
+            if kw.arg == "accumulate_grad_batches"} - {""}
+
+
+def _times_k(ctx: FileContext, parts: list[ast.AST]) -> bool:
+    """Some part multiplies by K (or divides the count by it)."""
+    ks = _k_names(ctx)
+
+    def is_k(side: ast.AST) -> bool:
+        return ctx.mentions_accum(side) or any(dotted(n) in ks for n in walk_all(side))
+
+    for part in parts:
+        for n in walk_all(part):
+            if isinstance(n, ast.BinOp | ast.AugAssign) and isinstance(n.op, ast.Mult | ast.Div):
+                sides = [n.value] if isinstance(n, ast.AugAssign) else [n.left, n.right]
+                if any(is_k(s) for s in sides):
+                    return True
+    return False
+
+
+def window_count_division(ctx: FileContext, fn: ast.AST, loss: ast.AST
+                          ) -> tuple[ast.AST, ast.AST] | None:
+    """(numerator, divisor) where ``loss`` (as assigned in ``fn``) divides a sum by a count
+    of the whole window, known by its name; None when it does not."""
+    return next(((num, div) for num, div in _divisions(_expanded(fn, loss))
+                 if _WINDOW_COUNT.search(_label(div)) and _summed(ctx, fn, num)), None)
+
+
+@rule("AG144")
+def lightning_window_count_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
+    if not lightning_accumulates(ctx):
+        return
+    for fn in ctx.of(ast.FunctionDef):
+        if fn.name != "training_step" or not automatic_lightning_module(ctx, fn):
+            continue
+        for loss in returned_losses(fn):
+            parts = _expanded(fn, loss)
+            hit = window_count_division(ctx, fn, loss)
+            if hit is None or _times_k(ctx, parts):
+                continue
+            yield ctx.finding(
+                "AG144",
+                loss,
+                f"`training_step` returns a summed loss divided by `{_label(hit[1])}`, a count "
+                "of the whole window by its name, and Lightning divides the returned loss by "
+                "accumulate_grad_batches (K) again: each micro-batch weighs 1/K of its "
+                "large-batch share, so the update is G / K",
+                fix="multiply the returned loss by `self.trainer.accumulate_grad_batches` "
+                    "(Lightning divides by it; on several processes also by the number of "
+                    "processes when the count is summed over all of them)",
+            )
+            break
