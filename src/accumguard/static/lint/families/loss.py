@@ -404,15 +404,27 @@ def rank_local_token_mean_under_ddp(ctx: FileContext) -> Iterator[Finding]:
     if not wrapped or not ctx.is_training_script() or custom_rank_reduction(ctx):
         return
     for node, dividend, divisor in [*_divisions(ctx), *reciprocal_products(ctx)]:
-        counted = _is_count(ctx, divisor, micro_batch=False) or (
+        site = _rank_local_argument(ctx, node, divisor)
+        counted = site is not None or _is_count(ctx, divisor, micro_batch=False) or (
             isinstance(divisor, ast.Name) and divisor.id in window_sum_names(ctx, node))
-        if not counted or not (_is_loss_division(ctx, node, dividend) or any(
+        if not counted or not (site is not None or _is_loss_division(ctx, node, dividend) or any(
             isinstance(n, ast.Call) and call_attr(n) == "sum" for n in walk_all(dividend)
         )):
             continue
         scope = ctx.scope_of(node)
         count_names = {d for d in (dotted(s) for s in walk_all(divisor)) if d}
         if count_names & ctx.all_reduced_names(scope) or count_names & ctx.all_reduced_names(ctx.tree):
+            continue
+        if site is not None:
+            # a helper's parameter: the count its training call site passes
+            if not plain_model_only(ctx, site) and not simulates_ranks(ctx, site) \
+                    and _flows_to_backward(ctx, node, through_returns=True):
+                yield ctx.finding(
+                    "AG113", node,
+                    f"under DDP/FSDP the loss is divided by `{ast.unparse(divisor)}`, which the "
+                    f"call at line {site.lineno} gives as this rank's own count (of tokens or "
+                    "samples), never all-reduced: DDP then averages rank-local means, so ranks "
+                    "with fewer tokens weigh more")
             continue
         if not ctx.ddp_wrapped and not local_count(ctx, node, count_names):
             continue  # under Accelerate: only a count computed here, not named as the window's
@@ -434,6 +446,39 @@ def rank_local_token_mean_under_ddp(ctx: FileContext) -> Iterator[Finding]:
             "(of tokens or samples), which is never all-reduced: DDP then averages rank-local "
             "means, so ranks with fewer tokens weigh more",
         )
+
+
+def _rank_local_argument(ctx: FileContext, node: ast.AST, divisor: ast.AST) -> ast.Call | None:
+    """``divisor`` is a parameter of the function around ``node`` (``def compute_loss(model,
+    batch, n): ... / n``), and a call of that function passes it a count this rank made of
+    its own micro-batches (``n = sum((b["labels"] != -100).sum() for b in mine)``), all-reduced
+    nowhere: that call, else None. A name assigned in the function is not a parameter."""
+    fn = ctx.enclosing(node, FUNCS)
+    if not isinstance(divisor, ast.Name) or not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+        return None
+    params = [a.arg for a in (*fn.args.posonlyargs, *fn.args.args)]
+    if divisor.id not in params or divisor.id in _assigned_in(fn):
+        return None
+    at = params.index(divisor.id) - (1 if params and params[0] in ("self", "cls") else 0)
+    for call in ctx.call_sites(fn):
+        arg = next((k.value for k in call.keywords if k.arg == divisor.id), None)
+        if arg is None and 0 <= at < len(call.args) and not any(
+                isinstance(a, ast.Starred) for a in call.args[:at + 1]):
+            arg = call.args[at]
+        if not isinstance(arg, ast.Name):
+            continue
+        names = {arg.id}
+        counted = arg.id in window_sum_names(ctx, call) or (
+            _is_count(ctx, arg, micro_batch=False) and local_count(ctx, call, names))
+        reduced = names & (ctx.all_reduced_names(ctx.scope_of(call)) | ctx.all_reduced_names(ctx.tree))
+        if counted and not reduced and not returned_reduced(ctx, arg):
+            return call
+    return None
+
+
+def _assigned_in(fn: ast.AST) -> set[str]:
+    return {t.id for a in ast.walk(fn) if isinstance(a, ast.Assign | ast.AugAssign | ast.AnnAssign)
+            for t in (a.targets if isinstance(a, ast.Assign) else [a.target]) if isinstance(t, ast.Name)}
 
 
 # ---------------------------------------------------------------- AG118: HF Trainer.compute_loss
