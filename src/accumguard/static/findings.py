@@ -430,6 +430,13 @@ RULES: dict[str, Rule] = {
             "divides the returned loss by accumulate_grad_batches again: the update is G / K",
             "multiply the returned loss by `self.trainer.accumulate_grad_batches`",
         ),
+        _rule(
+            "AG145", "horizon-from-micro-batch-tokens", "F4", W, MED,
+            "an iteration horizon (warmup, decay, max_iters) is converted from a token or "
+            "sample budget by one micro-batch's size, while the file's other conversion counts "
+            "an iteration as the K micro-batches it accumulates: that horizon is K times long",
+            "divide the budget by the tokens (samples) of one optimizer iteration, K micro-batches",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

@@ -34,6 +34,7 @@
 ``ampclip``    AG135               gradient clipped before GradScaler.unscale_ (on the scaled gradient)
 ``hookclip``   AG138               clipping in Lightning's on_after_backward/on_before_backward, K > 1
 ``fused``      AG137               an optimizer stepped in a post-accumulate-grad hook, loop accumulating
+``tokhorizon`` AG145               an iteration horizon converted from tokens by one micro-batch's size
 ``lgwindow``   AG144               a Lightning training_step divided by the window's count, /K again
 """
 
@@ -60,8 +61,9 @@ from accumguard.static.lint.families import (
     tailscale,
     terms,
     tokenmean,
+    tokhorizon,
     twice,
     window,
 )
 
-__all__ = ["accelerate", "ampclip", "deepspeed", "epochtail", "fused", "hookclip", "hfscale", "hfterms", "hftokens", "horizon", "lgwindow", "loss", "lrcounter", "moeaux", "precision", "reduce", "scale", "schedule", "sync", "tailscale", "terms", "tokenmean", "twice", "window"]
+__all__ = ["accelerate", "ampclip", "deepspeed", "epochtail", "fused", "hookclip", "hfscale", "hfterms", "hftokens", "horizon", "lgwindow", "loss", "lrcounter", "moeaux", "precision", "reduce", "scale", "schedule", "sync", "tailscale", "terms", "tokenmean", "tokhorizon", "twice", "window"]
