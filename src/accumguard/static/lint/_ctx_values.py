@@ -201,8 +201,28 @@ class ValueFacts(FileIndex):
         """``expr`` is (or is built from) the number of accumulation steps: a name that says
         so (``grad_accum_steps``), one assigned from it, or the modulus of the test that
         gates an optimizer step (``K`` in ``if (i + 1) % K == 0: opt.step()``)."""
-        return self._mentions(expr, ACCUM_RE,
-                              self._derived_names(ACCUM_RE) | self._boundary_moduli())
+        return self._mentions(expr, ACCUM_RE, self._derived_names(ACCUM_RE)
+                              | self._boundary_moduli() | self._k_keywords())
+
+    def _k_keywords(self) -> set[str]:
+        """Names given as the accumulation count: ``TrainingArguments(
+        gradient_accumulation_steps=GA_STEPS)``, ``Trainer(accumulate_grad_batches=K)``,
+        ``{"gradient_accumulation_steps": GA}``: whatever the script calls it, K."""
+        def compute() -> set[str]:
+            out: set[str] = set()
+            for node in self.of(ast.Call, ast.Dict):
+                pairs: list[tuple[str, ast.AST | None]] = (
+                    [(k.arg or "", k.value) for k in node.keywords] if isinstance(node, ast.Call)
+                    else [(k.value if isinstance(k, ast.Constant) and isinstance(k.value, str)
+                           else "", v) for k, v in zip(node.keys, node.values, strict=True)])
+                for key, value in pairs:
+                    if key and value is not None and isinstance(value, ast.Name | ast.Attribute) \
+                            and ACCUM_RE.search(key.lower()):
+                        d = dotted(value)
+                        if d:
+                            out.add(d)
+            return out
+        return self._cached("k_keywords", self.tree, compute)  # type: ignore[no-any-return]
 
     def sized_by_accum(self, expr: ast.AST, depth: int = 2) -> bool:
         """``expr`` is computed from K, also through names assigned from arithmetic on it
