@@ -137,3 +137,21 @@ def test_a_scheduler_rebuilt_on_resume_is_judged_on_the_run_s_clock(
     found = horizon_findings(0, first + again, 4, 1, 2, 1, True, backwards=8,
                              whole_epochs=True)
     assert _sev(found) == expected, found
+
+
+@pytest.mark.parametrize(("horizon", "expected"), [(16, {("F4", "error")}), (4, set())])
+def test_a_reference_phase_after_the_training_leaves_its_schedule_judged(
+        horizon: int, expected: set[tuple[str, str]]) -> None:
+    # blind round 37 a_b03: K = 4, the training's 4 optimizer steps (16 backward passes)
+    # under a schedule whose horizon counts the 16 micro-batches; then a large-batch
+    # reference with its own optimizer (serial 2) and its own fresh schedule of 4, one
+    # backward per step. The reference's schedule and backwards are not the training's:
+    # horizon 16 is 4x late, counted in micro-batches; horizon 4 ends with the training
+    train = _events(horizon, 4, 1)
+    ref = [dict(e, step=e["step"] + 4, sid=2) for e in _events(4, 4, 1)]
+    found = horizon_findings(0, train + ref, 8, 1, 4, 1, True, backwards=20,
+                             whole_epochs=False, serials=[1] * 4 + [2] * 4,
+                             step_backwards=[4] * 4 + [1] * 4)
+    assert _sev(found) == expected, found
+    if expected:
+        assert "its horizon is the run's 16 backward passes" in found[0].evidence

@@ -149,7 +149,8 @@ def _match(big: float, small: float, c: int, slack: int) -> bool:
 def horizon_findings(rank: int, events: list[JsonObject], total_steps: int,
                      world: int, k: int | None, epochs: int, complete: bool, *,
                      backwards: int = 0, whole_epochs: bool = False,
-                     serials: list[int | None] | None = None) -> list[Finding]:
+                     serials: list[int | None] | None = None,
+                     step_backwards: list[int] | None = None) -> list[Finding]:
     """F4 from a stated horizon. ``events``: the rank's scheduler records; ``total_steps``:
     the optimizer steps the rank made; ``epochs``: passes over a DataLoader seen (the slack
     of per-epoch rounding); ``complete``: the run went to its own end (a horizon longer
@@ -157,7 +158,9 @@ def horizon_findings(rank: int, events: list[JsonObject], total_steps: int,
     ``whole_epochs``: its passes over the data were all of one length (it did not break out
     of the last one); ``serials``: per optimizer step, which optimizer object made it (a
     schedule is compared with the steps of the optimizers that stepped while it lived: a
-    reference run's or a second phase's optimizer after the training's is not its run).
+    reference run's or a second phase's optimizer after the training's is not its run);
+    ``step_backwards``: per optimizer step, its window's backward passes (the phase's own
+    count of them, when other optimizers stepped outside it).
 
     A schedule that ends late by W or K is an error only when the run went through whole
     passes over the data, or when the horizon is exactly the run's count of backward passes
@@ -235,13 +238,16 @@ def horizon_findings(rank: int, events: list[JsonObject], total_steps: int,
                                title_=f"LR schedule ended at optimizer step {at} of {steps}",
                                fix=_fix(per_step)))
             continue
-        if not complete or len(groups) > 1:
+        if not complete or not all(g is evs or _apart(serials, g, total_steps, (off, own))
+                                   for g in groups):
             continue  # (a rebuilt schedule's rate over the whole run is not its own)
         end_at = (h - pos0) / per_step  # the optimizer step at which it would end
         hit = next(((c, name) for c, name in _factors(world, k)
                     if _match(end_at, steps, c, slack)), None)
         if hit is None:
             continue
+        if step_backwards is not None and len(step_backwards) == total_steps and own < total_steps:
+            backwards = sum(step_backwards[off:off + own])  # this schedule's phase only
         micro = backwards > steps and h - pos0 == backwards
         sure = whole_epochs or micro
         text = (f"the LR schedule ({what}) was at scheduler step {pos_end} of its {h} when "
@@ -259,6 +265,20 @@ def horizon_findings(rank: int, events: list[JsonObject], total_steps: int,
                               f"{pos_end} reached in the run's {steps} optimizer steps",
                        fix=_fix(per_step)))
     return out
+
+
+def _apart(serials: list[int | None] | None, evs: list[JsonObject], total_steps: int,
+           phase: tuple[int, int]) -> bool:
+    """Another scheduler's records ``evs`` belong to optimizers of their own, stepping
+    outside ``phase`` (a large-batch reference run after the training, with a schedule
+    built fresh): they say nothing of the schedule of ``phase``. A schedule rebuilt on resume
+    continues from a position past its start, or steps the same optimizer: not apart."""
+    if len(evs) < 2:
+        return True
+    off, own = _phase(serials, evs, total_steps)
+    fresh = int(evs[0]["pos"]) - max(0, int(evs[1]["pos"]) - int(evs[0]["pos"])) == 0
+    return fresh and own < total_steps and phase[1] < total_steps and (
+        off >= phase[0] + phase[1] or phase[0] >= off + own)
 
 
 def _phase(serials: list[int | None] | None, evs: list[JsonObject], total_steps: int
@@ -328,7 +348,8 @@ def run_horizon_findings(rec: RunRecording, rank: int, k: int | None) -> list[Fi
     return horizon_findings(rank, events, total, rec.world, k, len(eps),
                             complete, backwards=backwards,
                             whole_epochs=complete_epochs(steps, pending),
-                            serials=[s.opt_serial for s in steps])
+                            serials=[s.opt_serial for s in steps],
+                            step_backwards=[int(s.backwards or 0) for s in steps])
 
 
 def _passes(steps: list[StepRecord], tail: JsonObject) -> tuple[int, bool]:
