@@ -199,6 +199,17 @@ class FileIndex:
                 if value is None:
                     continue
                 names: list[str] = []
+                t0 = targets[0]
+                if len(targets) == 1 and isinstance(t0, ast.Tuple | ast.List) \
+                        and isinstance(value, ast.Tuple | ast.List) \
+                        and len(t0.elts) == len(value.elts) \
+                        and not any(isinstance(e, ast.Starred) for e in (*t0.elts, *value.elts)):
+                    # `B, T, K = 4, 256, 8`: each name its own value
+                    self._classify_unpack(t0, value)
+                    for e, v in zip(t0.elts, value.elts, strict=True):
+                        if (d := dotted(e)) is not None:
+                            assigns.append(([d], v))
+                    continue
                 for t in targets:
                     if isinstance(t, ast.Tuple | ast.List):
                         names.extend(d for d in (dotted(e) for e in t.elts) if d)
