@@ -455,7 +455,7 @@ def test_every_script_code_has_a_check_and_families_are_modules() -> None:
                                           "accelerate", "scale", "horizon", "precision", "terms",
                                           "tokenmean", "lrcounter", "epochtail", "moeaux", "twice", "ampclip",
                                           "hfscale", "fused", "hookclip", "hftokens", "tailscale", "hfterms",
-                                          "lgwindow", "tokhorizon"}
+                                          "lgmanual", "lgwindow", "tokhorizon"}
 
 
 def test_select_is_applied_before_rules_run(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -476,7 +476,7 @@ def test_select_is_applied_before_rules_run(monkeypatch: pytest.MonkeyPatch) -> 
         "scheduler_per_process", "engine_gating", "boundary_counter_off_by_one",
         "sync_flag_after_forward", "partial_window_leaks_into_next_epoch",
         "hf_compute_loss_ignores_num_items", "hf_compute_loss_func_ignores_num_items",
-        "scheduler_in_micro_step_hook"}
+        "scheduler_in_micro_step_hook", "lightning_manual_batch_idx_off_by_one"}
 
 
 def test_registry_refuses_codes_outside_the_catalogue() -> None:
