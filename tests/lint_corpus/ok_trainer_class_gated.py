@@ -1,4 +1,6 @@
 # corpus: style=trainer_class class=OK
+# right when every pass holds a multiple of K micro-batches; the predicate method is read,
+# so AG117 warns that a pass's tail would leak into the next one otherwise
 import torch
 
 
@@ -13,7 +15,7 @@ class Trainer:
         for i, batch in enumerate(loader):
             loss = self.model(batch) / self.grad_accum
             loss.backward()
-            if self._should_step(i):
+            if self._should_step(i):  # expect: AG117
                 self.optimizer.step()
                 self.scheduler.step()
                 self.optimizer.zero_grad()

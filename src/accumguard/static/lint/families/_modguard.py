@@ -135,15 +135,27 @@ def call_test(ctx: FileContext, test: ast.AST) -> ast.AST | None:
     """``if is_boundary(i):`` with ``def is_boundary(step): return (step + 1) % K == 0`` (one
     definition of the name in the file, a body of one ``return``, positional parameters only):
     the returned test with each parameter replaced by the call's argument; None otherwise."""
-    if not (isinstance(test, ast.Call) and isinstance(test.func, ast.Name)) or test.keywords:
+    if not isinstance(test, ast.Call) or test.keywords:
         return None
-    defs = ctx.defs_by_name().get(test.func.id, [])
+    func = test.func
+    method = isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) \
+        and func.value.id == "self"  # `self._is_boundary(i, n)`: a method of the class
+    if not (isinstance(func, ast.Name) or method):
+        return None
+    name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+    defs = ctx.defs_by_name().get(name, [])
     if len(defs) != 1:
         return None
     fn = defs[0]
     body = [b for b in fn.body if not (isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant))]
     args = fn.args
     params = [a.arg for a in args.posonlyargs + args.args]
+    if method:
+        if not params or params[0] != "self" or any(
+                isinstance(d, ast.Name) and d.id in ("staticmethod", "classmethod")
+                for d in fn.decorator_list):
+            return None
+        params = params[1:]
     if (len(body) != 1 or not isinstance(body[0], ast.Return) or body[0].value is None
             or args.vararg or args.kwarg or args.kwonlyargs or len(test.args) != len(params)
             or any(isinstance(a, ast.Starred) for a in test.args)):

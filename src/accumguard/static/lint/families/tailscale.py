@@ -25,6 +25,7 @@ from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._modguard import (
     ModGuard,
     assignments_by_name,
+    call_test,
     k_values,
     mod_term,
 )
@@ -119,11 +120,14 @@ def _flag_value(ctx: FileContext, test: ast.AST, window: ast.AST) -> ast.AST:
     """``test``, or the value of the one assignment in the window to the name it is
     (``update_now = (i + 1) % K == 0 or i + 1 == len(loader)`` then ``if update_now:``)."""
     if not isinstance(test, ast.Name):
-        return test
+        return call_test(ctx, test) or test
     writes = [n for n in ctx.local_nodes(window) if isinstance(n, ast.Assign)
               and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)
               and n.targets[0].id == test.id]
-    return writes[0].value if len(writes) == 1 else test
+    if len(writes) != 1:
+        return test
+    # (`boundary = self.is_boundary(i, n)`: the predicate's test with the arguments in place)
+    return call_test(ctx, writes[0].value) or writes[0].value
 
 
 def _steps_after(ctx: FileContext, window: ast.AST) -> bool:
