@@ -455,7 +455,8 @@ def test_every_script_code_has_a_check_and_families_are_modules() -> None:
                                           "accelerate", "scale", "horizon", "precision", "terms",
                                           "tokenmean", "lrcounter", "epochtail", "moeaux", "twice", "ampclip",
                                           "hfscale", "fused", "hookclip", "hftokens", "tailscale", "hfterms",
-                                          "lgmanual", "lgwindow", "tokhorizon"}
+                                          "lgmanual", "lgwindow", "tokhorizon",
+                                          "factored"}
 
 
 def test_select_is_applied_before_rules_run(monkeypatch: pytest.MonkeyPatch) -> None:

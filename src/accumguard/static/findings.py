@@ -437,6 +437,13 @@ RULES: dict[str, Rule] = {
             "an iteration as the K micro-batches it accumulates: that horizon is K times long",
             "divide the budget by the tokens (samples) of one optimizer iteration, K micro-batches",
         ),
+        _rule(
+            "AG146", "factor-over-unnormalised-term", "LOSS_SCALE", W, MED,
+            "a factor that undoes the engine's averages (the number of processes, K) multiplies "
+            "a sum holding a term normalised by the window's count and a per-micro-batch term: "
+            "the latter weighs that factor times its large-batch share",
+            "multiply only the normalised term by the factor",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

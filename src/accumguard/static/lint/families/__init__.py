@@ -35,6 +35,7 @@
 ``hookclip``   AG138               clipping in Lightning's on_after_backward/on_before_backward, K > 1
 ``fused``      AG137               an optimizer stepped in a post-accumulate-grad hook, loop accumulating
 ``tokhorizon`` AG145               an iteration horizon converted from tokens by one micro-batch's size
+``factored``   AG146               a factor undoing the engine's averages multiplies an unnormalised term too
 ``lgmanual``   AG115               Lightning manual optimisation stepping on `batch_idx % K == 0`
 ``lgwindow``   AG144               a Lightning training_step divided by the window's count, /K again
 """
@@ -44,6 +45,7 @@ from accumguard.static.lint.families import (
     ampclip,
     deepspeed,
     epochtail,
+    factored,
     fused,
     hfscale,
     hfterms,
@@ -68,4 +70,4 @@ from accumguard.static.lint.families import (
     window,
 )
 
-__all__ = ["accelerate", "ampclip", "deepspeed", "epochtail", "fused", "hookclip", "hfscale", "hfterms", "hftokens", "horizon", "lgmanual", "lgwindow", "loss", "lrcounter", "moeaux", "precision", "reduce", "scale", "schedule", "sync", "tailscale", "terms", "tokenmean", "tokhorizon", "twice", "window"]
+__all__ = ["accelerate", "ampclip", "deepspeed", "epochtail", "factored", "fused", "hookclip", "hfscale", "hfterms", "hftokens", "horizon", "lgmanual", "lgwindow", "loss", "lrcounter", "moeaux", "precision", "reduce", "scale", "schedule", "sync", "tailscale", "terms", "tokenmean", "tokhorizon", "twice", "window"]
