@@ -142,6 +142,8 @@ class Lanes:
             return
         for g in getattr(opt, "param_groups", None) or []:
             for p in g["params"]:
+                if hasattr(p, "device_mesh"):
+                    return  # an FSDP2 shard: with sync off its gradient waits outside .grad
                 grad = getattr(p, "grad", None)
                 if grad is not None and (grad.is_meta or bool(local(grad).any())):
                     return
