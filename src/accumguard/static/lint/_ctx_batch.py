@@ -89,7 +89,12 @@ def accum_only_builds_batch(ctx: WindowQueries, window: ast.AST) -> bool:
 
 
 def _builds_batch(ctx: WindowQueries, node: ast.AST, window: ast.AST) -> bool:
-    child, cur = node, ctx.parents.get(node)
+    parent = ctx.parents.get(node)
+    if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) \
+            and isinstance(parent, ast.Assign) and node in parent.targets \
+            and isinstance(parent.value, ast.ListComp | ast.GeneratorExp):
+        return True  # `micro = [mb for r in data[step] for mb in r]`: the window's items
+    child, cur = node, parent
     while cur is not None and child is not window:
         if isinstance(cur, ast.ListComp | ast.SetComp | ast.GeneratorExp | ast.DictComp):
             return True

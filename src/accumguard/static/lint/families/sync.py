@@ -54,6 +54,7 @@ from accumguard.static.lint._ast import (
 )
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families._modguard import call_test
 
 
 def _is_forward_of(call: ast.Call, recv: str) -> bool:
@@ -368,6 +369,7 @@ def _residue(ctx: FileContext, expr: ast.AST, scope: ast.AST) -> tuple[str, str,
     when ``c`` is ``r = b - a`` modulo K. A name is read through its one assignment in
     ``scope`` (``is_boundary = micro % K == 0``)."""
     expr = _through_name(ctx, scope, expr)
+    expr = call_test(ctx, expr) or expr  # `is_sync_step(micro, K)`: the predicate's test
     if not (isinstance(expr, ast.Compare) and len(expr.ops) == 1 and isinstance(expr.ops[0], ast.Eq)):
         return None
     left, right = expr.left, expr.comparators[0]
@@ -412,11 +414,16 @@ def _off_the_step(ctx: FileContext, node: ast.AST, value: ast.AST) -> tuple[str,
             isinstance(gate.test, ast.Compare) and isinstance(gate.test.left, ast.BinOp)) else None
         diff = abs(step[2] - sync[2])
         if diff == 1 or (k is not None and k > 1 and diff % k != 0):
-            shown = ast.unparse(gate.test)
-            if (value := _through_name(ctx, scope, gate.test)) is not gate.test:
-                shown += " = " + ast.unparse(value)
-            return ast.unparse(value), shown
+            return _shown(ctx, scope, value), _shown(ctx, scope, gate.test)
     return None
+
+
+def _shown(ctx: FileContext, scope: ast.AST, test: ast.AST) -> str:
+    """``test`` as written, and what it reads as (a flag's value, a predicate's test)."""
+    text = ast.unparse(test)
+    value = _through_name(ctx, scope, test)
+    value = call_test(ctx, value) or value
+    return text if value is test else f"{text}` = `{ast.unparse(value)}"
 
 
 def _first_of_stepless_loop(ctx: FileContext, test: ast.AST) -> bool:
