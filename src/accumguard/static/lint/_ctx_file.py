@@ -37,6 +37,9 @@ from accumguard.static.lint._dsrefs import DsConfigFinder, DsConfigRef
 
 #: a collection of optimizers, by its name (``opts``, ``optimizers``, ``self.optims``)
 _OPTIMS_RE = re.compile(r"^(opts|optims|optimi[sz]ers|[a-z_]*_opts|[a-z_]*_optimi[sz]ers)$")
+#: collectives whose argument (or result) is then a value over every rank
+_REDUCERS = frozenset({"all_reduce", "all_reduce_coalesced", "reduce", "gather", "all_gather",
+                       "reduce_tensor", "sync_tensor", "gather_for_metrics"})
 
 
 class FileIndex:
@@ -385,11 +388,14 @@ class FileIndex:
         def compute() -> set[str]:
             out: set[str] = set()
             for n in self.local_nodes(scope):
-                if isinstance(n, ast.Call) and call_attr(n) in (
-                    "all_reduce", "all_reduce_coalesced", "reduce", "gather", "all_gather",
-                    "reduce_tensor", "sync_tensor",
-                ) and n.args:
+                if isinstance(n, ast.Call) and call_attr(n) in _REDUCERS and n.args:
                     out.update(d for d in (dotted(s) for s in walk_all(n.args[0])) if d)
+                elif isinstance(n, ast.Assign) and any(
+                        isinstance(c, ast.Call) and call_attr(c) in _REDUCERS
+                        for c in walk_all(n.value)):
+                    # `n = accelerator.gather(torch.tensor([n_local])).sum().item()`: the
+                    # result of a reduction over the ranks
+                    out.update(d for d in (dotted(t) for t in n.targets) if d)
             return out
         return self._cached("allreduced", scope, compute)  # type: ignore[no-any-return]
 
