@@ -64,6 +64,8 @@ FAULTS = [
     ("hook:_opt_pre", "pre", 2), ("hook:_opt_post", "pre", 3),
     ("hook:_global_pre", "pre", 7), ("hook:_depth_post", "pre", 2),
     ("hook:_on_grad", "pre", 3),
+    # the optimizer's construction: its birth record (a run rebuilt to resume) after the call
+    ("Optimizer.__init__", "post", 1),
 ]
 
 
