@@ -83,6 +83,17 @@ def dotted(node: ast.AST | None) -> str | None:
             return None
 
 
+def label(node: ast.AST) -> str:
+    """The identifier a value is known by: a dotted name, or a subscript's string key
+    (``batch["win_tokens"]``, ``cfg["warmup_tokens"]``); "" when it has none."""
+    if isinstance(node, ast.Subscript):
+        key = node.slice
+        if isinstance(key, ast.Constant) and isinstance(key.value, str):
+            return key.value
+        return label(node.value)
+    return dotted(node) or ""
+
+
 def last_part(name: str | None) -> str:
     """Last identifier of a dotted name, lower-cased (``self.optimizer`` -> ``optimizer``)."""
     if not name:

@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterator
 
 from accumguard.static.findings import Finding
-from accumguard.static.lint._ast import call_attr, dotted, walk_all
+from accumguard.static.lint._ast import call_attr, dotted, label, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._lightning import (
@@ -33,16 +33,6 @@ _WINDOW_COUNT = re.compile(r"(^|_)(win|window)(_|$)|num_items_in_batch|items_in_
                            re.IGNORECASE)
 _SUMMED = re.compile(r"sum|total", re.IGNORECASE)
 _DEPTH = 4
-
-
-def _label(node: ast.AST) -> str:
-    """The identifier a value is known by: a name, an attribute path, a string key."""
-    if isinstance(node, ast.Subscript):
-        key = node.slice
-        if isinstance(key, ast.Constant) and isinstance(key.value, str):
-            return key.value
-        return _label(node.value)
-    return dotted(node) or ""
 
 
 def _expanded(fn: ast.AST, expr: ast.AST, depth: int = _DEPTH) -> list[ast.AST]:
@@ -122,7 +112,7 @@ def window_count_division(ctx: FileContext, fn: ast.AST, loss: ast.AST
     """(numerator, divisor) where ``loss`` (as assigned in ``fn``) divides a sum by a count
     of the whole window, known by its name; None when it does not."""
     return next(((num, div) for num, div in _divisions(_expanded(fn, loss))
-                 if _WINDOW_COUNT.search(_label(div)) and _summed(ctx, fn, num)), None)
+                 if _WINDOW_COUNT.search(label(div)) and _summed(ctx, fn, num)), None)
 
 
 @rule("AG144")
@@ -140,7 +130,7 @@ def lightning_window_count_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
             yield ctx.finding(
                 "AG144",
                 loss,
-                f"`training_step` returns a summed loss divided by `{_label(hit[1])}`, a count "
+                f"`training_step` returns a summed loss divided by `{label(hit[1])}`, a count "
                 "of the whole window by its name, and Lightning divides the returned loss by "
                 "accumulate_grad_batches (K) again: each micro-batch weighs 1/K of its "
                 "large-batch share, so the update is G / K",

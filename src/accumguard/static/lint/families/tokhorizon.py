@@ -17,7 +17,7 @@ import re
 from collections.abc import Iterator, Mapping
 
 from accumguard.static.findings import Finding
-from accumguard.static.lint._ast import dotted, walk_all
+from accumguard.static.lint._ast import dotted, label, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 
@@ -30,15 +30,6 @@ _HORIZON = re.compile(r"warmup|warm_up|decay|max_iters?|max_steps|total_steps|tr
                       r"num_training_steps|cooldown|anneal", re.IGNORECASE)
 
 
-def _label(node: ast.AST) -> str:
-    if isinstance(node, ast.Subscript):
-        key = node.slice
-        if isinstance(key, ast.Constant) and isinstance(key.value, str):
-            return key.value
-        return _label(node.value)
-    return dotted(node) or ""
-
-
 def _conversion(value: ast.AST) -> tuple[ast.AST, ast.AST] | None:
     """(budget, divisor) of ``budget // d``, ``budget / d``, ``int(budget / d)``,
     ``math.ceil(budget / d)`` when the budget is named in data units."""
@@ -46,7 +37,7 @@ def _conversion(value: ast.AST) -> tuple[ast.AST, ast.AST] | None:
             and (dotted(value.func) or "").rsplit(".", 1)[-1] in ("int", "ceil", "floor", "round"):
         value = value.args[0]
     if isinstance(value, ast.BinOp) and isinstance(value.op, ast.FloorDiv | ast.Div) \
-            and _BUDGET.search(_label(value.left)):
+            and _BUDGET.search(label(value.left)):
         return value.left, value.right
     return None
 
