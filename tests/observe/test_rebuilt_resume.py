@@ -85,8 +85,8 @@ def test_a_resume_mid_window_without_the_saved_gradient_is_f13(tmp_path: Path) -
     res = judge(tmp_path / "bug", accumulation_steps=K)
     assert [f.cls for f in res.errors] == ["F13"], [(f.cls, f.evidence) for f in res.findings]
     ev = res.errors[0].evidence
-    assert "after 3 backward pass(es) of an abandoned one" in ev, ev
-    assert "came after 1 backward pass(es) of its own, the next after 4" in ev, ev
+    assert "made after 3 backward pass(es) whose gradient it does not hold" in ev, ev
+    assert "first step after 1 backward pass(es) of its own, the next after 4" in ev, ev
     assert "3 micro-batch(es) of that window are missing" in ev, ev
 
 

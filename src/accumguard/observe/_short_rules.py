@@ -100,12 +100,12 @@ def _resumed_short(rank: int, windows: list[StepWindow], i: int, k: int,
     steady = len(rest) >= 2 and all(m <= k for m in rest) and 2 * rest.count(k) >= len(rest)
     return _mk("F13", "error" if res.declared or steady else "warning", rank, w.step,
                w.window - 1,
-               f"the first step of an optimizer made after {w.unborn} backward pass(es) of "
-               f"an abandoned one (a run rebuilt to resume) came after {w.window} backward "
-               f"pass(es) of its own, the next after {windows[i + 1].window} (K = {k}), and "
-               "its parameters held no gradient before them: the resume began mid-window "
-               f"without the saved window's gradient, so {k - w.window} micro-batch(es) of "
-               "that window are missing from its update",
+               f"an optimizer made after {w.unborn} backward pass(es) whose gradient it does "
+               "not hold (its parameters held none when it was made: a run rebuilt to resume) "
+               f"made its first step after {w.window} backward pass(es) of its own, the next "
+               f"after {windows[i + 1].window} (K = {k}), with no gradient in .grad before "
+               "them: the resume began mid-window without the saved window's gradient, so "
+               f"{k - w.window} micro-batch(es) of that window are missing from its update",
                title_="a resumed run's first window is short",
                fix="On resume, restart the window: rewind the data to the window's first "
                    "micro-batch (checkpoints taken mid-window hold no gradient), or save the "
