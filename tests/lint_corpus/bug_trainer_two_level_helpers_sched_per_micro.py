@@ -26,5 +26,5 @@ class Trainer:
     def train_epoch(self):
         for i, (x, y) in enumerate(self.loader):
             self._training_step(x, y)
-            if (i + 1) % self.accumulation_steps == 0:
+            if (i + 1) % self.accumulation_steps == 0:  # expect: AG117
                 self._optimizer_step()

@@ -1,4 +1,6 @@
 # corpus: style=trainer class=OK
+# right when every epoch holds a multiple of K batches; the step helper is read at its call,
+# so AG117 warns that an epoch's tail would leak into the next one otherwise
 import torch
 import torch.nn.functional as F
 
@@ -26,5 +28,5 @@ class Trainer:
     def train_epoch(self):
         for i, (x, y) in enumerate(self.loader):
             self._training_step(x, y)
-            if (i + 1) % self.accumulation_steps == 0:
+            if (i + 1) % self.accumulation_steps == 0:  # expect: AG117
                 self._optimizer_step()

@@ -125,7 +125,12 @@ for epoch in range(3):
          [("AG141", 10, "error")]),
         # a flush after the loop (the tail, still divided by K: AG141), or the gradients
         # dropped at the start of each epoch
-        (50, "", "pass", "(i + 1) % K == 0", "optimizer.step()", [("AG141", 10, "error")]),
+        (50, "", "pass", "(i + 1) % K == 0", "optimizer.step(); optimizer.zero_grad()",
+         [("AG141", 10, "error")]),
+        # a flush with nothing clearing after it: the tail's gradient is applied there and
+        # again in the next epoch's first window (blind round 38 c_b03)
+        (50, "", "pass", "(i + 1) % K == 0", "optimizer.step()",
+         [("AG141", 10, "error"), ("AG117", 11, "error")]),
         (50, "", "optimizer.zero_grad()", "(i + 1) % K == 0", "pass", []),
         (50, "", "pass", "(i + 1) % K == 0", "model.zero_grad(set_to_none=True)", []),
         # off by one is AG115's, not a leftover

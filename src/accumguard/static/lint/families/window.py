@@ -35,6 +35,7 @@ from dataclasses import replace
 
 from accumguard.static.findings import Confidence, Finding, Severity
 from accumguard.static.lint._ast import (
+    FUNCS,
     LOOPS,
     call_attr,
     dotted,
@@ -404,6 +405,9 @@ def _pure_mod_guard(ctx: FileContext, call: ast.AST, window: ast.AST) -> tuple[a
     found: tuple[ast.If, ModGuard] | None = None
     child, cur = call, ctx.parents.get(call)
     while cur is not None and cur is not window:
+        if isinstance(cur, FUNCS) and (site := _site_in(ctx, cur, window)) is not None:
+            child, cur = site, ctx.parents.get(site)  # a helper the window calls: at its call
+            continue
         if isinstance(cur, ast.If) and child is not cur.test and ctx.is_boundary_test(cur.test):
             guard = mod_term(_test_of(ctx, _flag_value(ctx, cur.test, window)))
             if guard is None or found is not None or child not in cur.body:
@@ -411,6 +415,14 @@ def _pure_mod_guard(ctx: FileContext, call: ast.AST, window: ast.AST) -> tuple[a
             found = (cur, guard)
         child, cur = cur, ctx.parents.get(cur)
     return found if cur is window else None
+
+
+def _site_in(ctx: FileContext, fn: ast.AST, window: ast.AST) -> ast.Call | None:
+    """The one call of the file's function ``fn`` inside ``window`` (``apply_update()`` under
+    the window's boundary test), else None."""
+    inside = {id(n) for n in ctx.local_nodes(window)}
+    sites = [c for c in ctx.call_sites(fn) if id(c) in inside]
+    return sites[0] if len(sites) == 1 else None
 
 
 def _flag_value(ctx: FileContext, test: ast.AST, window: ast.AST) -> ast.AST:
@@ -447,24 +459,41 @@ def _restarts_each_pass(ctx: FileContext, window: ast.For | ast.AsyncFor, counte
     return cur is repeat
 
 
-def _clears_or_steps_outside(ctx: FileContext, window: ast.AST, repeat: ast.AST) -> bool:
-    """Something in the repeating loop (or per-epoch function), outside the window, steps the
-    optimizer or clears the gradients: the leftover is flushed or dropped each pass."""
+def _clears_or_steps_outside(ctx: FileContext, window: ast.AST, repeat: ast.AST
+                             ) -> tuple[bool, ast.Call | None]:
+    """What the repeating loop (or per-epoch function) does outside the window: (it clears
+    the gradients: ``zero_grad``, ``p.grad = None``; the call that steps the optimizer, by
+    itself or through a function of the file, e.g. a flush of the pass's last window)."""
     inside = {id(n) for n in ctx.local_nodes(window)}
+    clears, steps = False, None
     for n in ctx.local_nodes(repeat):
         if id(n) in inside:
             continue
         if isinstance(n, ast.Call):
             name = call_attr(n)
-            if name == "zero_grad":
-                return True
-            if name == "step" and ctx.kind_of_receiver(receiver(n)) in ("optimizer", "scaler"):
-                return True
+            body = ctx.callee_of(n)
+            inner = [c for c in ctx.local_nodes(body) if isinstance(c, ast.Call)] \
+                if isinstance(body, FUNCS) else []
+            if name == "zero_grad" or any(call_attr(c) == "zero_grad" for c in inner):
+                clears = True
+            if (name == "step" and ctx.kind_of_receiver(receiver(n)) in ("optimizer", "scaler")) \
+                    or any(call_attr(c) == "step" and ctx.kind_of_receiver(receiver(c))
+                           in ("optimizer", "scaler") for c in inner):
+                steps = steps or n
         elif isinstance(n, ast.Assign) and any(
             isinstance(t, ast.Attribute) and t.attr == "grad" for t in n.targets
         ):
-            return True  # p.grad = None
-    return False
+            clears = True  # p.grad = None
+    return clears, steps
+
+
+def _clears_first(ctx: FileContext, window: ast.AST, backwards: list[ast.Call]) -> bool:
+    """The window clears the gradients before its first backward (``opt.zero_grad()`` at
+    the top of each window): a gradient left from the previous pass is dropped there."""
+    first = min((position(b) for b in backwards), default=None)
+    return first is not None and any(
+        isinstance(n, ast.Call) and call_attr(n) == "zero_grad" and position(n) < first
+        for n in ctx.local_nodes(window))
 
 
 def _length_from_callers(ctx: FileContext, window: ast.For | ast.AsyncFor) -> int | None:
@@ -525,14 +554,19 @@ def partial_window_leaks_into_next_epoch(ctx: FileContext) -> Iterator[Finding]:
                 continue
             guard_if, guard = hit
             top = top_statement(ctx, guard_if, window)
-            if top is None or not any(position(b) < position(call) for b in backwards):
+            fn = ctx.enclosing(call, FUNCS)
+            site = _site_in(ctx, fn, window) if fn is not None and fn is not \
+                ctx.enclosing(window, FUNCS) else None
+            at = position(site if site is not None else call)  # (a helper's step: its call)
+            if top is None or not any(position(b) < at for b in backwards):
                 continue
             start = counter_start(ctx, window, top, guard.counter)
             if type(start) is not int or start + guard.offset != 1:
                 continue  # not windows of exactly K (AG115's business) or a start not in sight
             if not _restarts_each_pass(ctx, window, guard.counter, repeat):
                 continue  # a counter across epochs: windows span epochs, each of K micro-batches
-            if _clears_or_steps_outside(ctx, window, repeat):
+            clears, flush = _clears_or_steps_outside(ctx, window, repeat)
+            if clears or (flush is not None and _clears_first(ctx, window, backwards)):
                 continue
             ks = k_values(ctx, guard.modulus, guard_if)
             if 1 in ks:
@@ -548,7 +582,11 @@ def partial_window_leaks_into_next_epoch(ctx: FileContext) -> Iterator[Finding]:
                 test += f" (= `{ast.unparse(value)}`)"
             head = (
                 f"the step runs when {test}, with `{guard.counter}` starting again at {again}, "
-                "and nothing steps or clears the gradients after this loop"
+                + ("and nothing steps or clears the gradients after this loop" if flush is None
+                   else f"and `{ast.unparse(flush)}` (line {flush.lineno}) steps on the pass's "
+                        "last partial window after this loop but nothing clears the gradients "
+                        "after it: that window's gradient is applied there and again in the next "
+                        "pass's first window")
             )
             if n is not None and k is not None:
                 if n % k == 0:
@@ -560,8 +598,8 @@ def partial_window_leaks_into_next_epoch(ctx: FileContext) -> Iterator[Finding]:
                         guard_if,
                         f"{head}: `{data}` gives {n} micro-batches, {r} left after the last full "
                         f"window of {k}; their gradients stay in .grad and are added to the next "
-                        f"pass's first window ({k + r} micro-batches in one step) instead of being "
-                        "stepped on or dropped",
+                        f"pass's first window ({k + r} micro-batches in one step)"
+                        + (" instead of being stepped on or dropped" if flush is None else ""),
                     ),
                     severity=Severity.ERROR,
                     confidence=Confidence.HIGH,
@@ -571,9 +609,12 @@ def partial_window_leaks_into_next_epoch(ctx: FileContext) -> Iterator[Finding]:
                 ctx.finding(
                     "AG117",
                     guard_if,
-                    f"{head}: when the number of micro-batches per pass is not a multiple of K, the "
-                    "last len % K of them stay in .grad and are added to the next pass's first "
-                    "window (it is not in sight whether the length divides by K)",
+                    (f"{head}: when the number of micro-batches per pass is not a multiple of K, "
+                     "the last len % K of them stay in .grad and are added to the next pass's "
+                     "first window (it is not in sight whether the length divides by K)")
+                    if flush is None else
+                    (f"{head} (when a pass leaves a partial window; it is not in sight whether "
+                     "the number of micro-batches per pass is a multiple of K)"),
                 ),
                 severity=Severity.WARNING,
                 confidence=Confidence.MEDIUM,
