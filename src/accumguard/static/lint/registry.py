@@ -40,10 +40,26 @@ def selected_checks(select: Sequence[str] | None = None, ignore: Sequence[str] |
 
 
 def run_checks(
-    ctx: FileContext, select: Sequence[str] | None = None, ignore: Sequence[str] | None = None
+    ctx: FileContext, select: Sequence[str] | None = None, ignore: Sequence[str] | None = None,
+    failures: list[str] | None = None,
 ) -> list[Finding]:
-    """Run the selected checks on one file; keep only selected codes."""
+    """Run the selected checks on one file; keep only selected codes. A check that raises
+    (a bug of accumguard's on a script it has never seen) loses its own findings only: the
+    others still run, and ``failures`` (when given) gets one line naming the check, its
+    codes and the error; without ``failures`` the error propagates."""
     out: list[Finding] = []
     for check in selected_checks(select, ignore):
-        out.extend(f for f in check.fn(ctx) if _wanted(f.code or "", select, ignore))
+        try:
+            found = [f for f in check.fn(ctx) if _wanted(f.code or "", select, ignore)]
+        except RecursionError:
+            raise
+        except Exception as exc:
+            if failures is None:
+                raise
+            failures.append(f"accumguard's rule {check.name} ({', '.join(check.codes)}) failed "
+                            f"on this file: {type(exc).__name__}: {exc}; its findings are "
+                            "missing, the other rules ran (a bug of accumguard's: please report "
+                            "it with the script)")
+            continue
+        out.extend(found)
     return out

@@ -24,7 +24,7 @@ from accumguard.static.findings import Finding
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint.registry import run_checks
 
-__all__ = ["LintError", "iter_python_files", "lint_file", "lint_paths", "lint_source"]
+__all__ = ["LintError", "RuleFailure", "iter_python_files", "lint_file", "lint_paths", "lint_source"]
 
 _SUPPRESS_RE = re.compile(r"#\s*accumguard:\s*ignore(?:\[([A-Za-z0-9_,\s]+)\])?", re.IGNORECASE)
 #: every rule needs one of these words in the text; other files are only parsed
@@ -123,11 +123,19 @@ def _lint_source(
         raise LintError(shown, 1, 1, f"cannot parse: {type(exc).__name__}: {exc}") from None
     if prefilter and not _RELEVANT_TEXT.search(text):
         return []
+    failures: list[str] = []
     try:
         ctx = FileContext(tree, Path(path) if path is not None else None)
-        findings = run_checks(ctx, select, ignore)
+        findings = run_checks(ctx, select, ignore, failures)
     except RecursionError:
         raise LintError(shown, 1, 1, "nested too deeply to analyse") from None
+    if failures:
+        raise RuleFailure(shown, "; ".join(failures), _kept(findings, text, shown))
+    return _kept(findings, text, shown)
+
+
+def _kept(findings: list[Finding], text: str, shown: str) -> list[Finding]:
+    """The findings not suppressed by a ``# noqa``-style comment, de-duplicated, sorted."""
     if not findings:
         return []
     sup = _suppressions(text)
@@ -140,6 +148,15 @@ def _lint_source(
     # de-duplicate (a call can sit in two windows only through odd nesting)
     uniq = {(f.code, f.line, f.col): f for f in kept}
     return sorted(uniq.values(), key=Finding.sort_key)
+
+
+class RuleFailure(LintError):
+    """A rule raised on this file: accumguard's own failure, not the script's. ``findings``:
+    what the other rules found (kept; the failed rule's are missing)."""
+
+    def __init__(self, path: str, message: str, findings: list[Finding]) -> None:
+        super().__init__(path, 1, 1, message)
+        self.findings = findings
 
 
 def lint_file(
@@ -188,6 +205,9 @@ def lint_paths(
             continue
         try:
             findings.extend(lint_file(p, select=select, ignore=ignore))
+        except RuleFailure as exc:
+            findings.extend(exc.findings)  # the rules that ran
+            errors.append(exc)
         except LintError as exc:
             errors.append(exc)
     return findings, errors
