@@ -82,11 +82,11 @@ def factor_over_unnormalised_term(ctx: FileContext) -> Iterator[Finding]:
                 "AG146",
                 plain[0],
                 f"`{ast.unparse(plain[0])}` is added inside the sum that `{ast.unparse(factor)}` "
-                "multiplies; that factor undoes the engine's averages (over the processes "
-                f"and/or the K micro-batches) for `{ast.unparse(normalised[0])}`, normalised "
-                "by the window's count, but this term is a per-micro-batch value that those "
-                "averages already weigh right: it weighs that factor times its large-batch "
-                "share",
+                "(built from the number of processes and/or K) multiplies: that factor undoes "
+                f"the engine's averages for `{ast.unparse(normalised[0])}`, divided by a count, "
+                "but this term divides by nothing: a per-micro-batch value those averages "
+                "already weigh as the large batch does, it then weighs that factor times its "
+                "large-batch share",
                 fix=f"multiply only the normalised term: `{ast.unparse(normalised[0])} * "
                     f"{ast.unparse(factor)} + {ast.unparse(plain[0])}`",
             )

@@ -81,10 +81,11 @@ def horizon_from_micro_batch_tokens(ctx: FileContext) -> Iterator[Finding]:
                 "AG145",
                 node,
                 f"`{target}` converts `{ast.unparse(budget)}` into iterations by "
-                f"`{ast.unparse(divisor)}`, one micro-batch's share, while "
+                f"`{ast.unparse(divisor)}`, which holds no K, while "
                 f"`{ref[1]} = {ast.unparse(ref[0].value)}` counts an iteration as the K "
-                "micro-batches it accumulates: this horizon is K times what its budget says "
-                "(the schedule reaches it K times later)",
+                "micro-batches it accumulates: if that divisor is one micro-batch's size, this "
+                "horizon is K times what its budget says (the schedule reaches it K times "
+                "later)",
                 fix=f"divide `{ast.unparse(budget)}` by what one iteration takes, as "
                     f"`{ref[1]}` does (`{ast.unparse(ref[3])}`)",
             )
