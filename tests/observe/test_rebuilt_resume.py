@@ -33,8 +33,9 @@ def _data() -> list[tuple[torch.Tensor, torch.Tensor]]:
             for _ in range(STEPS * K)]
 
 
-def _run(out: Path | None, resume: str) -> torch.Tensor:
-    """The final weights; ``out`` None: nothing records the run."""
+def _run(out: Path | None, resume: str, failures: list[object] | None = None) -> torch.Tensor:
+    """The final weights; ``out`` None: nothing records the run. ``failures`` gets the
+    recorder's internal failure (None when there was none)."""
     data = _data()
     torch.manual_seed(0)
     init = torch.nn.Linear(8, 2).state_dict()
@@ -77,6 +78,8 @@ def _run(out: Path | None, resume: str) -> torch.Tensor:
             model = train(at, None, saved["grads"])  # type: ignore[arg-type]
         else:
             model = train(at, None, None)
+    if obs is not None and failures is not None:
+        failures.append(obs.failure)
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
@@ -101,3 +104,27 @@ def test_a_resume_that_replays_or_restores_the_window_is_silent(tmp_path: Path,
 
 def test_watching_a_rebuilt_run_changes_nothing(tmp_path: Path) -> None:
     assert torch.equal(_run(None, "mid"), _run(tmp_path / "w", "mid"))
+
+
+
+@pytest.mark.parametrize("where", ["without_first", "birth"])
+def test_a_fault_in_the_resume_bookkeeping_changes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    """The rebuilt run's first window is cut inside the optimizer-step hook
+    (``StepTally.without_first``) and the birth record is taken inside the wrapper of
+    ``Optimizer.__init__`` (``Lanes.birth``): an internal error in either switches
+    observation off, is recorded as accumguard's own failure, and the run trains with the
+    same bits as unobserved."""
+    from accumguard.observe._lanes import Lanes
+    from accumguard.observe._window import StepTally
+
+    def boom(*args: object, **kwargs: object) -> None:
+        raise RuntimeError(f"injected: {where}")
+
+    plain = _run(None, "mid")
+    monkeypatch.setattr(StepTally if where == "without_first" else Lanes, where, boom)
+    failures: list[object] = []
+    watched = _run(tmp_path / "w", "mid", failures)
+    assert torch.equal(plain, watched)
+    assert failures and failures[0] is not None, "the injected fault did not fire"
+    assert f"injected: {where}" in str(failures[0]), failures[0]

@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterator
 
 from accumguard.static.findings import Finding
-from accumguard.static.lint._ast import call_attr, dotted, label, walk_all
+from accumguard.static.lint._ast import call_attr, label, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._lightning import (
@@ -85,24 +85,14 @@ def _summed(ctx: FileContext, fn: ast.AST, num: ast.AST) -> bool:
     return False
 
 
-def _k_names(ctx: FileContext) -> set[str]:
-    """What the file's ``accumulate_grad_batches=`` keywords are given (``K``, ``cfg.accum``)."""
-    return {dotted(kw.value) or "" for call in ctx.of(ast.Call) for kw in call.keywords
-            if kw.arg == "accumulate_grad_batches"} - {""}
-
-
 def _times_k(ctx: FileContext, parts: list[ast.AST]) -> bool:
-    """Some part multiplies by K (or divides the count by it)."""
-    ks = _k_names(ctx)
-
-    def is_k(side: ast.AST) -> bool:
-        return ctx.mentions_accum(side) or any(dotted(n) in ks for n in walk_all(side))
-
+    """Some part multiplies by K (or divides the count by it): a name that says so, or the
+    one the Trainer's ``accumulate_grad_batches=`` is given (:meth:`mentions_accum`)."""
     for part in parts:
         for n in walk_all(part):
             if isinstance(n, ast.BinOp | ast.AugAssign) and isinstance(n.op, ast.Mult | ast.Div):
                 sides = [n.value] if isinstance(n, ast.AugAssign) else [n.left, n.right]
-                if any(is_k(s) for s in sides):
+                if any(ctx.mentions_accum(s) for s in sides):
                     return True
     return False
 

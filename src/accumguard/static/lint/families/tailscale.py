@@ -29,8 +29,8 @@ from accumguard.static.lint.families._modguard import (
     k_values,
     mod_term,
 )
+from accumguard.static.lint.families._windowtail import hand_for_windows, pure_mod_guard
 from accumguard.static.lint.families.loss import _divides_by_k, _division
-from accumguard.static.lint.families.window import _pure_mod_guard, hand_for_windows
 
 __all__ = ["tail_window_divided_by_k"]
 
@@ -169,7 +169,7 @@ def tail_window_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
             hit = _flush_guard(ctx, call, window)
             after = False
             if hit is None:
-                pure = _pure_mod_guard(ctx, call, window)
+                pure = pure_mod_guard(ctx, call, window)
                 after = pure is not None and _steps_after(ctx, window)
                 if pure is None or not after:
                     continue

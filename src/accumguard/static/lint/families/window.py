@@ -44,26 +44,31 @@ from accumguard.static.lint._ast import (
     walk_local,
 )
 from accumguard.static.lint._context import FileContext
-from accumguard.static.lint._ctx_windows import WindowFacts
 from accumguard.static.lint._lengths import static_len
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._harvest import harvests_grads
 from accumguard.static.lint.families._modguard import (
     UNKNOWN_START,
     ModGuard,
-    assignments_by_name,
     call_test,
-    calls_by_name,
     counter_start,
     exclusive,
     first_window,
     flag_guard,
-    int_constant,
     k_values,
     mod_guard,
-    mod_term,
     top_statement,
     window_size_text,
+)
+from accumguard.static.lint.families._windowtail import (
+    clears_first,
+    clears_or_steps_outside,
+    flag_value,
+    hand_for_windows,
+    length_from_callers,
+    pure_mod_guard,
+    restarts_each_pass,
+    site_in,
 )
 
 
@@ -397,140 +402,6 @@ def _residue_finding(ctx: FileContext, guard_if: ast.If, guard: ModGuard, start:
 
 # ---------------------------------------------------------------- AG117: the epoch's leftover
 
-
-def _pure_mod_guard(ctx: FileContext, call: ast.AST, window: ast.AST) -> tuple[ast.If, ModGuard] | None:
-    """The ``if`` that gates ``call`` with a modulo and nothing else (``(i + 1) % K == 0``), and
-    its guard; None when any boundary test on the way says more (``or i + 1 == len(loader)``,
-    an ``is_last`` flag): such a guard may flush the end of the data."""
-    found: tuple[ast.If, ModGuard] | None = None
-    child, cur = call, ctx.parents.get(call)
-    while cur is not None and cur is not window:
-        if isinstance(cur, FUNCS) and (site := _site_in(ctx, cur, window)) is not None:
-            child, cur = site, ctx.parents.get(site)  # a helper the window calls: at its call
-            continue
-        if isinstance(cur, ast.If) and child is not cur.test and ctx.is_boundary_test(cur.test):
-            guard = mod_term(_test_of(ctx, _flag_value(ctx, cur.test, window)))
-            if guard is None or found is not None or child not in cur.body:
-                return None
-            found = (cur, guard)
-        child, cur = cur, ctx.parents.get(cur)
-    return found if cur is window else None
-
-
-def _site_in(ctx: FileContext, fn: ast.AST, window: ast.AST) -> ast.Call | None:
-    """The one call of the file's function ``fn`` inside ``window`` (``apply_update()`` under
-    the window's boundary test), else None."""
-    inside = {id(n) for n in ctx.local_nodes(window)}
-    sites = [c for c in ctx.call_sites(fn) if id(c) in inside]
-    return sites[0] if len(sites) == 1 else None
-
-
-def _flag_value(ctx: FileContext, test: ast.AST, window: ast.AST) -> ast.AST:
-    """The value of a boundary flag tested by name (``sync = (i + 1) % K == 0`` ...
-    ``if sync:``) when the window assigns it exactly once, else ``test`` itself."""
-    if not isinstance(test, ast.Name):
-        return test
-    values = [n.value for n in ctx.local_nodes(window)
-              if isinstance(n, ast.Assign | ast.AugAssign | ast.AnnAssign)
-              and any(isinstance(t, ast.Name) and t.id == test.id
-                      for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))]
-    if len(values) == 1 and values[0] is not None:
-        return values[0]
-    return test
-
-
-def _restarts_each_pass(ctx: FileContext, window: ast.For | ast.AsyncFor, counter: str, repeat: ast.AST) -> bool:
-    """``counter`` starts again at every pass over the data: the window loop's own index, or a
-    counter set to an integer inside the repeating loop (or the per-epoch function) before it."""
-    target = window.target
-    index = target.elts[0] if isinstance(target, ast.Tuple) and target.elts else target
-    if dotted(index) == counter:
-        return True
-    wpos = position(window)
-    inits = [
-        n for n in assignments_by_name(ctx, ctx.scope_of(window)).get(counter, ())
-        if position(n) < wpos and int_constant(getattr(n, "value", None)) is not None
-    ]
-    if not inits:
-        return False
-    cur = ctx.parents.get(inits[-1])
-    while cur is not None and cur is not repeat:
-        cur = ctx.parents.get(cur)
-    return cur is repeat
-
-
-def _clears_or_steps_outside(ctx: FileContext, window: ast.AST, repeat: ast.AST
-                             ) -> tuple[bool, ast.Call | None]:
-    """What the repeating loop (or per-epoch function) does outside the window: (it clears
-    the gradients: ``zero_grad``, ``p.grad = None``; the call that steps the optimizer, by
-    itself or through a function of the file, e.g. a flush of the pass's last window)."""
-    inside = {id(n) for n in ctx.local_nodes(window)}
-    clears, steps = False, None
-    for n in ctx.local_nodes(repeat):
-        if id(n) in inside:
-            continue
-        if isinstance(n, ast.Call):
-            name = call_attr(n)
-            body = ctx.callee_of(n)
-            inner = [c for c in ctx.local_nodes(body) if isinstance(c, ast.Call)] \
-                if isinstance(body, FUNCS) else []
-            if name == "zero_grad" or any(call_attr(c) == "zero_grad" for c in inner):
-                clears = True
-            if (name == "step" and ctx.kind_of_receiver(receiver(n)) in ("optimizer", "scaler")) \
-                    or any(call_attr(c) == "step" and ctx.kind_of_receiver(receiver(c))
-                           in ("optimizer", "scaler") for c in inner):
-                steps = steps or n
-        elif isinstance(n, ast.Assign) and any(
-            isinstance(t, ast.Attribute) and t.attr == "grad" for t in n.targets
-        ):
-            clears = True  # p.grad = None
-    return clears, steps
-
-
-def _clears_first(ctx: FileContext, window: ast.AST, backwards: list[ast.Call]) -> bool:
-    """The window clears the gradients before its first backward (``opt.zero_grad()`` at
-    the top of each window): a gradient left from the previous pass is dropped there."""
-    first = min((position(b) for b in backwards), default=None)
-    return first is not None and any(
-        isinstance(n, ast.Call) and call_attr(n) == "zero_grad" and position(n) < first
-        for n in ctx.local_nodes(window))
-
-
-def _length_from_callers(ctx: FileContext, window: ast.For | ast.AsyncFor) -> int | None:
-    """The loop's length when it iterates a parameter of its function and every call of that
-    function in the file passes data of the same evident length (``train_one_epoch([... for _ in
-    range(8)])``)."""
-    it = window.iter
-    while isinstance(it, ast.Call) and call_attr(it) in ("enumerate", "tqdm") and it.args:
-        it = it.args[0]
-    fn = ctx.enclosing(window, (ast.FunctionDef, ast.AsyncFunctionDef))
-    if not isinstance(it, ast.Name) or not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
-        return None
-    params = [a.arg for a in fn.args.posonlyargs + fn.args.args]
-    if it.id not in params:
-        return None
-    index = params.index(it.id) - (1 if params and params[0] in ("self", "cls") else 0)
-    lengths: set[int | None] = set()
-    for call in calls_by_name(ctx).get(fn.name, ()):
-        arg = next((k.value for k in call.keywords if k.arg == it.id), None)
-        if arg is None and 0 <= index < len(call.args):
-            arg = call.args[index]
-        lengths.add(static_len(ctx, arg) if arg is not None else None)
-    return lengths.pop() if len(lengths) == 1 else None
-
-
-def hand_for_windows(ctx: FileContext) -> Iterator[tuple[ast.For | ast.AsyncFor, WindowFacts]]:
-    """The ``for`` windows a hand-written loop accumulates in (not Accelerate's, not a loss
-    summed and normalised later), with their facts: where a pass's last, partial window is
-    judged (AG117, AG141)."""
-    for window in ctx.windows():
-        if not isinstance(window, ast.For | ast.AsyncFor):
-            continue
-        facts = ctx.window_facts(window)
-        if facts.accumulating and not facts.accelerate and not facts.summed_loss:
-            yield window, facts
-
-
 @rule("AG117")
 def partial_window_leaks_into_next_epoch(ctx: FileContext) -> Iterator[Finding]:
     """``for epoch ...: for i, b in enumerate(loader): ... if (i + 1) % K == 0: step`` with
@@ -549,13 +420,13 @@ def partial_window_leaks_into_next_epoch(ctx: FileContext) -> Iterator[Finding]:
         for call, kind in facts.steps:
             if kind != "optimizer":
                 continue
-            hit = _pure_mod_guard(ctx, call, window)
+            hit = pure_mod_guard(ctx, call, window)
             if hit is None:
                 continue
             guard_if, guard = hit
             top = top_statement(ctx, guard_if, window)
             fn = ctx.enclosing(call, FUNCS)
-            site = _site_in(ctx, fn, window) if fn is not None and fn is not \
+            site = site_in(ctx, fn, window) if fn is not None and fn is not \
                 ctx.enclosing(window, FUNCS) else None
             at = position(site if site is not None else call)  # (a helper's step: its call)
             if top is None or not any(position(b) < at for b in backwards):
@@ -563,10 +434,10 @@ def partial_window_leaks_into_next_epoch(ctx: FileContext) -> Iterator[Finding]:
             start = counter_start(ctx, window, top, guard.counter)
             if type(start) is not int or start + guard.offset != 1:
                 continue  # not windows of exactly K (AG115's business) or a start not in sight
-            if not _restarts_each_pass(ctx, window, guard.counter, repeat):
+            if not restarts_each_pass(ctx, window, guard.counter, repeat):
                 continue  # a counter across epochs: windows span epochs, each of K micro-batches
-            clears, flush = _clears_or_steps_outside(ctx, window, repeat)
-            if clears or (flush is not None and _clears_first(ctx, window, backwards)):
+            clears, flush = clears_or_steps_outside(ctx, window, repeat)
+            if clears or (flush is not None and clears_first(ctx, window, backwards)):
                 continue
             ks = k_values(ctx, guard.modulus, guard_if)
             if 1 in ks:
@@ -574,10 +445,10 @@ def partial_window_leaks_into_next_epoch(ctx: FileContext) -> Iterator[Finding]:
             k = next(iter(ks)) if len(ks) == 1 else None  # a parameter's default when no call passes K
             n = static_len(ctx, window.iter)
             if n is None:
-                n = _length_from_callers(ctx, window)
+                n = length_from_callers(ctx, window)
             data = ast.unparse(window.iter)
             test = f"`{ast.unparse(guard_if.test)}`{_bound_text(ctx, guard_if.test)}"
-            value = _flag_value(ctx, guard_if.test, window)
+            value = flag_value(ctx, guard_if.test, window)
             if value is not guard_if.test:
                 test += f" (= `{ast.unparse(value)}`)"
             head = (
