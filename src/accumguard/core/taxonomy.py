@@ -118,6 +118,14 @@ _CLASSES = (
         "count N once (all micro-steps, all ranks), accounting for what the engine divides by "
         "(DDP averages over ranks, Accelerate's backward divides by its "
         "gradient_accumulation_steps, Lightning divides by accumulate_grad_batches)."),
+    _fc("MICRO_STAT", "a statistic taken per micro-batch where the large batch takes the window's",
+        "values inside the loss (advantages, rewards, scores) are centred or whitened by each "
+        "micro-batch's own mean and spread; the large batch uses the window's, so each "
+        "micro-batch's terms are shifted and scaled differently",
+        "Compute the statistic once over the window (all K micro-batches, and every rank when "
+        "the large batch spans them) before the micro-batch loop, and slice the normalised "
+        "values for each micro-batch. When the algorithm normalises per group on purpose "
+        "(GRPO: one prompt's completions), keep each group inside one micro-batch."),
     _fc("EXTRA_SYNC", "gradients synchronised on non-final micro-steps: extra all-reduces "
         "per optimizer step",
         "micro-steps before the window's last all-reduce their gradient too; the optimizer "

@@ -444,6 +444,13 @@ RULES: dict[str, Rule] = {
             "the latter weighs that factor times its large-batch share",
             "multiply only the normalised term by the factor",
         ),
+        _rule(
+            "AG147", "micro-batch-statistics", "MICRO_STAT", W, MED,
+            "values of the micro-batch (advantages, rewards) are centred or whitened by that "
+            "micro-batch's own mean and spread inside a window of several micro-batches, "
+            "where the large batch uses the window's statistics",
+            "standardise the window's values once before the micro-batch loop and slice them",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

@@ -38,6 +38,7 @@
 ``factored``   AG146               a factor undoing the engine's averages multiplies an unnormalised term too
 ``lgmanual``   AG115               Lightning manual optimisation stepping on `batch_idx % K == 0`
 ``lgwindow``   AG144               a Lightning training_step divided by the window's count, /K again
+``microstat``  AG147               a micro-batch's values whitened by its own statistics, K > 1
 """
 
 from accumguard.static.lint.families import (
@@ -56,6 +57,7 @@ from accumguard.static.lint.families import (
     lgwindow,
     loss,
     lrcounter,
+    microstat,
     moeaux,
     precision,
     reduce,
@@ -70,4 +72,4 @@ from accumguard.static.lint.families import (
     window,
 )
 
-__all__ = ["accelerate", "ampclip", "deepspeed", "epochtail", "factored", "fused", "hookclip", "hfscale", "hfterms", "hftokens", "horizon", "lgmanual", "lgwindow", "loss", "lrcounter", "moeaux", "precision", "reduce", "scale", "schedule", "sync", "tailscale", "terms", "tokenmean", "tokhorizon", "twice", "window"]
+__all__ = ["accelerate", "ampclip", "deepspeed", "epochtail", "factored", "fused", "hookclip", "hfscale", "hfterms", "hftokens", "horizon", "lgmanual", "lgwindow", "loss", "lrcounter", "microstat", "moeaux", "precision", "reduce", "scale", "schedule", "sync", "tailscale", "terms", "tokenmean", "tokhorizon", "twice", "window"]
