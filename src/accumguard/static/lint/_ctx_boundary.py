@@ -4,6 +4,7 @@ which polarity, and is a call only reached there (rule 3 of :mod:`._context`)?""
 from __future__ import annotations
 
 import ast
+from bisect import bisect_left
 from typing import TYPE_CHECKING
 
 from accumguard.static.lint._ast import (
@@ -202,14 +203,16 @@ class BoundaryFacts(FileIndex):
             for body_name in ("body", "orelse", "finalbody"):
                 body = getattr(cur, body_name, None)
                 if isinstance(body, list) and body:
-                    where, first_stop = self._block_stops(cur, body_name, body)
+                    where, stops = self._block_stops(cur, body_name, body)
                     i = where.get(id(child))
-                    if i is not None and first_stop < i and not (
-                            _has_backward(body[first_stop + 1:i])
-                            and not _has_backward(body[first_stop:first_stop + 1])):
+                    before = stops[:bisect_left(stops, i)] if i is not None else []
+                    # the first such stop (as ever), and the nearest one above the call
+                    if any(not (_has_backward(body[stop + 1:i])
+                                and not _has_backward(body[stop:stop + 1]))
+                           for stop in ({before[0], before[-1]} if before else ())):
                         # (a stop with no backward of its own, before the micro-step's
                         # backward, skips the whole micro-step: a fast-forward on resume,
-                        # not a boundary)
+                        # not a boundary; a later stop may still be the boundary)
                         return True
             if cur is window:
                 return False
@@ -218,22 +221,21 @@ class BoundaryFacts(FileIndex):
         return False
 
     def _block_stops(self, owner: ast.AST, body_name: str,
-                     body: list[ast.stmt]) -> tuple[dict[int, int], int]:
-        """For one block: each statement's index (by id), and the index of its first
-        ``if <boundary>: continue``-like statement (``len(body)`` when none); computed once
-        per block, not rescanned for every call asked about (a module's body is the whole
-        file)."""
-        def compute() -> tuple[dict[int, int], int]:
+                     body: list[ast.stmt]) -> tuple[dict[int, int], list[int]]:
+        """For one block: each statement's index (by id), and the indices of its
+        ``if <boundary>: continue``-like statements; computed once per block, not rescanned
+        for every call asked about (a module's body is the whole file)."""
+        def compute() -> tuple[dict[int, int], list[int]]:
             where: dict[int, int] = {}
             for i, stmt in enumerate(body):
                 where.setdefault(id(stmt), i)
-            first = next((
+            stops = [
                 i for i, prev in enumerate(body)
                 if isinstance(prev, ast.If)
                 and (_skips(owner, prev.body) or _skips(owner, prev.orelse))
                 and self.is_boundary_test(prev.test)
-            ), len(body))
-            return where, first
+            ]
+            return where, stops
         return self._cached("stops:" + body_name, owner, compute)  # type: ignore[no-any-return]
 
 

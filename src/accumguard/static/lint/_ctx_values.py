@@ -195,7 +195,19 @@ class ValueFacts(FileIndex):
 
     def mentions_world(self, expr: ast.AST) -> bool:
         """``expr`` is (or is built from) the world size."""
-        return self._mentions(expr, WORLD_RE, self._derived_names(WORLD_RE))
+        return self._mentions(expr, WORLD_RE, self._derived_names(WORLD_RE)
+                              | self._world_keywords())
+
+    def _world_keywords(self) -> set[str]:
+        """Names given as the number of processes: ``init_process_group(world_size=W)``,
+        ``mp.spawn(fn, nprocs=W)``, ``Trainer(devices=NGPU)``: whatever the script calls it,
+        the world size."""
+        def compute() -> set[str]:
+            return {d for call in self.of(ast.Call) for k in call.keywords
+                    if k.arg in ("world_size", "nprocs", "num_processes")
+                    and isinstance(k.value, ast.Name | ast.Attribute)
+                    and (d := dotted(k.value)) is not None}
+        return self._cached("world_keywords", self.tree, compute)  # type: ignore[no-any-return]
 
     def mentions_accum(self, expr: ast.AST) -> bool:
         """``expr`` is (or is built from) the number of accumulation steps: a name that says
