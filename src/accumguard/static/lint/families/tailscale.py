@@ -17,9 +17,10 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from accumguard.static.findings import Confidence, Finding, Severity
-from accumguard.static.lint._ast import FUNCS, call_attr, receiver, walk_all
+from accumguard.static.lint._ast import FUNCS, call_attr, is_backward, receiver, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._ctx_boundary import bound_argument
+from accumguard.static.lint._ctx_ownrate import stepped_name
 from accumguard.static.lint._lengths import static_len
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._modguard import (
@@ -130,17 +131,25 @@ def _flag_value(ctx: FileContext, test: ast.AST, window: ast.AST) -> ast.AST:
     return call_test(ctx, writes[0].value) or writes[0].value
 
 
-def _steps_after(ctx: FileContext, window: ast.AST) -> bool:
-    """A statement after the window loop, in the block that holds it, steps an optimizer:
-    the partial window left when the loop ends is flushed there."""
+def _steps_after(ctx: FileContext, window: ast.AST, step: ast.Call) -> bool:
+    """A statement after the window loop, in the block that holds it, steps the window's
+    optimizer, before any later backward: the partial window left when the loop ends is
+    flushed there (a reference loop after the training, with its own backward and its own
+    optimizer, flushes nothing)."""
     parent = ctx.parents.get(window)
+    stepped = stepped_name(step)
     for field in ("body", "orelse", "finalbody"):
         block = getattr(parent, field, None)
         if isinstance(block, list) and window in block:
             for stmt in block[block.index(window) + 1:]:
-                for n in walk_all(stmt):
+                nodes = list(walk_all(stmt))
+                if any(isinstance(n, ast.Call) and is_backward(n) for n in nodes):
+                    return False  # the next loop of training (or a reference): no flush before it
+                for n in nodes:
                     if isinstance(n, ast.Call) and call_attr(n) == "step" \
-                            and ctx.kind_of_receiver(receiver(n)) == "optimizer":
+                            and (ctx.kind_of_receiver(receiver(n)) == "optimizer"
+                                 or (ctx.kind_of_receiver(receiver(n)) == "scaler" and n.args)) \
+                            and (stepped is None or stepped_name(n) == stepped):
                         return True
     return False
 
@@ -170,7 +179,7 @@ def tail_window_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
             after = False
             if hit is None:
                 pure = pure_mod_guard(ctx, call, window)
-                after = pure is not None and _steps_after(ctx, window)
+                after = pure is not None and _steps_after(ctx, window, call)
                 if pure is None or not after:
                     continue
                 hit = (pure[0], pure[1], _flag_value(ctx, pure[0].test, window))
