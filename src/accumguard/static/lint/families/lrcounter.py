@@ -144,7 +144,13 @@ def _micro_window_uncached(ctx: FileContext, scope: ast.AST, counter: str) -> as
 
 
 def _micro_index(ctx: FileContext, it: ast.AST) -> bool:
-    """``range(K)`` (the index of a micro-batch inside its window), not ``range(steps * K)``."""
+    """``range(K)`` or ``enumerate(batch.chunk(K))`` (the index of a micro-batch inside its
+    window), not ``range(steps * K)`` nor ``enumerate(micro_batches)``, a pass's stream of
+    micro-batches (its name says micro-batch, not K)."""
+    if isinstance(it, ast.Call) and (dotted(it.func) or "") == "enumerate" and it.args:
+        it = it.args[0]
+    if isinstance(it, ast.Name | ast.Attribute):
+        return False
     if not (isinstance(it, ast.Call) and (dotted(it.func) or "") == "range"):
         return ctx.mentions_accum(it)
     return any(ctx.mentions_accum(a) and not (isinstance(a, ast.BinOp) and isinstance(a.op, ast.Mult))
