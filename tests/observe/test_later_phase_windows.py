@@ -48,6 +48,9 @@ def test_a_reference_phase_accumulating_k_times_w_is_judged_on_its_own(tmp_path:
     (note,) = [f for f in findings if "later phase" in f.title]
     assert f"judged on its own (K = {2 * K}), not as windows of K = {K}" in note.title
     assert f"each after {2 * K} backward passes" in note.evidence
+    # the training's last step as the table numbers it (from 1), and the phase's first
+    assert f"after optimizer step {STEPS}, where the optimizer" in note.evidence
+    assert note.step == STEPS + 1  # the reference phase's first step
 
 
 def test_the_same_windows_with_one_optimizer_stay_f13(tmp_path: Path) -> None:

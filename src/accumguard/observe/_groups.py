@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import Counter
 
 from accumguard.core.findings import Finding
-from accumguard.observe._records import JsonObject, KResolution, _mk, _windows
+from accumguard.observe._records import JsonObject, KResolution, _mk, _n, _windows
 
 __all__ = ["OwnRate", "group_ks", "optimizer_groups"]
 
@@ -148,7 +148,7 @@ def _phase(main: list[JsonObject], other: list[JsonObject], k: int, res: KResolu
         return None
     first, edge = other[0], (main[-1] if later else main[0])
     name = str(first.get("optimizer") or "optimizer")
-    at = int(edge.get("step", 0) or 0)
+    at = _n(int(edge.get("step", 0) or 0))
     each = ("each" if n2 == n_other else f"{n2} of them") + (
         " after a single backward pass" if k2 == 1 else f" after {k2} backward passes") + (
         "" if n2 == n_other else ", the others after fewer")
