@@ -197,12 +197,17 @@ def _is_world(expr: ast.AST) -> bool:
     return d is not None and WORLD_RE.search(d.rsplit(".", 1)[-1].lower()) is not None
 
 
-def _multiplies_by_world(parts: list[ast.AST]) -> bool:
-    """A ``* num_processes`` in the horizon: it is already counted in scheduler steps."""
+def _multiplies_by_world(parts: list[ast.AST], ctx: FileContext | None = None) -> bool:
+    """A ``* num_processes`` in the horizon: it is already counted in scheduler steps. With
+    ``ctx``, also a local name assigned from the number of processes (``ticks =
+    accelerator.num_processes``)."""
+    def world(x: ast.AST) -> bool:
+        return _is_world(x) or (ctx is not None and isinstance(x, ast.Name)
+                                and ctx.mentions_world(x))
     for p in parts:
         for n in walk_all(p):
             if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult) and (
-                    _is_world(n.left) or _is_world(n.right)):
+                    world(n.left) or world(n.right)):
                 return True
     return False
 
@@ -487,7 +492,7 @@ def accelerate_horizon_per_process(ctx: FileContext) -> Iterator[Finding]:
             if length is None or not (any(ctx.mentions_accum(d) for d in _divides(parts))
                                       or _accelerate_k_is_one(ctx) and not _divides(parts)):
                 continue  # with K > 1 and no /K the horizon is off by K / W: not decidable
-            if _multiplies_by_world(parts) or not _accelerate_prepares(ctx, name):
+            if _multiplies_by_world(parts, ctx) or not _accelerate_prepares(ctx, name):
                 continue
             yield ctx.finding(
                 "AG125",
@@ -500,7 +505,7 @@ def accelerate_horizon_per_process(ctx: FileContext) -> Iterator[Finding]:
                 "learning rate",
             )
             continue
-        if _multiplies_by_world(parts) or not _accelerate_prepares(ctx, name):
+        if _multiplies_by_world(parts, ctx) or not _accelerate_prepares(ctx, name):
             continue
         via = "" if per_process is horizon else f", from `{ast.unparse(per_process)}`"
         yield ctx.finding(
@@ -523,7 +528,7 @@ def _optimizer_step_horizon(ctx: FileContext, name: str, parts: list[ast.AST]) -
     no ``len()``, no division, no ``* num_processes``) of a scheduler that the file's
     Accelerator prepares, in a file that scales some count by the number of processes (it is
     written for several): None otherwise."""
-    if _len_args(parts) or _divides(parts) or _multiplies_by_world(parts) \
+    if _len_args(parts) or _divides(parts) or _multiplies_by_world(parts, ctx) \
             or not _accelerate_prepares(ctx, name) or not _scales_by_world(ctx):
         return None
     for n in walk_all(parts[0]):
