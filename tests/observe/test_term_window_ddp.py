@@ -24,7 +24,8 @@ from accumguard.watch._recording import recording
 
 K, V, B, T = 4, 13, 3, 5
 FORMS = ("bug masked", "bug mean", "means /K", "ok global", "ok sum", "ok learned coef",
-         "ok some backwards", "main over K", "scale both", "ok scale main")
+         "ok some backwards", "main over K", "scale both", "ok scale main",
+         "bug masked clipped", "ok global clipped", "world around")
 
 
 class _LM(torch.nn.Module):
@@ -69,6 +70,8 @@ def _rank(rank: int, world: int, path: str) -> dict[str, dict[str, torch.Tensor]
                         z = torch.logsumexp(logits, -1) ** 2
                         term = {
                             "bug masked": 1e-3 * (z * mask).sum() / mask.sum(),
+                            "bug masked clipped": 1e-3 * (z * mask).sum() / mask.sum(),
+                            "ok global clipped": 1e-3 * (z * mask).sum() * world / n_global,
                             "bug mean": 1e-3 * z.mean(),
                             "means /K": 1e-3 * (z * mask).sum() / mask.sum() / K,
                             "ok global": 1e-3 * (z * mask).sum() * world / n_global,
@@ -84,7 +87,11 @@ def _rank(rank: int, world: int, path: str) -> dict[str, dict[str, torch.Tensor]
                             loss = (main / world + zm) * (world * K) / K
                         if form == "ok scale main":
                             loss = (main * K + zm) / K
+                        if form == "world around":  # the HF Trainer's x num_processes
+                            loss = (main / world + zm) * world
                         loss.backward()
+                if form.endswith("clipped"):  # a clip that always bites: c < 1
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
                 opt.step()
                 opt.zero_grad()
         state = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -221,3 +228,24 @@ def test_a_scale_meant_for_the_window_normalised_term_applied_to_a_mean_is_an_er
     assert f.cls == "LOSS_SCALE" and f"weighs {2 * K}x" in f.title, f
     assert "the constants above the sum" in f.evidence, f.evidence
     assert _errors(runs, "ok scale main") == []
+
+
+def test_a_clip_after_the_window_does_not_hide_the_term(runs: Path) -> None:
+    """The same z-term bug with a norm clip that bites after every window (its factor is in
+    what the optimizer receives): the ledger divides the clip's own factor out (the large
+    batch clips by its own norm), so the term is still judged, and the correct twin stays
+    silent (blind round 39 a_b01: an HF Trainer run clipping at 1.0 hid its z-loss)."""
+    errors = _errors(runs, "bug masked clipped")
+    assert [f.cls for f in errors] == ["LOSS_SCALE"], errors
+    assert "4x" in errors[0].title, errors[0].title
+    assert _errors(runs, "ok global clipped") == []
+
+
+def test_a_world_factor_around_the_sum_weighs_the_mean_term_k_times_w(runs: Path) -> None:
+    """``(ce_sum / n_global + coef * z_mean) * W``: the HF Trainer's multiplication by the
+    number of processes around a loss whose other term is a micro-batch mean: that term
+    weighs K x W = 8 x its coefficient, and the title says so (not K x)."""
+    errors = _errors(runs, "world around")
+    assert [f.cls for f in errors] == ["LOSS_SCALE"], errors
+    assert f"{K * 2}x" in errors[0].title, errors[0].title
+    assert "* 2" in errors[0].evidence, errors[0].evidence

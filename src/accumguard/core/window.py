@@ -61,6 +61,11 @@ class Conservation:
     #: last backward and the step; clipping/unscaling give c < 1, a hand-written
     #: all_reduce(SUM) on an engine that already averaged gives c = W
     scale: float = 1.0
+    #: the part of ``scale`` a norm clip after the window's last backward applied (its
+    #: coefficient, ``min(1, max_norm / (norm + 1e-6))``, read from the norm it returned);
+    #: 1 when none ran or it was not read. The large batch clips by its own norm too, so
+    #: the loss-weight ledger judges ``scale / clip``. A recording made before it reads 1
+    clip: float = 1.0
     #: the two linear checksum columns (sum, even-index sum) of every parameter, flattened:
     #: of the sum of this rank's contributions and of what the optimizer received. Linear,
     #: so across ranks received = c * (sum over ranks of contrib) when the script itself

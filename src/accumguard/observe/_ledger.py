@@ -140,7 +140,8 @@ def _scale(w: StepWindow, low: bool) -> float | None:
         return None
     if float(cons.received) > (WEIGHT_TOL_LOW_PRECISION if low else WEIGHT_TOL):
         return None
-    return float(cons.scale)
+    # a norm clip's own factor is not a weight: the large batch clips by its own norm
+    return float(cons.scale) / float(cons.clip) if cons.clip > 0 else None
 
 
 def _factor(rows: Sequence[StepWindow | None], low: bool) -> float | None:

@@ -11,7 +11,9 @@ sampled window, the step record (:meth:`._window.StepTally.record`) and ``on_ste
 from __future__ import annotations
 
 import contextlib
+import math
 import time
+from dataclasses import replace
 from itertools import chain
 from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, Any
@@ -242,6 +244,10 @@ class StepMachinery:
             cons = conservation(starts=[s[:n][mask] for s in w.starts],
                                 ends=[e[:n][mask] for e in w.ends],
                                 received=self._step_checksum[:n][mask], tol=tol_for(dtype))
+            coef = _clip_coefficient(w.norm_clip) \
+                if w.clip_micros and w.clip_micros[-1] == len(w.backwards) else None
+            if coef is not None:
+                cons = replace(cons, clip=coef)
         self._t_checks += time.perf_counter() - t0
         return cons
 
@@ -455,3 +461,23 @@ class StepMachinery:
     def _snapshot(self, opt: object, engine: torch.nn.Module | None) -> dict[str, torch.Tensor]:
         with self._quiet():
             return snapshot(opt, engine, self._tracked_names)
+
+
+def _clip_coefficient(norm_clip: tuple[object, object] | None) -> float | None:
+    """The factor a norm clip applied, ``min(1, max_norm / (norm + 1e-6))`` as torch's
+    ``clip_grad_norm_`` computes it, from the max_norm and the norm it returned (one host
+    read, on a checked window that clipped only); None when either cannot be read."""
+    if norm_clip is None:
+        return None
+    limit, norm = norm_clip
+    if not isinstance(limit, int | float) or isinstance(limit, bool) or limit <= 0:
+        return None
+    if isinstance(norm, torch.Tensor) and norm.numel() == 1:
+        value = float(norm.detach())
+    elif isinstance(norm, int | float) and not isinstance(norm, bool):
+        value = float(norm)
+    else:
+        return None
+    if not math.isfinite(value):
+        return None
+    return min(1.0, float(limit) / (value + 1e-6))

@@ -114,7 +114,15 @@ def _term_scale_findings(rank: int, windows: list[dict[str, Any]],
         for o in ordinals:
             recs = [next(r for r in by_micro[m] if int(r[2]) == o) for m in range(k)]
             judged[o] = judged.get(o, 0) + 1
-            if all(_unscaled_mean(r, rm[m], k, valid[m]) for m, r in enumerate(recs)):
+            shared = {_common_factor(r, rm[m], k, valid[m]) for m, r in enumerate(recs)}
+            if len(shared) == 1 and None not in shared and shared != {k}:
+                # constants above the sum (a W the HF Trainer multiplies the loss by, a scale
+                # written around the sum) weigh this mean too: K x their product, not K
+                scaled.setdefault(o, []).append((w, recs[0], rm[0], shared.pop() or 0))
+                counted.setdefault(o, set()).update(
+                    c for m, r in enumerate(recs)
+                    if (c := _by_count(_own(r, rm[m]), rm[m], k, valid[m])))
+            elif all(_unscaled_mean(r, rm[m], k, valid[m]) for m, r in enumerate(recs)):
                 hits.setdefault(o, []).append((w, recs[0], ref))
                 counted.setdefault(o, set()).update(
                     c for m, r in enumerate(recs) if (c := _by_count(r, rm[m], k, valid[m])))
@@ -170,7 +178,10 @@ def _term_scale_findings(rank: int, windows: list[dict[str, Any]],
                     fix="Apply the scale only to the term normalised by the window's count "
                         "(e.g. loss = ce_sum * scale / window_count + coef * aux): a "
                         "per-micro-batch mean term is already right once the engine divides "
-                        "by K and averages over the ranks.")]
+                        "by K and averages over the ranks. Or normalise this term like the "
+                        "one beside it: sum it over its valid tokens and divide by the same "
+                        "window count (with the HF Trainer: by `num_items_in_batch`, which "
+                        "the Trainer then multiplies by the number of processes).")]
     for o, found in sorted(means.items()):
         if len(found) != judged[o] or len(counted_means.get(o, ())) < 2:
             continue  # equal counts everywhere: the mean of means is the large batch's mean
