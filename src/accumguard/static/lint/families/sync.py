@@ -50,6 +50,7 @@ from accumguard.static.lint._ast import (
     last_part,
     position,
     receiver,
+    walk_all,
     walk_local,
 )
 from accumguard.static.lint._context import FileContext
@@ -478,6 +479,21 @@ def _effective(ctx: FileContext, node: ast.AST, value: ast.AST) -> str:
     return "on" if on else "off"
 
 
+def _gates_the_step(ctx: FileContext, node: ast.AST, test: ast.AST) -> bool:
+    """The same test (or the flag it is read from) gates the optimizer step: the sync falls
+    on the stepping micro-step, wherever that is."""
+    scope = ctx.enclosing(node, FUNCS) or ctx.tree
+    read = _through_name(ctx, scope, test)
+    value = ast.dump(read)
+    names = {n.id for n in walk_all(read) if isinstance(n, ast.Name)}
+    bumps = [n.lineno for n in ctx.local_nodes(scope) if isinstance(n, ast.AugAssign)
+             and isinstance(n.target, ast.Name) and n.target.id in names]
+    # (a counter incremented between the two tests: the same text, another micro-step)
+    return any(ast.dump(_through_name(ctx, scope, g.test)) == value
+               and not any(node.lineno < b < g.lineno for b in bumps)  # type: ignore[attr-defined]
+               for g in _step_gates(ctx, scope))
+
+
 def _no_sync_polarity(ctx: FileContext, call: ast.Call) -> tuple[str, ast.AST | None]:
     """('inverted', test) when ``model.no_sync()`` is chosen exactly at the boundary (``no_sync()
     if is_last else nullcontext()``, or ``with no_sync():`` under ``if is_last:``); ('first', test)
@@ -491,11 +507,13 @@ def _no_sync_polarity(ctx: FileContext, call: ast.Call) -> tuple[str, ast.AST | 
             if _first_of_stepless_loop(ctx, cur.test):
                 # synchronised where the test holds (the loop's first iteration) only
                 return ("first" if not in_true_branch else "ok"), cur.test
-            p = ctx.boundary_polarity(cur.test)
+            # a flag read through its one assignment (`sync_now = micro % K == 0`)
+            test = _through_name(ctx, ctx.enclosing(cur, FUNCS) or ctx.tree, cur.test)
+            p = ctx.boundary_polarity(test)
             if p is not None:
                 active_at_boundary = p if in_true_branch else not p
                 return ("inverted" if active_at_boundary else "ok"), cur.test
-            first = _first_test(ctx, cur.test)
+            first = _first_test(ctx, test)
             if first is not None:
                 # active on every micro-step but the first: the window syncs on its first only
                 return ("first" if in_true_branch != first else "ok"), cur.test
@@ -513,6 +531,8 @@ def sync_flag_polarity(ctx: FileContext) -> Iterator[Finding]:
         polarity, test = _no_sync_polarity(ctx, call)
         if polarity not in ("inverted", "first"):
             continue
+        if polarity == "first" and test is not None and _gates_the_step(ctx, call, test):
+            continue  # synchronised on the micro-step that steps: its windows are AG115's
         recv = dotted(call.func.value) or "model"
         if _backward_only(ctx, call) is not None and _wrapper_of(ctx, recv) not in ("fsdp1", "engine"):
             continue  # DDP ignores a no_sync entered after the forward: no effect (AG116)
@@ -528,7 +548,7 @@ def sync_flag_polarity(ctx: FileContext) -> Iterator[Finding]:
             yield ctx.finding(
                 "AG111",
                 call,
-                f"`{recv}.no_sync()` is chosen on every micro-step but the first (by `{ast.unparse(test or call)}`): "
+                f"`{recv}.no_sync()` is chosen on every micro-step but the first (by `{_shown(ctx, ctx.enclosing(call, FUNCS) or ctx.tree, test) if test is not None else ast.unparse(call)}`): "
                 "the first micro-step of the window is all-reduced and the last is not, so "
                 "the later micro-batches' gradients stay on their own rank and the ranks step on "
                 "different gradients; expected the sync on the last micro-step only "
