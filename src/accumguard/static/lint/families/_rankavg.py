@@ -245,7 +245,7 @@ def hand_average(ctx: FileContext) -> list[ast.AST]:
         divisions = [n for n in ctx.of(ast.Call, ast.AugAssign) if _divides_grads_by_world(ctx, n)]
         for call in ctx.of(ast.Call):
             if call_attr(call) != "all_reduce" or not call.args \
-                    or not any(GRAD_TENSOR_RE.search(i) for i in identifiers(call.args[0])):
+                    or not _grad_tensor(ctx, call.args[0]):
                 continue
             if _averages(call):
                 out.append(call)
@@ -275,8 +275,20 @@ def _divides_grads_by_world(ctx: FileContext, n: ast.AST) -> bool:
         target, by = n.target, n.value
     else:
         return False
-    return target is not None and any(GRAD_TENSOR_RE.search(i) for i in identifiers(target)) \
-        and ctx.mentions_world(by)
+    return target is not None and _grad_tensor(ctx, target) and ctx.mentions_world(by)
+
+
+def _grad_tensor(ctx: FileContext, expr: ast.AST) -> bool:
+    """``expr`` names gradients (``grads``, ``p.grad``), or is a name its function assigns
+    once from them (``buf = _flatten_dense_tensors(grads)``)."""
+    if any(GRAD_TENSOR_RE.search(i) for i in identifiers(expr)):
+        return True
+    if not isinstance(expr, ast.Name):
+        return False
+    scope = ctx.enclosing(expr, FUNCS) or ctx.tree
+    values = [n.value for n in ctx.local_nodes(scope) if isinstance(n, ast.Assign)
+              and any(isinstance(t, ast.Name) and t.id == expr.id for t in n.targets)]
+    return len(values) == 1 and any(GRAD_TENSOR_RE.search(i) for i in identifiers(values[0]))
 
 
 def simulates_ranks(ctx: FileContext, node: ast.AST) -> bool:

@@ -53,6 +53,7 @@ from accumguard.static.lint.families._masked import (
 from accumguard.static.lint.families._modguard import k_values
 from accumguard.static.lint.families._rankavg import (
     custom_rank_reduction,
+    hand_average,
     local_count,
     plain_model_only,
     reciprocal_products,
@@ -401,9 +402,12 @@ def loss_divided_by_world_under_ddp(ctx: FileContext) -> Iterator[Finding]:
 def rank_local_token_mean_under_ddp(ctx: FileContext) -> Iterator[Finding]:
     # a model accelerator.prepare() wraps is DDP whenever the run has several processes
     wrapped = ctx.ddp_wrapped or (ctx.accelerate and ctx.accelerate_prepare)
-    if not wrapped or not ctx.is_training_script() or custom_rank_reduction(ctx):
+    by_hand = [] if wrapped else hand_average(ctx)
+    if not (wrapped or by_hand) or not ctx.is_training_script() or custom_rank_reduction(ctx):
         return
     for node, dividend, divisor in [*_divisions(ctx), *reciprocal_products(ctx)]:
+        if by_hand and not _reaches_hand_average(ctx, node, by_hand):
+            continue  # (a reference loop whose gradient no hand-written average touches)
         site = _rank_local_argument(ctx, node, divisor)
         counted = site is not None or _is_count(ctx, divisor, micro_batch=False) or (
             isinstance(divisor, ast.Name) and divisor.id in window_sum_names(ctx, node))
@@ -426,26 +430,43 @@ def rank_local_token_mean_under_ddp(ctx: FileContext) -> Iterator[Finding]:
                     "samples), never all-reduced: DDP then averages rank-local means, so ranks "
                     "with fewer tokens weigh more")
             continue
-        if not ctx.ddp_wrapped and not local_count(ctx, node, count_names):
+        if not ctx.ddp_wrapped and not by_hand and not local_count(ctx, node, count_names):
             continue  # under Accelerate: only a count computed here, not named as the window's
         if returned_reduced(ctx, divisor):
             continue  # a helper of the file all-reduces the count it returns
         if _under_wrapper_branch(ctx, node) or not _flows_to_backward(ctx, node):
             continue
-        if plain_model_only(ctx, dividend) or simulates_ranks(ctx, node):
+        if (not by_hand and plain_model_only(ctx, dividend)) or simulates_ranks(ctx, node):
             continue  # a single-process reference (never wrapped, or standing for every rank)
         window = ctx.enclosing(node, (ast.For, ast.AsyncFor, ast.While))
         if window is not None and ctx.is_window(window):
             facts = ctx.window_facts(window)
             if facts.accumulating and _divides_by_k(ctx, window):
                 continue  # AG104 (F5) reports this loss
+        engine = (f"the hand-written gradient average (line {by_hand[0].lineno}: "  # type: ignore[attr-defined]
+                  f"`{ast.unparse(by_hand[0])}`)" if by_hand else "DDP")
         yield ctx.finding(
             "AG113",
             node,
-            f"under DDP/FSDP the loss is divided by `{ast.unparse(divisor)}`, this rank's own count "
-            "(of tokens or samples), which is never all-reduced: DDP then averages rank-local "
-            "means, so ranks with fewer tokens weigh more",
+            f"under {'DDP/FSDP' if not by_hand else 'a hand-written average over ranks'} the "
+            f"loss is divided by `{ast.unparse(divisor)}`, this rank's own count (of tokens or "
+            f"samples), which is never all-reduced: {engine} then averages rank-local means, "
+            "so ranks with fewer tokens weigh more",
         )
+
+
+def _reaches_hand_average(ctx: FileContext, node: ast.AST, averages: list[ast.AST]) -> bool:
+    """A loop around ``node`` runs a hand-written gradient average: holds it, or calls the
+    function of the file that holds it (``allreduce_grads(model)`` after the window)."""
+    homes = {fn.name for a in averages if isinstance(fn := ctx.enclosing(a, FUNCS), FUNCS)}
+    loop = ctx.enclosing(node, (ast.For, ast.AsyncFor, ast.While))
+    while loop is not None:
+        for n in ctx.local_nodes(loop):
+            if n in averages or (isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                                 and n.func.id in homes):
+                return True
+        loop = ctx.enclosing(loop, (ast.For, ast.AsyncFor, ast.While))
+    return False
 
 
 def _rank_local_argument(ctx: FileContext, node: ast.AST, divisor: ast.AST) -> ast.Call | None:
