@@ -114,11 +114,25 @@ class ValueFacts(FileIndex):
             return None
         def compute() -> dict[str, tuple[ast.Dict, set[object]] | None]:
             literals: dict[str, tuple[ast.Dict, set[object]] | None] = {}
+            aliases: dict[str, str] = {}  # `cfg = CFG`: the same dict under another name
             for names, value in self._assigns:
+                if isinstance(value, ast.Call) and dotted(value.func) == "dict" \
+                        and not value.args and all(k.arg for k in value.keywords):
+                    value = ast.Dict(keys=[ast.Constant(k.arg) for k in value.keywords],
+                                     values=[k.value for k in value.keywords])  # dict(k=v)
                 for name in names:
-                    once = len(names) == 1 and name not in literals and isinstance(value, ast.Dict)
+                    once = len(names) == 1 and name not in literals
+                    if once and isinstance(value, ast.Name):
+                        aliases[name] = value.id
                     literals[name] = (value, set()) if once and isinstance(value, ast.Dict) \
                         else None
+            linked: dict[str, str] = {}
+            for _ in range(2):  # (a chain: `self.cfg = cfg`, `cfg = CFG`)
+                for alias, source in aliases.items():
+                    entry = literals.get(source)
+                    if entry is not None and alias not in linked:
+                        literals[alias] = entry  # (written once, from the literal's name)
+                        linked[alias] = source
             for n in self.of(ast.Call):
                 if isinstance(n.func, ast.Attribute) and n.func.attr in ("update", "setdefault", "pop", "clear") \
                         and (r := dotted(n.func.value)) in literals:
@@ -132,6 +146,10 @@ class ValueFacts(FileIndex):
                     entry[1].add(node.slice.value)  # one other entry written
                 else:
                     literals[r] = None
+            for _ in range(2):  # a write through either name spoils both
+                for alias, source in linked.items():
+                    if literals.get(alias) is None or literals.get(source) is None:
+                        literals[alias] = literals[source] = None
             return literals
         found = self._cached("dict_literals", self.tree, compute).get(d)
         if found is None or key.value in found[1]:
