@@ -196,7 +196,12 @@ _FRAMEWORK_FIXES: dict[tuple[str, str], str] = {
         "Accelerate: create Accelerator(gradient_accumulation_steps=K) and run each "
         "micro-step inside `with accelerator.accumulate(model):`, calling step() and "
         "zero_grad() of the optimizer (and step() of the scheduler) that accelerator.prepare "
-        "returned: they act only on the window's last micro-step."),
+        "returned: they act only on the window's last micro-step. If you do, and the steps "
+        "every micro-step come at the end of the prepared DataLoader: with "
+        "sync_with_dataloader (on by default) every micro-step after the loader's last "
+        "batch was drawn is a sync step, so a window whose batches are fetched ahead steps "
+        "on each of them; fetch them inside the window, or pass "
+        "GradientAccumulationPlugin(num_steps=K, sync_with_dataloader=False)."),
     ("F3", "lightning"): (
         "Lightning: in manual optimisation call opt.zero_grad() only right after opt.step() "
         "on the window's last batch ((batch_idx + 1) % K == 0), never on the other batches; "
