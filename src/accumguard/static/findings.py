@@ -451,6 +451,14 @@ RULES: dict[str, Rule] = {
             "where the large batch uses the window's statistics",
             "standardise the window's values once before the micro-batch loop and slice them",
         ),
+        _rule(
+            "AG148", "window-drawn-ahead-with-dataloader-sync", "F1", E, MED,
+            "a window's batches are drawn from the prepared DataLoader before "
+            "accelerator.accumulate() runs on them while the Accelerator keeps "
+            "sync_with_dataloader: the last window steps on each of its micro-batches",
+            "GradientAccumulationPlugin(num_steps=K, sync_with_dataloader=False), or draw each "
+            "batch inside the window",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

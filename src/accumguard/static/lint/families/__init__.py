@@ -39,6 +39,7 @@
 ``lgmanual``   AG115               Lightning manual optimisation stepping on `batch_idx % K == 0`
 ``lgwindow``   AG144               a Lightning training_step divided by the window's count, /K again
 ``microstat``  AG147               a micro-batch's values whitened by its own statistics, K > 1
+``prefetch``   AG148               a window drawn ahead of accelerator.accumulate with dataloader sync
 """
 
 from accumguard.static.lint.families import (
@@ -60,6 +61,7 @@ from accumguard.static.lint.families import (
     microstat,
     moeaux,
     precision,
+    prefetch,
     reduce,
     scale,
     schedule,
@@ -72,4 +74,4 @@ from accumguard.static.lint.families import (
     window,
 )
 
-__all__ = ["accelerate", "ampclip", "deepspeed", "epochtail", "factored", "fused", "hookclip", "hfscale", "hfterms", "hftokens", "horizon", "lgmanual", "lgwindow", "loss", "lrcounter", "microstat", "moeaux", "precision", "reduce", "scale", "schedule", "sync", "tailscale", "terms", "tokenmean", "tokhorizon", "twice", "window"]
+__all__ = ["accelerate", "ampclip", "deepspeed", "epochtail", "factored", "fused", "hookclip", "hfscale", "hfterms", "hftokens", "horizon", "lgmanual", "lgwindow", "loss", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "scale", "schedule", "sync", "tailscale", "terms", "tokenmean", "tokhorizon", "twice", "window"]

@@ -286,8 +286,16 @@ def _grad_tensor(ctx: FileContext, expr: ast.AST) -> bool:
     if not isinstance(expr, ast.Name):
         return False
     scope = ctx.enclosing(expr, FUNCS) or ctx.tree
-    values = [n.value for n in ctx.local_nodes(scope) if isinstance(n, ast.Assign)
-              and any(isinstance(t, ast.Name) and t.id == expr.id for t in n.targets)]
+
+    def compute() -> dict[str, list[ast.AST]]:  # once per scope, not per all_reduce
+        out: dict[str, list[ast.AST]] = {}
+        for n in ctx.local_nodes(scope):
+            if isinstance(n, ast.Assign):
+                for t in n.targets:
+                    if isinstance(t, ast.Name):
+                        out.setdefault(t.id, []).append(n.value)
+        return out
+    values: list[ast.AST] = ctx._cached("rankavg_assigned", scope, compute).get(expr.id, [])
     return len(values) == 1 and any(GRAD_TENSOR_RE.search(i) for i in identifiers(values[0]))
 
 

@@ -22,7 +22,7 @@ import re
 from collections.abc import Iterator
 
 from accumguard.static.findings import Finding
-from accumguard.static.lint._ast import FUNCS, LOOPS, dotted, position, walk_all, walk_local
+from accumguard.static.lint._ast import FUNCS, LOOPS, dotted, position, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 
@@ -76,9 +76,11 @@ def _centred(node: ast.AST, values: dict[str, ast.AST] | None = None) -> ast.AST
     return node.left if _mean_of(right, node.left) else None
 
 
-def _values(scope: ast.AST) -> dict[str, ast.AST]:
-    return {n.targets[0].id: n.value for n in walk_local(scope) if isinstance(n, ast.Assign)
-            and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)}
+def _values(ctx: FileContext, scope: ast.AST) -> dict[str, ast.AST]:
+    """The value of each name ``scope`` assigns (the last one written), cached."""
+    return ctx._cached("microstat_values", scope, lambda: {  # type: ignore[no-any-return]
+        n.targets[0].id: n.value for n in ctx.local_nodes(scope) if isinstance(n, ast.Assign)
+        and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)})
 
 
 def _standardisers(ctx: FileContext) -> dict[str, int]:
@@ -91,18 +93,19 @@ def _standardisers(ctx: FileContext) -> dict[str, int]:
             params = params[1:]
         if not params:
             continue
-        values = _values(fn)
-        for node in walk_local(fn):
-            x = _centred(node, values)
-            if isinstance(x, ast.Name) and x.id in params:
-                out[fn.name] = params.index(x.id)
-                break
-        else:
-            if _STANDARDISER.search(fn.name) and any(
-                    _MEAN.search(dotted(n.func) or "") or (isinstance(n.func, ast.Attribute)
-                                                          and n.func.attr in ("std", "var"))
-                    for n in walk_local(fn) if isinstance(n, ast.Call)):
-                out[fn.name] = 0
+        nodes = ctx.local_nodes(fn)
+        # only a parameter minus something can centre it: the scope's values are read then
+        hit = next((p for n in nodes if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Sub)
+                    and isinstance(n.left, ast.Name) and n.left.id in params
+                    and _centred(n, _values(ctx, fn)) is n.left
+                    for p in [n.left.id]), None)
+        if hit is not None:
+            out[fn.name] = params.index(hit)
+        elif _STANDARDISER.search(fn.name) and any(
+                _MEAN.search(dotted(n.func) or "") or (isinstance(n.func, ast.Attribute)
+                                                      and n.func.attr in ("std", "var"))
+                for n in nodes if isinstance(n, ast.Call)):
+            out[fn.name] = 0
     return out
 
 
@@ -179,8 +182,7 @@ def micro_batch_statistics(ctx: FileContext) -> Iterator[Finding]:
                 x = node.args[helpers[node.func.id]]
                 how = f"`{ast.unparse(node)}` standardises"
             elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub) and (
-                    c := _centred(node, ctx._cached("microstat_values", scope,
-                                                    lambda s=scope: _values(s)))) is not None:
+                    c := _centred(node, _values(ctx, scope))) is not None:
                 x, how = c, f"`{ast.unparse(node)}` centres"
             if x is None or not _per_micro_batch(ctx, window, x):
                 continue

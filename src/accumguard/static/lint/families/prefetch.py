@@ -1,0 +1,132 @@
+"""AG148 (F1): a window's batches drawn from a prepared DataLoader before
+``accelerator.accumulate`` runs on them, while the Accelerator syncs with the DataLoader.
+
+Loops that normalise by the window's token count draw the window's K batches first
+(``window = [next(it) for _ in range(K)]``), count, then run each inside
+``with accelerator.accumulate(model):``. Accelerate's ``sync_with_dataloader`` (on by
+default) makes every ``accumulate()`` a sync step once the prepared loader has yielded its
+last batch; drawn ahead, the last window's batches all come after that moment, so the
+optimizer steps on each of them: K updates, each on part of the window, instead of one.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+from accumguard.static.findings import Finding
+from accumguard.static.lint._ast import FUNCS, call_attr, dotted, receiver, walk_all
+from accumguard.static.lint._context import FileContext
+from accumguard.static.lint._rule import rule
+
+__all__ = ["window_drawn_ahead_with_dataloader_sync"]
+
+#: how many statements before the loop may build its window (it is built right before)
+_NEAR = 8
+
+
+def _keeps_dataloader_sync(ctx: FileContext) -> bool:
+    """Nothing in the file turns ``sync_with_dataloader`` off or sets the sync by hand."""
+    for call in ctx.of(ast.Call):
+        for kw in call.keywords:
+            if kw.arg == "sync_with_dataloader" and not (
+                    isinstance(kw.value, ast.Constant) and kw.value.value is True):
+                return False
+    return not any((n.attr == "sync_gradients" and isinstance(n.ctx, ast.Store))
+                   or n.attr == "_set_sync_gradients" for n in ctx.of(ast.Attribute))
+
+
+def _prepared_names(ctx: FileContext) -> set[str]:
+    out: set[str] = set()
+    for node in ctx.of(ast.Assign):
+        v = node.value
+        if isinstance(v, ast.Call) and call_attr(v) == "prepare" and ctx.is_accelerator(receiver(v)):
+            for t in node.targets:
+                out |= {d for x in (t.elts if isinstance(t, ast.Tuple | ast.List) else [t])
+                        if (d := dotted(x)) is not None}
+    return out
+
+
+def _draws_from_prepared(ctx: FileContext, stmts: list[ast.stmt], prepared: set[str],
+                         scope: ast.AST) -> ast.Call | None:
+    """The ``next(it)`` among ``stmts`` whose iterator is ``iter(<prepared loader>)``."""
+    iters: dict[str, ast.AST] = ctx._cached("prefetch_iters", scope, lambda: {
+        n.targets[0].id: n.value for n in ctx.local_nodes(scope)
+        if isinstance(n, ast.Assign) and len(n.targets) == 1
+        and isinstance(n.targets[0], ast.Name) and isinstance(n.value, ast.Call)
+        and dotted(n.value.func) == "iter"})
+    for stmt in stmts:
+        for n in walk_all(stmt):
+            if not (isinstance(n, ast.Call) and dotted(n.func) == "next" and n.args):
+                continue
+            src: ast.AST = n.args[0]
+            if isinstance(src, ast.Name):
+                src = iters.get(src.id, src)
+            if isinstance(src, ast.Call) and dotted(src.func) == "iter" and src.args \
+                    and dotted(src.args[0]) in prepared:
+                return n
+    return None
+
+
+@rule("AG148")
+def window_drawn_ahead_with_dataloader_sync(ctx: FileContext) -> Iterator[Finding]:
+    if not ctx.accelerate or not _keeps_dataloader_sync(ctx):
+        return
+    prepared = _prepared_names(ctx)
+    if not prepared:
+        return
+    for with_ in ctx.of(ast.With):
+        acc = next((i.context_expr for i in with_.items if isinstance(i.context_expr, ast.Call)
+                    and call_attr(i.context_expr) == "accumulate"
+                    and ctx.is_accelerator(receiver(i.context_expr))), None)
+        if acc is None:
+            continue
+        loop = ctx.parents.get(with_)
+        if not (isinstance(loop, ast.For) and isinstance(loop.iter, ast.Name)):
+            continue
+        window = loop.iter.id
+        block_owner = ctx.parents.get(loop)
+        block = next((b for b in (getattr(block_owner, "body", None),
+                                  getattr(block_owner, "orelse", None))
+                      if isinstance(b, list) and loop in b), None)
+        if block is None:
+            continue
+        # the statements before the loop that build the window (assign it, append to it)
+        start = block.index(loop)
+        builds = [s for s in block[max(0, start - _NEAR):start] if any(
+            (isinstance(n, ast.Name) and n.id == window and isinstance(n.ctx, ast.Store))
+            or (isinstance(n, ast.Call) and call_attr(n) == "append"
+                and dotted(receiver(n)) == window) for n in walk_all(s))]
+        scope = ctx.enclosing(loop, FUNCS) or ctx.tree
+        drawn = _draws_from_prepared(ctx, builds, prepared, scope)
+        if drawn is None:
+            continue
+        # drawn until the loader ends (`next(it, None)`, or StopIteration caught): the last
+        # batch is reached for sure. A loop bounded by its own step count (`for update in
+        # range(n): window = [next(it) ...]`) reaches it only if n x K batches are all the
+        # loader has: not in sight, not reported
+        if not (len(drawn.args) > 1 or _catches_stop(ctx, drawn)):
+            continue
+        yield ctx.finding(
+            "AG148",
+            acc,
+            f"the window `{window}` is drawn from the prepared DataLoader (`{ast.unparse(drawn)}`, "
+            f"line {drawn.lineno}) before `{ast.unparse(acc)}` runs on its batches, and the "
+            "Accelerator keeps sync_with_dataloader (its default): once the loader has yielded "
+            "its last batch every accumulate() is a sync step, so the optimizer steps on each "
+            "micro-batch of the last window (K updates, each on part of the window, instead "
+            "of one)",
+            fix="pass gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=K, "
+                "sync_with_dataloader=False) to the Accelerator, or draw each batch inside the "
+                "window",
+        )
+
+
+def _catches_stop(ctx: FileContext, node: ast.AST) -> bool:
+    cur = ctx.parents.get(node)
+    while cur is not None and not isinstance(cur, FUNCS):
+        if isinstance(cur, ast.Try) and any(
+                "StopIteration" in ast.unparse(h.type) for h in cur.handlers if h.type is not None):
+            return True
+        cur = ctx.parents.get(cur)
+    return False
