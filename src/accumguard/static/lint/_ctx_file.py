@@ -136,6 +136,19 @@ class FileIndex:
         """``walk_local(node)`` as a list, cached (windows and functions are walked by several rules)."""
         return self._cached("local", node, lambda: list(walk_local(node)))  # type: ignore[no-any-return]
 
+    def assigned_in(self, scope: ast.AST) -> dict[str, list[ast.AST]]:
+        """The values ``scope``'s own code assigns to each plain name (``x = ...``; nested
+        scopes aside), in walk order; one pass per scope, cached."""
+        def compute() -> dict[str, list[ast.AST]]:
+            out: dict[str, list[ast.AST]] = {}
+            for n in self.local_nodes(scope):
+                if isinstance(n, ast.Assign):
+                    for t in n.targets:
+                        if isinstance(t, ast.Name):
+                            out.setdefault(t.id, []).append(n.value)
+            return out
+        return self._cached("assigned_in", scope, compute)  # type: ignore[no-any-return]
+
     def enclosing(self, node: ast.AST, kinds: tuple[type, ...]) -> ast.AST | None:
         cur = self.parents.get(node)
         while cur is not None and not isinstance(cur, kinds):

@@ -285,17 +285,7 @@ def _grad_tensor(ctx: FileContext, expr: ast.AST) -> bool:
         return True
     if not isinstance(expr, ast.Name):
         return False
-    scope = ctx.enclosing(expr, FUNCS) or ctx.tree
-
-    def compute() -> dict[str, list[ast.AST]]:  # once per scope, not per all_reduce
-        out: dict[str, list[ast.AST]] = {}
-        for n in ctx.local_nodes(scope):
-            if isinstance(n, ast.Assign):
-                for t in n.targets:
-                    if isinstance(t, ast.Name):
-                        out.setdefault(t.id, []).append(n.value)
-        return out
-    values: list[ast.AST] = ctx._cached("rankavg_assigned", scope, compute).get(expr.id, [])
+    values = ctx.assigned_in(ctx.enclosing(expr, FUNCS) or ctx.tree).get(expr.id, [])
     return len(values) == 1 and any(GRAD_TENSOR_RE.search(i) for i in identifiers(values[0]))
 
 
@@ -310,6 +300,21 @@ def simulates_ranks(ctx: FileContext, node: ast.AST) -> bool:
             it = n.iter if isinstance(n, ast.For | ast.AsyncFor | ast.comprehension) else None
             if isinstance(it, ast.Call) and call_attr(it) == "range" and it.args \
                     and ctx.mentions_world(it.args[-1]):
+                return True
+        loop = ctx.enclosing(loop, (ast.For, ast.AsyncFor, ast.While))
+    return False
+
+
+def reaches_hand_average(ctx: FileContext, node: ast.AST, averages: list[ast.AST]) -> bool:
+    """A loop around ``node`` runs a hand-written gradient average (:func:`hand_average`):
+    holds it, or calls the function of the file that holds it (``allreduce_grads(model)``
+    after the window)."""
+    homes = {fn.name for a in averages if isinstance(fn := ctx.enclosing(a, FUNCS), FUNCS)}
+    loop = ctx.enclosing(node, (ast.For, ast.AsyncFor, ast.While))
+    while loop is not None:
+        for n in ctx.local_nodes(loop):
+            if n in averages or (isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                                 and n.func.id in homes):
                 return True
         loop = ctx.enclosing(loop, (ast.For, ast.AsyncFor, ast.While))
     return False

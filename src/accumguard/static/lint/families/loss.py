@@ -56,6 +56,7 @@ from accumguard.static.lint.families._rankavg import (
     hand_average,
     local_count,
     plain_model_only,
+    reaches_hand_average,
     reciprocal_products,
     returned_reduced,
     simulates_ranks,
@@ -406,7 +407,7 @@ def rank_local_token_mean_under_ddp(ctx: FileContext) -> Iterator[Finding]:
     if not (wrapped or by_hand) or not ctx.is_training_script() or custom_rank_reduction(ctx):
         return
     for node, dividend, divisor in [*_divisions(ctx), *reciprocal_products(ctx)]:
-        if by_hand and not _reaches_hand_average(ctx, node, by_hand):
+        if by_hand and not reaches_hand_average(ctx, node, by_hand):
             continue  # (a reference loop whose gradient no hand-written average touches)
         site = _rank_local_argument(ctx, node, divisor)
         counted = site is not None or _is_count(ctx, divisor, micro_batch=False) or (
@@ -453,20 +454,6 @@ def rank_local_token_mean_under_ddp(ctx: FileContext) -> Iterator[Finding]:
             f"samples), which is never all-reduced: {engine} then averages rank-local means, "
             "so ranks with fewer tokens weigh more",
         )
-
-
-def _reaches_hand_average(ctx: FileContext, node: ast.AST, averages: list[ast.AST]) -> bool:
-    """A loop around ``node`` runs a hand-written gradient average: holds it, or calls the
-    function of the file that holds it (``allreduce_grads(model)`` after the window)."""
-    homes = {fn.name for a in averages if isinstance(fn := ctx.enclosing(a, FUNCS), FUNCS)}
-    loop = ctx.enclosing(node, (ast.For, ast.AsyncFor, ast.While))
-    while loop is not None:
-        for n in ctx.local_nodes(loop):
-            if n in averages or (isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
-                                 and n.func.id in homes):
-                return True
-        loop = ctx.enclosing(loop, (ast.For, ast.AsyncFor, ast.While))
-    return False
 
 
 def _rank_local_argument(ctx: FileContext, node: ast.AST, divisor: ast.AST) -> ast.Call | None:

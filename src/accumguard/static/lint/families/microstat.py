@@ -79,8 +79,7 @@ def _centred(node: ast.AST, values: dict[str, ast.AST] | None = None) -> ast.AST
 def _values(ctx: FileContext, scope: ast.AST) -> dict[str, ast.AST]:
     """The value of each name ``scope`` assigns (the last one written), cached."""
     return ctx._cached("microstat_values", scope, lambda: {  # type: ignore[no-any-return]
-        n.targets[0].id: n.value for n in ctx.local_nodes(scope) if isinstance(n, ast.Assign)
-        and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)})
+        name: vals[-1] for name, vals in ctx.assigned_in(scope).items()})
 
 
 def _standardisers(ctx: FileContext) -> dict[str, int]:

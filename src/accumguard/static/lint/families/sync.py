@@ -334,25 +334,11 @@ def _first_test(ctx: FileContext, expr: ast.AST) -> bool | None:
     return None
 
 
-def _assigned(ctx: FileContext, scope: ast.AST, name: str) -> list[ast.AST]:
-    """The values ``scope``'s own code assigns to ``name`` (one pass per scope, cached)."""
-    def compute() -> dict[str, list[ast.AST]]:
-        out: dict[str, list[ast.AST]] = {}
-        for n in ctx.local_nodes(scope):
-            if isinstance(n, ast.Assign):
-                for t in n.targets:
-                    if isinstance(t, ast.Name):
-                        out.setdefault(t.id, []).append(n.value)
-        return out
-    table: dict[str, list[ast.AST]] = ctx._cached("sync_assigned", scope, compute)
-    return table.get(name, [])
-
-
 def _through_name(ctx: FileContext, scope: ast.AST, expr: ast.AST) -> ast.AST:
     """A name ``scope`` assigns once read as its value (``is_boundary = micro % K == 0``);
     anything else as it is."""
     if isinstance(expr, ast.Name):
-        values = _assigned(ctx, scope, expr.id)
+        values = ctx.assigned_in(scope).get(expr.id, [])
         if len(values) == 1:
             return values[0]
     return expr
