@@ -200,8 +200,10 @@ def _measure(path: Path) -> tuple[float, int, int]:
 
 @pytest.mark.slow
 def test_lint_time_and_memory_are_linear(tmp_path: Path) -> None:
-    """1 MB and 5 MB of training code: CPU time and peak memory grow ~5x, not 25x; the
-    5 MB file is linted in a few seconds of CPU (about 5 s on an idle 2-core machine)."""
+    """1 MB and 5 MB of training code: CPU time and peak memory grow ~5x, not 25x (a rule
+    that rescans the file per node shows here). How fast lint is, in seconds, is measured
+    by ``benchmarks/bench_lint.py`` beside a parse of the same file, not asserted here: on
+    a shared machine the seconds vary by 50 %, the ratio of two sizes does not."""
     small, big = tmp_path / "small.py", tmp_path / "big.py"
     small.write_text(_training_script(1_000_000))
     big.write_text(_training_script(5_000_000))
@@ -213,7 +215,6 @@ def test_lint_time_and_memory_are_linear(tmp_path: Path) -> None:
     assert n_b > n_s > 0
     assert cpu_b < 8 * cpu_s + 1.0  # linear (5x) with slack for a loaded machine
     assert rss_b < 7 * rss_s
-    assert cpu_b < 30.0  # generous absolute bound for a shared CI machine
 
 
 # ---------------------------------------------------------------- outputs never crash

@@ -37,6 +37,7 @@ class WindowQueries(Protocol):
     def mentions_accum(self, expr: ast.AST) -> bool: ...
     def sized_by_accum(self, expr: ast.AST, depth: int = 2) -> bool: ...
     def assignments(self) -> list[tuple[list[str], ast.AST]]: ...
+    def sole_values_by_name(self) -> dict[str, list[ast.AST]]: ...
 
 __all__ = ["MICRO_ITER_RE", "accum_name", "accum_only_builds_batch", "iter_identifiers",
            "steps_by_window", "whole_window_iteration"]
@@ -193,7 +194,7 @@ def _k_iterations(ctx: WindowQueries, it: ast.AST) -> bool:
 def _windows_count(ctx: WindowQueries, name: ast.AST) -> bool:
     """``n_windows`` assigned (only) from a division by K: a number of windows."""
     d = dotted(name)
-    values = [v for ns, v in ctx.assignments() if ns == [d]] if d else []
+    values = ctx.sole_values_by_name().get(d, []) if d else []
     return bool(values) and all(
         isinstance(v, ast.BinOp) and isinstance(v.op, ast.Div | ast.FloorDiv)
         and ctx.mentions_accum(v.right) for v in values)

@@ -170,6 +170,17 @@ class FileIndex:
             return out
         return self._cached("values_by_name", self.tree, compute)  # type: ignore[no-any-return]
 
+    def sole_values_by_name(self) -> dict[str, list[ast.AST]]:
+        """Per name, the values of the file's one-target assignments to it (``n = ...``, not
+        ``a = b = ...``), in source order (cached)."""
+        def compute() -> dict[str, list[ast.AST]]:
+            out: dict[str, list[ast.AST]] = {}
+            for targets, value in self._assigns:
+                if len(targets) == 1:
+                    out.setdefault(targets[0], []).append(value)
+            return out
+        return self._cached("sole_values_by_name", self.tree, compute)  # type: ignore[no-any-return]
+
     def defs_by_name(self) -> dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]]:
         """The file's ``def`` and ``async def`` statements by name (cached)."""
         def compute() -> dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]]:

@@ -231,8 +231,9 @@ class ValueFacts(FileIndex):
         """``expr`` is (or is built from) the number of accumulation steps: a name that says
         so (``grad_accum_steps``), one assigned from it, or the modulus of the test that
         gates an optimizer step (``K`` in ``if (i + 1) % K == 0: opt.step()``)."""
-        return self._mentions(expr, ACCUM_RE, self._derived_names(ACCUM_RE)
-                              | self._boundary_moduli() | self._k_keywords())
+        names = self._cached("accum_names", self.tree, lambda: self._derived_names(ACCUM_RE)
+                             | self._boundary_moduli() | self._k_keywords())
+        return self._mentions(expr, ACCUM_RE, names)
 
     def _k_keywords(self) -> set[str]:
         """Names given as the accumulation count: ``TrainingArguments(
@@ -266,8 +267,9 @@ class ValueFacts(FileIndex):
             return False
         names = {d for x in walk_all(expr) if isinstance(x, ast.Name | ast.Attribute)
                  and (d := dotted(x)) is not None}
-        return any(len(ns) == 1 and ns[0] in names and isinstance(v, ast.BinOp)
-                   and self.sized_by_accum(v, depth - 1) for ns, v in self._assigns)
+        by_name = self.sole_values_by_name()
+        return any(isinstance(v, ast.BinOp) and self.sized_by_accum(v, depth - 1)
+                   for n in names for v in by_name.get(n, ()))
 
     def _boundary_moduli(self) -> set[str]:
         """Names ``K`` of ``if ... % K ...:`` tests whose body calls ``.step()``: whatever

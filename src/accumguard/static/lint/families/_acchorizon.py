@@ -11,9 +11,9 @@ import ast
 
 from accumguard.static.lint._ast import call_attr, dotted, receiver, walk_all
 from accumguard.static.lint._context import FileContext
-from accumguard.static.lint.families.loss import _accelerate_ga_above_one
+from accumguard.static.lint.families._modguard import k_values
 
-__all__ = ["accelerate_micro_horizon"]
+__all__ = ["accelerate_ga_above_one", "accelerate_micro_horizon"]
 
 
 def _is_accelerator(ctx: FileContext, expr: ast.AST | None) -> bool:
@@ -76,7 +76,7 @@ def accelerate_micro_horizon(ctx: FileContext, name: str, parts: list[ast.AST], 
     (read before ``prepare``, no K in the horizon), when every step of it (or of the name
     ``prepare`` returns it as) runs inside
     ``accelerator.accumulate`` of a loop over that loader with GA > 1; else None."""
-    if not _accelerate_ga_above_one(ctx) or not _settings_in_sight(ctx):
+    if not accelerate_ga_above_one(ctx) or not _settings_in_sight(ctx):
         return None
     prepares = _prepare_calls(ctx)
     aliases = {name}
@@ -123,3 +123,17 @@ def accelerate_micro_horizon(ctx: FileContext, name: str, parts: list[ast.AST], 
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "len"):
             todo.extend(ast.iter_child_nodes(node))
     return found
+
+
+def accelerate_ga_above_one(ctx: FileContext) -> bool:
+    """``Accelerator(gradient_accumulation_steps=K)`` in sight with every value K > 1 (once
+    per file: it is asked for every Accelerate window)."""
+    def compute() -> bool:
+        values: set[int | None] = set()
+        for call in ctx.of(ast.Call):
+            if (dotted(call.func) or "").split(".")[-1] == "Accelerator":
+                for kw in call.keywords:
+                    if kw.arg == "gradient_accumulation_steps":
+                        values |= k_values(ctx, kw.value, call)  # a parameter's default and callers too
+        return bool(values) and all(v is not None and v > 1 for v in values)
+    return bool(ctx._cached("accelerate_ga_above_one", ctx.tree, compute))

@@ -21,12 +21,12 @@ from accumguard.static.findings import Finding
 from accumguard.static.lint._ast import FUNCS, call_attr, dotted, receiver, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families._lossexpr import assigned_names, division, is_loss_division
 from accumguard.static.lint.families._masked import (
     counted_per_micro_batch,
     counts_window,
 )
 from accumguard.static.lint.families._modguard import k_values
-from accumguard.static.lint.families.loss import _assigned_names, _division, _is_loss_division
 from accumguard.static.lint.families.twice import k_dividing_helpers, k_helper_result
 
 __all__ = ["accelerator_k_without_accumulate", "loss_divided_before_accelerator_backward"]
@@ -78,7 +78,7 @@ def _k_only_below(ctx: FileContext, node: ast.AST, divisor: ast.AST) -> bool:
     parent = ctx.parents.get(node)
     if isinstance(parent, ast.BinOp) and isinstance(parent.op, ast.Div) and parent.right is node:
         return True
-    inner = _division(divisor)
+    inner = division(divisor)
     return inner is not None and ctx.mentions_accum(inner[1]) and not ctx.mentions_accum(inner[0])
 
 
@@ -91,13 +91,13 @@ def loss_divided_before_accelerator_backward(ctx: FileContext) -> Iterator[Findi
     if not ks or not all(k is not None and k > 1 for k in ks):
         return
     for node in ctx.of(ast.BinOp, ast.AugAssign):
-        d = _division(node)
+        d = division(node)
         if d is None:
             continue
         divisor = d[1]
         if not (ctx.mentions_accum(divisor) or ctx.int_value(divisor) in ks):
             continue
-        if not _is_loss_division(ctx, node, d[0]) or _k_only_below(ctx, node, divisor) \
+        if not is_loss_division(ctx, node, d[0]) or _k_only_below(ctx, node, divisor) \
                 or _times_k(ctx, d[0]):
             continue
         scope = ctx.scope_of(node)
@@ -105,7 +105,7 @@ def loss_divided_before_accelerator_backward(ctx: FileContext) -> Iterator[Findi
         if not backs:
             continue
         inside = any(node in set(walk_all(call.args[0])) for call, _ in backs)
-        names = _assigned_names(ctx, node)
+        names = assigned_names(ctx, node)
         line = getattr(node, "lineno", 0)
         later = any(call.lineno >= line and names & src for call, src in backs)
         if not (inside or later):
@@ -145,10 +145,10 @@ def _window_count_divisions(ctx: FileContext) -> Iterator[tuple[ast.AST, ast.AST
             continue
         scope = ctx.window_scope(window)
         for sub in ctx.local_nodes(window):
-            d = _division(sub)
+            d = division(sub)
             if d is None or ctx.sized_by_accum(d[1]) \
                     or counted_per_micro_batch(ctx, scope, window, d[1]) \
-                    or not _is_loss_division(ctx, sub, d[0]) \
+                    or not is_loss_division(ctx, sub, d[0]) \
                     or not counts_window(ctx, d[1]):
                 continue
             func = ctx.enclosing(sub, FUNCS) or ctx.tree

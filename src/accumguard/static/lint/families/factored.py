@@ -19,7 +19,7 @@ from accumguard.static.findings import Finding
 from accumguard.static.lint._ast import FUNCS, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
-from accumguard.static.lint.families.loss import _flows_to_backward
+from accumguard.static.lint.families._lossexpr import flows_to_backward
 
 __all__ = ["factor_over_unnormalised_term"]
 
@@ -76,7 +76,7 @@ def factor_over_unnormalised_term(ctx: FileContext) -> Iterator[Finding]:
                 continue
             values = _values(ctx, node)
             if not _engine_factor(ctx, factor, values) \
-                    or not _flows_to_backward(ctx, node, through_returns=True):
+                    or not flows_to_backward(ctx, node, through_returns=True):
                 continue
             yield ctx.finding(
                 "AG146",

@@ -31,7 +31,7 @@ from accumguard.static.findings import Confidence, Finding, Severity
 from accumguard.static.lint._ast import call_attr, dotted, position, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
-from accumguard.static.lint.families.loss import _division, _mean_loss_site
+from accumguard.static.lint.families._lossexpr import division, mean_loss_site
 
 __all__ = ["hf_compute_loss_divided_by_k_after_num_items", "hf_compute_loss_num_items_not_times_w"]
 
@@ -159,9 +159,9 @@ def _times_world(ctx: FileContext, scope: ast.AST) -> bool:
 def _per_rank_counts(ctx: FileContext) -> bool:
     """``average_tokens_across_devices=False`` in the file: ``num_items_in_batch`` is then
     this rank's count (AG140's case, not G / W)."""
-    return any(isinstance(n, ast.keyword) and n.arg == "average_tokens_across_devices"
-               and not (isinstance(n.value, ast.Constant) and n.value.value is True)
-               for n in ast.walk(ctx.tree))
+    return any(k.arg == "average_tokens_across_devices"
+               and not (isinstance(k.value, ast.Constant) and k.value.value is True)
+               for call in ctx.of(ast.Call) for k in call.keywords)
 
 
 _SEVERAL_RE = re.compile(r"world|num_processes|local_rank|process_index|is_main_process|get_rank")
@@ -237,7 +237,7 @@ def hf_compute_loss_ignores_num_items(ctx: FileContext) -> Iterator[Finding]:
     for cls, fn in ctx.trainer_compute_losses():
         if _uses_num_items(fn):
             continue
-        site = _mean_loss_site(ctx, fn, cls)
+        site = mean_loss_site(ctx, fn, cls)
         if site is None:
             continue  # a summed loss, or one this rule cannot read
         ga, how = ctx.trainer_ga()
@@ -246,7 +246,7 @@ def hf_compute_loss_ignores_num_items(ctx: FileContext) -> Iterator[Finding]:
         node, what = site
         flag = _scaled_flag(cls)
         by_k = next((n for n in walk_all(fn)
-                     if (d := _division(n)) is not None and ctx.mentions_accum(d[1])), None)
+                     if (d := division(n)) is not None and ctx.mentions_accum(d[1])), None)
         k_note = (
             f"; it divides by K itself (`{ast.unparse(by_k)}`): the right scale when transformers "
             "5 counts the loss as normalised (the model's forward takes **kwargs), 1/K too "

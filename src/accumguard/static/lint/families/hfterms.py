@@ -27,9 +27,9 @@ from accumguard.static.findings import Finding, Severity
 from accumguard.static.lint._ast import FUNCS, call_attr, dotted
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families._lossexpr import mean_loss_site
 from accumguard.static.lint.families._modguard import k_values
 from accumguard.static.lint.families.hfscale import _reaching, _uses_num_items, _window_normalised
-from accumguard.static.lint.families.loss import _mean_loss_site
 
 __all__ = ["hf_compute_loss_func_ignores_num_items", "hf_loss_term_not_divided_by_k"]
 
@@ -225,7 +225,7 @@ def hf_compute_loss_func_ignores_num_items(ctx: FileContext) -> Iterator[Finding
     for fn in _compute_loss_funcs(ctx):
         if _uses_num_items(fn):
             continue
-        site = _mean_loss_site(ctx, fn, None)
+        site = mean_loss_site(ctx, fn, None)
         if site is None:
             continue
         node, what = site

@@ -25,6 +25,13 @@ from accumguard.static.findings import Finding
 from accumguard.static.lint._ast import call_attr, dotted, receiver, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families._lossexpr import (
+    division,
+    flows_to_backward,
+    is_loss_division,
+    mean_criteria,
+    reduction,
+)
 from accumguard.static.lint.families._masked import counted_per_micro_batch, num_items_arg
 from accumguard.static.lint.families._rankavg import (
     custom_rank_reduction,
@@ -32,13 +39,6 @@ from accumguard.static.lint.families._rankavg import (
     summed_over_ranks,
 )
 from accumguard.static.lint.families.deepspeed import _local_funcs, _name_values, _plain_loss
-from accumguard.static.lint.families.loss import (
-    _division,
-    _flows_to_backward,
-    _is_loss_division,
-    _mean_criteria,
-    _reduction,
-)
 
 __all__ = ["global_count_then_ddp_average", "loss_divisions_by_rank_sum",
            "mean_loss_never_divided_by_k"]
@@ -101,8 +101,8 @@ def _is_mean(ctx: FileContext, scope: ast.AST, expr: ast.AST, seen: set[str],
     if name == "mean" and isinstance(expr.func, ast.Attribute):
         return not expr.args and not expr.keywords  # the mean over everything
     if name in _MEAN_FUNCS:
-        return _reduction(expr) == "mean"
-    return (dotted(expr.func) or "") in _mean_criteria(ctx)
+        return reduction(expr) == "mean"
+    return (dotted(expr.func) or "") in mean_criteria(ctx)
 
 
 def _k_in_sight(ctx: FileContext, window: ast.AST) -> str | None:
@@ -236,8 +236,8 @@ def loss_divisions_by_rank_sum(ctx: FileContext, *, accelerate: bool
     """Each division of a loss that reaches a backward by a count summed over every rank,
     with its (dividend, divisor)."""
     for node in ctx.of(ast.BinOp, ast.AugAssign):
-        d = _division(node)
-        if d is not None and _is_loss_division(ctx, node, d[0]) and _flows_to_backward(ctx, node) \
+        d = division(node)
+        if d is not None and is_loss_division(ctx, node, d[0]) and flows_to_backward(ctx, node) \
                 and summed_over_ranks(ctx, d[1], accelerate=accelerate):
             yield node, d
 

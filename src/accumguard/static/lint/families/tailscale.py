@@ -23,6 +23,7 @@ from accumguard.static.lint._ctx_boundary import bound_argument
 from accumguard.static.lint._ctx_ownrate import stepped_name
 from accumguard.static.lint._lengths import static_len
 from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families._lossexpr import divides_by_k, division
 from accumguard.static.lint.families._modguard import (
     ModGuard,
     assignments_by_name,
@@ -31,7 +32,6 @@ from accumguard.static.lint.families._modguard import (
     mod_term,
 )
 from accumguard.static.lint.families._windowtail import hand_for_windows, pure_mod_guard
-from accumguard.static.lint.families.loss import _divides_by_k, _division
 
 __all__ = ["tail_window_divided_by_k"]
 
@@ -157,7 +157,7 @@ def _steps_after(ctx: FileContext, window: ast.AST, step: ast.Call) -> bool:
 def _tail_sized(node: ast.AST) -> bool:
     """The divisor is the window's own size: ``min(K, len(loader) - start)`` or any
     ``min(...)`` with a length or a remainder in it (the tail divided by its r micro-batches)."""
-    d = _division(node)
+    d = division(node)
     if d is None:
         return False
     return any(isinstance(c, ast.Call) and call_attr(c) == "min" and any(
@@ -169,7 +169,7 @@ def _tail_sized(node: ast.AST) -> bool:
 @rule("AG141")
 def tail_window_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
     for window, facts in hand_for_windows(ctx):
-        divisions = [d for d in _divides_by_k(ctx, window) if not _tail_sized(d[0])]
+        divisions = [d for d in divides_by_k(ctx, window) if not _tail_sized(d[0])]
         if not divisions:
             continue
         for call, kind in facts.steps:

@@ -42,9 +42,9 @@ from accumguard.static.lint._ast import (
 )
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families._lossexpr import division, flows_to_backward
 from accumguard.static.lint.families._masked import counts_window
 from accumguard.static.lint.families.deepspeed import _config_ga, _hand_gated_steps
-from accumguard.static.lint.families.loss import _division, _flows_to_backward
 
 __all__ = [
     "is_k", "k_dividing_helpers", "k_helper_result", "loss_divided_before_engine_backward",
@@ -186,12 +186,12 @@ def loss_divided_by_k_twice(ctx: FileContext) -> Iterator[Finding]:
     if not k_dividing_helpers(ctx):
         return
     for node in ctx.of(ast.BinOp, ast.AugAssign):
-        d = _division(node)
+        d = division(node)
         if d is None or not is_k(ctx, d[1]):
             continue
         scope = ctx.scope_of(node)
         helper = k_helper_result(ctx, d[0], scope)
-        if helper is None or not _flows_to_backward(ctx, node):
+        if helper is None or not flows_to_backward(ctx, node):
             continue
         fn, div = k_dividing_helpers(ctx)[helper]
         if fn is scope or any(node is n for n in ctx.local_nodes(fn)):

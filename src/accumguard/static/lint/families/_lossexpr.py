@@ -1,0 +1,309 @@
+"""What a loss expression is and what divides it: the facts the loss-normalisation rules
+(loss.py, scale.py, accelerate.py, hfscale.py, hfterms.py, twice.py, tailscale.py,
+factored.py) all ask of a division or a loss call.
+
+* :func:`division` / :func:`is_loss_division`: ``a / b`` and ``a /= b`` whose dividend is a
+  loss or whose result lands in a loss name;
+* :func:`flows_to_backward`: the division is part of what is back-propagated (here, or
+  returned by a helper whose call is);
+* :func:`is_count`: the divisor counts this micro-batch's (or this rank's) tokens or samples;
+* :func:`mean_loss_site`: where a function computes a per-micro-batch mean loss (a
+  mean-reducing call or module, the model's ``outputs.loss``, a ``.mean()``).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+
+from accumguard.static.lint._ast import (
+    ACCUM_RE,
+    FUNCS,
+    GLOBAL_COUNT_RE,
+    WORLD_RE,
+    call_attr,
+    dotted,
+    identifiers,
+    walk_all,
+)
+from accumguard.static.lint._context import FileContext
+from accumguard.static.lint.families._masked import counts_tokens, masked_mean
+from accumguard.static.lint.families.terms import returned_by_call
+
+__all__ = ["all_reduced", "assigned_names", "divides_by_k", "division", "flows_to_backward", "is_count", "is_loss",
+           "is_loss_division", "mean_criteria", "mean_loss_site", "reduction"]
+
+
+_GLOBAL_ONLY = re.compile(r"global|all_?reduce|world")
+
+
+def division(node: ast.AST) -> tuple[ast.AST, ast.AST] | None:
+    """(dividend, divisor) of ``a / b`` or ``a /= b``."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+        return node.left, node.right
+    if isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Div):
+        return node.target, node.value
+    return None
+
+
+def is_loss(expr: ast.AST) -> bool:
+    return any("loss" in i or i in ("cross_entropy", "nll") for i in identifiers(expr))
+
+
+def is_loss_division(ctx: FileContext, node: ast.AST, dividend: ast.AST) -> bool:
+    """The dividend is a loss, or the result is stored under a loss name (``loss = crit(...) / W``)."""
+    return is_loss(dividend) or any("loss" in n.lower() for n in assigned_names(ctx, node))
+
+
+def assigned_names(ctx: FileContext, node: ast.AST) -> set[str]:
+    """The names a division's result lands in (``loss = x / W`` -> {loss})."""
+    if isinstance(node, ast.AugAssign):
+        d = dotted(node.target)
+        return {d} if d else set()
+    cur = ctx.parents.get(node)
+    while isinstance(cur, ast.BinOp | ast.UnaryOp | ast.Call | ast.Attribute):
+        cur = ctx.parents.get(cur)
+    if isinstance(cur, ast.Assign):
+        return {d for d in (dotted(t) for t in cur.targets) if d}
+    if isinstance(cur, ast.AnnAssign | ast.AugAssign):
+        d = dotted(cur.target)
+        return {d} if d else set()
+    return set()
+
+
+def flows_to_backward(ctx: FileContext, node: ast.AST, depth: int = 0, *, through_returns: bool = False) -> bool:
+    """Is the division part of the loss that is back-propagated: in its own function, or (with
+    ``through_returns``) returned by a function of the file (``def compute_loss(...): return
+    loss / W``) whose call is back-propagated where it is called (two calls deep)?"""
+    if _flows_here(ctx, node):
+        return True
+    fn = ctx.enclosing(node, FUNCS)
+    if (not through_returns or depth >= 2 or not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef)
+            or not _returned(ctx, fn, node)):
+        return False
+    return any(flows_to_backward(ctx, site, depth + 1, through_returns=True) for site in ctx.call_sites(fn))
+
+
+def _returned(ctx: FileContext, fn: ast.FunctionDef | ast.AsyncFunctionDef, node: ast.AST) -> bool:
+    """``node`` is (part of) what ``fn`` returns: inside its ``return`` expression, or
+    assigned to a name a later ``return`` gives back."""
+    cur = ctx.parents.get(node)
+    while cur is not None and cur is not fn:
+        if isinstance(cur, ast.Return):
+            return True
+        cur = ctx.parents.get(cur)
+    names = assigned_names(ctx, node)
+    line = getattr(node, "lineno", 0)
+    return any(isinstance(n, ast.Return) and n.value is not None and n.lineno > line
+               and dotted(n.value) in names for n in ctx.local_nodes(fn))
+
+
+def _flows_here(ctx: FileContext, node: ast.AST) -> bool:
+    scope = ctx.scope_of(node)
+    backwards = ctx.backward_losses(scope)
+    calls = ctx._cached("backward_ids", scope, lambda: {id(call) for call, _ in backwards})
+    cur = ctx.parents.get(node)
+    while cur is not None and cur is not scope:  # inside `(loss / W).backward()`
+        if id(cur) in calls:
+            return True
+        cur = ctx.parents.get(cur)
+    targets = assigned_names(ctx, node)
+    if not targets:
+        return False
+    line = getattr(node, "lineno", 0)
+    by_name = ctx._cached("backward_by_name", scope, lambda: _index_by_name(backwards))
+    return any(call.lineno >= line for t in targets for call in by_name.get(t, ()))
+
+
+def _index_by_name(backwards: list[tuple[ast.Call, set[str]]]) -> dict[str, list[ast.Call]]:
+    out: dict[str, list[ast.Call]] = {}
+    for call, src in backwards:
+        for name in src:
+            out.setdefault(name, []).append(call)
+    return out
+
+
+def _count_names(ctx: FileContext) -> set[str]:
+    """Names assigned from a count (``n_local = sum(int(b["mask"].sum()) for b in window)``)."""
+    def compute() -> set[str]:
+        out: set[str] = set()
+        for node in ctx.of(ast.Assign, ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if node.value is None or len(targets) != 1 or not (d := dotted(targets[0])):
+                continue
+            if not isinstance(node.value, ast.Call | ast.BinOp | ast.Subscript | ast.Attribute | ast.Name):
+                continue
+            if counts_tokens(node.value) and not ctx.mentions_world(node.value):
+                out.add(d)
+        return out
+    return ctx._cached("count_names", ctx.tree, compute)  # type: ignore[no-any-return]
+
+
+def is_count(ctx: FileContext, divisor: ast.AST, *, micro_batch: bool = True) -> bool:
+    """``n_tokens``, ``mask.sum()``, ``(labels != -100).sum()``, or a name assigned from such a
+    count: a count of this micro-batch (``micro_batch``: names saying window/total/global are
+    not) or of this rank (only names saying global are not; whether it was all-reduced is
+    checked by the caller)."""
+    ids = list(identifiers(divisor))
+    scope_re = GLOBAL_COUNT_RE if micro_batch else _GLOBAL_ONLY
+    if any(WORLD_RE.search(i) or ACCUM_RE.search(i) or scope_re.search(i) for i in ids):
+        return False
+    if counts_tokens(divisor):
+        return True
+    if micro_batch:
+        return False  # a name computed elsewhere may be the window's count: no guess
+    names = {d for d in (dotted(s) for s in walk_all(divisor)) if d}
+    return bool(names & _count_names(ctx))
+
+
+#: functional losses whose default reduction is a mean over this micro-batch's elements
+_MEAN_LOSS_FUNCS = frozenset(
+    {"cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss",
+     "binary_cross_entropy", "binary_cross_entropy_with_logits", "kl_div", "soft_margin_loss"}
+)
+
+
+_LOSS_CLASS = re.compile(r"Loss$")
+
+
+def _is_loss_class(func: ast.AST) -> bool:
+    """``nn.CrossEntropyLoss``, ``torch.nn.MSELoss``, ``CrossEntropyLoss``: a loss module class."""
+    return bool(_LOSS_CLASS.search((dotted(func) or "").rsplit(".", 1)[-1]))
+
+
+def reduction(call: ast.Call) -> str | None:
+    """The ``reduction=`` a loss call or constructor was given ("mean" when absent), or None
+    when it is computed."""
+    kw = next((k.value for k in call.keywords if k.arg == "reduction"), None)
+    if kw is None:
+        return "mean"
+    return kw.value if isinstance(kw, ast.Constant) and isinstance(kw.value, str) else None
+
+
+def mean_criteria(ctx: FileContext) -> set[str]:
+    """Names assigned a mean-reducing loss module: ``self.loss_fct = nn.CrossEntropyLoss()``."""
+    def compute() -> set[str]:
+        out: set[str] = set()
+        for names, value in ctx.assignments():
+            if (
+                isinstance(value, ast.Call)
+                and _is_loss_class(value.func)
+                and reduction(value) == "mean"
+                and len(names) == 1
+            ):
+                out.add(names[0])
+        return out
+    return ctx._cached("mean_criteria", ctx.tree, compute)  # type: ignore[no-any-return]
+
+
+def _class_criteria(cls: ast.ClassDef) -> set[str]:
+    """``self.X`` names that the class itself makes a mean-reducing loss module: a class
+    attribute ``X = nn.CrossEntropyLoss()`` or ``self.X = nn.CrossEntropyLoss()`` in one of
+    its methods, and no other assignment of ``self.X`` in the class (a sum-reducing module
+    or a factory's result keeps it out)."""
+    mean: set[str] = set()
+    other: set[str] = set()
+    for stmt in cls.body:
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+            name = f"self.{stmt.targets[0].id}"
+            is_mean = (isinstance(stmt.value, ast.Call) and _is_loss_class(stmt.value.func)
+                       and reduction(stmt.value) == "mean")
+            (mean if is_mean else other).add(name)
+    for n in walk_all(cls):
+        if isinstance(n, ast.Assign) and len(n.targets) == 1:
+            name = dotted(n.targets[0]) or ""
+            if not name.startswith("self.") or name.count(".") != 1:
+                continue
+            is_mean = (isinstance(n.value, ast.Call) and _is_loss_class(n.value.func)
+                       and reduction(n.value) == "mean")
+            (mean if is_mean else other).add(name)
+    return mean - other
+
+
+def mean_loss_site(ctx: FileContext, fn: ast.AST, cls: ast.ClassDef | None = None
+                    ) -> tuple[ast.AST, str] | None:
+    """Where ``fn`` computes a per-micro-batch mean loss, and how it reads: a mean-reducing
+    loss call, a mean-reducing loss module, the model's own ``outputs.loss`` (computed
+    without ``num_items_in_batch``: a mean over this micro-batch's tokens), a ``.mean()``.
+    With ``cls``, a ``self.X`` module is judged by the class's own assignments only
+    (another class's ``self.loss_fct`` is another object)."""
+    criteria = mean_criteria(ctx)
+    if cls is not None:
+        criteria = {c for c in criteria if not c.startswith("self.")} | _class_criteria(cls)
+    for n in ctx.local_nodes(fn):
+        if isinstance(n, ast.Call):
+            name = call_attr(n) or ""
+            if name in _MEAN_LOSS_FUNCS and reduction(n) == "mean":
+                return n, f"`{ast.unparse(n.func)}(...)` with reduction='mean'"
+            if isinstance(n.func, ast.Call) and _is_loss_class(n.func.func) and reduction(n.func) == "mean":
+                return n, f"`{ast.unparse(n.func.func)}()` with reduction='mean'"
+            if (d := dotted(n.func)) is not None and d in criteria:
+                return n, f"`{d}`, a mean-reducing loss module"
+            if name == "mean" and not n.args and is_loss(n.func):
+                return n, f"`{ast.unparse(n)}`"
+        elif (div := division(n)) is not None and is_count(ctx, unpacked(ctx, fn, div[1])) and (
+            is_loss(top := unpacked(ctx, fn, div[0])) or any(
+                isinstance(x, ast.Call) and call_attr(x) == "sum" for x in walk_all(top))):
+            return n, f"`{ast.unparse(n)}`, divided by this micro-batch's own count"
+        elif (
+            isinstance(n, ast.Attribute) and n.attr == "loss" and isinstance(n.ctx, ast.Load)
+            and dotted(n.value) != "self"
+        ) or (
+            isinstance(n, ast.Subscript) and isinstance(n.ctx, ast.Load)
+            and isinstance(n.slice, ast.Constant) and n.slice.value == "loss"
+        ):
+            return n, f"`{ast.unparse(n)}`, the model's mean over this micro-batch's tokens"
+    return None
+
+
+def unpacked(ctx: FileContext, fn: ast.AST, expr: ast.AST) -> ast.AST:
+    """What a name of ``fn`` holds when ``fn`` binds it once from a call of a function of the
+    file (``ce_sum, n_tok = token_ce_sum(model, batch)`` with ``return
+    F.cross_entropy(..., reduction="sum"), (tgt != -100).sum()``): what that function returns
+    for it (:func:`.terms.returned_by_call`); a clamp of it (``n_tok.clamp(min=1)``) reads
+    through. Else ``expr`` itself."""
+    inner = expr
+    if isinstance(inner, ast.Call) and call_attr(inner) in ("clamp", "clamp_min", "clip") \
+            and isinstance(inner.func, ast.Attribute):
+        inner = inner.func.value
+    if not isinstance(inner, ast.Name):
+        return expr
+    binds = [n for n in ctx.local_nodes(fn) if isinstance(n, ast.Assign) and len(n.targets) == 1
+             and any(isinstance(x, ast.Name) and x.id == inner.id for x in walk_all(n.targets[0]))]
+    got = returned_by_call(ctx, binds[0], inner.id) if len(binds) == 1 else None
+    return got[0] if got is not None else expr
+
+
+_NORMALISED_BY_COUNT = ("token", "num_items", "n_items", "count", "n_valid", "num_valid", "denom", "normali")
+
+
+def all_reduced(ctx: FileContext, node: ast.AST, divisor: ast.AST) -> bool:
+    """The divisor is (built from) a name all-reduced in the division's scope or the file: a
+    count over the window's micro-steps and every rank, neither K nor this micro-batch's own
+    count (a name derived from the micro-batch list is not K once it was all-reduced)."""
+    names = {d for d in (dotted(s) for s in walk_all(divisor)) if d}
+    return bool(names & (ctx.all_reduced_names(ctx.scope_of(node)) | ctx.all_reduced_names(ctx.tree)))
+
+
+def divides_by_k(ctx: FileContext, window: ast.AST) -> list[tuple[ast.AST, ast.AST]]:
+    """Divisions of a loss by the accumulation steps in ``window``: (node, dividend)."""
+    out = []
+    for sub in ctx.local_nodes(window):
+        d = division(sub)
+        if d is None or all_reduced(ctx, sub, d[1]) or masked_mean(ctx, window, sub, set(), helpers=False):
+            continue  # (x * mb.mask).sum() / mb.mask.sum() is a token mean, not a division by K
+        ids = list(identifiers(d[1]))
+        if not (ctx.mentions_accum(d[1]) or _len_of_window(window, d[1])) \
+                or any(n in i for i in ids for n in _NORMALISED_BY_COUNT):
+            continue
+        if is_loss_division(ctx, sub, d[0]):
+            out.append((sub, d[0]))
+    return out
+
+
+def _len_of_window(window: ast.AST, divisor: ast.AST) -> bool:
+    """``len(window)`` for a window loop ``for mb in window:``: the number of its micro-batches,
+    K, whatever the name."""
+    return (isinstance(window, ast.For | ast.AsyncFor) and isinstance(divisor, ast.Call)
+            and dotted(divisor.func) == "len" and len(divisor.args) == 1
+            and ast.dump(divisor.args[0]) == ast.dump(window.iter))
