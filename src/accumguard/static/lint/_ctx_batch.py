@@ -123,13 +123,15 @@ def _window_slice(sub: ast.Subscript, window: ast.AST) -> bool:
             for b in (sl.lower, sl.upper))
 
 
-def steps_by_window(it: ast.AST) -> bool:
+def steps_by_window(ctx: WindowQueries, it: ast.AST) -> bool:
     """``range(start, stop, K)`` or ``range(n // K)``: each iteration is a whole window (the
-    large-batch reference's loop), not one micro-batch."""
+    large-batch reference's loop), not one micro-batch. K is a name saying so or one the
+    file knows as K (``range(0, n_micro, K)`` with ``K = args.accum``)."""
     if not (isinstance(it, ast.Call) and dotted(it.func) == "range" and it.args):
         return False
     if len(it.args) == 3:
-        return any(MICRO_ITER_RE.search(i) for i in identifiers(it.args[2]))
+        return any(MICRO_ITER_RE.search(i) for i in identifiers(it.args[2])) \
+            or ctx.mentions_accum(it.args[2])
     stop = it.args[-1]
     return (len(it.args) == 1 and isinstance(stop, ast.BinOp) and isinstance(stop.op, ast.FloorDiv)
             and any(MICRO_ITER_RE.search(i) for i in identifiers(stop.right)))

@@ -34,7 +34,7 @@ class ValueFacts(FileIndex):
                     if (
                         v is not None
                         and names[0] not in out
-                        and self._mentions(_alias_core(v), pattern, out)
+                        and self._mentions(_alias_core(v), pattern, out, index=False)
                     ):
                         out.update(names)
                 if len(out) == before:
@@ -53,8 +53,15 @@ class ValueFacts(FileIndex):
         return out
 
     @staticmethod
-    def _mentions(expr: ast.AST, pattern: re.Pattern[str], names: set[str]) -> bool:
+    def _mentions(expr: ast.AST, pattern: re.Pattern[str], names: set[str], *, index: bool = True) -> bool:
+        """``expr`` names the pattern or one of ``names``; without ``index``, not in the
+        bounds of a slice (``mbs[w * K:(w + 1) * K]`` is data K selected, not a number made
+        from K; ``c["grad_accum"]`` still reads K)."""
+        skip = set() if index else {id(x) for s in walk_all(expr) if isinstance(s, ast.Slice)
+                                    for x in walk_all(s)}
         for sub in walk_all(expr):
+            if id(sub) in skip:
+                continue
             if isinstance(sub, ast.Name | ast.Attribute):
                 d = dotted(sub)
                 if d is not None and d in names:

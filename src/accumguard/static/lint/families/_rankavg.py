@@ -64,15 +64,23 @@ _REDUCES = frozenset({"all_reduce", "all_reduce_coalesced", "reduce", "all_gathe
 
 
 def _divisor_values(ctx: FileContext, divisor: ast.AST) -> list[ast.AST]:
-    """The divisor and the values its names are assigned in its function."""
+    """The divisor and the values its names are assigned in its function (the whole value
+    of an unpacking: ``n_samples, n_tokens = self._window_counts(batches)``)."""
     func = ctx.enclosing(divisor, FUNCS)
     exprs = [divisor]
     if func is not None:
         names = {x.id for x in walk_all(divisor) if isinstance(x, ast.Name)}
         exprs += [n.value for n in ast.walk(func) if isinstance(n, ast.Assign)
-                  and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)
-                  and n.targets[0].id in names]
+                  and len(n.targets) == 1 and _binds(n.targets[0], names)]
     return exprs
+
+
+def _binds(target: ast.AST, names: set[str]) -> bool:
+    """``target`` is one of ``names``, or a tuple/list unpacking one of them."""
+    if isinstance(target, ast.Name):
+        return target.id in names
+    return isinstance(target, ast.Tuple | ast.List) and any(
+        isinstance(e, ast.Name) and e.id in names for e in target.elts)
 
 
 def returned_reduced(ctx: FileContext, divisor: ast.AST, *, summed: bool = False) -> bool:
