@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Iterator
+from dataclasses import replace
 
-from accumguard.static.findings import Finding
+from accumguard.static.findings import Confidence, Finding, Severity
 from accumguard.static.lint._ast import FUNCS, call_attr, dotted, receiver, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
@@ -105,9 +106,11 @@ def window_drawn_ahead_with_dataloader_sync(ctx: FileContext) -> Iterator[Findin
         # batch is reached for sure. A loop bounded by its own step count (`for update in
         # range(n): window = [next(it) ...]`) reaches it only if n x K batches are all the
         # loader has: not in sight, not reported
-        if not (len(drawn.args) > 1 or _catches_stop(ctx, drawn)):
+        whole = len(drawn.args) > 1 or _catches_stop(ctx, drawn)
+        counted = None if whole else _windows_of_loader(ctx, loop, prepared, scope)
+        if not whole and counted is None:
             continue
-        yield ctx.finding(
+        finding = ctx.finding(
             "AG148",
             acc,
             f"the window `{window}` is drawn from the prepared DataLoader (`{ast.unparse(drawn)}`, "
@@ -120,6 +123,17 @@ def window_drawn_ahead_with_dataloader_sync(ctx: FileContext) -> Iterator[Findin
                 "sync_with_dataloader=False) to the Accelerator, or draw each batch inside the "
                 "window",
         )
+        if counted is not None:
+            # `for _ in range(len(dl) // K)`: the last window reaches the loader's end only
+            # when its length is a multiple of K, which the source does not say
+            finding = replace(
+                finding, severity=Severity.WARNING, confidence=Confidence.MEDIUM,
+                evidence=finding.evidence.replace(
+                    "once the loader has yielded",
+                    f"the loop runs `{ast.unparse(counted)}` windows, so whenever the loader's "
+                    "length is a multiple of K the last window draws its last batch; once the "
+                    "loader has yielded"))
+        yield finding
 
 
 def _catches_stop(ctx: FileContext, node: ast.AST) -> bool:
@@ -130,3 +144,26 @@ def _catches_stop(ctx: FileContext, node: ast.AST) -> bool:
             return True
         cur = ctx.parents.get(cur)
     return False
+
+
+def _windows_of_loader(ctx: FileContext, loop: ast.For, prepared: set[str],
+                       scope: ast.AST) -> ast.AST | None:
+    """The loop around the window loop runs ``len(loader) // K`` times (directly or through a
+    name its function assigns once), ``loader`` the prepared DataLoader or the one given to
+    ``prepare``: its last window takes the loader's last batch when K divides its length."""
+    outer = ctx.enclosing(loop, (ast.For, ast.AsyncFor, ast.While))
+    if not (isinstance(outer, ast.For) and isinstance(outer.iter, ast.Call)
+            and dotted(outer.iter.func) == "range" and len(outer.iter.args) == 1):
+        return None
+    count: ast.AST = outer.iter.args[0]
+    if isinstance(count, ast.Name):
+        values = ctx.assigned_in(scope).get(count.id, [])
+        count = values[0] if len(values) == 1 else count
+    if not (isinstance(count, ast.BinOp) and isinstance(count.op, ast.FloorDiv)
+            and isinstance(count.left, ast.Call) and dotted(count.left.func) == "len"
+            and count.left.args and ctx.mentions_accum(count.right)):
+        return None
+    loader = dotted(count.left.args[0])
+    given = {d for c in ctx.of(ast.Call) if call_attr(c) == "prepare" and ctx.is_accelerator(receiver(c))
+             for a in c.args if (d := dotted(a)) is not None}
+    return count if loader in prepared | given else None
