@@ -140,3 +140,58 @@ def test_a_fault_in_the_walk_below_the_root_changes_nothing(tmp_path: Path,
         assert obs.failure is not None
     assert all(torch.equal(watched[n], plain[n]) for n in plain)
     assert list(load_recordings(tmp_path).failures) == [0]
+
+
+def _weighted_distill(alpha: float, window_kd: bool) -> Callable[[], dict[str, torch.Tensor]]:
+    """``alpha * ce + (1 - alpha) * T^2 * kd`` with the CE summed over the window's valid
+    tokens (a coefficient on the main loss too, as distillation trainers write it) and the
+    KD term per valid token (``kl_div(reduction='none')``, selected by the label mask),
+    averaged over the micro-batch's valid tokens (``window_kd=False``: K x its weight) or
+    summed and divided by the window's count like the CE (``window_kd=True``: right)."""
+    def loop() -> dict[str, torch.Tensor]:
+        torch.manual_seed(0)
+        student = torch.nn.Sequential(torch.nn.Embedding(V, 16), torch.nn.Linear(16, V))
+        teacher = torch.nn.Sequential(torch.nn.Embedding(V, 16), torch.nn.Linear(16, V))
+        opt = torch.optim.AdamW(student.parameters(), lr=0.01)
+        g = torch.Generator().manual_seed(3)
+        for _ in range(STEPS):
+            ids = torch.randint(0, V, (K, 3, T), generator=g)
+            labels = ids.roll(-1, -1)
+            for m in range(K):
+                labels[m, :, : (m * 2) % 5 + 1] = -100
+            n_window = (labels != -100).sum()
+            for m in range(K):
+                logits = student(ids[m])
+                valid = labels[m] != -100
+                ce = F.cross_entropy(logits.reshape(-1, V), labels[m].reshape(-1),
+                                     reduction="sum") / n_window
+                with torch.no_grad():
+                    t_logp = F.log_softmax(teacher(ids[m]) / 2.0, -1)
+                kd_tok = F.kl_div(F.log_softmax(logits / 2.0, -1), t_logp, log_target=True,
+                                  reduction="none").sum(-1)[valid] * 4.0
+                kd = kd_tok.sum() / n_window if window_kd else kd_tok.mean()
+                (alpha * ce + (1.0 - alpha) * kd).backward()
+            opt.step()
+            opt.zero_grad()
+        return {n: p.detach().clone() for n, p in student.named_parameters()}
+
+    return loop
+
+
+@pytest.mark.parametrize("alpha", [0.5, 0.3])
+def test_a_per_token_kd_mean_beside_a_weighted_window_ce_is_k_times(tmp_path: Path,
+                                                                    alpha: float) -> None:
+    """Blind round 40 a_b01: the CE has a coefficient of its own (its tokens weigh alpha
+    over the window, not 1) and, at alpha = 0.5, the same value as the KD term's, which is
+    no scale above the sum: the KD term still weighs K x its coefficient."""
+    errors, _ = _findings(tmp_path, _weighted_distill(alpha, window_kd=False))
+    (f,) = errors
+    assert f.cls == "LOSS_SCALE" and f"weighs {K}x its coefficient" in f.title, f
+    assert f"weighs its tokens {alpha:g} in total" in f.evidence, f.evidence
+    assert "all-reduced" not in f.fix, f.fix  # one process: no rank is involved
+
+
+@pytest.mark.parametrize("alpha", [0.5, 0.3])
+def test_a_kd_term_normalised_by_the_window_count_is_silent(tmp_path: Path, alpha: float) -> None:
+    errors, _ = _findings(tmp_path, _weighted_distill(alpha, window_kd=True))
+    assert errors == []

@@ -147,7 +147,7 @@ def _term_scale_findings(rank: int, windows: list[dict[str, Any]],
             continue  # a divisor equal to one unchanging count could be a chosen constant
         w, x, ref = found[0]
         k = int(w["window"])
-        across = _rank_mass(w, ref) is not None and not _near_one(_rank_mass(w, ref))
+        across = not _is_window_mean(w, ref, k)  # a window mean only over all ranks
         other = "the masked sum" if str(ref[3]) == "masked sum" else "the loss call"
         beside = (f"{other} beside it is divided by K = {k}" if _divides_by(ref[4], k)
                   else f"{other} beside it is normalised over the whole window of K = "
@@ -160,7 +160,13 @@ def _term_scale_findings(rank: int, windows: list[dict[str, Any]],
                            "coefficient",
                     fix=f"Divide that term by K as well (e.g. loss = (ce + coef * aux) / K, "
                         f"or add coef * aux / K): {beside}, this term is not, so "
-                        f"accumulation sums {k} micro-batch means of it. With the HF "
+                        f"accumulation sums {k} micro-batch means of it."
+                        + ("" if _divides_by(ref[4], k) else
+                           " Better, normalise it the same way: its sum over the valid "
+                           "tokens divided by the window's count (in a Trainer "
+                           "`compute_loss`: `term_per_token.sum() / num_items_in_batch`), "
+                           "so each token weighs the same whatever its micro-batch.")
+                        + " With the HF "
                         "Trainer and a Mixture-of-Experts model that adds its router loss "
                         "itself (`router_aux_loss_coef * aux_loss` at every micro-step), "
                         "set `model.config.router_aux_loss_coef` to the coefficient / K. If "
@@ -294,6 +300,11 @@ def _common_factor(r: list[Any], ref: list[Any], k: int, valid: int) -> int | No
     common = _common(r, ref)
     if r[6] or not common:
         return None
+    product = 1.0
+    for op, c in common:
+        product = product / float(c) if str(op) == "/" else product * float(c)
+    if product < 1.0 or not _is(product, float(round(product))):
+        return None  # equal coefficients of the two terms (0.5 * ce + 0.5 * kd), no scale
     own = _own(r, ref)
     if not (_row_mean(own, ref, k) or _by_count(own, ref, k, valid) is not None):
         return None
@@ -383,14 +394,6 @@ def _ref_words(ref: list[Any]) -> str:
     return f"the loss call at {_short(str(ref[7]))}"
 
 
-def _rank_mass(w: dict[str, Any], ref: list[Any]) -> float | None:
-    return _mass(w, str(ref[7]), int(ref[8]))
-
-
-def _near_one(mass: float | None) -> bool:
-    return mass is not None and abs(mass - 1.0) <= WEIGHT_TOL
-
-
 def _global_mass(w: dict[str, Any], ref: list[Any], masses: Masses | None) -> bool:
     """Over all ranks the reference call's tokens weigh 1 in total in the update (the
     ledger's total, the engine's average included: a sum times W over the window's
@@ -404,15 +407,24 @@ def _is_window_mean(w: dict[str, Any], ref: list[Any], k: int,
     """The reference call's tokens weigh 1 in total over the window (the large batch's
     mean; on this rank, or over all ranks in the ledger's ``masses``), or, when it is
     divided by K, its coefficient: ``0.5 * ce / K`` beside a distillation term weighs 0.5,
-    the coefficient the user chose for the large batch."""
+    the coefficient the user chose for the large batch; likewise a sum divided by the
+    window's token count on this rank (``0.5 * ce_sum / num_items_in_batch``)."""
     mass = _mass(w, str(ref[7]), int(ref[8]))
     if mass is None:
         return False
     if abs(mass - 1.0) <= WEIGHT_TOL or _global_mass(w, ref, masses):
         return True
-    if ref[6] or not _divides_by(ref[4], k):
+    if ref[6]:
         return False
-    coef = float(k)  # the product of the constants but one division by K
+    if _divides_by(ref[4], k):
+        normaliser = float(k)  # the product of the constants but one division by K
+    else:
+        window = float(sum(_valid_counts(w, ref, k)))
+        if ref[10] or window <= 0 or not any(
+                str(op) == "/" and _is(float(c), window) for op, c in ref[4]):
+            return False
+        normaliser = window  # ... or but its division by the window's count
+    coef = normaliser
     for op, c in ref[4]:
         coef = coef / abs(float(c)) if str(op) == "/" else coef * abs(float(c))
     return coef > 0 and abs(mass / coef - 1.0) <= WEIGHT_TOL
