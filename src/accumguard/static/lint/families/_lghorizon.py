@@ -9,7 +9,7 @@ while ``_should_accumulate()``), once per K batches, so the schedule is K times 
 Only what is in sight is judged: every ``Trainer(...)`` of the file must set
 ``accumulate_grad_batches`` to integers above 1, the horizon's arithmetic must be products,
 sums and differences of the batch count with names, attributes and integer literals (no
-division, no other call, no name of K), and the scheduler entry must say ``"interval":
+division but by the world size, no other call, no name of K), and the scheduler entry must say ``"interval":
 "step"`` with no ``frequency`` other than 1."""
 
 from __future__ import annotations
@@ -116,6 +116,12 @@ class _Scope:
             if not self.batch_count(node):
                 todo.extend(ast.iter_child_nodes(node))
 
+    def per_rank(self, node: ast.BinOp) -> bool:
+        """``count // self.trainer.world_size``: the batches of one rank, still a count of
+        micro-batches (a division by the world size, with no K in it)."""
+        return isinstance(node.op, ast.Div | ast.FloorDiv) and self.ctx.mentions_world(node.right) \
+            and not self.ctx.mentions_accum(node.right)
+
     def micro_count(self, horizon: ast.AST) -> ast.AST | None:
         """The batch count the horizon is built from, when it is that count times, plus or minus
         things with no K in them (no division, no call, no name of K); else None."""
@@ -127,7 +133,8 @@ class _Scope:
             for n in self.arithmetic(p):
                 if self.batch_count(n):
                     continue
-                if isinstance(n, ast.BinOp) and not isinstance(n.op, ast.Mult | ast.Add | ast.Sub):
+                if isinstance(n, ast.BinOp) and not isinstance(n.op, ast.Mult | ast.Add | ast.Sub) \
+                        and not self.per_rank(n):
                     return None  # `// K`, `/ 4`, `% ...`: scaled, not a plain count
                 if isinstance(n, ast.Call) and dotted(n.func) not in _PLAIN_CALLS:
                     return None  # `min(...)`, `math.ceil(a / k)`: not read

@@ -393,16 +393,59 @@ def _off_the_step(ctx: FileContext, node: ast.AST, value: ast.AST) -> tuple[str,
     sync = _residue(ctx, value, scope)
     if sync is None:
         return None
-    for gate in _step_gates(ctx, scope):
-        step = _residue(ctx, gate.test, scope)
-        if step is None or step[:2] != sync[:2] or step[2] == sync[2]:
+    tests = [g.test for g in _step_gates(ctx, scope)] + _returned_step_tests(ctx, scope)
+    for test in tests:
+        step = _residue(ctx, test, scope)
+        if step is None or step[:2] != sync[:2]:
             continue
-        k = ctx.int_value(gate.test.left.right) if (  # the K the tests share, when in sight
-            isinstance(gate.test, ast.Compare) and isinstance(gate.test.left, ast.BinOp)) else None
-        diff = abs(step[2] - sync[2])
+        # `c += 1` between the flag and the step's test: the test reads the counter later
+        # (each test where it is evaluated: a flag's name where it is assigned)
+        r_step = step[2] - _increments_between(ctx, scope, sync[0], _through_name(ctx, scope, value),
+                                               _through_name(ctx, scope, test))
+        if r_step == sync[2]:
+            continue
+        k = ctx.int_value(test.left.right) if (  # the K the tests share, when in sight
+            isinstance(test, ast.Compare) and isinstance(test.left, ast.BinOp)) else None
+        diff = abs(r_step - sync[2])
         if diff == 1 or (k is not None and k > 1 and diff % k != 0):
-            return _shown(ctx, scope, value), _shown(ctx, scope, gate.test)
+            shown = _shown(ctx, scope, test)
+            if r_step != step[2]:
+                shown += f"` after `{sync[0]} += {step[2] - r_step}"  # read one micro-step on
+            return _shown(ctx, scope, value), shown
     return None
+
+
+def _returned_step_tests(ctx: FileContext, scope: ast.AST) -> list[ast.AST]:
+    """The tests ``scope`` returns (``return self.micro % self.k == 0``) when every call of
+    it the file makes is the test of an ``if`` that gates an optimizer step (``if
+    acc.backward(loss): opt.step()``): the step's test, written in the helper."""
+    if not isinstance(scope, FUNCS):
+        return []
+    owner = ctx.parents.get(scope)
+    sites = ctx.call_sites(scope) + ([  # `acc.backward(loss)` with `acc = GradAccumulator(...)`
+        c for c in ctx.of(ast.Call) if isinstance(c.func, ast.Attribute) and c.func.attr == scope.name
+        and ctx._instances().get(dotted(c.func.value) or "") is owner] if isinstance(owner, ast.ClassDef)
+        else [])
+    if not sites or not all(isinstance(gate := ctx.parents.get(c), ast.If) and gate.test is c
+                            and ctx._gates_step(gate) for c in sites):
+        return []
+    return [n.value for n in ctx.local_nodes(scope) if isinstance(n, ast.Return)
+            and isinstance(n.value, ast.Compare)]
+
+
+def _increments_between(ctx: FileContext, scope: ast.AST, counter: str, first: ast.AST,
+                        later: ast.AST) -> int:
+    """What ``counter += n`` statements of ``scope``'s own code, lying after ``first`` and
+    before ``later`` in the source and in no loop of their own, add to it."""
+    lo, hi = getattr(first, "lineno", 0), getattr(later, "lineno", 0)
+    total = 0
+    for n in ctx.local_nodes(scope):
+        if isinstance(n, ast.AugAssign) and dotted(n.target) == counter and lo < n.lineno < hi \
+                and isinstance(n.value, ast.Constant) and type(n.value.value) is int \
+                and ctx.enclosing(n, LOOPS) is ctx.enclosing(later, LOOPS):
+            total += n.value.value if isinstance(n.op, ast.Add) else \
+                -n.value.value if isinstance(n.op, ast.Sub) else 0
+    return total
 
 
 def _shown(ctx: FileContext, scope: ast.AST, test: ast.AST) -> str:
