@@ -126,9 +126,8 @@ def _micro_mean(ctx: FileContext, fn: _Func, term: ast.AST, at: ast.AST) -> ast.
         e = stack.pop()
         if isinstance(e, ast.BinOp) and isinstance(e.op, ast.Mult):
             stack += [e.left, e.right]
-        elif isinstance(e, ast.BinOp) and isinstance(e.op, ast.Pow) and all(
-                isinstance(x, ast.Constant | ast.Name | ast.Attribute) for x in (e.left, e.right)):
-            continue  # a coefficient (``self.temperature ** 2``)
+        elif isinstance(e, ast.BinOp) and _coefficient(e):
+            continue  # a coefficient (``self.temperature ** 2``, ``1.0 - self.args.alpha``)
         elif isinstance(e, (ast.BinOp, ast.UnaryOp)):
             return None  # a division (or anything else) outside the mean
         elif _is_mean_call(e) or _moe_aux(e):
@@ -143,6 +142,17 @@ def _micro_mean(ctx: FileContext, fn: _Func, term: ast.AST, at: ast.AST) -> ast.
             if rets and all(_mean_times_constants(r) for r in rets):
                 found = e
     return found
+
+
+def _coefficient(e: ast.AST) -> bool:
+    """Numbers and names combined by ``+``, ``-``, ``*`` or ``**`` (``1.0 - alpha``,
+    ``self.temperature ** 2``): a coefficient, nothing divided and no call."""
+    if isinstance(e, ast.Constant | ast.Name | ast.Attribute):
+        return True
+    if isinstance(e, ast.UnaryOp) and isinstance(e.op, ast.USub):
+        return _coefficient(e.operand)
+    return isinstance(e, ast.BinOp) and isinstance(e.op, ast.Add | ast.Sub | ast.Mult | ast.Pow) \
+        and _coefficient(e.left) and _coefficient(e.right)
 
 
 def _moe_aux(e: ast.AST) -> bool:
