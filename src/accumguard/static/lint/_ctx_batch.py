@@ -134,7 +134,8 @@ def steps_by_window(ctx: WindowQueries, it: ast.AST) -> bool:
             or ctx.mentions_accum(it.args[2])
     stop = it.args[-1]
     return (len(it.args) == 1 and isinstance(stop, ast.BinOp) and isinstance(stop.op, ast.FloorDiv)
-            and any(MICRO_ITER_RE.search(i) for i in identifiers(stop.right)))
+            and (any(MICRO_ITER_RE.search(i) for i in identifiers(stop.right))
+                 or ctx.mentions_accum(stop.right)))
 
 
 #: a call that yields whole windows of K items (``windows(loader, K)``): its K sizes them
@@ -185,6 +186,10 @@ def _k_iterations(ctx: WindowQueries, it: ast.AST) -> bool:
     if isinstance(it, ast.Call) and call_attr(it) == "range" and len(it.args) == 3 \
             and ctx.mentions_accum(it.args[2]):
         return False  # `range(0, n_micro, K)`: one iteration per window's first micro-batch
+    if isinstance(it, ast.Call) and call_attr(it) == "range" and len(it.args) == 1 \
+            and isinstance(it.args[0], ast.BinOp) and isinstance(it.args[0].op, ast.FloorDiv) \
+            and ctx.mentions_accum(it.args[0].right):
+        return False  # `range(n_micro // K)`: a number of windows, whatever its dividend says
     for n in walk_all(it):
         if id(n) in under_div or not isinstance(n, ast.Name | ast.Attribute | ast.Subscript):
             continue

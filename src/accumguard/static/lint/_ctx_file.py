@@ -420,6 +420,12 @@ class FileIndex:
                     # `n = accelerator.gather(torch.tensor([n_local])).sum().item()`: the
                     # result of a reduction over the ranks
                     out.update(d for d in (dotted(t) for t in n.targets) if d)
+            # a name read from a reduced one (`n_tok = window_tokens[micro // K]`,
+            # `n = total.item()`, `float(total)`): the same ranks' sum
+            for n in self.local_nodes(scope):
+                if isinstance(n, ast.Assign) and len(n.targets) == 1 \
+                        and (src := _read_of(n.value)) is not None and src in out:
+                    out.update(d for d in (dotted(t) for t in n.targets) if d)
             return out
         return self._cached("allreduced", scope, compute)  # type: ignore[no-any-return]
 
@@ -479,3 +485,19 @@ class FileIndex:
 
 def _pos(node: ast.AST) -> tuple[int, int]:
     return getattr(node, "lineno", 0), getattr(node, "col_offset", 0)
+
+
+def _read_of(value: ast.AST) -> str | None:
+    """The dotted name ``value`` only reads: ``x[i]``, ``x.item()``, ``float(x)``, ``int(x)``,
+    ``x.clamp(min=1)`` and their combinations; else None."""
+    while True:
+        if isinstance(value, ast.Subscript):
+            value = value.value
+        elif isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) \
+                and value.func.attr in ("item", "clamp", "clamp_min", "float", "long", "to", "detach"):
+            value = value.func.value
+        elif isinstance(value, ast.Call) and isinstance(value.func, ast.Name) \
+                and value.func.id in ("float", "int") and len(value.args) == 1:
+            value = value.args[0]
+        else:
+            return dotted(value)

@@ -58,7 +58,10 @@ class ValueFacts(FileIndex):
         bounds of a slice (``mbs[w * K:(w + 1) * K]`` is data K selected, not a number made
         from K; ``c["grad_accum"]`` still reads K)."""
         skip = set() if index else {id(x) for s in walk_all(expr) if isinstance(s, ast.Slice)
-                                    for x in walk_all(s)}
+                                    or (isinstance(s, ast.Subscript) and s in _positional(expr))
+                                    for x in walk_all(s.slice if isinstance(s, ast.Subscript) else s)}
+        if not index:
+            skip |= {id(x) for a in _data_op_args(expr) for x in walk_all(a)}
         for sub in walk_all(expr):
             if id(sub) in skip:
                 continue
@@ -331,3 +334,22 @@ def _unwrap_alias(value: ast.AST) -> ast.AST | None:
     if isinstance(value, ast.Name | ast.Attribute | ast.Subscript | ast.Call | ast.Constant):
         return value
     return None
+
+
+def _positional(expr: ast.AST) -> list[ast.Subscript]:
+    """The subscripts of ``expr`` indexed by a computed position (``counts[micro // K]``):
+    data selected by K, not K (a key such as ``cfg["grad_accum"]`` still reads K)."""
+    return [s for s in walk_all(expr) if isinstance(s, ast.Subscript)
+            and isinstance(s.slice, ast.BinOp | ast.Call)]
+
+
+#: tensor methods whose arguments shape or reduce data (``counts.reshape(-1, K).sum(1)``: a
+#: count per window, not K); ``chunk``/``split`` are not here (their pieces number K)
+_DATA_OPS = frozenset({"reshape", "view", "sum", "mean", "gather", "all_gather", "expand",
+                       "repeat", "narrow", "unflatten", "index_select"})
+
+
+def _data_op_args(expr: ast.AST) -> list[ast.AST]:
+    """The arguments of the data methods in ``expr``."""
+    return [a for c in walk_all(expr) if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
+            and c.func.attr in _DATA_OPS for a in (*c.args, *(k.value for k in c.keywords))]

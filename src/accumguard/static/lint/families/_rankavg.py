@@ -127,10 +127,15 @@ def plain_model_only(ctx: FileContext, dividend: ast.AST) -> bool:
     values: dict[str, list[ast.AST]] = {}  # local name -> the values assigned to it
     for n in ast.walk(func):
         if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Tuple):
+            made = call_attr(n.value) or "" if isinstance(n.value, ast.Call) else ""
+            # ``policy, critic = make_models(cfg)``: a factory of this file that wraps nothing
+            factory = made not in DDP_WRAPPERS and made != "prepare" \
+                and _file_function_without(ctx, made, DDP_WRAPPERS)
             for e in n.targets[0].elts:  # ``_, loss_sum = ref(X, Y)``
                 if isinstance(e, ast.Name):
                     values.setdefault(e.id, []).append(n.value)
-                    built[e.id] = False  # (``model, opt = accelerator.prepare(...)``)
+                    # (``model, opt = accelerator.prepare(...)``: wrapped)
+                    built[e.id] = built.get(e.id, True) and factory
         if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name):
             name = n.targets[0].id
             values.setdefault(name, []).append(n.value)

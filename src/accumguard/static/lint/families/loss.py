@@ -226,7 +226,7 @@ def loss_divided_by_world_under_ddp(ctx: FileContext) -> Iterator[Finding]:
         if not (ctx.mentions_world(divisor) or named_product_with_world(ctx, divisor)) \
                 or not is_loss_division(ctx, node, dividend):
             continue
-        if _world_only_below(ctx, node, divisor):
+        if _world_only_below(ctx, node, divisor) or _divided_back_by_world(ctx, divisor):
             continue  # loss / (count / W) multiplies by W: the all-reduced count's rank share
         if any(isinstance(s, ast.BinOp) and isinstance(s.op, ast.Mult) and any(
             WORLD_RE.search(i) for i in identifiers(s)) for s in walk_all(dividend)):
@@ -242,6 +242,16 @@ def loss_divided_by_world_under_ddp(ctx: FileContext) -> Iterator[Finding]:
                "DDP by accelerator.prepare() on several processes")
             + ", which already averages gradients over ranks: the optimizer receives G / W",
         )
+
+
+def _divided_back_by_world(ctx: FileContext, divisor: ast.AST) -> bool:
+    """The divisor is a name the file divides by the world size in place after building it
+    from it (nanoGPT's ``gradient_accumulation_steps = 5 * 8`` for the whole job, then
+    ``gradient_accumulation_steps //= ddp_world_size``): one rank's K, no world size left."""
+    name = dotted(divisor) if isinstance(divisor, ast.Name | ast.Attribute) else None
+    return name is not None and any(
+        isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Div | ast.FloorDiv)
+        and dotted(n.target) == name and ctx.mentions_world(n.value) for n in ctx.of(ast.AugAssign))
 
 
 @rule("AG113")

@@ -188,6 +188,8 @@ def scheduler_every_micro_step(ctx: FileContext) -> Iterator[Finding]:
             yield from _unprepared_scheduler_steps(ctx, window)
         if facts.accumulating and not facts.unguarded_optimizer_steps and not facts.summed_loss:
             yield from _step_update_by_micro_counter(ctx, window)
+        if not facts.accumulating and not facts.engine_backward and not facts.accelerate:
+            yield from _scheduler_beside_k_gated_step(ctx, window, facts.steps)
         if not facts.accumulating or facts.unguarded_optimizer_steps or facts.accelerate or facts.summed_loss:
             continue
         for call, kind in facts.steps:
@@ -201,6 +203,42 @@ def scheduler_every_micro_step(ctx: FileContext) -> Iterator[Finding]:
                 "learning-rate schedule advances K "
                 "times per optimizer step",
             )
+
+
+def _scheduler_beside_k_gated_step(ctx: FileContext, window: ast.AST,
+                                   steps: list[tuple[ast.Call, str]]) -> Iterator[Finding]:
+    """A window whose gradients are all made at the boundary (GradCache-style: the cached
+    micro-batches' backwards run inside ``if (batch_idx + 1) % K == 0:``), so it does not
+    accumulate across calls, but whose every optimizer step is under that K gate while a
+    scheduler step is not: the schedule still advances once per micro-batch, K times per
+    optimizer step."""
+    opt = [c for c, k in steps if k == "optimizer"]
+    if not opt or not all(_k_gate(ctx, c, window) for c in opt):
+        return
+    for call, kind in steps:
+        if kind != "scheduler" or ctx.guarded(call, window):
+            continue
+        gate = _k_gate(ctx, opt[0], window)
+        name = dotted(receiver(call)) or "scheduler"
+        yield ctx.finding(
+            "AG103", call,
+            f"`{name}.step()` runs on every call of this loop body while the optimizer steps "
+            f"only under `if {ast.unparse(gate.test) if gate is not None else 'K'}:` (line "
+            f"{opt[0].lineno}), once per K micro-batches: the learning-rate schedule advances K "
+            "times per optimizer step")
+
+
+def _k_gate(ctx: FileContext, call: ast.AST, window: ast.AST) -> ast.If | None:
+    """The ``if`` between ``call`` and ``window`` whose test is a modulus by the accumulation
+    count (``(batch_idx + 1) % K == 0``)."""
+    cur = ctx.parents.get(call)
+    while cur is not None and cur is not window:
+        if isinstance(cur, ast.If) and any(
+                isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod) and ctx.mentions_accum(n.right)
+                for n in walk_all(cur.test)):
+            return cur
+        cur = ctx.parents.get(cur)
+    return None
 
 
 def _is_world(ctx: FileContext, stop: ast.AST) -> bool:

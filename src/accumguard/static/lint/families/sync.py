@@ -481,6 +481,8 @@ def _first_of_stepless_loop(ctx: FileContext, test: ast.AST) -> bool:
 def _effective(ctx: FileContext, node: ast.AST, value: ast.AST) -> str:
     """'boundary' (on exactly at the boundary), 'inverted', 'first' (on at the first micro-step
     of the window, off at the last), 'off', 'on' or 'unknown'."""
+    if _never_true(ctx, value):
+        return "never"
     pol = ctx.boundary_polarity(value) if not isinstance(value, ast.Constant) else None
     if pol is not None:
         return "boundary" if pol else "inverted"
@@ -506,6 +508,26 @@ def _effective(ctx: FileContext, node: ast.AST, value: ast.AST) -> str:
                 return "on" if on else "off"
         child, cur = cur, ctx.parents.get(cur)
     return "on" if on else "off"
+
+
+def _never_true(ctx: FileContext, value: ast.AST) -> bool:
+    """``value`` (or the one value its name is assigned) is ``c == n`` or ``c >= n`` with ``c``
+    the variable of an enclosing ``for c in range(n)``: a test no iteration passes."""
+    scope = ctx.enclosing(value, FUNCS) or ctx.tree
+    test = _through_name(ctx, scope, value)
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1
+            and isinstance(test.ops[0], ast.Eq | ast.GtE) and isinstance(test.left, ast.Name)):
+        return False
+    counter, bound = test.left.id, ast.dump(test.comparators[0])
+    cur = ctx.parents.get(test)
+    while cur is not None and not isinstance(cur, SCOPES):
+        if isinstance(cur, ast.For | ast.AsyncFor) and isinstance(cur.target, ast.Name) \
+                and cur.target.id == counter:
+            it = cur.iter
+            return (isinstance(it, ast.Call) and dotted(it.func) == "range" and len(it.args) == 1
+                    and ast.dump(it.args[0]) == bound and counter not in ctx.assigned_in(scope))
+        cur = ctx.parents.get(cur)
+    return False
 
 
 def _gates_the_step(ctx: FileContext, node: ast.AST, test: ast.AST) -> bool:
@@ -587,6 +609,7 @@ def sync_flag_polarity(ctx: FileContext) -> Iterator[Finding]:
     if not settings:
         return
     offsets = {node: _off_the_step(ctx, node, value) for node, value, _ in settings}
+    values = {node: value for node, value, _ in settings}
     kinds = [
         (node, recv, "after_forward" if ddp_flag_after_forward(ctx, node)
          else "offset" if offsets[node] else _effective(ctx, node, value))
@@ -623,6 +646,15 @@ def sync_flag_polarity(ctx: FileContext) -> Iterator[Finding]:
                 "the last: the later micro-batches' gradients are never synchronised and the ranks "
                 "step on different gradients; expected it on the last micro-step only "
                 "(`micro == K - 1`)",
+            )
+        elif kind == "never":
+            yield ctx.finding(
+                "AG111",
+                node,
+                f"{what} is set to `{ast.unparse(values[node])}`"
+                ", which the loop's counter never reaches (`range` stops one short): no micro-step "
+                "is synchronised, each rank steps on its own gradient; expected the last "
+                "micro-step's test (`micro == K - 1`)",
             )
         elif kind == "off" and recv not in re_enabled:
             yield ctx.finding(
