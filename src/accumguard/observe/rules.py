@@ -332,7 +332,8 @@ def _rank_findings(rank: int, steps: Sequence[StepRecord], info: JsonObject,
                                "gradients were not cleared after the previous step"))
             else:
                 cls = conservation_class(cons, int(w.zero_grads_between))
-                out.append(_mk(cls, "error", rank, step, None, _wipe_text(w, cls, n)))
+                out.append(_mk(cls, "error", rank, step, None, _wipe_text(w, cls, n),
+                               **_partial_wipe_words(w, cls)))
         # F8: clipping before the window's last backward
         if early_clips:
             out.append(_mk("F8", "error", rank, step, early_clips[0] - 1,
@@ -368,6 +369,28 @@ def _asked_clip(asked: float | None) -> str:
         f"{'no clipping' if asked == 0 else f'clipping at {asked:g}'}; under DeepSpeed the "
         'Trainer leaves clipping to the engine: "gradient_clipping": "auto" in the config '
         "takes max_grad_norm)")
+
+
+def _partial_wipe_words(w: StepWindow, cls: str) -> dict[str, str]:
+    """A title and fix of its own when the gradient was cleared or changed between backward
+    passes by neither a ``zero_grad`` nor a DeepSpeed engine (a hook, a callback that zeroes
+    some parameters' or rows' gradients): the class's "last micro-batch only" would say more
+    than was measured."""
+    cons = w.conservation
+    if cons is None or cls != "F2/F3" or int(w.zero_grads_between) or w.source != "torch" \
+            or float(cons.lost) < 0.005:
+        return {}  # a zero_grad inside the window (F3) or DeepSpeed's reset (F2): the class's
+    return {
+        "title_": "the gradient was cleared or changed between backward passes (no zero_grad "
+                  f"ran; about {100 * float(cons.lost):.0f}% of the window's gradient by mass "
+                  "removed): the earlier micro-batches do not reach the optimizer in full",
+        "fix": "Whatever clears or changes .grad between backward passes (a zero_grad, a hook, "
+               "a callback that zeroes some parameters' or rows' gradients) must run once per "
+               "window, after the last backward and before the optimizer step, or not at all: "
+               "in a plain loop right before optimizer.step(); with the HF Trainer in a "
+               "TrainerCallback's on_pre_optimizer_step, not on_substep_end or on_step_begin; "
+               "to freeze parameters, set requires_grad=False instead.",
+    }
 
 
 def _wipe_text(w: StepWindow, cls: str, n: int) -> str:
