@@ -261,6 +261,8 @@ def rank_local_token_mean_under_ddp(ctx: FileContext) -> Iterator[Finding]:
     by_hand = [] if wrapped else hand_average(ctx)
     if not (wrapped or by_hand) or not ctx.is_training_script() or custom_rank_reduction(ctx):
         return
+    if not by_hand:
+        yield from _rank_local_num_items(ctx)
     for node, dividend, divisor in [*_divisions(ctx), *reciprocal_products(ctx)]:
         if by_hand and not reaches_hand_average(ctx, node, by_hand):
             continue  # (a reference loop whose gradient no hand-written average touches)
@@ -309,6 +311,48 @@ def rank_local_token_mean_under_ddp(ctx: FileContext) -> Iterator[Finding]:
             f"samples), which is never all-reduced: {engine} then averages rank-local means, "
             "so ranks with fewer tokens weigh more",
         )
+
+
+def _rank_local_num_items(ctx: FileContext) -> Iterator[Finding]:
+    """``model(**batch, num_items_in_batch=n)`` (a transformers model divides its summed loss
+    by it) with ``n`` a token count this rank made of its window (assigned once in the
+    function, from a count or a file helper returning one), gathered or all-reduced nowhere,
+    under DDP: each rank normalises by its own tokens and DDP averages the ranks' means."""
+    for call in ctx.of(ast.Call):
+        kw = next((k for k in call.keywords if k.arg == "num_items_in_batch"), None)
+        if kw is None or not isinstance(kw.value, ast.Name):
+            continue
+        fn = ctx.enclosing(call, FUNCS)
+        values = ctx.assigned_in(fn).get(kw.value.id, []) if fn is not None else []
+        if len(values) != 1 or not _counted_here(ctx, values[0]):
+            continue
+        reduced = ctx.all_reduced_names(fn) | ctx.all_reduced_names(ctx.tree) if fn else set()
+        if kw.value.id in reduced or returned_reduced(ctx, kw.value) or simulates_ranks(ctx, call) \
+                or plain_model_only(ctx, call) or ctx.mentions_world(values[0]):
+            continue
+        yield ctx.finding(
+            "AG113", kw.value,
+            f"under DDP/FSDP the model divides its summed loss by `num_items_in_batch` = "
+            f"`{ast.unparse(values[0])}`, this rank's own count of tokens, which is never "
+            "all-reduced: DDP then averages rank-local means, so ranks with fewer tokens weigh "
+            "more",
+            fix="count the window's tokens over every rank (`accelerator.gather(n).sum()` or "
+                "`dist.all_reduce(n)`) and multiply the loss by the number of processes, as "
+                "the HF Trainer does with average_tokens_across_devices")
+
+
+def _counted_here(ctx: FileContext, value: ast.AST) -> bool:
+    """``value`` counts tokens itself, or calls a function of the file that returns a count."""
+    if counts_tokens(value) and not isinstance(value, ast.Name | ast.Attribute):
+        return True
+    if isinstance(value, ast.Call):
+        defs = ctx.functions_by_name().get(call_attr(value) or "", [])
+        return len(defs) == 1 and any(
+            isinstance(r, ast.Return) and r.value is not None and counts_tokens(r.value)
+            and not any(isinstance(c, ast.Call) and (call_attr(c) or "") in
+                        ("all_reduce", "gather", "all_gather", "reduce") for c in walk_all(r.value))
+            for r in ast.walk(defs[0]))
+    return False
 
 
 def _rank_local_argument(ctx: FileContext, node: ast.AST, divisor: ast.AST) -> ast.Call | None:
