@@ -24,6 +24,7 @@ count), and ``CFG["epochs"]`` of a dict literal is read as that entry, not the w
 from __future__ import annotations
 
 import ast
+import copy
 import re
 from bisect import bisect_left
 from collections.abc import Iterator
@@ -131,7 +132,36 @@ def _expand(ctx: FileContext, expr: ast.AST, depth: int = 3) -> list[ast.AST]:
         values = index.get(name, [])
         if len(values) == 1:
             parts += _expand(ctx, values[0], depth - 1)
+            inlined = _inlined_call(ctx, values[0])
+            if inlined is not None:
+                parts += _expand(ctx, inlined, depth - 1)
     return parts
+
+
+def _inlined_call(ctx: FileContext, value: ast.AST) -> ast.AST | None:
+    """``num_update_steps(cfg, len(loader))`` for a function of the file whose body is one
+    ``return`` of an expression of its parameters: that expression, each parameter replaced
+    by the call's argument (the call site's own nodes, so a ``len(loader)`` keeps its line);
+    else None."""
+    if not isinstance(value, ast.Call) or not isinstance(value.func, ast.Name) or value.keywords \
+            or any(isinstance(a, ast.Starred) for a in value.args):
+        return None
+    defs = ctx.functions_by_name().get(value.func.id, [])
+    if len(defs) != 1:
+        return None
+    fn = defs[0]
+    body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    params = [a.arg for a in fn.args.args]
+    if len(body) != 1 or not isinstance(body[0], ast.Return) or body[0].value is None \
+            or len(params) != len(value.args):
+        return None
+    args = dict(zip(params, value.args, strict=True))
+
+    class _Bind(ast.NodeTransformer):
+        def visit_Name(self, node: ast.Name) -> ast.AST:  # noqa: N802 (ast's visitor name)
+            return args.get(node.id, node)
+
+    return _Bind().visit(copy.deepcopy(body[0].value))  # type: ignore[no-any-return]
 
 
 def _outside_len(expr: ast.AST) -> Iterator[ast.AST]:
