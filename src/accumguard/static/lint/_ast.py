@@ -161,6 +161,24 @@ def local_identifiers(node: ast.AST) -> Iterator[str]:
             yield sub.arg.lower()
 
 
+#: calls that name values to show them, not to act on them
+_REPORTS = frozenset({"print", "log", "info", "debug", "warning", "write", "set_postfix"})
+
+
+def checks_or_reports(node: ast.AST) -> bool:
+    """An ``assert`` or a print/log call: it names values without acting on them."""
+    return isinstance(node, ast.Assert) or (
+        isinstance(node, ast.Call) and (call_attr(node) or "") in _REPORTS)
+
+
+def own_identifier(node: ast.AST) -> list[str]:
+    """The one identifier a Name, Attribute, arg or keyword node itself carries, lower-cased
+    (none for any other node)."""
+    ident = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) \
+        else node.arg if isinstance(node, ast.arg | ast.keyword) else None
+    return [ident.lower()] if ident else []
+
+
 def call_attr(call: ast.Call) -> str | None:
     """The method/function name of a call: ``x.y.step(...)`` -> ``step``, ``f(...)`` -> ``f``."""
     if isinstance(call.func, ast.Attribute):

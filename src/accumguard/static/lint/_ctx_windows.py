@@ -16,11 +16,13 @@ from accumguard.static.lint._ast import (
     UNSCALE_FUNCS,
     WINDOW_FUNCS,
     call_attr,
+    checks_or_reports,
     dotted,
     has_mod,
     identifiers,
     is_backward,
     local_identifiers,
+    own_identifier,
     position,
     receiver,
     terminates,
@@ -337,9 +339,9 @@ class WindowQueries(OwnRateQueries):
             # K named only where the code checks or reports (`assert len(xs) == K * W`,
             # `print(..., grad_accum)`: a reference loop's checks) does not accumulate
             said = {id(x) for sub in [*self.local_nodes(node), *skip]
-                    if sub in skip or _checks_or_reports(sub) for x in walk_all(sub)}
+                    if sub in skip or checks_or_reports(sub) for x in walk_all(sub)}
             return any(accum_name(i) for sub in self.local_nodes(node)
-                       if _named(sub) and id(sub) not in said for i in _own_identifier(sub))
+                       if id(sub) not in said for i in own_identifier(sub))
 
         if skip:
             return compute()
@@ -583,23 +585,3 @@ def _class_settings_accumulate(cls: ast.ClassDef) -> bool:
                 elif isinstance(sub, ast.arg):
                     targets.append(ast.Name(sub.arg))
     return any(ACCUM_RE.search(i) and i != "accumulate" for t in targets for i in identifiers(t))
-
-
-_REPORTS = frozenset({"print", "log", "info", "debug", "warning", "write", "set_postfix"})
-
-
-def _checks_or_reports(node: ast.AST) -> bool:
-    """An ``assert`` or a print/log call: it names values without acting on them."""
-    return isinstance(node, ast.Assert) or (
-        isinstance(node, ast.Call) and (call_attr(node) or "") in _REPORTS)
-
-
-def _named(node: ast.AST) -> bool:
-    return isinstance(node, ast.Name | ast.Attribute | ast.arg | ast.keyword)
-
-
-def _own_identifier(node: ast.AST) -> list[str]:
-    """The one identifier a Name, Attribute, arg or keyword node itself carries, lower-cased."""
-    ident = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) \
-        else getattr(node, "arg", None)
-    return [ident.lower()] if ident else []

@@ -34,13 +34,11 @@ AG111 the flag has the wrong polarity: off on the boundary and on elsewhere
 from __future__ import annotations
 
 import ast
-import re
 from collections.abc import Iterator
 from dataclasses import replace
 
 from accumguard.static.findings import Confidence, Finding, Severity
 from accumguard.static.lint._ast import (
-    ACCUM_RE,
     FUNCS,
     LOOPS,
     SCOPES,
@@ -55,7 +53,15 @@ from accumguard.static.lint._ast import (
 )
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
-from accumguard.static.lint.families._modguard import call_test
+from accumguard.static.lint.families._synctests import (
+    first_test,
+    never_true,
+    off_the_step,
+    shown,
+    step_gates,
+    through_name,
+    zero_based_counter,
+)
 
 
 def _is_forward_of(call: ast.Call, recv: str) -> bool:
@@ -265,195 +271,24 @@ def _sync_settings(ctx: FileContext) -> list[tuple[ast.AST, ast.AST, str]]:
     return out
 
 
-#: a micro-step *counter* (``micro_step``, ``accum_idx``), not a flag (``accumulating``)
-_COUNTER_RE = re.compile(r"step|idx|index|iter|count|_i$|_j$")
 
 
-def _zero_based_counter(ctx: FileContext, expr: ast.AST) -> str | None:
-    """The name of ``expr`` when it counts the micro-steps of a window from 0: the target of an
-    enclosing ``for c in range(n)`` / ``range(0, n)`` / ``for c, _ in enumerate(x)``, or a
-    micro-step name (``micro_step``, ``accum_idx``) that is no other loop's variable."""
-    if not isinstance(expr, ast.Name):
-        return None
-    name = expr.id
-    cur = ctx.parents.get(expr)
-    while cur is not None and not isinstance(cur, SCOPES):
-        if isinstance(cur, ast.For | ast.AsyncFor):
-            it, tgt = cur.iter, cur.target
-            if isinstance(tgt, ast.Name) and tgt.id == name:
-                ok = isinstance(it, ast.Call) and dotted(it.func) == "range" and (
-                    len(it.args) == 1
-                    or (len(it.args) == 2 and isinstance(it.args[0], ast.Constant) and it.args[0].value == 0)
-                )
-                return name if ok else None
-            if (
-                isinstance(tgt, ast.Tuple) and tgt.elts and isinstance(tgt.elts[0], ast.Name)
-                and tgt.elts[0].id == name
-            ):
-                ok = (
-                    isinstance(it, ast.Call) and dotted(it.func) == "enumerate"
-                    and len(it.args) == 1 and not it.keywords
-                )
-                return name if ok else None
-        cur = ctx.parents.get(cur)
-    low = name.lower()
-    return name if ACCUM_RE.search(low) and _COUNTER_RE.search(low) else None
 
 
-def _first_test(ctx: FileContext, expr: ast.AST) -> bool | None:
-    """True when ``expr`` is truthy at the *first* micro-step of a window only (``c == 0``,
-    ``not c``, ``c < 1``, ``c % K == 0``, ``not c % K`` with ``c`` counting from 0); False when
-    it is truthy on every micro-step but the first (``c != 0``, ``c > 0``, ``c``, ``c % K``);
-    None otherwise. Either way it is not the last micro-step's test (K > 1)."""
-    def counter_or_mod(x: ast.AST) -> bool:
-        if isinstance(x, ast.BinOp) and isinstance(x.op, ast.Mod):
-            x = x.left
-        return _zero_based_counter(ctx, x) is not None
-
-    if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.Not):
-        inner = _first_test(ctx, expr.operand)
-        return None if inner is None else not inner
-    if isinstance(expr, ast.Name) or (isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Mod)):
-        return False if counter_or_mod(expr) else None
-    if isinstance(expr, ast.Compare) and len(expr.ops) == 1:
-        left, op, right = expr.left, expr.ops[0], expr.comparators[0]
-        if isinstance(left, ast.Constant):
-            left, right = right, left
-            op = {ast.Lt: ast.Gt(), ast.Gt: ast.Lt(), ast.LtE: ast.GtE(), ast.GtE: ast.LtE()}.get(type(op), op)
-        if not (isinstance(right, ast.Constant) and type(right.value) is int):
-            return None
-        v = right.value
-        if v == 0 and isinstance(op, ast.Eq | ast.NotEq | ast.Gt):
-            return isinstance(op, ast.Eq) if counter_or_mod(left) else None
-        if _zero_based_counter(ctx, left) is None:
-            return None
-        if (isinstance(op, ast.Lt) and v == 1) or (isinstance(op, ast.LtE) and v == 0):
-            return True
-        if isinstance(op, ast.GtE) and v == 1:
-            return False
-    return None
 
 
-def _through_name(ctx: FileContext, scope: ast.AST, expr: ast.AST) -> ast.AST:
-    """A name ``scope`` assigns once read as its value (``is_boundary = micro % K == 0``);
-    anything else as it is."""
-    if isinstance(expr, ast.Name):
-        values = ctx.assigned_in(scope).get(expr.id, [])
-        if len(values) == 1:
-            return values[0]
-    return expr
 
 
-def _step_gates(ctx: FileContext, scope: ast.AST) -> list[ast.If]:
-    """The ``if`` statements of ``scope``'s own code that gate an optimizer step (cached)."""
-    gates: list[ast.If] = ctx._cached("sync_gates", scope, lambda: [
-        g for g in ctx.local_nodes(scope) if isinstance(g, ast.If) and ctx._gates_step(g)])
-    return gates
 
 
-def _residue(ctx: FileContext, expr: ast.AST, scope: ast.AST) -> tuple[str, str, int] | None:
-    """(counter, K, r) of a test ``(c + a) % K == b`` (``b`` an integer or ``K - n``): true
-    when ``c`` is ``r = b - a`` modulo K. A name is read through its one assignment in
-    ``scope`` (``is_boundary = micro % K == 0``)."""
-    expr = _through_name(ctx, scope, expr)
-    expr = call_test(ctx, expr) or expr  # `is_sync_step(micro, K)`: the predicate's test
-    if not (isinstance(expr, ast.Compare) and len(expr.ops) == 1 and isinstance(expr.ops[0], ast.Eq)):
-        return None
-    left, right = expr.left, expr.comparators[0]
-    if isinstance(right, ast.BinOp) and isinstance(right.op, ast.Mod):
-        left, right = right, left
-    if not (isinstance(left, ast.BinOp) and isinstance(left.op, ast.Mod)):
-        return None
-    k = ast.dump(left.right)
-    counter, shift = left.left, 0
-    if isinstance(counter, ast.BinOp) and isinstance(counter.op, ast.Add | ast.Sub) \
-            and isinstance(counter.right, ast.Constant) and type(counter.right.value) is int:
-        shift = counter.right.value if isinstance(counter.op, ast.Add) else -counter.right.value
-        counter = counter.left
-    name = dotted(counter)
-    if name is None:
-        return None
-    if isinstance(right, ast.Constant) and type(right.value) is int:
-        r = right.value
-    elif isinstance(right, ast.BinOp) and isinstance(right.op, ast.Sub) \
-            and ast.dump(right.left) == k and isinstance(right.right, ast.Constant) \
-            and type(right.right.value) is int:
-        r = -right.right.value
-    else:
-        return None
-    return name, k, r - shift
 
 
-def _off_the_step(ctx: FileContext, node: ast.AST, value: ast.AST) -> tuple[str, str] | None:
-    """(the sync test, the step's test) when the sync flag is on at another micro-step than
-    the one the optimizer steps at: both tests read the same counter modulo the same K with
-    different residues (``set_requires_gradient_sync(micro % K == 1)`` beside ``if micro % K
-    == 0: opt.step()``)."""
-    scope = ctx.enclosing(node, FUNCS) or ctx.tree
-    sync = _residue(ctx, value, scope)
-    if sync is None:
-        return None
-    tests = [g.test for g in _step_gates(ctx, scope)] + _returned_step_tests(ctx, scope)
-    for test in tests:
-        step = _residue(ctx, test, scope)
-        if step is None or step[:2] != sync[:2]:
-            continue
-        # `c += 1` between the flag and the step's test: the test reads the counter later
-        # (each test where it is evaluated: a flag's name where it is assigned)
-        r_step = step[2] - _increments_between(ctx, scope, sync[0], _through_name(ctx, scope, value),
-                                               _through_name(ctx, scope, test))
-        if r_step == sync[2]:
-            continue
-        k = ctx.int_value(test.left.right) if (  # the K the tests share, when in sight
-            isinstance(test, ast.Compare) and isinstance(test.left, ast.BinOp)) else None
-        diff = abs(r_step - sync[2])
-        if diff == 1 or (k is not None and k > 1 and diff % k != 0):
-            shown = _shown(ctx, scope, test)
-            if r_step != step[2]:
-                shown += f"` after `{sync[0]} += {step[2] - r_step}"  # read one micro-step on
-            return _shown(ctx, scope, value), shown
-    return None
 
 
-def _returned_step_tests(ctx: FileContext, scope: ast.AST) -> list[ast.AST]:
-    """The tests ``scope`` returns (``return self.micro % self.k == 0``) when every call of
-    it the file makes is the test of an ``if`` that gates an optimizer step (``if
-    acc.backward(loss): opt.step()``): the step's test, written in the helper."""
-    if not isinstance(scope, FUNCS):
-        return []
-    owner = ctx.parents.get(scope)
-    sites = ctx.call_sites(scope) + ([  # `acc.backward(loss)` with `acc = GradAccumulator(...)`
-        c for c in ctx.of(ast.Call) if isinstance(c.func, ast.Attribute) and c.func.attr == scope.name
-        and ctx._instances().get(dotted(c.func.value) or "") is owner] if isinstance(owner, ast.ClassDef)
-        else [])
-    if not sites or not all(isinstance(gate := ctx.parents.get(c), ast.If) and gate.test is c
-                            and ctx._gates_step(gate) for c in sites):
-        return []
-    return [n.value for n in ctx.local_nodes(scope) if isinstance(n, ast.Return)
-            and isinstance(n.value, ast.Compare)]
 
 
-def _increments_between(ctx: FileContext, scope: ast.AST, counter: str, first: ast.AST,
-                        later: ast.AST) -> int:
-    """What ``counter += n`` statements of ``scope``'s own code, lying after ``first`` and
-    before ``later`` in the source and in no loop of their own, add to it."""
-    lo, hi = getattr(first, "lineno", 0), getattr(later, "lineno", 0)
-    total = 0
-    for n in ctx.local_nodes(scope):
-        if isinstance(n, ast.AugAssign) and dotted(n.target) == counter and lo < n.lineno < hi \
-                and isinstance(n.value, ast.Constant) and type(n.value.value) is int \
-                and ctx.enclosing(n, LOOPS) is ctx.enclosing(later, LOOPS):
-            total += n.value.value if isinstance(n.op, ast.Add) else \
-                -n.value.value if isinstance(n.op, ast.Sub) else 0
-    return total
 
 
-def _shown(ctx: FileContext, scope: ast.AST, test: ast.AST) -> str:
-    """``test`` as written, and what it reads as (a flag's value, a predicate's test)."""
-    text = ast.unparse(test)
-    value = _through_name(ctx, scope, test)
-    value = call_test(ctx, value) or value
-    return text if value is test else f"{text}` = `{ast.unparse(value)}"
 
 
 def _first_of_stepless_loop(ctx: FileContext, test: ast.AST) -> bool:
@@ -461,11 +296,11 @@ def _first_of_stepless_loop(ctx: FileContext, test: ast.AST) -> bool:
     of the loop counting from 0 (``micro % K == 0``, ``micro == 0``), and that loop steps no
     optimizer inside: the step comes after its last iteration, which the test misses."""
     scope = ctx.enclosing(test, FUNCS) or ctx.tree
-    value = _through_name(ctx, scope, test)
-    if _first_test(ctx, value) is not True:
+    value = through_name(ctx, scope, test)
+    if first_test(ctx, value) is not True:
         return False
     counters = {x.id for x in ast.walk(value) if isinstance(x, ast.Name)
-                and _zero_based_counter(ctx, x) is not None}
+                and zero_based_counter(ctx, x) is not None}
     loop = ctx.parents.get(test)
     while loop is not None and not isinstance(loop, SCOPES):
         if isinstance(loop, ast.For | ast.AsyncFor):
@@ -481,12 +316,12 @@ def _first_of_stepless_loop(ctx: FileContext, test: ast.AST) -> bool:
 def _effective(ctx: FileContext, node: ast.AST, value: ast.AST) -> str:
     """'boundary' (on exactly at the boundary), 'inverted', 'first' (on at the first micro-step
     of the window, off at the last), 'off', 'on' or 'unknown'."""
-    if _never_true(ctx, value):
+    if never_true(ctx, value):
         return "never"
     pol = ctx.boundary_polarity(value) if not isinstance(value, ast.Constant) else None
     if pol is not None:
         return "boundary" if pol else "inverted"
-    if not isinstance(value, ast.Constant) and (first := _first_test(ctx, value)) is not None:
+    if not isinstance(value, ast.Constant) and (first := first_test(ctx, value)) is not None:
         return "first" if first else "on"
     if not (isinstance(value, ast.Constant) and isinstance(value.value, bool)):
         return "unknown"
@@ -499,7 +334,7 @@ def _effective(ctx: FileContext, node: ast.AST, value: ast.AST) -> str:
             if p is not None:
                 at_boundary = p if child in cur.body else not p
                 return "boundary" if on == at_boundary else "inverted"
-            first = _first_test(ctx, cur.test)
+            first = first_test(ctx, cur.test)
             if first is not None:
                 # `if micro == 0: flag = True`: this constant applies at the first micro-step
                 # only, or at the others (the last included)
@@ -510,39 +345,21 @@ def _effective(ctx: FileContext, node: ast.AST, value: ast.AST) -> str:
     return "on" if on else "off"
 
 
-def _never_true(ctx: FileContext, value: ast.AST) -> bool:
-    """``value`` (or the one value its name is assigned) is ``c == n`` or ``c >= n`` with ``c``
-    the variable of an enclosing ``for c in range(n)``: a test no iteration passes."""
-    scope = ctx.enclosing(value, FUNCS) or ctx.tree
-    test = _through_name(ctx, scope, value)
-    if not (isinstance(test, ast.Compare) and len(test.ops) == 1
-            and isinstance(test.ops[0], ast.Eq | ast.GtE) and isinstance(test.left, ast.Name)):
-        return False
-    counter, bound = test.left.id, ast.dump(test.comparators[0])
-    cur = ctx.parents.get(test)
-    while cur is not None and not isinstance(cur, SCOPES):
-        if isinstance(cur, ast.For | ast.AsyncFor) and isinstance(cur.target, ast.Name) \
-                and cur.target.id == counter:
-            it = cur.iter
-            return (isinstance(it, ast.Call) and dotted(it.func) == "range" and len(it.args) == 1
-                    and ast.dump(it.args[0]) == bound and counter not in ctx.assigned_in(scope))
-        cur = ctx.parents.get(cur)
-    return False
 
 
 def _gates_the_step(ctx: FileContext, node: ast.AST, test: ast.AST) -> bool:
     """The same test (or the flag it is read from) gates the optimizer step: the sync falls
     on the stepping micro-step, wherever that is."""
     scope = ctx.enclosing(node, FUNCS) or ctx.tree
-    read = _through_name(ctx, scope, test)
+    read = through_name(ctx, scope, test)
     value = ast.dump(read)
     names = {n.id for n in walk_all(read) if isinstance(n, ast.Name)}
     bumps = [n.lineno for n in ctx.local_nodes(scope) if isinstance(n, ast.AugAssign)
              and isinstance(n.target, ast.Name) and n.target.id in names]
     # (a counter incremented between the two tests: the same text, another micro-step)
-    return any(ast.dump(_through_name(ctx, scope, g.test)) == value
+    return any(ast.dump(through_name(ctx, scope, g.test)) == value
                and not any(node.lineno < b < g.lineno for b in bumps)  # type: ignore[attr-defined]
-               for g in _step_gates(ctx, scope))
+               for g in step_gates(ctx, scope))
 
 
 def _no_sync_polarity(ctx: FileContext, call: ast.Call) -> tuple[str, ast.AST | None]:
@@ -559,12 +376,12 @@ def _no_sync_polarity(ctx: FileContext, call: ast.Call) -> tuple[str, ast.AST | 
                 # synchronised where the test holds (the loop's first iteration) only
                 return ("first" if not in_true_branch else "ok"), cur.test
             # a flag read through its one assignment (`sync_now = micro % K == 0`)
-            test = _through_name(ctx, ctx.enclosing(cur, FUNCS) or ctx.tree, cur.test)
+            test = through_name(ctx, ctx.enclosing(cur, FUNCS) or ctx.tree, cur.test)
             p = ctx.boundary_polarity(test)
             if p is not None:
                 active_at_boundary = p if in_true_branch else not p
                 return ("inverted" if active_at_boundary else "ok"), cur.test
-            first = _first_test(ctx, test)
+            first = first_test(ctx, test)
             if first is not None:
                 # active on every micro-step but the first: the window syncs on its first only
                 return ("first" if in_true_branch != first else "ok"), cur.test
@@ -599,7 +416,7 @@ def sync_flag_polarity(ctx: FileContext) -> Iterator[Finding]:
             yield ctx.finding(
                 "AG111",
                 call,
-                f"`{recv}.no_sync()` is chosen on every micro-step but the first (by `{_shown(ctx, ctx.enclosing(call, FUNCS) or ctx.tree, test) if test is not None else ast.unparse(call)}`): "
+                f"`{recv}.no_sync()` is chosen on every micro-step but the first (by `{shown(ctx, ctx.enclosing(call, FUNCS) or ctx.tree, test) if test is not None else ast.unparse(call)}`): "
                 "the first micro-step of the window is all-reduced and the last is not, so "
                 "the later micro-batches' gradients stay on their own rank and the ranks step on "
                 "different gradients; expected the sync on the last micro-step only "
@@ -608,7 +425,7 @@ def sync_flag_polarity(ctx: FileContext) -> Iterator[Finding]:
     settings = _sync_settings(ctx)
     if not settings:
         return
-    offsets = {node: _off_the_step(ctx, node, value) for node, value, _ in settings}
+    offsets = {node: off_the_step(ctx, node, value) for node, value, _ in settings}
     values = {node: value for node, value, _ in settings}
     kinds = [
         (node, recv, "after_forward" if ddp_flag_after_forward(ctx, node)
