@@ -459,6 +459,14 @@ RULES: dict[str, Rule] = {
             "GradientAccumulationPlugin(num_steps=K, sync_with_dataloader=False), or draw each "
             "batch inside the window",
         ),
+        _rule(
+            "AG149", "grad-changed-in-substep-hook", "F3", E, HI,
+            "a gradient is zeroed or masked (rows frozen by hand, a 0/1 mask, zero_grad) in Hugging "
+            "Face's TrainerCallback.on_substep_end, which runs after every micro-batch of a window "
+            "but the last: those entries step on the last micro-batch's gradient alone",
+            "make the change in on_pre_optimizer_step, which runs once per optimizer step on the "
+            "window's whole gradient (or freeze the parameters with requires_grad=False)",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,
