@@ -467,6 +467,14 @@ RULES: dict[str, Rule] = {
             "make the change in on_pre_optimizer_step, which runs once per optimizer step on the "
             "window's whole gradient (or freeze the parameters with requires_grad=False)",
         ),
+        _rule(
+            "AG150", "checkpoint-inside-window", "F13", W, MED,
+            "a training checkpoint (weights, optimizer, counter; no gradient) is saved every N "
+            "micro-batches with N not a multiple of K and resumed with its counter as saved: a "
+            "run resumed from a checkpoint inside a window steps on the rest of that window only",
+            "save only at a window's boundary (test the counter against K too), or on resume "
+            "round the counter down to the window's start and replay the window",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

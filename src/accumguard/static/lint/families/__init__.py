@@ -33,6 +33,7 @@
                AG134               ... or by hand before DeepSpeed's engine.backward (GA > 1)
 ``ampclip``    AG135               gradient clipped before GradScaler.unscale_ (on the scaled gradient)
 ``hookclip``   AG138               clipping in Lightning's on_after_backward/on_before_backward, K > 1
+``resume``     AG150               a checkpoint inside a window, resumed with its counter as saved
 ``hookgrad``   AG149               a gradient changed in HF's on_substep_end (never after the last micro-batch)
 ``fused``      AG137               an optimizer stepped in a post-accumulate-grad hook, loop accumulating
 ``tokhorizon`` AG145               an iteration horizon converted from tokens by one micro-batch's size
@@ -65,6 +66,7 @@ from accumguard.static.lint.families import (
     precision,
     prefetch,
     reduce,
+    resume,
     scale,
     schedule,
     sync,
@@ -76,4 +78,4 @@ from accumguard.static.lint.families import (
     window,
 )
 
-__all__ = ["accelerate", "ampclip", "deepspeed", "epochtail", "factored", "fused", "hookclip", "hookgrad", "hfscale", "hfterms", "hftokens", "horizon", "lgmanual", "lgwindow", "loss", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "scale", "schedule", "sync", "tailscale", "terms", "tokenmean", "tokhorizon", "twice", "window"]
+__all__ = ["accelerate", "ampclip", "deepspeed", "epochtail", "factored", "fused", "hookclip", "hookgrad", "hfscale", "hfterms", "hftokens", "horizon", "lgmanual", "lgwindow", "loss", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "resume", "scale", "schedule", "sync", "tailscale", "terms", "tokenmean", "tokhorizon", "twice", "window"]

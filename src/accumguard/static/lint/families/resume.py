@@ -1,0 +1,165 @@
+"""A checkpoint taken inside a window and resumed as is (F13): AG150.
+
+A training-state checkpoint (``torch.save`` of a dict holding the optimizer's
+``state_dict()``) keeps the weights, the optimizer and the micro-batch counter, never the
+gradient the current window has accumulated so far. Saved every N micro-batches with N
+not a multiple of K, some checkpoints fall inside a window; a resume that restores the
+counter as saved (``self.micro_step = ck["micro_step"]``) then continues the window
+without its first micro-batches, and the optimizer steps on the rest of it (a short
+window, still divided by K). Reported when all of it is in the file: the save, its
+``counter % N`` trigger on a counter the boundary test ``counter % K`` also reads, both N
+and K as integers, and the restore of that counter from the checkpoint's entry. A
+warning: only a run that resumes from such a checkpoint is off. A restore rounded down to
+the window's start (``ck["step"] - ck["step"] % K``), a trigger that also tests ``% K``,
+or a checkpoint holding gradients is right and not reported.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+from accumguard.static.findings import Finding
+from accumguard.static.lint._ast import FUNCS, call_attr, dotted, last_part, receiver
+from accumguard.static.lint._context import FileContext
+from accumguard.static.lint._rule import rule
+
+
+def _identifiers(expr: ast.AST) -> set[str]:
+    return {last_part(d) for n in ast.walk(expr) if (d := dotted(n)) is not None} - {"self"}
+
+
+def _k_moduli(ctx: FileContext) -> tuple[set[str], set[int]]:
+    """The counters the file tests against K (``micro_step % accum``) and the values of K."""
+    counters: set[str] = set()
+    ks: set[int] = set()
+    for n in ctx.of(ast.BinOp):
+        if isinstance(n.op, ast.Mod) and ctx.mentions_accum(n.right):
+            counters |= _identifiers(n.left)
+            ks |= {v for v in ctx.int_candidates(n.right) if v is not None}
+            if (v := _bound_int(ctx, n.right)) is not None:
+                ks.add(v)
+    return counters, ks
+
+
+def _payload(ctx: FileContext, call: ast.Call) -> ast.Dict | None:
+    """The dict ``torch.save`` writes: a literal, or a name assigned one literal in the function."""
+    first: ast.AST | None = call.args[0] if call.args else None
+    if isinstance(first, ast.Name):
+        scope = ctx.scope_of(call)
+        values = ctx.assigned_in(scope).get(first.id, [])
+        first = values[0] if len(values) == 1 else None
+    return first if isinstance(first, ast.Dict) else None
+
+
+def _training_state(ctx: FileContext, d: ast.Dict) -> bool:
+    """The dict holds an optimizer's ``state_dict()`` and no gradient."""
+    text = ast.unparse(d)
+    if ".grad" in text or "'grad" in text or '"grad' in text:
+        return False
+    for key, value in zip(d.keys, d.values, strict=True):
+        if isinstance(value, ast.Call) and call_attr(value) == "state_dict":
+            named = isinstance(key, ast.Constant) and "opt" in str(key.value).lower()
+            if named or ctx.kind_of_receiver(receiver(value)) == "optimizer":
+                return True
+    return False
+
+
+def _bound_int(ctx: FileContext, expr: ast.AST) -> int | None:
+    """The integer ``expr`` holds, also through a constructor: ``self.every`` assigned from
+    ``__init__``'s parameter, the class built once with an integer for it."""
+    v = ctx.int_value(expr)
+    if v is None and (d := dotted(expr)) is not None and len(alias := ctx.values_by_name().get(d, [])) == 1:
+        v = ctx.int_value(alias[0])  # `self.accum = args.grad_accum`
+    if v is not None or not (isinstance(expr, ast.Attribute) and dotted(expr.value) == "self"):
+        return v
+    cls = ctx.enclosing(expr, (ast.ClassDef,))
+    init = next((f for f in getattr(cls, "body", []) if isinstance(f, FUNCS) and f.name == "__init__"), None)
+    if not isinstance(cls, ast.ClassDef) or init is None:
+        return None
+    sources = [n.value for n in ast.walk(init) if isinstance(n, ast.Assign) and len(n.targets) == 1
+               and dotted(n.targets[0]) == f"self.{expr.attr}"]
+    if len(sources) != 1 or not isinstance(sources[0], ast.Name):
+        return None
+    params = [a.arg for a in init.args.args[1:]]
+    if sources[0].id not in params:
+        return None
+    pos = params.index(sources[0].id)
+    values: set[int | None] = set()
+    for call in ctx.of(ast.Call):
+        if isinstance(call.func, ast.Name) and call.func.id == cls.name:
+            kw = next((k.value for k in call.keywords if k.arg == sources[0].id), None)
+            arg = kw if kw is not None else (call.args[pos] if pos < len(call.args) else None)
+            values.add(ctx.int_value(arg) if arg is not None else None)
+    return next(iter(values)) if len(values) == 1 and None not in values else None
+
+
+def _triggers(ctx: FileContext, save: ast.Call) -> Iterator[tuple[ast.If, ast.BinOp]]:
+    """The ``if ... % N`` tests that decide the save: around it, or around the calls of the
+    (once-defined) function that holds it."""
+    fn = ctx.enclosing(save, FUNCS)
+    sites: list[ast.AST] = [save]
+    if isinstance(fn, FUNCS) and len(ctx.defs_by_name().get(fn.name, [])) == 1:
+        sites += [c for c in ctx.of(ast.Call)
+                  if (isinstance(c.func, ast.Attribute) and c.func.attr == fn.name)
+                  or (isinstance(c.func, ast.Name) and c.func.id == fn.name)]
+    for site in sites:
+        node: ast.AST | None = site
+        while node is not None and not isinstance(node, FUNCS):
+            parent = ctx.parents.get(node)
+            if isinstance(parent, ast.If) and node in parent.body:
+                for m in ast.walk(parent.test):
+                    if isinstance(m, ast.BinOp) and isinstance(m.op, ast.Mod):
+                        yield parent, m
+            node = parent
+
+
+def _restores(ctx: FileContext, keys: dict[str, set[str]]) -> list[ast.Assign]:
+    """``self.micro_step = ck["micro_step"]``: a counter set from the checkpoint's own entry,
+    as saved (no arithmetic around it)."""
+    out = []
+    for n in ctx.of(ast.Assign):
+        v = n.value
+        if (len(n.targets) == 1 and isinstance(v, ast.Subscript) and isinstance(v.slice, ast.Constant)
+                and isinstance(v.slice.value, str) and v.slice.value in keys
+                and (d := dotted(n.targets[0])) is not None and last_part(d) in keys[v.slice.value]):
+            out.append(n)
+    return out
+
+
+@rule("AG150")
+def checkpoint_inside_window(ctx: FileContext) -> Iterator[Finding]:
+    saves = [c for c in ctx.of(ast.Call) if dotted(c.func) == "torch.save"]
+    if not saves:
+        return
+    counters, ks = _k_moduli(ctx)
+    if len(ks) != 1 or not counters:
+        return
+    k = next(iter(ks))
+    for save in saves:
+        d = _payload(ctx, save)
+        if d is None or not _training_state(ctx, d):
+            continue
+        keys = {key.value: _identifiers(value) & counters for key, value in zip(d.keys, d.values, strict=True)
+                if isinstance(key, ast.Constant) and isinstance(key.value, str)}
+        restores = _restores(ctx, {key: names for key, names in keys.items() if names})
+        if not restores:
+            continue
+        tests = list(_triggers(ctx, save))
+        if any(ctx.mentions_accum(m.right) for _, m in tests):
+            continue  # saved only at a window's boundary
+        for test, mod in tests:
+            n = _bound_int(ctx, mod.right)
+            if n is None or n % k == 0 or not (_identifiers(mod.left) & counters):
+                continue
+            restore = restores[0]
+            yield ctx.finding(
+                "AG150",
+                test,
+                f"a checkpoint every {n} micro-batches (`{ast.unparse(test.test)}`) while the "
+                f"optimizer steps every {k}: a checkpoint inside a window keeps the weights and "
+                "the optimizer but not the gradient accumulated since the window began, and the "
+                f"resume restores the counter as saved (`{ast.unparse(restore)}`, line "
+                f"{restore.lineno}), so the resumed window steps without its first micro-batches",
+            )
+            break
