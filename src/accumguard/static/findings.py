@@ -475,6 +475,13 @@ RULES: dict[str, Rule] = {
             "save only at a window's boundary (test the counter against K too), or on resume "
             "round the counter down to the window's start and replay the window",
         ),
+        _rule(
+            "AG151", "sync-counts-k-in-short-window", "F11", W, MED,
+            "the gradient sync is decided by the micro-batch's position compared with K while "
+            "the loop's windows can be shorter (a remainder window, a loss divided by the "
+            "window's length): a short window's last micro-batch is never reduced",
+            "decide the sync against the window's own length: `j < len(window) - 1`",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

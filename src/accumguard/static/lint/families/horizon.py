@@ -35,6 +35,7 @@ from accumguard.static.lint._ast import WORLD_RE, call_attr, dotted, receiver, w
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._acchorizon import accelerate_micro_horizon
+from accumguard.static.lint.families._hfhorizon import hf_trainer_micro_horizon
 from accumguard.static.lint.families._lghorizon import (
     lightning_k_frequencies,
     lightning_micro_horizons,
@@ -336,13 +337,14 @@ def _counts_batches(ctx: FileContext, parts: list[ast.AST], loaders: set[str],
     divisors = _divides(parts)
     if any(ast.unparse(d) not in sizes for d in divisors):
         return None  # scaled by something (`// K`, `/ world`): not a plain count of batches
-    skip = {id(n) for d in divisors for n in walk_all(d)}
-    for p in parts:
-        for n in _outside_len(p):
-            if id(n) not in skip and isinstance(n, ast.Name | ast.Attribute | ast.Constant) and (
-                    ctx.mentions_accum(n)):
-                return None  # K is in the horizon somewhere
-    return loader
+    return None if _k_outside(ctx, parts, divisors) else loader
+
+
+def _k_outside(ctx: FileContext, parts: list[ast.AST], skipped: list[ast.AST]) -> bool:
+    """K is in the horizon's arithmetic somewhere, outside ``len(...)`` and ``skipped``."""
+    skip = {id(n) for d in skipped for n in walk_all(d)}
+    return any(id(n) not in skip and isinstance(n, ast.Name | ast.Attribute | ast.Constant)
+               and ctx.mentions_accum(n) for p in parts for n in _outside_len(p))
 
 
 @rule("AG124")
@@ -363,6 +365,11 @@ def horizon_in_micro_batches(ctx: FileContext) -> Iterator[Finding]:
                 "(`accelerator.accumulate`): the schedule is K times longer than training and "
                 "never reaches its end",
             )
+            continue
+        divisors = _divides(parts)
+        hf = hf_trainer_micro_horizon(ctx, name, horizon, divisors, _k_outside(ctx, parts, divisors))
+        if hf is not None:
+            yield ctx.finding("AG124", ctor, hf, fix=_HF_FIX)
             continue
         steps = _step_calls(ctx, name)
         if not steps:
@@ -396,6 +403,10 @@ def horizon_in_micro_batches(ctx: FileContext) -> Iterator[Finding]:
                       severity=Severity.WARNING, confidence=Confidence.MEDIUM)
 
 
+_HF_FIX = ("size the horizon in optimizer steps: divide the micro-batches per epoch by "
+           "gradient_accumulation_steps (`math.ceil(len(dataset) / (per_device_train_batch_size * "
+           "gradient_accumulation_steps)) * epochs`), or let the Trainer build the scheduler "
+           "(lr_scheduler_type, warmup_ratio), which counts in optimizer steps")
 _FREQUENCY_FIX = ("drop `frequency` (or set it to 1): an `\"interval\": \"step\"` scheduler already steps "
                   "once per optimizer step, after Lightning's accumulation")
 _LIGHTNING_FIX = ("size the horizon in optimizer steps: `self.trainer.estimated_stepping_batches` (it "

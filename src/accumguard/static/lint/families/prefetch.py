@@ -108,7 +108,8 @@ def window_drawn_ahead_with_dataloader_sync(ctx: FileContext) -> Iterator[Findin
         # loader has: not in sight, not reported
         whole = len(drawn.args) > 1 or _catches_stop(ctx, drawn)
         counted = None if whole else _windows_of_loader(ctx, loop, prepared, scope)
-        if not whole and counted is None:
+        sized = None if whole or counted is not None else _data_sized_to_windows(ctx, loop)
+        if not whole and counted is None and sized is None:
             continue
         finding = ctx.finding(
             "AG148",
@@ -133,7 +134,45 @@ def window_drawn_ahead_with_dataloader_sync(ctx: FileContext) -> Iterator[Findin
                     f"the loop runs `{ast.unparse(counted)}` windows, so whenever the loader's "
                     "length is a multiple of K the last window draws its last batch; once the "
                     "loader has yielded"))
+        elif sized is not None:
+            # `for u in range(N)` over data built with N x K x ... items: each rank's loader
+            # holds N windows exactly, unless the dataset's length is not what it is given
+            count, size = sized
+            finding = replace(
+                finding, severity=Severity.WARNING, confidence=Confidence.MEDIUM,
+                evidence=finding.evidence.replace(
+                    "once the loader has yielded",
+                    f"the loop runs `{ast.unparse(count)}` windows over data built with "
+                    f"`{ast.unparse(size)}` items (line {getattr(size, 'lineno', '?')}), so the last window draws "
+                    "the loader's last batch; once the loader has yielded"))
         yield finding
+
+
+def _factors(expr: ast.AST) -> list[ast.AST]:
+    if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Mult):
+        return _factors(expr.left) + _factors(expr.right)
+    return [expr]
+
+
+def _data_sized_to_windows(ctx: FileContext, loop: ast.For) -> tuple[ast.AST, ast.AST] | None:
+    """The loop around the window loop runs ``range(N)`` and a call of the file is given
+    ``N * K * ...`` (``ToyDataset(N_UPDATES * GA * WORLD * BS)``): the data is sized to
+    exactly N windows per rank."""
+    outer = ctx.enclosing(loop, (ast.For, ast.AsyncFor, ast.While))
+    if not (isinstance(outer, ast.For) and isinstance(outer.iter, ast.Call)
+            and dotted(outer.iter.func) == "range" and len(outer.iter.args) == 1):
+        return None
+    count = outer.iter.args[0]
+    name = dotted(count)
+    if name is None:
+        return None
+    for call in ctx.of(ast.Call):
+        for arg in [*call.args, *(k.value for k in call.keywords)]:
+            factors = _factors(arg)
+            if (len(factors) > 1 and any(dotted(f) == name for f in factors)
+                    and any(ctx.mentions_accum(f) for f in factors)):
+                return count, arg
+    return None
 
 
 def _catches_stop(ctx: FileContext, node: ast.AST) -> bool:

@@ -1,0 +1,116 @@
+"""A sync decision that counts K in a window that may be shorter (F11): AG151.
+
+Loops that group the loader into windows themselves (``for window in windows(loader, K):
+for j, batch in enumerate(window):``) get a short last window whenever the epoch's length
+is not a multiple of K. When the gradient sync is decided by comparing the position with
+K (``model.no_sync() if j < K - 1 else nullcontext()``, ``require_backward_grad_sync = j ==
+K - 1``, ``set_requires_gradient_sync(j == K - 1)``), a short window never reaches the
+synchronising position: its last micro-batch skips the reduction and the optimizer steps
+on each rank's own gradient. Reported when the file shows that windows can be short: the
+window's generator yields a remainder after its loop (``if buf: yield buf``), or the loss
+is divided by ``len(window)``. A warning: the damage needs an epoch whose length K does not
+divide, which the source rarely states. Compare with ``len(window) - 1`` instead.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+from accumguard.static.findings import Finding
+from accumguard.static.lint._ast import FUNCS, LOOPS, call_attr, dotted
+from accumguard.static.lint._context import FileContext
+from accumguard.static.lint._rule import rule
+
+_SYNC_CALLS = frozenset({"no_sync", "set_requires_gradient_sync"})
+_SYNC_FLAG = "require_backward_grad_sync"
+
+
+def _yields_remainder(fn: ast.AST) -> bool:
+    """A generator with a ``yield`` outside its loops, after one (``if buf: yield buf``)."""
+    has_loop = False
+    for n in ast.walk(fn):
+        if isinstance(n, LOOPS):
+            has_loop = True
+    if not has_loop:
+        return False
+    stack: list[tuple[ast.AST, bool]] = [(fn, False)]
+    while stack:
+        node, in_loop = stack.pop()
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (*FUNCS, ast.Lambda)):
+                continue
+            if isinstance(child, ast.Yield) and not in_loop:
+                return True
+            stack.append((child, in_loop or isinstance(child, LOOPS)))
+    return False
+
+
+def _window_may_be_short(ctx: FileContext, outer: ast.For, inner: ast.For, window: str) -> str | None:
+    """Why the file shows windows shorter than K, or None."""
+    if isinstance(outer.iter, ast.Call) and (fn := ctx.callee_of(outer.iter)) is not None \
+            and _yields_remainder(fn):
+        return f"`{fn.name}` yields the remainder after its loop as a last, shorter window"
+    for n in ast.walk(inner):
+        if (isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div | ast.FloorDiv)
+                and isinstance(n.right, ast.Call) and dotted(n.right.func) == "len"
+                and n.right.args and dotted(n.right.args[0]) == window):
+            return f"the loss is divided by `{ast.unparse(n.right)}`"
+    return None
+
+
+def _branches(n: ast.IfExp | ast.If) -> Iterator[ast.AST]:
+    if isinstance(n, ast.IfExp):
+        yield from (c for b in (n.body, n.orelse) for c in ast.walk(b))
+    else:
+        yield from (c for s in n.body for c in ast.walk(s))
+
+
+def _sync_tests(ctx: FileContext, inner: ast.For, index: str) -> Iterator[ast.Compare]:
+    """Comparisons of ``index`` with K that decide the sync in ``inner``."""
+    for n in ast.walk(inner):
+        decided: ast.AST | None = None
+        if isinstance(n, ast.IfExp | ast.If) and any(
+                isinstance(c, ast.Call) and call_attr(c) in _SYNC_CALLS for c in _branches(n)):
+            decided = n.test
+        elif isinstance(n, ast.Assign) and any(
+                isinstance(t, ast.Attribute) and t.attr == _SYNC_FLAG for t in n.targets):
+            decided = n.value
+        elif isinstance(n, ast.Call) and call_attr(n) == "set_requires_gradient_sync" and n.args:
+            decided = n.args[0]
+        if decided is None:
+            continue
+        for c in ast.walk(decided):
+            if (isinstance(c, ast.Compare) and any(isinstance(x, ast.Name) and x.id == index
+                                                   for x in ast.walk(c))
+                    and any(ctx.mentions_accum(x) for x in [c.left, *c.comparators])
+                    and "len(" not in ast.unparse(c)):
+                yield c
+
+
+@rule("AG151")
+def sync_counts_k_in_short_window(ctx: FileContext) -> Iterator[Finding]:
+    for inner in ctx.of(ast.For):
+        it = inner.iter
+        if not (isinstance(it, ast.Call) and dotted(it.func) == "enumerate" and it.args
+                and isinstance(it.args[0], ast.Name) and isinstance(inner.target, ast.Tuple)
+                and inner.target.elts and isinstance(inner.target.elts[0], ast.Name)):
+            continue
+        window, index = it.args[0].id, inner.target.elts[0].id
+        outer = ctx.enclosing(inner, (ast.For,))
+        if not (isinstance(outer, ast.For) and isinstance(outer.target, ast.Name)
+                and outer.target.id == window):
+            continue
+        tests = list(_sync_tests(ctx, inner, index))
+        why = _window_may_be_short(ctx, outer, inner, window) if tests else None
+        if why is None:
+            continue
+        for test in tests:
+            yield ctx.finding(
+                "AG151",
+                test,
+                f"the gradient sync is decided by `{ast.unparse(test)}`, a position counted "
+                f"against K, but windows can be shorter ({why}): a short window never reaches "
+                "that position, its last micro-batch skips the reduction, and the optimizer "
+                "steps on each rank's own gradient",
+            )
