@@ -482,6 +482,14 @@ RULES: dict[str, Rule] = {
             "window's length): a short window's last micro-batch is never reduced",
             "decide the sync against the window's own length: `j < len(window) - 1`",
         ),
+        _rule(
+            "AG152", "ds-train-batch-without-world", "", W, MED,
+            "a DeepSpeed config gives train_batch_size as micro-batch x K without the number "
+            "of processes and no gradient_accumulation_steps: DeepSpeed derives the "
+            "accumulation as K / W, so on W > 1 processes each rank steps W times as often",
+            "give \"gradient_accumulation_steps\": K explicitly, or write train_batch_size as "
+            "micro x K x world size",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

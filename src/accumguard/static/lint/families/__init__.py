@@ -33,6 +33,7 @@
                AG134               ... or by hand before DeepSpeed's engine.backward (GA > 1)
 ``ampclip``    AG135               gradient clipped before GradScaler.unscale_ (on the scaled gradient)
 ``hookclip``   AG138               clipping in Lightning's on_after_backward/on_before_backward, K > 1
+``dsbatch``    AG152               a DeepSpeed train_batch_size of micro x K without the world size
 ``synctail``   AG151               a sync decided against K in windows that can be shorter
 ``resume``     AG150               a checkpoint inside a window, resumed with its counter as saved
 ``hookgrad``   AG149               a gradient changed in HF's on_substep_end (never after the last micro-batch)
@@ -49,6 +50,7 @@ from accumguard.static.lint.families import (
     accelerate,
     ampclip,
     deepspeed,
+    dsbatch,
     epochtail,
     factored,
     fused,
@@ -80,4 +82,4 @@ from accumguard.static.lint.families import (
     window,
 )
 
-__all__ = ["accelerate", "ampclip", "deepspeed", "epochtail", "factored", "fused", "hookclip", "hookgrad", "hfscale", "hfterms", "hftokens", "horizon", "lgmanual", "lgwindow", "loss", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "resume", "scale", "schedule", "sync", "synctail", "tailscale", "terms", "tokenmean", "tokhorizon", "twice", "window"]
+__all__ = ["accelerate", "ampclip", "deepspeed", "dsbatch", "epochtail", "factored", "fused", "hookclip", "hookgrad", "hfscale", "hfterms", "hftokens", "horizon", "lgmanual", "lgwindow", "loss", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "resume", "scale", "schedule", "sync", "synctail", "tailscale", "terms", "tokenmean", "tokhorizon", "twice", "window"]
