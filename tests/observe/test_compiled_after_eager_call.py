@@ -1,12 +1,20 @@
-"""A DDP model called once eagerly (hooked by the observer), then compiled and trained
+"""Compiled DDP models under the observer.
+
+A DDP model called once eagerly (hooked by the observer), then compiled and trained
 (blind round 36 a_c03: an Accelerate-prepared PEFT model compiled after reference log-probs
 were taken eagerly). Dynamo traced the observer's forward hooks of the inner module and
 raised an AssertionError into the user's code; no observer code may go into a compiled
-graph. The watched run must finish with the same bits as the unwatched one."""
+graph. The watched run must finish with the same bits as the unwatched one.
+
+Blind round 42 b_c03: a DDP model with a comm hook and ``no_sync``, compiled as a whole.
+The observer's forward pre-hook then ran in eager code that Dynamo's frame callback still
+watched, and the callback compiled the weak map lookup the hook made: an AssertionError in
+the hook, observation switched off after 0 steps (the run itself went on unchanged)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -59,6 +67,42 @@ def test_a_compiled_ddp_model_hooked_before_trains_unchanged(tmp_path: Path) -> 
     watched = _train(tmp_path)
     plain = _train(None)
     assert all(torch.equal(a, b) for a, b in zip(watched, plain, strict=True))
+    rec = load_recordings(tmp_path)
+    assert [int(s["backwards"]) for s in rec.steps[0]] == [K, K]
+    assert [f for f in analyze(rec)[0] if f.severity.value == "error"] == []
+
+
+def _allreduce_sum(pg, bucket):  # type: ignore[no-untyped-def]  # DDP reads the annotations
+    return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda f: f.value()[0])
+
+
+def _train_no_sync_hooked(out: Path | None) -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    g = torch.Generator().manual_seed(1)
+    data = [torch.randn(3, 4, generator=g) for _ in range(2 * K)]
+    with recording(out) if out is not None else contextlib.nullcontext():
+        ddp = torch.nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True)
+        ddp.register_comm_hook(None, _allreduce_sum)
+        fwd = torch.compile(ddp, backend="aot_eager")
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        for i, x in enumerate(data):
+            with ddp.no_sync() if i % K < K - 1 else contextlib.nullcontext():
+                (fwd(x).pow(2).mean() / K).backward()
+            if (i + 1) % K == 0:
+                opt.step()
+                opt.zero_grad()
+    torch._dynamo.reset()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.usefixtures("one_rank_group")
+def test_a_compiled_ddp_model_with_comm_hook_and_no_sync_is_observed(tmp_path: Path) -> None:
+    watched = _train_no_sync_hooked(tmp_path)
+    plain = _train_no_sync_hooked(None)
+    assert all(torch.equal(a, b) for a, b in zip(watched, plain, strict=True))
+    records = [json.loads(line) for f in tmp_path.glob("rank-*.jsonl") for line in f.read_text().splitlines()]
+    assert [r for r in records if r.get("kind") == "internal_error"] == []
     rec = load_recordings(tmp_path)
     assert [int(s["backwards"]) for s in rec.steps[0]] == [K, K]
     assert [f for f in analyze(rec)[0] if f.severity.value == "error"] == []

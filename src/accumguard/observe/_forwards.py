@@ -18,7 +18,9 @@ read (:meth:`ForwardHooks._sync_flag`): the sync contract of the window's last m
 from __future__ import annotations
 
 import contextlib
+import sys
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -202,7 +204,20 @@ class ForwardHooks:
         # map holds compiled wrappers whose inner module Dynamo may be tracing already, and
         # rebuilding them raised an AssertionError into the user's code (blind round 36
         # a_c03). There a module's id among the hooked ones is taken as it.)
-        hooked = True if torch.compiler.is_compiling() else module in self._depth_hooked
+        if torch.compiler.is_compiling():
+            self._enter_module(module, True)
+        elif (_GET_CALLBACK() is not None if _GET_CALLBACK is not None
+              else "torch._dynamo" in sys.modules):
+            # eager code between compiled regions may still run under Dynamo's frame
+            # callback, which then compiles every Python frame the bookkeeping calls (the
+            # weak map's lookup failed there: blind round 42 b_c03, a compiled DDP model)
+            _eager_enter_without_dynamo()(self, module)
+        else:
+            self._enter_module(module, module in self._depth_hooked)
+
+    def _enter_module(self, module: torch.nn.Module, hooked: bool) -> None:
+        """A module call at depth 0, or of a module seen there: count the depth, and at depth
+        0 take it as a root (``hooked``: its depth hook is in place)."""
         if self._fwd_depth and not hooked:
             return
         if not hooked:
@@ -300,3 +315,26 @@ def _compiled_original(module: torch.nn.Module) -> torch.nn.Module:
         mods = own.get("_modules")
         inner = mods.get("_orig_mod") if isinstance(mods, dict) else None
     return inner if isinstance(inner, torch.nn.Module) else module
+
+
+_EAGER_ENTER: Callable[[ForwardHooks, torch.nn.Module], None] | None = None
+#: Dynamo's frame callback, read in C (no Python frame per call). Set outside a trace, it
+#: means eager code between compiled regions. Where torch lacks the getter, Dynamo being
+#: loaded is taken as "it may be set".
+_GET_CALLBACK: Callable[[], object] | None = getattr(
+    getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None), "get_eval_frame_callback", None)
+
+
+
+def _eager_enter(seams: ForwardHooks, module: torch.nn.Module) -> None:
+    seams._enter_module(module, module in seams._depth_hooked)
+
+
+def _eager_enter_without_dynamo() -> Callable[[ForwardHooks, torch.nn.Module], None]:
+    """:func:`_eager_enter` with Dynamo's frame callback off while it runs (made once, when
+    Dynamo is loaded: ``torch.compiler.disable`` changes nothing a compiled graph holds, as
+    it only ever runs here, outside any trace)."""
+    global _EAGER_ENTER
+    if _EAGER_ENTER is None:
+        _EAGER_ENTER = torch.compiler.disable(_eager_enter, recursive=True)  # type: ignore[no-untyped-call]
+    return _EAGER_ENTER
