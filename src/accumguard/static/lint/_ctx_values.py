@@ -22,11 +22,13 @@ class ValueFacts(FileIndex):
 
     # ---------------------------------------------------------------- values by name
 
-    def _derived_names(self, pattern: re.Pattern[str]) -> set[str]:
-        """Names assigned (to a fixpoint) from an expression mentioning ``pattern``:
-        ``size = float(dist.get_world_size())``, ``K = args.grad_accum_steps``."""
+    def _derived_names(self, pattern: re.Pattern[str], seed: frozenset[str] = frozenset()) -> set[str]:
+        """Names assigned (to a fixpoint) from an expression mentioning ``pattern`` or a name
+        of ``seed`` (kept in the result): ``size = float(dist.get_world_size())``, ``K =
+        args.grad_accum_steps``, ``W = args.nproc`` when ``args.nproc`` is given as the
+        world size."""
         def compute() -> set[str]:
-            out: set[str] = set()
+            out: set[str] = set(seed)
             for _ in range(3):
                 before = len(out)
                 for names, value in self._pairs():
@@ -40,7 +42,8 @@ class ValueFacts(FileIndex):
                 if len(out) == before:
                     break
             return out
-        return self._cached("derived:" + pattern.pattern, self.tree, compute)  # type: ignore[no-any-return]
+        key = "derived:" + pattern.pattern + ("+" + ",".join(sorted(seed)) if seed else "")
+        return self._cached(key, self.tree, compute)  # type: ignore[no-any-return]
 
     def _pairs(self) -> list[tuple[list[str], ast.AST]]:
         """Single-name assignments, with ``K, W = a, b`` taken apart into ``K = a``, ``W = b``."""
@@ -223,8 +226,9 @@ class ValueFacts(FileIndex):
 
     def mentions_world(self, expr: ast.AST) -> bool:
         """``expr`` is (or is built from) the world size."""
-        return self._mentions(expr, WORLD_RE, self._derived_names(WORLD_RE)
-                              | self._world_keywords())
+        names = self._cached("world_names", self.tree, lambda: self._derived_names(
+            WORLD_RE, frozenset(self._world_keywords())))
+        return self._mentions(expr, WORLD_RE, names)
 
     def _world_keywords(self) -> set[str]:
         """Names given as the number of processes: ``init_process_group(world_size=W)``,

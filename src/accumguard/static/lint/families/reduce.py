@@ -44,6 +44,28 @@ def _divides_by_world(ctx: FileContext, scope: ast.AST) -> bool:
     return bool(ctx._cached("divides_world", scope, compute))
 
 
+def _grads_divided_by_world(ctx: FileContext) -> bool:
+    """Somewhere in the file a gradient is divided by the world size in place
+    (``p.grad.div_(world_size)``, ``p.grad /= W``, ``g.mul_(1 / W)``)."""
+    def grad_like(expr: ast.AST | None) -> bool:
+        return expr is not None and any(
+            (isinstance(x, ast.Attribute) and x.attr == "grad")
+            or (isinstance(x, ast.Name) and GRAD_TENSOR_RE.search(x.id) is not None)
+            for x in walk_all(expr))
+
+    def compute() -> bool:
+        for sub in ctx.of(ast.Call, ast.AugAssign):
+            if isinstance(sub, ast.AugAssign):
+                if isinstance(sub.op, ast.Div | ast.Mult) and grad_like(sub.target) \
+                        and ctx.mentions_world(sub.value):
+                    return True
+            elif call_attr(sub) in _DIV_CALLS and sub.args and isinstance(sub.func, ast.Attribute) \
+                    and grad_like(sub.func.value) and ctx.mentions_world(sub.args[0]):
+                return True
+        return False
+    return bool(ctx._cached("grads_divided_world", ctx.tree, compute))
+
+
 def _under_wrapper_branch(ctx: FileContext, node: ast.AST) -> bool:
     """Under an ``if`` that switches on the wrapper (``if not use_ddp:``): the manual
     reduction is then the non-DDP path, not a second average."""
@@ -80,6 +102,9 @@ def all_reduce_sum_without_average(ctx: FileContext) -> Iterator[Finding]:
             continue  # AG108's case
         if op in ("avg", "mean", "premul_sum") or _divides_by_world(ctx, ctx.scope_of(node)):
             continue
+        cls = ctx.enclosing(node, (ast.ClassDef,))
+        if (cls is not None and _divides_by_world(ctx, cls)) or _grads_divided_by_world(ctx):
+            continue  # a sibling method (`finalize`) or another function divides them
         if any(loss_divisions_by_rank_sum(ctx, accelerate=False)):
             continue  # the loss's count spans every rank: the summed gradients are the mean
         yield ctx.finding(
