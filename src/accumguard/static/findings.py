@@ -490,6 +490,22 @@ RULES: dict[str, Rule] = {
             "give \"gradient_accumulation_steps\": K explicitly, or write train_batch_size as "
             "micro x K x world size",
         ),
+        _rule(
+            "AG153", "scheduler-stepped-by-deepspeed-and-script", "F4", E, HI,
+            "a scheduler handed to deepspeed.initialize (the engine steps it at each "
+            "accumulation boundary) is also stepped by the script: the schedule advances "
+            "twice or more per optimizer step",
+            "remove the script's scheduler.step(): the engine steps the scheduler it was given; "
+            "or keep it out of deepspeed.initialize and step it once per optimizer step yourself",
+        ),
+        _rule(
+            "AG154", "accumulated-grad-reduced-per-backward", "F10", E, HI,
+            "a post-accumulate-grad hook all-reduces (SUM) the parameter's .grad, the window's "
+            "running sum, after every backward: the i-th micro-batch of a window reaches the "
+            "optimizer multiplied by W^(K-i)",
+            "reduce the incoming gradient (Tensor.register_hook, whose argument is the "
+            "micro-batch's own gradient), or reduce .grad once after the window's last backward",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

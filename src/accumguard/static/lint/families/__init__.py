@@ -33,6 +33,8 @@
                AG134               ... or by hand before DeepSpeed's engine.backward (GA > 1)
 ``ampclip``    AG135               gradient clipped before GradScaler.unscale_ (on the scaled gradient)
 ``hookclip``   AG138               clipping in Lightning's on_after_backward/on_before_backward, K > 1
+``hookreduce`` AG154               the accumulated .grad all-reduced (SUM) in a post-accumulate-grad hook
+``dssched``    AG153               a scheduler given to deepspeed.initialize and stepped by the script too
 ``dsbatch``    AG152               a DeepSpeed train_batch_size of micro x K without the world size
 ``synctail``   AG151               a sync decided against K in windows that can be shorter
 ``resume``     AG150               a checkpoint inside a window, resumed with its counter as saved
@@ -51,6 +53,7 @@ from accumguard.static.lint.families import (
     ampclip,
     deepspeed,
     dsbatch,
+    dssched,
     epochtail,
     factored,
     fused,
@@ -59,6 +62,7 @@ from accumguard.static.lint.families import (
     hftokens,
     hookclip,
     hookgrad,
+    hookreduce,
     horizon,
     lgmanual,
     lgwindow,
@@ -82,4 +86,4 @@ from accumguard.static.lint.families import (
     window,
 )
 
-__all__ = ["accelerate", "ampclip", "deepspeed", "dsbatch", "epochtail", "factored", "fused", "hookclip", "hookgrad", "hfscale", "hfterms", "hftokens", "horizon", "lgmanual", "lgwindow", "loss", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "resume", "scale", "schedule", "sync", "synctail", "tailscale", "terms", "tokenmean", "tokhorizon", "twice", "window"]
+__all__ = ["accelerate", "ampclip", "deepspeed", "dsbatch", "dssched", "epochtail", "factored", "fused", "hookclip", "hookgrad", "hookreduce", "hfscale", "hfterms", "hftokens", "horizon", "lgmanual", "lgwindow", "loss", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "resume", "scale", "schedule", "sync", "synctail", "tailscale", "terms", "tokenmean", "tokhorizon", "twice", "window"]

@@ -60,6 +60,7 @@ from accumguard.static.lint.families._modguard import (
     top_statement,
     window_size_text,
 )
+from accumguard.static.lint.families._offboundary import off_boundary_guard
 from accumguard.static.lint.families._windowtail import (
     clears_first,
     clears_or_steps_outside,
@@ -100,6 +101,18 @@ def zero_grad_in_window(ctx: FileContext) -> Iterator[Finding]:
             continue
         harvested = harvests_grads(ctx, window)
         for call, kind in facts.zero_grads:
+            if ctx.guarded(call, window) and (off := off_boundary_guard(ctx, call, window)):
+                test, period, k = off
+                yield ctx.finding(
+                    "AG102",
+                    call,
+                    f"`{ast.unparse(call.func)}()`{ctx.via_text(call, window)} runs when "
+                    f"`{ast.unparse(test)}`, every {period} micro-batches, not at the window's "
+                    f"boundary (every {k}): where it fires inside a window it erases the "
+                    "gradient accumulated so far, and the optimizer steps on the rest of the "
+                    "window only",
+                )
+                continue
             if ctx.guarded(call, window) or (facts.accelerate and kind == "optimizer"):
                 continue
             if dotted(receiver(call)) in facts.own_rate:
