@@ -127,6 +127,15 @@ def _size(nbytes: float) -> str:
     return f"{int(nbytes)} B"
 
 
+_SAME_GRADIENT = "The optimizer receives the same gradient: communication cost only, not an error"
+# a hand-written reduction: what was reduced (and with which op) is not recorded
+_UNREAD = ("What each call reduced is not recorded: reducing each micro-step's own gradient, "
+           "or averaging (AVG) the accumulated one, gives the optimizer the same gradient "
+           "(communication cost only); a SUM of the accumulated .grad on every micro-step "
+           "would count the earlier micro-batches again (W^(K-i) times; `accumguard lint` "
+           "reports that shape, AG154)")
+
+
 def comm_findings(rank: int, windows: list[JsonObject],
                   found: list[Finding]) -> list[Finding]:
     """``found`` with the ledger's EXTRA_SYNC warning for this rank's windows; the warning
@@ -168,8 +177,7 @@ def comm_findings(rank: int, windows: list[JsonObject],
           f"collective(s), {_size(c.final_bytes + c.extra_bytes)} per optimizer step, "
           f"where the closed form for {engine} with deferred sync is {closed}: "
           f"{c.extra_calls} extra collective(s), {_size(c.extra_bytes)} more, on "
-          f"{which}{share}.{why} The optimizer receives the same gradient: communication "
-          "cost only, not an error")
+          f"{which}{share}.{why} " + (_SAME_GRADIENT if engine in ("ddp", "fsdp2") else _UNREAD))
     fix = _FIX.get(engine, _FIX_OTHER)
     if engine == "ddp" and c.static_graph:
         # measured with torch 2.13: no_sync under static_graph=True stops the run with an
