@@ -128,7 +128,14 @@ class BoundaryFacts(FileIndex):
             if isinstance(expr, ast.Call) and (body := self.predicates().get(ident)) is not None:
                 # `self.is_sync_step(step)` with `def is_sync_step(...): return (step + 1) % K == 0`
                 return self.boundary_polarity(body)
-            if ident and (POSITIVE_BOUNDARY_RE.search(ident) or (d in self.boundary_flags and not ACCUM_RE.search(ident))):
+            if ident and d in self.boundary_flags and ACCUM_RE.search(ident):
+                # `is_accumulating = (i + 1) % K != 0`: a flag named after accumulation is read
+                # from its test, never taken as a boundary by its name
+                src = self._flag_source(d)
+                if isinstance(src, ast.Compare | ast.BoolOp | ast.UnaryOp):
+                    return self.boundary_polarity(src)
+                return None
+            if ident and (POSITIVE_BOUNDARY_RE.search(ident) or d in self.boundary_flags):
                 if d in self.boundary_flags:
                     src = self._flag_source(d)
                     if src is not None:

@@ -49,7 +49,15 @@ def zero_based_counter(ctx: FileContext, expr: ast.AST) -> str | None:
                 return name if ok else None
         cur = ctx.parents.get(cur)
     low = name.lower()
-    return name if ACCUM_RE.search(low) and _COUNTER_RE.search(low) else None
+    if not (ACCUM_RE.search(low) and _COUNTER_RE.search(low)):
+        return None
+    loop = ctx.enclosing(expr, (ast.For, ast.AsyncFor, ast.While))
+    line = getattr(expr, "lineno", None)
+    if loop is not None and line is not None and any(
+            isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name) and n.target.id == name
+            and n.lineno < line for n in ast.walk(loop)):
+        return None  # `micro_step += 1` before the test: it counts from 1 there
+    return name
 
 
 def first_test(ctx: FileContext, expr: ast.AST) -> bool | None:

@@ -264,6 +264,15 @@ def _sync_settings(ctx: FileContext) -> list[tuple[ast.AST, ast.AST, str]]:
             )
             if value is not None:
                 out.append((call, value, dotted(call.func.value) or "model"))
+        elif call_attr(call) == "no_backward_sync" and call.args:
+            # Lightning Fabric: `fabric.no_backward_sync(model, enabled=E)` skips the sync
+            # while E holds, i.e. the sync flag is `not E`
+            enabled = call.args[1] if len(call.args) > 1 else next(
+                (k.value for k in call.keywords if k.arg == "enabled"), None)
+            if enabled is not None:
+                flag = ast.copy_location(ast.UnaryOp(op=ast.Not(), operand=enabled), enabled)
+                ctx.parents[flag] = call
+                out.append((call, flag, dotted(call.args[0]) or "model"))
     for node in ctx.of(ast.Assign):
         for t in node.targets:
             if isinstance(t, ast.Attribute) and t.attr == "require_backward_grad_sync":
@@ -313,6 +322,19 @@ def _first_of_stepless_loop(ctx: FileContext, test: ast.AST) -> bool:
     return False
 
 
+def _read(ctx: FileContext, node: ast.AST, value: ast.AST) -> ast.AST:
+    """``value`` with a flag name read as the one value its function gives it, under a
+    ``not`` too (``not is_accumulating`` with ``is_accumulating = micro % K != 0``)."""
+    if call_attr(node) != "no_backward_sync" if isinstance(node, ast.Call) else True:
+        return value  # (other flags are read as written)
+    scope = ctx.enclosing(node, FUNCS) or ctx.tree
+    if isinstance(value, ast.UnaryOp) and isinstance(value.op, ast.Not) and isinstance(value.operand, ast.Name):
+        inner = through_name(ctx, scope, value.operand)
+        return value if inner is value.operand or not isinstance(inner, ast.expr) else ast.copy_location(
+            ast.UnaryOp(op=ast.Not(), operand=inner), value)
+    return through_name(ctx, scope, value) if isinstance(value, ast.Name) else value
+
+
 def _effective(ctx: FileContext, node: ast.AST, value: ast.AST) -> str:
     """'boundary' (on exactly at the boundary), 'inverted', 'first' (on at the first micro-step
     of the window, off at the last), 'off', 'on' or 'unknown'."""
@@ -321,7 +343,7 @@ def _effective(ctx: FileContext, node: ast.AST, value: ast.AST) -> str:
     pol = ctx.boundary_polarity(value) if not isinstance(value, ast.Constant) else None
     if pol is not None:
         return "boundary" if pol else "inverted"
-    if not isinstance(value, ast.Constant) and (first := first_test(ctx, value)) is not None:
+    if not isinstance(value, ast.Constant) and (first := first_test(ctx, _read(ctx, node, value))) is not None:
         return "first" if first else "on"
     if not (isinstance(value, ast.Constant) and isinstance(value.value, bool)):
         return "unknown"
@@ -435,7 +457,9 @@ def sync_flag_polarity(ctx: FileContext) -> Iterator[Finding]:
     re_enabled = {recv for _, recv, k in kinds if k in ("boundary", "on", "unknown", "after_forward", "first")}
     for node, recv, kind in kinds:
         what = (
-            f"`{recv}.set_requires_gradient_sync(...)`" if isinstance(node, ast.Call)
+            f"`{ast.unparse(node.func)}({recv}, enabled=...)` (its sync is `not enabled`)"
+            if isinstance(node, ast.Call) and call_attr(node) == "no_backward_sync"
+            else f"`{recv}.set_requires_gradient_sync(...)`" if isinstance(node, ast.Call)
             else f"`{recv}.require_backward_grad_sync`"
         )
         if kind == "offset" and (tests := offsets.get(node)) is not None:
