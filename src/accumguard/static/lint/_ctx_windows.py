@@ -102,9 +102,7 @@ class WindowQueries(OwnRateQueries):
             cur = self.parents.get(call)
             while cur is not None and not isinstance(cur, LOOPS + SCOPES):
                 cur = self.parents.get(cur)
-            if isinstance(cur, FUNCS) and not (
-                cur.name in WINDOW_FUNCS or cur.name.startswith("training_step")
-            ):
+            if isinstance(cur, FUNCS) and not self._framework_step(cur):
                 if cur not in helpers:
                     helpers.append(cur)  # a backward helper: its callers' loops are the windows
                 continue
@@ -127,8 +125,7 @@ class WindowQueries(OwnRateQueries):
                 while loop is not None and not isinstance(loop, LOOPS + SCOPES):
                     loop = self.parents.get(loop)
                 if isinstance(loop, FUNCS) and loop not in below \
-                        and depth[helper] < HELPER_DEPTH and loop.name not in WINDOW_FUNCS \
-                        and not loop.name.startswith("training_step"):
+                        and depth[helper] < HELPER_DEPTH and not self._framework_step(loop):
                     helpers.append(loop)
                     depth[loop] = depth[helper] + 1
                     below[loop] = [(helper, site), *below[helper]]
@@ -227,6 +224,14 @@ class WindowQueries(OwnRateQueries):
         (:meth:`reach_from`, cached): their steps, clears and clips are the window's."""
         return self._cached(  # type: ignore[no-any-return]
             "reached", window, lambda: self.reach_from((window, *self.inlined(window))))
+
+    def _framework_step(self, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+        """``training_step``/``train_step`` that a framework calls once per micro-batch (a
+        method, or a function the file never calls by name): a window of its own. A
+        module-level ``train_step`` the file's loop calls is a backward helper."""
+        if not (fn.name in WINDOW_FUNCS or fn.name.startswith("training_step")):
+            return False
+        return isinstance(self.parents.get(fn), ast.ClassDef) or not self._call_index()[1].get(fn.name)
 
     def _call_index(self) -> tuple[dict[str, int], dict[str, list[ast.Call]], dict[str, list[ast.Call]]]:
         """How often each function name is defined, the ``name(...)`` calls and the

@@ -86,12 +86,13 @@ def _returned_losses(ctx: FileContext, fn: _Func) -> list[ast.AST]:
 
 
 def _terms(ctx: FileContext, fn: _Func, expr: ast.AST, at: ast.AST, depth: int = 2) -> list[ast.AST]:
-    """The additive terms of ``expr`` (a name holding a sum is split too)."""
-    if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Add):
+    """The additive terms of ``expr`` (a name holding a sum is split too; a subtracted term
+    is a term: ``ce - beta * entropy``)."""
+    if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Add | ast.Sub):
         return _terms(ctx, fn, expr.left, at, depth) + _terms(ctx, fn, expr.right, at, depth)
     if isinstance(expr, ast.Name) and depth > 0:
         value = _reaching(ctx, fn, expr.id, at)
-        if isinstance(value, ast.BinOp) and isinstance(value.op, ast.Add):
+        if isinstance(value, ast.BinOp) and isinstance(value.op, ast.Add | ast.Sub):
             return _terms(ctx, fn, value, at, depth - 1)
     return [expr]
 
@@ -128,6 +129,8 @@ def _micro_mean(ctx: FileContext, fn: _Func, term: ast.AST, at: ast.AST) -> ast.
             stack += [e.left, e.right]
         elif isinstance(e, ast.BinOp) and _coefficient(e):
             continue  # a coefficient (``self.temperature ** 2``, ``1.0 - self.args.alpha``)
+        elif _masked_micro_mean(ctx, fn, e):
+            found = e
         elif isinstance(e, (ast.BinOp, ast.UnaryOp)):
             return None  # a division (or anything else) outside the mean
         elif _is_mean_call(e) or _moe_aux(e):
@@ -142,6 +145,27 @@ def _micro_mean(ctx: FileContext, fn: _Func, term: ast.AST, at: ast.AST) -> ast.
             if rets and all(_mean_times_constants(r) for r in rets):
                 found = e
     return found
+
+
+def _masked_micro_mean(ctx: FileContext, fn: _Func, e: ast.AST) -> bool:
+    """``total / mask.sum()`` (or ``torch.sum(mask)``, ``.clamp(min=1)`` after it): a sum over
+    this micro-batch's tokens divided by this micro-batch's count of them, the mask a name
+    ``fn`` makes (not ``num_items_in_batch``, nothing all-reduced)."""
+    if not (isinstance(e, ast.BinOp) and isinstance(e.op, ast.Div)):
+        return False
+    d = e.right
+    while isinstance(d, ast.Call) and call_attr(d) in ("clamp", "clamp_min", "float", "clip") \
+            and isinstance(d.func, ast.Attribute):
+        d = d.func.value
+    if not (isinstance(d, ast.Call) and call_attr(d) == "sum" and not d.keywords):
+        return False
+    mask = d.args[0] if dotted(d.func) == "torch.sum" and len(d.args) == 1 else (
+        d.func.value if isinstance(d.func, ast.Attribute) and not d.args else None)
+    if not isinstance(mask, ast.Name) or "num_items" in mask.id:
+        return False
+    assigned = any(isinstance(n, ast.Name) and n.id == mask.id and isinstance(n.ctx, ast.Store)
+                   for n in ast.walk(fn))
+    return assigned and mask.id not in ctx.all_reduced_names(fn)
 
 
 def _coefficient(e: ast.AST) -> bool:

@@ -372,6 +372,9 @@ def horizon_in_micro_batches(ctx: FileContext) -> Iterator[Finding]:
             yield ctx.finding("AG124", ctor, hf, fix=_HF_FIX)
             continue
         steps = _step_calls(ctx, name)
+        if not name.startswith("self.") and (own := ctx.scope_of(ctor)) is not ctx.tree:
+            # a local scheduler: its own function's calls (a reference run's `sched` is another)
+            steps = [c for c in steps if ctx.scope_of(c) is own]
         if not steps:
             continue
         iterated: list[str] = []

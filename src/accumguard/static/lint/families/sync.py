@@ -269,7 +269,9 @@ def _sync_settings(ctx: FileContext) -> list[tuple[ast.AST, ast.AST, str]]:
             # while E holds, i.e. the sync flag is `not E`
             enabled = call.args[1] if len(call.args) > 1 else next(
                 (k.value for k in call.keywords if k.arg == "enabled"), None)
-            if enabled is not None:
+            if isinstance(enabled, ast.UnaryOp) and isinstance(enabled.op, ast.Not):
+                out.append((call, enabled.operand, dotted(call.args[0]) or "model"))
+            elif enabled is not None:
                 flag = ast.copy_location(ast.UnaryOp(op=ast.Not(), operand=enabled), enabled)
                 ctx.parents[flag] = call
                 out.append((call, flag, dotted(call.args[0]) or "model"))

@@ -58,6 +58,7 @@ def _flush_guard(ctx: FileContext, call: ast.AST,
     reads the argument the window's call gives it (``loss_scaler(..., update_grad=flag)``)."""
     scope = ctx.scope_of(window)
     tested: list[str] = []
+    seen: set[ast.AST] = set()
     child, cur = call, ctx.parents.get(call)
     while cur is not None and cur is not window:
         if isinstance(cur, ast.If) and child in cur.body:
@@ -79,6 +80,12 @@ def _flush_guard(ctx: FileContext, call: ast.AST,
                 guard = _flush_test(ctx, value, scope)
                 if guard is not None:
                     return site, guard, value
+        if isinstance(cur, FUNCS) and cur not in seen and (
+                up := {**ctx.reached(window), **ctx.inlined(window)}.get(cur)) is not None:
+            # a helper the window runs (`self._optimizer_step()`): go on from its call
+            seen.add(cur)
+            child, cur = up, ctx.parents.get(up)
+            continue
         child, cur = cur, ctx.parents.get(cur)
     if cur is window:
         return _skipped_unless(ctx, window, child, window, scope)
