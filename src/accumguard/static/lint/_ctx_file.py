@@ -277,6 +277,8 @@ class FileIndex:
             self.engines.add(target)
 
     def _classify_unpack(self, target: ast.Tuple | ast.List, value: ast.AST) -> None:
+        if isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
+            self._classify_factory(target, value.func.id)
         if isinstance(value, ast.Call) and last_part(dotted(value.func)) == "initialize":
             callee = dotted(value.func) or ""
             if "deepspeed" in callee or self.deepspeed:
@@ -287,6 +289,31 @@ class FileIndex:
                     self.optimizers.add(d)
                 if len(elts) > 3 and (d := dotted(elts[3])):
                     self.schedulers.add(d)
+
+    def _classify_factory(self, target: ast.Tuple | ast.List, name: str) -> None:
+        """``ropt, rsched = build_optim(model)``: a function of the file (defined once) whose
+        every return is a tuple of that length gives each name the kind of what it returns
+        there (a constructor call, or a name the function assigns one)."""
+        fns = self.functions_by_name().get(name, [])
+        if len(fns) != 1:
+            return
+        rets = [r.value for r in ast.walk(fns[0]) if isinstance(r, ast.Return) and r.value is not None]
+        if not rets or not all(isinstance(r, ast.Tuple) and len(r.elts) == len(target.elts)
+                               for r in rets):
+            return
+        local: dict[str, list[ast.AST]] = {}
+        for n in ast.walk(fns[0]):
+            if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name):
+                local.setdefault(n.targets[0].id, []).append(n.value)
+        for i, t in enumerate(target.elts):
+            d = dotted(t)
+            if d is None:
+                continue
+            for r in rets:
+                e = r.elts[i]  # type: ignore[attr-defined]
+                if isinstance(e, ast.Name) and len(local.get(e.id, [])) == 1:
+                    e = local[e.id][0]
+                self._classify_assign(d, e)
 
     def _collect_ds_backward_receivers(self) -> set[str]:
         out: set[str] = set()

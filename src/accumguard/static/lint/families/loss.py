@@ -234,6 +234,8 @@ def loss_divided_by_world_under_ddp(ctx: FileContext) -> Iterator[Finding]:
         if _under_wrapper_branch(ctx, node) or simulates_ranks(ctx, node) \
                 or not flows_to_backward(ctx, node, through_returns=True):
             continue
+        if plain_model_only(ctx, dividend):
+            continue  # a single-process reference's model: no rank average to undo
         yield ctx.finding(
             "AG112",
             node,
@@ -257,7 +259,10 @@ def _divided_back_by_world(ctx: FileContext, divisor: ast.AST) -> bool:
 @rule("AG113")
 def rank_local_token_mean_under_ddp(ctx: FileContext) -> Iterator[Finding]:
     # a model accelerator.prepare() wraps is DDP whenever the run has several processes
-    wrapped = ctx.ddp_wrapped or (ctx.accelerate and ctx.accelerate_prepare)
+    # (a DeepSpeed engine's backward averages over the data-parallel ranks too)
+    ds = not ctx.ddp_wrapped and ctx.deepspeed and any(
+        ctx.window_facts(w).engine_backward for w in ctx.windows())
+    wrapped = ctx.ddp_wrapped or (ctx.accelerate and ctx.accelerate_prepare) or ds
     by_hand = [] if wrapped else hand_average(ctx)
     if not (wrapped or by_hand) or not ctx.is_training_script() or custom_rank_reduction(ctx):
         return
@@ -302,11 +307,13 @@ def rank_local_token_mean_under_ddp(ctx: FileContext) -> Iterator[Finding]:
             if facts.accumulating and divides_by_k(ctx, window):
                 continue  # AG104 (F5) reports this loss
         engine = (f"the hand-written gradient average (line {by_hand[0].lineno}: "  # type: ignore[attr-defined]
-                  f"`{ast.unparse(by_hand[0])}`)" if by_hand else "DDP")
+                  f"`{ast.unparse(by_hand[0])}`)" if by_hand else "DeepSpeed" if ds else "DDP")
+        under = ("a hand-written average over ranks" if by_hand else "a DeepSpeed engine" if ds
+                 else "DDP/FSDP")
         yield ctx.finding(
             "AG113",
             node,
-            f"under {'DDP/FSDP' if not by_hand else 'a hand-written average over ranks'} the "
+            f"under {under} the "
             f"loss is divided by `{ast.unparse(divisor)}`, this rank's own count (of tokens or "
             f"samples), which is never all-reduced: {engine} then averages rank-local means, "
             "so ranks with fewer tokens weigh more",
