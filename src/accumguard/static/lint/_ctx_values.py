@@ -100,6 +100,17 @@ class ValueFacts(FileIndex):
             values = self._int_defaults().get(last_part(d), set())
         return next(iter(values)) if len(values) == 1 and None not in values else None
 
+    def int_through_names(self, expr: ast.AST) -> int | None:
+        """:meth:`int_value`, or for a name assigned other expressions the one integer they
+        all hold (``K = cfg["accum_steps"]`` in each function that names it K,
+        ``self.accum = args.grad_accum``)."""
+        v = self.int_value(expr)
+        d = dotted(expr)
+        if v is None and d is not None:
+            found = {self.int_value(x) for x in self.values_by_name().get(d, [])}
+            v = next(iter(found)) if len(found) == 1 else None
+        return v
+
     def int_candidates(self, expr: ast.AST | None) -> set[int | None]:
         """Every integer the file gives ``expr`` (None for a computed value): its literal, each
         assignment to the name, and for ``args.x`` / ``cfg.x`` the argparse or field default."""

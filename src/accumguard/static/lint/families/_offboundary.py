@@ -19,15 +19,6 @@ from accumguard.static.lint._context import FileContext
 __all__ = ["off_boundary_guard"]
 
 
-def _int_of(ctx: FileContext, expr: ast.AST) -> int | None:
-    v = ctx.int_value(expr)
-    if v is None and isinstance(expr, ast.Name):
-        # `K = cfg["accum_steps"]`, in each function that names it K
-        found = {ctx.int_value(x) for x in ctx.values_by_name().get(expr.id, [])}
-        v = next(iter(found)) if len(found) == 1 else None
-    return v
-
-
 def _counters(expr: ast.AST) -> set[str]:
     return {last_part(d) for n in walk_all(expr) if (d := dotted(n)) is not None}
 
@@ -59,7 +50,7 @@ def off_boundary_guard(ctx: FileContext, node: ast.AST, window: ast.AST) -> tupl
     boundary: list[tuple[set[str], int]] = []
     for n in walk_all(window):
         if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod) and ctx.mentions_accum(n.right):
-            k = _int_of(ctx, n.right)
+            k = ctx.int_through_names(n.right)
             if k is not None and k > 1:
                 boundary.append((_counters(n.left), k))
     ks = {k for _, k in boundary}
@@ -73,7 +64,7 @@ def off_boundary_guard(ctx: FileContext, node: ast.AST, window: ast.AST) -> tupl
     for test in tests:
         for m in walk_all(test):
             if isinstance(m, ast.BinOp) and isinstance(m.op, ast.Mod) and _counters(m.left) & counters:
-                period = _int_of(ctx, m.right)
+                period = ctx.int_through_names(m.right)
                 if period is not None and period % k:
                     return test, period, k
     return None

@@ -68,9 +68,7 @@ def _training_state(ctx: FileContext, d: ast.Dict) -> bool:
 def _bound_int(ctx: FileContext, expr: ast.AST) -> int | None:
     """The integer ``expr`` holds, also through a constructor: ``self.every`` assigned from
     ``__init__``'s parameter, the class built once with an integer for it."""
-    v = ctx.int_value(expr)
-    if v is None and (d := dotted(expr)) is not None and len(alias := ctx.values_by_name().get(d, [])) == 1:
-        v = ctx.int_value(alias[0])  # `self.accum = args.grad_accum`
+    v = ctx.int_through_names(expr)
     if v is not None or not (isinstance(expr, ast.Attribute) and dotted(expr.value) == "self"):
         return v
     cls = ctx.enclosing(expr, (ast.ClassDef,))
