@@ -239,7 +239,13 @@ class ValueFacts(FileIndex):
         """``expr`` is (or is built from) the world size."""
         names = self._cached("world_names", self.tree, lambda: self._derived_names(
             WORLD_RE, frozenset(self._world_keywords())))
-        return self._mentions(expr, WORLD_RE, names)
+        if self._mentions(expr, WORLD_RE, names):
+            return True
+        # `world_size=cfg.W` given, `c.W` read (the same config field through another name)
+        fields = self._cached("world_fields", self.tree, lambda: {
+            d.rsplit(".", 1)[1] for d in self._world_keywords() if "." in d})
+        return bool(fields) and any(isinstance(sub, ast.Attribute) and sub.attr in fields
+                                    for sub in walk_all(expr))
 
     def _world_keywords(self) -> set[str]:
         """Names given as the number of processes: ``init_process_group(world_size=W)``,

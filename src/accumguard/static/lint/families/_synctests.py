@@ -25,6 +25,8 @@ def zero_based_counter(ctx: FileContext, expr: ast.AST) -> str | None:
     """The name of ``expr`` when it counts the micro-steps of a window from 0: the target of an
     enclosing ``for c in range(n)`` / ``range(0, n)`` / ``for c, _ in enumerate(x)``, or a
     micro-step name (``micro_step``, ``accum_idx``) that is no other loop's variable."""
+    if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name) and expr.value.id == "self":
+        return _self_counter(ctx, expr)
     if not isinstance(expr, ast.Name):
         return None
     name = expr.id
@@ -58,6 +60,25 @@ def zero_based_counter(ctx: FileContext, expr: ast.AST) -> str | None:
             and n.lineno < line for n in ast.walk(loop)):
         return None  # `micro_step += 1` before the test: it counts from 1 there
     return name
+
+
+def _self_counter(ctx: FileContext, expr: ast.Attribute) -> str | None:
+    """``self.micro_step``: a micro-step counter by its name, set to 0 somewhere in the
+    class, and not incremented before the test in the method that reads it."""
+    low = expr.attr.lower()
+    if not (ACCUM_RE.search(low) and _COUNTER_RE.search(low)):
+        return None
+    cls = ctx.enclosing(expr, (ast.ClassDef,))
+    fn = ctx.enclosing(expr, (ast.FunctionDef, ast.AsyncFunctionDef))
+    if cls is None or fn is None:
+        return None
+    target = f"self.{expr.attr}"
+    zeroed = any(isinstance(n, ast.Assign) and any(dotted(t) == target for t in n.targets)
+                 and isinstance(n.value, ast.Constant) and n.value.value == 0 for n in ast.walk(cls))
+    line = getattr(expr, "lineno", 0)
+    bumped = any(isinstance(n, ast.AugAssign) and dotted(n.target) == target and n.lineno < line
+                 for n in ast.walk(fn))
+    return target if zeroed and not bumped else None
 
 
 def first_test(ctx: FileContext, expr: ast.AST) -> bool | None:

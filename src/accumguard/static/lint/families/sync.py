@@ -377,9 +377,10 @@ def _gates_the_step(ctx: FileContext, node: ast.AST, test: ast.AST) -> bool:
     scope = ctx.enclosing(node, FUNCS) or ctx.tree
     read = through_name(ctx, scope, test)
     value = ast.dump(read)
-    names = {n.id for n in walk_all(read) if isinstance(n, ast.Name)}
+    names = {d for n in walk_all(read) if isinstance(n, ast.Name | ast.Attribute)
+             and (d := dotted(n)) is not None}
     bumps = [n.lineno for n in ctx.local_nodes(scope) if isinstance(n, ast.AugAssign)
-             and isinstance(n.target, ast.Name) and n.target.id in names]
+             and dotted(n.target) in names]  # (`self.micro_step += 1` too)
     # (a counter incremented between the two tests: the same text, another micro-step)
     return any(ast.dump(through_name(ctx, scope, g.test)) == value
                and not any(node.lineno < b < g.lineno for b in bumps)  # type: ignore[attr-defined]
