@@ -106,3 +106,26 @@ def test_a_compiled_ddp_model_with_comm_hook_and_no_sync_is_observed(tmp_path: P
     rec = load_recordings(tmp_path)
     assert [int(s["backwards"]) for s in rec.steps[0]] == [K, K]
     assert [f for f in analyze(rec)[0] if f.severity.value == "error"] == []
+
+
+@pytest.mark.usefixtures("one_rank_group")
+def test_a_fault_in_the_dynamo_path_of_the_hook_changes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The branch taken when Dynamo's frame callback is set outside a trace, made to fail
+    (a fault that cannot be caused for real once the weak-map lookup is fixed): the user's
+    run goes on with the same bits, and the failure is recorded as accumguard's own."""
+    from accumguard.observe import _forwards
+
+    def broken(seams: object, module: object) -> None:
+        raise RuntimeError("injected fault in the Dynamo path of _global_pre")
+
+    plain = _train_no_sync_hooked(None)
+    monkeypatch.setattr(_forwards, "_GET_CALLBACK", lambda: object())  # "callback set"
+    monkeypatch.setattr(_forwards, "_EAGER_ENTER", broken)
+    watched = _train_no_sync_hooked(tmp_path)
+    assert all(torch.equal(a, b) for a, b in zip(watched, plain, strict=True))
+    records = [json.loads(line) for f in tmp_path.glob("rank-*.jsonl") for line in f.read_text().splitlines()]
+    errors = [r for r in records if r.get("kind") == "internal_error"]
+    assert errors and errors[0]["where"] == "hook:_global_pre", errors
+    assert "injected fault in the Dynamo path" in errors[0]["error"]
+    assert list(load_recordings(tmp_path).failures) == [0]

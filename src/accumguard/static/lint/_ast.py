@@ -216,6 +216,13 @@ def has_mod(node: ast.AST) -> bool:
     return False
 
 
+def mult_factors(expr: ast.AST | None) -> list[ast.AST]:
+    """The factors of a product ``a * b * c`` (``[expr]`` for anything else, ``[]`` for None)."""
+    if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Mult):
+        return mult_factors(expr.left) + mult_factors(expr.right)
+    return [] if expr is None else [expr]
+
+
 def position(node: ast.AST) -> tuple[int, int]:
     """(line, col) of a node, for ordering."""
     return getattr(node, "lineno", 0), getattr(node, "col_offset", 0)

@@ -37,6 +37,7 @@ from accumguard.static.lint._ast import (
     LOOPS,
     call_attr,
     dotted,
+    mult_factors,
     receiver,
     walk_all,
     walk_local,
@@ -101,12 +102,6 @@ def _loop_k_names(ctx: FileContext, window: ast.AST, site: ast.Call) -> set[str]
     return {d for e in exprs if (d := dotted(e)) is not None}
 
 
-def _factors(expr: ast.AST | None) -> list[ast.AST]:
-    if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Mult):
-        return _factors(expr.left) + _factors(expr.right)
-    return [] if expr is None else [expr]
-
-
 def _config_ga(ctx: FileContext, ref: DsConfigRef, k_names: set[str]) -> tuple[str, str]:
     """('one' | 'many' | 'unknown', how the config's gradient_accumulation_steps was read)."""
     cfg = ref.cfg
@@ -124,8 +119,8 @@ def _config_ga(ctx: FileContext, ref: DsConfigRef, k_names: set[str]) -> tuple[s
         m_node = finder.value_node(ref, "train_micro_batch_size_per_gpu")
         if t_node is None or m_node is None:
             return "unknown", ""
-        rest = _factors(t_node)
-        for f in _factors(m_node):
+        rest = mult_factors(t_node)
+        for f in mult_factors(m_node):
             match = next((r for r in rest if ast.dump(r) == ast.dump(f)), None)
             if match is None:
                 return "unknown", ""

@@ -16,16 +16,11 @@ import ast
 from collections.abc import Iterator
 
 from accumguard.static.findings import Finding
+from accumguard.static.lint._ast import mult_factors
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 
 _TBS, _MICRO, _GA = "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"
-
-
-def _factors(expr: ast.AST) -> list[ast.AST]:
-    if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Mult):
-        return _factors(expr.left) + _factors(expr.right)
-    return [expr]
 
 
 @rule("AG152")
@@ -37,7 +32,7 @@ def train_batch_without_world(ctx: FileContext) -> Iterator[Finding]:
                    if isinstance(k, ast.Constant) and isinstance(k.value, str)}
         if _TBS not in entries or _MICRO not in entries or _GA in entries or None in d.keys:
             continue
-        factors = _factors(entries[_TBS])
+        factors = mult_factors(entries[_TBS])
         micro = ast.unparse(entries[_MICRO])
         rest = [f for f in factors if ast.unparse(f) != micro]
         if len(rest) != len(factors) - 1 or len(rest) != 1:

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from accumguard.static.findings import Confidence, Finding, Severity
-from accumguard.static.lint._ast import FUNCS, call_attr, dotted, receiver, walk_all
+from accumguard.static.lint._ast import FUNCS, call_attr, dotted, mult_factors, receiver, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 
@@ -148,12 +148,6 @@ def window_drawn_ahead_with_dataloader_sync(ctx: FileContext) -> Iterator[Findin
         yield finding
 
 
-def _factors(expr: ast.AST) -> list[ast.AST]:
-    if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Mult):
-        return _factors(expr.left) + _factors(expr.right)
-    return [expr]
-
-
 def _data_sized_to_windows(ctx: FileContext, loop: ast.For) -> tuple[ast.AST, ast.AST] | None:
     """The loop around the window loop runs ``range(N)`` and a call of the file is given
     ``N * K * ...`` (``ToyDataset(N_UPDATES * GA * WORLD * BS)``): the data is sized to
@@ -168,7 +162,7 @@ def _data_sized_to_windows(ctx: FileContext, loop: ast.For) -> tuple[ast.AST, as
         return None
     for call in ctx.of(ast.Call):
         for arg in [*call.args, *(k.value for k in call.keywords)]:
-            factors = _factors(arg)
+            factors = mult_factors(arg)
             if (len(factors) > 1 and any(dotted(f) == name for f in factors)
                     and any(ctx.mentions_accum(f) for f in factors)):
                 return count, arg
