@@ -163,7 +163,9 @@ _STEP_BEFORE = "    if {guard}:\n        optimizer.step(); optimizer.zero_grad()
     ],
 )
 def test_off_by_one_counter(header: str, guard: str, body: str, expected: str | None) -> None:
-    got = found(header + "\n" + body.format(guard=guard))
+    # (the end-of-pass flush, ``or i + 1 == len(loader)``, also draws AG141's warning about
+    # the tail divided by K: another rule's finding, tested in its own place)
+    got = [f for f in found(header + "\n" + body.format(guard=guard)) if f[0] != "AG141"]
     assert got == ([] if expected is None else [("AG115", 3 if body is _STEP_AFTER else 2, expected)])
 
 

@@ -12,6 +12,7 @@ from accumguard.static.lint._ast import (
     call_attr,
     dotted,
     last_part,
+    position,
     walk_all,
 )
 from accumguard.static.lint._ctx_file import FileIndex
@@ -83,6 +84,23 @@ class ValueFacts(FileIndex):
             ):
                 return True
         return False
+
+    def reaching_write(self, fn: ast.AST, name: str, use: ast.AST) -> ast.Assign | ast.AugAssign | None:
+        """The last statement of ``fn`` before ``use`` that writes ``name`` (plainly, in a
+        tuple, or augmented) in a block around ``use``: the write that reaches it, since one
+        in another branch or loop body does not (a reference loop after the training loop
+        reuses the training's names). None when there is none."""
+        around: set[ast.AST] = set()
+        cur = self.parents.get(use)
+        while cur is not None and cur is not fn:
+            around.add(cur)
+            cur = self.parents.get(cur)
+        around.add(fn)
+        writes = [n for n in self.local_nodes(fn) if isinstance(n, ast.Assign | ast.AugAssign)
+                  and n not in around and position(n) < position(use) and self.parents.get(n) in around
+                  and any(isinstance(t, ast.Name) and t.id == name
+                          for t in walk_all(n.targets[0] if isinstance(n, ast.Assign) else n.target))]
+        return max(writes, key=position) if writes else None
 
     def int_value(self, expr: ast.AST | None, *, defaults: bool = True) -> int | None:
         """The integer ``expr`` holds, when the file says so in one way: a literal, a name whose

@@ -122,7 +122,38 @@ class DsConfigFinder:
             out.append(DsConfigRef(cfg, f"dict literal at line {getattr(node, 'lineno', 1)}", node, literal=True,
                                    hf=self._handed_to_hf(node), name=name))
         out += self._dataclass_configs()
+        out += self._text_configs()
         return out + self._resolved_arguments({id(r.node) for r in out})
+
+    def _text_configs(self) -> list[DsConfigRef]:
+        """A config written as JSON text in the script and parsed there
+        (``cfg = json.loads(DS_JSON)`` with ``DS_JSON = \"\"\"{...}\"\"\"``): read as DeepSpeed
+        reads a file."""
+        out: list[DsConfigRef] = []
+        resolver = self.resolver()
+        for call in self.ctx.of(ast.Call):
+            if call_attr(call) != "loads" or len(call.args) != 1 \
+                    or (dotted(call.func) or "").split(".")[0] not in ("json", "hjson", "json5"):
+                continue
+            text = call.args[0]
+            if isinstance(text, ast.Name) and (bound := resolver.binding(text)) is not None:
+                text = bound[1].value
+            if not (isinstance(text, ast.Constant) and isinstance(text.value, str)) or len(text.value) > 100_000:
+                continue
+            try:
+                cfg = dsconfig.parse_config_text(text.value)
+            except ValueError:
+                continue
+            if not (set(cfg) & set(_DS_BATCH_KEYS) or "zero_optimization" in cfg):
+                continue
+            # (its key lines counted in the script, as a dict literal's are)
+            cfg.key_lines = {k: text.lineno + line - 1 for k, line in cfg.key_lines.items()}
+            name = self._holder_name(call)
+            if name is not None:
+                self._apply_later_updates(name, cfg, call)
+            out.append(DsConfigRef(cfg, f"JSON text at line {text.lineno}", call, literal=True,
+                                   hf=self._handed_to_hf(call), name=name))
+        return out
 
     def _resolved_arguments(self, found: set[int]) -> list[DsConfigRef]:
         """A config handed to DeepSpeed as an expression no literal above stands for

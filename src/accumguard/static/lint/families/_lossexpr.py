@@ -27,6 +27,7 @@ from accumguard.static.lint._ast import (
     walk_all,
 )
 from accumguard.static.lint._context import FileContext
+from accumguard.static.lint._ctx_boundary import bound_argument
 from accumguard.static.lint.families._masked import counts_tokens, masked_mean
 from accumguard.static.lint.families.terms import returned_by_call
 
@@ -51,8 +52,10 @@ def is_loss(expr: ast.AST) -> bool:
 
 
 def is_loss_division(ctx: FileContext, node: ast.AST, dividend: ast.AST) -> bool:
-    """The dividend is a loss, or the result is stored under a loss name (``loss = crit(...) / W``)."""
-    return is_loss(dividend) or any("loss" in n.lower() for n in assigned_names(ctx, node))
+    """The dividend is a loss, the result is stored under a loss name (``loss = crit(...) / W``),
+    or it is back-propagated as it stands (``(summed / n).backward()``)."""
+    return (is_loss(dividend) or any("loss" in n.lower() for n in assigned_names(ctx, node))
+            or _in_backward_call(ctx, node))
 
 
 def assigned_names(ctx: FileContext, node: ast.AST) -> set[str]:
@@ -98,15 +101,24 @@ def _returned(ctx: FileContext, fn: ast.FunctionDef | ast.AsyncFunctionDef, node
                and dotted(n.value) in names for n in ctx.local_nodes(fn))
 
 
-def _flows_here(ctx: FileContext, node: ast.AST) -> bool:
+def _in_backward_call(ctx: FileContext, node: ast.AST) -> bool:
+    """``node`` is inside a backward call's loss: ``(loss / W).backward()``."""
     scope = ctx.scope_of(node)
     backwards = ctx.backward_losses(scope)
     calls = ctx._cached("backward_ids", scope, lambda: {id(call) for call, _ in backwards})
     cur = ctx.parents.get(node)
-    while cur is not None and cur is not scope:  # inside `(loss / W).backward()`
+    while cur is not None and cur is not scope:
         if id(cur) in calls:
             return True
         cur = ctx.parents.get(cur)
+    return False
+
+
+def _flows_here(ctx: FileContext, node: ast.AST) -> bool:
+    if _in_backward_call(ctx, node):
+        return True
+    scope = ctx.scope_of(node)
+    backwards = ctx.backward_losses(scope)
     targets = assigned_names(ctx, node)
     if not targets:
         return False
@@ -220,7 +232,7 @@ def _class_criteria(cls: ast.ClassDef) -> set[str]:
     return mean - other
 
 
-def mean_loss_site(ctx: FileContext, fn: ast.AST, cls: ast.ClassDef | None = None
+def mean_loss_site(ctx: FileContext, fn: ast.AST, cls: ast.ClassDef | None = None, depth: int = 2
                     ) -> tuple[ast.AST, str] | None:
     """Where ``fn`` computes a per-micro-batch mean loss, and how it reads: a mean-reducing
     loss call, a mean-reducing loss module, the model's own ``outputs.loss`` (computed
@@ -241,6 +253,8 @@ def mean_loss_site(ctx: FileContext, fn: ast.AST, cls: ast.ClassDef | None = Non
                 return n, f"`{d}`, a mean-reducing loss module"
             if name == "mean" and not n.args and is_loss(n.func):
                 return n, f"`{ast.unparse(n)}`"
+            if depth > 0 and (inner := _helper_mean(ctx, n, depth)) is not None:
+                return n, f"`{ast.unparse(n.func)}(...)`, a function of this file returning {inner}"
         elif (div := division(n)) is not None and is_count(ctx, unpacked(ctx, fn, div[1])) and (
             is_loss(top := unpacked(ctx, fn, div[0])) or any(
                 isinstance(x, ast.Call) and call_attr(x) == "sum" for x in walk_all(top))):
@@ -254,6 +268,29 @@ def mean_loss_site(ctx: FileContext, fn: ast.AST, cls: ast.ClassDef | None = Non
         ):
             return n, f"`{ast.unparse(n)}`, the model's mean over this micro-batch's tokens"
     return None
+
+
+def _helper_mean(ctx: FileContext, call: ast.Call, depth: int) -> str | None:
+    """How a module-level function of the file that ``call`` runs computes a per-micro-batch
+    mean loss (a loss call whose ``reduction=`` parameter this call sets to "mean", or any
+    mean :func:`mean_loss_site` reads in its body), or None."""
+    if not isinstance(call.func, ast.Name):
+        return None
+    defs = ctx.functions_by_name().get(call.func.id, [])
+    if len(defs) != 1 or not isinstance(ctx.parents.get(defs[0]), ast.Module):
+        return None
+    helper = defs[0]
+    params = {a.arg: d for a, d in zip(reversed(helper.args.args), reversed(helper.args.defaults), strict=False)}
+    for n in ctx.local_nodes(helper):
+        kw = next((k.value for k in getattr(n, "keywords", ()) if k.arg == "reduction"), None)
+        if not (isinstance(n, ast.Call) and (call_attr(n) or "") in _MEAN_LOSS_FUNCS
+                and isinstance(kw, ast.Name)):
+            continue
+        given = bound_argument(helper, call, kw.id) or params.get(kw.id)
+        if isinstance(given, ast.Constant) and given.value == "mean":
+            return f"`{ast.unparse(n.func)}(...)` with reduction='mean'"
+    inner = mean_loss_site(ctx, helper, None, depth - 1)
+    return None if inner is None else inner[1]
 
 
 def unpacked(ctx: FileContext, fn: ast.AST, expr: ast.AST) -> ast.AST:
@@ -292,6 +329,8 @@ def divides_by_k(ctx: FileContext, window: ast.AST) -> list[tuple[ast.AST, ast.A
         d = division(sub)
         if d is None or all_reduced(ctx, sub, d[1]) or masked_mean(ctx, window, sub, set(), helpers=False):
             continue  # (x * mb.mask).sum() / mb.mask.sum() is a token mean, not a division by K
+        if isinstance(d[1], ast.IfExp) and not (ctx.mentions_accum(d[1].body) and ctx.mentions_accum(d[1].orelse)):
+            continue  # ``/ (tail if in_tail else K)``: K on some micro-steps only
         ids = list(identifiers(d[1]))
         if not (ctx.mentions_accum(d[1]) or _len_of_window(window, d[1])) \
                 or any(n in i for i in ids for n in _NORMALISED_BY_COUNT):

@@ -146,8 +146,10 @@ def plain_model_only(ctx: FileContext, dividend: ast.AST) -> bool:
                                                   or _file_function_without(ctx, made, DDP_WRAPPERS))
             built[name] = built.get(name, True) and plain
     # the modules called in the loss, or in what its names were assigned (``logits = ref(x)``)
+    # (only the write that reaches the loss when one does: a reference loop after the
+    # training loop reassigns the training's names, ``_, loss_sum = ref(xb, yb)``)
     exprs = [dividend, *(v for x in walk_all(dividend) if isinstance(x, ast.Name)
-                         for v in values.get(x.id, []))]
+                         for v in _reaching_values(ctx, func, x, values.get(x.id, [])))]
     called = {c.func.id for e in exprs for c in walk_all(e)
               if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
     models = [c for c in called if c in built]
@@ -156,6 +158,13 @@ def plain_model_only(ctx: FileContext, dividend: ast.AST) -> bool:
     models += [a.id for e in exprs for c in walk_all(e) if isinstance(c, ast.Call)
                for a in c.args if isinstance(a, ast.Name) and built.get(a.id)]
     return bool(models) and all(built[m] and m not in wrapped for m in models)
+
+
+def _reaching_values(ctx: FileContext, func: ast.AST, name: ast.Name, values: list[ast.AST]) -> list[ast.AST]:
+    """The value ``name`` holds at its use when one plain or tuple assignment reaches it, else
+    every value the function assigns it."""
+    write = ctx.reaching_write(func, name.id, name)
+    return [write.value] if isinstance(write, ast.Assign) else values
 
 
 def local_count(ctx: FileContext, node: ast.AST, names: set[str]) -> bool:

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from accumguard.static.findings import Confidence, Finding, Severity
-from accumguard.static.lint._ast import call_attr, dotted, position, walk_all
+from accumguard.static.lint._ast import call_attr, dotted, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._lossexpr import division, mean_loss_site
@@ -42,19 +42,9 @@ def _reaching(ctx: FileContext, fn: ast.AST, name: str, use: ast.AST) -> ast.AST
     """The value of ``name`` at ``use``: its last plain assignment in ``fn`` before ``use``
     in a block around ``use`` (one in another branch does not reach it); None when the last
     write before it is anything else (an augmented or tuple assignment) or there is none."""
-    around: set[ast.AST] = set()
-    cur = ctx.parents.get(use)
-    while cur is not None and cur is not fn:
-        around.add(cur)
-        cur = ctx.parents.get(cur)
-    around.add(fn)
-    writes = [n for n in ctx.local_nodes(fn) if isinstance(n, ast.Assign | ast.AugAssign)
-              and n not in around and position(n) < position(use) and ctx.parents.get(n) in around
-              and any(isinstance(t, ast.Name) and t.id == name
-                      for t in walk_all(n.targets[0] if isinstance(n, ast.Assign) else n.target))]
-    if not writes:
+    last = ctx.reaching_write(fn, name, use)
+    if last is None:
         return None
-    last = max(writes, key=position)
     if isinstance(last, ast.Assign) and len(last.targets) == 1 and isinstance(last.targets[0], ast.Name):
         return last.value
     if (isinstance(last, ast.Assign) and len(last.targets) == 1
@@ -257,15 +247,22 @@ def hf_compute_loss_ignores_num_items(ctx: FileContext) -> Iterator[Finding]:
             "(most HF models) and the batch has `labels`, and skips its own division by K: the "
             "gradient is then K times too large as well"
         )
+        sure = not (ga is None or flag is False or by_k is not None)
+        # (only the K x scale makes it sure; a mean of means is exact when every micro-batch of
+        # a window holds as many tokens or samples: a classifier on full batches)
+        effect = ("so the tokens of short micro-batches weigh more than in the large batch "
+                  "(mean of means)" if sure else
+                  "exact only when every micro-batch of a window holds as many tokens (or "
+                  "samples); where they differ, those of short micro-batches weigh more than in "
+                  "the large batch (mean of means)")
         finding = ctx.finding(
             "AG118",
             node,
             f"`{cls.name}.compute_loss` returns a per-micro-batch mean ({what}) and never uses "
             f"`num_items_in_batch`, with {how if ga else 'gradient accumulation possibly on (its value is not in sight)'}"
-            ": the Trainer adds K micro-batch means, so the tokens of short micro-batches weigh "
-            f"more than in the large batch (mean of means){k_note}; expected the window's "
+            f": the Trainer adds K micro-batch means, {effect}{k_note}; expected the window's "
             "summed loss divided by `num_items_in_batch`",
         )
-        if ga is None or flag is False or by_k is not None:  # only the mean of means is sure
+        if not sure:
             finding = replace(finding, severity=Severity.WARNING, confidence=Confidence.MEDIUM)
         yield finding
