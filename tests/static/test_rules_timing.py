@@ -48,6 +48,21 @@ def test_ddp_flag_after_the_forward_acts_one_micro_step_late(value: str, expecte
     assert found(_FLAG_AFTER_FORWARD.format(value=value)) == expected
 
 
+@pytest.mark.parametrize("k", ["K", "n", "steps_per_update"])
+def test_the_last_pass_of_the_window_range_is_the_boundary_whatever_its_names(k: str) -> None:
+    # ``k == n - 1`` inside ``for k in range(n)``: no name says "accumulation", the loop does
+    src = f"""
+    model = DDP(net)
+    for j in range({k}):
+        out = model(batch[j])
+        model.require_backward_grad_sync = j == {k} - 1
+        (out.sum() / {k}).backward()
+    optimizer.step()
+    """
+    assert found(src) == [("AG106", 5, "error")]
+    assert found(src.replace("j == ", "j + 1 == ").replace(f"{k} - 1\n", f"{k}\n")) == [("AG106", 5, "error")]
+
+
 def test_ddp_flag_before_the_forward_is_judged_by_polarity_only() -> None:
     src = """
     model = DDP(net)

@@ -50,7 +50,7 @@ class BoundaryFacts(FileIndex):
         return bool(self._cached("boundary", expr, lambda: self._boundary_test_uncached(expr)))
 
     def _boundary_test_uncached(self, expr: ast.AST) -> bool:
-        if has_mod(expr) or self.counter_bound(expr) is not None:
+        if has_mod(expr) or self.counter_bound(expr) is not None or self._last_of_range(expr):
             return True
         for sub in walk_all(expr):
             if isinstance(sub, ast.Name | ast.Attribute):
@@ -65,6 +65,34 @@ class BoundaryFacts(FileIndex):
                 parent = self.parents.get(sub)
                 if isinstance(parent, ast.BinOp | ast.Compare):
                     return True
+        return False
+
+    def _last_of_range(self, expr: ast.AST) -> bool:
+        """``k == n - 1`` (or ``k + 1 == n``) inside ``for k in range(n)``: the last iteration
+        of the loop that counts ``k``, whatever the names."""
+        if not (isinstance(expr, ast.Compare) and len(expr.ops) == 1 and isinstance(expr.ops[0], ast.Eq)):
+            return False
+        for var, bound in ((expr.left, expr.comparators[0]), (expr.comparators[0], expr.left)):
+            if isinstance(bound, ast.BinOp) and isinstance(bound.op, ast.Sub) \
+                    and isinstance(bound.right, ast.Constant) and bound.right.value == 1:
+                name, limit = var, bound.left
+            elif isinstance(var, ast.BinOp) and isinstance(var.op, ast.Add) \
+                    and isinstance(var.right, ast.Constant) and var.right.value == 1:
+                name, limit = var.left, bound
+            else:
+                continue
+            if not isinstance(name, ast.Name):
+                continue
+            loop = self.parents.get(expr)
+            while loop is not None and not (isinstance(loop, ast.For) and isinstance(loop.target, ast.Name)
+                                            and loop.target.id == name.id):
+                loop = self.parents.get(loop)
+            if loop is None or not (isinstance(loop.iter, ast.Call) and dotted(loop.iter.func) == "range"):
+                continue
+            args = loop.iter.args
+            if (len(args) == 1 or (len(args) == 2 and isinstance(args[0], ast.Constant) and args[0].value == 0)) \
+                    and ast.dump(args[-1]) == ast.dump(limit):
+                return True
         return False
 
     def counter_bound(self, test: ast.AST) -> ast.AST | None:
