@@ -71,11 +71,14 @@ def _step_calls(ctx: FileContext) -> dict[str, list[ast.Call]]:
     return ctx._cached("acchorizon_steps", ctx.tree, compute)  # type: ignore[no-any-return]
 
 
-def accelerate_micro_horizon(ctx: FileContext, name: str, parts: list[ast.AST], loaders: set[str]) -> str | None:
-    """The loader whose micro-batches the horizon of the prepared scheduler ``name`` counts
-    (read before ``prepare``, no K in the horizon), when every step of it (or of the name
-    ``prepare`` returns it as) runs inside
-    ``accelerator.accumulate`` of a loop over that loader with GA > 1; else None."""
+def accelerate_micro_horizon(ctx: FileContext, name: str, parts: list[ast.AST],
+                             loaders: set[str]) -> tuple[str, bool] | None:
+    """(the loader whose micro-batches the horizon of scheduler ``name`` counts, whether
+    ``prepare`` took the scheduler), when every step of it runs inside
+    ``accelerator.accumulate`` of a loop over that loader with GA > 1 and no K is in the
+    horizon: a prepared scheduler (the horizon read before ``prepare``; the name ``prepare``
+    returns it as counts too) advances only on the sync steps, and an unprepared one stepped
+    only under ``if accelerator.sync_gradients:`` once per window too. Else None."""
     if not accelerate_ga_above_one(ctx) or not _settings_in_sight(ctx):
         return None
     prepares = _prepare_calls(ctx)
@@ -84,15 +87,14 @@ def accelerate_micro_horizon(ctx: FileContext, name: str, parts: list[ast.AST], 
         for t, a in zip(ts, call.args, strict=False):
             if dotted(a) == name and (dt := dotted(t)) is not None:
                 aliases.add(dt)  # `..., self.sched = acc.prepare(..., sched)`
-    if len(aliases) == 1 and not any(dotted(t) == name for ts, _, _ in prepares for t in ts):
-        return None  # the scheduler is not prepared
+    prepared = len(aliases) > 1 or any(dotted(t) == name for ts, _, _ in prepares for t in ts)
     steps = [c for a in aliases for c in _step_calls(ctx).get(a, [])]
-    if not steps:
-        return None
+    if not steps or (not prepared and not all(_under_sync_gradients(ctx, c) for c in steps)):
+        return None  # (an unprepared scheduler stepped on every micro-batch is AG103's)
     lens = [n for p in parts for n in walk_all(p) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
             and n.func.id == "len" and len(n.args) == 1 and dotted(n.args[0]) in loaders]
     for n in lens:  # read after the loader was prepared: one process's shard, off by K / W
-        if any(dotted(t) == dotted(n.args[0]) and line < n.lineno for ts, _, line in prepares for t in ts):
+        if prepared and any(dotted(t) == dotted(n.args[0]) and line < n.lineno for ts, _, line in prepares for t in ts):
             return None
     # the prepared loader: the prepare output at the position of a counted loader
     prepared_as: dict[str, str] = {}
@@ -122,7 +124,19 @@ def accelerate_micro_horizon(ctx: FileContext, name: str, parts: list[ast.AST], 
             return None  # K is in the horizon
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "len"):
             todo.extend(ast.iter_child_nodes(node))
-    return found
+    return found, prepared
+
+
+def _under_sync_gradients(ctx: FileContext, call: ast.AST) -> bool:
+    """``call`` runs only in the body of an ``if <accelerator>.sync_gradients:`` (once per
+    window, when the optimizer steps)."""
+    child, cur = call, ctx.parents.get(call)
+    while cur is not None and not isinstance(cur, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+        if isinstance(cur, ast.If) and child in cur.body and isinstance(cur.test, ast.Attribute) \
+                and cur.test.attr == "sync_gradients" and _is_accelerator(ctx, cur.test.value):
+            return True
+        child, cur = cur, ctx.parents.get(cur)
+    return False
 
 
 def accelerate_ga_above_one(ctx: FileContext) -> bool:

@@ -356,14 +356,19 @@ def horizon_in_micro_batches(ctx: FileContext) -> Iterator[Finding]:
             continue  # not a count of batches
         accelerate = accelerate_micro_horizon(ctx, name, parts, loaders)
         if accelerate is not None:
+            loader, prepared = accelerate
+            how = (f"`Accelerator(gradient_accumulation_steps=K > 1)` prepared `{name}` and steps "
+                   "it only when the optimizer steps" if prepared else
+                   f"`{name}.step()` runs only under `accelerator.sync_gradients`, when the "
+                   "optimizer steps")
             yield ctx.finding(
                 "AG124",
                 ctor,
                 f"the schedule's horizon `{ast.unparse(horizon)}` counts the micro-batches of "
-                f"`{accelerate}`, but `Accelerator(gradient_accumulation_steps=K > 1)` prepared "
-                f"`{name}` and steps it only when the optimizer steps, once per window of K "
-                "(`accelerator.accumulate`): the schedule is K times longer than training and "
-                "never reaches its end",
+                f"`{loader}`, but {how}, once per window of K (`accelerator.accumulate`): the "
+                "schedule is K times longer than training"
+                + ("" if prepared else " (K x W when the loader is counted before `prepare` "
+                   "shards it over W processes)") + " and never reaches its end",
             )
             continue
         divisors = _divides(parts)
