@@ -391,10 +391,10 @@ def horizon_in_micro_batches(ctx: FileContext) -> Iterator[Finding]:
             if (not facts.accumulating or facts.accelerate or facts.summed_loss
                     or facts.unguarded_optimizer_steps or not ctx.guarded(call, window)):
                 break
-            loader = _counts_batches(ctx, parts, loaders, window)
-            if loader is None:
+            counted = _counts_batches(ctx, parts, loaders, window)
+            if counted is None:
                 break
-            iterated.append(loader)
+            iterated.append(counted)
         else:
             yield ctx.finding(
                 "AG124",
