@@ -98,6 +98,24 @@ class FileIndex:
 
     # ---------------------------------------------------------------- nodes and findings
 
+    def bound_names(self) -> set[str]:
+        """Every name the file binds: assigned (any target, loop and ``with`` targets
+        included), a parameter, a function or class, an import. A name outside this set comes
+        from outside the file (a notebook cell, a star import)."""
+        def compute() -> set[str]:
+            out: set[str] = set()
+            for n in ast.walk(self.tree):
+                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+                    out.add(n.id)
+                elif isinstance(n, ast.arg):
+                    out.add(n.arg)
+                elif isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                    out.add(n.name)
+                elif isinstance(n, ast.alias):
+                    out.add((n.asname or n.name).split(".")[0])
+            return out
+        return self._cached("bound_names", self.tree, compute)  # type: ignore[no-any-return]
+
     def functions_by_name(self) -> dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]]:
         """The file's function and method definitions by name (built once per file)."""
         def compute() -> dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]]:

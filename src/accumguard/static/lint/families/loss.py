@@ -282,6 +282,8 @@ def rank_local_token_mean_under_ddp(ctx: FileContext) -> Iterator[Finding]:
         count_names = {d for d in (dotted(s) for s in walk_all(divisor)) if d}
         if count_names & ctx.all_reduced_names(scope) or count_names & ctx.all_reduced_names(ctx.tree):
             continue
+        if isinstance(divisor, ast.Name) and divisor.id not in ctx.bound_names():
+            continue  # made outside the file: whether it spans the ranks is not in sight
         if site is not None:
             # a helper's parameter: the count its training call site passes
             if not plain_model_only(ctx, site) and not simulates_ranks(ctx, site) \
