@@ -29,8 +29,9 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Iterator
+from dataclasses import replace
 
-from accumguard.static.findings import Finding
+from accumguard.static.findings import Finding, Severity
 from accumguard.static.lint._ast import (
     ACCUM_RE,
     FUNCS,
@@ -244,21 +245,44 @@ def _engine_loop_backwards(ctx: FileContext) -> Iterator[ast.Call]:
                 yield call
 
 
+def _engines_own_ga(ctx: FileContext, divisor: ast.AST, engine: str) -> bool:
+    """``divisor`` is ``engine.gradient_accumulation_steps()``, inline or through the name the
+    function assigns it to just before."""
+    if isinstance(divisor, ast.Name):
+        write = ctx.reaching_write(ctx.scope_of(divisor), divisor.id, divisor)
+        divisor = write.value if isinstance(write, ast.Assign) and len(write.targets) == 1 else divisor
+    return (isinstance(divisor, ast.Call) and not divisor.args and call_attr(divisor) == "gradient_accumulation_steps"
+            and dotted(receiver(divisor)) == engine)
+
+
 @rule("AG134")
 def loss_divided_before_engine_backward(ctx: FileContext) -> Iterator[Finding]:
     """The documented engine loop (``engine.step()`` after every ``engine.backward()``) handed a
     loss already divided by K while the config's GA > 1: DeepSpeed divides by GA again."""
     ref = ctx.ds_config()
-    if ref is None:
-        return
     for call in _engine_loop_backwards(ctx):
         hit = _divided_by_k(ctx, call.args[0])
         if hit is None or ctx.int_value(hit[0]) == 1:
             continue
+        name = dotted(receiver(call)) or "engine"
+        if _engines_own_ga(ctx, hit[0], name):
+            many = ref is not None and _config_ga(ctx, ref, set())[0] == "many"
+            finding = ctx.finding(
+                "AG134",
+                call,
+                f"the loss given to `{name}.backward()` is already divided by the engine's own "
+                f"`{name}.gradient_accumulation_steps()` ({hit[1]}), and the engine's backward "
+                "divides it by that GA again (scale_wrt_gas=True by default) while it steps "
+                "once per GA backward() calls: whenever GA > 1 the loss is divided twice and "
+                "the optimizer receives G / GA",
+            )
+            yield finding if many else replace(finding, severity=Severity.WARNING)
+            continue
+        if ref is None:
+            continue
         verdict, how = _config_ga(ctx, ref, {d for d in (dotted(hit[0]),) if d})
         if verdict != "many" or not (is_k(ctx, hit[0]) or "the loop's own K" in how):
             continue
-        name = dotted(receiver(call)) or "engine"
         yield ctx.finding(
             "AG134",
             call,
