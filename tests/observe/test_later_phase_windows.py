@@ -123,3 +123,28 @@ def test_the_same_optimizer_stepping_every_backward_first_stays_f1(tmp_path: Pat
         _reference_first(3, new_optimizer=False)
     findings, _, _ = analyze(load_recordings(tmp_path), k_flag=K)
     assert any(f.cls == "F1" and f.severity.value == "error" for f in findings), findings
+
+
+def test_a_reference_after_windows_of_k_times_k_is_its_own_phase_not_f1(tmp_path: Path) -> None:
+    """Blind round 47, b_b02: a DeepSpeed engine with GA = K gated K backwards by hand, so its
+    one optimizer object stepped after K x K backwards (F14, judged elsewhere); rank 0's
+    reference with another optimizer then stepped after every backward. That reference is a
+    phase of its own (a note), not F1 of the training."""
+    with recording(tmp_path):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(K * K):
+            (model(torch.randn(5, 4)).pow(2).mean() / K).backward()
+        opt.step()
+        opt.zero_grad()
+        ref = torch.nn.Linear(4, 1)
+        ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+        for _ in range(STEPS):
+            ref(torch.randn(5 * K, 4)).pow(2).mean().backward()
+            ref_opt.step()
+            ref_opt.zero_grad()
+    findings, _, _ = analyze(load_recordings(tmp_path), k_flag=K)
+    assert not [f for f in findings if f.cls == "F1" and f.severity.value != "note"], findings
+    (note,) = [f for f in findings if "later phase" in f.title]
+    assert "judged on its own (K = 1), not F1" in note.title

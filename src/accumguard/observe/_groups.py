@@ -136,11 +136,13 @@ def _later_phase(steps: list[JsonObject], res: KResolution
 
 def _phase(main: list[JsonObject], other: list[JsonObject], k: int, res: KResolution, *,
            later: bool) -> tuple[OwnRate, int] | None:
-    """The note and K' when ``main``'s windows are mostly K and ``other``'s are one size
-    K' != K (shorter tails allowed), else None."""
+    """The note and K' when ``main``'s windows are mostly K (or a multiple of K) and
+    ``other``'s are one size K' != K (shorter tails allowed), else None."""
     sizes = Counter(w.window for w in _windows(main) if w.window > 0)
     own = Counter(w.window for w in _windows(other))
-    if not (sizes and sizes.most_common(1)[0][0] == k and own):
+    # (the main phase's windows are K, or a multiple of it: a DeepSpeed loop gating K
+    # backwards by hand around a GA = K engine steps once per K x K, F14 of its own)
+    if not (sizes and sizes.most_common(1)[0][0] % k == 0 and own):
         return None
     k2, n2 = own.most_common(1)[0]
     n_other = sum(own.values())
