@@ -10,6 +10,8 @@ already judge a window that spans two passes (F7: leaked or dropped); here:
 * :func:`epochs` - the per-pass counts (also the slack of :mod:`._schedules`);
 * :func:`short_epoch_findings` - every pass holds fewer micro-batches than K: each window
   is a pass's short tail, and a loop (or framework) dividing by K weighs each one n/K;
+* :func:`scheduled_tail_findings` - K set per epoch by the framework (Lightning's
+  ``GradientAccumulationScheduler``): a pass's short last window divided by that epoch's K;
 * :func:`dropped_tail` / :func:`dropped_finding` - a pass's partial tail that a
   ``zero_grad()`` at the next pass's start cleared before any step. Dropping it is a
   choice (the large batch with ``drop_last=True``): when the next window is K whole
@@ -36,7 +38,7 @@ from accumguard.observe._records import (
 from accumguard.observe._weight_rules import _f7_mass, _near, _rescaled
 
 __all__ = ["Epoch", "complete_epochs", "dropped_finding", "dropped_tail", "epochs",
-           "every_epoch_short", "short_epoch_findings"]
+           "every_epoch_short", "scheduled_tail_findings", "short_epoch_findings"]
 
 
 @dataclass(frozen=True)
@@ -215,3 +217,46 @@ def dropped_finding(rank: int, w: StepWindow, j: int, k: int | None) -> Finding:
                   if k is not None else "")
                + ". Step (normalised by its own count) after the last micro-batch of each "
                  "pass")
+
+
+def scheduled_tail_findings(rank: int, windows: list[StepWindow],
+                            changes: Sequence[Sequence[int]]) -> list[Finding]:
+    """K set per epoch by the framework (``changes``: ``[backwards so far, K]`` at each
+    epoch's start, Lightning's ``GradientAccumulationScheduler``): a window of n < K
+    micro-steps that ends a pass over the DataLoader (or that K's run of windows), after
+    full windows of the same K whose loss weighed one same total, and whose own loss
+    weighed n/K of it: divided by K instead of its n micro-steps (F7, an error)."""
+    marks = sorted((int(b), int(k)) for b, k in changes)
+    ks: list[int | None] = []
+    done = 0
+    for w in windows:
+        ks.append(next((k for b, k in reversed(marks) if b <= done), None))
+        done += int(w.window)
+    masses = [_f7_mass(w) for w in windows]
+    for i, (w, m, k) in enumerate(zip(windows, masses, ks, strict=True)):
+        n = int(w.window)
+        if m is None or k is None or k < 2 or not 1 <= n < k:
+            continue
+        nxt = windows[i + 1] if i + 1 < len(windows) else None
+        if nxt is not None and 0 not in (nxt.data_pass_starts or []) and ks[i + 1] == k \
+                and nxt.opt_serial == w.opt_serial:
+            continue  # not the end of a pass, of that K's epochs or of that optimizer's run
+        full = [fm for fw, fm, fk in zip(windows[:i], masses[:i], ks[:i], strict=True)
+                if fk == k and fm is not None and int(fw.window) == k and fw.opt_serial == w.opt_serial]
+        if not full:
+            continue
+        ref = sum(f.mass for f in full) / len(full)
+        if ref <= 0 or not all(_near(f.mass, ref, f.low) for f in full) \
+                or not _near(m.mass, n / k * ref, m.low):
+            continue
+        return [_mk("F7", "error", rank, w.step, n - 1,
+                    f"{m.words(n, k, at=False)}: the last window before optimizer step "
+                    f"{_n(w.step)} had {n} of the K = {k} micro-steps that the framework set "
+                    "for that epoch (Lightning's GradientAccumulationScheduler), while each of "
+                    f"the {len(full)} full window(s) of that K weighed {ref:.4g}: the short "
+                    f"window was divided by K instead of its {n} micro-steps, so its update "
+                    f"is {n}/{k} of its mean gradient",
+                    fix="Normalise each window's loss by its own size: in training_step, "
+                        "multiply the loss by K / (the batches left in the epoch's last "
+                        "window) there, or use a K that divides the batches per epoch.")]
+    return []

@@ -155,6 +155,7 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
         self.observe_steps = observe_steps
         self._pass_at: list[int] = []  # windows in which a DataLoader pass began
         self._pass_len: int | None = None  # micro-batches of the first pass (len(loader))
+        self._pass_bw0: int | None = None  # backward count at the current pass's start
         self.tail: Tail | None = None  # the counters after observation ended (_tail)
         self.boundary = BoundaryScale(boundary_param) if boundary_param is not None else None
         self._armed = True  # this window is sampled (always, without sampled_records)
@@ -180,6 +181,7 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
         self.engine = "local"
         self.engine_info: EngineInfo | None = None
         self.declared_k: dict[str, int] = {}
+        self.k_changes: list[list[int]] = []
         # the training frameworks seen driving the run (a Trainer built, Accelerate's
         # backward called): the fixes are worded in their idiom (taxonomy.fix_in)
         self.frameworks: list[str] = []
@@ -372,6 +374,9 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
         when_imported("transformers.training_args", lib(_patch_trainers.patch_hf_args, self))
         for name in ("lightning.pytorch.trainer.trainer", "pytorch_lightning.trainer.trainer"):
             when_imported(name, lib(_patch_trainers.patch_lightning, self))
+        for pkg in ("lightning.pytorch", "pytorch_lightning"):
+            when_imported(f"{pkg}.callbacks.gradient_accumulation_scheduler",
+                          lib(_patch_trainers.patch_lightning_k_schedule, self))
 
     def _active(self) -> bool:
         return self.installed and not self._in_observer

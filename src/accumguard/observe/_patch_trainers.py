@@ -1,5 +1,6 @@
 """The observer's patches of the trainers whose configuration declares K: Hugging Face
-``TrainingArguments`` and Lightning's ``Trainer`` (both packages' names).
+``TrainingArguments`` and Lightning's ``Trainer`` (both packages' names), and the K that
+Lightning's ``GradientAccumulationScheduler`` sets per epoch.
 
 Installed when their modules are imported (never imported from here); ``obs`` is the
 observer (a :class:`~._seams.PatchHost`). Each constructor
@@ -15,7 +16,7 @@ from types import ModuleType
 from accumguard.observe._failsafe import Original
 from accumguard.observe._seams import PatchHost
 
-__all__ = ["patch_hf_args", "patch_lightning"]
+__all__ = ["patch_hf_args", "patch_lightning", "patch_lightning_k_schedule"]
 
 
 def patch_hf_args(obs: PatchHost, mod: ModuleType) -> None:
@@ -36,6 +37,29 @@ def patch_lightning(obs: PatchHost, mod: ModuleType) -> None:
     # Lightning's default 1 declares nothing: under manual optimisation the module
     # accumulates itself (Lightning refuses any other value there).
     _declares_k(obs, mod, "Trainer", "__init__", "accumulate_grad_batches", "lightning")
+
+
+def patch_lightning_k_schedule(obs: PatchHost, mod: ModuleType) -> None:
+    """Lightning's ``GradientAccumulationScheduler`` sets ``trainer.accumulate_grad_batches``
+    at each epoch's start (K per epoch): note each K it sets with the backward count it
+    starts from (once per epoch, never on the hot path), so that each window is judged
+    against the K Lightning used for it."""
+    if not obs.installed:
+        return
+
+    def make(orig: Original) -> Original:
+        def on_train_epoch_start(this: object, trainer: object, /, *a: object, **kw: object) -> object:
+            out = orig(this, trainer, *a, **kw)
+            k = getattr(trainer, "accumulate_grad_batches", None)
+            if isinstance(k, int) and not isinstance(k, bool) and k >= 1:
+                obs.k_changes.append([obs.backward_total, k])
+                if "lightning" not in obs.frameworks:
+                    obs.frameworks.append("lightning")
+            return out
+
+        return on_train_epoch_start
+
+    obs.patches.wrap_member(mod, "GradientAccumulationScheduler", "on_train_epoch_start", make)
 
 
 def _declares_k(obs: PatchHost, mod: ModuleType, cls_name: str, method: str, attr: str,

@@ -90,6 +90,7 @@ class PatchHost(EngineHost, Protocol):
     _w: StepTally
     # what the frameworks declare (K per library; DeepSpeed's configuration: EngineHost)
     declared_k: dict[str, int]
+    k_changes: list[list[int]]  # [backwards so far, K]: a framework changing K mid-run
     frameworks: list[str]
     # re-entrancy: >0 inside the observer's own work or inside an outer call of a kind
     _in_observer: int

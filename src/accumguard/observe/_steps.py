@@ -77,6 +77,7 @@ class StepMachinery:
     observe_steps: int | None
     _pass_at: list[int]
     _pass_len: int | None
+    _pass_bw0: int | None
     failsafe: Failsafe
     record_updates: bool
     sampled_records: bool
@@ -337,6 +338,8 @@ class StepMachinery:
         # a DeepSpeed step that skipped its update (overflow) discarded its window
         losses = self.losses.take(applied, carry=source == "torch" and not discarded)
         terms = self.losses.take_terms()  # the terms and log-prob selections (_losses_terms)
+        if self._pass_end_next(w) and applied and not self.losses.on:
+            self.losses.on = True  # a pass's last window: F7 is judged from its loss record
         # the ledger composes the loss weights with the engine's reduction
         factor = rank_factor(self.engine, self._sync_roots, self._fsdp_groups,
                              self._ds_engine) if losses or terms else None
@@ -372,6 +375,17 @@ class StepMachinery:
             # once the patches are gone, the run's totals go on being counted (_tail)
             self.failsafe.on_teardown(self._start_tail)
             self.failsafe.retire()
+
+    def _pass_end_next(self, w: StepTally) -> bool:
+        """The next window, as long as this one, reaches the end of the current pass over
+        the DataLoader (its length from the first pass): its loss is recorded whatever the
+        recorder's time budget says, since a short last window shows only there."""
+        if w.data_passes:
+            self._pass_bw0 = self.backward_total - len(w.backwards) + w.data_passes[-1]
+        if self._pass_len is None or self._pass_bw0 is None:
+            return False
+        left = self._pass_len - (self.backward_total - self._pass_bw0)
+        return 0 < left <= max(1, len(w.backwards))
 
     def _retire_due(self, w: StepTally) -> bool:
         """After the window ``w`` (``self.step`` windows recorded), has the run been seen

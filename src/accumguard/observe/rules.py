@@ -35,6 +35,7 @@ from accumguard.observe._epochs import (
     dropped_finding,
     dropped_tail,
     run_epochs_short,
+    scheduled_tail_findings,
     short_epoch_findings,
 )
 from accumguard.observe._framework_fixes import framework_fixes, frameworks
@@ -245,6 +246,8 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
             found += partial_window_findings(rank, ws, gres.k)
             found += grad_step_findings(rank, ws, gres)
             found += short_epoch_findings(rank, ws, gres.k, gres.declared, gres.source)
+            if changes := rec.end.get(rank, {}).get("k_changes"):
+                found += scheduled_tail_findings(rank, ws, changes)
             found = comm_findings(rank, group, found)  # the collective ledger (EXTRA_SYNC)
             if idx is not None and len(groups) > 1:
                 name = next((str(s.optimizer) for s in steps if s.optimizer),

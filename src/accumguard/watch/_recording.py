@@ -42,6 +42,8 @@ The recording, one JSON object per line (flushed at every optimizer step, at exi
   "schedulers"}`` after an end record with reason ``observed``: what the run did after
   observation ended, counted (:mod:`accumguard.observe._tail`), at its real end;
 * ``{"kind": "end", "reason", "pending_backwards", "declared_k", "collective"}`` last
+  (and ``k_changes``, ``[[backwards so far, K], ...]``, when a framework set K per epoch:
+  Lightning's ``GradientAccumulationScheduler``)
   (``reason``: ``exit``, ``max_steps``, ``destroy_process_group``, ``signal``, ``observed``
   (observation ended after ``ACCUMGUARD_OBSERVE_STEPS``, the run went on);
   ``collective``: ``{open, last_done, failed, calls}`` from
@@ -491,6 +493,7 @@ class _Agent:
             self._write({"kind": "end", "reason": reason, "pending_backwards": pending,
                          "steps": obs.step, "backwards_total": obs.backward_total,
                          "declared_k": dict(obs.declared_k), "engine": obs.engine,
+                         **({"k_changes": [list(c) for c in obs.k_changes]} if obs.k_changes else {}),
                          "frameworks": list(obs.frameworks),
                          "collective": obs.counter.state(), **_peak_memory(),
                          **({"advise_applied": list(self.advise.applied)}
