@@ -37,6 +37,17 @@ def test_accelerate_horizon_in_optimizer_steps_ends_w_times_early() -> None:
     assert _sev(cut) == {("F4", "note")} and "cut short" in cut[0].evidence, cut
 
 
+def test_an_odd_horizon_crossed_between_two_steps_is_still_w_times_early() -> None:
+    # blind round 47, a_b03: horizon 5 = the run's optimizer steps, 2 processes: the prepared
+    # scheduler passes 5 between optimizer steps 2 and 3 (at 2.5: W x early), its first
+    # step past the end is 3
+    found = horizon_findings(0, _events(5, 5, 2), 5, 2, 2, 1, True)
+    assert _sev(found) == {("F4", "error")}, found
+    assert "2x early" in found[0].evidence and "optimizer step 3 of the run's 5" in found[0].evidence
+    # a horizon of 3 at 1 per step in a run of 5: no factor of W or K (5 / 3)
+    assert _sev(horizon_findings(0, _events(3, 5, 1), 5, 2, 2, 1, True)) == {("F4", "note")}
+
+
 def test_horizon_in_micro_batches_ends_k_times_late() -> None:
     found = horizon_findings(0, _events(32, 8, 1), 8, 1, 4, 2, True, backwards=32,
                              whole_epochs=True)

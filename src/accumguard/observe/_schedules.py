@@ -211,9 +211,14 @@ def horizon_findings(rank: int, events: list[JsonObject], total_steps: int,
         if crossed is not None:  # the schedule reached its end inside the run
             at = max(1, when(crossed))
             ratio = steps / at
+            # where between two optimizer steps the horizon was crossed, at the measured
+            # rate (an odd horizon of a short run: 5 at 2 per step ends at 2.5, W x early,
+            # though its first step past the end is 3)
+            end_at = when(first) - max(0, when(evs[1]) - when(first)) + (h - pos0) / per_step
             # a run cut short: S is not the run's total, so no factor is claimed
             hit = next(((c, name) for c, name in _factors(world, k)
-                        if complete and _match(steps, at, c, slack)), None)
+                        if complete and (_match(steps, at, c, slack) or _match(steps, end_at, c, slack))),
+                       None)
             if hit is not None:
                 out.append(_mk("F4", "error", rank, at - 1, None,
                                f"the LR schedule ({what}) reached its end at optimizer step "
