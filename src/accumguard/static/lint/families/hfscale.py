@@ -136,10 +136,12 @@ def _own_normalisation(fn: ast.AST) -> ast.AST | None:
 
 def _times_world(ctx: FileContext, scope: ast.AST) -> bool:
     """A multiplication by the number of processes (or anything named after the world
-    size) in ``scope``."""
+    size) in ``scope``, or a quotient with it on top (``scale = num_processes / n_items``)."""
     for n in walk_all(scope):
         if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult) and (
                 ctx.mentions_world(n.left) or ctx.mentions_world(n.right)):
+            return True
+        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) and ctx.mentions_world(n.left):
             return True
         if isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Mult) and ctx.mentions_world(n.value):
             return True
