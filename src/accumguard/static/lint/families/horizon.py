@@ -588,7 +588,8 @@ def _optimizer_step_horizon(ctx: FileContext, name: str, parts: list[ast.AST]) -
 
 
 def _scales_by_world(ctx: FileContext) -> bool:
-    """Something in the file is multiplied by the number of processes (a global batch, a
-    data size): the script is written for several processes."""
+    """Something in the file is multiplied by the number of processes, by name or through a
+    name assigned from it (``W = accelerator.num_processes``; a global batch, a data size):
+    the script is written for several processes."""
     return bool(ctx._cached("horizon_scales_by_world", ctx.tree,
-                            lambda: _multiplies_by_world([ctx.tree])))
+                            lambda: _multiplies_by_world([ctx.tree], ctx)))
