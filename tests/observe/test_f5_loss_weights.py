@@ -85,6 +85,14 @@ def _errors(findings: list[Finding]) -> set[str]:
     return {f.cls for f in findings if f.severity == "error"}
 
 
+def test_a_reduction_none_loss_reduced_to_the_micro_batch_mean_is_f5_too(tmp_path: Path) -> None:
+    # per-token losses summed and divided by this micro-batch's count, then by K: the same
+    # mean of means (this test once called it "user-weighted, not judged": the per-token
+    # output was not recorded; its gradient is one value per valid token, now read)
+    findings = _run(tmp_path, lambda z, y, n, total: F.cross_entropy(z, y, reduction="none").sum() / n / K)
+    assert _errors(findings) == {"F5"}, findings
+
+
 def test_token_mean_over_k_with_uneven_counts_is_f5(tmp_path: Path) -> None:
     findings = _run(tmp_path, lambda z, y, n, total: F.cross_entropy(z, y) / K)
     assert _errors(findings) == {"F5"}, findings
@@ -96,7 +104,7 @@ def test_token_mean_over_k_with_uneven_counts_is_f5(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("name", ["sum_over_N", "mean_times_n_over_N", "equal_counts",
-                                  "k1", "eval_no_grad", "reduction_none", "task_weights",
+                                  "k1", "eval_no_grad", "task_weights",
                                   "autograd_grad"])
 def test_correct_patterns_are_silent(tmp_path: Path, name: str) -> None:
     kw: dict[str, Any] = {}
@@ -120,10 +128,6 @@ def test_correct_patterns_are_silent(tmp_path: Path, name: str) -> None:
         def fn(z: Any, y: Any, n: int, total: int) -> Any:
             return F.cross_entropy(z, y, reduction="sum") / total
         kw["eval_between"] = True
-    elif name == "reduction_none":  # user-weighted tokens: the rule does not judge them
-        def fn(z: Any, y: Any, n: int, total: int) -> Any:
-            per = F.cross_entropy(z, y, reduction="none")
-            return per.sum() / n / K
     elif name == "autograd_grad":  # a token mean / K differentiated by autograd.grad only
         def fn(z: Any, y: Any, n: int, total: int) -> Any:
             torch.autograd.grad(F.cross_entropy(z, y) / K, z, retain_graph=True)

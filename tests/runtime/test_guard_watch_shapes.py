@@ -265,12 +265,18 @@ def _run_both(loop: Loop, sizes: list[int] | None = None) -> tuple[set[str], set
     return {v.rule for v in g.violations}, {f.cls for f in found if f.severity == "error"}
 
 
+#: what watch also proves beyond the guard's verdict: the off-by-one loop's last leftover (one
+#: micro-batch divided by K, stepped by the final ``opt.step()``) is F7 as well; watch records
+#: the loss of a pass's last window whatever its time budget, the guard judges the counter
+_WATCH_ALSO = {"b_first_step_at_i_0": {"F7"}}
+
+
 @pytest.mark.parametrize("case", sorted(REAL))
 def test_real_loops_guard_and_watch_agree(case: str) -> None:
     loop, expected = REAL[case]
     by_guard, by_watch = _run_both(loop)
     want = set() if expected is None else {expected}
-    assert by_guard == by_watch == want, (by_guard, by_watch)
+    assert by_guard == want and by_watch == want | _WATCH_ALSO.get(case, set()), (by_guard, by_watch)
 
 
 # -- correct twins driven by a framework or by more than one optimizer --------------------

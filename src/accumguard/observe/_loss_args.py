@@ -63,6 +63,33 @@ def read_class_loss(out: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, 
     return node, n, mean, out.dtype in LOW or inp.dtype in LOW, rows, unit
 
 
+def read_class_loss_none(out: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]
+                         ) -> tuple[Any, torch.Tensor, torch.Tensor, bool, int] | None:
+    """``cross_entropy``/``nll_loss`` with ``reduction='none'`` over class-index targets (a
+    per-token loss the script reduces itself: ``ce.sum() * scale``, ``ce[mask].mean()``):
+    (grad node, valid count, valid mask, low precision?, rows). Its tokens' weights are the
+    gradient reaching the output at the valid positions (:meth:`LossRecorder._on_grad_none`).
+    None for class weights, legacy flags, probability targets or another reduction."""
+    na, get = len(args), kwargs.get
+    if ((args[2] if na > 2 else get("weight")) is not None
+            or (args[3] if na > 3 else get("size_average")) is not None
+            or (args[5] if na > 5 else get("reduce")) is not None
+            or (args[6] if na > 6 else get("reduction", "mean")) != "none"):
+        return None
+    inp = args[0] if na > 0 else get("input")
+    target = args[1] if na > 1 else get("target")
+    node = out.grad_fn
+    if not isinstance(inp, torch.Tensor) or not isinstance(target, torch.Tensor) or node is None \
+            or target.is_floating_point() or tuple(target.shape) != tuple(out.shape):
+        return None
+    ignore = args[4] if na > 4 else get("ignore_index", -100)
+    with torch.no_grad():
+        valid = target != ignore
+        n = torch.count_nonzero(valid)
+    rows = int(out.shape[0]) if out.dim() >= 1 else 1
+    return node, n, valid, out.dtype in LOW or inp.dtype in LOW, rows
+
+
 def read_elementwise(kind: str, out: torch.Tensor, args: tuple[Any, ...],
                      kwargs: dict[str, Any]) -> Read | None:
     """``mse_loss`` and its kin: ``'mean'`` divides by the broadcast element count."""

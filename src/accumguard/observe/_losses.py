@@ -61,6 +61,7 @@ from accumguard.observe._loss_args import (
     ELEMENTWISE,
     LOW,
     read_class_loss,
+    read_class_loss_none,
     read_elementwise,
     read_kl_div,
 )
@@ -361,8 +362,8 @@ class LossRecorder:
             obs = rec.obs
             if (not rec.on or not obs._active() or not obs._handlers.on_step
                     or not isinstance(out, torch.Tensor) or not out.requires_grad
-                    or out.dim() != 0 or len(rec.calls) >= _MAX_CALLS):
-                return out
+                    or (out.dim() != 0 and kind is not None) or len(rec.calls) >= _MAX_CALLS):
+                return out  # (a class loss's per-token output: reduction='none', read apart)
             t = time.perf_counter()
             record(out, args, kwargs)
             rec.spent += time.perf_counter() - t
@@ -373,6 +374,15 @@ class LossRecorder:
         return loss_fn
 
     def _record(self, out: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if out.dim() != 0:
+            none = read_class_loss_none(out, args, kwargs)
+            if none is not None:
+                node, n, valid, lp, rows = none
+                call = _Call(self._site(), self.seq, n, False, lp, node._sequence_nr(), rows)
+                self.seq += 1
+                self.calls.append(call)
+                node.register_prehook(functools.partial(self._on_grad_none, call, valid, out.output_nr))
+            return
         got = read_class_loss(out, args, kwargs)  # kept lean: it runs per loss call
         if got is not None:
             self._add(out, *got)
@@ -415,6 +425,34 @@ class LossRecorder:
             call.sole, call.divs = False, []
         else:  # backpropagated in two backward passes (retain_graph): no single weight
             call.g = None
+        self.spent += time.perf_counter() - t
+
+    @hook_method
+    def _on_grad_none(self, call: _Call, valid: torch.Tensor, index: int,
+                      grad_outputs: tuple[torch.Tensor | None, ...]) -> None:
+        """The per-token gradient reaching a ``reduction='none'`` class loss: when it is one
+        value at every valid token (a sum times constants, a mean over the valid tokens),
+        the call weighs its tokens that value, as a ``'sum'`` call would; otherwise (per-token
+        or per-sequence weights) no single weight, NaN, and the call is not recorded."""
+        obs = self.obs
+        grad = grad_outputs[index] if index < len(grad_outputs) else None
+        if obs._bw_current is None or self.in_grad or not obs.installed or grad is None \
+                or tuple(grad.shape) != tuple(valid.shape):
+            return
+        t = time.perf_counter()
+        if call.micro is not None:  # reached by two backward passes: no single weight
+            call.g = None
+            return
+        with torch.no_grad():
+            gv = grad.detach()[valid]
+            if gv.numel() == 0:
+                g = torch.zeros((), dtype=grad.dtype, device=grad.device)
+            else:
+                g = gv.mean()
+                spread = gv.max() - gv.min()
+                g = torch.where(spread.abs() <= 1e-6 * g.abs(), g, torch.full_like(g, float("nan")))
+        call.micro, call.grad, call.g = self.micro, False, g
+        call.sole = self._sole(call)
         self.spent += time.perf_counter() - t
 
     def _sole(self, call: _Call) -> bool:
