@@ -170,3 +170,13 @@ def launcher_env() -> dict[str, str]:
                                 "ACCUMGUARD_"))}
     env.update(OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
     return env
+
+
+def recorded_failures(out_dir: Any) -> list[dict[str, Any]]:
+    """The ``internal_error`` records a watched run left in ``out_dir`` (accumguard's own
+    failures, each with where it happened and its message)."""
+    import json
+    from pathlib import Path
+
+    return [r for f in Path(out_dir).glob("rank-*.jsonl") for line in f.read_text().splitlines()
+            if (r := json.loads(line)).get("kind") == "internal_error"]

@@ -14,7 +14,6 @@ the hook, observation switched off after 0 steps (the run itself went on unchang
 from __future__ import annotations
 
 import contextlib
-import json
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +24,8 @@ import torch.distributed as dist
 
 from accumguard.watch._findings import analyze, load_recordings
 from accumguard.watch._recording import recording
+
+from helpers import recorded_failures
 
 K = 4
 
@@ -101,8 +102,7 @@ def test_a_compiled_ddp_model_with_comm_hook_and_no_sync_is_observed(tmp_path: P
     watched = _train_no_sync_hooked(tmp_path)
     plain = _train_no_sync_hooked(None)
     assert all(torch.equal(a, b) for a, b in zip(watched, plain, strict=True))
-    records = [json.loads(line) for f in tmp_path.glob("rank-*.jsonl") for line in f.read_text().splitlines()]
-    assert [r for r in records if r.get("kind") == "internal_error"] == []
+    assert recorded_failures(tmp_path) == []
     rec = load_recordings(tmp_path)
     assert [int(s["backwards"]) for s in rec.steps[0]] == [K, K]
     assert [f for f in analyze(rec)[0] if f.severity.value == "error"] == []
@@ -124,8 +124,7 @@ def test_a_fault_in_the_dynamo_path_of_the_hook_changes_nothing(
     monkeypatch.setattr(_forwards, "_EAGER_ENTER", broken)
     watched = _train_no_sync_hooked(tmp_path)
     assert all(torch.equal(a, b) for a, b in zip(watched, plain, strict=True))
-    records = [json.loads(line) for f in tmp_path.glob("rank-*.jsonl") for line in f.read_text().splitlines()]
-    errors = [r for r in records if r.get("kind") == "internal_error"]
+    errors = recorded_failures(tmp_path)
     assert errors and errors[0]["where"] == "hook:_global_pre", errors
     assert "injected fault in the Dynamo path" in errors[0]["error"]
     assert list(load_recordings(tmp_path).failures) == [0]

@@ -15,6 +15,8 @@ import torch
 from accumguard.watch._findings import analyze, load_recordings
 from accumguard.watch._recording import recording
 
+from helpers import recorded_failures
+
 pl = pytest.importorskip("pytorch_lightning")
 from pytorch_lightning.callbacks import GradientAccumulationScheduler  # noqa: E402
 
@@ -97,8 +99,6 @@ def test_a_fault_in_the_new_bookkeeping_changes_nothing(
     """The epoch-start patch of GradientAccumulationScheduler and the pass-end check of the
     step handler, made to fail: the user's run keeps the same bits, and the failure is
     recorded as accumguard's own (never as "no finding")."""
-    import json
-
     from accumguard.observe import _steps
 
     def weights(out: Path | None) -> list[torch.Tensor]:
@@ -134,7 +134,6 @@ def test_a_fault_in_the_new_bookkeeping_changes_nothing(
         monkeypatch.setattr(_steps.StepMachinery, "_pass_end_next", broken)
     watched = weights(tmp_path)
     assert all(torch.equal(a, b) for a, b in zip(watched, plain, strict=True))
-    records = [json.loads(line) for f in tmp_path.glob("rank-*.jsonl") for line in f.read_text().splitlines()]
-    errors = [r for r in records if r.get("kind") == "internal_error"]
+    errors = recorded_failures(tmp_path)
     assert errors and "injected fault" in errors[0]["error"], errors
     assert list(load_recordings(tmp_path).failures) == [0]

@@ -15,6 +15,8 @@ import torch.nn.functional as F
 from accumguard.watch._findings import analyze, load_recordings
 from accumguard.watch._recording import recording
 
+from helpers import recorded_failures
+
 K, STEPS, V = 4, 3, 11
 
 
@@ -112,8 +114,6 @@ def test_a_fault_in_the_none_reading_changes_nothing(
     """The new reading of a ``reduction='none'`` call made to fail, at the call (in the loss
     patch) or in the gradient hook: the run keeps the same bits, and the failure is
     recorded as accumguard's own."""
-    import json
-
     from accumguard.observe import _losses
 
     plain = _plain_or_watched(None)
@@ -135,7 +135,6 @@ def test_a_fault_in_the_none_reading_changes_nothing(
         monkeypatch.setattr(_losses, "read_class_loss_none", bad)
     watched = _plain_or_watched(tmp_path)
     assert all(torch.equal(a, b) for a, b in zip(watched, plain, strict=True))
-    records = [json.loads(line) for f in tmp_path.glob("rank-*.jsonl") for line in f.read_text().splitlines()]
-    errors = [r for r in records if r.get("kind") == "internal_error"]
+    errors = recorded_failures(tmp_path)
     assert errors and "injected fault" in errors[0]["error"], errors
     assert list(load_recordings(tmp_path).failures) == [0]
