@@ -185,6 +185,18 @@ def test_loss_scale_on_several_ranks_with_w_equal_k_is_a_note() -> None:
     assert loss_scale_findings(0, windows([w]), 2, world=1) == []
 
 
+def test_loss_scale_with_w_equal_k_under_an_averaging_engine_is_an_error() -> None:
+    """Blind round 48, b_b03: DeepSpeed with GA = K = W = 2 and the loss divided by K by hand.
+    The engine averages the ranks itself, so the K*W reading (a hand-written SUM) is out:
+    the loss is divided by K twice, an error."""
+    for engine in ("deepspeed", "ddp", "fsdp2"):
+        recs = [["t.py:9", 0, m, 8, 1 / 4 / 8, False, "mean", True, False] for m in range(2)]
+        w = {"step": 0, "backwards": 2, "window": 2, "losses": recs, "engine": engine}
+        found = loss_scale_findings(0, windows([w]), 2, world=2)
+        assert [f.severity for f in found] == ["error"], (engine, found)
+        assert "divided by K twice" in found[0].evidence
+
+
 # -- the short last window divided by K ---------------------------------------------------
 
 def _partial_run(tmp: Path, *, batches: int, how: str, epochs: int = 1, mse: bool = False

@@ -122,6 +122,26 @@ def test_guard_and_watch_class_a_broken_conservation_alike(
     assert {f.cls for f in found if f.severity == "error"} == {watch_cls}
 
 
+@pytest.mark.parametrize(("engine", "rounds", "zero_between", "cls"), [
+    # blind round 48, b_b01: no wrapper, the script all-reduced the accumulated .grad with
+    # SUM after every micro-step (divided by W once at the end): the gradient changed between
+    # backwards because of its own collectives, F10, not an engine reset
+    ("local", 2, False, "F10"),
+    ("local", 1, False, "F2/F3"),  # one reduction round: not on every micro-step
+    ("local", 2, True, "F3"),  # a zero_grad between the backwards says what cleared it
+    ("ddp", 2, False, "F2/F3"),  # DDP's own collectives are not the script's
+])
+def test_a_hand_reduction_inside_the_window_is_f10_not_a_clear(
+        engine: str, rounds: int, zero_between: bool, cls: str) -> None:
+    cons = Conservation(params=1, wiped=0.4, stale=0.0, received=0.9, ok=False, reason="wiped",
+                        first_wipe=1, wipes=(1,))
+    record = StepRecord(step=0, backwards=2, engine=engine, reduction_rounds=rounds, reductions=rounds,
+                        zero_grads=int(zero_between), zero_grads_between=int(zero_between),
+                        conservation=cons)
+    found = _rank_findings(0, [StepRecord.from_dict(record.as_dict(rank=0))], {}, 2, True)
+    assert {f.cls for f in found if f.severity == "error"} == {cls}
+
+
 def test_clip_verdict() -> None:
     assert clip_verdict(0, 4) == "outside"  # before the window's first backward
     assert clip_verdict(1, 4) == "inside" and clip_verdict(3, 4) == "inside"

@@ -315,7 +315,10 @@ def loss_scale_findings(rank: int | None, windows: list[StepWindow], k: int | No
             f"({len(judged)} judged) its {m.unit} carried a total weight of "
             f"{m.per_micro[0]:.4g} per micro-step (1/K^2 = {1 / k ** 2:.4g}), "
             f"{m.mass:.4g} per window (1/K) instead of 1")
-    if world > 1 and _near(1.0 / k, 1.0 / world, False):
+    # an engine that averages the ranks itself (DDP, FSDP2, DeepSpeed) settles it: the
+    # per-rank weights of a right loss total 1, so 1/K is K twice whatever W is
+    averaging = any(x.engine in _AVERAGING for x, _ in judged)
+    if world > 1 and _near(1.0 / k, 1.0 / world, False) and not averaging:
         return [_mk("LOSS_SCALE", "note", rank, w.step, None,
                     f"{seen}. With {world} ranks this is also what a loss divided by K*W "
                     "gives before gradients are summed across ranks by hand "
@@ -327,6 +330,10 @@ def loss_scale_findings(rank: int | None, windows: list[StepWindow], k: int | No
                 "engine.backward or a Trainer, which divide by K themselves). The optimizer "
                 f"receives G/K: every update is {k}x too small (with SGD, an effective "
                 f"learning rate of lr/{k}). Divide by K (or by the window's count) once")]
+
+
+#: engines that average the gradient over the ranks themselves
+_AVERAGING = frozenset({"ddp", "fsdp2", "deepspeed"})
 
 
 def _unscaled(w: StepRecord, low: bool) -> bool:

@@ -269,6 +269,10 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
         # contradict it
         findings = [f for f in findings if f.cls != "LOSS_SCALE" or f.severity == "error"]
     findings += ledger
+    if any(f.cls == "LOSS_SCALE" and f.severity == "error" for f in findings):
+        # a proven scale error: the notes of the same class that leave the scale open
+        # ("not judged", "also what a loss divided by K*W gives") would contradict it
+        findings = [f for f in findings if f.cls != "LOSS_SCALE" or f.severity == "error"]
     findings += term_findings(rec)
     findings += manual_reduce_findings(rec)
     # one finding per (class, rank) is enough to act on; keep the first
@@ -333,6 +337,14 @@ def _rank_findings(rank: int, steps: Sequence[StepRecord], info: JsonObject,
                                f"gradient left from before this window (relative size "
                                f"{cons.stale:.3g}) reached optimizer step {_n(step)}: "
                                "gradients were not cleared after the previous step"))
+            elif _reduced_inside(w):
+                out.append(_mk("F10", "error", rank, step, None, _reduced_inside_text(w),
+                               title_="gradients all-reduced by hand inside the window: "
+                                      "the accumulated .grad changed between backward passes",
+                               fix="Reduce once per window, after its last backward pass "
+                                   "(all_reduce(SUM) then / W), or reduce each micro-step's "
+                                   "own gradient before it is added to .grad (DDP with "
+                                   "no_sync does this for you)."))
             else:
                 cls = conservation_class(cons, int(w.zero_grads_between))
                 out.append(_mk(cls, "error", rank, step, None, _wipe_text(w, cls, n),
@@ -394,6 +406,30 @@ def _partial_wipe_words(w: StepWindow, cls: str) -> dict[str, str]:
                "TrainerCallback's on_pre_optimizer_step, not on_substep_end or on_step_begin; "
                "to freeze parameters, set requires_grad=False instead.",
     }
+
+
+def _reduced_inside(w: StepWindow) -> bool:
+    """No wrapper reduces the gradient (the script's own collectives, counted from Python)
+    and it issued gradient collectives on more than one of the window's micro-steps, with
+    no zero_grad between the backwards: the broken conservation is that reduction of the
+    accumulated ``.grad`` inside the window, not a clear."""
+    return (w.engine == "local" and int(w.reduction_rounds) >= 2 and not int(w.zero_grads_between)
+            and bool(w.conservation is not None and w.conservation.wipes))
+
+
+def _reduced_inside_text(w: StepWindow) -> str:
+    cons = w.conservation
+    assert cons is not None  # (the caller's)
+    wipes = ", ".join(str(int(j) + 1) for j in cons.wipes)
+    return (f"gradient conservation broken at optimizer step {_n(w.step)}: the accumulated "
+            f"gradient changed before backward pass(es) {wipes} of {w.backwards}, and the "
+            f"script issued gradient collectives on {w.reduction_rounds} of the window's "
+            f"{w.backwards} micro-steps (no zero_grad between them): a reduction of the "
+            "accumulated .grad inside the window. What the optimizer received differs from "
+            f"the sum of the {w.backwards} backward passes' contributions by "
+            f"{100 * float(cons.received):.3g}% of that sum (relative difference of gradient "
+            "checksums); an all_reduce(SUM) of the running total counts the earlier "
+            "micro-batches again on every later micro-step")
 
 
 def _wipe_text(w: StepWindow, cls: str, n: int) -> str:
