@@ -74,10 +74,12 @@ def _forward_inside(node: ast.AST, recv: str) -> bool:
 
 
 def _forward_before(ctx: FileContext, node: ast.stmt, recv: str) -> ast.Call | None:
-    """A forward call of ``recv`` earlier in the same loop iteration, feeding a later backward."""
+    """A forward call of ``recv`` earlier in the same loop iteration, feeding a later backward
+    (also when ``node`` sits in a backward helper the loop calls after a helper that runs
+    the forward: ``loss = self._compute_loss(b)`` then ``self._backward(loss, micro)``)."""
     loop = ctx.enclosing(node, LOOPS + SCOPES)
     if not isinstance(loop, LOOPS):
-        return None
+        return _forward_before_helper(ctx, node, recv)
     header = set(walk_local(loop.iter if isinstance(loop, ast.For | ast.AsyncFor) else loop.test))
     if not any(
         isinstance(b, ast.Call) and is_backward(b) and b.lineno >= node.lineno for b in walk_local(loop)
@@ -91,6 +93,30 @@ def _forward_before(ctx: FileContext, node: ast.stmt, recv: str) -> ast.Call | N
             and (n.lineno, n.col_offset) < (node.lineno, node.col_offset)
         ):
             return n
+    return None
+
+
+def _forward_before_helper(ctx: FileContext, node: ast.stmt, recv: str) -> ast.Call | None:
+    """``node`` in a function (no loop around it there) that runs a backward after it; the
+    function is called in a loop after a forward of ``recv`` in the same iteration, inline or
+    in a function of the file called there before it."""
+    fn = ctx.enclosing(node, SCOPES)
+    if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) or not any(
+            isinstance(b, ast.Call) and is_backward(b) and position(b) > position(node)
+            for b in walk_local(fn)):
+        return None
+    for site in ctx.call_sites(fn):
+        loop = ctx.enclosing(site, LOOPS + SCOPES)
+        if not isinstance(loop, LOOPS):
+            continue
+        for n in walk_local(loop):
+            if not (isinstance(n, ast.Call) and position(n) < position(site)):
+                continue
+            if _is_forward_of(n, recv):
+                return n
+            callee = ctx.callee_of(n)
+            if callee is not None and callee is not fn and _forward_inside(callee, recv):
+                return n
     return None
 
 
@@ -220,7 +246,9 @@ def sync_flag_after_forward(ctx: FileContext) -> Iterator[Finding]:
                 continue
             if kind in ("boundary", "inverted", "unknown"):
                 reported.add(key)
-            where = f"`{recv}.require_backward_grad_sync` is set after the forward (line {fwd.lineno})"
+            at = (f"line {fwd.lineno}" if _is_forward_of(fwd, recv) else
+                  f"in `{ast.unparse(fwd.func)}()`, called at line {fwd.lineno}")
+            where = f"`{recv}.require_backward_grad_sync` is set after the forward ({at})"
             if kind == "boundary":
                 yield ctx.finding(
                     "AG106",
