@@ -24,7 +24,13 @@ from accumguard.observe._shared_rules import (
     scheduler_ahead,
 )
 from accumguard.observe._step_rules import _sync_findings
-from accumguard.observe.rules import _f1, _rank_findings, live_findings, windows
+from accumguard.observe.rules import (
+    _collectives_before,
+    _f1,
+    _rank_findings,
+    live_findings,
+    windows,
+)
 from accumguard.runtime._guard_machine import GuardMachine
 
 
@@ -122,24 +128,37 @@ def test_guard_and_watch_class_a_broken_conservation_alike(
     assert {f.cls for f in found if f.severity == "error"} == {watch_cls}
 
 
-@pytest.mark.parametrize(("engine", "rounds", "zero_between", "cls"), [
+@pytest.mark.parametrize(("engine", "after", "zero_between", "cls"), [
     # blind round 48, b_b01: no wrapper, the script all-reduced the accumulated .grad with
-    # SUM after every micro-step (divided by W once at the end): the gradient changed between
-    # backwards because of its own collectives, F10, not an engine reset
-    ("local", 2, False, "F10"),
-    ("local", 1, False, "F2/F3"),  # one reduction round: not on every micro-step
-    ("local", 2, True, "F3"),  # a zero_grad between the backwards says what cleared it
-    ("ddp", 2, False, "F2/F3"),  # DDP's own collectives are not the script's
+    # SUM after every micro-step (divided by W once at the end): backward 2 began right
+    # after the script's own collective (the ledger), F10, not an engine reset
+    ("local", {1}, False, "F10"),
+    ("local", set(), False, "F2/F3"),  # no collective before the changed backward
+    ("local", {1}, True, "F3"),  # a zero_grad between the backwards says what cleared it
+    ("ddp", {1}, False, "F2/F3"),  # DDP's own collectives are not the script's
 ])
 def test_a_hand_reduction_inside_the_window_is_f10_not_a_clear(
-        engine: str, rounds: int, zero_between: bool, cls: str) -> None:
+        engine: str, after: set[int], zero_between: bool, cls: str) -> None:
     cons = Conservation(params=1, wiped=0.4, stale=0.0, received=0.9, ok=False, reason="wiped",
                         first_wipe=1, wipes=(1,))
-    record = StepRecord(step=0, backwards=2, engine=engine, reduction_rounds=rounds, reductions=rounds,
-                        zero_grads=int(zero_between), zero_grads_between=int(zero_between),
-                        conservation=cons)
-    found = _rank_findings(0, [StepRecord.from_dict(record.as_dict(rank=0))], {}, 2, True)
+    record = StepRecord(step=0, backwards=2, engine=engine, zero_grads=int(zero_between),
+                        zero_grads_between=int(zero_between), conservation=cons)
+    found = _rank_findings(0, [StepRecord.from_dict(record.as_dict(rank=0))], {}, 2, True,
+                           {0: after})
     assert {f.cls for f in found if f.severity == "error"} == {cls}
+
+
+def test_the_ledger_positions_reach_every_optimizer_of_the_shared_window() -> None:
+    """Two optimizers stepping at one boundary: the ledger's rows are on the first one's
+    record (a SUM after backward 1, then the final one after backward 2); both steps learn
+    that backward 2 (index 1) began after the script's collective. A DDP window: nothing."""
+    rows = [["all_reduce", 1, False, 1, 9108, 0.001], ["all_reduce", 2, False, 1, 9108, 0.001]]
+    lines = [{"step": 0, "backwards": 2, "engine": "local", "comm": {"rows": rows}},
+             {"step": 1, "backwards": 2, "engine": "local", "comm": {"rows": []}},
+             {"step": 2, "backwards": 2, "engine": "local", "comm": None},
+             {"step": 3, "backwards": 2, "engine": "ddp", "comm": {"rows": rows}}]
+    got = _collectives_before(lines)
+    assert 1 in got[0] and got[1] == got[0] == got[2] and 3 not in got
 
 
 def test_clip_verdict() -> None:

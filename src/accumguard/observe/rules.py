@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 
 from accumguard.core.window import Conservation, StepRecord
 from accumguard.observe import _shared_rules as shared
-from accumguard.observe._comm_rules import comm_findings
+from accumguard.observe._comm_rules import comm_findings, window_comm
 from accumguard.observe._epochs import (
     dropped_finding,
     dropped_tail,
@@ -232,10 +232,11 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
         info = rec.engine.get(rank, {})
         lines = rec.steps.get(rank, [])
         groups = optimizer_groups(lines)
+        before = _collectives_before(lines)
         for idx, group, gres, note in group_ks(groups, res):
             steps = records(group)
             ws = _windows(steps)
-            found: list[Finding] = _rank_findings(rank, steps, info, gres.k, gres.declared)
+            found: list[Finding] = _rank_findings(rank, steps, info, gres.k, gres.declared, before)
             found += _window_findings(rank, ws, info, gres)
             found += _no_update(rank, steps)
             found += _two_pass(rank, steps)
@@ -286,8 +287,34 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
     return framework_fixes(unique, frameworks(rec)), res.k, res.source
 
 
+def _collectives_before(lines: list[JsonObject]) -> dict[int, set[int]]:
+    """Per optimizer step of a run without a wrapper, the backward passes (0-based) that
+    began after a gradient collective of the script's own (the collective ledger: a row
+    after backward m, its count, precedes backward m; one inside backward m changes the
+    gradient backward m + 1 begins on). Several optimizers stepping at one boundary share
+    the window: the ledger is on the first one's record, the others take it."""
+    out: dict[int, set[int]] = {}
+    last: tuple[int, set[int]] | None = None  # (backwards, positions) of the previous step
+    for w in lines:
+        if str(w.get("engine") or "local") != "local":
+            last = None
+            continue
+        c = window_comm(w)
+        n = int(w.get("backwards", 0) or 0)
+        if c is not None and c.extra_micros:
+            last = (n, {j for m in c.extra_micros for j in (m, m + 1)})
+        elif not (last is not None and not (w.get("comm") or {}).get("rows") and last[0] == n):
+            last = None
+        if last is not None:
+            out[int(w.get("step", -1))] = last[1]
+    return out
+
+
 def _rank_findings(rank: int, steps: Sequence[StepRecord], info: JsonObject,
-                   k: int | None, declared: bool) -> list[Finding]:
+                   k: int | None, declared: bool,
+                   collectives_before: Mapping[int, set[int]] | None = None) -> list[Finding]:
+    """``collectives_before``: per optimizer step, the backward passes (0-based) that began
+    after a gradient collective of the script's own (the collective ledger)."""
     out: list[Finding] = []
     windows = _windows(steps)
     resumed = continued_windows(windows, k)  # their gradient before the first backward: saved
@@ -337,7 +364,7 @@ def _rank_findings(rank: int, steps: Sequence[StepRecord], info: JsonObject,
                                f"gradient left from before this window (relative size "
                                f"{cons.stale:.3g}) reached optimizer step {_n(step)}: "
                                "gradients were not cleared after the previous step"))
-            elif _reduced_inside(w):
+            elif _reduced_inside(w, (collectives_before or {}).get(int(w.step), set())):
                 out.append(_mk("F10", "error", rank, step, None, _reduced_inside_text(w),
                                title_="gradients all-reduced by hand inside the window: "
                                       "the accumulated .grad changed between backward passes",
@@ -408,13 +435,15 @@ def _partial_wipe_words(w: StepWindow, cls: str) -> dict[str, str]:
     }
 
 
-def _reduced_inside(w: StepWindow) -> bool:
-    """No wrapper reduces the gradient (the script's own collectives, counted from Python)
-    and it issued gradient collectives on more than one of the window's micro-steps, with
-    no zero_grad between the backwards: the broken conservation is that reduction of the
-    accumulated ``.grad`` inside the window, not a clear."""
-    return (w.engine == "local" and int(w.reduction_rounds) >= 2 and not int(w.zero_grads_between)
-            and bool(w.conservation is not None and w.conservation.wipes))
+def _reduced_inside(w: StepWindow, after_collective: set[int]) -> bool:
+    """No wrapper reduces the gradient (the script's own collectives, counted from Python),
+    no zero_grad ran between the backwards, and every backward that began on a changed
+    gradient began right after a gradient collective of the script's (the ledger): the
+    broken conservation is that reduction of the accumulated ``.grad`` inside the window,
+    not a clear."""
+    wipes = set(w.conservation.wipes) if w.conservation is not None else set()
+    return (w.engine == "local" and not int(w.zero_grads_between) and bool(wipes)
+            and wipes <= after_collective)
 
 
 def _reduced_inside_text(w: StepWindow) -> str:
@@ -422,10 +451,10 @@ def _reduced_inside_text(w: StepWindow) -> str:
     assert cons is not None  # (the caller's)
     wipes = ", ".join(str(int(j) + 1) for j in cons.wipes)
     return (f"gradient conservation broken at optimizer step {_n(w.step)}: the accumulated "
-            f"gradient changed before backward pass(es) {wipes} of {w.backwards}, and the "
-            f"script issued gradient collectives on {w.reduction_rounds} of the window's "
-            f"{w.backwards} micro-steps (no zero_grad between them): a reduction of the "
-            "accumulated .grad inside the window. What the optimizer received differs from "
+            f"gradient changed before backward pass(es) {wipes} of {w.backwards}, each right "
+            "after a gradient collective the script issued itself (no zero_grad between the "
+            "backwards): a reduction of the accumulated .grad inside the window. What the "
+            "optimizer received differs from "
             f"the sum of the {w.backwards} backward passes' contributions by "
             f"{100 * float(cons.received):.3g}% of that sum (relative difference of gradient "
             "checksums); an all_reduce(SUM) of the running total counts the earlier "
