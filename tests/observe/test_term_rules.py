@@ -593,6 +593,19 @@ def test_a_term_multiplied_by_the_world_size_on_two_ddp_ranks(tmp_path: Path) ->
         w["terms"] = [[*t[:11], f"{plain}:1", *t[12:]] if t[0] == "term" else t
                       for t in w["terms"] or []]
     assert term_world_findings(0, windows, 2) == []
+    # blind round 48, a_b01_fixed: the world size multiplies a data size in the function
+    # (`n = ... * acc.num_processes`), while the term's factor 2 x 2 is a distillation
+    # temperature squared: the multiplication does not build the loss's scale, silent; the
+    # same file with the W on the loss's own line is F10
+    for line, expected in (("    loss = ce + 0.6 * kd * T * T", []),
+                           ("    loss = ce + 0.6 * kd * acc.num_processes", ["F10"])):
+        src = tmp_path / f"kd_{len(expected)}.py"
+        src.write_text("def main(acc, ce, kd, T):\n    n = 8 * 4 * acc.num_processes\n"
+                       f"{line}\n    loss.backward()\n")
+        for w in windows:
+            w["terms"] = [[*t[:11], f"{src}:4", *t[12:]] if t[0] == "term" else t
+                          for t in w["terms"] or []]
+        assert [f.cls for f in term_world_findings(0, windows, 2)] == expected, line
 
 
 @pytest.mark.parametrize("where", ["batch_means", "closure_horizon"])

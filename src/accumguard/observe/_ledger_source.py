@@ -151,3 +151,46 @@ def world_multiplications(path: str) -> tuple[int, ...]:
     parsed."""
     scan = _scanned(path)
     return () if scan is None else tuple(sorted(set(scan.products)))
+
+
+#: values a loss's scalar factor is built of: names, attributes, constants, arithmetic
+_SCALAR = (ast.Name, ast.Attribute, ast.Constant, ast.BinOp, ast.UnaryOp, ast.Subscript)
+
+
+@functools.lru_cache(maxsize=32)
+def loss_scalar_lines(path: str, backward_line: int) -> frozenset[int]:
+    """The lines that build the loss backpropagated at ``backward_line`` by arithmetic: that
+    line, and in its function every assignment of a name it reads, followed through
+    arithmetic (``loss = ce + coef * aux``, ``coef = 0.01 * world``) but not into a call's
+    arguments (a data size built from the world size, ``n = bs * K * num_processes``, feeds a
+    loader, not the loss's scale). Empty when the file cannot be read or parsed."""
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return frozenset()
+    scope: ast.AST = tree
+    for fn in ast.walk(tree):
+        if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) \
+                and fn.lineno <= backward_line <= (fn.end_lineno or fn.lineno):
+            scope = fn  # the innermost one wins (walk goes outside in)
+    assigns: dict[str, list[ast.Assign]] = {}
+    for node in ast.walk(scope):
+        if isinstance(node, ast.Assign):
+            for t in node.targets:
+                for n in ast.walk(t):
+                    if isinstance(n, ast.Name):
+                        assigns.setdefault(n.id, []).append(node)
+    lines = {backward_line}
+    todo = [n.id for stmt in ast.walk(scope) if getattr(stmt, "lineno", None) == backward_line
+            for n in ast.walk(stmt) if isinstance(n, ast.Name)]
+    seen: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for a in assigns.get(name, []):
+            lines.add(a.lineno)
+            if isinstance(a.value, _SCALAR):
+                todo += [n.id for n in ast.walk(a.value) if isinstance(n, ast.Name)]
+    return frozenset(lines)

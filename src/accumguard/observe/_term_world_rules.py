@@ -14,17 +14,19 @@ backward the same sum of terms) has a main loss call weighing 1 over the window 
 another term that is a per-micro-batch mean or statistic (the rows of that call's input),
 divided by K like the main call (a term not divided by K is :mod:`._term_rules`'s) and by
 no other constant (a sum divided by a count over all ranks is right times W), whose
-constants hold exactly W (``["*", W]``) while the main call's do not; and the file of the
-backward multiplies some value by the world size (``* world_size``, ``*
-dist.get_world_size()``, ``* accelerator.num_processes``): a coefficient that only happens
-to equal W (``aux * 2`` on two ranks) is never judged.
+constants hold exactly W (``["*", W]``) while the main call's do not; and the loss is built
+with a multiplication by the world size (``* world_size``, ``* dist.get_world_size()``, ``*
+accelerator.num_processes``) on a line that makes its scale: the backward's line or an
+assignment its names come from through arithmetic. A coefficient that only happens to
+equal W (``aux * 2`` on two ranks, a distillation temperature T = 2 squared) beside a data
+size built from the world size is never judged.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from accumguard.observe._ledger_source import world_multiplications
+from accumguard.observe._ledger_source import loss_scalar_lines, world_multiplications
 from accumguard.observe._records import Finding, _mk, _n
 from accumguard.observe._term_reads import _mean_rows, _window_terms
 from accumguard.observe._term_rules import _is_window_mean
@@ -97,8 +99,11 @@ def term_world_findings(rank: int, windows: list[dict[str, Any]], world: int
         return []
     w, term, ref = found[0]
     site = str(term[11]) if len(term) > 11 and term[11] else ""
-    file = site.rpartition(":")[0]
-    lines = world_multiplications(file) if file else ()
+    file, _, at = site.rpartition(":")
+    # a multiplication by W that builds the loss's scale (not a data size elsewhere in the
+    # function: ``n = bs * K * num_processes`` beside a KD temperature T = 2 on two ranks)
+    scale_lines = loss_scalar_lines(file, int(at)) if file and at.isdigit() else frozenset()
+    lines = tuple(x for x in world_multiplications(file) if x in scale_lines) if file else ()
     if not lines:
         return []
     k = int(w["window"])
