@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Iterator
+from dataclasses import replace
 
-from accumguard.static.findings import Finding
+from accumguard.static.findings import Confidence, Finding, Severity
 from accumguard.static.lint._ast import FUNCS, call_attr, dotted, receiver, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
@@ -82,23 +83,39 @@ def _k_only_below(ctx: FileContext, node: ast.AST, divisor: ast.AST) -> bool:
     return inner is not None and ctx.mentions_accum(inner[1]) and not ctx.mentions_accum(inner[0])
 
 
+def _loss_parts(ctx: FileContext, scope: ast.AST, call: ast.Call) -> set[str]:
+    """The names the value of the loss given to ``call`` is made of, where one assignment
+    of it in ``scope`` reaches the call (``loss = a * kd + b * ce``: {a, kd, b, ce})."""
+    arg = call.args[0] if call.args else None
+    if not isinstance(arg, ast.Name):
+        return set()
+    write = ctx.reaching_write(scope, arg.id, arg)
+    if not isinstance(write, ast.Assign):
+        return set()
+    return {d for n in walk_all(write.value) if isinstance(n, ast.Name | ast.Attribute)
+            and (d := dotted(n)) is not None}
+
+
 @rule("AG121")
 def loss_divided_before_accelerator_backward(ctx: FileContext) -> Iterator[Finding]:
     ks = _accelerator_ks(ctx)
     if ks and all(k is None or k > 1 for k in ks):
         # K out of sight is still > 1 here: the window gathers several micro-batches
         yield from _window_count_findings(ctx)
-    if not ks or not all(k is not None and k > 1 for k in ks):
+    if not ks or not all(k is None or k > 1 for k in ks):
         return
+    # K out of sight: only a division by the very value handed to the Accelerator is judged
+    # (divided twice whenever it is > 1), and only as a warning
+    unsure = None in ks
     for node in ctx.of(ast.BinOp, ast.AugAssign):
         d = division(node)
         if d is None:
             continue
         divisor = d[1]
-        if not (ctx.mentions_accum(divisor) or ctx.int_value(divisor) in ks):
+        if not (ctx.mentions_accum(divisor) or ctx.int_value(divisor) in ks) \
+                or (unsure and not _names_k(ctx, divisor)):
             continue
-        if not is_loss_division(ctx, node, d[0]) or _k_only_below(ctx, node, divisor) \
-                or _times_k(ctx, d[0]):
+        if _k_only_below(ctx, node, divisor) or _times_k(ctx, d[0]):
             continue
         scope = ctx.scope_of(node)
         backs = _accelerator_backwards(ctx, scope)
@@ -108,16 +125,34 @@ def loss_divided_before_accelerator_backward(ctx: FileContext) -> Iterator[Findi
         names = assigned_names(ctx, node)
         line = getattr(node, "lineno", 0)
         later = any(call.lineno >= line and names & src for call, src in backs)
+        whole = is_loss_division(ctx, node, d[0])
+        if not (inside or later) and not whole:
+            # a term of the loss: a name the backward's loss is assigned from
+            later = any(call.lineno >= line and names & _loss_parts(ctx, scope, call) for call, _ in backs)
         if not (inside or later):
             continue
-        yield ctx.finding(
+        # (a name that the backward's loss is made of is a term of it: `kd = kd / K`, then
+        # `loss = a * kd + b * ce`)
+        term = None if whole else next(iter(sorted(names)), None)
+        if not whole and (term is None or inside or not later):
+            continue
+        finding = ctx.finding(
             "AG121",
             node,
-            f"the loss is divided by the accumulation steps (`{ast.unparse(node)}`) before "
-            "`accelerator.backward()`, which divides by the Accelerator's "
-            "gradient_accumulation_steps itself: the loss is divided twice, and the optimizer "
-            "receives G / K",
+            (f"the loss is divided by the accumulation steps (`{ast.unparse(node)}`) before "
+             "`accelerator.backward()`, which divides by the Accelerator's "
+             "gradient_accumulation_steps itself: the loss is divided twice, and the optimizer "
+             "receives G / K") if whole else
+            (f"the loss term `{term}` is divided by the accumulation steps "
+             f"(`{ast.unparse(node)}`) before it goes into the loss given to "
+             "`accelerator.backward()`, which divides the whole loss by the Accelerator's "
+             "gradient_accumulation_steps itself: that term is divided twice and weighs 1/K "
+             "of its coefficient beside the others")
+            + (" (the Accelerator's value is not in sight: right only if it is 1)" if unsure else ""),
         )
+        yield replace(finding, severity=Severity.WARNING, confidence=Confidence.MEDIUM) if unsure else finding
+    if unsure:
+        return  # (a helper's division by a K of its own is judged against a K in sight only)
     # the division in a helper of the file: `loss = compute_loss(batch)` (which returns
     # `loss / grad_accum`), then `accelerator.backward(loss)`
     for call, _ in _accelerator_backwards(ctx, ctx.tree) + [
