@@ -76,3 +76,92 @@ def accumulated_grad_reduced_per_backward(ctx: FileContext) -> Iterator[Finding]
                     "backward: with K backwards per step the earlier micro-batches are summed again "
                     "each time, so the i-th reaches the optimizer multiplied by W^(K-i)",
                 )
+
+
+def _of_grads(ctx: FileContext, place: ast.AST, expr: ast.AST, depth: int = 3) -> bool:
+    """``expr`` is a parameter's ``.grad`` or a tensor the function builds from ``.grad``
+    (``buf = torch.cat([g.reshape(-1) for g in grads])`` with ``grads = [p.grad for p in
+    params]``), a few assignments deep."""
+    if any(isinstance(n, ast.Attribute) and n.attr == "grad" for n in walk_all(expr)):
+        return True
+    if depth == 0:
+        return False
+    names = {n.id for n in walk_all(expr) if isinstance(n, ast.Name)}
+    return any(isinstance(a, ast.Assign) and any(isinstance(t, ast.Name) and t.id in names for t in a.targets)
+               and _of_grads(ctx, place, a.value, depth - 1) for a in ctx.local_nodes(place))
+
+
+def _gated(ctx: FileContext, node: ast.AST, place: ast.AST) -> bool:
+    cur = ctx.parents.get(node)
+    while cur is not None and cur is not place:
+        if isinstance(cur, ast.If | ast.IfExp):
+            return True
+        cur = ctx.parents.get(cur)
+    return False
+
+
+def _averages(ctx: FileContext, place: ast.AST) -> bool:
+    """``place`` divides by the world size (``g.div_(world)``, ``buf /= W``, ``/ W``)."""
+    for n in ctx.local_nodes(place):
+        if isinstance(n, ast.Call) and call_attr(n) in ("div_", "mul_") and n.args and ctx.mentions_world(n.args[0]):
+            return True
+        if isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Div | ast.Mult) and ctx.mentions_world(n.value):
+            return True
+        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) and ctx.mentions_world(n.right):
+            return True
+    return False
+
+
+def _instance_methods(ctx: FileContext, window: ast.AST) -> dict[ast.AST, ast.Call]:
+    """Methods the window calls on an object of a class of the file built in the same
+    function (``reducer = GradReducer(...)`` then ``reducer.reduce()``)."""
+    scope = ctx.scope_of(window)
+    classes = {c.name: c for c in ctx.of(ast.ClassDef)}
+    built: dict[str, ast.ClassDef] = {}
+    for a in ctx.local_nodes(scope):
+        if isinstance(a, ast.Assign) and len(a.targets) == 1 and isinstance(a.targets[0], ast.Name) \
+                and isinstance(a.value, ast.Call) and isinstance(a.value.func, ast.Name) \
+                and a.value.func.id in classes:
+            built[a.targets[0].id] = classes[a.value.func.id]
+    out: dict[ast.AST, ast.Call] = {}
+    for c in ctx.local_nodes(window):
+        if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) \
+                and isinstance(c.func.value, ast.Name) and c.func.value.id in built:
+            cls = built[c.func.value.id]
+            for f in cls.body:
+                if isinstance(f, FUNCS) and f.name == c.func.attr:
+                    out.setdefault(f, c)
+    return out
+
+
+@rule("AG154")
+def accumulated_grad_reduced_per_micro_step(ctx: FileContext) -> Iterator[Finding]:
+    """The loop form: a SUM all-reduce of the gradients, ungated, in the window's micro-step
+    loop (inline or in a function it runs), with no division by the world size there, while
+    the window accumulates."""
+    seen: set[int] = set()
+    for window in ctx.windows():
+        facts = ctx.window_facts(window)
+        if not facts.accumulating or not isinstance(window, ast.For | ast.AsyncFor | ast.While):
+            continue
+        methods = _instance_methods(ctx, window)
+        for place in (window, *ctx.reached(window), *methods):
+            if _averages(ctx, place):
+                continue
+            for n in ctx.local_nodes(place):
+                if not (isinstance(n, ast.Call) and call_attr(n) == "all_reduce" and n.args and _sums(n)) \
+                        or id(n) in seen or _gated(ctx, n, place) or not _of_grads(ctx, place, n.args[0]):
+                    continue
+                seen.add(id(n))
+                site = methods.get(place)
+                via = (f" (in `{getattr(place, 'name', '?')}()`, run from line {site.lineno})"
+                       if site is not None else ctx.via_text(n, window))
+                yield ctx.finding(
+                    "AG154",
+                    n,
+                    f"`{ast.unparse(n)}`{via} sums the gradients over the ranks on every "
+                    "micro-step of the window while they accumulate in `.grad`: each call sums "
+                    "the window's running total again, so the earlier micro-batches are counted "
+                    "W times more at every later micro-step; no division by the world size "
+                    "follows there",
+                )
