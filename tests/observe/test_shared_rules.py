@@ -11,6 +11,7 @@ import pytest
 
 from accumguard.core.findings import Severity
 from accumguard.core.window import Conservation, StepRecord
+from accumguard.observe._comm_rules import collectives_before as _collectives_before
 from accumguard.observe._records import KResolution
 from accumguard.observe._shared_rules import (
     clip_verdict,
@@ -25,7 +26,6 @@ from accumguard.observe._shared_rules import (
 )
 from accumguard.observe._step_rules import _sync_findings
 from accumguard.observe.rules import (
-    _collectives_before,
     _f1,
     _rank_findings,
     live_findings,

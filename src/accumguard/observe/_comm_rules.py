@@ -26,7 +26,7 @@ from accumguard.observe._collectives import (
 )
 from accumguard.observe._records import Finding, JsonObject, _mk
 
-__all__ = ["GRAD_OPS", "WindowComm", "comm_findings", "window_comm"]
+__all__ = ["GRAD_OPS", "WindowComm", "collectives_before", "comm_findings", "window_comm"]
 
 #: Ledger ops that reduce a gradient (DDP's C++ buckets, and the Python reductions).
 GRAD_OPS = frozenset((DDP_BUCKET_OP, *TORCH_REDUCE_OPS, *DS_REDUCE_OPS, *OWN_REDUCE_OPS))
@@ -197,3 +197,28 @@ def comm_findings(rank: int, windows: list[JsonObject],
     kept = [f for f in found if not (f.cls == "EXTRA_SYNC" and f.severity == "note"
                                      and f.rank == rank and f.title.startswith("gradients"))]
     return [*kept, warn]
+
+
+# -- a hand reduction of the accumulated gradient inside the window (F10) --------------------
+
+def collectives_before(lines: list[JsonObject]) -> dict[int, set[int]]:
+    """Per optimizer step of a run without a wrapper, the backward passes (0-based) that
+    began after a gradient collective of the script's own (the collective ledger: a row
+    after backward m, its count, precedes backward m; one inside backward m changes the
+    gradient backward m + 1 begins on). Several optimizers stepping at one boundary share
+    the window: the ledger is on the first one's record, the others take it."""
+    out: dict[int, set[int]] = {}
+    last: tuple[int, set[int]] | None = None  # (backwards, positions) of the previous step
+    for w in lines:
+        if str(w.get("engine") or "local") != "local":
+            last = None
+            continue
+        c = window_comm(w)
+        n = int(w.get("backwards", 0) or 0)
+        if c is not None and c.extra_micros:
+            last = (n, {j for m in c.extra_micros for j in (m, m + 1)})
+        elif not (last is not None and not (w.get("comm") or {}).get("rows") and last[0] == n):
+            last = None
+        if last is not None:
+            out[int(w.get("step", -1))] = last[1]
+    return out

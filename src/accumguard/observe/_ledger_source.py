@@ -122,12 +122,20 @@ class _Scan(ast.NodeVisitor):
 
 
 @functools.lru_cache(maxsize=32)
+def _parsed(path: str) -> ast.Module | None:
+    """The file's syntax tree, read once per path; None when it cannot be read or parsed."""
+    try:
+        return ast.parse(Path(path).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return None
+
+
+@functools.lru_cache(maxsize=32)
 def _scanned(path: str) -> _Scan | None:
     """The file scanned twice (a name bound to the world size after its first use still
     counts), with the second pass's lines; None when it cannot be read or parsed."""
-    try:
-        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
-    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+    tree = _parsed(path)
+    if tree is None:
         return None
     scan = _Scan()
     scan.visit(tree)
@@ -164,9 +172,8 @@ def loss_scalar_lines(path: str, backward_line: int) -> frozenset[int]:
     arithmetic (``loss = ce + coef * aux``, ``coef = 0.01 * world``) but not into a call's
     arguments (a data size built from the world size, ``n = bs * K * num_processes``, feeds a
     loader, not the loss's scale). Empty when the file cannot be read or parsed."""
-    try:
-        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
-    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+    tree = _parsed(path)
+    if tree is None:
         return frozenset()
     scope: ast.AST = tree
     for fn in ast.walk(tree):

@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 
 from accumguard.core.window import Conservation, StepRecord
 from accumguard.observe import _shared_rules as shared
-from accumguard.observe._comm_rules import comm_findings, window_comm
+from accumguard.observe._comm_rules import collectives_before, comm_findings
 from accumguard.observe._epochs import (
     dropped_finding,
     dropped_tail,
@@ -94,6 +94,7 @@ from accumguard.observe._weight_rules import (
     loss_weight_findings,
     partial_window_findings,
 )
+from accumguard.observe._wipe_rules import wipe_finding
 
 __all__ = ["F12_ERROR_FACTOR", "NUMBERING", "WEIGHT_TOL", "WEIGHT_TOL_LOW_PRECISION", "DeclaredK", "Finding",
            "KResolution", "RunRecording", "Severity", "analyze", "classify_token_weights",
@@ -232,7 +233,7 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
         info = rec.engine.get(rank, {})
         lines = rec.steps.get(rank, [])
         groups = optimizer_groups(lines)
-        before = _collectives_before(lines)
+        before = collectives_before(lines)
         for idx, group, gres, note in group_ks(groups, res):
             steps = records(group)
             ws = _windows(steps)
@@ -285,29 +286,6 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
             seen.add(key)
             unique.append(f)
     return framework_fixes(unique, frameworks(rec)), res.k, res.source
-
-
-def _collectives_before(lines: list[JsonObject]) -> dict[int, set[int]]:
-    """Per optimizer step of a run without a wrapper, the backward passes (0-based) that
-    began after a gradient collective of the script's own (the collective ledger: a row
-    after backward m, its count, precedes backward m; one inside backward m changes the
-    gradient backward m + 1 begins on). Several optimizers stepping at one boundary share
-    the window: the ledger is on the first one's record, the others take it."""
-    out: dict[int, set[int]] = {}
-    last: tuple[int, set[int]] | None = None  # (backwards, positions) of the previous step
-    for w in lines:
-        if str(w.get("engine") or "local") != "local":
-            last = None
-            continue
-        c = window_comm(w)
-        n = int(w.get("backwards", 0) or 0)
-        if c is not None and c.extra_micros:
-            last = (n, {j for m in c.extra_micros for j in (m, m + 1)})
-        elif not (last is not None and not (w.get("comm") or {}).get("rows") and last[0] == n):
-            last = None
-        if last is not None:
-            out[int(w.get("step", -1))] = last[1]
-    return out
 
 
 def _rank_findings(rank: int, steps: Sequence[StepRecord], info: JsonObject,
@@ -364,18 +342,8 @@ def _rank_findings(rank: int, steps: Sequence[StepRecord], info: JsonObject,
                                f"gradient left from before this window (relative size "
                                f"{cons.stale:.3g}) reached optimizer step {_n(step)}: "
                                "gradients were not cleared after the previous step"))
-            elif _reduced_inside(w, (collectives_before or {}).get(int(w.step), set())):
-                out.append(_mk("F10", "error", rank, step, None, _reduced_inside_text(w),
-                               title_="gradients all-reduced by hand inside the window: "
-                                      "the accumulated .grad changed between backward passes",
-                               fix="Reduce once per window, after its last backward pass "
-                                   "(all_reduce(SUM) then / W), or reduce each micro-step's "
-                                   "own gradient before it is added to .grad (DDP with "
-                                   "no_sync does this for you)."))
             else:
-                cls = conservation_class(cons, int(w.zero_grads_between))
-                out.append(_mk(cls, "error", rank, step, None, _wipe_text(w, cls, n),
-                               **_partial_wipe_words(w, cls)))
+                out.append(wipe_finding(rank, w, n, (collectives_before or {}).get(int(w.step), set())))
         # F8: clipping before the window's last backward
         if early_clips:
             out.append(_mk("F8", "error", rank, step, early_clips[0] - 1,
@@ -411,86 +379,6 @@ def _asked_clip(asked: float | None) -> str:
         f"{'no clipping' if asked == 0 else f'clipping at {asked:g}'}; under DeepSpeed the "
         'Trainer leaves clipping to the engine: "gradient_clipping": "auto" in the config '
         "takes max_grad_norm)")
-
-
-def _partial_wipe_words(w: StepWindow, cls: str) -> dict[str, str]:
-    """A title and fix of its own when the gradient was cleared or changed between backward
-    passes by neither a ``zero_grad`` nor a DeepSpeed engine (a hook, a callback that zeroes
-    some parameters' or rows' gradients): the class's "last micro-batch only" would say more
-    than was measured."""
-    cons = w.conservation
-    if cons is None or cls != "F2/F3" or int(w.zero_grads_between) or w.source != "torch" \
-            or float(cons.lost) < 0.005:
-        return {}  # a zero_grad inside the window (F3) or DeepSpeed's reset (F2): the class's
-    return {
-        "title_": "the gradient was cleared or changed between backward passes (no zero_grad "
-                  f"ran; about {100 * float(cons.lost):.0f}% of the window's gradient by mass "
-                  "removed): the earlier micro-batches do not reach the optimizer in full",
-        "fix": "Whatever clears or changes .grad between backward passes (a zero_grad, a hook, "
-               "a callback that zeroes some parameters' or rows' gradients) must run once per "
-               "window, after the last backward and before the optimizer step, or not at all: "
-               "in a plain loop right before optimizer.step(); with the HF Trainer in a "
-               "TrainerCallback's on_pre_optimizer_step, not on_substep_end or on_step_begin; "
-               "to freeze parameters, set requires_grad=False instead.",
-    }
-
-
-def _reduced_inside(w: StepWindow, after_collective: set[int]) -> bool:
-    """No wrapper reduces the gradient (the script's own collectives, counted from Python),
-    no zero_grad ran between the backwards, and every backward that began on a changed
-    gradient began right after a gradient collective of the script's (the ledger): the
-    broken conservation is that reduction of the accumulated ``.grad`` inside the window,
-    not a clear."""
-    wipes = set(w.conservation.wipes) if w.conservation is not None else set()
-    return (w.engine == "local" and not int(w.zero_grads_between) and bool(wipes)
-            and wipes <= after_collective)
-
-
-def _reduced_inside_text(w: StepWindow) -> str:
-    cons = w.conservation
-    assert cons is not None  # (the caller's)
-    wipes = ", ".join(str(int(j) + 1) for j in cons.wipes)
-    return (f"gradient conservation broken at optimizer step {_n(w.step)}: the accumulated "
-            f"gradient changed before backward pass(es) {wipes} of {w.backwards}, each right "
-            "after a gradient collective the script issued itself (no zero_grad between the "
-            "backwards): a reduction of the accumulated .grad inside the window. What the "
-            "optimizer received differs from "
-            f"the sum of the {w.backwards} backward passes' contributions by "
-            f"{100 * float(cons.received):.3g}% of that sum (relative difference of gradient "
-            "checksums); an all_reduce(SUM) of the running total counts the earlier "
-            "micro-batches again on every later micro-step")
-
-
-def _wipe_text(w: StepWindow, cls: str, n: int) -> str:
-    """Where the window's gradient changed between backward passes (numbered among this
-    step's backward passes, which the checksums cover), and how much of it, by absolute
-    mass, never reached the optimizer."""
-    cons = w.conservation
-    assert cons is not None  # (a broken verdict: the caller's)
-    wipes = [int(j) + 1 for j in cons.wipes]
-    nb = w.backwards
-    off = (f"what the optimizer received differs from the sum of the {nb} backward passes' "
-           f"contributions by {100 * float(cons.received):.3g}% of that sum (relative "
-           "difference of gradient checksums)")
-    if cls == "F3":
-        head = (f"zero_grad() ran {w.zero_grads_between} time(s) inside the window of "
-                f"optimizer step {_n(w.step)}")
-        how = "was cleared, in whole or in part,"
-    else:
-        head = f"gradient conservation broken at optimizer step {_n(w.step)}"
-        how = "was changed by something other than a backward (a clear, a rescale, a reset)"
-    if not wipes:  # a record from before the positions were kept
-        return (f"{head}: {cons.wiped:.3g} (relative) of the window's gradient was removed "
-                f"between backward passes; {off}")
-    text = (f"{head}: the gradient {how} before backward pass(es) "
-            f"{', '.join(map(str, wipes))} of {nb}; {off}")
-    lost = float(cons.lost)
-    if lost >= 0.005:
-        last = wipes[-1] - 1  # backward passes 1..last ran before the last change
-        before = "backward pass 1" if last == 1 else f"backward passes 1-{last}"
-        text += (f"; about {100 * lost:.0f}% of the window's gradient by absolute mass, "
-                 f"accumulated by {before}, was removed")
-    return text
 
 
 def _window_findings(rank: int, windows: list[StepWindow], info: JsonObject,

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from accumguard.static import dsconfig
 from accumguard.static.lint._ast import call_attr, dotted, last_part, receiver, walk_local
+from accumguard.static.lint._dslaunch import launcher_configs
 from accumguard.static.lint._dsresolve import (
     NameResolver,
     config_from_literal,
@@ -591,40 +592,3 @@ class DsConfigFinder:
         if not any(k in cfg for k in (*_DS_BATCH_KEYS, "zero_optimization")):
             return None
         return DsConfigRef(cfg, f"{cfg_path.name}, given by {where}", anchor, literal=False)
-
-
-_LAUNCHERS = ("*.sh", "*.bash", "*.slurm", "*.sbatch", "Makefile")
-_MAX_LAUNCHER_BYTES = 200_000
-_CONFIG_FLAG = re.compile(r"--deepspeed[_-]config[= ]+['\"]?([^\s'\"]+)")
-
-
-def launcher_configs(script: Path) -> dict[Path, str]:
-    """The configs the launchers beside ``script`` pass it (``--deepspeed_config X`` on a line
-    that runs the script), each with where it was read (``run.sh:14``); only files that exist
-    beside the script (the launcher is assumed to run from its own folder)."""
-    out: dict[Path, str] = {}
-    folder = script.parent
-    try:
-        launchers = sorted({p for pat in _LAUNCHERS for p in folder.glob(pat)})[:20]
-    except OSError:
-        return out
-    for launcher in launchers:
-        try:
-            if launcher.stat().st_size > _MAX_LAUNCHER_BYTES:
-                continue
-            lines = launcher.read_text(encoding="utf-8", errors="replace").splitlines()
-        except OSError:
-            continue
-        for no, line in enumerate(lines, 1):
-            if not re.search(rf"(^|[\s/]){re.escape(script.name)}(\s|$|[\"'])", line):
-                continue
-            m = _CONFIG_FLAG.search(line)
-            if m is None:
-                continue
-            cand = folder / m.group(1)
-            try:
-                if cand.is_file():
-                    out.setdefault(cand.resolve(), f"{launcher.name}:{no}")
-            except OSError:
-                continue
-    return out
