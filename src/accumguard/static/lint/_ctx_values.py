@@ -323,9 +323,19 @@ class ValueFacts(FileIndex):
     def _boundary_moduli(self) -> set[str]:
         """Names ``K`` of ``if ... % K ...:`` tests whose body calls ``.step()``: whatever
         the script calls it, the window's size."""
-        def steps(body: list[ast.stmt]) -> bool:
-            return any(isinstance(c, ast.Call) and call_attr(c) == "step"
-                       for stmt in body for c in walk_all(stmt))
+        def steps(body: list[ast.stmt], depth: int = 1) -> bool:
+            # (`self.optimizer_step()`: a file function that steps, one call deep)
+            for stmt in body:
+                for c in walk_all(stmt):
+                    if not isinstance(c, ast.Call):
+                        continue
+                    if call_attr(c) == "step":
+                        return True
+                    name = call_attr(c)
+                    defs = self.defs_by_name().get(name, []) if depth and name else []
+                    if len(defs) == 1 and steps(defs[0].body, depth - 1):
+                        return True
+            return False
 
         def compute() -> set[str]:
             out: set[str] = set()

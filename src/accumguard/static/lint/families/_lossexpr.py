@@ -331,6 +331,8 @@ def divides_by_k(ctx: FileContext, window: ast.AST) -> list[tuple[ast.AST, ast.A
             continue  # (x * mb.mask).sum() / mb.mask.sum() is a token mean, not a division by K
         if isinstance(d[1], ast.IfExp) and not (ctx.mentions_accum(d[1].body) and ctx.mentions_accum(d[1].orelse)):
             continue  # ``/ (tail if in_tail else K)``: K on some micro-steps only
+        if _rebound_in_branch(ctx, window, d[1]):
+            continue  # ``if i >= last_start: accum = last_accum`` in the loop: K not on every window
         ids = list(identifiers(d[1]))
         if not (ctx.mentions_accum(d[1]) or _len_of_window(window, d[1])) \
                 or any(n in i for i in ids for n in _NORMALISED_BY_COUNT):
@@ -338,6 +340,22 @@ def divides_by_k(ctx: FileContext, window: ast.AST) -> list[tuple[ast.AST, ast.A
         if is_loss_division(ctx, sub, d[0]):
             out.append((sub, d[0]))
     return out
+
+
+def _rebound_in_branch(ctx: FileContext, window: ast.AST, divisor: ast.AST) -> bool:
+    """The divisor is a name the window rebinds under an ``if`` (timm's tail:
+    ``if batch_idx >= last_batch_idx_to_accum: accum_steps = last_accum_steps``)."""
+    if not isinstance(divisor, ast.Name):
+        return False
+    for sub in ctx.local_nodes(window):
+        if isinstance(sub, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == divisor.id for t in sub.targets):
+            cur = ctx.parents.get(sub)
+            while cur is not None and cur is not window:
+                if isinstance(cur, ast.If):
+                    return True
+                cur = ctx.parents.get(cur)
+    return False
 
 
 def _len_of_window(window: ast.AST, divisor: ast.AST) -> bool:

@@ -117,12 +117,64 @@ def _restores(ctx: FileContext, keys: dict[str, set[str]]) -> list[ast.Assign]:
     as saved (no arithmetic around it)."""
     out = []
     for n in ctx.of(ast.Assign):
-        v = n.value
-        if (len(n.targets) == 1 and isinstance(v, ast.Subscript) and isinstance(v.slice, ast.Constant)
-                and isinstance(v.slice.value, str) and v.slice.value in keys
-                and (d := dotted(n.targets[0])) is not None and last_part(d) in keys[v.slice.value]):
+        if len(n.targets) != 1:
+            continue
+        pairs = [(n.targets[0], n.value)]
+        if isinstance(n.targets[0], ast.Tuple) and isinstance(n.value, ast.Tuple) \
+                and len(n.targets[0].elts) == len(n.value.elts):
+            pairs = list(zip(n.targets[0].elts, n.value.elts, strict=True))  # a, b = ck["a"], ck["b"]
+        if any(isinstance(v, ast.Subscript) and isinstance(v.slice, ast.Constant)
+               and isinstance(v.slice.value, str) and v.slice.value in keys
+               and (d := dotted(t)) is not None and last_part(d) in keys[v.slice.value]
+               for t, v in pairs):
             out.append(n)
     return out
+
+
+def _increment_after(ctx: FileContext, test: ast.If, names: set[str]) -> ast.AugAssign | None:
+    """``counter += 1`` later in the loop iteration that runs ``test``: a statement after the
+    ``if`` (or after a block holding it) up to the innermost loop around it."""
+    child: ast.AST = test
+    cur = ctx.parents.get(test)
+    while cur is not None and not isinstance(cur, FUNCS):
+        for field in ("body", "orelse"):
+            block = getattr(cur, field, None)
+            if isinstance(block, list) and child in block:
+                for stmt in block[block.index(child) + 1:]:
+                    for n in ast.walk(stmt):
+                        if isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Add) \
+                                and (d := dotted(n.target)) is not None and last_part(d) in names:
+                            return n
+        if isinstance(cur, ast.For | ast.While):
+            return None
+        child, cur = cur, ctx.parents.get(cur)
+    return None
+
+
+def _saved_before_increment(ctx: FileContext, at_boundary: list[tuple[ast.If, ast.BinOp]],
+                            keys: dict[str, set[str]],
+                            restores: list[ast.Assign]) -> Iterator[Finding]:
+    """A checkpoint at the boundary ``(step + 1) % K == 0`` that stores ``step`` before the
+    loop's ``step += 1``: resumed as saved, the first test is true again, and the optimizer
+    steps after one micro-batch; every later window is shifted (fairseq-style trainers)."""
+    saved: set[str] = set().union(*keys.values())
+    for test, mod in at_boundary:
+        names = _identifiers(mod.left) & saved
+        inc = _increment_after(ctx, test, names) if names else None
+        if inc is None:
+            continue
+        restore = restores[0]
+        yield ctx.finding(
+            "AG150",
+            restore,
+            f"the checkpoint is written when `{ast.unparse(test.test)}` is true, before "
+            f"`{ast.unparse(inc)}` (line {inc.lineno}), so it stores the counter one short of "
+            f"the window's end; restored as saved (`{ast.unparse(restore)}`), the same test is "
+            "true after the first resumed micro-batch: the optimizer steps on a window of one "
+            "micro-batch and every later window is shifted. Save the counter after its "
+            "increment (or `counter + 1`)",
+        )
+        return
 
 
 @rule("AG150")
@@ -131,9 +183,9 @@ def checkpoint_inside_window(ctx: FileContext) -> Iterator[Finding]:
     if not saves:
         return
     counters, ks = _k_moduli(ctx)
-    if len(ks) != 1 or not counters:
+    if len(ks) > 1 or not counters:
         return
-    k = next(iter(ks))
+    k = next(iter(ks), None)  # (a checkpoint at the boundary needs no value of K)
     for save in saves:
         d = _payload(ctx, save)
         if d is None or not _training_state(ctx, d):
@@ -144,11 +196,18 @@ def checkpoint_inside_window(ctx: FileContext) -> Iterator[Finding]:
         if not restores:
             continue
         tests = list(_triggers(ctx, save))
-        if any(ctx.mentions_accum(m.right) for _, m in tests):
-            continue  # saved only at a window's boundary
+        at_boundary = [(t, m) for t, m in tests if ctx.mentions_accum(m.right)]
+        if at_boundary:
+            # saved only at a window's boundary: right unless the counter the boundary tests
+            # is saved before the loop's increment of it
+            plain = {key.value: keys[key.value] for key, value in zip(d.keys, d.values, strict=True)
+                     if isinstance(key, ast.Constant) and isinstance(key.value, str)
+                     and dotted(value) is not None}  # stored as it stands, not `step + 1`
+            yield from _saved_before_increment(ctx, at_boundary, plain, restores)
+            continue
         for test, mod in tests:
             n = _bound_int(ctx, mod.right)
-            if n is None or n % k == 0 or not (_identifiers(mod.left) & counters):
+            if n is None or k is None or n % k == 0 or not (_identifiers(mod.left) & counters):
                 continue
             restore = restores[0]
             yield ctx.finding(

@@ -116,12 +116,24 @@ def _flush_test(ctx: FileContext, test: ast.AST, scope: ast.AST) -> ModGuard | N
     if not (isinstance(test, ast.BoolOp) and isinstance(test.op, ast.Or)):
         return None
     mods = [(t, g) for t in test.values if (g := mod_term(t)) is not None]
-    others = [t for t in test.values if all(t is not m for m, _ in mods)]
+    others = [_end_value(ctx, t, scope) for t in test.values if all(t is not m for m, _ in mods)]
     if len(mods) == 1 and others and all(
             isinstance(t, ast.Compare) and any(isinstance(op, ast.Eq | ast.GtE) for op in t.ops)
             and _len_name(ctx, t, scope) for t in others):
         return mods[0][1]
     return None
+
+
+def _end_value(ctx: FileContext, term: ast.AST, scope: ast.AST) -> ast.AST:
+    """``term``, or the comparison a name in it is bound to once in the scope (timm's
+    ``last_batch = batch_idx == last_batch_idx`` then ``need_update = last_batch or ...``)."""
+    if not isinstance(term, ast.Name):
+        return term
+    writes = assignments_by_name(ctx, scope).get(term.id, [])
+    if len(writes) == 1 and isinstance(writes[0], ast.Assign) \
+            and isinstance(writes[0].value, ast.Compare):
+        return writes[0].value
+    return term
 
 
 def _flag_value(ctx: FileContext, test: ast.AST, window: ast.AST) -> ast.AST:
