@@ -145,8 +145,15 @@ class ValueFacts(FileIndex):
         return values or {None}
 
     def _dict_entry(self, expr: ast.Subscript) -> int | None:
-        """``CONFIG["grad_accum"]`` when ``CONFIG`` is assigned once in the file, a dict literal
-        whose entry for that string key is an integer literal, and nothing else writes that
+        """The integer literal :meth:`dict_entry` finds."""
+        hit = self.dict_entry(expr)
+        if not isinstance(hit, ast.Constant) or type(hit.value) is not int:
+            return None
+        return hit.value
+
+    def dict_entry(self, expr: ast.Subscript) -> ast.AST | None:
+        """The value written for ``CONFIG["grad_accum"]`` when ``CONFIG`` is assigned once in the
+        file, a dict literal with one entry for that string key, and nothing else writes that
         entry (no ``CONFIG["grad_accum"] = ``, no store under a computed key, no
         ``.update()``, ``.setdefault()``, ``**`` spread, ``del``); a store under another
         constant key (``CONFIG["seed"] = args.seed``) leaves it as written."""
@@ -201,9 +208,7 @@ class ValueFacts(FileIndex):
             return None
         hits = [v for k, v in zip(literal.keys, literal.values, strict=True)
                 if isinstance(k, ast.Constant) and k.value == key.value]
-        if len(hits) != 1 or not isinstance(hits[0], ast.Constant) or type(hits[0].value) is not int:
-            return None
-        return hits[0].value
+        return hits[0] if len(hits) == 1 else None
 
     def _int_assignments(self) -> dict[str, set[int | None]]:
         """Every value assigned to each name: the integer literal, or None for anything else."""

@@ -58,8 +58,36 @@ def _single_value(ctx: FileContext, expr: ast.AST) -> ast.AST:
     return expr
 
 
+def _unpacked(ctx: FileContext, name: ast.AST) -> ast.AST | None:
+    """What a name unpacked from a file function's returned tuple holds there
+    (``feats, labels = make_data()`` with ``x = torch.randn(36, 10)`` and ``return x, y``)."""
+    if not isinstance(name, ast.Name):
+        return None
+    for node in ctx.of(ast.Assign):
+        target, value = node.targets[0], node.value
+        if not (len(node.targets) == 1 and isinstance(target, ast.Tuple) and isinstance(value, ast.Call)
+                and isinstance(value.func, ast.Name)):
+            continue
+        idx = next((i for i, e in enumerate(target.elts) if isinstance(e, ast.Name) and e.id == name.id), None)
+        defs = ctx.defs_by_name().get(value.func.id, [])
+        if idx is None or len(defs) != 1:
+            continue
+        returns = [r.value for r in ast.walk(defs[0]) if isinstance(r, ast.Return) and r.value is not None]
+        if len(returns) != 1 or not isinstance(returns[0], ast.Tuple) \
+                or len(returns[0].elts) != len(target.elts):
+            return None
+        held = returns[0].elts[idx]
+        if isinstance(held, ast.Name):
+            values = ctx.assigned_in(defs[0]).get(held.id, [])
+            return values[0] if len(values) == 1 else None
+        return held
+    return None
+
+
 def _rows(ctx: FileContext, expr: ast.AST) -> int | None:
     """The first dimension of a tensor built in sight (``torch.randn(12, 6)``)."""
+    if isinstance(expr, ast.Name) and not single_assignments(ctx).get(expr.id):
+        expr = _unpacked(ctx, expr) or expr
     expr = _single_value(ctx, expr)
     if not isinstance(expr, ast.Call):
         return None
@@ -147,6 +175,65 @@ def _rescales_windows(ctx: FileContext, trainer: ast.Call) -> bool:
                and n not in inside for n in ast.walk(ctx.tree))
 
 
+def _schedule_dict(ctx: FileContext, expr: ast.AST) -> ast.Dict | None:
+    """The dict literal ``expr`` is: itself, a name assigned it once, or a config entry
+    (``HP["accum_schedule"]``)."""
+    expr = _single_value(ctx, expr)
+    if isinstance(expr, ast.Subscript):
+        entry = ctx.dict_entry(expr)
+        expr = entry if entry is not None else expr
+    return expr if isinstance(expr, ast.Dict) else None
+
+
+def _epoch_ks(ctx: FileContext, trainer: ast.Call, kws: dict[str, ast.AST]) -> dict[int, int] | None:
+    """K of each epoch the run makes, from a ``GradientAccumulationScheduler(scheduling={epoch:
+    K})`` in the Trainer's callbacks (Lightning applies the entry of the largest epoch <= e, K
+    = 1 before the first); every scheduled epoch when ``max_epochs`` is not in sight."""
+    callbacks = _single_value(ctx, kws["callbacks"]) if "callbacks" in kws else None
+    if not isinstance(callbacks, ast.List | ast.Tuple):
+        return None
+    for elt in callbacks.elts:
+        cb = _single_value(ctx, elt)
+        if not (isinstance(cb, ast.Call)
+                and (dotted(cb.func) or "").endswith("GradientAccumulationScheduler")):
+            continue
+        arg = next((k.value for k in cb.keywords if k.arg == "scheduling"), cb.args[0] if cb.args else None)
+        table = _schedule_dict(ctx, arg) if arg is not None else None
+        if table is None or any(k is None for k in table.keys):
+            return None
+        pairs = [(ctx.int_value(e), ctx.int_value(v)) for e, v in zip(table.keys, table.values, strict=True)]
+        if any(e is None or v is None for e, v in pairs):
+            return None
+        schedule = sorted((e, v) for e, v in pairs if e is not None and v is not None)
+        epochs = ctx.int_value(kws.get("max_epochs"))
+        last = epochs - 1 if epochs is not None else max(e for e, _ in schedule)
+        out: dict[int, int] = {}
+        for epoch in range(last + 1):
+            ks = [v for e, v in schedule if e <= epoch]
+            out[epoch] = ks[-1] if ks else 1
+        return out
+    return None
+
+
+def _scheduled_tail(ctx: FileContext, trainer: ast.Call, kws: dict[str, ast.AST], n: int) -> Finding | None:
+    """AG131 for K set per epoch by ``GradientAccumulationScheduler``: an epoch whose n batches
+    are not a multiple of its K ends in a short window still divided by that K."""
+    ks = _epoch_ks(ctx, trainer, kws)
+    if not ks or _rescales_windows(ctx, trainer):
+        return None
+    short = {e: k for e, k in ks.items() if k > 1 and n % k}
+    if not short:
+        return None
+    parts = ", ".join(f"epoch {e}: K = {k}, a last window of {n % k} ({n % k}/{k} of its mean "
+                      "gradient)" for e, k in sorted(short.items())[:4])
+    f = ctx.finding("AG131", trainer, (
+        f"the epoch's {n} batches (the loader handed to fit, in sight) are not a multiple of the "
+        f"K that `GradientAccumulationScheduler` sets for every epoch ({parts}): Lightning steps "
+        "the optimizer at each epoch's last batch with each loss still divided by that epoch's K"))
+    return f if "max_steps" not in kws and "limit_train_batches" not in kws else replace(
+        f, severity=Severity.WARNING, confidence=Confidence.MEDIUM)
+
+
 @rule("AG131")
 def lightning_epoch_shorter_than_window(ctx: FileContext) -> Iterator[Finding]:
     if not _imports_lightning(ctx):
@@ -162,6 +249,11 @@ def lightning_epoch_shorter_than_window(ctx: FileContext) -> Iterator[Finding]:
             continue  # the DeepSpeed engine accumulates and scales on its own
         n = ctx.int_value(kws["limit_train_batches"]) if "limit_train_batches" in kws else _fit_batches(ctx, call)
         k = ctx.int_value(kws.get("accumulate_grad_batches"))
+        if k is None and n is not None and n > 0 and "accumulate_grad_batches" not in kws:
+            scheduled = _scheduled_tail(ctx, call, kws, n)
+            if scheduled is not None:
+                yield scheduled
+            continue
         if n is None or k is None or k <= 1 or n <= 0 or n % k == 0:
             continue
         r = n % k
