@@ -3,7 +3,9 @@ states its end and the run's last scheduler step lands exactly there: a referenc
 steps a plain scheduler W times per optimizer step on a horizon of W x the steps (as
 Accelerate's prepared scheduler does; blind round 30, writer a, two correct scripts) is a
 note; the same stepping on a horizon counted in optimizer steps stays an error; per
-micro-step stepping on a horizon counted in micro-steps is a warning. Recorded in-process,
+micro-step stepping on a horizon counted in micro-steps is an error too (blind round 49,
+c_b02: the large batch steps the same scheduler once per optimizer step, so its warm-up
+comes K x later in optimizer steps). Recorded in-process,
 judged on the recording."""
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def _run(tmp_path: Path, *, per: str, horizon: int) -> list[Finding]:
 @pytest.mark.parametrize(("per", "horizon", "severity"), [
     ("boundary x W", W * STEPS, "note"),   # a horizon counted for W steps per step
     ("boundary x W", STEPS, "error"),      # counted in optimizer steps: ends W x early
-    ("micro", K * STEPS, "warning"),       # counted in micro-steps, stepped per micro-step
+    ("micro", K * STEPS, "error"),         # counted in micro-steps, stepped per micro-step
     ("micro", STEPS, "error"),             # the classic F4
 ])
 def test_extra_scheduler_steps_are_judged_by_the_horizon(tmp_path: Path, per: str,
@@ -56,6 +58,8 @@ def test_extra_scheduler_steps_are_judged_by_the_horizon(tmp_path: Path, per: st
     # every one of these ends K or W x early or on time: never "not a factor of W or K"
     assert not any("Not a factor of W or K" in x.evidence for x in found), found
     assert f.severity.value == severity, f
-    if severity != "error":
+    if per == "micro" and horizon == K * STEPS:
+        assert f"come {K}x sooner in optimizer steps" in f.evidence
+    if horizon != STEPS:
         assert f"position {horizon} of the {horizon}" in f.evidence
         assert "LinearLR total_iters" in f.evidence

@@ -220,11 +220,11 @@ def horizon_findings(rank: int, events: list[JsonObject], total_steps: int,
                         if complete and (_match(steps, at, c, slack) or _match(steps, end_at, c, slack))),
                        None)
             if hit is not None:
-                out.append(_mk("F4", "error", rank, at - 1, None,
+                out.append(_mk("F4", _level(per_step), rank, at - 1, None,
                                f"the LR schedule ({what}) reached its end at optimizer step "
                                f"{at} of the run's {steps} ({rate}): it ends {hit[0]}x early "
                                f"({hit[1]}); the remaining {steps - at} steps ran at the "
-                               "schedule's final learning rate",
+                               "schedule's final learning rate" + _same_scheduler(per_step),
                                title_=f"LR schedule ends {hit[0]}x early: horizon {h} "
                                       f"scheduler steps, reached at optimizer step {at} of "
                                       f"{steps}",
@@ -265,11 +265,29 @@ def horizon_findings(rank: int, events: list[JsonObject], total_steps: int,
         if not sure:
             text += (". The run did not go through whole passes over the data: if it was "
                      "stopped early on purpose (max_steps), this is expected")
-        out.append(_mk("F4", "error" if sure else "note", rank, steps - 1, None, text,
+        if sure:
+            text += _same_scheduler(per_step)
+        out.append(_mk("F4", _level(per_step) if sure else "note", rank, steps - 1, None, text,
                        title_=f"LR schedule ends {hit[0]}x late: horizon {h} scheduler steps, "
                               f"{pos_end} reached in the run's {steps} optimizer steps",
                        fix=_fix(per_step)))
     return out
+
+
+def _level(per_step: float) -> str:
+    """An error when the scheduler steps other than once per optimizer step (the large batch
+    steps it once); a warning when it steps once: then each update follows this same
+    schedule as the large batch's would, and only its horizon looks counted for other steps
+    (micro-batches, processes)."""
+    return "warning" if abs(per_step - 1) < 1e-9 else "error"
+
+
+def _same_scheduler(per_step: float) -> str:
+    if abs(per_step - 1) >= 1e-9:
+        return ""
+    return (". It steps once per optimizer step, as the large batch steps this same scheduler, "
+            "so each update follows the schedule as configured (a warning, not an error): "
+            "the horizon is what looks counted in other steps")
 
 
 def _apart(serials: list[int | None] | None, evs: list[JsonObject], total_steps: int,

@@ -183,8 +183,9 @@ def _scheduler_findings(rank: int, events: list[JsonObject]) -> list[Finding]:
     Accelerate's prepared one is) and the learning rate at each optimizer step is the
     schedule's at the same fraction of the run. Extra steps all made at the boundary (none
     between two backwards of a window: a loop of scheduler steps after the optimizer's)
-    then say nothing; extra steps between backwards are a warning (warm-up and milestones
-    count micro-steps)."""
+    then say nothing; extra steps between backwards are still an error: the large batch
+    steps the same scheduler once per optimizer step, so its warm-up and milestones come K x
+    later in optimizer steps than here."""
     for e in events:
         if not e.get("in_step") and scheduler_ahead(int(e["count"]), int(e["optimizer_steps"]),
                                                     allowance=1):
@@ -192,7 +193,9 @@ def _scheduler_findings(rank: int, events: list[JsonObject]) -> list[Finding]:
             mine = [x for x in events if x.get("sid") == e.get("sid")]
             last = mine[-1]
             horizon, pos = last.get("horizon"), last.get("pos", last.get("count"))
-            ratio = int(last["count"]) / max(int(last["optimizer_steps"]), 1)
+            # (a last call made between backwards belongs to the window its step closes)
+            closing = int(last["optimizer_steps"]) + int(bool(int(last["micro"])) and not last.get("in_step"))
+            ratio = int(last["count"]) / max(closing, 1)
             consumed = isinstance(horizon, int) and isinstance(pos, int) and horizon > 0 \
                 and abs(pos - horizon) <= max(ratio, 1.0)
             text = (f"the LR scheduler had stepped {e['count']} times when its "
@@ -215,12 +218,14 @@ def _scheduler_findings(rank: int, events: list[JsonObject]) -> list[Finding]:
                             fix="Nothing to fix if the horizon was counted for these steps; "
                                 "if it was meant in optimizer steps, step the scheduler once "
                                 "per optimizer step.")]
-            return [_mk("F4", "warning", rank, int(e["step"]), micro - 1 if micro else None,
+            return [_mk("F4", "error", rank, int(e["step"]), micro - 1 if micro else None,
                         text + "it steps between the backwards of a window, and " + where
-                        + ": the schedule ends with the run, but its warm-up and milestones "
-                        "are counted in micro-steps",
-                        title_="the LR scheduler steps per micro-step, on a horizon counted "
-                               "in micro-steps",
+                        + f": the schedule ends with the run, but each optimizer step takes "
+                        f"the learning rate {ratio:.3g} scheduler steps on, where the large "
+                        "batch steps the same scheduler once: its warm-up and milestones "
+                        f"come {ratio:.3g}x sooner in optimizer steps",
+                        title_="the LR scheduler steps per micro-step (its horizon counted "
+                               "in micro-steps)",
                         fix="Step the scheduler once per optimizer step and count its horizon, "
                             "warm-up and milestones in optimizer steps (micro-batches / K).")]
     return []
