@@ -72,3 +72,33 @@ def test_only_the_epochs_the_run_makes() -> None:
 
 def test_a_module_that_rescales_its_short_window_is_silent() -> None:
     assert _ag131("{0: 2, 1: 4}", rescale=_RESCALE) == []
+
+
+def test_the_data_helper_s_names_are_read_in_its_own_scope() -> None:
+    # blind round 49 c_b01: `x` of the data helper is also a slice in the reference below;
+    # the rows the loader sees are the helper's (106 rows / 16 = 7 batches, K = 3)
+    src = textwrap.dedent("""
+        import torch
+        import pytorch_lightning as pl
+        from torch.utils.data import DataLoader, TensorDataset
+
+        CFG = dict(n_rows=106, bs=16, k=3)
+
+
+        def make_dataset():
+            x = torch.randn(CFG["n_rows"], 12)
+            y = torch.randn(CFG["n_rows"], 1)
+            return TensorDataset(x, y)
+
+
+        def main():
+            ds = make_dataset()
+            trainer = pl.Trainer(max_epochs=2, accumulate_grad_batches=CFG["k"])
+            trainer.fit(Net(), DataLoader(ds, batch_size=CFG["bs"]))
+            x_all, y_all = ds.tensors
+            for s in range(0, CFG["n_rows"], 48):
+                x = x_all[s:s + 48]
+                model(x).sum().backward()
+    """)
+    found = [f for f in lint_source(src) if f.code == "AG131"]
+    assert len(found) == 1 and "7 batches" in found[0].message, found

@@ -86,8 +86,12 @@ def _unpacked(ctx: FileContext, name: ast.AST) -> ast.AST | None:
 
 def _rows(ctx: FileContext, expr: ast.AST) -> int | None:
     """The first dimension of a tensor built in sight (``torch.randn(12, 6)``)."""
-    if isinstance(expr, ast.Name) and not single_assignments(ctx).get(expr.id):
-        expr = _unpacked(ctx, expr) or expr
+    if isinstance(expr, ast.Name):
+        local = ctx.assigned_in(ctx.scope_of(expr)).get(expr.id, [])
+        if len(local) == 1:
+            expr = local[0]  # (`x` of the data helper, whatever other functions call `x`)
+        elif not single_assignments(ctx).get(expr.id):
+            expr = _unpacked(ctx, expr) or expr
     expr = _single_value(ctx, expr)
     if not isinstance(expr, ast.Call):
         return None
