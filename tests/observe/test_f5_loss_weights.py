@@ -389,3 +389,18 @@ def test_f5_evidence_names_how_the_mean_was_scaled(tmp_path: Path, divisor: int,
     findings = _run(tmp_path, lambda z, y, n, total: F.cross_entropy(z, y) / divisor)
     f5 = [f for f in findings if f.cls == "F5" and f.severity == "error"]
     assert f5 and says in f5[0].evidence, [f.evidence for f in findings]
+
+
+@pytest.mark.parametrize("divisor", [K, 1])
+def test_an_undivided_mean_is_also_the_loss_scale(tmp_path: Path, divisor: int) -> None:
+    """Blind round 49 a_b01: per-micro-batch means never divided by K (an HF Trainer
+    skipping its /K for a compute_loss that ignores num_items_in_batch) weigh K in all: the
+    title must not say "/ K", and the K x scale is an error of its own (LOSS_SCALE)."""
+    findings = _run(tmp_path, lambda z, y, n, total: F.cross_entropy(z, y) / divisor)
+    errors = {f.cls: f for f in findings if f.severity == "error"}
+    if divisor == 1:
+        assert set(errors) == {"F5", "LOSS_SCALE"}, findings
+        assert "/ K" not in errors["F5"].title and "not divided by K" in errors["F5"].title
+        assert f"loss {K}x too large" in errors["LOSS_SCALE"].title
+    else:
+        assert set(errors) == {"F5"}, findings

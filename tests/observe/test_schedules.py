@@ -1,9 +1,6 @@
 """F4 from a stated schedule horizon, judged on recorded scheduler records (in-process):
-a schedule that ends W or K times early or late is an error when the scheduler steps other
-than once per optimizer step, and a warning when it steps once (the large batch steps the
-same scheduler once: each update follows the schedule as configured, only its horizon looks
-counted in other steps); a horizon planned for more steps than a run cut short made, or a
-factor not tied to W or K, is not."""
+a schedule that ends W or K times early or late is an error; a horizon planned for more
+steps than a run cut short made, or a factor not tied to W or K, is not."""
 
 from __future__ import annotations
 
@@ -54,10 +51,8 @@ def test_an_odd_horizon_crossed_between_two_steps_is_still_w_times_early() -> No
 def test_horizon_in_micro_batches_ends_k_times_late() -> None:
     found = horizon_findings(0, _events(32, 8, 1), 8, 1, 4, 2, True, backwards=32,
                              whole_epochs=True)
-    # stepped once per optimizer step, as the large batch steps the same scheduler
-    assert _sev(found) == {("F4", "warning")}, found
+    assert _sev(found) == {("F4", "error")}, found
     assert "4x late" in found[0].title and "counts micro-batches" in found[0].evidence
-    assert "a warning, not an error" in found[0].evidence
     assert horizon_findings(0, _events(8, 8, 1), 8, 1, 4, 2, True, backwards=32) == []
 
 
@@ -125,7 +120,7 @@ def test_ddp_horizon_from_the_unsharded_dataset_ends_w_times_late() -> None:
     # counts the whole dataset's windows (12), as if one process saw all the data
     found = horizon_findings(0, _events(12, 6, 1), 6, 2, 4, 2, True, backwards=24,
                              whole_epochs=True)
-    assert _sev(found) == {("F4", "warning")} and "W = 2 ranks" in found[0].evidence, found
+    assert _sev(found) == {("F4", "error")} and "W = 2 ranks" in found[0].evidence, found
 
 
 def test_a_scheduler_rebuilt_at_the_same_address_is_another_schedule() -> None:
@@ -138,7 +133,7 @@ def test_a_scheduler_rebuilt_at_the_same_address_is_another_schedule() -> None:
                             whole_epochs=True) == []
 
 
-@pytest.mark.parametrize(("t_max", "expected"), [(4, set()), (2, {("F4", "warning")})])
+@pytest.mark.parametrize(("t_max", "expected"), [(4, set()), (2, {("F4", "error")})])
 def test_a_scheduler_rebuilt_on_resume_is_judged_on_the_run_s_clock(
         t_max: int, expected: set[tuple[str, str]]) -> None:
     # K = 2, 4 optimizer steps: 2, then a checkpoint; model, optimizer and scheduler are
@@ -155,7 +150,7 @@ def test_a_scheduler_rebuilt_on_resume_is_judged_on_the_run_s_clock(
     assert _sev(found) == expected, found
 
 
-@pytest.mark.parametrize(("horizon", "expected"), [(16, {("F4", "warning")}), (4, set())])
+@pytest.mark.parametrize(("horizon", "expected"), [(16, {("F4", "error")}), (4, set())])
 def test_a_reference_phase_after_the_training_leaves_its_schedule_judged(
         horizon: int, expected: set[tuple[str, str]]) -> None:
     # blind round 37 a_b03: K = 4, the training's 4 optimizer steps (16 backward passes)
@@ -171,3 +166,16 @@ def test_a_reference_phase_after_the_training_leaves_its_schedule_judged(
     assert _sev(found) == expected, found
     if expected:
         assert "its horizon is the run's 16 backward passes" in found[0].evidence
+
+
+def test_a_horizon_of_the_optimizer_steps_plus_one_at_w_per_step_runs_w_times_fast() -> None:
+    # blind round 49 a_b02: Accelerate, 2 processes, 5 optimizer steps, the horizon sized
+    # `steps + 1` (so the LR does not reach 0 at the last step) = 6; the prepared scheduler
+    # advances 2 per optimizer step and ends at step 3 (5 / 3 is no factor, but the rate is W)
+    found = horizon_findings(0, _events(6, 5, 2), 5, 2, 2, 1, True)
+    assert _sev(found) == {("F4", "error")}, found
+    assert "runs 2x fast" in found[0].title and "W = 2 ranks" in found[0].evidence
+    # the right horizon, 2 x (steps + 1): silent
+    assert horizon_findings(0, _events(12, 5, 2), 5, 2, 2, 1, True) == []
+    # stepped once per optimizer step on a horizon of the steps + 1: silent
+    assert horizon_findings(0, _events(6, 5, 1), 5, 2, 2, 1, True) == []

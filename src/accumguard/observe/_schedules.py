@@ -219,15 +219,27 @@ def horizon_findings(rank: int, events: list[JsonObject], total_steps: int,
             hit = next(((c, name) for c, name in _factors(world, k)
                         if complete and (_match(steps, at, c, slack) or _match(steps, end_at, c, slack))),
                        None)
-            if hit is not None:
-                out.append(_mk("F4", _level(per_step), rank, at - 1, None,
+            # or: the horizon counts the run's optimizer steps (up to a step per epoch, as
+            # `num_training_steps = steps + 1` does) while the scheduler advances exactly W
+            # or K per optimizer step (blind round 49 a_b02: 6 for 5 steps at 2 per step)
+            fast = None if hit is not None or not complete else next(
+                ((c, name) for c, name in _factors(world, k)
+                 if abs(per_step - c) < 1e-9 and abs(h - pos0 - span) <= slack), None)
+            pick = hit if hit is not None else fast
+            if pick is not None:
+                c, name = pick
+                why = (f"it ends {c}x early ({name})" if hit is not None else
+                       f"its horizon ({h - pos0}) counts the {span} optimizer steps it lived "
+                       f"for, while it advances {c} per optimizer step ({name}): it runs {c}x "
+                       "fast")
+                out.append(_mk("F4", "error", rank, at - 1, None,
                                f"the LR schedule ({what}) reached its end at optimizer step "
-                               f"{at} of the run's {steps} ({rate}): it ends {hit[0]}x early "
-                               f"({hit[1]}); the remaining {steps - at} steps ran at the "
-                               "schedule's final learning rate" + _same_scheduler(per_step),
-                               title_=f"LR schedule ends {hit[0]}x early: horizon {h} "
-                                      f"scheduler steps, reached at optimizer step {at} of "
-                                      f"{steps}",
+                               f"{at} of the run's {steps} ({rate}): {why}; the remaining "
+                               f"{steps - at} steps ran at the schedule's final learning rate",
+                               title_=(f"LR schedule ends {c}x early" if hit is not None else
+                                       f"LR schedule runs {c}x fast, ends early")
+                                      + f": horizon {h} scheduler steps, reached at optimizer "
+                                      f"step {at} of {steps}",
                                fix=_fix(per_step)))
             elif ratio >= 1.25 and steps - at >= 2 and not any(
                     int(e.get("micro", 0)) and not e.get("in_step") for e in evs):
@@ -265,29 +277,11 @@ def horizon_findings(rank: int, events: list[JsonObject], total_steps: int,
         if not sure:
             text += (". The run did not go through whole passes over the data: if it was "
                      "stopped early on purpose (max_steps), this is expected")
-        if sure:
-            text += _same_scheduler(per_step)
-        out.append(_mk("F4", _level(per_step) if sure else "note", rank, steps - 1, None, text,
+        out.append(_mk("F4", "error" if sure else "note", rank, steps - 1, None, text,
                        title_=f"LR schedule ends {hit[0]}x late: horizon {h} scheduler steps, "
                               f"{pos_end} reached in the run's {steps} optimizer steps",
                        fix=_fix(per_step)))
     return out
-
-
-def _level(per_step: float) -> str:
-    """An error when the scheduler steps other than once per optimizer step (the large batch
-    steps it once); a warning when it steps once: then each update follows this same
-    schedule as the large batch's would, and only its horizon looks counted for other steps
-    (micro-batches, processes)."""
-    return "warning" if abs(per_step - 1) < 1e-9 else "error"
-
-
-def _same_scheduler(per_step: float) -> str:
-    if abs(per_step - 1) >= 1e-9:
-        return ""
-    return (". It steps once per optimizer step, as the large batch steps this same scheduler, "
-            "so each update follows the schedule as configured (a warning, not an error): "
-            "the horizon is what looks counted in other steps")
 
 
 def _apart(serials: list[int | None] | None, evs: list[JsonObject], total_steps: int,

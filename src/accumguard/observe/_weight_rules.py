@@ -170,16 +170,30 @@ def loss_weight_findings(rank: int | None, windows: list[StepWindow]) -> list[Fi
             red = str(recs[0][6])
             mass = sum(masses) / k
             u = units(recs)
-            out.append(_mk("F5", "error", rank, w.step, None,
-                           f"{_short(site)}: the loss call there (reduction='{red}'"
-                           + (f", call {idx + 1} at that line" if idx else "")
-                           + f") saw {', '.join(f'{n:g}' for n in ns)} valid {u} in the "
-                           f"{k} micro-steps of optimizer step {_n(w.step)}, and each "
-                           f"micro-step's {u} reached the optimizer with the same total "
-                           f"weight ({mass:.4g}) whatever their count: one {one(u)} weighed "
-                           f"{min(ws):.4g} to {max(ws):.4g} ({max(ws) / min(ws):.3g}x apart) "
-                           f"instead of one weight for all {total:g} {u} (1/N); "
-                           + _mean_form(mass, k)))
+            seen = (f"{_short(site)}: the loss call there (reduction='{red}'"
+                    + (f", call {idx + 1} at that line" if idx else "")
+                    + f") saw {', '.join(f'{n:g}' for n in ns)} valid {u} in the "
+                    f"{k} micro-steps of optimizer step {_n(w.step)}, and each "
+                    f"micro-step's {u} reached the optimizer with the same total "
+                    f"weight ({mass:.4g}) whatever their count: one {one(u)} weighed "
+                    f"{min(ws):.4g} to {max(ws):.4g} ({max(ws) / min(ws):.3g}x apart) "
+                    f"instead of one weight for all {total:g} {u} (1/N); ")
+            undivided = abs(mass - 1.0) <= 1e-3
+            out.append(_mk("F5", "error", rank, w.step, None, seen + _mean_form(mass, k),
+                           title_=("mean of per-micro-batch means, not divided by K "
+                                   "(uneven token counts)") if undivided else None))
+            if undivided:
+                # the same measurement shows the scale: each micro-step's mean whole, K in all
+                out.append(_mk("LOSS_SCALE", "error", rank, w.step, None,
+                               f"{_short(site)}: each of the {k} micro-steps of optimizer "
+                               f"step {_n(w.step)} reached the optimizer with its loss's "
+                               f"{u} weighing {mass:.4g} in total, so the window's weigh "
+                               f"{k * mass:.4g} instead of 1: the window's gradient is {k}x "
+                               "the large-batch mean (with SGD, every update is "
+                               f"{k}x the large batch's), besides the unequal weights of "
+                               "the F5 finding beside this one",
+                               title_=f"loss {k}x too large: each micro-batch's mean "
+                                      "reached the optimizer undivided by K"))
             break
         if out:
             break

@@ -323,6 +323,9 @@ def window_normalised(ctx: FileContext, scope: ast.AST, window: ast.AST, expr: a
                                 for c in counts)
 
 
+_COMPARE_METHODS = frozenset({"ne", "eq", "gt", "ge", "lt", "le", "not_equal", "greater"})
+
+
 def counts_tokens(expr: ast.AST) -> bool:
     """``expr`` computes a count: a count-like name (``n_tokens``, ``mask``), a string key
     (``b["mask"]``), ``.sum()`` of a comparison (``(labels != -100).sum()``), or the sum of
@@ -334,8 +337,11 @@ def counts_tokens(expr: ast.AST) -> bool:
             return True
         if isinstance(sub, ast.Call) and call_attr(sub) in _COUNT_CALLS:
             recv = receiver(sub)
-            if recv is not None and any(isinstance(n, ast.Compare) for n in walk_all(recv)):
-                return True
+            if recv is not None and any(
+                    isinstance(n, ast.Compare)
+                    or (isinstance(n, ast.Call) and call_attr(n) in _COMPARE_METHODS)
+                    for n in walk_all(recv)):
+                return True  # (`(y != -100).sum()`, `y.ne(-100).sum()`)
         summed = _summed(sub)
         if summed is not None and _names_lengths(summed):
             return True

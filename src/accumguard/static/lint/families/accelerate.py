@@ -48,14 +48,16 @@ def _names_k(ctx: FileContext, expr: ast.AST) -> bool:
     """``expr`` reads what the file hands ``Accelerator(gradient_accumulation_steps=...)``
     (``ga``, ``cfg.accum``) or its integer value."""
     def compute() -> set[str]:
-        return {d for call in ctx.of(ast.Call)
+        return {ast.unparse(kw.value) for call in ctx.of(ast.Call)
                 if (dotted(call.func) or "").split(".")[-1] == "Accelerator"
                 for kw in call.keywords if kw.arg == "gradient_accumulation_steps"
-                and (d := dotted(kw.value)) is not None}
+                and isinstance(kw.value, ast.Name | ast.Attribute | ast.Subscript)}
     names: set[str] = ctx._cached("accelerator_k_names", ctx.tree, compute)
     ks = _accelerator_ks(ctx)
-    return any((isinstance(x, ast.Name | ast.Attribute) and dotted(x) in names)
-               or (isinstance(x, ast.Constant) and x.value in ks) for x in walk_all(expr))
+    # (`HP["K"]` as the Accelerator got it, or a config entry holding its value)
+    return any((isinstance(x, ast.Name | ast.Attribute | ast.Subscript) and ast.unparse(x) in names)
+               or (isinstance(x, ast.Constant) and x.value in ks)
+               or (isinstance(x, ast.Subscript) and ctx.int_value(x) in ks) for x in walk_all(expr))
 
 
 def _accelerator_backwards(ctx: FileContext, scope: ast.AST) -> list[tuple[ast.Call, set[str]]]:

@@ -47,6 +47,7 @@ from accumguard.static.lint.families._lossexpr import (
 from accumguard.static.lint.families._masked import (
     counted_per_micro_batch,
     counts_tokens,
+    counts_window,
     forward_token_mean,
     helper_called,
     hf_loss,
@@ -135,8 +136,8 @@ def _divided_by_window_count(ctx: FileContext, window: ast.AST) -> bool:
     scope = ctx.window_scope(window)
     for sub in ctx.local_nodes(window):
         d = division(sub)
-        if d is not None and counts_tokens(d[1]) and not counted_per_micro_batch(
-                ctx, scope, window, d[1]):
+        if d is not None and (counts_tokens(d[1]) or counts_window(ctx, d[1])) \
+                and not counted_per_micro_batch(ctx, scope, window, d[1]):
             return True
     return False
 
