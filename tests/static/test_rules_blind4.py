@@ -62,6 +62,13 @@ args = TrainingArguments(output_dir="o"{ga})
         ("loss = model(**inputs, labels=labels, num_items_in_batch=num_items_in_batch).loss",
          ", gradient_accumulation_steps=4", []),
         ("loss = super().compute_loss(model, inputs)", ", gradient_accumulation_steps=4", []),
+        # num_items_in_batch read for an extra term only; the model's .loss is its own mean
+        # (blind round 49 a_b01)
+        ("n_tok = num_items_in_batch if num_items_in_batch is not None else 1\n        "
+         "loss = outputs.loss - 0.1 * self.entropy_sum(outputs.logits) / n_tok",
+         ", gradient_accumulation_steps=4", [("AG118", 11, "error")]),
+        ("loss = (outputs.loss * 5 + outputs.logits.sum()) / num_items_in_batch",
+         ", gradient_accumulation_steps=4", []),
         # a sum the rule cannot call a mean: not this rule's business
         ("loss = F.cross_entropy(outputs.logits, labels, reduction='sum')", ", gradient_accumulation_steps=4", []),
     ],

@@ -212,6 +212,23 @@ def _uses_num_items(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     return False
 
 
+def _model_loss_without_count(ctx: FileContext, fn: ast.FunctionDef | ast.AsyncFunctionDef,
+                              node: ast.AST) -> bool:
+    """``node`` is ``outputs.loss`` of a model call in ``fn`` given neither
+    ``num_items_in_batch`` nor ``**kwargs`` (the model's own micro-batch mean), and nothing
+    divides it by the window's count: ``num_items_in_batch`` read elsewhere in the method (an
+    extra term's normaliser) does not normalise it."""
+    if not (isinstance(node, ast.Attribute) and node.attr == "loss" and isinstance(node.value, ast.Name)):
+        return False
+    value = _reaching(ctx, fn, node.value.id, node)
+    if not isinstance(value, ast.Call) or call_attr(value) == "compute_loss":
+        return False
+    if any(k.arg == _NUM_ITEMS or (k.arg is None and not (
+            isinstance(k.value, ast.Name) and k.value.id == "inputs")) for k in value.keywords):
+        return False  # (`**inputs` is the batch; another `**` may carry the count)
+    return not _window_normalised(ctx, fn, node)
+
+
 def _scaled_flag(cls: ast.ClassDef) -> bool | None:
     """The class's ``loss_is_scaled_for_ga`` (transformers 5), when set to a constant."""
     for n in walk_all(cls):
@@ -227,11 +244,12 @@ def hf_compute_loss_ignores_num_items(ctx: FileContext) -> Iterator[Finding]:
     """A ``Trainer`` subclass whose ``compute_loss`` returns a per-micro-batch mean and never
     uses ``num_items_in_batch``, with gradient accumulation on."""
     for cls, fn in ctx.trainer_compute_losses():
-        if _uses_num_items(fn):
-            continue
         site = mean_loss_site(ctx, fn, cls)
         if site is None:
             continue  # a summed loss, or one this rule cannot read
+        elsewhere = _uses_num_items(fn)
+        if elsewhere and not _model_loss_without_count(ctx, fn, site[0]):
+            continue
         ga, how = ctx.trainer_ga()
         if ga == 1:
             continue  # no accumulation: a micro-batch is the batch
@@ -260,8 +278,10 @@ def hf_compute_loss_ignores_num_items(ctx: FileContext) -> Iterator[Finding]:
         finding = ctx.finding(
             "AG118",
             node,
-            f"`{cls.name}.compute_loss` returns a per-micro-batch mean ({what}) and never uses "
-            f"`num_items_in_batch`, with {how if ga else 'gradient accumulation possibly on (its value is not in sight)'}"
+            f"`{cls.name}.compute_loss` returns a per-micro-batch mean ({what}) and "
+            + ("does not give the model `num_items_in_batch` (the method reads it only for "
+               "other terms)" if elsewhere else "never uses `num_items_in_batch`")
+            + f", with {how if ga else 'gradient accumulation possibly on (its value is not in sight)'}"
             f": the Trainer adds K micro-batch means, {effect}{k_note}; expected the window's "
             "summed loss divided by `num_items_in_batch`",
         )
