@@ -33,3 +33,20 @@ def test_a_tie_goes_to_the_declared_k_else_to_the_largest() -> None:
     assert _k([2, 4]) == 4
     assert _k([2, 4], script=4) == 4
     assert _k([4, 2, 2, 4], script=2) == 2
+
+
+def _k_phases(phases: list[tuple[int, list[int]]]) -> int | None:
+    steps = []
+    for serial, sizes in phases:
+        steps += [dict(_step(len(steps), n), opt_serial=serial) for n in sizes]
+    return rules.resolve_k(rules.RunRecording(steps={0: steps}), None, None).k
+
+
+def test_a_reference_phase_with_its_own_optimizer_does_not_make_k_one() -> None:
+    # blind round 51 c_b01: the training's windows 4, 4, 6, 4 with one optimizer, then a
+    # large-batch reference of 5 single-backward steps with a new one: K = 4, not 1
+    assert _k_phases([(1, [4, 4, 6, 4]), (2, [1, 1, 1, 1, 1])]) == 4
+    # the same sizes from one optimizer object: the most common window
+    assert _k_phases([(1, [4, 4, 6, 4, 1, 1, 1, 1, 1])]) == 1
+    # optimizers that alternate are no sequential phases
+    assert _k_phases([(1, [4]), (2, [1]), (1, [4]), (2, [1]), (2, [1])]) == 1

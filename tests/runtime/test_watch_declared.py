@@ -153,3 +153,25 @@ for _ in range(ACCUM_STEPS):
 def test_tuple_assignment_binds_element_wise(tmp_path: Path) -> None:
     k = declared_k(["python", str(_script(tmp_path, TUPLE))])
     assert k is not None and k.value == 6 and k.divides_loss and k.line == 2
+
+
+def test_an_object_named_like_k_does_not_rebind_it(tmp_path: Path) -> None:
+    # blind round 51 c_b01: CONFIG["accum"] = 4, then `accum = GradAccumulator(opt,
+    # cfg["accum"])` (the helper object) and `loss / cfg["accum"]`: K stays 4; before, the
+    # object's assignment made it unknown and K was inferred from a reference phase (1)
+    path = _script(tmp_path, """
+        CONFIG = {"accum": 4, "epochs": 2}
+        def train(cfg):
+            accum = GradAccumulator(opt, cfg["accum"])
+            (loss / cfg["accum"]).backward()
+    """)
+    k = declared_k(["python", str(path)])
+    assert k is not None and k.value == 4 and k.divides_loss, k
+    # a count computed by a call stays a (possibly unknown) rebinding
+    path = _script(tmp_path, """
+        CONFIG = {"accum": 4}
+        accum = int(os.environ["ACCUM"])
+        loss = loss / accum
+    """, "env.py")
+    k = declared_k(["python", str(path)])
+    assert k is not None and k.value is None, k

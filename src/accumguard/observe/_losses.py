@@ -448,9 +448,18 @@ class LossRecorder:
             if gv.numel() == 0:
                 g = torch.zeros((), dtype=grad.dtype, device=grad.device)
             else:
-                g = gv.mean()
-                spread = gv.max() - gv.min()
+                # a mask multiplied in after the call (`(nll * mask).sum() / mask.sum()`) gives
+                # its tokens one value and the masked ones 0: the counted tokens are the
+                # nonzero ones (no sync: the count stays a tensor; all zero keeps the old n)
+                nz = gv != 0
+                cnt = nz.sum()
+                some = cnt > 0
+                g = torch.where(nz, gv, torch.zeros_like(gv)).sum() / cnt.clamp(min=1)
+                hi = torch.where(nz, gv, torch.full_like(gv, float("-inf"))).max()
+                lo = torch.where(nz, gv, torch.full_like(gv, float("inf"))).min()
+                spread = torch.where(some, hi - lo, torch.zeros_like(g))
                 g = torch.where(spread.abs() <= 1e-6 * g.abs(), g, torch.full_like(g, float("nan")))
+                call.n = torch.where(some, cnt, torch.as_tensor(call.n, device=cnt.device))
         call.micro, call.grad, call.g = self.micro, False, g
         call.sole = self._sole(call)
         self.spent += time.perf_counter() - t

@@ -182,15 +182,21 @@ def loss_weight_findings(rank: int | None, windows: list[StepWindow]) -> list[Fi
             out.append(_mk("F5", "error", rank, w.step, None, seen + _mean_form(mass, k),
                            title_=("mean of per-micro-batch means, not divided by K "
                                    "(uneven token counts)") if undivided else None))
-            if undivided:
-                # the same measurement shows the scale: each micro-step's mean whole, K in all
+            scale = _received_scale(w, low)
+            if undivided and scale is not None:
+                # the same measurement shows the scale: each micro-step's mean whole, K in
+                # all; said only where conservation showed what reached the optimizer (an
+                # engine's own buffers, DeepSpeed ZeRO, are not read)
+                clip = ("" if _near(scale, 1.0, low) else
+                        f" before the clip (x{scale:.3g}) that the optimizer's gradient then got")
                 out.append(_mk("LOSS_SCALE", "error", rank, w.step, None,
                                f"{_short(site)}: each of the {k} micro-steps of optimizer "
-                               f"step {_n(w.step)} reached the optimizer with its loss's "
-                               f"{u} weighing {mass:.4g} in total, so the window's weigh "
-                               f"{k * mass:.4g} instead of 1: the window's gradient is {k}x "
-                               "the large-batch mean (with SGD, every update is "
-                               f"{k}x the large batch's), besides the unequal weights of "
+                               f"step {_n(w.step)} backpropagated its loss's {u} with a "
+                               f"total weight of {mass:.4g}, so the window's weigh "
+                               f"{k * mass:.4g} instead of 1, and the optimizer received the "
+                               f"window's summed gradient (gradient conservation): {k}x the "
+                               f"large-batch mean{clip} (with SGD and no clip, every update "
+                               f"is {k}x the large batch's), besides the unequal weights of "
                                "the F5 finding beside this one",
                                title_=f"loss {k}x too large: each micro-batch's mean "
                                       "reached the optimizer undivided by K"))
@@ -198,6 +204,18 @@ def loss_weight_findings(rank: int | None, windows: list[StepWindow]) -> list[Fi
         if out:
             break
     return out
+
+
+def _received_scale(w: StepWindow, low: bool) -> float | None:
+    """The common scale c with which the optimizer received the window's summed backwards
+    (1, or a clip's factor below 1), when conservation was checked on this window; None
+    when it was not (not sampled, an engine's buffers) or the fit failed."""
+    cons = w.conservation
+    if cons is None or not cons.ok or float(cons.received) > (
+            WEIGHT_TOL_LOW_PRECISION if low else WEIGHT_TOL):
+        return None
+    scale = float(cons.scale)
+    return scale if 0.0 < scale <= 1.0 + (WEIGHT_TOL_LOW_PRECISION if low else WEIGHT_TOL) else None
 
 
 def _mean_form(mass: float, k: int) -> str:

@@ -149,7 +149,37 @@ def _inferred(rec: RunRecording, prefer: int | None = None) -> int | None:
     (the K the script declares) when it is one of the tied sizes, else to the largest: a
     window shorter than K is a partial one (a resumed run's first, an epoch's last), so a
     short run of one resumed window and one whole one is K, not the partial size."""
-    windows = [w for steps in rec.steps.values() for w in _windows(steps)]
+    per_rank = [_windows(steps) for steps in rec.steps.values()]
+    phases = [ph for ws in per_rank for ph in _serial_phases(ws)]
+    scheduled = any(end.get("k_changes") for end in rec.end.values())
+    if len(phases) > len(per_rank) and not scheduled:  # (a K set per epoch is judged per epoch)
+        # one optimizer object after another on a rank (training, then a large-batch
+        # reference with its own optimizer stepping whole windows): each phase's own K, the
+        # largest wins, so a reference of more single-backward steps does not make the
+        # training's K 1
+        ks = [k for ph in phases if (k := _mode_window(ph, prefer)) is not None]
+        return max(ks) if ks else None
+    return _mode_window([w for ws in per_rank for w in ws], prefer)
+
+
+def _serial_phases(windows: list[StepWindow]) -> list[list[StepWindow]]:
+    """Runs of consecutive windows of one optimizer object, when every object's windows are
+    one contiguous run (sequential phases); otherwise one group of all of them."""
+    phases: list[list[StepWindow]] = []
+    seen: set[int | None] = set()
+    for w in windows:
+        serial = w.opt_serial
+        if phases and phases[-1][0].opt_serial == serial:
+            phases[-1].append(w)
+            continue
+        if serial is None or serial in seen:
+            return [windows]  # interleaved optimizers, or no serials recorded
+        seen.add(serial)
+        phases.append([w])
+    return phases
+
+
+def _mode_window(windows: list[StepWindow], prefer: int | None) -> int | None:
     inside = [w for w in windows if not _spans_passes(w)]
     sizes = [w.window for w in (inside or windows) if w.window > 0]
     if not sizes:

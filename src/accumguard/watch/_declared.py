@@ -126,6 +126,15 @@ def _name_of(node: ast.AST) -> str | None:
     return name.rsplit(".", 1)[-1].rstrip("()") if name else None
 
 
+def _builds_object(value: ast.AST) -> bool:
+    """``accum = GradAccumulator(opt, cfg["accum"])``: an instance of a class (a capitalised
+    callable), not a count; it does not rebind the K of the same name."""
+    if not isinstance(value, ast.Call):
+        return False
+    name = (dotted(value.func) or "").rsplit(".", 1)[-1]
+    return bool(name) and name[0].isupper()
+
+
 def _is_k_name(name: str | None, weak: bool = False) -> bool:
     if not name:
         return False
@@ -263,7 +272,7 @@ class _Reader:
         val = self._eval(value)
         if val is not None and isinstance(target, ast.Name):
             self.ints[name] = val
-        if _is_k_name(name, weak=True):
+        if _is_k_name(name, weak=True) and not _builds_object(value):
             self._add(name, line, val, how)
 
     def _add(self, name: str, line: int, value: int | None, how: str,
