@@ -33,7 +33,13 @@ from accumguard.static.lint.families._lightning import (
     lightning_accumulates,
     returned_losses,
 )
-from accumguard.static.lint.families._masked import counted_mean, masked_mean, token_mean_hints
+from accumguard.static.lint.families._masked import (
+    _count_expr,
+    _summed_loss,
+    counted_mean,
+    masked_mean,
+    token_mean_hints,
+)
 from accumguard.static.lint.families.lgwindow import window_count_division
 from accumguard.static.lint.families.scale import _k_in_sight, plain_windows
 
@@ -85,6 +91,22 @@ def masked_token_mean_never_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
         )
 
 
+def _batch_counted_mean(ctx: FileContext, fn: ast.FunctionDef, expr: ast.AST) -> bool:
+    """``nll.sum() / batch["mask"].sum()``: a sum divided by a count read from the step's own
+    ``batch`` argument (one micro-batch per ``training_step`` call), directly or through the
+    one value a name holds in the method."""
+    if isinstance(expr, ast.Name):
+        values = ctx.assigned_in(fn).get(expr.id, [])
+        if len(values) != 1:
+            return False
+        expr = values[0]
+    if not (isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Div)):
+        return False
+    params = {a.arg for a in fn.args.args[1:2]}  # (self, batch, batch_idx, ...)
+    return _summed_loss(expr.left) and _count_expr(expr.right) and any(
+        isinstance(n, ast.Name) and n.id in params for n in walk_all(expr.right))
+
+
 @rule("AG104")
 def lightning_token_mean(ctx: FileContext) -> Iterator[Finding]:
     if not lightning_accumulates(ctx):
@@ -96,7 +118,7 @@ def lightning_token_mean(ctx: FileContext) -> Iterator[Finding]:
         if not losses or any(window_count_division(ctx, fn, x) for x in losses):
             continue  # (a share of the window's count: AG144 judges its scale)
         explicit = all(masked_mean(ctx, fn, x, set(), rows=False) or counted_mean(ctx, fn, fn, x, set())
-                       for x in losses)
+                       or _batch_counted_mean(ctx, fn, x) for x in losses)
         hints, summed = token_mean_hints(ctx, fn)
         if not explicit and (not hints or summed):
             continue
