@@ -62,6 +62,25 @@ class ReachFacts(BoundaryFacts):
             return None
         return fns[0]
 
+    def self_method_overrides(self, call: ast.Call) -> list[Func]:
+        """``self.hook()`` in a method of a file class whose name is defined more than once:
+        the class's own ``hook`` and the ones its subclasses in the file override it with
+        (a trainer's ``on_after_backward`` that a subclass fills in); empty otherwise."""
+        if not (isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Name)
+                and call.func.value.id == "self"):
+            return []
+        cls = self.enclosing(call, (ast.ClassDef,))
+        if not isinstance(cls, ast.ClassDef):
+            return []
+        family = {cls.name}
+        classes = list(self.of(ast.ClassDef))
+        for _ in range(4):  # subclasses of subclasses, a few levels
+            family |= {c.name for c in classes
+                       if any(last_part(dotted(b) or "") == name.lower() for b in c.bases
+                              for name in family)}
+        return [f for c in classes if c.name in family for f in c.body
+                if isinstance(f, FUNCS) and f.name == call.func.attr]
+
     def call_sites(self, fn: ast.AST) -> list[ast.Call]:
         """The calls of the file that :meth:`callee_of` resolves to ``fn`` (one index per file)."""
         def compute() -> dict[ast.AST, list[ast.Call]]:
@@ -93,12 +112,13 @@ class ReachFacts(BoundaryFacts):
                     if not isinstance(n, ast.Call):
                         continue
                     fn = self.callee_of(n)
-                    if (fn is None or fn in seen or fn.name.startswith("__")
-                            or fn.name in WINDOW_FUNCS or self.has_own_backward(fn)):
-                        continue
-                    seen.add(fn)
-                    out[fn] = n
-                    nxt.append(fn)
+                    for f in ([fn] if fn is not None else self.self_method_overrides(n)):
+                        if (f in seen or f.name.startswith("__")
+                                or f.name in WINDOW_FUNCS or self.has_own_backward(f)):
+                            continue
+                        seen.add(f)
+                        out[f] = n
+                        nxt.append(f)
             if not nxt:
                 break
             frontier = nxt
