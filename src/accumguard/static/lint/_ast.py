@@ -19,7 +19,9 @@ FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef)
 
 #: identifiers that show accumulation is going on (``register_post_accumulate_grad_hook`` does not)
 ACCUM_RE = re.compile(
-    r"grad(ient)?s?_?acc|(?<!post_)accum|micro_?(batch|step|bs)|n_?micro|num_?micro|_micro$|^micro"
+    # (`micro_bs`, `micro_batch_size`: the size of one micro-batch, not how many there are)
+    r"(?!micro_?(bs|bsz|batch_?size)$)"
+    r"(grad(ient)?s?_?acc|(?<!post_)accum|micro_?(batch|step|bs)|n_?micro|num_?micro|_micro$|^micro)"
 )
 #: identifiers that, in an ``if`` test, mean "this is the boundary"
 BOUNDARY_RE = re.compile(

@@ -277,7 +277,7 @@ class FileIndex:
                     last_part(src))):
                 self.optimizers.add(loop.target.id)
 
-    def _classify_assign(self, target: str, value: ast.AST) -> None:
+    def _classify_assign(self, target: str, value: ast.AST, *, nested: bool = False) -> None:
         if not isinstance(value, ast.Call):
             return
         callee = dotted(value.func) or ""
@@ -293,6 +293,22 @@ class FileIndex:
             self.schedulers.add(target)
         elif callee.startswith("deepspeed.") and last == "initialize":
             self.engines.add(target)
+        elif isinstance(value.func, ast.Name) and not nested:
+            # `ropt = make_opt(ref)`: a function of the file (defined once) whose every return
+            # is a constructor call, or a name it assigns one
+            fns = self.functions_by_name().get(value.func.id, [])
+            if len(fns) != 1:
+                return
+            rets = [r.value for r in ast.walk(fns[0]) if isinstance(r, ast.Return) and r.value is not None]
+            local: dict[str, list[ast.AST]] = {}
+            for n in ast.walk(fns[0]):
+                if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name):
+                    local.setdefault(n.targets[0].id, []).append(n.value)
+            for r in rets:
+                held: ast.AST = r
+                if isinstance(r, ast.Name) and len(local.get(r.id, [])) == 1:
+                    held = local[r.id][0]
+                self._classify_assign(target, held, nested=True)
 
     def _classify_unpack(self, target: ast.Tuple | ast.List, value: ast.AST) -> None:
         if isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
