@@ -237,6 +237,8 @@ def loss_divided_by_world_under_ddp(ctx: FileContext) -> Iterator[Finding]:
             continue
         if plain_model_only(ctx, dividend):
             continue  # a single-process reference's model: no rank average to undo
+        if _multiplied_back_by_world(ctx, node):
+            continue  # `loss_sum / global_count * world`: DDP's mean undone on purpose
         yield ctx.finding(
             "AG112",
             node,
@@ -245,6 +247,18 @@ def loss_divided_by_world_under_ddp(ctx: FileContext) -> Iterator[Finding]:
                "DDP by accelerator.prepare() on several processes")
             + ", which already averages gradients over ranks: the optimizer receives G / W",
         )
+
+
+def _multiplied_back_by_world(ctx: FileContext, node: ast.AST) -> bool:
+    """The division's result is multiplied by the world size in the same expression
+    (``losses.sum() / global_pairs * world``, ``(s / n) * dist.get_world_size()``)."""
+    child, cur = node, ctx.parents.get(node)
+    while isinstance(cur, ast.BinOp) and isinstance(cur.op, ast.Mult | ast.Div):
+        other = cur.right if cur.left is child else cur.left
+        if isinstance(cur.op, ast.Mult) and ctx.mentions_world(other):
+            return True
+        child, cur = cur, ctx.parents.get(cur)
+    return False
 
 
 def _divided_back_by_world(ctx: FileContext, divisor: ast.AST) -> bool:
