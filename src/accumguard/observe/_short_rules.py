@@ -73,16 +73,23 @@ def short_window_findings(rank: int, windows: list[StepWindow], res: KResolution
             False if passes else None)
         # the first window of an optimizer made after an abandoned model's backwards (a run
         # rebuilt to resume): its origin is judged as the run's first window's
-        again = reborn(windows, i)
+        # or the first window of any optimizer object made after another one stepped (a
+        # run rebuilt from a checkpoint after the first stopped at a step): its origin too
+        fresh = i > 0 and serials[i] is not None and serials[i] not in serials[:i]
+        again = reborn(windows, i) or fresh
         verdict = shared.short_window(n, k, first=i == 0 or again,
                                       nxt=None if nxt is None else nxt.window,
                                       last=nxt is None, ends_pass=ends,
                                       continued=any(w is c for c in continued))
-        if again and verdict == "F13" and nxt is not None and nxt.window == k:
+        if again and verdict == "F13" and nxt is not None and nxt.window == k \
+                and nxt.opt_serial == w.opt_serial:
             if "F13" not in said:
                 said.add("F13")
-                out.append(_resumed_short(rank, windows, i, k, res))
+                out.append(_resumed_short(rank, windows, i, k, res) if w.unborn > 0
+                           else _rebuilt_short(rank, windows, i, k, res))
             continue
+        if again and fresh and not reborn(windows, i):
+            continue  # (a new optimizer's first window is judged above, or not at all)
         if again and verdict == "F1":
             continue  # (a tail left by the abandoned run: not this optimizer's cadence)
         if verdict in ("F1", "F13") and verdict not in said:
@@ -110,6 +117,28 @@ def _resumed_short(rank: int, windows: list[StepWindow], i: int, k: int,
                fix="On resume, restart the window: rewind the data to the window's first "
                    "micro-batch (checkpoints taken mid-window hold no gradient), or save the "
                    "partial gradient with the checkpoint and restore it into .grad")
+
+
+def _rebuilt_short(rank: int, windows: list[StepWindow], i: int, k: int,
+                   res: KResolution) -> Finding:
+    """The first window of an optimizer object made after another one's last step (a run
+    rebuilt from a checkpoint) is short while its next ones hold K: the windows after the
+    rebuild are shifted, a counter restored off the window boundary."""
+    w = windows[i]
+    rest = [x.window for x in windows[i + 1:] if x.opt_serial == w.opt_serial]
+    steady = len(rest) >= 2 and all(m <= k for m in rest) and 2 * rest.count(k) >= len(rest)
+    return _mk("F13", "error" if res.declared or steady else "warning", rank, w.step,
+               w.window - 1,
+               f"a new optimizer object (made after the previous one's last step: a run "
+               f"rebuilt from a checkpoint) made its first step after {w.window} backward "
+               f"pass(es), then after {windows[i + 1].window} (K = {k}): its first window "
+               f"held {w.window} of K micro-batches, so the window boundaries after the "
+               "rebuild are shifted; the counter that decides the boundary was restored off "
+               "by the missing micro-steps (a counter saved before its increment, or a resume "
+               "in the middle of a window)",
+               title_="accumulation counter off after a resume: the first window is short",
+               fix="Save and restore the micro-step counter at the window boundary (after its "
+                   "increment), so the resumed run's first window holds K micro-batches")
 
 
 def _finding(rank: int, verdict: str, i: int, windows: list[StepWindow], res: KResolution,
