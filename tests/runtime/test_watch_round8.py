@@ -41,7 +41,7 @@ MANUAL = textwrap.dedent('''
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     K = 3
     g = torch.Generator().manual_seed(10 + rank)
-    divisor = K * world if MODE in ("sum_kw", "avg_kw", "hook_sum_kw") else K
+    divisor = K * world if MODE in ("sum_kw", "avg_kw", "hook_sum_kw", "sum_two_kw") else K
     op = dist.ReduceOp.SUM if "sum" in MODE else dist.ReduceOp.AVG
     if MODE.startswith("hook"):  # every micro-step's gradient reduced inside the backward
 
@@ -56,7 +56,12 @@ MANUAL = textwrap.dedent('''
         for _ in range(K):
             x = torch.randn(5, 12, generator=g)
             y = torch.randint(0, 4, (5,), generator=g)
-            (F.cross_entropy(model(x), y) / divisor).backward()
+            if "two" in MODE:  # two mean terms (a symmetric loss) making one mean
+                out = model(x)
+                loss = 0.5 * (F.cross_entropy(out, y) + F.cross_entropy(out * 0.5, y))
+                (loss / divisor).backward()
+            else:
+                (F.cross_entropy(model(x), y) / divisor).backward()
         for p in model.parameters():
             if not MODE.startswith("hook"):
                 dist.all_reduce(p.grad, op=op)
@@ -73,6 +78,9 @@ MANUAL_CASES = [
     ("sum", {"F10"}), ("avg", set()), ("sum_kw", set()), ("avg_kw", {"F10"}),
     # reduced inside each backward (a tensor hook): correct, and never judged by this rule
     ("hook_sum_kw", set()), ("hook_avg", set()),
+    # two mean terms per micro-step adding up to one mean (blind round 52 c_b01, a symmetric
+    # InfoNCE): SUM is W x; AVG right; divided by K * W in the source, SUM right
+    ("sum_two", {"F10"}), ("avg_two", set()), ("sum_two_kw", set()),
 ]
 
 
@@ -97,7 +105,7 @@ def test_manual_all_reduce_without_ddp(manual: dict[str, Watched], mode: str,
     assert code == (1 if expected else 0)
     if expected:
         f = next(f for f in findings if f["cls"] == "F10")
-        assert ("2x too large" if mode == "sum" else "2x too small") in f["evidence"], f
+        assert ("2x too large" if mode.startswith("sum") else "2x too small") in f["evidence"], f
     if not mode.startswith("hook"):
         # the received gradient holds the other rank's: no error-looking number in the table
         # (conservation is sampled by time after the first windows: those are always judged)

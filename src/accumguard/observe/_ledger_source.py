@@ -153,6 +153,13 @@ def world_divisions(path: str) -> tuple[tuple[int, str], ...]:
     return () if scan is None else tuple(sorted(set(scan.lines)))
 
 
+def reads_without_world_division(path: str) -> bool:
+    """``path`` was read and parsed, and divides no loss by the world size (see
+    :func:`world_divisions`): a loss's scale there owes nothing to W."""
+    scan = _scanned(path)
+    return scan is not None and not any(kind in ("/", "*1/") for _, kind in scan.lines)
+
+
 def world_multiplications(path: str) -> tuple[int, ...]:
     """The lines where ``path`` multiplies any value by the world size (``0.5 * aux *
     world_size``, ``coef * dist.get_world_size()``); empty when the file cannot be read or

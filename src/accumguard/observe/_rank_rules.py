@@ -7,10 +7,12 @@ re-exports the first two (pure Python, no torch)."""
 
 from __future__ import annotations
 
+from accumguard.observe._ledger_source import reads_without_world_division
 from accumguard.observe._records import Finding, RunRecording, StepWindow, _mk, _n, _windows
 from accumguard.observe._weight_rules import (
     WEIGHT_TOL,
     WEIGHT_TOL_LOW_PRECISION,
+    _Mass,
     _near,
     _window_mass,
 )
@@ -118,6 +120,16 @@ def manual_reduce_findings(rec: RunRecording) -> list[Finding]:
                    if many else "Divide by the world size once"))]
 
 
+def _terms_of_one_mean(mass: _Mass, w: StepWindow) -> bool:
+    """Several loss calls per micro-step whose weights add up to one micro-batch mean per
+    window on this rank (a symmetric InfoNCE ``0.5 * (ce(l, y) + ce(l.T, y)) / K``), in a file
+    that divides no loss by the world size: normalised to the rank's own batch, as one mean
+    call would be (a sum of terms already divided by W is told apart by its source)."""
+    tol = WEIGHT_TOL_LOW_PRECISION if mass.low else WEIGHT_TOL
+    path = mass.site.rpartition(":")[0]
+    return abs(mass.mass - 1.0) <= tol and bool(path) and reads_without_world_division(path)
+
+
 def _reduce_fit(rows: list[StepWindow | None]) -> float | None:
     """c x W x mass for one step seen on every rank (see :func:`manual_reduce_findings`),
     or None when the step cannot be judged."""
@@ -137,7 +149,7 @@ def _reduce_fit(rows: list[StepWindow | None]) -> float | None:
             # gradient and the fit below would read c = 1/W; not judged
             return None
         mass = _window_mass(w)
-        if mass is None or not mass.sole:
+        if mass is None or not (mass.sole or _terms_of_one_mean(mass, w)):
             return None
         low = low or mass.low
         contribs.append([float(x) for x in cons.contrib_sums])
