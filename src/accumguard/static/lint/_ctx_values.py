@@ -292,7 +292,8 @@ class ValueFacts(FileIndex):
     def _k_keywords(self) -> set[str]:
         """Names given as the accumulation count: ``TrainingArguments(
         gradient_accumulation_steps=GA_STEPS)``, ``Trainer(accumulate_grad_batches=K)``,
-        ``{"gradient_accumulation_steps": GA}``: whatever the script calls it, K."""
+        ``{"gradient_accumulation_steps": GA}``, ``GradientAccumulationPlugin(num_steps=K)``:
+        whatever the script calls it, K."""
         def compute() -> set[str]:
             out: set[str] = set()
             for node in self.of(ast.Call, ast.Dict):
@@ -300,9 +301,11 @@ class ValueFacts(FileIndex):
                     [(k.arg or "", k.value) for k in node.keywords] if isinstance(node, ast.Call)
                     else [(k.value if isinstance(k, ast.Constant) and isinstance(k.value, str)
                            else "", v) for k, v in zip(node.keys, node.values, strict=True)])
+                plugin = isinstance(node, ast.Call) and (dotted(node.func) or "").endswith(
+                    "GradientAccumulationPlugin")  # (its `num_steps=` is K)
                 for key, value in pairs:
                     if key and value is not None and isinstance(value, ast.Name | ast.Attribute) \
-                            and ACCUM_RE.search(key.lower()):
+                            and (ACCUM_RE.search(key.lower()) or (plugin and key == "num_steps")):
                         d = dotted(value)
                         if d:
                             out.add(d)

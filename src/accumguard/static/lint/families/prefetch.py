@@ -16,7 +16,15 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from accumguard.static.findings import Confidence, Finding, Severity
-from accumguard.static.lint._ast import FUNCS, call_attr, dotted, mult_factors, receiver, walk_all
+from accumguard.static.lint._ast import (
+    FUNCS,
+    call_attr,
+    dotted,
+    last_part,
+    mult_factors,
+    receiver,
+    walk_all,
+)
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 
@@ -124,7 +132,7 @@ def window_drawn_ahead_with_dataloader_sync(ctx: FileContext) -> Iterator[Findin
                 "sync_with_dataloader=False) to the Accelerator, or draw each batch inside the "
                 "window",
         )
-        if counted is not None:
+        if counted is not None and not isinstance(counted, ast.Call):
             # `for _ in range(len(dl) // K)`: the last window reaches the loader's end only
             # when its length is a multiple of K, which the source does not say
             finding = replace(
@@ -192,6 +200,12 @@ def _windows_of_loader(ctx: FileContext, loop: ast.For, prepared: set[str],
     if isinstance(count, ast.Name):
         values = ctx.assigned_in(scope).get(count.id, [])
         count = values[0] if len(values) == 1 else count
+    given_count = count
+    if isinstance(count, ast.Call) and last_part(dotted(count.func) or "") == "ceil" \
+            and len(count.args) == 1 and isinstance(count.args[0], ast.BinOp) \
+            and isinstance(count.args[0].op, ast.Div):
+        count = ast.BinOp(count.args[0].left, ast.FloorDiv(), count.args[0].right)
+        # (`math.ceil(len(dl) / K)`: the last window takes the loader's last batch always)
     if not (isinstance(count, ast.BinOp) and isinstance(count.op, ast.FloorDiv)
             and isinstance(count.left, ast.Call) and dotted(count.left.func) == "len"
             and count.left.args and ctx.mentions_accum(count.right)):
@@ -199,4 +213,4 @@ def _windows_of_loader(ctx: FileContext, loop: ast.For, prepared: set[str],
     loader = dotted(count.left.args[0])
     given = {d for c in ctx.of(ast.Call) if call_attr(c) == "prepare" and ctx.is_accelerator(receiver(c))
              for a in c.args if (d := dotted(a)) is not None}
-    return count if loader in prepared | given else None
+    return given_count if loader in prepared | given else None
