@@ -72,14 +72,28 @@ class ReachFacts(BoundaryFacts):
         cls = self.enclosing(call, (ast.ClassDef,))
         if not isinstance(cls, ast.ClassDef):
             return []
-        family = {cls.name}
-        classes = list(self.of(ast.ClassDef))
+        methods, children = self._class_tree()
+        family, frontier = {cls.name}, [cls.name]
         for _ in range(4):  # subclasses of subclasses, a few levels
-            family |= {c.name for c in classes
-                       if any(last_part(dotted(b) or "") == name.lower() for b in c.bases
-                              for name in family)}
-        return [f for c in classes if c.name in family for f in c.body
-                if isinstance(f, FUNCS) and f.name == call.func.attr]
+            frontier = [c for name in frontier for c in children.get(name.lower(), ())
+                        if c not in family]
+            family.update(frontier)
+        return [f for name in family for f in methods.get((name, call.func.attr), ())]
+
+    def _class_tree(self) -> tuple[dict[tuple[str, str], list[Func]], dict[str, list[str]]]:
+        """The file's methods by (class name, method name) and its classes' subclasses by the
+        base's last name, lowercased (one pass, cached)."""
+        def compute() -> tuple[dict[tuple[str, str], list[Func]], dict[str, list[str]]]:
+            methods: dict[tuple[str, str], list[Func]] = {}
+            children: dict[str, list[str]] = {}
+            for c in self.of(ast.ClassDef):
+                for f in c.body:
+                    if isinstance(f, FUNCS):
+                        methods.setdefault((c.name, f.name), []).append(f)
+                for b in c.bases:
+                    children.setdefault(last_part(dotted(b) or ""), []).append(c.name)
+            return methods, children
+        return self._cached("class_tree", self.tree, compute)  # type: ignore[no-any-return]
 
     def call_sites(self, fn: ast.AST) -> list[ast.Call]:
         """The calls of the file that :meth:`callee_of` resolves to ``fn`` (one index per file)."""

@@ -116,13 +116,21 @@ def _instance_methods(ctx: FileContext, window: ast.AST) -> dict[ast.AST, ast.Ca
     """Methods the window calls on an object of a class of the file built in the same
     function (``reducer = GradReducer(...)`` then ``reducer.reduce()``)."""
     scope = ctx.scope_of(window)
-    classes = {c.name: c for c in ctx.of(ast.ClassDef)}
-    built: dict[str, ast.ClassDef] = {}
-    for a in ctx.local_nodes(scope):
-        if isinstance(a, ast.Assign) and len(a.targets) == 1 and isinstance(a.targets[0], ast.Name) \
-                and isinstance(a.value, ast.Call) and isinstance(a.value.func, ast.Name) \
-                and a.value.func.id in classes:
-            built[a.targets[0].id] = classes[a.value.func.id]
+
+    def compute() -> dict[str, ast.ClassDef]:  # once per scope, not per window
+        classes = {c.name: c for c in ctx.of(ast.ClassDef)}
+        out: dict[str, ast.ClassDef] = {}
+        if not classes:
+            return out
+        for a in ctx.local_nodes(scope):
+            if isinstance(a, ast.Assign) and len(a.targets) == 1 and isinstance(a.targets[0], ast.Name) \
+                    and isinstance(a.value, ast.Call) and isinstance(a.value.func, ast.Name) \
+                    and a.value.func.id in classes:
+                out[a.targets[0].id] = classes[a.value.func.id]
+        return out
+    built: dict[str, ast.ClassDef] = ctx._cached("hookreduce_built", scope, compute)
+    if not built:
+        return {}
     out: dict[ast.AST, ast.Call] = {}
     for c in ctx.local_nodes(window):
         if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) \

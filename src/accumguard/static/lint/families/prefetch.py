@@ -168,13 +168,25 @@ def _data_sized_to_windows(ctx: FileContext, loop: ast.For) -> tuple[ast.AST, as
     name = dotted(count)
     if name is None:
         return None
-    for call in ctx.of(ast.Call):
-        for arg in [*call.args, *(k.value for k in call.keywords)]:
-            factors = mult_factors(arg)
-            if (len(factors) > 1 and any(dotted(f) == name for f in factors)
-                    and any(ctx.mentions_accum(f) for f in factors)):
-                return count, arg
-    return None
+    hit = _sized_args(ctx).get(name)
+    return (count, hit) if hit is not None else None
+
+
+def _sized_args(ctx: FileContext) -> dict[str, ast.AST]:
+    """Per name N: the first call argument of the file that multiplies N by K (``N * K *
+    ...``); one pass per file, not one per window."""
+    def compute() -> dict[str, ast.AST]:
+        out: dict[str, ast.AST] = {}
+        for call in ctx.of(ast.Call):
+            for arg in [*call.args, *(k.value for k in call.keywords)]:
+                factors = mult_factors(arg)
+                if len(factors) > 1 and any(ctx.mentions_accum(f) for f in factors):
+                    for f in factors:
+                        d = dotted(f)
+                        if d is not None:
+                            out.setdefault(d, arg)
+        return out
+    return ctx._cached("prefetch_sized_args", ctx.tree, compute)  # type: ignore[no-any-return]
 
 
 def _catches_stop(ctx: FileContext, node: ast.AST) -> bool:
@@ -211,6 +223,7 @@ def _windows_of_loader(ctx: FileContext, loop: ast.For, prepared: set[str],
             and count.left.args and ctx.mentions_accum(count.right)):
         return None
     loader = dotted(count.left.args[0])
-    given = {d for c in ctx.of(ast.Call) if call_attr(c) == "prepare" and ctx.is_accelerator(receiver(c))
-             for a in c.args if (d := dotted(a)) is not None}
+    given: set[str] = ctx._cached("prefetch_given", ctx.tree, lambda: {
+        d for c in ctx.of(ast.Call) if call_attr(c) == "prepare" and ctx.is_accelerator(receiver(c))
+        for a in c.args if (d := dotted(a)) is not None})
     return given_count if loader in prepared | given else None
