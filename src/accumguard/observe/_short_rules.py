@@ -103,10 +103,7 @@ def short_window_findings(rank: int, windows: list[StepWindow], res: KResolution
 def _resumed_short(rank: int, windows: list[StepWindow], i: int, k: int,
                    res: KResolution) -> Finding:
     w = windows[i]
-    rest = [x.window for x in windows[i + 1:] if x.opt_serial == w.opt_serial]
-    steady = len(rest) >= 2 and all(m <= k for m in rest) and 2 * rest.count(k) >= len(rest)
-    return _mk("F13", "error" if res.declared or steady else "warning", rank, w.step,
-               w.window - 1,
+    return _mk("F13", _restart_level(windows, i, k, res), rank, w.step, w.window - 1,
                f"an optimizer made after {w.unborn} backward pass(es) whose gradient it does "
                "not hold (its parameters held none when it was made: a run rebuilt to resume) "
                f"made its first step after {w.window} backward pass(es) of its own, the next "
@@ -119,16 +116,21 @@ def _resumed_short(rank: int, windows: list[StepWindow], i: int, k: int,
                    "partial gradient with the checkpoint and restore it into .grad")
 
 
+def _restart_level(windows: list[StepWindow], i: int, k: int, res: KResolution) -> str:
+    """An error when K was declared or the same optimizer's later windows are steadily K
+    (at least two, most of them K, none longer); a warning otherwise."""
+    rest = [x.window for x in windows[i + 1:] if x.opt_serial == windows[i].opt_serial]
+    steady = len(rest) >= 2 and all(m <= k for m in rest) and 2 * rest.count(k) >= len(rest)
+    return "error" if res.declared or steady else "warning"
+
+
 def _rebuilt_short(rank: int, windows: list[StepWindow], i: int, k: int,
                    res: KResolution) -> Finding:
     """The first window of an optimizer object made after another one's last step (a run
     rebuilt from a checkpoint) is short while its next ones hold K: the windows after the
     rebuild are shifted, a counter restored off the window boundary."""
     w = windows[i]
-    rest = [x.window for x in windows[i + 1:] if x.opt_serial == w.opt_serial]
-    steady = len(rest) >= 2 and all(m <= k for m in rest) and 2 * rest.count(k) >= len(rest)
-    return _mk("F13", "error" if res.declared or steady else "warning", rank, w.step,
-               w.window - 1,
+    return _mk("F13", _restart_level(windows, i, k, res), rank, w.step, w.window - 1,
                f"a new optimizer object (made after the previous one's last step: a run "
                f"rebuilt from a checkpoint) made its first step after {w.window} backward "
                f"pass(es), then after {windows[i + 1].window} (K = {k}): its first window "
