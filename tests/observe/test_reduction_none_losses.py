@@ -153,3 +153,22 @@ def test_a_fault_in_the_none_reading_changes_nothing(
     errors = recorded_failures(tmp_path)
     assert errors and "injected fault" in errors[0]["error"], errors
     assert list(load_recordings(tmp_path).failures) == [0]
+
+
+def test_a_fault_in_the_masked_weight_changes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The weight read for a mask applied after the call (``one_weight``, in the gradient
+    hook) made to fail: the run keeps the same bits, and the failure is recorded as
+    accumguard's own, never as "no finding"."""
+    from accumguard.observe import _losses
+
+    plain = _plain_or_watched(None)
+
+    def broken(*a: object, **kw: object) -> None:
+        raise RuntimeError("injected fault in one_weight")
+    monkeypatch.setattr(_losses, "one_weight", broken)
+    watched = _plain_or_watched(tmp_path)
+    assert all(torch.equal(a, b) for a, b in zip(watched, plain, strict=True))
+    errors = recorded_failures(tmp_path)
+    assert errors and "injected fault in one_weight" in errors[0]["error"], errors
+    assert list(load_recordings(tmp_path).failures) == [0]

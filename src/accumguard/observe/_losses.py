@@ -101,6 +101,22 @@ _OWN = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch,) if m.__file_
 #: (:mod:`._term_rules`), four consecutive windows, whatever the machine's load.
 _ALWAYS = 4
 _BUDGET = 0.005
+def one_weight(gv: torch.Tensor, n: torch.Tensor | int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The one weight the gradient ``gv`` gives the valid tokens of a ``reduction='none'``
+    call, and how many tokens carry it: the nonzero ones, since a mask multiplied in after
+    the call (``(nll * mask).sum() / mask.sum()``) gives the masked ones 0 (all zero keeps
+    ``n``). NaN when the nonzero values differ (per-token weights). No host sync: tensors."""
+    nz = gv != 0
+    cnt = nz.sum()
+    some = cnt > 0
+    g = torch.where(nz, gv, torch.zeros_like(gv)).sum() / cnt.clamp(min=1)
+    hi = torch.where(nz, gv, torch.full_like(gv, float("-inf"))).max()
+    lo = torch.where(nz, gv, torch.full_like(gv, float("inf"))).min()
+    spread = torch.where(some, hi - lo, torch.zeros_like(g))
+    g = torch.where(spread.abs() <= 1e-6 * g.abs(), g, torch.full_like(g, float("nan")))
+    return g, torch.where(some, cnt, torch.as_tensor(n, device=cnt.device))
+
+
 class _Call:
     """One recorded loss call; ``micro`` and ``g`` are set by the gradient hook."""
 
@@ -448,18 +464,7 @@ class LossRecorder:
             if gv.numel() == 0:
                 g = torch.zeros((), dtype=grad.dtype, device=grad.device)
             else:
-                # a mask multiplied in after the call (`(nll * mask).sum() / mask.sum()`) gives
-                # its tokens one value and the masked ones 0: the counted tokens are the
-                # nonzero ones (no sync: the count stays a tensor; all zero keeps the old n)
-                nz = gv != 0
-                cnt = nz.sum()
-                some = cnt > 0
-                g = torch.where(nz, gv, torch.zeros_like(gv)).sum() / cnt.clamp(min=1)
-                hi = torch.where(nz, gv, torch.full_like(gv, float("-inf"))).max()
-                lo = torch.where(nz, gv, torch.full_like(gv, float("inf"))).min()
-                spread = torch.where(some, hi - lo, torch.zeros_like(g))
-                g = torch.where(spread.abs() <= 1e-6 * g.abs(), g, torch.full_like(g, float("nan")))
-                call.n = torch.where(some, cnt, torch.as_tensor(call.n, device=cnt.device))
+                g, call.n = one_weight(gv, call.n)
         call.micro, call.grad, call.g = self.micro, False, g
         call.sole = self._sole(call)
         self.spent += time.perf_counter() - t

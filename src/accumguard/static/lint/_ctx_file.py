@@ -296,19 +296,8 @@ class FileIndex:
         elif isinstance(value.func, ast.Name) and not nested:
             # `ropt = make_opt(ref)`: a function of the file (defined once) whose every return
             # is a constructor call, or a name it assigns one
-            fns = self.functions_by_name().get(value.func.id, [])
-            if len(fns) != 1:
-                return
-            rets = [r.value for r in ast.walk(fns[0]) if isinstance(r, ast.Return) and r.value is not None]
-            local: dict[str, list[ast.AST]] = {}
-            for n in ast.walk(fns[0]):
-                if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name):
-                    local.setdefault(n.targets[0].id, []).append(n.value)
-            for r in rets:
-                held: ast.AST = r
-                if isinstance(r, ast.Name) and len(local.get(r.id, [])) == 1:
-                    held = local[r.id][0]
-                self._classify_assign(target, held, nested=True)
+            for r in self._factory_returns(value.func.id):
+                self._classify_assign(target, r, nested=True)
 
     def _classify_unpack(self, target: ast.Tuple | ast.List, value: ast.AST) -> None:
         if isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
@@ -328,26 +317,36 @@ class FileIndex:
         """``ropt, rsched = build_optim(model)``: a function of the file (defined once) whose
         every return is a tuple of that length gives each name the kind of what it returns
         there (a constructor call, or a name the function assigns one)."""
-        fns = self.functions_by_name().get(name, [])
-        if len(fns) != 1:
-            return
-        rets = [r.value for r in ast.walk(fns[0]) if isinstance(r, ast.Return) and r.value is not None]
-        if not rets or not all(isinstance(r, ast.Tuple) and len(r.elts) == len(target.elts)
-                               for r in rets):
-            return
-        local: dict[str, list[ast.AST]] = {}
-        for n in ast.walk(fns[0]):
-            if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name):
-                local.setdefault(n.targets[0].id, []).append(n.value)
+        rets = self._factory_returns(name, width=len(target.elts))
         for i, t in enumerate(target.elts):
             d = dotted(t)
             if d is None:
                 continue
             for r in rets:
-                e = r.elts[i]  # type: ignore[attr-defined]
-                if isinstance(e, ast.Name) and len(local.get(e.id, [])) == 1:
-                    e = local[e.id][0]
-                self._classify_assign(d, e)
+                self._classify_assign(d, r.elts[i] if isinstance(r, ast.Tuple) else r)
+
+    def _factory_returns(self, name: str, width: int = 0) -> list[ast.AST]:
+        """What a function of the file (defined once) returns, every ``return`` of it, a name
+        it assigns once read as that value (in each element of a returned tuple too). With
+        ``width``: only when every return is a tuple of that many elements; else empty."""
+        fns = self.functions_by_name().get(name, [])
+        if len(fns) != 1:
+            return []
+        rets = [r.value for r in ast.walk(fns[0]) if isinstance(r, ast.Return) and r.value is not None]
+        if width and not all(isinstance(r, ast.Tuple) and len(r.elts) == width for r in rets):
+            return []
+        local: dict[str, list[ast.AST]] = {}
+        for n in ast.walk(fns[0]):
+            if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name):
+                local.setdefault(n.targets[0].id, []).append(n.value)
+
+        def held(e: ast.expr) -> ast.expr:
+            if isinstance(e, ast.Name) and len(local.get(e.id, [])) == 1:
+                v = local[e.id][0]
+                return v if isinstance(v, ast.expr) else e
+            return e
+        return [ast.Tuple([held(e) for e in r.elts], ast.Load()) if isinstance(r, ast.Tuple)
+                else held(r) for r in rets]
 
     def _collect_ds_backward_receivers(self) -> set[str]:
         out: set[str] = set()

@@ -369,7 +369,7 @@ def _names_lengths(expr: ast.AST) -> bool:
     return isinstance(last, str) and _LENGTHS_RE.match(last.lower()) is not None
 
 
-def _count_expr(expr: ast.AST) -> bool:
+def count_expr(expr: ast.AST) -> bool:
     """A token count that does not say it covers the window, every rank or K."""
     if any(WORLD_RE.search(i) or ACCUM_RE.search(i) or GLOBAL_COUNT_RE.search(i) for i in identifiers(expr)):
         return False
@@ -384,13 +384,13 @@ def micro_batch_count(ctx: FileContext, scope: ast.AST, window: ast.AST, divisor
     if isinstance(divisor, ast.Name):
         values = [n.value for n in ctx.local_nodes(window) if isinstance(n, ast.Assign)
                   and len(n.targets) == 1 and dotted(n.targets[0]) == divisor.id]
-        counted = _count_expr(divisor) or (bool(values) and all(_count_expr(v) for v in values))
+        counted = count_expr(divisor) or (bool(values) and all(count_expr(v) for v in values))
     else:
-        counted = _count_expr(divisor)
+        counted = count_expr(divisor)
     return counted and counted_per_micro_batch(ctx, scope, window, divisor)
 
 
-def _summed_loss(expr: ast.AST) -> bool:
+def summed_loss(expr: ast.AST) -> bool:
     """``expr`` sums: a ``.sum()``/``torch.sum(...)``, or a loss call with ``reduction="sum"``."""
     return any(isinstance(n, ast.Call) and (
         _summed(n) is not None
@@ -409,8 +409,8 @@ def counted_mean(ctx: FileContext, scope: ast.AST, window: ast.AST, expr: ast.AS
     if not (isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Div)):
         return False
     left = expr.left
-    summed = _summed_loss(left) or (isinstance(left, ast.Name) and _every_value(
-        ctx, scope, left, set(), _summed_loss))  # `tok = F.cross_entropy(..., reduction="sum")`
+    summed = summed_loss(left) or (isinstance(left, ast.Name) and _every_value(
+        ctx, scope, left, set(), summed_loss))  # `tok = F.cross_entropy(..., reduction="sum")`
     return summed and micro_batch_count(ctx, scope, window, expr.right)
 
 

@@ -34,10 +34,10 @@ from accumguard.static.lint.families._lightning import (
     returned_losses,
 )
 from accumguard.static.lint.families._masked import (
-    _count_expr,
-    _summed_loss,
+    count_expr,
     counted_mean,
     masked_mean,
+    summed_loss,
     token_mean_hints,
 )
 from accumguard.static.lint.families.lgwindow import window_count_division
@@ -103,7 +103,7 @@ def _batch_counted_mean(ctx: FileContext, fn: ast.FunctionDef, expr: ast.AST) ->
     if not (isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Div)):
         return False
     params = {a.arg for a in fn.args.args[1:2]}  # (self, batch, batch_idx, ...)
-    return _summed_loss(expr.left) and _count_expr(expr.right) and any(
+    return summed_loss(expr.left) and count_expr(expr.right) and any(
         isinstance(n, ast.Name) and n.id in params for n in walk_all(expr.right))
 
 
