@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from accumguard.static.findings import Finding
 from accumguard.static.lint._ast import (
     GRAD_TENSOR_RE,
+    LOOPS,
     call_attr,
     dotted,
     identifiers,
@@ -26,11 +27,17 @@ from accumguard.static.lint.families.scale import loss_divisions_by_rank_sum
 _DIV_CALLS = frozenset({"div_", "div", "mul_", "true_divide_", "divide_", "mul"})
 
 
-def _divides_by_world(ctx: FileContext, scope: ast.AST) -> bool:
+def _divides_by_world(ctx: FileContext, scope: ast.AST, near: ast.AST | None = None) -> bool:
     """Anything in ``scope`` divided (``/``, ``/=``, ``*=``, ``div_``...) by a world size,
-    including in place on ``.data`` (``p.grad.data /= world``)."""
+    including in place on ``.data`` (``p.grad.data /= world``). With ``near`` (the reduce),
+    only what can reach its gradients: the outermost loop around it and what runs before
+    that loop; a division in a later loop (a single-process reference run after the
+    training) does not average the training's gradients."""
     def compute() -> bool:
+        loop = _outermost_loop(ctx, near, scope) if near is not None else None
         for sub in walk_all(scope):
+            if loop is not None and not _reaches(ctx, sub, loop):
+                continue
             divisor: ast.AST | None = None
             if isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Div | ast.Mult):
                 divisor = sub.right
@@ -38,10 +45,50 @@ def _divides_by_world(ctx: FileContext, scope: ast.AST) -> bool:
                 divisor = sub.value
             elif isinstance(sub, ast.Call) and call_attr(sub) in _DIV_CALLS and sub.args:
                 divisor = sub.args[0]
-            if divisor is not None and ctx.mentions_world(divisor):
+            if divisor is not None and _world_valued(ctx, divisor) \
+                    and (not _multiplies(sub) or _reciprocal(ctx, divisor)):
                 return True
         return False
-    return bool(ctx._cached("divides_world", scope, compute))
+    return bool(ctx._cached("divides_world", near or scope, compute))
+
+
+def _world_valued(ctx: FileContext, expr: ast.AST) -> bool:
+    """``expr`` mentions the world size, or reads a name assigned from it (``global_batch =
+    micro_bsz * accum * dist.get_world_size()``)."""
+    return ctx.mentions_world(expr) or any(
+        ctx.mentions_world(v) for n in walk_all(expr) if isinstance(n, ast.Name)
+        for v in ctx.values_by_name().get(n.id, []))
+
+
+def _multiplies(node: ast.AST) -> bool:
+    return (isinstance(node, ast.BinOp | ast.AugAssign) and isinstance(node.op, ast.Mult)) or (
+        isinstance(node, ast.Call) and call_attr(node) in ("mul", "mul_"))
+
+
+def _reciprocal(ctx: FileContext, factor: ast.AST) -> bool:
+    """A factor that divides (``1 / world``, or a name assigned one): ``x * world`` scales a
+    size up and averages nothing."""
+    values = [factor] + [v for n in walk_all(factor) if isinstance(n, ast.Name)
+                         for v in ctx.values_by_name().get(n.id, [])]
+    return any(isinstance(x, ast.BinOp) and isinstance(x.op, ast.Div)
+               for v in values for x in walk_all(v))
+
+
+def _outermost_loop(ctx: FileContext, node: ast.AST, scope: ast.AST) -> ast.AST | None:
+    out: ast.AST | None = None
+    cur = ctx.parents.get(node)
+    while cur is not None and cur is not scope:
+        if isinstance(cur, LOOPS):
+            out = cur
+        cur = ctx.parents.get(cur)
+    return out
+
+
+def _reaches(ctx: FileContext, sub: ast.AST, loop: ast.AST) -> bool:
+    """``sub`` is inside ``loop``, or before it and in no other loop."""
+    if getattr(sub, "lineno", 0) >= getattr(loop, "lineno", 0):
+        return getattr(sub, "lineno", 0) <= (getattr(loop, "end_lineno", None) or 0)
+    return ctx.enclosing(sub, LOOPS) is None
 
 
 def _grads_divided_by_world(ctx: FileContext) -> bool:
@@ -100,7 +147,7 @@ def all_reduce_sum_without_average(ctx: FileContext) -> Iterator[Finding]:
     for node, op in _gradient_reduces(ctx):
         if ctx.ddp_wrapped and not _under_wrapper_branch(ctx, node):
             continue  # AG108's case
-        if op in ("avg", "mean", "premul_sum") or _divides_by_world(ctx, ctx.scope_of(node)):
+        if op in ("avg", "mean", "premul_sum") or _divides_by_world(ctx, ctx.scope_of(node), node):
             continue
         cls = ctx.enclosing(node, (ast.ClassDef,))
         if (cls is not None and _divides_by_world(ctx, cls)) or _grads_divided_by_world(ctx):

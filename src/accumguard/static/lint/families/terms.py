@@ -35,6 +35,11 @@ from accumguard.static.lint._ast import call_attr, dotted, position, receiver, w
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._lightning import manual_optimization
+from accumguard.static.lint.families._masked import (
+    counted_per_micro_batch,
+    counts_tokens,
+    counts_window,
+)
 from accumguard.static.lint.families.deepspeed import _config_ga
 
 
@@ -416,6 +421,7 @@ def loss_term_not_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
                 continue
             divided = [t for t in terms if t.divided]
             if not divided:
+                yield from _micro_mean_beside_window_count(ctx, window, terms)
                 continue
             for t in terms:
                 if t.divided or t.normalised or _constant(t.expr) or _divided_by_anything(t.expr):
@@ -428,3 +434,72 @@ def loss_term_not_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
                     "summed over the window's K micro-batches it weighs K times its coefficient "
                     "relative to the large batch's loss",
                 )
+
+
+def _own_division(ctx: FileContext, window: ast.AST, expr: ast.AST, depth: int = 2
+                  ) -> tuple[ast.AST, ast.AST] | None:
+    """The (numerator, divisor) of the division at the top of a term (through products,
+    signs, and a local name the window assigns once: ``coef * z_loss`` after ``z_loss =
+    (z * m).sum() / m.sum()``)."""
+    stack = [expr]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, ast.BinOp):
+            if isinstance(e.op, ast.Div):
+                return e.left, e.right
+            if isinstance(e.op, ast.Mult):
+                stack += [e.left, e.right]
+        elif isinstance(e, ast.UnaryOp):
+            stack.append(e.operand)
+        elif isinstance(e, ast.Name) and depth > 0:
+            writes = _writes(ctx, window).get(e.id, [])
+            if len(writes) == 1 and isinstance(writes[0], ast.Assign) and len(writes[0].targets) == 1:
+                found = _own_division(ctx, window, writes[0].value, depth - 1)
+                if found is not None:
+                    return found
+    return None
+
+
+def _micro_mean_beside_window_count(ctx: FileContext, window: ast.AST, terms: list[_Term]
+                                    ) -> Iterator[Finding]:
+    """No term is divided by K, one is normalised by a count of the whole window
+    (``ce_sum / n_window_tokens``, counted before the micro-batches) and another is a mean
+    over one micro-batch's own count (``(z * m).sum() / m.sum()``): over the K micro-batches
+    the window-normalised term adds up to its large-batch mean, the per-micro-batch mean to
+    K times its own."""
+    scope = ctx.window_scope(window)
+    window_terms: list[ast.AST] = []
+    micro_terms: list[tuple[_Term, ast.AST]] = []
+    for t in terms:
+        d = _own_division(ctx, window, t.expr)
+        if d is None or _constant(t.expr):
+            continue
+        num, den = d
+        per_micro = counted_per_micro_batch(ctx, scope, window, den)
+        if not per_micro and (counts_tokens(den) or counts_window(ctx, den)):
+            window_terms.append(t.expr)
+        elif per_micro and (counts_tokens(den) or _masked_shape(num, den)):
+            micro_terms.append((t, den))
+    if not window_terms:
+        return
+    for t, den in micro_terms:
+        yield ctx.finding(
+            "AG127",
+            t.expr,
+            f"the loss term `{ast.unparse(t.expr)}` is a mean over one micro-batch (divided by "
+            f"`{ast.unparse(den)}`, counted per micro-step) and not divided by K, while "
+            f"`{ast.unparse(window_terms[0])}` is normalised by the window's count: summed over "
+            "the window's K micro-batches it weighs K times its coefficient relative to the "
+            "large batch's loss",
+            fix="normalise that term by the same window count as the main term (its sum over "
+                "the micro-batch divided by the window's count), or divide it by K",
+        )
+
+
+def _masked_shape(num: ast.AST, den: ast.AST) -> bool:
+    """``(x * m).sum() / m.sum()``: the divisor is built from names the summed numerator
+    also reads (a masked mean)."""
+    den_names = {n.id for n in walk_all(den) if isinstance(n, ast.Name)}
+    num_names = {n.id for n in walk_all(num) if isinstance(n, ast.Name)}
+    return bool(den_names) and den_names < num_names and any(
+        isinstance(c, ast.Call) and call_attr(c) == "sum" for c in walk_all(num))
