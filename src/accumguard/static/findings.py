@@ -506,6 +506,18 @@ RULES: dict[str, Rule] = {
             "reduce the incoming gradient (Tensor.register_hook, whose argument is the "
             "micro-batch's own gradient), or reduce .grad once after the window's last backward",
         ),
+        _rule(
+            "AG155", "hf-trainer-model-mean-loss", "LOSS_SCALE", E, HI,
+            "the stock Hugging Face Trainer with gradient accumulation trains a model class whose "
+            "forward takes **kwargs but whose loss is a plain mean ignoring num_items_in_batch: "
+            "the Trainer does not divide that loss by K, so the gradient is K times the large "
+            "batch's (and a mean of per-micro-batch means when their label counts differ)",
+            "give the Trainer `compute_loss_func=` a function that sums the loss over the "
+            "micro-batch and divides by num_items_in_batch (e.g. `F.cross_entropy(logits.flatten(0, -2), "
+            "labels.flatten(), ignore_index=-100, reduction='sum') / num_items_in_batch`); or set "
+            "`model.accepts_loss_kwargs = False` before building the Trainer, so it divides by K "
+            "(exact only for equal-size micro-batches of a per-sample loss)",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

@@ -29,7 +29,7 @@ from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families.epochtail import single_assignments
 
-__all__ = ["hf_trainer_moe_router_loss_times_k"]
+__all__ = ["hf_trainer_moe_router_loss_times_k", "model_class", "stock_trainers"]
 
 #: causal LMs whose forward adds ``router_aux_loss_coef * aux_loss`` to the loss (5.24)
 _MOE_CLASSES = re.compile(
@@ -38,7 +38,7 @@ _MOE_CLASSES = re.compile(
 )
 
 
-def _model_class(ctx: FileContext, expr: ast.AST) -> str | None:
+def model_class(ctx: FileContext, expr: ast.AST) -> str | None:
     """The class a model expression is built from (``MixtralForCausalLM(cfg)``,
     ``Qwen2MoeForCausalLM.from_config(cfg)``, a name assigned once from one)."""
     if isinstance(expr, ast.Name):
@@ -68,7 +68,7 @@ def _router_logits_on(ctx: FileContext) -> bool | None:
     return values == {True}
 
 
-def _stock_trainers(ctx: FileContext) -> Iterator[ast.Call]:
+def stock_trainers(ctx: FileContext) -> Iterator[ast.Call]:
     """``Trainer(...)`` calls of the stock class or of a local subclass that leaves the loss
     alone (no ``compute_loss``, no ``loss_is_scaled_for_ga``)."""
     own: dict[str, bool] = {}
@@ -95,11 +95,11 @@ def hf_trainer_moe_router_loss_times_k(ctx: FileContext) -> Iterator[Finding]:
     ga, how = ctx.trainer_ga()
     if ga is not None and ga <= 1:
         return
-    for call in _stock_trainers(ctx):
+    for call in stock_trainers(ctx):
         model = next((k.value for k in call.keywords if k.arg == "model"), call.args[0] if call.args else None)
         if model is None:
             continue
-        cls = _model_class(ctx, model)
+        cls = model_class(ctx, model)
         if cls is None:
             continue
         known = bool(_MOE_CLASSES.match(cls))

@@ -1,0 +1,110 @@
+"""AG155 (LOSS_SCALE, and F5 for token losses): the stock Hugging Face ``Trainer`` with gradient accumulation over a model
+class whose loss is a plain mean that ignores ``num_items_in_batch``.
+
+transformers 5.x (``Trainer.__init__``) sets ``model_accepts_loss_kwargs`` when the model's
+``forward`` takes ``**kwargs``; then ``compute_loss`` passes ``num_items_in_batch`` (the
+window's label count) to the model and ``training_step`` counts the loss as already
+normalised over the window: it does not divide it by K. Most causal LMs honour the count
+(``self.loss_function(..., **kwargs)``), but many classes (``BertForMaskedLM``,
+``RobertaForSequenceClassification``, ``T5ForConditionalGeneration``... the list in
+``_hf_mean_loss``, generated from the installed library's source) take ``**kwargs`` and
+compute ``CrossEntropyLoss()``'s mean over the micro-batch. Each micro-batch's mean then
+reaches the gradient undivided: K times the large batch's gradient, and a mean of
+per-micro-batch means when their label counts differ. Proven from the source when the class
+is in sight (directly, through a function of the file that returns it, through
+``get_peft_model``, or an ``AutoModelFor*`` built from a ``*Config`` of that family), the
+Trainer is stock (no ``compute_loss`` or ``training_step`` override, no
+``compute_loss_func``, no ``loss_is_scaled_for_ga``) and ``gradient_accumulation_steps`` > 1.
+Not reported when the file sets ``accepts_loss_kwargs`` (``model.accepts_loss_kwargs =
+False`` makes the Trainer divide by K) or when K is not in sight.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+from accumguard.static.findings import Finding
+from accumguard.static.lint._ast import call_attr, dotted
+from accumguard.static.lint._context import FileContext
+from accumguard.static.lint._hf_mean_loss import MEAN_LOSS_CLASSES
+from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families.epochtail import single_assignments
+from accumguard.static.lint.families.moeaux import model_class, stock_trainers
+
+__all__ = ["hf_trainer_model_mean_loss_not_divided"]
+
+_WRAPPERS = frozenset({"get_peft_model", "prepare_model_for_kbit_training", "to"})
+
+
+def _resolved_class(ctx: FileContext, expr: ast.AST, depth: int = 5) -> str | None:
+    """The transformers class a model expression builds: a class call, a name assigned once
+    from one, the one ``return`` of a function of the file, a PEFT wrapper's first argument,
+    or ``AutoModelFor<Task>`` given a ``<Family>Config`` (``<Family>For<Task>``)."""
+    if depth <= 0:
+        return None
+    if isinstance(expr, ast.Name):
+        values = single_assignments(ctx).get(expr.id, [])
+        return _resolved_class(ctx, values[0], depth - 1) if len(values) == 1 else None
+    if not isinstance(expr, ast.Call):
+        return None
+    name = call_attr(expr) or ""
+    if name in _WRAPPERS and isinstance(expr.func, ast.Name | ast.Attribute):
+        inner = expr.args[0] if expr.args and name != "to" else (
+            expr.func.value if isinstance(expr.func, ast.Attribute) else None)
+        return _resolved_class(ctx, inner, depth - 1) if inner is not None else None
+    fns = ctx.functions_by_name().get(name, [])
+    if len(fns) == 1 and isinstance(expr.func, ast.Name):
+        rets = [r.value for r in ast.walk(fns[0]) if isinstance(r, ast.Return) and r.value is not None]
+        return _resolved_class_in(ctx, rets[0], depth - 1) if len(rets) == 1 else None
+    cls = model_class(ctx, expr)
+    if cls is not None and cls.startswith("AutoModelFor"):
+        family = _config_family(ctx, expr)
+        return None if family is None else family + cls[len("AutoModel"):]
+    return cls
+
+
+def _resolved_class_in(ctx: FileContext, expr: ast.AST, depth: int) -> str | None:
+    """A function's returned expression: a class call directly, else as any model expression."""
+    if isinstance(expr, ast.Call):
+        return _resolved_class(ctx, expr, depth)
+    return None
+
+
+def _config_family(ctx: FileContext, call: ast.Call) -> str | None:
+    """``Bert`` of ``AutoModelForMaskedLM.from_config(BertConfig(...))`` (the config given
+    as the first argument or ``config=``, directly or through a name assigned once)."""
+    cfg: ast.AST | None = call.args[0] if call.args else next(
+        (k.value for k in call.keywords if k.arg == "config"), None)
+    if isinstance(cfg, ast.Name):
+        values = single_assignments(ctx).get(cfg.id, [])
+        cfg = values[0] if len(values) == 1 else None
+    if not isinstance(cfg, ast.Call):
+        return None
+    name = (dotted(cfg.func) or "").rsplit(".", 1)[-1]
+    return name[: -len("Config")] if name.endswith("Config") and len(name) > len("Config") else None
+
+
+def _sets_accepts_loss_kwargs(ctx: FileContext) -> bool:
+    return any(n.endswith("accepts_loss_kwargs") for names, _ in ctx.assignments() for n in names)
+
+
+@rule("AG155")
+def hf_trainer_model_mean_loss_not_divided(ctx: FileContext) -> Iterator[Finding]:
+    ga, how = ctx.trainer_ga()
+    if ga is None or ga <= 1 or _sets_accepts_loss_kwargs(ctx):
+        return
+    for call in stock_trainers(ctx):
+        model = next((k.value for k in call.keywords if k.arg == "model"), call.args[0] if call.args else None)
+        cls = _resolved_class(ctx, model) if model is not None else None
+        if cls is None or cls not in MEAN_LOSS_CLASSES:
+            continue
+        yield ctx.finding(
+            "AG155",
+            call,
+            f"the Trainer trains `{cls}` with {how}: its forward takes **kwargs, so the Trainer "
+            "passes num_items_in_batch and does not divide the loss by K, but this class's loss "
+            "is a plain mean over the micro-batch that ignores num_items_in_batch: each "
+            "micro-batch's mean reaches the gradient undivided: K times the large batch's "
+            "gradient (and a mean of per-micro-batch means when their label counts differ)",
+        )
