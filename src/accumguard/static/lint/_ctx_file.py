@@ -317,13 +317,23 @@ class FileIndex:
         """``ropt, rsched = build_optim(model)``: a function of the file (defined once) whose
         every return is a tuple of that length gives each name the kind of what it returns
         there (a constructor call, or a name the function assigns one)."""
-        rets = self._factory_returns(name, width=len(target.elts))
+        self._classify_elements(target, self._factory_returns(name, width=len(target.elts)))
+
+    def _classify_elements(self, target: ast.Tuple | ast.List, rets: list[ast.AST]) -> None:
+        """Each name of an unpacking target gets the kind of the matching returned element,
+        nested tuples too (``(o1, o2), (s1, s2) = build(model)``)."""
         for i, t in enumerate(target.elts):
+            values = [r.elts[i] if isinstance(r, ast.Tuple) else r for r in rets]
+            if isinstance(t, ast.Tuple | ast.List):
+                inner = [v for v in values if isinstance(v, ast.Tuple) and len(v.elts) == len(t.elts)]
+                if inner and len(inner) == len(values):
+                    self._classify_elements(t, list(inner))
+                continue
             d = dotted(t)
             if d is None:
                 continue
-            for r in rets:
-                self._classify_assign(d, r.elts[i] if isinstance(r, ast.Tuple) else r)
+            for v in values:
+                self._classify_assign(d, v)
 
     def _factory_returns(self, name: str, width: int = 0) -> list[ast.AST]:
         """What a function of the file (defined once) returns, every ``return`` of it, a name
@@ -341,6 +351,8 @@ class FileIndex:
                 local.setdefault(n.targets[0].id, []).append(n.value)
 
         def held(e: ast.expr) -> ast.expr:
+            if isinstance(e, ast.Tuple):  # `return (o1, o2), (s1, s2)`
+                return ast.Tuple([held(x) for x in e.elts], ast.Load())
             if isinstance(e, ast.Name) and len(local.get(e.id, [])) == 1:
                 v = local[e.id][0]
                 return v if isinstance(v, ast.expr) else e

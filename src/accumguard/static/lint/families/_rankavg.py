@@ -125,6 +125,7 @@ def plain_model_only(ctx: FileContext, dividend: ast.AST) -> bool:
     wrapped = _wrapped_names(func, ctx.parents)  # (another function's `model` is another)
     built: dict[str, bool] = {}  # local name -> assigned only from a class built here
     values: dict[str, list[ast.AST]] = {}  # local name -> the values assigned to it
+    aliases: dict[str, list[str]] = {}  # local name -> the names assigned to it
     for n in ast.walk(func):
         if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Tuple):
             made = call_attr(n.value) or "" if isinstance(n.value, ast.Call) else ""
@@ -139,12 +140,17 @@ def plain_model_only(ctx: FileContext, dividend: ast.AST) -> bool:
         if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name):
             name = n.targets[0].id
             values.setdefault(name, []).append(n.value)
+            if isinstance(n.value, ast.Name):  # `ref = init`: plain when what it names is
+                aliases.setdefault(name, []).append(n.value.id)
+                continue
             made = call_attr(n.value) or "" if isinstance(n.value, ast.Call) else ""
             # a class built here (``LM()``, ``GPT(cfg)``), a deep copy, or a factory of this
             # file that wraps nothing (a factory out of sight may return a wrapped model)
             plain = made not in DDP_WRAPPERS and (made[:1].isupper() or made == "deepcopy"
                                                   or _file_function_without(ctx, made, DDP_WRAPPERS))
             built[name] = built.get(name, True) and plain
+    for name, sources in aliases.items():
+        built[name] = built.get(name, True) and all(built.get(src, False) for src in sources)
     # the modules called in the loss, or in what its names were assigned (``logits = ref(x)``)
     # (only the write that reaches the loss when one does: a reference loop after the
     # training loop reassigns the training's names, ``_, loss_sum = ref(xb, yb)``)

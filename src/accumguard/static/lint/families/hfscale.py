@@ -192,12 +192,17 @@ def hf_compute_loss_num_items_not_times_w(ctx: FileContext) -> Iterator[Finding]
         )
 
 
-def _uses_num_items(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
-    """The body reads ``num_items_in_batch``, forwards ``**kwargs``, or calls the base class."""
+def _uses_num_items(fn: ast.FunctionDef | ast.AsyncFunctionDef, ctx: FileContext | None = None) -> bool:
+    """The body reads ``num_items_in_batch``, forwards ``**kwargs``, or calls the base class.
+    Handed to a function of the file that never reads the parameter it binds
+    (``token_loss(logits, labels, num_items_in_batch)`` with ``num_items`` unused there),
+    the count is not used."""
     kwarg = fn.args.kwarg.arg if fn.args.kwarg else None
     for stmt in fn.body:
         for n in walk_all(stmt):
             if isinstance(n, ast.Name) and n.id == _NUM_ITEMS:
+                if ctx is not None and _dropped_by_callee(ctx, n):
+                    continue
                 return True
             if isinstance(n, ast.Constant) and n.value == _NUM_ITEMS:
                 return True  # kwargs.get("num_items_in_batch")
@@ -210,6 +215,31 @@ def _uses_num_items(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
             ):
                 return True
     return False
+
+
+def _dropped_by_callee(ctx: FileContext, name: ast.Name) -> bool:
+    """``name`` is an argument of a call to a function of the file (defined once, no
+    ``**kwargs``) whose parameter bound to it is never read in its body."""
+    call = ctx.parents.get(name)
+    keyword = None
+    if isinstance(call, ast.keyword):
+        keyword, call = call, ctx.parents.get(call)
+    if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name):
+        return False
+    fns = ctx.functions_by_name().get(call.func.id, [])
+    if len(fns) != 1 or fns[0].args.kwarg is not None or fns[0].args.vararg is not None:
+        return False
+    params = [a.arg for a in (*fns[0].args.posonlyargs, *fns[0].args.args, *fns[0].args.kwonlyargs)]
+    if keyword is not None:
+        param = keyword.arg
+    else:
+        index = next((i for i, a in enumerate(call.args) if a is name), None)
+        positional = [a.arg for a in (*fns[0].args.posonlyargs, *fns[0].args.args)]
+        param = positional[index] if index is not None and index < len(positional) else None
+    if param is None or param not in params:
+        return False
+    return not any(isinstance(x, ast.Name) and x.id == param and isinstance(x.ctx, ast.Load)
+                   for stmt in fns[0].body for x in walk_all(stmt))
 
 
 def _model_loss_without_count(ctx: FileContext, fn: ast.FunctionDef | ast.AsyncFunctionDef,
@@ -247,7 +277,7 @@ def hf_compute_loss_ignores_num_items(ctx: FileContext) -> Iterator[Finding]:
         site = mean_loss_site(ctx, fn, cls)
         if site is None:
             continue  # a summed loss, or one this rule cannot read
-        elsewhere = _uses_num_items(fn)
+        elsewhere = _uses_num_items(fn, ctx)
         if elsewhere and not _model_loss_without_count(ctx, fn, site[0]):
             continue
         ga, how = ctx.trainer_ga()
