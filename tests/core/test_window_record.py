@@ -20,7 +20,8 @@ LINE_KEYS = [
     "grad_norm", "checksum", "wall", "param_dtype", "losses", "discarded", "rank_factor",
     "optimizer_index", "precision", "param_norm", "lr_changes", "lr", "terms", "in_backward",
     "backward_pass",
-    "grad_hooks", "clip_before_unscale", "restarts", "opt_serial", "unborn", "conservation",
+    "grad_hooks", "clip_before_unscale", "restarts", "opt_serial", "unborn", "rank_factor_units",
+    "conservation",
 ]
 
 

@@ -40,6 +40,8 @@ CASES = [
     ("ds", "equal", "sgd", set()),
     ("ddp", "global_aux", "adamw", {"F10"}),
     ("ddp", "global_aux_w", "adamw", set()),
+    ("fsdp2u", "sum_root", "sgd", {"F10"}),
+    ("fsdp2u", "sum_all", "sgd", set()),
 ]
 
 
@@ -61,6 +63,10 @@ def test_ledger_under_watch(watched: dict[str, Watched], engine: str, mode: str,
     assert code == (1 if expected else 0)
     if expected:
         f = next(f for f in findings if f["cls"] == "F10")
+        if mode == "sum_root":  # the Linear unit still averages: half the large batch's
+            assert "different factors" in f["evidence"] and "`2`" in f["evidence"], f
+            assert "1/2x" in f["title"] and "(root)" in f["evidence"], f
+            return
         assert "2x too small" in f["evidence"] and "ledger_loops.py:" in f["evidence"], f
         if mode == "global_aux":
             assert "one term of a sum" in f["evidence"], f

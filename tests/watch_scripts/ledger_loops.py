@@ -2,7 +2,7 @@
 uneven token counts, under DDP, FSDP2 or DeepSpeed ZeRO-2, normalised right or wrong.
 
 usage: ledger_loops.py ENGINE MODE [OPT] [K]
-  ENGINE: ddp | fsdp2 | ds
+  ENGINE: ddp | fsdp2 | ds | fsdp2u (FSDP2, the Linear a unit of its own under the root)
   MODE:
     mean_k        per-micro-batch mean / K (F5 with uneven counts; the classic loop)
     global        sum / all-reduced window token count x W (correct under an averaging engine)
@@ -15,6 +15,9 @@ usage: ledger_loops.py ENGINE MODE [OPT] [K]
     global_aux    sum / all-reduced count + 1e-3 * z-loss, then the engine averages (F10
                   on the CE term: one term of a sum, W x too small)
     global_aux_w  (sum / all-reduced count + 1e-3 * z-loss) * W (correct CE term)
+    sum_root      (fsdp2u) sum / all-reduced count, the sum reduction set on the root unit
+                  only: the Linear unit still averages (F10: that unit W x too small)
+    sum_all       (fsdp2u) the same with the sum reduction set on every unit (correct)
   OPT: sgd (default) | adamw
   K: micro-steps per optimizer step (default 3)
 """
@@ -58,6 +61,17 @@ elif ENGINE == "fsdp2":
     fully_shard(net)
     model = net
     opt = make_opt(model.parameters())
+elif ENGINE == "fsdp2u":
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    fully_shard(net[2])
+    fully_shard(net)
+    model = net
+    units = [net] if MODE == "sum_root" else [m for m in net.modules() if isinstance(m, FSDPModule)]
+    for unit in units:
+        unit.set_gradient_divide_factor(1.0)
+        unit.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
+    opt = make_opt(model.parameters())
 else:
     cfg = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": K,
            "train_batch_size": K * world, "gradient_clipping": 0.0,
@@ -91,7 +105,7 @@ for _step in range(STEPS):
             import contextlib
 
             ctx = contextlib.nullcontext()
-        if ENGINE == "fsdp2":
+        if ENGINE.startswith("fsdp2"):
             model.set_requires_gradient_sync(last)
         with ctx:
             logits = model(x).reshape(-1, V)
@@ -103,7 +117,7 @@ for _step in range(STEPS):
                 loss = F.cross_entropy(logits, y.reshape(-1)) / K / world
             elif MODE == "global":
                 loss = F.cross_entropy(logits, y.reshape(-1), reduction="sum") / n * world
-            elif MODE == "global_noW":
+            elif MODE in ("global_noW", "sum_root", "sum_all"):
                 loss = F.cross_entropy(logits, y.reshape(-1), reduction="sum") / n
             elif MODE in ("global_aux", "global_aux_w"):
                 z_loss = logits.logsumexp(-1).pow(2).mean() / K  # per micro-batch, by hand

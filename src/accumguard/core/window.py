@@ -192,6 +192,10 @@ class StepRecord:
     # none of that optimizer's parameters held a gradient (an abandoned model's, in a run
     # rebuilt to resume), so none is in this step's gradient; 0: none
     unborn: int = 0
+    # FSDP2 units whose reductions disagree (``set_gradient_divide_factor`` on one unit
+    # only): per distinct factor, [the factor, its units' module names (a few), how many
+    # units]; None when every unit reduces alike (``rank_factor`` is then their factor)
+    rank_factor_units: list[list[Any]] | None = None
     # -- counts of the guard and the audit (not in a recording) ---------------------------
     # optimizer steps that closed the window: 1, 2 for a second step a guard in warn mode
     # let run, 0 for the audit's trailing micro-steps after the last step

@@ -53,6 +53,7 @@ from accumguard.observe._selection_rules import selection_findings
 from accumguard.observe._seq_rules import sequence_mean_findings
 from accumguard.observe._term_rules import Masses, term_scale_findings
 from accumguard.observe._term_world_rules import term_world_findings
+from accumguard.observe._unit_rules import UnitStep, unit_findings
 from accumguard.observe._weight_rules import (
     WEIGHT_TOL,
     WEIGHT_TOL_LOW_PRECISION,
@@ -85,6 +86,8 @@ class _Step:
     divs: list[list[Any]]
     sole: bool  # every backward was the loss call times constants: the total is the loss's
     unit: str = "tokens"  # what the counts count (``_weight_rules.units``)
+    scale: float | None = None  # c alone (the loop's scale after the reduction), when common
+    units: list[list[Any]] | None = None  # FSDP2 units' factors when they disagree
 
     @property
     def tol(self) -> float:
@@ -150,14 +153,24 @@ def _factor(rows: Sequence[StepWindow | None], low: bool) -> float | None:
     if len(present) != len(rows):
         return None  # (a step some rank did not record: its factor is unknown)
     factors = {w.rank_factor for w in present}
-    scales = [_scale(w, low) for w in present]
     f = factors.pop() if len(factors) == 1 else None
+    c = _common_scale(present, low)
+    return None if f is None or c is None else float(f) * c
+
+
+def _common_scale(present: Sequence[StepWindow], low: bool) -> float | None:
+    """``c`` of one step, the same on every rank, or None."""
+    scales = [_scale(w, low) for w in present]
     cs = [c for c in scales if c is not None]
-    if f is None or len(cs) != len(scales):
+    if not cs or len(cs) != len(scales) or max(cs) - min(cs) > WEIGHT_TOL * max(cs):
         return None
-    if max(cs) - min(cs) > WEIGHT_TOL * max(cs):
-        return None
-    return float(f) * sum(cs) / len(cs)
+    return sum(cs) / len(cs)
+
+
+def _units(rows: Sequence[StepWindow | None]) -> list[list[Any]] | None:
+    """The FSDP2 units' disagreeing factors when every rank recorded the same ones."""
+    seen = [w.rank_factor_units if w is not None else None for w in rows]
+    return seen[0] if seen and seen[0] and all(u == seen[0] for u in seen) else None
 
 
 def _steps(rec: RunRecording) -> list[_Step]:
@@ -190,7 +203,10 @@ def _steps(rec: RunRecording) -> list[_Step]:
                              [d for p in parsed.values() for d in p[4]],
                              all(p[5] for p in parsed.values()),
                              next(iter({p[6] for p in parsed.values()}))
-                             if len({p[6] for p in parsed.values()}) == 1 else "units"))
+                             if len({p[6] for p in parsed.values()}) == 1 else "units",
+                             _common_scale([w for w in rows.values() if w is not None], low)
+                             if factor is None else None,
+                             _units([w for w in rows.values()])))
     return out
 
 
@@ -202,7 +218,9 @@ def ledger_findings(rec: RunRecording, k: int | None = None) -> list[Finding]:
     if not steps:
         return []
     world = len(steps[0].weights)
-    out = _f6(steps)
+    out = _f6(steps) + unit_findings([
+        UnitStep(s.step, s.site, s.total, s.scale, s.units, s.tol, s.sole, s.unit)
+        for s in steps if s.factor is None and s.units])
     judged = [s for s in steps if s.factor is not None and s.sole]
     if not judged:
         return out

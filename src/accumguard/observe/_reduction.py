@@ -13,8 +13,9 @@ and the ledger then judges nothing.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
-__all__ = ["rank_factor"]
+__all__ = ["rank_factor", "unit_factors"]
 
 
 def rank_factor(engine: str, roots: Sequence[object],
@@ -62,3 +63,25 @@ def _fsdp2(groups: Sequence[object]) -> float | None:
             factor = getattr(group, "mesh_info").mesh.size()  # noqa: B009
         factors.add(1.0 / float(factor))
     return factors.pop() if len(factors) == 1 else None
+
+
+def unit_factors(engine: str, fsdp_groups: Mapping[int, Sequence[object]]) -> list[list[Any]] | None:
+    """FSDP2 units that reduce with different factors (``set_gradient_divide_factor`` is set
+    per unit, on the module it is called on, not its children): per distinct factor,
+    [factor, up to three module names, number of units]; None when they agree or cannot be
+    read."""
+    if engine != "fsdp2":
+        return None
+    by: dict[float, list[str]] = {}
+    try:
+        for group in (g for gs in fsdp_groups.values() for g in gs):
+            factor = getattr(group, "gradient_divide_factor")  # noqa: B009
+            if factor is None:
+                factor = getattr(group, "mesh_info").mesh.size()  # noqa: B009
+            name = getattr(group, "_module_fqn", None)
+            by.setdefault(1.0 / float(factor), []).append(str(name) if name else "(root)")
+    except (AttributeError, RuntimeError, TypeError, ValueError, ZeroDivisionError):
+        return None
+    if len(by) < 2:
+        return None
+    return [[f, names[:3], len(names)] for f, names in sorted(by.items())]

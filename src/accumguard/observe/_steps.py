@@ -30,7 +30,7 @@ from accumguard.observe._checksum import (
 from accumguard.observe._events import ScalerEvent, StepStartEvent
 from accumguard.observe._introspect import local, snapshot, tol_for
 from accumguard.observe._precision import AccumDrift, MasterSum, model_grad_sum
-from accumguard.observe._reduction import rank_factor
+from accumguard.observe._reduction import rank_factor, unit_factors
 from accumguard.observe._window import StepTally
 
 if TYPE_CHECKING:
@@ -343,6 +343,8 @@ class StepMachinery:
         # the ledger composes the loss weights with the engine's reduction
         factor = rank_factor(self.engine, self._sync_roots, self._fsdp_groups,
                              self._ds_engine) if losses or terms else None
+        split = unit_factors(self.engine, self._fsdp_groups) if factor is None and (losses or terms) \
+            else None
         ev = (w if own is None else own).record(
             step=self.step, applied=applied, source=source, optimizer=opt_name,
             engine=self.engine, grad_norm=norm, conservation=cons, checksum=chk,
@@ -355,7 +357,7 @@ class StepMachinery:
             # behind by a model rebuilt on resume: the new one's window is the shared one)
             losses=losses if same else None, discarded=discarded, moved=moved,
             terms=terms if same else None,
-            rank_factor=factor,
+            rank_factor=factor, rank_factor_units=split,
             optimizer_index=None if own is None or unborn else self.lanes.key(owner),
             lr_changes=lr_changes, lr=lr,
             # an optimizer stepped from a gradient hook, inside a backward pass

@@ -101,7 +101,7 @@ class StepTally:
                terms: list[list[Any]] | None = None,
                in_backward: bool = False, grad_hooks: bool = False,
                backward_pass: int | None = None, opt_serial: int | None = None,
-               unborn: int = 0) -> StepRecord:
+               unborn: int = 0, rank_factor_units: list[list[Any]] | None = None) -> StepRecord:
         """The step record of this window (what :mod:`.rules` judges)."""
         loss: float | None = None
         if self.loss_ok and self.backwards:
@@ -145,7 +145,8 @@ class StepTally:
             rank_factor=rank_factor, optimizer_index=optimizer_index, lr_changes=lr_changes,
             lr=lr, in_backward=in_backward, grad_hooks=grad_hooks,
             backward_pass=backward_pass, clip_before_unscale=self._scaled_clip(),
-            restarts=self.restarts, opt_serial=opt_serial, unborn=unborn)
+            restarts=self.restarts, opt_serial=opt_serial, unborn=unborn,
+            rank_factor_units=rank_factor_units)
 
     def _scaled_clip(self) -> list[float] | None:
         """[scale, norm, max_norm] of a norm clip of the scaled gradient (one host read of

@@ -518,6 +518,15 @@ RULES: dict[str, Rule] = {
             "`model.accepts_loss_kwargs = False` before building the Trainer, so it divides by K "
             "(exact only for equal-size micro-batches of a per-sample loss)",
         ),
+        _rule(
+            "AG156", "fsdp2-divide-factor-one-unit", "F10", E, HI,
+            "an FSDP2 gradient divide factor set on one unit (the root) while fully_shard made "
+            "other units too: set_gradient_divide_factor does not recurse, so the other units "
+            "still average over the ranks and the units' gradients are W times apart",
+            "set it on every unit: `for m in model.modules(): if isinstance(m, FSDPModule): "
+            "m.set_gradient_divide_factor(...)`; or keep FSDP2's average and normalise the "
+            "loss by the window's count times the world size",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

@@ -24,6 +24,7 @@
                AG118               ... or a per-micro-batch mean that ignores num_items_in_batch
 ``hfterms``    AG142               an HF Trainer loss term that is a micro-batch mean beside a
                                    num_items_in_batch-normalised term, not divided by K
+``fsdpunits``  AG156               an FSDP2 divide factor set on one unit of several
 ``hfmean``     AG155               the stock HF Trainer, GA > 1, over a model whose loss is a plain mean
 ``hftokens``   AG140               HF TrainingArguments(average_tokens_across_devices=False) (F6)
 ``tailscale``  AG141               the pass's partial last window stepped, its loss still divided by K
@@ -57,6 +58,7 @@ from accumguard.static.lint.families import (
     dssched,
     epochtail,
     factored,
+    fsdpunits,
     fused,
     hfmean,
     hfscale,
@@ -88,4 +90,4 @@ from accumguard.static.lint.families import (
     window,
 )
 
-__all__ = ["accelerate", "ampclip", "deepspeed", "dsbatch", "dssched", "epochtail", "factored", "fused", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfscale", "hfterms", "hftokens", "horizon", "lgmanual", "lgwindow", "loss", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "resume", "scale", "schedule", "sync", "synctail", "tailscale", "terms", "tokenmean", "tokhorizon", "twice", "window"]
+__all__ = ["accelerate", "ampclip", "deepspeed", "dsbatch", "dssched", "epochtail", "factored", "fsdpunits", "fused", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfscale", "hfterms", "hftokens", "horizon", "lgmanual", "lgwindow", "loss", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "resume", "scale", "schedule", "sync", "synctail", "tailscale", "terms", "tokenmean", "tokhorizon", "twice", "window"]

@@ -1,0 +1,53 @@
+"""AG156 (F10): an FSDP2 divide factor set on one unit while the model has several.
+
+``FSDPModule.set_gradient_divide_factor`` sets the reduction of the unit it is called on,
+not of the units ``fully_shard`` made of its children (torch 2.13: it loops over that
+module's own parameter groups; ``set_requires_gradient_sync`` recurses, this does not).
+A script that shards its blocks and then the root, and sets the factor on the root alone
+(``model.set_gradient_divide_factor(1.0)`` to sum over ranks), has the blocks' gradients
+still averaged over the W ranks: one loss reaches every unit with the same weights, so the
+units get gradients W times apart, and at most one kind is the large batch's. Reported
+when the call is not inside a loop (a loop over ``model.modules()`` sets every unit), its
+receiver is handed to ``fully_shard`` and another module is too, and the factor is not the
+world size (FSDP2's own default).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+from accumguard.static.findings import Finding
+from accumguard.static.lint._ast import LOOPS, call_attr, dotted, receiver
+from accumguard.static.lint._context import FileContext
+from accumguard.static.lint._rule import rule
+
+__all__ = ["divide_factor_on_one_unit"]
+
+_FACTOR_CALLS = frozenset({"set_gradient_divide_factor", "set_reduce_scatter_divide_factor"})
+
+
+@rule("AG156")
+def divide_factor_on_one_unit(ctx: FileContext) -> Iterator[Finding]:
+    sharded = [(c, dotted(c.args[0])) for c in ctx.of(ast.Call)
+               if call_attr(c) == "fully_shard" and c.args]
+    if len(sharded) < 2 or not ctx.is_training_script():
+        return
+    for call in ctx.of(ast.Call):
+        if call_attr(call) not in _FACTOR_CALLS or not call.args:
+            continue
+        unit = dotted(receiver(call))
+        if unit is None or ctx.enclosing(call, LOOPS) is not None or ctx.mentions_world(call.args[0]):
+            continue
+        others = [(c, d) for c, d in sharded if d != unit]
+        if not others or all(d != unit for _, d in sharded):
+            continue
+        first = others[0][0]
+        yield ctx.finding(
+            "AG156",
+            call,
+            f"`{ast.unparse(call)}` sets the reduction of the unit `{unit}` only: the units "
+            f"fully_shard made of other modules (`{ast.unparse(first)}`, line {first.lineno}) "
+            "keep FSDP2's average over the W ranks, so one loss reaches the model's units with "
+            "gradients W times apart",
+        )

@@ -1,0 +1,26 @@
+# corpus: style=fsdp2 class=OK
+# the sum reduction set on every FSDP2 unit: every unit's gradient is the window's sum over
+# ranks, and the loss normalised by the window's global token count makes it the large batch's
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.fsdp import FSDPModule, fully_shard
+
+dist.init_process_group("gloo")
+model = build_model()
+for blk in model.blocks:
+    fully_shard(blk)
+fully_shard(model)
+for m in model.modules():
+    if isinstance(m, FSDPModule):
+        m.set_gradient_divide_factor(1.0)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+for window in windows:
+    n = torch.tensor(float(sum((y != -100).sum() for _, y in window)))
+    dist.all_reduce(n)
+    for i, (x, y) in enumerate(window):
+        model.set_requires_gradient_sync(i == len(window) - 1)
+        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten(), reduction="sum") / n
+        loss.backward()
+    opt.step()
+    opt.zero_grad()
