@@ -117,3 +117,78 @@ MyTrainer(model=model, args=args, train_dataset=ds).train()
 def test_num_items_handed_to_a_helper_that_drops_it() -> None:
     assert "AG118" in _codes(_DROPPED.replace("{divisor}", "mask.sum()"))
     assert "AG118" not in _codes(_DROPPED.replace("{divisor}", "num_items"))
+
+
+_HELPER_FLAG = """
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def summed_ce(model, batch):
+    return model(batch["x"]).sum()
+
+
+def micro_step(ddp_model, batch, scale, is_last):
+    {first}
+    {second}
+    loss.backward()
+
+
+def main(model, data, K, steps):
+    ddp = DDP(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    for step in range(steps):
+        for i, b in enumerate(data[step]):
+            micro_step(ddp, b, 1.0 / K, i == K - 1)
+        opt.step()
+        opt.zero_grad()
+"""
+
+
+def test_sync_flag_set_after_a_forward_in_the_same_helper() -> None:
+    """blind 53 a_b03: the helper runs the forward through a loss function, then sets the flag
+    from its parameter, which its one call site gives as ``i == K - 1``."""
+    loss = "loss = summed_ce(ddp_model, batch) * scale"
+    flag = "ddp_model.require_backward_grad_sync = is_last"
+    late = _codes(_HELPER_FLAG.replace("{first}", loss).replace("{second}", flag))
+    early = _codes(_HELPER_FLAG.replace("{first}", flag).replace("{second}", loss))
+    assert "AG106" in late and "AG106" not in early
+
+
+_DS_CLASS = """
+import deepspeed
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+MICRO, K, STEPS = 2, 4, 3
+
+
+class Trainer:
+    def __init__(self, model, cfg):
+        opt = torch.optim.Adam(model.parameters(), lr=cfg["lr"])
+        self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=cfg["ds"])
+
+    def compute_loss(self, batch):
+        ids, labels = batch
+        return F.cross_entropy(self.engine(ids).flatten(0, 1), labels.flatten(), ignore_index=-100)
+
+    def train(self, windows):
+        for window in windows:
+            for k in range(K):
+                loss = self.compute_loss(window[k])
+                self.engine.backward(loss)
+                self.engine.step()
+
+
+def main(model, windows):
+    cfg = {"lr": 1e-3, "ds": {"train_micro_batch_size_per_gpu": MICRO,
+                              "gradient_accumulation_steps": K, "gradient_clipping": 0.0}}
+    Trainer(model, cfg).train(windows)
+"""
+
+
+def test_a_deepspeed_config_handed_through_a_trainer_constructor() -> None:
+    """blind 53 b_b03: ``config=cfg["ds"]`` with ``cfg`` the constructor's parameter, given a
+    literal by its one caller; GA is a module constant. The engine divides a token mean by K."""
+    assert "AG104" in _codes(_DS_CLASS)

@@ -74,6 +74,7 @@ class WindowQueries(OwnRateQueries):
     if TYPE_CHECKING:  # :class:`._ctx_values.ValueFacts`' own, beside this in the context
         def mentions_accum(self, expr: ast.AST) -> bool: ...
         def sized_by_accum(self, expr: ast.AST, depth: int = 2) -> bool: ...
+        def int_value(self, expr: ast.AST | None, *, defaults: bool = True) -> int | None: ...
 
     # ---------------------------------------------------------------- windows
 
@@ -436,6 +437,9 @@ class WindowQueries(OwnRateQueries):
         f.summed_loss = bool(summing)
         ds = self.ds_config() if f.engine_backward else None
         ds_ga = ds.ga if ds is not None else None
+        if ds is not None and ds_ga is None:  # `"gradient_accumulation_steps": K`, K a constant
+            node = self.ds_finder().value_node(ds, "gradient_accumulation_steps")
+            ds_ga = self.int_value(node) if node is not None else None
         f.accumulating = self.shows_accumulation(window, frozenset(summing)) or (
             ds_ga is not None and ds_ga > 1
         )

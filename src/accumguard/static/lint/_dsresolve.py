@@ -191,6 +191,7 @@ class NameResolver:
         self._subscripts = subscripts  # scope -> name -> its `name["key"] = v` statements there
         self._function = function  # the file's one function of that name (None: none or several)
         self._active: set[int] = set()
+        self._calls: dict[str, list[ast.Call]] | None = None
 
     def scope_of(self, node: ast.AST) -> ast.AST:
         cur = self.parents.get(node)
@@ -234,7 +235,8 @@ class NameResolver:
             return None
         bound = self.binding(expr)
         if bound is None:
-            return None
+            given = self.argument_for(expr)
+            return self.resolve(given) if given is not None else None
         scope, assign = bound
         value = assign.value
         if is_dict_literal(value):
@@ -245,6 +247,40 @@ class NameResolver:
             self.apply_updates(expr.id, scope, assign, cfg)
             self._apply_subscripts(expr.id, scope, assign, cfg)
         return cfg
+
+    def argument_for(self, name: ast.Name) -> ast.AST | None:
+        """A parameter of the function around ``name`` (never assigned there), read as the
+        argument its one call in the file gives it: ``Trainer(model, cfg)`` for ``cfg`` of
+        ``Trainer.__init__``, ``train(cfg)`` for ``cfg`` of ``train``."""
+        fn = self.scope_of(name)
+        if not isinstance(fn, FUNCS) or self._assigns(fn).get(name.id):
+            return None
+        params = [a.arg for a in (*fn.args.posonlyargs, *fn.args.args)]
+        if name.id not in params:
+            return None
+        owner = self.parents.get(fn)
+        callee = owner.name if fn.name == "__init__" and isinstance(owner, ast.ClassDef) else fn.name
+        method = bool(params) and params[0] in ("self", "cls")
+        sites = self._calls_by_name().get(callee.lower(), [])
+        if len(sites) != 1:
+            return None
+        site = sites[0]
+        kw = next((k.value for k in site.keywords if k.arg == name.id), None)
+        if kw is not None:
+            return kw
+        i = params.index(name.id) - (1 if method else 0)
+        if 0 <= i < len(site.args) and not any(isinstance(a, ast.Starred) for a in site.args[:i + 1]):
+            return site.args[i]
+        return None
+
+    def _calls_by_name(self) -> dict[str, list[ast.Call]]:
+        """The file's calls by their last name, lower-cased (indexed once)."""
+        if self._calls is None:
+            self._calls = {}
+            for c in ast.walk(self.tree):
+                if isinstance(c, ast.Call):
+                    self._calls.setdefault(last_part(dotted(c.func)), []).append(c)
+        return self._calls
 
     def _returned(self, call: ast.Call) -> dsconfig.ConfigDict | None:
         """What a call of the file's function returns, when it has one ``return`` (its

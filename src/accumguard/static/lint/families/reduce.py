@@ -33,11 +33,9 @@ def _divides_by_world(ctx: FileContext, scope: ast.AST, near: ast.AST | None = N
     only what can reach its gradients: the outermost loop around it and what runs before
     that loop; a division in a later loop (a single-process reference run after the
     training) does not average the training's gradients."""
-    def compute() -> bool:
-        loop = _outermost_loop(ctx, near, scope) if near is not None else None
+    def compute() -> list[ast.AST]:
+        out: list[ast.AST] = []
         for sub in walk_all(scope):
-            if loop is not None and not _reaches(ctx, sub, loop):
-                continue
             divisor: ast.AST | None = None
             if isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Div | ast.Mult):
                 divisor = sub.right
@@ -47,17 +45,28 @@ def _divides_by_world(ctx: FileContext, scope: ast.AST, near: ast.AST | None = N
                 divisor = sub.args[0]
             if divisor is not None and _world_valued(ctx, divisor) \
                     and (not _multiplies(sub) or _reciprocal(ctx, divisor)):
-                return True
-        return False
-    return bool(ctx._cached("divides_world", near or scope, compute))
+                out.append(sub)
+        return out
+    divisions: list[ast.AST] = ctx._cached("world_divisions", scope, compute)  # one pass per scope
+    loop = _outermost_loop(ctx, near, scope) if near is not None else None
+    return any(loop is None or _reaches(ctx, d, loop) for d in divisions)
 
 
 def _world_valued(ctx: FileContext, expr: ast.AST) -> bool:
     """``expr`` mentions the world size, or reads a name assigned from it (``global_batch =
     micro_bsz * accum * dist.get_world_size()``)."""
-    return ctx.mentions_world(expr) or any(
-        ctx.mentions_world(v) for n in walk_all(expr) if isinstance(n, ast.Name)
-        for v in ctx.values_by_name().get(n.id, []))
+    if ctx.mentions_world(expr):
+        return True
+    memo: dict[str, bool] = ctx._cached("world_valued_names", ctx.tree, dict)
+    for n in walk_all(expr):
+        if not isinstance(n, ast.Name):
+            continue
+        if n.id not in memo:  # (a name assigned once: a name assigned everywhere says nothing)
+            values = ctx.values_by_name().get(n.id, [])
+            memo[n.id] = len(values) == 1 and ctx.mentions_world(values[0])
+        if memo[n.id]:
+            return True
+    return False
 
 
 def _multiplies(node: ast.AST) -> bool:

@@ -105,6 +105,9 @@ def _forward_before_helper(ctx: FileContext, node: ast.stmt, recv: str) -> ast.C
             isinstance(b, ast.Call) and is_backward(b) and position(b) > position(node)
             for b in walk_local(fn)):
         return None
+    own = _forward_in_function_before(ctx, fn, node, recv)
+    if own is not None:
+        return own
     for site in ctx.call_sites(fn):
         loop = ctx.enclosing(site, LOOPS + SCOPES)
         if not isinstance(loop, LOOPS):
@@ -118,6 +121,53 @@ def _forward_before_helper(ctx: FileContext, node: ast.stmt, recv: str) -> ast.C
             if callee is not None and callee is not fn and _forward_inside(callee, recv):
                 return n
     return None
+
+
+def _forward_in_function_before(ctx: FileContext, fn: ast.FunctionDef | ast.AsyncFunctionDef,
+                                node: ast.AST, recv: str) -> ast.Call | None:
+    """A forward of ``recv`` in ``fn`` before ``node``: a call of it, or a call handing it to
+    a function of the file that calls the parameter it binds (``loss =
+    summed_ce(ddp_model, batch)`` with ``summed_ce(model, b)`` calling ``model(...)``)."""
+    for n in walk_local(fn):
+        if not isinstance(n, ast.Call) or position(n) >= position(node):
+            continue
+        if _is_forward_of(n, recv):
+            return n
+        callee = ctx.callee_of(n)
+        if not isinstance(callee, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        params = [a.arg for a in (*callee.args.posonlyargs, *callee.args.args)]
+        bound = [params[i] for i, a in enumerate(n.args) if i < len(params) and dotted(a) == recv]
+        bound += [k.arg for k in n.keywords if k.arg is not None and dotted(k.value) == recv]
+        if any(_forward_inside(callee, p) for p in bound):
+            return n
+    return None
+
+
+def _through_parameter(ctx: FileContext, node: ast.AST, value: ast.AST) -> ast.AST:
+    """A flag that is a parameter of the function around ``node``, read as the argument its
+    one call site of the file gives it (``micro_step(ddp, b, scale, i == K - 1)``)."""
+    fn = ctx.enclosing(node, SCOPES)
+    if not (isinstance(value, ast.Name) and isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef)):
+        return value
+    params = [a.arg for a in (*fn.args.posonlyargs, *fn.args.args)]
+    if value.id not in params or any(
+            isinstance(n, ast.Assign | ast.AugAssign) and any(
+                isinstance(t, ast.Name) and t.id == value.id
+                for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))
+            for n in walk_local(fn)):
+        return value
+    sites = list(ctx.call_sites(fn))
+    if len(sites) != 1 or not isinstance(sites[0], ast.Call):
+        return value
+    site = sites[0]
+    i = params.index(value.id)
+    if params and params[0] in ("self", "cls") and isinstance(site.func, ast.Attribute):
+        i -= 1
+    arg = next((k.value for k in site.keywords if k.arg == value.id), None)
+    if arg is None and 0 <= i < len(site.args) and not isinstance(site.args[i], ast.Starred):
+        arg = site.args[i]
+    return arg if arg is not None else value
 
 
 def _wrapper_of(ctx: FileContext, recv: str) -> str:
@@ -239,6 +289,10 @@ def sync_flag_after_forward(ctx: FileContext) -> Iterator[Finding]:
                 continue
             recv, fwd = flag_recv, flag_fwd
             kind = _effective(ctx, node, node.value)
+            if kind == "unknown":
+                given = _through_parameter(ctx, node, node.value)
+                if given is not node.value:
+                    kind = _effective(ctx, given, given)
             if kind == "first":
                 kind = "unknown"  # one forward late: what the last micro-step sees depends on K
             key = (id(ctx.enclosing(node, LOOPS)), recv)
