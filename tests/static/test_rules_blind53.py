@@ -192,3 +192,41 @@ def test_a_deepspeed_config_handed_through_a_trainer_constructor() -> None:
     """blind 53 b_b03: ``config=cfg["ds"]`` with ``cfg`` the constructor's parameter, given a
     literal by its one caller; GA is a module constant. The engine divides a token mean by K."""
     assert "AG104" in _codes(_DS_CLASS)
+
+
+_MULT = """
+import contextlib
+import torch
+from accelerate import Accelerator
+
+
+def loss_multiplier(batch_samples, accelerator, grad_accum):
+    n = torch.stack([b["labels"].ne(-100).sum() for b in batch_samples]).sum()
+{gather}    return grad_accum{world} / n
+
+
+def main(model, loader, K, updates):
+    acc = Accelerator()
+    opt = torch.optim.AdamW(model.parameters())
+    model, opt, loader = acc.prepare(model, opt, loader)
+    it = iter(loader)
+    for update in range(updates):
+        batch_samples = [next(it) for _ in range(K)]
+        mult = loss_multiplier(batch_samples, acc, K)
+        for i, batch in enumerate(batch_samples):
+            ctx = acc.no_sync(model) if i < len(batch_samples) - 1 else contextlib.nullcontext()
+            with ctx:
+                loss = summed_token_ce(model, batch) * mult
+                acc.backward(loss)
+        opt.step()
+        opt.zero_grad()
+"""
+
+
+def test_a_rank_local_count_in_a_multiplier_helper() -> None:
+    """blind 53 a_b02: the Accelerate token recipe with the window's count made in a helper
+    that never gathers it over the ranks."""
+    local = _MULT.replace("{gather}", "").replace("{world}", "")
+    gathered = _MULT.replace("{gather}", "    n = accelerator.gather(n).sum()\n").replace(
+        "{world}", " * accelerator.num_processes")
+    assert "AG113" in _codes(local) and "AG113" not in _codes(gathered)

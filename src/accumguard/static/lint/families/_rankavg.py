@@ -202,6 +202,26 @@ def reciprocal_products(ctx: FileContext) -> Iterator[tuple[ast.AST, ast.AST, as
                     and isinstance(v.left, ast.Constant) and v.left.value in (1, 1.0):
                 yield node, other, v.right
                 break
+            ret = _returned_division(ctx, v)
+            if ret is not None:
+                yield node, other, ret.right
+                break
+
+
+def _returned_division(ctx: FileContext, value: ast.AST | None) -> ast.BinOp | None:
+    """``mult = loss_multiplier(window, K)`` where the file's one function of that name has
+    one ``return``, a division (``return K / n``, ``return K * W / n``): the scale is a
+    division by that function's count."""
+    if not (isinstance(value, ast.Call) and isinstance(value.func, ast.Name)):
+        return None
+    fns = ctx.functions_by_name().get(value.func.id, [])
+    if len(fns) != 1:
+        return None
+    rets = [r for r in ast.walk(fns[0]) if isinstance(r, ast.Return) and r.value is not None]
+    if len(rets) != 1:
+        return None
+    ret = rets[0].value
+    return ret if isinstance(ret, ast.BinOp) and isinstance(ret.op, ast.Div) else None
 
 
 # ---------------------------------------------------------------- counts summed over ranks

@@ -293,7 +293,7 @@ def rank_local_token_mean_under_ddp(ctx: FileContext) -> Iterator[Finding]:
             isinstance(n, ast.Call) and call_attr(n) == "sum" for n in walk_all(dividend)
         )):
             continue
-        scope = ctx.scope_of(node)
+        scope = ctx.scope_of(divisor)  # (a helper's count: `mult = loss_multiplier(window)`)
         count_names = {d for d in (dotted(s) for s in walk_all(divisor)) if d}
         if count_names & ctx.all_reduced_names(scope) or count_names & ctx.all_reduced_names(ctx.tree):
             continue
@@ -310,7 +310,7 @@ def rank_local_token_mean_under_ddp(ctx: FileContext) -> Iterator[Finding]:
                     "samples), never all-reduced: DDP then averages rank-local means, so ranks "
                     "with fewer tokens weigh more")
             continue
-        if not ctx.ddp_wrapped and not by_hand and not local_count(ctx, node, count_names):
+        if not ctx.ddp_wrapped and not by_hand and not local_count(ctx, divisor, count_names):
             continue  # under Accelerate: only a count computed here, not named as the window's
         if returned_reduced(ctx, divisor):
             continue  # a helper of the file all-reduces the count it returns
@@ -331,10 +331,19 @@ def rank_local_token_mean_under_ddp(ctx: FileContext) -> Iterator[Finding]:
             "AG113",
             node,
             f"under {under} the "
-            f"loss is divided by `{ast.unparse(divisor)}`, this rank's own count (of tokens or "
+            f"loss is divided by `{ast.unparse(divisor)}`{_helper_note(ctx, node, divisor)}, "
+            f"this rank's own count (of tokens or "
             f"samples), which is never all-reduced: {engine} then averages rank-local means, "
             "so ranks with fewer tokens weigh more",
         )
+
+
+def _helper_note(ctx: FileContext, node: ast.AST, divisor: ast.AST) -> str:
+    """Where a count of another function comes from (a multiplier a helper returns)."""
+    fn = ctx.enclosing(divisor, FUNCS)
+    if fn is None or fn is ctx.enclosing(node, FUNCS):
+        return ""
+    return f" (through the factor `{getattr(fn, 'name', '?')}()` returns, line {getattr(divisor, 'lineno', 0)})"
 
 
 def _rank_local_num_items(ctx: FileContext) -> Iterator[Finding]:
