@@ -218,42 +218,70 @@ def _schedule_reads(ctx: FileContext, expr: ast.AST, counter: str) -> set[str] |
     return reads
 
 
+def _lr_sources(ctx: FileContext, write: ast.Assign) -> Iterator[tuple[ast.AST, list[ast.AST], ast.AST]]:
+    """(scope, the values the written rate is computed from there, where to report): the
+    write's own function; and when the rate reads a parameter of a helper (``def
+    set_lr(opt, base, f): g["lr"] = base * f``), each call's argument for it in its caller
+    (``f = warmup_factor(it, c)`` then ``set_lr(opt, lr, f)``), reported at the call."""
+    scope = ctx.scope_of(write)
+    values: list[ast.AST] = [write.value]
+    if isinstance(write.value, ast.Name):
+        values = _name_values(ctx, scope)[0].get(write.value.id, [])
+    yield scope, values, write
+    if not isinstance(scope, ast.FunctionDef | ast.AsyncFunctionDef):
+        return
+    params = [a.arg for a in (*scope.args.posonlyargs, *scope.args.args)]
+    read = [p for p in params if any(isinstance(n, ast.Name) and n.id == p for v in values
+                                     for n in walk_all(v))]
+    for site in ctx.call_sites(scope):
+        caller = ctx.scope_of(site)
+        offset = 1 if params and params[0] in ("self", "cls") and isinstance(site.func, ast.Attribute) else 0
+        args: list[ast.AST] = []
+        for p in read:
+            arg = next((k.value for k in site.keywords if k.arg == p), None)
+            i = params.index(p) - offset
+            if arg is None and 0 <= i < len(site.args):
+                arg = site.args[i]
+            if arg is not None:
+                args += (_name_values(ctx, caller)[0].get(arg.id, []) if isinstance(arg, ast.Name)
+                         else [arg])
+        if args:
+            yield caller, args, site
+
+
 @rule("AG130")
 def lr_from_micro_counter(ctx: FileContext) -> Iterator[Finding]:
     for write in _lr_writes(ctx):
-        scope = ctx.scope_of(write)
-        values: list[ast.AST] = [write.value]
-        if isinstance(write.value, ast.Name):
-            values = _name_values(ctx, scope)[0].get(write.value.id, [])
-        for value in values:
-            counters = {n.id for n in walk_all(value) if isinstance(n, ast.Name)}
-            for counter in sorted(counters):
-                window = _micro_window(ctx, scope, counter)
-                if window is None:
-                    continue
-                reads = _schedule_reads(ctx, value, counter)
-                if reads is None or any(
-                    ctx.mentions_accum(ast.Name(id=r)) or any(ctx.mentions_accum(v) for v in ctx.values_by_name().get(r, []))
-                    for r in reads
-                ):
-                    continue  # the schedule's constants are built from K: counted in micro-batches
-                names, ints = _bounds(ctx, window, counter)
-                tied = sorted(reads & names) or sorted(
-                    r for r in reads if (v := _int_of(ctx, r)) is not None and v in ints
-                )
-                msg = (
-                    f"the learning rate written into the param groups is computed from `{counter}`, "
-                    f"which counts micro-batches (it advances on every micro-batch of the window at "
-                    f"line {getattr(window, 'lineno', 0)}), so the schedule advances K positions per optimizer step"
-                )
-                if tied:
-                    msg += (f", while its horizon (`{tied[0]}`) is the loop's number of optimizer "
-                            "steps: warm-up ends K times early and the decay reaches its floor after "
-                            "1/K of the run")
-                    yield ctx.finding("AG130", write, msg)
-                else:
-                    msg += (": K times ahead, unless the schedule's constants are counted in "
-                            "micro-batches (not in sight)")
-                    f = ctx.finding("AG130", write, msg)
-                    yield replace(f, severity=Severity.WARNING, confidence=Confidence.LOW)
-                break
+        for scope, values, at in _lr_sources(ctx, write):
+            for value in values:
+                counters = {n.id for n in walk_all(value) if isinstance(n, ast.Name)}
+                for counter in sorted(counters):
+                    window = _micro_window(ctx, scope, counter)
+                    if window is None:
+                        continue
+                    reads = _schedule_reads(ctx, value, counter)
+                    if reads is None or any(
+                        ctx.mentions_accum(ast.Name(id=r)) or any(ctx.mentions_accum(v) for v in ctx.values_by_name().get(r, []))
+                        for r in reads
+                    ):
+                        continue  # the schedule's constants are built from K: counted in micro-batches
+                    names, ints = _bounds(ctx, window, counter)
+                    tied = sorted(reads & names) or sorted(
+                        r for r in reads if (v := _int_of(ctx, r)) is not None and v in ints
+                    )
+                    msg = (
+                        f"the learning rate written into the param groups is computed from `{counter}`, "
+                        f"which counts micro-batches (it advances on every micro-batch of the window at "
+                        f"line {getattr(window, 'lineno', 0)}), so the schedule advances K positions per optimizer step"
+                    )
+                    if tied:
+                        msg += (f", while its horizon (`{tied[0]}`) is the loop's number of optimizer "
+                                "steps: warm-up ends K times early and the decay reaches its floor after "
+                                "1/K of the run")
+                        yield ctx.finding("AG130", at, msg)
+                    else:
+                        msg += (": K times ahead, unless the schedule's constants are counted in "
+                                "micro-batches (not in sight)")
+                        f = ctx.finding("AG130", at, msg)
+                        yield replace(f, severity=Severity.WARNING, confidence=Confidence.LOW)
+                    break

@@ -31,7 +31,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from accumguard.static.findings import Finding
-from accumguard.static.lint._ast import call_attr, dotted, position, receiver, walk_all, walk_local
+from accumguard.static.lint._ast import (
+    call_attr,
+    dotted,
+    is_backward,
+    position,
+    receiver,
+    walk_all,
+    walk_local,
+)
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._lightning import manual_optimization
@@ -397,6 +405,7 @@ def loss_term_not_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
                 or facts.accelerate or (facts.engine_backward and not engine_by_one)
                 or ctx.window_k_is_one(window)):
             continue
+        yield from _separate_backwards(ctx, window)
         for scope, bw in ctx.backward_scopes(window):
             if call_attr(bw) == "manual_backward" and len(bw.args) == 1 and _manual(ctx, bw):
                 loss: ast.AST | None = bw.args[0]  # Lightning leaves the scale to the module
@@ -503,3 +512,58 @@ def _masked_shape(num: ast.AST, den: ast.AST) -> bool:
     num_names = {n.id for n in walk_all(num) if isinstance(n, ast.Name)}
     return bool(den_names) and den_names < num_names and any(
         isinstance(c, ast.Call) and call_attr(c) == "sum" for c in walk_all(num))
+
+
+def _backward_loss(ctx: FileContext, bw: ast.Call) -> ast.AST | None:
+    """The loss a plain ``.backward()`` call backwards (``scaler.scale(x).backward()``: x)."""
+    if call_attr(bw) != "backward" or bw.args:
+        return None
+    loss = receiver(bw)
+    if isinstance(loss, ast.Call) and call_attr(loss) == "scale" and len(loss.args) == 1:
+        loss = loss.args[0]
+    return loss
+
+
+def _separate_backwards(ctx: FileContext, window: ast.AST) -> Iterator[Finding]:
+    """Two backwards in one micro-step of the window (a term backwarded on its own, with
+    ``retain_graph=True`` on the first): one loss divided by K, another with no division at
+    all. Over the K micro-batches the second weighs K times its coefficient."""
+    calls = [n for n in ctx.local_nodes(window) if isinstance(n, ast.Call) and is_backward(n)
+             and ctx.enclosing(n, _LOOPS) is window]
+    if len(calls) < 2:
+        return
+    facts = ctx.window_facts(window)
+    if facts.own_rate or facts.unguarded_optimizer_steps or any(
+            not ctx.guarded(z, window) for z, _ in facts.zero_grads):
+        return  # (a GAN's discriminator, a critic: another optimizer's loss, its own window)
+    k = ctx.window_k_names(window)
+    follow = _Follow(ctx, window, k)
+    block = _blocks(ctx, calls[0])[0]
+    read: list[tuple[ast.Call, ast.AST, bool, bool]] = []
+    for bw in calls:
+        loss = _backward_loss(ctx, bw)
+        if loss is None or _blocks(ctx, bw)[0] != block:
+            return  # (a backward in a branch of its own: alternatives, not two terms)
+        name = dotted(loss)
+        terms = follow.terms_at(name, bw) if name is not None else follow.split(loss, "", None, bw, _DEPTH)
+        if not terms:
+            return
+        divided = all(t.divided for t in terms)
+        plain = not any(t.divided or t.normalised or _divided_by_anything(t.expr) or _constant(t.expr)
+                        for t in terms) and not _divided_by_anything(loss)
+        read.append((bw, loss, divided, plain))
+    main = next(((bw, loss) for bw, loss, d, _ in read if d), None)
+    if main is None:
+        return
+    for bw, loss, _, plain in read:
+        if plain:
+            yield ctx.finding(
+                "AG127",
+                bw,
+                f"`{ast.unparse(loss)}` is backwarded on its own in every micro-step and not "
+                f"divided by K, while `{ast.unparse(main[1])}` (line {main[0].lineno}) is: "
+                "summed over the window's K micro-batches that term weighs K times its "
+                "coefficient relative to the large batch's loss",
+                fix="divide that loss by K as well before its backward (or add it to the main "
+                    "loss before the division)",
+            )

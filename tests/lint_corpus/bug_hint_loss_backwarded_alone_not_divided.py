@@ -1,0 +1,17 @@
+# corpus: style=distill class=LOSS_SCALE
+# a FitNets hint term backwarded on its own (the main loss keeps its graph with retain_graph):
+# the main loss is divided by accum, the hint is not, so it weighs accum times its weight
+import torch
+
+accum = 4
+opt = torch.optim.SGD(student.parameters(), lr=0.1, momentum=0.9)
+scaler = torch.amp.GradScaler()
+for step in range(steps):
+    for j in range(accum):
+        x, y = batches[step * accum + j]
+        loss = kd_loss(student(x), teacher(x), y) / accum
+        scaler.scale(loss).backward(retain_graph=True)
+        scaler.scale(hint_weight * hint_loss(student)).backward()  # expect: AG127
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad()
