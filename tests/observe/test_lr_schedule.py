@@ -75,11 +75,12 @@ def test_per_micro_step_schedule_with_a_horizon_in_optimizer_steps_is_an_error()
     assert "get_lr(iter_num)" in found[0].fix
 
 
-def test_per_micro_step_schedule_still_moving_is_a_warning() -> None:
-    # the run stops before the schedule's end: the horizon may count micro-steps
+def test_per_micro_step_schedule_still_moving_is_an_error() -> None:
+    # the run stops before the schedule's end: whatever its lengths count, the large batch
+    # computes it once per optimizer step (as for a scheduler object stepped in the window)
     found = lr_schedule_findings(0, _windows(_run(steps=6, k=4, per_micro=True, horizon=200)), 4)
-    assert _sev(found) == {("F4", "warning")}, found
-    assert "not judged an error" in found[0].evidence
+    assert _sev(found) == {("F4", "error")}, found
+    assert "4 x later" in found[0].evidence
 
 
 def test_step_indexed_and_scheduler_driven_schedules_are_silent() -> None:
@@ -89,11 +90,14 @@ def test_step_indexed_and_scheduler_driven_schedules_are_silent() -> None:
         assert lr_schedule_findings(0, _windows(steps), 4) == [], steps
 
 
-def test_a_micro_step_horizon_ending_with_the_run_is_not_an_error() -> None:
-    # indexed by micro-steps and counted in micro-steps: the schedule ends with the run
+def test_a_micro_step_horizon_ending_with_the_run_is_still_per_micro_step() -> None:
+    # indexed by micro-steps and counted in micro-steps: the schedule ends with the run, but
+    # each update's rate is the one K micro-steps on, not the large batch's (the same
+    # decision as for a scheduler object stepped inside the window)
     found = lr_schedule_findings(0, _windows(_run(steps=8, k=4, per_micro=True, horizon=30)),
                                  4)
-    assert ("F4", "error") not in _sev(found), found
+    assert _sev(found) == {("F4", "error")}, found
+    assert "reached its end" not in found[0].evidence
 
 
 def test_one_change_inside_a_window_is_not_a_per_micro_schedule() -> None:

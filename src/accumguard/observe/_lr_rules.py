@@ -4,10 +4,11 @@
 between two backward passes (``lr_changes``) and the rate at the step (``lr``). A schedule
 indexed by the optimizer step changes the rate between windows only; one indexed by the
 micro-step changes it between every two backward passes and so advances K times per
-optimizer step. That alone is a warning: a schedule whose warmup and decay lengths count
-micro-steps is right when indexed so. It is an error when the run shows the consequence:
-the rate stopped changing at 1/K of the run (a horizon counted in optimizer steps, reached
-K times early), while a schedule counted in micro-steps would still be moving.
+optimizer step. That is an error, as a scheduler object stepped between the backwards of
+a window is (:mod:`._schedules`): the large batch computes the same schedule once per
+optimizer step, so its warm-up and decay come K times later than this run's. When the run
+shows the consequence (the rate stopped changing at 1/K of the run: a horizon counted in
+optimizer steps, reached K times early) the evidence says so.
 """
 
 from __future__ import annotations
@@ -73,7 +74,10 @@ def lr_schedule_findings(rank: int, windows: list[StepWindow], k: int | None
                     f"steps reached its end {kk} x early, and the remaining {flat} steps ran "
                     f"at its final rate", fix=_FIX, title_=_TITLE)]
     step = first.step
-    return [_mk("F4", "warning", rank, step, None,
-                f"{where}. If its warmup and decay lengths count optimizer steps it runs "
-                f"{kk} x fast (not judged an error: the run did not show the schedule's end)",
+    return [_mk("F4", "error", rank, step, None,
+                f"{where}. The large batch computes the same schedule once per optimizer "
+                f"step: its warm-up and decay come {kk} x later than this run's (the run did "
+                "not reach the schedule's end, so whether its lengths count optimizer steps "
+                "or micro-steps is not seen; either way each update's rate is not the large "
+                "batch's)",
                 fix=_FIX, title_=_TITLE)]
