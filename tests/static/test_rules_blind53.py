@@ -230,3 +230,61 @@ def test_a_rank_local_count_in_a_multiplier_helper() -> None:
     gathered = _MULT.replace("{gather}", "    n = accelerator.gather(n).sum()\n").replace(
         "{world}", " * accelerator.num_processes")
     assert "AG113" in _codes(local) and "AG113" not in _codes(gathered)
+
+
+def test_a_count_derived_from_an_all_reduced_one_spans_the_ranks() -> None:
+    """blind 54 c_b02_fixed: ``denom = cnt / world`` after ``dist.all_reduce(cnt)``."""
+    src = """
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def worker(model, stream, K, world):
+    ddp = DDP(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    denom = None
+    for i, (step, m, batch) in enumerate(stream):
+        if m == 0:
+            cnt = torch.tensor(float(count_tokens(step)))
+            dist.all_reduce(cnt)
+            denom = {denom}
+        loss = ctc_sum(ddp, *batch) / denom
+        loss.backward()
+        if (i + 1) % K == 0:
+            opt.step()
+            opt.zero_grad()
+"""
+    assert "AG113" not in _codes(src.replace("{denom}", "cnt / world"))
+    assert "AG113" in _codes(src.replace("{denom}", "float(count_tokens(step))"))
+
+
+def test_a_sum_through_a_helper_tuple_is_a_micro_batch_mean() -> None:
+    """blind 54 a_b02: ``total, n_tok = lm_terms(...)`` then ``total / n_tok``, the helper
+    returning ``ce + coef * z, valid.sum()`` with ``ce`` a summed cross-entropy."""
+    src = """
+import torch.nn.functional as F
+from transformers import Trainer, TrainingArguments
+
+
+def lm_terms(logits, labels):
+    valid = labels.ne(-100)
+    ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum")
+    z = (logits.logsumexp(-1) ** 2 * valid).sum()
+    return ce + 1e-4 * z, valid.sum()
+
+
+class ZTrainer(Trainer):
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        labels = inputs.pop("labels")
+        outputs = model(**inputs)
+        total, n_tok = lm_terms(outputs.logits, labels)
+        loss = total / {denom}
+        return (loss, outputs) if return_outputs else loss
+
+
+args = TrainingArguments(output_dir="o", gradient_accumulation_steps=4)
+ZTrainer(model=model, args=args, train_dataset=ds).train()
+"""
+    assert "AG118" in _codes(src.replace("{denom}", "n_tok"))
+    assert "AG118" not in _codes(src.replace("{denom}", "num_items_in_batch"))

@@ -256,8 +256,7 @@ def mean_loss_site(ctx: FileContext, fn: ast.AST, cls: ast.ClassDef | None = Non
             if depth > 0 and (inner := _helper_mean(ctx, n, depth)) is not None:
                 return n, f"`{ast.unparse(n.func)}(...)`, a function of this file returning {inner}"
         elif (div := division(n)) is not None and is_count(ctx, unpacked(ctx, fn, div[1])) and (
-            is_loss(top := unpacked(ctx, fn, div[0])) or any(
-                isinstance(x, ast.Call) and call_attr(x) == "sum" for x in walk_all(top))):
+            is_loss(top := unpacked(ctx, fn, div[0])) or _summed(ctx, top)):
             return n, f"`{ast.unparse(n)}`, divided by this micro-batch's own count"
         elif (
             isinstance(n, ast.Attribute) and n.attr == "loss" and isinstance(n.ctx, ast.Load)
@@ -268,6 +267,24 @@ def mean_loss_site(ctx: FileContext, fn: ast.AST, cls: ast.ClassDef | None = Non
         ):
             return n, f"`{ast.unparse(n)}`, the model's mean over this micro-batch's tokens"
     return None
+
+
+def _summed(ctx: FileContext, expr: ast.AST) -> bool:
+    """``expr`` sums something (a ``.sum()``), directly or through the names its function
+    assigns once (``return ce + coef * z, n`` with ``ce = F.cross_entropy(...,
+    reduction="sum")`` and ``z = (...).sum()``)."""
+    def sums(e: ast.AST) -> bool:
+        return any(isinstance(x, ast.Call) and (call_attr(x) == "sum" or reduction(x) == "sum")
+                   for x in walk_all(e))
+    if sums(expr):
+        return True
+    fn = ctx.enclosing(expr, FUNCS)
+    if fn is None:
+        return False
+    names = {x.id for x in walk_all(expr) if isinstance(x, ast.Name)}
+    values = [a.value for a in ast.walk(fn) if isinstance(a, ast.Assign) and len(a.targets) == 1
+              and isinstance(a.targets[0], ast.Name) and a.targets[0].id in names]
+    return bool(values) and any(sums(v) for v in values)
 
 
 def _helper_mean(ctx: FileContext, call: ast.Call, depth: int) -> str | None:

@@ -295,7 +295,8 @@ def rank_local_token_mean_under_ddp(ctx: FileContext) -> Iterator[Finding]:
             continue
         scope = ctx.scope_of(divisor)  # (a helper's count: `mult = loss_multiplier(window)`)
         count_names = {d for d in (dotted(s) for s in walk_all(divisor)) if d}
-        if count_names & ctx.all_reduced_names(scope) or count_names & ctx.all_reduced_names(ctx.tree):
+        reduced = ctx.all_reduced_names(scope) | ctx.all_reduced_names(ctx.tree)
+        if count_names & reduced or _made_from_reduced(ctx, count_names, reduced):
             continue
         if isinstance(divisor, ast.Name) and divisor.id not in ctx.bound_names():
             continue  # made outside the file: whether it spans the ranks is not in sight
@@ -336,6 +337,18 @@ def rank_local_token_mean_under_ddp(ctx: FileContext) -> Iterator[Finding]:
             f"samples), which is never all-reduced: {engine} then averages rank-local means, "
             "so ranks with fewer tokens weigh more",
         )
+
+
+def _made_from_reduced(ctx: FileContext, names: set[str], reduced: set[str]) -> bool:
+    """A count name every (non-None) value of which reads an all-reduced name (``denom =
+    cnt / world`` after ``dist.all_reduce(cnt)``): the count spans the ranks."""
+    by_name = ctx.values_by_name()
+    for name in names:
+        values = [v for v in by_name.get(name, [])
+                  if not (isinstance(v, ast.Constant) and v.value is None)]
+        if values and all(any((dotted(x) or "") in reduced for x in walk_all(v)) for v in values):
+            return True
+    return False
 
 
 def _helper_note(ctx: FileContext, node: ast.AST, divisor: ast.AST) -> str:
