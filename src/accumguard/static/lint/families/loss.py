@@ -296,7 +296,7 @@ def rank_local_token_mean_under_ddp(ctx: FileContext) -> Iterator[Finding]:
         scope = ctx.scope_of(divisor)  # (a helper's count: `mult = loss_multiplier(window)`)
         count_names = {d for d in (dotted(s) for s in walk_all(divisor)) if d}
         reduced = ctx.all_reduced_names(scope) | ctx.all_reduced_names(ctx.tree)
-        if count_names & reduced or _made_from_reduced(ctx, count_names, reduced):
+        if count_names & reduced or _made_from_reduced(ctx, count_names, ctx.all_reduced_names(scope)):
             continue
         if isinstance(divisor, ast.Name) and divisor.id not in ctx.bound_names():
             continue  # made outside the file: whether it spans the ranks is not in sight
@@ -340,15 +340,27 @@ def rank_local_token_mean_under_ddp(ctx: FileContext) -> Iterator[Finding]:
 
 
 def _made_from_reduced(ctx: FileContext, names: set[str], reduced: set[str]) -> bool:
-    """A count name every (non-None) value of which reads an all-reduced name (``denom =
-    cnt / world`` after ``dist.all_reduce(cnt)``): the count spans the ranks."""
+    """A count name every (non-None) value of which reads a name all-reduced in the same
+    function, outside a comprehension (``denom = cnt / world`` after
+    ``dist.all_reduce(cnt)``): the count spans the ranks."""
     by_name = ctx.values_by_name()
     for name in names:
         values = [v for v in by_name.get(name, [])
                   if not (isinstance(v, ast.Constant) and v.value is None)]
-        if values and all(any((dotted(x) or "") in reduced for x in walk_all(v)) for v in values):
+        if values and all(any((dotted(x) or "") in reduced for x in _outside_comprehensions(v))
+                          for v in values):
             return True
     return False
+
+
+def _outside_comprehensions(expr: ast.AST) -> Iterator[ast.AST]:
+    """The nodes of ``expr`` not inside a comprehension (whose names are its own)."""
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(c for c in ast.iter_child_nodes(node)
+                     if not isinstance(c, ast.GeneratorExp | ast.ListComp | ast.SetComp | ast.DictComp))
 
 
 def _helper_note(ctx: FileContext, node: ast.AST, divisor: ast.AST) -> str:

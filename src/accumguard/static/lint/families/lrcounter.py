@@ -27,7 +27,7 @@ from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families.deepspeed import _name_values
 
-__all__ = ["lr_from_micro_counter"]
+__all__ = ["lr_from_lightning_batch_idx", "lr_from_micro_counter"]
 
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
 
@@ -285,3 +285,62 @@ def lr_from_micro_counter(ctx: FileContext) -> Iterator[Finding]:
                         f = ctx.finding("AG130", at, msg)
                         yield replace(f, severity=Severity.WARNING, confidence=Confidence.LOW)
                     break
+
+
+#: Lightning hooks that run on every batch (micro-batch) under automatic optimisation
+_PER_BATCH_HOOKS = frozenset({"on_train_batch_start", "on_train_batch_end", "training_step",
+                              "on_before_backward", "on_after_backward"})
+
+
+def _lightning_k(ctx: FileContext) -> tuple[int | None, bool]:
+    """``accumulate_grad_batches`` as the file gives it: (its value, whether it is given)."""
+    values = [k.value for c in ctx.of(ast.Call) for k in c.keywords if k.arg == "accumulate_grad_batches"]
+    if not values:
+        return None, False
+    ints = {ctx.int_value(v) for v in values}
+    return (ints.pop() if len(ints) == 1 else None), True
+
+
+@rule("AG130")
+def lr_from_lightning_batch_idx(ctx: FileContext) -> Iterator[Finding]:
+    """A learning rate written in a Lightning hook that runs on every batch
+    (``on_train_batch_start(self, trainer, pl_module, batch, batch_idx)``) from ``batch_idx``,
+    with ``accumulate_grad_batches`` > 1: ``batch_idx`` counts micro-batches, so the schedule
+    advances K positions per optimizer step (``trainer.global_step`` counts optimizer
+    steps). An error when K > 1 is in sight, a warning when its value is not."""
+    k, given = _lightning_k(ctx)
+    if not given or k == 1:
+        return
+    for write in _lr_writes(ctx):
+        fn = ctx.enclosing(write, FUNCS)
+        if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) or fn.name not in _PER_BATCH_HOOKS:
+            continue
+        if "batch_idx" not in {a.arg for a in fn.args.args}:
+            continue
+        values: list[ast.AST] = [write.value]
+        if isinstance(write.value, ast.Name):
+            values = _name_values(ctx, fn)[0].get(write.value.id, [])
+        # through the hook's own names, a few levels (`step = batch_idx`, `scale = f(step)`)
+        local = _name_values(ctx, fn)[0]
+        reads: set[str] = set()
+        todo = list(values)
+        for _ in range(4):
+            found = {n.id for v in todo for n in walk_all(v) if isinstance(n, ast.Name)} - reads
+            reads |= found
+            todo = [x for name in found for x in local.get(name, [])]
+            if not todo:
+                break
+        if "batch_idx" not in reads:
+            continue
+        f = ctx.finding(
+            "AG130",
+            write,
+            f"the learning rate written in `{fn.name}` is computed from `batch_idx`, which counts "
+            "micro-batches, while `accumulate_grad_batches`"
+            + (f" = {k}" if k is not None else " is set")
+            + ": the schedule advances K positions per optimizer step (the large batch steps "
+            "it once per optimizer step)",
+            fix="compute it from `trainer.global_step` (optimizer steps), or use an LR scheduler "
+                "with interval 'step' in configure_optimizers",
+        )
+        yield f if k is not None else replace(f, severity=Severity.WARNING, confidence=Confidence.LOW)
