@@ -413,6 +413,47 @@ def _residue_finding(ctx: FileContext, guard_if: ast.If, guard: ModGuard, start:
     return finding
 
 
+@rule("AG115")
+def deepspeed_boundary_off_by_one(ctx: FileContext) -> Iterator[Finding]:
+    """``engine.set_gradient_accumulation_boundary(i % K == 0)`` before this micro-batch's
+    backward (``engine.step()`` on every micro-batch applies the update at a boundary), with
+    ``i`` counting from 0: the first window closes on its first micro-batch. A test with
+    another part (``or i == len(loader) - 1``, the pass's last window) is read by its modulo
+    part."""
+    for call in ctx.of(ast.Call):
+        if call_attr(call) != "set_gradient_accumulation_boundary" or not call.args:
+            continue
+        window = ctx.enclosing(call, LOOPS)
+        if window is None:
+            continue
+        scope = ctx.enclosing(call, FUNCS) or ctx.tree
+        test = call.args[0]
+        if isinstance(test, ast.Name):
+            values = ctx.assigned_in(scope).get(test.id, [])
+            test = values[0] if len(values) == 1 else test
+        parts = test.values if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.Or) else [test]
+        guard = next((g for p in parts if (g := mod_guard(p)) is not None), None)
+        top = top_statement(ctx, call, window)
+        if guard is None or top is None or guard.residue or guard.excludes_zero:
+            continue
+        if not any(position(b) > position(call) for b in ctx.window_backwards(window)):
+            continue  # (the flag set after the backward is read at the next one)
+        start = counter_start(ctx, window, top, guard.counter)
+        if type(start) is not int or start + guard.offset != 0:
+            continue  # (i + 1) % K == 0 from 0: the K-th micro-batch closes the window
+        yield ctx.finding(
+            "AG115",
+            call,
+            f"`{ast.unparse(call)}` marks the boundary when `{guard.counter} % K == 0`, before "
+            f"this micro-batch's backward, with `{guard.counter}` = {start} on the first "
+            "micro-batch: the engine closes the first window on its first micro-batch, every "
+            "later window is shifted by one and the pass's last K - 1 micro-batches close "
+            "short",
+            fix=f"mark the boundary when `({guard.counter} + 1) % K == 0` (or on the pass's last "
+                "micro-batch)",
+        )
+
+
 # ---------------------------------------------------------------- AG117: the epoch's leftover
 
 @rule("AG117")
