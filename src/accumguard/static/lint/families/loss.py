@@ -181,8 +181,8 @@ def mean_of_means(ctx: FileContext) -> Iterator[Finding]:
             found = [token_mean_hints(ctx, f) for f in called]
             hints = hints or any(h for h, _ in found)
             summed = any(sm for _, sm in found)
-        cls = ctx.enclosing(window, (ast.ClassDef,)) if by_accelerate else None
-        if by_accelerate and not hints and isinstance(cls, ast.ClassDef):
+        cls = ctx.enclosing(window, (ast.ClassDef,))
+        if not hints and isinstance(cls, ast.ClassDef):
             # a trainer class builds its criterion in __init__ (CrossEntropyLoss(ignore_index=pad))
             methods = [f for f in cls.body if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)]
             found = [token_mean_hints(ctx, f) for f in methods]
