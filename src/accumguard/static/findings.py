@@ -300,8 +300,9 @@ RULES: dict[str, Rule] = {
         _rule(
             "AG138", "clip-in-lightning-backward-hook", "F8", E, HI,
             "gradient clipping in a LightningModule's on_after_backward / on_before_backward while "
-            "the Trainer accumulates (accumulate_grad_batches > 1): Lightning calls the hook on "
-            "every batch, so the partial sum of the window is clipped after each micro-batch",
+            "the Trainer accumulates (accumulate_grad_batches > 1), or in a Hugging Face "
+            "TrainerCallback's on_substep_end: the hook runs on every micro-batch, so the partial "
+            "sum of the window is clipped after each micro-batch",
             "clip once per optimizer step: Trainer(gradient_clip_val=...), or clip in "
             "configure_gradient_clipping / on_before_optimizer_step",
         ),
