@@ -1,7 +1,7 @@
 """F4 for a learning-rate schedule written by hand into ``param_groups`` (nanoGPT's
 ``get_lr(it)``): traced in-process by the observer at every backward, judged on the step
-records. Indexed by the micro-step it is a warning, an error only when the run shows the
-schedule ending K x early; indexed by the optimizer step, or driven by a scheduler, silent."""
+records. Indexed by the micro-step it is an error (the evidence says when the run shows the
+schedule ending K x early); indexed by the optimizer step, or driven by a scheduler, silent."""
 
 from __future__ import annotations
 
@@ -104,3 +104,30 @@ def test_one_change_inside_a_window_is_not_a_per_micro_schedule() -> None:
     rows = [{"step": i, "backwards": 4, "applied": True, "lr_changes": 1 if i in (2, 5) else 0,
              "lr": 1e-3 if i < 5 else 5e-4} for i in range(10)]
     assert lr_schedule_findings(0, _windows(rows), 4) == []
+
+
+def test_a_schedule_ending_inside_the_first_window_is_traced_from_the_optimizer_made() -> None:
+    """blind 55 c_b01: warm-up and decay over 3 micro-steps, K = 4: the rate moves twice in
+    the first window and never again. The optimizer made under observation is traced from
+    its first backward; two changes inside one window are a per-micro-step schedule."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    obs = Observer(roots=[model])
+    rec = _Steps()
+    obs.add_listener(rec)
+    g = torch.Generator().manual_seed(1)
+    with obs:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)  # made under observation
+        it = 0
+        for _ in range(6):
+            for _ in range(4):
+                for grp in opt.param_groups:
+                    grp["lr"] = _cosine(it, horizon=3, warmup=1)
+                (model(torch.randn(3, 4, generator=g)).pow(2).mean() / 4).backward()
+                it += 1
+            opt.step()
+            opt.zero_grad()
+    assert rec.steps[0]["lr_changes"] == 2, rec.steps[0]
+    found = lr_schedule_findings(0, _windows(rec.steps), 4)
+    assert _sev(found) == {("F4", "error")}, found
+    assert "more than once" in found[0].evidence

@@ -30,8 +30,14 @@ def lr_schedule_findings(rank: int, windows: list[StepWindow], k: int | None
 
     ``windows``: a rank's applied step records (:func:`._records._windows`), one optimizer.
     Judged only when every window in which the rate moved moved it between every two of
-    its backward passes (a single in-window change is a schedule update that happened to
-    fall mid-window, and a window whose rate moved only at its step is step-indexed)."""
+    its backward passes, or at least twice (a single in-window change is a schedule update
+    that happened to fall mid-window, and a window whose rate moved only at its step is
+    step-indexed)."""
+    # one optimizer object's windows: a later object (a reference run after the training)
+    # has its own rates and its own count of steps
+    serials = [w.opt_serial for w in windows if w.lr_changes]
+    if serials and serials[0] is not None:
+        windows = [w for w in windows if w.opt_serial == serials[0]]
     traced = [(w, w.lr_changes, w.lr) for w in windows
               if w.lr_changes is not None and w.lr is not None]
     if len(traced) < 3:
@@ -42,7 +48,9 @@ def lr_schedule_findings(rank: int, windows: list[StepWindow], k: int | None
     for i, (w, lr_changes, rate) in enumerate(traced):
         n, changes, lr = int(w.backwards or 0), int(lr_changes), float(rate)
         if changes or (prev is not None and lr != prev):
-            moving.append((i, n >= 2 and changes >= n - 1))
+            # (two changes inside one window: no schedule indexed by the optimizer step moves
+            # twice between two steps, whether or not the rate reached its floor mid-window)
+            moving.append((i, (n >= 2 and changes >= n - 1) or changes >= 2))
         prev = lr
     # the schedule's last moves may fall part-way into a window or on its boundary (at most
     # two windows, after the last window that moved at every backward); a move anywhere
@@ -51,17 +59,24 @@ def lr_schedule_findings(rank: int, windows: list[StepWindow], k: int | None
     if not full:
         return []
     tail = [i for i, every in moving if not every]
-    if len(moving) < 2 or len(tail) > 2 or any(i < full[-1] for i in tail):
+    if len(tail) > 2 or any(i < full[-1] for i in tail):
         return []
+    if len(moving) < 2 and int(traced[full[0]][0].backwards or 0) < 3:
+        return []  # (one change in one window of two backwards: a coincidence is possible)
     per_micro = len(full)
     last_move = moving[-1][0]
     sizes = sorted(int(w.backwards or 0) for w, _, _ in traced)
     kk = k if k is not None and k > 1 else sizes[len(sizes) // 2]
     total = len(traced)
     first = traced[moving[0][0]][0]
-    where = (f"the learning rate changed between every two backward passes of {per_micro} "
-             f"window(s) (e.g. {first.lr_changes} change(s) in a window of "
-             f"{first.backwards}), with no LR scheduler stepping inside them: the "
+    every = all(int(w.lr_changes or 0) >= int(w.backwards or 0) - 1 for w, _, _ in
+                (traced[i] for i in full))
+    where = ((f"the learning rate changed between every two backward passes of {per_micro} "
+              if every else
+              f"the learning rate changed more than once between two optimizer steps in "
+              f"{per_micro} ")
+             + f"window(s) (e.g. {first.lr_changes} change(s) among the {first.backwards} "
+             "backward passes of one), with no LR scheduler stepping inside them: the "
              f"schedule written into param_groups is indexed by the micro-step and advances "
              f"{kk} x per optimizer step")
     ended = last_move + 1  # optimizer steps until the rate stopped moving

@@ -183,7 +183,9 @@ def _backward_wrapper(obs: PatchHost, source: str) -> Maker:
 def _optimizer_init_wrapper(obs: PatchHost) -> Maker:
     """Every torch optimizer made after the install is known from its construction on: a
     second one over other parameters gives each its own window (:mod:`._lanes`) from the
-    first backward, before either has stepped."""
+    first backward, before either has stepped, and its learning rate is traced from the
+    first window (:mod:`._lr_trace`: a schedule written by hand that reaches its end in the
+    first window shows there)."""
     def make(orig: Original) -> Original:
         def __init__(this: torch.optim.Optimizer, /, *args: object,  # noqa: N807
                      **kwargs: object) -> None:
@@ -191,6 +193,7 @@ def _optimizer_init_wrapper(obs: PatchHost) -> Maker:
             if obs.installed and not obs._in_observer:
                 obs.lanes.register(this, obs.backward_total)
                 obs.lanes.birth(this, obs.backward_total)
+                obs.lr_trace.know(this)  # (its rate is read from the first backward on)
 
         return __init__
 

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from accumguard.observe._events import BackwardEvent, EngineInfo, Handlers
     from accumguard.observe._failsafe import Failsafe, Original
     from accumguard.observe._lanes import Lanes
+    from accumguard.observe._lr_trace import LrTrace
     from accumguard.observe._patch import Patches
     from accumguard.observe._window import StepTally
 
@@ -82,6 +83,7 @@ class PatchHost(EngineHost, Protocol):
     failsafe: Failsafe
     counter: CollectiveCounter
     lanes: Lanes
+    lr_trace: LrTrace
     boundary: BoundaryScale | None
     roots: dict[int, torch.nn.Module]
     # the window and the run's counts
