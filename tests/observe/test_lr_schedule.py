@@ -23,7 +23,8 @@ class _Steps:
 
     def on_step(self, ev: Any) -> None:
         self.steps.append({"step": ev.step, "backwards": ev.backwards, "applied": ev.applied,
-                           "lr_changes": ev.lr_changes, "lr": ev.lr})
+                           "lr_changes": ev.lr_changes, "lr": ev.lr,
+                           "scheduler_steps": ev.scheduler_steps})
 
 
 def _cosine(it: int, horizon: int, warmup: int = 2) -> float:
@@ -131,3 +132,25 @@ def test_a_schedule_ending_inside_the_first_window_is_traced_from_the_optimizer_
     found = lr_schedule_findings(0, _windows(rec.steps), 4)
     assert _sev(found) == {("F4", "error")}, found
     assert "more than once" in found[0].evidence
+
+
+def test_a_scheduler_object_moving_the_rate_inside_windows_is_left_to_the_scheduler_rule() -> None:
+    """A LR scheduler stepped on every micro-step also moves the rate between backwards; its
+    F4 is the scheduler rule's (:mod:`._schedules`), not this one's ("no scheduler")."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    obs = Observer(roots=[model])
+    rec = _Steps()
+    obs.add_listener(rec)
+    g = torch.Generator().manual_seed(1)
+    with obs:
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0 / (1 + i))
+        for _ in range(5):
+            for _ in range(4):
+                (model(torch.randn(3, 4, generator=g)).pow(2).mean() / 4).backward()
+                sched.step()
+            opt.step()
+            opt.zero_grad()
+    assert any(s["lr_changes"] for s in rec.steps), rec.steps
+    assert lr_schedule_findings(0, _windows(rec.steps), 4) == []

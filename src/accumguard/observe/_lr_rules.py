@@ -38,10 +38,14 @@ def lr_schedule_findings(rank: int, windows: list[StepWindow], k: int | None
     serials = [w.opt_serial for w in windows if w.lr_changes]
     if serials and serials[0] is not None:
         windows = [w for w in windows if w.opt_serial == serials[0]]
+    if len({w.optimizer_index for w in windows if w.optimizer_index is not None}) > 1:
+        return []  # (several optimizers on their own windows: the trace reads them all)
     traced = [(w, w.lr_changes, w.lr) for w in windows
               if w.lr_changes is not None and w.lr is not None]
     if len(traced) < 3:
         return []
+    if any(w.lr_changes and w.scheduler_steps for w, _, _ in traced):
+        return []  # a scheduler object moved the rate inside a window: the scheduler rule's
     # per window whose rate moved: (index, True when it moved between every two backwards)
     moving: list[tuple[int, bool]] = []
     prev: float | None = None
