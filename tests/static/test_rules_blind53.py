@@ -288,3 +288,40 @@ ZTrainer(model=model, args=args, train_dataset=ds).train()
 """
     assert "AG118" in _codes(src.replace("{denom}", "n_tok"))
     assert "AG118" not in _codes(src.replace("{denom}", "num_items_in_batch"))
+
+
+def test_a_factory_with_a_nested_function_still_names_its_returns() -> None:
+    """blind 56 c_c01: ``make_opt`` defines ``lr_lambda`` inside and returns ``opt, sched``;
+    the nested function's ``return`` is not the factory's, so the reference loop's
+    ``ropt``/``rsched`` are an optimizer and a scheduler stepped on whole windows."""
+    src = """
+import torch
+
+K = 3
+
+
+def make_opt(model):
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    def lr_lambda(step):
+        return min(1.0, (step + 1) / 5)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda)
+    return opt, sched
+
+
+def main(model, ref, wins):
+    opt, sched = make_opt(model)
+    for i, (x, y) in enumerate(stream(wins)):
+        (model(x).sum() / K).backward()
+        if (i + 1) % K == 0:
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+    ropt, rsched = make_opt(ref)
+    for w in wins:
+        ropt.zero_grad(set_to_none=True)
+        ref(torch.cat(w)).sum().backward()
+        torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)
+        ropt.step(); rsched.step()
+"""
+    codes = _codes(src)
+    assert not {"AG102", "AG103", "AG105"} & set(codes), codes

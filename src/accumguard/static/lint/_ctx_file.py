@@ -342,7 +342,9 @@ class FileIndex:
         fns = self.functions_by_name().get(name, [])
         if len(fns) != 1:
             return []
-        rets = [r.value for r in ast.walk(fns[0]) if isinstance(r, ast.Return) and r.value is not None]
+        # (its own returns: a nested `def lr_lambda(step): return ...` is not the factory's)
+        rets = [r.value for r in ast.walk(fns[0]) if isinstance(r, ast.Return) and r.value is not None
+                and self.enclosing(r, (*FUNCS, ast.Lambda)) is fns[0]]
         if width and not all(isinstance(r, ast.Tuple) and len(r.elts) == width for r in rets):
             return []
         local: dict[str, list[ast.AST]] = {}
