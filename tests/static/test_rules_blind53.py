@@ -325,3 +325,69 @@ def main(model, ref, wins):
 """
     codes = _codes(src)
     assert not {"AG102", "AG103", "AG105"} & set(codes), codes
+
+
+def test_round_56_engine_shapes_on_correct_code() -> None:
+    """blind 56: a scheduler stepped under ``if engine.was_step_applied():`` (b_b03_fixed), a
+    loss times ``world / n_window`` with ``n_window`` counting every rank (b_c02), and a
+    window count kept on ``self`` from a method that all-reduces it (b_c01): no finding."""
+    ds = """
+import deepspeed
+import torch.nn as nn
+
+def main(model, opt, sched, cfg, steps, K):
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=cfg)
+    for s in range(steps):
+        for k in range(K):
+            engine.backward(nn.functional.mse_loss(engine(x(s, k)), y(s, k)))
+            engine.step()
+            if engine.was_step_applied():
+                sched.step()
+"""
+    assert "AG103" not in _codes(ds)
+    ddp = """
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+def main(model, plan, it, micro_bs, world):
+    ddp = DDP(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    for size in plan:
+        n_window = size * micro_bs * world
+        for j in range(size):
+            x, y = next(it)
+            ddp.require_backward_grad_sync = j == size - 1
+            loss = ((ddp(x) - y) ** 2).sum() * (world / n_window)
+            loss.backward()
+        opt.step()
+        opt.zero_grad()
+"""
+    assert "AG112" not in _codes(ddp)
+    field = """
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+class Trainer:
+    def __init__(self, model, K):
+        self.model, self.K, self.micro_step = DDP(model), K, 0
+        self.opt = torch.optim.AdamW(self.model.parameters())
+        self._window_tokens = None
+
+    def _window_token_count(self, window):
+        t = torch.tensor([float(sum(int((y != -100).sum()) for _, y in window))])
+        dist.all_reduce(t)
+        return t.item()
+
+    def micro(self, window, ids, labels):
+        if self.micro_step % self.K == 0:
+            self._window_tokens = self._window_token_count(window)
+        loss = token_loss_sum(self.model, ids, labels) * (2 / self._window_tokens)
+        loss.backward()
+        self.micro_step += 1
+        if self.micro_step % self.K == 0:
+            self.opt.step()
+            self.opt.zero_grad()
+"""
+    assert "AG113" not in _codes(field)

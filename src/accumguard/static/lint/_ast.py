@@ -25,13 +25,13 @@ ACCUM_RE = re.compile(
 )
 #: identifiers that, in an ``if`` test, mean "this is the boundary"
 BOUNDARY_RE = re.compile(
-    r"last|boundary|sync|final"
+    r"last|boundary|sync|final|step_applied"  # (DeepSpeed's engine.was_step_applied())
     r"|(should|do|take|need|time_to|ready_to|is)_?(to_)?(step|update|optim|apply)"
     r"|(step|update|optim)_?now"
 )
 #: boundary names whose truth means "this *is* the boundary" (used for polarity)
 POSITIVE_BOUNDARY_RE = re.compile(
-    r"^(is_)?last|_last|boundary|sync_grad|should_sync|do_sync|final|ready"
+    r"^(is_)?last|_last|boundary|sync_grad|should_sync|do_sync|final|ready|step_applied"
     r"|(should|do|take|need|time_to|ready_to|is)_?(to_)?(step|update|optim|apply)"
     r"|(step|update|optim)_?now"
 )

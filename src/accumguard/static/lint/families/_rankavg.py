@@ -70,8 +70,11 @@ def _divisor_values(ctx: FileContext, divisor: ast.AST) -> list[ast.AST]:
     exprs = [divisor]
     if func is not None:
         names = {x.id for x in walk_all(divisor) if isinstance(x, ast.Name)}
+        fields = {d for x in walk_all(divisor) if isinstance(x, ast.Attribute)
+                  and (d := dotted(x)) is not None}  # `self._window_tokens`
         exprs += [n.value for n in ast.walk(func) if isinstance(n, ast.Assign)
-                  and len(n.targets) == 1 and _binds(n.targets[0], names)]
+                  and len(n.targets) == 1 and (_binds(n.targets[0], names)
+                                               or dotted(n.targets[0]) in fields)]
     return exprs
 
 

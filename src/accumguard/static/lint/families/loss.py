@@ -229,6 +229,8 @@ def loss_divided_by_world_under_ddp(ctx: FileContext) -> Iterator[Finding]:
             continue
         if _world_only_below(ctx, node, divisor) or _divided_back_by_world(ctx, divisor):
             continue  # loss / (count / W) multiplies by W: the all-reduced count's rank share
+        if ctx.mentions_world(dividend):
+            continue  # `loss * (world / n_window)`: the W above the line undoes the one below
         if any(isinstance(s, ast.BinOp) and isinstance(s.op, ast.Mult) and any(
             WORLD_RE.search(i) for i in identifiers(s)) for s in walk_all(dividend)):
             continue
