@@ -115,6 +115,14 @@ def _triggers(ctx: FileContext, save: ast.Call) -> Iterator[tuple[ast.If, ast.Bi
 def _restores(ctx: FileContext, keys: dict[str, set[str]]) -> list[ast.Assign]:
     """``self.micro_step = ck["micro_step"]``: a counter set from the checkpoint's own entry,
     as saved (no arithmetic around it)."""
+    # `start = ck["micro_step"]` then `for micro_step in range(start, total)`: the counter
+    # restored through its loop's start
+    starts: dict[str, str] = {}
+    for loop in ctx.of(ast.For):
+        it = loop.iter
+        if isinstance(it, ast.Call) and dotted(it.func) == "range" and len(it.args) >= 2 \
+                and isinstance(it.args[0], ast.Name) and isinstance(loop.target, ast.Name):
+            starts[it.args[0].id] = loop.target.id
     out = []
     for n in ctx.of(ast.Assign):
         if len(n.targets) != 1:
@@ -125,7 +133,8 @@ def _restores(ctx: FileContext, keys: dict[str, set[str]]) -> list[ast.Assign]:
             pairs = list(zip(n.targets[0].elts, n.value.elts, strict=True))  # a, b = ck["a"], ck["b"]
         if any(isinstance(v, ast.Subscript) and isinstance(v.slice, ast.Constant)
                and isinstance(v.slice.value, str) and v.slice.value in keys
-               and (d := dotted(t)) is not None and last_part(d) in keys[v.slice.value]
+               and (d := dotted(t)) is not None
+               and (last_part(d) in keys[v.slice.value] or starts.get(d) in keys[v.slice.value])
                for t, v in pairs):
             out.append(n)
     return out
