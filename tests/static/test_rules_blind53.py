@@ -391,3 +391,64 @@ class Trainer:
             self.opt.zero_grad()
 """
     assert "AG113" not in _codes(field)
+
+
+def test_round_56_shapes_found() -> None:
+    """blind 56 a_b02: a window drawn ahead from ``seen, it = [], iter(dl)`` with the data
+    sized ``CFG["steps"] * K``; b_b01: a checkpoint written by a method the step helper calls
+    at ``if boundary:`` (``boundary = (self.micro_step + 1) % K == 0``), before the
+    counter's increment."""
+    prefetch = """
+from accelerate import Accelerator, GradientAccumulationPlugin
+from torch.utils.data import DataLoader
+
+CFG = {"steps": 3, "bs": 2}
+K = 4
+
+def main(model, opt):
+    acc = Accelerator(gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=K))
+    dl = DataLoader(examples(CFG["bs"] * K * CFG["steps"]), batch_size=CFG["bs"])
+    model, opt, dl = acc.prepare(model, opt, dl)
+    seen, it = [], iter(dl)
+    for step in range(CFG["steps"]):
+        window = [next(it) for _ in range(K)]
+        for b in window:
+            with acc.accumulate(model):
+                acc.backward(model(b).sum())
+                opt.step()
+                opt.zero_grad()
+"""
+    assert "AG148" in _codes(prefetch)
+    ckpt = """
+import torch
+
+class Trainer:
+    def __init__(self, model, K):
+        self.model, self.K, self.micro_step, self.step = model, K, 0, 0
+        self.opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def save(self):
+        torch.save({"model": self.model.state_dict(), "opt": self.opt.state_dict(),
+                    "micro_step": self.micro_step}, "ck.pt")
+
+    def resume(self):
+        sd = torch.load("ck.pt")
+        self.model.load_state_dict(sd["model"])
+        self.opt.load_state_dict(sd["opt"])
+        self.micro_step = sd["micro_step"]
+
+    def _optimizer_step(self):
+        self.opt.step()
+        self.opt.zero_grad()
+        self.step += 1
+        if self.step == 2:
+            self.save()
+
+    def train_micro(self, x):
+        boundary = (self.micro_step + 1) % self.K == 0
+        (self.model(x).sum() / self.K).backward()
+        if boundary:
+            self._optimizer_step()
+        self.micro_step += 1
+"""
+    assert "AG150" in _codes(ckpt)

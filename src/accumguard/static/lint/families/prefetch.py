@@ -59,11 +59,21 @@ def _prepared_names(ctx: FileContext) -> set[str]:
 def _draws_from_prepared(ctx: FileContext, stmts: list[ast.stmt], prepared: set[str],
                          scope: ast.AST) -> ast.Call | None:
     """The ``next(it)`` among ``stmts`` whose iterator is ``iter(<prepared loader>)``."""
-    iters: dict[str, ast.AST] = ctx._cached("prefetch_iters", scope, lambda: {
-        n.targets[0].id: n.value for n in ctx.local_nodes(scope)
-        if isinstance(n, ast.Assign) and len(n.targets) == 1
-        and isinstance(n.targets[0], ast.Name) and isinstance(n.value, ast.Call)
-        and dotted(n.value.func) == "iter"})
+    def compute() -> dict[str, ast.AST]:
+        out: dict[str, ast.AST] = {}
+        for n in ctx.local_nodes(scope):
+            if not (isinstance(n, ast.Assign) and len(n.targets) == 1):
+                continue
+            t, v = n.targets[0], n.value
+            pairs = (list(zip(t.elts, v.elts, strict=True))  # `seen, it = [], iter(dl)`
+                     if isinstance(t, ast.Tuple) and isinstance(v, ast.Tuple)
+                     and len(t.elts) == len(v.elts) else [(t, v)])
+            for name, value in pairs:
+                if isinstance(name, ast.Name) and isinstance(value, ast.Call) \
+                        and dotted(value.func) == "iter":
+                    out[name.id] = value
+        return out
+    iters: dict[str, ast.AST] = ctx._cached("prefetch_iters", scope, compute)
     for stmt in stmts:
         for n in walk_all(stmt):
             if not (isinstance(n, ast.Call) and dotted(n.func) == "next" and n.args):
@@ -165,7 +175,7 @@ def _data_sized_to_windows(ctx: FileContext, loop: ast.For) -> tuple[ast.AST, as
             and dotted(outer.iter.func) == "range" and len(outer.iter.args) == 1):
         return None
     count = outer.iter.args[0]
-    name = dotted(count)
+    name = _key(count)
     if name is None:
         return None
     hit = _sized_args(ctx).get(name)
@@ -182,11 +192,19 @@ def _sized_args(ctx: FileContext) -> dict[str, ast.AST]:
                 factors = mult_factors(arg)
                 if len(factors) > 1 and any(ctx.mentions_accum(f) for f in factors):
                     for f in factors:
-                        d = dotted(f)
+                        d = _key(f)
                         if d is not None:
                             out.setdefault(d, arg)
         return out
     return ctx._cached("prefetch_sized_args", ctx.tree, compute)  # type: ignore[no-any-return]
+
+
+def _key(expr: ast.AST) -> str | None:
+    """A name, a field, or a config entry (``CFG["steps"]``) as written; else None."""
+    if isinstance(expr, ast.Subscript) and isinstance(expr.slice, ast.Constant) \
+            and isinstance(expr.slice.value, str) and dotted(expr.value) is not None:
+        return ast.unparse(expr)
+    return dotted(expr)
 
 
 def _catches_stop(ctx: FileContext, node: ast.AST) -> bool:

@@ -95,21 +95,37 @@ def _bound_int(ctx: FileContext, expr: ast.AST) -> int | None:
 def _triggers(ctx: FileContext, save: ast.Call) -> Iterator[tuple[ast.If, ast.BinOp]]:
     """The ``if ... % N`` tests that decide the save: around it, or around the calls of the
     (once-defined) function that holds it."""
-    fn = ctx.enclosing(save, FUNCS)
     sites: list[ast.AST] = [save]
-    if isinstance(fn, FUNCS) and len(ctx.defs_by_name().get(fn.name, [])) == 1:
-        sites += [c for c in ctx.of(ast.Call)
-                  if (isinstance(c.func, ast.Attribute) and c.func.attr == fn.name)
-                  or (isinstance(c.func, ast.Name) and c.func.id == fn.name)]
-    for site in sites:
+    seen: set[int] = set()
+    depth = {id(save): 0}
+    while sites:
+        site = sites.pop(0)
         node: ast.AST | None = site
         while node is not None and not isinstance(node, FUNCS):
             parent = ctx.parents.get(node)
             if isinstance(parent, ast.If) and node in parent.body:
-                for m in ast.walk(parent.test):
+                test: ast.AST = parent.test
+                fn = ctx.enclosing(parent, FUNCS)
+                if isinstance(test, ast.Name) and fn is not None:
+                    # `boundary = (self.micro_step + 1) % K == 0` ... `if boundary:`
+                    values = ctx.assigned_in(fn).get(test.id, [])
+                    test = values[0] if len(values) == 1 else test
+                for m in ast.walk(test):
                     if isinstance(m, ast.BinOp) and isinstance(m.op, ast.Mod):
                         yield parent, m
             node = parent
+        # the function holding it, through the calls of it (a method called from the
+        # step helper, itself called at the boundary), a few levels up
+        fn = ctx.enclosing(site, FUNCS)
+        if not isinstance(fn, FUNCS) or id(fn) in seen or depth[id(site)] >= 3 \
+                or len(ctx.defs_by_name().get(fn.name, [])) != 1:
+            continue
+        seen.add(id(fn))
+        for c in ctx.of(ast.Call):
+            if (isinstance(c.func, ast.Attribute) and c.func.attr == fn.name) \
+                    or (isinstance(c.func, ast.Name) and c.func.id == fn.name):
+                depth[id(c)] = depth[id(site)] + 1
+                sites.append(c)
 
 
 def _restores(ctx: FileContext, keys: dict[str, set[str]]) -> list[ast.Assign]:
@@ -145,7 +161,7 @@ def _increment_after(ctx: FileContext, test: ast.If, names: set[str]) -> ast.Aug
     ``if`` (or after a block holding it) up to the innermost loop around it."""
     child: ast.AST = test
     cur = ctx.parents.get(test)
-    while cur is not None and not isinstance(cur, FUNCS):
+    while cur is not None:
         for field in ("body", "orelse"):
             block = getattr(cur, field, None)
             if isinstance(block, list) and child in block:
@@ -154,8 +170,8 @@ def _increment_after(ctx: FileContext, test: ast.If, names: set[str]) -> ast.Aug
                         if isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Add) \
                                 and (d := dotted(n.target)) is not None and last_part(d) in names:
                             return n
-        if isinstance(cur, ast.For | ast.While):
-            return None
+        if isinstance(cur, (ast.For, ast.While, *FUNCS)):
+            return None  # (a method run once per micro-batch: its own body's end)
         child, cur = cur, ctx.parents.get(cur)
     return None
 
