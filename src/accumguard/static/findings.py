@@ -301,8 +301,9 @@ RULES: dict[str, Rule] = {
             "AG138", "clip-in-lightning-backward-hook", "F8", E, HI,
             "gradient clipping in a LightningModule's on_after_backward / on_before_backward while "
             "the Trainer accumulates (accumulate_grad_batches > 1), or in a Hugging Face "
-            "TrainerCallback's on_substep_end: the hook runs on every micro-batch, so the partial "
-            "sum of the window is clipped after each micro-batch",
+            "TrainerCallback's on_substep_end, or a parameter's tensor hook (p.register_hook) that "
+            "clamps its gradient: the hook runs on every micro-batch, so the partial sum (or each "
+            "micro-batch's own gradient) is clipped instead of the window's gradient once",
             "clip once per optimizer step: Trainer(gradient_clip_val=...), or clip in "
             "configure_gradient_clipping / on_before_optimizer_step",
         ),

@@ -85,3 +85,70 @@ def clip_in_hf_substep_hook(ctx: FileContext) -> Iterator[Finding]:
             )
             yield f if ga is not None else replace(f, severity=Severity.WARNING,
                                                     confidence=Confidence.MEDIUM)
+
+
+_CLAMPS = frozenset({"clamp", "clamp_", "clip", "clip_", "clamp_min", "clamp_max", "nan_to_num",
+                     "clip_grad_value_", "clip_grad_norm_"})
+
+
+def _clamping_hook(ctx: FileContext, fn: ast.AST) -> ast.Call | None:
+    """The clamp a gradient hook applies (a lambda or a function of the file)."""
+    body: ast.AST | None = fn
+    if isinstance(fn, ast.Name):
+        defs = ctx.functions_by_name().get(fn.id, [])
+        body = defs[0] if len(defs) == 1 else None
+    if not isinstance(body, ast.Lambda | ast.FunctionDef | ast.AsyncFunctionDef):
+        return None
+    return next((c for c in ast.walk(body) if isinstance(c, ast.Call)
+                 and (call_attr(c) or "") in _CLAMPS), None)
+
+
+def _over_parameters(ctx: FileContext, tensor: ast.AST | None) -> bool:
+    """``p`` of ``for p in model.parameters()`` (or ``named_parameters()``)."""
+    if not isinstance(tensor, ast.Name):
+        return False
+    loop = ctx.enclosing(tensor, (ast.For,))
+    while isinstance(loop, ast.For):
+        names = {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
+        if tensor.id in names:
+            return any(isinstance(c, ast.Call) and call_attr(c) in ("parameters", "named_parameters")
+                       for c in ast.walk(loop.iter))
+        loop = ctx.enclosing(loop, (ast.For,))
+    return False
+
+
+@rule("AG138")
+def clamp_in_parameter_grad_hook(ctx: FileContext) -> Iterator[Finding]:
+    """``p.register_hook(lambda g: g.clamp(-c, c))`` over the model's parameters while the
+    file accumulates: a tensor hook sees each backward's own gradient, so every
+    micro-batch's contribution is clipped on its own, before it is added to ``.grad``,
+    instead of the window's sum once (clipping by value is not linear)."""
+    if not any(ctx.window_facts(w).accumulating for w in ctx.windows()):
+        return
+    for call in ctx.of(ast.Call):
+        if call_attr(call) != "register_hook" or not call.args or not isinstance(call.func, ast.Attribute):
+            continue
+        clamp = _clamping_hook(ctx, call.args[0])
+        if clamp is None or not _over_parameters(ctx, call.func.value) or _never_called(ctx, call):
+            continue
+        yield ctx.finding(
+            "AG138",
+            call,
+            f"`{ast.unparse(call)}` clips each parameter's gradient in a tensor hook "
+            f"(`{ast.unparse(clamp)}`), which runs on every backward: with gradient accumulation "
+            "each micro-batch's contribution is clipped on its own before it is added to .grad, "
+            "not the window's gradient once",
+            fix="clip once per optimizer step, on the accumulated gradient "
+                "(torch.nn.utils.clip_grad_value_ / clip_grad_norm_ right before the step)",
+        )
+
+
+def _never_called(ctx: FileContext, node: ast.AST) -> bool:
+    """``node`` sits in a function of the file that nothing in the file calls (a helper kept
+    after its call was removed)."""
+    fn = ctx.enclosing(node, FUNCS)
+    if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+        return False
+    return not any((isinstance(c.func, ast.Name) and c.func.id == fn.name)
+                   or (isinstance(c.func, ast.Attribute) and c.func.attr == fn.name)
+                   for c in ctx.of(ast.Call))
