@@ -205,11 +205,11 @@ def mean_of_means(ctx: FileContext) -> Iterator[Finding]:
                  "DeepSpeed's `engine.backward()` divides the loss by the config's "
                  "gradient_accumulation_steps" if by_engine else
                  "the loss is divided by the number of accumulation steps")
-                + ", but it is a mean over "
-                + ("this micro-batch's own token count" if explicit else
-                   "a variable number of tokens (padding mask / ignore_index in sight)")
+                + (", but it is a mean over this micro-batch's own token count" if explicit else
+                   ", and it looks like a mean over a variable number of tokens (padding mask / "
+                   "ignore_index in sight)")
                 + ": dividing per-micro-batch means by K weights short micro-batches too much "
-                "(mean of means)",
+                "(mean of means)" + ("" if explicit else " when their token counts differ"),
             )
 
 
