@@ -452,3 +452,27 @@ class Trainer:
         self.micro_step += 1
 """
     assert "AG150" in _codes(ckpt)
+
+
+def test_a_count_over_the_whole_window_slice_spans_the_ranks() -> None:
+    """blind 57 b_c02 / b_b02_fixed: every rank holds the whole data and counts the window's
+    tokens over ``y[lo:hi]`` with ``lo, hi = s * K * W * m, (s + 1) * K * W * m``: the
+    window's count over all ranks, not this rank's or this micro-batch's."""
+    src = """
+import deepspeed
+import torch.nn.functional as F
+
+K, MICRO = 4, 2
+
+def run_window(engine, s, x, y, rank, world):
+    lo, hi = s * K * world * MICRO, (s + 1) * K * world * MICRO
+    n_lab = (y[lo:hi] != -100).sum()
+    with engine.coalesce_grad_reduction():
+        for i in range(K):
+            a = lo + (i * world + rank) * MICRO
+            loss = F.cross_entropy(engine(x[a:a + MICRO]), y[a:a + MICRO], ignore_index=-100,
+                                   reduction="sum")
+            engine.backward(loss * world / n_lab, scale_wrt_gas=False)
+    engine.step()
+"""
+    assert "AG113" not in _codes(src)

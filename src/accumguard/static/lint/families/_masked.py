@@ -282,7 +282,25 @@ def counted_per_micro_batch(ctx: FileContext, scope: ast.AST, window: ast.AST, c
     assigned: set[str] = ctx._cached("num_items_window_names", window, compute)
     if isinstance(count, ast.Name) and _sums_a_window_slice(ctx, window, count.id):
         return False
+    if _counts_a_window_span(ctx, window, count):
+        return False
     return any(isinstance(x, ast.Name) and x.id in assigned for x in walk_all(count))
+
+
+def _counts_a_window_span(ctx: FileContext, window: ast.AST, count: ast.AST) -> bool:
+    """The count reads a slice whose length is a multiple of K (``labels[s * K * W * m:(s +
+    1) * K * W * m]``): the whole window's items, read at each micro-step; directly or
+    through the one value the window gives its name."""
+    exprs = [count]
+    if isinstance(count, ast.Name):
+        exprs += [n.value for n in ctx.local_nodes(window) if isinstance(n, ast.Assign)
+                  and len(n.targets) == 1 and dotted(n.targets[0]) == count.id]
+    for e in exprs:
+        for sl in walk_all(e):
+            if isinstance(sl, ast.Slice) and sl.lower is not None and sl.upper is not None \
+                    and ctx.mentions_accum(sl.lower) and ctx.mentions_accum(sl.upper):
+                return True
+    return False
 
 
 def _sums_a_window_slice(ctx: FileContext, window: ast.AST, name: str) -> bool:

@@ -298,7 +298,8 @@ def rank_local_token_mean_under_ddp(ctx: FileContext) -> Iterator[Finding]:
         scope = ctx.scope_of(divisor)  # (a helper's count: `mult = loss_multiplier(window)`)
         count_names = {d for d in (dotted(s) for s in walk_all(divisor)) if d}
         reduced = ctx.all_reduced_names(scope) | ctx.all_reduced_names(ctx.tree)
-        if count_names & reduced or _made_from_reduced(ctx, count_names, ctx.all_reduced_names(scope)):
+        if count_names & reduced or _made_from_reduced(ctx, count_names, ctx.all_reduced_names(scope)) \
+                or _counts_every_rank_slice(ctx, divisor):
             continue
         if isinstance(divisor, ast.Name) and divisor.id not in ctx.bound_names():
             continue  # made outside the file: whether it spans the ranks is not in sight
@@ -339,6 +340,34 @@ def rank_local_token_mean_under_ddp(ctx: FileContext) -> Iterator[Finding]:
             f"samples), which is never all-reduced: {engine} then averages rank-local means, "
             "so ranks with fewer tokens weigh more",
         )
+
+
+def _counts_every_rank_slice(ctx: FileContext, divisor: ast.AST) -> bool:
+    """The count reads a slice of the data whose bounds are sized by the world size
+    (``labels[s * K * W * m:(s + 1) * K * W * m]``): every rank's share of the window,
+    counted from data each rank holds whole."""
+    fn = ctx.enclosing(divisor, FUNCS)
+    exprs = [divisor]
+    if isinstance(divisor, ast.Name) and fn is not None:
+        exprs += ctx.assigned_in(fn).get(divisor.id, [])
+
+    def sized(bound: ast.AST) -> bool:  # `lo, hi = s * K * W * m, (s + 1) * K * W * m` too
+        if ctx.mentions_world(bound):
+            return True
+        if not (isinstance(bound, ast.Name) and fn is not None):
+            return False
+        for n in ast.walk(fn):
+            if isinstance(n, ast.Assign) and len(n.targets) == 1:
+                t, v = n.targets[0], n.value
+                pairs = (list(zip(t.elts, v.elts, strict=True)) if isinstance(t, ast.Tuple)
+                         and isinstance(v, ast.Tuple) and len(t.elts) == len(v.elts) else [(t, v)])
+                if any(isinstance(a, ast.Name) and a.id == bound.id and ctx.mentions_world(b)
+                       for a, b in pairs):
+                    return True
+        return False
+    return any(isinstance(sl, ast.Slice) and sl.lower is not None and sl.upper is not None
+               and sized(sl.lower) and sized(sl.upper)
+               for e in exprs for sl in walk_all(e))
 
 
 def _made_from_reduced(ctx: FileContext, names: set[str], reduced: set[str]) -> bool:
