@@ -476,3 +476,42 @@ def run_window(engine, s, x, y, rank, world):
     engine.step()
 """
     assert "AG113" not in _codes(src)
+
+
+def test_a_sync_flag_set_through_a_setter_after_the_forward() -> None:
+    """blind 57 b_b01: ``set_sync(model, True)`` (a helper assigning the flag) under ``if i ==
+    K - 1:`` after the loss's forward ran in ``token_loss_sum(model, ...)``."""
+    src = """
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def set_sync(model, flag):
+    model.require_backward_grad_sync = flag
+
+
+def token_loss_sum(model, x, y):
+    return model(x, y).sum()
+
+
+def main(base, batches, K, steps):
+    model = DDP(base)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for s in range(steps):
+        opt.zero_grad()
+        set_sync(model, False)
+        for i in range(K):
+            x, y = batches[s][i]
+{body}
+        opt.step()
+"""
+    late = "\n".join(["            loss = token_loss_sum(model, x, y) / K",
+                       "            if i == K - 1:",
+                       "                set_sync(model, True)",
+                       "            loss.backward()"])
+    early = "\n".join(["            if i == K - 1:",
+                        "                set_sync(model, True)",
+                        "            loss = token_loss_sum(model, x, y) / K",
+                        "            loss.backward()"])
+    assert "AG106" in _codes(src.replace("{body}", late))
+    assert "AG106" not in _codes(src.replace("{body}", early))

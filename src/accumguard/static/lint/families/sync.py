@@ -53,6 +53,7 @@ from accumguard.static.lint._ast import (
 )
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families._modguard import exclusive
 from accumguard.static.lint.families._synctests import (
     first_test,
     never_true,
@@ -73,7 +74,8 @@ def _forward_inside(node: ast.AST, recv: str) -> bool:
     return any(isinstance(n, ast.Call) and _is_forward_of(n, recv) for n in walk_local(node))
 
 
-def _forward_before(ctx: FileContext, node: ast.stmt, recv: str) -> ast.Call | None:
+def _forward_before(ctx: FileContext, node: ast.stmt, recv: str, *, helpers: bool = False
+                    ) -> ast.Call | None:
     """A forward call of ``recv`` earlier in the same loop iteration, feeding a later backward
     (also when ``node`` sits in a backward helper the loop calls after a helper that runs
     the forward: ``loss = self._compute_loss(b)`` then ``self._backward(loss, micro)``)."""
@@ -89,11 +91,24 @@ def _forward_before(ctx: FileContext, node: ast.stmt, recv: str) -> ast.Call | N
         if (
             isinstance(n, ast.Call)
             and n not in header
-            and _is_forward_of(n, recv)
+            and (_is_forward_of(n, recv) or (helpers and _hands_to_forward(ctx, n, recv)
+                                                 and not exclusive(ctx, n, node)))
             and (n.lineno, n.col_offset) < (node.lineno, node.col_offset)
         ):
             return n
     return None
+
+
+def _hands_to_forward(ctx: FileContext, call: ast.Call, recv: str) -> bool:
+    """``token_loss_sum(model, x, y)``: a function of the file given the module calls the
+    parameter it binds (the forward runs there)."""
+    callee = ctx.callee_of(call)
+    if not isinstance(callee, ast.FunctionDef | ast.AsyncFunctionDef):
+        return False
+    params = [a.arg for a in (*callee.args.posonlyargs, *callee.args.args)]
+    bound = [params[i] for i, a in enumerate(call.args) if i < len(params) and dotted(a) == recv]
+    bound += [k.arg for k in call.keywords if k.arg is not None and dotted(k.value) == recv]
+    return any(_forward_inside(callee, p) for p in bound)
 
 
 def _forward_before_helper(ctx: FileContext, node: ast.stmt, recv: str) -> ast.Call | None:
@@ -277,63 +292,91 @@ def sync_flag_after_forward(ctx: FileContext) -> Iterator[Finding]:
             "The gradient is right; K-1 all-reduces per optimizer step are wasted",
         )
     reported: set[tuple[int, str]] = set()  # (loop, receiver): an if/else pair is one bug
+    settings: list[tuple[ast.stmt, str, ast.AST]] = []
     for node in ctx.of(ast.Assign):
         for t in node.targets:
-            if not (isinstance(t, ast.Attribute) and t.attr == "require_backward_grad_sync"):
-                continue
-            flag_recv = dotted(t.value)
-            if flag_recv is None:
-                continue
-            flag_fwd = _forward_before(ctx, node, flag_recv)
-            if flag_fwd is None:
-                continue
-            recv, fwd = flag_recv, flag_fwd
-            kind = _effective(ctx, node, node.value)
-            if kind == "unknown":
-                given = _through_parameter(ctx, node, node.value)
-                if given is not node.value:
-                    kind = _effective(ctx, given, given)
-            if kind == "first":
-                kind = "unknown"  # one forward late: what the last micro-step sees depends on K
-            key = (id(ctx.enclosing(node, LOOPS)), recv)
-            if key in reported:
-                continue
-            if kind in ("boundary", "inverted", "unknown"):
-                reported.add(key)
-            at = (f"line {fwd.lineno}" if _is_forward_of(fwd, recv) else
-                  f"in `{ast.unparse(fwd.func)}()`, called at line {fwd.lineno}")
-            where = f"`{recv}.require_backward_grad_sync` is set after the forward ({at})"
-            if kind == "boundary":
-                yield ctx.finding(
+            if isinstance(t, ast.Attribute) and t.attr == "require_backward_grad_sync" \
+                    and (d := dotted(t.value)) is not None:
+                settings.append((node, d, node.value))
+    settings += _setter_calls(ctx)
+    for node, flag_recv, value in settings:
+        # (a forward through a loss helper counts here: a flag set after it is read late)
+        flag_fwd = _forward_before(ctx, node, flag_recv, helpers=True)
+        if flag_fwd is None:
+            continue
+        recv, fwd = flag_recv, flag_fwd
+        kind = _effective(ctx, node, value)
+        if kind == "unknown":
+            given = _through_parameter(ctx, node, value)
+            if given is not value:
+                kind = _effective(ctx, given, given)
+        if kind == "first":
+            kind = "unknown"  # one forward late: what the last micro-step sees depends on K
+        key = (id(ctx.enclosing(node, LOOPS)), recv)
+        if key in reported:
+            continue
+        if kind in ("boundary", "inverted", "unknown"):
+            reported.add(key)
+        at = (f"line {fwd.lineno}" if _is_forward_of(fwd, recv) else
+              f"in `{ast.unparse(fwd.func)}()`, called at line {fwd.lineno}")
+        where = f"`{recv}.require_backward_grad_sync` is set after the forward ({at})"
+        if kind == "boundary":
+            yield ctx.finding(
+                "AG106",
+                node,
+                f"{where}: DDP reads it during the forward, so it takes effect one micro-step "
+                "late. The last micro-step's forward saw the previous micro-step's False: the "
+                "window's gradient is never all-reduced and the ranks drift apart",
+            )
+        elif kind == "inverted":
+            yield ctx.finding(
+                "AG116",
+                node,
+                f"{where}: DDP reads it during the forward, so each value takes effect one "
+                "micro-step late; with this polarity every micro-step but the first of a "
+                "window all-reduces, including the last. The gradient is right; the "
+                "all-reduces of the other micro-steps are wasted",
+                fix="set `require_backward_grad_sync = (micro == K - 1)` before the forward "
+                "to all-reduce once per optimizer step",
+            )
+        elif kind == "unknown":
+            yield replace(
+                ctx.finding(
                     "AG106",
                     node,
-                    f"{where}: DDP reads it during the forward, so it takes effect one micro-step "
-                    "late. The last micro-step's forward saw the previous micro-step's False: the "
-                    "window's gradient is never all-reduced and the ranks drift apart",
-                )
-            elif kind == "inverted":
-                yield ctx.finding(
-                    "AG116",
-                    node,
-                    f"{where}: DDP reads it during the forward, so each value takes effect one "
-                    "micro-step late; with this polarity every micro-step but the first of a "
-                    "window all-reduces, including the last. The gradient is right; the "
-                    "all-reduces of the other micro-steps are wasted",
-                    fix="set `require_backward_grad_sync = (micro == K - 1)` before the forward "
-                    "to all-reduce once per optimizer step",
-                )
-            elif kind == "unknown":
-                yield replace(
-                    ctx.finding(
-                        "AG106",
-                        node,
-                        f"{where}: DDP reads it during the forward, so this value decides the "
-                        "*next* micro-step. Whether the last micro-step of a window is all-reduced "
-                        "cannot be read from the value; set the flag before the forward",
-                    ),
-                    severity=Severity.WARNING,
-                    confidence=Confidence.MEDIUM,
-                )
+                    f"{where}: DDP reads it during the forward, so this value decides the "
+                    "*next* micro-step. Whether the last micro-step of a window is all-reduced "
+                    "cannot be read from the value; set the flag before the forward",
+                ),
+                severity=Severity.WARNING,
+                confidence=Confidence.MEDIUM,
+            )
+
+
+def _setter_calls(ctx: FileContext) -> list[tuple[ast.stmt, str, ast.AST]]:
+    """Calls of a setter helper (``def set_sync(model, flag): model.require_backward_grad_sync
+    = flag``, no backward in it), each as a setting at the call's statement: (the call's
+    statement, the module it is given, the value it is given)."""
+    out: list[tuple[ast.stmt, str, ast.AST]] = []
+    for fn in ctx.of(ast.FunctionDef):
+        params = [a.arg for a in fn.args.args]
+        sets = [(t.value.id, n.value.id) for n in walk_local(fn) if isinstance(n, ast.Assign)
+                for t in n.targets if isinstance(t, ast.Attribute)
+                and t.attr == "require_backward_grad_sync" and isinstance(t.value, ast.Name)
+                and isinstance(n.value, ast.Name) and t.value.id in params and n.value.id in params]
+        if len(sets) != 1 or any(isinstance(c, ast.Call) and is_backward(c) for c in walk_local(fn)):
+            continue
+        module_param, flag_param = sets[0]
+        for site in ctx.call_sites(fn):
+            args = {params[i]: a for i, a in enumerate(site.args) if i < len(params)}
+            args.update({k.arg: k.value for k in site.keywords if k.arg is not None})
+            module, flag = args.get(module_param), args.get(flag_param)
+            stmt = ctx.parents.get(site)
+            if module is None or flag is None or (name := dotted(module)) is None \
+                    or not isinstance(stmt, ast.Expr):
+                continue
+            out.append((stmt, name, flag))
+    return out
 
 
 def _sync_settings(ctx: FileContext) -> list[tuple[ast.AST, ast.AST, str]]:
