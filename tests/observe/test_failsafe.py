@@ -383,12 +383,14 @@ def test_a_fault_recording_a_selection_changes_nothing(
     assert list(load_recordings(tmp_path).failures) == [0]
 
 
-@pytest.mark.parametrize("where", ["at_backward", "take"])
+@pytest.mark.parametrize("where", ["at_backward", "take", "know"])
 def test_a_fault_tracing_the_learning_rate_changes_nothing(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unobserved: list[torch.Tensor],
         where: str) -> None:
-    """The learning-rate trace (read at every backward, taken at every step) runs inside the
-    backward's and the step's doors: its failure switches observation off, not the run."""
+    """The learning-rate trace (read at every backward, taken at every step, an optimizer
+    known from its construction under observation) runs inside the backward's, the step's
+    and the optimizer constructor's doors: its failure switches observation off, not the
+    run."""
     from accumguard.observe._lr_trace import LrTrace
 
     def broken(self: LrTrace, *a: object) -> None:
@@ -399,6 +401,25 @@ def test_a_fault_tracing_the_learning_rate_changes_nothing(
         params = _train()
         failure = obs.failure
     assert failure is not None and f"lr {where}" in failure.error + failure.traceback
+    for a, b in zip(params, unobserved, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_a_fault_reading_fsdp2_unit_factors_changes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unobserved: list[torch.Tensor]) -> None:
+    """The per-unit reduction factors (read at a step with a loss record when the engine's
+    one factor is unknown) run inside the step's door: their failure switches observation
+    off, not the run."""
+    import accumguard.observe._steps as steps
+
+    def broken(engine: str, groups: object) -> None:
+        raise RuntimeError("injected: unit_factors")
+
+    monkeypatch.setattr(steps, "unit_factors", broken)
+    with recording(tmp_path) as obs:
+        params = _train()
+        failure = obs.failure
+    assert failure is not None and "unit_factors" in failure.error + failure.traceback
     for a, b in zip(params, unobserved, strict=True):
         assert torch.equal(a, b)
 

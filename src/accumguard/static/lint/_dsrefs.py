@@ -517,7 +517,7 @@ class DsConfigFinder:
                 if ref.cfg.get(key) is dsconfig.UNKNOWN and not resolver.always_runs(last):
                     return None  # written under a condition: either value may hold
                 return last.value
-        node = self._dict_node(ref.node)
+        node = self.resolver().literal_of(ref.node)
         if isinstance(node, ast.Dict):
             for k, v in zip(node.keys, node.values, strict=True):
                 if isinstance(k, ast.Constant) and k.value == key:
@@ -528,26 +528,6 @@ class DsConfigFinder:
                 if kw.arg == key:
                     return kw.value
         return None
-
-    def _dict_node(self, expr: ast.AST, depth: int = 4) -> ast.AST:
-        """The dict literal a config expression stands for (``cfg["ds"]`` with ``cfg`` a
-        parameter its one caller gives a literal), else the expression."""
-        if depth <= 0 or isinstance(expr, ast.Dict):
-            return expr
-        resolver = self.resolver()
-        if isinstance(expr, ast.Subscript) and isinstance(expr.slice, ast.Constant) \
-                and isinstance(expr.slice.value, str):
-            outer = self._dict_node(expr.value, depth - 1)
-            if isinstance(outer, ast.Dict):
-                for k, v in zip(outer.keys, outer.values, strict=True):
-                    if isinstance(k, ast.Constant) and k.value == expr.slice.value:
-                        return self._dict_node(v, depth - 1)
-            return expr
-        if isinstance(expr, ast.Name):
-            bound = resolver.binding(expr)
-            given = bound[1].value if bound is not None else resolver.argument_for(expr)
-            return expr if given is None else self._dict_node(given, depth - 1)
-        return expr
 
     def _find_ds_config(self) -> DsConfigRef | None:
         base = self.ctx.path.parent if self.ctx.path is not None else None

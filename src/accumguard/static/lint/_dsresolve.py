@@ -273,6 +273,25 @@ class NameResolver:
             return site.args[i]
         return None
 
+    def literal_of(self, expr: ast.AST, depth: int = 4) -> ast.AST:
+        """The dict literal a config expression stands for (``cfg["ds"]`` with ``cfg`` a
+        parameter its one caller gives a literal), else the expression."""
+        if depth <= 0 or isinstance(expr, ast.Dict):
+            return expr
+        if isinstance(expr, ast.Subscript) and isinstance(expr.slice, ast.Constant) \
+                and isinstance(expr.slice.value, str):
+            outer = self.literal_of(expr.value, depth - 1)
+            if isinstance(outer, ast.Dict):
+                for k, v in zip(outer.keys, outer.values, strict=True):
+                    if isinstance(k, ast.Constant) and k.value == expr.slice.value:
+                        return self.literal_of(v, depth - 1)
+            return expr
+        if isinstance(expr, ast.Name):
+            bound = self.binding(expr)
+            given = bound[1].value if bound is not None else self.argument_for(expr)
+            return expr if given is None else self.literal_of(given, depth - 1)
+        return expr
+
     def _calls_by_name(self) -> dict[str, list[ast.Call]]:
         """The file's calls by their last name, lower-cased (indexed once)."""
         if self._calls is None:

@@ -33,7 +33,7 @@ from accumguard.static.lint._context import FileContext
 from accumguard.static.lint.families.deepspeed import _name_values
 
 __all__ = ["counted_mean", "counted_per_micro_batch", "counts_tokens", "counts_window", "forward_token_mean", "helper_called", "hf_loss", "masked_mean", "masked_mean_helpers", "micro_batch_count",
-           "num_items_arg", "token_mean_hints", "window_normalised"]
+           "num_items_arg", "sized_slice", "token_mean_hints", "window_normalised"]
 
 #: wrappers that keep a count a count: ``m.sum().clamp(min=1)``, ``.float()``, ``max(n, 1)``
 _COUNT_WRAPPERS = frozenset({"clamp", "clamp_min", "clip", "float", "to", "type_as", "detach", "item"})
@@ -295,12 +295,30 @@ def _counts_a_window_span(ctx: FileContext, window: ast.AST, count: ast.AST) -> 
     if isinstance(count, ast.Name):
         exprs += [n.value for n in ctx.local_nodes(window) if isinstance(n, ast.Assign)
                   and len(n.targets) == 1 and dotted(n.targets[0]) == count.id]
-    for e in exprs:
-        for sl in walk_all(e):
-            if isinstance(sl, ast.Slice) and sl.lower is not None and sl.upper is not None \
-                    and ctx.mentions_accum(sl.lower) and ctx.mentions_accum(sl.upper):
-                return True
-    return False
+    return sized_slice(ctx, ctx.enclosing(count, FUNCS), exprs, ctx.mentions_accum)
+
+
+def sized_slice(ctx: FileContext, fn: ast.AST | None, exprs: list[ast.AST],
+                sized_by: Callable[[ast.AST], bool]) -> bool:
+    """Some expression of ``exprs`` reads a slice both of whose bounds ``sized_by`` accepts,
+    directly or through a name ``fn`` assigns from such a value (``lo, hi = s * K * W * m,
+    (s + 1) * K * W * m``, tuples paired)."""
+    def sized(bound: ast.AST) -> bool:
+        if sized_by(bound):
+            return True
+        if not (isinstance(bound, ast.Name) and fn is not None):
+            return False
+        for n in ast.walk(fn):
+            if isinstance(n, ast.Assign) and len(n.targets) == 1:
+                t, v = n.targets[0], n.value
+                pairs = (list(zip(t.elts, v.elts, strict=True)) if isinstance(t, ast.Tuple)
+                         and isinstance(v, ast.Tuple) and len(t.elts) == len(v.elts) else [(t, v)])
+                if any(isinstance(x, ast.Name) and x.id == bound.id and sized_by(y) for x, y in pairs):
+                    return True
+        return False
+    return any(isinstance(sl, ast.Slice) and sl.lower is not None and sl.upper is not None
+               and sized(sl.lower) and sized(sl.upper)
+               for e in exprs for sl in walk_all(e))
 
 
 def _sums_a_window_slice(ctx: FileContext, window: ast.AST, name: str) -> bool:

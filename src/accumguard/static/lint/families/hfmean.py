@@ -56,19 +56,13 @@ def _resolved_class(ctx: FileContext, expr: ast.AST, depth: int = 5) -> str | No
     fns = ctx.functions_by_name().get(name, [])
     if len(fns) == 1 and isinstance(expr.func, ast.Name):
         rets = [r.value for r in ast.walk(fns[0]) if isinstance(r, ast.Return) and r.value is not None]
-        return _resolved_class_in(ctx, rets[0], depth - 1) if len(rets) == 1 else None
+        return _resolved_class(ctx, rets[0], depth - 1) \
+            if len(rets) == 1 and isinstance(rets[0], ast.Call) else None
     cls = model_class(ctx, expr)
     if cls is not None and cls.startswith("AutoModelFor"):
         family = _config_family(ctx, expr)
         return None if family is None else family + cls[len("AutoModel"):]
     return cls
-
-
-def _resolved_class_in(ctx: FileContext, expr: ast.AST, depth: int) -> str | None:
-    """A function's returned expression: a class call directly, else as any model expression."""
-    if isinstance(expr, ast.Call):
-        return _resolved_class(ctx, expr, depth)
-    return None
 
 
 def _config_family(ctx: FileContext, call: ast.Call) -> str | None:

@@ -30,6 +30,7 @@ from dataclasses import replace
 from accumguard.static.findings import Confidence, Finding, Severity
 from accumguard.static.lint._ast import call_attr, dotted, walk_all
 from accumguard.static.lint._context import FileContext
+from accumguard.static.lint._ctx_boundary import bound_argument
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._lossexpr import division, mean_loss_site
 
@@ -221,25 +222,20 @@ def _dropped_by_callee(ctx: FileContext, name: ast.Name) -> bool:
     """``name`` is an argument of a call to a function of the file (defined once, no
     ``**kwargs``) whose parameter bound to it is never read in its body."""
     call = ctx.parents.get(name)
-    keyword = None
     if isinstance(call, ast.keyword):
-        keyword, call = call, ctx.parents.get(call)
+        call = ctx.parents.get(call)
     if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name):
         return False
     fns = ctx.functions_by_name().get(call.func.id, [])
     if len(fns) != 1 or fns[0].args.kwarg is not None or fns[0].args.vararg is not None:
         return False
-    params = [a.arg for a in (*fns[0].args.posonlyargs, *fns[0].args.args, *fns[0].args.kwonlyargs)]
-    if keyword is not None:
-        param = keyword.arg
-    else:
-        index = next((i for i, a in enumerate(call.args) if a is name), None)
-        positional = [a.arg for a in (*fns[0].args.posonlyargs, *fns[0].args.args)]
-        param = positional[index] if index is not None and index < len(positional) else None
-    if param is None or param not in params:
+    fn = fns[0]
+    params = [a.arg for a in (*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs)]
+    param = next((p for p in params if bound_argument(fn, call, p) is name), None)
+    if param is None:
         return False
     return not any(isinstance(x, ast.Name) and x.id == param and isinstance(x.ctx, ast.Load)
-                   for stmt in fns[0].body for x in walk_all(stmt))
+                   for stmt in fn.body for x in walk_all(stmt))
 
 
 def _model_loss_without_count(ctx: FileContext, fn: ast.FunctionDef | ast.AsyncFunctionDef,

@@ -54,6 +54,7 @@ from accumguard.static.lint.families._masked import (
     masked_mean,
     masked_mean_helpers,
     micro_batch_count,
+    sized_slice,
     token_mean_hints,
     window_normalised,
     window_sum_names,
@@ -350,24 +351,7 @@ def _counts_every_rank_slice(ctx: FileContext, divisor: ast.AST) -> bool:
     exprs = [divisor]
     if isinstance(divisor, ast.Name) and fn is not None:
         exprs += ctx.assigned_in(fn).get(divisor.id, [])
-
-    def sized(bound: ast.AST) -> bool:  # `lo, hi = s * K * W * m, (s + 1) * K * W * m` too
-        if ctx.mentions_world(bound):
-            return True
-        if not (isinstance(bound, ast.Name) and fn is not None):
-            return False
-        for n in ast.walk(fn):
-            if isinstance(n, ast.Assign) and len(n.targets) == 1:
-                t, v = n.targets[0], n.value
-                pairs = (list(zip(t.elts, v.elts, strict=True)) if isinstance(t, ast.Tuple)
-                         and isinstance(v, ast.Tuple) and len(t.elts) == len(v.elts) else [(t, v)])
-                if any(isinstance(a, ast.Name) and a.id == bound.id and ctx.mentions_world(b)
-                       for a, b in pairs):
-                    return True
-        return False
-    return any(isinstance(sl, ast.Slice) and sl.lower is not None and sl.upper is not None
-               and sized(sl.lower) and sized(sl.upper)
-               for e in exprs for sl in walk_all(e))
+    return sized_slice(ctx, fn, exprs, ctx.mentions_world)
 
 
 def _made_from_reduced(ctx: FileContext, names: set[str], reduced: set[str]) -> bool:

@@ -24,6 +24,7 @@ from dataclasses import replace
 from accumguard.static.findings import Confidence, Finding, Severity
 from accumguard.static.lint._ast import FUNCS, dotted, walk_all, walk_local
 from accumguard.static.lint._context import FileContext
+from accumguard.static.lint._ctx_boundary import bound_argument
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families.deepspeed import _name_values
 
@@ -235,13 +236,9 @@ def _lr_sources(ctx: FileContext, write: ast.Assign) -> Iterator[tuple[ast.AST, 
                                      for n in walk_all(v))]
     for site in ctx.call_sites(scope):
         caller = ctx.scope_of(site)
-        offset = 1 if params and params[0] in ("self", "cls") and isinstance(site.func, ast.Attribute) else 0
         args: list[ast.AST] = []
         for p in read:
-            arg = next((k.value for k in site.keywords if k.arg == p), None)
-            i = params.index(p) - offset
-            if arg is None and 0 <= i < len(site.args):
-                arg = site.args[i]
+            arg = bound_argument(scope, site, p)
             if arg is not None:
                 args += (_name_values(ctx, caller)[0].get(arg.id, []) if isinstance(arg, ast.Name)
                          else [arg])

@@ -49,11 +49,16 @@ from accumguard.static.lint._ast import (
     position,
     receiver,
     walk_all,
-    walk_local,
 )
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
-from accumguard.static.lint.families._modguard import exclusive
+from accumguard.static.lint.families._syncforward import (
+    forward_before,
+    forward_inside,
+    is_forward_of,
+    setter_calls,
+    through_parameter,
+)
 from accumguard.static.lint.families._synctests import (
     first_test,
     never_true,
@@ -63,126 +68,6 @@ from accumguard.static.lint.families._synctests import (
     through_name,
     zero_based_counter,
 )
-
-
-def _is_forward_of(call: ast.Call, recv: str) -> bool:
-    name = dotted(call.func)
-    return name is not None and name in (recv, recv + ".forward")
-
-
-def _forward_inside(node: ast.AST, recv: str) -> bool:
-    return any(isinstance(n, ast.Call) and _is_forward_of(n, recv) for n in walk_local(node))
-
-
-def _forward_before(ctx: FileContext, node: ast.stmt, recv: str, *, helpers: bool = False
-                    ) -> ast.Call | None:
-    """A forward call of ``recv`` earlier in the same loop iteration, feeding a later backward
-    (also when ``node`` sits in a backward helper the loop calls after a helper that runs
-    the forward: ``loss = self._compute_loss(b)`` then ``self._backward(loss, micro)``)."""
-    loop = ctx.enclosing(node, LOOPS + SCOPES)
-    if not isinstance(loop, LOOPS):
-        return _forward_before_helper(ctx, node, recv)
-    header = set(walk_local(loop.iter if isinstance(loop, ast.For | ast.AsyncFor) else loop.test))
-    if not any(
-        isinstance(b, ast.Call) and is_backward(b) and b.lineno >= node.lineno for b in walk_local(loop)
-    ):
-        return None
-    for n in walk_local(loop):
-        if (
-            isinstance(n, ast.Call)
-            and n not in header
-            and (_is_forward_of(n, recv) or (helpers and _hands_to_forward(ctx, n, recv)
-                                                 and not exclusive(ctx, n, node)))
-            and (n.lineno, n.col_offset) < (node.lineno, node.col_offset)
-        ):
-            return n
-    return None
-
-
-def _hands_to_forward(ctx: FileContext, call: ast.Call, recv: str) -> bool:
-    """``token_loss_sum(model, x, y)``: a function of the file given the module calls the
-    parameter it binds (the forward runs there)."""
-    callee = ctx.callee_of(call)
-    if not isinstance(callee, ast.FunctionDef | ast.AsyncFunctionDef):
-        return False
-    params = [a.arg for a in (*callee.args.posonlyargs, *callee.args.args)]
-    bound = [params[i] for i, a in enumerate(call.args) if i < len(params) and dotted(a) == recv]
-    bound += [k.arg for k in call.keywords if k.arg is not None and dotted(k.value) == recv]
-    return any(_forward_inside(callee, p) for p in bound)
-
-
-def _forward_before_helper(ctx: FileContext, node: ast.stmt, recv: str) -> ast.Call | None:
-    """``node`` in a function (no loop around it there) that runs a backward after it; the
-    function is called in a loop after a forward of ``recv`` in the same iteration, inline or
-    in a function of the file called there before it."""
-    fn = ctx.enclosing(node, SCOPES)
-    if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) or not any(
-            isinstance(b, ast.Call) and is_backward(b) and position(b) > position(node)
-            for b in walk_local(fn)):
-        return None
-    own = _forward_in_function_before(ctx, fn, node, recv)
-    if own is not None:
-        return own
-    for site in ctx.call_sites(fn):
-        loop = ctx.enclosing(site, LOOPS + SCOPES)
-        if not isinstance(loop, LOOPS):
-            continue
-        for n in walk_local(loop):
-            if not (isinstance(n, ast.Call) and position(n) < position(site)):
-                continue
-            if _is_forward_of(n, recv):
-                return n
-            callee = ctx.callee_of(n)
-            if callee is not None and callee is not fn and _forward_inside(callee, recv):
-                return n
-    return None
-
-
-def _forward_in_function_before(ctx: FileContext, fn: ast.FunctionDef | ast.AsyncFunctionDef,
-                                node: ast.AST, recv: str) -> ast.Call | None:
-    """A forward of ``recv`` in ``fn`` before ``node``: a call of it, or a call handing it to
-    a function of the file that calls the parameter it binds (``loss =
-    summed_ce(ddp_model, batch)`` with ``summed_ce(model, b)`` calling ``model(...)``)."""
-    for n in walk_local(fn):
-        if not isinstance(n, ast.Call) or position(n) >= position(node):
-            continue
-        if _is_forward_of(n, recv):
-            return n
-        callee = ctx.callee_of(n)
-        if not isinstance(callee, ast.FunctionDef | ast.AsyncFunctionDef):
-            continue
-        params = [a.arg for a in (*callee.args.posonlyargs, *callee.args.args)]
-        bound = [params[i] for i, a in enumerate(n.args) if i < len(params) and dotted(a) == recv]
-        bound += [k.arg for k in n.keywords if k.arg is not None and dotted(k.value) == recv]
-        if any(_forward_inside(callee, p) for p in bound):
-            return n
-    return None
-
-
-def _through_parameter(ctx: FileContext, node: ast.AST, value: ast.AST) -> ast.AST:
-    """A flag that is a parameter of the function around ``node``, read as the argument its
-    one call site of the file gives it (``micro_step(ddp, b, scale, i == K - 1)``)."""
-    fn = ctx.enclosing(node, SCOPES)
-    if not (isinstance(value, ast.Name) and isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef)):
-        return value
-    params = [a.arg for a in (*fn.args.posonlyargs, *fn.args.args)]
-    if value.id not in params or any(
-            isinstance(n, ast.Assign | ast.AugAssign) and any(
-                isinstance(t, ast.Name) and t.id == value.id
-                for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))
-            for n in walk_local(fn)):
-        return value
-    sites = list(ctx.call_sites(fn))
-    if len(sites) != 1 or not isinstance(sites[0], ast.Call):
-        return value
-    site = sites[0]
-    i = params.index(value.id)
-    if params and params[0] in ("self", "cls") and isinstance(site.func, ast.Attribute):
-        i -= 1
-    arg = next((k.value for k in site.keywords if k.arg == value.id), None)
-    if arg is None and 0 <= i < len(site.args) and not isinstance(site.args[i], ast.Starred):
-        arg = site.args[i]
-    return arg if arg is not None else value
 
 
 def _wrapper_of(ctx: FileContext, recv: str) -> str:
@@ -225,7 +110,7 @@ def ddp_flag_after_forward(ctx: FileContext, node: ast.AST) -> bool:
     for t in node.targets:
         if isinstance(t, ast.Attribute) and t.attr == "require_backward_grad_sync":
             recv = dotted(t.value)
-            if recv is not None and _forward_before(ctx, node, recv) is not None:
+            if recv is not None and forward_before(ctx, node, recv) is not None:
                 return True
     return False
 
@@ -262,9 +147,9 @@ def _backward_only(ctx: FileContext, call: ast.Call) -> tuple[ast.AST, ast.Call]
         return None
     if not any(isinstance(n, ast.Call) and is_backward(n) for n in ctx.local_nodes(block)):
         return None
-    if _forward_inside(block, recv):
+    if forward_inside(block, recv):
         return None
-    fwd = _forward_before(ctx, block, recv)
+    fwd = forward_before(ctx, block, recv)
     return None if fwd is None else (block, fwd)
 
 
@@ -298,16 +183,16 @@ def sync_flag_after_forward(ctx: FileContext) -> Iterator[Finding]:
             if isinstance(t, ast.Attribute) and t.attr == "require_backward_grad_sync" \
                     and (d := dotted(t.value)) is not None:
                 settings.append((node, d, node.value))
-    settings += _setter_calls(ctx)
+    settings += setter_calls(ctx)
     for node, flag_recv, value in settings:
         # (a forward through a loss helper counts here: a flag set after it is read late)
-        flag_fwd = _forward_before(ctx, node, flag_recv, helpers=True)
+        flag_fwd = forward_before(ctx, node, flag_recv, helpers=True)
         if flag_fwd is None:
             continue
         recv, fwd = flag_recv, flag_fwd
         kind = _effective(ctx, node, value)
         if kind == "unknown":
-            given = _through_parameter(ctx, node, value)
+            given = through_parameter(ctx, node, value)
             if given is not value:
                 kind = _effective(ctx, given, given)
         if kind == "first":
@@ -317,7 +202,7 @@ def sync_flag_after_forward(ctx: FileContext) -> Iterator[Finding]:
             continue
         if kind in ("boundary", "inverted", "unknown"):
             reported.add(key)
-        at = (f"line {fwd.lineno}" if _is_forward_of(fwd, recv) else
+        at = (f"line {fwd.lineno}" if is_forward_of(fwd, recv) else
               f"in `{ast.unparse(fwd.func)}()`, called at line {fwd.lineno}")
         where = f"`{recv}.require_backward_grad_sync` is set after the forward ({at})"
         if kind == "boundary":
@@ -351,32 +236,6 @@ def sync_flag_after_forward(ctx: FileContext) -> Iterator[Finding]:
                 severity=Severity.WARNING,
                 confidence=Confidence.MEDIUM,
             )
-
-
-def _setter_calls(ctx: FileContext) -> list[tuple[ast.stmt, str, ast.AST]]:
-    """Calls of a setter helper (``def set_sync(model, flag): model.require_backward_grad_sync
-    = flag``, no backward in it), each as a setting at the call's statement: (the call's
-    statement, the module it is given, the value it is given)."""
-    out: list[tuple[ast.stmt, str, ast.AST]] = []
-    for fn in ctx.of(ast.FunctionDef):
-        params = [a.arg for a in fn.args.args]
-        sets = [(t.value.id, n.value.id) for n in walk_local(fn) if isinstance(n, ast.Assign)
-                for t in n.targets if isinstance(t, ast.Attribute)
-                and t.attr == "require_backward_grad_sync" and isinstance(t.value, ast.Name)
-                and isinstance(n.value, ast.Name) and t.value.id in params and n.value.id in params]
-        if len(sets) != 1 or any(isinstance(c, ast.Call) and is_backward(c) for c in walk_local(fn)):
-            continue
-        module_param, flag_param = sets[0]
-        for site in ctx.call_sites(fn):
-            args = {params[i]: a for i, a in enumerate(site.args) if i < len(params)}
-            args.update({k.arg: k.value for k in site.keywords if k.arg is not None})
-            module, flag = args.get(module_param), args.get(flag_param)
-            stmt = ctx.parents.get(site)
-            if module is None or flag is None or (name := dotted(module)) is None \
-                    or not isinstance(stmt, ast.Expr):
-                continue
-            out.append((stmt, name, flag))
-    return out
 
 
 def _sync_settings(ctx: FileContext) -> list[tuple[ast.AST, ast.AST, str]]:
