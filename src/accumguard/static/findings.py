@@ -529,6 +529,16 @@ RULES: dict[str, Rule] = {
             "m.set_gradient_divide_factor(...)`; or keep FSDP2's average and normalise the "
             "loss by the window's count times the world size",
         ),
+        _rule(
+            "AG157", "accelerate-short-last-window", "F7", W, MED,
+            "Accelerate's accumulate() steps the short last window of a pass over the prepared "
+            "loader (its batches per process are not a multiple of K) while accelerator.backward "
+            "still divides that window's loss by K: its r micro-batches reach the optimizer as "
+            "r/K of their mean gradient",
+            "scale the short window's loss back, `accelerator.backward(loss * K / r)` with "
+            "r = min(K, len(loader) - (i // K) * K); or size the data so that each process's "
+            "pass is a multiple of K batches",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

@@ -17,6 +17,7 @@ import ast
 from typing import Any, Protocol
 
 from accumguard.static.lint._ast import call_attr, dotted, last_part
+from accumguard.static.lint._ctx_boundary import bound_argument
 
 __all__ = ["static_len"]
 
@@ -186,25 +187,52 @@ def _tensor_len(ctx: _Facts, expr: ast.AST, depth: int) -> int | None:
     if depth > _MAX_DEPTH:
         return None
     if isinstance(expr, ast.Name):
-        value = _single_assignment(ctx, expr.id)
+        value = _single_assignment(ctx, expr.id, expr)
         return None if value is None else _tensor_len(ctx, value, depth + 1)
+    if isinstance(expr, ast.BinOp):
+        # elementwise arithmetic keeps the first operand's rows (`randn(N, D) * 0.5 + shift`);
+        # a literal first operand gives the second's
+        left = None if isinstance(expr.left, ast.Constant) else _tensor_len(ctx, expr.left, depth + 1)
+        if left is None and isinstance(expr.left, ast.Constant):
+            return _tensor_len(ctx, expr.right, depth + 1)
+        return left
     if not isinstance(expr, ast.Call):
         return None
     name = last_part(dotted(expr.func))
     kw = {k.arg: k.value for k in expr.keywords if k.arg}
     if name in ("arange", "randperm") and len(expr.args) == 1:
-        return ctx.int_value(expr.args[0], defaults=False)
+        return _int_of(ctx, expr.args[0])
     if name == "randint":
         size = kw.get("size") or (expr.args[2] if len(expr.args) > 2 else
                                   expr.args[1] if len(expr.args) == 2 else None)
         return _first_dim(ctx, size)
     if name in _SHAPED and expr.args:
         first = expr.args[0]
-        return _first_dim(ctx, first) if isinstance(first, ast.Tuple | ast.List) else ctx.int_value(first, defaults=False)
+        return _first_dim(ctx, first) if isinstance(first, ast.Tuple | ast.List) else _int_of(ctx, first)
     return None
 
 
 def _first_dim(ctx: _Facts, size: ast.AST | None) -> int | None:
     if isinstance(size, ast.Tuple | ast.List) and size.elts:
-        return ctx.int_value(size.elts[0], defaults=False)
+        return _int_of(ctx, size.elts[0])
     return None
+
+
+def _int_of(ctx: _Facts, expr: ast.AST) -> int | None:
+    """The integer ``expr`` holds (:meth:`int_value`), or for a parameter of a function the
+    file calls once by name, the integer that call gives it (``make_data(CFG["n"], 8)``)."""
+    value = ctx.int_value(expr, defaults=False)
+    if value is not None or not isinstance(expr, ast.Name):
+        return value
+    fn = _function_of(ctx, expr)
+    if not isinstance(fn, ast.FunctionDef) or expr.id not in {
+            a.arg for a in (*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs)}:
+        return None
+    if any(isinstance(n, ast.Name) and n.id == expr.id and not isinstance(n.ctx, ast.Load)
+           for n in _own_nodes(fn)):
+        return None  # (the parameter is rebound in the function)
+    sites = [c for c in ctx.of(ast.Call) if isinstance(c.func, ast.Name) and c.func.id == fn.name]
+    if len(sites) != 1 or len(ctx.functions_by_name().get(fn.name, [])) != 1:
+        return None
+    arg = bound_argument(fn, sites[0], expr.id)
+    return None if arg is None else ctx.int_value(arg, defaults=False)

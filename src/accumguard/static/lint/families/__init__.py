@@ -48,10 +48,12 @@
 ``lgwindow``   AG144               a Lightning training_step divided by the window's count, /K again
 ``microstat``  AG147               a micro-batch's values whitened by its own statistics, K > 1
 ``prefetch``   AG148               a window drawn ahead of accelerator.accumulate with dataloader sync
+``acctail``    AG157               Accelerate stepping a pass's short last window, its loss still /K
 """
 
 from accumguard.static.lint.families import (
     accelerate,
+    acctail,
     ampclip,
     deepspeed,
     dsbatch,
@@ -90,4 +92,4 @@ from accumguard.static.lint.families import (
     window,
 )
 
-__all__ = ["accelerate", "ampclip", "deepspeed", "dsbatch", "dssched", "epochtail", "factored", "fsdpunits", "fused", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfscale", "hfterms", "hftokens", "horizon", "lgmanual", "lgwindow", "loss", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "resume", "scale", "schedule", "sync", "synctail", "tailscale", "terms", "tokenmean", "tokhorizon", "twice", "window"]
+__all__ = ["accelerate", "acctail", "ampclip", "deepspeed", "dsbatch", "dssched", "epochtail", "factored", "fsdpunits", "fused", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfscale", "hfterms", "hftokens", "horizon", "lgmanual", "lgwindow", "loss", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "resume", "scale", "schedule", "sync", "synctail", "tailscale", "terms", "tokenmean", "tokhorizon", "twice", "window"]
