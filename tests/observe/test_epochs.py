@@ -162,7 +162,11 @@ def _epoch_run(tmp: Path, *, k: int, batches: int, how: str, loss: str,
         for _ in range(epochs):
             for i, (x, y) in enumerate(loader):
                 out = model(x)
-                value = ((out - y) ** 2).mean() if loss == "hand" else crit(out, y)
+                if loss == "weighted":  # per-sample weights from the data (min-SNR style)
+                    per = torch.nn.functional.mse_loss(out, y, reduction="none").mean(dim=1)
+                    value = (per * (1.0 + y.detach().abs().squeeze(1))).mean()
+                else:
+                    value = ((out - y) ** 2).mean() if loss == "hand" else crit(out, y)
                 size = min(k, len(loader) - (i - i % k))
                 (value / (size if how == "own" else k)).backward()
                 if (i + 1) % k == 0 or i + 1 == len(loader):
@@ -208,17 +212,20 @@ def test_every_epoch_shorter_than_k_normalised_by_its_own_length_is_no_error(
         found[0].evidence, found
 
 
+@pytest.mark.parametrize("loss", ["hand", "weighted"])
 @pytest.mark.parametrize(("how", "batches", "k", "errors"),
                          [("k", 24, 5, {"F7"}), ("own", 24, 5, set()),
                           ("rescale", 24, 5, set()), ("k", 24, 4, set())],
                          ids=["tail_divided_by_k", "tail_own_length", "tail_rescaled_at_step",
                               "k_divides_the_epoch"])
 def test_an_epoch_tail_of_a_loss_built_by_hand(tmp_path: Path, how: str, batches: int,
-                                               k: int, errors: set[str]) -> None:
+                                               k: int, errors: set[str], loss: str) -> None:
     """24 micro-batches per epoch, K = 5: each epoch's last window has 4, divided by 5 (F7
     from the loss built by hand); normalised by its own 4, divided by 5 and rescaled by 5/4
-    at the step, or K = 4 dividing the epoch (no flush ever needed): silent."""
-    _epoch_run(tmp_path, k=k, batches=batches, how=how, loss="hand")
+    at the step, or K = 4 dividing the epoch (no flush ever needed): silent. 'weighted': a
+    mean of per-sample losses times per-sample weights read from the data (a weighting the
+    user chose, not judged): the same mean's scale is read."""
+    _epoch_run(tmp_path, k=k, batches=batches, how=how, loss=loss)
     found, resolved = _judge(tmp_path, k)
     assert resolved == k and {f.cls for f in found if f.severity == "error"} == errors, found
     assert not [f for f in found if f.severity == "warning"], found

@@ -74,6 +74,9 @@ class Leaf:
     # a masked sum ``(obj * mask).sum()`` recorded as a loss (:func:`masked_sums`) is linked
     # to the term below it by this
     msum: int | None = None
+    # a data tensor multiplying it stands above the first reduction from the root (not a per-sample or
+    # per-token weight inside a mean: the mean's own scale is then not the term's)
+    weighted_above: bool = False
 
 
 @dataclass
@@ -251,9 +254,10 @@ def _factor(node: Any) -> torch.Tensor | None:
 
 #: One node to visit: (node, output index, constants above, addition above, means above,
 #: opaque above, a data factor above, the data factors above (None: not divisible), the
-#: first reduction above (:attr:`Leaf.first`), the first whole sum above (:attr:`Leaf.msum`)).
+#: first reduction above (:attr:`Leaf.first`), the first whole sum above (:attr:`Leaf.msum`),
+#: a data factor above the first reduction (:attr:`Leaf.weighted_above`)).
 _Item = tuple[Any, int, list[Const], bool, list[int], bool, bool,
-              list[torch.Tensor] | None, str, int | None]
+              list[torch.Tensor] | None, str, int | None, bool]
 #: A reduction over some dimensions: data factors above it hold per-row values.
 _DIM_REDUCE = ("SumBackward1", "MeanBackward1")
 
@@ -266,12 +270,12 @@ def _walk(root: torch.Tensor | Sequence[torch.Tensor], out: Walk, stops: frozens
     fn = getattr(root, "grad_fn", None)
     if fn is None:
         return
-    stack: list[_Item] = [(fn, 0, [], False, [], False, False, [], "", None)]
+    stack: list[_Item] = [(fn, 0, [], False, [], False, False, [], "", None, False)]
     for _ in range(NODES):
         if not stack:
             out.complete = True
             return
-        node, index, divs, split, means, opaque, weighted, factors, first, msum = stack.pop()
+        node, index, divs, split, means, opaque, weighted, factors, first, msum, above = stack.pop()
         seq = node._sequence_nr()
         if seq in out.chain:
             continue
@@ -281,12 +285,12 @@ def _walk(root: torch.Tensor | Sequence[torch.Tensor], out: Walk, stops: frozens
         select = _selection(name, node)
         if seq in stops:
             out.leaves.append(Leaf(node, index, divs, split, means, opaque, None, weighted,
-                                   None, first, msum))
+                                   None, first, msum, above))
             continue
         if select is None and name.startswith(("AddBackward0", "SubBackward0")) \
                 and len(nxt) > 1:
             # the terms (a sum above this addition is not any one term's)
-            stack.extend((n, i, divs, True, means, opaque, weighted, factors, first, None)
+            stack.extend((n, i, divs, True, means, opaque, weighted, factors, first, None, above)
                          for n, i in nxt)
             continue
         if select is None and (name.startswith(LINEAR + _PASS) or _unit_select(node)) \
@@ -299,6 +303,7 @@ def _walk(root: torch.Tensor | Sequence[torch.Tensor], out: Walk, stops: frozens
                     opaque = True
                 else:  # a tensor of values (advantages, a mask, per-sequence lengths)
                     weighted = True
+                    above = above or not first
                     f = _factor(node)
                     factors = None if f is None or factors is None else [*factors, f]
             elif name.startswith("MeanBackward"):
@@ -313,11 +318,11 @@ def _walk(root: torch.Tensor | Sequence[torch.Tensor], out: Walk, stops: frozens
             if factors and name.startswith(_DIM_REDUCE + ("ExpandBackward",)):
                 factors = None  # per-row factors above a reduction: not per token here
             stack.append((nxt[0][0], nxt[0][1], divs, split, means, opaque, weighted,
-                          factors, first, msum))
+                          factors, first, msum, above))
             continue
         out.leaves.append(Leaf(node, index, divs, split, means, opaque, select, weighted,
                                factors if weighted and select is not None else None, first,
-                               msum))
+                               msum, above))
     out.complete = not stack
 
 
