@@ -518,8 +518,74 @@ def _target_names(node: ast.Assign) -> set[str]:
     return out
 
 
+def _lambda_step_horizons(ctx: FileContext) -> Iterator[tuple[str, ast.Call, ast.AST, str]]:
+    """(name, constructor, horizon, its name) of a ``LambdaLR`` whose factor function reads no
+    count of batches but a value named as a count of optimizer steps from outside
+    (``HP["total_steps"]``, ``cfg.num_updates``), assigned to one name."""
+    for node in ctx.of(ast.Assign):
+        call = node.value
+        if not (isinstance(call, ast.Call) and len(node.targets) == 1
+                and _constructor_name(call) == "LambdaLR" and _lambda_horizon(ctx, call) is None):
+            continue
+        name = dotted(node.targets[0])
+        fn = next((k.value for k in call.keywords if k.arg == "lr_lambda"),
+                  call.args[1] if len(call.args) > 1 else None)
+        body: ast.AST | None = fn if isinstance(fn, ast.Lambda) else None
+        if isinstance(fn, ast.Name):
+            defs = ctx.defs_by_name().get(fn.id, [])
+            body = defs[0] if len(defs) == 1 else None
+        if name is None or not isinstance(body, ast.Lambda | ast.FunctionDef) \
+                or _multiplies_by_world([body], ctx):
+            continue  # (a horizon times the number of processes counts what the scheduler does)
+        own = {x.arg for x in body.args.posonlyargs + body.args.args + body.args.kwonlyargs}
+        for n in walk_all(body):
+            key = _step_count_name(n)
+            base = (dotted(n.value) if isinstance(n, ast.Subscript) else dotted(n)) or ""
+            if key is not None and base.split(".", 1)[0] not in own:
+                yield name, call, n, key
+                break
+
+
+def _step_count_name(n: ast.AST) -> str | None:
+    """The name (or the string key of a subscript) of ``n`` when it names a count of optimizer
+    steps (``total_steps``, ``HP["num_updates"]``)."""
+    key: str
+    if isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Constant) \
+            and isinstance(n.slice.value, str) and dotted(n.value) is not None:
+        key = n.slice.value
+    elif isinstance(n, ast.Name | ast.Attribute) and isinstance(n.ctx, ast.Load) \
+            and (d := dotted(n)) is not None:
+        key = d.rsplit(".", 1)[-1]
+    else:
+        return None
+    low = key.lower()
+    return ast.unparse(n) if _OPT_STEPS_RE.search(low) and "warm" not in low else None
+
+
+def _prepared_in_scope(ctx: FileContext, name: str, ctor: ast.AST) -> bool:
+    """The function that builds the scheduler hands it to ``accelerator.prepare`` (a
+    reference scheduler of the same name elsewhere is not the prepared one)."""
+    scope = ctx.scope_of(ctor)
+    return any(isinstance(c, ast.Call) and call_attr(c) in ("prepare", "prepare_scheduler")
+               and ctx.is_accelerator(receiver(c)) and any(dotted(a) == name for a in c.args)
+               for c in walk_all(scope))
+
+
 @rule("AG125")
 def accelerate_horizon_per_process(ctx: FileContext) -> Iterator[Finding]:
+    for name, ctor, _, read in _lambda_step_horizons(ctx):
+        if not (_accelerate_prepares(ctx, name) and _scales_by_world(ctx)
+                and _prepared_in_scope(ctx, name, ctor)):
+            continue
+        yield replace(ctx.finding(
+            "AG125",
+            ctor,
+            f"the LambdaLR factor reads `{read}`, a count of optimizer steps, as its horizon, "
+            "and the file runs on several processes (it scales a count by the number of "
+            f"processes), but the Accelerate-prepared `{name}` advances num_processes times per "
+            "optimizer step: on W processes the schedule ends W times early and the rest of "
+            "training runs at its final learning rate",
+        ), severity=Severity.WARNING, confidence=Confidence.MEDIUM)
     for name, ctor, horizon in _schedulers(ctx):
         parts = _expand(ctx, horizon)
         per_process = next((p for p in parts if any(_is_world(d) for d in _divides([p]))), None)
