@@ -37,7 +37,9 @@ def continued_windows(windows: list[StepWindow], k: int | None) -> list[StepWind
         return []
     out = []
     for i, w in enumerate(windows):
-        if not (i == 0 and w.step == 0) and not reborn(windows, i):
+        # (the first of the windows judged: the run's first, or a later optimizer's first
+        # when each optimizer is judged on its own windows)
+        if i != 0 and not reborn(windows, i):
             continue
         cons = w.conservation
         stale = cons is not None and cons.reason == "stale"
@@ -92,6 +94,13 @@ def short_window_findings(rank: int, windows: list[StepWindow], res: KResolution
             continue  # (a new optimizer's first window is judged above, or not at all)
         if again and verdict == "F1":
             continue  # (a tail left by the abandoned run: not this optimizer's cadence)
+        if i == 0 and w.step > 0 and w.conservation is None and verdict == "F13" \
+                and (nxt is None or nxt.window < k):
+            # an optimizer's first window, another optimizer having stepped before it (a
+            # run rebuilt to resume), the gradient it began on unmeasured and no whole
+            # window after it: it may continue a saved partial window; nothing proves the
+            # counter off
+            continue
         if verdict in ("F1", "F13") and verdict not in said:
             f = _finding(rank, verdict, i, windows, res, passes, f1_found)
             if f is not None:
