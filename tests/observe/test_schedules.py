@@ -5,6 +5,7 @@ steps than a run cut short made, or a factor not tied to W or K, is not."""
 from __future__ import annotations
 
 import functools
+import math
 
 import pytest
 import torch
@@ -105,6 +106,38 @@ def test_horizons_read_from_the_objects() -> None:
     two = sl.LambdaLR(opt, lambda s: 1 - s / (total_steps + max_steps))
     assert "horizon" not in schedule_state(two)
     assert "horizon" not in schedule_state(sl.LambdaLR(opt, lambda s: min(1.0, s / warmup)))
+
+
+#: module-level settings a schedule function reads (blind round 58 b_b03's shape)
+HP = {"total_steps": 20, "warmup": 4, "lr": 0.1}
+TOTAL_UPDATES = 16
+
+
+def _warm_cosine(step: int) -> float:
+    if step < HP["warmup"]:
+        return (step + 1) / HP["warmup"]
+    prog = (step - HP["warmup"]) / max(1, HP["total_steps"] - HP["warmup"])
+    return 0.5 * (1 + math.cos(math.pi * min(1.0, prog)))
+
+
+def _linear_to_updates(step: int) -> float:
+    return max(0.0, 1 - step / TOTAL_UPDATES)
+
+
+def _warm_only(step: int) -> float:
+    return min(1.0, (step + 1) / HP["warmup"])
+
+
+def test_horizons_read_from_a_module_level_schedule_function() -> None:
+    """A schedule function defined at module level closes over nothing: its horizon is the
+    entry of a global dict it subscripts under a horizon's name, or a global so named; a
+    function reading only the warm-up entry states none."""
+    opt = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+    sl = torch.optim.lr_scheduler
+    got = schedule_state(sl.LambdaLR(opt, _warm_cosine))
+    assert got["horizon"] == 20 and "HP['total_steps']=20" in str(got["horizon_what"]), got
+    assert schedule_state(sl.LambdaLR(opt, _linear_to_updates))["horizon"] == 16
+    assert "horizon" not in schedule_state(sl.LambdaLR(opt, _warm_only))
 
 
 @pytest.mark.parametrize(("starts", "expected"), [

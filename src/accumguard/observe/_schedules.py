@@ -11,9 +11,10 @@ Only an exact factor tied to the run's structure is an error: the schedule ends 
 times early or late (up to the per-epoch rounding of a partial window). A horizon longer than
 the run by another factor is a run stopped early (``max_steps``, fewer epochs): silent. One
 that ends early by another factor is a note (the rest of the run trains at the schedule's
-final learning rate). A hand-written ``LambdaLR``'s horizon is the one integer its function closes
-over under a horizon's name (``num_training_steps``...). A horizon the object does not state
-(a ``LambdaLR`` without such a variable, a warm-up-only ``LinearLR``, warm restarts) is not
+final learning rate). A hand-written ``LambdaLR``'s horizon is the one integer its function
+closes over under a horizon's name (``num_training_steps``...), or else reads from its module
+under such a name (a global, or a global dict's entry it subscripts: ``HP["total_steps"]``). A
+horizon the object does not state (a ``LambdaLR`` without such a variable, a warm-up-only ``LinearLR``, warm restarts) is not
 judged.
 """
 
@@ -98,8 +99,8 @@ def _closure_horizon(fn: object) -> tuple[int, str] | None:
     cells = getattr(fn, "__closure__", None)
     names = getattr(code, "co_freevars", None)
     if not isinstance(cells, tuple) or not isinstance(names, tuple) or len(names) != len(cells):
-        return None
-    found = []
+        cells, names = (), ()  # (no closure: a module-level function)
+    found: list[tuple[int, str]] = []
     for name, cell in zip(names, cells, strict=True):
         if isinstance(name, str) and _HORIZON_NAME.match(name):
             try:
@@ -108,10 +109,36 @@ def _closure_horizon(fn: object) -> tuple[int, str] | None:
                 continue
             if _int(value):
                 found.append((int(value), name))
+    if not found:
+        found = _global_horizons(fn, code)
     if len(found) != 1:
         return None
     n, name = found[0]
     return n, f"LambdaLR function's {name}={n}"
+
+
+def _global_horizons(fn: object, code: object) -> list[tuple[int, str]]:
+    """The integers a schedule function reads from its module under a horizon's name: a
+    global (``TOTAL_STEPS``) or the entry of a global dict that the function subscripts with
+    that key (``HP["total_steps"]``: the key is among its constants). Plain dicts and ints
+    only: nothing of the user's is called or its attributes read."""
+    g = getattr(fn, "__globals__", None)
+    names = getattr(code, "co_names", None)
+    consts = getattr(code, "co_consts", None)
+    if type(g) is not dict or not isinstance(names, tuple) or not isinstance(consts, tuple):
+        return []
+    keys = [c for c in consts if isinstance(c, str) and _HORIZON_NAME.match(c)]
+    found = []
+    for name in names:
+        value = dict.get(g, name) if isinstance(name, str) else None
+        if _int(value) and _HORIZON_NAME.match(name):
+            found.append((int(value), name))  # type: ignore[arg-type]
+        elif type(value) is dict:
+            for key in keys:
+                entry = dict.get(value, key)
+                if _int(entry):
+                    found.append((int(entry), f"{name}[{key!r}]"))  # type: ignore[arg-type]
+    return found
 
 
 def schedule_state(sched: object) -> dict[str, object]:
