@@ -26,20 +26,25 @@ def reborn(windows: list[StepWindow], i: int) -> bool:
     return i > 0 and w.unborn > 0 and w.opt_serial not in {x.opt_serial for x in windows[:i]}
 
 
+def _later_optimizer(w: StepWindow) -> bool:
+    """``w`` is the first window judged of an optimizer object that is not the run's first
+    (its serial is above 1, and another optimizer stepped before it): the first window of a
+    trainer rebuilt to resume, when each optimizer is judged on its own windows."""
+    return w.step > 0 and w.opt_serial is not None and w.opt_serial > 1
+
+
 def continued_windows(windows: list[StepWindow], k: int | None) -> list[StepWindow]:
     """The windows that continue a saved partial window (a resumed run that restored the
     gradient it saved): fewer than K backward passes and a gradient already in ``.grad``
     before the first one (the conservation verdict's "stale" part). The run's first
-    optimizer step (step 0), or the first window of an optimizer rebuilt to resume
-    (:func:`reborn`): the callbacks judge each window on its own, and any other window that
+    optimizer step (step 0), the first window of an optimizer rebuilt to resume
+    (:func:`reborn`), or a later optimizer's first (:func:`_later_optimizer`): the callbacks judge each window on its own, and any other window that
     began on a gradient is a leak (F7)."""
     if not windows or k is None or k < 2:
         return []
     out = []
     for i, w in enumerate(windows):
-        # (the first of the windows judged: the run's first, or a later optimizer's first
-        # when each optimizer is judged on its own windows)
-        if i != 0 and not reborn(windows, i):
+        if not (i == 0 and (w.step == 0 or _later_optimizer(w))) and not reborn(windows, i):
             continue
         cons = w.conservation
         stale = cons is not None and cons.reason == "stale"
@@ -94,7 +99,7 @@ def short_window_findings(rank: int, windows: list[StepWindow], res: KResolution
             continue  # (a new optimizer's first window is judged above, or not at all)
         if again and verdict == "F1":
             continue  # (a tail left by the abandoned run: not this optimizer's cadence)
-        if i == 0 and w.step > 0 and w.conservation is None and verdict == "F13" \
+        if i == 0 and _later_optimizer(w) and w.conservation is None and verdict == "F13" \
                 and (nxt is None or nxt.window < k):
             # an optimizer's first window, another optimizer having stepped before it (a
             # run rebuilt to resume), the gradient it began on unmeasured and no whole
