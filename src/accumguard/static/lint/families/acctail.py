@@ -155,9 +155,9 @@ def accelerate_short_last_window(ctx: FileContext) -> Iterator[Finding]:
         short = {w: per % k for w in _WORLDS if (per := n if split else -(-n // w)) % k}
         if not short:
             continue
-        where = "; ".join(
-            f"{n if split else -(-n // w)} per process on {w} process{'es' if w > 1 else ''}, "
-            f"the last window {r} of {k}" for w, r in short.items())
+        where = f"on every process (split_batches), the last window {n % k} of {k}" if split \
+            else "; ".join(f"{-(-n // w)} per process on {w} process{'es' if w > 1 else ''}, "
+                           f"the last window {r} of {k}" for w, r in short.items())
         yield ctx.finding(
             "AG157",
             backwards[0],
