@@ -85,17 +85,25 @@ def _horizon_expr(ctx: FileContext, call: ast.Call) -> ast.AST | None:
     return None
 
 
-def _lambda_horizon(ctx: FileContext, call: ast.Call) -> ast.AST | None:
-    """The outside name a ``LambdaLR`` factor function reads that is a count of batches."""
+def _lambda_body(ctx: FileContext, call: ast.Call) -> ast.Lambda | ast.FunctionDef | None:
+    """The factor function of a ``LambdaLR(opt, fn)`` call: the lambda, or the one ``def``
+    of the file it names."""
     fn = next((k.value for k in call.keywords if k.arg == "lr_lambda"),
               call.args[1] if len(call.args) > 1 else None)
-    body: ast.AST | None = fn if isinstance(fn, ast.Lambda) else None
+    if isinstance(fn, ast.Lambda):
+        return fn
     if isinstance(fn, ast.Name):
         defs = ctx.defs_by_name().get(fn.id, [])
-        body = defs[0] if len(defs) == 1 else None
+        if len(defs) == 1 and isinstance(defs[0], ast.FunctionDef):
+            return defs[0]
+    return None
+
+
+def _lambda_horizon(ctx: FileContext, call: ast.Call) -> ast.AST | None:
+    """The outside name a ``LambdaLR`` factor function reads that is a count of batches."""
+    body = _lambda_body(ctx, call)
     if body is None:
         return None
-    assert isinstance(body, ast.Lambda | ast.FunctionDef)
     a = body.args
     own = {x.arg for x in a.posonlyargs + a.args + a.kwonlyargs}
     own |= {n.id for n in walk_all(body) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
@@ -528,14 +536,8 @@ def _lambda_step_horizons(ctx: FileContext) -> Iterator[tuple[str, ast.Call, ast
                 and _constructor_name(call) == "LambdaLR" and _lambda_horizon(ctx, call) is None):
             continue
         name = dotted(node.targets[0])
-        fn = next((k.value for k in call.keywords if k.arg == "lr_lambda"),
-                  call.args[1] if len(call.args) > 1 else None)
-        body: ast.AST | None = fn if isinstance(fn, ast.Lambda) else None
-        if isinstance(fn, ast.Name):
-            defs = ctx.defs_by_name().get(fn.id, [])
-            body = defs[0] if len(defs) == 1 else None
-        if name is None or not isinstance(body, ast.Lambda | ast.FunctionDef) \
-                or _multiplies_by_world([body], ctx):
+        body = _lambda_body(ctx, call)
+        if name is None or body is None or _multiplies_by_world([body], ctx):
             continue  # (a horizon times the number of processes counts what the scheduler does)
         own = {x.arg for x in body.args.posonlyargs + body.args.args + body.args.kwonlyargs}
         for n in walk_all(body):
