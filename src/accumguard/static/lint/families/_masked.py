@@ -32,7 +32,7 @@ from accumguard.static.lint._ast import (
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint.families.deepspeed import _name_values
 
-__all__ = ["counted_mean", "counted_per_micro_batch", "counts_tokens", "counts_window", "forward_token_mean", "helper_called", "hf_loss", "masked_mean", "masked_mean_helpers", "micro_batch_count",
+__all__ = ["counted_mean", "counted_per_micro_batch", "counts_tokens", "counts_window", "forward_token_mean", "helper_called", "hf_loss", "masked_mean", "masked_mean_helpers", "masks_labels", "micro_batch_count",
            "num_items_arg", "sized_slice", "token_mean_hints", "window_normalised"]
 
 #: wrappers that keep a count a count: ``m.sum().clamp(min=1)``, ``.float()``, ``max(n, 1)``
@@ -547,3 +547,15 @@ def window_sum_names(ctx: FileContext, node: ast.AST) -> set[str]:
                for c in ast.walk(v.args[0].elt)) and not ctx.mentions_world(v):
             out.add(a.targets[0].id)
     return out
+
+
+def masks_labels(ctx: FileContext) -> bool:
+    """The file masks labels out (a ``-100`` literal or an ``ignore_index=`` argument): a
+    model's own loss or a cross-entropy is then a mean over a varying number of label tokens
+    (an attention mask alone is in every batch of a sequence classifier too)."""
+    def compute() -> bool:
+        return any((isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub)
+                    and isinstance(n.operand, ast.Constant) and n.operand.value == 100)
+                   or (isinstance(n, ast.keyword) and n.arg == "ignore_index")
+                   for n in ast.walk(ctx.tree))
+    return bool(ctx._cached("masks_labels", ctx.tree, compute))

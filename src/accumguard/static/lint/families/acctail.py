@@ -49,6 +49,8 @@ def _accelerators(ctx: FileContext) -> list[tuple[ast.Call, int, bool]]:
         if None in kws or _OWN_SETTINGS & set(kws) or "gradient_accumulation_steps" not in kws:
             continue
         ks = k_values(ctx, kws["gradient_accumulation_steps"], call)
+        if ks == {None}:  # `K = CFG["grad_accum"]` then `gradient_accumulation_steps=K`
+            ks = {ctx.int_through_names(kws["gradient_accumulation_steps"])}
         split = kws.get("split_batches")
         if split is not None and not (isinstance(split, ast.Constant) and split.value in (True, False)):
             continue

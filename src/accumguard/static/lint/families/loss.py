@@ -53,6 +53,7 @@ from accumguard.static.lint.families._masked import (
     hf_loss,
     masked_mean,
     masked_mean_helpers,
+    masks_labels,
     micro_batch_count,
     sized_slice,
     token_mean_hints,
@@ -143,18 +144,6 @@ def _divided_by_window_count(ctx: FileContext, window: ast.AST) -> bool:
     return False
 
 
-def _ignored_labels(ctx: FileContext) -> bool:
-    """The file masks labels out (a ``-100`` literal or an ``ignore_index=`` argument): a
-    model's own loss is then a mean over a varying number of label tokens (an attention mask
-    alone is in every batch of a sequence classifier too)."""
-    def compute() -> bool:
-        return any((isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub)
-                    and isinstance(n.operand, ast.Constant) and n.operand.value == 100)
-                   or (isinstance(n, ast.keyword) and n.arg == "ignore_index")
-                   for n in ast.walk(ctx.tree))
-    return bool(ctx._cached("ignored_labels", ctx.tree, compute))
-
-
 @rule("AG104")
 def mean_of_means(ctx: FileContext) -> Iterator[Finding]:
     for window in ctx.windows():
@@ -201,7 +190,7 @@ def mean_of_means(ctx: FileContext) -> Iterator[Finding]:
             found = [token_mean_hints(ctx, f) for f in methods]
             hints = any(h for h, _ in found)
             summed = summed or any(sm for _, sm in found)
-        if summed and not explicit and _ignored_labels(ctx) \
+        if summed and not explicit and masks_labels(ctx) \
                 and all(hf_loss(ctx, scope, d) for _, d in by_k):
             summed = False  # the model's own mean over its label tokens (-100 in sight): a
             # reduction='sum' beside it (a reference loop in the same scope) is another loss

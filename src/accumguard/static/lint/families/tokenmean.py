@@ -37,6 +37,7 @@ from accumguard.static.lint.families._masked import (
     count_expr,
     counted_mean,
     masked_mean,
+    masks_labels,
     summed_loss,
     token_mean_hints,
 )
@@ -107,6 +108,31 @@ def _batch_counted_mean(ctx: FileContext, fn: ast.FunctionDef, expr: ast.AST) ->
         isinstance(n, ast.Name) and n.id in params for n in walk_all(expr.right))
 
 
+_CE_CALLS = frozenset({"cross_entropy", "nll_loss"})
+
+
+def _per_sample_ce(ctx: FileContext, fn: ast.FunctionDef, loss: ast.AST) -> bool:
+    """``loss`` is (or is assigned once in ``fn`` from) a ``cross_entropy``/``nll_loss`` call
+    over unflattened logits, with no ``ignore_index`` and no -100 anywhere in the file: one
+    label per row (a sequence classifier beside its attention mask), a mean over the
+    micro-batch's rows, not over a varying number of tokens."""
+    if isinstance(loss, ast.Name):
+        name = loss.id
+        # (`loss = loss * K / tail`: a rescale of the same loss, not another one)
+        writes = [n for n in ast.walk(fn) if isinstance(n, ast.Assign) and len(n.targets) == 1
+                  and isinstance(n.targets[0], ast.Name) and n.targets[0].id == name
+                  and not any(isinstance(x, ast.Name) and x.id == name for x in walk_all(n.value))]
+        if len(writes) != 1:
+            return False
+        loss = writes[0].value
+    if not (isinstance(loss, ast.Call) and call_attr(loss) in _CE_CALLS and loss.args):
+        return False
+    if any(k.arg == "ignore_index" for k in loss.keywords) or masks_labels(ctx):
+        return False
+    return not any(isinstance(n, ast.Call) and call_attr(n) in ("view", "reshape", "flatten")
+                   for n in walk_all(loss.args[0]))
+
+
 @rule("AG104")
 def lightning_token_mean(ctx: FileContext) -> Iterator[Finding]:
     if not lightning_accumulates(ctx):
@@ -120,7 +146,7 @@ def lightning_token_mean(ctx: FileContext) -> Iterator[Finding]:
         explicit = all(masked_mean(ctx, fn, x, set(), rows=False) or counted_mean(ctx, fn, fn, x, set())
                        or _batch_counted_mean(ctx, fn, x) for x in losses)
         hints, summed = token_mean_hints(ctx, fn)
-        if not explicit and (not hints or summed):
+        if not explicit and (not hints or summed or all(_per_sample_ce(ctx, fn, x) for x in losses)):
             continue
         yield ctx.finding(
             "AG104",
