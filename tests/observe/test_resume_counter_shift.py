@@ -17,9 +17,10 @@ from accumguard.watch._recording import recording
 K, STEPS, SAVE_AT = 3, 6, 2
 
 
-def _run(tmp_path: Path, *, off_by_one: bool) -> list:
+def _run(tmp_path: Path, *, off_by_one: bool, steps: int = STEPS,
+         k_flag: int | None = K) -> list:
     g = torch.Generator().manual_seed(0)
-    batches = [torch.randn(4, 5, generator=g) for _ in range(K * STEPS)]
+    batches = [torch.randn(4, 5, generator=g) for _ in range(K * steps)]
     state: dict = {}
 
     def build() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -49,7 +50,7 @@ def _run(tmp_path: Path, *, off_by_one: bool) -> list:
     with recording(tmp_path):
         run(resume=False)
         run(resume=True)
-    findings, _, _ = analyze(load_recordings(tmp_path), k_flag=K)
+    findings, _, _ = analyze(load_recordings(tmp_path), k_flag=k_flag)
     return [f for f in findings if f.severity.value in ("error", "warning")]
 
 
@@ -63,3 +64,12 @@ def test_a_counter_restored_one_short_shifts_the_windows(tmp_path: Path) -> None
 @pytest.mark.parametrize("off_by_one", [False])
 def test_the_counter_restored_at_the_boundary_is_silent(tmp_path: Path, off_by_one: bool) -> None:
     assert _run(tmp_path, off_by_one=off_by_one) == []
+
+
+def test_a_shifted_resume_with_k_inferred_and_one_window_after_is_an_error(
+        tmp_path: Path) -> None:
+    """K not declared (inferred from the windows), and the resumed run makes one whole window
+    after its short first one (blind round 59 a_b03): the windows before the rebuild were
+    steadily K too, so the short first window is the counter's shift, an error."""
+    found = _run(tmp_path, off_by_one=True, steps=4, k_flag=None)
+    assert [(f.cls, f.severity.value) for f in found] == [("F13", "error")], found

@@ -131,10 +131,15 @@ def _resumed_short(rank: int, windows: list[StepWindow], i: int, k: int,
 
 
 def _restart_level(windows: list[StepWindow], i: int, k: int, res: KResolution) -> str:
-    """An error when K was declared or the same optimizer's later windows are steadily K
-    (at least two, most of them K, none longer); a warning otherwise."""
-    rest = [x.window for x in windows[i + 1:] if x.opt_serial == windows[i].opt_serial]
-    steady = len(rest) >= 2 and all(m <= k for m in rest) and 2 * rest.count(k) >= len(rest)
+    """An error when K was declared, or the run's other windows are steadily K: the same
+    optimizer's later ones with those of the optimizers before the rebuild (the run before
+    the resume) — at least two, most of them K, none longer; a warning otherwise."""
+    serial = windows[i].opt_serial
+    later = [x.window for x in windows[i + 1:] if x.opt_serial == serial]
+    before = [x.window for x in windows[:i] if x.opt_serial != serial]
+    rest = later + before
+    steady = bool(later) and len(rest) >= 2 and all(m <= k for m in rest) \
+        and 2 * rest.count(k) >= len(rest)
     return "error" if res.declared or steady else "warning"
 
 
