@@ -21,7 +21,10 @@ FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef)
 ACCUM_RE = re.compile(
     # (`micro_bs`, `micro_batch_size`: the size of one micro-batch, not how many there are)
     r"(?!micro_?(bs|bsz|batch_?size)$)"
-    r"(grad(ient)?s?_?acc|(?<!post_)accum|micro_?(batch|step|bs)|n_?micro|num_?micro|_micro$|^micro)"
+    r"(grad(ient)?s?_?acc|(?<!post_)accum|micro_?(batch|step|bs)|n_?micro|num_?micro|_micro$|^micro"
+    # fairseq's `--update-freq` (`args.update_freq`, `cfg["update_freq"]`); not a target
+    # network's or an EMA's `*_update_freq`
+    r"|^update_?freq$)"
 )
 #: identifiers that, in an ``if`` test, mean "this is the boundary"
 BOUNDARY_RE = re.compile(

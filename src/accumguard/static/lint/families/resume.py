@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from accumguard.static.findings import Finding
 from accumguard.static.lint._ast import FUNCS, call_attr, dotted, last_part, receiver
 from accumguard.static.lint._context import FileContext
+from accumguard.static.lint._ctx_boundary import bound_argument
 from accumguard.static.lint._rule import rule
 
 
@@ -139,6 +140,10 @@ def _restores(ctx: FileContext, keys: dict[str, set[str]]) -> list[ast.Assign]:
         if isinstance(it, ast.Call) and dotted(it.func) == "range" and len(it.args) >= 2 \
                 and isinstance(it.args[0], ast.Name) and isinstance(loop.target, ast.Name):
             starts[it.args[0].id] = loop.target.id
+        # `for micro_step, batch in enumerate(itr, start=self.start_micro)`
+        index, start = _enumerate_index(loop), _enumerate_start(loop)
+        if index is not None and start is not None:
+            starts[start] = index
     out = []
     for n in ctx.of(ast.Assign):
         if len(n.targets) != 1:
@@ -154,6 +159,50 @@ def _restores(ctx: FileContext, keys: dict[str, set[str]]) -> list[ast.Assign]:
                for t, v in pairs):
             out.append(n)
     return out
+
+
+def _enumerate_index(loop: ast.For) -> str | None:
+    """The index name of ``for i, x in enumerate(...)``."""
+    it, target = loop.iter, loop.target
+    if isinstance(it, ast.Call) and dotted(it.func) == "enumerate" and isinstance(target, ast.Tuple) \
+            and target.elts and isinstance(target.elts[0], ast.Name):
+        return target.elts[0].id
+    return None
+
+
+def _enumerate_start(loop: ast.For) -> str | None:
+    """The name given as ``start=`` to the loop's ``enumerate``."""
+    it = loop.iter
+    if not (isinstance(it, ast.Call) and dotted(it.func) == "enumerate"):
+        return None
+    start = next((k.value for k in it.keywords if k.arg == "start"),
+                 it.args[1] if len(it.args) > 1 else None)
+    return dotted(start) if start is not None else None
+
+
+def _loop_index_saved(ctx: FileContext, test: ast.If, save: ast.Call,
+                      names: set[str]) -> ast.For | None:
+    """The boundary ``test`` sits in ``for i, x in enumerate(...)`` whose index ``i`` (the
+    position of the current micro-batch, one less than the micro-batches consumed) is what the
+    checkpoint stores: as the payload's own value, or as the argument the call of the helper
+    holding ``torch.save`` passes inside ``test`` (``self.save_checkpoint(micro_step)``)."""
+    loop = ctx.enclosing(test, (ast.For,))
+    if not isinstance(loop, ast.For):
+        return None
+    index = _enumerate_index(loop)
+    if index is None or index not in names:
+        return None
+    fn = ctx.enclosing(save, FUNCS)
+    if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) or ctx.enclosing(test, FUNCS) is fn:
+        return loop  # (saved in the loop's own function: the payload names the index)
+    params = {a.arg for a in (*fn.args.posonlyargs, *fn.args.args)}
+    for c in ast.walk(test):
+        if isinstance(c, ast.Call) and call_attr(c) == fn.name:
+            for p in params & names:
+                arg = bound_argument(fn, c, p)
+                if isinstance(arg, ast.Name) and arg.id == index:
+                    return loop
+    return None
 
 
 def _increment_after(ctx: FileContext, test: ast.If, names: set[str]) -> ast.AugAssign | None:
@@ -177,8 +226,8 @@ def _increment_after(ctx: FileContext, test: ast.If, names: set[str]) -> ast.Aug
 
 
 def _saved_before_increment(ctx: FileContext, at_boundary: list[tuple[ast.If, ast.BinOp]],
-                            keys: dict[str, set[str]],
-                            restores: list[ast.Assign]) -> Iterator[Finding]:
+                            keys: dict[str, set[str]], restores: list[ast.Assign],
+                            save: ast.Call) -> Iterator[Finding]:
     """A checkpoint at the boundary ``(step + 1) % K == 0`` that stores ``step`` before the
     loop's ``step += 1``: resumed as saved, the first test is true again, and the optimizer
     steps after one micro-batch; every later window is shifted (fairseq-style trainers)."""
@@ -186,15 +235,26 @@ def _saved_before_increment(ctx: FileContext, at_boundary: list[tuple[ast.If, as
     for test, mod in at_boundary:
         names = _identifiers(mod.left) & saved
         inc = _increment_after(ctx, test, names) if names else None
-        if inc is None:
+        loop = _loop_index_saved(ctx, test, save, names) if names and inc is None else None
+        if loop is not None:
+            # the index is resumed only if the restored value starts the loop again
+            # (`enumerate(stream, start=self.resume_from)`)
+            start = _enumerate_start(loop)
+            fed = [r for r in restores if start is not None
+                   and any(dotted(t) == start for t in ast.walk(r.targets[0]))]
+            restores, loop = (fed, loop) if fed else (restores, None)
+        if inc is None and loop is None:
             continue
         restore = restores[0]
+        before = (f"before `{ast.unparse(inc)}` (line {inc.lineno})" if inc is not None else
+                  f"with the index of `{ast.unparse(loop.iter)}` (line {loop.lineno}), the "
+                  "position of the last micro-batch, not the number consumed"
+                  if loop is not None else "")
         yield ctx.finding(
             "AG150",
             restore,
-            f"the checkpoint is written when `{ast.unparse(test.test)}` is true, before "
-            f"`{ast.unparse(inc)}` (line {inc.lineno}), so it stores the counter one short of "
-            f"the window's end; restored as saved (`{ast.unparse(restore)}`), the same test is "
+            f"the checkpoint is written when `{ast.unparse(test.test)}` is true, {before}, "
+            f"so it stores the counter one short of the window's end; restored as saved (`{ast.unparse(restore)}`), the same test is "
             "true after the first resumed micro-batch: the optimizer steps on a window of one "
             "micro-batch and every later window is shifted. Save the counter after its "
             "increment (or `counter + 1`)",
@@ -228,7 +288,7 @@ def checkpoint_inside_window(ctx: FileContext) -> Iterator[Finding]:
             plain = {key.value: keys[key.value] for key, value in zip(d.keys, d.values, strict=True)
                      if isinstance(key, ast.Constant) and isinstance(key.value, str)
                      and dotted(value) is not None}  # stored as it stands, not `step + 1`
-            yield from _saved_before_increment(ctx, at_boundary, plain, restores)
+            yield from _saved_before_increment(ctx, at_boundary, plain, restores, save)
             continue
         for test, mod in tests:
             n = _bound_int(ctx, mod.right)
