@@ -539,6 +539,15 @@ RULES: dict[str, Rule] = {
             "r = min(K, len(loader) - (i // K) * K); or size the data so that each process's "
             "pass is a multiple of K batches",
         ),
+        _rule(
+            "AG158", "ema-every-micro-step", "F4", W, MED,
+            "a moving average of the weights (an EMA, a momentum teacher) is updated on every "
+            "micro-step while the optimizer steps once per window: it moves K times per "
+            "optimizer step (momentum m^K), and a teacher that feeds the loss changes inside "
+            "the window",
+            "update the average under the same boundary test as the optimizer step, once per "
+            "window, after optimizer.step()",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

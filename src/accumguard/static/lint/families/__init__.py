@@ -49,6 +49,7 @@
 ``microstat``  AG147               a micro-batch's values whitened by its own statistics, K > 1
 ``prefetch``   AG148               a window drawn ahead of accelerator.accumulate with dataloader sync
 ``acctail``    AG157               Accelerate stepping a pass's short last window, its loss still /K
+``emastep``    AG158               a weight average (EMA, momentum teacher) updated every micro-step
 """
 
 from accumguard.static.lint.families import (
@@ -58,6 +59,7 @@ from accumguard.static.lint.families import (
     deepspeed,
     dsbatch,
     dssched,
+    emastep,
     epochtail,
     factored,
     fsdpunits,
@@ -92,4 +94,4 @@ from accumguard.static.lint.families import (
     window,
 )
 
-__all__ = ["accelerate", "acctail", "ampclip", "deepspeed", "dsbatch", "dssched", "epochtail", "factored", "fsdpunits", "fused", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfscale", "hfterms", "hftokens", "horizon", "lgmanual", "lgwindow", "loss", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "resume", "scale", "schedule", "sync", "synctail", "tailscale", "terms", "tokenmean", "tokhorizon", "twice", "window"]
+__all__ = ["accelerate", "acctail", "ampclip", "deepspeed", "dsbatch", "dssched", "emastep", "epochtail", "factored", "fsdpunits", "fused", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfscale", "hfterms", "hftokens", "horizon", "lgmanual", "lgwindow", "loss", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "resume", "scale", "schedule", "sync", "synctail", "tailscale", "terms", "tokenmean", "tokhorizon", "twice", "window"]
