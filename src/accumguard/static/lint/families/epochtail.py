@@ -128,17 +128,42 @@ def _fit_batches(ctx: FileContext, trainer: ast.Call) -> int | None:
         return None
     name = parent.targets[0].id
 
+    world = _trainer_world(ctx, trainer)
+    if world is None:
+        return None
+
     def compute() -> int | None:  # it depends on the name only: once per name, not per trainer
         counts: set[int | None] = set()
         for fit in _fits(ctx).get(name, []):
             loader = next((kw.value for kw in fit.keywords if kw.arg == "train_dataloaders"),
                           fit.args[1] if len(fit.args) > 1 else None)
-            counts.add(_loader_batches(ctx, loader) if loader is not None else None)
+            counts.add(_loader_batches(ctx, loader, world) if loader is not None else None)
         return counts.pop() if len(counts) == 1 else None
-    return ctx._cached("fit_batches:" + name, ctx.tree, compute)  # type: ignore[no-any-return]
+    return ctx._cached(f"fit_batches:{name}:{world}", ctx.tree, compute)  # type: ignore[no-any-return]
 
 
-def _loader_batches(ctx: FileContext, loader: ast.AST) -> int | None:
+def _trainer_world(ctx: FileContext, trainer: ast.Call) -> int | None:
+    """The processes each epoch's data is split over: ``devices`` (times ``num_nodes``) as
+    integers in sight, 1 without them or with ``use_distributed_sampler=False`` (the loader
+    is each process's own); None when a count is given but not in sight (``"auto"``, a list,
+    a value from the command line)."""
+    kws = {k.arg: k.value for k in trainer.keywords if k.arg is not None}
+    own = kws.get("use_distributed_sampler", kws.get("replace_sampler_ddp"))
+    if isinstance(own, ast.Constant) and own.value is False:
+        return 1
+    world = 1
+    for key in ("devices", "num_nodes"):
+        if key in kws:
+            v = ctx.int_value(kws[key])
+            if v is None or v < 1:
+                return None
+            world *= v
+    return world
+
+
+def _loader_batches(ctx: FileContext, loader: ast.AST, world: int = 1) -> int | None:
+    """Batches per epoch of one process: Lightning's distributed sampler gives each of
+    ``world`` processes ceil(rows / world) rows (it pads the last ones)."""
     loader = _single_value(ctx, loader)
     if not (isinstance(loader, ast.Call) and (dotted(loader.func) or "").endswith("DataLoader") and loader.args):
         return None
@@ -156,6 +181,7 @@ def _loader_batches(ctx: FileContext, loader: ast.AST) -> int | None:
     rows = _rows(ctx, ds.args[0])
     if rows is None:
         return None
+    rows = -(-rows // world)
     return rows // bs if drop is not None and drop.value else -(-rows // bs)
 
 
@@ -273,8 +299,12 @@ def lightning_epoch_shorter_than_window(ctx: FileContext) -> Iterator[Finding]:
             if "limit_train_batches" not in kws:
                 if _rescales_windows(ctx, call):
                     continue
+                world = _trainer_world(ctx, call) or 1
+                where = ("the loader handed to fit, in sight" if world == 1 else
+                         f"per process: the loader handed to fit, in sight, split over {world} "
+                         "processes by Lightning's distributed sampler")
                 tail = ctx.finding("AG131", call, (
-                    f"the epoch's {n} batches (the loader handed to fit, in sight) are not a "
+                    f"the epoch's {n} batches ({where}) are not a "
                     f"multiple of `accumulate_grad_batches={k}`: Lightning steps the optimizer at "
                     f"each epoch's last batch, so each epoch's last window holds {r} batches, each "
                     f"loss still divided by {k} ({r}/{k} of its mean gradient)"))
