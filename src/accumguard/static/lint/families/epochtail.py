@@ -16,12 +16,14 @@ accumulation itself (DeepSpeed), values the file does not show.
 from __future__ import annotations
 
 import ast
+import copy
 from collections.abc import Iterator
 from dataclasses import replace
 
 from accumguard.static.findings import Confidence, Finding, Severity
 from accumguard.static.lint._ast import dotted
 from accumguard.static.lint._context import FileContext
+from accumguard.static.lint._ctx_boundary import bound_argument
 from accumguard.static.lint._rule import rule
 
 __all__ = ["lightning_epoch_shorter_than_window", "single_assignments"]
@@ -50,9 +52,10 @@ def single_assignments(ctx: FileContext) -> dict[str, list[ast.AST]]:
 
 
 def _single_value(ctx: FileContext, expr: ast.AST) -> ast.AST:
-    """``expr``, or the one value its name is assigned in the file."""
-    if isinstance(expr, ast.Name):
-        values = single_assignments(ctx).get(expr.id, [])
+    """``expr``, or the one value its name (or ``self.x``) is assigned in the file."""
+    d = dotted(expr) if isinstance(expr, ast.Name | ast.Attribute) else None
+    if d is not None:
+        values = single_assignments(ctx).get(d, [])
         if len(values) == 1:
             return values[0]
     return expr
@@ -87,7 +90,10 @@ def _unpacked(ctx: FileContext, name: ast.AST) -> ast.AST | None:
 def _rows(ctx: FileContext, expr: ast.AST) -> int | None:
     """The first dimension of a tensor built in sight (``torch.randn(12, 6)``)."""
     if isinstance(expr, ast.Name):
-        local = ctx.assigned_in(ctx.scope_of(expr)).get(expr.id, [])
+        name = expr.id
+        # (`x = x * mask`: elementwise on the same rows, not another tensor)
+        local = [v for v in ctx.assigned_in(ctx.scope_of(expr)).get(name, [])
+                 if not any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(v))]
         if len(local) == 1:
             expr = local[0]  # (`x` of the data helper, whatever other functions call `x`)
         elif not single_assignments(ctx).get(expr.id):
@@ -100,12 +106,58 @@ def _rows(ctx: FileContext, expr: ast.AST) -> int | None:
         first = expr.args[0]
         if isinstance(first, ast.Tuple | ast.List) and first.elts:
             first = first.elts[0]
-        return ctx.int_value(first) if name != "arange" or len(expr.args) == 1 else None
+        return _int(ctx, first) if name != "arange" or len(expr.args) == 1 else None
     if name == "randint":
         size = next((kw.value for kw in expr.keywords if kw.arg == "size"), expr.args[2] if len(expr.args) > 2 else None)
         if isinstance(size, ast.Tuple | ast.List) and size.elts:
-            return ctx.int_value(size.elts[0])
+            return _int(ctx, size.elts[0])
     return None
+
+
+def _int(ctx: FileContext, expr: ast.AST | None) -> int | None:
+    """:meth:`int_value`, or inside a class the file builds with one argument, the value with each
+    ``self.x`` that ``__init__`` sets from a parameter replaced by the constructor call's
+    argument (``self.hp["bs"]`` of ``ToyDM(HP)`` is ``HP["bs"]``)."""
+    v = ctx.int_value(expr)
+    if v is not None or expr is None:
+        return v
+    cls = ctx.enclosing(expr, (ast.ClassDef,))
+    if not isinstance(cls, ast.ClassDef):
+        return None
+    binding = _constructor_binding(ctx, cls)
+    if not binding:
+        return None
+
+    class _Sub(ast.NodeTransformer):
+        def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
+            d = dotted(node)
+            return binding.get(d, node) if d is not None else self.generic_visit(node)
+
+    swapped = _Sub().visit(copy.deepcopy(expr))
+    return ctx.int_value(swapped)
+
+
+def _constructor_binding(ctx: FileContext, cls: ast.ClassDef) -> dict[str, ast.AST]:
+    """``{"self.hp": HP}`` for each ``self.x = param`` of the class's ``__init__`` when every
+    construction in the file (``dm = ToyDM(HP)``) passes the same name or literal for it."""
+    def compute() -> dict[str, ast.AST]:
+        init = next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+        sites = [c for c in ctx.of(ast.Call) if isinstance(c.func, ast.Name) and c.func.id == cls.name]
+        if init is None or not sites:
+            return {}
+        params = {a.arg for a in (*init.args.posonlyargs, *init.args.args, *init.args.kwonlyargs)}
+        out: dict[str, ast.AST] = {}
+        for n in ast.walk(init):
+            if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.value, ast.Name) \
+                    and n.value.id in params and (d := dotted(n.targets[0])) is not None \
+                    and d.startswith("self."):
+                args = [bound_argument(init, site, n.value.id) for site in sites]
+                # (every construction passes the same name or literal)
+                if all(isinstance(a, ast.Name | ast.Constant) for a in args) \
+                        and len({ast.unparse(a) for a in args if a is not None}) == 1:
+                    out[d] = args[0]  # type: ignore[assignment]
+        return out
+    return ctx._cached("constructor_binding", cls, compute)  # type: ignore[no-any-return]
 
 
 def _fits(ctx: FileContext) -> dict[str, list[ast.Call]]:
@@ -135,11 +187,30 @@ def _fit_batches(ctx: FileContext, trainer: ast.Call) -> int | None:
     def compute() -> int | None:  # it depends on the name only: once per name, not per trainer
         counts: set[int | None] = set()
         for fit in _fits(ctx).get(name, []):
-            loader = next((kw.value for kw in fit.keywords if kw.arg == "train_dataloaders"),
-                          fit.args[1] if len(fit.args) > 1 else None)
+            loader: ast.AST | None = next(
+                (kw.value for kw in fit.keywords if kw.arg == "train_dataloaders"),
+                fit.args[1] if len(fit.args) > 1 else None)
+            dm = next((kw.value for kw in fit.keywords if kw.arg == "datamodule"), None)
+            if loader is None and dm is not None:
+                loader = _datamodule_loader(ctx, dm)
             counts.add(_loader_batches(ctx, loader, world) if loader is not None else None)
         return counts.pop() if len(counts) == 1 else None
     return ctx._cached(f"fit_batches:{name}:{world}", ctx.tree, compute)  # type: ignore[no-any-return]
+
+
+def _datamodule_loader(ctx: FileContext, dm: ast.AST) -> ast.AST | None:
+    """The ``DataLoader(...)`` a DataModule of the file returns from ``train_dataloader``
+    (``trainer.fit(model, datamodule=ToyDM(HP))`` or a name assigned that once)."""
+    built = _single_value(ctx, dm)
+    if not (isinstance(built, ast.Call) and isinstance(built.func, ast.Name)):
+        return None
+    classes = [c for c in ctx.of(ast.ClassDef) if c.name == built.func.id]
+    if len(classes) != 1:
+        return None
+    method = next((f for f in classes[0].body if isinstance(f, ast.FunctionDef)
+                   and f.name == "train_dataloader"), None)
+    returns = [r.value for r in ast.walk(method) if isinstance(r, ast.Return)] if method else []
+    return returns[0] if len(returns) == 1 else None
 
 
 def _trainer_world(ctx: FileContext, trainer: ast.Call) -> int | None:
@@ -170,7 +241,7 @@ def _loader_batches(ctx: FileContext, loader: ast.AST, world: int = 1) -> int | 
     kws = {k.arg: k.value for k in loader.keywords}
     if None in kws or {"sampler", "batch_sampler"} & set(kws):
         return None
-    bs = ctx.int_value(kws.get("batch_size", loader.args[1] if len(loader.args) > 1 else None))
+    bs = _int(ctx, kws.get("batch_size", loader.args[1] if len(loader.args) > 1 else None))
     drop = kws.get("drop_last")
     ds = _returned_dataset(ctx, _single_value(ctx, loader.args[0]))
     if bs is None or bs <= 0 or not (isinstance(ds, ast.Call) and (dotted(ds.func) or "").endswith("TensorDataset")
@@ -257,7 +328,7 @@ def _scheduled_tail(ctx: FileContext, trainer: ast.Call, kws: dict[str, ast.AST]
     parts = ", ".join(f"epoch {e}: K = {k}, a last window of {n % k} ({n % k}/{k} of its mean "
                       "gradient)" for e, k in sorted(short.items())[:4])
     f = ctx.finding("AG131", trainer, (
-        f"the epoch's {n} batches (the loader handed to fit, in sight) are not a multiple of the "
+        f"the epoch's {n} batches (the training loader, in sight) are not a multiple of the "
         f"K that `GradientAccumulationScheduler` sets for every epoch ({parts}): Lightning steps "
         "the optimizer at each epoch's last batch with each loss still divided by that epoch's K"))
     return f if "max_steps" not in kws and "limit_train_batches" not in kws else replace(
@@ -300,8 +371,8 @@ def lightning_epoch_shorter_than_window(ctx: FileContext) -> Iterator[Finding]:
                 if _rescales_windows(ctx, call):
                     continue
                 world = _trainer_world(ctx, call) or 1
-                where = ("the loader handed to fit, in sight" if world == 1 else
-                         f"per process: the loader handed to fit, in sight, split over {world} "
+                where = ("the training loader, in sight" if world == 1 else
+                         f"per process: the training loader, in sight, split over {world} "
                          "processes by Lightning's distributed sampler")
                 tail = ctx.finding("AG131", call, (
                     f"the epoch's {n} batches ({where}) are not a "
