@@ -524,7 +524,8 @@ RULES: dict[str, Rule] = {
             "AG156", "fsdp2-divide-factor-one-unit", "F10", E, HI,
             "an FSDP2 gradient divide factor set on one unit (the root) while fully_shard made "
             "other units too: set_gradient_divide_factor does not recurse, so the other units "
-            "still average over the ranks and the units' gradients are W times apart",
+            "still average over the ranks (W times apart from the root's own parameters, or "
+            "every gradient averaged when the root holds none)",
             "set it on every unit: `for m in model.modules(): if isinstance(m, FSDPModule): "
             "m.set_gradient_divide_factor(...)`; or keep FSDP2's average and normalise the "
             "loss by the window's count times the world size",

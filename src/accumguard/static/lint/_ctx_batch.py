@@ -165,14 +165,31 @@ def whole_window_iteration(ctx: WindowQueries, window: ast.AST) -> bool:
     backs = [n for n in walk_local(window) if isinstance(n, ast.Call) and call_attr(n) == "backward"]
     if not backs or any(ctx.enclosing(b, (ast.For, ast.AsyncFor, ast.While)) is not window for b in backs):
         return False
+    counts = _data_counts(window)
     if _k_iterations(ctx, window.iter) or any(
             isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) and ctx.mentions_accum(n.right)
+            and not (isinstance(n.right, ast.Name) and n.right.id in counts)
             for n in walk_local(window)):
         return False  # K iterations, or a loss divided by K: micro-steps (F1 stays)
     bounds = [n for stmt in window.body for n in walk_local(stmt)
               if (isinstance(n, ast.Call) and (call_attr(n) == "range" or dotted(n.func) == "slice"))
               or isinstance(n, ast.Slice)]
     return any(ctx.sized_by_accum(b) for b in bounds)
+
+
+#: reductions whose result counts data (``(labels[sl] != -100).sum()``), not K
+_COUNTS = frozenset({"sum", "numel", "count_nonzero", "len"})
+
+
+def _data_counts(window: ast.AST) -> set[str]:
+    """Names the loop assigns once from a count of data (``n = (y[sl] != -100).sum()``,
+    ``n = len(batch)``): a divisor that reads K only through the slice it counts over."""
+    writes: dict[str, list[ast.AST]] = {}
+    for n in walk_local(window):
+        if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name):
+            writes.setdefault(n.targets[0].id, []).append(n.value)
+    return {name for name, values in writes.items() if len(values) == 1
+            and isinstance(values[0], ast.Call) and call_attr(values[0]) in _COUNTS}
 
 
 def _k_iterations(ctx: WindowQueries, it: ast.AST) -> bool:

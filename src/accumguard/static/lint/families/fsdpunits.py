@@ -46,8 +46,10 @@ def divide_factor_on_one_unit(ctx: FileContext) -> Iterator[Finding]:
         yield ctx.finding(
             "AG156",
             call,
-            f"`{ast.unparse(call)}` sets the reduction of the unit `{unit}` only: the units "
-            f"fully_shard made of other modules (`{ast.unparse(first)}`, line {first.lineno}) "
-            "keep FSDP2's average over the W ranks, so one loss reaches the model's units with "
-            "gradients W times apart",
+            f"`{ast.unparse(call)}` sets the reduction of the unit `{unit}` only (it does not "
+            f"recurse): the units fully_shard made of other modules (`{ast.unparse(first)}`, "
+            f"line {first.lineno}) keep FSDP2's average over the W ranks. The parameters `{unit}` "
+            "holds itself get the factor, all others the average: W times apart; if it holds "
+            "none of its own, every gradient is averaged, not reduced as the factor asks "
+            "(gradient clipping that acts on every step can hide the difference in the update)",
         )
