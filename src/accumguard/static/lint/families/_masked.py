@@ -32,7 +32,7 @@ from accumguard.static.lint._ast import (
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint.families.deepspeed import _name_values
 
-__all__ = ["counted_mean", "counted_per_micro_batch", "counts_tokens", "counts_window", "forward_token_mean", "helper_called", "hf_loss", "masked_mean", "masked_mean_helpers", "masks_labels", "micro_batch_count",
+__all__ = ["counted_mean", "counted_per_micro_batch", "counts_tokens", "counts_window", "counts_window_slice", "forward_token_mean", "helper_called", "hf_loss", "masked_mean", "masked_mean_helpers", "masks_labels", "micro_batch_count",
            "num_items_arg", "sized_slice", "token_mean_hints", "window_normalised"]
 
 #: wrappers that keep a count a count: ``m.sum().clamp(min=1)``, ``.float()``, ``max(n, 1)``
@@ -461,6 +461,25 @@ def counts_window(ctx: FileContext, divisor: ast.AST) -> bool:
     if func is None:
         return False
     return _built_over_batches(ctx, func, [divisor], depth=2)
+
+
+def counts_window_slice(ctx: FileContext, divisor: ast.AST) -> bool:
+    """The count is a sum over a slice of the data sized by K, both bounds (``m[lo:lo + per_window]
+    .sum()`` with ``per_window = K * W * mb``, directly or through names the function assigns
+    from such arithmetic): the window's count, made from data every rank holds whole."""
+    fn: ast.AST | None = ctx.enclosing(divisor, FUNCS) or ctx.tree
+    exprs: list[ast.AST] = [divisor]
+    if isinstance(divisor, ast.Name) and fn is not None:
+        exprs += [v for v in ctx.assigned_in(fn).get(divisor.id, [])
+                  if isinstance(v, ast.Call) and call_attr(v) in ("sum", "count_nonzero")]
+    elif not (isinstance(divisor, ast.Call) and call_attr(divisor) in ("sum", "count_nonzero")):
+        return False
+
+    def k_sized(e: ast.AST) -> bool:
+        return ctx.sized_by_accum(e) or (fn is not None and any(
+            isinstance(n, ast.Name) and any(ctx.sized_by_accum(v) for v in ctx.assigned_in(fn).get(n.id, []))
+            for n in walk_all(e)))
+    return sized_slice(ctx, fn, exprs[1:] if isinstance(divisor, ast.Name) else exprs, k_sized)
 
 
 def _counts_items(elt: ast.AST) -> bool:

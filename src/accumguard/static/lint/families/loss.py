@@ -352,11 +352,17 @@ def _counts_every_rank_slice(ctx: FileContext, divisor: ast.AST) -> bool:
     """The count reads a slice of the data whose bounds are sized by the world size
     (``labels[s * K * W * m:(s + 1) * K * W * m]``): every rank's share of the window,
     counted from data each rank holds whole."""
-    fn = ctx.enclosing(divisor, FUNCS)
+    fn: ast.AST | None = ctx.enclosing(divisor, FUNCS) or ctx.tree
     exprs = [divisor]
     if isinstance(divisor, ast.Name) and fn is not None:
         exprs += ctx.assigned_in(fn).get(divisor.id, [])
-    return sized_slice(ctx, fn, exprs, ctx.mentions_world)
+
+    def world_sized(e: ast.AST) -> bool:
+        # (or through a name the function assigns from the world size: `per_window = K * W * m`)
+        return ctx.mentions_world(e) or (fn is not None and any(
+            isinstance(n, ast.Name) and any(ctx.mentions_world(v) for v in ctx.assigned_in(fn).get(n.id, []))
+            for n in walk_all(e)))
+    return sized_slice(ctx, fn, exprs, world_sized)
 
 
 def _made_from_reduced(ctx: FileContext, names: set[str], reduced: set[str]) -> bool:

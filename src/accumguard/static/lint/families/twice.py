@@ -44,7 +44,7 @@ from accumguard.static.lint._ast import (
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._lossexpr import division, flows_to_backward
-from accumguard.static.lint.families._masked import counts_window
+from accumguard.static.lint.families._masked import counts_window, counts_window_slice
 from accumguard.static.lint.families.deepspeed import _config_ga, _hand_gated_steps
 
 __all__ = [
@@ -344,7 +344,7 @@ def _window_count_division(ctx: FileContext, term: ast.AST) -> ast.AST | None:
         elif isinstance(e, ast.BinOp) and isinstance(e.op, ast.Div):
             if is_k(ctx, e.right) or ctx.sized_by_accum(e.right):
                 return None
-            if counts_window(ctx, e.right):
+            if counts_window(ctx, e.right) or counts_window_slice(ctx, e.right):
                 found = e
             stack.append(e.left)
     return found
