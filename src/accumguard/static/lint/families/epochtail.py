@@ -121,6 +121,13 @@ def _int(ctx: FileContext, expr: ast.AST | None) -> int | None:
     v = ctx.int_value(expr)
     if v is not None or expr is None:
         return v
+    if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Mult | ast.Add | ast.Sub | ast.FloorDiv):
+        # `BS * NB` rows: arithmetic on integers in sight
+        a, b = _int(ctx, expr.left), _int(ctx, expr.right)
+        if a is None or b is None or (isinstance(expr.op, ast.FloorDiv) and b == 0):
+            return None
+        return (a * b if isinstance(expr.op, ast.Mult) else a + b if isinstance(expr.op, ast.Add)
+                else a - b if isinstance(expr.op, ast.Sub) else a // b)
     cls = ctx.enclosing(expr, (ast.ClassDef,))
     if not isinstance(cls, ast.ClassDef):
         return None
