@@ -305,3 +305,48 @@ def checkpoint_inside_window(ctx: FileContext) -> Iterator[Finding]:
                 f"{restore.lineno}), so the resumed window steps without its first micro-batches",
             )
             break
+
+
+def _window_counters(ctx: FileContext) -> dict[str, ast.AugAssign]:
+    """Counters of optimizer steps: ``step += 1`` inside an ``if`` whose test is a modulo by
+    K (``if (micro + 1) % K == 0: ...; step += 1``), by dotted name."""
+    out: dict[str, ast.AugAssign] = {}
+    for n in ctx.of(ast.AugAssign):
+        if not (isinstance(n.op, ast.Add) and isinstance(n.value, ast.Constant) and n.value.value == 1):
+            continue
+        d = dotted(n.target)
+        test = ctx.enclosing(n, (ast.If,))
+        if d is not None and isinstance(test, ast.If) and any(
+                isinstance(m, ast.BinOp) and isinstance(m.op, ast.Mod) and ctx.mentions_accum(m.right)
+                for m in ast.walk(test.test)):
+            out[d] = n
+    return out
+
+
+@rule("AG150")
+def micro_counter_restored_from_steps(ctx: FileContext) -> Iterator[Finding]:
+    """``self.micro_step = self.global_step`` outside the training loop (a resume): the
+    micro-batch counter the boundary test reads ``% K`` set from the count of optimizer steps,
+    with no factor K: the resumed run's windows are shifted."""
+    counters, _ = _k_moduli(ctx)
+    steps = _window_counters(ctx)
+    if not counters or not steps:
+        return
+    for n in ctx.of(ast.Assign):
+        if len(n.targets) != 1 or ctx.enclosing(n, (ast.For, ast.While)) is not None:
+            continue
+        target, value = dotted(n.targets[0]), dotted(n.value)
+        if target is None or value is None or last_part(target) not in counters \
+                or value not in steps or last_part(value) in counters:
+            continue
+        inc = steps[value]
+        yield ctx.finding(
+            "AG150",
+            n,
+            f"`{ast.unparse(n)}` sets the micro-batch counter, which the boundary test reads "
+            f"modulo K, from `{value}`, which counts optimizer steps (`{ast.unparse(inc)}` at "
+            f"line {inc.lineno}, once per window): a resumed run starts its counter at S instead "
+            "of S x K, so its windows no longer line up with the data it skips; set it to "
+            f"`{value} * K`",
+        )
+        return
