@@ -477,6 +477,7 @@ def test_select_is_applied_before_rules_run(monkeypatch: pytest.MonkeyPatch) -> 
         "scheduler_per_process", "engine_gating", "boundary_counter_off_by_one",
         "sync_flag_after_forward", "partial_window_leaks_into_next_epoch",
         "hf_compute_loss_ignores_num_items", "hf_compute_loss_func_ignores_num_items",
+        "hf_compute_loss_falls_back_to_micro_mean",
         "scheduler_in_micro_step_hook", "lightning_manual_batch_idx_off_by_one",
         "deepspeed_boundary_off_by_one"}
 

@@ -265,6 +265,82 @@ def _scaled_flag(cls: ast.ClassDef) -> bool | None:
     return None
 
 
+def _none_fallback(fn: ast.AST) -> ast.AST | None:
+    """``num_items_in_batch if num_items_in_batch is not None else <count>`` (or ``... is None``
+    with the branches swapped) in ``fn``: the count used when the Trainer passes None."""
+    for n in walk_all(fn):
+        if isinstance(n, ast.IfExp) and isinstance(n.test, ast.Compare) and len(n.test.ops) == 1 \
+                and dotted(n.test.left) == "num_items_in_batch" \
+                and isinstance(n.test.comparators[0], ast.Constant) and n.test.comparators[0].value is None:
+            if isinstance(n.test.ops[0], ast.IsNot):
+                return n.orelse
+            if isinstance(n.test.ops[0], ast.Is):
+                return n.body
+    return None
+
+
+def _model_without_loss_kwargs(ctx: FileContext, cls: ast.ClassDef) -> ast.ClassDef | None:
+    """The model class (of the file) every construction of the Trainer subclass ``cls`` is
+    given, when its ``forward`` takes no ``**kwargs`` and nothing in the file sets
+    ``accepts_loss_kwargs`` or ``model_accepts_loss_kwargs``: the Trainer then passes
+    ``num_items_in_batch=None`` to ``compute_loss`` and divides the loss by K itself."""
+    if any(isinstance(t, ast.Attribute | ast.Name) and (dotted(t) or "").rsplit(".", 1)[-1]
+           in ("accepts_loss_kwargs", "model_accepts_loss_kwargs")
+           for n in ctx.of(ast.Assign) for t in n.targets):
+        return None
+    classes: dict[str, ast.ClassDef] = {c.name: c for c in ctx.of(ast.ClassDef)}
+    found: set[str] = set()
+    for call in ctx.of(ast.Call):
+        if not (isinstance(call.func, ast.Name) and call.func.id == cls.name):
+            continue
+        model = next((k.value for k in call.keywords if k.arg == "model"), call.args[0] if call.args else None)
+        if isinstance(model, ast.Name):
+            values = ctx.assigned_in(ctx.scope_of(model)).get(model.id, [])
+            model = values[0] if len(values) == 1 else None
+        if not (isinstance(model, ast.Call) and isinstance(model.func, ast.Name)):
+            return None
+        found.add(model.func.id)
+    if len(found) != 1 or (model_cls := classes.get(next(iter(found)))) is None:
+        return None
+    forward = next((f for f in model_cls.body if isinstance(f, ast.FunctionDef) and f.name == "forward"), None)
+    if forward is None or forward.args.kwarg is not None or any(
+            isinstance(a, ast.Assign) and any((dotted(t) or "").endswith("accepts_loss_kwargs") for t in a.targets)
+            for a in model_cls.body):
+        return None
+    return model_cls
+
+
+@rule("AG118")
+def hf_compute_loss_falls_back_to_micro_mean(ctx: FileContext) -> Iterator[Finding]:
+    """A ``compute_loss`` normalised by ``num_items_in_batch`` with a per-micro-batch count as
+    its fallback for None, while the model class's ``forward`` takes no ``**kwargs``: the
+    Trainer passes None, so the fallback runs (and the Trainer divides by K)."""
+    ga, how = ctx.trainer_ga()
+    if ga == 1:
+        return
+    for cls, fn in ctx.trainer_compute_losses():
+        fallback = _none_fallback(fn)
+        if fallback is None:
+            continue
+        model_cls = _model_without_loss_kwargs(ctx, cls)
+        if model_cls is None:
+            continue
+        yield replace(ctx.finding(
+            "AG118",
+            fallback,
+            f"`{cls.name}.compute_loss` divides by `num_items_in_batch`, or by `{ast.unparse(fallback)}` "
+            f"when it is None, and it is None here: `{model_cls.name}.forward` takes no **kwargs "
+            "(and nothing sets `accepts_loss_kwargs`), so the Trainer does not count the window's "
+            "items for compute_loss and divides the returned loss by K itself: each micro-batch's "
+            "loss is a mean over its own count, and the window's update the mean of K such means "
+            f"({how if ga else 'gradient accumulation on'}; exact only when every micro-batch holds "
+            "as many items)",
+            fix=f"set `accepts_loss_kwargs = True` on `{model_cls.name}` (the loss is normalised by "
+                "num_items_in_batch already), or return the micro-batch's summed loss divided by the "
+                "window's count and set `loss_is_scaled_for_ga = True` on the Trainer",
+        ), severity=Severity.WARNING, confidence=Confidence.MEDIUM)
+
+
 @rule("AG118")
 def hf_compute_loss_ignores_num_items(ctx: FileContext) -> Iterator[Finding]:
     """A ``Trainer`` subclass whose ``compute_loss`` returns a per-micro-batch mean and never
