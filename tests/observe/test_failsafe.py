@@ -454,3 +454,55 @@ def test_a_fault_in_the_drift_hook_changes_nothing(tmp_path: Path,
     for a, b in zip(params, unobserved, strict=True):
         assert torch.equal(a, b)
     assert list(load_recordings(tmp_path).failures) == [0]
+
+
+#: module-level settings a schedule function reads (the horizon ``_global_horizons`` reads)
+_SCHED = {"total_steps": 8}
+
+
+def _decay(step: int) -> float:
+    return max(0.0, 1 - step / _SCHED["total_steps"])
+
+
+def _train_weighted() -> list[torch.Tensor]:
+    """A mean of per-sample losses times per-sample weights (the walk's weighted-mean path)
+    under a module-level LambdaLR function (the module-global horizon read)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(6, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _decay)
+    g = torch.Generator().manual_seed(2)
+    for _ in range(STEPS):
+        for _ in range(K):
+            x, y = torch.randn(4, 6, generator=g), torch.randn(4, 2, generator=g)
+            w = 1.0 + y.abs().sum(1)
+            ((F.mse_loss(model(x), y, reduction="none").mean(1) * w).mean() / K).backward()
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("where", ["_global_horizons", "on_walk"])
+def test_a_fault_in_this_sessions_readers_changes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    """The horizon read from a schedule function's module (at every scheduler step) and the
+    "mean" record of a weighted hand-built mean (``TermLog.on_walk``, at every backward) fail
+    inside their doors:
+    observation switches off, the failure is accumguard's, the weights are bit-equal."""
+    import accumguard.observe._losses_terms as terms
+    import accumguard.observe._schedules as schedules
+
+    plain = _train_weighted()
+    module: object = schedules if where == "_global_horizons" else terms.TermLog
+
+    def broken(*args: object, **kwargs: object) -> object:
+        raise RuntimeError(f"injected: {where}")
+
+    monkeypatch.setattr(module, where, broken)
+    with recording(tmp_path) as obs:
+        params = _train_weighted()
+        failure = obs.failure
+    assert failure is not None and where in failure.error + failure.traceback
+    for a, b in zip(params, plain, strict=True):
+        assert torch.equal(a, b)
