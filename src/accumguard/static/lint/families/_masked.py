@@ -33,7 +33,7 @@ from accumguard.static.lint._context import FileContext
 from accumguard.static.lint.families.deepspeed import _name_values
 
 __all__ = ["counted_mean", "counted_per_micro_batch", "counts_tokens", "counts_window", "counts_window_slice", "forward_token_mean", "helper_called", "hf_loss", "masked_mean", "masked_mean_helpers", "masks_labels", "micro_batch_count",
-           "num_items_arg", "sized_slice", "token_mean_hints", "window_normalised"]
+           "num_items_arg", "sized_slice", "through_names", "token_mean_hints", "window_normalised"]
 
 #: wrappers that keep a count a count: ``m.sum().clamp(min=1)``, ``.float()``, ``max(n, 1)``
 _COUNT_WRAPPERS = frozenset({"clamp", "clamp_min", "clip", "float", "to", "type_as", "detach", "item"})
@@ -475,11 +475,19 @@ def counts_window_slice(ctx: FileContext, divisor: ast.AST) -> bool:
     elif not (isinstance(divisor, ast.Call) and call_attr(divisor) in ("sum", "count_nonzero")):
         return False
 
-    def k_sized(e: ast.AST) -> bool:
-        return ctx.sized_by_accum(e) or (fn is not None and any(
-            isinstance(n, ast.Name) and any(ctx.sized_by_accum(v) for v in ctx.assigned_in(fn).get(n.id, []))
+    return sized_slice(ctx, fn, exprs[1:] if isinstance(divisor, ast.Name) else exprs,
+                       through_names(ctx, fn, ctx.sized_by_accum))
+
+
+def through_names(ctx: FileContext, fn: ast.AST | None,
+                  sized_by: Callable[[ast.AST], bool]) -> Callable[[ast.AST], bool]:
+    """``sized_by``, also accepting an expression with a name that ``fn`` assigns from a value
+    ``sized_by`` accepts (``lo + per_window`` with ``per_window = K * W * m``)."""
+    def sized(e: ast.AST) -> bool:
+        return sized_by(e) or (fn is not None and any(
+            isinstance(n, ast.Name) and any(sized_by(v) for v in ctx.assigned_in(fn).get(n.id, []))
             for n in walk_all(e)))
-    return sized_slice(ctx, fn, exprs[1:] if isinstance(divisor, ast.Name) else exprs, k_sized)
+    return sized
 
 
 def _counts_items(elt: ast.AST) -> bool:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 from accumguard.static.lint._ast import FUNCS, LOOPS, call_attr, dotted, position, walk_all
 from accumguard.static.lint._context import FileContext
+from accumguard.static.lint._ctx_boundary import bound_argument
 
 
 @dataclass(frozen=True)
@@ -226,7 +227,7 @@ def counter_start(ctx: FileContext, window: ast.AST, top: ast.stmt, counter: str
             and dotted(it.func) == "enumerate"
         ):
             idx = dotted(target.elts[0])
-            arg = it.args[1] if len(it.args) > 1 else next((k.value for k in it.keywords if k.arg == "start"), None)
+            arg = enumerate_start(it)
             start = 0 if arg is None else int_constant(arg)
         elif isinstance(target, ast.Name) and isinstance(it, ast.Call) and dotted(it.func) == "range" and it.args:
             idx = target.id
@@ -469,3 +470,53 @@ def calls_by_name(ctx: FileContext) -> dict[str, list[ast.Call]]:
                 out.setdefault(name, []).append(call)
         return out
     return ctx._cached("calls_by_name", ctx.tree, compute)  # type: ignore[no-any-return]
+
+
+def enumerate_start(it: ast.Call) -> ast.AST | None:
+    """The ``start`` of ``enumerate(xs, start)`` / ``enumerate(xs, start=s)``, else None."""
+    return it.args[1] if len(it.args) > 1 else next((k.value for k in it.keywords if k.arg == "start"), None)
+
+
+def start_residues(ctx: FileContext, window: ast.AST,
+                    guard: ModGuard) -> list[tuple[ast.Call, ast.AST, int]] | None:
+    """``for i, b in enumerate(loader, start=first)`` with ``first`` a parameter of the
+    function holding the loop: per call of that function, (call, argument, its residue mod K:
+    1 for ``1`` or ``x * K + 1``, 0 for ``0`` or ``x * K``); None when the start is not such
+    a parameter or some argument's residue cannot be read."""
+    it = window.iter if isinstance(window, ast.For) else None
+    if not (isinstance(it, ast.Call) and dotted(it.func) == "enumerate"):
+        return None
+    first = enumerate_start(it)
+    fn = ctx.enclosing(window, FUNCS)
+    if not (isinstance(first, ast.Name) and isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef)) \
+            or first.id not in {a.arg for a in (*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs)}:
+        return None
+    k_text = ast.unparse(guard.modulus)
+    out = []
+    for c in ctx.of(ast.Call):
+        if call_attr(c) != fn.name:
+            continue
+        arg = bound_argument(fn, c, first.id)
+        if arg is None:
+            return None
+        r = _residue(ctx, arg, k_text)
+        if r is None:
+            return None
+        out.append((c, arg, r))
+    return out or None
+
+
+def _residue(ctx: FileContext, arg: ast.AST, k_text: str) -> int | None:
+    """1 or 0: ``arg`` is 1 / 0, or ``x * K + 1`` / ``x * K`` with K spelled as the test's
+    modulus (or named like an accumulation count); None otherwise."""
+    def times_k(e: ast.AST) -> bool:
+        return isinstance(e, ast.BinOp) and isinstance(e.op, ast.Mult) and any(
+            ast.unparse(x) == k_text or ctx.mentions_accum(x) for x in (e.left, e.right))
+    if isinstance(arg, ast.Constant) and arg.value in (0, 1) and type(arg.value) is int:
+        return int(arg.value)
+    if times_k(arg):
+        return 0
+    if isinstance(arg, ast.BinOp) and isinstance(arg.op, ast.Add) and times_k(arg.left) \
+            and isinstance(arg.right, ast.Constant) and arg.right.value == 1:
+        return 1
+    return None

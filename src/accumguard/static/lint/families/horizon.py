@@ -24,272 +24,36 @@ count), and ``CFG["epochs"]`` of a dict literal is read as that entry, not the w
 from __future__ import annotations
 
 import ast
-import copy
 import re
 from bisect import bisect_left
 from collections.abc import Iterator
 from dataclasses import replace
 
 from accumguard.static.findings import Confidence, Finding, Severity
-from accumguard.static.lint._ast import WORLD_RE, call_attr, dotted, receiver, walk_all
+from accumguard.static.lint._ast import call_attr, dotted, receiver, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._acchorizon import accelerate_micro_horizon
 from accumguard.static.lint.families._hfhorizon import hf_trainer_micro_horizon
+from accumguard.static.lint.families._horizonexpr import (
+    calls_by_attr,
+    constructor_name,
+    divides,
+    expand,
+    horizon_expr,
+    is_world,
+    lambda_body,
+    lambda_horizon,
+    len_args,
+    multiplies_by_world,
+    outside_len,
+    schedulers,
+    window_of,
+)
 from accumguard.static.lint.families._lghorizon import (
     lightning_k_frequencies,
     lightning_micro_horizons,
 )
-
-#: scheduler constructors -> (keyword of the horizon, its position in the call)
-_HORIZON_ARG: dict[str, tuple[str, int]] = {
-    "CosineAnnealingLR": ("T_max", 1),
-    "LinearLR": ("total_iters", 4),
-    "PolynomialLR": ("total_iters", 1),
-    "ConstantLR": ("total_iters", 2),
-    "OneCycleLR": ("total_steps", 2),
-    "get_linear_schedule_with_warmup": ("num_training_steps", 2),
-    "get_cosine_schedule_with_warmup": ("num_training_steps", 2),
-    "get_polynomial_decay_schedule_with_warmup": ("num_training_steps", 2),
-    "get_cosine_with_hard_restarts_schedule_with_warmup": ("num_training_steps", 2),
-    "get_wsd_schedule": ("num_training_steps", 2),
-    "get_scheduler": ("num_training_steps", 3),
-}
-
-
-def _constructor_name(call: ast.Call) -> str | None:
-    name = dotted(call.func)
-    return name.rsplit(".", 1)[-1] if name else None
-
-
-def _horizon_expr(ctx: FileContext, call: ast.Call) -> ast.AST | None:
-    """The horizon argument of a scheduler constructor call, or None. ``OneCycleLR`` without
-    ``total_steps`` reads ``steps_per_epoch`` (its horizon is ``epochs * steps_per_epoch``:
-    a per-epoch count in micro-batches is off by the same K); ``LambdaLR`` reads the name its
-    lambda (or the function of the file it names) takes from outside, when that name is
-    computed from a ``len()`` (``lambda s: 0.5 * (1 + cos(pi * s / total_steps))``)."""
-    name = _constructor_name(call)
-    if name == "LambdaLR":
-        return _lambda_horizon(ctx, call)
-    if name not in _HORIZON_ARG:
-        return None
-    kw, pos = _HORIZON_ARG[name]
-    for k in call.keywords:
-        if k.arg == kw:
-            return k.value
-    if name == "OneCycleLR":
-        per_epoch = next((k.value for k in call.keywords if k.arg == "steps_per_epoch"), None)
-        return per_epoch if per_epoch is not None or len(call.args) < 5 else call.args[4]
-    if len(call.args) > pos:
-        return call.args[pos]
-    return None
-
-
-def _lambda_body(ctx: FileContext, call: ast.Call) -> ast.Lambda | ast.FunctionDef | None:
-    """The factor function of a ``LambdaLR(opt, fn)`` call: the lambda, or the one ``def``
-    of the file it names."""
-    fn = next((k.value for k in call.keywords if k.arg == "lr_lambda"),
-              call.args[1] if len(call.args) > 1 else None)
-    if isinstance(fn, ast.Lambda):
-        return fn
-    if isinstance(fn, ast.Name):
-        defs = ctx.defs_by_name().get(fn.id, [])
-        if len(defs) == 1 and isinstance(defs[0], ast.FunctionDef):
-            return defs[0]
-    return None
-
-
-def _lambda_horizon(ctx: FileContext, call: ast.Call) -> ast.AST | None:
-    """The outside name a ``LambdaLR`` factor function reads that is a count of batches."""
-    body = _lambda_body(ctx, call)
-    if body is None:
-        return None
-    a = body.args
-    own = {x.arg for x in a.posonlyargs + a.args + a.kwonlyargs}
-    own |= {n.id for n in walk_all(body) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-    free = [n for n in walk_all(body) if isinstance(n, ast.Name | ast.Attribute)
-            and isinstance(n.ctx, ast.Load) and (d := dotted(n)) is not None
-            and d.split(".", 1)[0] not in own]
-    for depth in (1, 2, 3):  # the name nearest to its len(): `total_steps`, not `warmup` from it
-        hit = next((n for n in free if _len_args(_expand(ctx, n, depth))), None)
-        if hit is not None:
-            return hit
-    return None
-
-
-def _expand(ctx: FileContext, expr: ast.AST, depth: int = 3) -> list[ast.AST]:
-    """``expr`` and, for each name in it assigned exactly once in the file, that value
-    (recursively, ``depth`` levels): the parts the horizon is computed from."""
-    parts = [expr]
-    if depth == 0:
-        return parts
-    index = ctx.values_by_name()
-    entries: dict[int, ast.AST] = {}  # `CFG["epochs"]` of a dict literal: that entry, not the dict
-    for n in _outside_len(expr):
-        if (isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Constant)
-                and len(values := index.get(dotted(n.value) or "", [])) == 1
-                and isinstance(values[0], ast.Dict)):
-            entry = next((v for k, v in zip(values[0].keys, values[0].values, strict=True)
-                          if isinstance(k, ast.Constant) and k.value == n.slice.value), None)
-            if entry is not None:
-                entries[id(n.value)] = entry
-    names = {d for n in _outside_len(expr) if isinstance(n, ast.Name | ast.Attribute)
-             and id(n) not in entries and (d := dotted(n))}
-    for value in entries.values():
-        parts += _expand(ctx, value, depth - 1)
-    for name in names:
-        values = index.get(name, [])
-        if len(values) == 1:
-            parts += _expand(ctx, values[0], depth - 1)
-            inlined = _inlined_call(ctx, values[0])
-            if inlined is not None:
-                parts += _expand(ctx, inlined, depth - 1)
-    return parts
-
-
-def _inlined_call(ctx: FileContext, value: ast.AST) -> ast.AST | None:
-    """``num_update_steps(cfg, len(loader))`` for a function of the file whose body is one
-    ``return`` of an expression of its parameters: that expression, each parameter replaced
-    by the call's argument (the call site's own nodes, so a ``len(loader)`` keeps its line);
-    else None."""
-    if not isinstance(value, ast.Call) or not isinstance(value.func, ast.Name) or value.keywords \
-            or any(isinstance(a, ast.Starred) for a in value.args):
-        return None
-    defs = ctx.functions_by_name().get(value.func.id, [])
-    if len(defs) != 1:
-        return None
-    fn = defs[0]
-    body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
-    params = [a.arg for a in fn.args.args]
-    if len(body) != 1 or not isinstance(body[0], ast.Return) or body[0].value is None \
-            or len(params) != len(value.args):
-        return None
-    args = dict(zip(params, value.args, strict=True))
-
-    class _Bind(ast.NodeTransformer):
-        def visit_Name(self, node: ast.Name) -> ast.AST:  # noqa: N802 (ast's visitor name)
-            return args.get(node.id, node)
-
-    return _Bind().visit(copy.deepcopy(body[0].value))  # type: ignore[no-any-return]
-
-
-def _outside_len(expr: ast.AST) -> Iterator[ast.AST]:
-    """The nodes of ``expr`` that are not inside a ``len(...)``: the horizon's arithmetic.
-    The loader whose length is taken is not expanded (``DataLoader(ds,
-    batch_size=cfg["micro_batch_size"])`` says nothing about how the count is scaled)."""
-    todo = [expr]
-    while todo:
-        node = todo.pop()
-        yield node
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "len":
-            continue
-        todo.extend(ast.iter_child_nodes(node))
-
-
-def _calls_by_attr(ctx: FileContext) -> dict[str, list[ast.Call]]:
-    """``x.step()``, ``x.prepare(...)``... by method name, one pass over the file (cached)."""
-    def compute() -> dict[str, list[ast.Call]]:
-        out: dict[str, list[ast.Call]] = {}
-        for c in ctx.of(ast.Call):
-            name = call_attr(c)
-            if name is not None:
-                out.setdefault(name, []).append(c)
-        return out
-    return ctx._cached("horizon_calls", ctx.tree, compute)  # type: ignore[no-any-return]
-
-
-def _window_of(ctx: FileContext, node: ast.AST) -> ast.AST | None:
-    """The window ``node`` is in: the nearest enclosing window, within its own scope."""
-    cur = ctx.parents.get(node)
-    while cur is not None and not isinstance(cur, ast.FunctionDef | ast.AsyncFunctionDef
-                                                  | ast.ClassDef | ast.Lambda):
-        if ctx.is_window(cur):
-            return cur
-        cur = ctx.parents.get(cur)
-    return cur if cur is not None and ctx.is_window(cur) else None
-
-
-def _len_args(parts: list[ast.AST]) -> set[str]:
-    """The names whose ``len()`` the horizon reads (``len(loader)``, ``len(train_dl)``)."""
-    out: set[str] = set()
-    for p in parts:
-        for n in walk_all(p):
-            if (isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "len"
-                    and len(n.args) == 1 and (d := dotted(n.args[0]))):
-                out.add(d)
-    return out
-
-
-def _divides(parts: list[ast.AST]) -> list[ast.AST]:
-    """The denominators of every division in the horizon's parts (``/``, ``//``,
-    ``math.ceil(a / b)``)."""
-    return [n.right for p in parts for n in _outside_len(p)
-            if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div | ast.FloorDiv)]
-
-
-def _is_world(expr: ast.AST) -> bool:
-    """``expr`` itself names the world size (``accelerator.num_processes``, ``world_size``,
-    ``dist.get_world_size()``), not a value derived from it."""
-    if isinstance(expr, ast.Call) and not expr.args:
-        expr = expr.func
-    d = dotted(expr)
-    return d is not None and WORLD_RE.search(d.rsplit(".", 1)[-1].lower()) is not None
-
-
-def _multiplies_by_world(parts: list[ast.AST], ctx: FileContext | None = None) -> bool:
-    """A ``* num_processes`` in the horizon: it is already counted in scheduler steps. With
-    ``ctx``, also a local name assigned from the number of processes (``ticks =
-    accelerator.num_processes``)."""
-    def world(x: ast.AST) -> bool:
-        return _is_world(x) or (ctx is not None and isinstance(x, ast.Name)
-                                and ctx.mentions_world(x))
-    for p in parts:
-        for n in walk_all(p):
-            if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult) and (
-                    world(n.left) or world(n.right)):
-                return True
-    return False
-
-
-def _schedulers(ctx: FileContext) -> Iterator[tuple[str, ast.Call, ast.AST]]:
-    """(assigned name, constructor call, horizon) of every scheduler built with a readable
-    horizon and assigned to one name."""
-    for node in ctx.of(ast.Assign):
-        if not isinstance(node.value, ast.Call) or len(node.targets) != 1:
-            continue
-        name = dotted(node.targets[0])
-        horizon = _horizon_expr(ctx, node.value) or _helper_horizon(ctx, node.value)
-        if name is None or horizon is None:
-            continue
-        yield name, node.value, horizon
-
-
-def _helper_horizon(ctx: FileContext, call: ast.Call) -> ast.AST | None:
-    """The argument a call of a function of the file passes for the horizon of the scheduler
-    it returns (``def linear_schedule(opt, num_training_steps): return LambdaLR(opt, lambda
-    s: 1 - s / num_training_steps)``, called ``linear_schedule(opt, epochs * len(loader))``)."""
-    if not isinstance(call.func, ast.Name):
-        return None
-    defs = ctx.defs_by_name().get(call.func.id, [])
-    if len(defs) != 1:
-        return None
-    rets = [n for n in walk_all(defs[0]) if isinstance(n, ast.Return)]
-    if len(rets) != 1 or not isinstance(rets[0].value, ast.Call):
-        return None
-    ctor = rets[0].value
-    params = [a.arg for a in defs[0].args.posonlyargs + defs[0].args.args]
-    if _constructor_name(ctor) == "LambdaLR":
-        fn = next((k.value for k in ctor.keywords if k.arg == "lr_lambda"),
-                  ctor.args[1] if len(ctor.args) > 1 else None)
-        reads = {n.id for n in walk_all(fn) if isinstance(n, ast.Name)} if isinstance(fn, ast.Lambda) else set()
-        inner: ast.AST | None = next((ast.Name(id=p) for p in params if p in reads), None)
-    else:
-        inner = _horizon_expr(ctx, ctor) if _constructor_name(ctor) in _HORIZON_ARG else None
-    if not isinstance(inner, ast.Name) or inner.id not in params:
-        return None
-    idx = params.index(inner.id)
-    kw = next((k.value for k in call.keywords if k.arg == inner.id), None)
-    return kw if kw is not None else (call.args[idx] if idx < len(call.args) else None)
 
 
 def _iterated(loop: ast.AST) -> str | None:
@@ -305,7 +69,7 @@ def _iterated(loop: ast.AST) -> str | None:
 def _step_calls(ctx: FileContext, name: str) -> list[ast.Call]:
     def compute() -> dict[str, list[ast.Call]]:
         out: dict[str, list[ast.Call]] = {}
-        for c in _calls_by_attr(ctx).get("step", []):
+        for c in calls_by_attr(ctx).get("step", []):
             out.setdefault(dotted(receiver(c)) or "", []).append(c)
         return out
     by_receiver: dict[str, list[ast.Call]] = ctx._cached("horizon_steps", ctx.tree, compute)
@@ -342,7 +106,7 @@ def _counts_batches(ctx: FileContext, parts: list[ast.AST], loaders: set[str],
         if built is None or built[0] not in loaders:
             return None
         sizes = {ast.unparse(built[1])}
-    divisors = _divides(parts)
+    divisors = divides(parts)
     if any(ast.unparse(d) not in sizes for d in divisors):
         return None  # scaled by something (`// K`, `/ world`): not a plain count of batches
     return None if _k_outside(ctx, parts, divisors) else loader
@@ -352,14 +116,14 @@ def _k_outside(ctx: FileContext, parts: list[ast.AST], skipped: list[ast.AST]) -
     """K is in the horizon's arithmetic somewhere, outside ``len(...)`` and ``skipped``."""
     skip = {id(n) for d in skipped for n in walk_all(d)}
     return any(id(n) not in skip and isinstance(n, ast.Name | ast.Attribute | ast.Constant)
-               and ctx.mentions_accum(n) for p in parts for n in _outside_len(p))
+               and ctx.mentions_accum(n) for p in parts for n in outside_len(p))
 
 
 @rule("AG124")
 def horizon_in_micro_batches(ctx: FileContext) -> Iterator[Finding]:
-    for name, ctor, horizon in _schedulers(ctx):
-        parts = _expand(ctx, horizon)
-        loaders = _len_args(parts)
+    for name, ctor, horizon in schedulers(ctx):
+        parts = expand(ctx, horizon)
+        loaders = len_args(parts)
         if not loaders:
             continue  # not a count of batches
         accelerate = accelerate_micro_horizon(ctx, name, parts, loaders)
@@ -379,7 +143,7 @@ def horizon_in_micro_batches(ctx: FileContext) -> Iterator[Finding]:
                    "shards it over W processes)") + " and never reaches its end",
             )
             continue
-        divisors = _divides(parts)
+        divisors = divides(parts)
         hf = hf_trainer_micro_horizon(ctx, name, horizon, divisors, _k_outside(ctx, parts, divisors))
         if hf is not None:
             yield ctx.finding("AG124", ctor, hf, fix=_HF_FIX)
@@ -392,7 +156,7 @@ def horizon_in_micro_batches(ctx: FileContext) -> Iterator[Finding]:
             continue
         iterated: list[str] = []
         for call in steps:
-            window = _window_of(ctx, call)
+            window = window_of(ctx, call)
             if window is None:
                 break
             facts = ctx.window_facts(window)
@@ -412,7 +176,7 @@ def horizon_in_micro_batches(ctx: FileContext) -> Iterator[Finding]:
                 f"{steps[0].lineno}): the schedule is K times longer than training and never "
                 "reaches its end",
             )
-    for ctor, message in lightning_micro_horizons(ctx, _horizon_expr):
+    for ctor, message in lightning_micro_horizons(ctx, horizon_expr):
         yield ctx.finding("AG124", ctor, message, fix=_LIGHTNING_FIX)
     for freq, message in lightning_k_frequencies(ctx):
         yield replace(ctx.finding("AG124", freq, message, fix=_FREQUENCY_FIX),
@@ -440,7 +204,7 @@ def _accelerate_prepares(ctx: FileContext, name: str) -> bool:
 
 
 def _accelerate_prepares_uncached(ctx: FileContext, name: str) -> bool:
-    calls = _calls_by_attr(ctx)
+    calls = calls_by_attr(ctx)
     prepared = any(
         ctx.is_accelerator(receiver(c))
         and any(dotted(a) == name for a in c.args)
@@ -449,7 +213,7 @@ def _accelerate_prepares_uncached(ctx: FileContext, name: str) -> bool:
     if not prepared:
         return False
     for c in calls.get("Accelerator", []):
-        if _constructor_name(c) == "Accelerator":
+        if constructor_name(c) == "Accelerator":
             for k in c.keywords:
                 if k.arg in ("split_batches", "step_scheduler_with_optimizer"):
                     return False  # set: the per-process stepping may be off
@@ -493,7 +257,7 @@ def _accelerate_k_is_one(ctx: FileContext) -> bool:
 
 def _accelerate_k_is_one_uncached(ctx: FileContext) -> bool:
     """Every ``Accelerator(...)`` in sight leaves ``gradient_accumulation_steps`` at 1."""
-    calls = [c for c in _calls_by_attr(ctx).get("Accelerator", []) if _constructor_name(c) == "Accelerator"]
+    calls = [c for c in calls_by_attr(ctx).get("Accelerator", []) if constructor_name(c) == "Accelerator"]
     return bool(calls) and all(
         k.arg is not None and (k.arg != "gradient_accumulation_steps" or ctx.int_value(k.value) == 1)
         for c in calls for k in c.keywords
@@ -533,11 +297,11 @@ def _lambda_step_horizons(ctx: FileContext) -> Iterator[tuple[str, ast.Call, ast
     for node in ctx.of(ast.Assign):
         call = node.value
         if not (isinstance(call, ast.Call) and len(node.targets) == 1
-                and _constructor_name(call) == "LambdaLR" and _lambda_horizon(ctx, call) is None):
+                and constructor_name(call) == "LambdaLR" and lambda_horizon(ctx, call) is None):
             continue
         name = dotted(node.targets[0])
-        body = _lambda_body(ctx, call)
-        if name is None or body is None or _multiplies_by_world([body], ctx):
+        body = lambda_body(ctx, call)
+        if name is None or body is None or multiplies_by_world([body], ctx):
             continue  # (a horizon times the number of processes counts what the scheduler does)
         own = {x.arg for x in body.args.posonlyargs + body.args.args + body.args.kwonlyargs}
         for n in walk_all(body):
@@ -588,9 +352,9 @@ def accelerate_horizon_per_process(ctx: FileContext) -> Iterator[Finding]:
             "optimizer step: on W processes the schedule ends W times early and the rest of "
             "training runs at its final learning rate",
         ), severity=Severity.WARNING, confidence=Confidence.MEDIUM)
-    for name, ctor, horizon in _schedulers(ctx):
-        parts = _expand(ctx, horizon)
-        per_process = next((p for p in parts if any(_is_world(d) for d in _divides([p]))), None)
+    for name, ctor, horizon in schedulers(ctx):
+        parts = expand(ctx, horizon)
+        per_process = next((p for p in parts if any(is_world(d) for d in divides([p]))), None)
         if per_process is None:
             named = _optimizer_step_horizon(ctx, name, parts)
             if named is not None:
@@ -606,10 +370,10 @@ def accelerate_horizon_per_process(ctx: FileContext) -> Iterator[Finding]:
                 continue
             # one process's optimizer steps counted from the prepared loader's length
             length = _prepared_len(ctx, parts)
-            if length is None or not (any(ctx.mentions_accum(d) for d in _divides(parts))
-                                      or _accelerate_k_is_one(ctx) and not _divides(parts)):
+            if length is None or not (any(ctx.mentions_accum(d) for d in divides(parts))
+                                      or _accelerate_k_is_one(ctx) and not divides(parts)):
                 continue  # with K > 1 and no /K the horizon is off by K / W: not decidable
-            if _multiplies_by_world(parts, ctx) or not _accelerate_prepares(ctx, name):
+            if multiplies_by_world(parts, ctx) or not _accelerate_prepares(ctx, name):
                 continue
             yield ctx.finding(
                 "AG125",
@@ -622,7 +386,7 @@ def accelerate_horizon_per_process(ctx: FileContext) -> Iterator[Finding]:
                 "learning rate",
             )
             continue
-        if _multiplies_by_world(parts, ctx) or not _accelerate_prepares(ctx, name):
+        if multiplies_by_world(parts, ctx) or not _accelerate_prepares(ctx, name):
             continue
         via = "" if per_process is horizon else f", from `{ast.unparse(per_process)}`"
         yield ctx.finding(
@@ -645,7 +409,7 @@ def _optimizer_step_horizon(ctx: FileContext, name: str, parts: list[ast.AST]) -
     no ``len()``, no division, no ``* num_processes``) of a scheduler that the file's
     Accelerator prepares, in a file that scales some count by the number of processes (it is
     written for several): None otherwise."""
-    if _len_args(parts) or _divides(parts) or _multiplies_by_world(parts, ctx) \
+    if len_args(parts) or divides(parts) or multiplies_by_world(parts, ctx) \
             or not _accelerate_prepares(ctx, name) or not _scales_by_world(ctx):
         return None
     for n in walk_all(parts[0]):
@@ -660,4 +424,4 @@ def _scales_by_world(ctx: FileContext) -> bool:
     name assigned from it (``W = accelerator.num_processes``; a global batch, a data size):
     the script is written for several processes."""
     return bool(ctx._cached("horizon_scales_by_world", ctx.tree,
-                            lambda: _multiplies_by_world([ctx.tree], ctx)))
+                            lambda: multiplies_by_world([ctx.tree], ctx)))

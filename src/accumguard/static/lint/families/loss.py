@@ -56,6 +56,7 @@ from accumguard.static.lint.families._masked import (
     masks_labels,
     micro_batch_count,
     sized_slice,
+    through_names,
     token_mean_hints,
     window_normalised,
     window_sum_names,
@@ -356,13 +357,7 @@ def _counts_every_rank_slice(ctx: FileContext, divisor: ast.AST) -> bool:
     exprs = [divisor]
     if isinstance(divisor, ast.Name) and fn is not None:
         exprs += ctx.assigned_in(fn).get(divisor.id, [])
-
-    def world_sized(e: ast.AST) -> bool:
-        # (or through a name the function assigns from the world size: `per_window = K * W * m`)
-        return ctx.mentions_world(e) or (fn is not None and any(
-            isinstance(n, ast.Name) and any(ctx.mentions_world(v) for v in ctx.assigned_in(fn).get(n.id, []))
-            for n in walk_all(e)))
-    return sized_slice(ctx, fn, exprs, world_sized)
+    return sized_slice(ctx, fn, exprs, through_names(ctx, fn, ctx.mentions_world))
 
 
 def _made_from_reduced(ctx: FileContext, names: set[str], reduced: set[str]) -> bool:

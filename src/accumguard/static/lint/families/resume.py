@@ -24,6 +24,7 @@ from accumguard.static.lint._ast import FUNCS, call_attr, dotted, last_part, rec
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._ctx_boundary import bound_argument
 from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families._modguard import enumerate_start
 
 
 def _identifiers(expr: ast.AST) -> set[str]:
@@ -175,8 +176,7 @@ def _enumerate_start(loop: ast.For) -> str | None:
     it = loop.iter
     if not (isinstance(it, ast.Call) and dotted(it.func) == "enumerate"):
         return None
-    start = next((k.value for k in it.keywords if k.arg == "start"),
-                 it.args[1] if len(it.args) > 1 else None)
+    start = enumerate_start(it)
     return dotted(start) if start is not None else None
 
 

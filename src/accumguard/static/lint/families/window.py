@@ -44,7 +44,6 @@ from accumguard.static.lint._ast import (
     walk_local,
 )
 from accumguard.static.lint._context import FileContext
-from accumguard.static.lint._ctx_boundary import bound_argument
 from accumguard.static.lint._lengths import static_len
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._harvest import harvests_grads
@@ -58,6 +57,7 @@ from accumguard.static.lint.families._modguard import (
     flag_guard,
     k_values,
     mod_guard,
+    start_residues,
     top_statement,
     window_size_text,
 )
@@ -259,51 +259,6 @@ def _clip_beside_engine_step(ctx: FileContext, window: ast.AST, clips: list[ast.
 
 # ---------------------------------------------------------------- AG115: boundary counter off by one
 
-def _start_residues(ctx: FileContext, window: ast.AST,
-                    guard: ModGuard) -> list[tuple[ast.Call, ast.AST, int]] | None:
-    """``for i, b in enumerate(loader, start=first)`` with ``first`` a parameter of the
-    function holding the loop: per call of that function, (call, argument, its residue mod K:
-    1 for ``1`` or ``x * K + 1``, 0 for ``0`` or ``x * K``); None when the start is not such
-    a parameter or some argument's residue cannot be read."""
-    it = window.iter if isinstance(window, ast.For) else None
-    if not (isinstance(it, ast.Call) and dotted(it.func) == "enumerate"):
-        return None
-    first = it.args[1] if len(it.args) > 1 else next((k.value for k in it.keywords if k.arg == "start"), None)
-    fn = ctx.enclosing(window, FUNCS)
-    if not (isinstance(first, ast.Name) and isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef)) \
-            or first.id not in {a.arg for a in (*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs)}:
-        return None
-    k_text = ast.unparse(guard.modulus)
-    out = []
-    for c in ctx.of(ast.Call):
-        if call_attr(c) != fn.name:
-            continue
-        arg = bound_argument(fn, c, first.id)
-        if arg is None:
-            return None
-        r = _residue(ctx, arg, k_text)
-        if r is None:
-            return None
-        out.append((c, arg, r))
-    return out or None
-
-
-def _residue(ctx: FileContext, arg: ast.AST, k_text: str) -> int | None:
-    """1 or 0: ``arg`` is 1 / 0, or ``x * K + 1`` / ``x * K`` with K spelled as the test's
-    modulus (or named like an accumulation count); None otherwise."""
-    def times_k(e: ast.AST) -> bool:
-        return isinstance(e, ast.BinOp) and isinstance(e.op, ast.Mult) and any(
-            ast.unparse(x) == k_text or ctx.mentions_accum(x) for x in (e.left, e.right))
-    if isinstance(arg, ast.Constant) and arg.value in (0, 1) and type(arg.value) is int:
-        return int(arg.value)
-    if times_k(arg):
-        return 0
-    if isinstance(arg, ast.BinOp) and isinstance(arg.op, ast.Add) and times_k(arg.left) \
-            and isinstance(arg.right, ast.Constant) and arg.right.value == 1:
-        return 1
-    return None
-
-
 @rule("AG115")
 def boundary_counter_off_by_one(ctx: FileContext) -> Iterator[Finding]:
     """``if i % K == 0: optimizer.step()`` after the backward with ``i`` counting from 0."""
@@ -346,7 +301,7 @@ def boundary_counter_off_by_one(ctx: FileContext) -> Iterator[Finding]:
             if start is UNKNOWN_START:
                 if guard.offset != 0 or not after or guard.excludes_zero:
                     continue
-                sites = _start_residues(ctx, window, guard)
+                sites = start_residues(ctx, window, guard)
                 if sites is not None:
                     # the start comes from the callers: from 1 (mod K) everywhere is right
                     bad = [(site, arg) for site, arg, r in sites if r == 0]
