@@ -80,3 +80,80 @@ def test_a_reference_loop_over_window_slices_is_not_micro_steps() -> None:
     """
     found = [(f.code, f.severity.value) for f in lint_source(textwrap.dedent(src))]
     assert not [c for c, s in found if c in ("AG101", "AG104")], found
+
+
+_LIGHTNING_OWN_DATASET = """
+import torch
+import pytorch_lightning as pl
+from torch.utils.data import DataLoader, Dataset
+
+
+class Blobs(Dataset):
+    def __init__(self, n, din, classes=5):
+        g = torch.Generator().manual_seed(0)
+        self.y = torch.randint(0, classes, (n,), generator=g)
+        self.x = torch.randn(n, din, generator=g)
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+
+class DM(pl.LightningDataModule):
+    def __init__(self, bs):
+        super().__init__()
+        self.bs = bs
+
+    def setup(self, stage=None):
+        self.ds = Blobs(ROWS, 8)
+
+    def train_dataloader(self):
+        return DataLoader(self.ds, batch_size=self.bs)
+
+
+def main():
+    model = Clf()
+    trainer = pl.Trainer(accelerator="cpu", devices=2, max_epochs=1, accumulate_grad_batches=2)
+    trainer.fit(model, DM(6))
+"""
+
+
+def test_lightning_epoch_length_through_a_dataset_class_of_the_file() -> None:
+    # 60 rows over 2 processes: 30 each, 5 batches of 6, K = 2: the last window is short (60 a_b03)
+    assert _severity(_LIGHTNING_OWN_DATASET.replace("ROWS", "60"), "AG131") == ["error"]
+    # 72 rows: 6 batches per process, a multiple of 2
+    assert _severity(_LIGHTNING_OWN_DATASET.replace("ROWS", "72"), "AG131") == []
+
+
+def test_a_hand_loop_over_a_dataset_class_sized_by_its_constructor() -> None:
+    src = """
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    class Pairs(Dataset):
+        def __init__(self, n=ROWS):
+            self.n = n
+
+        def __len__(self):
+            return self.n
+
+        def __getitem__(self, i):
+            return torch.randn(4), torch.randn(1)
+
+    ACCUM = 3
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(Pairs(), batch_size=5)
+    for epoch in range(3):
+        for i, (x, y) in enumerate(loader):
+            loss = torch.nn.functional.mse_loss(model(x), y) / ACCUM
+            loss.backward()
+            if (i + 1) % ACCUM == 0:
+                opt.step()
+                opt.zero_grad()
+    """
+    # 50 rows: 10 batches, one left after three windows of 3
+    assert _severity(src.replace("ROWS", "50"), "AG117") == ["error"]
+    assert _severity(src.replace("ROWS", "45"), "AG117") == []

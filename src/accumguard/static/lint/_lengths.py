@@ -6,20 +6,22 @@ only; but small scripts often spell it out: ``DataLoader(TensorDataset(torch.ran
 ...), batch_size=5)`` is 10 batches, ``data = [... for _ in range(10)]`` is 10 items.
 :func:`static_len` follows names to their single assignment, and a call of a function of
 the file (``loader = make_loader()``) to that function's single ``return``, and reads those
-shapes (sizes may be module constants: ``N = 50``, ``BATCH = 5``); any
-other shape (a sampler, a dataset class, a slice, a value from the command line) is
-``None``: unknown, never guessed.
+shapes (sizes may be module constants: ``N = 50``, ``BATCH = 5``), and a dataset class of
+the file whose ``__len__`` returns the length of something its ``__init__`` builds from the
+constructor's arguments (:func:`dataset_class_len`); any other shape (a sampler, a slice,
+a value from the command line) is ``None``: unknown, never guessed.
 """
 
 from __future__ import annotations
 
 import ast
-from typing import Any, Protocol
+import copy
+from typing import Any, Literal, Protocol
 
 from accumguard.static.lint._ast import call_attr, dotted, last_part
 from accumguard.static.lint._ctx_boundary import bound_argument
 
-__all__ = ["static_len"]
+__all__ = ["dataset_class_len", "static_len"]
 
 #: tensor constructors whose first positional argument (or its first element) is the length
 _SHAPED = frozenset({"randn", "rand", "zeros", "ones", "empty", "full", "randn_like"})
@@ -66,8 +68,114 @@ def static_len(ctx: _Facts, expr: ast.AST | None, depth: int = 0) -> int | None:
         return _loader_len(ctx, expr, depth)
     if name == "TensorDataset" and expr.args:
         return _tensor_len(ctx, expr.args[0], depth + 1)
+    own = dataset_class_len(ctx, expr)
+    if own is not None:
+        kind, held = own
+        if kind == "int":
+            return _int_of(ctx, held)
+        n = _tensor_len(ctx, held, depth + 1)
+        return n if n is not None else static_len(ctx, held, depth + 1)
     returned = _returned(ctx, expr)
     return None if returned is None else static_len(ctx, returned, depth + 1)
+
+
+def dataset_class_len(ctx: _Facts, call: ast.AST) -> tuple[Literal["rows", "int"], ast.AST] | None:
+    """For ``Blobs(64, 8)`` of a class of the file whose ``__len__`` is ``len(self.y)``,
+    ``self.x.shape[0]``, ``self.x.size(0)`` or ``self.n``: what its length is, with each
+    ``self.attr`` replaced by the one value ``__init__`` assigns it and each of ``__init__``'s
+    parameters by the argument this call gives it (or its default). ``("rows", e)``: the
+    length is the number of rows of ``e``; ``("int", e)``: it is the integer ``e``. The
+    arguments are the call's own nodes, so that names in them are read where the call is.
+    None when any step is not in sight (several assignments, a parameter not passed)."""
+    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)):
+        return None
+    classes = [c for c in ctx.of(ast.ClassDef) if c.name == call.func.id]
+    if len(classes) != 1:
+        return None
+    methods = {f.name: f for f in classes[0].body if isinstance(f, ast.FunctionDef)}
+    init, length = methods.get("__init__"), methods.get("__len__")
+    if init is None or length is None:
+        return None
+    returns = [n for n in _own_nodes(length) if isinstance(n, ast.Return)]
+    if len(returns) != 1 or returns[0].value is None:
+        return None
+    ret = returns[0].value
+    kind: Literal["rows", "int"] = "int"
+    if isinstance(ret, ast.Call) and call_attr(ret) == "len" and len(ret.args) == 1:
+        kind, ret = "rows", ret.args[0]
+    elif isinstance(ret, ast.Subscript) and isinstance(ret.value, ast.Attribute) \
+            and ret.value.attr == "shape" and isinstance(ret.slice, ast.Constant) and ret.slice.value == 0:
+        kind, ret = "rows", ret.value.value
+    elif isinstance(ret, ast.Call) and isinstance(ret.func, ast.Attribute) and ret.func.attr == "size" \
+            and len(ret.args) == 1 and isinstance(ret.args[0], ast.Constant) and ret.args[0].value == 0:
+        kind, ret = "rows", ret.func.value
+    held = _init_bound(ctx, init, call, ret)
+    return None if held is None else (kind, held)
+
+
+def _init_bound(ctx: _Facts, init: ast.FunctionDef, call: ast.Call, expr: ast.AST) -> ast.AST | None:
+    """``expr`` of a method with ``self.attr`` and ``__init__``'s own names replaced by their one
+    assignment there, and ``__init__``'s parameters by ``call``'s arguments (None if not
+    in sight)."""
+    params = [a.arg for a in (*init.args.posonlyargs, *init.args.args)][1:] + \
+        [a.arg for a in init.args.kwonlyargs]
+    defaults = dict(zip([a.arg for a in (*init.args.posonlyargs, *init.args.args)][::-1],
+                        init.args.defaults[::-1], strict=False))
+    defaults.update({a.arg: d for a, d in zip(init.args.kwonlyargs, init.args.kw_defaults, strict=True)
+                     if d is not None})
+    assigned: dict[str, list[ast.AST]] = {}
+    for node in _own_nodes(init):
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                key = dotted(target) if isinstance(target, ast.Name | ast.Attribute) else None
+                if key is None:
+                    for sub in ast.walk(target):  # (an unpacking: a name assigned otherwise)
+                        if (k := dotted(sub) if isinstance(sub, ast.Name | ast.Attribute) else None):
+                            assigned.setdefault(k, []).extend([node.value, node.value])
+                    continue
+                assigned.setdefault(key, []).append(node.value)
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign) and \
+                (k := dotted(node.target) if isinstance(node.target, ast.Name | ast.Attribute) else None):
+            assigned.setdefault(k, []).extend([node, node] if isinstance(node, ast.AugAssign) else
+                                              [node.value] if node.value is not None else [])
+    failed = False
+
+    class _Bind(ast.NodeTransformer):
+        def __init__(self) -> None:
+            self.depth = 0
+
+        def _swap(self, node: ast.AST, key: str) -> ast.AST:
+            nonlocal failed
+            values = assigned.get(key)
+            if values is not None:
+                if len(values) != 1 or self.depth > _MAX_DEPTH:
+                    failed = True
+                    return node
+                self.depth += 1
+                out = self.visit(copy.deepcopy(values[0]))
+                self.depth -= 1
+                return out  # type: ignore[no-any-return]
+            if key in params:
+                arg = bound_argument(init, call, key) or defaults.get(key)
+                if arg is None:
+                    failed = True
+                    return node
+                return arg  # the caller's own node: its names are read at the call
+            if key.startswith("self."):
+                failed = True
+            return node
+
+        def visit_Name(self, node: ast.Name) -> ast.AST:
+            return self._swap(node, node.id)
+
+        def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
+            key = dotted(node)
+            if key is not None and key.startswith("self.") and key.count(".") == 1:
+                return self._swap(node, key)
+            return self.generic_visit(node)
+
+    out = _Bind().visit(copy.deepcopy(expr))
+    return None if failed else out
 
 
 def _returned(ctx: _Facts, call: ast.Call) -> ast.AST | None:

@@ -24,6 +24,7 @@ from accumguard.static.findings import Confidence, Finding, Severity
 from accumguard.static.lint._ast import dotted
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._ctx_boundary import bound_argument
+from accumguard.static.lint._lengths import dataset_class_len
 from accumguard.static.lint._rule import rule
 
 __all__ = ["lightning_epoch_shorter_than_window", "single_assignments"]
@@ -200,6 +201,8 @@ def _fit_batches(ctx: FileContext, trainer: ast.Call) -> int | None:
             dm = next((kw.value for kw in fit.keywords if kw.arg == "datamodule"), None)
             if loader is None and dm is not None:
                 loader = _datamodule_loader(ctx, dm)
+            elif loader is not None:  # (a DataModule passed in the loaders' place: Lightning takes it)
+                loader = _datamodule_loader(ctx, loader) or loader
             counts.add(_loader_batches(ctx, loader, world) if loader is not None else None)
         return counts.pop() if len(counts) == 1 else None
     return ctx._cached(f"fit_batches:{name}:{world}", ctx.tree, compute)  # type: ignore[no-any-return]
@@ -251,12 +254,17 @@ def _loader_batches(ctx: FileContext, loader: ast.AST, world: int = 1) -> int | 
     bs = _int(ctx, kws.get("batch_size", loader.args[1] if len(loader.args) > 1 else None))
     drop = kws.get("drop_last")
     ds = _returned_dataset(ctx, _single_value(ctx, loader.args[0]))
-    if bs is None or bs <= 0 or not (isinstance(ds, ast.Call) and (dotted(ds.func) or "").endswith("TensorDataset")
-                                     and ds.args):
+    if bs is None or bs <= 0 or not isinstance(ds, ast.Call):
         return None
     if drop is not None and not (isinstance(drop, ast.Constant) and drop.value in (True, False)):
         return None
-    rows = _rows(ctx, ds.args[0])
+    own = dataset_class_len(ctx, ds)
+    if own is not None:
+        rows = _rows(ctx, own[1]) if own[0] == "rows" else _int(ctx, own[1])
+    elif (dotted(ds.func) or "").endswith("TensorDataset") and ds.args:
+        rows = _rows(ctx, ds.args[0])
+    else:
+        return None
     if rows is None:
         return None
     rows = -(-rows // world)
@@ -384,14 +392,14 @@ def lightning_epoch_shorter_than_window(ctx: FileContext) -> Iterator[Finding]:
                 tail = ctx.finding("AG131", call, (
                     f"the epoch's {n} batches ({where}) are not a "
                     f"multiple of `accumulate_grad_batches={k}`: Lightning steps the optimizer at "
-                    f"each epoch's last batch, so each epoch's last window holds {r} batches, each "
+                    f"each epoch's last batch, so each epoch's last window holds {r} batch{'es' if r > 1 else ''}, each "
                     f"loss still divided by {k} ({r}/{k} of its mean gradient)"))
                 # max_steps may end the run before the first epoch's end (never its tail)
                 yield tail if "max_steps" not in kws else replace(
                     tail, severity=Severity.WARNING, confidence=Confidence.MEDIUM)
                 continue
             msg = (f"{what} is not a multiple of `accumulate_grad_batches={k}`: "
-                   f"each epoch's last window holds {r} batches, stepped at the epoch's end with each "
+                   f"each epoch's last window holds {r} batch{'es' if r > 1 else ''}, stepped at the epoch's end with each "
                    f"loss still divided by {k} ({r}/{k} of its mean gradient), unless the loader has "
                    f"fewer than {n} batches (not in sight)")
             f = ctx.finding("AG131", call, msg)
