@@ -157,3 +157,46 @@ def test_a_hand_loop_over_a_dataset_class_sized_by_its_constructor() -> None:
     # 50 rows: 10 batches, one left after three windows of 3
     assert _severity(src.replace("ROWS", "50"), "AG117") == ["error"]
     assert _severity(src.replace("ROWS", "45"), "AG117") == []
+
+
+_GENERATOR_PASS = """
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+ACCUM, MICRO_BS = 3, 8
+
+
+def make_data():
+    x = torch.randn(ROWS, 4)
+    y = torch.randn(ROWS, 1)
+    return TensorDataset(x, y)
+
+
+def micro_batches(dataset, epoch):
+    loader = DataLoader(dataset, batch_size=MICRO_BS, shuffle=True)
+    for i, (x, y) in enumerate(loader):
+        yield i, x * 0.5, y
+
+
+def main():
+    ds = make_data()
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for epoch in range(2):
+        for i, x, y in micro_batches(ds, epoch):
+            (torch.nn.functional.mse_loss(model(x), y) / ACCUM).backward()
+            if (i + 1) % ACCUM == 0:
+                opt.step()
+                opt.zero_grad()
+"""
+
+
+def test_a_pass_through_a_generator_yielding_enumerates_index() -> None:
+    # 56 rows: 7 micro-batches a pass, one left after two windows of 3 (60 c_b01); the data
+    # reaches the generator through a parameter named otherwise than the caller's variable
+    assert _severity(_GENERATOR_PASS.replace("ROWS", "56"), "AG117") == ["error"]
+    assert _severity(_GENERATOR_PASS.replace("ROWS", "48"), "AG117") == []
+    # cleared at each pass's start: nothing leaks
+    cleared = _GENERATOR_PASS.replace("ROWS", "56").replace(
+        "    for epoch in range(2):\n", "    for epoch in range(2):\n        opt.zero_grad()\n")
+    assert _severity(cleared, "AG117") == []

@@ -21,11 +21,11 @@ from typing import Any, Literal, Protocol
 from accumguard.static.lint._ast import call_attr, dotted, last_part
 from accumguard.static.lint._ctx_boundary import bound_argument
 
-__all__ = ["dataset_class_len", "static_len"]
+__all__ = ["dataset_class_len", "generator_loop", "static_len"]
 
 #: tensor constructors whose first positional argument (or its first element) is the length
 _SHAPED = frozenset({"randn", "rand", "zeros", "ones", "empty", "full", "randn_like"})
-_MAX_DEPTH = 8
+_MAX_DEPTH = 16
 
 
 class _Facts(Protocol):
@@ -68,6 +68,9 @@ def static_len(ctx: _Facts, expr: ast.AST | None, depth: int = 0) -> int | None:
         return _loader_len(ctx, expr, depth)
     if name == "TensorDataset" and expr.args:
         return _tensor_len(ctx, expr.args[0], depth + 1)
+    gen = generator_loop(ctx, expr)
+    if gen is not None:
+        return static_len(ctx, gen[0].iter, depth + 1)
     own = dataset_class_len(ctx, expr)
     if own is not None:
         kind, held = own
@@ -77,6 +80,30 @@ def static_len(ctx: _Facts, expr: ast.AST | None, depth: int = 0) -> int | None:
         return n if n is not None else static_len(ctx, held, depth + 1)
     returned = _returned(ctx, expr)
     return None if returned is None else static_len(ctx, returned, depth + 1)
+
+
+def generator_loop(ctx: _Facts, call: ast.AST) -> tuple[ast.For, ast.expr] | None:
+    """For a call of a generator function of the file (one definition) that yields once per
+    iteration of one loop (``for i, (x, y) in enumerate(loader): ... yield i, x, y``, no other
+    ``yield``, nothing leaving the loop early): that loop and the yielded value; else None."""
+    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)):
+        return None
+    defs = ctx.functions_by_name().get(call.func.id, [])
+    if len(defs) != 1:
+        return None
+    own = _own_nodes(defs[0])
+    if any(isinstance(n, ast.YieldFrom) for n in own):
+        return None
+    yields = [n for n in own if isinstance(n, ast.Yield)]
+    if len(yields) != 1:
+        return None
+    stmt = ctx.parents.get(yields[0])
+    loop = ctx.parents.get(stmt) if isinstance(stmt, ast.Expr) else None
+    if not (isinstance(loop, ast.For) and stmt in loop.body and loop in own):
+        return None
+    if any(isinstance(n, ast.Break | ast.Continue | ast.Return) for n in _own_nodes(loop)):
+        return None
+    return loop, yields[0].value or ast.Constant(None)
 
 
 def dataset_class_len(ctx: _Facts, call: ast.AST) -> tuple[Literal["rows", "int"], ast.AST] | None:
@@ -212,6 +239,10 @@ def _single_assignment(ctx: _Facts, name: str, at: ast.AST | None = None) -> ast
     """The value of the one ``name = value`` of the file, or of the function that reads it
     at ``at`` when other functions assign the name too (None if assigned otherwise too);
     for ``model, ds = build()`` or ``a, b = x, y`` the element at the name's place."""
+    if at is not None and "." not in name:
+        fn = _function_of(ctx, at)
+        if fn is not None and name in _params(fn):
+            return _param_argument(ctx, fn, name)
     hits = list(_assignment_index(ctx).get(name, ()))
     if len(hits) > 1 and at is not None:
         hits = _hits_by_function(ctx, name).get(_function_of(ctx, at), [])
@@ -230,7 +261,29 @@ def _single_assignment(ctx: _Facts, name: str, at: ast.AST | None = None) -> ast
     return tup.elts[names.index(name)]
 
 
-def _function_of(ctx: _Facts, node: ast.AST) -> ast.AST | None:
+def _params(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+    return {a.arg for a in (*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs)}
+
+
+def _param_argument(ctx: _Facts, fn: ast.FunctionDef | ast.AsyncFunctionDef, name: str) -> ast.AST | None:
+    """The argument every call of ``fn`` (by its name, one definition) gives its parameter
+    ``name``, when all say the same and the function never rebinds it: the first call's own
+    node, whose names are then read where that call is. None otherwise."""
+    if any(isinstance(n, ast.Name) and n.id == name and not isinstance(n.ctx, ast.Load)
+           for n in _own_nodes(fn)):
+        return None
+    if len(ctx.functions_by_name().get(fn.name, [])) != 1:
+        return None
+    sites = [c for c in ctx.of(ast.Call) if isinstance(c.func, ast.Name) and c.func.id == fn.name]
+    args = [bound_argument(fn, site, name) for site in sites]
+    if not args or any(a is None for a in args) or len({ast.unparse(a) for a in args if a}) != 1:
+        return None
+    if len({_function_of(ctx, site) for site in sites}) != 1:
+        return None  # (the same text in two functions may name two things)
+    return args[0]
+
+
+def _function_of(ctx: _Facts, node: ast.AST) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
     """The function whose own body (not a nested function, class or lambda) holds ``node``,
     else None: read up the parent map, not from a map of every node of every function."""
     cur = ctx.parents.get(node)
@@ -327,20 +380,13 @@ def _first_dim(ctx: _Facts, size: ast.AST | None) -> int | None:
 
 
 def _int_of(ctx: _Facts, expr: ast.AST) -> int | None:
-    """The integer ``expr`` holds (:meth:`int_value`), or for a parameter of a function the
-    file calls once by name, the integer that call gives it (``make_data(CFG["n"], 8)``)."""
+    """The integer ``expr`` holds (:meth:`int_value`), or for a parameter of a function of the
+    file, the integer its calls all give it (``make_data(CFG["n"], 8)``)."""
     value = ctx.int_value(expr, defaults=False)
     if value is not None or not isinstance(expr, ast.Name):
         return value
     fn = _function_of(ctx, expr)
-    if not isinstance(fn, ast.FunctionDef) or expr.id not in {
-            a.arg for a in (*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs)}:
+    if fn is None or expr.id not in _params(fn):
         return None
-    if any(isinstance(n, ast.Name) and n.id == expr.id and not isinstance(n.ctx, ast.Load)
-           for n in _own_nodes(fn)):
-        return None  # (the parameter is rebound in the function)
-    sites = [c for c in ctx.of(ast.Call) if isinstance(c.func, ast.Name) and c.func.id == fn.name]
-    if len(sites) != 1 or len(ctx.functions_by_name().get(fn.name, [])) != 1:
-        return None
-    arg = bound_argument(fn, sites[0], expr.id)
+    arg = _param_argument(ctx, fn, expr.id)
     return None if arg is None else ctx.int_value(arg, defaults=False)

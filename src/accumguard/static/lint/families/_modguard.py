@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from accumguard.static.lint._ast import FUNCS, LOOPS, call_attr, dotted, position, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._ctx_boundary import bound_argument
+from accumguard.static.lint._lengths import generator_loop
 
 
 @dataclass(frozen=True)
@@ -229,6 +230,19 @@ def counter_start(ctx: FileContext, window: ast.AST, top: ast.stmt, counter: str
             idx = dotted(target.elts[0])
             arg = enumerate_start(it)
             start = 0 if arg is None else int_constant(arg)
+        elif isinstance(target, ast.Tuple) and target.elts and (gen := generator_loop(ctx, it)) is not None:
+            # `for i, x, y in batches(loader)` of a generator yielding enumerate's index first
+            loop, value = gen
+            inner = loop.iter
+            if (isinstance(inner, ast.Call) and dotted(inner.func) == "enumerate"
+                    and isinstance(loop.target, ast.Tuple) and loop.target.elts
+                    and isinstance(value, ast.Tuple) and len(value.elts) == len(target.elts)
+                    and dotted(value.elts[0]) is not None
+                    and dotted(value.elts[0]) == dotted(loop.target.elts[0])
+                    and not _assigned_in(ctx, loop, dotted(value.elts[0]) or "")):
+                idx = dotted(target.elts[0])
+                arg = enumerate_start(inner)
+                start = 0 if arg is None else int_constant(arg)
         elif isinstance(target, ast.Name) and isinstance(it, ast.Call) and dotted(it.func) == "range" and it.args:
             idx = target.id
             if len(it.args) == 3 and int_constant(it.args[2]) != 1:
