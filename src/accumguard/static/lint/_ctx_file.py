@@ -498,7 +498,7 @@ class FileIndex:
             # `n = total.item()`, `float(total)`): the same ranks' sum
             for n in self.local_nodes(scope):
                 if isinstance(n, ast.Assign) and len(n.targets) == 1 \
-                        and (src := _read_of(n.value)) is not None and src in out:
+                        and (src := read_of(n.value)) is not None and src in out:
                     out.update(d for d in (dotted(t) for t in n.targets) if d)
             return out
         return self._cached("allreduced", scope, compute)  # type: ignore[no-any-return]
@@ -561,7 +561,7 @@ def _pos(node: ast.AST) -> tuple[int, int]:
     return getattr(node, "lineno", 0), getattr(node, "col_offset", 0)
 
 
-def _read_of(value: ast.AST) -> str | None:
+def read_of(value: ast.AST) -> str | None:
     """The dotted name ``value`` only reads: ``x[i]``, ``x.item()``, ``float(x)``, ``int(x)``,
     ``x.clamp(min=1)`` and their combinations; else None."""
     while True:

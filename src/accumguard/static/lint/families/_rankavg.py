@@ -20,6 +20,7 @@ from accumguard.static.lint._ast import (
     walk_all,
 )
 from accumguard.static.lint._context import FileContext
+from accumguard.static.lint._ctx_file import read_of
 
 __all__ = ["custom_rank_reduction", "hand_average", "local_count", "plain_model_only",
            "reciprocal_products", "returned_reduced", "simulates_ranks", "summed_over_ranks"]
@@ -256,6 +257,13 @@ def _all_reduce_ops(ctx: FileContext) -> tuple[set[str], set[str]]:
             reduced |= names
             if not _sums(call):
                 not_summed |= names
+        for _ in range(2):  # `n = total.item()`, `float(total)`: the same ranks' sum (or not)
+            for node in ctx.of(ast.Assign):
+                src = read_of(node.value)
+                if src in reduced and len(node.targets) == 1 and (t := dotted(node.targets[0])):
+                    reduced.add(t)
+                    if src in not_summed:
+                        not_summed.add(t)
         return reduced, not_summed
     return ctx._cached("all_reduce_ops", ctx.tree, compute)  # type: ignore[no-any-return]
 

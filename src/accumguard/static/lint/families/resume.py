@@ -262,6 +262,70 @@ def _saved_before_increment(ctx: FileContext, at_boundary: list[tuple[ast.If, as
         return
 
 
+def _saved_in(ctx: FileContext, save: ast.Call, loop: ast.AST) -> bool:
+    """``torch.save`` runs inside ``loop``: there, or in a function of the file called there."""
+    if any(n is loop for n in _ancestors(ctx, save)):
+        return True
+    fn = ctx.enclosing(save, FUNCS)
+    return isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) and any(
+        isinstance(c, ast.Call) and call_attr(c) == fn.name for c in ast.walk(loop))
+
+
+def _ancestors(ctx: FileContext, node: ast.AST) -> Iterator[ast.AST]:
+    cur = ctx.parents.get(node)
+    while cur is not None:
+        yield cur
+        cur = ctx.parents.get(cur)
+
+
+def _exit_before_increment(ctx: FileContext, keys: dict[str, set[str]],
+                           restores: list[ast.Assign], save: ast.Call) -> Finding | None:
+    """The step's branch ``if (c + 1) % K == 0:`` leaves the loop (``return``/``break``,
+    a preemption or ``max_steps``) before the loop's own ``c += 1`` after it: the counter
+    stops one short of the micro-batches consumed. Saved and restored as it stands, the
+    resumed run's first window closes after one micro-batch and every later one is shifted.
+    Only for a checkpoint written after the loop is left (a preemption's save)."""
+    saved: set[str] = set().union(*keys.values()) if keys else set()
+    if not saved or not restores:
+        return None
+    for m in ctx.of(ast.BinOp):
+        if isinstance(m.op, ast.Mod) and ctx.mentions_accum(m.right):
+            test = ctx.enclosing(m, (ast.If,))
+            if not (isinstance(test, ast.If) and any(n is m for n in ast.walk(test.test))):
+                continue
+            names = _identifiers(m.left) & saved
+            inc = _increment_after(ctx, test, names) if names else None
+            if inc is None:
+                continue
+            body = [n for stmt in test.body for n in ast.walk(stmt)]
+            if any(isinstance(n, ast.AugAssign | ast.Assign) and any(
+                    (d := dotted(t)) is not None and last_part(d) in names
+                    for t in (n.targets if isinstance(n, ast.Assign) else [n.target])) for n in body):
+                continue  # counted in the branch too
+            loop = ctx.enclosing(test, (ast.For, ast.While))
+            fn = ctx.enclosing(test, FUNCS)
+            exits = [n for n in body if (isinstance(n, ast.Return) and ctx.enclosing(n, FUNCS) is fn)
+                     or (isinstance(n, ast.Break) and ctx.enclosing(n, (ast.For, ast.While)) is loop)]
+            if not exits or loop is None or ctx.enclosing(inc, (ast.For, ast.While)) is not loop:
+                continue
+            if _saved_in(ctx, save, loop):
+                continue  # saved in the loop (at the boundary: judged there), not after leaving it
+            restore, leave = restores[0], exits[0]
+            return ctx.finding(
+                "AG150",
+                leave,
+                f"`{ast.unparse(leave)}` (line {leave.lineno}) leaves the loop from the step's "
+                f"branch (`{ast.unparse(test.test)}`) before `{ast.unparse(inc)}` (line "
+                f"{inc.lineno}): the counter stops one short of the micro-batches consumed; the "
+                f"checkpoint stores it and the resume restores it as saved (`{ast.unparse(restore)}`, "
+                f"line {restore.lineno}), so the resumed run's first window closes after one "
+                "micro-batch and every later window is shifted",
+                fix=f"count before the boundary test (`{ast.unparse(inc)}` first, then test "
+                    "`counter % K == 0`), or count before leaving",
+            )
+    return None
+
+
 @rule("AG150")
 def checkpoint_inside_window(ctx: FileContext) -> Iterator[Finding]:
     saves = [c for c in ctx.of(ast.Call) if dotted(c.func) == "torch.save"]
@@ -282,13 +346,17 @@ def checkpoint_inside_window(ctx: FileContext) -> Iterator[Finding]:
             continue
         tests = list(_triggers(ctx, save))
         at_boundary = [(t, m) for t, m in tests if ctx.mentions_accum(m.right)]
+        plain = {key.value: keys[key.value] for key, value in zip(d.keys, d.values, strict=True)
+                 if isinstance(key, ast.Constant) and isinstance(key.value, str)
+                 and dotted(value) is not None}  # stored as it stands, not `step + 1`
         if at_boundary:
             # saved only at a window's boundary: right unless the counter the boundary tests
             # is saved before the loop's increment of it
-            plain = {key.value: keys[key.value] for key, value in zip(d.keys, d.values, strict=True)
-                     if isinstance(key, ast.Constant) and isinstance(key.value, str)
-                     and dotted(value) is not None}  # stored as it stands, not `step + 1`
             yield from _saved_before_increment(ctx, at_boundary, plain, restores, save)
+            continue
+        early = _exit_before_increment(ctx, plain, restores, save)
+        if early is not None:
+            yield early
             continue
         for test, mod in tests:
             n = _bound_int(ctx, mod.right)

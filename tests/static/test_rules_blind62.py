@@ -1,0 +1,91 @@
+"""Shapes from blind round 62 (lint):
+
+- gradients summed by hand over ranks are right when the loss was divided by a count
+  all-reduced with SUM and read out as a number (``n = counts.item()``; 62 c_c03);
+- a step branch that leaves the loop (``return`` at a preemption) before the loop's counter
+  increment saves a counter one short of the micro-batches consumed (62 c_b02)."""
+
+from __future__ import annotations
+
+import textwrap
+
+from accumguard.static.lint import lint_source
+
+
+def _severity(src: str, code: str) -> list[str]:
+    return [f.severity.value for f in lint_source(textwrap.dedent(src)) if f.code == code]
+
+
+_HAND_SUM = """
+import torch
+import torch.distributed as dist
+
+
+def worker(rank, world, model, opt, batches, K):
+    for update in range(10):
+        steps = torch.tensor([float(sum(b[0].size(0) for b in batches[update]))])
+        dist.all_reduce(steps OP)
+        total_steps = steps.item()
+        opt.zero_grad(set_to_none=True)
+        for obs, target in batches[update]:
+            loss = torch.nn.functional.mse_loss(model(obs), target, reduction="sum") / total_steps
+            loss.backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+        opt.step()
+"""
+
+
+def test_summed_gradients_over_a_loss_divided_by_a_summed_count_read_as_a_number() -> None:
+    assert _severity(_HAND_SUM.replace(" OP", ""), "AG107") == []
+    # the count's MAX over ranks is no total: the summed gradients are W x too large
+    assert _severity(_HAND_SUM.replace(" OP", ", op=dist.ReduceOp.MAX"), "AG107") == ["error"]
+
+
+_PREEMPTED = """
+import torch
+
+
+class Trainer:
+    def __init__(self, model, opt, accum):
+        self.model, self.opt, self.accum = model, opt, accum
+        self.step = 0
+        self.micro_step = 0
+
+    def save(self, path):
+        torch.save({"model": self.model.state_dict(), "opt": self.opt.state_dict(),
+                    "step": self.step, "micro_step": self.micro_step}, path)
+
+    def load(self, path):
+        ck = torch.load(path)
+        self.model.load_state_dict(ck["model"])
+        self.opt.load_state_dict(ck["opt"])
+        self.step = ck["step"]
+        self.micro_step = ck["micro_step"]
+
+    def fit(self, loader, stop_at=None):
+        for x, y in loader:
+            loss = torch.nn.functional.mse_loss(self.model(x), y) / self.accum
+            loss.backward()
+            if (self.micro_step + 1) % self.accum == 0:
+                self.opt.step()
+                self.opt.zero_grad()
+                self.step += 1
+                if stop_at is not None and self.step >= stop_at:
+                    return "preempted"
+            self.micro_step += 1
+        return "done"
+"""
+
+
+def test_leaving_the_step_branch_before_the_counter_is_counted() -> None:
+    assert _severity(_PREEMPTED, "AG150") == ["warning"]
+    # counted first, then tested: the counter is whole when the branch leaves
+    counted_first = _PREEMPTED.replace(
+        "            if (self.micro_step + 1) % self.accum == 0:",
+        "            self.micro_step += 1\n            if self.micro_step % self.accum == 0:",
+    ).replace("            self.micro_step += 1\n        return", "        return")
+    assert _severity(counted_first, "AG150") == []
+    # the counter is not restored from the checkpoint: its value at the stop is never reused
+    not_restored = _PREEMPTED.replace('        self.micro_step = ck["micro_step"]\n', "")
+    assert _severity(not_restored, "AG150") == []
