@@ -1,9 +1,11 @@
-"""Shapes from blind round 62 (lint):
+"""Shapes from blind rounds 62-63 (lint):
 
 - gradients summed by hand over ranks are right when the loss was divided by a count
   all-reduced with SUM and read out as a number (``n = counts.item()``; 62 c_c03);
 - a step branch that leaves the loop (``return`` at a preemption) before the loop's counter
-  increment saves a counter one short of the micro-batches consumed (62 c_b02)."""
+  increment saves a counter one short of the micro-batches consumed (62 c_b02);
+- an enumerate index saved at the boundary and passed back, as saved, as the start of the
+  resumed loop through a function's parameter (63 c_b03)."""
 
 from __future__ import annotations
 
@@ -89,3 +91,33 @@ def test_leaving_the_step_branch_before_the_counter_is_counted() -> None:
     # the counter is not restored from the checkpoint: its value at the stop is never reused
     not_restored = _PREEMPTED.replace('        self.micro_step = ck["micro_step"]\n', "")
     assert _severity(not_restored, "AG150") == []
+
+
+_RESUMED_SEGMENT = """
+import itertools
+import torch
+
+
+def train_segment(model, opt, loader, K, start_micro, ckpt=None):
+    batches = itertools.islice(loader, start_micro, None)
+    for micro, (x, y) in enumerate(batches, start=start_micro):
+        (torch.nn.functional.mse_loss(model(x), y) / K).backward()
+        if (micro + 1) % K == 0:
+            opt.step()
+            opt.zero_grad()
+            if ckpt is not None:
+                torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "micro": micro}, ckpt)
+
+
+def main(model, opt, loader, ckpt):
+    train_segment(model, opt, loader, 4, 0, ckpt)
+    st = torch.load(ckpt)
+    model.load_state_dict(st["model"])
+    opt.load_state_dict(st["opt"])
+    train_segment(model, opt, loader, 4, START)
+"""
+
+
+def test_a_saved_loop_index_passed_back_as_the_resumed_loops_start() -> None:
+    assert _severity(_RESUMED_SEGMENT.replace("START", 'st["micro"]'), "AG150") == ["warning"]
+    assert _severity(_RESUMED_SEGMENT.replace("START", 'st["micro"] + 1'), "AG150") == []

@@ -130,9 +130,10 @@ def _triggers(ctx: FileContext, save: ast.Call) -> Iterator[tuple[ast.If, ast.Bi
                 sites.append(c)
 
 
-def _restores(ctx: FileContext, keys: dict[str, set[str]]) -> list[ast.Assign]:
+def _restores(ctx: FileContext, keys: dict[str, set[str]]) -> list[ast.Assign | ast.Call]:
     """``self.micro_step = ck["micro_step"]``: a counter set from the checkpoint's own entry,
-    as saved (no arithmetic around it)."""
+    as saved (no arithmetic around it); or a call of a function of the file passing that entry
+    as the parameter its loop's ``enumerate`` starts from (``train(..., st["micro"])``)."""
     # `start = ck["micro_step"]` then `for micro_step in range(start, total)`: the counter
     # restored through its loop's start
     starts: dict[str, str] = {}
@@ -145,7 +146,18 @@ def _restores(ctx: FileContext, keys: dict[str, set[str]]) -> list[ast.Assign]:
         index, start = _enumerate_index(loop), _enumerate_start(loop)
         if index is not None and start is not None:
             starts[start] = index
-    out = []
+    out: list[ast.Assign | ast.Call] = []
+    for call in ctx.of(ast.Call):
+        defs = ctx.defs_by_name().get(call.func.id, []) if isinstance(call.func, ast.Name) else []
+        if len(defs) != 1:
+            continue
+        for loop in (n for n in ast.walk(defs[0]) if isinstance(n, ast.For)):
+            index, start = _enumerate_index(loop), _enumerate_start(loop)
+            arg = bound_argument(defs[0], call, start) if index and start else None
+            if isinstance(arg, ast.Subscript) and isinstance(arg.slice, ast.Constant) \
+                    and arg.slice.value in keys and index in keys[arg.slice.value]:
+                out.append(call)
+                break
     for n in ctx.of(ast.Assign):
         if len(n.targets) != 1:
             continue
@@ -226,7 +238,7 @@ def _increment_after(ctx: FileContext, test: ast.If, names: set[str]) -> ast.Aug
 
 
 def _saved_before_increment(ctx: FileContext, at_boundary: list[tuple[ast.If, ast.BinOp]],
-                            keys: dict[str, set[str]], restores: list[ast.Assign],
+                            keys: dict[str, set[str]], restores: list[ast.Assign | ast.Call],
                             save: ast.Call) -> Iterator[Finding]:
     """A checkpoint at the boundary ``(step + 1) % K == 0`` that stores ``step`` before the
     loop's ``step += 1``: resumed as saved, the first test is true again, and the optimizer
@@ -240,8 +252,8 @@ def _saved_before_increment(ctx: FileContext, at_boundary: list[tuple[ast.If, as
             # the index is resumed only if the restored value starts the loop again
             # (`enumerate(stream, start=self.resume_from)`)
             start = _enumerate_start(loop)
-            fed = [r for r in restores if start is not None
-                   and any(dotted(t) == start for t in ast.walk(r.targets[0]))]
+            fed = [r for r in restores if start is not None and (
+                isinstance(r, ast.Call) or any(dotted(t) == start for t in ast.walk(r.targets[0])))]
             restores, loop = (fed, loop) if fed else (restores, None)
         if inc is None and loop is None:
             continue
@@ -279,7 +291,7 @@ def _ancestors(ctx: FileContext, node: ast.AST) -> Iterator[ast.AST]:
 
 
 def _exit_before_increment(ctx: FileContext, keys: dict[str, set[str]],
-                           restores: list[ast.Assign], save: ast.Call) -> Finding | None:
+                           restores: list[ast.Assign | ast.Call], save: ast.Call) -> Finding | None:
     """The step's branch ``if (c + 1) % K == 0:`` leaves the loop (``return``/``break``,
     a preemption or ``max_steps``) before the loop's own ``c += 1`` after it: the counter
     stops one short of the micro-batches consumed. Saved and restored as it stands, the
