@@ -121,3 +121,44 @@ def main(model, opt, loader, ckpt):
 def test_a_saved_loop_index_passed_back_as_the_resumed_loops_start() -> None:
     assert _severity(_RESUMED_SEGMENT.replace("START", 'st["micro"]'), "AG150") == ["warning"]
     assert _severity(_RESUMED_SEGMENT.replace("START", 'st["micro"] + 1'), "AG150") == []
+
+
+_REFERENCE_STRIDE = """
+import math
+import torch
+
+K, BS = 4, 4
+
+
+def windows(batches, k):
+    for i in range(0, len(batches), k):
+        yield batches[i:i + k]
+
+
+def train(model, opt, loader):
+    for win in windows(list(loader), K):
+        cnt = sum(len(yb) for _, yb in win)
+        for xb, yb in win:
+            (torch.nn.functional.cross_entropy(model(xb), yb, reduction="sum") / cnt).backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def reference(ref, ropt, ds, order):
+    n_micro = math.ceil(len(order) / BS)
+    for w0 in range(0, n_micro, STRIDE):
+        idx = order[w0 * BS:(w0 + K) * BS]
+        xb, yb = ds[idx]
+        ropt.zero_grad()
+        (torch.nn.functional.cross_entropy(ref(xb), yb, reduction="sum") / len(idx)).backward()
+        ropt.step()
+"""
+
+
+def test_a_loop_striding_over_micro_batch_positions_takes_whole_windows() -> None:
+    # 63 b_c03: the reference steps (and clears) once per K micro-batch positions; K is not
+    # otherwise known as the accumulation count in the file
+    found = lint_source(textwrap.dedent(_REFERENCE_STRIDE.replace("STRIDE", "K")))
+    assert not [f.code for f in found if f.code in ("AG101", "AG102")]
+    # the same loop over every micro-batch position clears on each of them
+    assert _severity(_REFERENCE_STRIDE.replace("STRIDE", "1"), "AG102") == ["error"]

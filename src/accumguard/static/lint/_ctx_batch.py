@@ -125,13 +125,18 @@ def _window_slice(sub: ast.Subscript, window: ast.AST) -> bool:
 
 def steps_by_window(ctx: WindowQueries, it: ast.AST) -> bool:
     """``range(start, stop, K)`` or ``range(n // K)``: each iteration is a whole window (the
-    large-batch reference's loop), not one micro-batch. K is a name saying so or one the
-    file knows as K (``range(0, n_micro, K)`` with ``K = args.accum``)."""
+    large-batch reference's loop), not one micro-batch. K is a name saying so, one the
+    file knows as K (``range(0, n_micro, K)`` with ``K = args.accum``), or any stride over a
+    count of micro-batches."""
     if not (isinstance(it, ast.Call) and dotted(it.func) == "range" and it.args):
         return False
     if len(it.args) == 3:
+        # (a stride over micro-batch positions, `range(0, n_micro, K)` whatever K is called:
+        # each iteration starts a run of K of them)
         return any(MICRO_ITER_RE.search(i) for i in identifiers(it.args[2])) \
-            or ctx.mentions_accum(it.args[2])
+            or ctx.mentions_accum(it.args[2]) or (
+                any(MICRO_ITER_RE.search(i) for i in identifiers(it.args[1]))
+                and not (isinstance(it.args[2], ast.Constant) and it.args[2].value == 1))
     stop = it.args[-1]
     return (len(it.args) == 1 and isinstance(stop, ast.BinOp) and isinstance(stop.op, ast.FloorDiv)
             and (any(MICRO_ITER_RE.search(i) for i in identifiers(stop.right))
@@ -157,7 +162,8 @@ def iter_identifiers(it: ast.AST) -> list[str]:
 def whole_window_iteration(ctx: WindowQueries, window: ast.AST) -> bool:
     """Each iteration is one whole window (a large-batch reference): the loop takes its data
     by a range or slice sized with K (``win = bs * K * W``; ``xs[s * win:(s + 1) * win]``;
-    ``[batch(s, m) for m in range(K)]``), does not run K iterations nor divide its loss by
+    ``[batch(s, m) for m in range(K)]``) or strides over the micro-batch positions
+    (``range(0, n_micro, K)``), does not run K iterations nor divide its loss by
     K, and has every backward in its body. Its step, zero_grad and clipping are once per
     window, not per micro-step."""
     if not isinstance(window, ast.For | ast.AsyncFor):
@@ -174,7 +180,7 @@ def whole_window_iteration(ctx: WindowQueries, window: ast.AST) -> bool:
     bounds = [n for stmt in window.body for n in walk_local(stmt)
               if (isinstance(n, ast.Call) and (call_attr(n) == "range" or dotted(n.func) == "slice"))
               or isinstance(n, ast.Slice)]
-    return any(ctx.sized_by_accum(b) for b in bounds)
+    return steps_by_window(ctx, window.iter) or any(ctx.sized_by_accum(b) for b in bounds)
 
 
 #: reductions whose result counts data (``(labels[sl] != -100).sum()``), not K
@@ -200,13 +206,8 @@ def _k_iterations(ctx: WindowQueries, it: ast.AST) -> bool:
     under_div = {id(x) for n in walk_all(it)
                  if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div | ast.FloorDiv)
                  for x in walk_all(n.right)}
-    if isinstance(it, ast.Call) and call_attr(it) == "range" and len(it.args) == 3 \
-            and ctx.mentions_accum(it.args[2]):
-        return False  # `range(0, n_micro, K)`: one iteration per window's first micro-batch
-    if isinstance(it, ast.Call) and call_attr(it) == "range" and len(it.args) == 1 \
-            and isinstance(it.args[0], ast.BinOp) and isinstance(it.args[0].op, ast.FloorDiv) \
-            and ctx.mentions_accum(it.args[0].right):
-        return False  # `range(n_micro // K)`: a number of windows, whatever its dividend says
+    if steps_by_window(ctx, it):
+        return False  # `range(0, n_micro, K)`, `range(n_micro // K)`: a number of windows
     for n in walk_all(it):
         if id(n) in under_div or not isinstance(n, ast.Name | ast.Attribute | ast.Subscript):
             continue

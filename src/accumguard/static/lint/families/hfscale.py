@@ -265,17 +265,33 @@ def _scaled_flag(cls: ast.ClassDef) -> bool | None:
     return None
 
 
+def _given(test: ast.AST) -> bool | None:
+    """What ``test`` says of ``num_items_in_batch``: True for ``is not None`` (or the bare
+    name), False for ``is None`` (or ``not`` the name), None when it tests something else."""
+    if dotted(test) == "num_items_in_batch":
+        return True
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not) and dotted(test.operand) == "num_items_in_batch":
+        return False
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and dotted(test.left) == "num_items_in_batch" \
+            and isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value is None:
+        return True if isinstance(test.ops[0], ast.IsNot) else False if isinstance(test.ops[0], ast.Is) else None
+    return None
+
+
 def _none_fallback(fn: ast.AST) -> ast.AST | None:
-    """``num_items_in_batch if num_items_in_batch is not None else <count>`` (or ``... is None``
-    with the branches swapped) in ``fn``: the count used when the Trainer passes None."""
+    """The count used when the Trainer passes ``num_items_in_batch=None``: ``<count>`` of
+    ``num_items_in_batch if num_items_in_batch is not None else <count>``, or the divisor of
+    the branch ``if num_items_in_batch is not None: loss = s / num_items_in_batch`` / ``else:
+    loss = s / <count>`` runs for None (either test's form)."""
     for n in walk_all(fn):
-        if isinstance(n, ast.IfExp) and isinstance(n.test, ast.Compare) and len(n.test.ops) == 1 \
-                and dotted(n.test.left) == "num_items_in_batch" \
-                and isinstance(n.test.comparators[0], ast.Constant) and n.test.comparators[0].value is None:
-            if isinstance(n.test.ops[0], ast.IsNot):
-                return n.orelse
-            if isinstance(n.test.ops[0], ast.Is):
-                return n.body
+        if isinstance(n, ast.IfExp) and (given := _given(n.test)) is not None:
+            return n.orelse if given else n.body
+        if isinstance(n, ast.If) and (given := _given(n.test)) is not None:
+            branch = n.orelse if given else n.body
+            divisors = [d.right for stmt in branch for d in ast.walk(stmt)
+                        if isinstance(d, ast.BinOp) and isinstance(d.op, ast.Div)]
+            if len(divisors) == 1:
+                return divisors[0]
     return None
 
 

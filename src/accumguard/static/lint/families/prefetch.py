@@ -184,11 +184,15 @@ def _data_sized_to_windows(ctx: FileContext, loop: ast.For) -> tuple[ast.AST, as
 
 def _sized_args(ctx: FileContext) -> dict[str, ast.AST]:
     """Per name N: the first call argument of the file that multiplies N by K (``N * K *
-    ...``); one pass per file, not one per window."""
+    ...``, or a name its function assigns that product once); one pass per file, not one
+    per window."""
     def compute() -> dict[str, ast.AST]:
         out: dict[str, ast.AST] = {}
         for call in ctx.of(ast.Call):
             for arg in [*call.args, *(k.value for k in call.keywords)]:
+                if isinstance(arg, ast.Name):  # `n_rows = BS * K * W * N` then `make_rows(n_rows)`
+                    values = ctx.assigned_in(ctx.scope_of(arg)).get(arg.id, [])
+                    arg = values[0] if len(values) == 1 else arg
                 factors = mult_factors(arg)
                 if len(factors) > 1 and any(ctx.mentions_accum(f) for f in factors):
                     for f in factors:
