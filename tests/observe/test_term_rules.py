@@ -219,6 +219,43 @@ def test_a_distillation_term_divided_by_k_is_silent(tmp_path: Path, form: str) -
     assert any(r[0] == "term" for s in steps for r in s.get("terms") or [])  # judged
 
 
+def _distill_scaled() -> None:
+    """Per-sample KD and CE combined, then one mean / K, under a GradScaler (62 c_b01_fixed):
+    the scaler's 2^14 multiplies both terms above the sum and is unscaled before the step."""
+    torch.manual_seed(0)
+    teacher = torch.nn.Linear(6, 3)
+    student = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    opt = torch.optim.SGD(student.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 14)
+    g = torch.Generator().manual_seed(1)
+    temp, a = 2.0, 0.7
+    for _ in range(STEPS):
+        for _ in range(K):
+            x = torch.randn(5, 6, generator=g)
+            y = torch.randint(0, 3, (5,), generator=g)
+            with torch.no_grad():
+                t = teacher(x)
+            s = student(x)
+            kl = F.kl_div(F.log_softmax(s / temp, -1), F.log_softmax(t / temp, -1),
+                          reduction="none", log_target=True).sum(-1)
+            ce = F.cross_entropy(s, y, reduction="none")
+            loss = (a * temp * temp * kl + (1 - a) * ce).mean() / K
+            scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(student.parameters(), 10.0)
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+
+
+def test_a_gradscalers_scale_above_a_per_sample_sum_is_no_scale_of_a_term(tmp_path: Path) -> None:
+    """The scaler's constant is common to the two terms' chains, but the CE beside the KD
+    term does not weigh 1 with it (it weighs its coefficient times 2^14): the common
+    constants are no scale meant for the CE alone, and the correct loop is silent."""
+    findings, _ = _run(tmp_path, _distill_scaled)
+    assert _errors(findings) == [], findings
+
+
 # -- log-prob selections: REINFORCE, GRPO-like, DPO-style -----------------------------------
 class _Policy(torch.nn.Module):
     def __init__(self) -> None:

@@ -33,8 +33,18 @@ def optimizer_groups(steps: list[JsonObject]) -> list[tuple[int | None, list[Jso
     if len(keys) < 2:
         return [(None, steps)]
     by: dict[int | None, list[JsonObject]] = {}
+    prev: JsonObject | None = None
     for s in steps:
+        if prev is not None and prev.get("optimizer_index") != s.get("optimizer_index") \
+                and prev.get("backwards") == s.get("backwards") \
+                and len(prev.get("forwards") or ()) == len(s.get("forwards") or ()) \
+                and set(prev.get("data_pass_starts") or ()) - set(s.get("data_pass_starts") or ()):
+            # two optimizers stepped on one window, one after the other: a DataLoader pass
+            # that began in it is the window's (only the first record closed took it)
+            s = {**s, "data_pass_starts": sorted(set(prev.get("data_pass_starts") or ())
+                                                  | set(s.get("data_pass_starts") or ()))}
         by.setdefault(s.get("optimizer_index"), []).append(s)
+        prev = s
     return sorted(by.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))
 
 

@@ -110,12 +110,16 @@ def _term_scale_findings(rank: int, windows: list[dict[str, Any]],
         _, o_main, rm = min(mains, key=lambda x: (x[0], x[1]))
         ref = rm[0]
         valid = _valid_counts(w, ref, k)
+        # constants above the sum are a scale meant for the main call only when they bring
+        # its tokens to exactly 1 over the window; a main call weighing its own coefficient
+        # (a GradScaler's 2^14 times its mean / K) gives the common constants no such meaning
+        whole = _whole_mean(w, ref, masses)
         ordinals = {int(r[2]) for r in by_micro[0]} - {o_main}
         for o in ordinals:
             recs = [next(r for r in by_micro[m] if int(r[2]) == o) for m in range(k)]
             judged[o] = judged.get(o, 0) + 1
             shared = {_common_factor(r, rm[m], k, valid[m]) for m, r in enumerate(recs)}
-            if len(shared) == 1 and None not in shared and shared != {k}:
+            if len(shared) == 1 and None not in shared and shared != {k} and whole:
                 # constants above the sum (a W the HF Trainer multiplies the loss by, a scale
                 # written around the sum) weigh this mean too: K x their product, not K
                 scaled.setdefault(o, []).append((w, recs[0], rm[0], shared.pop() or 0))
@@ -134,8 +138,8 @@ def _term_scale_findings(rank: int, windows: list[dict[str, Any]],
                 counted_means.setdefault(o, set()).update(
                     c for m, r in enumerate(recs)
                     if (c := _mean_of_means(r, rm[m], k, valid[m])) is not None)
-            elif len(fs := {_common_factor(r, rm[m], k, valid[m]) for m, r in enumerate(recs)}
-                     ) == 1 and None not in fs:
+            elif whole and len(fs := {_common_factor(r, rm[m], k, valid[m])
+                                      for m, r in enumerate(recs)}) == 1 and None not in fs:
                 scaled.setdefault(o, []).append((w, recs[0], ref, fs.pop() or 0))
                 counted.setdefault(o, set()).update(
                     c for m, r in enumerate(recs)
@@ -400,6 +404,13 @@ def _global_mass(w: dict[str, Any], ref: list[Any], masses: Masses | None) -> bo
     all-reduced count)."""
     got = (masses or {}).get(int(w["step"]), {}).get((str(ref[7]), int(ref[8])))
     return got is not None and abs(got[0] - 1.0) <= got[1]
+
+
+def _whole_mean(w: dict[str, Any], ref: list[Any], masses: Masses | None) -> bool:
+    """The reference call's tokens weigh exactly 1 in total over the window, on this rank or
+    over all ranks (not merely its coefficient)."""
+    mass = _mass(w, str(ref[7]), int(ref[8]))
+    return mass is not None and (abs(mass - 1.0) <= WEIGHT_TOL or _global_mass(w, ref, masses))
 
 
 def _is_window_mean(w: dict[str, Any], ref: list[Any], k: int,
