@@ -32,5 +32,8 @@ for i, (x, y) in enumerate(data):
                 prm.grad /= world
         opt.step()
         opt.zero_grad(set_to_none=True)
+# both ranks done with their last all-reduce before either tears gloo down (a rank that
+# exits while its peer's pair is still open can abort in gloo's teardown)
+dist.barrier()
 dist.destroy_process_group()
 print("trained")
