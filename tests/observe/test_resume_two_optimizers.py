@@ -33,13 +33,15 @@ class _Net(torch.nn.Module):
         return self.head(torch.tanh(self.body(x)))
 
 
-def _run(out: Path, restore: bool) -> None:
+def _run(out: Path, restore: bool, stop: int = STOP, epochs: int = 1) -> None:
+    """The first trainer stops after ``stop`` micro-batches; the rebuilt one runs the rest of
+    the pass, then ``epochs - 1`` whole passes."""
     g = torch.Generator().manual_seed(3)
     data = torch.utils.data.TensorDataset(torch.randn(N, 8, generator=g),
                                           torch.randn(N, 2, generator=g))
     saved: dict[str, object] = {}
 
-    def train(start: int, stop: int | None) -> None:
+    def train(start: int, stop: int | None, epochs: int) -> None:
         torch.manual_seed(0)
         net = _Net()
         if "model" in saved:
@@ -49,28 +51,31 @@ def _run(out: Path, restore: bool) -> None:
         if restore and "grads" in saved:
             for name, p in net.named_parameters():
                 p.grad = saved["grads"][name].clone()  # type: ignore[index]
-        loader = torch.utils.data.DataLoader(
-            torch.utils.data.Subset(data, range(start * BATCH, N)), batch_size=BATCH)
-        micro = start
-        for x, y in loader:
-            end = min((micro // K + 1) * K * BATCH, N)
-            size = end - (micro // K) * K * BATCH  # this window's samples
-            (F.mse_loss(net(x), y, reduction="sum") / size).backward()
-            micro += 1
-            if micro * BATCH == end:
-                for o in opts:
-                    o.step()
-                for o in opts:
-                    o.zero_grad(set_to_none=True)
-            if stop is not None and micro == stop:
-                saved["model"] = {k: v.clone() for k, v in net.state_dict().items()}
-                saved["grads"] = {n: p.grad.clone() for n, p in net.named_parameters()}
-                return
+        for epoch in range(epochs):
+            first = start if epoch == 0 else 0
+            loader = torch.utils.data.DataLoader(
+                torch.utils.data.Subset(data, range(first * BATCH, N)), batch_size=BATCH)
+            micro = first
+            for x, y in loader:
+                end = min((micro // K + 1) * K * BATCH, N)
+                size = end - (micro // K) * K * BATCH  # this window's samples
+                (F.mse_loss(net(x), y, reduction="sum") / size).backward()
+                micro += 1
+                if micro * BATCH == end:
+                    for o in opts:
+                        o.step()
+                    for o in opts:
+                        o.zero_grad(set_to_none=True)
+                if stop is not None and micro == stop:
+                    saved["model"] = {k: v.clone() for k, v in net.state_dict().items()}
+                    saved["grads"] = {n: p.grad.clone() if p.grad is not None else
+                                      torch.zeros_like(p) for n, p in net.named_parameters()}
+                    return
 
     with recording(out) as obs:
         obs.budget = None
-        train(0, STOP)
-        train(STOP, None)
+        train(0, stop, 1)
+        train(stop, None, epochs)
 
 
 @pytest.mark.parametrize("restore", [True, False], ids=["restored", "not_restored"])
@@ -85,51 +90,12 @@ def test_a_resumed_trainer_with_two_optimizers_is_not_called_off_by_one(
     assert not res.errors, [(f.cls, f.evidence) for f in res.errors]
 
 
-def _run_to_epoch_tail(out: Path) -> None:
-    """Pre-empted at the boundary before epoch 0's short tail (9 of 11 micro-batches), rebuilt
-    and resumed: the two new optimizers' first window is the tail (2 micro-batches, normalised
-    by its own samples), then epoch 1 in whole windows (blind round 62 c_c02's shape)."""
-    g = torch.Generator().manual_seed(3)
-    data = torch.utils.data.TensorDataset(torch.randn(N, 8, generator=g),
-                                          torch.randn(N, 2, generator=g))
-    saved: dict[str, object] = {}
-
-    def train(start: int, stop: int | None, epochs: int) -> None:
-        torch.manual_seed(0)
-        net = _Net()
-        if "model" in saved:
-            net.load_state_dict(saved["model"])  # type: ignore[arg-type]
-        opts = [torch.optim.SGD(net.body.parameters(), lr=0.1, momentum=0.9),
-                torch.optim.Adam(net.head.parameters(), lr=1e-2)]
-        for epoch in range(epochs):
-            first = start if epoch == 0 else 0
-            loader = torch.utils.data.DataLoader(
-                torch.utils.data.Subset(data, range(first * BATCH, N)), batch_size=BATCH)
-            micro = first
-            for x, y in loader:
-                end = min((micro // K + 1) * K * BATCH, N)
-                size = end - (micro // K) * K * BATCH
-                (F.mse_loss(net(x), y, reduction="sum") / size).backward()
-                micro += 1
-                if micro * BATCH == end:
-                    for o in opts:
-                        o.step()
-                    for o in opts:
-                        o.zero_grad(set_to_none=True)
-                if stop is not None and micro == stop:
-                    saved["model"] = {k: v.clone() for k, v in net.state_dict().items()}
-                    return
-
-    with recording(out) as obs:
-        obs.budget = None
-        train(0, 9, 1)
-        train(9, None, 2)
-
-
 def test_a_resume_onto_the_epochs_short_tail_with_two_optimizers_is_silent(tmp_path: Path) -> None:
-    """Each optimizer's first window after the rebuild is the epoch's tail: the DataLoader
-    pass that starts after it ends it, though only the first optimizer's step record holds
-    that pass start (both step on one window)."""
-    _run_to_epoch_tail(tmp_path / "r")
+    """Pre-empted at the boundary before the pass's short tail (9 of 11 micro-batches) and
+    rebuilt: each new optimizer's first window is the tail (normalised by its own samples),
+    then a whole pass. The DataLoader pass that starts after the tail ends it, though only
+    the first optimizer's step record holds that pass start (both step on one window; blind
+    round 62 c_c02's shape)."""
+    _run(tmp_path / "r", restore=False, stop=9, epochs=2)
     res = judge(tmp_path / "r", accumulation_steps=K)
     assert not res.errors, [(f.cls, f.evidence) for f in res.errors]
