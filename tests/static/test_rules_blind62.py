@@ -1,11 +1,13 @@
-"""Shapes from blind rounds 62-63 (lint):
+"""Shapes from blind rounds 62-64 (lint):
 
 - gradients summed by hand over ranks are right when the loss was divided by a count
   all-reduced with SUM and read out as a number (``n = counts.item()``; 62 c_c03);
 - a step branch that leaves the loop (``return`` at a preemption) before the loop's counter
   increment saves a counter one short of the micro-batches consumed (62 c_b02);
 - an enumerate index saved at the boundary and passed back, as saved, as the start of the
-  resumed loop through a function's parameter (63 c_b03)."""
+  resumed loop through a function's parameter (63 c_b03);
+- a loss over a count all-reduced on every micro-step (this micro-step's tokens over the
+  ranks), then divided by K: a mean of per-micro-step means (64 b_b01)."""
 
 from __future__ import annotations
 
@@ -162,3 +164,34 @@ def test_a_loop_striding_over_micro_batch_positions_takes_whole_windows() -> Non
     assert not [f.code for f in found if f.code in ("AG101", "AG102")]
     # the same loop over every micro-batch position clears on each of them
     assert _severity(_REFERENCE_STRIDE.replace("STRIDE", "1"), "AG102") == ["error"]
+
+
+_PER_MICRO_GLOBAL = """
+import torch
+import torch.distributed as dist
+
+
+def train(ddp, batches, opt, K, world, steps):
+    for step in range(steps):
+        WINDOW_COUNT
+        for micro in range(K):
+            ids = batches[step * K + micro]
+            ddp.require_backward_grad_sync = micro == K - 1
+            loss_sum, n_tok = lm_loss_sum(ddp, ids)
+            PER_MICRO
+            loss = loss_sum * world / n_glob
+            (loss / K).backward()
+        opt.step()
+        opt.zero_grad()
+"""
+
+
+def test_a_count_all_reduced_on_every_micro_step_then_divided_by_k() -> None:
+    per_micro = _PER_MICRO_GLOBAL.replace("WINDOW_COUNT", "pass").replace(
+        "PER_MICRO", "n_glob = n_tok.to(torch.float32)\n            dist.all_reduce(n_glob)")
+    assert _severity(per_micro, "AG104") == ["warning"]
+    # the window's count, all-reduced once before its micro-steps: the large batch's mean
+    window = _PER_MICRO_GLOBAL.replace(
+        "WINDOW_COUNT", "n_glob = sum(count(batches[step * K + m]) for m in range(K)).float()\n"
+        "        dist.all_reduce(n_glob)").replace("PER_MICRO", "pass").replace("(loss / K)", "loss")
+    assert _severity(window, "AG104") == []

@@ -109,28 +109,45 @@ def _divisions(ctx: FileContext) -> Iterator[tuple[ast.AST, ast.AST, ast.AST]]:
 
 
 
-def _per_micro_batch_token_mean(ctx: FileContext, window: ast.AST) -> bool:
-    """The window computes a loss as a division by a count of this micro-batch."""
+def _per_micro_batch_token_mean(ctx: FileContext, window: ast.AST) -> str | None:
+    """The window computes a loss as a division by a count of this micro-step: where that
+    count is taken ("on this rank", or "summed over the ranks" when it is all-reduced on
+    every micro-step), else None."""
     scope = ctx.window_scope(window)
     for sub in ctx.local_nodes(window):
         d = division(sub)
-        if d is None or all_reduced(ctx, sub, d[1]):
+        if d is None:
             continue
+        where = "on this rank"
+        if all_reduced(ctx, sub, d[1]):
+            if not _reduced_per_micro_step(ctx, window, d[1]):
+                continue  # (a count all-reduced once per window counts the window)
+            where = "summed over the ranks"
         summed = is_loss(d[0]) or any(isinstance(n, ast.Call) and call_attr(n) == "sum" for n in walk_all(d[0]))
         if summed and is_count(ctx, d[1]):
-            return True
+            return where
         # a count this micro-step computes (from names the window assigns) divides whatever
         # lands in the loss: `loss = tok / n_tok` after `n_tok = (labels != -100).sum()`
         if (summed or is_loss_division(ctx, sub, d[0])) and micro_batch_count(ctx, scope, window, d[1]):
-            return True
+            return where
     helpers = masked_mean_helpers(ctx, rows=False)  # (x * m).sum() / m.sum(), inline or in a helper
-    return any(
+    return "on this rank" if any(
         isinstance(n, ast.Call) and helper_called(n) in helpers
         or isinstance(n, ast.BinOp) and masked_mean(ctx, window, n, set(), helpers=False, rows=False)
         for n in ctx.local_nodes(window)
-    )
+    ) else None
 
 
+
+
+def _reduced_per_micro_step(ctx: FileContext, window: ast.AST, divisor: ast.AST) -> bool:
+    """``divisor`` is a name all-reduced inside the window itself, on every micro-step, from
+    a value of this micro-step (``n = n_tok.float(); dist.all_reduce(n)``): the micro-batch's
+    count over the ranks, not the window's."""
+    if not isinstance(divisor, ast.Name):
+        return False
+    inside = ctx.all_reduced_names(window) if isinstance(window, ast.For | ast.While) else set()
+    return divisor.id in inside and counted_per_micro_batch(ctx, ctx.window_scope(window), window, divisor)
 
 
 def _divided_by_window_count(ctx: FileContext, window: ast.AST) -> bool:
@@ -212,7 +229,8 @@ def mean_of_means(ctx: FileContext) -> Iterator[Finding]:
                  "DeepSpeed's `engine.backward()` divides the loss by the config's "
                  "gradient_accumulation_steps" if by_engine else
                  "the loss is divided by the number of accumulation steps")
-                + (", but it is a mean over this micro-batch's own token count" if explicit else
+                + (f", but it is a mean over the token count of this micro-step alone ({explicit})"
+                   if explicit else
                    ", and it looks like a mean over a variable number of tokens (padding mask / "
                    "ignore_index in sight)")
                 + ": dividing per-micro-batch means by K weights short micro-batches too much "
