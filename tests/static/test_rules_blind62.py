@@ -7,7 +7,9 @@
 - an enumerate index saved at the boundary and passed back, as saved, as the start of the
   resumed loop through a function's parameter (63 c_b03);
 - a loss over a count all-reduced on every micro-step (this micro-step's tokens over the
-  ranks), then divided by K: a mean of per-micro-step means (64 b_b01)."""
+  ranks), then divided by K: a mean of per-micro-step means (64 b_b01);
+- an optimizer of the file's own class stepped with a closure that runs the backward
+  (``opt.step(closure)``, SAM or LBFGS style): one step per iteration, no window (64 c_c03)."""
 
 from __future__ import annotations
 
@@ -195,3 +197,63 @@ def test_a_count_all_reduced_on_every_micro_step_then_divided_by_k() -> None:
         "WINDOW_COUNT", "n_glob = sum(count(batches[step * K + m]) for m in range(K)).float()\n"
         "        dist.all_reduce(n_glob)").replace("PER_MICRO", "pass").replace("(loss / K)", "loss")
     assert _severity(window, "AG104") == []
+
+
+_CLOSURE_STEP = """
+import torch
+
+
+class SAM(torch.optim.Optimizer):
+    def __init__(self, params, base_optimizer, rho=0.05, **kwargs):
+        super().__init__(params, dict(rho=rho, **kwargs))
+        self.base_optimizer = base_optimizer(self.param_groups, **kwargs)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        with torch.enable_grad():
+            closure()
+        self.base_optimizer.step()
+
+
+def make_opt(model, args):
+    return SAM(model.parameters(), torch.optim.SGD, rho=args.rho, lr=args.lr)
+
+
+def main(args, model, ref, X, Y):
+    opt = make_opt(model, args)
+    for step in range(args.steps):
+        xs = X[step * args.window:(step + 1) * args.window]
+        ys = Y[step * args.window:(step + 1) * args.window]
+        micro = list(zip(xs.tensor_split(args.accum), ys.tensor_split(args.accum)))
+
+        def closure():
+            for xb, yb in micro:
+                loss = torch.nn.functional.cross_entropy(model(xb), yb)
+                (loss * (len(yb) / args.window)).backward()
+
+        opt.zero_grad()
+        closure()
+        opt.step(closure)
+
+    ropt = make_opt(ref, args)
+    for step in range(args.steps):
+        xs = X[step * args.window:(step + 1) * args.window]
+        ys = Y[step * args.window:(step + 1) * args.window]
+
+        def rclosure():
+            loss = torch.nn.functional.cross_entropy(ref(xs), ys)
+            loss.backward()
+            return loss
+
+        ropt.zero_grad()
+        rclosure()
+        ropt.step(STEP_ARG)
+"""
+
+
+def test_an_optimizer_stepped_with_the_backwards_closure_is_one_step_per_iteration() -> None:
+    found = lint_source(textwrap.dedent(_CLOSURE_STEP.replace("STEP_ARG", "rclosure")))
+    assert not [f for f in found if f.severity.value == "error"], found
+    # stepped without the closure, the optimizer of a factory is not seen stepping: the clear
+    # in a loop of backwards stays a finding
+    assert _severity(_CLOSURE_STEP.replace("STEP_ARG", ""), "AG102") == ["error"]

@@ -416,6 +416,7 @@ class WindowQueries(OwnRateQueries):
         for helper in (*self.inlined(window), *self.reached(window)):
             calls += [n for n in self.local_nodes(helper) if isinstance(n, ast.Call)]
         calls.sort(key=lambda n: (n.lineno, n.col_offset))
+        closures = {h.name for h in self.inlined(window) if isinstance(h, FUNCS)}
         for call in calls:
             attr = call_attr(call)
             recv = receiver(call)
@@ -423,6 +424,8 @@ class WindowQueries(OwnRateQueries):
                 kind = self.kind_of_receiver(recv)
                 if kind == "scaler" and call.args:
                     kind = "optimizer"
+                elif call.args and isinstance(call.args[0], ast.Name) and call.args[0].id in closures:
+                    kind = "optimizer"  # `opt.step(closure)`: the closure protocol (LBFGS, SAM)
                 if kind in ("optimizer", "scheduler", "engine"):
                     f.steps.append((call, kind))
             elif attr == "zero_grad" and recv is not None:
