@@ -9,7 +9,10 @@
 - a loss over a count all-reduced on every micro-step (this micro-step's tokens over the
   ranks), then divided by K: a mean of per-micro-step means (64 b_b01);
 - an optimizer of the file's own class stepped with a closure that runs the backward
-  (``opt.step(closure)``, SAM or LBFGS style): one step per iteration, no window (64 c_c03)."""
+  (``opt.step(closure)``, SAM or LBFGS style): one step per iteration, no window (64 c_c03);
+- a scheduler stepped on every ``training_step`` of Lightning's manual optimisation whose
+  backwards run in a loop over the toggled optimizers (64 a_b02);
+- a schedule's counter of optimizer steps started at ``epoch * len(loader)`` (64 c_b01)."""
 
 from __future__ import annotations
 
@@ -257,3 +260,67 @@ def test_an_optimizer_stepped_with_the_backwards_closure_is_one_step_per_iterati
     # stepped without the closure, the optimizer of a factory is not seen stepping: the clear
     # in a loop of backwards stays a finding
     assert _severity(_CLOSURE_STEP.replace("STEP_ARG", ""), "AG102") == ["error"]
+
+
+_TOGGLED = """
+import torch
+import pytorch_lightning as pl
+
+
+class TwoOpt(pl.LightningModule):
+    def __init__(self, K):
+        super().__init__()
+        self.automatic_optimization = False
+        self.K = K
+
+    def training_step(self, batch, batch_idx):
+        opt_enc, opt_head = self.optimizers()
+        sch_enc, sch_head = self.lr_schedulers()
+        x, y = batch
+        for opt in (opt_enc, opt_head):
+            self.toggle_optimizer(opt)
+            loss = torch.nn.functional.cross_entropy(self(x), y) / self.K
+            self.manual_backward(loss)
+            self.untoggle_optimizer(opt)
+        if (batch_idx + 1) % self.K == 0:
+            for opt in (opt_enc, opt_head):
+                opt.step()
+                opt.zero_grad()
+SCHEDULERS
+        return loss
+"""
+
+
+def test_schedulers_stepped_on_every_manual_training_step_over_toggled_optimizers() -> None:
+    every = _TOGGLED.replace("SCHEDULERS", "        sch_enc.step()\n        sch_head.step()")
+    assert _severity(every, "AG103") == ["error", "error"]
+    gated = _TOGGLED.replace("SCHEDULERS", "            sch_enc.step()\n            sch_head.step()")
+    assert _severity(gated, "AG103") == []
+
+
+_TIMM_EPOCH = """
+import torch
+
+
+def train_one_epoch(epoch, model, loader, optimizer, loss_fn, args, lr_scheduler):
+    accum_steps = args.grad_accum_steps
+    updates_per_epoch = (len(loader) + accum_steps - 1) // accum_steps
+    num_updates = START
+    optimizer.zero_grad()
+    for batch_idx, (input, target) in enumerate(loader):
+        need_update = (batch_idx + 1) % accum_steps == 0 or batch_idx == len(loader) - 1
+        loss = loss_fn(model(input), target) / accum_steps
+        loss.backward()
+        if not need_update:
+            continue
+        optimizer.step()
+        optimizer.zero_grad()
+        num_updates += 1
+        lr_scheduler.step_update(num_updates=num_updates)
+    return num_updates
+"""
+
+
+def test_a_schedules_update_counter_started_at_the_micro_batches_before() -> None:
+    assert _severity(_TIMM_EPOCH.replace("START", "epoch * len(loader)"), "AG130") == ["error"]
+    assert _severity(_TIMM_EPOCH.replace("START", "epoch * updates_per_epoch"), "AG130") == []

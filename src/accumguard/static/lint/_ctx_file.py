@@ -302,6 +302,11 @@ class FileIndex:
     def _classify_unpack(self, target: ast.Tuple | ast.List, value: ast.AST) -> None:
         if isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
             self._classify_factory(target, value.func.id)
+        if isinstance(value, ast.Call) and not value.args and dotted(value.func) in (
+                "self.optimizers", "self.lr_schedulers"):
+            # Lightning's manual optimisation: `opt_a, opt_b = self.optimizers()`
+            kinds = self.optimizers if dotted(value.func) == "self.optimizers" else self.schedulers
+            kinds.update(d for e in target.elts if (d := dotted(e)) is not None)
         if isinstance(value, ast.Call) and last_part(dotted(value.func)) == "initialize":
             callee = dotted(value.func) or ""
             if "deepspeed" in callee or self.deepspeed:

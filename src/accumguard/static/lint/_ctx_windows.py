@@ -103,6 +103,7 @@ class WindowQueries(OwnRateQueries):
             cur = self.parents.get(call)
             while cur is not None and not isinstance(cur, LOOPS + SCOPES):
                 cur = self.parents.get(cur)
+            cur = self._over_named_objects(cur)
             if isinstance(cur, FUNCS) and not self._framework_step(cur):
                 if cur not in helpers:
                     helpers.append(cur)  # a backward helper: its callers' loops are the windows
@@ -225,6 +226,19 @@ class WindowQueries(OwnRateQueries):
         (:meth:`reach_from`, cached): their steps, clears and clips are the window's."""
         return self._cached(  # type: ignore[no-any-return]
             "reached", window, lambda: self.reach_from((window, *self.inlined(window))))
+
+    def _over_named_objects(self, loop: ast.AST | None) -> ast.AST | None:
+        """``loop``, or for ``for opt in (opt_enc, opt_head):`` (a literal tuple of names:
+        the optimizers a Lightning ``training_step`` toggles in turn) directly in a framework
+        step, that step: the framework calls it once per micro-batch, the loop runs over
+        objects, not micro-batches."""
+        if not (isinstance(loop, ast.For) and isinstance(loop.iter, ast.Tuple | ast.List) and loop.iter.elts
+                and all(dotted(e) is not None for e in loop.iter.elts)):
+            return loop
+        up = self.parents.get(loop)
+        while up is not None and not isinstance(up, LOOPS + SCOPES):
+            up = self.parents.get(up)
+        return up if isinstance(up, FUNCS) and self._framework_step(up) else loop
 
     def _framework_step(self, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
         """``training_step``/``train_step`` that a framework calls once per micro-batch (a

@@ -28,7 +28,7 @@ from accumguard.static.lint._ctx_boundary import bound_argument
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families.deepspeed import _name_values
 
-__all__ = ["lr_from_lightning_batch_idx", "lr_from_micro_counter"]
+__all__ = ["lr_from_lightning_batch_idx", "lr_from_micro_counter", "update_counter_started_from_micro_batches"]
 
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
 
@@ -341,3 +341,66 @@ def lr_from_lightning_batch_idx(ctx: FileContext) -> Iterator[Finding]:
                 "with interval 'step' in configure_optimizers",
         )
         yield f if k is not None else replace(f, severity=Severity.WARNING, confidence=Confidence.LOW)
+
+
+def _micro_batches_of(ctx: FileContext, expr: ast.AST, loader: str) -> bool:
+    """``expr`` is a product holding ``len(loader)``: micro-batches per pass times a count of
+    passes (``epoch * len(loader)``)."""
+    if not (isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Mult)):
+        return False
+    return any(isinstance(side, ast.Call) and isinstance(side.func, ast.Name) and side.func.id == "len"
+               and len(side.args) == 1 and dotted(side.args[0]) == loader
+               for side in (expr.left, expr.right))
+
+
+def _fed_to_schedule(ctx: FileContext, fn: ast.AST, counter: str) -> ast.Call | None:
+    """A call in ``fn`` that hands ``counter`` to a schedule: ``sched.step_update(num_updates=n)``,
+    ``sched.step(n)``, ``get_lr(n)``."""
+    for call in (n for n in walk_local(fn) if isinstance(n, ast.Call)):
+        name = (dotted(call.func) or "").rsplit(".", 1)[-1]
+        args = [*call.args, *(k.value for k in call.keywords)]
+        if any(dotted(a) == counter for a in args) and (
+                name in ("step_update", "step") or "lr" in name.lower() or "sched" in name.lower()):
+            return call
+    return None
+
+
+@rule("AG130")
+def update_counter_started_from_micro_batches(ctx: FileContext) -> Iterator[Finding]:
+    """``num_updates = epoch * len(loader)`` before a window loop over ``loader`` that counts
+    ``num_updates += 1`` once per optimizer step and hands it to the schedule (timm's
+    ``train_one_epoch``, whose own start is ``epoch * updates_per_epoch``): from the second
+    pass on the counter starts K times too far, the schedule runs ahead."""
+    for window in ctx.windows():
+        if not isinstance(window, ast.For) or not ctx.window_facts(window).accumulating:
+            continue
+        it = window.iter
+        while isinstance(it, ast.Call) and dotted(it.func) in ("enumerate", "tqdm") and it.args:
+            it = it.args[0]
+        loader = dotted(it)
+        fn = ctx.enclosing(window, FUNCS) or ctx.tree
+        if loader is None:
+            continue
+        for inc in (n for n in walk_local(window) if isinstance(n, ast.AugAssign)):
+            counter = dotted(inc.target)
+            if counter is None or not isinstance(inc.op, ast.Add) or not ctx.guarded(inc, window):
+                continue
+            start = ctx.reaching_write(fn, counter, window)
+            if not (isinstance(start, ast.Assign) and _micro_batches_of(ctx, start.value, loader)):
+                continue
+            fed = _fed_to_schedule(ctx, fn, counter)
+            if fed is None:
+                continue
+            yield replace(ctx.finding(
+                "AG130",
+                start,
+                f"`{ast.unparse(start)}` starts `{counter}`, which counts optimizer steps "
+                f"(`{ast.unparse(inc)}` at line {inc.lineno}, once per window) and feeds the "
+                f"schedule (`{ast.unparse(fed)}`, line {fed.lineno}), at the number of "
+                f"micro-batches of the passes before (`len({loader})` per pass): with K > 1 "
+                "each pass after the first starts the schedule K times too far along, so it "
+                "runs ahead of the optimizer steps",
+                fix=f"start it at the optimizer steps of the passes before: `epoch * "
+                    f"updates_per_epoch` with updates_per_epoch = ceil(len({loader}) / K)",
+            ), severity=Severity.ERROR, confidence=Confidence.MEDIUM)
+            break

@@ -232,8 +232,12 @@ def _windows_of_loader(ctx: FileContext, loop: ast.For, prepared: set[str],
         return None
     count: ast.AST = outer.iter.args[0]
     if isinstance(count, ast.Name):
+        # (the assignment that reaches the loop: a count recomputed after `prepare` split the
+        # loader is the one the loop runs)
+        write = ctx.reaching_write(scope, count.id, count)
         values = ctx.assigned_in(scope).get(count.id, [])
-        count = values[0] if len(values) == 1 else count
+        count = write.value if isinstance(write, ast.Assign) and len(write.targets) == 1 else (
+            values[0] if len(values) == 1 else count)
     given_count = count
     if isinstance(count, ast.Call) and last_part(dotted(count.func) or "") == "ceil" \
             and len(count.args) == 1 and isinstance(count.args[0], ast.BinOp) \
