@@ -271,3 +271,21 @@ def test_a_term_normalised_by_the_global_count_and_averaged_again() -> None:
     assert not term_findings(local)
     # equal counts: a common divisor is not proven
     assert not term_findings(_with_term(_rec(lambda r, st, m, c: 1 / 108, EQUAL), []))
+
+
+def test_each_micro_step_over_its_own_count_across_ranks_is_f5() -> None:
+    """sum x W / (this micro-step's count all-reduced over the ranks) / K under DDP's average
+    (blind round 64 b_b01): within a micro-step one weight on every rank, each micro-step's
+    tokens weighing 1/K in all, the micro-steps' counts uneven: a mean of per-micro-step
+    means, F5 error; the window's count over the ranks (the large batch) is silent."""
+    def per_micro(r: int, st: int, m: int, c: Any) -> float:
+        return W / (sum(c[q][st][m] for q in c) * K)
+
+    found = ledger_findings(_rec(per_micro, UNEVEN), K)
+    assert _classes(found) == {("F5", "error")}, found
+    assert "17, 22, 9 tokens over the 2 ranks" in found[0].evidence, found[0].evidence
+    assert ("F5", "error") in _classes(analyze(_rec(per_micro, UNEVEN))[0])
+    # equal counts in every micro-step: one weight for all, the large batch's
+    assert not ledger_findings(_rec(per_micro, EQUAL), K)
+    # the window's count over the ranks
+    assert not ledger_findings(_rec(lambda r, st, m, c: W / _global(st, c), UNEVEN), K)

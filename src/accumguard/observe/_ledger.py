@@ -25,6 +25,9 @@ token ``1/N`` (N: the window's tokens over all micro-steps and ranks): the total
 * Any other constant total is the user's (a loss weight, a sum instead of a mean): a
   note says once that it was not judged. Per-micro-batch means stay F5
   (:func:`._weight_rules.loss_weight_findings`); 1/K and K per rank stay LOSS_SCALE.
+* In each micro-step one weight on every rank, each micro-step's tokens over the ranks
+  weighing the same total although the micro-steps' counts differ (a count all-reduced
+  per micro-step): F5 across the ranks (:func:`_f5_across`).
 
 Only steps seen on every rank, each micro-step's backward being one loss call times
 constants (``sole``), are judged; a sum of terms is judged per term by
@@ -218,7 +221,7 @@ def ledger_findings(rec: RunRecording, k: int | None = None) -> list[Finding]:
     if not steps:
         return []
     world = len(steps[0].weights)
-    out = _f6(steps) + unit_findings([
+    out = _f6(steps) + _f5_across(steps) + unit_findings([
         UnitStep(s.step, s.site, s.total, s.scale, s.units, s.tol, s.sole, s.unit)
         for s in steps if s.factor is None and s.units])
     judged = [s for s in steps if s.factor is not None and s.sole]
@@ -412,6 +415,55 @@ def _f6(steps: list[_Step]) -> list[Finding]:
                 f"normalised its loss by its own {one(u)} count and the ranks' gradients were "
                 f"then averaged, so a {one(u)} on a rank with fewer {u} weighs more. Common "
                 f"DDP practice, but not the large batch's gradient (every {one(u)} 1/N)")]
+
+
+def _f5_across(steps: list[_Step]) -> list[Finding]:
+    """F5 over the ranks: in each micro-step every rank gave its tokens one weight, the same
+    on all ranks, and each micro-step's tokens over all ranks weighed the same total, while
+    those micro-steps' counts differed: the loss of each micro-step was divided by its own
+    count over the ranks (a count all-reduced per micro-step), a mean of per-micro-step
+    means. Every step where the weights differ between micro-steps must show it; a step
+    whose ranks weigh a micro-step's tokens apart is another pattern (not judged here)."""
+    hits = []
+    for s in steps:
+        ks = {len(ws) for ws in s.weights.values()}
+        if not s.sole or len(ks) != 1 or (k := ks.pop()) < 2:
+            continue
+        ranks = sorted(s.weights)
+        if any(len(s.counts[r]) != k for r in ranks):
+            continue
+        per_micro = []
+        for m in range(k):
+            wm = [s.weights[r][m] for r in ranks]
+            if not s.flat(wm):
+                return []
+            per_micro.append(wm[0])
+        if s.flat(per_micro):
+            continue
+        masses = [sum(s.weights[r][m] * s.counts[r][m] for r in ranks) for m in range(k)]
+        counts = [sum(s.counts[r][m] for r in ranks) for m in range(k)]
+        if not s.flat(masses) or s.flat(counts):
+            return []
+        hits.append((s, per_micro, counts, masses))
+    if not hits:
+        return []
+    s, per_micro, counts, masses = hits[0]
+    u, k = s.unit, len(per_micro)
+    big_n = sum(counts)
+    return [_mk("F5", "error", None, s.step, None,
+                f"{_short(s.site)}: at optimizer step {_n(s.step)} the {k} micro-steps held "
+                f"{', '.join(f'{c:g}' for c in counts)} {u} over the {len(s.weights)} ranks, "
+                f"and after {_ENGINES.get(s.engine, s.engine)}'s reduction each micro-step's "
+                f"{u} weighed the same total ({masses[0]:.4g}) whatever their count: one "
+                f"{one(u)} weighed {min(per_micro):.4g} to {max(per_micro):.4g} "
+                f"({max(per_micro) / min(per_micro):.3g}x apart; the same on every rank within "
+                f"a micro-step) instead of one weight for all {big_n:g} {u} "
+                f"({len(hits)} of {len(steps)} step(s)): each micro-step's loss was divided by "
+                f"its own {one(u)} count over the ranks, a mean of per-micro-step means",
+                title_="mean of per-micro-batch means over the ranks (uneven token counts)",
+                fix=f"Divide by the window's {one(u)} count over all its micro-steps and ranks "
+                    "(sum the counts of the K micro-batches, all-reduce once before the "
+                    "window), times the world size under DDP/FSDP's average, and not by K.")]
 
 
 def term_findings(rec: RunRecording) -> list[Finding]:
