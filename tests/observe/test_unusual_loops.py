@@ -272,3 +272,43 @@ def test_a_ddp_model_first_called_in_a_compiled_function_is_observed(
         dist.destroy_process_group()
     res = judge(tmp_path, accumulation_steps=K)
     assert sorted({f.cls for f in res.errors}) == errors, res.findings
+
+
+@pytest.mark.parametrize("shifted", [False, True], ids=["last_micro", "from_zero"])
+def test_optimizer_in_backward_then_a_reference_phase(tmp_path: Path, shifted: bool) -> None:
+    """Per-parameter Adam stepped from post-accumulate hooks, gated on the window's last
+    micro-batch (right) or on ``i % K == 0`` with i from 0 (every window shifted by one: the
+    first holds one micro-batch; blind round 64 c_b03), then a large-batch reference with its
+    own optimizer stepping after each backward. The reference is a later phase (a note, not
+    F1); the shifted gate is F13; the right one says nothing at error level."""
+    model = _mlp()
+    ref = _mlp()
+    opts = {p: torch.optim.Adam([p], lr=1e-2) for p in model.parameters()}
+    state = {"i": 0}
+
+    def hook(p: torch.Tensor) -> None:
+        i = state["i"]
+        if (i % K == 0) if shifted else ((i + 1) % K == 0):
+            opts[p].step()
+            opts[p].zero_grad(set_to_none=True)
+
+    data = _data()
+    with recording(tmp_path / "r"):
+        handles = [p.register_post_accumulate_grad_hook(hook) for p in model.parameters()]
+        for i, (x, y) in enumerate(data):
+            state["i"] = i
+            (F.cross_entropy(model(x), y) / K).backward()
+        for h in handles:
+            h.remove()
+        ropt = torch.optim.Adam(ref.parameters(), lr=1e-2)
+        for w in range(len(data) // K):
+            xs = torch.cat([x for x, _ in data[w * K:(w + 1) * K]])
+            ys = torch.cat([y for _, y in data[w * K:(w + 1) * K]])
+            F.cross_entropy(ref(xs), ys).backward()
+            ropt.step()
+            ropt.zero_grad()
+    res = judge(tmp_path / "r", accumulation_steps=K)
+    assert [f.cls for f in res.errors] == (["F13"] if shifted else []), \
+        [(f.cls, f.evidence) for f in res.errors]
+    assert any(f.severity == "note" and "later phase" in f.title for f in res.findings), \
+        [(f.cls, f.title) for f in res.findings]

@@ -9,7 +9,7 @@ from collections import Counter
 from accumguard.core.findings import Finding
 from accumguard.observe._records import JsonObject, KResolution, _mk, _n, _windows
 
-__all__ = ["OwnRate", "group_ks", "optimizer_groups"]
+__all__ = ["OwnRate", "after_in_backward", "group_ks", "optimizer_groups"]
 
 
 class OwnRate:
@@ -186,3 +186,38 @@ def _phase(main: list[JsonObject], other: list[JsonObject], k: int, res: KResolu
                        "whole batches; if that phase was meant to accumulate K, step "
                        "its optimizer once per K backward passes.")
     return note, k2
+
+
+def after_in_backward(steps: list[JsonObject], res: KResolution, passes: set[int] | None,
+                      total: int) -> list[tuple[int | None, list[JsonObject], KResolution,
+                                                OwnRate | None]] | None:
+    """The training stepped its optimizers inside backward (a gradient hook: optimizer in
+    backward), and the steps recorded outside backward all came after its last such pass, in
+    windows of one size K' != K: a later phase (a large-batch reference run), judged at K'
+    with a note, as :func:`_later_phase` does for optimizer objects that step outside
+    backward. None when the steps are not so."""
+    k = res.k
+    windows = [w for w in _windows(steps) if w.window > 0]
+    if not passes or k is None or k < 2 or not windows:
+        return None
+    sizes = Counter(w.window for w in windows)
+    k2, n2 = sizes.most_common(1)[0]
+    if k2 == k or any(size > k2 for size in sizes) or n2 < max(2, len(windows) // 2):
+        return None
+    first_outside = total - sum(w.window for w in windows)  # the passes outside come last
+    if max(passes) >= first_outside:
+        return None
+    first = steps[0]
+    name = str(first.get("optimizer") or "optimizer")
+    note = OwnRate(
+        "F1" if k2 == 1 else "F13", int(first.get("step", 0) or 0),
+        f"the training stepped its optimizer(s) inside backward passes (gradient hooks) up to "
+        f"pass {max(passes) + 1}; after them another optimizer ({name}) made the run's last "
+        f"{len(windows)} step(s) outside backward, "
+        + ("each after a single backward pass" if k2 == 1 else f"after {k2} backward passes")
+        + f": judged as a phase of its own (a large-batch reference run) whose windows are "
+        f"{k2} backward pass(es), not as micro-steps of the training's K = {k}",
+        title=f"a later phase steps outside backward every {k2} backward(s): judged on its own",
+        fix="Nothing to fix for a reference run; if that phase was meant to accumulate K, step "
+            "its optimizer once per K backward passes.")
+    return [(None, steps, KResolution(k2, "the later phase's own windows", "inferred"), note)]

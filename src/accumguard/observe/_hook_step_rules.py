@@ -8,11 +8,15 @@ while the run declares K > 1 (a flag, the framework at run time, or a script who
 divided by its K)? Then each micro-batch's gradient was applied on its own, never summed
 over a window of K: the update is not the large batch's. A hook gated on the window's last
 micro-batch steps in one backward pass of K, and a run that declares no K is not judged.
+
+The passes that ran a step also give the windows' sizes: a first window shorter than K
+followed by windows of exactly K (at least two) is F13, the hook's boundary test counting
+from the wrong origin (``micro % K == 0`` with the counter from 0).
 """
 
 from __future__ import annotations
 
-from accumguard.observe._records import Finding, KResolution, RunRecording, _mk
+from accumguard.observe._records import Finding, KResolution, RunRecording, _mk, _windows
 
 __all__ = ["in_backward_findings"]
 
@@ -37,6 +41,8 @@ def in_backward_findings(rec: RunRecording, res: KResolution) -> list[Finding]:
     out = []
     for rank, passes in sorted(rec.in_backward_passes.items()):
         total = int((rec.end.get(rank) or {}).get("backwards_total") or 0)
+        if total >= 2 and len(passes) < total:
+            out += _cadence(rec, rank, passes, total, k, f"K = {k}, {res.source}")
         if total < 2 or len(passes) < total:
             continue
         out.append(_mk("F1", "error", rank, 0, 0,
@@ -47,3 +53,29 @@ def in_backward_findings(rec: RunRecording, res: KResolution) -> list[Finding]:
                        title_="optimizer in backward steps on every micro-batch",
                        fix=_FIX))
     return out
+
+
+def _cadence(rec: RunRecording, rank: int, passes: set[int], total: int, k: int,
+             why: str) -> list[Finding]:
+    """F13 when the in-backward steps' windows are a short first one, then K each."""
+    outside = sum(w.window for w in _windows(rec.steps.get(rank, [])) if w.window > 0)
+    first_outside = total - outside  # (steps outside backward: a later phase's passes)
+    order = sorted(p for p in passes if p < first_outside)
+    if len(order) < 3:
+        return []
+    sizes = [order[0] + 1] + [b - a for a, b in zip(order, order[1:], strict=False)]
+    if not (sizes[0] < k and all(n == k for n in sizes[1:])):
+        return []
+    left = first_outside - 1 - order[-1]
+    return [_mk("F13", "error", rank, 0, sizes[0] - 1,
+                f"an optimizer stepped inside backward (a gradient hook) first in backward pass "
+                f"{order[0] + 1}, after {sizes[0]} of K micro-batches, then every {k} passes "
+                f"({len(sizes)} steps; {why}): the hook's boundary test counts from the wrong "
+                "origin (e.g. `micro % K == 0` with the counter from 0), so every window is "
+                "shifted by one: the first holds "
+                f"{sizes[0]} micro-batch(es) divided by K"
+                + (f", and the {left} backward pass(es) after the last step never reach one"
+                   if left > 0 else ""),
+                title_="optimizer in backward: windows shifted (the first one short)",
+                fix="test the window's last micro-batch in the hook, `(micro + 1) % K == 0` "
+                    "with the counter from 0 (or `micro % K == 0` counted after the increment)")]

@@ -39,7 +39,7 @@ from accumguard.observe._epochs import (
     short_epoch_findings,
 )
 from accumguard.observe._framework_fixes import framework_fixes, frameworks
-from accumguard.observe._groups import group_ks, optimizer_groups
+from accumguard.observe._groups import after_in_backward, group_ks, optimizer_groups
 from accumguard.observe._hook_step_rules import in_backward_findings
 from accumguard.observe._ledger import ledger_findings, term_findings
 from accumguard.observe._lr_rules import lr_schedule_findings
@@ -264,7 +264,10 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
         lines = rec.steps.get(rank, [])
         groups = optimizer_groups(lines)
         before = collectives_before(lines)
-        for idx, group, gres, note in group_ks(groups, res):
+        later = after_in_backward(lines, res,
+                                  rec.in_backward_passes.get(rank),
+                                  int((rec.end.get(rank) or {}).get("backwards_total") or 0))
+        for idx, group, gres, note in (later or group_ks(groups, res)):
             steps = records(group)
             ws = _windows(steps)
             found: list[Finding] = _rank_findings(rank, steps, info, gres.k, gres.declared, before)
