@@ -1,4 +1,4 @@
-"""Shapes from blind rounds 62-64 (lint):
+"""Shapes from blind rounds 62-65 (lint):
 
 - gradients summed by hand over ranks are right when the loss was divided by a count
   all-reduced with SUM and read out as a number (``n = counts.item()``; 62 c_c03);
@@ -12,7 +12,10 @@
   (``opt.step(closure)``, SAM or LBFGS style): one step per iteration, no window (64 c_c03);
 - a scheduler stepped on every ``training_step`` of Lightning's manual optimisation whose
   backwards run in a loop over the toggled optimizers (64 a_b02);
-- a schedule's counter of optimizer steps started at ``epoch * len(loader)`` (64 c_b01)."""
+- a schedule's counter of optimizer steps started at ``epoch * len(loader)`` (64 c_b01);
+- correct code of round 65: a reference over a generator yielding K-sized slices of
+  micro-batches, a GAN with two GradScalers each clipping after its own unscale, gradients
+  summed by hand over a loss divided by a count times the world size (65 c_c01, c_c03)."""
 
 from __future__ import annotations
 
@@ -324,3 +327,83 @@ def train_one_epoch(epoch, model, loader, optimizer, loss_fn, args, lr_scheduler
 def test_a_schedules_update_counter_started_at_the_micro_batches_before() -> None:
     assert _severity(_TIMM_EPOCH.replace("START", "epoch * len(loader)"), "AG130") == ["error"]
     assert _severity(_TIMM_EPOCH.replace("START", "epoch * updates_per_epoch"), "AG130") == []
+
+
+_WINDOW_STREAM = """
+import torch
+
+
+def window_stream(micro, accum, start_window=0):
+    w = start_window
+    while (w + 1) * accum <= len(micro):
+        yield w, micro[w * accum:(w + 1) * accum]
+        w += 1
+
+
+def reference(model, opt, micro, c):
+    for _, mbs in STREAM:
+        ids = torch.cat([m[0] for m in mbs])
+        lab = torch.cat([m[1] for m in mbs])
+        loss = torch.nn.functional.cross_entropy(model(ids), lab, reduction="sum") / len(lab)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+"""
+
+
+def test_a_loop_over_a_generator_of_k_sized_slices_runs_whole_windows() -> None:
+    found = lint_source(textwrap.dedent(_WINDOW_STREAM.replace("STREAM", "window_stream(micro, c.accum)")))
+    assert not [f for f in found if f.severity.value == "error"], found
+    # the same loop over the micro-batches one by one steps on each of them
+    assert _severity(_WINDOW_STREAM.replace("STREAM", "enumerate(micro_batches(micro, c.accum))"),
+                     "AG101") == ["error"]
+
+
+_TWO_SCALERS = """
+import torch
+import torch.distributed as dist
+
+
+def allreduce_grads(module):
+    for p in module.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+
+
+def train(a, G, D, og, od, batches, rank, world):
+    sc_g = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
+    sc_d = torch.amp.GradScaler("cpu", init_scale=2.0 ** 12)
+    n_window = a.micro * a.accum * world
+    for s, win in enumerate(batches):
+        for real, z in win:
+            d_loss = (torch.nn.functional.softplus(-D(real)).sum() + D(G(z).detach()).sum()) / DIVISOR
+            sc_d.scale(d_loss).backward()
+        allreduce_grads(D)
+        sc_d.unscale_(od)
+        torch.nn.utils.clip_grad_norm_(D.parameters(), a.clip)
+        sc_d.step(od)
+        sc_d.update()
+        od.zero_grad(set_to_none=True)
+        for _, z in win:
+            g_loss = torch.nn.functional.softplus(-D(G(z))).sum() / DIVISOR
+            sc_g.scale(g_loss).backward()
+        allreduce_grads(G)
+        sc_g.unscale_(og)
+        torch.nn.utils.clip_grad_norm_(G.parameters(), a.clip)
+        sc_g.step(og)
+        sc_g.update()
+        og.zero_grad(set_to_none=True)
+
+
+def reference(model, opt, x, y):
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def test_two_scalers_each_clipping_after_its_unscale_and_a_world_sized_divisor() -> None:
+    found = lint_source(textwrap.dedent(_TWO_SCALERS.replace("DIVISOR", "n_window")))
+    assert not [f for f in found if f.severity.value == "error"], found
+    # a count of one rank's data: the hand-summed gradients are W x the mean
+    assert _severity(_TWO_SCALERS.replace("DIVISOR", "(a.micro * a.accum)"), "AG107") == ["error"]

@@ -38,9 +38,11 @@ class WindowQueries(Protocol):
     def sized_by_accum(self, expr: ast.AST, depth: int = 2) -> bool: ...
     def assignments(self) -> list[tuple[list[str], ast.AST]]: ...
     def sole_values_by_name(self) -> dict[str, list[ast.AST]]: ...
+    def functions_by_name(self) -> dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]]: ...
+
 
 __all__ = ["MICRO_ITER_RE", "accum_name", "accum_only_builds_batch", "iter_identifiers",
-           "steps_by_window", "whole_window_iteration"]
+           "steps_by_window", "whole_window_iteration", "yields_windows"]
 
 #: a loop over these iterates the micro-batches of one window
 MICRO_ITER_RE = re.compile(r"window(?!s)|micro|chunk|accum")
@@ -145,6 +147,23 @@ def steps_by_window(ctx: WindowQueries, it: ast.AST) -> bool:
 
 #: a call that yields whole windows of K items (``windows(loader, K)``): its K sizes them
 _WINDOWS_CALL_RE = re.compile(r"windows$|_groups$|^groups$|batched$")
+
+
+def yields_windows(ctx: WindowQueries, it: ast.AST) -> bool:
+    """``it`` calls a generator function of the file (one definition) each of whose
+    ``yield``s hands out a slice sized by K (``yield w, micro[w * accum:(w + 1) * accum]``):
+    the loop over it runs whole windows, whatever the generator is called."""
+    if not (isinstance(it, ast.Call) and isinstance(it.func, ast.Name)):
+        return False
+    defs = ctx.functions_by_name().get(it.func.id, [])
+    if len(defs) != 1:
+        return False
+    yields = [n for n in walk_local(defs[0]) if isinstance(n, ast.Yield | ast.YieldFrom)]
+    return bool(yields) and all(
+        isinstance(y, ast.Yield) and y.value is not None and any(
+            isinstance(sub, ast.Subscript) and isinstance(sub.slice, ast.Slice)
+            and ctx.sized_by_accum(sub.slice) for sub in walk_all(y.value))
+        for y in yields)
 
 
 def iter_identifiers(it: ast.AST) -> list[str]:

@@ -36,6 +36,7 @@ from accumguard.static.lint._ctx_batch import (
     iter_identifiers,
     steps_by_window,
     whole_window_iteration,
+    yields_windows,
 )
 from accumguard.static.lint._ctx_file import _pos
 from accumguard.static.lint._ctx_ownrate import OwnRateQueries, stepped_name
@@ -462,7 +463,7 @@ class WindowQueries(OwnRateQueries):
         )
         iterates_micro_batches = isinstance(window, ast.For | ast.AsyncFor) and any(
             MICRO_ITER_RE.search(i) for i in iter_identifiers(window.iter)
-        ) and not steps_by_window(self, window.iter)
+        ) and not steps_by_window(self, window.iter) and not yields_windows(self, window.iter)
         if iterates_micro_batches or (not f.accumulating and (
                 self._averages_over_own_iterations(window, f) or self._steps_after_range_loop(window, f))):
             f.accumulating = True  # `for mb in window:` / `for micro in batch.chunk(K):`

@@ -139,6 +139,7 @@ def clip_before_unscale(ctx: FileContext) -> Iterator[Finding]:
         if _torch_clip(c):
             clips_by_scope.setdefault(id(ctx.scope_of(c)), []).append(c)
     reported: set[int] = set()
+    all_steps = [(position(c), name) for name, uses in by_scaler.items() for c in uses.get("step", [])]
     for name, enabled in scalers.items():
         uses = by_scaler.get(name, {})
         if enabled is False or not uses.get("scale") or not uses.get("step"):
@@ -156,6 +157,8 @@ def clip_before_unscale(ctx: FileContext) -> Iterator[Finding]:
                     continue
                 if first_unscale is not None and first_unscale < position(clip):
                     continue
+                if any(position(clip) < at < position(step) and other != name for at, other in all_steps):
+                    continue  # another scaler steps first: the clip is that scaler's window's
                 reported.add(id(clip))
                 after = [u for u in unscales if position(u) > position(clip)]
                 finding = ctx.finding(

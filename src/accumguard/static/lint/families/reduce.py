@@ -22,6 +22,8 @@ from accumguard.static.lint._ast import (
 )
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families._lossexpr import division, flows_to_backward, is_loss_division
+from accumguard.static.lint.families._worldprod import named_product_with_world
 from accumguard.static.lint.families.scale import loss_divisions_by_rank_sum
 
 _DIV_CALLS = frozenset({"div_", "div", "mul_", "true_divide_", "divide_", "mul"})
@@ -151,6 +153,20 @@ def _gradient_reduces(ctx: FileContext) -> Iterator[tuple[ast.Call, str]]:
             yield node, op  # another op (a variable) cannot be read statically: no guess
 
 
+def _loss_divided_by_world(ctx: FileContext) -> bool:
+    """A loss that reaches a backward is divided by the world size or by a count made with it
+    as a factor (``n_window = micro * K * world``): the ranks' summed gradients are then the
+    mean over every rank's data."""
+    def compute() -> bool:
+        for node in ctx.of(ast.BinOp, ast.AugAssign):
+            d = division(node)
+            if d is not None and (ctx.mentions_world(d[1]) or named_product_with_world(ctx, d[1])) \
+                    and is_loss_division(ctx, node, d[0]) and flows_to_backward(ctx, node):
+                return True
+        return False
+    return bool(ctx._cached("loss_divided_by_world", ctx.tree, compute))
+
+
 @rule("AG107")
 def all_reduce_sum_without_average(ctx: FileContext) -> Iterator[Finding]:
     for node, op in _gradient_reduces(ctx):
@@ -161,7 +177,7 @@ def all_reduce_sum_without_average(ctx: FileContext) -> Iterator[Finding]:
         cls = ctx.enclosing(node, (ast.ClassDef,))
         if (cls is not None and _divides_by_world(ctx, cls)) or _grads_divided_by_world(ctx):
             continue  # a sibling method (`finalize`) or another function divides them
-        if any(loss_divisions_by_rank_sum(ctx, accelerate=False)):
+        if any(loss_divisions_by_rank_sum(ctx, accelerate=False)) or _loss_divided_by_world(ctx):
             continue  # the loss's count spans every rank: the summed gradients are the mean
         yield ctx.finding(
             "AG107",
