@@ -407,3 +407,51 @@ def test_two_scalers_each_clipping_after_its_unscale_and_a_world_sized_divisor()
     assert not [f for f in found if f.severity.value == "error"], found
     # a count of one rank's data: the hand-summed gradients are W x the mean
     assert _severity(_TWO_SCALERS.replace("DIVISOR", "(a.micro * a.accum)"), "AG107") == ["error"]
+
+
+_LIGHTNING_MANUAL_TAIL = """
+import torch
+import pytorch_lightning as pl
+from torch.utils.data import DataLoader, TensorDataset
+
+HP = {"rows": ROWS, "batch": 4, "accum": 2, "epochs": 3}
+
+
+class Pairs(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+        self.net = torch.nn.Linear(8, 1)
+
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        N = HP["accum"]
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.net(x), y) / N
+        self.manual_backward(loss)
+        if GATE:
+            opt.step()
+            opt.zero_grad()
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def main():
+    ds = TensorDataset(torch.randn(HP["rows"], 8), torch.randn(HP["rows"], 1))
+    trainer = pl.Trainer(max_epochs=HP["epochs"], accelerator="cpu", devices=1)
+    trainer.fit(Pairs(), DataLoader(ds, batch_size=HP["batch"]))
+"""
+
+
+def test_lightning_manual_optimisation_leaks_an_epochs_tail() -> None:
+    # 20 rows, 5 batches of 4, windows of 2: one batch left per epoch (65 a_b02)
+    gate = "(batch_idx + 1) % N == 0"
+    assert _severity(_LIGHTNING_MANUAL_TAIL.replace("ROWS", "20").replace("GATE", gate),
+                     "AG117") == ["error"]
+    assert _severity(_LIGHTNING_MANUAL_TAIL.replace("ROWS", "16").replace("GATE", gate),
+                     "AG117") == []
+    closed = gate + " or self.trainer.is_last_batch"
+    assert _severity(_LIGHTNING_MANUAL_TAIL.replace("ROWS", "20").replace("GATE", closed),
+                     "AG117") == []

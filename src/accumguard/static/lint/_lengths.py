@@ -361,6 +361,8 @@ def _tensor_len(ctx: _Facts, expr: ast.AST, depth: int) -> int | None:
         return None
     name = last_part(dotted(expr.func))
     kw = {k.arg: k.value for k in expr.keywords if k.arg}
+    if name == "where" and len(expr.args) == 3:  # `torch.where(swap, b, a)`: its operands' rows
+        return _tensor_len(ctx, expr.args[1], depth + 1)
     if name in ("arange", "randperm") and len(expr.args) == 1:
         return _int_of(ctx, expr.args[0])
     if name == "randint":

@@ -27,7 +27,7 @@ from accumguard.static.lint._ctx_boundary import bound_argument
 from accumguard.static.lint._lengths import dataset_class_len
 from accumguard.static.lint._rule import rule
 
-__all__ = ["lightning_epoch_shorter_than_window", "single_assignments"]
+__all__ = ["fit_batches", "lightning_epoch_shorter_than_window", "single_assignments"]
 
 
 def _imports_lightning(ctx: FileContext) -> bool:
@@ -103,6 +103,8 @@ def _rows(ctx: FileContext, expr: ast.AST) -> int | None:
     if not isinstance(expr, ast.Call):
         return None
     name = (dotted(expr.func) or "").rsplit(".", 1)[-1]
+    if name == "where" and len(expr.args) == 3:  # `torch.where(swap, b, a)`: the rows of its operands
+        return _rows(ctx, expr.args[1])
     if name in _DATA_FACTORIES and expr.args:
         first = expr.args[0]
         if isinstance(first, ast.Tuple | ast.List) and first.elts:
@@ -179,7 +181,7 @@ def _fits(ctx: FileContext) -> dict[str, list[ast.Call]]:
     return ctx._cached("lightning_fits", ctx.tree, compute)  # type: ignore[no-any-return]
 
 
-def _fit_batches(ctx: FileContext, trainer: ast.Call) -> int | None:
+def fit_batches(ctx: FileContext, trainer: ast.Call) -> int | None:
     """Batches per epoch of the loader handed to ``trainer.fit(module, loader)`` when all of it
     is in sight: ``DataLoader(TensorDataset(X, ...), batch_size=b)`` (no sampler, ``drop_last``
     as given) over a tensor whose row count is a literal."""
@@ -363,7 +365,7 @@ def lightning_epoch_shorter_than_window(ctx: FileContext) -> Iterator[Finding]:
         strategy = kws.get("strategy")
         if strategy is not None and "deepspeed" in ast.unparse(strategy).lower():
             continue  # the DeepSpeed engine accumulates and scales on its own
-        n = ctx.int_value(kws["limit_train_batches"]) if "limit_train_batches" in kws else _fit_batches(ctx, call)
+        n = ctx.int_value(kws["limit_train_batches"]) if "limit_train_batches" in kws else fit_batches(ctx, call)
         k = ctx.int_value(kws.get("accumulate_grad_batches"))
         if k is None and n is not None and n > 0 and "accumulate_grad_batches" not in kws:
             scheduled = _scheduled_tail(ctx, call, kws, n)

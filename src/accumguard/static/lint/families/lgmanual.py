@@ -12,14 +12,22 @@ AG105 (F8) in the same shape: the ``training_step`` gates its optimizer steps on
 ``batch_idx % K`` but clips (``self.clip_gradients``, ``clip_grad_norm_``) on every batch,
 in its own body or in a method of the module it calls on every batch: each clip acts on a
 partial gradient, so the window's sum is made of clipped pieces.
+
+AG117 (F7) in the same shape: the step gated by ``(batch_idx + 1) % K == 0`` alone, the
+module never reading where the epoch ends (``is_last_batch``, ``num_training_batches``):
+``batch_idx`` starts again at 0 in every epoch, and in manual optimisation nothing clears
+the gradient between epochs, so an epoch of n batches with n % K = r leaves r batches' gradient
+in ``.grad`` that the next epoch's first window adds to its own K. An error when the Trainer
+runs two epochs or more and the epoch's length is in sight, a warning when it is not.
 """
 
 from __future__ import annotations
 
 import ast
 from collections.abc import Iterator
+from dataclasses import replace
 
-from accumguard.static.findings import Finding
+from accumguard.static.findings import Confidence, Finding, Severity
 from accumguard.static.lint._ast import (
     CLIP_FUNCS,
     call_attr,
@@ -31,9 +39,11 @@ from accumguard.static.lint._ast import (
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._lightning import manual_optimization
-from accumguard.static.lint.families._modguard import mod_guard
+from accumguard.static.lint.families._modguard import k_values, mod_guard
+from accumguard.static.lint.families.epochtail import fit_batches
 
-__all__ = ["lightning_manual_batch_idx_off_by_one", "lightning_manual_clip_every_batch"]
+__all__ = ["lightning_manual_batch_idx_off_by_one", "lightning_manual_clip_every_batch",
+           "lightning_manual_epoch_tail"]
 
 
 @rule("AG115")
@@ -135,3 +145,75 @@ def lightning_manual_clip_every_batch(ctx: FileContext) -> Iterator[Finding]:
                 f"{gates[0].lineno}): each clip acts on a partial gradient; clip once, on the "
                 "accumulated gradient, inside that branch before the step",
             )
+
+
+def _epochs(ctx: FileContext) -> list[tuple[ast.Call, int | None]]:
+    """The file's ``Trainer(...)`` calls with ``max_epochs`` of two or more (None: the value
+    is not in sight); a Trainer of one epoch, or bounded by ``max_steps``, has no next epoch
+    for a tail to leak into in sight."""
+    out = []
+    for call in ctx.of(ast.Call):
+        if (dotted(call.func) or "").rsplit(".", 1)[-1] != "Trainer":
+            continue
+        kws = {k.arg: k.value for k in call.keywords if k.arg is not None}
+        if "max_epochs" not in kws or "max_steps" in kws or "limit_train_batches" in kws:
+            continue
+        epochs = ctx.int_value(kws["max_epochs"])
+        if epochs is None or epochs >= 2:
+            out.append((call, epochs))
+    return out
+
+
+@rule("AG117")
+def lightning_manual_epoch_tail(ctx: FileContext) -> Iterator[Finding]:
+    trainers = _epochs(ctx)
+    if not trainers:
+        return
+    for fn in ctx.of(ast.FunctionDef):
+        if fn.name != "training_step" or len(fn.args.args) < 3:
+            continue
+        cls = ctx.enclosing(fn, (ast.ClassDef,))
+        if not isinstance(cls, ast.ClassDef) or not manual_optimization(cls):
+            continue
+        if any(isinstance(n, ast.Attribute) and n.attr in ("is_last_batch", "num_training_batches")
+               for n in ast.walk(cls)):
+            continue  # the module reads where the epoch ends: it may close the tail itself
+        batch_idx = fn.args.args[2].arg
+        for node in _gated_steps(ctx, fn, batch_idx):
+            guard = mod_guard(node.test)
+            if guard is None or isinstance(node.test, ast.BoolOp) or guard.offset != 1 \
+                    or guard.residue or guard.excludes_zero:
+                continue
+            ks = k_values(ctx, guard.modulus, node)
+            if ks == {None}:  # `N = HP["accum"]` in the step: the one integer its values hold
+                ks = {ctx.int_through_names(guard.modulus)}
+            k = next(iter(ks)) if len(ks) == 1 else None
+            if k == 1:
+                continue
+            lengths = {fit_batches(ctx, t) for t, _ in trainers}
+            n = next(iter(lengths)) if len(lengths) == 1 else None
+            if n is not None and k is not None and n % k == 0:
+                continue
+            head = (f"`{ast.unparse(node.test)}` alone gates the optimizer step, `{batch_idx}` starts "
+                    "again at 0 in every epoch, and in manual optimisation nothing clears the "
+                    "gradient between epochs")
+            if n is not None and k is not None:
+                r = n % k
+                yield replace(ctx.finding(
+                    "AG117", node,
+                    f"{head}: the epoch's {n} batches leave {r} after the last full window of {k}, "
+                    "whose gradient stays in .grad and is added to the next epoch's first window "
+                    f"({k + r} batches in one step)",
+                    fix="also step on the epoch's last batch (`or self.trainer.is_last_batch`), "
+                        "scaling its loss to the short window, or zero the gradient there"),
+                    severity=Severity.ERROR, confidence=Confidence.HIGH)
+                break
+            yield replace(ctx.finding(
+                "AG117", node,
+                f"{head}: when an epoch's batches are not a multiple of K, the last len % K of "
+                "them stay in .grad and are added to the next epoch's first window (the "
+                "epoch's length is not in sight)",
+                fix="also step on the epoch's last batch (`or self.trainer.is_last_batch`), "
+                    "scaling its loss to the short window, or zero the gradient there"),
+                severity=Severity.WARNING, confidence=Confidence.MEDIUM)
+            break
