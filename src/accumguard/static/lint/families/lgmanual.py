@@ -18,7 +18,8 @@ module never reading where the epoch ends (``is_last_batch``, ``num_training_bat
 ``batch_idx`` starts again at 0 in every epoch, and in manual optimisation nothing clears
 the gradient between epochs, so an epoch of n batches with n % K = r leaves r batches' gradient
 in ``.grad`` that the next epoch's first window adds to its own K. An error when the Trainer
-runs two epochs or more and the epoch's length is in sight, a warning when it is not.
+runs two epochs or more and the epoch's length is in sight; not reported when it is not (the
+pattern of Lightning's documentation, right when every epoch is whole windows).
 """
 
 from __future__ import annotations
@@ -147,11 +148,11 @@ def lightning_manual_clip_every_batch(ctx: FileContext) -> Iterator[Finding]:
             )
 
 
-def _epochs(ctx: FileContext) -> list[tuple[ast.Call, int | None]]:
-    """The file's ``Trainer(...)`` calls with ``max_epochs`` of two or more (None: the value
-    is not in sight); a Trainer of one epoch, or bounded by ``max_steps``, has no next epoch
-    for a tail to leak into in sight."""
-    out = []
+def _epochs(ctx: FileContext) -> list[tuple[ast.Call, int]]:
+    """The file's ``Trainer(...)`` calls with ``max_epochs`` of two or more in sight; a Trainer
+    of one epoch, or bounded by ``max_steps``, has no next epoch for a tail to leak into in
+    sight."""
+    out: list[tuple[ast.Call, int]] = []
     for call in ctx.of(ast.Call):
         if (dotted(call.func) or "").rsplit(".", 1)[-1] != "Trainer":
             continue
@@ -159,7 +160,7 @@ def _epochs(ctx: FileContext) -> list[tuple[ast.Call, int | None]]:
         if "max_epochs" not in kws or "max_steps" in kws or "limit_train_batches" in kws:
             continue
         epochs = ctx.int_value(kws["max_epochs"])
-        if epochs is None or epochs >= 2:
+        if epochs is not None and epochs >= 2:
             out.append((call, epochs))
     return out
 
@@ -192,28 +193,18 @@ def lightning_manual_epoch_tail(ctx: FileContext) -> Iterator[Finding]:
                 continue
             lengths = {fit_batches(ctx, t) for t, _ in trainers}
             n = next(iter(lengths)) if len(lengths) == 1 else None
-            if n is not None and k is not None and n % k == 0:
-                continue
+            if n is None or k is None or n % k == 0:
+                continue  # (the length not in sight: the docs' pattern, right for whole epochs)
             head = (f"`{ast.unparse(node.test)}` alone gates the optimizer step, `{batch_idx}` starts "
                     "again at 0 in every epoch, and in manual optimisation nothing clears the "
                     "gradient between epochs")
-            if n is not None and k is not None:
-                r = n % k
-                yield replace(ctx.finding(
-                    "AG117", node,
-                    f"{head}: the epoch's {n} batches leave {r} after the last full window of {k}, "
-                    "whose gradient stays in .grad and is added to the next epoch's first window "
-                    f"({k + r} batches in one step)",
-                    fix="also step on the epoch's last batch (`or self.trainer.is_last_batch`), "
-                        "scaling its loss to the short window, or zero the gradient there"),
-                    severity=Severity.ERROR, confidence=Confidence.HIGH)
-                break
+            r = n % k
             yield replace(ctx.finding(
                 "AG117", node,
-                f"{head}: when an epoch's batches are not a multiple of K, the last len % K of "
-                "them stay in .grad and are added to the next epoch's first window (the "
-                "epoch's length is not in sight)",
+                f"{head}: the epoch's {n} batches leave {r} after the last full window of {k}, "
+                "whose gradient stays in .grad and is added to the next epoch's first window "
+                f"({k + r} batches in one step)",
                 fix="also step on the epoch's last batch (`or self.trainer.is_last_batch`), "
                     "scaling its loss to the short window, or zero the gradient there"),
-                severity=Severity.WARNING, confidence=Confidence.MEDIUM)
+                severity=Severity.ERROR, confidence=Confidence.HIGH)
             break
