@@ -39,9 +39,14 @@ DeepSpeed fp16 (a dynamic loss scale) is not judged.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from accumguard.observe._ledger_patterns import (
+    ENGINES,
+    LedgerStep,
+    f5_across_findings,
+    f6_findings,
+)
 from accumguard.observe._ledger_source import world_divisions
 from accumguard.observe._records import (
     Finding,
@@ -67,44 +72,6 @@ from accumguard.observe._weight_rules import (
 
 __all__ = ["ledger_findings", "term_findings", "window_masses"]
 
-_ENGINES = {"ddp": "DDP", "fsdp2": "FSDP2", "deepspeed": "DeepSpeed"}
-
-
-@dataclass(frozen=True)
-class _Step:
-    """One step of the ledger: per rank its tokens' weights and counts, and the total."""
-
-    step: int
-    weights: dict[int, list[float]]  # per rank, per micro-step: one token's weight (w·f·c)
-    counts: dict[int, list[float]]
-    total: float  # E: every token's weight summed (1 for the large batch)
-    factor: float | None  # f·c, None: the engine's reduction is unknown
-    low: bool
-    site: str
-    engine: str
-    optimizer: str
-    clipped: bool
-    # per rank and micro-step: the constants between the loss call and the root
-    # (["/", c] or ["*", c], see :mod:`._losses`)
-    divs: list[list[Any]]
-    sole: bool  # every backward was the loss call times constants: the total is the loss's
-    unit: str = "tokens"  # what the counts count (``_weight_rules.units``)
-    scale: float | None = None  # c alone (the loop's scale after the reduction), when common
-    units: list[list[Any]] | None = None  # FSDP2 units' factors when they disagree
-
-    @property
-    def tol(self) -> float:
-        return WEIGHT_TOL_LOW_PRECISION if self.low else WEIGHT_TOL
-
-    def near(self, a: float, b: float) -> bool:
-        return abs(a - b) <= self.tol * abs(b)
-
-    def flat(self, vals: list[float]) -> bool:
-        hi, lo = max(vals), min(vals)
-        return hi > 0 and hi - lo <= self.tol * hi
-
-    def rank_counts(self) -> list[float]:
-        return [sum(c) for _, c in sorted(self.counts.items())]
 
 
 def _rank_row(w: StepWindow
@@ -176,7 +143,7 @@ def _units(rows: Sequence[StepWindow | None]) -> list[list[Any]] | None:
     return seen[0] if seen and seen[0] and all(u == seen[0] for u in seen) else None
 
 
-def _steps(rec: RunRecording) -> list[_Step]:
+def _steps(rec: RunRecording) -> list[LedgerStep]:
     ranks = [r for r in rec.ranks if rec.steps.get(r)]
     if len(ranks) < 2:
         return []
@@ -200,7 +167,7 @@ def _steps(rec: RunRecording) -> list[_Step]:
             counts = {r: p[1] for r, p in parsed.items()}
             total = sum(x * n for r in weights for x, n in zip(weights[r], counts[r],
                                                                   strict=True))
-            out.append(_Step(step, weights, counts, total, factor, low, parsed[ranks[0]][3],
+            out.append(LedgerStep(step, weights, counts, total, factor, low, parsed[ranks[0]][3],
                              first.engine, first.optimizer,
                              any(w is not None and w.clips for w in rows.values()),
                              [d for p in parsed.values() for d in p[4]],
@@ -221,7 +188,7 @@ def ledger_findings(rec: RunRecording, k: int | None = None) -> list[Finding]:
     if not steps:
         return []
     world = len(steps[0].weights)
-    out = _f6(steps) + _f5_across(steps) + unit_findings([
+    out = f6_findings(steps) + f5_across_findings(steps) + unit_findings([
         UnitStep(s.step, s.site, s.total, s.scale, s.units, s.tol, s.sole, s.unit)
         for s in steps if s.factor is None and s.units])
     judged = [s for s in steps if s.factor is not None and s.sole]
@@ -245,7 +212,7 @@ def ledger_findings(rec: RunRecording, k: int | None = None) -> list[Finding]:
     if max(totals) - min(totals) <= s.tol * max(totals) and not (
             k is not None and k > 1 and (s.near(s.total, 1.0 / k) or s.near(s.total, float(k)))):
         out.append(_mk("LOSS_SCALE", "note", None, s.step, None,
-                       f"{_short(s.site)}: after {_ENGINES.get(s.engine, s.engine)}'s reduction "
+                       f"{_short(s.site)}: after {ENGINES.get(s.engine, s.engine)}'s reduction "
                        f"the {s.unit} of every step carried a total weight of {s.total:.4g} "
                        f"(the large batch's mean: 1; {len(judged)} step(s) on {world} ranks): "
                        "a constant of the loop (a loss weight, a sum instead of a mean, "
@@ -258,13 +225,13 @@ def ledger_findings(rec: RunRecording, k: int | None = None) -> list[Finding]:
     return out
 
 
-def _k_total(judged: list[_Step], world: int, k: int, small: bool) -> list[Finding]:
+def _k_total(judged: list[LedgerStep], world: int, k: int, small: bool) -> list[Finding]:
     """LOSS_SCALE: over all ranks, after the engine's reduction, the tokens of every step
     weigh 1/K (or K) in total, and a constant between the loss and its backward divides
     (multiplies) it by exactly K: the window's normalisation and an accumulation division
     (or product) are applied together where only one belongs."""
     s = judged[0]
-    engine = _ENGINES.get(s.engine, s.engine)
+    engine = ENGINES.get(s.engine, s.engine)
     over = all(any(_divides(x, d, "/", None) for ds in x.divs for d in ds) for x in judged)
     norm = (f"its normalisation over the window's {s.unit} on all ranks" if over else
             "the rest of its scale")
@@ -289,7 +256,7 @@ def _k_total(judged: list[_Step], world: int, k: int, small: bool) -> list[Findi
                      "no K when nothing divides it by K."))]
 
 
-def _divides(x: _Step, d: list[Any], op: str, v: float | None) -> bool:
+def _divides(x: LedgerStep, d: list[Any], op: str, v: float | None) -> bool:
     """Is the constant ``d`` (``[op, value]``) between a loss call and its backward's root a
     division by ``v`` (``op`` "/"), or a multiplication by ``v`` ("*")? ``v`` None: by the
     step's token count over all ranks (``1 / N`` for "*")."""
@@ -299,10 +266,10 @@ def _divides(x: _Step, d: list[Any], op: str, v: float | None) -> bool:
     return str(d[0]) == op and x.near(float(d[1]), want)
 
 
-def _f10(judged: list[_Step], world: int, target: float, k: int | None = None
+def _f10(judged: list[LedgerStep], world: int, target: float, k: int | None = None
          ) -> list[Finding]:
     s = judged[0]
-    engine = _ENGINES.get(s.engine, s.engine)
+    engine = ENGINES.get(s.engine, s.engine)
     small = target < 1
     common = [x for x in judged if all(x.flat(ws) for ws in x.weights.values())
               and x.flat([v for ws in x.weights.values() for v in ws])
@@ -380,90 +347,6 @@ def _f10(judged: list[_Step], world: int, target: float, k: int | None = None
                      "set_force_sum_reduction_for_comms(True))" if small else
                      f"Average over ranks exactly once: {engine} already averages; do not "
                      "multiply the loss by the world size on top of a per-rank mean."))]
-
-
-def _f6(steps: list[_Step]) -> list[Finding]:
-    """Each rank one weight for its tokens, different between ranks, the ranks' totals
-    equal while their counts differ: each rank normalised by its own count."""
-    hits = []
-    for s in steps:
-        if not all(s.flat(ws) for ws in s.weights.values()):
-            return []  # weights vary within a rank: F5 or a weighting, not this pattern
-        rank_w = [ws[0] for _, ws in sorted(s.weights.items())]
-        masses = [sum(x * n for x, n in zip(s.weights[r], s.counts[r], strict=True))
-                  for r in sorted(s.weights)]
-        if s.flat(rank_w):
-            continue
-        if not s.flat(masses) or s.flat(s.rank_counts()):
-            return []  # not every rank normalised to the same total: not judged here
-        hits.append((s, rank_w))
-    if not hits:
-        return []
-    s, rank_w = hits[0]
-    big_n = sum(s.rank_counts())
-    norm = big_n / s.total  # the weights as multiples of 1/N once they total 1
-    u = s.unit
-    text = ", ".join(f"rank {r}: {w * norm:.4g}/N for each of {c:g} {u}" for r, w, c in
-                     zip(sorted(s.weights), rank_w, s.rank_counts(), strict=True))
-    if s.factor is None or not s.near(s.total, 1.0):
-        text += " (scaled to a total of 1)"
-    return [_mk("F6", "error", None, s.step, None,
-                f"{_short(s.site)}: every {one(u)} of a rank carried one weight, but the weights "
-                f"differ between ranks by {max(rank_w) / min(rank_w):.3g}x at optimizer step "
-                f"{_n(s.step)} ({text}, N = {big_n:g}; {len(hits)} of {len(steps)} step(s)): "
-                "each rank "
-                f"normalised its loss by its own {one(u)} count and the ranks' gradients were "
-                f"then averaged, so a {one(u)} on a rank with fewer {u} weighs more. Common "
-                f"DDP practice, but not the large batch's gradient (every {one(u)} 1/N)")]
-
-
-def _f5_across(steps: list[_Step]) -> list[Finding]:
-    """F5 over the ranks: in each micro-step every rank gave its tokens one weight, the same
-    on all ranks, and each micro-step's tokens over all ranks weighed the same total, while
-    those micro-steps' counts differed: the loss of each micro-step was divided by its own
-    count over the ranks (a count all-reduced per micro-step), a mean of per-micro-step
-    means. Every step where the weights differ between micro-steps must show it; a step
-    whose ranks weigh a micro-step's tokens apart is another pattern (not judged here)."""
-    hits = []
-    for s in steps:
-        ks = {len(ws) for ws in s.weights.values()}
-        if not s.sole or len(ks) != 1 or (k := ks.pop()) < 2:
-            continue
-        ranks = sorted(s.weights)
-        if any(len(s.counts[r]) != k for r in ranks):
-            continue
-        per_micro = []
-        for m in range(k):
-            wm = [s.weights[r][m] for r in ranks]
-            if not s.flat(wm):
-                return []
-            per_micro.append(wm[0])
-        if s.flat(per_micro):
-            continue
-        masses = [sum(s.weights[r][m] * s.counts[r][m] for r in ranks) for m in range(k)]
-        counts = [sum(s.counts[r][m] for r in ranks) for m in range(k)]
-        if not s.flat(masses) or s.flat(counts):
-            return []
-        hits.append((s, per_micro, counts, masses))
-    if not hits:
-        return []
-    s, per_micro, counts, masses = hits[0]
-    u, k = s.unit, len(per_micro)
-    big_n = sum(counts)
-    return [_mk("F5", "error", None, s.step, None,
-                f"{_short(s.site)}: at optimizer step {_n(s.step)} the {k} micro-steps held "
-                f"{', '.join(f'{c:g}' for c in counts)} {u} over the {len(s.weights)} ranks, "
-                f"and after {_ENGINES.get(s.engine, s.engine)}'s reduction each micro-step's "
-                f"{u} weighed the same total ({masses[0]:.4g}) whatever their count: one "
-                f"{one(u)} weighed {min(per_micro):.4g} to {max(per_micro):.4g} "
-                f"({max(per_micro) / min(per_micro):.3g}x apart; the same on every rank within "
-                f"a micro-step) instead of one weight for all {big_n:g} {u} "
-                f"({len(hits)} of {len(steps)} step(s)): each micro-step's loss was divided by "
-                f"its own {one(u)} count over the ranks, a mean of per-micro-step means",
-                title_="mean of per-micro-batch means over the ranks (uneven token counts)",
-                fix=f"Divide by the window's {one(u)} count over all its micro-steps and ranks "
-                    "(sum the counts of the K micro-batches, all-reduce once before the "
-                    "window), times the world size under DDP/FSDP's average, and not by K.")]
 
 
 def term_findings(rec: RunRecording) -> list[Finding]:

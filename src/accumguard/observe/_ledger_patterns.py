@@ -1,0 +1,139 @@
+"""The ledger's step (:class:`LedgerStep`: per rank and micro-step, one token's weight in the
+update and the valid counts) and the two patterns of those weights that prove a
+normalisation off without a total: each rank by its own count (F6, :func:`f6_findings`), and
+each micro-step by its own count over the ranks (F5 across the ranks,
+:func:`f5_across_findings`). Built and called by :mod:`._ledger`; pure Python, no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from accumguard.observe._records import Finding, _mk, _n
+from accumguard.observe._weight_rules import WEIGHT_TOL, WEIGHT_TOL_LOW_PRECISION, _short, one
+
+__all__ = ["ENGINES", "LedgerStep", "f5_across_findings", "f6_findings"]
+
+ENGINES = {"ddp": "DDP", "fsdp2": "FSDP2", "deepspeed": "DeepSpeed"}
+
+
+@dataclass(frozen=True)
+class LedgerStep:
+    """One step of the ledger: per rank its tokens' weights and counts, and the total."""
+
+    step: int
+    weights: dict[int, list[float]]  # per rank, per micro-step: one token's weight (w·f·c)
+    counts: dict[int, list[float]]
+    total: float  # E: every token's weight summed (1 for the large batch)
+    factor: float | None  # f·c, None: the engine's reduction is unknown
+    low: bool
+    site: str
+    engine: str
+    optimizer: str
+    clipped: bool
+    # per rank and micro-step: the constants between the loss call and the root
+    # (["/", c] or ["*", c], see :mod:`._losses`)
+    divs: list[list[Any]]
+    sole: bool  # every backward was the loss call times constants: the total is the loss's
+    unit: str = "tokens"  # what the counts count (``_weight_rules.units``)
+    scale: float | None = None  # c alone (the loop's scale after the reduction), when common
+    units: list[list[Any]] | None = None  # FSDP2 units' factors when they disagree
+
+    @property
+    def tol(self) -> float:
+        return WEIGHT_TOL_LOW_PRECISION if self.low else WEIGHT_TOL
+
+    def near(self, a: float, b: float) -> bool:
+        return abs(a - b) <= self.tol * abs(b)
+
+    def flat(self, vals: list[float]) -> bool:
+        hi, lo = max(vals), min(vals)
+        return hi > 0 and hi - lo <= self.tol * hi
+
+    def rank_counts(self) -> list[float]:
+        return [sum(c) for _, c in sorted(self.counts.items())]
+
+
+def f6_findings(steps: list[LedgerStep]) -> list[Finding]:
+    """Each rank one weight for its tokens, different between ranks, the ranks' totals
+    equal while their counts differ: each rank normalised by its own count."""
+    hits = []
+    for s in steps:
+        if not all(s.flat(ws) for ws in s.weights.values()):
+            return []  # weights vary within a rank: F5 or a weighting, not this pattern
+        rank_w = [ws[0] for _, ws in sorted(s.weights.items())]
+        masses = [sum(x * n for x, n in zip(s.weights[r], s.counts[r], strict=True))
+                  for r in sorted(s.weights)]
+        if s.flat(rank_w):
+            continue
+        if not s.flat(masses) or s.flat(s.rank_counts()):
+            return []  # not every rank normalised to the same total: not judged here
+        hits.append((s, rank_w))
+    if not hits:
+        return []
+    s, rank_w = hits[0]
+    big_n = sum(s.rank_counts())
+    norm = big_n / s.total  # the weights as multiples of 1/N once they total 1
+    u = s.unit
+    text = ", ".join(f"rank {r}: {w * norm:.4g}/N for each of {c:g} {u}" for r, w, c in
+                     zip(sorted(s.weights), rank_w, s.rank_counts(), strict=True))
+    if s.factor is None or not s.near(s.total, 1.0):
+        text += " (scaled to a total of 1)"
+    return [_mk("F6", "error", None, s.step, None,
+                f"{_short(s.site)}: every {one(u)} of a rank carried one weight, but the weights "
+                f"differ between ranks by {max(rank_w) / min(rank_w):.3g}x at optimizer step "
+                f"{_n(s.step)} ({text}, N = {big_n:g}; {len(hits)} of {len(steps)} step(s)): "
+                "each rank "
+                f"normalised its loss by its own {one(u)} count and the ranks' gradients were "
+                f"then averaged, so a {one(u)} on a rank with fewer {u} weighs more. Common "
+                f"DDP practice, but not the large batch's gradient (every {one(u)} 1/N)")]
+
+
+def f5_across_findings(steps: list[LedgerStep]) -> list[Finding]:
+    """F5 over the ranks: in each micro-step every rank gave its tokens one weight, the same
+    on all ranks, and each micro-step's tokens over all ranks weighed the same total, while
+    those micro-steps' counts differed: the loss of each micro-step was divided by its own
+    count over the ranks (a count all-reduced per micro-step), a mean of per-micro-step
+    means. Every step where the weights differ between micro-steps must show it; a step
+    whose ranks weigh a micro-step's tokens apart is another pattern (not judged here)."""
+    hits = []
+    for s in steps:
+        ks = {len(ws) for ws in s.weights.values()}
+        if not s.sole or len(ks) != 1 or (k := ks.pop()) < 2:
+            continue
+        ranks = sorted(s.weights)
+        if any(len(s.counts[r]) != k for r in ranks):
+            continue
+        per_micro = []
+        for m in range(k):
+            wm = [s.weights[r][m] for r in ranks]
+            if not s.flat(wm):
+                return []
+            per_micro.append(wm[0])
+        if s.flat(per_micro):
+            continue
+        masses = [sum(s.weights[r][m] * s.counts[r][m] for r in ranks) for m in range(k)]
+        counts = [sum(s.counts[r][m] for r in ranks) for m in range(k)]
+        if not s.flat(masses) or s.flat(counts):
+            return []
+        hits.append((s, per_micro, counts, masses))
+    if not hits:
+        return []
+    s, per_micro, counts, masses = hits[0]
+    u, k = s.unit, len(per_micro)
+    big_n = sum(counts)
+    return [_mk("F5", "error", None, s.step, None,
+                f"{_short(s.site)}: at optimizer step {_n(s.step)} the {k} micro-steps held "
+                f"{', '.join(f'{c:g}' for c in counts)} {u} over the {len(s.weights)} ranks, "
+                f"and after {ENGINES.get(s.engine, s.engine)}'s reduction each micro-step's "
+                f"{u} weighed the same total ({masses[0]:.4g}) whatever their count: one "
+                f"{one(u)} weighed {min(per_micro):.4g} to {max(per_micro):.4g} "
+                f"({max(per_micro) / min(per_micro):.3g}x apart; the same on every rank within "
+                f"a micro-step) instead of one weight for all {big_n:g} {u} "
+                f"({len(hits)} of {len(steps)} step(s)): each micro-step's loss was divided by "
+                f"its own {one(u)} count over the ranks, a mean of per-micro-step means",
+                title_="mean of per-micro-batch means over the ranks (uneven token counts)",
+                fix=f"Divide by the window's {one(u)} count over all its micro-steps and ranks "
+                    "(sum the counts of the K micro-batches, all-reduce once before the "
+                    "window), times the world size under DDP/FSDP's average, and not by K.")]
