@@ -1,4 +1,4 @@
-"""Shapes from blind rounds 62-65 (lint):
+"""Shapes from blind rounds 62-66 (lint):
 
 - gradients summed by hand over ranks are right when the loss was divided by a count
   all-reduced with SUM and read out as a number (``n = counts.item()``; 62 c_c03);
@@ -15,7 +15,11 @@
 - a schedule's counter of optimizer steps started at ``epoch * len(loader)`` (64 c_b01);
 - correct code of round 65: a reference over a generator yielding K-sized slices of
   micro-batches, a GAN with two GradScalers each clipping after its own unscale, gradients
-  summed by hand over a loss divided by a count times the world size (65 c_c01, c_c03)."""
+  summed by hand over a loss divided by a count times the world size (65 c_c01, c_c03);
+- the loss's 1/K handed as a scale to a backward helper made by a factory, with the pass's
+  tail stepped (66 c_b03); a Trainer's model built by a function of the file (66 a_b01); a
+  DataModule storing its sizes with a tuple assignment from the command line's fields
+  (66 a_b02)."""
 
 from __future__ import annotations
 
@@ -455,3 +459,122 @@ def test_lightning_manual_optimisation_leaks_an_epochs_tail() -> None:
     closed = gate + " or self.trainer.is_last_batch"
     assert _severity(_LIGHTNING_MANUAL_TAIL.replace("ROWS", "20").replace("GATE", closed),
                      "AG117") == []
+
+
+_FACTORY_STEP = """
+import torch
+
+CFG = {"accum": 4}
+
+
+def make_step_fns(policy, opt, cfg):
+    def accumulate(batch, scale):
+        loss = torch.nn.functional.mse_loss(policy(batch[0]), batch[1]) * scale
+        loss.backward()
+        return loss.item()
+
+    def apply():
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return accumulate, apply
+
+
+def main(policy, opt, dl):
+    cfg = CFG
+    accumulate, apply = make_step_fns(policy, opt, cfg)
+    n_micro = len(dl)
+    for i, batch in enumerate(dl):
+        accumulate(batch, SCALE)
+        if (i + 1) % cfg["accum"] == 0 or (i + 1) == n_micro:
+            apply()
+"""
+
+
+def test_the_tails_scale_handed_to_a_backward_helper() -> None:
+    assert _severity(_FACTORY_STEP.replace("SCALE", '1.0 / cfg["accum"]'), "AG141") == ["warning"]
+    own = '1.0 / min(cfg["accum"], n_micro - (i // cfg["accum"]) * cfg["accum"])'
+    assert _severity(_FACTORY_STEP.replace("SCALE", own), "AG141") == []
+
+
+_TRAINER_FACTORY = """
+import torch
+from transformers import Trainer, TrainingArguments
+
+
+class Tagger(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.out = torch.nn.Linear(8, 5)
+
+    def forward(self, input_ids, labels=None):
+        return {"logits": self.out(input_ids)}
+
+
+class TagTrainer(Trainer):
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        logits = model(inputs["input_ids"])["logits"]
+        s = torch.nn.functional.cross_entropy(logits, inputs["labels"], reduction="sum")
+        n = inputs["labels"].ne(-100).sum()
+        return s / (num_items_in_batch if num_items_in_batch is not None else n)
+
+
+def build():
+    return Tagger()
+
+
+def main(ds):
+    model = build()
+    args = TrainingArguments(output_dir="out", gradient_accumulation_steps=4)
+    TagTrainer(model=model, args=args, train_dataset=ds).train()
+"""
+
+
+def test_a_trainer_model_built_by_a_function_of_the_file() -> None:
+    assert _severity(_TRAINER_FACTORY, "AG118") == ["warning"]
+    kwargs = _TRAINER_FACTORY.replace("def forward(self, input_ids, labels=None):",
+                                      "def forward(self, input_ids, labels=None, **kwargs):")
+    assert _severity(kwargs, "AG118") == []
+
+
+_DM_FIELDS = """
+import argparse
+import torch
+import pytorch_lightning as pl
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def get_args():
+    p = argparse.ArgumentParser()
+    p.add_argument("--n", type=int, default=ROWS)
+    p.add_argument("--bs", type=int, default=4)
+    p.add_argument("--accum", type=int, default=3)
+    return p.parse_args()
+
+
+class TabularDM(pl.LightningDataModule):
+    def __init__(self, n, bs):
+        super().__init__()
+        self.n, self.bs = n, bs
+
+    def setup(self, stage=None):
+        x = torch.randn(self.n, 10)
+        y = torch.randn(self.n, 2)
+        self.ds = TensorDataset(x, y)
+
+    def train_dataloader(self):
+        return DataLoader(self.ds, batch_size=self.bs, shuffle=False)
+
+
+def main():
+    hp = get_args()
+    dm = TabularDM(hp.n, hp.bs)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=2, accumulate_grad_batches=hp.accum)
+    trainer.fit(Regressor(hp), datamodule=dm)
+"""
+
+
+def test_a_datamodule_sized_by_a_tuple_assignment_of_fields() -> None:
+    # 28 rows, batches of 4: 7 a pass, K = 3 leaves 1 (66 a_b02); 24 rows: 6, whole windows
+    assert _severity(_DM_FIELDS.replace("ROWS", "28"), "AG131") == ["error"]
+    assert _severity(_DM_FIELDS.replace("ROWS", "24"), "AG131") == []

@@ -148,8 +148,9 @@ def _int(ctx: FileContext, expr: ast.AST | None) -> int | None:
 
 
 def _constructor_binding(ctx: FileContext, cls: ast.ClassDef) -> dict[str, ast.AST]:
-    """``{"self.hp": HP}`` for each ``self.x = param`` of the class's ``__init__`` when every
-    construction in the file (``dm = ToyDM(HP)``) passes the same name or literal for it."""
+    """``{"self.hp": HP}`` for each ``self.x = param`` (also ``self.n, self.bs = n, bs``) of the
+    class's ``__init__`` when every construction in the file (``dm = ToyDM(HP)``) passes the
+    same name, field (``hp.n``) or literal for it."""
     def compute() -> dict[str, ast.AST]:
         init = next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
         sites = [c for c in ctx.of(ast.Call) if isinstance(c.func, ast.Name) and c.func.id == cls.name]
@@ -157,13 +158,21 @@ def _constructor_binding(ctx: FileContext, cls: ast.ClassDef) -> dict[str, ast.A
             return {}
         params = {a.arg for a in (*init.args.posonlyargs, *init.args.args, *init.args.kwonlyargs)}
         out: dict[str, ast.AST] = {}
+        pairs: list[tuple[ast.AST, ast.AST]] = []
         for n in ast.walk(init):
-            if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.value, ast.Name) \
-                    and n.value.id in params and (d := dotted(n.targets[0])) is not None \
-                    and d.startswith("self."):
-                args = [bound_argument(init, site, n.value.id) for site in sites]
+            if isinstance(n, ast.Assign) and len(n.targets) == 1:
+                t, v = n.targets[0], n.value
+                if isinstance(t, ast.Tuple) and isinstance(v, ast.Tuple) and len(t.elts) == len(v.elts):
+                    pairs += list(zip(t.elts, v.elts, strict=True))  # `self.n, self.bs = n, bs`
+                else:
+                    pairs.append((t, v))
+        for target, value in pairs:
+            if isinstance(value, ast.Name) and value.id in params \
+                    and (d := dotted(target)) is not None and d.startswith("self."):
+                args = [bound_argument(init, site, value.id) for site in sites]
                 # (every construction passes the same name or literal)
-                if all(isinstance(a, ast.Name | ast.Constant) for a in args) \
+                if all(isinstance(a, ast.Constant) or (isinstance(a, ast.Name | ast.Attribute)
+                                                       and dotted(a) is not None) for a in args) \
                         and len({ast.unparse(a) for a in args if a is not None}) == 1:
                     out[d] = args[0]  # type: ignore[assignment]
         return out

@@ -313,6 +313,12 @@ def _model_without_loss_kwargs(ctx: FileContext, cls: ast.ClassDef) -> ast.Class
         if isinstance(model, ast.Name):
             values = ctx.assigned_in(ctx.scope_of(model)).get(model.id, [])
             model = values[0] if len(values) == 1 else None
+        if isinstance(model, ast.Call) and isinstance(model.func, ast.Name) \
+                and model.func.id not in classes:
+            # `model = build()`: a function of the file whose one return builds the model
+            defs = ctx.defs_by_name().get(model.func.id, [])
+            rets = [r.value for r in ast.walk(defs[0]) if isinstance(r, ast.Return)] if len(defs) == 1 else []
+            model = rets[0] if len(rets) == 1 else None
         if not (isinstance(model, ast.Call) and isinstance(model.func, ast.Name)):
             return None
         found.add(model.func.id)

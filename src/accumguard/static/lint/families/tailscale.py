@@ -185,10 +185,35 @@ def _tail_sized(node: ast.AST) -> bool:
         for a in c.args for x in walk_all(a)) for c in walk_all(d[1]))
 
 
+def _scale_handed_to_helper(ctx: FileContext, window: ast.AST) -> list[tuple[ast.AST, ast.AST]]:
+    """``accumulate(batch, 1.0 / K)`` in the window, ``accumulate`` a backward helper of the file
+    (called there) that multiplies its loss by that parameter (``loss = f(...) * scale``): the
+    division by K, handed in as the loss's scale."""
+    out: list[tuple[ast.AST, ast.AST]] = []
+    for helper, site in ctx.inlined(window).items():
+        if not isinstance(helper, FUNCS):
+            continue
+        params = [a.arg for a in (*helper.args.posonlyargs, *helper.args.args)]
+        for param in params:
+            arg = bound_argument(helper, site, param)
+            if arg is None:
+                continue
+            d = division(arg)
+            if d is None or not isinstance(d[0], ast.Constant) or not ctx.mentions_accum(d[1]) \
+                    or _tail_sized(arg):
+                continue
+            if any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult)
+                   and any(isinstance(side, ast.Name) and side.id == param for side in (n.left, n.right))
+                   for n in walk_all(helper)):
+                out.append((arg, d[0]))
+    return out
+
+
 @rule("AG141")
 def tail_window_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
     for window, facts in hand_for_windows(ctx):
-        divisions = [d for d in divides_by_k(ctx, window) if not _tail_sized(d[0])]
+        divisions = [d for d in divides_by_k(ctx, window) if not _tail_sized(d[0])] \
+            or _scale_handed_to_helper(ctx, window)
         if not divisions:
             continue
         for call, kind in facts.steps:
