@@ -289,3 +289,24 @@ def test_each_micro_step_over_its_own_count_across_ranks_is_f5() -> None:
     assert not ledger_findings(_rec(per_micro, EQUAL), K)
     # the window's count over the ranks
     assert not ledger_findings(_rec(lambda r, st, m, c: W / _global(st, c), UNEVEN), K)
+
+
+def test_ranks_that_never_synchronise_are_named() -> None:
+    """Two ranks whose received gradients differ (checksums) with no engine and no gradient
+    collective of the script (Accelerate on CPU without `cpu=True` runs its processes with
+    DistributedType.NO; blind round 66 a_b03): F11 says the ranks never synchronise, with a
+    fix that says how; the same checksums under DDP keep the sync-flag wording."""
+    from accumguard.observe._rank_rules import cross_rank_findings
+
+    def rec_with(engine: str) -> RunRecording:
+        rec = _rec(lambda r, st, m, c: 1 / _global(st, c), UNEVEN, engine=engine)
+        for r, steps in rec.steps.items():
+            for s in steps:
+                s["checksum"] = [1.0 + r, 2.0 - r, 10.0]
+        return rec
+
+    (local,) = cross_rank_findings(rec_with("local"))
+    assert local.cls == "F11" and "never synchronise" in local.title, local
+    assert "Accelerator(cpu=True)" in local.fix
+    (ddp,) = cross_rank_findings(rec_with("ddp"))
+    assert ddp.cls == "F11" and "never synchronise" not in (ddp.title or ""), ddp

@@ -198,7 +198,30 @@ def cross_rank_findings(rec: RunRecording) -> list[Finding]:
         spread = max(abs(a[i] - b[i]) for a in vals for b in vals for i in (0, 1))
         if spread > 1e-5 * scale:
             text = ", ".join(f"rank {r}: {v[0]:.6g}" for r, v in sorted(sums.items()))
-            return [_mk("F11", "error", None, step, None,
-                        f"the gradient the optimizer received differs across ranks at step "
-                        f"{_n(step)} (checksums {text}): ranks train different models")]
+            evidence = (f"the gradient the optimizer received differs across ranks at step "
+                        f"{_n(step)} (checksums {text}): ranks train different models")
+            if _never_synchronised(rec, ranks):
+                return [_mk("F11", "error", None, step, None,
+                            evidence + "; no engine (DDP, FSDP, DeepSpeed) wrapped the model on "
+                            "any rank and the script all-reduced no gradient: the ranks never "
+                            "synchronise, each trains on its own data alone",
+                            title_="ranks never synchronise their gradients: each trains its own model",
+                            fix="Wrap the model for data parallelism (DDP, FSDP2, DeepSpeed) or "
+                                "all-reduce the gradients at each window's end. With Accelerate, "
+                                "check `accelerator.distributed_type` in each process: on a CPU "
+                                "machine it needs `Accelerator(cpu=True)` to run data-parallel "
+                                "under torchrun or `accelerate launch`.")]
+            return [_mk("F11", "error", None, step, None, evidence)]
     return []
+
+
+def _never_synchronised(rec: RunRecording, ranks: list[int]) -> bool:
+    """No rank's window went through an engine that synchronises gradients, and no rank's
+    script all-reduced a gradient of its own, in any step recorded."""
+    for r in ranks:
+        for s in rec.steps[r]:
+            comm = s.get("comm")
+            if s.get("engine") not in (None, "local") or int(s.get("grad_collective_rounds") or 0) \
+                    or s.get("reductions") or (isinstance(comm, dict) and comm.get("rows")):
+                return False
+    return True
