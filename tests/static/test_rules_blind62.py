@@ -19,7 +19,8 @@
 - the loss's 1/K handed as a scale to a backward helper made by a factory, with the pass's
   tail stepped (66 c_b03); a Trainer's model built by a function of the file (66 a_b01); a
   DataModule storing its sizes with a tuple assignment from the command line's fields
-  (66 a_b02)."""
+  (66 a_b02); an Accelerate horizon divided by a product holding the number of processes
+  (66 a_b03)."""
 
 from __future__ import annotations
 
@@ -578,3 +579,31 @@ def test_a_datamodule_sized_by_a_tuple_assignment_of_fields() -> None:
     # 28 rows, batches of 4: 7 a pass, K = 3 leaves 1 (66 a_b02); 24 rows: 6, whole windows
     assert _severity(_DM_FIELDS.replace("ROWS", "28"), "AG131") == ["error"]
     assert _severity(_DM_FIELDS.replace("ROWS", "24"), "AG131") == []
+
+
+_ACC_HORIZON = """
+import torch
+from accelerate import Accelerator
+from transformers import get_linear_schedule_with_warmup
+
+ACCUM = 2
+
+
+def main(model, dl):
+    acc = Accelerator(gradient_accumulation_steps=ACCUM)
+    total_steps = len(dl) // (acc.num_processes * ACCUM)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    sched = get_linear_schedule_with_warmup(opt, num_warmup_steps=1, num_training_steps=TOTAL)
+    model, opt, dl, sched = acc.prepare(model, opt, dl, sched)
+    for batch in dl:
+        with acc.accumulate(model):
+            acc.backward(model(batch).sum())
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+"""
+
+
+def test_an_accelerate_horizon_divided_by_a_product_holding_the_processes() -> None:
+    assert _severity(_ACC_HORIZON.replace("TOTAL", "total_steps"), "AG125") == ["error"]
+    assert _severity(_ACC_HORIZON.replace("TOTAL", "total_steps * acc.num_processes"), "AG125") == []

@@ -220,8 +220,11 @@ def multiplies_by_world(parts: list[ast.AST], ctx: FileContext | None = None) ->
         return is_world(x) or (ctx is not None and isinstance(x, ast.Name)
                                 and ctx.mentions_world(x))
     for p in parts:
+        # (a product below a division's line, `len(dl) // (num_processes * K)`, divides)
+        below = {id(x) for n in walk_all(p) if isinstance(n, ast.BinOp)
+                 and isinstance(n.op, ast.Div | ast.FloorDiv) for x in walk_all(n.right)}
         for n in walk_all(p):
-            if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult) and (
+            if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult) and id(n) not in below and (
                     world(n.left) or world(n.right)):
                 return True
     return False

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from accumguard.static.findings import Confidence, Finding, Severity
-from accumguard.static.lint._ast import call_attr, dotted, receiver, walk_all
+from accumguard.static.lint._ast import call_attr, dotted, mult_factors, receiver, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._acchorizon import accelerate_micro_horizon
@@ -354,7 +354,9 @@ def accelerate_horizon_per_process(ctx: FileContext) -> Iterator[Finding]:
         ), severity=Severity.WARNING, confidence=Confidence.MEDIUM)
     for name, ctor, horizon in schedulers(ctx):
         parts = expand(ctx, horizon)
-        per_process = next((p for p in parts if any(is_world(d) for d in divides([p]))), None)
+        # (divided by W, or by a product holding it: `len(dl) // (num_processes * K)`)
+        per_process = next((p for p in parts if any(is_world(f) for d in divides([p])
+                                                    for f in mult_factors(d))), None)
         if per_process is None:
             named = _optimizer_step_horizon(ctx, name, parts)
             if named is not None:
