@@ -21,7 +21,7 @@ from typing import Any, Literal, Protocol
 from accumguard.static.lint._ast import call_attr, dotted, last_part
 from accumguard.static.lint._ctx_boundary import bound_argument
 
-__all__ = ["dataset_class_len", "generator_loop", "static_len"]
+__all__ = ["dataset_class_len", "generator_loop", "returned_value", "static_len"]
 
 #: tensor constructors whose first positional argument (or its first element) is the length
 _SHAPED = frozenset({"randn", "rand", "zeros", "ones", "empty", "full", "randn_like"})
@@ -78,7 +78,7 @@ def static_len(ctx: _Facts, expr: ast.AST | None, depth: int = 0) -> int | None:
             return _int_of(ctx, held)
         n = _tensor_len(ctx, held, depth + 1)
         return n if n is not None else static_len(ctx, held, depth + 1)
-    returned = _returned(ctx, expr)
+    returned = returned_value(ctx, expr)
     return None if returned is None else static_len(ctx, returned, depth + 1)
 
 
@@ -205,7 +205,7 @@ def _init_bound(ctx: _Facts, init: ast.FunctionDef, call: ast.Call, expr: ast.AS
     return None if failed else out
 
 
-def _returned(ctx: _Facts, call: ast.Call) -> ast.AST | None:
+def returned_value(ctx: _Facts, call: ast.Call) -> ast.AST | None:
     """What ``call`` returns when it calls a function of the file (one definition of that
     name) with a single ``return <value>`` of its own; else None."""
     if not isinstance(call.func, ast.Name):
@@ -254,7 +254,7 @@ def _single_assignment(ctx: _Facts, name: str, at: ast.AST | None = None) -> ast
     if len(set(names)) != len(names) or name not in names:
         return None
     tup = value if isinstance(value, ast.Tuple) else (
-        _returned(ctx, value) if isinstance(value, ast.Call) else None)
+        returned_value(ctx, value) if isinstance(value, ast.Call) else None)
     if (not isinstance(tup, ast.Tuple) or len(tup.elts) != len(names)
             or any(isinstance(e, ast.Starred) for e in tup.elts)):
         return None

@@ -31,6 +31,7 @@ from accumguard.static.findings import Confidence, Finding, Severity
 from accumguard.static.lint._ast import call_attr, dotted, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._ctx_boundary import bound_argument
+from accumguard.static.lint._lengths import returned_value
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._lossexpr import division, mean_loss_site
 
@@ -315,10 +316,7 @@ def _model_without_loss_kwargs(ctx: FileContext, cls: ast.ClassDef) -> ast.Class
             model = values[0] if len(values) == 1 else None
         if isinstance(model, ast.Call) and isinstance(model.func, ast.Name) \
                 and model.func.id not in classes:
-            # `model = build()`: a function of the file whose one return builds the model
-            defs = ctx.defs_by_name().get(model.func.id, [])
-            rets = [r.value for r in ast.walk(defs[0]) if isinstance(r, ast.Return)] if len(defs) == 1 else []
-            model = rets[0] if len(rets) == 1 else None
+            model = returned_value(ctx, model)  # `model = build()`: what its one return builds
         if not (isinstance(model, ast.Call) and isinstance(model.func, ast.Name)):
             return None
         found.add(model.func.id)

@@ -47,29 +47,27 @@ __all__ = ["lightning_manual_batch_idx_off_by_one", "lightning_manual_clip_every
            "lightning_manual_epoch_tail"]
 
 
-@rule("AG115")
-def lightning_manual_batch_idx_off_by_one(ctx: FileContext) -> Iterator[Finding]:
+def _manual_training_steps(ctx: FileContext) -> Iterator[tuple[ast.FunctionDef, ast.ClassDef, str]]:
+    """Each ``training_step(self, batch, batch_idx)`` of a module in manual optimisation, with
+    its class and the name of its ``batch_idx`` parameter."""
     for fn in ctx.of(ast.FunctionDef):
         if fn.name != "training_step" or len(fn.args.args) < 3:
             continue
         cls = ctx.enclosing(fn, (ast.ClassDef,))
-        if not isinstance(cls, ast.ClassDef) or not manual_optimization(cls):
-            continue
-        batch_idx = fn.args.args[2].arg  # (self, batch, batch_idx)
+        if isinstance(cls, ast.ClassDef) and manual_optimization(cls):
+            yield fn, cls, fn.args.args[2].arg  # (self, batch, batch_idx)
+
+
+@rule("AG115")
+def lightning_manual_batch_idx_off_by_one(ctx: FileContext) -> Iterator[Finding]:
+    for fn, _, batch_idx in _manual_training_steps(ctx):
         backwards = [c for c in walk_local(fn) if isinstance(c, ast.Call)
                      and call_attr(c) in ("manual_backward", "backward")]
-        for node in walk_local(fn):
-            if not isinstance(node, ast.If):
-                continue
+        for node in _gated_steps(ctx, fn, batch_idx):
             guard = mod_guard(node.test)
-            if (guard is None or guard.counter != batch_idx or guard.offset != 0
-                    or guard.residue or guard.excludes_zero):
+            if (guard is None or guard.offset != 0 or guard.residue or guard.excludes_zero):
                 continue
-            steps = [c for s in node.body for c in walk_local(s)
-                     if isinstance(c, ast.Call) and call_attr(c) == "step"
-                     and ("opt" in (dotted(receiver(c)) or "").lower()
-                          or ctx.kind_of_receiver(receiver(c)) == "optimizer")]
-            if not steps or not any(position(b) < position(node) for b in backwards):
+            if not any(position(b) < position(node) for b in backwards):
                 continue
             yield ctx.finding(
                 "AG115",
@@ -115,13 +113,8 @@ def _unconditional(ctx: FileContext, node: ast.AST, fn: ast.AST) -> bool:
 
 @rule("AG105")
 def lightning_manual_clip_every_batch(ctx: FileContext) -> Iterator[Finding]:
-    for fn in ctx.of(ast.FunctionDef):
-        if fn.name != "training_step" or len(fn.args.args) < 3:
-            continue
-        cls = ctx.enclosing(fn, (ast.ClassDef,))
-        if not isinstance(cls, ast.ClassDef) or not manual_optimization(cls):
-            continue
-        gates = _gated_steps(ctx, fn, fn.args.args[2].arg)
+    for fn, cls, batch_idx in _manual_training_steps(ctx):
+        gates = _gated_steps(ctx, fn, batch_idx)
         if not gates:
             continue
         methods = {f.name: f for f in cls.body if isinstance(f, ast.FunctionDef)}
@@ -170,16 +163,10 @@ def lightning_manual_epoch_tail(ctx: FileContext) -> Iterator[Finding]:
     trainers = _epochs(ctx)
     if not trainers:
         return
-    for fn in ctx.of(ast.FunctionDef):
-        if fn.name != "training_step" or len(fn.args.args) < 3:
-            continue
-        cls = ctx.enclosing(fn, (ast.ClassDef,))
-        if not isinstance(cls, ast.ClassDef) or not manual_optimization(cls):
-            continue
+    for fn, cls, batch_idx in _manual_training_steps(ctx):
         if any(isinstance(n, ast.Attribute) and n.attr in ("is_last_batch", "num_training_batches")
                for n in ast.walk(cls)):
             continue  # the module reads where the epoch ends: it may close the tail itself
-        batch_idx = fn.args.args[2].arg
         for node in _gated_steps(ctx, fn, batch_idx):
             guard = mod_guard(node.test)
             if guard is None or isinstance(node.test, ast.BoolOp) or guard.offset != 1 \
