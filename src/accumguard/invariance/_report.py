@@ -123,9 +123,13 @@ def watch_findings(run: RunRecord) -> tuple[list[dict[str, Any]], str]:
     from accumguard.observe.rules import watch_dict
     from accumguard.watch._findings import analyze, load_recordings
 
-    found, _k, _source = analyze(load_recordings(run.observe_dir), k_flag=run.k)
+    rec = load_recordings(run.observe_dir)
+    found, _k, _source = analyze(rec, k_flag=run.k)
     out: list[dict[str, Any]] = []
-    lines: list[str] = []
+    lines: list[str] = [
+        f"accumguard FAILED while judging this run's recording (its own error): the rule "
+        f"{f.get('rule')} raised {f.get('error')}; what it checks was not judged"
+        for f in rec.judge_failures]
     for f in found:
         d = watch_dict(f)
         step = d.get("step")

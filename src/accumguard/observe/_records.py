@@ -176,6 +176,9 @@ class RunRecording:
     engine: dict[int, JsonObject] = field(default_factory=dict)
     end: dict[int, JsonObject] = field(default_factory=dict)
     failures: dict[int, JsonObject] = field(default_factory=dict)
+    #: rules of the judge that raised on this recording (accumguard's own bug): each its
+    #: ``rule``, ``error`` and ``traceback``; filled by ``analyze``, reported as a failure
+    judge_failures: list[JsonObject] = field(default_factory=list)
     #: per rank, what the run did after observation ended (``observe_steps``), counted
     #: (:mod:`accumguard.observe._tail`): its real end's reason, steps, backwards, passes
     tail: dict[int, JsonObject] = field(default_factory=dict)

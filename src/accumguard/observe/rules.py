@@ -25,8 +25,10 @@ module runs them all and re-exports their public names.
 from __future__ import annotations
 
 import dataclasses
+import traceback
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar, cast
 
 from accumguard.core.window import Conservation, StepRecord
 from accumguard.observe import _shared_rules as shared
@@ -102,6 +104,8 @@ __all__ = ["F12_ERROR_FACTOR", "NUMBERING", "WEIGHT_TOL", "WEIGHT_TOL_LOW_PRECIS
            "loss_scale_findings", "loss_weight_findings", "partial_window_findings",
            "low_precision_findings", "manual_reduce_findings", "rank_scale_findings",
            "resolve_k", "step_record", "watch_dict", "windows"]
+
+_T = TypeVar("_T")
 
 
 def conservation_class(cons: Conservation | Mapping[str, object], zero_grads_between: int
@@ -256,34 +260,47 @@ def resolve_k(rec: RunRecording, flag: int | None, script: DeclaredK | None = No
 def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK | None = None
             ) -> tuple[list[Finding], int | None, str]:
     """All findings of the run, K and where K came from. ``script``: the K the command's
-    script declares (:func:`accumguard.watch._declared.declared_k`)."""
+    script declares (:func:`accumguard.watch._declared.declared_k`).
+
+    Each rule runs on its own: one that raises (accumguard's own bug, met on a recording no
+    test had) is noted in ``rec.judge_failures`` with its traceback and the others still
+    report, so a report never loses what the working rules found, and never reads as a
+    pass for what the failed rule would have judged."""
     res = resolve_k(rec, k_flag, script)
+    rule = _Isolated(rec)
     findings: list[Finding] = []
     for rank in rec.ranks:
         info = rec.engine.get(rank, {})
         lines = rec.steps.get(rank, [])
-        groups = optimizer_groups(lines)
-        before = collectives_before(lines)
-        later = after_in_backward(lines, res,
-                                  rec.in_backward_passes.get(rank),
-                                  int((rec.end.get(rank) or {}).get("backwards_total") or 0))
-        for idx, group, gres, note in (later or group_ks(groups, res)):
+        groups = rule("optimizer_groups", optimizer_groups, lines)
+        none_before: dict[int, set[int]] = {}
+        before = rule("collectives_before", collectives_before, lines, default=none_before)
+        later = rule("after_in_backward", after_in_backward, lines, res,
+                     rec.in_backward_passes.get(rank),
+                     int((rec.end.get(rank) or {}).get("backwards_total") or 0))
+        for idx, group, gres, note in (later or rule("group_ks", group_ks, groups, res)):
             steps = records(group)
             ws = _windows(steps)
-            found: list[Finding] = _rank_findings(rank, steps, info, gres.k, gres.declared, before)
-            found += _window_findings(rank, ws, info, gres)
-            found += _no_update(rank, steps)
-            found += _two_pass(rank, steps)
-            found += loss_weight_findings(rank, ws)
-            found += loss_scale_findings(rank, ws, gres.k, rec.world)
-            found += rank_scale_findings(rank, ws, rec.world)
-            found += low_precision_findings(rank, ws)
-            found += partial_window_findings(rank, ws, gres.k)
-            found += grad_step_findings(rank, ws, gres)
-            found += short_epoch_findings(rank, ws, gres.k, gres.declared, gres.source)
+            found: list[Finding] = rule("rank_findings", _rank_findings, rank, steps, info,
+                                        gres.k, gres.declared, before)
+            found += rule("window_findings", _window_findings, rank, ws, info, gres)
+            found += rule("no_update", _no_update, rank, steps)
+            found += rule("two_pass", _two_pass, rank, steps)
+            found += rule("loss_weight_findings", loss_weight_findings, rank, ws)
+            found += rule("loss_scale_findings", loss_scale_findings, rank, ws, gres.k,
+                          rec.world)
+            found += rule("rank_scale_findings", rank_scale_findings, rank, ws, rec.world)
+            found += rule("low_precision_findings", low_precision_findings, rank, ws)
+            found += rule("partial_window_findings", partial_window_findings, rank, ws,
+                          gres.k)
+            found += rule("grad_step_findings", grad_step_findings, rank, ws, gres)
+            found += rule("short_epoch_findings", short_epoch_findings, rank, ws, gres.k,
+                          gres.declared, gres.source)
             if changes := rec.end.get(rank, {}).get("k_changes"):
-                found += scheduled_tail_findings(rank, ws, changes)
-            found = comm_findings(rank, group, found)  # the collective ledger (EXTRA_SYNC)
+                found += rule("scheduled_tail_findings", scheduled_tail_findings, rank, ws,
+                              changes)
+            # the collective ledger (EXTRA_SYNC)
+            found = rule("comm_findings", comm_findings, rank, group, found, default=found)
             if idx is not None and len(groups) > 1:
                 name = next((str(s.optimizer) for s in steps if s.optimizer),
                             "optimizer")
@@ -291,13 +308,15 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
                                              f"on its own window: {f.evidence}")
                          for f in found]
             findings += ([] if note is None else [note._replace(rank)]) + found
-        findings += _scheduler_findings(rank, rec.schedulers.get(rank, []))
-        findings += run_horizon_findings(rec, rank, res.k)
+        findings += rule("scheduler_findings", _scheduler_findings, rank,
+                         rec.schedulers.get(rank, []))
+        findings += rule("run_horizon_findings", run_horizon_findings, rec, rank, res.k)
         if not any(f.cls == "F4" and f.rank == rank for f in findings):
-            findings += lr_schedule_findings(rank, _windows(rec.steps.get(rank, [])), res.k)
-    findings += cross_rank_findings(rec)
-    findings += in_backward_findings(rec, res)
-    ledger = ledger_findings(rec, res.k)
+            findings += rule("lr_schedule_findings", lr_schedule_findings, rank,
+                             _windows(rec.steps.get(rank, [])), res.k)
+    findings += rule("cross_rank_findings", cross_rank_findings, rec)
+    findings += rule("in_backward_findings", in_backward_findings, rec, res)
+    ledger = rule("ledger_findings", ledger_findings, rec, res.k)
     if any(f.cls == "F10" and f.severity == "error" for f in ledger):
         # the ledger proved the whole step's weights off by exactly W across ranks: a rank's
         # own LOSS_SCALE note or warning guessing another cause (K twice when K = W) would
@@ -308,8 +327,8 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
         # a proven scale error: the notes of the same class that leave the scale open
         # ("not judged", "also what a loss divided by K*W gives") would contradict it
         findings = [f for f in findings if f.cls != "LOSS_SCALE" or f.severity == "error"]
-    findings += term_findings(rec)
-    findings += manual_reduce_findings(rec)
+    findings += rule("term_findings", term_findings, rec)
+    findings += rule("manual_reduce_findings", manual_reduce_findings, rec)
     # one finding per (class, rank) is enough to act on; keep the first
     seen: set[tuple[str, int | None, str]] = set()
     unique = []
@@ -318,7 +337,28 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
         if key not in seen:
             seen.add(key)
             unique.append(f)
-    return framework_fixes(unique, frameworks(rec)), res.k, res.source
+    fixed = rule("framework_fixes", lambda: framework_fixes(unique, frameworks(rec)),
+                 default=unique)
+    return fixed, res.k, res.source
+
+
+class _Isolated:
+    """Runs one rule behind a wall: its exception becomes a line of
+    ``rec.judge_failures`` (which rule, the error, its traceback) and its result the
+    ``default`` (no findings), so the other rules still run."""
+
+    def __init__(self, rec: RunRecording) -> None:
+        self.rec = rec
+
+    def __call__(self, name: str, fn: Callable[..., _T], *args: object,
+                 default: _T | None = None) -> _T:
+        try:
+            return fn(*args)
+        except Exception as exc:  # noqa: BLE001 - accumguard's own bug: reported, not raised
+            self.rec.judge_failures.append({
+                "rule": name, "error": f"{type(exc).__name__}: {exc}",
+                "traceback": traceback.format_exc()})
+            return cast(_T, []) if default is None else default
 
 
 def _rank_findings(rank: int, steps: Sequence[StepRecord], info: JsonObject,

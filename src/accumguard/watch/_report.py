@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import tempfile
+import traceback
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -111,7 +112,42 @@ def judge(out_dir: str | os.PathLike[str], *, command: Sequence[str] = (),
     ``signalled``: how it ended; ``watch_id``: read only that watch's files of a
     directory shared by several nodes; ``merged``: the whole job's records (``watch
     --report``), the command then read from rank 0's start record.
+
+    Never raises for accumguard's own bug: judging that fails outside the rules (which
+    :func:`~accumguard.observe.rules.analyze` isolates one by one) gives a report that
+    says so, with nothing judged and the traceback, and the command's own exit code (or
+    :data:`EXIT_ACCUMGUARD_FAILED`).
     """
+    try:
+        return _judge(out_dir, command=command, accumulation_steps=accumulation_steps,
+                      code=code, signalled=signalled, watch_id=watch_id, merged=merged)
+    except Exception:  # noqa: BLE001 - accumguard's own bug: reported, never raised
+        return _judge_failed(command, code, signalled, traceback.format_exc())
+
+
+def _judge_failed(command: Sequence[str], code: int, signalled: str | None,
+                  tb: str) -> WatchResult:
+    """The report of a judge that failed as a whole: it must not read as a pass."""
+    lines = tb.rstrip().splitlines()
+    failed = [f"accumguard FAILED while judging the recording (its own error, not your "
+              f"script's): {lines[-1] if lines else 'unknown error'}; nothing was judged (no "
+              "finding means nothing about this run); the run itself went on unchanged. "
+              "Please report this with the traceback below",
+              *("  " + t for t in lines[-12:])]
+    report: dict[str, Any] = {
+        "schema_version": JSON_SCHEMA_VERSION, "tool": "accumguard watch",
+        "accumguard_failed": failed, "command": list(command), "exit_code": code,
+        "signal": signalled, "ranks": [], "world_size": 0, "ranks_missing": [],
+        "checked": False, "accumulation_steps": None, "accumulation_steps_source": None,
+        "script_declaration": None, "numbering": None, "engine": {}, "findings": [],
+        "problems": [], "steps": [], "steps_in_backward": 0, "epochs": []}
+    return WatchResult(report=report, findings=[],
+                       exit_code=code if code != 0 else EXIT_ACCUMGUARD_FAILED)
+
+
+def _judge(out_dir: str | os.PathLike[str], *, command: Sequence[str],
+           accumulation_steps: int | None, code: int, signalled: str | None,
+           watch_id: str | None, merged: bool) -> WatchResult:
     from accumguard.watch._declared import declared_k
     from accumguard.watch._findings import (
         NUMBERING,
@@ -327,8 +363,22 @@ def _epochs(rec: Any) -> list[dict[str, Any]]:
 
 def _failure_lines(rec: Any) -> list[str]:
     """What accumguard's own failures mean for this report, first thing the user reads."""
-    if not rec.failures:
-        return []
+    lines = _observer_failure_lines(rec) if rec.failures else []
+    judged = getattr(rec, "judge_failures", [])
+    if judged:
+        names = sorted({str(f.get("rule")) for f in judged})
+        first = judged[0]
+        lines.append(f"accumguard FAILED while judging the recording (its own error, not your "
+                     f"script's): the rule(s) {', '.join(names)} raised ({first.get('error')}); "
+                     "what they check was not judged (no finding from them means nothing), "
+                     "every other rule ran and its findings are below. Please report this "
+                     "with the traceback below")
+        tb = str(first.get("traceback") or "").rstrip().splitlines()
+        lines += ["  " + t for t in tb[-12:]]
+    return lines
+
+
+def _observer_failure_lines(rec: Any) -> list[str]:
     lines = []
     for rank in sorted(rec.failures):
         f = rec.failures[rank]
