@@ -245,6 +245,7 @@ class _Mass:
     site: str
     hand: bool = False  # read from the "mean" records of a loss built by hand
     unit: str = "tokens"  # what the loss calls' counts count (:func:`units`)
+    terms: bool = False  # read from the constants above a sum of mean terms built by hand
 
     def words(self, n: int, k: int, *, at: bool = True) -> str:
         """What the window's ``n`` micro-steps weighed and how it was read (``k``: the
@@ -254,6 +255,13 @@ class _Mass:
             return (f"its {self.unit} carried a total weight of {self.mass:.4g} = {n}/{k}"
                     + (f" (loss at {where})" if at else ""))
         d = 1 / self.per_micro[0] if len(set(self.per_micro)) == 1 else None
+        if self.terms:
+            return ("each backward's loss was a sum of terms built by hand, each a mean over "
+                    "its micro-batch" + (f" (backward at {where})" if at else "")
+                    + (f", the sum multiplied by 1/{d:.4g}" if d is not None else
+                       ", the sum multiplied by a constant")
+                    + " (read from the autograd graph at run time), so its micro-steps weighed "
+                    f"{self.mass:.4g} = {n}/{k} in total")
         return ("each backward's loss was one mean built by hand"
                 + (f" (backward at {where})" if at else "")
                 + (f" divided by {d:.4g}" if d is not None else " times a constant")
@@ -302,6 +310,46 @@ def _hand_mass(w: StepWindow) -> _Mass | None:
     return _Mass(sum(per), per, True, False, str(by[0][0][4]), hand=True)
 
 
+def _term_mass(w: StepWindow) -> _Mass | None:
+    """The mass of a window whose every micro-step's loss was a sum of two or more terms
+    built by hand (no loss call recorded with its weights: a log-prob selection weighted
+    per sequence is a term), each below a mean over its micro-batch, with
+    constants above the sum that every term shares and no factor left unread
+    (``(pg + c * kl).mean() / K``): ``per_micro`` is their product. A window's weight is
+    then read as for one mean (:func:`_hand_mass`); anything else is not read."""
+    if w.grad_hooks or int(w.zero_grads_between) or w.backwards_per_micro != 1 or w.losses:
+        return None
+    by: dict[int, list[Any]] = {}
+    for r in w.terms or []:
+        if r and r[0] == "term":
+            by.setdefault(int(r[1]), []).append(r)
+    n = int(w.window)
+    if n < 1 or sorted(by) != list(range(n)):
+        return None
+    per = []
+    for m in range(n):
+        rs = by[m]
+        if len(rs) < 2 or any(len(r) < 12 or bool(r[6]) or not r[5] for r in rs):
+            return None  # one term, a factor not read, a term with no mean above it
+        common = list(rs[0][4])
+        for r in rs[1:]:
+            same = 0
+            for a, b in zip(common, r[4], strict=False):
+                if str(a[0]) != str(b[0]) or not _is(float(a[1]), float(b[1])):
+                    break
+                same += 1
+            common = common[:same]
+        if not common:
+            return None
+        scale = 1.0
+        for op, c in common:
+            scale = scale / float(c) if str(op) == "/" else scale * float(c)
+        if scale <= 0:
+            return None
+        per.append(scale)
+    return _Mass(sum(per), per, True, False, str(by[0][0][11]), hand=True, terms=True)
+
+
 def _f7_mass(w: StepWindow) -> _Mass | None:
     """A window's mass for the partial-window rules (F7): from its loss record, else from
     a loss built by hand; None when the optimizer did not receive the window's gradient
@@ -310,7 +358,9 @@ def _f7_mass(w: StepWindow) -> _Mass | None:
     if _rescaled(w):
         return None
     m = _window_mass(w)
-    return m if m is not None else _hand_mass(w)
+    if m is None:
+        m = _hand_mass(w)
+    return m if m is not None else _term_mass(w)
 
 
 def _rescaled(w: StepWindow) -> bool:

@@ -242,7 +242,7 @@ def _single_assignment(ctx: _Facts, name: str, at: ast.AST | None = None) -> ast
     if at is not None and "." not in name:
         fn = _function_of(ctx, at)
         if fn is not None and name in _params(fn):
-            return _param_argument(ctx, fn, name)
+            return param_argument(ctx, fn, name)
     hits = list(_assignment_index(ctx).get(name, ()))
     if len(hits) > 1 and at is not None:
         hits = _hits_by_function(ctx, name).get(_function_of(ctx, at), [])
@@ -265,7 +265,7 @@ def _params(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
     return {a.arg for a in (*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs)}
 
 
-def _param_argument(ctx: _Facts, fn: ast.FunctionDef | ast.AsyncFunctionDef, name: str) -> ast.AST | None:
+def param_argument(ctx: _Facts, fn: ast.FunctionDef | ast.AsyncFunctionDef, name: str) -> ast.AST | None:
     """The argument every call of ``fn`` (by its name, one definition) gives its parameter
     ``name``, when all say the same and the function never rebinds it: the first call's own
     node, whose names are then read where that call is. None otherwise."""
@@ -390,5 +390,5 @@ def _int_of(ctx: _Facts, expr: ast.AST) -> int | None:
     fn = _function_of(ctx, expr)
     if fn is None or expr.id not in _params(fn):
         return None
-    arg = _param_argument(ctx, fn, expr.id)
+    arg = param_argument(ctx, fn, expr.id)
     return None if arg is None else ctx.int_value(arg, defaults=False)

@@ -21,6 +21,7 @@ from accumguard.static.lint._ast import (
 )
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._ctx_file import read_of
+from accumguard.static.lint._lengths import param_argument
 
 __all__ = ["custom_rank_reduction", "hand_average", "local_count", "plain_model_only",
            "reciprocal_products", "returned_reduced", "simulates_ranks", "summed_over_ranks"]
@@ -334,7 +335,26 @@ def _divides_grads_by_world(ctx: FileContext, n: ast.AST) -> bool:
         target, by = n.target, n.value
     else:
         return False
-    return target is not None and _grad_tensor(ctx, target) and ctx.mentions_world(by)
+    return target is not None and _grad_tensor(ctx, target) and ctx.mentions_world(by) \
+        and not _switched_off(ctx, n)
+
+
+def _switched_off(ctx: FileContext, node: ast.AST) -> bool:
+    """``node`` runs only under ``if flag:``, ``flag`` a parameter of its function to which
+    every call of the function passes the same false constant (``average=False``): a
+    division the script never makes."""
+    cur: ast.AST | None = ctx.parents.get(node)
+    child: ast.AST = node
+    while cur is not None and not isinstance(cur, FUNCS):
+        if isinstance(cur, ast.If) and child in cur.body and isinstance(cur.test, ast.Name):
+            fn = ctx.enclosing(cur, FUNCS)
+            if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) and cur.test.id in {
+                    a.arg for a in (*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs)}:
+                arg = param_argument(ctx, fn, cur.test.id)
+                if isinstance(arg, ast.Constant) and not arg.value:
+                    return True
+        child, cur = cur, ctx.parents.get(cur)
+    return False
 
 
 def _grad_tensor(ctx: FileContext, expr: ast.AST) -> bool:

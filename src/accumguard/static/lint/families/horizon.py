@@ -414,10 +414,13 @@ def _optimizer_step_horizon(ctx: FileContext, name: str, parts: list[ast.AST]) -
     if len_args(parts) or divides(parts) or multiplies_by_world(parts, ctx) \
             or not _accelerate_prepares(ctx, name) or not _scales_by_world(ctx):
         return None
-    for n in walk_all(parts[0]):
-        d = dotted(n) if isinstance(n, ast.Name | ast.Attribute) else None
-        if d is not None and _OPT_STEPS_RE.search(d.rsplit(".", 1)[-1].lower()):
-            return d
+    for part in parts:  # the horizon, then what its names were assigned from
+        for n in walk_all(part):
+            d = dotted(n) if isinstance(n, ast.Name | ast.Attribute) else None
+            if d is not None and _OPT_STEPS_RE.search(d.rsplit(".", 1)[-1].lower()):
+                return d
+            if isinstance(n, ast.Subscript) and (key := _step_count_name(n)) is not None:
+                return key  # CONFIG["updates"]
     return None
 
 

@@ -123,6 +123,10 @@ def _micro_window_uncached(ctx: FileContext, scope: ast.AST, counter: str) -> as
     loop; or it is the index of a flat window whose optimizer step is gated by a boundary."""
     windows = _accumulating_windows(ctx)
     incs, resets = _writes(ctx, scope).get(counter, ([], []))
+    if not incs and len(resets) == 1:
+        derived = _derived_from_index(ctx, scope, resets[0])
+        if derived is not None:
+            return derived
     if any(ctx.enclosing(r, _LOOPS) is not None and ctx.scope_of(r) is scope for r in resets):
         return None
     if incs:
@@ -141,6 +145,54 @@ def _micro_window_uncached(ctx: FileContext, scope: ast.AST, counter: str) -> as
         opt_steps = [c for c, kind in facts.steps if kind == "optimizer"]
         if opt_steps and not facts.unguarded_optimizer_steps:
             return w
+    return None
+
+
+def _derived_from_index(ctx: FileContext, scope: ast.AST, assign: ast.Assign) -> ast.AST | None:
+    """The flat window whose index the counter's one assignment adds as is, inside that
+    window (``step = epoch * len(loader) + i``, ``i`` the index of a window gated by
+    ``% K``): a global count of micro-batches. Not when anything in it divides or takes a
+    remainder (``(epoch * len(loader) + i) // K`` counts optimizer steps)."""
+    if any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.FloorDiv | ast.Mod | ast.Div)
+           for n in walk_all(assign.value)):
+        return None
+    terms: list[ast.AST] = []
+    todo = [assign.value]
+    while todo:
+        e = todo.pop()
+        if isinstance(e, ast.BinOp) and isinstance(e.op, ast.Add):
+            todo += [e.left, e.right]
+        else:
+            terms.append(e)
+    for idx, flat in _flat_windows(ctx).items():
+        if not any(isinstance(t, ast.Name) and t.id == idx for t in terms):
+            continue
+        for w in flat:
+            if ctx.scope_of(w) is scope and ctx.enclosing(assign, _LOOPS) is w \
+                    and not _micro_index(ctx, w.iter):
+                facts = ctx.window_facts(w)
+                if any(kind == "optimizer" for _, kind in facts.steps) \
+                        and not facts.unguarded_optimizer_steps:
+                    return w
+    return None
+
+
+def _horizon_over_k(ctx: FileContext, scope: ast.AST, expr: ast.AST, counter: str) -> str | None:
+    """An argument of the schedule's call besides the counter that is divided by K (``total
+    = epochs * (len(loader) // K)``, as a name of the scope or inline): a horizon counted
+    in optimizer steps. Its text, else None."""
+    for call in walk_all(expr):
+        if not isinstance(call, ast.Call):
+            continue
+        for a in [*call.args, *(k.value for k in call.keywords)]:
+            if any(isinstance(n, ast.Name) and n.id == counter for n in walk_all(a)):
+                continue
+            values = (_name_values(ctx, scope)[0].get(a.id, []) if isinstance(a, ast.Name)
+                      else [a])
+            for v in values:
+                if any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.FloorDiv | ast.Div)
+                       and ctx.mentions_accum(n.right) for n in walk_all(v)):
+                    return ast.unparse(a)
     return None
 
 
@@ -266,15 +318,20 @@ def lr_from_micro_counter(ctx: FileContext) -> Iterator[Finding]:
                     tied = sorted(reads & names) or sorted(
                         r for r in reads if (v := _int_of(ctx, r)) is not None and v in ints
                     )
+                    over_k = None if tied else _horizon_over_k(ctx, scope, value, counter)
+                    if over_k is not None:
+                        tied = [over_k]
                     msg = (
                         f"the learning rate written into the param groups is computed from `{counter}`, "
                         f"which counts micro-batches (it advances on every micro-batch of the window at "
                         f"line {getattr(window, 'lineno', 0)}), so the schedule advances K positions per optimizer step"
                     )
                     if tied:
-                        msg += (f", while its horizon (`{tied[0]}`) is the loop's number of optimizer "
-                                "steps: warm-up ends K times early and the decay reaches its floor after "
-                                "1/K of the run")
+                        msg += (f", while its horizon (`{tied[0]}`) is "
+                                + ("counted in optimizer steps (it is divided by K)" if over_k
+                                   else "the loop's number of optimizer steps")
+                                + ": warm-up ends K times early and the decay reaches its floor "
+                                "after 1/K of the run")
                         yield ctx.finding("AG130", at, msg)
                     else:
                         msg += (": K times ahead, unless the schedule's constants are counted in "
