@@ -49,7 +49,8 @@ CASES = [
 def watched(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Watched]:
     cases = {f"{e}-{m}-{o}-3": _cmd(e, m, o) for e, m, o, _ in CASES}
     cases.update({"ddp-local-sgd-3": _cmd("ddp", "local"),
-                  "ddp-equal_div_w-sgd-1": _cmd("ddp", "equal_div_w", "sgd", 1)})
+                  "ddp-equal_div_w-sgd-1": _cmd("ddp", "equal_div_w", "sgd", 1),
+                  "ddp-global_share-sgd-2": _cmd("ddp", "global_share", "sgd", 2)})
     return watch_many(tmp_path_factory.mktemp("ledger"), cases)
 
 
@@ -96,3 +97,13 @@ def test_no_accumulation_loss_divided_by_world_size(watched: dict[str, Watched])
     code, findings, _, proc = watched["ddp-equal_div_w-sgd-1"]
     assert "trained" in proc.stdout, proc.stderr[-3000:]
     assert code == 1 and _errors(findings) == {"F10"}, findings
+
+
+def test_a_rank_whose_share_of_a_right_total_is_one_over_k(watched: dict[str, Watched]) -> None:
+    """DDP, K = 2 = W, the summed loss times W over the window's global count, with 12 and
+    4 tokens per micro-step on the ranks: rank 1's own tokens weigh 1/K in total, the
+    update's weigh 1 over both ranks (blind round 67 b_c02: a rank-local LOSS_SCALE "divided
+    by K twice" error on a correct FSDP2 loop)."""
+    code, findings, _, proc = watched["ddp-global_share-sgd-2"]
+    assert "trained" in proc.stdout, proc.stderr[-3000:]
+    assert code == 0 and _errors(findings) == set(), findings

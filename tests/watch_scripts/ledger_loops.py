@@ -6,6 +6,8 @@ usage: ledger_loops.py ENGINE MODE [OPT] [K]
   MODE:
     mean_k        per-micro-batch mean / K (F5 with uneven counts; the classic loop)
     global        sum / all-reduced window token count x W (correct under an averaging engine)
+    global_share  global with fixed counts, 12 tokens per micro-step on rank 0 and 4 on rank
+                  1: at K = 2, rank 1's own share of the total is 1/K (correct)
     global_noW    sum / all-reduced window token count, then the engine averages (F10: W x small)
     div_w         sum / window count of this rank / W (rank-local normalisation and /W: F10)
     local         sum / this rank's window token count (F6: ranks weighted unequally)
@@ -86,7 +88,9 @@ equal = MODE.startswith("equal") or MODE == "coef"
 def batch():
     x = torch.randint(0, V, (3, 6), generator=g)
     y = torch.randint(0, V, (3, 6), generator=g)
-    if not equal:
+    if MODE == "global_share":
+        y.view(-1)[:6 if rank == 0 else 14] = -100
+    elif not equal:
         n_pad = int(torch.randint(0, 14, (1,), generator=g))
         y.view(-1)[:n_pad] = -100
     return x, y
@@ -115,7 +119,7 @@ for _step in range(STEPS):
                 loss = 0.5 * F.cross_entropy(logits, y.reshape(-1)) / K
             elif MODE == "equal_div_w":
                 loss = F.cross_entropy(logits, y.reshape(-1)) / K / world
-            elif MODE == "global":
+            elif MODE in ("global", "global_share"):
                 loss = F.cross_entropy(logits, y.reshape(-1), reduction="sum") / n * world
             elif MODE in ("global_noW", "sum_root", "sum_all"):
                 loss = F.cross_entropy(logits, y.reshape(-1), reduction="sum") / n

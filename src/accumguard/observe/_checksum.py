@@ -18,6 +18,7 @@ between backwards and puts the full sum back before the step: correct).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import torch
@@ -127,8 +128,16 @@ def _sparse_sums(g: torch.Tensor) -> torch.Tensor:
 
 def grad_versions(params: Sequence[torch.Tensor]) -> list[tuple[int, int] | None]:
     """Identity and in-place version of each ``.grad``: equal lists mean untouched grads,
-    so a checksum need not be recomputed."""
-    return [None if (g := p.grad) is None else (id(g), int(g._version)) for p in params]
+    so a checksum need not be recomputed. A tensor subclass's version is no witness
+    (FSDP2's DTensor ``.grad`` scaled in place by ``clip_grad_norm_`` keeps both its own
+    and its local shard's version): it gets a mark that equals no other, so its checksum
+    is always taken again."""
+    return [None if (g := p.grad) is None else (id(g), int(g._version))
+            if type(g) is torch.Tensor else (id(g), -next(_UNVERSIONED)) for p in params]
+
+
+#: marks of ``.grad`` tensors whose in-place version cannot be trusted (never equal)
+_UNVERSIONED = itertools.count(1)
 
 
 def _rel(x: torch.Tensor, scale: float) -> float:

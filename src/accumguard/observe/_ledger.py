@@ -180,6 +180,15 @@ def _steps(rec: RunRecording) -> list[LedgerStep]:
     return out
 
 
+def weights_right(rec: RunRecording) -> bool:
+    """Every step the ledger judges (seen on two or more ranks, the engine's reduction
+    known, each backward the loss call times constants) gave its tokens a total weight of 1
+    after the engine's reduction: the large batch's mean. One rank's own total says nothing
+    then (ranks of unequal counts carry unequal shares of the 1)."""
+    judged = [s for s in _steps(rec) if s.factor is not None and s.sole]
+    return bool(judged) and all(s.near(s.total, 1.0) for s in judged)
+
+
 def ledger_findings(rec: RunRecording, k: int | None = None) -> list[Finding]:
     """F10 (error), F6 (error) or a note on the total, from the ledger of every step seen
     on all ranks (see the module docstring). ``k``: the run's K (a total of 1/K or K is the

@@ -43,7 +43,7 @@ from accumguard.observe._epochs import (
 from accumguard.observe._framework_fixes import framework_fixes, frameworks
 from accumguard.observe._groups import after_in_backward, group_ks, optimizer_groups
 from accumguard.observe._hook_step_rules import in_backward_findings
-from accumguard.observe._ledger import ledger_findings, term_findings
+from accumguard.observe._ledger import ledger_findings, term_findings, weights_right
 from accumguard.observe._lr_rules import lr_schedule_findings
 from accumguard.observe._precision_rules import (
     F12_ERROR_FACTOR,
@@ -269,6 +269,9 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
     res = resolve_k(rec, k_flag, script)
     rule = _Isolated(rec)
     findings: list[Finding] = []
+    # the whole update weighs its tokens as the large batch does, across the ranks: a rank's
+    # own total of 1/K or K (its share of the 1, with unequal counts) proves nothing
+    right = rule("weights_right", weights_right, rec, default=False)
     for rank in rec.ranks:
         info = rec.engine.get(rank, {})
         lines = rec.steps.get(rank, [])
@@ -287,8 +290,9 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
             found += rule("no_update", _no_update, rank, steps)
             found += rule("two_pass", _two_pass, rank, steps)
             found += rule("loss_weight_findings", loss_weight_findings, rank, ws)
-            found += rule("loss_scale_findings", loss_scale_findings, rank, ws, gres.k,
-                          rec.world)
+            if not right:
+                found += rule("loss_scale_findings", loss_scale_findings, rank, ws, gres.k,
+                              rec.world)
             found += rule("rank_scale_findings", rank_scale_findings, rank, ws, rec.world)
             found += rule("low_precision_findings", low_precision_findings, rank, ws)
             found += rule("partial_window_findings", partial_window_findings, rank, ws,
