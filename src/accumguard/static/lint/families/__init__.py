@@ -34,7 +34,9 @@
 ``twice``      AG133               the loss divided by K in a helper and again by its caller;
                AG134               ... or by hand before DeepSpeed's engine.backward (GA > 1)
 ``ampclip``    AG135               gradient clipped before GradScaler.unscale_ (on the scaled gradient)
-``hookclip``   AG138               clipping in Lightning's on_after_backward/on_before_backward, K > 1
+``hookclip``   AG138               clipping in a hook run on every micro-batch (Lightning's
+               on_after_backward, HF on_substep_end, a callback the window fires), K > 1
+``syncclip``   AG105               clipping before the script's own all-reduce of the gradients
 ``hookreduce`` AG154               the accumulated .grad all-reduced (SUM) in a post-accumulate-grad hook
 ``dssched``    AG153               a scheduler given to deepspeed.initialize and stepped by the script too
 ``dsbatch``    AG152               a DeepSpeed train_batch_size of micro x K without the world size
@@ -85,6 +87,7 @@ from accumguard.static.lint.families import (
     scale,
     schedule,
     sync,
+    syncclip,
     synctail,
     tailscale,
     terms,
@@ -94,4 +97,4 @@ from accumguard.static.lint.families import (
     window,
 )
 
-__all__ = ["accelerate", "acctail", "ampclip", "deepspeed", "dsbatch", "dssched", "emastep", "epochtail", "factored", "fsdpunits", "fused", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfscale", "hfterms", "hftokens", "horizon", "lgmanual", "lgwindow", "loss", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "resume", "scale", "schedule", "sync", "synctail", "tailscale", "terms", "tokenmean", "tokhorizon", "twice", "window"]
+__all__ = ["accelerate", "acctail", "ampclip", "deepspeed", "dsbatch", "dssched", "emastep", "epochtail", "factored", "fsdpunits", "fused", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfscale", "hfterms", "hftokens", "horizon", "lgmanual", "lgwindow", "loss", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "resume", "scale", "schedule", "sync", "syncclip", "synctail", "tailscale", "terms", "tokenmean", "tokhorizon", "twice", "window"]

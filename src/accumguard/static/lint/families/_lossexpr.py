@@ -29,10 +29,9 @@ from accumguard.static.lint._ast import (
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._ctx_boundary import bound_argument
 from accumguard.static.lint.families._masked import counts_tokens, masked_mean
-from accumguard.static.lint.families.terms import returned_by_call
 
 __all__ = ["all_reduced", "assigned_names", "divides_by_k", "division", "flows_to_backward", "is_count", "is_loss",
-           "is_loss_division", "mean_criteria", "mean_loss_site", "reduction"]
+           "is_loss_division", "is_mean_call", "mean_criteria", "mean_loss_site", "reduction", "returned_by_call", "unpacked"]
 
 
 _GLOBAL_ONLY = re.compile(r"global|all_?reduce|world")
@@ -310,11 +309,63 @@ def _helper_mean(ctx: FileContext, call: ast.Call, depth: int) -> str | None:
     return None if inner is None else inner[1]
 
 
+#: torch loss functions whose default reduction averages their micro-batch
+_LOSS_MEANS = frozenset({"cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss",
+                         "huber_loss", "binary_cross_entropy",
+                         "binary_cross_entropy_with_logits", "kl_div"})
+
+
+def is_mean_call(e: ast.AST) -> bool:
+    """``x.mean()`` or ``torch.mean(x)`` over every element (no ``dim``), or a torch loss
+    function averaging its micro-batch (``F.kl_div(..., reduction="batchmean")``,
+    ``F.mse_loss(a, b)``)."""
+    if isinstance(e, ast.Call) and call_attr(e) in _LOSS_MEANS:
+        how = next((k.value for k in e.keywords if k.arg == "reduction"), None)
+        return how is None or (isinstance(how, ast.Constant) and how.value in ("mean", "batchmean"))
+    if not isinstance(e, ast.Call) or call_attr(e) != "mean" or e.keywords:
+        return False
+    if isinstance(e.func, ast.Attribute) and dotted(e.func.value) in ("torch",):
+        return len(e.args) == 1
+    return not e.args
+
+
+def returned_by_call(ctx: FileContext, w: ast.Assign, name: str
+              ) -> tuple[ast.AST, ast.FunctionDef | ast.AsyncFunctionDef, ast.Return] | None:
+    """``loss`` of ``loss = f(...)`` or ``loss, ce = self.f(...)`` where ``f`` is the one
+    function of the file by that name and has one ``return``: what it returns there (the
+    matching element of a tuple), the function, and that return."""
+    target, call = w.targets[0], w.value
+    if not isinstance(call, ast.Call):
+        return None
+    if isinstance(target, ast.Tuple):
+        ids = [dotted(e) for e in target.elts]
+        if ids.count(name) != 1:
+            return None
+        i: int | None = ids.index(name)
+    elif dotted(target) == name:
+        i = None
+    else:
+        return None
+    fns = ctx.functions_by_name().get(call_attr(call) or "", [])
+    if len(fns) != 1:
+        return None
+    rets = [r for r in ast.walk(fns[0]) if isinstance(r, ast.Return) and r.value is not None
+            and ctx.enclosing(r, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) is fns[0]]
+    if len(rets) != 1:
+        return None
+    value = rets[0].value
+    if i is None:
+        return None if isinstance(value, ast.Tuple) else (value, fns[0], rets[0])  # type: ignore[return-value]
+    if not (isinstance(value, ast.Tuple) and len(value.elts) == len(target.elts)):  # type: ignore[attr-defined]
+        return None
+    return value.elts[i], fns[0], rets[0]
+
+
 def unpacked(ctx: FileContext, fn: ast.AST, expr: ast.AST) -> ast.AST:
     """What a name of ``fn`` holds when ``fn`` binds it once from a call of a function of the
     file (``ce_sum, n_tok = token_ce_sum(model, batch)`` with ``return
     F.cross_entropy(..., reduction="sum"), (tgt != -100).sum()``): what that function returns
-    for it (:func:`.terms.returned_by_call`); a clamp of it (``n_tok.clamp(min=1)``) reads
+    for it (:func:`returned_by_call`); a clamp of it (``n_tok.clamp(min=1)``) reads
     through. Else ``expr`` itself."""
     inner = expr
     if isinstance(inner, ast.Call) and call_attr(inner) in ("clamp", "clamp_min", "clip") \

@@ -23,7 +23,7 @@ from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._ctx_file import read_of
 from accumguard.static.lint._lengths import param_argument
 
-__all__ = ["custom_rank_reduction", "hand_average", "local_count", "plain_model_only",
+__all__ = ["custom_rank_reduction", "grad_all_reduces", "hand_average", "local_count", "plain_model_only",
            "reciprocal_products", "returned_reduced", "simulates_ranks", "summed_over_ranks"]
 
 
@@ -315,6 +315,13 @@ def hand_average(ctx: FileContext) -> list[ast.AST]:
                         and ctx.enclosing(n, FUNCS) is func and n not in out]
         return out
     return ctx._cached("hand_average", ctx.tree, compute)  # type: ignore[no-any-return]
+
+
+def grad_all_reduces(ctx: FileContext) -> list[ast.Call]:
+    """Every ``all_reduce`` of gradients in the file (``p.grad``, ``grads``, a flat bucket
+    of them), whatever its op: the script synchronises gradients by hand there."""
+    return [c for c in ctx.of(ast.Call) if call_attr(c) == "all_reduce" and c.args
+            and _grad_tensor(ctx, c.args[0])]
 
 
 def _averages(call: ast.Call) -> bool:

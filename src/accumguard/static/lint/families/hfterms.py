@@ -27,7 +27,7 @@ from accumguard.static.findings import Finding, Severity
 from accumguard.static.lint._ast import FUNCS, call_attr, dotted
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
-from accumguard.static.lint.families._lossexpr import mean_loss_site
+from accumguard.static.lint.families._lossexpr import is_mean_call, mean_loss_site
 from accumguard.static.lint.families._modguard import k_values
 from accumguard.static.lint.families.hfscale import _reaching, _uses_num_items, _window_normalised
 
@@ -98,25 +98,6 @@ def _terms(ctx: FileContext, fn: _Func, expr: ast.AST, at: ast.AST, depth: int =
 
 
 #: torch loss functions whose default ``reduction`` averages over the micro-batch
-_LOSS_MEANS = frozenset({"cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss",
-                         "huber_loss", "binary_cross_entropy",
-                         "binary_cross_entropy_with_logits", "kl_div"})
-
-
-def _is_mean_call(e: ast.AST) -> bool:
-    """``x.mean()`` or ``torch.mean(x)`` over every element (no ``dim``), or a torch loss
-    function averaging its micro-batch (``F.kl_div(..., reduction="batchmean")``,
-    ``F.mse_loss(a, b)``)."""
-    if isinstance(e, ast.Call) and call_attr(e) in _LOSS_MEANS:
-        how = next((k.value for k in e.keywords if k.arg == "reduction"), None)
-        return how is None or (isinstance(how, ast.Constant) and how.value in ("mean", "batchmean"))
-    if not isinstance(e, ast.Call) or call_attr(e) != "mean" or e.keywords:
-        return False
-    if isinstance(e.func, ast.Attribute) and dotted(e.func.value) in ("torch",):
-        return len(e.args) == 1
-    return not e.args
-
-
 def _micro_mean(ctx: FileContext, fn: _Func, term: ast.AST, at: ast.AST) -> ast.AST | None:
     """The mean a term is, times constants or coefficients and nothing divided: the mean
     call (inline, through a name ``fn`` assigns, or a file function returning one), else
@@ -133,7 +114,7 @@ def _micro_mean(ctx: FileContext, fn: _Func, term: ast.AST, at: ast.AST) -> ast.
             found = e
         elif isinstance(e, (ast.BinOp, ast.UnaryOp)):
             return None  # a division (or anything else) outside the mean
-        elif _is_mean_call(e) or _moe_aux(e):
+        elif is_mean_call(e) or _moe_aux(e):
             found = e
         elif isinstance(e, ast.Name):
             value = _reaching(ctx, fn, e.id, at)
@@ -195,7 +176,7 @@ def _mean_times_constants(e: ast.AST) -> bool:
         means = [x for x in sides if _mean_times_constants(x)]
         return len(means) == 1 and all(
             isinstance(x, ast.Constant | ast.Name | ast.Attribute) for x in sides if x not in means)
-    return _is_mean_call(e)
+    return is_mean_call(e)
 
 
 def _scaled_for_ga_false(ctx: FileContext) -> bool:

@@ -144,10 +144,36 @@ def _reduced_per_micro_step(ctx: FileContext, window: ast.AST, divisor: ast.AST)
     """``divisor`` is a name all-reduced inside the window itself, on every micro-step, from
     a value of this micro-step (``n = n_tok.float(); dist.all_reduce(n)``): the micro-batch's
     count over the ranks, not the window's."""
-    if not isinstance(divisor, ast.Name):
-        return False
+    factors = _factors(divisor)  # (a product: `n_global * K`)
     inside = ctx.all_reduced_names(window) if isinstance(window, ast.For | ast.While) else set()
-    return divisor.id in inside and counted_per_micro_batch(ctx, ctx.window_scope(window), window, divisor)
+    return any(isinstance(f, ast.Name) and f.id in inside
+               and counted_per_micro_batch(ctx, ctx.window_scope(window), window, f)
+               for f in factors)
+
+
+def _factors(e: ast.AST) -> list[ast.AST]:
+    out, todo = [], [e]
+    while todo:
+        x = todo.pop()
+        if isinstance(x, ast.BinOp) and isinstance(x.op, ast.Mult):
+            todo += [x.left, x.right]
+        else:
+            out.append(x)
+    return out
+
+
+def _k_times_micro_count(ctx: FileContext, window: ast.AST) -> list[tuple[ast.AST, ast.AST]]:
+    """Divisions of a loss by K times a count all-reduced on every micro-step (``loss_sum *
+    W / (n_global * K)`` with ``n_global`` this micro-step's tokens over the ranks): the
+    division by K :func:`divides_by_k` leaves to a count all-reduced (node, dividend)."""
+    out = []
+    for sub in ctx.local_nodes(window):
+        d = division(sub)
+        if d is not None and any(ctx.mentions_accum(f) for f in _factors(d[1])) \
+                and _reduced_per_micro_step(ctx, window, d[1]) \
+                and is_loss_division(ctx, sub, d[0]):
+            out.append((sub, d[0]))
+    return out
 
 
 def _divided_by_window_count(ctx: FileContext, window: ast.AST) -> bool:
@@ -170,6 +196,8 @@ def mean_of_means(ctx: FileContext) -> Iterator[Finding]:
             continue
         by_k = [(n, d) for n, d in divides_by_k(ctx, window)  # num_items_in_batch=window count: not F5
                 if not window_normalised(ctx, ctx.scope_of(window), window, d)]
+        micro = [] if by_k else _k_times_micro_count(ctx, window)
+        by_k = by_k or micro
         by_accelerate = (not by_k and facts.accelerate and accelerate_ga_above_one(ctx)
                          and not _divided_by_window_count(ctx, window))
         if by_accelerate:
@@ -191,7 +219,8 @@ def mean_of_means(ctx: FileContext) -> Iterator[Finding]:
         if not by_k:
             continue
         scope = ctx.window_scope(window)
-        explicit = _per_micro_batch_token_mean(ctx, window)
+        explicit = _per_micro_batch_token_mean(ctx, window) or (
+            "summed over the ranks" if micro else None)
         hints, summed = token_mean_hints(ctx, scope)
         if by_engine and not summed:
             # the loss computed in a helper the window calls (`token_ce(...)`): a mean, or a

@@ -43,6 +43,7 @@ from accumguard.static.lint._ast import (
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._lightning import manual_optimization
+from accumguard.static.lint.families._lossexpr import is_mean_call, returned_by_call, unpacked
 from accumguard.static.lint.families._masked import (
     counted_per_micro_batch,
     counts_tokens,
@@ -273,38 +274,6 @@ def _loop_or_targets(node: ast.AST) -> list[ast.AST]:
     return _targets(node)  # type: ignore[arg-type]
 
 
-def returned_by_call(ctx: FileContext, w: ast.Assign, name: str
-              ) -> tuple[ast.AST, ast.FunctionDef | ast.AsyncFunctionDef, ast.Return] | None:
-    """``loss`` of ``loss = f(...)`` or ``loss, ce = self.f(...)`` where ``f`` is the one
-    function of the file by that name and has one ``return``: what it returns there (the
-    matching element of a tuple), the function, and that return."""
-    target, call = w.targets[0], w.value
-    if not isinstance(call, ast.Call):
-        return None
-    if isinstance(target, ast.Tuple):
-        ids = [dotted(e) for e in target.elts]
-        if ids.count(name) != 1:
-            return None
-        i: int | None = ids.index(name)
-    elif dotted(target) == name:
-        i = None
-    else:
-        return None
-    fns = ctx.functions_by_name().get(call_attr(call) or "", [])
-    if len(fns) != 1:
-        return None
-    rets = [r for r in ast.walk(fns[0]) if isinstance(r, ast.Return) and r.value is not None
-            and ctx.enclosing(r, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) is fns[0]]
-    if len(rets) != 1:
-        return None
-    value = rets[0].value
-    if i is None:
-        return None if isinstance(value, ast.Tuple) else (value, fns[0], rets[0])  # type: ignore[return-value]
-    if not (isinstance(value, ast.Tuple) and len(value.elts) == len(target.elts)):  # type: ignore[attr-defined]
-        return None
-    return value.elts[i], fns[0], rets[0]
-
-
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
 _CONTROL = (ast.If, ast.Try, ast.Match, *_LOOPS)
 
@@ -478,31 +447,75 @@ def _micro_mean_beside_window_count(ctx: FileContext, window: ast.AST, terms: li
     K times its own."""
     scope = ctx.window_scope(window)
     window_terms: list[ast.AST] = []
-    micro_terms: list[tuple[_Term, ast.AST]] = []
+    micro_terms: list[tuple[_Term, str]] = []
     for t in terms:
         d = _own_division(ctx, window, t.expr)
-        if d is None or _constant(t.expr):
+        if _constant(t.expr):
+            continue
+        if d is None:
+            mean = _micro_mean_factor(ctx, scope, t.expr)
+            if mean is not None:
+                micro_terms.append((t, mean))
             continue
         num, den = d
         per_micro = counted_per_micro_batch(ctx, scope, window, den)
         if not per_micro and (counts_tokens(den) or counts_window(ctx, den)):
             window_terms.append(t.expr)
         elif per_micro and (counts_tokens(den) or _masked_shape(num, den)):
-            micro_terms.append((t, den))
+            micro_terms.append((t, f"divided by `{ast.unparse(den)}`, counted per micro-step"))
     if not window_terms:
         return
-    for t, den in micro_terms:
+    for t, how in micro_terms:
         yield ctx.finding(
             "AG127",
             t.expr,
-            f"the loss term `{ast.unparse(t.expr)}` is a mean over one micro-batch (divided by "
-            f"`{ast.unparse(den)}`, counted per micro-step) and not divided by K, while "
+            f"the loss term `{ast.unparse(t.expr)}` is a mean over one micro-batch ({how}) "
+            "and not divided by K, while "
             f"`{ast.unparse(window_terms[0])}` is normalised by the window's count: summed over "
             "the window's K micro-batches it weighs K times its coefficient relative to the "
             "large batch's loss",
             fix="normalise that term by the same window count as the main term (its sum over "
                 "the micro-batch divided by the window's count), or divide it by K",
         )
+
+
+def _micro_mean_factor(ctx: FileContext, scope: ast.AST, expr: ast.AST) -> str | None:
+    """The one factor of a product of a term (``AUX_W * aux``) that is a mean over its
+    micro-batch, the others numbers or names that are not: inline, or a name bound from
+    a function of the file whose return holds one (``main_sum, aux = losses(model, batch)``
+    with ``aux = F.cross_entropy(...)`` there), in words. None otherwise."""
+    factors: list[ast.AST] = []
+    stack = [expr]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, ast.BinOp) and isinstance(e.op, ast.Mult):
+            stack += [e.left, e.right]
+        else:
+            factors.append(e)
+    means = [(f, m) for f in factors if (m := _mean_of(ctx, scope, f)) is not None]
+    rest = [f for f in factors if all(f is not g for g, _ in means)]
+    if len(means) != 1 or not all(isinstance(f, ast.Constant | ast.Name | ast.Attribute)
+                                  for f in rest):
+        return None
+    factor, mean = means[0]
+    what = f"`{ast.unparse(mean)}`"
+    return what if factor is mean else f"`{ast.unparse(factor)}` is {what}"
+
+
+def _mean_of(ctx: FileContext, scope: ast.AST, e: ast.AST) -> ast.AST | None:
+    if is_mean_call(e):
+        return e
+    if not isinstance(e, ast.Name):
+        return None
+    got = unpacked(ctx, scope, e)
+    if got is e:
+        return None
+    if isinstance(got, ast.Name):  # the helper's own name for it: its one assignment there
+        fn = ctx.enclosing(got, (ast.FunctionDef, ast.AsyncFunctionDef))
+        binds = [n for n in ctx.local_nodes(fn) if isinstance(n, ast.Assign)
+                 and len(n.targets) == 1 and dotted(n.targets[0]) == got.id] if fn else []
+        got = binds[0].value if len(binds) == 1 else got
+    return got if is_mean_call(got) else None
 
 
 def _masked_shape(num: ast.AST, den: ast.AST) -> bool:

@@ -1,0 +1,191 @@
+"""Shapes from blind round 68 (lint), each with its correct twin:
+
+- a loss term that is a per-micro-batch mean returned by a helper of the file
+  (``main_sum, aux = losses(...)`` with ``aux = F.cross_entropy(...)``), added undivided
+  beside a term normalised by the window's token count (68 c_b03, AG127);
+- a loss divided by K times a count all-reduced on every micro-step (``loss_sum * W /
+  (n_global * K)``, the micro-step's tokens over the ranks: 68 b_b01, AG104);
+- a clip in a callback method the window fires by name on every micro-batch
+  (``self.fire("on_after_backward")``: 68 c_b01, AG138);
+- a clip before the script's own all-reduce of the gradients (68 b_b03, AG105), and a GAN
+  that syncs, clips and steps D before G's window is synchronised (65 c_c03: no finding)."""
+
+from __future__ import annotations
+
+import textwrap
+
+from accumguard.static.lint import lint_source
+
+
+def _codes(src: str) -> dict[str, str]:
+    return {f.code: f.severity.value for f in lint_source(textwrap.dedent(src))}
+
+
+_AUX = """
+import torch
+import torch.nn.functional as F
+
+K = 4
+
+
+def losses(model, batch):
+    src, tgt, mask, bucket = batch
+    logits, aux_logits = model(src)
+    main_sum = (F.cross_entropy(logits.transpose(1, 2), tgt, reduction="none") * mask).sum()
+    aux = F.cross_entropy(aux_logits, bucket)
+    return main_sum, aux
+
+
+def train(model, opt, micro, steps):
+    for s in range(steps):
+        window = micro[s * K:(s + 1) * K]
+        n_tok = sum(int(b[2].sum()) for b in window)
+        for batch in window:
+            main_sum, aux = losses(model, batch)
+            loss = main_sum / n_tok + 0.2 * AUX
+            loss.backward()
+        opt.step()
+        opt.zero_grad()
+"""
+
+
+def test_a_helper_returned_micro_mean_beside_a_window_normalised_term() -> None:
+    assert _codes(_AUX.replace("AUX", "aux")).get("AG127") == "error"
+    assert "AG127" not in _codes(_AUX.replace("AUX", "aux / K"))
+
+
+_PER_MICRO_COUNT = """
+import torch
+import torch.distributed as dist
+
+
+def train(ddp, opt, data, steps, world, grad_accum):
+    for s in range(steps):
+        COUNT_BEFORE
+        for k in range(grad_accum):
+            ids, tags, mask = data[s][k]
+            ddp.require_backward_grad_sync = k == grad_accum - 1
+            logits = ddp(ids)
+            loss_sum = (torch.nn.functional.cross_entropy(logits, tags, reduction="none") * mask).sum()
+            COUNT_INSIDE
+            loss = loss_sum * world / DIVISOR
+            loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+"""
+
+
+def test_a_loss_over_k_times_a_count_all_reduced_per_micro_step() -> None:
+    bug = (_PER_MICRO_COUNT.replace("COUNT_BEFORE", "pass")
+           .replace("COUNT_INSIDE", "n_global = mask.sum().float()\n            dist.all_reduce(n_global)")
+           .replace("DIVISOR", "(n_global * grad_accum)"))
+    assert "AG104" in _codes(bug)
+    ok = (_PER_MICRO_COUNT
+          .replace("COUNT_BEFORE", "n_global = sum(data[s][k][2].sum() for k in range(grad_accum)).float()\n"
+                   "        dist.all_reduce(n_global)")
+          .replace("COUNT_INSIDE", "pass").replace("DIVISOR", "n_global"))
+    assert "AG104" not in _codes(ok)
+
+
+_CALLBACKS = """
+import torch
+
+
+class GradClip:
+    def __init__(self, max_norm):
+        self.max_norm = max_norm
+
+    def HOOK(self, engine):
+        torch.nn.utils.clip_grad_norm_(engine.model.parameters(), self.max_norm)
+
+
+class Engine:
+    def __init__(self, model, opt, accum, callbacks):
+        self.model, self.opt, self.accum, self.cbs = model, opt, accum, callbacks
+
+    def fire(self, name):
+        for cb in self.cbs:
+            if hasattr(cb, name):
+                getattr(cb, name)(self)
+
+    def run(self, loader):
+        for i, (x, t) in enumerate(loader):
+            loss = torch.nn.functional.cross_entropy(self.model(x), t) / self.accum
+            loss.backward()
+            self.fire("on_after_backward")
+            if (i + 1) % self.accum == 0:
+                self.fire("on_before_optimizer_step")
+                self.opt.step()
+                self.opt.zero_grad(set_to_none=True)
+"""
+
+
+def test_a_clip_in_a_callback_the_window_fires_on_every_micro_batch() -> None:
+    assert _codes(_CALLBACKS.replace("HOOK", "on_after_backward")).get("AG138") == "error"
+    assert "AG138" not in _codes(_CALLBACKS.replace("HOOK", "on_before_optimizer_step"))
+
+
+_HAND_SYNC = """
+import torch
+import torch.distributed as dist
+
+
+def sync(params, world):
+    grads = [p.grad for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= world
+    torch.nn.utils.vector_to_parameters(flat, grads)
+
+
+def worker(model, opt, data, steps, K, world):
+    params = list(model.parameters())
+    for s in range(steps):
+        for k in range(K):
+            x, y = data[s][k]
+            loss = torch.nn.functional.cross_entropy(model(x), y) / K
+            loss.backward()
+        ORDER
+        opt.step()
+        opt.zero_grad()
+"""
+
+
+def test_a_clip_before_the_hand_written_all_reduce() -> None:
+    clip = "torch.nn.utils.clip_grad_norm_(params, 1.0)"
+    assert _codes(_HAND_SYNC.replace("ORDER", f"{clip}\n        sync(params, world)")) \
+        .get("AG105") == "error"
+    assert "AG105" not in _codes(_HAND_SYNC.replace("ORDER", f"sync(params, world)\n        {clip}"))
+
+
+_GAN = """
+import torch
+import torch.distributed as dist
+
+
+def allreduce_grads(m):
+    for p in m.parameters():
+        dist.all_reduce(p.grad)
+
+
+def train(G, D, og, od, batches, n_window):
+    for win in batches:
+        for real, z in win:
+            d_loss = (D(real).sum() - D(G(z).detach()).sum()) / n_window
+            d_loss.backward()
+        allreduce_grads(D)
+        torch.nn.utils.clip_grad_norm_(D.parameters(), 1.0)
+        od.step()
+        od.zero_grad()
+        for _, z in win:
+            g_loss = -D(G(z)).sum() / n_window
+            g_loss.backward()
+        allreduce_grads(G)
+        torch.nn.utils.clip_grad_norm_(G.parameters(), 1.0)
+        og.step()
+        og.zero_grad()
+"""
+
+
+def test_a_clip_stepped_before_another_models_sync_is_not_before_its_own() -> None:
+    assert "AG105" not in _codes(_GAN)
