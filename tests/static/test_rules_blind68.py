@@ -189,3 +189,103 @@ def train(G, D, og, od, batches, n_window):
 
 def test_a_clip_stepped_before_another_models_sync_is_not_before_its_own() -> None:
     assert "AG105" not in _codes(_GAN)
+
+
+_RESUME = """
+import torch
+
+
+class Trainer:
+    def __init__(self, model, opts, ckpt, accum):
+        self.model, self.opts, self.ckpt, self.accum = model, opts, ckpt, accum
+        self.micro_step = 0
+        self.global_step = 0
+
+    def on_step_end(self):
+        if self.global_step == 2:
+            torch.save({"model": self.model.state_dict(), "opts": [o.state_dict() for o in self.opts],
+                        "micro_step": self.micro_step, "global_step": self.global_step}, self.ckpt)
+            raise KeyboardInterrupt
+
+    def resume(self):
+        s = torch.load(self.ckpt)
+        self.model.load_state_dict(s["model"])
+        self.micro_step, self.global_step = s["micro_step"], s["global_step"]
+
+    def optimizer_step(self):
+        for o in self.opts:
+            o.step()
+            o.zero_grad()
+        self.global_step += 1
+        self.on_step_end()
+
+    def fit(self, buffer):
+        for batch in buffer[self.global_step * self.accum:]:
+            (self.model(batch).mean() / self.accum).backward()
+            BODY
+"""
+
+
+def test_a_counter_saved_before_its_increment_with_several_optimizers_state() -> None:
+    bug = _RESUME.replace("BODY", "if (self.micro_step + 1) % self.accum == 0:\n"
+                          "                self.optimizer_step()\n"
+                          "            self.micro_step += 1")
+    assert "AG150" in _codes(bug)
+    ok = _RESUME.replace("BODY", "self.micro_step += 1\n"
+                         "            if self.micro_step % self.accum == 0:\n"
+                         "                self.optimizer_step()")
+    assert "AG150" not in _codes(ok)
+
+
+_LIGHTNING_SUBSET = """
+import pytorch_lightning as pl
+import torch
+from torch.utils.data import DataLoader, Subset, TensorDataset
+
+
+class Cfg:
+    rows = 104
+    val_rows = 12
+    bs = 8
+    accum = ACCUM
+
+
+class DM(pl.LightningDataModule):
+    def __init__(self):
+        super().__init__()
+        self.batch_size = Cfg.bs
+
+    def setup(self, stage=None):
+        ds = TensorDataset(torch.randn(Cfg.rows, 10), torch.randn(Cfg.rows, 2))
+        self.train = Subset(ds, range(Cfg.val_rows, Cfg.rows))
+
+    def train_dataloader(self):
+        return DataLoader(self.train, batch_size=self.batch_size, shuffle=False)
+
+
+class Reg(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(10, 2)
+
+    def window_rows(self, batch_idx):
+        return self.trainer.accumulate_grad_batches * self.trainer.datamodule.batch_size
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.net(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=2, accumulate_grad_batches=Cfg.accum)
+trainer.fit(Reg(), datamodule=DM())
+"""
+
+
+def test_a_lightning_epoch_tail_over_a_subset_sized_by_a_config_class() -> None:
+    # 92 rows in batches of 8: 12 batches per epoch, a tail of 2 at K = 5, none at K = 4; the
+    # helper that reads accumulate_grad_batches is never called: it scales nothing
+    assert _codes(_LIGHTNING_SUBSET.replace("ACCUM", "5")).get("AG131") == "error"
+    assert "AG131" not in _codes(_LIGHTNING_SUBSET.replace("ACCUM", "4"))

@@ -224,6 +224,18 @@ class ValueFacts(FileIndex):
             for n in self.of(ast.AugAssign):
                 if (d := dotted(n.target)) is not None:
                     out.setdefault(d, set()).add(None)
+            for cls in self.of(ast.ClassDef):
+                # a module-level config class's attribute (`class Cfg: rows = 104`), read as
+                # `Cfg.rows` (a `Cfg.rows = ...` elsewhere adds its own value)
+                if not isinstance(self.parents.get(cls), ast.Module):
+                    continue
+                for stmt in cls.body:
+                    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 \
+                            and isinstance(stmt.targets[0], ast.Name):
+                        val = stmt.value
+                        out.setdefault(f"{cls.name}.{stmt.targets[0].id}", set()).add(
+                            val.value if isinstance(val, ast.Constant) and type(val.value) is int
+                            else None)
             return out
         return self._cached("int_assigns", self.tree, compute)  # type: ignore[no-any-return]
 

@@ -21,10 +21,10 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from accumguard.static.findings import Confidence, Finding, Severity
-from accumguard.static.lint._ast import dotted
+from accumguard.static.lint._ast import call_attr, dotted
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._ctx_boundary import bound_argument
-from accumguard.static.lint._lengths import dataset_class_len
+from accumguard.static.lint._lengths import dataset_class_len, static_len
 from accumguard.static.lint._rule import rule
 
 __all__ = ["fit_batches", "lightning_epoch_shorter_than_window", "single_assignments"]
@@ -121,7 +121,7 @@ def _int(ctx: FileContext, expr: ast.AST | None) -> int | None:
     """:meth:`int_value`, or inside a class the file builds with one argument, the value with each
     ``self.x`` that ``__init__`` sets from a parameter replaced by the constructor call's
     argument (``self.hp["bs"]`` of ``ToyDM(HP)`` is ``HP["bs"]``)."""
-    v = ctx.int_value(expr)
+    v = ctx.int_through_names(expr) if expr is not None else None
     if v is not None or expr is None:
         return v
     if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Mult | ast.Add | ast.Sub | ast.FloorDiv):
@@ -274,6 +274,8 @@ def _loader_batches(ctx: FileContext, loader: ast.AST, world: int = 1) -> int | 
         rows = _rows(ctx, own[1]) if own[0] == "rows" else _int(ctx, own[1])
     elif (dotted(ds.func) or "").endswith("TensorDataset") and ds.args:
         rows = _rows(ctx, ds.args[0])
+    elif (dotted(ds.func) or "").endswith("Subset") and len(ds.args) == 2:
+        rows = static_len(ctx, ds.args[1])  # `Subset(ds, range(a, b))`: its indices
     else:
         return None
     if rows is None:
@@ -299,7 +301,17 @@ def _rescales_windows(ctx: FileContext, trainer: ast.Call) -> bool:
     ``num_training_batches``) outside the ``Trainer(...)`` call: it may scale its short window."""
     inside = set(ast.walk(trainer))
     return any(isinstance(n, ast.Attribute) and n.attr in ("accumulate_grad_batches", "num_training_batches")
-               and n not in inside for n in ast.walk(ctx.tree))
+               and n not in inside and not _never_called(ctx, n) for n in ast.walk(ctx.tree))
+
+
+def _never_called(ctx: FileContext, node: ast.AST) -> bool:
+    """``node`` is in a helper method of the file (not a Lightning hook) that nothing in the
+    file calls by its name: it cannot scale anything."""
+    fn = ctx.enclosing(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+    if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) or fn.name.startswith(
+            ("on_", "training_step", "configure_", "backward", "optimizer_", "lr_scheduler")):
+        return False
+    return not any(call_attr(c) == fn.name for c in ctx.of(ast.Call))
 
 
 def _schedule_dict(ctx: FileContext, expr: ast.AST) -> ast.Dict | None:

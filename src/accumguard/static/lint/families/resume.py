@@ -60,6 +60,11 @@ def _training_state(ctx: FileContext, d: ast.Dict) -> bool:
     if ".grad" in text or "'grad" in text or '"grad' in text:
         return False
     for key, value in zip(d.keys, d.values, strict=True):
+        if isinstance(value, ast.ListComp | ast.List | ast.Tuple):
+            # several optimizers: `[o.state_dict() for o in self.opts]`
+            inner = value.elt if isinstance(value, ast.ListComp) else (
+                value.elts[0] if value.elts else None)
+            value = inner if inner is not None else value
         if isinstance(value, ast.Call) and call_attr(value) == "state_dict":
             named = isinstance(key, ast.Constant) and "opt" in str(key.value).lower()
             if named or ctx.kind_of_receiver(receiver(value)) == "optimizer":
