@@ -273,6 +273,13 @@ class StepMachinery:
                   owner: object, *, discarded: bool = False) -> None:
         w = self._w
         own, self._ow = self._ow, None
+        if own is not None and source == "torch" and self.backward_total > self._step_bw0 \
+                and not self._unborn:
+            # backwards inside the step (a closure: Lightning's automatic optimisation runs
+            # the window's last micro-step there) came after this optimizer's own window was
+            # cut from the log at the step's start: cut it again, with them
+            again = self.lanes.window(owner, w, self.backward_total, len(self._tracked))
+            own = own if again is None else again
         unborn, self._unborn = self._unborn, 0
         same = own is None or (len(own.backwards) == len(w.backwards)
                                and all(a is b for a, b in zip(own.backwards, w.backwards,
