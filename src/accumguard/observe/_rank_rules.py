@@ -17,7 +17,8 @@ from accumguard.observe._weight_rules import (
     _window_mass,
 )
 
-__all__ = ["cross_rank_findings", "manual_reduce_findings", "rank_scale_findings"]
+__all__ = ["clipped_apart_findings", "cross_rank_findings", "manual_reduce_findings",
+           "rank_scale_findings"]
 
 
 def rank_scale_findings(rank: int | None, windows: list[StepWindow], world: int
@@ -225,3 +226,46 @@ def _never_synchronised(rec: RunRecording, ranks: list[int]) -> bool:
                     or s.get("reductions") or (isinstance(comm, dict) and comm.get("rows")):
                 return False
     return True
+
+
+def clipped_apart_findings(rec: RunRecording) -> list[Finding]:
+    """F8: in a step seen on two or more ranks, the optimizer received the same gradient on
+    every rank, but the norm clip after the window's last backward shrank each rank's
+    gradient by a different factor (at least one below 1). A clip of the synchronised
+    gradient sees one norm on every rank; different factors mean each rank clipped its own
+    gradient by its own norm before the ranks' gradients were combined (a hand-written
+    all-reduce after the clip)."""
+    ranks = [r for r in rec.ranks if rec.steps.get(r)]
+    if len(ranks) < 2:
+        return []
+    by_step: dict[int, dict[int, StepWindow]] = {}
+    for r in ranks:
+        for s in _windows(rec.steps[r]):
+            by_step.setdefault(s.step, {})[r] = s
+    for step in sorted(by_step):
+        row = by_step[step]
+        clips = {r: float(s.conservation.clip) for r, s in row.items()
+                 if s.conservation is not None and s.conservation.ok}
+        sums = [s.checksum for s in row.values() if s.checksum]
+        if len(clips) < 2 or len(sums) != len(row) or min(clips.values()) >= 1.0:
+            continue
+        scale = max(abs(v[2]) for v in sums) or 1e-30
+        if max(abs(a[i] - b[i]) for a in sums for b in sums for i in (0, 1)) > 1e-5 * scale:
+            continue  # the ranks received different gradients: F11's, not this rule's
+        lo, hi = min(clips.values()), max(clips.values())
+        if hi - lo <= 1e-4 * hi:
+            continue
+        factors = ", ".join(f"rank {r}: {c:.4g}" for r, c in sorted(clips.items()))
+        return [_mk("F8", "error", None, step, None,
+                    f"at optimizer step {_n(step)} every rank's optimizer received the same "
+                    f"gradient, but the norm clip after the window's last backward shrank it by "
+                    f"a different factor on each rank ({factors}): each rank clipped its own, "
+                    "not yet synchronised gradient by its own norm, and the ranks' gradients "
+                    "were combined after that (an all-reduce after the clip), so they are "
+                    "rescaled unequally and the synchronised gradient's norm is never the one "
+                    "clipped",
+                    title_="gradient clipped on each rank before the ranks' gradients were "
+                           "combined",
+                    fix="Synchronise the gradients first (the all-reduce), then clip once, "
+                        "right before the optimizer step.")]
+    return []

@@ -51,6 +51,7 @@ from accumguard.observe._precision_rules import (
     low_precision_findings,
 )
 from accumguard.observe._rank_rules import (
+    clipped_apart_findings,
     cross_rank_findings,
     manual_reduce_findings,
     rank_scale_findings,
@@ -319,6 +320,7 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
             findings += rule("lr_schedule_findings", lr_schedule_findings, rank,
                              _windows(rec.steps.get(rank, [])), res.k)
     findings += rule("cross_rank_findings", cross_rank_findings, rec)
+    findings += rule("clipped_apart_findings", clipped_apart_findings, rec)
     findings += rule("in_backward_findings", in_backward_findings, rec, res)
     ledger = rule("ledger_findings", ledger_findings, rec, res.k)
     if any(f.cls == "F10" and f.severity == "error" for f in ledger):
