@@ -182,10 +182,7 @@ def cross_rank_findings(rec: RunRecording) -> list[Finding]:
     ranks = [r for r in rec.ranks if rec.steps.get(r)]
     if len(ranks) < 2:
         return []
-    by_step: dict[int, dict[int, StepWindow]] = {}
-    for r in ranks:
-        for s in _windows(rec.steps[r]):
-            by_step.setdefault(s.step, {})[r] = s
+    by_step = _by_step(rec, ranks)
     for step in sorted(by_step):
         row = by_step[step]
         if len(row) < 2 or any(s.engine == "fsdp2" for s in row.values()):
@@ -216,6 +213,15 @@ def cross_rank_findings(rec: RunRecording) -> list[Finding]:
     return []
 
 
+def _by_step(rec: RunRecording, ranks: list[int]) -> dict[int, dict[int, StepWindow]]:
+    """Per optimizer step, each rank's window of it."""
+    by_step: dict[int, dict[int, StepWindow]] = {}
+    for r in ranks:
+        for s in _windows(rec.steps[r]):
+            by_step.setdefault(s.step, {})[r] = s
+    return by_step
+
+
 def _never_synchronised(rec: RunRecording, ranks: list[int]) -> bool:
     """No rank's window went through an engine that synchronises gradients, and no rank's
     script all-reduced a gradient of its own, in any step recorded."""
@@ -238,10 +244,7 @@ def clipped_apart_findings(rec: RunRecording) -> list[Finding]:
     ranks = [r for r in rec.ranks if rec.steps.get(r)]
     if len(ranks) < 2:
         return []
-    by_step: dict[int, dict[int, StepWindow]] = {}
-    for r in ranks:
-        for s in _windows(rec.steps[r]):
-            by_step.setdefault(s.step, {})[r] = s
+    by_step = _by_step(rec, ranks)
     for step in sorted(by_step):
         row = by_step[step]
         clips = {r: float(s.conservation.clip) for r, s in row.items()

@@ -228,6 +228,13 @@ def mult_factors(expr: ast.AST | None) -> list[ast.AST]:
     return [] if expr is None else [expr]
 
 
+def sum_terms(expr: ast.AST) -> list[ast.AST]:
+    """The terms of a sum ``a + b + c`` (``[expr]`` for anything else)."""
+    if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Add):
+        return sum_terms(expr.left) + sum_terms(expr.right)
+    return [expr]
+
+
 def position(node: ast.AST) -> tuple[int, int]:
     """(line, col) of a node, for ordering."""
     return getattr(node, "lineno", 0), getattr(node, "col_offset", 0)

@@ -29,6 +29,7 @@ from accumguard.static.lint._ast import (
     call_attr,
     dotted,
     identifiers,
+    mult_factors,
     receiver,
     walk_all,
 )
@@ -144,22 +145,11 @@ def _reduced_per_micro_step(ctx: FileContext, window: ast.AST, divisor: ast.AST)
     """``divisor`` is a name all-reduced inside the window itself, on every micro-step, from
     a value of this micro-step (``n = n_tok.float(); dist.all_reduce(n)``): the micro-batch's
     count over the ranks, not the window's."""
-    factors = _factors(divisor)  # (a product: `n_global * K`)
+    factors = mult_factors(divisor)  # (a product: `n_global * K`)
     inside = ctx.all_reduced_names(window) if isinstance(window, ast.For | ast.While) else set()
     return any(isinstance(f, ast.Name) and f.id in inside
                and counted_per_micro_batch(ctx, ctx.window_scope(window), window, f)
                for f in factors)
-
-
-def _factors(e: ast.AST) -> list[ast.AST]:
-    out, todo = [], [e]
-    while todo:
-        x = todo.pop()
-        if isinstance(x, ast.BinOp) and isinstance(x.op, ast.Mult):
-            todo += [x.left, x.right]
-        else:
-            out.append(x)
-    return out
 
 
 def _k_times_micro_count(ctx: FileContext, window: ast.AST) -> list[tuple[ast.AST, ast.AST]]:
@@ -169,7 +159,7 @@ def _k_times_micro_count(ctx: FileContext, window: ast.AST) -> list[tuple[ast.AS
     out = []
     for sub in ctx.local_nodes(window):
         d = division(sub)
-        if d is not None and any(ctx.mentions_accum(f) for f in _factors(d[1])) \
+        if d is not None and any(ctx.mentions_accum(f) for f in mult_factors(d[1])) \
                 and _reduced_per_micro_step(ctx, window, d[1]) \
                 and is_loss_division(ctx, sub, d[0]):
             out.append((sub, d[0]))

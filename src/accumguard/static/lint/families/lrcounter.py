@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from accumguard.static.findings import Confidence, Finding, Severity
-from accumguard.static.lint._ast import FUNCS, dotted, walk_all, walk_local
+from accumguard.static.lint._ast import FUNCS, dotted, sum_terms, walk_all, walk_local
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._ctx_boundary import bound_argument
 from accumguard.static.lint._rule import rule
@@ -156,14 +156,7 @@ def _derived_from_index(ctx: FileContext, scope: ast.AST, assign: ast.Assign) ->
     if any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.FloorDiv | ast.Mod | ast.Div)
            for n in walk_all(assign.value)):
         return None
-    terms: list[ast.AST] = []
-    todo = [assign.value]
-    while todo:
-        e = todo.pop()
-        if isinstance(e, ast.BinOp) and isinstance(e.op, ast.Add):
-            todo += [e.left, e.right]
-        else:
-            terms.append(e)
+    terms = sum_terms(assign.value)
     for idx, flat in _flat_windows(ctx).items():
         if not any(isinstance(t, ast.Name) and t.id == idx for t in terms):
             continue

@@ -35,6 +35,7 @@ from accumguard.static.lint._ast import (
     call_attr,
     dotted,
     is_backward,
+    mult_factors,
     position,
     receiver,
     walk_all,
@@ -484,14 +485,7 @@ def _micro_mean_factor(ctx: FileContext, scope: ast.AST, expr: ast.AST) -> str |
     micro-batch, the others numbers or names that are not: inline, or a name bound from
     a function of the file whose return holds one (``main_sum, aux = losses(model, batch)``
     with ``aux = F.cross_entropy(...)`` there), in words. None otherwise."""
-    factors: list[ast.AST] = []
-    stack = [expr]
-    while stack:
-        e = stack.pop()
-        if isinstance(e, ast.BinOp) and isinstance(e.op, ast.Mult):
-            stack += [e.left, e.right]
-        else:
-            factors.append(e)
+    factors = mult_factors(expr)
     means = [(f, m) for f in factors if (m := _mean_of(ctx, scope, f)) is not None]
     rest = [f for f in factors if all(f is not g for g, _ in means)]
     if len(means) != 1 or not all(isinstance(f, ast.Constant | ast.Name | ast.Attribute)
