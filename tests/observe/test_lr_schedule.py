@@ -154,3 +154,28 @@ def test_a_scheduler_object_moving_the_rate_inside_windows_is_left_to_the_schedu
             opt.zero_grad()
     assert any(s["lr_changes"] for s in rec.steps), rec.steps
     assert lr_schedule_findings(0, _windows(rec.steps), 4) == []
+
+
+def test_a_warm_up_peaking_inside_the_first_window_then_a_per_micro_decay() -> None:
+    """blind 67 c_b03: the rate written from ``epoch * len(loader) + i`` (the micro-batch
+    index), a warm-up of 2 over windows of 3: the first window moves once (0.1 -> 0.2, then
+    the peak), the next ones at every backward until the floor. A partial move before the
+    first window that moved at every backward is the warm-up's end, as one after the last
+    is the decay's."""
+    def lr_at(it: int) -> float:
+        if it < 2:
+            return 0.2 * (it + 1) / 2
+        return 0.2 * max(0.05, 1.0 - (it - 2) / 6)
+
+    rows = []
+    it = 0
+    for step in range(8):
+        seen = [lr_at(it + m) for m in range(3)]
+        it += 3
+        changes = sum(1 for a, b in zip(seen, seen[1:], strict=False) if a != b)
+        rows.append({"step": step, "backwards": 3, "applied": True, "lr_changes": changes,
+                     "lr": seen[-1], "scheduler_steps": 0})
+    assert [r["lr_changes"] for r in rows[:3]] == [1, 2, 2], rows
+    found = lr_schedule_findings(0, _windows(rows), 3)
+    assert _sev(found) == {("F4", "error")}, found
+    assert "e.g. 2 change(s) among the 3" in found[0].evidence, found[0].evidence

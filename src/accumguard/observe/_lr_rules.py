@@ -56,14 +56,18 @@ def lr_schedule_findings(rank: int, windows: list[StepWindow], k: int | None
             # twice between two steps, whether or not the rate reached its floor mid-window)
             moving.append((i, (n >= 2 and changes >= n - 1) or changes >= 2))
         prev = lr
-    # the schedule's last moves may fall part-way into a window or on its boundary (at most
-    # two windows, after the last window that moved at every backward); a move anywhere
-    # else that was not at every backward is a schedule indexed by the optimizer step
+    # the schedule's first and last moves may fall part-way into a window or on its
+    # boundary (a warm-up reaching its peak, a decay reaching its floor: at most two windows
+    # before the first window that moved at every backward, and two after the last); a move
+    # between such windows that was not at every backward is a schedule indexed by the
+    # optimizer step
     full = [i for i, every in moving if every]
     if not full:
         return []
-    tail = [i for i, every in moving if not every]
-    if len(tail) > 2 or any(i < full[-1] for i in tail):
+    partial = [i for i, every in moving if not every]
+    lead = [i for i in partial if i < full[0]]
+    tail = [i for i in partial if i > full[-1]]
+    if len(lead) > 2 or len(tail) > 2 or len(lead) + len(tail) != len(partial):
         return []
     if len(moving) < 2 and int(traced[full[0]][0].backwards or 0) < 3:
         return []  # (one change in one window of two backwards: a coincidence is possible)
@@ -72,7 +76,7 @@ def lr_schedule_findings(rank: int, windows: list[StepWindow], k: int | None
     sizes = sorted(int(w.backwards or 0) for w, _, _ in traced)
     kk = k if k is not None and k > 1 else sizes[len(sizes) // 2]
     total = len(traced)
-    first = traced[moving[0][0]][0]
+    first = traced[full[0]][0]  # (the example: a window that moved at every backward)
     every = all(int(w.lr_changes or 0) >= int(w.backwards or 0) - 1 for w, _, _ in
                 (traced[i] for i in full))
     where = ((f"the learning rate changed between every two backward passes of {per_micro} "
