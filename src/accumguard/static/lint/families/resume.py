@@ -435,3 +435,21 @@ def micro_counter_restored_from_steps(ctx: FileContext) -> Iterator[Finding]:
             f"`{value} * K`",
         )
         return
+    for loop in ctx.of(ast.For):
+        # `for it, b in enumerate(batches, start=global_step)`: the loop's index is the
+        # micro-batch counter, started from the count of optimizer steps
+        index, start = _enumerate_index(loop), _enumerate_start(loop)
+        if index is None or start is None or index not in counters or start not in steps \
+                or last_part(start) in counters:
+            continue
+        inc = steps[start]
+        yield ctx.finding(
+            "AG150",
+            loop.iter,
+            f"`{ast.unparse(loop.iter)}` starts the micro-batch index `{index}`, which the "
+            f"boundary test reads modulo K, at `{start}`, which counts optimizer steps "
+            f"(`{ast.unparse(inc)}` at line {inc.lineno}, once per window): a resumed run "
+            "starts its index at S instead of S x K, so its first window closes early and "
+            f"every later one is shifted; start it at `{start} * K`",
+        )
+        return

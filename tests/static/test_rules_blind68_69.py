@@ -1,4 +1,4 @@
-"""Shapes from blind round 68 (lint), each with its correct twin:
+"""Shapes from blind rounds 68 and 69 (lint), each with its correct twin:
 
 - a loss term that is a per-micro-batch mean returned by a helper of the file
   (``main_sum, aux = losses(...)`` with ``aux = F.cross_entropy(...)``), added undivided
@@ -289,3 +289,37 @@ def test_a_lightning_epoch_tail_over_a_subset_sized_by_a_config_class() -> None:
     # helper that reads accumulate_grad_batches is never called: it scales nothing
     assert _codes(_LIGHTNING_SUBSET.replace("ACCUM", "5")).get("AG131") == "error"
     assert "AG131" not in _codes(_LIGHTNING_SUBSET.replace("ACCUM", "4"))
+
+
+_ENUM_START = """
+import itertools
+import os
+
+import torch
+
+
+def train(model, opt, stream, ckpt_path, K):
+    if os.path.exists(ckpt_path):
+        ck = torch.load(ckpt_path)
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["opt"])
+        global_step = ck["step"]
+    else:
+        global_step = 0
+    batches = itertools.islice(stream, global_step * K, None)
+    for it, batch in enumerate(batches, start=START):
+        (model(batch).mean() / K).backward()
+        if (it + 1) % K == 0:
+            opt.step()
+            opt.zero_grad()
+            global_step += 1
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(),
+                        "step": global_step}, ckpt_path)
+"""
+
+
+def test_a_resumed_micro_index_started_at_the_count_of_optimizer_steps() -> None:
+    """69 c_b02: ``enumerate(batches, start=global_step)`` after a resume: the index the
+    boundary tests modulo K starts at S, not S x K (the data skipped is S x K batches)."""
+    assert "AG150" in _codes(_ENUM_START.replace("START", "global_step"))
+    assert "AG150" not in _codes(_ENUM_START.replace("START", "global_step * K"))
