@@ -323,3 +323,175 @@ def test_a_resumed_micro_index_started_at_the_count_of_optimizer_steps() -> None
     boundary tests modulo K starts at S, not S x K (the data skipped is S x K batches)."""
     assert "AG150" in _codes(_ENUM_START.replace("START", "global_step"))
     assert "AG150" not in _codes(_ENUM_START.replace("START", "global_step * K"))
+
+
+_ACCEL_PARAM = """
+import torch
+from accelerate import Accelerator
+from transformers import get_linear_schedule_with_warmup
+
+
+def make_opt_sched(model, args, n_proc):
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    sched = get_linear_schedule_with_warmup(opt, num_warmup_steps=args.warmup * n_proc,
+                                            num_training_steps=HORIZON)
+    return opt, sched
+
+
+def main(args, model, ref, data):
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=args.accum)
+    W = accelerator.num_processes
+    n = args.micro_bs * args.accum * W * args.steps
+    opt, sched = make_opt_sched(model, args, W)
+    loader = torch.utils.data.DataLoader(data[:n], batch_size=args.micro_bs)
+    model, opt, loader, sched = accelerator.prepare(model, opt, loader, sched)
+    for x, y in loader:
+        with accelerator.accumulate(model):
+            accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+    ropt, rsched = make_opt_sched(ref, args, 1)
+"""
+
+
+def test_a_horizon_times_a_parameter_given_the_number_of_processes() -> None:
+    """69 a_b02_fixed: ``args.steps * n_proc`` with ``n_proc`` the world size at the training
+    call and 1 at the reference's: counted in scheduler steps (an AG125 warning before)."""
+    assert "AG125" not in _codes(_ACCEL_PARAM.replace("HORIZON", "args.steps * n_proc"))
+    assert _codes(_ACCEL_PARAM.replace("HORIZON", "args.steps")).get("AG125") == "warning"
+
+
+_LIGHTNING_INIT = """
+import pytorch_lightning as pl
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+CFG = {"n": 40, "bs": 4, "accum": ACCUM, "epochs": 2}
+
+
+class SensorData(pl.LightningDataModule):
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        self.x = torch.randn(cfg["n"], 10)
+        self.y = torch.randn(cfg["n"], 2)
+
+    def train_dataloader(self):
+        return DataLoader(TensorDataset(self.x, self.y), batch_size=self.cfg["bs"], shuffle=False)
+
+
+class Regressor(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(10, 2)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.net(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=CFG["epochs"],
+                     accumulate_grad_batches=CFG["accum"])
+trainer.fit(Regressor(), datamodule=SensorData(CFG))
+"""
+
+
+def test_a_datamodule_sized_by_its_constructors_parameter_in_init() -> None:
+    """69 a_b03: rows from ``torch.randn(cfg["n"], ...)`` in ``__init__(self, cfg)``, built
+    ``SensorData(CFG)``: 10 batches, a tail of 1 at K = 3, none at K = 5."""
+    assert _codes(_LIGHTNING_INIT.replace("ACCUM", "3")).get("AG131") == "error"
+    assert "AG131" not in _codes(_LIGHTNING_INIT.replace("ACCUM", "5"))
+
+
+_DDP_HELPER_COUNT = """
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def tokens_in(window):
+    return sum(int((lab != -100).sum()) for _, lab in window)
+
+
+def window_loss_scale(window):
+    return DENOM
+
+
+def main(base, steps, rank, K):
+    model = DDP(base)
+    model.register_comm_hook(state=None, hook=default_hooks.allreduce_hook)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for window in steps:
+        denom = window_loss_scale(window[rank])
+        for i, (ids, labels) in enumerate(window[rank]):
+            model.require_backward_grad_sync = i == K - 1
+            loss = F.cross_entropy(model(ids), labels, ignore_index=-100, reduction="sum") / denom
+            loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+"""
+
+
+def test_a_rank_local_count_returned_by_a_helper_under_ddps_averaging_hook() -> None:
+    """69 b_b02: the divisor comes from a helper returning this rank's token count; torch's
+    own ``allreduce_hook`` keeps DDP's average (it is not a custom reduction)."""
+    assert "AG113" in _codes(_DDP_HELPER_COUNT.replace("DENOM", "float(tokens_in(window))"))
+    ok = _DDP_HELPER_COUNT.replace(
+        "DENOM", "float(tokens_in(window))").replace(
+        "        denom = window_loss_scale(window[rank])",
+        "        n = torch.tensor(window_loss_scale(window[rank]))\n"
+        "        dist.all_reduce(n)\n        denom = n.item() / dist.get_world_size()")
+    assert "AG113" not in _codes(ok)
+
+
+_HAND_ZERO = """
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+
+class FlatShardSGD:
+    def __init__(self, model, rank, world):
+        self.params = list(model.parameters())
+        self.world, self.rank = world, rank
+        self.master = torch.nn.Parameter(torch.zeros(10))
+        self.opt = torch.optim.SGD([self.master], lr=0.1)
+
+    def grad_bucket(self):
+        return torch.cat([p.grad.reshape(-1) for p in self.params])
+
+    def reduce_and_step(self):
+        bucket = self.grad_bucket()
+        out = torch.empty(bucket.numel() // self.world)
+        work = dist.reduce_scatter_tensor(out, bucket, op=dist.ReduceOp.SUM, async_op=True)
+        work.wait()
+        AVERAGE
+        self.master.grad = out
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+
+def main(model, data, steps, rank, world):
+    zopt = FlatShardSGD(model, rank, world)
+    for s in range(steps):
+        win = data[s][rank]
+        n_tok = torch.tensor(float(sum((t != -100).sum().item() for _, t in win)))
+        dist.all_reduce(n_tok)
+        for ids, tags in win:
+            loss = F.cross_entropy(model(ids), tags, ignore_index=-100, reduction="sum") / n_tok
+            loss.backward()
+        zopt.reduce_and_step()
+"""
+
+
+def test_a_hand_written_zero_dividing_a_reduce_scatter_by_the_world_again() -> None:
+    """69 b_b01: the loss over the all-ranks token count, then the reduce-scattered sum
+    divided by W: G / W."""
+    assert _codes(_HAND_ZERO.replace("AVERAGE", "out.div_(self.world)")).get("AG123") == "error"
+    assert "AG123" not in _codes(_HAND_ZERO.replace("AVERAGE", "pass"))

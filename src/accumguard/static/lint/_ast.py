@@ -61,7 +61,7 @@ OPTIMIZER_CLASSES = frozenset(
      "paged_adamw", "muon", "optimizers", "configure_optimizers", "create_optimizer"}
 )
 #: the tensor being all-reduced is a gradient (not grad_input/grad_output of a custom autograd op)
-GRAD_TENSOR_RE = re.compile(r"^(grad|grads|gradients?|flat_grads?|grad_buf\w*|\w+_grads?)$")
+GRAD_TENSOR_RE = re.compile(r"^(grad|grads|gradients?|flat_grads?|grad_buf\w*|grad_bucket\w*|\w+_grads?)$")
 WINDOW_FUNCS = frozenset({"training_step", "train_step"})
 DDP_WRAPPERS = frozenset(
     {"DistributedDataParallel", "DDP", "fully_shard", "FullyShardedDataParallel", "FSDP"}

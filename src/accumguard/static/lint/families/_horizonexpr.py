@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 from accumguard.static.lint._ast import WORLD_RE, call_attr, dotted, walk_all
 from accumguard.static.lint._context import FileContext
+from accumguard.static.lint._ctx_boundary import bound_argument
 
 __all__ = ["HORIZON_ARG", "calls_by_attr", "constructor_name", "divides", "expand", "helper_horizon",
            "horizon_expr", "inlined_call", "is_world", "lambda_body", "lambda_horizon", "len_args",
@@ -217,8 +218,24 @@ def multiplies_by_world(parts: list[ast.AST], ctx: FileContext | None = None) ->
     ``ctx``, also a local name assigned from the number of processes (``ticks =
     accelerator.num_processes``)."""
     def world(x: ast.AST) -> bool:
-        return is_world(x) or (ctx is not None and isinstance(x, ast.Name)
-                                and ctx.mentions_world(x))
+        if is_world(x):
+            return True
+        if ctx is None or not isinstance(x, ast.Name):
+            return False
+        if ctx.mentions_world(x):
+            return True
+        # a parameter the calls of its function give the number of processes (`make_sched(opt,
+        # args, n_proc)` called with `W = accelerator.num_processes`; a single-process
+        # reference's call may pass 1)
+        fn = ctx.enclosing(x, (ast.FunctionDef, ast.AsyncFunctionDef))
+        if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) or x.id not in {
+                a.arg for a in (*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs)}:
+            return False
+        args = [bound_argument(fn, c, x.id) for c in ctx.of(ast.Call)
+                if isinstance(c.func, ast.Name) and c.func.id == fn.name]
+        worlds = [a for a in args if a is not None and (is_world(a) or ctx.mentions_world(a))]
+        return bool(worlds) and all(
+            a in worlds or (isinstance(a, ast.Constant) and a.value == 1) for a in args)
     for p in parts:
         # (a product below a division's line, `len(dl) // (num_processes * K)`, divides)
         below = {id(x) for n in walk_all(p) if isinstance(n, ast.BinOp)

@@ -144,10 +144,23 @@ def _count_names(ctx: FileContext) -> set[str]:
                 continue
             if not isinstance(node.value, ast.Call | ast.BinOp | ast.Subscript | ast.Attribute | ast.Name):
                 continue
-            if counts_tokens(node.value) and not ctx.mentions_world(node.value):
+            value = _returned_by_helper(ctx, node.value) or node.value
+            if counts_tokens(value) and not ctx.mentions_world(value):
                 out.add(d)
         return out
     return ctx._cached("count_names", ctx.tree, compute)  # type: ignore[no-any-return]
+
+
+def _returned_by_helper(ctx: FileContext, value: ast.AST) -> ast.AST | None:
+    """What ``helper(...)`` returns when the file's one function of that name has one
+    ``return`` (``denom = window_loss_scale(window)`` with ``return float(tokens_in(window))``)."""
+    if not (isinstance(value, ast.Call) and isinstance(value.func, ast.Name)):
+        return None
+    defs = ctx.functions_by_name().get(value.func.id, [])
+    if len(defs) != 1:
+        return None
+    rets = [r.value for r in ast.walk(defs[0]) if isinstance(r, ast.Return) and r.value is not None]
+    return rets[0] if len(rets) == 1 else None
 
 
 def is_count(ctx: FileContext, divisor: ast.AST, *, micro_batch: bool = True) -> bool:

@@ -16,6 +16,7 @@ from accumguard.static.lint._ast import (
     call_attr,
     dotted,
     identifiers,
+    last_part,
     receiver,
     walk_all,
 )
@@ -36,8 +37,22 @@ _REDUCTION_CHANGED = frozenset({"set_gradient_divide_factor", "set_reduce_scatte
 
 def custom_rank_reduction(ctx: FileContext) -> bool:
     """The file changes the wrapper's reduction over ranks (a divide factor, a comm hook):
-    the rules that assume DDP/FSDP's average say nothing."""
-    return any((call_attr(c) or "") in _REDUCTION_CHANGED for c in ctx.of(ast.Call))
+    the rules that assume DDP/FSDP's average say nothing. torch's own averaging hooks
+    (``default_hooks.allreduce_hook``, the fp16/bf16 compression hooks) keep the average."""
+    return any((call_attr(c) or "") in _REDUCTION_CHANGED and not _averaging_hook(c)
+               for c in ctx.of(ast.Call))
+
+
+#: DDP comm hooks of torch that all-reduce and divide by the process group's size
+_AVERAGING_HOOKS = frozenset({"allreduce_hook", "fp16_compress_hook", "bf16_compress_hook"})
+
+
+def _averaging_hook(call: ast.Call) -> bool:
+    if call_attr(call) != "register_comm_hook":
+        return False
+    hook = next((k.value for k in call.keywords if k.arg == "hook"),
+                call.args[1] if len(call.args) > 1 else None)
+    return last_part(dotted(hook)) in _AVERAGING_HOOKS
 
 
 def _wrapped_names(scope: ast.AST, parents: dict[ast.AST, ast.AST]) -> set[str]:
@@ -304,6 +319,22 @@ def hand_average(ctx: FileContext) -> list[ast.AST]:
         out: list[ast.AST] = []
         divisions = [n for n in ctx.of(ast.Call, ast.AugAssign) if _divides_grads_by_world(ctx, n)]
         for call in ctx.of(ast.Call):
+            if call_attr(call) in _SCATTERS and len(call.args) >= 2 \
+                    and _grad_tensor(ctx, call.args[1]) and isinstance(call.args[0], ast.Name):
+                # a hand-written ZeRO: `reduce_scatter_tensor(out, grad_bucket, op=SUM)`, then
+                # `out.div_(world)` (the output shard holds the reduced gradient)
+                func = ctx.enclosing(call, FUNCS)
+                op = next((k.value for k in call.keywords if k.arg == "op"),
+                          call.args[2] if len(call.args) > 2 else None)
+                how = (dotted(op) or "").upper() if op is not None else "SUM"
+                if how.endswith("AVG"):
+                    out.append(call)
+                elif how.endswith("SUM"):
+                    out += [n for n in ctx.of(ast.Call, ast.AugAssign)
+                            if getattr(n, "lineno", 0) >= call.lineno and n not in out
+                            and ctx.enclosing(n, FUNCS) is func
+                            and _divides_by_world(ctx, n, call.args[0].id)]
+                continue
             if call_attr(call) != "all_reduce" or not call.args \
                     or not _grad_tensor(ctx, call.args[0]):
                 continue
@@ -327,6 +358,18 @@ def grad_all_reduces(ctx: FileContext) -> list[ast.Call]:
 def _averages(call: ast.Call) -> bool:
     op = _op(call)
     return op is not None and (dotted(op) or "").upper().endswith("AVG")
+
+
+#: reduce-scatters: (output, input, ...) by position
+_SCATTERS = frozenset({"reduce_scatter_tensor", "_reduce_scatter_base"})
+
+
+def _divides_by_world(ctx: FileContext, n: ast.AST, name: str) -> bool:
+    """``name.div_(W)`` or ``name /= W``."""
+    if isinstance(n, ast.Call) and call_attr(n) == "div_" and len(n.args) == 1:
+        return dotted(receiver(n)) == name and ctx.mentions_world(n.args[0])
+    return isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Div) \
+        and dotted(n.target) == name and ctx.mentions_world(n.value)
 
 
 def _divides_grads_by_world(ctx: FileContext, n: ast.AST) -> bool:

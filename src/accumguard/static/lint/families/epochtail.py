@@ -138,10 +138,18 @@ def _int(ctx: FileContext, expr: ast.AST | None) -> int | None:
     if not binding:
         return None
 
+    fn = ctx.enclosing(expr, (ast.FunctionDef,))
+    in_init = isinstance(fn, ast.FunctionDef) and fn.name == "__init__" \
+        and ctx.parents.get(fn) is cls
+
     class _Sub(ast.NodeTransformer):
         def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
             d = dotted(node)
             return binding.get(d, node) if d is not None else self.generic_visit(node)
+
+        def visit_Name(self, node: ast.Name) -> ast.AST:
+            # `cfg["n"]` in `__init__(self, cfg)`: the constructor's argument for it
+            return binding.get("__init__:" + node.id, node) if in_init else node
 
     swapped = _Sub().visit(copy.deepcopy(expr))
     return ctx.int_value(swapped)
@@ -166,15 +174,23 @@ def _constructor_binding(ctx: FileContext, cls: ast.ClassDef) -> dict[str, ast.A
                     pairs += list(zip(t.elts, v.elts, strict=True))  # `self.n, self.bs = n, bs`
                 else:
                     pairs.append((t, v))
+        def same(name: str) -> ast.AST | None:
+            args = [bound_argument(init, site, name) for site in sites]
+            # (every construction passes the same name or literal)
+            if all(isinstance(a, ast.Constant) or (isinstance(a, ast.Name | ast.Attribute)
+                                                   and dotted(a) is not None) for a in args) \
+                    and len({ast.unparse(a) for a in args if a is not None}) == 1:
+                return args[0]
+            return None
+
         for target, value in pairs:
             if isinstance(value, ast.Name) and value.id in params \
-                    and (d := dotted(target)) is not None and d.startswith("self."):
-                args = [bound_argument(init, site, value.id) for site in sites]
-                # (every construction passes the same name or literal)
-                if all(isinstance(a, ast.Constant) or (isinstance(a, ast.Name | ast.Attribute)
-                                                       and dotted(a) is not None) for a in args) \
-                        and len({ast.unparse(a) for a in args if a is not None}) == 1:
-                    out[d] = args[0]  # type: ignore[assignment]
+                    and (d := dotted(target)) is not None and d.startswith("self.") \
+                    and (arg := same(value.id)) is not None:
+                out[d] = arg
+        for name in params - {"self"}:  # the parameters themselves, read in __init__
+            if (arg := same(name)) is not None:
+                out["__init__:" + name] = arg
         return out
     return ctx._cached("constructor_binding", cls, compute)  # type: ignore[no-any-return]
 
