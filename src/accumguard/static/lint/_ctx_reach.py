@@ -106,6 +106,27 @@ class ReachFacts(BoundaryFacts):
         table: dict[ast.AST, list[ast.Call]] = self._cached("call_sites", self.tree, compute)
         return table.get(fn, [])
 
+    def dispatched(self, call: ast.Call, fn: Func | None) -> list[Func]:
+        """The methods a callback dispatcher of the file runs by name: ``self.fire(
+        "on_after_backward")`` where ``fire`` calls ``getattr(cb, name)(...)`` with ``name``
+        the parameter the string is bound to: every method of the file's classes by that
+        name (the callbacks it may reach)."""
+        if fn is None:
+            return []
+        params = [a.arg for a in (*fn.args.posonlyargs, *fn.args.args)]
+        if params and params[0] == "self" and isinstance(call.func, ast.Attribute):
+            params = params[1:]
+        names = {p: a.value for p, a in zip(params, call.args, strict=False)
+                 if isinstance(a, ast.Constant) and isinstance(a.value, str)}
+        if not names:
+            return []
+        looked_up = {a.id for n in ast.walk(fn) if isinstance(n, ast.Call)
+                     and isinstance(n.func, ast.Name) and n.func.id == "getattr"
+                     and len(n.args) >= 2 for a in n.args[1:2] if isinstance(a, ast.Name)}
+        methods, _ = self._class_tree()
+        return [f for p, name in names.items() if p in looked_up
+                for (_, m), fs in methods.items() if m == name for f in fs]
+
     def has_own_backward(self, fn: ast.AST) -> bool:
         """``fn`` runs a backward itself (outside nested definitions)."""
         return bool(self._cached("own_backward", fn, lambda: any(
@@ -126,7 +147,8 @@ class ReachFacts(BoundaryFacts):
                     if not isinstance(n, ast.Call):
                         continue
                     fn = self.callee_of(n)
-                    for f in ([fn] if fn is not None else self.self_method_overrides(n)):
+                    targets = [fn] if fn is not None else self.self_method_overrides(n)
+                    for f in [*targets, *self.dispatched(n, fn)]:
                         if (f in seen or f.name.startswith("__")
                                 or f.name in WINDOW_FUNCS or self.has_own_backward(f)):
                             continue

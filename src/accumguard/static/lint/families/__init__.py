@@ -35,7 +35,7 @@
                AG134               ... or by hand before DeepSpeed's engine.backward (GA > 1)
 ``ampclip``    AG135               gradient clipped before GradScaler.unscale_ (on the scaled gradient)
 ``hookclip``   AG138               clipping in a hook run on every micro-batch (Lightning's
-               on_after_backward, HF on_substep_end, a callback the window fires), K > 1
+               on_after_backward, HF on_substep_end), K > 1
 ``syncclip``   AG105               clipping before the script's own all-reduce of the gradients
 ``hookreduce`` AG154               the accumulated .grad all-reduced (SUM) in a post-accumulate-grad hook
 ``dssched``    AG153               a scheduler given to deepspeed.initialize and stepped by the script too

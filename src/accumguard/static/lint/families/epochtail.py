@@ -289,7 +289,8 @@ def _loader_batches(ctx: FileContext, loader: ast.AST, world: int = 1) -> int | 
     if own is not None:
         rows = _rows(ctx, own[1]) if own[0] == "rows" else _int(ctx, own[1])
     elif (dotted(ds.func) or "").endswith("TensorDataset") and ds.args:
-        rows = _rows(ctx, ds.args[0])
+        # (its tensors share their first dimension: the first one whose rows are in sight)
+        rows = next((r for a in ds.args if (r := _rows(ctx, a)) is not None), None)
     elif (dotted(ds.func) or "").endswith("Subset") and len(ds.args) == 2:
         rows = static_len(ctx, ds.args[1])  # `Subset(ds, range(a, b))`: its indices
     else:

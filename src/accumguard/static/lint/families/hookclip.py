@@ -52,48 +52,6 @@ def clip_in_backward_hook(ctx: FileContext) -> Iterator[Finding]:
             )
 
 
-@rule("AG138")
-def clip_in_dispatched_callback(ctx: FileContext) -> Iterator[Finding]:
-    """A callback method of the file that clips (``GradClip.on_after_backward``), run from an
-    accumulating window of the file on every micro-batch: the window calls it by name
-    (``self.fire("on_after_backward")``, ``cb.on_after_backward(self)``) outside its boundary
-    test, so each micro-batch clips the window's partial sum."""
-    clips: dict[str, list[ast.Call]] = {}
-    for func in ctx.of(*FUNCS):
-        if not isinstance(ctx.parents.get(func), ast.ClassDef):
-            continue
-        for n in ctx.local_nodes(func):
-            if isinstance(n, ast.Call) and call_attr(n) in CLIP_FUNCS and not reads_only(n) \
-                    and not ctx.guarded(n, func):
-                clips.setdefault(func.name, []).append(n)
-    if not clips:
-        return
-    seen: set[int] = set()
-    for window in ctx.windows():
-        if not ctx.window_facts(window).accumulating or ctx.window_k_is_one(window):
-            continue
-        for n in ctx.local_nodes(window):
-            if not isinstance(n, ast.Call) or ctx.guarded(n, window):
-                continue
-            names = {call_attr(n) or ""} | {a.value for a in n.args if isinstance(a, ast.Constant)
-                                            and isinstance(a.value, str)}
-            for name in sorted(names & set(clips)):
-                for clip in clips[name]:
-                    if id(clip) in seen:
-                        continue
-                    seen.add(id(clip))
-                    yield ctx.finding(
-                        "AG138",
-                        clip,
-                        f"`{ast.unparse(clip.func)}` in `{name}`, which the window "
-                        f"runs on every micro-batch (`{ast.unparse(n)}`, line {n.lineno}, "
-                        "outside its optimizer-step test): each micro-batch clips the partial "
-                        "sum of the window instead of the window's gradient once",
-                        fix="clip once per optimizer step, after the window's last backward: "
-                            "move the clip to a callback fired right before the optimizer step",
-                    )
-
-
 def reads_only(call: ast.Call) -> bool:
     """``clip_grad_norm_(params, float("inf"))`` (or ``math.inf``): a norm read, no clip."""
     norm = call.args[1] if len(call.args) > 1 else next(

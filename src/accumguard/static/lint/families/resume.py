@@ -151,6 +151,9 @@ def _restores(ctx: FileContext, keys: dict[str, set[str]]) -> list[ast.Assign | 
         index, start = _enumerate_index(loop), _enumerate_start(loop)
         if index is not None and start is not None:
             starts[start] = index
+        # `if batch_idx < start_batch: continue`: where a resumed loop's skipping ends
+        if index is not None and (skip := _skip_threshold(loop)) is not None:
+            starts[skip] = index
     out: list[ast.Assign | ast.Call] = []
     for call in ctx.of(ast.Call):
         defs = ctx.defs_by_name().get(call.func.id, []) if isinstance(call.func, ast.Name) else []
@@ -222,6 +225,18 @@ def _loop_index_saved(ctx: FileContext, test: ast.If, save: ast.Call,
     return None
 
 
+def _skip_threshold(loop: ast.For) -> str | None:
+    """The name ``S`` of ``if i < S: continue`` at the top of the loop over ``enumerate``
+    (``i`` its index): the micro-batches a resumed loop skips."""
+    index = _enumerate_index(loop)
+    for stmt in loop.body[:3]:
+        if isinstance(stmt, ast.If) and stmt.body and isinstance(stmt.body[0], ast.Continue) \
+                and isinstance(stmt.test, ast.Compare) and len(stmt.test.ops) == 1 \
+                and isinstance(stmt.test.ops[0], ast.Lt) and dotted(stmt.test.left) == index:
+            return dotted(stmt.test.comparators[0])
+    return None
+
+
 def _increment_after(ctx: FileContext, test: ast.If, names: set[str]) -> ast.AugAssign | None:
     """``counter += 1`` later in the loop iteration that runs ``test``: a statement after the
     ``if`` (or after a block holding it) up to the innermost loop around it."""
@@ -255,10 +270,11 @@ def _saved_before_increment(ctx: FileContext, at_boundary: list[tuple[ast.If, as
         loop = _loop_index_saved(ctx, test, save, names) if names and inc is None else None
         if loop is not None:
             # the index is resumed only if the restored value starts the loop again
-            # (`enumerate(stream, start=self.resume_from)`)
-            start = _enumerate_start(loop)
-            fed = [r for r in restores if start is not None and (
-                isinstance(r, ast.Call) or any(dotted(t) == start for t in ast.walk(r.targets[0])))]
+            # (`enumerate(stream, start=self.resume_from)`), or is where its skipping ends
+            # (`if batch_idx < start_batch: continue`)
+            starts = {n for n in (_enumerate_start(loop), _skip_threshold(loop)) if n}
+            fed = [r for r in restores if starts and (
+                isinstance(r, ast.Call) or any(dotted(t) in starts for t in ast.walk(r.targets[0])))]
             restores, loop = (fed, loop) if fed else (restores, None)
         if inc is None and loop is None:
             continue
@@ -267,6 +283,19 @@ def _saved_before_increment(ctx: FileContext, at_boundary: list[tuple[ast.If, as
                   f"with the index of `{ast.unparse(loop.iter)}` (line {loop.lineno}), the "
                   "position of the last micro-batch, not the number consumed"
                   if loop is not None else "")
+        skip = _skip_threshold(loop) if loop is not None else None
+        if skip is not None and isinstance(restore, ast.Assign) and any(
+                dotted(t) == skip for t in ast.walk(restore.targets[0])):
+            yield ctx.finding(
+                "AG150",
+                restore,
+                f"the checkpoint is written when `{ast.unparse(test.test)}` is true, {before}; "
+                f"restored as saved (`{ast.unparse(restore)}`), the resumed loop skips only the "
+                f"micro-batches before it (`{skip}`), so it runs the window's last micro-batch "
+                "again, and the same test is true there: the optimizer steps on a window of "
+                "that one micro-batch, seen twice. Resume after it (`+ 1`)",
+            )
+            return
         yield ctx.finding(
             "AG150",
             restore,
