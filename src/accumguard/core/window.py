@@ -196,6 +196,10 @@ class StepRecord:
     # only): per distinct factor, [the factor, its units' module names (a few), how many
     # units]; None when every unit reduces alike (``rank_factor`` is then their factor)
     rank_factor_units: list[list[Any]] | None = None
+    # an optimizer's first window, read only when it was made beside one that had stepped
+    # (a run rebuilt to resume) and has its own window: whether its first backward found a
+    # nonzero gradient on its parameters (a restored partial window); None: not read
+    began_on_grad: bool | None = None
     # -- counts of the guard and the audit (not in a recording) ---------------------------
     # optimizer steps that closed the window: 1, 2 for a second step a guard in warn mode
     # let run, 0 for the audit's trailing micro-steps after the last step

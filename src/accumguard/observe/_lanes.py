@@ -62,6 +62,10 @@ class _Entry:
     start: torch.Tensor | None = None  # gradient checksums (all tracked parameters)
     end: torch.Tensor | None = None
     loss: torch.Tensor | float | None = None
+    # parameters that held a nonzero gradient before it, when asked (an optimizer that has
+    # not stepped yet after another one had: a resumed run may have restored its window's
+    # gradient into .grad); None when not read
+    held: frozenset[int] | None = None
 
 
 @dataclass
@@ -74,6 +78,7 @@ class _Zero:
 class _Pending:
     versions: list[tuple[int, int] | None]
     params: list[torch.Tensor] = field(default_factory=list)
+    held: frozenset[int] | None = None
 
 
 def _pids(opt: object) -> frozenset[int]:
@@ -109,6 +114,7 @@ class Lanes:
         # optimizers made with no gradient on their parameters that have not stepped yet:
         # the step path asks :meth:`unborn` only while there is one (a read, not a call)
         self.newborn = 0
+        self._stepped_any = False  # some optimizer of the process has stepped
 
     # -- registry -------------------------------------------------------------------------
     def _get(self, opt: object) -> _Lane | None:
@@ -231,7 +237,18 @@ class Lanes:
             self._floor = serial + 1  # a window from before this one is not in the log
             return None
         params = self._all_params()
-        return _Pending(_versions(params), params)
+        held = None
+        if self._unstepped_after_step():
+            # one read of each gradient, only until such an optimizer has stepped once
+            held = frozenset(id(p) for p in params
+                             if p.grad is not None and bool(local(p.grad).any()))
+        return _Pending(_versions(params), params, held)
+
+    def _unstepped_after_step(self) -> bool:
+        """An optimizer that has not stepped yet, made after some optimizer of the process
+        had stepped (a run rebuilt to resume, a second stage): its first window may
+        continue a restored one."""
+        return self._stepped_any and any(ln.steps == 0 for ln in list(self._lanes.values()))
 
     def after_backward(self, pending: _Pending | None, serial: int, ev: BackwardEvent,
                        start: torch.Tensor | None, end: torch.Tensor | None,
@@ -241,7 +258,7 @@ class Lanes:
         after = _versions(pending.params)
         touched = frozenset(id(p) for p, a, b in zip(pending.params, pending.versions, after,
                                                      strict=False) if a != b)
-        self.log.append(_Entry(serial, ev, touched, start, end, loss))
+        self.log.append(_Entry(serial, ev, touched, start, end, loss, pending.held))
         if len(self.log) > LOG_LIMIT:
             drop = len(self.log) - LOG_LIMIT
             self._floor = self.log[drop].serial
@@ -270,6 +287,7 @@ class Lanes:
     def stepped(self, opt: object, serial: int) -> None:
         """``opt``'s window ended (``serial`` backwards so far); the log keeps what the other
         optimizers' open windows still need."""
+        self._stepped_any = True
         lane = self._get(opt)
         if lane is not None:
             lane.since = serial
@@ -338,6 +356,9 @@ class Lanes:
             w.losses = [e.loss for e in entries]  # type: ignore[misc]
         else:
             w.loss_ok = False
+        if entries and lane.steps == 0 and entries[0].held is not None:
+            # its first window: did its first backward find a gradient already there?
+            w.began_on_grad = bool(entries[0].held & mine)
         first = entries[0].serial if entries else serial
         inside = sum(1 for z in zeros if z.serial > first) if entries else 0
         w.zero_grads = w.zero_between = inside

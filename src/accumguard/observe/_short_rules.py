@@ -13,8 +13,10 @@ No torch here, as in :mod:`.rules`.
 
 from __future__ import annotations
 
+import dataclasses
+
 from accumguard.observe import _shared_rules as shared
-from accumguard.observe._records import Finding, KResolution, StepWindow, _mk, _n
+from accumguard.observe._records import Finding, KResolution, Severity, StepWindow, _mk, _n
 
 __all__ = ["continued_windows", "reborn", "short_window_findings"]
 
@@ -99,6 +101,8 @@ def short_window_findings(rank: int, windows: list[StepWindow], res: KResolution
             continue  # (a new optimizer's first window is judged above, or not at all)
         if again and verdict == "F1":
             continue  # (a tail left by the abandoned run: not this optimizer's cadence)
+        if i == 0 and _later_optimizer(w) and w.began_on_grad and verdict == "F13":
+            continue  # its first backward found a gradient there: a restored partial window
         if i == 0 and _later_optimizer(w) and w.conservation is None and verdict == "F13" \
                 and (nxt is None or nxt.window < k):
             # an optimizer's first window, another optimizer having stepped before it (a
@@ -108,6 +112,17 @@ def short_window_findings(rank: int, windows: list[StepWindow], res: KResolution
             continue
         if verdict in ("F1", "F13") and verdict not in said:
             f = _finding(rank, verdict, i, windows, res, passes, f1_found)
+            if f is not None and i == 0 and _later_optimizer(w) and w.conservation is None \
+                    and w.began_on_grad is None and f.cls == "F13" and f.severity == "error":
+                # a run rebuilt to resume whose first window's gradient before its first
+                # backward was not read: a restored partial window and a counter off by the
+                # missing micro-steps look alike, nothing proves which
+                f = dataclasses.replace(
+                    f, severity=Severity.WARNING,
+                    evidence=f.evidence + "; this optimizer was made after another one had "
+                    "stepped (a run rebuilt to resume) and the gradient its first window "
+                    "began on was not measured: if the resume restored the saved window's "
+                    "gradient into .grad, this window is right")
             if f is not None:
                 said.add(verdict)
                 out.append(f)

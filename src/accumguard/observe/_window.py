@@ -56,6 +56,9 @@ class StepTally:
         # often the window was begun again at such a zero_grad
         self.param_versions: list[int] | None = None
         self.restarts = 0
+        # an optimizer's own first window (several optimizers, :mod:`._lanes`): whether its
+        # first backward found a nonzero gradient on its parameters (None: not read)
+        self.began_on_grad: bool | None = None
 
     def without_first(self, n: int) -> StepTally:
         """This window less its first ``n`` backward passes: those ran before the stepping
@@ -146,7 +149,7 @@ class StepTally:
             lr=lr, in_backward=in_backward, grad_hooks=grad_hooks,
             backward_pass=backward_pass, clip_before_unscale=self._scaled_clip(),
             restarts=self.restarts, opt_serial=opt_serial, unborn=unborn,
-            rank_factor_units=rank_factor_units)
+            rank_factor_units=rank_factor_units, began_on_grad=self.began_on_grad)
 
     def _scaled_clip(self) -> list[float] | None:
         """[scale, norm, max_norm] of a norm clip of the scaled gradient (one host read of
