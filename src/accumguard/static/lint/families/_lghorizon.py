@@ -22,7 +22,7 @@ from accumguard.static.lint._context import FileContext
 from accumguard.static.lint.families._lightning import automatic_lightning_module
 from accumguard.static.lint.families.epochtail import _imports_lightning
 
-__all__ = ["lightning_k_frequencies", "lightning_micro_horizons"]
+__all__ = ["lightning_micro_horizons"]
 
 HorizonOf = Callable[[FileContext, ast.Call], "ast.AST | None"]
 _HORIZON_CTORS = frozenset({
@@ -170,36 +170,6 @@ class _Scope:
                 if any(self.batch_count(x) for p in self.parts(n, depth) for x in walk_all(p)):
                     return n
         return None
-
-
-def lightning_k_frequencies(ctx: FileContext) -> Iterator[tuple[ast.AST, str]]:
-    """(the ``frequency`` value, message) of each ``"interval": "step"`` scheduler entry of an
-    automatically optimised LightningModule whose ``frequency`` is K (a name of K, or the
-    integer the file's ``Trainer(accumulate_grad_batches=K)`` sets): Lightning counts that
-    frequency in optimizer steps, already once per K batches, so the schedule advances once
-    per K optimizer steps (K x K batches) where the large batch's advances once per step."""
-    if not _imports_lightning(ctx):
-        return
-    k = trainer_k(ctx)
-    for func in ctx.defs_by_name().get("configure_optimizers", []):
-        if not automatic_lightning_module(ctx, func):
-            continue
-        for node in walk_all(func):
-            entry = _entry(node)
-            if entry is None:
-                continue
-            interval, freq = entry.get("interval"), entry.get("frequency")
-            if freq is None or not (isinstance(interval, ast.Constant) and interval.value == "step"):
-                continue
-            named = ctx.mentions_accum(freq)
-            if not named and not (k is not None and ctx.int_value(freq) == k):
-                continue
-            yield freq, (
-                f"the scheduler's `\"frequency\": {ast.unparse(freq)}` is the accumulation count K, "
-                f"but with `\"interval\": \"step\"` Lightning counts the frequency in optimizer "
-                f"steps, which already come once per K batches: the schedule advances once per K "
-                f"optimizer steps (K x K batches), K times slower than the large batch's"
-            )
 
 
 def _entry(node: ast.AST) -> dict[str, ast.AST] | None:

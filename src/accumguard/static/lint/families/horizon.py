@@ -51,7 +51,6 @@ from accumguard.static.lint.families._horizonexpr import (
     window_of,
 )
 from accumguard.static.lint.families._lghorizon import (
-    lightning_k_frequencies,
     lightning_micro_horizons,
 )
 
@@ -178,17 +177,12 @@ def horizon_in_micro_batches(ctx: FileContext) -> Iterator[Finding]:
             )
     for ctor, message in lightning_micro_horizons(ctx, horizon_expr):
         yield ctx.finding("AG124", ctor, message, fix=_LIGHTNING_FIX)
-    for freq, message in lightning_k_frequencies(ctx):
-        yield replace(ctx.finding("AG124", freq, message, fix=_FREQUENCY_FIX),
-                      severity=Severity.WARNING, confidence=Confidence.MEDIUM)
 
 
 _HF_FIX = ("size the horizon in optimizer steps: divide the micro-batches per epoch by "
            "gradient_accumulation_steps (`math.ceil(len(dataset) / (per_device_train_batch_size * "
            "gradient_accumulation_steps)) * epochs`), or let the Trainer build the scheduler "
            "(lr_scheduler_type, warmup_ratio), which counts in optimizer steps")
-_FREQUENCY_FIX = ("drop `frequency` (or set it to 1): an `\"interval\": \"step\"` scheduler already steps "
-                  "once per optimizer step, after Lightning's accumulation")
 _LIGHTNING_FIX = ("size the horizon in optimizer steps: `self.trainer.estimated_stepping_batches` (it "
                   "counts accumulate_grad_batches and max_epochs), or divide the batches per epoch by "
                   "accumulate_grad_batches: `math.ceil(len(self.train_dataloader()) / "

@@ -339,6 +339,9 @@ def rank_local_token_mean_under_ddp(ctx: FileContext) -> Iterator[Finding]:
             isinstance(n, ast.Call) and call_attr(n) == "sum" for n in walk_all(dividend)
         )):
             continue
+        if ctx.mentions_world(dividend) and not by_hand:
+            continue  # `loss_sum * world / n`: the W only undoes the average for a count that
+            # spans the ranks (counted from every rank's data, or all-reduced out of sight)
         scope = ctx.scope_of(divisor)  # (a helper's count: `mult = loss_multiplier(window)`)
         count_names = {d for d in (dotted(s) for s in walk_all(divisor)) if d}
         reduced = ctx.all_reduced_names(scope) | ctx.all_reduced_names(ctx.tree)

@@ -1,4 +1,4 @@
-"""Shapes from blind round 70 (lint), each with its twin:
+"""Shapes from blind rounds 70 and 71 (lint), each with its twin:
 
 - a large-batch reference whose loop names K only where it assembles the window's batch (a
   comprehension over ``range(GAS)``) and sizes it (``MICRO * GAS * world``) is not an
@@ -174,3 +174,27 @@ def train(model, opt, loader, ckpt_path, K):
 def test_a_resume_that_skips_up_to_the_saved_last_micro_batch_only() -> None:
     assert "AG150" in _codes(_SKIP_RESUME.replace("RESTORE", 'ck["batch_idx"]'))
     assert "AG150" not in _codes(_SKIP_RESUME.replace("RESTORE", 'ck["batch_idx"] + 1'))
+
+
+_DS_GLOBAL = """
+import deepspeed
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+
+def train(engine, data, steps, rank, world, K):
+    for step in range(steps):
+        n_tok = torch.tensor(float(sum(int((t != -100).sum()) for r in data[step] for _, t in r)))
+        for x, t in data[step][rank]:
+            loss = F.cross_entropy(engine(x), t, ignore_index=-100, reduction="sum") SCALE / n_tok
+            engine.backward(loss, scale_wrt_gas=False)
+            engine.step()
+"""
+
+
+def test_a_loss_times_the_world_over_a_count_of_every_ranks_data() -> None:
+    """71 b_c03: the count is read from every rank's data, never all-reduced; ``* world``
+    above the line says it is the window's count over the ranks (an AG113 warning before)."""
+    assert "AG113" not in _codes(_DS_GLOBAL.replace("SCALE", "* world"))
+    assert "AG113" in _codes(_DS_GLOBAL.replace("SCALE", ""))

@@ -1,4 +1,4 @@
-# corpus: style=lightning class=F4
+# corpus: style=lightning class=OK
 import pytorch_lightning as pl
 import torch
 
@@ -27,14 +27,8 @@ class LitRegressor(pl.LightningModule):
             return max(0.0, (total - step) / (total - warmup))
 
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
-        return {
-            "optimizer": optimizer,
-            "lr_scheduler": {
-                "scheduler": scheduler,
-                "interval": "step",
-                "frequency": self.trainer.accumulate_grad_batches,  # expect: AG124
-            },
-        }
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step",
+                                                             "frequency": 4}}  # batches: once per optimizer step
 
 
 trainer = pl.Trainer(max_epochs=20, accumulate_grad_batches=ACCUM, gradient_clip_val=1.0)
