@@ -179,10 +179,7 @@ def _reduce_fit(rows: list[StepWindow | None]) -> float | None:
 
 def cross_rank_findings(rec: RunRecording) -> list[Finding]:
     """What reached the optimizer must agree across ranks on replicated-gradient engines."""
-    ranks = [r for r in rec.ranks if rec.steps.get(r)]
-    if len(ranks) < 2:
-        return []
-    by_step = _by_step(rec, ranks)
+    by_step = _by_step(rec)
     for step in sorted(by_step):
         row = by_step[step]
         if len(row) < 2 or any(s.engine == "fsdp2" for s in row.values()):
@@ -198,7 +195,7 @@ def cross_rank_findings(rec: RunRecording) -> list[Finding]:
             text = ", ".join(f"rank {r}: {v[0]:.6g}" for r, v in sorted(sums.items()))
             evidence = (f"the gradient the optimizer received differs across ranks at step "
                         f"{_n(step)} (checksums {text}): ranks train different models")
-            if _never_synchronised(rec, ranks):
+            if _never_synchronised(rec, [r for r in rec.ranks if rec.steps.get(r)]):
                 return [_mk("F11", "error", None, step, None,
                             evidence + "; no engine (DDP, FSDP, DeepSpeed) wrapped the model on "
                             "any rank and the script all-reduced no gradient: the ranks never "
@@ -213,8 +210,11 @@ def cross_rank_findings(rec: RunRecording) -> list[Finding]:
     return []
 
 
-def _by_step(rec: RunRecording, ranks: list[int]) -> dict[int, dict[int, StepWindow]]:
-    """Per optimizer step, each rank's window of it."""
+def _by_step(rec: RunRecording) -> dict[int, dict[int, StepWindow]]:
+    """Per optimizer step, each rank's window of it (empty with fewer than two ranks)."""
+    ranks = [r for r in rec.ranks if rec.steps.get(r)]
+    if len(ranks) < 2:
+        return {}
     by_step: dict[int, dict[int, StepWindow]] = {}
     for r in ranks:
         for s in _windows(rec.steps[r]):
@@ -241,10 +241,7 @@ def clipped_apart_findings(rec: RunRecording) -> list[Finding]:
     gradient sees one norm on every rank; different factors mean each rank clipped its own
     gradient by its own norm before the ranks' gradients were combined (a hand-written
     all-reduce after the clip)."""
-    ranks = [r for r in rec.ranks if rec.steps.get(r)]
-    if len(ranks) < 2:
-        return []
-    by_step = _by_step(rec, ranks)
+    by_step = _by_step(rec)
     for step in sorted(by_step):
         row = by_step[step]
         clips = {r: float(s.conservation.clip) for r, s in row.items()
