@@ -506,3 +506,72 @@ def test_a_fault_in_this_sessions_readers_changes_nothing(
     assert failure is not None and where in failure.error + failure.traceback
     for a, b in zip(params, plain, strict=True):
         assert torch.equal(a, b)
+
+
+def _train_rebuilt() -> list[torch.Tensor]:
+    """Two optimizers over disjoint parameters, a step with a closure, then a rebuilt model
+    and optimizers (a resume) whose first window starts on a restored gradient: the paths of
+    the lanes' re-cut after a closure and of their "began on a gradient" read."""
+    g = torch.Generator().manual_seed(3)
+
+    def build() -> tuple[torch.nn.Module, torch.nn.Module, list[torch.optim.Optimizer]]:
+        torch.manual_seed(0)
+        a, b = torch.nn.Linear(5, 4), torch.nn.Linear(4, 2)
+        return a, b, [torch.optim.SGD(a.parameters(), lr=0.1),
+                      torch.optim.Adam(b.parameters(), lr=1e-2)]
+
+    def micro(a: torch.nn.Module, b: torch.nn.Module) -> torch.Tensor:
+        loss = b(a(torch.randn(4, 5, generator=g))).pow(2).mean() / K
+        loss.backward()
+        return loss
+
+    a, b, opts = build()
+    for _ in range(2):
+        for _ in range(K - 1):
+            micro(a, b)
+        opts[0].step(lambda: micro(a, b))  # the window's last micro-step in the closure
+        opts[1].step()
+        for o in opts:
+            o.zero_grad()
+    micro(a, b)
+    saved = [p.grad.clone() for p in (*a.parameters(), *b.parameters())]
+    a, b, opts = build()
+    for p, s in zip((*a.parameters(), *b.parameters()), saved, strict=True):
+        p.grad = s.clone()
+    for _ in range(2):
+        for _ in range(K - 1):
+            micro(a, b)
+        for o in opts:
+            o.step()
+            o.zero_grad()
+    return [p.detach().clone() for p in (*a.parameters(), *b.parameters())]
+
+
+@pytest.mark.parametrize("where", ["grad_versions", "_unstepped_after_step", "window"])
+def test_a_fault_in_the_gradient_marks_and_the_lanes_changes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    """This session's code in users' processes: the gradient version marks (read at every
+    checked backward and step), the lanes' read of a gradient already there (a resumed
+    optimizer's first window) and the own window cut again after a closure fail inside
+    their doors: observation switches off, the failure is accumguard's, the weights are
+    bit-equal."""
+    import accumguard.observe._backward as backward
+    import accumguard.observe._steps as steps
+    from accumguard.observe._lanes import Lanes
+
+    plain = _train_rebuilt()
+
+    def broken(*args: object, **kwargs: object) -> object:
+        raise RuntimeError(f"injected: {where}")
+
+    if where == "grad_versions":
+        monkeypatch.setattr(backward, "grad_versions", broken)
+        monkeypatch.setattr(steps, "grad_versions", broken)
+    else:
+        monkeypatch.setattr(Lanes, where, broken)
+    with recording(tmp_path) as obs:
+        params = _train_rebuilt()
+        failure = obs.failure
+    assert failure is not None and where in failure.error + failure.traceback
+    for x, y in zip(params, plain, strict=True):
+        assert torch.equal(x, y)
