@@ -25,10 +25,8 @@ module runs them all and re-exports their public names.
 from __future__ import annotations
 
 import dataclasses
-import traceback
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
-from typing import TypeVar, cast
+from collections.abc import Mapping, Sequence
 
 from accumguard.core.window import Conservation, StepRecord
 from accumguard.observe import _shared_rules as shared
@@ -43,6 +41,7 @@ from accumguard.observe._epochs import (
 from accumguard.observe._framework_fixes import framework_fixes, frameworks
 from accumguard.observe._groups import after_in_backward, group_ks, optimizer_groups
 from accumguard.observe._hook_step_rules import in_backward_findings
+from accumguard.observe._isolated import Isolated
 from accumguard.observe._ledger import ledger_findings, term_findings, weights_right
 from accumguard.observe._lr_rules import lr_schedule_findings
 from accumguard.observe._precision_rules import (
@@ -106,7 +105,6 @@ __all__ = ["F12_ERROR_FACTOR", "NUMBERING", "WEIGHT_TOL", "WEIGHT_TOL_LOW_PRECIS
            "low_precision_findings", "manual_reduce_findings", "rank_scale_findings",
            "resolve_k", "step_record", "watch_dict", "windows"]
 
-_T = TypeVar("_T")
 
 
 def conservation_class(cons: Conservation | Mapping[str, object], zero_grads_between: int
@@ -263,12 +261,12 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
     """All findings of the run, K and where K came from. ``script``: the K the command's
     script declares (:func:`accumguard.watch._declared.declared_k`).
 
-    Each rule runs on its own: one that raises (accumguard's own bug, met on a recording no
+    Each rule runs on its own (:class:`._isolated.Isolated`): one that raises (accumguard's own bug, met on a recording no
     test had) is noted in ``rec.judge_failures`` with its traceback and the others still
     report, so a report never loses what the working rules found, and never reads as a
     pass for what the failed rule would have judged."""
     res = resolve_k(rec, k_flag, script)
-    rule = _Isolated(rec)
+    rule = Isolated(rec)
     findings: list[Finding] = []
     # the whole update weighs its tokens as the large batch does, across the ranks: a rank's
     # own total of 1/K or K (its share of the 1, with unequal counts) proves nothing
@@ -346,25 +344,6 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
     fixed = rule("framework_fixes", lambda: framework_fixes(unique, frameworks(rec)),
                  default=unique)
     return fixed, res.k, res.source
-
-
-class _Isolated:
-    """Runs one rule behind a wall: its exception becomes a line of
-    ``rec.judge_failures`` (which rule, the error, its traceback) and its result the
-    ``default`` (no findings), so the other rules still run."""
-
-    def __init__(self, rec: RunRecording) -> None:
-        self.rec = rec
-
-    def __call__(self, name: str, fn: Callable[..., _T], *args: object,
-                 default: _T | None = None) -> _T:
-        try:
-            return fn(*args)
-        except Exception as exc:  # noqa: BLE001 - accumguard's own bug: reported, not raised
-            self.rec.judge_failures.append({
-                "rule": name, "error": f"{type(exc).__name__}: {exc}",
-                "traceback": traceback.format_exc()})
-            return cast(_T, []) if default is None else default
 
 
 def _rank_findings(rank: int, steps: Sequence[StepRecord], info: JsonObject,

@@ -16,6 +16,7 @@ from accumguard.static.lint._ast import (
     has_mod,
     identifiers,
     is_backward,
+    mult_factors,
     walk_all,
     walk_local,
 )
@@ -41,7 +42,7 @@ class WindowQueries(Protocol):
     def functions_by_name(self) -> dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]]: ...
 
 
-__all__ = ["MICRO_ITER_RE", "accum_name", "accum_only_builds_batch", "iter_identifiers",
+__all__ = ["MICRO_ITER_RE", "accum_name", "accum_only_builds_batch", "assembles_window", "iter_identifiers",
            "steps_by_window", "whole_window_iteration", "yields_windows"]
 
 #: a loop over these iterates the micro-batches of one window
@@ -242,3 +243,14 @@ def _windows_count(ctx: WindowQueries, name: ast.AST) -> bool:
     return bool(values) and all(
         isinstance(v, ast.BinOp) and isinstance(v.op, ast.Div | ast.FloorDiv)
         and ctx.mentions_accum(v.right) for v in values)
+
+
+def assembles_window(node: ast.AST) -> bool:
+    """K named where a loop builds or sizes one large batch rather than runs K backwards:
+    inside a comprehension (``[sample(s * K + k) for k in range(K)]``, the window's
+    micro-batches concatenated) or a product with other names (``n / (micro * K * world)``,
+    the window's sample count): a large-batch reference's loop."""
+    if isinstance(node, ast.ListComp | ast.GeneratorExp | ast.SetComp | ast.DictComp):
+        return True
+    return isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult) and sum(
+        1 for f in mult_factors(node) if not isinstance(f, ast.Constant)) >= 3

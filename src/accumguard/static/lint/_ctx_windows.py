@@ -22,7 +22,6 @@ from accumguard.static.lint._ast import (
     identifiers,
     is_backward,
     local_identifiers,
-    mult_factors,
     own_identifier,
     position,
     receiver,
@@ -34,6 +33,7 @@ from accumguard.static.lint._ctx_batch import (
     MICRO_ITER_RE,
     accum_name,
     accum_only_builds_batch,
+    assembles_window,
     iter_identifiers,
     steps_by_window,
     whole_window_iteration,
@@ -361,7 +361,7 @@ class WindowQueries(OwnRateQueries):
             # K named only where the code checks or reports (`assert len(xs) == K * W`,
             # `print(..., grad_accum)`: a reference loop's checks) does not accumulate
             said = {id(x) for sub in [*self.local_nodes(node), *skip]
-                    if sub in skip or checks_or_reports(sub) or _assembles_window(sub)
+                    if sub in skip or checks_or_reports(sub) or assembles_window(sub)
                     for x in walk_all(sub)}
             return any(accum_name(i) for sub in self.local_nodes(node)
                        if id(sub) not in said for i in own_identifier(sub))
@@ -600,17 +600,6 @@ class WindowQueries(OwnRateQueries):
                 if scope is not window or not self.guarded(hit, window):
                     return True
         return False
-
-
-def _assembles_window(node: ast.AST) -> bool:
-    """K named where a loop builds or sizes one large batch rather than runs K backwards:
-    inside a comprehension (``[sample(s * K + k) for k in range(K)]``, the window's
-    micro-batches concatenated) or a product with other names (``n / (micro * K * world)``,
-    the window's sample count): a large-batch reference's loop."""
-    if isinstance(node, ast.ListComp | ast.GeneratorExp | ast.SetComp | ast.DictComp):
-        return True
-    return isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult) and sum(
-        1 for f in mult_factors(node) if not isinstance(f, ast.Constant)) >= 3
 
 
 def _class_settings_accumulate(cls: ast.ClassDef) -> bool:
