@@ -63,6 +63,8 @@ class BackwardPath:
     _fsdp_groups: dict[int, list[object]]
     drift: AccumDrift
     _end_versions: list[tuple[int, int] | None]
+    _collectives_seen: int
+    _end_collectives: int
     _window_checked: bool | None
     _t_checks: float
     _bw_depth: int
@@ -140,9 +142,11 @@ class BackwardPath:
         if track:
             t0 = time.perf_counter()
             # Unchanged grads since the previous backward's end (same tensors, same in-place
+            # version, no collective since, which would write .grad without bumping its
             # version): reuse that checksum instead of recomputing it.
             versions = grad_versions(self._tracked)
-            if w.ends and versions == self._end_versions:
+            if w.ends and versions == self._end_versions \
+                    and self._collectives_seen == self._end_collectives:
                 w.starts.append(w.ends[-1])
             elif not w.ends and all(v is None for v in versions):
                 w.starts.append(torch.zeros((len(self._tracked), 3), dtype=torch.float64))
@@ -167,6 +171,7 @@ class BackwardPath:
                 t0 = time.perf_counter()
                 w.ends.append(self._checksums())
                 self._end_versions = grad_versions(self._tracked)
+                self._end_collectives = self._collectives_seen
                 self._t_checks += time.perf_counter() - t0
             if lane is not None:
                 checked = track and len(w.starts) == len(w.ends) == n_ends + 1

@@ -215,6 +215,11 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
         self._sync_root: torch.nn.Module | None = None  # the last DDP/FSDP2 root whose forward ran
         self._tracked: list[torch.Tensor] = []
         self._end_versions: list[tuple[int, int] | None] = []
+        # collectives the script issued outside a backward, and their count when the last
+        # backward's end checksum was taken: c10d writes .grad in place without bumping its
+        # version, so an equal version after a collective is no witness
+        self._collectives_seen = 0
+        self._end_collectives = -1
         self._tracked_names: dict[int, str] = {}
         self._tracked_ids: set[int] = set()
         self._fsdp_groups: dict[int, list[object]] = {}
@@ -388,6 +393,8 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
         return self.step, len(self._w.backwards), self._bw_current is not None
 
     def _on_collective(self, op: str, reduces: bool) -> None:
+        if self._bw_current is None and not self._in_observer:
+            self._collectives_seen += 1
         fns = self._handlers.on_collective
         if not self._in_observer and fns:
             ev = CollectiveEvent(self.step, op, reduces, bool(self._ds_step_depth))

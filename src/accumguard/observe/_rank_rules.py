@@ -17,7 +17,7 @@ from accumguard.observe._weight_rules import (
     _window_mass,
 )
 
-__all__ = ["clipped_apart_findings", "cross_rank_findings", "manual_reduce_findings",
+__all__ = ["averaged_inside_steps", "clipped_apart_findings", "cross_rank_findings", "manual_reduce_findings",
            "rank_scale_findings"]
 
 
@@ -144,7 +144,9 @@ def _reduce_fit(rows: list[StepWindow | None]) -> float | None:
         if cons is None or not cons.contrib_sums \
                 or len(cons.contrib_sums) != len(cons.received_sums or ()):
             return None
-        if not cons.ok or float(cons.received) <= WEIGHT_TOL:
+        if not cons.ok and cons.reason != "wiped":
+            return None  # (a window reduced between its backwards is judged if the fit holds)
+        if float(cons.received) <= WEIGHT_TOL:
             # the rank's backwards alone account for what it received: any reduction ran
             # inside the backwards (a tensor hook), so contrib already holds every rank's
             # gradient and the fit below would read c = 1/W; not judged
@@ -156,13 +158,25 @@ def _reduce_fit(rows: list[StepWindow | None]) -> float | None:
         contribs.append([float(x) for x in cons.contrib_sums])
         gots.append([float(x) for x in cons.received_sums])
         masses.append(mass.mass)
-    if len({len(c) for c in contribs}) != 1:
+    cs = _common_fit(contribs, gots, WEIGHT_TOL_LOW_PRECISION if low else WEIGHT_TOL)
+    if cs is None:
+        return None
+    # every token's weight summed over all ranks: 1 for the large batch (ranks normalised
+    # to their own batch have mass 1 each, to the global count n_r / N)
+    return float(sum(cs) / len(cs) * sum(masses))
+
+
+def _common_fit(contribs: list[list[float]], gots: list[list[float]], tol: float
+                ) -> list[float] | None:
+    """Each rank's c in ``got_r = c x (sum over ranks of contrib)``, one c for every rank
+    (linear checksums), or None when some rank's residual or the spread of c exceeds ``tol``
+    (relative)."""
+    if not contribs or len({len(c) for c in contribs + gots}) != 1:
         return None
     total = [sum(col) for col in zip(*contribs, strict=True)]
     denom = sum(x * x for x in total)
     if denom <= 0:
         return None
-    tol = WEIGHT_TOL_LOW_PRECISION if low else WEIGHT_TOL
     cs = []
     for got in gots:
         c = sum(a * b for a, b in zip(got, total, strict=True)) / denom
@@ -172,9 +186,33 @@ def _reduce_fit(rows: list[StepWindow | None]) -> float | None:
         cs.append(c)
     if max(cs) - min(cs) > tol * max(cs):
         return None
-    # every token's weight summed over all ranks: 1 for the large batch (ranks normalised
-    # to their own batch have mass 1 each, to the global count n_r / N)
-    return float(sum(cs) / len(cs) * sum(masses))
+    return cs
+
+
+def averaged_inside_steps(rec: RunRecording) -> set[int]:
+    """Optimizer steps of a hand-written data parallelism whose accumulated ``.grad`` changed
+    between backward passes (the script reduced it inside the window), yet on every rank the
+    optimizer received one common multiple of the sum over ranks of all the window's
+    contributions: an average (all_reduce SUM then /W) after every micro-batch is idempotent
+    on the part already averaged, so the window still sums every micro-batch of every rank
+    once. Such a window's reduction is not F10 (its scale is judged by
+    :func:`manual_reduce_findings`); a SUM without /W after every micro-batch counts the
+    earlier micro-batches W times and fails the fit."""
+    ranks = [r for r in rec.ranks if rec.steps.get(r)]
+    if len(ranks) < 2 or len(ranks) != rec.world:
+        return set()
+    per_rank = {r: {w.step: w for w in _windows(rec.steps[r])} for r in ranks}
+    out: set[int] = set()
+    for step in per_rank[ranks[0]]:
+        rows = [per_rank[r].get(step) for r in ranks]
+        conss = [None if w is None or w.engine != "local" else w.conservation for w in rows]
+        if any(c is None or c.reason != "wiped" or not c.contrib_sums for c in conss):
+            continue
+        contribs = [[float(x) for x in c.contrib_sums] for c in conss if c is not None]
+        gots = [[float(x) for x in c.received_sums] for c in conss if c is not None]
+        if _common_fit(contribs, gots, WEIGHT_TOL) is not None:
+            out.add(int(step))
+    return out
 
 
 def cross_rank_findings(rec: RunRecording) -> list[Finding]:

@@ -102,6 +102,8 @@ class StepMachinery:
     _tracked_names: dict[int, str]
     _fsdp_groups: dict[int, list[object]]
     _end_versions: list[tuple[int, int] | None]
+    _collectives_seen: int
+    _end_collectives: int
     _window_checked: bool | None
     _t_checks: float
     _global_handle: RemovableHandle | None
@@ -172,6 +174,7 @@ class StepMachinery:
             # a collective writes .grad in place without bumping its version (c10d): after
             # one since the last backward the checksum is taken again
             same = (ow is None and not w.reductions_between
+                    and self._collectives_seen == self._end_collectives
                     and grad_versions(self._tracked) == self._end_versions)
             self._step_checksum = w.ends[-1] if same else self._checksums()
             members = {id(p) for g in getattr(opt, "param_groups", []) for p in g["params"]}

@@ -149,6 +149,8 @@ def _term_scale_findings(rank: int, windows: list[dict[str, Any]],
             continue  # the pattern is not in every window judged
         if len(counted.get(o, ())) == 1:
             continue  # a divisor equal to one unchanging count could be a chosen constant
+        if _divisor_moved(found):
+            continue
         w, x, ref = found[0]
         k = int(w["window"])
         across = not _is_window_mean(w, ref, k)  # a window mean only over all ranks
@@ -439,6 +441,23 @@ def _is_window_mean(w: dict[str, Any], ref: list[Any], k: int,
     for op, c in ref[4]:
         coef = coef / abs(float(c)) if str(op) == "/" else coef * abs(float(c))
     return coef > 0 and abs(mass / coef - 1.0) <= WEIGHT_TOL
+
+
+def _divisor_moved(found: list[tuple[dict[str, Any], list[Any], list[Any]]]) -> bool:
+    """Term records read as a mean over the micro-batch's rows whose divisions changed from
+    window to window while the rows did not: a count of the data (the window's labelled
+    targets, 5 in one window and 6 in the next, beside 5 rows), which equals the rows, or a
+    multiple of positions, only by chance; a mean over rows divides by the same number
+    whenever the rows are the same. (A division by the valid tokens of the loss beside it,
+    a masked mean, is read as that count, not as rows, and is left out.)"""
+    seen: dict[int, set[frozenset[float]]] = {}
+    for w, x, ref in found:
+        if x[7] is None:
+            valid = _valid_counts(w, ref, int(w["window"]))[0]
+            divs = frozenset(float(c) for op, c in x[4]
+                             if str(op) == "/" and float(c) != float(valid))
+            seen.setdefault(int(ref[9]), set()).add(divs)
+    return any(len(v) > 1 for v in seen.values())
 
 
 def _unscaled_mean(r: list[Any], ref: list[Any], k: int, valid: int = 0) -> bool:

@@ -2,7 +2,9 @@
 where the gradient changed between the window's backward passes.
 
 * the script's own gradient collective right before every changed backward (no wrapper, no
-  ``zero_grad`` between): a reduction of the accumulated ``.grad`` inside the window, F10;
+  ``zero_grad`` between): a reduction of the accumulated ``.grad`` inside the window, F10,
+  unless every rank still received a multiple of all ranks' contributions (an average after
+  every micro-batch);
 * a ``zero_grad`` inside the window: F3; anything else (an engine reset, a hand-written clear,
   a hook): F2/F3, with a title and fix of its own when neither a ``zero_grad`` nor DeepSpeed
   did it.
@@ -16,11 +18,17 @@ from accumguard.observe._shared_rules import conservation_class
 __all__ = ["wipe_finding"]
 
 
-def wipe_finding(rank: int, w: StepWindow, n: int, after_collective: set[int]) -> Finding:
+def wipe_finding(rank: int, w: StepWindow, n: int, after_collective: set[int],
+                 averaged: bool = False) -> Finding | None:
     """The error for window ``w`` whose conservation broke between backward passes (not a
     stale gradient, not a dropped tail: the caller's); ``after_collective``: the backward
-    passes (0-based) that began right after a gradient collective of the script's own."""
+    passes (0-based) that began right after a gradient collective of the script's own;
+    ``averaged``: every rank received one multiple of the sum of all ranks' contributions
+    (``_rank_rules.averaged_inside_steps``), so a reduction inside the window lost nothing
+    and there is no error (None)."""
     if _reduced_inside(w, after_collective):
+        if averaged:
+            return None
         return _mk("F10", "error", rank, w.step, None, _reduced_inside_text(w),
                    title_="gradients all-reduced by hand inside the window: the accumulated "
                           ".grad changed between backward passes",

@@ -50,6 +50,7 @@ from accumguard.observe._precision_rules import (
     low_precision_findings,
 )
 from accumguard.observe._rank_rules import (
+    averaged_inside_steps,
     clipped_apart_findings,
     cross_rank_findings,
     manual_reduce_findings,
@@ -271,6 +272,9 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
     # the whole update weighs its tokens as the large batch does, across the ranks: a rank's
     # own total of 1/K or K (its share of the 1, with unequal counts) proves nothing
     right = rule("weights_right", weights_right, rec, default=False)
+    no_steps: set[int] = set()
+    averaged = frozenset(rule("averaged_inside_steps", averaged_inside_steps, rec,
+                              default=no_steps))
     for rank in rec.ranks:
         info = rec.engine.get(rank, {})
         lines = rec.steps.get(rank, [])
@@ -284,7 +288,7 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
             steps = records(group)
             ws = _windows(steps)
             found: list[Finding] = rule("rank_findings", _rank_findings, rank, steps, info,
-                                        gres.k, gres.declared, before)
+                                        gres.k, gres.declared, before, averaged)
             found += rule("window_findings", _window_findings, rank, ws, info, gres)
             found += rule("no_update", _no_update, rank, steps)
             found += rule("two_pass", _two_pass, rank, steps)
@@ -348,9 +352,12 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
 
 def _rank_findings(rank: int, steps: Sequence[StepRecord], info: JsonObject,
                    k: int | None, declared: bool,
-                   collectives_before: Mapping[int, set[int]] | None = None) -> list[Finding]:
+                   collectives_before: Mapping[int, set[int]] | None = None,
+                   averaged: frozenset[int] = frozenset()) -> list[Finding]:
     """``collectives_before``: per optimizer step, the backward passes (0-based) that began
-    after a gradient collective of the script's own (the collective ledger)."""
+    after a gradient collective of the script's own (the collective ledger); ``averaged``:
+    the steps whose reduction inside the window kept every micro-batch of every rank once
+    (:func:`._rank_rules.averaged_inside_steps`)."""
     out: list[Finding] = []
     windows = _windows(steps)
     resumed = continued_windows(windows, k)  # their gradient before the first backward: saved
@@ -401,7 +408,9 @@ def _rank_findings(rank: int, steps: Sequence[StepRecord], info: JsonObject,
                                f"{cons.stale:.3g}) reached optimizer step {_n(step)}: "
                                "gradients were not cleared after the previous step"))
             else:
-                out.append(wipe_finding(rank, w, n, (collectives_before or {}).get(int(w.step), set())))
+                wiped = wipe_finding(rank, w, n, (collectives_before or {}).get(int(w.step), set()),
+                                     int(step) in averaged)
+                out += [wiped] if wiped is not None else []
         # F8: clipping before the window's last backward
         if early_clips:
             out.append(_mk("F8", "error", rank, step, early_clips[0] - 1,
