@@ -252,6 +252,26 @@ _FRAMEWORK_FIXES: dict[tuple[str, str], str] = {
         "Accelerate's prepared model already averages gradients over processes: pass "
         "accelerator.backward the loss of this process's micro-batch, with no division by "
         "num_processes and no all-reduce of its own."),
+    ("LOSS_SCALE", "transformers"): (
+        "The Hugging Face Trainer divides the loss compute_loss returns by "
+        "gradient_accumulation_steps unless it counts it as already normalised to the window "
+        "(the model's forward takes **kwargs, or a compute_loss_func is given, and "
+        "num_items_in_batch is set; newer versions read the attribute loss_is_scaled_for_ga): "
+        "in a compute_loss of your own, return the loss summed over the batch's tokens divided "
+        "by num_items_in_batch, so each token weighs 1/N whichever way the Trainer counts it; "
+        "never divide by gradient_accumulation_steps yourself as well."),
+    ("LOSS_SCALE", "lightning"): (
+        "Under automatic optimization Lightning divides the loss training_step returns by "
+        "accumulate_grad_batches: return this micro-batch's mean, not divided by K; to weigh "
+        "tokens by the window's count instead, return their sum / the window's count x "
+        "accumulate_grad_batches. Under manual optimization nothing divides for you: divide "
+        "by K (or by the window's count) before self.manual_backward."),
+    ("LOSS_SCALE", "accelerate"): (
+        "accelerator.backward divides the loss by the Accelerator's gradient_accumulation_steps "
+        "(except under DeepSpeed, whose engine divides): pass it this micro-batch's mean, not divided by K "
+        "yourself; to weigh tokens by the window's count instead, pass their sum / the "
+        "window's count x gradient_accumulation_steps (x num_processes for a count "
+        "all-reduced over processes)."),
     ("F11", "lightning"): _LIGHTNING_SYNC,
     ("F11", "accelerate"): _ACCELERATE_SYNC,
     ("EXTRA_SYNC", "lightning"): _LIGHTNING_SYNC,

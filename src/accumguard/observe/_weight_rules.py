@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from accumguard.core.window import StepRecord
+from accumguard.observe._one_mean import inside_one_normalisation
 from accumguard.observe._records import Finding, KResolution, StepWindow, _mk, _n
 
 __all__ = ["MASS_TOL", "MASS_TOL_LOW_PRECISION", "WEIGHT_TOL", "WEIGHT_TOL_LOW_PRECISION",
@@ -385,15 +386,18 @@ def loss_scale_findings(rank: int | None, windows: list[StepWindow], k: int | No
     if k is None or k < 2:
         return []
     judged = [(w, m) for w in windows if int(w.window) == k
-              for m in [_window_mass(w)] if m is not None and m.sole]
-    if judged and all(_near(m.mass, float(k), m.low) and _unscaled(w, m.low)
-                      for w, m in judged):
+              for m in [_window_mass(w)] if m is not None
+              and (m.sole or inside_one_normalisation(w, m.site, k) is not None)]
+    checked = [(w, m) for w, m in judged if w.conservation is not None]
+    if checked and all(_near(m.mass, float(k), m.low) for _, m in judged) \
+            and all(_unscaled(w, m.low) for w, m in checked):
+        # (a window whose gradient was not checked, sampled out or the run's last, weighs
+        # its tokens K too; what the optimizer received is read where it was checked)
         return _times_k(rank, judged, k, world)
     if not judged or not all(_near(m.mass, 1.0 / k, m.low) for _, m in judged):
         return []
     w, m = judged[0]
-    seen = (f"{_short(m.site)}: every backward's loss was that call's output times a "
-            f"constant (nothing else in the loss), and in each window of K = {k} micro-steps "
+    seen = (f"{_short(m.site)}: {_whole_loss_words(w, m, k)}, and in each window of K = {k} micro-steps "
             f"({len(judged)} judged) its {m.unit} carried a total weight of "
             f"{m.per_micro[0]:.4g} per micro-step (1/K^2 = {1 / k ** 2:.4g}), "
             f"{m.mass:.4g} per window (1/K) instead of 1")
@@ -411,7 +415,21 @@ def loss_scale_findings(rank: int | None, windows: list[StepWindow], k: int | No
                 "and again in the loop, or by hand before accelerator.backward, "
                 "engine.backward or a Trainer, which divide by K themselves). The optimizer "
                 f"receives G/K: every update is {k}x too small (with SGD, an effective "
-                f"learning rate of lr/{k}). Divide by K (or by the window's count) once")]
+                f"learning rate of lr/{k}). Divide by K (or by the window's count) once",
+                title_=f"the loss is divided by K twice: the optimizer receives 1/{k} of the "
+                       "large batch's gradient")]
+
+
+def _whole_loss_words(w: StepWindow, m: _Mass, k: int) -> str:
+    """How the loss call's weight is the whole loss's: it was the whole loss, or every other
+    term sat under its constants and mean (:func:`._one_mean.inside_one_normalisation`)."""
+    others = None if m.sole else inside_one_normalisation(w, m.site, k)
+    if not others:
+        return ("every backward's loss was that call's output times a constant (nothing else "
+                "in the loss)")
+    return ("every backward's loss was that call's output plus term(s) built from torch ops "
+            f"({', '.join(others)}) under the same constants and the same mean, each with a "
+            "coefficient of its own only, so the call's weight is the whole loss's")
 
 
 #: engines that average the gradient over the ranks themselves
@@ -437,8 +455,7 @@ def _times_k(rank: int | None, judged: list[tuple[StepWindow, _Mass]], k: int,
     loss a full mean) and the optimizer receives the sum of the K gradients, K x G."""
     w, m = judged[0]
     clipped = any(int(x.clips) for x, _ in judged)
-    seen = (f"{_short(m.site)}: every backward's loss was that call's output times a "
-            f"constant (nothing else in the loss), and in each window of K = {k} micro-steps "
+    seen = (f"{_short(m.site)}: {_whole_loss_words(w, m, k)}, and in each window of K = {k} micro-steps "
             f"({len(judged)} judged) its {m.unit} carried a total weight of "
             f"{m.per_micro[0]:.4g} per micro-step, {m.mass:.4g} per window (K) instead of 1, "
             "and the optimizer received that sum unchanged (gradient conservation, scale 1)")
@@ -455,7 +472,9 @@ def _times_k(rank: int | None, judged: list[tuple[StepWindow, _Mass]], k: int,
                 + (" and, here, gradient clipping, which sees a norm K times larger"
                    if clipped else " and any gradient clipping") + " change the update), "
                 "but it is not the large-batch update. Divide each micro-step's loss by K "
-                f"(or normalise by the window's {one(m.unit)} count)")]
+                f"(or normalise by the window's {one(m.unit)} count)",
+                title_=f"the loss is not divided by K: the optimizer receives {k}x the "
+                       "large batch's gradient")]
 
 
 def partial_window_findings(rank: int | None, windows: list[StepWindow],

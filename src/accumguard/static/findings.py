@@ -550,6 +550,16 @@ RULES: dict[str, Rule] = {
             "update the average under the same boundary test as the optimizer step, once per "
             "window, after optimizer.step()",
         ),
+        _rule(
+            "AG159", "comm-hook-sums-without-average", "F10", E, HI,
+            "a DDP communication hook of the script's own all-reduces the bucket with SUM and "
+            "divides it nowhere: DDP writes the hook's result into .grad, so the optimizer "
+            "receives the ranks' sum, W times the average DDP's own reduction gives",
+            "divide the bucket by the process group's size in the hook "
+            "(`bucket.buffer().div_(dist.get_world_size())` before the all_reduce, or the "
+            "result in its `then` callback), use `ReduceOp.AVG`, or register torch's "
+            "`default_hooks.allreduce_hook`",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

@@ -1,0 +1,141 @@
+"""A DDP communication hook of the script's own that sums the bucket over the ranks and never
+divides it (F10): AG159.
+
+``DistributedDataParallel.register_comm_hook(state, hook)`` replaces DDP's own reduction:
+whatever tensor the hook's future returns is written into every parameter's ``.grad``.
+DDP's default, and torch's ``allreduce_hook``, divide the bucket by the process group's
+size (the ranks' average, what the large batch's mean needs when each rank's loss is its own
+mean); a hook that calls ``all_reduce`` with the default SUM and divides nowhere (not the
+bucket before, not the result in its ``then`` callback) hands the optimizer the ranks' sum,
+W times the large batch's gradient. Not said when the file divides something by the world
+size elsewhere (a loss written for a summing reduction), or when the hook calls a function
+of the file that is not read here.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+from accumguard.static.findings import Finding
+from accumguard.static.lint._ast import FUNCS, call_attr, dotted, last_part, walk_all
+from accumguard.static.lint._context import FileContext
+from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families._lossexpr import is_mean_call
+
+_REGISTER = "register_comm_hook"
+#: calls that scale a tensor (a division by the world size written as one of them)
+_SCALES = frozenset({"div_", "div", "mul_", "mul", "true_divide", "true_divide_", "divide"})
+
+
+def _hook_def(ctx: FileContext, call: ast.Call) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    hook = next((k.value for k in call.keywords if k.arg == "hook"),
+                call.args[1] if len(call.args) > 1 else None)
+    name = dotted(hook) if hook is not None else None
+    if name is None:
+        return None
+    if name.startswith("self."):
+        cls = ctx.enclosing(call, (ast.ClassDef,))
+        hits = [f for f in getattr(cls, "body", []) if isinstance(f, FUNCS) and f.name == name[5:]]
+    else:
+        hits = ctx.defs_by_name().get(last_part(name), [])
+    return hits[0] if len(hits) == 1 else None
+
+
+def _op(call: ast.Call) -> str:
+    op = next((k.value for k in call.keywords if k.arg == "op"),
+              call.args[1] if len(call.args) > 1 else None)
+    return "sum" if op is None else (last_part(dotted(op)) or "?").lower()
+
+
+def _scales(ctx: FileContext, nodes: list[ast.AST]) -> bool:
+    """Anything in the hook that divides (by the world size or not: any division may be the
+    average, so the rule stays silent), or multiplies by a fraction or the world size (a
+    product of sizes, bytes counted for a log, is no rescaling)."""
+    for n in nodes:
+        if isinstance(n, ast.Call) and (call_attr(n) or "") in _SCALES:
+            return True
+        if isinstance(n, ast.BinOp | ast.AugAssign) and isinstance(n.op, ast.Div):
+            return True
+        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult) and any(
+                (isinstance(x, ast.BinOp) and isinstance(x.op, ast.Div)) or ctx.mentions_world(x)
+                for x in (n.left, n.right)):
+            return True
+        if isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Mult) \
+                and not isinstance(n.target, ast.Subscript):
+            return True
+    return False
+
+
+def _file_divides_by_world(ctx: FileContext) -> bool:
+    for n in ctx.of(ast.BinOp):
+        if isinstance(n.op, ast.Div) and ctx.mentions_world(n.right):
+            return True
+    for n in ctx.of(ast.AugAssign):
+        if isinstance(n.op, ast.Div) and ctx.mentions_world(n.value):
+            return True
+    return any((call_attr(c) or "") in _SCALES and c.args and ctx.mentions_world(c.args[0])
+               for c in ctx.of(ast.Call))
+
+
+def _loss_expr(ctx: FileContext, call: ast.Call) -> ast.AST | None:
+    """What ``<loss>.backward()`` backpropagates: the receiver, or the value last assigned to
+    its name before the call in the same function."""
+    if not isinstance(call.func, ast.Attribute):
+        return None
+    recv = call.func.value
+    if not isinstance(recv, ast.Name):
+        return recv
+    scope = ctx.scope_of(call)
+    assigns = [a for a in ctx.local_nodes(scope)
+               if isinstance(a, ast.Assign) and a.lineno <= call.lineno
+               and any(isinstance(t, ast.Name) and t.id == recv.id for t in a.targets)]
+    return max(assigns, key=lambda a: a.lineno).value if assigns else None
+
+
+def _rank_means(ctx: FileContext) -> bool:
+    """Every backward of the file's accumulation windows takes a mean loss call divided by
+    K at most (each rank's own mean), and there is at least one."""
+    seen = 0
+    for window in ctx.windows():
+        if not ctx.window_facts(window).accumulating:
+            continue
+        for n in walk_all(window):
+            if not (isinstance(n, ast.Call) and call_attr(n) == "backward" and not n.args):
+                continue
+            expr = _loss_expr(ctx, n)
+            while isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Div) \
+                    and ctx.mentions_accum(expr.right):
+                expr = expr.left
+            if expr is None or not is_mean_call(expr):
+                return False
+            seen += 1
+    return seen > 0
+
+
+@rule("AG159")
+def comm_hook_sums_without_average(ctx: FileContext) -> Iterator[Finding]:
+    registered = [c for c in ctx.of(ast.Call) if call_attr(c) == _REGISTER]
+    if not registered:
+        return
+    own = {name for name in ctx.defs_by_name()}
+    for reg in registered:
+        fn = _hook_def(ctx, reg)
+        if fn is None:
+            continue
+        body = list(walk_all(fn))
+        reduces = [n for n in body if isinstance(n, ast.Call) and call_attr(n) == "all_reduce"]
+        if len(reduces) != 1 or _op(reduces[0]) != "sum" or _scales(ctx, body):
+            continue
+        called = {last_part(dotted(n.func)) for n in body if isinstance(n, ast.Call)}
+        if (called - {fn.name}) & own or _file_divides_by_world(ctx) or not _rank_means(ctx):
+            continue  # a helper of the file may divide; a loss may be written for a sum
+        red = reduces[0]
+        yield ctx.finding(
+            "AG159",
+            red,
+            f"the DDP communication hook `{fn.name}` (registered at line {reg.lineno}) reduces "
+            f"the bucket with `{ast.unparse(red)}`, a SUM over the ranks, and divides it "
+            "nowhere: DDP writes what the hook returns into .grad, so the optimizer receives "
+            "the sum of the ranks' gradients, W times the average DDP's own reduction gives",
+        )
