@@ -278,3 +278,14 @@ def test_every_guard_note_carries_a_finding() -> None:
     extra = found["note_extra_sync"]
     assert extra is not None and extra.cls == "EXTRA_SYNC" and extra.step == 1
     assert all(f is not None and f.severity is Severity.NOTE for f in found.values())
+
+
+def test_a_stale_start_is_titled_as_an_uncleared_gradient() -> None:
+    """The class's own title lists partial-window causes; a gradient left from the previous
+    step (blind round 72 c_b01: one optimizer's parameters never cleared) says that."""
+    cons = Conservation(params=1, wiped=0.0, stale=0.5, received=0.5, ok=False, reason="stale")
+    record = StepRecord(step=0, backwards=K, conservation=cons)
+    found = _rank_findings(0, [StepRecord.from_dict(record.as_dict(rank=0))], {}, K, True)
+    (f,) = [f for f in found if f.severity == "error"]
+    assert f.cls == "F7" and f.title.startswith("gradient not cleared after an optimizer step")
+    assert "zero_grad() on each optimizer" in f.fix

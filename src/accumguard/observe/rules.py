@@ -406,7 +406,13 @@ def _rank_findings(rank: int, steps: Sequence[StepRecord], info: JsonObject,
                 out.append(_mk("F7", "error", rank, step, 0,
                                f"gradient left from before this window (relative size "
                                f"{cons.stale:.3g}) reached optimizer step {_n(step)}: "
-                               "gradients were not cleared after the previous step"))
+                               "gradients were not cleared after the previous step",
+                               title_="gradient not cleared after an optimizer step: an "
+                                      "earlier window's gradient reached this one",
+                               fix="Clear the gradients of every parameter an optimizer steps "
+                                   "once per window, after its step (zero_grad() on each "
+                                   "optimizer, or on the model when one optimizer holds only "
+                                   "some of its parameters)."))
             else:
                 wiped = wipe_finding(rank, w, n, (collectives_before or {}).get(int(w.step), set()),
                                      int(step) in averaged)
