@@ -166,6 +166,12 @@ def _ga_expression(
         if literal == 1:
             return "unknown", ""  # K = 1: the loop does not accumulate
         return "many", f"{text}, the loop's own K"
+    alias = ctx.values_by_name().get(d, []) if d is not None and depth < 2 else []
+    if len(alias) == 1 and dotted(alias[0]) not in (None, d):
+        # `K, m = args.gas, args.micro` then {"gradient_accumulation_steps": K}: read through
+        verdict, how = _ga_expression(ctx, alias[0], k_names, "", depth + 1)
+        if verdict != "unknown":
+            return verdict, f"{text} (= {how})"
     value = ctx.int_value(node)
     if value is None or value < 1:
         return "unknown", ""
