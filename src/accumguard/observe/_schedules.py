@@ -91,6 +91,13 @@ _HORIZON_NAME = re.compile(
     re.IGNORECASE)
 
 
+#: a number of processes or of micro-steps a schedule function may multiply its horizon by
+_SCALE_NAME = re.compile(
+    r"^(w|k|world|world_?size|n_?procs?|num_?processes|n_?gpus?|num_?gpus|nproc|ws|"
+    r"accum|grad_?accum|accum(ulation)?_?steps|gas|ga|gradient_accumulation_steps)$",
+    re.IGNORECASE)
+
+
 def _closure_horizon(fn: object) -> tuple[int, str] | None:
     """The one integer a hand-written schedule function closes over under a horizon's name
     (``num_training_steps``, ``total_steps``, ``max_iters``...); None when there is none or
@@ -102,13 +109,23 @@ def _closure_horizon(fn: object) -> tuple[int, str] | None:
         cells, names = (), ()  # (no closure: a module-level function)
     found: list[tuple[int, str]] = []
     for name, cell in zip(names, cells, strict=True):
-        if isinstance(name, str) and _HORIZON_NAME.match(name):
-            try:
-                value = cell.cell_contents
-            except ValueError:  # an empty cell
-                continue
-            if _int(value):
-                found.append((int(value), name))
+        if not isinstance(name, str):
+            continue
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if _HORIZON_NAME.match(name) and _int(value):
+            found.append((int(value), name))
+        elif _SCALE_NAME.match(name) and _int(value) and int(value) > 1:
+            # the function may scale its horizon by it (``t / (total * W)``, a prepared
+            # scheduler stepped W times per optimizer step): the horizon is not read
+            return None
+    g = getattr(fn, "__globals__", None)
+    if isinstance(g, dict) and any(
+            isinstance(n, str) and _SCALE_NAME.match(n) and _int(g.get(n)) and int(g[n]) > 1
+            for n in getattr(code, "co_names", ()) or ()):
+        return None  # a module-level W or K the function may scale its horizon by
     if not found:
         found = _global_horizons(fn, code)
     if len(found) != 1:
