@@ -200,6 +200,11 @@ class StepRecord:
     # (a run rebuilt to resume) and has its own window: whether its first backward found a
     # nonzero gradient on its parameters (a restored partial window); None: not read
     began_on_grad: bool | None = None
+    # a DDP communication hook of the script's (``register_comm_hook``): per call of it in
+    # the window, [the backward pass it ran in (0-based), the sum of the bucket it was
+    # given, this rank's own gradient before the hook]; with every rank's step the factor
+    # the hook applied to the sum over ranks is fitted offline. None: no such hook ran
+    hook_in: list[list[float]] | None = None
     # -- counts of the guard and the audit (not in a recording) ---------------------------
     # optimizer steps that closed the window: 1, 2 for a second step a guard in warn mode
     # let run, 0 for the audit's trailing micro-steps after the last step

@@ -13,6 +13,7 @@ or lookup to a micro-step or a step. Collectives are patched by
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import sys
@@ -120,6 +121,49 @@ def patch_ddp_init(obs: PatchHost, mod: ModuleType) -> None:
         return
 
     obs.patches.wrap(mod.DistributedDataParallel, "__init__", _pin_after(obs, depth=True))
+    obs.patches.wrap(mod.DistributedDataParallel, "register_comm_hook", _comm_hook_wrapper(obs))
+
+
+def _comm_hook_wrapper(obs: PatchHost) -> Maker:
+    """DDP's ``register_comm_hook`` given the script's hook wrapped to read, before each call,
+    the sum of the bucket it is handed (this rank's own gradient, before any reduction):
+    with every rank's steps the factor the hook applies to the sum over the ranks is fitted
+    offline (:mod:`._hook_factor`). What the hook returns is the script's, untouched."""
+
+    def make(orig: Original) -> Original:
+        def register_comm_hook(ddp: object, /, state: object, hook: object, *a: object,
+                               **kw: object) -> object:
+            return orig(ddp, state, _measured_hook(obs, hook), *a, **kw)
+
+        return register_comm_hook
+
+    return make
+
+
+def _measured_hook(obs: PatchHost, hook: object) -> object:
+    if not callable(hook):
+        return hook  # (DDP's own check rejects it)
+    note = obs.failsafe.hook(functools.partial(_note_bucket, obs), "comm_hook")
+
+    # (wraps: DDP reads the hook's signature, its ``bucket`` parameter and its name)
+    @functools.wraps(hook)
+    def measured(state: object, bucket: object) -> object:
+        if obs.installed:
+            note(bucket)
+        return hook(state, bucket)
+
+    return measured
+
+
+def _note_bucket(obs: PatchHost, bucket: object) -> None:
+    if obs._bw_current is None:
+        return  # a bucket reduced outside a backward the observer saw: not judged
+    buffer = getattr(bucket, "buffer", None)
+    if not callable(buffer):
+        return
+    with torch.no_grad():
+        total = buffer().detach().sum(dtype=torch.float64)  # a device read at the step only
+    obs._w.hook_inputs.append((len(obs._w.backwards), total))
 
 
 def patch_fully_shard(obs: PatchHost, mod: ModuleType) -> None:

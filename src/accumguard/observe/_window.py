@@ -59,6 +59,9 @@ class StepTally:
         # an optimizer's own first window (several optimizers, :mod:`._lanes`): whether its
         # first backward found a nonzero gradient on its parameters (None: not read)
         self.began_on_grad: bool | None = None
+        # a DDP comm hook's input: (backward pass, the bucket's sum as a float64 tensor,
+        # read at the step)
+        self.hook_inputs: list[tuple[int, torch.Tensor]] = []
 
     def without_first(self, n: int) -> StepTally:
         """This window less its first ``n`` backward passes: those ran before the stepping
@@ -77,6 +80,7 @@ class StepTally:
         w.clip_micros = [c - n for c in self.clip_micros if c >= n]
         w.clip_names = list(self.clip_names)
         w.data_passes = [d - n for d in self.data_passes if d >= n]
+        w.hook_inputs = [(b - n, t) for b, t in self.hook_inputs if b >= n]
         for name in ("sched", "unscaled", "norm_clip", "scaled_clip", "reductions_between",
                      "forwards", "engine_step_calls", "bw_since_engine_step",
                      "max_bw_per_engine_step", "autocast", "autocast_read", "param_versions",
@@ -149,7 +153,20 @@ class StepTally:
             lr=lr, in_backward=in_backward, grad_hooks=grad_hooks,
             backward_pass=backward_pass, clip_before_unscale=self._scaled_clip(),
             restarts=self.restarts, opt_serial=opt_serial, unborn=unborn,
-            rank_factor_units=rank_factor_units, began_on_grad=self.began_on_grad)
+            rank_factor_units=rank_factor_units, began_on_grad=self.began_on_grad,
+            hook_in=self._hook_in() if self.hook_inputs else None)
+
+    def _hook_in(self) -> list[list[float]] | None:
+        """[backward pass, bucket sum] per comm hook call: one host read for all of them
+        (the sums stay on their device until the step)."""
+        if not self.hook_inputs:
+            return None
+        ts = [t.reshape(()) for _, t in self.hook_inputs]
+        try:
+            sums = torch.stack(ts).tolist()
+        except RuntimeError:  # buckets on several devices: one read each
+            sums = [float(t) for t in ts]
+        return [[float(b), float(x)] for (b, _), x in zip(self.hook_inputs, sums, strict=True)]
 
     def _scaled_clip(self) -> list[float] | None:
         """[scale, norm, max_norm] of a norm clip of the scaled gradient (one host read of

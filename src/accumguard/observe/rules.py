@@ -40,6 +40,7 @@ from accumguard.observe._epochs import (
 )
 from accumguard.observe._framework_fixes import framework_fixes, frameworks
 from accumguard.observe._groups import after_in_backward, group_ks, optimizer_groups
+from accumguard.observe._hook_factor import fill_hook_factors, hook_sum_findings
 from accumguard.observe._hook_step_rules import in_backward_findings
 from accumguard.observe._isolated import Isolated
 from accumguard.observe._ledger import ledger_findings, term_findings, weights_right
@@ -269,6 +270,8 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
     res = resolve_k(rec, k_flag, script)
     rule = Isolated(rec)
     findings: list[Finding] = []
+    # a DDP comm hook's factor over the ranks, measured, where the engine's could not be read
+    rule("fill_hook_factors", fill_hook_factors, rec, default=0)
     # the whole update weighs its tokens as the large batch does, across the ranks: a rank's
     # own total of 1/K or K (its share of the 1, with unequal counts) proves nothing
     right = rule("weights_right", weights_right, rec, default=False)
@@ -327,10 +330,18 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
     ledger = rule("ledger_findings", ledger_findings, rec, res.k)
     if any(f.cls == "F10" and f.severity == "error" for f in ledger):
         # the ledger proved the whole step's weights off by exactly W across ranks: a rank's
-        # own LOSS_SCALE note or warning guessing another cause (K twice when K = W) would
-        # contradict it
-        findings = [f for f in findings if f.cls != "LOSS_SCALE" or f.severity == "error"]
+        # own LOSS_SCALE guessing another cause would contradict it (a note or warning; an
+        # error "K twice" too when K = W: a rank's total of 1/K is then its share, 1/W, of
+        # a loss over the ranks' global count, which the ledger read)
+        findings = [f for f in findings if f.cls != "LOSS_SCALE"
+                    or (f.severity == "error" and res.k != rec.world)]
     findings += ledger
+    hooked = rule("hook_sum_findings", hook_sum_findings, rec)
+    if hooked:
+        # the hook's measured sum explains a total of W: the ledger's note leaving that open
+        # would contradict it
+        findings = [f for f in findings if f.cls != "LOSS_SCALE" or f.severity == "error"]
+    findings += hooked
     if any(f.cls == "LOSS_SCALE" and f.severity == "error" for f in findings):
         # a proven scale error: the notes of the same class that leave the scale open
         # ("not judged", "also what a loss divided by K*W gives") would contradict it
