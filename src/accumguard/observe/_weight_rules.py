@@ -368,7 +368,14 @@ def _rescaled(w: StepWindow) -> bool:
     """Conservation was checked and the optimizer received the window's summed gradient
     times a scale other than 1 (a clip that acted, an unscale, a rescale by hand)."""
     cons = w.conservation
-    return cons is not None and cons.ok and not _near(float(cons.scale), 1.0, False)
+    if cons is None or not cons.ok:
+        return False
+    if float(cons.received) > WEIGHT_TOL:
+        # what the optimizer received is no multiple of this rank's own backwards (data
+        # parallelism by hand reduced it over the ranks): the fitted scale means nothing;
+        # only a clip in the window may have rescaled it
+        return bool(int(w.clips))
+    return not _near(float(cons.scale), 1.0, False)
 
 
 def _near(a: float, b: float, low: bool) -> bool:
@@ -518,7 +525,9 @@ def partial_window_findings(rank: int | None, windows: list[StepWindow],
                         + f", and {weighed}, while each of the {len(full)} full "
                         f"window(s) seen weighed {ref:.4g}: the partial window was divided by "
                         f"K instead of its {n} micro-steps, so its update is {n}/{k} of its "
-                        "mean gradient")]
+                        "mean gradient",
+                        title_=f"a short last window ({n} of K = {k} micro-steps) divided by K: "
+                               f"its update is {n}/{k} of its mean gradient")]
     return _mid_run_short(rank, windows, masses, k, len(full)) if one else []
 
 
