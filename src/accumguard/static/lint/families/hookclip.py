@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from accumguard.static.findings import Confidence, Finding, Severity
-from accumguard.static.lint._ast import CLIP_FUNCS, FUNCS, call_attr
+from accumguard.static.lint._ast import CLIP_FUNCS, FUNCS, call_attr, dotted, last_part
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._lightning import lightning_accumulates, manual_optimization
@@ -87,6 +87,40 @@ def clip_in_hf_substep_hook(ctx: FileContext) -> Iterator[Finding]:
             )
             yield f if ga is not None else replace(f, severity=Severity.WARNING,
                                                     confidence=Confidence.MEDIUM)
+
+
+@rule("AG138")
+def clip_in_hf_training_step(ctx: FileContext) -> Iterator[Finding]:
+    """A ``training_step`` override of a Hugging Face Trainer subclass clipping the gradient:
+    the Trainer runs ``training_step`` (forward, backward) on every micro-batch, and clips
+    by ``max_grad_norm`` itself once per optimizer step."""
+    ga, how = ctx.trainer_ga()
+    if ga == 1:
+        return
+    for cls in ctx.of(ast.ClassDef):
+        if not any((last_part(dotted(b)) or "").lower().endswith("trainer") for b in cls.bases):
+            continue
+        for fn in cls.body:
+            if not isinstance(fn, FUNCS) or fn.name != "training_step":
+                continue
+            for n in ctx.local_nodes(fn):
+                if not (isinstance(n, ast.Call) and call_attr(n) in CLIP_FUNCS) or reads_only(n) \
+                        or ctx.guarded(n, fn):
+                    continue
+                f = ctx.finding(
+                    "AG138",
+                    n,
+                    f"`{ast.unparse(n.func)}` in `{cls.name}.training_step`: the Hugging Face "
+                    "Trainer runs training_step (forward and backward) on every micro-batch"
+                    + (f" ({how})" if ga is not None else "")
+                    + ", so the window's partial sum is clipped after each micro-batch instead "
+                    "of the window's gradient once",
+                    fix="clip once per optimizer step: TrainingArguments(max_grad_norm=...) (the "
+                        "Trainer clips at the window's end), or in a callback's "
+                        "on_pre_optimizer_step",
+                )
+                yield f if ga is not None else replace(f, severity=Severity.WARNING,
+                                                        confidence=Confidence.MEDIUM)
 
 
 _CLAMPS = frozenset({"clamp", "clamp_", "clip", "clip_", "clamp_min", "clamp_max", "nan_to_num",
