@@ -62,6 +62,21 @@ def reads_only(call: ast.Call) -> bool:
     return text in ("float('inf')", 'float("inf")', "math.inf", "torch.inf", "np.inf", "numpy.inf")
 
 
+def _acting_clips(ctx: FileContext, fn: ast.AST) -> Iterator[ast.Call]:
+    """The clipping calls in ``fn`` that change the gradient (not a norm read with
+    max_norm=inf) and are not under a condition."""
+    for n in ctx.local_nodes(fn):
+        if isinstance(n, ast.Call) and call_attr(n) in CLIP_FUNCS and not reads_only(n) \
+                and not ctx.guarded(n, fn):
+            yield n
+
+
+def _hf_trainer_clip(f: Finding, ga: int | None) -> Finding:
+    """An error where the Trainer's GA is in sight; a warning when it is not."""
+    return f if ga is not None else replace(f, severity=Severity.WARNING,
+                                            confidence=Confidence.MEDIUM)
+
+
 @rule("AG138")
 def clip_in_hf_substep_hook(ctx: FileContext) -> Iterator[Finding]:
     ga, how = ctx.trainer_ga()
@@ -70,11 +85,8 @@ def clip_in_hf_substep_hook(ctx: FileContext) -> Iterator[Finding]:
     for func in ctx.of(*FUNCS):
         if func.name != "on_substep_end":
             continue
-        for n in ctx.local_nodes(func):
-            if not (isinstance(n, ast.Call) and call_attr(n) in CLIP_FUNCS) or reads_only(n) \
-                    or ctx.guarded(n, func):
-                continue
-            f = ctx.finding(
+        for n in _acting_clips(ctx, func):
+            yield _hf_trainer_clip(ctx.finding(
                 "AG138",
                 n,
                 f"`{ast.unparse(n.func)}` in `on_substep_end`: the Hugging Face Trainer calls it "
@@ -84,9 +96,7 @@ def clip_in_hf_substep_hook(ctx: FileContext) -> Iterator[Finding]:
                 "micro-batches instead of the window's gradient once",
                 fix="clip once per optimizer step: TrainingArguments(max_grad_norm=...), or in "
                     "on_pre_optimizer_step; to only read the norm, pass max_norm=float('inf')",
-            )
-            yield f if ga is not None else replace(f, severity=Severity.WARNING,
-                                                    confidence=Confidence.MEDIUM)
+            ), ga)
 
 
 @rule("AG138")
@@ -103,11 +113,8 @@ def clip_in_hf_training_step(ctx: FileContext) -> Iterator[Finding]:
         for fn in cls.body:
             if not isinstance(fn, FUNCS) or fn.name != "training_step":
                 continue
-            for n in ctx.local_nodes(fn):
-                if not (isinstance(n, ast.Call) and call_attr(n) in CLIP_FUNCS) or reads_only(n) \
-                        or ctx.guarded(n, fn):
-                    continue
-                f = ctx.finding(
+            for n in _acting_clips(ctx, fn):
+                yield _hf_trainer_clip(ctx.finding(
                     "AG138",
                     n,
                     f"`{ast.unparse(n.func)}` in `{cls.name}.training_step`: the Hugging Face "
@@ -118,9 +125,7 @@ def clip_in_hf_training_step(ctx: FileContext) -> Iterator[Finding]:
                     fix="clip once per optimizer step: TrainingArguments(max_grad_norm=...) (the "
                         "Trainer clips at the window's end), or in a callback's "
                         "on_pre_optimizer_step",
-                )
-                yield f if ga is not None else replace(f, severity=Severity.WARNING,
-                                                        confidence=Confidence.MEDIUM)
+                ), ga)
 
 
 _CLAMPS = frozenset({"clamp", "clamp_", "clip", "clip_", "clamp_min", "clamp_max", "nan_to_num",
