@@ -17,7 +17,7 @@ from accumguard.observe._weight_rules import (
     _window_mass,
 )
 
-__all__ = ["averaged_inside_steps", "clipped_apart_findings", "cross_rank_findings", "manual_reduce_findings",
+__all__ = ["averaged_inside_steps", "clipped_apart_findings", "received_alike_steps", "cross_rank_findings", "manual_reduce_findings",
            "rank_scale_findings"]
 
 
@@ -215,6 +215,30 @@ def averaged_inside_steps(rec: RunRecording) -> set[int]:
     return out
 
 
+def _spread(sums: list[list[float]]) -> float:
+    """How far apart the ranks' received-gradient checksums are, relative to their scale."""
+    scale = max(abs(v[2]) for v in sums) or 1e-30
+    return max(abs(a[i] - b[i]) for a in sums for b in sums for i in (0, 1)) / scale
+
+
+def received_alike_steps(rec: RunRecording) -> set[int]:
+    """Optimizer steps (1-based, as findings number them) at which every rank of a DDP run
+    recorded what its optimizer received and all agree: whatever the sync flags read at the
+    forwards (Accelerate's ``trigger_sync_in_backward`` forces a reduction after a forward
+    under ``no_sync``), the ranks' gradients were combined, or were the same."""
+    ranks = [r for r in rec.ranks if rec.steps.get(r)]
+    if len(ranks) < 2 or len(ranks) != rec.world:
+        return set()
+    out: set[int] = set()
+    for step, row in _by_step(rec).items():
+        if len(row) != len(ranks) or any(s.engine != "ddp" or not s.checksum
+                                         for s in row.values()):
+            continue
+        if _spread([list(s.checksum or ()) for s in row.values()]) <= 1e-5:
+            out.add(int(step) + 1)
+    return out
+
+
 def cross_rank_findings(rec: RunRecording) -> list[Finding]:
     """What reached the optimizer must agree across ranks on replicated-gradient engines."""
     by_step = _by_step(rec)
@@ -226,10 +250,7 @@ def cross_rank_findings(rec: RunRecording) -> list[Finding]:
                                         if s.checksum}
         if len(sums) < 2:
             continue
-        vals = list(sums.values())
-        scale = max(abs(v[2]) for v in vals) or 1e-30
-        spread = max(abs(a[i] - b[i]) for a in vals for b in vals for i in (0, 1))
-        if spread > 1e-5 * scale:
+        if _spread(list(sums.values())) > 1e-5:
             text = ", ".join(f"rank {r}: {v[0]:.6g}" for r, v in sorted(sums.items()))
             evidence = (f"the gradient the optimizer received differs across ranks at step "
                         f"{_n(step)} (checksums {text}): ranks train different models")

@@ -36,6 +36,11 @@ def _extra_step(rank: int, w: StepRecord) -> list[Finding]:
                 "update the large batch does not make")]
 
 
+#: what the sync-flag F11 claims, read from the flags: the ranks' received gradients, when
+#: every rank's was measured and they agree, disprove it (``rules.analyze`` drops it then)
+UNREDUCED = "the optimizer stepped on gradients not reduced across ranks"
+
+
 def _sync_findings(rank: int, w: StepRecord) -> list[Finding]:
     """DDP (flag at the forward decides) and FSDP2 (flag at the backward decides): the
     window's last backward must synchronise; syncing earlier ones is only wasteful."""
@@ -60,7 +65,7 @@ def _sync_findings(rank: int, w: StepRecord) -> list[Finding]:
         synced = [j + 1 for j, s in enumerate(syncs) if s]
         return [_mk("F11", "error", rank, step, len(syncs) - 1,
                     f"the window's last backward (micro-step {len(syncs)} of {len(syncs)}) ran "
-                    f"with {what}; the optimizer stepped on gradients not reduced across ranks"
+                    f"with {what}; {UNREDUCED}"
                     + (f" (micro-step(s) {synced} synchronised instead"
                        + (f"; the flag changed between forward and backward on micro-step(s) "
                           f"{[m + 1 for m in mism]}: DDP reads it at the forward, so a flag "

@@ -55,6 +55,7 @@ from accumguard.observe._rank_rules import (
     cross_rank_findings,
     manual_reduce_findings,
     rank_scale_findings,
+    received_alike_steps,
 )
 from accumguard.observe._records import (
     NUMBERING,
@@ -80,6 +81,7 @@ from accumguard.observe._shared_rules import conservation_class as _conservation
 from accumguard.observe._shared_rules import double_gating, engine_resets
 from accumguard.observe._short_rules import continued_windows, short_window_findings
 from accumguard.observe._step_rules import (
+    UNREDUCED,
     _extra_step,
     _no_update,
     _scaled_clip_finding,
@@ -237,6 +239,11 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
         findings = [f for f in findings if f.cls != "LOSS_SCALE" or f.severity == "error"]
     findings += rule("term_findings", term_findings, rec)
     findings += rule("manual_reduce_findings", manual_reduce_findings, rec)
+    alike = rule("received_alike_steps", received_alike_steps, rec, default=set[int]())
+    # a sync flag read as off at the window's last forward, yet every rank received the same
+    # gradient: the reduction ran (forced in the backward) and the flag's claim is disproved
+    findings = [f for f in findings if not (f.cls == "F11" and f.rank is not None
+                                            and f.step in alike and UNREDUCED in f.evidence)]
     # one finding per (class, rank) is enough to act on; keep the first
     seen: set[tuple[str, int | None, str]] = set()
     unique = []
