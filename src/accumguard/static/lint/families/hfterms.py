@@ -138,6 +138,8 @@ def _masked_micro_mean(ctx: FileContext, fn: _Func, e: ast.AST) -> bool:
     while isinstance(d, ast.Call) and call_attr(d) in ("clamp", "clamp_min", "float", "clip") \
             and isinstance(d.func, ast.Attribute):
         d = d.func.value
+    if isinstance(d, ast.Name) and _helper_count(ctx, fn, d.id):
+        return True
     if not (isinstance(d, ast.Call) and call_attr(d) == "sum" and not d.keywords):
         return False
     mask = d.args[0] if dotted(d.func) == "torch.sum" and len(d.args) == 1 else (
@@ -147,6 +149,47 @@ def _masked_micro_mean(ctx: FileContext, fn: _Func, e: ast.AST) -> bool:
     assigned = any(isinstance(n, ast.Name) and n.id == mask.id and isinstance(n.ctx, ast.Store)
                    for n in ast.walk(fn))
     return assigned and mask.id not in ctx.all_reduced_names(fn)
+
+
+def _helper_count(ctx: FileContext, fn: _Func, name: str) -> bool:
+    """``name`` is unpacked, in ``fn``, from a call of a function of the file whose every
+    return puts there a sum of a mask of the tokens it was given (``return (kl * mask).sum(),
+    mask.sum()`` with ``mask = labels.ne(-100)``): this micro-batch's count, nothing
+    all-reduced."""
+    defs = ctx.defs_by_name()
+    for a in ast.walk(fn):
+        if not (isinstance(a, ast.Assign) and len(a.targets) == 1
+                and isinstance(a.targets[0], ast.Tuple) and isinstance(a.value, ast.Call)):
+            continue
+        names = [e.id if isinstance(e, ast.Name) else None for e in a.targets[0].elts]
+        helpers = defs.get(call_attr(a.value) or "", [])
+        if name not in names or len(helpers) != 1:
+            continue
+        i = names.index(name)
+        rets = [r.value for r in ast.walk(helpers[0]) if isinstance(r, ast.Return)]
+        counts = [r.elts[i] for r in rets if isinstance(r, ast.Tuple) and len(r.elts) == len(names)]
+        if counts and len(counts) == len(rets) and all(
+                _mask_sum(helpers[0], c) for c in counts) \
+                and not ctx.all_reduced_names(helpers[0]):
+            return True
+    return False
+
+
+def _mask_sum(helper: _Func, e: ast.AST) -> bool:
+    """``mask.sum()`` (or ``torch.sum(mask)``) of a name ``helper`` assigns from a comparison
+    (``labels.ne(-100)``, ``labels != pad``)."""
+    if not (isinstance(e, ast.Call) and call_attr(e) == "sum" and not e.keywords):
+        return False
+    mask = e.args[0] if dotted(e.func) == "torch.sum" and len(e.args) == 1 else (
+        e.func.value if isinstance(e.func, ast.Attribute) and not e.args else None)
+    if not isinstance(mask, ast.Name):
+        return False
+    return any(isinstance(a, ast.Assign) and any(isinstance(t, ast.Name) and t.id == mask.id
+                                                 for t in a.targets)
+               and any(isinstance(n, ast.Compare) or call_attr(n) in ("ne", "eq", "gt", "ge",
+                                                                       "lt", "le")
+                       for n in ast.walk(a.value) if isinstance(n, ast.Compare | ast.Call))
+               for a in ast.walk(helper))
 
 
 def _coefficient(e: ast.AST) -> bool:
