@@ -76,6 +76,7 @@ from accumguard.observe._records import (
     watch_dict,
     windows,
 )
+from accumguard.observe._scale_rules import loss_scale_findings
 from accumguard.observe._schedules import run_horizon_findings
 from accumguard.observe._shared_rules import conservation_class as _conservation_class
 from accumguard.observe._shared_rules import double_gating, engine_resets
@@ -95,7 +96,6 @@ from accumguard.observe._weight_rules import (
     _firm_k,
     classify_token_weights,
     grad_step_findings,
-    loss_scale_findings,
     loss_weight_findings,
     partial_window_findings,
 )
