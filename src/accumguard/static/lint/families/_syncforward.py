@@ -13,7 +13,8 @@ from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._ctx_boundary import bound_argument
 from accumguard.static.lint.families._modguard import exclusive
 
-__all__ = ["forward_before", "forward_inside", "is_forward_of", "setter_calls", "through_parameter"]
+__all__ = ["forward_before", "forward_inside", "hands_to_forward", "is_forward_of", "setter_calls",
+           "through_parameter"]
 
 _FN = (ast.FunctionDef, ast.AsyncFunctionDef)
 
@@ -31,7 +32,7 @@ def _params(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
     return [a.arg for a in (*fn.args.posonlyargs, *fn.args.args)]
 
 
-def _hands_to_forward(ctx: FileContext, call: ast.Call, recv: str) -> bool:
+def hands_to_forward(ctx: FileContext, call: ast.Call, recv: str) -> bool:
     """``token_loss_sum(model, x, y)``: a function of the file given the module calls the
     parameter it binds (the forward runs there)."""
     callee = ctx.callee_of(call)
@@ -60,7 +61,7 @@ def forward_before(ctx: FileContext, node: ast.stmt, recv: str, *, helpers: bool
         if (
             isinstance(n, ast.Call)
             and n not in header
-            and (is_forward_of(n, recv) or (helpers and _hands_to_forward(ctx, n, recv)
+            and (is_forward_of(n, recv) or (helpers and hands_to_forward(ctx, n, recv)
                                                 and not exclusive(ctx, n, node)))
             and (n.lineno, n.col_offset) < (node.lineno, node.col_offset)
         ):
@@ -80,7 +81,7 @@ def _forward_before_helper(ctx: FileContext, node: ast.stmt, recv: str) -> ast.C
         return None
     for n in walk_local(fn):
         if isinstance(n, ast.Call) and position(n) < position(node) and (
-                is_forward_of(n, recv) or _hands_to_forward(ctx, n, recv)):
+                is_forward_of(n, recv) or hands_to_forward(ctx, n, recv)):
             return n
     for site in ctx.call_sites(fn):
         loop = ctx.enclosing(site, LOOPS + SCOPES)

@@ -55,6 +55,7 @@ from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._syncforward import (
     forward_before,
     forward_inside,
+    hands_to_forward,
     is_forward_of,
     setter_calls,
     through_parameter,
@@ -491,3 +492,53 @@ def sync_flag_polarity(ctx: FileContext) -> Iterator[Finding]:
                 f"{what} switches gradient synchronisation off and nothing switches it back on: "
                 "no reduction ever happens, each rank steps on its own gradient",
             )
+
+
+@rule("AG111")
+def forward_always_under_no_sync(ctx: FileContext) -> Iterator[Finding]:
+    """``with accelerator.no_sync(model):`` (or ``model.no_sync()``) entered on every
+    micro-step around the forward, the boundary's backward written outside the block: DDP
+    decided at that forward not to reduce, so no backward of the window all-reduces and each
+    rank steps on its own gradient. Silent when the file forces the reduction after the
+    forward (Accelerate's ``trigger_sync_in_backward``, the flag set by hand: AG106's)."""
+    forced = {"trigger_sync_in_backward", "prepare_for_backward"}
+    if any((call_attr(c) or "") in forced for c in ctx.of(ast.Call)) or any(
+            isinstance(t, ast.Attribute) and t.attr == "require_backward_grad_sync"
+            for a in ctx.of(ast.Assign) for t in a.targets):
+        return
+    for call in ctx.of(ast.Call):
+        if call_attr(call) != "no_sync":
+            continue
+        block = _no_sync_block(ctx, call)
+        if block is None or not any(item.context_expr is call for item in block.items):
+            continue  # (a no_sync chosen by a condition: AG111's polarity rule)
+        recv = dotted(call.args[0]) if call.args else dotted(receiver(call))
+        loop = ctx.enclosing(block, LOOPS + SCOPES)
+        if recv is None or not isinstance(loop, LOOPS):
+            continue
+        cur = ctx.parents.get(block)
+        while cur is not None and cur is not loop and not isinstance(cur, ast.If | ast.Try):
+            cur = ctx.parents.get(cur)
+        if cur is not loop:
+            continue  # entered only on some micro-steps
+        inside = set(walk_all(block))
+        if not any(isinstance(n, ast.Call) and (is_forward_of(n, recv)
+                                                or hands_to_forward(ctx, n, recv))
+                   for n in inside):
+            continue
+        after = [b for b in walk_all(loop) if isinstance(b, ast.Call) and is_backward(b)
+                 and b not in inside and position(b) > position(block)]
+        if not after:
+            continue
+        yield ctx.finding(
+            "AG111",
+            after[0],
+            f"`{ast.unparse(call)}` is entered on every micro-step around `{recv}`'s forward, "
+            f"and the boundary's backward (line {after[0].lineno}) runs outside it: DDP decides "
+            "at the forward whether the next backward all-reduces, so no backward of the window "
+            "reduces the gradient and each rank steps on its own",
+            fix="run the last micro-step's forward outside no_sync (`with accelerator.no_sync(model) "
+                "if not boundary else nullcontext():` around forward and backward), or force the "
+                "reduction with `accelerator.trigger_sync_in_backward(model)` around the last "
+                "backward; `accelerator.accumulate(model)` does it for you",
+        )
