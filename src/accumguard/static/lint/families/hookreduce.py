@@ -158,7 +158,8 @@ def accumulated_grad_reduced_per_micro_step(ctx: FileContext) -> Iterator[Findin
                 continue
             for n in ctx.local_nodes(place):
                 if not (isinstance(n, ast.Call) and call_attr(n) == "all_reduce" and n.args and _sums(n)) \
-                        or id(n) in seen or _gated(ctx, n, place) or not _of_grads(ctx, place, n.args[0]):
+                        or id(n) in seen or _gated(ctx, n, place) or ctx.guarded(n, window) \
+                        or not _of_grads(ctx, place, n.args[0]):
                     continue
                 seen.add(id(n))
                 site = methods.get(place)
