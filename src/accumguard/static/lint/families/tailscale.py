@@ -33,7 +33,7 @@ from accumguard.static.lint.families._modguard import (
 )
 from accumguard.static.lint.families._windowtail import hand_for_windows, pure_mod_guard
 
-__all__ = ["tail_window_divided_by_k"]
+__all__ = ["tail_gradient_divided_by_window_size", "tail_window_divided_by_k"]
 
 
 def _len_name(ctx: FileContext, node: ast.AST, scope: ast.AST) -> bool:
@@ -253,3 +253,90 @@ def tail_window_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
             yield ctx.finding("AG141", node, f"{head} (the pass length is not in sight: no "
                               "tail when it is a multiple of K)")
             break
+
+
+def _window_size_name(ctx: FileContext, arg: ast.AST, scope: ast.AST) -> bool:
+    """``arg`` is a name the scope assigns once from a product with the accumulation count
+    among its factors (``effective_batch = world * micro_bs * accum``): a full window's size,
+    whatever the window's own length."""
+    if not isinstance(arg, ast.Name):
+        return False
+    writes = assignments_by_name(ctx, scope).get(arg.id, [])
+    if len(writes) != 1 or not isinstance(writes[0], ast.Assign):
+        return False
+    value = writes[0].value
+    if not (isinstance(value, ast.BinOp) and isinstance(value.op, ast.Mult)):
+        return False
+    factors: list[ast.AST] = []
+    stack: list[ast.AST] = [value]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, ast.BinOp) and isinstance(e.op, ast.Mult):
+            stack += [e.left, e.right]
+        else:
+            factors.append(e)
+    return any(ctx.mentions_accum(f) for f in factors)
+
+
+def _divides_grads_by(helper: ast.AST, param: str) -> bool:
+    """``helper`` touches ``.grad`` and divides a tensor by its parameter ``param``
+    (``buf /= denom``, ``g.div_(denom)``, ``g / denom``)."""
+    nodes = list(walk_all(helper))
+    if not any(isinstance(n, ast.Attribute) and n.attr == "grad" for n in nodes):
+        return False
+    for n in nodes:
+        if isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Div) \
+                and isinstance(n.value, ast.Name) and n.value.id == param:
+            return True
+        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) \
+                and isinstance(n.right, ast.Name) and n.right.id == param:
+            return True
+        if isinstance(n, ast.Call) and call_attr(n) in ("div_", "div") and n.args \
+                and isinstance(n.args[0], ast.Name) and n.args[0].id == param:
+            return True
+    return False
+
+
+@rule("AG141")
+def tail_gradient_divided_by_window_size(ctx: FileContext) -> Iterator[Finding]:
+    """The pass's short last window is stepped (``if (i + 1) % K == 0 or i + 1 == len(dl):``)
+    and, in that branch, a function of the file divides the gradient by a full window's size
+    (``sync_grads(model, effective_batch)``, ``effective_batch = W * micro * K``): the tail of
+    r < K micro-batches reaches the optimizer as r/K of its mean gradient."""
+    defs = ctx.defs_by_name()
+    for window, facts in hand_for_windows(ctx):
+        scope = ctx.scope_of(window)
+        for call, kind in facts.steps:
+            if kind != "optimizer":
+                continue
+            hit = _flush_guard(ctx, call, window)
+            if hit is None:
+                continue
+            site, guard, test = hit
+            if not isinstance(site, ast.If) or 1 in k_values(ctx, guard.modulus, site):
+                continue
+            for n in (x for stmt in site.body for x in walk_all(stmt)):
+                if not isinstance(n, ast.Call) or not isinstance(n.func, ast.Name):
+                    continue
+                helpers = defs.get(n.func.id, [])
+                if len(helpers) != 1:
+                    continue
+                helper = helpers[0]
+                params = [a.arg for a in (*helper.args.posonlyargs, *helper.args.args)]
+                for param in params:
+                    arg = bound_argument(helper, n, param)
+                    if arg is None or not _window_size_name(ctx, arg, scope) \
+                            or not _divides_grads_by(helper, param):
+                        continue
+                    yield ctx.finding(
+                        "AG141", n,
+                        f"the step also runs at the end of the pass (`{ast.unparse(test)}`), but "
+                        f"`{ast.unparse(n)}` divides the window's gradient by `{ast.unparse(arg)}`, "
+                        "a full window's size (the accumulation count among its factors), there "
+                        "too: the last window's r < K micro-batches reach the optimizer as r/K of "
+                        "their mean gradient (the pass length is not in sight: no tail when it is "
+                        "a multiple of K)",
+                        fix="divide by the samples (or tokens) the window actually had, summed over "
+                            "the ranks, e.g. a count all-reduced at the boundary",
+                    )
+                    return
