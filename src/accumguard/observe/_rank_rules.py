@@ -201,10 +201,9 @@ def averaged_inside_steps(rec: RunRecording) -> set[int]:
     ranks = [r for r in rec.ranks if rec.steps.get(r)]
     if len(ranks) < 2 or len(ranks) != rec.world:
         return set()
-    per_rank = {r: {w.step: w for w in _windows(rec.steps[r])} for r in ranks}
     out: set[int] = set()
-    for step in per_rank[ranks[0]]:
-        rows = [per_rank[r].get(step) for r in ranks]
+    for step, row in _by_step(rec).items():
+        rows = [row.get(r) for r in ranks]
         conss = [None if w is None or w.engine != "local" else w.conservation for w in rows]
         if any(c is None or c.reason != "wiped" or not c.contrib_sums for c in conss):
             continue

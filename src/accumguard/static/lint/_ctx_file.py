@@ -208,6 +208,20 @@ class FileIndex:
             return out
         return self._cached("defs_by_name", self.tree, compute)  # type: ignore[no-any-return]
 
+    def function_named(self, ref: ast.AST | None, at: ast.AST
+                       ) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+        """The function of the file a reference names (a hook handed to a registration):
+        ``self.m`` the method of the class ``at`` is in, a name the one ``def`` so named."""
+        name = dotted(ref) if ref is not None else None
+        if name is None:
+            return None
+        if name.startswith("self."):
+            cls = self.enclosing(at, (ast.ClassDef,))
+            hits = [f for f in getattr(cls, "body", []) if isinstance(f, FUNCS) and f.name == name[5:]]
+        else:
+            hits = self.defs_by_name().get(last_part(name), [])
+        return hits[0] if len(hits) == 1 else None
+
     def scope_of(self, node: ast.AST) -> ast.AST:
         """The function around ``node``, or the module."""
         return self.enclosing(node, FUNCS) or self.tree
@@ -530,15 +544,20 @@ class FileIndex:
             return out
         return self._cached("backward_losses", scope, compute)  # type: ignore[no-any-return]
 
+    def trainer_classes(self) -> list[ast.ClassDef]:
+        """Classes whose base is named like a Trainer (``Trainer``, ``transformers.Trainer``,
+        ``SFTTrainer``): a Hugging Face Trainer subclass, whose ``compute_loss`` and
+        ``training_step`` it runs once per micro-batch."""
+        return [cls for cls in self.of(ast.ClassDef)
+                if any((last_part(dotted(b)) or "").endswith("trainer") for b in cls.bases)]
+
     def trainer_compute_losses(self) -> list[tuple[ast.ClassDef, ast.FunctionDef | ast.AsyncFunctionDef]]:
         """(class, method) for each ``compute_loss`` defined in a class whose base is named like
         a Trainer (``Trainer``, ``transformers.Trainer``, ``SFTTrainer``), cached: the Hugging
         Face Trainer calls it once per micro-batch."""
         def compute() -> list[tuple[ast.ClassDef, ast.FunctionDef | ast.AsyncFunctionDef]]:
             out: list[tuple[ast.ClassDef, ast.FunctionDef | ast.AsyncFunctionDef]] = []
-            for cls in self.of(ast.ClassDef):
-                if not any((last_part(dotted(b)) or "").endswith("trainer") for b in cls.bases):
-                    continue
+            for cls in self.trainer_classes():
                 out += [(cls, fn) for fn in cls.body
                         if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) and fn.name == "compute_loss"]
             return out

@@ -18,7 +18,7 @@ import ast
 from collections.abc import Iterator
 
 from accumguard.static.findings import Finding
-from accumguard.static.lint._ast import FUNCS, call_attr, dotted, last_part, walk_all
+from accumguard.static.lint._ast import call_attr, dotted, last_part, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._lossexpr import is_mean_call
@@ -26,20 +26,6 @@ from accumguard.static.lint.families._lossexpr import is_mean_call
 _REGISTER = "register_comm_hook"
 #: calls that scale a tensor (a division by the world size written as one of them)
 _SCALES = frozenset({"div_", "div", "mul_", "mul", "true_divide", "true_divide_", "divide"})
-
-
-def _hook_def(ctx: FileContext, call: ast.Call) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
-    hook = next((k.value for k in call.keywords if k.arg == "hook"),
-                call.args[1] if len(call.args) > 1 else None)
-    name = dotted(hook) if hook is not None else None
-    if name is None:
-        return None
-    if name.startswith("self."):
-        cls = ctx.enclosing(call, (ast.ClassDef,))
-        hits = [f for f in getattr(cls, "body", []) if isinstance(f, FUNCS) and f.name == name[5:]]
-    else:
-        hits = ctx.defs_by_name().get(last_part(name), [])
-    return hits[0] if len(hits) == 1 else None
 
 
 def _op(call: ast.Call) -> str:
@@ -120,7 +106,8 @@ def comm_hook_sums_without_average(ctx: FileContext) -> Iterator[Finding]:
         return
     own = {name for name in ctx.defs_by_name()}
     for reg in registered:
-        fn = _hook_def(ctx, reg)
+        fn = ctx.function_named(next((k.value for k in reg.keywords if k.arg == "hook"),
+                                     reg.args[1] if len(reg.args) > 1 else None), reg)
         if fn is None:
             continue
         body = list(walk_all(fn))

@@ -140,11 +140,8 @@ def _masked_micro_mean(ctx: FileContext, fn: _Func, e: ast.AST) -> bool:
         d = d.func.value
     if isinstance(d, ast.Name) and _helper_count(ctx, fn, d.id):
         return True
-    if not (isinstance(d, ast.Call) and call_attr(d) == "sum" and not d.keywords):
-        return False
-    mask = d.args[0] if dotted(d.func) == "torch.sum" and len(d.args) == 1 else (
-        d.func.value if isinstance(d.func, ast.Attribute) and not d.args else None)
-    if not isinstance(mask, ast.Name) or "num_items" in mask.id:
+    mask = _summed_name(d)
+    if mask is None or "num_items" in mask.id:
         return False
     assigned = any(isinstance(n, ast.Name) and n.id == mask.id and isinstance(n.ctx, ast.Store)
                    for n in ast.walk(fn))
@@ -175,16 +172,20 @@ def _helper_count(ctx: FileContext, fn: _Func, name: str) -> bool:
     return False
 
 
+def _summed_name(e: ast.AST) -> ast.Name | None:
+    """The name ``e`` sums whole: ``mask.sum()`` or ``torch.sum(mask)``."""
+    if not (isinstance(e, ast.Call) and call_attr(e) == "sum" and not e.keywords):
+        return None
+    mask = e.args[0] if dotted(e.func) == "torch.sum" and len(e.args) == 1 else (
+        e.func.value if isinstance(e.func, ast.Attribute) and not e.args else None)
+    return mask if isinstance(mask, ast.Name) else None
+
+
 def _mask_sum(helper: _Func, e: ast.AST) -> bool:
     """``mask.sum()`` (or ``torch.sum(mask)``) of a name ``helper`` assigns from a comparison
     (``labels.ne(-100)``, ``labels != pad``)."""
-    if not (isinstance(e, ast.Call) and call_attr(e) == "sum" and not e.keywords):
-        return False
-    mask = e.args[0] if dotted(e.func) == "torch.sum" and len(e.args) == 1 else (
-        e.func.value if isinstance(e.func, ast.Attribute) and not e.args else None)
-    if not isinstance(mask, ast.Name):
-        return False
-    return any(isinstance(a, ast.Assign) and any(isinstance(t, ast.Name) and t.id == mask.id
+    mask = _summed_name(e)
+    return mask is not None and any(isinstance(a, ast.Assign) and any(isinstance(t, ast.Name) and t.id == mask.id
                                                  for t in a.targets)
                and any(isinstance(n, ast.Compare) or call_attr(n) in ("ne", "eq", "gt", "ge",
                                                                        "lt", "le")

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from accumguard.static.findings import Confidence, Finding, Severity
-from accumguard.static.lint._ast import CLIP_FUNCS, FUNCS, call_attr, dotted, last_part
+from accumguard.static.lint._ast import CLIP_FUNCS, FUNCS, call_attr
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._lightning import lightning_accumulates, manual_optimization
@@ -107,9 +107,7 @@ def clip_in_hf_training_step(ctx: FileContext) -> Iterator[Finding]:
     ga, how = ctx.trainer_ga()
     if ga == 1:
         return
-    for cls in ctx.of(ast.ClassDef):
-        if not any((last_part(dotted(b)) or "").lower().endswith("trainer") for b in cls.bases):
-            continue
+    for cls in ctx.trainer_classes():
         for fn in cls.body:
             if not isinstance(fn, FUNCS) or fn.name != "training_step":
                 continue

@@ -32,16 +32,9 @@ def _hook_functions(ctx: FileContext) -> Iterator[tuple[ast.Call, ast.FunctionDe
         if isinstance(arg, ast.Lambda):
             yield call, arg
             continue
-        name = dotted(arg)
-        if name is None:
-            continue
-        if name.startswith("self."):
-            cls = ctx.enclosing(call, (ast.ClassDef,))
-            hits = [f for f in getattr(cls, "body", []) if isinstance(f, FUNCS) and f.name == name[5:]]
-        else:
-            hits = ctx.defs_by_name().get(last_part(name), [])
-        if len(hits) == 1:
-            yield call, hits[0]
+        fn = ctx.function_named(arg, call)
+        if fn is not None:
+            yield call, fn
 
 
 def _sums(call: ast.Call) -> bool:
