@@ -219,7 +219,7 @@ class FileIndex:
             cls = self.enclosing(at, (ast.ClassDef,))
             hits = [f for f in getattr(cls, "body", []) if isinstance(f, FUNCS) and f.name == name[5:]]
         else:
-            hits = self.defs_by_name().get(last_part(name), [])
+            hits = self.defs_by_name().get(name.rsplit(".", 1)[-1], [])  # (case kept: `def sumHook`)
         return hits[0] if len(hits) == 1 else None
 
     def scope_of(self, node: ast.AST) -> ast.AST:

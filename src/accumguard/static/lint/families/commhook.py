@@ -114,7 +114,7 @@ def comm_hook_sums_without_average(ctx: FileContext) -> Iterator[Finding]:
         reduces = [n for n in body if isinstance(n, ast.Call) and call_attr(n) == "all_reduce"]
         if len(reduces) != 1 or _op(reduces[0]) != "sum" or _scales(ctx, body):
             continue
-        called = {last_part(dotted(n.func)) for n in body if isinstance(n, ast.Call)}
+        called = {(dotted(n.func) or "").rsplit(".", 1)[-1] for n in body if isinstance(n, ast.Call)}
         if (called - {fn.name}) & own or _file_divides_by_world(ctx) or not _rank_means(ctx):
             continue  # a helper of the file may divide; a loss may be written for a sum
         red = reduces[0]

@@ -23,6 +23,7 @@ from accumguard.static.lint._ast import (
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._lossexpr import division, flows_to_backward, is_loss_division
+from accumguard.static.lint.families._rankavg import summed_over_ranks
 from accumguard.static.lint.families._worldprod import named_product_with_world
 from accumguard.static.lint.families.scale import loss_divisions_by_rank_sum
 
@@ -103,8 +104,13 @@ def _reaches(ctx: FileContext, sub: ast.AST, loop: ast.AST) -> bool:
 
 
 def _grads_divided_by_world(ctx: FileContext) -> bool:
-    """Somewhere in the file a gradient is divided by the world size in place
-    (``p.grad.div_(world_size)``, ``p.grad /= W``, ``g.mul_(1 / W)``)."""
+    """Somewhere in the file a gradient is divided in place by the world size
+    (``p.grad.div_(world_size)``, ``p.grad /= W``, ``g.mul_(1 / W)``) or by a count summed
+    over every rank (``dist.all_reduce(count); p.grad.div_(count)``: summed losses over the
+    samples of all ranks, the large batch's mean)."""
+    def averages(divisor: ast.AST) -> bool:
+        return ctx.mentions_world(divisor) or summed_over_ranks(ctx, divisor, accelerate=False)
+
     def grad_like(expr: ast.AST | None) -> bool:
         return expr is not None and any(
             (isinstance(x, ast.Attribute) and x.attr == "grad")
@@ -115,10 +121,10 @@ def _grads_divided_by_world(ctx: FileContext) -> bool:
         for sub in ctx.of(ast.Call, ast.AugAssign):
             if isinstance(sub, ast.AugAssign):
                 if isinstance(sub.op, ast.Div | ast.Mult) and grad_like(sub.target) \
-                        and ctx.mentions_world(sub.value):
+                        and averages(sub.value):
                     return True
             elif call_attr(sub) in _DIV_CALLS and sub.args and isinstance(sub.func, ast.Attribute) \
-                    and grad_like(sub.func.value) and ctx.mentions_world(sub.args[0]):
+                    and grad_like(sub.func.value) and averages(sub.args[0]):
                 return True
         return False
     return bool(ctx._cached("grads_divided_world", ctx.tree, compute))
