@@ -105,7 +105,7 @@ def manual_reduce_findings(rec: RunRecording) -> list[Finding]:
     hits = [(st, e) for st, e in judged if _near(e, float(world), True) or
             _near(e, 1.0 / world, True)]
     if not hits or len(hits) * 2 < len(judged):
-        return []
+        return _short_scaled_as_full(per_rank, ranks, judged)
     step, eff = hits[0]
     many = eff > 1
     return [_mk("F10", "error", None, step, None,
@@ -119,6 +119,43 @@ def manual_reduce_findings(rec: RunRecording) -> list[Finding]:
                 + f"; {len(hits)} of {len(judged)} checked step(s)). "
                 + ("Divide the summed gradients by the world size (or use ReduceOp.AVG)"
                    if many else "Divide by the world size once"))]
+
+
+def _short_scaled_as_full(per_rank: dict[int, dict[int, StepWindow]], ranks: list[int],
+                          judged: list[tuple[int, float]]) -> list[Finding]:
+    """F7 on data parallelism by hand, from what the optimizer received: every full window
+    (K backwards on every rank) carried the large batch's gradient (c x W x mass = 1), and
+    a window shorter than K carried a fraction of it: its reduced gradient was divided by
+    a full window's size (or K) instead of what the short window held. Only windows whose
+    fit holds on every rank are read; a short window normalised by its own count weighs 1."""
+    lengths = {st: [int(per_rank[r][st].window) for r in ranks] for st, _ in judged}
+    k = max((max(n) for n in lengths.values()), default=0)
+    full = [e for st, e in judged if min(lengths[st]) == k]
+    if k < 2 or len(full) < 2 or not all(_near(e, 1.0, True) for e in full):
+        return []
+    for st, e in judged:
+        n = max(lengths[st])
+        if n >= k or _near(e, 1.0, True):
+            continue
+        first = per_rank[ranks[0]]
+        nxt = first.get(st + 1)
+        where = (" (the end of a pass over the DataLoader)"
+                 if nxt is not None and 0 in (nxt.data_pass_starts or [])
+                 else " (the end of the run)" if nxt is None else "")
+        return [_mk("F7", "error", None, st, n - 1,
+                    f"the script all-reduced the gradients itself (no DDP, FSDP or engine); "
+                    f"the window before optimizer step {_n(st)} had {n} of K = {k} "
+                    f"micro-steps{where}, and the optimizer received {e:.4g} x that window's "
+                    f"large-batch gradient (gradient checksums of every rank, against the "
+                    f"loss records), while each of the {len(full)} full window(s) checked "
+                    "received exactly its large-batch gradient: the short window's reduced "
+                    "gradient was divided by a full window's size, not by what it held",
+                    title_=f"a short window ({n} of K = {k} micro-steps) scaled as a full one: "
+                           f"its update is {e:.3g} x its large-batch gradient",
+                    fix="Divide the short window's summed gradient by the samples (or "
+                        "tokens) it really held across the ranks (an all-reduced count), "
+                        "not by the nominal micro_batch x K x world size.")]
+    return []
 
 
 def _terms_of_one_mean(mass: _Mass, w: StepWindow) -> bool:

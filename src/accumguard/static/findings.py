@@ -346,10 +346,11 @@ RULES: dict[str, Rule] = {
         ),
         _rule(
             "AG130", "lr-from-micro-counter", "F4", E, MED,
-            "the learning rate written into the optimizer's param groups is computed from a "
-            "counter that advances on every micro-batch (or a schedule's counter of optimizer "
-            "steps starts each pass at the micro-batches before it) while the schedule is "
-            "counted in optimizer steps: the schedule runs K times fast",
+            "the learning rate written into the optimizer's param groups, or a LambdaLR "
+            "function that ignores its step, is computed from a counter that advances on every "
+            "micro-batch (or a schedule's counter of optimizer steps starts each pass at the "
+            "micro-batches before it) while the schedule is counted in optimizer steps: the "
+            "schedule runs K times fast",
             "feed the schedule a counter of optimizer steps — increment it after "
             "`optimizer.step()` (nanoGPT: `iter_num += 1` outside the micro-step loop), or call "
             "`get_lr(it // K)`",

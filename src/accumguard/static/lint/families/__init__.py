@@ -17,7 +17,8 @@
 ``scale``      AG122 AG123         a mean loss backwarded K times, never divided by K; a loss
                divided by a count summed over ranks under DDP/FSDP's own average
 ``terms``      AG127               one loss term divided by K, another added undivided
-``lrcounter``  AG130               a learning rate set by hand from a counter of micro-batches
+``lrcounter``  AG130               a learning rate set by hand (or by a LambdaLR function that
+                                   ignores its step) from a counter of micro-batches
 ``epochtail``  AG131               Lightning epochs (or their last window) shorter than K
 ``hfscale``    AG136               an HF compute_loss normalised by num_items_in_batch and divided by K;
                AG143               ... or never multiplied by the number of processes (G / W);

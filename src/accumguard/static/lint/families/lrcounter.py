@@ -454,3 +454,105 @@ def update_counter_started_from_micro_batches(ctx: FileContext) -> Iterator[Find
                     f"updates_per_epoch` with updates_per_epoch = ceil(len({loader}) / K)",
             ), severity=Severity.ERROR, confidence=Confidence.MEDIUM)
             break
+
+
+_LAMBDA_SCHEDULERS = frozenset({"LambdaLR", "MultiplicativeLR"})
+
+
+def _schedule_function(ctx: FileContext, call: ast.Call
+                       ) -> tuple[ast.Lambda | ast.FunctionDef | ast.AsyncFunctionDef, list[str]] | None:
+    """The function a ``LambdaLR(opt, fn)`` call is given (a lambda, a def, ``self.method``)
+    with its parameters, ``self`` left out; None for a list of functions or one not read."""
+    ref = next((k.value for k in call.keywords if k.arg == "lr_lambda"),
+               call.args[1] if len(call.args) > 1 else None)
+    fn: ast.Lambda | ast.FunctionDef | ast.AsyncFunctionDef | None
+    fn = ref if isinstance(ref, ast.Lambda) else ctx.function_named(ref, call)
+    if fn is None:
+        return None
+    params = [a.arg for a in (*fn.args.posonlyargs, *fn.args.args)]
+    if params and params[0] == "self" and not isinstance(fn, ast.Lambda):
+        params = params[1:]
+    return fn, params
+
+
+def _steps(ctx: FileContext, node: ast.AST, depth: int = 1) -> bool:
+    """``node`` steps an optimizer or engine, directly or through a function of the file it
+    calls (``self.optimizer_step()``), ``depth`` levels down."""
+    for c in walk_local(node):
+        if not isinstance(c, ast.Call):
+            continue
+        if isinstance(c.func, ast.Attribute) and c.func.attr == "step" \
+                and ctx.kind_of_receiver(c.func.value) in ("optimizer", "engine"):
+            return True
+        callee = ctx.callee_of(c) if depth > 0 else None
+        if callee is not None and callee is not node and _steps(ctx, callee, depth - 1):
+            return True
+    return False
+
+
+def _per_micro_increment(ctx: FileContext, inc: ast.AugAssign) -> bool:
+    """``inc`` (``x += 1``) runs on every micro-batch: unguarded in an accumulating window,
+    or in a function that runs a backward and steps nothing, called from a loop that steps
+    nothing itself inside a loop that does (``for mb in window: self.training_step(mb)``
+    then ``self.optimizer_step()``): several backwards per optimizer step."""
+    for window in _accumulating_windows(ctx):
+        if ctx.enclosing(inc, _LOOPS) is window:
+            return not ctx.guarded(inc, window)
+    fn = ctx.enclosing(inc, FUNCS)
+    loop = ctx.enclosing(inc, _LOOPS)
+    if fn is None or (loop is not None and ctx.scope_of(loop) is fn):
+        return False  # (a loop of the function's own: not once per call)
+    backward = any(isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
+                   and c.func.attr in ("backward", "manual_backward") for c in walk_local(fn))
+    if not backward or _steps(ctx, fn):
+        return False
+    sites = ctx.call_sites(fn)
+    for site in sites:
+        inner = ctx.enclosing(site, _LOOPS)
+        outer = ctx.enclosing(inner, _LOOPS) if inner is not None else None
+        if inner is None or outer is None or _steps(ctx, inner) or not _steps(ctx, outer):
+            return False
+    return bool(sites)
+
+
+@rule("AG130")
+def lambda_schedule_reads_micro_counter(ctx: FileContext) -> Iterator[Finding]:
+    """A ``LambdaLR`` whose function ignores the step the scheduler hands it and reads a
+    counter of the script's instead (``lambda _: warmup(self.state.global_step)``), where that
+    counter is incremented on every micro-batch: the factor follows micro-batches, K per
+    optimizer step, whatever the scheduler's own count."""
+    incs: dict[str, list[ast.AugAssign]] = {}
+    for n in ctx.of(ast.AugAssign):
+        name = dotted(n.target)
+        if name and isinstance(n.op, ast.Add) and isinstance(n.value, ast.Constant) and n.value.value == 1:
+            incs.setdefault(name, []).append(n)
+    if not incs:
+        return
+    for call in ctx.of(ast.Call):
+        if (dotted(call.func) or "").rsplit(".", 1)[-1] not in _LAMBDA_SCHEDULERS:
+            continue
+        got = _schedule_function(ctx, call)
+        if got is None or not got[1]:
+            continue
+        fn, params = got
+        body = fn.body if isinstance(fn, ast.Lambda) else fn
+        names = [n for n in walk_all(body) if isinstance(n, ast.Name | ast.Attribute)]
+        if any(isinstance(n, ast.Name) and n.id == params[0] for n in names):
+            continue  # the function reads its step
+        read = {d for d in (dotted(n) for n in names) if d}
+        for counter in sorted(read & set(incs)):
+            if not all(_per_micro_increment(ctx, i) for i in incs[counter]):
+                continue
+            inc = incs[counter][0]
+            yield ctx.finding(
+                "AG130",
+                call,
+                f"the LambdaLR function ignores the step the scheduler passes it "
+                f"(`{params[0]}`) and reads `{counter}`, which `{ast.unparse(inc)}` (line "
+                f"{inc.lineno}) advances on every micro-batch: the learning-rate factor moves K "
+                "positions per optimizer step, so warm-up ends K times early and the decay "
+                "reaches its floor after 1/K of the run",
+                fix=f"compute the factor from the step argument (`{params[0]}`), which counts "
+                    "scheduler steps, or from a counter incremented once per optimizer step",
+            )
+            break
