@@ -181,6 +181,32 @@ def test_rank_local_normalisation_is_an_f6_error() -> None:
     assert not ledger_findings(_rec(local, EQUAL), K)
 
 
+def test_each_rank_over_a_count_of_its_own_near_its_tokens_is_f6() -> None:
+    """The HF Trainer with average_tokens_across_devices=False (blind round 76 a_b01, missed
+    before): each rank divides by its own num_items_in_batch, which counts labels before the
+    shift (a few more than the loss call's valid tokens), so the ranks' totals are near, not
+    at, equal: still one weight per rank, the weights 1.5x apart. Totals further apart than
+    the weights, or weights apart by less than 20 %, are not this pattern."""
+    def own(extra: int) -> Any:
+        return lambda r, st, m, c: 1 / (sum(c[r][st]) + extra * len(c[r][st]))
+
+    counts = {0: [[31, 31], [28, 9]], 1: [[25, 15], [21, 32]]}
+    found = ledger_findings(_rec(own(2), counts), K)
+    assert _classes(found) == {("F6", "error")}, found
+    assert "rank 0: 1/132 for each of 62 tokens" in found[0].evidence, found[0].evidence
+    assert "a count of its own" in found[0].evidence
+    # the same counts over the window's global count: one weight everywhere, silent
+    assert "F6" not in {f.cls for f in ledger_findings(
+        _rec(lambda r, st, m, c: W / (_global(st, c) + 8), counts), K)}
+    # ranks' weights 8 % apart, totals near, not at, equal: not judged as F6
+    near = {0: [[31, 31]], 1: [[28, 29]]}
+    assert "F6" not in {f.cls for f in ledger_findings(_rec(own(2), near), K)}
+    # one weight per rank whose totals are 2x apart: a weighting, not a count of its own
+    apart = {0: [[10, 10]], 1: [[20, 20]]}
+    assert "F6" not in {f.cls for f in ledger_findings(
+        _rec(lambda r, st, m, c: 0.01 * (r + 1) / 2, apart), K)}
+
+
 def test_other_constants_are_said_once_not_judged() -> None:
     """A total of 0.3 (a loss weight the user chose): one note; 1/K is LOSS_SCALE's."""
     found = ledger_findings(_rec(lambda r, st, m, c: 0.3 * W / _global(st, c), UNEVEN), K)

@@ -241,6 +241,20 @@ _FRAMEWORK_FIXES: dict[tuple[str, str], str] = {
         "Accelerate: call accelerator.clip_grad_norm_(model.parameters(), max_norm), which "
         "unscales first, only when accelerator.sync_gradients is True (the window's last "
         "micro-step), before the optimizer step."),
+    ("F6", "transformers"): (
+        "Hugging Face Trainer: keep TrainingArguments(average_tokens_across_devices=True) (the "
+        "default): num_items_in_batch is then the window's count over all processes and the "
+        "loss is scaled by their number; a compute_loss of your own divides the summed loss "
+        "by num_items_in_batch."),
+    ("F6", "accelerate"): (
+        "Accelerate: count the window's tokens over all processes (accelerator.reduce(n, "
+        "'sum') or accelerator.gather(n).sum()), divide the summed loss by that count and "
+        "multiply it by accelerator.num_processes, since the prepared model averages."),
+    ("F6", "lightning"): (
+        "Lightning: divide the summed loss by the window's count over all processes "
+        "(self.all_gather(n).sum(), or all_reduce) and multiply by trainer.world_size, since "
+        "the DDP strategy averages the gradients (in automatic optimisation also by "
+        "accumulate_grad_batches, which Lightning divides the returned loss by)."),
     ("F10", "lightning"): (
         "Lightning's DDP strategy already averages gradients over processes: the loss needs "
         "no division by the world size and no all-reduce of its own."),

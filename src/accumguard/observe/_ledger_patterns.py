@@ -67,12 +67,16 @@ def f6_findings(steps: list[LedgerStep]) -> list[Finding]:
                   for r in sorted(s.weights)]
         if s.flat(rank_w):
             continue
-        if not s.flat(masses) or s.flat(s.rank_counts()):
-            return []  # not every rank normalised to the same total: not judged here
+        if s.flat(s.rank_counts()) or not (s.flat(masses) or _own_counts(rank_w, masses)):
+            return []  # not every rank normalised to a count of its own: not judged here
         hits.append((s, rank_w))
     if not hits:
         return []
     s, rank_w = hits[0]
+    masses = [sum(x * n for x, n in zip(s.weights[r], s.counts[r], strict=True))
+              for r in sorted(s.weights)]
+    if not s.flat(masses):
+        return [_own_count_finding(s, rank_w, len(hits), len(steps))]
     big_n = sum(s.rank_counts())
     norm = big_n / s.total  # the weights as multiples of 1/N once they total 1
     u = s.unit
@@ -88,6 +92,37 @@ def f6_findings(steps: list[LedgerStep]) -> list[Finding]:
                 f"normalised its loss by its own {one(u)} count and the ranks' gradients were "
                 f"then averaged, so a {one(u)} on a rank with fewer {u} weighs more. Common "
                 f"DDP practice, but not the large batch's gradient (every {one(u)} 1/N)")]
+
+
+#: How far apart the ranks' totals may be when each rank divides by a count of its own that
+#: is not exactly its loss call's valid count (the HF Trainer's ``num_items_in_batch`` counts
+#: labels before the shift): the weights must then differ by clearly more than the totals.
+_OWN_COUNT_SPREAD = 1.2
+
+
+def _own_counts(rank_w: list[float], masses: list[float]) -> bool:
+    """Each rank's weight is about 1/its count (the totals within 20 % of each other) and
+    the weights differ between ranks by more than the totals do, and by 20 % at least."""
+    if min(masses) <= 0 or min(rank_w) <= 0:
+        return False
+    m_spread = max(masses) / min(masses)
+    w_spread = max(rank_w) / min(rank_w)
+    return m_spread <= _OWN_COUNT_SPREAD and w_spread >= _OWN_COUNT_SPREAD \
+        and w_spread > 2 * (m_spread - 1) + 1
+
+
+def _own_count_finding(s: LedgerStep, rank_w: list[float], hits: int, steps: int) -> Finding:
+    """F6 where each rank divided by a count of its own near, not at, its valid count."""
+    u = s.unit
+    text = ", ".join(f"rank {r}: 1/{1 / w:.4g} for each of {c:g} {u}" for r, w, c in
+                     zip(sorted(s.weights), rank_w, s.rank_counts(), strict=True))
+    return _mk("F6", "error", None, s.step, None,
+               f"{_short(s.site)}: every {one(u)} of a rank carried one weight, but the weights "
+               f"differ between ranks by {max(rank_w) / min(rank_w):.3g}x at optimizer step "
+               f"{_n(s.step)} ({text}; {hits} of {steps} step(s)): each rank normalised its "
+               f"loss by a count of its own and the ranks' gradients were then averaged, so a "
+               f"{one(u)} on a rank with fewer {u} weighs more. Not the large batch's gradient, "
+               f"which gives every {one(u)} of the window one weight")
 
 
 def f5_across_findings(steps: list[LedgerStep]) -> list[Finding]:

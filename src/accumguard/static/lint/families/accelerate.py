@@ -77,10 +77,14 @@ def _times_k(ctx: FileContext, dividend: ast.AST) -> bool:
 
 def _k_only_below(ctx: FileContext, node: ast.AST, divisor: ast.AST) -> bool:
     """K divides the divisor (``loss / (n / K)`` multiplies by K, undoing ``backward``'s own
-    division), or this division is the divisor of another one."""
+    division), the quotient is multiplied by K (``loss / n * K``), or this division is the
+    divisor of another one."""
     parent = ctx.parents.get(node)
     if isinstance(parent, ast.BinOp) and isinstance(parent.op, ast.Div) and parent.right is node:
         return True
+    if isinstance(parent, ast.BinOp) and isinstance(parent.op, ast.Mult) \
+            and ctx.mentions_accum(parent.right if parent.left is node else parent.left):
+        return True  # ``ce / n_window * K``: the window's count, then backward's /K undone
     inner = division(divisor)
     return inner is not None and ctx.mentions_accum(inner[1]) and not ctx.mentions_accum(inner[0])
 

@@ -45,14 +45,22 @@ def _dict_keywords(ctx: FileContext) -> dict[str | None, list[ast.keyword]]:
     return out
 
 
+def _false(ctx: FileContext, value: ast.AST) -> bool:
+    """``False``, or a name the file assigns ``False`` once and nothing else
+    (``AVG_TOKENS = False`` then ``average_tokens_across_devices=AVG_TOKENS``)."""
+    if isinstance(value, ast.Name):
+        values = ctx.values_by_name().get(value.id, [])
+        value = values[0] if len(values) == 1 else value
+    return isinstance(value, ast.Constant) and value.value is False
+
+
 @rule("AG140")
 def tokens_not_averaged_across_devices(ctx: FileContext) -> Iterator[Finding]:
     for call in ctx.of(ast.Call):
         if (dotted(call.func) or "").rsplit(".", 1)[-1] not in _ARGS:
             continue
         for kw in [*call.keywords, *_spread(ctx, call)]:
-            if kw.arg == "average_tokens_across_devices" and isinstance(kw.value, ast.Constant) \
-                    and kw.value.value is False:
+            if kw.arg == "average_tokens_across_devices" and _false(ctx, kw.value):
                 yield ctx.finding(
                     "AG140", kw.value,
                     "average_tokens_across_devices=False: on several processes each rank "
