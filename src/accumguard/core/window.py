@@ -205,6 +205,10 @@ class StepRecord:
     # given, this rank's own gradient before the hook]; with every rank's step the factor
     # the hook applied to the sum over ranks is fitted offline. None: no such hook ran
     hook_in: list[list[float]] | None = None
+    # a clipping call given only tensors that hold no gradient and require none (the local
+    # shards ``p.grad.to_local()``, not the parameters): it read no ``.grad`` and clipped
+    # nothing. Per such call, [backward passes before it, tensors it was given]; None: none
+    clip_empty: list[list[int]] | None = None
     # -- counts of the guard and the audit (not in a recording) ---------------------------
     # optimizer steps that closed the window: 1, 2 for a second step a guard in warn mode
     # let run, 0 for the audit's trailing micro-steps after the last step

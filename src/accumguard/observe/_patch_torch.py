@@ -454,6 +454,11 @@ def _clip_wrapper(obs: PatchHost, name: str) -> Maker:
                     fn(ev)
             obs._w.clip_micros.append(len(obs._w.backwards))
             obs._w.clip_names.append(name)
+            if params and not any(isinstance(t, torch.Tensor) and (t.requires_grad or t.grad is not None)
+                                  for t in params):
+                # (requires_grad first: a tensor that requires none is a leaf, so reading
+                # its .grad warns about nothing)
+                obs._w.clip_empty.append([len(obs._w.backwards), len(params)])
             if obs.boundary is not None:
                 obs.boundary.before_clip()  # (after the listeners: a rescale they ran counts)
             obs._clip_depth += 1  # the outermost clipping call is the event

@@ -33,6 +33,7 @@ class StepTally:
         self.sched = 0
         self.clip_micros: list[int] = []
         self.clip_names: list[str] = []
+        self.clip_empty: list[list[int]] = []  # clips given no tensor with a gradient
         # GradScaler: unscaled yet in this window; the last norm clip before that (max_norm
         # and the returned norm, read at the step); (loss scale, max_norm, norm) of it when
         # an unscale_ followed it: it clipped the scaled gradient
@@ -79,6 +80,7 @@ class StepTally:
         w.zero_grads = w.zero_between = len(w.zero_micros)
         w.clip_micros = [c - n for c in self.clip_micros if c >= n]
         w.clip_names = list(self.clip_names)
+        w.clip_empty = [[c - n, t] for c, t in self.clip_empty if c >= n]
         w.data_passes = [d - n for d in self.data_passes if d >= n]
         w.hook_inputs = [(b - n, t) for b, t in self.hook_inputs if b >= n]
         for name in ("sched", "unscaled", "norm_clip", "scaled_clip", "reductions_between",
@@ -154,7 +156,8 @@ class StepTally:
             backward_pass=backward_pass, clip_before_unscale=self._scaled_clip(),
             restarts=self.restarts, opt_serial=opt_serial, unborn=unborn,
             rank_factor_units=rank_factor_units, began_on_grad=self.began_on_grad,
-            hook_in=self._hook_in() if self.hook_inputs else None)
+            hook_in=self._hook_in() if self.hook_inputs else None,
+            clip_empty=[list(c) for c in self.clip_empty] or None)
 
     def _hook_in(self) -> list[list[float]] | None:
         """[backward pass, bucket sum] per comm hook call: one host read for all of them

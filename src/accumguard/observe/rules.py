@@ -331,6 +331,9 @@ def _rank_findings(rank: int, steps: Sequence[StepRecord], info: JsonObject,
                            f"ran after backward pass {early_clips[0]} of {w.backwards} in "
                            f"the window ({len(w.clip_micros)} clipping call(s) for one "
                            "optimizer step)"))
+        empty = _empty_clip_finding(rank, w)
+        if empty is not None and not early_clips:
+            out.append(empty)
         scaled = _scaled_clip_finding(rank, w)
         if scaled is not None:
             out.append(scaled)
@@ -351,6 +354,29 @@ def _rank_findings(rank: int, steps: Sequence[StepRecord], info: JsonObject,
                            f"DeepSpeed clips at {clip:g} by default (gradient_clipping not set); "
                            "no step exceeded it in this run"))
     return out
+
+
+def _empty_clip_finding(rank: int, w: StepWindow) -> Finding | None:
+    """F8: every clipping call of the window was given tensors none of which held a gradient
+    or required one (``[p.grad.to_local() for p in ...]``, detached copies), and the
+    optimizer then stepped on a gradient: the clip read no ``.grad``, so it clipped nothing."""
+    empty = w.clip_empty or []
+    if not empty or len(empty) != len(w.clip_micros or []) or not w.applied:
+        return None
+    fn = "/".join(w.clip_functions or ["gradient clipping"])
+    tensors = int(empty[0][1])
+    return _mk("F8", "error", rank, w.step, None,
+               f"{fn} ran {len(empty)} time(s) in the window before optimizer step "
+               f"{_n(w.step)}, given {tensors} tensor(s) none of which held a gradient or "
+               "required one (not the parameters: e.g. the local shards "
+               "`p.grad.to_local()` or detached copies); it reads each tensor's `.grad`, so "
+               "it measured a norm of 0 and clipped nothing, and the optimizer stepped on "
+               "the unclipped gradient",
+               title_="gradient clipping clipped nothing: it was given tensors that hold no "
+                      "gradient",
+               fix="Pass the parameters themselves (model.parameters()): clip_grad_norm_ "
+                   "reads their .grad. On FSDP2, clip_grad_norm_ over the DTensor parameters "
+                   "computes the global norm across the shards.")
 
 
 def _asked_clip(asked: float | None) -> str:
