@@ -561,6 +561,14 @@ RULES: dict[str, Rule] = {
             "result in its `then` callback), use `ReduceOp.AVG`, or register torch's "
             "`default_hooks.allreduce_hook`",
         ),
+        _rule(
+            "AG160", "clip-given-gradients", "F8", E, HI,
+            "a norm or value clip is handed the gradients (`[p.grad for p in ...]`, FSDP2's "
+            "`p.grad.to_local()`) instead of the parameters: it reads each tensor's `.grad`, "
+            "finds none, and clips nothing",
+            "pass the parameters: `clip_grad_norm_(model.parameters(), max_norm)` (on FSDP2 "
+            "the DTensor parameters give the global norm across shards)",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

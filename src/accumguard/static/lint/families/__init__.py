@@ -54,12 +54,14 @@
 ``acctail``    AG157               Accelerate stepping a pass's short last window, its loss still /K
 ``emastep``    AG158               a weight average (EMA, momentum teacher) updated every micro-step
 ``commhook``   AG159               a DDP comm hook of the script's summing the bucket, never dividing
+``clipgrads``  AG160               a clip handed the gradients instead of the parameters
 """
 
 from accumguard.static.lint.families import (
     accelerate,
     acctail,
     ampclip,
+    clipgrads,
     commhook,
     deepspeed,
     dsbatch,
@@ -100,4 +102,4 @@ from accumguard.static.lint.families import (
     window,
 )
 
-__all__ = ["accelerate", "acctail", "ampclip", "commhook", "deepspeed", "dsbatch", "dssched", "emastep", "epochtail", "factored", "fsdpunits", "fused", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfscale", "hfterms", "hftokens", "horizon", "lgmanual", "lgwindow", "loss", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "resume", "scale", "schedule", "sync", "syncclip", "synctail", "tailscale", "terms", "tokenmean", "tokhorizon", "twice", "window"]
+__all__ = ["accelerate", "acctail", "ampclip", "clipgrads", "commhook", "deepspeed", "dsbatch", "dssched", "emastep", "epochtail", "factored", "fsdpunits", "fused", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfscale", "hfterms", "hftokens", "horizon", "lgmanual", "lgwindow", "loss", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "resume", "scale", "schedule", "sync", "syncclip", "synctail", "tailscale", "terms", "tokenmean", "tokhorizon", "twice", "window"]
