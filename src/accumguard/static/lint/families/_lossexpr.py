@@ -416,8 +416,9 @@ def divides_by_k(ctx: FileContext, window: ast.AST) -> list[tuple[ast.AST, ast.A
             continue  # ``if i >= last_start: accum = last_accum`` in the loop: K not on every window
         ids = list(identifiers(d[1]))
         if not (ctx.mentions_accum(d[1]) or _len_of_window(window, d[1])) \
-                or any(n in i for i in ids for n in _NORMALISED_BY_COUNT):
-            continue
+                or any(n in i for i in ids for n in _NORMALISED_BY_COUNT) \
+                or is_count(ctx, d[1], micro_batch=False):
+            continue  # (``ntok = sum((y != -100).sum() for _, y in micro)``: tokens, not K)
         if is_loss_division(ctx, sub, d[0]):
             out.append((sub, d[0]))
     return out

@@ -233,12 +233,17 @@ def _engine_loop_backwards(ctx: FileContext) -> Iterator[ast.Call]:
     if ctx.explicit_ds_boundary:
         return
     gated = {id(site) for _, site in _hand_gated_steps(ctx)}
+    seen: set[int] = set()
     for window in ctx.windows():
         facts = ctx.window_facts(window)
         steps = [c for c, k in facts.steps if k == "engine"]
         if not facts.engine_backward or not steps or any(id(c) in gated for c in steps):
             continue
-        for call in ctx.local_nodes(window):
+        helpers = list(ctx.inlined(window))  # (a backward helper: `train_step(engine, x, y)`)
+        for call in [n for scope in (window, *helpers) for n in ctx.local_nodes(scope)]:
+            if id(call) in seen:
+                continue
+            seen.add(id(call))
             if (isinstance(call, ast.Call) and call_attr(call) == "backward"
                     and ctx.kind_of_receiver(receiver(call)) == "engine"
                     and len(call.args) == 1 and not call.keywords):
