@@ -507,7 +507,7 @@ def test_load_balancing_loss_from_batch_means(tmp_path: Path, form: str) -> None
     batch means, not a mean itself) added after ``mse / K``: K x its coefficient
     (LOSS_SCALE naming it as a statistic of the micro-batch); divided by K with the MSE:
     silent; a weight penalty in its place is not a statistic of the micro-batch: this rule
-    says nothing of it."""
+    says nothing of it, the penalty rule does (K copies of a penalty on the parameters)."""
     def loop() -> None:
         torch.manual_seed(0)
         model = _SoftMoE("penalty" if form == "penalty" else "switch")
@@ -529,6 +529,10 @@ def test_load_balancing_loss_from_batch_means(tmp_path: Path, form: str) -> None
     if form == "bug":
         assert [f.cls for f in errors] == ["LOSS_SCALE"], findings
         assert "computed from means over the 8 rows" in errors[0].evidence, errors[0].evidence
+    elif form == "penalty":
+        assert [f.title for f in errors] == [
+            f"a penalty on the parameters is not divided by K: it weighs {K}x its coefficient"
+        ], findings
     else:
         assert errors == [], findings
 

@@ -8,14 +8,16 @@ its tokens. Read by the term rules (:mod:`._term_rules`); recorded by
 Two kinds of records go on the step event as ``terms``:
 
 * ``["term", micro, ordinal, node, constants, means, opaque, site, order, rows, mean,
-  backward, below]``:
+  backward, below, penalty]``:
   one term of a backward's sum (``ordinal``: its place in the walk, ``node``: the autograd
   node where it starts, ``constants``: ``["/", c]``/``["*", c]`` between it and the root,
   ``means``: element counts of the means above it, ``opaque``: a factor that could not be
   read, ``backward``: the backward's call site). ``site``/``order`` name the recorded loss call the term is (None for a term built
   from torch ops, an MoE router loss), ``rows`` that call's input rows, ``mean`` its
   reduction, ``below`` (a term from torch ops) the rows of the batch means that every
-  path below it goes through (:func:`~._losses_walk.batch_means_below`), or None.
+  path below it goes through (:func:`~._losses_walk.batch_means_below`), or None;
+  ``penalty``: a term from torch ops on the parameters alone (:func:`~._losses_walk.
+  params_only`: an L2 penalty, the same in every micro-step whatever the batch).
 * ``["mean", micro, divisor, count, site]``: a backward whose loss was built by hand as
   one mean over the elements of a tensor (``((out - y) ** 2).mean()``: no recorded loss
   call, no sum of terms) times constants only (``divisor``: their product, read from the
@@ -42,7 +44,7 @@ from typing import Any
 
 import torch
 
-from accumguard.observe._losses_walk import Const, Walk, batch_means_below
+from accumguard.observe._losses_walk import Const, Walk, batch_means_below, params_only
 
 __all__ = ["FACTOR_TOL", "TermLog", "divisor", "factor_stats", "factor_uniform", "mean_rows",
            "selection_row", "selection_stats", "term_rows"]
@@ -98,10 +100,11 @@ class TermLog:
             if call is None and x.msum is not None and x.msum in by_node:
                 # the term below a masked sum recorded as a loss (_losses_walk.masked_sums)
                 descs.append(["masked sum", x.divs, x.means, x.opaque, by_node[x.msum], where,
-                              None])
+                              None, False])
                 continue
             below = batch_means_below(x.node) if call is None and x.select is None else None
-            descs.append([name, x.divs, x.means, x.opaque, call, where, below])
+            penalty = call is None and x.select is None and below is None and params_only(x.node)
+            descs.append([name, x.divs, x.means, x.opaque, call, where, below, penalty])
         self.pending.append((micro, descs))
 
 
@@ -218,10 +221,10 @@ def term_rows(pending: list[tuple[int, list[list[Any]]]], keys: dict[int, tuple[
     for micro, descs in pending:
         if micro >= done:
             continue
-        for i, (name, divs, means, opaque, call, where, below) in enumerate(descs):
+        for i, (name, divs, means, opaque, call, where, below, penalty) in enumerate(descs):
             key = keys.get(id(call)) if call is not None else None
             out.append(["term", micro, i, name, divs, means, opaque,
                         key[0] if key else None, key[1] if key else None,
                         int(call.rows) if key else 0, bool(call.mean) if key else False,
-                        where, below])
+                        where, below, penalty])
     return out

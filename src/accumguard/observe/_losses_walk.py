@@ -32,7 +32,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["Const", "Leaf", "Walk", "batch_means_below", "constant", "masked_sums", "walk"]
+__all__ = ["Const", "Leaf", "Walk", "batch_means_below", "constant", "masked_sums", "params_only",
+           "walk"]
 
 #: One constant between a node and the root: ``["/", c]`` or ``["*", c]`` (a list: it goes
 #: to the recording as JSON).
@@ -163,6 +164,40 @@ def batch_means_below(node: Any) -> list[int] | None:
                 continue
         stack.extend(m for m, _ in n.next_functions if m is not None)
     return sorted(set(rows)) or None
+
+
+#: Element-wise and reducing nodes a penalty on the parameters is made of (``p.pow(2).sum()``,
+#: ``p.norm()``, ``(p - p0).abs().sum()``); a node that mixes in data (a matmul, a
+#: convolution, an embedding lookup, a double backward) is not among them.
+_PENALTY_NODES = frozenset({
+    "PowBackward0", "PowBackward1", "SumBackward0", "SumBackward1", "MeanBackward0",
+    "MeanBackward1", "MulBackward0", "DivBackward0", "AddBackward0", "SubBackward0",
+    "NegBackward0", "AbsBackward0", "SqrtBackward0", "NormBackward0", "NormBackward1",
+    "LinalgVectorNormBackward0", "ViewBackward0", "ReshapeAliasBackward0",
+    "UnsafeViewBackward0", "CloneBackward0", "ToCopyBackward0", "TBackward0",
+    "TransposeBackward0", "SelectBackward0", "SliceBackward0"})
+
+
+def params_only(node: Any) -> bool:
+    """Every path below ``node`` reaches a parameter (``AccumulateGrad``) through element-wise
+    and reducing nodes only, within :data:`BELOW` nodes: a penalty on the parameters, the same
+    value in every micro-step whatever the batch (``l2 * sum(w.pow(2).sum() for w in ...)``)."""
+    stack, seen, leaves = [node], set(), 0
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if len(seen) > BELOW:
+            return False
+        name = type(n).__name__
+        if name == "AccumulateGrad":
+            leaves += 1
+            continue
+        if name not in _PENALTY_NODES:
+            return False
+        stack.extend(m for m, _ in n.next_functions if m is not None)
+    return leaves > 0
 
 
 def _batch_rows(node: Any) -> int | None:

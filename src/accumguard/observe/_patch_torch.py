@@ -454,10 +454,13 @@ def _clip_wrapper(obs: PatchHost, name: str) -> Maker:
                     fn(ev)
             obs._w.clip_micros.append(len(obs._w.backwards))
             obs._w.clip_names.append(name)
-            if params and not any(isinstance(t, torch.Tensor) and (t.requires_grad or t.grad is not None)
-                                  for t in params):
-                # (requires_grad first: a tensor that requires none is a leaf, so reading
-                # its .grad warns about nothing)
+            first = params[0] if params else None
+            if not getattr(first, "requires_grad", False) and not any(
+                    isinstance(t, torch.Tensor) and (t.requires_grad or t.grad is not None)
+                    for t in params):
+                # (a parameter first, the usual call, is read without a scan; requires_grad
+                # before .grad: a tensor that requires none is a leaf, so reading its .grad
+                # warns about nothing)
                 obs._w.clip_empty.append([len(obs._w.backwards), len(params)])
             if obs.boundary is not None:
                 obs.boundary.before_clip()  # (after the listeners: a rescale they ran counts)

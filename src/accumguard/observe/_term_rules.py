@@ -70,10 +70,70 @@ def term_scale_findings(rank: int, windows: list[dict[str, Any]],
     for w in windows:
         groups.setdefault(w.get("opt_serial"), []).append(w)
     for group in groups.values():
-        found = _term_scale_findings(rank, group, masses)
+        found = _term_scale_findings(rank, group, masses) or _penalty_findings(rank, group)
         if found:
             return found
     return []
+
+
+# -- a penalty on the parameters not divided by K ---------------------------------------------
+
+def _ordinal(by_micro: dict[int, list[list[Any]]], o: int) -> list[list[Any]]:
+    """The term records of place ``o`` in each micro-step's sum."""
+    return [r for rs in by_micro.values() for r in rs if int(r[2]) == o]
+
+
+def _penalty_findings(rank: int, windows: list[dict[str, Any]]) -> list[Finding]:
+    """LOSS_SCALE for a penalty on the parameters (a term from torch ops on the parameters
+    alone: ``l2 * sum(w.pow(2).sum() ...)``) added in every backward of every window of K
+    micro-steps, nothing dividing it by K, while the recorded loss call beside it is divided
+    by exactly K in every backward: accumulation sums K copies of the penalty's gradient, K
+    times its coefficient, where the large batch's loss adds it once. Not judged: a penalty
+    whose constants may hold a 1/K (``l2 / K`` folded into one constant), or one not in every
+    window seen."""
+    found: list[tuple[dict[str, Any], list[Any], list[Any]]] = []
+    judged = 0
+    for w in windows:
+        by_micro = _window_terms(w)
+        if by_micro is None:
+            continue
+        k = int(w["window"])
+        first = sorted(by_micro[0], key=lambda r: int(r[2]))
+        mains = [r for r in first if r[7] is not None and not r[6]]
+        pens = [r for r in first if len(r) > 13 and r[13] and r[7] is None and not r[6]]
+        if not mains or not pens:
+            continue
+        judged += 1
+        main = next((r for r in mains if all(
+            _divides_by(x[4], k) for x in _ordinal(by_micro, int(r[2])))), None)
+        pen = next((r for r in pens if all(
+            len(x) > 13 and x[13] and not _k_divisions(x[4], k) and not _may_hold_k(x[4], k)
+            for x in _ordinal(by_micro, int(r[2])))), None)
+        if main is None or pen is None:
+            return []
+        found.append((w, pen, main))
+    if not found or len(found) != judged:
+        return []
+    w, pen, main = found[0]
+    k = int(w["window"])
+    coef = 1.0
+    for op, c in pen[4] or []:
+        coef = coef * float(c) if str(op) == "*" else coef / float(c)
+    return [_mk("LOSS_SCALE", "error", rank, int(w["step"]), None,
+                f"{_short(str(pen[11]))}: the loss of every backward is a sum of terms, one a "
+                f"penalty on the parameters alone (its graph starts at {pen[3]} and reaches "
+                f"only parameters, times {coef:.4g}), added in each of the K = {k} micro-steps "
+                f"of {len(found)} window(s) and never divided by K, while the loss call beside "
+                f"it ({_short(str(main[7]))}) is divided by K = {k}: accumulation sums {k} "
+                f"copies of the penalty's gradient, {k} x {coef:.4g} = {k * coef:.4g} per "
+                f"optimizer step, where the large batch's loss adds it once ({coef:.4g})",
+                title_=f"a penalty on the parameters is not divided by K: it weighs {k}x its "
+                       "coefficient",
+                fix=f"Divide the penalty by K as well (loss = (data_loss + coef * penalty) / "
+                    f"K), or add it once per window (at its last micro-step); if the larger "
+                    f"weight is wanted, write the coefficient as {k} x coef so the intent is "
+                    "explicit. An optimizer's weight_decay applies it once per step by "
+                    "construction.")]
 
 
 def _term_scale_findings(rank: int, windows: list[dict[str, Any]],

@@ -157,7 +157,7 @@ class StepTally:
             restarts=self.restarts, opt_serial=opt_serial, unborn=unborn,
             rank_factor_units=rank_factor_units, began_on_grad=self.began_on_grad,
             hook_in=self._hook_in() if self.hook_inputs else None,
-            clip_empty=[list(c) for c in self.clip_empty] or None)
+            clip_empty=self.clip_empty or None)  # (this tally's own lists: no copy)
 
     def _hook_in(self) -> list[list[float]] | None:
         """[backward pass, bucket sum] per comm hook call: one host read for all of them
