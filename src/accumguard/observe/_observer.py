@@ -185,6 +185,9 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
         # the training frameworks seen driving the run (a Trainer built, Accelerate's
         # backward called): the fixes are worded in their idiom (taxonomy.fix_in)
         self.frameworks: list[str] = []
+        # Accelerate accumulating (K > 1, windows closed at a pass's end): its backwards
+        # inside a DataLoader it prepared, and outside any (it cannot see where a pass ends)
+        self.accelerate_loader = [0, 0]
         self.trainer_clip: float | None = None  # the HF Trainer's max_grad_norm (patched in)
         self._w = StepTally()
         # several optimizers over disjoint parameters: each one's own window (:mod:`._lanes`)

@@ -33,6 +33,9 @@ def patch_accelerator(obs: PatchHost, mod: ModuleType) -> None:
             k = getattr(acc, "gradient_accumulation_steps", None)
             if isinstance(k, int) and k > 1:  # 1 is the default: it declares nothing
                 obs.declared_k.setdefault("accelerate", k)
+                state = getattr(acc, "gradient_state", None)
+                if state is not None and getattr(state, "sync_with_dataloader", False):
+                    obs.accelerate_loader[0 if getattr(state, "in_dataloader", True) else 1] += 1
             if getattr(acc, "deepspeed_engine_wrapped", None) is not None:
                 # the engine's backward is the backward pass; its step follows it (see above)
                 return orig(acc, loss, *args, **kwargs)

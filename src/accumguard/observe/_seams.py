@@ -94,6 +94,9 @@ class PatchHost(EngineHost, Protocol):
     declared_k: dict[str, int]
     k_changes: list[list[int]]  # [backwards so far, K]: a framework changing K mid-run
     frameworks: list[str]
+    # Accelerate's backwards with K > 1 and windows closed at a pass's end: [inside a
+    # DataLoader it prepared, outside any]
+    accelerate_loader: list[int]
     _bw_current: BackwardEvent | None  # the backward pass running, if one is observed
     # re-entrancy: >0 inside the observer's own work or inside an outer call of a kind
     _in_observer: int

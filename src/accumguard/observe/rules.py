@@ -197,6 +197,9 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
             found += rule("grad_step_findings", grad_step_findings, rank, ws, gres)
             found += rule("short_epoch_findings", short_epoch_findings, rank, ws, gres.k,
                           gres.declared, gres.source)
+            if rec.end.get(rank, {}).get("accelerate_unprepared"):
+                found += rule("unprepared_pass_findings", unprepared_pass_findings, rank, ws,
+                              gres.k)
             if changes := rec.end.get(rank, {}).get("k_changes"):
                 found += rule("scheduled_tail_findings", scheduled_tail_findings, rank, ws,
                               changes)
@@ -377,6 +380,36 @@ def _empty_clip_finding(rank: int, w: StepWindow) -> Finding | None:
                fix="Pass the parameters themselves (model.parameters()): clip_grad_norm_ "
                    "reads their .grad. On FSDP2, clip_grad_norm_ over the DTensor parameters "
                    "computes the global norm across the shards.")
+
+
+def unprepared_pass_findings(rank: int, windows: list[StepWindow], k: int | None
+                             ) -> list[Finding]:
+    """F7 under Accelerate: ``accumulate()`` closes a window at the end of a pass over a
+    DataLoader it prepared (``sync_with_dataloader``, the default); the loop's backwards ran
+    outside any prepared DataLoader (recorded at ``accelerator.backward``), and a window of
+    K micro-steps began in one pass over the data and ended in the next: the pass's last
+    micro-batches were carried into the next pass's first window."""
+    if k is None or k < 2:
+        return []
+    for w in windows:
+        n = int(w.window)
+        j = next((int(j) for j in w.data_pass_starts or [] if 0 < int(j) < n), None)
+        if j is None or n > k:
+            continue  # (a longer window spanning a pass is the leak rule's)
+        return [_mk("F7", "error", rank, w.step, j,
+                    f"Accelerate accumulated K = {k} micro-steps per window and closes a "
+                    "window at the end of a pass over a DataLoader it prepared, but every "
+                    "accelerator.backward ran outside any DataLoader accelerator.prepare "
+                    f"returned; the window before optimizer step {_n(w.step)} had {j} "
+                    f"micro-step(s) from the end of one pass over the data and {n - j} from "
+                    "the next: the pass's last micro-batches were not stepped at its end but "
+                    "carried into the next pass's first window",
+                    title_="an epoch's last micro-batches carried into the next epoch's "
+                           "window: Accelerate cannot see where the pass ends",
+                    fix="Pass the DataLoader to accelerator.prepare(...) and iterate the one it "
+                        "returns: accumulate() then steps on each pass's short last window "
+                        "(normalise that window by its own count).")]
+    return []
 
 
 def _asked_clip(asked: float | None) -> str:

@@ -569,6 +569,13 @@ RULES: dict[str, Rule] = {
             "pass the parameters: `clip_grad_norm_(model.parameters(), max_norm)` (on FSDP2 "
             "the DTensor parameters give the global norm across shards)",
         ),
+        _rule(
+            "AG161", "accelerate-accumulate-unprepared-loader", "F7", W, MED,
+            "`accelerator.accumulate()` over a DataLoader `accelerator.prepare` never wrapped: "
+            "Accelerate cannot see where a pass ends, so a pass's last micro-batches are "
+            "carried into the next pass's first window",
+            "pass the DataLoader to `accelerator.prepare(...)` and iterate the one it returns",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

@@ -495,6 +495,9 @@ class _Agent:
                          "declared_k": dict(obs.declared_k), "engine": obs.engine,
                          **({"k_changes": [list(c) for c in obs.k_changes]} if obs.k_changes else {}),
                          "frameworks": list(obs.frameworks),
+                         **({"accelerate_unprepared": True}
+                            if obs.accelerate_loader[1] and not obs.accelerate_loader[0]
+                            else {}),
                          "collective": obs.counter.state(), **_peak_memory(),
                          **({"advise_applied": list(self.advise.applied)}
                             if self.advise is not None else {})})

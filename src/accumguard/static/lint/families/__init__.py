@@ -55,10 +55,12 @@
 ``emastep``    AG158               a weight average (EMA, momentum teacher) updated every micro-step
 ``commhook``   AG159               a DDP comm hook of the script's summing the bucket, never dividing
 ``clipgrads``  AG160               a clip handed the gradients instead of the parameters
+``accloader``  AG161               accelerator.accumulate() over a DataLoader prepare() never saw
 """
 
 from accumguard.static.lint.families import (
     accelerate,
+    accloader,
     acctail,
     ampclip,
     clipgrads,
@@ -102,4 +104,4 @@ from accumguard.static.lint.families import (
     window,
 )
 
-__all__ = ["accelerate", "acctail", "ampclip", "clipgrads", "commhook", "deepspeed", "dsbatch", "dssched", "emastep", "epochtail", "factored", "fsdpunits", "fused", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfscale", "hfterms", "hftokens", "horizon", "lgmanual", "lgwindow", "loss", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "resume", "scale", "schedule", "sync", "syncclip", "synctail", "tailscale", "terms", "tokenmean", "tokhorizon", "twice", "window"]
+__all__ = ["accelerate", "accloader", "acctail", "ampclip", "clipgrads", "commhook", "deepspeed", "dsbatch", "dssched", "emastep", "epochtail", "factored", "fsdpunits", "fused", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfscale", "hfterms", "hftokens", "horizon", "lgmanual", "lgwindow", "loss", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "resume", "scale", "schedule", "sync", "syncclip", "synctail", "tailscale", "terms", "tokenmean", "tokhorizon", "twice", "window"]

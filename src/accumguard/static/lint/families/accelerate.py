@@ -30,10 +30,10 @@ from accumguard.static.lint.families._masked import (
 from accumguard.static.lint.families._modguard import k_values
 from accumguard.static.lint.families.twice import k_dividing_helpers, k_helper_result
 
-__all__ = ["accelerator_k_without_accumulate", "loss_divided_before_accelerator_backward"]
+__all__ = ["accelerator_k_without_accumulate", "accelerator_ks", "loss_divided_before_accelerator_backward"]
 
 
-def _accelerator_ks(ctx: FileContext) -> set[int | None]:
+def accelerator_ks(ctx: FileContext) -> set[int | None]:
     """The ``gradient_accumulation_steps`` values given to ``Accelerator(...)`` in the file."""
     values: set[int | None] = set()
     for call in ctx.of(ast.Call):
@@ -53,7 +53,7 @@ def _names_k(ctx: FileContext, expr: ast.AST) -> bool:
                 for kw in call.keywords if kw.arg == "gradient_accumulation_steps"
                 and isinstance(kw.value, ast.Name | ast.Attribute | ast.Subscript)}
     names: set[str] = ctx._cached("accelerator_k_names", ctx.tree, compute)
-    ks = _accelerator_ks(ctx)
+    ks = accelerator_ks(ctx)
     # (`HP["K"]` as the Accelerator got it, or a config entry holding its value)
     return any((isinstance(x, ast.Name | ast.Attribute | ast.Subscript) and ast.unparse(x) in names)
                or (isinstance(x, ast.Constant) and x.value in ks)
@@ -104,7 +104,7 @@ def _loss_parts(ctx: FileContext, scope: ast.AST, call: ast.Call) -> set[str]:
 
 @rule("AG121")
 def loss_divided_before_accelerator_backward(ctx: FileContext) -> Iterator[Finding]:
-    ks = _accelerator_ks(ctx)
+    ks = accelerator_ks(ctx)
     if ks and all(k is None or k > 1 for k in ks):
         # K out of sight is still > 1 here: the window gathers several micro-batches
         yield from _window_count_findings(ctx)
@@ -246,7 +246,7 @@ def _unknown_with(window: ast.AST) -> bool:
 
 @rule("AG128")
 def accelerator_k_without_accumulate(ctx: FileContext) -> Iterator[Finding]:
-    ks = _accelerator_ks(ctx)
+    ks = accelerator_ks(ctx)
     if not ks or not all(k is not None and k > 1 for k in ks) or _enters_accumulation(ctx):
         return
     k = next(iter(ks)) if len(ks) == 1 else None
