@@ -207,6 +207,34 @@ def test_each_rank_over_a_count_of_its_own_near_its_tokens_is_f6() -> None:
         _rec(lambda r, st, m, c: 0.01 * (r + 1) / 2, apart), K)}
 
 
+def _per_row(rec: RunRecording, d: int) -> RunRecording:
+    """The same run, its loss calls counting elements, d of them per row of the input."""
+    for steps in rec.steps.values():
+        for st in steps:
+            st["losses"] = [[*r, "elements", int(r[3]) // d] for r in st["losses"]]
+    return rec
+
+
+def test_a_summed_element_loss_over_the_global_row_count_is_not_f10() -> None:
+    """``smooth_l1_loss(out, y, reduction="sum") * W / n_glob_samples`` under FSDP2 (blind
+    round 77 b_c02, a false F10 before): each sample's d = 2 outputs summed, over the
+    window's samples on all ranks; over elements the total is d = 2, which equals W: a
+    per-sample sum, not a world size counted twice. Over the elements' global count without
+    x W (a total of 1/W over elements, 3/W over rows of d = 3: neither is 1) it stays F10."""
+    rows = {0: [[7, 4, 5], [6, 3, 8], [4, 4, 9]], 1: [[9, 13, 4], [9, 10, 12], [11, 6, 8]]}
+
+    def counts(d: int) -> dict[int, list[list[int]]]:
+        return {r: [[n * d for n in ns] for ns in st] for r, st in rows.items()}
+
+    def per_sample(d: int) -> Any:
+        return lambda r, st, m, c: W / (sum(sum(x) for x in (c[q][st] for q in c)) / d)
+
+    two = counts(2)
+    assert ledger_findings(_per_row(_rec(per_sample(2), two), 2), K) == []
+    found = ledger_findings(_per_row(_rec(lambda r, st, m, c: 1 / _global(st, c), counts(3)), 3), K)
+    assert [(f.cls, f.severity) for f in found] == [("F10", "error")], found
+
+
 def test_other_constants_are_said_once_not_judged() -> None:
     """A total of 0.3 (a loss weight the user chose): one note; 1/K is LOSS_SCALE's."""
     found = ledger_findings(_rec(lambda r, st, m, c: 0.3 * W / _global(st, c), UNEVEN), K)

@@ -241,6 +241,18 @@ _FRAMEWORK_FIXES: dict[tuple[str, str], str] = {
         "Accelerate: call accelerator.clip_grad_norm_(model.parameters(), max_norm), which "
         "unscales first, only when accelerator.sync_gradients is True (the window's last "
         "micro-step), before the optimizer step."),
+    ("F5", "lightning"): (
+        "Lightning: count the window's valid tokens (or class weights) before its first "
+        "batch and return from training_step the summed loss divided by that count times "
+        "accumulate_grad_batches (Lightning divides the returned loss by it; times the "
+        "world size too over the count of all processes under DDP)."),
+    ("F5", "transformers"): (
+        "Hugging Face Trainer: return from compute_loss the summed per-token loss divided "
+        "by num_items_in_batch (the window's count), not each micro-batch's mean."),
+    ("F5", "accelerate"): (
+        "Accelerate: divide each micro-batch's summed loss by the window's count (over all "
+        "processes, times accelerator.num_processes) and multiply by the accumulation steps, "
+        "which accelerator.backward divides by."),
     ("F6", "transformers"): (
         "Hugging Face Trainer: keep TrainingArguments(average_tokens_across_devices=True) (the "
         "default): num_items_in_batch is then the window's count over all processes and the "

@@ -135,7 +135,9 @@ class StepRecord:
     # per loss call of the window (cross_entropy/nll_loss that reached the optimizer):
     # [site, order at that site in its backward, micro (0-based), valid count n,
     #  per-token weight, low precision, reduction, sole, via autograd.grad, the constants
-    #  between the call and the root]; None: fewer than 2 micro-steps had one (on one rank)
+    #  between the call and the root, what n counts, the rows of the call's input (0:
+    #  unknown; a line written before it existed lacks it)]; None: fewer than 2 micro-steps
+    #  had one (on one rank)
     losses: list[list[Any]] | None = None
     # a GradScaler skipped the step (inf/NaN gradients): the window's gradients are dropped,
     # not carried into the next window

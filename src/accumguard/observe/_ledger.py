@@ -75,7 +75,8 @@ __all__ = ["ledger_findings", "term_findings", "window_masses"]
 
 
 def _rank_row(w: StepWindow
-             ) -> tuple[list[float], list[float], bool, str, list[list[Any]], bool, str] | None:
+             ) -> tuple[list[float], list[float], bool, str, list[list[Any]], bool, str,
+                        int | None] | None:
     """Per micro-step (weight, count) of a window whose every backward had one loss call,
     whether any was low precision, the site, per micro-step the constants between the
     call's output and the backward's root, and whether every backward was that call times
@@ -100,7 +101,24 @@ def _rank_row(w: StepWindow
     divs = [list(r[9]) if len(r) > 9 and r[9] else [] for r in recs]
     return ([abs(x) for x in ws], [float(r[3]) for r in recs],
             any(bool(r[5]) for r in recs), str(recs[0][0]), divs,
-            all(len(r) > 7 and bool(r[7]) for r in recs), units(recs))
+            all(len(r) > 7 and bool(r[7]) for r in recs), units(recs), _per_row(recs))
+
+
+def _per_row(recs: list[list[Any]]) -> int | None:
+    """The elements of each row, d >= 2, when every loss call of the window counts
+    elements and holds d of them per row of its input (``mse_loss`` over (m, d) predictions,
+    rows recorded): a sum over elements normalised by a count of rows weighs each row's d
+    elements 1/N_rows each, a total of d over elements and 1 over rows."""
+    ds = set()
+    for r in recs:
+        if len(r) < 12 or str(r[10]) != "elements" or not isinstance(r[11], int) or r[11] <= 0:
+            return None
+        n = int(float(r[3]))
+        if n % r[11]:
+            return None
+        ds.add(n // r[11])
+    d = ds.pop() if len(ds) == 1 else 1
+    return d if d >= 2 else None
 
 
 def _scale(w: StepWindow, low: bool) -> float | None:
@@ -176,7 +194,9 @@ def _steps(rec: RunRecording) -> list[LedgerStep]:
                              if len({p[6] for p in parsed.values()}) == 1 else "units",
                              _common_scale([w for w in rows.values() if w is not None], low)
                              if factor is None else None,
-                             _units([w for w in rows.values()])))
+                             _units([w for w in rows.values()]),
+                             next(iter({p[7] for p in parsed.values()}))
+                             if len({p[7] for p in parsed.values()}) == 1 else None))
     return out
 
 
@@ -186,7 +206,7 @@ def weights_right(rec: RunRecording) -> bool:
     after the engine's reduction: the large batch's mean. One rank's own total says nothing
     then (ranks of unequal counts carry unequal shares of the 1)."""
     judged = [s for s in _steps(rec) if s.factor is not None and s.sole]
-    return bool(judged) and all(s.near(s.total, 1.0) for s in judged)
+    return bool(judged) and all(s.near(s.total, 1.0) or s.per_row_one() for s in judged)
 
 
 def ledger_findings(rec: RunRecording, k: int | None = None) -> list[Finding]:
@@ -203,8 +223,8 @@ def ledger_findings(rec: RunRecording, k: int | None = None) -> list[Finding]:
     judged = [s for s in steps if s.factor is not None and s.sole]
     if not judged:
         return out
-    if all(s.near(s.total, 1.0) for s in judged):
-        return out
+    if all(s.near(s.total, 1.0) or s.per_row_one() for s in judged):
+        return out  # (over elements: each row's d elements summed, a mean over the rows)
     for target in (1.0 / world, float(world)):
         if all(s.near(s.total, target) for s in judged):
             return _f10(judged, world, target, k) + out

@@ -39,6 +39,13 @@ class LedgerStep:
     unit: str = "tokens"  # what the counts count (``_weight_rules.units``)
     scale: float | None = None  # c alone (the loop's scale after the reduction), when common
     units: list[list[Any]] | None = None  # FSDP2 units' factors when they disagree
+    # elements per row when every loss call counts elements, d >= 2 of them per row
+    per_row: int | None = None
+
+    def per_row_one(self) -> bool:
+        """The total over elements is the row count's 1 times the d elements of each row: a
+        summed loss over elements normalised by the window's rows (a per-sample sum)."""
+        return self.per_row is not None and self.near(self.total, float(self.per_row))
 
     @property
     def tol(self) -> float:

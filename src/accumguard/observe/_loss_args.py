@@ -4,8 +4,10 @@ its input and what ``n`` counts. The loss record (:mod:`._losses`) keeps one rec
 from these.
 
 - ``cross_entropy`` / ``nll_loss``: class-index targets count the targets that are not
-  ``ignore_index`` (tokens); probability targets count rows (samples). Class ``weight=`` or
-  the legacy ``size_average``/``reduce`` flags make another mean: not read.
+  ``ignore_index`` (tokens); with class ``weight=`` the valid targets' weights summed (a
+  weighted mean divides by that: counted in units of class weight); probability targets
+  count rows (samples), with class weights not read. The legacy ``size_average``/``reduce``
+  flags make another mean: not read.
 - The element-wise losses (``mse_loss``, ``l1_loss``, ``smooth_l1_loss``, ``huber_loss``,
   ``binary_cross_entropy_with_logits``): ``'mean'`` divides by the broadcast element count;
   an element weight makes a weighted mean: not read.
@@ -43,10 +45,10 @@ def read_class_loss(out: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, 
     """``cross_entropy``/``nll_loss`` (positional order: input, target, weight,
     size_average, ignore_index, reduce, reduction)."""
     na, get = len(args), kwargs.get
-    if ((args[2] if na > 2 else get("weight")) is not None
-            or (args[3] if na > 3 else get("size_average")) is not None
+    if ((args[3] if na > 3 else get("size_average")) is not None
             or (args[5] if na > 5 else get("reduce")) is not None):
-        return None  # class weights or the legacy reduction flags: not a plain mean/sum
+        return None  # the legacy reduction flags: not a plain mean/sum
+    weight = args[2] if na > 2 else get("weight")
     ops = _operands(out, args, kwargs, 6)
     if ops is None:
         return None
@@ -54,11 +56,23 @@ def read_class_loss(out: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, 
     n: torch.Tensor | int
     unit = "tokens"
     if target.is_floating_point():  # probability targets: 'mean' divides by rows
+        if weight is not None:
+            return None
         n = inp.numel() // inp.shape[1] if inp.dim() >= 2 else 1
         unit = "samples"
     else:
         ignore = args[4] if na > 4 else get("ignore_index", -100)
-        n = torch.count_nonzero(target != ignore)
+        valid = target != ignore
+        if weight is None:
+            n = torch.count_nonzero(valid)
+        elif isinstance(weight, torch.Tensor) and weight.dim() == 1:
+            # class weights: a 'mean' divides by the valid targets' weights summed, and
+            # each token carries its class's weight: counted in units of class weight
+            with torch.no_grad():
+                n = weight.detach()[target.masked_fill(~valid, 0)].masked_fill(~valid, 0).sum()
+            unit = "class-weighted tokens"
+        else:
+            return None
     rows = inp.numel() // inp.shape[1] if inp.dim() >= 2 and inp.shape[1] else 1
     return node, n, mean, out.dtype in LOW or inp.dtype in LOW, rows, unit
 

@@ -344,10 +344,11 @@ class LossRecorder:
             if n <= 0 or g == 0 or g != g or not uniform:
                 continue  # nothing averaged, the loss did not reach the optimizer, or
                 # a selection whose tokens carry data-dependent weights (advantages)
-            out.append([c.site, idx, c.micro, int(n), g / n if c.mean else g, c.lp,
+            out.append([c.site, idx, c.micro, n if c.unit == "class-weighted tokens" else int(n),
+                        g / n if c.mean else g, c.lp,
                         ("log-prob" if c.stats is not None else "mean") if c.mean else "sum",
                         c.sole, c.grad, c.divs, "tokens" if c.stats is not None else c.unit,
-                        *(["masked sum"] if c.masked else [])])
+                        int(c.rows), *(["masked sum"] if c.masked else [])])
             if len(out) >= _MAX_RECORDS:
                 break
         self.term_records = sel + term_rows(pending, keys, done) + means or None

@@ -21,8 +21,9 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Iterator
+from dataclasses import replace
 
-from accumguard.static.findings import Finding
+from accumguard.static.findings import Finding, Severity
 from accumguard.static.lint._ast import FUNCS, call_attr, dotted, receiver, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
@@ -92,16 +93,69 @@ def _updates(ctx: FileContext, window: ast.AST) -> Iterator[tuple[ast.AST, str]]
                 yield n, f"`{ast.unparse(n.func)}` updates a moving average of the weights"
 
 
+def _steps_after(ctx: FileContext, window: ast.AST) -> list[ast.Call]:
+    """The optimizer steps of the loop around ``window`` that run after it (a window that is
+    a loop over the micro-batches, stepped once it ends)."""
+    outer = ctx.enclosing(window, (ast.For, ast.AsyncFor, ast.While))
+    if outer is None:
+        return []
+    inside = {id(n) for n in walk_all(window)}
+    return [c for c in ctx.local_nodes(outer)
+            if isinstance(c, ast.Call) and id(c) not in inside and call_attr(c) == "step"
+            and ctx.kind_of_receiver(receiver(c)) == "optimizer"
+            and getattr(c, "lineno", 0) > getattr(window, "lineno", 0)]
+
+
+def _averaged(node: ast.AST) -> str | None:
+    """The model an update moves: the first argument of a function of the file
+    (``update_teacher(teacher, student, m)``), or the first model of the loop's ``zip``."""
+    if isinstance(node, ast.Call) and node.args:
+        return dotted(node.args[0])
+    if isinstance(node, ast.For) and isinstance(node.iter, ast.Call) and node.iter.args:
+        first = node.iter.args[0]
+        if isinstance(first, ast.Call) and isinstance(first.func, ast.Attribute):
+            return dotted(first.func.value)
+    return None
+
+
+def _feeds_the_window(ctx: FileContext, window: ast.AST, update: ast.AST) -> str | None:
+    """The averaged model's name when another call of the window is given it or calls it
+    (``loss_fn(student, teacher, x)``, ``teacher(x)``): a teacher that feeds the loss."""
+    name = _averaged(update)
+    if name is None:
+        return None
+    inside = {id(n) for n in walk_all(update)}
+    for n in ctx.local_nodes(window):
+        if isinstance(n, ast.Call) and id(n) not in inside and (
+                dotted(n.func) == name or any(dotted(a) == name for a in n.args)):
+            return name
+    return None
+
+
 @rule("AG158")
 def ema_every_micro_step(ctx: FileContext) -> Iterator[Finding]:
     for window in ctx.windows():
         facts = ctx.window_facts(window)
         gated = [c for c, kind in facts.steps if kind == "optimizer" and ctx.guarded(c, window)]
+        if facts.accumulating and not facts.steps:
+            gated = _steps_after(ctx, window)  # (``for k in range(K): ...`` then the step)
         if not facts.accumulating or not gated:
             continue
         for node, what in _updates(ctx, window):
             if ctx.guarded(node, window):
                 continue
+            fed = _feeds_the_window(ctx, window, node)
+            if fed is not None:
+                yield replace(ctx.finding(
+                    "AG158",
+                    node,
+                    f"{what} on every micro-step, while the optimizer steps only at the "
+                    f"window's boundary (`{ast.unparse(gated[0])}`, line {gated[0].lineno}), and "
+                    f"the averaged model `{fed}` feeds this window's loss: its targets change "
+                    "between the micro-batches of one window (and the average moves K times per "
+                    "optimizer step, momentum m^K), so the update is not the large batch's",
+                ), severity=Severity.ERROR)
+                break
             yield ctx.finding(
                 "AG158",
                 node,

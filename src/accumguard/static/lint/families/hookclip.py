@@ -62,13 +62,25 @@ def reads_only(call: ast.Call) -> bool:
     return text in ("float('inf')", 'float("inf")', "math.inf", "torch.inf", "np.inf", "numpy.inf")
 
 
-def _acting_clips(ctx: FileContext, fn: ast.AST) -> Iterator[ast.Call]:
+def _acting_clips(ctx: FileContext, fn: ast.AST, depth: int = 1) -> Iterator[ast.Call]:
     """The clipping calls in ``fn`` that change the gradient (not a norm read with
-    max_norm=inf) and are not under a condition."""
+    max_norm=inf) and are not under a condition; a call of a function of the file that
+    makes one (``self._clip(model)``, ``depth`` levels down) is given as that call."""
     for n in ctx.local_nodes(fn):
-        if isinstance(n, ast.Call) and call_attr(n) in CLIP_FUNCS and not reads_only(n) \
-                and not ctx.guarded(n, fn):
+        if not isinstance(n, ast.Call) or ctx.guarded(n, fn):
+            continue
+        if call_attr(n) in CLIP_FUNCS:
+            if not reads_only(n):
+                yield n
+        elif depth > 0 and (callee := ctx.callee_of(n)) is not None and callee is not fn \
+                and next(_acting_clips(ctx, callee, depth - 1), None) is not None:
             yield n
+
+
+def _clip_name(call: ast.Call) -> str:
+    """The clip's call as the finding names it (a function of the file that clips, said so)."""
+    name = f"`{ast.unparse(call.func)}`"
+    return name if call_attr(call) in CLIP_FUNCS else f"{name} (a function of the file that clips)"
 
 
 def _hf_trainer_clip(f: Finding, ga: int | None) -> Finding:
@@ -89,7 +101,7 @@ def clip_in_hf_substep_hook(ctx: FileContext) -> Iterator[Finding]:
             yield _hf_trainer_clip(ctx.finding(
                 "AG138",
                 n,
-                f"`{ast.unparse(n.func)}` in `on_substep_end`: the Hugging Face Trainer calls it "
+                f"{_clip_name(n)} in `on_substep_end`: the Hugging Face Trainer calls it "
                 "after every micro-batch of a window but the last"
                 + (f" ({how})" if ga is not None else "")
                 + ", so the window's partial sum is clipped after each of its first K - 1 "
@@ -115,7 +127,7 @@ def clip_in_hf_training_step(ctx: FileContext) -> Iterator[Finding]:
                 yield _hf_trainer_clip(ctx.finding(
                     "AG138",
                     n,
-                    f"`{ast.unparse(n.func)}` in `{cls.name}.training_step`: the Hugging Face "
+                    f"{_clip_name(n)} in `{cls.name}.training_step`: the Hugging Face "
                     "Trainer runs training_step (forward and backward) on every micro-batch"
                     + (f" ({how})" if ga is not None else "")
                     + ", so the window's partial sum is clipped after each micro-batch instead "

@@ -227,6 +227,10 @@ def mean_of_means(ctx: FileContext) -> Iterator[Finding]:
             found = [token_mean_hints(ctx, f) for f in methods]
             hints = any(h for h, _ in found)
             summed = summed or any(sm for _, sm in found)
+        if summed and not (by_accelerate or by_engine) and _sums_only_after(ctx, scope, window) \
+                and not any(hf_loss(ctx, scope, d) for _, d in by_k):
+            summed = False  # a reduction='sum' in a later loop (a reference run), not this
+            # loss call (a model's own .loss stays unjudged: its count is not in sight)
         if summed and not explicit and masks_labels(ctx) \
                 and all(hf_loss(ctx, scope, d) for _, d in by_k):
             summed = False  # the model's own mean over its label tokens (-100 in sight): a
@@ -255,6 +259,17 @@ def mean_of_means(ctx: FileContext) -> Iterator[Finding]:
                 + ": dividing per-micro-batch means by K weights short micro-batches too much "
                 "(mean of means)" + ("" if explicit else " when their token counts differ"),
             )
+
+
+def _sums_only_after(ctx: FileContext, scope: ast.AST, window: ast.AST) -> bool:
+    """Every ``reduction="sum"`` of ``scope`` comes after ``window`` ends, in another loop
+    (a single-process reference computed after the training)."""
+    end = getattr(window, "end_lineno", None) or 0
+    sums = [k for k in ctx.local_nodes(scope) if isinstance(k, ast.keyword)
+            and k.arg == "reduction" and isinstance(k.value, ast.Constant) and k.value.value == "sum"]
+    return bool(sums) and all(getattr(k.value, "lineno", 0) > end
+                              and ctx.enclosing(k.value, (ast.For, ast.AsyncFor, ast.While)) is not None
+                              for k in sums)
 
 
 @rule("AG112")
