@@ -133,6 +133,25 @@ def _per_sample_ce(ctx: FileContext, fn: ast.FunctionDef, loss: ast.AST) -> bool
                    for n in walk_all(loss.args[0]))
 
 
+def _class_weighted_mean(fn: ast.FunctionDef, loss: ast.AST) -> bool:
+    """``loss`` is (or is assigned once in ``fn`` from) a ``cross_entropy``/``nll_loss`` call
+    with class weights (``weight=``) and its default 'mean': divided by this micro-batch's
+    own sum of the class weights of its targets, which differs between micro-batches."""
+    if isinstance(loss, ast.Name):
+        writes = [n for n in ast.walk(fn) if isinstance(n, ast.Assign) and len(n.targets) == 1
+                  and isinstance(n.targets[0], ast.Name) and n.targets[0].id == loss.id]
+        if len(writes) != 1:
+            return False
+        loss = writes[0].value
+    if not (isinstance(loss, ast.Call) and call_attr(loss) in _CE_CALLS):
+        return False
+    weighted = any(k.arg == "weight" and not (isinstance(k.value, ast.Constant) and k.value.value is None)
+                   for k in loss.keywords) or len(loss.args) > 2
+    reduction = next((k.value for k in loss.keywords if k.arg == "reduction"), None)
+    return weighted and (reduction is None or (isinstance(reduction, ast.Constant)
+                                               and reduction.value == "mean"))
+
+
 @rule("AG104")
 def lightning_token_mean(ctx: FileContext) -> Iterator[Finding]:
     if not lightning_accumulates(ctx):
@@ -143,8 +162,10 @@ def lightning_token_mean(ctx: FileContext) -> Iterator[Finding]:
         losses = returned_losses(fn)
         if not losses or any(window_count_division(ctx, fn, x) for x in losses):
             continue  # (a share of the window's count: AG144 judges its scale)
-        explicit = all(masked_mean(ctx, fn, x, set(), rows=False) or counted_mean(ctx, fn, fn, x, set())
-                       or _batch_counted_mean(ctx, fn, x) for x in losses)
+        weighted = all(_class_weighted_mean(fn, x) for x in losses)
+        explicit = weighted or all(
+            masked_mean(ctx, fn, x, set(), rows=False) or counted_mean(ctx, fn, fn, x, set())
+            or _batch_counted_mean(ctx, fn, x) for x in losses)
         hints, summed = token_mean_hints(ctx, fn)
         if not explicit and (not hints or summed or all(_per_sample_ce(ctx, fn, x) for x in losses)):
             continue
@@ -153,10 +174,13 @@ def lightning_token_mean(ctx: FileContext) -> Iterator[Finding]:
             losses[0],
             "Lightning divides the loss `training_step` returns by accumulate_grad_batches, but it "
             "is a mean over "
-            + ("this micro-batch's own token count" if explicit else
+            + ("this micro-batch's own sum of class weights (`weight=`: a weighted mean)"
+               if weighted else "this micro-batch's own token count" if explicit else
                "a variable number of tokens (padding mask / ignore_index in sight)")
-            + ": the window's update is the mean of K micro-batch means, which weights short "
-            "micro-batches' tokens too much (mean of means)",
+            + ": the window's update is the mean of K micro-batch means, which weights "
+            + ("the samples of micro-batches with a small weight sum" if weighted else
+               "short micro-batches' tokens")
+            + " too much (mean of means)",
             fix="return the micro-batch's summed loss divided by the window's token count (count "
                 "the tokens of the accumulate_grad_batches micro-batches once, all-reduced over "
                 "the ranks) times accumulate_grad_batches, since Lightning divides by it",

@@ -114,6 +114,20 @@ def zero_grad_in_window(ctx: FileContext) -> Iterator[Finding]:
                     "window only",
                 )
                 continue
+            if facts.accelerate and kind == "optimizer" and not ctx.guarded(call, window) \
+                    and _before_accelerator_backward(ctx, window, call):
+                yield ctx.finding(
+                    "AG102",
+                    call,
+                    f"`{ast.unparse(call.func)}()` comes before the window's "
+                    "`accelerator.backward()`: Accelerate's prepared optimizer clears only on "
+                    "the micro-step that closes the window, and there it runs before that "
+                    "micro-step's backward, erasing the gradient of the window's earlier "
+                    "micro-batches: only the last micro-batch reaches the optimizer",
+                    fix="call `optimizer.zero_grad()` after `optimizer.step()` (the end of the "
+                        "`accumulate()` block), not before the backward",
+                )
+                continue
             if ctx.guarded(call, window) or (facts.accelerate and kind == "optimizer"):
                 continue
             if dotted(receiver(call)) in facts.own_rate:
@@ -132,6 +146,24 @@ def zero_grad_in_window(ctx: FileContext) -> Iterator[Finding]:
                 f"`{name}.zero_grad()`{ctx.via_text(call, window)} on every micro-batch erases the gradients accumulated so far: "
                 f"only the last micro-batch reaches the optimizer{extra}",
             )
+
+
+def _before_accelerator_backward(ctx: FileContext, window: ast.AST, call: ast.Call) -> bool:
+    """``call`` is directly in a ``with accelerator.accumulate(...):`` block and comes before
+    an ``accelerator.backward(...)`` of that block, with no optimizer step between them
+    (``opt.zero_grad()`` at the top of the block)."""
+    block = ctx.enclosing(call, (ast.With, ast.For, ast.AsyncFor, ast.While))
+    if not (isinstance(block, ast.With) and any(
+            isinstance(i.context_expr, ast.Call) and call_attr(i.context_expr) == "accumulate"
+            for i in block.items)):
+        return False  # (at the top of the loop, before `accumulate()` decides the micro-step's
+        # sync, the flag is the previous micro-step's: that clear follows the last step)
+    later = [n for n in ctx.local_nodes(block) if isinstance(n, ast.Call)
+             and getattr(n, "lineno", 0) > call.lineno]
+    backs = [n for n in later if call_attr(n) == "backward" and ctx.is_accelerator(receiver(n))]
+    steps = [n for n in later if call_attr(n) == "step"
+             and ctx.kind_of_receiver(receiver(n)) == "optimizer"]
+    return bool(backs) and not any(s.lineno < backs[0].lineno for s in steps)
 
 
 def _grad_clears(ctx: FileContext, window: ast.AST) -> Iterator[ast.AST]:
