@@ -186,8 +186,22 @@ def _world_scales_something(ctx: FileContext) -> bool:
         if isinstance(n.op, ast.Mult | ast.Div):
             sides = (n.left, n.right) if isinstance(n, ast.BinOp) else (n.target, n.value)
             if any(ctx.mentions_world(s) for s in sides) and not _places_data(ctx, n) \
-                    and _about_scale(ctx, n):
+                    and _about_scale(ctx, n) and not _in_log(ctx, n):
                 return True
+    return False
+
+
+def _in_log(ctx: FileContext, node: ast.AST) -> bool:
+    """``node`` is only printed or logged (inside an f-string, a ``print``/``log``/``info``
+    call's arguments): ``print(f"loss {float(loss_accum) * world:.4f}")`` scales nothing."""
+    cur = ctx.parents.get(node)
+    while cur is not None and not isinstance(cur, ast.stmt):
+        if isinstance(cur, ast.JoinedStr):
+            return True
+        if isinstance(cur, ast.Call) and (dotted(cur.func) or "").rsplit(".", 1)[-1] in (
+                "print", "log", "info", "debug", "warning", "log_dict", "write", "add_scalar"):
+            return True
+        cur = ctx.parents.get(cur)
     return False
 
 

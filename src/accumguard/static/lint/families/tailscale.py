@@ -23,7 +23,7 @@ from accumguard.static.lint._ctx_boundary import bound_argument
 from accumguard.static.lint._ctx_ownrate import stepped_name
 from accumguard.static.lint._lengths import static_len
 from accumguard.static.lint._rule import rule
-from accumguard.static.lint.families._lossexpr import divides_by_k, division
+from accumguard.static.lint.families._lossexpr import divides_by_k, division, flows_to_backward
 from accumguard.static.lint.families._modguard import (
     ModGuard,
     assignments_by_name,
@@ -33,7 +33,7 @@ from accumguard.static.lint.families._modguard import (
 )
 from accumguard.static.lint.families._windowtail import hand_for_windows, pure_mod_guard
 
-__all__ = ["tail_gradient_divided_by_window_size", "tail_window_divided_by_k"]
+__all__ = ["strided_tail_divided_by_k", "tail_gradient_divided_by_window_size", "tail_window_divided_by_k"]
 
 
 def _len_name(ctx: FileContext, node: ast.AST, scope: ast.AST) -> bool:
@@ -252,6 +252,79 @@ def tail_window_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
                 continue
             yield ctx.finding("AG141", node, f"{head} (the pass length is not in sight: no "
                               "tail when it is a multiple of K)")
+            break
+
+
+def _strided_start(loop: ast.AST) -> tuple[str, ast.AST, ast.AST] | None:
+    """``for start in range(a, n, k):`` -> (the start's name, n, k)."""
+    if not (isinstance(loop, ast.For) and isinstance(loop.target, ast.Name)
+            and isinstance(loop.iter, ast.Call) and call_attr(loop.iter) == "range"
+            and len(loop.iter.args) == 3):
+        return None
+    return loop.target.id, loop.iter.args[1], loop.iter.args[2]
+
+
+def _cut_at_end(expr: ast.AST, start: str, k: ast.AST) -> bool:
+    """``expr`` makes the window of micro-batches from ``start``: ``range(start, min(start
+    + K, n))`` or a slice ``xs[start:start + K]`` (both give the pass's short tail)."""
+    text = ast.unparse(k)
+    for sub in walk_all(expr):
+        if isinstance(sub, ast.Slice) and sub.lower is not None and sub.upper is not None \
+                and ast.unparse(sub.lower) == start and text in ast.unparse(sub.upper):
+            return True
+        if isinstance(sub, ast.Call) and call_attr(sub) == "range" and len(sub.args) == 2 \
+                and ast.unparse(sub.args[0]) == start and isinstance(sub.args[1], ast.Call) \
+                and call_attr(sub.args[1]) == "min":
+            return True
+    return False
+
+
+@rule("AG141")
+def strided_tail_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
+    """``for start in range(0, n, K):`` over windows cut at the pass's end (``range(start,
+    min(start + K, n))``, ``xs[start:start + K]``), each micro-batch's loss divided by the
+    constant K and the optimizer stepped once per window: a last window of r = n % K < K
+    micro-batches reaches the optimizer as r/K of its mean gradient."""
+    for outer in ctx.of(ast.For):
+        got = _strided_start(outer)
+        if got is None:
+            continue
+        start, n_expr, k_expr = got
+        if not ctx.mentions_accum(k_expr) and not isinstance(k_expr, ast.Name):
+            continue
+        cut = [st for st in outer.body if _cut_at_end(st, start, k_expr)]
+        inner = [x for x in ctx.local_nodes(outer) if isinstance(x, ast.For) and x is not outer]
+        steps = [c for c in ctx.local_nodes(outer) if isinstance(c, ast.Call)
+                 and call_attr(c) == "step" and ctx.kind_of_receiver(receiver(c)) == "optimizer"
+                 and not any(c in set(walk_all(i)) for i in inner)]
+        if not cut or not inner or not steps:
+            continue
+        k_text = ast.unparse(k_expr)
+        for loop in inner:
+            for node in ctx.local_nodes(loop):
+                d = division(node)
+                if d is None or ast.unparse(d[1]) != k_text or not flows_to_backward(ctx, node):
+                    continue
+                n = ctx.int_value(n_expr)
+                k = ctx.int_value(k_expr)
+                tail = f"; {n} micro-batches at K = {k} leave a last window of {n % k}" \
+                    if n is not None and k else ""
+                f = ctx.finding(
+                    "AG141", node,
+                    f"the windows are cut from `range({ast.unparse(outer.iter.args[0])}, "
+                    f"{ast.unparse(n_expr)}, {k_text})` and the last one holds what is left of "
+                    f"the pass, but every micro-batch's loss is divided by K (`{ast.unparse(node)}`) "
+                    "and the optimizer steps on that window too: its r < K micro-batches reach "
+                    f"the optimizer as r/K of their mean gradient{tail}",
+                    fix="divide by the window's own size (`len(window)`) or by its sample/token "
+                        "count")
+                if n is not None and k and n % k == 0:
+                    continue  # no tail
+                yield replace(f, severity=Severity.ERROR, confidence=Confidence.HIGH) \
+                    if n is not None and k else f
+                break
+            else:
+                continue
             break
 
 

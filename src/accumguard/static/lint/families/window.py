@@ -300,9 +300,14 @@ def boundary_counter_off_by_one(ctx: FileContext) -> Iterator[Finding]:
         facts = ctx.window_facts(window)
         backwards = ctx.window_backwards(window)
         seen: set[int] = set()
+        reached = ctx.reached(window)
         for call, kind in facts.steps:
             if kind not in ("optimizer", "engine"):
                 continue
+            helper = ctx.enclosing(call, FUNCS)
+            if helper is not None and helper is not ctx.enclosing(window, FUNCS) \
+                    and helper in reached and ctx.enclosing(call, (ast.If, *LOOPS)) is None:
+                call = reached[helper]  # (``self.optimizer_step()`` under the window's test)
             guard_if = ctx.enclosing(call, (ast.If, *LOOPS))
             while (isinstance(guard_if, ast.If) and mod_guard(_test_of(ctx, guard_if.test)) is None
                    and flag_guard(ctx, guard_if.test, window) is None):

@@ -1,0 +1,18 @@
+# corpus: style=hand_loop class=F7
+# Windows cut with range(start, min(start + K, n)): the pass's last window is short, but every
+# loss is still divided by K.
+import torch.nn.functional as F
+
+K = 4
+N_MICRO = 10
+
+
+def train(model, opt, micro_batch):
+    for start in range(0, N_MICRO, K):
+        window = list(range(start, min(start + K, N_MICRO)))
+        for i in window:
+            x, y = micro_batch(i)
+            loss = F.mse_loss(model(x), y)
+            (loss / K).backward()  # expect: AG141
+        opt.step()
+        opt.zero_grad()
