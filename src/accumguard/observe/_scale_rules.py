@@ -32,6 +32,16 @@ def loss_scale_findings(rank: int | None, windows: list[StepWindow], k: int | No
     all_reduce(SUM) when W = K: then only a note."""
     if k is None or k < 2:
         return []
+    serials = {w.opt_serial for w in windows}
+    if len(serials) > 1:
+        # judged per optimizer object: a later phase's windows (a large-batch reference run
+        # after the training, its loss written apart) neither prove nor disprove the pattern
+        for serial in sorted(serials, key=lambda x: (x is None, x or 0)):
+            found = loss_scale_findings(rank, [w for w in windows if w.opt_serial == serial],
+                                        k, world)
+            if found:
+                return found
+        return []
     judged = [(w, m) for w in windows if int(w.window) == k
               for m in [_window_mass(w)] if m is not None
               and (m.sole or inside_one_normalisation(w, m.site, k) is not None)]

@@ -30,7 +30,7 @@ from accumguard.static.lint.families._masked import (
 from accumguard.static.lint.families._modguard import k_values
 from accumguard.static.lint.families.twice import k_dividing_helpers, k_helper_result
 
-__all__ = ["accelerator_k_without_accumulate", "accelerator_ks", "loss_divided_before_accelerator_backward"]
+__all__ = ["accelerator_k_without_accumulate", "accelerator_ks", "names_k", "loss_divided_before_accelerator_backward"]
 
 
 def accelerator_ks(ctx: FileContext) -> set[int | None]:
@@ -44,7 +44,7 @@ def accelerator_ks(ctx: FileContext) -> set[int | None]:
     return values
 
 
-def _names_k(ctx: FileContext, expr: ast.AST) -> bool:
+def names_k(ctx: FileContext, expr: ast.AST) -> bool:
     """``expr`` reads what the file hands ``Accelerator(gradient_accumulation_steps=...)``
     (``ga``, ``cfg.accum``) or its integer value."""
     def compute() -> set[str]:
@@ -119,7 +119,7 @@ def loss_divided_before_accelerator_backward(ctx: FileContext) -> Iterator[Findi
             continue
         divisor = d[1]
         if not (ctx.mentions_accum(divisor) or ctx.int_value(divisor) in ks) \
-                or (unsure and not _names_k(ctx, divisor)):
+                or (unsure and not names_k(ctx, divisor)):
             continue
         if _k_only_below(ctx, node, divisor) or _times_k(ctx, d[0]):
             continue
@@ -194,7 +194,7 @@ def _window_count_divisions(ctx: FileContext) -> Iterator[tuple[ast.AST, ast.AST
                 continue
             func = ctx.enclosing(sub, FUNCS) or ctx.tree
             if any(isinstance(m, ast.BinOp | ast.AugAssign) and isinstance(m.op, ast.Mult)
-                   and (ctx.mentions_accum(m) or _names_k(ctx, m)) for m in ast.walk(func)):
+                   and (ctx.mentions_accum(m) or names_k(ctx, m)) for m in ast.walk(func)):
                 continue
             yield sub, d[1]
 

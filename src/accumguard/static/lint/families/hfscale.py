@@ -113,6 +113,53 @@ def hf_compute_loss_divided_by_k_after_num_items(ctx: FileContext) -> Iterator[F
             )
 
 
+@rule("AG136")
+def hf_training_step_divided_by_k_after_num_items(ctx: FileContext) -> Iterator[Finding]:
+    """A Trainer subclass's ``training_step`` (the 4.x recipe kept after an upgrade) dividing
+    by the accumulation steps the loss that ``compute_loss`` normalised by
+    ``num_items_in_batch``: divided by K twice. Not under a test that reads
+    ``num_items_in_batch`` (the Trainer's own ``if num_items_in_batch is None``)."""
+    for cls in ctx.trainer_classes():
+        for fn in cls.body:
+            if not isinstance(fn, ast.FunctionDef) or fn.name != "training_step":
+                continue
+            for node, dividend in _k_divisions(ctx, fn):
+                if _under_num_items_test(ctx, node, fn):
+                    continue
+                if isinstance(node, ast.AugAssign) and isinstance(dividend, ast.Name):
+                    value = _reaching(ctx, fn, dividend.id, node)
+                    normalised = value is not None and _window_normalised(ctx, fn, value)
+                else:
+                    normalised = _window_normalised(ctx, fn, dividend)
+                if not normalised and isinstance(dividend, ast.Name):
+                    # (assigned inside `with self.compute_loss_context_manager():`, a block
+                    # that always runs: the name's only other value)
+                    values = [a.value for a in walk_all(fn) if isinstance(a, ast.Assign)
+                              and any(isinstance(t, ast.Name) and t.id == dividend.id for t in a.targets)
+                              and a is not ctx.parents.get(node)]
+                    normalised = len(values) == 1 and _window_normalised(ctx, fn, values[0], 0)
+                if normalised:
+                    yield ctx.finding(
+                        "AG136",
+                        node,
+                        f"`{cls.name}.training_step` divides by the accumulation steps "
+                        f"(`{ast.unparse(node)}`) the loss `compute_loss` normalised by "
+                        "`num_items_in_batch`, the token count of the whole window of K "
+                        "micro-batches: the window's gradient is G / K (the Trainer's own "
+                        "training_step divides only when num_items_in_batch is None)",
+                    )
+
+
+def _under_num_items_test(ctx: FileContext, node: ast.AST, fn: ast.AST) -> bool:
+    cur = ctx.parents.get(node)
+    while cur is not None and cur is not fn:
+        if isinstance(cur, ast.If) and any(isinstance(x, ast.Name) and x.id == _NUM_ITEMS
+                                           for x in walk_all(cur.test)):
+            return True
+        cur = ctx.parents.get(cur)
+    return False
+
+
 def _own_normalisation(fn: ast.AST) -> ast.AST | None:
     """The method's own division by ``num_items_in_batch`` (``loss / num_items_in_batch``), or
     the ``.loss`` of a model call given it: not the Trainer's ``compute_loss``, which

@@ -27,6 +27,7 @@ from accumguard.static.lint._ast import (
 )
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families.accelerate import names_k
 
 __all__ = ["window_drawn_ahead_with_dataloader_sync"]
 
@@ -194,7 +195,8 @@ def _sized_args(ctx: FileContext) -> dict[str, ast.AST]:
                     values = ctx.assigned_in(ctx.scope_of(arg)).get(arg.id, [])
                     arg = values[0] if len(values) == 1 else arg
                 factors = mult_factors(arg)
-                if len(factors) > 1 and any(ctx.mentions_accum(f) for f in factors):
+                if len(factors) > 1 and any(ctx.mentions_accum(f) or names_k(ctx, f)
+                                            for f in factors):
                     for f in factors:
                         d = _key(f)
                         if d is not None:
