@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -139,13 +139,10 @@ def _mean_count(node: Any) -> int | None:
 BELOW = 32
 
 
-def batch_means_below(node: Any) -> list[int] | None:
-    """The rows averaged by the means over the batch dimension that every path below
-    ``node`` goes through before reaching a parameter (an MoE load-balancing loss: a sum of
-    products of ``probs.mean(0)``), or None: a parameter reached without such a mean (a
-    weight penalty), no such mean, or more than :data:`BELOW` nodes. A term made only of
-    such means is a statistic of its micro-batch, whatever it computes from them."""
-    rows: list[int] = []
+def _below(node: Any, leaf: Callable[[Any], bool]) -> Iterator[Any]:
+    """Each autograd node below ``node`` once, depth first, not descending past a node
+    ``leaf`` accepts; past :data:`BELOW` nodes it yields None and ends (too large a graph
+    to read as a term's)."""
     stack, seen = [node], set()
     while stack:
         n = stack.pop()
@@ -153,16 +150,29 @@ def batch_means_below(node: Any) -> list[int] | None:
             continue
         seen.add(id(n))
         if len(seen) > BELOW:
+            yield None
+            return
+        yield n
+        if not leaf(n):
+            stack.extend(m for m, _ in n.next_functions if m is not None)
+
+
+def _batch_mean(n: Any) -> bool:
+    return type(n).__name__.startswith("MeanBackward") and bool(_batch_rows(n))
+
+
+def batch_means_below(node: Any) -> list[int] | None:
+    """The rows averaged by the means over the batch dimension that every path below
+    ``node`` goes through before reaching a parameter (an MoE load-balancing loss: a sum of
+    products of ``probs.mean(0)``), or None: a parameter reached without such a mean (a
+    weight penalty), no such mean, or more than :data:`BELOW` nodes. A term made only of
+    such means is a statistic of its micro-batch, whatever it computes from them."""
+    rows: list[int] = []
+    for n in _below(node, _batch_mean):
+        if n is None or type(n).__name__ == "AccumulateGrad":
             return None
-        name = type(n).__name__
-        if name == "AccumulateGrad":
-            return None
-        if name.startswith("MeanBackward"):
-            r = _batch_rows(n)
-            if r:
-                rows.append(r)
-                continue
-        stack.extend(m for m, _ in n.next_functions if m is not None)
+        if _batch_mean(n):
+            rows.append(int(_batch_rows(n) or 0))
     return sorted(set(rows)) or None
 
 
@@ -182,21 +192,15 @@ def params_only(node: Any) -> bool:
     """Every path below ``node`` reaches a parameter (``AccumulateGrad``) through element-wise
     and reducing nodes only, within :data:`BELOW` nodes: a penalty on the parameters, the same
     value in every micro-step whatever the batch (``l2 * sum(w.pow(2).sum() for w in ...)``)."""
-    stack, seen, leaves = [node], set(), 0
-    while stack:
-        n = stack.pop()
-        if id(n) in seen:
-            continue
-        seen.add(id(n))
-        if len(seen) > BELOW:
+    leaves = 0
+    for n in _below(node, lambda x: type(x).__name__ == "AccumulateGrad"):
+        if n is None:
             return False
         name = type(n).__name__
         if name == "AccumulateGrad":
             leaves += 1
-            continue
-        if name not in _PENALTY_NODES:
+        elif name not in _PENALTY_NODES:
             return False
-        stack.extend(m for m, _ in n.next_functions if m is not None)
     return leaves > 0
 
 
