@@ -361,7 +361,8 @@ def rank_local_token_mean_under_ddp(ctx: FileContext) -> Iterator[Finding]:
         count_names = {d for d in (dotted(s) for s in walk_all(divisor)) if d}
         reduced = ctx.all_reduced_names(scope) | ctx.all_reduced_names(ctx.tree)
         if count_names & reduced or _made_from_reduced(ctx, count_names, ctx.all_reduced_names(scope)) \
-                or _counts_every_rank_slice(ctx, divisor):
+                or _counts_every_rank_slice(ctx, divisor) \
+                or _reaches_reduced(ctx, divisor, ctx.all_reduced_names(scope)):
             continue
         if isinstance(divisor, ast.Name) and divisor.id not in ctx.bound_names():
             continue  # made outside the file: whether it spans the ranks is not in sight
@@ -427,6 +428,17 @@ def _made_from_reduced(ctx: FileContext, names: set[str], reduced: set[str]) -> 
                           for v in values):
             return True
     return False
+
+
+def _reaches_reduced(ctx: FileContext, divisor: ast.AST, reduced: set[str]) -> bool:
+    """The divisor is a name whose assignment reaching the division reads an all-reduced name
+    (``n = sum(...)``, then ``dist.all_reduce(t)`` and ``n = t.item() / world``: the count the
+    division sees spans the ranks, whatever the name held before)."""
+    if not isinstance(divisor, ast.Name):
+        return False
+    write = ctx.reaching_write(ctx.scope_of(divisor), divisor.id, divisor)
+    return isinstance(write, ast.Assign) and any(
+        (dotted(x) or "") in reduced for x in _outside_comprehensions(write.value))
 
 
 def _outside_comprehensions(expr: ast.AST) -> Iterator[ast.AST]:
