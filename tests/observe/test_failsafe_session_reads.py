@@ -1,0 +1,118 @@
+"""Faults injected in what this session added to a user's process: the record of a clip
+given tensors without gradients (the clip patch), Accelerate's loader state read at its
+backward (the backward patch), the class-weight count of a weighted ``cross_entropy`` and
+the walk below a loss term for a penalty on the parameters (the loss recorder). Each fails
+inside its door: observation switches off, the failure is recorded as accumguard's, and the
+trained weights are bit-equal to the unobserved run's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F  # noqa: N812 - torch's own alias
+
+from accumguard.watch._recording import recording
+
+K = 3
+WEIGHT = torch.tensor([0.5, 1.0, 2.0])
+
+
+class _Broken(list):  # type: ignore[type-arg]
+    """A list whose every change raises: the injected fault of a record."""
+
+    def append(self, item: Any) -> None:
+        raise RuntimeError("injected: a record of this session's reads")
+
+    def __setitem__(self, i: Any, v: Any) -> None:
+        raise RuntimeError("injected: a record of this session's reads")
+
+
+def _loop() -> list[torch.Tensor]:
+    """Weighted cross-entropy plus a penalty on the parameters, and a clip given the
+    gradients (which holds none of its own): every read above runs."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        for _ in range(K):
+            x, y = torch.randn(6, 5, generator=g), torch.randint(0, 3, (6,), generator=g)
+            ce = F.cross_entropy(model(x), y, weight=WEIGHT)
+            penalty = sum(w.pow(2).sum() for n, w in model.named_parameters() if "weight" in n)
+            (ce / K + 1e-3 * penalty).backward()
+        torch.nn.utils.clip_grad_norm_([p.grad for p in model.parameters()], 0.5)
+        opt.step()
+        opt.zero_grad()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def _fault(monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    """Install the fault named ``where``."""
+    def broken(*args: object, **kwargs: object) -> object:
+        raise RuntimeError(f"injected: {where}")
+
+    if where == "params_only":
+        import accumguard.observe._losses_terms as terms
+        monkeypatch.setattr(terms, "params_only", broken)
+    elif where == "read_class_loss":
+        import accumguard.observe._losses as losses
+        monkeypatch.setattr(losses, "read_class_loss", broken)
+    elif where == "clip_empty":
+        import accumguard.observe._window as window
+        init = window.StepTally.__init__
+
+        def tally(self: Any) -> None:
+            init(self)
+            self.clip_empty = _Broken()
+
+        monkeypatch.setattr(window.StepTally, "__init__", tally)
+
+
+@pytest.mark.parametrize("where", ["clip_empty", "params_only", "read_class_loss"])
+def test_a_fault_in_a_read_of_the_loop_changes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    plain = _loop()
+    _fault(monkeypatch, where)
+    with recording(tmp_path) as obs:
+        seen = _loop()
+        failure = obs.failure
+    assert failure is not None, where
+    assert "injected" in failure.error + failure.traceback
+    assert all(torch.equal(a, b) for a, b in zip(plain, seen, strict=True))
+
+
+def _accelerate_loop(obs: Any | None) -> list[torch.Tensor]:
+    accelerate = pytest.importorskip("accelerate")
+    from accelerate.state import AcceleratorState, GradientState
+
+    GradientState._reset_state()
+    AcceleratorState._reset_state(True)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(5, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    acc = accelerate.Accelerator(cpu=True, gradient_accumulation_steps=K)
+    model, opt = acc.prepare(model, opt)
+    if obs is not None:
+        obs.accelerate_loader = _Broken([0, 0])
+    g = torch.Generator().manual_seed(2)
+    for _ in range(2 * K):
+        with acc.accumulate(model):
+            acc.backward(model(torch.randn(4, 5, generator=g)).pow(2).mean())
+            opt.step()
+            opt.zero_grad()
+    out = [p.detach().clone() for p in acc.unwrap_model(model).parameters()]
+    GradientState._reset_state()
+    AcceleratorState._reset_state(True)
+    return out
+
+
+def test_a_fault_reading_accelerates_loader_state_changes_nothing(tmp_path: Path) -> None:
+    plain = _accelerate_loop(None)
+    with recording(tmp_path) as obs:
+        seen = _accelerate_loop(obs)
+        failure = obs.failure
+    assert failure is not None and "injected" in failure.error + failure.traceback
+    assert all(torch.equal(a, b) for a, b in zip(plain, seen, strict=True))
