@@ -190,14 +190,17 @@ def _steps(rec: RunRecording) -> list[LedgerStep]:
                              any(w is not None and w.clips for w in rows.values()),
                              [d for p in parsed.values() for d in p[4]],
                              all(p[5] for p in parsed.values()),
-                             next(iter({p[6] for p in parsed.values()}))
-                             if len({p[6] for p in parsed.values()}) == 1 else "units",
+                             _alike([p[6] for p in parsed.values()]) or "units",
                              _common_scale([w for w in rows.values() if w is not None], low)
                              if factor is None else None,
                              _units([w for w in rows.values()]),
-                             next(iter({p[7] for p in parsed.values()}))
-                             if len({p[7] for p in parsed.values()}) == 1 else None))
+                             _alike([p[7] for p in parsed.values()])))
     return out
+
+
+def _alike(values: list[Any]) -> Any:
+    """The one value every rank gave, else None."""
+    return values[0] if values and all(v == values[0] for v in values) else None
 
 
 def weights_right(rec: RunRecording) -> bool:

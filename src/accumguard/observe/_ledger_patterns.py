@@ -76,12 +76,10 @@ def f6_findings(steps: list[LedgerStep]) -> list[Finding]:
             continue
         if s.flat(s.rank_counts()) or not (s.flat(masses) or _own_counts(rank_w, masses)):
             return []  # not every rank normalised to a count of its own: not judged here
-        hits.append((s, rank_w))
+        hits.append((s, rank_w, masses))
     if not hits:
         return []
-    s, rank_w = hits[0]
-    masses = [sum(x * n for x, n in zip(s.weights[r], s.counts[r], strict=True))
-              for r in sorted(s.weights)]
+    s, rank_w, masses = hits[0]
     if not s.flat(masses):
         return [_own_count_finding(s, rank_w, len(hits), len(steps))]
     big_n = sum(s.rank_counts())
