@@ -58,9 +58,25 @@ class ReachFacts(BoundaryFacts):
         owner = self.parents.get(fns[0])
         if method != isinstance(owner, ast.ClassDef):
             return None
-        if method and self.enclosing(call, (ast.ClassDef,)) is not owner:
+        if method and not self.inherits(self.enclosing(call, (ast.ClassDef,)), owner):
             return None
         return fns[0]
+
+    def inherits(self, cls: ast.AST | None, owner: ast.AST | None) -> bool:
+        """``cls`` is ``owner`` or a subclass of it in the file, a few levels deep (a
+        subclass's ``fit`` calling ``self.training_step`` its base class defines)."""
+        return (isinstance(cls, ast.ClassDef) and isinstance(owner, ast.ClassDef)
+                and cls.name in self._family(owner.name))
+
+    def _family(self, name: str) -> set[str]:
+        """The class ``name`` and its subclasses in the file, subclasses of subclasses a few
+        levels deep."""
+        _, children = self._class_tree()
+        family, frontier = {name}, [name]
+        for _ in range(4):
+            frontier = [c for n in frontier for c in children.get(n.lower(), ()) if c not in family]
+            family.update(frontier)
+        return family
 
     def self_method_overrides(self, call: ast.Call) -> list[Func]:
         """``self.hook()`` in a method of a file class whose name is defined more than once:
@@ -72,13 +88,8 @@ class ReachFacts(BoundaryFacts):
         cls = self.enclosing(call, (ast.ClassDef,))
         if not isinstance(cls, ast.ClassDef):
             return []
-        methods, children = self._class_tree()
-        family, frontier = {cls.name}, [cls.name]
-        for _ in range(4):  # subclasses of subclasses, a few levels
-            frontier = [c for name in frontier for c in children.get(name.lower(), ())
-                        if c not in family]
-            family.update(frontier)
-        return [f for name in family for f in methods.get((name, call.func.attr), ())]
+        methods, _ = self._class_tree()
+        return [f for name in self._family(cls.name) for f in methods.get((name, call.func.attr), ())]
 
     def _class_tree(self) -> tuple[dict[tuple[str, str], list[Func]], dict[str, list[str]]]:
         """The file's methods by (class name, method name) and its classes' subclasses by the

@@ -172,7 +172,8 @@ class WindowQueries(OwnRateQueries):
             return [c for c in self.of(ast.Call)  # `loss_scaler(loss, optimizer, ...)`
                     if isinstance(c.func, ast.Name) and c.func.id in names] + passed
         if isinstance(owner, ast.ClassDef):
-            return [c for c in by_self.get(helper.name, ()) if self.enclosing(c, (ast.ClassDef,)) is owner] + passed
+            return [c for c in by_self.get(helper.name, ())
+                    if self.inherits(self.enclosing(c, (ast.ClassDef,)), owner)] + passed
         return list(by_name.get(helper.name, ())) + passed + self._factory_call_sites(helper)
 
     def _factory_call_sites(self, helper: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.Call]:
@@ -248,7 +249,12 @@ class WindowQueries(OwnRateQueries):
         module-level ``train_step`` the file's loop calls is a backward helper."""
         if not (fn.name in WINDOW_FUNCS or fn.name.startswith("training_step")):
             return False
-        return isinstance(self.parents.get(fn), ast.ClassDef) or not self._call_index()[1].get(fn.name)
+        if isinstance(self.parents.get(fn), ast.ClassDef):
+            # an in-house trainer's own loop calling `self.training_step(batch)` per
+            # micro-batch makes it a backward helper, as a framework's loop would
+            return not any(self.enclosing(c, LOOPS) is not None
+                           for c in self._call_index()[2].get(fn.name, ()))
+        return not self._call_index()[1].get(fn.name)
 
     def _call_index(self) -> tuple[dict[str, int], dict[str, list[ast.Call]], dict[str, list[ast.Call]]]:
         """How often each function name is defined, the ``name(...)`` calls and the

@@ -184,8 +184,11 @@ def mean_of_means(ctx: FileContext) -> Iterator[Finding]:
         facts = ctx.window_facts(window)
         if not facts.accumulating or facts.summed_loss:
             continue
-        by_k = [(n, d) for n, d in divides_by_k(ctx, window)  # num_items_in_batch=window count: not F5
-                if not window_normalised(ctx, ctx.scope_of(window), window, d)]
+        part, by_k = window, _k_divisions(ctx, window)
+        for helper in () if by_k else ctx.inlined(window):
+            if by_k := _k_divisions(ctx, helper):
+                part = helper  # `loss / K` in the backward helper the window calls
+                break
         micro = [] if by_k else _k_times_micro_count(ctx, window)
         by_k = by_k or micro
         by_accelerate = (not by_k and facts.accelerate and accelerate_ga_above_one(ctx)
@@ -208,8 +211,8 @@ def mean_of_means(ctx: FileContext) -> Iterator[Finding]:
                                 and k.value.value is False for k in n.keywords)]
         if not by_k:
             continue
-        scope = ctx.window_scope(window)
-        explicit = _per_micro_batch_token_mean(ctx, window) or (
+        scope = ctx.window_scope(part)
+        explicit = _per_micro_batch_token_mean(ctx, part) or (
             "summed over the ranks" if micro else None)
         hints, summed = token_mean_hints(ctx, scope)
         if by_engine and not summed:
@@ -220,14 +223,14 @@ def mean_of_means(ctx: FileContext) -> Iterator[Finding]:
             found = [token_mean_hints(ctx, f) for f in called]
             hints = hints or any(h for h, _ in found)
             summed = any(sm for _, sm in found)
-        cls = ctx.enclosing(window, (ast.ClassDef,))
+        cls = ctx.enclosing(part, (ast.ClassDef,))
         if not hints and isinstance(cls, ast.ClassDef):
             # a trainer class builds its criterion in __init__ (CrossEntropyLoss(ignore_index=pad))
             methods = [f for f in cls.body if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)]
             found = [token_mean_hints(ctx, f) for f in methods]
             hints = any(h for h, _ in found)
             summed = summed or any(sm for _, sm in found)
-        if summed and not (by_accelerate or by_engine) and _sums_only_after(ctx, scope, window) \
+        if summed and not (by_accelerate or by_engine) and _sums_only_after(ctx, scope, part) \
                 and not any(hf_loss(ctx, scope, d) for _, d in by_k):
             summed = False  # a reduction='sum' in a later loop (a reference run), not this
             # loss call (a model's own .loss stays unjudged: its count is not in sight)
@@ -259,6 +262,13 @@ def mean_of_means(ctx: FileContext) -> Iterator[Finding]:
                 + ": dividing per-micro-batch means by K weights short micro-batches too much "
                 "(mean of means)" + ("" if explicit else " when their token counts differ"),
             )
+
+
+def _k_divisions(ctx: FileContext, part: ast.AST) -> list[tuple[ast.AST, ast.AST]]:
+    """The loss's divisions by K in ``part`` (a window or its backward helper) that a window
+    count does not undo (``num_items_in_batch`` the window's count: not F5)."""
+    return [(n, d) for n, d in divides_by_k(ctx, part)
+            if not window_normalised(ctx, ctx.scope_of(part), part, d)]
 
 
 def _sums_only_after(ctx: FileContext, scope: ast.AST, window: ast.AST) -> bool:
