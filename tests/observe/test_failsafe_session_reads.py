@@ -1,7 +1,9 @@
 """Faults injected in what this session added to a user's process: the record of a clip
 given tensors without gradients (the clip patch), Accelerate's loader state read at its
 backward (the backward patch), the class-weight count of a weighted ``cross_entropy`` and
-the walk below a loss term for a penalty on the parameters (the loss recorder). Each fails
+the walk below a loss term for a penalty on the parameters (the loss recorder), the read of a
+new optimizer's gradients at its first backward (a resume's restored window), the test at each
+optimizer step for DCP's state-initialising step. Each fails
 inside its door: observation switches off, the failure is recorded as accumguard's, and the
 trained weights are bit-equal to the unobserved run's."""
 
@@ -60,6 +62,12 @@ def _fault(monkeypatch: pytest.MonkeyPatch, where: str) -> None:
     elif where == "read_class_loss":
         import accumguard.observe._losses as losses
         monkeypatch.setattr(losses, "read_class_loss", broken)
+    elif where == "is_state_init_step":
+        import accumguard.observe._observer as observer
+        monkeypatch.setattr(observer, "is_state_init_step", broken)
+    elif where == "look_at_newborns":
+        import accumguard.observe._lanes as lanes
+        monkeypatch.setattr(lanes.Lanes, "_look_at_newborns", broken)
     elif where == "clip_empty":
         import accumguard.observe._window as window
         init = window.StepTally.__init__
@@ -71,7 +79,8 @@ def _fault(monkeypatch: pytest.MonkeyPatch, where: str) -> None:
         monkeypatch.setattr(window.StepTally, "__init__", tally)
 
 
-@pytest.mark.parametrize("where", ["clip_empty", "params_only", "read_class_loss"])
+@pytest.mark.parametrize("where", ["clip_empty", "params_only", "read_class_loss",
+                                   "look_at_newborns", "is_state_init_step"])
 def test_a_fault_in_a_read_of_the_loop_changes_nothing(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
     plain = _loop()

@@ -71,6 +71,11 @@ SCRIPT = textwrap.dedent('''
         if world > 1:
             dist.all_reduce(n_total)
         for x, y in batches:
+            if MODE == "ds_nogas":  # the engine's own /K switched off on a full mean: K x
+                loss = F.cross_entropy(model(x).reshape(-1, V), x.reshape(-1))
+                model.backward(loss, scale_wrt_gas=False)
+                model.step()
+                continue
             if MODE.startswith("ds"):
                 logits = model(x).reshape(-1, V)
                 if MODE == "ds_mean":
@@ -135,7 +140,7 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Watched]:
     tmp = tmp_path_factory.mktemp("f5_ranks")
     script = _script(tmp)
     return watch_many(tmp / "runs", {mode: _torchrun(script, mode) for mode in (
-        "mean_k", "sum_n", "rank_n", "ds_mean", "ds_sum")})
+        "mean_k", "sum_n", "rank_n", "ds_mean", "ds_sum", "ds_nogas")})
 
 
 @pytest.mark.parametrize(("mode", "bug"), [("mean_k", True), ("sum_n", False),
@@ -254,6 +259,18 @@ def test_deepspeed_native_accumulation(ranks: dict[str, Watched], mode: str, bug
         assert code == 1 and _errors(findings) == {"F5"}, findings
     else:
         assert code == 0 and not _errors(findings), findings
+
+
+@pytest.mark.deepspeed
+def test_deepspeed_scale_wrt_gas_false_on_a_mean(ranks: dict[str, Watched]) -> None:
+    """``engine.backward(loss, scale_wrt_gas=False)`` on each micro-batch's full mean with
+    GA = K in the config: nothing divides by K, the engine sums K means (blind round 80
+    b_b01): LOSS_SCALE, with DeepSpeed's fix."""
+    code, findings, report, _ = ranks["ds_nogas"]
+    assert report["ranks"] == [0, 1] and report["accumulation_steps"] == 4
+    assert code == 1 and _errors(findings) == {"LOSS_SCALE"}, findings
+    scale = [f for f in findings if f["cls"] == "LOSS_SCALE"]
+    assert "scale_wrt_gas" in scale[0]["fix"], scale
 
 
 def test_lightning_accumulate_grad_batches_in_process(tmp_path: Path) -> None:

@@ -50,7 +50,9 @@ def watched(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Watched]:
     cases = {f"{e}-{m}-{o}-3": _cmd(e, m, o) for e, m, o, _ in CASES}
     cases.update({"ddp-local-sgd-3": _cmd("ddp", "local"),
                   "ddp-equal_div_w-sgd-1": _cmd("ddp", "equal_div_w", "sgd", 1),
-                  "ddp-global_share-sgd-2": _cmd("ddp", "global_share", "sgd", 2)})
+                  "ddp-global_share-sgd-2": _cmd("ddp", "global_share", "sgd", 2),
+                  "ddp-pg_ent_own-adamw-3": _cmd("ddp", "pg_ent_own", "adamw"),
+                  "ddp-pg_ent_window-adamw-3": _cmd("ddp", "pg_ent_window", "adamw")})
     return watch_many(tmp_path_factory.mktemp("ledger"), cases)
 
 
@@ -107,3 +109,19 @@ def test_a_rank_whose_share_of_a_right_total_is_one_over_k(watched: dict[str, Wa
     code, findings, _, proc = watched["ddp-global_share-sgd-2"]
     assert "trained" in proc.stdout, proc.stderr[-3000:]
     assert code == 0 and _errors(findings) == set(), findings
+
+
+@pytest.mark.parametrize(("mode", "expected"), [("pg_ent_own", {"LOSS_SCALE"}),
+                                                ("pg_ent_window", set())])
+def test_a_bonus_term_over_its_own_micro_batch_beside_a_window_normalised_objective(
+        watched: dict[str, Watched], mode: str, expected: set[str]) -> None:
+    """A policy-gradient masked sum normalised over the window's all-reduced count x W, and
+    an entropy bonus that is a masked mean over each micro-batch's own tokens (blind round 80
+    c_b02): the bonus weighs K x its coefficient, an error naming the masked mean; normalised
+    like the objective, nothing."""
+    code, findings, report, proc = watched[f"ddp-{mode}-adamw-3"]
+    assert "trained" in proc.stdout, proc.stderr[-3000:]
+    assert _errors(findings) == expected, findings
+    if expected:
+        f = next(f for f in findings if f["cls"] == "LOSS_SCALE")
+        assert "3x its coefficient" in f["title"] and "masked mean" in f["evidence"], f

@@ -20,6 +20,10 @@ usage: ledger_loops.py ENGINE MODE [OPT] [K]
     sum_root      (fsdp2u) sum / all-reduced count, the sum reduction set on the root unit
                   only: the Linear unit still averages (F10: that unit W x too small)
     sum_all       (fsdp2u) the same with the sum reduction set on every unit (correct)
+    pg_ent_own    (ddp) a policy-gradient masked sum / all-reduced count x W, minus an
+                  entropy bonus that is a masked mean over this micro-batch's own tokens
+                  (LOSS_SCALE: the bonus weighs K x its coefficient)
+    pg_ent_window (ddp) the same bonus normalised like the objective (correct)
   OPT: sgd (default) | adamw
   K: micro-steps per optimizer step (default 3)
 """
@@ -129,6 +133,16 @@ for _step in range(STEPS):
                 loss = ce / n + 1e-3 * z_loss
                 if MODE == "global_aux_w":
                     loss = loss * world
+            elif MODE in ("pg_ent_own", "pg_ent_window"):
+                mask = (y.reshape(-1) != -100).float()
+                logp = logits.log_softmax(-1)
+                chosen = logp.gather(-1, y.reshape(-1).clamp(min=0)[:, None]).squeeze(-1)
+                ent = -(logp.exp() * logp).sum(-1)
+                loss = (-chosen * mask).sum() / n * world
+                if MODE == "pg_ent_own":
+                    loss = loss - 0.05 * (ent * mask).sum() / mask.sum()
+                else:
+                    loss = loss - 0.05 * (ent * mask).sum() / n * world
             elif MODE == "div_w":
                 loss = F.cross_entropy(logits, y.reshape(-1), reduction="sum") / local / world
             elif MODE == "local":

@@ -33,13 +33,15 @@ _SYNC_CLASSES = ("F11", "EXTRA_SYNC")
 def framework_fixes(findings: list[Finding], used: set[str]) -> list[Finding]:
     """The fix of each finding in the idiom of the framework that drove the run (Lightning,
     the HF Trainer, Accelerate: :func:`~accumguard.core.taxonomy.fix_in`) where the
-    finding gave its class's generic fix, or DDP's no_sync() for a sync class; a fix a
-    rule worded from what it measured (a horizon, a clip's numbers) is kept."""
+    finding gave its class's generic fix, DDP's no_sync() for a sync class, or DeepSpeed's
+    ``engine.backward`` (which the framework calls, not the user); a fix a rule worded from
+    what it measured (a horizon, a clip's numbers) is kept."""
     if not used:
         return findings
     out = []
     for f in findings:
         fix = fix_in(f.cls, used)
-        generic = f.fix == fix_for(f.cls) or (f.cls in _SYNC_CLASSES and "no_sync" in f.fix)
+        generic = f.fix == fix_for(f.cls) or (f.cls in _SYNC_CLASSES and "no_sync" in f.fix) \
+            or "engine.backward(" in f.fix  # (DeepSpeed's call: a framework made it for you)
         out.append(dataclasses.replace(f, fix=fix) if fix is not None and generic else f)
     return out

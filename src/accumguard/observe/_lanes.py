@@ -52,6 +52,11 @@ class _Lane:
     # backward passes done when it was made, if none of its parameters held a gradient then
     # (the backwards before it cannot be in its first step's gradient)
     born: int | None = None
+    # for such an optimizer: did its parameters hold a gradient at the first backward after
+    # it was made (a resume that restored the saved partial window's gradient into .grad
+    # after building the optimizer); None until that backward
+    held_at_first: bool | None = None
+    read_first: bool = False  # made after some optimizer had stepped: read at its first backward
 
 
 @dataclass
@@ -114,6 +119,10 @@ class Lanes:
         # optimizers made with no gradient on their parameters that have not stepped yet:
         # the step path asks :meth:`unborn` only while there is one (a read, not a call)
         self.newborn = 0
+        self.unread = 0  # optimizers made after a step whose first backward is still ahead
+        # optimizers whose gradient at their first backward was read and that have not
+        # stepped yet: the step path asks :meth:`held_at_first` only while there is one
+        self.first_reads = 0
         self._stepped_any = False  # some optimizer of the process has stepped
 
     # -- registry -------------------------------------------------------------------------
@@ -146,6 +155,9 @@ class Lanes:
         lane = self._get(opt)
         if lane is None:
             return
+        if self._stepped_any and not lane.steps and not lane.read_first:
+            lane.read_first = True  # (a run rebuilt to resume: its first window is judged)
+            self.unread += 1
         for g in getattr(opt, "param_groups", None) or []:
             for p in g["params"]:
                 if hasattr(p, "device_mesh"):
@@ -164,6 +176,32 @@ class Lanes:
         if lane is None or lane.born is None or lane.steps:
             return 0
         return max(0, lane.born - start)
+
+    def held_at_first(self, opt: object) -> bool | None:
+        """For an optimizer that has not stepped yet, made with no gradient on its parameters
+        or after another optimizer had stepped: whether they held one at the first backward
+        after it was made (None: not known, or it has stepped)."""
+        lane = self._get(opt)
+        return None if lane is None or lane.steps else lane.held_at_first
+
+    def _look_at_newborns(self) -> None:
+        """At a backward, while an optimizer made without gradients (or made after another
+        one had stepped) has not stepped: read its parameters' gradients once, at its first
+        backward (a resume restores the saved window's gradient between making the optimizer
+        and that backward)."""
+        for opt, lane in list(self._lanes.items()):
+            if lane.read_first:
+                lane.read_first = False
+                self.unread -= 1
+            elif lane.born is None:
+                continue
+            if lane.steps or lane.held_at_first is not None:
+                continue
+            self.first_reads += 1
+            lane.held_at_first = any(
+                (g := getattr(p, "grad", None)) is not None and (g.is_meta or bool(local(g).any()))
+                for group in getattr(opt, "param_groups", None) or [] for p in group["params"])
+        self.unread = 0  # (every flag was cleared above; one collected unread is not waited on)
 
     def _refresh(self, opt: object, lane: _Lane) -> None:
         n = _count(opt)
@@ -231,6 +269,8 @@ class Lanes:
     def before_backward(self, serial: int) -> _Pending | None:
         """Before backward number ``serial`` (0-based): the ``.grad`` versions to compare
         after it, when the log is kept."""
+        if self.newborn or self.unread:
+            self._look_at_newborns()
         # (one optimizer ever registered: no call; _next_key - 1 counts every registration,
         # so it never misses a live second one; several() decides the rest exactly)
         if self._next_key < 3 or not self.several():
@@ -293,6 +333,8 @@ class Lanes:
             lane.since = serial
             if lane.born is not None and not lane.steps:
                 self.newborn -= 1
+            if lane.held_at_first is not None and not lane.steps:
+                self.first_reads -= 1
             lane.steps += 1
         if not self.log and not self.zeros:
             return

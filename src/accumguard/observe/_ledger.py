@@ -48,6 +48,7 @@ from accumguard.observe._ledger_patterns import (
     f6_findings,
 )
 from accumguard.observe._ledger_source import world_divisions
+from accumguard.observe._own_count_terms import own_count_term_findings
 from accumguard.observe._records import (
     Finding,
     RunRecording,
@@ -59,6 +60,7 @@ from accumguard.observe._records import (
 )
 from accumguard.observe._selection_rules import selection_findings
 from accumguard.observe._seq_rules import sequence_mean_findings
+from accumguard.observe._term_reads import SELECT_KEY
 from accumguard.observe._term_rules import Masses, term_scale_findings
 from accumguard.observe._term_world_rules import term_world_findings
 from accumguard.observe._unit_rules import UnitStep, unit_findings
@@ -394,10 +396,14 @@ def term_findings(rec: RunRecording) -> list[Finding]:
             out += found
             break
     masses = window_masses(rec)
-    for r in rec.ranks:
-        found = term_scale_findings(r, window_lines(rec.steps.get(r, [])), masses)
+    for scale_rule in (term_scale_findings, own_count_term_findings):
+        found = []
+        for r in rec.ranks:
+            found = scale_rule(r, window_lines(rec.steps.get(r, [])), masses)
+            if found:
+                out += found
+                break
         if found:
-            out += found
             break
     for rule in (selection_findings, sequence_mean_findings):
         for r in rec.ranks:
@@ -409,7 +415,7 @@ def term_findings(rec: RunRecording) -> list[Finding]:
 
 
 def _judged_steps(
-        rec: RunRecording,
+        rec: RunRecording, *, selections: bool = False,
 ) -> Iterator[tuple[int, list[dict[tuple[str, int], list[list[Any]]]], float, float]]:
     """The steps seen on every rank (two or more) in a window without a zero_grad inside,
     with a known engine factor: (step, each rank's loss terms, the factor, the tolerance)."""
@@ -423,7 +429,7 @@ def _judged_steps(
                    and not int(w.zero_grads_between)]
         if len(present) != len(rows):
             continue
-        groups = [_terms(w) for w in present]
+        groups = [_terms(w) | (_selections(w) if selections else {}) for w in present]
         low = any(bool(x[5]) for g in groups for recs in g.values() for x in recs)
         factor = _factor(present, low)
         if factor is None:
@@ -437,12 +443,27 @@ def window_masses(rec: RunRecording) -> Masses:
     the update (``E``, 1 for the large batch's mean: a sum times W divided by the window's
     count all-reduced over ranks) and its tolerance."""
     out: Masses = {}
-    for step, groups, factor, tol in _judged_steps(rec):
+    for step, groups, factor, tol in _judged_steps(rec, selections=True):
         for key in set.intersection(*(set(g) for g in groups)):
             total = sum(abs(float(x[4])) * factor * float(x[3]) for g in groups
                         for x in g[key])
             out.setdefault(step, {})[key] = (total, tol)
     return out
+
+
+def _selections(w: StepWindow) -> dict[tuple[str, int], list[list[Any]]]:
+    """The window's log-prob selections (``select`` term records) with a read divisor and
+    one gradient for every token, by (``SELECT_KEY`` + site, order), when every micro-step
+    has exactly one of that key: each as [key..., micro, tokens, weight 1/divisor]."""
+    k = w.window
+    by_key: dict[tuple[str, int], dict[int, list[Any]]] = {}
+    for r in w.terms or []:
+        if r and r[0] == "select" and r[6] is not None and float(r[6]) > 0 and r[7]:
+            by_key.setdefault((SELECT_KEY + str(r[1]), int(r[2])), {}).setdefault(
+                int(r[3]), []).append([SELECT_KEY + str(r[1]), int(r[2]), int(r[3]),
+                                       int(r[4]), 1.0 / float(r[6]), False])
+    return {key: [by_micro[m][0] for m in range(k)] for key, by_micro in by_key.items()
+            if sorted(by_micro) == list(range(k)) and all(len(v) == 1 for v in by_micro.values())}
 
 
 def _rank_term_findings(rec: RunRecording) -> list[Finding]:

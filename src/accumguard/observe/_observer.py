@@ -40,6 +40,7 @@ from types import ModuleType
 import torch
 from torch.utils.hooks import RemovableHandle
 
+from accumguard.engines.dcp import is_state_init_step
 from accumguard.observe import _patch_accelerate, _patch_deepspeed, _patch_torch, _patch_trainers
 from accumguard.observe._attribution import Attribution
 from accumguard.observe._backward import BackwardPath
@@ -207,6 +208,7 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
         self._bw_depth = 0
         self._bw_current: BackwardEvent | None = None
         self._opt_depth = 0
+        self._init_step = False  # the step at hand is DCP's state initialisation (engines.dcp)
         self._ds_step_depth = 0
         self._inner_stepped = False
         self._sched_depth = 0
@@ -425,6 +427,12 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
                 fn(ev)
         if self._opt_depth > 1 or self._ds_step_depth:
             return
+        if not opt.state and is_state_init_step(opt):
+            # DCP giving a new optimizer its state (a zero-rate step on zeros): no window
+            # of its; the backwards left open before it (an abandoned run's) are dropped
+            self._init_step = True
+            self._state_init_step(opt)
+            return
         self.lanes.register(opt, self.backward_total - len(self._w.backwards))
         applied = False  # a step with every gradient None is a no-op for torch optimizers
         for group in opt.param_groups:
@@ -453,6 +461,9 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
                   kwargs: dict[str, object]) -> None:
         self._opt_depth = max(0, self._opt_depth - 1)
         if not self.installed or self._in_observer:
+            return
+        if self._init_step and not self._opt_depth:
+            self._init_step = False
             return
         self._opt_steps.add(opt)
         if self._opt_depth or self._ds_step_depth:

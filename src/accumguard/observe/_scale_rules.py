@@ -45,7 +45,7 @@ def loss_scale_findings(rank: int | None, windows: list[StepWindow], k: int | No
     judged = [(w, m) for w in windows if int(w.window) == k
               for m in [_window_mass(w)] if m is not None
               and (m.sole or inside_one_normalisation(w, m.site, k) is not None)]
-    checked = [(w, m) for w, m in judged if w.conservation is not None]
+    checked = [(w, m) for w, m in judged if w.conservation is not None or _engine_sums(w)]
     if checked and all(_near(m.mass, float(k), m.low) for _, m in judged) \
             and all(_unscaled(w, m.low) for w, m in checked):
         # (a window whose gradient was not checked, sampled out or the run's last, weighs
@@ -93,9 +93,19 @@ def _whole_loss_words(w: StepWindow, m: _Mass, k: int) -> str:
 _AVERAGING = frozenset({"ddp", "fsdp2", "deepspeed"})
 
 
+def _engine_sums(w: StepRecord) -> bool:
+    """DeepSpeed's engine stepped this window: its gradients live in the engine's buffers
+    (no checksum reads them), where it sums the window's backwards as they were recorded
+    (its own ÷GA, or a dynamic loss scale, is in the recorded loss weights) and only its
+    configured clip changes them."""
+    return w.source == "deepspeed"
+
+
 def _unscaled(w: StepRecord, low: bool) -> bool:
     """The optimizer received the sum of the window's backwards as they were (conservation
     checked, common scale c = 1): nothing divided the gradient by hand before the step."""
+    if _engine_sums(w):
+        return True
     cons = w.conservation
     if cons is None or not cons.ok:
         return False
@@ -112,10 +122,15 @@ def _times_k(rank: int | None, judged: list[tuple[StepWindow, _Mass]], k: int,
     loss a full mean) and the optimizer receives the sum of the K gradients, K x G."""
     w, m = judged[0]
     clipped = any(int(x.clips) for x, _ in judged)
+    ds = all(_engine_sums(x) for x, _ in judged)
     seen = (f"{_short(m.site)}: {_whole_loss_words(w, m, k)}, and in each window of K = {k} micro-steps "
             f"({len(judged)} judged) its {m.unit} carried a total weight of "
             f"{m.per_micro[0]:.4g} per micro-step, {m.mass:.4g} per window (K) instead of 1, "
-            "and the optimizer received that sum unchanged (gradient conservation, scale 1)")
+            + ("as the loss reached torch's backward inside DeepSpeed's engine.backward (no "
+               "÷GA of the engine's in it: scale_wrt_gas=False), and the engine sums the "
+               "window's backwards in its buffers as they are"
+               if ds else
+               "and the optimizer received that sum unchanged (gradient conservation, scale 1)"))
     if world > 1 and _near(float(k), float(world), False):
         return [_mk("LOSS_SCALE", "note", rank, w.step, None,
                     f"{seen}. With {world} ranks this is also what a loss multiplied by W "
@@ -128,7 +143,15 @@ def _times_k(rank: int | None, judged: list[tuple[StepWindow, _Mass]], k: int,
                 f"of {k} x lr); with Adam the difference is nearly hidden (only epsilon"
                 + (" and, here, gradient clipping, which sees a norm K times larger"
                    if clipped else " and any gradient clipping") + " change the update), "
-                "but it is not the large-batch update. Divide each micro-step's loss by K "
-                f"(or normalise by the window's {one(m.unit)} count)",
+                "but it is not the large-batch update. "
+                + ("Call engine.backward(loss) without scale_wrt_gas=False (DeepSpeed then "
+                   "divides by its gradient_accumulation_steps), or divide the loss by K "
+                   "yourself" if ds else
+                   f"Divide each micro-step's loss by K (or normalise by the window's "
+                   f"{one(m.unit)} count)"),
                 title_=f"the loss is not divided by K: the optimizer receives {k}x the "
-                       "large batch's gradient")]
+                       "large batch's gradient",
+                fix=("DeepSpeed: call engine.backward(loss) (scale_wrt_gas=True, the default: "
+                     "the engine divides by its gradient_accumulation_steps); keep "
+                     "scale_wrt_gas=False only for a loss you divided by K yourself" if ds
+                     else None))]

@@ -49,7 +49,7 @@ def continued_windows(windows: list[StepWindow], k: int | None) -> list[StepWind
         if not (i == 0 and (w.step == 0 or _later_optimizer(w))) and not reborn(windows, i):
             continue
         cons = w.conservation
-        stale = cons is not None and cons.reason == "stale"
+        stale = (cons is not None and cons.reason == "stale") or bool(w.began_on_grad)
         if shared.continues_saved_window(w.window, k, first=True, stale=stale):
             out.append(w)
     return out
@@ -132,13 +132,21 @@ def short_window_findings(rank: int, windows: list[StepWindow], res: KResolution
 def _resumed_short(rank: int, windows: list[StepWindow], i: int, k: int,
                    res: KResolution) -> Finding:
     w = windows[i]
-    return _mk("F13", _restart_level(windows, i, k, res), rank, w.step, w.window - 1,
+    measured = w.began_on_grad is False
+    return _mk("F13", _restart_level(windows, i, k, res) if measured else "warning",
+               rank, w.step, w.window - 1,
                f"an optimizer made after {w.unborn} backward pass(es) whose gradient it does "
                "not hold (its parameters held none when it was made: a run rebuilt to resume) "
                f"made its first step after {w.window} backward pass(es) of its own, the next "
-               f"after {windows[i + 1].window} (K = {k}), with no gradient in .grad before "
-               "them: the resume began mid-window without the saved window's gradient, so "
-               f"{k - w.window} micro-batch(es) of that window are missing from its update",
+               f"after {windows[i + 1].window} (K = {k}), "
+               + ("with no gradient in .grad before them: the resume began mid-window without "
+                  "the saved window's gradient, so "
+                  f"{k - w.window} micro-batch(es) of that window are missing from its update"
+                  if measured else
+                  "and whether .grad held a gradient at its first backward was not measured: "
+                  "if the resume restored the saved window's gradient, this window is right; "
+                  f"if not, {k - w.window} micro-batch(es) of that window are missing from "
+                  "its update"),
                title_="a resumed run's first window is short",
                fix="On resume, restart the window: rewind the data to the window's first "
                    "micro-batch (checkpoints taken mid-window hold no gradient), or save the "
@@ -164,14 +172,22 @@ def _rebuilt_short(rank: int, windows: list[StepWindow], i: int, k: int,
     rebuilt from a checkpoint) is short while its next ones hold K: the windows after the
     rebuild are shifted, a counter restored off the window boundary."""
     w = windows[i]
-    return _mk("F13", _restart_level(windows, i, k, res), rank, w.step, w.window - 1,
+    measured = w.began_on_grad is False
+    return _mk("F13", _restart_level(windows, i, k, res) if measured else "warning",
+               rank, w.step, w.window - 1,
                f"a new optimizer object (made after the previous one's last step: a run "
                f"rebuilt from a checkpoint) made its first step after {w.window} backward "
                f"pass(es), then after {windows[i + 1].window} (K = {k}): its first window "
-               f"held {w.window} of K micro-batches, so the window boundaries after the "
-               "rebuild are shifted; the counter that decides the boundary was restored off "
-               "by the missing micro-steps (a counter saved before its increment, or a resume "
-               "in the middle of a window)",
+               f"held {w.window} of K micro-batches"
+               + (" and .grad held no gradient at its first backward, so the window "
+                  "boundaries after the rebuild are shifted; the counter that decides the "
+                  "boundary was restored off by the missing micro-steps (a counter saved "
+                  "before its increment, or a resume in the middle of a window)"
+                  if measured else
+                  "; whether .grad held a gradient at its first backward was not measured: "
+                  "if the resume restored the saved window's gradient, this window is right; "
+                  "if not, the counter that decides the boundary was restored off by the "
+                  "missing micro-steps"),
                title_="accumulation counter off after a resume: the first window is short",
                fix="Save and restore the micro-step counter at the window boundary (after its "
                    "increment), so the resumed run's first window holds K micro-batches")

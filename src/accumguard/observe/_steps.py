@@ -149,6 +149,17 @@ class StepMachinery:
         self._ow = None
         self._end_step("torch", type(opt).__name__, False, None, opt, discarded=True)
 
+    def _state_init_step(self, opt: torch.optim.Optimizer) -> None:
+        """The step ``torch.distributed.checkpoint`` runs to give a new optimizer its state
+        (:mod:`accumguard.engines.dcp`): it applies nothing, and the backward passes before
+        it are not this optimizer's (a run rebuilt to resume: the abandoned model's). The
+        window ends discarded, as a skipped step's; it is no step for the scheduler rule."""
+        self._step_t0 = time.perf_counter()
+        self._step_cons = None
+        self._ow = None
+        self._end_step("torch", type(opt).__name__, False, None, opt, discarded=True,
+                       state_init=True)
+
     def _begin_step(self, opt: object, applied: bool,
                     engine: torch.nn.Module | None = None) -> None:
         self._step_t0 = time.perf_counter()
@@ -163,8 +174,11 @@ class StepMachinery:
             unborn = self.lanes.unborn(opt, self.backward_total - len(shared.backwards))
             if 0 < unborn < len(shared.backwards):
                 self._ow = ow = shared.without_first(unborn)
+                ow.began_on_grad = self.lanes.held_at_first(opt)
                 self._unborn = unborn
         w = shared if ow is None else ow
+        if self.lanes.first_reads and ow is None and engine is None and w.began_on_grad is None:
+            w.began_on_grad = self.lanes.held_at_first(opt)  # (its first window: read at its first backward)
         self._step_checksum = None
         self._step_members = None
         self._step_master = None
@@ -273,7 +287,7 @@ class StepMachinery:
                        for p in g["params"] if p.grad is not None)
 
     def _end_step(self, source: str, opt_name: str, applied: bool, norm: float | None,
-                  owner: object, *, discarded: bool = False) -> None:
+                  owner: object, *, discarded: bool = False, state_init: bool = False) -> None:
         w = self._w
         own, self._ow = self._ow, None
         if own is not None and source == "torch" and self.backward_total > self._step_bw0 \
@@ -291,7 +305,7 @@ class StepMachinery:
         # a DeepSpeed step's owner is its engine; a torch step's, its optimizer
         ds_engine = owner if source == "deepspeed" and isinstance(owner, torch.nn.Module) \
             else None
-        if source == "torch":
+        if source == "torch" and not state_init:  # (DCP's step: the optimizer's first is ahead)
             self.lanes.stepped(owner, self.backward_total)
             self._last_grads = self._grad_state(owner)
         updates = None

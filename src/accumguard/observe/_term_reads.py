@@ -9,6 +9,10 @@ from typing import Any
 
 from accumguard.observe._weight_rules import _is
 
+#: the key prefix of a log-prob selection in the ledger's masses: ("select@" + site, order),
+#: apart from the loss calls' (site, order)
+SELECT_KEY = "select@"
+
 
 def _sig(x: float) -> int:
     """Significant decimal digits of ``x`` (to 12)."""

@@ -182,7 +182,9 @@ def loss_weight_findings(rank: int | None, windows: list[StepWindow]) -> list[Fi
             undivided = abs(mass - 1.0) <= 1e-3
             out.append(_mk("F5", "error", rank, w.step, None, seen + _mean_form(mass, k),
                            title_=("mean of per-micro-batch means, not divided by K "
-                                   "(uneven token counts)") if undivided else None))
+                                   "(uneven token counts)") if undivided else None
+                           if undivided or abs(mass * k - 1.0) <= 1e-3 else
+                           f"per-micro-batch means each weighed {mass:.4g} (uneven token counts)"))
             scale = _received_scale(w, low)
             if undivided and scale is not None:
                 # the same measurement shows the scale: each micro-step's mean whole, K in

@@ -576,6 +576,22 @@ RULES: dict[str, Rule] = {
             "carried into the next pass's first window",
             "pass the DataLoader to `accelerator.prepare(...)` and iterate the one it returns",
         ),
+        _rule(
+            "AG162", "deepspeed-undivided-loss-without-gas-scaling", "LOSS_SCALE", E, HI,
+            "`engine.backward(loss, scale_wrt_gas=False)` on a loss nothing divides (a "
+            "micro-batch mean) while the config's gradient_accumulation_steps > 1: the engine "
+            "sums GA full means, GA x the large batch's gradient",
+            "call `engine.backward(loss)` (the engine divides by its GA), or divide the loss "
+            "by K (or normalise by the window's count) before `scale_wrt_gas=False`",
+        ),
+        _rule(
+            "AG163", "lightning-manual-global-step-several-optimizers", "F4", W, MED,
+            "a learning rate computed from Lightning's global_step in manual optimisation with "
+            "several optimizers: global_step advances on every optimizer's step, N per update, "
+            "so the schedule runs N times ahead",
+            "count updates yourself, or divide: `self.trainer.global_step // len(self.optimizers())` "
+            "when every optimizer steps on every update",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

@@ -241,7 +241,8 @@ class ValueFacts(FileIndex):
 
     def _int_defaults(self) -> dict[str, set[int | None]]:
         """argparse ``add_argument("--grad-accum", default=4)`` and class fields
-        ``gradient_accumulation_steps: int = 4``, by lower-cased attribute name."""
+        ``gradient_accumulation_steps: int = 4`` (or plain class attributes, ``accum = 4``,
+        ``bs, accum = 8, 4``), by lower-cased attribute name."""
         def compute() -> dict[str, set[int | None]]:
             out: dict[str, set[int | None]] = {}
             for call in self.of(ast.Call):
@@ -257,16 +258,22 @@ class ValueFacts(FileIndex):
                 if isinstance(dest, str) and default is not None:
                     v = default.value if isinstance(default, ast.Constant) and type(default.value) is int else None
                     out.setdefault(dest.lower(), set()).add(v)
+            def whole(v: ast.AST) -> int | None:
+                return v.value if isinstance(v, ast.Constant) and type(v.value) is int else None
+
             for cls in self.of(ast.ClassDef):
                 for stmt in cls.body:
                     if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.value is not None:
-                        field_default = stmt.value
-                        iv = (
-                            field_default.value
-                            if isinstance(field_default, ast.Constant) and type(field_default.value) is int
-                            else None
-                        )
-                        out.setdefault(stmt.target.id.lower(), set()).add(iv)
+                        out.setdefault(stmt.target.id.lower(), set()).add(whole(stmt.value))
+                    elif isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+                        # plain class attributes: `grad_accum = 4`, `bs, grad_accum = 8, 4`
+                        t, v = stmt.targets[0], stmt.value
+                        pairs = (list(zip(t.elts, v.elts, strict=True))
+                                 if isinstance(t, ast.Tuple) and isinstance(v, ast.Tuple)
+                                 and len(t.elts) == len(v.elts) else [(t, v)])
+                        for name, value in pairs:
+                            if isinstance(name, ast.Name):
+                                out.setdefault(name.id.lower(), set()).add(whole(value))
             return out
         return self._cached("int_defaults", self.tree, compute)  # type: ignore[no-any-return]
 

@@ -56,6 +56,7 @@
 ``commhook``   AG159               a DDP comm hook of the script's summing the bucket, never dividing
 ``clipgrads``  AG160               a clip handed the gradients instead of the parameters
 ``accloader``  AG161               accelerator.accumulate() over a DataLoader prepare() never saw
+``lgstep``     AG163               a manual-optimisation learning rate from global_step, N optimizers
 """
 
 from accumguard.static.lint.families import (
@@ -82,6 +83,7 @@ from accumguard.static.lint.families import (
     hookreduce,
     horizon,
     lgmanual,
+    lgstep,
     lgwindow,
     loss,
     lrcounter,
@@ -104,4 +106,4 @@ from accumguard.static.lint.families import (
     window,
 )
 
-__all__ = ["accelerate", "accloader", "acctail", "ampclip", "clipgrads", "commhook", "deepspeed", "dsbatch", "dssched", "emastep", "epochtail", "factored", "fsdpunits", "fused", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfscale", "hfterms", "hftokens", "horizon", "lgmanual", "lgwindow", "loss", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "resume", "scale", "schedule", "sync", "syncclip", "synctail", "tailscale", "terms", "tokenmean", "tokhorizon", "twice", "window"]
+__all__ = ["accelerate", "accloader", "acctail", "ampclip", "clipgrads", "commhook", "deepspeed", "dsbatch", "dssched", "emastep", "epochtail", "factored", "fsdpunits", "fused", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfscale", "hfterms", "hftokens", "horizon", "lgmanual", "lgstep", "lgwindow", "loss", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "resume", "scale", "schedule", "sync", "syncclip", "synctail", "tailscale", "terms", "tokenmean", "tokhorizon", "twice", "window"]

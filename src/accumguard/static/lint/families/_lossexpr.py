@@ -181,7 +181,7 @@ def is_count(ctx: FileContext, divisor: ast.AST, *, micro_batch: bool = True) ->
 
 
 #: functional losses whose default reduction is a mean over this micro-batch's elements
-_MEAN_LOSS_FUNCS = frozenset(
+MEAN_LOSS_FUNCS = frozenset(
     {"cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss",
      "binary_cross_entropy", "binary_cross_entropy_with_logits", "kl_div", "soft_margin_loss"}
 )
@@ -257,7 +257,7 @@ def mean_loss_site(ctx: FileContext, fn: ast.AST, cls: ast.ClassDef | None = Non
     for n in ctx.local_nodes(fn):
         if isinstance(n, ast.Call):
             name = call_attr(n) or ""
-            if name in _MEAN_LOSS_FUNCS and reduction(n) == "mean":
+            if name in MEAN_LOSS_FUNCS and reduction(n) == "mean":
                 return n, f"`{ast.unparse(n.func)}(...)` with reduction='mean'"
             if isinstance(n.func, ast.Call) and _is_loss_class(n.func.func) and reduction(n.func) == "mean":
                 return n, f"`{ast.unparse(n.func.func)}()` with reduction='mean'"
@@ -312,7 +312,7 @@ def _helper_mean(ctx: FileContext, call: ast.Call, depth: int) -> str | None:
     params = {a.arg: d for a, d in zip(reversed(helper.args.args), reversed(helper.args.defaults), strict=False)}
     for n in ctx.local_nodes(helper):
         kw = next((k.value for k in getattr(n, "keywords", ()) if k.arg == "reduction"), None)
-        if not (isinstance(n, ast.Call) and (call_attr(n) or "") in _MEAN_LOSS_FUNCS
+        if not (isinstance(n, ast.Call) and (call_attr(n) or "") in MEAN_LOSS_FUNCS
                 and isinstance(kw, ast.Name)):
             continue
         given = bound_argument(helper, call, kw.id) or params.get(kw.id)

@@ -15,7 +15,9 @@ is in sight (directly, through a function of the file that returns it, through
 ``get_peft_model``, or an ``AutoModelFor*`` built from a ``*Config`` of that family), the
 Trainer is stock (no ``compute_loss`` or ``training_step`` override, no
 ``compute_loss_func``, no ``loss_is_scaled_for_ga``) and ``gradient_accumulation_steps`` > 1.
-Not reported when the file sets ``accepts_loss_kwargs`` (``model.accepts_loss_kwargs =
+A ``nn.Module`` of the file is judged the same way: its ``forward`` takes ``**kwargs`` it never
+reads, names no ``num_items_in_batch``, and computes a mean loss call (the stock Trainer then
+counts its loss as normalised over the window). Not reported when the file sets ``accepts_loss_kwargs`` (``model.accepts_loss_kwargs =
 False`` makes the Trainer divide by K) or when K is not in sight.
 """
 
@@ -29,6 +31,7 @@ from accumguard.static.lint._ast import call_attr, dotted
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._hf_mean_loss import MEAN_LOSS_CLASSES
 from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families._lossexpr import MEAN_LOSS_FUNCS, mean_criteria, reduction
 from accumguard.static.lint.families.epochtail import single_assignments
 from accumguard.static.lint.families.moeaux import model_class, stock_trainers
 
@@ -79,6 +82,29 @@ def _config_family(ctx: FileContext, call: ast.Call) -> str | None:
     return name[: -len("Config")] if name.endswith("Config") and len(name) > len("Config") else None
 
 
+def _file_mean_loss_classes(ctx: FileContext) -> set[str]:
+    """Classes of the file whose ``forward`` takes ``**kwargs`` and never reads them nor a
+    ``num_items_in_batch``, and computes a mean loss over its micro-batch (a mean loss call:
+    ``F.cross_entropy(...)`` with the default reduction, or a mean loss module the class
+    holds): the stock Trainer treats such a model as normalising by the window's count."""
+    out: set[str] = set()
+    criteria = mean_criteria(ctx)
+    for cls in ctx.of(ast.ClassDef):
+        fwd = next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "forward"), None)
+        if fwd is None or fwd.args.kwarg is None:
+            continue
+        kw = fwd.args.kwarg.arg
+        names = {n.id for n in ast.walk(fwd) if isinstance(n, ast.Name)}
+        if kw in names or "num_items_in_batch" in names | {a.arg for a in fwd.args.args} or any(
+                isinstance(n, ast.Attribute) and n.attr == "num_items_in_batch" for n in ast.walk(fwd)):
+            continue
+        if any(isinstance(c, ast.Call) and (
+                ((call_attr(c) or "") in MEAN_LOSS_FUNCS and reduction(c) == "mean")
+                or (dotted(c.func) or "") in criteria) for c in ast.walk(fwd)):
+            out.add(cls.name)
+    return out
+
+
 def _sets_accepts_loss_kwargs(ctx: FileContext) -> bool:
     return any(n.endswith("accepts_loss_kwargs") for names, _ in ctx.assignments() for n in names)
 
@@ -91,7 +117,7 @@ def hf_trainer_model_mean_loss_not_divided(ctx: FileContext) -> Iterator[Finding
     for call in stock_trainers(ctx):
         model = next((k.value for k in call.keywords if k.arg == "model"), call.args[0] if call.args else None)
         cls = _resolved_class(ctx, model) if model is not None else None
-        if cls is None or cls not in MEAN_LOSS_CLASSES:
+        if cls is None or (cls not in MEAN_LOSS_CLASSES and cls not in _file_mean_loss_classes(ctx)):
             continue
         yield ctx.finding(
             "AG155",

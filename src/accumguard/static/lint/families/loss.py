@@ -423,7 +423,39 @@ def _counts_every_rank_slice(ctx: FileContext, divisor: ast.AST) -> bool:
     exprs = [divisor]
     if isinstance(divisor, ast.Name) and fn is not None:
         exprs += ctx.assigned_in(fn).get(divisor.id, [])
-    return sized_slice(ctx, fn, exprs, through_names(ctx, fn, ctx.mentions_world))
+    return sized_slice(ctx, fn, exprs, through_names(ctx, fn, ctx.mentions_world)) \
+        or _indexed_by_window_slice(ctx, fn, exprs)
+
+
+def _indexed_by_window_slice(ctx: FileContext, fn: ast.AST | None, exprs: list[ast.AST]) -> bool:
+    """The count reads ``data[ws, ...]`` with ``ws`` a slice a helper of the file returns,
+    ``return slice(lo, hi)``, both bounds sized by the world size and neither by the rank
+    (``window_slice(step, world, K, mb)``): every rank's share of the window."""
+    def window_slicer(call: ast.AST) -> bool:
+        if not isinstance(call, ast.Call):
+            return False
+        defs = ctx.functions_by_name().get(call_attr(call) or "", [])
+        if len(defs) != 1:
+            return False
+        rets = [r.value for r in ast.walk(defs[0]) if isinstance(r, ast.Return) and r.value is not None]
+        return len(rets) == 1 and isinstance(rets[0], ast.Call) and call_attr(rets[0]) == "slice" \
+            and len(rets[0].args) == 2 and all(
+                ctx.mentions_world(b) and not any(
+                    isinstance(n, ast.Name) and "rank" in n.id.lower() for n in walk_all(b))
+                for b in rets[0].args)
+
+    for e in exprs:
+        for sub in walk_all(e):
+            if not isinstance(sub, ast.Subscript):
+                continue
+            parts = sub.slice.elts if isinstance(sub.slice, ast.Tuple) else [sub.slice]
+            for part in parts:
+                values = [part] if isinstance(part, ast.Call) else (
+                    ctx.assigned_in(fn).get(part.id, []) if isinstance(part, ast.Name)
+                    and fn is not None else [])
+                if values and all(window_slicer(v) for v in values):
+                    return True
+    return False
 
 
 def _made_from_reduced(ctx: FileContext, names: set[str], reduced: set[str]) -> bool:

@@ -17,6 +17,11 @@ second division by such a K of the helper's result (directly, or through the one
 holds it) reaching a ``.backward()`` of the same function. A helper dividing by anything else
 (a token count, the world size) is not judged.
 
+AG162 (LOSS_SCALE): the opposite DeepSpeed form. ``engine.backward(loss, scale_wrt_gas=False)``
+in the documented engine loop, the config's GA > 1 in sight, on a loss that is a micro-batch
+mean and nothing else (a mean loss call, directly or through the one name holding it): the
+engine's ÷GA is off and nothing else divides, so it sums GA full means (G x GA).
+
 AG134 (LOSS_SCALE): the DeepSpeed form. The documented engine loop (``engine.step()`` after
 every ``engine.backward()``, no hand gating) is handed a loss already divided by K (inline,
 through the name that holds it, or by such a helper) while the config in sight has
@@ -43,13 +48,19 @@ from accumguard.static.lint._ast import (
 )
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
-from accumguard.static.lint.families._lossexpr import division, flows_to_backward
+from accumguard.static.lint.families._lossexpr import (
+    MEAN_LOSS_FUNCS,
+    division,
+    flows_to_backward,
+    mean_criteria,
+    reduction,
+)
 from accumguard.static.lint.families._masked import counts_window, counts_window_slice
 from accumguard.static.lint.families.deepspeed import _config_ga, _hand_gated_steps
 
 __all__ = [
     "is_k", "k_dividing_helpers", "k_helper_result", "loss_divided_before_engine_backward",
-    "loss_divided_by_k_twice", "value_before",
+    "loss_divided_by_k_twice", "undivided_loss_without_gas_scaling", "value_before",
 ]
 
 #: K-like names that are sizes or counts, not the number of micro-steps
@@ -440,4 +451,69 @@ def term_divided_before_engine_backward(ctx: FileContext) -> Iterator[Finding]:
             f"DeepSpeed's backward divides the whole loss by the config's "
             f"gradient_accumulation_steps {ga} ({ref.where}) again, so that term is divided "
             "twice: it weighs 1/K of its coefficient beside the others",
+        )
+
+
+def _no_gas_backwards(ctx: FileContext) -> Iterator[ast.Call]:
+    """``engine.backward(loss, scale_wrt_gas=False)`` in the documented engine loop
+    (``engine.step()`` after every backward, no hand gating)."""
+    gated = {id(site) for _, site in _hand_gated_steps(ctx)}
+    seen: set[int] = set()
+    for window in ctx.windows():
+        facts = ctx.window_facts(window)
+        steps = [c for c, k in facts.steps if k == "engine"]
+        if not facts.engine_backward or not steps or any(id(c) in gated for c in steps):
+            continue
+        for call in [n for scope in (window, *ctx.inlined(window)) for n in ctx.local_nodes(scope)]:
+            if id(call) in seen or not isinstance(call, ast.Call) or len(call.args) != 1:
+                continue
+            seen.add(id(call))
+            if call_attr(call) == "backward" and ctx.kind_of_receiver(receiver(call)) == "engine" \
+                    and any(k.arg == "scale_wrt_gas" and isinstance(k.value, ast.Constant)
+                            and k.value.value is False for k in call.keywords):
+                yield call
+
+
+def _micro_batch_mean(ctx: FileContext, expr: ast.AST) -> ast.Call | None:
+    """``expr`` is a loss call reducing by the mean of this micro-batch and nothing else
+    (``F.mse_loss(out, y)``, ``self.criterion(out, y)`` of a mean loss module), directly or
+    as the one value of the name that holds it in its function: no division, no factor."""
+    if isinstance(expr, ast.Name):
+        fn = ctx.enclosing(expr, FUNCS) or ctx.tree
+        values = ctx.assigned_in(fn).get(expr.id, [])
+        if len(values) != 1 or any(isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name)
+                                   and n.target.id == expr.id for n in ctx.local_nodes(fn)):
+            return None
+        expr = values[0]
+    if not isinstance(expr, ast.Call):
+        return None
+    name = call_attr(expr) or ""
+    if name in MEAN_LOSS_FUNCS and reduction(expr) == "mean":
+        return expr
+    return expr if (dotted(expr.func) or "") in mean_criteria(ctx) else None
+
+
+@rule("AG162")
+def undivided_loss_without_gas_scaling(ctx: FileContext) -> Iterator[Finding]:
+    """The engine's own ÷GA switched off (``scale_wrt_gas=False``) on a micro-batch mean that
+    nothing divides, with the config's GA > 1 in sight: the engine sums GA full means."""
+    ref = ctx.ds_config()
+    if ref is None:
+        return
+    verdict, how = _config_ga(ctx, ref, set())
+    if verdict != "many":
+        return
+    for call in _no_gas_backwards(ctx):
+        loss = _micro_batch_mean(ctx, call.args[0])
+        if loss is None:
+            continue
+        name = dotted(receiver(call)) or "engine"
+        yield ctx.finding(
+            "AG162",
+            call,
+            f"`{name}.backward(..., scale_wrt_gas=False)` turns off the engine's division by the "
+            f"config's gradient_accumulation_steps {how} ({ref.where}), and the loss it is "
+            f"given, `{ast.unparse(loss)}` (line {loss.lineno}), is this micro-batch's mean, "
+            "divided by nothing: the engine sums GA such means into one step, GA times the "
+            "large batch's gradient",
         )

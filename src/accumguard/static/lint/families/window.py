@@ -83,6 +83,18 @@ def step_every_micro_step(ctx: FileContext) -> Iterator[Finding]:
             continue  # the inner loop sums losses into one backward: K = 1
         for call in facts.unguarded_optimizer_steps:
             name = dotted(receiver(call)) or "optimizer"
+            if facts.accelerate:
+                yield ctx.finding(
+                    "AG101",
+                    call,
+                    f"`{name}.step()`{ctx.via_text(call, window)} runs inside "
+                    f"`accelerator.accumulate()` on an optimizer `accelerator.prepare()` never "
+                    "wrapped: Accelerate skips the step and the clearing only of the optimizers "
+                    "it prepared, so this one takes K small steps per window instead of one",
+                    fix=f"pass `{name}` to `accelerator.prepare(...)` with the model and the "
+                        "DataLoader, and step the optimizer it returns",
+                )
+                continue
             yield ctx.finding(
                 "AG101",
                 call,
