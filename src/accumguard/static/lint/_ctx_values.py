@@ -258,8 +258,9 @@ class ValueFacts(FileIndex):
                 if isinstance(dest, str) and default is not None:
                     v = default.value if isinstance(default, ast.Constant) and type(default.value) is int else None
                     out.setdefault(dest.lower(), set()).add(v)
-            def whole(v: ast.AST) -> int | None:
-                return v.value if isinstance(v, ast.Constant) and type(v.value) is int else None
+
+            def whole(node: ast.AST) -> int | None:
+                return node.value if isinstance(node, ast.Constant) and type(node.value) is int else None
 
             for cls in self.of(ast.ClassDef):
                 for stmt in cls.body:
@@ -267,10 +268,10 @@ class ValueFacts(FileIndex):
                         out.setdefault(stmt.target.id.lower(), set()).add(whole(stmt.value))
                     elif isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
                         # plain class attributes: `grad_accum = 4`, `bs, grad_accum = 8, 4`
-                        t, v = stmt.targets[0], stmt.value
-                        pairs = (list(zip(t.elts, v.elts, strict=True))
-                                 if isinstance(t, ast.Tuple) and isinstance(v, ast.Tuple)
-                                 and len(t.elts) == len(v.elts) else [(t, v)])
+                        tgt, val = stmt.targets[0], stmt.value
+                        pairs = (list(zip(tgt.elts, val.elts, strict=True))
+                                 if isinstance(tgt, ast.Tuple) and isinstance(val, ast.Tuple)
+                                 and len(tgt.elts) == len(val.elts) else [(tgt, val)])
                         for name, value in pairs:
                             if isinstance(name, ast.Name):
                                 out.setdefault(name.id.lower(), set()).add(whole(value))
