@@ -12,7 +12,7 @@ from __future__ import annotations
 import ast
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from accumguard.static.findings import RULES, Finding, lint_finding
 from accumguard.static.lint._ast import (
@@ -452,6 +452,12 @@ class FileIndex:
                     out.update(targets)
             return out
         return d in self._cached("accelerator_names", self.tree, compute)
+
+    def is_step(self, node: ast.AST, kinds: tuple[str, ...] = ("optimizer",)) -> TypeGuard[ast.Call]:
+        """``node`` is a ``.step()`` call on an object of one of ``kinds``
+        (:meth:`kind_of_receiver`): ``opt.step()``, ``engine.step()``."""
+        return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+            and node.func.attr == "step" and self.kind_of_receiver(node.func.value) in kinds
 
     def kind_of_receiver(self, recv: ast.AST | None) -> str:
         """'engine' | 'scheduler' | 'optimizer' | 'scaler' | 'other' for the object a method is called on."""

@@ -101,8 +101,7 @@ def _steps_after(ctx: FileContext, window: ast.AST) -> list[ast.Call]:
         return []
     inside = {id(n) for n in walk_all(window)}
     return [c for c in ctx.local_nodes(outer)
-            if isinstance(c, ast.Call) and id(c) not in inside and call_attr(c) == "step"
-            and ctx.kind_of_receiver(receiver(c)) == "optimizer"
+            if id(c) not in inside and ctx.is_step(c)
             and getattr(c, "lineno", 0) > getattr(window, "lineno", 0)]
 
 

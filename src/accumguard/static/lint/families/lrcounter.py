@@ -481,8 +481,7 @@ def _steps(ctx: FileContext, node: ast.AST, depth: int = 1) -> bool:
     for c in walk_local(node):
         if not isinstance(c, ast.Call):
             continue
-        if isinstance(c.func, ast.Attribute) and c.func.attr == "step" \
-                and ctx.kind_of_receiver(c.func.value) in ("optimizer", "engine"):
+        if ctx.is_step(c, ("optimizer", "engine")):
             return True
         callee = ctx.callee_of(c) if depth > 0 else None
         if callee is not None and callee is not node and _steps(ctx, callee, depth - 1):

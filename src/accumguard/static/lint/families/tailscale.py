@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from accumguard.static.findings import Confidence, Finding, Severity
-from accumguard.static.lint._ast import FUNCS, call_attr, is_backward, receiver, walk_all
+from accumguard.static.lint._ast import FUNCS, call_attr, is_backward, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._ctx_boundary import bound_argument
 from accumguard.static.lint._ctx_ownrate import stepped_name
@@ -165,9 +165,7 @@ def _steps_after(ctx: FileContext, window: ast.AST, step: ast.Call) -> bool:
                 if any(isinstance(n, ast.Call) and is_backward(n) for n in nodes):
                     return False  # the next loop of training (or a reference): no flush before it
                 for n in nodes:
-                    if isinstance(n, ast.Call) and call_attr(n) == "step" \
-                            and (ctx.kind_of_receiver(receiver(n)) == "optimizer"
-                                 or (ctx.kind_of_receiver(receiver(n)) == "scaler" and n.args)) \
+                    if (ctx.is_step(n) or (ctx.is_step(n, ("scaler",)) and n.args)) \
                             and (stepped is None or stepped_name(n) == stepped):
                         return True
     return False
@@ -295,7 +293,7 @@ def strided_tail_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
         cut = [st for st in outer.body if _cut_at_end(st, start, k_expr)]
         inner = [x for x in ctx.local_nodes(outer) if isinstance(x, ast.For) and x is not outer]
         steps = [c for c in ctx.local_nodes(outer) if isinstance(c, ast.Call)
-                 and call_attr(c) == "step" and ctx.kind_of_receiver(receiver(c)) == "optimizer"
+                 and ctx.is_step(c)
                  and not any(c in set(walk_all(i)) for i in inner)]
         if not cut or not inner or not steps:
             continue

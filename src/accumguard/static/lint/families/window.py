@@ -173,8 +173,7 @@ def _before_accelerator_backward(ctx: FileContext, window: ast.AST, call: ast.Ca
     later = [n for n in ctx.local_nodes(block) if isinstance(n, ast.Call)
              and getattr(n, "lineno", 0) > call.lineno]
     backs = [n for n in later if call_attr(n) == "backward" and ctx.is_accelerator(receiver(n))]
-    steps = [n for n in later if call_attr(n) == "step"
-             and ctx.kind_of_receiver(receiver(n)) == "optimizer"]
+    steps = [n for n in later if ctx.is_step(n)]
     return bool(backs) and not any(s.lineno < backs[0].lineno for s in steps)
 
 
