@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from accumguard.observe._records import Finding, _mk, _n
+from accumguard.observe._records import Finding, _mk, _n, first_per_optimizer
 from accumguard.observe._term_reads import SELECT_KEY, _count_divisor, _may_hold_k, _window_terms
 from accumguard.observe._term_rules import Masses
 from accumguard.observe._weight_rules import WEIGHT_TOL, _divides_by, _short
@@ -78,14 +78,8 @@ def own_count_term_findings(rank: int, windows: list[dict[str, Any]],
                             masses: Masses | None = None) -> list[Finding]:
     """LOSS_SCALE for a masked-mean term over its micro-batch's own tokens beside a masked
     sum normalised over the window (module doc); judged per optimizer object."""
-    groups: dict[Any, list[dict[str, Any]]] = {}
-    for w in windows:
-        groups.setdefault(w.get("opt_serial"), []).append(w)
-    for group in groups.values():
-        found = _findings(rank, group, masses)
-        if found:
-            return found
-    return []
+    return first_per_optimizer(windows, lambda w: w.get("opt_serial"),
+                               lambda group: _findings(rank, group, masses))
 
 
 def _findings(rank: int, windows: list[dict[str, Any]], masses: Masses | None) -> list[Finding]:

@@ -8,17 +8,19 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Protocol, TypeAlias
+from typing import Any, Protocol, TypeAlias, TypeVar
 
 from accumguard.core.findings import Finding, Severity
 from accumguard.core.taxonomy import fix_for, title
 from accumguard.core.window import StepRecord
 
-__all__ = ["NUMBERING", "DeclaredK", "Finding", "JsonObject", "KResolution", "RunRecording",
+__all__ = ["NUMBERING", "DeclaredK", "Finding", "first_per_optimizer", "JsonObject", "KResolution", "RunRecording",
            "Severity", "StepWindow", "load_recordings", "step_record", "watch_dict", "windows"]
+
+W = TypeVar("W")
 
 #: One JSON object as a recording holds it (a ``rank-<R>.jsonl`` line, or the engine/end
 #: record's nested objects): its values are whatever the writer's version put there, so
@@ -46,6 +48,22 @@ def _mk(cls: str, severity: str | Severity, rank: int | None, step: int | None, 
     return Finding(cls, Severity(severity), rank, None if step is None else step + 1,
                    None if micro is None else micro + 1, evidence,
                    fix_for(cls) if fix is None else fix, title(cls) if title_ is None else title_)
+
+
+def first_per_optimizer(windows: Sequence[W], serial: Callable[[W], int | None],
+                        judge: Callable[[list[W]], list[Finding]]) -> list[Finding]:
+    """``judge`` each optimizer object's windows apart (by ``serial``, numbered in the order
+    they first stepped, unnumbered last) and return the first group's findings: a later
+    phase's windows (a large-batch reference run after the training, its loss written apart)
+    neither prove nor disprove the training's pattern."""
+    groups: dict[int | None, list[W]] = {}
+    for w in windows:
+        groups.setdefault(serial(w), []).append(w)
+    for key in sorted(groups, key=lambda x: (x is None, x or 0)):
+        found = judge(groups[key])
+        if found:
+            return found
+    return []
 
 
 def _n(step: int) -> int:

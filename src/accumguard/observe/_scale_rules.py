@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from accumguard.core.window import StepRecord
 from accumguard.observe._one_mean import inside_one_normalisation
-from accumguard.observe._records import Finding, StepWindow, _mk
+from accumguard.observe._records import Finding, StepWindow, _mk, first_per_optimizer
 from accumguard.observe._weight_rules import (
     WEIGHT_TOL,
     WEIGHT_TOL_LOW_PRECISION,
@@ -32,16 +32,9 @@ def loss_scale_findings(rank: int | None, windows: list[StepWindow], k: int | No
     all_reduce(SUM) when W = K: then only a note."""
     if k is None or k < 2:
         return []
-    serials = {w.opt_serial for w in windows}
-    if len(serials) > 1:
-        # judged per optimizer object: a later phase's windows (a large-batch reference run
-        # after the training, its loss written apart) neither prove nor disprove the pattern
-        for serial in sorted(serials, key=lambda x: (x is None, x or 0)):
-            found = loss_scale_findings(rank, [w for w in windows if w.opt_serial == serial],
-                                        k, world)
-            if found:
-                return found
-        return []
+    if len({w.opt_serial for w in windows}) > 1:
+        return first_per_optimizer(windows, lambda w: w.opt_serial,
+                                   lambda group: loss_scale_findings(rank, group, k, world))
     judged = [(w, m) for w in windows if int(w.window) == k
               for m in [_window_mass(w)] if m is not None
               and (m.sole or inside_one_normalisation(w, m.site, k) is not None)]

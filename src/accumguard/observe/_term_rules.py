@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from accumguard.observe._records import Finding, _mk, _n
+from accumguard.observe._records import Finding, _mk, _n, first_per_optimizer
 from accumguard.observe._term_reads import (
     _by_count,
     _common,
@@ -66,14 +66,9 @@ def term_scale_findings(rank: int, windows: list[dict[str, Any]],
     """LOSS_SCALE for a term not divided by K beside a loss call divided by K (module doc),
     judged per optimizer object: a later phase's windows (a large-batch reference run, whose
     loss is written apart) neither prove nor disprove the training's pattern."""
-    groups: dict[Any, list[dict[str, Any]]] = {}
-    for w in windows:
-        groups.setdefault(w.get("opt_serial"), []).append(w)
-    for group in groups.values():
-        found = _term_scale_findings(rank, group, masses) or _penalty_findings(rank, group)
-        if found:
-            return found
-    return []
+    return first_per_optimizer(
+        windows, lambda w: w.get("opt_serial"),
+        lambda group: _term_scale_findings(rank, group, masses) or _penalty_findings(rank, group))
 
 
 # -- a penalty on the parameters not divided by K ---------------------------------------------
