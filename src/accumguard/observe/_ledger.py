@@ -63,6 +63,7 @@ from accumguard.observe._seq_rules import sequence_mean_findings
 from accumguard.observe._term_reads import SELECT_KEY
 from accumguard.observe._term_rules import Masses, term_scale_findings
 from accumguard.observe._term_world_rules import term_world_findings
+from accumguard.observe._twice_window_terms import twice_window_term_findings
 from accumguard.observe._unit_rules import UnitStep, unit_findings
 from accumguard.observe._weight_rules import (
     WEIGHT_TOL,
@@ -392,6 +393,11 @@ def term_findings(rec: RunRecording) -> list[Finding]:
     world = len([r for r in rec.ranks if rec.steps.get(r)])
     for r in rec.ranks:
         found = term_world_findings(r, window_lines(rec.steps.get(r, [])), world)
+        if found:
+            out += found
+            break
+    for r in rec.ranks:
+        found = twice_window_term_findings(r, window_lines(rec.steps.get(r, [])), world)
         if found:
             out += found
             break

@@ -592,6 +592,13 @@ RULES: dict[str, Rule] = {
             "count updates yourself, or divide: `self.trainer.global_step // len(self.optimizers())` "
             "when every optimizer steps on every update",
         ),
+        _rule(
+            "AG164", "window-count-term-divided-by-k", "LOSS_SCALE", E, MED,
+            "a loss divided by K is a sum of terms one of which is already divided by the "
+            "window's count (over all its micro-batches): that term weighs 1/K of its coefficient",
+            "divide by K only the terms that are one micro-batch's means: `dpo / K + alpha * "
+            "nll_sum / window_tokens`",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

@@ -15,6 +15,7 @@ of the file that is not read here.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 
 from accumguard.static.findings import Finding
@@ -90,6 +91,10 @@ def _rank_means(ctx: FileContext) -> bool:
             if not (isinstance(n, ast.Call) and call_attr(n) == "backward" and not n.args):
                 continue
             expr = _loss_expr(ctx, n)
+            if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Div) \
+                    and _rank_sample_count(ctx, expr.right):
+                seen += 1  # `loss_sum / (micro_bs * K)`: this rank's own samples
+                continue
             while isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Div) \
                     and ctx.mentions_accum(expr.right):
                 expr = expr.left
@@ -97,6 +102,18 @@ def _rank_means(ctx: FileContext) -> bool:
                 return False
             seen += 1
     return seen > 0
+
+
+def _rank_sample_count(ctx: FileContext, divisor: ast.AST) -> bool:
+    """``micro_bs * K`` (a product of the micro-batch size and the accumulation steps, no
+    world size): the samples of one rank's window, a per-rank mean's divisor."""
+    if not (isinstance(divisor, ast.BinOp) and isinstance(divisor.op, ast.Mult)) \
+            or ctx.mentions_world(divisor):
+        return False
+    sides = (divisor.left, divisor.right)
+    return any(ctx.mentions_accum(a) for a in sides) and any(
+        re.search(r"(^|_)(micro_)?(bs|batch(_size)?)$", (last_part(dotted(b) or "")).lower())
+        for b in sides if not ctx.mentions_accum(b))
 
 
 @rule("AG159")

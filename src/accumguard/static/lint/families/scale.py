@@ -229,8 +229,8 @@ _RANK_RE = re.compile(r"(^|_)rank$|get_rank|rank_id|process_index")
 
 
 def _places_data(ctx: FileContext, node: ast.AST) -> bool:
-    """``node`` computes where a rank's data is: its statement names the rank, or it sits in
-    a subscript's slice or a ``range(...)`` call."""
+    """``node`` computes where a rank's data is: the arithmetic it is part of names the rank,
+    or it sits in a subscript's slice or a ``range(...)`` call."""
     cur: ast.AST | None = node
     while cur is not None and not isinstance(cur, ast.stmt):
         parent = ctx.parents.get(cur)
@@ -240,9 +240,21 @@ def _places_data(ctx: FileContext, node: ast.AST) -> bool:
                                               and call_attr(parent) == "range"):
             return True
         cur = parent
-    stmt = cur if cur is not None else node
-    return any(isinstance(x, ast.Name | ast.Attribute) and _RANK_RE.search(
-        (x.id if isinstance(x, ast.Name) else x.attr).lower()) for x in ast.walk(stmt))
+    # the arithmetic around the factor names the rank (``((it * K + m) * world + rank) *
+    # bs``); a rank that only indexes the data the loss is computed on (``f(x[s, rank]) *
+    # world / n``) places nothing
+    top = node
+    while isinstance(ctx.parents.get(top), ast.BinOp | ast.UnaryOp):
+        top = ctx.parents[top]
+    stack = [top]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, ast.Name | ast.Attribute) and _RANK_RE.search(
+                (x.id if isinstance(x, ast.Name) else x.attr).lower()):
+            return True
+        if not isinstance(x, ast.Call | ast.Subscript):
+            stack.extend(ast.iter_child_nodes(x))
+    return False
 
 
 def loss_divisions_by_rank_sum(ctx: FileContext, *, accelerate: bool

@@ -22,6 +22,10 @@ in the documented engine loop, the config's GA > 1 in sight, on a loss that is a
 mean and nothing else (a mean loss call, directly or through the one name holding it): the
 engine's ÷GA is off and nothing else divides, so it sums GA full means (G x GA).
 
+AG164 (LOSS_SCALE): a plain loop's ``(a + alpha * b_sum / n_window) / K``: one term of the sum
+is already divided by a count of the whole window's micro-batches (``counts_window``), so the
+/K leaves it 1/K of its coefficient. Engines and ``accelerator.backward`` are AG134/AG121's.
+
 AG134 (LOSS_SCALE): the DeepSpeed form. The documented engine loop (``engine.step()`` after
 every ``engine.backward()``, no hand gating) is handed a loss already divided by K (inline,
 through the name that holds it, or by such a helper) while the config in sight has
@@ -61,6 +65,7 @@ from accumguard.static.lint.families.deepspeed import _config_ga, _hand_gated_st
 __all__ = [
     "is_k", "k_dividing_helpers", "k_helper_result", "loss_divided_before_engine_backward",
     "loss_divided_by_k_twice", "undivided_loss_without_gas_scaling", "value_before",
+    "window_count_term_divided_by_k",
 ]
 
 #: K-like names that are sizes or counts, not the number of micro-steps
@@ -516,4 +521,83 @@ def undivided_loss_without_gas_scaling(ctx: FileContext) -> Iterator[Finding]:
             f"given, `{ast.unparse(loss)}` (line {loss.lineno}), is this micro-batch's mean, "
             "divided by nothing: the engine sums GA such means into one step, GA times the "
             "large batch's gradient",
+        )
+
+
+def _sums_window_batches(ctx: FileContext, divisor: ast.AST, window: ast.AST) -> bool:
+    """``n = sum(<...>.sum() for mb in micro)`` with ``for mb in micro:`` the window loop: a
+    sum over exactly the window's micro-batches (directly, or the value of the name that
+    reaches the division)."""
+    if not isinstance(window, ast.For):
+        return False
+    if isinstance(divisor, ast.Name):
+        write = ctx.reaching_write(ctx.scope_of(divisor), divisor.id, divisor)
+        if not (isinstance(write, ast.Assign) and len(write.targets) == 1):
+            return False
+        divisor = write.value
+    if not (isinstance(divisor, ast.Call) and (call_attr(divisor) or dotted(divisor.func)) == "sum"
+            and len(divisor.args) == 1
+            and isinstance(divisor.args[0], ast.GeneratorExp | ast.ListComp)):
+        return False
+    gen = divisor.args[0]
+    return len(gen.generators) == 1 and dotted(gen.generators[0].iter) is not None \
+        and dotted(gen.generators[0].iter) == dotted(window.iter) and any(
+            isinstance(c, ast.Call) and call_attr(c) in ("sum", "len", "numel", "count_nonzero")
+            for c in ast.walk(gen.elt))
+
+
+def _window_normalised_term(ctx: FileContext, term: ast.AST, window: ast.AST) -> ast.AST | None:
+    """The division by a count of the whole window inside ``term`` (a product of factors),
+    looked up through the one name a factor holds (``nll = nll_sum / n_window`` then
+    ``alpha * nll``), or None."""
+    stack = [term]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, ast.BinOp) and isinstance(e.op, ast.Mult):
+            stack += [e.left, e.right]
+            continue
+        if isinstance(e, ast.Name):
+            value = value_before(ctx, e)
+            if value is None:
+                continue
+            e = value
+        if isinstance(e, ast.BinOp) and isinstance(e.op, ast.Div) \
+                and not (is_k(ctx, e.right) or ctx.sized_by_accum(e.right)) \
+                and (counts_window(ctx, e.right) or counts_window_slice(ctx, e.right)
+                     or _sums_window_batches(ctx, e.right, window)):
+            return e
+    return None
+
+
+@rule("AG164")
+def window_count_term_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
+    """``loss = (dpo + alpha * nll_sum / n_window) / K`` then ``loss.backward()``: the term
+    already divided by the window's count (a count over all its micro-batches) is divided
+    by K as well, so it weighs 1/K of its coefficient."""
+    for node in ctx.of(ast.BinOp):
+        if not (isinstance(node.op, ast.Div) and is_k(ctx, node.right)):
+            continue
+        if not flows_to_backward(ctx, node):
+            continue
+        window = ctx.enclosing(node, (ast.For, ast.AsyncFor, ast.While))
+        if window is None or not ctx.is_window(window):
+            continue
+        facts = ctx.window_facts(window)
+        if not facts.accumulating or facts.engine_backward or facts.accelerate:
+            continue  # (engines and accelerator.backward divide again: AG134, AG121)
+        terms = _sum_terms(ctx, node.left)
+        if len(terms) < 2:
+            continue  # the whole loss over the window's count, then /K: AG104/AG122's
+        hit = next((d for t in terms if (d := _window_normalised_term(ctx, t, window)) is not None),
+                   None)
+        if hit is None:
+            continue
+        yield ctx.finding(
+            "AG164",
+            node,
+            f"`{ast.unparse(node)}` divides by K a sum of terms one of which, "
+            f"`{ast.unparse(hit)}` (line {getattr(hit, 'lineno', '?')}), is already divided by a "
+            "count of the "
+            "whole window's micro-batches: that term's tokens weigh 1 over the window before "
+            "the /K, and 1/K of its coefficient after it",
         )
