@@ -455,7 +455,7 @@ def test_every_script_code_has_a_check_and_families_are_modules() -> None:
                                           "accelerate", "scale", "horizon", "precision", "terms",
                                           "tokenmean", "lrcounter", "epochtail", "moeaux", "twice", "ampclip",
                                           "hfscale", "fused", "hookclip", "hftokens", "tailscale", "hfterms",
-                                          "lgmanual", "lgstep", "lgwindow", "tokhorizon",
+                                          "lgmanual", "lgstep", "lgwindow", "unclearedopt", "tokhorizon",
                                           "factored", "microstat", "prefetch", "hookgrad", "resume", "synctail", "dsbatch", "dssched", "hookreduce", "hfmean", "fsdpunits", "acctail", "emastep", "commhook", "clipgrads", "accloader",
                                           "syncclip"}
 

@@ -599,6 +599,13 @@ RULES: dict[str, Rule] = {
             "divide by K only the terms that are one micro-batch's means: `dpo / K + alpha * "
             "nll_sum / window_tokens`",
         ),
+        _rule(
+            "AG165", "stepped-optimizer-never-cleared", "F7", E, MED,
+            "an optimizer stepped at the window's boundary whose gradients nothing in the file "
+            "clears, beside another that is cleared: every earlier window's gradient stays in "
+            "its .grad and each step applies their sum",
+            "call that optimizer's `zero_grad()` after its step",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

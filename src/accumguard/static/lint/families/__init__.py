@@ -57,6 +57,7 @@
 ``clipgrads``  AG160               a clip handed the gradients instead of the parameters
 ``accloader``  AG161               accelerator.accumulate() over a DataLoader prepare() never saw
 ``lgstep``     AG163               a manual-optimisation learning rate from global_step, N optimizers
+``unclearedopt`` AG165             an optimizer stepped at the boundary that nothing ever clears
 """
 
 from accumguard.static.lint.families import (
@@ -103,7 +104,8 @@ from accumguard.static.lint.families import (
     tokenmean,
     tokhorizon,
     twice,
+    unclearedopt,
     window,
 )
 
-__all__ = ["accelerate", "accloader", "acctail", "ampclip", "clipgrads", "commhook", "deepspeed", "dsbatch", "dssched", "emastep", "epochtail", "factored", "fsdpunits", "fused", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfscale", "hfterms", "hftokens", "horizon", "lgmanual", "lgstep", "lgwindow", "loss", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "resume", "scale", "schedule", "sync", "syncclip", "synctail", "tailscale", "terms", "tokenmean", "tokhorizon", "twice", "window"]
+__all__ = ["accelerate", "accloader", "acctail", "ampclip", "clipgrads", "commhook", "deepspeed", "dsbatch", "dssched", "emastep", "epochtail", "factored", "fsdpunits", "fused", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfscale", "hfterms", "hftokens", "horizon", "lgmanual", "lgstep", "lgwindow", "loss", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "resume", "scale", "schedule", "sync", "syncclip", "synctail", "tailscale", "terms", "tokenmean", "tokhorizon", "twice", "unclearedopt", "window"]
