@@ -48,13 +48,30 @@ def _batch_sizes(ctx: FileContext) -> set[str]:
     return {ast.unparse(k.value) for c in ctx.of(ast.Call) for k in c.keywords if k.arg == _BATCH}
 
 
+def _loader_len_at(horizon: ast.AST, sizes: set[str]) -> bool:
+    """``len(DataLoader(ds, batch_size=<the per-device batch size>))`` in the horizon: the
+    micro-batches of one pass, counted by a loader of the Trainer's micro-batch size."""
+    for n in ast.walk(horizon):
+        if isinstance(n, ast.Call) and dotted(n.func) == "len" and n.args \
+                and isinstance(n.args[0], ast.Call) and call_attr(n.args[0]) == "DataLoader":
+            bs = next((k.value for k in n.args[0].keywords if k.arg == "batch_size"), None)
+            if bs is not None and ast.unparse(bs) in sizes:
+                return True
+    return False
+
+
 def hf_trainer_micro_horizon(ctx: FileContext, name: str, horizon: ast.AST,
-                             divisors: list[ast.AST], k_outside_len: bool) -> str | None:
+                             divisors: list[ast.AST], k_outside_len: bool,
+                             parts: list[ast.AST] | None = None) -> str | None:
     """The message when ``name`` is handed to a Trainer that accumulates, and its horizon
-    counts ``len(...)`` divided by the per-device batch size only (no K anywhere)."""
-    if k_outside_len or not divisors:
+    counts ``len(...)`` divided by the per-device batch size only, or the length of a
+    DataLoader of that batch size (``parts``: the horizon and what its names hold); no K
+    anywhere."""
+    if k_outside_len:
         return None
     sizes = _batch_sizes(ctx)
+    if not divisors and not any(_loader_len_at(p, sizes) for p in (parts or [horizon])):
+        return None
     for d in divisors:
         text = ast.unparse(d)
         if "accum" in text or any(ctx.mentions_accum(n) for n in ast.walk(d)):

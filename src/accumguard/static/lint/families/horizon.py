@@ -124,7 +124,14 @@ def horizon_in_micro_batches(ctx: FileContext) -> Iterator[Finding]:
         parts = expand(ctx, horizon)
         loaders = len_args(parts)
         if not loaders:
-            continue  # not a count of batches
+            # not a count of a named loader's batches; a Trainer's scheduler may still count
+            # `len(DataLoader(ds, batch_size=per_device))`
+            divisors = divides(parts)
+            hf = hf_trainer_micro_horizon(ctx, name, horizon, divisors,
+                                          _k_outside(ctx, parts, divisors), parts)
+            if hf is not None:
+                yield ctx.finding("AG124", ctor, hf, fix=_HF_FIX)
+            continue
         accelerate = accelerate_micro_horizon(ctx, name, parts, loaders)
         if accelerate is not None:
             loader, prepared = accelerate
@@ -143,7 +150,8 @@ def horizon_in_micro_batches(ctx: FileContext) -> Iterator[Finding]:
             )
             continue
         divisors = divides(parts)
-        hf = hf_trainer_micro_horizon(ctx, name, horizon, divisors, _k_outside(ctx, parts, divisors))
+        hf = hf_trainer_micro_horizon(ctx, name, horizon, divisors, _k_outside(ctx, parts, divisors),
+                                      parts)
         if hf is not None:
             yield ctx.finding("AG124", ctor, hf, fix=_HF_FIX)
             continue
@@ -349,7 +357,8 @@ def accelerate_horizon_per_process(ctx: FileContext) -> Iterator[Finding]:
     for name, ctor, horizon in schedulers(ctx):
         parts = expand(ctx, horizon)
         # (divided by W, or by a product holding it: `len(dl) // (num_processes * K)`)
-        per_process = next((p for p in parts if any(is_world(f) for d in divides([p])
+        per_process = next((p for p in parts if any(is_world(f) or ctx.mentions_world(f)
+                                                    for d in divides([p])
                                                     for f in mult_factors(d))), None)
         if per_process is None:
             named = _optimizer_step_horizon(ctx, name, parts)
