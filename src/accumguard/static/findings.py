@@ -606,6 +606,13 @@ RULES: dict[str, Rule] = {
             "its .grad and each step applies their sum",
             "call that optimizer's `zero_grad()` after its step",
         ),
+        _rule(
+            "AG166", "fsdp2-children-only", "F11", E, MED,
+            "FSDP2 `fully_shard` applied to a model's submodules only, never to the model: the "
+            "parameters outside those units are never reduced, each rank steps them on its own "
+            "data",
+            "shard the root after its children: `fully_shard(model)`",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

@@ -58,6 +58,7 @@
 ``accloader``  AG161               accelerator.accumulate() over a DataLoader prepare() never saw
 ``lgstep``     AG163               a manual-optimisation learning rate from global_step, N optimizers
 ``unclearedopt`` AG165             an optimizer stepped at the boundary that nothing ever clears
+``fsdproot``   AG166               FSDP2 applied to a model's submodules only, never to the model
 """
 
 from accumguard.static.lint.families import (
@@ -73,6 +74,7 @@ from accumguard.static.lint.families import (
     emastep,
     epochtail,
     factored,
+    fsdproot,
     fsdpunits,
     fused,
     hfmean,
@@ -108,4 +110,4 @@ from accumguard.static.lint.families import (
     window,
 )
 
-__all__ = ["accelerate", "accloader", "acctail", "ampclip", "clipgrads", "commhook", "deepspeed", "dsbatch", "dssched", "emastep", "epochtail", "factored", "fsdpunits", "fused", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfscale", "hfterms", "hftokens", "horizon", "lgmanual", "lgstep", "lgwindow", "loss", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "resume", "scale", "schedule", "sync", "syncclip", "synctail", "tailscale", "terms", "tokenmean", "tokhorizon", "twice", "unclearedopt", "window"]
+__all__ = ["accelerate", "accloader", "acctail", "ampclip", "clipgrads", "commhook", "deepspeed", "dsbatch", "dssched", "emastep", "epochtail", "factored", "fsdproot", "fsdpunits", "fused", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfscale", "hfterms", "hftokens", "horizon", "lgmanual", "lgstep", "lgwindow", "loss", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "resume", "scale", "schedule", "sync", "syncclip", "synctail", "tailscale", "terms", "tokenmean", "tokhorizon", "twice", "unclearedopt", "window"]
