@@ -456,7 +456,7 @@ def test_every_script_code_has_a_check_and_families_are_modules() -> None:
                                           "tokenmean", "lrcounter", "epochtail", "moeaux", "twice", "ampclip",
                                           "hfscale", "fused", "hookclip", "hftokens", "tailscale", "hfterms",
                                           "lgmanual", "lgstep", "lgwindow", "unclearedopt", "tokhorizon",
-                                          "factored", "microstat", "prefetch", "hookgrad", "resume", "synctail", "dsbatch", "dssched", "hookreduce", "hfmean", "fsdproot", "fsdpunits", "acctail", "emastep", "commhook", "clipgrads", "accloader",
+                                          "factored", "microstat", "prefetch", "hookgrad", "resume", "synctail", "dsbatch", "dssched", "hookreduce", "hfmean", "fsdproot", "fsdpunits", "gradwrite", "acctail", "emastep", "commhook", "clipgrads", "accloader",
                                           "syncclip"}
 
 

@@ -613,6 +613,14 @@ RULES: dict[str, Rule] = {
             "data",
             "shard the root after its children: `fully_shard(model)`",
         ),
+        _rule(
+            "AG167", "grad-overwritten-every-micro-step", "F3", E, MED,
+            "`.grad` assigned (not added to) on every micro-step of a window from gradients "
+            "`torch.autograd.grad` made, the optimizer stepping after the window: only the last "
+            "micro-batch's gradient reaches it",
+            "add to `.grad` (`p.grad = g if p.grad is None else p.grad + g`) or write the "
+            "window's sum once before the step",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

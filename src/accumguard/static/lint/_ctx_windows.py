@@ -514,16 +514,22 @@ class WindowQueries(OwnRateQueries):
                 isinstance(v, ast.Call) and re.match(r"(torch\.)?optim\.[A-Z]", dotted(v.func) or "")
                 for v in values):
             return False
-        for call in self.of(ast.Call):
-            if call_attr(call) not in ("prepare", "prepare_optimizer"):
-                continue
-            if any(dotted(a) == name for a in ast.walk(call)):
-                return False
-            parent = self.parents.get(call)
-            if isinstance(parent, ast.Assign) and any(
-                    dotted(t) == name for tgt in parent.targets for t in ast.walk(tgt)):
-                return False
-        return True
+        return name not in self._prepared_names()
+
+    def _prepared_names(self) -> set[str]:
+        """Every dotted name a ``prepare(...)`` / ``prepare_optimizer(...)`` call of the file
+        is given or assigns (one pass, cached)."""
+        def compute() -> set[str]:
+            out: set[str] = set()
+            for call in self.of(ast.Call):
+                if call_attr(call) not in ("prepare", "prepare_optimizer"):
+                    continue
+                out.update(d for a in ast.walk(call) if (d := dotted(a)))
+                parent = self.parents.get(call)
+                if isinstance(parent, ast.Assign):
+                    out.update(d for tgt in parent.targets for t in ast.walk(tgt) if (d := dotted(t)))
+            return out
+        return self._cached("prepared_names", self.tree, compute)  # type: ignore[no-any-return]
 
     def _averages_over_own_iterations(self, window: ast.AST, f: WindowFacts) -> bool:
         """A loop that does not step the optimizer itself and divides something by its own

@@ -59,6 +59,7 @@
 ``lgstep``     AG163               a manual-optimisation learning rate from global_step, N optimizers
 ``unclearedopt`` AG165             an optimizer stepped at the boundary that nothing ever clears
 ``fsdproot``   AG166               FSDP2 applied to a model's submodules only, never to the model
+``gradwrite``  AG167               .grad overwritten from autograd.grad on every micro-step
 """
 
 from accumguard.static.lint.families import (
@@ -77,6 +78,7 @@ from accumguard.static.lint.families import (
     fsdproot,
     fsdpunits,
     fused,
+    gradwrite,
     hfmean,
     hfscale,
     hfterms,
@@ -110,4 +112,4 @@ from accumguard.static.lint.families import (
     window,
 )
 
-__all__ = ["accelerate", "accloader", "acctail", "ampclip", "clipgrads", "commhook", "deepspeed", "dsbatch", "dssched", "emastep", "epochtail", "factored", "fsdproot", "fsdpunits", "fused", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfscale", "hfterms", "hftokens", "horizon", "lgmanual", "lgstep", "lgwindow", "loss", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "resume", "scale", "schedule", "sync", "syncclip", "synctail", "tailscale", "terms", "tokenmean", "tokhorizon", "twice", "unclearedopt", "window"]
+__all__ = ["accelerate", "accloader", "acctail", "ampclip", "clipgrads", "commhook", "deepspeed", "dsbatch", "dssched", "emastep", "epochtail", "factored", "fsdproot", "fsdpunits", "fused", "gradwrite", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfscale", "hfterms", "hftokens", "horizon", "lgmanual", "lgstep", "lgwindow", "loss", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "resume", "scale", "schedule", "sync", "syncclip", "synctail", "tailscale", "terms", "tokenmean", "tokhorizon", "twice", "unclearedopt", "window"]

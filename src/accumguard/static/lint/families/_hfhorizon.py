@@ -44,8 +44,10 @@ def _accumulation(ctx: FileContext) -> int | None:
 
 
 def _batch_sizes(ctx: FileContext) -> set[str]:
-    """How the file writes the per-device batch size it gives the Trainer's arguments."""
-    return {ast.unparse(k.value) for c in ctx.of(ast.Call) for k in c.keywords if k.arg == _BATCH}
+    """How the file writes the per-device batch size it gives the Trainer's arguments (one
+    pass, cached)."""
+    return ctx._cached("hf_batch_sizes", ctx.tree, lambda: {  # type: ignore[no-any-return]
+        ast.unparse(k.value) for c in ctx.of(ast.Call) for k in c.keywords if k.arg == _BATCH})
 
 
 def _loader_len_at(horizon: ast.AST, sizes: set[str]) -> bool:

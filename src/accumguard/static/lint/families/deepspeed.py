@@ -50,9 +50,14 @@ from accumguard.static.lint.families._modguard import param_arguments
 _CONFIG_CODES = ("AG200", "AG201", "AG203", "AG204", "AG205", "AG206", "AG207")
 
 
-def _hand_gated_steps(ctx: FileContext) -> Iterator[tuple[ast.AST, ast.Call]]:
+def _hand_gated_steps(ctx: FileContext) -> list[tuple[ast.AST, ast.Call]]:
     """(window, engine.step() call) where the loop decides the boundary itself: a step under
     a boundary condition, or one step after an inner loop of backwards."""
+    return ctx._cached("hand_gated_steps", ctx.tree,  # type: ignore[no-any-return]
+                       lambda: list(_hand_gated_steps_uncached(ctx)))
+
+
+def _hand_gated_steps_uncached(ctx: FileContext) -> Iterator[tuple[ast.AST, ast.Call]]:
     for window in ctx.windows():
         facts = ctx.window_facts(window)
         if not facts.engine_backward:

@@ -275,8 +275,9 @@ def _sums_only_after(ctx: FileContext, scope: ast.AST, window: ast.AST) -> bool:
     """Every ``reduction="sum"`` of ``scope`` comes after ``window`` ends, in another loop
     (a single-process reference computed after the training)."""
     end = getattr(window, "end_lineno", None) or 0
-    sums = [k for k in ctx.local_nodes(scope) if isinstance(k, ast.keyword)
-            and k.arg == "reduction" and isinstance(k.value, ast.Constant) and k.value.value == "sum"]
+    sums: list[ast.keyword] = ctx._cached("sum_reductions", scope, lambda: [
+        k for k in ctx.local_nodes(scope) if isinstance(k, ast.keyword)
+        and k.arg == "reduction" and isinstance(k.value, ast.Constant) and k.value.value == "sum"])
     return bool(sums) and all(getattr(k.value, "lineno", 0) > end
                               and ctx.enclosing(k.value, (ast.For, ast.AsyncFor, ast.While)) is not None
                               for k in sums)

@@ -502,6 +502,8 @@ def _micro_batch_mean(ctx: FileContext, expr: ast.AST) -> ast.Call | None:
 def undivided_loss_without_gas_scaling(ctx: FileContext) -> Iterator[Finding]:
     """The engine's own ÷GA switched off (``scale_wrt_gas=False``) on a micro-batch mean that
     nothing divides, with the config's GA > 1 in sight: the engine sums GA full means."""
+    if not any(k.arg == "scale_wrt_gas" for c in ctx.of(ast.Call) for k in c.keywords):
+        return
     ref = ctx.ds_config()
     if ref is None:
         return
