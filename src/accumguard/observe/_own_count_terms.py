@@ -20,7 +20,12 @@ from __future__ import annotations
 from typing import Any
 
 from accumguard.observe._records import Finding, _mk, _n, first_per_optimizer
-from accumguard.observe._term_reads import SELECT_KEY, _count_divisor, _may_hold_k, _window_terms
+from accumguard.observe._term_reads import (
+    SELECT_KEY,
+    _count_divisor,
+    _may_hold_k,
+    windows_with_terms,
+)
 from accumguard.observe._term_rules import Masses
 from accumguard.observe._weight_rules import WEIGHT_TOL, _divides_by, _short
 
@@ -85,11 +90,7 @@ def own_count_term_findings(rank: int, windows: list[dict[str, Any]],
 def _findings(rank: int, windows: list[dict[str, Any]], masses: Masses | None) -> list[Finding]:
     hits: dict[int, list[tuple[dict[str, Any], list[Any], str, list[int], float]]] = {}
     judged = 0
-    for w in windows:
-        by_micro = _window_terms(w)
-        if by_micro is None:
-            continue
-        k = int(w["window"])
+    for w, by_micro, k in windows_with_terms(windows):
         main = _main(w, k)
         if main is None:
             continue

@@ -5,6 +5,7 @@ Pure Python; the rules that compare terms are :mod:`._term_rules`'."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from accumguard.observe._weight_rules import _is
@@ -68,6 +69,16 @@ def _window_terms(w: dict[str, Any]) -> dict[int, list[list[Any]]] | None:
     shapes = {tuple(str(r[3]) for r in sorted(rs, key=lambda r: int(r[2])))
               for rs in by_micro.values()}
     return by_micro if len(shapes) == 1 else None
+
+
+def windows_with_terms(windows: Iterable[dict[str, Any]]
+                       ) -> Iterator[tuple[dict[str, Any], dict[int, list[list[Any]]], int]]:
+    """Each window whose every backward's loss was a sum with the same terms
+    (:func:`_window_terms`), with those terms per micro-step and its K."""
+    for w in windows:
+        by_micro = _window_terms(w)
+        if by_micro is not None:
+            yield w, by_micro, int(w["window"])
 
 
 def _common(r: list[Any], ref: list[Any]) -> list[list[Any]]:

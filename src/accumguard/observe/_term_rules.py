@@ -46,6 +46,7 @@ from accumguard.observe._term_reads import (
     _shares_divisor,
     _valid_counts,
     _window_terms,
+    windows_with_terms,
 )
 from accumguard.observe._weight_rules import WEIGHT_TOL, _divides_by, _is, _short
 
@@ -88,11 +89,7 @@ def _penalty_findings(rank: int, windows: list[dict[str, Any]]) -> list[Finding]
     window seen."""
     found: list[tuple[dict[str, Any], list[Any], list[Any]]] = []
     judged = 0
-    for w in windows:
-        by_micro = _window_terms(w)
-        if by_micro is None:
-            continue
-        k = int(w["window"])
+    for w, by_micro, k in windows_with_terms(windows):
         first = sorted(by_micro[0], key=lambda r: int(r[2]))
         mains = [r for r in first if r[7] is not None and not r[6]]
         pens = [r for r in first if len(r) > 13 and r[13] and r[7] is None and not r[6]]
@@ -141,11 +138,7 @@ def _term_scale_findings(rank: int, windows: list[dict[str, Any]],
     scaled: dict[int, list[tuple[dict[str, Any], list[Any], list[Any], int]]] = {}
     means: dict[int, list[tuple[dict[str, Any], list[Any], list[Any]]]] = {}
     counted_means: dict[int, set[float]] = {}
-    for w in windows:
-        by_micro = _window_terms(w)
-        if by_micro is None:
-            continue
-        k = int(w["window"])
+    for w, by_micro, k in windows_with_terms(windows):
         # ordinal -> per micro-step: a recorded loss call (a mean divided by K, or a sum
         # divided by the window's count) ...
         refs: dict[int, dict[int, list[Any]]] = {}

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from accumguard.observe._records import Finding, _mk, _n, first_per_optimizer
-from accumguard.observe._term_reads import _k_divisions, _window_terms
+from accumguard.observe._term_reads import _k_divisions, windows_with_terms
 from accumguard.observe._weight_rules import WEIGHT_TOL, _is, _short
 
 __all__ = ["twice_window_term_findings"]
@@ -42,11 +42,7 @@ def _findings(rank: int, windows: list[dict[str, Any]]) -> list[Finding]:
     hits: list[tuple[dict[str, Any], list[Any], list[int]]] = []
     judged = 0
     counts_seen: set[int] = set()
-    for w in windows:
-        by_micro = _window_terms(w)
-        if by_micro is None:
-            continue
-        k = int(w["window"])
+    for w, by_micro, k in windows_with_terms(windows):
         judged += 1
         for r0 in by_micro[0]:
             if r0[7] is None or str(r0[3]) != "GatherBackward0":

@@ -242,10 +242,11 @@ def _divided_by_k(ctx: FileContext, expr: ast.AST) -> tuple[ast.AST, str] | None
     return divisor, f"`{helper}()` returns `{ast.unparse(div)}` (line {getattr(div, 'lineno', '?')})"
 
 
-def _engine_loop_backwards(ctx: FileContext) -> Iterator[ast.Call]:
-    """``engine.backward(loss)`` calls (one argument, DeepSpeed's default division by GA) in
-    the documented engine loop: ``engine.step()`` after every backward, no hand gating (a
-    hand-gated step is AG109's / AG110's)."""
+def _engine_loop_backwards(ctx: FileContext, *, no_gas: bool = False) -> Iterator[ast.Call]:
+    """``engine.backward(loss)`` calls (one argument, DeepSpeed's default division by GA; with
+    ``no_gas``, those given ``scale_wrt_gas=False`` instead) in the documented engine loop:
+    ``engine.step()`` after every backward, no hand gating (a hand-gated step is AG109's /
+    AG110's)."""
     if ctx.explicit_ds_boundary:
         return
     gated = {id(site) for _, site in _hand_gated_steps(ctx)}
@@ -260,9 +261,12 @@ def _engine_loop_backwards(ctx: FileContext) -> Iterator[ast.Call]:
             if id(call) in seen:
                 continue
             seen.add(id(call))
-            if (isinstance(call, ast.Call) and call_attr(call) == "backward"
-                    and ctx.kind_of_receiver(receiver(call)) == "engine"
-                    and len(call.args) == 1 and not call.keywords):
+            if not (isinstance(call, ast.Call) and call_attr(call) == "backward"
+                    and ctx.kind_of_receiver(receiver(call)) == "engine" and len(call.args) == 1):
+                continue
+            off = any(k.arg == "scale_wrt_gas" and isinstance(k.value, ast.Constant)
+                      and k.value.value is False for k in call.keywords)
+            if off if no_gas else not call.keywords:
                 yield call
 
 
@@ -459,26 +463,6 @@ def term_divided_before_engine_backward(ctx: FileContext) -> Iterator[Finding]:
         )
 
 
-def _no_gas_backwards(ctx: FileContext) -> Iterator[ast.Call]:
-    """``engine.backward(loss, scale_wrt_gas=False)`` in the documented engine loop
-    (``engine.step()`` after every backward, no hand gating)."""
-    gated = {id(site) for _, site in _hand_gated_steps(ctx)}
-    seen: set[int] = set()
-    for window in ctx.windows():
-        facts = ctx.window_facts(window)
-        steps = [c for c, k in facts.steps if k == "engine"]
-        if not facts.engine_backward or not steps or any(id(c) in gated for c in steps):
-            continue
-        for call in [n for scope in (window, *ctx.inlined(window)) for n in ctx.local_nodes(scope)]:
-            if id(call) in seen or not isinstance(call, ast.Call) or len(call.args) != 1:
-                continue
-            seen.add(id(call))
-            if call_attr(call) == "backward" and ctx.kind_of_receiver(receiver(call)) == "engine" \
-                    and any(k.arg == "scale_wrt_gas" and isinstance(k.value, ast.Constant)
-                            and k.value.value is False for k in call.keywords):
-                yield call
-
-
 def _micro_batch_mean(ctx: FileContext, expr: ast.AST) -> ast.Call | None:
     """``expr`` is a loss call reducing by the mean of this micro-batch and nothing else
     (``F.mse_loss(out, y)``, ``self.criterion(out, y)`` of a mean loss module), directly or
@@ -510,7 +494,7 @@ def undivided_loss_without_gas_scaling(ctx: FileContext) -> Iterator[Finding]:
     verdict, how = _config_ga(ctx, ref, set())
     if verdict != "many":
         return
-    for call in _no_gas_backwards(ctx):
+    for call in _engine_loop_backwards(ctx, no_gas=True):
         loss = _micro_batch_mean(ctx, call.args[0])
         if loss is None:
             continue
