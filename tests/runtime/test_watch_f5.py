@@ -71,6 +71,11 @@ SCRIPT = textwrap.dedent('''
         if world > 1:
             dist.all_reduce(n_total)
         for x, y in batches:
+            if MODE == "ds_torch":  # torch's backward on the engine's loss: DeepSpeed
+                # divides by GA in hooks on the forward's outputs (right, and silent)
+                F.cross_entropy(model(x).reshape(-1, V), x.reshape(-1)).backward()
+                model.step()
+                continue
             if MODE == "ds_nogas":  # the engine's own /K switched off on a full mean: K x
                 loss = F.cross_entropy(model(x).reshape(-1, V), x.reshape(-1))
                 model.backward(loss, scale_wrt_gas=False)
@@ -140,7 +145,7 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Watched]:
     tmp = tmp_path_factory.mktemp("f5_ranks")
     script = _script(tmp)
     return watch_many(tmp / "runs", {mode: _torchrun(script, mode) for mode in (
-        "mean_k", "sum_n", "rank_n", "ds_mean", "ds_sum", "ds_nogas")})
+        "mean_k", "sum_n", "rank_n", "ds_mean", "ds_sum", "ds_nogas", "ds_torch")})
 
 
 @pytest.mark.parametrize(("mode", "bug"), [("mean_k", True), ("sum_n", False),
@@ -271,6 +276,17 @@ def test_deepspeed_scale_wrt_gas_false_on_a_mean(ranks: dict[str, Watched]) -> N
     assert code == 1 and _errors(findings) == {"LOSS_SCALE"}, findings
     scale = [f for f in findings if f["cls"] == "LOSS_SCALE"]
     assert "scale_wrt_gas" in scale[0]["fix"], scale
+
+
+@pytest.mark.deepspeed
+def test_deepspeed_torch_backward_on_a_mean_is_right(ranks: dict[str, Watched]) -> None:
+    """``loss.backward()`` (torch's) on the engine's mean loss with GA = K: DeepSpeed 0.19
+    divides by GA in hooks on the forward's outputs, which the loss weights do not show; the
+    run is right and no LOSS_SCALE may be said (the engine-sum reading applies only to
+    ``engine.backward``)."""
+    code, findings, report, _ = ranks["ds_torch"]
+    assert report["ranks"] == [0, 1] and report["accumulation_steps"] == 4
+    assert code == 0 and not _errors(findings), findings
 
 
 def test_lightning_accumulate_grad_batches_in_process(tmp_path: Path) -> None:

@@ -87,11 +87,15 @@ _AVERAGING = frozenset({"ddp", "fsdp2", "deepspeed"})
 
 
 def _engine_sums(w: StepRecord) -> bool:
-    """DeepSpeed's engine stepped this window: its gradients live in the engine's buffers
-    (no checksum reads them), where it sums the window's backwards as they were recorded
-    (its own ÷GA, or a dynamic loss scale, is in the recorded loss weights) and only its
-    configured clip changes them."""
-    return w.source == "deepspeed"
+    """DeepSpeed's engine stepped this window and every backward of it went through
+    ``engine.backward`` (each asked the engine its boundary): its gradients live in the
+    engine's buffers (no checksum reads them), where it sums the window's backwards as they
+    were recorded (its own ÷GA, or a dynamic loss scale, is in the recorded loss weights) and
+    only its configured clip changes them. A plain ``loss.backward()`` on a DeepSpeed model
+    is not: DeepSpeed divides by GA in hooks on the forward's outputs, outside the weights
+    the loss record reads."""
+    bounds = w.ds_boundaries or []
+    return w.source == "deepspeed" and bool(bounds) and all(b is not None for b in bounds)
 
 
 def _unscaled(w: StepRecord, low: bool) -> bool:
