@@ -56,6 +56,7 @@ from accumguard.observe._records import (
     _mk,
     _n,
     _windows,
+    engine_summed,
     window_lines,
 )
 from accumguard.observe._selection_rules import selection_findings
@@ -128,7 +129,9 @@ def _scale(w: StepWindow, low: bool) -> float | None:
     """``c``: what the loop did to the reduced gradient before the step (1 on DeepSpeed,
     whose gradients live in its buffers; on torch engines only a checked window says)."""
     if w.source == "deepspeed":
-        return 1.0
+        # summed as recorded only through engine.backward (a plain loss.backward()'s ÷GA is
+        # in DeepSpeed's output hooks, not in the weights): otherwise unknown
+        return 1.0 if engine_summed(w) else None
     cons = w.conservation
     if cons is None or not cons.ok:
         return None

@@ -17,7 +17,7 @@ from accumguard.core.findings import Finding, Severity
 from accumguard.core.taxonomy import fix_for, title
 from accumguard.core.window import StepRecord
 
-__all__ = ["NUMBERING", "DeclaredK", "Finding", "first_per_optimizer", "JsonObject", "KResolution", "RunRecording",
+__all__ = ["NUMBERING", "DeclaredK", "Finding", "engine_summed", "first_per_optimizer", "JsonObject", "KResolution", "RunRecording",
            "Severity", "StepWindow", "load_recordings", "step_record", "watch_dict", "windows"]
 
 W = TypeVar("W")
@@ -48,6 +48,17 @@ def _mk(cls: str, severity: str | Severity, rank: int | None, step: int | None, 
     return Finding(cls, Severity(severity), rank, None if step is None else step + 1,
                    None if micro is None else micro + 1, evidence,
                    fix_for(cls) if fix is None else fix, title(cls) if title_ is None else title_)
+
+
+def engine_summed(w: StepRecord) -> bool:
+    """DeepSpeed's engine stepped this window and every backward of it went through
+    ``engine.backward`` (each asked the engine its boundary): the engine sums the window's
+    backwards in its buffers as the loss weights recorded them (its own ÷GA, or a dynamic
+    loss scale, is in those weights). Not a plain ``loss.backward()`` on a DeepSpeed model,
+    whose ÷GA DeepSpeed applies in hooks on the forward's outputs, outside the weights the
+    loss record reads."""
+    bounds = w.ds_boundaries or []
+    return w.source == "deepspeed" and bool(bounds) and all(b is not None for b in bounds)
 
 
 def first_per_optimizer(windows: Sequence[W], serial: Callable[[W], int | None],

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from accumguard.core.window import StepRecord
 from accumguard.observe._one_mean import inside_one_normalisation
-from accumguard.observe._records import Finding, StepWindow, _mk, first_per_optimizer
+from accumguard.observe._records import Finding, StepWindow, _mk, engine_summed, first_per_optimizer
 from accumguard.observe._weight_rules import (
     WEIGHT_TOL,
     WEIGHT_TOL_LOW_PRECISION,
@@ -38,7 +38,7 @@ def loss_scale_findings(rank: int | None, windows: list[StepWindow], k: int | No
     judged = [(w, m) for w in windows if int(w.window) == k
               for m in [_window_mass(w)] if m is not None
               and (m.sole or inside_one_normalisation(w, m.site, k) is not None)]
-    checked = [(w, m) for w, m in judged if w.conservation is not None or _engine_sums(w)]
+    checked = [(w, m) for w, m in judged if w.conservation is not None or engine_summed(w)]
     if checked and all(_near(m.mass, float(k), m.low) for _, m in judged) \
             and all(_unscaled(w, m.low) for w, m in checked):
         # (a window whose gradient was not checked, sampled out or the run's last, weighs
@@ -86,22 +86,10 @@ def _whole_loss_words(w: StepWindow, m: _Mass, k: int) -> str:
 _AVERAGING = frozenset({"ddp", "fsdp2", "deepspeed"})
 
 
-def _engine_sums(w: StepRecord) -> bool:
-    """DeepSpeed's engine stepped this window and every backward of it went through
-    ``engine.backward`` (each asked the engine its boundary): its gradients live in the
-    engine's buffers (no checksum reads them), where it sums the window's backwards as they
-    were recorded (its own ÷GA, or a dynamic loss scale, is in the recorded loss weights) and
-    only its configured clip changes them. A plain ``loss.backward()`` on a DeepSpeed model
-    is not: DeepSpeed divides by GA in hooks on the forward's outputs, outside the weights
-    the loss record reads."""
-    bounds = w.ds_boundaries or []
-    return w.source == "deepspeed" and bool(bounds) and all(b is not None for b in bounds)
-
-
 def _unscaled(w: StepRecord, low: bool) -> bool:
     """The optimizer received the sum of the window's backwards as they were (conservation
     checked, common scale c = 1): nothing divided the gradient by hand before the step."""
-    if _engine_sums(w):
+    if engine_summed(w):
         return True
     cons = w.conservation
     if cons is None or not cons.ok:
@@ -119,7 +107,7 @@ def _times_k(rank: int | None, judged: list[tuple[StepWindow, _Mass]], k: int,
     loss a full mean) and the optimizer receives the sum of the K gradients, K x G."""
     w, m = judged[0]
     clipped = any(int(x.clips) for x, _ in judged)
-    ds = all(_engine_sums(x) for x, _ in judged)
+    ds = all(engine_summed(x) for x, _ in judged)
     seen = (f"{_short(m.site)}: {_whole_loss_words(w, m, k)}, and in each window of K = {k} micro-steps "
             f"({len(judged)} judged) its {m.unit} carried a total weight of "
             f"{m.per_micro[0]:.4g} per micro-step, {m.mass:.4g} per window (K) instead of 1, "
