@@ -1,7 +1,8 @@
 """A per-token log-prob term normalised by its window's token count and divided by K as well
 (blind round 81 c_b01: ``(dpo + alpha * nll_sum / n_window) / K``): it weighs 1/K of its
 coefficient, a LOSS_SCALE error; the same term left out of the /K (``dpo / K + alpha * nll_sum /
-n_window``) is right and silent. One process, the run unchanged by the observation."""
+n_window``), or multiplied by K before the whole loss's /K, is right and silent. One process,
+the run unchanged by the observation."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from accumguard.watch._recording import recording
 K, V, STEPS = 4, 11, 3
 
 
-def _train(twice: bool) -> list[torch.Tensor]:
+def _train(twice: bool | None) -> list[torch.Tensor]:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Embedding(V, 16), torch.nn.Linear(16, V))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -36,16 +37,20 @@ def _train(twice: bool) -> list[torch.Tensor]:
             seq = (lp * mask).sum(-1)
             pref = -F.logsigmoid(seq[0] - seq[1:]).mean()  # a preference term, per micro-batch
             nll = -(lp * mask).sum() / n_tok
-            loss = (pref + 0.5 * nll) / K if twice else pref / K + 0.5 * nll
+            if twice is None:  # the window's count times K, then the whole loss over K
+                loss = (pref + 0.5 * (nll * K)) / K
+            else:
+                loss = (pref + 0.5 * nll) / K if twice else pref / K + 0.5 * nll
             loss.backward()
         opt.step()
         opt.zero_grad()
     return [p.detach().clone() for p in model.parameters()]
 
 
-@pytest.mark.parametrize(("twice", "errors"), [(True, {"LOSS_SCALE"}), (False, set())],
-                         ids=["window_count_then_k", "window_count_only"])
-def test_a_window_normalised_selection_divided_by_k_again(tmp_path: Path, twice: bool,
+@pytest.mark.parametrize(("twice", "errors"), [(True, {"LOSS_SCALE"}), (False, set()),
+                                             (None, set())],
+                         ids=["window_count_then_k", "window_count_only", "times_k_then_k"])
+def test_a_window_normalised_selection_divided_by_k_again(tmp_path: Path, twice: bool | None,
                                                          errors: set[str]) -> None:
     plain = _train(twice)
     with recording(tmp_path):

@@ -54,7 +54,8 @@ def _findings(rank: int, windows: list[dict[str, Any]]) -> list[Finding]:
             recs = [next((r for r in by_micro[m] if int(r[2]) == int(r0[2])), None) for m in range(k)]
             if all(r is not None and _k_divisions(r[4], k) == 1 and sum(
                     1 for op, c in r[4] if str(op) == "/" and _is(float(c), n)) == 1
-                   for r in recs):
+                   and not any(str(op) == "*" and _is(abs(float(c)), float(k)) for op, c in r[4])
+                   for r in recs):  # (a factor K undoing the /K: `sum * K / n_window / K`)
                 hits.append((w, r0, counts))
                 counts_seen.update(counts)
                 break
