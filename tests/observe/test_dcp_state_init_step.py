@@ -68,3 +68,22 @@ def test_dcps_state_initialisation_is_no_window(tmp_path: Path, replay: bool,
     found, _, _ = analyze(load_recordings(tmp_path), k_flag=K)
     bad: list[Any] = [f for f in found if f.severity == "error"]
     assert sorted({f.cls for f in bad}) == errors, bad
+
+
+def test_a_fault_in_the_state_step_handling_changes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fault where the observer ends the window at DCP's state step (inside the optimizer's
+    pre-step hook, in the user's process): observation switches off, the failure is
+    accumguard's, the weights are bit-equal to the unobserved run."""
+    from accumguard.observe._observer import Observer
+
+    def broken(self: Any, opt: Any) -> None:
+        raise RuntimeError("injected: DCP's state step")
+
+    plain = _train(True)
+    monkeypatch.setattr(Observer, "_state_init_step", broken)
+    with recording(tmp_path) as obs:
+        seen = _train(True)
+        failure = obs.failure
+    assert failure is not None and "injected" in failure.error + failure.traceback
+    assert all(torch.equal(a, b) for a, b in zip(plain, seen, strict=True))

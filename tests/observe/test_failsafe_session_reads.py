@@ -65,6 +65,9 @@ def _fault(monkeypatch: pytest.MonkeyPatch, where: str) -> None:
     elif where == "is_state_init_step":
         import accumguard.observe._observer as observer
         monkeypatch.setattr(observer, "is_state_init_step", broken)
+    elif where == "held_at_first":
+        import accumguard.observe._lanes as lanes
+        monkeypatch.setattr(lanes.Lanes, "held_at_first", broken)
     elif where == "look_at_newborns":
         import accumguard.observe._lanes as lanes
         monkeypatch.setattr(lanes.Lanes, "_look_at_newborns", broken)
@@ -80,7 +83,7 @@ def _fault(monkeypatch: pytest.MonkeyPatch, where: str) -> None:
 
 
 @pytest.mark.parametrize("where", ["clip_empty", "params_only", "read_class_loss",
-                                   "look_at_newborns", "is_state_init_step"])
+                                   "look_at_newborns", "held_at_first", "is_state_init_step"])
 def test_a_fault_in_a_read_of_the_loop_changes_nothing(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
     plain = _loop()

@@ -102,6 +102,12 @@ def _versions(params: list[torch.Tensor]) -> list[tuple[int, int] | None]:
     return out
 
 
+def _holds_grad(p: object) -> bool:
+    """``p.grad`` holds a gradient: set and not all zero (a meta tensor counts as held)."""
+    grad = getattr(p, "grad", None)
+    return grad is not None and (grad.is_meta or bool(local(grad).any()))
+
+
 class Lanes:
     """The optimizers of the process and, with several on disjoint parameters, the log
     their own windows are built from (see the module docstring)."""
@@ -162,8 +168,7 @@ class Lanes:
             for p in g["params"]:
                 if hasattr(p, "device_mesh"):
                     return  # an FSDP2 shard: with sync off its gradient waits outside .grad
-                grad = getattr(p, "grad", None)
-                if grad is not None and (grad.is_meta or bool(local(grad).any())):
+                if _holds_grad(p):
                     return
         if lane.born is None and not lane.steps:
             self.newborn += 1
@@ -199,7 +204,7 @@ class Lanes:
                 continue
             self.first_reads += 1
             lane.held_at_first = any(
-                (g := getattr(p, "grad", None)) is not None and (g.is_meta or bool(local(g).any()))
+                _holds_grad(p)
                 for group in getattr(opt, "param_groups", None) or [] for p in group["params"])
         self.unread = 0  # (every flag was cleared above; one collected unread is not waited on)
 

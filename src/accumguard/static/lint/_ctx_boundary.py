@@ -4,6 +4,7 @@ which polarity, and is a call only reached there (rule 3 of :mod:`._context`)?""
 from __future__ import annotations
 
 import ast
+import re
 from bisect import bisect_left
 from typing import TYPE_CHECKING
 
@@ -215,6 +216,35 @@ class BoundaryFacts(FileIndex):
             isinstance(sub, ast.With | ast.AsyncWith)
             and any(_accumulation_manager(item.context_expr) for item in sub.items))
             for sub in self.local_nodes(window))
+
+    def unprepared_optimizer(self, name: str | None) -> bool:
+        """``name`` (the optimizer a step steps) is a plain name the file assigns a
+        ``torch.optim`` optimizer only (every assignment a constructor call), and no
+        ``prepare(...)`` / ``prepare_optimizer(...)`` call of the file is given it or returns
+        it: Accelerate never wrapped it, so it steps whenever called."""
+        if not name or "." in name:
+            return False
+        values = self.values_by_name().get(name, [])
+        if not values or not all(
+                isinstance(v, ast.Call) and re.match(r"(torch\.)?optim\.[A-Z]", dotted(v.func) or "")
+                for v in values):
+            return False
+        return name not in self._prepared_names()
+
+    def _prepared_names(self) -> set[str]:
+        """Every dotted name a ``prepare(...)`` / ``prepare_optimizer(...)`` call of the file
+        is given or assigns (one pass, cached)."""
+        def compute() -> set[str]:
+            out: set[str] = set()
+            for call in self.of(ast.Call):
+                if call_attr(call) not in ("prepare", "prepare_optimizer"):
+                    continue
+                out.update(d for a in ast.walk(call) if (d := dotted(a)))
+                parent = self.parents.get(call)
+                if isinstance(parent, ast.Assign):
+                    out.update(d for tgt in parent.targets for t in ast.walk(tgt) if (d := dotted(t)))
+            return out
+        return self._cached("prepared_names", self.tree, compute)  # type: ignore[no-any-return]
 
     def guarded(self, node: ast.AST, window: ast.AST) -> bool:
         """Is ``node`` only reached at an accumulation boundary (within ``window``)?"""

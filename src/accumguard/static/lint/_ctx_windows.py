@@ -4,7 +4,6 @@ calls of each one classified once (rules 1 and 2 of :mod:`._context`)."""
 from __future__ import annotations
 
 import ast
-import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -488,7 +487,7 @@ class WindowQueries(OwnRateQueries):
             # every micro-step of `accumulate()`
             f.unguarded_optimizer_steps = [
                 c for c, k in f.steps if k == "optimizer" and not self.guarded(c, window)
-                and self.unprepared_optimizer(c)]
+                and self.unprepared_optimizer(stepped_name(c))]
         if f.accumulating and not f.accelerate:
             f.unguarded_optimizer_steps = [
                 c for c, k in f.steps if k == "optimizer" and not self.guarded(c, window)
@@ -500,36 +499,6 @@ class WindowQueries(OwnRateQueries):
                     c for c in f.unguarded_optimizer_steps if stepped_name(c) not in own
                 ]
         return f
-
-    def unprepared_optimizer(self, step: ast.Call) -> bool:
-        """``opt.step()`` of a plain name the file assigns a ``torch.optim`` optimizer only
-        (every assignment a constructor call), and that no ``prepare(...)`` /
-        ``prepare_optimizer(...)`` call of the file is given or returns: Accelerate never
-        wrapped it, so it steps whenever called."""
-        name = stepped_name(step)
-        if not name or "." in name:
-            return False
-        values = self.values_by_name().get(name, [])
-        if not values or not all(
-                isinstance(v, ast.Call) and re.match(r"(torch\.)?optim\.[A-Z]", dotted(v.func) or "")
-                for v in values):
-            return False
-        return name not in self._prepared_names()
-
-    def _prepared_names(self) -> set[str]:
-        """Every dotted name a ``prepare(...)`` / ``prepare_optimizer(...)`` call of the file
-        is given or assigns (one pass, cached)."""
-        def compute() -> set[str]:
-            out: set[str] = set()
-            for call in self.of(ast.Call):
-                if call_attr(call) not in ("prepare", "prepare_optimizer"):
-                    continue
-                out.update(d for a in ast.walk(call) if (d := dotted(a)))
-                parent = self.parents.get(call)
-                if isinstance(parent, ast.Assign):
-                    out.update(d for tgt in parent.targets for t in ast.walk(tgt) if (d := dotted(t)))
-            return out
-        return self._cached("prepared_names", self.tree, compute)  # type: ignore[no-any-return]
 
     def _averages_over_own_iterations(self, window: ast.AST, f: WindowFacts) -> bool:
         """A loop that does not step the optimizer itself and divides something by its own
