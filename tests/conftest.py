@@ -68,6 +68,36 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         raise pytest.UsageError(
             "deepspeed is not installed, so the DeepSpeed tests would be skipped; install the "
             "dev extra (pip install -e '.[dev]') or set ACCUMGUARD_ALLOW_NO_DEEPSPEED=1")
+    if importlib.util.find_spec("deepspeed") is not None and not hasattr(
+            session.config, "workerinput"):
+        _build_deepspeed_op_once()
+
+
+def _build_deepspeed_op_once() -> None:
+    """Compile DeepSpeed's CPU comm op before any test starts (in the xdist controller, before
+    the workers exist). Otherwise the first DeepSpeed tests of a fresh venv compile it while
+    the others wait on its lock, and the compile (50-380 s quiet, far longer on a loaded
+    machine) counts against their launch timeouts: a CI run on a loaded machine lost a
+    900 s sweep and a 600 s advise run that way (2026-12-06). A failed build is not fatal
+    here: the tests build it again and report their own failure."""
+    import subprocess
+
+    so = Path(os.environ["TORCH_EXTENSIONS_DIR"]) / "deepspeed_shm_comm" / "deepspeed_shm_comm.so"
+    if so.exists():
+        return
+    print(f"\nbuilding DeepSpeed's CPU comm op once, before the tests (into {so.parent})",
+          file=sys.stderr, flush=True)
+    code = "from deepspeed.comm.torch import build_shm_op; build_shm_op()"
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=1800, env={**os.environ, "DS_ACCELERATOR": "cpu"})
+    except subprocess.TimeoutExpired:
+        print("the DeepSpeed op did not build within 1800 s; the tests will try again",
+              file=sys.stderr)
+        return
+    if proc.returncode != 0 or not so.exists():
+        print(f"the DeepSpeed op did not build (exit {proc.returncode}); the tests will try "
+              f"again:\n{proc.stderr[-2000:]}", file=sys.stderr)
 
 
 def _scope(nodeid: str) -> str:

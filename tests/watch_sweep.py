@@ -75,7 +75,7 @@ def _fresh_port(prefix: list[str]) -> list[str]:
 
 def watch_many(out: Path, cases: dict[str, list[str]], *, k: int | None = None,
                ks: dict[str, int | None] | None = None,
-               timeout: float = 900) -> dict[str, Watched]:
+               timeout: float = 1800) -> dict[str, Watched]:
     """Run every case (name -> the command ``watch`` would be given) in one launch and judge
     each. All commands must share the launcher (``python`` or the same ``torchrun``
     options); ``k`` is ``--accumulation-steps``, ``ks`` the same per case."""

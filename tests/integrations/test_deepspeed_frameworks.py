@@ -99,7 +99,7 @@ def sweeps(tmp_path_factory: pytest.TempPathFactory) -> Path:
                    str(SCRIPTS / "accel_ds_train.py"), "--scenario", "exact,mean,gamis,exact@3",
                    "--sweep", str(out / "accel"), "--",
                    str(SCRIPTS / "hf_ds_train.py"), "--modes", HF_MODES,
-                   "--sweep", str(out / "hf")), timeout=900)
+                   "--sweep", str(out / "hf")), timeout=1800)
     return out
 
 

@@ -190,7 +190,9 @@ def _ds_advise(advise: Any, tmp_path: Path, stage: int, modes: list[str],
     ds_script = SCRIPTS / "ds_train.py"
     before = hashlib.sha256(ds_script.read_bytes()).hexdigest()
     report = tmp_path / "advise.json"
-    code, out = advise("--steps", "3", "--json", str(report), "--only", *modes, "--",
+    # --timeout: each run is ~30-60 s quiet; a loaded CI machine took > 600 s for one (2026-12-06)
+    code, out = advise("--steps", "3", "--timeout", "1500", "--json", str(report), "--only", *modes,
+                       "--",
                        *launcher, str(ds_script), "--mode", "native", "--stage", str(stage))
     assert code == 0, out
     assert hashlib.sha256(ds_script.read_bytes()).hexdigest() == before

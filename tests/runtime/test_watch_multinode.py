@@ -63,17 +63,30 @@ def _launch(tmp: Path, bug: str) -> tuple[Path, list[dict], list[str]]:
     outs = []
     try:
         for p in procs:
-            out, _ = p.communicate(timeout=150)
+            out, _ = p.communicate(timeout=400)
             outs.append(out)
             if p.returncode != 0 and any(e in out for e in _LAUNCH_ERRORS):
                 raise _LaunchFailed(out[-3000:])
             assert p.returncode == 0, out[-3000:]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
+        _end(procs)
     reports = [json.loads((tmp / f"node{n}.json").read_text()) for n in (0, 1)]
     return shared, reports, outs
+
+
+def _end(procs: list[subprocess.Popen]) -> None:
+    """Take down what is still running: SIGTERM first, which watch forwards to the torchrun it
+    started in a session of its own (a SIGKILL of watch's group alone left node 0's torchrun
+    running), then SIGKILL."""
+    alive = [p for p in procs if p.poll() is None]
+    for p in alive:
+        os.kill(p.pid, signal.SIGTERM)
+    for p in alive:
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(timeout=30)
 
 
 def _merged(shared: Path, tmp: Path) -> tuple[int, dict, str]:
