@@ -621,6 +621,13 @@ RULES: dict[str, Rule] = {
             "add to `.grad` (`p.grad = g if p.grad is None else p.grad + g`) or write the "
             "window's sum once before the step",
         ),
+        _rule(
+            "AG168", "wrapper-gated-twice", "F14", E, MED,
+            "an optimizer wrapper that steps only on every N-th call of its own step() is also "
+            "called only at the loop's boundary: the optimizer steps once every N windows",
+            "gate once: call the wrapper's step() and zero_grad() after every backward and let it "
+            "count, or build it with its accumulation set to 1 and keep the loop's boundary test",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

@@ -395,15 +395,18 @@ class FileIndex:
 
     def _instances(self) -> dict[str, ast.ClassDef]:
         """Names bound only to instances of one class of the file (every assignment of the
-        name a call of that class), each with the class (cached)."""
+        name a call of that class, or of a function of the file every ``return`` of which is
+        such a call: ``self.opt = build_optimizer(model, cfg)``), each with the class
+        (cached)."""
         def compute() -> dict[str, ast.ClassDef]:
             classes: dict[str, ast.ClassDef | None] = {}
             for c in self.of(ast.ClassDef):
                 classes[c.name] = None if c.name in classes else c
+            made = self._factories(classes)
             out: dict[str, ast.ClassDef] = {}
             for name, values in self.values_by_name().items():
-                owners = {v.func.id for v in values if isinstance(v, ast.Call)
-                          and isinstance(v.func, ast.Name)}
+                owners = {made.get(v.func.id, v.func.id) for v in values
+                          if isinstance(v, ast.Call) and isinstance(v.func, ast.Name)}
                 if len(owners) != 1 or len(values) != sum(isinstance(v, ast.Call) for v in values):
                     continue
                 cls = classes.get(next(iter(owners)))
@@ -411,6 +414,20 @@ class FileIndex:
                     out[name] = cls
             return out
         return self._cached("instances", self.tree, compute)  # type: ignore[no-any-return]
+
+    def _factories(self, classes: dict[str, ast.ClassDef | None]) -> dict[str, str]:
+        """Functions of the file (defined once) whose every ``return`` is a call of one class
+        of the file: function name -> class name."""
+        out: dict[str, str] = {}
+        for fname, defs in self.defs_by_name().items():
+            if len(defs) != 1 or fname in classes:
+                continue
+            returns = [r.value for r in walk_local(defs[0]) if isinstance(r, ast.Return)]
+            names = {r.func.id for r in returns if isinstance(r, ast.Call)
+                     and isinstance(r.func, ast.Name) and classes.get(r.func.id) is not None}
+            if len(names) == 1 and len(returns) == sum(isinstance(r, ast.Call) for r in returns):
+                out[fname] = next(iter(names))
+        return out
 
     def callable_instances(self) -> dict[str, ast.ClassDef]:
         """Names bound only to instances of one class of the file that defines ``__call__``

@@ -453,6 +453,8 @@ class WindowQueries(OwnRateQueries):
                     f.steps.append((call, kind))
             elif attr == "zero_grad" and recv is not None:
                 kind = self.kind_of_receiver(recv)
+                if kind == "other" and dotted(recv) in self.wrapper_instances():
+                    continue  # a class of the file: its own zero_grad() is followed
                 if kind != "engine":
                     f.zero_grads.append((call, "optimizer" if kind == "optimizer" else "model"))
             elif attr in CLIP_FUNCS or (attr in UNSCALE_FUNCS and recv is not None):

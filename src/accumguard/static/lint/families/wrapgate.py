@@ -1,0 +1,126 @@
+"""AG168 (F14): an optimizer wrapper that accumulates by itself, stepped only at the loop's
+boundary.
+
+A class of the file wraps the optimizer and steps it only on every N-th call of its own
+``step()`` (``self.calls % self.accum_steps == 0``, as optax's MultiSteps and many
+in-house trainers do): it is meant to be called after every backward. A loop that also
+guards the call with its own boundary test (``if (i + 1) % K == 0: wrapper.step()``) gates
+twice: the wrapped optimizer steps once every N windows, on N x K micro-batches, with the
+loss still normalised for K. Reported when the wrapper's N is an integer above 1 the file
+spells (the constructor's argument, or the parameter's default); a wrapper built with
+N = 1 is a pass-through and the loop's gate alone is right.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+from accumguard.static.findings import Finding
+from accumguard.static.lint._ast import call_attr, dotted, receiver
+from accumguard.static.lint._context import FileContext
+from accumguard.static.lint._rule import rule
+
+__all__ = ["wrapper_gated_twice"]
+
+
+def _self_attrs(expr: ast.AST) -> set[str]:
+    return {n.attr for n in ast.walk(expr) if isinstance(n, ast.Attribute)
+            and isinstance(n.value, ast.Name) and n.value.id == "self"}
+
+
+def _modulo_gate(expr: ast.AST) -> str | None:
+    """``self.a % self.n == 0`` (either order of the comparison): the period's attribute."""
+    if not (isinstance(expr, ast.Compare) and len(expr.ops) == 1
+            and isinstance(expr.ops[0], ast.Eq)):
+        return None
+    sides = [expr.left, expr.comparators[0]]
+    zero = [s for s in sides if isinstance(s, ast.Constant) and s.value == 0]
+    mod = [s for s in sides if isinstance(s, ast.BinOp) and isinstance(s.op, ast.Mod)]
+    if not zero or not mod:
+        return None
+    right = mod[0].right
+    if isinstance(right, ast.Attribute) and isinstance(right.value, ast.Name) \
+            and right.value.id == "self" and _self_attrs(mod[0].left):
+        return right.attr
+    return None
+
+
+def _gating_period(step: ast.FunctionDef | ast.AsyncFunctionDef) -> str | None:
+    """The attribute of ``self`` that the wrapper's ``step`` counts its calls modulo, when
+    an inner optimizer's ``.step()`` runs only under that test (directly, or through a flag
+    assigned from it)."""
+    flags: dict[str, str] = {}
+    for n in ast.walk(step):
+        if isinstance(n, ast.Assign) and (period := _modulo_gate(n.value)):
+            for t in n.targets:
+                if isinstance(t, ast.Attribute | ast.Name):
+                    flags[ast.unparse(t)] = period
+    for n in ast.walk(step):
+        if not isinstance(n, ast.If):
+            continue
+        period = _modulo_gate(n.test) or flags.get(ast.unparse(n.test))
+        if period and any(isinstance(c, ast.Call) and call_attr(c) == "step"
+                          and (dotted(receiver(c)) or "").startswith("self.")
+                          for b in n.body for c in ast.walk(b)):
+            return period
+    return None
+
+
+def _period_values(ctx: FileContext, cls: ast.ClassDef, period: str) -> list[int | None]:
+    """The period each construction of ``cls`` in the file gives (None: not spelled)."""
+    init = next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"),
+                None)
+    if init is None:
+        return []
+    param = next((ast.unparse(n.value) for n in ast.walk(init) if isinstance(n, ast.Assign)
+                  and any(ast.unparse(t) == f"self.{period}" for t in n.targets)
+                  and isinstance(n.value, ast.Name)), None)
+    if param is None:
+        return []
+    names = [a.arg for a in init.args.args[1:]]
+    defaults = dict(zip(names[len(names) - len(init.args.defaults):], init.args.defaults,
+                        strict=True))
+    out: list[int | None] = []
+    for call in ctx.of(ast.Call):
+        if not (isinstance(call.func, ast.Name) and call.func.id == cls.name):
+            continue
+        given = next((k.value for k in call.keywords if k.arg == param), None)
+        if given is None and param in names and names.index(param) < len(call.args):
+            given = call.args[names.index(param)]
+        out.append(ctx.int_value(given if given is not None else defaults.get(param)))
+    return out
+
+
+@rule("AG168")
+def wrapper_gated_twice(ctx: FileContext) -> Iterator[Finding]:
+    wrappers = ctx.wrapper_instances()
+    if not wrappers:
+        return
+    said: set[str] = set()
+    for window in ctx.windows():
+        if not ctx.window_facts(window).accumulating:
+            continue
+        for call in ctx.local_nodes(window):
+            if not (isinstance(call, ast.Call) and call_attr(call) == "step"):
+                continue
+            name = dotted(receiver(call))
+            cls = wrappers.get(name or "")
+            if cls is None or name in said or not ctx.guarded(call, window):
+                continue
+            step = next((f for f in cls.body if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
+                         and f.name == "step"), None)
+            period = _gating_period(step) if step is not None else None
+            values = _period_values(ctx, cls, period) if period else []
+            if not values or any(v is None or v < 2 for v in values):
+                continue
+            said.add(name or "")
+            n = values[0] if len(set(values)) == 1 else "N"
+            yield ctx.finding(
+                "AG168",
+                call,
+                f"`{name}.step()` runs only at this loop's boundary, but `{cls.name}.step` "
+                f"steps its optimizer itself only on every {n}-th call (`self.{period}`): gated "
+                f"twice, the optimizer steps once every {n} windows, on {n} windows' "
+                "micro-batches, with the loss still normalised for one",
+            )
