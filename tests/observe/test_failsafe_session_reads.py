@@ -128,3 +128,41 @@ def test_a_fault_reading_accelerates_loader_state_changes_nothing(tmp_path: Path
         failure = obs.failure
     assert failure is not None and "injected" in failure.error + failure.traceback
     assert all(torch.equal(a, b) for a, b in zip(plain, seen, strict=True))
+
+
+def _ds_scheduled_loop() -> list[float]:
+    """A torch optimizer under DeepSpeed's own WarmupDecayLR (no engine needed): the learning
+    rates the schedule gave, step by step."""
+    lr_schedules = pytest.importorskip("deepspeed.runtime.lr_schedules")
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = lr_schedules.WarmupDecayLR(opt, total_num_steps=8, warmup_max_lr=0.1,
+                                       warmup_num_steps=2)
+    lrs = []
+    for _ in range(6):
+        for _ in range(K):
+            model(torch.ones(2, 4)).sum().backward()
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+        lrs.append(opt.param_groups[0]["lr"])
+    return lrs
+
+
+def test_a_fault_reading_a_deepspeed_schedule_changes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The observer's wrapper of DeepSpeed's scheduler steps (this session): a fault in the
+    read of the schedule's state switches observation off; the schedule is unchanged."""
+    plain = _ds_scheduled_loop()
+    import accumguard.observe._observer as observer
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("injected: a DeepSpeed schedule's read")
+
+    monkeypatch.setattr(observer.Observer, "_count_sched", broken)
+    with recording(tmp_path) as obs:
+        seen = _ds_scheduled_loop()
+        failure = obs.failure
+    assert failure is not None and "injected" in failure.error + failure.traceback
+    assert seen == plain

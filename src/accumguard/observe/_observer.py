@@ -378,6 +378,7 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
             when_imported("torch.nn.parallel.distributed", lib(_patch_torch.patch_ddp_init, self))
             when_imported("torch._dynamo.eval_frame", lib(_patch_torch.patch_compiled, self))
             when_imported("torch.distributed.fsdp", lib(_patch_torch.patch_fully_shard, self))
+        when_imported("deepspeed.runtime.lr_schedules", lib(_patch_deepspeed.patch_schedules, self))
         when_imported("deepspeed.comm.comm", lambda _m: self.counter.install_deepspeed())
         when_imported("accelerate.accelerator", lib(_patch_accelerate.patch_accelerator, self))
         when_imported("accelerate.scheduler", lib(_patch_accelerate.patch_scheduler, self))

@@ -21,7 +21,7 @@ from accumguard.observe._events import EngineInfo, EngineStepEvent
 from accumguard.observe._failsafe import Maker, Original
 from accumguard.observe._seams import EngineHost, PatchHost, as_deepspeed
 
-__all__ = ["note_engine", "patch_engine"]
+__all__ = ["note_engine", "patch_engine", "patch_schedules"]
 
 
 def patch_engine(obs: PatchHost, mod: ModuleType) -> None:
@@ -33,6 +33,21 @@ def patch_engine(obs: PatchHost, mod: ModuleType) -> None:
         obs.patches.wrap(cls, "step", _step_wrapper(obs, clip))
         obs.patches.wrap(cls, "clip_fp32_gradients", _clip_wrapper(obs, clip))
         obs.counter.install_deepspeed()
+
+
+def patch_schedules(obs: PatchHost, mod: ModuleType) -> None:
+    """Count the steps of DeepSpeed's own LR schedulers (``deepspeed.runtime.lr_schedules``:
+    WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest), which are no torch
+    ``LRScheduler``: the engine steps the one its config names after each update, and a
+    horizon (``total_num_steps``) set in micro-batches shows only here (F4). Each class that
+    defines ``step`` itself is wrapped (WarmupDecayLR steps through WarmupLR's)."""
+    from accumguard.observe._patch_torch import sched_wrapper
+    from accumguard.observe._schedules import deepspeed_schedulers
+
+    if not obs.installed:
+        return
+    for cls in deepspeed_schedulers(mod):
+        obs.patches.wrap(cls, "step", sched_wrapper(obs))
 
 
 class _ClipNorm:

@@ -67,7 +67,7 @@ def install_after_losses(obs: PatchHost, p: Patches) -> None:
     """LR schedulers, clipping and GradScaler (after the loss functions, as before the
     split: the undo order of the patches is unchanged)."""
     sched = torch.optim.lr_scheduler
-    p.wrap(sched.LRScheduler, "step", _sched_wrapper(obs))
+    p.wrap(sched.LRScheduler, "step", sched_wrapper(obs))
     # torch's schedulers whose step() does not go through LRScheduler.step (SequentialLR,
     # ChainedScheduler, CosineAnnealingWarmRestarts, ReduceLROnPlateau): counted at their own
     # step, the outermost call (the schedulers a SequentialLR/ChainedScheduler steps inside
@@ -75,7 +75,7 @@ def install_after_losses(obs: PatchHost, p: Patches) -> None:
     for cls in list(vars(sched).values()):
         if (isinstance(cls, type) and issubclass(cls, sched.LRScheduler)
                 and cls is not sched.LRScheduler and "step" in vars(cls)):
-            p.wrap(cls, "step", _sched_wrapper(obs))
+            p.wrap(cls, "step", sched_wrapper(obs))
     import torch.nn.utils as nn_utils
     import torch.nn.utils.clip_grad as clip_mod
 
@@ -312,7 +312,7 @@ def constructor_step(sched: object) -> bool:
     return getattr(sched, "_step_count", 1) == 0
 
 
-def _sched_wrapper(obs: PatchHost) -> Maker:
+def sched_wrapper(obs: PatchHost) -> Maker:
     def make(orig: Original) -> Original:
         def step(sched: object, /, *args: object, **kwargs: object) -> object:
             initial = constructor_step(sched)

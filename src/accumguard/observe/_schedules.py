@@ -28,7 +28,7 @@ from accumguard.core.window import StepRecord
 from accumguard.observe._epochs import complete_epochs, epochs
 from accumguard.observe._records import Finding, JsonObject, RunRecording, _mk, records
 
-__all__ = ["horizon_findings", "run_horizon_findings", "schedule_state"]
+__all__ = ["deepspeed_schedulers", "horizon_findings", "position", "run_horizon_findings", "schedule_state"]
 
 #: end reasons of a recording whose run went to its own end (not cut by watch or a signal)
 _COMPLETE = frozenset({"exit", "destroy_process_group"})
@@ -59,6 +59,9 @@ def _horizon(sched: object, depth: int = 0) -> tuple[int, str] | None:
         if n and isinstance(start, float | int) and isinstance(end, float | int) and end < start:
             return n, f"LinearLR total_iters={n} (decaying)"
         return None
+    if name in ("WarmupDecayLR", "WarmupCosineLR"):  # DeepSpeed's: decay to total_num_steps
+        n = _int(getattr(sched, "total_num_steps", None))
+        return (n, f"DeepSpeed {name} total_num_steps={n}") if n else None
     if name == "SequentialLR":
         scheds = getattr(sched, "_schedulers", None)
         miles = getattr(sched, "_milestones", None)
@@ -158,11 +161,32 @@ def _global_horizons(fn: object, code: object) -> list[tuple[int, str]]:
     return found
 
 
+def deepspeed_schedulers(mod: object) -> list[type]:
+    """The classes of ``deepspeed.runtime.lr_schedules`` whose own ``step`` moves a schedule
+    (WarmupLR, WarmupCosineLR, OneCycle, LRRangeTest; WarmupDecayLR steps through WarmupLR's)."""
+    name = getattr(mod, "__name__", "")
+    return [c for c in vars(mod).values() if isinstance(c, type) and c.__module__ == name
+            and "step" in vars(c) and callable(getattr(c, "get_lr", None))]
+
+
+def position(sched: object) -> int | None:
+    """Scheduler steps made so far: torch's ``last_epoch``, or DeepSpeed's
+    ``last_batch_iteration`` + 1 (its schedulers are no torch ``LRScheduler`` and start at
+    -1)."""
+    pos = _int(getattr(sched, "last_epoch", None))
+    if pos is not None:
+        return pos
+    last = _int(getattr(sched, "last_batch_iteration", None))  # -1 before the first step
+    return None if last is None else last + 1
+
+
 def schedule_state(sched: object) -> dict[str, object]:
     """Fields for the scheduler record: ``sid`` (the object), ``pos`` (its ``last_epoch``
     after this step) and, where stated, ``horizon`` with ``horizon_what``."""
     out: dict[str, object] = {"sid": id(sched)}
-    pos = _int(getattr(sched, "last_epoch", None))
+    pos = _int(getattr(sched, "last_epoch", None))  # (torch's, without a call more per step)
+    if pos is None:
+        pos = position(sched)
     if pos is not None:
         out["pos"] = pos
     h = _horizon(sched)
@@ -284,7 +308,7 @@ def horizon_findings(rank: int, events: list[JsonObject], total_steps: int,
                                        f"LR schedule runs {c}x fast, ends early")
                                       + f": horizon {h} scheduler steps, reached at optimizer "
                                       f"step {at} of {steps}",
-                               fix=_fix(per_step)))
+                               fix=_fix(per_step, what)))
             elif ratio >= 1.25 and steps - at >= 2 and not any(
                     int(e.get("micro", 0)) and not e.get("in_step") for e in evs):
                 # (a scheduler that also steps between backwards is the step-count rule's
@@ -297,7 +321,7 @@ def horizon_findings(rank: int, events: list[JsonObject], total_steps: int,
                                   "The run was cut short (watch --max-steps, a signal): its "
                                   "full length, and so the factor, is unknown"),
                                title_=f"LR schedule ended at optimizer step {at} of {steps}",
-                               fix=_fix(per_step)))
+                               fix=_fix(per_step, what)))
             continue
         if not complete or not all(g is evs or _apart(serials, g, total_steps, (off, own))
                                    for g in groups):
@@ -324,7 +348,7 @@ def horizon_findings(rank: int, events: list[JsonObject], total_steps: int,
         out.append(_mk("F4", "error" if sure else "note", rank, steps - 1, None, text,
                        title_=f"LR schedule ends {hit[0]}x late: horizon {h} scheduler steps, "
                               f"{pos_end} reached in the run's {steps} optimizer steps",
-                       fix=_fix(per_step)))
+                       fix=_fix(per_step, what)))
     return out
 
 
@@ -370,7 +394,12 @@ def _clock(evs: list[JsonObject], total_steps: int, off: int = 0
     return lambda e: int(e.get("optimizer_steps", 0))
 
 
-def _fix(per_step: float) -> str:
+def _fix(per_step: float, what: str = "") -> str:
+    if what.startswith("DeepSpeed"):
+        return ("Set the config's scheduler `total_num_steps` to the optimizer steps the run "
+                "makes: ceil(batches per epoch per rank / gradient_accumulation_steps) x epochs "
+                "(the engine steps its scheduler once per optimizer step, not per micro-batch, "
+                "and each rank sees its own share of the data).")
     text = ("Compute the horizon in the scheduler steps the run makes: optimizer steps = "
             "ceil(batches per epoch per rank / K) x epochs (batches per rank after the "
             "DistributedSampler / accelerator.prepare split the data)")

@@ -14,12 +14,14 @@ caller (an increment, a list append, attribute reads behind a ``try``).
 from __future__ import annotations
 
 import functools
+import sys
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from accumguard.observe._schedules import deepspeed_schedulers, position, schedule_state
 from accumguard.observe._tally import Tally
 
 __all__ = ["Tail"]
@@ -59,6 +61,9 @@ class Tail:
         for cls in [lr.LRScheduler, *(c for c in vars(lr).values() if isinstance(c, type)
                                       and issubclass(c, lr.LRScheduler)
                                       and c is not lr.LRScheduler and "step" in vars(c))]:
+            self._wrap(cls, "step", self._sched_step)
+        ds = sys.modules.get("deepspeed.runtime.lr_schedules")
+        for cls in deepspeed_schedulers(ds) if ds is not None else []:
             self._wrap(cls, "step", self._sched_step)
         return self
 
@@ -115,10 +120,8 @@ class Tail:
             out = orig(sched, *args, **kwargs)
             try:  # a scheduler's own attributes only; never into the caller
                 known = self.scheds.get(id(sched))
-                pos = getattr(sched, "last_epoch", None)
+                pos = position(sched)
                 if known is None or known["ref"]() is not sched:
-                    from accumguard.observe._schedules import schedule_state
-
                     known = self.scheds[id(sched)] = {"ref": weakref.ref(sched),
                                                      **schedule_state(sched)}
                 opt = getattr(sched, "optimizer", None)

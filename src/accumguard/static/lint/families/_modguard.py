@@ -174,10 +174,13 @@ def call_test(ctx: FileContext, test: ast.AST) -> ast.AST | None:
 
 def flag_guard(ctx: FileContext, test: ast.AST, window: ast.AST) -> tuple[ModGuard, ast.Assign] | None:
     """``flag = step % K == 0`` once in every iteration of ``window``, then ``if flag:``
-    (the flag often also picks ``no_sync``): the guard of the assignment, and the assignment
+    (or ``flag = step % K != 0`` then ``if not flag:``; the flag often also picks ``no_sync``): the guard of the assignment, and the assignment
     (the counter is read where it is, not at the ``if``). None for any other test, a flag
     written twice or under a branch, an assignment after the test, or a test in a nested
     function."""
+    negated = isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not)
+    if negated:
+        test = test.operand  # type: ignore[attr-defined]
     if not isinstance(test, ast.Name):
         return None
     writes = _assigned_in(ctx, window, test.id)
@@ -188,7 +191,13 @@ def flag_guard(ctx: FileContext, test: ast.AST, window: ast.AST) -> tuple[ModGua
             and _every_iteration(ctx, flag, window)
             and ctx.enclosing(flag, FUNCS) is ctx.enclosing(test, FUNCS)):
         return None  # (an `if flag:` in a closure defined in the loop runs who knows when)
-    guard = mod_guard(flag.value)
+    value = flag.value
+    if negated:  # `if not accumulating:` with `accumulating = i % K != 0`
+        if not (isinstance(value, ast.Compare) and len(value.ops) == 1
+                and isinstance(value.ops[0], ast.NotEq)):
+            return None
+        value = ast.Compare(left=value.left, ops=[ast.Eq()], comparators=value.comparators)
+    guard = mod_guard(value)
     return None if guard is None else (guard, flag)
 
 

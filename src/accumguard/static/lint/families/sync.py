@@ -467,7 +467,8 @@ def sync_flag_polarity(ctx: FileContext) -> Iterator[Finding]:
                 f"{what} is inverted: gradients are synchronised off the boundary and not on it, "
                 "so the last micro-batches of a window reach the optimizer one step late",
             )
-        elif kind == "first":
+        elif kind == "first" and not _gates_the_step(ctx, node, values[node]):
+            # (synchronised on the micro-step that steps: its windows are AG115's)
             yield ctx.finding(
                 "AG111",
                 node,

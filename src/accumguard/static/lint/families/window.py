@@ -430,7 +430,8 @@ def _test_text(guard_if: ast.If, tested: ast.AST) -> str:
     """The ``if`` test as written (in backticks), with the flag's definition for a flag."""
     test = f"`{ast.unparse(guard_if.test)}`"
     if isinstance(tested, ast.Assign):
-        return f"{test} (= `{ast.unparse(tested.value)}`)"
+        return (f"{test} (`{ast.unparse(tested.targets[0])}` = "
+                f"`{ast.unparse(tested.value)}`)")
     return test
 
 
