@@ -34,6 +34,7 @@ from accumguard.static.lint._ast import call_attr, dotted, mult_factors, receive
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._acchorizon import accelerate_micro_horizon
+from accumguard.static.lint.families._dshorizon import deepspeed_micro_horizons
 from accumguard.static.lint.families._hfhorizon import hf_trainer_micro_horizon
 from accumguard.static.lint.families._horizonexpr import (
     calls_by_attr,
@@ -185,12 +186,16 @@ def horizon_in_micro_batches(ctx: FileContext) -> Iterator[Finding]:
             )
     for ctor, message in lightning_micro_horizons(ctx, horizon_expr):
         yield ctx.finding("AG124", ctor, message, fix=_LIGHTNING_FIX)
+    for node, message in deepspeed_micro_horizons(ctx):
+        yield ctx.finding("AG124", node, message, fix=_DS_FIX)
 
 
 _HF_FIX = ("size the horizon in optimizer steps: divide the micro-batches per epoch by "
            "gradient_accumulation_steps (`math.ceil(len(dataset) / (per_device_train_batch_size * "
            "gradient_accumulation_steps)) * epochs`), or let the Trainer build the scheduler "
            "(lr_scheduler_type, warmup_ratio), which counts in optimizer steps")
+_DS_FIX = ("size total_num_steps in optimizer steps: the micro-batches per epoch divided by "
+           "gradient_accumulation_steps, times the epochs (`epochs * len(loader) // GA`)")
 _LIGHTNING_FIX = ("size the horizon in optimizer steps: `self.trainer.estimated_stepping_batches` (it "
                   "counts accumulate_grad_batches and max_epochs), or divide the batches per epoch by "
                   "accumulate_grad_batches: `math.ceil(len(self.train_dataloader()) / "
