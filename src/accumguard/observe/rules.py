@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 
 from accumguard.core.window import Conservation, StepRecord
 from accumguard.observe import _shared_rules as shared
+from accumguard.observe._cadence_rules import double_gate_findings
 from accumguard.observe._comm_rules import collectives_before, comm_findings
 from accumguard.observe._epochs import (
     dropped_finding,
@@ -205,6 +206,8 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
                               changes)
             # the collective ledger (EXTRA_SYNC)
             found = rule("comm_findings", comm_findings, rank, group, found, default=found)
+            found = rule("double_gate_findings", double_gate_findings, rank, group, found,
+                         default=found)
             if idx is not None and len(groups) > 1:
                 name = next((str(s.optimizer) for s in steps if s.optimizer),
                             "optimizer")

@@ -1,0 +1,89 @@
+"""F14 from the loop's own cadence: windows of K_loop micro-steps that the optimizer steps
+only every n = m x K_loop backwards (pure Python).
+
+The loop states its window twice, and both can be measured: DDP or FSDP2 synchronised the
+gradient at every K_loop-th backward only (``no_sync`` on the others, the collective
+ledger), and every loss term of every micro-step was divided by that same K_loop (the loss
+records' factor chains). When the optimizer nevertheless stepped once every m > 1 of those
+windows, something between the loop and the optimizer gated the step a second time (an
+optimizer wrapper counting its own calls, optax.MultiSteps-style, or an engine with an
+accumulation of its own): the run makes m times fewer steps, each on the sum of m windows,
+which no large batch of the loop's windows gives. Either statement alone proves nothing (a
+loss divided by a constant the user chose; a wasteful sync, EXTRA_SYNC), so both are
+required, on every judged window of the rank. No torch here.
+"""
+
+from __future__ import annotations
+
+from accumguard.observe._comm_rules import window_comm
+from accumguard.observe._records import Finding, JsonObject, _mk
+
+__all__ = ["double_gate_findings"]
+
+
+def _loop_window(w: JsonObject) -> int | None:
+    """K_loop when the window's syncs fell on every K_loop-th backward and every loss term
+    of every micro-step was divided by K_loop (0: the syncs do, and the window holds no loss
+    records: sampled out); None otherwise."""
+    if w.get("engine") not in ("ddp", "fsdp2") or w.get("restarts"):
+        return None
+    c = window_comm(w)
+    if c is None or not c.extra_micros:
+        return None
+    n = c.backwards
+    syncs = [*sorted(c.extra_micros), n - 1]
+    k = n // len(syncs)
+    if k < 2 or n % len(syncs) or syncs != [k * (i + 1) - 1 for i in range(len(syncs))]:
+        return None
+    losses = [r for r in w.get("losses") or [] if isinstance(r, list) and len(r) > 9]
+    if not losses:
+        return 0
+    if {int(r[2]) for r in losses} != set(range(n)):
+        return None
+    for r in losses:
+        chain = [(str(op), float(v)) for op, v in r[9] or []]
+        if ("/", float(k)) not in chain or ("*", float(k)) in chain \
+                or ("*", float(n // k)) in chain:
+            return None
+        div = 1.0
+        for op, v in chain:
+            div *= v if op == "/" else 1.0
+        if div >= n and abs(div / n - round(div / n)) < 1e-9:
+            return None  # divided by the whole window too (`/ 4 / 2` over 8): right
+    return k
+
+
+def double_gate_findings(rank: int, windows: list[JsonObject],
+                         found: list[Finding]) -> list[Finding]:
+    """``found`` with an F14 error when every judged window of the rank is m > 1 of the
+    loop's own windows (then the EXTRA_SYNC warning, which says the syncs cost time only,
+    is dropped: they are the loop's window boundaries)."""
+    judged = [w for w in windows if window_comm(w) is not None]
+    if not judged:
+        return found
+    loops = [_loop_window(w) for w in judged]
+    read = {k for k in loops if k}
+    if any(k is None for k in loops) or len(read) != 1:
+        return found
+    k = read.pop()
+    w = next(x for x, kk in zip(judged, loops, strict=True) if kk)
+    n = int(w["backwards"])
+    m = n // k
+    site = str(w["losses"][0][0])
+    ev = (f"{len(judged)} of {len(judged)} optimizer step(s) came after {n} backward passes "
+          f"each, while the loop's own windows are {k} micro-steps: the gradient was "
+          f"synchronised at backwards {', '.join(str(k * (i + 1)) for i in range(m))} only "
+          f"(the collective ledger) and every loss term was divided by {k} ({site}). The "
+          f"optimizer stepped once every {m} of those windows, on their summed gradient: "
+          f"{m} times fewer steps than the loop makes windows, each {m} times the gradient "
+          "one window stands for")
+    f14 = _mk("F14", "error", rank, int(w["step"]), None, ev,
+              title_=f"the optimizer steps once every {m} of the loop's windows of {k}: "
+                     "the step is gated twice",
+              fix="Something between the loop and the optimizer gates the step again: an "
+                  "optimizer wrapper that counts its own calls (optax.MultiSteps-style) or an "
+                  "engine with an accumulation of its own. Gate once: call the wrapper's "
+                  "step() after every backward and let it count, or set its accumulation to "
+                  "1 and keep the loop's boundary.")
+    kept = [f for f in found if not (f.cls == "EXTRA_SYNC" and f.rank == rank)]
+    return [*kept, f14]
