@@ -52,7 +52,7 @@ def _child(mode: str, steps: int, k: int, warm: int) -> None:
         return
     from accumguard.watch._recording import recording
 
-    with tempfile.TemporaryDirectory() as tmp, recording(tmp, observe_steps=0):
+    with tempfile.TemporaryDirectory() as tmp, recording(tmp, observe_steps=None):
         run(warm + steps)
 
 

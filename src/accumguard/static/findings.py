@@ -628,6 +628,13 @@ RULES: dict[str, Rule] = {
             "gate once: call the wrapper's step() and zero_grad() after every backward and let it "
             "count, or build it with its accumulation set to 1 and keep the loop's boundary test",
         ),
+        _rule(
+            "AG169", "horizon-whole-dataset", "F4", E, MED,
+            "a schedule horizon counts the optimizer steps of the whole dataset, which a "
+            "DistributedSampler splits over the ranks: each rank makes W times fewer steps",
+            "divide by the world size too (`len(ds) // (micro_bs * K * world_size)`), or count "
+            "the rank's own loader: `len(loader) // K * epochs`",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

@@ -61,6 +61,7 @@
 ``fsdproot``   AG166               FSDP2 applied to a model's submodules only, never to the model
 ``gradwrite``  AG167               .grad overwritten from autograd.grad on every micro-step
 ``wrapgate``   AG168               an optimizer wrapper that gates itself, gated again by the loop
+``dphorizon``  AG169               a horizon over the whole dataset a DistributedSampler splits
 """
 
 from accumguard.static.lint.families import (
@@ -71,6 +72,7 @@ from accumguard.static.lint.families import (
     clipgrads,
     commhook,
     deepspeed,
+    dphorizon,
     dsbatch,
     dssched,
     emastep,
@@ -114,4 +116,4 @@ from accumguard.static.lint.families import (
     wrapgate,
 )
 
-__all__ = ["accelerate", "accloader", "acctail", "ampclip", "clipgrads", "commhook", "deepspeed", "dsbatch", "dssched", "emastep", "epochtail", "factored", "fsdproot", "fsdpunits", "fused", "gradwrite", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfscale", "hfterms", "hftokens", "horizon", "lgmanual", "lgstep", "lgwindow", "loss", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "resume", "scale", "schedule", "sync", "syncclip", "synctail", "tailscale", "terms", "tokenmean", "tokhorizon", "twice", "unclearedopt", "window", "wrapgate"]
+__all__ = ["accelerate", "accloader", "acctail", "ampclip", "clipgrads", "commhook", "deepspeed", "dphorizon", "dsbatch", "dssched", "emastep", "epochtail", "factored", "fsdproot", "fsdpunits", "fused", "gradwrite", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfscale", "hfterms", "hftokens", "horizon", "lgmanual", "lgstep", "lgwindow", "loss", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "resume", "scale", "schedule", "sync", "syncclip", "synctail", "tailscale", "terms", "tokenmean", "tokhorizon", "twice", "unclearedopt", "window", "wrapgate"]
