@@ -15,9 +15,15 @@ from __future__ import annotations
 
 import ast
 
-from accumguard.static.lint._ast import FUNCS, call_attr, dotted
+from accumguard.static.lint._ast import FUNCS, call_attr
 from accumguard.static.lint._context import FileContext
-from accumguard.static.lint.families._horizonexpr import divides, expand, len_args, outside_len
+from accumguard.static.lint.families._horizonexpr import (
+    divides,
+    expand,
+    iterated,
+    len_args,
+    outside_len,
+)
 
 __all__ = ["deepspeed_micro_horizons"]
 
@@ -52,10 +58,7 @@ def _from_caller(ctx: FileContext, name: ast.AST) -> ast.AST:
 def _engine_walks(ctx: FileContext, loader: str) -> bool:
     """A loop over ``loader`` whose body calls an engine's backward (``engine.backward(loss)``)."""
     for loop in ctx.of(ast.For, ast.AsyncFor):
-        it = loop.iter
-        if isinstance(it, ast.Call) and call_attr(it) in ("enumerate", "tqdm", "iter") and it.args:
-            it = it.args[0]
-        if dotted(it) != loader:
+        if iterated(loop) != loader:
             continue
         if any(isinstance(c, ast.Call) and call_attr(c) == "backward" and c.args
                and ctx.kind_of_receiver(c.func.value) == "engine"  # type: ignore[attr-defined]

@@ -14,7 +14,7 @@ from accumguard.static.lint._ast import WORLD_RE, call_attr, dotted, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._ctx_boundary import bound_argument
 
-__all__ = ["HORIZON_ARG", "calls_by_attr", "constructor_name", "divides", "expand", "helper_horizon",
+__all__ = ["HORIZON_ARG", "calls_by_attr", "constructor_name", "divides", "expand", "helper_horizon", "iterated",
            "horizon_expr", "inlined_call", "is_world", "lambda_body", "lambda_horizon", "len_args",
            "multiplies_by_world", "outside_len", "schedulers", "window_of"]
 
@@ -286,3 +286,15 @@ def helper_horizon(ctx: FileContext, call: ast.Call) -> ast.AST | None:
     idx = params.index(inner.id)
     kw = next((k.value for k in call.keywords if k.arg == inner.id), None)
     return kw if kw is not None else (call.args[idx] if idx < len(call.args) else None)
+
+
+def iterated(loop: ast.AST) -> str | None:
+    """The name a ``for`` loop iterates (``loader`` of ``for i, b in enumerate(loader)``,
+    ``enumerate(tqdm(loader))`` too); None for another node."""
+    if not isinstance(loop, ast.For | ast.AsyncFor):
+        return None
+    it = loop.iter
+    while isinstance(it, ast.Call) and (dotted(it.func) or "").rsplit(".", 1)[-1] in (
+            "enumerate", "tqdm", "iter") and it.args:
+        it = it.args[0]
+    return dotted(it)

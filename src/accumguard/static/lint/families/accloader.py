@@ -20,17 +20,10 @@ from accumguard.static.findings import Confidence, Finding, Severity
 from accumguard.static.lint._ast import call_attr, dotted, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families._horizonexpr import iterated
 from accumguard.static.lint.families.accelerate import accelerator_ks
 
 __all__ = ["accumulate_over_unprepared_loader"]
-
-
-def _iterated(loop: ast.For | ast.AsyncFor) -> str | None:
-    it = loop.iter
-    while isinstance(it, ast.Call) and (dotted(it.func) or "").rsplit(".", 1)[-1] in (
-            "enumerate", "tqdm", "iter") and it.args:
-        it = it.args[0]
-    return dotted(it)
 
 
 def _prepared(ctx: FileContext) -> set[str]:
@@ -64,7 +57,7 @@ def accumulate_over_unprepared_loader(ctx: FileContext) -> Iterator[Finding]:
         loop = ctx.enclosing(node, (ast.For, ast.AsyncFor))
         if not isinstance(loop, ast.For | ast.AsyncFor):
             continue
-        name = _iterated(loop)
+        name = iterated(loop)
         values = ctx.values_by_name().get(name or "", [])
         if name is None or name in prepared or len(values) != 1 or not (
                 isinstance(values[0], ast.Call)

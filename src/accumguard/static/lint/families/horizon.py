@@ -43,6 +43,7 @@ from accumguard.static.lint.families._horizonexpr import (
     expand,
     horizon_expr,
     is_world,
+    iterated,
     lambda_body,
     lambda_horizon,
     len_args,
@@ -54,16 +55,6 @@ from accumguard.static.lint.families._horizonexpr import (
 from accumguard.static.lint.families._lghorizon import (
     lightning_micro_horizons,
 )
-
-
-def _iterated(loop: ast.AST) -> str | None:
-    """The name a ``for`` loop iterates (``loader`` of ``for i, b in enumerate(loader)``)."""
-    if not isinstance(loop, ast.For | ast.AsyncFor):
-        return None
-    it = loop.iter
-    if isinstance(it, ast.Call) and call_attr(it) in ("enumerate", "tqdm", "iter") and it.args:
-        it = it.args[0]
-    return dotted(it)
 
 
 def _step_calls(ctx: FileContext, name: str) -> list[ast.Call]:
@@ -97,7 +88,7 @@ def _counts_batches(ctx: FileContext, parts: list[ast.AST], loaders: set[str],
     """The loader the window iterates, when the horizon is its number of batches times
     something with no K in it: ``len(loader)``, or ``len(dataset)`` divided by the
     loader's own batch size; else None."""
-    loader = _iterated(window)
+    loader = iterated(window)
     if loader is None:
         return None
     sizes: set[str] = set()
