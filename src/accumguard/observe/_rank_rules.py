@@ -12,6 +12,7 @@ from accumguard.observe._records import Finding, RunRecording, StepWindow, _mk, 
 from accumguard.observe._weight_rules import (
     WEIGHT_TOL,
     WEIGHT_TOL_LOW_PRECISION,
+    _hand_mass,
     _Mass,
     _near,
     _window_mass,
@@ -188,7 +189,9 @@ def _reduce_fit(rows: list[StepWindow | None]) -> float | None:
             # inside the backwards (a tensor hook), so contrib already holds every rank's
             # gradient and the fit below would read c = 1/W; not judged
             return None
-        mass = _window_mass(w)
+        # a loss call's records, or a mean built by hand (`-logsigmoid(x).mean() / K`: its
+        # "mean" records)
+        mass = _window_mass(w) or _hand_mass(w)
         if mass is None or not (mass.sole or _terms_of_one_mean(mass, w)):
             return None
         low = low or mass.low
