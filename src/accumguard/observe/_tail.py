@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from accumguard.observe._schedules import deepspeed_schedulers, position, schedule_state
+from accumguard.observe import _schedules
 from accumguard.observe._tally import Tally
 
 __all__ = ["Tail"]
@@ -63,7 +63,7 @@ class Tail:
                                       and c is not lr.LRScheduler and "step" in vars(c))]:
             self._wrap(cls, "step", self._sched_step)
         ds = sys.modules.get("deepspeed.runtime.lr_schedules")
-        for cls in deepspeed_schedulers(ds) if ds is not None else []:
+        for cls in _schedules.deepspeed_schedulers(ds) if ds is not None else []:
             self._wrap(cls, "step", self._sched_step)
         return self
 
@@ -120,10 +120,13 @@ class Tail:
             out = orig(sched, *args, **kwargs)
             try:  # a scheduler's own attributes only; never into the caller
                 known = self.scheds.get(id(sched))
-                pos = position(sched)
+                pos = getattr(sched, "last_epoch", None)
+                if pos is None:  # DeepSpeed's schedulers
+                    pos = _schedules.position(sched)
                 if known is None or known["ref"]() is not sched:
+                    # (read through the module: the fault tests replace it there)
                     known = self.scheds[id(sched)] = {"ref": weakref.ref(sched),
-                                                     **schedule_state(sched)}
+                                                     **_schedules.schedule_state(sched)}
                 opt = getattr(sched, "optimizer", None)
                 known.update(pos=pos, at=self.steps,
                              own=self.per_optimizer.get(opt) if opt is not None else self.steps,

@@ -73,6 +73,23 @@ from accumguard.static.lint.families._windowtail import (
     site_in,
 )
 
+_COMPS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
+
+
+def _micro_steps_in_comprehension(ctx: FileContext, window: ast.AST) -> list[ast.AST]:
+    """The comprehensions of ``window`` that hold every one of its backwards (``losses =
+    [self.micro_step(b) for b in window_batches]``): the micro-steps run inside them, once
+    per element, and a step after them runs once per window. Empty when a backward runs
+    outside one."""
+    comps: list[ast.AST] = []
+    for b in ctx.window_backwards(window):
+        c = ctx.enclosing(b, _COMPS)
+        if c is None or ctx.enclosing(c, LOOPS) is not window and c is not window:
+            return []
+        if all(c is not x for x in comps):
+            comps.append(c)
+    return comps
+
 
 @rule("AG101")
 def step_every_micro_step(ctx: FileContext) -> Iterator[Finding]:
@@ -81,8 +98,12 @@ def step_every_micro_step(ctx: FileContext) -> Iterator[Finding]:
         facts = ctx.window_facts(window)
         if facts.summed_loss:
             continue  # the inner loop sums losses into one backward: K = 1
+        comps = _micro_steps_in_comprehension(ctx, window)
         for call in facts.unguarded_optimizer_steps:
             name = dotted(receiver(call)) or "optimizer"
+            if comps and ctx.enclosing(call, FUNCS) is ctx.enclosing(window, FUNCS) \
+                    and not any(ctx.enclosing(call, _COMPS) is c for c in comps):
+                continue  # the comprehension runs the window's micro-steps; the step follows it
             if facts.accelerate:
                 yield ctx.finding(
                     "AG101",
