@@ -7,6 +7,7 @@ re-exports the first two (pure Python, no torch)."""
 
 from __future__ import annotations
 
+from accumguard.observe._comm_rules import GRAD_OPS
 from accumguard.observe._ledger_source import reads_without_world_division
 from accumguard.observe._records import Finding, RunRecording, StepWindow, _mk, _n, _windows
 from accumguard.observe._weight_rules import (
@@ -293,15 +294,24 @@ def cross_rank_findings(rec: RunRecording) -> list[Finding]:
             text = ", ".join(f"rank {r}: {v[0]:.6g}" for r, v in sorted(sums.items()))
             evidence = (f"the gradient the optimizer received differs across ranks at step "
                         f"{_n(step)} (checksums {text}): ranks train different models")
-            if _never_synchronised(rec, [r for r in rec.ranks if rec.steps.get(r)]):
+            ranks = [r for r in rec.ranks if rec.steps.get(r)]
+            if _never_synchronised(rec, ranks):
                 return [_mk("F11", "error", None, step, None,
-                            evidence + "; no engine (DDP, FSDP, DeepSpeed) wrapped the model on "
-                            "any rank and the script all-reduced no gradient: the ranks never "
-                            "synchronise, each trains on its own data alone",
-                            title_="ranks never synchronise their gradients: each trains its own model",
-                            fix="Wrap the model for data parallelism (DDP, FSDP2, DeepSpeed) or "
-                                "all-reduce the gradients at each window's end. With Accelerate, "
-                                "check `accelerator.distributed_type` in each process: on a CPU "
+                            evidence + "; no gradient was reduced across ranks in any recorded "
+                            "step: no backward came from the forward of a data-parallel wrapper "
+                            "(DDP, FSDP2, DeepSpeed) and the script all-reduced no gradient "
+                            "itself. Either no wrapper holds the model, or its forward was "
+                            "bypassed (a loss computed through `ddp_model.module` or a method "
+                            "of it: DDP synchronises only the backward of a forward it ran)",
+                            title_="ranks never synchronise their gradients: each trains its "
+                                   "own model",
+                            fix="Compute the loss from the wrapped model's own forward "
+                                "(`out = ddp_model(batch)`), not through `ddp_model.module` or "
+                                "a method of it; if nothing wraps the model, wrap it (DDP, "
+                                "FSDP2, DeepSpeed; ZeroRedundancyOptimizer shards the optimizer "
+                                "state, it does not average gradients) or all-reduce the "
+                                "gradients at each window's end. With Accelerate, check "
+                                "`accelerator.distributed_type` in each process: on a CPU "
                                 "machine it needs `Accelerator(cpu=True)` to run data-parallel "
                                 "under torchrun or `accelerate launch`.")]
             return [_mk("F11", "error", None, step, None, evidence)]
@@ -321,13 +331,21 @@ def _by_step(rec: RunRecording) -> dict[int, dict[int, StepWindow]]:
 
 
 def _never_synchronised(rec: RunRecording, ranks: list[int]) -> bool:
-    """No rank's window went through an engine that synchronises gradients, and no rank's
-    script all-reduced a gradient of its own, in any step recorded."""
+    """No rank's window went through an engine that synchronises gradients (a DDP model
+    counts only where a backward came from its forward: its sync flag was read), and no
+    rank's script reduced a gradient of its own, in any step recorded (a parameter broadcast,
+    as ZeroRedundancyOptimizer's, is no reduction)."""
     for r in ranks:
         for s in rec.steps[r]:
             comm = s.get("comm")
-            if s.get("engine") not in (None, "local") or int(s.get("grad_collective_rounds") or 0) \
-                    or s.get("reductions") or (isinstance(comm, dict) and comm.get("rows")):
+            rows = comm.get("rows", []) if isinstance(comm, dict) else []
+            engine = s.get("engine")
+            flags = s.get("sync_micros") or []
+            if engine not in (None, "local", "ddp", "zero1") \
+                    or any(x is not None for x in flags) \
+                    or (engine in ("ddp", "zero1") and not flags) \
+                    or int(s.get("grad_collective_rounds") or 0) or s.get("reductions") \
+                    or any(row and row[0] in GRAD_OPS for row in rows):
                 return False
     return True
 
