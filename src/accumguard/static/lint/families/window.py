@@ -300,6 +300,9 @@ def _clip_beside_engine_step(ctx: FileContext, window: ast.AST, clips: list[ast.
         return
     ref = ctx.ds_config()
     ga = ref.ga if ref is not None else None
+    if ref is not None and ga is None:  # `"gradient_accumulation_steps": args.grad_accum`
+        node = ctx.ds_finder().value_node(ref, "gradient_accumulation_steps")
+        ga = ctx.int_value(node) if node is not None else None
     if ref is not None and not (isinstance(ga, int) and ga > 1):
         return
     if ref is None and not _reads_engine_ga(ctx):
