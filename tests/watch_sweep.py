@@ -117,3 +117,13 @@ def watch_many(out: Path, cases: dict[str, list[str]], *, k: int | None = None,
 
 def python_command(script: Path | str, *args: str) -> list[str]:
     return [sys.executable, str(script), *args]
+
+
+def torchrun_modes(tmp: Path, script_text: str, modes: tuple[str, ...]) -> dict[str, Watched]:
+    """``script_text`` written to ``tmp`` and run once per mode (its first argument) under
+    ``torchrun --nproc-per-node 2``, all in one launch (:func:`watch_many`)."""
+    script = tmp / "script.py"
+    script.write_text(script_text)
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+              "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script)]
+    return watch_many(tmp / "runs", {m: [*launch, m] for m in modes})

@@ -6,13 +6,10 @@ and the fix; the same loop through the wrapper is silent. 2 gloo ranks, one laun
 
 from __future__ import annotations
 
-import sys
 import textwrap
 
 import pytest
-from watch_sweep import Watched, watch_many
-
-from helpers import free_port
+from watch_sweep import Watched, torchrun_modes
 
 SCRIPT = textwrap.dedent('''
     import sys
@@ -58,12 +55,7 @@ SCRIPT = textwrap.dedent('''
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Watched]:
-    tmp = tmp_path_factory.mktemp("ddp_bypassed")
-    script = tmp / "bypass.py"
-    script.write_text(SCRIPT)
-    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-              "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script)]
-    return watch_many(tmp / "runs", {m: [*launch, m] for m in ("bypass", "through")})
+    return torchrun_modes(tmp_path_factory.mktemp("ddp_bypassed"), SCRIPT, ("bypass", "through"))
 
 
 def test_a_bypassed_ddp_forward_is_named(runs: dict[str, Watched]) -> None:

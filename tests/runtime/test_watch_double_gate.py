@@ -7,13 +7,10 @@ only). One launch for the cases (tests/watch_sweep.py)."""
 
 from __future__ import annotations
 
-import sys
 import textwrap
 
 import pytest
-from watch_sweep import Watched, watch_many
-
-from helpers import free_port
+from watch_sweep import Watched, torchrun_modes
 
 SCRIPT = textwrap.dedent('''
     import contextlib
@@ -70,12 +67,7 @@ SCRIPT = textwrap.dedent('''
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Watched]:
-    tmp = tmp_path_factory.mktemp("double_gate")
-    script = tmp / "gated.py"
-    script.write_text(SCRIPT)
-    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-              "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script)]
-    return watch_many(tmp / "runs", {m: [*launch, m] for m in ("twice", "once", "wasteful")})
+    return torchrun_modes(tmp_path_factory.mktemp("double_gate"), SCRIPT, ("twice", "once", "wasteful"))
 
 
 def test_a_wrapper_gated_by_the_loop_too_is_f14(runs: dict[str, Watched]) -> None:

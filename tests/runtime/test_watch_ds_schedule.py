@@ -5,13 +5,10 @@ real DeepSpeed ranks (ZeRO-1, GA = K = 4), one launch for the cases (tests/watch
 
 from __future__ import annotations
 
-import sys
 import textwrap
 
 import pytest
-from watch_sweep import Watched, watch_many
-
-from helpers import free_port
+from watch_sweep import Watched, torchrun_modes
 
 SCRIPT = textwrap.dedent('''
     import sys
@@ -48,13 +45,7 @@ SCRIPT = textwrap.dedent('''
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Watched]:
     pytest.importorskip("deepspeed")
-    tmp = tmp_path_factory.mktemp("ds_schedule")
-    script = tmp / "ds_sched.py"
-    script.write_text(SCRIPT)
-    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-              "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script)]
-    return watch_many(tmp / "runs", {m: [*launch, m] for m in ("decay_micro", "cosine_micro",
-                                                                "decay_ok")})
+    return torchrun_modes(tmp_path_factory.mktemp("ds_schedule"), SCRIPT, ("decay_micro", "cosine_micro", "decay_ok"))
 
 
 @pytest.mark.parametrize("mode", ["decay_micro", "cosine_micro"])

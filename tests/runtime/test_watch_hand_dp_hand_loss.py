@@ -6,13 +6,10 @@ loss weights come from the hand-built mean's records. Two real gloo ranks, one l
 
 from __future__ import annotations
 
-import sys
 import textwrap
 
 import pytest
-from watch_sweep import Watched, watch_many
-
-from helpers import free_port
+from watch_sweep import Watched, torchrun_modes
 
 SCRIPT = textwrap.dedent('''
     import sys
@@ -52,12 +49,7 @@ SCRIPT = textwrap.dedent('''
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Watched]:
-    tmp = tmp_path_factory.mktemp("hand_dp_hand_loss")
-    script = tmp / "hand_dp.py"
-    script.write_text(SCRIPT)
-    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-              "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script)]
-    return watch_many(tmp / "runs", {m: [*launch, m] for m in ("sum", "avg")})
+    return torchrun_modes(tmp_path_factory.mktemp("hand_dp_hand_loss"), SCRIPT, ("sum", "avg"))
 
 
 def test_a_sum_never_divided_by_w_is_f10(runs: dict[str, Watched]) -> None:

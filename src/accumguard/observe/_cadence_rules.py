@@ -15,20 +15,17 @@ required, on every judged window of the rank. No torch here.
 
 from __future__ import annotations
 
-from accumguard.observe._comm_rules import window_comm
+from accumguard.observe._comm_rules import WindowComm, window_comm
 from accumguard.observe._records import Finding, JsonObject, _mk
 
 __all__ = ["double_gate_findings"]
 
 
-def _loop_window(w: JsonObject) -> int | None:
+def _loop_window(w: JsonObject, c: WindowComm) -> int | None:
     """K_loop when the window's syncs fell on every K_loop-th backward and every loss term
     of every micro-step was divided by K_loop (0: the syncs do, and the window holds no loss
     records: sampled out); None otherwise."""
-    if w.get("engine") not in ("ddp", "fsdp2") or w.get("restarts"):
-        return None
-    c = window_comm(w)
-    if c is None or not c.extra_micros:
+    if w.get("engine") not in ("ddp", "fsdp2") or w.get("restarts") or not c.extra_micros:
         return None
     n = c.backwards
     syncs = [*sorted(c.extra_micros), n - 1]
@@ -58,15 +55,15 @@ def double_gate_findings(rank: int, windows: list[JsonObject],
     """``found`` with an F14 error when every judged window of the rank is m > 1 of the
     loop's own windows (then the EXTRA_SYNC warning, which says the syncs cost time only,
     is dropped: they are the loop's window boundaries)."""
-    judged = [w for w in windows if window_comm(w) is not None]
+    judged = [(w, c) for w in windows if (c := window_comm(w)) is not None]
     if not judged:
         return found
-    loops = [_loop_window(w) for w in judged]
+    loops = [_loop_window(w, c) for w, c in judged]
     read = {k for k in loops if k}
     if any(k is None for k in loops) or len(read) != 1:
         return found
     k = read.pop()
-    w = next(x for x, kk in zip(judged, loops, strict=True) if kk)
+    w = next(x for (x, _), kk in zip(judged, loops, strict=True) if kk)
     n = int(w["backwards"])
     m = n // k
     site = str(w["losses"][0][0])
