@@ -635,6 +635,13 @@ RULES: dict[str, Rule] = {
             "divide by the world size too (`len(ds) // (micro_bs * K * world_size)`), or count "
             "the rank's own loader: `len(loader) // K * epochs`",
         ),
+        _rule(
+            "AG170", "spawn-world-size-env", "F10", E, MED,
+            "the world size is read from the WORLD_SIZE variable with a default of 1 in ranks "
+            "that mp.spawn started, which sets none: a division by it averages nothing",
+            "read it from the process group, `dist.get_world_size()` after "
+            "`init_process_group`, or pass it to the spawned function as an argument",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

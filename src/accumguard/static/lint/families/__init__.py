@@ -62,6 +62,7 @@
 ``gradwrite``  AG167               .grad overwritten from autograd.grad on every micro-step
 ``wrapgate``   AG168               an optimizer wrapper that gates itself, gated again by the loop
 ``dphorizon``  AG169               a horizon over the whole dataset a DistributedSampler splits
+``spawnworld`` AG170               WORLD_SIZE read (default 1) in ranks mp.spawn started
 """
 
 from accumguard.static.lint.families import (
@@ -103,6 +104,7 @@ from accumguard.static.lint.families import (
     resume,
     scale,
     schedule,
+    spawnworld,
     sync,
     syncclip,
     synctail,
@@ -116,4 +118,4 @@ from accumguard.static.lint.families import (
     wrapgate,
 )
 
-__all__ = ["accelerate", "accloader", "acctail", "ampclip", "clipgrads", "commhook", "deepspeed", "dphorizon", "dsbatch", "dssched", "emastep", "epochtail", "factored", "fsdproot", "fsdpunits", "fused", "gradwrite", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfscale", "hfterms", "hftokens", "horizon", "lgmanual", "lgstep", "lgwindow", "loss", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "resume", "scale", "schedule", "sync", "syncclip", "synctail", "tailscale", "terms", "tokenmean", "tokhorizon", "twice", "unclearedopt", "window", "wrapgate"]
+__all__ = ["accelerate", "accloader", "acctail", "ampclip", "clipgrads", "commhook", "deepspeed", "dphorizon", "dsbatch", "dssched", "emastep", "epochtail", "factored", "fsdproot", "fsdpunits", "fused", "gradwrite", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfscale", "hfterms", "hftokens", "horizon", "lgmanual", "lgstep", "lgwindow", "loss", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "resume", "scale", "schedule", "spawnworld", "sync", "syncclip", "synctail", "tailscale", "terms", "tokenmean", "tokhorizon", "twice", "unclearedopt", "window", "wrapgate"]
