@@ -56,11 +56,14 @@ def bf16_plain(k: int) -> None:
         opt.zero_grad(set_to_none=True)
 
 
-def master(k: int, per_micro: bool = False) -> None:
+def master(k: int, per_micro: bool = False, reduce: bool = False) -> None:
+    """``reduce``: the masters' gradients all-reduced by hand (data parallelism without a
+    wrapper, the ranks' own data), then divided by the world size."""
     model = mlp().to(torch.bfloat16)
     masters = [p.detach().float().clone().requires_grad_(True) for p in model.parameters()]
     opt = torch.optim.SGD(masters, lr=0.1)
-    for win in windows(k):
+    rank = torch.distributed.get_rank() if reduce else 0
+    for win in windows(k, rank):
         for x, y in win:
             (F.cross_entropy(model(x.bfloat16()).float(), y) / k).backward()
             if per_micro:  # the fp32 sum: each micro-step's bf16 gradient moved out
@@ -71,6 +74,10 @@ def master(k: int, per_micro: bool = False) -> None:
         if not per_micro:  # the bf16 sum, copied once
             for p, m in zip(model.parameters(), masters, strict=True):
                 m.grad = p.grad.float()
+        if reduce:
+            for m in masters:
+                torch.distributed.all_reduce(m.grad)
+                m.grad /= torch.distributed.get_world_size()
         opt.step()
         opt.zero_grad(set_to_none=True)
         model.zero_grad(set_to_none=True)
@@ -146,6 +153,8 @@ SCENARIOS = {
     "bf16_plain": bf16_plain, "master": master,
     "master_ok": lambda k: master(k, per_micro=True), "autocast": autocast,
     "accumulator": accumulator,
+    "master_dp": lambda k: master(k, reduce=True),
+    "master_dp_ok": lambda k: master(k, per_micro=True, reduce=True),
     "fsdp_bf16": lambda k: fsdp(k, torch.bfloat16), "fsdp_fp32": lambda k: fsdp(k, torch.float32),
     "ds_bf16": lambda k: ds(k, None), "ds_fp32": lambda k: ds(k, "fp32"),
 }

@@ -199,6 +199,13 @@ class StepMachinery:
                     self._step_master = model_grad_sum(
                         self._tracked, self._step_members, w.starts, w.ends,
                         [p for g in getattr(opt, "param_groups", []) for p in g["params"]])
+                    master = self._step_master
+                    if master is not None and master.get("reached") is False \
+                            and self._collectives_seen != self._end_collectives:
+                        # a collective since the last backward (a hand all-reduce of the
+                        # masters' gradients) mixes in the other ranks' sums: the copy
+                        # cannot be paired by proportion on one rank, which is not a "no"
+                        master["reached"] = None
             # a root's parameter replaced (an embedding resized) or unfrozen since the root
             # was first seen: tracked from the next window (not an optimizer's own copies:
             # fp32 master weights get their .grad at the step, not from the backwards)
