@@ -642,6 +642,13 @@ RULES: dict[str, Rule] = {
             "read it from the process group, `dist.get_world_size()` after "
             "`init_process_group`, or pass it to the spawned function as an argument",
         ),
+        _rule(
+            "AG171", "accelerate-block-runs-a-window", "F14", E, MED,
+            "one accelerator.accumulate() block runs a whole window of backwards while the "
+            "Accelerator accumulates too: it steps once every K blocks, K windows",
+            "build the Accelerator with gradient_accumulation_steps=1 (the loop accumulates "
+            "already), or enter accumulate() once per micro-batch and let Accelerate gate the step",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

@@ -504,9 +504,37 @@ class FileIndex:
                 if isinstance(cur, ast.For | ast.AsyncFor) and isinstance(cur.target, ast.Name) \
                         and cur.target.id == recv.id:
                     it = cur.iter
+                    if isinstance(it, ast.Tuple | ast.List):  # `for o in (opt_a, opt_b):`
+                        return self._one_kind(it.elts, name)
                     return self.kind_of_receiver(it) if isinstance(it, ast.Name | ast.Attribute) \
                         and dotted(it) != name else "other"
+                if isinstance(cur, ast.For | ast.AsyncFor) and isinstance(cur.target, ast.Tuple):
+                    kind = self._unpacked_kind(cur.target, cur.iter, recv.id, name)
+                    if kind is not None:
+                        return kind
                 cur = self.parents.get(cur)
+        return "other"
+
+    def _one_kind(self, elts: list[ast.expr], name: str) -> str:
+        """The kind all of ``elts`` share (Names/Attributes other than ``name``), else 'other'."""
+        kinds = {self.kind_of_receiver(e) if isinstance(e, ast.Name | ast.Attribute)
+                 and dotted(e) != name else "other" for e in elts}
+        return kinds.pop() if len(kinds) == 1 else "other"
+
+    def _unpacked_kind(self, target: ast.Tuple, it: ast.expr, var: str, name: str) -> str | None:
+        """``for o, s in ((opt_a, sched_a), (opt_b, sched_b)):`` or ``for o, s in zip(opts,
+        scheds):``: the kind of what ``var`` takes (None: ``var`` is not unpacked here)."""
+        names = [e.id if isinstance(e, ast.Name) else None for e in target.elts]
+        if var not in names:
+            return None
+        i = names.index(var)
+        if isinstance(it, ast.Tuple | ast.List) and all(
+                isinstance(e, ast.Tuple | ast.List) and len(e.elts) == len(names) for e in it.elts):
+            return self._one_kind([e.elts[i] for e in it.elts], name)  # type: ignore[attr-defined]
+        if isinstance(it, ast.Call) and dotted(it.func) == "zip" and len(it.args) == len(names):
+            arg = it.args[i]
+            return self.kind_of_receiver(arg) if isinstance(arg, ast.Name | ast.Attribute) \
+                and dotted(arg) != name else "other"
         return "other"
 
     # ---------------------------------------------------------------- script-level facts

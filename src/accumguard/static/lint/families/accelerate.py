@@ -10,6 +10,12 @@ AG128 the ``Accelerator`` was built with ``gradient_accumulation_steps`` = K > 1
       running ``accelerator.backward`` steps its optimizer on every batch: without
       ``accumulate()`` Accelerate keeps ``sync_gradients`` True, so the prepared optimizer
       steps (and zero_grads) after every micro-batch, each on 1/K of its gradient.
+AG171 (F14) one ``accelerator.accumulate(model)`` block runs a whole window (a loop of
+      ``accelerator.backward`` calls) while the ``Accelerator`` was built with
+      ``gradient_accumulation_steps`` = K > 1: Accelerate counts one micro-step per block, so
+      the prepared optimizer steps on every K-th block only, once every K windows, and
+      ``backward`` divides each loss by K again (AG121's "G / K" is then not what happens:
+      the step gets the mean of K windows).
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from accumguard.static.lint.families._masked import (
 from accumguard.static.lint.families._modguard import k_values
 from accumguard.static.lint.families.twice import k_dividing_helpers, k_helper_result
 
-__all__ = ["accelerator_k_without_accumulate", "accelerator_ks", "names_k", "loss_divided_before_accelerator_backward"]
+__all__ = ["accelerate_block_runs_a_window", "accelerator_k_without_accumulate", "accelerator_ks", "names_k", "loss_divided_before_accelerator_backward"]
 
 
 def accelerator_ks(ctx: FileContext) -> set[int | None]:
@@ -102,6 +108,53 @@ def _loss_parts(ctx: FileContext, scope: ast.AST, call: ast.Call) -> set[str]:
             and (d := dotted(n)) is not None}
 
 
+def _window_blocks(ctx: FileContext) -> list[tuple[ast.With, ast.AST, ast.Call]]:
+    """``with accelerator.accumulate(...):`` blocks whose body runs a loop holding an
+    ``accelerator.backward`` call, and steps a prepared optimizer after that loop, inside
+    the block: (block, loop, step)."""
+    def compute() -> list[tuple[ast.With, ast.AST, ast.Call]]:
+        out = []
+        for block in ctx.of(ast.With):
+            if not any(isinstance(i.context_expr, ast.Call) and call_attr(i.context_expr) == "accumulate"
+                       and ctx.is_accelerator(receiver(i.context_expr)) for i in block.items):
+                continue
+            loops = [st for st in block.body if isinstance(st, ast.For | ast.While)
+                     and any(isinstance(n, ast.Call) and call_attr(n) == "backward"
+                             and ctx.is_accelerator(receiver(n)) for n in walk_all(st))]
+            if len(loops) != 1:
+                continue
+            after = block.body[block.body.index(loops[0]) + 1:]
+            steps = [n for st in after for n in walk_all(st) if isinstance(n, ast.Call)
+                     and call_attr(n) == "step" and ctx.kind_of_receiver(receiver(n)) == "optimizer"
+                     and not ctx.unprepared_optimizer(dotted(receiver(n)))]
+            if steps:
+                out.append((block, loops[0], steps[0]))
+        return out
+    return ctx._cached("accelerate_window_blocks", ctx.tree, compute)  # type: ignore[no-any-return]
+
+
+def _in_window_block(ctx: FileContext, node: ast.AST) -> bool:
+    return any(node in set(walk_all(loop)) for _, loop, _ in _window_blocks(ctx))
+
+
+@rule("AG171")
+def accelerate_block_runs_a_window(ctx: FileContext) -> Iterator[Finding]:
+    ks = accelerator_ks(ctx)
+    if not ks or not all(k is not None and k > 1 for k in ks):
+        return
+    k = max(k for k in ks if k is not None)
+    for block, loop, step in _window_blocks(ctx):
+        yield ctx.finding(
+            "AG171",
+            block.items[0].context_expr,
+            f"this `accumulate()` block runs a whole window (the loop at line {loop.lineno} "
+            f"calls `accelerator.backward` several times) while the Accelerator accumulates "
+            f"too (gradient_accumulation_steps = {k}): Accelerate counts one micro-step per "
+            f"block, so `{ast.unparse(step.func)}()` steps only on every {k}th block, once "
+            f"every {k} windows, and `accelerator.backward` divides each loss by {k} again",
+        )
+
+
 @rule("AG121")
 def loss_divided_before_accelerator_backward(ctx: FileContext) -> Iterator[Finding]:
     ks = accelerator_ks(ctx)
@@ -123,6 +176,8 @@ def loss_divided_before_accelerator_backward(ctx: FileContext) -> Iterator[Findi
             continue
         if _k_only_below(ctx, node, divisor) or _times_k(ctx, d[0]):
             continue
+        if _in_window_block(ctx, node):
+            continue  # AG171: the block runs a window; the step gets the mean of K of them
         scope = ctx.scope_of(node)
         backs = _accelerator_backwards(ctx, scope)
         if not backs:

@@ -6,7 +6,8 @@ optims[p].zero_grad()``, the "optimizer in backward" recipe) therefore steps on 
 backward. When the training loop runs several backwards per optimizer step (an inner
 ``for _ in range(ACCUM)`` around the backward, a loss divided by an accumulation count, a
 ``% K`` gate), each micro-batch is stepped on alone: K small steps instead of one.
-A hook whose step sits under an ``if`` (a boundary flag the loop sets) is left alone,
+A hook whose step sits under an ``if`` or after a guard clause (``if not self.sync:
+return``: a boundary flag the loop sets) is left alone,
 and so is a loop with one backward per step.
 """
 
@@ -16,7 +17,7 @@ import ast
 from collections.abc import Iterator
 
 from accumguard.static.findings import Finding
-from accumguard.static.lint._ast import FUNCS, call_attr, dotted, receiver
+from accumguard.static.lint._ast import FUNCS, call_attr, dotted, receiver, terminates
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 
@@ -38,19 +39,26 @@ def _hook_bodies(ctx: FileContext, arg: ast.AST) -> list[ast.AST]:
     return defs if len(defs) == 1 else []
 
 
+def _none_test(test: ast.AST) -> bool:
+    """``p.grad is None`` / ``is not None``: a test every backward passes the same way."""
+    return (isinstance(test, ast.Compare) and len(test.ops) == 1
+            and isinstance(test.ops[0], ast.IsNot | ast.Is)
+            and isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value is None)
+
+
 def _conditional(ctx: FileContext, node: ast.AST, hook: ast.AST) -> bool:
-    """``node`` sits under an ``if``/``while``/conditional expression inside ``hook`` (other
-    than a plain ``p.grad is not None`` test, which every backward passes)."""
+    """``node`` sits under an ``if``/``while``/conditional expression inside ``hook``, or
+    after a guard clause of it (``if not self.sync: return``), other than a plain ``p.grad
+    is not None`` test, which every backward passes."""
     cur = ctx.parents.get(node)
     while cur is not None and cur is not hook:
-        if isinstance(cur, ast.If | ast.IfExp | ast.While):
-            test = cur.test
-            if not (isinstance(test, ast.Compare) and len(test.ops) == 1
-                    and isinstance(test.ops[0], ast.IsNot | ast.Is)
-                    and isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value is None):
-                return True
+        if isinstance(cur, ast.If | ast.IfExp | ast.While) and not _none_test(cur.test):
+            return True
         cur = ctx.parents.get(cur)
-    return False
+    body = hook.body if isinstance(hook, ast.FunctionDef | ast.AsyncFunctionDef) else []
+    line = getattr(node, "lineno", 0)
+    return any(isinstance(st, ast.If) and st.lineno < line and terminates(st.body)
+               and not _none_test(st.test) for st in body)
 
 
 def _hook_steps(ctx: FileContext, hook: ast.AST) -> list[ast.Call]:
