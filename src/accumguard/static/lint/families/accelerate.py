@@ -113,7 +113,7 @@ def _window_blocks(ctx: FileContext) -> list[tuple[ast.With, ast.AST, ast.Call]]
     ``accelerator.backward`` call, and steps a prepared optimizer after that loop, inside
     the block: (block, loop, step)."""
     def compute() -> list[tuple[ast.With, ast.AST, ast.Call]]:
-        out = []
+        out: list[tuple[ast.With, ast.AST, ast.Call]] = []
         for block in ctx.of(ast.With):
             if not any(isinstance(i.context_expr, ast.Call) and call_attr(i.context_expr) == "accumulate"
                        and ctx.is_accelerator(receiver(i.context_expr)) for i in block.items):
@@ -147,7 +147,7 @@ def accelerate_block_runs_a_window(ctx: FileContext) -> Iterator[Finding]:
         yield ctx.finding(
             "AG171",
             block.items[0].context_expr,
-            f"this `accumulate()` block runs a whole window (the loop at line {loop.lineno} "
+            f"this `accumulate()` block runs a whole window (the loop at line {getattr(loop, 'lineno', '?')} "
             f"calls `accelerator.backward` several times) while the Accelerator accumulates "
             f"too (gradient_accumulation_steps = {k}): Accelerate counts one micro-step per "
             f"block, so `{ast.unparse(step.func)}()` steps only on every {k}th block, once "
