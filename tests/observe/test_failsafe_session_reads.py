@@ -96,7 +96,7 @@ def test_a_fault_in_a_read_of_the_loop_changes_nothing(
     assert all(torch.equal(a, b) for a, b in zip(plain, seen, strict=True))
 
 
-def _accelerate_loop(obs: Any | None) -> list[torch.Tensor]:
+def _accelerate_loop(obs: Any | None, broken_loader: bool = True) -> list[torch.Tensor]:
     accelerate = pytest.importorskip("accelerate")
     from accelerate.state import AcceleratorState, GradientState
 
@@ -107,7 +107,7 @@ def _accelerate_loop(obs: Any | None) -> list[torch.Tensor]:
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     acc = accelerate.Accelerator(cpu=True, gradient_accumulation_steps=K)
     model, opt = acc.prepare(model, opt)
-    if obs is not None:
+    if obs is not None and broken_loader:
         obs.accelerate_loader = _Broken([0, 0])
     g = torch.Generator().manual_seed(2)
     for _ in range(2 * K):
@@ -125,6 +125,24 @@ def test_a_fault_reading_accelerates_loader_state_changes_nothing(tmp_path: Path
     plain = _accelerate_loop(None)
     with recording(tmp_path) as obs:
         seen = _accelerate_loop(obs)
+        failure = obs.failure
+    assert failure is not None and "injected" in failure.error + failure.traceback
+    assert all(torch.equal(a, b) for a, b in zip(plain, seen, strict=True))
+
+
+def test_a_fault_counting_accelerates_blocks_changes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The read of Accelerate's block counter at each accelerator.backward: a fault in it
+    switches observation off, is reported, and the trained parameters are unchanged."""
+    plain = _accelerate_loop(None)
+    import accumguard.observe._observer as observer
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("injected: Accelerate's block counter")
+
+    monkeypatch.setattr(observer.Observer, "accelerate_block", broken)
+    with recording(tmp_path) as obs:
+        seen = _accelerate_loop(obs, broken_loader=False)
         failure = obs.failure
     assert failure is not None and "injected" in failure.error + failure.traceback
     assert all(torch.equal(a, b) for a, b in zip(plain, seen, strict=True))

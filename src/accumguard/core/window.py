@@ -211,6 +211,10 @@ class StepRecord:
     # shards ``p.grad.to_local()``, not the parameters): it read no ``.grad`` and clipped
     # nothing. Per such call, [backward passes before it, tensors it was given]; None: none
     clip_empty: list[list[int]] | None = None
+    # Accelerate: the backward passes of each ``accumulate()`` block the window's
+    # ``accelerator.backward`` calls ran in (Accelerate counts its micro-steps in blocks,
+    # and a block may run several backwards); None: no accelerator.backward
+    accelerate_blocks: list[int] | None = None
     # -- counts of the guard and the audit (not in a recording) ---------------------------
     # optimizer steps that closed the window: 1, 2 for a second step a guard in warn mode
     # let run, 0 for the audit's trailing micro-steps after the last step

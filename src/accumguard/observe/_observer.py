@@ -485,6 +485,19 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
         with self._quiet():
             return self.boundary.scale()
 
+    def accelerate_block(self, counter: object) -> None:
+        """An ``accelerator.backward`` with Accelerate's block counter (``Accelerator.step``,
+        moved by each ``accumulate()`` block) at ``counter``: a new block of the window when
+        it moved since the window's previous such backward."""
+        if type(counter) is not int:
+            return  # (an Accelerate without the counter: blocks unknown)
+        w = self._w
+        if counter != w.acc_last or not w.acc_blocks:
+            w.acc_last = counter
+            w.acc_blocks.append(1)
+        else:
+            w.acc_blocks[-1] += 1
+
     def _count_sched(self, sched: object) -> None:
         count = self._sched_counts.add(sched)
         opt = getattr(sched, "optimizer", None)

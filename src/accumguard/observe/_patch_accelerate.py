@@ -1,5 +1,6 @@
-"""The observer's patches of Accelerate: ``Accelerator.backward`` (one backward pass, and
-the ``gradient_accumulation_steps`` it declares) and ``AcceleratedScheduler.step``.
+"""The observer's patches of Accelerate: ``Accelerator.backward`` (one backward pass, the
+``gradient_accumulation_steps`` it declares, and its ``step`` counter, which each
+``accumulate()`` block moves: how many blocks a window ran) and ``AcceleratedScheduler.step``.
 
 Installed when ``accelerate.accelerator`` / ``accelerate.scheduler`` are imported (never
 imported from here); ``obs`` is the observer (a :class:`~._seams.PatchHost`). Accelerate's optimizer wrapper needs no patch: torch's global step
@@ -36,6 +37,7 @@ def patch_accelerator(obs: PatchHost, mod: ModuleType) -> None:
                 state = getattr(acc, "gradient_state", None)
                 if state is not None and getattr(state, "sync_with_dataloader", False):
                     obs.accelerate_loader[0 if getattr(state, "in_dataloader", True) else 1] += 1
+            obs.accelerate_block(getattr(acc, "step", None))
             if getattr(acc, "deepspeed_engine_wrapped", None) is not None:
                 # the engine's backward is the backward pass; its step follows it (see above)
                 return orig(acc, loss, *args, **kwargs)

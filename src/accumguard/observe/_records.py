@@ -165,9 +165,16 @@ def window_lines(steps: Sequence[JsonObject]) -> list[JsonObject]:
 
 def _backwards_per_micro(s: StepRecord) -> int:
     """Backward passes per micro-step when every micro-step runs the same number b > 1 of
-    them on one forward (an actor and a critic loss, each with its own backward): the
-    watched forwards before each backward are ``[f, 0, .., 0] * K`` with f > 0 and b - 1
-    zeros. 1 otherwise (one backward per micro-step, or a pattern that is not regular)."""
+    them: on one forward (an actor and a critic loss, each with its own backward), the
+    watched forwards before each backward being ``[f, 0, .., 0] * K`` with f > 0 and b - 1
+    zeros; or in each of two or more ``accumulate()`` blocks (Accelerate's micro-step). 1
+    otherwise (one backward per micro-step, or a pattern that is not regular)."""
+    blocks = s.accelerate_blocks
+    if blocks and len(blocks) >= 2 and len(set(blocks)) == 1 and blocks[0] >= 2 \
+            and sum(blocks) == int(s.backwards):
+        # Accelerate counts micro-steps in accumulate() blocks, and every block of the
+        # window ran the same b > 1 backwards (two batches per block, or a loop of its own)
+        return blocks[0]
     fw = s.forwards or []
     if len(fw) < 2 or len(fw) != int(s.backwards) or not fw[0]:
         return 1

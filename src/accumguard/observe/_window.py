@@ -63,6 +63,11 @@ class StepTally:
         # a DDP comm hook's input: (backward pass, the bucket's sum as a float64 tensor,
         # read at the step)
         self.hook_inputs: list[tuple[int, torch.Tensor]] = []
+        # Accelerate: the backwards of each accumulate() block the window's
+        # accelerator.backward calls ran in (a block begins where Accelerator.step, which
+        # each block moves, changed), and the counter's last value
+        self.acc_blocks: list[int] = []
+        self.acc_last: object = None
 
     def without_first(self, n: int) -> StepTally:
         """This window less its first ``n`` backward passes: those ran before the stepping
@@ -157,7 +162,8 @@ class StepTally:
             restarts=self.restarts, opt_serial=opt_serial, unborn=unborn,
             rank_factor_units=rank_factor_units, began_on_grad=self.began_on_grad,
             hook_in=self._hook_in() if self.hook_inputs else None,
-            clip_empty=self.clip_empty or None)  # (this tally's own lists: no copy)
+            clip_empty=self.clip_empty or None,  # (this tally's own lists: no copy)
+            accelerate_blocks=self.acc_blocks or None)
 
     def _hook_in(self) -> list[list[float]] | None:
         """[backward pass, bucket sum] per comm hook call: one host read for all of them
