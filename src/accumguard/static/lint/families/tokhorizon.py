@@ -5,8 +5,9 @@ nanoGPT-style loops give their schedule in tokens and convert it to optimizer it
 ``max_iters = max_tokens // tokens_per_iter`` with ``tokens_per_iter = K * B * T``. A second
 conversion of the same kind that divides by one micro-batch's tokens (``warmup_iters =
 warmup_tokens // (B * T)``) counts micro-batches: the horizon is K times what the tokens
-say (a warmup K times longer, a decay that ends K times later). The file proves both
-conversions and which one holds K; whether the longer horizon was meant is not in sight,
+say (a warmup K times longer, a decay that ends K times later). A conversion is read
+inline or through a helper of the file (``tokens_to_iters(n)`` returning ``n // (B * T)``).
+The file proves both conversions and which one holds K; whether the longer horizon was meant is not in sight,
 hence a warning.
 """
 
@@ -52,6 +53,30 @@ def _has_k(ctx: FileContext, values: Mapping[str, ast.AST], expr: ast.AST, depth
                and _has_k(ctx, values, values[n.id], depth - 1) for n in walk_all(expr))
 
 
+def _through_helper(ctx: FileContext, value: ast.AST) -> tuple[ast.AST, ast.AST] | None:
+    """``tokens_to_iters(warmup_tokens)`` where the file's ``tokens_to_iters(n)`` returns
+    ``n // d`` (its one ``return``): (the budget given, ``d``)."""
+    if not (isinstance(value, ast.Call) and isinstance(value.func, ast.Name)
+            and len(value.args) == 1 and not value.keywords
+            and _BUDGET.search(label(value.args[0]))):
+        return None
+    defs = ctx.defs_by_name().get(value.func.id, [])
+    if len(defs) != 1 or len(defs[0].args.args) != 1:
+        return None
+    rets = [r for r in walk_all(defs[0]) if isinstance(r, ast.Return) and r.value is not None]
+    if len(rets) != 1 or rets[0].value is None:
+        return None
+    ret: ast.AST = rets[0].value
+    while isinstance(ret, ast.Call) and len(ret.args) == 1 and not ret.keywords \
+            and (dotted(ret.func) or "").rsplit(".", 1)[-1] in ("int", "ceil", "floor", "round"):
+        ret = ret.args[0]
+    param = defs[0].args.args[0].arg
+    if isinstance(ret, ast.BinOp) and isinstance(ret.op, ast.FloorDiv | ast.Div) \
+            and isinstance(ret.left, ast.Name) and ret.left.id == param:
+        return value.args[0], ret.right
+    return None
+
+
 @rule("AG145")
 def horizon_from_micro_batch_tokens(ctx: FileContext) -> Iterator[Finding]:
     scopes: list[ast.AST] = [ctx.tree, *ctx.of(ast.FunctionDef, ast.AsyncFunctionDef)]
@@ -64,7 +89,7 @@ def horizon_from_micro_batch_tokens(ctx: FileContext) -> Iterator[Finding]:
             if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
                 continue
             target = dotted(node.targets[0]) or ""
-            conv = _conversion(node.value)
+            conv = _conversion(node.value) or _through_helper(ctx, node.value)
             if conv is not None:
                 convs.append((node, target, conv[0], conv[1]))
         with_k = [c for c in convs if _has_k(ctx, values, c[3])]
