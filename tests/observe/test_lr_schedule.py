@@ -1,7 +1,9 @@
 """F4 for a learning-rate schedule written by hand into ``param_groups`` (nanoGPT's
 ``get_lr(it)``): traced in-process by the observer at every backward, judged on the step
-records. Indexed by the micro-step it is an error (the evidence says when the run shows the
-schedule ending K x early); indexed by the optimizer step, or driven by a scheduler, silent."""
+records. Moving between the backwards of a window, it is an error when the run shows the
+schedule ending K x early (its lengths count optimizer steps), else a warning saying both
+readings (a schedule counting data consumed, minGPT's tokens, gives each step the large
+batch's rate); indexed by the optimizer step, or driven by a scheduler, silent."""
 
 from __future__ import annotations
 
@@ -76,12 +78,15 @@ def test_per_micro_step_schedule_with_a_horizon_in_optimizer_steps_is_an_error()
     assert "get_lr(iter_num)" in found[0].fix
 
 
-def test_per_micro_step_schedule_still_moving_is_an_error() -> None:
-    # the run stops before the schedule's end: whatever its lengths count, the large batch
-    # computes it once per optimizer step (as for a scheduler object stepped in the window)
+def test_per_micro_step_schedule_still_moving_is_a_warning() -> None:
+    # the run stops before the schedule's end: a counter of micro-steps (wrong) and a count
+    # of tokens consumed (minGPT, right: the large batch consumes the same tokens per step)
+    # move the rate alike, so which one is not seen (blind round 85 c_b02_fixed was the latter)
     found = lr_schedule_findings(0, _windows(_run(steps=6, k=4, per_micro=True, horizon=200)), 4)
-    assert _sev(found) == {("F4", "error")}, found
-    assert "4 x later" in found[0].evidence
+    assert _sev(found) == {("F4", "warning")}, found
+    ev = found[0].evidence
+    assert "advances 4 x per step" in ev and "counts data consumed" in ev, ev
+    assert "which one is not seen" in ev and "indexed by the micro-step" not in ev, ev
 
 
 def test_step_indexed_and_scheduler_driven_schedules_are_silent() -> None:
@@ -92,12 +97,12 @@ def test_step_indexed_and_scheduler_driven_schedules_are_silent() -> None:
 
 
 def test_a_micro_step_horizon_ending_with_the_run_is_still_per_micro_step() -> None:
-    # indexed by micro-steps and counted in micro-steps: the schedule ends with the run, but
-    # each update's rate is the one K micro-steps on, not the large batch's (the same
-    # decision as for a scheduler object stepped inside the window)
+    # indexed by micro-steps and counted in micro-steps: the schedule ends with the run; a
+    # counter of micro-steps gives each update the rate K micro-steps on (wrong), a count of
+    # tokens consumed the large batch's (right): a warning
     found = lr_schedule_findings(0, _windows(_run(steps=8, k=4, per_micro=True, horizon=30)),
                                  4)
-    assert _sev(found) == {("F4", "error")}, found
+    assert _sev(found) == {("F4", "warning")}, found  # (a token count would move alike)
     assert "reached its end" not in found[0].evidence
 
 

@@ -3,12 +3,12 @@
 :mod:`._lr_trace` records, per window, how often the optimizers' learning rates changed
 between two backward passes (``lr_changes``) and the rate at the step (``lr``). A schedule
 indexed by the optimizer step changes the rate between windows only; one indexed by the
-micro-step changes it between every two backward passes and so advances K times per
-optimizer step. That is an error, as a scheduler object stepped between the backwards of
-a window is (:mod:`._schedules`): the large batch computes the same schedule once per
-optimizer step, so its warm-up and decay come K times later than this run's. When the run
-shows the consequence (the rate stopped changing at 1/K of the run: a horizon counted in
-optimizer steps, reached K times early) the evidence says so.
+micro-step changes it between every two backward passes. Only the rate at the step reaches
+the update, so that is wrong only when the schedule's lengths count optimizer steps (it then
+advances K times per step); a schedule counting data consumed (minGPT's tokens, micro-batches)
+with its lengths in the same units gives each step the large batch's rate. An error when
+the run shows it (the rate stopped changing at 1/K of the run: a horizon counted in
+optimizer steps, reached K times early); a warning saying both readings otherwise.
 """
 
 from __future__ import annotations
@@ -18,6 +18,15 @@ from accumguard.observe._records import Finding, StepWindow, _mk
 __all__ = ["lr_schedule_findings"]
 
 _TITLE = "learning-rate schedule advanced per micro-step (written by hand, no scheduler)"
+
+_TITLE_UNSEEN = ("learning rate rewritten between backward passes (written by hand): K x "
+                 "fast if its schedule counts optimizer steps")
+
+_FIX_UNSEEN = ("If the schedule's lengths count optimizer steps, compute the rate once per "
+               "optimizer step from the optimizer-step counter (nanoGPT style: lr = "
+               "get_lr(iter_num) before the micro-step loop, iter_num += 1 after "
+               "optimizer.step()); a schedule counting tokens or micro-batches with lengths in "
+               "the same units needs no change")
 
 _FIX = ("Compute the learning rate once per optimizer step from the optimizer-step counter "
         "(nanoGPT style: lr = get_lr(iter_num) before the micro-step loop, iter_num += 1 "
@@ -97,10 +106,13 @@ def lr_schedule_findings(rank: int, windows: list[StepWindow], k: int | None
                     f"steps reached its end {kk} x early, and the remaining {flat} steps ran "
                     f"at its final rate", fix=_FIX, title_=_TITLE)]
     step = first.step
-    return [_mk("F4", "error", rank, step, None,
-                f"{where}. The large batch computes the same schedule once per optimizer "
-                f"step: its warm-up and decay come {kk} x later than this run's (the run did "
-                "not reach the schedule's end, so whether its lengths count optimizer steps "
-                "or micro-steps is not seen; either way each update's rate is not the large "
-                "batch's)",
-                fix=_FIX, title_=_TITLE)]
+    seen = where.replace(" is indexed by the micro-step and advances", " moves")
+    return [_mk("F4", "warning", rank, step, None,
+                f"{seen}. Only the rate at the step reaches the update. If the schedule counts "
+                f"optimizer steps (its warm-up and decay lengths in steps), it advances {kk} x "
+                f"per step and its warm-up and decay come {kk} x early. If it counts data "
+                "consumed (micro-batches, tokens or samples, as minGPT's token schedule does) "
+                "with its lengths in the same units, the rate at each step is the large "
+                "batch's. The run did not reach the schedule's end, so which one is not seen: "
+                "a warning, not an error",
+                fix=_FIX_UNSEEN, title_=_TITLE_UNSEEN)]

@@ -225,17 +225,22 @@ def _implied_window(r: list[Any]) -> int | None:
     return round(m) if round(m) >= 1 and abs(m - round(m)) <= 1e-3 * m else None
 
 
-def mixed_window_findings(rank: int | None, windows: list[StepWindow]) -> list[Finding]:
+def mixed_window_findings(rank: int | None, windows: list[StepWindow],
+                          k_run: int | None = None) -> list[Finding]:
     """F13, the window's boundary and its normalisation disagreeing: one window's
     micro-steps, at one loss call with the same count of units each, normalised for
     different window sizes (the first divided as one of a window of 4, the last as one of
     a window of 2): its units weigh unequally, which no large batch does. The boundary came
     where the script's own count did not expect it (a window counter that ran on across an
     epoch while the divisor follows the epoch's position, or the other way round). Only
-    divisions by constants are read, every one an exact window size."""
+    divisions by constants are read, every one an exact window size. Judged on windows of
+    the run's K (``k_run``) inside one pass over a DataLoader: a longer window, or one
+    spanning two passes, is a leak or a late boundary, which the window-size rules name."""
     for w in windows:
         k = w.window
-        if k < 2 or int(w.zero_grads_between) or w.backwards_per_micro != 1:
+        if k < 2 or int(w.zero_grads_between) or w.backwards_per_micro != 1 \
+                or (k_run is not None and k != k_run) \
+                or any(0 < j < k for j in (w.data_pass_starts or [])):
             continue
         for (site, _), by_micro in sorted(_loss_groups(w).items()):
             if len(by_micro) != k or any(m not in by_micro for m in range(k)):

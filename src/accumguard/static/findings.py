@@ -649,6 +649,12 @@ RULES: dict[str, Rule] = {
             "build the Accelerator with gradient_accumulation_steps=1 (the loop accumulates "
             "already), or enter accumulate() once per micro-batch and let Accelerate gate the step",
         ),
+        _rule(
+            "AG173", "lightning-loss-divided-by-k", "LOSS_SCALE", E, HI,
+            "a LightningModule's training_step returns its loss divided by K, and Lightning's "
+            "automatic optimisation divides it by accumulate_grad_batches again: G / K",
+            "return the loss undivided: Lightning scales it by 1/accumulate_grad_batches itself",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

@@ -7,6 +7,11 @@ window's share (a token or sample sum divided by the count of the K micro-batche
 Hugging Face Trainer's ``num_items_in_batch``) then weighs 1/K of what the large batch gives
 it: the update is G / K. Right is the same loss times ``accumulate_grad_batches``. The window count is known by its name (``win_tokens``,
 ``window_tokens``, ``num_items_in_batch``): a warning, not an error.
+
+AG173 (LOSS_SCALE): ``training_step`` returns its loss divided by K itself
+(``loss / self.trainer.accumulate_grad_batches``, or the value the Trainer's
+``accumulate_grad_batches=`` is given), the habit of a hand-written loop: Lightning divides
+the returned loss by K again, so each micro-batch weighs 1/K^2 and the update is G / K.
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ from accumguard.static.lint.families._lightning import (
     returned_losses,
 )
 
-__all__ = ["lightning_window_count_divided_by_k", "window_count_division"]
+__all__ = ["lightning_loss_divided_by_k", "lightning_window_count_divided_by_k",
+           "window_count_division"]
 
 #: a count of the whole window (every micro-batch of the step), by its name
 _WINDOW_COUNT = re.compile(r"(^|_)(win|window)(_|$)|num_items_in_batch|items_in_window|"
@@ -127,5 +133,47 @@ def lightning_window_count_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
                 fix="multiply the returned loss by `self.trainer.accumulate_grad_batches` "
                     "(Lightning divides by it; on several processes also by the number of "
                     "processes when the count is summed over all of them)",
+            )
+            break
+
+
+def _divided_by_k(ctx: FileContext, fn: ast.AST, loss: ast.AST) -> ast.AST | None:
+    """The divisor when ``loss`` (as assigned in ``fn``) is divided by K itself: Lightning's
+    own ``accumulate_grad_batches`` attribute, or a name the file says is K, alone."""
+    for _, div in _divisions(_expanded(fn, loss)):
+        if isinstance(div, ast.Attribute) and div.attr == "accumulate_grad_batches":
+            return div
+        if isinstance(div, ast.Name | ast.Attribute) and ctx.mentions_accum(div):
+            return div
+    return None
+
+
+@rule("AG173")
+def lightning_loss_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
+    for fn in ctx.of(ast.FunctionDef):
+        if fn.name != "training_step" or not automatic_lightning_module(ctx, fn):
+            continue
+        for loss in returned_losses(fn):
+            div = _divided_by_k(ctx, fn, loss)
+            if div is None:
+                continue
+            own = isinstance(div, ast.Attribute) and div.attr == "accumulate_grad_batches"
+            if not own and not lightning_accumulates(ctx):
+                continue  # a K of the file's own, with the Trainer's out of sight
+            parts = _expanded(fn, loss)
+            if any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult)
+                   and (ctx.mentions_accum(n.left) or ctx.mentions_accum(n.right)
+                        or "accumulate_grad_batches" in ast.unparse(n))
+                   for part in parts for n in walk_all(part)):
+                continue  # multiplied by K somewhere too: not a plain second division
+            yield ctx.finding(
+                "AG173",
+                loss,
+                f"`training_step` returns its loss divided by `{ast.unparse(div)}` (K), and "
+                "under automatic optimisation Lightning divides the returned loss by "
+                "accumulate_grad_batches again: each micro-batch weighs 1/K^2, so the update "
+                "is G / K",
+                fix="return the loss undivided: Lightning scales it by 1/accumulate_grad_batches "
+                    "itself",
             )
             break

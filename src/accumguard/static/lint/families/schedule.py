@@ -68,9 +68,18 @@ def _prepared_names(ctx: FileContext) -> set[str] | None:
     return ctx._cached("prepared_names", ctx.tree, compute)  # type: ignore[no-any-return]
 
 
+def _scheduler_ungated(ctx: FileContext) -> bool:
+    """An ``Accelerator(step_scheduler_with_optimizer=False)`` of the file: its prepared
+    schedulers step whenever called, not only with the optimizer."""
+    return any((dotted(c.func) or "").rsplit(".", 1)[-1] == "Accelerator" and any(
+        k.arg == "step_scheduler_with_optimizer" and isinstance(k.value, ast.Constant)
+        and k.value.value is False for k in c.keywords) for c in ctx.of(ast.Call))
+
+
 def _unprepared_scheduler_steps(ctx: FileContext, window: ast.AST) -> Iterator[Finding]:
     """Inside ``accelerator.accumulate(...)`` Accelerate gates the *prepared* scheduler's step;
-    a scheduler built in the file and never handed to ``prepare`` steps on every micro-batch."""
+    a scheduler built in the file and never handed to ``prepare`` steps on every micro-batch,
+    and so does a prepared one under ``step_scheduler_with_optimizer=False``."""
     k = _accelerator_k(ctx)
     prepared = _prepared_names(ctx)
     expr = _accelerator_k_expr(ctx) if k is None else None
@@ -78,19 +87,25 @@ def _unprepared_scheduler_steps(ctx: FileContext, window: ast.AST) -> Iterator[F
             k is None and (expr is None or isinstance(expr, ast.Constant))):
         return
     shown = str(k) if k is not None else f"`{ast.unparse(expr)}`" if expr is not None else "?"
+    ungated = _scheduler_ungated(ctx)
     for call, kind in ctx.window_facts(window).steps:
         name = dotted(receiver(call))
-        if kind != "scheduler" or name is None or name in prepared or name not in ctx.schedulers \
-                or ctx.guarded(call, window):
+        if kind != "scheduler" or name is None or (name in prepared and not ungated) \
+                or name not in ctx.schedulers or ctx.guarded(call, window):
             continue
+        why = (f"`{name}` was handed to `accelerator.prepare`, but the Accelerator was built "
+               "with `step_scheduler_with_optimizer=False`, so the prepared scheduler steps on "
+               "every call" if name in prepared else
+               f"`{name}` was never handed to `accelerator.prepare`, so Accelerate does not "
+               "gate its step")
         finding = ctx.finding(
             "AG103",
             call,
-            f"`{name}.step()` runs on every micro-batch: `{name}` was never handed to "
-            "`accelerator.prepare`, so Accelerate does not gate its step under `accumulate()` "
+            f"`{name}.step()` runs on every micro-batch: {why} under `accumulate()` "
             f"(gradient_accumulation_steps = {shown}): the learning-rate schedule advances K "
-            "times per optimizer step; prepare it, or step it under "
-            "`if accelerator.sync_gradients:`"
+            "times per optimizer step; "
+            + ("step it under `if accelerator.sync_gradients:`" if name in prepared else
+               "prepare it, or step it under `if accelerator.sync_gradients:`")
             + ("" if k is not None else " (K is not in sight: with K = 1 this is right)"),
         )
         yield finding if k is not None else replace(
