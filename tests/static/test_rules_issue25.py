@@ -179,7 +179,8 @@ for x, y in loader:
     ("", "steps", ["AG125"]),
     ("", "steps * accelerator.num_processes", []),
     (", split_batches=True", "steps", []),
-    (", step_scheduler_with_optimizer=False", "steps", []),
+    # (unlinked from the optimizer, the prepared scheduler steps on every call: AG103)
+    (", step_scheduler_with_optimizer=False", "steps", ["AG103"]),
     ("", "2 * math.ceil(len(loader) / 4)", []),
 ])
 def test_accelerate_horizon_per_process(extra: str, horizon: str, codes: list[str]) -> None:

@@ -655,6 +655,13 @@ RULES: dict[str, Rule] = {
             "automatic optimisation divides it by accumulate_grad_batches again: G / K",
             "return the loss undivided: Lightning scales it by 1/accumulate_grad_batches itself",
         ),
+        _rule(
+            "AG174", "hf-scaled-flag-on-micro-mean", "LOSS_SCALE", E, HI,
+            "a Trainer subclass sets loss_is_scaled_for_ga = True, so the Trainer never divides "
+            "by K, while its compute_loss returns a per-micro-batch mean: K x the large batch",
+            "return the window's share (the summed loss divided by num_items_in_batch), or set "
+            "loss_is_scaled_for_ga = False so the Trainer divides the mean by K",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

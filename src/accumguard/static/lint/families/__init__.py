@@ -23,7 +23,7 @@
 ``epochtail``  AG131               Lightning epochs (or their last window) shorter than K
 ``hfscale``    AG136               an HF compute_loss normalised by num_items_in_batch and divided by K;
                AG143               ... or never multiplied by the number of processes (G / W);
-               AG118               ... or a per-micro-batch mean that ignores num_items_in_batch
+               AG118 AG174         ... or a per-micro-batch mean that ignores num_items_in_batch (x K when flagged scaled)
 ``hfterms``    AG142               an HF Trainer loss term that is a micro-batch mean beside a
                                    num_items_in_batch-normalised term, not divided by K
 ``fsdpunits``  AG156               an FSDP2 divide factor set on one unit of several

@@ -17,7 +17,8 @@ division by K and the normalisation by ``num_items_in_batch`` are both in the me
 first applied to the second (inline, or through a name the method assigns).
 
 AG118 (F5, at the end): a ``compute_loss`` override that returns a per-micro-batch mean and
-never uses ``num_items_in_batch``.
+never uses ``num_items_in_batch``; AG174 (LOSS_SCALE) beside it when the class sets
+``loss_is_scaled_for_ga = True``: the Trainer then never divides by K, K x the large batch.
 """
 
 from __future__ import annotations
@@ -408,7 +409,7 @@ def hf_compute_loss_falls_back_to_micro_mean(ctx: FileContext) -> Iterator[Findi
         ), severity=Severity.WARNING, confidence=Confidence.MEDIUM)
 
 
-@rule("AG118")
+@rule("AG118", "AG174")
 def hf_compute_loss_ignores_num_items(ctx: FileContext) -> Iterator[Finding]:
     """A ``Trainer`` subclass whose ``compute_loss`` returns a per-micro-batch mean and never
     uses ``num_items_in_batch``, with gradient accumulation on."""
@@ -457,3 +458,13 @@ def hf_compute_loss_ignores_num_items(ctx: FileContext) -> Iterator[Finding]:
         if not sure:
             finding = replace(finding, severity=Severity.WARNING, confidence=Confidence.MEDIUM)
         yield finding
+        if flag is True and by_k is None and ga != 1:
+            # the class says the loss is scaled for accumulation: the Trainer never divides
+            yield ctx.finding(
+                "AG174",
+                node,
+                f"`{cls.name}` sets `loss_is_scaled_for_ga = True`, so the Trainer does not "
+                f"divide the loss by K, but `compute_loss` returns a per-micro-batch mean "
+                f"({what}), not the window's share: the window's gradient is the sum of K "
+                "micro-batch means, K times the large batch's",
+            )
