@@ -215,7 +215,7 @@ def mean_of_means(ctx: FileContext) -> Iterator[Finding]:
         explicit = _per_micro_batch_token_mean(ctx, part) or (
             "summed over the ranks" if micro else None)
         hints, summed = token_mean_hints(ctx, scope)
-        if by_engine and not summed:
+        if (by_engine or not hints) and not summed:
             # the loss computed in a helper the window calls (`token_ce(...)`): a mean, or a
             # sum (the window's count read in the window itself is then its normaliser)
             called = [f for n in ctx.local_nodes(window) if isinstance(n, ast.Call)
