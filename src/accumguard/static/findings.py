@@ -662,6 +662,13 @@ RULES: dict[str, Rule] = {
             "return the window's share (the summed loss divided by num_items_in_batch), or set "
             "loss_is_scaled_for_ga = False so the Trainer divides the mean by K",
         ),
+        _rule(
+            "AG175", "rank-local-progress-whole-dataset", "F4", E, MED,
+            "a schedule written by hand counts the data this rank consumed against a horizon "
+            "counting the whole dataset a DistributedSampler splits: it moves W x slow",
+            "count over the ranks (all-reduce each step's count before adding it), or divide "
+            "the horizon by the world size",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

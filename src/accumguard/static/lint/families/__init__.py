@@ -62,7 +62,7 @@
 ``fsdproot``   AG166               FSDP2 applied to a model's submodules only, never to the model
 ``gradwrite``  AG167               .grad overwritten from autograd.grad on every micro-step
 ``wrapgate``   AG168               an optimizer wrapper that gates itself, gated again by the loop
-``dphorizon``  AG169               a horizon over the whole dataset a DistributedSampler splits
+``dphorizon``  AG169 AG175         a horizon over the whole dataset a DistributedSampler splits
 ``spawnworld`` AG170               WORLD_SIZE read (default 1) in ranks mp.spawn started
 """
 

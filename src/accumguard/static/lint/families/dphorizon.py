@@ -11,11 +11,18 @@ other length), divides by K (so it means optimizer steps), holds no world-size f
 the scheduler is stepped at an accumulation boundary. The horizon is read through names
 assigned once and through a helper of the file that returns it in a tuple
 (``total, warmup = plan_schedule(cfg, train_ds)``).
+
+AG175 (F4): the same split in a schedule written by hand that counts data consumed (minGPT's
+``self.tokens += (y >= 0).sum()``): the count is this rank's own (never all-reduced) while the
+horizon it is compared with counts the whole dataset a ``DistributedSampler`` splits
+(``final_tokens = epochs * len(ds) * block_size``): each rank consumes 1/W of it, so the
+schedule moves W x slow and never gets past 1/W of its decay.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 
 from accumguard.static.findings import Finding
@@ -31,7 +38,13 @@ from accumguard.static.lint.families._horizonexpr import (
     window_of,
 )
 
-__all__ = ["horizon_over_whole_dataset"]
+__all__ = ["horizon_over_whole_dataset", "rank_local_progress_against_whole_dataset"]
+
+#: a counter of data consumed (tokens, samples) and a horizon in the same units
+_PROGRESS = re.compile(r"^(n_)?(tokens?|samples?|examples?)(_seen|_consumed|_processed)?$|"
+                       r"^(seen|consumed|processed)_(tokens|samples|examples)$", re.IGNORECASE)
+_DATA_HORIZON = re.compile(r"(final|total|max|train)_?(tokens|samples|examples)|"
+                           r"(tokens|samples|examples)_?(total|budget)", re.IGNORECASE)
 
 
 def _split_datasets(ctx: FileContext) -> set[str]:
@@ -120,3 +133,51 @@ def horizon_over_whole_dataset(ctx: FileContext) -> Iterator[Finding]:
             f"rank's loader, and `{name}.step()` once per optimizer step, make W times fewer "
             "steps, so the schedule ends W x late and never gets past 1/W of its way",
         )
+
+
+def _last(node: ast.AST) -> str:
+    return (dotted(node) or "").rsplit(".", 1)[-1]
+
+
+@rule("AG175")
+def rank_local_progress_against_whole_dataset(ctx: FileContext) -> Iterator[Finding]:
+    split = _split_datasets(ctx)
+    if not split:
+        return
+    for bump in ctx.of(ast.AugAssign):
+        if not (isinstance(bump.op, ast.Add) and _PROGRESS.search(_last(bump.target))):
+            continue
+        fn = ctx.enclosing(bump, (ast.FunctionDef, ast.AsyncFunctionDef))
+        scope = fn if fn is not None else ctx.tree
+        reduced = ctx.all_reduced_names(scope)
+        value_names = {d for n in walk_all(bump.value) if (d := dotted(n))}
+        if value_names & reduced or any(WORLD_RE.search(d.lower()) for d in value_names) \
+                or any(isinstance(n, ast.Call) and call_attr(n) in ("all_reduce", "gather",
+                       "all_gather", "reduce") for n in walk_all(bump.value)):
+            continue  # counted over the ranks
+        horizons = {_last(n) for n in walk_all(scope)
+                    if isinstance(n, ast.Name | ast.Attribute) and _DATA_HORIZON.search(_last(n))}
+        for h in sorted(horizons):
+            values = [a.value for a in ctx.of(ast.Assign)
+                      if any(_last(t) == h for t in a.targets)]
+            if len(values) != 1:
+                continue
+            lens = {d for n in walk_all(values[0]) if isinstance(n, ast.Call)
+                    and dotted(n.func) == "len" and n.args and (d := dotted(n.args[0]))}
+            names = {d for n in walk_all(values[0]) if (d := dotted(n))}
+            # (the dataset the sampler splits may reach the schedule under another name, a
+            # trainer's `self.train_dataset` built from `ds`: one split dataset in the file
+            # stands for the dataset the horizon's len() reads)
+            if not lens or (lens - split and len(split) != 1) \
+                    or any(WORLD_RE.search(d.rsplit(".", 1)[-1].lower()) for d in names):
+                continue
+            ds = sorted(lens)[0]
+            yield ctx.finding(
+                "AG175",
+                bump,
+                f"`{ast.unparse(bump)}` counts the data this rank consumed (never all-reduced), "
+                f"and the schedule compares it with `{h}` = `{ast.unparse(values[0])}`, which "
+                f"counts the whole `{ds}`; a `DistributedSampler` gives each rank 1/W of it, so "
+                "the schedule moves W x slow and never gets past 1/W of its way",
+            )
+            break
