@@ -437,7 +437,14 @@ def hf_compute_loss_ignores_num_items(ctx: FileContext) -> Iterator[Finding]:
             "(most HF models) and the batch has `labels`, and skips its own division by K: the "
             "gradient is then K times too large as well"
         )
-        sure = not (ga is None or flag is False or by_k is not None)
+        plain_model = _model_without_loss_kwargs(ctx, cls)
+        if plain_model is not None and by_k is None and flag is not True:
+            # the model's forward takes no **kwargs: the Trainer counts nothing for it and
+            # divides the returned mean by K itself (no K x scale; a mean of means only)
+            k_note = (f"; `{plain_model.name}.forward` takes no **kwargs, so the Trainer "
+                      "divides the returned mean by K itself")
+        sure = not (ga is None or flag is False or by_k is not None or (
+            plain_model is not None and flag is not True))
         # (only the K x scale makes it sure; a mean of means is exact when every micro-batch of
         # a window holds as many tokens or samples: a classifier on full batches)
         effect = ("so the tokens of short micro-batches weigh more than in the large batch "
