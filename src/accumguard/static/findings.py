@@ -669,6 +669,12 @@ RULES: dict[str, Rule] = {
             "count over the ranks (all-reduce each step's count before adding it), or divide "
             "the horizon by the world size",
         ),
+        _rule(
+            "AG176", "plain-backward-inside-accumulate", "LOSS_SCALE", E, HI,
+            "loss.backward() inside accelerator.accumulate() while the Accelerator accumulates "
+            "K > 1: only accelerator.backward divides by K, so the update is K x the large batch",
+            "call accelerator.backward(loss) instead of loss.backward()",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

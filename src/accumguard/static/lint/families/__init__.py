@@ -13,8 +13,9 @@
 ``sync``       AG106 AG111         gradient-sync flags (DDP no_sync, FSDP2 set_requires_gradient_sync)
 ``reduce``     AG107 AG108         hand-written gradient all-reduce
 ``deepspeed``  AG109 AG110 AG2xx   engine gating vs. the config; config checks on dict literals
-``accelerate`` AG121 AG128 AG171 the loss divided by K before accelerator.backward (divided twice);
-               K without accumulate(); one accumulate() block running a whole window
+``accelerate`` AG121 AG128 AG171 AG176 the loss divided by K before accelerator.backward (divided twice);
+               K without accumulate(); one accumulate() block running a whole window; a plain
+               loss.backward() inside accumulate() (never divided by K)
 ``scale``      AG122 AG123         a mean loss backwarded K times, never divided by K; a loss
                divided by a count summed over ranks under DDP/FSDP's own average
 ``terms``      AG127               one loss term divided by K, another added undivided

@@ -16,6 +16,10 @@ AG171 (F14) one ``accelerator.accumulate(model)`` block runs a whole window (a l
       the prepared optimizer steps on every K-th block only, once every K windows, and
       ``backward`` divides each loss by K again (AG121's "G / K" is then not what happens:
       the step gets the mean of K windows).
+AG176 (LOSS_SCALE) a plain ``loss.backward()`` inside ``accelerator.accumulate()`` (in the
+      window or a helper it calls) while the ``Accelerator`` accumulates K > 1, the loss not
+      divided by K: only ``accelerator.backward`` divides by K, so the window's gradient is
+      the sum of K micro-batch losses, K times the large batch's.
 """
 
 from __future__ import annotations
@@ -28,7 +32,12 @@ from accumguard.static.findings import Confidence, Finding, Severity
 from accumguard.static.lint._ast import FUNCS, call_attr, dotted, receiver, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
-from accumguard.static.lint.families._lossexpr import assigned_names, division, is_loss_division
+from accumguard.static.lint.families._lossexpr import (
+    assigned_names,
+    divides_by_k,
+    division,
+    is_loss_division,
+)
 from accumguard.static.lint.families._masked import (
     counted_per_micro_batch,
     counts_window,
@@ -36,7 +45,7 @@ from accumguard.static.lint.families._masked import (
 from accumguard.static.lint.families._modguard import k_values
 from accumguard.static.lint.families.twice import k_dividing_helpers, k_helper_result
 
-__all__ = ["accelerate_block_runs_a_window", "accelerator_k_without_accumulate", "accelerator_ks", "names_k", "loss_divided_before_accelerator_backward"]
+__all__ = ["accelerate_block_runs_a_window", "plain_backward_inside_accumulate", "accelerator_k_without_accumulate", "accelerator_ks", "names_k", "loss_divided_before_accelerator_backward"]
 
 
 def accelerator_ks(ctx: FileContext) -> set[int | None]:
@@ -321,3 +330,41 @@ def accelerator_k_without_accumulate(ctx: FileContext) -> Iterator[Finding]:
             "prepared optimizer still steps after every batch, on 1/K of that batch's "
             "gradient, instead of once on the window's sum",
         )
+
+
+@rule("AG176")
+def plain_backward_inside_accumulate(ctx: FileContext) -> Iterator[Finding]:
+    ks = accelerator_ks(ctx)
+    if not ks or 1 in ks or any(k is not None and k < 2 for k in ks):
+        return
+    unsure = None in ks
+    for window in ctx.windows():
+        facts = ctx.window_facts(window)
+        if not facts.accelerate or facts.summed_loss:
+            continue
+        parts = [window, *ctx.inlined(window)]
+        if any(divides_by_k(ctx, part) for part in parts):
+            continue  # the script divides by K itself: judged by AG121 against backward's own
+        for part in parts:
+            for call in ctx.local_nodes(part):
+                if not (isinstance(call, ast.Call) and call_attr(call) == "backward"
+                        and isinstance(call.func, ast.Attribute) and not call.args
+                        and not ctx.is_accelerator(receiver(call))
+                        and ctx.kind_of_receiver(receiver(call)) not in ("engine", "scaler")):
+                    continue
+                recv = receiver(call)
+                if isinstance(recv, ast.Call) and call_attr(recv) == "scale":
+                    continue  # a GradScaler's scaled loss: its own division is out of sight
+                finding = ctx.finding(
+                    "AG176",
+                    call,
+                    f"`{ast.unparse(call)}` runs inside `accelerator.accumulate()` with the "
+                    "Accelerator accumulating K > 1 micro-batches"
+                    + (" (its value is not in sight: right only if it is 1)" if unsure else "")
+                    + ", but only `accelerator.backward(loss)` divides the loss by K: the "
+                    "window's gradient is the sum of K micro-batch losses, K times the large "
+                    "batch's",
+                )
+                yield replace(finding, severity=Severity.WARNING,
+                              confidence=Confidence.MEDIUM) if unsure else finding
+                return
