@@ -675,6 +675,12 @@ RULES: dict[str, Rule] = {
             "K > 1: only accelerator.backward divides by K, so the update is K x the large batch",
             "call accelerator.backward(loss) instead of loss.backward()",
         ),
+        _rule(
+            "AG177", "hf-clip-setting-not-passed", "F9", W, MED,
+            "the script's own clip setting never reaches TrainingArguments, which clips every "
+            "step at its default max_grad_norm = 1.0",
+            "pass it: TrainingArguments(..., max_grad_norm=cfg.grad_clip) (0 turns clipping off)",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

@@ -64,6 +64,7 @@
 ``gradwrite``  AG167               .grad overwritten from autograd.grad on every micro-step
 ``wrapgate``   AG168               an optimizer wrapper that gates itself, gated again by the loop
 ``dphorizon``  AG169 AG175         a horizon over the whole dataset a DistributedSampler splits
+``hfclip``     AG177               a clip setting that never reaches TrainingArguments (default 1.0)
 ``spawnworld`` AG170               WORLD_SIZE read (default 1) in ranks mp.spawn started
 """
 
@@ -85,6 +86,7 @@ from accumguard.static.lint.families import (
     fsdpunits,
     fused,
     gradwrite,
+    hfclip,
     hfmean,
     hfscale,
     hfterms,
@@ -120,4 +122,4 @@ from accumguard.static.lint.families import (
     wrapgate,
 )
 
-__all__ = ["accelerate", "accloader", "acctail", "ampclip", "clipgrads", "commhook", "deepspeed", "dphorizon", "dsbatch", "dssched", "emastep", "epochtail", "factored", "fsdproot", "fsdpunits", "fused", "gradwrite", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfscale", "hfterms", "hftokens", "horizon", "lgmanual", "lgstep", "lgwindow", "loss", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "resume", "scale", "schedule", "spawnworld", "sync", "syncclip", "synctail", "tailscale", "terms", "tokenmean", "tokhorizon", "twice", "unclearedopt", "window", "wrapgate"]
+__all__ = ["accelerate", "accloader", "acctail", "ampclip", "clipgrads", "commhook", "deepspeed", "dphorizon", "dsbatch", "dssched", "emastep", "epochtail", "factored", "fsdproot", "fsdpunits", "fused", "gradwrite", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfclip", "hfscale", "hfterms", "hftokens", "horizon", "lgmanual", "lgstep", "lgwindow", "loss", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "resume", "scale", "schedule", "spawnworld", "sync", "syncclip", "synctail", "tailscale", "terms", "tokenmean", "tokhorizon", "twice", "unclearedopt", "window", "wrapgate"]

@@ -1,0 +1,91 @@
+"""AG177 (F9): a clip setting of the script that never reaches the Hugging Face Trainer.
+
+``TrainingArguments`` clips every optimizer step at ``max_grad_norm`` = 1.0 unless told
+otherwise. A script that keeps its own clip setting (a config field ``grad_clip: float =
+0.0``, a constant ``MAX_GRAD_NORM = 5.0``) and builds ``TrainingArguments(...)`` without
+``max_grad_norm=`` and never reads that setting anywhere runs with the Trainer's default clip,
+not its own: at 0.0 (no clipping meant) every step whose norm exceeds 1 is scaled down. Judged
+when the setting is a number other than 1.0, defined once (a dataclass field, a module
+constant or an argparse default) and never read; a warning, since the default may be
+acceptable.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+
+from accumguard.static.findings import Finding
+from accumguard.static.lint._ast import dotted, walk_all
+from accumguard.static.lint._context import FileContext
+from accumguard.static.lint._rule import rule
+
+__all__ = ["clip_setting_never_given_to_trainer"]
+
+_ARGS = re.compile(r"TrainingArguments$|^(SFT|DPO|GRPO|Reward|PPO|KTO|ORPO|CPO)Config$")
+_CLIP = re.compile(r"^(grad_clip|clip_grad|clip_grad_norm|grad_norm_clip|max_grad_norm|"
+                   r"gradient_clipping|clip_norm|max_norm|grad_clip_norm)$", re.IGNORECASE)
+
+
+def _settings(ctx: FileContext) -> list[tuple[str, ast.AST, float]]:
+    """(name, definition, value) of clip settings: dataclass fields and module constants
+    with a numeric literal, argparse options with a numeric default."""
+    out: list[tuple[str, ast.AST, float]] = []
+    for n in ctx.of(ast.AnnAssign, ast.Assign):
+        targets = [n.target] if isinstance(n, ast.AnnAssign) else n.targets
+        value = n.value
+        for t in targets:
+            name = t.id if isinstance(t, ast.Name) else None
+            if name and _CLIP.match(name) and isinstance(value, ast.Constant) \
+                    and isinstance(value.value, int | float) and not isinstance(value.value, bool):
+                out.append((name, n, float(value.value)))
+    for c in ctx.of(ast.Call):
+        if not (isinstance(c.func, ast.Attribute) and c.func.attr == "add_argument" and c.args
+                and isinstance(c.args[0], ast.Constant) and isinstance(c.args[0].value, str)):
+            continue
+        name = c.args[0].value.lstrip("-").replace("-", "_")
+        default = next((k.value for k in c.keywords if k.arg == "default"), None)
+        if _CLIP.match(name) and isinstance(default, ast.Constant) \
+                and isinstance(default.value, int | float) and not isinstance(default.value, bool):
+            out.append((name, c, float(default.value)))
+    return out
+
+
+def _read(ctx: FileContext, name: str, definition: ast.AST) -> bool:
+    """``name`` is read somewhere other than where it is defined."""
+    own = set(map(id, walk_all(definition)))
+    for n in walk_all(ctx.tree):
+        if id(n) in own:
+            continue
+        if isinstance(n, ast.Attribute) and n.attr == name and isinstance(n.ctx, ast.Load):
+            return True
+        if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load):
+            return True
+        if isinstance(n, ast.Constant) and n.value == name:
+            return True  # getattr(cfg, "grad_clip"), cfg["grad_clip"]
+    return False
+
+
+@rule("AG177")
+def clip_setting_never_given_to_trainer(ctx: FileContext) -> Iterator[Finding]:
+    calls = [c for c in ctx.of(ast.Call)
+             if _ARGS.search((dotted(c.func) or "").rsplit(".", 1)[-1])]
+    if not calls or any(k.arg is None or k.arg == "max_grad_norm" for c in calls
+                        for k in c.keywords):
+        return  # (a ** spread may carry max_grad_norm)
+    for name, definition, value in _settings(ctx):
+        if value == 1.0 or _read(ctx, name, definition):
+            continue
+        args = calls[0]
+        yield ctx.finding(
+            "AG177",
+            args,
+            f"the script's clip setting `{name}` ({value:g}, line "
+            f"{getattr(definition, 'lineno', '?')}) is never read, and "
+            f"`{(dotted(args.func) or 'TrainingArguments').rsplit('.', 1)[-1]}(...)` gets no "
+            "`max_grad_norm`: the Trainer clips every optimizer step at its default 1.0"
+            + (", although no clipping was meant" if value == 0 else
+               f", not at {value:g}"),
+        )
+        return
