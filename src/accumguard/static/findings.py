@@ -681,6 +681,12 @@ RULES: dict[str, Rule] = {
             "step at its default max_grad_norm = 1.0",
             "pass it: TrainingArguments(..., max_grad_norm=cfg.grad_clip) (0 turns clipping off)",
         ),
+        _rule(
+            "AG178", "step-test-wider-than-sync", "F7", E, MED,
+            "the optimizer steps on `flag or tail` while the gradient sync is decided by `flag` "
+            "alone: the tail's window is stepped on a gradient never reduced",
+            "synchronise on the same test the step uses (include the tail case in the flag)",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

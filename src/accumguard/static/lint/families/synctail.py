@@ -10,6 +10,13 @@ on each rank's own gradient. Reported when the file shows that windows can be sh
 window's generator yields a remainder after its loop (``if buf: yield buf``), or the loss
 is divided by ``len(window)``. A warning: the damage needs an epoch whose length K does not
 divide, which the source rarely states. Compare with ``len(window) - 1`` instead.
+
+AG178 (F7 under FSDP2, F11 under DDP): the optimizer steps on ``flag or <tail>`` (``if
+closes_window or i + 1 == n_total:``) while the gradient sync is decided by ``flag`` alone
+(``set_requires_gradient_sync(closes_window)``): the window the tail test closes (an epoch's
+short last one) is stepped on a gradient that was never reduced. Under FSDP2 the unsharded
+gradient never reaches the sharded one the optimizer steps (that window's update is lost and
+its gradient leaks into the next window); under DDP each rank steps on its own gradient.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import ast
 from collections.abc import Iterator
 
 from accumguard.static.findings import Finding
-from accumguard.static.lint._ast import FUNCS, LOOPS, call_attr, dotted
+from accumguard.static.lint._ast import FUNCS, LOOPS, call_attr, dotted, receiver
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 
@@ -113,4 +120,61 @@ def sync_counts_k_in_short_window(ctx: FileContext) -> Iterator[Finding]:
                 f"against K, but windows can be shorter ({why}): a short window never reaches "
                 "that position, its last micro-batch skips the reduction, and the optimizer "
                 "steps on each rank's own gradient",
+            )
+
+
+def _sync_flag_names(loop: ast.AST) -> dict[str, ast.AST]:
+    """Names that alone decide the sync in ``loop`` (``set_requires_gradient_sync(flag)``,
+    ``model.require_backward_grad_sync = flag``), each with that call or assignment."""
+    out: dict[str, ast.AST] = {}
+    for n in ast.walk(loop):
+        if isinstance(n, ast.Call) and call_attr(n) == "set_requires_gradient_sync" and n.args \
+                and isinstance(n.args[0], ast.Name):
+            out[n.args[0].id] = n
+        elif isinstance(n, ast.Assign) and isinstance(n.value, ast.Name) and any(
+                isinstance(t, ast.Attribute) and t.attr == _SYNC_FLAG for t in n.targets):
+            out[n.value.id] = n
+    return out
+
+
+@rule("AG178")
+def step_test_wider_than_sync(ctx: FileContext) -> Iterator[Finding]:
+    for loop in ctx.of(ast.For):
+        flags = _sync_flag_names(loop)
+        if not flags:
+            continue
+        for test_if in ast.walk(loop):
+            if not (isinstance(test_if, ast.If) and isinstance(test_if.test, ast.BoolOp)
+                    and isinstance(test_if.test.op, ast.Or)):
+                continue
+            names = [v.id for v in test_if.test.values if isinstance(v, ast.Name)]
+            flag = next((f for f in names if f in flags), None)
+            if flag is None or len(test_if.test.values) < 2:
+                continue
+            steps = [c for st in test_if.body for c in ast.walk(st)
+                     if isinstance(c, ast.Call) and call_attr(c) == "step"
+                     and ctx.kind_of_receiver(receiver(c)) == "optimizer"]
+            if not steps:
+                continue
+            values = ctx.assigned_in(ctx.scope_of(test_if)).get(flag, [])
+            extra = [v for v in test_if.test.values
+                     if not (isinstance(v, ast.Name) and v.id == flag)]
+            if len(values) != 1 or any(ast.dump(e) in {ast.dump(x) for x in ast.walk(values[0])}
+                                       for e in extra):
+                continue  # the flag holds the extra case too
+            decided = flags[flag]
+            fsdp = isinstance(decided, ast.Call)
+            shown = " or ".join(f"`{ast.unparse(e)}`" for e in extra)
+            yield ctx.finding(
+                "AG178",
+                test_if.test,
+                f"the optimizer steps on `{ast.unparse(test_if.test)}`, but the gradient is "
+                f"synchronised on `{flag}` (= `{ast.unparse(values[0])}`) alone (line "
+                f"{getattr(decided, 'lineno', '?')}): on {shown} (an epoch's short last window) the step runs "
+                "on a gradient that was never reduced"
+                + (": FSDP2 keeps it unsharded, so that window's update is lost and its "
+                   "gradient leaks into the next window" if fsdp else
+                   ": each rank steps on its own gradient, and the ranks drift apart"),
+                fix=f"synchronise on the same test the step uses: `{flag} = "
+                    f"{ast.unparse(values[0])} or {' or '.join(ast.unparse(e) for e in extra)}`",
             )
