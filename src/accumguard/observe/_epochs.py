@@ -174,17 +174,24 @@ def short_epoch_findings(rank: int, windows: list[StepWindow], k: int | None,
                 fix=f"Use K <= the batches per epoch ({min(sizes)}).")]
 
 
-def dropped_tail(w: StepWindow) -> int:
+def dropped_tail(w: StepWindow, k: int | None = None) -> int:
     """Micro-steps at the end of a pass over the DataLoader that a ``zero_grad()`` at the
     start of the next pass cleared before any step (0: not that): the window spans two
-    passes and conservation saw the gradient wiped exactly where the new pass began."""
+    passes and conservation saw the gradient wiped exactly where the new pass began. With
+    ``k``, also a window that read no DataLoader whose one ``zero_grad()`` came exactly K
+    backwards before its step (a partial window the loop cut short, an early stop, dropped
+    before the next window began: the step received K whole micro-steps)."""
     cons = w.conservation
     if cons is None or cons.ok or cons.reason != "wiped":
         return 0
     j = cons.first_wipe
     n = w.window
-    if (isinstance(j, int) and 0 < j < n and j in (w.data_pass_starts or [])
-            and int(w.zero_grads_between)):
+    if not (isinstance(j, int) and 0 < j < n and int(w.zero_grads_between)):
+        return 0
+    if j in (w.data_pass_starts or []):
+        return j
+    if k is not None and k > 1 and n - j == k and not w.data_pass_starts \
+            and int(w.zero_grads_between) == 1:
         return j
     return 0
 
@@ -196,6 +203,21 @@ def dropped_finding(rank: int, w: StepWindow, j: int, k: int | None) -> Finding:
     cons = w.conservation
     assert cons is not None  # (:func:`dropped_tail` found the wipe)
     n = w.window
+    if j not in (w.data_pass_starts or []):  # (no DataLoader pass: a window cut short)
+        head = (f"{j} micro-step(s) after optimizer step {_n(w.step - 1) if w.step else 0} "
+                f"were never stepped: zero_grad() cleared their gradient "
+                f"({cons.wiped:.3g} of the window's gradient, relative, removed before "
+                f"backward pass {j + 1}), so optimizer step {_n(w.step)} received only the "
+                f"{n - j} micro-step(s) after it")
+        return _mk("F7", "warning", rank, w.step, j - 1,
+                   f"{head}, a whole window of K = {k}: that update is the large batch's, "
+                   f"but the {j} micro-batch(es) of the window cut short (a loop that broke "
+                   "off mid-window, an early stop) were never trained on (as with "
+                   "drop_last=True). Fine if intended",
+                   title_=f"a partial window ({j} micro-batch(es)) dropped by zero_grad() "
+                          "before the next window: data not trained on",
+                   fix="To train on it, step on the partial window when the loop breaks off, "
+                       "its loss normalised by its own count; to drop it, nothing to change.")
     head = (f"{j} micro-step(s) at the end of a pass over the DataLoader (an epoch) were "
             f"never stepped: zero_grad() at the start of the next pass cleared their "
             f"gradient ({cons.wiped:.3g} of the window's gradient, relative, removed "

@@ -320,7 +320,7 @@ def _rank_findings(rank: int, steps: Sequence[StepRecord], info: JsonObject,
         clipped = bool(early_clips) and not int(w.zero_grads_between)
         if cons and not cons.ok and not (clipped and cons.reason != "stale"):
             # (a clip between backwards shrinks the accumulated gradient: F8 below says so)
-            dropped = dropped_tail(w)
+            dropped = dropped_tail(w, k)
             if dropped:
                 out.append(dropped_finding(rank, w, dropped, k))
             elif cons.reason == "stale":
@@ -502,7 +502,12 @@ def _window_findings(rank: int, windows: list[StepWindow], info: JsonObject,
     engine_ga = isinstance(ds_ga, int) and ds_ga > 1
     long = [w for w in windows if shared.overrun(w.window - 1, k)  # (F14: gating)
             and not (engine_ga and (w.window == ds_ga
-                                    or int(w.max_backwards_per_engine_step) > 1))]
+                                    or int(w.max_backwards_per_engine_step) > 1))
+            and not (not w.data_pass_starts and (
+                dropped_tail(w, k)  # (a part cut off and dropped: its step got K)
+                # unchecked, with a zero_grad between its backwards: the clearing may have
+                # dropped the extra micro-steps, so the window is not shown to be longer
+                or (w.conservation is None and int(w.zero_grads_between or 0) > 0)))]
     regular = sum(1 for n in sizes if n == k)
     if long and any(w.data_pass_starts for w in windows):
         # DataLoader passes were seen: a long window that began in one pass (epoch) and
