@@ -28,9 +28,7 @@ def _run(tmp: Path, *, drop: bool) -> list:
         for _ in range(4):  # iterations; each runs 3 micro-batches, K = 2, counter per iteration
             if drop:
                 opt.zero_grad()  # drop a window the early stop cut short
-            micro = 0
-            for _ in range(3):
-                micro += 1
+            for micro in range(1, 4):
                 (model(torch.randn(3, 4, generator=g)).pow(2).mean() / K).backward()
                 if micro % K == 0:
                     opt.step()
