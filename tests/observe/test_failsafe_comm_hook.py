@@ -92,3 +92,23 @@ def test_a_fault_reading_the_bucket_sums_at_the_step_changes_nothing(
     assert failure is not None and "bucket sums" in failure.error + failure.traceback
     for a, b in zip(params, plain, strict=True):
         assert torch.equal(a, b)
+
+
+def test_a_fault_listing_the_parameters_outside_ddp_changes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_rank: object) -> None:
+    """The step's read of the optimizer's parameters that no DDP module holds (the F10 rule
+    for a loss module's temperature outside the wrapper)."""
+    from accumguard.observe._steps import StepMachinery
+
+    plain = _train()
+
+    def broken(self: object, opt: object) -> object:
+        raise RuntimeError("injected: parameters outside DDP")
+
+    monkeypatch.setattr(StepMachinery, "_unwrapped", broken)
+    with recording(tmp_path) as obs:
+        params = _train()
+        failure = obs.failure
+    assert failure is not None and "outside DDP" in failure.error + failure.traceback
+    for a, b in zip(params, plain, strict=True):
+        assert torch.equal(a, b)

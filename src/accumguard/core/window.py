@@ -215,6 +215,10 @@ class StepRecord:
     # ``accelerator.backward`` calls ran in (Accelerate counts its micro-steps in blocks,
     # and a block may run several backwards); None: no accelerator.backward
     accelerate_blocks: list[int] | None = None
+    # DDP: parameters the stepping optimizer holds that no DDP-wrapped module holds (DDP
+    # averages only its module's gradients), by name, at most three and a count of the rest;
+    # None: none, or not a DDP run
+    unwrapped: list[str] | None = None
     # -- counts of the guard and the audit (not in a recording) ---------------------------
     # optimizer steps that closed the window: 1, 2 for a second step a guard in warn mode
     # let run, 0 for the audit's trailing micro-steps after the last step

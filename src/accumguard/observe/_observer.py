@@ -241,6 +241,8 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
         self._step_bw0 = 0  # backward passes ended when the step at hand began
         self._step_members: list[bool] | None = None
         self._step_master: MasterSum | None = None  # see _precision.model_grad_sum
+        # per (optimizer, DDP roots): its parameters no DDP root holds (StepMachinery._unwrapped)
+        self._unwrapped_of: dict[tuple[int, int], list[str]] = {}
         self._prec_static: dict[tuple[int, int],
                                 tuple[str | None, dict[str, str] | None,
                                       dict[str, str] | None]] = {}

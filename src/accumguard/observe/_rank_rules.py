@@ -314,6 +314,18 @@ def cross_rank_findings(rec: RunRecording) -> list[Finding]:
                                 "`accelerator.distributed_type` in each process: on a CPU "
                                 "machine it needs `Accelerator(cpu=True)` to run data-parallel "
                                 "under torchrun or `accelerate launch`.")]
+            loose = next((s.unwrapped for s in row.values() if s.unwrapped), None)
+            if loose:
+                return [_mk("F10", "error", None, step, None,
+                            evidence + f"; the optimizer steps parameters that no DDP-wrapped "
+                            f"module holds ({', '.join(loose)}): DDP averages the gradients of "
+                            "its own module only, so each rank steps those on its own gradient",
+                            title_="parameters outside the DDP wrapper are never averaged over "
+                                   "the ranks",
+                            fix="Make them parameters of the module DDP wraps (a loss module's "
+                                "learnable temperature or weights included), or all-reduce their "
+                                "gradients (sum, then divide by the world size) at each window's "
+                                "end, before the optimizer step.")]
             return [_mk("F11", "error", None, step, None, evidence)]
     return []
 

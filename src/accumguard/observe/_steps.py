@@ -100,6 +100,7 @@ class StepMachinery:
     _tracked: list[torch.Tensor]
     _tracked_ids: set[int]
     _tracked_names: dict[int, str]
+    _unwrapped_of: dict[tuple[int, int], list[str]]
     _fsdp_groups: dict[int, list[object]]
     _end_versions: list[tuple[int, int] | None]
     _collectives_seen: int
@@ -396,7 +397,8 @@ class StepMachinery:
             # (backward_total counts a backward pass when it ends: this one's ordinal)
             backward_pass=self.backward_total if self._bw_current is not None else None,
             grad_hooks=bool(losses or terms) and self._grad_hooked(owner),
-            opt_serial=self._serial(owner), unborn=unborn)
+            opt_serial=self._serial(owner), unborn=unborn,
+            unwrapped=self._unwrapped(owner) if self.engine == "ddp" else None)
         self._next_window(reset_losses=False)  # losses.take() above reset them
         if self._global_handle is not None and self.step >= PIN_ROOTS_AFTER_STEPS:
             self._pin_roots()
@@ -408,6 +410,25 @@ class StepMachinery:
             # once the patches are gone, the run's totals go on being counted (_tail)
             self.failsafe.on_teardown(self._start_tail)
             self.failsafe.retire()
+
+    def _unwrapped(self, opt: object) -> list[str] | None:
+        """The parameters ``opt`` steps that no DDP root holds (DDP averages the gradients
+        of its own module only): up to three names and a count of the rest; None when
+        there are none. Once per optimizer and set of roots."""
+        roots = [r for r in self._sync_roots if hasattr(r, "require_backward_grad_sync")]
+        if not roots:
+            return None
+        key = (id(opt), len(roots))
+        names = self._unwrapped_of.get(key)
+        if names is None:
+            with self._quiet():
+                held = {id(p) for r in roots for p in r.parameters()}
+                loose = [p for g in getattr(opt, "param_groups", []) for p in g["params"]
+                         if id(p) not in held and p.requires_grad]
+            names = [self._tracked_names.get(id(p), f"a {tuple(p.shape)} tensor")
+                     for p in loose[:3]] + ([f"{len(loose) - 3} more"] if len(loose) > 3 else [])
+            self._unwrapped_of[key] = names
+        return names or None
 
     def _pass_end_next(self, w: StepTally) -> bool:
         """The next window, as long as this one, reaches the end of the current pass over
