@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from accumguard.core.window import Conservation, StepRecord
 from accumguard.observe import _shared_rules as shared
+from accumguard.observe._accelerate_rules import accelerate_double_gate
 from accumguard.observe._cadence_rules import double_gate_findings
 from accumguard.observe._comm_rules import collectives_before, comm_findings
 from accumguard.observe._epochs import (
@@ -212,10 +212,8 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
             found = rule("comm_findings", comm_findings, rank, group, found, default=found)
             found = rule("double_gate_findings", double_gate_findings, rank, group, found,
                          default=found)
-            if any(f.cls == "F14" for f in found):
-                # EXTRA_SYNC says the optimizer receives the same gradient (a cost only),
-                # which a step gated twice contradicts
-                found = [f for f in found if f.cls != "EXTRA_SYNC"]
+            if any(f.cls == "F14" for f in found):  # (EXTRA_SYNC's "the same gradient,
+                found = [f for f in found if f.cls != "EXTRA_SYNC"]  # a cost only": false)
             if idx is not None and len(groups) > 1:
                 name = next((str(s.optimizer) for s in steps if s.optimizer),
                             "optimizer")
@@ -431,53 +429,6 @@ def _asked_clip(asked: float | None) -> str:
         "takes max_grad_norm)")
 
 
-def _loss_divisor(record: list[Any]) -> float | None:
-    """The product of the constants a loss record's value was divided by between the loss
-    call and the backward's root (the script's ``/ m``, ``accelerator.backward``'s ``/ K``);
-    None when the record has none or multiplies too."""
-    consts = record[9] if len(record) > 9 and isinstance(record[9], list) else []
-    if not consts or any(not (isinstance(c, list) and len(c) == 2 and c[0] == "/")
-                         for c in consts):
-        return None
-    out = 1.0
-    for _, v in consts:
-        out *= float(v)
-    return out
-
-
-def _accelerate_double_gate(rank: int, windows: list[StepWindow], k: int,
-                            res: KResolution) -> Finding | None:
-    """F14 under Accelerate: every window is K ``accumulate()`` blocks (Accelerate's own K)
-    of b > 1 backwards each, and every loss of them was divided by b x K in all (the
-    script's ``/ b`` over its own loop inside the block, ``accelerator.backward``'s ``/ K``):
-    the loop groups b micro-batches per block while Accelerate steps every K blocks, the two
-    gates multiplied. A block running several backwards of full weight (two batches, each
-    divided by Accelerate's K only) is not this."""
-    if "accelerate" not in res.source.lower() or res.strength != "runtime":
-        return None
-    full = [w for w in windows if w.window == k]
-    if not full or len(full) < len(windows) - 1:
-        return None
-    b = full[0].backwards_per_micro
-    if b < 2 or any(w.backwards_per_micro != b or not w.losses
-                    or any(_loss_divisor(r) != float(b * k) for r in w.losses) for w in full):
-        return None
-    w = full[0]
-    return _mk("F14", "error", rank, w.step, None,
-               f"{len(full)} window(s) of {k} accumulate() blocks of {b} backward passes "
-               f"each, every loss divided by {b * k} in all: Accelerate "
-               f"(gradient_accumulation_steps = {k}) counts one micro-step per accumulate() "
-               f"block and steps once every {k} blocks, while each block ran the loop's own "
-               f"group of {b} micro-batches, divided by {b} by the script and by {k} again by "
-               f"accelerator.backward: the optimizer steps once every {b * k} micro-batches, "
-               f"not every {b}",
-               title_="double gating: the loop groups micro-batches inside each accumulate() "
-                      "block while Accelerate accumulates too",
-               fix="gate once: build the Accelerator with gradient_accumulation_steps=1 (the "
-                   "loop accumulates already), or run one micro-batch per accumulate() block "
-                   "and drop the loop's own grouping and its division")
-
-
 def _window_findings(rank: int, windows: list[StepWindow], info: JsonObject,
                      res: KResolution) -> list[Finding]:
     """Window sizes against K: F1 (one backward per step while K > 1 is declared), F13
@@ -493,7 +444,7 @@ def _window_findings(rank: int, windows: list[StepWindow], info: JsonObject,
     out += _f1(rank, windows, res)
     if k is None or k <= 1 or all(n == 1 for n in sizes):
         return out
-    if (gated := _accelerate_double_gate(rank, windows, k, res)) is not None:
+    if (gated := accelerate_double_gate(rank, windows, k, res)) is not None:
         return [*out, gated]
     sev = "error" if res.declared else "note"
     # windows shorter than K by what surrounds them (the guard's decision, shared): the
