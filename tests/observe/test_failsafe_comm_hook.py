@@ -112,3 +112,22 @@ def test_a_fault_listing_the_parameters_outside_ddp_changes_nothing(
     assert failure is not None and "outside DDP" in failure.error + failure.traceback
     for a, b in zip(params, plain, strict=True):
         assert torch.equal(a, b)
+
+
+def test_a_fault_reading_joins_divisor_changes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_rank: object) -> None:
+    """The step's read of DDP's ``divide_by_initial_world_size`` (set by ``Join``)."""
+    from accumguard.observe._steps import StepMachinery
+
+    plain = _train()
+
+    def broken(self: object) -> object:
+        raise RuntimeError("injected: Join's divisor")
+
+    monkeypatch.setattr(StepMachinery, "_join_initial", broken)
+    with recording(tmp_path) as obs:
+        params = _train()
+        failure = obs.failure
+    assert failure is not None and "Join's divisor" in failure.error + failure.traceback
+    for a, b in zip(params, plain, strict=True):
+        assert torch.equal(a, b)

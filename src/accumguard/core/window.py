@@ -219,6 +219,10 @@ class StepRecord:
     # averages only its module's gradients), by name, at most three and a count of the rest;
     # None: none, or not a DDP run
     unwrapped: list[str] | None = None
+    # DDP under ``Join``: the wrapper's ``divide_by_initial_world_size`` at the step (True:
+    # the sum is divided by the launch's world size even when ranks have run out of data);
+    # None: not a DDP run, or no Join seen
+    join_initial: bool | None = None
     # -- counts of the guard and the audit (not in a recording) ---------------------------
     # optimizer steps that closed the window: 1, 2 for a second step a guard in warn mode
     # let run, 0 for the audit's trailing micro-steps after the last step

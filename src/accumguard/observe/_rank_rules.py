@@ -19,8 +19,8 @@ from accumguard.observe._weight_rules import (
     _window_mass,
 )
 
-__all__ = ["averaged_inside_steps", "clipped_apart_findings", "received_alike_steps", "cross_rank_findings", "manual_reduce_findings",
-           "rank_scale_findings"]
+__all__ = ["averaged_inside_steps", "clipped_apart_findings", "received_alike_steps", "cross_rank_findings", "joined_rank_findings",
+           "manual_reduce_findings", "rank_scale_findings"]
 
 
 def rank_scale_findings(rank: int | None, windows: list[StepWindow], world: int
@@ -328,6 +328,43 @@ def cross_rank_findings(rec: RunRecording) -> list[Finding]:
                                 "end, before the optimizer step.")]
             return [_mk("F11", "error", None, step, None, evidence)]
     return []
+
+
+def joined_rank_findings(rec: RunRecording) -> list[Finding]:
+    """F6 for DDP under ``Join`` with ``divide_by_initial_world_size`` True: optimizer steps
+    that only some ranks took (the others had run out of data and ended their recordings
+    earlier) still divided the summed gradient by the launch's world size, so each such
+    step is n/W of its contributing ranks' mean."""
+    by_step = _by_step(rec)
+    ranks = [r for r in rec.ranks if rec.steps.get(r)]
+    if len(ranks) < 2:
+        return []
+    last = {r: max(s.step for s in _windows(rec.steps[r])) for r in ranks}
+    partial = []
+    for step in sorted(by_step):
+        row = by_step[step]
+        gone = [r for r in ranks if r not in row]
+        if not gone or any(last[r] >= step for r in gone):
+            continue
+        if all(w.engine == "ddp" and w.join_initial is True for w in row.values()):
+            partial.append((step, sorted(row), gone))
+    if not partial:
+        return []
+    step, present, gone = partial[0]
+    w = len(ranks)
+    return [_mk("F6", "error", None, step, None,
+                f"{len(partial)} optimizer step(s) ran on rank(s) {present} only, from step "
+                f"{_n(step)} on (rank(s) {gone} had run out of data and joined: DDP's "
+                f"`Join`), and DDP divided the summed gradient by the launch's world size "
+                f"{w} (divide_by_initial_world_size=True): each such update is "
+                f"{len(present)}/{w} of the mean gradient of the ranks that trained, where "
+                "the large batch of that step (their micro-batches) weighs them 1",
+                title_="uneven inputs under Join: steps of the remaining ranks divided by "
+                       "the full world size",
+                fix="Join([ddp_model], divide_by_initial_world_size=False) (or "
+                    "ddp_model.join(divide_by_initial_world_size=False)): the gradient is then "
+                    "divided by the ranks still training; or give every rank the same number "
+                    "of batches (DistributedSampler with drop_last=True)")]
 
 
 def _by_step(rec: RunRecording) -> dict[int, dict[int, StepWindow]]:

@@ -398,7 +398,8 @@ class StepMachinery:
             backward_pass=self.backward_total if self._bw_current is not None else None,
             grad_hooks=bool(losses or terms) and self._grad_hooked(owner),
             opt_serial=self._serial(owner), unborn=unborn,
-            unwrapped=self._unwrapped(owner) if self.engine == "ddp" else None)
+            unwrapped=self._unwrapped(owner) if self.engine == "ddp" else None,
+            join_initial=self._join_initial() if self.engine == "ddp" else None)
         self._next_window(reset_losses=False)  # losses.take() above reset them
         if self._global_handle is not None and self.step >= PIN_ROOTS_AFTER_STEPS:
             self._pin_roots()
@@ -429,6 +430,14 @@ class StepMachinery:
                      for p in loose[:3]] + ([f"{len(loose) - 3} more"] if len(loose) > 3 else [])
             self._unwrapped_of[key] = names
         return names or None
+
+    def _join_initial(self) -> bool | None:
+        """DDP's ``divide_by_initial_world_size``, which only ``Join`` sets (None: unset)."""
+        for r in self._sync_roots:
+            flag = getattr(r, "_divide_by_initial_world_size", None)
+            if isinstance(flag, bool):
+                return flag
+        return None
 
     def _pass_end_next(self, w: StepTally) -> bool:
         """The next window, as long as this one, reaches the end of the current pass over

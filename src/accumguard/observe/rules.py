@@ -1,11 +1,10 @@
 """The per-window rules: from recorded optimizer steps to findings (pure Python).
 
 The ONE place that knows what a window of step records means. ``accumguard watch``
-(:mod:`accumguard.watch._findings`) applies :func:`analyze` to the per-rank
-recordings after the run; the framework callbacks (:mod:`accumguard.integrations`)
-apply :func:`live_findings` to each :class:`~accumguard.observe.StepEvent` as it
-happens. Both read a step as the dict :func:`step_record` makes of it (the line
-``watch`` writes to ``rank-<R>.jsonl``).
+(:mod:`accumguard.watch._findings`) applies :func:`analyze` to the per-rank recordings
+after the run; the framework callbacks (:mod:`accumguard.integrations`) apply
+:func:`live_findings` to each :class:`~accumguard.observe.StepEvent` as it happens. Both
+read a step as the dict :func:`step_record` makes of it (a line of ``rank-<R>.jsonl``).
 
 Each finding names a failure class of :mod:`accumguard.core.taxonomy`, the rank, the
 optimizer step and micro-step, the evidence and the fix. Severity is honest: an
@@ -14,9 +13,7 @@ pattern (syncing every micro-step, ``no_sync`` spanning only the backward) is an
 ``EXTRA_SYNC`` note titled by its measured cost, never a "correct" verdict (another rule
 may find an error on the same step).
 
-No torch here: the watch CLI analyses recordings without importing it.
-
-The boundary and window-shape rules live here; the rules that read weights and scales
+No torch here: the watch CLI analyses recordings without importing it. The boundary and window-shape rules live here; the rules that read weights and scales
 (token weights, the loss record, LOSS_SCALE, F7/F1 from the window's scale, F10) live
 in :mod:`._weight_rules`, F12 in :mod:`._precision_rules`, what a finding and a window are in :mod:`._records`; this
 module runs them all and re-exports their public names.
@@ -55,6 +52,7 @@ from accumguard.observe._rank_rules import (
     averaged_inside_steps,
     clipped_apart_findings,
     cross_rank_findings,
+    joined_rank_findings,
     manual_reduce_findings,
     rank_scale_findings,
     received_alike_steps,
@@ -227,7 +225,8 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
         if not any(f.cls == "F4" and f.rank == rank for f in findings):
             findings += rule("lr_schedule_findings", lr_schedule_findings, rank,
                              _windows(rec.steps.get(rank, [])), res.k)
-    findings += rule("cross_rank_findings", cross_rank_findings, rec)
+    findings += [*rule("cross_rank_findings", cross_rank_findings, rec),
+                 *rule("joined_rank_findings", joined_rank_findings, rec)]
     findings += rule("clipped_apart_findings", clipped_apart_findings, rec)
     findings += rule("in_backward_findings", in_backward_findings, rec, res)
     ledger = rule("ledger_findings", ledger_findings, rec, res.k)
