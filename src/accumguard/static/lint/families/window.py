@@ -91,6 +91,23 @@ def _micro_steps_in_comprehension(ctx: FileContext, window: ast.AST) -> list[ast
     return comps
 
 
+def _site_in_window(ctx: FileContext, call: ast.AST, window: ast.AST) -> ast.AST | None:
+    """Where ``call`` runs in the window's own function: the call itself, or the call of the
+    helper (of a helper) it sits in (``self.optimizer_step()`` for a step inside it); None
+    when that cannot be followed."""
+    home = ctx.enclosing(window, FUNCS)
+    sites = {**ctx.inlined(window), **ctx.reached(window)}
+    node: ast.AST | None = call
+    for _ in range(4):
+        if node is None:
+            return None
+        fn = ctx.enclosing(node, FUNCS)
+        if fn is home:
+            return node
+        node = sites.get(fn) if fn is not None else None
+    return None
+
+
 @rule("AG101")
 def step_every_micro_step(ctx: FileContext) -> Iterator[Finding]:
     """An optimizer step in an accumulation window with no boundary condition."""
@@ -101,8 +118,8 @@ def step_every_micro_step(ctx: FileContext) -> Iterator[Finding]:
         comps = _micro_steps_in_comprehension(ctx, window)
         for call in facts.unguarded_optimizer_steps:
             name = dotted(receiver(call)) or "optimizer"
-            if comps and ctx.enclosing(call, FUNCS) is ctx.enclosing(window, FUNCS) \
-                    and not any(ctx.enclosing(call, _COMPS) is c for c in comps):
+            site = _site_in_window(ctx, call, window) if comps else None
+            if site is not None and not any(ctx.enclosing(site, _COMPS) is c for c in comps):
                 continue  # the comprehension runs the window's micro-steps; the step follows it
             if facts.accelerate:
                 yield ctx.finding(
