@@ -351,6 +351,8 @@ def accelerate_horizon_per_process(ctx: FileContext) -> Iterator[Finding]:
             "training runs at its final learning rate",
         ), severity=Severity.WARNING, confidence=Confidence.MEDIUM)
     for name, ctor, horizon in schedulers(ctx):
+        if _times_world_at_use(ctx, horizon):
+            continue  # `s / (updates * accelerator.num_processes)`: counted in scheduler steps
         parts = expand(ctx, horizon)
         # (divided by W, or by a product holding it: `len(dl) // (num_processes * K)`)
         per_process = next((p for p in parts if any(is_world(f) or ctx.mentions_world(f)
@@ -398,6 +400,16 @@ def accelerate_horizon_per_process(ctx: FileContext) -> Iterator[Finding]:
             "num_processes times per optimizer step: the schedule ends W times early and the "
             "rest of training runs at its final learning rate",
         )
+
+
+def _times_world_at_use(ctx: FileContext, horizon: ast.AST) -> bool:
+    """Where the schedule reads the horizon (a LambdaLR factor's ``s / (updates *
+    accelerator.num_processes)``), it multiplies it by the number of processes."""
+    parent = ctx.parents.get(horizon)
+    if not (isinstance(parent, ast.BinOp) and isinstance(parent.op, ast.Mult)):
+        return False
+    other = parent.right if parent.left is horizon else parent.left
+    return is_world(other) or ctx.mentions_world(other)
 
 
 #: a horizon named as a count of optimizer steps (updates), not of batches or scheduler steps
