@@ -17,6 +17,7 @@ import dataclasses
 
 from accumguard.observe import _shared_rules as shared
 from accumguard.observe._records import Finding, KResolution, Severity, StepWindow, _mk, _n
+from accumguard.observe._weight_rules import sized_on_purpose
 
 __all__ = ["continued_windows", "reborn", "short_window_findings"]
 
@@ -210,13 +211,15 @@ def _finding(rank: int, verdict: str, i: int, windows: list[StepWindow], res: KR
     if i == 0:
         rest = [x.window for x in windows[1:]]
         steady = all(m <= k for m in rest) and 2 * rest.count(k) >= len(rest)
-        return _mk("F13", "error" if res.declared or (len(windows) >= 3 and steady)
-                   else "note", rank, step, n - 1,
+        own = sized_on_purpose([x for x in windows if x.window == n],
+                               [x for x in windows if x.window == k])
+        return _mk("F13", "note" if own else "error" if res.declared or (
+                   len(windows) >= 3 and steady) else "note", rank, step, n - 1,
                    f"the first optimizer step came after {n} backward pass(es), the next after "
                    f"{windows[1].window} (K = {k}): the boundary test counts from the wrong "
                    "origin (e.g. `i % K == 0` with i from 0), or a resumed run did not restore "
                    "the saved window's gradient; only the last window of an epoch or run may "
-                   "be short")
+                   "be short" + (own or ""))
     if not passes:
         return None
     return _mk("F13", sev, rank, step, n - 1,

@@ -20,7 +20,7 @@ from accumguard.observe._records import Finding, KResolution, StepWindow, _mk, _
 __all__ = ["MASS_TOL", "MASS_TOL_LOW_PRECISION", "WEIGHT_TOL", "WEIGHT_TOL_LOW_PRECISION",
            "classify_token_weights", "grad_step_findings",
            "loss_weight_findings", "mixed_window_findings", "one", "partial_window_findings",
-           "units"]
+           "sized_on_purpose", "units"]
 
 # -- token weights (the probe of :mod:`accumguard.observe.tokens`) -------------------------
 
@@ -437,6 +437,24 @@ def _f7_mass(w: StepWindow) -> _Mass | None:
     if m is None:
         m = _hand_mass(w)
     return m if m is not None else _term_mass(w)
+
+
+def sized_on_purpose(long: list[StepWindow], regular: list[StepWindow]) -> str | None:
+    """The words for windows of another size than K (``long``, longer or shorter) whose loss
+    was normalised to their own size (every one of them and of the windows of K measured
+    weighs the same in all): a window size the loop chose (K changed, an accumulation
+    schedule), not a counter off; None when that is not shown."""
+    ml = [m.mass for w in long if (m := _f7_mass(w)) is not None]
+    mr = [m.mass for w in regular if (m := _f7_mass(w)) is not None]
+    if len(ml) < len(long) or not mr:
+        return None
+    ref = mr[0]
+    if ref <= 0 or any(abs(x - ref) > 1e-3 * ref for x in ml + mr):
+        return None
+    return (f"; but each of them, as each window of K, was normalised to its own size (a "
+            f"total loss weight of {ref:.4g}): a large batch of {long[0].window}, so if the "
+            "window size was meant to change (an accumulation schedule), this is right; if "
+            "not, the boundary is off")
 
 
 def _rescaled(w: StepWindow) -> bool:

@@ -99,6 +99,7 @@ from accumguard.observe._weight_rules import (
     loss_weight_findings,
     mixed_window_findings,
     partial_window_findings,
+    sized_on_purpose,
 )
 from accumguard.observe._wipe_rules import wipe_finding
 
@@ -500,10 +501,11 @@ def _window_findings(rank: int, windows: list[StepWindow], info: JsonObject,
         n0 = long[0].window
         constant = len({w.window for w in long}) == 1 and len(long) >= regular
         if constant:
-            out.append(_mk("F13", sev, rank, long[0].step, n0 - 1,
+            own = sized_on_purpose(long, [w for w in windows if w.window == k])
+            out.append(_mk("F13", "note" if own else sev, rank, long[0].step, n0 - 1,
                            f"{len(long)} window(s) of {n0} backward passes (K = {k}), e.g. "
                            f"before optimizer step {_n(long[0].step)}: the boundary comes "
-                           f"{n0 - k} micro-step(s) late"))
+                           f"{n0 - k} micro-step(s) late" + (own or "")))
         else:
             # a leak leaves no short window before the last; a loop whose windows vary
             # (a token budget per step) has short ones too: then only a note

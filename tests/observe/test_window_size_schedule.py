@@ -1,0 +1,33 @@
+"""Windows whose size changes on purpose (fairseq's ``--update-freq 2 4``: 2 micro-batches a
+window in the first epoch, then 4), each normalised by its own size: with K = 4 the first
+windows look short, but each weighs what a window of 4 weighs (a large batch of 2): an F13
+note saying both readings, not an error (blind round 87 c_b03_fixed). Divided by the first
+epoch's 2 throughout (c_b03), the windows of 4 weigh twice as much: still an error. The
+rules run in this process on the two runs' recordings (2 DDP ranks, recorded by `watch
+--keep`, kept in ``recorded/``), with K = 4 as watch read it from the script."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from accumguard.observe.rules import analyze
+from accumguard.watch._findings import load_recordings
+
+HERE = Path(__file__).parent / "recorded"
+
+
+def _findings(name: str) -> list:
+    findings, _, _ = analyze(load_recordings(HERE / name), k_flag=4)
+    return findings
+
+
+def test_windows_sized_on_purpose_are_a_note() -> None:
+    findings = _findings("r87_update_freq_own_size")
+    assert not [f for f in findings if f.severity == "error"], findings
+    f13 = [f for f in findings if f.cls == "F13"]
+    assert f13 and "normalised to its own size" in f13[0].evidence, findings
+
+
+def test_windows_divided_by_the_first_size_stay_an_error() -> None:
+    findings = _findings("r87_update_freq_first_size")
+    assert [f for f in findings if f.severity == "error"], findings
