@@ -373,3 +373,5 @@ def test_ranks_that_never_synchronise_are_named() -> None:
     assert "Accelerator(cpu=True)" in local.fix
     (ddp,) = cross_rank_findings(rec_with("ddp"))
     assert ddp.cls == "F11" and "never synchronise" not in (ddp.title or ""), ddp
+    # (what was measured, not a cause: a sync flag is one of the fix's candidates)
+    assert "received different gradients" in ddp.title and "sync flag" in ddp.fix, ddp

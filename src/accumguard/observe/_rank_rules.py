@@ -326,7 +326,15 @@ def cross_rank_findings(rec: RunRecording) -> list[Finding]:
                                 "learnable temperature or weights included), or all-reduce their "
                                 "gradients (sum, then divide by the world size) at each window's "
                                 "end, before the optimizer step.")]
-            return [_mk("F11", "error", None, step, None, evidence)]
+            return [_mk("F11", "error", None, step, None, evidence,
+                        title_="the ranks' optimizers received different gradients: ranks "
+                               "train different models",
+                        fix="Find what the ranks did not reduce alike: a micro-step whose "
+                            "sync flag was off at its backward (no_sync / "
+                            "require_backward_grad_sync spanning the wrong micro-steps), "
+                            "parameters a hand-written all-reduce skips (some parameter "
+                            "groups, a module outside the wrapper), or a gradient changed "
+                            "on one rank after the reduction.")]
     return []
 
 
