@@ -29,6 +29,7 @@ from accumguard.observe import _shared_rules as shared
 from accumguard.observe._accelerate_rules import accelerate_double_gate
 from accumguard.observe._cadence_rules import double_gate_findings
 from accumguard.observe._comm_rules import collectives_before, comm_findings
+from accumguard.observe._divisor_rules import mixed_window_findings
 from accumguard.observe._epochs import (
     dropped_finding,
     dropped_tail,
@@ -97,7 +98,6 @@ from accumguard.observe._weight_rules import (
     classify_token_weights,
     grad_step_findings,
     loss_weight_findings,
-    mixed_window_findings,
     partial_window_findings,
     sized_on_purpose,
 )

@@ -1,0 +1,89 @@
+"""F13 from the loss record: one window's micro-steps divided for different window sizes
+(pure Python; :mod:`.rules` runs it with the window rules).
+
+A loss record's constants say which window size each micro-step was normalised for (each of
+its n units weighs 1 / (m * n): ``sum / (m * n)``, ``mean / m``). Within one window of K
+micro-steps, all of the same count, two different sizes m mean that the window's boundary
+and the count its divisor came from disagree.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from accumguard.observe._records import Finding, StepWindow, _mk, _n
+from accumguard.observe._weight_rules import _loss_groups, _short, one, units
+
+__all__ = ["mixed_window_findings"]
+
+
+def _implied_window(r: list[Any]) -> int | None:
+    """The window size m a loss record was normalised for, when its value was only divided
+    by constants and each of its n units weighs exactly 1 / (m * n) (``sum / (m * n)``,
+    ``mean / m``): None otherwise."""
+    consts = r[9] if len(r) > 9 and isinstance(r[9], list) else []
+    if not consts or any(not (isinstance(c, list) and len(c) == 2 and c[0] == "/")
+                         for c in consts):
+        return None
+    n, wt = float(r[3]), abs(float(r[4]))
+    if n <= 0 or wt <= 0:
+        return None
+    m = 1.0 / (wt * n)
+    return round(m) if round(m) >= 1 and abs(m - round(m)) <= 1e-3 * m else None
+
+
+def mixed_window_findings(rank: int | None, windows: list[StepWindow],
+                          k_run: int | None = None) -> list[Finding]:
+    """F13, the window's boundary and its normalisation disagreeing: one window's
+    micro-steps, at one loss call with the same count of units each, normalised for
+    different window sizes (the first divided as one of a window of 4, the last as one of
+    a window of 2): its units weigh unequally, which no large batch does. The boundary came
+    where the script's own count did not expect it (a window counter that ran on across an
+    epoch while the divisor follows the epoch's position, or the other way round). Only
+    divisions by constants are read, every one an exact window size. Judged on windows of
+    the run's K (``k_run``) inside one pass over a DataLoader: a longer window, or one
+    spanning two passes, is a leak or a late boundary, which the window-size rules name."""
+    for w in windows:
+        k = w.window
+        if k < 2 or int(w.zero_grads_between) or w.backwards_per_micro != 1 \
+                or (k_run is not None and k != k_run) \
+                or any(0 < j < k for j in (w.data_pass_starts or [])):
+            continue
+        for (site, _), by_micro in sorted(_loss_groups(w).items()):
+            if len(by_micro) != k or any(m not in by_micro for m in range(k)):
+                continue
+            recs = [by_micro[m] for m in range(k)]
+            if len({float(r[3]) for r in recs}) != 1 or any(bool(r[5]) for r in recs):
+                continue  # counts differ (F5's question), or low-precision weights
+            implied = [_implied_window(r) for r in recs]
+            sizes = [m for m in implied if m is not None]
+            if len(sizes) != k or len(set(sizes)) < 2 or max(sizes) > 4 * k:
+                continue
+            runs: list[tuple[int, int, int]] = []  # (size, first micro, last micro)
+            for i, m in enumerate(sizes):
+                if runs and runs[-1][0] == m:
+                    runs[-1] = (m, runs[-1][1], i)
+                else:
+                    runs.append((m, i, i))
+            u = units(recs)
+            parts = "; ".join(f"micro-step{'s' if a != b else ''} "
+                              f"{a + 1}{f'-{b + 1}' if a != b else ''} as one of a window of "
+                              f"{m}" for m, a, b in runs)
+            wts = [abs(float(r[4])) for r in recs]
+            return [_mk("F13", "error", rank, w.step, None,
+                        f"{_short(site)}: the {k} micro-steps of the window before optimizer "
+                        f"step {_n(w.step)} each saw {float(recs[0][3]):g} {u}, but the script "
+                        f"normalised them for different windows ({parts}): one {one(u)} "
+                        f"weighed {min(wts):.4g} or {max(wts):.4g} ({max(wts) / min(wts):.3g}x "
+                        f"apart), where the large batch of this window weighs all of its "
+                        f"{k * float(recs[0][3]):g} {u} alike. The window's boundary and the "
+                        "count its divisor was computed from disagree: a micro-step counter "
+                        "that runs on across epochs while the divisor follows the position in "
+                        "the epoch (or the other way round)",
+                        title_="one window's micro-batches normalised for different window "
+                               "sizes: its boundary and its divisor disagree",
+                        fix="Derive the boundary and the divisor from one count: reset the "
+                            "micro-step counter at each epoch's start (or count windows across "
+                            "epochs and size the divisor from the same counter), and divide "
+                            "each micro-step by the size of the window it is in.")]
+    return []
