@@ -11,25 +11,10 @@ Accelerate both gating the step.
 
 from __future__ import annotations
 
-from typing import Any
-
 from accumguard.observe._records import Finding, KResolution, StepWindow, _mk
+from accumguard.observe._weight_rules import loss_divisor
 
-__all__ = ["accelerate_double_gate", "loss_divisor"]
-
-
-def loss_divisor(record: list[Any]) -> float | None:
-    """The product of the constants a loss record's value was divided by between the loss
-    call and the backward's root (the script's ``/ m``, ``accelerator.backward``'s ``/ K``);
-    None when the record has none or multiplies too."""
-    consts = record[9] if len(record) > 9 and isinstance(record[9], list) else []
-    if not consts or any(not (isinstance(c, list) and len(c) == 2 and c[0] == "/")
-                         for c in consts):
-        return None
-    out = 1.0
-    for _, v in consts:
-        out *= float(v)
-    return out
+__all__ = ["accelerate_double_gate"]
 
 
 def accelerate_double_gate(rank: int, windows: list[StepWindow], k: int,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from accumguard.observe._records import Finding, StepWindow, _mk, _n
-from accumguard.observe._weight_rules import _loss_groups, _short, one, units
+from accumguard.observe._weight_rules import _loss_groups, _short, loss_divisor, one, units
 
 __all__ = ["mixed_window_findings"]
 
@@ -21,9 +21,7 @@ def _implied_window(r: list[Any]) -> int | None:
     """The window size m a loss record was normalised for, when its value was only divided
     by constants and each of its n units weighs exactly 1 / (m * n) (``sum / (m * n)``,
     ``mean / m``): None otherwise."""
-    consts = r[9] if len(r) > 9 and isinstance(r[9], list) else []
-    if not consts or any(not (isinstance(c, list) and len(c) == 2 and c[0] == "/")
-                         for c in consts):
+    if loss_divisor(r) is None:
         return None
     n, wt = float(r[3]), abs(float(r[4]))
     if n <= 0 or wt <= 0:

@@ -416,12 +416,12 @@ class StepMachinery:
         """The parameters ``opt`` steps that no DDP root holds (DDP averages the gradients
         of its own module only): up to three names and a count of the rest; None when
         there are none. Once per optimizer and set of roots."""
-        roots = [r for r in self._sync_roots if hasattr(r, "require_backward_grad_sync")]
-        if not roots:
-            return None
-        key = (id(opt), len(roots))
+        key = (id(opt), len(self._sync_roots))
         names = self._unwrapped_of.get(key)
         if names is None:
+            roots = [r for r in self._sync_roots if hasattr(r, "require_backward_grad_sync")]
+            if not roots:
+                return None
             with self._quiet():
                 held = {id(p) for r in roots for p in r.parameters()}
                 loose = [p for g in getattr(opt, "param_groups", []) for p in g["params"]

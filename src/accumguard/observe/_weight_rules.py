@@ -19,7 +19,7 @@ from accumguard.observe._records import Finding, KResolution, StepWindow, _mk, _
 
 __all__ = ["MASS_TOL", "MASS_TOL_LOW_PRECISION", "WEIGHT_TOL", "WEIGHT_TOL_LOW_PRECISION",
            "classify_token_weights", "grad_step_findings",
-           "loss_weight_findings", "one", "partial_window_findings", "sized_on_purpose", "units"]
+           "loss_divisor", "loss_weight_findings", "one", "partial_window_findings", "sized_on_purpose", "units"]
 
 # -- token weights (the probe of :mod:`accumguard.observe.tokens`) -------------------------
 
@@ -116,6 +116,21 @@ def _loss_groups(w: StepRecord) -> dict[tuple[str, int], dict[int, list[Any]]]:
         site, idx, micro = str(r[0]), int(r[1]), int(r[2])
         groups.setdefault((site, idx), {}).setdefault(micro, r)
     return groups
+
+
+def loss_divisor(record: list[Any]) -> float | None:
+    """The product of the constants a loss record's value was divided by between the loss
+    call and the backward's root (the script's ``/ m``, ``accelerator.backward``'s ``/ K``; record layout:
+    ``core.window.StepRecord.losses``);
+    None when the record has none or multiplies too."""
+    consts = record[9] if len(record) > 9 and isinstance(record[9], list) else []
+    if not consts or any(not (isinstance(c, list) and len(c) == 2 and c[0] == "/")
+                         for c in consts):
+        return None
+    out = 1.0
+    for _, v in consts:
+        out *= float(v)
+    return out
 
 
 def units(recs: list[Any]) -> str:
