@@ -184,3 +184,35 @@ def test_a_fault_reading_a_deepspeed_schedule_changes_nothing(
         failure = obs.failure
     assert failure is not None and "injected" in failure.error + failure.traceback
     assert seen == plain
+
+
+class _NoNames(dict):  # type: ignore[type-arg]
+    def get(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("injected: the parameters' names")
+
+
+def _end_line(out: Path) -> dict[str, Any]:
+    import json
+
+    lines = [json.loads(x) for x in (out / "rank-0.jsonl").read_text().splitlines()]
+    return next(x for x in lines if x["kind"] == "end")
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_the_end_lines_parameter_names_never_cost_the_record(tmp_path: Path,
+                                                             broken: bool) -> None:
+    """The end line lists the checksummed parameters' names (a finding about some of them
+    names them); a fault reading them, at exit, loses the names only: the end line is
+    written, the run unchanged."""
+    plain = _loop()
+    with recording(tmp_path) as obs:
+        if broken:
+            obs._tracked_names = _NoNames()
+        seen = _loop()
+    assert all(torch.equal(a, b) for a, b in zip(plain, seen, strict=True))
+    end = _end_line(tmp_path)
+    assert end["reason"] == "exit" and end["steps"] == 3
+    if broken:
+        assert "tracked" not in end
+    else:
+        assert end["tracked"] == ["0.weight", "0.bias", "2.weight", "2.bias"]

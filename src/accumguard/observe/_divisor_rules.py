@@ -14,7 +14,7 @@ from typing import Any
 from accumguard.observe._records import Finding, StepWindow, _mk, _n
 from accumguard.observe._weight_rules import _loss_groups, _short, loss_divisor, one, units
 
-__all__ = ["mixed_window_findings"]
+__all__ = ["divided_for_other_size", "mixed_window_findings"]
 
 
 def _implied_window(r: list[Any]) -> int | None:
@@ -85,3 +85,43 @@ def mixed_window_findings(rank: int | None, windows: list[StepWindow],
                             "epochs and size the divisor from the same counter), and divide "
                             "each micro-step by the size of the window it is in.")]
     return []
+
+
+def _implied_sizes(windows: list[StepWindow]) -> set[int | None]:
+    """The window sizes the micro-steps of ``windows`` were normalised for, at every loss
+    call (None for a record that does not say)."""
+    out: set[int | None] = set()
+    for w in windows:
+        for by_micro in _loss_groups(w).values():
+            out |= {_implied_window(r) for r in by_micro.values()}
+    return out
+
+
+def divided_for_other_size(rank: int | None, windows: list[StepWindow], k: int
+                           ) -> Finding | None:
+    """LOSS_SCALE: the run's windows come in two sizes, K and m (an update frequency that
+    changes per epoch: fairseq's ``--update-freq 2 4``), and every micro-step of both was
+    normalised for a window of m, the other size: each window of K sums K micro-steps
+    divided by m, K/m x its large batch, while the windows of m weigh 1. The windows of K
+    are the ones the script declared, so their weight is wrong whatever the schedule meant.
+    None when that is not what the loss records show."""
+    ks = [w for w in windows if w.window == k and w.backwards_per_micro == 1]
+    others = [w for w in windows if w.window != k]
+    sizes = {w.window for w in others}
+    if len(ks) < 2 or len(sizes) != 1 or not ks[0].losses:
+        return None
+    m = sizes.pop()
+    if m < 1 or _implied_sizes(ks) != {m} or _implied_sizes(others) != {m}:
+        return None
+    site = next(iter(sorted(_loss_groups(ks[0]))))[0]
+    return _mk("LOSS_SCALE", "error", rank, ks[0].step, None,
+               f"{_short(site)}: the run's windows held {m} or {k} micro-steps (K = {k}: "
+               f"{len(others)} window(s) of {m}, {len(ks)} of {k}, e.g. before optimizer step "
+               f"{_n(ks[0].step)}), and every micro-step of both was normalised for a window "
+               f"of {m} (each loss divided as one of {m} micro-batches, read from the loss "
+               f"record): each window of {k} weighs {k / m:.3g} x its large batch, the "
+               f"windows of {m} weigh 1",
+               title_=f"windows of {k} micro-steps divided as windows of {m}: their "
+                      f"gradient is {k / m:.3g} x the large batch's",
+               fix=f"Divide each micro-step's loss by the number of micro-steps in its own "
+                   f"window (the update frequency in force for that epoch), not by {m}.")

@@ -326,6 +326,9 @@ def cross_rank_findings(rec: RunRecording) -> list[Finding]:
                                 "learnable temperature or weights included), or all-reduce their "
                                 "gradients (sum, then divide by the world size) at each window's "
                                 "end, before the optimizer step.")]
+            skipped = _skipped_by_hand_reduce(row)
+            if skipped is not None:
+                return [_skipped_finding(rec, step, evidence, *skipped)]
             return [_mk("F11", "error", None, step, None, evidence,
                         title_="the ranks' optimizers received different gradients: ranks "
                                "train different models",
@@ -336,6 +339,79 @@ def cross_rank_findings(rec: RunRecording) -> list[Finding]:
                             "groups, a module outside the wrapper), or a gradient changed "
                             "on one rank after the reduction.")]
     return []
+
+
+def _skipped_by_hand_reduce(row: dict[int, StepWindow]
+                            ) -> tuple[list[int], list[int], float] | None:
+    """For one step of data parallelism written by hand (no wrapper, the script reduced
+    gradients), seen on every rank with its per-parameter checksums: the parameters whose
+    optimizer received exactly this rank's own contributions while the ranks' contributions
+    differ (never reduced), and those that received one common c x the sum over ranks
+    (reduced), with c; None unless both sets are non-empty and every parameter whose
+    ranks' contributions differ is in one of them."""
+    wins = list(row.values())
+    conss = [w.conservation for w in wins]
+    if any(w.engine != "local" or not int(w.reductions) or int(w.clips) for w in wins):
+        return None
+    sizes = {len(c.contrib_sums) if c is not None else -1 for c in conss} \
+        | {len(c.received_sums) if c is not None else -1 for c in conss}
+    if len(sizes) != 1 or min(sizes) < 4:
+        return None
+    contribs = [[float(x) for x in c.contrib_sums] for c in conss if c is not None]
+    gots = [[float(x) for x in c.received_sums] for c in conss if c is not None]
+    floor = 1e-6 * max(abs(x) for x in (*sum(contribs, []), *sum(gots, [])))
+
+    def close(a: list[float], b: list[float]) -> bool:
+        return all(abs(x - y) <= WEIGHT_TOL * max(abs(x), abs(y)) + floor
+                   for x, y in zip(a, b, strict=True))
+
+    own: list[int] = []
+    reduced: list[int] = []
+    for p in range(min(sizes) // 2):
+        cols = (2 * p, 2 * p + 1)
+        mine = [[c[i] for i in cols] for c in contribs]
+        got = [[g[i] for i in cols] for g in gots]
+        if all(close(mine[0], m) for m in mine[1:]):
+            continue  # the ranks' contributions agree: reduced or not, it cannot be told
+        if all(close(got[0], g) for g in got[1:]):
+            reduced.append(p)
+        elif all(close(g, m) for g, m in zip(got, mine, strict=True)):
+            own.append(p)
+        else:
+            return None  # something else moved this gradient: not judged here
+    if not own or not reduced:
+        return None
+    total = [sum(c[i] for c in contribs) for p in reduced for i in (2 * p, 2 * p + 1)]
+    mean_got = [gots[0][i] for p in reduced for i in (2 * p, 2 * p + 1)]
+    denom = sum(x * x for x in total)
+    if denom <= 0:
+        return None
+    c = sum(a * b for a, b in zip(mean_got, total, strict=True)) / denom
+    if c <= 0 or not close(mean_got, [c * x for x in total]):
+        return None
+    return own, reduced, c
+
+
+def _skipped_finding(rec: RunRecording, step: int, evidence: str, own: list[int],
+                     reduced: list[int], c: float) -> Finding:
+    """F10 for the parameters a hand-written all-reduce never covered."""
+    names = next((e.get("tracked") for e in rec.end.values()
+                  if isinstance(e.get("tracked"), list)), None)
+    picked = [names[p] if names and p < len(names) and names[p] else f"#{p + 1}"
+              for p in own]
+    shown = ", ".join(picked[:8]) + (f" and {len(picked) - 8} more" if len(picked) > 8 else "")
+    where = "" if names else " (numbered in the model's named_parameters() order)"
+    return _mk("F10", "error", None, step, None,
+               evidence + f"; for {len(own)} of the {len(own) + len(reduced)} parameters "
+               f"whose ranks' gradients differ, each rank's optimizer received exactly its own "
+               f"rank's accumulated gradient (per-parameter checksums), while the other "
+               f"{len(reduced)} received {c:.4g} x the sum over ranks: the script's own "
+               f"all-reduce never covered {shown}{where}",
+               title_=f"{len(own)} parameters are never averaged over the ranks: the "
+                      "hand-written all-reduce skips them",
+               fix="All-reduce the gradient of every parameter the optimizer steps (iterate "
+                   "over all of its param_groups, or over model.parameters()), with the same "
+                   "division by the world size as the others, before the optimizer step.")
 
 
 def joined_rank_findings(rec: RunRecording) -> list[Finding]:

@@ -16,10 +16,11 @@ from __future__ import annotations
 import dataclasses
 
 from accumguard.observe import _shared_rules as shared
+from accumguard.observe._divisor_rules import divided_for_other_size
 from accumguard.observe._records import Finding, KResolution, Severity, StepWindow, _mk, _n
 from accumguard.observe._weight_rules import sized_on_purpose
 
-__all__ = ["continued_windows", "reborn", "short_window_findings"]
+__all__ = ["continued_windows", "own_size_title", "reborn", "short_window_findings"]
 
 
 def reborn(windows: list[StepWindow], i: int) -> bool:
@@ -194,6 +195,12 @@ def _rebuilt_short(rank: int, windows: list[StepWindow], i: int, k: int,
                    "increment), so the resumed run's first window holds K micro-batches")
 
 
+def own_size_title(n: int, k: int) -> str:
+    """The title of windows of another size than K, each normalised to its own size."""
+    return (f"windows of {n} micro-steps where K = {k}, each normalised to its own size: a "
+            "window size the loop chose, or a boundary off")
+
+
 def _finding(rank: int, verdict: str, i: int, windows: list[StepWindow], res: KResolution,
              passes: bool, f1_found: bool) -> Finding | None:
     k = res.k
@@ -209,6 +216,9 @@ def _finding(rank: int, verdict: str, i: int, windows: list[StepWindow], res: KR
                    f"a single backward pass (K = {k}, {res.source}), not at the end of a "
                    "pass over the data nor of the run: the loop steps every micro-step there")
     if i == 0:
+        scaled = divided_for_other_size(rank, windows, k)
+        if scaled is not None:
+            return scaled
         rest = [x.window for x in windows[1:]]
         steady = all(m <= k for m in rest) and 2 * rest.count(k) >= len(rest)
         own = sized_on_purpose([x for x in windows if x.window == n],
@@ -219,7 +229,8 @@ def _finding(rank: int, verdict: str, i: int, windows: list[StepWindow], res: KR
                    f"{windows[1].window} (K = {k}): the boundary test counts from the wrong "
                    "origin (e.g. `i % K == 0` with i from 0), or a resumed run did not restore "
                    "the saved window's gradient; only the last window of an epoch or run may "
-                   "be short" + (own or ""))
+                   "be short" + (own or ""),
+                   title_=own_size_title(n, k) if own else None)
     if not passes:
         return None
     return _mk("F13", sev, rank, step, n - 1,

@@ -44,11 +44,7 @@ from accumguard.observe._isolated import Isolated
 from accumguard.observe._k_resolution import resolve_k, spans_passes
 from accumguard.observe._ledger import ledger_findings, term_findings, weights_right
 from accumguard.observe._lr_rules import lr_schedule_findings
-from accumguard.observe._precision_rules import (
-    F12_ERROR_FACTOR,
-    f12_drift,
-    low_precision_findings,
-)
+from accumguard.observe._precision_rules import F12_ERROR_FACTOR, f12_drift, low_precision_findings
 from accumguard.observe._rank_rules import (
     averaged_inside_steps,
     clipped_apart_findings,
@@ -81,7 +77,7 @@ from accumguard.observe._scale_rules import loss_scale_findings
 from accumguard.observe._schedules import run_horizon_findings
 from accumguard.observe._shared_rules import conservation_class as _conservation_class
 from accumguard.observe._shared_rules import double_gating, engine_resets
-from accumguard.observe._short_rules import continued_windows, short_window_findings
+from accumguard.observe._short_rules import continued_windows, own_size_title, short_window_findings
 from accumguard.observe._step_rules import (
     UNREDUCED,
     _extra_step,
@@ -505,7 +501,8 @@ def _window_findings(rank: int, windows: list[StepWindow], info: JsonObject,
             out.append(_mk("F13", "note" if own else sev, rank, long[0].step, n0 - 1,
                            f"{len(long)} window(s) of {n0} backward passes (K = {k}), e.g. "
                            f"before optimizer step {_n(long[0].step)}: the boundary comes "
-                           f"{n0 - k} micro-step(s) late" + (own or "")))
+                           f"{n0 - k} micro-step(s) late" + (own or ""),
+                           title_=own_size_title(n0, k) if own else None))
         else:
             # a leak leaves no short window before the last; a loop whose windows vary
             # (a token budget per step) has short ones too: then only a note

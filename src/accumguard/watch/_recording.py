@@ -43,7 +43,8 @@ The recording, one JSON object per line (flushed at every optimizer step, at exi
   observation ended, counted (:mod:`accumguard.observe._tail`), at its real end;
 * ``{"kind": "end", "reason", "pending_backwards", "declared_k", "collective"}`` last
   (and ``k_changes``, ``[[backwards so far, K], ...]``, when a framework set K per epoch:
-  Lightning's ``GradientAccumulationScheduler``)
+  Lightning's ``GradientAccumulationScheduler``; ``tracked``, the checksummed parameters'
+  names in the conservation rows' order, when there are at most ``_MAX_NAMED``)
   (``reason``: ``exit``, ``max_steps``, ``destroy_process_group``, ``signal``, ``observed``
   (observation ended after ``ACCUMGUARD_OBSERVE_STEPS``, the run went on);
   ``collective``: ``{open, last_done, failed, calls}`` from
@@ -102,6 +103,10 @@ ENV_WATCH_ID = "ACCUMGUARD_WATCH_ID"
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "_bootstrap"
 
 _agent: _Agent | None = None
+
+
+#: the most checksummed parameters whose names the end line lists
+_MAX_NAMED = 4096
 
 
 def observed_env(base_env: Mapping[str, str] | None, out_dir: str | os.PathLike[str], *,
@@ -499,6 +504,7 @@ class _Agent:
                             if obs.accelerate_loader[1] and not obs.accelerate_loader[0]
                             else {}),
                          "collective": obs.counter.state(), **_peak_memory(),
+                         **_tracked_names(obs),
                          **({"advise_applied": list(self.advise.applied)}
                             if self.advise is not None else {})})
 
@@ -513,6 +519,17 @@ class _Agent:
             with contextlib.suppress(Exception):
                 stream.flush()
         os._exit(0)
+
+
+def _tracked_names(obs: Observer) -> dict[str, list[str | None]]:
+    """The names of the checksummed parameters, in the conservation rows' order (None for a
+    row whose parameter was dropped): a finding about some rows names them. Empty when
+    nothing was tracked or the list is long (a finding then gives positions)."""
+    with contextlib.suppress(Exception):
+        tracked = obs._tracked
+        if 0 < len(tracked) <= _MAX_NAMED:
+            return {"tracked": [obs._tracked_names.get(id(p)) for p in tracked]}
+    return {}
 
 
 def _peak_memory() -> dict[str, int]:

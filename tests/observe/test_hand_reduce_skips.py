@@ -1,0 +1,38 @@
+"""Data parallelism written by hand whose all-reduce covers only some parameters (blind round
+87 c_b01: the loop iterates over ``optimizer.param_groups[0]`` only, so the no-decay group is
+never averaged): each rank's optimizer receives its own gradient for those parameters. That is
+F10 naming them, not the generic F11 "ranks train different models" (no sync flag is involved).
+The fixed twin reduces every group and has no finding of the kind. The rules run in this
+process on the first three steps of the two runs' recordings (2 ranks on gloo, ``watch
+--keep``, kept in ``recorded/``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from accumguard.observe.rules import analyze
+from accumguard.watch._findings import load_recordings
+
+HERE = Path(__file__).parent / "recorded"
+
+
+def _findings(name: str) -> list:
+    findings, _, _ = analyze(load_recordings(HERE / name), k_flag=4)
+    return findings
+
+
+def test_parameters_the_hand_all_reduce_skips_are_named() -> None:
+    findings = _findings("r87_hand_reduce_skips_a_group")
+    errors = [f for f in findings if f.severity == "error"]
+    assert [f.cls for f in errors] == ["F10"], findings
+    assert "21 parameters are never averaged" in errors[0].title
+    # the no-decay group: embeddings, LayerNorms and biases, by name from the end line
+    for name in ("wte.weight", "h.0.ln_1.bias", "h.0.attn.in_proj_bias"):
+        assert name in errors[0].evidence, errors[0].evidence
+    assert "0.5 x the sum over ranks" in errors[0].evidence
+
+
+def test_every_group_reduced_is_silent() -> None:
+    findings = _findings("r87_hand_reduce_every_group")
+    assert not [f for f in findings if f.severity == "error"], findings
+    assert not [f for f in findings if f.cls in ("F10", "F11")], findings
