@@ -687,6 +687,21 @@ RULES: dict[str, Rule] = {
             "alone: the tail's window is stepped on a gradient never reduced",
             "synchronise on the same test the step uses (include the tail case in the flag)",
         ),
+        _rule(
+            "AG179", "hand-reduce-one-param-group", "F10", E, HI,
+            "a hand-written all-reduce iterates over one parameter group while the optimizer "
+            "has several: the other groups' gradients are never averaged over the ranks",
+            "reduce every group (`for g in opt.param_groups: for p in g[\"params\"]: ...`), or "
+            "iterate over model.parameters()",
+        ),
+        _rule(
+            "AG180", "module-outside-the-wrapper", "F10", E, MED,
+            "a module holding an nn.Parameter (a loss's learnable temperature or weights) is "
+            "stepped by the optimizer but lives outside the DDP/FSDP wrapper, and nothing "
+            "all-reduces its gradient: each rank steps it on its own gradient",
+            "make it a submodule of the wrapped model, or all-reduce its parameters' gradients "
+            "(sum, then divide by the world size) before the optimizer step",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

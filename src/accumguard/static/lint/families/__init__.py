@@ -66,6 +66,8 @@
 ``dphorizon``  AG169 AG175         a horizon over the whole dataset a DistributedSampler splits
 ``hfclip``     AG177               a clip setting that never reaches TrainingArguments (default 1.0)
 ``spawnworld`` AG170               WORLD_SIZE read (default 1) in ranks mp.spawn started
+``unreduced``  AG179 AG180         parameters no reduction covers: one group of several all-reduced
+                                   by hand; a module with parameters outside the DDP/FSDP wrapper
 """
 
 from accumguard.static.lint.families import (
@@ -118,8 +120,9 @@ from accumguard.static.lint.families import (
     tokhorizon,
     twice,
     unclearedopt,
+    unreduced,
     window,
     wrapgate,
 )
 
-__all__ = ["accelerate", "accloader", "acctail", "ampclip", "clipgrads", "commhook", "deepspeed", "dphorizon", "dsbatch", "dssched", "emastep", "epochtail", "factored", "fsdproot", "fsdpunits", "fused", "gradwrite", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfclip", "hfscale", "hfterms", "hftokens", "horizon", "lgmanual", "lgstep", "lgwindow", "loss", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "resume", "scale", "schedule", "spawnworld", "sync", "syncclip", "synctail", "tailscale", "terms", "tokenmean", "tokhorizon", "twice", "unclearedopt", "window", "wrapgate"]
+__all__ = ["accelerate", "accloader", "acctail", "ampclip", "clipgrads", "commhook", "deepspeed", "dphorizon", "dsbatch", "dssched", "emastep", "epochtail", "factored", "fsdproot", "fsdpunits", "fused", "gradwrite", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfclip", "hfscale", "hfterms", "hftokens", "horizon", "lgmanual", "lgstep", "lgwindow", "loss", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "resume", "scale", "schedule", "spawnworld", "sync", "syncclip", "synctail", "tailscale", "terms", "tokenmean", "tokhorizon", "twice", "unclearedopt", "unreduced", "window", "wrapgate"]

@@ -26,6 +26,7 @@ from accumguard.static.lint.families._lossexpr import division, flows_to_backwar
 from accumguard.static.lint.families._rankavg import summed_over_ranks
 from accumguard.static.lint.families._worldprod import named_product_with_world
 from accumguard.static.lint.families.scale import loss_divisions_by_rank_sum
+from accumguard.static.lint.families.unreduced import reduces_an_outside_module
 
 _DIV_CALLS = frozenset({"div_", "div", "mul_", "true_divide_", "divide_", "mul"})
 
@@ -198,7 +199,7 @@ def reduce_on_top_of_ddp(ctx: FileContext) -> Iterator[Finding]:
     if not ctx.ddp_wrapped:
         return
     for node, op in _gradient_reduces(ctx):
-        if _under_wrapper_branch(ctx, node):
+        if _under_wrapper_branch(ctx, node) or reduces_an_outside_module(ctx, node):
             continue
         divided = _divides_by_world(ctx, ctx.scope_of(node))
         yield ctx.finding(
