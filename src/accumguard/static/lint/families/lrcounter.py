@@ -335,8 +335,10 @@ def lr_from_micro_counter(ctx: FileContext) -> Iterator[Finding]:
 
 
 #: Lightning hooks that run on every batch (micro-batch) under automatic optimisation
+#: Lightning methods whose ``batch_idx`` counts micro-batches: the hooks run on every batch,
+#: and ``optimizer_step``, run at each window's end, gets the index of the window's last batch
 _PER_BATCH_HOOKS = frozenset({"on_train_batch_start", "on_train_batch_end", "training_step",
-                              "on_before_backward", "on_after_backward"})
+                              "on_before_backward", "on_after_backward", "optimizer_step"})
 
 
 def _lightning_k(ctx: FileContext) -> tuple[int | None, bool]:
@@ -351,7 +353,8 @@ def _lightning_k(ctx: FileContext) -> tuple[int | None, bool]:
 @rule("AG130")
 def lr_from_lightning_batch_idx(ctx: FileContext) -> Iterator[Finding]:
     """A learning rate written in a Lightning hook that runs on every batch
-    (``on_train_batch_start(self, trainer, pl_module, batch, batch_idx)``) from ``batch_idx``,
+    (``on_train_batch_start(self, trainer, pl_module, batch, batch_idx)``), or in an
+    ``optimizer_step`` override, from ``batch_idx``,
     with ``accumulate_grad_batches`` > 1: ``batch_idx`` counts micro-batches, so the schedule
     advances K positions per optimizer step (``trainer.global_step`` counts optimizer
     steps). An error when K > 1 is in sight, a warning when its value is not."""
