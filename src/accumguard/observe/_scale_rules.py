@@ -38,6 +38,17 @@ def loss_scale_findings(rank: int | None, windows: list[StepWindow], k: int | No
     judged = [(w, m) for w in windows if int(w.window) == k
               for m in [_window_mass(w)] if m is not None
               and (m.sole or inside_one_normalisation(w, m.site, k) is not None)]
+    chosen = next(((w, m, f) for w, m in judged if (f := _chosen_factor(w, m))), None)
+    if chosen is not None:
+        w, m, f = chosen
+        return [_mk("LOSS_SCALE", "note", rank, w.step, None,
+                    f"{_short(m.site)}: each window of K = {k} micro-steps weighs its {m.unit} "
+                    f"{m.mass:.4g} in total, the product of the constants the loss was "
+                    f"multiplied by ({f:.4g}; e.g. a distillation temperature squared or a loss "
+                    "weight); without them it weighs 1, the large batch's mean. The "
+                    "coefficient is the script's choice: not judged",
+                    title_="the loss carries a coefficient of the script's own (not judged)",
+                    fix="Nothing to fix if the coefficient is intended.")]
     checked = [(w, m) for w, m in judged if w.conservation is not None or engine_summed(w)]
     if checked and all(_near(m.mass, float(k), m.low) for _, m in judged) \
             and all(_unscaled(w, m.low) for w, m in checked):
@@ -68,6 +79,28 @@ def loss_scale_findings(rank: int | None, windows: list[StepWindow], k: int | No
                 f"learning rate of lr/{k}). Divide by K (or by the window's count) once",
                 title_=f"the loss is divided by K twice: the optimizer receives 1/{k} of the "
                        "large batch's gradient")]
+
+
+def _chosen_factor(w: StepWindow, m: _Mass) -> float | None:
+    """Every loss record of the window was multiplied by constants of the script's own
+    (``* T * T`` of a distillation temperature, a loss weight) whose product is not 1 and
+    without which the window would weigh exactly 1: the weight is the script's choice of
+    coefficient, not a missing or doubled division by K, and is not judged. Returns that
+    product, else None."""
+    prods = set()
+    for r in w.losses or []:
+        consts = r[9] if len(r) > 9 and isinstance(r[9], list) else []
+        prod = 1.0
+        for c in consts:
+            if isinstance(c, list) and len(c) == 2 and c[0] == "*":
+                prod *= float(c[1])
+        prods.add(round(prod, 9))
+    if len(prods) != 1:
+        return None
+    prod = prods.pop()
+    if prod > 0 and not _near(prod, 1.0, m.low) and _near(m.mass / prod, 1.0, m.low):
+        return prod
+    return None
 
 
 def _whole_loss_words(w: StepWindow, m: _Mass, k: int) -> str:

@@ -1,0 +1,1 @@
+python b_b01_fixed.py
