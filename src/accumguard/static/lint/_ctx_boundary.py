@@ -212,7 +212,8 @@ class BoundaryFacts(FileIndex):
             ):
                 return True
             cur = self.parents.get(cur)
-        return any(_is_accumulate_call(sub) or (
+        own = self._instances()  # `learner.accumulate(batch)`: a method of the file's class
+        return any((_is_accumulate_call(sub) and _receiver_name(sub) not in own) or (
             isinstance(sub, ast.With | ast.AsyncWith)
             and any(_accumulation_manager(item.context_expr) for item in sub.items))
             for sub in self.local_nodes(window))
@@ -347,6 +348,12 @@ def _accumulation_manager(node: ast.AST) -> bool:
     name = node.func.attr if isinstance(node.func, ast.Attribute) else \
         node.func.id if isinstance(node.func, ast.Name) else ""
     return "accum" in name.lower()
+
+
+def _receiver_name(node: ast.AST) -> str:
+    """``x.y`` of a call ``x.y.name(...)``; "" for anything else."""
+    func = getattr(node, "func", None)
+    return (dotted(func.value) or "") if isinstance(func, ast.Attribute) else ""
 
 
 def _is_accumulate_call(node: ast.AST) -> bool:

@@ -4,6 +4,7 @@ calls of each one classified once (rules 1 and 2 of :mod:`._context`)."""
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -21,6 +22,7 @@ from accumguard.static.lint._ast import (
     has_mod,
     identifiers,
     is_backward,
+    last_part,
     local_identifiers,
     own_identifier,
     position,
@@ -172,8 +174,14 @@ class WindowQueries(OwnRateQueries):
             return [c for c in self.of(ast.Call)  # `loss_scaler(loss, optimizer, ...)`
                     if isinstance(c.func, ast.Name) and c.func.id in names] + passed
         if isinstance(owner, ast.ClassDef):
+            instances = self._instances()
+            # (an optimizer class of the file is a step, not a helper: SAM's `step(closure)`)
+            held = [] if any(re.search(r"optimizer$", last_part(dotted(b))) for b in owner.bases) \
+                else [c for c in self._instance_calls().get(helper.name, ())
+                      if isinstance(c.func, ast.Attribute)
+                      and self.inherits(instances.get(dotted(c.func.value) or ""), owner)]
             return [c for c in by_self.get(helper.name, ())
-                    if self.inherits(self.enclosing(c, (ast.ClassDef,)), owner)] + passed
+                    if self.inherits(self.enclosing(c, (ast.ClassDef,)), owner)] + held + passed
         return list(by_name.get(helper.name, ())) + passed + self._factory_call_sites(helper)
 
     def _factory_call_sites(self, helper: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.Call]:
@@ -273,6 +281,20 @@ class WindowQueries(OwnRateQueries):
                     by_self.setdefault(n.func.attr, []).append(n)
             return defs, by_name, by_self
         return self._cached("call_index", self.tree, compute)  # type: ignore[no-any-return]
+
+    def _instance_calls(self) -> dict[str, list[ast.Call]]:
+        """``obj.name(...)`` calls by method name, ``obj`` a name or attribute other than
+        ``self`` (``learner.accumulate(batch)``: a method of the file's class run through an
+        instance of it; :meth:`_instances` tells which class)."""
+        def compute() -> dict[str, list[ast.Call]]:
+            out: dict[str, list[ast.Call]] = {}
+            for n in self.of(ast.Call):
+                if isinstance(n.func, ast.Attribute) \
+                        and isinstance(n.func.value, ast.Name | ast.Attribute) \
+                        and not (isinstance(n.func.value, ast.Name) and n.func.value.id == "self"):
+                    out.setdefault(n.func.attr, []).append(n)
+            return out
+        return self._cached("instance_calls", self.tree, compute)  # type: ignore[no-any-return]
 
     def window_backwards(self, window: ast.AST) -> list[ast.Call]:
         """The backward calls of ``window``, where the call of a backward helper stands for
