@@ -702,6 +702,13 @@ RULES: dict[str, Rule] = {
             "make it a submodule of the wrapped model, or all-reduce its parameters' gradients "
             "(sum, then divide by the world size) before the optimizer step",
         ),
+        _rule(
+            "AG181", "fsdp-sync-back-on-root-only", "F11", E, HI,
+            "FSDP2's gradient sync is turned off for every unit but back on with "
+            "recurse=False, for the root unit only: the other units never reduce-scatter",
+            "turn it on as it was turned off: model.set_requires_gradient_sync(True) "
+            "(recurse=True, the default), or set_requires_gradient_sync(is_last_micro_step)",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

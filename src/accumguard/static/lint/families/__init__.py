@@ -27,7 +27,8 @@
                AG118 AG174         ... or a per-micro-batch mean that ignores num_items_in_batch (x K when flagged scaled)
 ``hfterms``    AG142               an HF Trainer loss term that is a micro-batch mean beside a
                                    num_items_in_batch-normalised term, not divided by K
-``fsdpunits``  AG156               an FSDP2 divide factor set on one unit of several
+``fsdpunits``  AG156 AG181         an FSDP2 divide factor set on one unit of several; sync back on
+                                   for the root only
 ``hfmean``     AG155               the stock HF Trainer, GA > 1, over a model whose loss is a plain mean
 ``hftokens``   AG140               HF TrainingArguments(average_tokens_across_devices=False) (F6)
 ``tailscale``  AG141               the pass's partial last window stepped, its loss still divided by K

@@ -1,4 +1,5 @@
 """AG156 (F10): an FSDP2 divide factor set on one unit while the model has several.
+AG181 (F11): FSDP2's gradient sync turned off for every unit but back on for the root only.
 
 ``FSDPModule.set_gradient_divide_factor`` sets the reduction of the unit it is called on,
 not of the units ``fully_shard`` made of its children (torch 2.13: it loops over that
@@ -23,7 +24,7 @@ from accumguard.static.lint._ast import LOOPS, call_attr, dotted, receiver
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 
-__all__ = ["divide_factor_on_one_unit"]
+__all__ = ["divide_factor_on_one_unit", "sync_back_on_root_only"]
 
 _FACTOR_CALLS = frozenset({"set_gradient_divide_factor", "set_reduce_scatter_divide_factor"})
 
@@ -63,3 +64,46 @@ def divide_factor_on_one_unit(ctx: FileContext) -> Iterator[Finding]:
         # averaged and the summed gradient to the same norm), so only the gradient is proven off
         yield finding if not _clips_by_norm(ctx) else replace(
             finding, severity=Severity.WARNING, confidence=Confidence.MEDIUM)
+
+
+def _recurse(call: ast.Call) -> bool:
+    """The ``recurse`` argument of ``set_requires_gradient_sync`` (default True)."""
+    arg = call.args[1] if len(call.args) > 1 else next(
+        (k.value for k in call.keywords if k.arg == "recurse"), None)
+    return not (isinstance(arg, ast.Constant) and arg.value is False)
+
+
+def _is_false(node: ast.AST | None) -> bool:
+    return isinstance(node, ast.Constant) and node.value is False
+
+
+@rule("AG181")
+def sync_back_on_root_only(ctx: FileContext) -> Iterator[Finding]:
+    """``model.set_requires_gradient_sync(False)`` (recursing: every unit off) and, on the
+    window's last micro-step, ``model.set_requires_gradient_sync(True, recurse=False)``: only
+    the root unit is turned back on. The units ``fully_shard`` made of the blocks never
+    reduce-scatter: their sharded parameters never receive a gradient (an unsharded one
+    stays behind), and the optimizer steps them on nothing. Reported when the file shards
+    another module besides the receiver and turns the receiver's sync off recursively."""
+    sharded = [dotted(c.args[0]) for c in ctx.of(ast.Call)
+               if call_attr(c) == "fully_shard" and c.args]
+    if len(sharded) < 2:
+        return
+    calls = [c for c in ctx.of(ast.Call)
+             if call_attr(c) == "set_requires_gradient_sync" and c.args]
+    off = {dotted(receiver(c)) for c in calls if _is_false(c.args[0]) and _recurse(c)}
+    for call in calls:
+        unit = dotted(receiver(call))
+        if _recurse(call) or _is_false(call.args[0]) or unit not in off \
+                or not any(d != unit for d in sharded):
+            continue
+        yield ctx.finding(
+            "AG181",
+            call,
+            f"`{ast.unparse(call)}` turns the gradient sync back on for `{unit}`'s own unit "
+            "only, while `set_requires_gradient_sync(False)` turned it off for every unit "
+            "fully_shard made (it recurses by default): the blocks' units never "
+            "reduce-scatter, so their sharded parameters get no gradient and the ranks' "
+            "contributions are never combined",
+        )
+        return

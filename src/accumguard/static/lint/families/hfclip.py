@@ -7,7 +7,9 @@ otherwise. A script that keeps its own clip setting (a config field ``grad_clip:
 not its own: at 0.0 (no clipping meant) every step whose norm exceeds 1 is scaled down. Judged
 when the setting is a number other than 1.0, defined once (a dataclass field, a module
 constant or an argparse default) and never read; a warning, since the default may be
-acceptable.
+acceptable. Also warned: an argparse clip option that is None when not given, with a help
+text saying that means no clipping, passed to TrainingArguments through a ``**`` dict that
+drops the None values (the Trainer never hears of it).
 """
 
 from __future__ import annotations
@@ -67,12 +69,71 @@ def _read(ctx: FileContext, name: str, definition: ast.AST) -> bool:
     return False
 
 
+_NO_CLIP = re.compile(r"no clip|disabl|turn(s|ed)? off|\bnone\b|without clip", re.IGNORECASE)
+
+
+def _unset_means_no_clip(ctx: FileContext) -> ast.Call | None:
+    """An argparse clip option whose default is None and whose help says that unset means
+    no clipping (``--max-grad-norm``, ``default=None``, ``help="... (default: no
+    clipping)"``)."""
+    calls: list[ast.Call] = ctx.of(ast.Call)
+    for c in calls:
+        if not (isinstance(c.func, ast.Attribute) and c.func.attr == "add_argument" and c.args
+                and isinstance(c.args[0], ast.Constant) and isinstance(c.args[0].value, str)):
+            continue
+        name = c.args[0].value.lstrip("-").replace("-", "_")
+        kw = {k.arg: k.value for k in c.keywords}
+        default = kw.get("default")
+        helps = kw.get("help")
+        if _CLIP.match(name) and (default is None or (isinstance(default, ast.Constant)
+                                                      and default.value is None)) \
+                and isinstance(helps, ast.Constant) and isinstance(helps.value, str) \
+                and _NO_CLIP.search(helps.value):
+            return c
+    return None
+
+
+def _drops_none(ctx: FileContext, spread: ast.AST) -> bool:
+    """``spread`` (the ``**x`` given to TrainingArguments) is a dict built with the None
+    values filtered out (``{k: v for k, v in vars(args).items() if v is not None}``), itself
+    or through the name it was assigned to."""
+    values = [spread]
+    if isinstance(spread, ast.Name):
+        values += ctx.values_by_name().get(spread.id, [])
+    for v in values:
+        if isinstance(v, ast.DictComp) and any(
+                isinstance(t, ast.Compare) and any(isinstance(o, ast.IsNot) for o in t.ops)
+                and any(isinstance(x, ast.Constant) and x.value is None for x in t.comparators)
+                for g in v.generators for t in g.ifs):
+            return True
+    return False
+
+
 @rule("AG177")
 def clip_setting_never_given_to_trainer(ctx: FileContext) -> Iterator[Finding]:
     calls = [c for c in ctx.of(ast.Call)
              if _ARGS.search((dotted(c.func) or "").rsplit(".", 1)[-1])]
-    if not calls or any(k.arg is None or k.arg == "max_grad_norm" for c in calls
-                        for k in c.keywords):
+    if not calls or any(k.arg == "max_grad_norm" for c in calls for k in c.keywords):
+        return
+    option = _unset_means_no_clip(ctx)
+    if any(n.value == "max_grad_norm" for n in ctx.of(ast.Constant)):
+        option = None  # the key is set by name somewhere (`kw.setdefault("max_grad_norm", 0.0)`)
+    for c in calls:
+        spreads = [k.value for k in c.keywords if k.arg is None]
+        if option is not None and any(_drops_none(ctx, x) for x in spreads):
+            yield ctx.finding(
+                "AG177",
+                c,
+                f"the option `{ast.unparse(option.args[0])}` (line {option.lineno}) is None when "
+                "not given, which its help calls no clipping, but the None values are dropped "
+                f"before `**{ast.unparse(spreads[0])}` reaches "
+                f"`{(dotted(c.func) or 'TrainingArguments').rsplit('.', 1)[-1]}(...)`: the "
+                "Trainer then clips every optimizer step at its default max_grad_norm = 1.0",
+                fix="map the unset option to 0.0 before building the arguments "
+                    "(`max_grad_norm=cli.max_grad_norm or 0.0`), or give it a default of 0.0",
+            )
+            return
+    if any(k.arg is None for c in calls for k in c.keywords):
         return  # (a ** spread may carry max_grad_norm)
     for name, definition, value in _settings(ctx):
         if value == 1.0 or _read(ctx, name, definition):
