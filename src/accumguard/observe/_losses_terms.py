@@ -102,8 +102,10 @@ class TermLog:
                 descs.append(["masked sum", x.divs, x.means, x.opaque, by_node[x.msum], where,
                               None, False])
                 continue
-            below = batch_means_below(x.node) if call is None and x.select is None else None
-            penalty = call is None and x.select is None and below is None and params_only(x.node)
+            below = batch_means_below(x.node) \
+                if call is None and x.select is None and not x.penalty else None
+            penalty = x.penalty or (call is None and x.select is None and below is None
+                                    and params_only(x.node))
             descs.append([name, x.divs, x.means, x.opaque, call, where, below, penalty])
         self.pending.append((micro, descs))
 

@@ -42,7 +42,7 @@ Const = list[str | float]
 #: Nodes through which the root of a backward is a loss call's output times a constant.
 LINEAR = ("MulBackward", "DivBackward", "NegBackward", "CloneBackward", "ToCopyBackward",
           "AliasBackward", "ViewBackward", "SqueezeBackward", "UnsqueezeBackward",
-          "SumBackward", "MeanBackward", "ReshapeAliasBackward")
+          "SumBackward", "MeanBackward", "ReshapeAliasBackward", "UnsafeViewBackward")
 #: Nodes that only mask or move per-token values (their zeros are not counted): walked
 #: through towards a selection, as if linear.
 _PASS = ("MaskedFillBackward", "MaskedScatterBackward", "ExpandBackward")
@@ -78,6 +78,8 @@ class Leaf:
     # a data tensor multiplying it stands above the first reduction from the root (not a per-sample or
     # per-token weight inside a mean: the mean's own scale is then not the term's)
     weighted_above: bool = False
+    # a sum of many terms on the parameters alone, read whole (:func:`_penalty_sum`)
+    penalty: bool = False
 
 
 @dataclass
@@ -174,6 +176,34 @@ def batch_means_below(node: Any) -> list[int] | None:
         if _batch_mean(n):
             rows.append(int(_batch_rows(n) or 0))
     return sorted(set(rows)) or None
+
+
+#: Nodes read below an addition to tell a penalty summed over many parameters
+#: (:func:`_penalty_sum`): a few nodes per parameter tensor of a large model.
+PENALTY_SUM_NODES = 4096
+
+
+def _penalty_sum(node: Any) -> bool:
+    """``node`` (an addition) is a sum over many parameters of penalties on them alone
+    (``total = total + (p - p0).pow(2).sum()`` in a loop over ``named_parameters()``), read
+    breadth first so that a path into the data (a loss term beside the sum) ends the read
+    early; at most :data:`PENALTY_SUM_NODES` nodes."""
+    queue, seen, leaves = [node], {id(node)}, 0
+    i = 0
+    while i < len(queue):
+        n = queue[i]
+        i += 1
+        name = type(n).__name__
+        if name == "AccumulateGrad":
+            leaves += 1
+            continue
+        if name not in _PENALTY_NODES or len(seen) > PENALTY_SUM_NODES:
+            return False
+        for m, _ in n.next_functions:
+            if m is not None and id(m) not in seen:
+                seen.add(id(m))
+                queue.append(m)
+    return leaves > BELOW // 4
 
 
 #: Element-wise and reducing nodes a penalty on the parameters is made of (``p.pow(2).sum()``,
@@ -326,8 +356,22 @@ def _walk(root: torch.Tensor | Sequence[torch.Tensor], out: Walk, stops: frozens
             out.leaves.append(Leaf(node, index, divs, split, means, opaque, None, weighted,
                                    None, first, msum, above))
             continue
+        if name == "_DDPSinkBackward":
+            # DDP's identity on the forward's outputs (static graph, unused parameters):
+            # output i is its tensor input i (DDP's own reference, not a tensor, has no edge)
+            below = node.next_functions[index] if index < len(node.next_functions) \
+                else (None, 0)
+            if below[0] is not None:
+                stack.append((below[0], below[1], divs, split, means, opaque, weighted,
+                              factors, first, msum, above))
+                continue
         if select is None and name.startswith(("AddBackward0", "SubBackward0")) \
                 and len(nxt) > 1:
+            if any(type(n).__name__ == "AddBackward0" for n, _ in nxt) and _penalty_sum(node):
+                # `total = total + (p - p0).pow(2).sum()` over every parameter: one term
+                out.leaves.append(Leaf(node, index, divs, split, means, opaque, None, weighted,
+                                       None, first, msum, above, penalty=True))
+                continue
             # the terms (a sum above this addition is not any one term's)
             stack.extend((n, i, divs, True, means, opaque, weighted, factors, first, None, above)
                          for n, i in nxt)

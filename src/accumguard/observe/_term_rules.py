@@ -97,7 +97,8 @@ def _penalty_findings(rank: int, windows: list[dict[str, Any]]) -> list[Finding]
             continue
         judged += 1
         main = next((r for r in mains if all(
-            _divides_by(x[4], k) for x in _ordinal(by_micro, int(r[2])))), None)
+            _divides_by(x[4], k) for x in _ordinal(by_micro, int(r[2])))
+            or _window_normalised(w, r)), None)
         pen = next((r for r in pens if all(
             len(x) > 13 and x[13] and not _k_divisions(x[4], k) and not _may_hold_k(x[4], k)
             for x in _ordinal(by_micro, int(r[2])))), None)
@@ -108,6 +109,10 @@ def _penalty_findings(rank: int, windows: list[dict[str, Any]]) -> list[Finding]
         return []
     w, pen, main = found[0]
     k = int(w["window"])
+    beside = (f"is divided by K = {k}" if not _window_normalised(w, main) else
+              "gives every token of the window one weight although the micro-steps' counts "
+              "differ (a loss normalised over the whole window, as the HF Trainer's "
+              "num_items_in_batch does: the Trainer then divides by K no more)")
     coef = 1.0
     for op, c in pen[4] or []:
         coef = coef * float(c) if str(op) == "*" else coef / float(c)
@@ -116,7 +121,7 @@ def _penalty_findings(rank: int, windows: list[dict[str, Any]]) -> list[Finding]
                 f"penalty on the parameters alone (its graph starts at {pen[3]} and reaches "
                 f"only parameters, times {coef:.4g}), added in each of the K = {k} micro-steps "
                 f"of {len(found)} window(s) and never divided by K, while the loss call beside "
-                f"it ({_short(str(main[7]))}) is divided by K = {k}: accumulation sums {k} "
+                f"it ({_short(str(main[7]))}) {beside}: accumulation sums {k} "
                 f"copies of the penalty's gradient, {k} x {coef:.4g} = {k * coef:.4g} per "
                 f"optimizer step, where the large batch's loss adds it once ({coef:.4g})",
                 title_=f"a penalty on the parameters is not divided by K: it weighs {k}x its "
@@ -126,6 +131,24 @@ def _penalty_findings(rank: int, windows: list[dict[str, Any]]) -> list[Finding]
                     f"weight is wanted, write the coefficient as {k} x coef so the intent is "
                     "explicit. An optimizer's weight_decay applies it once per step by "
                     "construction.")]
+
+
+def _window_normalised(w: dict[str, Any], term: list[Any]) -> bool:
+    """The recorded loss call a term is (``term[7]``/``term[8]``: its site and order) gave
+    every token of the window one weight, in every micro-step, although the micro-steps'
+    counts differ: it was normalised over the whole window (a count of the window's tokens),
+    not per micro-step, and then not divided by K (no ``/ K`` between it and the root)."""
+    recs = [r for r in w.get("losses") or []
+            if len(r) > 9 and str(r[0]) == str(term[7]) and int(r[1]) == int(term[8] or 0)
+            and not r[8]]
+    by_micro = {int(r[2]): r for r in recs}
+    k = int(w["window"])
+    if sorted(by_micro) != list(range(k)) or len(recs) != k:
+        return False
+    weights = [abs(float(r[4])) for r in recs]
+    counts = {int(r[3]) for r in recs}
+    return len(counts) > 1 and max(weights) - min(weights) <= 1e-5 * max(weights) \
+        and not any(_k_divisions(r[9], k) for r in recs)
 
 
 def _term_scale_findings(rank: int, windows: list[dict[str, Any]],
