@@ -36,3 +36,14 @@ def test_every_group_reduced_is_silent() -> None:
     findings = _findings("r87_hand_reduce_every_group")
     assert not [f for f in findings if f.severity == "error"], findings
     assert not [f for f in findings if f.cls in ("F10", "F11")], findings
+
+
+def test_an_all_reduce_that_never_reaches_the_gradients_is_f10() -> None:
+    """Blind round 89 c_b01: the parameters are gathered from a generator, which the loop
+    collecting the gradients to reduce consumes, so the loop copying the reduced values back
+    runs zero times: the window issues its collectives, yet each rank's optimizer receives
+    its own gradient (a clip after it rescales it). F10, not the generic F11."""
+    findings = _findings("r89_hand_reduce_of_a_spent_generator")
+    errors = [f for f in findings if f.severity == "error"]
+    assert [f.cls for f in errors] == ["F10"], findings
+    assert "never reaches the gradients the optimizer steps" in errors[0].title

@@ -329,6 +329,21 @@ def cross_rank_findings(rec: RunRecording) -> list[Finding]:
             skipped = _skipped_by_hand_reduce(row)
             if skipped is not None:
                 return [_skipped_finding(rec, step, evidence, *skipped)]
+            lost = _reduce_never_reached(row)
+            if lost:
+                return [_mk("F10", "error", None, step, None,
+                            evidence + f"; the script issued {lost} collective(s) in "
+                            "the window, yet what each rank's optimizer received is exactly "
+                            "its own rank's accumulated gradient (per-parameter checksums, up "
+                            "to one scale per rank such as a clip's): the reduced values never "
+                            "reached the .grad the optimizer steps",
+                            title_="the hand-written all-reduce never reaches the gradients "
+                                   "the optimizer steps: each rank steps its own",
+                            fix="Reduce the .grad tensors themselves (dist.all_reduce(p.grad)) "
+                                "or copy the reduced buffer back into every .grad; iterate "
+                                "over a list, not a generator already consumed by the "
+                                "gathering loop, and do not reduce a copy "
+                                "(p.grad.clone(), torch.cat) without writing it back.")]
             return [_mk("F11", "error", None, step, None, evidence,
                         title_="the ranks' optimizers received different gradients: ranks "
                                "train different models",
@@ -390,6 +405,35 @@ def _skipped_by_hand_reduce(row: dict[int, StepWindow]
     if c <= 0 or not close(mean_got, [c * x for x in total]):
         return None
     return own, reduced, c
+
+
+def _reduce_never_reached(row: dict[int, StepWindow]) -> int:
+    """For one step of data parallelism written by hand seen on every rank: the number of
+    gradient collectives the window issued when, on every rank, the optimizer received
+    exactly that rank's own contributions up to one positive scale (a clip's) while the
+    ranks' contributions differ; else 0."""
+    wins = list(row.values())
+    if any(w.engine != "local" or not int(w.reductions) for w in wins):
+        return 0
+    conss = [w.conservation for w in wins]
+    if any(c is None or not c.contrib_sums or len(c.contrib_sums) != len(c.received_sums)
+           for c in conss):
+        return 0
+    contribs = [[float(x) for x in c.contrib_sums] for c in conss if c is not None]
+    gots = [[float(x) for x in c.received_sums] for c in conss if c is not None]
+    if len({len(c) for c in contribs}) != 1:
+        return 0
+    for mine, got in zip(contribs, gots, strict=True):
+        denom = sum(x * x for x in mine)
+        if denom <= 0:
+            return 0
+        sc = sum(a * b for a, b in zip(got, mine, strict=True)) / denom
+        resid = sum(abs(a - sc * b) for a, b in zip(got, mine, strict=True))
+        if sc <= 0 or resid > WEIGHT_TOL * max(sum(abs(a) for a in got), 1e-30):
+            return 0
+    scale = max(abs(x) for c in contribs for x in c) or 1e-30
+    apart = max(abs(a - b) for a, b in zip(contribs[0], contribs[1], strict=True)) / scale
+    return int(wins[0].reductions) if apart > 1e-4 else 0
 
 
 def _skipped_finding(rec: RunRecording, step: int, evidence: str, own: list[int],

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from accumguard.core.window import StepRecord
-from accumguard.observe._records import Finding, JsonObject, Severity, _mk, _n
+from accumguard.observe._records import Finding, JsonObject, Severity, StepWindow, _mk, _n
 from accumguard.observe._shared_rules import micro_sync, scheduler_ahead
 
 __all__ = ["_extra_step", "_no_update", "_two_pass", "_scaled_clip_finding", "_scheduler_findings",
@@ -180,7 +180,8 @@ def _no_update(rank: int, steps: Sequence[StepRecord]) -> list[Finding]:
                     "correct, with optimizer.step() calls that do nothing")]
 
 
-def _scheduler_findings(rank: int, events: list[JsonObject]) -> list[Finding]:
+def _scheduler_findings(rank: int, events: list[JsonObject],
+                        windows: list[StepWindow] | None = None) -> list[Finding]:
     """F4: a scheduler that stepped more often than its optimizer. An error, unless the
     schedule states its end (its horizon) and the run's last step of it lands exactly there:
     then the horizon was counted in the steps it is given (``num_training_steps`` in
@@ -233,6 +234,45 @@ def _scheduler_findings(rank: int, events: list[JsonObject]) -> list[Finding]:
                                "in micro-steps)",
                         fix="Step the scheduler once per optimizer step and count its horizon, "
                             "warm-up and milestones in optimizer steps (micro-batches / K).")]
+    return _mid_window_scheduler(rank, events, windows or [])
+
+
+def _mid_window_scheduler(rank: int, events: list[JsonObject], windows: list[StepWindow]
+                          ) -> list[Finding]:
+    """F4: a scheduler stepped once per window, but between two backwards of it, before the
+    window's optimizer step (DeepSpeed's ``is_gradient_accumulation_boundary()`` asked after
+    ``engine.step()``, which already counted the micro-step: true one micro-step early). Each
+    update then uses the rate the schedule gives the next optimizer step. No loop without
+    accumulation has such a place (a scheduler stepped just before the optimizer, after the
+    last backward, is the large batch's own order and is not judged); an error when the rate
+    did change between the window's backwards."""
+    by_step = {int(w.step): w for w in windows}
+    for sid in dict.fromkeys(e.get("sid") for e in events):
+        mine = [e for e in events if e.get("sid") == sid and not e.get("in_step")]
+        if len(mine) < 2:
+            continue
+        rows = [(e, by_step.get(int(e["step"]))) for e in mine]
+        if any(w is None or not 1 <= int(e["micro"]) < int(w.backwards)
+               or int(e["count"]) != int(e["optimizer_steps"]) + 1 for e, w in rows):
+            continue
+        moved = [w for _, w in rows if w is not None and int(w.lr_changes or 0)]
+        if not moved:
+            continue
+        e, w = rows[0]
+        assert w is not None
+        return [_mk("F4", "error", rank, int(e["step"]), int(e["micro"]) - 1,
+                    f"the LR scheduler stepped once per window, but after {e['micro']} of the "
+                    f"window's {w.backwards} backward passes, before its optimizer step, in "
+                    f"all {len(mine)} windows it stepped (the rate changed between backwards "
+                    f"in {len(moved)} of them): each optimizer step used the rate the schedule "
+                    "gives the next one, where the large batch steps the scheduler after its "
+                    "update (with DeepSpeed, `is_gradient_accumulation_boundary()` asked after "
+                    "`engine.step()` is true one micro-step early)",
+                    title_="the LR scheduler steps inside the window, before the optimizer "
+                           "step: every update uses the next step's rate",
+                    fix="Step the scheduler right after the optimizer step that closes the "
+                        "window; with DeepSpeed, read is_gradient_accumulation_boundary() "
+                        "before engine.step() (or hand the scheduler to deepspeed.initialize).")]
     return []
 
 

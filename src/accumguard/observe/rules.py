@@ -217,7 +217,7 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
                          for f in found]
             findings += ([] if note is None else [note._replace(rank)]) + found
         findings += rule("scheduler_findings", _scheduler_findings, rank,
-                         rec.schedulers.get(rank, []))
+                         rec.schedulers.get(rank, []), _windows(rec.steps.get(rank, [])))
         findings += rule("run_horizon_findings", run_horizon_findings, rec, rank, res.k)
         if not any(f.cls == "F4" and f.rank == rank for f in findings):
             findings += rule("lr_schedule_findings", lr_schedule_findings, rank,
