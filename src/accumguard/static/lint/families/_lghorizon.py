@@ -219,6 +219,13 @@ def lightning_micro_horizons(ctx: FileContext, horizon_of: HorizonOf) -> Iterato
                 continue
             count = scope.micro_count(horizon)
             if count is None:
+                times_k = _stepping_times_k(ctx, scope.parts(horizon))
+                if times_k is not None:
+                    yield ctor, (
+                        f"the schedule's horizon multiplies `{ast.unparse(times_k)}`: "
+                        "`estimated_stepping_batches` already counts optimizer steps (Lightning "
+                        f"divides the batches by accumulate_grad_batches={k} for it), so the "
+                        f"schedule is {k} times longer than training and never reaches its end")
                 continue
             shown = ast.unparse(horizon)
             if not isinstance(horizon, ast.Call | ast.BinOp) and (v := scope.value(shown)) is not None:
@@ -229,3 +236,18 @@ def lightning_micro_horizons(ctx: FileContext, horizon_of: HorizonOf) -> Iterato
                 f"steps an `\"interval\": \"step\"` scheduler once per optimizer step, once per {k} "
                 f"batches: the schedule is {k} times longer than training and never reaches its end"
             )
+
+
+def _stepping_times_k(ctx: FileContext, parts: list[ast.AST]) -> ast.BinOp | None:
+    """A product of ``estimated_stepping_batches`` (optimizer steps already) and K
+    (``accumulate_grad_batches``, or a name the file gives the Trainer as K) in the horizon."""
+    for p in parts:
+        for n in walk_all(p):
+            if not (isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult)):
+                continue
+            sides = (n.left, n.right)
+            if any("estimated_stepping_batches" in (dotted(x) or "") for x in sides) \
+                    and any(isinstance(x, ast.Name | ast.Attribute) and ctx.mentions_accum(x)
+                            for x in sides):
+                return n
+    return None

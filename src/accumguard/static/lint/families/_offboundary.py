@@ -48,7 +48,10 @@ def off_boundary_guard(ctx: FileContext, node: ast.AST, window: ast.AST) -> tupl
     """(the gating test, its period N, K) when ``node`` runs only under periodic tests of the
     window's micro-batch counter whose period N is not a multiple of K; else None."""
     boundary: list[tuple[set[str], int]] = []
-    for n in walk_all(window):
+    # (the window's own code and the helpers it runs on every micro-step: a trainer's
+    # `train_step` holds the boundary test, the loop in `fit` is the window)
+    scopes = [window, *ctx.inlined(window), *ctx.reached(window)]
+    for n in (m for scope in dict.fromkeys(scopes) for m in walk_all(scope)):
         if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod) and ctx.mentions_accum(n.right):
             k = ctx.int_through_names(n.right)
             if k is not None and k > 1:
@@ -59,7 +62,9 @@ def off_boundary_guard(ctx: FileContext, node: ast.AST, window: ast.AST) -> tupl
     k = next(iter(ks))
     counters = set().union(*(c for c, _ in boundary))
     tests = _gating_tests(ctx, node, window)
-    if not tests or any(ctx.mentions_accum(x) for t in tests for x in walk_all(t)):
+    # (a test naming K is a boundary test; the window's own micro-step counter is not K)
+    if not tests or any(ctx.mentions_accum(x) and not (_counters(x) & counters)
+                        for t in tests for x in walk_all(t)):
         return None
     for test in tests:
         for m in walk_all(test):
