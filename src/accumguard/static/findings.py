@@ -709,6 +709,12 @@ RULES: dict[str, Rule] = {
             "turn it on as it was turned off: model.set_requires_gradient_sync(True) "
             "(recurse=True, the default), or set_requires_gradient_sync(is_last_micro_step)",
         ),
+        _rule(
+            "AG182", "deepspeed-zero-clip-dropped", "F9", W, HI,
+            "a DeepSpeed config's gradient_clipping of 0 (no clipping meant) is dropped by a "
+            "filter that keeps truthy values only: DeepSpeed clips at its default 1.0",
+            "filter on `v is not None`, not on truthiness, or set gradient_clipping after the filter",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

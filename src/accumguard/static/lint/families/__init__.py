@@ -65,7 +65,8 @@
 ``gradwrite``  AG167               .grad overwritten from autograd.grad on every micro-step
 ``wrapgate``   AG168               an optimizer wrapper that gates itself, gated again by the loop
 ``dphorizon``  AG169 AG175         a horizon over the whole dataset a DistributedSampler splits
-``hfclip``     AG177               a clip setting that never reaches TrainingArguments (default 1.0)
+``hfclip``     AG177 AG182         a clip setting that never reaches TrainingArguments or DeepSpeed
+                                   (their default clip, 1.0)
 ``spawnworld`` AG170               WORLD_SIZE read (default 1) in ranks mp.spawn started
 ``unreduced``  AG179 AG180         parameters no reduction covers: one group of several all-reduced
                                    by hand; a module with parameters outside the DDP/FSDP wrapper

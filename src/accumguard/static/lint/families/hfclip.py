@@ -1,4 +1,5 @@
-"""AG177 (F9): a clip setting of the script that never reaches the Hugging Face Trainer.
+"""AG177 (F9): a clip setting of the script that never reaches the Hugging Face Trainer;
+AG182 (F9): DeepSpeed's ``gradient_clipping: 0`` dropped by a filter of truthy values.
 
 ``TrainingArguments`` clips every optimizer step at ``max_grad_norm`` = 1.0 unless told
 otherwise. A script that keeps its own clip setting (a config field ``grad_clip: float =
@@ -23,7 +24,7 @@ from accumguard.static.lint._ast import dotted, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 
-__all__ = ["clip_setting_never_given_to_trainer"]
+__all__ = ["clip_setting_never_given_to_trainer", "zero_clip_dropped_before_deepspeed"]
 
 _ARGS = re.compile(r"TrainingArguments$|^(SFT|DPO|GRPO|Reward|PPO|KTO|ORPO|CPO)Config$")
 _CLIP = re.compile(r"^(grad_clip|clip_grad|clip_grad_norm|grad_norm_clip|max_grad_norm|"
@@ -150,3 +151,58 @@ def clip_setting_never_given_to_trainer(ctx: FileContext) -> Iterator[Finding]:
                f", not at {value:g}"),
         )
         return
+
+
+def _zero_setting(ctx: FileContext, value: ast.AST) -> bool:
+    """``value`` is 0 (or 0.0): a literal, a module constant, or a field of the file's
+    classes (``self.max_grad_norm`` with ``max_grad_norm: float = 0.0``) defined once."""
+    if isinstance(value, ast.Constant):
+        return isinstance(value.value, int | float) and not isinstance(value.value, bool) \
+            and value.value == 0
+    name = value.id if isinstance(value, ast.Name) else \
+        value.attr if isinstance(value, ast.Attribute) else None
+    if name is None:
+        return False
+    found = []
+    for n in ctx.of(ast.AnnAssign, ast.Assign):
+        targets = [n.target] if isinstance(n, ast.AnnAssign) else n.targets
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            found.append(n.value)
+    return len(found) == 1 and found[0] is not None and _zero_setting(ctx, found[0])
+
+
+def _truthy_filter(comp: ast.DictComp) -> bool:
+    """``{k: v for k, v in d.items() if v}``: values kept only when truthy (0.0 dropped)."""
+    value = comp.value.id if isinstance(comp.value, ast.Name) else None
+    return value is not None and any(
+        isinstance(t, ast.Name) and t.id == value for g in comp.generators for t in g.ifs)
+
+
+@rule("AG182")
+def zero_clip_dropped_before_deepspeed(ctx: FileContext) -> Iterator[Finding]:
+    """AG182 (F9): a DeepSpeed config literal whose ``"gradient_clipping"`` is 0 (no clipping
+    meant) passed through a dict comprehension that keeps only truthy values: the key is
+    dropped, and DeepSpeed clips at its default norm of 1.0."""
+    if not ctx.deepspeed:
+        return
+    for comp in walk_all(ctx.tree):
+        if not isinstance(comp, ast.DictComp) or not _truthy_filter(comp):
+            continue
+        sources = [g.iter.func.value for g in comp.generators
+                   if isinstance(g.iter, ast.Call) and isinstance(g.iter.func, ast.Attribute)
+                   and g.iter.func.attr == "items"]
+        scope = ctx.scope_of(comp)
+        dicts = [v for s in sources if isinstance(s, ast.Name)
+                 for v in ctx.assigned_in(scope).get(s.id, []) if isinstance(v, ast.Dict)]
+        for d in dicts:
+            clip = next((v for k, v in zip(d.keys, d.values, strict=True)
+                         if isinstance(k, ast.Constant) and k.value == "gradient_clipping"), None)
+            if clip is not None and _zero_setting(ctx, clip):
+                yield ctx.finding(
+                    "AG182",
+                    comp,
+                    f"`\"gradient_clipping\": {ast.unparse(clip)}` is 0 (no clipping meant), "
+                    "and this comprehension keeps only truthy values, so the key never reaches "
+                    "DeepSpeed, which then clips every step at its default norm of 1.0",
+                )
+                return
