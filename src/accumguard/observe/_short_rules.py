@@ -20,7 +20,7 @@ from accumguard.observe._divisor_rules import divided_for_other_size
 from accumguard.observe._records import Finding, KResolution, Severity, StepWindow, _mk, _n
 from accumguard.observe._weight_rules import sized_on_purpose
 
-__all__ = ["continued_windows", "own_size_title", "reborn", "short_window_findings"]
+__all__ = ["continued_windows", "own_size_title", "reborn", "short_window_findings", "stale_finding"]
 
 
 def reborn(windows: list[StepWindow], i: int) -> bool:
@@ -28,6 +28,49 @@ def reborn(windows: list[StepWindow], i: int) -> bool:
     (a run rebuilt to resume in the same process: :attr:`StepRecord.unborn`)."""
     w = windows[i]
     return i > 0 and w.unborn > 0 and w.opt_serial not in {x.opt_serial for x in windows[:i]}
+
+
+def resumed_long(rank: int, windows: list[StepWindow], w: StepWindow, k: int | None
+                 ) -> Finding | None:
+    """F13 for the first window of an optimizer made after ``w.unborn`` backward passes of
+    an abandoned model (a run rebuilt to resume in the same process), whose first backward
+    found the saved partial window's gradient restored in ``.grad`` and which then ran K
+    backward passes of its own: the resume restored the gradient but restarted the window's
+    counter, so one update holds ``unborn + K`` micro-batches; None otherwise."""
+    i = next((j for j, x in enumerate(windows) if x is w), None)
+    if k is None or k < 2 or i is None or not reborn(windows, i) or not w.began_on_grad \
+            or w.window != k:
+        return None
+    return _mk("F13", "error", rank, w.step, None,
+               f"an optimizer made after {w.unborn} backward pass(es) of an earlier model (a "
+               "run rebuilt to resume) found a gradient already in .grad at its first "
+               f"backward (a restored partial window), then ran K = {k} backward passes of its "
+               f"own before its first step: that update holds K micro-batches on top of the "
+               f"restored ones ({w.unborn} ran before the resume), not {k}. The resume restored "
+               "the saved window's gradient but started the window's micro-step counter over "
+               "(or from the step count) instead of restoring it",
+               title_="a resumed window runs K more micro-steps on top of the restored partial "
+                      "window: the micro-step counter was not restored",
+               fix="Save the micro-step counter with the checkpoint and restore it, so the "
+                   "resumed window runs only the micro-steps the saved one still lacked.")
+
+
+def stale_finding(rank: int, windows: list[StepWindow], w: StepWindow, k: int | None
+                  ) -> Finding:
+    """A window whose optimizer received gradient left from before its first backward (the
+    conservation verdict "stale"): F13 for a resumed window run K more micro-steps on top of
+    the restored partial one (:func:`resumed_long`), else F7, a gradient never cleared."""
+    cons = w.conservation
+    return resumed_long(rank, windows, w, k) or _mk(
+        "F7", "error", rank, w.step, 0,
+        f"gradient left from before this window (relative size "
+        f"{cons.stale if cons is not None else 0.0:.3g}) reached optimizer step {_n(w.step)}: "
+        "gradients were not cleared after the previous step",
+        title_="gradient not cleared after an optimizer step: an earlier window's gradient "
+               "reached this one",
+        fix="Clear the gradients of every parameter an optimizer steps once per window, after "
+            "its step (zero_grad() on each optimizer, or on the model when one optimizer holds "
+            "only some of its parameters).")
 
 
 def _later_optimizer(w: StepWindow) -> bool:

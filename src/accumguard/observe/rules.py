@@ -77,7 +77,12 @@ from accumguard.observe._scale_rules import loss_scale_findings
 from accumguard.observe._schedules import run_horizon_findings
 from accumguard.observe._shared_rules import conservation_class as _conservation_class
 from accumguard.observe._shared_rules import double_gating, engine_resets
-from accumguard.observe._short_rules import continued_windows, own_size_title, short_window_findings
+from accumguard.observe._short_rules import (
+    continued_windows,
+    own_size_title,
+    short_window_findings,
+    stale_finding,
+)
 from accumguard.observe._step_rules import (
     UNREDUCED,
     _extra_step,
@@ -318,16 +323,7 @@ def _rank_findings(rank: int, steps: Sequence[StepRecord], info: JsonObject,
             if dropped:
                 out.append(dropped_finding(rank, w, dropped, k))
             elif cons.reason == "stale":
-                out.append(_mk("F7", "error", rank, step, 0,
-                               f"gradient left from before this window (relative size "
-                               f"{cons.stale:.3g}) reached optimizer step {_n(step)}: "
-                               "gradients were not cleared after the previous step",
-                               title_="gradient not cleared after an optimizer step: an "
-                                      "earlier window's gradient reached this one",
-                               fix="Clear the gradients of every parameter an optimizer steps "
-                                   "once per window, after its step (zero_grad() on each "
-                                   "optimizer, or on the model when one optimizer holds only "
-                                   "some of its parameters)."))
+                out.append(stale_finding(rank, windows, w, k))
             else:
                 wiped = wipe_finding(rank, w, n, (collectives_before or {}).get(int(w.step), set()),
                                      int(step) in averaged)
