@@ -715,6 +715,12 @@ RULES: dict[str, Rule] = {
             "filter that keeps truthy values only: DeepSpeed clips at its default 1.0",
             "filter on `v is not None`, not on truthiness, or set gradient_clipping after the filter",
         ),
+        _rule(
+            "AG183", "generator-spent-before-write-back", "F10", E, HI,
+            "the parameters of a hand-written gradient reduction are a generator that the "
+            "gathering loop consumes: the loop writing the reduced values back runs zero times",
+            "hold them in a list (`[p for p in model.parameters() if p.grad is not None]`)",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

@@ -68,8 +68,9 @@
 ``hfclip``     AG177 AG182         a clip setting that never reaches TrainingArguments or DeepSpeed
                                    (their default clip, 1.0)
 ``spawnworld`` AG170               WORLD_SIZE read (default 1) in ranks mp.spawn started
-``unreduced``  AG179 AG180         parameters no reduction covers: one group of several all-reduced
-                                   by hand; a module with parameters outside the DDP/FSDP wrapper
+``unreduced``  AG179 AG180 AG183   parameters no reduction covers: one group of several all-reduced
+                                   by hand; a module with parameters outside the DDP/FSDP wrapper;
+                                   a generator of parameters spent before the write-back
 """
 
 from accumguard.static.lint.families import (

@@ -11,6 +11,9 @@ temperature, a learned loss weighting) instantiated on its own, never given to t
 wrapper nor to another module, whose parameters an optimizer steps, in a file that wraps a
 model for data parallelism and all-reduces no gradient by hand: the wrapper averages the
 gradients of the module it wraps only.
+
+AG183: the parameters of a hand-written reduction held in a generator that the gathering loop
+consumes before the loop writing the reduced values back iterates it (zero times).
 """
 
 from __future__ import annotations
@@ -30,8 +33,8 @@ from accumguard.static.lint._ast import (
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 
-__all__ = ["module_outside_the_wrapper", "outside_modules", "reduce_over_one_group",
-           "reduces_an_outside_module"]
+__all__ = ["generator_spent_before_write_back", "module_outside_the_wrapper", "outside_modules",
+           "reduce_over_one_group", "reduces_an_outside_module"]
 
 _REDUCERS = frozenset({"all_reduce", "all_reduce_coalesced", "reduce", "reduce_scatter",
                        "reduce_scatter_tensor"})
@@ -207,3 +210,67 @@ def module_outside_the_wrapper(ctx: FileContext) -> Iterator[Finding]:
             f"only, so each rank steps `{ref}`'s parameters on its own gradient",
         )
         return
+
+
+def _iterations(fn: ast.AST, name: str) -> list[ast.AST]:
+    """The places in ``fn`` that iterate over the plain name ``name``: ``for ... in name``,
+    a comprehension over it, or ``zip``/``list``/``tuple``/``enumerate``/``sum`` of it."""
+    out: list[ast.AST] = []
+    for n in walk_all(fn):
+        if isinstance(n, ast.For | ast.comprehension) and isinstance(n.iter, ast.Name) \
+                and n.iter.id == name:
+            out.append(n)
+        elif isinstance(n, ast.Call) and isinstance(n.func, ast.Name) \
+                and n.func.id in ("zip", "list", "tuple", "enumerate", "sum", "sorted") \
+                and any(isinstance(a, ast.Name) and a.id == name for a in n.args):
+            out.append(n)
+    return out
+
+
+def _writes_grad(node: ast.AST, fn: ast.AST) -> bool:
+    """A ``.grad`` written (``p.grad.copy_(g)``, ``p.grad = g``, ``p.grad /= w``) in the loop
+    ``node`` belongs to (or in ``node`` itself)."""
+    loop = node
+    for cand in walk_all(fn):
+        if isinstance(cand, ast.For) and any(x is node for x in walk_all(cand.iter)):
+            loop = cand
+    for n in walk_all(loop):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) \
+                and n.func.attr in ("copy_", "div_", "mul_", "set_") \
+                and (dotted(n.func.value) or "").endswith(".grad"):
+            return True
+        if isinstance(n, ast.Assign | ast.AugAssign):
+            targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+            if any((dotted(t) or "").endswith(".grad") for t in targets):
+                return True
+    return False
+
+
+@rule("AG183")
+def generator_spent_before_write_back(ctx: FileContext) -> Iterator[Finding]:
+    """AG183 (F10): the parameters of a hand-written gradient reduction held in a generator
+    (``params = (p for p in model.parameters() if p.grad is not None)``) that one loop
+    consumes (gathering the gradients to reduce) before another iterates it to write the
+    reduced values back into ``.grad``: a generator runs once, the second loop runs zero
+    times, and each rank's optimizer steps its own gradient."""
+    for fn in ctx.of(ast.FunctionDef, ast.AsyncFunctionDef):
+        if not any(isinstance(n, ast.Call) and call_attr(n) in _REDUCERS for n in walk_all(fn)):
+            continue
+        for name, values in ctx.assigned_in(fn).items():
+            if len(values) != 1 or not isinstance(values[0], ast.GeneratorExp):
+                continue
+            uses = sorted(_iterations(fn, name), key=lambda n: (getattr(n, "lineno", 0),
+                                                                 getattr(n, "col_offset", 0)))
+            if len(uses) < 2 or not any(_writes_grad(u, fn) for u in uses[1:]):
+                continue
+            yield ctx.finding(
+                "AG183",
+                values[0],
+                f"`{name}` is a generator, and it is iterated twice (line "
+                f"{getattr(uses[0], 'lineno', '?')} and line {getattr(uses[1], 'lineno', '?')}):"
+                " the first pass consumes it, so the loop writing the reduced gradients back "
+                "into .grad runs zero times and each rank steps its own gradient",
+                fix="make it a list: `params = [p for p in model.parameters() if p.grad is not "
+                    "None]`",
+            )
+            return
