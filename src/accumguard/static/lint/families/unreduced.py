@@ -217,12 +217,12 @@ def _iterations(fn: ast.AST, name: str) -> list[ast.AST]:
     a comprehension over it, or ``zip``/``list``/``tuple``/``enumerate``/``sum`` of it."""
     out: list[ast.AST] = []
     for n in walk_all(fn):
-        if isinstance(n, ast.For | ast.comprehension) and isinstance(n.iter, ast.Name) \
-                and n.iter.id == name:
-            out.append(n)
-        elif isinstance(n, ast.Call) and isinstance(n.func, ast.Name) \
-                and n.func.id in ("zip", "list", "tuple", "enumerate", "sum", "sorted") \
-                and any(isinstance(a, ast.Name) and a.id == name for a in n.args):
+        looped = isinstance(n, ast.For | ast.comprehension) and isinstance(n.iter, ast.Name) \
+            and n.iter.id == name
+        consumed = isinstance(n, ast.Call) and isinstance(n.func, ast.Name) \
+            and n.func.id in ("zip", "list", "tuple", "enumerate", "sum", "sorted") \
+            and any(isinstance(a, ast.Name) and a.id == name for a in n.args)
+        if looped or consumed:
             out.append(n)
     return out
 
