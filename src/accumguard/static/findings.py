@@ -721,6 +721,12 @@ RULES: dict[str, Rule] = {
             "gathering loop consumes: the loop writing the reduced values back runs zero times",
             "hold them in a list (`[p for p in model.parameters() if p.grad is not None]`)",
         ),
+        _rule(
+            "AG184", "comm-hook-averages-twice", "F10", E, HI,
+            "a DDP communication hook divides the bucket by the world size and then all-reduces "
+            "with ReduceOp.AVG: the gradient is divided by W twice",
+            "keep one of the two: all_reduce with SUM after the division, or AVG without it",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

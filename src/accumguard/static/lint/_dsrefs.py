@@ -327,7 +327,26 @@ class DsConfigFinder:
             return True
         if (ret := self._returned_name(parent, names)) is not None and self._returned_as_config(ret):
             return True  # `cfg = {...}; cfg.update(...); return cfg` in a builder handed over
+        if self.ctx.deepspeed and self._dumped_as_json(parent, names):
+            return True  # written to the JSON file `initialize(config=path)` reads
         return self._assigned_to_config_name(node) and self.ctx.is_training_script()
+
+    def _dumped_as_json(self, stmt: ast.AST, names: set[str]) -> bool:
+        """One of ``names`` is written as JSON (``json.dump(cfg, f)``) in the function around
+        ``stmt``, in a file whose ``deepspeed.initialize`` is given a config that is no
+        literal (a path): the file it writes is that config."""
+        fn: ast.AST | None = self.ctx.parents.get(stmt)
+        while fn is not None and not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            fn = self.ctx.parents.get(fn)
+        fn = fn or self.ctx.tree
+        dumped = any(isinstance(n, ast.Call) and call_attr(n) in ("dump", "dumps") and n.args
+                     and (dotted(n.func) or "").split(".")[0] in ("json", "hjson", "json5")
+                     and dotted(n.args[0]) in names for n in walk_local(fn))
+        return dumped and any(
+            call_attr(c) == "initialize" and any(k.arg in ("config", "config_params")
+                                                 and not isinstance(k.value, ast.Dict)
+                                                 for k in c.keywords)
+            for c in self.ctx.of(ast.Call))
 
     def _returned_name(self, stmt: ast.AST, names: set[str]) -> ast.Return | None:
         """The only ``return`` of the function around ``stmt`` when it returns one of ``names``."""

@@ -56,7 +56,8 @@
 ``prefetch``   AG148               a window drawn ahead of accelerator.accumulate with dataloader sync
 ``acctail``    AG157               Accelerate stepping a pass's short last window, its loss still /K
 ``emastep``    AG158               a weight average (EMA, momentum teacher) updated every micro-step
-``commhook``   AG159               a DDP comm hook of the script's summing the bucket, never dividing
+``commhook``   AG159 AG184         a DDP comm hook of the script's summing the bucket, never dividing;
+                                   or dividing by W, then averaging again
 ``clipgrads``  AG160               a clip handed the gradients instead of the parameters
 ``accloader``  AG161               accelerator.accumulate() over a DataLoader prepare() never saw
 ``lgstep``     AG163               a manual-optimisation learning rate from global_step, N optimizers

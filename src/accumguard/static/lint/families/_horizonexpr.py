@@ -73,14 +73,52 @@ def lambda_body(ctx: FileContext, call: ast.Call) -> ast.Lambda | ast.FunctionDe
         defs = ctx.defs_by_name().get(fn.id, [])
         if len(defs) == 1 and isinstance(defs[0], ast.FunctionDef):
             return defs[0]
-    return None
+    made = _factory_made(ctx, fn)
+    return made[0] if made is not None else None
+
+
+def _factory_made(ctx: FileContext, fn: ast.AST | None
+                  ) -> tuple[ast.Lambda | ast.FunctionDef, dict[str, ast.AST]] | None:
+    """For ``LambdaLR(opt, warmup_cosine(total, warm))``: the function the factory (a
+    ``def`` of the file, defined once) returns, a nested ``def`` or a lambda, and the
+    factory's parameters bound to the call's arguments."""
+    if not (isinstance(fn, ast.Call) and isinstance(fn.func, ast.Name)):
+        return None
+    defs = ctx.defs_by_name().get(fn.func.id, [])
+    if len(defs) != 1 or not isinstance(defs[0], ast.FunctionDef):
+        return None
+    factory = defs[0]
+    rets = [r.value for r in walk_all(factory) if isinstance(r, ast.Return)
+            and ctx.enclosing(r, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) is factory]
+    if len(rets) != 1:
+        return None
+    made: ast.Lambda | ast.FunctionDef | None = rets[0] if isinstance(rets[0], ast.Lambda) else None
+    if isinstance(rets[0], ast.Name):
+        inner = [d for d in factory.body if isinstance(d, ast.FunctionDef) and d.name == rets[0].id]
+        made = inner[0] if len(inner) == 1 else None
+    if made is None:
+        return None
+    params = [a.arg for a in factory.args.posonlyargs + factory.args.args]
+    bound: dict[str, ast.AST] = dict(zip(params, fn.args, strict=False))
+    bound.update({k.arg: k.value for k in fn.keywords if k.arg})
+    return made, bound
 
 
 def lambda_horizon(ctx: FileContext, call: ast.Call) -> ast.AST | None:
-    """The outside name a ``LambdaLR`` factor function reads that is a count of batches."""
+    """The outside name a ``LambdaLR`` factor function reads that is a count of batches (for
+    a function a factory returns, the factory's argument it reads)."""
     body = lambda_body(ctx, call)
     if body is None:
         return None
+    fn = next((k.value for k in call.keywords if k.arg == "lr_lambda"),
+              call.args[1] if len(call.args) > 1 else None)
+    made = _factory_made(ctx, fn)
+    if made is not None:
+        args = [made[1][n.id] for n in walk_all(body) if isinstance(n, ast.Name)
+                and isinstance(n.ctx, ast.Load) and n.id in made[1]]
+        # (the horizon itself before a count derived from it: `warm = total // 10`)
+        args.sort(key=lambda a: any(isinstance(x, ast.BinOp | ast.Call) for x in walk_all(a)))
+        return next((a for a in args if len_args(expand(ctx, a, 3))), None)
     a = body.args
     own = {x.arg for x in a.posonlyargs + a.args + a.kwonlyargs}
     own |= {n.id for n in walk_all(body) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}

@@ -1,5 +1,6 @@
 """A DDP communication hook of the script's own that sums the bucket over the ranks and never
-divides it (F10): AG159.
+divides it (F10): AG159; or divides it by the world size and then all-reduces with AVG, an
+average taken twice (F10): AG184.
 
 ``DistributedDataParallel.register_comm_hook(state, hook)`` replaces DDP's own reduction:
 whatever tensor the hook's future returns is written into every parameter's ``.grad``.
@@ -142,4 +143,42 @@ def comm_hook_sums_without_average(ctx: FileContext) -> Iterator[Finding]:
             f"the bucket with `{ast.unparse(red)}`, a SUM over the ranks, and divides it "
             "nowhere: DDP writes what the hook returns into .grad, so the optimizer receives "
             "the sum of the ranks' gradients, W times the average DDP's own reduction gives",
+        )
+
+
+def _world_division(ctx: FileContext, nodes: list[ast.AST]) -> ast.AST | None:
+    """A division of the bucket by the world size in the hook (``buf.div_(world)``,
+    ``t / dist.get_world_size()``)."""
+    for n in nodes:
+        if isinstance(n, ast.Call) and call_attr(n) in ("div_", "div", "true_divide", "divide") \
+                and n.args and ctx.mentions_world(n.args[0]):
+            return n
+        if isinstance(n, ast.BinOp | ast.AugAssign) and isinstance(n.op, ast.Div) \
+                and ctx.mentions_world(n.right if isinstance(n, ast.BinOp) else n.value):
+            return n
+    return None
+
+
+@rule("AG184")
+def comm_hook_averages_twice(ctx: FileContext) -> Iterator[Finding]:
+    """AG184 (F10): a DDP communication hook that divides the bucket by the world size and
+    then reduces it with ``ReduceOp.AVG``, which divides by the world size again: the
+    optimizer receives 1/W of the ranks' average."""
+    for reg in (c for c in ctx.of(ast.Call) if call_attr(c) == _REGISTER):
+        fn = ctx.function_named(next((k.value for k in reg.keywords if k.arg == "hook"),
+                                     reg.args[1] if len(reg.args) > 1 else None), reg)
+        if fn is None:
+            continue
+        body = list(walk_all(fn))
+        reduces = [n for n in body if isinstance(n, ast.Call) and call_attr(n) == "all_reduce"]
+        div = _world_division(ctx, body)
+        if len(reduces) != 1 or _op(reduces[0]) != "avg" or div is None:
+            continue
+        yield ctx.finding(
+            "AG184",
+            reduces[0],
+            f"the DDP communication hook `{fn.name}` (registered at line {reg.lineno}) divides "
+            f"the bucket by the world size (`{ast.unparse(div)}`, line {getattr(div, "lineno", "?")}) and then "
+            f"reduces it with `{ast.unparse(reduces[0])}`, an AVG that divides by the world "
+            "size again: the optimizer receives 1/W of the ranks' average gradient",
         )
