@@ -178,7 +178,7 @@ def comm_hook_averages_twice(ctx: FileContext) -> Iterator[Finding]:
             "AG184",
             reduces[0],
             f"the DDP communication hook `{fn.name}` (registered at line {reg.lineno}) divides "
-            f"the bucket by the world size (`{ast.unparse(div)}`, line {getattr(div, "lineno", "?")}) and then "
+            f"the bucket by the world size (`{ast.unparse(div)}`, line {getattr(div, 'lineno', '?')}) and then "
             f"reduces it with `{ast.unparse(reduces[0])}`, an AVG that divides by the world "
             "size again: the optimizer receives 1/W of the ranks' average gradient",
         )
