@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections import Counter
 
 from accumguard.core.findings import Finding
-from accumguard.observe._records import JsonObject, KResolution, _mk, _n, _windows
+from accumguard.observe._records import JsonObject, KResolution, StepWindow, _mk, _n, _windows
+from accumguard.observe._weight_rules import loss_divisor
 
 __all__ = ["OwnRate", "after_in_backward", "group_ks", "optimizer_groups"]
 
@@ -17,13 +18,27 @@ class OwnRate:
     while another accumulates the declared K (its rank filled in per rank)."""
 
     def __init__(self, cls: str, step: int, evidence: str, title: str | None = None,
-                 fix: str | None = None) -> None:
+                 fix: str | None = None, severity: str = "note") -> None:
         self.cls, self.step, self.evidence, self.title = cls, step, evidence, title
-        self.fix = fix
+        self.fix, self.severity = fix, severity
 
     def _replace(self, rank: int) -> Finding:
-        return _mk(self.cls, "note", rank, self.step, 0, self.evidence, title_=self.title,
-                   fix=self.fix)
+        return _mk(self.cls, self.severity, rank, self.step, 0, self.evidence,
+                   title_=self.title, fix=self.fix)
+
+
+def _divided_by_k(windows: list[StepWindow], k: int) -> int:
+    """How many of ``windows`` had loss records, every one of them divided by exactly K and
+    by nothing else (the accumulation's own scaling); 0 when any record says otherwise."""
+    seen = 0
+    for w in windows:
+        recs = [r for r in w.losses or [] if len(r) > 9]
+        if not recs:
+            continue
+        if any(loss_divisor(r) != float(k) for r in recs):
+            return 0
+        seen += 1
+    return seen
 
 
 def optimizer_groups(steps: list[JsonObject]) -> list[tuple[int | None, list[JsonObject]]]:
@@ -75,13 +90,27 @@ def group_ks(groups: list[tuple[int | None, list[JsonObject]]], res: KResolution
                 ones = sum(1 for w in ws if w.window == 1)
                 name = next((str(s.get("optimizer")) for s in steps if s.get("optimizer")),
                             "optimizer")
+                scaled = _divided_by_k(ws, k)
                 note = OwnRate("F1", ws[0].step if ws else 0,
                                 f"optimizer #{idx} ({name}) stepped after a single backward "
                                 f"pass reaching its parameters in {ones} of {len(ws)} "
                                 f"steps, while optimizer #{others[0]} accumulated K = {k} "
                                 f"({res.source}): judged as an optimizer stepping at its own "
                                 "rate (a GAN's discriminator, a critic). If it was meant to "
-                                "accumulate K too, it steps on every micro-step")
+                                "accumulate K too, it steps on every micro-step") \
+                    if not scaled else OwnRate(
+                        "F1", ws[0].step if ws else 0,
+                        f"optimizer #{idx} ({name}) stepped after a single backward pass "
+                        f"reaching its parameters in {ones} of {len(ws)} steps, while optimizer "
+                        f"#{others[0]} accumulated K = {k} ({res.source}), and the loss of "
+                        f"every backward it stepped on was divided by K = {k} (read in "
+                        f"{scaled} of its windows): a loss scaled for accumulating K "
+                        f"micro-batches, stepped on one at a time: each of its steps "
+                        f"receives 1/{k} of one micro-batch's gradient, {k} steps per window, "
+                        "where the large batch takes one step on the window's gradient",
+                        title=f"optimizer #{idx} steps on every micro-step a loss divided "
+                              f"by K = {k}: it was meant to accumulate",
+                        severity="error")
                 out.append((idx, steps, KResolution(1, f"optimizer #{idx}'s own rate",
                                                     "inferred"), note))
                 continue
