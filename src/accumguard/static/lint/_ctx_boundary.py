@@ -19,6 +19,7 @@ from accumguard.static.lint._ast import (
     last_part,
     terminates,
     walk_all,
+    walk_local,
 )
 from accumguard.static.lint._ctx_file import FileIndex
 
@@ -53,6 +54,14 @@ class BoundaryFacts(FileIndex):
     def _boundary_test_uncached(self, expr: ast.AST) -> bool:
         if has_mod(expr) or self.counter_bound(expr) is not None or self._last_of_range(expr):
             return True
+        if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name | ast.Attribute):
+            # a function of the file whose one return is a modulo test: `self.window_done(i)`
+            name = expr.func.id if isinstance(expr.func, ast.Name) else expr.func.attr
+            defs = self.defs_by_name().get(name, [])
+            rets = [r.value for r in walk_local(defs[0]) if isinstance(r, ast.Return)] \
+                if len(defs) == 1 else []
+            if len(rets) == 1 and rets[0] is not None and has_mod(rets[0]):
+                return True
         for sub in walk_all(expr):
             if isinstance(sub, ast.Name | ast.Attribute):
                 d = dotted(sub)

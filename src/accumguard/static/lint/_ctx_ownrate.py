@@ -15,6 +15,7 @@ from accumguard.static.lint._ast import (
     is_backward,
     position,
     receiver,
+    walk_local,
 )
 from accumguard.static.lint._ctx_reach import ReachFacts
 
@@ -65,7 +66,7 @@ class OwnRateQueries(ReachFacts):
                 cur = self.parents.get(c)
                 while cur is not None and cur is not window:
                     if isinstance(cur, ast.If) and self.is_boundary_test(cur.test):
-                        k_names |= set(identifiers(cur.test))
+                        k_names |= set(identifiers(cur.test)) | self._returned_names(cur.test)
                     cur = self.parents.get(cur)
         own: set[str] = set()
         for call in f.unguarded_optimizer_steps:
@@ -77,6 +78,17 @@ class OwnRateQueries(ReachFacts):
                     window, call, k_names):
                 own |= {name, *modules}
         return own
+
+    def _returned_names(self, test: ast.AST) -> set[str]:
+        """For a test that calls a function of the file (``self.window_done(i)``), the
+        identifiers of that function's one ``return`` (``(i + 1) % K == 0``: K's name)."""
+        if not (isinstance(test, ast.Call) and isinstance(test.func, ast.Name | ast.Attribute)):
+            return set()
+        name = test.func.id if isinstance(test.func, ast.Name) else test.func.attr
+        defs = self.defs_by_name().get(name, [])
+        rets = [r.value for r in walk_local(defs[0]) if isinstance(r, ast.Return)] \
+            if len(defs) == 1 else []
+        return set(identifiers(rets[0])) if len(rets) == 1 and rets[0] is not None else set()
 
     def _loss_divided_by_k(self, window: ast.AST, step: ast.Call, k_names: set[str]) -> bool:
         """The last backward before ``step`` in the window ran on a loss divided by K (a name

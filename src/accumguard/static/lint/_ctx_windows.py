@@ -399,7 +399,15 @@ class WindowQueries(OwnRateQueries):
         return bool(self._cached("scope_accum", node, compute))
 
     def _mod_flag(self, test: ast.AST, scope: ast.AST) -> bool:
-        """``test`` is a name ``scope`` assigns from a modulo (``ready = (i + 1) % K == 0``)."""
+        """``test`` is a name ``scope`` assigns from a modulo (``ready = (i + 1) % K == 0``),
+        or a call of a function of the file whose one ``return`` is a modulo test
+        (``if self._is_boundary(batch_idx):``)."""
+        if isinstance(test, ast.Call) and isinstance(test.func, ast.Name | ast.Attribute):
+            name = test.func.id if isinstance(test.func, ast.Name) else test.func.attr
+            defs = self.defs_by_name().get(name, [])
+            rets = [r.value for r in walk_local(defs[0]) if isinstance(r, ast.Return)] \
+                if len(defs) == 1 else []
+            return len(rets) == 1 and rets[0] is not None and has_mod(rets[0])
         if not isinstance(test, ast.Name):
             return False
 
@@ -615,8 +623,28 @@ class WindowQueries(OwnRateQueries):
             return False
         if not any(k == "optimizer" and not self.guarded(c, window) for c, k in f.steps):
             return False
+        if any(k == "optimizer" and self.guarded(c, window) and self._boundary_gated(c, window)
+               for c, k in f.steps):
+            return False  # another optimizer steps at a boundary test: not one step per backward
         return any(not self.guarded(z, window) for z, _ in f.zero_grads) or (
             accum_only_builds_batch(self, window) and self._resets_grads_by_hand(window))
+
+    def _boundary_gated(self, call: ast.AST, window: ast.AST) -> bool:
+        """An ``if`` between ``call`` and ``window`` (through the helpers' call sites) whose
+        test is a modulo, a flag or a function that returns one: a boundary test."""
+        links = {**self.reached(window), **self.inlined(window)}
+        cur: ast.AST | None = call
+        for _ in range(64):
+            parent = self.parents.get(cur) if cur is not None else None
+            if parent is None or parent is window:
+                return False
+            if isinstance(parent, ast.If) and (has_mod(parent.test) or self._mod_flag(
+                    parent.test, self.scope_of(parent))):
+                return True
+            if isinstance(parent, FUNCS) and parent in links:
+                parent = links[parent]  # up through the helper's call site
+            cur = parent
+        return False
 
     def _resets_grads_by_hand(self, window: ast.AST) -> bool:
         """The window (or a helper it calls) clears gradients without ``zero_grad()``:
