@@ -39,6 +39,7 @@ from accumguard.static.lint._ast import (
     LOOPS,
     call_attr,
     dotted,
+    is_backward,
     position,
     receiver,
     walk_local,
@@ -184,6 +185,8 @@ def zero_grad_in_window(ctx: FileContext) -> Iterator[Finding]:
                 continue  # an optimizer stepping at its own rate clears its own window
             if harvested:
                 continue  # each micro-step's .grad is added to a buffer of its own first
+            if _fsdp2_deferred_clear(ctx, call, window):
+                continue
             name = dotted(receiver(call)) or "model"
             extra = (
                 " (Accelerate gates the prepared optimizer's zero_grad, not the model's)"
@@ -196,6 +199,24 @@ def zero_grad_in_window(ctx: FileContext) -> Iterator[Finding]:
                 f"`{name}.zero_grad()`{ctx.via_text(call, window)} on every micro-batch erases the gradients accumulated so far: "
                 f"only the last micro-batch reaches the optimizer{extra}",
             )
+
+
+def _fsdp2_deferred_clear(ctx: FileContext, call: ast.Call, window: ast.AST) -> bool:
+    """FSDP2 with the gradient sync deferred in the window (``set_requires_gradient_sync``
+    given something other than True) and the clear made before the micro-step's backward:
+    while the sync is off FSDP2 keeps the gradient on its unsharded parameters, not in the
+    sharded ``.grad`` that ``zero_grad()`` clears, so the clear finds nothing to erase
+    until the synced backward writes the window's reduced gradient (after it)."""
+    if not any(call_attr(c) == "fully_shard" for c in ctx.of(ast.Call)):
+        return False
+    nodes = list(ctx.local_nodes(window))
+    defer = [n for n in nodes if isinstance(n, ast.Call)
+             and call_attr(n) == "set_requires_gradient_sync" and n.args
+             and not (isinstance(n.args[0], ast.Constant) and n.args[0].value is True)]
+    backs = [n for n in nodes if isinstance(n, ast.Call) and is_backward(n)]
+    if not defer or not backs or ctx.enclosing(call, LOOPS) is not ctx.enclosing(backs[0], LOOPS):
+        return False
+    return position(call) < min(position(b) for b in backs)
 
 
 def _before_accelerator_backward(ctx: FileContext, window: ast.AST, call: ast.Call) -> bool:
