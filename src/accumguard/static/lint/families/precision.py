@@ -4,6 +4,8 @@ AG120: the model itself cast to bf16/fp16 (``.to(torch.bfloat16)``, ``.half()``)
 window accumulates K > 1 backwards: the ``.grad`` buffers are low precision too. A
 warning; an error when every K in sight for that window is at least ``_F12_ERROR_K`` (the
 same threshold as AG126: the expected drift then exceeds the watch rule's error bound).
+Also a Lightning ``Trainer(precision="bf16-true")`` (or ``"16-true"``) with
+``accumulate_grad_batches`` > 1: Lightning casts the parameters, so the window sums in them.
 
 AG126: FSDP2 ``fully_shard(..., mp_policy=MixedPrecisionPolicy(param_dtype=bf16))`` with
 ``reduce_dtype`` bf16 (or unset: it then reduces in ``param_dtype``) while a window defers
@@ -27,6 +29,7 @@ from accumguard.static.findings import Confidence, Finding, Severity
 from accumguard.static.lint._ast import FUNCS, call_attr, dotted, receiver
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families._lightning import lightning_accumulates
 from accumguard.static.lint.families._modguard import k_values, mod_term
 
 #: K from which the expected bf16/fp16 accumulation drift u*sqrt(K)/3 exceeds the watch
@@ -316,3 +319,46 @@ def fsdp2_low_precision_reduce(ctx: FileContext) -> Iterator[Finding]:
         if error:
             finding = replace(finding, severity=Severity.ERROR, confidence=Confidence.HIGH)
         yield finding
+
+
+def _str_setting(ctx: FileContext, value: ast.AST) -> str | None:
+    """A string literal, or the one string a module constant or a class field (a config
+    dataclass's default) is given."""
+    if isinstance(value, ast.Constant):
+        return value.value if isinstance(value.value, str) else None
+    name = value.id if isinstance(value, ast.Name) else \
+        value.attr if isinstance(value, ast.Attribute) else None
+    found = []
+    for n in ctx.of(ast.AnnAssign, ast.Assign):
+        targets = [n.target] if isinstance(n, ast.AnnAssign) else n.targets
+        if name is not None and any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            found.append(n.value)
+    return _str_setting(ctx, found[0]) if len(found) == 1 and found[0] is not None else None
+
+
+@rule("AG120")
+def lightning_true_precision_accumulation(ctx: FileContext) -> Iterator[Finding]:
+    """A Lightning ``Trainer(precision="bf16-true")`` (or ``"16-true"``: the model's
+    parameters themselves cast) with ``accumulate_grad_batches`` K > 1: Lightning sums the K
+    micro-batches into bf16/fp16 ``.grad``."""
+    if not lightning_accumulates(ctx):
+        return
+    for call in ctx.of(ast.Call):
+        if (dotted(call.func) or "").rsplit(".", 1)[-1] != "Trainer":
+            continue
+        prec = next((k.value for k in call.keywords if k.arg == "precision"), None)
+        setting = _str_setting(ctx, prec) if prec is not None else None
+        if setting not in ("bf16-true", "16-true"):
+            continue
+        dtype = "bf16" if setting.startswith("bf16") else "fp16"
+        yield ctx.finding(
+            "AG120",
+            call,
+            f"`precision=\"{setting}\"` casts the model's parameters to {dtype}, and "
+            "`accumulate_grad_batches` > 1 sums the window's micro-batches into their "
+            f"{dtype} .grad: each micro-batch's gradient is rounded as it is added, an error "
+            "that grows with K",
+            fix="use precision=\"bf16-mixed\" (fp32 parameters and gradients, bf16 compute) "
+                "when accumulating",
+        )
+        return
