@@ -202,6 +202,28 @@ def _low_dtype(expr: ast.AST | None) -> bool:
     return expr is not None and (dotted(expr) or "").split(".")[-1] in _LOW_DTYPES
 
 
+def _table_dtype(ctx: FileContext, expr: ast.AST | None) -> ast.AST | None:
+    """``DTYPES[args.reduce_dtype]``: the value a module dict literal of dtypes gives the key
+    an argparse option's string default names (``--reduce-dtype``, ``default="bf16"``), else
+    ``expr`` itself."""
+    if not (isinstance(expr, ast.Subscript) and isinstance(expr.value, ast.Name)):
+        return expr
+    tables = ctx.values_by_name().get(expr.value.id, [])
+    key: ast.AST | None = expr.slice
+    if isinstance(key, ast.Attribute):
+        dest = key.attr
+        defaults = [next((k.value for k in c.keywords if k.arg == "default"), None)
+                    for c in ctx.of(ast.Call) if call_attr(c) == "add_argument" and c.args
+                    and isinstance(c.args[0], ast.Constant) and isinstance(c.args[0].value, str)
+                    and c.args[0].value.lstrip("-").replace("-", "_") == dest]
+        key = defaults[0] if len(defaults) == 1 else None
+    if len(tables) != 1 or not isinstance(tables[0], ast.Dict) \
+            or not (isinstance(key, ast.Constant) and isinstance(key.value, str)):
+        return expr
+    return next((v for k, v in zip(tables[0].keys, tables[0].values, strict=True)
+                 if isinstance(k, ast.Constant) and k.value == key.value), expr)
+
+
 def _low_reduce_policies(ctx: FileContext) -> list[ast.Call]:
     """``MixedPrecisionPolicy(...)`` calls with a bf16/fp16 ``reduce_dtype``, or a bf16/fp16
     ``param_dtype`` and a ``reduce_dtype`` that is unset or None (read by keyword only)."""
@@ -212,10 +234,11 @@ def _low_reduce_policies(ctx: FileContext) -> list[ast.Call]:
         kws = {k.arg: k.value for k in call.keywords}
         if None in kws or call.args:
             continue
-        reduce = kws.get("reduce_dtype")
+        reduce = _table_dtype(ctx, kws.get("reduce_dtype"))
         # a reduce_dtype named low keeps the deferred sum in it (fp32 compute too)
         unset = reduce is None or (isinstance(reduce, ast.Constant) and reduce.value is None)
-        if _low_dtype(reduce) or (_low_dtype(kws.get("param_dtype")) and unset):
+        if _low_dtype(reduce) or (_low_dtype(_table_dtype(ctx, kws.get("param_dtype")))
+                                  and unset):
             out.append(call)
     return out
 
