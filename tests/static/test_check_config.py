@@ -183,6 +183,25 @@ def test_misspelled_key_suggests(tmp_path: Path) -> None:
     assert f.line == text.splitlines().index(' "gradient_accumulation_step": 8') + 1
 
 
+def test_a_misspelled_key_carries_the_failure_its_absence_causes() -> None:
+    """The clip key misspelled leaves DeepSpeed's default clip (F9); the accumulation key
+    misspelled with no train_batch_size leaves GA 1, so every engine.step() steps (F1); with
+    the key it meant also set, or a train_batch_size that gives the window, no class."""
+    base = {k: v for k, v in GOOD.items()
+            if k not in ("gradient_accumulation_steps", "train_batch_size", "gradient_clipping")}
+
+    def cls_of(cfg: dict[str, object]) -> str:
+        (f,) = [f for f in check_config(cfg, world_size=2) if f.code == "AG206"]
+        return f.cls
+
+    assert cls_of({**base, "gradient_clip": 0.0, "gradient_accumulation_steps": 4}) == "F9"
+    assert cls_of({**base, "gradient_clip": 0.0, "gradient_clipping": 0.0,
+                   "gradient_accumulation_steps": 4}) == ""
+    assert cls_of({**base, "gradient_clipping": 1.0, "gradient_accumulation_step": 4}) == "F1"
+    assert cls_of({**base, "gradient_clipping": 1.0, "gradient_accumulation_step": 4,
+                   "train_batch_size": 64}) == ""
+
+
 def test_misspelled_nested_key() -> None:
     cfg = {**GOOD, "data_types": {"grad_acum_dtype": "fp32"}}
     found = check_config(cfg, world_size=2)

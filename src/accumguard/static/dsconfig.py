@@ -30,6 +30,7 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Mapping
+from dataclasses import replace
 
 from accumguard.core.errors import ConfigError
 from accumguard.core.precision import f12_error_k
@@ -529,6 +530,23 @@ def _check_keys(c: _Collector) -> None:
                 )
                 fix = "remove it or use one of: " + ", ".join(suggest[:4])
             c.add("AG206", msg, key=(*section, key), fix=fix)
+            cls = _misspelled_class(c.cfg, section, match[0] if match else None, node)
+            if cls:
+                c.findings[-1] = replace(c.findings[-1], cls=cls)
+
+
+def _misspelled_class(cfg: Mapping[str, object], section: tuple[str, ...], meant: str | None,
+                      node: Mapping[str, object]) -> str:
+    """The failure a misspelled key causes when the key it meant is then absent: DeepSpeed's
+    default clip at 1.0 (F9), or an accumulation of 1 with nothing else giving the window
+    (no ``train_batch_size``): every ``engine.step()`` steps (F1)."""
+    if section or meant is None or meant in node:
+        return ""
+    if meant == "gradient_clipping":
+        return "F9"
+    if meant == "gradient_accumulation_steps" and "train_batch_size" not in cfg:
+        return "F1"
+    return ""
 
 
 def check_config(

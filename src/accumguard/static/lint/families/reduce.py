@@ -150,7 +150,8 @@ def _gradient_reduces(ctx: FileContext) -> Iterator[tuple[ast.Call, str]]:
     for node in ctx.of(ast.Call):
         if call_attr(node) not in ("all_reduce", "all_reduce_coalesced") or not node.args:
             continue
-        if not any(GRAD_TENSOR_RE.search(i) for i in identifiers(node.args[0])):
+        if not any(GRAD_TENSOR_RE.search(i) for i in identifiers(node.args[0])) \
+                and not _grad_alias(ctx, node):
             continue
         op_node = next((k.value for k in node.keywords if k.arg == "op"), None)
         if op_node is None and len(node.args) > 1:
@@ -158,6 +159,46 @@ def _gradient_reduces(ctx: FileContext) -> Iterator[tuple[ast.Call, str]]:
         op = last_part(dotted(op_node)) if op_node is not None else "sum"
         if op in ("sum", "avg", "mean", "premul_sum"):
             yield node, op  # another op (a variable) cannot be read statically: no guess
+
+
+def _grad_alias(ctx: FileContext, node: ast.Call) -> bool:
+    """The reduced tensor is a name its function binds once to a ``.grad`` (``g =
+    module.codebook.grad``)."""
+    arg = node.args[0]
+    if not isinstance(arg, ast.Name):
+        return False
+    values = ctx.assigned_in(ctx.scope_of(node)).get(arg.id, [])
+    return len(values) == 1 and isinstance(values[0], ast.Attribute) and values[0].attr == "grad"
+
+
+def ddp_ignored(ctx: FileContext) -> set[str]:
+    """Names of parameters the file tells DDP to leave alone
+    (``DDP._set_params_and_buffers_to_ignore_for_model(net, ["codebook"])``, a module's
+    ``_ddp_params_and_buffers_to_ignore``): DDP never averages their gradients."""
+    out: set[str] = set()
+    for call in ctx.of(ast.Call):
+        if call_attr(call) == "_set_params_and_buffers_to_ignore_for_model" and len(call.args) > 1 \
+                and isinstance(call.args[1], ast.List | ast.Tuple | ast.Set):
+            out |= {e.value.rsplit(".", 1)[-1] for e in call.args[1].elts
+                    if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+    for n in ctx.of(ast.Assign):
+        if any((dotted(t) or "").endswith("_ddp_params_and_buffers_to_ignore") for t in n.targets) \
+                and isinstance(n.value, ast.List | ast.Tuple | ast.Set):
+            out |= {e.value.rsplit(".", 1)[-1] for e in n.value.elts
+                    if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+    return out
+
+
+def _reduces_ignored(ctx: FileContext, node: ast.Call) -> bool:
+    """The reduction's tensor is the gradient of a parameter DDP ignores."""
+    ignored = ddp_ignored(ctx)
+    if not ignored:
+        return False
+    exprs: list[ast.AST] = [node.args[0]]
+    if isinstance(node.args[0], ast.Name):
+        exprs += ctx.assigned_in(ctx.scope_of(node)).get(node.args[0].id, [])
+    return any(isinstance(n, ast.Attribute) and n.attr in ignored
+               for e in exprs for n in walk_all(e))
 
 
 def _loss_divided_by_world(ctx: FileContext) -> bool:
@@ -177,8 +218,9 @@ def _loss_divided_by_world(ctx: FileContext) -> bool:
 @rule("AG107")
 def all_reduce_sum_without_average(ctx: FileContext) -> Iterator[Finding]:
     for node, op in _gradient_reduces(ctx):
-        if ctx.ddp_wrapped and not _under_wrapper_branch(ctx, node):
-            continue  # AG108's case
+        if ctx.ddp_wrapped and not _under_wrapper_branch(ctx, node) \
+                and not _reduces_ignored(ctx, node):
+            continue  # AG108's case (a parameter DDP ignores is this rule's)
         if op in ("avg", "mean", "premul_sum") or _divides_by_world(ctx, ctx.scope_of(node), node):
             continue
         cls = ctx.enclosing(node, (ast.ClassDef,))
@@ -199,7 +241,8 @@ def reduce_on_top_of_ddp(ctx: FileContext) -> Iterator[Finding]:
     if not ctx.ddp_wrapped:
         return
     for node, op in _gradient_reduces(ctx):
-        if _under_wrapper_branch(ctx, node) or reduces_an_outside_module(ctx, node):
+        if _under_wrapper_branch(ctx, node) or reduces_an_outside_module(ctx, node) \
+                or _reduces_ignored(ctx, node):
             continue
         divided = _divides_by_world(ctx, ctx.scope_of(node))
         yield ctx.finding(
