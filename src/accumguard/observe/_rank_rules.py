@@ -282,6 +282,9 @@ def received_alike_steps(rec: RunRecording) -> set[int]:
 def cross_rank_findings(rec: RunRecording) -> list[Finding]:
     """What reached the optimizer must agree across ranks on replicated-gradient engines."""
     by_step = _by_step(rec)
+    averaged = _parameters_averaged(rec, by_step)
+    if averaged is not None:
+        return averaged
     for step in sorted(by_step):
         row = by_step[step]
         if len(row) < 2 or any(s.engine == "fsdp2" for s in row.values()):
@@ -405,6 +408,54 @@ def _skipped_by_hand_reduce(row: dict[int, StepWindow]
     if c <= 0 or not close(mean_got, [c * x for x in total]):
         return None
     return own, reduced, c
+
+
+#: optimizers whose update is linear in the gradient history (plain SGD, with momentum or
+#: Nesterov): averaging the parameters after each rank's step equals stepping on the average
+_LINEAR = ("SGD",)
+
+
+def _parameters_averaged(rec: RunRecording, by_step: dict[int, dict[int, StepWindow]]
+                         ) -> list[Finding] | None:
+    """Data parallelism by parameter averaging: no wrapper, every collective of every later
+    window ran before its first backward (after the previous step: the parameters, not the
+    gradients, reduced), and each rank's optimizer received exactly its own gradient. With
+    an optimizer linear in the gradient (SGD) that is the large batch's update (an empty
+    list: nothing to say); with another one (Adam, AdamW) it is not: F10. None when the run
+    is not of that shape."""
+    steps = sorted(by_step)
+    later = [by_step[s] for s in steps[1:] if len(by_step[s]) >= 2]
+    if len(later) < 2 or any(w.engine != "local" for row in later for w in row.values()):
+        return None
+    raw = {(r, int(x.get("step", -1))): x.get("comm") for r in rec.ranks
+           for x in rec.steps.get(r, [])}
+    for row in later:
+        for r, w in row.items():
+            comm = raw.get((r, int(w.step)))
+            rows = comm.get("rows") or [] if isinstance(comm, dict) else []
+            if not rows or any(not (r and r[0] in GRAD_OPS and int(r[1]) == 0) for r in rows):
+                return None
+    judged = [row for row in later if all(w.conservation is not None and w.conservation.contrib_sums
+                                          for w in row.values())]
+    if len(judged) < 2 or not all(_reduce_never_reached(row) for row in judged):
+        return None
+    names = {str(w.optimizer) for row in later for w in row.values()}
+    if all(n.startswith(_LINEAR) for n in names):
+        return []
+    step = steps[1]
+    return [_mk("F10", "error", None, step, None,
+                f"each rank's optimizer ({', '.join(sorted(names))}) received exactly its own "
+                "rank's accumulated gradient in every window (per-parameter checksums), and "
+                "the script's collectives all ran before each window's first backward, after "
+                "the previous step: the ranks average their parameters after stepping, not "
+                "their gradients before. For an optimizer whose update is not linear in the "
+                "gradient (Adam's moments) the average of W updates is not the update of the "
+                "averaged gradient: the large batch's update is not made",
+                title_="parameters averaged after each rank's own step instead of gradients "
+                       "before it",
+                fix="All-reduce the gradients (sum, then divide by the world size) before "
+                    "optimizer.step(), or wrap the model in DDP; averaging the parameters "
+                    "afterwards matches only for plain SGD.")]
 
 
 def _reduce_never_reached(row: dict[int, StepWindow]) -> int:
