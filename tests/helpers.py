@@ -8,6 +8,7 @@ reference and the relative update errors. Engine tests reuse all of this.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -176,7 +177,20 @@ def recorded_failures(out_dir: Any) -> list[dict[str, Any]]:
     """The ``internal_error`` records a watched run left in ``out_dir`` (accumguard's own
     failures, each with where it happened and its message)."""
     import json
-    from pathlib import Path
-
     return [r for f in Path(out_dir).glob("rank-*.jsonl") for line in f.read_text().splitlines()
             if (r := json.loads(line)).get("kind") == "internal_error"]
+
+
+#: runs recorded by ``accumguard watch --keep`` (2 real ranks) that rule tests judge in process
+RECORDED = Path(__file__).parent / "observe" / "recorded"
+
+
+def judge_recorded(name: str, k: int | None = None) -> list[Any]:
+    """The findings of watch's rules on a recorded run (``tests/observe/recorded/<name>``,
+    ``k``: K as the command line would give it): a rule is tested on a real run's windows
+    without launching the run again."""
+    from accumguard.observe.rules import analyze
+    from accumguard.watch._findings import load_recordings
+
+    findings, _, _ = analyze(load_recordings(RECORDED / name), k_flag=k)
+    return list(findings)

@@ -8,17 +8,11 @@ process on the first three steps of the two runs' recordings (2 ranks on gloo, `
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from accumguard.observe.rules import analyze
-from accumguard.watch._findings import load_recordings
-
-HERE = Path(__file__).parent / "recorded"
+from helpers import judge_recorded
 
 
 def _findings(name: str) -> list:
-    findings, _, _ = analyze(load_recordings(HERE / name), k_flag=4)
-    return findings
+    return judge_recorded(name, 4)
 
 
 def test_parameters_the_hand_all_reduce_skips_are_named() -> None:

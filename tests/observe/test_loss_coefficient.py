@@ -10,16 +10,11 @@ A loss never divided by K, with no coefficient, stays an error
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from accumguard.observe.rules import analyze
-from accumguard.watch._findings import load_recordings
-
-HERE = Path(__file__).parent / "recorded"
+from helpers import judge_recorded
 
 
 def test_a_temperature_squared_equal_to_k_is_not_called_undivided() -> None:
-    findings, _, _ = analyze(load_recordings(HERE / "r88_kd_temperature_squared"))
+    findings = judge_recorded("r88_kd_temperature_squared")
     errors = [f for f in findings if f.severity == "error"]
     assert [f.cls for f in errors] == ["F6"], findings
     notes = [f for f in findings if f.cls == "LOSS_SCALE"]

@@ -9,17 +9,11 @@ tests/observe/test_several_optimizers.py."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from accumguard.observe.rules import analyze
-from accumguard.watch._findings import load_recordings
-
-HERE = Path(__file__).parent / "recorded"
+from helpers import judge_recorded
 
 
 def test_a_fast_optimizer_on_a_loss_divided_by_k_is_f1() -> None:
-    findings, _, _ = analyze(load_recordings(HERE / "r90_lightning_head_steps_each_micro"),
-                             k_flag=3)
+    findings = judge_recorded("r90_lightning_head_steps_each_micro", 3)
     errors = [f for f in findings if f.severity == "error"]
     assert errors and {f.cls for f in errors} == {"F1"}, findings
     assert "a loss divided by K = 3" in errors[0].title

@@ -17,7 +17,6 @@ The rule runs on the first three steps of the two runs' recordings (2 DDP ranks 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -25,14 +24,12 @@ import torch.distributed as dist
 import torch.nn.functional as F  # noqa: N812 - torch's own alias
 
 from accumguard.observe._losses_walk import walk
-from accumguard.observe.rules import analyze
-from accumguard.watch._findings import load_recordings
 
-HERE = Path(__file__).parent / "recorded"
+from helpers import judge_recorded
 
 
 def test_the_penalty_per_micro_step_is_an_error() -> None:
-    findings, _, _ = analyze(load_recordings(HERE / "r89_trainer_penalty_per_micro_step"))
+    findings = judge_recorded("r89_trainer_penalty_per_micro_step")
     errors = [f for f in findings if f.severity == "error"]
     assert errors and {f.cls for f in errors} == {"LOSS_SCALE"}, findings
     assert "penalty on the parameters is not divided by K: it weighs 4x" in errors[0].title
@@ -40,7 +37,7 @@ def test_the_penalty_per_micro_step_is_an_error() -> None:
 
 
 def test_the_penalty_divided_by_k_is_silent() -> None:
-    findings, _, _ = analyze(load_recordings(HERE / "r89_trainer_penalty_divided_by_k"))
+    findings = judge_recorded("r89_trainer_penalty_divided_by_k")
     assert not [f for f in findings if f.severity in ("error", "warning")], findings
 
 

@@ -8,16 +8,11 @@ micro-steps and is silent. The rules run on the two runs' recordings (2 DDP rank
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from accumguard.observe.rules import analyze
-from accumguard.watch._findings import load_recordings
-
-HERE = Path(__file__).parent / "recorded"
+from helpers import judge_recorded
 
 
 def test_a_counter_restarted_after_restoring_the_gradient_is_f13() -> None:
-    findings, _, _ = analyze(load_recordings(HERE / "r89_resume_counter_from_step_count"))
+    findings = judge_recorded("r89_resume_counter_from_step_count")
     errors = [f for f in findings if f.severity == "error"]
     assert errors and {f.cls for f in errors} == {"F13"}, findings
     assert "micro-step counter was not restored" in errors[0].title
@@ -25,5 +20,5 @@ def test_a_counter_restarted_after_restoring_the_gradient_is_f13() -> None:
 
 
 def test_the_counter_restored_is_silent() -> None:
-    findings, _, _ = analyze(load_recordings(HERE / "r89_resume_counter_restored"))
+    findings = judge_recorded("r89_resume_counter_restored")
     assert not [f for f in findings if f.severity in ("error", "warning")], findings

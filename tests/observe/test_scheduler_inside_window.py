@@ -8,16 +8,11 @@ first six steps of the two runs' recordings (2 ranks, DeepSpeed on gloo, ``watch
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from accumguard.observe.rules import analyze
-from accumguard.watch._findings import load_recordings
-
-HERE = Path(__file__).parent / "recorded"
+from helpers import judge_recorded
 
 
 def test_a_scheduler_stepped_between_backwards_is_one_step_ahead() -> None:
-    findings, _, _ = analyze(load_recordings(HERE / "r89_ds_scheduler_one_micro_step_early"))
+    findings = judge_recorded("r89_ds_scheduler_one_micro_step_early")
     errors = [f for f in findings if f.severity == "error"]
     assert errors and {f.cls for f in errors} == {"F4"}, findings
     assert "inside the window, before the optimizer step" in errors[0].title
@@ -25,5 +20,5 @@ def test_a_scheduler_stepped_between_backwards_is_one_step_ahead() -> None:
 
 
 def test_a_scheduler_stepped_after_the_update_is_silent() -> None:
-    findings, _, _ = analyze(load_recordings(HERE / "r89_ds_scheduler_after_the_step"))
+    findings = judge_recorded("r89_ds_scheduler_after_the_step")
     assert not [f for f in findings if f.severity in ("error", "warning")], findings

@@ -8,17 +8,11 @@ rules run in this process on the two runs' recordings (2 DDP ranks, recorded by 
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from accumguard.observe.rules import analyze
-from accumguard.watch._findings import load_recordings
-
-HERE = Path(__file__).parent / "recorded"
+from helpers import judge_recorded
 
 
 def _findings(name: str) -> list:
-    findings, _, _ = analyze(load_recordings(HERE / name), k_flag=4)
-    return findings
+    return judge_recorded(name, 4)
 
 
 def test_windows_sized_on_purpose_are_a_note() -> None:

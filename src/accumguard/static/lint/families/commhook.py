@@ -117,19 +117,25 @@ def _rank_sample_count(ctx: FileContext, divisor: ast.AST) -> bool:
         for b in sides if not ctx.mentions_accum(b))
 
 
-@rule("AG159")
-def comm_hook_sums_without_average(ctx: FileContext) -> Iterator[Finding]:
-    registered = [c for c in ctx.of(ast.Call) if call_attr(c) == _REGISTER]
-    if not registered:
-        return
-    own = {name for name in ctx.defs_by_name()}
-    for reg in registered:
+def _hooks(ctx: FileContext
+           ) -> Iterator[tuple[ast.Call, ast.FunctionDef | ast.AsyncFunctionDef, list[ast.AST],
+                               list[ast.Call]]]:
+    """Each ``register_comm_hook`` call whose hook is a function of the file: the call, the
+    function, its nodes and its ``all_reduce`` calls."""
+    for reg in (c for c in ctx.of(ast.Call) if call_attr(c) == _REGISTER):
         fn = ctx.function_named(next((k.value for k in reg.keywords if k.arg == "hook"),
                                      reg.args[1] if len(reg.args) > 1 else None), reg)
         if fn is None:
             continue
         body = list(walk_all(fn))
-        reduces = [n for n in body if isinstance(n, ast.Call) and call_attr(n) == "all_reduce"]
+        yield reg, fn, body, [n for n in body if isinstance(n, ast.Call)
+                              and call_attr(n) == "all_reduce"]
+
+
+@rule("AG159")
+def comm_hook_sums_without_average(ctx: FileContext) -> Iterator[Finding]:
+    own = {name for name in ctx.defs_by_name()}
+    for reg, fn, body, reduces in _hooks(ctx):
         if len(reduces) != 1 or _op(reduces[0]) != "sum" or _scales(ctx, body):
             continue
         called = {(dotted(n.func) or "").rsplit(".", 1)[-1] for n in body if isinstance(n, ast.Call)}
@@ -164,13 +170,7 @@ def comm_hook_averages_twice(ctx: FileContext) -> Iterator[Finding]:
     """AG184 (F10): a DDP communication hook that divides the bucket by the world size and
     then reduces it with ``ReduceOp.AVG``, which divides by the world size again: the
     optimizer receives 1/W of the ranks' average."""
-    for reg in (c for c in ctx.of(ast.Call) if call_attr(c) == _REGISTER):
-        fn = ctx.function_named(next((k.value for k in reg.keywords if k.arg == "hook"),
-                                     reg.args[1] if len(reg.args) > 1 else None), reg)
-        if fn is None:
-            continue
-        body = list(walk_all(fn))
-        reduces = [n for n in body if isinstance(n, ast.Call) and call_attr(n) == "all_reduce"]
+    for reg, fn, body, reduces in _hooks(ctx):
         div = _world_division(ctx, body)
         if len(reduces) != 1 or _op(reduces[0]) != "avg" or div is None:
             continue
