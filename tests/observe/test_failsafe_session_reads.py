@@ -216,3 +216,24 @@ def test_the_end_lines_parameter_names_never_cost_the_record(tmp_path: Path,
         assert "tracked" not in end
     else:
         assert end["tracked"] == ["0.weight", "0.bias", "2.weight", "2.bias"]
+
+
+def test_a_fault_reading_a_penalty_sum_changes_nothing(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The walk below each backward reads a sum over many parameters as one penalty term
+    (``_losses_walk._penalty_sum``, this session). A fault in it of a kind the walk does not
+    expect (a LookupError, not one of the graph errors it treats as an unusual graph) switches
+    observation off and is reported; the trained parameters are bit-equal."""
+    import accumguard.observe._losses_walk as walk
+
+    plain = _loop()
+
+    def broken(node: object) -> bool:
+        raise LookupError("injected: the penalty sum's read")
+
+    monkeypatch.setattr(walk, "_penalty_sum", broken)
+    with recording(tmp_path) as obs:
+        seen = _loop()
+        failure = obs.failure
+    assert failure is not None and "injected" in failure.error + failure.traceback
+    assert all(torch.equal(a, b) for a, b in zip(plain, seen, strict=True))
