@@ -208,3 +208,21 @@ def _made_of_batch_means(r: list[Any], rows: int) -> bool:
     below = r[12] if len(r) > 12 else None
     return isinstance(below, list) and bool(below) and all(
         int(c) == rows or _positions(int(c), rows) for c in below)
+
+
+def window_normalised(w: dict[str, Any], term: list[Any]) -> bool:
+    """The recorded loss call a term is (``term[7]``/``term[8]``: its site and order) gave
+    every token of the window one weight, in every micro-step, although the micro-steps'
+    counts differ: it was normalised over the whole window (a count of the window's tokens),
+    not per micro-step, and then not divided by K (no ``/ K`` between it and the root)."""
+    recs = [r for r in w.get("losses") or []
+            if len(r) > 9 and str(r[0]) == str(term[7]) and int(r[1]) == int(term[8] or 0)
+            and not r[8]]
+    by_micro = {int(r[2]): r for r in recs}
+    k = int(w["window"])
+    if sorted(by_micro) != list(range(k)) or len(recs) != k:
+        return False
+    weights = [abs(float(r[4])) for r in recs]
+    counts = {int(r[3]) for r in recs}
+    return len(counts) > 1 and max(weights) - min(weights) <= 1e-5 * max(weights) \
+        and not any(_k_divisions(r[9], k) for r in recs)

@@ -46,6 +46,7 @@ from accumguard.observe._term_reads import (
     _shares_divisor,
     _valid_counts,
     _window_terms,
+    window_normalised,
     windows_with_terms,
 )
 from accumguard.observe._weight_rules import WEIGHT_TOL, _divides_by, _is, _short
@@ -98,7 +99,7 @@ def _penalty_findings(rank: int, windows: list[dict[str, Any]]) -> list[Finding]
         judged += 1
         main = next((r for r in mains if all(
             _divides_by(x[4], k) for x in _ordinal(by_micro, int(r[2])))
-            or _window_normalised(w, r)), None)
+            or window_normalised(w, r)), None)
         pen = next((r for r in pens if all(
             len(x) > 13 and x[13] and not _k_divisions(x[4], k) and not _may_hold_k(x[4], k)
             for x in _ordinal(by_micro, int(r[2])))), None)
@@ -109,7 +110,7 @@ def _penalty_findings(rank: int, windows: list[dict[str, Any]]) -> list[Finding]
         return []
     w, pen, main = found[0]
     k = int(w["window"])
-    beside = (f"is divided by K = {k}" if not _window_normalised(w, main) else
+    beside = (f"is divided by K = {k}" if not window_normalised(w, main) else
               "gives every token of the window one weight although the micro-steps' counts "
               "differ (a loss normalised over the whole window, as the HF Trainer's "
               "num_items_in_batch does: the Trainer then divides by K no more)")
@@ -131,24 +132,6 @@ def _penalty_findings(rank: int, windows: list[dict[str, Any]]) -> list[Finding]
                     f"weight is wanted, write the coefficient as {k} x coef so the intent is "
                     "explicit. An optimizer's weight_decay applies it once per step by "
                     "construction.")]
-
-
-def _window_normalised(w: dict[str, Any], term: list[Any]) -> bool:
-    """The recorded loss call a term is (``term[7]``/``term[8]``: its site and order) gave
-    every token of the window one weight, in every micro-step, although the micro-steps'
-    counts differ: it was normalised over the whole window (a count of the window's tokens),
-    not per micro-step, and then not divided by K (no ``/ K`` between it and the root)."""
-    recs = [r for r in w.get("losses") or []
-            if len(r) > 9 and str(r[0]) == str(term[7]) and int(r[1]) == int(term[8] or 0)
-            and not r[8]]
-    by_micro = {int(r[2]): r for r in recs}
-    k = int(w["window"])
-    if sorted(by_micro) != list(range(k)) or len(recs) != k:
-        return False
-    weights = [abs(float(r[4])) for r in recs]
-    counts = {int(r[3]) for r in recs}
-    return len(counts) > 1 and max(weights) - min(weights) <= 1e-5 * max(weights) \
-        and not any(_k_divisions(r[9], k) for r in recs)
 
 
 def _term_scale_findings(rank: int, windows: list[dict[str, Any]],

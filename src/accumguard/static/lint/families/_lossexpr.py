@@ -31,7 +31,8 @@ from accumguard.static.lint._ctx_boundary import bound_argument
 from accumguard.static.lint.families._masked import counts_tokens, masked_mean
 
 __all__ = ["all_reduced", "assigned_names", "divides_by_k", "division", "flows_to_backward", "is_count", "is_loss",
-           "is_loss_division", "is_mean_call", "mean_criteria", "mean_loss_site", "reduction", "returned_by_call", "unpacked"]
+           "is_loss_division", "is_mean_call", "mean_criteria", "mean_loss_site", "reduction", "returned_by_call", "unpacked",
+           "value_through"]
 
 
 _GLOBAL_ONLY = re.compile(r"global|all_?reduce|world")
@@ -453,3 +454,25 @@ def _len_of_window(window: ast.AST, divisor: ast.AST) -> bool:
     return (isinstance(divisor, ast.Call)
             and dotted(divisor.func) == "len" and len(divisor.args) == 1
             and ast.dump(divisor.args[0]) == ast.dump(it))
+
+
+#: methods that keep a count's value (a floor against 0, a host read, a cast)
+_KEEPS_VALUE = frozenset({"clamp", "clamp_min", "clamp_", "item", "float", "to", "detach",
+                          "double"})
+
+
+def value_through(ctx: FileContext, at: ast.AST, expr: ast.AST) -> ast.AST:
+    """``expr`` through what keeps its value: ``(n / W).clamp(min=1.0)``, and a plain name
+    bound once in the function around ``at`` (``denom = (n / W).clamp(min=1)``)."""
+    for _ in range(4):
+        if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) \
+                and expr.func.attr in _KEEPS_VALUE:
+            expr = expr.func.value
+        elif isinstance(expr, ast.Name):
+            values = ctx.assigned_in(ctx.scope_of(at)).get(expr.id, [])
+            if len(values) != 1:
+                return expr
+            expr = values[0]
+        else:
+            return expr
+    return expr

@@ -44,6 +44,7 @@ from accumguard.static.lint.families._lossexpr import (
     is_count,
     is_loss,
     is_loss_division,
+    value_through,
 )
 from accumguard.static.lint.families._masked import (
     counted_per_micro_batch,
@@ -82,30 +83,8 @@ def _world_only_below(ctx: FileContext, node: ast.AST, divisor: ast.AST) -> bool
     parent = ctx.parents.get(node)
     if isinstance(parent, ast.BinOp) and isinstance(parent.op, ast.Div) and parent.right is node:
         return True
-    inner = division(_value_of(ctx, node, divisor))
+    inner = division(value_through(ctx, node, divisor))
     return inner is not None and ctx.mentions_world(inner[1]) and not ctx.mentions_world(inner[0])
-
-
-#: methods that keep a count's value (a floor against 0, a host read, a cast)
-_KEEPS_VALUE = frozenset({"clamp", "clamp_min", "clamp_", "item", "float", "to", "detach",
-                          "double"})
-
-
-def _value_of(ctx: FileContext, at: ast.AST, expr: ast.AST) -> ast.AST:
-    """``expr`` through what keeps its value: ``(n / W).clamp(min=1.0)``, and a plain name
-    bound once in the function around ``at`` (``denom = (n / W).clamp(min=1)``)."""
-    for _ in range(4):
-        if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) \
-                and expr.func.attr in _KEEPS_VALUE:
-            expr = expr.func.value
-        elif isinstance(expr, ast.Name):
-            values = ctx.assigned_in(ctx.scope_of(at)).get(expr.id, [])
-            if len(values) != 1:
-                return expr
-            expr = values[0]
-        else:
-            return expr
-    return expr
 
 
 def _under_wrapper_branch(ctx: FileContext, node: ast.AST) -> bool:
