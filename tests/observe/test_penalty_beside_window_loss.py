@@ -6,8 +6,9 @@ its coefficient). Three pieces had to hold, each tested here:
 
 * the walk below the backward's root reads a sum over many parameters as one penalty term
   (it used to run out of its node budget and record no term at all);
-* it walks through DDP's output sink (``_DDPSinkBackward``, under static graph or unused
-  parameters) to the loss call, not into the model's other outputs;
+* (the recording was made while the walk also passed DDP's output sink, `_DDPSinkBackward`;
+  that pass is withdrawn until launches that end in an abort at exit are explained: see
+  docs/dev/blind-rounds.md, round 89);
 * the penalty rule accepts a loss call normalised over the window (one weight per token
   across micro-steps of different counts, no ``/ K``) as the term beside it.
 
@@ -17,7 +18,6 @@ The rule runs on the first three steps of the two runs' recordings (2 DDP ranks 
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F  # noqa: N812 - torch's own alias
 
 from accumguard.observe._losses_walk import walk
@@ -54,37 +54,3 @@ def test_a_sum_over_many_parameters_is_one_penalty_term() -> None:
     assert w.complete
     kinds = sorted((type(leaf.node).__name__, leaf.penalty) for leaf in w.leaves)
     assert kinds == [("AddBackward0", True), ("NllLossBackward0", False)], kinds
-
-
-class _TwoOutputs(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.body = torch.nn.Linear(4, 3)
-        self.unused = torch.nn.Linear(4, 3)
-
-    def forward(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
-        logits = self.body(x)
-        return {"loss": F.cross_entropy(logits, y, reduction="sum") / 7.0, "logits": logits}
-
-
-def test_the_walk_passes_ddps_output_sink_to_the_loss() -> None:
-    # one rank on an in-memory store: no port, nothing outside this process
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        torch.manual_seed(0)
-        ddp = torch.nn.parallel.DistributedDataParallel(_TwoOutputs(),
-                                                         find_unused_parameters=True)
-        out = ddp(torch.randn(5, 4), torch.randint(0, 3, (5,)))
-        root = out["loss"] * 2.0
-        names = []
-        node = root.grad_fn
-        while node is not None and len(names) < 6:
-            names.append(type(node).__name__)
-            node = node.next_functions[0][0] if node.next_functions else None
-        assert "_DDPSinkBackward" in names, names  # the sink this test is about
-        w = walk(root)
-        leaves = [(type(leaf.node).__name__, leaf.divs) for leaf in w.leaves]
-        assert leaves == [("NllLossBackward0", [["*", 2.0], ["/", 7.0]])], leaves
-        root.backward()
-    finally:
-        dist.destroy_process_group()

@@ -42,7 +42,7 @@ Const = list[str | float]
 #: Nodes through which the root of a backward is a loss call's output times a constant.
 LINEAR = ("MulBackward", "DivBackward", "NegBackward", "CloneBackward", "ToCopyBackward",
           "AliasBackward", "ViewBackward", "SqueezeBackward", "UnsqueezeBackward",
-          "SumBackward", "MeanBackward", "ReshapeAliasBackward", "UnsafeViewBackward")
+          "SumBackward", "MeanBackward", "ReshapeAliasBackward")
 #: Nodes that only mask or move per-token values (their zeros are not counted): walked
 #: through towards a selection, as if linear.
 _PASS = ("MaskedFillBackward", "MaskedScatterBackward", "ExpandBackward")
@@ -356,15 +356,6 @@ def _walk(root: torch.Tensor | Sequence[torch.Tensor], out: Walk, stops: frozens
             out.leaves.append(Leaf(node, index, divs, split, means, opaque, None, weighted,
                                    None, first, msum, above))
             continue
-        if name == "_DDPSinkBackward":
-            # DDP's identity on the forward's outputs (static graph, unused parameters):
-            # output i is its tensor input i (DDP's own reference, not a tensor, has no edge)
-            below = node.next_functions[index] if index < len(node.next_functions) \
-                else (None, 0)
-            if below[0] is not None:
-                stack.append((below[0], below[1], divs, split, means, opaque, weighted,
-                              factors, first, msum, above))
-                continue
         if select is None and name.startswith(("AddBackward0", "SubBackward0")) \
                 and len(nxt) > 1:
             if any(type(n).__name__ == "AddBackward0" for n, _ in nxt) and _penalty_sum(node):
