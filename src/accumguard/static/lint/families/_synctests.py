@@ -66,19 +66,36 @@ def _self_counter(ctx: FileContext, expr: ast.Attribute) -> str | None:
     """``self.micro_step``: a micro-step counter by its name, set to 0 somewhere in the
     class, and not incremented before the test in the method that reads it."""
     low = expr.attr.lower()
-    if not (ACCUM_RE.search(low) and _COUNTER_RE.search(low)):
+    if not ACCUM_RE.search(low):
         return None
     cls = ctx.enclosing(expr, (ast.ClassDef,))
     fn = ctx.enclosing(expr, (ast.FunctionDef, ast.AsyncFunctionDef))
     if cls is None or fn is None:
         return None
     target = f"self.{expr.attr}"
+    if not _COUNTER_RE.search(low) and not _counts_by_one(cls, target):
+        return None  # (`self.micro` without a counter's name: a counter by how it is set)
     zeroed = any(isinstance(n, ast.Assign) and any(dotted(t) == target for t in n.targets)
                  and isinstance(n.value, ast.Constant) and n.value.value == 0 for n in ast.walk(cls))
     line = getattr(expr, "lineno", 0)
     bumped = any(isinstance(n, ast.AugAssign) and dotted(n.target) == target and n.lineno < line
                  for n in ast.walk(fn))
     return target if zeroed and not bumped else None
+
+
+def _counts_by_one(cls: ast.ClassDef, target: str) -> bool:
+    """``target`` is only ever set to 0 and incremented by 1 in ``cls``."""
+    seen = False
+    for n in ast.walk(cls):
+        if isinstance(n, ast.Assign) and any(dotted(t) == target for t in n.targets):
+            if not (isinstance(n.value, ast.Constant) and n.value.value == 0):
+                return False
+        elif isinstance(n, ast.AugAssign | ast.AnnAssign) and dotted(n.target) == target:
+            if not (isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Add)
+                    and isinstance(n.value, ast.Constant) and n.value.value == 1):
+                return False
+            seen = True
+    return seen
 
 
 def first_test(ctx: FileContext, expr: ast.AST) -> bool | None:

@@ -367,8 +367,11 @@ def _gates_the_step(ctx: FileContext, node: ast.AST, test: ast.AST) -> bool:
     bumps = [n.lineno for n in ctx.local_nodes(scope) if isinstance(n, ast.AugAssign)
              and dotted(n.target) in names]  # (`self.micro_step += 1` too)
     # (a counter incremented between the two tests: the same text, another micro-step)
+    # (an `if` returning the sync context itself is no step's gate: `if micro % K != 0:
+    # return model.no_sync()` ends the helper early, the step is elsewhere)
     return any(ast.dump(through_name(ctx, scope, g.test)) == value
                and not any(node.lineno < b < g.lineno for b in bumps)  # type: ignore[attr-defined]
+               and not any(node is x for st in g.body for x in ast.walk(st))
                for g in step_gates(ctx, scope))
 
 
