@@ -83,7 +83,7 @@ def _self_counter(ctx: FileContext, expr: ast.Attribute) -> str | None:
     return target if zeroed and not bumped else None
 
 
-def _counts_by_one(cls: ast.ClassDef, target: str) -> bool:
+def _counts_by_one(cls: ast.AST, target: str) -> bool:
     """``target`` is only ever set to 0 and incremented by 1 in ``cls``."""
     seen = False
     for n in ast.walk(cls):
