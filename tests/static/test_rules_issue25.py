@@ -212,8 +212,9 @@ for step in range(3):
 
 
 @pytest.mark.parametrize(("k", "reduce", "expected"), [
-    (64, "", [("AG126", 5, "warning")]),
-    (64, ", reduce_dtype=torch.bfloat16", [("AG126", 5, "warning")]),
+    (3, "", [("AG126", 5, "warning")]),
+    (3, ", reduce_dtype=torch.bfloat16", [("AG126", 5, "warning")]),
+    (4, ", reduce_dtype=torch.bfloat16", [("AG126", 5, "error")]),
     (256, "", [("AG126", 5, "error")]),
     (256, ", reduce_dtype=torch.float32", []),
     (1, "", []),

@@ -483,7 +483,7 @@ def _check_precision_and_clipping(c: _Collector, ga: int | None) -> None:
                 f"{prec}, and the rounding error grows with the number of micro-steps"
                 + (f" (ZeRO stage {stage} sums them in {prec}: "
                    f"an error from K >= {f12_error_k()}, where the expected drift u*sqrt(K)/3 "
-                   "exceeds twice the precision floor of a correct loop)" if proven else ""),
+                   "is a measurable share of the update's error; the large batch sums in fp32)" if proven else ""),
                 key=("data_types", "grad_accum_dtype") if dtype is not None else (prec,),
                 severity=Severity.ERROR if proven else None,
             )

@@ -268,7 +268,7 @@ RULES: dict[str, Rule] = {
             "AG126", "fsdp2-low-precision-reduce", "F12", W, MED,
             "FSDP2 MixedPrecisionPolicy with a bf16/fp16 param_dtype and reduce_dtype bf16/fp16 (or "
             "unset) while the gradient sync is deferred over K > 1 micro-batches: the window's "
-            "unsharded gradient is summed in bf16/fp16, a drift growing with K (an error from K >= 144)",
+            "unsharded gradient is summed in bf16/fp16, a drift growing with K (an error from K >= 4)",
             "pass reduce_dtype=torch.float32 to MixedPrecisionPolicy: FSDP2 then accumulates the "
             "window's unsharded gradient and reduces it in fp32",
         ),

@@ -3,7 +3,7 @@
 AG120: the model itself cast to bf16/fp16 (``.to(torch.bfloat16)``, ``.half()``) while a
 window accumulates K > 1 backwards: the ``.grad`` buffers are low precision too. A
 warning; an error when every K in sight for that window is at least ``_F12_ERROR_K`` (the
-same threshold as AG126: the expected drift then exceeds the watch rule's error bound).
+same threshold as AG126 and watch: :func:`accumguard.core.precision.f12_error_k`).
 Also a Lightning ``Trainer(precision="bf16-true")`` (or ``"16-true"``) with
 ``accumulate_grad_batches`` > 1: Lightning casts the parameters, so the window sums in them.
 
@@ -13,8 +13,8 @@ the gradient sync over K > 1 micro-batches (``set_requires_gradient_sync(False)`
 keeps the unsharded gradient of the window in the reduce dtype, so every micro-batch is
 added into a bf16 buffer and the rounding drift grows like u*sqrt(K). With ``reduce_dtype``
 fp32 FSDP2 accumulates the unsharded gradient in fp32. The severity follows the watch
-rule's tolerance model (observe/_precision_rules): a warning below K = 144, an error from
-there on when every K in sight is that large.
+rule (core/precision): an error when every K in sight is at least ``_F12_ERROR_K`` (4), a
+warning when a K is not known.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._lightning import lightning_accumulates
 from accumguard.static.lint.families._modguard import k_values, mod_term
 
-#: K from which the expected bf16/fp16 accumulation drift u*sqrt(K)/3 exceeds the watch
-#: rule's error bound (core/precision: the one place of that bound)
+#: K from which a bf16/fp16 accumulation is an error, as in watch's rule (core/precision:
+#: the one place of that bound)
 _F12_ERROR_K = f12_error_k()
 
 _LOW_DTYPES = ("bfloat16", "float16", "half")

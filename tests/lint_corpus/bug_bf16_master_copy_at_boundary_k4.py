@@ -1,5 +1,5 @@
-# corpus: style=plain class=OK
-# K = 4 bf16 additions: below the documented error threshold (K >= 144), a warning only
+# corpus: style=plain class=F12
+# K = 4 bf16 additions behind fp32 master weights: the window is summed in bf16 (an error from K = 4)
 import torch
 
 ACCUM = 4
