@@ -1,5 +1,6 @@
 """AG156 (F10): an FSDP2 divide factor set on one unit while the model has several.
-AG181 (F11): FSDP2's gradient sync turned off for every unit but back on for the root only.
+AG181 (F11): FSDP2's gradient sync turned off for every unit but back on for the root only,
+or, unit by unit with ``recurse=False`` through a list, for every unit but the root.
 
 ``FSDPModule.set_gradient_divide_factor`` sets the reduction of the unit it is called on,
 not of the units ``fully_shard`` made of its children (torch 2.13: it loops over that
@@ -94,6 +95,21 @@ def sync_back_on_root_only(ctx: FileContext) -> Iterator[Finding]:
     off = {dotted(receiver(c)) for c in calls if _is_false(c.args[0]) and _recurse(c)}
     for call in calls:
         unit = dotted(receiver(call))
+        if not _recurse(call) and not _is_false(call.args[0]) and unit not in off:
+            listed = _units_without(ctx, call, off, set(sharded))
+            if listed is not None:
+                name, members, root = listed
+                yield ctx.finding(
+                    "AG181",
+                    call,
+                    f"`{ast.unparse(call)}` turns the gradient sync back on, unit by unit with "
+                    f"recurse=False, for the modules in `{name}` ({', '.join(members)}), but "
+                    f"`{root}.set_requires_gradient_sync(False)` turned it off for every unit "
+                    f"and `{name}` never holds `{root}`: the root unit's own parameters (those "
+                    "outside the listed units) never reduce-scatter, so they get no gradient "
+                    "and the ranks' contributions are never combined",
+                )
+                return
         if _recurse(call) or _is_false(call.args[0]) or unit not in off \
                 or not any(d != unit for d in sharded):
             continue
@@ -107,3 +123,41 @@ def sync_back_on_root_only(ctx: FileContext) -> Iterator[Finding]:
             "contributions are never combined",
         )
         return
+
+
+def _units_without(ctx: FileContext, call: ast.Call, off: set[str | None],
+                   sharded: set[str | None]) -> tuple[str, list[str], str] | None:
+    """``call`` runs on the variable of a ``for u in NAME:`` loop, and every list the file
+    builds under NAME (``NAME.append(x)``, ``NAME = [x, ...]``) holds modules handed to
+    ``fully_shard`` but never the module turned off recursively (``off``): ``(NAME, the
+    members, that module)``. None when NAME is built any other way (an extend, a
+    comprehension, a concatenation) or holds something else."""
+    loop = ctx.parents.get(call)
+    while loop is not None and not isinstance(loop, ast.For | ast.AsyncFor):
+        loop = ctx.parents.get(loop)
+    recv = dotted(receiver(call))
+    if loop is None or not isinstance(loop.target, ast.Name) or loop.target.id != recv \
+            or not isinstance(loop.iter, ast.Name):
+        return None
+    name = loop.iter.id
+    members: list[str] = []
+    for node in ctx.of(ast.Call):
+        f = node.func
+        if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == name:
+            if f.attr != "append" or len(node.args) != 1:
+                return None
+            members.append(dotted(node.args[0]) or "?")
+    for node in ctx.of(ast.Assign):
+        if any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            if isinstance(node.value, ast.List):
+                members += [dotted(e) or "?" for e in node.value.elts]
+            elif not isinstance(node.value, ast.Call | ast.Name):
+                return None
+    for node in ctx.of(ast.AugAssign):
+        if isinstance(node.target, ast.Name) and node.target.id == name:
+            return None
+    roots = [r for r in off if r is not None and r in sharded]
+    if not members or not roots or any(m not in sharded for m in members):
+        return None
+    missing = [r for r in roots if r not in members]
+    return (name, sorted(set(members)), missing[0]) if missing else None

@@ -267,24 +267,15 @@ def _sync_settings(ctx: FileContext) -> list[tuple[ast.AST, ast.AST, str]]:
     return out
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
+def _loop_targets(ctx: FileContext, node: ast.AST) -> set[str]:
+    """The names the ``for`` loops around ``node`` bind."""
+    out: set[str] = set()
+    cur = ctx.parents.get(node)
+    while cur is not None and not isinstance(cur, SCOPES):
+        if isinstance(cur, ast.For | ast.AsyncFor):
+            out |= {n.id for n in ast.walk(cur.target) if isinstance(n, ast.Name)}
+        cur = ctx.parents.get(cur)
+    return out
 
 
 def _first_of_stepless_loop(ctx: FileContext, test: ast.AST) -> bool:
@@ -352,8 +343,6 @@ def _effective(ctx: FileContext, node: ast.AST, value: ast.AST) -> str:
                 return "on" if on else "off"
         child, cur = cur, ctx.parents.get(cur)
     return "on" if on else "off"
-
-
 
 
 def _gates_the_step(ctx: FileContext, node: ast.AST, test: ast.AST) -> bool:
@@ -446,6 +435,11 @@ def sync_flag_polarity(ctx: FileContext) -> Iterator[Finding]:
         for node, value, recv in settings
     ]
     re_enabled = {recv for _, recv, k in kinds if k in ("boundary", "on", "unknown", "after_forward", "first")}
+    # a flag turned on through a loop's variable (`for u in units: u.set_requires_gradient_
+    # sync(True, recurse=False)`) may turn on any module: which ones is AG181's question
+    if any(recv in _loop_targets(ctx, node) for node, recv, _ in kinds
+           if recv in re_enabled):
+        re_enabled = {recv for _, recv, _ in kinds}
     for node, recv, kind in kinds:
         what = (
             f"`{ast.unparse(node.func)}({recv}, enabled=...)` (its sync is `not enabled`)"

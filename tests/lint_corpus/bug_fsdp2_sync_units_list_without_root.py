@@ -1,0 +1,23 @@
+# corpus: style=fsdp2 class=F11
+# the window turns every unit's sync off (recursing), then back on unit by unit with
+# recurse=False for the listed encoder/decoder units only: the root unit (the embedding and
+# the head outside them) never reduce-scatters
+import torch
+from torch.distributed.fsdp import fully_shard
+
+
+def train(model, loader, opt, accum=4):
+    fully_shard(model.encoder)
+    fully_shard(model.decoder)
+    fully_shard(model)
+    toggled = [model.encoder, model.decoder]
+    for step, window in enumerate(loader):
+        model.set_requires_gradient_sync(False)
+        for i, (x, y) in enumerate(window):
+            if i == accum - 1:
+                for m in toggled:
+                    m.set_requires_gradient_sync(True, recurse=False)  # expect: AG181
+            loss = torch.nn.functional.cross_entropy(model(x), y) / accum
+            loss.backward()
+        opt.step()
+        opt.zero_grad()
