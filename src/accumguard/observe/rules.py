@@ -45,6 +45,7 @@ from accumguard.observe._k_resolution import resolve_k, spans_passes
 from accumguard.observe._ledger import ledger_findings, term_findings, weights_right
 from accumguard.observe._lr_rules import lr_schedule_findings
 from accumguard.observe._precision_rules import F12_ERROR_FACTOR, f12_drift, low_precision_findings
+from accumguard.observe._probe_rules import probe_before_first_window
 from accumguard.observe._rank_rules import (
     averaged_inside_steps,
     clipped_apart_findings,
@@ -540,7 +541,8 @@ def _window_findings(rank: int, windows: list[StepWindow], info: JsonObject,
                                f"{n0 - k} micro-step(s) left over at the end of an epoch (or "
                                "data pass) were not stepped and leaked into the next window"))
             else:
-                out.append(_varying_note(rank, long[0], sizes, k, regular))
+                out.append(probe_before_first_window(rank, windows, k)
+                           or _varying_note(rank, long[0], sizes, k, regular))
     # (a window closing a pass over the data is an epoch's tail, not an off-by-one count)
     short = [w for i, w in enumerate(windows[1:-1], 1) if 1 < w.window < k
              and 0 not in (windows[i + 1].data_pass_starts or [])]
