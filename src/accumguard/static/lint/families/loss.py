@@ -258,8 +258,8 @@ def mean_of_means(ctx: FileContext) -> Iterator[Finding]:
                  "the loss is divided by the number of accumulation steps")
                 + (f", but it is a mean over the token count of this micro-step alone ({explicit})"
                    if explicit else
-                   ", and it looks like a mean over a variable number of tokens (padding mask / "
-                   "ignore_index in sight)")
+                   ", and it looks like a mean over a variable number of tokens (a padding "
+                   "or selection mask, or ignore_index, in sight)")
                 + ": dividing per-micro-batch means by K weights short micro-batches too much "
                 "(mean of means)" + ("" if explicit else " when their token counts differ"),
             )

@@ -176,7 +176,7 @@ def lightning_token_mean(ctx: FileContext) -> Iterator[Finding]:
             "is a mean over "
             + ("this micro-batch's own sum of class weights (`weight=`: a weighted mean)"
                if weighted else "this micro-batch's own token count" if explicit else
-               "a variable number of tokens (padding mask / ignore_index in sight)")
+               "a variable number of tokens (a padding or selection mask, or ignore_index, in sight)")
             + ": the window's update is the mean of K micro-batch means, which weights "
             + ("the samples of micro-batches with a small weight sum" if weighted else
                "short micro-batches' tokens")
