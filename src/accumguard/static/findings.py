@@ -727,6 +727,14 @@ RULES: dict[str, Rule] = {
             "with ReduceOp.AVG: the gradient is divided by W twice",
             "keep one of the two: all_reduce with SUM after the division, or AVG without it",
         ),
+        _rule(
+            "AG185", "hand-reduce-list-before-unfreeze", "F10", E, HI,
+            "a hand-written gradient reduction iterates a list of the parameters that required "
+            "a gradient when it was built, and the training loop later unfreezes others: their "
+            "gradients are never averaged over the ranks",
+            "iterate model.parameters() at every reduction (skipping p.grad is None), or rebuild "
+            "the list when parameters are unfrozen",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

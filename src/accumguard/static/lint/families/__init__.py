@@ -70,8 +70,9 @@
                                    (their default clip, 1.0)
 ``spawnworld`` AG170               WORLD_SIZE read (default 1) in ranks mp.spawn started
 ``unreduced``  AG179 AG180 AG183   parameters no reduction covers: one group of several all-reduced
-                                   by hand; a module with parameters outside the DDP/FSDP wrapper;
-                                   a generator of parameters spent before the write-back
+               AG185               by hand; a module with parameters outside the DDP/FSDP wrapper;
+                                   a generator of parameters spent before the write-back; a list
+                                   of the trainable parameters built before an unfreeze
 """
 
 from accumguard.static.lint.families import (

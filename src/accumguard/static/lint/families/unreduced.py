@@ -14,6 +14,11 @@ gradients of the module it wraps only.
 
 AG183: the parameters of a hand-written reduction held in a generator that the gathering loop
 consumes before the loop writing the reduced values back iterates it (zero times).
+
+AG185: a hand-written reduction iterating a list built once from the parameters that
+required a gradient then (``[p for p in model.parameters() if p.requires_grad]``), in a file
+whose training loop later turns ``requires_grad`` on (an unfreeze at step N): the unfrozen
+parameters train on each rank's own gradient.
 """
 
 from __future__ import annotations
@@ -33,8 +38,8 @@ from accumguard.static.lint._ast import (
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 
-__all__ = ["generator_spent_before_write_back", "module_outside_the_wrapper", "outside_modules",
-           "reduce_over_one_group", "reduces_an_outside_module"]
+__all__ = ["generator_spent_before_write_back", "list_built_before_unfreeze", "module_outside_the_wrapper",
+           "outside_modules", "reduce_over_one_group", "reduces_an_outside_module"]
 
 _REDUCERS = frozenset({"all_reduce", "all_reduce_coalesced", "reduce", "reduce_scatter",
                        "reduce_scatter_tensor"})
@@ -274,3 +279,70 @@ def generator_spent_before_write_back(ctx: FileContext) -> Iterator[Finding]:
                     "None]`",
             )
             return
+
+
+def _trainable_list(value: ast.AST) -> bool:
+    """``[p for p in m.parameters() if p.requires_grad]`` or ``list(filter(lambda p:
+    p.requires_grad, m.parameters()))``: the parameters that require a gradient now."""
+    if isinstance(value, ast.Call) and dotted(value.func) == "list" and len(value.args) == 1:
+        value = value.args[0]
+    if isinstance(value, ast.ListComp) and len(value.generators) == 1:
+        gen = value.generators[0]
+        return isinstance(gen.iter, ast.Call) and call_attr(gen.iter) in ("parameters", "values") and any(
+            "requires_grad" in ast.unparse(t) for t in gen.ifs)
+    if isinstance(value, ast.Call) and dotted(value.func) == "filter" and len(value.args) == 2:
+        return "requires_grad" in ast.unparse(value.args[0]) \
+            and isinstance(value.args[1], ast.Call) and call_attr(value.args[1]) == "parameters"
+    return False
+
+
+def _unfreezes_in_training(ctx: FileContext) -> ast.AST | None:
+    """A ``requires_grad_()`` / ``requires_grad_(True)`` call or ``.requires_grad = True``
+    inside a loop that also runs a backward or an optimizer step (an unfreeze mid-run)."""
+    for n in walk_all(ctx.tree):
+        on = (isinstance(n, ast.Call) and call_attr(n) == "requires_grad_"
+              and (not n.args or (isinstance(n.args[0], ast.Constant) and n.args[0].value is True)))
+        on = on or (isinstance(n, ast.Assign) and any(
+            isinstance(t, ast.Attribute) and t.attr == "requires_grad" for t in n.targets)
+            and isinstance(n.value, ast.Constant) and n.value.value is True)
+        if not on:
+            continue
+        loop = ctx.parents.get(n)
+        while loop is not None:
+            if isinstance(loop, ast.For | ast.While) and any(
+                    isinstance(c, ast.Call) and call_attr(c) in ("backward", "step")
+                    for c in walk_all(loop)):
+                return n
+            loop = ctx.parents.get(loop)
+    return None
+
+
+@rule("AG185")
+def list_built_before_unfreeze(ctx: FileContext) -> Iterator[Finding]:
+    built: dict[str, list[ast.AST]] = {}
+    for targets, value in ctx.assignments():
+        for t in targets:
+            built.setdefault(t, []).append(value)
+    lists = {name for name, values in built.items()
+             if len(values) == 1 and _trainable_list(values[0])}
+    if not lists:
+        return
+    unfreeze = None
+    for loop in ctx.of(ast.For):
+        name = dotted(loop.iter)
+        if name not in lists or not isinstance(loop.target, ast.Name) \
+                or not _reduces_grad_of(loop.body, loop.target.id):
+            continue
+        unfreeze = unfreeze or _unfreezes_in_training(ctx)
+        if unfreeze is None:
+            return
+        yield ctx.finding(
+            "AG185",
+            loop,
+            f"the gradients are all-reduced over `{name}`, the parameters that required a "
+            f"gradient when it was built (`{ast.unparse(built[name][0])}`), but line "
+            f"{getattr(unfreeze, 'lineno', '?')} turns requires_grad on during training: the "
+            "parameters unfrozen then get gradients that are never averaged over the ranks, so "
+            "each rank steps them on its own gradient",
+        )
+        return
