@@ -735,6 +735,15 @@ RULES: dict[str, Rule] = {
             "iterate model.parameters() at every reduction (skipping p.grad is None), or rebuild "
             "the list when parameters are unfrozen",
         ),
+        _rule(
+            "AG186", "lightning-optimizer-step-gated", "F14", E, HI,
+            "a LightningModule's optimizer_step override steps the optimizer only on some of "
+            "its calls while the Trainer accumulates: Lightning already calls it once per "
+            "accumulate_grad_batches batches, so the step is gated twice and the windows in "
+            "between are cleared at the next window's first batch without a step",
+            "call optimizer.step(closure=optimizer_closure) on every call of optimizer_step, "
+            "and let accumulate_grad_batches set the window",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

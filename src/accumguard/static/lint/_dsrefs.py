@@ -338,15 +338,32 @@ class DsConfigFinder:
         fn: ast.AST | None = self.ctx.parents.get(stmt)
         while fn is not None and not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
             fn = self.ctx.parents.get(fn)
-        fn = fn or self.ctx.tree
-        dumped = any(isinstance(n, ast.Call) and call_attr(n) in ("dump", "dumps") and n.args
-                     and (dotted(n.func) or "").split(".")[0] in ("json", "hjson", "json5")
-                     and dotted(n.args[0]) in names for n in walk_local(fn))
-        return dumped and any(
+        dumps = self._json_dumps()
+        return any((fn or self.ctx.tree, n) in dumps for n in names) and self._path_config()
+
+    def _json_dumps(self) -> set[tuple[ast.AST, str]]:
+        """(enclosing function or the module, dotted name) of every ``json.dump(name, ...)``
+        of the file (once per file: every dict literal asks)."""
+        def compute() -> set[tuple[ast.AST, str]]:
+            out: set[tuple[ast.AST, str]] = set()
+            for n in self.ctx.of(ast.Call):
+                if call_attr(n) in ("dump", "dumps") and n.args \
+                        and (dotted(n.func) or "").split(".")[0] in ("json", "hjson", "json5") \
+                        and (d := dotted(n.args[0])) is not None:
+                    scope: ast.AST | None = self.ctx.parents.get(n)
+                    while scope is not None and not isinstance(scope, ast.FunctionDef | ast.AsyncFunctionDef):
+                        scope = self.ctx.parents.get(scope)
+                    out.add((scope or self.ctx.tree, d))
+            return out
+        return self.ctx._cached("json_dumps", self.ctx.tree, compute)  # type: ignore[no-any-return]
+
+    def _path_config(self) -> bool:
+        """``initialize`` is given a config that is no dict literal somewhere in the file."""
+        return self.ctx._cached("ds_path_config", self.ctx.tree, lambda: any(  # type: ignore[no-any-return]
             call_attr(c) == "initialize" and any(k.arg in ("config", "config_params")
                                                  and not isinstance(k.value, ast.Dict)
                                                  for k in c.keywords)
-            for c in self.ctx.of(ast.Call))
+            for c in self.ctx.of(ast.Call)))
 
     def _returned_name(self, stmt: ast.AST, names: set[str]) -> ast.Return | None:
         """The only ``return`` of the function around ``stmt`` when it returns one of ``names``."""

@@ -60,7 +60,8 @@
                                    or dividing by W, then averaging again
 ``clipgrads``  AG160               a clip handed the gradients instead of the parameters
 ``accloader``  AG161               accelerator.accumulate() over a DataLoader prepare() never saw
-``lgstep``     AG163               a manual-optimisation learning rate from global_step, N optimizers
+``lgstep``     AG163 AG186         a manual-optimisation learning rate from global_step, N optimizers;
+                                   an optimizer_step override gating the step Lightning gated
 ``unclearedopt`` AG165             an optimizer stepped at the boundary that nothing ever clears
 ``fsdproot``   AG166               FSDP2 applied to a model's submodules only, never to the model
 ``gradwrite``  AG167               .grad overwritten from autograd.grad on every micro-step

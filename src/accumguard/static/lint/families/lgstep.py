@@ -10,6 +10,13 @@ S / N). Reported when the module sets ``automatic_optimization = False``, its
 ``configure_optimizers`` returns a literal list or tuple of N >= 2 optimizers, and a method
 stepping optimizers reads ``global_step`` undivided and writes a learning rate
 (``group["lr"] = ...``). A warning: a schedule meant per optimizer call is legal, if rare.
+
+AG186 (F14): in automatic optimisation Lightning calls ``optimizer_step`` once per window of
+``accumulate_grad_batches`` batches. An override that calls ``optimizer.step(...)`` only under
+an ``if`` testing a modulo (``if self.calls % k == 0``), and otherwise just runs the closure,
+gates the step a second time: it steps every m-th window, and the gradient of the windows in
+between is cleared by Lightning's ``zero_grad`` at the first batch of the next window.
+Reported when the file's Trainer is given ``accumulate_grad_batches`` (other than a literal 1).
 """
 
 from __future__ import annotations
@@ -21,8 +28,9 @@ from accumguard.static.findings import Finding
 from accumguard.static.lint._ast import FUNCS, call_attr, dotted
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families._lightning import automatic_lightning_module
 
-__all__ = ["global_step_schedule_with_several_optimizers"]
+__all__ = ["global_step_schedule_with_several_optimizers", "optimizer_step_gated_again"]
 
 
 def _manual(cls: ast.ClassDef) -> bool:
@@ -84,3 +92,37 @@ def global_step_schedule_with_several_optimizers(ctx: FileContext) -> Iterator[F
                 f"{n} per update when all {n} step together and the schedule runs {n}x ahead",
             )
             break
+
+
+def _given_accumulation(ctx: FileContext) -> bool:
+    """``accumulate_grad_batches=`` passed somewhere, and not as a literal 1."""
+    return any(kw.arg == "accumulate_grad_batches"
+               and not (isinstance(kw.value, ast.Constant) and kw.value.value == 1)
+               for call in ctx.of(ast.Call) for kw in call.keywords)
+
+
+@rule("AG186")
+def optimizer_step_gated_again(ctx: FileContext) -> Iterator[Finding]:
+    if not _given_accumulation(ctx):
+        return
+    for fn in ctx.of(ast.FunctionDef):
+        if fn.name != "optimizer_step" or not automatic_lightning_module(ctx, fn):
+            continue
+        for call in ast.walk(fn):
+            if not (isinstance(call, ast.Call) and call_attr(call) == "step"):
+                continue
+            gate = ctx.enclosing(call, (ast.If,))
+            if not isinstance(gate, ast.If) or ctx.enclosing(gate, FUNCS) is not fn \
+                    or not any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod)
+                               for n in ast.walk(gate.test)):
+                continue
+            yield ctx.finding(
+                "AG186",
+                call,
+                f"`{ast.unparse(call)}` runs only when `{ast.unparse(gate.test)}`, inside an "
+                "optimizer_step override that Lightning calls once per window of "
+                "accumulate_grad_batches batches: the step is gated twice, so the optimizer "
+                "steps every few windows on the last window's gradient only (Lightning clears "
+                "the gradient at each window's first batch)",
+            )
+            return

@@ -174,7 +174,12 @@ def _grad_alias(ctx: FileContext, node: ast.Call) -> bool:
 def ddp_ignored(ctx: FileContext) -> set[str]:
     """Names of parameters the file tells DDP to leave alone
     (``DDP._set_params_and_buffers_to_ignore_for_model(net, ["codebook"])``, a module's
-    ``_ddp_params_and_buffers_to_ignore``): DDP never averages their gradients."""
+    ``_ddp_params_and_buffers_to_ignore``): DDP never averages their gradients (once per
+    file: every reduction asks)."""
+    return ctx._cached("ddp_ignored", ctx.tree, lambda: _ddp_ignored(ctx))  # type: ignore[no-any-return]
+
+
+def _ddp_ignored(ctx: FileContext) -> set[str]:
     out: set[str] = set()
     for call in ctx.of(ast.Call):
         if call_attr(call) == "_set_params_and_buffers_to_ignore_for_model" and len(call.args) > 1 \
