@@ -1,6 +1,6 @@
-"""F11 when DDP's forward is bypassed: the loss computed through ``ddp_model.module`` (a method
-of the wrapped module) so no backward comes from a forward DDP ran, and DDP synchronises
-nothing (blind round 83 b_b03, with ZeroRedundancyOptimizer: the F11 said "sync flag wrong"
+"""F10 (the averaging over ranks is missing) when DDP's forward is bypassed: the loss computed
+through ``ddp_model.module`` (a method of the wrapped module) so no backward comes from a
+forward DDP ran, and DDP synchronises nothing (blind round 83 b_b03, with ZeroRedundancyOptimizer: the F11 said "sync flag wrong"
 and told the user to move no_sync, which was not the fault). The finding names the bypass
 and the fix; the same loop through the wrapper is silent. 2 gloo ranks, one launch."""
 
@@ -62,7 +62,7 @@ def test_a_bypassed_ddp_forward_is_named(runs: dict[str, Watched]) -> None:
     code, findings, _, proc = runs["bypass"]
     assert "trained" in proc.stdout
     errors = [f for f in findings if f["severity"] == "error"]
-    assert code == 1 and {f["cls"] for f in errors} == {"F11"}, findings
+    assert code == 1 and {f["cls"] for f in errors} == {"F10"}, findings
     f11 = errors[0]
     assert "never synchronise" in f11["title"], f11
     assert "ddp_model.module" in f11["evidence"], f11

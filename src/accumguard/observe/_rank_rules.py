@@ -304,25 +304,9 @@ def cross_rank_findings(rec: RunRecording) -> list[Finding]:
             evidence = (f"the gradient the optimizer received differs across ranks at step "
                         f"{_n(step)} (checksums {text}): ranks train different models")
             ranks = [r for r in rec.ranks if rec.steps.get(r)]
-            if _never_synchronised(rec, ranks):
-                return [_mk("F11", "error", None, step, None,
-                            evidence + "; no gradient was reduced across ranks in any recorded "
-                            "step: no backward came from the forward of a data-parallel wrapper "
-                            "(DDP, FSDP2, DeepSpeed) and the script all-reduced no gradient "
-                            "itself. Either no wrapper holds the model, or its forward was "
-                            "bypassed (a loss computed through `ddp_model.module` or a method "
-                            "of it: DDP synchronises only the backward of a forward it ran)",
-                            title_="ranks never synchronise their gradients: each trains its "
-                                   "own model",
-                            fix="Compute the loss from the wrapped model's own forward "
-                                "(`out = ddp_model(batch)`), not through `ddp_model.module` or "
-                                "a method of it; if nothing wraps the model, wrap it (DDP, "
-                                "FSDP2, DeepSpeed; ZeroRedundancyOptimizer shards the optimizer "
-                                "state, it does not average gradients) or all-reduce the "
-                                "gradients at each window's end. With Accelerate, check "
-                                "`accelerator.distributed_type` in each process: on a CPU "
-                                "machine it needs `Accelerator(cpu=True)` to run data-parallel "
-                                "under torchrun or `accelerate launch`.")]
+            never = _never_synchronised(rec, ranks)
+            if never is not None:
+                return [_never_finding(step, evidence, never)]
             loose = next((s.unwrapped for s in row.values() if s.unwrapped), None)
             if loose:
                 return [_mk("F10", "error", None, step, None,
@@ -414,24 +398,67 @@ def _by_step(rec: RunRecording) -> dict[int, dict[int, StepWindow]]:
     return by_step
 
 
-def _never_synchronised(rec: RunRecording, ranks: list[int]) -> bool:
+def _never_synchronised(rec: RunRecording, ranks: list[int]) -> str | None:
     """No rank's window went through an engine that synchronises gradients (a DDP model
     counts only where a backward came from its forward: its sync flag was read), and no
     rank's script reduced a gradient of its own, in any step recorded (a parameter broadcast,
-    as ZeroRedundancyOptimizer's, is no reduction)."""
+    as ZeroRedundancyOptimizer's, is no reduction): "" then, or "deepspeed" when a DeepSpeed
+    engine ran the backwards but its ``engine.step()`` was never called (its micro-step
+    counter, advanced there, never reached a boundary, where it reduces); else None."""
+    deepspeed = False
     for r in ranks:
         for s in rec.steps[r]:
             comm = s.get("comm")
             rows = comm.get("rows", []) if isinstance(comm, dict) else []
             engine = s.get("engine")
             flags = s.get("sync_micros") or []
-            if engine not in (None, "local", "ddp", "zero1") \
+            if engine == "deepspeed" and s.get("source") == "torch" \
+                    and not int(s.get("engine_step_calls") or 0) \
+                    and not any(s.get("ds_boundaries") or []):
+                deepspeed = True
+            elif engine not in (None, "local", "ddp", "zero1") \
                     or any(x is not None for x in flags) \
-                    or (engine in ("ddp", "zero1") and not flags) \
-                    or int(s.get("grad_collective_rounds") or 0) or s.get("reductions") \
+                    or (engine in ("ddp", "zero1") and not flags):
+                return None
+            if int(s.get("grad_collective_rounds") or 0) or s.get("reductions") \
                     or any(row and row[0] in GRAD_OPS for row in rows):
-                return False
-    return True
+                return None
+    return "deepspeed" if deepspeed else ""
+
+
+def _never_finding(step: int, evidence: str, never: str) -> Finding:
+    """F10 (the averaging over ranks is missing) for a run that reduced no gradient."""
+    if never == "deepspeed":
+        return _mk("F10", "error", None, step, None,
+                   evidence + "; no gradient was reduced across ranks in any recorded step: "
+                   "the optimizer was stepped directly (its own step()) while DeepSpeed's "
+                   "engine.step() was never called, so the engine's micro-step counter (advanced "
+                   "in engine.step()) never reached an accumulation boundary, where it reduces "
+                   "the gradients",
+                   title_="ranks never synchronise their gradients: DeepSpeed's engine.step() "
+                          "is never called",
+                   fix="Call engine.step() after every engine.backward(loss): the engine counts "
+                       "the micro-steps, reduces the gradients at the boundary of its "
+                       "gradient_accumulation_steps and steps the optimizer there; do not call "
+                       "the optimizer's step() or zero_grad() yourself.")
+    return _mk("F10", "error", None, step, None,
+               evidence + "; no gradient was reduced across ranks in any recorded "
+               "step: no backward came from the forward of a data-parallel wrapper "
+               "(DDP, FSDP2, DeepSpeed) and the script all-reduced no gradient "
+               "itself. Either no wrapper holds the model, or its forward was "
+               "bypassed (a loss computed through `ddp_model.module` or a method "
+               "of it: DDP synchronises only the backward of a forward it ran)",
+               title_="ranks never synchronise their gradients: each trains its "
+                      "own model",
+               fix="Compute the loss from the wrapped model's own forward "
+                   "(`out = ddp_model(batch)`), not through `ddp_model.module` or "
+                   "a method of it; if nothing wraps the model, wrap it (DDP, "
+                   "FSDP2, DeepSpeed; ZeroRedundancyOptimizer shards the optimizer "
+                   "state, it does not average gradients) or all-reduce the "
+                   "gradients at each window's end. With Accelerate, check "
+                   "`accelerator.distributed_type` in each process: on a CPU "
+                   "machine it needs `Accelerator(cpu=True)` to run data-parallel "
+                   "under torchrun or `accelerate launch`.")
 
 
 def clipped_apart_findings(rec: RunRecording) -> list[Finding]:
