@@ -232,14 +232,34 @@ class BoundaryFacts(FileIndex):
         ``torch.optim`` optimizer only (every assignment a constructor call), and no
         ``prepare(...)`` / ``prepare_optimizer(...)`` call of the file is given it or returns
         it: Accelerate never wrapped it, so it steps whenever called."""
-        if not name or "." in name:
+        if not name:
             return False
+        if "." in name:
+            return self._unprepared_attribute(name)
         values = self.values_by_name().get(name, [])
         if not values or not all(
                 isinstance(v, ast.Call) and re.match(r"(torch\.)?optim\.[A-Z]", dotted(v.func) or "")
                 for v in values):
             return False
         return name not in self._prepared_names()
+
+    def _unprepared_attribute(self, name: str) -> bool:
+        """``self.optimizer`` (a dotted name) is only ever assigned ``torch.optim``
+        constructor calls (each target of a tuple assignment paired with its own value): the
+        object ``prepare()`` returned never replaced it, even when it was given to
+        ``prepare`` (``opt = acc.prepare(self.optimizer)`` leaves the attribute raw)."""
+        values: list[ast.AST] = []
+        for node in self.of(ast.Assign):
+            for tgt in node.targets:
+                if isinstance(tgt, ast.Tuple) and isinstance(node.value, ast.Tuple) \
+                        and len(tgt.elts) == len(node.value.elts):
+                    values += [v for t, v in zip(tgt.elts, node.value.elts, strict=True)
+                               if dotted(t) == name]
+                elif any(dotted(t) == name for t in ast.walk(tgt)):
+                    values.append(node.value)
+        return bool(values) and all(
+            isinstance(v, ast.Call) and re.match(r"(torch\.)?optim\.[A-Z]", dotted(v.func) or "")
+            for v in values)
 
     def _prepared_names(self) -> set[str]:
         """Every dotted name a ``prepare(...)`` / ``prepare_optimizer(...)`` call of the file

@@ -510,7 +510,9 @@ class WindowQueries(OwnRateQueries):
         elif f.accumulating and not (ds_ga is not None and ds_ga > 1) and (
                 self._plain_k1_shape(window, f) or whole_window_iteration(self, window)):
             f.accumulating = False
-        f.accelerate = self.in_accelerate_accumulate(window, window)
+        # (or the optimizer's step sits in `accumulate()` inside a helper the window calls)
+        f.accelerate = self.in_accelerate_accumulate(window, window) or any(
+            k == "optimizer" and self.in_accelerate_accumulate(c, window) for c, k in f.steps)
         f.engine_steps_unguarded = any(
             k == "engine" and not self.guarded(c, window) for c, k in f.steps
         )
