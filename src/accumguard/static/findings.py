@@ -744,6 +744,14 @@ RULES: dict[str, Rule] = {
             "call optimizer.step(closure=optimizer_closure) on every call of optimizer_step, "
             "and let accumulate_grad_batches set the window",
         ),
+        _rule(
+            "AG187", "accumulation-option-dropped", "F1", E, HI,
+            "a command-line accumulation option is filtered out before it reaches the config "
+            "dataclass (its key is not one of the fields): the dataclass's accumulation field "
+            "keeps its default, 1, and the optimizer steps on every micro-batch",
+            "name the option after the field (or map it: `grad_accum=args."
+            "gradient_accumulation_steps`), and fail loudly on options no field takes",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

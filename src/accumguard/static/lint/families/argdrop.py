@@ -1,0 +1,120 @@
+"""AG187 (F1): a command-line accumulation option that never reaches the config object.
+
+A script parses ``--gradient-accumulation-steps`` with argparse and builds its config
+dataclass from the parsed options filtered to the dataclass's fields
+(``Config(**{k: v for k, v in vars(args).items() if k in fields})``). When the dataclass
+names its accumulation field otherwise (``grad_accum``), the option's key is filtered out
+without a word, and the field keeps its own default: with a default of 1 the run does not
+accumulate at all and the optimizer steps on every micro-batch, whatever the command line
+says. The filter must drop unknown keys (the constructor would raise on them), so a key
+that is not a field never reaches it. Not reported when the option is also read directly
+(``args.gradient_accumulation_steps`` anywhere in the file). An error when the field's default is 1 and the
+option's default is larger; a warning when the option differs only when it is given.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import replace
+
+from accumguard.static.findings import Confidence, Finding, Severity
+from accumguard.static.lint._ast import ACCUM_RE, call_attr, dotted
+from accumguard.static.lint._context import FileContext
+from accumguard.static.lint._rule import rule
+
+__all__ = ["accumulation_option_dropped"]
+
+
+def _options(ctx: FileContext) -> list[tuple[ast.Call, str, object]]:
+    """(call, dest, default) of every ``add_argument("--x-y", ...)`` whose dest names
+    accumulation."""
+    out: list[tuple[ast.Call, str, object]] = []
+    for call in ctx.of(ast.Call):
+        if call_attr(call) != "add_argument" or not call.args:
+            continue
+        flags = [a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+        long = next((f for f in flags if f.startswith("--")), None)
+        dest_kw = next((k.value for k in call.keywords if k.arg == "dest"), None)
+        if isinstance(dest_kw, ast.Constant) and isinstance(dest_kw.value, str):
+            dest = dest_kw.value
+        elif long is not None:
+            dest = long[2:].replace("-", "_")
+        else:
+            continue
+        if not ACCUM_RE.search(dest.lower()):
+            continue
+        default = next((k.value for k in call.keywords if k.arg == "default"), None)
+        value = default.value if isinstance(default, ast.Constant) else None
+        out.append((call, dest, value))
+    return out
+
+
+def _fields(cls: ast.ClassDef) -> dict[str, object]:
+    """A dataclass's fields and their literal defaults (None when not a literal)."""
+    out: dict[str, object] = {}
+    for st in cls.body:
+        if isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name):
+            out[st.target.id] = st.value.value if isinstance(st.value, ast.Constant) else None
+    return out
+
+
+def _dataclasses(ctx: FileContext) -> dict[str, ast.ClassDef]:
+    return {c.name: c for c in ctx.of(ast.ClassDef) if isinstance(c, ast.ClassDef) and any(
+        (dotted(d.func if isinstance(d, ast.Call) else d) or "").endswith("dataclass")
+        for d in c.decorator_list)}
+
+
+def _filtered_options(ctx: FileContext, value: ast.AST) -> bool:
+    """``value`` (or the one value of its name) is a dict comprehension over the parsed
+    options (``vars(args).items()``, ``args.__dict__.items()``) with a condition."""
+    if isinstance(value, ast.Name):
+        values = ctx.assigned_in(ctx.scope_of(value)).get(value.id, [])
+        value = values[0] if len(values) == 1 else value
+    if not (isinstance(value, ast.DictComp) and len(value.generators) == 1):
+        return False
+    gen = value.generators[0]
+    it = gen.iter
+    if not (gen.ifs and isinstance(it, ast.Call) and call_attr(it) == "items"
+            and isinstance(it.func, ast.Attribute)):
+        return False
+    src = it.func.value
+    return (isinstance(src, ast.Call) and dotted(src.func) == "vars") or \
+        (isinstance(src, ast.Attribute) and src.attr == "__dict__")
+
+
+@rule("AG187")
+def accumulation_option_dropped(ctx: FileContext) -> Iterator[Finding]:
+    options = _options(ctx)
+    if not options:
+        return
+    classes = _dataclasses(ctx)
+    for call in ctx.of(ast.Call):
+        cls = classes.get(dotted(call.func) or "")
+        if cls is None or not any(k.arg is None and _filtered_options(ctx, k.value)
+                                  for k in call.keywords):
+            continue
+        fields = _fields(cls)
+        accum = [(n, d) for n, d in fields.items() if ACCUM_RE.search(n.lower())]
+        if not accum:
+            continue
+        read = {a.attr for a in ctx.of(ast.Attribute) if isinstance(a, ast.Attribute)}
+        for opt, dest, default in options:
+            if dest in fields or dest in read:
+                continue  # (a field of its own, or read from the options directly)
+            field, field_default = accum[0]
+            finding = ctx.finding(
+                "AG187",
+                opt,
+                f"the option `{dest}` never reaches `{cls.name}`: its keys are filtered to the "
+                f"dataclass's fields at line {call.lineno}, which has no `{dest}` (its "
+                f"accumulation field is `{field}`), so `{field}` keeps its default "
+                f"{field_default!r}"
+                + (": the run does not accumulate, the optimizer steps on every micro-batch "
+                   f"(the option's default is {default!r})"
+                   if field_default == 1 and isinstance(default, int) and default > 1 else ""),
+            )
+            if not (field_default == 1 and isinstance(default, int) and default > 1):
+                finding = replace(finding, severity=Severity.WARNING, confidence=Confidence.MEDIUM)
+            yield finding
+            return
