@@ -752,6 +752,14 @@ RULES: dict[str, Rule] = {
             "name the option after the field (or map it: `grad_accum=args."
             "gradient_accumulation_steps`), and fail loudly on options no field takes",
         ),
+        _rule(
+            "AG188", "deepspeed-engine-step-never-called", "F10", E, HI,
+            "a DeepSpeed engine runs the backwards but its engine.step() is never called, the "
+            "client optimizer stepped directly: the engine never reaches an accumulation "
+            "boundary and never reduces the gradients over the ranks",
+            "call engine.step() after every engine.backward(loss) and let the engine step the "
+            "optimizer at its boundary; never step or clear the optimizer yourself",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,
