@@ -760,6 +760,14 @@ RULES: dict[str, Rule] = {
             "call engine.step() after every engine.backward(loss) and let the engine step the "
             "optimizer at its boundary; never step or clear the optimizer yourself",
         ),
+        _rule(
+            "AG189", "forward-on-unwrapped-module", "F10", E, HI,
+            "the training forward runs on the module a data-parallel wrapper was made from "
+            "(fabric.setup, accelerator.prepare, DDP), not on the wrapper: DDP never reduces "
+            "the gradients, each rank steps on its own",
+            "run the forward through the wrapper the call returned (`model(x)`, or hand "
+            "`model` to the loss helper), or rebind the same name (`net = DDP(net)`)",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

@@ -71,6 +71,7 @@
                                    (their default clip, 1.0)
 ``spawnworld`` AG170               WORLD_SIZE read (default 1) in ranks mp.spawn started
 ``dsstep``     AG188               a DeepSpeed engine's step() never called, its optimizer stepped
+``wrapbypass`` AG189               the training forward on the module a DDP wrapper was made from
 ``argdrop``    AG187               a command-line accumulation option filtered out before the config
 ``unreduced``  AG179 AG180 AG183   parameters no reduction covers: one group of several all-reduced
                AG185               by hand; a module with parameters outside the DDP/FSDP wrapper;
@@ -132,7 +133,8 @@ from accumguard.static.lint.families import (
     unclearedopt,
     unreduced,
     window,
+    wrapbypass,
     wrapgate,
 )
 
-__all__ = ["accelerate", "accloader", "acctail", "ampclip", "argdrop", "clipgrads", "commhook", "deepspeed", "dphorizon", "dsbatch", "dssched", "dsstep", "emastep", "epochtail", "factored", "fsdproot", "fsdpunits", "fused", "gradwrite", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfclip", "hfscale", "hfterms", "hftokens", "horizon", "lgmanual", "lgstep", "lgwindow", "loss", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "resume", "scale", "schedule", "spawnworld", "sync", "syncclip", "synctail", "tailscale", "terms", "tokenmean", "tokhorizon", "twice", "unclearedopt", "unreduced", "window", "wrapgate"]
+__all__ = ["accelerate", "accloader", "acctail", "ampclip", "argdrop", "clipgrads", "commhook", "deepspeed", "dphorizon", "dsbatch", "dssched", "dsstep", "emastep", "epochtail", "factored", "fsdproot", "fsdpunits", "fused", "gradwrite", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfclip", "hfscale", "hfterms", "hftokens", "horizon", "lgmanual", "lgstep", "lgwindow", "loss", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "resume", "scale", "schedule", "spawnworld", "sync", "syncclip", "synctail", "tailscale", "terms", "tokenmean", "tokhorizon", "twice", "unclearedopt", "unreduced", "window", "wrapbypass", "wrapgate"]

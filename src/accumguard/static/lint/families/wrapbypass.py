@@ -1,0 +1,134 @@
+"""AG189 (F10): the training forward runs on the module a data-parallel wrapper was made from.
+
+``fabric.setup(net, opt)``, ``accelerator.prepare(net, ...)`` and ``DDP(net)`` return a new
+object that wraps ``net``; DDP reduces the gradients of a backward only when that backward
+came from a forward the wrapper ran (it arms its reducer in its own ``forward``). A loop that
+keeps calling ``net(x)`` (directly, or through a helper it hands ``net`` to) after binding the
+wrapper to another name trains with no reduction at all: each rank steps on its own
+gradient. Reported when the raw name is not rebound, the forward on it sits in a loop that
+runs a backward, and nothing in the file shards with FSDP (whose wrappers differ).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+from accumguard.static.findings import Finding
+from accumguard.static.lint._ast import FUNCS, call_attr, dotted, is_backward
+from accumguard.static.lint._context import FileContext
+from accumguard.static.lint._rule import rule
+
+__all__ = ["forward_on_the_unwrapped_module"]
+
+_WRAPPERS = frozenset({"DistributedDataParallel", "DDP"})
+
+
+def _wraps(ctx: FileContext) -> list[tuple[ast.Call, str, str]]:
+    """(wrap call, raw name, wrapper name) of ``w = DDP(net)``, ``m, o = fabric.setup(net, o)``,
+    ``m, o, dl = accelerator.prepare(net, o, dl)`` with the wrapper bound to another name."""
+    out = []
+    for node in ctx.of(ast.Assign):
+        call = node.value
+        if not (isinstance(node, ast.Assign) and isinstance(call, ast.Call) and call.args
+                and len(node.targets) == 1):
+            continue
+        name = call_attr(call) or ""
+        tgt = node.targets[0]
+        if name in _WRAPPERS or (dotted(call.func) or "").split(".")[-1] in _WRAPPERS:
+            pairs = [(call.args[0], tgt)]
+        elif name in ("setup", "prepare", "setup_module") and isinstance(tgt, ast.Tuple) \
+                and len(tgt.elts) == len(call.args):
+            pairs = list(zip(call.args, tgt.elts, strict=True))
+        elif name in ("setup", "prepare", "setup_module") and len(call.args) == 1:
+            pairs = [(call.args[0], tgt)]
+        else:
+            continue
+        raw, wrapped = pairs[0]
+        if isinstance(raw, ast.Name) and isinstance(wrapped, ast.Name) and raw.id != wrapped.id:
+            out.append((call, raw.id, wrapped.id))
+    return out
+
+
+def _no_grad(node: ast.AST) -> bool:
+    """``node`` is ``torch.no_grad()`` / ``inference_mode()`` (as a decorator or context)."""
+    text = ast.unparse(node)
+    return "no_grad" in text or "inference_mode" in text
+
+
+def _calls_param(ctx: FileContext, fn: ast.FunctionDef | ast.AsyncFunctionDef, index: int) -> bool:
+    """``fn``'s parameter ``index`` is called in its body (``net(x)``) with gradients on (no
+    ``no_grad`` decorator or block around it: a rollout, an evaluation)."""
+    args = fn.args.args
+    if index >= len(args) or any(_no_grad(d) for d in fn.decorator_list):
+        return False
+    p = args[index].arg
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == p
+               and not _under_no_grad(ctx, n, fn) for n in ast.walk(fn))
+
+
+def _under_no_grad(ctx: FileContext, node: ast.AST, stop: ast.AST) -> bool:
+    cur = ctx.parents.get(node)
+    while cur is not None and cur is not stop:
+        if isinstance(cur, ast.With) and any(_no_grad(i.context_expr) for i in cur.items):
+            return True
+        cur = ctx.parents.get(cur)
+    return False
+
+
+def _in_training_loop(ctx: FileContext, node: ast.AST) -> bool:
+    loop = ctx.parents.get(node)
+    while loop is not None and not isinstance(loop, FUNCS):
+        if isinstance(loop, ast.With) and any(_no_grad(i.context_expr) for i in loop.items):
+            return False
+        if isinstance(loop, ast.For | ast.While) and any(
+                isinstance(c, ast.Call) and is_backward(c) for c in ast.walk(loop)):
+            return True
+        loop = ctx.parents.get(loop)
+    return False
+
+
+def _mentions_fsdp(ctx: FileContext) -> bool:
+    """An identifier or string of the file names FSDP (``fully_shard``, ``strategy="fsdp"``)."""
+    for n in ast.walk(ctx.tree):
+        text = n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute) \
+            else n.value if isinstance(n, ast.Constant) and isinstance(n.value, str) \
+            else n.name if isinstance(n, ast.alias) else ""
+        if "fsdp" in text.lower() or "fully_shard" in text.lower():
+            return True
+    return False
+
+
+@rule("AG189")
+def forward_on_the_unwrapped_module(ctx: FileContext) -> Iterator[Finding]:
+    wraps = _wraps(ctx)
+    if not wraps or _mentions_fsdp(ctx):
+        return
+    defs = ctx.functions_by_name()
+    for wrap, raw, wrapped in wraps:
+        scope = ctx.enclosing(wrap, FUNCS) or ctx.tree
+        if len(ctx.assigned_in(scope).get(raw, [])) > 1:
+            continue  # (rebound: `net = ...` again)
+        for call in ast.walk(scope):
+            if not isinstance(call, ast.Call) or call.lineno <= wrap.lineno:
+                continue
+            direct = isinstance(call.func, ast.Name) and call.func.id == raw
+            helper = None
+            if not direct and isinstance(call.func, ast.Name):
+                for i, a in enumerate(call.args):
+                    if isinstance(a, ast.Name) and a.id == raw and any(
+                            _calls_param(ctx, f, i) for f in defs.get(call.func.id, [])):
+                        helper = call.func.id
+            if not (direct or helper) or not _in_training_loop(ctx, call):
+                continue
+            yield ctx.finding(
+                "AG189",
+                call,
+                f"`{raw}` was handed to `{ast.unparse(wrap.func)}(...)` (line {wrap.lineno}), "
+                f"whose data-parallel wrapper is `{wrapped}`, but the training loop's forward "
+                f"runs on `{raw}` itself"
+                + (f" (through `{helper}()`)" if helper else "")
+                + ": the wrapper's forward never runs, so DDP never reduces the gradients of "
+                "these backwards and each rank steps on its own gradient",
+            )
+            return
