@@ -378,9 +378,15 @@ def rank_local_token_mean_under_ddp(ctx: FileContext) -> Iterator[Finding]:
             continue
         if isinstance(divisor, ast.Name) and divisor.id not in ctx.bound_names():
             continue  # made outside the file: whether it spans the ranks is not in sight
+        if site is None and _parameter_given_reduced(ctx, node, divisor):
+            continue  # every call of the helper passes a count all-reduced where it is made
         if site is not None:
             # a helper's parameter: the count its training call site passes
-            if not plain_model_only(ctx, site) and not simulates_ranks(ctx, site) \
+            # (a method of the file is no module: `self.micro_step(mb, n)` is judged by the
+            # loss its body builds)
+            local = plain_model_only(ctx, dividend) if isinstance(site.func, ast.Attribute) \
+                and dotted(site.func.value) == "self" else plain_model_only(ctx, site)
+            if not local and not simulates_ranks(ctx, site) \
                     and flows_to_backward(ctx, node, through_returns=True):
                 yield ctx.finding(
                     "AG113", node,
@@ -571,6 +577,28 @@ def _rank_local_argument(ctx: FileContext, node: ast.AST, divisor: ast.AST) -> a
         if counted and not reduced and not returned_reduced(ctx, arg):
             return call
     return None
+
+
+def _parameter_given_reduced(ctx: FileContext, node: ast.AST, divisor: ast.AST) -> bool:
+    """``divisor`` is a parameter of the function around ``node`` that every call of it
+    passes a name all-reduced in the caller (``dist.all_reduce(n); self.micro_step(mb, n)``)."""
+    fn = ctx.enclosing(node, FUNCS)
+    if not isinstance(divisor, ast.Name) or not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+        return False
+    params = [a.arg for a in (*fn.args.posonlyargs, *fn.args.args)]
+    if divisor.id not in params or divisor.id in _assigned_in(fn):
+        return False
+    at = params.index(divisor.id) - (1 if params and params[0] in ("self", "cls") else 0)
+    sites = ctx.call_sites(fn)
+    if not sites:
+        return False
+    for call in sites:
+        arg = next((k.value for k in call.keywords if k.arg == divisor.id), None)
+        if arg is None and 0 <= at < len(call.args):
+            arg = call.args[at]
+        if not isinstance(arg, ast.Name) or arg.id not in ctx.all_reduced_names(ctx.scope_of(call)):
+            return False
+    return True
 
 
 def _assigned_in(fn: ast.AST) -> set[str]:
