@@ -768,6 +768,13 @@ RULES: dict[str, Rule] = {
             "run the forward through the wrapper the call returned (`model(x)`, or hand "
             "`model` to the loss helper), or rebind the same name (`net = DDP(net)`)",
         ),
+        _rule(
+            "AG190", "batch-samples-count-not-gathered", "F6", W, MED,
+            "a Trainer subclass's get_batch_samples returns this rank's own token count, never "
+            "gathered over the processes, while the Trainer multiplies the loss by their number",
+            "gather the count as the Trainer does: `num_items_in_batch = self.accelerator."
+            "gather(num_items_in_batch).sum()` before returning it",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

@@ -30,7 +30,8 @@
 ``fsdpunits``  AG156 AG181         an FSDP2 divide factor set on one unit of several; sync back on
                                    for the root only
 ``hfmean``     AG155               the stock HF Trainer, GA > 1, over a model whose loss is a plain mean
-``hftokens``   AG140               HF TrainingArguments(average_tokens_across_devices=False) (F6)
+``hftokens``   AG140 AG190         HF TrainingArguments(average_tokens_across_devices=False) (F6);
+                                   a get_batch_samples override returning an ungathered count
 ``tailscale``  AG141               the pass's partial last window stepped, its loss still divided by K
 ``moeaux``     AG132               HF Trainer + MoE model adding its router loss per micro-batch, GA > 1
 ``tokenmean``  AG129               a masked token mean per micro-batch, never divided by K;

@@ -7,6 +7,13 @@ processes, so that DDP's average is the whole batch's token mean. Set to False, 
 divides by its own tokens and DDP averages the ranks' means: ranks with fewer tokens weigh
 more (F6, a warning: exact only when every rank holds as many tokens, and irrelevant on one
 process, which the file does not tell).
+
+AG190 (F6): a ``Trainer`` subclass overriding ``get_batch_samples`` (to drop a key, to count
+tokens its own way) returns a ``num_items_in_batch`` counted from this rank's batches only,
+never gathered over the processes (``self.accelerator.gather(n).sum()``, an all-reduce).
+With ``average_tokens_across_devices`` on, the Trainer still multiplies the loss by the number
+of processes: each rank's loss is W times its own token mean, and DDP averages those, where
+the large batch divides the summed loss by every rank's tokens. A warning, as AG140.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from accumguard.static.lint._ast import dotted
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 
-__all__ = ["tokens_not_averaged_across_devices"]
+__all__ = ["batch_samples_count_not_gathered", "tokens_not_averaged_across_devices"]
 
 _ARGS = ("TrainingArguments", "SFTConfig", "DPOConfig", "GRPOConfig", "ORPOConfig", "KTOConfig",
          "RewardConfig", "Seq2SeqTrainingArguments")
@@ -66,3 +73,37 @@ def tokens_not_averaged_across_devices(ctx: FileContext) -> Iterator[Finding]:
                     "average_tokens_across_devices=False: on several processes each rank "
                     "normalises its loss by its own token count and DDP averages the ranks' "
                     "means (rank-local normalisation: ranks with fewer tokens weigh more)")
+
+
+_GATHERS = frozenset({"gather", "all_reduce", "reduce", "gather_for_metrics", "all_gather"})
+
+
+@rule("AG190")
+def batch_samples_count_not_gathered(ctx: FileContext) -> Iterator[Finding]:
+    for fn in ctx.of(ast.FunctionDef):
+        if not isinstance(fn, ast.FunctionDef) or fn.name != "get_batch_samples":
+            continue
+        cls = ctx.enclosing(fn, (ast.ClassDef,))
+        if not isinstance(cls, ast.ClassDef) or not any(
+                (dotted(b) or "").endswith("Trainer") for b in cls.bases):
+            continue
+        if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+               and n.func.attr in _GATHERS for n in ast.walk(fn)):
+            continue  # (gathered over the processes: the Trainer's own way)
+        if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+               and n.func.attr == "get_batch_samples" for n in ast.walk(fn)):
+            continue  # (super().get_batch_samples(...) counts and gathers)
+        rets = [r for r in ast.walk(fn) if isinstance(r, ast.Return)
+                and isinstance(r.value, ast.Tuple) and len(r.value.elts) == 2
+                and not (isinstance(r.value.elts[1], ast.Constant) and r.value.elts[1].value is None)]
+        if not rets:
+            continue
+        yield ctx.finding(
+            "AG190",
+            rets[0],
+            f"`{cls.name}.get_batch_samples` returns a num_items_in_batch counted from this "
+            "rank's batches only, never gathered over the processes: the Trainer still "
+            "multiplies the loss by the number of processes (average_tokens_across_devices), so "
+            "each rank's loss is W times its own token mean and DDP averages those, not the "
+            "window's summed loss over every rank's tokens",
+        )
