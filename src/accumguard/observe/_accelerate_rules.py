@@ -23,16 +23,25 @@ def accelerate_double_gate(rank: int, windows: list[StepWindow], k: int,
     of b > 1 backwards each, and every loss of them was divided by b x K in all (the
     script's ``/ b`` over its own loop inside the block, ``accelerator.backward``'s ``/ K``):
     the loop groups b micro-batches per block while Accelerate steps every K blocks, the two
-    gates multiplied. A block running several backwards of full weight (two batches, each
-    divided by Accelerate's K only) is not this."""
+    gates multiplied (the windows closing a pass over the data may be shorter: Accelerate
+    steps at the DataLoader's end). A block running several backwards of full weight (two
+    batches, each divided by Accelerate's K only) is not this."""
     if "accelerate" not in res.source.lower() or res.strength != "runtime":
         return None
     full = [w for w in windows if w.window == k]
-    if not full or len(full) < len(windows) - 1:
+    if not full:
         return None
     b = full[0].backwards_per_micro
     if b < 2 or any(w.backwards_per_micro != b or not w.losses
                     or any(loss_divisor(r) != float(b * k) for r in w.losses) for w in full):
+        return None
+    # the other windows: one (the run's last), or each the short tail of a pass over the data
+    # (Accelerate steps at the end of the DataLoader), in blocks of b as well
+    tails = [i for i, w in enumerate(windows) if w.window != k]
+    if len(tails) > 1 and not all(
+            windows[i].window < k and windows[i].backwards_per_micro == b
+            and (i == len(windows) - 1 or 0 in (windows[i + 1].data_pass_starts or []))
+            for i in tails):
         return None
     w = full[0]
     return _mk("F14", "error", rank, w.step, None,
