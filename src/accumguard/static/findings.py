@@ -775,6 +775,14 @@ RULES: dict[str, Rule] = {
             "gather the count as the Trainer does: `num_items_in_batch = self.accelerator."
             "gather(num_items_in_batch).sum()` before returning it",
         ),
+        _rule(
+            "AG191", "hf-accumulation-key-dropped", "F1", E, HI,
+            "a settings dict handed to HfArgumentParser.parse_dict(..., allow_extra_keys=True) "
+            "spells the accumulation key otherwise than gradient_accumulation_steps: the key is "
+            "dropped and the Trainer does not accumulate",
+            "spell it `gradient_accumulation_steps` (allow_extra_keys hides every misspelling: "
+            "keep it off, or check the keys it ignored)",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

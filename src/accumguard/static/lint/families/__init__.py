@@ -73,7 +73,8 @@
 ``spawnworld`` AG170               WORLD_SIZE read (default 1) in ranks mp.spawn started
 ``dsstep``     AG188               a DeepSpeed engine's step() never called, its optimizer stepped
 ``wrapbypass`` AG189               the training forward on the module a DDP wrapper was made from
-``argdrop``    AG187               a command-line accumulation option filtered out before the config
+``argdrop``    AG187 AG191         a command-line accumulation option filtered out before the config;
+                                   an accumulation key parse_dict(allow_extra_keys=True) drops
 ``unreduced``  AG179 AG180 AG183   parameters no reduction covers: one group of several all-reduced
                AG185               by hand; a module with parameters outside the DDP/FSDP wrapper;
                                    a generator of parameters spent before the write-back; a list

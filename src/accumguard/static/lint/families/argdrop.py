@@ -1,4 +1,6 @@
 """AG187 (F1): a command-line accumulation option that never reaches the config object.
+AG191 (F1): an accumulation key ``HfArgumentParser.parse_dict(..., allow_extra_keys=True)``
+drops because it is not a ``TrainingArguments`` field.
 
 A script parses ``--gradient-accumulation-steps`` with argparse and builds its config
 dataclass from the parsed options filtered to the dataclass's fields
@@ -10,6 +12,11 @@ says. The filter must drop unknown keys (the constructor would raise on them), s
 that is not a field never reaches it. Not reported when the option is also read directly
 (``args.gradient_accumulation_steps`` anywhere in the file). An error when the field's default is 1 and the
 option's default is larger; a warning when the option differs only when it is given.
+
+AG191: ``HfArgumentParser(TrainingArguments).parse_dict(settings, allow_extra_keys=True)``
+ignores the keys no dataclass field takes. A settings dict spelling the accumulation key
+otherwise (``"gradient_accumulation": 4``, ``"grad_accum_steps"``) and never as
+``gradient_accumulation_steps`` leaves the Trainer's default, 1: no accumulation.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from accumguard.static.lint._ast import ACCUM_RE, call_attr, dotted
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 
-__all__ = ["accumulation_option_dropped"]
+__all__ = ["accumulation_key_dropped_by_parse_dict", "accumulation_option_dropped"]
 
 
 def _options(ctx: FileContext) -> list[tuple[ast.Call, str, object]]:
@@ -118,3 +125,35 @@ def accumulation_option_dropped(ctx: FileContext) -> Iterator[Finding]:
                 finding = replace(finding, severity=Severity.WARNING, confidence=Confidence.MEDIUM)
             yield finding
             return
+
+
+_HF_FIELD = "gradient_accumulation_steps"
+
+
+@rule("AG191")
+def accumulation_key_dropped_by_parse_dict(ctx: FileContext) -> Iterator[Finding]:
+    for call in ctx.of(ast.Call):
+        if call_attr(call) != "parse_dict" or not call.args or not any(
+                k.arg == "allow_extra_keys" and isinstance(k.value, ast.Constant) and k.value.value is True
+                for k in call.keywords):
+            continue
+        d = call.args[0]
+        if isinstance(d, ast.Name):
+            values = ctx.values_by_name().get(d.id, [])
+            d = values[0] if len(values) == 1 else d
+        if not isinstance(d, ast.Dict):
+            continue
+        keys = [k for k in d.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)]
+        if any(k.value == _HF_FIELD for k in keys):
+            continue
+        odd = next((k for k in keys if ACCUM_RE.search(str(k.value).lower())), None)
+        if odd is None or any(odd.value in _fields(c) for c in _dataclasses(ctx).values()):
+            continue  # (a dataclass of the file's own, parsed beside TrainingArguments, takes it)
+        yield ctx.finding(
+            "AG191",
+            odd,
+            f"the settings key {odd.value!r} is no TrainingArguments field: "
+            f"`{ast.unparse(call.func)}(..., allow_extra_keys=True)` (line {call.lineno}) drops "
+            f"it without a word, so gradient_accumulation_steps keeps its default 1 and the "
+            "Trainer steps on every micro-batch",
+        )
