@@ -135,6 +135,8 @@ def short_window_findings(rank: int, windows: list[StepWindow], res: KResolution
                                       nxt=None if nxt is None else nxt.window,
                                       last=nxt is None, ends_pass=ends,
                                       continued=any(w is c for c in continued))
+        if again and verdict == "F13" and _periodic_tail(windows, i, k):
+            continue  # the pass's own short tail, where the run before the resume had its own
         if again and verdict == "F13" and nxt is not None and nxt.window == k \
                 and nxt.opt_serial == w.opt_serial:
             if "F13" not in said:
@@ -196,6 +198,20 @@ def _resumed_short(rank: int, windows: list[StepWindow], i: int, k: int,
                fix="On resume, restart the window: rewind the data to the window's first "
                    "micro-batch (checkpoints taken mid-window hold no gradient), or save the "
                    "partial gradient with the checkpoint and restore it into .grad")
+
+
+def _periodic_tail(windows: list[StepWindow], i: int, k: int) -> bool:
+    """Window ``i`` (a rebuilt run's first) is one of the run's short windows of one size
+    that recur at one period, at least one of them before it, every other window K: the
+    short tail of each pass over the data (10 micro-batches in windows of 4, 4, 2), which
+    the resume reached exactly where the run without it would have, not a counter off."""
+    shorts = [j for j, w in enumerate(windows) if w.window < k]
+    if i not in shorts or shorts[0] >= i or len(shorts) < 2:
+        return False
+    if len({windows[j].window for j in shorts}) != 1 or any(
+            w.window != k for j, w in enumerate(windows) if j not in shorts and j != len(windows) - 1):
+        return False
+    return len({b - a for a, b in zip(shorts, shorts[1:], strict=False)}) == 1
 
 
 def _restart_level(windows: list[StepWindow], i: int, k: int, res: KResolution) -> str:
