@@ -783,6 +783,14 @@ RULES: dict[str, Rule] = {
             "spell it `gradient_accumulation_steps` (allow_extra_keys hides every misspelling: "
             "keep it off, or check the keys it ignored)",
         ),
+        _rule(
+            "AG192", "zero-grad-in-per-batch-lightning-hook", "F3", E, HI,
+            "zero_grad in a Lightning hook that runs on every batch (on_train_batch_start/end, "
+            "on_before/after_backward) while the Trainer accumulates: the window's gradient is "
+            "cleared inside the window",
+            "let Lightning clear the gradient (it does, once per window); clear only when "
+            "`batch_idx % trainer.accumulate_grad_batches == 0`, if at all",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

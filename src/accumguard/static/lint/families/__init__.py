@@ -47,7 +47,8 @@
 ``dsbatch``    AG152               a DeepSpeed train_batch_size of micro x K without the world size
 ``synctail``   AG151 AG178         a sync decided against K in windows that can be shorter; a step test wider than the sync
 ``resume``     AG150               a checkpoint inside a window, resumed with its counter as saved
-``hookgrad``   AG149               a gradient changed in HF's on_substep_end (never after the last micro-batch)
+``hookgrad``   AG149 AG192         a gradient changed in HF's on_substep_end (never after the last micro-batch);
+                                   zero_grad in a Lightning hook run on every batch
 ``fused``      AG137               an optimizer stepped in a post-accumulate-grad hook, loop accumulating
 ``tokhorizon`` AG145               an iteration horizon converted from tokens by one micro-batch's size
 ``factored``   AG146               a factor undoing the engine's averages multiplies an unnormalised term too

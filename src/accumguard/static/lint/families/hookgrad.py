@@ -9,6 +9,12 @@ micro-batch's gradient: the masked entries step on the last micro-batch's gradie
 there (logging a norm) is fine. The change belongs in
 ``on_pre_optimizer_step``, which runs once per optimizer step on the window's whole
 gradient. Helpers the hook calls are followed (a ``mask_rows_(model)`` of the file).
+
+AG192 (F3): a Lightning hook that runs on every batch (``on_train_batch_start``,
+``on_train_batch_end``, ``on_before_backward``, ``on_after_backward``, in a ``Callback`` or
+the module) calls ``zero_grad`` with no condition, while the Trainer is given
+``accumulate_grad_batches``: it clears the gradient the window has accumulated so far, and
+each step receives the last micro-batch (or none) of its window.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from accumguard.static.lint._ast import FUNCS, call_attr, receiver
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._ctx_reach import MAX_DEPTH
 from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families._lightning import LIGHTNING_PER_BATCH
 
 _HOOK = "on_substep_end"
 #: in-place writes that zero or mask entries (clipping there is a different failure, F8)
@@ -82,3 +89,34 @@ def grad_changed_in_substep_hook(ctx: FileContext) -> Iterator[Finding]:
                 "window but the last, so it acts on micro-batches 1 .. K-1 and never on the last "
                 "one's gradient, which reaches the optimizer unchanged in the entries it clears",
             )
+
+
+def _given_accumulation(ctx: FileContext) -> bool:
+    return any(kw.arg == "accumulate_grad_batches"
+               and not (isinstance(kw.value, ast.Constant) and kw.value.value == 1)
+               for call in ctx.of(ast.Call) for kw in call.keywords)
+
+
+@rule("AG192")
+def zero_grad_in_per_batch_lightning_hook(ctx: FileContext) -> Iterator[Finding]:
+    if not _given_accumulation(ctx):
+        return
+    for fn in ctx.of(ast.FunctionDef):
+        if not isinstance(fn, ast.FunctionDef) or fn.name not in LIGHTNING_PER_BATCH \
+                or ctx.enclosing(fn, (ast.ClassDef,)) is None:
+            continue
+        for call in ast.walk(fn):
+            if not (isinstance(call, ast.Call) and call_attr(call) == "zero_grad"):
+                continue
+            if ctx.enclosing(call, (ast.If, ast.IfExp)) is not None \
+                    and ctx.enclosing(ctx.enclosing(call, (ast.If, ast.IfExp)) or call, FUNCS) is fn:
+                continue  # (under a condition: between windows, judged elsewhere)
+            yield ctx.finding(
+                "AG192",
+                call,
+                f"`{ast.unparse(call)}` runs in `{fn.name}`, which Lightning calls on every "
+                "batch, while the Trainer accumulates (accumulate_grad_batches): it clears the "
+                "gradient the window has summed so far, so each optimizer step receives only "
+                "the gradient of the batches after the last clear",
+            )
+            return
