@@ -791,6 +791,14 @@ RULES: dict[str, Rule] = {
             "let Lightning clear the gradient (it does, once per window); clear only when "
             "`batch_idx % trainer.accumulate_grad_batches == 0`, if at all",
         ),
+        _rule(
+            "AG193", "reduced-copy-not-written-back", "F10", E, HI,
+            "a hand-written all-reduce reduces a new tensor made from each gradient "
+            "(p.grad / W, p.grad.clone()) and never writes it back into .grad: the gradients "
+            "are not averaged",
+            "reduce .grad itself (divide in place, then all_reduce(p.grad)), or copy the "
+            "reduced tensor back into p.grad",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

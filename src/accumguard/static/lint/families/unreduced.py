@@ -19,6 +19,10 @@ AG185: a hand-written reduction iterating a list built once from the parameters 
 required a gradient then (``[p for p in model.parameters() if p.requires_grad]``), in a file
 whose training loop later turns ``requires_grad`` on (an unfreeze at step N): the unfrozen
 parameters train on each rank's own gradient.
+
+AG193: inside a loop over the parameters, a hand-written all-reduce reduces a new tensor made
+from the gradient (``g = p.grad / world_size``, ``p.grad.clone()``) and nothing writes it back
+into ``.grad``: the gradient the optimizer steps is each rank's own.
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ from accumguard.static.lint._ast import (
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 
-__all__ = ["generator_spent_before_write_back", "list_built_before_unfreeze", "module_outside_the_wrapper",
+__all__ = ["copy_reduced_not_written_back", "generator_spent_before_write_back", "list_built_before_unfreeze",
+           "module_outside_the_wrapper",
            "outside_modules", "reduce_over_one_group", "reduces_an_outside_module"]
 
 _REDUCERS = frozenset({"all_reduce", "all_reduce_coalesced", "reduce", "reduce_scatter",
@@ -346,3 +351,69 @@ def list_built_before_unfreeze(ctx: FileContext) -> Iterator[Finding]:
             "each rank steps them on its own gradient",
         )
         return
+
+
+def _new_from_grad(value: ast.AST, var: str) -> bool:
+    """``value`` makes a new tensor from ``<var>.grad``: arithmetic on it (``p.grad / W``) or
+    a ``.clone()`` (``.detach()``, ``.float()``, ``.to()`` may return the same storage)."""
+    grads = {f"{var}.grad", f"{var}.grad.data"}
+    if isinstance(value, ast.BinOp) and isinstance(value.op, ast.Div | ast.Mult | ast.Add | ast.Sub):
+        return any(dotted(side) in grads for side in (value.left, value.right))
+    if isinstance(value, ast.Call) and call_attr(value) == "clone" \
+            and isinstance(value.func, ast.Attribute):
+        inner = value.func.value
+        if isinstance(inner, ast.Call) and call_attr(inner) == "detach" and isinstance(inner.func, ast.Attribute):
+            inner = inner.func.value
+        return dotted(inner) in grads
+    return False
+
+
+def _writes_back(body: list[ast.stmt], var: str, name: str) -> bool:
+    """Something in ``body`` writes ``name`` (or anything) into ``<var>.grad``."""
+    for stmt in body:
+        for n in walk_all(stmt):
+            if isinstance(n, ast.Assign | ast.AugAssign):
+                targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+                if any((dotted(t) or "").startswith(f"{var}.grad") for t in targets):
+                    return True
+            if isinstance(n, ast.Call) and call_attr(n) in ("copy_", "set_", "add_") \
+                    and isinstance(n.func, ast.Attribute) \
+                    and (dotted(n.func.value) or "").startswith(f"{var}.grad"):
+                return True
+    return False
+
+
+@rule("AG193")
+def copy_reduced_not_written_back(ctx: FileContext) -> Iterator[Finding]:
+    for loop in ctx.of(ast.For):
+        if not isinstance(loop, ast.For) or not isinstance(loop.target, ast.Name) \
+                or not (isinstance(loop.iter, ast.Call) and call_attr(loop.iter) == "parameters"
+                        or "param" in (dotted(loop.iter) or "").lower()):
+            continue
+        var = loop.target.id
+        made = {}
+        for stmt in loop.body:
+            for n in walk_all(stmt):
+                if isinstance(n, ast.Assign) and len(n.targets) == 1 \
+                        and isinstance(n.targets[0], ast.Name) and _new_from_grad(n.value, var):
+                    made[n.targets[0].id] = n
+        for stmt in loop.body:
+            for n in walk_all(stmt):
+                if not (isinstance(n, ast.Call) and call_attr(n) in _REDUCERS and n.args
+                        and isinstance(n.args[0], ast.Name) and n.args[0].id in made):
+                    continue
+                name = n.args[0].id
+                if _writes_back(loop.body, var, name):
+                    continue
+                yield ctx.finding(
+                    "AG193",
+                    n,
+                    f"`{ast.unparse(n)}` reduces `{name}`, a new tensor "
+                    f"(`{ast.unparse(made[name].value)}`, line {made[name].lineno}), and nothing "
+                    f"writes it back into `{var}.grad`: the gradient the optimizer steps is never "
+                    "averaged over the ranks, each rank steps on its own",
+                    fix=f"reduce the gradient itself: `{var}.grad /= world_size; "
+                        f"dist.all_reduce({var}.grad)` (or copy the result back with "
+                        f"`{var}.grad.copy_({name})`)",
+                )
+                return
