@@ -364,6 +364,31 @@ def _gates_the_step(ctx: FileContext, node: ast.AST, test: ast.AST) -> bool:
                for g in step_gates(ctx, scope))
 
 
+def _plus_one_after_bump(ctx: FileContext, test: ast.AST, at: ast.AST) -> bool:
+    """``test`` is ``(c + 1) % K == 0`` where ``c`` (a name or ``self.c``, set to 0) is
+    incremented by 1 before ``at`` in the same function: ``c`` already counts this
+    micro-step from 1, so the test holds at the window's K-1-th micro-step, not its last."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)
+            and isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value == 0):
+        return False
+    mod = test.left
+    if not (isinstance(mod, ast.BinOp) and isinstance(mod.op, ast.Mod)
+            and isinstance(mod.left, ast.BinOp) and isinstance(mod.left.op, ast.Add)
+            and isinstance(mod.left.right, ast.Constant) and mod.left.right.value == 1):
+        return False
+    counter = dotted(mod.left.left)
+    fn = ctx.enclosing(at, FUNCS)
+    if counter is None or fn is None:
+        return False
+    line = getattr(at, "lineno", 0)
+    bumped = any(isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Add) and dotted(n.target) == counter
+                 and isinstance(n.value, ast.Constant) and n.value.value == 1 and n.lineno < line
+                 for n in ast.walk(fn))
+    zeroed = any(isinstance(n, ast.Assign) and any(dotted(t) == counter for t in n.targets)
+                 and isinstance(n.value, ast.Constant) and n.value.value == 0 for n in ctx.of(ast.Assign))
+    return bumped and zeroed
+
+
 def _no_sync_polarity(ctx: FileContext, call: ast.Call) -> tuple[str, ast.AST | None]:
     """('inverted', test) when ``model.no_sync()`` is chosen exactly at the boundary (``no_sync()
     if is_last else nullcontext()``, or ``with no_sync():`` under ``if is_last:``); ('first', test)
@@ -379,6 +404,10 @@ def _no_sync_polarity(ctx: FileContext, call: ast.Call) -> tuple[str, ast.AST | 
                 return ("first" if not in_true_branch else "ok"), cur.test
             # a flag read through its one assignment (`sync_now = micro % K == 0`)
             test = through_name(ctx, ctx.enclosing(cur, FUNCS) or ctx.tree, cur.test)
+            if _plus_one_after_bump(ctx, test, cur):
+                # `(c + 1) % K == 0` with c already counting this micro-step: true at the
+                # window's K-1-th micro-step; synchronised there when no_sync is the other branch
+                return ("early" if not in_true_branch else "ok"), cur.test
             p = ctx.boundary_polarity(test)
             if p is not None:
                 active_at_boundary = p if in_true_branch else not p
@@ -399,6 +428,18 @@ def sync_flag_polarity(ctx: FileContext) -> Iterator[Finding]:
         if call_attr(call) != "no_sync" or not isinstance(call.func, ast.Attribute):
             continue
         polarity, test = _no_sync_polarity(ctx, call)
+        if polarity == "early":
+            recv = dotted(call.func.value) or "model"
+            yield ctx.finding(
+                "AG111",
+                call,
+                f"`{recv}.no_sync()` is skipped when `{ast.unparse(test) if test is not None else ''}`, "
+                "but the counter it tests was already incremented for this micro-step (it counts "
+                "from 1 here): the test holds at the window's second-to-last micro-step, which is "
+                "all-reduced, and the last one runs under no_sync, so its gradient stays on its "
+                "own rank; expected `counter % K == 0` after the increment",
+            )
+            continue
         if polarity not in ("inverted", "first"):
             continue
         if polarity == "first" and test is not None and _gates_the_step(ctx, call, test):
