@@ -799,6 +799,13 @@ RULES: dict[str, Rule] = {
             "reduce .grad itself (divide in place, then all_reduce(p.grad)), or copy the "
             "reduced tensor back into p.grad",
         ),
+        _rule(
+            "AG194", "window-hook-gated-again", "F14", E, MED,
+            "a method called once per window (after the loop's inner loop ran the window's "
+            "micro-batches) steps only every K windows by a counter of its own: the step is "
+            "gated twice",
+            "step on every call of the window hook, or drop the loop's own grouping",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

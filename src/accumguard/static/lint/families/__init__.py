@@ -67,7 +67,8 @@
 ``unclearedopt`` AG165             an optimizer stepped at the boundary that nothing ever clears
 ``fsdproot``   AG166               FSDP2 applied to a model's submodules only, never to the model
 ``gradwrite``  AG167               .grad overwritten from autograd.grad on every micro-step
-``wrapgate``   AG168               an optimizer wrapper that gates itself, gated again by the loop
+``wrapgate``   AG168 AG194         an optimizer wrapper that gates itself, gated again by the loop;
+                                   a window hook stepping every K windows of the loop's own
 ``dphorizon``  AG169 AG175         a horizon over the whole dataset a DistributedSampler splits
 ``hfclip``     AG177 AG182         a clip setting that never reaches TrainingArguments or DeepSpeed
                                    (their default clip, 1.0)

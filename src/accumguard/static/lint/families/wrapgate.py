@@ -9,6 +9,13 @@ twice: the wrapped optimizer steps once every N windows, on N x K micro-batches,
 loss still normalised for K. Reported when the wrapper's N is an integer above 1 the file
 spells (the constructor's argument, or the parameter's default); a wrapper built with
 N = 1 is a pass-through and the loop's gate alone is right.
+
+AG194 (F14): a method of a trainer class, called once per window by a loop whose inner loop
+runs the window's micro-batches (each with its backward), steps the optimizer only when a
+counter of windows it increments is a multiple of the accumulation count
+(``self.windows_seen += 1; if self.windows_seen % self.config.grad_accum == 0: step``): the
+loop groups K micro-batches per window and the hook steps every K windows, K x K micro-batches
+per step with the loss normalised for K.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from accumguard.static.lint._ast import call_attr, dotted, receiver
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 
-__all__ = ["wrapper_gated_twice"]
+__all__ = ["window_hook_gated_again", "wrapper_gated_twice"]
 
 
 def _self_attrs(expr: ast.AST) -> set[str]:
@@ -124,3 +131,67 @@ def wrapper_gated_twice(ctx: FileContext) -> Iterator[Finding]:
                 f"twice, the optimizer steps once every {n} windows, on {n} windows' "
                 "micro-batches, with the loss still normalised for one",
             )
+
+
+def _runs_backward(ctx: FileContext, body: list[ast.stmt], depth: int = 2) -> bool:
+    """``body`` calls a backward, directly or in a method of the file it calls (``self.x()``)."""
+    defs = ctx.functions_by_name()
+    for stmt in body:
+        for n in ast.walk(stmt):
+            if not isinstance(n, ast.Call):
+                continue
+            if call_attr(n) in ("backward", "manual_backward"):
+                return True
+            if depth and isinstance(n.func, ast.Attribute) and dotted(n.func.value) == "self" \
+                    and any(_runs_backward(ctx, f.body, depth - 1) for f in defs.get(n.func.attr, [])):
+                return True
+    return False
+
+
+@rule("AG194")
+def window_hook_gated_again(ctx: FileContext) -> Iterator[Finding]:
+    for fn in ctx.of(ast.FunctionDef):
+        if not isinstance(fn, ast.FunctionDef) or ctx.enclosing(fn, (ast.ClassDef,)) is None:
+            continue
+        bumps = {dotted(n.target) for n in fn.body if isinstance(n, ast.AugAssign)
+                 and isinstance(n.op, ast.Add) and isinstance(n.value, ast.Constant) and n.value.value == 1}
+        for gate in fn.body:
+            if not isinstance(gate, ast.If):
+                continue
+            t = gate.test
+            mod = t.left if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], ast.Eq) \
+                and isinstance(t.comparators[0], ast.Constant) and t.comparators[0].value == 0 else None
+            if not (isinstance(mod, ast.BinOp) and isinstance(mod.op, ast.Mod)
+                    and dotted(mod.left) in bumps and ctx.mentions_accum(mod.right)):
+                continue
+            if not any(isinstance(n, ast.Call) and (call_attr(n) or "").endswith("step")
+                       for st in gate.body for n in ast.walk(st)):
+                continue
+            # every call of this method sits in a loop whose inner loop runs the backwards
+            sites = [c for c in ctx.of(ast.Call) if isinstance(c, ast.Call)
+                     and isinstance(c.func, ast.Attribute) and c.func.attr == fn.name
+                     and dotted(c.func.value) == "self"]
+            if not sites:
+                continue
+            ok = True
+            for c in sites:
+                loop = ctx.enclosing(c, (ast.For,))
+                inner = [n for n in ast.walk(loop) if isinstance(n, ast.For) and n is not loop] \
+                    if isinstance(loop, ast.For) else []
+                if not inner or not any(_runs_backward(ctx, i.body) for i in inner) \
+                        or ctx.enclosing(c, (ast.For,)) is not loop \
+                        or any(c in ast.walk(i) for i in inner):
+                    ok = False
+            if not ok:
+                continue
+            yield ctx.finding(
+                "AG194",
+                gate,
+                f"`{fn.name}()` steps only when `{ast.unparse(t)}`, and it is called once per "
+                f"window by a loop whose inner loop already runs the window's micro-batches "
+                f"(line {sites[0].lineno}): the step is gated twice, so the optimizer steps "
+                "once every K windows, on the K x K micro-batches since its last step",
+                fix=f"step in `{fn.name}()` on every call (the loop's windows are the "
+                    "accumulation), or drop the loop's grouping and keep the counter",
+            )
+            return
