@@ -23,6 +23,14 @@ def lightning_accumulates(ctx: FileContext) -> bool:
     return bool(values) and all(v is not None and v > 1 for v in values)
 
 
+def accumulation_given(ctx: FileContext) -> bool:
+    """``accumulate_grad_batches=`` passed somewhere, and not as a literal 1 (its value may
+    be out of sight: a config's)."""
+    return any(kw.arg == "accumulate_grad_batches"
+               and not (isinstance(kw.value, ast.Constant) and kw.value.value == 1)
+               for call in ctx.of(ast.Call) for kw in call.keywords)
+
+
 def manual_optimization(cls: ast.ClassDef) -> bool:
     """The class sets ``automatic_optimization = False`` (it steps its own optimizers)."""
     return any(

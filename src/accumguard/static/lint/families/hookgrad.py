@@ -27,7 +27,7 @@ from accumguard.static.lint._ast import FUNCS, call_attr, receiver
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._ctx_reach import MAX_DEPTH
 from accumguard.static.lint._rule import rule
-from accumguard.static.lint.families._lightning import LIGHTNING_PER_BATCH
+from accumguard.static.lint.families._lightning import LIGHTNING_PER_BATCH, accumulation_given
 
 _HOOK = "on_substep_end"
 #: in-place writes that zero or mask entries (clipping there is a different failure, F8)
@@ -91,15 +91,11 @@ def grad_changed_in_substep_hook(ctx: FileContext) -> Iterator[Finding]:
             )
 
 
-def _given_accumulation(ctx: FileContext) -> bool:
-    return any(kw.arg == "accumulate_grad_batches"
-               and not (isinstance(kw.value, ast.Constant) and kw.value.value == 1)
-               for call in ctx.of(ast.Call) for kw in call.keywords)
 
 
 @rule("AG192")
 def zero_grad_in_per_batch_lightning_hook(ctx: FileContext) -> Iterator[Finding]:
-    if not _given_accumulation(ctx):
+    if not accumulation_given(ctx):
         return
     for fn in ctx.of(ast.FunctionDef):
         if not isinstance(fn, ast.FunctionDef) or fn.name not in LIGHTNING_PER_BATCH \

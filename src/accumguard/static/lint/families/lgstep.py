@@ -28,7 +28,10 @@ from accumguard.static.findings import Finding
 from accumguard.static.lint._ast import FUNCS, call_attr, dotted
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
-from accumguard.static.lint.families._lightning import automatic_lightning_module
+from accumguard.static.lint.families._lightning import (
+    accumulation_given,
+    automatic_lightning_module,
+)
 
 __all__ = ["global_step_schedule_with_several_optimizers", "optimizer_step_gated_again"]
 
@@ -94,16 +97,11 @@ def global_step_schedule_with_several_optimizers(ctx: FileContext) -> Iterator[F
             break
 
 
-def _given_accumulation(ctx: FileContext) -> bool:
-    """``accumulate_grad_batches=`` passed somewhere, and not as a literal 1."""
-    return any(kw.arg == "accumulate_grad_batches"
-               and not (isinstance(kw.value, ast.Constant) and kw.value.value == 1)
-               for call in ctx.of(ast.Call) for kw in call.keywords)
 
 
 @rule("AG186")
 def optimizer_step_gated_again(ctx: FileContext) -> Iterator[Finding]:
-    if not _given_accumulation(ctx):
+    if not accumulation_given(ctx):
         return
     for fn in ctx.of(ast.FunctionDef):
         if fn.name != "optimizer_step" or not automatic_lightning_module(ctx, fn):
