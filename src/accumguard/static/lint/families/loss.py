@@ -551,11 +551,11 @@ def _counted_here(ctx: FileContext, value: ast.AST) -> bool:
     return False
 
 
-def _rank_local_argument(ctx: FileContext, node: ast.AST, divisor: ast.AST) -> ast.Call | None:
-    """``divisor`` is a parameter of the function around ``node`` (``def compute_loss(model,
-    batch, n): ... / n``), and a call of that function passes it a count this rank made of
-    its own micro-batches (``n = sum((b["labels"] != -100).sum() for b in mine)``), all-reduced
-    nowhere: that call, else None. A name assigned in the function is not a parameter."""
+def _passed_for(ctx: FileContext, node: ast.AST, divisor: ast.AST
+                ) -> list[tuple[ast.Call, ast.AST | None]] | None:
+    """When ``divisor`` is a parameter of the function around ``node`` (not assigned in it):
+    each call of that function with the argument it passes for it (None when not readable);
+    else None."""
     fn = ctx.enclosing(node, FUNCS)
     if not isinstance(divisor, ast.Name) or not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
         return None
@@ -563,11 +563,22 @@ def _rank_local_argument(ctx: FileContext, node: ast.AST, divisor: ast.AST) -> a
     if divisor.id not in params or divisor.id in _assigned_in(fn):
         return None
     at = params.index(divisor.id) - (1 if params and params[0] in ("self", "cls") else 0)
+    out: list[tuple[ast.Call, ast.AST | None]] = []
     for call in ctx.call_sites(fn):
         arg = next((k.value for k in call.keywords if k.arg == divisor.id), None)
         if arg is None and 0 <= at < len(call.args) and not any(
                 isinstance(a, ast.Starred) for a in call.args[:at + 1]):
             arg = call.args[at]
+        out.append((call, arg))
+    return out
+
+
+def _rank_local_argument(ctx: FileContext, node: ast.AST, divisor: ast.AST) -> ast.Call | None:
+    """``divisor`` is a parameter of the function around ``node`` (``def compute_loss(model,
+    batch, n): ... / n``), and a call of that function passes it a count this rank made of
+    its own micro-batches (``n = sum((b["labels"] != -100).sum() for b in mine)``), all-reduced
+    nowhere: that call, else None. A name assigned in the function is not a parameter."""
+    for call, arg in _passed_for(ctx, node, divisor) or []:
         if not isinstance(arg, ast.Name):
             continue
         names = {arg.id}
@@ -582,23 +593,10 @@ def _rank_local_argument(ctx: FileContext, node: ast.AST, divisor: ast.AST) -> a
 def _parameter_given_reduced(ctx: FileContext, node: ast.AST, divisor: ast.AST) -> bool:
     """``divisor`` is a parameter of the function around ``node`` that every call of it
     passes a name all-reduced in the caller (``dist.all_reduce(n); self.micro_step(mb, n)``)."""
-    fn = ctx.enclosing(node, FUNCS)
-    if not isinstance(divisor, ast.Name) or not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
-        return False
-    params = [a.arg for a in (*fn.args.posonlyargs, *fn.args.args)]
-    if divisor.id not in params or divisor.id in _assigned_in(fn):
-        return False
-    at = params.index(divisor.id) - (1 if params and params[0] in ("self", "cls") else 0)
-    sites = ctx.call_sites(fn)
-    if not sites:
-        return False
-    for call in sites:
-        arg = next((k.value for k in call.keywords if k.arg == divisor.id), None)
-        if arg is None and 0 <= at < len(call.args):
-            arg = call.args[at]
-        if not isinstance(arg, ast.Name) or arg.id not in ctx.all_reduced_names(ctx.scope_of(call)):
-            return False
-    return True
+    passed = _passed_for(ctx, node, divisor)
+    return bool(passed) and all(
+        isinstance(arg, ast.Name) and arg.id in ctx.all_reduced_names(ctx.scope_of(call))
+        for call, arg in passed or [])
 
 
 def _assigned_in(fn: ast.AST) -> set[str]:
