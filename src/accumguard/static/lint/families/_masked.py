@@ -30,6 +30,7 @@ from accumguard.static.lint._ast import (
     walk_all,
 )
 from accumguard.static.lint._context import FileContext
+from accumguard.static.lint.families._maskrows import mean_over_masked_rows
 from accumguard.static.lint.families.deepspeed import _name_values
 
 __all__ = ["counted_mean", "counted_per_micro_batch", "counts_tokens", "counts_window", "counts_window_slice", "forward_token_mean", "helper_called", "hf_loss", "masked_mean", "masked_mean_helpers", "masks_labels", "micro_batch_count",
@@ -531,32 +532,6 @@ _TOKEN_MEAN_KEYWORDS = frozenset(
 _TOKEN_MEAN_NAMES = frozenset({"attention_mask", "ignore_index", "loss_mask", "pad_token_id"})
 
 
-def _mean_over_masked_rows(ctx: FileContext, scope: ast.AST, call: ast.Call) -> bool:
-    """``F.cross_entropy(logits[mask], target[mask])`` (mean reduction): a mean over the
-    elements a boolean mask selects, as many as the mask holds in this micro-batch. The
-    index names a mask, or is a name ``scope`` assigns from one or from a comparison."""
-    if call_attr(call) not in ("cross_entropy", "nll_loss") or not call.args:
-        return False
-    if any(k.arg == "reduction" for k in call.keywords):
-        return False
-    x = call.args[0]
-    if not isinstance(x, ast.Subscript):
-        return False
-    index: list[ast.AST] = [x.slice]
-    if isinstance(x.slice, ast.Name):
-        values = ctx.assigned_in(scope).get(x.slice.id, [])
-        if any(isinstance(v, ast.Compare) for v in values):
-            return True
-        index += values
-    for part in index:
-        for n in ast.walk(part):
-            ident = n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute) \
-                else n.value if isinstance(n, ast.Constant) and isinstance(n.value, str) else ""
-            if "mask" in ident.lower():
-                return True
-    return False
-
-
 def token_mean_hints(ctx: FileContext, scope: ast.AST) -> tuple[bool, bool]:
     """(token-mean hints in sight, loss summed with reduction='sum') for ``scope``."""
     def compute() -> tuple[bool, bool]:
@@ -571,7 +546,7 @@ def token_mean_hints(ctx: FileContext, scope: ast.AST) -> tuple[bool, bool]:
                 ident = sub.id if isinstance(sub, ast.Name) else sub.attr
                 if ident.lower() in _TOKEN_MEAN_NAMES:
                     hints = True
-            elif (isinstance(sub, ast.Call) and _mean_over_masked_rows(ctx, scope, sub)) or (
+            elif (isinstance(sub, ast.Call) and mean_over_masked_rows(ctx, scope, sub)) or (
                 isinstance(sub, ast.Constant) and sub.value in ("attention_mask", "loss_mask")) or (
                 isinstance(sub, ast.UnaryOp)
                 and isinstance(sub.op, ast.USub)

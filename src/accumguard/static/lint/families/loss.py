@@ -105,12 +105,6 @@ def _divisions(ctx: FileContext) -> Iterator[tuple[ast.AST, ast.AST, ast.AST]]:
             yield node, d[0], d[1]
 
 
-
-
-
-
-
-
 def _per_micro_batch_token_mean(ctx: FileContext, window: ast.AST) -> str | None:
     """The window computes a loss as a division by a count of this micro-step: where that
     count is taken ("on this rank", or "summed over the ranks" when it is all-reduced on
@@ -138,8 +132,6 @@ def _per_micro_batch_token_mean(ctx: FileContext, window: ast.AST) -> str | None
         or isinstance(n, ast.BinOp) and masked_mean(ctx, window, n, set(), helpers=False, rows=False)
         for n in ctx.local_nodes(window)
     ) else None
-
-
 
 
 def _reduced_per_micro_step(ctx: FileContext, window: ast.AST, divisor: ast.AST) -> bool:
@@ -602,19 +594,3 @@ def _parameter_given_reduced(ctx: FileContext, node: ast.AST, divisor: ast.AST) 
 def _assigned_in(fn: ast.AST) -> set[str]:
     return {t.id for a in ast.walk(fn) if isinstance(a, ast.Assign | ast.AugAssign | ast.AnnAssign)
             for t in (a.targets if isinstance(a, ast.Assign) else [a.target]) if isinstance(t, ast.Name)}
-
-
-# ---------------------------------------------------------------- AG118: HF Trainer.compute_loss
-
-
-
-
-
-
-
-
-
-
-
-
-
