@@ -310,13 +310,16 @@ def cross_rank_findings(rec: RunRecording) -> list[Finding]:
             loose = next((s.unwrapped for s in row.values() if s.unwrapped), None)
             if loose:
                 return [_mk("F10", "error", None, step, None,
-                            evidence + f"; the optimizer steps parameters that no DDP-wrapped "
-                            f"module holds ({', '.join(loose)}): DDP averages the gradients of "
-                            "its own module only, so each rank steps those on its own gradient",
-                            title_="parameters outside the DDP wrapper are never averaged over "
+                            evidence + f"; the optimizer steps parameters that DDP does not "
+                            f"reduce ({', '.join(loose)}): DDP averages the gradients of the "
+                            "parameters its module held when DDP was built (not one outside "
+                            "that module, one replaced or added after, or one it ignores), so "
+                            "each rank steps those on its own gradient",
+                            title_="parameters DDP does not reduce are never averaged over "
                                    "the ranks",
-                            fix="Make them parameters of the module DDP wraps (a loss module's "
-                                "learnable temperature or weights included), or all-reduce their "
+                            fix="Make them parameters of the module DDP wraps before wrapping it "
+                                "(a loss module's learnable temperature or weights included; replace "
+                                "a head before accelerator.prepare / DDP, not after), or all-reduce their "
                                 "gradients (sum, then divide by the world size) at each window's "
                                 "end, before the optimizer step.")]
             skipped = skipped_by_hand_reduce(row)

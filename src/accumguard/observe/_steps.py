@@ -413,9 +413,9 @@ class StepMachinery:
             self.failsafe.retire()
 
     def _unwrapped(self, opt: object) -> list[str] | None:
-        """The parameters ``opt`` steps that no DDP root holds (DDP averages the gradients
-        of its own module only): up to three names and a count of the rest; None when
-        there are none. Once per optimizer and set of roots."""
+        """The parameters ``opt`` steps that no DDP root reduces (DDP averages the gradients
+        of the parameters it registered when it was built): up to three names and a count
+        of the rest; None when there are none. Once per optimizer and set of roots."""
         key = (id(opt), len(self._sync_roots))
         names = self._unwrapped_of.get(key)
         if names is None:
@@ -423,7 +423,9 @@ class StepMachinery:
             if not roots:
                 return None
             with self._quiet():
-                held = {id(p) for r in roots for p in r.parameters()}
+                # DDP reduces the parameters it registered when it was built (a module
+                # replaced afterwards, or one it was told to ignore, is not among them)
+                held = {id(p) for r in roots for p in _registered(r)}
                 loose = [p for g in getattr(opt, "param_groups", []) for p in g["params"]
                          if id(p) not in held and p.requires_grad]
             names = [self._tracked_names.get(id(p), f"a {tuple(p.shape)} tensor")
@@ -558,3 +560,10 @@ def _clip_coefficient(norm_clip: tuple[object, object] | None) -> float | None:
     if not math.isfinite(value):
         return None
     return min(1.0, float(limit) / (value + 1e-6))
+
+
+def _registered(root: Any) -> list[Any]:
+    """The parameters a DDP module reduces: those it registered at construction
+    (``_module_parameters``, the ignored ones left out), else its module's."""
+    params = getattr(root, "_module_parameters", None)
+    return params if isinstance(params, list) else list(root.parameters())
