@@ -806,6 +806,12 @@ RULES: dict[str, Rule] = {
             "gated twice",
             "step on every call of the window hook, or drop the loop's own grouping",
         ),
+        _rule(
+            "AG195", "loop-variable-rebound", "F10", E, HI,
+            "a loop writing reduced gradients back assigns them to its own loop variable "
+            "(`g = synced`): the name is rebound, the gradient tensor is untouched",
+            "copy into the tensor: `g.copy_(synced)`",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

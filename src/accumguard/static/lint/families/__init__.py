@@ -78,10 +78,11 @@
 ``argdrop``    AG187 AG191         a command-line accumulation option filtered out before the config;
                                    an accumulation key parse_dict(allow_extra_keys=True) drops
 ``unreduced``  AG179 AG180 AG183   parameters no reduction covers: one group of several all-reduced
-               AG185 AG193         by hand; a module with parameters outside the DDP/FSDP wrapper;
+               AG185 AG193 AG195   by hand; a module with parameters outside the DDP/FSDP wrapper;
                                    a generator of parameters spent before the write-back; a list
                                    of the trainable parameters built before an unfreeze; a copy
-                                   of each gradient reduced and never written back
+                                   of each gradient reduced and never written back; a loop
+                                   variable rebound to the reduced value
 """
 
 from accumguard.static.lint.families import (

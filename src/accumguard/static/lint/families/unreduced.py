@@ -20,6 +20,10 @@ required a gradient then (``[p for p in model.parameters() if p.requires_grad]``
 whose training loop later turns ``requires_grad`` on (an unfreeze at step N): the unfrozen
 parameters train on each rank's own gradient.
 
+AG195: the loop writing reduced gradients back assigns them to its own loop variable
+(``for g, synced in zip(grads, unflatten(flat, grads)): g = synced``): rebinding the name
+writes nothing into the gradient, which stays each rank's own.
+
 AG193: inside a loop over the parameters, a hand-written all-reduce reduces a new tensor made
 from the gradient (``g = p.grad / world_size``, ``p.grad.clone()``) and nothing writes it back
 into ``.grad``: the gradient the optimizer steps is each rank's own.
@@ -42,7 +46,7 @@ from accumguard.static.lint._ast import (
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 
-__all__ = ["copy_reduced_not_written_back", "generator_spent_before_write_back", "list_built_before_unfreeze",
+__all__ = ["copy_reduced_not_written_back", "loop_variable_rebound", "generator_spent_before_write_back", "list_built_before_unfreeze",
            "module_outside_the_wrapper",
            "outside_modules", "reduce_over_one_group", "reduces_an_outside_module"]
 
@@ -417,3 +421,39 @@ def copy_reduced_not_written_back(ctx: FileContext) -> Iterator[Finding]:
                         f"`{var}.grad.copy_({name})`)",
                 )
                 return
+
+
+@rule("AG195")
+def loop_variable_rebound(ctx: FileContext) -> Iterator[Finding]:
+    """AG195 (F10): a write-back loop that rebinds its own loop variable to the reduced
+    value, in a function that all-reduces: the assignment changes the name, not the tensor."""
+    for loop in ctx.of(ast.For):
+        if not isinstance(loop, ast.For):
+            continue
+        targets = [loop.target] if isinstance(loop.target, ast.Name) else list(
+            loop.target.elts) if isinstance(loop.target, ast.Tuple) else []
+        names = {t.id for t in targets if isinstance(t, ast.Name)}
+        fn = ctx.enclosing(loop, (ast.FunctionDef, ast.AsyncFunctionDef)) or ctx.tree
+        if not names or not any(isinstance(n, ast.Call) and call_attr(n) in _REDUCERS
+                                for n in walk_all(fn)):
+            continue
+        for stmt in loop.body:
+            if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
+                    and isinstance(stmt.targets[0], ast.Name) and stmt.targets[0].id in names
+                    and isinstance(stmt.value, ast.Name) and stmt.value.id in names):
+                continue
+            name = stmt.targets[0].id
+            # (the rebound name read later in the body would be a local alias, not a write)
+            if any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
+                   for st in loop.body if st is not stmt and st.lineno > stmt.lineno
+                   for n in ast.walk(st)):
+                continue
+            yield ctx.finding(
+                "AG195",
+                stmt,
+                f"`{ast.unparse(stmt)}` rebinds the loop variable `{name}` to the reduced "
+                f"value: the tensor `{name}` named is left as it was, so the reduced gradients "
+                "never reach .grad and each rank steps on its own",
+                fix=f"write into the tensor: `{name}.copy_({stmt.value.id})`",
+            )
+            return

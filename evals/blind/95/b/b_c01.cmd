@@ -1,0 +1,1 @@
+deepspeed --num_gpus 2 --master_port 48107 b_c01.py
