@@ -812,6 +812,12 @@ RULES: dict[str, Rule] = {
             "(`g = synced`): the name is rebound, the gradient tensor is untouched",
             "copy into the tensor: `g.copy_(synced)`",
         ),
+        _rule(
+            "AG196", "module-replaced-after-wrapping", "F10", E, MED,
+            "a submodule is replaced on the wrapped model's inner module after DDP (or "
+            "accelerator.prepare) wrapped it: DDP never reduces the new module's gradients",
+            "replace the module before wrapping the model, then build the optimizer",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

@@ -7,6 +7,12 @@ keeps calling ``net(x)`` (directly, or through a helper it hands ``net`` to) aft
 wrapper to another name trains with no reduction at all: each rank steps on its own
 gradient. Reported when the raw name is not rebound, the forward on it sits in a loop that
 runs a backward, and nothing in the file shards with FSDP (whose wrappers differ).
+
+AG196 (F10): a submodule replaced on the wrapped model's inner module after wrapping
+(``accelerator.unwrap_model(model).head = nn.Linear(...)``, or through a helper of the file
+handed ``unwrap_model(model)`` / ``ddp.module`` that assigns its attribute a new module): DDP
+reduces the parameters it registered when it was built, so the new module's gradients are
+never averaged over the ranks.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from accumguard.static.lint._ast import FUNCS, call_attr, dotted, is_backward
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 
-__all__ = ["forward_on_the_unwrapped_module"]
+__all__ = ["forward_on_the_unwrapped_module", "module_replaced_after_wrapping"]
 
 _WRAPPERS = frozenset({"DistributedDataParallel", "DDP"})
 
@@ -132,3 +138,59 @@ def forward_on_the_unwrapped_module(ctx: FileContext) -> Iterator[Finding]:
                 "these backwards and each rank steps on its own gradient",
             )
             return
+
+
+def _inner(node: ast.AST) -> bool:
+    """``accelerator.unwrap_model(m)``, ``fabric.to_original(...)`` or ``<x>.module``."""
+    return (isinstance(node, ast.Call) and call_attr(node) in ("unwrap_model", "_unwrap_model")) \
+        or (isinstance(node, ast.Attribute) and node.attr == "module")
+
+
+def _new_module(value: ast.AST) -> bool:
+    """``nn.Linear(...)`` (a class call, maybe ``.to(...)``-ed): a module built here."""
+    if isinstance(value, ast.Call) and call_attr(value) == "to" and isinstance(value.func, ast.Attribute):
+        value = value.func.value
+    return isinstance(value, ast.Call) and (call_attr(value) or "")[:1].isupper()
+
+
+def _assigns_param_attr(fn: ast.FunctionDef | ast.AsyncFunctionDef, index: int) -> ast.Assign | None:
+    args = fn.args.args
+    if index >= len(args):
+        return None
+    p = args[index].arg
+    for n in ast.walk(fn):
+        if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Attribute) \
+                and isinstance(n.targets[0].value, ast.Name) and n.targets[0].value.id == p \
+                and _new_module(n.value):
+            return n
+    return None
+
+
+@rule("AG196")
+def module_replaced_after_wrapping(ctx: FileContext) -> Iterator[Finding]:
+    if _mentions_fsdp(ctx):
+        return
+    defs = ctx.functions_by_name()
+    for node in ctx.of(ast.Assign, ast.Call):
+        site: ast.AST | None = None
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 \
+                and isinstance(node.targets[0], ast.Attribute) and _inner(node.targets[0].value) \
+                and _new_module(node.value):
+            site = node
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            for i, a in enumerate(node.args):
+                if _inner(a) and any(_assigns_param_attr(f, i) for f in defs.get(node.func.id, [])):
+                    site = node
+        if site is None:
+            continue
+        yield ctx.finding(
+            "AG196",
+            site,
+            f"`{ast.unparse(site)}` puts a new module into the model after it was wrapped for "
+            "data parallelism (through its inner module): DDP reduces only the parameters it "
+            "registered when it was built, so the new module's gradients are never averaged "
+            "over the ranks and each rank steps it on its own",
+            fix="replace the module before accelerator.prepare / DDP(...) wraps the model (and "
+                "build the optimizer after), or wrap again",
+        )
+        return
