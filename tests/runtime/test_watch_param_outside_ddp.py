@@ -69,7 +69,7 @@ def test_a_parameter_outside_ddp_stepped_on_each_ranks_gradient_is_f10(
     errors = [f for f in findings if f["severity"] == "error"]
     assert code == 1 and {f["cls"] for f in errors} == {"F10"}, findings
     assert "logit_scale" in errors[0]["evidence"], errors[0]
-    assert "no DDP-wrapped module holds" in errors[0]["evidence"], errors[0]
+    assert "parameters that DDP does not reduce" in errors[0]["evidence"], errors[0]
 
 
 def test_the_same_parameter_all_reduced_by_hand_is_silent(runs: dict[str, Watched]) -> None:
