@@ -3,7 +3,8 @@ given tensors without gradients (the clip patch), Accelerate's loader state read
 backward (the backward patch), the class-weight count of a weighted ``cross_entropy`` and
 the walk below a loss term for a penalty on the parameters (the loss recorder), the read of a
 new optimizer's gradients at its first backward (a resume's restored window), the test at each
-optimizer step for DCP's state-initialising step. Each fails
+optimizer step for DCP's state-initialising step, and the read of DDP's registered
+parameters at a step (which parameters DDP does not reduce). Each fails
 inside its door: observation switches off, the failure is recorded as accumguard's, and the
 trained weights are bit-equal to the unobserved run's."""
 
@@ -235,5 +236,49 @@ def test_a_fault_reading_a_penalty_sum_changes_nothing(tmp_path: Path,
     with recording(tmp_path) as obs:
         seen = _loop()
         failure = obs.failure
+    assert failure is not None and "injected" in failure.error + failure.traceback
+    assert all(torch.equal(a, b) for a, b in zip(plain, seen, strict=True))
+
+
+def _ddp_loop() -> list[torch.Tensor]:
+    """A DDP model (one-rank group) accumulating K backwards per step under no_sync."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    ddp = DDP(torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)))
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(3)
+    for _ in range(3):
+        for m in range(K):
+            x, y = torch.randn(6, 5, generator=g), torch.randint(0, 3, (6,), generator=g)
+            with ddp.no_sync() if m < K - 1 else torch.enable_grad():
+                (F.cross_entropy(ddp(x), y) / K).backward()
+        opt.step()
+        opt.zero_grad()
+    return [p.detach().clone() for p in ddp.module.parameters()]
+
+
+def test_a_fault_reading_ddps_registered_parameters_changes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The read of DDP's registered parameters at a step (which of the optimizer's
+    parameters DDP does not reduce): a fault in it switches observation off, is reported as
+    accumguard's, and the trained parameters are bit-equal to the unobserved run's."""
+    import torch.distributed as dist
+
+    import accumguard.observe._steps as steps
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        plain = _ddp_loop()
+
+        def broken(root: object) -> list[object]:
+            raise RuntimeError("injected: DDP's registered parameters")
+
+        monkeypatch.setattr(steps, "_registered", broken)
+        with recording(tmp_path) as obs:
+            seen = _ddp_loop()
+            failure = obs.failure
+    finally:
+        dist.destroy_process_group()
     assert failure is not None and "injected" in failure.error + failure.traceback
     assert all(torch.equal(a, b) for a, b in zip(plain, seen, strict=True))
