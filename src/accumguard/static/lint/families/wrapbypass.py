@@ -95,7 +95,12 @@ def _in_training_loop(ctx: FileContext, node: ast.AST) -> bool:
 
 
 def _mentions_fsdp(ctx: FileContext) -> bool:
-    """An identifier or string of the file names FSDP (``fully_shard``, ``strategy="fsdp"``)."""
+    """An identifier or string of the file names FSDP (``fully_shard``, ``strategy="fsdp"``);
+    once per file (both rules of this family ask)."""
+    return ctx._cached("mentions_fsdp", ctx.tree, lambda: _scan_fsdp(ctx))  # type: ignore[no-any-return]
+
+
+def _scan_fsdp(ctx: FileContext) -> bool:
     for n in ast.walk(ctx.tree):
         text = n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute) \
             else n.value if isinstance(n, ast.Constant) and isinstance(n.value, str) \
