@@ -13,6 +13,10 @@ from these.
   an element weight makes a weighted mean: not read.
 - ``kl_div``: ``'batchmean'`` divides by the input's first dimension (the samples, as
   distillation losses use it), ``'mean'`` by its element count.
+- ``ctc_loss``: counted in utterances (the batch dimension of ``log_probs``, 1 when
+  unbatched); ``'mean'`` divides each utterance's loss by its target length, then averages
+  over the utterances: the per-length factor is the same in the large batch, so each
+  utterance weighs ``g / N`` here as it would there.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["ELEMENTWISE", "LOW", "Read", "read_class_loss", "read_elementwise", "read_kl_div"]
+__all__ = ["ELEMENTWISE", "LOW", "Read", "read_class_loss", "read_ctc", "read_elementwise",
+           "read_kl_div"]
 
 #: the dtypes whose rounding the low-precision findings judge
 LOW = (torch.float16, torch.bfloat16)
@@ -147,6 +152,20 @@ def read_kl_div(out: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]
         n = inp.numel()
         return node, n, True, lp, n // inp.shape[-1] if inp.dim() >= 2 else n, "elements"
     return node, inp.shape[0], reduction == "batchmean", lp, inp.shape[0], "samples"
+
+
+def read_ctc(out: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Read | None:
+    """``ctc_loss(log_probs, targets, input_lengths, target_lengths, blank, reduction,
+    zero_infinity)``: ``log_probs`` is ``(T, N, C)``, or ``(T, C)`` for one utterance."""
+    na, get = len(args), kwargs.get
+    reduction = args[5] if na > 5 else get("reduction", "mean")
+    inp = args[0] if na > 0 else get("log_probs")
+    node = out.grad_fn
+    if not isinstance(inp, torch.Tensor) or node is None or inp.dim() not in (2, 3) \
+            or reduction not in ("mean", "sum"):
+        return None
+    n = inp.shape[1] if inp.dim() == 3 else 1
+    return node, n, reduction == "mean", out.dtype in LOW or inp.dtype in LOW, n, "samples"
 
 
 def _operands(out: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any],

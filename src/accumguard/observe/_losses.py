@@ -23,7 +23,8 @@ step's transfer.
 
 The element-wise regression losses (``mse_loss``, ``l1_loss``, ``smooth_l1_loss``,
 ``huber_loss``, ``binary_cross_entropy_with_logits``) are recorded the same way, their
-``'mean'`` dividing by the element count: they carry the same per-window weights.
+``'mean'`` dividing by the element count: they carry the same per-window weights; so are
+``kl_div`` and ``ctc_loss`` (counted in samples and utterances).
 
 A call belongs to the backward pass whose gradient reached it (a loss computed and never
 backpropagated records nothing). It is named by its call site: the first frame outside
@@ -62,6 +63,7 @@ from accumguard.observe._loss_args import (
     LOW,
     read_class_loss,
     read_class_loss_none,
+    read_ctc,
     read_elementwise,
     read_kl_div,
 )
@@ -187,7 +189,7 @@ class LossRecorder:
 
         for name in ("cross_entropy", "nll_loss"):
             patches.wrap(F, name, self._wrapper)
-        for name in (*ELEMENTWISE, "kl_div"):
+        for name in (*ELEMENTWISE, "kl_div", "ctc_loss"):
             patches.wrap(F, name, functools.partial(self._wrapper, kind=name))
         patches.wrap(torch.autograd, "backward", self._backward_root)
         patches.wrap(torch.autograd, "grad", self._grad_wrapper)
@@ -369,8 +371,9 @@ class LossRecorder:
     def _wrapper(self, orig: Callable[..., Any], kind: str | None = None
                  ) -> Callable[..., Any]:
         rec = self
-        record = rec._record if kind is None else rec._record_kl if kind == "kl_div" \
-            else functools.partial(rec._record_elementwise, kind)
+        reader = None if kind is None else read_kl_div if kind == "kl_div" \
+            else read_ctc if kind == "ctc_loss" else functools.partial(read_elementwise, kind)
+        record = rec._record if reader is None else functools.partial(rec._record_read, reader)
 
         def loss_fn(*args: Any, **kwargs: Any) -> Any:
             out = orig(*args, **kwargs)
@@ -404,14 +407,9 @@ class LossRecorder:
         if got is not None:
             self._add(out, *got)
 
-    def _record_elementwise(self, kind: str, out: torch.Tensor, args: tuple[Any, ...],
-                            kwargs: dict[str, Any]) -> None:
-        got = read_elementwise(kind, out, args, kwargs)
-        if got is not None:
-            self._add(out, *got)
-
-    def _record_kl(self, out: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        got = read_kl_div(out, args, kwargs)
+    def _record_read(self, reader: Callable[..., Any], out: torch.Tensor,
+                     args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        got = reader(out, args, kwargs)
         if got is not None:
             self._add(out, *got)
 

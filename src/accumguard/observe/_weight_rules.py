@@ -196,10 +196,15 @@ def loss_weight_findings(rank: int | None, windows: list[StepWindow]) -> list[Fi
                     f"instead of one weight for all {total:g} {u} (1/N); ")
             undivided = abs(mass - 1.0) <= 1e-3
             out.append(_mk("F5", "error", rank, w.step, None, seen + _mean_form(mass, k),
-                           title_=("mean of per-micro-batch means, not divided by K "
-                                   "(uneven token counts)") if undivided else None
-                           if undivided or abs(mass * k - 1.0) <= 1e-3 else
-                           f"per-micro-batch means each weighed {mass:.4g} (uneven token counts)"))
+                           title_=(f"mean of per-micro-batch means, not divided by K "
+                                   f"(uneven {one(u)} counts)") if undivided else
+                           f"mean of per-micro-batch means / K (uneven {one(u)} counts)"
+                           if abs(mass * k - 1.0) <= 1e-3 else
+                           f"per-micro-batch means each weighed {mass:.4g} (uneven {one(u)} counts)",
+                           fix=None if u == "tokens" else
+                           f"Sum the per-{one(u)} losses and divide by the window's total count "
+                           "N (all micro-steps, all ranks; all-reduce the count once per "
+                           "window) instead of averaging each micro-batch and dividing by K."))
             scale = _received_scale(w, low)
             if undivided and scale is not None:
                 # the same measurement shows the scale: each micro-step's mean whole, K in
