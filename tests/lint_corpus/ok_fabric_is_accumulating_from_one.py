@@ -20,3 +20,4 @@ def fit(model, loader, epochs=2):
             if not accumulating:
                 optimizer.step()
                 optimizer.zero_grad()
+        optimizer.zero_grad()  # an epoch's partial last window is dropped, not carried over

@@ -21,7 +21,8 @@ from accumguard.static.lint.families._modguard import (
     mod_term,
 )
 
-__all__ = ["clears_first", "clears_or_steps_outside", "flag_value", "hand_for_windows",
+__all__ = ["boundary_equality", "clears_first", "clears_or_steps_outside", "flag_value",
+           "hand_for_windows",
            "length_from_callers", "pure_mod_guard", "restarts_each_pass", "site_in"]
 
 
@@ -36,7 +37,7 @@ def pure_mod_guard(ctx: FileContext, call: ast.AST, window: ast.AST) -> tuple[as
             child, cur = site, ctx.parents.get(site)  # a helper the window calls: at its call
             continue
         if isinstance(cur, ast.If) and child is not cur.test and ctx.is_boundary_test(cur.test):
-            value = flag_value(ctx, cur.test, window)
+            value = boundary_equality(ctx, cur.test, window)
             guard = mod_term(call_test(ctx, value) or value)  # (a predicate: its test)
             if guard is None or found is not None or child not in cur.body:
                 return None
@@ -51,6 +52,19 @@ def site_in(ctx: FileContext, fn: ast.AST, window: ast.AST) -> ast.Call | None:
     inside = {id(n) for n in ctx.local_nodes(window)}
     sites = [c for c in ctx.call_sites(fn) if id(c) in inside]
     return sites[0] if len(sites) == 1 else None
+
+
+def boundary_equality(ctx: FileContext, test: ast.AST, window: ast.AST) -> ast.AST:
+    """The boundary test as a modulo equality where a flag says the opposite: Fabric's
+    ``is_accumulating = (i + 1) % K != 0`` ... ``if not is_accumulating:`` reads as
+    ``(i + 1) % K == 0``; any other test as :func:`flag_value` gives it."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not) \
+            and isinstance(test.operand, ast.Name):
+        inner = flag_value(ctx, test.operand, window)
+        if isinstance(inner, ast.Compare) and len(inner.ops) == 1 \
+                and isinstance(inner.ops[0], ast.NotEq):
+            return ast.Compare(left=inner.left, ops=[ast.Eq()], comparators=inner.comparators)
+    return flag_value(ctx, test, window)
 
 
 def flag_value(ctx: FileContext, test: ast.AST, window: ast.AST) -> ast.AST:

@@ -64,9 +64,9 @@ from accumguard.static.lint.families._modguard import (
 )
 from accumguard.static.lint.families._offboundary import off_boundary_guard
 from accumguard.static.lint.families._windowtail import (
+    boundary_equality,
     clears_first,
     clears_or_steps_outside,
-    flag_value,
     hand_for_windows,
     length_from_callers,
     pure_mod_guard,
@@ -630,7 +630,7 @@ def partial_window_leaks_into_next_epoch(ctx: FileContext) -> Iterator[Finding]:
                 n = length_from_callers(ctx, window)
             data = ast.unparse(window.iter)
             test = f"`{ast.unparse(guard_if.test)}`{_bound_text(ctx, guard_if.test)}"
-            value = flag_value(ctx, guard_if.test, window)
+            value = boundary_equality(ctx, guard_if.test, window)
             if value is not guard_if.test:
                 test += f" (= `{ast.unparse(value)}`)"
             head = (
