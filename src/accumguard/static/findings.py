@@ -818,6 +818,14 @@ RULES: dict[str, Rule] = {
             "accelerator.prepare) wrapped it: DDP never reduces the new module's gradients",
             "replace the module before wrapping the model, then build the optimizer",
         ),
+        _rule(
+            "AG197", "low-precision-hand-buffer", "F12", W, MED,
+            "each micro-step's gradient is added into accumulation buffers the script made in "
+            "bf16/fp16: the window's sum is rounded to that dtype at every micro-step, a drift "
+            "growing like sqrt(K) (an error from K >= 4), while the large batch sums once in fp32",
+            "make the accumulation buffers float32 (`torch.zeros_like(p, dtype=torch.float32)`) "
+            "and cast once, after the window's sum, if a low-precision copy is needed",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

@@ -1,0 +1,23 @@
+# corpus: style=plain class=F12
+import torch
+
+ACC_DTYPE = torch.float16
+K = 8
+
+
+def train(model, batches, steps):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    bufs = {n: torch.zeros_like(p, dtype=ACC_DTYPE) for n, p in model.named_parameters()}
+    it = iter(batches)
+    for _ in range(steps):
+        for _ in range(K):
+            x, y = next(it)
+            loss = torch.nn.functional.mse_loss(model(x), y) / K
+            loss.backward()
+            for n, p in model.named_parameters():
+                bufs[n] += p.grad  # expect: AG197
+                p.grad = None
+        for n, p in model.named_parameters():
+            p.grad = bufs[n].float()
+            bufs[n].zero_()
+        opt.step()
