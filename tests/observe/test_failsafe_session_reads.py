@@ -3,8 +3,9 @@ given tensors without gradients (the clip patch), Accelerate's loader state read
 backward (the backward patch), the class-weight count of a weighted ``cross_entropy`` and
 the walk below a loss term for a penalty on the parameters (the loss recorder), the read of a
 new optimizer's gradients at its first backward (a resume's restored window), the test at each
-optimizer step for DCP's state-initialising step, and the read of DDP's registered
-parameters at a step (which parameters DDP does not reduce). Each fails
+optimizer step for DCP's state-initialising step, the read of DDP's registered
+parameters at a step (which parameters DDP does not reduce) and the test of which stepped
+parameters no FSDP2 unit holds. Each fails
 inside its door: observation switches off, the failure is recorded as accumguard's, and the
 trained weights are bit-equal to the unobserved run's."""
 
@@ -277,6 +278,53 @@ def test_a_fault_reading_ddps_registered_parameters_changes_nothing(
         monkeypatch.setattr(steps, "_registered", broken)
         with recording(tmp_path) as obs:
             seen = _ddp_loop()
+            failure = obs.failure
+    finally:
+        dist.destroy_process_group()
+    assert failure is not None and "injected" in failure.error + failure.traceback
+    assert all(torch.equal(a, b) for a, b in zip(plain, seen, strict=True))
+
+
+def _fsdp2_loop() -> list[torch.Tensor]:
+    """An FSDP2 model (one-rank group) and a temperature outside its units, K backwards
+    per step: the per-step read of the parameters no unit holds runs."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    fully_shard(net)
+    temp = torch.nn.Parameter(torch.ones(()))
+    opt = torch.optim.SGD([*net.parameters(), temp], lr=0.1)
+    g = torch.Generator().manual_seed(3)
+    for _ in range(3):
+        for _ in range(K):
+            x, y = torch.randn(6, 5, generator=g), torch.randint(0, 3, (6,), generator=g)
+            (F.cross_entropy(net(x) * temp, y) / K).backward()
+        opt.step()
+        opt.zero_grad()
+    return [p.detach().full_tensor().clone() if hasattr(p, "full_tensor") else p.detach().clone()
+            for p in [*net.parameters(), temp]]
+
+
+def test_a_fault_reading_the_parameters_outside_fsdp2_units_changes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test of which stepped parameters no ``fully_shard`` unit holds (and their
+    gradients' checksum): a fault in it switches observation off, is reported as
+    accumguard's, and the trained parameters are bit-equal to the unobserved run's."""
+    import torch.distributed as dist
+
+    import accumguard.observe._steps as steps
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        plain = _fsdp2_loop()
+
+        def broken(p: object) -> bool:
+            raise RuntimeError("injected: a parameter outside the units")
+
+        monkeypatch.setattr(steps, "_plain", broken)
+        with recording(tmp_path) as obs:
+            seen = _fsdp2_loop()
             failure = obs.failure
     finally:
         dist.destroy_process_group()

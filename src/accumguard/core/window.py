@@ -216,9 +216,13 @@ class StepRecord:
     # and a block may run several backwards); None: no accelerator.backward
     accelerate_blocks: list[int] | None = None
     # DDP: parameters the stepping optimizer holds that no DDP-wrapped module holds (DDP
-    # averages only its module's gradients), by name, at most three and a count of the rest;
-    # None: none, or not a DDP run
+    # averages only its module's gradients); FSDP2: those no ``fully_shard`` unit holds;
+    # by name, at most three and a count of the rest; None: none, or neither engine
     unwrapped: list[str] | None = None
+    # FSDP2: the checksum of what the optimizer received for the parameters of
+    # ``unwrapped`` (those no ``fully_shard`` unit holds: plain tensors, not DTensors, whose
+    # gradients FSDP2 never reduces), comparable across ranks; None: none, or not checked
+    loose_checksum: list[float] | None = None
     # DDP under ``Join``: the wrapper's ``divide_by_initial_world_size`` at the step (True:
     # the sum is divided by the launch's world size even when ranks have run out of data);
     # None: not a DDP run, or no Join seen

@@ -38,6 +38,7 @@ DeepSpeed fp16 (a dynamic loss scale) is not judged.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -236,6 +237,11 @@ def ledger_findings(rec: RunRecording, k: int | None = None) -> list[Finding]:
         return out  # (over elements: each row's d elements summed, a mean over the rows)
     for target in (1.0 / world, float(world)):
         if all(s.near(s.total, target) for s in judged):
+            if any(f.cls == "F6" for f in out):
+                # each rank normalised by its own count, then the world size applied (the
+                # recipe's x W, or a / W): F6's fix (count over all ranks, times W under an
+                # averaging engine) sets the total right too; "remove the W" would not
+                return [_total_in_f6(f, judged[0], target) if f.cls == "F6" else f for f in out]
             return _f10(judged, world, target, k) + out
     whole = all(len(ws) == k for x in judged for ws in x.weights.values())
     if k is not None and k > 1 and k != world and whole:
@@ -261,6 +267,16 @@ def ledger_findings(rec: RunRecording, k: int | None = None) -> list[Finding]:
                            "the large batch's mean, normalise the summed loss by the window's "
                            f"{one(s.unit)} count over all micro-steps and ranks."))
     return out
+
+
+def _total_in_f6(f: Finding, s: LedgerStep, target: float) -> Finding:
+    """F6's evidence with the step's total weight (W or 1/W), which its fix also mends."""
+    engine = ENGINES.get(s.engine, s.engine)
+    return dataclasses.replace(f, evidence=(
+        f"{f.evidence}; after {engine}'s reduction the {s.unit} of every step also carried a "
+        f"total weight of {s.total:.4g} ({'1/W' if target < 1 else 'W'}, where the large "
+        f"batch's mean gives 1): a normalisation by the {one(s.unit)} count over all ranks, "
+        "as the fix says, sets that total to 1 as well"))
 
 
 def _k_total(judged: list[LedgerStep], world: int, k: int, small: bool) -> list[Finding]:

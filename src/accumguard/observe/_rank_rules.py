@@ -267,6 +267,32 @@ def _spread(sums: list[list[float]]) -> float:
     return max(abs(a[i] - b[i]) for a in sums for b in sums for i in (0, 1)) / scale
 
 
+def _outside_units(step: int, row: dict[int, StepWindow]) -> Finding | None:
+    """FSDP2: the stepped parameters no ``fully_shard`` unit holds (plain tensors, not
+    DTensors) received different gradients on the ranks: FSDP2 never reduced them and
+    nothing else did, so each rank trains its own copy."""
+    sums = {r: s.loose_checksum for r, s in row.items() if s.loose_checksum}
+    names = next((s.unwrapped for s in row.values() if s.unwrapped), None)
+    if len(sums) < 2 or len(sums) != len(row) or not names:
+        return None
+    if _spread(list(sums.values())) <= 1e-5:
+        return None
+    text = ", ".join(f"rank {r}: {v[0]:.6g}" for r, v in sorted(sums.items()))
+    return _mk("F10", "error", None, step, None,
+               f"the optimizer steps parameters no fully_shard unit holds ({', '.join(names)}: "
+               f"plain tensors, not DTensors), and the gradient it received for them differs "
+               f"across ranks at step {_n(step)} (checksums {text}): FSDP2 reduces only the "
+               "parameters of the modules fully_shard was applied to, and no all-reduce of "
+               "the script averaged these, so each rank steps its own copy on its own gradient",
+               title_="parameters outside every fully_shard unit are never averaged over "
+                      "the ranks",
+               fix="Make them parameters of a module fully_shard is applied to (the root "
+                   "call fully_shard(model) takes every parameter of model not in an inner "
+                   "unit: a loss module's learnable temperature belongs inside model), or "
+                   "all-reduce their gradients (sum, then divide by the world size) at each "
+                   "window's end, before the optimizer step.")
+
+
 def received_alike_steps(rec: RunRecording) -> set[int]:
     """Optimizer steps (1-based, as findings number them) at which every rank of a DDP run
     recorded what its optimizer received and all agree: whatever the sync flags read at the
@@ -293,6 +319,10 @@ def cross_rank_findings(rec: RunRecording) -> list[Finding]:
         return averaged
     for step in sorted(by_step):
         row = by_step[step]
+        if len(row) >= 2 and all(s.engine == "fsdp2" for s in row.values()):
+            outside = _outside_units(step, row)
+            if outside is not None:
+                return [outside]
         if len(row) < 2 or any(s.engine == "fsdp2" for s in row.values()):
             continue
         sums: dict[int, list[float]] = {r: s.checksum for r, s in row.items()

@@ -361,10 +361,13 @@ class StepMachinery:
         # a backward inside the step (a closure: Lightning's automatic optimisation runs the
         # window's last micro-step there) came after the checksum: it is not what the
         # optimizer received, so it is not recorded (the ranks would be compared on it)
+        loose_chk = None
         if cons is not None and self._step_members is not None \
                 and self._step_checksum is not None and self.backward_total == self._step_bw0:
             mask = torch.tensor(self._step_members, dtype=torch.bool)
             chk = [float(x) for x in self._step_checksum[mask].sum(0)]
+            if self.engine == "fsdp2":
+                loose_chk = self._loose_checksum()
         precision = self._precision(owner, source, w)
         # a torch step with every gradient None changes nothing: its window goes on;
         # a DeepSpeed step that skipped its update (overflow) discarded its window
@@ -398,7 +401,8 @@ class StepMachinery:
             backward_pass=self.backward_total if self._bw_current is not None else None,
             grad_hooks=bool(losses or terms) and self._grad_hooked(owner),
             opt_serial=self._serial(owner), unborn=unborn,
-            unwrapped=self._unwrapped(owner) if self.engine == "ddp" else None,
+            unwrapped=self._unwrapped(owner) if self.engine in ("ddp", "fsdp2") else None,
+            loose_checksum=loose_chk,
             join_initial=self._join_initial() if self.engine == "ddp" else None)
         self._next_window(reset_losses=False)  # losses.take() above reset them
         if self._global_handle is not None and self.step >= PIN_ROOTS_AFTER_STEPS:
@@ -419,19 +423,37 @@ class StepMachinery:
         key = (id(opt), len(self._sync_roots))
         names = self._unwrapped_of.get(key)
         if names is None:
-            roots = [r for r in self._sync_roots if hasattr(r, "require_backward_grad_sync")]
-            if not roots:
-                return None
-            with self._quiet():
-                # DDP reduces the parameters it registered when it was built (a module
-                # replaced afterwards, or one it was told to ignore, is not among them)
-                held = {id(p) for r in roots for p in _registered(r)}
-                loose = [p for g in getattr(opt, "param_groups", []) for p in g["params"]
-                         if id(p) not in held and p.requires_grad]
+            params = [p for g in getattr(opt, "param_groups", []) for p in g["params"]]
+            if self.engine == "fsdp2":
+                # a fully_shard unit holds DTensor parameters; a plain tensor is in none
+                loose = [p for p in params if _plain(p) and p.requires_grad]
+            else:
+                roots = [r for r in self._sync_roots if hasattr(r, "require_backward_grad_sync")]
+                if not roots:
+                    return None
+                with self._quiet():
+                    # DDP reduces the parameters it registered when it was built (a module
+                    # replaced afterwards, or one it was told to ignore, is not among them)
+                    held = {id(p) for r in roots for p in _registered(r)}
+                    loose = [p for p in params if id(p) not in held and p.requires_grad]
             names = [self._tracked_names.get(id(p), f"a {tuple(p.shape)} tensor")
                      for p in loose[:3]] + ([f"{len(loose) - 3} more"] if len(loose) > 3 else [])
             self._unwrapped_of[key] = names
         return names or None
+
+    def _loose_checksum(self) -> list[float] | None:
+        """FSDP2: the checksum of the step's gradients of the stepped parameters no
+        ``fully_shard`` unit holds (plain tensors), the same on every rank when they were
+        averaged; None when there are none."""
+        members, chk = self._step_members, self._step_checksum
+        if members is None or chk is None:
+            return None
+        picked = [m and _plain(p) for p, m in zip(self._tracked, members, strict=False)]
+        picked = picked[:len(chk)]
+        if not any(picked):
+            return None
+        mask = torch.tensor(picked + [False] * (len(chk) - len(picked)), dtype=torch.bool)
+        return [float(x) for x in chk[mask].sum(0)]
 
     def _join_initial(self) -> bool | None:
         """DDP's ``divide_by_initial_world_size``, which only ``Join`` sets (None: unset)."""
@@ -560,6 +582,11 @@ def _clip_coefficient(norm_clip: tuple[object, object] | None) -> float | None:
     if not math.isfinite(value):
         return None
     return min(1.0, float(limit) / (value + 1e-6))
+
+
+def _plain(p: Any) -> bool:
+    """Not a DTensor (FSDP2 shards the parameters of its units as DTensors)."""
+    return getattr(p, "to_local", None) is None
 
 
 def _registered(root: Any) -> list[Any]:
