@@ -13,7 +13,8 @@ from accumguard.core.window import AUDIT_COUNTS, Conservation, StepRecord, sum_r
 #: the keys of a recording's step line, in order (a change here breaks other nodes' files)
 LINE_KEYS = [
     "kind", "rank", "step", "backwards", "window_loss", "applied", "source", "optimizer",
-    "engine", "zero_grads", "zero_grads_between", "scheduler_steps", "clips", "clip_micros",
+    "engine", "zero_grads", "zero_grads_between", "scheduler_steps", "scheduler_positioned",
+    "clips", "clip_micros",
     "clip_functions", "data_pass_starts", "reductions", "reduction_rounds", "sync_micros",
     "sync_mismatch", "sync_backward", "forwards", "ds_boundaries", "ds_coalescing",
     "engine_step_calls", "max_backwards_per_engine_step", "moved_without_backward",

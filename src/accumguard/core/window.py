@@ -104,6 +104,9 @@ class StepRecord:
     # scheduler steps of the window: the observation layer counts those since the previous
     # step; the guard and the audit give the boundary work right after a step to that step
     scheduler_steps: int = 0
+    # scheduler steps given their position (``scheduler.step(epoch + i / n)``): the schedule
+    # is where the script puts it, not where the calls count it; not in ``scheduler_steps``
+    scheduler_positioned: int = 0
     clips: int = 0
     clip_micros: list[int] = field(default_factory=list)  # backward index after each clip
     clip_functions: list[str] = field(default_factory=list)  # which clipping functions ran

@@ -48,7 +48,7 @@ from accumguard.observe._ledger_patterns import (
     f5_across_findings,
     f6_findings,
 )
-from accumguard.observe._ledger_source import world_divisions
+from accumguard.observe._ledger_source import k_multiplications, world_divisions
 from accumguard.observe._own_count_terms import own_count_term_findings
 from accumguard.observe._records import (
     Finding,
@@ -249,7 +249,7 @@ def ledger_findings(rec: RunRecording, k: int | None = None) -> list[Finding]:
         for target, op in ((1.0 / k, "/"), (float(k), "*")):
             if all(s.near(s.total, target) and s.divs and all(
                     any(_divides(s, d, op, float(k)) for d in ds) for ds in s.divs)
-                   for s in judged):
+                   for s in judged) and (op == "/" or _multiplies_by_k(judged[0].site)):
                 return _k_total(judged, world, k, target < 1) + out
     totals = [s.total for s in judged]
     s = judged[0]
@@ -267,6 +267,13 @@ def ledger_findings(rec: RunRecording, k: int | None = None) -> list[Finding]:
                            "the large batch's mean, normalise the summed loss by the window's "
                            f"{one(s.unit)} count over all micro-steps and ranks."))
     return out
+
+
+def _multiplies_by_k(site: str) -> bool:
+    """The loss's file multiplies something by a name holding K (or cannot be read: the
+    run's constants then stand alone): a factor equal to K is then taken for K."""
+    lines = k_multiplications(site.rpartition(":")[0]) if ":" in site else None
+    return lines is None or bool(lines)
 
 
 def _total_in_f6(f: Finding, s: LedgerStep, target: float) -> Finding:

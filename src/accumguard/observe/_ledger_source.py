@@ -8,9 +8,10 @@ from __future__ import annotations
 import ast
 import functools
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["world_divisions", "world_multiplications"]
+__all__ = ["k_multiplications", "world_divisions", "world_multiplications"]
 
 #: Names that hold the number of data-parallel ranks.
 _WORLD = re.compile(r"^(world(_size)?|num_processes|n_?procs|n_?gpus|num_gpus|ngpus|dp_size|"
@@ -166,6 +167,69 @@ def world_multiplications(path: str) -> tuple[int, ...]:
     parsed."""
     scan = _scanned(path)
     return () if scan is None else tuple(sorted(set(scan.products)))
+
+
+#: Names that hold the accumulation count K.
+_K = re.compile(r"^(k|accum\w*|grad_?accum\w*|gradient_accum\w*|accumulat\w*|ga|ga_steps|"
+                r"n_?micro\w*|num_micro\w*|micro_steps|micro_per_step|update_freq|"
+                r"n_?accum\w*|num_accum\w*|window(_size)?)$", re.IGNORECASE)
+
+
+@functools.lru_cache(maxsize=32)
+def k_multiplications(path: str) -> tuple[int, ...] | None:
+    """The lines where ``path`` multiplies a loss by a name that holds the accumulation count
+    (``loss * grad_accum``, ``return loss * args.accum_steps``, ``(loss * K).backward()``,
+    ``loss *= K``, or through a name assigned from one), in a statement that builds a loss:
+    one assigning a loss-named target, a ``return``, or a ``backward`` call; not an index
+    (``batches[i * K]``) or a size. None when the file cannot be read or parsed. The ledger's
+    evidence that a total loss weight of exactly K is a multiplication by K, not a constant
+    that equals it (a distillation loss's T ** 2 = 4 beside K = 4)."""
+    tree = _parsed(path)
+    if tree is None:
+        return None
+
+    def named_k(node: ast.AST, held: set[str]) -> bool:
+        return isinstance(node, ast.Name | ast.Attribute) and any(
+            _K.match(x) or x in held for x in _names(node))
+
+    held: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and named_k(node.value, set()):
+            held |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+
+    def products(node: ast.AST) -> Iterator[int]:
+        if isinstance(node, ast.Subscript | ast.Lambda) or (
+                isinstance(node, ast.Call) and not (
+                    isinstance(node.func, ast.Attribute) and node.func.attr == "backward")
+                and not (isinstance(node.func, ast.Name) and node.func.id in ("float", "int"))):
+            if not isinstance(node, ast.Call):
+                return
+            yield from products(node.func)  # ((loss * K).backward(): the receiver)
+            return
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult) \
+                and (named_k(node.left, held) or named_k(node.right, held)):
+            yield node.lineno
+        for child in ast.iter_child_nodes(node):
+            yield from products(child)
+
+    lines: set[int] = {  # a loss-named value times K, wherever it is written
+        n.lineno for n in ast.walk(tree) if isinstance(n, ast.BinOp)
+        and isinstance(n.op, ast.Mult) and any(
+            named_k(a, held) and _Scan.lossy(b)
+            for a, b in ((n.left, n.right), (n.right, n.left)))}
+    for stmt in ast.walk(tree):
+        if isinstance(stmt, ast.Assign) and any(_Scan.lossy(t) for t in stmt.targets) \
+                or isinstance(stmt, ast.Return) and stmt.value is not None:
+            lines.update(products(stmt.value))  # type: ignore[arg-type]
+        elif isinstance(stmt, ast.AugAssign) and _Scan.lossy(stmt.target):
+            if isinstance(stmt.op, ast.Mult) and named_k(stmt.value, held):
+                lines.add(stmt.lineno)
+            lines.update(products(stmt.value))
+        elif isinstance(stmt, ast.Expr) and any(
+                isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
+                and c.func.attr == "backward" for c in ast.walk(stmt.value)):
+            lines.update(products(stmt.value))
+    return tuple(sorted(lines))
 
 
 #: values a loss's scalar factor is built of: names, attributes, constants, arithmetic

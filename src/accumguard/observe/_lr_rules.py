@@ -1,4 +1,5 @@
-"""F4 for a learning-rate schedule written by hand: no scheduler object, the value itself.
+"""F4 for a learning-rate schedule written by hand: no scheduler object, the value itself,
+or a scheduler given its position (``scheduler.step(epoch)``), whose calls are not its steps.
 
 :mod:`._lr_trace` records, per window, how often the optimizers' learning rates changed
 between two backward passes (``lr_changes``) and the rate at the step (``lr``). A schedule
@@ -21,6 +22,12 @@ _TITLE = "learning-rate schedule advanced per micro-step (written by hand, no sc
 
 _TITLE_UNSEEN = ("learning rate rewritten between backward passes (written by hand): K x "
                  "fast if its schedule counts optimizer steps")
+
+_TITLE_SET = ("learning-rate schedule placed per micro-step (scheduler.step(position)): "
+              "K x fast")
+
+_TITLE_SET_UNSEEN = ("learning rate placed between backward passes (scheduler.step(position)):"
+                     " K x fast if its position counts optimizer steps")
 
 _FIX_UNSEEN = ("If the schedule's lengths count optimizer steps, compute the rate once per "
                "optimizer step from the optimizer-step counter (nanoGPT style: lr = "
@@ -81,6 +88,7 @@ def lr_schedule_findings(rank: int, windows: list[StepWindow], k: int | None
     if len(moving) < 2 and int(traced[full[0]][0].backwards or 0) < 3:
         return []  # (one change in one window of two backwards: a coincidence is possible)
     per_micro = len(full)
+    positioned = any(int(w.scheduler_positioned or 0) for w, _, _ in traced)
     last_move = moving[-1][0]
     sizes = sorted(int(w.backwards or 0) for w, _, _ in traced)
     kk = k if k is not None and k > 1 else sizes[len(sizes) // 2]
@@ -93,9 +101,13 @@ def lr_schedule_findings(rank: int, windows: list[StepWindow], k: int | None
               f"the learning rate changed more than once between two optimizer steps in "
               f"{per_micro} ")
              + f"window(s) (e.g. {first.lr_changes} change(s) among the {first.backwards} "
-             "backward passes of one), with no LR scheduler stepping inside them: the "
-             f"schedule written into param_groups is indexed by the micro-step and advances "
-             f"{kk} x per optimizer step")
+             "backward passes of one), "
+             + ("set by an LR scheduler given its position (scheduler.step(epoch)) between "
+                "them: the position given is indexed by the micro-step and advances"
+                if positioned else
+                "with no LR scheduler stepping inside them: the schedule written into "
+                "param_groups is indexed by the micro-step and advances")
+             + f" {kk} x per optimizer step")
     ended = last_move + 1  # optimizer steps until the rate stopped moving
     flat = total - ended
     if kk > 1 and flat >= 2 and abs(ended - total / kk) <= 1:
@@ -104,7 +116,7 @@ def lr_schedule_findings(rank: int, windows: list[StepWindow], k: int | None
                     f"{where}; it stopped changing after optimizer step {ended} of {total} "
                     f"(about {total} / {kk}): a schedule whose horizon counts optimizer "
                     f"steps reached its end {kk} x early, and the remaining {flat} steps ran "
-                    f"at its final rate", fix=_FIX, title_=_TITLE)]
+                    f"at its final rate", fix=_FIX, title_=_TITLE_SET if positioned else _TITLE)]
     step = first.step
     seen = where.replace(" is indexed by the micro-step and advances", " moves")
     return [_mk("F4", "warning", rank, step, None,
@@ -115,4 +127,4 @@ def lr_schedule_findings(rank: int, windows: list[StepWindow], k: int | None
                 "with its lengths in the same units, the rate at each step is the large "
                 "batch's. The run did not reach the schedule's end, so which one is not seen: "
                 "a warning, not an error",
-                fix=_FIX_UNSEEN, title_=_TITLE_UNSEEN)]
+                fix=_FIX_UNSEEN, title_=_TITLE_SET_UNSEEN if positioned else _TITLE_UNSEEN)]

@@ -500,7 +500,12 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
         else:
             w.acc_blocks[-1] += 1
 
-    def _count_sched(self, sched: object) -> None:
+    def _count_sched(self, sched: object, positioned: bool = False) -> None:
+        if positioned:
+            # ``step(epoch)``: the script sets the schedule's position (a fractional epoch
+            # per micro-batch is legal), so the calls are not its steps
+            self._w.sched_set += 1
+            return
         count = self._sched_counts.add(sched)
         opt = getattr(sched, "optimizer", None)
         opt_steps = self._opt_steps.get(opt, self.step) if opt is not None else self.step

@@ -340,7 +340,10 @@ def sched_wrapper(obs: PatchHost) -> Maker:
             for w in caught:  # ("lr_scheduler.step() before optimizer.step()", ...)
                 warn_at_caller(w)
             if not initial and obs.installed and not obs._in_observer:
-                obs._count_sched(sched)
+                # an explicit epoch places the schedule (ReduceLROnPlateau's argument is a
+                # metric: its calls still count)
+                obs._count_sched(sched, positioned=bool(args or "epoch" in kwargs) and not isinstance(
+                    sched, torch.optim.lr_scheduler.ReduceLROnPlateau))
             return out
 
         return step

@@ -194,8 +194,11 @@ def loss_weight_findings(rank: int | None, windows: list[StepWindow]) -> list[Fi
                     f"weight ({mass:.4g}) whatever their count: one {one(u)} weighed "
                     f"{min(ws):.4g} to {max(ws):.4g} ({max(ws) / min(ws):.3g}x apart) "
                     f"instead of one weight for all {total:g} {u} (1/N); ")
-            undivided = abs(mass - 1.0) <= 1e-3
-            out.append(_mk("F5", "error", rank, w.step, None, seen + _mean_form(mass, k),
+            # a mean that was divided by K and times a constant that equals K (a
+            # distillation loss's T ** 2 = 4 beside K = 4) totals 1 too: not "undivided"
+            undivided = abs(mass - 1.0) <= 1e-3 and not _divided_by(recs, k)
+            out.append(_mk("F5", "error", rank, w.step, None,
+                           seen + _mean_form(mass, k, undivided),
                            title_=(f"mean of per-micro-batch means, not divided by K "
                                    f"(uneven {one(u)} counts)") if undivided else
                            f"mean of per-micro-batch means / K (uneven {one(u)} counts)"
@@ -241,12 +244,23 @@ def _received_scale(w: StepWindow, low: bool) -> float | None:
     return scale if 0.0 < scale <= 1.0 + (WEIGHT_TOL_LOW_PRECISION if low else WEIGHT_TOL) else None
 
 
-def _mean_form(mass: float, k: int) -> str:
+def _divided_by(recs: list[list[Any]], k: int) -> bool:
+    """Some constant between a record's loss call and its backward's root divides by ``k``
+    (``["/", k]``, or ``["*", 1/k]``; the chain of constants the loss record keeps)."""
+    for r in recs:
+        for d in (r[9] if len(r) > 9 and r[9] else []):
+            op, v = str(d[0]), float(d[1])
+            if (op == "/" and abs(v - k) <= 1e-6 * k) or (op == "*" and abs(v * k - 1) <= 1e-6):
+                return True
+    return False
+
+
+def _mean_form(mass: float, k: int, undivided: bool = True) -> str:
     """How the per-micro-batch mean was scaled, from its total weight per micro-step (a
     GradScaler or an engine's loss scale multiplies it: only 1/K and 1 are named)."""
     if abs(mass * k - 1.0) <= 1e-3:
         return "a per-micro-batch mean divided by K"
-    if abs(mass - 1.0) <= 1e-3:
+    if abs(mass - 1.0) <= 1e-3 and undivided:
         return (f"a per-micro-batch mean not divided by K either, so the window's gradient "
                 f"is also {k}x the large-batch mean (a transformers Trainer skips its own /K "
                 "when compute_loss is expected to use num_items_in_batch)")

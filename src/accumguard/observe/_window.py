@@ -31,6 +31,7 @@ class StepTally:
         self.zero_grads = 0
         self.zero_between = 0
         self.sched = 0
+        self.sched_set = 0  # scheduler steps given an explicit position
         self.clip_micros: list[int] = []
         self.clip_names: list[str] = []
         self.clip_empty: list[list[int]] = []  # clips given no tensor with a gradient
@@ -147,7 +148,8 @@ class StepTally:
             step=step, backwards=len(self.backwards), window_loss=loss, applied=applied,
             source=source, optimizer=optimizer, engine=engine,
             zero_grads=self.zero_grads, zero_grads_between=self.zero_between,
-            scheduler_steps=self.sched, clips=len(self.clip_micros),
+            scheduler_steps=self.sched, scheduler_positioned=self.sched_set,
+            clips=len(self.clip_micros),
             clip_micros=list(self.clip_micros), clip_functions=sorted(set(self.clip_names)),
             data_pass_starts=list(self.data_passes), reductions=reductions,
             reduction_rounds=rounds, sync_micros=syncs, sync_mismatch=mismatch,

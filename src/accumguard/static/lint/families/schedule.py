@@ -208,7 +208,7 @@ def scheduler_every_micro_step(ctx: FileContext) -> Iterator[Finding]:
         if not facts.accumulating or facts.unguarded_optimizer_steps or facts.accelerate or facts.summed_loss:
             continue
         for call, kind in facts.steps:
-            if kind != "scheduler" or ctx.guarded(call, window):
+            if kind != "scheduler" or ctx.guarded(call, window) or _positioned(ctx, call):
                 continue
             name = dotted(receiver(call)) or "scheduler"
             yield ctx.finding(
@@ -231,7 +231,7 @@ def _scheduler_beside_k_gated_step(ctx: FileContext, window: ast.AST,
     if not opt or not all(_k_gate(ctx, c, window) for c in opt):
         return
     for call, kind in steps:
-        if kind != "scheduler" or ctx.guarded(call, window):
+        if kind != "scheduler" or ctx.guarded(call, window) or _positioned(ctx, call):
             continue
         gate = _k_gate(ctx, opt[0], window)
         name = dotted(receiver(call)) or "scheduler"
@@ -241,6 +241,19 @@ def _scheduler_beside_k_gated_step(ctx: FileContext, window: ast.AST,
             f"only under `if {ast.unparse(gate.test) if gate is not None else 'K'}:` (line "
             f"{opt[0].lineno}), once per K micro-batches: the learning-rate schedule advances K "
             "times per optimizer step")
+
+
+def _positioned(ctx: FileContext, call: ast.Call) -> bool:
+    """``scheduler.step(epoch + i / n)``: given its position, the schedule is where the
+    script puts it whatever the number of calls (torch's documented use of
+    CosineAnnealingWarmRestarts per batch). Not a ``ReduceLROnPlateau`` (its argument is a
+    metric, and its calls count)."""
+    if not (call.args or any(k.arg == "epoch" for k in call.keywords)):
+        return False
+    name = dotted(receiver(call))
+    made = ctx.values_by_name().get(name, []) if name else []
+    return not any(isinstance(v, ast.Call) and (dotted(v.func) or "").endswith("ReduceLROnPlateau")
+                   for v in made)
 
 
 def _k_gate(ctx: FileContext, call: ast.AST, window: ast.AST) -> ast.If | None:
