@@ -1,13 +1,14 @@
 """AG123 (F10) is below: a loss divided by a count summed over every rank, under the
 wrapper's own average over ranks.
 
-AG122 (LOSS_SCALE): a hand-written window that backwards a mean loss K times and never
-divides by K.
+AG122 (LOSS_SCALE): a hand-written window (or Lightning's manual optimisation, or Fabric)
+that backwards a mean loss K times and never divides by K.
 
 Each micro-batch's mean loss is backwarded as is, so the window's gradient is the sum of K
 means: K times the large batch's mean gradient (with SGD, K times the learning rate).
-Judged only when everything is in sight and plain: a torch ``.backward()`` (not DeepSpeed's,
-Accelerate's or Lightning's, which divide by their own K), a window that accumulates with a
+Judged only when everything is in sight and plain: a torch ``.backward()``,
+``manual_backward`` or ``fabric.backward`` (not DeepSpeed's, Accelerate's or Lightning's
+automatic optimisation, which divide by their own K), a window that accumulates with a
 K named like one, a loss that is a mean (a torch loss function or a mean-reducing loss
 module with its default reduction, ``.mean()``, a model output's ``.loss``) reaching the
 backward with no arithmetic on the way, and no division by K anywhere in the file (a
@@ -138,6 +139,22 @@ def plain_windows(ctx: FileContext) -> Iterator[ast.AST]:
             yield window
 
 
+def _backwarded(call: ast.Call) -> ast.AST | None:
+    """The loss a backward takes as it is: ``loss.backward()``, Lightning's
+    ``self.manual_backward(loss)`` and Fabric's ``fabric.backward(loss)`` (neither divides
+    by K: manual optimisation and Fabric leave the scale to the script); None for another
+    call (DeepSpeed's, Accelerate's: they divide by their own K)."""
+    if call.keywords:
+        return None
+    attr = call_attr(call)
+    if attr == "backward" and not call.args:
+        return receiver(call)
+    if len(call.args) == 1 and (attr == "manual_backward" or (
+            attr == "backward" and "fabric" in (dotted(receiver(call)) or "").lower())):
+        return call.args[0]
+    return None
+
+
 @rule("AG122")
 def mean_loss_never_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
     for window in plain_windows(ctx):
@@ -149,10 +166,7 @@ def mean_loss_never_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
             continue
         losses: list[tuple[ast.AST, ast.AST]] = []
         for scope, call in backwards:
-            if call_attr(call) != "backward" or call.args or call.keywords:
-                losses = []
-                break
-            loss = receiver(call)
+            loss = _backwarded(call)
             if (isinstance(loss, ast.Call) and call_attr(loss) == "scale" and len(loss.args) == 1
                     and "scaler" in (dotted(receiver(loss)) or "").lower()):
                 loss = loss.args[0]  # scaler.scale(loss).backward(): the scale is undone
