@@ -826,6 +826,13 @@ RULES: dict[str, Rule] = {
             "make the accumulation buffers float32 (`torch.zeros_like(p, dtype=torch.float32)`) "
             "and cast once, after the window's sum, if a low-precision copy is needed",
         ),
+        _rule(
+            "AG198", "optimizer-step-horizon-times-k", "F4", W, MED,
+            "a schedule's horizon multiplies the num_training_steps the HF Trainer passes to "
+            "create_scheduler (already optimizer steps) by K: the schedule is K times longer "
+            "than the run",
+            "use that count as it is: it already counts optimizer steps (after accumulation)",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,
