@@ -457,7 +457,7 @@ def test_every_script_code_has_a_check_and_families_are_modules() -> None:
                                           "hfscale", "fused", "hookclip", "hftokens", "tailscale", "hfterms",
                                           "lgmanual", "lgstep", "lgwindow", "unclearedopt", "tokhorizon",
                                           "factored", "microstat", "prefetch", "hookgrad", "resume", "synctail", "dsbatch", "dssched", "hookreduce", "hfmean", "fsdproot", "fsdpunits", "gradwrite", "acctail", "emastep", "commhook", "clipgrads", "accloader",
-                                          "syncclip", "wrapgate", "dphorizon", "spawnworld", "hfclip", "unreduced", "argdrop", "dsstep", "wrapbypass", "lowbuffer", "stephorizon"}
+                                          "syncclip", "wrapgate", "dphorizon", "spawnworld", "hfclip", "unreduced", "argdrop", "dsstep", "wrapbypass", "lowbuffer", "stephorizon", "tempreduce"}
 
 
 def test_select_is_applied_before_rules_run(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -487,8 +487,8 @@ def test_select_is_applied_before_rules_run(monkeypatch: pytest.MonkeyPatch) -> 
 def test_registry_refuses_codes_outside_the_catalogue() -> None:
     from accumguard.static.lint.registry import rule
 
-    with pytest.raises(ValueError, match="AG199"):
-        rule("AG199")(lambda ctx: [])
+    with pytest.raises(ValueError, match="AG999"):
+        rule("AG999")(lambda ctx: [])
 
 
 def test_failure_class_words_come_from_the_taxonomy() -> None:

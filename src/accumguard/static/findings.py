@@ -1,7 +1,8 @@
 """The rule catalogue, and how a static check makes its finding.
 
 Both halves of the static tooling — the script linter (``accumguard lint``,
-codes ``AG1xx``) and the DeepSpeed config checker (``accumguard check-config``,
+codes ``AG1xx``, then ``AG3xx`` once AG199 is taken) and the DeepSpeed config checker
+(``accumguard check-config``,
 codes ``AG2xx``) — report :class:`~accumguard.core.findings.Finding` objects (the
 one finding type of accumguard, re-exported here with its ``Severity`` and
 ``Confidence``), made by :func:`lint_finding` from the rule's code, so that one set of
@@ -832,6 +833,13 @@ RULES: dict[str, Rule] = {
             "create_scheduler (already optimizer steps) by K: the schedule is K times longer "
             "than the run",
             "use that count as it is: it already counts optimizer steps (after accumulation)",
+        ),
+        _rule(
+            "AG199", "count-reduced-through-a-copy", "F6", E, HI,
+            "dist.all_reduce is given a new tensor made on the spot (an integer count converted "
+            "with .float(), a clone, arithmetic): it sums into that copy, which nothing keeps, "
+            "so the script's count stays this rank's own",
+            "convert first, then reduce the tensor you keep: `n = n.float(); dist.all_reduce(n)`",
         ),
         # ---- config rules (accumguard check-config) ----
         _rule(

@@ -80,6 +80,7 @@
                                    an accumulation key parse_dict(allow_extra_keys=True) drops
 ``lowbuffer``  AG197               gradients folded into hand-made bf16/fp16 accumulation buffers
 ``stephorizon`` AG198              HF create_scheduler's num_training_steps multiplied by K
+``tempreduce`` AG199               a count all-reduced through a temporary copy (n.float())
 ``unreduced``  AG179 AG180 AG183   parameters no reduction covers: one group of several all-reduced
                AG185 AG193 AG195   by hand; a module with parameters outside the DDP/FSDP wrapper;
                                    a generator of parameters spent before the write-back; a list
@@ -137,6 +138,7 @@ from accumguard.static.lint.families import (
     syncclip,
     synctail,
     tailscale,
+    tempreduce,
     terms,
     tokenmean,
     tokhorizon,
@@ -148,4 +150,4 @@ from accumguard.static.lint.families import (
     wrapgate,
 )
 
-__all__ = ["accelerate", "accloader", "acctail", "ampclip", "argdrop", "clipgrads", "commhook", "deepspeed", "dphorizon", "dsbatch", "dssched", "dsstep", "emastep", "epochtail", "factored", "fsdproot", "fsdpunits", "fused", "gradwrite", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfclip", "hfscale", "hfterms", "hftokens", "horizon", "lgmanual", "lgstep", "lgwindow", "loss", "lowbuffer", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "resume", "scale", "schedule", "spawnworld", "stephorizon", "sync", "syncclip", "synctail", "tailscale", "terms", "tokenmean", "tokhorizon", "twice", "unclearedopt", "unreduced", "window", "wrapbypass", "wrapgate"]
+__all__ = ["accelerate", "accloader", "acctail", "ampclip", "argdrop", "clipgrads", "commhook", "deepspeed", "dphorizon", "dsbatch", "dssched", "dsstep", "emastep", "epochtail", "factored", "fsdproot", "fsdpunits", "fused", "gradwrite", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfclip", "hfscale", "hfterms", "hftokens", "horizon", "lgmanual", "lgstep", "lgwindow", "loss", "lowbuffer", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "resume", "scale", "schedule", "spawnworld", "stephorizon", "sync", "syncclip", "synctail", "tailscale", "tempreduce", "terms", "tokenmean", "tokhorizon", "twice", "unclearedopt", "unreduced", "window", "wrapbypass", "wrapgate"]
