@@ -457,7 +457,7 @@ def test_every_script_code_has_a_check_and_families_are_modules() -> None:
                                           "hfscale", "fused", "hookclip", "hftokens", "tailscale", "hfterms",
                                           "lgmanual", "lgstep", "lgwindow", "unclearedopt", "tokhorizon",
                                           "factored", "microstat", "prefetch", "hookgrad", "resume", "synctail", "dsbatch", "dssched", "hookreduce", "hfmean", "fsdproot", "fsdpunits", "gradwrite", "acctail", "emastep", "commhook", "clipgrads", "accloader",
-                                          "syncclip", "wrapgate", "dphorizon", "spawnworld", "hfclip", "unreduced", "argdrop", "dsstep", "wrapbypass", "lowbuffer", "stephorizon", "tempreduce"}
+                                          "syncclip", "wrapgate", "dphorizon", "spawnworld", "hfclip", "unreduced", "argdrop", "dsstep", "wrapbypass", "lowbuffer", "stephorizon", "tempreduce", "syncwhole"}
 
 
 def test_select_is_applied_before_rules_run(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -474,7 +474,7 @@ def test_select_is_applied_before_rules_run(monkeypatch: pytest.MonkeyPatch) -> 
         lint_source(BUGGY, select=["AG105"])
     names = {c.name for c in registry.selected_checks(["AG11"], None)}
     assert names == {
-        "sync_flag_polarity", "forward_always_under_no_sync", "loss_divided_by_world_under_ddp",
+        "sync_flag_polarity", "forward_always_under_no_sync", "whole_window_under_no_sync", "loss_divided_by_world_under_ddp",
         "rank_local_token_mean_under_ddp",
         "scheduler_per_process", "engine_gating", "boundary_counter_off_by_one",
         "sync_flag_after_forward", "partial_window_leaks_into_next_epoch",
