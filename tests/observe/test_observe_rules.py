@@ -58,7 +58,7 @@ def test_wipe_evidence_numbers_this_steps_backward_passes() -> None:
     assert "about 50% of the window's gradient" in f.evidence
     rescaled = dict(cons, lost=0.0)  # a rescale, not a clear: no share removed is claimed
     (g,) = rules.live_findings(_record(conservation=rescaled), rank=0, k=4)
-    assert g.cls == "F2/F3" and "removed" not in g.evidence and "rescale" in g.evidence
+    assert g.cls == "F3" and "removed" not in g.evidence and "rescale" in g.evidence
 
 
 def test_token_weights_f5_only_when_counts_differ() -> None:

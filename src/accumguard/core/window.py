@@ -314,7 +314,11 @@ class StepRecord:
             rec["conservation"] = None
         else:
             rec["conservation"] = c = {f: getattr(cons, f) for f in _CONSERVATION}
-            if self.reductions and self.engine == "local":  # the script's own all-reduce
+            # the script's own all-reduce; or a DDP window whose gradient changed between
+            # its backwards (the parent compares what every rank received with all ranks'
+            # contributions: a stash put back before the step lost nothing)
+            if (self.reductions and self.engine == "local") or (
+                    self.engine == "ddp" and not cons.ok and cons.reason == "wiped"):
                 c["contrib_sums"], c["received_sums"] = (list(c["contrib_sums"]),
                                                          list(c["received_sums"]))
             else:

@@ -251,7 +251,10 @@ def averaged_inside_steps(rec: RunRecording) -> set[int]:
     out: set[int] = set()
     for step, row in _by_step(rec).items():
         rows = [row.get(r) for r in ranks]
-        conss = [None if w is None or w.engine != "local" else w.conservation for w in rows]
+        # (DDP too: a window whose gradients a callback stashed between the backwards, reduced
+        # by hand and put back before the step, beside the last micro-step's DDP average)
+        conss = [None if w is None or w.engine not in ("local", "ddp") else w.conservation
+                 for w in rows]
         if any(c is None or c.reason != "wiped" or not c.contrib_sums for c in conss):
             continue
         contribs = [[float(x) for x in c.contrib_sums] for c in conss if c is not None]

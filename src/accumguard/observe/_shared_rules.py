@@ -67,14 +67,17 @@ def scheduler_ahead(scheduler_steps: int, optimizer_steps: int, *, allowance: in
     return scheduler_steps > optimizer_steps + allowance
 
 
-def conservation_class(reason: str | None, *, zero_grad_inside: bool) -> str:
+def conservation_class(reason: str | None, *, zero_grad_inside: bool,
+                       engine_reset: bool = True) -> str:
     """The class of a broken conservation verdict (the optimizer did not receive the sum of
     the window's backward contributions): gradient left from the previous window (F7,
     ``reason`` "stale"), removed by a ``zero_grad`` inside the window (F3), or removed by
-    something else between backwards (F2/F3: an engine reset or a hand-written clear)."""
+    something else between backwards: F2/F3 where an engine's reset may be it
+    (``engine_reset``: a DeepSpeed engine, or not known), F3 where none can be (a torch
+    loop: a hand-written clear, a callback or hook that sets ``.grad`` to None)."""
     if reason == "stale":
         return "F7"
-    return "F3" if zero_grad_inside else "F2/F3"
+    return "F3" if zero_grad_inside or not engine_reset else "F2/F3"
 
 
 #: Where a clip (or a GradScaler unscale) ran against the window it acts on (see

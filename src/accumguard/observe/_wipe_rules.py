@@ -5,9 +5,9 @@ where the gradient changed between the window's backward passes.
   ``zero_grad`` between): a reduction of the accumulated ``.grad`` inside the window, F10,
   unless every rank still received a multiple of all ranks' contributions (an average after
   every micro-batch);
-* a ``zero_grad`` inside the window: F3; anything else (an engine reset, a hand-written clear,
-  a hook): F2/F3, with a title and fix of its own when neither a ``zero_grad`` nor DeepSpeed
-  did it.
+* a ``zero_grad`` inside the window: F3; anything else: F2/F3 on a DeepSpeed engine (its
+  reset or a clear), F3 in a torch loop (a hand-written clear, a hook, a callback), with a
+  title and fix of its own when neither a ``zero_grad`` nor DeepSpeed did it.
 """
 
 from __future__ import annotations
@@ -24,11 +24,15 @@ def wipe_finding(rank: int, w: StepWindow, n: int, after_collective: set[int],
     stale gradient, not a dropped tail: the caller's); ``after_collective``: the backward
     passes (0-based) that began right after a gradient collective of the script's own;
     ``averaged``: every rank received one multiple of the sum of all ranks' contributions
-    (``_rank_rules.averaged_inside_steps``), so a reduction inside the window lost nothing
-    and there is no error (None)."""
+    (``_rank_rules.averaged_inside_steps``), so what changed the gradient inside the window
+    (a reduction, a stash put back before the step) lost nothing and there is no error
+    (None)."""
+    if averaged:
+        # every rank received one multiple of all ranks' contributions: whatever changed
+        # .grad between the backwards (a reduction, a callback that stashed each
+        # micro-step's gradient and put the window's sum back before the step) lost nothing
+        return None
     if _reduced_inside(w, after_collective):
-        if averaged:
-            return None
         return _mk("F10", "error", rank, w.step, None, _reduced_inside_text(w),
                    title_="gradients all-reduced by hand inside the window: the accumulated "
                           ".grad changed between backward passes",
@@ -37,7 +41,8 @@ def wipe_finding(rank: int, w: StepWindow, n: int, after_collective: set[int],
                        "to .grad (DDP with no_sync does this for you).")
     cons = w.conservation
     cls = conservation_class(cons.reason if cons is not None else None,
-                             zero_grad_inside=bool(int(w.zero_grads_between)))
+                             zero_grad_inside=bool(int(w.zero_grads_between)),
+                             engine_reset=w.source == "deepspeed" or w.engine == "deepspeed")
     return _mk(cls, "error", rank, w.step, None, _wipe_text(w, cls, n), **_partial_wipe_words(w, cls))
 
 
@@ -73,13 +78,17 @@ def _partial_wipe_words(w: StepWindow, cls: str) -> dict[str, str]:
     some parameters' or rows' gradients): the class's "last micro-batch only" would say more
     than was measured."""
     cons = w.conservation
-    if cons is None or cls != "F2/F3" or int(w.zero_grads_between) or w.source != "torch" \
-            or float(cons.lost) < 0.005:
+    if cons is None or cls not in ("F2/F3", "F3") or int(w.zero_grads_between) \
+            or w.source != "torch":
         return {}  # a zero_grad inside the window (F3) or DeepSpeed's reset (F2): the class's
+    lost = float(cons.lost)
     return {
-        "title_": "the gradient was cleared or changed between backward passes (no zero_grad "
-                  f"ran; about {100 * float(cons.lost):.0f}% of the window's gradient by mass "
-                  "removed): the earlier micro-batches do not reach the optimizer in full",
+        "title_": ("the gradient was cleared or changed between backward passes (no zero_grad "
+                   f"ran; about {100 * lost:.0f}% of the window's gradient by mass removed): "
+                   "the earlier micro-batches do not reach the optimizer in full")
+        if lost >= 0.005 else
+        ("the gradient was changed between backward passes (no zero_grad ran): the "
+         "optimizer did not receive the sum of the micro-batches' gradients"),
         "fix": "Whatever clears or changes .grad between backward passes (a zero_grad, a hook, "
                "a callback that zeroes some parameters' or rows' gradients) must run once per "
                "window, after the last backward and before the optimizer step, or not at all: "
@@ -100,7 +109,7 @@ def _wipe_text(w: StepWindow, cls: str, n: int) -> str:
     off = (f"what the optimizer received differs from the sum of the {nb} backward passes' "
            f"contributions by {100 * float(cons.received):.3g}% of that sum (relative "
            "difference of gradient checksums)")
-    if cls == "F3":
+    if cls == "F3" and int(w.zero_grads_between):
         head = (f"zero_grad() ran {w.zero_grads_between} time(s) inside the window of "
                 f"optimizer step {_n(w.step)}")
         how = "was cleared, in whole or in part,"
