@@ -6,7 +6,9 @@ there that zeroes or masks ``.grad`` (rows zeroed to freeze them, a 0/1 mask, a
 ``zero_grad``) acts on the partial sums of micro-batches 1 .. K-1 and never on the last
 micro-batch's gradient: the masked entries step on the last micro-batch's gradient alone
 (F3 for those entries) for any ``gradient_accumulation_steps`` above 1. Reading gradients
-there (logging a norm) is fine. The change belongs in
+there (logging a norm) is fine, and so is a stash the same callback puts back in
+``on_pre_optimizer_step`` (the window's whole gradient restored before the step). The change
+belongs in
 ``on_pre_optimizer_step``, which runs once per optimizer step on the window's whole
 gradient. Helpers the hook calls are followed (a ``mask_rows_(model)`` of the file).
 
@@ -73,6 +75,27 @@ def _writes(ctx: FileContext, fn: ast.FunctionDef | ast.AsyncFunctionDef, depth:
                 yield from _writes(ctx, callee, depth + 1, seen)
 
 
+def _restored_before_step(ctx: FileContext, hook: ast.AST) -> bool:
+    """The hook's class also writes ``.grad`` in ``on_pre_optimizer_step`` (itself or
+    through the file's functions it calls): a callback that stashes each micro-batch's
+    gradient and puts the window's sum back before the step; what reaches the optimizer is
+    decided there, not in ``on_substep_end``."""
+    cls = ctx.enclosing(hook, (ast.ClassDef,))
+    if not isinstance(cls, ast.ClassDef):
+        return False
+    for fn in cls.body:
+        if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) \
+                and fn.name == "on_pre_optimizer_step":
+            if any(True for _ in _writes(ctx, fn, 0, set())):
+                return True
+            if any(isinstance(n, ast.Call) and call_attr(n) == "add_" and _on_grad(receiver(n))
+                   for f in [fn, *filter(None, (ctx.callee_of(c) for c in ctx.local_nodes(fn)
+                                                if isinstance(c, ast.Call)))]
+                   for n in ctx.local_nodes(f)):
+                return True
+    return False
+
+
 @rule("AG149")
 def grad_changed_in_substep_hook(ctx: FileContext) -> Iterator[Finding]:
     hooks = [f for f in ctx.of(*FUNCS) if f.name == _HOOK
@@ -80,6 +103,8 @@ def grad_changed_in_substep_hook(ctx: FileContext) -> Iterator[Finding]:
     if not hooks or ctx.trainer_ga()[0] == 1:
         return  # GA = 1: the Trainer never calls on_substep_end
     for func in hooks:
+        if _restored_before_step(ctx, func):
+            continue
         for node, how, where in _writes(ctx, func, 0, set()):
             inside = f"`{_HOOK}`" if where == _HOOK else f"`{where}`, which `{_HOOK}` calls"
             yield ctx.finding(

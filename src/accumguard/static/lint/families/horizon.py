@@ -97,6 +97,12 @@ def _counts_batches(ctx: FileContext, parts: list[ast.AST], loaders: set[str],
         if built is None or built[0] not in loaders:
             return None
         sizes = {ast.unparse(built[1])}
+    if any(isinstance(n, ast.Call) and ctx.callee_of(n) is not None
+           and any(isinstance(a, ast.Call) and call_attr(a) == "len"
+                   for arg in n.args for a in walk_all(arg))
+           for p in parts for n in walk_all(p)):
+        return None  # the count goes through a function of the file (`windows_per_epoch(len(
+        # loader))`): it may convert micro-batches to windows; not a plain count of batches
     divisors = divides(parts)
     if any(ast.unparse(d) not in sizes for d in divisors):
         return None  # scaled by something (`// K`, `/ world`): not a plain count of batches

@@ -27,6 +27,7 @@ opaque, undivided term (as before).
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -403,7 +404,8 @@ def loss_term_not_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
                 yield from _micro_mean_beside_window_count(ctx, window, terms)
                 continue
             for t in terms:
-                if t.divided or t.normalised or _constant(t.expr) or _divided_by_anything(t.expr):
+                if t.divided or t.normalised or _constant(t.expr) or _divided_by_anything(t.expr) \
+                        or _from_counted_call(ctx, window, t.expr):
                     continue  # a term over the window's token count (`ce_sum / n_window`) is right
                 main = ast.unparse(divided[0].expr)
                 yield ctx.finding(
@@ -413,6 +415,27 @@ def loss_term_not_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
                     "summed over the window's K micro-batches it weighs K times its coefficient "
                     "relative to the large batch's loss",
                 )
+
+
+#: a count a loss can be normalised by, passed to the call that returns a term
+_COUNT_ARG = re.compile(r"^(n|n_\w+|num\w*|\w*count\w*|\w*tokens\w*|\w*items\w*|"
+                        r"\w*total\w*|denom\w*|norm\w*)$", re.IGNORECASE)
+
+
+def _from_counted_call(ctx: FileContext, window: ast.AST, expr: ast.AST) -> bool:
+    """A term named by the window's one assignment from a call given a count
+    (``loss_ce, loss_bbox = criterion(logits, boxes, targets, num_boxes)``): the callee may
+    normalise by that count (a window count: right without K), so the term is not judged."""
+    if not isinstance(expr, ast.Name):
+        return False
+    writes = _writes(ctx, window).get(expr.id, [])
+    if len(writes) != 1 or not isinstance(writes[0], ast.Assign) \
+            or not isinstance(writes[0].value, ast.Call):
+        return False
+    call = writes[0].value
+    args = [*call.args, *(k.value for k in call.keywords)]
+    return any(_COUNT_ARG.match(last) for a in args
+               if (d := dotted(a)) is not None and (last := d.split(".")[-1]))
 
 
 def _own_division(ctx: FileContext, window: ast.AST, expr: ast.AST, depth: int = 2
