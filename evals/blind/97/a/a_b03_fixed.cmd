@@ -1,0 +1,1 @@
+python a_b03_fixed.py
