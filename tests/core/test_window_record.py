@@ -51,8 +51,10 @@ def test_the_line_keeps_its_keys_and_no_tensors() -> None:
     assert list(line) == LINE_KEYS
     assert line["kind"] == "step" and line["rank"] == 1
     json.dumps(line)  # JSON-safe: the updates' tensors are not in it
-    # the per-parameter checksum columns only where the cross-rank F10 fit reads them
-    assert "contrib_sums" not in line["conservation"]
+    # the per-parameter checksum columns only where the cross-rank fits read them: the
+    # script's own all-reduce, or a DDP window whose conservation broke between backwards
+    assert line["conservation"]["contrib_sums"] == [1.0, 2.0]  # (ddp, wiped)
+    assert "contrib_sums" not in _record(engine="fsdp2").as_dict(rank=1)["conservation"]
     local = _record(engine="local", reductions=2).as_dict(rank=0)["conservation"]
     assert local["contrib_sums"] == [1.0, 2.0] and local["received_sums"] == [0.5, 1.0]
 
@@ -61,7 +63,7 @@ def test_a_line_reads_back_to_the_same_record() -> None:
     rec = _record(engine="local", reductions=2, updates=None)
     line = json.loads(json.dumps(rec.as_dict(rank=0)))
     assert StepRecord.from_dict(line) == rec
-    trimmed = _record(updates=None)  # checksum columns dropped on the line: defaults back
+    trimmed = _record(engine="fsdp2", updates=None)  # columns dropped on the line: defaults back
     back = StepRecord.from_dict(json.loads(json.dumps(trimmed.as_dict(rank=0))))
     assert back.conservation == _cons(contrib_sums=(), received_sums=())
 

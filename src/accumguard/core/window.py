@@ -224,7 +224,9 @@ class StepRecord:
     unwrapped: list[str] | None = None
     # FSDP2: the checksum of what the optimizer received for the parameters of
     # ``unwrapped`` (those no ``fully_shard`` unit holds: plain tensors, not DTensors, whose
-    # gradients FSDP2 never reduces), comparable across ranks; None: none, or not checked
+    # gradients FSDP2 never reduces), comparable across ranks; DDP or FSDP2 where the step's
+    # checksum is not kept (a backward in the step's closure): [sum, sum of squares] of
+    # their .grad right after the step; None: none, or not checked
     loose_checksum: list[float] | None = None
     # DDP under ``Join``: the wrapper's ``divide_by_initial_world_size`` at the step (True:
     # the sum is divided by the launch's world size even when ranks have run out of data);

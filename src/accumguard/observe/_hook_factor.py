@@ -15,7 +15,8 @@ from typing import Any
 from accumguard.observe._records import Finding, RunRecording, _mk, _windows
 from accumguard.observe._weight_rules import WEIGHT_TOL, _window_mass
 
-__all__ = ["fill_hook_factors", "hook_factor", "hook_sum_findings"]
+__all__ = ["fill_hook_factors", "hook_factor", "hook_k_findings", "hook_sum_findings",
+           "measured_factor"]
 
 #: the signed sum the optimizer received, relative to its absolute sum, below which the fit
 #: is not trusted (the ranks' signed sums cancel: fp32 rounding of the reduction dominates)
@@ -29,6 +30,19 @@ def hook_factor(rows: list[dict[str, Any]], world: int) -> float | None:
     step lines), 1/W or 1, or None when it cannot be read: a rank without a hook call in
     the window's last backward only, a signed sum too small to divide by, ranks that
     disagree, or a factor that is neither."""
+    c = measured_factor(rows, world)
+    if c is None:
+        return None
+    for target in (1.0 / world, 1.0):
+        if abs(c - target) <= _TOL * target:
+            return target
+    return None
+
+
+def measured_factor(rows: list[dict[str, Any]], world: int) -> float | None:
+    """The one factor c, common to every rank within :data:`_TOL`, with which every rank's
+    optimizer received the sum over the ranks of the buckets its hook was handed; None when
+    it cannot be read (see :func:`hook_factor`)."""
     if world < 2 or len(rows) != world:
         return None
     total = 0.0
@@ -47,10 +61,9 @@ def hook_factor(rows: list[dict[str, Any]], world: int) -> float | None:
         if abs(got) < _MIN_SIGNED * mass:
             return None
         cs.append(got / total)
-    for target in (1.0 / world, 1.0):
-        if all(abs(c - target) <= _TOL * target for c in cs):
-            return target
-    return None
+    if cs[0] <= 0 or max(cs) - min(cs) > _TOL * max(cs):
+        return None
+    return sum(cs) / len(cs)
 
 
 def fill_hook_factors(rec: RunRecording) -> int:
@@ -116,3 +129,51 @@ def hook_sum_findings(rec: RunRecording) -> list[Finding]:
                     "the result in its then() callback), or register torch's "
                     "default_hooks.allreduce_hook. A summing hook is right only for a loss "
                     "divided by the token count of all ranks together.")]
+
+
+def hook_k_findings(rec: RunRecording) -> list[Finding]:
+    """LOSS_SCALE for a DDP communication hook that divides the ranks' sum by W x K (measured
+    factor 1/(W K), K the window's backward passes) while each rank's loss is already
+    normalised to its window (its window's tokens weigh 1 on each rank: divided by K, or by
+    the window's count): the accumulation's division happens twice, every update is K times
+    too small."""
+    ranks = [r for r in rec.ranks if rec.steps.get(r)]
+    world = len(ranks)
+    if world < 2 or world != rec.world:
+        return []
+    lines: dict[int, dict[int, dict[str, Any]]] = {}
+    for r in ranks:
+        for line in rec.steps[r]:
+            if line.get("kind", "step") == "step" and line.get("hook_in"):
+                lines.setdefault(int(line["step"]), {})[r] = line
+    per_rank = {r: {w.step: w for w in _windows(rec.steps[r])} for r in ranks}
+    judged: list[tuple[int, int, float]] = []
+    for step in sorted(per_rank[ranks[0]]):
+        rows = [per_rank[r].get(step) for r in ranks]
+        got = lines.get(int(step), {})
+        if any(w is None or w.engine != "ddp" for w in rows) or len(got) != world:
+            continue
+        k = int(rows[0].backwards or 0) if rows[0] is not None else 0
+        c = measured_factor([got[r] for r in ranks], world)
+        if k < 2 or c is None or abs(c * world * k - 1.0) > _TOL:
+            continue
+        masses = [_window_mass(w) for w in rows if w is not None]
+        if len(masses) == world and all(m is not None and m.sole
+                                        and abs(m.mass - 1.0) <= WEIGHT_TOL for m in masses):
+            judged.append((int(step), k, c))
+    if not judged or len(judged) * 2 < len(per_rank[ranks[0]]):
+        return []
+    step, k, c = judged[0]
+    return [_mk("LOSS_SCALE", "error", None, step, None,
+                f"the DDP communication hook registered by the script divided the sum over the "
+                f"{world} ranks by {world * k} = W x K: on every rank the optimizer received "
+                f"{c:.4g} x the sum of the buckets the hook was handed (measured: bucket sums "
+                f"before the hook, gradient checksums at the step), while each rank's loss was "
+                f"already normalised to its window of K = {k} micro-steps (its window's tokens "
+                f"weigh 1 on each rank), so every update is {k}x too small ({len(judged)} "
+                "step(s))",
+                title_=f"a DDP communication hook divides by W x K while the loss is already "
+                       f"divided by K: every update is {k}x too small",
+                fix="Divide the bucket by the world size only in the hook (or register torch's "
+                    "default_hooks.allreduce_hook): the loss's own division by K (or by the "
+                    "window's count) already makes the window's mean.")]

@@ -140,7 +140,9 @@ def f5_across_findings(steps: list[LedgerStep]) -> list[Finding]:
     hits = []
     for s in steps:
         ks = {len(ws) for ws in s.weights.values()}
-        if not s.sole or len(ks) != 1 or (k := ks.pop()) < 2:
+        # (a term of a summed loss too: the gradient its call's output received is that
+        # term's weight whatever the other terms add, so its micro-steps compare alike)
+        if len(ks) != 1 or (k := ks.pop()) < 2:
             continue
         ranks = sorted(s.weights)
         if any(len(s.counts[r]) != k for r in ranks):
@@ -171,9 +173,10 @@ def f5_across_findings(steps: list[LedgerStep]) -> list[Finding]:
                 f"{one(u)} weighed {min(per_micro):.4g} to {max(per_micro):.4g} "
                 f"({max(per_micro) / min(per_micro):.3g}x apart; the same on every rank within "
                 f"a micro-step) instead of one weight for all {big_n:g} {u} "
-                f"({len(hits)} of {len(steps)} step(s)): each micro-step's loss was divided by "
+                f"({len(hits)} of {len(steps)} step(s)): each micro-step's "
+                f"{'loss' if s.sole else 'loss term there'} was divided by "
                 f"its own {one(u)} count over the ranks, a mean of per-micro-step means",
-                title_="mean of per-micro-batch means over the ranks (uneven token counts)",
+                title_=f"mean of per-micro-batch means over the ranks (uneven {one(u)} counts)",
                 fix=f"Divide by the window's {one(u)} count over all its micro-steps and ranks "
                     "(sum the counts of the K micro-batches, all-reduce once before the "
                     "window), times the world size under DDP/FSDP's average, and not by K.")]

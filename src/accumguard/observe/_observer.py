@@ -243,6 +243,7 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
         self._step_master: MasterSum | None = None  # see _precision.model_grad_sum
         # per (optimizer, DDP roots): its parameters no DDP root holds (StepMachinery._unwrapped)
         self._unwrapped_of: dict[tuple[int, int], list[str]] = {}
+        self._loose_of: dict[tuple[int, int], list[torch.Tensor]] = {}  # ... those parameters
         self._prec_static: dict[tuple[int, int],
                                 tuple[str | None, dict[str, str] | None,
                                       dict[str, str] | None]] = {}

@@ -270,6 +270,43 @@ def _spread(sums: list[list[float]]) -> float:
     return max(abs(a[i] - b[i]) for a in sums for b in sums for i in (0, 1)) / scale
 
 
+def _ddp_loose_finding(step: int, evidence: str, loose: list[str]) -> Finding:
+    return _mk("F10", "error", None, step, None,
+               evidence + f"; the optimizer steps parameters that DDP does not "
+               f"reduce ({', '.join(loose)}): DDP averages the gradients of the "
+               "parameters its module held when DDP was built (not one outside "
+               "that module, one replaced or added after, or one it ignores), so "
+               "each rank steps those on its own gradient",
+               title_="parameters DDP does not reduce are never averaged over "
+                      "the ranks",
+               fix="Make them parameters of the module DDP wraps before wrapping it "
+                   "(a loss module's learnable temperature or weights included; replace "
+                   "a head before accelerator.prepare / DDP, not after), or all-reduce their "
+                   "gradients (sum, then divide by the world size) at each window's "
+                   "end, before the optimizer step.")
+
+
+def _loose_grads_differ(step: int, row: dict[int, StepWindow]) -> Finding | None:
+    """DDP, where the step's own checksum was not kept (a backward inside the step's
+    closure: Lightning): the ``.grad`` of the stepped parameters DDP does not reduce, read
+    right after the step, differs across ranks."""
+    if len(row) < 2 or any(s.engine != "ddp" or s.checksum for s in row.values()):
+        return None
+    sums = {r: s.loose_checksum for r, s in row.items() if s.loose_checksum}
+    names = next((s.unwrapped for s in row.values() if s.unwrapped), None)
+    if len(sums) != len(row) or not names:
+        return None
+    scale = max(abs(v[1]) for v in sums.values()) or 1e-30
+    spread = max(abs(a[i] - b[i]) for a in sums.values() for b in sums.values()
+                 for i in (0, 1)) / max(scale, max(abs(v[0]) for v in sums.values()), 1e-30)
+    if spread <= 1e-5:
+        return None
+    text = ", ".join(f"rank {r}: {v[0]:.6g}" for r, v in sorted(sums.items()))
+    return _ddp_loose_finding(step, f"the gradient of the parameters DDP does not reduce "
+                              f"differs across ranks at step {_n(step)} (their sums {text}, "
+                              "read after the step)", names)
+
+
 def _outside_units(step: int, row: dict[int, StepWindow]) -> Finding | None:
     """FSDP2: the stepped parameters no ``fully_shard`` unit holds (plain tensors, not
     DTensors) received different gradients on the ranks: FSDP2 never reduced them and
@@ -322,6 +359,9 @@ def cross_rank_findings(rec: RunRecording) -> list[Finding]:
         return averaged
     for step in sorted(by_step):
         row = by_step[step]
+        loose_ddp = _loose_grads_differ(step, row)
+        if loose_ddp is not None:
+            return [loose_ddp]
         if len(row) >= 2 and all(s.engine == "fsdp2" for s in row.values()):
             outside = _outside_units(step, row)
             if outside is not None:
@@ -342,19 +382,7 @@ def cross_rank_findings(rec: RunRecording) -> list[Finding]:
                 return [_never_finding(step, evidence, never)]
             loose = next((s.unwrapped for s in row.values() if s.unwrapped), None)
             if loose:
-                return [_mk("F10", "error", None, step, None,
-                            evidence + f"; the optimizer steps parameters that DDP does not "
-                            f"reduce ({', '.join(loose)}): DDP averages the gradients of the "
-                            "parameters its module held when DDP was built (not one outside "
-                            "that module, one replaced or added after, or one it ignores), so "
-                            "each rank steps those on its own gradient",
-                            title_="parameters DDP does not reduce are never averaged over "
-                                   "the ranks",
-                            fix="Make them parameters of the module DDP wraps before wrapping it "
-                                "(a loss module's learnable temperature or weights included; replace "
-                                "a head before accelerator.prepare / DDP, not after), or all-reduce their "
-                                "gradients (sum, then divide by the world size) at each window's "
-                                "end, before the optimizer step.")]
+                return [_ddp_loose_finding(step, evidence, loose)]
             skipped = skipped_by_hand_reduce(row)
             if skipped is not None:
                 return [skipped_finding(rec, step, evidence, *skipped)]

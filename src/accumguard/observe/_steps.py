@@ -101,6 +101,7 @@ class StepMachinery:
     _tracked_ids: set[int]
     _tracked_names: dict[int, str]
     _unwrapped_of: dict[tuple[int, int], list[str]]
+    _loose_of: dict[tuple[int, int], list[torch.Tensor]]
     _fsdp_groups: dict[int, list[object]]
     _end_versions: list[tuple[int, int] | None]
     _collectives_seen: int
@@ -401,8 +402,10 @@ class StepMachinery:
             backward_pass=self.backward_total if self._bw_current is not None else None,
             grad_hooks=bool(losses or terms) and self._grad_hooked(owner),
             opt_serial=self._serial(owner), unborn=unborn,
-            unwrapped=self._unwrapped(owner) if self.engine in ("ddp", "fsdp2") else None,
-            loose_checksum=loose_chk,
+            unwrapped=(unwrapped := self._unwrapped(owner)
+                       if self.engine in ("ddp", "fsdp2") else None),
+            loose_checksum=loose_chk if loose_chk is not None or not unwrapped or chk is not None
+            else self._loose_grads(owner),
             join_initial=self._join_initial() if self.engine == "ddp" else None)
         self._next_window(reset_losses=False)  # losses.take() above reset them
         if self._global_handle is not None and self.step >= PIN_ROOTS_AFTER_STEPS:
@@ -439,7 +442,23 @@ class StepMachinery:
             names = [self._tracked_names.get(id(p), f"a {tuple(p.shape)} tensor")
                      for p in loose[:3]] + ([f"{len(loose) - 3} more"] if len(loose) > 3 else [])
             self._unwrapped_of[key] = names
+            self._loose_of[key] = loose
         return names or None
+
+    def _loose_grads(self, opt: object) -> list[float] | None:
+        """``[sum, sum of squares]`` of the ``.grad`` the stepped parameters no wrapper
+        reduces hold right after the step (:meth:`_unwrapped`'s): the same on every rank when
+        something averaged them. Read where the step's own checksum is not kept (a backward
+        inside the step's closure: Lightning), for those few parameters only."""
+        loose = self._loose_of.get((id(opt), len(self._sync_roots)))
+        if not loose:
+            return None
+        with self._quiet():
+            grads = [p.grad for p in loose if p.grad is not None]
+            if not grads:
+                return None
+            flat = torch.cat([local(g).detach().float().reshape(-1) for g in grads])
+            return [float(x) for x in torch.stack([flat.sum(), flat.pow(2).sum()]).tolist()]
 
     def _loose_checksum(self) -> list[float] | None:
         """FSDP2: the checksum of the step's gradients of the stepped parameters no

@@ -38,7 +38,7 @@ from accumguard.observe._epochs import (
 )
 from accumguard.observe._framework_fixes import framework_fixes, frameworks
 from accumguard.observe._groups import after_in_backward, group_ks, optimizer_groups
-from accumguard.observe._hook_factor import fill_hook_factors, hook_sum_findings
+from accumguard.observe._hook_factor import fill_hook_factors, hook_k_findings, hook_sum_findings
 from accumguard.observe._hook_step_rules import in_backward_findings
 from accumguard.observe._isolated import Isolated
 from accumguard.observe._k_resolution import resolve_k, spans_passes
@@ -241,7 +241,8 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
         findings = [f for f in findings if f.cls != "LOSS_SCALE"
                     or (f.severity == "error" and res.k != rec.world)]
     findings += ledger
-    hooked = rule("hook_sum_findings", hook_sum_findings, rec)
+    hooked = rule("hook_sum_findings", hook_sum_findings, rec) \
+        + rule("hook_k_findings", hook_k_findings, rec)
     if hooked:
         # the hook's measured sum explains a total of W: the ledger's note leaving that open
         # would contradict it
