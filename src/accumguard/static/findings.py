@@ -841,6 +841,14 @@ RULES: dict[str, Rule] = {
             "so the script's count stays this rank's own",
             "convert first, then reduce the tensor you keep: `n = n.float(); dist.all_reduce(n)`",
         ),
+        _rule(
+            "AG300", "forward-through-inner-module", "F10", E, MED,
+            "the training forward calls the module inside a DDP wrapper directly "
+            "(`model.module(x)`, `model.module.get_action_and_value(...)`, or a name bound to "
+            "`model.module`): DDP reduces only the backwards of its own forward",
+            "call the wrapper (`model(x)`); to run another method through DDP, make it the "
+            "module's forward or dispatch it from forward (e.g. `forward(self, *a, mode=...)`)",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

@@ -8,6 +8,10 @@ wrapper to another name trains with no reduction at all: each rank steps on its 
 gradient. Reported when the raw name is not rebound, the forward on it sits in a loop that
 runs a backward, and nothing in the file shards with FSDP (whose wrappers differ).
 
+AG300 (F10): the training forward runs ``ddp.module(x)`` or ``ddp.module.method(...)`` (or a
+name bound to ``ddp.module``) instead of the wrapper, in a loop that backwards (or a function
+such a loop calls), not under ``no_grad``: the backward reduces nothing.
+
 AG196 (F10): a submodule replaced on the wrapped model's inner module after wrapping
 (``accelerator.unwrap_model(model).head = nn.Linear(...)``, or through a helper of the file
 handed ``unwrap_model(model)`` / ``ddp.module`` that assigns its attribute a new module): DDP
@@ -25,7 +29,8 @@ from accumguard.static.lint._ast import FUNCS, call_attr, dotted, is_backward
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 
-__all__ = ["forward_on_the_unwrapped_module", "module_replaced_after_wrapping"]
+__all__ = ["forward_on_the_unwrapped_module", "forward_through_the_inner_module",
+           "module_replaced_after_wrapping"]
 
 _WRAPPERS = frozenset({"DistributedDataParallel", "DDP"})
 
@@ -199,3 +204,94 @@ def module_replaced_after_wrapping(ctx: FileContext) -> Iterator[Finding]:
                 "build the optimizer after), or wrap again",
         )
         return
+
+
+# ---------------------------------------------------------------- AG300: through `.module`
+
+#: methods of a module that run no forward
+_NOT_FORWARD = frozenset({
+    "parameters", "named_parameters", "state_dict", "load_state_dict", "train", "eval", "to",
+    "cpu", "cuda", "modules", "named_modules", "children", "named_children", "buffers",
+    "named_buffers", "zero_grad", "apply", "requires_grad_", "half", "float", "double",
+    "bfloat16", "register_forward_hook", "register_forward_pre_hook", "register_buffer",
+    "register_parameter", "get_submodule", "get_parameter", "save_pretrained", "generate",
+    "resize_token_embeddings", "get_input_embeddings", "get_output_embeddings", "tie_weights",
+    "gradient_checkpointing_enable", "extra_repr", "share_memory", "type"})
+#: ... and method names that begin so (a model's own setup and bookkeeping)
+_NOT_FORWARD_PREFIX = ("configure", "init", "reset", "setup", "build", "save", "load", "log",
+                       "print", "num_", "estimate", "get_num", "crop", "set_", "create")
+
+
+def _ddp_names(ctx: FileContext) -> set[str]:
+    """Dotted names bound to a ``DDP(...)`` wrapper (``model``, ``self.model``)."""
+    out: set[str] = set()
+    for node in ctx.of(ast.Assign):
+        call = node.value
+        if isinstance(call, ast.Call) and (dotted(call.func) or "").split(".")[-1] in _WRAPPERS:
+            out |= {d for t in node.targets if (d := dotted(t)) is not None}
+    return out
+
+
+def _inner_of(ctx: FileContext, wrappers: set[str]) -> dict[str, str]:
+    """``<w>.module`` for each wrapper, and names assigned from it once
+    (``self.policy = self.model.module``), each with the wrapper it bypasses."""
+    out = {f"{w}.module": w for w in wrappers}
+    for node in ctx.of(ast.Assign):
+        src = dotted(node.value)
+        if src in out and len(node.targets) == 1 and (d := dotted(node.targets[0])) is not None \
+                and len(ctx.values_by_name().get(d, [])) == 1:
+            out[d] = out[src]
+    return out
+
+
+def _trains(ctx: FileContext, node: ast.AST, depth: int = 2) -> bool:
+    """``node`` runs with gradients on inside a loop that runs a backward, in a function
+    that runs one, or in a function of the file called from those (``depth`` levels)."""
+    if _in_training_loop(ctx, node):
+        return True
+    fn = ctx.enclosing(node, FUNCS)
+    if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) \
+            or any(_no_grad(d) for d in fn.decorator_list) or _under_no_grad(ctx, node, fn):
+        return False
+    if any(isinstance(c, ast.Call) and is_backward(c) for c in ctx.local_nodes(fn)):
+        return True  # a micro-step method: its forward feeds the backward it runs
+    return depth > 0 and any(_trains(ctx, site, depth - 1) for site in ctx.call_sites(fn))
+
+
+@rule("AG300")
+def forward_through_the_inner_module(ctx: FileContext) -> Iterator[Finding]:
+    wrappers = _ddp_names(ctx)
+    if not wrappers or _mentions_fsdp(ctx):
+        return
+    inner = _inner_of(ctx, wrappers)
+    for call in ctx.of(ast.Call):
+        func = call.func
+        name = dotted(func)
+        if name in inner:
+            via, what = name, f"`{name}(...)`"
+        elif isinstance(func, ast.Attribute) and dotted(func.value) in inner \
+                and func.attr not in _NOT_FORWARD and not func.attr.startswith(("_", *_NOT_FORWARD_PREFIX)):
+            via, what = dotted(func.value) or "", f"`{ast.unparse(func)}(...)`"
+        else:
+            # handed to a function of the file that calls it (`sequence_logps(self.policy, x)`)
+            fn = ctx.callee_of(call)
+            at = next((i for i, a in enumerate(call.args) if dotted(a) in inner), None)
+            if fn is None or at is None or not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            shift = 1 if fn.args.args and fn.args.args[0].arg in ("self", "cls") \
+                and isinstance(func, ast.Attribute) else 0
+            if not _calls_param(ctx, fn, at + shift) or any(
+                    isinstance(c, ast.Call) and ((dotted(c.func) or "").endswith("autograd.grad")
+                                                 or call_attr(c) == "zero_grad")
+                    for c in ctx.local_nodes(fn)):
+                continue  # (a probe: torch.autograd.grad, or a gradient it clears itself)
+            via = dotted(call.args[at]) or ""
+            what = f"`{ast.unparse(call.func)}(...)`, which calls the `{via}` it is handed,"
+        if not _trains(ctx, call):
+            continue
+        wrapper = inner[via]
+        yield ctx.finding(
+            "AG300", call,
+            f"{what} runs the module inside `{wrapper}` (a DDP wrapper) directly, in a loop that "
+            f"runs a backward: DDP arms its gradient reduction only in its own forward, so the "
+            f"backward of this forward reduces nothing and each rank steps on its own gradient")
