@@ -150,6 +150,25 @@ def test_a_fault_counting_accelerates_blocks_changes_nothing(
     assert all(torch.equal(a, b) for a, b in zip(plain, seen, strict=True))
 
 
+class _BrokenDict(dict):  # type: ignore[type-arg]
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        raise RuntimeError("injected: the K an Accelerator was built with")
+
+
+def test_a_fault_reading_the_accelerators_constructed_k_changes_nothing(tmp_path: Path) -> None:
+    """The read of ``gradient_accumulation_steps`` right after ``Accelerator(...)`` (a later
+    Accelerator() resets it for all): a fault there switches observation off, is reported,
+    and the trained parameters are unchanged."""
+    plain = _accelerate_loop(None)
+    with recording(tmp_path) as obs:
+        obs.declared_k = _BrokenDict()
+        seen = _accelerate_loop(obs, broken_loader=False)
+        failure = obs.failure
+    assert failure is not None and "injected" in failure.error + failure.traceback
+    assert "in init" in failure.traceback
+    assert all(torch.equal(a, b) for a, b in zip(plain, seen, strict=True))
+
+
 def _ds_scheduled_loop() -> list[float]:
     """A torch optimizer under DeepSpeed's own WarmupDecayLR (no engine needed): the learning
     rates the schedule gave, step by step."""

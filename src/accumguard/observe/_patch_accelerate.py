@@ -48,6 +48,21 @@ def patch_accelerator(obs: PatchHost, mod: ModuleType) -> None:
 
     obs.patches.wrap_member(mod, "Accelerator", "backward", make_backward)
 
+    def make_init(orig: Original) -> Original:
+        def init(acc: object, /, *args: object, **kwargs: object) -> object:
+            out = orig(acc, *args, **kwargs)
+            # K as constructed: Accelerate keeps it in a state every Accelerator shares, so a
+            # second Accelerator() made later (a logging helper) resets it to 1 for all; the
+            # backward then reads 1, and the script's K is known only from here
+            k = getattr(acc, "gradient_accumulation_steps", None)
+            if isinstance(k, int) and k > 1:
+                obs.declared_k.setdefault("accelerate", k)
+            return out
+
+        return init
+
+    obs.patches.wrap_member(mod, "Accelerator", "__init__", make_init)
+
 
 def patch_scheduler(obs: PatchHost, mod: ModuleType) -> None:
     if not obs.installed:
