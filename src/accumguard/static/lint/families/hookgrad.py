@@ -16,7 +16,9 @@ AG192 (F3): a Lightning hook that runs on every batch (``on_train_batch_start``,
 ``on_train_batch_end``, ``on_before_backward``, ``on_after_backward``, in a ``Callback`` or
 the module) calls ``zero_grad`` with no condition, while the Trainer is given
 ``accumulate_grad_batches``: it clears the gradient the window has accumulated so far, and
-each step receives the last micro-batch (or none) of its window.
+each step receives the last micro-batch (or none) of its window. The validation hooks count
+too when the Trainer validates every N training batches (``val_check_interval=N``) with N not
+a multiple of K: validation then lands inside a window.
 """
 
 from __future__ import annotations
@@ -118,12 +120,72 @@ def grad_changed_in_substep_hook(ctx: FileContext) -> Iterator[Finding]:
 
 
 
+_VALIDATION_HOOKS = ("on_validation_start", "on_validation_epoch_start", "on_validation_end",
+                     "on_validation_epoch_end", "on_validation_batch_start",
+                     "on_validation_batch_end", "on_validation_model_eval")
+
+
+def _returns_off_boundary(fn: ast.FunctionDef, call: ast.AST) -> bool:
+    """An ``if <a test on the window's position>: return`` precedes ``call`` in ``fn``'s body
+    (a modulo, or the accumulation count in the test)."""
+    at = getattr(call, "lineno", 0)
+    for stmt in fn.body:
+        if getattr(stmt, "lineno", at) >= at:
+            break
+        if isinstance(stmt, ast.If) and any(isinstance(n, ast.Return) for n in stmt.body):
+            test = ast.unparse(stmt.test)
+            if "%" in test or "accumulate" in test:
+                return True
+    return False
+
+
+def _ints(ctx: FileContext, expr: ast.AST) -> set[int | None]:
+    """:meth:`int_candidates`, reading ``hp["k"]`` through a parameter whose default names a
+    module dict (``def main(hp=HPARAMS)``)."""
+    got = ctx.int_candidates(expr)
+    if None not in got or not (isinstance(expr, ast.Subscript) and isinstance(expr.value, ast.Name)):
+        return got
+    fn = ctx.enclosing(expr, FUNCS)
+    if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+        return got
+    args = fn.args.args
+    defaults = dict(zip([a.arg for a in args[len(args) - len(fn.args.defaults):]],
+                        fn.args.defaults, strict=True))
+    default = defaults.get(expr.value.id)
+    if not isinstance(default, ast.Name):
+        return got
+    swapped = ast.Subscript(value=ast.Name(id=default.id, ctx=ast.Load()), slice=expr.slice,
+                            ctx=ast.Load())
+    return ctx.int_candidates(swapped)
+
+
+def _validation_mid_window(ctx: FileContext) -> dict[str, int]:
+    """The validation hooks (each with the interval) when the Trainer validates every N
+    training batches (``val_check_interval=N``) with N not a multiple of every K in sight:
+    validation then runs inside a window. Empty when either is not in sight."""
+    ks: set[int | None] = set()
+    vs: set[int | None] = set()
+    for call in ctx.of(ast.Call):
+        for kw in call.keywords:
+            if kw.arg == "accumulate_grad_batches":
+                ks |= _ints(ctx, kw.value)
+            elif kw.arg == "val_check_interval":
+                vs |= _ints(ctx, kw.value)
+    if not ks or not vs or None in ks or None in vs:
+        return {}
+    if all(v % k == 0 for v in vs if v for k in ks if k):
+        return {}
+    every = min(v for v in vs if v)
+    return dict.fromkeys(_VALIDATION_HOOKS, every)
+
+
 @rule("AG192")
 def zero_grad_in_per_batch_lightning_hook(ctx: FileContext) -> Iterator[Finding]:
     if not accumulation_given(ctx):
         return
+    mid = _validation_mid_window(ctx)
     for fn in ctx.of(ast.FunctionDef):
-        if not isinstance(fn, ast.FunctionDef) or fn.name not in LIGHTNING_PER_BATCH \
+        if not isinstance(fn, ast.FunctionDef) or fn.name not in (*LIGHTNING_PER_BATCH, *mid) \
                 or ctx.enclosing(fn, (ast.ClassDef,)) is None:
             continue
         for call in ast.walk(fn):
@@ -132,11 +194,17 @@ def zero_grad_in_per_batch_lightning_hook(ctx: FileContext) -> Iterator[Finding]
             if ctx.enclosing(call, (ast.If, ast.IfExp)) is not None \
                     and ctx.enclosing(ctx.enclosing(call, (ast.If, ast.IfExp)) or call, FUNCS) is fn:
                 continue  # (under a condition: between windows, judged elsewhere)
+            if _returns_off_boundary(fn, call):
+                continue  # (`if (batch_idx + 1) % K != 0: return` before it: at boundaries only)
+            when = (f"which Lightning calls at each validation, every {mid[fn.name]} "
+                    "training batches (val_check_interval), not a multiple of "
+                    "accumulate_grad_batches, so inside a window" if fn.name in mid else
+                    "which Lightning calls on every batch")
             yield ctx.finding(
                 "AG192",
                 call,
-                f"`{ast.unparse(call)}` runs in `{fn.name}`, which Lightning calls on every "
-                "batch, while the Trainer accumulates (accumulate_grad_batches): it clears the "
+                f"`{ast.unparse(call)}` runs in `{fn.name}`, {when}, while the Trainer "
+                "accumulates (accumulate_grad_batches): it clears the "
                 "gradient the window has summed so far, so each optimizer step receives only "
                 "the gradient of the batches after the last clear",
             )
