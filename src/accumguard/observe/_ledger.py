@@ -377,6 +377,16 @@ def _f10(judged: list[LedgerStep], world: int, target: float, k: int | None = No
                f"{'divides' if small else 'multiplies'} the loss by "
                f"{'a count with the world size as a factor' if global_n else 'the world size'}"
                f" there ({path})")
+    elif s.factor is not None and abs(s.factor * world - 1.0) > 1e-6 \
+            and all(not d for x in judged for d in x.divs):
+        # no constant between any loss call and its backward: the total is the engine's
+        # factor at work, not a weight the loop chose
+        why = (f"; every micro-step's loss was a plain mean (no constant between the loss "
+               f"call and its backward), and {engine}'s reduction multiplied the sum over the "
+               f"ranks by {s.factor:.4g} where an average over the {world} ranks is "
+               f"{1 / world:.4g}: the engine's own divisor (an FSDP2 "
+               f"set_gradient_divide_factor({1 / s.factor:g}), a hook) replaced the average "
+               "over the ranks")
     else:
         return [_mk("LOSS_SCALE", "note", None, s.step, None,
                     f"{seen}. That is what a loss divided by the world size gives on top of "
@@ -406,8 +416,13 @@ def _f10(judged: list[LedgerStep], world: int, target: float, k: int | None = No
                      f"multiply the loss by the world size (or, on FSDP2, "
                      "set_gradient_divide_factor(1.0) with "
                      "set_force_sum_reduction_for_comms(True))" if small else
-                     f"Average over ranks exactly once: {engine} already averages; do not "
-                     "multiply the loss by the world size on top of a per-rank mean."))]
+                     (f"A divide factor replaces {engine}'s division by the world size: "
+                      "to sum the window's K micro-batch means, set it to K x W (or leave "
+                      "the default and divide each micro-step's loss by K)."
+                      if s.factor is not None and abs(s.factor * world - 1.0) > 1e-6
+                      and not lines and not common else
+                      f"Average over ranks exactly once: {engine} already averages; do not "
+                      "multiply the loss by the world size on top of a per-rank mean.")))]
 
 
 def term_findings(rec: RunRecording) -> list[Finding]:

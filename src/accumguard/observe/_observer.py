@@ -34,7 +34,7 @@ import contextlib
 import functools
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from types import ModuleType
 
 import torch
@@ -241,9 +241,13 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
         self._step_bw0 = 0  # backward passes ended when the step at hand began
         self._step_members: list[bool] | None = None
         self._step_master: MasterSum | None = None  # see _precision.model_grad_sum
-        # per (optimizer, DDP roots): its parameters no DDP root holds (StepMachinery._unwrapped)
-        self._unwrapped_of: dict[tuple[int, int], list[str]] = {}
-        self._loose_of: dict[tuple[int, int], list[torch.Tensor]] = {}  # ... those parameters
+        # per (optimizer, DDP roots, trainable count): its parameters no DDP root holds
+        # (StepMachinery._unwrapped)
+        self._unwrapped_of: dict[tuple[int, int, int], list[str]] = {}
+        self._loose_of: dict[tuple[int, int, int], list[torch.Tensor]] = {}  # ... those parameters
+        self._loose_key: dict[int, tuple[int, int, int]] = {}  # per optimizer: its last key
+        # per DDP wrapper built under observation: the parameters frozen when it was built
+        self.ddp_frozen: MutableMapping[object, frozenset[int]] = weakref.WeakKeyDictionary()
         self._prec_static: dict[tuple[int, int],
                                 tuple[str | None, dict[str, str] | None,
                                       dict[str, str] | None]] = {}

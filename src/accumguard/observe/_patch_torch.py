@@ -103,6 +103,13 @@ def _pin_after(obs: PatchHost, *, depth: bool) -> Maker:
     def make(orig: Original) -> Original:
         def call(module: object, /, *a: object, **kw: object) -> object:
             out = orig(module, *a, **kw)
+            if depth and obs.installed and isinstance(module, torch.nn.Module):
+                # DDP's reducer holds the parameters that required a gradient when it was
+                # built: one frozen then and unfrozen later is never reduced
+                inner = getattr(module, "module", None)
+                if isinstance(inner, torch.nn.Module):
+                    obs.ddp_frozen[module] = frozenset(
+                        id(p) for p in inner.parameters() if not p.requires_grad)
             if obs.installed and obs.auto_roots and isinstance(module, torch.nn.Module):
                 obs._pin_module(module, depth=depth)
             return out

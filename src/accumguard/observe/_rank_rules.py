@@ -274,14 +274,16 @@ def _ddp_loose_finding(step: int, evidence: str, loose: list[str]) -> Finding:
     return _mk("F10", "error", None, step, None,
                evidence + f"; the optimizer steps parameters that DDP does not "
                f"reduce ({', '.join(loose)}): DDP averages the gradients of the "
-               "parameters its module held when DDP was built (not one outside "
-               "that module, one replaced or added after, or one it ignores), so "
-               "each rank steps those on its own gradient",
+               "parameters its module held, requiring a gradient, when DDP was built (not "
+               "one outside that module, one replaced or added after, one frozen then and "
+               "unfrozen later, or one it ignores), so each rank steps those on its own "
+               "gradient",
                title_="parameters DDP does not reduce are never averaged over "
                       "the ranks",
                fix="Make them parameters of the module DDP wraps before wrapping it "
                    "(a loss module's learnable temperature or weights included; replace "
-                   "a head before accelerator.prepare / DDP, not after), or all-reduce their "
+                   "a head before accelerator.prepare / DDP, not after; unfreeze before "
+                   "wrapping, or wrap again after unfreezing), or all-reduce their "
                    "gradients (sum, then divide by the world size) at each window's "
                    "end, before the optimizer step.")
 

@@ -35,6 +35,12 @@ def loss_scale_findings(rank: int | None, windows: list[StepWindow], k: int | No
     if len({w.opt_serial for w in windows}) > 1:
         return first_per_optimizer(windows, lambda w: w.opt_serial,
                                    lambda group: loss_scale_findings(rank, group, k, world))
+    if world > 1 and any(w.rank_factor is not None
+                         and abs(float(w.rank_factor) * world - 1.0) > 1e-6 for w in windows):
+        # the engine's reduction over the ranks is not their average (an FSDP2 divide
+        # factor set to K, a summing hook): what one rank's weights say of the update holds
+        # only with that factor; the ledger composes it (``ledger_findings``)
+        return []
     judged = [(w, m) for w in windows if int(w.window) == k
               for m in [_window_mass(w)] if m is not None
               and (m.sole or inside_one_normalisation(w, m.site, k) is not None)]

@@ -11,6 +11,7 @@ hands itself to ``install``/``patch_*``.
 
 from __future__ import annotations
 
+from collections.abc import MutableMapping
 from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
@@ -86,6 +87,8 @@ class PatchHost(EngineHost, Protocol):
     lr_trace: LrTrace
     boundary: BoundaryScale | None
     roots: dict[int, torch.nn.Module]
+    # per DDP wrapper built under observation: its parameters frozen when it was built
+    ddp_frozen: MutableMapping[object, frozenset[int]]
     # the window and the run's counts
     step: int
     backward_total: int

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections.abc import MutableMapping
 from dataclasses import replace
 from itertools import chain
 from operator import attrgetter, itemgetter
@@ -50,6 +51,7 @@ __all__ = ["OBSERVE_MAX", "PIN_ROOTS_AFTER_STEPS", "StepMachinery"]
 _PARAMS = itemgetter("params")
 _GRAD = attrgetter("grad")
 _VERSION = attrgetter("_version")
+_REQUIRES_GRAD = attrgetter("requires_grad")
 
 #: The row of a tracked parameter that was replaced and dropped (no gradient, checksum 0).
 _GONE = torch.empty(0)
@@ -100,8 +102,10 @@ class StepMachinery:
     _tracked: list[torch.Tensor]
     _tracked_ids: set[int]
     _tracked_names: dict[int, str]
-    _unwrapped_of: dict[tuple[int, int], list[str]]
-    _loose_of: dict[tuple[int, int], list[torch.Tensor]]
+    _unwrapped_of: dict[tuple[int, int, int], list[str]]
+    _loose_of: dict[tuple[int, int, int], list[torch.Tensor]]
+    _loose_key: dict[int, tuple[int, int, int]]
+    ddp_frozen: MutableMapping[object, frozenset[int]]
     _fsdp_groups: dict[int, list[object]]
     _end_versions: list[tuple[int, int] | None]
     _collectives_seen: int
@@ -423,7 +427,11 @@ class StepMachinery:
         """The parameters ``opt`` steps that no DDP root reduces (DDP averages the gradients
         of the parameters it registered when it was built): up to three names and a count
         of the rest; None when there are none. Once per optimizer and set of roots."""
-        key = (id(opt), len(self._sync_roots))
+        # (the trainable count in the key: a parameter unfrozen after DDP was built is one
+        # DDP never registered; the loops are C's, as in _grad_state)
+        trainable = sum(map(_REQUIRES_GRAD, chain.from_iterable(
+            map(_PARAMS, getattr(opt, "param_groups", [])))))
+        key = (id(opt), len(self._sync_roots), trainable)
         names = self._unwrapped_of.get(key)
         if names is None:
             params = [p for g in getattr(opt, "param_groups", []) for p in g["params"]]
@@ -437,12 +445,14 @@ class StepMachinery:
                 with self._quiet():
                     # DDP reduces the parameters it registered when it was built (a module
                     # replaced afterwards, or one it was told to ignore, is not among them)
-                    held = {id(p) for r in roots for p in _registered(r)}
+                    held = {id(p) for r in roots for p in _registered(r)
+                            if id(p) not in self.ddp_frozen.get(r, ())}
                     loose = [p for p in params if id(p) not in held and p.requires_grad]
             names = [self._tracked_names.get(id(p), f"a {tuple(p.shape)} tensor")
                      for p in loose[:3]] + ([f"{len(loose) - 3} more"] if len(loose) > 3 else [])
             self._unwrapped_of[key] = names
             self._loose_of[key] = loose
+        self._loose_key[id(opt)] = key
         return names or None
 
     def _loose_grads(self, opt: object) -> list[float] | None:
@@ -450,7 +460,7 @@ class StepMachinery:
         reduces hold right after the step (:meth:`_unwrapped`'s): the same on every rank when
         something averaged them. Read where the step's own checksum is not kept (a backward
         inside the step's closure: Lightning), for those few parameters only."""
-        loose = self._loose_of.get((id(opt), len(self._sync_roots)))
+        loose = self._loose_of.get(self._loose_key.get(id(opt), (0, 0, 0)))
         if not loose:
             return None
         with self._quiet():
