@@ -285,7 +285,7 @@ def test_a_fault_reading_ddps_registered_parameters_changes_nothing(
     accumguard's, and the trained parameters are bit-equal to the unobserved run's."""
     import torch.distributed as dist
 
-    import accumguard.observe._steps as steps
+    import accumguard.observe._loose as loose
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
@@ -294,7 +294,7 @@ def test_a_fault_reading_ddps_registered_parameters_changes_nothing(
         def broken(root: object) -> list[object]:
             raise RuntimeError("injected: DDP's registered parameters")
 
-        monkeypatch.setattr(steps, "_registered", broken)
+        monkeypatch.setattr(loose, "_registered", broken)
         with recording(tmp_path) as obs:
             seen = _ddp_loop()
             failure = obs.failure
@@ -332,7 +332,7 @@ def test_a_fault_reading_the_parameters_outside_fsdp2_units_changes_nothing(
     accumguard's, and the trained parameters are bit-equal to the unobserved run's."""
     import torch.distributed as dist
 
-    import accumguard.observe._steps as steps
+    import accumguard.observe._loose as loose
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
@@ -341,7 +341,7 @@ def test_a_fault_reading_the_parameters_outside_fsdp2_units_changes_nothing(
         def broken(p: object) -> bool:
             raise RuntimeError("injected: a parameter outside the units")
 
-        monkeypatch.setattr(steps, "_plain", broken)
+        monkeypatch.setattr(loose, "_plain", broken)
         with recording(tmp_path) as obs:
             seen = _fsdp2_loop()
             failure = obs.failure

@@ -33,7 +33,7 @@ def test_the_observer_reads_the_parameters_ddp_registered() -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from accumguard.observe._steps import _registered
+    from accumguard.observe._loose import _registered
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:

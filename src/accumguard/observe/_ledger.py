@@ -38,7 +38,6 @@ DeepSpeed fp16 (a dynamic loss scale) is not judged.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -47,8 +46,9 @@ from accumguard.observe._ledger_patterns import (
     LedgerStep,
     f5_across_findings,
     f6_findings,
+    total_in_f6,
 )
-from accumguard.observe._ledger_source import k_multiplications, world_divisions
+from accumguard.observe._ledger_source import multiplies_by_k, world_divisions
 from accumguard.observe._own_count_terms import own_count_term_findings
 from accumguard.observe._records import (
     Finding,
@@ -241,7 +241,7 @@ def ledger_findings(rec: RunRecording, k: int | None = None) -> list[Finding]:
                 # each rank normalised by its own count, then the world size applied (the
                 # recipe's x W, or a / W): F6's fix (count over all ranks, times W under an
                 # averaging engine) sets the total right too; "remove the W" would not
-                return [_total_in_f6(f, judged[0], target) if f.cls == "F6" else f for f in out]
+                return [total_in_f6(f, judged[0], target) if f.cls == "F6" else f for f in out]
             return _f10(judged, world, target, k) + out
     whole = all(len(ws) == k for x in judged for ws in x.weights.values())
     if k is not None and k > 1 and k != world and whole:
@@ -249,7 +249,7 @@ def ledger_findings(rec: RunRecording, k: int | None = None) -> list[Finding]:
         for target, op in ((1.0 / k, "/"), (float(k), "*")):
             if all(s.near(s.total, target) and s.divs and all(
                     any(_divides(s, d, op, float(k)) for d in ds) for ds in s.divs)
-                   for s in judged) and (op == "/" or _multiplies_by_k(judged[0].site)):
+                   for s in judged) and (op == "/" or multiplies_by_k(judged[0].site)):
                 return _k_total(judged, world, k, target < 1) + out
     totals = [s.total for s in judged]
     s = judged[0]
@@ -267,23 +267,6 @@ def ledger_findings(rec: RunRecording, k: int | None = None) -> list[Finding]:
                            "the large batch's mean, normalise the summed loss by the window's "
                            f"{one(s.unit)} count over all micro-steps and ranks."))
     return out
-
-
-def _multiplies_by_k(site: str) -> bool:
-    """The loss's file multiplies something by a name holding K (or cannot be read: the
-    run's constants then stand alone): a factor equal to K is then taken for K."""
-    lines = k_multiplications(site.rpartition(":")[0]) if ":" in site else None
-    return lines is None or bool(lines)
-
-
-def _total_in_f6(f: Finding, s: LedgerStep, target: float) -> Finding:
-    """F6's evidence with the step's total weight (W or 1/W), which its fix also mends."""
-    engine = ENGINES.get(s.engine, s.engine)
-    return dataclasses.replace(f, evidence=(
-        f"{f.evidence}; after {engine}'s reduction the {s.unit} of every step also carried a "
-        f"total weight of {s.total:.4g} ({'1/W' if target < 1 else 'W'}, where the large "
-        f"batch's mean gives 1): a normalisation by the {one(s.unit)} count over all ranks, "
-        "as the fix says, sets that total to 1 as well"))
 
 
 def _k_total(judged: list[LedgerStep], world: int, k: int, small: bool) -> list[Finding]:

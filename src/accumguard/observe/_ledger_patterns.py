@@ -7,13 +7,14 @@ each micro-step by its own count over the ranks (F5 across the ranks,
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from accumguard.observe._records import Finding, _mk, _n
 from accumguard.observe._weight_rules import WEIGHT_TOL, WEIGHT_TOL_LOW_PRECISION, _short, one
 
-__all__ = ["ENGINES", "LedgerStep", "f5_across_findings", "f6_findings"]
+__all__ = ["ENGINES", "LedgerStep", "f5_across_findings", "f6_findings", "total_in_f6"]
 
 ENGINES = {"ddp": "DDP", "fsdp2": "FSDP2", "deepspeed": "DeepSpeed"}
 
@@ -180,3 +181,13 @@ def f5_across_findings(steps: list[LedgerStep]) -> list[Finding]:
                 fix=f"Divide by the window's {one(u)} count over all its micro-steps and ranks "
                     "(sum the counts of the K micro-batches, all-reduce once before the "
                     "window), times the world size under DDP/FSDP's average, and not by K.")]
+
+
+def total_in_f6(f: Finding, s: LedgerStep, target: float) -> Finding:
+    """F6's evidence with the step's total weight (W or 1/W), which its fix also mends."""
+    engine = ENGINES.get(s.engine, s.engine)
+    return dataclasses.replace(f, evidence=(
+        f"{f.evidence}; after {engine}'s reduction the {s.unit} of every step also carried a "
+        f"total weight of {s.total:.4g} ({'1/W' if target < 1 else 'W'}, where the large "
+        f"batch's mean gives 1): a normalisation by the {one(s.unit)} count over all ranks, "
+        "as the fix says, sets that total to 1 as well"))

@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["k_multiplications", "world_divisions", "world_multiplications"]
+__all__ = ["k_multiplications", "multiplies_by_k", "world_divisions", "world_multiplications"]
 
 #: Names that hold the number of data-parallel ranks.
 _WORLD = re.compile(r"^(world(_size)?|num_processes|n_?procs|n_?gpus|num_gpus|ngpus|dp_size|"
@@ -230,6 +230,14 @@ def k_multiplications(path: str) -> tuple[int, ...] | None:
                 and c.func.attr == "backward" for c in ast.walk(stmt.value)):
             lines.update(products(stmt.value))
     return tuple(sorted(lines))
+
+
+def multiplies_by_k(site: str) -> bool:
+    """The file of the loss call at ``site`` (``path:line``) multiplies a loss by a name
+    holding K (or cannot be read: the run's constants then stand alone): a factor equal to K
+    is then taken for K."""
+    lines = k_multiplications(site.rpartition(":")[0]) if ":" in site else None
+    return lines is None or bool(lines)
 
 
 #: values a loss's scalar factor is built of: names, attributes, constants, arithmetic

@@ -28,7 +28,8 @@ from accumguard.core.window import StepRecord
 from accumguard.observe._epochs import complete_epochs, epochs
 from accumguard.observe._records import Finding, JsonObject, RunRecording, _mk, records
 
-__all__ = ["deepspeed_schedulers", "horizon_findings", "position", "run_horizon_findings", "schedule_state"]
+__all__ = ["deepspeed_schedulers", "explained_by_f1", "horizon_findings", "position",
+           "run_horizon_findings", "schedule_state"]
 
 #: end reasons of a recording whose run went to its own end (not cut by watch or a signal)
 _COMPLETE = frozenset({"exit", "destroy_process_group"})
@@ -458,3 +459,15 @@ def _passes(steps: list[StepRecord], tail: JsonObject) -> tuple[int, bool]:
         return 0, False
     lengths = [b - a for a, b in zip(starts, [*starts[1:], ends], strict=True)]
     return len(starts), len(starts) >= 2 and len(set(lengths)) == 1
+
+
+def explained_by_f1(horizon: list[Finding], findings: list[Finding], rank: int) -> list[Finding]:
+    """``horizon`` (:func:`run_horizon_findings`) without its "ends K x early" errors when
+    ``findings`` hold F1 for this rank: the optimizer stepped after every backward while K
+    was declared, so a horizon sized for the declared K's steps ends K x early as a
+    consequence; F1's fix mends it, and "re-size the horizon" would contradict that fix."""
+    if not any(f.cls == "F1" and f.severity == "error" and f.rank in (rank, None)
+               for f in findings):
+        return horizon
+    return [f for f in horizon
+            if not (f.cls == "F4" and f.severity == "error" and "(K = " in f.evidence)]

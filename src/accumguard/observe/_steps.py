@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import MutableMapping
 from dataclasses import replace
 from itertools import chain
 from operator import attrgetter, itemgetter
@@ -30,6 +29,7 @@ from accumguard.observe._checksum import (
 )
 from accumguard.observe._events import ScalerEvent, StepStartEvent
 from accumguard.observe._introspect import local, snapshot, tol_for
+from accumguard.observe._loose import LooseParameters
 from accumguard.observe._precision import AccumDrift, MasterSum, model_grad_sum
 from accumguard.observe._reduction import rank_factor, unit_factors
 from accumguard.observe._window import StepTally
@@ -66,7 +66,7 @@ OBSERVE_MAX = 2048
 PIN_ROOTS_AFTER_STEPS = 2
 
 
-class StepMachinery:
+class StepMachinery(LooseParameters):
     """``_begin_step``/``_end_step``/``_skipped_step`` and their helpers (state: the
     observer's ``_step_*``, ``_before``/``_idle_before``, ``_last_owner``/``_last_grads``,
     set up in ``Observer.__init__``)."""
@@ -102,10 +102,6 @@ class StepMachinery:
     _tracked: list[torch.Tensor]
     _tracked_ids: set[int]
     _tracked_names: dict[int, str]
-    _unwrapped_of: dict[tuple[int, int, int], list[str]]
-    _loose_of: dict[tuple[int, int, int], list[torch.Tensor]]
-    _loose_key: dict[int, tuple[int, int, int]]
-    ddp_frozen: MutableMapping[object, frozenset[int]]
     _fsdp_groups: dict[int, list[object]]
     _end_versions: list[tuple[int, int] | None]
     _collectives_seen: int
@@ -423,67 +419,6 @@ class StepMachinery:
             self.failsafe.on_teardown(self._start_tail)
             self.failsafe.retire()
 
-    def _unwrapped(self, opt: object) -> list[str] | None:
-        """The parameters ``opt`` steps that no DDP root reduces (DDP averages the gradients
-        of the parameters it registered when it was built): up to three names and a count
-        of the rest; None when there are none. Once per optimizer and set of roots."""
-        # (the trainable count in the key: a parameter unfrozen after DDP was built is one
-        # DDP never registered; the loops are C's, as in _grad_state)
-        trainable = sum(map(_REQUIRES_GRAD, chain.from_iterable(
-            map(_PARAMS, getattr(opt, "param_groups", [])))))
-        key = (id(opt), len(self._sync_roots), trainable)
-        names = self._unwrapped_of.get(key)
-        if names is None:
-            params = [p for g in getattr(opt, "param_groups", []) for p in g["params"]]
-            if self.engine == "fsdp2":
-                # a fully_shard unit holds DTensor parameters; a plain tensor is in none
-                loose = [p for p in params if _plain(p) and p.requires_grad]
-            else:
-                roots = [r for r in self._sync_roots if hasattr(r, "require_backward_grad_sync")]
-                if not roots:
-                    return None
-                with self._quiet():
-                    # DDP reduces the parameters it registered when it was built (a module
-                    # replaced afterwards, or one it was told to ignore, is not among them)
-                    held = {id(p) for r in roots for p in _registered(r)
-                            if id(p) not in self.ddp_frozen.get(r, ())}
-                    loose = [p for p in params if id(p) not in held and p.requires_grad]
-            names = [self._tracked_names.get(id(p), f"a {tuple(p.shape)} tensor")
-                     for p in loose[:3]] + ([f"{len(loose) - 3} more"] if len(loose) > 3 else [])
-            self._unwrapped_of[key] = names
-            self._loose_of[key] = loose
-        self._loose_key[id(opt)] = key
-        return names or None
-
-    def _loose_grads(self, opt: object) -> list[float] | None:
-        """``[sum, sum of squares]`` of the ``.grad`` the stepped parameters no wrapper
-        reduces hold right after the step (:meth:`_unwrapped`'s): the same on every rank when
-        something averaged them. Read where the step's own checksum is not kept (a backward
-        inside the step's closure: Lightning), for those few parameters only."""
-        loose = self._loose_of.get(self._loose_key.get(id(opt), (0, 0, 0)))
-        if not loose:
-            return None
-        with self._quiet():
-            grads = [p.grad for p in loose if p.grad is not None]
-            if not grads:
-                return None
-            flat = torch.cat([local(g).detach().float().reshape(-1) for g in grads])
-            return [float(x) for x in torch.stack([flat.sum(), flat.pow(2).sum()]).tolist()]
-
-    def _loose_checksum(self) -> list[float] | None:
-        """FSDP2: the checksum of the step's gradients of the stepped parameters no
-        ``fully_shard`` unit holds (plain tensors), the same on every rank when they were
-        averaged; None when there are none."""
-        members, chk = self._step_members, self._step_checksum
-        if members is None or chk is None:
-            return None
-        picked = [m and _plain(p) for p, m in zip(self._tracked, members, strict=False)]
-        picked = picked[:len(chk)]
-        if not any(picked):
-            return None
-        mask = torch.tensor(picked + [False] * (len(chk) - len(picked)), dtype=torch.bool)
-        return [float(x) for x in chk[mask].sum(0)]
-
     def _join_initial(self) -> bool | None:
         """DDP's ``divide_by_initial_world_size``, which only ``Join`` sets (None: unset)."""
         for r in self._sync_roots:
@@ -611,15 +546,3 @@ def _clip_coefficient(norm_clip: tuple[object, object] | None) -> float | None:
     if not math.isfinite(value):
         return None
     return min(1.0, float(limit) / (value + 1e-6))
-
-
-def _plain(p: Any) -> bool:
-    """Not a DTensor (FSDP2 shards the parameters of its units as DTensors)."""
-    return getattr(p, "to_local", None) is None
-
-
-def _registered(root: Any) -> list[Any]:
-    """The parameters a DDP module reduces: those it registered at construction
-    (``_module_parameters``, the ignored ones left out), else its module's."""
-    params = getattr(root, "_module_parameters", None)
-    return params if isinstance(params, list) else list(root.parameters())

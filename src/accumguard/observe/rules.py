@@ -75,7 +75,7 @@ from accumguard.observe._records import (
     windows,
 )
 from accumguard.observe._scale_rules import loss_scale_findings
-from accumguard.observe._schedules import run_horizon_findings
+from accumguard.observe._schedules import explained_by_f1, run_horizon_findings
 from accumguard.observe._shared_rules import conservation_class as _conservation_class
 from accumguard.observe._shared_rules import double_gating, engine_resets
 from accumguard.observe._short_rules import (
@@ -224,15 +224,8 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
             findings += ([] if note is None else [note._replace(rank)]) + found
         findings += rule("scheduler_findings", _scheduler_findings, rank,
                          rec.schedulers.get(rank, []), _windows(rec.steps.get(rank, [])))
-        horizon = rule("run_horizon_findings", run_horizon_findings, rec, rank, res.k)
-        if any(f.cls == "F1" and f.severity == "error" and f.rank in (rank, None)
-               for f in findings):
-            # the optimizer stepped after every backward while K was declared: a horizon
-            # sized for the declared K's steps ends K x early as a consequence; F1's fix
-            # mends it, and "re-size the horizon" would contradict that fix
-            horizon = [f for f in horizon if not (f.cls == "F4" and f.severity == "error"
-                                                  and "(K = " in f.evidence)]
-        findings += horizon
+        findings += explained_by_f1(
+            rule("run_horizon_findings", run_horizon_findings, rec, rank, res.k), findings, rank)
         if not any(f.cls == "F4" and f.rank == rank for f in findings):
             findings += rule("lr_schedule_findings", lr_schedule_findings, rank,
                              _windows(rec.steps.get(rank, [])), res.k)
