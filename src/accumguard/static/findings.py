@@ -849,6 +849,13 @@ RULES: dict[str, Rule] = {
             "call the wrapper (`model(x)`); to run another method through DDP, make it the "
             "module's forward or dispatch it from forward (e.g. `forward(self, *a, mode=...)`)",
         ),
+        _rule(
+            "AG301", "unfrozen-after-ddp-was-built", "F10", E, MED,
+            "a parameter frozen before DDP(net) is unfrozen after it and no DDP is built again: "
+            "DDP's reducer holds the parameters that required a gradient when it was built",
+            "unfreeze before wrapping, or build the DDP wrapper again after unfreezing "
+            "(and hand the optimizer the parameter)",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

@@ -75,7 +75,7 @@
 ``spawnworld`` AG170               WORLD_SIZE read (default 1) in ranks mp.spawn started
 ``dsstep``     AG188               a DeepSpeed engine's step() never called, its optimizer stepped
 ``wrapbypass`` AG189 AG196 AG300   the training forward on the module a DDP wrapper was made from
-                                   (or on `ddp.module`);
+               AG301               (or on `ddp.module`); a parameter unfrozen after DDP was built;
                                    a submodule replaced on the inner module after wrapping
 ``argdrop``    AG187 AG191         a command-line accumulation option filtered out before the config;
                                    an accumulation key parse_dict(allow_extra_keys=True) drops

@@ -12,6 +12,9 @@ AG300 (F10): the training forward runs ``ddp.module(x)`` or ``ddp.module.method(
 name bound to ``ddp.module``) instead of the wrapper, in a loop that backwards (or a function
 such a loop calls), not under ``no_grad``: the backward reduces nothing.
 
+AG301 (F10): a parameter frozen before ``DDP(net)`` and unfrozen after it (progressive
+unfreezing) with no DDP built again: DDP's reducer never holds it.
+
 AG196 (F10): a submodule replaced on the wrapped model's inner module after wrapping
 (``accelerator.unwrap_model(model).head = nn.Linear(...)``, or through a helper of the file
 handed ``unwrap_model(model)`` / ``ddp.module`` that assigns its attribute a new module): DDP
@@ -25,12 +28,12 @@ import ast
 from collections.abc import Iterator
 
 from accumguard.static.findings import Finding
-from accumguard.static.lint._ast import FUNCS, call_attr, dotted, is_backward
+from accumguard.static.lint._ast import FUNCS, call_attr, dotted, is_backward, position
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 
 __all__ = ["forward_on_the_unwrapped_module", "forward_through_the_inner_module",
-           "module_replaced_after_wrapping"]
+           "module_replaced_after_wrapping", "unfrozen_after_ddp_was_built"]
 
 _WRAPPERS = frozenset({"DistributedDataParallel", "DDP"})
 
@@ -295,3 +298,55 @@ def forward_through_the_inner_module(ctx: FileContext) -> Iterator[Finding]:
             f"{what} runs the module inside `{wrapper}` (a DDP wrapper) directly, in a loop that "
             f"runs a backward: DDP arms its gradient reduction only in its own forward, so the "
             f"backward of this forward reduces nothing and each rank steps on its own gradient")
+
+
+# ---------------------------------------------------------------- AG301: unfrozen after DDP
+
+def _freezes(node: ast.AST) -> tuple[str, bool] | None:
+    """``X.requires_grad_(False)`` / ``X.requires_grad = False`` (and True): (X, on)."""
+    if isinstance(node, ast.Call) and call_attr(node) == "requires_grad_" \
+            and isinstance(node.func, ast.Attribute):
+        arg = node.args[0] if node.args else next(
+            (k.value for k in node.keywords if k.arg == "requires_grad"), ast.Constant(True))
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, bool):
+            target = dotted(node.func.value)
+            return (target, arg.value) if target else None
+    if isinstance(node, ast.Assign) and len(node.targets) == 1 \
+            and isinstance(node.targets[0], ast.Attribute) \
+            and node.targets[0].attr == "requires_grad" \
+            and isinstance(node.value, ast.Constant) and isinstance(node.value.value, bool):
+        target = dotted(node.targets[0].value)
+        return (target, node.value.value) if target else None
+    return None
+
+
+@rule("AG301")
+def unfrozen_after_ddp_was_built(ctx: FileContext) -> Iterator[Finding]:
+    """A parameter (or module) frozen before ``DDP(net)`` and unfrozen after it, with no
+    DDP built again after the unfreeze: DDP's reducer holds the parameters that required a
+    gradient when it was built."""
+    if _mentions_fsdp(ctx):
+        return
+    wraps = [(n.value, dotted(n.value.args[0])) for n in ctx.of(ast.Assign)
+             if isinstance(n.value, ast.Call) and n.value.args
+             and (dotted(n.value.func) or "").split(".")[-1] in _WRAPPERS]
+    if not wraps:
+        return
+    toggles = [(n, got) for n in ctx.of(ast.Call, ast.Assign) if (got := _freezes(n))]
+    for wrap, raw in wraps:
+        if raw is None:
+            continue
+        frozen = {t for n, (t, on) in toggles if not on and t.startswith(raw + ".")
+                  and position(n) < position(wrap)}
+        for node, (target, on) in toggles:
+            if not on or target not in frozen or position(node) <= position(wrap):
+                continue
+            rewrapped = any(position(w) > position(node) and r == raw for w, r in wraps)
+            if rewrapped:
+                continue
+            yield ctx.finding(
+                "AG301", node,
+                f"`{target}` was frozen before `{ast.unparse(wrap)}` (line {wrap.lineno}) and "
+                "is unfrozen here, with no DDP built again after: DDP's reducer holds the "
+                "parameters that required a gradient when it was built, so this one's "
+                "gradient is never averaged over the ranks and each rank steps it on its own")
