@@ -48,6 +48,11 @@ WORLD_RE = re.compile(
 )
 #: identifiers of a per-micro-batch / per-rank count of valid tokens or samples
 COUNT_RE = re.compile(r"tok|count|valid|mask|num_items|n_items|denom|n_label|num_label|nonpad")
+#: a whole name that holds a count a loss may be normalised by (``n``, ``ntok``,
+#: ``num_boxes``, ``window_count``, ``denom``): what a normaliser handed around is called
+COUNT_NAME_RE = re.compile(r"^(n|n_\w+|\w+_n|num\w*|n?tok\w*|\w*count\w*|\w*tokens\w*|"
+                           r"\w*total\w*|denom\w*|norm\w*|\w*items\w*|\w*samples\w*)$",
+                           re.IGNORECASE)
 #: identifiers that say a count covers the whole window or all ranks (the right normaliser)
 GLOBAL_COUNT_RE = re.compile(r"global|total|window|all_?reduce|step_tok|per_step|batch_tok")
 FRAMEWORK_BACKWARD = frozenset({"accelerator", "fabric", "self", "autograd", "torch", "amp"})

@@ -16,12 +16,11 @@ reduced into copies are AG193's.
 from __future__ import annotations
 
 import ast
-import re
 from collections.abc import Iterator
 from dataclasses import replace
 
 from accumguard.static.findings import Confidence, Finding, Severity
-from accumguard.static.lint._ast import FUNCS, call_attr, dotted, receiver
+from accumguard.static.lint._ast import COUNT_NAME_RE, FUNCS, call_attr, dotted, receiver
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 
@@ -29,9 +28,6 @@ _REDUCERS = ("all_reduce",)
 _CASTS = ("float", "double", "half", "bfloat16", "to")
 _MAKERS = ("tensor", "as_tensor", "stack", "cat", "zeros", "ones", "full")
 _INT_DTYPES = ("long", "int64", "int32", "int", "int16", "int8", "uint8")
-#: names of a count (what a loss is normalised by)
-_COUNT = re.compile(r"^(n|n_\w+|\w+_n|num\w*|n?tok\w*|\w*count\w*|\w*tokens\w*|"
-                    r"\w*total\w*|denom\w*|\w*items\w*|\w*samples\w*)$", re.IGNORECASE)
 
 
 def _int_made(value: ast.AST) -> bool:
@@ -93,7 +89,7 @@ def _assignments(ctx: FileContext, scope: ast.AST) -> list[tuple[ast.Assign, str
 
 def _count_like(arg: ast.AST) -> bool:
     """The reduced value is named like a count (``n``, ``ntok``, ``num_items``)."""
-    return any(_COUNT.match(x) for x in (
+    return any(COUNT_NAME_RE.match(x) for x in (
         [n.id for n in ast.walk(arg) if isinstance(n, ast.Name)]
         + [n.attr for n in ast.walk(arg) if isinstance(n, ast.Attribute)]))
 

@@ -27,12 +27,12 @@ opaque, undivided term (as before).
 from __future__ import annotations
 
 import ast
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from accumguard.static.findings import Finding
 from accumguard.static.lint._ast import (
+    COUNT_NAME_RE,
     call_attr,
     dotted,
     is_backward,
@@ -417,11 +417,6 @@ def loss_term_not_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
                 )
 
 
-#: a count a loss can be normalised by, passed to the call that returns a term
-_COUNT_ARG = re.compile(r"^(n|n_\w+|num\w*|\w*count\w*|\w*tokens\w*|\w*items\w*|"
-                        r"\w*total\w*|denom\w*|norm\w*)$", re.IGNORECASE)
-
-
 def _from_counted_call(ctx: FileContext, window: ast.AST, expr: ast.AST) -> bool:
     """A term named by the window's one assignment from a call given a count
     (``loss_ce, loss_bbox = criterion(logits, boxes, targets, num_boxes)``): the callee may
@@ -434,7 +429,7 @@ def _from_counted_call(ctx: FileContext, window: ast.AST, expr: ast.AST) -> bool
         return False
     call = writes[0].value
     args = [*call.args, *(k.value for k in call.keywords)]
-    return any(_COUNT_ARG.match(last) for a in args
+    return any(COUNT_NAME_RE.match(last) for a in args
                if (d := dotted(a)) is not None and (last := d.split(".")[-1]))
 
 
