@@ -20,6 +20,13 @@ Two sources feed it:
   once, before the first backward, so a script registering its own would fail. Their
   seconds are not measurable from Python (they overlap the backward): ``None``.
 
+One more fact is kept for hand-written reductions inside a backward (a parameter's
+post-accumulate-grad hook): a SUM all-reduce of a parameter's ``.grad`` that the same window
+already SUM-reduced at an earlier micro-step (the same tensor object, held by a weak
+reference): the running total, already equal on every rank, summed over the ranks again
+(``resummed``: those micro-steps). A reduction of each micro-step's own gradient (a tensor
+hook's argument) or of a buffer the script copies into is another tensor: never counted.
+
 Per window the rows are aggregated by (operation, micro-step, inside a backward), so a
 model with many FSDP groups costs a handful of rows per step, not one per call. The rows
 belong to one optimizer step (the observer's count, in each call's position): the first
@@ -32,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import re
 import time
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -46,6 +54,16 @@ if TYPE_CHECKING:
     from accumguard.observe._failsafe import Failsafe
 
 __all__ = ["DDP_BUCKET_OP", "CommLedger", "payload_bytes"]
+
+def _is_sum(op: object) -> bool:
+    """Whether a ``ReduceOp`` argument is SUM (an op that cannot be compared: no)."""
+    import torch.distributed as dist
+
+    try:
+        return bool(op == dist.ReduceOp.SUM)
+    except Exception:  # noqa: BLE001 - a custom op object: not a plain SUM
+        return False
+
 
 def payload_bytes(args: tuple[object, ...], kwargs: dict[str, object]) -> int:
     """The bytes a collective covers: the largest tensor (or tensor list, summed) among
@@ -70,6 +88,7 @@ class LedgerHost(Protocol):
     failsafe: Failsafe
     counter: CollectiveCounter
     _sync_root: torch.nn.Module | None
+    _tracked: list[torch.Tensor]
 
     def _quiet(self) -> contextlib.AbstractContextManager[None]: ...
 
@@ -97,13 +116,23 @@ class CommLedger:
         self._buckets: dict[tuple[int, bool], list[int]] = {}
         self._static = False  # the DDP root was built with static_graph=True
         self._step: int | None = None  # the optimizer step the rows belong to
+        # id(.grad) -> (weak reference, micro-step of its first SUM inside a backward)
+        self._summed: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
+        self._grad_ids: tuple[int | None, set[int]] = (None, set())  # (micro, ids of .grad)
+        self._resummed: set[int] = set()  # micro-steps that summed a summed .grad again
 
     def _window(self, step: int | None) -> None:
         """Rows of an earlier step (a window nobody took) are dropped."""
         if step is not None and step != self._step:
             if self._step is not None:
                 self._rows = {}
+                self._fresh_sums()
             self._step = step
+
+    def _fresh_sums(self) -> None:
+        self._summed = {}
+        self._grad_ids = (None, set())
+        self._resummed = set()
 
     def attach(self) -> None:
         """Be told of every Python-level collective of the observer's counter."""
@@ -121,6 +150,29 @@ class CommLedger:
         row.nbytes += payload_bytes(args, kwargs)
         if row.seconds is not None:
             row.seconds += seconds
+        if in_bw and op == "all_reduce":
+            self._note_sum(args, kwargs, micro)
+
+    def _note_sum(self, args: tuple[object, ...], kwargs: dict[str, object], micro: int) -> None:
+        """A SUM all-reduce inside backward ``micro``: if its tensor is a tracked parameter's
+        ``.grad``, remember it; if this window summed that very tensor at an earlier micro-step,
+        note ``micro`` as one that summed the running total again (see the module)."""
+        t = args[0] if args else kwargs.get("tensor")
+        op = args[1] if len(args) > 1 else kwargs.get("op")
+        if not isinstance(t, torch.Tensor) or (op is not None and not _is_sum(op)):
+            return
+        at, ids = self._grad_ids
+        if at != micro:  # the parameters' .grad tensors, once per micro-step
+            ids = {id(g) for p in self.observer._tracked if (g := p.grad) is not None}
+            self._grad_ids = (micro, ids)
+        if id(t) not in ids:
+            return
+        seen = self._summed.get(id(t))
+        if seen is not None and seen[0]() is t:
+            if seen[1] < micro:
+                self._resummed.add(micro)
+            return
+        self._summed[id(t)] = (weakref.ref(t), micro)
 
     def on_backward(self, ev: BackwardEvent) -> None:
         # only a DDP backward whose forward synced books anything: the others skip the door
@@ -177,6 +229,9 @@ class CommLedger:
         out: dict[str, object] = {"rows": rows, "window_s": round(now - self._t0, 6)}
         if self._static:
             out["ddp_static_graph"] = True
+        if self._resummed:
+            out["resummed"] = sorted(self._resummed)
+        self._fresh_sums()
         self._rows = {}
         self._t0 = now
         return out

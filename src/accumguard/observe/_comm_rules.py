@@ -26,7 +26,8 @@ from accumguard.observe._collectives import (
 )
 from accumguard.observe._records import Finding, JsonObject, _mk
 
-__all__ = ["GRAD_OPS", "WindowComm", "collectives_before", "comm_findings", "window_comm"]
+__all__ = ["GRAD_OPS", "WindowComm", "collectives_before", "comm_findings", "resummed_findings",
+           "window_comm"]
 
 #: Ledger ops that reduce a gradient (DDP's C++ buckets, and the Python reductions).
 GRAD_OPS = frozenset((DDP_BUCKET_OP, *TORCH_REDUCE_OPS, *DS_REDUCE_OPS, *OWN_REDUCE_OPS))
@@ -222,3 +223,48 @@ def collectives_before(lines: list[JsonObject]) -> dict[int, set[int]]:
         if last is not None:
             out[int(w.get("step", -1))] = last[1]
     return out
+
+
+def resummed_findings(rank: int, windows: list[JsonObject], world: int) -> list[Finding]:
+    """F10 for a hand-written reduction inside the backward (a post-accumulate-grad hook)
+    that SUM-reduces a parameter's ``.grad`` the window had already summed over the ranks at
+    an earlier micro-step (the ledger's ``resummed``), when nothing changed the gradient
+    between the backwards and the optimizer then received 1/W of the total (the script
+    divides once, at the step). No correct loop gives that: had nothing divided between the
+    reductions, micro-batch m of K counts W^(K-m) times; had each reduction been followed by
+    a division by W, the final one makes the gradient W x too small. Where the step did not
+    divide by W (an average after each reduction), nothing is said here."""
+    if world < 2:
+        return []
+    for w in windows:
+        comm = w.get("comm")
+        again = comm.get("resummed") if isinstance(comm, dict) else None
+        cons = w.get("conservation")
+        if not again or not isinstance(cons, dict) or str(w.get("engine") or "local") != "local":
+            continue
+        if not cons.get("ok") or cons.get("wipes") or int(w.get("zero_grads_between") or 0):
+            continue
+        c = float(cons.get("scale") or 1.0) / max(float(cons.get("clip") or 1.0), 1e-30)
+        if abs(c * world - 1) > 0.05:
+            continue
+        n = int(w.get("backwards", 0) or 0)
+        micros = ", ".join(str(int(m) + 1) for m in again)
+        ev = (f"collective ledger and gradient checksums, optimizer step {int(w['step']) + 1}: "
+              f"inside the backward of micro-step(s) {micros} of {n}, an all_reduce(SUM) ran on "
+              "parameters' .grad tensors this window had already summed over the ranks at an "
+              "earlier micro-step (the same tensors): the running total, already equal on every "
+              f"rank, summed over the {world} ranks again; nothing changed .grad between the "
+              f"backwards, and the optimizer received {c:.3g} x the final total (1/{world}). "
+              "Had nothing divided between the reductions, micro-batch m of the window counts "
+              f"{world}^(K-m) times against the last one's 1; had each reduction been followed "
+              f"by a division by {world}, the step's division makes the gradient {world} x too "
+              "small. Either way the update is not the large batch's")
+        return [_mk("F10", "error", rank, int(w["step"]), None, ev,
+                    title_=("gradients summed over the ranks again inside each backward: the "
+                            "accumulated .grad all-reduced (SUM) at more than one micro-step"),
+                    fix=("Reduce the accumulated gradient once per window: let the hook "
+                         "all-reduce only in the last micro-step's backward (then divide by "
+                         "W once), or reduce each micro-step's own gradient with a tensor hook "
+                         "(p.register_hook) before it is added to .grad; DDP with no_sync does "
+                         "this for you."))]
+    return []

@@ -28,7 +28,7 @@ from accumguard.core.window import Conservation, StepRecord
 from accumguard.observe import _shared_rules as shared
 from accumguard.observe._accelerate_rules import accelerate_double_gate
 from accumguard.observe._cadence_rules import double_gate_findings
-from accumguard.observe._comm_rules import collectives_before, comm_findings
+from accumguard.observe._comm_rules import collectives_before, comm_findings, resummed_findings
 from accumguard.observe._divisor_rules import mixed_window_findings
 from accumguard.observe._epochs import (
     dropped_finding,
@@ -211,6 +211,10 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
                               changes)
             # the collective ledger (EXTRA_SYNC)
             found = rule("comm_findings", comm_findings, rank, group, found, default=found)
+            if again := rule("resummed_findings", resummed_findings, rank, group, rec.world):
+                # (EXTRA_SYNC's "what each call reduced is not recorded": it was, and it is
+                # the error)
+                found = [f for f in found if f.cls != "EXTRA_SYNC"] + again
             found = rule("double_gate_findings", double_gate_findings, rank, group, found,
                          default=found)
             if any(f.cls == "F14" for f in found):  # (EXTRA_SYNC's "the same gradient,

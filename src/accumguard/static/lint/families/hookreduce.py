@@ -48,6 +48,8 @@ def accumulated_grad_reduced_per_backward(ctx: FileContext) -> Iterator[Finding]
         return
     for reg, fn in _hook_functions(ctx):
         params = fn.args.args
+        if params and params[0].arg == "self" and isinstance(ctx.parents.get(fn), ast.ClassDef):
+            params = params[1:]  # a method handed as ``self._hook``: its first argument is self
         if not params:
             continue
         param = params[0].arg
