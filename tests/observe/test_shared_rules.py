@@ -49,8 +49,11 @@ def test_engine_resets_and_double_gating() -> None:
     assert not engine_resets(2, None, True, False)
     assert not engine_resets(2, True, False, False)
     assert not engine_resets(2, True, True, True)  # inside coalesce_grad_reduction
-    assert double_gating(4, 2) and not double_gating(4, 1) and not double_gating(1, 4)
-    assert not double_gating(None, 4)
+    assert double_gating(4, 2, 8) and not double_gating(4, 1, 8) and not double_gating(1, 4, 8)
+    assert not double_gating(None, 4, 8)
+    # K backwards then K engine.step() calls (blind round 99 b_b01_fixed): the engine stepped
+    # after its own K backwards, no second gate
+    assert not double_gating(4, 4, 4)
 
 
 def test_scheduler_ahead() -> None:

@@ -118,7 +118,8 @@ class CommLedger:
         self._step: int | None = None  # the optimizer step the rows belong to
         # id(.grad) -> (weak reference, micro-step of its first SUM inside a backward)
         self._summed: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
-        self._grad_ids: tuple[int | None, set[int]] = (None, set())  # (micro, ids of .grad)
+        # ((step, micro), ids of the tracked parameters' .grad tensors there)
+        self._grad_ids: tuple[tuple[int | None, int] | None, set[int]] = (None, set())
         self._resummed: set[int] = set()  # micro-steps that summed a summed .grad again
 
     def _window(self, step: int | None) -> None:
@@ -162,9 +163,9 @@ class CommLedger:
         if not isinstance(t, torch.Tensor) or (op is not None and not _is_sum(op)):
             return
         at, ids = self._grad_ids
-        if at != micro:  # the parameters' .grad tensors, once per micro-step
+        if at != (self._step, micro):  # the parameters' .grad tensors, once per micro-step
             ids = {id(g) for p in self.observer._tracked if (g := p.grad) is not None}
-            self._grad_ids = (micro, ids)
+            self._grad_ids = ((self._step, micro), ids)
         if id(t) not in ids:
             return
         seen = self._summed.get(id(t))
@@ -231,7 +232,9 @@ class CommLedger:
             out["ddp_static_graph"] = True
         if self._resummed:
             out["resummed"] = sorted(self._resummed)
-        self._fresh_sums()
+            self._resummed = set()
+        if self._summed:  # (reset in line: this runs at every step)
+            self._summed = {}
         self._rows = {}
         self._t0 = now
         return out

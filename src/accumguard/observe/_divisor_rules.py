@@ -41,7 +41,7 @@ def mixed_window_findings(rank: int | None, windows: list[StepWindow],
     divisions by constants are read, every one an exact window size. Judged on windows of
     the run's K (``k_run``) inside one pass over a DataLoader: a longer window, or one
     spanning two passes, is a leak or a late boundary, which the window-size rules name."""
-    for w in windows:
+    for at, w in enumerate(windows):
         k = w.window
         if k < 2 or int(w.zero_grads_between) or w.backwards_per_micro != 1 \
                 or (k_run is not None and k != k_run) \
@@ -64,6 +64,10 @@ def mixed_window_findings(rank: int | None, windows: list[StepWindow],
                 else:
                     runs.append((m, i, i))
             u = units(recs)
+            left = _left_in_pass(windows, at, k_run)
+            if left is not None and sizes == [min(k, left - j) for j in range(k)]:
+                return [_counted_to_pass_end(rank, w, site, recs, sizes, left, u,
+                                             _tail_sizes(windows, at, left, site))]
             parts = "; ".join(f"micro-step{'s' if a != b else ''} "
                               f"{a + 1}{f'-{b + 1}' if a != b else ''} as one of a window of "
                               f"{m}" for m, a, b in runs)
@@ -85,6 +89,71 @@ def mixed_window_findings(rank: int | None, windows: list[StepWindow],
                             "epochs and size the divisor from the same counter), and divide "
                             "each micro-step by the size of the window it is in.")]
     return []
+
+
+def _left_in_pass(windows: list[StepWindow], i: int, k_run: int | None) -> int | None:
+    """The micro-steps from window ``i``'s first to the end of its pass: through the first
+    window from ``i`` on shorter than the run's K (the pass's tail), or the last before a
+    new pass begins; None when neither is seen."""
+    if k_run is None:
+        return None
+    total = 0
+    for j in range(i, len(windows)):
+        total += windows[j].window
+        if windows[j].window < k_run:
+            return total
+        if j + 1 < len(windows) and 0 in (windows[j + 1].data_pass_starts or []):
+            return total
+    return None
+
+
+def _tail_sizes(windows: list[StepWindow], at: int, left: int, site: str) -> list[int] | None:
+    """The window sizes the pass's last window (the one ``left`` micro-steps from window
+    ``at``'s first end in) was normalised for at ``site``, when it is shorter than the windows
+    before it and every micro-step says; None otherwise."""
+    total = 0
+    for w in windows[at:]:
+        total += w.window
+        if total == left:
+            by_micro = next((b for (s, _), b in _loss_groups(w).items() if s == site), None)
+            if by_micro is None or sorted(by_micro) != list(range(w.window)):
+                return None
+            sizes = [_implied_window(by_micro[m]) for m in range(w.window)]
+            return None if None in sizes or w.window >= windows[at].window else \
+                [int(m) for m in sizes if m is not None]
+        if total > left:
+            return None
+    return None
+
+
+def _counted_to_pass_end(rank: int | None, w: StepWindow, site: str, recs: list[list[Any]],
+                         sizes: list[int], left: int, u: str, tail: list[int] | None
+                         ) -> Finding:
+    """F7: each micro-step divided by min(K, the micro-batches left in the pass from it on),
+    the window's own size never read: the windows ending near the pass's end weigh their
+    last micro-batches more (and its short tail window is not normalised as one)."""
+    k = w.window
+    wts = [abs(float(r[4])) for r in recs]
+    given = ", ".join(str(m) for m in sizes)
+    tail_text = "" if tail is None else (
+        f"; the pass's last window, of {len(tail)} micro-step(s), was divided as one of "
+        f"windows of {', '.join(str(m) for m in tail)}"
+        + ("" if all(m == len(tail) for m in tail) else f", not {len(tail)}"))
+    return _mk("F7", "error", rank, w.step, None,
+               f"{_short(site)}: the {k} micro-steps of the window before optimizer step "
+               f"{_n(w.step)} each saw {float(recs[0][3]):g} {u}, and were divided as one of "
+               f"windows of {given} micro-steps (read from the loss record): each one's "
+               f"divisor is min(K, the micro-batches left in the pass from it on), {left} from "
+               f"this window's first to the pass's end, not the size of the window it is in "
+               f"({k}). One {one(u)} weighed {min(wts):.4g} or {max(wts):.4g} "
+               f"({max(wts) / min(wts):.3g}x apart), where the large batch of this window "
+               f"weighs all of its {k * float(recs[0][3]):g} {u} alike{tail_text}",
+               title_="the divisor counted from each micro-batch to the end of the pass, not "
+                      "from the window's start: the windows ending a pass are mis-scaled",
+               fix="Divide every micro-step of a window by that window's own size, computed "
+                   "once at the window's first micro-step (min(K, micro-batches left in the "
+                   "pass) read at the window's start), so a full window divides by K and the "
+                   "short tail by its own length.")
 
 
 def _implied_sizes(windows: list[StepWindow]) -> set[int | None]:

@@ -38,7 +38,7 @@ from accumguard.observe._records import (
 from accumguard.observe._weight_rules import _f7_mass, _near, _rescaled
 
 __all__ = ["Epoch", "complete_epochs", "dropped_finding", "dropped_tail", "epochs",
-           "every_epoch_short", "scheduled_tail_findings", "short_epoch_findings"]
+           "every_epoch_short", "scheduled_ks", "scheduled_tail_findings", "short_epoch_findings"]
 
 
 @dataclass(frozen=True)
@@ -241,6 +241,19 @@ def dropped_finding(rank: int, w: StepWindow, j: int, k: int | None) -> Finding:
                  "pass")
 
 
+def scheduled_ks(windows: list[StepWindow], changes: Sequence[Sequence[int]]
+                 ) -> list[int | None]:
+    """Per window, the K the framework had set when it began (``changes``: ``[backwards so
+    far, K]`` at each epoch's start); None before the first change."""
+    marks = sorted((int(b), int(k)) for b, k in changes)
+    ks: list[int | None] = []
+    done = 0
+    for w in windows:
+        ks.append(next((k for b, k in reversed(marks) if b <= done), None))
+        done += int(w.window)
+    return ks
+
+
 def scheduled_tail_findings(rank: int, windows: list[StepWindow],
                             changes: Sequence[Sequence[int]]) -> list[Finding]:
     """K set per epoch by the framework (``changes``: ``[backwards so far, K]`` at each
@@ -248,12 +261,7 @@ def scheduled_tail_findings(rank: int, windows: list[StepWindow],
     micro-steps that ends a pass over the DataLoader (or that K's run of windows), after
     full windows of the same K whose loss weighed one same total, and whose own loss
     weighed n/K of it: divided by K instead of its n micro-steps (F7, an error)."""
-    marks = sorted((int(b), int(k)) for b, k in changes)
-    ks: list[int | None] = []
-    done = 0
-    for w in windows:
-        ks.append(next((k for b, k in reversed(marks) if b <= done), None))
-        done += int(w.window)
+    ks = scheduled_ks(windows, changes)
     masses = [_f7_mass(w) for w in windows]
     for i, (w, m, k) in enumerate(zip(windows, masses, ks, strict=True)):
         n = int(w.window)

@@ -69,6 +69,11 @@ _FIX_MASTER = ("add each micro-step's bf16 .grad into the fp32 master's .grad ri
 _FIX_FSDP = ("fully_shard(module, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, "
              "reduce_dtype=torch.float32)) on every module: FSDP2 then keeps the unsharded "
              "gradient in fp32 between micro-steps with sync off and reduces in fp32")
+_FIX_FSDP_SYNC = ("synchronise once per window: model.set_requires_gradient_sync(False) for "
+                  "micro-steps 1..K-1 and True for the last, so FSDP2 sums the window in its "
+                  "unsharded gradient (in reduce_dtype: keep it float32) and writes the "
+                  "sharded .grad once; or keep the sharded parameters in fp32 "
+                  "(MixedPrecisionPolicy(param_dtype=torch.bfloat16) for the compute)")
 _FIX_DS = ('add "data_types": {"grad_accum_dtype": "fp32"} to the DeepSpeed config (ZeRO-1 '
            "then runs its BF16 optimizer with fp32 gradients; ZeRO-2/3 keep fp32 gradient "
            "partitions)")
@@ -135,6 +140,19 @@ def _site(w: StepWindow) -> tuple[str, int, str, str, bool] | None:
                    "model's to confirm the copy)"), _FIX_MASTER, seen)
     dt = str(w.param_dtype or "").replace("torch.", "")
     if dt in _U_LOW and w.source == "torch" and _torch_in_place(w):
+        if w.engine == "fsdp2":
+            # FSDP2 writes the sharded .grad only at a synced micro-step (its reduce-scatter);
+            # between them the sum is its unsharded gradient's, judged above: the low-precision
+            # additions here are one per sync
+            flags = list(w.sync_micros or [])
+            if not flags or any(f is None for f in flags):
+                return None
+            n = sum(1 for f in flags if f)
+            if n < 2:
+                return None
+            return (dt, n, f"{dt} sharded .grad of the parameters the optimizer steps, one "
+                    f"addition per synchronised micro-step ({n} of {w.window})", _FIX_FSDP_SYNC,
+                    True)
         return dt, n, f"{dt} .grad of the parameters the optimizer steps", _FIX_TORCH, True
     return None
 

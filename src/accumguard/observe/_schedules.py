@@ -219,7 +219,8 @@ def horizon_findings(rank: int, events: list[JsonObject], total_steps: int,
                      world: int, k: int | None, epochs: int, complete: bool, *,
                      backwards: int = 0, whole_epochs: bool = False,
                      serials: list[int | None] | None = None,
-                     step_backwards: list[int] | None = None) -> list[Finding]:
+                     step_backwards: list[int] | None = None,
+                     k_scheduled: bool = False) -> list[Finding]:
     """F4 from a stated horizon. ``events``: the rank's scheduler records; ``total_steps``:
     the optimizer steps the rank made; ``epochs``: passes over a DataLoader seen (the slack
     of per-epoch rounding); ``complete``: the run went to its own end (a horizon longer
@@ -229,7 +230,8 @@ def horizon_findings(rank: int, events: list[JsonObject], total_steps: int,
     schedule is compared with the steps of the optimizers that stepped while it lived: a
     reference run's or a second phase's optimizer after the training's is not its run);
     ``step_backwards``: per optimizer step, its window's backward passes (the phase's own
-    count of them, when other optimizers stepped outside it).
+    count of them, when other optimizers stepped outside it); ``k_scheduled``: a framework
+    set K per epoch (Lightning's GradientAccumulationScheduler).
 
     A schedule that ends late by W or K is an error only when the run went through whole
     passes over the data, or when the horizon is exactly the run's count of backward passes
@@ -328,17 +330,21 @@ def horizon_findings(rank: int, events: list[JsonObject], total_steps: int,
                                    for g in groups):
             continue  # (a rebuilt schedule's rate over the whole run is not its own)
         end_at = (h - pos0) / per_step  # the optimizer step at which it would end
-        hit = next(((c, name) for c, name in _factors(world, k)
+        late = next(((f"{c}", name) for c, name in _factors(world, k)
                     if _match(end_at, steps, c, slack)), None)
-        if hit is None:
-            continue
         if step_backwards is not None and len(step_backwards) == total_steps and own < total_steps:
             backwards = sum(step_backwards[off:off + own])  # this schedule's phase only
         micro = backwards > steps and h - pos0 == backwards
+        if late is None and micro and abs(per_step - 1) < 1e-9:
+            # the horizon is the run's count of micro-batches, K varying over the run (a K
+            # set per epoch): no one factor, the count itself is the evidence
+            late = (f"{end_at / steps:.3g}", f"{h - pos0} / {steps}")
+        if late is None:
+            continue
         sure = whole_epochs or micro
         text = (f"the LR schedule ({what}) was at scheduler step {pos_end} of its {h} when "
                 f"the run ended after {steps} optimizer steps ({rate}): at this rate it would "
-                f"end at optimizer step {end_at:.0f}, {hit[0]}x late ({hit[1]})"
+                f"end at optimizer step {end_at:.0f}, {late[0]}x late ({late[1]})"
                 + (f"; its horizon is the run's {backwards} backward passes: it counts "
                    "micro-batches, not optimizer steps" if micro else "")
                 + f": the learning rate never went through the last "
@@ -346,11 +352,22 @@ def horizon_findings(rank: int, events: list[JsonObject], total_steps: int,
         if not sure:
             text += (". The run did not go through whole passes over the data: if it was "
                      "stopped early on purpose (max_steps), this is expected")
+        fix = _fix(per_step, what)
+        if micro and k_scheduled:
+            fix = fix[:-1] + _SCHEDULED_K_FIX
         out.append(_mk("F4", "error" if sure else "note", rank, steps - 1, None, text,
-                       title_=f"LR schedule ends {hit[0]}x late: horizon {h} scheduler steps, "
+                       title_=f"LR schedule ends {late[0]}x late: horizon {h} scheduler steps, "
                               f"{pos_end} reached in the run's {steps} optimizer steps",
-                       fix=_fix(per_step, what)))
+                       fix=fix))
     return out
+
+
+#: the fix's words when K was set per epoch and the horizon counts micro-batches
+_SCHEDULED_K_FIX = ("; with K set per epoch (Lightning's GradientAccumulationScheduler, which "
+                    "sets it at each epoch's start, after configure_optimizers: "
+                    "trainer.estimated_stepping_batches read there counts every batch as a "
+                    "step), sum ceil(batches per epoch per rank / that epoch's K) over the "
+                    "epochs.")
 
 
 def _apart(serials: list[int | None] | None, evs: list[JsonObject], total_steps: int,
@@ -440,7 +457,8 @@ def run_horizon_findings(rec: RunRecording, rank: int, k: int | None) -> list[Fi
                             complete, backwards=backwards,
                             whole_epochs=complete_epochs(steps, pending),
                             serials=[s.opt_serial for s in steps],
-                            step_backwards=[int(s.backwards or 0) for s in steps])
+                            step_backwards=[int(s.backwards or 0) for s in steps],
+                            k_scheduled=bool(end.get("k_changes")))
 
 
 def _passes(steps: list[StepRecord], tail: JsonObject) -> tuple[int, bool]:

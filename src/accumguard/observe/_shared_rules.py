@@ -51,11 +51,15 @@ def engine_resets(stage: int | None, managed: bool | None, boundary: bool | None
     return stage in (1, 2) and bool(managed) and bool(boundary) and not coalescing
 
 
-def double_gating(ds_ga: int | None, backwards: int) -> bool:
+def double_gating(ds_ga: int | None, backwards: int, window: int) -> bool:
     """F14: DeepSpeed accumulates ``gradient_accumulation_steps`` > 1 itself and the loop ran
     ``backwards`` > 1 backward passes before an ``engine.step()`` call that was not the
-    engine's boundary (a K-loop around a K-accumulating engine)."""
-    return isinstance(ds_ga, int) and ds_ga > 1 and backwards > 1
+    engine's boundary (a K-loop around a K-accumulating engine), and the optimizer's window
+    holds more than that many backwards so far (``window``). A loop that runs the window's
+    K backwards (in one ``coalesce_grad_reduction()`` block) and then calls ``engine.step()``
+    K times steps after exactly K backwards: the engine's own accumulation, not a second
+    gate around it."""
+    return isinstance(ds_ga, int) and ds_ga > 1 and backwards > 1 and window > ds_ga
 
 
 def scheduler_ahead(scheduler_steps: int, optimizer_steps: int, *, allowance: int) -> bool:

@@ -33,6 +33,7 @@ from accumguard.observe._divisor_rules import mixed_window_findings
 from accumguard.observe._epochs import (
     dropped_finding,
     dropped_tail,
+    scheduled_ks,
     scheduled_tail_findings,
     short_epoch_findings,
 )
@@ -188,7 +189,8 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
             ws = _windows(steps)
             found: list[Finding] = rule("rank_findings", _rank_findings, rank, steps, info,
                                         gres.k, gres.declared, before, averaged)
-            found += rule("window_findings", _window_findings, rank, ws, info, gres)
+            found += rule("window_findings", _window_findings, rank, ws, info, gres,
+                          rec.end.get(rank, {}).get("k_changes"))
             found += rule("no_update", _no_update, rank, steps)
             found += rule("two_pass", _two_pass, rank, steps)
             found += rule("loss_weight_findings", loss_weight_findings, rank, ws)
@@ -298,7 +300,7 @@ def _rank_findings(rank: int, steps: Sequence[StepRecord], info: JsonObject,
             out += _extra_step(rank, w)
             continue
         # F14: DeepSpeed accumulates K itself and the loop runs several backwards per step()
-        if managed and double_gating(ds_ga, int(w.max_backwards_per_engine_step)):
+        if managed and double_gating(ds_ga, int(w.max_backwards_per_engine_step), n):
             out.append(_mk("F14", "error", rank, step, None,
                            f"DeepSpeed gradient_accumulation_steps={ds_ga} and "
                            f"{w.max_backwards_per_engine_step} backward passes before an "
@@ -429,10 +431,13 @@ def _asked_clip(asked: float | None) -> str:
 
 
 def _window_findings(rank: int, windows: list[StepWindow], info: JsonObject,
-                     res: KResolution) -> list[Finding]:
+                     res: KResolution, changes: Sequence[Sequence[int]] | None = None
+                     ) -> list[Finding]:
     """Window sizes against K: F1 (one backward per step while K > 1 is declared), F13
     (a first window shorter than K, or windows constantly K-1 / K+1), F7 (a window longer
-    than K among windows of K: leftover micro-steps of an epoch leaked into the next)."""
+    than K among windows of K: leftover micro-steps of an epoch leaked into the next).
+    ``changes``: the K a framework set per epoch (Lightning's GradientAccumulationScheduler):
+    a window of the K in force when it began is never "longer than K"."""
     k = res.k
     out: list[Finding] = []
     windows = [w for w in windows if w.window]  # (no backward: _extra_step)
@@ -450,7 +455,10 @@ def _window_findings(rank: int, windows: list[StepWindow], info: JsonObject,
     # first one short (the counter's origin), a step inside a pass over the data
     out += short_window_findings(rank, windows, res, f1_found=bool(out))
     engine_ga = isinstance(ds_ga, int) and ds_ga > 1
-    long = [w for w in windows if shared.overrun(w.window - 1, k)  # (F14: gating)
+    own_k = {id(w) for w, sk in zip(windows, scheduled_ks(windows, changes or []), strict=True)
+             if sk is not None and w.window == sk}
+    long = [w for w in windows if shared.overrun(w.window - 1, k) and id(w) not in own_k
+            # (F14: gating)
             and not (engine_ga and (w.window == ds_ga
                                     or int(w.max_backwards_per_engine_step) > 1))
             and not (not w.data_pass_starts and (

@@ -147,6 +147,8 @@ class GuardMachine:
         self.phase = Phase.OPEN
         self.window = 0
         self._backwards = 0
+        # (backwards, DeepSpeed's K) of an engine.step() in this window that did not step
+        self._gated: tuple[int, int] | None = None
         self._consumed = 0  # micro-steps of closed windows
         self._declared: int | None = None
         self._window_steps = self._window_sched = self._window_zero = self._window_zero_in = 0
@@ -240,6 +242,9 @@ class GuardMachine:
             if long_window_class(self._pass_at is not None) == "F7":
                 at = self._pass_at or 0
                 self.report("leak_pass", j, next=j + 1, at=at + 1, left=at)
+            elif self._gated is not None:  # K backwards, an engine.step() that did not step,
+                since, ga = self._gated      # and more backwards: a K-loop around the engine's K
+                self.report("double_gating", j - 1, since=since, ds_ga=ga)
             else:
                 self.report("overrun", j, next=j + 1)
         if engine_reset is not None and j < size - 1:
@@ -437,6 +442,12 @@ class GuardMachine:
     def double_gating(self, *, since: int, ds_ga: int) -> None:
         self.report("double_gating", self._backwards - 1, since=since, ds_ga=ds_ga)
 
+    def gated_without_step(self, *, since: int, ds_ga: int) -> None:
+        """An ``engine.step()`` that did not step after ``since`` > 1 backwards: double gating
+        if the window goes on past K (the engine's K backwards, then K step() calls, is
+        its own accumulation)."""
+        self._gated = (since, ds_ga)
+
     # -- windows ----------------------------------------------------------------------------
     def _open_next_window(self, *, check_leak: Callable[[], bool] | None) -> None:
         """Close the stepped window (check that gradients were cleared), open the next."""
@@ -446,6 +457,7 @@ class GuardMachine:
         self._consumed += self._backwards
         self.window += 1
         self._backwards = 0
+        self._gated = None
         self._declared = None
         self._window_steps = self._window_sched = self._window_zero = self._window_zero_in = 0
         self._window_syncs = []

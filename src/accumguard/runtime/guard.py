@@ -350,8 +350,12 @@ class AccumulationGuard(GuardMachine):
         info = self.observer.engine_info if self.observer is not None else None
         ga = info.gradient_accumulation_steps if info is not None else None
         if (not ev.boundary and self.targets.owns_step(ev.owner, "deepspeed")
-                and self.phase is Phase.FULL and double_gating(ga, ev.backwards)):
-            self.double_gating(since=ev.backwards, ds_ga=int(ga or 1))
+                and self.phase is Phase.FULL and isinstance(ga, int) and ga > 1
+                and ev.backwards > 1):
+            if double_gating(ga, ev.backwards, self._backwards):
+                self.double_gating(since=ev.backwards, ds_ga=int(ga or 1))
+            else:  # judged when the window goes on (K step() calls after K backwards: fine)
+                self.gated_without_step(since=ev.backwards, ds_ga=int(ga or 1))
 
     def on_zero_grad(self, ev: ZeroGradEvent) -> None:
         if self.unfollowed:

@@ -856,6 +856,14 @@ RULES: dict[str, Rule] = {
             "unfreeze before wrapping, or build the DDP wrapper again after unfreezing "
             "(and hand the optimizer the parameter)",
         ),
+        _rule(
+            "AG302", "stepping-batches-under-k-schedule", "F4", E, MED,
+            "a schedule horizon read from trainer.estimated_stepping_batches while a "
+            "GradientAccumulationScheduler sets K per epoch: it is read before the callback "
+            "sets K and counts every batch as a step",
+            "sum ceil(batches per epoch / that epoch's K) over the epochs "
+            "(callback.get_accumulate_grad_batches(epoch)) and size the schedule with it",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,
