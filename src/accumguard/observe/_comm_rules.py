@@ -26,8 +26,8 @@ from accumguard.observe._collectives import (
 )
 from accumguard.observe._records import Finding, JsonObject, _mk
 
-__all__ = ["GRAD_OPS", "WindowComm", "collectives_before", "comm_findings", "resummed_findings",
-           "window_comm"]
+__all__ = ["GRAD_OPS", "WindowComm", "coalesced_flush_findings", "collectives_before",
+           "comm_findings", "resummed_findings", "window_comm"]
 
 #: Ledger ops that reduce a gradient (DDP's C++ buckets, and the Python reductions).
 GRAD_OPS = frozenset((DDP_BUCKET_OP, *TORCH_REDUCE_OPS, *DS_REDUCE_OPS, *OWN_REDUCE_OPS))
@@ -267,4 +267,43 @@ def resummed_findings(rank: int, windows: list[JsonObject], world: int) -> list[
                          "W once), or reduce each micro-step's own gradient with a tensor hook "
                          "(p.register_hook) before it is added to .grad; DDP with no_sync does "
                          "this for you."))]
+    return []
+
+
+def coalesced_flush_findings(rank: int, windows: list[JsonObject]) -> list[Finding]:
+    """F2 for a DeepSpeed window whose backwards all ran inside
+    ``engine.coalesce_grad_reduction()`` (the step record's ``ds_coalescing``) while the
+    collective ledger shows the gradient-sized flush after backwards before the last: the
+    window spans several blocks. DeepSpeed documents one block per optimizer step: each exit's
+    flush overwrites the reduced gradients (``averaged_gradients``) of the previous one, so
+    only the last block's micro-batches reach the step. One block per window, its flush
+    after the last backward, is silent; so is a window whose backwards were not all
+    coalesced (the engine's own hooks then reduce inside the backwards)."""
+    for w in windows:
+        if str(w.get("source") or "") != "deepspeed" and str(w.get("engine") or "") != "deepspeed":
+            continue
+        n = int(w.get("backwards", 0) or 0)
+        coal = w.get("ds_coalescing") or []
+        if n < 2 or len(coal) != n or not all(coal):
+            continue
+        c = window_comm(w)
+        early = [m for m in (c.extra_micros if c is not None else []) if 1 <= m <= n - 1]
+        if c is None or not early:
+            continue
+        blocks = len(early) + 1
+        ev = (f"collective ledger, optimizer step {int(w['step']) + 1}: all {n} backward passes "
+              "ran inside engine.coalesce_grad_reduction(), and a gradient-sized reduction "
+              f"({_size(c.final_bytes)}, the size of the window's final flush) ran after backward "
+              f"pass(es) {', '.join(str(m) for m in early)} as well as after the last: the "
+              f"window's backwards were split over {blocks} coalesced blocks, each flushed at "
+              "its exit. DeepSpeed's flush writes the reduced gradients afresh at each exit "
+              "(its documentation: one block per optimizer step, the flush overwrites "
+              "averaged_gradients), so only the last block's micro-batches reach the step")
+        return [_mk("F2", "error", rank, int(w["step"]), early[0] - 1, ev,
+                    title_=(f"the window's backwards split over {blocks} "
+                            "coalesce_grad_reduction() blocks: each flush overwrites the "
+                            "previous one, only the last block reaches the optimizer"),
+                    fix=("Run every backward of the window inside one "
+                         "`with engine.coalesce_grad_reduction():` block and call "
+                         "engine.step() after it (one block per optimizer step)."))]
     return []

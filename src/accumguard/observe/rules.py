@@ -28,7 +28,12 @@ from accumguard.core.window import Conservation, StepRecord
 from accumguard.observe import _shared_rules as shared
 from accumguard.observe._accelerate_rules import accelerate_double_gate
 from accumguard.observe._cadence_rules import double_gate_findings
-from accumguard.observe._comm_rules import collectives_before, comm_findings, resummed_findings
+from accumguard.observe._comm_rules import (
+    coalesced_flush_findings,
+    collectives_before,
+    comm_findings,
+    resummed_findings,
+)
 from accumguard.observe._divisor_rules import mixed_window_findings
 from accumguard.observe._epochs import (
     dropped_finding,
@@ -213,6 +218,7 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
                               changes)
             # the collective ledger (EXTRA_SYNC)
             found = rule("comm_findings", comm_findings, rank, group, found, default=found)
+            found += rule("coalesced_flush_findings", coalesced_flush_findings, rank, group)
             if again := rule("resummed_findings", resummed_findings, rank, group, rec.world):
                 # (EXTRA_SYNC's "what each call reduced is not recorded": it was, and it is
                 # the error)

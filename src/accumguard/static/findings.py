@@ -864,6 +864,19 @@ RULES: dict[str, Rule] = {
             "sum ceil(batches per epoch / that epoch's K) over the epochs "
             "(callback.get_accumulate_grad_batches(epoch)) and size the schedule with it",
         ),
+        _rule(
+            "AG303", "coalesced-block-per-micro-step", "F2", E, MED,
+            "engine.coalesce_grad_reduction() entered around one backward inside the "
+            "micro-step loop: each block's flush overwrites the previous one",
+            "enter one coalesce_grad_reduction() block around all of the window's backwards, "
+            "then call engine.step()",
+        ),
+        _rule(
+            "AG304", "training-step-drops-item-count", "F5", E, MED,
+            "a Trainer.training_step override calls super().training_step(model, inputs) "
+            "without num_items_in_batch: each micro-batch is averaged over its own tokens",
+            "pass it on: super().training_step(model, inputs, num_items_in_batch)",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

@@ -83,6 +83,8 @@
 ``stephorizon`` AG198              HF create_scheduler's num_training_steps multiplied by K
 ``tempreduce`` AG199               a count all-reduced through a temporary copy (n.float())
 ``lgkschedule`` AG302              a horizon from estimated_stepping_batches under a GradientAccumulationScheduler
+``dsblocks``   AG303               a coalesce_grad_reduction() block per micro-step, the step after the loop
+``hfsuper``    AG304               a Trainer.training_step override dropping num_items_in_batch
 ``syncwhole``  AG111               every backward of the window inside one `with model.no_sync():`
 ``unreduced``  AG179 AG180 AG183   parameters no reduction covers: one group of several all-reduced
                AG185 AG193 AG195   by hand; a module with parameters outside the DDP/FSDP wrapper;
@@ -104,6 +106,7 @@ from accumguard.static.lint.families import (
     dphorizon,
     dsbatch,
     dssched,
+    dsblocks,
     dsstep,
     emastep,
     epochtail,
@@ -115,6 +118,7 @@ from accumguard.static.lint.families import (
     hfclip,
     hfmean,
     hfscale,
+    hfsuper,
     hfterms,
     hftokens,
     hookclip,
@@ -155,4 +159,4 @@ from accumguard.static.lint.families import (
     wrapgate,
 )
 
-__all__ = ["accelerate", "accloader", "acctail", "ampclip", "argdrop", "clipgrads", "commhook", "deepspeed", "dphorizon", "dsbatch", "dssched", "dsstep", "emastep", "epochtail", "factored", "fsdproot", "fsdpunits", "fused", "gradwrite", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfclip", "hfscale", "hfterms", "hftokens", "horizon", "lgkschedule", "lgmanual", "lgstep", "lgwindow", "loss", "lowbuffer", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "resume", "scale", "schedule", "spawnworld", "stephorizon", "sync", "syncclip", "syncwhole", "synctail", "tailscale", "tempreduce", "terms", "tokenmean", "tokhorizon", "twice", "unclearedopt", "unreduced", "window", "wrapbypass", "wrapgate"]
+__all__ = ["accelerate", "accloader", "acctail", "ampclip", "argdrop", "clipgrads", "commhook", "deepspeed", "dphorizon", "dsbatch", "dsblocks", "dssched", "dsstep", "emastep", "epochtail", "factored", "fsdproot", "fsdpunits", "fused", "gradwrite", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfclip", "hfscale", "hfsuper", "hfterms", "hftokens", "horizon", "lgkschedule", "lgmanual", "lgstep", "lgwindow", "loss", "lowbuffer", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "resume", "scale", "schedule", "spawnworld", "stephorizon", "sync", "syncclip", "syncwhole", "synctail", "tailscale", "tempreduce", "terms", "tokenmean", "tokhorizon", "twice", "unclearedopt", "unreduced", "window", "wrapbypass", "wrapgate"]

@@ -1,0 +1,56 @@
+"""A ``Trainer.training_step`` override that does not hand ``num_items_in_batch`` on (F5):
+AG304.
+
+The Hugging Face Trainer calls ``training_step(model, inputs, num_items_in_batch)`` with the
+window's token count. An override that calls ``super().training_step(model, inputs)`` (to
+change the inputs, to log) passes None: the parent then lets the model average each
+micro-batch over its own tokens and divides that mean by the accumulation steps, a mean of
+per-micro-batch means where the large batch divides the window's summed loss by its
+tokens. Silent when the count, or ``**kwargs``, is passed on.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+from accumguard.static.findings import Finding
+from accumguard.static.lint._ast import dotted
+from accumguard.static.lint._context import FileContext
+from accumguard.static.lint._rule import rule
+
+_COUNT = "num_items_in_batch"
+
+
+def _super_call(node: ast.AST) -> bool:
+    """``super().training_step(...)`` (or ``super(Cls, self)``)."""
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "training_step" and isinstance(node.func.value, ast.Call)
+            and dotted(node.func.value.func) == "super")
+
+
+@rule("AG304")
+def training_step_drops_item_count(ctx: FileContext) -> Iterator[Finding]:
+    for fn in ctx.of(ast.FunctionDef):
+        if not isinstance(fn, ast.FunctionDef) or fn.name != "training_step":
+            continue
+        cls = ctx.enclosing(fn, (ast.ClassDef,))
+        if not isinstance(cls, ast.ClassDef) or not any(
+                (dotted(b) or "").endswith("Trainer") for b in cls.bases):
+            continue
+        if _COUNT not in {a.arg for a in (*fn.args.args, *fn.args.kwonlyargs)}:
+            continue
+        for call in ast.walk(fn):
+            if not _super_call(call):
+                continue
+            assert isinstance(call, ast.Call)
+            passed = (len(call.args) >= 3 or any(k.arg in (_COUNT, None) for k in call.keywords)
+                      or any(isinstance(a, ast.Starred) for a in call.args))
+            if passed:
+                continue
+            yield ctx.finding(
+                "AG304", call,
+                f"`{ast.unparse(call)}` in `{cls.name}.training_step` drops the window's "
+                f"`{_COUNT}`: the parent passes None to compute_loss, each micro-batch's loss "
+                "is its own token mean, divided by the accumulation steps (a mean of "
+                "per-micro-batch means)")
