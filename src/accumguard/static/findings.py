@@ -877,6 +877,13 @@ RULES: dict[str, Rule] = {
             "without num_items_in_batch: each micro-batch is averaged over its own tokens",
             "pass it on: super().training_step(model, inputs, num_items_in_batch)",
         ),
+        _rule(
+            "AG305", "unmanaged-accumulation-steps-every-micro-batch", "F1", E, MED,
+            "managed_gradient_accumulation false while the loop calls engine.step() after every "
+            "backward: every step() is a boundary, no accumulation",
+            "remove managed_gradient_accumulation: false (DeepSpeed then gates step() itself), "
+            "or call engine.step() only at the window's last micro-batch",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

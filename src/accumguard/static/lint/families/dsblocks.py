@@ -37,7 +37,7 @@ def coalesced_block_per_micro_step(ctx: FileContext) -> Iterator[Finding]:
         if not any(isinstance(n, ast.Call) and call_attr(n) == "backward" for n in inner):
             continue
         loop = ctx.enclosing(with_, _LOOPS)
-        if loop is None or ctx.enclosing(with_, (ast.FunctionDef, ast.AsyncFunctionDef,
+        if not isinstance(loop, _LOOPS) or ctx.enclosing(with_, (ast.FunctionDef, ast.AsyncFunctionDef,
                                                  ast.Lambda)) is not ctx.enclosing(
                 loop, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             continue
