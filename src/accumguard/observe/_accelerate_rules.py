@@ -11,10 +11,10 @@ Accelerate both gating the step.
 
 from __future__ import annotations
 
-from accumguard.observe._records import Finding, KResolution, StepWindow, _mk
-from accumguard.observe._weight_rules import loss_divisor
+from accumguard.observe._records import Finding, KResolution, StepWindow, _mk, _n
+from accumguard.observe._weight_rules import _loss_groups, loss_divisor
 
-__all__ = ["accelerate_double_gate"]
+__all__ = ["accelerate_double_gate", "tail_scaled_but_carried"]
 
 
 def accelerate_double_gate(rank: int, windows: list[StepWindow], k: int,
@@ -57,3 +57,56 @@ def accelerate_double_gate(rank: int, windows: list[StepWindow], k: int,
                fix="gate once: build the Accelerator with gradient_accumulation_steps=1 (the "
                    "loop accumulates already), or run one micro-batch per accumulate() block "
                    "and drop the loop's own grouping and its division")
+
+
+def tail_scaled_but_carried(rank: int, windows: list[StepWindow], k: int,
+                            res: KResolution) -> Finding | None:
+    """F7 under Accelerate: a window of K micro-steps began in one pass over the data and
+    ended in the next (a pass start at micro-step j, 0 < j < K), and at one loss call, every
+    micro-step seeing the same count of units, the j before the pass start each weighed K / j
+    times the ones after it: the script scaled the pass's last j micro-batches as a window of
+    their own (Accelerate's ``accumulate()`` closes one at the end of a prepared DataLoader),
+    but Accelerate did not close it there, so they were carried into the next pass's window
+    and weigh K / j times its other micro-batches. A window spanning passes whose
+    micro-steps weigh alike is the large batch of its K micro-batches: not this."""
+    if "accelerate" not in res.source.lower() or k < 2:
+        return None
+    for w in windows:
+        n = int(w.window)
+        j = next((int(j) for j in w.data_pass_starts or [] if 0 < int(j) < n), None)
+        if n != k or j is None or int(w.zero_grads_between) or w.backwards_per_micro != 1:
+            continue
+        for (site, _), by_micro in sorted(_loss_groups(w).items()):
+            if sorted(by_micro) != list(range(n)):
+                continue
+            recs = [by_micro[m] for m in range(n)]
+            if len({float(r[3]) for r in recs}) != 1 or any(bool(r[5]) for r in recs):
+                continue
+            wts = [abs(float(r[4])) for r in recs]
+            a, b = wts[0], wts[j]
+            if b <= 0 or any(abs(x - a) > 1e-6 * a for x in wts[:j]) \
+                    or any(abs(x - b) > 1e-6 * b for x in wts[j:]) \
+                    or abs(a / b - k / j) > 1e-3 * (k / j):
+                continue
+            return _mk("F7", "error", rank, w.step, j - 1,
+                       f"{site.rsplit('/', 1)[-1]}: the window before optimizer step {_n(w.step)} "
+                       f"held {j} micro-step(s) from the end of one pass over the DataLoader "
+                       f"and {n - j} from the next (K = {k}); each of the first {j} weighed "
+                       f"{a / b:.3g}x each of the others at the same count of units "
+                       f"({a:.4g} against {b:.4g} per unit, from the loss record): the script "
+                       f"scaled the pass's last {j} micro-batches as a window of their own, "
+                       "as Accelerate's accumulate() closes one at the end of a prepared "
+                       "DataLoader, but Accelerate did not step there, and they were carried "
+                       f"into the next pass's window, where they weigh {k / j:.3g}x its other "
+                       "micro-batches. (Accelerate tests the end of the prepared DataLoader "
+                       "entered last: one left unfinished, an evaluation loop broken out of, "
+                       "hides the training loader's end)",
+                       title_="an epoch's last micro-batches scaled as a short window but "
+                              "carried into the next epoch's window: Accelerate did not step at "
+                              "the end of the pass",
+                       fix="Let Accelerate see the training DataLoader's end: run every other "
+                           "prepared DataLoader to its end (no break out of it; iterate a "
+                           "slice of its dataset instead), or iterate an unprepared one for "
+                           "evaluation; or scale each micro-batch by the window Accelerate "
+                           "actually makes.")
+    return None

@@ -179,7 +179,10 @@ def short_window_findings(rank: int, windows: list[StepWindow], res: KResolution
 def _resumed_short(rank: int, windows: list[StepWindow], i: int, k: int,
                    res: KResolution) -> Finding:
     w = windows[i]
-    measured = w.began_on_grad is False
+    # a DeepSpeed engine keeps the window's gradient in its own buffers, which its
+    # checkpoints do not hold: a rebuilt engine's first window starts on no gradient
+    deepspeed = w.source == "deepspeed"
+    measured = w.began_on_grad is False or deepspeed
     return _mk("F13", _restart_level(windows, i, k, res) if measured else "warning",
                rank, w.step, w.window - 1,
                f"an optimizer made after {w.unborn} backward pass(es) whose gradient it does "
@@ -233,14 +236,23 @@ def _rebuilt_short(rank: int, windows: list[StepWindow], i: int, k: int,
     rebuilt from a checkpoint) is short while its next ones hold K: the windows after the
     rebuild are shifted, a counter restored off the window boundary."""
     w = windows[i]
-    measured = w.began_on_grad is False
+    # a DeepSpeed engine keeps the window's gradient in its own buffers, which its
+    # checkpoints do not hold: a rebuilt engine's first window starts on no gradient
+    deepspeed = w.source == "deepspeed"
+    measured = w.began_on_grad is False or deepspeed
     return _mk("F13", _restart_level(windows, i, k, res) if measured else "warning",
                rank, w.step, w.window - 1,
                f"a new optimizer object (made after the previous one's last step: a run "
                f"rebuilt from a checkpoint) made its first step after {w.window} backward "
                f"pass(es), then after {windows[i + 1].window} (K = {k}): its first window "
                f"held {w.window} of K micro-batches"
-               + (" and .grad held no gradient at its first backward, so the window "
+               + (" and the DeepSpeed engine it was rebuilt into started it on no gradient "
+                  "(a DeepSpeed checkpoint holds no partly accumulated gradient: the engine "
+                  "keeps it in buffers save_checkpoint does not write), so the micro-batches "
+                  "of the saved window's first part are lost and the window boundaries after "
+                  "the rebuild are shifted (a checkpoint saved in the middle of a window)"
+                  if deepspeed else
+                  " and .grad held no gradient at its first backward, so the window "
                   "boundaries after the rebuild are shifted; the counter that decides the "
                   "boundary was restored off by the missing micro-steps (a counter saved "
                   "before its increment, or a resume in the middle of a window)"

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 
 from accumguard.core.window import Conservation, StepRecord
 from accumguard.observe import _shared_rules as shared
-from accumguard.observe._accelerate_rules import accelerate_double_gate
+from accumguard.observe._accelerate_rules import accelerate_double_gate, tail_scaled_but_carried
 from accumguard.observe._cadence_rules import double_gate_findings
 from accumguard.observe._comm_rules import (
     coalesced_flush_findings,
@@ -210,6 +210,10 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
             found += rule("grad_step_findings", grad_step_findings, rank, ws, gres)
             found += rule("short_epoch_findings", short_epoch_findings, rank, ws, gres.k,
                           gres.declared, gres.source)
+            if gres.k is not None and (carried := rule(
+                    "tail_scaled_but_carried", tail_scaled_but_carried, rank, ws, gres.k, gres,
+                    default=None)) is not None:
+                found.append(carried)
             if rec.end.get(rank, {}).get("accelerate_unprepared"):
                 found += rule("unprepared_pass_findings", unprepared_pass_findings, rank, ws,
                               gres.k)
