@@ -884,6 +884,12 @@ RULES: dict[str, Rule] = {
             "remove managed_gradient_accumulation: false (DeepSpeed then gates step() itself), "
             "or call engine.step() only at the window's last micro-batch",
         ),
+        _rule(
+            "AG306", "compute-loss-forwards-self-model", "F10", W, MED,
+            "a Trainer.compute_loss override runs the forward through self.model instead of "
+            "the model argument (the DDP wrapper or DeepSpeed engine on several processes)",
+            "call the model the Trainer passes: outputs = model(**inputs)",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

@@ -86,6 +86,7 @@
 ``dsblocks``   AG303               a coalesce_grad_reduction() block per micro-step, the step after the loop
 ``hfsuper``    AG304               a Trainer.training_step override dropping num_items_in_batch
 ``dsunmanaged`` AG305              managed_gradient_accumulation false under the step-every-micro-batch loop
+``hfmodel``    AG306               a Trainer.compute_loss forward through self.model, not the model argument
 ``syncwhole``  AG111               every backward of the window inside one `with model.no_sync():`
 ``unreduced``  AG179 AG180 AG183   parameters no reduction covers: one group of several all-reduced
                AG185 AG193 AG195   by hand; a module with parameters outside the DDP/FSDP wrapper;
@@ -119,6 +120,7 @@ from accumguard.static.lint.families import (
     gradwrite,
     hfclip,
     hfmean,
+    hfmodel,
     hfscale,
     hfsuper,
     hfterms,
@@ -161,4 +163,4 @@ from accumguard.static.lint.families import (
     wrapgate,
 )
 
-__all__ = ["accelerate", "accloader", "acctail", "ampclip", "argdrop", "clipgrads", "commhook", "deepspeed", "dphorizon", "dsbatch", "dsblocks", "dssched", "dsstep", "dsunmanaged", "emastep", "epochtail", "factored", "fsdproot", "fsdpunits", "fused", "gradwrite", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfclip", "hfscale", "hfsuper", "hfterms", "hftokens", "horizon", "lgkschedule", "lgmanual", "lgstep", "lgwindow", "loss", "lowbuffer", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "resume", "scale", "schedule", "spawnworld", "stephorizon", "sync", "syncclip", "syncwhole", "synctail", "tailscale", "tempreduce", "terms", "tokenmean", "tokhorizon", "twice", "unclearedopt", "unreduced", "window", "wrapbypass", "wrapgate"]
+__all__ = ["accelerate", "accloader", "acctail", "ampclip", "argdrop", "clipgrads", "commhook", "deepspeed", "dphorizon", "dsbatch", "dsblocks", "dssched", "dsstep", "dsunmanaged", "emastep", "epochtail", "factored", "fsdproot", "fsdpunits", "fused", "gradwrite", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfmodel", "hfclip", "hfscale", "hfsuper", "hfterms", "hftokens", "horizon", "lgkschedule", "lgmanual", "lgstep", "lgwindow", "loss", "lowbuffer", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "resume", "scale", "schedule", "spawnworld", "stephorizon", "sync", "syncclip", "syncwhole", "synctail", "tailscale", "tempreduce", "terms", "tokenmean", "tokhorizon", "twice", "unclearedopt", "unreduced", "window", "wrapbypass", "wrapgate"]

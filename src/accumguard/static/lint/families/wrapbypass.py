@@ -13,7 +13,10 @@ name bound to ``ddp.module``) instead of the wrapper, in a loop that backwards (
 such a loop calls), not under ``no_grad``: the backward reduces nothing.
 
 AG301 (F10): a parameter frozen before ``DDP(net)`` and unfrozen after it (progressive
-unfreezing) with no DDP built again: DDP's reducer never holds it.
+unfreezing) with no DDP built again: DDP's reducer never holds it. The Lightning form: a
+LightningModule freezing a submodule in ``__init__``/``setup``/``configure_model`` (before
+Lightning's DDP strategy wraps it) and unfreezing it in a training hook, under a DDP
+strategy.
 
 AG196 (F10): a submodule replaced on the wrapped model's inner module after wrapping
 (``accelerator.unwrap_model(model).head = nn.Linear(...)``, or through a helper of the file
@@ -350,3 +353,62 @@ def unfrozen_after_ddp_was_built(ctx: FileContext) -> Iterator[Finding]:
                 "is unfrozen here, with no DDP built again after: DDP's reducer holds the "
                 "parameters that required a gradient when it was built, so this one's "
                 "gradient is never averaged over the ranks and each rank steps it on its own")
+
+
+#: LightningModule methods that run before the DDP strategy wraps the module
+_BEFORE_WRAP = frozenset({"__init__", "setup", "configure_model", "prepare_data"})
+#: training-time hooks (the module is wrapped by then)
+_TRAINING_HOOKS = frozenset({"on_train_epoch_start", "on_train_batch_start", "training_step",
+                             "on_train_epoch_end", "on_validation_epoch_end",
+                             "on_train_batch_end", "on_before_backward"})
+
+
+def _lightning_ddp(ctx: FileContext) -> bool:
+    """The file's Trainer runs a DDP strategy (``strategy="ddp..."`` or ``DDPStrategy``)."""
+    for c in ctx.of(ast.Call):
+        if (dotted(c.func) or "").split(".")[-1] != "Trainer":
+            continue
+        for kw in c.keywords:
+            v = kw.value
+            if kw.arg == "strategy" and (
+                    (isinstance(v, ast.Constant) and isinstance(v.value, str)
+                     and v.value.startswith("ddp"))
+                    or (isinstance(v, ast.Call) and (dotted(v.func) or "").endswith("DDPStrategy"))):
+                return True
+    return False
+
+
+@rule("AG301")
+def lightning_unfrozen_after_wrap(ctx: FileContext) -> Iterator[Finding]:
+    """The Lightning form of AG301 (see the module)."""
+    if _mentions_fsdp(ctx) or not _lightning_ddp(ctx):
+        return
+    for cls in ctx.of(ast.ClassDef):
+        if not isinstance(cls, ast.ClassDef) or not any(
+                (dotted(b) or "").endswith("LightningModule") for b in cls.bases):
+            continue
+        frozen: dict[str, str] = {}
+        later: list[tuple[ast.AST, str, str]] = []
+        for fn in cls.body:
+            if not isinstance(fn, FUNCS):
+                continue
+            for n in ast.walk(fn):
+                got = _freezes(n)
+                if got is None or not got[0].startswith("self."):
+                    continue
+                target, on = got
+                if not on and fn.name in _BEFORE_WRAP:
+                    frozen.setdefault(target, fn.name)
+                elif on and fn.name in _TRAINING_HOOKS:
+                    later.append((n, target, fn.name))
+        for node, target, hook in later:
+            if target not in frozen:
+                continue
+            yield ctx.finding(
+                "AG301", node,
+                f"`{target}` is frozen in `{cls.name}.{frozen[target]}`, which Lightning runs "
+                f"before its DDP strategy wraps the module, and unfrozen here in `{hook}`: "
+                "DDP's reducer holds the parameters that required a gradient when it was "
+                "built, so this one's gradient is never averaged over the ranks and each rank "
+                "steps it on its own")
+            break
