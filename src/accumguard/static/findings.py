@@ -890,6 +890,12 @@ RULES: dict[str, Rule] = {
             "the model argument (the DDP wrapper or DeepSpeed engine on several processes)",
             "call the model the Trainer passes: outputs = model(**inputs)",
         ),
+        _rule(
+            "AG307", "chunked-window-divided-by-k", "F7", W, MED,
+            "windows cut by a chunking helper (chunked(loader, K)) with every loss divided by "
+            "K: a pass's last, shorter chunk is divided as a full one",
+            "divide by the window's own length (len(window)) or its sample/token count",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

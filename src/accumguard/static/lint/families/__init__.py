@@ -87,6 +87,7 @@
 ``hfsuper``    AG304               a Trainer.training_step override dropping num_items_in_batch
 ``dsunmanaged`` AG305              managed_gradient_accumulation false under the step-every-micro-batch loop
 ``hfmodel``    AG306               a Trainer.compute_loss forward through self.model, not the model argument
+``chunktail``  AG307               windows from chunked(loader, K), every loss divided by K
 ``syncwhole``  AG111               every backward of the window inside one `with model.no_sync():`
 ``unreduced``  AG179 AG180 AG183   parameters no reduction covers: one group of several all-reduced
                AG185 AG193 AG195   by hand; a module with parameters outside the DDP/FSDP wrapper;
@@ -102,6 +103,7 @@ from accumguard.static.lint.families import (
     acctail,
     ampclip,
     argdrop,
+    chunktail,
     clipgrads,
     commhook,
     deepspeed,
@@ -163,4 +165,4 @@ from accumguard.static.lint.families import (
     wrapgate,
 )
 
-__all__ = ["accelerate", "accloader", "acctail", "ampclip", "argdrop", "clipgrads", "commhook", "deepspeed", "dphorizon", "dsbatch", "dsblocks", "dssched", "dsstep", "dsunmanaged", "emastep", "epochtail", "factored", "fsdproot", "fsdpunits", "fused", "gradwrite", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfmodel", "hfclip", "hfscale", "hfsuper", "hfterms", "hftokens", "horizon", "lgkschedule", "lgmanual", "lgstep", "lgwindow", "loss", "lowbuffer", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "resume", "scale", "schedule", "spawnworld", "stephorizon", "sync", "syncclip", "syncwhole", "synctail", "tailscale", "tempreduce", "terms", "tokenmean", "tokhorizon", "twice", "unclearedopt", "unreduced", "window", "wrapbypass", "wrapgate"]
+__all__ = ["accelerate", "accloader", "acctail", "ampclip", "argdrop", "chunktail", "clipgrads", "commhook", "deepspeed", "dphorizon", "dsbatch", "dsblocks", "dssched", "dsstep", "dsunmanaged", "emastep", "epochtail", "factored", "fsdproot", "fsdpunits", "fused", "gradwrite", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfmodel", "hfclip", "hfscale", "hfsuper", "hfterms", "hftokens", "horizon", "lgkschedule", "lgmanual", "lgstep", "lgwindow", "loss", "lowbuffer", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "resume", "scale", "schedule", "spawnworld", "stephorizon", "sync", "syncclip", "syncwhole", "synctail", "tailscale", "tempreduce", "terms", "tokenmean", "tokhorizon", "twice", "unclearedopt", "unreduced", "window", "wrapbypass", "wrapgate"]
