@@ -896,6 +896,13 @@ RULES: dict[str, Rule] = {
             "K: a pass's last, shorter chunk is divided as a full one",
             "divide by the window's own length (len(window)) or its sample/token count",
         ),
+        _rule(
+            "AG308", "tokens-per-iter-without-world", "F4", E, MED,
+            "an iteration count derived from tokens per iteration that multiplies the per-rank "
+            "accumulation steps without the world size (nanoGPT's tokens_per_iter)",
+            "tokens_per_iter = gradient_accumulation_steps * world_size * batch_size * "
+            "block_size",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,
