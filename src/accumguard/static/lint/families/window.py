@@ -222,15 +222,21 @@ def _fsdp2_deferred_clear(ctx: FileContext, call: ast.Call, window: ast.AST) -> 
 def _before_accelerator_backward(ctx: FileContext, window: ast.AST, call: ast.Call) -> bool:
     """``call`` is directly in a ``with accelerator.accumulate(...):`` block and comes before
     an ``accelerator.backward(...)`` of that block, with no optimizer step between them
-    (``opt.zero_grad()`` at the top of the block)."""
+    (``opt.zero_grad()`` at the top of the block), and no step of its own optimizer before it
+    in the block."""
     block = ctx.enclosing(call, (ast.With, ast.For, ast.AsyncFor, ast.While))
     if not (isinstance(block, ast.With) and any(
             isinstance(i.context_expr, ast.Call) and call_attr(i.context_expr) == "accumulate"
             for i in block.items)):
         return False  # (at the top of the loop, before `accumulate()` decides the micro-step's
         # sync, the flag is the previous micro-step's: that clear follows the last step)
-    later = [n for n in ctx.local_nodes(block) if isinstance(n, ast.Call)
-             and getattr(n, "lineno", 0) > call.lineno]
+    calls = [n for n in ctx.local_nodes(block) if isinstance(n, ast.Call)]
+    own = dotted(receiver(call))
+    if own is not None and any(ctx.is_step(n) and getattr(n, "lineno", 0) < call.lineno
+                               and dotted(receiver(n)) == own for n in calls):
+        return False  # its own optimizer's step came first (two models' step-then-clear pairs
+        # in one block, each after its own backward): the clear follows that step
+    later = [n for n in calls if getattr(n, "lineno", 0) > call.lineno]
     backs = [n for n in later if call_attr(n) == "backward" and ctx.is_accelerator(receiver(n))]
     steps = [n for n in later if ctx.is_step(n)]
     return bool(backs) and not any(s.lineno < backs[0].lineno for s in steps)
