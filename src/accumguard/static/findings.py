@@ -903,6 +903,13 @@ RULES: dict[str, Rule] = {
             "tokens_per_iter = gradient_accumulation_steps * world_size * batch_size * "
             "block_size",
         ),
+        _rule(
+            "AG309", "schedule-from-unsplit-loader", "F4", E, MED,
+            "a Lightning schedule sized from len(...train_dataloader()) on several devices: the "
+            "fresh loader is not yet split over the ranks",
+            "size it from self.trainer.estimated_stepping_batches (or num_training_batches, "
+            "per rank)",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,
