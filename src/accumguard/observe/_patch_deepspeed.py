@@ -19,6 +19,7 @@ import torch
 
 from accumguard.observe._events import EngineInfo, EngineStepEvent
 from accumguard.observe._failsafe import Maker, Original
+from accumguard.observe._patch_torch import zero_wrapper
 from accumguard.observe._seams import EngineHost, PatchHost, as_deepspeed
 
 __all__ = ["note_engine", "patch_engine", "patch_schedules"]
@@ -32,6 +33,9 @@ def patch_engine(obs: PatchHost, mod: ModuleType) -> None:
         obs.patches.wrap(cls, "backward", _backward_wrapper(obs))
         obs.patches.wrap(cls, "step", _step_wrapper(obs, clip))
         obs.patches.wrap(cls, "clip_fp32_gradients", _clip_wrapper(obs, clip))
+        # the engine's own zero_grad (it sets every .grad to None; torch's Module.zero_grad,
+        # which it overrides, is the one counted otherwise): counted as a module's
+        obs.patches.wrap(cls, "zero_grad", zero_wrapper(obs, "module"))
         obs.counter.install_deepspeed()
 
 

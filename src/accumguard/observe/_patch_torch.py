@@ -29,7 +29,7 @@ from accumguard.observe._patch import Patches
 from accumguard.observe._seams import PatchHost
 
 __all__ = ["constructor_step", "install", "install_after_losses", "patch_compiled",
-           "patch_ddp_init", "patch_fully_shard"]
+           "patch_ddp_init", "patch_fully_shard", "zero_wrapper"]
 
 #: accumguard's own source folder: frames in it are never where a warning points
 _ACCUMGUARD_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -58,8 +58,8 @@ def install(obs: PatchHost, p: Patches) -> None:
     p.wrap(torch.Tensor, "backward", _backward_wrapper(obs, "tensor"))
     p.wrap(torch.autograd, "backward", _backward_wrapper(obs, "autograd"))
     p.wrap(torch.optim.Optimizer, "__init__", _optimizer_init_wrapper(obs))
-    p.wrap(torch.optim.Optimizer, "zero_grad", _zero_wrapper(obs, "optimizer"))
-    p.wrap(torch.nn.Module, "zero_grad", _zero_wrapper(obs, "module"))
+    p.wrap(torch.optim.Optimizer, "zero_grad", zero_wrapper(obs, "optimizer"))
+    p.wrap(torch.nn.Module, "zero_grad", zero_wrapper(obs, "module"))
     p.wrap(torch.utils.data.DataLoader, "__iter__", _data_pass_wrapper(obs))
 
 
@@ -251,7 +251,7 @@ def _optimizer_init_wrapper(obs: PatchHost) -> Maker:
     return make
 
 
-def _zero_wrapper(obs: PatchHost, kind: str) -> Maker:
+def zero_wrapper(obs: PatchHost, kind: str) -> Maker:
     def make(orig: Original) -> Original:
         def zero_grad(this: torch.optim.Optimizer | torch.nn.Module, /, *args: object,
                       **kwargs: object) -> object:

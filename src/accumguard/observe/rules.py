@@ -195,7 +195,8 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
             found: list[Finding] = rule("rank_findings", _rank_findings, rank, steps, info,
                                         gres.k, gres.declared, before, averaged)
             found += rule("window_findings", _window_findings, rank, ws, info, gres,
-                          rec.end.get(rank, {}).get("k_changes"))
+                          rec.end.get(rank, {}).get("k_changes"),
+                          int(rec.end.get(rank, {}).get("pending_backwards") or 0))
             found += rule("no_update", _no_update, rank, steps)
             found += rule("two_pass", _two_pass, rank, steps)
             found += rule("loss_weight_findings", loss_weight_findings, rank, ws)
@@ -332,6 +333,26 @@ def _rank_findings(rank: int, steps: Sequence[StepRecord], info: JsonObject,
                                "engine's gradient partition, so only the last micro-batch "
                                "reaches the optimizer"))
                 continue
+        # F3: engine.zero_grad() between the backwards on ZeRO-0/1, which keep the window's
+        # gradient in the parameters' .grad until the boundary (measured: ZeRO-2/3 move it
+        # into their partitions inside each backward, and the same clear changes nothing)
+        if w.source == "deepspeed" and stage in (0, 1) and managed is not False \
+                and n > 1 and int(w.zero_grads_between):
+            out.append(_mk("F3", "error", rank, step, None,
+                           f"ZeRO-{stage}, gradient_accumulation_steps={ds_ga}: "
+                           f"{int(w.zero_grads_between)} zero_grad() call(s) between the "
+                           f"{n} backward passes of the window before optimizer step "
+                           f"{_n(step)}; ZeRO-{stage} keeps the window's gradient in the "
+                           "parameters' .grad until the accumulation boundary, and "
+                           "engine.zero_grad() sets it to None: only the micro-batches after "
+                           "the last clear reach the optimizer",
+                           title_="engine.zero_grad() inside the window: the micro-batches "
+                                  "before it never reach the optimizer",
+                           fix="Do not clear inside the window: DeepSpeed clears the "
+                               "gradients itself after the step at its boundary (remove the "
+                               "engine.zero_grad() call, or call it only after a step that "
+                               "stepped)."))
+            continue
         early_clips = [c for c in (w.clip_micros or [])  # (a clip before any: no F8)
                        if shared.clip_verdict(int(c), int(w.backwards)) == "inside"]
         cons = None if any(w is r for r in resumed) else w.conservation
@@ -441,13 +462,14 @@ def _asked_clip(asked: float | None) -> str:
 
 
 def _window_findings(rank: int, windows: list[StepWindow], info: JsonObject,
-                     res: KResolution, changes: Sequence[Sequence[int]] | None = None
-                     ) -> list[Finding]:
+                     res: KResolution, changes: Sequence[Sequence[int]] | None = None,
+                     pending: int = 0) -> list[Finding]:
     """Window sizes against K: F1 (one backward per step while K > 1 is declared), F13
     (a first window shorter than K, or windows constantly K-1 / K+1), F7 (a window longer
     than K among windows of K: leftover micro-steps of an epoch leaked into the next).
     ``changes``: the K a framework set per epoch (Lightning's GradientAccumulationScheduler):
-    a window of the K in force when it began is never "longer than K"."""
+    a window of the K in force when it began is never "longer than K". ``pending``: the
+    backward passes the run ended with, never stepped."""
     k = res.k
     out: list[Finding] = []
     windows = [w for w in windows if w.window]  # (no backward: _extra_step)
@@ -533,8 +555,14 @@ def _window_findings(rank: int, windows: list[StepWindow], info: JsonObject,
             long_ids = {id(w) for w in long}
             at = [i for i, w in enumerate(windows) if id(w) in long_ids]
             periodic = len({b - a for a, b in zip(at, at[1:], strict=False)}) <= 1
+            # with K only inferred and no pass over a DataLoader seen, windows one micro-step
+            # longer than the commonest are as likely the loop's real K, the others short by a
+            # micro-step the loop skipped (no backward for an empty micro-batch): not a leak
+            evidence = (bool(res.declared) or any(w.data_pass_starts for w in windows)
+                        or pending == long[0].window - k)  # (the last pass's leftover, never
+            # stepped, left pending when the run ended: the same count as each leak)
             leak = (not mid_short and len({w.window for w in long}) == 1
-                    and regular > len(long) and at[0] > 0 and periodic)
+                    and regular > len(long) and at[0] > 0 and periodic and evidence)
             first = windows[at[0]]
             before = windows[at[0] - 1] if at[0] > 0 else None
             cons = first.conservation
