@@ -349,3 +349,29 @@ def test_a_fault_reading_the_parameters_outside_fsdp2_units_changes_nothing(
         dist.destroy_process_group()
     assert failure is not None and "injected" in failure.error + failure.traceback
     assert all(torch.equal(a, b) for a, b in zip(plain, seen, strict=True))
+
+
+def test_a_fault_reading_the_fsdp2_mesh_size_changes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The read of how many ranks each FSDP2 unit's mesh spans (at a step whose reduction
+    factor is 1: a one-rank mesh): a fault in it switches observation off, is reported as
+    accumguard's, and the trained parameters are bit-equal to the unobserved run's."""
+    import torch.distributed as dist
+
+    import accumguard.observe._steps as steps
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        plain = _fsdp2_loop()
+
+        def broken(*args: object) -> int:
+            raise KeyError("injected: the FSDP2 mesh size")
+
+        monkeypatch.setattr(steps, "fsdp2_mesh", broken)
+        with recording(tmp_path) as obs:
+            seen = _fsdp2_loop()
+            failure = obs.failure
+    finally:
+        dist.destroy_process_group()
+    assert failure is not None and "injected" in failure.error + failure.traceback
+    assert all(torch.equal(a, b) for a, b in zip(plain, seen, strict=True))

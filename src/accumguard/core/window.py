@@ -201,6 +201,9 @@ class StepRecord:
     # only): per distinct factor, [the factor, its units' module names (a few), how many
     # units]; None when every unit reduces alike (``rank_factor`` is then their factor)
     rank_factor_units: list[list[Any]] | None = None
+    # FSDP2: the largest number of ranks any unit's mesh spans (its reduce-scatter group, with
+    # the replicate dimension of HSDP); None: not FSDP2, or not read
+    fsdp_mesh: int | None = None
     # an optimizer's first window, read only when it was made beside one that had stepped
     # (a run rebuilt to resume) and has its own window: whether its first backward found a
     # nonzero gradient on its parameters (a restored partial window); None: not read

@@ -368,6 +368,9 @@ def cross_rank_findings(rec: RunRecording) -> list[Finding]:
             outside = _outside_units(step, row)
             if outside is not None:
                 return [outside]
+            alone = _fsdp2_alone(rec, step, row)
+            if alone is not None:
+                return [alone]
         if len(row) < 2 or any(s.engine == "fsdp2" for s in row.values()):
             continue
         sums: dict[int, list[float]] = {r: s.checksum for r, s in row.items()
@@ -462,6 +465,38 @@ def _by_step(rec: RunRecording) -> dict[int, dict[int, StepWindow]]:
         for s in _windows(rec.steps[r]):
             by_step.setdefault(s.step, {})[r] = s
     return by_step
+
+
+def _fsdp2_alone(rec: RunRecording, step: int, row: dict[int, StepWindow]) -> Finding | None:
+    """F10: every rank's FSDP2 units sit on a mesh of one rank (``fully_shard`` given a
+    sub-mesh of size 1, e.g. the shard dimension of a (W, 1) mesh): each unit's
+    reduce-scatter is over that rank alone, so with a mesh of one rank each rank's local
+    gradient is its whole gradient, and these differ across the ranks while no collective
+    reduced a gradient in any recorded step."""
+    if rec.world < 2 or any(s.fsdp_mesh != 1 for s in row.values()):
+        return None
+    sums = {r: s.checksum for r, s in row.items() if s.checksum}
+    if len(sums) < 2 or _spread(list(sums.values())) <= 1e-5:
+        return None
+    for r in rec.ranks:
+        for line in rec.steps.get(r, []):
+            comm = line.get("comm")
+            rows = comm.get("rows", []) if isinstance(comm, dict) else []
+            if any(x and x[0] in GRAD_OPS for x in rows):
+                return None  # something reduced a gradient (the script's own all-reduce)
+    text = ", ".join(f"rank {r}: {v[0]:.6g}" for r, v in sorted(sums.items()))
+    return _mk("F10", "error", None, step, None,
+               f"every FSDP2 unit's device mesh spans 1 rank of the run's {rec.world} (read "
+               "from FSDP2's parameter groups), so its reduce-scatter is over that rank "
+               "alone; the gradients the optimizers received differ across the ranks at "
+               f"step {_n(step)} (checksums {text}) and no collective reduced a gradient in "
+               "any recorded step: the ranks never average their gradients, each trains its "
+               "own model",
+               title_="FSDP2 on a mesh of one rank: the ranks never synchronise their "
+                      "gradients",
+               fix="Pass fully_shard the mesh over all data-parallel ranks: the whole mesh "
+                   "(HSDP: a 2-D (replicate, shard) mesh, both dimensions), not one of its "
+                   "size-1 dimensions such as mesh[\"shard\"] of a (W, 1) mesh.")
 
 
 def _never_synchronised(rec: RunRecording, ranks: list[int]) -> str | None:

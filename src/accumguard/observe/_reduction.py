@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["rank_factor", "unit_factors"]
+__all__ = ["fsdp2_mesh", "rank_factor", "unit_factors"]
 
 
 def rank_factor(engine: str, roots: Sequence[object],
@@ -63,6 +63,19 @@ def _fsdp2(groups: Sequence[object]) -> float | None:
             factor = getattr(group, "mesh_info").mesh.size()  # noqa: B009
         factors.add(1.0 / float(factor))
     return factors.pop() if len(factors) == 1 else None
+
+
+def fsdp2_mesh(engine: str, fsdp_groups: Mapping[int, Sequence[object]]) -> int | None:
+    """The largest number of ranks an FSDP2 unit's mesh spans (its device mesh, the
+    replicate dimension of HSDP included); None when not FSDP2 or it cannot be read."""
+    if engine != "fsdp2":
+        return None
+    try:
+        sizes = [int(getattr(group, "mesh_info").mesh.size())  # noqa: B009
+                 for gs in fsdp_groups.values() for group in gs]
+    except (AttributeError, RuntimeError, TypeError, ValueError):
+        return None
+    return max(sizes) if sizes else None
 
 
 def unit_factors(engine: str, fsdp_groups: Mapping[int, Sequence[object]]) -> list[list[Any]] | None:

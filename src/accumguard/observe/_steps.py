@@ -31,7 +31,7 @@ from accumguard.observe._events import ScalerEvent, StepStartEvent
 from accumguard.observe._introspect import local, snapshot, tol_for
 from accumguard.observe._loose import LooseParameters
 from accumguard.observe._precision import AccumDrift, MasterSum, model_grad_sum
-from accumguard.observe._reduction import rank_factor, unit_factors
+from accumguard.observe._reduction import fsdp2_mesh, rank_factor, unit_factors
 from accumguard.observe._window import StepTally
 
 if TYPE_CHECKING:
@@ -394,6 +394,7 @@ class StepMachinery(LooseParameters):
             losses=losses if same else None, discarded=discarded, moved=moved,
             terms=terms if same else None,
             rank_factor=factor, rank_factor_units=split,
+            fsdp_mesh=fsdp2_mesh(self.engine, self._fsdp_groups) if factor == 1.0 else None,
             optimizer_index=None if own is None or unborn else self.lanes.key(owner),
             lr_changes=lr_changes, lr=lr,
             # an optimizer stepped from a gradient hook, inside a backward pass

@@ -117,6 +117,7 @@ class StepTally:
                in_backward: bool = False, grad_hooks: bool = False,
                backward_pass: int | None = None, opt_serial: int | None = None,
                unborn: int = 0, rank_factor_units: list[list[Any]] | None = None,
+               fsdp_mesh: int | None = None,
                unwrapped: list[str] | None = None,
                join_initial: bool | None = None,
                loose_checksum: list[float] | None = None) -> StepRecord:
@@ -165,7 +166,8 @@ class StepTally:
             lr=lr, in_backward=in_backward, grad_hooks=grad_hooks,
             backward_pass=backward_pass, clip_before_unscale=self._scaled_clip(),
             restarts=self.restarts, opt_serial=opt_serial, unborn=unborn,
-            rank_factor_units=rank_factor_units, began_on_grad=self.began_on_grad,
+            rank_factor_units=rank_factor_units, fsdp_mesh=fsdp_mesh,
+            began_on_grad=self.began_on_grad,
             hook_in=self._hook_in() if self.hook_inputs else None,
             clip_empty=self.clip_empty or None,  # (this tally's own lists: no copy)
             accelerate_blocks=self.acc_blocks or None, unwrapped=unwrapped,

@@ -258,6 +258,10 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
         # a loss over the ranks' global count, which the ledger read)
         findings = [f for f in findings if f.cls != "LOSS_SCALE"
                     or (f.severity == "error" and res.k != rec.world)]
+    if any(f.cls == "F10" and f.title.startswith("FSDP2 on a mesh of one rank")
+           for f in findings):
+        # FSDP2 reduced over one rank: the ledger's "FSDP2 already averages" is not so
+        ledger = [f for f in ledger if f.cls != "LOSS_SCALE"]
     findings += ledger
     hooked = rule("hook_sum_findings", hook_sum_findings, rec) \
         + rule("hook_k_findings", hook_k_findings, rec)
