@@ -22,6 +22,7 @@ LINE_KEYS = [
     "optimizer_index", "precision", "param_norm", "lr_changes", "lr", "terms", "in_backward",
     "backward_pass",
     "grad_hooks", "clip_before_unscale", "restarts", "opt_serial", "unborn", "rank_factor_units",
+    "fsdp_mesh",
     "began_on_grad", "hook_in", "clip_empty", "accelerate_blocks", "unwrapped", "loose_checksum", "join_initial",
     "conservation",
 ]
