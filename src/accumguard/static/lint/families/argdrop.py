@@ -98,6 +98,10 @@ def accumulation_option_dropped(ctx: FileContext) -> Iterator[Finding]:
     classes = _dataclasses(ctx)
     for call in ctx.of(ast.Call):
         cls = classes.get(dotted(call.func) or "")
+        if cls is None and (dotted(call.func) or "").rsplit(".", 1)[-1] == "replace" \
+                and call.args and isinstance(call.args[0], ast.Call):
+            # dataclasses.replace(Config(), **overrides): the same filter into the fields
+            cls = classes.get(dotted(call.args[0].func) or "")
         if cls is None or not any(k.arg is None and _filtered_options(ctx, k.value)
                                   for k in call.keywords):
             continue
