@@ -910,6 +910,12 @@ RULES: dict[str, Rule] = {
             "size it from self.trainer.estimated_stepping_batches (or num_training_batches, "
             "per rank)",
         ),
+        _rule(
+            "AG310", "engine-zero-grad-every-micro-batch", "F3", E, MED,
+            "engine.zero_grad() beside engine.backward()/engine.step() on every micro-batch "
+            "under ZeRO-0/1 with gradient_accumulation_steps > 1",
+            "remove it: DeepSpeed clears the gradients itself after the step at its boundary",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,
