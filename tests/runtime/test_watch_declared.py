@@ -175,3 +175,24 @@ def test_an_object_named_like_k_does_not_rebind_it(tmp_path: Path) -> None:
     """, "env.py")
     k = declared_k(["python", str(path)])
     assert k is not None and k.value is None, k
+
+
+def test_an_accumulation_option_that_never_reaches_the_loop_is_f1() -> None:
+    """Every step after one backward (blind round 101 c_b01, recorded on 2 gloo ranks: K stays
+    the config's default 1) and a script whose accumulation option its dataclass filter
+    drops (lint AG187): F1 at error, the lint's words in the evidence. The same run with a
+    script whose option reaches the config: nothing (K = 1 may be what was meant)."""
+    from accumguard.observe.rules import analyze
+    from accumguard.watch._findings import load_recordings
+    from accumguard.watch._report import _dropped_option_findings
+    from tests.helpers import RECORDED
+
+    rec = load_recordings(RECORDED / "r101_k_one_every_step")
+    findings, _, _ = analyze(rec, k_flag=None)
+    corpus = Path(__file__).parents[1] / "lint_corpus"
+    dropped = _dropped_option_findings(
+        rec, findings, ["python", str(corpus / "bug_argparse_option_dropped_by_dataclasses_replace.py")])
+    assert [(f.cls, f.severity) for f in dropped] == [("F1", "error")], dropped
+    assert "never reaches `Config`" in dropped[0].evidence
+    assert _dropped_option_findings(
+        rec, findings, ["python", str(corpus / "ok_argparse_option_reaches_dataclasses_replace.py")]) == []

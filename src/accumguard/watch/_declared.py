@@ -25,7 +25,7 @@ from pathlib import Path
 
 from accumguard.static.lint._ast import dotted, last_part
 
-__all__ = ["ScriptK", "declared_k", "script_of_command"]
+__all__ = ["ScriptK", "declared_k", "dropped_accumulation_option", "script_of_command"]
 
 # K-like names (matched on the last part of a dotted name, case-insensitive).
 _K_NAME = re.compile(
@@ -406,3 +406,24 @@ def _apply(how: str, a: int, b: int) -> int | None:
     if op == "Div":
         return a // b if b and a % b == 0 else None
     return None
+
+
+def dropped_accumulation_option(command: Sequence[str], cwd: str | None = None) -> str | None:
+    """What lint says (AG187, AG191 at error level) when the command's script parses an
+    accumulation option that never reaches the config its loop reads (a dataclass filtered
+    to its fields, ``parse_dict(allow_extra_keys=True)``): the loop then runs the config's
+    default, 1. None when the script cannot be read or says no such thing."""
+    from accumguard.static.lint import lint_source
+
+    found = script_of_command(command, cwd)
+    if found is None:
+        return None
+    try:
+        text = found[0].read_text(encoding="utf-8")
+        hits = [f for f in lint_source(text) if f.code in ("AG187", "AG191")
+                and str(getattr(f.severity, "value", f.severity)) == "error"]
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return None
+    if not hits:
+        return None
+    return f"{found[0].name}:{hits[0].line}: {hits[0].evidence}"

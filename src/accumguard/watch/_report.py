@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from accumguard.observe._records import Finding, watch_dict
+from accumguard.observe._records import Finding, RunRecording, watch_dict
 from accumguard.watch._recording import OBSERVE_STEPS
 
 __all__ = ["EXIT_ACCUMGUARD_FAILED", "JSON_SCHEMA_VERSION", "WatchResult", "judge",
@@ -166,6 +166,8 @@ def _judge(out_dir: str | os.PathLike[str], *, command: Sequence[str],
     if not accumulation_steps:
         script = declared_k(list(command), world=max(1, rec.world))
     findings, k, k_source = analyze(rec, k_flag=accumulation_steps, script=script)
+    if not accumulation_steps:
+        findings += _dropped_option_findings(rec, findings, command)
     findings = merge_ranks(findings, rec.ranks)  # what every rank saw alike: one finding
     steps = {r: s for r, s in rec.steps.items()}
     n_steps = max((len(s) for s in steps.values()), default=0)
@@ -268,6 +270,32 @@ def run_in_group(command: Sequence[str], env: dict[str, str]) -> tuple[int, str 
               file=sys.stderr)
         return 127, None
     return end.code, end.signal
+
+
+def _dropped_option_findings(rec: RunRecording, findings: list[Finding],
+                             command: Sequence[str]) -> list[Finding]:
+    """F1 when every optimizer step of every rank came after a single backward pass and the
+    script's accumulation option never reaches the config the loop reads (lint's AG187 or
+    AG191, at error level): the K the command asks for is not the K the run used."""
+    from accumguard.observe._records import _mk
+    from accumguard.watch._declared import dropped_accumulation_option
+
+    if any(f.cls == "F1" and f.severity == "error" for f in findings):
+        return []
+    steps = [s for ss in rec.steps.values() for s in ss]
+    if len(steps) < 2 or any(int(s.get("backwards", 0) or 0) != 1 for s in steps):
+        return []
+    said = dropped_accumulation_option(list(command))
+    if said is None:
+        return []
+    return [_mk("F1", "error", None, 0, None,
+                f"every optimizer step of the run ({len(steps)} over its ranks) came after a "
+                f"single backward pass, and the script's accumulation option does not reach "
+                f"its loop ({said})",
+                title_="the accumulation option never reaches the loop: the optimizer steps "
+                       "on every micro-batch",
+                fix="Name the option as the config field the loop reads (or pass the field "
+                    "through), so the K the command asks for is the K the loop uses.")]
 
 
 def _recorded_argv(out_dir: Path) -> list[str]:
