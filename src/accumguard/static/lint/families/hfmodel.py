@@ -17,17 +17,12 @@ from accumguard.static.findings import Finding
 from accumguard.static.lint._ast import dotted
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families._hftrainer import trainer_methods
 
 
 @rule("AG306")
 def compute_loss_forwards_self_model(ctx: FileContext) -> Iterator[Finding]:
-    for fn in ctx.of(ast.FunctionDef):
-        if not isinstance(fn, ast.FunctionDef) or fn.name != "compute_loss":
-            continue
-        cls = ctx.enclosing(fn, (ast.ClassDef,))
-        if not isinstance(cls, ast.ClassDef) or not any(
-                (dotted(b) or "").endswith("Trainer") for b in cls.bases):
-            continue
+    for cls, fn in trainer_methods(ctx, "compute_loss"):
         params = [a.arg for a in fn.args.args]
         if len(params) < 2 or params[1] != "model":
             continue

@@ -18,6 +18,7 @@ from accumguard.static.findings import Finding
 from accumguard.static.lint._ast import dotted
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families._hftrainer import trainer_methods
 
 _COUNT = "num_items_in_batch"
 
@@ -31,13 +32,7 @@ def _super_call(node: ast.AST) -> bool:
 
 @rule("AG304")
 def training_step_drops_item_count(ctx: FileContext) -> Iterator[Finding]:
-    for fn in ctx.of(ast.FunctionDef):
-        if not isinstance(fn, ast.FunctionDef) or fn.name != "training_step":
-            continue
-        cls = ctx.enclosing(fn, (ast.ClassDef,))
-        if not isinstance(cls, ast.ClassDef) or not any(
-                (dotted(b) or "").endswith("Trainer") for b in cls.bases):
-            continue
+    for cls, fn in trainer_methods(ctx, "training_step"):
         if _COUNT not in {a.arg for a in (*fn.args.args, *fn.args.kwonlyargs)}:
             continue
         for call in ast.walk(fn):

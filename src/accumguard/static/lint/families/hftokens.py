@@ -25,6 +25,7 @@ from accumguard.static.findings import Finding
 from accumguard.static.lint._ast import dotted
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families._hftrainer import trainer_methods
 
 __all__ = ["batch_samples_count_not_gathered", "tokens_not_averaged_across_devices"]
 
@@ -80,13 +81,7 @@ _GATHERS = frozenset({"gather", "all_reduce", "reduce", "gather_for_metrics", "a
 
 @rule("AG190")
 def batch_samples_count_not_gathered(ctx: FileContext) -> Iterator[Finding]:
-    for fn in ctx.of(ast.FunctionDef):
-        if not isinstance(fn, ast.FunctionDef) or fn.name != "get_batch_samples":
-            continue
-        cls = ctx.enclosing(fn, (ast.ClassDef,))
-        if not isinstance(cls, ast.ClassDef) or not any(
-                (dotted(b) or "").endswith("Trainer") for b in cls.bases):
-            continue
+    for cls, fn in trainer_methods(ctx, "get_batch_samples"):
         if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
                and n.func.attr in _GATHERS for n in ast.walk(fn)):
             continue  # (gathered over the processes: the Trainer's own way)
