@@ -110,8 +110,15 @@ def test_token_budget_windows_are_not_f13(windows: list[int], passes: bool) -> N
 
 
 def test_leak_after_epoch_end_is_f7_constant_long_is_f13() -> None:
-    errs = _errors(_rec([4, 4, 6, 4, 6, 4]))
+    # a leak's signature with K inferred and no DataLoader seen: the last pass's leftover,
+    # as many backwards as each leak, still pending when the run ended
+    leaked = _rec([4, 4, 6, 4, 6, 4])
+    leaked.end[0]["pending_backwards"] = 2
+    errs = _errors(leaked)
     assert set(errs) == {"F7"} and errs["F7"].step == 3
+    # the same sizes without it (windows short by a skipped micro-step look alike when K is
+    # only inferred: blind round 101 c_b02_fixed): a note, not a claimed leak
+    assert _errors(_rec([4, 4, 6, 4, 6, 4])) == {}
     errs = _errors(_rec([5, 5, 5, 5]), k_flag=4)
     assert set(errs) == {"F13"}
     errs = _errors(_rec([3, 3, 3, 3]), k_flag=4)

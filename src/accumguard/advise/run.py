@@ -244,18 +244,21 @@ def choose(ok: list[ModeResult]) -> tuple[ModeResult | None, str]:
     """The fastest eligible mode, unless the timings cannot tell the modes apart.
 
     A few steps on a busy machine spread widely; a mode whose median lies inside the
-    fastest mode's own min-max range was not measured slower. Among such ties the mode that
-    moves the fewest bytes per step wins (then the smaller peak): communication saved here is
-    time saved wherever the interconnect is the bottleneck, and the report says so.
+    fastest mode's own min-max range was not measured slower. Among such ties a mode that
+    moves fewer bytes per step than the fastest wins (the fewest, then the smaller peak):
+    communication saved here is time saved wherever the interconnect is the bottleneck, and
+    the report says so. Equal bytes leave the fastest.
     """
     if not ok:
         return None, ""
     fastest = min(ok, key=lambda r: r.median_s or 0.0)
     top = max(fastest.seconds)
-    tied = [r for r in ok if (r.median_s or 0.0) <= top]
-    best = min(tied, key=lambda r: (_bytes(r), r.peak_bytes or 0, r.median_s or 0.0))
-    if best is fastest:
-        return best, "fastest median"
+    # a tied mode wins only by moving strictly fewer bytes (equal bytes and a peak a few
+    # kB apart are noise: the fastest stays)
+    fewer = [r for r in ok if (r.median_s or 0.0) <= top and _bytes(r) < _bytes(fastest)]
+    if not fewer:
+        return fastest, "fastest median"
+    best = min(fewer, key=lambda r: (_bytes(r), r.peak_bytes or 0, r.median_s or 0.0))
     return best, (f"its median time is within the fastest mode's spread ({fastest.mode.name}: "
                   f"{min(fastest.seconds):.3g}-{top:.3g} s), so the timings do not separate "
                   f"them; it moves the fewest bytes per step ({_bytes(best):.3g} B against "
