@@ -465,6 +465,19 @@ def _asked_clip(asked: float | None) -> str:
         "takes max_grad_norm)")
 
 
+def _synced_as_micro_steps(w: StepWindow, k: int) -> bool:
+    """A DDP window of b x K backwards (b >= 2) whose gradient sync was off for all but its
+    last b backwards: K micro-steps of b backwards each (an adversarial or perturbed second
+    pass per micro-batch, FGM, SAM-style), synced on the last micro-step as a window of K
+    micro-steps is, not a boundary b x K late."""
+    n = int(w.window)
+    flags = list(w.sync_micros or [])
+    if k < 1 or n % k or n // k < 2 or len(flags) != n or any(f is None for f in flags):
+        return False
+    b = n // k
+    return flags == [False] * (n - b) + [True] * b
+
+
 def _window_findings(rank: int, windows: list[StepWindow], info: JsonObject,
                      res: KResolution, changes: Sequence[Sequence[int]] | None = None,
                      pending: int = 0) -> list[Finding]:
@@ -494,6 +507,7 @@ def _window_findings(rank: int, windows: list[StepWindow], info: JsonObject,
     own_k = {id(w) for w, sk in zip(windows, scheduled_ks(windows, changes or []), strict=True)
              if sk is not None and w.window == sk}
     long = [w for w in windows if shared.overrun(w.window - 1, k) and id(w) not in own_k
+            and not _synced_as_micro_steps(w, k)
             # (F14: gating)
             and not (engine_ga and (w.window == ds_ga
                                     or int(w.max_backwards_per_engine_step) > 1))
