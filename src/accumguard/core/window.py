@@ -235,6 +235,10 @@ class StepRecord:
     # the sum is divided by the launch's world size even when ranks have run out of data);
     # None: not a DDP run, or no Join seen
     join_initial: bool | None = None
+    # the optimizer had step pre-hooks of its own (``register_step_pre_hook``), which run
+    # after the step's checksum was read: what it received may differ from that checksum
+    # (a hand all-reduce of the gradients inside such a hook); False: none
+    pre_hooked: bool = False
     # -- counts of the guard and the audit (not in a recording) ---------------------------
     # optimizer steps that closed the window: 1, 2 for a second step a guard in warn mode
     # let run, 0 for the audit's trailing micro-steps after the last step

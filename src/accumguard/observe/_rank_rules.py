@@ -373,6 +373,9 @@ def cross_rank_findings(rec: RunRecording) -> list[Finding]:
                 return [alone]
         if len(row) < 2 or any(s.engine == "fsdp2" for s in row.values()):
             continue
+        if any(s.pre_hooked for s in row.values()):
+            continue  # the optimizer's own step pre-hooks ran after the read (a hand
+            # all-reduce there makes the gradients agree only after the checksum)
         sums: dict[int, list[float]] = {r: s.checksum for r, s in row.items()
                                         if s.checksum}
         if len(sums) < 2:

@@ -407,7 +407,8 @@ class StepMachinery(LooseParameters):
                        if self.engine in ("ddp", "fsdp2") else None),
             loose_checksum=loose_chk if loose_chk is not None or not unwrapped or chk is not None
             else self._loose_grads(owner),
-            join_initial=self._join_initial() if self.engine == "ddp" else None)
+            join_initial=self._join_initial() if self.engine == "ddp" else None,
+            pre_hooked=bool(getattr(owner, "_optimizer_step_pre_hooks", None)))
         self._next_window(reset_losses=False)  # losses.take() above reset them
         if self._global_handle is not None and self.step >= PIN_ROOTS_AFTER_STEPS:
             self._pin_roots()

@@ -120,7 +120,8 @@ class StepTally:
                fsdp_mesh: int | None = None,
                unwrapped: list[str] | None = None,
                join_initial: bool | None = None,
-               loose_checksum: list[float] | None = None) -> StepRecord:
+               loose_checksum: list[float] | None = None,
+               pre_hooked: bool = False) -> StepRecord:
         """The step record of this window (what :mod:`.rules` judges)."""
         loss: float | None = None
         if self.loss_ok and self.backwards:
@@ -171,7 +172,7 @@ class StepTally:
             hook_in=self._hook_in() if self.hook_inputs else None,
             clip_empty=self.clip_empty or None,  # (this tally's own lists: no copy)
             accelerate_blocks=self.acc_blocks or None, unwrapped=unwrapped,
-            join_initial=join_initial, loose_checksum=loose_checksum)
+            join_initial=join_initial, loose_checksum=loose_checksum, pre_hooked=pre_hooked)
 
     def _hook_in(self) -> list[list[float]] | None:
         """[backward pass, bucket sum] per comm hook call: one host read for all of them
