@@ -15,7 +15,8 @@ from accumguard.observe import _losses
 from accumguard.observe._epochs import dropped_finding, short_epoch_findings
 from accumguard.observe._records import Finding, KResolution, RunRecording, StepWindow
 from accumguard.observe._records import windows as fold
-from accumguard.observe.rules import _window_findings, analyze, resolve_k
+from accumguard.observe._size_rules import window_findings as _window_findings
+from accumguard.observe.rules import analyze, resolve_k
 from accumguard.watch._findings import load_recordings
 from accumguard.watch._recording import recording
 

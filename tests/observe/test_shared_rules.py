@@ -24,9 +24,9 @@ from accumguard.observe._shared_rules import (
     overrun,
     scheduler_ahead,
 )
+from accumguard.observe._size_rules import _f1
 from accumguard.observe._step_rules import _sync_findings
 from accumguard.observe.rules import (
-    _f1,
     _rank_findings,
     live_findings,
     windows,

@@ -4,7 +4,7 @@ The decision is :func:`accumguard.observe._shared_rules.short_window`, the one t
 guard makes when the window after a short one closes; here it is folded over a finished
 run's windows: the first window short and the next whole (F13, the counter's origin), a
 step in the middle of a pass over the DataLoader (F13, the boundary off), windows of one
-backward in a row that the run-wide F1 rule (:func:`accumguard.observe.rules._f1`) does not
+backward in a row that the run-wide F1 rule (:func:`accumguard.observe._size_rules._f1`) does not
 cover. An epoch's last window, the run's last one and a resumed run's first window (it
 began on the restored gradient of a saved partial window) are right.
 
