@@ -218,20 +218,33 @@ _PENALTY_NODES = frozenset({
     "TransposeBackward0", "SelectBackward0", "SliceBackward0"})
 
 
+#: Products of two operands, a penalty's only when both are parameters (see params_only).
+_PRODUCT_NODES = frozenset({"MmBackward0", "BmmBackward0", "MvBackward0", "DotBackward0"})
+
+
 def params_only(node: Any) -> bool:
     """Every path below ``node`` reaches a parameter (``AccumulateGrad``) through element-wise
     and reducing nodes only, within :data:`BELOW` nodes: a penalty on the parameters, the same
     value in every micro-step whatever the batch (``l2 * sum(w.pow(2).sum() for w in ...)``)."""
-    leaves = 0
+    leaves, products = [], False
     for n in _below(node, lambda x: type(x).__name__ == "AccumulateGrad"):
         if n is None:
             return False
         name = type(n).__name__
         if name == "AccumulateGrad":
-            leaves += 1
+            leaves.append(n)
+        elif name in _PRODUCT_NODES:
+            # a product of parameters (``w @ w.T``, an orthogonality penalty): every operand
+            # has a gradient path; data enters a product as an operand without one
+            if any(m is None for m, _ in n.next_functions):
+                return False
+            products = True
         elif name not in _PENALTY_NODES:
             return False
-    return leaves > 0
+    # below a product, every leaf must be a parameter: an input given requires_grad (an
+    # adversarial perturbation) is a leaf too
+    return bool(leaves) and (not products or all(
+        isinstance(getattr(a, "variable", None), torch.nn.Parameter) for a in leaves))
 
 
 def _batch_rows(node: Any) -> int | None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from accumguard.observe._mean_terms_rules import mean_terms_findings
 from accumguard.observe._records import Finding, _mk, _n, first_per_optimizer
 from accumguard.observe._term_reads import (
     _by_count,
@@ -70,7 +71,8 @@ def term_scale_findings(rank: int, windows: list[dict[str, Any]],
     loss is written apart) neither prove nor disprove the training's pattern."""
     return first_per_optimizer(
         windows, lambda w: w.get("opt_serial"),
-        lambda group: _term_scale_findings(rank, group, masses) or _penalty_findings(rank, group))
+        lambda group: (_term_scale_findings(rank, group, masses) or _penalty_findings(rank, group)
+                       or mean_terms_findings(rank, group)))
 
 
 # -- a penalty on the parameters not divided by K ---------------------------------------------
@@ -131,7 +133,9 @@ def _penalty_findings(rank: int, windows: list[dict[str, Any]]) -> list[Finding]
                     f"K), or add it once per window (at its last micro-step); if the larger "
                     f"weight is wanted, write the coefficient as {k} x coef so the intent is "
                     "explicit. An optimizer's weight_decay applies it once per step by "
-                    "construction.")]
+                    "construction. In a LightningModule, add the penalty to the loss "
+                    "`training_step` returns (Lightning divides that by "
+                    "`accumulate_grad_batches`), not in a `backward` override.")]
 
 
 def _term_scale_findings(rank: int, windows: list[dict[str, Any]],
