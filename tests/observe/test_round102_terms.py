@@ -54,3 +54,17 @@ def test_a_product_is_a_penalty_only_between_parameters() -> None:
     # an input given requires_grad (an adversarial perturbation) is a leaf, not a parameter
     delta = torch.zeros(4, 3, requires_grad=True)
     assert not params_only(((delta @ w.t()) ** 2).sum().grad_fn)
+
+
+def test_an_adversarial_pass_averaged_per_micro_batch_is_f5() -> None:
+    """HF FGM adversarial training, two backwards per micro-step at one loss site: the clean
+    pass summed over ``num_items_in_batch``, the adversarial pass each micro-batch's own
+    token mean / K (round 102 a_b03). The site's records alternate reductions; the
+    adversarial pass's records, every 2nd backward, are judged as one micro-step each."""
+    errors = _errors("r102_hf_adversarial_pass_mean_per_micro_batch")
+    assert {f.cls for f in errors} == {"F5"}, errors
+    assert "every 2nd of the window's 4 backwards" in errors[0].evidence
+
+
+def test_an_adversarial_pass_given_num_items_is_silent() -> None:
+    assert _errors("r102_hf_adversarial_pass_num_items") == []

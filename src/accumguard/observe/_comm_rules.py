@@ -153,7 +153,7 @@ def comm_findings(rank: int, windows: list[JsonObject],
     n = c.backwards
     micros = [m + 1 for m in c.extra_micros]
     every = len(micros) == n - 1
-    which = "every micro-step" if every else f"micro-step(s) {micros} of {n}"
+    which = "every micro-step" if every else f"backward(s) {micros} of the window's {n}"
     mism = w.get("sync_mismatch") or []
     noop = (engine == "ddp" and bool(mism))
     closed = {"ddp": f"one all-reduce of each DDP bucket ({c.final_calls} call(s), "

@@ -10,6 +10,7 @@ public names (pure Python, no torch)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -118,6 +119,32 @@ def _loss_groups(w: StepRecord) -> dict[tuple[str, int], dict[int, list[Any]]]:
     return groups
 
 
+def _per_micro_step(w: StepRecord, k: int) -> Iterator[tuple[str, int, list[Any], int]]:
+    """Each loss call site's records with one per micro-step: a site in every backward of
+    the window, or, when its records alternate reductions (two backwards per micro-step
+    at one site, a clean pass normalised by the window's count and an adversarial pass
+    averaged per micro-batch), the records of each reduction when they fall on every b-th
+    backward (yielded with ``b``) and are at least two."""
+    for (site, idx), by_micro in sorted(_loss_groups(w).items()):
+        if len(by_micro) < k or any(m not in by_micro for m in range(k)):
+            continue  # not in every micro-step of the window: nothing to compare
+        recs = [by_micro[m] for m in range(k)]
+        reductions = {str(r[6]) for r in recs}
+        if len(reductions) == 1:
+            yield site, idx, recs, 1
+            continue
+        for red in sorted(reductions):
+            micro = [m for m in range(k) if str(by_micro[m][6]) == red]
+            b = k // len(micro)
+            if len(micro) >= 2 and b * len(micro) == k and all(
+                    m - micro[0] == i * b for i, m in enumerate(micro)):
+                yield site, idx, [by_micro[m] for m in micro], b
+
+
+def _nth(b: int) -> str:
+    return {2: "2nd", 3: "3rd"}.get(b, f"{b}th")
+
+
 def loss_divisor(record: list[Any]) -> float | None:
     """The product of the constants a loss record's value was divided by between the loss
     call and the backward's root (the script's ``/ m``, ``accelerator.backward``'s ``/ K``; record layout:
@@ -166,10 +193,8 @@ def loss_weight_findings(rank: int | None, windows: list[StepWindow]) -> list[Fi
             # a zero_grad between backwards: not one accumulation window (F3, or a
             # GradScaler that skipped a step and rescaled: two windows seen as one)
             continue
-        for (site, idx), by_micro in sorted(_loss_groups(w).items()):
-            if len(by_micro) < k or any(m not in by_micro for m in range(k)):
-                continue  # not in every micro-step of the window: nothing to compare
-            recs = [by_micro[m] for m in range(k)]
+        for site, idx, recs, every in _per_micro_step(w, k):
+            k = len(recs)
             ns = [float(r[3]) for r in recs]
             ws = [float(r[4]) for r in recs]
             if not (all(x > 0 for x in ws) or all(x < 0 for x in ws)):
@@ -188,6 +213,8 @@ def loss_weight_findings(rank: int | None, windows: list[StepWindow]) -> list[Fi
             u = units(recs)
             seen = (f"{_short(site)}: the loss call there (reduction='{red}'"
                     + (f", call {idx + 1} at that line" if idx else "")
+                    + (f", in every {_nth(every)} of the window's {w.window} backwards"
+                       if every > 1 else "")
                     + f") saw {', '.join(f'{n:g}' for n in ns)} valid {u} in the "
                     f"{k} micro-steps of optimizer step {_n(w.step)}, and each "
                     f"micro-step's {u} reached the optimizer with the same total "
