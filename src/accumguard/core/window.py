@@ -239,6 +239,12 @@ class StepRecord:
     # after the step's checksum was read: what it received may differ from that checksum
     # (a hand all-reduce of the gradients inside such a hook); False: none
     pre_hooked: bool = False
+    # a post-accumulate-grad hook of the script's (``register_post_accumulate_grad_hook``)
+    # multiplied a parameter's accumulated ``.grad`` by a scalar inside a backward (a
+    # per-parameter clip): per backward pass where one did, [the pass (0-based), parameters
+    # rescaled, parameters measured in that pass, smallest factor, largest factor]; None:
+    # none did, no such hook ran, or the window was not read (several optimizers' windows)
+    grad_rescaled: list[list[float]] | None = None
     # -- counts of the guard and the audit (not in a recording) ---------------------------
     # optimizer steps that closed the window: 1, 2 for a second step a guard in warn mode
     # let run, 0 for the audit's trailing micro-steps after the last step

@@ -25,6 +25,7 @@ import torch
 
 from accumguard.observe._events import ClipEvent, ScalerEvent, ZeroGradEvent
 from accumguard.observe._failsafe import Maker, Original
+from accumguard.observe._grad_hooks import grad_hook_wrapper
 from accumguard.observe._patch import Patches
 from accumguard.observe._seams import PatchHost
 
@@ -61,6 +62,7 @@ def install(obs: PatchHost, p: Patches) -> None:
     p.wrap(torch.optim.Optimizer, "zero_grad", zero_wrapper(obs, "optimizer"))
     p.wrap(torch.nn.Module, "zero_grad", zero_wrapper(obs, "module"))
     p.wrap(torch.utils.data.DataLoader, "__iter__", _data_pass_wrapper(obs))
+    p.wrap(torch.Tensor, "register_post_accumulate_grad_hook", grad_hook_wrapper(obs))
 
 
 def install_after_losses(obs: PatchHost, p: Patches) -> None:

@@ -16,6 +16,7 @@ import torch
 
 from accumguard.core.window import Conservation, StepRecord
 from accumguard.observe._events import BackwardEvent
+from accumguard.observe._grad_hooks import rescaled
 from accumguard.observe._introspect import window_loss
 
 __all__ = ["StepTally"]
@@ -69,6 +70,9 @@ class StepTally:
         # each block moves, changed), and the counter's last value
         self.acc_blocks: list[int] = []
         self.acc_last: object = None
+        # the script's post-accumulate-grad hooks: (backward pass, the parameter's gradient
+        # moments before and after the hook, on its device until the step; :mod:`._grad_hooks`)
+        self.grad_hook_moments: list[tuple[int, torch.Tensor]] = []
 
     def without_first(self, n: int) -> StepTally:
         """This window less its first ``n`` backward passes: those ran before the stepping
@@ -89,6 +93,7 @@ class StepTally:
         w.clip_empty = [[c - n, t] for c, t in self.clip_empty if c >= n]
         w.data_passes = [d - n for d in self.data_passes if d >= n]
         w.hook_inputs = [(b - n, t) for b, t in self.hook_inputs if b >= n]
+        w.grad_hook_moments = [(b - n, t) for b, t in self.grad_hook_moments if b >= n]
         for name in ("sched", "unscaled", "norm_clip", "scaled_clip", "reductions_between",
                      "forwards", "engine_step_calls", "bw_since_engine_step",
                      "max_bw_per_engine_step", "autocast", "autocast_read", "param_versions",
@@ -172,7 +177,8 @@ class StepTally:
             hook_in=self._hook_in() if self.hook_inputs else None,
             clip_empty=self.clip_empty or None,  # (this tally's own lists: no copy)
             accelerate_blocks=self.acc_blocks or None, unwrapped=unwrapped,
-            join_initial=join_initial, loose_checksum=loose_checksum, pre_hooked=pre_hooked)
+            join_initial=join_initial, loose_checksum=loose_checksum, pre_hooked=pre_hooked,
+            grad_rescaled=rescaled(self.grad_hook_moments) if self.grad_hook_moments else None)
 
     def _hook_in(self) -> list[list[float]] | None:
         """[backward pass, bucket sum] per comm hook call: one host read for all of them

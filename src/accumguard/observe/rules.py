@@ -42,6 +42,7 @@ from accumguard.observe._epochs import (
     short_epoch_findings,
 )
 from accumguard.observe._framework_fixes import framework_fixes, frameworks
+from accumguard.observe._grad_hook_rules import grad_rescale_findings
 from accumguard.observe._groups import after_in_backward, group_ks, optimizer_groups
 from accumguard.observe._hook_factor import fill_hook_factors, hook_k_findings, hook_sum_findings
 from accumguard.observe._hook_step_rules import in_backward_findings
@@ -204,6 +205,7 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
             found += rule("partial_window_findings", partial_window_findings, rank, ws,
                           gres.k)
             found += rule("grad_step_findings", grad_step_findings, rank, ws, gres)
+            found += rule("grad_rescale_findings", grad_rescale_findings, rank, ws)
             found += rule("short_epoch_findings", short_epoch_findings, rank, ws, gres.k,
                           gres.declared, gres.source)
             if gres.k is not None and (carried := rule(
