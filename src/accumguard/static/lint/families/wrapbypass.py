@@ -293,14 +293,43 @@ def forward_through_the_inner_module(ctx: FileContext) -> Iterator[Finding]:
                 continue  # (a probe: torch.autograd.grad, or a gradient it clears itself)
             via = dotted(call.args[at]) or ""
             what = f"`{ast.unparse(call.func)}(...)`, which calls the `{via}` it is handed,"
-        if not _trains(ctx, call):
-            continue
         wrapper = inner[via]
+        if not _trains(ctx, call) or _frozen_at(ctx, call, {via, wrapper}):
+            continue
         yield ctx.finding(
             "AG300", call,
             f"{what} runs the module inside `{wrapper}` (a DDP wrapper) directly, in a loop that "
             f"runs a backward: DDP arms its gradient reduction only in its own forward, so the "
             f"backward of this forward reduces nothing and each rank steps on its own gradient")
+
+
+def _frozen_at(ctx: FileContext, call: ast.Call, names: set[str]) -> bool:
+    """The last freeze or unfreeze of one of ``names`` (``D.module.requires_grad_(False)``, or
+    ``p.requires_grad = False`` in a loop over its ``parameters()``) before ``call`` in
+    its function freezes it: the module holds no gradient to reduce there (a GAN's
+    generator step through the frozen discriminator)."""
+    fn = ctx.enclosing(call, FUNCS) or ctx.tree
+    last: tuple[int, bool] | None = None
+    for node in ast.walk(fn):
+        if getattr(node, "lineno", call.lineno) >= call.lineno:
+            continue
+        got = _freezes(node)
+        if got is None:
+            continue
+        target, on = got
+        if target not in names:
+            loop = ctx.parents.get(node)
+            while loop is not None and not isinstance(loop, ast.For | FUNCS):
+                loop = ctx.parents.get(loop)
+            if not (isinstance(loop, ast.For) and isinstance(loop.target, ast.Name)
+                    and loop.target.id == target and isinstance(loop.iter, ast.Call)
+                    and call_attr(loop.iter) in ("parameters", "named_parameters")
+                    and isinstance(loop.iter.func, ast.Attribute)
+                    and dotted(loop.iter.func.value) in names):
+                continue
+        if last is None or node.lineno > last[0]:
+            last = (node.lineno, on)
+    return last is not None and not last[1]
 
 
 # ---------------------------------------------------------------- AG301: unfrozen after DDP
