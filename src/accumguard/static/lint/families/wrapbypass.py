@@ -327,8 +327,9 @@ def _frozen_at(ctx: FileContext, call: ast.Call, names: set[str]) -> bool:
                     and isinstance(loop.iter.func, ast.Attribute)
                     and dotted(loop.iter.func.value) in names):
                 continue
-        if last is None or node.lineno > last[0]:
-            last = (node.lineno, on)
+        line = int(getattr(node, "lineno", 0))
+        if last is None or line > last[0]:
+            last = (line, on)
     return last is not None and not last[1]
 
 
