@@ -916,6 +916,13 @@ RULES: dict[str, Rule] = {
             "under ZeRO-0/1 with gradient_accumulation_steps > 1",
             "remove it: DeepSpeed clears the gradients itself after the step at its boundary",
         ),
+        _rule(
+            "AG311", "clip-before-boundary-backward", "F8", E, MED,
+            "a clip gated to the accumulation boundary runs before that micro-step's backward, "
+            "the step after it: it clips the first K-1 micro-batches' gradient only",
+            "clip after the window's last backward, right before the step (DeepSpeed: set "
+            "gradient_clipping in the config, or clip after engine.backward at the boundary)",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,
