@@ -93,6 +93,10 @@ def whole_window_under_no_sync(ctx: FileContext) -> Iterator[Finding]:
         ctxs = [i.context_expr for i in with_.items]
         sync = next((c for c in ctxs if isinstance(c, ast.Call) and call_attr(c) == "no_sync"
                      and not c.args and not c.keywords), None)
+        stacked = False
+        if sync is None:
+            sync = _stacked_no_sync(with_)
+            stacked = sync is not None
         if sync is None or not _looped_backward(ctx, with_):
             continue
         step = _step_before_backward(ctx, _after(ctx, with_))
@@ -105,14 +109,45 @@ def whole_window_under_no_sync(ctx: FileContext) -> Iterator[Finding]:
         if not isinstance(step, ast.Call):
             continue
         recv = ast.unparse(sync.func.value) if isinstance(sync.func, ast.Attribute) else "model"
+        inside = (f"`{ast.unparse(sync)}` entered on an ExitStack that spans the window's "
+                  f"loop (line {with_.lineno}: a context entered there stays open until the "
+                  "block ends, so every backward after the first entry runs inside it)"
+                  if stacked else f"`with {ast.unparse(sync)}:` (a loop of backwards in the "
+                  "block)")
         yield ctx.finding(
             "AG111", sync,
-            f"every backward of the window runs inside `with {ast.unparse(sync)}:` (a loop of "
-            f"backwards in the block) and the optimizer steps at line {step.lineno} with no "
+            f"every backward of the window runs inside {inside} and the optimizer steps at "
+            f"line {step.lineno} with no "
             f"backward after the block: leaving no_sync() does not reduce what was "
             f"accumulated (DDP reduces in the next synced backward), so each rank steps on its "
             f"own gradient; run the window's last micro-step outside the block "
-            f"(`nullcontext() if last else {recv}.no_sync()`)")
+            f"(`nullcontext() if last else {recv}.no_sync()`)",
+            fix=f"enter a fresh context on each micro-step, `with (contextlib.nullcontext() if "
+                f"last else {recv}.no_sync()):` around its forward and backward, so the window's "
+                "last backward runs with DDP's reduction on"
+                + (" (not one ExitStack around the whole window)" if stacked else ""))
+
+
+def _stacked_no_sync(with_: ast.With) -> ast.Call | None:
+    """``with ExitStack() as stack:`` around a loop that runs
+    ``stack.enter_context(model.no_sync())``: the ``no_sync()`` call, else None."""
+    names = {i.optional_vars.id for i in with_.items
+             if isinstance(i.context_expr, ast.Call) and call_attr(i.context_expr) == "ExitStack"
+             and isinstance(i.optional_vars, ast.Name)}
+    if not names:
+        return None
+    for stmt in with_.body:
+        for loop in ast.walk(stmt):
+            if not isinstance(loop, _LOOPS):
+                continue
+            for n in ast.walk(loop):
+                if isinstance(n, ast.Call) and call_attr(n) == "enter_context" \
+                        and isinstance(n.func, ast.Attribute) \
+                        and isinstance(n.func.value, ast.Name) and n.func.value.id in names \
+                        and n.args and isinstance(n.args[0], ast.Call) \
+                        and call_attr(n.args[0]) == "no_sync":
+                    return n.args[0]
+    return None
 
 
 def _statement(ctx: FileContext, node: ast.AST) -> ast.stmt | None:
