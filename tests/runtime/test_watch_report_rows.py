@@ -32,3 +32,17 @@ def test_a_value_clip_after_the_last_backward_is_marked_clipped(tmp_path: Path) 
     first = res.report["steps"][0]
     assert first["conservation_error"] is None, first
     assert first["conservation_not_judged"].startswith("clipped after"), first
+
+
+def test_ranks_that_never_step_are_said_not_judged() -> None:
+    """A parameter server (round 103 c_b03): rank 1 runs its backwards and sends its gradient
+    to rank 0 with ``dist.reduce``; only rank 0 steps. Rank 1's windows are not judged, and
+    the report says so instead of a plain "no accumulation finding"."""
+    from accumguard.cli.watch import _no_finding_line
+
+    res = judge(Path(__file__).parents[1] / "observe" / "recorded"
+                / "r103_parameter_server_reduce_to_rank0")
+    assert res.report["ranks_without_steps"] == [1]
+    assert any(p.startswith("rank(s) 1 ran 50 backward pass(es) and no optimizer step")
+               for p in res.report["problems"]), res.report["problems"]
+    assert "rank(s) 1 made no optimizer step" in _no_finding_line(res.report)

@@ -118,6 +118,10 @@ def _no_finding_line(report: dict[str, Any]) -> str:
     if report.get("accumguard_failed"):
         return ("no accumulation finding in the steps checked, but accumguard failed (see the "
                 "first lines)")
+    if report.get("ranks_without_steps"):
+        return ("no accumulation finding on the rank(s) that stepped (rank(s) "
+                f"{', '.join(map(str, report['ranks_without_steps']))} made no optimizer step "
+                "and were not judged, see above)")
     if report.get("ranks_missing"):
         return ("no accumulation finding on the rank(s) this report holds (the checks that "
                 "compare ranks were incomplete, see above)")

@@ -215,6 +215,7 @@ def _judge(out_dir: str | os.PathLike[str], *, command: Sequence[str],
         "ranks": rec.ranks,
         "world_size": rec.world,
         "ranks_missing": sorted(set(range(rec.world)) - set(rec.ranks)) if rec.ranks else [],
+        "ranks_without_steps": sorted(idle_ranks(rec)),
         "checked": n_steps > 0 and backwards > 0,
         "accumulation_steps": k,
         "accumulation_steps_source": k_source,
@@ -309,6 +310,16 @@ def _recorded_argv(out_dir: Path) -> list[str]:
     return []
 
 
+def idle_ranks(rec: Any) -> dict[int, int]:
+    """Ranks that ran backward passes and no optimizer step while others stepped (a
+    parameter server's workers), each with its backward count; {} when none."""
+    if not any(rec.steps.get(r) for r in rec.ranks):
+        return {}
+    idle = {r: int((rec.end.get(r) or {}).get("backwards_total") or 0) for r in rec.ranks
+            if not rec.steps.get(r)}
+    return {r: n for r, n in idle.items() if n}
+
+
 def _coverage_lines(rec: Any, *, out_dir: Path, shared: bool, merged: bool) -> list[str]:
     """Say which ranks of the job this report holds: a watch on one node of several sees
     only that node's ranks, and the rules that compare ranks then covered only those."""
@@ -333,6 +344,16 @@ def _coverage_lines(rec: Any, *, out_dir: Path, shared: bool, merged: bool) -> l
                          f"{', '.join(str(r) for r in sorted(new) if new[r])} (a new phase: a "
                          "second stage, a model rebuilt to resume): none of them was observed; "
                          "--observe-steps 0 checks them")
+    stepped = {r for r in seen if rec.steps.get(r)}
+    idle = idle_ranks(rec)
+    if idle:
+        lines.append(f"rank(s) {', '.join(map(str, sorted(idle)))} ran "
+                     f"{'/'.join(str(idle[r]) for r in sorted(idle))} backward pass(es) and no "
+                     f"optimizer step while rank(s) {', '.join(map(str, sorted(stepped)))} "
+                     "stepped (their gradients reach the stepping ranks another way, e.g. "
+                     "`dist.reduce` onto a parameter server): their windows were not judged, "
+                     "and what the stepping ranks received from them was not compared with "
+                     "what they sent")
     if getattr(rec, "outside_steps", 0):
         lines.append(f"{rec.outside_steps} optimizer step(s) were made by process(es) of one "
                      f"outside the {rec.world}-rank job (the script's process that started the "
