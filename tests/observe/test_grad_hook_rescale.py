@@ -122,6 +122,15 @@ def test_moments_read_as_one_scalar_only_when_both_ratios_agree() -> None:
     assert rescaled([(0, t([2.0, 1.0, 1.0, 0.5]))]) == [[0.0, 1.0, 1.0, 0.5, 0.5]]
     assert rescaled([(0, t([2.0, 1.0, 1.0, 0.7]))]) is None  # the 4-norm moved otherwise
     assert rescaled([(1, t([2.0, 1.0, 2.0, 1.0]))]) is None  # unchanged
+    assert rescaled([(1, t([2.0, 1.0, 0.0, 0.0]))]) is None  # cleared in the hook
+
+
+def test_gradients_that_are_not_real_floats_are_not_read() -> None:
+    from accumguard.observe._grad_hooks import _moments
+
+    assert _moments(torch.ones(3, dtype=torch.complex64)) is None
+    assert _moments(torch.ones(3, dtype=torch.int64)) is None
+    assert _moments(torch.ones(3)) is not None
 
 
 @pytest.mark.parametrize(("label", "when", "nth"), [

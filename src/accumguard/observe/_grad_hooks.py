@@ -74,8 +74,8 @@ def _moments(g: object) -> torch.Tensor | None:
         return None
     to_local = getattr(g, "to_local", None)  # an FSDP2 DTensor: this rank's shard
     f = to_local() if callable(to_local) and type(g) is not torch.Tensor else g
-    if f.layout != torch.strided or f.numel() == 0:
-        return None
+    if f.layout != torch.strided or f.numel() == 0 or not f.is_floating_point():
+        return None  # (a sparse, empty, complex or integer gradient: not read)
     with torch.no_grad():
         return torch.stack([torch.linalg.vector_norm(f, 2, dtype=torch.float64),
                             torch.linalg.vector_norm(f, 4, dtype=torch.float64)])
@@ -112,8 +112,9 @@ def rescaled(moments: list[tuple[int, torch.Tensor]]) -> list[list[float]] | Non
         if not (n2 > 0 and n4 > 0):
             continue
         c2, c4 = a2 / n2, a4 / n4
-        if abs(c2 - c4) > SCALAR_TOL * max(c2, c4) or abs(c2 - 1.0) <= SCALAR_TOL:
-            continue  # not one scalar, or none
+        if c2 <= SCALAR_TOL or abs(c2 - c4) > SCALAR_TOL * max(c2, c4) \
+                or abs(c2 - 1.0) <= SCALAR_TOL:
+            continue  # cleared (an optimizer stepped in the hook), not one scalar, or none
         row[1] += 1
         row[3] = c2 if row[3] is None else min(row[3], c2)
         row[4] = c2 if row[4] is None else max(row[4], c2)
