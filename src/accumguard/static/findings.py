@@ -923,6 +923,13 @@ RULES: dict[str, Rule] = {
             "clip after the window's last backward, right before the step (DeepSpeed: set "
             "gradient_clipping in the config, or clip after engine.backward at the boundary)",
         ),
+        _rule(
+            "AG312", "clip-per-functional-micro-step", "F8", E, MED,
+            "a functional loop clips each micro-step's torch.autograd.grad gradients before "
+            "adding them to the accumulators: every micro-batch is clipped on its own",
+            "add the raw gradients to the accumulators and clip once after the window (after "
+            "they are averaged over the ranks), right before the step",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,
