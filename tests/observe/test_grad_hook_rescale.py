@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812 - torch's own alias
 
 from accumguard.observe._failsafe import ENV_FAULT
-from accumguard.observe._grad_hooks import rescaled
+from accumguard.observe._grad_moments import rescaled
 from accumguard.observe._records import Finding
 from accumguard.watch._findings import analyze, load_recordings
 from accumguard.watch._recording import recording
@@ -126,7 +126,7 @@ def test_moments_read_as_one_scalar_only_when_both_ratios_agree() -> None:
 
 
 def test_gradients_that_are_not_real_floats_are_not_read() -> None:
-    from accumguard.observe._grad_hooks import _moments
+    from accumguard.observe._grad_moments import moments as _moments
 
     assert _moments(torch.ones(3, dtype=torch.complex64)) is None
     assert _moments(torch.ones(3, dtype=torch.int64)) is None

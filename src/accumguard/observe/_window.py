@@ -16,7 +16,7 @@ import torch
 
 from accumguard.core.window import Conservation, StepRecord
 from accumguard.observe._events import BackwardEvent
-from accumguard.observe._grad_hooks import rescaled
+from accumguard.observe._grad_moments import rescaled
 from accumguard.observe._introspect import window_loss
 
 __all__ = ["StepTally"]
