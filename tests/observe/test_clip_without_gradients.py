@@ -1,75 +1,71 @@
-"""A clip given tensors that hold no gradient (blind round 76 b_b01: FSDP2, then
-``clip_grad_norm_([p.grad.to_local() for p in model.parameters()], max_norm)``, missed
-before): ``clip_grad_norm_`` reads each tensor's ``.grad``, the local shards have none, so
-it clips nothing and the optimizer steps on the unclipped gradient. F8, said from what the
-clip was given. The correct twin (the DTensor parameters themselves, the global norm) and a
-loop clipping its parameters stay silent; the watched run is the plain run, bit for bit.
-One real FSDP2 rank on gloo, in-process."""
+"""A clip whose parameters hold no gradient yet is no clipping event (blind round 104 b_c02,
+a false F8 before): under FSDP2 with the window's sync deferred the sharded parameters'
+``.grad`` stays None until the window's last backward, so ``clip_grad_norm_`` after every
+backward reads nothing and changes nothing mid-window and clips the whole window at its end.
+The same holds in one process for gradients moved aside after each backward (an fp32 stash
+put back before the step). A clip that finds gradients mid-window stays F8."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F  # noqa: N812 - torch's own alias
 
+from accumguard.observe._records import Finding
+from accumguard.watch._findings import analyze, load_recordings
 from accumguard.watch._recording import recording
-from accumguard.watch._report import judge
+from tests.helpers import judge_recorded
 
-K = 2
-
-
-@pytest.fixture
-def one_rank(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    from helpers import free_port
-
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(free_port()))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
+K, STEPS = 4, 3
 
 
-def _loop(local_shards: bool) -> list[torch.Tensor]:
-    from torch.distributed.fsdp import fully_shard
-
+def _loop(stash: bool) -> list[torch.Tensor]:
+    """Clip after every backward; ``stash``: each backward's gradient is moved aside first
+    (``.grad`` None when the clip runs mid-window) and the window's sum put back at its end."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
-    fully_shard(model)
-    opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    g = torch.Generator().manual_seed(1)
-    for _ in range(3):
-        for i in range(K):
-            model.set_requires_gradient_sync(i == K - 1)
-            x, y = torch.randn(5, 6, generator=g), torch.randint(0, 3, (5,), generator=g)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    params = list(model.parameters())
+    opt = torch.optim.SGD(params, lr=0.1)
+    g = torch.Generator().manual_seed(2)
+    for _ in range(STEPS):
+        buf = [torch.zeros_like(p) for p in params]
+        for m in range(K):
+            x, y = torch.randn(8, 5, generator=g), torch.randint(0, 3, (8,), generator=g)
             (F.cross_entropy(model(x), y) / K).backward()
-        if local_shards:
-            shards = [p.grad.to_local() for p in model.parameters() if p.grad is not None]
-            torch.nn.utils.clip_grad_norm_(shards, 0.05)
-        else:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+            if stash:
+                for b, p in zip(buf, params, strict=True):
+                    assert p.grad is not None
+                    b.add_(p.grad)
+                    p.grad = None
+                if m == K - 1:
+                    for b, p in zip(buf, params, strict=True):
+                        p.grad = b
+            torch.nn.utils.clip_grad_norm_(params, 0.05)
         opt.step()
         opt.zero_grad()
-    return [p.detach().full_tensor().clone() for p in model.parameters()]
+    return [p.detach().clone() for p in params]
 
 
-@pytest.mark.parametrize("local_shards", [True, False])
-def test_a_clip_given_the_local_shards_clips_nothing(
-        tmp_path: Path, one_rank: None, local_shards: bool) -> None:
-    plain = _loop(local_shards)
+def _errors(tmp_path: Path, stash: bool) -> list[Finding]:
+    plain = _loop(stash)
     with recording(tmp_path):
-        seen = _loop(local_shards)
+        seen = _loop(stash)
     assert all(torch.equal(a, b) for a, b in zip(plain, seen, strict=True))
-    res = judge(tmp_path, accumulation_steps=K)
-    errors = [f for f in res.findings if f.severity == "error"]
-    if local_shards:
-        assert [f.failure_class for f in errors] == ["F8"], errors
-        assert errors[0].title.startswith("gradient clipping clipped nothing"), errors[0]
-        assert "4 tensor(s)" in errors[0].evidence
-    else:
-        assert errors == [], errors
+    findings, _, _ = analyze(load_recordings(tmp_path))
+    return [f for f in findings if f.severity == "error"]
+
+
+def test_a_clip_of_parameters_without_gradients_is_no_clip(tmp_path: Path) -> None:
+    assert [f for f in _errors(tmp_path, stash=True) if f.cls == "F8"] == []
+
+
+def test_a_clip_that_finds_gradients_mid_window_is_f8(tmp_path: Path) -> None:
+    assert [f.cls for f in _errors(tmp_path, stash=False)] == ["F8"]
+
+
+def test_fsdp2_clip_while_the_sync_is_deferred_is_silent() -> None:
+    """Recorded on 2 gloo ranks: FSDP2 nested units, windows of 4-4-2 with the sync deferred
+    to each window's last backward, clip_grad_norm_ after every backward."""
+    assert [f for f in judge_recorded("r104_fsdp2_clip_while_sync_deferred")
+            if f.severity == "error"] == []

@@ -459,21 +459,28 @@ def _clip_wrapper(obs: PatchHost, name: str) -> Maker:
             params = [parameters] if isinstance(parameters, torch.Tensor) \
                 else list(parameters)
             obs.failsafe.set_args(params, *args, **kwargs)  # a generator is read once
-            fns = obs._handlers.on_clip
-            if fns:
-                ev = ClipEvent(obs.step, len(obs._w.backwards), name, params)
-                for fn in fns:
-                    fn(ev)
-            obs._w.clip_micros.append(len(obs._w.backwards))
-            obs._w.clip_names.append(name)
             first = params[0] if params else None
-            if not getattr(first, "requires_grad", False) and not any(
-                    isinstance(t, torch.Tensor) and (t.requires_grad or t.grad is not None)
-                    for t in params):
-                # (a parameter first, the usual call, is read without a scan; requires_grad
-                # before .grad: a tensor that requires none is a leaf, so reading its .grad
-                # warns about nothing)
-                obs._w.clip_empty.append([len(obs._w.backwards), len(params)])
+            empty = not getattr(first, "requires_grad", False) and not any(
+                isinstance(t, torch.Tensor) and (t.requires_grad or t.grad is not None)
+                for t in params)
+            # (a parameter first, the usual call, is read without a scan; requires_grad
+            # before .grad: a tensor that requires none is a leaf, so reading its .grad warns
+            # about nothing). Parameters that hold no gradient yet (FSDP2's sharded
+            # parameters while their window's sync is deferred) are not clipped at all: the
+            # call reads nothing and changes nothing, so it is no clipping event
+            if empty or not params or (type(first) is torch.nn.Parameter
+                                       and first.grad is not None) or any(
+                    isinstance(t, torch.Tensor) and t.is_leaf and t.grad is not None
+                    for t in params):  # (the first parameter's gradient, read without a scan)
+                fns = obs._handlers.on_clip
+                if fns:
+                    ev = ClipEvent(obs.step, len(obs._w.backwards), name, params)
+                    for fn in fns:
+                        fn(ev)
+                obs._w.clip_micros.append(len(obs._w.backwards))
+                obs._w.clip_names.append(name)
+                if empty:
+                    obs._w.clip_empty.append([len(obs._w.backwards), len(params)])
             if obs.boundary is not None:
                 obs.boundary.before_clip()  # (after the listeners: a rescale they ran counts)
             obs._clip_depth += 1  # the outermost clipping call is the event
