@@ -7,8 +7,10 @@ backward. When the training loop runs several backwards per optimizer step (an i
 ``for _ in range(ACCUM)`` around the backward, a loss divided by an accumulation count, a
 ``% K`` gate), each micro-batch is stepped on alone: K small steps instead of one.
 A hook whose step sits under an ``if`` or after a guard clause (``if not self.sync:
-return``: a boundary flag the loop sets) is left alone,
-and so is a loop with one backward per step.
+return``: a boundary flag the loop sets) is left alone, and so is a loop with one backward
+per step, and an FSDP2 loop that syncs only at the boundary
+(``model.set_requires_gradient_sync(last)``: the hooks of FSDP2's sharded parameters fire
+when the reduce-scatter writes their gradient, once per window).
 """
 
 from __future__ import annotations
@@ -81,8 +83,24 @@ def _accumulating_window(ctx: FileContext) -> ast.AST | None:
             continue
         if any(kind in ("optimizer", "engine") for _, kind in facts.steps):
             continue  # the loop steps an optimizer itself: not the fused recipe
+        if _fsdp2_syncs_at_boundary(ctx, window):
+            continue
         return window
     return None
+
+
+def _fsdp2_syncs_at_boundary(ctx: FileContext, window: ast.AST) -> bool:
+    """The window sets FSDP2's ``set_requires_gradient_sync(<the boundary test>)``: the
+    post-accumulate-grad hooks of FSDP2's sharded parameters fire when the reduce-scatter
+    writes their ``.grad``, at the window's last backward only (one step per window)."""
+    if not any("fully_shard" in (dotted(c.func) or "") for c in ctx.of(ast.Call)):
+        return False
+    for part in (window, *ctx.inlined(window)):
+        for n in ctx.local_nodes(part):
+            if isinstance(n, ast.Call) and call_attr(n) == "set_requires_gradient_sync" \
+                    and n.args and ctx.is_boundary_test(n.args[0]):
+                return True
+    return False
 
 
 @rule("AG137")
