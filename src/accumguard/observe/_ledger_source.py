@@ -39,6 +39,9 @@ class _Scan(ast.NodeVisitor):
         # names assigned a product with a world-size factor (``global_batch = micro * K *
         # world``): a divisor by such a name divides by W among other factors
         self.world_product: set[str] = set()
+        # names assigned the reciprocal of such a value (``self.loss_scale = 1.0 / (K *
+        # world)``): a loss multiplied by one is divided by W among other factors
+        self.world_reciprocal: set[str] = set()
         self.lines: list[tuple[int, str]] = []  # (line, "/" or "*")
         self.products: list[int] = []  # lines where any value is multiplied by the world size
 
@@ -87,6 +90,10 @@ class _Scan(ast.NodeVisitor):
                 elif (isinstance(tgt, (ast.Name, ast.Attribute)) and isinstance(val, ast.BinOp)
                       and isinstance(val.op, ast.Mult) and self.worldish(val)):
                     self.world_product.add(tgt.id if isinstance(tgt, ast.Name) else tgt.attr)
+                elif (isinstance(tgt, (ast.Name, ast.Attribute)) and isinstance(val, ast.BinOp)
+                      and isinstance(val.op, ast.Div) and isinstance(val.left, ast.Constant)
+                      and self.worldish(val.right)):
+                    self.world_reciprocal.add(tgt.id if isinstance(tgt, ast.Name) else tgt.attr)
         lossy_target = any(self.lossy(t) for t in node.targets)
         self._expr(node.value, lossy_target)
         self.generic_visit(node)
@@ -112,6 +119,10 @@ class _Scan(ast.NodeVisitor):
         if isinstance(op, ast.Mult):
             if isinstance(other, ast.BinOp) and isinstance(other.op, ast.Div):
                 return "*1/" if self.worldish(other.right) else ""
+            if isinstance(other, (ast.Name, ast.Attribute)) and (
+                    other.id if isinstance(other, ast.Name) else other.attr) \
+                    in self.world_reciprocal:
+                return "*1/"
             return "*" if self.worldish(other) else ""
         return ""
 
