@@ -183,6 +183,10 @@ class BackwardPath:
             self.losses.end_backward()
             self.lr_trace.at_backward()
             w.bw_since_engine_step += 1
+            if engine is not None:
+                # (the engine's accumulation counts engine.backward calls: a plain
+                # loss.backward() beside them is no micro-step of the engine's)
+                w.engine_bw_since_step += 1
             w.zero_since_backward = 0
             self.backward_total += 1
             if self.boundary is not None:
@@ -214,5 +218,7 @@ class BackwardPath:
             self.losses.end_backward()
             self.lr_trace.at_backward()
             w.bw_since_engine_step += 1
+            if source == "deepspeed" or (source == "accelerate" and self._ds_engine is not None):
+                w.engine_bw_since_step += 1
             w.zero_since_backward = 0
             self.backward_total += 1

@@ -425,5 +425,6 @@ class Lanes:
         w.forwards = shared.forwards
         w.engine_step_calls = shared.engine_step_calls
         w.bw_since_engine_step = shared.bw_since_engine_step
+        w.engine_bw_since_step = shared.engine_bw_since_step
         w.max_bw_per_engine_step = shared.max_bw_per_engine_step
         return w

@@ -24,6 +24,8 @@ Two kinds of records go on the step event as ``terms``:
   graph as :func:`divisor` reads a term's; ``count``: the elements averaged, ``site``: the
   backward's call site). That mean carries the weight ``1 / divisor``: the scale rules read
   a window's total weight from them as from the loss record (:mod:`._weight_rules`).
+* ``["penalty", micro, constants, site]``: a backward whose root is a penalty on the
+  parameters alone (:func:`~._losses_walk.params_only`) times ``constants``.
 * ``["select", site, order, micro, n, seqs, divisor, uniform, sole, mean_rows]``: a selection's
   ``n`` tokens with a nonzero gradient (in ``seqs`` rows of its first dimension, 0 when
   it has one dimension), the product of the constants that divide it (``divisor``; None
@@ -88,6 +90,14 @@ class TermLog:
                 d = divisor(x.divs, False)
                 if d is not None and d > 0:
                     self.means.append(["mean", micro, d, int(x.means[0]), site()])
+            elif (x.first != "mean" and not x.opaque and x.select is None
+                  and type(x.node).__name__ != "AccumulateGrad"
+                  and not any(c.node == x.node._sequence_nr() for c in calls)
+                  and (x.penalty or params_only(x.node))):
+                # a backward of a penalty on the parameters alone (``(coef * l2).backward()``
+                # beside an engine's backward): its constants, for the rules that ask who
+                # divided it by K
+                self.means.append(["penalty", micro, [list(c) for c in x.divs], site()])
             return
         if not w.complete or len(w.leaves) < 2 or not any(x.split for x in w.leaves):
             return

@@ -130,8 +130,11 @@ def _step_wrapper(obs: PatchHost, clip: _ClipNorm) -> Maker:
                 obs._add_root(engine)
             w = obs._w
             w.engine_step_calls += 1
-            since = w.bw_since_engine_step
-            w.bw_since_engine_step = 0
+            # backwards since the previous engine.step(): those through engine.backward when
+            # there were any (a plain penalty.backward() beside them is no micro-step of the
+            # engine's), else all (a loop of plain backwards)
+            since = w.engine_bw_since_step or w.bw_since_engine_step
+            w.bw_since_engine_step = w.engine_bw_since_step = 0
             before = getattr(engine, "global_steps", None)
             boundary = None
             ds = as_deepspeed(engine)

@@ -167,7 +167,8 @@ def _backwards_per_micro(s: StepRecord) -> int:
     """Backward passes per micro-step when every micro-step runs the same number b > 1 of
     them: on one forward (an actor and a critic loss, each with its own backward), the
     watched forwards before each backward being ``[f, 0, .., 0] * K`` with f > 0 and b - 1
-    zeros; or in each of two or more ``accumulate()`` blocks (Accelerate's micro-step). 1
+    zeros; or in each of two or more ``accumulate()`` blocks (Accelerate's micro-step); or
+    around each of DeepSpeed's ``engine.backward`` calls (its micro-step) in the same place. 1
     otherwise (one backward per micro-step, or a pattern that is not regular)."""
     blocks = s.accelerate_blocks
     if blocks and len(blocks) >= 2 and len(set(blocks)) == 1 and blocks[0] >= 2 \
@@ -175,6 +176,15 @@ def _backwards_per_micro(s: StepRecord) -> int:
         # Accelerate counts micro-steps in accumulate() blocks, and every block of the
         # window ran the same b > 1 backwards (two batches per block, or a loop of its own)
         return blocks[0]
+    ds = s.ds_boundaries or []
+    eng = [i for i, b in enumerate(ds) if b is not None]
+    if len(ds) == int(s.backwards) and 2 <= len(eng) < len(ds):
+        # DeepSpeed counts its micro-steps in engine.backward calls: plain backwards beside
+        # them (a penalty's own .backward()) in the same place of every micro-step
+        per = len(ds) // len(eng)
+        if per * len(eng) == len(ds) and eng[0] < per \
+                and eng == list(range(eng[0], len(ds), per)):
+            return per
     fw = s.forwards or []
     if len(fw) < 2 or len(fw) != int(s.backwards) or not fw[0]:
         return 1

@@ -46,6 +46,7 @@ class StepTally:
         self.forwards = 0
         self.engine_step_calls = 0
         self.bw_since_engine_step = 0
+        self.engine_bw_since_step = 0  # ... of them through DeepSpeed's engine.backward
         self.max_bw_per_engine_step = 0
         self.starts: list[torch.Tensor] = []  # gradient checksums before each backward
         self.ends: list[torch.Tensor] = []  # ... and after it
@@ -95,7 +96,7 @@ class StepTally:
         w.hook_inputs = [(b - n, t) for b, t in self.hook_inputs if b >= n]
         w.grad_hook_moments = [(b - n, t) for b, t in self.grad_hook_moments if b >= n]
         for name in ("sched", "unscaled", "norm_clip", "scaled_clip", "reductions_between",
-                     "forwards", "engine_step_calls", "bw_since_engine_step",
+                     "forwards", "engine_step_calls", "bw_since_engine_step", "engine_bw_since_step",
                      "max_bw_per_engine_step", "autocast", "autocast_read", "param_versions",
                      "restarts"):
             setattr(w, name, getattr(self, name))

@@ -35,6 +35,7 @@ from accumguard.observe._comm_rules import (
     resummed_findings,
 )
 from accumguard.observe._divisor_rules import mixed_window_findings
+from accumguard.observe._ds_plain_rules import plain_penalty_findings
 from accumguard.observe._epochs import (
     dropped_finding,
     dropped_tail,
@@ -206,6 +207,8 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
                           gres.k)
             found += rule("grad_step_findings", grad_step_findings, rank, ws, gres)
             found += rule("grad_rescale_findings", grad_rescale_findings, rank, ws)
+            found += rule("plain_penalty_findings", plain_penalty_findings, rank, ws,
+                          info.get("gradient_accumulation_steps"))
             found += rule("short_epoch_findings", short_epoch_findings, rank, ws, gres.k,
                           gres.declared, gres.source)
             if gres.k is not None and (carried := rule(
