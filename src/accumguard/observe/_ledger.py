@@ -242,6 +242,14 @@ def ledger_findings(rec: RunRecording, k: int | None = None) -> list[Finding]:
                 # recipe's x W, or a / W): F6's fix (count over all ranks, times W under an
                 # averaging engine) sets the total right too; "remove the W" would not
                 return [total_in_f6(f, judged[0], target) if f.cls == "F6" else f for f in out]
+            if target < 1 and k is not None and k == world > 1 and all(
+                    s.divs and all(any(_divides(s, d, "*", float(world)) for d in ds)
+                                   and any(_divides(s, d, "/", float(k)) for d in ds)
+                                   for ds in s.divs) for s in judged):
+                # K = W: the loss was multiplied by the world size (the recipe for a count
+                # over all ranks under an averaging engine) and divided by K: the total's
+                # 1/W is the division by K, not a W missing or doubled
+                return _k_total(judged, world, k, True) + out
             return _f10(judged, world, target, k) + out
     whole = all(len(ws) == k for x in judged for ws in x.weights.values())
     if k is not None and k > 1 and k != world and whole:
@@ -294,8 +302,10 @@ def _k_total(judged: list[LedgerStep], world: int, k: int, small: bool) -> list[
                        f"update is K = {k} times too {'small' if small else 'large'}",
                 fix=("Multiply the window-normalised loss by K where the engine divides by "
                      "its accumulation steps (Lightning: return loss_sum / window_count * "
-                     "world_size * accumulate_grad_batches), or let the engine's division "
-                     "stand and normalise per micro-step instead." if small else
+                     "world_size * accumulate_grad_batches; Accelerate: loss_sum * "
+                     "accelerator.num_processes * accelerator.gradient_accumulation_steps / "
+                     "window_count), or let the engine's division stand and normalise per "
+                     "micro-step instead." if small else
                      "Remove the factor K: a loss normalised over the window's count needs "
                      "no K when nothing divides it by K."))]
 
