@@ -930,6 +930,14 @@ RULES: dict[str, Rule] = {
             "add the raw gradients to the accumulators and clip once after the window (after "
             "they are averaged over the ranks), right before the step",
         ),
+        _rule(
+            "AG313", "trainer-steps-in-micro-batches", "F4", E, MED,
+            "a TrainingArguments warmup_steps/max_steps computed as the dataset over the "
+            "per-device batch, with no accumulation steps or world size: it counts one "
+            "device's micro-batches, the Trainer counts optimizer steps",
+            "divide by gradient_accumulation_steps x world size (or give warmup_ratio, which "
+            "the Trainer applies to its own count of optimizer steps)",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

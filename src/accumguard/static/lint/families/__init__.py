@@ -93,6 +93,7 @@
 ``dszero``     AG310               engine.zero_grad() on every micro-batch of a ZeRO-0/1 run that accumulates
 ``cliporder``  AG311               a boundary-gated clip before that micro-step's backward, the step after
 ``funcclip``   AG312               each micro-step's autograd.grad gradients clipped before they are summed
+``hfwarmup``   AG313               a TrainingArguments warmup_steps/max_steps counted in one device's micro-batches
 ``syncwhole``  AG111               every backward of the window inside one `with model.no_sync():`
 ``unreduced``  AG179 AG180 AG183   parameters no reduction covers: one group of several all-reduced
                AG185 AG193 AG195   by hand; a module with parameters outside the DDP/FSDP wrapper;
@@ -135,6 +136,7 @@ from accumguard.static.lint.families import (
     hfsuper,
     hfterms,
     hftokens,
+    hfwarmup,
     hookclip,
     hookgrad,
     hookreduce,
@@ -175,4 +177,4 @@ from accumguard.static.lint.families import (
     wrapgate,
 )
 
-__all__ = ["accelerate", "accloader", "acctail", "ampclip", "argdrop", "chunktail", "clipgrads", "cliporder", "commhook", "deepspeed", "dphorizon", "dsbatch", "dsblocks", "dssched", "dsstep", "dsunmanaged", "dszero", "emastep", "epochtail", "factored", "fsdproot", "funcclip", "fsdpunits", "fused", "gradwrite", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfmodel", "hfclip", "hfscale", "hfsuper", "hfterms", "hftokens", "horizon", "lgkschedule", "lgmanual", "lgstep", "lgunsplit", "lgwindow", "loss", "lowbuffer", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "resume", "scale", "schedule", "spawnworld", "stephorizon", "sync", "syncclip", "syncwhole", "synctail", "tailscale", "tempreduce", "terms", "tokenmean", "tokhorizon", "tokiters", "twice", "unclearedopt", "unreduced", "window", "wrapbypass", "wrapgate"]
+__all__ = ["accelerate", "accloader", "acctail", "ampclip", "argdrop", "chunktail", "clipgrads", "cliporder", "commhook", "deepspeed", "dphorizon", "dsbatch", "dsblocks", "dssched", "dsstep", "dsunmanaged", "dszero", "emastep", "epochtail", "factored", "fsdproot", "funcclip", "fsdpunits", "fused", "gradwrite", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfmodel", "hfclip", "hfscale", "hfsuper", "hfterms", "hftokens", "hfwarmup", "horizon", "lgkschedule", "lgmanual", "lgstep", "lgunsplit", "lgwindow", "loss", "lowbuffer", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "resume", "scale", "schedule", "spawnworld", "stephorizon", "sync", "syncclip", "syncwhole", "synctail", "tailscale", "tempreduce", "terms", "tokenmean", "tokhorizon", "tokiters", "twice", "unclearedopt", "unreduced", "window", "wrapbypass", "wrapgate"]

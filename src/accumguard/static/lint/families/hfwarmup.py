@@ -1,0 +1,97 @@
+"""An HF ``TrainingArguments`` step count computed in per-device micro-batches (F4): AG313.
+
+``TrainingArguments(warmup_steps=..., max_steps=...)`` counts optimizer steps: with
+``gradient_accumulation_steps`` K > 1 on W ranks one optimizer step consumes K x W x the
+per-device batch. A value computed in the script as the dataset's size over the per-device
+batch (``math.ceil(n_train / per_device_batch) * epochs * warmup_frac``) with no K and no
+world size in it counts micro-batches of one device: the warm-up (or the run) lasts K x W x
+longer than intended. Read through one level of the file's names: the keyword's value, a
+name or attribute assigned once, or a property/function of the file returning it (and the
+names assigned in that function). Not reported when K is literally 1, or when anything in the
+expression names the accumulation steps, the world size or the number of processes.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+
+from accumguard.static.findings import Finding
+from accumguard.static.lint._ast import FUNCS, dotted
+from accumguard.static.lint._context import FileContext
+from accumguard.static.lint._rule import rule
+
+__all__ = ["trainer_steps_in_micro_batches"]
+
+_KEYS = ("warmup_steps", "max_steps")
+_BATCH = re.compile(r"batch", re.IGNORECASE)
+_SCALED = re.compile(r"accum|world|num_processes|n_?gpus|num_gpus|n_?procs|device_count|"
+                     r"nproc|replicas|ranks|global_batch|effective|total_batch", re.IGNORECASE)
+
+
+def _resolve(ctx: FileContext, expr: ast.AST) -> list[ast.AST]:
+    """``expr`` and what it names in the file, one level: a name or attribute assigned once,
+    or a function/property of the file so named (its body)."""
+    out = [expr]
+    name = dotted(expr)
+    if name is None:
+        return out
+    last = name.split(".")[-1]
+    values = ctx.values_by_name().get(name) or ctx.values_by_name().get(last) or []
+    if len(values) == 1:
+        out.append(values[0])
+    fns = ctx.functions_by_name().get(last, [])
+    if len(fns) == 1:
+        out.append(fns[0])
+    return out
+
+
+def _text(nodes: list[ast.AST]) -> str:
+    return " ".join(ast.unparse(n) for n in nodes)
+
+
+def _per_device_quotient(nodes: list[ast.AST]) -> bool:
+    """A division whose divisor names a batch size (``n_train / per_device_batch``)."""
+    for root in nodes:
+        for n in ast.walk(root):
+            if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div | ast.FloorDiv) \
+                    and _BATCH.search(ast.unparse(n.right)):
+                return True
+    return False
+
+
+def _k_above_one(ctx: FileContext, call: ast.Call) -> bool:
+    for kw in call.keywords:
+        if kw.arg == "gradient_accumulation_steps":
+            v = ctx.int_value(kw.value)
+            return v is None or v > 1
+    return False
+
+
+@rule("AG313")
+def trainer_steps_in_micro_batches(ctx: FileContext) -> Iterator[Finding]:
+    for call in ctx.of(ast.Call):
+        if not isinstance(call, ast.Call) or (dotted(call.func) or "").split(".")[-1] not in (
+                "TrainingArguments", "SFTConfig", "DPOConfig", "GRPOConfig", "RewardConfig"):
+            continue
+        if not _k_above_one(ctx, call):
+            continue
+        for kw in call.keywords:
+            if kw.arg not in _KEYS:
+                continue
+            nodes = _resolve(ctx, kw.value)
+            # the names assigned inside a function the value resolved to, one level more
+            for fn in [n for n in nodes if isinstance(n, FUNCS)]:
+                for n in ast.walk(fn):
+                    if isinstance(n, ast.Assign):
+                        nodes.append(n.value)
+            if len(nodes) < 2 or not _per_device_quotient(nodes) or _SCALED.search(_text(nodes)):
+                continue
+            yield ctx.finding(
+                "AG313", kw.value,
+                f"`{kw.arg}={ast.unparse(kw.value)}` is computed from the dataset's size over "
+                "the per-device batch with no accumulation steps and no world size in it: it "
+                f"counts one device's micro-batches, while the Trainer counts `{kw.arg}` in "
+                "optimizer steps (K x W micro-batches each), so it lasts K x W times longer "
+                "than intended")
