@@ -41,6 +41,8 @@ def plain_penalty_findings(rank: int | None, windows: list[StepWindow],
     for w in windows:
         if w.engine != "deepspeed":
             continue
+        if w.terms is None and not w.losses:
+            continue  # a window the loss record did not sample: not read
         engine_bw = [i for i, b in enumerate(w.ds_boundaries or []) if b is not None]
         pens = [r for r in (w.terms or []) if r and r[0] == "penalty"]
         if len(engine_bw) != k or len(pens) != k:
