@@ -245,6 +245,10 @@ class StepRecord:
     # rescaled, parameters measured in that pass, smallest factor, largest factor]; None:
     # none did, no such hook ran, or the window was not read (several optimizers' windows)
     grad_rescaled: list[list[float]] | None = None
+    # the backward passes before each zero_grad counted between the window's backwards (a
+    # skipped window's gradient discarded: a clip before it acted on what was discarded);
+    # None: none
+    zero_micros: list[int] | None = None
     # -- counts of the guard and the audit (not in a recording) ---------------------------
     # optimizer steps that closed the window: 1, 2 for a second step a guard in warn mode
     # let run, 0 for the audit's trailing micro-steps after the last step

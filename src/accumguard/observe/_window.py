@@ -179,7 +179,8 @@ class StepTally:
             clip_empty=self.clip_empty or None,  # (this tally's own lists: no copy)
             accelerate_blocks=self.acc_blocks or None, unwrapped=unwrapped,
             join_initial=join_initial, loose_checksum=loose_checksum, pre_hooked=pre_hooked,
-            grad_rescaled=rescaled(self.grad_hook_moments) if self.grad_hook_moments else None)
+            grad_rescaled=rescaled(self.grad_hook_moments) if self.grad_hook_moments else None,
+            zero_micros=self.zero_micros or None)
 
     def _hook_in(self) -> list[list[float]] | None:
         """[backward pass, bucket sum] per comm hook call: one host read for all of them

@@ -357,8 +357,10 @@ def _rank_findings(rank: int, steps: Sequence[StepRecord], info: JsonObject,
                                "engine.zero_grad() call, or call it only after a step that "
                                "stepped)."))
             continue
+        cleared = max(w.zero_micros or [0])  # (a clip before a clear: of what it discarded)
         early_clips = [c for c in (w.clip_micros or [])  # (a clip before any: no F8)
-                       if shared.clip_verdict(int(c), int(w.backwards)) == "inside"]
+                       if shared.clip_verdict(int(c), int(w.backwards)) == "inside"
+                       and int(c) > cleared]
         cons = None if any(w is r for r in resumed) else w.conservation
         clipped = bool(early_clips) and not int(w.zero_grads_between)
         if cons and not cons.ok and not (clipped and cons.reason != "stale"):
