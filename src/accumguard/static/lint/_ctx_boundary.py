@@ -52,7 +52,8 @@ class BoundaryFacts(FileIndex):
         return bool(self._cached("boundary", expr, lambda: self._boundary_test_uncached(expr)))
 
     def _boundary_test_uncached(self, expr: ast.AST) -> bool:
-        if has_mod(expr) or self.counter_bound(expr) is not None or self._last_of_range(expr):
+        if has_mod(expr) or self.counter_bound(expr) is not None or self._last_of_range(expr) \
+                or self._window_start(expr):
             return True
         if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name | ast.Attribute):
             # a function of the file whose one return is a modulo test: `self.window_done(i)`
@@ -76,6 +77,30 @@ class BoundaryFacts(FileIndex):
                 if isinstance(parent, ast.BinOp | ast.Compare):
                     return True
         return False
+
+    def _window_start(self, expr: ast.AST) -> bool:
+        """``c == 0`` (or ``not c``) for a counter the file counts up (``c += 1``) and resets
+        (``c = 0``): the first micro-step of a window, right after the boundary (an
+        optimizer wrapper's ``zero_grad`` that clears only when nothing is pending)."""
+        if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.Not):
+            counter = dotted(expr.operand)
+        elif isinstance(expr, ast.Compare) and len(expr.ops) == 1 \
+                and isinstance(expr.ops[0], ast.Eq) and isinstance(expr.comparators[0], ast.Constant) \
+                and expr.comparators[0].value == 0 and not isinstance(expr.comparators[0].value, bool):
+            counter = dotted(expr.left)
+        else:
+            return False
+        if counter is None:
+            return False
+        counts = resets = False
+        for a in walk_all(self.tree):
+            if isinstance(a, ast.AugAssign) and isinstance(a.op, ast.Add) \
+                    and dotted(a.target) == counter:
+                counts = True
+            elif isinstance(a, ast.Assign) and isinstance(a.value, ast.Constant) \
+                    and a.value.value == 0 and any(dotted(t) == counter for t in a.targets):
+                resets = True
+        return counts and resets
 
     def _last_of_range(self, expr: ast.AST) -> bool:
         """``k == n - 1`` (or ``k + 1 == n``) inside ``for k in range(n)``: the last iteration

@@ -250,6 +250,8 @@ def reduce_on_top_of_ddp(ctx: FileContext) -> Iterator[Finding]:
                 or _reduces_ignored(ctx, node):
             continue
         divided = _divides_by_world(ctx, ctx.scope_of(node))
+        restores = op == "sum" and not divided and any(
+            loss_divisions_by_rank_sum(ctx, accelerate=False))
         yield ctx.finding(
             "AG108",
             node,
@@ -257,5 +259,10 @@ def reduce_on_top_of_ddp(ctx: FileContext) -> Iterator[Finding]:
             f"already averaged them: op {op.upper()} "
             + ("then a division gives the same gradient at twice the communication"
                if divided or op in ("avg", "mean")
+               else "multiplies DDP's average by the world size, which with the loss divided "
+               "by a count summed over every rank gives the large batch's mean: the same "
+               "gradient at twice the communication" if restores
                else "multiplies the gradient by the world size"),
+            **({"fix": "drop the hand SUM and multiply the loss by the world size instead "
+                       "(DDP's average then gives the same mean)"} if restores else {}),
         )

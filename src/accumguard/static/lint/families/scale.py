@@ -282,6 +282,21 @@ def loss_divisions_by_rank_sum(ctx: FileContext, *, accelerate: bool
             yield node, d
 
 
+def _grads_summed_by_hand(ctx: FileContext) -> bool:
+    """The file SUM-all-reduces gradients by hand (``dist.all_reduce(p.grad)``, the default
+    op): on top of DDP's average that restores the sum over the ranks (AG108 says what it
+    costs)."""
+    for c in ctx.of(ast.Call):
+        if not isinstance(c, ast.Call) or call_attr(c) != "all_reduce" or not c.args \
+                or "grad" not in ast.unparse(c.args[0]):
+            continue
+        op = c.args[1] if len(c.args) > 1 else next(
+            (k.value for k in c.keywords if k.arg == "op"), None)
+        if op is None or ast.unparse(op).split(".")[-1].upper() == "SUM":
+            return True
+    return False
+
+
 @rule("AG123")
 def global_count_then_ddp_average(ctx: FileContext) -> Iterator[Finding]:
     """A loss divided by a count summed over every rank, under DDP/FSDP's own average."""
@@ -292,6 +307,8 @@ def global_count_then_ddp_average(ctx: FileContext) -> Iterator[Finding]:
         return
     if any(ctx.window_facts(w).engine_backward for w in ctx.windows()):
         return
+    if ctx.ddp_wrapped and _grads_summed_by_hand(ctx):
+        return  # DDP's average times the hand SUM is the sum over ranks: the count's mean
     for node, d in loss_divisions_by_rank_sum(ctx, accelerate=prepared):
         if by_hand:
             avg = hand_average(ctx)[0]
