@@ -37,14 +37,18 @@ class LooseParameters:
     _loose_of: dict[tuple[int, int, int], list[torch.Tensor]]
     _loose_key: dict[int, tuple[int, int, int]]
     ddp_frozen: MutableMapping[object, frozenset[int]]
+    _ds_engine: torch.nn.Module | None
 
     if TYPE_CHECKING:  # defined by the observer
         def _quiet(self) -> AbstractContextManager[None]: ...
 
     def _unwrapped(self, opt: object) -> list[str] | None:
         """The parameters ``opt`` steps that no DDP root reduces (DDP averages the gradients
-        of the parameters it registered when it was built): up to three names and a count
-        of the rest; None when there are none. Once per optimizer and set of roots."""
+        of the parameters it registered when it was built; DeepSpeed's ZeRO-0 those of the
+        engine's module): up to three names and a count of the rest; None when there are
+        none. Once per optimizer and set of roots."""
+        if self.engine == "deepspeed":
+            opt = getattr(opt, "optimizer", opt)  # (the step's owner is the engine)
         # (the trainable count in the key: a parameter unfrozen after DDP was built is one
         # DDP never registered; the loops are C's, as in _grad_state)
         trainable = sum(map(_REQUIRES_GRAD, chain.from_iterable(
@@ -56,6 +60,16 @@ class LooseParameters:
             if self.engine == "fsdp2":
                 # a fully_shard unit holds DTensor parameters; a plain tensor is in none
                 loose = [p for p in params if _plain(p) and p.requires_grad]
+            elif self.engine == "deepspeed":
+                module = getattr(self._ds_engine, "module", None)
+                stage = getattr(self._ds_engine, "zero_optimization_stage", None)
+                if module is None or not callable(stage) or stage() != 0:
+                    return None  # (ZeRO-1/2/3 reduce every partition of the optimizer's groups)
+                with self._quiet():
+                    held = {id(p) for p in module.parameters()}
+                if not any(id(p) in held for p in params):
+                    return None  # not the module's own tensors: nothing to compare them with
+                loose = [p for p in params if id(p) not in held and p.requires_grad]
             else:
                 roots = [r for r in self._sync_roots if hasattr(r, "require_backward_grad_sync")]
                 if not roots:

@@ -288,6 +288,20 @@ def _ddp_loose_finding(step: int, evidence: str, loose: list[str]) -> Finding:
                    "end, before the optimizer step.")
 
 
+def _ds_loose_finding(step: int, evidence: str, loose: list[str]) -> Finding:
+    return _mk("F10", "error", None, step, None,
+               evidence + f"; the optimizer steps parameters the DeepSpeed engine's module "
+               f"does not hold ({', '.join(loose)}): under ZeRO stage 0 the engine averages "
+               "the gradients of its own module's parameters only, so each rank steps those "
+               "on its own gradient",
+               title_="parameters outside the DeepSpeed engine's module are never averaged "
+                      "over the ranks",
+               fix="Make the module that holds them (a loss module's learnable weights) a "
+                   "submodule of the model given to deepspeed.initialize, or all-reduce their "
+                   "gradients (sum, then divide by the world size) before engine.step() at "
+                   "the accumulation boundary.")
+
+
 def _loose_grads_differ(step: int, row: dict[int, StepWindow]) -> Finding | None:
     """DDP, where the step's own checksum was not kept (a backward inside the step's
     closure: Lightning): the ``.grad`` of the stepped parameters DDP does not reduce, read
@@ -389,6 +403,8 @@ def cross_rank_findings(rec: RunRecording) -> list[Finding]:
             if never is not None:
                 return [_never_finding(step, evidence, never)]
             loose = next((s.unwrapped for s in row.values() if s.unwrapped), None)
+            if loose and any(s.engine == "deepspeed" for s in row.values()):
+                return [_ds_loose_finding(step, evidence, loose)]
             if loose:
                 return [_ddp_loose_finding(step, evidence, loose)]
             skipped = skipped_by_hand_reduce(row)

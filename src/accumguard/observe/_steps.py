@@ -404,7 +404,7 @@ class StepMachinery(LooseParameters):
             grad_hooks=bool(losses or terms) and self._grad_hooked(owner),
             opt_serial=self._serial(owner), unborn=unborn,
             unwrapped=(unwrapped := self._unwrapped(owner)
-                       if self.engine in ("ddp", "fsdp2") else None),
+                       if self.engine in ("ddp", "fsdp2", "deepspeed") else None),
             loose_checksum=loose_chk if loose_chk is not None or not unwrapped or chk is not None
             else self._loose_grads(owner),
             join_initial=self._join_initial() if self.engine == "ddp" else None,
