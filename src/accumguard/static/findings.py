@@ -938,6 +938,12 @@ RULES: dict[str, Rule] = {
             "divide by gradient_accumulation_steps x world size (or give warmup_ratio, which "
             "the Trainer applies to its own count of optimizer steps)",
         ),
+        _rule(
+            "AG314", "set-training-resets-accumulation", "F1", E, HI,
+            "TrainingArguments.set_training(...) without gradient_accumulation_steps on "
+            "arguments built with K > 1: it sets the parameter to its default 1",
+            "pass gradient_accumulation_steps=K to set_training as well (or set it after)",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

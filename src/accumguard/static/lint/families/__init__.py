@@ -94,6 +94,7 @@
 ``cliporder``  AG311               a boundary-gated clip before that micro-step's backward, the step after
 ``funcclip``   AG312               each micro-step's autograd.grad gradients clipped before they are summed
 ``hfwarmup``   AG313               a TrainingArguments warmup_steps/max_steps counted in one device's micro-batches
+``hfsetters``  AG314               TrainingArguments.set_training() without K on arguments built with K > 1
 ``syncwhole``  AG111               every backward of the window inside one `with model.no_sync():`
 ``unreduced``  AG179 AG180 AG183   parameters no reduction covers: one group of several all-reduced
                AG185 AG193 AG195   by hand; a module with parameters outside the DDP/FSDP wrapper;
@@ -133,6 +134,7 @@ from accumguard.static.lint.families import (
     hfmean,
     hfmodel,
     hfscale,
+    hfsetters,
     hfsuper,
     hfterms,
     hftokens,
@@ -177,4 +179,4 @@ from accumguard.static.lint.families import (
     wrapgate,
 )
 
-__all__ = ["accelerate", "accloader", "acctail", "ampclip", "argdrop", "chunktail", "clipgrads", "cliporder", "commhook", "deepspeed", "dphorizon", "dsbatch", "dsblocks", "dssched", "dsstep", "dsunmanaged", "dszero", "emastep", "epochtail", "factored", "fsdproot", "funcclip", "fsdpunits", "fused", "gradwrite", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfmodel", "hfclip", "hfscale", "hfsuper", "hfterms", "hftokens", "hfwarmup", "horizon", "lgkschedule", "lgmanual", "lgstep", "lgunsplit", "lgwindow", "loss", "lowbuffer", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "resume", "scale", "schedule", "spawnworld", "stephorizon", "sync", "syncclip", "syncwhole", "synctail", "tailscale", "tempreduce", "terms", "tokenmean", "tokhorizon", "tokiters", "twice", "unclearedopt", "unreduced", "window", "wrapbypass", "wrapgate"]
+__all__ = ["accelerate", "accloader", "acctail", "ampclip", "argdrop", "chunktail", "clipgrads", "cliporder", "commhook", "deepspeed", "dphorizon", "dsbatch", "dsblocks", "dssched", "dsstep", "dsunmanaged", "dszero", "emastep", "epochtail", "factored", "fsdproot", "funcclip", "fsdpunits", "fused", "gradwrite", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfmodel", "hfclip", "hfscale", "hfsetters", "hfsuper", "hfterms", "hftokens", "hfwarmup", "horizon", "lgkschedule", "lgmanual", "lgstep", "lgunsplit", "lgwindow", "loss", "lowbuffer", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "resume", "scale", "schedule", "spawnworld", "stephorizon", "sync", "syncclip", "syncwhole", "synctail", "tailscale", "tempreduce", "terms", "tokenmean", "tokhorizon", "tokiters", "twice", "unclearedopt", "unreduced", "window", "wrapbypass", "wrapgate"]
