@@ -28,6 +28,7 @@ never averaged over the ranks.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 
 from accumguard.static.findings import Finding
@@ -264,12 +265,59 @@ def _trains(ctx: FileContext, node: ast.AST, depth: int = 2) -> bool:
     return depth > 0 and any(_trains(ctx, site, depth - 1) for site in ctx.call_sites(fn))
 
 
+_NOT_MODELS = re.compile(r"opt|loader|sched|data|scaler", re.IGNORECASE)
+
+
+def _prepared_models(ctx: FileContext) -> set[str]:
+    """Names bound to a model ``accelerator.prepare`` returned (``self.model, opt, dl, sched
+    = accelerator.prepare(model, opt, dl, sched)``: the targets of the arguments that name
+    no optimizer, loader or scheduler)."""
+    out: set[str] = set()
+    for node in ctx.of(ast.Assign):
+        call = node.value
+        if not (isinstance(call, ast.Call) and call_attr(call) == "prepare"
+                and len(node.targets) == 1):
+            continue
+        tgt = node.targets[0]
+        targets = tgt.elts if isinstance(tgt, ast.Tuple) else [tgt]
+        if len(targets) != len(call.args):
+            continue
+        for arg, t in zip(call.args, targets, strict=True):
+            a, d = dotted(arg), dotted(t)
+            if a and d and not _NOT_MODELS.search(a.split(".")[-1]):
+                out.add(d)
+    return out
+
+
+def _unwrapped_of(ctx: FileContext, prepared: set[str]) -> dict[str, str]:
+    """Names assigned ``accelerator.unwrap_model(<a prepared model>)`` once, each with the
+    prepared model it bypasses."""
+    out: dict[str, str] = {}
+    for node in ctx.of(ast.Assign):
+        v = node.value
+        if isinstance(v, ast.Call) and call_attr(v) == "unwrap_model" and v.args \
+                and dotted(v.args[0]) in prepared and len(node.targets) == 1 \
+                and (d := dotted(node.targets[0])) is not None:
+            out[d] = dotted(v.args[0]) or ""
+    return out
+
+
 @rule("AG300")
 def forward_through_the_inner_module(ctx: FileContext) -> Iterator[Finding]:
     wrappers = _ddp_names(ctx)
+    inner: dict[str, str] = {}
+    if ctx.accelerate and not any("deepspeed" in (n.id if isinstance(n, ast.Name) else
+                                                   n.attr if isinstance(n, ast.Attribute)
+                                                   else "").lower()
+                                  for n in ast.walk(ctx.tree)):
+        # (under DeepSpeed, Accelerate's backward reduces whatever the forward ran through)
+        prepared = _prepared_models(ctx)
+        inner.update(_unwrapped_of(ctx, prepared))
+        wrappers |= set(inner.values())
+    accel = set(inner.values())
     if not wrappers or _mentions_fsdp(ctx):
         return
-    inner = _inner_of(ctx, wrappers)
+    inner.update(_inner_of(ctx, _ddp_names(ctx)))
     for call in ctx.of(ast.Call):
         func = call.func
         name = dotted(func)
@@ -298,9 +346,12 @@ def forward_through_the_inner_module(ctx: FileContext) -> Iterator[Finding]:
             continue
         yield ctx.finding(
             "AG300", call,
-            f"{what} runs the module inside `{wrapper}` (a DDP wrapper) directly, in a loop that "
-            f"runs a backward: DDP arms its gradient reduction only in its own forward, so the "
-            f"backward of this forward reduces nothing and each rank steps on its own gradient")
+            f"{what} runs the module inside `{wrapper}` ("
+            + ("the model `accelerator.prepare` wrapped: DDP on several processes"
+               if wrapper in accel else "a DDP wrapper")
+            + ") directly, in a loop that "
+            "runs a backward: DDP arms its gradient reduction only in its own forward, so the "
+            "backward of this forward reduces nothing and each rank steps on its own gradient")
 
 
 def _frozen_at(ctx: FileContext, call: ast.Call, names: set[str]) -> bool:
