@@ -150,3 +150,15 @@ def test_a_fault_around_the_grad_hook_changes_nothing(
     assert "InjectedFault" in failure.error
     for a, b in zip(params, plain, strict=True):
         assert torch.equal(a, b), f"{label}:{when}@{nth} changed the training"
+
+
+def test_a_librarys_hook_is_registered_unwrapped() -> None:
+    """A hook whose function a library defines (torch's own, or a functools.partial of one)
+    is handed to torch as it is."""
+    import functools
+
+    from accumguard.observe._grad_hooks import _measured
+
+    lib = functools.partial(torch.nn.utils.clip_grad_norm_, max_norm=1.0)
+    assert _measured(None, lib) is lib  # type: ignore[arg-type]
+    assert _measured(None, torch.nn.utils.clip_grad_norm_) is torch.nn.utils.clip_grad_norm_  # type: ignore[arg-type]

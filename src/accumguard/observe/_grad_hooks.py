@@ -47,7 +47,8 @@ def grad_hook_wrapper(obs: PatchHost) -> Maker:
 
 
 def _measured(obs: PatchHost, hook: object) -> object:
-    if not callable(hook) or str(getattr(hook, "__module__", "") or "").split(".")[0] \
+    fn = getattr(hook, "func", hook)  # (a functools.partial names its function's module)
+    if not callable(hook) or str(getattr(fn, "__module__", "") or "").split(".")[0] \
             in _LIBRARIES:
         return hook
     before = obs.failsafe.hook(functools.partial(_before, obs), "grad_hook_moments")
