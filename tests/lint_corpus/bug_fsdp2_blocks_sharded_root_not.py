@@ -1,4 +1,4 @@
-# corpus: style=fsdp2 class=F11
+# corpus: style=fsdp2 class=F10
 """FSDP2 on a small residual MLP: every block its own unit."""
 import torch
 import torch.nn as nn

@@ -608,7 +608,7 @@ RULES: dict[str, Rule] = {
             "call that optimizer's `zero_grad()` after its step",
         ),
         _rule(
-            "AG166", "fsdp2-children-only", "F11", E, MED,
+            "AG166", "fsdp2-children-only", "F10", E, MED,
             "FSDP2 `fully_shard` applied to a model's submodules only, never to the model: the "
             "parameters outside those units are never reduced, each rank steps them on its own "
             "data",

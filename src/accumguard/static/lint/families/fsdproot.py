@@ -1,4 +1,4 @@
-"""AG166 (F11): FSDP2 applied to a model's submodules only, never to the model itself.
+"""AG166 (F10): FSDP2 applied to a model's submodules only, never to the model itself.
 
 ``fully_shard(block)`` for every block of ``model.blocks`` makes each block a unit that
 reduce-scatters its own gradients; the parameters outside those units (an embedding or stem,
