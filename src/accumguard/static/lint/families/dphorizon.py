@@ -26,7 +26,7 @@ import re
 from collections.abc import Iterator
 
 from accumguard.static.findings import Finding
-from accumguard.static.lint._ast import WORLD_RE, call_attr, dotted, receiver, walk_all
+from accumguard.static.lint._ast import FUNCS, WORLD_RE, call_attr, dotted, receiver, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._horizonexpr import (
@@ -92,10 +92,19 @@ def _stepped_per_update(ctx: FileContext, name: str) -> bool:
     if not calls:
         return False
     for c in calls:
-        window = window_of(ctx, c)
-        if window is None or not ctx.window_facts(window).accumulating \
-                or not ctx.guarded(c, window):
+        sites: list[ast.AST] = [c]
+        if window_of(ctx, c) is None:
+            # a step helper of the file (``def optimizer_step(self): ...; self.scheduler.step()``)
+            # run from the loop: judged at its calls
+            fn = ctx.enclosing(c, FUNCS)
+            sites = list(ctx.call_sites(fn)) if fn is not None else []
+        if not sites:
             return False
+        for site in sites:
+            window = window_of(ctx, site)
+            if window is None or not ctx.window_facts(window).accumulating \
+                    or not ctx.guarded(site, window):
+                return False
     return True
 
 
