@@ -7,6 +7,7 @@ reference and the relative update errors. Engine tests reuse all of this.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -171,6 +172,35 @@ def launcher_env() -> dict[str, str]:
                                 "ACCUMGUARD_"))}
     env.update(OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
     return env
+
+
+#: What a rank prints when torch/gloo aborts it at process teardown (seen in plain torchrun
+#: launches with no accumguard in them: a ``std::thread`` of gloo's destroyed while joinable)
+TEARDOWN_ABORT = "terminate called without an active exception"
+
+
+def run_launch(command: list[str], timeout: float,
+               before_retry: Callable[[], None] | None = None) -> Any:
+    """Run a launcher command (torchrun, deepspeed) with :func:`launcher_env`; a launch that
+    failed only by torch/gloo's teardown abort (:data:`TEARDOWN_ABORT` in its output) is run
+    once more on a fresh port, after ``before_retry`` (which clears what the first launch
+    recorded), and says so on stderr. Any other failure is the test's to report."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(command, env=launcher_env(), capture_output=True, text=True,
+                          timeout=timeout)
+    if proc.returncode != 0 and TEARDOWN_ABORT in proc.stderr + proc.stdout:
+        print(f"tests.helpers.run_launch: torch/gloo's teardown abort ({TEARDOWN_ABORT!r}) "
+              "ended the launch; running it once more", file=sys.stderr)
+        if before_retry is not None:
+            before_retry()
+        command = [str(free_port()) if i and command[i - 1] in ("--master-port",
+                                                                "--master_port") else c
+                   for i, c in enumerate(command)]
+        proc = subprocess.run(command, env=launcher_env(), capture_output=True, text=True,
+                              timeout=timeout)
+    return proc
 
 
 def recorded_failures(out_dir: Any) -> list[dict[str, Any]]:

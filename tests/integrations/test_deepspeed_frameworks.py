@@ -40,6 +40,7 @@ verify/test_invariance_scripts.py::test_f5_token_mean_diverges_at_step_1).
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -50,7 +51,7 @@ import torch
 
 from accumguard.watch._findings import analyze, load_recordings
 
-from helpers import free_port, launcher_env
+from helpers import free_port, run_launch
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "watch_scripts"
 K = 4
@@ -62,11 +63,15 @@ def _torchrun(script: str, *args: str) -> list[str]:
             str(SCRIPTS / script), *args]
 
 
-def _run(command: list[str], timeout: float = 400) -> subprocess.CompletedProcess:
-    proc = subprocess.run(command, env=launcher_env(), capture_output=True, text=True,
-                          timeout=timeout)
+def _run(command: list[str], timeout: float = 400,
+         out: Path | None = None) -> subprocess.CompletedProcess:
+    def fresh() -> None:  # (the retry records afresh)
+        if out is not None:
+            shutil.rmtree(out, ignore_errors=True)
+            out.mkdir(parents=True)
+    proc = run_launch(command, timeout, fresh)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc
+    return proc  # type: ignore[no-any-return]
 
 
 def _analysed(out: Path, want_k: int = K) -> tuple[set[str], list[Any], dict[int, list[dict]]]:
@@ -99,7 +104,7 @@ def sweeps(tmp_path_factory: pytest.TempPathFactory) -> Path:
                    str(SCRIPTS / "accel_ds_train.py"), "--scenario", "exact,mean,gamis,exact@3",
                    "--sweep", str(out / "accel"), "--",
                    str(SCRIPTS / "hf_ds_train.py"), "--modes", HF_MODES,
-                   "--sweep", str(out / "hf")), timeout=1800)
+                   "--sweep", str(out / "hf")), timeout=1800, out=out)
     return out
 
 
