@@ -15,6 +15,7 @@ from accumguard.observe._hand_reduce_rules import (
     skipped_finding,
 )
 from accumguard.observe._ledger_source import reads_without_world_division
+from accumguard.observe._loose_findings import ddp_loose_finding, ds_loose_finding
 from accumguard.observe._records import Finding, RunRecording, StepWindow, _mk, _n, _windows
 from accumguard.observe._weight_rules import (
     WEIGHT_TOL,
@@ -270,36 +271,6 @@ def _spread(sums: list[list[float]]) -> float:
     return max(abs(a[i] - b[i]) for a in sums for b in sums for i in (0, 1)) / scale
 
 
-def _ddp_loose_finding(step: int, evidence: str, loose: list[str]) -> Finding:
-    return _mk("F10", "error", None, step, None,
-               evidence + f"; the optimizer steps parameters that DDP does not "
-               f"reduce ({', '.join(loose)}): DDP averages the gradients of the "
-               "parameters its module held, requiring a gradient, when DDP was built (not "
-               "one outside that module, one replaced or added after, one frozen then and "
-               "unfrozen later, or one it ignores), so each rank steps those on its own "
-               "gradient",
-               title_="parameters DDP does not reduce are never averaged over "
-                      "the ranks",
-               fix="Make them parameters of the module DDP wraps before wrapping it "
-                   "(a loss module's learnable temperature or weights included; replace "
-                   "a head before accelerator.prepare / DDP, not after; unfreeze before "
-                   "wrapping, or wrap again after unfreezing), or all-reduce their "
-                   "gradients (sum, then divide by the world size) at each window's "
-                   "end, before the optimizer step.")
-
-
-def _ds_loose_finding(step: int, evidence: str, loose: list[str]) -> Finding:
-    return _mk("F10", "error", None, step, None,
-               evidence + f"; the optimizer steps parameters the DeepSpeed engine's module "
-               f"does not hold ({', '.join(loose)}): under ZeRO stage 0 the engine averages "
-               "the gradients of its own module's parameters only, so each rank steps those "
-               "on its own gradient",
-               title_="parameters outside the DeepSpeed engine's module are never averaged "
-                      "over the ranks",
-               fix="Make the module that holds them (a loss module's learnable weights) a "
-                   "submodule of the model given to deepspeed.initialize, or all-reduce their "
-                   "gradients (sum, then divide by the world size) before engine.step() at "
-                   "the accumulation boundary.")
 
 
 def _loose_grads_differ(step: int, row: dict[int, StepWindow]) -> Finding | None:
@@ -318,7 +289,7 @@ def _loose_grads_differ(step: int, row: dict[int, StepWindow]) -> Finding | None
     if spread <= 1e-5:
         return None
     text = ", ".join(f"rank {r}: {v[0]:.6g}" for r, v in sorted(sums.items()))
-    return _ddp_loose_finding(step, f"the gradient of the parameters DDP does not reduce "
+    return ddp_loose_finding(step, f"the gradient of the parameters DDP does not reduce "
                               f"differs across ranks at step {_n(step)} (their sums {text}, "
                               "read after the step)", names)
 
@@ -404,9 +375,9 @@ def cross_rank_findings(rec: RunRecording) -> list[Finding]:
                 return [_never_finding(step, evidence, never)]
             loose = next((s.unwrapped for s in row.values() if s.unwrapped), None)
             if loose and any(s.engine == "deepspeed" for s in row.values()):
-                return [_ds_loose_finding(step, evidence, loose)]
+                return [ds_loose_finding(step, evidence, loose)]
             if loose:
-                return [_ddp_loose_finding(step, evidence, loose)]
+                return [ddp_loose_finding(step, evidence, loose)]
             skipped = skipped_by_hand_reduce(row)
             if skipped is not None:
                 return [skipped_finding(rec, step, evidence, *skipped)]
