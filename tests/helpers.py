@@ -195,8 +195,8 @@ def run_launch(command: list[str], timeout: float,
               "ended the launch; running it once more", file=sys.stderr)
         if before_retry is not None:
             before_retry()
-        command = [str(free_port()) if i and command[i - 1] in ("--master-port",
-                                                                "--master_port") else c
+        command = [str(free_port()) if i and command[i - 1] in (
+                       "--master-port", "--master_port", "--main_process_port") else c
                    for i, c in enumerate(command)]
         proc = subprocess.run(command, env=launcher_env(), capture_output=True, text=True,
                               timeout=timeout)

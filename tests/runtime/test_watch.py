@@ -28,7 +28,7 @@ import pytest
 
 from accumguard.watch._findings import analyze, load_recordings
 
-from helpers import free_port, launcher_env
+from helpers import free_port, launcher_env, run_launch
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "watch_scripts"
 
@@ -202,8 +202,8 @@ def _watch(tmp_path: Path, command: list[str], *, k: int | None = None,
     argv = [sys.executable, "-m", "accumguard.cli", "watch", "--json", str(report)]
     if k is not None:
         argv += ["--accumulation-steps", str(k)]
-    proc = subprocess.run([*argv, "--", *command], env=launcher_env(), capture_output=True, text=True,
-                          timeout=timeout)
+    proc = run_launch([*argv, "--", *command], timeout,
+                      lambda: report.unlink(missing_ok=True))
     data = json.loads(report.read_text()) if report.exists() else {}
     assert data, f"no report; stderr:\n{proc.stderr[-3000:]}"
     return proc.returncode, data.get("findings", []), data, proc
