@@ -7,9 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from accumguard.observe._ledger import ledger_findings, term_findings
+from accumguard.observe._ledger import ledger_findings
 from accumguard.observe._ledger_source import world_divisions
 from accumguard.observe._reduction import rank_factor
+from accumguard.observe._term_ledger import term_findings
 from accumguard.observe.rules import RunRecording, analyze
 
 W = 2

@@ -49,8 +49,9 @@ from accumguard.observe._hook_factor import fill_hook_factors, hook_k_findings, 
 from accumguard.observe._hook_step_rules import in_backward_findings
 from accumguard.observe._isolated import Isolated
 from accumguard.observe._k_resolution import resolve_k, spans_passes
-from accumguard.observe._ledger import ledger_findings, term_findings, weights_right
+from accumguard.observe._ledger import ledger_findings, weights_right
 from accumguard.observe._lr_rules import lr_schedule_findings
+from accumguard.observe._partial_window_rules import partial_window_findings
 from accumguard.observe._precision_rules import F12_ERROR_FACTOR, f12_drift, low_precision_findings
 from accumguard.observe._rank_rules import (
     averaged_inside_steps,
@@ -98,13 +99,13 @@ from accumguard.observe._step_rules import (
     _sync_findings,
     _two_pass,
 )
+from accumguard.observe._term_ledger import term_findings
 from accumguard.observe._weight_rules import (
     WEIGHT_TOL,
     WEIGHT_TOL_LOW_PRECISION,
     classify_token_weights,
     grad_step_findings,
     loss_weight_findings,
-    partial_window_findings,
 )
 from accumguard.observe._wipe_rules import wipe_finding
 
