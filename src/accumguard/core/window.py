@@ -249,6 +249,11 @@ class StepRecord:
     # skipped window's gradient discarded: a clip before it acted on what was discarded);
     # None: none
     zero_micros: list[int] | None = None
+    # several optimizers with windows of their own: per backward of this optimizer's window
+    # (in order), the constants between its loss (one recorded loss call, or one mean built
+    # by hand) and the backward's root, read from the backwards of the shared window that
+    # reached its parameters; None: one optimizer, the same backwards, or not read
+    lane_scales: list[list[list[Any]]] | None = None
     # -- counts of the guard and the audit (not in a recording) ---------------------------
     # optimizer steps that closed the window: 1, 2 for a second step a guard in warn mode
     # let run, 0 for the audit's trailing micro-steps after the last step

@@ -29,16 +29,29 @@ class OwnRate:
 
 def _divided_by_k(windows: list[StepWindow], k: int) -> int:
     """How many of ``windows`` had loss records, every one of them divided by exactly K and
-    by nothing else (the accumulation's own scaling); 0 when any record says otherwise."""
+    by nothing else (the accumulation's own scaling), or, read from the backwards of a
+    window shared with other optimizers (``lane_scales``), every loss of this optimizer's
+    divided by K with a ``/`` (a coefficient beside it is the user's weight; a
+    multiplication by 1/K is not taken: ``0.5 * mse`` at K = 2 is a value coefficient), K >= 3;
+    0 when any record says otherwise."""
     seen = 0
     for w in windows:
         recs = [r for r in w.losses or [] if len(r) > 9]
-        if not recs:
-            continue
-        if any(loss_divisor(r) != float(k) for r in recs):
-            return 0
-        seen += 1
+        if recs:
+            if any(loss_divisor(r) != float(k) for r in recs):
+                return 0
+            seen += 1
+        elif w.lane_scales:
+            if k < 3 or not all(_slash_k(c, k) for c in w.lane_scales):
+                return 0
+            seen += 1
     return seen
+
+
+def _slash_k(consts: list[list[object]], k: int) -> bool:
+    """One of the constants above a loss is a division by exactly ``k``, none other is."""
+    slashes = [float(str(c)) for op, c in consts if op == "/"]
+    return len(slashes) == 1 and slashes[0] == float(k)
 
 
 def optimizer_groups(steps: list[JsonObject]) -> list[tuple[int | None, list[JsonObject]]]:

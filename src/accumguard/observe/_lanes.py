@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -35,7 +36,7 @@ from accumguard.observe._events import BackwardEvent
 from accumguard.observe._introspect import local
 from accumguard.observe._window import StepTally
 
-__all__ = ["Lanes"]
+__all__ = ["Lanes", "lane_scales"]
 
 #: Backward passes the log keeps at most (an optimizer that never steps must not make it
 #: grow without end); a window reaching further back is left to the shared window.
@@ -428,3 +429,27 @@ class Lanes:
         w.engine_bw_since_step = shared.engine_bw_since_step
         w.max_bw_per_engine_step = shared.max_bw_per_engine_step
         return w
+
+
+def lane_scales(own: StepTally, shared: StepTally, losses: list[list[Any]] | None,
+                terms: list[list[Any]] | None, done: int) -> list[list[list[Any]]] | None:
+    """The constants above each loss of an optimizer's own window, when its backwards are
+    some of the shared window's (a critic stepped after each of its backwards while the
+    actor accumulates): the loss record numbers backwards by their place in the shared
+    window, so a record belongs to this optimizer when its place is one of its backwards'.
+    None unless the record covered exactly the shared window (``done``) and each of the
+    optimizer's backwards has exactly one loss (a recorded call or one mean built by hand)."""
+    if done != len(shared.backwards) or not own.backwards:
+        return None
+    places = [i for i, ev in enumerate(shared.backwards) if any(ev is o for o in own.backwards)]
+    if len(places) != len(own.backwards):
+        return None
+    out: list[list[list[Any]]] = []
+    for i in places:
+        found = [list(r[9] or []) for r in losses or [] if len(r) > 9 and int(r[2]) == i]
+        found += [list(r[5]) for r in terms or [] if r and r[0] == "mean" and len(r) > 5
+                  and int(r[1]) == i]
+        if len(found) != 1:
+            return None
+        out.append(found[0])
+    return out

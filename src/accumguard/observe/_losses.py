@@ -183,6 +183,7 @@ class LossRecorder:
         self._t0 = time.perf_counter()
         self.terms = TermLog()  # the terms of each backward's loss, the log-prob selections
         self.term_records: list[list[Any]] | None = None
+        self.done_last = -1  # backward passes the window last taken covered (-1: none taken)
 
     def install(self, patches: Patches) -> None:
         import torch.nn.functional as F  # noqa: N812 - torch's own alias
@@ -261,6 +262,7 @@ class LossRecorder:
         its gradients were discarded (DeepSpeed's overflow skip: ``carry=False``): then
         the folded window has no record for its first micro-steps and is not judged."""
         if not applied:
+            self.done_last = -1
             if not carry:
                 self.calls = [c for c in self.calls if c.g is None]  # forwards to come
                 self.micro = self.gmicro = 0
@@ -279,6 +281,7 @@ class LossRecorder:
         self.term_records = None
         calls = [c for c in self.calls if c.g is not None and c.micro is not None]
         done = self.micro  # backward passes completed in the window
+        self.done_last = done
         self.calls = []
         self.micro = self.gmicro = 0
         micros = len({(c.grad, c.micro) for c in calls})

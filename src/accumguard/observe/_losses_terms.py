@@ -18,11 +18,11 @@ Two kinds of records go on the step event as ``terms``:
   path below it goes through (:func:`~._losses_walk.batch_means_below`), or None;
   ``penalty``: a term from torch ops on the parameters alone (:func:`~._losses_walk.
   params_only`: an L2 penalty, the same in every micro-step whatever the batch).
-* ``["mean", micro, divisor, count, site]``: a backward whose loss was built by hand as
-  one mean over the elements of a tensor (``((out - y) ** 2).mean()``: no recorded loss
-  call, no sum of terms) times constants only (``divisor``: their product, read from the
-  graph as :func:`divisor` reads a term's; ``count``: the elements averaged, ``site``: the
-  backward's call site). That mean carries the weight ``1 / divisor``: the scale rules read
+* ``["mean", micro, divisor, count, site, constants]``: a backward whose loss was built by
+  hand as one mean over the elements of a tensor (``((out - y) ** 2).mean()``: no recorded
+  loss call, no sum of terms) times constants only (``divisor``: their product, read from
+  the graph as :func:`divisor` reads a term's; ``count``: the elements averaged, ``site``:
+  the backward's call site, ``constants``: those constants, root first). That mean carries the weight ``1 / divisor``: the scale rules read
   a window's total weight from them as from the loss record (:mod:`._weight_rules`).
 * ``["penalty", micro, constants, site]``: a backward whose root is a penalty on the
   parameters alone (:func:`~._losses_walk.params_only`) times ``constants``.
@@ -89,7 +89,8 @@ class TermLog:
                     and not any(c.node == x.node._sequence_nr() for c in calls)):
                 d = divisor(x.divs, False)
                 if d is not None and d > 0:
-                    self.means.append(["mean", micro, d, int(x.means[0]), site()])
+                    self.means.append(["mean", micro, d, int(x.means[0]), site(),
+                                       [list(c) for c in x.divs]])
             elif (x.first != "mean" and not x.opaque and x.select is None
                   and type(x.node).__name__ != "AccumulateGrad"
                   and not any(c.node == x.node._sequence_nr() for c in calls)

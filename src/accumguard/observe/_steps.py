@@ -29,6 +29,7 @@ from accumguard.observe._checksum import (
 )
 from accumguard.observe._events import ScalerEvent, StepStartEvent
 from accumguard.observe._introspect import local, snapshot, tol_for
+from accumguard.observe._lanes import lane_scales
 from accumguard.observe._loose import LooseParameters
 from accumguard.observe._precision import AccumDrift, MasterSum, model_grad_sum
 from accumguard.observe._reduction import fsdp2_mesh, rank_factor, unit_factors
@@ -374,6 +375,8 @@ class StepMachinery(LooseParameters):
         # a DeepSpeed step that skipped its update (overflow) discarded its window
         losses = self.losses.take(applied, carry=source == "torch" and not discarded)
         terms = self.losses.take_terms()  # the terms and log-prob selections (_losses_terms)
+        scales = None if same or own is None else \
+            lane_scales(own, w, losses, terms, self.losses.done_last)
         if self._pass_end_next(w) and applied and not self.losses.on:
             self.losses.on = True  # a pass's last window: F7 is judged from its loss record
         # the ledger composes the loss weights with the engine's reduction
@@ -408,7 +411,8 @@ class StepMachinery(LooseParameters):
             loose_checksum=loose_chk if loose_chk is not None or not unwrapped or chk is not None
             else self._loose_grads(owner),
             join_initial=self._join_initial() if self.engine == "ddp" else None,
-            pre_hooked=bool(getattr(owner, "_optimizer_step_pre_hooks", None)))
+            pre_hooked=bool(getattr(owner, "_optimizer_step_pre_hooks", None)),
+            lane_scales=scales)
         self._next_window(reset_losses=False)  # losses.take() above reset them
         if self._global_handle is not None and self.step >= PIN_ROOTS_AFTER_STEPS:
             self._pin_roots()

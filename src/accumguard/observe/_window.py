@@ -127,7 +127,8 @@ class StepTally:
                unwrapped: list[str] | None = None,
                join_initial: bool | None = None,
                loose_checksum: list[float] | None = None,
-               pre_hooked: bool = False) -> StepRecord:
+               pre_hooked: bool = False,
+               lane_scales: list[list[list[Any]]] | None = None) -> StepRecord:
         """The step record of this window (what :mod:`.rules` judges)."""
         loss: float | None = None
         if self.loss_ok and self.backwards:
@@ -180,7 +181,7 @@ class StepTally:
             accelerate_blocks=self.acc_blocks or None, unwrapped=unwrapped,
             join_initial=join_initial, loose_checksum=loose_checksum, pre_hooked=pre_hooked,
             grad_rescaled=rescaled(self.grad_hook_moments) if self.grad_hook_moments else None,
-            zero_micros=self.zero_micros or None)
+            zero_micros=self.zero_micros or None, lane_scales=lane_scales)
 
     def _hook_in(self) -> list[list[float]] | None:
         """[backward pass, bucket sum] per comm hook call: one host read for all of them
