@@ -184,3 +184,51 @@ def test_a_warm_up_peaking_inside_the_first_window_then_a_per_micro_decay() -> N
     found = lr_schedule_findings(0, _windows(rows), 3)
     assert _sev(found) == {("F4", "error")}, found
     assert "e.g. 2 change(s) among the 3" in found[0].evidence, found[0].evidence
+
+
+def _closure_run(*, k: int, write_in_closure: bool, steps: int = 8) -> list[dict[str, Any]]:
+    """Lightning's automatic optimisation by hand: the window's last micro-step runs in the
+    closure given to ``optimizer.step``; the warm-up is written before the step (an
+    ``optimizer_step`` override: once per step) or inside the closure before each of its
+    backwards (per micro-step)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    obs = Observer(roots=[model])
+    rec = _Steps()
+    obs.add_listener(rec)
+    g = torch.Generator().manual_seed(1)
+    it = [0]
+
+    def micro() -> torch.Tensor:
+        if write_in_closure:
+            for grp in opt.param_groups:
+                grp["lr"] = _cosine(it[0], 4 * steps * k)
+        it[0] += 1
+        loss = model(torch.randn(3, 4, generator=g)).pow(2).mean() / k
+        loss.backward()
+        return loss
+
+    with obs:
+        for step in range(steps):
+            for _ in range(k - 1):
+                micro()
+            if not write_in_closure:
+                for grp in opt.param_groups:
+                    grp["lr"] = _cosine(step, 4 * steps)
+            opt.step(closure=micro)
+            opt.zero_grad()
+    return rec.steps
+
+
+def test_a_rate_written_before_a_step_whose_closure_runs_a_backward_is_the_steps() -> None:
+    """Blind round 106 c_b01_fixed: a warm-up written in a LightningModule's
+    ``optimizer_step`` before ``optimizer.step(closure)`` changed the rate between the
+    window's first backward and the closure's: once per step, not per micro-step."""
+    assert lr_schedule_findings(None, _windows(_closure_run(k=2, write_in_closure=False)),
+                                2) == []
+
+
+def test_a_rate_written_inside_the_closure_before_its_backward_still_counts() -> None:
+    found = lr_schedule_findings(None, _windows(_closure_run(k=3, write_in_closure=True)), 3)
+    assert ("F4", "warning") in _sev(found) or ("F4", "error") in _sev(found), found

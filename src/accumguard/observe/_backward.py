@@ -51,6 +51,7 @@ class BackwardPath:
     losses: LossRecorder
     lr_trace: LrTrace
     _in_observer: int
+    _opt_depth: int  # optimizer steps running (a closure's backward runs inside one)
     _armed: bool
     _wants_backwards: bool
     _w: StepTally
@@ -181,7 +182,7 @@ class BackwardPath:
                     w.losses[-1] if w.loss_ok and w.losses else None)
             w.backwards.append(ev)
             self.losses.end_backward()
-            self.lr_trace.at_backward()
+            self.lr_trace.at_backward(self._opt_depth)
             w.bw_since_engine_step += 1
             if engine is not None:
                 # (the engine's accumulation counts engine.backward calls: a plain
@@ -216,7 +217,7 @@ class BackwardPath:
                 self.lanes.after_backward(lane, self.backward_total, ev, None, None, None)
             w.backwards.append(ev)
             self.losses.end_backward()
-            self.lr_trace.at_backward()
+            self.lr_trace.at_backward(self._opt_depth)
             w.bw_since_engine_step += 1
             if source == "deepspeed" or (source == "accelerate" and self._ds_engine is not None):
                 w.engine_bw_since_step += 1

@@ -38,6 +38,8 @@ class LrTrace:
         self._opts: dict[int, weakref.ref[_HasGroups]] = {}
         self._last: tuple[float, ...] | None = None
         self._changes = 0
+        self._at_step: tuple[float, ...] | None = None  # the rates when the step began
+        self.closures = False  # a backward ran inside an optimizer step (its closure)
 
     def know(self, opt: object) -> None:
         """Trace ``opt`` from now on (called at its steps: a window's first backward before
@@ -49,8 +51,23 @@ class LrTrace:
         except TypeError:  # an object without weak references: not traced
             return
 
-    def at_backward(self) -> None:
-        """One backward pass: compare the learning rates with those at the previous one."""
+    def at_step_start(self) -> None:
+        """An optimizer step begins, in a run whose steps run backwards in their closure
+        (Lightning's last micro-step): the rates it starts with, since a write made for this
+        step comes before the closure's backward. (Only such runs pay for this read.)"""
+        now: list[float] = []
+        for ref in list(self._opts.values()):
+            opt = ref()
+            if opt is not None:
+                now.extend(_lrs(opt))
+        self._at_step = tuple(now)
+
+    def at_backward(self, in_step: int = 0) -> None:
+        """One backward pass: compare the learning rates with those at the previous one.
+        ``in_step``: the backward runs inside an optimizer step (its closure): rates written
+        before the step began (an ``optimizer_step`` override's warm-up) are the step's, not
+        a change between backward passes (the first such backward of the run is given the
+        benefit of the doubt: the rates at its step's start were not read)."""
         if not self._opts:
             return
         # _lrs inlined: this runs at every backward (the same floats, no call per optimizer)
@@ -63,7 +80,10 @@ class LrTrace:
                     if isinstance(lr, (int, float)) and not isinstance(lr, bool):
                         now.append(float(lr))
         cur = tuple(now)
-        if self._last is not None and cur != self._last:
+        if in_step and not self.closures:
+            self.closures = True
+        elif self._last is not None and cur != self._last \
+                and not (in_step and cur == self._at_step):
             self._changes += 1
         self._last = cur
 

@@ -435,6 +435,8 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
                 fn(ev)
         if self._opt_depth > 1 or self._ds_step_depth:
             return
+        if self.lr_trace.closures:
+            self.lr_trace.at_step_start()
         if not opt.state and is_state_init_step(opt):
             # DCP giving a new optimizer its state (a zero-rate step on zeros): no window
             # of its; the backwards left open before it (an abandoned run's) are dropped
