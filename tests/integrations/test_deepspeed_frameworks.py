@@ -55,6 +55,7 @@ from helpers import free_port, run_launch
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "watch_scripts"
 K = 4
+WINDOWS_DS = 4  # ds_frameworks.py's windows per scenario
 
 
 def _torchrun(script: str, *args: str) -> list[str]:
@@ -124,6 +125,18 @@ def test_engine_boundary_pattern_is_not_double_gating(accel_sweep: Path) -> None
     assert _windows(steps) == {(K * K,)}
     f14 = next(f for f in findings if f.cls == "F14")
     assert "not the engine's accumulation boundary" in f14.evidence
+
+
+@pytest.mark.deepspeed
+def test_two_engines_each_accumulate_on_their_own_windows(accel_sweep: Path) -> None:
+    """DeepSpeed-Chat's layout (blind round 106 b_b01_fixed: F13 and F7 errors before):
+    each engine's window is its own engine.backward calls, which the other engine's steps
+    cut apart in the shared window."""
+    errors, findings, steps = _analysed(accel_sweep / "ds_two_engines")
+    assert errors == set(), findings
+    assert _windows(steps) == {(K,) * (2 * WINDOWS_DS)}
+    errors, findings, steps = _analysed(accel_sweep / "ds_two_engines_f1")
+    assert errors == {"F1"}, findings
 
 
 @pytest.mark.deepspeed

@@ -9,6 +9,9 @@ Raw DeepSpeed engines (config GA = K):
 ``ds_boundary``  ``set_gradient_accumulation_boundary(j == K-1)`` before each backward and one
                  ``engine.step()`` per window (DeepSpeed's documented pattern): correct.
 ``ds_double``    K backwards around one ``engine.step()``, no boundary calls: F14.
+``ds_two_engines``  two engines (an actor and a critic), each ``engine.backward`` and
+                 ``engine.step()`` per micro-batch, each with GA = K: correct.
+``ds_two_engines_f1``  the same with the critic's config at GA 1: F1.
 
 Accelerate + ``DeepSpeedPlugin`` (ZeRO-2, GA = K; ``accelerator.backward`` calls
 ``engine.step()`` inside it at the boundary):
@@ -75,6 +78,29 @@ for name in ("ds_boundary", "ds_double"):
                     engine.set_gradient_accumulation_boundary(j == K - 1)
                 engine.backward(torch.nn.functional.cross_entropy(engine(x), y))
             engine.step()
+    torch.distributed.barrier()
+
+# -- two engines in one process (DeepSpeed-Chat's actor and critic), each engine.backward and
+# engine.step() on every micro-batch: each engine accumulates its own K (correct), or the
+# critic's config says GA 1 (it steps on every micro-batch: F1)
+for name in ("ds_two_engines", "ds_two_engines_f1"):
+    engines = []
+    for role in ("actor", "critic"):
+        ga = 1 if (role == "critic" and name.endswith("_f1")) else K
+        net = mlp()
+        cfg = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": ga,
+               "train_batch_size": 4 * ga * acc.num_processes, "gradient_clipping": 0.0,
+               "zero_optimization": {"stage": 0},
+               "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "torch_adam": True}}}
+        eng, _, _, _ = deepspeed.initialize(model=net, model_parameters=net.parameters(),
+                                            config=cfg)
+        engines.append(eng)
+    batches = data(rank)
+    with recording(OUT / name):
+        for x, y in batches:
+            for eng in engines:
+                eng.backward(torch.nn.functional.cross_entropy(eng(x), y))
+                eng.step()
     torch.distributed.barrier()
 
 # -- Accelerate + DeepSpeed: one prepared engine, two loops

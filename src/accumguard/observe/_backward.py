@@ -52,6 +52,7 @@ class BackwardPath:
     lr_trace: LrTrace
     _in_observer: int
     _opt_depth: int  # optimizer steps running (a closure's backward runs inside one)
+    _engine_bws: dict[int, list[BackwardEvent]]
     _armed: bool
     _wants_backwards: bool
     _w: StepTally
@@ -188,6 +189,7 @@ class BackwardPath:
                 # (the engine's accumulation counts engine.backward calls: a plain
                 # loss.backward() beside them is no micro-step of the engine's)
                 w.engine_bw_since_step += 1
+                self._engine_bws.setdefault(id(engine), []).append(ev)
             w.zero_since_backward = 0
             self.backward_total += 1
             if self.boundary is not None:
@@ -221,5 +223,7 @@ class BackwardPath:
             w.bw_since_engine_step += 1
             if source == "deepspeed" or (source == "accelerate" and self._ds_engine is not None):
                 w.engine_bw_since_step += 1
+                # (whose engine ran it is not read here: the engines' own windows end)
+                self._engine_bws[-1] = []
             w.zero_since_backward = 0
             self.backward_total += 1

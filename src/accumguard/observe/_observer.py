@@ -229,6 +229,9 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
         self._tracked_ids: set[int] = set()
         self._fsdp_groups: dict[int, list[object]] = {}
         self._ds_engine: torch.nn.Module | None = None
+        # each DeepSpeed engine's backwards since its last boundary step (several engines in
+        # one process, an actor and a critic: each steps on its own window)
+        self._engine_bws: dict[int, list[BackwardEvent]] = {}
         self._sched_counts = Tally()
         self._opt_steps = Tally()
         self._opt_serials = Tally()  # optimizer -> its number (StepMachinery._serial)

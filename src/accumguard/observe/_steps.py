@@ -95,6 +95,7 @@ class StepMachinery(LooseParameters):
     _armed: bool
     _w: StepTally
     _ow: StepTally | None
+    _engine_bws: dict[int, list[BackwardEvent]]
     _unborn: int
     _handlers: Handlers
     _sync_roots: list[torch.nn.Module]
@@ -152,6 +153,19 @@ class StepMachinery(LooseParameters):
         self._ow = None
         self._end_step("torch", type(opt).__name__, False, None, opt, discarded=True)
 
+    def _engine_window(self, engine: torch.nn.Module) -> StepTally:
+        """Several DeepSpeed engines backwarding in one process (DeepSpeed-Chat's actor and
+        critic, each with its own gradient accumulation): the stepping engine's window is
+        its own ``engine.backward`` calls since its previous boundary step, which the other
+        engine's steps cut apart in the shared window. Its backwards' flags, counts and
+        boundaries are kept; the window's checksums and loss record belong to the shared
+        window, so conservation and the loss rules do not judge it."""
+        own = StepTally()
+        own.backwards = self._engine_bws.get(id(engine), [])
+        self._engine_bws[id(engine)] = []
+        own.loss_ok = False
+        return own
+
     def _state_init_step(self, opt: torch.optim.Optimizer) -> None:
         """The step ``torch.distributed.checkpoint`` runs to give a new optimizer its state
         (:mod:`accumguard.engines.dcp`): it applies nothing, and the backward passes before
@@ -172,6 +186,8 @@ class StepMachinery(LooseParameters):
         # several optimizers on disjoint parameters: this one's own window (:mod:`._lanes`)
         self._ow = ow = (self.lanes.window(opt, shared, self.backward_total, len(self._tracked))
                          if engine is None and self.lanes.several() else None)
+        if engine is not None and len(self._engine_bws) > 1 and -1 not in self._engine_bws:
+            self._ow = ow = self._engine_window(engine)
         if self.lanes.newborn and ow is None and engine is None and shared.backwards:
             # a run rebuilt to resume: the abandoned model's backwards are not this window's
             unborn = self.lanes.unborn(opt, self.backward_total - len(shared.backwards))
