@@ -1,4 +1,4 @@
-"""Blind round 106, recorded on 2 gloo ranks: a PPO trainer whose actor accumulates K = 4
+"""Blind round 106, recorded on 2 gloo ranks (and the PPO mechanism in one process):
 minibatches while a helper steps the critic's own optimizer after every minibatch
 (``train_on``), on a value loss built by hand (a clipped squared error ``.mean()``, no loss
 call) divided by K. The critic's backwards are some of the window's, cut off by its own
@@ -145,3 +145,13 @@ def test_a_fault_reading_the_lanes_losses_changes_nothing(
         failure = obs.failure
     assert failure is not None and "injected into lane_scales" in failure.error
     assert all(torch.equal(a, b) for a, b in zip(params, plain, strict=True))
+
+
+def test_two_deepspeed_engines_recorded_each_on_its_own_window() -> None:
+    """Blind round 106 b_b01 (recorded with the engines' own windows): an actor and a critic
+    engine, ZeRO-0, GA 2, each engine.backward + engine.step per micro-batch: silent; the
+    critic's config built with GA 1 (an inference config helper): F1."""
+    ok = judge_recorded("r106_two_deepspeed_engines_own_windows")
+    assert [f for f in ok if f.severity == "error"] == [], ok
+    bad = [f for f in judge_recorded("r106_ds_critic_engine_ga1") if f.severity == "error"]
+    assert {f.cls for f in bad} == {"F1"}, bad
