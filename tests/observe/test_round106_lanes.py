@@ -1,5 +1,5 @@
-"""Blind round 106, recorded on 2 gloo ranks (and the PPO mechanism in one process):
-minibatches while a helper steps the critic's own optimizer after every minibatch
+"""Blind round 106, recorded on 2 gloo ranks (and the PPO mechanism in one process): a PPO
+trainer whose actor accumulates K = 4 minibatches while a helper steps the critic's own optimizer after every minibatch
 (``train_on``), on a value loss built by hand (a clipped squared error ``.mean()``, no loss
 call) divided by K. The critic's backwards are some of the window's, cut off by its own
 steps: the loss record is read per backward and the constants above the critic's loss
