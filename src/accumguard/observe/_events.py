@@ -70,6 +70,9 @@ class SchedulerEvent:
     # torch's LRScheduler or a framework's wrapper of one (Accelerate's): read by identity
     # and ``getattr`` only
     owner: object = field(repr=False, default=None)
+    # its optimizer had not stepped yet (``optimizer_steps`` is then the process's): a
+    # scheduler made for a resume and fast-forwarded before the first step
+    fresh: bool = False
 
 
 @dataclass

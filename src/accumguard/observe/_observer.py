@@ -518,13 +518,14 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
             return
         count = self._sched_counts.add(sched)
         opt = getattr(sched, "optimizer", None)
-        opt_steps = self._opt_steps.get(opt, self.step) if opt is not None else self.step
+        known = self._opt_steps.get(opt, -1) if opt is not None else -1
+        opt_steps = known if known >= 0 else self.step
         in_step = bool(self._opt_depth or self._ds_step_depth)
         self._w.sched += 0 if in_step else 1
         fns = self._handlers.on_scheduler_step
         if fns:
             ev = SchedulerEvent(self.step, len(self._w.backwards), count, opt_steps, in_step,
-                                sched)
+                                sched, fresh=opt is not None and known < 0)
             for fn in fns:
                 fn(ev)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from accumguard.core.window import StepRecord
+from accumguard.observe._catch_up import catch_up
 from accumguard.observe._records import Finding, JsonObject, Severity, StepWindow, _mk, _n
 from accumguard.observe._shared_rules import micro_sync, scheduler_ahead
 
@@ -191,10 +192,20 @@ def _scheduler_findings(rank: int, events: list[JsonObject],
     between two backwards of a window: a loop of scheduler steps after the optimizer's)
     then say nothing; extra steps between backwards are still an error: the large batch
     steps the same scheduler once per optimizer step, so its warm-up and milestones come K x
-    later in optimizer steps than here."""
+    later in optimizer steps than here. A scheduler fast-forwarded for a resume is judged by
+    :func:`._catch_up.catch_up`, and from its new position here."""
+    offsets, found = catch_up(rank, events, windows)
+    if any(f.severity == Severity.ERROR for f in found):
+        return found
+    return found + _ahead(rank, events, offsets, windows)
+
+
+def _ahead(rank: int, events: list[JsonObject], offsets: dict[object, int],
+           windows: list[StepWindow] | None) -> list[Finding]:
     for e in events:
-        if not e.get("in_step") and scheduler_ahead(int(e["count"]), int(e["optimizer_steps"]),
-                                                    allowance=1):
+        off = offsets.get(e.get("sid"), 0)
+        if not e.get("in_step") and not e.get("fresh") and scheduler_ahead(
+                int(e["count"]) - off, int(e["optimizer_steps"]), allowance=1):
             micro = int(e["micro"])  # backward passes before it: after micro-step `micro`
             mine = [x for x in events if x.get("sid") == e.get("sid")]
             last = mine[-1]

@@ -36,7 +36,8 @@ The recording, one JSON object per line (flushed at every optimizer step, at exi
   (what the engine multiplies the sum over ranks of the gradients by; the loss-weight
   ledger reads both). The raw ``step`` counts from 0; every report shows it 1-based;
 * ``{"kind": "scheduler", "step", "micro", "count", "optimizer_steps", "in_step", "sid",
-  "pos", "horizon", "horizon_what"}`` (``pos``: the scheduler's ``last_epoch``; ``horizon``:
+  "pos", "horizon", "horizon_what"}`` and ``"fresh": true`` while its optimizer has not
+  stepped (``pos``: the scheduler's ``last_epoch``; ``horizon``:
   where its schedule ends, when the object states it: :mod:`accumguard.observe._schedules`);
 * ``{"kind": "tail", "reason", "steps", "backwards", "pending_backwards", "passes",
   "schedulers"}`` after an end record with reason ``observed``: what the run did after
@@ -384,7 +385,7 @@ class _Agent:
 
         self._write({"kind": "scheduler", "step": ev.step, "micro": ev.micro, "count": ev.count,
                      "optimizer_steps": ev.optimizer_steps, "in_step": ev.in_step,
-                     **schedule_state(ev.owner)})
+                     **({"fresh": True} if ev.fresh else {}), **schedule_state(ev.owner)})
 
     def on_step(self, ev: StepEvent) -> None:
         from accumguard.observe.rules import step_record
