@@ -428,6 +428,9 @@ class Lanes:
         w.bw_since_engine_step = shared.bw_since_engine_step
         w.engine_bw_since_step = shared.engine_bw_since_step
         w.max_bw_per_engine_step = shared.max_bw_per_engine_step
+        # a GradScaler's unscale_ and a clip of still-scaled gradients (the window's, shared)
+        w.unscaled, w.norm_clip = shared.unscaled, shared.norm_clip
+        w.scaled_clip, w.scaler = shared.scaled_clip, shared.scaler
         return w
 
 

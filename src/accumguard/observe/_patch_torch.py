@@ -411,11 +411,36 @@ def _note_unscale(obs: PatchHost, scaler: object) -> None:
     if w.unscaled:
         return
     w.unscaled = True
+    w.scaler = scaler
     if w.norm_clip is None or not getattr(scaler, "is_enabled", lambda: False)():
         return
     scale = float(scaler.get_scale())  # type: ignore[attr-defined]
     if scale != 1.0:
         w.scaled_clip = (scale, *w.norm_clip)
+
+
+def _partly_scaled(obs: PatchHost, params: list[torch.Tensor], limit: object,
+                   norm: object) -> None:
+    """A norm clip after the window's first ``unscale_``, when its GradScaler had unscaled
+    only some optimizers (one ``scaler.unscale_(opt)`` for two optimizers sharing the scaler):
+    the parameters of a stepping optimizer not unscaled yet entered the clip's norm times the
+    loss scale (F8). Optimizers are known from their steps (none in the first window)."""
+    scaler = obs._w.scaler
+    states = getattr(scaler, "_per_optimizer_states", None)
+    if not isinstance(states, dict) or not getattr(scaler, "is_enabled", lambda: False)():
+        return
+    done = {k for k, v in states.items()
+            if isinstance(v, dict) and getattr(v.get("stage"), "name", "") == "UNSCALED"}
+    clipped = {id(p) for p in params}
+    scaled = 0
+    for opt, _ in obs._opt_steps.items():
+        if id(opt) not in done:
+            scaled += len(clipped & {id(p) for g in getattr(opt, "param_groups", ())
+                                     for p in g["params"]})
+    if scaled:
+        scale = float(scaler.get_scale())  # type: ignore[attr-defined]
+        if scale != 1.0:
+            obs._w.scaled_clip = (scale, limit, norm, scaled, len(clipped))
 
 
 def _scaler_step_wrapper(obs: PatchHost) -> Maker:
@@ -490,6 +515,8 @@ def _clip_wrapper(obs: PatchHost, name: str) -> Maker:
                 obs._clip_depth -= 1
             if name in NORM_CLIPS and not obs._w.unscaled:
                 obs._w.norm_clip = (limit, out)
+            elif name in NORM_CLIPS and obs._w.scaler is not None and obs._w.scaled_clip is None:
+                _partly_scaled(obs, params, limit, out)
             if obs.boundary is not None:
                 obs.boundary.after_clip(name, limit, out)
             return out

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from accumguard.observe._lanes import Lanes
     from accumguard.observe._lr_trace import LrTrace
     from accumguard.observe._patch import Patches
+    from accumguard.observe._tally import Tally
     from accumguard.observe._window import StepTally
 
 __all__ = ["DeepSpeedEngine", "EngineHost", "LossHost", "PatchHost", "as_deepspeed"]
@@ -111,6 +112,7 @@ class PatchHost(EngineHost, Protocol):
     _accel_sched_inner: int
     _scaler_depth: int
     _clip_depth: int
+    _opt_steps: Tally  # optimizers seen stepping, and their steps
     _in_data_pass: int
     _pass_len: int | None
     # auto_roots: the global forward pre-hook, then the pinned per-root ones

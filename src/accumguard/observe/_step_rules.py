@@ -294,9 +294,23 @@ def _scaled_clip_finding(rank: int, w: StepRecord) -> Finding | None:
     (or not at all): the update differs. A clip that did not bite changed nothing."""
     if not w.clip_before_unscale:
         return None
-    scale, norm, limit = w.clip_before_unscale
+    scale, norm, limit = w.clip_before_unscale[:3]
     if not norm > limit * (1 + 1e-6) or scale == 1.0:
         return None
+    if len(w.clip_before_unscale) >= 5:
+        scaled, total = (int(x) for x in w.clip_before_unscale[3:5])
+        return _mk("F8", "error", rank, w.step, None,
+                   f"clip_grad_norm_ at optimizer step {_n(w.step)} ran after "
+                   f"GradScaler.unscale_ of one optimizer but not of another sharing the "
+                   f"scaler: {scaled} of the {total} parameters it clipped still held their "
+                   f"gradient times the loss scale {scale:g}, so the norm it measured "
+                   f"({norm:.4g} against max_norm {limit:g}) was set by scaled gradients and "
+                   "the clip shrank every gradient by a factor the unscaled window's norm "
+                   "would not give",
+                   title_="gradients clipped while one optimizer's were still scaled",
+                   fix="Call scaler.unscale_(opt) for every optimizer the clip covers before "
+                       "clip_grad_norm_ (GradScaler.step then skips the unscale it already "
+                       "did).")
     true = norm / scale
     meant = (f"clipped at {limit:g}" if true > limit else f"left as it was (norm {true:.4g} "
              f"< {limit:g})")

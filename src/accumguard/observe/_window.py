@@ -41,7 +41,9 @@ class StepTally:
         # an unscale_ followed it: it clipped the scaled gradient
         self.unscaled = False
         self.norm_clip: tuple[object, object] | None = None
-        self.scaled_clip: tuple[float, object, object] | None = None
+        self.scaled_clip: tuple[float, object, object] | tuple[float, object, object, int, int] \
+            | None = None
+        self.scaler: object = None  # the GradScaler of the window's first unscale_
         self.reductions_between = 0
         self.forwards = 0
         self.engine_step_calls = 0
@@ -95,7 +97,7 @@ class StepTally:
         w.data_passes = [d - n for d in self.data_passes if d >= n]
         w.hook_inputs = [(b - n, t) for b, t in self.hook_inputs if b >= n]
         w.grad_hook_moments = [(b - n, t) for b, t in self.grad_hook_moments if b >= n]
-        for name in ("sched", "unscaled", "norm_clip", "scaled_clip", "reductions_between",
+        for name in ("sched", "unscaled", "norm_clip", "scaled_clip", "scaler", "reductions_between",
                      "forwards", "engine_step_calls", "bw_since_engine_step", "engine_bw_since_step",
                      "max_bw_per_engine_step", "autocast", "autocast_read", "param_versions",
                      "restarts"):
@@ -200,7 +202,8 @@ class StepTally:
         the norm, in this rare window only); None when none ran or it was not finite."""
         if self.scaled_clip is None:
             return None
-        scale, limit, norm = self.scaled_clip
+        scale, limit, norm = self.scaled_clip[:3]
+        part = [float(x) for x in self.scaled_clip[3:]]  # (still scaled, clipped) parameters
         if not isinstance(limit, int | float) or isinstance(limit, bool):
             return None
         if isinstance(norm, torch.Tensor) and norm.numel() == 1:
@@ -209,4 +212,4 @@ class StepTally:
             value = float(norm)
         else:
             return None
-        return [scale, value, float(limit)] if math.isfinite(value) else None
+        return [scale, value, float(limit), *part] if math.isfinite(value) else None
