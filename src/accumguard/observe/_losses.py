@@ -174,6 +174,7 @@ class LossRecorder:
         # seq nr of each node below the root through constants and sums -> (the constants
         # above it, an addition above it)
         self.chain: dict[int, tuple[list[Const], bool]] = {}
+        self.row_divided: set[int] = set()  # (the walk's: :attr:`._losses_walk.Walk.row_divided`)
         self.in_grad = False  # inside a counted torch.autograd.grad
         self.seq = 0
         self._lib_cache: dict[str, bool] = {}
@@ -210,7 +211,7 @@ class LossRecorder:
             try:
                 return orig(tensors, *args, **kwargs)
             finally:
-                rec.root, rec.chain = None, {}
+                rec.root, rec.chain, rec.row_divided = None, {}, set()
 
         # (the door's short cut: the first test above)
         backward.passes = lambda: not rec.on or rec.root is not None  # type: ignore[attr-defined]
@@ -244,7 +245,7 @@ class LossRecorder:
             try:
                 out = orig(outputs, inputs, *args, **kwargs)
             finally:
-                rec.in_grad, rec.root, rec.chain = False, None, {}
+                rec.in_grad, rec.root, rec.chain, rec.row_divided = False, None, {}, set()
             rec.gmicro += 1  # counted once the call succeeded
             return out
 
@@ -346,9 +347,12 @@ class LossRecorder:
                         out.append([c.site, idx, c.micro, int(fs[0]), one, c.lp, "log-prob",
                                     c.sole, c.grad, c.divs, "tokens"])
                     continue
-            if n <= 0 or g == 0 or g != g or not uniform:
-                continue  # nothing averaged, the loss did not reach the optimizer, or
-                # a selection whose tokens carry data-dependent weights (advantages)
+            if n <= 0 or g == 0 or g != g or not uniform or (c.stats is None and c.weighted):
+                continue  # nothing averaged, the loss did not reach the optimizer, a
+                # selection whose tokens carry data-dependent weights (advantages), or a
+                # loss whose rows were each divided by their own count (a per-sample mean:
+                # its tokens' equal weights inside one micro-batch are a coincidence of
+                # equal row lengths, not a per-micro-batch token mean)
             out.append([c.site, idx, c.micro, n if c.unit == "class-weighted tokens" else int(n),
                         g / n if c.mean else g, c.lp,
                         ("log-prob" if c.stats is not None else "mean") if c.mean else "sum",
@@ -480,6 +484,8 @@ class LossRecorder:
         if entry is None:
             return False
         call.divs = entry[0]
+        if call.node in self.row_divided:
+            call.weighted = True  # each row divided by its own count: the rows' weights
         return not entry[1]
 
     def _walk(self, root: Any, backward: bool = False) -> None:
@@ -487,7 +493,7 @@ class LossRecorder:
         for a backward pass (not a counted ``autograd.grad``), its terms and log-prob
         selections are recorded too (:mod:`._losses_terms`)."""
         w = walk(root, frozenset(c.node for c in self.calls if c.micro is None))
-        self.chain = w.chain
+        self.chain, self.row_divided = w.chain, w.row_divided
         if not backward or not w.leaves or not self.obs._active():
             return
         site: list[str] = []

@@ -83,7 +83,7 @@ class TermLog:
                 return
             # (per-sample or per-token weights inside the mean are the user's weighting, not
             # judged: the mean's count and the constants above it are still its scale)
-            if (x.first == "mean" and not (x.split or x.opaque or x.weighted_above)
+            if (x.first in ("mean", "mean1") and not (x.split or x.opaque or x.weighted_above)
                     and x.select is None
                     and type(x.node).__name__ != "AccumulateGrad"
                     and not any(c.node == x.node._sequence_nr() for c in calls)):

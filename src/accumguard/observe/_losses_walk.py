@@ -69,7 +69,8 @@ class Leaf:
     # factor could not be divided out (a division, a reduction over a dimension above it)
     factors: list[torch.Tensor] | None = None
     # the first reduction from the root down to it: "mean" for a mean over all the elements
-    # of a tensor of several (``x.mean()``), "other" for any other sum or mean, "" for none
+    # of a tensor of several (``x.mean()``), "mean1" for one over a tensor of one row (a
+    # micro-batch of one element), "other" for any other sum or mean, "" for none
     first: str = ""
     # the sequence number of the first whole sum (``SumBackward0``) from the root down to it:
     # a masked sum ``(obj * mask).sum()`` recorded as a loss (:func:`masked_sums`) is linked
@@ -87,6 +88,9 @@ class Walk:
     """What :func:`walk` read below one root."""
 
     chain: dict[int, tuple[list[Const], bool]] = field(default_factory=dict)
+    # nodes below a division by a tensor of one value per row (``x.sum(1) / lengths``: each
+    # sequence normalised by its own count): their tokens' weights are the rows' choice
+    row_divided: set[int] = field(default_factory=set)
     leaves: list[Leaf] = field(default_factory=list)
     complete: bool = False  # every path ended at a leaf within :data:`NODES` nodes
 
@@ -337,9 +341,10 @@ def _factor(node: Any) -> torch.Tensor | None:
 #: One node to visit: (node, output index, constants above, addition above, means above,
 #: opaque above, a data factor above, the data factors above (None: not divisible), the
 #: first reduction above (:attr:`Leaf.first`), the first whole sum above (:attr:`Leaf.msum`),
-#: a data factor above the first reduction (:attr:`Leaf.weighted_above`)).
+#: a data factor above the first reduction (:attr:`Leaf.weighted_above`), a division by
+#: per-row values above (:attr:`Walk.row_divided`)).
 _Item = tuple[Any, int, list[Const], bool, list[int], bool, bool,
-              list[torch.Tensor] | None, str, int | None, bool]
+              list[torch.Tensor] | None, str, int | None, bool, bool]
 #: A reduction over some dimensions: data factors above it hold per-row values.
 _DIM_REDUCE = ("SumBackward1", "MeanBackward1")
 
@@ -352,16 +357,19 @@ def _walk(root: torch.Tensor | Sequence[torch.Tensor], out: Walk, stops: frozens
     fn = getattr(root, "grad_fn", None)
     if fn is None:
         return
-    stack: list[_Item] = [(fn, 0, [], False, [], False, False, [], "", None, False)]
+    stack: list[_Item] = [(fn, 0, [], False, [], False, False, [], "", None, False, False)]
     for _ in range(NODES):
         if not stack:
             out.complete = True
             return
-        node, index, divs, split, means, opaque, weighted, factors, first, msum, above = stack.pop()
+        node, index, divs, split, means, opaque, weighted, factors, first, msum, above, rowdiv = \
+            stack.pop()
         seq = node._sequence_nr()
         if seq in out.chain:
             continue
         out.chain[seq] = (divs, split)
+        if rowdiv:
+            out.row_divided.add(seq)
         name = type(node).__name__
         nxt = [(n, i) for n, i in node.next_functions if n is not None]
         select = _selection(name, node)
@@ -377,7 +385,8 @@ def _walk(root: torch.Tensor | Sequence[torch.Tensor], out: Walk, stops: frozens
                                        None, first, msum, above, penalty=True))
                 continue
             # the terms (a sum above this addition is not any one term's)
-            stack.extend((n, i, divs, True, means, opaque, weighted, factors, first, None, above)
+            stack.extend((n, i, divs, True, means, opaque, weighted, factors, first, None, above,
+                          rowdiv)
                          for n, i in nxt)
             continue
         if select is None and (name.startswith(LINEAR + _PASS) or _unit_select(node)) \
@@ -391,13 +400,15 @@ def _walk(root: torch.Tensor | Sequence[torch.Tensor], out: Walk, stops: frozens
                 else:  # a tensor of values (advantages, a mask, per-sequence lengths)
                     weighted = True
                     above = above or not first
+                    rowdiv = rowdiv or _row_divisor(node)
                     f = _factor(node)
                     factors = None if f is None or factors is None else [*factors, f]
             elif name.startswith("MeanBackward"):
                 count = _mean_count(node)
                 means = [*means, count] if count else means
                 if not first:
-                    first = "mean" if name == "MeanBackward0" and (count or 0) > 1 else "other"
+                    first = "mean" if name == "MeanBackward0" and (count or 0) > 1 else \
+                        "mean1" if name == "MeanBackward0" and _one_row(node) else "other"
             elif name.startswith("SumBackward") and not first:
                 first = "other"
             if msum is None and name == "SumBackward0":
@@ -405,12 +416,30 @@ def _walk(root: torch.Tensor | Sequence[torch.Tensor], out: Walk, stops: frozens
             if factors and name.startswith(_DIM_REDUCE + ("ExpandBackward",)):
                 factors = None  # per-row factors above a reduction: not per token here
             stack.append((nxt[0][0], nxt[0][1], divs, split, means, opaque, weighted,
-                          factors, first, msum, above))
+                          factors, first, msum, above, rowdiv))
             continue
         out.leaves.append(Leaf(node, index, divs, split, means, opaque, select, weighted,
                                factors if weighted and select is not None else None, first,
                                msum, above))
     out.complete = not stack
+
+
+def _one_row(node: Any) -> bool:
+    """A mean over a tensor of one element with at least one dimension (a micro-batch of
+    one row: ``losses.mean()`` of one pair), not over a 0-dim scalar."""
+    try:
+        sizes = tuple(int(x) for x in node._saved_self_sym_sizes)
+    except (AttributeError, RuntimeError, TypeError):
+        return False
+    return len(sizes) >= 1 and math.prod(sizes) == 1
+
+
+def _row_divisor(node: Any) -> bool:
+    """A division by a tensor of values with at least one dimension (one per row)."""
+    if not type(node).__name__.startswith("DivBackward0"):
+        return False
+    t = getattr(node, "_saved_other", None)
+    return isinstance(t, torch.Tensor) and t.dim() >= 1 and t.numel() > 1
 
 
 #: Nodes visited looking for masked sums below a backward's root (:func:`masked_sums`).

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from accumguard.observe._hand_mean_rules import hand_mean_findings
 from accumguard.observe._ledger import _factor
 from accumguard.observe._own_count_terms import own_count_term_findings
 from accumguard.observe._records import (
@@ -60,7 +61,7 @@ def term_findings(rec: RunRecording) -> list[Finding]:
                 break
         if found:
             break
-    for rule in (selection_findings, sequence_mean_findings):
+    for rule in (selection_findings, sequence_mean_findings, hand_mean_findings):
         for r in rec.ranks:
             found = rule(r, window_lines(rec.steps.get(r, [])))
             if found:

@@ -25,7 +25,7 @@ AG176 (LOSS_SCALE) a plain ``loss.backward()`` inside ``accelerator.accumulate()
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 
 from accumguard.static.findings import Confidence, Finding, Severity
@@ -308,6 +308,28 @@ def _unknown_with(window: ast.AST) -> bool:
     return False
 
 
+def _sync_gated(ctx: FileContext, node: ast.AST, window: ast.AST,
+                helpers: Mapping[ast.AST, ast.AST]) -> bool:
+    """The step is gated by ``if <accelerator>.sync_gradients:`` (in the window, or around the
+    call of the helper it is in) and by no other boundary test: without ``accumulate()`` that
+    flag stays True, so the gate is always open."""
+    seen, cur, child = False, ctx.parents.get(node), node
+    followed: set[ast.AST] = set()
+    while cur is not None:
+        if isinstance(cur, ast.If) and child is not cur.test and ctx.is_boundary_test(cur.test):
+            if not (isinstance(cur.test, ast.Attribute) and cur.test.attr == "sync_gradients"):
+                return False
+            seen = True
+        if cur is window:
+            return seen
+        if isinstance(cur, FUNCS) and cur in helpers and cur not in followed:
+            followed.add(cur)
+            child, cur = helpers[cur], ctx.parents.get(helpers[cur])
+            continue
+        child, cur = cur, ctx.parents.get(cur)
+    return seen
+
+
 @rule("AG128")
 def accelerator_k_without_accumulate(ctx: FileContext) -> Iterator[Finding]:
     ks = accelerator_ks(ctx)
@@ -315,10 +337,13 @@ def accelerator_k_without_accumulate(ctx: FileContext) -> Iterator[Finding]:
         return
     k = next(iter(ks)) if len(ks) == 1 else None
     for window in ctx.windows():
-        if not _accelerator_backwards(ctx, window) or _unknown_with(window):
+        helpers = {**ctx.reached(window), **ctx.inlined(window)}
+        if _unknown_with(window) or not (_accelerator_backwards(ctx, window) or any(
+                _accelerator_backwards(ctx, fn) for fn in helpers)):
             continue
         steps = [c for c, kind in ctx.window_facts(window).steps
-                 if kind == "optimizer" and not ctx.guarded(c, window)]
+                 if kind == "optimizer" and (not ctx.guarded(c, window)
+                                             or _sync_gated(ctx, c, window, helpers))]
         if not steps:
             continue
         yield ctx.finding(

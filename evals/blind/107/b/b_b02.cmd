@@ -1,0 +1,1 @@
+python b_b02.py 49111

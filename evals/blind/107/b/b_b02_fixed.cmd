@@ -1,0 +1,1 @@
+python b_b02_fixed.py 49112

@@ -1,0 +1,1 @@
+python b_c01.py 49131

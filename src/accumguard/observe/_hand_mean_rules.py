@@ -1,0 +1,73 @@
+"""F5 for a loss built by hand as one mean over its micro-batch (``losses.mean()`` of per-pair
+DPO losses, ``((out - y) ** 2).mean()``: no recorded loss call), divided by the same constant
+in every micro-step while the micro-batches hold different numbers of elements (pure Python,
+no torch).
+
+Read from the ``mean`` records (:mod:`._losses_terms`): one per micro-step at one call site,
+with the count its mean averaged and the product of the constants above it. Each
+micro-batch's mean then weighs the same in the step, so one element (a pair, a sample) of a
+micro-batch of n weighs 1/(d n) where the large batch gives every element of the window
+1/N: the per-micro-batch mean of F5, for a loss no loss call reveals. A divisor that differs
+between micro-steps (``mean * n / N``: normalised by the window's count) is not judged; nor
+is a window with a micro-step whose mean was over one element (not recorded as a mean).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from accumguard.observe._records import Finding, _mk, _n
+from accumguard.observe._weight_rules import _short
+
+__all__ = ["hand_mean_findings"]
+
+#: Relative difference under which two micro-steps' divisors are one constant (read exactly
+#: from the graph: the same Python number gives the same float).
+_SAME = 1e-9
+
+
+def _means(w: dict[str, Any]) -> list[list[Any]] | None:
+    """The window's one ``mean`` record per micro-step, at one site and one divisor."""
+    k = int(w.get("window", 0))
+    if k < 2 or int(w.get("zero_grads_between", 0)) or int(w.get("backwards_per_micro", 1)) != 1:
+        return None
+    by_micro: dict[int, list[list[Any]]] = {}
+    for r in w.get("terms") or []:
+        if r and r[0] == "mean" and len(r) >= 5:
+            by_micro.setdefault(int(r[1]), []).append(r)
+    if sorted(by_micro) != list(range(k)) or any(len(v) != 1 for v in by_micro.values()):
+        return None
+    recs = [by_micro[m][0] for m in range(k)]
+    d = float(recs[0][2])
+    if len({str(r[4]) for r in recs}) != 1 or d <= 0 \
+            or any(abs(float(r[2]) - d) > _SAME * d for r in recs):
+        return None
+    return recs
+
+
+def hand_mean_findings(rank: int, windows: list[dict[str, Any]]) -> list[Finding]:
+    """F5 for per-micro-batch means built by hand over uneven counts (module doc)."""
+    hits = []
+    for w in windows:
+        recs = _means(w)
+        if recs is not None and len({int(r[3]) for r in recs}) > 1:
+            hits.append((w, recs))
+    if not hits:
+        return []
+    w, recs = hits[0]
+    counts = [int(r[3]) for r in recs]
+    d, n = float(recs[0][2]), sum(counts)
+    return [_mk("F5", "error", rank, int(w["step"]), None,
+                f"{_short(str(recs[0][4]))}: the loss backpropagated there is one mean built "
+                f"by hand (no recorded loss call) over {' / '.join(str(c) for c in counts)} "
+                f"elements in the {len(counts)} micro-steps of optimizer step {_n(w['step'])}, "
+                f"divided by {d:g} in each ({len(hits)} window(s) with uneven counts): each "
+                f"micro-batch's mean weighed the same in the step, so one element weighed "
+                f"1/({d:g} x {max(counts)}) to 1/({d:g} x {min(counts)}) instead of 1/{n}, "
+                f"the large batch's mean over the window's {n} elements",
+                title_="mean of per-micro-batch means / K (uneven counts, a loss built by hand)",
+                fix="Sum the per-element losses of the micro-batch and divide by the number of "
+                    "elements in the whole window (all micro-steps, and all ranks when the "
+                    "ranks' gradients are averaged: then times W), counted before the window "
+                    "starts; under Accelerate or DeepSpeed, times K as well (their backward "
+                    "divides by K).")]
