@@ -1,5 +1,6 @@
 """AG177 (F9): a clip setting of the script that never reaches the Hugging Face Trainer;
-AG182 (F9): DeepSpeed's ``gradient_clipping: 0`` dropped by a filter of truthy values.
+AG182 (F9): DeepSpeed's ``gradient_clipping: 0`` dropped by a filter of truthy values (or
+by Accelerate's ``DeepSpeedPlugin``, which keeps only a truthy one).
 
 ``TrainingArguments`` clips every optimizer step at ``max_grad_norm`` = 1.0 unless told
 otherwise. A script that keeps its own clip setting (a config field ``grad_clip: float =
@@ -178,11 +179,39 @@ def _truthy_filter(comp: ast.DictComp) -> bool:
         isinstance(t, ast.Name) and t.id == value for g in comp.generators for t in g.ifs)
 
 
+def _clip_written(ctx: FileContext) -> bool:
+    """The file writes a ``"gradient_clipping"`` entry itself (``cfg["gradient_clipping"] =
+    ...``, ``cfg.update(gradient_clipping=...)``): the setting reaches DeepSpeed that way."""
+    for n in ctx.of(ast.Assign, ast.Call):
+        if isinstance(n, ast.Assign) and any(
+                isinstance(t, ast.Subscript) and isinstance(t.slice, ast.Constant)
+                and t.slice.value == "gradient_clipping" for t in n.targets):
+            return True
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "update" \
+                and any(k.arg == "gradient_clipping" for k in n.keywords):
+            return True
+    return False
+
+
 @rule("AG182")
 def zero_clip_dropped_before_deepspeed(ctx: FileContext) -> Iterator[Finding]:
     """AG182 (F9): a DeepSpeed config literal whose ``"gradient_clipping"`` is 0 (no clipping
     meant) passed through a dict comprehension that keeps only truthy values: the key is
-    dropped, and DeepSpeed clips at its default norm of 1.0."""
+    dropped, and DeepSpeed clips at its default norm of 1.0. The same for Accelerate's
+    ``DeepSpeedPlugin(gradient_clipping=0.0)`` without ``hf_ds_config``: the config it builds
+    keeps the setting only when it is truthy (``if self.gradient_clipping:``, Accelerate 1.x)."""
+    for call in ctx.of(ast.Call):
+        if isinstance(call, ast.Call) and (dotted(call.func) or "").split(".")[-1] == "DeepSpeedPlugin" \
+                and not any(k.arg in ("hf_ds_config", None) for k in call.keywords):
+            clip = next((k.value for k in call.keywords if k.arg == "gradient_clipping"), None)
+            if clip is not None and _zero_setting(ctx, clip) and not _clip_written(ctx):
+                yield ctx.finding(
+                    "AG182", call,
+                    f"`DeepSpeedPlugin(gradient_clipping={ast.unparse(clip)})` is 0 (no clipping "
+                    "meant), but the DeepSpeed config the plugin builds without `hf_ds_config` "
+                    "keeps gradient_clipping only when it is truthy: the key never reaches "
+                    "DeepSpeed, which then clips every step at its default norm of 1.0")
+                return
     if not ctx.deepspeed:
         return
     for comp in walk_all(ctx.tree):
