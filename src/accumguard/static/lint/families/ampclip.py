@@ -16,6 +16,12 @@ with ``enabled=False`` (``scale()`` then returns the loss unchanged). A warning,
 error, when ``enabled=`` is an expression the file does not decide (``enabled=use_amp``
 with ``use_amp`` from the command line): the clip is wrong exactly when the scaler is on.
 Clips of Accelerate, Lightning and DeepSpeed unscale by themselves and are not read.
+
+Also AG135: one scaler stepping several optimizers (``X.step(opt_a)``, ``X.step(opt_b)``), a
+clip after ``X.unscale_(opt_a)`` but with no ``X.unscale_(opt_b)`` before it: ``opt_b``'s
+gradients enter the clip still scaled. An error when the clip's ``M.parameters()`` covers the
+module ``opt_b`` was built on (``M.head.parameters()``), else a warning; silent when an
+unscale of the scaler runs in another function (the order is not in sight).
 """
 
 from __future__ import annotations
@@ -122,11 +128,69 @@ def _torch_clip(call: ast.Call) -> bool:
     return recv.endswith("utils")
 
 
+def _arg(call: ast.Call) -> str | None:
+    return dotted(call.args[0]) if call.args else None
+
+
+def _built_on(ctx: FileContext, opt: str) -> str | None:
+    """The module an optimizer named ``opt`` was built on (``SGD(model.head.parameters())``:
+    ``model.head``), when every assignment of it says the same."""
+    seen = set()
+    for targets, value in ctx.assignments():
+        if opt in targets and isinstance(value, ast.Call) and value.args:
+            first = value.args[0]
+            if isinstance(first, ast.Call) and call_attr(first) == "parameters":
+                seen.add(dotted(receiver(first)))
+            else:
+                return None
+    return seen.pop() if len(seen) == 1 and None not in seen else None
+
+
+def _partly_unscaled(ctx: FileContext, name: str, uses: dict[str, list[ast.Call]],
+                     clips: list[ast.Call]) -> Iterator[Finding]:
+    """The clip after ``unscale_`` of some of the optimizers ``name`` steps (module doc)."""
+    unscales = uses.get("unscale_", [])
+    stepped = {o for c in uses.get("step", []) if (o := _arg(c))}
+    if len(stepped) < 2 or not unscales:
+        return
+    for clip in clips:
+        scope = ctx.scope_of(clip)
+        if any(ctx.scope_of(u) is not scope or position(u) > position(clip) for u in unscales):
+            continue
+        done = {o for u in unscales if (o := _arg(u))}
+        left = sorted(stepped - done)
+        if not done or not left or not clip.args:
+            continue
+        target = clip.args[0]
+        module = dotted(receiver(target)) if isinstance(target, ast.Call) \
+            and call_attr(target) == "parameters" else None
+        covered = [o for o in left if module and (b := _built_on(ctx, o))
+                   and (b == module or b.startswith(module + "."))]
+        finding = ctx.finding(
+            "AG135", clip,
+            f"`{call_attr(clip)}` runs after `{name}.unscale_({', '.join(sorted(done))})` but "
+            f"`{left[0]}`, which `{name}.step` also steps, is not unscaled before it: "
+            + (f"its parameters are in `{ast.unparse(target)}`, so " if covered else
+               "if the clip covers its parameters, ")
+            + "their gradients enter the clip's norm still multiplied by the loss scale, and "
+            "the clip shrinks every gradient by a factor the true norm would not give")
+        yield finding if covered else replace(finding, severity=Severity.WARNING,
+                                              confidence=Confidence.MEDIUM)
+        return
+
+
 @rule("AG135")
 def clip_before_unscale(ctx: FileContext) -> Iterator[Finding]:
     scalers = _scalers(ctx)
     if not scalers:
         return
+    torch_clips = [c for c in ctx.of(ast.Call) if isinstance(c, ast.Call) and _torch_clip(c)]
+    for scaler, on in scalers.items():
+        if on is not False:
+            uses_of = {a: [c for c in ctx.of(ast.Call) if isinstance(c, ast.Call)
+                           and call_attr(c) == a and dotted(receiver(c)) == scaler]
+                       for a in ("step", "unscale_")}
+            yield from _partly_unscaled(ctx, scaler, uses_of, torch_clips)
     calls: list[ast.Call] = ctx.of(ast.Call)
     by_scaler: dict[str, dict[str, list[ast.Call]]] = {}
     for c in calls:
