@@ -586,3 +586,53 @@ def forward_always_under_no_sync(ctx: FileContext) -> Iterator[Finding]:
                 "reduction with `accelerator.trigger_sync_in_backward(model)` around the last "
                 "backward; `accelerator.accumulate(model)` does it for you",
         )
+
+
+def _block_of(ctx: FileContext, stmt: ast.AST) -> tuple[list[ast.stmt], int] | None:
+    """The statement list holding ``stmt`` and its index there."""
+    parent = ctx.parents.get(stmt)
+    for name in ("body", "orelse", "finalbody"):
+        block = getattr(parent, name, None)
+        if isinstance(block, list):
+            for i, s in enumerate(block):
+                if s is stmt:
+                    return block, i
+    return None
+
+
+def _has_backward(stmts: list[ast.stmt]) -> bool:
+    return any(isinstance(c, ast.Call) and is_backward(c) for s in stmts for c in walk_all(s))
+
+
+@rule("AG106")
+def fsdp_sync_flag_after_backward(ctx: FileContext) -> Iterator[Finding]:
+    """AG106 for FSDP2: ``set_requires_gradient_sync(<on at the window's last micro-step>)``
+    as a statement after that micro-step's backward (a backward earlier in the same block,
+    none after it). FSDP2 reads the flag when a backward runs, so this value decides the
+    next micro-step's backward: the window's last backward runs with the previous
+    micro-step's value, off, and its gradient is never reduce-scattered."""
+    for call in ctx.of(ast.Call):
+        if call_attr(call) != "set_requires_gradient_sync" or not call.args \
+                or not isinstance(call.func, ast.Attribute):
+            continue
+        stmt = ctx.parents.get(call)
+        if not isinstance(stmt, ast.Expr):
+            continue
+        where = _block_of(ctx, stmt)
+        if where is None:
+            continue
+        block, i = where
+        if not _has_backward(block[:i]) or _has_backward(block[i + 1:]):
+            continue
+        if _effective(ctx, stmt, call.args[0]) != "boundary":
+            continue
+        recv = dotted(receiver(call)) or "model"
+        yield ctx.finding(
+            "AG106", stmt,
+            f"`{recv}.set_requires_gradient_sync({ast.unparse(call.args[0])})` comes after this "
+            "micro-step's backward: FSDP2 reads the flag when a backward runs, so it decides the "
+            "next micro-step's. The window's last backward runs with the value set after the "
+            "one before it (off): the window's gradient is never reduce-scattered and the "
+            "ranks' shards drift apart",
+            fix="call set_requires_gradient_sync(is_last_micro_step) before the micro-step's "
+                "forward and backward")
