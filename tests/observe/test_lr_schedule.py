@@ -232,3 +232,19 @@ def test_a_rate_written_before_a_step_whose_closure_runs_a_backward_is_the_steps
 def test_a_rate_written_inside_the_closure_before_its_backward_still_counts() -> None:
     found = lr_schedule_findings(None, _windows(_closure_run(k=3, write_in_closure=True)), 3)
     assert ("F4", "warning") in _sev(found) or ("F4", "error") in _sev(found), found
+
+
+def test_a_warm_up_peak_held_for_one_backward_is_still_per_micro_step() -> None:
+    """Blind round 108 a_b03 (recorded): a hand-written data-parallel trainer's hook sets a
+    warm-up + cosine rate after every micro-batch; at the warm-up's peak the rate equals the
+    decay's first value, so one window moved only once among its three backwards. The
+    schedule reached its floor after about a third of the run: F4. The twin (the hook only
+    at a window's end) is silent."""
+    from tests.helpers import judge_recorded
+
+    bad = [f for f in judge_recorded("r108_hand_lr_warmup_peak_per_micro_step")
+           if f.severity == "error"]
+    assert {f.cls for f in bad} == {"F4"}, bad
+    assert "3 x early" in bad[0].evidence
+    ok = judge_recorded("r108_hand_lr_per_optimizer_step")
+    assert [f for f in ok if f.cls == "F4"] == [], ok

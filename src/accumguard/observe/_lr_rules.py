@@ -83,7 +83,13 @@ def lr_schedule_findings(rank: int, windows: list[StepWindow], k: int | None
     partial = [i for i, every in moving if not every]
     lead = [i for i in partial if i < full[0]]
     tail = [i for i in partial if i > full[-1]]
-    if len(lead) > 2 or len(tail) > 2 or len(lead) + len(tail) != len(partial):
+    # one window between them that missed one change (a warm-up's peak equal to the decay's
+    # first value: the rate held for one backward) is still indexed by the micro-step
+    mid = [i for i in partial if full[0] < i < full[-1]]
+    if len(mid) > 1 or any(int(traced[i][1]) < max(1, int(traced[i][0].backwards or 0) - 2)
+                           for i in mid):
+        return []
+    if len(lead) > 2 or len(tail) > 2 or len(lead) + len(tail) + len(mid) != len(partial):
         return []
     if len(moving) < 2 and int(traced[full[0]][0].backwards or 0) < 3:
         return []  # (one change in one window of two backwards: a coincidence is possible)
