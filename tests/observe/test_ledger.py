@@ -377,3 +377,18 @@ def test_ranks_that_never_synchronise_are_named() -> None:
     assert ddp.cls == "F11" and "never synchronise" not in (ddp.title or ""), ddp
     # (what was measured, not a cause: a sync flag is one of the fix's candidates)
     assert "received different gradients" in ddp.title and "sync flag" in ddp.fix, ddp
+
+
+def test_a_term_with_a_coefficient_over_the_global_count_is_judged_without_it() -> None:
+    """Blind round 108 b_b02 (recorded, HF Trainer on 2 ranks): ``loss = lm_loss + 0.5 *
+    tag_sum / num_items_in_batch`` where ``super().compute_loss`` already multiplied the LM
+    term by W: the tagging term's tokens weigh 0.5 / W. The coefficient 0.5 is divided out
+    (the user's), the 1/W left is F10 naming it; the twin multiplies the term by W too."""
+    from tests.helpers import judge_recorded
+
+    bad = [f for f in judge_recorded("r108_hf_tag_term_with_coefficient_over_global_count")
+           if f.severity == "error"]
+    assert [f.cls for f in bad] == ["F10"], bad
+    assert "coefficient 0.5" in bad[0].evidence and "2x too small" in bad[0].evidence
+    ok = judge_recorded("r108_hf_tag_term_times_world")
+    assert [f for f in ok if f.severity == "error"] == [], ok

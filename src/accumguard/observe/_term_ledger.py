@@ -134,25 +134,31 @@ def _rank_term_findings(rec: RunRecording) -> list[Finding]:
     world = len([r for r in rec.ranks if rec.steps.get(r)])
     seen: dict[tuple[str, int], list[tuple[int, float, bool, list[float], int]]] = {}
     spoiled: set[tuple[str, int]] = set()
+    coefs: dict[tuple[str, int], set[float]] = {}
     for step, groups, factor, tol in _judged_steps(rec):
         for key in set.intersection(*(set(g) for g in groups)):
             recs = [g[key] for g in groups]
-            if any(len(x) > 9 and any(str(d[0]) == "*" and float(d[1]) not in (1.0, world) for d in x[9])
-                   for rs in recs for x in rs):
-                spoiled.add(key)  # a coefficient the user chose (times W is no coefficient)
+            # a coefficient the user chose (times W is no coefficient): divided out, the
+            # same in every record, or the term is not judged
+            found = {_coefficient(x, world) for rs in recs for x in rs}
+            coefs.setdefault(key, set()).update(found)
+            if len(coefs[key]) != 1 or 0.0 in coefs[key]:
+                spoiled.add(key)
                 continue
+            coef = next(iter(coefs[key]))
             ws = [abs(float(x[4])) * factor for rs in recs for x in rs]
             counts = [sum(float(x[3]) for x in rs) for rs in recs]
-            total = sum(abs(float(x[4])) * factor * float(x[3]) for rs in recs for x in rs)
+            total = sum(abs(float(x[4])) * factor * float(x[3]) for rs in recs for x in rs) / coef
             uniform = max(ws) - min(ws) <= tol * max(ws)
             seen.setdefault(key, []).append((step, total, uniform, counts, len(recs[0])))
     out = []
     for key, obs in sorted(seen.items()):
         if key in spoiled or not all(u for _, _, u, _, _ in obs):
             continue
+        coef = next(iter(coefs[key]))
         ks = {k for _, _, _, _, k in obs}
         by_w = all(abs(t * world - 1.0) <= WEIGHT_TOL_LOW_PRECISION for _, t, _, _, _ in obs)
-        by_k = len(ks) == 1 and min(ks) >= 2 and all(
+        by_k = coef == 1.0 and len(ks) == 1 and min(ks) >= 2 and all(
             abs(t * k - 1.0) <= WEIGHT_TOL_LOW_PRECISION for _, t, _, _, k in obs)
         if not (by_w or by_k) or (by_w and by_k):
             continue
@@ -171,14 +177,30 @@ def _rank_term_findings(rec: RunRecording) -> list[Finding]:
                        f"every rank while the ranks held "
                        f"{', '.join(f'{v:g}' for v in counts)} of them, so the term was "
                        "divided by a count common to all ranks (the window's global "
-                       "count), no coefficient multiplies it, and after the engine's "
-                       f"average its tokens weighed 1/W = {1 / world:.4g} in total in each "
-                       f"of {len(obs)} step(s) instead of 1: this term's gradient is "
-                       f"{world}x too small relative to its large-batch meaning",
+                       "count), "
+                       + ("no coefficient multiplies it, and after" if coef == 1.0 else
+                          f"and besides its coefficient {coef:g} (read in the graph), after")
+                       + " the engine's average its tokens weighed 1/W = "
+                       f"{1 / world:.4g} in total"
+                       + ("" if coef == 1.0 else " (times the coefficient)")
+                       + f" in each of {len(obs)} step(s) instead of 1"
+                       + ("" if coef == 1.0 else " (times the coefficient)")
+                       + f": this term's gradient is {world}x too small relative to its "
+                       "large-batch meaning",
                        fix="Multiply the term normalised by the all-reduced token count by "
                            "the world size (the engine averages over ranks), or divide it "
                            "by the per-rank count instead."))
     return out
+
+
+def _coefficient(x: list[Any], world: int) -> float:
+    """The product of the constants multiplying a loss record (``0.5 * tag_loss``) other than
+    the world size (times W undoes the engine's average: not a coefficient); 1.0 for none."""
+    c = 1.0
+    for d in (x[9] if len(x) > 9 else None) or []:
+        if str(d[0]) == "*" and float(d[1]) not in (1.0, world):
+            c *= abs(float(d[1]))
+    return c
 
 
 def _count_term_over_k(site: str, idx: int, st: int, counts: list[float], steps: int, k: int,
