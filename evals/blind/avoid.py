@@ -24,9 +24,10 @@ def scenarios(text: str, first: int) -> list[str]:
         if number < first:
             continue
         body = " ".join(block.split("\n\n", 1)[1].split("\n\n")[0:2]).replace("\n", " ")
-        start = body.find("Frameworks (a_)")
-        if start < 0:
+        at = body.find("(a_)")  # "Frameworks (a_):", "Hand loops (a_):", ...
+        if at < 0:
             continue
+        start = body.rfind(". ", 0, at) + 2
         scenario = body[start:].split(" Scored on")[0].split("\n|")[0].rstrip(" :")
         out.append(f"- Round {number}: {scenario}")
     return out
