@@ -9,6 +9,10 @@ longer than intended. Read through one level of the file's names: the keyword's 
 name or attribute assigned once, or a property/function of the file returning it (and the
 names assigned in that function). Not reported when K is literally 1, or when anything in the
 expression names the accumulation steps, the world size or the number of processes.
+
+Also AG313: a ``TrainerCallback`` writing a learning-rate schedule into the optimizer (or
+building a scheduler) sized from ``len(train_dataloader)`` with nothing in the class naming
+the accumulation steps, the file's TrainingArguments accumulating K > 1.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from accumguard.static.lint._ast import FUNCS, dotted
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 
-__all__ = ["trainer_steps_in_micro_batches"]
+__all__ = ["callback_horizon_in_micro_batches", "trainer_steps_in_micro_batches"]
 
 _KEYS = ("warmup_steps", "max_steps")
 _BATCH = re.compile(r"batch", re.IGNORECASE)
@@ -95,3 +99,41 @@ def trainer_steps_in_micro_batches(ctx: FileContext) -> Iterator[Finding]:
                 f"counts one device's micro-batches, while the Trainer counts `{kw.arg}` in "
                 "optimizer steps (K x W micro-batches each), so it lasts K x W times longer "
                 "than intended")
+
+
+def _trainer_k_above_one(ctx: FileContext) -> bool:
+    """Some TrainingArguments (or TRL config) of the file is built with K other than 1."""
+    return any(isinstance(c, ast.Call) and (dotted(c.func) or "").split(".")[-1] in (
+        "TrainingArguments", "SFTConfig", "DPOConfig", "GRPOConfig", "RewardConfig")
+        and _k_above_one(ctx, c) for c in ctx.of(ast.Call))
+
+
+@rule("AG313")
+def callback_horizon_in_micro_batches(ctx: FileContext) -> Iterator[Finding]:
+    """A ``TrainerCallback`` that sizes a learning-rate schedule from ``len(train_dataloader)``
+    (the Trainer hands callbacks its DataLoader: one device's micro-batches per epoch) with
+    nothing in the class naming the accumulation steps, in a file whose TrainingArguments
+    accumulate K > 1: the Trainer takes one optimizer step per K of those batches, so a
+    schedule counted in them lasts K x longer than the run."""
+    if not _trainer_k_above_one(ctx):
+        return
+    for cls in ctx.of(ast.ClassDef):
+        if not isinstance(cls, ast.ClassDef) or not any(
+                (dotted(b) or "").endswith("TrainerCallback") for b in cls.bases):
+            continue
+        text = ast.unparse(cls)
+        if _SCALED.search(text) or ("param_groups" not in text and "lr_scheduler" not in text):
+            continue
+        for n in ast.walk(cls):
+            if isinstance(n, ast.Call) and dotted(n.func) == "len" and n.args \
+                    and (dotted(n.args[0]) or "").split(".")[-1] == "train_dataloader":
+                yield ctx.finding(
+                    "AG313", n,
+                    f"`{ast.unparse(n)}` counts this device's micro-batches per epoch, and the "
+                    f"schedule `{cls.name}` writes into the optimizer is sized from it with no "
+                    "accumulation steps in it, while the Trainer steps once per K micro-batches "
+                    "(gradient_accumulation_steps > 1): the schedule lasts K x longer than the "
+                    "run, its warm-up and decay K x late",
+                    fix="divide by args.gradient_accumulation_steps (or size the schedule from "
+                        "state.max_steps, the Trainer's own count of optimizer steps)")
+                break
