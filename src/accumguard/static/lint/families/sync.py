@@ -636,3 +636,37 @@ def fsdp_sync_flag_after_backward(ctx: FileContext) -> Iterator[Finding]:
             "ranks' shards drift apart",
             fix="call set_requires_gradient_sync(is_last_micro_step) before the micro-step's "
                 "forward and backward")
+
+
+def _no_sync_call(expr: ast.AST) -> bool:
+    return isinstance(expr, ast.Call) and call_attr(expr) == "no_sync"
+
+
+@rule("AG111")
+def no_sync_beside_a_conditional_one(ctx: FileContext) -> Iterator[Finding]:
+    """AG111: one ``with`` entering ``a.no_sync()`` unconditionally beside an item chosen by a
+    condition (``with actor.no_sync(), critic.no_sync() if not sync else nullcontext():``: the
+    conditional expression binds to the last item only). The unconditional one is entered on
+    every micro-step, the window's last included: that module never synchronises."""
+    for node in ctx.of(ast.With, ast.AsyncWith):
+        if not isinstance(node, ast.With | ast.AsyncWith) or len(node.items) < 2:
+            continue
+        exprs = [item.context_expr for item in node.items]
+        gated = [e for e in exprs if isinstance(e, ast.IfExp)
+                 and (_no_sync_call(e.body) or _no_sync_call(e.orelse))]
+        plain = [e for e in exprs if _no_sync_call(e)]
+        if not gated or not plain or not any(is_backward(c) for s in node.body
+                                             for c in walk_all(s) if isinstance(c, ast.Call)):
+            continue
+        first = plain[0]
+        recv = (dotted(receiver(first)) if isinstance(first, ast.Call) else None) or "model"
+        yield ctx.finding(
+            "AG111", node,
+            f"`{ast.unparse(plain[0])}` is entered on every micro-step: in `with "
+            f"{', '.join(ast.unparse(e) for e in exprs)}:` the condition applies to "
+            f"`{ast.unparse(gated[0].body if _no_sync_call(gated[0].body) else gated[0].orelse)}` "
+            f"only, so `{recv}`'s gradients are never synchronised, not even at the window's "
+            "last micro-step, and its ranks drift apart",
+            fix="choose every context by the condition: `contextlib.ExitStack()` entering each "
+                "no_sync() when not at the last micro-step, or `(a.no_sync() if not sync else "
+                "nullcontext())` for each module")
