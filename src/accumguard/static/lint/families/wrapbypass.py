@@ -241,13 +241,38 @@ def _ddp_names(ctx: FileContext) -> set[str]:
 
 def _inner_of(ctx: FileContext, wrappers: set[str]) -> dict[str, str]:
     """``<w>.module`` for each wrapper, and names assigned from it once
-    (``self.policy = self.model.module``), each with the wrapper it bypasses."""
+    (``self.policy = self.model.module``, nanoGPT's ``raw_model = model.module if ddp else
+    model``), each with the wrapper it bypasses."""
     out = {f"{w}.module": w for w in wrappers}
     for node in ctx.of(ast.Assign):
-        src = dotted(node.value)
-        if src in out and len(node.targets) == 1 and (d := dotted(node.targets[0])) is not None \
+        v = node.value
+        # (only a choice by a flag, `model.module if ddp else model`: one by a test of the
+        # micro-step, `ddp if j == n - 1 else ddp.module`, skips the reduction on purpose
+        # until the window's last micro-step)
+        srcs = ([v.body, v.orelse] if isinstance(v.test, ast.Name | ast.Attribute) else []) \
+            if isinstance(v, ast.IfExp) else [v]
+        src = next((d for e in srcs if (d := dotted(e)) in out), None)
+        if src is not None and len(node.targets) == 1 and (d := dotted(node.targets[0])) is not None \
                 and len(ctx.values_by_name().get(d, [])) == 1:
             out[d] = out[src]
+    return out
+
+
+def _compiled_inner(ctx: FileContext, inner: dict[str, str]) -> dict[str, tuple[str, ast.Assign]]:
+    """Names whose last binding in the file is ``torch.compile(<an inner module>)`` (nanoGPT's
+    ``model = torch.compile(raw_model)`` after ``model = DDP(model)``): the compiled module
+    is the inner one, so a forward through it after that binding bypasses the wrapper."""
+    last: dict[str, ast.Assign] = {}
+    for node in ctx.of(ast.Assign):
+        if len(node.targets) == 1 and (d := dotted(node.targets[0])) is not None \
+                and (d not in last or position(node) > position(last[d])):
+            last[d] = node
+    out: dict[str, tuple[str, ast.Assign]] = {}
+    for name, node in last.items():
+        v = node.value
+        if isinstance(v, ast.Call) and (dotted(v.func) or "").split(".")[-1] == "compile" \
+                and v.args and (src := dotted(v.args[0])) in inner:
+            out[name] = (inner[src], node)
     return out
 
 
@@ -318,9 +343,24 @@ def forward_through_the_inner_module(ctx: FileContext) -> Iterator[Finding]:
     if not wrappers or _mentions_fsdp(ctx):
         return
     inner.update(_inner_of(ctx, _ddp_names(ctx)))
+    compiled = _compiled_inner(ctx, inner)
     for call in ctx.of(ast.Call):
         func = call.func
         name = dotted(func)
+        if name in compiled and position(call) > position(compiled[name][1]):
+            if not _trains(ctx, call):
+                continue
+            wrapper, bound = compiled[name]
+            yield ctx.finding(
+                "AG300", call,
+                f"`{name}(...)` runs `{ast.unparse(bound.value)}` (line {bound.lineno}): the "
+                f"module inside `{wrapper}` (a DDP wrapper) compiled on its own, in a loop that "
+                "runs a backward: DDP arms its gradient reduction only in its own forward, so "
+                "the backward of this forward reduces nothing and each rank steps on its own "
+                "gradient",
+                fix="compile the DDP-wrapped model (`model = torch.compile(model)` after "
+                    "`model = DDP(model)`), or wrap the compiled module in DDP")
+            continue
         if name in inner:
             via, what = name, f"`{name}(...)`"
         elif isinstance(func, ast.Attribute) and dotted(func.value) in inner \
