@@ -16,7 +16,7 @@ required, on every judged window of the rank. No torch here.
 from __future__ import annotations
 
 from accumguard.observe._comm_rules import WindowComm, window_comm
-from accumguard.observe._records import Finding, JsonObject, _mk
+from accumguard.observe._records import DeclaredK, Finding, JsonObject, _mk
 
 __all__ = ["double_gate_findings"]
 
@@ -50,11 +50,60 @@ def _loop_window(w: JsonObject, c: WindowComm) -> int | None:
     return k
 
 
-def double_gate_findings(rank: int, windows: list[JsonObject],
-                         found: list[Finding]) -> list[Finding]:
+def _declared_gate(rank: int, windows: list[JsonObject], script: DeclaredK) -> Finding | None:
+    """F14 when the script declares K (a name it divides the loss by), every loss record of
+    every window is divided by that K (and not by the window), and the optimizer stepped
+    after m x K backwards, m > 1 the same in every window but possibly the run's last: the
+    loop's windows of K gated a second time (an optimizer wrapper counting its own calls,
+    called only at the loop's boundary)."""
+    k = script.value
+    if k is None or k < 2 or not script.divides_loss:
+        return None
+    ws = [w for w in windows if w.get("applied", True) and int(w.get("backwards", 0)) > 0]
+    if len(ws) < 3:
+        return None
+    sizes = {int(w["backwards"]) for w in ws[:-1]}
+    if len(sizes) != 1:
+        return None
+    n = sizes.pop()
+    m = n // k
+    if m < 2 or n % k:
+        return None
+    for w in ws[:-1]:
+        losses = [r for r in w.get("losses") or [] if isinstance(r, list) and len(r) > 9]
+        if not losses or {int(r[2]) for r in losses} != set(range(n)):
+            return None
+        for r in losses:
+            chain = [(str(op), float(v)) for op, v in r[9] or []]
+            div = 1.0
+            for op, v in chain:
+                div *= v if op == "/" else 1.0
+            if ("/", float(k)) not in chain or div >= n:
+                return None
+    w = ws[0]
+    return _mk("F14", "error", rank, int(w["step"]), None,
+               f"{script.describe()}; but {sum(int(x['backwards']) == n for x in ws)} of "
+               f"{len(ws)} optimizer step(s) came after {n} "
+               f"backward passes each ({m} x K), every loss term divided by {k} only: the "
+               f"step is gated a second time, so the run makes {m} times fewer steps than it "
+               f"has windows of K, each on the sum of {m} windows ({m} x the mean gradient "
+               "of the micro-batches it covers)",
+               title_=f"the optimizer steps once every {m} of the script's windows of K = {k}: "
+                      "the step is gated twice",
+               fix="Gate the step once: call the accumulating wrapper's step() after every "
+                   "backward and let it count, or drop the loop's own `if (i + 1) % K == 0` "
+                   "and keep the wrapper's (or the other way round).")
+
+
+def double_gate_findings(rank: int, windows: list[JsonObject], found: list[Finding],
+                         script: DeclaredK | None = None) -> list[Finding]:
     """``found`` with an F14 error when every judged window of the rank is m > 1 of the
     loop's own windows (then the EXTRA_SYNC warning, which says the syncs cost time only,
-    is dropped: they are the loop's window boundaries)."""
+    is dropped: they are the loop's window boundaries), or, ``script`` (the K the script
+    declares, when the run's K was inferred otherwise), :func:`_declared_gate`."""
+    if script is not None and (gate := _declared_gate(rank, windows, script)) is not None:
+        kept = [f for f in found if not (f.cls == "EXTRA_SYNC" and f.rank == rank)]
+        return [*kept, gate]
     judged = [(w, c) for w in windows if (c := window_comm(w)) is not None]
     if not judged:
         return found

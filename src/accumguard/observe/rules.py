@@ -230,7 +230,7 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
                 # the error)
                 found = [f for f in found if f.cls != "EXTRA_SYNC"] + again
             found = rule("double_gate_findings", double_gate_findings, rank, group, found,
-                         default=found)
+                         gres.script if gres.strength == "inferred" else None, default=found)
             if any(f.cls == "F14" for f in found):  # (EXTRA_SYNC's "the same gradient,
                 found = [f for f in found if f.cls != "EXTRA_SYNC"]  # a cost only": false)
             if idx is not None and len(groups) > 1:
