@@ -24,7 +24,7 @@ LINE_KEYS = [
     "grad_hooks", "clip_before_unscale", "restarts", "opt_serial", "unborn", "rank_factor_units",
     "fsdp_mesh",
     "began_on_grad", "hook_in", "clip_empty", "accelerate_blocks", "unwrapped", "loose_checksum", "join_initial",
-    "pre_hooked", "grad_rescaled", "zero_micros",
+    "pre_hooked", "grad_rescaled", "zero_micros", "lane_scales",
     "conservation",
 ]
 

@@ -475,7 +475,7 @@ def test_select_is_applied_before_rules_run(monkeypatch: pytest.MonkeyPatch) -> 
     names = {c.name for c in registry.selected_checks(["AG11"], None)}
     assert names == {
         "sync_flag_polarity", "forward_always_under_no_sync", "whole_window_under_no_sync", "loss_divided_by_world_under_ddp",
-        "rank_local_token_mean_under_ddp",
+        "rank_local_token_mean_under_ddp", "no_sync_beside_a_conditional_one",
         "scheduler_per_process", "engine_gating", "boundary_counter_off_by_one",
         "sync_flag_after_forward", "partial_window_leaks_into_next_epoch",
         "hf_compute_loss_ignores_num_items", "hf_compute_loss_func_ignores_num_items",

@@ -101,15 +101,14 @@ def double_gate_findings(rank: int, windows: list[JsonObject], found: list[Findi
     loop's own windows (then the EXTRA_SYNC warning, which says the syncs cost time only,
     is dropped: they are the loop's window boundaries), or, ``script`` (the K the script
     declares, when the run's K was inferred otherwise), :func:`_declared_gate`."""
-    if script is not None and (gate := _declared_gate(rank, windows, script)) is not None:
-        kept = [f for f in found if not (f.cls == "EXTRA_SYNC" and f.rank == rank)]
-        return [*kept, gate]
     judged = [(w, c) for w in windows if (c := window_comm(w)) is not None]
-    if not judged:
-        return found
     loops = [_loop_window(w, c) for w, c in judged]
     read = {k for k in loops if k}
-    if any(k is None for k in loops) or len(read) != 1:
+    if not judged or any(k is None for k in loops) or len(read) != 1:
+        # (the measured windows first; the script's declaration only when they say nothing)
+        if script is not None and (gate := _declared_gate(rank, windows, script)) is not None:
+            kept = [f for f in found if not (f.cls == "EXTRA_SYNC" and f.rank == rank)]
+            return [*kept, gate]
         return found
     k = read.pop()
     w = next(x for (x, _), kk in zip(judged, loops, strict=True) if kk)
