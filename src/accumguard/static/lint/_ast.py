@@ -208,6 +208,11 @@ def is_backward(call: ast.Call) -> bool:
     return isinstance(call.func, ast.Attribute) and call.func.attr in ("backward", "manual_backward")
 
 
+def has_backward(stmts: list[ast.stmt]) -> bool:
+    """A backward call anywhere in ``stmts``."""
+    return any(isinstance(n, ast.Call) and is_backward(n) for stmt in stmts for n in walk_all(stmt))
+
+
 def terminates(body: list[ast.stmt]) -> bool:
     """The block ends by leaving the iteration (continue/return/break/raise)."""
     return bool(body) and isinstance(body[-1], ast.Continue | ast.Return | ast.Break | ast.Raise)

@@ -14,8 +14,8 @@ from accumguard.static.lint._ast import (
     POSITIVE_BOUNDARY_RE,
     call_attr,
     dotted,
+    has_backward,
     has_mod,
-    is_backward,
     last_part,
     terminates,
     walk_all,
@@ -327,8 +327,8 @@ class BoundaryFacts(FileIndex):
                     i = where.get(id(child))
                     before = stops[:bisect_left(stops, i)] if i is not None else []
                     # the first such stop (as ever), and the nearest one above the call
-                    if any(not (_has_backward(body[stop + 1:i])
-                                and not _has_backward(body[stop:stop + 1]))
+                    if any(not (has_backward(body[stop + 1:i])
+                                and not has_backward(body[stop:stop + 1]))
                            for stop in ({before[0], before[-1]} if before else ())):
                         # (a stop with no backward of its own, before the micro-step's
                         # backward, skips the whole micro-step: a fast-forward on resume,
@@ -426,6 +426,4 @@ def _skips(owner: ast.AST, body: list[ast.stmt]) -> bool:
                 and isinstance(owner, ast.For | ast.AsyncFor | ast.While))
 
 
-def _has_backward(stmts: list[ast.stmt]) -> bool:
-    return any(isinstance(n, ast.Call) and is_backward(n) for stmt in stmts for n in walk_all(stmt))
 
