@@ -92,6 +92,9 @@ def _rank(rank: int, world: int, path: str) -> dict[str, dict[str, torch.Tensor]
                         loss.backward()
                 if form.endswith("clipped"):  # a clip that always bites: c < 1
                     torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
+                if coef.grad is not None:  # outside DDP: averaged by hand (else F10)
+                    dist.all_reduce(coef.grad)
+                    coef.grad.div_(world)
                 opt.step()
                 opt.zero_grad()
         state = {k: v.detach().clone() for k, v in model.state_dict().items()}

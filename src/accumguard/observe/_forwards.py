@@ -29,7 +29,7 @@ from accumguard.observe import _patch_deepspeed
 from accumguard.observe._events import BackwardEvent, ForwardEvent
 from accumguard.observe._failsafe import hook_method
 from accumguard.observe._hookref import ModuleHook
-from accumguard.observe._introspect import engine_kind, fsdp_param_groups
+from accumguard.observe._introspect import WRAPPERS, engine_kind, engine_module, fsdp_param_groups
 from accumguard.observe._precision import autocast_dtype
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ class ForwardHooks:
         if id(module) in self.roots:
             return
         self.roots[id(module)] = module
-        module = _compiled_original(module)  # the engine is the compiled module's
+        module = engine_module(module)  # a compiled or Fabric model's engine is its inner one's
         self.roots[id(module)] = module
         kind = engine_kind(module)
         if kind != "local" and (self.engine in ("local", "zero1") or (
@@ -121,7 +121,7 @@ class ForwardHooks:
         return seen
 
     def _sync_flag(self, module: torch.nn.Module) -> bool | None:
-        module = _compiled_original(module)
+        """The flag of the DDP/FSDP2 ``module`` (callers unwrap compile and Fabric)."""
         kind = engine_kind(module)
         if kind == "ddp":
             return bool(getattr(module, "require_backward_grad_sync", True))
@@ -135,7 +135,8 @@ class ForwardHooks:
     def _root_pre(self, module: torch.nn.Module, args: tuple[object, ...]) -> None:
         self._attribution.forward_begins()
         if self.installed and not self._in_observer and torch.is_grad_enabled():
-            if module in self._sync_roots:
+            if module in self._sync_roots or (type(module).__name__ in WRAPPERS
+                                              and engine_module(module) in self._sync_roots):
                 self._on_forward(module)
                 return
             # _on_forward for a root without a sync flag, inlined (every micro-step)
@@ -288,6 +289,8 @@ class ForwardHooks:
             self._fwd_depth -= 1
 
     def _on_forward(self, module: torch.nn.Module) -> None:
+        if type(module).__name__ in WRAPPERS:  # DDP's reducer, not a compile/Fabric wrapper's
+            module = engine_module(module)
         sync = self._sync_flag(module)
         self._last_sync_forward = sync
         if sync is not None:  # the root whose flag the next backward reads (a model
@@ -302,19 +305,6 @@ class ForwardHooks:
                               module)
             for fn in fns:
                 fn(ev)
-
-
-def _compiled_original(module: torch.nn.Module) -> torch.nn.Module:
-    """The module ``torch.compile`` wrapped (its ``OptimizedModule`` is what the script
-    calls: a DDP/FSDP2 model compiled is still DDP/FSDP2), else ``module``."""
-    # looked up where OptimizedModule keeps it (its __dict__ and _modules): a getattr that
-    # misses goes through Module.__getattr__'s AttributeError, at every root forward
-    own = getattr(module, "__dict__", None) or {}
-    inner = own.get("_orig_mod")
-    if inner is None:
-        mods = own.get("_modules")
-        inner = mods.get("_orig_mod") if isinstance(mods, dict) else None
-    return inner if isinstance(inner, torch.nn.Module) else module
 
 
 _EAGER_ENTER: Callable[[ForwardHooks, torch.nn.Module], None] | None = None

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 import torch
 
-__all__ = ["engine_kind", "fsdp_param_groups", "grad_fns", "local", "param_dtype", "tol_for",
+__all__ = ["WRAPPERS", "engine_kind", "engine_module", "fsdp_param_groups", "grad_fns", "local", "param_dtype", "tol_for",
            "window_loss"]
 
 
@@ -87,18 +87,45 @@ def local(t: torch.Tensor) -> torch.Tensor:
 
 
 _KINDS: dict[type, str] = {}
+#: modules that only forward to the module they hold, by class name -> where they hold it:
+#: ``torch.compile``'s OptimizedModule, Lightning Fabric's ``_FabricModule`` (which holds
+#: the DDP/FSDP2/DeepSpeed model ``fabric.setup`` made: the script calls the wrapper)
+WRAPPERS = {"OptimizedModule": "_orig_mod", "_FabricModule": "_forward_module"}
+
+
+def engine_module(module: torch.nn.Module) -> torch.nn.Module:
+    """The module a transparent wrapper (compile, Fabric; nested) calls, else ``module``."""
+    for _ in range(4):
+        attr = WRAPPERS.get(type(module).__name__)
+        if attr is None:
+            break
+        # looked up where the wrappers keep it (__dict__, _modules): a getattr that misses
+        # goes through Module.__getattr__'s AttributeError, at every root forward
+        own = getattr(module, "__dict__", None) or {}
+        inner = own.get(attr)
+        if inner is None:
+            mods = own.get("_modules")
+            inner = mods.get(attr) if isinstance(mods, dict) else None
+        if not isinstance(inner, torch.nn.Module):
+            break
+        module = inner
+    return module
 
 
 def engine_kind(module: object) -> str:
     kind = _KINDS.get(type(module))
     if kind is None:
         kind = _KINDS[type(module)] = _kind_of(type(module))
-    return kind
+    if kind == "fabric" and isinstance(module, torch.nn.Module):
+        return engine_kind(engine_module(module))
+    return "local" if kind == "fabric" else kind
 
 
 def _kind_of(typ: type) -> str:
     for cls in typ.__mro__:
         name = cls.__name__
+        if name == "_FabricModule":
+            return "fabric"
         if name == "DistributedDataParallel":
             return "ddp"
         if name == "FSDPModule":

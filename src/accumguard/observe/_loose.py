@@ -24,12 +24,13 @@ _REQUIRES_GRAD = attrgetter("requires_grad")
 
 
 class LooseParameters:
-    """``_unwrapped``/``_loose_grads``/``_loose_checksum`` (state set up in
+    """``_unwrapped``/``_loose_grads``/``_loose_untracked``/``_loose_checksum`` (state set up in
     ``Observer.__init__``)."""
 
     engine: str
     _sync_roots: list[torch.nn.Module]
     _tracked: list[torch.Tensor]
+    _tracked_ids: set[int]
     _tracked_names: dict[int, str]
     _step_members: list[bool] | None
     _step_checksum: torch.Tensor | None
@@ -101,6 +102,12 @@ class LooseParameters:
                 return None
             flat = torch.cat([local(g).detach().float().reshape(-1) for g in grads])
             return [float(x) for x in torch.stack([flat.sum(), flat.pow(2).sum()]).tolist()]
+
+    def _loose_untracked(self, opt: object) -> bool:
+        """Some stepped parameter no wrapper reduces is outside the step's checksum (not a
+        parameter of the wrapped model)."""
+        loose = self._loose_of.get(self._loose_key.get(id(opt), (0, 0, 0))) or ()
+        return any(id(p) not in self._tracked_ids for p in loose)
 
     def _loose_checksum(self) -> list[float] | None:
         """FSDP2: the checksum of the step's gradients of the stepped parameters no

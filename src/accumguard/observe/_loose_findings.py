@@ -20,8 +20,10 @@ def ddp_loose_finding(step: int, evidence: str, loose: list[str]) -> Finding:
                title_="parameters DDP does not reduce are never averaged over "
                       "the ranks",
                fix="Make them parameters of the module DDP wraps before wrapping it "
-                   "(a loss module's learnable temperature or weights included; replace "
-                   "a head before accelerator.prepare / DDP, not after; unfreeze before "
+                   "(heads kept in a plain dict or list are not: hold them in an "
+                   "nn.ModuleDict or nn.ModuleList; a loss module's learnable temperature or "
+                   "weights included; replace a head before accelerator.prepare, "
+                   "fabric.setup or DDP(...), not after; unfreeze before "
                    "wrapping, or wrap again after unfreezing), or all-reduce their "
                    "gradients (sum, then divide by the world size) at each window's "
                    "end, before the optimizer step.")

@@ -274,10 +274,11 @@ def _spread(sums: list[list[float]]) -> float:
 
 
 def _loose_grads_differ(step: int, row: dict[int, StepWindow]) -> Finding | None:
-    """DDP, where the step's own checksum was not kept (a backward inside the step's
-    closure: Lightning): the ``.grad`` of the stepped parameters DDP does not reduce, read
-    right after the step, differs across ranks."""
-    if len(row) < 2 or any(s.engine != "ddp" or s.checksum for s in row.values()):
+    """DDP, where the step's own checksum does not cover them (not kept: a backward inside
+    the step's closure, Lightning; or they are not the wrapped model's): the ``.grad`` of the
+    stepped parameters DDP does not reduce, read right after the step, differs across
+    ranks."""
+    if len(row) < 2 or any(s.engine != "ddp" for s in row.values()):
         return None
     sums = {r: s.loose_checksum for r, s in row.items() if s.loose_checksum}
     names = next((s.unwrapped for s in row.values() if s.unwrapped), None)
@@ -288,10 +289,10 @@ def _loose_grads_differ(step: int, row: dict[int, StepWindow]) -> Finding | None
                  for i in (0, 1)) / max(scale, max(abs(v[0]) for v in sums.values()), 1e-30)
     if spread <= 1e-5:
         return None
-    text = ", ".join(f"rank {r}: {v[0]:.6g}" for r, v in sorted(sums.items()))
+    text = ", ".join(f"rank {r}: {v[1]:.6g}" for r, v in sorted(sums.items()))
     return ddp_loose_finding(step, f"the gradient of the parameters DDP does not reduce "
-                              f"differs across ranks at step {_n(step)} (their sums {text}, "
-                              "read after the step)", names)
+                              f"differs across ranks at step {_n(step)} (its sums of squares "
+                              f"{text}, read after the step)", names)
 
 
 def _outside_units(step: int, row: dict[int, StepWindow]) -> Finding | None:

@@ -424,7 +424,10 @@ class StepMachinery(LooseParameters):
             opt_serial=self._serial(owner), unborn=unborn,
             unwrapped=(unwrapped := self._unwrapped(owner)
                        if self.engine in ("ddp", "fsdp2", "deepspeed") else None),
-            loose_checksum=loose_chk if loose_chk is not None or not unwrapped or chk is not None
+            # their .grad when the step's checksum does not cover them (not kept, or they
+            # are not the wrapped model's: a head kept in a plain dict)
+            loose_checksum=loose_chk if loose_chk is not None or not unwrapped
+            or (chk is not None and not self._loose_untracked(owner))
             else self._loose_grads(owner),
             join_initial=self._join_initial() if self.engine == "ddp" else None,
             pre_hooked=bool(getattr(owner, "_optimizer_step_pre_hooks", None)),

@@ -13,6 +13,8 @@ from typing import Any
 
 from accumguard.observe._hand_mean_rules import hand_mean_findings
 from accumguard.observe._ledger import _factor
+from accumguard.observe._ledger_patterns import ENGINES
+from accumguard.observe._ledger_source import world_divisions
 from accumguard.observe._own_count_terms import own_count_term_findings
 from accumguard.observe._records import (
     Finding,
@@ -133,6 +135,7 @@ def _rank_term_findings(rec: RunRecording) -> list[Finding]:
     reduction: not judged."""
     world = len([r for r in rec.ranks if rec.steps.get(r)])
     seen: dict[tuple[str, int], list[tuple[int, float, bool, list[float], int]]] = {}
+    over_world: dict[tuple[str, int], bool] = {}  # every record divided by exactly W
     spoiled: set[tuple[str, int]] = set()
     coefs: dict[tuple[str, int], set[float]] = {}
     for step, groups, factor, tol in _judged_steps(rec):
@@ -151,7 +154,12 @@ def _rank_term_findings(rec: RunRecording) -> list[Finding]:
             total = sum(abs(float(x[4])) * factor * float(x[3]) for rs in recs for x in rs) / coef
             uniform = max(ws) - min(ws) <= tol * max(ws)
             seen.setdefault(key, []).append((step, total, uniform, counts, len(recs[0])))
+            slashed = all(any(str(d[0]) == "/" and abs(float(d[1]) - world) < 1e-9
+                              for d in (x[9] if len(x) > 9 else None) or []) for rs in recs
+                          for x in rs)
+            over_world[key] = over_world.get(key, True) and slashed
     out = []
+    unproven: list[tuple[str, int]] = []
     for key, obs in sorted(seen.items()):
         if key in spoiled or not all(u for _, _, u, _, _ in obs):
             continue
@@ -164,6 +172,8 @@ def _rank_term_findings(rec: RunRecording) -> list[Finding]:
             continue
         proof = next(((st, c) for st, _, _, c, _ in obs if max(c) - min(c) > 0), None)
         if proof is None:
+            if by_w and coef == 1.0:
+                unproven.append(key)
             continue
         site, idx = key
         st, counts = proof
@@ -190,7 +200,43 @@ def _rank_term_findings(rec: RunRecording) -> list[Finding]:
                        fix="Multiply the term normalised by the all-reduced token count by "
                            "the world size (the engine averages over ranks), or divide it "
                            "by the per-rank count instead."))
+    if unproven and set(unproven) == set(seen) - spoiled:
+        out += _sum_over_world(rec, unproven, over_world, {k: seen[k] for k in unproven}, world)
     return out
+
+
+def _sum_over_world(rec: RunRecording, keys: list[tuple[str, int]],
+                    over_world: dict[tuple[str, int], bool],
+                    seen: dict[tuple[str, int], list[tuple[int, float, bool, list[float], int]]],
+                    world: int) -> list[Finding]:
+    """F10 for a loss that is a sum of terms divided as a whole by the world size on top of
+    the engine's average: every term weighed exactly 1/W in every step judged, no
+    coefficient, every one of its records divided by exactly W at run time, and the loss
+    calls' file divides a loss by the world size (a constant 1/W the user chose, ``0.5 *``
+    on two ranks, has no such line and is not judged)."""
+    if len(keys) < 2 or not all(over_world.get(k) for k in keys):
+        return []
+    file = keys[0][0].rpartition(":")[0]
+    lines = [ln for ln, kind in world_divisions(file) if kind in ("/", "*1/")] if file else []
+    if not lines:
+        return []
+    first = min(obs[0][0] for obs in seen.values())
+    steps = min(len(obs) for obs in seen.values())
+    kind = next((str(w.get("engine")) for r in rec.ranks for w in rec.steps.get(r, [])[:1]),
+                "")
+    engine = ENGINES.get(kind, "the engine")
+    sites = ", ".join(_short(site) + (f" (call {i + 1})" if i else "") for site, i in keys)
+    return [_mk("F10", "error", None, first, None,
+                f"the loss is a sum of {len(keys)} terms (loss calls at {sites}); in each of "
+                f"{steps} optimizer step(s) judged on {world} ranks, every term "
+                f"weighed 1/W = {1 / world:.4g} in total after "
+                f"{engine}'s average instead of 1, every micro-step's loss on every rank was "
+                f"divided by {world} before its backward, and the script divides the loss "
+                f"by the world size ({_short(file + ':' + ','.join(map(str, lines)))}): the "
+                f"gradient the optimizer receives is {world}x too small",
+                title_="the loss is divided by the world size on top of the engine's average",
+                fix=f"Remove the division by the world size: {engine} already averages the "
+                    "gradients over the ranks.")]
 
 
 def _coefficient(x: list[Any], world: int) -> float:

@@ -149,6 +149,7 @@ def _judge(out_dir: str | os.PathLike[str], *, command: Sequence[str],
            accumulation_steps: int | None, code: int, signalled: str | None,
            watch_id: str | None, merged: bool) -> WatchResult:
     from accumguard.watch._declared import declared_k
+    from accumguard.watch._source_claims import schedule_source_findings
     from accumguard.watch._findings import (
         NUMBERING,
         analyze,
@@ -168,6 +169,7 @@ def _judge(out_dir: str | os.PathLike[str], *, command: Sequence[str],
     findings, k, k_source = analyze(rec, k_flag=accumulation_steps, script=script)
     if not accumulation_steps:
         findings += _dropped_option_findings(rec, findings, command)
+        findings += schedule_source_findings(rec, findings, command)
     findings = merge_ranks(findings, rec.ranks)  # what every rank saw alike: one finding
     steps = {r: s for r, s in rec.steps.items()}
     n_steps = max((len(s) for s in steps.values()), default=0)

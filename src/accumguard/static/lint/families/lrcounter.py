@@ -341,6 +341,11 @@ _PER_BATCH_HOOKS = frozenset({"on_train_batch_start", "on_train_batch_end", "tra
                               "on_before_backward", "on_after_backward", "optimizer_step"})
 
 
+#: the Lightning loop's counters of batches (micro-batches under accumulation)
+_LOOP_COUNTERS = ("epoch_loop.total_batch_idx", "epoch_loop.batch_idx", "fit_loop.total_batch_idx",
+                  "batch_progress.current.completed", "batch_progress.total.completed")
+
+
 def _lightning_k(ctx: FileContext) -> tuple[int | None, bool]:
     """``accumulate_grad_batches`` as the file gives it: (its value, whether it is given)."""
     values = [k.value for c in ctx.of(ast.Call) for k in c.keywords if k.arg == "accumulate_grad_batches"]
@@ -363,9 +368,7 @@ def lr_from_lightning_batch_idx(ctx: FileContext) -> Iterator[Finding]:
         return
     for write in _lr_writes(ctx):
         fn = ctx.enclosing(write, FUNCS)
-        if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) or fn.name not in _PER_BATCH_HOOKS:
-            continue
-        if "batch_idx" not in {a.arg for a in fn.args.args}:
+        if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
             continue
         values: list[ast.AST] = [write.value]
         if isinstance(write.value, ast.Name):
@@ -380,12 +383,22 @@ def lr_from_lightning_batch_idx(ctx: FileContext) -> Iterator[Finding]:
             todo = [x for name in found for x in local.get(name, [])]
             if not todo:
                 break
-        if "batch_idx" not in reads:
+        # the trainer's own micro-batch counters, read in any hook (a callback's
+        # on_before_optimizer_step runs once per step, but these still count batches)
+        loop_counter = next((d for v in [*values, *(x for r in reads for x in local.get(r, []))]
+                             for n in walk_all(v) if isinstance(n, ast.Attribute)
+                             and (d := dotted(n) or "").endswith(_LOOP_COUNTERS)), None)
+        if loop_counter is not None:
+            counter = loop_counter.rsplit(".", 1)[-1]
+        elif "batch_idx" in reads and fn.name in _PER_BATCH_HOOKS \
+                and "batch_idx" in {a.arg for a in fn.args.args}:
+            counter = "batch_idx"
+        else:
             continue
         f = ctx.finding(
             "AG130",
             write,
-            f"the learning rate written in `{fn.name}` is computed from `batch_idx`, which counts "
+            f"the learning rate written in `{fn.name}` is computed from `{counter}`, which counts "
             "micro-batches, while `accumulate_grad_batches`"
             + (f" = {k}" if k is not None else " is set")
             + ": the schedule advances K positions per optimizer step (the large batch steps "

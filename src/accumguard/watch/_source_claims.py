@@ -1,0 +1,73 @@
+"""F4 claims that only the source can make, kept when the run confirms what they rest on.
+
+A learning-rate schedule written by hand (a callback that sets ``param_groups[i]["lr"]``
+from a micro-batch counter, a timm-style ``step_update(num_updates)``, a horizon computed
+from ``len(train_dataloader)``) has no horizon the run can read: ``watch`` sees the rates,
+not the step number the schedule meant. ``lint`` reads that number in the source. Its F4
+errors are kept in the watch report only when the run shows the two facts every such claim
+rests on: the optimizer stepped once per K >= 2 backward passes, and the rate changed
+during the run (a schedule acted); and only when the run's own rules made no F4 error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from statistics import median
+from typing import Any
+
+from accumguard.observe._records import Finding, RunRecording, _mk
+
+__all__ = ["schedule_source_findings"]
+
+
+def _lint_f4(command: Sequence[str]) -> tuple[str, list[Any]] | None:
+    from accumguard.static.lint import lint_source
+    from accumguard.watch._declared import script_of_command
+
+    found = script_of_command(command)
+    if found is None:
+        return None
+    try:
+        text = found[0].read_text(encoding="utf-8")
+        hits = [f for f in lint_source(text) if f.cls == "F4"
+                and str(getattr(f.severity, "value", f.severity)) == "error"]
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return None
+    return (found[0].name, hits) if hits else None
+
+
+def _confirmed(rec: RunRecording) -> tuple[int, int, list[float]] | None:
+    """(K, steps, the first and last rate) of the first rank with steps, when its optimizer
+    stepped once per K >= 2 backwards (the median window) and its rate changed."""
+    for r in rec.ranks:
+        steps = [s for s in rec.steps.get(r, []) if s.get("applied", True)]
+        if len(steps) < 2:
+            continue
+        k = int(median(int(s.get("backwards", 0) or 0) for s in steps))
+        rates = [float(s["lr"]) for s in steps if isinstance(s.get("lr"), (int, float))]
+        if k < 2 or len({round(x, 12) for x in rates}) < 2:
+            return None
+        return k, len(steps), [rates[0], rates[-1]]
+    return None
+
+
+def schedule_source_findings(rec: RunRecording, findings: list[Finding],
+                             command: Sequence[str]) -> list[Finding]:
+    """The script's F4 errors (lint), confirmed by the run (see the module); [] otherwise."""
+    if any(f.cls == "F4" and f.severity == "error" for f in findings):
+        return []
+    confirmed = _confirmed(rec)
+    if confirmed is None:
+        return []
+    said = _lint_f4(command)
+    if said is None:
+        return []
+    name, hits = said
+    k, n, (first, last) = confirmed
+    hit = hits[0]
+    return [_mk("F4", "error", None, 0, None,
+                f"{name}:{hit.line}: {hit.evidence} (read in the script, lint {hit.code}); "
+                f"the run shows what that rests on: the optimizer stepped once per {k} "
+                f"backward passes ({n} steps) and the learning rate changed during the run "
+                f"({first:.4g} at the first step, {last:.4g} at the last)",
+                title_=hit.title, fix=hit.fix)]
