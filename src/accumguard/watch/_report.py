@@ -149,7 +149,6 @@ def _judge(out_dir: str | os.PathLike[str], *, command: Sequence[str],
            accumulation_steps: int | None, code: int, signalled: str | None,
            watch_id: str | None, merged: bool) -> WatchResult:
     from accumguard.watch._declared import declared_k
-    from accumguard.watch._source_claims import schedule_source_findings
     from accumguard.watch._findings import (
         NUMBERING,
         analyze,
@@ -157,6 +156,7 @@ def _judge(out_dir: str | os.PathLike[str], *, command: Sequence[str],
         load_recordings,
         merge_ranks,
     )
+    from accumguard.watch._source_claims import schedule_source_findings
 
     out_dir = Path(out_dir)
     rec = load_recordings(out_dir, watch_id=watch_id)
