@@ -196,3 +196,32 @@ def test_an_accumulation_option_that_never_reaches_the_loop_is_f1() -> None:
     assert "never reaches `Config`" in dropped[0].evidence
     assert _dropped_option_findings(
         rec, findings, ["python", str(corpus / "ok_argparse_option_reaches_dataclasses_replace.py")]) == []
+
+
+def test_a_schedule_error_only_the_source_shows_is_kept_when_the_run_confirms_it() -> None:
+    """A hand-written schedule's horizon is not in the run: lint's F4 error (here AG130, a
+    rate written from Lightning's micro-batch counter) is kept in the watch report when the
+    run shows what it rests on (the optimizer stepped once per K >= 2 backwards, the rate
+    changed: a hand schedule recorded on K = 3), and not on a run of one backward per step,
+    on the correct twin, or beside the run's own F4 error."""
+    from accumguard.observe._records import _mk
+    from accumguard.observe.rules import analyze
+    from accumguard.watch._findings import load_recordings
+    from accumguard.watch._source_claims import schedule_source_findings
+    from tests.helpers import RECORDED
+
+    corpus = Path(__file__).parents[1] / "lint_corpus"
+    bug = ["python", str(corpus / "bug_lightning_callback_lr_from_total_batch_idx.py")]
+    ok = ["python", str(corpus / "ok_lightning_callback_lr_from_global_step_before_step.py")]
+    rec = load_recordings(RECORDED / "r108_hand_lr_per_optimizer_step")
+    findings, _, _ = analyze(rec, k_flag=None)
+    kept = schedule_source_findings(rec, findings, bug)
+    assert [(f.cls, f.severity) for f in kept] == [("F4", "error")], kept
+    assert "lint AG130" in kept[0].evidence and "total_batch_idx" in kept[0].evidence
+    assert "once per 3 backward passes" in kept[0].evidence, kept[0].evidence
+    assert "trainer.global_step" in kept[0].fix
+    assert schedule_source_findings(rec, findings, ok) == []
+    own = [_mk("F4", "error", None, 0, None, "measured")]
+    assert schedule_source_findings(rec, own, bug) == []
+    one = load_recordings(RECORDED / "r101_k_one_every_step")
+    assert schedule_source_findings(one, analyze(one, k_flag=None)[0], bug) == []

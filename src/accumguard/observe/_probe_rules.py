@@ -5,7 +5,10 @@ parameter gets a gradient, a warm-up of the graph, a profiling pass) and does no
 adds that gradient to the first window's: the first optimizer step is not the large batch's.
 The recording shows it when the first window is longer than K by j backwards while the
 windows after it are K, and each of those j backwards came from a call site that no other
-window's backward came from (the terms rows carry each backward's site). A longer first
+window's backward came from (the terms rows carry each backward's site), or, under DDP or
+FSDP2, each of those j all-reduced where the loop's windows never sync a first backward
+(the sync flags; no loss record needed: a compiled model's loss is not recorded). A longer
+first
 window made of the loop's own backwards (a budget per step, a resume) is not this.
 """
 
@@ -26,6 +29,22 @@ def _sites(w: StepWindow) -> dict[int, str]:
     return out
 
 
+def _synced_apart(first: StepWindow, rest: list[StepWindow], j: int) -> str | None:
+    """DDP/FSDP2 (no loss record needed: a compiled model's loss is not recorded): the first
+    j backwards all-reduced (sync on), the rest of the first window has exactly the sync
+    pattern of every later window, which never syncs its first backward, and nothing cleared
+    or lost any gradient in the first window (measured): the j came from outside the loop."""
+    flags = list(first.sync_micros or [])
+    pattern = [list(w.sync_micros or []) for w in rest]
+    cons = first.conservation
+    if len(flags) != first.window or not pattern or any(p != pattern[0] for p in pattern) \
+            or flags[:j] != [True] * j or flags[j:] != pattern[0] or pattern[0][:1] != [False] \
+            or cons is None or not cons.ok or int(first.zero_grads_between or 0):
+        return None
+    return ("a backward that all-reduced (sync on) before the loop's first micro-step, "
+            "whose later windows all-reduce only at their last backward")
+
+
 def probe_before_first_window(rank: int | None, windows: list[StepWindow], k: int
                               ) -> Finding | None:
     """The F7 error for ``windows`` (one rank's, in order) whose first window carries
@@ -36,23 +55,31 @@ def probe_before_first_window(rank: int | None, windows: list[StepWindow], k: in
     j = first.window - k
     if j < 1 or any(w.window != k for w in rest):
         return None
-    sites = _sites(first)
-    early = [sites.get(i) for i in range(j)]
-    if any(s is None for s in early) or len(sites) < first.window:
-        return None
-    others = {s for w in windows[1:] for s in _sites(w).values()}
-    own = {sites[i] for i in range(j, first.window)}
-    if not others or any(s in others or s in own for s in early):
-        return None
-    where = ", ".join(sorted({str(s) for s in early}))
+    synced = _synced_apart(first, rest, j)
+    if synced is not None:
+        where = synced
+    else:
+        sites = _sites(first)
+        early = [sites.get(i) for i in range(j)]
+        if any(s is None for s in early) or len(sites) < first.window:
+            return None
+        others = {s for w in windows[1:] for s in _sites(w).values()}
+        own = {sites[i] for i in range(j, first.window)}
+        if not others or any(s in others or s in own for s in early):
+            return None
+        where = ", ".join(sorted({str(s) for s in early}))
     return _mk("F7", "error", rank, first.step, j - 1,
                f"a window of {first.window} backward passes before optimizer step 1, every "
-               f"later one {k}: the first {j} ran at {where}, a call site no window's "
-               "backward ran at again (a sanity check or warm-up pass before training), and "
-               "their gradient was never cleared, so it was added to the first window's and "
+               f"later one {k}: the first {j} "
+               + (f"ran at {where}, a call site no window's backward ran at again"
+                  if synced is None else f"{'was' if j == 1 else 'were'} {where}")
+               + " (a sanity check or warm-up pass before training), and "
+               + ("its" if j == 1 else "their")
+               + " gradient was never cleared, so it was added to the first window's and "
                "optimizer step 1 is not the large batch's",
-               title_=f"gradient of a backward before training ({where}) leaked into the "
-                      "first optimizer step",
+               title_=("gradient of a backward before training "
+                       + (f"({where}) " if synced is None else "")
+                       + "leaked into the first optimizer step"),
                fix="clear the gradient after the pass that runs before training "
                    "(model.zero_grad(set_to_none=True) or optimizer.zero_grad()), or run it "
                    "under torch.no_grad() when it needs no gradient")
