@@ -1,4 +1,6 @@
 # corpus: style=deepspeed class=OK
+# the boundary flag is read before engine.step(), which moves the engine's micro-step counter
+# (read after it, the flag answers for the next micro-batch: AG315)
 import deepspeed
 
 engine, optimizer, loader, _ = deepspeed.initialize(model=model, config={
@@ -8,6 +10,7 @@ engine, optimizer, loader, _ = deepspeed.initialize(model=model, config={
 })
 for batch in loader:
     engine.backward(engine(batch))
+    boundary = engine.is_gradient_accumulation_boundary()
     engine.step()
-    if engine.is_gradient_accumulation_boundary():
+    if boundary:
         my_scheduler.step()

@@ -944,6 +944,23 @@ RULES: dict[str, Rule] = {
             "arguments built with K > 1: it sets the parameter to its default 1",
             "pass gradient_accumulation_steps=K to set_training as well (or set it after)",
         ),
+        _rule(
+            "AG315", "deepspeed-boundary-read-after-step", "F4", E, HI,
+            "engine.is_gradient_accumulation_boundary() read after engine.step() in the same "
+            "iteration gates a scheduler step: the flag then answers for the next micro-batch, "
+            "so the schedule steps one micro-batch before each optimizer step",
+            "read the flag before engine.step() (at_boundary = "
+            "engine.is_gradient_accumulation_boundary(); engine.step(); if at_boundary: ...), or "
+            "hand the scheduler to deepspeed.initialize(lr_scheduler=...)",
+        ),
+        _rule(
+            "AG316", "backward-before-loop-never-cleared", "F7", W, MED,
+            "a backward run before the training loop (a compile warm-up, a gradient check) "
+            "whose gradient nothing clears before a loop that clears only after its optimizer "
+            "steps: it is added to the first window",
+            "clear the gradient after that pass (model.zero_grad(set_to_none=True) or "
+            "optimizer.zero_grad()), or run it under torch.no_grad() when it needs no gradient",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

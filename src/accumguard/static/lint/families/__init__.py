@@ -95,6 +95,8 @@
 ``funcclip``   AG312               each micro-step's autograd.grad gradients clipped before they are summed
 ``hfwarmup``   AG313               a TrainingArguments warmup_steps/max_steps counted in one device's micro-batches
 ``hfsetters``  AG314               TrainingArguments.set_training() without K on arguments built with K > 1
+``dslateflag`` AG315               DeepSpeed's boundary flag read after engine.step(), gating a scheduler
+``probebackward`` AG316            a backward before the training loop, its gradient never cleared
 ``syncwhole``  AG111               every backward of the window inside one `with model.no_sync():`
 ``syncorder``  AG106 AG111         FSDP2's sync flag set after the backward; one no_sync() beside a conditional item
 ``unreduced``  AG179 AG180 AG183   parameters no reduction covers: one group of several all-reduced
@@ -119,6 +121,7 @@ from accumguard.static.lint.families import (
     dphorizon,
     dsbatch,
     dsblocks,
+    dslateflag,
     dssched,
     dsstep,
     dsunmanaged,
@@ -156,6 +159,7 @@ from accumguard.static.lint.families import (
     moeaux,
     precision,
     prefetch,
+    probebackward,
     reduce,
     resume,
     scale,
@@ -181,4 +185,4 @@ from accumguard.static.lint.families import (
     wrapgate,
 )
 
-__all__ = ["accelerate", "accloader", "acctail", "ampclip", "argdrop", "chunktail", "clipgrads", "cliporder", "commhook", "deepspeed", "dphorizon", "dsbatch", "dsblocks", "dssched", "dsstep", "dsunmanaged", "dszero", "emastep", "epochtail", "factored", "fsdproot", "funcclip", "fsdpunits", "fused", "gradwrite", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfmodel", "hfclip", "hfscale", "hfsetters", "hfsuper", "hfterms", "hftokens", "hfwarmup", "horizon", "lgkschedule", "lgmanual", "lgstep", "lgunsplit", "lgwindow", "loss", "lowbuffer", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "reduce", "resume", "scale", "schedule", "spawnworld", "stephorizon", "sync", "syncclip", "syncorder", "syncwhole", "synctail", "tailscale", "tempreduce", "terms", "tokenmean", "tokhorizon", "tokiters", "twice", "unclearedopt", "unreduced", "window", "wrapbypass", "wrapgate"]
+__all__ = ["accelerate", "accloader", "acctail", "ampclip", "argdrop", "chunktail", "clipgrads", "cliporder", "commhook", "deepspeed", "dphorizon", "dsbatch", "dsblocks", "dslateflag", "dssched", "dsstep", "dsunmanaged", "dszero", "emastep", "epochtail", "factored", "fsdproot", "funcclip", "fsdpunits", "fused", "gradwrite", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfmodel", "hfclip", "hfscale", "hfsetters", "hfsuper", "hfterms", "hftokens", "hfwarmup", "horizon", "lgkschedule", "lgmanual", "lgstep", "lgunsplit", "lgwindow", "loss", "lowbuffer", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "probebackward", "reduce", "resume", "scale", "schedule", "spawnworld", "stephorizon", "sync", "syncclip", "syncorder", "syncwhole", "synctail", "tailscale", "tempreduce", "terms", "tokenmean", "tokhorizon", "tokiters", "twice", "unclearedopt", "unreduced", "window", "wrapbypass", "wrapgate"]
