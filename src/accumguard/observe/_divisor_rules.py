@@ -18,10 +18,14 @@ __all__ = ["divided_for_other_size", "mixed_window_findings"]
 
 
 def _implied_window(r: list[Any]) -> int | None:
-    """The window size m a loss record was normalised for, when its value was only divided
-    by constants and each of its n units weighs exactly 1 / (m * n) (``sum / (m * n)``,
-    ``mean / m``): None otherwise."""
-    if loss_divisor(r) is None:
+    """The window size m a loss record was normalised for, when its value was only scaled
+    by constants, one a division at least, and each of its n units weighs exactly
+    1 / (m * n) (``sum / (m * n)``, ``mean / m``, a Trainer's ``/ K`` undone by ``* K`` and
+    Accelerate's ``/ K`` after it): None otherwise."""
+    consts = r[9] if len(r) > 9 and isinstance(r[9], list) else []
+    if loss_divisor(r) is None and not (
+            any(isinstance(c, list) and c[:1] == ["/"] for c in consts)
+            and all(isinstance(c, list) and len(c) == 2 and c[0] in ("/", "*") for c in consts)):
         return None
     n, wt = float(r[3]), abs(float(r[4]))
     if n <= 0 or wt <= 0:

@@ -45,6 +45,21 @@ def _synced_apart(first: StepWindow, rest: list[StepWindow], j: int) -> str | No
             "whose later windows all-reduce only at their last backward")
 
 
+def _own_sites(windows: list[StepWindow], j: int) -> str | None:
+    """The call sites of the first window's first j backwards when no other backward ran at
+    them (the loss records name each backward's site), else None."""
+    first = windows[0]
+    sites = _sites(first)
+    early = [sites.get(i) for i in range(j)]
+    if any(s is None for s in early) or len(sites) < first.window:
+        return None
+    others = {s for w in windows[1:] for s in _sites(w).values()}
+    own = {sites[i] for i in range(j, first.window)}
+    if not others or any(s in others or s in own for s in early):
+        return None
+    return ", ".join(sorted({str(s) for s in early}))
+
+
 def probe_before_first_window(rank: int | None, windows: list[StepWindow], k: int
                               ) -> Finding | None:
     """The F7 error for ``windows`` (one rank's, in order) whose first window carries
@@ -55,19 +70,12 @@ def probe_before_first_window(rank: int | None, windows: list[StepWindow], k: in
     j = first.window - k
     if j < 1 or any(w.window != k for w in rest):
         return None
-    synced = _synced_apart(first, rest, j)
+    where = _own_sites(windows, j)
+    synced = None if where is not None else _synced_apart(first, rest, j)
     if synced is not None:
         where = synced
-    else:
-        sites = _sites(first)
-        early = [sites.get(i) for i in range(j)]
-        if any(s is None for s in early) or len(sites) < first.window:
-            return None
-        others = {s for w in windows[1:] for s in _sites(w).values()}
-        own = {sites[i] for i in range(j, first.window)}
-        if not others or any(s in others or s in own for s in early):
-            return None
-        where = ", ".join(sorted({str(s) for s in early}))
+    if where is None:
+        return None
     return _mk("F7", "error", rank, first.step, j - 1,
                f"a window of {first.window} backward passes before optimizer step 1, every "
                f"later one {k}: the first {j} "
