@@ -1,0 +1,28 @@
+# corpus: style=fabric class=F10
+# a dual encoder set up with Fabric's DDP; the loop calls each tower through the wrapper's
+# attribute, which is the raw submodule: DDP's forward never runs, nothing is averaged
+import torch
+from lightning_fabric import Fabric
+
+
+class DualEncoder(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.query_tower = torch.nn.Linear(16, 8)
+        self.doc_tower = torch.nn.Linear(16, 8)
+
+    def forward(self, q, d):
+        return self.query_tower(q), self.doc_tower(d)
+
+
+fabric = Fabric(accelerator="cpu", devices=2, strategy="ddp")
+fabric.launch()
+model, optimizer = fabric.setup(DualEncoder(), torch.optim.AdamW(params, lr=1e-3))
+for i, (q, d) in enumerate(loader):
+    with fabric.no_backward_sync(model, enabled=(i + 1) % 4 != 0):
+        qe = model.query_tower(q)  # expect: AG300
+        de = model.doc_tower(d)  # expect: AG300
+        fabric.backward(contrastive(qe, de) / 4)
+    if (i + 1) % 4 == 0:
+        optimizer.step()
+        optimizer.zero_grad()
