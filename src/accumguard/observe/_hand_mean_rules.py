@@ -10,6 +10,12 @@ micro-batch of n weighs 1/(d n) where the large batch gives every element of the
 1/N: the per-micro-batch mean of F5, for a loss no loss call reveals. A divisor that differs
 between micro-steps (``mean * n / N``: normalised by the window's count) is not judged; nor
 is a window with a micro-step whose mean was over one element (not recorded as a mean).
+
+F6 for the same loss across ranks: each rank's micro-batches hold equal counts, the ranks'
+counts differ (a token budget per rank, length buckets per rank), every rank divides by the
+same constant, and the engine averages the ranks' gradients: one element of rank r weighs
+1/(d n_r W), so the ranks' means weigh alike where the large batch weighs their elements
+alike.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import Any
 from accumguard.observe._records import Finding, _mk, _n
 from accumguard.observe._weight_rules import _short
 
-__all__ = ["hand_mean_findings"]
+__all__ = ["hand_mean_findings", "hand_mean_rank_findings"]
 
 #: Relative difference under which two micro-steps' divisors are one constant (read exactly
 #: from the graph: the same Python number gives the same float).
@@ -71,3 +77,53 @@ def hand_mean_findings(rank: int, windows: list[dict[str, Any]]) -> list[Finding
                     "ranks' gradients are averaged: then times W), counted before the window "
                     "starts; under Accelerate or DeepSpeed, times K as well (their backward "
                     "divides by K).")]
+
+
+def hand_mean_rank_findings(steps: dict[int, list[dict[str, Any]]]) -> list[Finding]:
+    """F6 for per-micro-batch means built by hand whose counts differ between ranks (module
+    doc). ``steps``: each rank's step lines; every rank of the step must show it, with DDP's
+    (or another engine's) average over the ranks (``rank_factor`` 1/W)."""
+    ranks = sorted(r for r, ss in steps.items() if ss)
+    world = len(ranks)
+    if world < 2:
+        return []
+    by_step = [{int(w["step"]): w for w in steps[r] if "step" in w} for r in ranks]
+    for step in sorted(by_step[0]):
+        rows = [b.get(step) for b in by_step]
+        if any(w is None for w in rows):
+            continue
+        means = [_means(w) for w in rows if w is not None]
+        if any(m is None for m in means):
+            continue
+        recs = [m for m in means if m is not None]
+        factors = [w.get("rank_factor") for w in rows if w is not None]
+        if any(not isinstance(f, (int, float)) or abs(float(f) * world - 1.0) > 1e-9
+               for f in factors):
+            continue
+        sites = {str(m[0][4]) for m in recs}
+        ds = {float(m[0][2]) for m in recs}
+        counts = [{int(r[3]) for r in m} for m in recs]
+        if len(sites) != 1 or len(ds) != 1 or any(len(c) != 1 for c in counts):
+            continue
+        per = [next(iter(c)) for c in counts]
+        if len(set(per)) < 2:
+            continue
+        d, k = next(iter(ds)), len(recs[0])
+        n = sum(per) * k
+        weights = ", ".join(f"rank {r}: 1/{d * c * world:g}" for r, c in zip(ranks, per, strict=True))
+        return [_mk("F6", "error", None, step, None,
+                    f"{_short(next(iter(sites)))}: the loss backpropagated there is one mean "
+                    f"built by hand per micro-batch (no recorded loss call), divided by {d:g} "
+                    f"on every rank; at optimizer step {_n(step)} each micro-batch held "
+                    + ", ".join(f"{c} element(s) on rank {r}" for r, c in zip(ranks, per, strict=True))
+                    + f", and the engine averaged the {world} ranks' gradients: one element "
+                    f"weighed {weights} instead of 1/{n}, the large batch's mean over the "
+                    f"window's {n} elements (the ranks' means weighed alike)",
+                    title_="ranks' per-micro-batch means averaged over uneven counts (a loss "
+                           "built by hand)",
+                    fix="Sum the per-element losses and divide by the window's element count "
+                        "summed over all ranks (all_reduce), times W (the engine averages over "
+                        "ranks); under the HF Trainer, return that from compute_loss with "
+                        "num_items_in_batch (the window's count over the ranks) and "
+                        "model_accepts_loss_kwargs / loss_is_scaled_for_ga set as it expects.")]
+    return []

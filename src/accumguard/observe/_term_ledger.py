@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from accumguard.observe._hand_mean_rules import hand_mean_findings
+from accumguard.observe._hand_mean_rules import hand_mean_findings, hand_mean_rank_findings
 from accumguard.observe._ledger import _factor
 from accumguard.observe._ledger_patterns import ENGINES
 from accumguard.observe._ledger_source import world_divisions
@@ -69,6 +69,8 @@ def term_findings(rec: RunRecording) -> list[Finding]:
             if found:
                 out += found
                 break
+    if not any(f.cls in ("F5", "F6") for f in out):
+        out += hand_mean_rank_findings({r: window_lines(rec.steps.get(r, [])) for r in rec.ranks})
     return out
 
 

@@ -29,9 +29,13 @@ from accumguard.static.lint._rule import rule
 __all__ = ["callback_horizon_in_micro_batches", "trainer_steps_in_micro_batches"]
 
 _KEYS = ("warmup_steps", "max_steps")
-_BATCH = re.compile(r"batch", re.IGNORECASE)
-_SCALED = re.compile(r"accum|world|num_processes|n_?gpus|num_gpus|n_?procs|device_count|"
-                     r"nproc|replicas|ranks|global_batch|effective|total_batch", re.IGNORECASE)
+#: the step counts of a scheduler's kwargs (``lr_scheduler_kwargs``: the WSD schedule's)
+_SCHED_KEYS = ("num_warmup_steps", "num_decay_steps", "num_stable_steps", "num_training_steps")
+_BATCH = re.compile(r"batch|bsz|(^|[._])bs\b", re.IGNORECASE)
+_ACCUM = re.compile(r"accum|global_batch|effective|total_batch", re.IGNORECASE)
+_WORLD = re.compile(r"world|num_processes|n_?gpus|num_gpus|n_?procs|device_count|"
+                    r"nproc|replicas|ranks", re.IGNORECASE)
+_SCALED = re.compile(f"{_ACCUM.pattern}|{_WORLD.pattern}", re.IGNORECASE)
 
 
 def _resolve(ctx: FileContext, expr: ast.AST) -> list[ast.AST]:
@@ -82,23 +86,56 @@ def trainer_steps_in_micro_batches(ctx: FileContext) -> Iterator[Finding]:
         if not _k_above_one(ctx, call):
             continue
         for kw in call.keywords:
-            if kw.arg not in _KEYS:
-                continue
-            nodes = _resolve(ctx, kw.value)
-            # the names assigned inside a function the value resolved to, one level more
-            for fn in [n for n in nodes if isinstance(n, FUNCS)]:
-                for n in ast.walk(fn):
-                    if isinstance(n, ast.Assign):
-                        nodes.append(n.value)
-            if len(nodes) < 2 or not _per_device_quotient(nodes) or _SCALED.search(_text(nodes)):
-                continue
-            yield ctx.finding(
-                "AG313", kw.value,
-                f"`{kw.arg}={ast.unparse(kw.value)}` is computed from the dataset's size over "
-                "the per-device batch with no accumulation steps and no world size in it: it "
-                f"counts one device's micro-batches, while the Trainer counts `{kw.arg}` in "
-                "optimizer steps (K x W micro-batches each), so it lasts K x W times longer "
-                "than intended")
+            for key, value, nodes in _step_counts(ctx, kw):
+                if len(nodes) < 2 or not _per_device_quotient(nodes) \
+                        or _ACCUM.search(_text(nodes)) or any(ctx.mentions_accum(n) for n in nodes
+                                                              if not isinstance(n, FUNCS)):
+                    continue
+                per_rank = bool(_WORLD.search(_text(nodes)))
+                yield ctx.finding(
+                    "AG313", value,
+                    f"`{key}` (`{ast.unparse(value)}`) is computed from the dataset's size over "
+                    "the per-device batch"
+                    + (" and the world size, with no accumulation steps in it: it counts one "
+                       "rank's micro-batches" if per_rank else
+                       " with no accumulation steps and no world size in it: it counts one "
+                       "device's micro-batches")
+                    + f", while the Trainer counts `{key}` in optimizer steps (K"
+                    + ("" if per_rank else " x W") + " micro-batches each), so it lasts K"
+                    + ("" if per_rank else " x W") + " times longer than intended")
+
+
+def _step_counts(ctx: FileContext, kw: ast.keyword
+                 ) -> Iterator[tuple[str, ast.AST, list[ast.AST]]]:
+    """(key, value, what it resolves to) of the keyword's step counts: ``warmup_steps`` /
+    ``max_steps`` themselves, or the step counts of ``lr_scheduler_kwargs`` (a dict literal,
+    or one a function of the file returns)."""
+    if kw.arg in _KEYS:
+        yield kw.arg, kw.value, _with_assignments(_resolve(ctx, kw.value))
+        return
+    if kw.arg != "lr_scheduler_kwargs":
+        return
+    target = kw.value.func if isinstance(kw.value, ast.Call) else kw.value
+    for node in _resolve(ctx, target):
+        dicts = [node] if isinstance(node, ast.Dict) else [
+            r.value for r in ast.walk(node) if isinstance(r, ast.Return)
+            and isinstance(r.value, ast.Dict)] if isinstance(node, FUNCS) else []
+        for d in dicts:
+            for k, v in zip(d.keys, d.values, strict=True):
+                if isinstance(k, ast.Constant) and k.value in _SCHED_KEYS:
+                    found = _with_assignments([v, *(_resolve(ctx, v)[1:]),
+                                               *([node] if isinstance(node, FUNCS) else [])])
+                    yield str(k.value), v, found
+
+
+def _with_assignments(nodes: list[ast.AST]) -> list[ast.AST]:
+    """``nodes`` and the values assigned inside a function among them (one level more)."""
+    out = list(nodes)
+    for fn in [n for n in nodes if isinstance(n, FUNCS)]:
+        for n in ast.walk(fn):
+            if isinstance(n, ast.Assign):
+                out.append(n.value)
+    return out
 
 
 def _trainer_k_above_one(ctx: FileContext) -> bool:
