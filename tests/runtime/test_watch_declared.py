@@ -225,3 +225,26 @@ def test_a_schedule_error_only_the_source_shows_is_kept_when_the_run_confirms_it
     assert schedule_source_findings(rec, own, bug) == []
     one = load_recordings(RECORDED / "r101_k_one_every_step")
     assert schedule_source_findings(one, analyze(one, k_flag=None)[0], bug) == []
+
+
+def test_a_source_claim_that_raises_is_accumguards_failure_and_the_rest_still_reports(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The claims read from the script run after the rules, each on its own: one that raises
+    (accumguard's own bug) is named in the report as accumguard's failure, the run's own
+    findings stay, and nothing raises into the caller."""
+    import accumguard.watch._source_claims as claims
+    from accumguard.watch import judge
+    from tests.helpers import RECORDED
+
+    def broken(*_: object) -> list[object]:
+        raise RuntimeError("boom")
+
+    corpus = Path(__file__).parents[1] / "lint_corpus"
+    cmd = ["python", str(corpus / "bug_lightning_callback_lr_from_total_batch_idx.py")]
+    whole = judge(RECORDED / "r110_accelerate_resume_skips_into_the_tail", command=cmd)
+    assert [f.cls for f in whole.findings if f.severity.value == "error"] == ["F13", "F4"]
+    monkeypatch.setattr(claims, "schedule_source_findings", broken)
+    res = judge(RECORDED / "r110_accelerate_resume_skips_into_the_tail", command=cmd)
+    assert [f.cls for f in res.findings if f.severity.value == "error"] == ["F13"]
+    failed = res.report["accumguard_failed"]
+    assert failed and any("schedule_source_findings" in line for line in failed), failed

@@ -148,6 +148,7 @@ def _judge_failed(command: Sequence[str], code: int, signalled: str | None,
 def _judge(out_dir: str | os.PathLike[str], *, command: Sequence[str],
            accumulation_steps: int | None, code: int, signalled: str | None,
            watch_id: str | None, merged: bool) -> WatchResult:
+    from accumguard.observe._isolated import Isolated
     from accumguard.watch._declared import declared_k
     from accumguard.watch._findings import (
         NUMBERING,
@@ -168,8 +169,13 @@ def _judge(out_dir: str | os.PathLike[str], *, command: Sequence[str],
         script = declared_k(list(command), world=max(1, rec.world))
     findings, k, k_source = analyze(rec, k_flag=accumulation_steps, script=script)
     if not accumulation_steps:
-        findings += _dropped_option_findings(rec, findings, command)
-        findings += schedule_source_findings(rec, findings, command)
+        # (each on its own: one that raises is accumguard's failure, the others still report)
+        rule = Isolated(rec)
+        none: list[Finding] = []
+        findings += rule("dropped_option_findings", _dropped_option_findings, rec, findings,
+                         command, default=none)
+        findings += rule("schedule_source_findings", schedule_source_findings, rec, findings,
+                         command, default=none)
     findings = merge_ranks(findings, rec.ranks)  # what every rank saw alike: one finding
     steps = {r: s for r, s in rec.steps.items()}
     n_steps = max((len(s) for s in steps.values()), default=0)
