@@ -6,7 +6,9 @@ from ``len(train_dataloader)``) has no horizon the run can read: ``watch`` sees 
 not the step number the schedule meant. ``lint`` reads that number in the source. Its F4
 errors are kept in the watch report only when the run shows the two facts every such claim
 rests on: the optimizer stepped once per K >= 2 backward passes, and the rate changed
-during the run (a schedule acted); and only when the run's own rules made no F4 error.
+during the run (a schedule acted); and only when the run's own rules said nothing about
+the schedule (no F4 finding at any level: a file may hold several modes, and a rate the run
+judged itself, as a token-count schedule's warning, is the run's word).
 """
 
 from __future__ import annotations
@@ -53,9 +55,10 @@ def _confirmed(rec: RunRecording) -> tuple[int, int, list[float]] | None:
 
 def schedule_source_findings(rec: RunRecording, findings: list[Finding],
                              command: Sequence[str]) -> list[Finding]:
-    """The script's F4 errors (lint), confirmed by the run (see the module); [] otherwise."""
-    if any(f.cls == "F4" and f.severity == "error" for f in findings):
-        return []
+    """The script's F4 errors (lint), confirmed by the run, when the run's rules made no F4
+    finding (see the module); [] otherwise."""
+    if any(f.cls == "F4" for f in findings):
+        return []  # the run judged its schedule itself (a warning or note is its own view)
     confirmed = _confirmed(rec)
     if confirmed is None:
         return []
