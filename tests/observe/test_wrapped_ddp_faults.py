@@ -61,7 +61,6 @@ def _train(out: Path | None) -> tuple[list[torch.Tensor], object]:
     trunk, heads = net.trunk, net.heads
     g = torch.Generator().manual_seed(1)
     data = [torch.randn(3, 4, generator=g) for _ in range(3 * K)]
-    obs = None
     with recording(out) if out is not None else contextlib.nullcontext() as obs:
         model = _FabricModule(torch.nn.parallel.DistributedDataParallel(net))
         opt = torch.optim.SGD([*model.parameters(), *heads["a"].parameters()], lr=0.1)
