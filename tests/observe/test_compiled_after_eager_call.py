@@ -14,8 +14,6 @@ the hook, observation switched off after 0 steps (the run itself went on unchang
 from __future__ import annotations
 
 import contextlib
-import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,19 +26,6 @@ from accumguard.watch._recording import recording
 from helpers import recorded_failures
 
 K = 4
-
-
-@pytest.fixture
-def one_rank_group() -> Iterator[None]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
-                            world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _train(out: Path | None) -> list[torch.Tensor]:

@@ -8,13 +8,10 @@ accumguard's, and the weights are bit-equal to the unobserved run's."""
 from __future__ import annotations
 
 import contextlib
-import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from accumguard.observe import _forwards, _loose
 from accumguard.watch._findings import load_recordings
@@ -30,19 +27,6 @@ class _FabricModule(torch.nn.Module):  # the name Fabric's wrapper has
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._forward_module(x)
-
-
-@pytest.fixture
-def one_rank_group() -> Iterator[None]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
-                            world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 class _Net(torch.nn.Module):

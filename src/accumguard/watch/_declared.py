@@ -22,10 +22,12 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from accumguard.static.lint._ast import dotted, last_part
 
-__all__ = ["ScriptK", "declared_k", "dropped_accumulation_option", "script_of_command"]
+__all__ = ["ScriptK", "declared_k", "dropped_accumulation_option", "script_lint_errors",
+           "script_of_command"]
 
 # K-like names (matched on the last part of a dotted name, case-insensitive).
 _K_NAME = re.compile(
@@ -413,6 +415,17 @@ def dropped_accumulation_option(command: Sequence[str], cwd: str | None = None) 
     accumulation option that never reaches the config its loop reads (a dataclass filtered
     to its fields, ``parse_dict(allow_extra_keys=True)``): the loop then runs the config's
     default, 1. None when the script cannot be read or says no such thing."""
+    found = script_lint_errors(command, cwd)
+    hits = [] if found is None else [f for f in found[1] if f.code in ("AG187", "AG191")]
+    if found is None or not hits:
+        return None
+    return f"{found[0].name}:{hits[0].line}: {hits[0].evidence}"
+
+
+def script_lint_errors(command: Sequence[str], cwd: str | None = None
+                       ) -> tuple[Path, list[Any]] | None:
+    """The command's script and what lint says of it at error level (``watch`` keeps some of
+    it when the run confirms it); None when the script cannot be found, read or parsed."""
     from accumguard.static.lint import lint_source
 
     found = script_of_command(command, cwd)
@@ -420,10 +433,7 @@ def dropped_accumulation_option(command: Sequence[str], cwd: str | None = None) 
         return None
     try:
         text = found[0].read_text(encoding="utf-8")
-        hits = [f for f in lint_source(text) if f.code in ("AG187", "AG191")
-                and str(getattr(f.severity, "value", f.severity)) == "error"]
+        return found[0], [f for f in lint_source(text)
+                          if str(getattr(f.severity, "value", f.severity)) == "error"]
     except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
         return None
-    if not hits:
-        return None
-    return f"{found[0].name}:{hits[0].line}: {hits[0].evidence}"

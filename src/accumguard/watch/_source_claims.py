@@ -23,19 +23,11 @@ __all__ = ["schedule_source_findings"]
 
 
 def _lint_f4(command: Sequence[str]) -> tuple[str, list[Any]] | None:
-    from accumguard.static.lint import lint_source
-    from accumguard.watch._declared import script_of_command
+    from accumguard.watch._declared import script_lint_errors
 
-    found = script_of_command(command)
-    if found is None:
-        return None
-    try:
-        text = found[0].read_text(encoding="utf-8")
-        hits = [f for f in lint_source(text) if f.cls == "F4"
-                and str(getattr(f.severity, "value", f.severity)) == "error"]
-    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
-        return None
-    return (found[0].name, hits) if hits else None
+    found = script_lint_errors(command)
+    hits = [] if found is None else [f for f in found[1] if f.cls == "F4"]
+    return (found[0].name, hits) if found is not None and hits else None
 
 
 def _confirmed(rec: RunRecording) -> tuple[int, int, list[float]] | None:
