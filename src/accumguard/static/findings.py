@@ -961,6 +961,22 @@ RULES: dict[str, Rule] = {
             "clear the gradient after that pass (model.zero_grad(set_to_none=True) or "
             "optimizer.zero_grad()), or run it under torch.no_grad() when it needs no gradient",
         ),
+        _rule(
+            "AG317", "fractional-epoch-mixed-units", "F4", E, HI,
+            "a scheduler stepped with a fractional epoch (sched.step(epoch + i / n)) whose "
+            "numerator counts micro-batches and whose denominator counts optimizer steps "
+            "(n = len(loader) // K): the schedule runs K x fast",
+            "count the same thing above and below: (i + 1) / len(loader) (micro-batches), or "
+            "((i + 1) // K) / steps_per_epoch (optimizer steps)",
+        ),
+        _rule(
+            "AG318", "resume-skips-saved-iteration", "F13", E, HI,
+            "a resume restoring the saved iteration counter + 1 while the checkpoint saved the "
+            "iteration still to run (saved before its optimizer step, or after the counter "
+            "moved): one whole window is skipped",
+            "restore the counter as saved (iter_num = ckpt[\"iter_num\"]), or save it after "
+            "the optimizer step and before the counter moves if the + 1 is to stay",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

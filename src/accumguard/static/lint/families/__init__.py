@@ -97,6 +97,8 @@
 ``hfsetters``  AG314               TrainingArguments.set_training() without K on arguments built with K > 1
 ``dslateflag`` AG315               DeepSpeed's boundary flag read after engine.step(), gating a scheduler
 ``probebackward`` AG316            a backward before the training loop, its gradient never cleared
+``fracepoch`` AG317                a fractional epoch for a scheduler counted in two units
+``resumeskip`` AG318               a resume at the saved counter + 1 that skips the saved iteration
 ``fabricbypass`` AG300             a submodule called through the model fabric.setup returned
 ``syncwhole``  AG111               every backward of the window inside one `with model.no_sync():`
 ``syncorder``  AG106 AG111         FSDP2's sync flag set after the backward; one no_sync() beside a conditional item
@@ -131,6 +133,7 @@ from accumguard.static.lint.families import (
     epochtail,
     fabricbypass,
     factored,
+    fracepoch,
     fsdproot,
     fsdpunits,
     funcclip,
@@ -164,6 +167,7 @@ from accumguard.static.lint.families import (
     probebackward,
     reduce,
     resume,
+    resumeskip,
     scale,
     schedule,
     spawnworld,
@@ -187,4 +191,4 @@ from accumguard.static.lint.families import (
     wrapgate,
 )
 
-__all__ = ["accelerate", "accloader", "acctail", "ampclip", "argdrop", "chunktail", "clipgrads", "cliporder", "commhook", "deepspeed", "dphorizon", "dsbatch", "dsblocks", "dslateflag", "dssched", "dsstep", "dsunmanaged", "dszero", "emastep", "epochtail", "fabricbypass", "factored", "fsdproot", "funcclip", "fsdpunits", "fused", "gradwrite", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfmodel", "hfclip", "hfscale", "hfsetters", "hfsuper", "hfterms", "hftokens", "hfwarmup", "horizon", "lgkschedule", "lgmanual", "lgstep", "lgunsplit", "lgwindow", "loss", "lowbuffer", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "probebackward", "reduce", "resume", "scale", "schedule", "spawnworld", "stephorizon", "sync", "syncclip", "syncorder", "syncwhole", "synctail", "tailscale", "tempreduce", "terms", "tokenmean", "tokhorizon", "tokiters", "twice", "unclearedopt", "unreduced", "window", "wrapbypass", "wrapgate"]
+__all__ = ["accelerate", "accloader", "acctail", "ampclip", "argdrop", "chunktail", "clipgrads", "cliporder", "commhook", "deepspeed", "dphorizon", "dsbatch", "dsblocks", "dslateflag", "dssched", "dsstep", "dsunmanaged", "dszero", "emastep", "epochtail", "fabricbypass", "factored", "fracepoch", "fsdproot", "funcclip", "fsdpunits", "fused", "gradwrite", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfmodel", "hfclip", "hfscale", "hfsetters", "hfsuper", "hfterms", "hftokens", "hfwarmup", "horizon", "lgkschedule", "lgmanual", "lgstep", "lgunsplit", "lgwindow", "loss", "lowbuffer", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "probebackward", "reduce", "resume", "resumeskip", "scale", "schedule", "spawnworld", "stephorizon", "sync", "syncclip", "syncorder", "syncwhole", "synctail", "tailscale", "tempreduce", "terms", "tokenmean", "tokhorizon", "tokiters", "twice", "unclearedopt", "unreduced", "window", "wrapbypass", "wrapgate"]

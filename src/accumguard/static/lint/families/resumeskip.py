@@ -1,0 +1,130 @@
+"""A resume that restores the saved iteration counter + 1 when the save stored the
+iteration still to run (F13): AG318.
+
+A loop that checkpoints its counter (``"iter_num": iter_num``) saves either the iteration
+it is about to run (nanoGPT's save at the top of the iteration, before its update) or the
+one it has just run (a save after the optimizer step, before the counter moves). Only the
+second resumes with ``iter_num = ckpt["iter_num"] + 1``; after the first, the + 1 skips a
+whole iteration: its window of micro-batches is never trained on, and every schedule read
+from the counter is one step ahead for the rest of the run. Reported when all of it is in
+the file: the restore ``X = ckpt["key"] + 1``, one dict saving ``"key": X``, one ``X += 1``
+in the training loop, and where the save runs in that loop (directly or through a method
+it calls) relative to the optimizer step and the increment: the + 1 is right only when the
+save comes after the step and before the increment.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+from accumguard.static.findings import Finding
+from accumguard.static.lint._ast import FUNCS, call_attr, dotted, last_part, walk_all
+from accumguard.static.lint._context import FileContext
+from accumguard.static.lint._rule import rule
+
+__all__ = ["resume_skips_the_saved_iteration"]
+
+_LOOPS = (ast.For, ast.AsyncFor, ast.While)
+
+
+def _restored_key(value: ast.AST) -> str | None:
+    """``ckpt["key"] + 1`` (also ``int(ckpt["key"]) + 1`` and ``ckpt.get("key") + 1``): key."""
+    if not (isinstance(value, ast.BinOp) and isinstance(value.op, ast.Add)
+            and isinstance(value.right, ast.Constant) and value.right.value == 1):
+        return None
+    left = value.left
+    if isinstance(left, ast.Call) and isinstance(left.func, ast.Name) and left.func.id == "int" \
+            and len(left.args) == 1:
+        left = left.args[0]
+    if isinstance(left, ast.Subscript) and isinstance(left.slice, ast.Constant):
+        key = left.slice.value
+    elif isinstance(left, ast.Call) and call_attr(left) == "get" and left.args \
+            and isinstance(left.args[0], ast.Constant):
+        key = left.args[0].value
+    else:
+        return None
+    return key if isinstance(key, str) else None
+
+
+def _saved_as(ctx: FileContext, key: str, counter: str) -> list[ast.Dict]:
+    return [d for d in ctx.of(ast.Dict)
+            if any(isinstance(k, ast.Constant) and k.value == key and v is not None
+                   and last_part(dotted(v)) == counter for k, v in zip(d.keys, d.values, strict=True))]
+
+
+def _site_line(ctx: FileContext, loop: ast.AST, node: ast.AST, depth: int = 2) -> int | None:
+    """The line in ``loop`` at which ``node`` runs: its own when inside, else the first call
+    in the loop of the function holding it (followed ``depth`` calls up)."""
+    if _inside(ctx, node, loop):
+        return int(getattr(node, "lineno", 0))
+    fn = ctx.enclosing(node, FUNCS)
+    if fn is None or depth == 0:
+        return None
+    name = getattr(fn, "name", "")
+    lines = [c.lineno for c in walk_all(loop) if isinstance(c, ast.Call)
+             and (call_attr(c) == name or (isinstance(c.func, ast.Name) and c.func.id == name))]
+    if lines:
+        return min(lines)
+    calls = [c for c in ctx.of(ast.Call)
+             if call_attr(c) == name or (isinstance(c.func, ast.Name) and c.func.id == name)]
+    found = [ln for c in calls if (ln := _site_line(ctx, loop, c, depth - 1)) is not None]
+    return min(found) if found else None
+
+
+def _inside(ctx: FileContext, node: ast.AST, loop: ast.AST) -> bool:
+    cur = ctx.parents.get(node)
+    while cur is not None:
+        if cur is loop:
+            return True
+        cur = ctx.parents.get(cur)
+    return False
+
+
+def _step_line(ctx: FileContext, loop: ast.AST) -> int | None:
+    steps = [c for c in ctx.of(ast.Call) if ctx.is_step(c, ("optimizer", "engine"))]
+    lines = [ln for c in steps if (ln := _site_line(ctx, loop, c)) is not None]
+    return min(lines) if lines else None
+
+
+def _between(a: int, x: int, b: int) -> bool:
+    """``x`` comes after ``a`` and before ``b`` going round the loop body from ``a``."""
+    return a < x < b if a < b else (x > a or x < b)
+
+
+@rule("AG318")
+def resume_skips_the_saved_iteration(ctx: FileContext) -> Iterator[Finding]:
+    for restore in ctx.of(ast.Assign):
+        if len(restore.targets) != 1 or (key := _restored_key(restore.value)) is None:
+            continue
+        counter = last_part(dotted(restore.targets[0]))
+        if not counter:
+            continue
+        saves = _saved_as(ctx, key, counter)
+        incs = [n for n in ctx.of(ast.AugAssign) if isinstance(n.op, ast.Add)
+                and isinstance(n.value, ast.Constant) and n.value.value == 1
+                and last_part(dotted(n.target)) == counter and ctx.enclosing(n, _LOOPS) is not None]
+        if len(saves) != 1 or len(incs) != 1:
+            continue
+        loop = ctx.enclosing(incs[0], _LOOPS)
+        assert loop is not None
+        while (outer := ctx.enclosing(loop, _LOOPS)) is not None and \
+                ctx.scope_of(outer) is ctx.scope_of(loop) and _step_line(ctx, loop) is None:
+            loop = outer
+        save_at = _site_line(ctx, loop, saves[0])
+        step_at = _step_line(ctx, loop)
+        if save_at is None or step_at is None or save_at == step_at:
+            continue
+        if _between(step_at, save_at, incs[0].lineno):
+            continue  # the save holds the iteration just run: + 1 is the next one
+        when = ("before the optimizer step of the iteration it numbers"
+                if _between(incs[0].lineno, save_at, step_at) or save_at < step_at
+                else "after the counter moved on")
+        yield ctx.finding(
+            "AG318", restore,
+            f"the resume sets `{ast.unparse(restore.targets[0])}` to the saved `{key}` + 1, but "
+            f"the checkpoint saves `{counter}` (line {saves[0].lineno}) at line {save_at} of "
+            f"the loop, {when} (step at line {step_at}, `{counter} += 1` at line "
+            f"{incs[0].lineno}): the saved value is the iteration still to run, so the resumed "
+            "run skips one whole window and every schedule read from the counter runs one "
+            "step ahead")
