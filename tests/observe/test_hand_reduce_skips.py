@@ -41,3 +41,22 @@ def test_an_all_reduce_that_never_reaches_the_gradients_is_f10() -> None:
     errors = [f for f in findings if f.severity == "error"]
     assert [f.cls for f in errors] == ["F10"], findings
     assert "never reaches the gradients the optimizer steps" in errors[0].title
+
+
+def test_skipped_parameters_are_named_behind_a_clip_that_acts() -> None:
+    """Blind round 113 c_b01: nanoGPT's two groups, the helper rebuilds its list inside the
+    loop over ``param_groups`` and reduces after it (only the last, no-decay group), then a
+    clip at 1.0 that acts (a factor of about 0.8, different on each rank): each rank's
+    optimizer receives its own gradient times its clip factor for the weights. The factors
+    are the ones the never-reduced parameters share; the reduced ones agree after them."""
+    errors = [f for f in _findings("r113_hand_reduce_last_group_clipped") if f.severity == "error"]
+    assert [f.cls for f in errors] == ["F10"], errors
+    assert "never averaged" in errors[0].title
+    for name in ("transformer.wte.weight", "h.0.attn.c_attn.weight", "h.1.mlp.c_fc.weight"):
+        assert name in errors[0].evidence, errors[0].evidence
+    assert "ln_1.bias" not in errors[0].evidence.split("never covered")[1]
+
+
+def test_every_group_reduced_behind_a_clip_is_silent() -> None:
+    findings = _findings("r113_hand_reduce_all_groups_clipped")
+    assert not [f for f in findings if f.severity != "note"], findings

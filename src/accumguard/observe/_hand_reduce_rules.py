@@ -7,6 +7,8 @@ cross_rank_findings` asks these before its generic "ranks train different models
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from accumguard.observe._comm_rules import GRAD_OPS
 from accumguard.observe._records import Finding, RunRecording, StepWindow, _mk
 from accumguard.observe._weight_rules import WEIGHT_TOL
@@ -22,10 +24,13 @@ def skipped_by_hand_reduce(row: dict[int, StepWindow]
     optimizer received exactly this rank's own contributions while the ranks' contributions
     differ (never reduced), and those that received one common c x the sum over ranks
     (reduced), with c; None unless both sets are non-empty and every parameter whose
-    ranks' contributions differ is in one of them."""
+    ranks' contributions differ is in one of them. A clip after the reduction scales every
+    gradient of a rank by that rank's one factor: with clips, the factors are those shared
+    by the parameters received as the rank's own (at least two of them, one factor vector
+    exactly), and the reduced ones are compared after dividing by them."""
     wins = list(row.values())
     conss = [w.conservation for w in wins]
-    if any(w.engine != "local" or not int(w.reductions) or int(w.clips) for w in wins):
+    if any(w.engine != "local" or not int(w.reductions) for w in wins):
         return None
     sizes = {len(c.contrib_sums) if c is not None else -1 for c in conss} \
         | {len(c.received_sums) if c is not None else -1 for c in conss}
@@ -39,14 +44,22 @@ def skipped_by_hand_reduce(row: dict[int, StepWindow]
         return all(abs(x - y) <= WEIGHT_TOL * max(abs(x), abs(y)) + floor
                    for x, y in zip(a, b, strict=True))
 
+    params = [p for p in range(min(sizes) // 2)
+              if not all(close([c[2 * p], c[2 * p + 1]], [contribs[0][2 * p], contribs[0][2 * p + 1]])
+                         for c in contribs[1:])]  # agreeing contributions: cannot be told
+    scales = [1.0] * len(wins)
+    if any(int(w.clips) for w in wins):
+        found = _clip_scales(params, contribs, gots, close)
+        if found is None:
+            return None
+        scales = found
+    gots = [[x / sc for x in g] for g, sc in zip(gots, scales, strict=True)]
     own: list[int] = []
     reduced: list[int] = []
-    for p in range(min(sizes) // 2):
+    for p in params:
         cols = (2 * p, 2 * p + 1)
         mine = [[c[i] for i in cols] for c in contribs]
         got = [[g[i] for i in cols] for g in gots]
-        if all(close(mine[0], m) for m in mine[1:]):
-            continue  # the ranks' contributions agree: reduced or not, it cannot be told
         if all(close(got[0], g) for g in got[1:]):
             reduced.append(p)
         elif all(close(g, m) for g, m in zip(got, mine, strict=True)):
@@ -64,6 +77,35 @@ def skipped_by_hand_reduce(row: dict[int, StepWindow]
     if c <= 0 or not close(mean_got, [c * x for x in total]):
         return None
     return own, reduced, c
+
+
+def _clip_scales(params: list[int], contribs: list[list[float]], gots: list[list[float]],
+                 close: Callable[[list[float], list[float]], bool]) -> list[float] | None:
+    """Each rank's one clip factor (received / own contribution) shared by the most
+    parameters, when at least two share it exactly and it is at most 1 (a clip only
+    shrinks); None otherwise."""
+    votes: list[list[float]] = []
+    for p in params:
+        vec = []
+        for mine, got in zip(contribs, gots, strict=True):
+            i = 2 * p if abs(mine[2 * p]) >= abs(mine[2 * p + 1]) else 2 * p + 1
+            if mine[i] == 0:
+                break
+            t = got[i] / mine[i]
+            if not close([got[2 * p], got[2 * p + 1]], [t * mine[2 * p], t * mine[2 * p + 1]]):
+                break
+            vec.append(t)
+        else:
+            votes.append(vec)
+    best: list[float] | None = None
+    count = 0
+    for v in votes:
+        n = sum(1 for u in votes if close(u, v))
+        if n > count:
+            best, count = v, n
+    if best is None or count < 2 or any(not 0 < x <= 1 + WEIGHT_TOL for x in best):
+        return None
+    return best
 
 
 #: optimizers whose update is linear in the gradient history (plain SGD, with momentum or

@@ -120,6 +120,8 @@ class MasterSum(TypedDict, total=False):
     in_place: bool  # nothing removed between the backwards, nothing left from before
     reached: bool | None  # the optimizer's gradient is that sum up to one scale (None: unknown)
     scale: float  # that scale, when it was measured
+    proj: list[float]  # the sum's fixed projections, when it did not pair on this rank alone
+    recv: list[float]  # the optimizer's gradient's, at the same projections
 
 
 @torch.no_grad()
@@ -170,7 +172,22 @@ def model_grad_sum(tracked: Sequence[torch.Tensor], members: Sequence[bool],
                  / max(float(a.abs().sum()), abs(c) * float(b.abs().sum()), 1e-30))
         out["reached"] = bool(c > 0 and resid <= _TOL_LOW)
         out["scale"] = c
+        if not out["reached"]:
+            # after a hand all-reduce the masters hold the ranks' sums together: kept, in
+            # a few fixed projections, for the pairing across ranks (pair_master_sums)
+            out["proj"] = _project(b)
+            out["recv"] = _project(a)
     return out
+
+
+#: Fixed projections of a window's per-parameter sums: a few numbers per rank that the
+#: ranks' sums can be paired by (a sum of vectors projects to the sum of projections).
+_PROJECTIONS = 4
+
+
+def _project(v: torch.Tensor) -> list[float]:
+    idx = torch.arange(v.numel(), dtype=torch.float64)
+    return [float(v @ torch.cos(idx * (0.7 + 0.61 * k) + 0.3 * k)) for k in range(_PROJECTIONS)]
 
 
 def step_facts(*, params: str | None, fsdp: dict[str, str] | None,

@@ -42,9 +42,9 @@ import math
 from typing import Any
 
 from accumguard.core.precision import F12_ERROR_FACTOR, f12_drift, f12_error_k
-from accumguard.observe._records import Finding, StepWindow, _mk
+from accumguard.observe._records import Finding, RunRecording, StepWindow, _mk
 
-__all__ = ["F12_ERROR_FACTOR", "F12_MEASURED_FACTOR", "F12_MIN_K", "f12_drift", "f12_error_k", "low_precision_findings"]
+__all__ = ["F12_ERROR_FACTOR", "F12_MEASURED_FACTOR", "F12_MIN_K", "f12_drift", "f12_error_k", "low_precision_findings", "pair_master_sums"]
 
 #: Unit roundoff of the low-precision gradient dtypes (as verify.tolerance, which observe
 #: may not import).
@@ -247,3 +247,45 @@ def _measured(judged: list[tuple[StepWindow, tuple[str, int, str, str, bool]]], 
     m = max(r[0] for r in rows)
     top = [r for r in rows if r[0] == m]
     return m, min(r[1] for r in top), max(r[2] for r in top), len(top)
+
+
+def pair_master_sums(rec: RunRecording) -> int:
+    """The master-weight pattern's copy confirmed across the ranks: where no rank could pair
+    the optimizer's gradient with its own bf16 sum (a hand all-reduce of the masters'
+    gradients in between), the ranks' sums added up and the optimizer's gradient (the same
+    on every rank) are compared at fixed projections (:func:`._precision.model_grad_sum`);
+    proportional within the low-precision tolerance, with one positive scale, the sum is
+    what the optimizer stepped: ``reached`` is set on every rank's record. How many steps
+    were paired."""
+    ranks = [r for r in rec.ranks if rec.steps.get(r)]
+    if len(ranks) < 2 or len(ranks) != rec.world:
+        return 0
+    by_step: dict[int, dict[int, dict[str, Any]]] = {}
+    for r in ranks:
+        for line in rec.steps[r]:
+            prec = line.get("precision") if line.get("kind", "step") == "step" else None
+            master = prec.get("model_grad") if isinstance(prec, dict) else None
+            if isinstance(master, dict) and master.get("reached") is None \
+                    and master.get("in_place") and master.get("proj") and master.get("recv"):
+                by_step.setdefault(int(line["step"]), {})[r] = master
+    paired = 0
+    for rows in by_step.values():
+        if len(rows) != len(ranks):
+            continue
+        sums = [sum(float(m["proj"][k]) for m in rows.values()) for k in range(len(rows[ranks[0]]["proj"]))]
+        recvs = [[float(x) for x in m["recv"]] for m in rows.values()]
+        a = recvs[0]
+        if len(a) != len(sums) or any(len(v) != len(a) for v in recvs):
+            continue
+        scale_a = max(sum(abs(x) for x in a), 1e-30)
+        if any(sum(abs(x - y) for x, y in zip(v, a, strict=True)) > _TOL_LOW * scale_a for v in recvs):
+            continue  # the ranks' optimizers do not hold one gradient: not a shared copy
+        denom = sum(x * x for x in sums)
+        c = sum(x * y for x, y in zip(a, sums, strict=True)) / denom if denom > 0 else 0.0
+        resid = sum(abs(x - c * y) for x, y in zip(a, sums, strict=True)) / max(
+            scale_a, abs(c) * sum(abs(y) for y in sums), 1e-30)
+        if c > 0 and resid <= _TOL_LOW:
+            for m in rows.values():
+                m["reached"], m["scale"] = True, c
+            paired += 1
+    return paired

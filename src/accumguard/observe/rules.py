@@ -52,7 +52,12 @@ from accumguard.observe._k_resolution import resolve_k, spans_passes
 from accumguard.observe._ledger import ledger_findings, weights_right
 from accumguard.observe._lr_rules import lr_schedule_findings
 from accumguard.observe._partial_window_rules import partial_window_findings
-from accumguard.observe._precision_rules import F12_ERROR_FACTOR, f12_drift, low_precision_findings
+from accumguard.observe._precision_rules import (
+    F12_ERROR_FACTOR,
+    f12_drift,
+    low_precision_findings,
+    pair_master_sums,
+)
 from accumguard.observe._rank_rules import (
     averaged_inside_steps,
     clipped_apart_findings,
@@ -172,6 +177,8 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
     findings: list[Finding] = []
     # a DDP comm hook's factor over the ranks, measured, where the engine's could not be read
     rule("fill_hook_factors", fill_hook_factors, rec, default=0)
+    # the master-weight copy of a bf16 sum, confirmed over the ranks after a hand all-reduce
+    rule("pair_master_sums", pair_master_sums, rec, default=0)
     # the whole update weighs its tokens as the large batch does, across the ranks: a rank's
     # own total of 1/K or K (its share of the 1, with unequal counts) proves nothing
     right = rule("weights_right", weights_right, rec, default=False)
