@@ -977,6 +977,21 @@ RULES: dict[str, Rule] = {
             "restore the counter as saved (iter_num = ckpt[\"iter_num\"]), or save it after "
             "the optimizer step and before the counter moves if the + 1 is to stay",
         ),
+        _rule(
+            "AG319", "clip-before-window-in-hf-callback", "F8", E, HI,
+            "gradient clipping in a Hugging Face TrainerCallback's on_step_begin: it runs "
+            "before the window's first backward, on cleared gradients, so the window's "
+            "gradient is never clipped",
+            "clip in on_pre_optimizer_step (after the window's last backward, before the "
+            "step), or set TrainingArguments(max_grad_norm=...)",
+        ),
+        _rule(
+            "AG320", "gradients-of-last-pass-reduced", "F10", E, HI,
+            "a list of gradients assigned anew on every pass of a loop (per parameter group) "
+            "and all-reduced after it: only the last pass's gradients are averaged",
+            "build one list over every pass (grads += [...] or grads.extend(...)) before the "
+            "reduction, or reduce inside the loop",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

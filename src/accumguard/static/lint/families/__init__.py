@@ -39,8 +39,8 @@
 ``twice``      AG133               the loss divided by K in a helper and again by its caller;
                AG134               ... or by hand before DeepSpeed's engine.backward (GA > 1)
 ``ampclip``    AG135               gradient clipped before GradScaler.unscale_ (on the scaled gradient)
-``hookclip``   AG138               clipping in a hook run on every micro-batch (Lightning's
-               on_after_backward, HF on_substep_end), K > 1
+``hookclip``   AG138 AG319         clipping in a hook run on every micro-batch (Lightning's
+               on_after_backward, HF on_substep_end), K > 1; in HF on_step_begin
 ``syncclip``   AG105               clipping before the script's own all-reduce of the gradients
 ``hookreduce`` AG154               the accumulated .grad all-reduced (SUM) in a post-accumulate-grad hook
 ``dssched``    AG153               a scheduler given to deepspeed.initialize and stepped by the script too
@@ -99,6 +99,7 @@
 ``probebackward`` AG316            a backward before the training loop, its gradient never cleared
 ``fracepoch`` AG317                a fractional epoch for a scheduler counted in two units
 ``resumeskip`` AG318               a resume at the saved counter + 1 that skips the saved iteration
+``lastpass``   AG320               a gradient list replaced per loop pass, reduced after the loop
 ``fabricbypass`` AG300             a submodule called through the model fabric.setup returned
 ``syncwhole``  AG111               every backward of the window inside one `with model.no_sync():`
 ``syncorder``  AG106 AG111         FSDP2's sync flag set after the backward; one no_sync() beside a conditional item
@@ -152,6 +153,7 @@ from accumguard.static.lint.families import (
     hookgrad,
     hookreduce,
     horizon,
+    lastpass,
     lgkschedule,
     lgmanual,
     lgstep,
@@ -191,4 +193,4 @@ from accumguard.static.lint.families import (
     wrapgate,
 )
 
-__all__ = ["accelerate", "accloader", "acctail", "ampclip", "argdrop", "chunktail", "clipgrads", "cliporder", "commhook", "deepspeed", "dphorizon", "dsbatch", "dsblocks", "dslateflag", "dssched", "dsstep", "dsunmanaged", "dszero", "emastep", "epochtail", "fabricbypass", "factored", "fracepoch", "fsdproot", "funcclip", "fsdpunits", "fused", "gradwrite", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfmodel", "hfclip", "hfscale", "hfsetters", "hfsuper", "hfterms", "hftokens", "hfwarmup", "horizon", "lgkschedule", "lgmanual", "lgstep", "lgunsplit", "lgwindow", "loss", "lowbuffer", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "probebackward", "reduce", "resume", "resumeskip", "scale", "schedule", "spawnworld", "stephorizon", "sync", "syncclip", "syncorder", "syncwhole", "synctail", "tailscale", "tempreduce", "terms", "tokenmean", "tokhorizon", "tokiters", "twice", "unclearedopt", "unreduced", "window", "wrapbypass", "wrapgate"]
+__all__ = ["accelerate", "accloader", "acctail", "ampclip", "argdrop", "chunktail", "clipgrads", "cliporder", "commhook", "deepspeed", "dphorizon", "dsbatch", "dsblocks", "dslateflag", "dssched", "dsstep", "dsunmanaged", "dszero", "emastep", "epochtail", "fabricbypass", "factored", "fracepoch", "fsdproot", "funcclip", "fsdpunits", "fused", "gradwrite", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfmodel", "hfclip", "hfscale", "hfsetters", "hfsuper", "hfterms", "hftokens", "hfwarmup", "horizon", "lastpass", "lgkschedule", "lgmanual", "lgstep", "lgunsplit", "lgwindow", "loss", "lowbuffer", "lrcounter", "microstat", "moeaux", "precision", "prefetch", "probebackward", "reduce", "resume", "resumeskip", "scale", "schedule", "spawnworld", "stephorizon", "sync", "syncclip", "syncorder", "syncwhole", "synctail", "tailscale", "tempreduce", "terms", "tokenmean", "tokhorizon", "tokiters", "twice", "unclearedopt", "unreduced", "window", "wrapbypass", "wrapgate"]

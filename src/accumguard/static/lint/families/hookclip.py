@@ -12,6 +12,10 @@ The Hugging Face Trainer calls ``TrainerCallback.on_substep_end`` after every mi
 a window but its last (with ``gradient_accumulation_steps`` > 1): a clip there clips the
 window's partial sum, K - 1 times per step. A clip whose ``max_norm`` is infinite only reads
 the norm and is not reported.
+
+AG319: ``TrainerCallback.on_step_begin`` runs at the start of each window, before its first
+backward, on gradients the Trainer cleared after the previous step: a clip there clips
+nothing, and the window's gradient reaches the optimizer unclipped.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._lightning import lightning_accumulates, manual_optimization
 
-__all__ = ["clip_in_backward_hook", "reads_only"]
+__all__ = ["clip_before_the_window_in_hf_hook", "clip_in_backward_hook", "reads_only"]
 
 _BACKWARD_HOOKS = ("on_after_backward", "on_before_backward")
 
@@ -203,3 +207,20 @@ def _never_called(ctx: FileContext, node: ast.AST) -> bool:
     return not any((isinstance(c.func, ast.Name) and c.func.id == fn.name)
                    or (isinstance(c.func, ast.Attribute) and c.func.attr == fn.name)
                    for c in ctx.of(ast.Call))
+
+
+@rule("AG319")
+def clip_before_the_window_in_hf_hook(ctx: FileContext) -> Iterator[Finding]:
+    for func in ctx.of(*FUNCS):
+        if func.name != "on_step_begin" or not isinstance(
+                cls := ctx.enclosing(func, (ast.ClassDef,)), ast.ClassDef) or not any(
+                "Callback" in (ast.unparse(b)) for b in cls.bases):
+            continue
+        for n in _acting_clips(ctx, func):
+            yield ctx.finding(
+                "AG319",
+                n,
+                f"{_clip_name(n)} in `{cls.name}.on_step_begin`: the Hugging Face Trainer calls "
+                "it at the start of each optimizer step's window, before its first backward, "
+                "on gradients it cleared after the previous step, so it clips nothing and the "
+                "window's gradient reaches the optimizer unclipped")
