@@ -355,14 +355,32 @@ class Lanes:
         (an FSDP2 micro-step with gradient sync off: its gradient waits in FSDP2's unsharded
         buffers) reached what the next backward that changed some did (the synchronising
         micro-step, whose reduce-scatter hands the accumulated gradient to the sharded
-        ``.grad``); with none after it yet, every optimizer's parameters (``every``)."""
+        ``.grad``); with none after it yet, every optimizer's parameters (``every``). An
+        FSDP2 micro-step with sync off that changed only plain parameters' ``.grad`` reached
+        the shards the next synchronising micro-step hands a gradient to as well."""
         out: dict[int, frozenset[int]] = {}
         after = every
+        sharded = self._sharded()
+        after_sharded = every & sharded
         for e in reversed(self.log):
             if e.touched:
                 after = e.touched
-            out[id(e)] = e.touched or after
+            if e.touched & sharded:
+                after_sharded = e.touched & sharded
+            reached = e.touched or after
+            if e.ev.engine == "fsdp2" and False in (e.ev.sync_forward, e.ev.sync_backward) \
+                    and not e.touched & sharded:
+                # it also changed plain parameters (a temperature outside the sharded
+                # model): its share of the FSDP2 parameters' gradient waits in the
+                # unsharded buffers for the synchronising micro-step's
+                reached = reached | after_sharded
+            out[id(e)] = reached
         return out
+
+    def _sharded(self) -> frozenset[int]:
+        """The FSDP2 shards among the lanes' parameters (DTensors: their ``.grad`` is
+        written only by a synchronising micro-step's reduce-scatter)."""
+        return frozenset(id(p) for p in self._all_params() if hasattr(p, "device_mesh"))
 
     def window(self, opt: object, shared: StepTally, serial: int, tracked: int) -> StepTally | None:
         """The window of ``opt`` (a torch optimizer about to step after ``serial`` backward

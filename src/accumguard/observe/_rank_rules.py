@@ -284,15 +284,30 @@ def _loose_grads_differ(step: int, row: dict[int, StepWindow]) -> Finding | None
     names = next((s.unwrapped for s in row.values() if s.unwrapped), None)
     if len(sums) != len(row) or not names:
         return None
-    scale = max(abs(v[1]) for v in sums.values()) or 1e-30
-    spread = max(abs(a[i] - b[i]) for a in sums.values() for b in sums.values()
-                 for i in (0, 1)) / max(scale, max(abs(v[0]) for v in sums.values()), 1e-30)
-    if spread <= 1e-5:
+    if _loose_spread(list(sums.values())) <= 1e-5:
         return None
-    text = ", ".join(f"rank {r}: {v[1]:.6g}" for r, v in sorted(sums.items()))
     return ddp_loose_finding(step, f"the gradient of the parameters DDP does not reduce "
-                              f"differs across ranks at step {_n(step)} (its sums of squares "
-                              f"{text}, read after the step)", names)
+                              f"differs across ranks at step {_n(step)} ({_loose_text(sums)}, "
+                              "read after the step)", names)
+
+
+def _loose_spread(sums: list[list[float]]) -> float:
+    """How far apart the ranks' loose-parameter readings are: the step checksum's columns
+    (sum, even-position sum, abs sum) or the ``.grad`` read after the step (sum, sum of
+    squares; ``_loose._loose_grads``), whichever the record holds (one form per step); a
+    step whose ranks hold different forms is not compared (0)."""
+    if len({len(v) for v in sums}) != 1:
+        return 0.0
+    if len(sums[0]) >= 3:
+        return _spread(sums)
+    scale = max(max(abs(v[0]), abs(v[1])) for v in sums) or 1e-30
+    return max(abs(a[i] - b[i]) for a in sums for b in sums for i in (0, 1)) / scale
+
+
+def _loose_text(sums: dict[int, list[float]]) -> str:
+    square = all(len(v) == 2 for v in sums.values())
+    text = ", ".join(f"rank {r}: {v[1] if square else v[0]:.6g}" for r, v in sorted(sums.items()))
+    return ("its sums of squares " if square else "checksums ") + text
 
 
 def _outside_units(step: int, row: dict[int, StepWindow]) -> Finding | None:
@@ -303,13 +318,13 @@ def _outside_units(step: int, row: dict[int, StepWindow]) -> Finding | None:
     names = next((s.unwrapped for s in row.values() if s.unwrapped), None)
     if len(sums) < 2 or len(sums) != len(row) or not names:
         return None
-    if _spread(list(sums.values())) <= 1e-5:
+    if _loose_spread(list(sums.values())) <= 1e-5:
         return None
-    text = ", ".join(f"rank {r}: {v[0]:.6g}" for r, v in sorted(sums.items()))
+    text = _loose_text(sums)
     return _mk("F10", "error", None, step, None,
                f"the optimizer steps parameters no fully_shard unit holds ({', '.join(names)}: "
                f"plain tensors, not DTensors), and the gradient it received for them differs "
-               f"across ranks at step {_n(step)} (checksums {text}): FSDP2 reduces only the "
+               f"across ranks at step {_n(step)} ({text}): FSDP2 reduces only the "
                "parameters of the modules fully_shard was applied to, and no all-reduce of "
                "the script averaged these, so each rank steps its own copy on its own gradient",
                title_="parameters outside every fully_shard unit are never averaged over "
