@@ -23,7 +23,7 @@ LINE_KEYS = [
     "backward_pass",
     "grad_hooks", "clip_before_unscale", "restarts", "opt_serial", "unborn", "rank_factor_units",
     "fsdp_mesh",
-    "began_on_grad", "hook_in", "clip_empty", "accelerate_blocks", "unwrapped", "loose_checksum", "join_initial",
+    "began_on_grad", "hook_in", "clip_empty", "clip_unset", "accelerate_blocks", "unwrapped", "loose_checksum", "join_initial",
     "pre_hooked", "grad_rescaled", "zero_micros", "lane_scales",
     "conservation",
 ]

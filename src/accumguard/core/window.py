@@ -217,6 +217,11 @@ class StepRecord:
     # shards ``p.grad.to_local()``, not the parameters): it read no ``.grad`` and clipped
     # nothing. Per such call, [backward passes before it, tensors it was given]; None: none
     clip_empty: list[list[int]] | None = None
+    # a clipping call given parameters that require a gradient but held none then (cleared
+    # by the previous step: a clip before the window's first backward) and hold one at the
+    # step: it clipped nothing of this window's gradient. Per such call, the backward passes
+    # before it; None: none
+    clip_unset: list[int] | None = None
     # Accelerate: the backward passes of each ``accumulate()`` block the window's
     # ``accelerator.backward`` calls ran in (Accelerate counts its micro-steps in blocks,
     # and a block may run several backwards); None: no accelerator.backward

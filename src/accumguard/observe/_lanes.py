@@ -438,6 +438,7 @@ class Lanes:
         w.clip_micros = [at(c) for c in shared.clip_micros]
         w.clip_names = list(shared.clip_names)
         w.clip_empty = [[at(c), t] for c, t in shared.clip_empty]
+        w.clip_unset = [(at(c), ps) for c, ps in shared.clip_unset]
         w.data_passes = [at(d) for d in shared.data_passes]
         w.sched = shared.sched
         w.reductions_between = shared.reductions_between

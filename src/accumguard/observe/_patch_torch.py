@@ -506,6 +506,8 @@ def _clip_wrapper(obs: PatchHost, name: str) -> Maker:
                 obs._w.clip_names.append(name)
                 if empty:
                     obs._w.clip_empty.append([len(obs._w.backwards), len(params)])
+            else:
+                obs._w.clip_unset.append((len(obs._w.backwards), params))
             if obs.boundary is not None:
                 obs.boundary.before_clip()  # (after the listeners: a rescale they ran counts)
             obs._clip_depth += 1  # the outermost clipping call is the event

@@ -36,6 +36,9 @@ class StepTally:
         self.clip_micros: list[int] = []
         self.clip_names: list[str] = []
         self.clip_empty: list[list[int]] = []  # clips given no tensor with a gradient
+        # clips given parameters that require a gradient and held none yet (a clip before
+        # the window's first backward): [backward passes before it, the parameters]
+        self.clip_unset: list[tuple[int, list[torch.Tensor]]] = []
         # GradScaler: unscaled yet in this window; the last norm clip before that (max_norm
         # and the returned norm, read at the step); (loss scale, max_norm, norm) of it when
         # an unscale_ followed it: it clipped the scaled gradient
@@ -94,6 +97,7 @@ class StepTally:
         w.clip_micros = [c - n for c in self.clip_micros if c >= n]
         w.clip_names = list(self.clip_names)
         w.clip_empty = [[c - n, t] for c, t in self.clip_empty if c >= n]
+        w.clip_unset = [(c - n, ps) for c, ps in self.clip_unset if c >= n]
         w.data_passes = [d - n for d in self.data_passes if d >= n]
         w.hook_inputs = [(b - n, t) for b, t in self.hook_inputs if b >= n]
         w.grad_hook_moments = [(b - n, t) for b, t in self.grad_hook_moments if b >= n]
@@ -180,10 +184,18 @@ class StepTally:
             began_on_grad=self.began_on_grad,
             hook_in=self._hook_in() if self.hook_inputs else None,
             clip_empty=self.clip_empty or None,  # (this tally's own lists: no copy)
+            clip_unset=self._clip_unset() if self.clip_unset else None,
             accelerate_blocks=self.acc_blocks or None, unwrapped=unwrapped,
             join_initial=join_initial, loose_checksum=loose_checksum, pre_hooked=pre_hooked,
             grad_rescaled=rescaled(self.grad_hook_moments) if self.grad_hook_moments else None,
             zero_micros=self.zero_micros or None, lane_scales=lane_scales)
+
+    def _clip_unset(self) -> list[int] | None:
+        """The backward passes before each clip given parameters that held no gradient then
+        and hold one now, at the step (a few read: the clip's parameters went on to be
+        trained in this window); None when none did."""
+        out = [c for c, ps in self.clip_unset if any(p.grad is not None for p in ps[:16])]
+        return out or None
 
     def _hook_in(self) -> list[list[float]] | None:
         """[backward pass, bucket sum] per comm hook call: one host read for all of them

@@ -396,6 +396,9 @@ def _rank_findings(rank: int, steps: Sequence[StepRecord], info: JsonObject,
         empty = _empty_clip_finding(rank, w)
         if empty is not None and not early_clips:
             out.append(empty)
+        unset = _unset_clip_finding(rank, w)
+        if unset is not None:
+            out.append(unset)
         scaled = _scaled_clip_finding(rank, w)
         if scaled is not None:
             out.append(scaled)
@@ -439,6 +442,29 @@ def _empty_clip_finding(rank: int, w: StepWindow) -> Finding | None:
                fix="Pass the parameters themselves (model.parameters()): clip_grad_norm_ "
                    "reads their .grad. On FSDP2, clip_grad_norm_ over the DTensor parameters "
                    "computes the global norm across the shards.")
+
+
+def _unset_clip_finding(rank: int, w: StepWindow) -> Finding | None:
+    """F8: the window's only clipping calls ran before its first backward, on parameters
+    that held no gradient then (the previous step cleared them) and held one at the step:
+    they clipped nothing, and the optimizer stepped on the unclipped gradient (a clip in a
+    hook that runs at the window's start: HF ``on_step_begin``)."""
+    unset = w.clip_unset or []
+    if not unset or w.clip_micros or not w.applied or int(w.window) < 1 \
+            or any(int(c) != 0 for c in unset):
+        return None
+    return _mk("F8", "error", rank, w.step, 0,
+               f"gradient clipping ran {len(unset)} time(s) before the first backward pass "
+               f"of the window of optimizer step {_n(w.step)}, on parameters that held no "
+               "gradient then (cleared after the previous step) and held one at the step; "
+               "no clipping ran after the window's backwards: it clipped nothing, and the "
+               "optimizer stepped on the unclipped gradient",
+               title_="gradient clipping runs before the window's backwards: it clips "
+                      "nothing",
+               fix="Clip after the window's last backward and before the optimizer step: in "
+                   "a Hugging Face TrainerCallback, on_pre_optimizer_step (not "
+                   "on_step_begin), or TrainingArguments(max_grad_norm=...); in Lightning, "
+                   "configure_gradient_clipping or Trainer(gradient_clip_val=...).")
 
 
 def unprepared_pass_findings(rank: int, windows: list[StepWindow], k: int | None
