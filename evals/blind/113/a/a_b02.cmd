@@ -1,0 +1,1 @@
+python a_b02.py
