@@ -992,6 +992,14 @@ RULES: dict[str, Rule] = {
             "build one list over every pass (grads += [...] or grads.extend(...)) before the "
             "reduction, or reduce inside the loop",
         ),
+        _rule(
+            "AG321", "loss-times-world-over-mean-count", "F10", E, HI,
+            "a loss multiplied by the world size and divided by a count the ranks averaged "
+            "(Fabric's all_reduce defaults to a mean; accelerator.reduce(n, 'mean'); "
+            "ReduceOp.AVG): N / W in the denominator, every token weighs W x",
+            "reduce the count with a sum (fabric.all_reduce(n, reduce_op='sum'), "
+            "accelerator.reduce(n, 'sum'), dist.all_reduce(n)), or drop the * world_size",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,
