@@ -45,6 +45,8 @@ def _train() -> list[torch.Tensor]:
             opt.step()
             sched.step()
             opt.zero_grad()
+    # a resume's state load (its own door): the same state back, nothing changes
+    opt.load_state_dict(opt.state_dict())
     # a gradient made by torch.autograd.grad (its own door), unused by the update
     x, y = data[0]
     torch.autograd.grad(F.cross_entropy(model(x), y), list(model.parameters()))
@@ -66,6 +68,8 @@ FAULTS = [
     ("hook:_on_grad", "pre", 3),
     # the optimizer's construction: its birth record (a run rebuilt to resume) after the call
     ("Optimizer.__init__", "post", 1),
+    # a resume's optimizer state load (the step it ran before is recorded after the call)
+    ("Optimizer.load_state_dict", "pre", 1), ("Optimizer.load_state_dict", "post", 1),
 ]
 
 

@@ -250,3 +250,54 @@ def test_a_source_claim_that_raises_is_accumguards_failure_and_the_rest_still_re
     assert [f.cls for f in res.findings if f.severity.value == "error"] == ["F13"]
     failed = res.report["accumguard_failed"]
     assert failed and any("schedule_source_findings" in line for line in failed), failed
+
+
+def test_a_resume_error_only_the_source_shows_is_kept_when_the_run_resumed() -> None:
+    """Blind round 112 a_b03 (nanoGPT, checkpoint saved at the top of the iteration, resumed
+    at the saved iteration + 1: one window skipped, every window still K long). Lint's F13
+    error (AG318) is kept in the watch report when the run loaded an optimizer's state (a
+    resume: ``state_loads`` in the end record); not for the correct twin's source, not on a
+    run that never loaded a state, and not beside an F13 error of the run's own."""
+    from accumguard.observe._records import _mk
+    from accumguard.observe.rules import analyze
+    from accumguard.watch._findings import load_recordings
+    from accumguard.watch._source_claims import resume_source_findings
+    from tests.helpers import RECORDED
+
+    corpus = Path(__file__).parents[1] / "lint_corpus"
+    bug = ["python", str(corpus / "bug_resume_plus_one_after_top_of_loop_save.py")]
+    ok = ["python", str(corpus / "ok_resume_plus_one_after_step_save.py")]
+    rec = load_recordings(RECORDED / "r112_nanogpt_resume_after_saved_iteration")
+    findings, _, _ = analyze(rec, k_flag=None)
+    assert not [f for f in findings if f.cls == "F13" and f.severity == "error"], findings
+    kept = resume_source_findings(rec, findings, bug)
+    assert [(f.cls, f.severity) for f in kept] == [("F13", "error")], kept
+    assert "lint AG318" in kept[0].evidence and "before optimizer step 21" in kept[0].evidence
+    assert "after a resume" in kept[0].title
+    assert resume_source_findings(rec, findings, ok) == []
+    assert resume_source_findings(rec, [_mk("F13", "error", None, 0, None, "own")], bug) == []
+    never = load_recordings(RECORDED / "r108_hand_lr_per_optimizer_step")
+    assert resume_source_findings(never, analyze(never, k_flag=None)[0], bug) == []
+
+
+def test_an_optimizer_state_load_is_recorded(tmp_path: Path) -> None:
+    """``Optimizer.load_state_dict`` under observation: the step it ran before is in the end
+    record, and the load itself is the script's (the state is restored as without watch)."""
+    import torch
+
+    from accumguard.watch._findings import load_recordings
+    from accumguard.watch._recording import recording
+
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    with recording(tmp_path):
+        for _ in range(2):
+            model(torch.randn(4, 3)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        saved = opt.state_dict()
+        fresh = torch.optim.Adam(model.parameters(), lr=0.1)
+        fresh.load_state_dict(saved)
+    assert fresh.state_dict()["state"][0]["step"] == saved["state"][0]["step"]
+    end = load_recordings(tmp_path).end[0]
+    assert end.get("state_loads") == [2], end

@@ -102,8 +102,9 @@ _CLASSES = (
         "Accumulate gradients in fp32 (fp32 gradient buffers or master weights, FSDP2 "
         "reduce_dtype=float32, DeepSpeed data_types.grad_accum_dtype='fp32'), not in "
         "bf16/fp16."),
-    _fc("F13", "accumulation counter off by one: windows of K-1 / K+1 micro-steps",
-        "the boundary drifts after resume or across epochs",
+    _fc("F13", "accumulation counter off by one after a resume or across epochs",
+        "the boundary drifts (windows of K-1 / K+1 micro-steps), or a resume restarts one "
+        "window early or late (a window trained twice or skipped)",
         "Derive the boundary from (micro_step + 1) % K with a counter reset at every "
         "boundary, and save/restore it with the checkpoint."),
     _fc("F14", "double gating: the engine accumulates K and the caller loops K around step()",

@@ -183,6 +183,7 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
         self.engine_info: EngineInfo | None = None
         self.declared_k: dict[str, int] = {}
         self.k_changes: list[list[int]] = []
+        self.state_loads: list[int] = []  # optimizer steps at which an optimizer's state was loaded
         # the training frameworks seen driving the run (a Trainer built, Accelerate's
         # backward called): the fixes are worded in their idiom (taxonomy.fix_in)
         self.frameworks: list[str] = []

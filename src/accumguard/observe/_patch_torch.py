@@ -60,6 +60,7 @@ def install(obs: PatchHost, p: Patches) -> None:
     p.wrap(torch.autograd, "backward", _backward_wrapper(obs, "autograd"))
     p.wrap(torch.optim.Optimizer, "__init__", _optimizer_init_wrapper(obs))
     p.wrap(torch.optim.Optimizer, "zero_grad", zero_wrapper(obs, "optimizer"))
+    p.wrap(torch.optim.Optimizer, "load_state_dict", _state_load_wrapper(obs))
     p.wrap(torch.nn.Module, "zero_grad", zero_wrapper(obs, "module"))
     p.wrap(torch.utils.data.DataLoader, "__iter__", _data_pass_wrapper(obs))
     p.wrap(torch.Tensor, "register_post_accumulate_grad_hook", grad_hook_wrapper(obs))
@@ -249,6 +250,28 @@ def _optimizer_init_wrapper(obs: PatchHost) -> Maker:
                 obs.lr_trace.know(this)  # (its rate is read from the first backward on)
 
         return __init__
+
+    return make
+
+
+#: optimizer state loads remembered (a resume is one; a loop reloading every step is not
+#: followed further)
+STATE_LOADS_KEPT = 16
+
+
+def _state_load_wrapper(obs: PatchHost) -> Maker:
+    """``Optimizer.load_state_dict``: the optimizer step it ran at (a resume from a
+    checkpoint, which claims about a resume read in the source rest on)."""
+    def make(orig: Original) -> Original:
+        def load_state_dict(this: torch.optim.Optimizer, /, *args: object,
+                            **kwargs: object) -> object:
+            out = orig(this, *args, **kwargs)
+            if obs.installed and not obs._in_observer \
+                    and len(obs.state_loads) < STATE_LOADS_KEPT:
+                obs.state_loads.append(obs.step)
+            return out
+
+        return load_state_dict
 
     return make
 

@@ -97,6 +97,7 @@ class PatchHost(EngineHost, Protocol):
     # what the frameworks declare (K per library; DeepSpeed's configuration: EngineHost)
     declared_k: dict[str, int]
     k_changes: list[list[int]]  # [backwards so far, K]: a framework changing K mid-run
+    state_loads: list[int]  # the optimizer step of each Optimizer.load_state_dict (a resume)
     frameworks: list[str]
     # Accelerate's backwards with K > 1 and windows closed at a pass's end: [inside a
     # DataLoader it prepared, outside any]

@@ -500,6 +500,7 @@ class _Agent:
                          "steps": obs.step, "backwards_total": obs.backward_total,
                          "declared_k": dict(obs.declared_k), "engine": obs.engine,
                          **({"k_changes": [list(c) for c in obs.k_changes]} if obs.k_changes else {}),
+                         **({"state_loads": list(obs.state_loads)} if obs.state_loads else {}),
                          "frameworks": list(obs.frameworks),
                          **({"accelerate_unprepared": True}
                             if obs.accelerate_loader[1] and not obs.accelerate_loader[0]

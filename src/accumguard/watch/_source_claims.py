@@ -1,4 +1,5 @@
-"""F4 claims that only the source can make, kept when the run confirms what they rest on.
+"""F4 and F13 claims that only the source can make, kept when the run confirms what they
+rest on.
 
 A learning-rate schedule written by hand (a callback that sets ``param_groups[i]["lr"]``
 from a micro-batch counter, a timm-style ``step_update(num_updates)``, a horizon computed
@@ -9,6 +10,11 @@ rests on: the optimizer stepped once per K >= 2 backward passes, and the rate ch
 during the run (a schedule acted); and only when the run's own rules said nothing about
 the schedule (no F4 finding at any level: a file may hold several modes, and a rate the run
 judged itself, as a token-count schedule's warning, is the run's word).
+
+A resume's arithmetic (the iteration counter restored one past the iteration the checkpoint
+saved still to run: a whole window skipped) is not in the run either: its windows are K
+long, only the batch never trained on is missing. Lint's F13 error on it is kept when the
+run resumed (an optimizer's state was loaded) and the run's rules made no F13 error.
 """
 
 from __future__ import annotations
@@ -19,7 +25,10 @@ from typing import Any
 
 from accumguard.observe._records import Finding, RunRecording, _mk
 
-__all__ = ["schedule_source_findings"]
+__all__ = ["resume_source_findings", "schedule_source_findings"]
+
+#: lint's F13 rules about a resume's own arithmetic (what the run cannot show)
+_RESUME_CODES = ("AG318",)
 
 
 def _lint_f4(command: Sequence[str]) -> tuple[str, list[Any]] | None:
@@ -65,4 +74,28 @@ def schedule_source_findings(rec: RunRecording, findings: list[Finding],
                 f"the run shows what that rests on: the optimizer stepped once per {k} "
                 f"backward passes ({n} steps) and the learning rate changed during the run "
                 f"({first:.4g} at the first step, {last:.4g} at the last)",
+                title_=hit.title, fix=hit.fix)]
+
+
+def resume_source_findings(rec: RunRecording, findings: list[Finding],
+                           command: Sequence[str]) -> list[Finding]:
+    """The script's F13 resume errors (lint), when the run resumed from a checkpoint (an
+    optimizer ``load_state_dict``) and its rules made no F13 error; [] otherwise."""
+    if any(f.cls == "F13" and f.severity == "error" for f in findings):
+        return []
+    loads = sorted({int(s) for e in rec.end.values() for s in e.get("state_loads") or []})
+    if not loads:
+        return []
+    from accumguard.watch._declared import script_lint_errors
+
+    found = script_lint_errors(command)
+    hits = [] if found is None else [f for f in found[1] if f.code in _RESUME_CODES]
+    if found is None or not hits:
+        return []
+    hit = hits[0]
+    at = ", ".join(f"step {s + 1}" for s in loads[:4])
+    return [_mk("F13", "error", None, 0, None,
+                f"{found[0].name}:{hit.line}: {hit.evidence} (read in the script, lint "
+                f"{hit.code}); the run resumed: an optimizer's state was loaded before "
+                f"optimizer {at}",
                 title_=hit.title, fix=hit.fix)]
