@@ -1000,6 +1000,13 @@ RULES: dict[str, Rule] = {
             "reduce the count with a sum (fabric.all_reduce(n, reduce_op='sum'), "
             "accelerator.reduce(n, 'sum'), dist.all_reduce(n)), or drop the * world_size",
         ),
+        _rule(
+            "AG322", "accumulate-with-accelerator-k-one", "F1", E, HI,
+            "accelerator.accumulate() around the steps while the Accelerator was built without "
+            "gradient_accumulation_steps (1) and the file declares K > 1: the optimizer steps "
+            "on every micro-batch",
+            "Accelerator(gradient_accumulation_steps=K) with the K the file declares",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

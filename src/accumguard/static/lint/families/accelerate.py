@@ -20,6 +20,11 @@ AG176 (LOSS_SCALE) a plain ``loss.backward()`` inside ``accelerator.accumulate()
       window or a helper it calls) while the ``Accelerator`` accumulates K > 1, the loss not
       divided by K: only ``accelerator.backward`` divides by K, so the window's gradient is
       the sum of K micro-batch losses, K times the large batch's.
+AG322 (F1) ``accelerator.accumulate(model)`` around the steps while the ``Accelerator`` was
+      built without ``gradient_accumulation_steps`` (Accelerate's default 1) and the file
+      declares one K > 1 for accumulation (a config field, a constant, an argparse
+      default) that nothing hands the Accelerator: ``accumulate()`` then synchronises on
+      every batch and the optimizer steps on every micro-batch.
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ from accumguard.static.lint.families._masked import (
 from accumguard.static.lint.families._modguard import k_values
 from accumguard.static.lint.families.twice import k_dividing_helpers, k_helper_result
 
-__all__ = ["accelerate_block_runs_a_window", "plain_backward_inside_accumulate", "accelerator_k_without_accumulate", "accelerator_ks", "names_k", "loss_divided_before_accelerator_backward"]
+__all__ = ["accelerate_block_runs_a_window", "accumulate_with_accelerator_k_one", "plain_backward_inside_accumulate", "accelerator_k_without_accumulate", "accelerator_ks", "names_k", "loss_divided_before_accelerator_backward"]
 
 
 def accelerator_ks(ctx: FileContext) -> set[int | None]:
@@ -393,3 +398,80 @@ def plain_backward_inside_accumulate(ctx: FileContext) -> Iterator[Finding]:
                 yield replace(finding, severity=Severity.WARNING,
                               confidence=Confidence.MEDIUM) if unsure else finding
                 return
+
+
+def _declared_ks(ctx: FileContext) -> dict[int, ast.AST]:
+    """Integer K > 1 the file declares for accumulation (a name, attribute or dataclass field
+    whose name says accumulation, an argparse option's default), with where."""
+    out: dict[int, ast.AST] = {}
+    for node in ctx.of(ast.Assign, ast.AnnAssign):
+        target = node.targets[0] if isinstance(node, ast.Assign) else node.target
+        value = node.value
+        if isinstance(value, ast.Constant) and type(value.value) is int and value.value > 1 \
+                and isinstance(target, ast.Name | ast.Attribute) and ctx.mentions_accum(target):
+            out.setdefault(value.value, node)
+    for call in ctx.of(ast.Call):
+        if call_attr(call) == "add_argument" and any(
+                isinstance(a, ast.Constant) and isinstance(a.value, str) and "accum" in a.value
+                for a in call.args):
+            d = next((k.value for k in call.keywords if k.arg == "default"), None)
+            if isinstance(d, ast.Constant) and type(d.value) is int and d.value > 1:
+                out.setdefault(d.value, call)
+    return out
+
+
+def _sets_accelerator_k(ctx: FileContext) -> bool:
+    """The file gives the Accelerator a K some other way: a keyword (or ``**kwargs``) at
+    construction, a plugin, an attribute assignment, Accelerate's environment variable."""
+    for call in ctx.of(ast.Call):
+        if (dotted(call.func) or "").split(".")[-1] == "Accelerator" and any(
+                k.arg in (None, "gradient_accumulation_steps", "gradient_accumulation_plugin",
+                          "deepspeed_plugin") for k in call.keywords):
+            return True
+    if any(isinstance(t, ast.Attribute) and t.attr == "gradient_accumulation_steps"
+           for n in ctx.of(ast.Assign) for t in n.targets):
+        return True
+    return any(isinstance(c.value, str) and "GRADIENT_ACCUMULATION_STEPS" in c.value
+               for c in ctx.of(ast.Constant))
+
+
+@rule("AG322")
+def accumulate_with_accelerator_k_one(ctx: FileContext) -> Iterator[Finding]:
+    ctors = [c for c in ctx.of(ast.Call) if (dotted(c.func) or "").split(".")[-1] == "Accelerator"]
+    if not ctors or _sets_accelerator_k(ctx):
+        return
+    ks = _declared_ks(ctx)
+    if len(ks) != 1:
+        return
+    (k, where), = ks.items()
+    for block in ctx.of(ast.With, ast.AsyncWith):
+        if not any(isinstance(i.context_expr, ast.Call) and call_attr(i.context_expr) == "accumulate"
+                   and "accelerator" in ast.unparse(i.context_expr.func).lower()
+                   for i in block.items):
+            continue
+        scope = ctx.scope_of(block)
+        steps = [c for c in ctx.local_nodes(scope) if isinstance(c, ast.Call)
+                 and ctx.is_step(c) and not any(
+                     isinstance(t, ast.BinOp) and isinstance(t.op, ast.Mod)
+                     for g in _guards(ctx, c, scope) for t in walk_all(g))]
+        if not steps:
+            continue
+        yield ctx.finding(
+            "AG322", ctors[0],
+            f"`{ast.unparse(ctors[0])}` is built without gradient_accumulation_steps (Accelerate "
+            f"then uses 1) while the file accumulates K = {k} (line {getattr(where, 'lineno', '?')}) and "
+            f"steps inside `accelerator.accumulate(...)` (line {block.lineno}): with K = 1 "
+            "accumulate() synchronises and the prepared optimizer steps on every micro-batch, "
+            "each step on one micro-batch's gradient")
+        return
+
+
+def _guards(ctx: FileContext, node: ast.AST, scope: ast.AST) -> list[ast.AST]:
+    """The tests of the ``if`` statements around ``node`` up to ``scope``."""
+    out: list[ast.AST] = []
+    cur = ctx.parents.get(node)
+    while cur is not None and cur is not scope:
+        if isinstance(cur, ast.If):
+            out.append(cur.test)
+        cur = ctx.parents.get(cur)
+    return out
