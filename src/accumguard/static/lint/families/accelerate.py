@@ -24,7 +24,8 @@ AG322 (F1) ``accelerator.accumulate(model)`` around the steps while the ``Accele
       built without ``gradient_accumulation_steps`` (Accelerate's default 1) and the file
       declares one K > 1 for accumulation (a config field, a constant, an argparse
       default) that nothing hands the Accelerator: ``accumulate()`` then synchronises on
-      every batch and the optimizer steps on every micro-batch.
+      every batch and the optimizer steps on every micro-batch. Not when the block runs a
+      loop of backwards itself (a whole window per batch: K = 1 is then right).
 """
 
 from __future__ import annotations
@@ -449,6 +450,10 @@ def accumulate_with_accelerator_k_one(ctx: FileContext) -> Iterator[Finding]:
                    and "accelerator" in ast.unparse(i.context_expr.func).lower()
                    for i in block.items):
             continue
+        if any(isinstance(n, ast.For | ast.AsyncFor | ast.While) and any(
+                isinstance(b, ast.Call) and call_attr(b) == "backward" for b in walk_all(n))
+               for n in walk_all(block)):
+            continue  # the block runs a whole window itself (K chunks per batch): K = 1 is right
         scope = ctx.scope_of(block)
         steps = [c for c in ctx.local_nodes(scope) if isinstance(c, ast.Call)
                  and ctx.is_step(c) and not any(
