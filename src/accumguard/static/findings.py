@@ -1007,6 +1007,13 @@ RULES: dict[str, Rule] = {
             "on every micro-batch",
             "Accelerator(gradient_accumulation_steps=K) with the K the file declares",
         ),
+        _rule(
+            "AG323", "fsdp-divide-factor-without-world", "F10", E, HI,
+            "FSDP2's set_gradient_divide_factor given K without the world size: it replaces "
+            "the division by W, so the ranks' gradients are summed, not averaged",
+            "set_gradient_divide_factor(K * world_size) for a loss not divided by K (or "
+            "world_size for one divided by K)",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

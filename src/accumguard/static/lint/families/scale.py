@@ -12,8 +12,8 @@ automatic optimisation, which divide by their own K), a window that accumulates 
 K named like one, a loss that is a mean (a torch loss function or a mean-reducing loss
 module with its default reduction, ``.mean()``, a model output's ``.loss``) reaching the
 backward with no arithmetic on the way, and no division by K anywhere in the file (a
-helper, the learning rate or the gradients may carry it). A sum-reducing loss is a
-constant the user chose: not judged.
+helper, the learning rate, the gradients or FSDP2's ``set_gradient_divide_factor`` may carry
+it). A sum-reducing loss is a constant the user chose: not judged.
 """
 
 from __future__ import annotations
@@ -155,8 +155,17 @@ def _backwarded(call: ast.Call) -> ast.AST | None:
     return None
 
 
+def divide_factor_with_k(ctx: FileContext) -> bool:
+    """FSDP2's ``set_gradient_divide_factor`` is given an expression with K: the engine
+    divides the window's sum by it (the division by K the loss does not carry)."""
+    return any(isinstance(c, ast.Call) and call_attr(c) == "set_gradient_divide_factor"
+               and any(ctx.mentions_accum(a) for a in c.args) for c in ctx.of(ast.Call))
+
+
 @rule("AG122")
 def mean_loss_never_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
+    if divide_factor_with_k(ctx):
+        return
     for window in plain_windows(ctx):
         k = _k_in_sight(ctx, window)
         if k is None:

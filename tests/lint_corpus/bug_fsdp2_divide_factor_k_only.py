@@ -1,0 +1,19 @@
+# corpus: style=fsdp2 class=F10
+# each micro-batch's mean loss backwarded undivided; FSDP2's divide factor set to K alone
+# replaces its division by the world size: the ranks' gradients are summed
+import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+
+ACCUM_STEPS = 4
+for block in model.blocks:
+    fully_shard(block)
+fully_shard(model)
+for m in model.modules():
+    if hasattr(m, "set_gradient_divide_factor"):
+        m.set_gradient_divide_factor(float(ACCUM_STEPS))  # expect: AG323
+for step, window in enumerate(windows(loader, ACCUM_STEPS)):
+    for i, (x, y) in enumerate(window):
+        model.set_requires_gradient_sync(i == ACCUM_STEPS - 1)
+        loss_fn(model(x), y).backward()
+    optimizer.step()
+    optimizer.zero_grad()
