@@ -1014,6 +1014,14 @@ RULES: dict[str, Rule] = {
             "set_gradient_divide_factor(K * world_size) for a loss not divided by K (or "
             "world_size for one divided by K)",
         ),
+        _rule(
+            "AG324", "helper-clips-every-call-steps-on-flag", "F8", E, HI,
+            "a step helper (timm's loss-scaler style) whose optimizer step runs under its "
+            "boundary flag while its clip runs on every call: the partial sum is clipped "
+            "after every micro-batch",
+            "clip (and unscale_) under the same flag as the step: if need_update: "
+            "unscale_; clip; step; update",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,
