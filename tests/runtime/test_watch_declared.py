@@ -196,6 +196,15 @@ def test_an_accumulation_option_that_never_reaches_the_loop_is_f1() -> None:
     assert "never reaches `Config`" in dropped[0].evidence
     assert _dropped_option_findings(
         rec, findings, ["python", str(corpus / "ok_argparse_option_reaches_dataclasses_replace.py")]) == []
+    # blind round 114 a_b01: accumulate() around an Accelerator left at K = 1 (lint AG322)
+    acc = _dropped_option_findings(
+        rec, findings, ["python", str(corpus / "bug_accelerate_accumulate_with_default_k.py")])
+    assert [(f.cls, f.severity) for f in acc] == [("F1", "error")], acc
+    assert "AG322" not in acc[0].evidence and "built without gradient_accumulation_steps" \
+        in acc[0].evidence
+    assert "Accelerator(gradient_accumulation_steps=K)" in acc[0].fix
+    assert _dropped_option_findings(
+        rec, findings, ["python", str(corpus / "ok_accelerate_accumulate_with_config_k.py")]) == []
 
 
 def test_a_schedule_error_only_the_source_shows_is_kept_when_the_run_confirms_it() -> None:

@@ -286,8 +286,8 @@ def run_in_group(command: Sequence[str], env: dict[str, str]) -> tuple[int, str 
 def _dropped_option_findings(rec: RunRecording, findings: list[Finding],
                              command: Sequence[str]) -> list[Finding]:
     """F1 when every optimizer step of every rank came after a single backward pass and the
-    script's accumulation option never reaches the config the loop reads (lint's AG187 or
-    AG191, at error level): the K the command asks for is not the K the run used."""
+    script's accumulation setting never reaches what accumulates (lint's AG187, AG191 or
+    AG322, at error level): the K the command asks for is not the K the run used."""
     from accumguard.observe._records import _mk
     from accumguard.watch._declared import dropped_accumulation_option
 
@@ -299,14 +299,16 @@ def _dropped_option_findings(rec: RunRecording, findings: list[Finding],
     said = dropped_accumulation_option(list(command))
     if said is None:
         return []
+    text, hit = said
     return [_mk("F1", "error", None, 0, None,
                 f"every optimizer step of the run ({len(steps)} over its ranks) came after a "
-                f"single backward pass, and the script's accumulation option does not reach "
-                f"its loop ({said})",
-                title_="the accumulation option never reaches the loop: the optimizer steps "
+                f"single backward pass, and the script's accumulation setting does not reach "
+                f"what accumulates ({text})",
+                title_="the accumulation setting never reaches the loop: the optimizer steps "
                        "on every micro-batch",
-                fix="Name the option as the config field the loop reads (or pass the field "
-                    "through), so the K the command asks for is the K the loop uses.")]
+                fix=hit.fix if hit.code == "AG322" else
+                "Name the option as the config field the loop reads (or pass the field "
+                "through), so the K the command asks for is the K the loop uses.")]
 
 
 def _recorded_argv(out_dir: Path) -> list[str]:
