@@ -8,7 +8,8 @@ Hugging Face Trainer's ``num_items_in_batch``) then weighs 1/K of what the large
 it: the update is G / K. Right is the same loss times ``accumulate_grad_batches``. The window count is known by its name (``win_tokens``,
 ``window_tokens``, ``num_items_in_batch``): a warning, not an error.
 
-AG173 (LOSS_SCALE): ``training_step`` returns its loss divided by K itself
+AG173 (LOSS_SCALE): ``training_step`` returns its loss divided by K itself (or through the one
+return of a loss helper of the file it calls)
 (``loss / self.trainer.accumulate_grad_batches``, or the value the Trainer's
 ``accumulate_grad_batches=`` is given), the habit of a hand-written loop: Lightning divides
 the returned loss by K again, so each micro-batch weighs 1/K^2 and the update is G / K.
@@ -137,14 +138,28 @@ def lightning_window_count_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
             break
 
 
-def _divided_by_k(ctx: FileContext, fn: ast.AST, loss: ast.AST) -> ast.AST | None:
+def _divided_by_k(ctx: FileContext, fn: ast.AST, loss: ast.AST, depth: int = 1) -> ast.AST | None:
     """The divisor when ``loss`` (as assigned in ``fn``) is divided by K itself: Lightning's
-    own ``accumulate_grad_batches`` attribute, or a name the file says is K, alone."""
-    for _, div in _divisions(_expanded(fn, loss)):
+    own ``accumulate_grad_batches`` attribute, or a name the file says is K, alone; also in
+    the one return of a loss helper of the file it calls (``depth`` levels)."""
+    parts = _expanded(fn, loss)
+    for _, div in _divisions(parts):
         if isinstance(div, ast.Attribute) and div.attr == "accumulate_grad_batches":
             return div
         if isinstance(div, ast.Name | ast.Attribute) and ctx.mentions_accum(div):
             return div
+    if depth > 0:
+        # a loss helper of the file that returns its loss divided by K
+        for part in parts:
+            for call in (n for n in walk_all(part) if isinstance(n, ast.Call)):
+                helper = ctx.callee_of(call)
+                if helper is None:
+                    continue
+                rets = [n.value for n in walk_all(helper) if isinstance(n, ast.Return)
+                        and n.value is not None]
+                inner = _divided_by_k(ctx, helper, rets[0], depth - 1) if len(rets) == 1 else None
+                if inner is not None:
+                    return inner
     return None
 
 
