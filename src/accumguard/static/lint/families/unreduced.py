@@ -9,8 +9,8 @@ an optimizer from two or more groups (a list of ``{"params": ...}`` dicts): the 
 AG180: a module of the file's own that holds an ``nn.Parameter`` (a CLIP loss's learnable
 temperature, a learned loss weighting) instantiated on its own, never given to the DDP/FSDP
 wrapper nor to another module, whose parameters an optimizer steps, in a file that wraps a
-model for data parallelism and all-reduces no gradient by hand: the wrapper averages the
-gradients of the module it wraps only.
+model for data parallelism (DDP, FSDP, a DeepSpeed engine of ZeRO stage 0) and all-reduces no
+gradient by hand: the wrapper averages the gradients of the module it wraps only.
 
 AG183: the parameters of a hand-written reduction held in a generator that the gathering loop
 consumes before the loop writing the reduced values back iterates it (zero times).
@@ -154,12 +154,14 @@ def _stepped_by_optimizer(ctx: FileContext, ref: str) -> ast.Call | None:
 
 def _given_away(ctx: FileContext, ref: str) -> bool:
     """``ref`` passed bare to a call (a wrapper, another module's constructor, a
-    ``prepare``): it may then live inside what the wrapper averages."""
+    ``prepare``) or assigned as an attribute of another object (``model.weighting = ref``,
+    which registers it as a submodule): it may then live inside what the wrapper averages."""
     for call in ctx.of(ast.Call):
         args = [*call.args, *(k.value for k in call.keywords)]
         if any(dotted(a) == ref for a in args):
             return True
-    return False
+    return any(dotted(n.value) == ref and any(isinstance(t, ast.Attribute) and dotted(t) != ref
+                                              for t in n.targets) for n in ctx.of(ast.Assign))
 
 
 def _reduces_by_hand(ctx: FileContext) -> bool:
@@ -172,12 +174,23 @@ def _reduces_by_hand(ctx: FileContext) -> bool:
     return False
 
 
+def _zero0_initialize(ctx: FileContext, call: ast.Call) -> bool:
+    """``deepspeed.initialize(...)`` with a config of ZeRO stage 0 (or none) read in the file:
+    the engine all-reduces the gradients of its module's parameters only (ZeRO 1-3 reduce
+    what their optimizer holds)."""
+    if (dotted(call.func) or "") != "deepspeed.initialize":
+        return False
+    ref = ctx.ds_config()
+    return ref is not None and ref.stage in (None, 0)
+
+
 def outside_modules(ctx: FileContext) -> list[tuple[str, str, ast.Call]]:
     """(reference, class, optimizer call) of each module of the file's own classes holding
     an ``nn.Parameter``, instantiated on its own (never given to a wrapper or another call)
     and stepped by an optimizer, in a file that wraps a model for data parallelism."""
     def compute() -> list[tuple[str, str, ast.Call]]:
-        wrappers = [c for c in ctx.of(ast.Call) if call_attr(c) in DDP_WRAPPERS]
+        wrappers = [c for c in ctx.of(ast.Call) if call_attr(c) in DDP_WRAPPERS
+                    or _zero0_initialize(ctx, c)]
         classes = _param_classes(ctx) if wrappers else set()
         out = []
         for node in ctx.of(ast.Assign) if classes else []:
