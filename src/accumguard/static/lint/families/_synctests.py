@@ -98,6 +98,32 @@ def _counts_by_one(cls: ast.AST, target: str) -> bool:
     return seen
 
 
+def predicate_at_call(ctx: FileContext, call: ast.Call) -> ast.AST | None:
+    """The one ``return`` expression of the function of the file ``call`` runs (a boundary
+    helper such as ``def should_sync(self, i): return i % K == 0``), its parameters replaced
+    by the call's arguments (the call site's own nodes, so counters are read where they
+    live); None when the function is not one plain return or an argument is missing."""
+    fn = ctx.callee_of(call)
+    if not isinstance(fn, ast.FunctionDef):
+        return None
+    body = [b for b in fn.body if not (isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant))]
+    if len(body) != 1 or not isinstance(body[0], ast.Return) or body[0].value is None:
+        return None
+    params = [a.arg for a in fn.args.posonlyargs + fn.args.args]
+    if params and params[0] == "self" and isinstance(call.func, ast.Attribute):
+        params = params[1:]
+    if len(call.args) > len(params):
+        return None
+    given: dict[str, ast.AST] = dict(zip(params, call.args, strict=False))
+    given.update({k.arg: k.value for k in call.keywords if k.arg})
+
+    class _Sub(ast.NodeTransformer):
+        def visit_Name(self, node: ast.Name) -> ast.AST:
+            return given.get(node.id, node)
+
+    return _Sub().visit(ast.parse(ast.unparse(body[0].value), mode="eval").body)  # type: ignore[no-any-return]
+
+
 def first_test(ctx: FileContext, expr: ast.AST) -> bool | None:
     """True when ``expr`` is truthy at the *first* micro-step of a window only (``c == 0``,
     ``not c``, ``c < 1``, ``c % K == 0``, ``not c % K`` with ``c`` counting from 0); False when
@@ -111,6 +137,8 @@ def first_test(ctx: FileContext, expr: ast.AST) -> bool | None:
     if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.Not):
         inner = first_test(ctx, expr.operand)
         return None if inner is None else not inner
+    if isinstance(expr, ast.Call) and (body := predicate_at_call(ctx, expr)) is not None:
+        return first_test(ctx, body)  # `self.should_sync(i)`: its one return, read at the call
     if isinstance(expr, ast.Name) or (isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Mod)):
         return False if counter_or_mod(expr) else None
     if isinstance(expr, ast.Compare) and len(expr.ops) == 1:
