@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from accumguard.observe._records import Finding, RunRecording, _mk, _windows
+from accumguard.observe._records import Finding, RunRecording, _mk, _windows, lines_by_step
 from accumguard.observe._weight_rules import WEIGHT_TOL, _window_mass
 
 __all__ = ["fill_hook_factors", "hook_factor", "hook_k_findings", "hook_sum_findings",
@@ -70,13 +70,8 @@ def fill_hook_factors(rec: RunRecording) -> int:
     """Give each step line of a DDP run whose reduction was a hook of the script's (no
     ``rank_factor`` read) the factor :func:`hook_factor` measured; how many steps got one."""
     ranks = [r for r in rec.ranks if rec.steps.get(r)]
-    if len(ranks) < 2 or len(ranks) != rec.world:
-        return 0
-    by_step: dict[int, dict[int, dict[str, Any]]] = {}
-    for r in ranks:
-        for line in rec.steps[r]:
-            if line.get("kind", "step") == "step" and line.get("hook_in"):
-                by_step.setdefault(int(line["step"]), {})[r] = line
+    by_step: dict[int, dict[int, dict[str, Any]]] = lines_by_step(
+        rec, lambda line: line if line.get("hook_in") else None)
     filled = 0
     for rows in by_step.values():
         if any(line.get("rank_factor") is not None for line in rows.values()):

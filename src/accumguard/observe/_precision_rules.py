@@ -42,7 +42,7 @@ import math
 from typing import Any
 
 from accumguard.core.precision import F12_ERROR_FACTOR, f12_drift, f12_error_k
-from accumguard.observe._records import Finding, RunRecording, StepWindow, _mk
+from accumguard.observe._records import Finding, RunRecording, StepWindow, _mk, lines_by_step
 
 __all__ = ["F12_ERROR_FACTOR", "F12_MEASURED_FACTOR", "F12_MIN_K", "f12_drift", "f12_error_k", "low_precision_findings", "pair_master_sums"]
 
@@ -257,17 +257,15 @@ def pair_master_sums(rec: RunRecording) -> int:
     proportional within the low-precision tolerance, with one positive scale, the sum is
     what the optimizer stepped: ``reached`` is set on every rank's record. How many steps
     were paired."""
+    def unpaired(line: dict[str, Any]) -> dict[str, Any] | None:
+        prec = line.get("precision")
+        master = prec.get("model_grad") if isinstance(prec, dict) else None
+        ok = isinstance(master, dict) and master.get("reached") is None \
+            and master.get("in_place") and master.get("proj") and master.get("recv")
+        return master if ok else None
+
     ranks = [r for r in rec.ranks if rec.steps.get(r)]
-    if len(ranks) < 2 or len(ranks) != rec.world:
-        return 0
-    by_step: dict[int, dict[int, dict[str, Any]]] = {}
-    for r in ranks:
-        for line in rec.steps[r]:
-            prec = line.get("precision") if line.get("kind", "step") == "step" else None
-            master = prec.get("model_grad") if isinstance(prec, dict) else None
-            if isinstance(master, dict) and master.get("reached") is None \
-                    and master.get("in_place") and master.get("proj") and master.get("recv"):
-                by_step.setdefault(int(line["step"]), {})[r] = master
+    by_step: dict[int, dict[int, dict[str, Any]]] = lines_by_step(rec, unpaired)
     paired = 0
     for rows in by_step.values():
         if len(rows) != len(ranks):

@@ -18,7 +18,8 @@ from accumguard.core.taxonomy import fix_for, title
 from accumguard.core.window import StepRecord
 
 __all__ = ["NUMBERING", "DeclaredK", "Finding", "engine_summed", "first_per_optimizer", "JsonObject", "KResolution", "RunRecording",
-           "Severity", "StepWindow", "load_recordings", "step_record", "watch_dict", "windows"]
+           "Severity", "StepWindow", "load_recordings", "lines_by_step", "step_record", "watch_dict",
+           "windows"]
 
 W = TypeVar("W")
 
@@ -112,6 +113,22 @@ def records(steps: Sequence[StepLike]) -> list[StepRecord]:
 def windows(steps: Sequence[StepLike]) -> list[StepWindow]:
     """Public name of :func:`_windows` (applied steps, no-op steps folded in)."""
     return _windows(steps)
+
+
+def lines_by_step(rec: RunRecording, pick: Callable[[JsonObject], Any]
+                  ) -> dict[int, dict[int, Any]]:
+    """``{step: {rank: pick(line)}}`` over the step lines of every rank for which ``pick``
+    gives something (not None); {} unless every rank of the world recorded steps (a rule
+    comparing ranks needs them all)."""
+    ranks = [r for r in rec.ranks if rec.steps.get(r)]
+    if len(ranks) < 2 or len(ranks) != rec.world:
+        return {}
+    out: dict[int, dict[int, Any]] = {}
+    for r in ranks:
+        for line in rec.steps[r]:
+            if line.get("kind", "step") == "step" and (got := pick(line)) is not None:
+                out.setdefault(int(line["step"]), {})[r] = got
+    return out
 
 
 def _windows(steps: Sequence[StepLike]) -> list[StepWindow]:
