@@ -1022,6 +1022,14 @@ RULES: dict[str, Rule] = {
             "clip (and unscale_) under the same flag as the step: if need_update: "
             "unscale_; clip; step; update",
         ),
+        _rule(
+            "AG325", "module-held-on-the-trainer", "F10", E, HI,
+            "a module held as an attribute of a Hugging Face Trainer subclass, outside its "
+            "model, whose parameters the Trainer's optimizer steps: the Trainer wraps only "
+            "self.model, so their gradient is never averaged over the processes",
+            "make it part of the model (model.add_module('score_head', head) before building "
+            "the Trainer), or all-reduce its gradients before the optimizer step",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,
