@@ -40,7 +40,10 @@ class Conservation:
     passes; ``stale``: relative size of gradient present before the window's first
     backward (left from the previous step); ``received``: relative difference of
     what the optimizer received from the sum of the contributions (up to a common
-    scale, which clipping and unscaling apply). ``ok`` is the verdict.
+    scale, which clipping and unscaling apply). ``ok`` is the verdict; ``reason`` says why
+    it failed ("wiped", "stale"), or "returned" for a window whose gradient left ``.grad``
+    between the backwards and came back at the step up to a rounding difference (a buffer
+    of the loop's own): conserved, with that difference in ``received``.
     """
 
     params: int

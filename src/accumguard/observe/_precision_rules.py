@@ -195,7 +195,7 @@ def low_precision_findings(rank: int | None, windows: list[StepWindow]
         if site is not None and site[1] >= F12_MIN_K:
             judged.append((w, site))
     if not judged:
-        return _fp32_note(rank, windows)
+        return _returned_rounded(rank, windows) or _fp32_note(rank, windows)
     w, (dtype, n, where, fix, seen) = max(judged, key=lambda t: t[1][1])
     u = _U_LOW[dtype]
     drift, floor = f12_drift(u, n), 2 * u
@@ -222,6 +222,31 @@ def low_precision_findings(rank: int | None, windows: list[StepWindow]
                 + (f". {_LARGE_BATCH}" if error else
                    f" (an error from K >= {k_err})" if seen else
                    " (not confirmed to reach the optimizer: a warning)"), fix=fix)]
+
+
+def _returned_rounded(rank: int | None, windows: list[StepWindow]) -> list[Finding]:
+    """A warning for windows whose gradient left ``.grad`` between the backwards and came
+    back at the step (conservation's "returned") differing from the exact sum of the
+    contributions by more than the parameters' dtype rounds: a buffer of the loop's own,
+    summed at a lower precision (its dtype is not seen: a warning)."""
+    back = [w for w in windows if w.conservation is not None
+            and w.conservation.reason == "returned" and int(w.window) >= 2]
+    if not back:
+        return []
+    worst = max(back, key=lambda w: float(w.conservation.received) if w.conservation else 0.0)
+    d = float(worst.conservation.received) if worst.conservation else 0.0
+    return [_mk("F12", "warning", rank, worst.step, None,
+                f"in {len(back)} window(s) the gradient left .grad after each backward pass "
+                f"and came back at the optimizer step differing from the exact sum of the "
+                f"{worst.window} micro-step gradients by {d:.2g} (relative, gradient "
+                "checksums; at most, in the window of this step): the sum was made outside "
+                ".grad at a lower precision than the parameters' (a bf16 buffer rounds at "
+                f"u = {_U_LOW['bfloat16']:.3g}, fp16 at {_U_LOW['float16']:.2g}); its dtype "
+                "was not seen", title_="the window's gradient summed outside .grad and "
+                "returned rounded: a low-precision accumulation buffer?",
+                fix="keep the buffer the micro-step gradients are added into in fp32 "
+                    "(torch.zeros_like(p, dtype=torch.float32)), or let them add up in "
+                    "the fp32 .grad")]
 
 
 def _measured(judged: list[tuple[StepWindow, tuple[str, int, str, str, bool]]], dtype: str
