@@ -63,3 +63,15 @@ def test_a_clip_before_the_first_backward_is_f8_and_the_run_is_unchanged(tmp_pat
         _train(clip_first=False)
     found, _, _ = analyze(load_recordings(tmp_path / "late"), k_flag=K)
     assert [f for f in found if f.severity != "note"] == [], found
+
+
+def test_an_fsdp2_clip_before_the_synchronising_backward_is_f8() -> None:
+    """Blind round 115 b_b02: FSDP2 with sync deferred, the clip placed on the window's last
+    micro-step before its backward: the sharded ``.grad`` is still None (FSDP2 writes it at
+    the synchronising backward), so the clip reads nothing. The twin clips after it."""
+    errors = [f for f in judge_recorded("r115_fsdp2_clip_before_sync_backward")
+              if f.severity == "error"]
+    assert errors and {f.cls for f in errors} == {"F8"}, errors
+    assert "before the last" in errors[0].evidence and "FSDP2" in errors[0].evidence
+    found = judge_recorded("r115_fsdp2_clip_after_sync_backward")
+    assert [f for f in found if f.severity != "note"] == [], found

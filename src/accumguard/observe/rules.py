@@ -445,26 +445,43 @@ def _empty_clip_finding(rank: int, w: StepWindow) -> Finding | None:
 
 
 def _unset_clip_finding(rank: int, w: StepWindow) -> Finding | None:
-    """F8: the window's only clipping calls ran before its first backward, on parameters
-    that held no gradient then (the previous step cleared them) and held one at the step:
-    they clipped nothing, and the optimizer stepped on the unclipped gradient (a clip in a
-    hook that runs at the window's start: HF ``on_step_begin``)."""
+    """F8: the window's only clipping calls ran before its last backward, on parameters
+    that held no gradient then (cleared after the previous step; FSDP2's sharded gradient
+    before the synchronising micro-step's backward) and held one at the step: they clipped
+    nothing, and the optimizer stepped on the unclipped gradient (a clip in a hook that
+    runs at the window's start: HF ``on_step_begin``; a clip placed before the last
+    micro-step's backward)."""
     unset = w.clip_unset or []
-    if not unset or w.clip_micros or not w.applied or int(w.window) < 1 \
-            or any(int(c) != 0 for c in unset):
+    n = int(w.backwards)
+    if not unset or w.clip_micros or not w.applied or n < 1 \
+            or any(int(c) >= n for c in unset):
         return None
-    return _mk("F8", "error", rank, w.step, 0,
-               f"gradient clipping ran {len(unset)} time(s) before the first backward pass "
-               f"of the window of optimizer step {_n(w.step)}, on parameters that held no "
-               "gradient then (cleared after the previous step) and held one at the step; "
-               "no clipping ran after the window's backwards: it clipped nothing, and the "
-               "optimizer stepped on the unclipped gradient",
-               title_="gradient clipping runs before the window's backwards: it clips "
-                      "nothing",
+    first = all(int(c) == 0 for c in unset)
+    where = ("before the first backward pass" if first else
+             f"after backward pass(es) {', '.join(str(int(c)) for c in unset)} of {n}, before "
+             "the last")
+    return _mk("F8", "error", rank, w.step, int(unset[0]),
+               f"gradient clipping ran {len(unset)} time(s) {where} of the window of "
+               f"optimizer step {_n(w.step)}, on parameters that held no gradient then "
+               f"({_unset_why(first, w.engine)}) "
+               "and held one at the step; no clipping ran after the window's last backward: "
+               "it clipped nothing, and the optimizer stepped on the unclipped gradient",
+               title_=("gradient clipping runs before the window's backwards: it clips "
+                       "nothing" if first else "gradient clipping runs before the window's "
+                       "last backward, on no gradient: it clips nothing"),
                fix="Clip after the window's last backward and before the optimizer step: in "
-                   "a Hugging Face TrainerCallback, on_pre_optimizer_step (not "
-                   "on_step_begin), or TrainingArguments(max_grad_norm=...); in Lightning, "
+                   "a plain or FSDP2 loop right before optimizer.step(); in a Hugging Face "
+                   "TrainerCallback, on_pre_optimizer_step (not on_step_begin), or "
+                   "TrainingArguments(max_grad_norm=...); in Lightning, "
                    "configure_gradient_clipping or Trainer(gradient_clip_val=...).")
+
+
+def _unset_why(first: bool, engine: str) -> str:
+    if first:
+        return "cleared after the previous step"
+    if engine == "fsdp2":
+        return "FSDP2 writes the sharded .grad only at the synchronising micro-step's backward"
+    return "not yet written by the window's backwards"
 
 
 def unprepared_pass_findings(rank: int, windows: list[StepWindow], k: int | None
