@@ -1030,6 +1030,13 @@ RULES: dict[str, Rule] = {
             "make it part of the model (model.add_module('score_head', head) before building "
             "the Trainer), or all-reduce its gradients before the optimizer step",
         ),
+        _rule(
+            "AG327", "resume-repeats-saved-micro-batch", "F13", E, HI,
+            "a resume starting a loop at the saved index of the micro-batch the loop had "
+            "already trained (saved after its backward): it is trained again and every later "
+            "window shifts by one",
+            "save i + 1 (the next micro-batch to run), or start at state[key] + 1",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

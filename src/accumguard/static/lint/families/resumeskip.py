@@ -1,5 +1,6 @@
 """A resume that restores the saved iteration counter + 1 when the save stored the
-iteration still to run (F13): AG318.
+iteration still to run (F13): AG318. And its mirror, AG327: a resume that starts a loop at
+the saved index of the micro-batch the loop had just trained.
 
 A loop that checkpoints its counter (``"iter_num": iter_num``) saves either the iteration
 it is about to run (nanoGPT's save at the top of the iteration, before its update) or the
@@ -11,6 +12,11 @@ the file: the restore ``X = ckpt["key"] + 1``, one dict saving ``"key": X``, one
 in the training loop, and where the save runs in that loop (directly or through a method
 it calls) relative to the optimizer step and the increment: the + 1 is right only when the
 save comes after the step and before the increment.
+
+AG327: ``for i in range(start, n)`` saving ``{"consumed": i}`` after that iteration's backward,
+and a resume passing the saved value back as the loop's start (``start=state["consumed"]``):
+micro-batch ``i`` is trained again and every later window shifts by one. Right is saving
+``i + 1`` (or restoring ``state[key] + 1``).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from accumguard.static.lint._ast import FUNCS, call_attr, dotted, last_part, wal
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 
-__all__ = ["resume_skips_the_saved_iteration"]
+__all__ = ["resume_repeats_the_saved_micro_batch", "resume_skips_the_saved_iteration"]
 
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
 
@@ -128,3 +134,58 @@ def resume_skips_the_saved_iteration(ctx: FileContext) -> Iterator[Finding]:
             f"{incs[0].lineno}): the saved value is the iteration still to run, so the resumed "
             "run skips one whole window and every schedule read from the counter runs one "
             "step ahead")
+
+
+def _range_start(loop: ast.AST) -> ast.AST | None:
+    it = getattr(loop, "iter", None)
+    if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "range" \
+            and len(it.args) >= 2:
+        return it.args[0]
+    return None
+
+
+def _restores_as_start(ctx: FileContext, key: str, fn: ast.AST, start: str) -> ast.Subscript | None:
+    """A ``state[key]`` (no + 1) passed for the parameter ``start`` of ``fn`` at a call."""
+    if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+        return None
+    params = [a.arg for a in fn.args.posonlyargs + fn.args.args]
+    if start not in params:
+        return None
+    idx = params.index(start)
+    for call in ctx.of(ast.Call):
+        if not (isinstance(call.func, ast.Name) and call.func.id == fn.name):
+            continue
+        arg = next((k.value for k in call.keywords if k.arg == start),
+                   call.args[idx] if idx < len(call.args) else None)
+        if isinstance(arg, ast.Subscript) and isinstance(arg.slice, ast.Constant) \
+                and arg.slice.value == key:
+            return arg
+    return None
+
+
+@rule("AG327")
+def resume_repeats_the_saved_micro_batch(ctx: FileContext) -> Iterator[Finding]:
+    for d in ctx.of(ast.Dict):
+        for k, v in zip(d.keys, d.values, strict=True):
+            if not (isinstance(k, ast.Constant) and isinstance(k.value, str) and isinstance(v, ast.Name)):
+                continue
+            loop = ctx.enclosing(d, _LOOPS)
+            if not isinstance(loop, ast.For) or not isinstance(loop.target, ast.Name) \
+                    or loop.target.id != v.id or not isinstance(start := _range_start(loop), ast.Name):
+                continue
+            backs = [c for c in walk_all(loop) if isinstance(c, ast.Call) and call_attr(c) == "backward"
+                     and c.lineno < d.lineno]
+            if not backs:
+                continue  # saved before the iteration trained: the index is the next to run
+            fn = ctx.enclosing(loop, FUNCS)
+            restore = _restores_as_start(ctx, k.value, fn, start.id) if fn is not None else None
+            if restore is None:
+                continue
+            yield ctx.finding(
+                "AG327", restore,
+                f"the resume starts the loop at line {loop.lineno} at `{ast.unparse(restore)}`, "
+                f"but the checkpoint saves `{v.id}` under {k.value!r} (line {d.lineno}) after "
+                f"that iteration's backward (line {backs[0].lineno}): the saved value is the "
+                "micro-batch just trained, so the resumed run trains it again and every later "
+                "window shifts by one")
+            return
