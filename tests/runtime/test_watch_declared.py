@@ -285,6 +285,14 @@ def test_a_resume_error_only_the_source_shows_is_kept_when_the_run_resumed() -> 
     assert "after a resume" in kept[0].title
     assert resume_source_findings(rec, findings, ok) == []
     assert resume_source_findings(rec, [_mk("F13", "error", None, 0, None, "own")], bug) == []
+    # its mirror (blind round 115 b_b03): the loop restarted at the saved index of a
+    # micro-batch already trained (lint AG327)
+    again = ["python", str(corpus / "bug_resume_start_at_saved_index.py")]
+    kept = resume_source_findings(rec, findings, again)
+    assert [(f.cls, f.code if hasattr(f, "code") else None) for f in kept][:1] and \
+        "lint AG327" in kept[0].evidence, kept
+    assert resume_source_findings(
+        rec, findings, ["python", str(corpus / "ok_resume_start_after_saved_index.py")]) == []
     never = load_recordings(RECORDED / "r108_hand_lr_per_optimizer_step")
     assert resume_source_findings(never, analyze(never, k_flag=None)[0], bug) == []
 
