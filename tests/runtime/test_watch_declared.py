@@ -318,3 +318,31 @@ def test_an_optimizer_state_load_is_recorded(tmp_path: Path) -> None:
     assert fresh.state_dict()["state"][0]["step"] == saved["state"][0]["step"]
     end = load_recordings(tmp_path).end[0]
     assert end.get("state_loads") == [2], end
+
+
+def test_a_clip_setting_the_trainer_never_gets_is_f9_when_the_run_shows_the_clip_acting() -> None:
+    """Blind round 115 c_b03: DeepSpeed's ``"gradient_clipping": 0.0`` in an HF settings dict
+    parsed with ``allow_extra_keys=True`` is dropped; the Trainer clips at 1.0. Lint can only
+    warn (AG326: it changes updates whose norm exceeds 1); the recorded run (2 gloo ranks)
+    shows the clip shrinking updates, so the report keeps it as an F9 error. Not for the
+    twin's source, not beside an F9 error of the run's own, not on a run whose clips never
+    shrank an update."""
+    from accumguard.observe._records import _mk
+    from accumguard.observe.rules import analyze
+    from accumguard.watch._findings import load_recordings
+    from accumguard.watch._source_claims import clip_source_findings
+    from tests.helpers import RECORDED
+
+    corpus = Path(__file__).parents[1] / "lint_corpus"
+    bug = ["python", str(corpus / "bug_hf_parse_dict_drops_clip_key.py")]
+    ok = ["python", str(corpus / "ok_hf_parse_dict_max_grad_norm.py")]
+    rec = load_recordings(RECORDED / "r115_hf_default_clip_acting")
+    findings, _, _ = analyze(rec, k_flag=None)
+    kept = clip_source_findings(rec, findings, bug)
+    assert [(f.cls, f.severity) for f in kept] == [("F9", "error")], kept
+    assert "lint AG326" in kept[0].evidence and "shrank the update" in kept[0].evidence
+    assert "max_grad_norm" in kept[0].fix
+    assert clip_source_findings(rec, findings, ok) == []
+    assert clip_source_findings(rec, [_mk("F9", "error", None, 0, None, "own")], bug) == []
+    calm = load_recordings(RECORDED / "r112_nanogpt_resume_after_saved_iteration")
+    assert clip_source_findings(calm, analyze(calm, k_flag=None)[0], bug) == []

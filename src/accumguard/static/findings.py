@@ -1037,6 +1037,13 @@ RULES: dict[str, Rule] = {
             "window shifts by one",
             "save i + 1 (the next micro-batch to run), or start at state[key] + 1",
         ),
+        _rule(
+            "AG326", "clip-key-dropped-by-parse-dict", "F9", W, MED,
+            "a clip setting spelled as no TrainingArguments field (DeepSpeed's "
+            "gradient_clipping) in a dict parsed with allow_extra_keys=True: dropped, so the "
+            "Trainer clips at its default max_grad_norm = 1.0",
+            "spell it max_grad_norm (0.0 turns the Trainer's clipping off)",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

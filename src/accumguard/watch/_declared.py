@@ -426,10 +426,11 @@ def dropped_accumulation_option(command: Sequence[str], cwd: str | None = None
     return f"{found[0].name}:{hits[0].line}: {hits[0].evidence}", hits[0]
 
 
-def script_lint_errors(command: Sequence[str], cwd: str | None = None
-                       ) -> tuple[Path, list[Any]] | None:
-    """The command's script and what lint says of it at error level (``watch`` keeps some of
-    it when the run confirms it); None when the script cannot be found, read or parsed."""
+def script_lint_errors(command: Sequence[str], cwd: str | None = None,
+                       levels: tuple[str, ...] = ("error",)) -> tuple[Path, list[Any]] | None:
+    """The command's script and what lint says of it at the severities ``levels`` (error by
+    default; ``watch`` keeps some of it when the run confirms it); None when the script
+    cannot be found, read or parsed."""
     from accumguard.static.lint import lint_source
 
     found = script_of_command(command, cwd)
@@ -438,6 +439,6 @@ def script_lint_errors(command: Sequence[str], cwd: str | None = None
     try:
         text = found[0].read_text(encoding="utf-8")
         return found[0], [f for f in lint_source(text)
-                          if str(getattr(f.severity, "value", f.severity)) == "error"]
+                          if str(getattr(f.severity, "value", f.severity)) in levels]
     except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
         return None

@@ -157,7 +157,11 @@ def _judge(out_dir: str | os.PathLike[str], *, command: Sequence[str],
         load_recordings,
         merge_ranks,
     )
-    from accumguard.watch._source_claims import resume_source_findings, schedule_source_findings
+    from accumguard.watch._source_claims import (
+        clip_source_findings,
+        resume_source_findings,
+        schedule_source_findings,
+    )
 
     out_dir = Path(out_dir)
     rec = load_recordings(out_dir, watch_id=watch_id)
@@ -177,6 +181,8 @@ def _judge(out_dir: str | os.PathLike[str], *, command: Sequence[str],
         findings += rule("schedule_source_findings", schedule_source_findings, rec, findings,
                          command, default=none)
         findings += rule("resume_source_findings", resume_source_findings, rec, findings,
+                         command, default=none)
+        findings += rule("clip_source_findings", clip_source_findings, rec, findings,
                          command, default=none)
     findings = merge_ranks(findings, rec.ranks)  # what every rank saw alike: one finding
     steps = {r: s for r, s in rec.steps.items()}

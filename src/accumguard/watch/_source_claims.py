@@ -15,6 +15,12 @@ A resume's arithmetic (the iteration counter restored one past the iteration the
 saved still to run: a whole window skipped) is not in the run either: its windows are K
 long, only the batch never trained on is missing. Lint's F13 error on it is kept when the
 run resumed (an optimizer's state was loaded) and the run's rules made no F13 error.
+
+A clip setting the Hugging Face Trainer never receives (a settings key that is no
+``TrainingArguments`` field, dropped by ``parse_dict(allow_extra_keys=True)``; a config field
+never passed) leaves the Trainer's default clip at 1.0: lint can only warn, since it changes
+only updates whose norm exceeds 1. The run shows it: lint's warning is kept as an F9 error
+when a norm clip shrank some update of the run (its factor read from the norm it returned).
 """
 
 from __future__ import annotations
@@ -25,7 +31,11 @@ from typing import Any
 
 from accumguard.observe._records import Finding, RunRecording, _mk
 
-__all__ = ["resume_source_findings", "schedule_source_findings"]
+__all__ = ["clip_source_findings", "resume_source_findings", "schedule_source_findings"]
+
+#: lint's warnings that the script's clip setting never reaches the HF Trainer (which then
+#: clips at its default 1.0): whether that changed an update is the run's to show
+_CLIP_CODES = ("AG326", "AG177")
 
 #: lint's F13 rules about a resume's own arithmetic (what the run cannot show)
 _RESUME_CODES = ("AG318", "AG327")
@@ -99,3 +109,33 @@ def resume_source_findings(rec: RunRecording, findings: list[Finding],
                 f"{hit.code}); the run resumed: an optimizer's state was loaded before "
                 f"optimizer {at}",
                 title_=hit.title, fix=hit.fix)]
+
+
+def clip_source_findings(rec: RunRecording, findings: list[Finding],
+                         command: Sequence[str]) -> list[Finding]:
+    """F9 when lint warns that the script's clip setting never reaches the Trainer and the
+    run shows a norm clip shrinking updates; [] otherwise (or beside an F9 error of the
+    run's own)."""
+    if any(f.cls == "F9" and f.severity == "error" for f in findings):
+        return []
+    shrunk = sorted((int(s.get("step", 0)), float(c["clip"])) for ss in rec.steps.values()
+                    for s in ss if isinstance(c := s.get("conservation"), dict)
+                    and isinstance(c.get("clip"), (int, float)) and float(c["clip"]) < 1 - 1e-6)
+    if not shrunk:
+        return []
+    from accumguard.watch._declared import script_lint_errors
+
+    found = script_lint_errors(command, levels=("error", "warning"))
+    hits = [] if found is None else [f for f in found[1] if f.code in _CLIP_CODES]
+    if found is None or not hits:
+        return []
+    hit = hits[0]
+    steps = sorted({s for s, _ in shrunk})
+    return [_mk("F9", "error", None, steps[0], None,
+                f"{found[0].name}:{hit.line}: {hit.evidence} (read in the script, lint "
+                f"{hit.code}); the run shows that clip acting: a norm clip shrank the update "
+                f"of {len(steps)} optimizer step(s), by a factor down to "
+                f"{min(c for _, c in shrunk):.3g} (first at optimizer step {steps[0] + 1})",
+                title_="the script's clip setting never reaches the Trainer: its default clip "
+                       "at 1.0 shrank updates",
+                fix=hit.fix)]

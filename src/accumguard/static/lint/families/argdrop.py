@@ -17,11 +17,17 @@ AG191: ``HfArgumentParser(TrainingArguments).parse_dict(settings, allow_extra_ke
 ignores the keys no dataclass field takes. A settings dict spelling the accumulation key
 otherwise (``"gradient_accumulation": 4``, ``"grad_accum_steps"``) and never as
 ``gradient_accumulation_steps`` leaves the Trainer's default, 1: no accumulation.
+
+AG326 (F9, a warning): the same parse spelling the clip setting otherwise (DeepSpeed's
+``"gradient_clipping": 0.0``, ``"grad_clip"``) and never as ``max_grad_norm``: the Trainer
+keeps its default clip at 1.0, which changes every update whose norm exceeds 1 (how often
+is the run's: ``watch`` makes it an error when it sees that clip act).
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from dataclasses import replace
 
@@ -134,8 +140,8 @@ def accumulation_option_dropped(ctx: FileContext) -> Iterator[Finding]:
 _HF_FIELD = "gradient_accumulation_steps"
 
 
-@rule("AG191")
-def accumulation_key_dropped_by_parse_dict(ctx: FileContext) -> Iterator[Finding]:
+def _lenient_parses(ctx: FileContext) -> Iterator[tuple[ast.Call, list[ast.Constant]]]:
+    """``parse_dict(<dict literal>, allow_extra_keys=True)`` calls with the dict's string keys."""
     for call in ctx.of(ast.Call):
         if call_attr(call) != "parse_dict" or not call.args or not any(
                 k.arg == "allow_extra_keys" and isinstance(k.value, ast.Constant) and k.value.value is True
@@ -145,9 +151,34 @@ def accumulation_key_dropped_by_parse_dict(ctx: FileContext) -> Iterator[Finding
         if isinstance(d, ast.Name):
             values = ctx.values_by_name().get(d.id, [])
             d = values[0] if len(values) == 1 else d
-        if not isinstance(d, ast.Dict):
+        if isinstance(d, ast.Dict):
+            yield call, [k for k in d.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)]
+
+
+_CLIP_KEY = re.compile(r"clip|max_norm")
+
+
+@rule("AG326")
+def clip_key_dropped_by_parse_dict(ctx: FileContext) -> Iterator[Finding]:
+    for call, keys in _lenient_parses(ctx):
+        if any(k.value == "max_grad_norm" for k in keys):
             continue
-        keys = [k for k in d.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)]
+        odd = next((k for k in keys if _CLIP_KEY.search(str(k.value).lower())), None)
+        if odd is None or any(odd.value in _fields(c) for c in _dataclasses(ctx).values()):
+            continue
+        f = ctx.finding(
+            "AG326",
+            odd,
+            f"the settings key {odd.value!r} is no TrainingArguments field: "
+            f"`{ast.unparse(call.func)}(..., allow_extra_keys=True)` (line {call.lineno}) drops "
+            "it without a word, so max_grad_norm keeps its default 1.0 and the Trainer clips "
+            "every update whose gradient norm exceeds 1")
+        yield replace(f, severity=Severity.WARNING, confidence=Confidence.MEDIUM)
+
+
+@rule("AG191")
+def accumulation_key_dropped_by_parse_dict(ctx: FileContext) -> Iterator[Finding]:
+    for call, keys in _lenient_parses(ctx):
         if any(k.value == _HF_FIELD for k in keys):
             continue
         odd = next((k for k in keys if ACCUM_RE.search(str(k.value).lower())), None)
