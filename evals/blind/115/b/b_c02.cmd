@@ -1,0 +1,1 @@
+python b_c02.py
