@@ -15,7 +15,13 @@ from accumguard.observe._hand_reduce_rules import (
     skipped_finding,
 )
 from accumguard.observe._ledger_source import reads_without_world_division
-from accumguard.observe._loose_findings import ddp_loose_finding, ds_loose_finding
+from accumguard.observe._loose_findings import (
+    ddp_loose_finding,
+    ds_loose_finding,
+    loose_grads_differ,
+    outside_units,
+    spread,
+)
 from accumguard.observe._records import Finding, RunRecording, StepWindow, _mk, _n, _windows
 from accumguard.observe._weight_rules import (
     WEIGHT_TOL,
@@ -265,77 +271,6 @@ def averaged_inside_steps(rec: RunRecording) -> set[int]:
     return out
 
 
-def _spread(sums: list[list[float]]) -> float:
-    """How far apart the ranks' received-gradient checksums are, relative to their scale."""
-    scale = max(abs(v[2]) for v in sums) or 1e-30
-    return max(abs(a[i] - b[i]) for a in sums for b in sums for i in (0, 1)) / scale
-
-
-
-
-def _loose_grads_differ(step: int, row: dict[int, StepWindow]) -> Finding | None:
-    """DDP, where the step's own checksum does not cover them (not kept: a backward inside
-    the step's closure, Lightning; or they are not the wrapped model's): the ``.grad`` of the
-    stepped parameters DDP does not reduce, read right after the step, differs across
-    ranks."""
-    if len(row) < 2 or any(s.engine != "ddp" for s in row.values()):
-        return None
-    sums = {r: s.loose_checksum for r, s in row.items() if s.loose_checksum}
-    names = next((s.unwrapped for s in row.values() if s.unwrapped), None)
-    if len(sums) != len(row) or not names:
-        return None
-    if _loose_spread(list(sums.values())) <= 1e-5:
-        return None
-    return ddp_loose_finding(step, f"the gradient of the parameters DDP does not reduce "
-                              f"differs across ranks at step {_n(step)} ({_loose_text(sums)}, "
-                              "read after the step)", names)
-
-
-def _loose_spread(sums: list[list[float]]) -> float:
-    """How far apart the ranks' loose-parameter readings are: the step checksum's columns
-    (sum, even-position sum, abs sum) or the ``.grad`` read after the step (sum, sum of
-    squares; ``_loose._loose_grads``), whichever the record holds (one form per step); a
-    step whose ranks hold different forms is not compared (0)."""
-    if len({len(v) for v in sums}) != 1:
-        return 0.0
-    if len(sums[0]) >= 3:
-        return _spread(sums)
-    scale = max(max(abs(v[0]), abs(v[1])) for v in sums) or 1e-30
-    return max(abs(a[i] - b[i]) for a in sums for b in sums for i in (0, 1)) / scale
-
-
-def _loose_text(sums: dict[int, list[float]]) -> str:
-    square = all(len(v) == 2 for v in sums.values())
-    text = ", ".join(f"rank {r}: {v[1] if square else v[0]:.6g}" for r, v in sorted(sums.items()))
-    return ("its sums of squares " if square else "checksums ") + text
-
-
-def _outside_units(step: int, row: dict[int, StepWindow]) -> Finding | None:
-    """FSDP2: the stepped parameters no ``fully_shard`` unit holds (plain tensors, not
-    DTensors) received different gradients on the ranks: FSDP2 never reduced them and
-    nothing else did, so each rank trains its own copy."""
-    sums = {r: s.loose_checksum for r, s in row.items() if s.loose_checksum}
-    names = next((s.unwrapped for s in row.values() if s.unwrapped), None)
-    if len(sums) < 2 or len(sums) != len(row) or not names:
-        return None
-    if _loose_spread(list(sums.values())) <= 1e-5:
-        return None
-    text = _loose_text(sums)
-    return _mk("F10", "error", None, step, None,
-               f"the optimizer steps parameters no fully_shard unit holds ({', '.join(names)}: "
-               f"plain tensors, not DTensors), and the gradient it received for them differs "
-               f"across ranks at step {_n(step)} ({text}): FSDP2 reduces only the "
-               "parameters of the modules fully_shard was applied to, and no all-reduce of "
-               "the script averaged these, so each rank steps its own copy on its own gradient",
-               title_="parameters outside every fully_shard unit are never averaged over "
-                      "the ranks",
-               fix="Make them parameters of a module fully_shard is applied to (the root "
-                   "call fully_shard(model) takes every parameter of model not in an inner "
-                   "unit: a loss module's learnable temperature belongs inside model), or "
-                   "all-reduce their gradients (sum, then divide by the world size) at each "
-                   "window's end, before the optimizer step.")
-
-
 def received_alike_steps(rec: RunRecording) -> set[int]:
     """Optimizer steps (1-based, as findings number them) at which every rank of a DDP run
     recorded what its optimizer received and all agree: whatever the sync flags read at the
@@ -349,7 +284,7 @@ def received_alike_steps(rec: RunRecording) -> set[int]:
         if len(row) != len(ranks) or any(s.engine != "ddp" or not s.checksum
                                          for s in row.values()):
             continue
-        if _spread([list(s.checksum or ()) for s in row.values()]) <= 1e-5:
+        if spread([list(s.checksum or ()) for s in row.values()]) <= 1e-5:
             out.add(int(step) + 1)
     return out
 
@@ -362,11 +297,11 @@ def cross_rank_findings(rec: RunRecording) -> list[Finding]:
         return averaged
     for step in sorted(by_step):
         row = by_step[step]
-        loose_ddp = _loose_grads_differ(step, row)
+        loose_ddp = loose_grads_differ(step, row)
         if loose_ddp is not None:
             return [loose_ddp]
         if len(row) >= 2 and all(s.engine == "fsdp2" for s in row.values()):
-            outside = _outside_units(step, row)
+            outside = outside_units(step, row)
             if outside is not None:
                 return [outside]
             alone = _fsdp2_alone(rec, step, row)
@@ -381,7 +316,7 @@ def cross_rank_findings(rec: RunRecording) -> list[Finding]:
                                         if s.checksum}
         if len(sums) < 2:
             continue
-        if _spread(list(sums.values())) > 1e-5:
+        if spread(list(sums.values())) > 1e-5:
             text = ", ".join(f"rank {r}: {v[0]:.6g}" for r, v in sorted(sums.items()))
             evidence = (f"the gradient the optimizer received differs across ranks at step "
                         f"{_n(step)} (checksums {text}): ranks train different models")
@@ -482,7 +417,7 @@ def _fsdp2_alone(rec: RunRecording, step: int, row: dict[int, StepWindow]) -> Fi
     if rec.world < 2 or any(s.fsdp_mesh != 1 for s in row.values()):
         return None
     sums = {r: s.checksum for r, s in row.items() if s.checksum}
-    if len(sums) < 2 or _spread(list(sums.values())) <= 1e-5:
+    if len(sums) < 2 or spread(list(sums.values())) <= 1e-5:
         return None
     for r in rec.ranks:
         for line in rec.steps.get(r, []):
