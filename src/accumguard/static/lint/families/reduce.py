@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 from accumguard.static.findings import Finding
 from accumguard.static.lint._ast import (
+    FUNCS,
     GRAD_TENSOR_RE,
     LOOPS,
     call_attr,
@@ -220,9 +221,27 @@ def _loss_divided_by_world(ctx: FileContext) -> bool:
     return bool(ctx._cached("loss_divided_by_world", ctx.tree, compute))
 
 
+def _in_unused_function(ctx: FileContext, node: ast.AST) -> bool:
+    """``node`` is in a function of a script (a file with an ``if __name__ == "__main__":``
+    entry) that nothing calls and nothing refers to: a leftover helper (a hook handed to a
+    registration is referred to; a library module's functions are called from elsewhere)."""
+    fn = ctx.enclosing(node, FUNCS)
+    if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) or not any(
+            isinstance(st, ast.If) and "__main__" in ast.unparse(st.test) for st in ctx.tree.body):
+        return False
+    name = fn.name
+    for n in ast.walk(ctx.tree):
+        if (isinstance(n, ast.Name) and n.id == name) or (
+                isinstance(n, ast.Attribute) and n.attr == name):
+            return False
+    return True
+
+
 @rule("AG107")
 def all_reduce_sum_without_average(ctx: FileContext) -> Iterator[Finding]:
     for node, op in _gradient_reduces(ctx):
+        if _in_unused_function(ctx, node):
+            continue  # a helper the file defines and never calls nor hands over
         if ctx.ddp_wrapped and not _under_wrapper_branch(ctx, node) \
                 and not _reduces_ignored(ctx, node):
             continue  # AG108's case (a parameter DDP ignores is this rule's)
@@ -247,7 +266,7 @@ def reduce_on_top_of_ddp(ctx: FileContext) -> Iterator[Finding]:
         return
     for node, op in _gradient_reduces(ctx):
         if _under_wrapper_branch(ctx, node) or reduces_an_outside_module(ctx, node) \
-                or _reduces_ignored(ctx, node):
+                or _reduces_ignored(ctx, node) or _in_unused_function(ctx, node):
             continue
         divided = _divides_by_world(ctx, ctx.scope_of(node))
         restores = op == "sum" and not divided and any(
