@@ -1,0 +1,1 @@
+python a_c02.py
