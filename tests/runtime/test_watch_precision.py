@@ -80,12 +80,13 @@ def test_two_ranks(dist: Path, name: str, expected: set[str], fix: str | None) -
 def test_master_weights_reduced_by_hand(dist: Path) -> None:
     """bf16 .grad summed over the window, copied to fp32 masters, whose gradients are then
     all-reduced by hand (2 ranks, no wrapper): the other rank's sum mixes in, so the copy
-    cannot be paired by proportion on one rank. Seen and said (a warning, "not confirmed");
-    before, the failed pairing hid it. The per-micro-step twin has no F12 above a note."""
+    cannot be paired by proportion on one rank; the ranks' sums added up pair with the
+    optimizer's gradient (``pair_master_sums``): confirmed, an error (a warning, "not
+    confirmed", before that pairing). The per-micro-step twin has no F12 above a note."""
     errors, _, findings = _classes(dist, "master_dp")
     f12 = [f for f in findings if f.cls == "F12"]
-    assert [f.severity for f in f12] in (["warning"], ["warning", "warning"]), findings
-    assert "master weights" in f12[0].evidence and "not confirmed" in f12[0].evidence, f12
+    assert f12 and {f.severity for f in f12} == {"error"}, findings
+    assert "master weights" in f12[0].evidence and "not confirmed" not in f12[0].evidence, f12
     assert "right after its backward" in f12[0].fix, f12
     _, _, ok = _classes(dist, "master_dp_ok")
     assert not [f for f in ok if f.cls == "F12" and f.severity != "note"], ok

@@ -229,12 +229,11 @@ def _in_unused_function(ctx: FileContext, node: ast.AST) -> bool:
     if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) or not any(
             isinstance(st, ast.If) and "__main__" in ast.unparse(st.test) for st in ctx.tree.body):
         return False
-    name = fn.name
-    for n in ast.walk(ctx.tree):
-        if (isinstance(n, ast.Name) and n.id == name) or (
-                isinstance(n, ast.Attribute) and n.attr == name):
-            return False
-    return True
+    def compute() -> frozenset[str]:
+        return frozenset({n.id for n in ast.walk(ctx.tree) if isinstance(n, ast.Name)}
+                         | {n.attr for n in ast.walk(ctx.tree) if isinstance(n, ast.Attribute)})
+    referenced: frozenset[str] = ctx._cached("referenced_names", ctx.tree, compute)
+    return fn.name not in referenced
 
 
 @rule("AG107")
