@@ -45,22 +45,41 @@ def _site(ctx: FileContext, node: ast.AST, window: ast.AST,
 
 
 def _statement(ctx: FileContext, node: ast.AST, block: list[ast.stmt]) -> int | None:
-    """The index in ``block`` of the statement holding ``node``."""
+    """The index in ``block`` of the statement holding ``node`` (a position map of the block,
+    built once per block: a module's body is long)."""
+    where = _positions(ctx, block)
     cur: ast.AST | None = node
     while cur is not None:
-        for i, st in enumerate(block):
-            if st is cur:
-                return i
+        i = where.get(id(cur))
+        if i is not None and block[i] is cur:
+            return i
         cur = ctx.parents.get(cur)
     return None
 
 
-def _blocks(root: ast.AST) -> Iterator[list[ast.stmt]]:
-    for n in ast.walk(root):
+def _positions(ctx: FileContext, block: list[ast.stmt]) -> dict[int, int]:
+    """``id(statement) -> index`` in ``block``, once per block."""
+    def compute() -> dict[int, int]:
+        return {id(st): i for i, st in enumerate(block)}
+    return ctx._cached("cliporder_index", block[0], compute) if block else {}
+
+
+def _blocks(ctx: FileContext, node: ast.AST, root: ast.AST) -> list[list[ast.stmt]]:
+    """The statement lists of ``root`` that hold ``node`` (the only blocks where its
+    statement has an index), outermost first, as a walk from ``root`` meets them."""
+    out: list[list[ast.stmt]] = []
+    cur: ast.AST | None = node
+    while cur is not None and cur is not root:
+        par = ctx.parents.get(cur)
+        if par is None:
+            break
         for name in ("body", "orelse", "finalbody"):
-            block = getattr(n, name, None)
-            if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
-                yield block
+            block = getattr(par, name, None)
+            if isinstance(block, list) and block and isinstance(block[0], ast.stmt) \
+                    and _positions(ctx, block).get(id(cur)) is not None:
+                out.append(block)
+        cur = par
+    return out[::-1]
 
 
 @rule("AG311")
@@ -83,7 +102,7 @@ def clip_before_the_boundary_backward(ctx: FileContext) -> Iterator[Finding]:
             if site is None:
                 continue
             fn = ctx.enclosing(site, FUNCS) or ctx.tree
-            for block in _blocks(fn):
+            for block in _blocks(ctx, site, fn):
                 at = _statement(ctx, site, block)
                 if at is None:
                     continue
