@@ -25,7 +25,7 @@ when a norm clip shrank some update of the run (its factor read from the norm it
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from statistics import median
 from typing import Any
 
@@ -41,12 +41,22 @@ _CLIP_CODES = ("AG326", "AG177")
 _RESUME_CODES = ("AG318", "AG327")
 
 
-def _lint_f4(command: Sequence[str]) -> tuple[str, list[Any]] | None:
+def _lint_hit(command: Sequence[str], keep: Callable[[Any], bool],
+              levels: tuple[str, ...] = ("error",)) -> tuple[str, Any] | None:
+    """(the script's file name, lint's first finding ``keep`` accepts) at ``levels``."""
     from accumguard.watch._declared import script_lint_errors
 
-    found = script_lint_errors(command)
-    hits = [] if found is None else [f for f in found[1] if f.cls == "F4"]
-    return (found[0].name, hits) if found is not None and hits else None
+    found = script_lint_errors(command, levels=levels)
+    hits = [] if found is None else [f for f in found[1] if keep(f)]
+    return (found[0].name, hits[0]) if found is not None and hits else None
+
+
+def _claim(cls: str, step: int, said: tuple[str, Any], shows: str, title: str | None = None) -> Finding:
+    """The finding keeping lint's claim ``said``, with what the run ``shows``."""
+    name, hit = said
+    return _mk(cls, "error", None, step, None,
+               f"{name}:{hit.line}: {hit.evidence} (read in the script, lint {hit.code}); {shows}",
+               title_=title or hit.title, fix=hit.fix)
 
 
 def _confirmed(rec: RunRecording) -> tuple[int, int, list[float]] | None:
@@ -73,18 +83,14 @@ def schedule_source_findings(rec: RunRecording, findings: list[Finding],
     confirmed = _confirmed(rec)
     if confirmed is None:
         return []
-    said = _lint_f4(command)
+    said = _lint_hit(command, lambda f: f.cls == "F4")
     if said is None:
         return []
-    name, hits = said
     k, n, (first, last) = confirmed
-    hit = hits[0]
-    return [_mk("F4", "error", None, 0, None,
-                f"{name}:{hit.line}: {hit.evidence} (read in the script, lint {hit.code}); "
-                f"the run shows what that rests on: the optimizer stepped once per {k} "
-                f"backward passes ({n} steps) and the learning rate changed during the run "
-                f"({first:.4g} at the first step, {last:.4g} at the last)",
-                title_=hit.title, fix=hit.fix)]
+    return [_claim("F4", 0, said,
+                   f"the run shows what that rests on: the optimizer stepped once per {k} "
+                   f"backward passes ({n} steps) and the learning rate changed during the run "
+                   f"({first:.4g} at the first step, {last:.4g} at the last)")]
 
 
 def resume_source_findings(rec: RunRecording, findings: list[Finding],
@@ -96,19 +102,12 @@ def resume_source_findings(rec: RunRecording, findings: list[Finding],
     loads = sorted({int(s) for e in rec.end.values() for s in e.get("state_loads") or []})
     if not loads:
         return []
-    from accumguard.watch._declared import script_lint_errors
-
-    found = script_lint_errors(command)
-    hits = [] if found is None else [f for f in found[1] if f.code in _RESUME_CODES]
-    if found is None or not hits:
+    said = _lint_hit(command, lambda f: f.code in _RESUME_CODES)
+    if said is None:
         return []
-    hit = hits[0]
     at = ", ".join(f"step {s + 1}" for s in loads[:4])
-    return [_mk("F13", "error", None, 0, None,
-                f"{found[0].name}:{hit.line}: {hit.evidence} (read in the script, lint "
-                f"{hit.code}); the run resumed: an optimizer's state was loaded before "
-                f"optimizer {at}",
-                title_=hit.title, fix=hit.fix)]
+    return [_claim("F13", 0, said,
+                   f"the run resumed: an optimizer's state was loaded before optimizer {at}")]
 
 
 def clip_source_findings(rec: RunRecording, findings: list[Finding],
@@ -123,19 +122,13 @@ def clip_source_findings(rec: RunRecording, findings: list[Finding],
                     and isinstance(c.get("clip"), (int, float)) and float(c["clip"]) < 1 - 1e-6)
     if not shrunk:
         return []
-    from accumguard.watch._declared import script_lint_errors
-
-    found = script_lint_errors(command, levels=("error", "warning"))
-    hits = [] if found is None else [f for f in found[1] if f.code in _CLIP_CODES]
-    if found is None or not hits:
+    said = _lint_hit(command, lambda f: f.code in _CLIP_CODES, levels=("error", "warning"))
+    if said is None:
         return []
-    hit = hits[0]
     steps = sorted({s for s, _ in shrunk})
-    return [_mk("F9", "error", None, steps[0], None,
-                f"{found[0].name}:{hit.line}: {hit.evidence} (read in the script, lint "
-                f"{hit.code}); the run shows that clip acting: a norm clip shrank the update "
-                f"of {len(steps)} optimizer step(s), by a factor down to "
-                f"{min(c for _, c in shrunk):.3g} (first at optimizer step {steps[0] + 1})",
-                title_="the script's clip setting never reaches the Trainer: its default clip "
-                       "at 1.0 shrank updates",
-                fix=hit.fix)]
+    return [_claim("F9", steps[0], said,
+                   f"the run shows that clip acting: a norm clip shrank the update of "
+                   f"{len(steps)} optimizer step(s), by a factor down to "
+                   f"{min(c for _, c in shrunk):.3g} (first at optimizer step {steps[0] + 1})",
+                   title="the script's clip setting never reaches the Trainer: its default "
+                         "clip at 1.0 shrank updates")]
