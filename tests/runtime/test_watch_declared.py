@@ -346,3 +346,25 @@ def test_a_clip_setting_the_trainer_never_gets_is_f9_when_the_run_shows_the_clip
     assert clip_source_findings(rec, [_mk("F9", "error", None, 0, None, "own")], bug) == []
     calm = load_recordings(RECORDED / "r112_nanogpt_resume_after_saved_iteration")
     assert clip_source_findings(calm, analyze(calm, k_flag=None)[0], bug) == []
+
+
+def test_a_none_clip_filtered_out_before_the_trainer_is_f9_when_the_run_shows_the_clip() -> None:
+    """Blind round 116 b_b02: a settings dataclass means "no clipping" by
+    ``max_grad_norm = None`` and filters the None values out before
+    ``TrainingArguments(**kwargs)``: the Trainer clips at 1.0. Lint warns (AG328); with the
+    run showing the clip shrinking updates, the report keeps it as an F9 error. Not for the
+    twin that puts 0.0 back."""
+    from accumguard.observe.rules import analyze
+    from accumguard.watch._findings import load_recordings
+    from accumguard.watch._source_claims import clip_source_findings
+    from tests.helpers import RECORDED
+
+    corpus = Path(__file__).parents[1] / "lint_corpus"
+    rec = load_recordings(RECORDED / "r115_hf_default_clip_acting")
+    findings, _, _ = analyze(rec, k_flag=None)
+    bug = ["python", str(corpus / "bug_hf_none_filter_drops_clip_off.py")]
+    kept = clip_source_findings(rec, findings, bug)
+    assert [(f.cls, f.severity) for f in kept] == [("F9", "error")], kept
+    assert "lint AG328" in kept[0].evidence and "filtered out" in kept[0].evidence
+    ok = ["python", str(corpus / "ok_hf_none_filter_puts_clip_off_back.py")]
+    assert clip_source_findings(rec, findings, ok) == []

@@ -1044,6 +1044,13 @@ RULES: dict[str, Rule] = {
             "Trainer clips at its default max_grad_norm = 1.0",
             "spell it max_grad_norm (0.0 turns the Trainer's clipping off)",
         ),
+        _rule(
+            "AG328", "clip-none-dropped-by-filter", "F9", W, MED,
+            "a settings field max_grad_norm = None (clipping off) filtered out with the other "
+            "None values before TrainingArguments(**kwargs): the Trainer clips at its default 1.0",
+            "pass max_grad_norm=0.0 to turn the Trainer's clipping off (0 is kept by the filter), "
+            "or set kwargs['max_grad_norm'] = 0.0 when the setting is None",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

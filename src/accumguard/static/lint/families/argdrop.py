@@ -22,6 +22,13 @@ AG326 (F9, a warning): the same parse spelling the clip setting otherwise (DeepS
 ``"gradient_clipping": 0.0``, ``"grad_clip"``) and never as ``max_grad_norm``: the Trainer
 keeps its default clip at 1.0, which changes every update whose norm exceeds 1 (how often
 is the run's: ``watch`` makes it an error when it sees that clip act).
+
+AG328 (F9, a warning): a settings dataclass whose ``max_grad_norm`` defaults to ``None`` (the
+value that turns the Trainer's clipping off), handed to ``TrainingArguments(**kwargs)``
+through a filter dropping the ``None`` values (``{k: v for k, v in asdict(cfg).items() if v
+is not None}``): the key never arrives and the Trainer clips at its default 1.0. Not
+reported when the file sets the key on the way (``kwargs["max_grad_norm"] = 0.0``, a
+``max_grad_norm=`` keyword).
 """
 
 from __future__ import annotations
@@ -36,7 +43,8 @@ from accumguard.static.lint._ast import ACCUM_RE, call_attr, dotted
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 
-__all__ = ["accumulation_key_dropped_by_parse_dict", "accumulation_option_dropped"]
+__all__ = ["accumulation_key_dropped_by_parse_dict", "accumulation_option_dropped",
+           "clip_none_dropped_by_filter"]
 
 
 def _options(ctx: FileContext) -> list[tuple[ast.Call, str, object]]:
@@ -192,3 +200,77 @@ def accumulation_key_dropped_by_parse_dict(ctx: FileContext) -> Iterator[Finding
             f"it without a word, so gradient_accumulation_steps keeps its default 1 and the "
             "Trainer steps on every micro-batch",
         )
+
+
+def _none_field(cls: ast.ClassDef, name: str) -> ast.AnnAssign | None:
+    """The dataclass field ``name`` when its default is a literal ``None``."""
+    for st in cls.body:
+        if isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name) and st.target.id == name \
+                and isinstance(st.value, ast.Constant) and st.value.value is None:
+            return st
+    return None
+
+
+def _drops_none(comp: ast.AST) -> bool:
+    """``{k: v for k, v in <x>.items() if v is not None}`` (the value's ``None`` filtered)."""
+    if not (isinstance(comp, ast.DictComp) and len(comp.generators) == 1):
+        return False
+    gen = comp.generators[0]
+    value = comp.value.id if isinstance(comp.value, ast.Name) else None
+    return value is not None and any(
+        isinstance(c, ast.Compare) and isinstance(c.left, ast.Name) and c.left.id == value
+        and len(c.ops) == 1 and isinstance(c.ops[0], ast.IsNot)
+        and isinstance(c.comparators[0], ast.Constant) and c.comparators[0].value is None
+        for c in gen.ifs)
+
+
+def _sets_clip(ctx: FileContext, scope: ast.AST) -> bool:
+    """The scope writes ``max_grad_norm`` into a mapping (``kw["max_grad_norm"] = ...``,
+    ``kw.setdefault("max_grad_norm", ...)``, ``kw.update(max_grad_norm=...)``)."""
+    for node in ast.walk(scope):
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) \
+                and node.slice.value == "max_grad_norm" and isinstance(node.ctx, ast.Store):
+            return True
+        if isinstance(node, ast.Call) and call_attr(node) in ("setdefault", "update") and (
+                any(isinstance(a, ast.Constant) and a.value == "max_grad_norm" for a in node.args)
+                or any(k.arg == "max_grad_norm" for k in node.keywords)):
+            return True
+    return False
+
+
+#: TRL's configs subclass TrainingArguments (max_grad_norm and its default 1.0 included)
+_TRL_CONFIGS = frozenset({"SFTConfig", "DPOConfig", "GRPOConfig", "RewardConfig", "KTOConfig",
+                          "ORPOConfig", "PPOConfig", "RLOOConfig", "CPOConfig"})
+
+
+@rule("AG328")
+def clip_none_dropped_by_filter(ctx: FileContext) -> Iterator[Finding]:
+    fields = [f for c in _dataclasses(ctx).values() if (f := _none_field(c, "max_grad_norm"))]
+    if not fields:
+        return
+    for call in ctx.of(ast.Call):
+        name = (dotted(call.func) or "").rsplit(".", 1)[-1]
+        if not (name.endswith("TrainingArguments") or name in _TRL_CONFIGS):
+            continue
+        if any(k.arg == "max_grad_norm" for k in call.keywords):
+            continue
+        for k in call.keywords:
+            if k.arg is not None:
+                continue
+            value: ast.AST = k.value
+            scope = ctx.scope_of(call)
+            if isinstance(value, ast.Name):
+                values = ctx.assigned_in(scope).get(value.id, [])
+                value = values[0] if len(values) == 1 else value
+            if not _drops_none(value) or _sets_clip(ctx, scope):
+                continue
+            f = ctx.finding(
+                "AG328",
+                call,
+                f"`max_grad_norm` defaults to None in the settings (line {fields[0].lineno}), the "
+                "value that turns the Trainer's clipping off, but the None values are filtered "
+                f"out before `{name}(**...)` (line {call.lineno}): the key never arrives, "
+                "max_grad_norm keeps its default 1.0 and the Trainer clips every update whose "
+                "gradient norm exceeds 1")
+            yield replace(f, severity=Severity.WARNING, confidence=Confidence.MEDIUM)
+            return
