@@ -245,7 +245,7 @@ _TRL_CONFIGS = frozenset({"SFTConfig", "DPOConfig", "GRPOConfig", "RewardConfig"
 
 @rule("AG328")
 def clip_none_dropped_by_filter(ctx: FileContext) -> Iterator[Finding]:
-    fields = [f for c in _dataclasses(ctx).values() if (f := _none_field(c, "max_grad_norm"))]
+    fields = [fd for c in _dataclasses(ctx).values() if (fd := _none_field(c, "max_grad_norm"))]
     if not fields:
         return
     for call in ctx.of(ast.Call):
