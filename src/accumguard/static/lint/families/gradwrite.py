@@ -9,7 +9,8 @@ assignment's value never reads ``.grad`` (``p.grad = g if p.grad is None else p.
 accumulates and is right), no ``.backward()`` runs in the same function (a backward adds to
 ``.grad``; the assignment then belongs to another pattern), the assignment runs on every
 call of a function that a loop over micro-batches calls (or in that loop itself), and an
-optimizer steps after that loop, outside it.
+optimizer steps after that loop, outside it (directly or in a helper of the file the code
+after the loop calls: ``self.sync_and_step()``).
 """
 
 from __future__ import annotations
@@ -38,8 +39,28 @@ def _steps_after(ctx: FileContext, loop: ast.AST) -> bool:
         block = getattr(parent, field, None)
         if isinstance(block, list) and loop in block:
             later = block[block.index(loop) + 1:]
-            return any(ctx.is_step(n) for stmt in later for n in ast.walk(stmt))
+            return any(_steps(ctx, n, 2) for stmt in later for n in ast.walk(stmt))
     return False
+
+
+def _guarded(ctx: FileContext, node: ast.AST, scope: ast.AST) -> bool:
+    """``node`` runs under an ``if`` whose test reads ``.grad`` (inside ``scope``)."""
+    up = ctx.parents.get(node)
+    while up is not None and up is not scope:
+        if isinstance(up, ast.If) and _reads_grad(up.test):
+            return True
+        up = ctx.parents.get(up)
+    return False
+
+
+def _steps(ctx: FileContext, node: ast.AST, depth: int) -> bool:
+    """``node`` is an optimizer step, or a call of a helper of the file that steps
+    (``self.sync_and_step()``), followed ``depth`` helpers deep."""
+    if ctx.is_step(node):
+        return True
+    if depth <= 0 or not isinstance(node, ast.Call) or (fn := ctx.callee_of(node)) is None:
+        return False
+    return any(_steps(ctx, n, depth - 1) for n in walk_local(fn))
 
 
 @rule("AG167")
@@ -50,6 +71,8 @@ def grad_overwritten_every_micro_step(ctx: FileContext) -> Iterator[Finding]:
             continue
         fn = ctx.enclosing(node, FUNCS)
         scope: ast.AST = fn if fn is not None else ctx.tree
+        if _guarded(ctx, node, scope):
+            continue  # `if p.grad is None: p.grad = g else: p.grad.add_(g)`: the first write only
         if any(isinstance(n, ast.Call) and is_backward(n) for n in walk_local(scope)):
             continue
         if not any(isinstance(n, ast.Call) and "autograd" in ast.unparse(n.func)

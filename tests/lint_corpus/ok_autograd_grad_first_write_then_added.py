@@ -1,0 +1,29 @@
+# corpus: style=class_trainer class=OK
+# the same loop writing `.grad` only when it is empty and adding to it afterwards
+import torch
+import torch.distributed as dist
+
+ACCUM = 4
+
+
+class Distiller:
+    def accumulate(self, loss):
+        grads = torch.autograd.grad(loss / ACCUM, self.params)
+        for p, g in zip(self.params, grads):
+            if p.grad is None:
+                p.grad = g
+            else:
+                p.grad.add_(g)
+
+    def sync_and_step(self):
+        for p in self.params:
+            dist.all_reduce(p.grad)
+            p.grad /= self.world
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+    def fit(self, batches):
+        for _ in range(10):
+            for _ in range(ACCUM):
+                self.accumulate(self.loss(next(batches)))
+            self.sync_and_step()
