@@ -1051,6 +1051,14 @@ RULES: dict[str, Rule] = {
             "pass max_grad_norm=0.0 to turn the Trainer's clipping off (0 is kept by the filter), "
             "or set kwargs['max_grad_norm'] = 0.0 when the setting is None",
         ),
+        _rule(
+            "AG329", "deepspeed-checkpoint-on-late-boundary-flag", "F13", E, MED,
+            "a checkpoint gated on engine.is_gradient_accumulation_boundary() read after "
+            "engine.step(): taken on the micro-batch before each boundary, inside a window",
+            "read the flag before engine.step() (boundary = engine.is_gradient_accumulation_"
+            "boundary(); engine.backward(loss); engine.step(); if boundary: save), or gate on "
+            "engine.global_steps changing",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

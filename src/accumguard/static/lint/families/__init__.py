@@ -96,7 +96,7 @@
 ``funcclip``   AG312               each micro-step's autograd.grad gradients clipped before they are summed
 ``hfwarmup``   AG313               a TrainingArguments warmup_steps/max_steps counted in one device's micro-batches
 ``hfsetters``  AG314               TrainingArguments.set_training() without K on arguments built with K > 1
-``dslateflag`` AG315               DeepSpeed's boundary flag read after engine.step(), gating a scheduler
+``dslateflag`` AG315 AG329         DeepSpeed's boundary flag read after engine.step(), gating a scheduler; or a checkpoint
 ``probebackward`` AG316            a backward before the training loop, its gradient never cleared
 ``fracepoch`` AG317                a fractional epoch for a scheduler counted in two units
 ``resumeskip`` AG318 AG327         a resume at the saved counter + 1 that skips the saved iteration;

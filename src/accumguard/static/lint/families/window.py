@@ -207,16 +207,37 @@ def _fsdp2_deferred_clear(ctx: FileContext, call: ast.Call, window: ast.AST) -> 
     while the sync is off FSDP2 keeps the gradient on its unsharded parameters, not in the
     sharded ``.grad`` that ``zero_grad()`` clears, so the clear finds nothing to erase
     until the synced backward writes the window's reduced gradient (after it)."""
-    if not any(call_attr(c) == "fully_shard" for c in ctx.of(ast.Call)):
+    shards = [c for c in ctx.of(ast.Call) if call_attr(c) == "fully_shard"]
+    if not shards:
         return False
-    nodes = list(ctx.local_nodes(window))
+    nodes = [n for part in (window, *ctx.inlined(window), *ctx.reached(window))
+             for n in ctx.local_nodes(part)]
     defer = [n for n in nodes if isinstance(n, ast.Call)
              and call_attr(n) == "set_requires_gradient_sync" and n.args
-             and not (isinstance(n.args[0], ast.Constant) and n.args[0].value is True)]
-    backs = [n for n in nodes if isinstance(n, ast.Call) and is_backward(n)]
+             and not (isinstance(n.args[0], ast.Constant) and n.args[0].value is True)
+             and not _under_switch(ctx, n)]
+    nested = len(shards) > 1 or any(ctx.enclosing(c, LOOPS) is not None for c in shards)
+    if nested and any(any(k.arg == "recurse" and isinstance(k.value, ast.Constant)
+                          and k.value.value is False for k in n.keywords) for n in defer):
+        return False  # only the root unit defers: the nested units reduce into .grad each micro-step
+    home = ctx.enclosing(call, FUNCS)
+    backs = [n for n in nodes if isinstance(n, ast.Call) and is_backward(n)
+             and ctx.enclosing(n, FUNCS) is home]
     if not defer or not backs or ctx.enclosing(call, LOOPS) is not ctx.enclosing(backs[0], LOOPS):
         return False
     return position(call) < min(position(b) for b in backs)
+
+
+def _under_switch(ctx: FileContext, node: ast.AST) -> bool:
+    """``node`` runs only when a setting says so: under an ``if`` (in its function) whose test
+    is a bare name or attribute (``if self.cfg.defer_grad_sync:``), not a micro-step test."""
+    home = ctx.enclosing(node, FUNCS)
+    up = ctx.parents.get(node)
+    while up is not None and up is not home:
+        if isinstance(up, ast.If) and isinstance(up.test, (ast.Name, ast.Attribute)):
+            return True
+        up = ctx.parents.get(up)
+    return False
 
 
 def _before_accelerator_backward(ctx: FileContext, window: ast.AST, call: ast.Call) -> bool:

@@ -1,0 +1,23 @@
+# corpus: style=deepspeed class=F13
+# a preemption checkpoint gated on the boundary flag read after engine.step(): it is true on
+# the micro-batch before each boundary, so the checkpoint lands inside a window
+import deepspeed
+import torch
+
+GRAD_ACCUM = 4
+config = {"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": GRAD_ACCUM,
+          "gradient_clipping": 1.0, "zero_optimization": {"stage": 2}}
+engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                       config=config)
+
+
+def run(engine, data, start, stop_at=None):
+    for i in range(start, len(data)):
+        loss = torch.nn.functional.mse_loss(engine(data[i][0]), data[i][1])
+        engine.backward(loss)
+        engine.step()
+        if (stop_at is not None and engine.is_gradient_accumulation_boundary()  # expect: AG329
+                and engine.global_steps == stop_at):
+            engine.save_checkpoint("ckpt", tag="preempt", client_state={"next": i + 1})
+            return i + 1
+    return None
