@@ -13,7 +13,7 @@ __all__ = ["partial_window_findings"]
 
 
 def partial_window_findings(rank: int | None, windows: list[StepWindow],
-                            k: int | None) -> list[Finding]:
+                            k: int | None, resumes: list[int] | None = None) -> list[Finding]:
     """F7 from the loss record: every full window of K micro-steps weighs its tokens 1 in
     total (the loop normalises a window to its mean), and the short last window of the
     run or of a pass over the data, n < K micro-steps, weighs them n/K: it was divided by
@@ -42,6 +42,8 @@ def partial_window_findings(rank: int | None, windows: list[StepWindow],
             continue  # a window weighing other than 1 is judged only when every loss call
             # is divided by exactly K (a sum loss, or a mean never divided, is not F7)
         if last and _near(m.mass, n / k * ref, m.low):
+            if (resumed := _resumed_pass(windows, i, k, resumes or [])) is not None:
+                return [_misaligned(rank, windows, i, resumed, k, m)]
             weighed = (m.words(n, k, at=False) if one else
                        f"its {m.unit} carried a total weight of {m.mass:.4g} = {n}/{k} of "
                        f"the {ref:.4g} each full window carried (a loss of several terms)")
@@ -57,6 +59,38 @@ def partial_window_findings(rank: int | None, windows: list[StepWindow],
                         title_=f"a short last window ({n} of K = {k} micro-steps) divided by K: "
                                f"its update is {n}/{k} of its mean gradient")]
     return _mid_run_short(rank, windows, masses, k, len(full)) if one else []
+
+
+def _resumed_pass(windows: list[StepWindow], i: int, k: int, resumes: list[int]) -> int | None:
+    """The optimizer step of the resume whose pass window ``i`` (a short window at a pass's
+    end) ends, when every other pass end in ``windows`` fell on a full window; else None."""
+    start = next((j for j in range(i, -1, -1) if 0 in (windows[j].data_pass_starts or [])), None)
+    if start is None or int(windows[start].step) not in resumes:
+        return None
+    ends = [j for j in range(len(windows)) if j != i and (
+        j == len(windows) - 1 or 0 in (windows[j + 1].data_pass_starts or []))]
+    if not ends or any(int(windows[j].window) != k for j in ends):
+        return None
+    return int(windows[start].step)
+
+
+def _misaligned(rank: int | None, windows: list[StepWindow], i: int, resumed: int, k: int,
+                m: _Mass) -> Finding:
+    w, n = windows[i], int(windows[i].window)
+    return _mk("F13", "error", rank, w.step, n - 1,
+               f"{_short(m.site)}: the run resumed before optimizer step {_n(resumed)} (an "
+               f"optimizer's saved state was loaded) into a new pass over the DataLoader, and "
+               f"that pass ended on a window of {n} of K = {k} micro-steps (before optimizer "
+               f"step {_n(w.step)}), {m.words(n, k, at=False)}; every other pass end the run "
+               f"saw fell on a full window of {k}: the resume restarted inside a window (it "
+               f"skipped a number of micro-batches that is no multiple of K), so micro-batches "
+               f"are trained twice or skipped and the pass's last window is short",
+               title_="a resume restarted inside a window: the windows after it are "
+                      "misaligned and the pass ends on a short window",
+               fix="Resume at the micro-batch after the last completed window: skip the "
+                   "pass's completed optimizer steps x K micro-batches (with Accelerate: "
+                   "accelerator.skip_first_batches(loader, steps_done_in_epoch * "
+                   "gradient_accumulation_steps)), and restore the window counter with it.")
 
 
 def _each_call_over_k(w: StepWindow, k: int) -> bool:

@@ -212,7 +212,7 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
             found += rule("rank_scale_findings", rank_scale_findings, rank, ws, rec.world)
             found += rule("low_precision_findings", low_precision_findings, rank, ws)
             found += rule("partial_window_findings", partial_window_findings, rank, ws,
-                          gres.k)
+                          gres.k, rec.end.get(rank, {}).get("state_loads"))
             found += rule("grad_step_findings", grad_step_findings, rank, ws, gres)
             found += rule("grad_rescale_findings", grad_rescale_findings, rank, ws)
             found += rule("plain_penalty_findings", plain_penalty_findings, rank, ws,
