@@ -1059,6 +1059,22 @@ RULES: dict[str, Rule] = {
             "boundary(); engine.backward(loss); engine.step(); if boundary: save), or gate on "
             "engine.global_steps changing",
         ),
+        _rule(
+            "AG330", "loss-coefficient-updated-every-micro-step", "F4", E, MED,
+            "a loss coefficient's controller (an adaptive KL coefficient) updated on every "
+            "micro-step: the coefficient changes inside the window and moves K times per "
+            "optimizer step",
+            "update the controller once per optimizer step, after the window, from the "
+            "window's statistic (the mean over its micro-batches, and over the ranks)",
+        ),
+        _rule(
+            "AG331", "resume-skips-optimizer-steps-as-batches", "F13", E, MED,
+            "a resume giving skip_first_batches a count of optimizer steps (divided by K) "
+            "where the loader yields micro-batches: micro-batches trained again, windows "
+            "misaligned",
+            "skip the optimizer steps done in the epoch times gradient_accumulation_steps "
+            "micro-batches",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

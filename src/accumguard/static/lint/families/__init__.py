@@ -99,13 +99,14 @@
 ``dslateflag`` AG315 AG329         DeepSpeed's boundary flag read after engine.step(), gating a scheduler; or a checkpoint
 ``probebackward`` AG316            a backward before the training loop, its gradient never cleared
 ``fracepoch`` AG317                a fractional epoch for a scheduler counted in two units
-``resumeskip`` AG318 AG327         a resume at the saved counter + 1 that skips the saved iteration;
+``resumeskip`` AG318 AG327 AG331   a resume at the saved counter + 1 that skips the saved iteration;
                a resume at the saved index of a micro-batch already trained
 ``lastpass``   AG320               a gradient list replaced per loop pass, reduced after the loop
 ``meancount``  AG321               a loss x world size over a count the ranks averaged
 ``fsdpfactor`` AG323               FSDP2's gradient divide factor set to K without the world size
 ``gatedclip``  AG324               a step helper clipping on every call, stepping on its boundary flag
 ``hfheld``     AG325               a module held on an HF Trainer subclass, outside its model, stepped
+``coefstep``   AG330               a loss coefficient's controller updated on every micro-step
 ``fabricbypass`` AG300             a submodule called through the model fabric.setup returned
 ``syncwhole``  AG111               every backward of the window inside one `with model.no_sync():`
 ``syncorder``  AG106 AG111         FSDP2's sync flag set after the backward; one no_sync() beside a conditional item
@@ -126,6 +127,7 @@ from accumguard.static.lint.families import (
     chunktail,
     clipgrads,
     cliporder,
+    coefstep,
     commhook,
     deepspeed,
     dphorizon,
@@ -203,4 +205,4 @@ from accumguard.static.lint.families import (
     wrapgate,
 )
 
-__all__ = ["accelerate", "accloader", "acctail", "ampclip", "argdrop", "chunktail", "clipgrads", "cliporder", "commhook", "deepspeed", "dphorizon", "dsbatch", "dsblocks", "dslateflag", "dssched", "dsstep", "dsunmanaged", "dszero", "emastep", "epochtail", "fabricbypass", "factored", "fracepoch", "fsdpfactor", "fsdproot", "funcclip", "fsdpunits", "fused", "gatedclip", "gradwrite", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfmodel", "hfclip", "hfheld", "hfscale", "hfsetters", "hfsuper", "hfterms", "hftokens", "hfwarmup", "horizon", "lastpass", "lgkschedule", "lgmanual", "lgstep", "lgunsplit", "lgwindow", "loss", "lowbuffer", "lrcounter", "meancount", "microstat", "moeaux", "precision", "prefetch", "probebackward", "reduce", "resume", "resumeskip", "scale", "schedule", "spawnworld", "stephorizon", "sync", "syncclip", "syncorder", "syncwhole", "synctail", "tailscale", "tempreduce", "terms", "tokenmean", "tokhorizon", "tokiters", "twice", "unclearedopt", "unreduced", "window", "wrapbypass", "wrapgate"]
+__all__ = ["accelerate", "accloader", "acctail", "ampclip", "argdrop", "chunktail", "clipgrads", "cliporder", "coefstep", "commhook", "deepspeed", "dphorizon", "dsbatch", "dsblocks", "dslateflag", "dssched", "dsstep", "dsunmanaged", "dszero", "emastep", "epochtail", "fabricbypass", "factored", "fracepoch", "fsdpfactor", "fsdproot", "funcclip", "fsdpunits", "fused", "gatedclip", "gradwrite", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfmodel", "hfclip", "hfheld", "hfscale", "hfsetters", "hfsuper", "hfterms", "hftokens", "hfwarmup", "horizon", "lastpass", "lgkschedule", "lgmanual", "lgstep", "lgunsplit", "lgwindow", "loss", "lowbuffer", "lrcounter", "meancount", "microstat", "moeaux", "precision", "prefetch", "probebackward", "reduce", "resume", "resumeskip", "scale", "schedule", "spawnworld", "stephorizon", "sync", "syncclip", "syncorder", "syncwhole", "synctail", "tailscale", "tempreduce", "terms", "tokenmean", "tokhorizon", "tokiters", "twice", "unclearedopt", "unreduced", "window", "wrapbypass", "wrapgate"]

@@ -6,6 +6,8 @@ the run (DDP on several processes, the DeepSpeed engine); ``self.model`` is the 
 A forward through ``self.model`` never passes through the wrapper: DDP's reducer is not armed
 and the backward averages nothing over the ranks, so each rank steps on its own gradient.
 On one process the two are the same module: a warning, naming the multi-process case.
+The forward may sit in a method of the class that ``compute_loss`` calls
+(``self._rewards(chosen, rejected)``), two calls deep.
 """
 
 from __future__ import annotations
@@ -14,10 +16,26 @@ import ast
 from collections.abc import Iterator
 
 from accumguard.static.findings import Finding
-from accumguard.static.lint._ast import dotted
+from accumguard.static.lint._ast import FUNCS, dotted
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._hftrainer import trainer_methods
+
+Func = ast.FunctionDef | ast.AsyncFunctionDef
+
+
+def _with_helpers(cls: ast.ClassDef, fn: Func) -> list[Func]:
+    """``fn`` and the methods of ``cls`` it calls as ``self.name(...)``, two calls deep."""
+    methods = {f.name: f for f in cls.body if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)}
+    out, frontier = [fn], [fn]
+    for _ in range(2):
+        found = [methods[c.func.attr] for f in frontier for c in ast.walk(f)
+                 if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
+                 and isinstance(c.func.value, ast.Name) and c.func.value.id == "self"
+                 and c.func.attr in methods and methods[c.func.attr] not in out]
+        out += found
+        frontier = found
+    return out
 
 
 @rule("AG306")
@@ -26,14 +44,17 @@ def compute_loss_forwards_self_model(ctx: FileContext) -> Iterator[Finding]:
         params = [a.arg for a in fn.args.args]
         if len(params) < 2 or params[1] != "model":
             continue
-        calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call)]
+        calls = [n for f in _with_helpers(cls, fn) for n in ast.walk(f) if isinstance(n, ast.Call)]
         if any(isinstance(c.func, ast.Name) and c.func.id == "model" for c in calls):
             continue  # the wrapped model runs a forward too
         for c in calls:
             if dotted(c.func) == "self.model":
+                home = ctx.enclosing(c, FUNCS)
+                via = "" if home is fn or not isinstance(home, FUNCS) else \
+                    f" (in `{home.name}`, which it calls)"
                 yield ctx.finding(
                     "AG306", c,
-                    f"`{cls.name}.compute_loss` runs the forward through `self.model`, not the "
+                    f"`{cls.name}.compute_loss` runs the forward through `self.model`{via}, not the "
                     "`model` the Trainer hands it: on several processes that is the module "
                     "inside the DDP wrapper (or DeepSpeed engine), so the backward averages "
                     "nothing over the ranks and each rank steps on its own gradient")

@@ -17,6 +17,11 @@ AG327: ``for i in range(start, n)`` saving ``{"consumed": i}`` after that iterat
 and a resume passing the saved value back as the loop's start (``start=state["consumed"]``):
 micro-batch ``i`` is trained again and every later window shifts by one. Right is saving
 ``i + 1`` (or restoring ``state[key] + 1``).
+
+AG331: Accelerate's ``skip_first_batches(loader, n)`` given a count of optimizer steps (its
+arithmetic divides by K, ``steps_per_epoch = len(loader) // K``, and never multiplies back)
+where the loader yields micro-batches: the resume replays micro-batches already trained
+and its windows no longer line up with the data. Right is the steps done times K.
 """
 
 from __future__ import annotations
@@ -27,9 +32,12 @@ from collections.abc import Iterator
 from accumguard.static.findings import Finding
 from accumguard.static.lint._ast import FUNCS, call_attr, dotted, last_part, walk_all
 from accumguard.static.lint._context import FileContext
+from accumguard.static.lint._ctx_boundary import bound_argument
 from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families._horizonexpr import expand
 
-__all__ = ["resume_repeats_the_saved_micro_batch", "resume_skips_the_saved_iteration"]
+__all__ = ["resume_repeats_the_saved_micro_batch", "resume_skips_optimizer_steps_as_batches",
+           "resume_skips_the_saved_iteration"]
 
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
 
@@ -189,3 +197,53 @@ def resume_repeats_the_saved_micro_batch(ctx: FileContext) -> Iterator[Finding]:
                 "micro-batch just trained, so the resumed run trains it again and every later "
                 "window shifts by one")
             return
+
+
+def _skip_values(ctx: FileContext, arg: ast.AST) -> list[ast.AST]:
+    """``arg``, or when it is a parameter of its function, what the calls of that function
+    pass for it (constants left out: a first run's ``skip=0``)."""
+    fn = ctx.enclosing(arg, FUNCS)
+    if not (isinstance(arg, ast.Name) and isinstance(fn, FUNCS)
+            and arg.id in {a.arg for a in (*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs)}):
+        return [arg]
+    out = [v for c in ctx.call_sites(fn) if (v := bound_argument(fn, c, arg.id)) is not None
+           and not isinstance(v, ast.Constant)]
+    return out or [arg]
+
+
+def _in_optimizer_steps(ctx: FileContext, parts: list[ast.AST]) -> ast.AST | None:
+    """The division by K that makes the count one of optimizer steps, when the count is
+    never multiplied by K back (``steps_per_epoch = len(loader) // K``, then ``completed -
+    epoch * steps_per_epoch``)."""
+    over_k = next((n.right for p in parts for n in walk_all(p) if isinstance(n, ast.BinOp)
+                   and isinstance(n.op, ast.Div | ast.FloorDiv) and ctx.mentions_accum(n.right)),
+                  None)
+    times_k = any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult)
+                  and (ctx.mentions_accum(n.left) or ctx.mentions_accum(n.right))
+                  for p in parts for n in walk_all(p))
+    return None if times_k else over_k
+
+
+@rule("AG331")
+def resume_skips_optimizer_steps_as_batches(ctx: FileContext) -> Iterator[Finding]:
+    for call in ctx.of(ast.Call):
+        if call_attr(call) != "skip_first_batches" or len(call.args) < 2 and not any(
+                k.arg == "num_batches" for k in call.keywords):
+            continue
+        arg = call.args[1] if len(call.args) > 1 else next(
+            k.value for k in call.keywords if k.arg == "num_batches")
+        for value in _skip_values(ctx, arg):
+            parts = expand(ctx, value)
+            over_k = _in_optimizer_steps(ctx, parts)
+            if over_k is None:
+                continue
+            yield ctx.finding(
+                "AG331",
+                call,
+                f"`{ast.unparse(call.func)}` skips `{ast.unparse(value)}` batches, a count of "
+                f"optimizer steps (its arithmetic divides by `{ast.unparse(over_k)}` and never "
+                "multiplies back): each optimizer step used K micro-batches, so the resume "
+                "replays the window's micro-batches already trained and its windows no longer "
+                "line up with the data",
+            )
+            break

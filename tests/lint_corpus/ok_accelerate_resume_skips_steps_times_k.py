@@ -1,0 +1,19 @@
+# corpus: style=accelerate class=OK
+# the same resume skipping the completed optimizer steps times K micro-batches
+from accelerate import Accelerator
+
+K = 4
+accelerator = Accelerator(gradient_accumulation_steps=K)
+model, opt, loader = accelerator.prepare(model, opt, loader)
+steps_per_epoch = len(loader) // K
+accelerator.load_state("ckpt")
+completed = int(open("ckpt/step.txt").read())
+epoch = completed // steps_per_epoch
+skip = (completed - epoch * steps_per_epoch) * K
+for ep in range(epoch, 3):
+    batches = accelerator.skip_first_batches(loader, skip) if ep == epoch else loader
+    for batch in batches:
+        with accelerator.accumulate(model):
+            accelerator.backward(model(**batch).loss)
+            opt.step()
+            opt.zero_grad()
