@@ -1075,6 +1075,13 @@ RULES: dict[str, Rule] = {
             "skip the optimizer steps done in the epoch times gradient_accumulation_steps "
             "micro-batches",
         ),
+        _rule(
+            "AG332", "micro-counter-restored-from-step-count", "F13", E, MED,
+            "the micro-step counter deciding the window's boundary restored from a count of "
+            "optimizer steps (scheduler last_epoch, global_step) without multiplying by K",
+            "restore it as the optimizer steps done times K (or save and restore the micro-step "
+            "counter itself)",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

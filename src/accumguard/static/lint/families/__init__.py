@@ -99,7 +99,7 @@
 ``dslateflag`` AG315 AG329         DeepSpeed's boundary flag read after engine.step(), gating a scheduler; or a checkpoint
 ``probebackward`` AG316            a backward before the training loop, its gradient never cleared
 ``fracepoch`` AG317                a fractional epoch for a scheduler counted in two units
-``resumeskip`` AG318 AG327 AG331   a resume at the saved counter + 1 that skips the saved iteration;
+``resumeskip`` AG318 AG327 AG331 AG332 a resume at the saved counter + 1 that skips the saved iteration;
                a resume at the saved index of a micro-batch already trained
 ``lastpass``   AG320               a gradient list replaced per loop pass, reduced after the loop
 ``meancount``  AG321               a loss x world size over a count the ranks averaged

@@ -22,6 +22,11 @@ AG331: Accelerate's ``skip_first_batches(loader, n)`` given a count of optimizer
 arithmetic divides by K, ``steps_per_epoch = len(loader) // K``, and never multiplies back)
 where the loader yields micro-batches: the resume replays micro-batches already trained
 and its windows no longer line up with the data. Right is the steps done times K.
+
+AG332: the counter of micro-steps whose ``(X + 1) % K`` decides the window's boundary is set
+from a count of optimizer steps (a scheduler's ``last_epoch``, a ``global_step``, a property
+of the file returning one, a checkpoint's ``"global_step"``) without multiplying by K: the
+resume restarts K times too early in the data and its windows no longer line up.
 """
 
 from __future__ import annotations
@@ -36,8 +41,8 @@ from accumguard.static.lint._ctx_boundary import bound_argument
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._horizonexpr import expand
 
-__all__ = ["resume_repeats_the_saved_micro_batch", "resume_skips_optimizer_steps_as_batches",
-           "resume_skips_the_saved_iteration"]
+__all__ = ["micro_counter_restored_from_step_count", "resume_repeats_the_saved_micro_batch",
+           "resume_skips_optimizer_steps_as_batches", "resume_skips_the_saved_iteration"]
 
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
 
@@ -247,3 +252,67 @@ def resume_skips_optimizer_steps_as_batches(ctx: FileContext) -> Iterator[Findin
                 "line up with the data",
             )
             break
+
+
+#: names of counts of optimizer steps (a scheduler's ``last_epoch``, a trainer's
+#: ``global_step``), as opposed to counts of micro-batches
+_STEP_COUNTS = frozenset({"global_step", "global_steps", "last_epoch", "completed_steps",
+                          "optimizer_steps", "optimizer_step", "num_updates", "update_step",
+                          "opt_steps", "updates_done", "steps_done"})
+
+
+def _window_counters(ctx: FileContext) -> set[str]:
+    """Counters of micro-steps: ``X`` of a boundary test ``(X + 1) % K`` that a ``X += 1``
+    moves on."""
+    tested = {d for n in ctx.of(ast.BinOp) if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod)
+              and ctx.mentions_accum(n.right)
+              for m in walk_all(n.left) if isinstance(m, ast.Name | ast.Attribute)
+              and (d := dotted(m)) is not None}
+    moved = {dotted(n.target) for n in ctx.of(ast.AugAssign) if isinstance(n, ast.AugAssign)
+             and isinstance(n.op, ast.Add) and isinstance(n.value, ast.Constant) and n.value.value == 1}
+    return {t for t in tested if t in moved}
+
+
+def _step_count(ctx: FileContext, value: ast.AST) -> str | None:
+    """The count of optimizer steps ``value`` reads (a name, attribute, checkpoint key or a
+    property of the file returning one), when nothing multiplies it by K."""
+    if any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult) for n in walk_all(value)):
+        return None
+    if isinstance(value, ast.Subscript) and isinstance(value.slice, ast.Constant) \
+            and str(value.slice.value) in _STEP_COUNTS:
+        return ast.unparse(value)
+    name = dotted(value)
+    if name is None:
+        return None
+    if last_part(name) in ("last_epoch", "global_steps", "completed_steps", "optimizer_steps"):
+        return name
+    props = [f for f in ctx.defs_by_name().get(last_part(name), [])
+             if any(dotted(d) == "property" for d in f.decorator_list)]
+    if len(props) == 1:
+        ret = next((n.value for n in ast.walk(props[0]) if isinstance(n, ast.Return)
+                    and n.value is not None), None)
+        inner = _step_count(ctx, ret) if ret is not None and dotted(ret) != name else None
+        return f"{name} (= {inner})" if inner is not None else None
+    return name if last_part(name) in _STEP_COUNTS else None
+
+
+@rule("AG332")
+def micro_counter_restored_from_step_count(ctx: FileContext) -> Iterator[Finding]:
+    counters = _window_counters(ctx)
+    if not counters:
+        return
+    for node in ctx.of(ast.Assign):
+        if not isinstance(node, ast.Assign) or len(node.targets) != 1 \
+                or (target := dotted(node.targets[0])) not in counters:
+            continue
+        count = _step_count(ctx, node.value)
+        if count is None:
+            continue
+        yield ctx.finding(
+            "AG332",
+            node,
+            f"the micro-step counter `{target}` (its `% K` decides the window's boundary) is "
+            f"set from `{count}`, a count of optimizer steps: each optimizer step used K "
+            "micro-steps, so the run resumes K times too early in the data (micro-batches "
+            "trained again) and its windows no longer line up with the steps",
+        )
