@@ -16,6 +16,10 @@ counts differ (a token budget per rank, length buckets per rank), every rank div
 same constant, and the engine averages the ranks' gradients: one element of rank r weighs
 1/(d n_r W), so the ranks' means weigh alike where the large batch weighs their elements
 alike.
+
+When the means' total weight is off by exactly K, W or K x W (each mean divided by a
+constant that is not K: a Trainer's x W undoing DDP's average over a loss that never divided
+by K), that is the error: LOSS_SCALE (F10 for W alone), the uneven counts named beside it.
 """
 
 from __future__ import annotations
@@ -51,8 +55,10 @@ def _means(w: dict[str, Any]) -> list[list[Any]] | None:
     return recs
 
 
-def hand_mean_findings(rank: int, windows: list[dict[str, Any]]) -> list[Finding]:
-    """F5 for per-micro-batch means built by hand over uneven counts (module doc)."""
+def hand_mean_findings(rank: int, windows: list[dict[str, Any]], world: int = 1) -> list[Finding]:
+    """F5 for per-micro-batch means built by hand over uneven counts (module doc); LOSS_SCALE
+    (or F10) instead when the means' total weight in the update is off by exactly K, W or
+    K x W (see :func:`_total_scale`)."""
     hits = []
     for w in windows:
         recs = _means(w)
@@ -63,20 +69,61 @@ def hand_mean_findings(rank: int, windows: list[dict[str, Any]]) -> list[Finding
     w, recs = hits[0]
     counts = [int(r[3]) for r in recs]
     d, n = float(recs[0][2]), sum(counts)
+    uneven = (f"over {' / '.join(str(c) for c in counts)} elements in the {len(counts)} "
+              f"micro-steps of optimizer step {_n(w['step'])}, divided by {d:g} in each "
+              f"({len(hits)} window(s) with uneven counts)")
+    scaled = _total_scale(w, len(counts), d, world)
+    if scaled is not None:
+        scale, name, cls = scaled
+        return [_mk(cls, "error", rank, int(w["step"]), None,
+                    f"{_short(str(recs[0][4]))}: the loss backpropagated there is one mean built "
+                    f"by hand (no recorded loss call) {uneven}: the K = {len(counts)} "
+                    f"micro-steps' means"
+                    + (f" on each of the {world} ranks, averaged by the engine," if world > 1
+                       else "")
+                    + f" weigh {scale:g} in total where the large batch's mean weighs 1: the "
+                    f"update is {name} too large (and each micro-batch's mean weighs the same "
+                    "whatever its count)",
+                    title_=f"a loss built by hand weighed {name} the large batch's mean",
+                    fix=_FIX)]
     return [_mk("F5", "error", rank, int(w["step"]), None,
                 f"{_short(str(recs[0][4]))}: the loss backpropagated there is one mean built "
-                f"by hand (no recorded loss call) over {' / '.join(str(c) for c in counts)} "
-                f"elements in the {len(counts)} micro-steps of optimizer step {_n(w['step'])}, "
-                f"divided by {d:g} in each ({len(hits)} window(s) with uneven counts): each "
+                f"by hand (no recorded loss call) {uneven}: each "
                 f"micro-batch's mean weighed the same in the step, so one element weighed "
                 f"1/({d:g} x {max(counts)}) to 1/({d:g} x {min(counts)}) instead of 1/{n}, "
                 f"the large batch's mean over the window's {n} elements",
-                title_="mean of per-micro-batch means / K (uneven counts, a loss built by hand)",
-                fix="Sum the per-element losses of the micro-batch and divide by the number of "
-                    "elements in the whole window (all micro-steps, and all ranks when the "
-                    "ranks' gradients are averaged: then times W), counted before the window "
-                    "starts; under Accelerate or DeepSpeed, times K as well (their backward "
-                    "divides by K).")]
+                title_="per-micro-batch means weighed alike over uneven counts (a loss built "
+                       "by hand)",
+                fix=_FIX)]
+
+
+_FIX = ("Sum the per-element losses of the micro-batch and divide by the number of "
+        "elements in the whole window (all micro-steps, and all ranks when the "
+        "ranks' gradients are averaged: then times W), counted before the window "
+        "starts; under Accelerate or DeepSpeed, times K as well (their backward "
+        "divides by K).")
+
+
+def _total_scale(w: dict[str, Any], k: int, d: float, world: int) -> tuple[float, str, str] | None:
+    """(total weight, its name, class) when the window's means weigh exactly K, W or K x W
+    (or their inverses, K, W >= 2) in total instead of 1: each micro-step's mean divided by
+    ``d``, ``k`` of them per rank, the ranks' sum scaled by the engine's ``rank_factor``
+    (1/W for an average). A total of W or 1/W alone is F10 (the ranks' average missing or
+    doubled), the others LOSS_SCALE; any other total is a constant the loop chose, not
+    judged here (None)."""
+    f = w.get("rank_factor")
+    if world > 1 and not isinstance(f, (int, float)):
+        return None  # what the engine did with the ranks' gradients is not known
+    total = k / d * (world * float(f) if world > 1 and f else 1.0)
+    names = {k: ("K", "LOSS_SCALE"), 1 / k: ("1/K", "LOSS_SCALE")}
+    if world > 1:
+        names.update({k * world: ("K x W", "LOSS_SCALE"), 1 / (k * world): ("1/(K x W)", "LOSS_SCALE")})
+        if world != k:
+            names.update({world: ("W", "F10"), 1 / world: ("1/W", "F10")})
+    for value, (name, cls) in names.items():
+        if abs(total - value) <= 1e-6 * value:
+            return total, f"{value:g}x ({name})", cls
+    return None
 
 
 def hand_mean_rank_findings(steps: dict[int, list[dict[str, Any]]]) -> list[Finding]:

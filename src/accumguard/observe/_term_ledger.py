@@ -65,7 +65,9 @@ def term_findings(rec: RunRecording) -> list[Finding]:
             break
     for rule in (selection_findings, sequence_mean_findings, hand_mean_findings):
         for r in rec.ranks:
-            found = rule(r, window_lines(rec.steps.get(r, [])))
+            lines = window_lines(rec.steps.get(r, []))
+            found = hand_mean_findings(r, lines, world) if rule is hand_mean_findings \
+                else rule(r, lines)
             if found:
                 out += found
                 break
