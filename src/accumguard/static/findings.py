@@ -1082,6 +1082,12 @@ RULES: dict[str, Rule] = {
             "restore it as the optimizer steps done times K (or save and restore the micro-step "
             "counter itself)",
         ),
+        _rule(
+            "AG333", "hand-schedule-horizon-in-micro-batches", "F4", E, MED,
+            "a hand-written schedule (get_lr(iter_num)) given a counter of optimizer steps "
+            "but a horizon counting the loader's micro-batches (epochs * len(loader))",
+            "size the horizon in optimizer steps: epochs * (len(loader) // K)",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

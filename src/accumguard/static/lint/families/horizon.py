@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from accumguard.static.findings import Confidence, Finding, Severity
-from accumguard.static.lint._ast import call_attr, dotted, mult_factors, receiver, walk_all
+from accumguard.static.lint._ast import FUNCS, call_attr, dotted, mult_factors, receiver, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._acchorizon import accelerate_micro_horizon
@@ -116,6 +116,19 @@ def _k_outside(ctx: FileContext, parts: list[ast.AST], skipped: list[ast.AST]) -
                and ctx.mentions_accum(n) for p in parts for n in outside_len(p))
 
 
+def _window_of_step(ctx: FileContext, call: ast.Call) -> tuple[ast.AST | None, ast.AST]:
+    """The window a scheduler step runs in, and the node of that window that runs it: the
+    step itself, or the call of the file's helper holding it (``self._optimizer_step()``
+    under the window's boundary test), one helper deep."""
+    window = window_of(ctx, call)
+    if window is not None:
+        return window, call
+    fn = ctx.enclosing(call, FUNCS)
+    sites = ctx.call_sites(fn) if fn is not None else []
+    found = [(w, site) for site in sites if (w := window_of(ctx, site)) is not None]
+    return found[0] if len(found) == 1 and len(sites) == 1 else (None, call)
+
+
 @rule("AG124")
 def horizon_in_micro_batches(ctx: FileContext) -> Iterator[Finding]:
     for name, ctor, horizon in schedulers(ctx):
@@ -161,12 +174,12 @@ def horizon_in_micro_batches(ctx: FileContext) -> Iterator[Finding]:
             continue
         iterated: list[str] = []
         for call in steps:
-            window = window_of(ctx, call)
+            window, site = _window_of_step(ctx, call)
             if window is None:
                 break
             facts = ctx.window_facts(window)
             if (not facts.accumulating or facts.accelerate or facts.summed_loss
-                    or facts.unguarded_optimizer_steps or not ctx.guarded(call, window)):
+                    or facts.unguarded_optimizer_steps or not ctx.guarded(site, window)):
                 break
             counted = _counts_batches(ctx, parts, loaders, window)
             if counted is None:
