@@ -1088,6 +1088,13 @@ RULES: dict[str, Rule] = {
             "but a horizon counting the loader's micro-batches (epochs * len(loader))",
             "size the horizon in optimizer steps: epochs * (len(loader) // K)",
         ),
+        _rule(
+            "AG334", "hf-training-step-divides-by-configured-k", "F7", W, MED,
+            "a Trainer training_step override dividing the loss by "
+            "args.gradient_accumulation_steps: an epoch's short last window is scaled as if full",
+            "divide by self.current_gradient_accumulation_steps, as the Trainer's own "
+            "training_step does",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

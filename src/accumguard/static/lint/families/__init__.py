@@ -85,7 +85,7 @@
 ``tempreduce`` AG199               a count all-reduced through a temporary copy (n.float())
 ``lgkschedule`` AG302              a horizon from estimated_stepping_batches under a GradientAccumulationScheduler
 ``dsblocks``   AG303               a coalesce_grad_reduction() block per micro-step, the step after the loop
-``hfsuper``    AG304               a Trainer.training_step override dropping num_items_in_batch
+``hfsuper``    AG304 AG334         a Trainer.training_step override dropping num_items_in_batch, or dividing by the configured K
 ``dsunmanaged`` AG305              managed_gradient_accumulation false under the step-every-micro-batch loop
 ``hfmodel``    AG306               a Trainer.compute_loss forward through self.model, not the model argument
 ``chunktail``  AG307               windows from chunked(loader, K), every loss divided by K

@@ -7,14 +7,21 @@ change the inputs, to log) passes None: the parent then lets the model average e
 micro-batch over its own tokens and divides that mean by the accumulation steps, a mean of
 per-micro-batch means where the large batch divides the window's summed loss by its
 tokens. Silent when the count, or ``**kwargs``, is passed on.
+
+AG334 (F7, a warning): a ``training_step`` override dividing the loss by
+``self.args.gradient_accumulation_steps``. The Trainer runs an epoch's last window with the
+micro-batches left (``self.current_gradient_accumulation_steps``, which its own
+``training_step`` divides by); divided by the configured K, a short last window is scaled as
+if it were full. A warning: whether an epoch has such a window depends on the data's size.
 """
 
 from __future__ import annotations
 
 import ast
 from collections.abc import Iterator
+from dataclasses import replace
 
-from accumguard.static.findings import Finding
+from accumguard.static.findings import Confidence, Finding, Severity
 from accumguard.static.lint._ast import dotted
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
@@ -49,3 +56,21 @@ def training_step_drops_item_count(ctx: FileContext) -> Iterator[Finding]:
                 f"`{_COUNT}`: the parent passes None to compute_loss, each micro-batch's loss "
                 "is its own token mean, divided by the accumulation steps (a mean of "
                 "per-micro-batch means)")
+
+
+@rule("AG334")
+def training_step_divides_by_configured_k(ctx: FileContext) -> Iterator[Finding]:
+    for cls, fn in trainer_methods(ctx, "training_step"):
+        for node in ast.walk(fn):
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) \
+                    and dotted(node.right) == "self.args.gradient_accumulation_steps":
+                f = ctx.finding(
+                    "AG334",
+                    node,
+                    f"`{cls.name}.training_step` divides the loss by "
+                    "`self.args.gradient_accumulation_steps`, the configured K: an epoch whose "
+                    "micro-batches are no multiple of K ends on a shorter window, which the "
+                    "Trainer runs with `self.current_gradient_accumulation_steps` micro-batches; "
+                    "divided by K, that window's update is scaled as if it were full")
+                yield replace(f, severity=Severity.WARNING, confidence=Confidence.MEDIUM)
+                break
