@@ -11,6 +11,6 @@ class MyTrainer(Trainer):
         with self.compute_loss_context_manager():
             loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
         if self.args.gradient_accumulation_steps > 1:
-            loss = loss / self.args.gradient_accumulation_steps  # expect: AG136
+            loss = loss / self.args.gradient_accumulation_steps  # expect: AG136, AG334
         self.accelerator.backward(loss)
         return loss.detach()
