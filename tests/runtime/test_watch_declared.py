@@ -299,7 +299,8 @@ def test_a_resume_error_only_the_source_shows_is_kept_when_the_run_resumed() -> 
 
 def test_an_optimizer_state_load_is_recorded(tmp_path: Path) -> None:
     """``Optimizer.load_state_dict`` under observation: the step it ran before is in the end
-    record, and the load itself is the script's (the state is restored as without watch)."""
+    record, and the load itself is the script's (the state is restored as without watch). A
+    fresh optimizer reloading its own empty state is no resume and is not recorded."""
     import torch
 
     from accumguard.watch._findings import load_recordings
@@ -313,6 +314,8 @@ def test_an_optimizer_state_load_is_recorded(tmp_path: Path) -> None:
             opt.step()
             opt.zero_grad()
         saved = opt.state_dict()
+        placed = torch.optim.Adam(model.parameters(), lr=0.1)
+        placed.load_state_dict(placed.state_dict())  # (Accelerate's prepare(): no resume)
         fresh = torch.optim.Adam(model.parameters(), lr=0.1)
         fresh.load_state_dict(saved)
     assert fresh.state_dict()["state"][0]["step"] == saved["state"][0]["step"]

@@ -266,7 +266,9 @@ def _state_load_wrapper(obs: PatchHost) -> Maker:
         def load_state_dict(this: torch.optim.Optimizer, /, *args: object,
                             **kwargs: object) -> object:
             out = orig(this, *args, **kwargs)
-            if obs.installed and not obs._in_observer and len(this.state) \
+            state = getattr(this, "state", None)
+            if obs.installed and not obs._in_observer \
+                    and not (isinstance(state, dict) and not state) \
                     and len(obs.state_loads) < STATE_LOADS_KEPT:
                 # (a state with nothing in it is no resume: Accelerate's prepare() reloads
                 # a fresh optimizer's own state dict to place it on the device)
