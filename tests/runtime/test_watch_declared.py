@@ -205,6 +205,14 @@ def test_an_accumulation_option_that_never_reaches_the_loop_is_f1() -> None:
     assert "Accelerator(gradient_accumulation_steps=K)" in acc[0].fix
     assert _dropped_option_findings(
         rec, findings, ["python", str(corpus / "ok_accelerate_accumulate_with_config_k.py")]) == []
+    # blind round 119 c_b02: nanoGPT's //= world kept with a per-rank count of 2 (lint AG335)
+    div = _dropped_option_findings(
+        rec, findings, ["python", str(corpus / "bug_nanogpt_per_rank_k_divided_by_world.py")])
+    assert [(f.cls, f.severity) for f in div] == [("F1", "error")], div
+    assert "divides its accumulation count down to 1" in div[0].evidence
+    assert "world size down to 1" in div[0].title
+    assert _dropped_option_findings(
+        rec, findings, ["python", str(corpus / "ok_nanogpt_job_k_divided_by_world.py")]) == []
 
 
 def test_a_schedule_error_only_the_source_shows_is_kept_when_the_run_confirms_it() -> None:

@@ -1095,6 +1095,14 @@ RULES: dict[str, Rule] = {
             "divide by self.current_gradient_accumulation_steps, as the Trainer's own "
             "training_step does",
         ),
+        _rule(
+            "AG335", "accumulation-divided-by-world-to-one", "F1", E, MED,
+            "the accumulation steps (a per-rank count of 2 or 3) divided by the world size "
+            "(nanoGPT's `//= ddp_world_size`): K is 1 on two ranks, the loop steps on every "
+            "micro-batch",
+            "set the count for the whole job (K x world size) before the division, or drop the "
+            "division when the count is per rank",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

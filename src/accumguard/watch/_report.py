@@ -292,8 +292,8 @@ def run_in_group(command: Sequence[str], env: dict[str, str]) -> tuple[int, str 
 def _dropped_option_findings(rec: RunRecording, findings: list[Finding],
                              command: Sequence[str]) -> list[Finding]:
     """F1 when every optimizer step of every rank came after a single backward pass and the
-    script's accumulation setting never reaches what accumulates (lint's AG187, AG191 or
-    AG322, at error level): the K the command asks for is not the K the run used."""
+    script's accumulation setting never reaches what accumulates (lint's AG187, AG191,
+    AG322 or AG335, at error level): the K the command asks for is not the K the run used."""
     from accumguard.observe._records import _mk
     from accumguard.watch._declared import dropped_accumulation_option
 
@@ -308,11 +308,15 @@ def _dropped_option_findings(rec: RunRecording, findings: list[Finding],
     text, hit = said
     return [_mk("F1", "error", None, 0, None,
                 f"every optimizer step of the run ({len(steps)} over its ranks) came after a "
-                f"single backward pass, and the script's accumulation setting does not reach "
-                f"what accumulates ({text})",
-                title_="the accumulation setting never reaches the loop: the optimizer steps "
-                       "on every micro-batch",
-                fix=hit.fix if hit.code == "AG322" else
+                f"single backward pass, and "
+                + ("the script divides its accumulation count down to 1" if hit.code == "AG335"
+                   else "the script's accumulation setting does not reach what accumulates")
+                + f" ({text})",
+                title_=("the accumulation steps divided by the world size down to 1: the "
+                        "optimizer steps on every micro-batch" if hit.code == "AG335" else
+                        "the accumulation setting never reaches the loop: the optimizer steps "
+                        "on every micro-batch"),
+                fix=hit.fix if hit.code in ("AG322", "AG335") else
                 "Name the option as the config field the loop reads (or pass the field "
                 "through), so the K the command asks for is the K the loop uses.")]
 

@@ -108,6 +108,7 @@
 ``hfheld``     AG325               a module held on an HF Trainer subclass, outside its model, stepped
 ``coefstep``   AG330               a loss coefficient's controller updated on every micro-step
 ``handhorizon`` AG333             a hand-written schedule's horizon counted in micro-batches
+``kworld``     AG335               the accumulation steps divided by the world size down to one
 ``fabricbypass`` AG300             a submodule called through the model fabric.setup returned
 ``syncwhole``  AG111               every backward of the window inside one `with model.no_sync():`
 ``syncorder``  AG106 AG111         FSDP2's sync flag set after the backward; one no_sync() beside a conditional item
@@ -166,6 +167,7 @@ from accumguard.static.lint.families import (
     hookgrad,
     hookreduce,
     horizon,
+    kworld,
     lastpass,
     lgkschedule,
     lgmanual,
@@ -207,4 +209,4 @@ from accumguard.static.lint.families import (
     wrapgate,
 )
 
-__all__ = ["accelerate", "accloader", "acctail", "ampclip", "argdrop", "chunktail", "clipgrads", "cliporder", "coefstep", "commhook", "deepspeed", "dphorizon", "dsbatch", "dsblocks", "dslateflag", "dssched", "dsstep", "dsunmanaged", "dszero", "emastep", "epochtail", "fabricbypass", "factored", "fracepoch", "fsdpfactor", "fsdproot", "funcclip", "fsdpunits", "fused", "gatedclip", "gradwrite", "hookclip", "hookgrad", "hookreduce", "hfmean", "hfmodel", "hfclip", "hfheld", "hfscale", "hfsetters", "hfsuper", "hfterms", "hftokens", "handhorizon", "hfwarmup", "horizon", "lastpass", "lgkschedule", "lgmanual", "lgstep", "lgunsplit", "lgwindow", "loss", "lowbuffer", "lrcounter", "meancount", "microstat", "moeaux", "precision", "prefetch", "probebackward", "reduce", "resume", "resumeskip", "scale", "schedule", "spawnworld", "stephorizon", "sync", "syncclip", "syncorder", "syncwhole", "synctail", "tailscale", "tempreduce", "terms", "tokenmean", "tokhorizon", "tokiters", "twice", "unclearedopt", "unreduced", "window", "wrapbypass", "wrapgate"]
+__all__ = ["accelerate", "accloader", "acctail", "ampclip", "argdrop", "chunktail", "clipgrads", "cliporder", "coefstep", "commhook", "deepspeed", "dphorizon", "dsbatch", "dsblocks", "dslateflag", "dssched", "dsstep", "dsunmanaged", "dszero", "emastep", "epochtail", "fabricbypass", "factored", "fracepoch", "fsdpfactor", "fsdproot", "funcclip", "fsdpunits", "fused", "gatedclip", "gradwrite", "hookclip", "hookgrad", "hookreduce", "hfmean", "kworld", "hfmodel", "hfclip", "hfheld", "hfscale", "hfsetters", "hfsuper", "hfterms", "hftokens", "handhorizon", "hfwarmup", "horizon", "lastpass", "lgkschedule", "lgmanual", "lgstep", "lgunsplit", "lgwindow", "loss", "lowbuffer", "lrcounter", "meancount", "microstat", "moeaux", "precision", "prefetch", "probebackward", "reduce", "resume", "resumeskip", "scale", "schedule", "spawnworld", "stephorizon", "sync", "syncclip", "syncorder", "syncwhole", "synctail", "tailscale", "tempreduce", "terms", "tokenmean", "tokhorizon", "tokiters", "twice", "unclearedopt", "unreduced", "window", "wrapbypass", "wrapgate"]
