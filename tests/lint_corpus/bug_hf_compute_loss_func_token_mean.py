@@ -1,18 +1,21 @@
-# corpus: style=hf_trainer class=F5
+# corpus: style=hf_trainer class=LOSS_SCALE
+# a focal loss handed to the Trainer as compute_loss_func, returning each micro-batch's token
+# mean: the Trainer skips its / K and multiplies by the processes
 import torch.nn.functional as F
 from transformers import Trainer, TrainingArguments
 
-SETTINGS = {
-    "args": dict(per_device_train_batch_size=4, gradient_accumulation_steps=8, learning_rate=1e-4),
-}
+
+def make_focal_loss(gamma):
+    def focal_loss(outputs, labels, num_items_in_batch=None):
+        logp = F.log_softmax(outputs["logits"].float(), -1)
+        mask = labels.ne(-100)
+        lp = logp.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+        per_tok = -((1 - lp.exp()) ** gamma) * lp
+        return per_tok[mask].mean()
+    return focal_loss
 
 
-def shifted_lm_loss(outputs, labels, num_items_in_batch=None):
-    logits = outputs.logits[:, :-1]
-    target = labels[:, 1:]
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1), ignore_index=-100)  # expect: AG118
-
-
-def build(model, data):
-    args = TrainingArguments(output_dir="out", **SETTINGS["args"])
-    return Trainer(model=model, args=args, train_dataset=data, compute_loss_func=shifted_lm_loss)
+args = TrainingArguments(output_dir="out", gradient_accumulation_steps=4)
+trainer = Trainer(model=model, args=args, train_dataset=ds,
+                  compute_loss_func=make_focal_loss(2.0))  # expect: AG336
+trainer.train()

@@ -457,7 +457,7 @@ def test_every_script_code_has_a_check_and_families_are_modules() -> None:
                                           "hfscale", "fused", "hookclip", "hftokens", "tailscale", "hfterms",
                                           "lgmanual", "lgstep", "lgwindow", "unclearedopt", "tokhorizon",
                                           "factored", "microstat", "prefetch", "hookgrad", "resume", "synctail", "dsbatch", "dssched", "hookreduce", "hfmean", "fsdproot", "fsdpunits", "gradwrite", "acctail", "emastep", "commhook", "clipgrads", "accloader",
-                                          "syncclip", "syncorder", "wrapgate", "dphorizon", "spawnworld", "hfclip", "unreduced", "argdrop", "dsstep", "wrapbypass", "lowbuffer", "stephorizon", "tempreduce", "syncwhole", "lgkschedule", "dsblocks", "hfsuper", "dsunmanaged", "hfmodel", "chunktail", "tokiters", "lgunsplit", "dszero", "cliporder", "funcclip", "hfwarmup", "hfsetters", "dslateflag", "probebackward", "fabricbypass", "fracepoch", "resumeskip", "lastpass", "meancount", "fsdpfactor", "gatedclip", "hfheld", "coefstep", "handhorizon", "kworld"}
+                                          "syncclip", "syncorder", "wrapgate", "dphorizon", "spawnworld", "hfclip", "unreduced", "argdrop", "dsstep", "wrapbypass", "lowbuffer", "stephorizon", "tempreduce", "syncwhole", "lgkschedule", "dsblocks", "hfsuper", "dsunmanaged", "hfmodel", "chunktail", "tokiters", "lgunsplit", "dszero", "cliporder", "funcclip", "hfwarmup", "hfsetters", "dslateflag", "probebackward", "fabricbypass", "fracepoch", "resumeskip", "lastpass", "meancount", "fsdpfactor", "gatedclip", "hfheld", "coefstep", "handhorizon", "kworld", "hflossfunc"}
 
 
 def test_select_is_applied_before_rules_run(monkeypatch: pytest.MonkeyPatch) -> None:

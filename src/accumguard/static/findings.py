@@ -1103,6 +1103,14 @@ RULES: dict[str, Rule] = {
             "set the count for the whole job (K x world size) before the division, or drop the "
             "division when the count is per rank",
         ),
+        _rule(
+            "AG336", "hf-compute-loss-func-ignores-count", "LOSS_SCALE", E, MED,
+            "an HF Trainer compute_loss_func that never reads num_items_in_batch: the Trainer "
+            "skips its / K and multiplies by the processes, so a per-micro-batch mean weighs "
+            "K x W times the large batch's",
+            "sum the per-token losses and divide by num_items_in_batch in the function "
+            "(loss.sum() / num_items_in_batch when it is given)",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

@@ -1,0 +1,85 @@
+"""A Hugging Face ``compute_loss_func`` that never reads ``num_items_in_batch`` (LOSS_SCALE):
+AG336.
+
+The Trainer treats a ``compute_loss_func`` as normalising the loss by the window's count
+(``num_items_in_batch``, summed over the micro-steps and the processes): it skips its own
+division by the accumulation steps and, with ``average_tokens_across_devices`` (the default),
+multiplies by the processes to undo DDP's average. A function that returns a mean over its
+own micro-batch instead (``loss[mask].mean()``, ``F.cross_entropy(...)``) then weighs K x W
+times the large batch's mean. Reported when the function (a ``def`` of the file, one made by a
+factory of the file, or a lambda) takes a third parameter, or none, and never reads it, while
+the file's ``gradient_accumulation_steps`` is above 1 (a warning when it is not in sight).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import replace
+
+from accumguard.static.findings import Confidence, Finding, Severity
+from accumguard.static.lint._ast import FUNCS, dotted, walk_all
+from accumguard.static.lint._context import FileContext
+from accumguard.static.lint._rule import rule
+
+__all__ = ["compute_loss_func_ignores_count"]
+
+Func = ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda
+
+
+def _resolve(ctx: FileContext, value: ast.AST) -> Func | None:
+    """The function ``value`` names: a lambda, a function of the file, or the nested
+    function a factory of the file returns (``make_focal_loss(gamma)``)."""
+    if isinstance(value, ast.Lambda):
+        return value
+    if isinstance(value, ast.Name):
+        defs = ctx.defs_by_name().get(value.id, [])
+        return defs[0] if len(defs) == 1 else None
+    if isinstance(value, ast.Call) and isinstance(factory := ctx.callee_of(value), FUNCS):
+        returned = [r.value for r in ast.walk(factory) if isinstance(r, ast.Return)
+                    and isinstance(r.value, ast.Name)]
+        inner = {f.name: f for f in factory.body if isinstance(f, FUNCS)}
+        made = [inner[r.id] for r in returned if r.id in inner]
+        return made[0] if len(made) == 1 else None
+    return None
+
+
+def _ignores_count(fn: Func) -> str | None:
+    """The count's parameter name when ``fn`` never reads it ('' when it has none)."""
+    params = [a.arg for a in (*fn.args.posonlyargs, *fn.args.args)]
+    if fn.args.vararg is not None or fn.args.kwarg is not None:
+        return None  # (**kwargs may carry it on)
+    name = next((p for p in params if p == "num_items_in_batch"), params[2] if len(params) > 2 else "")
+    body: list[ast.AST] = [fn.body] if isinstance(fn, ast.Lambda) else list(fn.body)
+    if name and any(isinstance(n, ast.Name) and n.id == name for b in body for n in walk_all(b)):
+        return None
+    return name
+
+
+@rule("AG336")
+def compute_loss_func_ignores_count(ctx: FileContext) -> Iterator[Finding]:
+    for call in ctx.of(ast.Call):
+        if not (dotted(call.func) or "").rsplit(".", 1)[-1].endswith("Trainer"):
+            continue
+        given = next((k.value for k in call.keywords if k.arg == "compute_loss_func"), None)
+        if given is None:
+            continue
+        fn = _resolve(ctx, given)
+        if fn is None or (param := _ignores_count(fn)) is None:
+            continue
+        ga, how = ctx.trainer_ga()
+        if ga == 1:
+            continue
+        where = "the lambda" if isinstance(fn, ast.Lambda) else f"`{fn.name}`"
+        f = ctx.finding(
+            "AG336",
+            given,
+            f"{where} (line {fn.lineno}) is the Trainer's compute_loss_func but never reads "
+            + (f"`{param}`" if param else "the window's count (no num_items_in_batch parameter)")
+            + ": the Trainer takes such a loss as normalised by the window's count, skips its "
+            "division by the accumulation steps and multiplies by the processes, so a mean "
+            "over each micro-batch weighs K x W times the large batch's mean"
+            + (f" ({how})" if ga is not None else ""),
+        )
+        yield f if ga is not None else replace(f, severity=Severity.WARNING,
+                                               confidence=Confidence.LOW)
