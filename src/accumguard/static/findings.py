@@ -1111,6 +1111,13 @@ RULES: dict[str, Rule] = {
             "sum the per-token losses and divide by num_items_in_batch in the function "
             "(loss.sum() / num_items_in_batch when it is given)",
         ),
+        _rule(
+            "AG337", "fsdp-ignored-params-never-reduced", "F10", E, MED,
+            "a parameter in fully_shard's ignored_params that no hand all-reduce averages: "
+            "each rank steps its own copy on its own gradient",
+            "all-reduce its gradient by hand before the step (dist.all_reduce(p.grad); "
+            "p.grad /= world_size), or keep it inside an FSDP2 unit",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

@@ -113,7 +113,7 @@
 ``fabricbypass`` AG300             a submodule called through the model fabric.setup returned
 ``syncwhole``  AG111               every backward of the window inside one `with model.no_sync():`
 ``syncorder``  AG106 AG111         FSDP2's sync flag set after the backward; one no_sync() beside a conditional item
-``unreduced``  AG179 AG180 AG183   parameters no reduction covers: one group of several all-reduced
+``unreduced``  AG179 AG180 AG183 AG337 parameters no reduction covers: one group of several all-reduced
                AG185 AG193 AG195   by hand; a module with parameters outside the DDP/FSDP wrapper;
                                    a generator of parameters spent before the write-back; a list
                                    of the trainable parameters built before an unfreeze; a copy

@@ -27,7 +27,7 @@ from accumguard.static.lint.families._lossexpr import division, flows_to_backwar
 from accumguard.static.lint.families._rankavg import summed_over_ranks
 from accumguard.static.lint.families._worldprod import named_product_with_world
 from accumguard.static.lint.families.scale import loss_divisions_by_rank_sum
-from accumguard.static.lint.families.unreduced import reduces_an_outside_module
+from accumguard.static.lint.families.unreduced import fsdp_ignored, reduces_an_outside_module
 
 _DIV_CALLS = frozenset({"div_", "div", "mul_", "true_divide_", "divide_", "mul"})
 
@@ -175,13 +175,13 @@ def _grad_alias(ctx: FileContext, node: ast.Call) -> bool:
 def ddp_ignored(ctx: FileContext) -> set[str]:
     """Names of parameters the file tells DDP to leave alone
     (``DDP._set_params_and_buffers_to_ignore_for_model(net, ["codebook"])``, a module's
-    ``_ddp_params_and_buffers_to_ignore``): DDP never averages their gradients (once per
-    file: every reduction asks)."""
+    ``_ddp_params_and_buffers_to_ignore``), or FSDP2 (``fully_shard(..., ignored_params=...)``):
+    the wrapper never averages their gradients (once per file: every reduction asks)."""
     return ctx._cached("ddp_ignored", ctx.tree, lambda: _ddp_ignored(ctx))  # type: ignore[no-any-return]
 
 
 def _ddp_ignored(ctx: FileContext) -> set[str]:
-    out: set[str] = set()
+    out: set[str] = {n for _, names in fsdp_ignored(ctx) for n in names}
     for call in ctx.of(ast.Call):
         if call_attr(call) == "_set_params_and_buffers_to_ignore_for_model" and len(call.args) > 1 \
                 and isinstance(call.args[1], ast.List | ast.Tuple | ast.Set):

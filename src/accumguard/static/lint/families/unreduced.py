@@ -27,6 +27,11 @@ writes nothing into the gradient, which stays each rank's own.
 AG193: inside a loop over the parameters, a hand-written all-reduce reduces a new tensor made
 from the gradient (``g = p.grad / world_size``, ``p.grad.clone()``) and nothing writes it back
 into ``.grad``: the gradient the optimizer steps is each rank's own.
+
+AG337: a parameter given to ``fully_shard(..., ignored_params=...)`` (a learned temperature
+FSDP2 refuses to shard) that no hand all-reduce of the file averages: FSDP2 leaves it alone,
+so each rank steps its own copy on its own gradient. A reduction whose tensor cannot be told
+apart (a loop over every parameter) counts as covering it.
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ from accumguard.static.lint._ast import (
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 
-__all__ = ["copy_reduced_not_written_back", "loop_variable_rebound", "generator_spent_before_write_back", "list_built_before_unfreeze",
+__all__ = ["copy_reduced_not_written_back", "fsdp_ignored", "fsdp_ignored_params_never_reduced", "loop_variable_rebound", "generator_spent_before_write_back", "list_built_before_unfreeze",
            "module_outside_the_wrapper",
            "outside_modules", "reduce_over_one_group", "reduces_an_outside_module"]
 
@@ -470,3 +475,58 @@ def loop_variable_rebound(ctx: FileContext) -> Iterator[Finding]:
                 fix=f"write into the tensor: `{name}.copy_({stmt.value.id})`",
             )
             return
+
+
+def fsdp_ignored(ctx: FileContext) -> list[tuple[ast.Call, list[str]]]:
+    """``fully_shard(module, ignored_params={model.logit_scale, ...})`` calls with the
+    ignored parameters' attribute names: FSDP2 neither shards nor reduces them."""
+    out: list[tuple[ast.Call, list[str]]] = []
+    for call in ctx.of(ast.Call):
+        if call_attr(call) != "fully_shard":
+            continue
+        given = next((k.value for k in call.keywords if k.arg == "ignored_params"), None)
+        if isinstance(given, ast.Name):
+            values = ctx.assigned_in(ctx.scope_of(call)).get(given.id, [])
+            given = values[0] if len(values) == 1 else given
+        if isinstance(given, ast.Call) and dotted(given.func) in ("set", "list", "tuple") and given.args:
+            given = given.args[0]
+        if isinstance(given, ast.Set | ast.List | ast.Tuple):
+            names = [n for e in given.elts if (n := last_part(dotted(e) or "")) and dotted(e)]
+            if names:
+                out.append((call, names))
+    return out
+
+
+def _grad_reductions(ctx: FileContext) -> list[set[str]]:
+    """Per hand reduction of a gradient, the attribute names its tensor is made from (the
+    argument, and the values its name was assigned in that scope)."""
+    out: list[set[str]] = []
+    for call in ctx.of(ast.Call):
+        if call_attr(call) not in _REDUCERS or not call.args:
+            continue
+        exprs: list[ast.AST] = [call.args[0]]
+        if isinstance(call.args[0], ast.Name):
+            exprs += ctx.assigned_in(ctx.scope_of(call)).get(call.args[0].id, [])
+        attrs = {n.attr for e in exprs for n in walk_all(e) if isinstance(n, ast.Attribute)}
+        if "grad" in attrs or "grad" in ast.unparse(call.args[0]):
+            out.append(attrs)
+    return out
+
+
+@rule("AG337")
+def fsdp_ignored_params_never_reduced(ctx: FileContext) -> Iterator[Finding]:
+    ignored = fsdp_ignored(ctx)
+    if not ignored:
+        return
+    reductions = _grad_reductions(ctx)
+    for call, names in ignored:
+        missing = [n for n in names if not any(n in attrs or len(attrs) <= 1 for attrs in reductions)]
+        if not missing:
+            continue
+        yield ctx.finding(
+            "AG337",
+            call,
+            f"`{', '.join(missing)}` is in `fully_shard`'s ignored_params: FSDP2 neither shards "
+            "nor reduces it, and no all-reduce of the file averages its gradient, so each rank "
+            "steps its own copy on its own gradient and the copies drift apart",
+        )
