@@ -192,6 +192,19 @@ def _varying_note(rank: int, w: StepWindow, sizes: list[int], k: int, regular: i
                       "per optimizer step): right for a token budget, a leak if K is fixed")
 
 
+def _at_pass_ends(windows: list[StepWindow], ones: list[StepWindow]) -> bool:
+    """Every run of single-backward windows ends where a pass over the DataLoader ends (the
+    next window starts a pass) or the run ends, and windows of more backwards precede them."""
+    idx = {id(w) for w in ones}
+    if not any(w.window > 1 for w in windows) or not any(w.data_pass_starts for w in windows):
+        return False
+    for i, w in enumerate(windows):
+        if id(w) in idx and (i + 1 < len(windows) and id(windows[i + 1]) not in idx
+                             and 0 not in (windows[i + 1].data_pass_starts or [])):
+            return False
+    return True
+
+
 def _f1(rank: int, windows: list[StepWindow], res: KResolution) -> list[Finding]:
     """Step every micro-step: K > 1 declared and (nearly) every window has one backward."""
     k, script = _firm_k(res), res.script
@@ -205,6 +218,13 @@ def _f1(rank: int, windows: list[StepWindow], res: KResolution) -> list[Finding]
     if len(ones) < 2 or 4 * len(ones) < 3 * (len(windows) - len(summed)):
         return []
     text = f"{len(ones)} of {len(windows)} optimizer steps came after a single backward pass"
+    if _at_pass_ends(windows, ones):
+        text += (" (each run of them ends a pass over the DataLoader: from some point of each "
+                 "pass every micro-step stepped"
+                 + (", as Accelerate does once the prepared loader has yielded its last batch "
+                    "(sync_with_dataloader): a window's batches drawn before accumulate() runs "
+                    "on them reach that point early" if "accelerate" in res.source else "")
+                 + ")")
     if res.strength in ("flag", "runtime"):
         return [_mk("F1", "error", rank, ones[0].step, 0, f"{text}; K = {k} ({res.source})")]
     assert script is not None

@@ -6,7 +6,9 @@ Loops that normalise by the window's token count draw the window's K batches fir
 ``with accelerator.accumulate(model):``. Accelerate's ``sync_with_dataloader`` (on by
 default) makes every ``accumulate()`` a sync step once the prepared loader has yielded its
 last batch; drawn ahead, the last window's batches all come after that moment, so the
-optimizer steps on each of them: K updates, each on part of the window, instead of one.
+optimizer steps on each of them: K updates, each on part of the window, instead of one. The
+window may come from a generator of the file that groups the loader's batches by K (``for
+win in windows(loader, K):``), which reads each window whole before its first micro-step.
 """
 
 from __future__ import annotations
@@ -119,13 +121,17 @@ def window_drawn_ahead_with_dataloader_sync(ctx: FileContext) -> Iterator[Findin
                 and dotted(receiver(n)) == window) for n in walk_all(s))]
         scope = ctx.enclosing(loop, FUNCS) or ctx.tree
         drawn = _draws_from_prepared(ctx, builds, prepared, scope)
+        grouped = None if drawn is not None else _grouping_generator(ctx, loop, window, prepared)
+        if grouped is not None:
+            drawn = grouped
         if drawn is None:
             continue
-        # drawn until the loader ends (`next(it, None)`, or StopIteration caught): the last
-        # batch is reached for sure. A loop bounded by its own step count (`for update in
-        # range(n): window = [next(it) ...]`) reaches it only if n x K batches are all the
-        # loader has: not in sight, not reported
-        whole = len(drawn.args) > 1 or _catches_stop(ctx, drawn)
+        # drawn until the loader ends (`next(it, None)`, or StopIteration caught; a generator
+        # of the file grouping the loader's batches by K): the last batch is reached for
+        # sure. A loop bounded by its own step count (`for update in range(n): window =
+        # [next(it) ...]`) reaches it only if n x K batches are all the loader has: not in
+        # sight, not reported
+        whole = grouped is not None or len(drawn.args) > 1 or _catches_stop(ctx, drawn)
         counted = None if whole else _windows_of_loader(ctx, loop, prepared, scope)
         sized = None if whole or counted is not None else _data_sized_to_windows(ctx, loop)
         if not whole and counted is None and sized is None:
@@ -165,6 +171,28 @@ def window_drawn_ahead_with_dataloader_sync(ctx: FileContext) -> Iterator[Findin
                     f"`{ast.unparse(size)}` items (line {getattr(size, 'lineno', '?')}), so the last window draws "
                     "the loader's last batch; once the loader has yielded"))
         yield finding
+
+
+def _grouping_generator(ctx: FileContext, loop: ast.For, window: str,
+                        prepared: set[str]) -> ast.Call | None:
+    """``for window in group(loader, K):`` around the window's loop, ``group`` a generator
+    of the file that iterates its loader parameter and yields lists of its batches: the
+    call, when the loader given is a prepared one."""
+    outer = ctx.enclosing(loop, (ast.For, ast.AsyncFor))
+    if not (isinstance(outer, ast.For) and isinstance(outer.target, ast.Name)
+            and outer.target.id == window and isinstance(outer.iter, ast.Call)):
+        return None
+    fn = ctx.callee_of(outer.iter)
+    if fn is None:
+        return None
+    params = [a.arg for a in (*fn.args.posonlyargs, *fn.args.args)]
+    given = [(params[i], a) for i, a in enumerate(outer.iter.args) if i < len(params)]
+    loader = next((p for p, a in given if dotted(a) in prepared), None)
+    if loader is None:
+        return None
+    walks = [n for n in ast.walk(fn) if isinstance(n, ast.For) and dotted(n.iter) == loader]
+    yields = any(isinstance(n, ast.Yield) for w in walks for n in ast.walk(w))
+    return outer.iter if walks and yields else None
 
 
 def _data_sized_to_windows(ctx: FileContext, loop: ast.For) -> tuple[ast.AST, ast.AST] | None:
