@@ -1118,6 +1118,13 @@ RULES: dict[str, Rule] = {
             "all-reduce its gradient by hand before the step (dist.all_reduce(p.grad); "
             "p.grad /= world_size), or keep it inside an FSDP2 unit",
         ),
+        _rule(
+            "AG338", "hf-compute-loss-func-times-world", "F10", E, MED,
+            "an HF Trainer compute_loss_func multiplying its loss by the world size, which the "
+            "Trainer does itself: the update is W times the large batch's",
+            "drop the multiplication: the Trainer multiplies a compute_loss_func's loss by the "
+            "processes (average_tokens_across_devices)",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

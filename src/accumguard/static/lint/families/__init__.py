@@ -109,7 +109,7 @@
 ``coefstep``   AG330               a loss coefficient's controller updated on every micro-step
 ``handhorizon`` AG333             a hand-written schedule's horizon counted in micro-batches
 ``kworld``     AG335               the accumulation steps divided by the world size down to one
-``hflossfunc`` AG336              an HF compute_loss_func that never reads num_items_in_batch
+``hflossfunc`` AG336 AG338        an HF compute_loss_func that never reads num_items_in_batch, or multiplies by W
 ``fabricbypass`` AG300             a submodule called through the model fabric.setup returned
 ``syncwhole``  AG111               every backward of the window inside one `with model.no_sync():`
 ``syncorder``  AG106 AG111         FSDP2's sync flag set after the backward; one no_sync() beside a conditional item

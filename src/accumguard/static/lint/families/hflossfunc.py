@@ -9,6 +9,10 @@ own micro-batch instead (``loss[mask].mean()``, ``F.cross_entropy(...)``) then w
 times the large batch's mean. Reported when the function (a ``def`` of the file, one made by a
 factory of the file, or a lambda) takes a third parameter, or none, and never reads it, while
 the file's ``gradient_accumulation_steps`` is above 1 (a warning when it is not in sight).
+
+AG338 (F10): the function multiplies its loss by the world size itself (an Accelerate recipe's
+``* num_processes`` ported over): the Trainer multiplies by the processes again, so the
+update is W times the large batch's.
 """
 
 from __future__ import annotations
@@ -18,11 +22,11 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from accumguard.static.findings import Confidence, Finding, Severity
-from accumguard.static.lint._ast import FUNCS, dotted, walk_all
+from accumguard.static.lint._ast import FUNCS, WORLD_RE, dotted, last_part, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 
-__all__ = ["compute_loss_func_ignores_count"]
+__all__ = ["compute_loss_func_ignores_count", "compute_loss_func_times_world"]
 
 Func = ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda
 
@@ -83,3 +87,41 @@ def compute_loss_func_ignores_count(ctx: FileContext) -> Iterator[Finding]:
         )
         yield f if ga is not None else replace(f, severity=Severity.WARNING,
                                                confidence=Confidence.LOW)
+
+
+def _world_factor(ctx: FileContext, fn: Func) -> ast.AST | None:
+    """A multiplication by the world size in ``fn``'s returned loss (``* world_size()``,
+    ``* dist.get_world_size()``, ``* accelerator.num_processes``)."""
+    body: list[ast.AST] = [fn.body] if isinstance(fn, ast.Lambda) else [
+        r.value for r in ast.walk(fn) if isinstance(r, ast.Return) and r.value is not None]
+    for b in body:
+        for n in walk_all(b):
+            if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult):
+                for side in (n.left, n.right):
+                    name = dotted(side.func) if isinstance(side, ast.Call) else dotted(side)
+                    if name and WORLD_RE.search(last_part(name)):
+                        return side
+    return None
+
+
+@rule("AG338")
+def compute_loss_func_times_world(ctx: FileContext) -> Iterator[Finding]:
+    for call in ctx.of(ast.Call):
+        if not (dotted(call.func) or "").rsplit(".", 1)[-1].endswith("Trainer"):
+            continue
+        given = next((k.value for k in call.keywords if k.arg == "compute_loss_func"), None)
+        if given is None:
+            continue
+        fn = _resolve(ctx, given)
+        factor = _world_factor(ctx, fn) if fn is not None else None
+        if fn is None or factor is None:
+            continue
+        where = "the lambda" if isinstance(fn, ast.Lambda) else f"`{fn.name}`"
+        yield ctx.finding(
+            "AG338",
+            factor,
+            f"{where}, the Trainer's compute_loss_func, multiplies its loss by the world size "
+            f"(`{ast.unparse(factor)}`), and the Trainer multiplies a compute_loss_func's loss "
+            "by the processes itself (average_tokens_across_devices, its default) to undo DDP's "
+            "average: the update is W times the large batch's",
+        )
