@@ -2,7 +2,8 @@
 AG311.
 
 ``if boundary: clip_grad_norm_(...)`` placed above ``loss.backward()`` (or above
-``engine.backward(loss)``, gated by ``engine.is_gradient_accumulation_boundary()``), with
+``engine.backward(loss)``, gated by ``engine.is_gradient_accumulation_boundary()``; Lightning's
+``self.clip_gradients`` above ``self.manual_backward(loss)``), with
 the optimizer's step below the backward: on the boundary micro-step the clip runs on the
 gradient of the window's first K-1 micro-batches, and the last micro-batch's gradient is
 added after it, unclipped, before the step. The large batch clips the whole window's
@@ -24,7 +25,7 @@ from accumguard.static.lint._rule import rule
 __all__ = ["clip_before_the_boundary_backward"]
 
 #: clipping calls that act on gradients (unscale_ is AG135's)
-_CLIPS = frozenset({"clip_grad_norm_", "clip_grad_norm", "clip_grad_value_",
+_CLIPS = frozenset({"clip_grad_norm_", "clip_grad_norm", "clip_grad_value_", "clip_gradients",
                     "clip_grads_with_norm_"})
 
 
