@@ -48,6 +48,18 @@ def _resolve(ctx: FileContext, value: ast.AST) -> Func | None:
     return None
 
 
+def _loss_funcs(ctx: FileContext) -> Iterator[tuple[ast.AST, Func]]:
+    """(the ``compute_loss_func=`` argument, the function it names) of every Trainer built in
+    the file whose function the file defines."""
+    for call in ctx.of(ast.Call):
+        if not (dotted(call.func) or "").rsplit(".", 1)[-1].endswith("Trainer"):
+            continue
+        given = next((k.value for k in call.keywords if k.arg == "compute_loss_func"), None)
+        fn = _resolve(ctx, given) if given is not None else None
+        if given is not None and fn is not None:
+            yield given, fn
+
+
 def _ignores_count(fn: Func) -> str | None:
     """The count's parameter name when ``fn`` never reads it ('' when it has none)."""
     params = [a.arg for a in (*fn.args.posonlyargs, *fn.args.args)]
@@ -62,14 +74,8 @@ def _ignores_count(fn: Func) -> str | None:
 
 @rule("AG336")
 def compute_loss_func_ignores_count(ctx: FileContext) -> Iterator[Finding]:
-    for call in ctx.of(ast.Call):
-        if not (dotted(call.func) or "").rsplit(".", 1)[-1].endswith("Trainer"):
-            continue
-        given = next((k.value for k in call.keywords if k.arg == "compute_loss_func"), None)
-        if given is None:
-            continue
-        fn = _resolve(ctx, given)
-        if fn is None or (param := _ignores_count(fn)) is None:
+    for given, fn in _loss_funcs(ctx):
+        if (param := _ignores_count(fn)) is None:
             continue
         ga, how = ctx.trainer_ga()
         if ga == 1:
@@ -106,15 +112,9 @@ def _world_factor(ctx: FileContext, fn: Func) -> ast.AST | None:
 
 @rule("AG338")
 def compute_loss_func_times_world(ctx: FileContext) -> Iterator[Finding]:
-    for call in ctx.of(ast.Call):
-        if not (dotted(call.func) or "").rsplit(".", 1)[-1].endswith("Trainer"):
-            continue
-        given = next((k.value for k in call.keywords if k.arg == "compute_loss_func"), None)
-        if given is None:
-            continue
-        fn = _resolve(ctx, given)
-        factor = _world_factor(ctx, fn) if fn is not None else None
-        if fn is None or factor is None:
+    for _, fn in _loss_funcs(ctx):
+        factor = _world_factor(ctx, fn)
+        if factor is None:
             continue
         where = "the lambda" if isinstance(fn, ast.Lambda) else f"`{fn.name}`"
         yield ctx.finding(
