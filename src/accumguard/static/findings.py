@@ -1046,8 +1046,9 @@ RULES: dict[str, Rule] = {
         ),
         _rule(
             "AG328", "clip-none-dropped-by-filter", "F9", W, MED,
-            "a settings field max_grad_norm = None (clipping off) filtered out with the other "
-            "None values before TrainingArguments(**kwargs): the Trainer clips at its default 1.0",
+            "a setting max_grad_norm = None or 0.0 (clipping off) filtered out with the other "
+            "None (or false) values before TrainingArguments(**kwargs): the Trainer clips at "
+            "its default 1.0",
             "pass max_grad_norm=0.0 to turn the Trainer's clipping off (0 is kept by the filter), "
             "or set kwargs['max_grad_norm'] = 0.0 when the setting is None",
         ),

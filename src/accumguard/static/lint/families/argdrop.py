@@ -23,12 +23,12 @@ AG326 (F9, a warning): the same parse spelling the clip setting otherwise (DeepS
 keeps its default clip at 1.0, which changes every update whose norm exceeds 1 (how often
 is the run's: ``watch`` makes it an error when it sees that clip act).
 
-AG328 (F9, a warning): a settings dataclass whose ``max_grad_norm`` defaults to ``None`` (the
-value that turns the Trainer's clipping off), handed to ``TrainingArguments(**kwargs)``
-through a filter dropping the ``None`` values (``{k: v for k, v in asdict(cfg).items() if v
-is not None}``): the key never arrives and the Trainer clips at its default 1.0. Not
-reported when the file sets the key on the way (``kwargs["max_grad_norm"] = 0.0``, a
-``max_grad_norm=`` keyword).
+AG328 (F9, a warning): settings (a dataclass field's default, a dict literal) setting
+``max_grad_norm`` to ``None`` or ``0.0`` (the values that turn the Trainer's clipping off),
+handed to ``TrainingArguments(**kwargs)`` through a filter dropping them (``{k: v for k, v in
+asdict(cfg).items() if v is not None}`` drops None; ``... if v`` drops 0.0 too): the key
+never arrives and the Trainer clips at its default 1.0. Not reported when the file sets the
+key on the way (``kwargs["max_grad_norm"] = 0.0``, a ``max_grad_norm=`` keyword).
 """
 
 from __future__ import annotations
@@ -202,26 +202,42 @@ def accumulation_key_dropped_by_parse_dict(ctx: FileContext) -> Iterator[Finding
         )
 
 
-def _none_field(cls: ast.ClassDef, name: str) -> ast.AnnAssign | None:
-    """The dataclass field ``name`` when its default is a literal ``None``."""
-    for st in cls.body:
-        if isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name) and st.target.id == name \
-                and isinstance(st.value, ast.Constant) and st.value.value is None:
-            return st
+def _clip_settings(ctx: FileContext) -> list[tuple[ast.AST, object]]:
+    """Where the file sets ``max_grad_norm`` to a literal: a dataclass field's default, a dict
+    literal's entry; (the node, the value)."""
+    out: list[tuple[ast.AST, object]] = []
+    for c in _dataclasses(ctx).values():
+        for st in c.body:
+            if isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name) \
+                    and st.target.id == "max_grad_norm" and isinstance(st.value, ast.Constant):
+                out.append((st, st.value.value))
+    for d in ctx.of(ast.Dict):
+        for k, v in zip(d.keys, d.values, strict=True):
+            if isinstance(k, ast.Constant) and k.value == "max_grad_norm" and isinstance(v, ast.Constant):
+                out.append((v, v.value))
+    return out
+
+
+def _filter_kind(comp: ast.AST) -> str | None:
+    """``{k: v for k, v in <x>.items() if v is not None}``: 'none'; ``... if v``: 'falsy'."""
+    if not (isinstance(comp, ast.DictComp) and len(comp.generators) == 1):
+        return None
+    gen = comp.generators[0]
+    value = comp.value.id if isinstance(comp.value, ast.Name) else None
+    if value is None:
+        return None
+    for c in gen.ifs:
+        if isinstance(c, ast.Compare) and isinstance(c.left, ast.Name) and c.left.id == value \
+                and len(c.ops) == 1 and isinstance(c.ops[0], ast.IsNot) \
+                and isinstance(c.comparators[0], ast.Constant) and c.comparators[0].value is None:
+            return "none"
+        if isinstance(c, ast.Name) and c.id == value:
+            return "falsy"
     return None
 
 
-def _drops_none(comp: ast.AST) -> bool:
-    """``{k: v for k, v in <x>.items() if v is not None}`` (the value's ``None`` filtered)."""
-    if not (isinstance(comp, ast.DictComp) and len(comp.generators) == 1):
-        return False
-    gen = comp.generators[0]
-    value = comp.value.id if isinstance(comp.value, ast.Name) else None
-    return value is not None and any(
-        isinstance(c, ast.Compare) and isinstance(c.left, ast.Name) and c.left.id == value
-        and len(c.ops) == 1 and isinstance(c.ops[0], ast.IsNot)
-        and isinstance(c.comparators[0], ast.Constant) and c.comparators[0].value is None
-        for c in gen.ifs)
+def _dropped(kind: str, value: object) -> bool:
+    return value is None or (kind == "falsy" and not value)
 
 
 def _sets_clip(ctx: FileContext, scope: ast.AST) -> bool:
@@ -245,8 +261,8 @@ _TRL_CONFIGS = frozenset({"SFTConfig", "DPOConfig", "GRPOConfig", "RewardConfig"
 
 @rule("AG328")
 def clip_none_dropped_by_filter(ctx: FileContext) -> Iterator[Finding]:
-    fields = [fd for c in _dataclasses(ctx).values() if (fd := _none_field(c, "max_grad_norm"))]
-    if not fields:
+    settings = _clip_settings(ctx)
+    if not settings:
         return
     for call in ctx.of(ast.Call):
         name = (dotted(call.func) or "").rsplit(".", 1)[-1]
@@ -262,15 +278,22 @@ def clip_none_dropped_by_filter(ctx: FileContext) -> Iterator[Finding]:
             if isinstance(value, ast.Name):
                 values = ctx.assigned_in(scope).get(value.id, [])
                 value = values[0] if len(values) == 1 else value
-            if not _drops_none(value) or _sets_clip(ctx, scope):
+            kind = _filter_kind(value)
+            if kind is None or _sets_clip(ctx, scope):
                 continue
+            hit = next(((node, v) for node, v in settings if _dropped(kind, v)), None)
+            if hit is None:
+                continue
+            node, v = hit
+            what = ("the None values" if kind == "none" else
+                    "the values that test false (None, 0, 0.0)")
             f = ctx.finding(
                 "AG328",
                 call,
-                f"`max_grad_norm` defaults to None in the settings (line {fields[0].lineno}), the "
-                "value that turns the Trainer's clipping off, but the None values are filtered "
-                f"out before `{name}(**...)` (line {call.lineno}): the key never arrives, "
-                "max_grad_norm keeps its default 1.0 and the Trainer clips every update whose "
-                "gradient norm exceeds 1")
+                f"`max_grad_norm` is {v!r} in the settings (line {getattr(node, 'lineno', '?')}), the value that "
+                f"turns the Trainer's clipping off, but {what} are filtered out before "
+                f"`{name}(**...)` (line {call.lineno}): the key never arrives, max_grad_norm "
+                "keeps its default 1.0 and the Trainer clips every update whose gradient norm "
+                "exceeds 1")
             yield replace(f, severity=Severity.WARNING, confidence=Confidence.MEDIUM)
             return
