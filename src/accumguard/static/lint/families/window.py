@@ -45,6 +45,7 @@ from accumguard.static.lint._ast import (
     walk_local,
 )
 from accumguard.static.lint._context import FileContext
+from accumguard.static.lint._ctx_boundary import bound_argument
 from accumguard.static.lint._lengths import static_len
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._harvest import harvests_grads
@@ -181,6 +182,8 @@ def zero_grad_in_window(ctx: FileContext) -> Iterator[Finding]:
                 continue
             if ctx.guarded(call, window) or (facts.accelerate and kind == "optimizer"):
                 continue
+            if _first_micro_step_only(ctx, call, window):
+                continue  # the clear opens each window (`if i == 0:`): nothing accumulated yet
             if dotted(receiver(call)) in facts.own_rate:
                 continue  # an optimizer stepping at its own rate clears its own window
             if harvested:
@@ -199,6 +202,65 @@ def zero_grad_in_window(ctx: FileContext) -> Iterator[Finding]:
                 f"`{name}.zero_grad()`{ctx.via_text(call, window)} on every micro-batch erases the gradients accumulated so far: "
                 f"only the last micro-batch reaches the optimizer{extra}",
             )
+
+
+def _window_index(window: ast.AST) -> str | None:
+    """The name the window's loop counts its micro-steps with (``for i in range(K)``,
+    ``for i, batch in enumerate(...)``)."""
+    if not isinstance(window, ast.For | ast.AsyncFor):
+        return None
+    t = window.target
+    if isinstance(t, ast.Tuple) and t.elts and isinstance(window.iter, ast.Call) \
+            and dotted(window.iter.func) == "enumerate":
+        t = t.elts[0]
+    return t.id if isinstance(t, ast.Name) else None
+
+
+def _is_first_test(ctx: FileContext, test: ast.AST, index: str | None) -> bool:
+    """``i == 0`` / ``not i`` for the window's index ``i``, or ``x % K == 0`` / ``not x % K``
+    for any counter: true on the window's first micro-step only."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        inner = test.operand
+        return (isinstance(inner, ast.Name) and inner.id == index) or (
+            isinstance(inner, ast.BinOp) and isinstance(inner.op, ast.Mod)
+            and ctx.mentions_accum(inner.right))
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)
+            and isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value == 0):
+        return False
+    left = test.left
+    return (isinstance(left, ast.Name) and left.id == index) or (
+        isinstance(left, ast.BinOp) and isinstance(left.op, ast.Mod) and ctx.mentions_accum(left.right))
+
+
+def _first_micro_step_only(ctx: FileContext, call: ast.AST, window: ast.AST, depth: int = 2) -> bool:
+    """``call`` runs under an ``if`` true on the window's first micro-step only: the test
+    itself, or a parameter of the helper holding it that every call in the window binds to
+    such a test (``fb(x, first=(i == 0))``); or every call of its helper does (``if first:
+    self._release_memory()``), ``depth`` helpers up."""
+    index = _window_index(window)
+    fn = ctx.enclosing(call, FUNCS)
+    if _under_first_test(ctx, call, window, fn, index):
+        return True
+    if depth <= 0 or not isinstance(fn, FUNCS) or ctx.enclosing(window, FUNCS) is fn:
+        return False
+    sites = ctx.call_sites(fn)
+    return bool(sites) and all(_first_micro_step_only(ctx, site, window, depth - 1) for site in sites)
+
+
+def _under_first_test(ctx: FileContext, call: ast.AST, window: ast.AST, fn: ast.AST | None,
+                      index: str | None) -> bool:
+    up: ast.AST | None = ctx.parents.get(call)
+    while up is not None and up is not window and up is not fn:
+        if isinstance(up, ast.If):
+            if _is_first_test(ctx, up.test, index):
+                return True
+            if isinstance(up.test, ast.Name) and isinstance(fn, FUNCS):
+                sites = ctx.call_sites(fn)
+                bound = [bound_argument(fn, site, up.test.id) for site in sites]
+                if sites and all(b is not None and _is_first_test(ctx, b, index) for b in bound):
+                    return True
+        up = ctx.parents.get(up)
+    return False
 
 
 def _fsdp2_deferred_clear(ctx: FileContext, call: ast.Call, window: ast.AST) -> bool:
