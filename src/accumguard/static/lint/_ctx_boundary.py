@@ -92,15 +92,21 @@ class BoundaryFacts(FileIndex):
             return False
         if counter is None:
             return False
-        counts = resets = False
+        counted, reset = self._cached("window_start_counters", self.tree, self._counted_and_reset)
+        return counter in counted and counter in reset
+
+    def _counted_and_reset(self) -> tuple[set[str], set[str]]:
+        """The names the file counts up (``c += ...``) and the names it sets to 0 (one walk
+        per file: every ``c == 0`` test asks)."""
+        counted: set[str] = set()
+        reset: set[str] = set()
         for a in walk_all(self.tree):
-            if isinstance(a, ast.AugAssign) and isinstance(a.op, ast.Add) \
-                    and dotted(a.target) == counter:
-                counts = True
-            elif isinstance(a, ast.Assign) and isinstance(a.value, ast.Constant) \
-                    and a.value.value == 0 and any(dotted(t) == counter for t in a.targets):
-                resets = True
-        return counts and resets
+            if isinstance(a, ast.AugAssign) and isinstance(a.op, ast.Add):
+                if (d := dotted(a.target)) is not None:
+                    counted.add(d)
+            elif isinstance(a, ast.Assign) and isinstance(a.value, ast.Constant) and a.value.value == 0:
+                reset.update(d for t in a.targets if (d := dotted(t)) is not None)
+        return counted, reset
 
     def _last_of_range(self, expr: ast.AST) -> bool:
         """``k == n - 1`` (or ``k + 1 == n``) inside ``for k in range(n)``: the last iteration
