@@ -157,6 +157,37 @@ def test_horizons_read_from_a_module_level_schedule_function() -> None:
     assert "horizon" not in schedule_state(sl.LambdaLR(opt, _over_processes))
 
 
+class _Module:
+    """A LightningModule's shape: settings in an ``hparams`` dict it holds as ``_hparams``."""
+
+    def __init__(self, **hp: int) -> None:
+        self._hparams = dict(hp)
+        self.total_steps = hp.get("total_steps")
+
+    @property
+    def hparams(self) -> dict[str, int]:
+        return self._hparams
+
+
+def test_horizons_read_through_a_settings_holder_the_function_closes_over() -> None:
+    """Blind round 120 c_b02: a Lightning ``configure_optimizers`` whose schedule function
+    reads ``hp.total_steps`` (``hp = self.hparams``) or ``self.hparams.total_steps``. The
+    holder's plain storage is read; a W or K read there too states no horizon."""
+    opt = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+    sl = torch.optim.lr_scheduler
+    m = _Module(total_steps=32, warmup=2)
+    hp = m.hparams
+    got = schedule_state(sl.LambdaLR(opt, lambda s: min(1.0, (s + 1) / hp["warmup"])
+                                     * (1 - s / hp["total_steps"])))
+    assert got["horizon"] == 32 and "hp.total_steps=32" in str(got["horizon_what"]), got
+    by_self = schedule_state(sl.LambdaLR(opt, lambda s: 1 - s / m.hparams["total_steps"]))
+    assert by_self["horizon"] == 32, by_self
+    scaled = _Module(total_steps=8, accumulate=4)
+    assert "horizon" not in schedule_state(sl.LambdaLR(
+        opt, lambda s: 1 - s / (scaled.hparams["total_steps"] * scaled.hparams["accumulate"])))
+    assert "horizon" not in schedule_state(sl.LambdaLR(opt, lambda s: min(1.0, s / hp["warmup"])))
+
+
 @pytest.mark.parametrize(("starts", "expected"), [
     ([[0], [], [1], []], [5, 3]),  # windows of 2; passes begin at backward 0 and 5
 ])

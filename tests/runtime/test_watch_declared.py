@@ -244,6 +244,18 @@ def test_a_schedule_error_only_the_source_shows_is_kept_when_the_run_confirms_it
         assert schedule_source_findings(rec, own, bug) == []
     one = load_recordings(RECORDED / "r101_k_one_every_step")
     assert schedule_source_findings(one, analyze(one, k_flag=None)[0], bug) == []
+    # blind round 117 c_b03: a KL controller moved every micro-step (AG330) is a loss
+    # coefficient's schedule: kept on K >= 2 windows with a constant learning rate too
+    for ss in rec.steps.values():
+        for st in ss:
+            st["lr"] = 0.001
+    assert schedule_source_findings(rec, findings, bug) == []
+    kl = schedule_source_findings(
+        rec, findings, ["python", str(corpus / "bug_kl_controller_updated_every_micro_step.py")])
+    assert [(f.cls, f.severity) for f in kl] == [("F4", "error")], kl
+    assert "lint AG330" in kl[0].evidence and "learning rate" not in kl[0].evidence
+    assert schedule_source_findings(
+        rec, findings, ["python", str(corpus / "ok_kl_controller_updated_per_window.py")]) == []
 
 
 def test_a_source_claim_that_raises_is_accumguards_failure_and_the_rest_still_reports(

@@ -98,7 +98,8 @@ _HORIZON_NAME = re.compile(
 #: a number of processes or of micro-steps a schedule function may multiply its horizon by
 _SCALE_NAME = re.compile(
     r"^(w|k|world|world_?size|n_?procs?|num_?processes|n_?gpus?|num_?gpus|nproc|ws|"
-    r"accum|grad_?accum|accum(ulation)?_?steps|gas|ga|gradient_accumulation_steps)$",
+    r"accum|grad_?accum(_?steps)?|accum(ulation)?_?steps|accumulate(_grad_batches)?|gas|ga|"
+    r"gradient_accumulation_steps)$",
     re.IGNORECASE)
 
 
@@ -125,6 +126,11 @@ def _closure_horizon(fn: object) -> tuple[int, str] | None:
             # the function may scale its horizon by it (``t / (total * W)``, a prepared
             # scheduler stepped W times per optimizer step): the horizon is not read
             return None
+        else:
+            held = _held_settings(name, value, code)
+            if held is None:
+                return None
+            found += held
     g = getattr(fn, "__globals__", None)
     if isinstance(g, dict) and any(
             isinstance(n, str) and _SCALE_NAME.match(n) and _int(g.get(n)) and int(g[n]) > 1
@@ -136,6 +142,47 @@ def _closure_horizon(fn: object) -> tuple[int, str] | None:
         return None
     n, name = found[0]
     return n, f"LambdaLR function's {name}={n}"
+
+
+def _held_settings(name: str, value: object, code: object) -> list[tuple[int, str]] | None:
+    """The horizons a schedule function reads through a settings holder it closes over:
+    a dict (Lightning's ``hp = self.hparams``, then ``hp.total_steps``) or the module itself
+    (``self.hparams.total_steps``, ``self.total_steps``), by the attribute names and string
+    keys the function reads. None when it reads a W or K > 1 there too (it may scale its
+    horizon by it). Plain instance and dict storage only: nothing of the user's is called."""
+    names = getattr(code, "co_names", None)
+    consts = getattr(code, "co_consts", None)
+    if not isinstance(names, tuple) or not isinstance(consts, tuple):
+        return []
+    attrs = [n for n in names if isinstance(n, str)]
+    wanted = attrs + [c for c in consts if isinstance(c, str)]
+    holders: list[tuple[dict[object, object], str, list[str]]] = []
+    if isinstance(value, dict):
+        holders.append((value, name, wanted))
+    else:
+        try:
+            own = object.__getattribute__(value, "__dict__")
+        except (AttributeError, TypeError):
+            return []
+        if type(own) is not dict:
+            return []
+        holders.append((own, name, attrs))
+        for attr in attrs:  # a settings dict the object holds (``hparams`` is ``_hparams``)
+            for key in (attr, "_" + attr):
+                inner = dict.get(own, key)
+                if isinstance(inner, dict):
+                    holders.append((inner, f"{name}.{attr}", wanted))
+    found: list[tuple[int, str]] = []
+    for store, where, keys in holders:
+        for key in keys:
+            entry = _int(dict.get(store, key))
+            if entry is None:
+                continue
+            if _HORIZON_NAME.match(key):
+                found.append((entry, f"{where}.{key}"))
+            elif _SCALE_NAME.match(key) and entry > 1:
+                return None
+    return found[:1] if len({n for n, _ in found}) == 1 else found
 
 
 def _global_horizons(fn: object, code: object) -> list[tuple[int, str]]:

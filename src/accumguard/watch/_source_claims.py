@@ -9,7 +9,9 @@ errors are kept in the watch report only when the run shows the two facts every 
 rests on: the optimizer stepped once per K >= 2 backward passes, and the rate changed
 during the run (a schedule acted); and only when the run's own rules said nothing about
 the schedule (no F4 finding at any level: a file may hold several modes, and a rate the run
-judged itself, as a token-count schedule's warning, is the run's word).
+judged itself, as a token-count schedule's warning, is the run's word). A loss coefficient's
+schedule (a KL controller moved on every micro-step) needs the windows only: the rate is not
+what it moves.
 
 A resume's arithmetic (the iteration counter restored one past the iteration the checkpoint
 saved still to run: a whole window skipped) is not in the run either: its windows are K
@@ -37,6 +39,10 @@ __all__ = ["clip_source_findings", "resume_source_findings", "schedule_source_fi
 #: clips at its default 1.0): whether that changed an update is the run's to show
 _CLIP_CODES = ("AG326", "AG328", "AG177")
 
+#: lint's F4 rules about a loss coefficient's schedule (a KL controller moved every
+#: micro-step): the run need only show the windows, not a change of the learning rate
+_COEFFICIENT_CODES = ("AG330",)
+
 #: lint's F13 rules about a resume's own arithmetic (what the run cannot show)
 _RESUME_CODES = ("AG318", "AG327", "AG329", "AG331", "AG332")
 
@@ -60,17 +66,15 @@ def _claim(cls: str, step: int, said: tuple[str, Any], shows: str, title: str | 
 
 
 def _confirmed(rec: RunRecording) -> tuple[int, int, list[float]] | None:
-    """(K, steps, the first and last rate) of the first rank with steps, when its optimizer
-    stepped once per K >= 2 backwards (the median window) and its rate changed."""
+    """(K, steps, the distinct rates in order) of the first rank with steps, when its
+    optimizer stepped once per K >= 2 backwards (the median window)."""
     for r in rec.ranks:
         steps = [s for s in rec.steps.get(r, []) if s.get("applied", True)]
         if len(steps) < 2:
             continue
         k = int(median(int(s.get("backwards", 0) or 0) for s in steps))
         rates = [float(s["lr"]) for s in steps if isinstance(s.get("lr"), (int, float))]
-        if k < 2 or len({round(x, 12) for x in rates}) < 2:
-            return None
-        return k, len(steps), [rates[0], rates[-1]]
+        return (k, len(steps), list(dict.fromkeys(round(x, 12) for x in rates))) if k >= 2 else None
     return None
 
 
@@ -86,11 +90,15 @@ def schedule_source_findings(rec: RunRecording, findings: list[Finding],
     said = _lint_hit(command, lambda f: f.cls == "F4")
     if said is None:
         return []
-    k, n, (first, last) = confirmed
-    return [_claim("F4", 0, said,
-                   f"the run shows what that rests on: the optimizer stepped once per {k} "
-                   f"backward passes ({n} steps) and the learning rate changed during the run "
-                   f"({first:.4g} at the first step, {last:.4g} at the last)")]
+    k, n, rates = confirmed
+    shows = (f"the run shows what that rests on: the optimizer stepped once per {k} backward "
+             f"passes ({n} steps)")
+    if said[1].code in _COEFFICIENT_CODES:  # a loss coefficient's schedule, not the rate's
+        return [_claim("F4", 0, said, shows)]
+    if len(rates) < 2:
+        return []
+    return [_claim("F4", 0, said, f"{shows} and the learning rate changed during the run "
+                                  f"({rates[0]:.4g} at the first step, {rates[-1]:.4g} at the last)")]
 
 
 def resume_source_findings(rec: RunRecording, findings: list[Finding],
