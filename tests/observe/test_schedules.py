@@ -75,6 +75,19 @@ def test_an_early_end_by_another_factor_is_a_note() -> None:
     assert _sev(found) == {("F4", "note")}, found
 
 
+def test_a_horizon_of_the_steps_floor_divided_by_k_ends_k_times_early() -> None:
+    """Blind round 121 c_b03: Lightning's ``estimated_stepping_batches // K`` (already
+    optimizer steps) over 8 steps at K = 3 is 2, not 8 / 3: outside the relative tolerance
+    of a long run, still K x early. A run shorter than twice the factor is not claimed."""
+    found = horizon_findings(0, _events(2, 8, 1), 8, 2, 3, 2, True)
+    assert _sev(found) == {("F4", "error")}, found
+    assert "3x early (K = 3)" in found[0].evidence, found[0].evidence
+    # 2 of 7 steps at W = 2, K = 3: 7 // 3 is 2, but 7 // 2 is 3; still only K's floor
+    assert "3x early" in horizon_findings(0, _events(2, 7, 1), 7, 2, 3, 1, True)[0].evidence
+    assert _sev(horizon_findings(0, _events(2, 5, 1), 5, 1, 3, 1, True)) == {("F4", "note")}
+    assert _sev(horizon_findings(0, _events(5, 8, 1), 8, 2, 3, 2, True)) == {("F4", "note")}
+
+
 def test_horizons_read_from_the_objects() -> None:
     from transformers import get_cosine_schedule_with_warmup
 
