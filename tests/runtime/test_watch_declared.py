@@ -258,6 +258,34 @@ def test_a_schedule_error_only_the_source_shows_is_kept_when_the_run_confirms_it
         rec, findings, ["python", str(corpus / "ok_kl_controller_updated_per_window.py")]) == []
 
 
+def test_a_trainer_told_its_micro_batch_mean_is_scaled_is_kept_when_the_windows_show_k(
+) -> None:
+    """Blind round 121 b_b01: a hand-built focal loss (no loss call the run records), each
+    micro-batch's mean, under a Trainer subclass with ``loss_is_scaled_for_ga = True``: lint's
+    LOSS_SCALE error (AG174) is kept when the run's windows are K >= 2 backwards long; not on
+    the window-share twin, on a run of one backward per step, or beside the run's own
+    LOSS_SCALE error."""
+    from accumguard.observe._records import _mk
+    from accumguard.observe.rules import analyze
+    from accumguard.watch._findings import load_recordings
+    from accumguard.watch._source_claims import scale_source_findings
+    from tests.helpers import RECORDED
+
+    corpus = Path(__file__).parents[1] / "lint_corpus"
+    bug = ["python", str(corpus / "bug_hf_scaled_flag_focal_sum_over_rows.py")]
+    ok = ["python", str(corpus / "ok_hf_scaled_flag_focal_sum_over_num_items.py")]
+    rec = load_recordings(RECORDED / "r108_hand_lr_per_optimizer_step")
+    findings, _, _ = analyze(rec, k_flag=None)
+    kept = scale_source_findings(rec, findings, bug)
+    assert [(f.cls, f.severity) for f in kept] == [("LOSS_SCALE", "error")], kept
+    assert "lint AG174" in kept[0].evidence and "once per 3 backward passes" in kept[0].evidence
+    assert "loss_is_scaled_for_ga" in kept[0].evidence
+    assert scale_source_findings(rec, findings, ok) == []
+    assert scale_source_findings(rec, [_mk("LOSS_SCALE", "error", None, 0, None, "m")], bug) == []
+    one = load_recordings(RECORDED / "r101_k_one_every_step")
+    assert scale_source_findings(one, analyze(one, k_flag=None)[0], bug) == []
+
+
 def test_a_source_claim_that_raises_is_accumguards_failure_and_the_rest_still_reports(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The claims read from the script run after the rules, each on its own: one that raises

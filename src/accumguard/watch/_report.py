@@ -160,6 +160,7 @@ def _judge(out_dir: str | os.PathLike[str], *, command: Sequence[str],
     from accumguard.watch._source_claims import (
         clip_source_findings,
         resume_source_findings,
+        scale_source_findings,
         schedule_source_findings,
     )
 
@@ -181,6 +182,8 @@ def _judge(out_dir: str | os.PathLike[str], *, command: Sequence[str],
         findings += rule("schedule_source_findings", schedule_source_findings, rec, findings,
                          command, default=none)
         findings += rule("resume_source_findings", resume_source_findings, rec, findings,
+                         command, default=none)
+        findings += rule("scale_source_findings", scale_source_findings, rec, findings,
                          command, default=none)
         findings += rule("clip_source_findings", clip_source_findings, rec, findings,
                          command, default=none)

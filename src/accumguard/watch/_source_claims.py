@@ -18,6 +18,11 @@ saved still to run: a whole window skipped) is not in the run either: its window
 long, only the batch never trained on is missing. Lint's F13 error on it is kept when the
 run resumed (an optimizer's state was loaded) and the run's rules made no F13 error.
 
+A Trainer subclass that says its loss is already scaled for accumulation
+(``loss_is_scaled_for_ga = True``) while ``compute_loss`` returns a per-micro-batch mean (a
+hand-built focal loss: no loss call the run records) makes each window K micro-batch means:
+lint's LOSS_SCALE error is kept when the run's windows are K >= 2 backwards long.
+
 A clip setting the Hugging Face Trainer never receives (a settings key that is no
 ``TrainingArguments`` field, dropped by ``parse_dict(allow_extra_keys=True)``; a config field
 never passed) leaves the Trainer's default clip at 1.0: lint can only warn, since it changes
@@ -33,7 +38,8 @@ from typing import Any
 
 from accumguard.observe._records import Finding, RunRecording, _mk
 
-__all__ = ["clip_source_findings", "resume_source_findings", "schedule_source_findings"]
+__all__ = ["clip_source_findings", "resume_source_findings", "scale_source_findings",
+           "schedule_source_findings"]
 
 #: lint's warnings that the script's clip setting never reaches the HF Trainer (which then
 #: clips at its default 1.0): whether that changed an update is the run's to show
@@ -42,6 +48,11 @@ _CLIP_CODES = ("AG326", "AG328", "AG177")
 #: lint's F4 rules about a loss coefficient's schedule (a KL controller moved every
 #: micro-step): the run need only show the windows, not a change of the learning rate
 _COEFFICIENT_CODES = ("AG330",)
+
+#: lint's LOSS_SCALE rules about a Trainer skipping its division by K on a per-micro-batch
+#: mean (``loss_is_scaled_for_ga = True``; a ``compute_loss_func`` ignoring
+#: ``num_items_in_batch``): the loss record cannot tell whose division is missing
+_SCALE_CODES = ("AG174", "AG336")
 
 #: lint's F13 rules about a resume's own arithmetic (what the run cannot show)
 _RESUME_CODES = ("AG318", "AG327", "AG329", "AG331", "AG332")
@@ -99,6 +110,25 @@ def schedule_source_findings(rec: RunRecording, findings: list[Finding],
         return []
     return [_claim("F4", 0, said, f"{shows} and the learning rate changed during the run "
                                   f"({rates[0]:.4g} at the first step, {rates[-1]:.4g} at the last)")]
+
+
+def scale_source_findings(rec: RunRecording, findings: list[Finding],
+                          command: Sequence[str]) -> list[Finding]:
+    """The script's LOSS_SCALE errors that only the source shows (a Trainer told its
+    per-micro-batch mean is already scaled for accumulation: lint), when the run shows the
+    windows they rest on (K >= 2 backwards per step) and its rules made no LOSS_SCALE error."""
+    if any(f.cls == "LOSS_SCALE" and f.severity == "error" for f in findings):
+        return []
+    confirmed = _confirmed(rec)
+    if confirmed is None:
+        return []
+    said = _lint_hit(command, lambda f: f.code in _SCALE_CODES)
+    if said is None:
+        return []
+    k, n, _ = confirmed
+    return [_claim("LOSS_SCALE", 0, said,
+                   f"the run shows what that rests on: the optimizer stepped once per {k} "
+                   f"backward passes ({n} steps)")]
 
 
 def resume_source_findings(rec: RunRecording, findings: list[Finding],

@@ -24,6 +24,7 @@ from accumguard.static.lint._ast import (
     call_attr,
     dotted,
     identifiers,
+    receiver,
     walk_all,
 )
 from accumguard.static.lint._context import FileContext
@@ -271,6 +272,8 @@ def mean_loss_site(ctx: FileContext, fn: ast.AST, cls: ast.ClassDef | None = Non
         elif (div := division(n)) is not None and is_count(ctx, unpacked(ctx, fn, div[1])) and (
             is_loss(top := unpacked(ctx, fn, div[0])) or _summed(ctx, top)):
             return n, f"`{ast.unparse(n)}`, divided by this micro-batch's own count"
+        elif (div := division(n)) is not None and _rows_of(div[1]) and _summed(ctx, div[0]):
+            return n, f"`{ast.unparse(n)}`, a sum over this micro-batch's rows divided by their number"
         elif (
             isinstance(n, ast.Attribute) and n.attr == "loss" and isinstance(n.ctx, ast.Load)
             and dotted(n.value) != "self"
@@ -280,6 +283,31 @@ def mean_loss_site(ctx: FileContext, fn: ast.AST, cls: ast.ClassDef | None = Non
         ):
             return n, f"`{ast.unparse(n)}`, the model's mean over this micro-batch's tokens"
     return None
+
+
+def _rows_of(divisor: ast.AST) -> bool:
+    """``t.numel()``, ``t.size(0)``, ``t.shape[0]``, ``len(t)`` of a tensor of the batch
+    (``target``, ``batch["labels"]``): the micro-batch's own number of rows, not a count a
+    name says is of the window, the ranks or K."""
+    if isinstance(divisor, ast.Call) and isinstance(divisor.func, ast.Name) \
+            and divisor.func.id == "len" and len(divisor.args) == 1:
+        of: ast.AST | None = divisor.args[0]
+    elif isinstance(divisor, ast.Call) and call_attr(divisor) in ("numel", "size") and (
+            call_attr(divisor) == "numel" and not divisor.args
+            or len(divisor.args) == 1 and isinstance(divisor.args[0], ast.Constant)
+            and divisor.args[0].value == 0):
+        of = receiver(divisor)
+    elif isinstance(divisor, ast.Subscript) and isinstance(divisor.slice, ast.Constant) \
+            and divisor.slice.value == 0 and isinstance(divisor.value, ast.Attribute) \
+            and divisor.value.attr == "shape":
+        of = divisor.value.value
+    else:
+        return False
+    if not isinstance(of, ast.Name | ast.Subscript | ast.Attribute):
+        return False
+    ids = list(identifiers(of))
+    return not any(WORLD_RE.search(i) or ACCUM_RE.search(i) or GLOBAL_COUNT_RE.search(i)
+                   for i in ids)
 
 
 def _summed(ctx: FileContext, expr: ast.AST) -> bool:
