@@ -50,3 +50,12 @@ def test_a_buffer_zeroed_after_it_was_given_back_is_f3() -> None:
     errors = [f for f in judge_recorded("r115_grad_folder_buffer_zeroed_after_release")
               if f.severity == "error"]
     assert errors and {f.cls for f in errors} == {"F3"}, errors
+
+
+def test_a_clip_after_every_micro_step_is_f8_not_a_rounded_buffer() -> None:
+    """Blind round 121 c_b02: Fabric's ``clip_gradients`` after every micro-step rescales the
+    summed ``.grad`` between the backwards; conservation reads those windows as "returned"
+    off the exact sum. That is the clip's doing (F8), not a low-precision buffer: no F12."""
+    found = judge_recorded("r121_fabric_clip_every_micro_step")
+    assert {(f.cls, f.severity) for f in found if f.severity == "error"} == {("F8", "error")}, found
+    assert not [f for f in found if f.cls == "F12"], found

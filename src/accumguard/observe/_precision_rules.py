@@ -230,7 +230,9 @@ def _returned_rounded(rank: int | None, windows: list[StepWindow]) -> list[Findi
     contributions by more than the parameters' dtype rounds: a buffer of the loop's own,
     summed at a lower precision (its dtype is not seen: a warning)."""
     back = [w for w in windows if w.conservation is not None
-            and w.conservation.reason == "returned" and int(w.window) >= 2]
+            and w.conservation.reason == "returned" and int(w.window) >= 2
+            and not any(0 < int(c) < int(w.window) for c in w.clip_micros)]
+    # (a clip between the window's backwards rescaled the sum: F8's, not a rounding)
     if not back:
         return []
     worst = max(back, key=lambda w: float(w.conservation.received) if w.conservation else 0.0)
