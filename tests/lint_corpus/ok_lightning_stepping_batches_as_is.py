@@ -1,25 +1,19 @@
 # corpus: style=lightning class=OK
-"""A LightningModule with a per-step linear decay sized from the trainer's own estimate."""
-import lightning.pytorch as pl
+"""A Lightning cosine horizon from estimated_stepping_batches as it is (optimizer steps,
+accumulation counted), with a warm-up of a tenth of it."""
+import pytorch_lightning as pl
 import torch
-import torch.nn.functional as F
 
 
-class Classifier(pl.LightningModule):
-    def __init__(self):
-        super().__init__()
-        self.head = torch.nn.Linear(32, 5)
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return F.cross_entropy(self.head(x), y)
-
+class LM(pl.LightningModule):
     def configure_optimizers(self):
-        opt = torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
-        n_steps = self.trainer.estimated_stepping_batches
-        decay = torch.optim.lr_scheduler.LinearLR(opt, 1.0, 0.0, total_iters=n_steps)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": decay, "interval": "step"}}
+        opt = torch.optim.SGD(self.parameters(), lr=0.1)
+        total = self.trainer.estimated_stepping_batches
+        warm = total // 10
+        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=total,
+                                                    pct_start=warm / total)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
-def fit(loader):
-    pl.Trainer(max_epochs=4, accumulate_grad_batches=4, accelerator="cpu").fit(Classifier(), loader)
+trainer = pl.Trainer(accumulate_grad_batches=3, max_epochs=2)
+trainer.fit(LM(), loader)

@@ -1126,6 +1126,14 @@ RULES: dict[str, Rule] = {
             "drop the multiplication: the Trainer multiplies a compute_loss_func's loss by the "
             "processes (average_tokens_across_devices)",
         ),
+        _rule(
+            "AG339", "optimizer-step-horizon-divided-by-k", "F4", E, HI,
+            "a schedule horizon that divides a count of optimizer steps (Lightning's "
+            "estimated_stepping_batches, the Trainer's num_training_steps) by K: the schedule "
+            "ends K times early",
+            "use the count as it is: it already counts optimizer steps "
+            "(`total = self.trainer.estimated_stepping_batches`)",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

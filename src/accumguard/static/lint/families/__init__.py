@@ -81,7 +81,8 @@
 ``argdrop``    AG187 AG191 AG326 AG328   a command-line accumulation option filtered out before the config;
                                    an accumulation key parse_dict(allow_extra_keys=True) drops
 ``lowbuffer``  AG197               gradients folded into hand-made bf16/fp16 accumulation buffers
-``stephorizon`` AG198              HF create_scheduler's num_training_steps multiplied by K
+``stephorizon`` AG198 AG339        a count of optimizer steps multiplied (HF num_training_steps) or divided
+                                   (Lightning estimated_stepping_batches) by K
 ``tempreduce`` AG199               a count all-reduced through a temporary copy (n.float())
 ``lgkschedule`` AG302              a horizon from estimated_stepping_batches under a GradientAccumulationScheduler
 ``dsblocks``   AG303               a coalesce_grad_reduction() block per micro-step, the step after the loop

@@ -1,4 +1,5 @@
-"""AG198 (F4): a horizon already counted in optimizer steps, multiplied by K.
+"""AG198 (F4): a horizon already counted in optimizer steps, multiplied by K; AG339 (F4):
+the same count divided by K.
 
 The ``num_training_steps`` the HF Trainer passes to ``create_scheduler`` (and
 ``create_optimizer_and_scheduler``) counts optimizer steps already (Lightning's
@@ -8,6 +9,13 @@ the run: it is stepped once per optimizer step, so a cosine ends at 1/K of its w
 warm-up lasts K times its length. Judged where the schedule's horizon (as the horizon
 rules read it, through the names it is built from) is a product of such a count and a
 name holding K: an error when K > 1 is in sight, a warning when it is not, silent for K = 1.
+
+AG339 is the other way round: Lightning's ``self.trainer.estimated_stepping_batches`` (the
+optimizer steps of the whole fit: it counts ``accumulate_grad_batches`` and the devices) or
+the Trainer hooks' ``num_training_steps``, divided by K (``//``, ``/``, inside
+``math.ceil``) as if it counted batches. The schedule then ends after 1/K of the run and the
+rest trains at its final rate. Read in a scheduler's horizon argument, or in a name the
+``LambdaLR`` function reads from outside.
 """
 
 from __future__ import annotations
@@ -20,7 +28,13 @@ from accumguard.static.findings import Confidence, Finding, Severity
 from accumguard.static.lint._ast import FUNCS, dotted, mult_factors
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
-from accumguard.static.lint.families._horizonexpr import expand, schedulers
+from accumguard.static.lint.families._horizonexpr import (
+    constructor_name,
+    expand,
+    horizon_expr,
+    lambda_body,
+    schedulers,
+)
 
 #: hooks whose ``num_training_steps`` parameter the HF Trainer fills with optimizer steps
 _HF_HOOKS = ("create_scheduler", "create_optimizer_and_scheduler")
@@ -63,4 +77,69 @@ def optimizer_step_horizon_times_k(ctx: FileContext) -> Iterator[Finding]:
             if known and None not in ks:
                 finding = replace(finding, severity=Severity.ERROR, confidence=Confidence.HIGH)
             yield finding  # (K not in sight: a warning, the medium confidence of the catalogue)
+            break
+
+
+def _stepping_batches(node: ast.AST) -> bool:
+    """``<...>.estimated_stepping_batches``: Lightning's optimizer steps of the whole fit."""
+    return isinstance(node, ast.Attribute) and node.attr == "estimated_stepping_batches"
+
+
+def _horizon_names(ctx: FileContext, call: ast.Call) -> list[ast.AST]:
+    """What sizes the schedule ``call`` builds: its horizon argument, or the names a
+    ``LambdaLR`` function reads from outside."""
+    horizon = horizon_expr(ctx, call)
+    if horizon is not None:
+        return [horizon]
+    if constructor_name(call) != "LambdaLR":
+        return []
+    body = lambda_body(ctx, call)
+    if body is None:
+        return []
+    own = {a.arg for a in (*body.args.posonlyargs, *body.args.args, *body.args.kwonlyargs)}
+    return [n for n in ast.walk(body) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+            and n.id not in own]
+
+
+_SCHEDULE_CTORS = frozenset({
+    "LambdaLR", "CosineAnnealingLR", "LinearLR", "PolynomialLR", "OneCycleLR",
+    "get_linear_schedule_with_warmup", "get_cosine_schedule_with_warmup",
+    "get_polynomial_decay_schedule_with_warmup", "get_cosine_with_hard_restarts_schedule_with_warmup",
+    "get_wsd_schedule",
+})
+
+
+def _lightning_k_one(ctx: FileContext) -> bool:
+    """Every ``Trainer(...)`` of the file leaves ``accumulate_grad_batches`` at 1 (unset, or
+    the literal 1): dividing by it changes nothing."""
+    trainers = [c for c in ctx.of(ast.Call) if (dotted(c.func) or "").endswith("Trainer")]
+    return bool(trainers) and all(
+        all(k.arg != "accumulate_grad_batches" or (
+            isinstance(k.value, ast.Constant) and k.value.value == 1) for k in c.keywords)
+        and not any(k.arg is None for k in c.keywords) for c in trainers)
+
+
+@rule("AG339")
+def optimizer_step_horizon_over_k(ctx: FileContext) -> Iterator[Finding]:
+    if _lightning_k_one(ctx):
+        return
+    for call in ctx.of(ast.Call):
+        if constructor_name(call) not in _SCHEDULE_CTORS:
+            continue
+        for horizon in _horizon_names(ctx, call):
+            hit = next((
+                (div, counted) for part in expand(ctx, horizon) for div in ast.walk(part)
+                if isinstance(div, ast.BinOp) and isinstance(div.op, ast.Div | ast.FloorDiv)
+                and ctx.mentions_accum(div.right)
+                and (counted := next((
+                    ast.unparse(n) for n in ast.walk(div.left)
+                    if _stepping_batches(n) or _optimizer_steps(ctx, n, call)), None))), None)
+            if hit is None:
+                continue
+            div, counted = hit
+            yield ctx.finding(
+                "AG339", call,
+                f"the schedule's horizon `{ast.unparse(div)}` divides `{counted}`, which "
+                "already counts optimizer steps (accumulation included), by K: the schedule "
+                "ends after 1/K of the run and the rest trains at its final learning rate")
             break
