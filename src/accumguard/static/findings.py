@@ -1134,6 +1134,14 @@ RULES: dict[str, Rule] = {
             "use the count as it is: it already counts optimizer steps "
             "(`total = self.trainer.estimated_stepping_batches`)",
         ),
+        _rule(
+            "AG340", "second-accelerator-resets-k", "F1", E, HI,
+            "an Accelerator built without gradient_accumulation_steps after the training's: "
+            "Accelerate's shared GradientState takes its K of 1, and the optimizer steps after "
+            "every micro-batch",
+            "hand the training's Accelerator to the helper instead of building another (or "
+            "build the other one first, or with the same gradient_accumulation_steps)",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,
