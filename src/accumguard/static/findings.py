@@ -1142,6 +1142,13 @@ RULES: dict[str, Rule] = {
             "hand the training's Accelerator to the helper instead of building another (or "
             "build the other one first, or with the same gradient_accumulation_steps)",
         ),
+        _rule(
+            "AG341", "module-fabric-never-set-up", "F10", E, MED,
+            "a module an optimizer steps that a data-parallel Fabric never set up: its "
+            "gradients are never averaged over the ranks",
+            "give it to fabric.setup / fabric.setup_module too (or set up the module that "
+            "holds it), so Fabric averages its gradients",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,
