@@ -1149,6 +1149,12 @@ RULES: dict[str, Rule] = {
             "give it to fabric.setup / fabric.setup_module too (or set up the module that "
             "holds it), so Fabric averages its gradients",
         ),
+        _rule(
+            "AG342", "tail-stepped-after-unsynced-loop", "F11", E, MED,
+            "an optimizer step after the loop for the epoch's leftover micro-batches, whose "
+            "backwards ran under no_sync (the loop syncs at multiples of K only)",
+            "synchronise the epoch's last micro-batch too and step it inside the loop",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

@@ -17,6 +17,11 @@ closes_window or i + 1 == n_total:``) while the gradient sync is decided by ``fl
 short last one) is stepped on a gradient that was never reduced. Under FSDP2 the unsharded
 gradient never reaches the sharded one the optimizer steps (that window's update is lost and
 its gradient leaks into the next window); under DDP each rank steps on its own gradient.
+
+AG342 (F11): inside the loop the sync is decided by a test true only at multiples of K
+(``boundary = (i + 1) % K == 0``, ``no_sync()`` otherwise), and after the loop an optimizer
+step applies the epoch's leftover micro-batches (``if len(loader) % K: step()``): their
+backwards all ran under ``no_sync``, so each rank steps on its own gradient.
 """
 
 from __future__ import annotations
@@ -178,3 +183,97 @@ def step_test_wider_than_sync(ctx: FileContext) -> Iterator[Finding]:
                 fix=f"synchronise on the same test the step uses: `{flag} = "
                     f"{ast.unparse(values[0])} or {' or '.join(ast.unparse(e) for e in extra)}`",
             )
+
+
+def _sync_decider(loop: ast.AST) -> tuple[ast.AST, ast.AST] | None:
+    """(what decides the sync in ``loop``, where): the test of an ``if``/conditional choosing
+    ``no_sync()``, the value assigned to ``require_backward_grad_sync``, or the argument of
+    ``set_requires_gradient_sync``."""
+    for n in ast.walk(loop):
+        if isinstance(n, ast.IfExp | ast.If) and any(
+                isinstance(c, ast.Call) and call_attr(c) in _SYNC_CALLS for c in _branches(n)):
+            return n.test, n
+        if isinstance(n, ast.Assign) and any(
+                isinstance(t, ast.Attribute) and t.attr == _SYNC_FLAG for t in n.targets):
+            return n.value, n
+        if isinstance(n, ast.Call) and call_attr(n) == "set_requires_gradient_sync" and n.args:
+            return n.args[0], n
+    return None
+
+
+def _multiples_of_k_only(ctx: FileContext, test: ast.AST, scope: ast.AST) -> bool:
+    """``test`` (or the one value of the name it is) is true only at multiples of K:
+    ``(i + 1) % K == 0`` with no ``or`` for an epoch's last micro-batch."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return False
+    if isinstance(test, ast.Name):
+        values = ctx.assigned_in(scope).get(test.id, [])
+        if len(values) != 1:
+            return False
+        test = values[0]
+    return (isinstance(test, ast.Compare) and len(test.ops) == 1
+            and isinstance(test.ops[0], ast.Eq)
+            and any(isinstance(m, ast.BinOp) and isinstance(m.op, ast.Mod)
+                    and ctx.mentions_accum(m.right) for m in ast.walk(test.left)))
+
+
+def _steps(ctx: FileContext, stmt: ast.AST) -> list[tuple[ast.Call, str]]:
+    """The optimizer steps ``stmt`` runs, each with what it steps: ``opt.step()`` (the
+    optimizer's name), or a call of a function of the file whose body makes one (the
+    function's name)."""
+    out = []
+    for c in ast.walk(stmt):
+        if not isinstance(c, ast.Call):
+            continue
+        if call_attr(c) == "step" and ctx.kind_of_receiver(receiver(c)) == "optimizer":
+            out.append((c, dotted(receiver(c)) or "?"))
+            continue
+        fn = ctx.callee_of(c)
+        if fn is not None and any(
+                isinstance(s, ast.Call) and call_attr(s) == "step"
+                and ctx.kind_of_receiver(receiver(s)) == "optimizer" for s in ast.walk(fn)):
+            out.append((c, f"{fn.name}()"))
+    return out
+
+
+def _between(ctx: FileContext, node: ast.AST, top: ast.AST) -> Iterator[ast.AST]:
+    """The ancestors of ``node`` up to ``top`` (``top`` included)."""
+    cur = ctx.parents.get(node)
+    while cur is not None:
+        yield cur
+        if cur is top:
+            return
+        cur = ctx.parents.get(cur)
+
+
+@rule("AG342")
+def tail_stepped_after_unsynced_loop(ctx: FileContext) -> Iterator[Finding]:
+    for loop in ctx.of(ast.For):
+        parent = ctx.parents.get(loop)
+        body = next((b for b in (getattr(parent, f, None) for f in ("body", "orelse"))
+                     if isinstance(b, list) and loop in b), None)
+        decided = _sync_decider(loop)
+        inside = {what for _, what in _steps(ctx, loop)}
+        if body is None or decided is None or not inside:
+            continue
+        test, where = decided
+        if isinstance(where, ast.Call) or not _multiples_of_k_only(ctx, test, ctx.scope_of(loop)):
+            continue  # (FSDP2's flag: the leftover's update is lost instead, AG178's wording)
+        values = ctx.assigned_in(ctx.scope_of(loop)).get(test.id, []) \
+            if isinstance(test, ast.Name) else []
+        shown = f"`{ast.unparse(test)}`" + (f" (= `{ast.unparse(values[0])}`)" if values else "")
+        after = [st for st in body[body.index(loop) + 1:] if not isinstance(st, LOOPS)]
+        # (the same optimizer, outside any later loop: a reference run's is another)
+        step = next((c for st in after for c, what in _steps(ctx, st) if what in inside
+                     and not any(isinstance(a, LOOPS) for a in _between(ctx, c, st))), None)
+        if step is None:
+            continue
+        yield ctx.finding(
+            "AG342", step,
+            f"this step after the loop applies the epoch's leftover micro-batches, but inside "
+            f"the loop the gradient is synchronised only on {shown} (line "
+            f"{getattr(where, 'lineno', '?')}), true at multiples of K: the leftover "
+            "micro-batches' backwards all ran without the reduction, so each rank steps on its "
+            "own gradient and the ranks drift apart",
+            fix="synchronise the epoch's last micro-batch too (`boundary = (i + 1) % K == 0 or "
+                "i + 1 == len(loader)`), and step it inside the loop")
