@@ -137,8 +137,9 @@ def _factors(expr: ast.AST) -> tuple[list[ast.AST], list[ast.AST]]:
 @rule("AG321")
 def loss_times_world_over_mean_count(ctx: FileContext) -> Iterator[Finding]:
     for binop in ctx.of(ast.BinOp):
-        if not isinstance(binop.op, ast.Div) or isinstance(ctx.parents.get(binop), ast.BinOp):
-            continue
+        if not isinstance(binop.op, ast.Div | ast.Mult) \
+                or isinstance(ctx.parents.get(binop), ast.BinOp):
+            continue  # (the whole chain: `x / n * W` is a product over a quotient)
         up, down = _factors(binop)
         scope = ctx.scope_of(binop)
         if not down or not any(_world(ctx, scope, f) for f in up):

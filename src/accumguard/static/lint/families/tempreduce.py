@@ -33,9 +33,13 @@ _INT_DTYPES = ("long", "int64", "int32", "int", "int16", "int8", "uint8")
 def _int_made(value: ast.AST) -> bool:
     """``torch.tensor(<integer expression>)`` without a float dtype, any tensor maker given
     an integer dtype, ``(labels != -100).sum()`` (a count of a boolean mask),
-    ``x.long()``, ``torch.count_nonzero(...)``."""
+    ``x.long()``, ``torch.count_nonzero(...)``, Python's ``sum`` of such counts."""
     if not isinstance(value, ast.Call):
         return False
+    if isinstance(value.func, ast.Name) and value.func.id == "sum" and len(value.args) == 1 \
+            and isinstance(value.args[0], ast.GeneratorExp | ast.ListComp) \
+            and _int_made(value.args[0].elt):
+        return True  # Python's sum of integer tensors (the window's mask counts) is one
     attr = call_attr(value)
     if attr in ("long", "int", "count_nonzero") and (attr == "count_nonzero" or not value.args):
         return True
