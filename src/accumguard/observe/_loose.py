@@ -64,11 +64,15 @@ class LooseParameters:
             elif self.engine == "deepspeed":
                 module = getattr(self._ds_engine, "module", None)
                 stage = getattr(self._ds_engine, "zero_optimization_stage", None)
-                if module is None or not callable(stage) or stage() != 0:
+                ds_opt = getattr(self._ds_engine, "optimizer", None)
+                # a torch optimizer of the script's own beside the engine (a loss weighting's
+                # SGD) steps what no engine reduces, whatever the ZeRO stage
+                own = opt is ds_opt or opt is getattr(ds_opt, "optimizer", None)
+                if module is None or not callable(stage) or (own and stage() != 0):
                     return None  # (ZeRO-1/2/3 reduce every partition of the optimizer's groups)
                 with self._quiet():
                     held = {id(p) for p in module.parameters()}
-                if not any(id(p) in held for p in params):
+                if own and not any(id(p) in held for p in params):
                     return None  # not the module's own tensors: nothing to compare them with
                 loose = [p for p in params if id(p) not in held and p.requires_grad]
             else:

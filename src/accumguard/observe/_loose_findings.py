@@ -1,5 +1,5 @@
 """The F10 findings for parameters a data-parallel engine never reduces, in the engine's
-words: DDP's registered set, DeepSpeed ZeRO-0's engine module (the step record's
+words: DDP's registered set, the DeepSpeed engine's module (the step record's
 ``unwrapped``, read by :mod:`._rank_rules` when the ranks' received gradients differ), and
 the comparisons of those parameters' gradients across ranks (DDP's loose ``.grad`` read after
 the step, FSDP2's parameters outside every ``fully_shard`` unit)."""
@@ -35,9 +35,9 @@ def ddp_loose_finding(step: int, evidence: str, loose: list[str]) -> Finding:
 def ds_loose_finding(step: int, evidence: str, loose: list[str]) -> Finding:
     return _mk("F10", "error", None, step, None,
                evidence + f"; the optimizer steps parameters the DeepSpeed engine's module "
-               f"does not hold ({', '.join(loose)}): under ZeRO stage 0 the engine averages "
-               "the gradients of its own module's parameters only, so each rank steps those "
-               "on its own gradient",
+               f"does not hold ({', '.join(loose)}): the engine averages the gradients of "
+               "its own module's parameters only (at every ZeRO stage), so each rank steps "
+               "those on its own gradient",
                title_="parameters outside the DeepSpeed engine's module are never averaged "
                       "over the ranks",
                fix="Make the module that holds them (a loss module's learnable weights) a "
@@ -54,10 +54,12 @@ def spread(sums: list[list[float]]) -> float:
 
 def loose_grads_differ(step: int, row: dict[int, StepWindow]) -> Finding | None:
     """DDP, where the step's own checksum does not cover them (not kept: a backward inside
-    the step's closure, Lightning; or they are not the wrapped model's): the ``.grad`` of the
-    stepped parameters DDP does not reduce, read right after the step, differs across
-    ranks."""
-    if len(row) < 2 or any(s.engine != "ddp" for s in row.values()):
+    the step's closure, Lightning; or they are not the wrapped model's), and DeepSpeed (a
+    torch optimizer of the script's own stepping what the engine's module does not hold): the
+    ``.grad`` of the stepped parameters no engine reduces, read right after the step, differs
+    across ranks."""
+    engines = {s.engine for s in row.values()}
+    if len(row) < 2 or len(engines) != 1 or not engines <= {"ddp", "deepspeed"}:
         return None
     sums = {r: s.loose_checksum for r, s in row.items() if s.loose_checksum}
     names = next((s.unwrapped for s in row.values() if s.unwrapped), None)
@@ -65,6 +67,10 @@ def loose_grads_differ(step: int, row: dict[int, StepWindow]) -> Finding | None:
         return None
     if _loose_spread(list(sums.values())) <= 1e-5:
         return None
+    if engines == {"deepspeed"}:
+        return ds_loose_finding(step, f"the gradient of the parameters the DeepSpeed engine "
+                                f"does not hold differs across ranks at step {_n(step)} "
+                                f"({_loose_text(sums)}, read after the step)", names)
     return ddp_loose_finding(step, f"the gradient of the parameters DDP does not reduce "
                               f"differs across ranks at step {_n(step)} ({_loose_text(sums)}, "
                               "read after the step)", names)
