@@ -1155,6 +1155,14 @@ RULES: dict[str, Rule] = {
             "backwards ran under no_sync (the loop syncs at multiples of K only)",
             "synchronise the epoch's last micro-batch too and step it inside the loop",
         ),
+        _rule(
+            "AG343", "hf-scaled-flag-false-on-window-share", "LOSS_SCALE", E, MED,
+            "an HF Trainer subclass with loss_is_scaled_for_ga = False whose compute_loss is "
+            "already normalised by num_items_in_batch: divided by K twice",
+            "drop `loss_is_scaled_for_ga = False` and divide only the per-micro-batch terms by "
+            "self.current_gradient_accumulation_steps (or return the summed loss over "
+            "num_items_in_batch for every term)",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

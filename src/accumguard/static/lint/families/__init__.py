@@ -26,6 +26,7 @@
 ``hfscale``    AG136               an HF compute_loss normalised by num_items_in_batch and divided by K;
                AG143               ... or never multiplied by the number of processes (G / W);
                AG118 AG174         ... or a per-micro-batch mean that ignores num_items_in_batch (x K when flagged scaled)
+               AG343               ... or flagged not scaled while normalised by num_items_in_batch (/ K twice)
 ``hfterms``    AG142               an HF Trainer loss term that is a micro-batch mean beside a
                                    num_items_in_batch-normalised term, not divided by K
 ``fsdpunits``  AG156 AG181         an FSDP2 divide factor set on one unit of several; sync back on

@@ -19,6 +19,14 @@ first applied to the second (inline, or through a name the method assigns).
 AG118 (F5, at the end): a ``compute_loss`` override that returns a per-micro-batch mean and
 never uses ``num_items_in_batch``; AG174 (LOSS_SCALE) beside it when the class sets
 ``loss_is_scaled_for_ga = True``: the Trainer then never divides by K, K x the large batch.
+
+AG343 (LOSS_SCALE): the class sets ``loss_is_scaled_for_ga = False`` (to have the Trainer
+divide an added per-micro-batch penalty by K) while ``compute_loss`` takes its main loss
+already normalised by ``num_items_in_batch`` (``super().compute_loss(...,
+num_items_in_batch=num_items_in_batch)``, the model given the count, or a division by it):
+the Trainer divides that loss by K a second time. Silent when the model is a class of the
+file whose ``forward`` takes no ``**kwargs`` (the Trainer then passes no count), when the
+method divides by K itself, or when K is 1.
 """
 
 from __future__ import annotations
@@ -475,3 +483,37 @@ def hf_compute_loss_ignores_num_items(ctx: FileContext) -> Iterator[Finding]:
                 f"({what}), not the window's share: the window's gradient is the sum of K "
                 "micro-batch means, K times the large batch's",
             )
+
+
+def _window_share(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> ast.AST | None:
+    """Where ``fn`` takes a loss already normalised over the window's count: the base class's
+    ``compute_loss`` or the model given ``num_items_in_batch=num_items_in_batch``, or a
+    division by ``num_items_in_batch``."""
+    for n in walk_all(fn):
+        if isinstance(n, ast.Call) and any(
+                k.arg == _NUM_ITEMS and dotted(k.value) == _NUM_ITEMS for k in n.keywords):
+            return n
+        if (d := division(n)) is not None and dotted(d[1]) == _NUM_ITEMS:
+            return n
+    return None
+
+
+@rule("AG343")
+def hf_scaled_flag_false_on_window_share(ctx: FileContext) -> Iterator[Finding]:
+    """A ``Trainer`` subclass that sets ``loss_is_scaled_for_ga = False`` (so the Trainer
+    divides ``compute_loss``'s result by K) while the method's loss is already the window's
+    share (normalised by ``num_items_in_batch``): that part is divided by K twice."""
+    for cls, fn in ctx.trainer_compute_losses():
+        if _scaled_flag(cls) is not False:
+            continue
+        site = _window_share(fn)
+        if site is None or ctx.trainer_ga()[0] == 1 or _model_without_loss_kwargs(ctx, cls) is not None:
+            continue  # (a model without **kwargs gets no count: the Trainer's / K is then right)
+        if any((d := division(n)) is not None and ctx.mentions_accum(d[1]) for n in walk_all(fn)):
+            continue  # it undoes the Trainer's division itself
+        yield ctx.finding(
+            "AG343", site,
+            f"`{cls.name}` sets `loss_is_scaled_for_ga = False`, so the Trainer divides "
+            f"`compute_loss`'s result by K, but `{ast.unparse(site)}` is already normalised "
+            "by `num_items_in_batch`, the window's count: that loss is divided by K twice "
+            "(its gradient is 1/K of the large batch's)")
