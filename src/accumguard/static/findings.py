@@ -1163,6 +1163,12 @@ RULES: dict[str, Rule] = {
             "self.current_gradient_accumulation_steps (or return the summed loss over "
             "num_items_in_batch for every term)",
         ),
+        _rule(
+            "AG344", "modules-in-a-plain-container", "F10", E, HI,
+            "modules an optimizer steps held in a plain dict or list under a data-parallel "
+            "wrapper: never registered, so their gradients are never averaged over the ranks",
+            "hold them in an nn.ModuleDict or nn.ModuleList",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,
