@@ -1169,6 +1169,13 @@ RULES: dict[str, Rule] = {
             "wrapper: never registered, so their gradients are never averaged over the ranks",
             "hold them in an nn.ModuleDict or nn.ModuleList",
         ),
+        _rule(
+            "AG345", "fsdp2-divide-factor-k-and-loss-over-k", "LOSS_SCALE", E, MED,
+            "FSDP2's gradient divide factor set to K x W while the loss is divided by K too: "
+            "divided by K twice",
+            "keep one division by K: the world size as the divide factor (FSDP2's default) "
+            "with the loss divided by K, or K x W with the loss undivided",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

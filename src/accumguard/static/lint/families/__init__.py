@@ -106,7 +106,7 @@
                a resume at the saved index of a micro-batch already trained
 ``lastpass``   AG320               a gradient list replaced per loop pass, reduced after the loop
 ``meancount``  AG321               a loss x world size over a count the ranks averaged
-``fsdpfactor`` AG323               FSDP2's gradient divide factor set to K without the world size
+``fsdpfactor`` AG323 AG345         FSDP2's gradient divide factor set to K without the world size, or K x W beside a loss / K
 ``gatedclip``  AG324               a step helper clipping on every call, stepping on its boundary flag
 ``hfheld``     AG325               a module held on an HF Trainer subclass, outside its model, stepped
 ``coefstep``   AG330               a loss coefficient's controller updated on every micro-step

@@ -40,6 +40,7 @@ from accumguard.static.lint.families._rankavg import (
     summed_over_ranks,
 )
 from accumguard.static.lint.families.deepspeed import _local_funcs, _name_values, _plain_loss
+from accumguard.static.lint.families.fsdpfactor import resolved_factor
 
 __all__ = ["global_count_then_ddp_average", "loss_divisions_by_rank_sum",
            "mean_loss_never_divided_by_k"]
@@ -159,7 +160,8 @@ def divide_factor_with_k(ctx: FileContext) -> bool:
     """FSDP2's ``set_gradient_divide_factor`` is given an expression with K: the engine
     divides the window's sum by it (the division by K the loss does not carry)."""
     return any(isinstance(c, ast.Call) and call_attr(c) == "set_gradient_divide_factor"
-               and any(ctx.mentions_accum(a) for a in c.args) for c in ctx.of(ast.Call))
+               and any(ctx.mentions_accum(resolved_factor(ctx, a)) for a in c.args)
+               for c in ctx.of(ast.Call))
 
 
 @rule("AG122")
