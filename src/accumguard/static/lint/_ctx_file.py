@@ -452,6 +452,16 @@ class FileIndex:
                             and f.name in ("step", "zero_grad") for f in cls.body)}
         return self._cached("wrapper_instances", self.tree, compute)  # type: ignore[no-any-return]
 
+    def helper_instances(self) -> dict[str, ast.ClassDef]:
+        """Names bound only to instances of a plain class of the file (no base class, or
+        ``object``: a gradient monitor, a logger), whose methods are the class's own code
+        (cached). Modules, optimizers, datasets and framework subclasses are not: their
+        calls run library code too."""
+        def compute() -> dict[str, ast.ClassDef]:
+            return {name: cls for name, cls in self._instances().items()
+                    if all(dotted(b) == "object" for b in cls.bases)}
+        return self._cached("helper_instances", self.tree, compute)  # type: ignore[no-any-return]
+
     def is_accelerator(self, expr: ast.AST | None) -> bool:
         """``expr`` names an Accelerate ``Accelerator``: its name says so, or it is assigned
         from ``Accelerator(...)`` in the file (``acc``, ``self.accel``)."""

@@ -6,8 +6,9 @@ Two questions, both answered from one index of the file's definitions and calls:
 * :meth:`ReachFacts.callee_of` — the one function of the file a call runs: ``name(...)``
   (a function, module-level or nested), ``self.name(...)`` (a method of the caller's own
   class) or ``obj.name(...)`` for an instance of a wrapper class of the file
-  (:meth:`~._ctx_file.FileIndex.wrapper_instances`); None when the name is defined more than
-  once (which one runs cannot be told).
+  (:meth:`~._ctx_file.FileIndex.wrapper_instances`) or of a plain helper class of the file (a
+  gradient monitor, :meth:`~._ctx_file.FileIndex.helper_instances`); None when the name is
+  defined more than once (which one runs cannot be told).
 * :meth:`ReachFacts.reach_from` — the functions without a backward of their own that a
   window (and its backward helpers) calls, followed through helpers calling helpers up to
   :data:`MAX_DEPTH` deep: ``self._update()`` -> ``self._apply()`` -> ``self.opt.step()``.
@@ -50,6 +51,10 @@ class ReachFacts(BoundaryFacts):
                 dotted(call.func.value) or "")) is not None:
             hits = [f for f in cls.body if isinstance(f, FUNCS) and f.name == call.func.attr]
             return hits[0] if len(hits) == 1 else None  # `optim_wrapper.step()`: the class's own step
+        elif isinstance(call.func, ast.Attribute) and (cls := self.helper_instances().get(
+                dotted(call.func.value) or "")) is not None:
+            hits = [f for f in cls.body if isinstance(f, FUNCS) and f.name == call.func.attr]
+            return hits[0] if len(hits) == 1 else None  # `monitor.observe(model)`: its method
         else:
             return None
         fns = self.defs_by_name().get(name, [])
