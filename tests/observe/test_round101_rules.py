@@ -31,3 +31,16 @@ def test_windows_short_by_a_skipped_micro_step_are_no_leak() -> None:
     found = judge_recorded("r101_skipped_micro_steps_inferred_k")
     assert [f for f in found if f.severity in ("error", "warning")] == [], found
     assert any(f.cls == "F7" and f.severity == "note" for f in found), found
+
+
+def test_the_returned_optimizers_zero_grad_inside_a_zero1_window_is_f3() -> None:
+    """Blind round 123 a_b03: a single-process loop ported to ZeRO-1 keeps its
+    ``optimizer.zero_grad()`` before every micro-batch, on the optimizer
+    ``deepspeed.initialize`` returned (not the engine's ``zero_grad``): it was not counted, and
+    the run said nothing. Recorded on 2 gloo ranks; the twin without the clear is silent."""
+    errors = [f for f in judge_recorded("r123_ds_zero1_optimizer_zero_grad_each_micro_step")
+              if f.severity == "error"]
+    assert {f.cls for f in errors} == {"F3"}, errors
+    assert "deepspeed.initialize returned" in errors[0].evidence
+    assert [f for f in judge_recorded("r123_ds_zero1_no_clear_inside_the_window")
+            if f.severity == "error"] == []

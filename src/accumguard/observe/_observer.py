@@ -385,6 +385,8 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
             _when_imported(name, lambda module: fs.guard(f"patching {name}", fn, module))
 
         when_imported("deepspeed.runtime.engine", lib(_patch_deepspeed.patch_engine, self))
+        when_imported("deepspeed.runtime.zero.stage_1_and_2",
+                      lib(_patch_deepspeed.patch_zero_optimizer, self))
         if self.auto_roots:
             when_imported("torch.nn.parallel.distributed", lib(_patch_torch.patch_ddp_init, self))
             when_imported("torch._dynamo.eval_frame", lib(_patch_torch.patch_compiled, self))

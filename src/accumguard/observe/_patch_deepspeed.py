@@ -22,7 +22,7 @@ from accumguard.observe._failsafe import Maker, Original
 from accumguard.observe._patch_torch import zero_wrapper
 from accumguard.observe._seams import EngineHost, PatchHost, as_deepspeed
 
-__all__ = ["note_engine", "patch_engine", "patch_schedules"]
+__all__ = ["note_engine", "patch_engine", "patch_schedules", "patch_zero_optimizer"]
 
 
 def patch_engine(obs: PatchHost, mod: ModuleType) -> None:
@@ -37,6 +37,16 @@ def patch_engine(obs: PatchHost, mod: ModuleType) -> None:
         # which it overrides, is the one counted otherwise): counted as a module's
         obs.patches.wrap(cls, "zero_grad", zero_wrapper(obs, "module"))
         obs.counter.install_deepspeed()
+
+
+def patch_zero_optimizer(obs: PatchHost, mod: ModuleType) -> None:
+    """Count ``zero_grad`` of the ZeRO-1/2 optimizer (``deepspeed.runtime.zero.stage_1_and_2``)
+    like the engine's: the optimizer ``deepspeed.initialize`` returns sets every ``.grad`` to
+    None too, and a script ported from a single-process loop calls it on every micro-batch.
+    (The engine's own calls inside its step are not counted: ``_ds_step_depth``.)"""
+    cls = getattr(mod, "DeepSpeedZeroOptimizer", None)
+    if obs.installed and cls is not None and "zero_grad" in vars(cls):
+        obs.patches.wrap(cls, "zero_grad", zero_wrapper(obs, "module"))
 
 
 def patch_schedules(obs: PatchHost, mod: ModuleType) -> None:

@@ -360,14 +360,15 @@ def _rank_findings(rank: int, steps: Sequence[StepRecord], info: JsonObject,
                            f"{n} backward passes of the window before optimizer step "
                            f"{_n(step)}; ZeRO-{stage} keeps the window's gradient in the "
                            "parameters' .grad until the accumulation boundary, and "
-                           "engine.zero_grad() sets it to None: only the micro-batches after "
-                           "the last clear reach the optimizer",
-                           title_="engine.zero_grad() inside the window: the micro-batches "
+                           "zero_grad() (the engine's, or that of the optimizer "
+                           "deepspeed.initialize returned) sets it to None: only the "
+                           "micro-batches after the last clear reach the optimizer",
+                           title_="zero_grad() inside the window: the micro-batches "
                                   "before it never reach the optimizer",
                            fix="Do not clear inside the window: DeepSpeed clears the "
                                "gradients itself after the step at its boundary (remove the "
-                               "engine.zero_grad() call, or call it only after a step that "
-                               "stepped)."))
+                               "engine.zero_grad() or optimizer.zero_grad() call, or make it "
+                               "only after a step that stepped)."))
             continue
         cleared = max(w.zero_micros or [0])  # (a clip before a clear: of what it discarded)
         early_clips = [c for c in (w.clip_micros or [])  # (a clip before any: no F8)
