@@ -69,7 +69,7 @@ def _engine_walks(ctx: FileContext, loader: str) -> bool:
 
 def _shown(source: ast.AST, parts: list[ast.AST]) -> str:
     text = f"`{ast.unparse(source)}`"
-    return text + f" = `{ast.unparse(parts[1])}`" if len(parts) > 1 else text
+    return text + f" = `{ast.unparse(parts[1])}`" if len(parts) > 1 and isinstance(source, ast.Name) else text
 
 
 def deepspeed_micro_horizons(ctx: FileContext) -> list[tuple[ast.AST, str]]:
@@ -89,6 +89,9 @@ def deepspeed_micro_horizons(ctx: FileContext) -> list[tuple[ast.AST, str]]:
                 or horizon is None or ga is None or ga < 2:
             continue
         source = _from_caller(ctx, horizon)
+        if isinstance(source, ast.Call) and (fn := ctx.callee_of(source)) is not None:
+            rets = [r.value for r in ast.walk(fn) if isinstance(r, ast.Return) and r.value is not None]
+            source = rets[0] if len(rets) == 1 else source  # `self.total_training_steps()`
         parts = expand(ctx, source)
         loaders = len_args(parts)
         if len(loaders) != 1 or divides(parts) or any(

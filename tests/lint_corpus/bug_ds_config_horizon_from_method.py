@@ -1,0 +1,38 @@
+# corpus: style=deepspeed class=F4
+"""A DeepSpeed trainer class whose config's WarmupDecayLR horizon comes from a method counting
+the loader's micro-batches (blind round 123 a_b01): GA x longer than training."""
+from dataclasses import dataclass
+
+import deepspeed
+
+
+@dataclass
+class Cfg:
+    num_epochs: int = 2
+    grad_accum_steps: int = 3
+
+
+class Trainer:
+    def __init__(self, cfg, model, loader):
+        self.cfg, self.loader = cfg, loader
+        self.engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                                    config=self.ds_config())
+
+    def total_training_steps(self):
+        return self.cfg.num_epochs * len(self.loader)
+
+    def ds_config(self):
+        c = self.cfg
+        return {
+            "train_micro_batch_size_per_gpu": 4,
+            "gradient_accumulation_steps": c.grad_accum_steps,
+            "gradient_clipping": 0.0,
+            "scheduler": {"type": "WarmupDecayLR",
+                          "params": {"total_num_steps": self.total_training_steps()}},  # expect: AG124
+        }
+
+    def train_epoch(self):
+        for x, y in self.loader:
+            loss = self.engine(x, y)
+            self.engine.backward(loss)
+            self.engine.step()
