@@ -1176,6 +1176,13 @@ RULES: dict[str, Rule] = {
             "keep one division by K: the world size as the divide factor (FSDP2's default) "
             "with the loss divided by K, or K x W with the loss undivided",
         ),
+        _rule(
+            "AG346", "unfrozen-after-prepare", "F10", W, MED,
+            "a parameter unfrozen after accelerator.prepare wrapped the model in DDP: never "
+            "averaged over the ranks",
+            "unfreeze before accelerator.prepare (let the optimizer skip it until then: a zero "
+            "learning rate for its group), or all-reduce its gradient by hand before each step",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,
