@@ -32,9 +32,27 @@ def _sets_no_loss_kwargs(cls: ast.ClassDef) -> bool:
                                                  for t in n.targets) for n in cls.body)
 
 
+#: transformers' shared heads (``modeling_layers.py``) whose ``forward`` takes ``**kwargs``
+#: and calls ``self.loss_function`` without them: a plain mean, whatever the count
+_GENERIC_MEAN_HEADS = ("GenericForSequenceClassification", "GenericForTokenClassification")
+
+
+def _loss_function_without_count(src_fn: ast.FunctionDef) -> bool:
+    """``forward`` calls ``self.loss_function(...)`` only without ``**kwargs`` and without
+    ``num_items_in_batch``: the loss is the library's mean over the micro-batch."""
+    calls = [n for n in ast.walk(src_fn) if isinstance(n, ast.Call)
+             and isinstance(n.func, ast.Attribute) and n.func.attr == "loss_function"]
+    return bool(calls) and all(
+        all(k.arg is not None and k.arg != "num_items_in_batch" for k in c.keywords)
+        for c in calls)
+
+
 def mean_loss_classes(root: Path) -> list[str]:
-    """Model classes whose ``forward`` takes ``**kwargs`` and computes a plain mean loss
-    without ``self.loss_function`` or ``num_items_in_batch``."""
+    """Model classes whose ``forward`` takes ``**kwargs`` and computes a plain mean loss:
+    a torch loss without ``self.loss_function`` or ``num_items_in_batch``, or
+    ``self.loss_function`` called without the count by a classification head (sequence,
+    token, image: its own forward or transformers' shared one; a detection loss's own
+    normalisation is not read)."""
     out: set[str] = set()
     for path in sorted(root.glob("models/*/modeling_*.py")):
         try:
@@ -45,12 +63,18 @@ def mean_loss_classes(root: Path) -> list[str]:
             if not isinstance(cls, ast.ClassDef) or _sets_no_loss_kwargs(cls):
                 continue
             fwd = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "forward"), None)
-            if fwd is None or fwd.args.kwarg is None:
+            if fwd is None:
+                if any((b.id if isinstance(b, ast.Name) else "") in _GENERIC_MEAN_HEADS
+                       for b in cls.bases):
+                    out.add(cls.name)  # the shared head's forward (see _GENERIC_MEAN_HEADS)
+                continue
+            if fwd.args.kwarg is None:
                 continue
             src = ast.unparse(fwd)
-            if "labels" not in src or "loss_function" in src or "num_items_in_batch" in src:
+            if "labels" not in src or "num_items_in_batch" in src:
                 continue
-            if _PLAIN_LOSS.search(src):
+            if ("loss_function" not in src and _PLAIN_LOSS.search(src)) \
+                    or (cls.name.endswith("Classification") and _loss_function_without_count(fwd)):
                 out.add(cls.name)
     return sorted(out)
 
