@@ -213,6 +213,13 @@ def test_an_accumulation_option_that_never_reaches_the_loop_is_f1() -> None:
     assert "world size down to 1" in div[0].title
     assert _dropped_option_findings(
         rec, findings, ["python", str(corpus / "ok_nanogpt_job_k_divided_by_world.py")]) == []
+    # blind round 124 c_b03: a config filtered to Lightning's Trainer signature (lint AG347)
+    sig = _dropped_option_findings(
+        rec, findings, ["python", str(corpus / "bug_lightning_config_filtered_to_trainer_signature.py")])
+    assert [(f.cls, f.severity) for f in sig] == [("F1", "error")], sig
+    assert "grad_accum_steps" in sig[0].evidence
+    assert _dropped_option_findings(
+        rec, findings, ["python", str(corpus / "ok_lightning_config_filtered_with_k_mapped.py")]) == []
 
 
 def test_a_schedule_error_only_the_source_shows_is_kept_when_the_run_confirms_it() -> None:

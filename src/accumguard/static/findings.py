@@ -1183,6 +1183,14 @@ RULES: dict[str, Rule] = {
             "unfreeze before accelerator.prepare (let the optimizer skip it until then: a zero "
             "learning rate for its group), or all-reduce its gradient by hand before each step",
         ),
+        _rule(
+            "AG347", "accumulation-field-dropped-by-signature-filter", "F1", E, HI,
+            "a config dataclass filtered to a constructor's signature (Lightning's Trainer, "
+            "TrainingArguments, Accelerator) whose accumulation field is named otherwise: "
+            "dropped, K stays 1",
+            "name the field after the constructor's keyword (accumulate_grad_batches, "
+            "gradient_accumulation_steps) or pass it explicitly",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

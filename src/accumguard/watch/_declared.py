@@ -412,15 +412,15 @@ def _apply(how: str, a: int, b: int) -> int | None:
 
 def dropped_accumulation_option(command: Sequence[str], cwd: str | None = None
                                 ) -> tuple[str, Any] | None:
-    """What lint says (AG187, AG191, AG322, AG335 at error level) when the command's script declares
+    """What lint says (AG187, AG191, AG322, AG335, AG347 at error level) when the command's script declares
     an accumulation K that never reaches what accumulates: an option the config its loop
     reads filters out (a dataclass filtered to its fields, ``parse_dict(allow_extra_keys=
-    True)``), an Accelerator built without it around ``accumulate()``, a per-rank count
+    True)``, a config filtered to a constructor's signature), an Accelerator built without it around ``accumulate()``, a per-rank count
     divided by the world size; the run then uses 1. (the text with the script's line, the lint finding), or None when the
     script cannot be read or says no such thing."""
     found = script_lint_errors(command, cwd)
     hits = [] if found is None else [f for f in found[1]
-                                     if f.code in ("AG187", "AG191", "AG322", "AG335")]
+                                     if f.code in ("AG187", "AG191", "AG322", "AG335", "AG347")]
     if found is None or not hits:
         return None
     return f"{found[0].name}:{hits[0].line}: {hits[0].evidence}", hits[0]

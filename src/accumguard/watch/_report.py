@@ -296,7 +296,7 @@ def _dropped_option_findings(rec: RunRecording, findings: list[Finding],
                              command: Sequence[str]) -> list[Finding]:
     """F1 when every optimizer step of every rank came after a single backward pass and the
     script's accumulation setting never reaches what accumulates (lint's AG187, AG191,
-    AG322 or AG335, at error level): the K the command asks for is not the K the run used."""
+    AG322, AG335 or AG347, at error level): the K the command asks for is not the K the run used."""
     from accumguard.observe._records import _mk
     from accumguard.watch._declared import dropped_accumulation_option
 

@@ -80,7 +80,7 @@
 ``wrapbypass`` AG189 AG196 AG300   the training forward on the module a DDP wrapper was made from
                AG301               (or on `ddp.module`); a parameter unfrozen after DDP was built;
                                    a submodule replaced on the inner module after wrapping
-``argdrop``    AG187 AG191 AG326 AG328   a command-line accumulation option filtered out before the config;
+``argdrop``    AG187 AG191 AG326 AG328 AG347 a command-line accumulation option filtered out before the config;
                                    an accumulation key parse_dict(allow_extra_keys=True) drops
 ``lowbuffer``  AG197               gradients folded into hand-made bf16/fp16 accumulation buffers
 ``stephorizon`` AG198 AG339        a count of optimizer steps multiplied (HF num_training_steps) or divided

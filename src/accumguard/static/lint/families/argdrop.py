@@ -1,6 +1,9 @@
 """AG187 (F1): a command-line accumulation option that never reaches the config object.
 AG191 (F1): an accumulation key ``HfArgumentParser.parse_dict(..., allow_extra_keys=True)``
 drops because it is not a ``TrainingArguments`` field.
+AG347 (F1): a config dataclass filtered to a constructor's signature
+(``inspect.signature(pl.Trainer.__init__).parameters``) whose accumulation field is named
+otherwise than the constructor's keyword: dropped, K stays 1.
 
 A script parses ``--gradient-accumulation-steps`` with argparse and builds its config
 dataclass from the parsed options filtered to the dataclass's fields
@@ -43,8 +46,8 @@ from accumguard.static.lint._ast import ACCUM_RE, call_attr, dotted
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 
-__all__ = ["accumulation_key_dropped_by_parse_dict", "accumulation_option_dropped",
-           "clip_none_dropped_by_filter"]
+__all__ = ["accumulation_field_dropped_by_signature_filter", "accumulation_key_dropped_by_parse_dict",
+           "accumulation_option_dropped", "clip_none_dropped_by_filter"]
 
 
 def _options(ctx: FileContext) -> list[tuple[ast.Call, str, object]]:
@@ -297,3 +300,70 @@ def clip_none_dropped_by_filter(ctx: FileContext) -> Iterator[Finding]:
                 "exceeds 1")
             yield replace(f, severity=Severity.WARNING, confidence=Confidence.MEDIUM)
             return
+
+
+#: what each constructor calls its accumulation count
+_TARGET_KEYS = {"Trainer": "accumulate_grad_batches", "TrainingArguments": _HF_FIELD,
+                "Accelerator": _HF_FIELD, "SFTConfig": _HF_FIELD, "DPOConfig": _HF_FIELD,
+                "GRPOConfig": _HF_FIELD}
+
+
+def _signature_target(ctx: FileContext, accepted: ast.AST) -> str | None:
+    """The constructor whose ``inspect.signature(X).parameters`` (or ``X.__init__``) the
+    name ``accepted`` holds (its one value in its scope)."""
+    if isinstance(accepted, ast.Name):
+        values = ctx.assigned_in(ctx.scope_of(accepted)).get(accepted.id, [])
+        accepted = values[0] if len(values) == 1 else accepted
+    if not (isinstance(accepted, ast.Attribute) and accepted.attr == "parameters"
+            and isinstance(sig := accepted.value, ast.Call) and call_attr(sig) == "signature"
+            and sig.args):
+        return None
+    target = dotted(sig.args[0]) or ""
+    return target.removesuffix(".__init__").rsplit(".", 1)[-1]
+
+
+@rule("AG347")
+def accumulation_field_dropped_by_signature_filter(ctx: FileContext) -> Iterator[Finding]:
+    """A config dataclass turned into a constructor's keyword arguments by keeping only the
+    keys its signature takes (``{k: v for k, v in asdict(cfg).items() if k in
+    inspect.signature(pl.Trainer.__init__).parameters}``), whose accumulation field is named
+    otherwise (``grad_accum_steps``): it is dropped without a word and the constructor keeps
+    its default of 1, unless the file passes the constructor's own key explicitly."""
+    classes = _dataclasses(ctx)
+    if not classes:
+        return
+    for comp in ast.walk(ctx.tree):
+        if not isinstance(comp, ast.DictComp) or len(comp.generators) != 1 \
+                or not comp.generators[0].ifs:
+            continue
+        gen = comp.generators[0]
+        test = gen.ifs[0]
+        if not (isinstance(test, ast.Compare) and len(test.ops) == 1
+                and isinstance(test.ops[0], ast.In)):
+            continue
+        target = _signature_target(ctx, test.comparators[0])
+        key = _TARGET_KEYS.get(target or "")
+        if key is None or not (isinstance(gen.iter, ast.Call) and call_attr(gen.iter) == "items"
+                               and isinstance(gen.iter.func, ast.Attribute)
+                               and isinstance(gen.iter.func.value, ast.Call)
+                               and (dotted(gen.iter.func.value.func) or "").rsplit(".", 1)[-1]
+                               == "asdict"):
+            continue
+        fields = {f: d for c in classes.values() for f, d in _fields(c).items()}
+        if key in fields:
+            continue
+        named = [(f, d) for f, d in fields.items() if ACCUM_RE.search(f)]
+        if len(named) != 1:
+            continue
+        field, default = named[0]
+        if not (isinstance(default, int) and default > 1):
+            continue
+        if any(isinstance(c, ast.Constant) and c.value == key for c in ctx.of(ast.Constant)) \
+                or any(k.arg == key for call in ctx.of(ast.Call) for k in call.keywords):
+            continue  # the key is passed by name somewhere: mapped by hand
+        yield ctx.finding(
+            "AG347", comp,
+            f"only the keys `{target}`'s signature takes are kept, and the config's "
+            f"accumulation field is `{field}` (default {default}), not `{key}`: it is dropped "
+            f"without a word and `{target}` keeps {key}=1, so the optimizer steps on every "
+            "micro-batch")
