@@ -62,7 +62,8 @@ def optimizer_groups(steps: list[JsonObject]) -> list[tuple[int | None, list[Jso
         return [(None, steps)]
     by: dict[int | None, list[JsonObject]] = {}
     prev: JsonObject | None = None
-    for s in steps:
+    for raw in steps:
+        s = raw
         if prev is not None and prev.get("optimizer_index") != s.get("optimizer_index") \
                 and prev.get("backwards") == s.get("backwards") \
                 and len(prev.get("forwards") or ()) == len(s.get("forwards") or ()) \
@@ -72,7 +73,7 @@ def optimizer_groups(steps: list[JsonObject]) -> list[tuple[int | None, list[Jso
             s = {**s, "data_pass_starts": sorted(set(prev.get("data_pass_starts") or ())
                                                   | set(s.get("data_pass_starts") or ()))}
         by.setdefault(s.get("optimizer_index"), []).append(s)
-        prev = s
+        prev = raw  # (as recorded: a pass start is lent to the next record only, not on)
     return sorted(by.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))
 
 

@@ -294,6 +294,22 @@ def _finding(rank: int, verdict: str, i: int, windows: list[StepWindow], res: KR
         steady = all(m <= k for m in rest) and 2 * rest.count(k) >= len(rest)
         own = sized_on_purpose([x for x in windows if x.window == n],
                                [x for x in windows if x.window == k])
+        if not own and 1 < n < k - 1 and len(windows) >= 3 \
+                and all(x.window == n for x in windows):
+            # every window the same size below K - 1: the loop's boundary comes every n
+            # micro-steps (two accumulate() contexts advancing one counter, a K halved), not
+            # a counter off by one (K - 1: F13 below)
+            return _mk("F1", sev, rank, step, n - 1,
+                       f"every one of the {len(windows)} optimizer steps came after {n} "
+                       f"backward passes where K = {k} ({res.source}): the optimizer steps "
+                       f"every {n} micro-steps, {k // n if k % n == 0 else k / n:.3g} times as "
+                       "often as the accumulation asks, each step on a window of "
+                       f"{n} micro-batches",
+                       title_=f"the optimizer steps every {n} micro-steps where K = {k}",
+                       fix="Let one boundary decide the step, counted once per micro-step "
+                           "(Accelerate: one `accumulate(model_a, model_b)` for several "
+                           "models, not nested `accumulate()` contexts, each of which "
+                           "advances the step counter)")
         return _mk("F13", "note" if own else "error" if res.declared or (
                    len(windows) >= 3 and steady) else "note", rank, step, n - 1,
                    f"the first optimizer step came after {n} backward pass(es), the next after "
