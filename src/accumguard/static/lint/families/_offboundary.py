@@ -56,6 +56,18 @@ def off_boundary_guard(ctx: FileContext, node: ast.AST, window: ast.AST) -> tupl
             k = ctx.int_through_names(n.right)
             if k is not None and k > 1:
                 boundary.append((_counters(n.left), k))
+    if isinstance(window, ast.For) and isinstance(window.iter, ast.Call) \
+            and dotted(window.iter.func) == "range" and len(window.iter.args) == 1 \
+            and ctx.mentions_accum(window.iter.args[0]):
+        # nanoGPT's `for micro_step in range(K)`: the window is K micro-steps by
+        # construction (another `% N` is a period, not K); a counter it adds 1 to on every
+        # micro-step runs across windows
+        k = ctx.int_through_names(window.iter.args[0])
+        counted = {d for n in walk_all(window) if isinstance(n, ast.AugAssign)
+                   and isinstance(n.op, ast.Add) and isinstance(n.value, ast.Constant)
+                   and n.value.value == 1 and (d := dotted(n.target))}
+        if k is not None and k > 1 and counted:
+            boundary = [(c, b) for c, b in boundary if b == k] + [(counted, k)]
     ks = {k for _, k in boundary}
     if len(ks) != 1:
         return None
@@ -63,8 +75,13 @@ def off_boundary_guard(ctx: FileContext, node: ast.AST, window: ast.AST) -> tupl
     counters = set().union(*(c for c, _ in boundary))
     tests = _gating_tests(ctx, node, window)
     # (a test naming K is a boundary test; the window's own micro-step counter is not K)
+    # (a period whose value is no multiple of K is not K, whatever its name: `eval_every_micro`)
+    periods = {id(x) for t in tests for m in walk_all(t)
+               if isinstance(m, ast.BinOp) and isinstance(m.op, ast.Mod)
+               and (v := ctx.int_through_names(m.right)) is not None and v % k
+               for x in walk_all(m.right)}
     if not tests or any(ctx.mentions_accum(x) and not (_counters(x) & counters)
-                        for t in tests for x in walk_all(t)):
+                        and id(x) not in periods for t in tests for x in walk_all(t)):
         return None
     for test in tests:
         for m in walk_all(test):
