@@ -24,28 +24,29 @@ from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families.unreduced import _reduces_by_hand
 
-__all__ = ["module_fabric_never_set_up"]
+__all__ = ["module_fabric_never_set_up", "multi_device"]
+
+
+def multi_device(call: ast.Call) -> bool | None:
+    """What a Lightning ``Trainer(...)``/``Fabric(...)`` call says of data parallelism: True
+    for more than one device or a DDP/FSDP strategy, False for one device, None when it
+    says neither."""
+    kw = {k.arg: k.value for k in call.keywords}
+    devices, strategy = kw.get("devices"), kw.get("strategy")
+    if isinstance(devices, ast.Constant) and devices.value in (1, "1"):
+        return False
+    if isinstance(devices, ast.Constant) and isinstance(devices.value, int) and devices.value > 1:
+        return True
+    if isinstance(strategy, ast.Constant) and isinstance(strategy.value, str) \
+            and ("ddp" in strategy.value or "fsdp" in strategy.value):
+        return True
+    return None
 
 
 def _data_parallel_fabric(ctx: FileContext) -> bool:
-    """A ``Fabric(...)`` with more than one device or a DDP/FSDP strategy, and none with one
-    device."""
+    """Every ``Fabric(...)`` of the file runs data-parallel (:func:`multi_device`)."""
     fabrics = [c for c in ctx.of(ast.Call) if (dotted(c.func) or "").rsplit(".", 1)[-1] == "Fabric"]
-    if not fabrics:
-        return False
-    for c in fabrics:
-        kw = {k.arg: k.value for k in c.keywords}
-        devices = kw.get("devices")
-        if isinstance(devices, ast.Constant) and devices.value in (1, "1"):
-            return False
-        strategy = kw.get("strategy")
-        multi = isinstance(devices, ast.Constant) and isinstance(devices.value, int) \
-            and devices.value > 1
-        ddp = isinstance(strategy, ast.Constant) and isinstance(strategy.value, str) \
-            and ("ddp" in strategy.value or "fsdp" in strategy.value)
-        if not (multi or ddp):
-            return False
-    return True
+    return bool(fabrics) and all(multi_device(c) for c in fabrics)
 
 
 def _set_up(ctx: FileContext) -> set[str]:

@@ -29,6 +29,7 @@ from accumguard.static.lint._ast import (
 )
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families.fabricunset import multi_device
 
 __all__ = ["modules_in_a_plain_container"]
 
@@ -41,18 +42,11 @@ _MODULE_CTORS = frozenset({
 def _data_parallel(ctx: FileContext) -> bool:
     for c in ctx.of(ast.Call):
         name = (dotted(c.func) or "").rsplit(".", 1)[-1]
-        kw = {k.arg: k.value for k in c.keywords}
         if name in DDP_WRAPPERS or name == "initialize" and "deepspeed" in (dotted(c.func) or "") \
                 or call_attr(c) == "prepare" and "accelerator" in (dotted(c.func) or "").lower():
             return True
-        if name in ("Trainer", "Fabric"):
-            devices, strategy = kw.get("devices"), kw.get("strategy")
-            if isinstance(devices, ast.Constant) and isinstance(devices.value, int) \
-                    and devices.value > 1:
-                return True
-            if isinstance(strategy, ast.Constant) and isinstance(strategy.value, str) \
-                    and ("ddp" in strategy.value or "fsdp" in strategy.value):
-                return True
+        if name in ("Trainer", "Fabric") and multi_device(c):
+            return True
     return False
 
 
