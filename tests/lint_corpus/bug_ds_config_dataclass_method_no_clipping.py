@@ -19,7 +19,7 @@ class RunConfig:
             "train_micro_batch_size_per_gpu": self.micro_batch,
             "gradient_accumulation_steps": self.grad_accum,
             "optimizer": {"type": "AdamW", "params": {"lr": self.lr}},
-            "zero_optimization": {"stage": 2},
+            "zero_optimization": {"stage": 2},  # expect: AG205
         }
 
 

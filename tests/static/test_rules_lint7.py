@@ -63,7 +63,8 @@ def test_flagged_with_its_severity(name: str) -> None:
 
 @pytest.mark.parametrize("name", SILENT)
 def test_twin_is_silent(name: str) -> None:
-    assert [(f.code, f.line) for f in lint_file(CORPUS / name)] == []
+    """No error or warning (a note on the config's cost, AG205, is not a claim of a bug)."""
+    assert [(f.code, f.line) for f in lint_file(CORPUS / name) if f.severity is not Severity.NOTE] == []
 
 
 _NUM_ITEMS = '''

@@ -1191,6 +1191,14 @@ RULES: dict[str, Rule] = {
             "name the field after the constructor's keyword (accumulate_grad_batches, "
             "gradient_accumulation_steps) or pass it explicitly",
         ),
+        _rule(
+            "AG348", "fsdp2-tail-discarded-after-unsynced-loop", "F7", E, MED,
+            "the epoch's leftover micro-batches, run under set_requires_gradient_sync(False), "
+            "thrown away (or stepped) after the loop: FSDP2 holds their gradient unsharded, "
+            "outside the .grad zero_grad clears, and reduces it with the next window",
+            "skip the leftover before its forward (stop the loop at the last full window), "
+            "or synchronise its last backward and step it",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

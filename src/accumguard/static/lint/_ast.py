@@ -65,6 +65,13 @@ OPTIMIZER_CLASSES = frozenset(
      "sparseadam", "adafactor", "lion", "lamb", "fusedadam", "deepspeedcpuadam", "adamw8bit",
      "paged_adamw", "muon", "optimizers", "configure_optimizers", "create_optimizer"}
 )
+#: torch's learning-rate scheduler classes (lower-cased), for names that do not say "sched"
+#: (``self.plateau = ReduceLROnPlateau(opt)``)
+SCHEDULER_CLASSES = frozenset(
+    {"lambdalr", "multiplicativelr", "steplr", "multisteplr", "constantlr", "linearlr",
+     "exponentiallr", "sequentiallr", "cosineannealinglr", "chainedscheduler", "reducelronplateau",
+     "cycliclr", "onecyclelr", "cosineannealingwarmrestarts", "polynomiallr"}
+)
 #: the tensor being all-reduced is a gradient (not grad_input/grad_output of a custom autograd op)
 GRAD_TENSOR_RE = re.compile(r"^(grad|grads|gradients?|flat_grads?|grad_buf\w*|grad_bucket\w*|\w+_grads?)$")
 WINDOW_FUNCS = frozenset({"training_step", "train_step"})

@@ -24,6 +24,7 @@ from accumguard.static.lint._ast import (
     OPTIMIZER_CLASSES,
     SCALER_RE,
     SCHED_RE,
+    SCHEDULER_CLASSES,
     SCOPES,
     call_attr,
     dotted,
@@ -301,7 +302,7 @@ class FileIndex:
                 self.schedulers.add(target)
             else:
                 self.optimizers.add(target)
-        elif "sched" in callee.lower() or re.search(
+        elif "sched" in callee.lower() or last in SCHEDULER_CLASSES or re.search(
             r"schedule|^(step|multistep|exponential|cosine|onecycle|lambda|linear)lr", last
         ):
             self.schedulers.add(target)

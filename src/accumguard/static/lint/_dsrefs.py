@@ -114,7 +114,8 @@ class DsConfigFinder:
                 continue
             if not self._used_as_config(node):
                 continue  # a template or a fragment (library code), not a config
-            cfg = config_from_literal(node, resolve=self.resolver().resolve)
+            resolver = self.resolver()
+            cfg = config_from_literal(resolver.with_own_fields(node), resolve=resolver.resolve)
             if cfg is None or not (set(cfg) & set(_DS_BATCH_KEYS) or "zero_optimization" in cfg):
                 continue  # `{**base}` whose base cannot be read, or is no DeepSpeed config
             name = self._holder_name(node)

@@ -12,7 +12,10 @@ it: :class:`NameResolver` follows, within the file,
   ``dict(base)`` read as ``base``);
 * a ``@dataclass`` instance (``DSConfig(...)``, or a name bound once to one): its fields'
   defaults with the call's keywords over them, a field whose default is another dataclass
-  (``field(default_factory=ZeroCfg)``, ``= ZeroCfg()``) read as a nested section.
+  (``field(default_factory=ZeroCfg)``, ``= ZeroCfg()``) read as a nested section;
+* ``self.field`` in a config a dataclass's own method writes (``"gradient_accumulation_steps":
+  self.grad_accum``), when the file builds that dataclass once, by keywords, and never
+  assigns the field afterwards: the value of that one construction.
 
 An ``update`` inside an ``if``/loop/``try``, or one whose argument is not a literal, may or may
 not run: the config becomes ``partial`` (checks on an *absent* key are skipped).
@@ -21,6 +24,7 @@ not run: the config becomes ``partial`` (checks on an *absent* key are skipped).
 from __future__ import annotations
 
 import ast
+import copy
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -340,6 +344,59 @@ class NameResolver:
                         cfg.partial = cfg.partial or key not in cfg
                     cfg[key] = value
                     cfg.key_lines[(key,)] = stmt.lineno
+
+    def with_own_fields(self, node: ast.AST) -> ast.AST:
+        """``node`` (a config literal) with each ``self.field`` of the dataclass whose method
+        writes it replaced by that field's value (see the module doc); ``node`` itself when
+        there is nothing to replace. The copy's nodes take their places in the parent map, so
+        names inside it are still looked up in the method."""
+        fields = self._own_fields(node)
+        if not fields:
+            return node
+        reads = [n for n in ast.walk(node) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+                 and n.value.id == "self" and n.attr in fields]
+        if not reads:
+            return node
+        dup = copy.deepcopy(node)
+        for orig, new in zip(ast.walk(node), ast.walk(dup), strict=True):
+            for child in ast.iter_child_nodes(new):
+                self.parents[child] = new
+            if orig is node:
+                parent = self.parents.get(node)
+                if parent is not None:
+                    self.parents[new] = parent
+
+        class _Fields(ast.NodeTransformer):
+            def visit_Attribute(self, n: ast.Attribute) -> ast.AST:
+                if isinstance(n.value, ast.Name) and n.value.id == "self" and n.attr in fields:
+                    return ast.copy_location(copy.deepcopy(fields[n.attr]), n)
+                return self.generic_visit(n)
+
+        return _Fields().visit(dup)  # type: ignore[no-any-return]
+
+    def _own_fields(self, node: ast.AST) -> dict[str, ast.expr]:
+        """The fields of the dataclass whose method holds ``node``, as the file's one
+        construction of it sets them (keywords over defaults), less any field assigned
+        anywhere in the file (``cfg.grad_accum = 8``) or given to ``replace``; empty when the
+        class is built other than once by keywords."""
+        cur = self.parents.get(node)
+        while cur is not None and not isinstance(cur, FUNCS):
+            cur = self.parents.get(cur)
+        owner = self.parents.get(cur) if cur is not None else None
+        if not isinstance(owner, ast.ClassDef) or self.classes.get(owner.name) is not owner:
+            return {}
+        sites = [c for c in self._calls_by_name().get(owner.name.lower(), [])
+                 if isinstance(c.func, ast.Name) and c.func.id == owner.name]
+        lit = dataclass_dict(sites[0], self.classes) if len(sites) == 1 else None
+        if lit is None:
+            return {}
+        changed = {t.attr for n in ast.walk(self.tree) if isinstance(n, ast.Assign | ast.AugAssign | ast.AnnAssign)
+                   for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                   if isinstance(t, ast.Attribute)}
+        changed |= {k.arg for c in self._calls_by_name().get("replace", []) for k in c.keywords if k.arg}
+        return {k.value: v for k, v in zip(lit.keys, lit.values, strict=True)
+                if isinstance(k, ast.Constant) and isinstance(k.value, str) and v is not None
+                and k.value not in changed}
 
     def binding(self, name: ast.Name) -> tuple[ast.AST, ast.Assign] | None:
         """The one assignment of ``name`` in its function, else in the module (None when

@@ -48,7 +48,7 @@
 ``dssched``    AG153               a scheduler given to deepspeed.initialize and stepped by the script too
 ``dsbatch``    AG152               a DeepSpeed train_batch_size of micro x K without the world size
 ``synctail``   AG151 AG178 AG342   a sync decided against K in windows that can be shorter; a step test wider than the sync;
-                                   the leftover stepped after a loop that synced at multiples of K only
+               AG348               the leftover stepped (or, under FSDP2, thrown away) after a loop that synced at multiples of K only
 ``resume``     AG150               a checkpoint inside a window, resumed with its counter as saved
 ``hookgrad``   AG149 AG192         a gradient changed in HF's on_substep_end (never after the last micro-batch);
                                    zero_grad in a Lightning hook run on every batch

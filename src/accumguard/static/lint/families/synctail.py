@@ -22,6 +22,14 @@ AG342 (F11): inside the loop the sync is decided by a test true only at multiple
 (``boundary = (i + 1) % K == 0``, ``no_sync()`` otherwise), and after the loop an optimizer
 step applies the epoch's leftover micro-batches (``if len(loader) % K: step()``): their
 backwards all ran under ``no_sync``, so each rank steps on its own gradient.
+
+AG348 (F7): the same loop under FSDP2 (``set_requires_gradient_sync(flag)``, inline or in a
+method of the file the loop hands the flag to), with the leftover thrown away after the loop
+(``if len(loader) % K: opt.zero_grad()``) or stepped: FSDP2 keeps a backward's gradient that
+was not reduce-scattered on the unsharded parameter, which ``zero_grad`` (of the optimizer or
+the module: the sharded parameters) never reaches, and the next synchronised backward reduces
+it with the next window's. Not reported when the loop can stop early (a ``break``: the
+leftover may never run).
 """
 
 from __future__ import annotations
@@ -201,6 +209,31 @@ def _sync_decider(loop: ast.AST) -> tuple[ast.AST, ast.AST] | None:
     return None
 
 
+def _fsdp2_flag_handed_down(ctx: FileContext, loop: ast.AST) -> tuple[ast.AST, ast.AST] | None:
+    """(the argument, the call) when a call in ``loop`` hands a value to a function of the
+    file that passes that parameter to ``set_requires_gradient_sync`` (``self.micro_step(batch,
+    sync=boundary)``)."""
+    for call in ast.walk(loop):
+        if not isinstance(call, ast.Call) or (fn := ctx.callee_of(call)) is None:
+            continue
+        params = [a.arg for a in (*fn.args.posonlyargs, *fn.args.args)]
+        offset = 1 if params and params[0] in ("self", "cls") else 0
+        for inner in ast.walk(fn):
+            if not (isinstance(inner, ast.Call) and call_attr(inner) == "set_requires_gradient_sync"
+                    and inner.args and isinstance(inner.args[0], ast.Name)
+                    and inner.args[0].id in params):
+                continue
+            name = inner.args[0].id
+            given = next((k.value for k in call.keywords if k.arg == name), None)
+            i = params.index(name) - offset
+            if given is None and 0 <= i < len(call.args) and not any(
+                    isinstance(a, ast.Starred) for a in call.args[:i + 1]):
+                given = call.args[i]
+            if given is not None:
+                return given, call
+    return None
+
+
 def _multiples_of_k_only(ctx: FileContext, test: ast.AST, scope: ast.AST) -> bool:
     """``test`` (or the one value of the name it is) is true only at multiples of K:
     ``(i + 1) % K == 0`` with no ``or`` for an epoch's last micro-batch."""
@@ -277,3 +310,62 @@ def tail_stepped_after_unsynced_loop(ctx: FileContext) -> Iterator[Finding]:
             "own gradient and the ranks drift apart",
             fix="synchronise the epoch's last micro-batch too (`boundary = (i + 1) % K == 0 or "
                 "i + 1 == len(loader)`), and step it inside the loop")
+
+
+def _after_the_loop(ctx: FileContext, loop: ast.For) -> list[ast.stmt]:
+    """The statements after ``loop`` in its block, other loops left out."""
+    parent = ctx.parents.get(loop)
+    body = next((b for b in (getattr(parent, f, None) for f in ("body", "orelse"))
+                 if isinstance(b, list) and loop in b), None)
+    return [] if body is None else [st for st in body[body.index(loop) + 1:] if not isinstance(st, LOOPS)]
+
+
+def _cut_to_whole_windows(ctx: FileContext, loop: ast.For) -> bool:
+    """The loop runs over a slice (``batches[: len(batches) // K * K]``, ``islice(...)``),
+    directly or through a name assigned one in its function: cut, most likely, to whole
+    windows, so there may be no leftover."""
+    it: ast.AST = loop.iter
+    while isinstance(it, ast.Call) and dotted(it.func) in ("enumerate", "zip") and it.args:
+        it = it.args[0]
+    values = ctx.assigned_in(ctx.scope_of(loop)).get(it.id, []) if isinstance(it, ast.Name) else [it]
+    return any((isinstance(v, ast.Subscript) and isinstance(v.slice, ast.Slice)) or (
+        isinstance(v, ast.Call) and (dotted(v.func) or "").endswith("islice")) for v in values)
+
+
+@rule("AG348")
+def fsdp2_tail_left_unsharded(ctx: FileContext) -> Iterator[Finding]:
+    for loop in ctx.of(ast.For):
+        decided = _sync_decider(loop)
+        if decided is None or not isinstance(decided[1], ast.Call):
+            decided = _fsdp2_flag_handed_down(ctx, loop)
+        inside = {what for _, what in _steps(ctx, loop)}
+        if decided is None or not inside or any(isinstance(n, ast.Break) for n in ast.walk(loop)) \
+                or _cut_to_whole_windows(ctx, loop):
+            continue
+        test, where = decided
+        if not (isinstance(where, ast.Call) and (call_attr(where) == "set_requires_gradient_sync"
+                                                 or ctx.callee_of(where) is not None)):
+            continue
+        if not _multiples_of_k_only(ctx, test, ctx.scope_of(loop)):
+            continue
+        for st in _after_the_loop(ctx, loop):
+            if any(isinstance(n, ast.Call) and call_attr(n) in ("backward", "set_requires_gradient_sync")
+                   for n in ast.walk(st)):
+                break  # a backward (or a sync) after the loop: what it reduces is out of sight
+            hit = next((c for c in ast.walk(st) if isinstance(c, ast.Call) and (
+                call_attr(c) == "zero_grad" or any(c is s for s, _ in _steps(ctx, st)))
+                and not any(isinstance(a, LOOPS) for a in _between(ctx, c, st))), None)
+            if hit is None:
+                continue
+            what = "throws" if call_attr(hit) == "zero_grad" else "steps"
+            yield ctx.finding(
+                "AG348", hit,
+                f"this {'zero_grad' if what == 'throws' else 'step'} after the loop {what} the "
+                "epoch's leftover micro-batches, but inside the loop FSDP2's gradient sync is on "
+                f"`{ast.unparse(test)}` only (line {getattr(where, 'lineno', '?')}), true at "
+                "multiples of K: the leftover's backwards ran under "
+                "set_requires_gradient_sync(False), so FSDP2 holds their gradient on the "
+                "unsharded parameters, outside the sharded .grad "
+                + ("zero_grad clears" if what == "throws" else "the optimizer steps")
+                + ", and the next synchronised backward reduces it into the next window")
+            break

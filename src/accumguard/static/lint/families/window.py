@@ -574,6 +574,18 @@ def deepspeed_boundary_off_by_one(ctx: FileContext) -> Iterator[Finding]:
 
 # ---------------------------------------------------------------- AG117: the epoch's leftover
 
+
+def _breaks_on(ctx: FileContext, window: ast.AST, counter: str) -> bool:
+    """The window's loop has a ``break`` of its own under a test of ``counter``."""
+    for n in ast.walk(window):
+        if not isinstance(n, ast.Break) or ctx.enclosing(n, LOOPS) is not window:
+            continue
+        test = ctx.enclosing(n, (ast.If,))
+        if isinstance(test, ast.If) and any(isinstance(x, ast.Name) and x.id == counter
+                                            for x in ast.walk(test.test)):
+            return True
+    return False
+
 @rule("AG117")
 def partial_window_leaks_into_next_epoch(ctx: FileContext) -> Iterator[Finding]:
     """``for epoch ...: for i, b in enumerate(loader): ... if (i + 1) % K == 0: step`` with
@@ -608,6 +620,8 @@ def partial_window_leaks_into_next_epoch(ctx: FileContext) -> Iterator[Finding]:
                 continue  # not windows of exactly K (AG115's business) or a start not in sight
             if not restarts_each_pass(ctx, window, guard.counter, repeat):
                 continue  # a counter across epochs: windows span epochs, each of K micro-batches
+            if _breaks_on(ctx, window, guard.counter):
+                continue  # `if i >= full: break`: the leftover may never run
             clears, flush = clears_or_steps_outside(ctx, window, repeat)
             if clears or (flush is not None and clears_first(ctx, window, backwards)):
                 continue
