@@ -16,9 +16,9 @@ required, on every judged window of the rank. No torch here.
 from __future__ import annotations
 
 from accumguard.observe._comm_rules import WindowComm, window_comm
-from accumguard.observe._records import DeclaredK, Finding, JsonObject, _mk
+from accumguard.observe._records import DeclaredK, Finding, JsonObject, RunRecording, _mk
 
-__all__ = ["double_gate_findings"]
+__all__ = ["double_gate_findings", "never_stepped_findings"]
 
 
 def _loop_window(w: JsonObject, c: WindowComm) -> int | None:
@@ -132,3 +132,36 @@ def double_gate_findings(rank: int, windows: list[JsonObject], found: list[Findi
                   "1 and keep the loop's boundary.")
     kept = [f for f in found if not (f.cls == "EXTRA_SYNC" and f.rank == rank)]
     return [*kept, f14]
+
+
+def never_stepped_findings(rec: RunRecording) -> list[Finding]:
+    """F14 per rank that made no optimizer step at all while a DeepSpeed engine with GA > 1
+    ran at least two windows' worth of ``engine.backward`` calls and ``engine.step()`` was
+    never called: the engine counts its micro-steps, and steps, inside ``engine.step()``,
+    so a script that calls it only at a boundary it asks the engine for (or counts itself
+    on top of the engine's) never reaches an update."""
+    out = []
+    for rank in rec.ranks:
+        end = rec.end.get(rank) or {}
+        info = rec.engine.get(rank) or {}
+        ga = info.get("gradient_accumulation_steps")
+        pending = int(end.get("engine_backwards_pending") or 0)
+        if (rec.steps.get(rank) or info.get("engine") != "deepspeed" or not isinstance(ga, int)
+                or ga < 2 or end.get("engine_step_calls_pending") != 0 or pending < 2 * ga
+                or int(end.get("steps") or 0)):
+            continue
+        out.append(_mk(
+            "F14", "error", rank, None, None,
+            f"{pending} backward passes through engine.backward() and not one engine.step() "
+            f"call, with the DeepSpeed config's gradient_accumulation_steps = {ga}: DeepSpeed "
+            "counts the micro-steps and steps its optimizer inside engine.step() (once every "
+            f"{ga} calls), so no optimizer step ran at all; a step called only when "
+            "engine.is_gradient_accumulation_boundary() is true never comes, since that "
+            "boundary is counted by engine.step() itself",
+            title_=f"the DeepSpeed engine never stepped: {pending} engine.backward() calls, "
+                   "no engine.step()",
+            fix="call engine.step() after every engine.backward(): DeepSpeed steps the "
+                "optimizer itself at every gradient_accumulation_steps-th call (ask "
+                "engine.is_gradient_accumulation_boundary() before engine.step() only for "
+                "what else the script does once per step)"))
+    return out

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from accumguard.core.window import Conservation, StepRecord
 from accumguard.observe import _shared_rules as shared
 from accumguard.observe._accelerate_rules import tail_scaled_but_carried
-from accumguard.observe._cadence_rules import double_gate_findings
+from accumguard.observe._cadence_rules import double_gate_findings, never_stepped_findings
 from accumguard.observe._comm_rules import (
     coalesced_flush_findings,
     collectives_before,
@@ -262,6 +262,7 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
                  *rule("joined_rank_findings", joined_rank_findings, rec)]
     findings += rule("clipped_apart_findings", clipped_apart_findings, rec)
     findings += rule("in_backward_findings", in_backward_findings, rec, res)
+    findings += rule("never_stepped_findings", never_stepped_findings, rec)
     ledger = rule("ledger_findings", ledger_findings, rec, res.k)
     if any(f.cls == "F10" and f.severity == "error" for f in ledger):
         # the ledger proved the whole step's weights off by exactly W across ranks: a rank's

@@ -498,6 +498,7 @@ class _Agent:
             self.seen_activity = self.seen_activity or pending > 0 or stuck
             self._write({"kind": "end", "reason": reason, "pending_backwards": pending,
                          "steps": obs.step, "backwards_total": obs.backward_total,
+                         **_engine_pending(obs),
                          "declared_k": dict(obs.declared_k), "engine": obs.engine,
                          **({"k_changes": [list(c) for c in obs.k_changes]} if obs.k_changes else {}),
                          **({"state_loads": list(obs.state_loads)} if obs.state_loads else {}),
@@ -556,3 +557,14 @@ def _jsonable(x: Any) -> float | str:  # (json's default hook: any object)
     with contextlib.suppress(Exception):
         return float(x)
     return repr(x)
+
+
+def _engine_pending(obs: Observer) -> dict[str, int]:
+    """The DeepSpeed ``engine.backward`` calls since the last ``engine.step()`` call (and the
+    ``engine.step()`` calls of the open window), when there are any: a run that never
+    called ``engine.step()`` shows here (F14, never stepped)."""
+    w = obs._w
+    if not w.engine_bw_since_step:
+        return {}
+    return {"engine_backwards_pending": int(w.engine_bw_since_step),
+            "engine_step_calls_pending": int(w.engine_step_calls)}

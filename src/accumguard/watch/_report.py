@@ -214,7 +214,10 @@ def _judge(out_dir: str | os.PathLike[str], *, command: Sequence[str],
                else f"the command exited with code {code} before any optimizer step"
                if code != 0 else "the command finished (exit code 0) without an optimizer step")
         # first, in place of the bare exit code: an empty report must not read as a pass
-        problems = [f"nothing was checked: {why}; no optimizer step was observed ({seen})",
+        never = any(f.cls == "F14" and f.step is None for f in errors)
+        problems = [f"no window was judged: {why} ({seen}); the F14 error says why"
+                    if never else
+                    f"nothing was checked: {why}; no optimizer step was observed ({seen})",
                     *(p for p in problems if not p.startswith("the command "))]
     elif backwards == 0:
         problems.append(f"nothing was checked: {n_steps} optimizer step(s) but no backward pass "
