@@ -122,7 +122,8 @@ def one_weight(gv: torch.Tensor, n: torch.Tensor | int) -> tuple[torch.Tensor, t
 class _Call:
     """One recorded loss call; ``micro`` and ``g`` are set by the gradient hook."""
 
-    __slots__ = ("divs", "factors", "fstats", "g", "grad", "lp", "masked", "mean", "mean_rows",
+    __slots__ = ("chain_read", "divs", "factors", "fstats", "g", "grad", "lp", "masked", "mean",
+                 "mean_rows",
                  "micro", "n", "node", "opaque", "rows", "seq", "site", "sole", "stats", "unit",
                  "weighted")
 
@@ -143,6 +144,9 @@ class _Call:
         self.grad = False  # reached by a counted torch.autograd.grad, not a backward
         # the constants between this output and the root: ["/", c] or ["*", c]
         self.divs: list[Const] = []
+        # the walk from the root reached this output through constants only (else ``divs``
+        # is not known to be all of them: recorded as None)
+        self.chain_read = False
         self.rows = rows  # the rows of the call's input (the micro-batch's samples/tokens)
         # a selection whose first reduction from the root is a mean over its rows (one value
         # per sequence: ``per_seq.mean()``): that mean's count, else 0
@@ -356,7 +360,8 @@ class LossRecorder:
             out.append([c.site, idx, c.micro, n if c.unit == "class-weighted tokens" else int(n),
                         g / n if c.mean else g, c.lp,
                         ("log-prob" if c.stats is not None else "mean") if c.mean else "sum",
-                        c.sole, c.grad, c.divs, "tokens" if c.stats is not None else c.unit,
+                        c.sole, c.grad, c.divs if c.chain_read else None,
+                        "tokens" if c.stats is not None else c.unit,
                         int(c.rows), *(["masked sum"] if c.masked else [])])
             if len(out) >= _MAX_RECORDS:
                 break
@@ -444,7 +449,7 @@ class LossRecorder:
             call.sole = self._sole(call)
         elif call.micro == micro and call.grad == via and call.g is not None:
             call.g = call.g + grad.detach()
-            call.sole, call.divs = False, []
+            call.sole, call.divs, call.chain_read = False, [], False
         else:  # backpropagated in two backward passes (retain_graph): no single weight
             call.g = None
         self.spent += time.perf_counter() - t
@@ -483,7 +488,7 @@ class LossRecorder:
         entry = self.chain.get(call.node)
         if entry is None:
             return False
-        call.divs = entry[0]
+        call.divs, call.chain_read = entry[0], True
         if call.node in self.row_divided:
             call.weighted = True  # each row divided by its own count: the rows' weights
         return not entry[1]

@@ -46,6 +46,9 @@ LINEAR = ("MulBackward", "DivBackward", "NegBackward", "CloneBackward", "ToCopyB
 #: Nodes that only mask or move per-token values (their zeros are not counted): walked
 #: through towards a selection, as if linear.
 _PASS = ("MaskedFillBackward", "MaskedScatterBackward", "ExpandBackward")
+#: DistributedDataParallel's pass-through Function on the forward's outputs (its backward
+#: node's class name)
+_DDP_SINK = "_DDPSinkBackward"
 #: Nodes visited below a backward's root (a chain of constants, the terms of a sum).
 NODES = 64
 #: A custom autograd Function that returns per-token log-probabilities (TRL's fused LM
@@ -364,6 +367,15 @@ def _walk(root: torch.Tensor | Sequence[torch.Tensor], out: Walk, stops: frozens
             return
         node, index, divs, split, means, opaque, weighted, factors, first, msum, above, rowdiv = \
             stack.pop()
+        if type(node).__name__ == _DDP_SINK:
+            # DDP's identity on its forward's outputs (find_unused_parameters, the HF
+            # Trainer's default): output i is tensor input i. One node for all the outputs
+            # (a loss computed in the model, its logits), so walked per path, not marked seen.
+            nf = node.next_functions
+            if index < len(nf) and nf[index][0] is not None:
+                stack.append((nf[index][0], nf[index][1], divs, split, means, opaque, weighted,
+                              factors, first, msum, above, rowdiv))
+            continue
         seq = node._sequence_nr()
         if seq in out.chain:
             continue

@@ -133,8 +133,8 @@ def _rank_term_findings(rec: RunRecording) -> list[Finding]:
     through an addition: CE + an auxiliary loss, two heads): the term's tokens carried one
     weight on every rank although the ranks' counts differed (the term was divided by a
     count common to all ranks, the global one), nothing multiplied it by a coefficient (no
-    multiplication by a constant between the call and the root: a user's weight would
-    show), and after the engine's average the term's tokens weigh exactly 1/W in total, in
+    multiplication by a constant between the call and the root, read all the way: a user's
+    weight would show), and after the engine's average the term's tokens weigh exactly 1/W in total, in
     every step judged. Any coefficient, a term not in every micro-step, an unknown
     reduction: not judged."""
     world = len([r for r in rec.ranks if rec.steps.get(r)])
@@ -149,7 +149,10 @@ def _rank_term_findings(rec: RunRecording) -> list[Finding]:
             # same in every record, or the term is not judged
             found = {_coefficient(x, world) for rs in recs for x in rs}
             coefs.setdefault(key, set()).update(found)
-            if len(coefs[key]) != 1 or 0.0 in coefs[key]:
+            # (a record whose constants up to the root were not all read, None: its
+            # coefficient is unknown, not 1)
+            if len(coefs[key]) != 1 or 0.0 in coefs[key] or any(
+                    len(x) > 9 and x[9] is None for rs in recs for x in rs):
                 spoiled.add(key)
                 continue
             coef = next(iter(coefs[key]))

@@ -178,14 +178,19 @@ def _short(site: str) -> str:
     return f"{Path(path).name}:{line}" if path else site
 
 
-def loss_weight_findings(rank: int | None, windows: list[StepWindow]) -> list[Finding]:
+def loss_weight_findings(rank: int | None, windows: list[StepWindow], world: int = 1
+                         ) -> list[Finding]:
     """F5, only when certain: a loss call site present in every micro-step of a window
     gave each micro-step's call the same total weight (``g`` for a mean, ``g·n`` for a
     sum) while their valid counts differed, so one token weighs ``c / n_i``: a
     per-micro-batch mean. Correct normalisations (sum / N, mean · n_i / N, equal counts,
     any constant factor such as a loss scale or Accelerate's division by K) give every
     token one weight; weights that differ in any other pattern (task weights) say
-    nothing for certain and stay silent."""
+    nothing for certain and stay silent. Beside it, LOSS_SCALE when conservation shows what
+    reached the optimizer and each micro-step's mean weighed 1 (not divided by K) or, under
+    DDP/FSDP2 over ``world`` ranks, exactly W (times W for the engine's average, not
+    divided by K: the transformers Trainer's handling of a loss it expects normalised by
+    ``num_items_in_batch``)."""
     out: list[Finding] = []
     for w in windows:
         k = w.window
@@ -236,6 +241,29 @@ def loss_weight_findings(rank: int | None, windows: list[StepWindow]) -> list[Fi
                            "N (all micro-steps, all ranks; all-reduce the count once per "
                            "window) instead of averaging each micro-batch and dividing by K."))
             scale = _received_scale(w, low)
+            by_world = (world > 1 and w.engine in ("ddp", "fsdp2") and not undivided
+                        and abs(mass - world) <= 1e-3 * world and not _divided_by(recs, k))
+            if by_world and scale is not None:
+                clip = ("" if _near(scale, 1.0, low) else
+                        f" before the clip (x{scale:.3g}) that the optimizer's gradient then got")
+                out.append(_mk("LOSS_SCALE", "error", rank, w.step, None,
+                               f"{_short(site)}: each of the {k} micro-steps of optimizer "
+                               f"step {_n(w.step)} backpropagated its loss's {u} with a "
+                               f"total weight of {mass:.4g} = W (the world size) and nothing "
+                               f"divided it by K = {k}, so the rank's window weighs "
+                               f"{k * mass:.4g}; after {w.engine.upper()}'s average over the "
+                               f"{world} ranks the update's {u} weigh {k * world} in all "
+                               f"instead of 1 (gradient conservation: the optimizer received "
+                               f"the window's summed gradient{clip}): {k * world}x the "
+                               "large-batch mean (with SGD and no clip, every update is "
+                               f"{k * world}x the large batch's), besides the unequal weights "
+                               "of the F5 finding beside this one. A transformers Trainer "
+                               "does both (times the number of processes, no / K) when it "
+                               "expects the model's loss to be normalised by "
+                               "num_items_in_batch (a forward taking **kwargs), which this "
+                               "loss is not",
+                               title_=f"loss {k * world}x too large: each micro-batch's mean "
+                                      f"times W = {world}, undivided by K = {k}"))
             if undivided and scale is not None:
                 # the same measurement shows the scale: each micro-step's mean whole, K in
                 # all; said only where conservation showed what reached the optimizer (an

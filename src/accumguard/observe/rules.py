@@ -204,7 +204,7 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
                           int(rec.end.get(rank, {}).get("pending_backwards") or 0))
             found += rule("no_update", _no_update, rank, steps)
             found += rule("two_pass", _two_pass, rank, steps)
-            found += rule("loss_weight_findings", loss_weight_findings, rank, ws)
+            found += rule("loss_weight_findings", loss_weight_findings, rank, ws, rec.world)
             found += rule("mixed_window_findings", mixed_window_findings, rank, ws, gres.k)
             if not right:
                 found += rule("loss_scale_findings", loss_scale_findings, rank, ws, gres.k,

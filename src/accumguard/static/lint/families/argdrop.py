@@ -164,6 +164,37 @@ def _lenient_parses(ctx: FileContext) -> Iterator[tuple[ast.Call, list[ast.Const
             d = values[0] if len(values) == 1 else d
         if isinstance(d, ast.Dict):
             yield call, [k for k in d.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)]
+        elif (keys := _text_keys(ctx, d)) is not None:
+            yield call, keys
+
+
+_YAML_TOP_KEY = re.compile(r"^([A-Za-z_][\w.-]*)\s*:")
+
+
+def _text_keys(ctx: FileContext, expr: ast.AST) -> list[ast.Constant] | None:
+    """``yaml.safe_load(TEXT)`` / ``json.loads(TEXT)`` (``TEXT.format(...)`` too) with ``TEXT``
+    a string the file binds once: its top-level keys, each as a constant at its line in the
+    file (YAML read by its unindented ``key:`` lines, JSON parsed)."""
+    if not (isinstance(expr, ast.Call) and expr.args
+            and call_attr(expr) in ("safe_load", "load", "loads", "full_load")):
+        return None
+    text: ast.AST = expr.args[0]
+    if isinstance(text, ast.Call) and call_attr(text) == "format" and isinstance(text.func, ast.Attribute):
+        text = text.func.value
+    if isinstance(text, ast.Name):
+        values = ctx.values_by_name().get(text.id, [])
+        text = values[0] if len(values) == 1 else text
+    if not (isinstance(text, ast.Constant) and isinstance(text.value, str)):
+        return None
+    out: list[ast.Constant] = []
+    for i, line in enumerate(text.value.splitlines()):
+        m = _YAML_TOP_KEY.match(line) if "json" not in (dotted(expr.func) or "") else None
+        if m is None and "json" in (dotted(expr.func) or ""):
+            m = re.match(r'^\s{0,4}"([^"]+)"\s*:', line)  # a top-level JSON key, by its indent
+        if m is not None:
+            out.append(ast.Constant(m.group(1), lineno=text.lineno + i, col_offset=0,
+                                    end_lineno=text.lineno + i, end_col_offset=len(line)))
+    return out
 
 
 _CLIP_KEY = re.compile(r"clip|max_norm")
