@@ -815,7 +815,7 @@ RULES: dict[str, Rule] = {
         ),
         _rule(
             "AG196", "module-replaced-after-wrapping", "F10", E, MED,
-            "a submodule is replaced on the wrapped model's inner module after DDP (or "
+            "a submodule is set on the model (or on the wrapper's inner module) after DDP (or "
             "accelerator.prepare) wrapped it: DDP never reduces the new module's gradients",
             "replace the module before wrapping the model, then build the optimizer",
         ),
@@ -1198,6 +1198,14 @@ RULES: dict[str, Rule] = {
             "outside the .grad zero_grad clears, and reduces it with the next window",
             "skip the leftover before its forward (stop the loop at the last full window), "
             "or synchronise its last backward and step it",
+        ),
+        _rule(
+            "AG349", "deepspeed-engine-steps-inside-hand-window", "F1", E, HI,
+            "engine.step() after every backward in a loop that accumulates by hand under "
+            "engine.no_sync(), with the DeepSpeed config's gradient_accumulation_steps at 1: "
+            "the engine steps after every micro-batch",
+            "call engine.step() only at the window's last micro-batch, or let DeepSpeed "
+            "accumulate (gradient_accumulation_steps = K, engine.step() after every backward)",
         ),
         # ---- config rules (accumguard check-config) ----
         _rule(

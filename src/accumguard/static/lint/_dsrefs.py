@@ -174,7 +174,8 @@ class DsConfigFinder:
         for arg in args:
             keyed = isinstance(arg, ast.Subscript) and isinstance(arg.slice, ast.Constant) \
                 and isinstance(arg.slice.value, str)  # `config=cfg["ds"]`
-            if not (isinstance(arg, ast.Name | ast.Call) or keyed) or self._root_literal(arg) in found:
+            field = isinstance(arg, ast.Attribute) and isinstance(arg.value, ast.Name)  # `cfg.ds`
+            if not (isinstance(arg, ast.Name | ast.Call) or keyed or field) or self._root_literal(arg) in found:
                 continue
             if isinstance(arg, ast.Call) and last_part(dotted(arg.func)) in ("load", "loads", "asdict"):
                 continue  # a file (read above by its path) or a dataclass (read above)

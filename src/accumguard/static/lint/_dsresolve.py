@@ -235,6 +235,8 @@ class NameResolver:
             if isinstance(inner, dict) and not isinstance(inner, dsconfig.ConfigDict):
                 inner = dsconfig.ConfigDict(inner, partial=bool(outer and outer.partial))
             return inner if isinstance(inner, dsconfig.ConfigDict) else None
+        if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name):
+            return self._field_of_instance(expr.value, expr.attr)
         if not isinstance(expr, ast.Name):
             return None
         bound = self.binding(expr)
@@ -251,6 +253,24 @@ class NameResolver:
             self.apply_updates(expr.id, scope, assign, cfg)
             self._apply_subscripts(expr.id, scope, assign, cfg)
         return cfg
+
+    def _field_of_instance(self, obj: ast.Name, attr: str) -> dsconfig.ConfigDict | None:
+        """``cfg.ds`` with ``cfg`` a name bound once to a ``@dataclass`` construction of the file
+        (or a parameter its one caller gives one): that field's dict (its default, or the
+        construction's keyword), when no statement of the file assigns the field."""
+        bound = self.binding(obj)
+        value = bound[1].value if bound is not None else self.argument_for(obj)
+        if isinstance(value, ast.Name):
+            inner = self.binding(value)
+            value = inner[1].value if inner is not None else None
+        lit = dataclass_dict(value, self.classes) if value is not None else None
+        if lit is None or any(isinstance(t, ast.Attribute) and t.attr == attr
+                              for n in ast.walk(self.tree) if isinstance(n, ast.Assign) for t in n.targets):
+            return None
+        for k, v in zip(lit.keys, lit.values, strict=True):
+            if isinstance(k, ast.Constant) and k.value == attr and v is not None and is_dict_literal(v):
+                return config_from_literal(v, resolve=self.resolve)
+        return None
 
     def argument_for(self, name: ast.Name) -> ast.AST | None:
         """A parameter of the function around ``name`` (never assigned there), read as the

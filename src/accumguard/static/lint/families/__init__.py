@@ -76,7 +76,8 @@
 ``hfclip``     AG177 AG182         a clip setting that never reaches TrainingArguments or DeepSpeed
                                    (their default clip, 1.0)
 ``spawnworld`` AG170               WORLD_SIZE read (default 1) in ranks mp.spawn started
-``dsstep``     AG188               a DeepSpeed engine's step() never called, its optimizer stepped
+``dsstep``     AG188 AG349         a DeepSpeed engine's step() never called, its optimizer stepped; stepped after every
+                                   backward of a hand window under no_sync with GA 1
 ``wrapbypass`` AG189 AG196 AG300   the training forward on the module a DDP wrapper was made from
                AG301               (or on `ddp.module`); a parameter unfrozen after DDP was built;
                                    a submodule replaced on the inner module after wrapping
@@ -117,6 +118,7 @@
 ``fabricunset`` AG341             a module an optimizer steps that a data-parallel Fabric never set up
 ``plainheads`` AG344              modules an optimizer steps held in a plain dict or list under data parallelism
 ``lateunfreeze`` AG346            a parameter unfrozen after accelerator.prepare wrapped the model
+``latemodule`` AG196              a submodule assigned to the model itself after DDP(...) wrapped it
 ``fabricbypass`` AG300             a submodule called through the model fabric.setup returned
 ``syncwhole``  AG111               every backward of the window inside one `with model.no_sync():`
 ``syncorder``  AG106 AG111         FSDP2's sync flag set after the backward; one no_sync() beside a conditional item
@@ -180,6 +182,7 @@ from accumguard.static.lint.families import (
     horizon,
     kworld,
     lastpass,
+    latemodule,
     lateunfreeze,
     lgkschedule,
     lgmanual,
@@ -222,4 +225,4 @@ from accumguard.static.lint.families import (
     wrapgate,
 )
 
-__all__ = ["accelerate", "accloader", "acctwice", "acctail", "ampclip", "argdrop", "chunktail", "clipgrads", "cliporder", "coefstep", "commhook", "deepspeed", "dphorizon", "dsbatch", "dsblocks", "dslateflag", "dssched", "dsstep", "dsunmanaged", "dszero", "emastep", "epochtail", "fabricbypass", "fabricunset", "factored", "fracepoch", "fsdpfactor", "fsdproot", "funcclip", "fsdpunits", "fused", "gatedclip", "gradwrite", "hookclip", "hookgrad", "hookreduce", "hfmean", "kworld", "hfmodel", "hfclip", "hfheld", "hflossfunc", "hfscale", "hfsetters", "hfsuper", "hfterms", "hftokens", "handhorizon", "hfwarmup", "horizon", "lastpass", "lateunfreeze", "lgkschedule", "lgmanual", "lgstep", "lgunsplit", "lgwindow", "loss", "lowbuffer", "lrcounter", "meancount", "microstat", "moeaux", "plainheads", "precision", "prefetch", "probebackward", "reduce", "resume", "resumeskip", "scale", "schedule", "spawnworld", "stephorizon", "sync", "syncclip", "syncorder", "syncwhole", "synctail", "tailscale", "tempreduce", "terms", "tokenmean", "tokhorizon", "tokiters", "twice", "unclearedopt", "unreduced", "window", "wrapbypass", "wrapgate"]
+__all__ = ["accelerate", "accloader", "acctwice", "acctail", "ampclip", "argdrop", "chunktail", "clipgrads", "cliporder", "coefstep", "commhook", "deepspeed", "dphorizon", "dsbatch", "dsblocks", "dslateflag", "dssched", "dsstep", "dsunmanaged", "dszero", "emastep", "epochtail", "fabricbypass", "fabricunset", "factored", "fracepoch", "fsdpfactor", "fsdproot", "funcclip", "fsdpunits", "fused", "gatedclip", "gradwrite", "hookclip", "hookgrad", "hookreduce", "hfmean", "kworld", "hfmodel", "hfclip", "hfheld", "hflossfunc", "hfscale", "hfsetters", "hfsuper", "hfterms", "hftokens", "handhorizon", "hfwarmup", "horizon", "lastpass", "lateunfreeze", "latemodule", "lgkschedule", "lgmanual", "lgstep", "lgunsplit", "lgwindow", "loss", "lowbuffer", "lrcounter", "meancount", "microstat", "moeaux", "plainheads", "precision", "prefetch", "probebackward", "reduce", "resume", "resumeskip", "scale", "schedule", "spawnworld", "stephorizon", "sync", "syncclip", "syncorder", "syncwhole", "synctail", "tailscale", "tempreduce", "terms", "tokenmean", "tokhorizon", "tokiters", "twice", "unclearedopt", "unreduced", "window", "wrapbypass", "wrapgate"]

@@ -11,6 +11,11 @@ reduced, and each rank steps on its own gradient. Reported when the file calls
 ``deepspeed.initialize`` itself, ``engine.backward`` and an optimizer's ``step()``, never an
 engine's ``step()``, and its DeepSpeed config sets gradient_accumulation_steps above 1 (an
 engine made by Accelerate or the HF Trainer is stepped through their optimizer wrapper).
+
+AG349 (F1): the loop accumulates by hand (``engine.no_sync()`` on all but a window's last
+micro-batch) while the config's gradient_accumulation_steps is 1 and ``engine.step()`` runs
+after every backward: with GA 1 every ``engine.step()`` is a boundary, so the engine steps
+(on that rank's own, unreduced gradient inside ``no_sync``) after every micro-batch.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families.deepspeed import engine_ga_above_one
 
-__all__ = ["engine_step_never_called"]
+__all__ = ["engine_step_never_called", "engine_steps_inside_hand_window"]
 
 
 @rule("AG188")
@@ -54,3 +59,47 @@ def engine_step_never_called(ctx: FileContext) -> Iterator[Finding]:
         "boundary, the engine never reduces the gradients over the ranks, and each rank steps "
         "on its own gradient",
     )
+
+
+def _conditional_no_sync(fn: ast.AST) -> ast.IfExp | ast.If | None:
+    """The ``if``/conditional expression in ``fn`` that chooses ``engine.no_sync()`` on a
+    condition (a window's non-last micro-batches)."""
+    for n in ast.walk(fn):
+        if isinstance(n, ast.IfExp | ast.If) and any(
+                isinstance(c, ast.Call) and call_attr(c) == "no_sync"
+                for part in ((n.body, n.orelse) if isinstance(n, ast.IfExp) else (*n.body, *n.orelse))
+                for c in ast.walk(part)):
+            return n
+    return None
+
+
+@rule("AG349")
+def engine_steps_inside_hand_window(ctx: FileContext) -> Iterator[Finding]:
+    ref = ctx.ds_config() if ctx.deepspeed else None
+    if ref is None or ref.ga != 1:
+        return
+    for fn in ctx.of(ast.FunctionDef, ast.AsyncFunctionDef):
+        gate = _conditional_no_sync(fn)
+        if gate is None:
+            continue
+        for c in ast.walk(fn):
+            if not (isinstance(c, ast.Call) and call_attr(c) == "step" and isinstance(c.func, ast.Attribute)
+                    and ctx.kind_of_receiver(c.func.value) == "engine"):
+                continue
+            around = ctx.enclosing(c, (ast.If, ast.IfExp, ast.FunctionDef, ast.AsyncFunctionDef))
+            if around is not fn:
+                continue  # stepped under a condition: the loop's own boundary
+            scope = (ast.For, ast.AsyncFor, ast.While, ast.FunctionDef, ast.AsyncFunctionDef)
+            if ctx.enclosing(c, scope) is not ctx.enclosing(gate, scope):
+                continue  # stepped once after a loop over the window's micro-batches
+            yield ctx.finding(
+                "AG349", c,
+                f"`{ast.unparse(c.func)}()` runs after every backward, but the loop accumulates "
+                f"by hand (`no_sync()` under `{ast.unparse(gate.test)}`, line {gate.lineno}) "
+                f"while the DeepSpeed config's gradient_accumulation_steps is 1 ({ref.where}): "
+                "every engine.step() is then a boundary, so the engine steps after every "
+                "micro-batch, on each rank's own gradient inside no_sync",
+                fix="call engine.step() only at the window's last micro-batch (where no_sync is "
+                    "off), or drop the hand window and set gradient_accumulation_steps to K "
+                    "(then engine.step() after every backward is right)")
+            return

@@ -1,0 +1,112 @@
+"""A submodule assigned to the model itself after DDP wrapped it (F10): AG196, beside
+:mod:`.wrapbypass`'s form of it (through the wrapper's ``.module``).
+
+``DistributedDataParallel(model)`` builds its reducer from the parameters the model holds at
+that moment. A submodule set on the model afterwards (``model.head = nn.Linear(...)``: a new
+task head for fine-tuning, a resized embedding) brings parameters DDP never registered: the
+optimizer steps them on each rank's own gradient and the ranks' copies drift apart (DDP's
+``find_unused_parameters=True`` also keeps the replaced module from raising).
+
+Reported on the assignment when it runs after the wrap: below it in the same function, in
+another method of the class whose ``__init__`` wraps, or in a method called on the same
+object after the method that wraps (``trainer.wrap(); trainer.reset_head(5)``). Silent when
+the model is wrapped again after the assignment, or when the script reduces gradients by
+hand.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+from accumguard.static.findings import Finding
+from accumguard.static.lint._ast import DDP_WRAPPERS, FUNCS, dotted
+from accumguard.static.lint._context import FileContext
+from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families.unreduced import _reduces_by_hand
+
+__all__ = ["module_set_after_ddp"]
+
+_DDP = frozenset({"DistributedDataParallel", "DDP"})
+
+
+def _wraps(ctx: FileContext) -> list[tuple[ast.Call, str]]:
+    """``DDP(model, ...)`` calls with the wrapped model's dotted name."""
+    out = []
+    for c in ctx.of(ast.Call):
+        name = (dotted(c.func) or "").rsplit(".", 1)[-1]
+        if name in _DDP and name in DDP_WRAPPERS and c.args and (d := dotted(c.args[0])):
+            out.append((c, d))
+    return out
+
+
+def _module_ctor(ctx: FileContext, value: ast.AST) -> bool:
+    """``nn.Linear(...)``, ``torch.nn.Embedding(...)``, or a class of the file that subclasses
+    an ``nn`` module."""
+    if not isinstance(value, ast.Call):
+        return False
+    name = dotted(value.func) or ""
+    if name.startswith(("nn.", "torch.nn.")) and name.rsplit(".", 1)[-1][:1].isupper():
+        return True
+    cls = next((c for c in ctx.of(ast.ClassDef) if c.name == name), None)
+    return cls is not None and any("Module" in (dotted(b) or "") for b in cls.bases)
+
+
+def _method_calls(ctx: FileContext, fn: ast.AST) -> list[tuple[str, ast.AST | None, int]]:
+    """(receiver, enclosing function, line) of every ``obj.method(...)`` call in the file
+    whose method is ``fn``'s name."""
+    name = getattr(fn, "name", None)
+    return [(dotted(c.func.value) or "", ctx.enclosing(c, FUNCS), c.lineno) for c in ctx.of(ast.Call)
+            if isinstance(c.func, ast.Attribute) and c.func.attr == name]
+
+
+def _runs_after(ctx: FileContext, node: ast.AST, wrap: ast.Call) -> bool:
+    """``node`` runs after ``wrap``: below it in one function; in another method of the class
+    whose ``__init__`` wraps; or in a method called on an object after a call of the
+    wrapping method on that same object, in one function, with no call of the wrapping
+    method after it there (a wrap again)."""
+    fn, wfn = ctx.enclosing(node, FUNCS), ctx.enclosing(wrap, FUNCS)
+    if fn is wfn:
+        return getattr(node, "lineno", 0) > wrap.lineno
+    cls, wcls = ctx.enclosing(node, (ast.ClassDef,)), ctx.enclosing(wrap, (ast.ClassDef,))
+    if cls is None or cls is not wcls or not isinstance(fn, ast.FunctionDef) \
+            or not isinstance(wfn, ast.FunctionDef):
+        return False
+    if wfn.name == "__init__":
+        return fn.name != "__init__"
+    wrap_calls = _method_calls(ctx, wfn)
+    for recv, where, line in _method_calls(ctx, fn):
+        before = [ln for r, w, ln in wrap_calls if r == recv and w is where and ln < line]
+        again = [ln for r, w, ln in wrap_calls if r == recv and w is where and ln > line]
+        if before and not again:
+            return True
+    return False
+
+
+@rule("AG196")
+def module_set_after_ddp(ctx: FileContext) -> Iterator[Finding]:
+    wraps = _wraps(ctx)
+    if not wraps or _reduces_by_hand(ctx):
+        return
+    for node in ctx.of(ast.Assign):
+        if len(node.targets) != 1 or not isinstance(node.targets[0], ast.Attribute) \
+                or not _module_ctor(ctx, node.value):
+            continue
+        owner = dotted(node.targets[0].value) or ""
+        for wrap, model in wraps:
+            if owner not in (model, f"{model}.module") or not _runs_after(ctx, node, wrap):
+                continue
+            if any(m == model and _runs_after(ctx, w, node) for w, m in wraps if w is not wrap):
+                continue  # wrapped again after the new module
+            yield ctx.finding(
+                "AG196", node,
+                f"`{ast.unparse(node.targets[0])}` gets a new "
+                f"`{(dotted(node.value.func) or 'module').rsplit('.', 1)[-1] if isinstance(node.value, ast.Call) else 'module'}`"
+                f" after `{ast.unparse(wrap.func)}({model}, ...)` (line {wrap.lineno}) wrapped "
+                "the model: DDP's reducer holds the parameters the model had then, so this "
+                "module's gradients are never averaged over the ranks and each rank steps it on "
+                "its own",
+                fix="set the new module before DDP(...) wraps the model (and build the optimizer "
+                    "after), or wrap again",
+            )
+            break
