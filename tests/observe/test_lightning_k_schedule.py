@@ -74,7 +74,8 @@ def test_the_tail_is_judged_by_its_epochs_k_when_no_single_k_fits_the_run(tmp_pa
     findings = _fit(tmp_path, {0: 2, 1: 4}, batches=9, rescale_tail=False, reference_steps=12)
     f7 = [f for f in findings if f.cls == "F7" and f.severity.value == "error"]
     assert f7, findings
-    assert "had 1 of the K = 2 micro-steps that the framework set for that epoch" in f7[0].evidence
+    assert ("had 1 of the K = 2 micro-steps set for that epoch (by Lightning's "
+            "GradientAccumulationScheduler)") in f7[0].evidence
     assert "so its update is 1/2 of its mean gradient" in f7[0].evidence
 
 

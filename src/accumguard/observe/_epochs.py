@@ -255,9 +255,11 @@ def scheduled_ks(windows: list[StepWindow], changes: Sequence[Sequence[int]]
 
 
 def scheduled_tail_findings(rank: int, windows: list[StepWindow],
-                            changes: Sequence[Sequence[int]]) -> list[Finding]:
+                            changes: Sequence[Sequence[int]],
+                            by: str = "Lightning's GradientAccumulationScheduler") -> list[Finding]:
     """K set per epoch by the framework (``changes``: ``[backwards so far, K]`` at each
-    epoch's start, Lightning's ``GradientAccumulationScheduler``): a window of n < K
+    epoch's start, Lightning's ``GradientAccumulationScheduler``, or the script's own setting
+    of Accelerate's K: ``by``): a window of n < K
     micro-steps that ends a pass over the DataLoader (or that K's run of windows), after
     full windows of the same K whose loss weighed one same total, and whose own loss
     weighed n/K of it: divided by K instead of its n micro-steps (F7, an error)."""
@@ -281,12 +283,16 @@ def scheduled_tail_findings(rank: int, windows: list[StepWindow],
             continue
         return [_mk("F7", "error", rank, w.step, n - 1,
                     f"{m.words(n, k, at=False)}: the last window before optimizer step "
-                    f"{_n(w.step)} had {n} of the K = {k} micro-steps that the framework set "
-                    "for that epoch (Lightning's GradientAccumulationScheduler), while each of "
+                    f"{_n(w.step)} had {n} of the K = {k} micro-steps set for that epoch "
+                    f"(by {by}), while each of "
                     f"the {len(full)} full window(s) of that K weighed {ref:.4g}: the short "
                     f"window was divided by K instead of its {n} micro-steps, so its update "
                     f"is {n}/{k} of its mean gradient",
-                    fix="Normalise each window's loss by its own size: in training_step, "
-                        "multiply the loss by K / (the batches left in the epoch's last "
-                        "window) there, or use a K that divides the batches per epoch.")]
+                    fix=("Normalise each window's loss by its own size: in training_step, "
+                         "multiply the loss by K / (the batches left in the epoch's last "
+                         "window) there, or use a K that divides the batches per epoch."
+                         if "Lightning" in by else
+                         "Normalise each window's loss by its own size (divide by the window's "
+                         "micro-batch count, not K), or use a K that divides the batches per "
+                         "epoch."))]
     return []

@@ -183,6 +183,8 @@ class Observer(ForwardHooks, BackwardPath, StepMachinery, StepPrecision):
         self.engine_info: EngineInfo | None = None
         self.declared_k: dict[str, int] = {}
         self.k_changes: list[list[int]] = []
+        self.k_changes_by = ""  # who set them (the words of the findings)
+        self.accelerate_k_from = -1  # backwards before Accelerate's K > 1 was first seen
         self.state_loads: list[int] = []  # optimizer steps at which an optimizer's state was loaded
         # the training frameworks seen driving the run (a Trainer built, Accelerate's
         # backward called): the fixes are worded in their idiom (taxonomy.fix_in)

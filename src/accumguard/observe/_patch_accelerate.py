@@ -33,7 +33,16 @@ def patch_accelerator(obs: PatchHost, mod: ModuleType) -> None:
                 obs.frameworks.append("accelerate")
             k = getattr(acc, "gradient_accumulation_steps", None)
             if isinstance(k, int) and k > 1:  # 1 is the default: it declares nothing
-                obs.declared_k.setdefault("accelerate", k)
+                first = obs.declared_k.setdefault("accelerate", k)
+                if obs.accelerate_k_from < 0:
+                    obs.accelerate_k_from = obs.backward_total
+                last = obs.k_changes[-1][1] if obs.k_changes else first
+                if k != last:  # the script set acc.gradient_accumulation_steps anew (a
+                    # batch-size warm-up): each window is judged against the K it ran under
+                    if not obs.k_changes:
+                        obs.k_changes.append([obs.accelerate_k_from, first])
+                    obs.k_changes.append([obs.backward_total, k])
+                    obs.k_changes_by = "the script (Accelerator.gradient_accumulation_steps)"
                 state = getattr(acc, "gradient_state", None)
                 if state is not None and getattr(state, "sync_with_dataloader", False):
                     obs.accelerate_loader[0 if getattr(state, "in_dataloader", True) else 1] += 1

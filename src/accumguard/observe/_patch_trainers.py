@@ -53,6 +53,7 @@ def patch_lightning_k_schedule(obs: PatchHost, mod: ModuleType) -> None:
             k = getattr(trainer, "accumulate_grad_batches", None)
             if isinstance(k, int) and not isinstance(k, bool) and k >= 1:
                 obs.k_changes.append([obs.backward_total, k])
+                obs.k_changes_by = "Lightning's GradientAccumulationScheduler"
                 if "lightning" not in obs.frameworks:
                     obs.frameworks.append("lightning")
             return out

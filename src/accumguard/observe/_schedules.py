@@ -513,7 +513,8 @@ def run_horizon_findings(rec: RunRecording, rank: int, k: int | None) -> list[Fi
                             whole_epochs=complete_epochs(steps, pending),
                             serials=[s.opt_serial for s in steps],
                             step_backwards=[int(s.backwards or 0) for s in steps],
-                            k_scheduled=bool(end.get("k_changes")))
+                            k_scheduled=bool(end.get("k_changes")) and "Lightning" in str(
+                                end.get("k_changes_by") or "Lightning"))
 
 
 def _passes(steps: list[StepRecord], tail: JsonObject) -> tuple[int, bool]:

@@ -97,6 +97,8 @@ class PatchHost(EngineHost, Protocol):
     # what the frameworks declare (K per library; DeepSpeed's configuration: EngineHost)
     declared_k: dict[str, int]
     k_changes: list[list[int]]  # [backwards so far, K]: a framework changing K mid-run
+    k_changes_by: str  # who changed it (Lightning's GradientAccumulationScheduler, the script)
+    accelerate_k_from: int  # backwards before Accelerate's K > 1 was first seen (-1: not yet)
     state_loads: list[int]  # the optimizer step of each Optimizer.load_state_dict (a resume)
     frameworks: list[str]
     # Accelerate's backwards with K > 1 and windows closed at a pass's end: [inside a

@@ -232,7 +232,8 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
                               gres.k)
             if changes := rec.end.get(rank, {}).get("k_changes"):
                 found += rule("scheduled_tail_findings", scheduled_tail_findings, rank, ws,
-                              changes)
+                              changes, rec.end.get(rank, {}).get("k_changes_by")
+                              or "Lightning's GradientAccumulationScheduler")
             # the collective ledger (EXTRA_SYNC)
             found = rule("comm_findings", comm_findings, rank, group, found, default=found)
             found += rule("coalesced_flush_findings", coalesced_flush_findings, rank, group)

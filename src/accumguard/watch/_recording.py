@@ -500,7 +500,8 @@ class _Agent:
                          "steps": obs.step, "backwards_total": obs.backward_total,
                          **_engine_pending(obs),
                          "declared_k": dict(obs.declared_k), "engine": obs.engine,
-                         **({"k_changes": [list(c) for c in obs.k_changes]} if obs.k_changes else {}),
+                         **({"k_changes": [list(c) for c in obs.k_changes],
+                             "k_changes_by": obs.k_changes_by} if obs.k_changes else {}),
                          **({"state_loads": list(obs.state_loads)} if obs.state_loads else {}),
                          "frameworks": list(obs.frameworks),
                          **({"accelerate_unprepared": True}
