@@ -61,7 +61,11 @@ args = TrainingArguments(output_dir="o"{ga})
          ", gradient_accumulation_steps=4", []),
         ("loss = model(**inputs, labels=labels, num_items_in_batch=num_items_in_batch).loss",
          ", gradient_accumulation_steps=4", []),
-        ("loss = super().compute_loss(model, inputs)", ", gradient_accumulation_steps=4", []),
+        # (not AG118's: the parent gets no count, AG350's)
+        ("loss = super().compute_loss(model, inputs)", ", gradient_accumulation_steps=4",
+         [("AG350", 10, "error")]),
+        ("loss = super().compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)",
+         ", gradient_accumulation_steps=4", []),
         # num_items_in_batch read for an extra term only; the model's .loss is its own mean
         # (blind round 49 a_b01)
         ("n_tok = num_items_in_batch if num_items_in_batch is not None else 1\n        "

@@ -1207,6 +1207,26 @@ RULES: dict[str, Rule] = {
             "call engine.step() only at the window's last micro-batch, or let DeepSpeed "
             "accumulate (gradient_accumulation_steps = K, engine.step() after every backward)",
         ),
+        _rule(
+            "AG350", "compute-loss-drops-item-count", "LOSS_SCALE", E, MED,
+            "a Trainer subclass's compute_loss calls super().compute_loss without "
+            "num_items_in_batch: each micro-batch's mean, and the Trainer skips its / K",
+            "pass the count on: super().compute_loss(model, inputs, return_outputs, "
+            "num_items_in_batch=num_items_in_batch) (or **kwargs)",
+        ),
+        _rule(
+            "AG351", "divides-by-trainer-accelerator-k", "LOSS_SCALE", E, HI,
+            "a Trainer subclass divides by self.accelerator.gradient_accumulation_steps, which "
+            "the Trainer's own Accelerator holds as 1: the term is not divided by K",
+            "divide by self.current_gradient_accumulation_steps (the window's K; "
+            "self.args.gradient_accumulation_steps for a full window)",
+        ),
+        _rule(
+            "AG352", "count-reduced-as-a-python-number", "F6", E, HI,
+            "a count handed to Lightning's strategy.reduce as a Python number: returned "
+            "unchanged, it stays this rank's own",
+            "reduce a tensor (torch.tensor(n, device=...)) and use what the call returns",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

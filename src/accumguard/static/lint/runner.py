@@ -31,7 +31,7 @@ _SUPPRESS_RE = re.compile(r"#\s*accumguard:\s*ignore(?:\[([A-Za-z0-9_,\s]+)\])?"
 _RELEVANT_TEXT = re.compile(r"backward|all_reduce|gradient_sync|grad_sync|train_batch_size|"
                             r"train_micro_batch|gradient_accumulation_steps|zero_optimization|compute_loss|"
                             r"on_substep_end|accumulate_grad_batches|GradientAccumulationScheduler|"
-                            r"autograd\.grad\b|TrainingArguments|accum|Trainer\b")
+                            r"autograd\.grad\b|TrainingArguments|accum|Trainer\b|training_step|strategy\.reduce")
 #: above this many bytes a file is refused (generated data, not a training script; the
 #: syntax tree of a 16 MB script alone takes about 2 GB)
 MAX_BYTES = 16 * 1024 * 1024

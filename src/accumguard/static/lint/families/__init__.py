@@ -86,10 +86,12 @@
 ``lowbuffer``  AG197               gradients folded into hand-made bf16/fp16 accumulation buffers
 ``stephorizon`` AG198 AG339        a count of optimizer steps multiplied (HF num_training_steps) or divided
                                    (Lightning estimated_stepping_batches) by K
-``tempreduce`` AG199               a count all-reduced through a temporary copy (n.float())
+``tempreduce`` AG199 AG352         a count all-reduced through a temporary copy (n.float()), or given to Lightning's
+                                   strategy.reduce as a Python number
 ``lgkschedule`` AG302              a horizon from estimated_stepping_batches under a GradientAccumulationScheduler
 ``dsblocks``   AG303               a coalesce_grad_reduction() block per micro-step, the step after the loop
-``hfsuper``    AG304 AG334         a Trainer.training_step override dropping num_items_in_batch, or dividing by the configured K
+``hfsuper``    AG304 AG334 AG350   a Trainer.training_step or compute_loss override dropping num_items_in_batch, or dividing
+               AG351               by the configured K, or by the Trainer's Accelerator's K (always 1)
 ``dsunmanaged`` AG305              managed_gradient_accumulation false under the step-every-micro-batch loop
 ``hfmodel``    AG306               a Trainer.compute_loss forward through self.model, not the model argument
 ``chunktail``  AG307               windows from chunked(loader, K), every loss divided by K

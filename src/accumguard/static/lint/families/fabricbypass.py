@@ -6,7 +6,8 @@ original module's attribute, so ``model.encoder(x)`` runs the raw submodule and 
 of that forward reduces nothing: each rank steps on its own gradient. Reported for a call of
 an attribute that a class of the file assigns a module to (``self.encoder = Tower(...)``, a
 class of the file or ``nn.*``), on a name bound to ``fabric.setup``'s model, inside a loop
-that runs a backward, unless the file marks that attribute with ``mark_forward_method``
+that runs a backward (or in a function of the file such a loop hands that model to:
+``a2c_loss(agent, ...)``), unless the file marks that attribute with ``mark_forward_method``
 (which routes it through the wrapper).
 """
 
@@ -84,6 +85,28 @@ def _marked(ctx: FileContext) -> set[str]:
     return out
 
 
+def _handed_in_a_training_loop(ctx: FileContext, call: ast.Call, name: str, models: set[str]) -> bool:
+    """``call`` is in a function of the file whose parameter ``name`` a call inside a training
+    loop gives one of ``models`` (``a2c_loss(agent, ...)`` with ``agent`` from
+    ``fabric.setup``)."""
+    fn = ctx.enclosing(call, (ast.FunctionDef,))
+    if not isinstance(fn, ast.FunctionDef):
+        return False
+    params = [a.arg for a in (*fn.args.posonlyargs, *fn.args.args)]
+    if name not in params or any(isinstance(t, ast.Name) and t.id == name
+                                 for n in ast.walk(fn) if isinstance(n, ast.Assign) for t in n.targets):
+        return False
+    i = params.index(name)
+    for site in ctx.of(ast.Call):
+        if not (isinstance(site.func, ast.Name) and site.func.id == fn.name):
+            continue
+        given = next((k.value for k in site.keywords if k.arg == name),
+                     site.args[i] if i < len(site.args) else None)
+        if isinstance(given, ast.Name) and given.id in models and _in_training_loop(ctx, site):
+            return True
+    return False
+
+
 @rule("AG300")
 def submodule_through_the_fabric_wrapper(ctx: FileContext) -> Iterator[Finding]:
     models = _fabric_models(ctx)
@@ -93,9 +116,11 @@ def submodule_through_the_fabric_wrapper(ctx: FileContext) -> Iterator[Finding]:
     for call in ctx.of(ast.Call):
         func = call.func
         if not (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)
-                and func.value.id in models and func.attr in attrs):
+                and func.attr in attrs):
             continue
-        if not _in_training_loop(ctx, call):
+        if func.value.id in models and _in_training_loop(ctx, call):
+            pass
+        elif not _handed_in_a_training_loop(ctx, call, func.value.id, models):
             continue
         yield ctx.finding(
             "AG300", call,

@@ -13,6 +13,21 @@ AG334 (F7, a warning): a ``training_step`` override dividing the loss by
 micro-batches left (``self.current_gradient_accumulation_steps``, which its own
 ``training_step`` divides by); divided by the configured K, a short last window is scaled as
 if it were full. A warning: whether an epoch has such a window depends on the data's size.
+
+AG350 (LOSS_SCALE): a ``compute_loss`` override that receives the count (``num_items_in_batch``
+or ``**kwargs``) and calls ``super().compute_loss(model, inputs, ...)`` without it. The parent
+then lets the model average each micro-batch over its own tokens, while ``training_step``,
+which handed the count in, still counts the loss as normalised to the window and skips its
+division by the accumulation steps: each micro-batch's mean weighs 1, K times the large
+batch's. Silent when the model is a class of the file whose ``forward`` takes no
+``**kwargs`` (the Trainer then divides by K itself), or when the file sets
+``loss_is_scaled_for_ga``, ``model_accepts_loss_kwargs`` or a ``compute_loss_func``.
+
+AG351 (LOSS_SCALE): a method of a ``Trainer`` subclass divides by
+``self.accelerator.gradient_accumulation_steps`` (or through a name bound to
+``self.accelerator``). The Trainer builds its Accelerator with ``num_steps = 1`` and
+accumulates itself, so that value is always 1: the term meant to be divided by K is not,
+and weighs K times its share. ``self.current_gradient_accumulation_steps`` is the window's K.
 """
 
 from __future__ import annotations
@@ -26,14 +41,15 @@ from accumguard.static.lint._ast import dotted
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._hftrainer import trainer_methods
+from accumguard.static.lint.families.hfscale import _model_without_loss_kwargs
 
 _COUNT = "num_items_in_batch"
 
 
-def _super_call(node: ast.AST) -> bool:
-    """``super().training_step(...)`` (or ``super(Cls, self)``)."""
+def _super_call(node: ast.AST, method: str = "training_step") -> bool:
+    """``super().<method>(...)`` (or ``super(Cls, self)``)."""
     return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-            and node.func.attr == "training_step" and isinstance(node.func.value, ast.Call)
+            and node.func.attr == method and isinstance(node.func.value, ast.Call)
             and dotted(node.func.value.func) == "super")
 
 
@@ -74,3 +90,73 @@ def training_step_divides_by_configured_k(ctx: FileContext) -> Iterator[Finding]
                     "divided by K, that window's update is scaled as if it were full")
                 yield replace(f, severity=Severity.WARNING, confidence=Confidence.MEDIUM)
                 break
+
+
+def _scaling_settled(ctx: FileContext) -> bool:
+    """The file decides the Trainer's loss scaling itself: it sets ``loss_is_scaled_for_ga``
+    or ``(model_)accepts_loss_kwargs``, or gives a ``compute_loss_func``."""
+    names = ("loss_is_scaled_for_ga", "accepts_loss_kwargs", "model_accepts_loss_kwargs")
+    return any(isinstance(t, ast.Attribute | ast.Name) and (dotted(t) or "").rsplit(".", 1)[-1] in names
+               for n in ctx.of(ast.Assign) for t in n.targets) \
+        or any(k.arg == "compute_loss_func" for c in ctx.of(ast.Call) for k in c.keywords)
+
+
+@rule("AG350")
+def compute_loss_drops_item_count(ctx: FileContext) -> Iterator[Finding]:
+    if _scaling_settled(ctx):
+        return
+    for cls, fn in trainer_methods(ctx, "compute_loss"):
+        if _COUNT not in {a.arg for a in (*fn.args.args, *fn.args.kwonlyargs)} and fn.args.kwarg is None:
+            continue
+        if _model_without_loss_kwargs(ctx, cls) is not None:
+            continue
+        for call in ast.walk(fn):
+            if not _super_call(call, "compute_loss"):
+                continue
+            assert isinstance(call, ast.Call)
+            passed = (len(call.args) >= 4 or any(k.arg in (_COUNT, None) for k in call.keywords)
+                      or any(isinstance(a, ast.Starred) for a in call.args))
+            if passed:
+                continue
+            yield ctx.finding(
+                "AG350", call,
+                f"`{cls.name}.compute_loss` calls `super().compute_loss(...)` without the "
+                f"window's `{_COUNT}`: the parent lets the model average each micro-batch over "
+                "its own tokens, while training_step, which passed the count in, takes the loss "
+                "as normalised to the window and skips its division by the accumulation steps: "
+                "each micro-batch's mean weighs 1, the window K times the large batch's mean")
+            break
+
+
+def _accelerator_k(node: ast.AST, aliases: set[str]) -> bool:
+    """``self.accelerator.gradient_accumulation_steps`` or ``acc.gradient_accumulation_steps``
+    with ``acc`` bound to ``self.accelerator``."""
+    return isinstance(node, ast.Attribute) and node.attr == "gradient_accumulation_steps" and (
+        dotted(node.value) == "self.accelerator" or dotted(node.value) in aliases)
+
+
+@rule("AG351")
+def divides_by_trainer_accelerator_k(ctx: FileContext) -> Iterator[Finding]:
+    for cls in ctx.of(ast.ClassDef):
+        if not (isinstance(cls, ast.ClassDef)
+                and any((dotted(b) or "").endswith("Trainer") for b in cls.bases)) or any(
+                    isinstance(f, ast.FunctionDef) and f.name == "create_accelerator_and_postprocess"
+                    for f in cls.body):
+            continue  # (an Accelerator the subclass builds itself may hold K)
+        for fn in cls.body:
+            if not isinstance(fn, ast.FunctionDef):
+                continue
+            aliases = {t.id for n in ast.walk(fn) if isinstance(n, ast.Assign)
+                       and dotted(n.value) == "self.accelerator" for t in n.targets
+                       if isinstance(t, ast.Name)}
+            hit = next((n for n in ast.walk(fn) if isinstance(n, ast.BinOp)
+                        and isinstance(n.op, ast.Div) and _accelerator_k(n.right, aliases)), None)
+            if hit is None:
+                continue
+            yield ctx.finding(
+                "AG351", hit,
+                f"`{cls.name}.{fn.name}` divides by `{ast.unparse(hit.right)}`, which the "
+                "Trainer's own Accelerator always holds as 1 (the Trainer builds it with "
+                "num_steps = 1 and accumulates itself): this division does nothing, and the "
+                "term weighs K times its share of the window")
+            return

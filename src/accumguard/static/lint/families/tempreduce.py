@@ -11,6 +11,12 @@ argument is a copy for certain: a
 file made as an integer tensor (``torch.tensor(sum(...))`` of ints, ``dtype=torch.long``);
 ``.float()`` of a float tensor returns the tensor itself and is not judged. Gradients
 reduced into copies are AG193's.
+
+AG352 (F6): a count handed to Lightning's strategy reduction as a Python number
+(``self.trainer.strategy.reduce(float(n))``, ``strategy.reduce(n.item())``). Lightning's
+strategies reduce tensors only and return anything else unchanged: the value stays this
+rank's own count, and a loss divided by it is normalised per rank where the script meant the
+count over all ranks. (Fabric's ``all_reduce`` turns numbers into tensors first: not this.)
 """
 
 from __future__ import annotations
@@ -121,3 +127,41 @@ def count_reduced_through_a_copy(ctx: FileContext) -> Iterator[Finding]:
             "it is divided by each rank's own count where the large batch divides by the "
             "count over all ranks")
         yield replace(finding, severity=Severity.ERROR, confidence=Confidence.HIGH)
+
+
+def _python_number(arg: ast.AST) -> str | None:
+    """Why ``arg`` is a Python number, not a tensor: a literal, ``float(...)``/``int(...)``/
+    ``len(...)``, ``x.item()``; else None."""
+    if isinstance(arg, ast.Constant) and type(arg.value) in (int, float):
+        return "a number literal"
+    if isinstance(arg, ast.Call) and isinstance(arg.func, ast.Name) and arg.func.id in ("float", "int", "len"):
+        return f"`{arg.func.id}(...)`, a Python number"
+    if isinstance(arg, ast.Call) and call_attr(arg) in ("item", "tolist") and not arg.args:
+        return f"`.{call_attr(arg)}()`, a Python number"
+    return None
+
+
+def _framework_reduce(call: ast.Call) -> str | None:
+    """``<...>.strategy.reduce(x)`` (Lightning's): its words."""
+    name = dotted(call.func) or ""
+    if call_attr(call) == "reduce" and name.rsplit(".", 1)[0].endswith("strategy"):
+        return "Lightning's strategy.reduce"
+    return None
+
+
+@rule("AG352")
+def count_reduced_as_a_python_number(ctx: FileContext) -> Iterator[Finding]:
+    for call in ctx.of(ast.Call):
+        if not isinstance(call, ast.Call) or not call.args:
+            continue
+        who = _framework_reduce(call)
+        why = _python_number(call.args[0]) if who is not None else None
+        if who is None or why is None:
+            continue
+        yield ctx.finding(
+            "AG352", call,
+            f"`{ast.unparse(call)}` hands {who} {why}: it reduces tensors only and returns "
+            "anything else unchanged, so the value stays this rank's own; a loss divided by "
+            "it is normalised per rank, not by the count over all ranks",
+            fix="reduce a tensor: `strategy.reduce(torch.tensor(float(n), device=self.device), "
+                "reduce_op=\"sum\")`, and use what it returns")

@@ -1,0 +1,36 @@
+# corpus: style=fabric class=F10
+"""Fabric actor-critic whose loss helper runs the model's submodules on the model
+fabric.setup returned, handed in as an argument: the forward bypasses DDP's (blind round 126
+c_b02)."""
+import lightning as L
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class ActorCritic(nn.Module):
+    def __init__(self, d, n):
+        super().__init__()
+        self.torso = nn.Linear(d, 32)
+        self.pi = nn.Linear(32, n)
+
+    def forward(self, x):
+        return self.pi(self.torso(x))
+
+
+def pg_loss(agent, obs, actions, adv):
+    logits = agent.pi(agent.torso(obs))  # expect: AG300, AG300
+    return -(F.log_softmax(logits, -1).gather(1, actions[:, None]).squeeze(1) * adv).mean()
+
+
+def main(batches, k):
+    fabric = L.Fabric(accelerator="cpu", devices=2, strategy="ddp")
+    agent = ActorCritic(8, 4)
+    opt = torch.optim.Adam(agent.parameters(), lr=1e-3)
+    agent, opt = fabric.setup(agent, opt)
+    for i, (obs, actions, adv) in enumerate(batches):
+        with fabric.no_backward_sync(agent, enabled=(i + 1) % k != 0):
+            fabric.backward(pg_loss(agent, obs, actions, adv) / k)
+        if (i + 1) % k == 0:
+            opt.step()
+            opt.zero_grad()
