@@ -126,6 +126,7 @@ class StepRecord:
     forwards: list[int] = field(default_factory=list)
     ds_boundaries: list[bool | None] = field(default_factory=list)
     ds_coalescing: list[bool] = field(default_factory=list)
+    ds_micro_ids: list[int | None] = field(default_factory=list)  # ZeRO's micro_step_id per backward
     engine_step_calls: int = 0  # DeepSpeed engine.step() calls in the window
     max_backwards_per_engine_step: int = 0  # ... before an engine.step() call that did not step
     # a window without a backward pass: did its step change the parameters? (None: a

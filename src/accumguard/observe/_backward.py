@@ -139,6 +139,8 @@ class BackwardPath:
                 flag = getattr(engine, "is_gradient_accumulation_boundary")  # noqa: B009
                 ev.ds_boundary = bool(flag())
                 ev.ds_coalescing = bool(getattr(engine, "inside_no_sync_ctxt", False))
+                mid = getattr(getattr(engine, "optimizer", None), "micro_step_id", None)
+                ev.ds_micro_id = mid if type(mid) is int else None
         # an unchecked window stays unchecked: skip the call on the hot path
         track = False if self._window_checked is False else self._tracking()
         if track:

@@ -45,6 +45,9 @@ class BackwardEvent:
     reductions: int = 0  # gradient-reducing collectives issued inside this backward
     ds_boundary: bool | None = None  # DeepSpeed: engine boundary flag at this backward
     ds_coalescing: bool = False  # DeepSpeed: inside coalesce_grad_reduction / no_sync
+    # DeepSpeed ZeRO: the optimizer's micro_step_id at this backward (ZeRO-3 advances it in
+    # engine.forward; a backward at the same id as the one before copies over its gradient)
+    ds_micro_id: int | None = None
     forwards: int = 0  # watched forwards since the previous backward
     new_pass: bool = False  # a pass over a DataLoader began since the previous backward
     # attribution (``Observer(attribute=True)``): True when this backward reached the output

@@ -367,7 +367,8 @@ def _walk(root: torch.Tensor | Sequence[torch.Tensor], out: Walk, stops: frozens
             return
         node, index, divs, split, means, opaque, weighted, factors, first, msum, above, rowdiv = \
             stack.pop()
-        if type(node).__name__ == _DDP_SINK:
+        name = type(node).__name__
+        if name == _DDP_SINK:
             # DDP's identity on its forward's outputs (find_unused_parameters, the HF
             # Trainer's default): output i is tensor input i. One node for all the outputs
             # (a loss computed in the model, its logits), so walked per path, not marked seen.
@@ -382,7 +383,6 @@ def _walk(root: torch.Tensor | Sequence[torch.Tensor], out: Walk, stops: frozens
         out.chain[seq] = (divs, split)
         if rowdiv:
             out.row_divided.add(seq)
-        name = type(node).__name__
         nxt = [(n, i) for n, i in node.next_functions if n is not None]
         select = _selection(name, node)
         if seq in stops:

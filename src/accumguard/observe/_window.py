@@ -145,6 +145,7 @@ class StepTally:
         forwards: list[int] = []
         boundaries: list[bool | None] = []
         coalescing: list[bool] = []
+        micro_ids: list[int | None] = []
         reductions = self.reductions_between
         rounds = 1 if self.reductions_between else 0
         for b in self.backwards:
@@ -156,6 +157,7 @@ class StepTally:
             forwards.append(b.forwards)
             boundaries.append(b.ds_boundary)
             coalescing.append(b.ds_coalescing)
+            micro_ids.append(b.ds_micro_id)
             if b.reductions:
                 reductions += b.reductions
                 rounds += 1
@@ -169,7 +171,8 @@ class StepTally:
             data_pass_starts=list(self.data_passes), reductions=reductions,
             reduction_rounds=rounds, sync_micros=syncs, sync_mismatch=mismatch,
             sync_backward=sync_bw, forwards=forwards, ds_boundaries=boundaries,
-            ds_coalescing=coalescing, engine_step_calls=self.engine_step_calls,
+            ds_coalescing=coalescing, ds_micro_ids=micro_ids if micro_ids.count(None) < len(micro_ids) else [],
+            engine_step_calls=self.engine_step_calls,
             max_backwards_per_engine_step=self.max_bw_per_engine_step,
             moved_without_backward=moved if not self.backwards else None,
             grad_norm=grad_norm, conservation=conservation, checksum=checksum, wall=wall,

@@ -113,6 +113,7 @@ from accumguard.observe._weight_rules import (
     loss_weight_findings,
 )
 from accumguard.observe._wipe_rules import wipe_finding
+from accumguard.observe._zero3_rules import zero3_overwrite_findings
 
 __all__ = ["F12_ERROR_FACTOR", "NUMBERING", "WEIGHT_TOL", "WEIGHT_TOL_LOW_PRECISION", "DeclaredK", "Finding",
            "KResolution", "RunRecording", "Severity", "analyze", "classify_token_weights",
@@ -204,6 +205,7 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
                           int(rec.end.get(rank, {}).get("pending_backwards") or 0))
             found += rule("no_update", _no_update, rank, steps)
             found += rule("two_pass", _two_pass, rank, steps)
+            found += rule("zero3_overwrite_findings", zero3_overwrite_findings, rank, ws, info)
             found += rule("loss_weight_findings", loss_weight_findings, rank, ws, rec.world)
             found += rule("mixed_window_findings", mixed_window_findings, rank, ws, gres.k)
             if not right:
