@@ -1227,6 +1227,12 @@ RULES: dict[str, Rule] = {
             "unchanged, it stays this rank's own",
             "reduce a tensor (torch.tensor(n, device=...)) and use what the call returns",
         ),
+        _rule(
+            "AG353", "rank-loader-horizon-divided-by-world", "F4", E, MED,
+            "a schedule horizon counted from a DistributedSampler loader's length (one rank's "
+            "share) and divided by the world size too: W x early",
+            "drop the world size: epochs * len(loader) // K optimizer steps per rank",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

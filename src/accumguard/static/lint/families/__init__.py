@@ -72,7 +72,8 @@
 ``gradwrite``  AG167               .grad overwritten from autograd.grad on every micro-step
 ``wrapgate``   AG168 AG194         an optimizer wrapper that gates itself, gated again by the loop;
                                    a window hook stepping every K windows of the loop's own
-``dphorizon``  AG169 AG175         a horizon over the whole dataset a DistributedSampler splits
+``dphorizon``  AG169 AG175 AG353   a horizon over the whole dataset a DistributedSampler splits, or over a rank's loader
+                                   divided by the world size again
 ``hfclip``     AG177 AG182         a clip setting that never reaches TrainingArguments or DeepSpeed
                                    (their default clip, 1.0)
 ``spawnworld`` AG170               WORLD_SIZE read (default 1) in ranks mp.spawn started

@@ -17,6 +17,11 @@ AG175 (F4): the same split in a schedule written by hand that counts data consum
 horizon it is compared with counts the whole dataset a ``DistributedSampler`` splits
 (``final_tokens = epochs * len(ds) * block_size``): each rank consumes 1/W of it, so the
 schedule moves W x slow and never gets past 1/W of its decay.
+
+AG353 (F4): the other way round: the horizon reads the length of a loader built on a
+``DistributedSampler`` (``len(self.loader)``: this rank's micro-batches already) and divides
+by the world size as well as by K (``epochs * len(loader) // (K * W)``): the schedule ends W x
+early (the learning rate reaches its end halfway through the run on two ranks).
 """
 
 from __future__ import annotations
@@ -38,7 +43,8 @@ from accumguard.static.lint.families._horizonexpr import (
     window_of,
 )
 
-__all__ = ["horizon_over_whole_dataset", "rank_local_progress_against_whole_dataset"]
+__all__ = ["horizon_over_whole_dataset", "rank_local_progress_against_whole_dataset",
+           "rank_loader_horizon_divided_by_world"]
 
 #: a counter of data consumed (tokens, samples) and a horizon in the same units
 _PROGRESS = re.compile(r"^(n_)?(tokens?|samples?|examples?)(_seen|_consumed|_processed)?$|"
@@ -190,3 +196,54 @@ def rank_local_progress_against_whole_dataset(ctx: FileContext) -> Iterator[Find
                 "the schedule moves W x slow and never gets past 1/W of its way",
             )
             break
+
+
+def _split_loaders(ctx: FileContext) -> set[str]:
+    """Names bound to a ``DataLoader(..., sampler=<a DistributedSampler>)``: each rank's share."""
+    samplers = {d for a in ctx.of(ast.Assign) if isinstance(a.value, ast.Call)
+                and (dotted(a.value.func) or "").endswith("DistributedSampler")
+                for t in a.targets if (d := dotted(t))}
+    out: set[str] = set()
+    for a in ctx.of(ast.Assign):
+        c = a.value
+        if not (isinstance(c, ast.Call) and (dotted(c.func) or "").endswith("DataLoader")):
+            continue
+        smp = next((k.value for k in c.keywords if k.arg == "sampler"), None)
+        if smp is None or not ((isinstance(smp, ast.Call) and (dotted(smp.func) or "").endswith(
+                "DistributedSampler")) or dotted(smp) in samplers):
+            continue
+        out |= {d for t in a.targets if (d := dotted(t))}
+    return out
+
+
+@rule("AG353")
+def rank_loader_horizon_divided_by_world(ctx: FileContext) -> Iterator[Finding]:
+    loaders = _split_loaders(ctx)
+    if not loaders:
+        return
+    for name, ctor, horizon in schedulers(ctx):
+        source = _through_tuple_helper(ctx, horizon)
+        parts = expand(ctx, source)
+        lens = len_args(parts)
+        if not lens or not lens <= loaders:
+            continue
+        divisors = [n for d in divides(parts) for n in walk_all(d)]
+        world = next((d for n in divisors if isinstance(n, ast.Name | ast.Attribute)
+                      and (d := dotted(n)) and (WORLD_RE.search(d.rsplit(".", 1)[-1].lower())
+                                                or "replica" in d.lower())), None)
+        if world is None or not any(ctx.mentions_accum(n) for n in divisors):
+            continue
+        if not _stepped_per_update(ctx, name):
+            continue
+        shown = f"`{ast.unparse(source)}`"
+        counted = next((p for p in parts[1:] if len_args([p])), None)
+        if counted is not None:
+            shown += f" (from `{ast.unparse(counted)}`)"
+        yield ctx.finding(
+            "AG353", ctor,
+            f"the schedule's horizon {shown} divides by the world size `{world}`, but "
+            f"`{sorted(lens)[0]}` is built on a `DistributedSampler`: its length is this rank's "
+            f"micro-batches already, so the horizon is W times too short and `{name}` reaches "
+            "the end of its schedule after 1/W of the run",
+            fix="drop the world size from the horizon: epochs * len(loader) // K is the number "
+                "of optimizer steps each rank makes")
