@@ -1233,6 +1233,19 @@ RULES: dict[str, Rule] = {
             "share) and divided by the world size too: W x early",
             "drop the world size: epochs * len(loader) // K optimizer steps per rank",
         ),
+        _rule(
+            "AG354", "grad-scaled-in-post-accumulate-hook", "LOSS_SCALE", E, HI,
+            "a register_post_accumulate_grad_hook hook that scales .grad: it scales the "
+            "window's running sum after every backward, the first micro-batch K times",
+            "divide the loss by K, or scale each backward's own gradient with a tensor "
+            "register_hook",
+        ),
+        _rule(
+            "AG355", "one-based-index-with-plus-one", "F13", E, HI,
+            "micro-batches numbered from 1 while the boundary test adds 1 more: every pass's "
+            "first window holds K - 1 micro-batches",
+            "count from 0 with (i + 1) % K == 0, or test i % K == 0 with start=1",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,
