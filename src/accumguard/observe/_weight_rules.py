@@ -244,8 +244,7 @@ def loss_weight_findings(rank: int | None, windows: list[StepWindow], world: int
             by_world = (world > 1 and w.engine in ("ddp", "fsdp2") and not undivided
                         and abs(mass - world) <= 1e-3 * world and not _divided_by(recs, k))
             if by_world and scale is not None:
-                clip = ("" if _near(scale, 1.0, low) else
-                        f" before the clip (x{scale:.3g}) that the optimizer's gradient then got")
+                clip = _clip_words(scale, low)
                 out.append(_mk("LOSS_SCALE", "error", rank, w.step, None,
                                f"{_short(site)}: each of the {k} micro-steps of optimizer "
                                f"step {_n(w.step)} backpropagated its loss's {u} with a "
@@ -268,8 +267,7 @@ def loss_weight_findings(rank: int | None, windows: list[StepWindow], world: int
                 # the same measurement shows the scale: each micro-step's mean whole, K in
                 # all; said only where conservation showed what reached the optimizer (an
                 # engine's own buffers, DeepSpeed ZeRO, are not read)
-                clip = ("" if _near(scale, 1.0, low) else
-                        f" before the clip (x{scale:.3g}) that the optimizer's gradient then got")
+                clip = _clip_words(scale, low)
                 out.append(_mk("LOSS_SCALE", "error", rank, w.step, None,
                                f"{_short(site)}: each of the {k} micro-steps of optimizer "
                                f"step {_n(w.step)} backpropagated its loss's {u} with a "
@@ -285,6 +283,12 @@ def loss_weight_findings(rank: int | None, windows: list[StepWindow], world: int
         if out:
             break
     return out
+
+
+def _clip_words(scale: float, low: bool) -> str:
+    """What the received scale adds to the finding's words: a clip below 1, else nothing."""
+    return "" if _near(scale, 1.0, low) else \
+        f" before the clip (x{scale:.3g}) that the optimizer's gradient then got"
 
 
 def _received_scale(w: StepWindow, low: bool) -> float | None:

@@ -114,15 +114,22 @@ def _stepped_per_update(ctx: FileContext, name: str) -> bool:
     return True
 
 
+def _horizons(ctx: FileContext) -> Iterator[tuple[str, ast.AST, ast.AST, list[ast.AST], set[str]]]:
+    """Per scheduler of the file: its name, its construction, the horizon expression (through
+    a tuple helper), the expression's parts followed through names, and the names whose
+    ``len()`` they read."""
+    for name, ctor, horizon in schedulers(ctx):
+        source = _through_tuple_helper(ctx, horizon)
+        parts = expand(ctx, source)
+        yield name, ctor, source, parts, len_args(parts)
+
+
 @rule("AG169")
 def horizon_over_whole_dataset(ctx: FileContext) -> Iterator[Finding]:
     split = _split_datasets(ctx)
     if not split:
         return
-    for name, ctor, horizon in schedulers(ctx):
-        source = _through_tuple_helper(ctx, horizon)
-        parts = expand(ctx, source)
-        lens = len_args(parts)
+    for name, ctor, source, parts, lens in _horizons(ctx):
         whole = lens & split
         if not whole or lens - split:
             continue
@@ -221,10 +228,7 @@ def rank_loader_horizon_divided_by_world(ctx: FileContext) -> Iterator[Finding]:
     loaders = _split_loaders(ctx)
     if not loaders:
         return
-    for name, ctor, horizon in schedulers(ctx):
-        source = _through_tuple_helper(ctx, horizon)
-        parts = expand(ctx, source)
-        lens = len_args(parts)
+    for name, ctor, source, parts, lens in _horizons(ctx):
         if not lens or not lens <= loaders:
             continue
         divisors = [n for d in divides(parts) for n in walk_all(d)]
