@@ -1246,6 +1246,12 @@ RULES: dict[str, Rule] = {
             "first window holds K - 1 micro-batches",
             "count from 0 with (i + 1) % K == 0, or test i % K == 0 with start=1",
         ),
+        _rule(
+            "AG356", "made-in-configure-optimizers", "F10", E, HI,
+            "a parameter or submodule created in a LightningModule's configure_optimizers under "
+            "a data-parallel Trainer: DDP wrapped the module before, never averages it",
+            "create it in __init__ (or setup), before the strategy wraps the module",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

@@ -12,6 +12,12 @@ another method of the class whose ``__init__`` wraps, or in a method called on t
 object after the method that wraps (``trainer.wrap(); trainer.reset_head(5)``). Silent when
 the model is wrapped again after the assignment, or when the script reduces gradients by
 hand.
+
+AG356 (F10): a ``LightningModule`` that creates a parameter or a submodule in
+``configure_optimizers`` (``self.log_tau = nn.Parameter(...)``) under a data-parallel
+``Trainer`` (several devices, or a DDP strategy). Lightning's DDP strategy wraps the module
+before it calls ``configure_optimizers``: DDP never registered what is made there, and each
+rank steps it on its own gradient.
 """
 
 from __future__ import annotations
@@ -23,9 +29,10 @@ from accumguard.static.findings import Finding
 from accumguard.static.lint._ast import DDP_WRAPPERS, FUNCS, dotted
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families.fabricunset import multi_device
 from accumguard.static.lint.families.unreduced import _reduces_by_hand
 
-__all__ = ["module_set_after_ddp"]
+__all__ = ["module_set_after_ddp", "made_in_configure_optimizers"]
 
 _DDP = frozenset({"DistributedDataParallel", "DDP"})
 
@@ -110,3 +117,35 @@ def module_set_after_ddp(ctx: FileContext) -> Iterator[Finding]:
                     "after), or wrap again",
             )
             break
+
+
+def _new_parameter(value: ast.AST) -> bool:
+    """``nn.Parameter(...)`` / ``torch.nn.Parameter(...)``."""
+    return isinstance(value, ast.Call) and (dotted(value.func) or "").rsplit(".", 1)[-1] == "Parameter"
+
+
+@rule("AG356")
+def made_in_configure_optimizers(ctx: FileContext) -> Iterator[Finding]:
+    trainers = [c for c in ctx.of(ast.Call) if (dotted(c.func) or "").rsplit(".", 1)[-1] == "Trainer"]
+    if not trainers or not all(multi_device(c) for c in trainers) or _reduces_by_hand(ctx) \
+            or any("deepspeed" in ast.unparse(k.value).lower() for c in trainers for k in c.keywords
+                   if k.arg == "strategy"):
+        return  # (DeepSpeed's strategy builds its engine from configure_optimizers' result)
+    for fn in ctx.of(ast.FunctionDef):
+        if not isinstance(fn, ast.FunctionDef) or fn.name != "configure_optimizers":
+            continue
+        for node in ast.walk(fn):
+            if not (isinstance(node, ast.Assign) and len(node.targets) == 1
+                    and isinstance(t := node.targets[0], ast.Attribute)
+                    and dotted(t.value) == "self"
+                    and (_new_parameter(node.value) or _module_ctor(ctx, node.value))):
+                continue
+            yield ctx.finding(
+                "AG356", node,
+                f"`{ast.unparse(node.targets[0])}` is created in configure_optimizers: under a "
+                "data-parallel Trainer, Lightning's DDP strategy wraps the module before it "
+                "calls configure_optimizers, so DDP never registered this "
+                + ("parameter" if _new_parameter(node.value) else "module's parameters")
+                + " and each rank steps it on its own gradient",
+                fix="create it in __init__ (or setup), before the strategy wraps the module")
+            return
