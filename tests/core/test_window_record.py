@@ -16,7 +16,7 @@ LINE_KEYS = [
     "engine", "zero_grads", "zero_grads_between", "scheduler_steps", "scheduler_positioned",
     "clips", "clip_micros",
     "clip_functions", "data_pass_starts", "reductions", "reduction_rounds", "sync_micros",
-    "sync_mismatch", "sync_backward", "forwards", "ds_boundaries", "ds_coalescing",
+    "sync_mismatch", "sync_backward", "forwards", "ds_boundaries", "ds_coalescing", "ds_micro_ids",
     "engine_step_calls", "max_backwards_per_engine_step", "moved_without_backward",
     "grad_norm", "checksum", "wall", "param_dtype", "losses", "discarded", "rank_factor",
     "optimizer_index", "precision", "param_norm", "lr_changes", "lr", "terms", "in_backward",

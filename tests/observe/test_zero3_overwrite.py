@@ -31,3 +31,14 @@ def test_other_zero_stages_are_not_judged() -> None:
         info["zero_stage"] = 2
     found, _, _ = analyze(rec)
     assert not any(f.cls == "F3" for f in found), found
+
+
+def test_backwards_inside_a_coalesced_block_are_not_judged() -> None:
+    """Inside ``engine.coalesce_grad_reduction()`` (accumguard's own deferred mode, caught by
+    the guard/watch catalogue's ZeRO-3 accumulator loop) the id stays put by design."""
+    rec = load_recordings(RECORDED / "r126_ds_zero3_forward_past_engine")
+    for lines in rec.steps.values():
+        for step in lines:
+            step["ds_coalescing"] = [True] * len(step.get("ds_micro_ids") or [])
+    found, _, _ = analyze(rec)
+    assert not any(f.cls == "F3" for f in found), found

@@ -7,7 +7,8 @@ forward (``engine(x)``), after a backward ran. A model called past the engine's 
 (``engine.module.encode(x)``, a method of the module) keeps the id at 0: every backward of
 the window copies over the one before, and only the last micro-batch reaches the step. The
 observer reads the id at each ``engine.backward`` (``StepRecord.ds_micro_ids``); two
-backwards of one window at the same id are the proof.
+backwards of one window at the same id are the proof, unless they ran inside
+``coalesce_grad_reduction`` (the id stays put there by design).
 """
 
 from __future__ import annotations
@@ -27,7 +28,11 @@ def zero3_overwrite_findings(rank: int, windows: list[StepWindow], info: JsonObj
         ids = list(w.ds_micro_ids or [])
         if len(ids) < 2 or len(ids) != int(w.window) or any(i is None for i in ids):
             continue
-        same = next((j for j in range(1, len(ids)) if ids[j] == ids[j - 1]), None)
+        coal = list(w.ds_coalescing or []) + [False] * len(ids)
+        # (inside coalesce_grad_reduction the id stays put by design: the block is reduced
+        # once at its end, from gradients summed outside the partitions)
+        same = next((j for j in range(1, len(ids)) if ids[j] == ids[j - 1]
+                     and not coal[j] and not coal[j - 1]), None)
         if same is not None:
             hit.append((w, same, int(ids[same] or 0)))
     if not hit:
