@@ -196,6 +196,7 @@ class NameResolver:
         self._function = function  # the file's one function of that name (None: none or several)
         self._active: set[int] = set()
         self._calls: dict[str, list[ast.Call]] | None = None
+        self._attrs: set[str] | None = None
 
     def scope_of(self, node: ast.AST) -> ast.AST:
         cur = self.parents.get(node)
@@ -264,8 +265,7 @@ class NameResolver:
             inner = self.binding(value)
             value = inner[1].value if inner is not None else None
         lit = dataclass_dict(value, self.classes) if value is not None else None
-        if lit is None or any(isinstance(t, ast.Attribute) and t.attr == attr
-                              for n in ast.walk(self.tree) if isinstance(n, ast.Assign) for t in n.targets):
+        if lit is None or attr in self._assigned_attrs():
             return None
         for k, v in zip(lit.keys, lit.values, strict=True):
             if isinstance(k, ast.Constant) and k.value == attr and v is not None and is_dict_literal(v):
@@ -315,6 +315,16 @@ class NameResolver:
             given = bound[1].value if bound is not None else self.argument_for(expr)
             return expr if given is None else self.literal_of(given, depth - 1)
         return expr
+
+    def _assigned_attrs(self) -> set[str]:
+        """The attribute names the file assigns anywhere (``x.attr = ...``, ``+=``, annotated),
+        collected once."""
+        if self._attrs is None:
+            self._attrs = {t.attr for n in ast.walk(self.tree)
+                           if isinstance(n, ast.Assign | ast.AugAssign | ast.AnnAssign)
+                           for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                           if isinstance(t, ast.Attribute)}
+        return self._attrs
 
     def _calls_by_name(self) -> dict[str, list[ast.Call]]:
         """The file's calls by their last name, lower-cased (indexed once)."""
@@ -410,10 +420,8 @@ class NameResolver:
         lit = dataclass_dict(sites[0], self.classes) if len(sites) == 1 else None
         if lit is None:
             return {}
-        changed = {t.attr for n in ast.walk(self.tree) if isinstance(n, ast.Assign | ast.AugAssign | ast.AnnAssign)
-                   for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
-                   if isinstance(t, ast.Attribute)}
-        changed |= {k.arg for c in self._calls_by_name().get("replace", []) for k in c.keywords if k.arg}
+        changed = self._assigned_attrs() | {k.arg for c in self._calls_by_name().get("replace", [])
+                                             for k in c.keywords if k.arg}
         return {k.value: v for k, v in zip(lit.keys, lit.values, strict=True)
                 if isinstance(k, ast.Constant) and isinstance(k.value, str) and v is not None
                 and k.value not in changed}

@@ -97,9 +97,15 @@ def _handed_in_a_training_loop(ctx: FileContext, call: ast.Call, name: str, mode
                                  for n in ast.walk(fn) if isinstance(n, ast.Assign) for t in n.targets):
         return False
     i = params.index(name)
-    for site in ctx.of(ast.Call):
-        if not (isinstance(site.func, ast.Name) and site.func.id == fn.name):
-            continue
+
+    def index() -> dict[str, list[ast.Call]]:
+        out: dict[str, list[ast.Call]] = {}
+        for c in ctx.of(ast.Call):
+            if isinstance(c, ast.Call) and isinstance(c.func, ast.Name):
+                out.setdefault(c.func.id, []).append(c)
+        return out
+    by_name: dict[str, list[ast.Call]] = ctx._cached("fabricbypass_calls_by_name", ctx.tree, index)
+    for site in by_name.get(fn.name, []):
         given = next((k.value for k in site.keywords if k.arg == name),
                      site.args[i] if i < len(site.args) else None)
         if isinstance(given, ast.Name) and given.id in models and _in_training_loop(ctx, site):

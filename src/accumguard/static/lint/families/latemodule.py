@@ -61,10 +61,17 @@ def _module_ctor(ctx: FileContext, value: ast.AST) -> bool:
 
 def _method_calls(ctx: FileContext, fn: ast.AST) -> list[tuple[str, ast.AST | None, int]]:
     """(receiver, enclosing function, line) of every ``obj.method(...)`` call in the file
-    whose method is ``fn``'s name."""
-    name = getattr(fn, "name", None)
-    return [(dotted(c.func.value) or "", ctx.enclosing(c, FUNCS), c.lineno) for c in ctx.of(ast.Call)
-            if isinstance(c.func, ast.Attribute) and c.func.attr == name]
+    whose method is ``fn``'s name (the file's calls indexed by method name once)."""
+    def index() -> dict[str, list[tuple[str, ast.AST | None, int]]]:
+        out: dict[str, list[tuple[str, ast.AST | None, int]]] = {}
+        for c in ctx.of(ast.Call):
+            if isinstance(c.func, ast.Attribute):
+                out.setdefault(c.func.attr, []).append(
+                    (dotted(c.func.value) or "", ctx.enclosing(c, FUNCS), c.lineno))
+        return out
+    table: dict[str, list[tuple[str, ast.AST | None, int]]] = ctx._cached(
+        "latemodule_method_calls", ctx.tree, index)
+    return table.get(getattr(fn, "name", ""), [])
 
 
 def _runs_after(ctx: FileContext, node: ast.AST, wrap: ast.Call) -> bool:

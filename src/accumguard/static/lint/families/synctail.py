@@ -334,6 +334,8 @@ def _cut_to_whole_windows(ctx: FileContext, loop: ast.For) -> bool:
 
 @rule("AG348")
 def fsdp2_tail_left_unsharded(ctx: FileContext) -> Iterator[Finding]:
+    if not any(call_attr(c) == "set_requires_gradient_sync" for c in ctx.of(ast.Call)):
+        return  # (FSDP2's flag nowhere in the file)
     for loop in ctx.of(ast.For):
         decided = _sync_decider(loop)
         if decided is None or not isinstance(decided[1], ast.Call):
