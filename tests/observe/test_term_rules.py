@@ -649,13 +649,14 @@ def test_a_term_multiplied_by_the_world_size_on_two_ddp_ranks(tmp_path: Path) ->
         assert [f.cls for f in term_world_findings(0, windows, 2)] == expected, line
 
 
-@pytest.mark.parametrize("where", ["batch_means", "closure_horizon"])
+@pytest.mark.parametrize("where", ["batch_means", "closure_horizon", "loss_walk"])
 def test_a_fault_in_the_new_readers_changes_nothing_and_is_recorded(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
     """The per-backward search for batch means below a term and the read of a hand-written
     LambdaLR's horizon run inside the user's process (behind the backward and scheduler
     doors): a fault in either leaves the run bit-identical, switches observation off and is
     recorded as accumguard's own failure."""
+    import accumguard.observe._losses as losses
     import accumguard.observe._losses_terms as terms
     import accumguard.observe._schedules as schedules
 
@@ -683,6 +684,8 @@ def test_a_fault_in_the_new_readers_changes_nothing_and_is_recorded(
 
     if where == "batch_means":
         monkeypatch.setattr(terms, "batch_means_below", broken)
+    elif where == "loss_walk":  # the walk below each root (its pass through DDP's sink too)
+        monkeypatch.setattr(losses, "walk", broken)
     else:
         monkeypatch.setattr(schedules, "_closure_horizon", broken)
     with recording(tmp_path) as obs:
