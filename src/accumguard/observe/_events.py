@@ -98,6 +98,9 @@ class EngineInfo:
     requested_clipping: float | None = None  # the HF Trainer's max_grad_norm, when one ran
     managed_accumulation: bool | None = None
     micro_batch: int | None = None
+    #: [key, K]: the config asked for K > 1 under a key DeepSpeed does not read
+    #: (:func:`accumguard.static.dsconfig.ignored_accumulation`), so the engine runs GA 1
+    ignored_accumulation: list[object] | None = None
 
 
 #: One optimizer step as the observation layer reports it (``on_step``): the one window

@@ -58,6 +58,7 @@ from accumguard.observe._records import (
     _windows,
     engine_summed,
 )
+from accumguard.observe._split_terms_rules import term_cycle
 from accumguard.observe._unit_rules import UnitStep, unit_findings
 from accumguard.observe._weight_rules import (
     WEIGHT_TOL,
@@ -89,8 +90,10 @@ def _rank_row(w: StepWindow
         by_micro.setdefault(int(r[2]), []).append(r)
     if sorted(by_micro) != list(range(k)):
         return None
-    if any(len(v) != 1 for v in by_micro.values()):
-        return None  # not one loss call per backward: the terms are judged on their own
+    if any(len(v) != 1 for v in by_micro.values()) or term_cycle(w.losses) is not None:
+        return None  # not one loss call per backward, or the backwards cycle through the
+        # terms of one loss (CE, then a consistency term on its own): the terms are judged
+        # on their own
     recs = [by_micro[m][0] for m in range(k)]
     ws = [float(r[4]) for r in recs]
     if not (all(x > 0 for x in ws) or all(x < 0 for x in ws)):

@@ -112,9 +112,19 @@ def note_engine(obs: EngineHost, module: torch.nn.Module) -> None:
             clipping_set_by_user="gradient_clipping" in raw or asked == clip,
             requested_clipping=asked,
             managed_accumulation=bool(managed()) if callable(managed) else True,
-            micro_batch=int(engine.train_micro_batch_size_per_gpu()))
+            micro_batch=int(engine.train_micro_batch_size_per_gpu()),
+            ignored_accumulation=_ignored_accumulation(raw))
         for fn in obs._handlers.on_engine:
             fn(obs.engine_info)
+
+
+def _ignored_accumulation(raw: object) -> list[object] | None:
+    """The config's accumulation under a key DeepSpeed does not read, read once at the
+    engine's first sight (imported here: the config checks are not needed before)."""
+    from accumguard.static.dsconfig import ignored_accumulation
+
+    found = ignored_accumulation(raw) if isinstance(raw, dict) else None
+    return list(found) if found is not None else None
 
 
 def _backward_wrapper(obs: PatchHost) -> Maker:

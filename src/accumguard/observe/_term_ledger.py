@@ -27,6 +27,7 @@ from accumguard.observe._records import (
 )
 from accumguard.observe._selection_rules import selection_findings
 from accumguard.observe._seq_rules import sequence_mean_findings
+from accumguard.observe._split_terms_rules import split_term_findings
 from accumguard.observe._term_reads import SELECT_KEY
 from accumguard.observe._term_rules import Masses, term_scale_findings
 from accumguard.observe._term_world_rules import term_world_findings
@@ -62,6 +63,11 @@ def term_findings(rec: RunRecording) -> list[Finding]:
                 out += found
                 break
         if found:
+            break
+    for r in rec.ranks:
+        found = split_term_findings(r, window_lines(rec.steps.get(r, [])))
+        if found:
+            out += found
             break
     for rule in (selection_findings, sequence_mean_findings, hand_mean_findings):
         for r in rec.ranks:

@@ -247,6 +247,10 @@ def analyze(rec: RunRecording, *, k_flag: int | None = None, script: DeclaredK |
                          gres.script if gres.strength == "inferred" else None, default=found)
             if any(f.cls == "F14" for f in found):  # (EXTRA_SYNC's "the same gradient,
                 found = [f for f in found if f.cls != "EXTRA_SYNC"]  # a cost only": false)
+            if any(f.cls == "F1" and f.severity == "error" for f in found):
+                # (F1's note "if it meant to accumulate, pass --accumulation-steps to decide"
+                # leaves open what the error proved)
+                found = [f for f in found if not (f.cls == "F1" and f.severity == "note")]
             if idx is not None and len(groups) > 1:
                 name = next((str(s.optimizer) for s in steps if s.optimizer),
                             "optimizer")
@@ -408,6 +412,20 @@ def _rank_findings(rank: int, steps: Sequence[StepRecord], info: JsonObject,
         if scaled is not None:
             out.append(scaled)
         out += _sync_findings(rank, w)
+    ignored = info.get("ignored_accumulation") if info else None
+    if ignored and info.get("gradient_accumulation_steps") == 1 and len(steps) >= 2 \
+            and all(int(s.backwards) == 1 for s in steps):
+        key, asked = ignored
+        out.append(_mk("F1", "error", rank, steps[0].step, None,
+                       f"the DeepSpeed config asks for an accumulation of {asked} under "
+                       f"`{key}`, a key DeepSpeed does not read, and sets neither "
+                       "gradient_accumulation_steps nor train_batch_size: the engine ran "
+                       "gradient_accumulation_steps = 1, and each of the "
+                       f"{len(steps)} optimizer steps observed followed one backward",
+                       title_=f"DeepSpeed ignored the accumulation of {asked} the config "
+                              "asked for: every engine.step() stepped",
+                       fix=f"Name the key `gradient_accumulation_steps` ({key} = {asked} is "
+                           "ignored by DeepSpeed)."))
     # F9: DeepSpeed's default clipping active on a run that did not ask for it
     clip = info.get("gradient_clipping")
     if info and clip and not info.get("clipping_set_by_user", True):

@@ -52,6 +52,7 @@ __all__ = [
     "MAX_DEPTH",
     "UNKNOWN",
     "check_config",
+    "ignored_accumulation",
     "load_config",
     "managed_accumulation",
     "parse_config_text",
@@ -529,10 +530,37 @@ def _check_keys(c: _Collector) -> None:
                     f"unknown key `{where}` looks accumulation-related but DeepSpeed does not read it"
                 )
                 fix = "remove it or use one of: " + ", ".join(suggest[:4])
-            c.add("AG206", msg, key=(*section, key), fix=fix)
             cls = _misspelled_class(c.cfg, section, match[0] if match else None, node)
+            ignored = ignored_accumulation(c.cfg) if section == () else None
+            if ignored is not None and ignored[0] == key:
+                # the script asked for K > 1 under a key DeepSpeed never reads: the engine
+                # runs gradient_accumulation_steps = 1, every engine.step() steps
+                cls = "F1"
+                msg += (f"; with no `gradient_accumulation_steps` nor `train_batch_size`, DeepSpeed "
+                        f"runs an accumulation of 1, not {ignored[1]}: every `engine.step()` steps")
+                fix = f"name it `gradient_accumulation_steps` ({key} = {ignored[1]} is ignored)"
+            c.add("AG206", msg, key=(*section, key), fix=fix,
+                  severity=Severity.ERROR if ignored is not None and ignored[0] == key else None)
             if cls:
                 c.findings[-1] = replace(c.findings[-1], cls=cls)
+
+
+def ignored_accumulation(cfg: Mapping[str, object]) -> tuple[str, int] | None:
+    """(key, K) when the config asks for K > 1 under a top-level key DeepSpeed does not read
+    (``gradient_accumulation_step``, Lightning's ``accumulate_grad_batches``) and sets neither
+    ``gradient_accumulation_steps`` nor ``train_batch_size``: DeepSpeed then runs an
+    accumulation of 1 and every ``engine.step()`` steps (F1). Read by lint (AG206 at error)
+    and by ``watch`` from the config the engine was given."""
+    if "gradient_accumulation_steps" in cfg or "train_batch_size" in cfg:
+        return None
+    for key, value in cfg.items():
+        if not isinstance(key, str) or key in _KNOWN_TOP:
+            continue
+        close = difflib.get_close_matches(key, ["gradient_accumulation_steps"], n=1, cutoff=0.75)
+        k = _positive_int(value)
+        if (close or "accum" in key.lower()) and k is not None and k > 1:
+            return key, k
+    return None
 
 
 def _misspelled_class(cfg: Mapping[str, object], section: tuple[str, ...], meant: str | None,

@@ -1252,6 +1252,29 @@ RULES: dict[str, Rule] = {
             "a data-parallel Trainer: DDP wrapped the module before, never averages it",
             "create it in __init__ (or setup), before the strategy wraps the module",
         ),
+        _rule(
+            "AG357", "grad-tensor-outside-the-reduction", "F10", E, HI,
+            "a tensor requiring a gradient that is not a parameter (a buffer, a plain tensor "
+            "attribute of a module) in a data-parallel run, stepped by an optimizer: the "
+            "wrappers reduce parameters' gradients only",
+            "make it an nn.Parameter (FSDP2: a one-element tensor, torch.zeros(1), not a 0-d "
+            "one), or all-reduce its gradient (op=AVG) before the step",
+        ),
+        _rule(
+            "AG359", "trained-parameters-ignored-by-ddp", "F10", E, HI,
+            "DDP told to ignore names taken from named_parameters() (not only buffers, not "
+            "filtered to frozen ones): the ignored trainable parameters are never all-reduced",
+            "give _set_params_and_buffers_to_ignore_for_model only buffers (named_buffers()) "
+            "or frozen parameters",
+        ),
+        _rule(
+            "AG360", "split-batches-horizon-times-processes", "F4", E, HI,
+            "a scheduler prepared by an Accelerator with DataLoaderConfiguration(split_batches="
+            "True) sized times num_processes: under split_batches it steps once per optimizer "
+            "step, so the schedule is W x long",
+            "drop the * num_processes from the horizon (and the warm-up) when split_batches is "
+            "on; keep it only where the prepared scheduler steps num_processes times",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

@@ -177,8 +177,10 @@ class DsConfigFinder:
             field = isinstance(arg, ast.Attribute) and isinstance(arg.value, ast.Name)  # `cfg.ds`
             if not (isinstance(arg, ast.Name | ast.Call) or keyed or field) or self._root_literal(arg) in found:
                 continue
-            if isinstance(arg, ast.Call) and last_part(dotted(arg.func)) in ("load", "loads", "asdict"):
-                continue  # a file (read above by its path) or a dataclass (read above)
+            if isinstance(arg, ast.Call) and (last_part(dotted(arg.func)) in ("load", "loads") or (
+                    last_part(dotted(arg.func)) == "asdict" and id(arg) in found)):
+                continue  # a file (read above by its path) or a dataclass read above (not a
+                # field of one: `asdict(cfg.engine)` is read here)
             cfg = resolver.resolve(arg)
             if cfg is None or not (set(cfg) & set(_DS_BATCH_KEYS) or "zero_optimization" in cfg):
                 continue

@@ -4,9 +4,10 @@
                AG115 AG117         the boundary counter off by one; an epoch's leftover leaking on
 ``schedule``   AG103 AG114         LR scheduler stepped per micro-step or per process;
                AG119               ... or in a framework hook run on every micro-batch
-``horizon``    AG124 AG125         the schedule's horizon counted in micro-batches, or per process
+``horizon``    AG124 AG125 AG360   the schedule's horizon counted in micro-batches, or per process
                                    for an Accelerate-prepared scheduler (Lightning's step
-                                   interval under accumulate_grad_batches too)
+                                   interval under accumulate_grad_batches too), or times the
+                                   processes under split_batches
 ``precision``  AG120 AG126         a model cast to bf16/fp16 accumulating its .grad; FSDP2 bf16
                                    reduce_dtype with the sync deferred over the window
 ``loss``       AG104 AG112 AG113   loss normalisation: mean of means, /W under DDP, rank means
@@ -42,7 +43,8 @@
                AG134               ... or by hand before DeepSpeed's engine.backward (GA > 1)
 ``ampclip``    AG135               gradient clipped before GradScaler.unscale_ (on the scaled gradient)
 ``hookclip``   AG138 AG319         clipping in a hook run on every micro-batch (Lightning's
-               on_after_backward, HF on_substep_end), K > 1; in HF on_step_begin
+                                   on_after_backward, HF on_substep_end, a parameter's gradient
+                                   hook), K > 1; in HF on_step_begin
 ``syncclip``   AG105               clipping before the script's own all-reduce of the gradients
 ``hookreduce`` AG154               the accumulated .grad all-reduced (SUM) in a post-accumulate-grad hook
 ``dssched``    AG153               a scheduler given to deepspeed.initialize and stepped by the script too
@@ -127,12 +129,14 @@
 ``fabricbypass`` AG300             a submodule called through the model fabric.setup returned
 ``syncwhole``  AG111               every backward of the window inside one `with model.no_sync():`
 ``syncorder``  AG106 AG111         FSDP2's sync flag set after the backward; one no_sync() beside a conditional item
-``unreduced``  AG179 AG180 AG183 AG337 parameters no reduction covers: one group of several all-reduced
-               AG185 AG193 AG195   by hand; a module with parameters outside the DDP/FSDP wrapper;
+``unreduced``  AG179 AG180 AG183 AG337 AG357 AG359 parameters no reduction covers: one group of several all-reduced
+               AG185 AG193 AG195   by hand; a module or bare parameter outside the DDP/FSDP wrapper;
                                    a generator of parameters spent before the write-back; a list
                                    of the trainable parameters built before an unfreeze; a copy
                                    of each gradient reduced and never written back; a loop
-                                   variable rebound to the reduced value
+                                   variable rebound to the reduced value; a tensor requiring a
+                                   gradient that is not a parameter (a buffer, a plain attribute);
+                                   trainable parameters in DDP's ignore list
 """
 
 from accumguard.static.lint.families import (

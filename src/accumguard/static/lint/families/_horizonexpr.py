@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import re
 from collections.abc import Iterator
 
 from accumguard.static.lint._ast import WORLD_RE, call_attr, dotted, walk_all
@@ -298,6 +299,9 @@ def schedulers(ctx: FileContext) -> Iterator[tuple[str, ast.Call, ast.AST]]:
         yield name, node.value, horizon
 
 
+_HORIZON_NAME = re.compile(r"total|max|horizon|num_training|num_steps|t_max|decay", re.IGNORECASE)
+
+
 def helper_horizon(ctx: FileContext, call: ast.Call) -> ast.AST | None:
     """The argument a call of a function of the file passes for the horizon of the scheduler
     it returns (``def linear_schedule(opt, num_training_steps): return LambdaLR(opt, lambda
@@ -307,16 +311,25 @@ def helper_horizon(ctx: FileContext, call: ast.Call) -> ast.AST | None:
     defs = ctx.defs_by_name().get(call.func.id, [])
     if len(defs) != 1:
         return None
-    rets = [n for n in walk_all(defs[0]) if isinstance(n, ast.Return)]
+    rets = [n for n in walk_all(defs[0]) if isinstance(n, ast.Return)
+            and ctx.enclosing(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) is defs[0]]
     if len(rets) != 1 or not isinstance(rets[0].value, ast.Call):
         return None
     ctor = rets[0].value
     params = [a.arg for a in defs[0].args.posonlyargs + defs[0].args.args]
     if constructor_name(ctor) == "LambdaLR":
-        fn = next((k.value for k in ctor.keywords if k.arg == "lr_lambda"),
-                  ctor.args[1] if len(ctor.args) > 1 else None)
-        reads = {n.id for n in walk_all(fn) if isinstance(n, ast.Name)} if isinstance(fn, ast.Lambda) else set()
-        inner: ast.AST | None = next((ast.Name(id=p) for p in params if p in reads), None)
+        fn: ast.AST | None = next((k.value for k in ctor.keywords if k.arg == "lr_lambda"),
+                                  ctor.args[1] if len(ctor.args) > 1 else None)
+        if isinstance(fn, ast.Name):  # `def f(step): ...` inside the helper, `LambdaLR(opt, f)`
+            fn = next((d for d in walk_all(defs[0]) if isinstance(d, ast.FunctionDef)
+                       and d.name == fn.id and d is not defs[0]), None)
+        reads = {n.id for n in walk_all(fn) if isinstance(n, ast.Name)} \
+            if isinstance(fn, ast.Lambda | ast.FunctionDef) else set()
+        read = [p for p in params if p in reads and "warm" not in p.lower()]
+        # the horizon among the parameters the schedule reads: one named so, else the last
+        # (a warm-up length is read too, and is not the horizon)
+        named = [p for p in read if _HORIZON_NAME.search(p)]
+        inner: ast.AST | None = ast.Name(id=(named or read)[-1]) if read else None
     else:
         inner = horizon_expr(ctx, ctor) if constructor_name(ctor) in HORIZON_ARG else None
     if not isinstance(inner, ast.Name) or inner.id not in params:

@@ -470,11 +470,14 @@ def _rebound_in_branch(ctx: FileContext, window: ast.AST, divisor: ast.AST) -> b
 
 
 def _len_of_window(window: ast.AST, divisor: ast.AST) -> bool:
-    """``len(window)`` for a window loop ``for mb in window:``, or ``N`` for ``for k in
-    range(N):``: the number of its micro-batches, K, whatever the name."""
+    """``len(window)`` for a window loop ``for mb in window:`` (or over ``enumerate(window)``),
+    or ``N`` for ``for k in range(N):``: the number of its micro-batches, K, whatever the
+    name."""
     if not isinstance(window, ast.For | ast.AsyncFor):
         return False
     it = window.iter
+    if isinstance(it, ast.Call) and dotted(it.func) == "enumerate" and it.args:
+        it = it.args[0]  # ``for j, mb in enumerate(window):``
     if isinstance(it, ast.Call) and dotted(it.func) == "range" and len(it.args) == 1 \
             and not it.keywords and isinstance(divisor, ast.Name | ast.Attribute) \
             and ast.dump(divisor) == ast.dump(it.args[0]):

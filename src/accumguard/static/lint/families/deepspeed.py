@@ -50,6 +50,11 @@ from accumguard.static.lint.families._modguard import param_arguments
 _CONFIG_CODES = ("AG200", "AG201", "AG203", "AG204", "AG205", "AG206", "AG207")
 
 
+def _named(where: str) -> str:
+    """``where`` a config was found, as the words after a finding's evidence."""
+    return f"DeepSpeed {where}" if where.startswith("config") else f"DeepSpeed config {where}"
+
+
 def _hand_gated_steps(ctx: FileContext) -> list[tuple[ast.AST, ast.Call]]:
     """(window, engine.step() call) where the loop decides the boundary itself: a step under
     a boundary condition, or one step after an inner loop of backwards."""
@@ -457,7 +462,7 @@ def config_literal_checks(ctx: FileContext) -> Iterator[Finding]:
             line = f.line or getattr(ref.node, "lineno", 1)
             yield replace(
                 f,
-                evidence=f"{f.evidence} (DeepSpeed config {ref.where})",
+                evidence=f"{f.evidence} ({_named(ref.where)})",
                 path=None,  # the script's path, given by the runner
                 line=line,
                 col=1 if f.line else getattr(ref.node, "col_offset", 0) + 1,
@@ -470,7 +475,7 @@ def config_literal_checks(ctx: FileContext) -> Iterator[Finding]:
         # are said at the name's line
         for f in dsconfig.check_config(named.cfg):
             if f.code == "AG204" or (f.code == "AG203" and not named.hf):
-                yield replace(f, evidence=f"{f.evidence} (DeepSpeed config {named.where})",
+                yield replace(f, evidence=f"{f.evidence} ({_named(named.where)})",
                               path=None, line=getattr(named.node, "lineno", 1),
                               col=getattr(named.node, "col_offset", 0) + 1, key=None)
 

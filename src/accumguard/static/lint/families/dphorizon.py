@@ -7,7 +7,8 @@ num_replicas=W)`` each rank's loader holds ``len(train_ds) / W`` samples, so eac
 its scheduler, stepped once per optimizer step) makes W times fewer steps than the horizon:
 the schedule ends W x late and the learning rate never gets past 1/W of its decay. Judged
 when the horizon reads the length of a dataset that a ``DistributedSampler`` splits (and no
-other length), divides by K (so it means optimizer steps), holds no world-size factor, and
+other length), or the number its tensors were built with (``cfg.num_samples`` in
+``torch.randint(0, V, (cfg.num_samples, L))``), divides by K (so it means optimizer steps), holds no world-size factor, and
 the scheduler is stepped at an accumulation boundary. The horizon is read through names
 assigned once and through a helper of the file that returns it in a tuple
 (``total, warmup = plan_schedule(cfg, train_ds)``).
@@ -64,6 +65,49 @@ def _split_datasets(ctx: FileContext) -> set[str]:
         if ds is not None and (d := dotted(ds)):
             out.add(d)
     return out
+
+
+#: tensor constructors whose first dimension is the number of samples they make
+_MAKERS = frozenset({"randint", "randn", "rand", "zeros", "ones", "empty", "full", "arange",
+                     "randperm", "normal", "linspace"})
+
+
+def _first_dim(call: ast.Call) -> ast.AST | None:
+    """The first dimension a tensor constructor is given (``randint(0, V, (N, L))`` -> N,
+    ``randn(N, D)`` -> N, ``arange(N)`` -> N)."""
+    name = call_attr(call) or (dotted(call.func) or "")
+    size: ast.AST | None = next((k.value for k in call.keywords if k.arg == "size"), None)
+    if size is None and name == "randint":
+        size = call.args[2] if len(call.args) > 2 else call.args[1] if len(call.args) == 2 else None
+    elif size is None and name in ("arange", "randperm", "linspace") and call.args:
+        size = call.args[-1] if name != "linspace" else (call.args[2] if len(call.args) > 2 else None)
+    elif size is None and call.args:
+        size = call.args[0]
+    if isinstance(size, ast.Tuple | ast.List):
+        return size.elts[0] if size.elts else None
+    return size
+
+
+def _split_sizes(ctx: FileContext) -> dict[str, str]:
+    """The names a dataset that a ``DistributedSampler`` splits is sized by (the first
+    dimension of the tensors it is built from, ``cfg.num_samples``), each with the dataset's
+    name: a horizon reading that name counts the whole dataset, as ``len(ds)`` would."""
+    def compute() -> dict[str, str]:
+        out: dict[str, str] = {}
+        for c in ctx.of(ast.Call):
+            if call_attr(c) != "DistributedSampler" and dotted(c.func) != "DistributedSampler":
+                continue
+            ds = c.args[0] if c.args else next((k.value for k in c.keywords if k.arg == "dataset"), None)
+            if ds is None or not (name := dotted(ds)):
+                continue
+            for part in expand(ctx, ds, depth=4):
+                for n in walk_all(part):
+                    if isinstance(n, ast.Call) and (call_attr(n) or dotted(n.func) or "").rsplit(".", 1)[-1] in _MAKERS \
+                            and isinstance(dim := _first_dim(n), ast.Name | ast.Attribute) \
+                            and (d := dotted(dim)):
+                        out.setdefault(d, name)
+        return out
+    return ctx._cached("split_sizes", ctx.tree, compute)  # type: ignore[no-any-return]
 
 
 def _through_tuple_helper(ctx: FileContext, expr: ast.AST) -> ast.AST:
@@ -129,24 +173,29 @@ def horizon_over_whole_dataset(ctx: FileContext) -> Iterator[Finding]:
     split = _split_datasets(ctx)
     if not split:
         return
+    sizes = _split_sizes(ctx)
     for name, ctor, source, parts, lens in _horizons(ctx):
-        whole = lens & split
-        if not whole or lens - split:
-            continue
         names = [d for p in parts for n in outside_len(p)
                  if isinstance(n, ast.Name | ast.Attribute) and (d := dotted(n))]
+        whole = lens & split
+        sized = sorted({d for d in names if d in sizes}) if not lens else []
+        if not (whole or sized) or lens - split:
+            continue
         if any(WORLD_RE.search(d.rsplit(".", 1)[-1].lower()) or "replica" in d.lower()
                for d in names):
             continue  # the world size is in the arithmetic: not judged
-        if not any(ctx.mentions_accum(n) for d in divides(parts) for n in walk_all(d)):
+        if not any(ctx.mentions_accum(n) for d in divides(parts) for p in expand(ctx, d)
+                   for n in walk_all(p)):
             continue  # not a count of optimizer steps (AG124 judges micro-batch counts)
         if not _stepped_per_update(ctx, name):
             continue
-        ds = sorted(whole)[0]
+        ds = sorted(whole)[0] if whole else sizes[sized[0]]
         shown = f"`{ast.unparse(source)}`"
         counted = next((p for p in parts[1:] if len_args([p])), None)
         if counted is not None:
             shown += f" (from `{ast.unparse(counted)}`)"
+        elif sized:
+            shown += f" (from `{sized[0]}`, the number of samples `{ds}` is built with)"
         yield ctx.finding(
             "AG169",
             ctor,

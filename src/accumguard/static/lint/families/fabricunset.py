@@ -22,25 +22,10 @@ from accumguard.static.findings import Finding
 from accumguard.static.lint._ast import OPTIMIZER_CLASSES, call_attr, dotted, last_part, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families._parallel import multi_device
 from accumguard.static.lint.families.unreduced import _reduces_by_hand
 
-__all__ = ["module_fabric_never_set_up", "multi_device"]
-
-
-def multi_device(call: ast.Call) -> bool | None:
-    """What a Lightning ``Trainer(...)``/``Fabric(...)`` call says of data parallelism: True
-    for more than one device or a DDP/FSDP strategy, False for one device, None when it
-    says neither."""
-    kw = {k.arg: k.value for k in call.keywords}
-    devices, strategy = kw.get("devices"), kw.get("strategy")
-    if isinstance(devices, ast.Constant) and devices.value in (1, "1"):
-        return False
-    if isinstance(devices, ast.Constant) and isinstance(devices.value, int) and devices.value > 1:
-        return True
-    if isinstance(strategy, ast.Constant) and isinstance(strategy.value, str) \
-            and ("ddp" in strategy.value or "fsdp" in strategy.value):
-        return True
-    return None
+__all__ = ["module_fabric_never_set_up"]
 
 
 def _data_parallel_fabric(ctx: FileContext) -> bool:

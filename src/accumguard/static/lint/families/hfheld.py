@@ -1,11 +1,12 @@
-"""A module held on a Hugging Face ``Trainer`` subclass, outside its model, stepped by its
-optimizer (F10): AG325.
+"""A module or a bare ``nn.Parameter`` held on a Hugging Face ``Trainer`` subclass, outside
+its model, stepped by its optimizer (F10): AG325.
 
 The Trainer wraps ``self.model`` for the run (DDP on several processes) and the wrapper
 averages the gradients of that model's parameters only. A head, a temperature or learned
 loss weights kept as an attribute of the Trainer (``self.score_head = score_head`` in
 ``__init__``), used in ``compute_loss`` and handed to the optimizer (a ``create_optimizer``
-override listing ``self.score_head.parameters()``) is never averaged: each process steps its
+override listing ``self.score_head.parameters()``, or ``self.logit_scale`` itself in a param
+group) is never averaged: each process steps its
 own copy on its own gradient. Reported when the file never registers it in the model
 (``model.add_module(...)``, ``setattr(model, ...)``, ``model.x = ...``); an error when the
 file's ``TrainingArguments`` set a ``ddp_*`` option (the run is meant for several
@@ -19,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from accumguard.static.findings import Confidence, Finding, Severity
-from accumguard.static.lint._ast import call_attr, dotted, walk_all
+from accumguard.static.lint._ast import call_attr, dotted, last_part, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._hftrainer import trainer_methods
@@ -45,7 +46,7 @@ def _registered(ctx: FileContext, attr: str, value: ast.AST) -> bool:
     where that happens): any ``add_module``/``register_module``/``setattr`` call of the
     file, or an assignment of it (or to an attribute of its name) on another object."""
     names = {f"self.{attr}", dotted(value) or ""} - {""}
-    if any(call_attr(c) in ("add_module", "register_module", "setattr") for c in ctx.of(ast.Call)):
+    if any(call_attr(c) in ("add_module", "register_module", "register_parameter", "setattr") for c in ctx.of(ast.Call)):
         return True
     return any((dotted(n.value) in names or isinstance(n.value, ast.Name)) and any(
         isinstance(t, ast.Attribute) and t.attr == attr and dotted(t) != f"self.{attr}"
@@ -68,16 +69,21 @@ def module_held_on_the_trainer(ctx: FileContext) -> Iterator[Finding]:
             continue
         for _, opt_fn in ((c, f) for c, f in trainer_methods(ctx, "create_optimizer") if c is cls):
             for attr, value in held.items():
-                refs = [n for n in walk_all(opt_fn) if isinstance(n, ast.Call)
+                bare = isinstance(value, ast.Call) and last_part(dotted(value.func)) == "parameter"
+                refs: list[ast.AST] = [n for n in walk_all(opt_fn) if isinstance(n, ast.Call)
                         and call_attr(n) in ("parameters", "named_parameters")
-                        and dotted(n.func) == f"self.{attr}.{call_attr(n)}"]
+                        and dotted(n.func) == f"self.{attr}.{call_attr(n)}"] or [
+                    n for n in walk_all(opt_fn) if bare and isinstance(n, ast.Attribute)
+                    and dotted(n) == f"self.{attr}"]
                 if not refs or _registered(ctx, attr, value):
                     continue
+                what = "it (an nn.Parameter)" if bare else "its parameters"
                 f = ctx.finding(
                     "AG325", refs[0],
                     f"`self.{attr}` is held on the Trainer `{cls.name}`, not in its model, and "
-                    "its optimizer steps its parameters: the Trainer wraps only self.model for "
-                    "the run (DDP on several processes), so their gradient is never averaged "
+                    f"its optimizer steps {what}: the Trainer wraps only self.model for "
+                    "the run (DDP on several processes), so "
+                    + ("its" if bare else "their") + " gradient is never averaged "
                     "over the processes and each steps its own copy")
                 yield f if _multi_process(ctx) else replace(
                     f, severity=Severity.WARNING, confidence=Confidence.MEDIUM)

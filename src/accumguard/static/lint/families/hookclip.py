@@ -13,6 +13,12 @@ a window but its last (with ``gradient_accumulation_steps`` > 1): a clip there c
 window's partial sum, K - 1 times per step. A clip whose ``max_norm`` is infinite only reads
 the norm and is not reported.
 
+AG138 also: a gradient hook on the parameters (``p.register_hook(fn)``, or
+``p.register_post_accumulate_grad_hook(fn)``) whose function clamps or norm-clips the gradient,
+in a file that accumulates (a hand window, the Trainer's or Lightning's K > 1): autograd runs
+it on every micro-batch's backward, so each micro-batch's gradient (or the partial sum) is
+clipped, not the window's gradient once.
+
 AG319: ``TrainerCallback.on_step_begin`` runs at the start of each window, before its first
 backward, on gradients the Trainer cleared after the previous step: a clip there clips
 nothing, and the window's gradient reaches the optimizer unclipped.
@@ -146,16 +152,26 @@ _CLAMPS = frozenset({"clamp", "clamp_", "clip", "clip_", "clamp_min", "clamp_max
                      "clip_grad_value_", "clip_grad_norm_"})
 
 
-def _clamping_hook(ctx: FileContext, fn: ast.AST) -> ast.Call | None:
-    """The clamp a gradient hook applies (a lambda or a function of the file)."""
+def _clamping_hook(ctx: FileContext, fn: ast.AST) -> ast.AST | None:
+    """The clip a gradient hook applies (a lambda or a function of the file): its clamp call,
+    or the rescale by the gradient's own norm (``n = p.grad.norm()`` then
+    ``p.grad.mul_(c / n)``)."""
     body: ast.AST | None = fn
-    if isinstance(fn, ast.Name):
-        defs = ctx.functions_by_name().get(fn.id, [])
+    if isinstance(fn, ast.Name | ast.Attribute):
+        name = fn.id if isinstance(fn, ast.Name) else fn.attr
+        defs = ctx.functions_by_name().get(name, [])
         body = defs[0] if len(defs) == 1 else None
     if not isinstance(body, ast.Lambda | ast.FunctionDef | ast.AsyncFunctionDef):
         return None
-    return next((c for c in ast.walk(body) if isinstance(c, ast.Call)
-                 and (call_attr(c) or "") in _CLAMPS), None)
+    calls = [c for c in ast.walk(body) if isinstance(c, ast.Call)]
+    clamp = next((c for c in calls if (call_attr(c) or "") in _CLAMPS), None)
+    if clamp is not None:
+        return clamp
+    if any(call_attr(c) in ("norm", "vector_norm") for c in calls):
+        return next((c for c in calls if call_attr(c) in ("mul_", "div_")), None) or next(
+            (b for b in ast.walk(body) if isinstance(b, ast.BinOp)
+             and isinstance(b.op, ast.Mult | ast.Div)), None)
+    return None
 
 
 def _over_parameters(ctx: FileContext, tensor: ast.AST | None) -> bool:
@@ -172,29 +188,56 @@ def _over_parameters(ctx: FileContext, tensor: ast.AST | None) -> bool:
     return False
 
 
+def _accumulation(ctx: FileContext) -> str | None:
+    """How the file accumulates (a hand window, the Trainer's GA > 1, Lightning's K > 1), in
+    words for the finding, else None."""
+    for w in ctx.windows():
+        if ctx.window_facts(w).accumulating:
+            return None if ctx.window_k_is_one(w) else "the file accumulates gradients"
+    ga, how = ctx.trainer_ga()
+    if ga is not None and ga > 1:
+        return f"the Trainer accumulates ({how})"
+    if lightning_accumulates(ctx):
+        return "Lightning accumulates (accumulate_grad_batches > 1)"
+    return None
+
+
+_HOOKS = ("register_hook", "register_post_accumulate_grad_hook")
+
+
 @rule("AG138")
 def clamp_in_parameter_grad_hook(ctx: FileContext) -> Iterator[Finding]:
     """``p.register_hook(lambda g: g.clamp(-c, c))`` over the model's parameters while the
-    file accumulates: a tensor hook sees each backward's own gradient, so every
-    micro-batch's contribution is clipped on its own, before it is added to ``.grad``,
-    instead of the window's sum once (clipping by value is not linear)."""
-    if not any(ctx.window_facts(w).accumulating for w in ctx.windows()):
+    file accumulates (a hand window, the Trainer's or Lightning's K > 1): a tensor hook sees
+    each backward's own gradient, so every micro-batch's contribution is clipped on its own,
+    before it is added to ``.grad``, instead of the window's sum once (clipping by value is
+    not linear). ``register_post_accumulate_grad_hook`` with a clamp or a rescale by the
+    gradient's norm clips the window's partial sum after every micro-batch."""
+    regs = [c for c in ctx.of(ast.Call) if call_attr(c) in _HOOKS and c.args
+            and isinstance(c.func, ast.Attribute)]
+    how = _accumulation(ctx) if regs else None
+    if how is None:
         return
-    for call in ctx.of(ast.Call):
-        if call_attr(call) != "register_hook" or not call.args or not isinstance(call.func, ast.Attribute):
-            continue
+    for call in regs:
+        assert isinstance(call.func, ast.Attribute)
         clamp = _clamping_hook(ctx, call.args[0])
         if clamp is None or not _over_parameters(ctx, call.func.value) or _never_called(ctx, call):
             continue
+        after = call_attr(call) == "register_post_accumulate_grad_hook"
         yield ctx.finding(
             "AG138",
             call,
-            f"`{ast.unparse(call)}` clips each parameter's gradient in a tensor hook "
-            f"(`{ast.unparse(clamp)}`), which runs on every backward: with gradient accumulation "
-            "each micro-batch's contribution is clipped on its own before it is added to .grad, "
-            "not the window's gradient once",
+            f"`{ast.unparse(call)}` clips each parameter's gradient in a "
+            + ("post-accumulate-grad hook" if after else "tensor hook")
+            + f" (`{ast.unparse(clamp)}`), which runs on every backward, and {how}: "
+            + ("after every micro-batch the window's partial sum in .grad is clipped"
+               if after else "each micro-batch's contribution is clipped on its own before it "
+               "is added to .grad")
+            + ", not the window's gradient once",
             fix="clip once per optimizer step, on the accumulated gradient "
-                "(torch.nn.utils.clip_grad_value_ / clip_grad_norm_ right before the step)",
+                "(torch.nn.utils.clip_grad_value_ / clip_grad_norm_ right before the step; the "
+                "Trainer: max_grad_norm, or a callback's on_pre_optimizer_step; Lightning: "
+                "gradient_clip_val)",
         )
 
 

@@ -12,6 +12,11 @@ AG125: an Accelerate-prepared scheduler whose horizon divides by the number of p
 ``num_processes`` times per optimizer step (unless ``split_batches=True``), so it reaches
 its end W times early and the rest of training runs at the schedule's final rate.
 
+AG360: a scheduler prepared by an Accelerator whose loaders split each batch across the
+processes (``DataLoaderConfiguration(split_batches=True)``), its horizon multiplied by
+``num_processes``: under ``split_batches`` the prepared scheduler steps once per optimizer
+step, so the schedule is W times long.
+
 Only horizons whose parts are in sight are judged: a value read from a config, a
 ``max_steps`` argument or anything divided by a name the rule cannot place stays silent.
 The count of batches may be ``len(loader)`` or ``len(dataset)`` divided by the batch size
@@ -460,3 +465,54 @@ def _scales_by_world(ctx: FileContext) -> bool:
     the script is written for several processes."""
     return bool(ctx._cached("horizon_scales_by_world", ctx.tree,
                             lambda: multiplies_by_world([ctx.tree], ctx)))
+
+
+def _split_batches(ctx: FileContext) -> ast.Call | None:
+    """The ``Accelerator(...)`` of the file (the only one) built with
+    ``dataloader_config=DataLoaderConfiguration(split_batches=True)`` (the call, or a name
+    bound once to it). ``Accelerator(split_batches=True)`` is not it: accelerate 1.15 takes
+    the keyword and ignores it."""
+    accs = [c for c in calls_by_attr(ctx).get("Accelerator", []) if constructor_name(c) == "Accelerator"]
+    if len(accs) != 1:
+        return None
+    cfg: ast.AST | None = next((k.value for k in accs[0].keywords if k.arg == "dataloader_config"), None)
+    if isinstance(cfg, ast.Name):
+        values = ctx.values_by_name().get(cfg.id, [])
+        cfg = values[0] if len(values) == 1 else None
+    if isinstance(cfg, ast.Call) and (dotted(cfg.func) or "").endswith("DataLoaderConfiguration") \
+            and any(k.arg == "split_batches" and isinstance(k.value, ast.Constant) and k.value.value is True
+                    for k in cfg.keywords):
+        return accs[0]
+    return None
+
+
+@rule("AG360")
+def split_batches_horizon_times_processes(ctx: FileContext) -> Iterator[Finding]:
+    """AG360 (F4): a scheduler prepared by an Accelerator whose loaders split each batch across
+    the processes (``DataLoaderConfiguration(split_batches=True)``) with a horizon multiplied
+    by the number of processes: under ``split_batches`` the prepared scheduler steps once per
+    optimizer step, not ``num_processes`` times, so the schedule is W x long."""
+    acc = _split_batches(ctx)
+    if acc is None:
+        return
+    for name, ctor, horizon in schedulers(ctx):
+        prepared = any(ctx.is_accelerator(receiver(c)) and any(dotted(a) == name for a in c.args)
+                       for c in calls_by_attr(ctx).get("prepare", []))
+        if not prepared:
+            continue
+        times = [f for p in [horizon] for n in walk_all(p)
+                 if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult)
+                 for f in mult_factors(n) if is_world(f)]
+        if not times:
+            continue
+        yield ctx.finding(
+            "AG360",
+            ctor,
+            f"the horizon `{ast.unparse(horizon)}` is multiplied by "
+            f"`{ast.unparse(times[0])}`, the step count Accelerate's prepared scheduler needs "
+            "when it advances num_processes times per optimizer step; but this Accelerator "
+            f"(line {acc.lineno}) splits each batch across the processes "
+            "(DataLoaderConfiguration(split_batches=True)), and then the prepared scheduler "
+            "advances once per optimizer step: the schedule is W x long and the learning rate "
+            "never gets past 1/W of its way",
+        )

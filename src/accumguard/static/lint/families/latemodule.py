@@ -29,7 +29,7 @@ from accumguard.static.findings import Finding
 from accumguard.static.lint._ast import DDP_WRAPPERS, FUNCS, dotted
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
-from accumguard.static.lint.families.fabricunset import multi_device
+from accumguard.static.lint.families._parallel import multi_device
 from accumguard.static.lint.families.unreduced import _reduces_by_hand
 
 __all__ = ["module_set_after_ddp", "made_in_configure_optimizers"]

@@ -20,16 +20,14 @@ from collections.abc import Iterator
 
 from accumguard.static.findings import Finding
 from accumguard.static.lint._ast import (
-    DDP_WRAPPERS,
     OPTIMIZER_CLASSES,
-    call_attr,
     dotted,
     last_part,
     walk_all,
 )
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
-from accumguard.static.lint.families.fabricunset import multi_device
+from accumguard.static.lint.families._parallel import data_parallel
 
 __all__ = ["modules_in_a_plain_container"]
 
@@ -37,17 +35,6 @@ _MODULE_CTORS = frozenset({
     "Linear", "Sequential", "Embedding", "Conv1d", "Conv2d", "LayerNorm", "LSTM", "GRU", "MLP",
     "Bilinear", "MultiheadAttention", "TransformerEncoderLayer",
 })
-
-
-def _data_parallel(ctx: FileContext) -> bool:
-    for c in ctx.of(ast.Call):
-        name = (dotted(c.func) or "").rsplit(".", 1)[-1]
-        if name in DDP_WRAPPERS or name == "initialize" and "deepspeed" in (dotted(c.func) or "") \
-                or call_attr(c) == "prepare" and "accelerator" in (dotted(c.func) or "").lower():
-            return True
-        if name in ("Trainer", "Fabric") and multi_device(c):
-            return True
-    return False
 
 
 def _module_classes(ctx: FileContext) -> set[str]:
@@ -89,7 +76,7 @@ def _optimized(ctx: FileContext, cls: ast.ClassDef, attr: str) -> bool:
 
 @rule("AG344")
 def modules_in_a_plain_container(ctx: FileContext) -> Iterator[Finding]:
-    if not _data_parallel(ctx):
+    if not data_parallel(ctx):
         return
     modules = _module_classes(ctx)
     for cls in ctx.of(ast.ClassDef):

@@ -7,10 +7,12 @@ an optimizer from two or more groups (a list of ``{"params": ...}`` dicts): the 
 (typically the no-decay biases, norms and embeddings) are never averaged.
 
 AG180: a module of the file's own that holds an ``nn.Parameter`` (a CLIP loss's learnable
-temperature, a learned loss weighting) instantiated on its own, never given to the DDP/FSDP
-wrapper nor to another module, whose parameters an optimizer steps, in a file that wraps a
-model for data parallelism (DDP, FSDP, a DeepSpeed engine of ZeRO stage 0) and all-reduces no
-gradient by hand: the wrapper averages the gradients of the module it wraps only.
+temperature, a learned loss weighting), or a bare ``nn.Parameter`` made outside any module (on
+a trainer object), never given to the DDP/FSDP wrapper nor to another module, that an
+optimizer steps, in a file that wraps a model for data parallelism (DDP, FSDP, a DeepSpeed
+engine: under ZeRO 1-3 unless that optimizer or those parameters are given to
+``deepspeed.initialize``) and all-reduces no gradient by hand: the wrapper averages the
+gradients of the module it wraps only.
 
 AG183: the parameters of a hand-written reduction held in a generator that the gathering loop
 consumes before the loop writing the reduced values back iterates it (zero times).
@@ -28,6 +30,15 @@ AG193: inside a loop over the parameters, a hand-written all-reduce reduces a ne
 from the gradient (``g = p.grad / world_size``, ``p.grad.clone()``) and nothing writes it back
 into ``.grad``: the gradient the optimizer steps is each rank's own.
 
+AG357: a tensor that requires a gradient but is not a parameter (a buffer registered with
+``requires_grad=True``, a learned temperature FSDP2 would not take as a 0-d parameter; a plain
+tensor attribute of a module) in a data-parallel file that reduces no gradient by hand: the
+wrappers reduce parameters' gradients only, so each rank steps its own copy.
+
+AG359: ``DDP._set_params_and_buffers_to_ignore_for_model(model, names)`` given names taken
+from ``named_parameters()`` with no ``requires_grad`` filter: DDP neither broadcasts nor
+reduces what it ignores, so the trainable ones among them train on each rank's own gradient.
+
 AG337: a parameter given to ``fully_shard(..., ignored_params=...)`` (a learned temperature
 FSDP2 refuses to shard) that no hand all-reduce of the file averages: FSDP2 leaves it alone,
 so each rank steps its own copy on its own gradient. A reduction whose tensor cannot be told
@@ -38,8 +49,9 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Iterator
+from dataclasses import replace
 
-from accumguard.static.findings import Finding
+from accumguard.static.findings import Confidence, Finding, Severity
 from accumguard.static.lint._ast import (
     DDP_WRAPPERS,
     OPTIMIZER_CLASSES,
@@ -50,9 +62,10 @@ from accumguard.static.lint._ast import (
 )
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families._parallel import data_parallel
 
 __all__ = ["copy_reduced_not_written_back", "fsdp_ignored", "fsdp_ignored_params_never_reduced", "loop_variable_rebound", "generator_spent_before_write_back", "list_built_before_unfreeze",
-           "module_outside_the_wrapper",
+           "module_outside_the_wrapper", "grad_tensor_outside_the_reduction", "trained_parameters_ignored_by_ddp",
            "outside_modules", "reduce_over_one_group", "reduces_an_outside_module"]
 
 _REDUCERS = frozenset({"all_reduce", "all_reduce_coalesced", "reduce", "reduce_scatter",
@@ -136,13 +149,15 @@ def _mentions(node: ast.AST, ref: str) -> bool:
     return any(dotted(n) == ref for n in walk_all(node))
 
 
-def _stepped_by_optimizer(ctx: FileContext, ref: str) -> ast.Call | None:
+def _stepped_by_optimizer(ctx: FileContext, ref: str, bare: bool = False) -> ast.Call | None:
     """An optimizer constructor given ``ref``'s parameters (``ref.parameters()``, or a
-    parameter of it), directly or through a name assigned in the same function."""
+    parameter of it; ``ref`` itself when it is a bare parameter), directly or through a name
+    assigned in the same function, or an ``add_param_group`` given it."""
     calls: list[ast.Call] = ctx.of(ast.Call)
     for call in calls:
         callee = dotted(call.func) or ""
-        if last_part(callee).lower() not in OPTIMIZER_CLASSES or not call.args:
+        if not (last_part(callee).lower() in OPTIMIZER_CLASSES
+                or (bare and call_attr(call) == "add_param_group")) or not call.args:
             continue
         arg = call.args[0]
         sources: list[ast.AST] = [arg]
@@ -152,9 +167,32 @@ def _stepped_by_optimizer(ctx: FileContext, ref: str) -> ast.Call | None:
         for src in sources:
             for n in walk_all(src):
                 d = dotted(n) or ""
-                if d.startswith(ref + ".") and d != ref + ".to":
+                if (d.startswith(ref + ".") and d != ref + ".to") or (bare and d == ref):
                     return call
     return None
+
+
+def _in_module_class(ctx: FileContext, node: ast.AST) -> bool:
+    cls = ctx.enclosing(node, (ast.ClassDef,))
+    return isinstance(cls, ast.ClassDef) and any("Module" in (dotted(b) or "") for b in cls.bases)
+
+
+def _handed_to_initialize(ctx: FileContext, call: ast.Call, ref: str, opt: ast.Call) -> bool:
+    """Under ZeRO 1-3 the engine reduces what its own optimizer holds: the outside
+    parameters count as covered when their optimizer, or a name built from ``ref``, is given
+    to ``deepspeed.initialize``."""
+    given = [a for a in [*call.args, *(k.value for k in call.keywords)]]
+    owner = ctx.parents.get(opt)
+    opt_names = {dotted(t) for t in owner.targets} if isinstance(owner, ast.Assign) else set()
+    for a in given:
+        if a is opt or dotted(a) in opt_names:
+            return True
+        values: list[ast.AST] = [a]
+        if isinstance(a, ast.Name):
+            values += ctx.assigned_in(ctx.scope_of(call)).get(a.id, [])
+        if any((dotted(n) or "").startswith(ref) for v in values for n in walk_all(v)):
+            return True
+    return False
 
 
 def _given_away(ctx: FileContext, ref: str) -> bool:
@@ -195,20 +233,24 @@ def outside_modules(ctx: FileContext) -> list[tuple[str, str, ast.Call]]:
     and stepped by an optimizer, in a file that wraps a model for data parallelism."""
     def compute() -> list[tuple[str, str, ast.Call]]:
         wrappers = [c for c in ctx.of(ast.Call) if call_attr(c) in DDP_WRAPPERS
-                    or _zero0_initialize(ctx, c)]
+                    or (dotted(c.func) or "") == "deepspeed.initialize"]
         classes = _param_classes(ctx) if wrappers else set()
         out = []
-        for node in ctx.of(ast.Assign) if classes else []:
+        for node in ctx.of(ast.Assign) if wrappers else []:
             if not (isinstance(node.value, ast.Call) and len(node.targets) == 1):
                 continue
             cls = (dotted(node.value.func) or "").rsplit(".", 1)[-1]
+            bare = cls == "Parameter" and not _in_module_class(ctx, node)
             ref = dotted(node.targets[0])
-            if cls not in classes or ref is None or _given_away(ctx, ref) \
+            if not (cls in classes or bare) or ref is None or _given_away(ctx, ref) \
                     or any(_mentions(w, ref) for w in wrappers):
                 continue
-            opt = _stepped_by_optimizer(ctx, ref)
-            if opt is not None:
-                out.append((ref, cls, opt))
+            opt = _stepped_by_optimizer(ctx, ref, bare)
+            if opt is None or any(
+                    (dotted(w.func) or "") == "deepspeed.initialize" and not _zero0_initialize(ctx, w)
+                    and _handed_to_initialize(ctx, w, ref, opt) for w in wrappers):
+                continue
+            out.append((ref, "" if bare else cls, opt))
         return out
     return ctx._cached("outside_modules", ctx.tree, compute)  # type: ignore[no-any-return]
 
@@ -233,14 +275,144 @@ def module_outside_the_wrapper(ctx: FileContext) -> Iterator[Finding]:
     if _reduces_by_hand(ctx):
         return
     for ref, cls, opt in outside_modules(ctx):
+        what = (f"a `{cls}`, which holds an nn.Parameter" if cls
+                else "an nn.Parameter held outside any module")
+        stepped = f"`{ref}`'s parameters" if cls else f"`{ref}`"
         yield ctx.finding(
             "AG180",
             opt,
-            f"`{ref}` (a `{cls}`, which holds an nn.Parameter) is stepped by this optimizer "
+            f"`{ref}` ({what}) is stepped by this optimizer "
             "but is not inside the module the data-parallel wrapper holds, and the script "
             "all-reduces no gradient itself: the wrapper averages its own module's gradients "
-            f"only, so each rank steps `{ref}`'s parameters on its own gradient",
+            f"only, so each rank steps {stepped} on its own gradient",
         )
+        return
+
+
+def _grad_tensors(ctx: FileContext) -> list[tuple[ast.AST, str, str]]:
+    """Tensors that require a gradient but are not parameters: ``self.register_buffer("name",
+    <a tensor made with requires_grad=True>)`` and, in an ``nn.Module`` subclass,
+    ``self.name = torch.full(..., requires_grad=True)``: (node, name, "buffer"/"attribute")."""
+    def wants_grad(value: ast.AST) -> bool:
+        return any(isinstance(n, ast.keyword) and n.arg == "requires_grad"
+                   and isinstance(n.value, ast.Constant) and n.value.value is True
+                   for n in walk_all(value)) or any(
+            isinstance(n, ast.Call) and call_attr(n) == "requires_grad_" for n in walk_all(value))
+    out: list[tuple[ast.AST, str, str]] = []
+    calls: list[ast.Call] = ctx.of(ast.Call)
+    for call in calls:
+        if call_attr(call) == "register_buffer" and len(call.args) >= 2 \
+                and isinstance(call.args[0], ast.Constant) and isinstance(call.args[0].value, str) \
+                and wants_grad(call.args[1]):
+            out.append((call, call.args[0].value, "buffer"))
+    assigns: list[ast.Assign] = ctx.of(ast.Assign)
+    for a in assigns:
+        if len(a.targets) == 1 and isinstance(t := a.targets[0], ast.Attribute) \
+                and dotted(t.value) == "self" and isinstance(a.value, ast.Call) \
+                and last_part(dotted(a.value.func)) != "parameter" \
+                and "parameter" not in {last_part(dotted(n.func)) for n in walk_all(a.value)
+                                        if isinstance(n, ast.Call)} \
+                and wants_grad(a.value) and _in_module_class(ctx, a):
+            out.append((a, t.attr, "attribute"))
+    return out
+
+
+def _tensor_stepped(ctx: FileContext, attr: str) -> ast.Call | None:
+    """An optimizer (or ``add_param_group``) given ``<obj>.<attr>``: directly, through a name,
+    or through a method whose return value holds ``self.<attr>`` (``temperature_params()``)."""
+    def held(n: ast.AST) -> bool:
+        return (dotted(n) or "").endswith("." + attr) and not isinstance(ctx.parents.get(n), ast.Attribute)
+    returning = {f.name for f in ctx.of(ast.FunctionDef) if any(
+        isinstance(r, ast.Return) and r.value is not None
+        and any(dotted(n) == f"self.{attr}" for n in walk_all(r.value)) for r in walk_all(f))}
+    calls: list[ast.Call] = ctx.of(ast.Call)
+    for call in calls:
+        if not (last_part(dotted(call.func)) in OPTIMIZER_CLASSES
+                or call_attr(call) == "add_param_group") or not call.args:
+            continue
+        sources: list[ast.AST] = [call.args[0]]
+        for n in walk_all(call.args[0]):
+            if isinstance(n, ast.Name):
+                sources += ctx.assigned_in(ctx.scope_of(call)).get(n.id, [])
+        if any(held(n) or (isinstance(n, ast.Call) and call_attr(n) in returning)
+               for src in sources for n in walk_all(src)):
+            return call
+    return None
+
+
+@rule("AG357")
+def grad_tensor_outside_the_reduction(ctx: FileContext) -> Iterator[Finding]:
+    """AG357 (F10): a tensor that requires a gradient but is not a parameter (a buffer
+    registered with ``requires_grad=True``, FSDP2 refusing a 0-d parameter; a plain tensor
+    attribute of a module, ``self.log_std = torch.full(..., requires_grad=True)``) in a
+    data-parallel file, that an optimizer steps: the wrappers reduce the gradients of
+    parameters only."""
+    if not data_parallel(ctx) or _reduces_by_hand(ctx):
+        return
+    for node, attr, kind in _grad_tensors(ctx):
+        opt = _tensor_stepped(ctx, attr)
+        if opt is None:
+            continue  # a tensor no optimizer steps (a checkpointing dummy): nothing drifts
+        what = "registered as a buffer" if kind == "buffer" else "a plain tensor attribute of the module"
+        yield ctx.finding(
+            "AG357",
+            node,
+            f"`{attr}` is {what} that requires a gradient, not a parameter, and the optimizer "
+            f"at line {opt.lineno} steps it: the data-parallel wrapper reduces the gradients of "
+            "parameters only, so each rank's copy learns from its own micro-batches"
+            + (" (under DDP the next forward's buffer broadcast then copies rank 0's value over "
+               "the others)" if kind == "buffer" else ""),
+        )
+        return
+
+
+def _names_from_parameters(ctx: FileContext, expr: ast.AST) -> ast.Call | None:
+    """The ``named_parameters()``/``parameters()`` call a list of names is built from
+    (directly, or through a name bound in the same scope), when no ``requires_grad`` test
+    filters it (a list of frozen parameters is fine to ignore)."""
+    sources: list[ast.AST] = [expr]
+    if isinstance(expr, ast.Name):
+        sources += ctx.assigned_in(ctx.scope_of(expr)).get(expr.id, [])
+    for src in sources:
+        if "requires_grad" in ast.unparse(src):
+            continue
+        found = next((n for n in walk_all(src) if isinstance(n, ast.Call)
+                      and call_attr(n) in ("named_parameters", "parameters")), None)
+        if found is not None:
+            return found
+    return None
+
+
+@rule("AG359")
+def trained_parameters_ignored_by_ddp(ctx: FileContext) -> Iterator[Finding]:
+    """AG359 (F10): ``DDP._set_params_and_buffers_to_ignore_for_model(model, names)`` with
+    names taken from ``named_parameters()`` (not only buffers) and not filtered to the frozen
+    ones: DDP never all-reduces an ignored parameter's gradient, so each rank steps its own."""
+    if _reduces_by_hand(ctx):
+        return
+    for call in ctx.of(ast.Call):
+        if call_attr(call) != "_set_params_and_buffers_to_ignore_for_model" or len(call.args) < 2:
+            continue
+        source = _names_from_parameters(ctx, call.args[1])
+        if source is None:
+            continue
+        frozen = any((isinstance(n, ast.Call) and call_attr(n) == "requires_grad_" and n.args
+                      and isinstance(n.args[0], ast.Constant) and n.args[0].value is False)
+                     or (isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
+                         and n.value.value is False and any(
+                             isinstance(t, ast.Attribute) and t.attr == "requires_grad" for t in n.targets))
+                     for n in walk_all(ctx.tree))
+        f = ctx.finding(
+            "AG359",
+            call,
+            f"the names DDP is told to ignore come from `{ast.unparse(source)}` (line "
+            f"{source.lineno}), with no requires_grad filter"
+            + (" (the file freezes some parameters: if every ignored one is frozen, this is "
+               "fine)" if frozen else ", so they include trainable parameters")
+            + ": DDP never all-reduces an ignored parameter's gradient, and each rank steps a "
+            "trainable one on its own micro-batches",
+        )
+        yield f if not frozen else replace(f, severity=Severity.WARNING, confidence=Confidence.MEDIUM)
         return
 
 
