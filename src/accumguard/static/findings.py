@@ -1275,6 +1275,12 @@ RULES: dict[str, Rule] = {
             "drop the * num_processes from the horizon (and the warm-up) when split_batches is "
             "on; keep it only where the prepared scheduler steps num_processes times",
         ),
+        _rule(
+            "AG361", "raw-optimizer-cleared-inside-accumulate", "F3", E, HI,
+            "zero_grad() inside accelerator.accumulate() on the optimizer given to prepare, "
+            "not the one prepare returned: it clears the gradients on every micro-batch",
+            "call zero_grad() on the prepared optimizer (the name prepare returned)",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

@@ -15,9 +15,10 @@
 ``reduce``     AG107 AG108         hand-written gradient all-reduce
 ``deepspeed``  AG109 AG110 AG2xx   engine gating vs. the config; config checks on dict literals
 ``accelerate`` AG121 AG128 AG171 AG176 the loss divided by K before accelerator.backward (divided twice);
-               AG322 K without accumulate(); one accumulate() block running a whole window; a
-               plain loss.backward() inside accumulate() (never divided by K); accumulate()
-               with an Accelerator left at K = 1
+               AG322 AG361 K without accumulate(); one accumulate() block running a whole
+               window; a plain loss.backward() inside accumulate() (never divided by K);
+               accumulate() with an Accelerator left at K = 1; zero_grad() on the raw
+               optimizer inside accumulate()
 ``scale``      AG122 AG123         a mean loss backwarded K times, never divided by K; a loss
                divided by a count summed over ranks under DDP/FSDP's own average
 ``terms``      AG127               one loss term divided by K, another added undivided

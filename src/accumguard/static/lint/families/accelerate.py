@@ -26,6 +26,12 @@ AG322 (F1) ``accelerator.accumulate(model)`` around the steps while the ``Accele
       default) that nothing hands the Accelerator: ``accumulate()`` then synchronises on
       every batch and the optimizer steps on every micro-batch. Not when the block runs a
       loop of backwards itself (a whole window per batch: K = 1 is then right).
+AG361 (F3) inside ``accelerator.accumulate(model)``, with K > 1, ``zero_grad()`` called on the
+      optimizer object given to ``prepare`` instead of the one ``prepare`` returned
+      (``model, opt = accelerator.prepare(model, optimizer)`` then ``optimizer.zero_grad()``):
+      the prepared optimizer skips its zero_grad on the micro-steps that do not sync, the raw
+      one clears the gradients on every micro-batch, so each step gets the last micro-batch's
+      gradient only.
 """
 
 from __future__ import annotations
@@ -51,7 +57,7 @@ from accumguard.static.lint.families._masked import (
 from accumguard.static.lint.families._modguard import k_values
 from accumguard.static.lint.families.twice import k_dividing_helpers, k_helper_result
 
-__all__ = ["accelerate_block_runs_a_window", "accumulate_with_accelerator_k_one", "plain_backward_inside_accumulate", "accelerator_k_without_accumulate", "accelerator_ks", "names_k", "loss_divided_before_accelerator_backward"]
+__all__ = ["accelerate_block_runs_a_window", "accumulate_with_accelerator_k_one", "plain_backward_inside_accumulate", "accelerator_k_without_accumulate", "accelerator_ks", "names_k", "loss_divided_before_accelerator_backward", "raw_optimizer_cleared_inside_accumulate"]
 
 
 def accelerator_ks(ctx: FileContext) -> set[int | None]:
@@ -480,3 +486,64 @@ def _guards(ctx: FileContext, node: ast.AST, scope: ast.AST) -> list[ast.AST]:
             out.append(cur.test)
         cur = ctx.parents.get(cur)
     return out
+
+
+def _raw_behind_prepare(ctx: FileContext) -> dict[str, str]:
+    """Plain names given to an ``accelerator.prepare(...)`` whose result is bound to other
+    names (the raw object stays under its old name): raw name -> the prepared name at its
+    position, for names the file assigns ``torch.optim`` constructors only."""
+    out: dict[str, str] = {}
+    for node in ctx.of(ast.Assign):
+        call = node.value
+        if not (isinstance(call, ast.Call) and call_attr(call) == "prepare"
+                and ctx.is_accelerator(receiver(call)) and len(node.targets) == 1):
+            continue
+        tgt = node.targets[0]
+        targets = [dotted(t) for t in tgt.elts] if isinstance(tgt, ast.Tuple) else [dotted(tgt)]
+        if len(targets) != len(call.args):
+            continue
+        for arg, new in zip(call.args, targets, strict=True):
+            raw = dotted(arg)
+            if isinstance(arg, ast.Name) and raw and new and new != raw \
+                    and raw not in targets and ctx.kind_of_receiver(arg) == "optimizer":
+                out[raw] = new
+    return out
+
+
+@rule("AG361")
+def raw_optimizer_cleared_inside_accumulate(ctx: FileContext) -> Iterator[Finding]:
+    ks = accelerator_ks(ctx)
+    if not ks or not all(k is not None and k > 1 for k in ks):
+        return
+    raws = _raw_behind_prepare(ctx)
+    if not raws:
+        return
+    for block in ctx.of(ast.With):
+        if not any(isinstance(i.context_expr, ast.Call) and call_attr(i.context_expr) == "accumulate"
+                   and ctx.is_accelerator(receiver(i.context_expr)) for i in block.items):
+            continue
+        for n in walk_all(block):
+            if not (isinstance(n, ast.Call) and call_attr(n) == "zero_grad"
+                    and (raw := dotted(receiver(n))) in raws):
+                continue
+            if any(isinstance(p, ast.If) and "sync_gradients" in ast.unparse(p.test)
+                   for p in _ancestors(ctx, n, block)):
+                continue  # cleared only when Accelerate syncs: at the window's end
+            yield ctx.finding(
+                "AG361",
+                n,
+                f"`{raw}.zero_grad()` inside `accelerator.accumulate(...)` clears the gradients "
+                f"through the optimizer given to `prepare`, not `{raws[raw]}`, the one prepare "
+                "returned: the prepared optimizer skips zero_grad on the micro-steps that do not "
+                "sync, the raw one runs it on every micro-batch, so each optimizer step gets the "
+                "last micro-batch's gradient only",
+                fix=f"call `{raws[raw]}.zero_grad()` (the prepared optimizer), as with its step",
+            )
+            return
+
+
+def _ancestors(ctx: FileContext, node: ast.AST, stop: ast.AST) -> Iterator[ast.AST]:
+    cur = ctx.parents.get(node)
+    while cur is not None and cur is not stop:
+        yield cur
+        cur = ctx.parents.get(cur)

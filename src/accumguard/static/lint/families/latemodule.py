@@ -7,6 +7,10 @@ task head for fine-tuning, a resized embedding) brings parameters DDP never regi
 optimizer steps them on each rank's own gradient and the ranks' copies drift apart (DDP's
 ``find_unused_parameters=True`` also keeps the replaced module from raising).
 
+Also through a method of the model's own class that sets a new module on ``self``
+(``model.resize_token_embeddings(n)``, ``model.grow_vocab(n)``) called after ``DDP(model)`` or
+``fully_shard(model)`` (FSDP2 leaves the new parameters plain tensors on every rank).
+
 Reported on the assignment when it runs after the wrap: below it in the same function, in
 another method of the class whose ``__init__`` wraps, or in a method called on the same
 object after the method that wraps (``trainer.wrap(); trainer.reset_head(5)``). Silent when
@@ -32,7 +36,7 @@ from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._parallel import multi_device
 from accumguard.static.lint.families.unreduced import _reduces_by_hand
 
-__all__ = ["module_set_after_ddp", "made_in_configure_optimizers"]
+__all__ = ["made_in_configure_optimizers", "module_replaced_by_a_model_method_after_wrap", "module_set_after_ddp"]
 
 _DDP = frozenset({"DistributedDataParallel", "DDP"})
 
@@ -124,6 +128,87 @@ def module_set_after_ddp(ctx: FileContext) -> Iterator[Finding]:
                     "after), or wrap again",
             )
             break
+
+
+def _replacing_methods(ctx: FileContext) -> dict[str, str]:
+    """Methods of the file's ``nn.Module`` classes that set a new module on ``self``
+    (``self.embed = new`` with ``new = nn.Embedding(...)`` in the method, or ``self.embed,
+    self.lm_head = new_e, new_h``): method name -> the attribute set."""
+    def compute() -> dict[str, str]:
+        out: dict[str, str] = {}
+        for cls in ctx.of(ast.ClassDef):
+            if not any("Module" in (dotted(b) or "") for b in cls.bases):
+                continue
+            for fn in cls.body:
+                if not isinstance(fn, ast.FunctionDef) or fn.name == "__init__":
+                    continue
+                made = {t.id for a in ast.walk(fn) if isinstance(a, ast.Assign)
+                        and _module_ctor(ctx, a.value)
+                        for t in a.targets if isinstance(t, ast.Name)}
+                for a in ast.walk(fn):
+                    if not isinstance(a, ast.Assign) or len(a.targets) != 1:
+                        continue
+                    t, v = a.targets[0], a.value
+                    pairs = list(zip(t.elts, v.elts, strict=False)) \
+                        if isinstance(t, ast.Tuple) and isinstance(v, ast.Tuple) else [(t, v)]
+                    for tt, vv in pairs:
+                        if isinstance(tt, ast.Attribute) and dotted(tt.value) == "self" and (
+                                _module_ctor(ctx, vv) or (isinstance(vv, ast.Name) and vv.id in made)):
+                            out.setdefault(fn.name, tt.attr)
+        return out
+    return ctx._cached("latemodule_replacing", ctx.tree, compute)  # type: ignore[no-any-return]
+
+
+def _called_after(ctx: FileContext, call: ast.Call, wrap: ast.Call) -> bool:
+    """``call`` runs after ``wrap``: below it in one function, or in a method of the class
+    whose method wraps that the wrapping method calls below the wrap (``self.grow_vocab()``
+    after ``fully_shard(self.model)`` in ``__init__``); a method the wrapping one calls only
+    before the wrap does not."""
+    fn, wfn = ctx.enclosing(call, FUNCS), ctx.enclosing(wrap, FUNCS)
+    if fn is wfn:
+        return call.lineno > wrap.lineno
+    if isinstance(fn, ast.FunctionDef) and isinstance(wfn, ast.AST):
+        lines = [c.lineno for c in ctx.local_nodes(wfn) if isinstance(c, ast.Call)
+                 and isinstance(c.func, ast.Attribute) and c.func.attr == fn.name
+                 and dotted(c.func.value) == "self"]
+        if lines:
+            return any(ln > wrap.lineno for ln in lines)
+    return _runs_after(ctx, call, wrap)
+
+
+@rule("AG196")
+def module_replaced_by_a_model_method_after_wrap(ctx: FileContext) -> Iterator[Finding]:
+    """AG196 through a method of the model's own class (``model.resize_token_embeddings(n)``
+    setting ``self.embed = nn.Embedding(...)``) called after ``DDP(model)`` or
+    ``fully_shard(model)``: the new module's parameters are not in DDP's reducer, nor in any
+    FSDP2 unit (plain tensors on each rank), so nothing averages their gradients."""
+    methods = _replacing_methods(ctx)
+    if not methods or _reduces_by_hand(ctx):
+        return
+    wraps = [(c, d) for c in ctx.of(ast.Call)
+             if (dotted(c.func) or "").rsplit(".", 1)[-1] in _DDP | {"fully_shard"}
+             and c.args and (d := dotted(c.args[0]))]
+    for call in ctx.of(ast.Call):
+        if not (isinstance(call.func, ast.Attribute) and call.func.attr in methods):
+            continue
+        recv = dotted(call.func.value) or ""
+        for wrap, model in wraps:
+            if recv != model or not _called_after(ctx, call, wrap):
+                continue
+            if any(m == model and _called_after(ctx, w, call) for w, m in wraps if w is not wrap):
+                continue  # wrapped again after the new module
+            what = "DDP's reducer holds the parameters the model had then" if "fully_shard" \
+                not in ast.unparse(wrap.func) else "FSDP2 sharded the parameters the model had then (the new ones are plain tensors on each rank)"
+            yield ctx.finding(
+                "AG196", call,
+                f"`{ast.unparse(call.func)}(...)` sets a new module on the model "
+                f"(`self.{methods[call.func.attr]}`) after `{ast.unparse(wrap.func)}({model}, ...)` "
+                f"(line {wrap.lineno}) wrapped it: {what}, so the new module's gradients are "
+                "never averaged over the ranks and each rank steps it on its own",
+                fix="grow or replace the module before wrapping the model (and build the "
+                    "optimizer after), or wrap again",
+            )
+            return
 
 
 def _new_parameter(value: ast.AST) -> bool:
