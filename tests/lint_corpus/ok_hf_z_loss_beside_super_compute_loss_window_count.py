@@ -1,7 +1,9 @@
 # corpus: style=hf class=OK
 """An HF Trainer z-loss: the language-model term comes from the Trainer's own compute_loss
 given num_items_in_batch (the window's token count: the Trainer then does not divide by K),
-the z-loss summed and normalised by the same count: right."""
+the z-loss summed and normalised by the same count: right on one process. On several, the
+count is every process's and the parent multiplies its own loss by num_processes, the z-loss
+not: a warning (AG362), as nothing in the file says the run is multi-process."""
 import torch
 from transformers import Trainer, TrainingArguments
 
@@ -17,7 +19,7 @@ class ZLossTrainer(Trainer):
         valid = inputs["labels"][:, 1:] != -100
         log_z = torch.logsumexp(outputs.logits[:, :-1].float(), dim=-1)
         z_loss = log_z[valid].pow(2).sum() / num_items_in_batch
-        loss = lm_loss + self.z_loss_weight * z_loss
+        loss = lm_loss + self.z_loss_weight * z_loss  # expect: AG362
         return (loss, outputs) if return_outputs else loss
 
 

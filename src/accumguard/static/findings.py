@@ -1281,6 +1281,14 @@ RULES: dict[str, Rule] = {
             "not the one prepare returned: it clears the gradients on every micro-batch",
             "call zero_grad() on the prepared optimizer (the name prepare returned)",
         ),
+        _rule(
+            "AG362", "term-over-window-count-beside-super-loss", "F10", E, HI,
+            "a compute_loss override adds a term divided by num_items_in_batch (all processes' "
+            "count) to super().compute_loss(...), which the parent multiplies by num_processes "
+            "and the term not: after DDP's average it weighs 1/W",
+            "multiply that term by self.accelerator.num_processes, as the parent does its own "
+            "loss (or add it inside the model's loss)",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

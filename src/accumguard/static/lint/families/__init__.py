@@ -95,7 +95,8 @@
 ``lgkschedule`` AG302              a horizon from estimated_stepping_batches under a GradientAccumulationScheduler
 ``dsblocks``   AG303               a coalesce_grad_reduction() block per micro-step, the step after the loop
 ``hfsuper``    AG304 AG334 AG350   a Trainer.training_step or compute_loss override dropping num_items_in_batch, or dividing
-               AG351               by the configured K, or by the Trainer's Accelerator's K (always 1)
+               AG351 AG362         by the configured K, or by the Trainer's Accelerator's K (always 1); a term
+                                   over num_items_in_batch added to super().compute_loss() without x W
 ``dsunmanaged`` AG305              managed_gradient_accumulation false under the step-every-micro-batch loop
 ``hfmodel``    AG306               a Trainer.compute_loss forward through self.model, not the model argument
 ``chunktail``  AG307               windows from chunked(loader, K), every loss divided by K

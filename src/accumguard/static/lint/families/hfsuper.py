@@ -28,6 +28,14 @@ AG351 (LOSS_SCALE): a method of a ``Trainer`` subclass divides by
 ``self.accelerator``). The Trainer builds its Accelerator with ``num_steps = 1`` and
 accumulates itself, so that value is always 1: the term meant to be divided by K is not,
 and weighs K times its share. ``self.current_gradient_accumulation_steps`` is the window's K.
+
+AG362 (F10): a ``compute_loss`` override adds to ``super().compute_loss(..., num_items_in_batch)``
+a term divided by ``num_items_in_batch`` with no factor of the number of processes (a z-loss,
+``(lse ** 2 * mask).sum() / num_items_in_batch``). With ``average_tokens_across_devices`` (the
+default) the count is the window's over every process, and the parent multiplies its own loss
+by ``num_processes`` to undo DDP's average; the added term is not, so after the average it
+weighs 1/W of its coefficient. An error when the file's ``TrainingArguments`` set a ``ddp_*``
+option (several processes meant), a warning otherwise.
 """
 
 from __future__ import annotations
@@ -41,7 +49,8 @@ from accumguard.static.lint._ast import dotted
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._hftrainer import trainer_methods
-from accumguard.static.lint.families.hfscale import _model_without_loss_kwargs
+from accumguard.static.lint.families.hfheld import _multi_process
+from accumguard.static.lint.families.hfscale import _model_without_loss_kwargs, _per_rank_counts
 
 _COUNT = "num_items_in_batch"
 
@@ -160,3 +169,78 @@ def divides_by_trainer_accelerator_k(ctx: FileContext) -> Iterator[Finding]:
                 "num_steps = 1 and accumulates itself): this division does nothing, and the "
                 "term weighs K times its share of the window")
             return
+
+
+def _world_factor(ctx: FileContext, expr: ast.AST, fn: ast.AST) -> bool:
+    """``expr`` (through the names ``fn`` binds) holds the number of processes."""
+    todo, seen = [expr], set()
+    values = ctx.assigned_in(fn)
+    while todo:
+        x = todo.pop()
+        if ctx.mentions_world(x):
+            return True
+        for n in ast.walk(x):
+            if isinstance(n, ast.Name) and n.id not in seen:
+                seen.add(n.id)
+                todo += values.get(n.id, [])
+    return False
+
+
+@rule("AG362")
+def term_over_window_count_beside_super_loss(ctx: FileContext) -> Iterator[Finding]:
+    if _per_rank_counts(ctx) or _scaling_settled(ctx):
+        return
+    for cls, fn in trainer_methods(ctx, "compute_loss"):
+        if _COUNT not in {a.arg for a in (*fn.args.args, *fn.args.kwonlyargs)} \
+                or _model_without_loss_kwargs(ctx, cls) is not None:
+            continue
+        supers = [n for n in ast.walk(fn) if _super_call(n, "compute_loss")]
+        if not supers or not all(
+                len(c.args) >= 4 or any(k.arg == _COUNT for k in c.keywords) for c in supers
+                if isinstance(c, ast.Call)):
+            continue
+        main: set[str] = set()
+        for a in ast.walk(fn):
+            if isinstance(a, ast.Assign) and any(x in supers for x in ast.walk(a.value)):
+                t = a.targets[0]
+                first = t.elts[0] if isinstance(t, ast.Tuple) and t.elts else t
+                if isinstance(first, ast.Name):
+                    main.add(first.id)
+        if not main:
+            continue
+        for add in ast.walk(fn):
+            if not (isinstance(add, ast.BinOp) and isinstance(add.op, ast.Add)):
+                continue
+            sides = [add.left, add.right]
+            if not any(isinstance(x, ast.Name) and x.id in main for x in sides):
+                continue
+            other = next(x for x in sides if not (isinstance(x, ast.Name) and x.id in main))
+            term = _over_count(ctx, other, fn)
+            if term is None or _world_factor(ctx, other, fn):
+                continue
+            f = ctx.finding(
+                "AG362", add,
+                f"`{ast.unparse(other)}` is added to the loss `super().compute_loss(...)` "
+                f"returned, and it is divided by `{_COUNT}` (`{ast.unparse(term)}`), the window's "
+                "count over every process (average_tokens_across_devices): the parent multiplies "
+                "its own loss by num_processes to undo DDP's average, this term is not, so "
+                "after the average it weighs 1/W of its coefficient")
+            yield f if _multi_process(ctx) else replace(
+                f, severity=Severity.WARNING, confidence=Confidence.MEDIUM)
+            return
+
+
+def _over_count(ctx: FileContext, expr: ast.AST, fn: ast.AST) -> ast.AST | None:
+    """The division by ``num_items_in_batch`` in ``expr``, or in the one value a name of it
+    is bound to in ``fn``."""
+    values = ctx.assigned_in(fn)
+    todo, seen = [expr], set()
+    while todo:
+        x = todo.pop()
+        for n in ast.walk(x):
+            if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) and dotted(n.right) == _COUNT:
+                return n
+            if isinstance(n, ast.Name) and n.id not in seen and len(values.get(n.id, [])) == 1:
+                seen.add(n.id)
+                todo += values[n.id]
+    return None
