@@ -1289,6 +1289,13 @@ RULES: dict[str, Rule] = {
             "multiply that term by self.accelerator.num_processes, as the parent does its own "
             "loss (or add it inside the model's loss)",
         ),
+        _rule(
+            "AG363", "submodule-wrapped-in-place", "F10", E, HI,
+            "only a submodule is wrapped for data parallelism, in place (net.backbone = "
+            "DDP(net.backbone)), while the optimizer steps the whole module: the other "
+            "parameters are never averaged",
+            "wrap the whole module (model = DDP(net)) and call it through the wrapper",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

@@ -131,14 +131,15 @@
 ``fabricbypass`` AG300             a submodule called through the model fabric.setup returned
 ``syncwhole``  AG111               every backward of the window inside one `with model.no_sync():`
 ``syncorder``  AG106 AG111         FSDP2's sync flag set after the backward; one no_sync() beside a conditional item
-``unreduced``  AG179 AG180 AG183 AG337 AG357 AG359 parameters no reduction covers: one group of several all-reduced
+``unreduced``  AG179 AG180 AG183 AG337 AG357 AG359 AG363 parameters no reduction covers: one group of several all-reduced
                AG185 AG193 AG195   by hand; a module or bare parameter outside the DDP/FSDP wrapper;
                                    a generator of parameters spent before the write-back; a list
                                    of the trainable parameters built before an unfreeze; a copy
                                    of each gradient reduced and never written back; a loop
                                    variable rebound to the reduced value; a tensor requiring a
                                    gradient that is not a parameter (a buffer, a plain attribute);
-                                   trainable parameters in DDP's ignore list
+                                   trainable parameters in DDP's ignore list; only a submodule
+                                   wrapped, in place
 """
 
 from accumguard.static.lint.families import (

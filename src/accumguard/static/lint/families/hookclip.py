@@ -163,15 +163,27 @@ def _clamping_hook(ctx: FileContext, fn: ast.AST) -> ast.AST | None:
         body = defs[0] if len(defs) == 1 else None
     if not isinstance(body, ast.Lambda | ast.FunctionDef | ast.AsyncFunctionDef):
         return None
+    found = _clips_in(body)
+    if found is not None:
+        return found
+    for c in ast.walk(body):  # a function of the file the hook calls (`adaptive_clip_(t, c)`)
+        defs = ctx.functions_by_name().get(call_attr(c) or "", []) if isinstance(c, ast.Call) else []
+        if len(defs) == 1 and defs[0] is not body and _clips_in(defs[0]) is not None:
+            return c  # (named by its call: the function of the file that clips)
+    return None
+
+
+def _clips_in(body: ast.AST) -> ast.AST | None:
+    """The rescale of the gradient by its own norm in ``body`` (``g.mul_(c / g.norm())``),
+    else a clamp call."""
     calls = [c for c in ast.walk(body) if isinstance(c, ast.Call)]
-    clamp = next((c for c in calls if (call_attr(c) or "") in _CLAMPS), None)
-    if clamp is not None:
-        return clamp
     if any(call_attr(c) in ("norm", "vector_norm") for c in calls):
-        return next((c for c in calls if call_attr(c) in ("mul_", "div_")), None) or next(
+        scaled = next((c for c in calls if call_attr(c) in ("mul_", "div_")), None) or next(
             (b for b in ast.walk(body) if isinstance(b, ast.BinOp)
              and isinstance(b.op, ast.Mult | ast.Div)), None)
-    return None
+        if scaled is not None:
+            return scaled
+    return next((c for c in calls if (call_attr(c) or "") in _CLAMPS), None)
 
 
 def _over_parameters(ctx: FileContext, tensor: ast.AST | None) -> bool:
@@ -243,9 +255,14 @@ def clamp_in_parameter_grad_hook(ctx: FileContext) -> Iterator[Finding]:
 
 def _never_called(ctx: FileContext, node: ast.AST) -> bool:
     """``node`` sits in a function of the file that nothing in the file calls (a helper kept
-    after its call was removed)."""
+    after its call was removed); a hook a framework calls (``on_fit_start`` of a
+    ``LightningModule`` or a callback, ``setup``) and ``__init__`` count as called."""
     fn = ctx.enclosing(node, FUNCS)
     if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+        return False
+    cls = ctx.enclosing(fn, (ast.ClassDef,))
+    if fn.name == "__init__" or (isinstance(cls, ast.ClassDef) and cls.bases and (
+            fn.name.startswith("on_") or fn.name in ("setup", "configure_model"))):
         return False
     return not any((isinstance(c.func, ast.Name) and c.func.id == fn.name)
                    or (isinstance(c.func, ast.Attribute) and c.func.attr == fn.name)

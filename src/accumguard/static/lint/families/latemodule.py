@@ -11,6 +11,9 @@ Also through a method of the model's own class that sets a new module on ``self`
 (``model.resize_token_embeddings(n)``, ``model.grow_vocab(n)``) called after ``DDP(model)`` or
 ``fully_shard(model)`` (FSDP2 leaves the new parameters plain tensors on every rank).
 
+Under a data-parallel ``Fabric`` the wrap is ``fabric.setup(model, ...)`` (``student.hint =
+nn.Linear(...)`` after it: the same).
+
 Reported on the assignment when it runs after the wrap: below it in the same function, in
 another method of the class whose ``__init__`` wraps, or in a method called on the same
 object after the method that wraps (``trainer.wrap(); trainer.reset_head(5)``). Silent when
@@ -42,11 +45,17 @@ _DDP = frozenset({"DistributedDataParallel", "DDP"})
 
 
 def _wraps(ctx: FileContext) -> list[tuple[ast.Call, str]]:
-    """``DDP(model, ...)`` calls with the wrapped model's dotted name."""
+    """``DDP(model, ...)`` calls with the wrapped model's dotted name, and
+    ``fabric.setup(model, ...)`` / ``fabric.setup_module(model)`` under a data-parallel
+    ``Fabric`` (its DDP wraps the module as it is then)."""
+    calls: list[ast.Call] = ctx.of(ast.Call)
+    fabrics = [c for c in calls if (dotted(c.func) or "").rsplit(".", 1)[-1] == "Fabric"]
+    fabric_ddp = bool(fabrics) and all(multi_device(c) for c in fabrics)
     out = []
-    for c in ctx.of(ast.Call):
+    for c in calls:
         name = (dotted(c.func) or "").rsplit(".", 1)[-1]
-        if name in _DDP and name in DDP_WRAPPERS and c.args and (d := dotted(c.args[0])):
+        if name in _DDP and name in DDP_WRAPPERS and c.args and (d := dotted(c.args[0])) or fabric_ddp and name in ("setup", "setup_module") and "fabric" in (dotted(c.func) or "").lower() \
+                and c.args and (d := dotted(c.args[0])):
             out.append((c, d))
     return out
 
@@ -116,15 +125,16 @@ def module_set_after_ddp(ctx: FileContext) -> Iterator[Finding]:
                 continue
             if any(m == model and _runs_after(ctx, w, node) for w, m in wraps if w is not wrap):
                 continue  # wrapped again after the new module
+            by = "Fabric's DDP" if "setup" in ast.unparse(wrap.func) else "DDP's reducer"
             yield ctx.finding(
                 "AG196", node,
                 f"`{ast.unparse(node.targets[0])}` gets a new "
                 f"`{(dotted(node.value.func) or 'module').rsplit('.', 1)[-1] if isinstance(node.value, ast.Call) else 'module'}`"
                 f" after `{ast.unparse(wrap.func)}({model}, ...)` (line {wrap.lineno}) wrapped "
-                "the model: DDP's reducer holds the parameters the model had then, so this "
+                f"the model: {by} holds the parameters the model had then, so this "
                 "module's gradients are never averaged over the ranks and each rank steps it on "
                 "its own",
-                fix="set the new module before DDP(...) wraps the model (and build the optimizer "
+                fix="set the new module before the wrap (DDP(...), fabric.setup(...)) (and build the optimizer "
                     "after), or wrap again",
             )
             break

@@ -39,6 +39,10 @@ AG359: ``DDP._set_params_and_buffers_to_ignore_for_model(model, names)`` given n
 from ``named_parameters()`` with no ``requires_grad`` filter: DDP neither broadcasts nor
 reduces what it ignores, so the trainable ones among them train on each rank's own gradient.
 
+AG363: the file's only DDP/FSDP wrap is of a submodule put back in place (``net.backbone =
+DDP(net.backbone)``) while an optimizer steps a larger module's parameters: the rest of that
+module trains on each rank's own gradient (a warning when the file freezes something).
+
 AG337: a parameter given to ``fully_shard(..., ignored_params=...)`` (a learned temperature
 FSDP2 refuses to shard) that no hand all-reduce of the file averages: FSDP2 leaves it alone,
 so each rank steps its own copy on its own gradient. A reduction whose tensor cannot be told
@@ -65,7 +69,7 @@ from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._parallel import data_parallel
 
 __all__ = ["copy_reduced_not_written_back", "fsdp_ignored", "fsdp_ignored_params_never_reduced", "loop_variable_rebound", "generator_spent_before_write_back", "list_built_before_unfreeze",
-           "module_outside_the_wrapper", "grad_tensor_outside_the_reduction", "trained_parameters_ignored_by_ddp",
+           "module_outside_the_wrapper", "grad_tensor_outside_the_reduction", "trained_parameters_ignored_by_ddp", "submodule_wrapped_in_place",
            "outside_modules", "reduce_over_one_group", "reduces_an_outside_module"]
 
 _REDUCERS = frozenset({"all_reduce", "all_reduce_coalesced", "reduce", "reduce_scatter",
@@ -414,6 +418,52 @@ def trained_parameters_ignored_by_ddp(ctx: FileContext) -> Iterator[Finding]:
         )
         yield f if not frozen else replace(f, severity=Severity.WARNING, confidence=Confidence.MEDIUM)
         return
+
+
+def _frozen_somewhere(ctx: FileContext) -> bool:
+    """The file turns ``requires_grad`` off somewhere (``requires_grad_(False)``,
+    ``.requires_grad = False``)."""
+    return any((isinstance(n, ast.Call) and call_attr(n) == "requires_grad_" and n.args
+                and isinstance(n.args[0], ast.Constant) and n.args[0].value is False)
+               or (isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
+                   and n.value.value is False and any(
+                       isinstance(t, ast.Attribute) and t.attr == "requires_grad" for t in n.targets))
+               for n in walk_all(ctx.tree))
+
+
+@rule("AG363")
+def submodule_wrapped_in_place(ctx: FileContext) -> Iterator[Finding]:
+    """AG363 (F10): the file's only DDP wrap is of a submodule, put back in place
+    (``net.backbone = DDP(net.backbone)``), while an optimizer steps the parameters of a
+    larger module: DDP averages the submodule's gradients only, the rest (task heads) train on
+    each rank's own gradient."""
+    wraps = [c for c in ctx.of(ast.Call) if (dotted(c.func) or "").rsplit(".", 1)[-1]
+             in ("DDP", "DistributedDataParallel", "fully_shard", "FSDP", "FullyShardedDataParallel")]
+    if len(wraps) != 1 or _reduces_by_hand(ctx):
+        return
+    wrap = wraps[0]
+    owner = ctx.parents.get(wrap)
+    if not (isinstance(owner, ast.Assign) and len(owner.targets) == 1 and wrap.args
+            and isinstance(t := owner.targets[0], ast.Attribute)
+            and dotted(t) == dotted(wrap.args[0])):
+        return
+    sub = dotted(t) or ""
+    opts = [c for c in ctx.of(ast.Call) if last_part(dotted(c.func)) in OPTIMIZER_CLASSES and c.args]
+    whole = [o for o in opts if any(
+        isinstance(n, ast.Call) and call_attr(n) == "parameters" and isinstance(n.func, ast.Attribute)
+        and (dotted(n.func.value) or "") not in (sub, sub.rsplit(".", 1)[-1])
+        for n in walk_all(o.args[0]))]
+    if not whole or len(whole) != len(opts):
+        return
+    f = ctx.finding(
+        "AG363", wrap,
+        f"`{sub} = {ast.unparse(wrap.func)}({sub})` wraps one submodule in place, the file's only "
+        f"data-parallel wrap, while the optimizer at line {whole[0].lineno} steps the parameters "
+        f"of `{ast.unparse(whole[0].args[0])}`: the wrapper averages the gradients of `{sub}` "
+        "only, and every other parameter of the module around it (task heads) trains on each "
+        "rank's own gradient")
+    yield f if not _frozen_somewhere(ctx) else replace(
+        f, severity=Severity.WARNING, confidence=Confidence.MEDIUM)
 
 
 def _iterations(fn: ast.AST, name: str) -> list[ast.AST]:
