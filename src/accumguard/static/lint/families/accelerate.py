@@ -61,24 +61,41 @@ __all__ = ["accelerate_block_runs_a_window", "accumulate_with_accelerator_k_one"
 
 
 def accelerator_ks(ctx: FileContext) -> set[int | None]:
-    """The ``gradient_accumulation_steps`` values given to ``Accelerator(...)`` in the file."""
+    """The ``gradient_accumulation_steps`` values given to ``Accelerator(...)`` in the file,
+    or the ``num_steps`` of the ``GradientAccumulationPlugin`` it is given (the call, or a
+    name bound once to it)."""
     values: set[int | None] = set()
     for call in ctx.of(ast.Call):
         if (dotted(call.func) or "").split(".")[-1] == "Accelerator":
             for kw in call.keywords:
                 if kw.arg == "gradient_accumulation_steps":
                     values |= k_values(ctx, kw.value, call)
+                elif kw.arg == "gradient_accumulation_plugin":
+                    plugin: ast.AST | None = kw.value
+                    if isinstance(plugin, ast.Name):
+                        bound = ctx.values_by_name().get(plugin.id, [])
+                        plugin = bound[0] if len(bound) == 1 else None
+                    steps = next((k.value for k in plugin.keywords if k.arg == "num_steps"), None) \
+                        if isinstance(plugin, ast.Call) else None
+                    values |= k_values(ctx, steps, call) if steps is not None else {None}
     return values
 
 
 def names_k(ctx: FileContext, expr: ast.AST) -> bool:
     """``expr`` reads what the file hands ``Accelerator(gradient_accumulation_steps=...)``
-    (``ga``, ``cfg.accum``) or its integer value."""
+    (``ga``, ``cfg.accum``), a ``GradientAccumulationPlugin(num_steps=...)``, or sets as
+    ``accelerator.gradient_accumulation_steps``, or its integer value."""
     def compute() -> set[str]:
-        return {ast.unparse(kw.value) for call in ctx.of(ast.Call)
-                if (dotted(call.func) or "").split(".")[-1] == "Accelerator"
-                for kw in call.keywords if kw.arg == "gradient_accumulation_steps"
-                and isinstance(kw.value, ast.Name | ast.Attribute | ast.Subscript)}
+        given = {ast.unparse(kw.value) for call in ctx.of(ast.Call)
+                 if (dotted(call.func) or "").split(".")[-1] in ("Accelerator", "GradientAccumulationPlugin")
+                 for kw in call.keywords if kw.arg in ("gradient_accumulation_steps", "num_steps")
+                 and isinstance(kw.value, ast.Name | ast.Attribute | ast.Subscript)}
+        # `acc.gradient_accumulation_steps = k` (a K the script sets later: a warm-up of K)
+        given |= {ast.unparse(node.value) for node in ctx.of(ast.Assign)
+                  if isinstance(node.value, ast.Name | ast.Attribute | ast.Subscript)
+                  and any(isinstance(t, ast.Attribute) and t.attr == "gradient_accumulation_steps"
+                          and ctx.is_accelerator(t.value) for t in node.targets)}
+        return given
     names: set[str] = ctx._cached("accelerator_k_names", ctx.tree, compute)
     ks = accelerator_ks(ctx)
     # (`HP["K"]` as the Accelerator got it, or a config entry holding its value)
@@ -261,18 +278,39 @@ def _window_count_divisions(ctx: FileContext) -> Iterator[tuple[ast.AST, ast.AST
         if not ctx.window_facts(window).accelerate:
             continue
         scope = ctx.window_scope(window)
-        for sub in ctx.local_nodes(window):
-            d = division(sub)
-            if d is None or ctx.sized_by_accum(d[1]) \
-                    or counted_per_micro_batch(ctx, scope, window, d[1]) \
-                    or not is_loss_division(ctx, sub, d[0]) \
-                    or not counts_window(ctx, d[1]):
-                continue
-            func = ctx.enclosing(sub, FUNCS) or ctx.tree
-            if any(isinstance(m, ast.BinOp | ast.AugAssign) and isinstance(m.op, ast.Mult)
-                   and (ctx.mentions_accum(m) or names_k(ctx, m)) for m in ast.walk(func)):
-                continue
-            yield sub, d[1]
+        parts: list[tuple[ast.AST, ast.Call | None]] = [(window, None)]
+        parts += list(ctx.inlined(window).items())  # the backward helpers the window calls
+        for part, site in parts:
+            for sub in ctx.local_nodes(part):
+                d = division(sub)
+                if d is None or ctx.sized_by_accum(d[1]) \
+                        or counted_per_micro_batch(ctx, scope, window, d[1]) \
+                        or not is_loss_division(ctx, sub, d[0]):
+                    continue
+                count = d[1] if site is None else _argument_at(part, site, d[1])
+                if count is None or not counts_window(ctx, count):
+                    continue
+                func = ctx.enclosing(sub, FUNCS) or ctx.tree
+                if any(isinstance(m, ast.BinOp | ast.AugAssign) and isinstance(m.op, ast.Mult)
+                       and (ctx.mentions_accum(m) or names_k(ctx, m)) for m in ast.walk(func)):
+                    continue
+                yield sub, d[1]
+
+
+def _argument_at(helper: ast.AST, site: ast.Call, divisor: ast.AST) -> ast.AST | None:
+    """A divisor inside a helper the window calls: itself, or, when it is one of the
+    helper's parameters (``n_window``), the argument the window's call passes for it (then
+    judged where the window computes it)."""
+    if not (isinstance(divisor, ast.Name) and isinstance(helper, ast.FunctionDef | ast.AsyncFunctionDef)):
+        return divisor
+    params = [a.arg for a in (*helper.args.posonlyargs, *helper.args.args)]
+    if divisor.id not in params:
+        return divisor
+    kw = next((k.value for k in site.keywords if k.arg == divisor.id), None)
+    if kw is not None:
+        return kw
+    i = params.index(divisor.id) - (1 if params and params[0] in ("self", "cls") else 0)
+    return site.args[i] if 0 <= i < len(site.args) else None
 
 
 def _window_count_findings(ctx: FileContext) -> Iterator[Finding]:
