@@ -30,6 +30,17 @@ def _tail(node: ast.AST) -> str:
     return (dotted(node) or "").rsplit(".", 1)[-1]
 
 
+def _scope_facts(ctx: FileContext, scope: ast.AST) -> tuple[bool, bool]:
+    """(the scope reads K itself, the scope builds a schedule), once per scope."""
+    nodes = list(walk_all(scope))
+    names = {n.attr if isinstance(n, ast.Attribute) else n.id
+             for n in nodes if isinstance(n, ast.Attribute | ast.Name)}
+    reads_k = any(r in names for r in _READS_K) or any(
+        ctx.mentions_accum(n) for n in nodes if isinstance(n, ast.Name))
+    sizes = any(isinstance(c, ast.Call) and _tail(c.func) in _HORIZON_CTORS for c in nodes)
+    return reads_k, sizes
+
+
 @rule("AG302")
 def horizon_from_stepping_batches_under_k_schedule(ctx: FileContext) -> Iterator[Finding]:
     if not any(_tail(c.func) == _SCHEDULER for c in ctx.of(ast.Call)):
@@ -38,13 +49,10 @@ def horizon_from_stepping_batches_under_k_schedule(ctx: FileContext) -> Iterator
         if not (isinstance(node, ast.Attribute) and node.attr == "estimated_stepping_batches"):
             continue
         scope = ctx.scope_of(node)
-        names = {n.attr if isinstance(n, ast.Attribute) else n.id
-                 for n in walk_all(scope) if isinstance(n, ast.Attribute | ast.Name)}
-        if any(r in names for r in _READS_K) or any(ctx.mentions_accum(n) for n in walk_all(scope)
-                                                     if isinstance(n, ast.Name)):
+        reads_k, sizes = ctx._cached("lgk_scope", scope, lambda scope=scope: _scope_facts(ctx, scope))
+        if reads_k:
             continue  # the count is corrected with the schedule's K in sight
-        if not any(isinstance(c, ast.Call) and _tail(c.func) in _HORIZON_CTORS
-                   for c in walk_all(scope)):
+        if not sizes:
             continue  # not sizing a schedule here
         yield ctx.finding(
             "AG302", node,

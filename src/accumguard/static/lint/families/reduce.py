@@ -226,8 +226,9 @@ def _in_unused_function(ctx: FileContext, node: ast.AST) -> bool:
     entry) that nothing calls and nothing refers to: a leftover helper (a hook handed to a
     registration is referred to; a library module's functions are called from elsewhere)."""
     fn = ctx.enclosing(node, FUNCS)
-    if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) or not any(
-            isinstance(st, ast.If) and "__main__" in ast.unparse(st.test) for st in ctx.tree.body):
+    if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) or not ctx._cached(
+            "main_entry", ctx.tree, lambda: any(isinstance(st, ast.If) and "__main__" in ast.unparse(st.test)
+                                                for st in ctx.tree.body)):
         return False
     def compute() -> frozenset[str]:
         return frozenset({n.id for n in ast.walk(ctx.tree) if isinstance(n, ast.Name)}

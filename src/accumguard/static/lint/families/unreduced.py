@@ -673,15 +673,17 @@ def loop_variable_rebound(ctx: FileContext) -> Iterator[Finding]:
         targets = [loop.target] if isinstance(loop.target, ast.Name) else list(
             loop.target.elts) if isinstance(loop.target, ast.Tuple) else []
         names = {t.id for t in targets if isinstance(t, ast.Name)}
-        fn = ctx.enclosing(loop, (ast.FunctionDef, ast.AsyncFunctionDef)) or ctx.tree
-        if not names or not any(isinstance(n, ast.Call) and call_attr(n) in _REDUCERS
-                                for n in walk_all(fn)):
+        if not names:
             continue
         for stmt in loop.body:
             if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
                     and isinstance(stmt.targets[0], ast.Name) and stmt.targets[0].id in names
                     and isinstance(stmt.value, ast.Name) and stmt.value.id in names):
                 continue
+            fn = ctx.enclosing(loop, (ast.FunctionDef, ast.AsyncFunctionDef)) or ctx.tree
+            if not ctx._cached("reduces_in", fn, lambda fn=fn: any(  # (once per function)
+                    isinstance(n, ast.Call) and call_attr(n) in _REDUCERS for n in walk_all(fn))):
+                break
             name = stmt.targets[0].id
             # (the rebound name read later in the body would be a local alias, not a write)
             if any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
