@@ -400,12 +400,7 @@ def trained_parameters_ignored_by_ddp(ctx: FileContext) -> Iterator[Finding]:
         source = _names_from_parameters(ctx, call.args[1])
         if source is None:
             continue
-        frozen = any((isinstance(n, ast.Call) and call_attr(n) == "requires_grad_" and n.args
-                      and isinstance(n.args[0], ast.Constant) and n.args[0].value is False)
-                     or (isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
-                         and n.value.value is False and any(
-                             isinstance(t, ast.Attribute) and t.attr == "requires_grad" for t in n.targets))
-                     for n in walk_all(ctx.tree))
+        frozen = _frozen_somewhere(ctx)
         f = ctx.finding(
             "AG359",
             call,
