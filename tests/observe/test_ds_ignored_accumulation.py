@@ -7,6 +7,8 @@ accumulate, pass --accumulation-steps to decide")."""
 
 from __future__ import annotations
 
+import pytest
+
 from accumguard.static.dsconfig import ignored_accumulation
 from tests.helpers import judge_recorded
 
@@ -32,3 +34,20 @@ def test_the_config_reading_names_only_an_ignored_accumulation_above_one() -> No
     assert ignored_accumulation({**base, "gradient_accumulation_steps": 4, "accum": 4}) is None
     # a known key, or an unrelated one, is not an accumulation
     assert ignored_accumulation({**base, "steps_per_print": 10}) is None
+
+
+def test_a_fault_in_the_read_leaves_it_out_and_keeps_the_engine_facts(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The read runs inside the engine-facts statement of ``note_engine``: a failure of its own
+    must not cost the stage, GA and clipping recorded beside it."""
+    from accumguard.observe import _patch_deepspeed
+    from accumguard.static import dsconfig
+
+    cfg = {"train_micro_batch_size_per_gpu": 4, "accumulate_grad_batches": 4}
+    assert _patch_deepspeed._ignored_accumulation(cfg) == ["accumulate_grad_batches", 4]
+
+    def boom(_: object) -> None:
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(dsconfig, "ignored_accumulation", boom)
+    assert _patch_deepspeed._ignored_accumulation(cfg) is None

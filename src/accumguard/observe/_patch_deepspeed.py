@@ -120,10 +120,15 @@ def note_engine(obs: EngineHost, module: torch.nn.Module) -> None:
 
 def _ignored_accumulation(raw: object) -> list[object] | None:
     """The config's accumulation under a key DeepSpeed does not read, read once at the
-    engine's first sight (imported here: the config checks are not needed before)."""
-    from accumguard.static.dsconfig import ignored_accumulation
+    engine's first sight (imported here: the config checks are not needed before). A failure
+    of this read leaves it out (None) and keeps the rest of the engine's facts, which
+    ``note_engine`` records in the same statement."""
+    try:
+        from accumguard.static.dsconfig import ignored_accumulation
 
-    found = ignored_accumulation(raw) if isinstance(raw, dict) else None
+        found = ignored_accumulation(raw) if isinstance(raw, dict) else None
+    except Exception:  # noqa: BLE001 - an optional fact must not cost the engine's others
+        return None
     return list(found) if found is not None else None
 
 
