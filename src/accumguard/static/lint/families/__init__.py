@@ -131,12 +131,13 @@
 ``fabricbypass`` AG300             a submodule called through the model fabric.setup returned
 ``syncwhole``  AG111               every backward of the window inside one `with model.no_sync():`
 ``syncorder``  AG106 AG111         FSDP2's sync flag set after the backward; one no_sync() beside a conditional item
-``unreduced``  AG179 AG180 AG183 AG337 AG357 AG359 AG363 parameters no reduction covers: one group of several all-reduced
+``unreduced``  AG179 AG180 AG183 AG337 parameters no reduction covers: one group of several all-reduced
                AG185 AG193 AG195   by hand; a module or bare parameter outside the DDP/FSDP wrapper;
                                    a generator of parameters spent before the write-back; a list
                                    of the trainable parameters built before an unfreeze; a copy
                                    of each gradient reduced and never written back; a loop
-                                   variable rebound to the reduced value; a tensor requiring a
+                                   variable rebound to the reduced value
+``unregistered`` AG357 AG359 AG363 what the wrapper never registers: a tensor requiring a
                                    gradient that is not a parameter (a buffer, a plain attribute);
                                    trainable parameters in DDP's ignore list; only a submodule
                                    wrapped, in place
@@ -233,9 +234,10 @@ from accumguard.static.lint.families import (
     twice,
     unclearedopt,
     unreduced,
+    unregistered,
     window,
     wrapbypass,
     wrapgate,
 )
 
-__all__ = ["accelerate", "accloader", "acctwice", "acctail", "ampclip", "argdrop", "chunktail", "clipgrads", "cliporder", "coefstep", "commhook", "deepspeed", "dphorizon", "dsbatch", "dsblocks", "dslateflag", "dssched", "dsstep", "dsunmanaged", "dszero", "emastep", "epochtail", "fabricbypass", "fabricunset", "factored", "fracepoch", "fsdpfactor", "fsdproot", "funcclip", "fsdpunits", "fused", "gatedclip", "gradwrite", "hookclip", "hookgrad", "hookreduce", "hfmean", "kworld", "hfmodel", "hfclip", "hfheld", "hflossfunc", "hfscale", "hfsetters", "hfsuper", "hfterms", "hftokens", "handhorizon", "hfwarmup", "horizon", "lastpass", "lateunfreeze", "latemodule", "hookcount", "lgkschedule", "lgmanual", "lgstep", "lgunsplit", "lgwindow", "loss", "lowbuffer", "lrcounter", "meancount", "microstat", "moeaux", "plainheads", "precision", "prefetch", "probebackward", "reduce", "resume", "resumeskip", "scale", "schedule", "spawnworld", "stephorizon", "sync", "syncclip", "syncorder", "syncwhole", "synctail", "tailscale", "tempreduce", "terms", "tokenmean", "tokhorizon", "tokiters", "twice", "unclearedopt", "unreduced", "window", "wrapbypass", "wrapgate"]
+__all__ = ["accelerate", "accloader", "acctwice", "acctail", "ampclip", "argdrop", "chunktail", "clipgrads", "cliporder", "coefstep", "commhook", "deepspeed", "dphorizon", "dsbatch", "dsblocks", "dslateflag", "dssched", "dsstep", "dsunmanaged", "dszero", "emastep", "epochtail", "fabricbypass", "fabricunset", "factored", "fracepoch", "fsdpfactor", "fsdproot", "funcclip", "fsdpunits", "fused", "gatedclip", "gradwrite", "hookclip", "hookgrad", "hookreduce", "hfmean", "kworld", "hfmodel", "hfclip", "hfheld", "hflossfunc", "hfscale", "hfsetters", "hfsuper", "hfterms", "hftokens", "handhorizon", "hfwarmup", "horizon", "lastpass", "lateunfreeze", "latemodule", "hookcount", "lgkschedule", "lgmanual", "lgstep", "lgunsplit", "lgwindow", "loss", "lowbuffer", "lrcounter", "meancount", "microstat", "moeaux", "plainheads", "precision", "prefetch", "probebackward", "reduce", "resume", "resumeskip", "scale", "schedule", "spawnworld", "stephorizon", "sync", "syncclip", "syncorder", "syncwhole", "synctail", "tailscale", "tempreduce", "terms", "tokenmean", "tokhorizon", "tokiters", "twice", "unclearedopt", "unreduced", "unregistered", "window", "wrapbypass", "wrapgate"]
