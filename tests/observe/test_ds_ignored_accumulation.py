@@ -7,7 +7,10 @@ accumulate, pass --accumulation-steps to decide")."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import torch
 
 from accumguard.static.dsconfig import ignored_accumulation
 from tests.helpers import judge_recorded
@@ -51,3 +54,54 @@ def test_a_fault_in_the_read_leaves_it_out_and_keeps_the_engine_facts(
 
     monkeypatch.setattr(dsconfig, "ignored_accumulation", boom)
     assert _patch_deepspeed._ignored_accumulation(cfg) is None
+
+
+def _fake_engine_class() -> type[torch.nn.Module]:
+    """A module the observer takes for a DeepSpeed engine whose configuration cannot be read
+    (an engine of a DeepSpeed version whose API moved)."""
+
+    class DeepSpeedEngine(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.module = torch.nn.Linear(4, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.module(x)
+
+        def gradient_clipping(self) -> float:
+            return 0.0
+
+        def zero_optimization_stage(self) -> int:
+            raise AttributeError("'DeepSpeedConfig' object has no attribute 'zero_config'")
+
+    DeepSpeedEngine.__module__ = "deepspeed.runtime.engine"
+    return DeepSpeedEngine
+
+
+def _steps(engine: torch.nn.Module) -> torch.Tensor:
+    torch.manual_seed(0)
+    opt = torch.optim.SGD(engine.parameters(), lr=0.1)
+    for _ in range(3):
+        loss = engine(torch.randn(5, 4)).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return torch.cat([p.detach().flatten() for p in engine.parameters()])
+
+
+def test_engine_facts_that_cannot_be_read_are_accumguards_failure(tmp_path: Path) -> None:
+    """Without its stage and GA no DeepSpeed rule can judge the run: the failed read switches
+    observation off and is recorded as accumguard's own failure (it used to be swallowed,
+    leaving a DeepSpeed run judged as if it had no engine); the training is unchanged."""
+    from accumguard.watch._recording import recording
+
+    cls = _fake_engine_class()
+    torch.manual_seed(1)
+    unobserved = _steps(cls())
+    with recording(tmp_path) as obs:
+        torch.manual_seed(1)
+        observed = _steps(cls())
+        failure = obs.failure
+    assert torch.equal(observed, unobserved)
+    assert failure is not None, "the unreadable engine was judged without its facts"
+    assert "zero_config" in failure.error and "note_engine" in failure.traceback

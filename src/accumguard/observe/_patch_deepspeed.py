@@ -94,28 +94,32 @@ def _clip_wrapper(obs: PatchHost, seen: _ClipNorm) -> Maker:
 
 
 def note_engine(obs: EngineHost, module: torch.nn.Module) -> None:
-    """The engine's ZeRO stage, GA, clipping and micro-batch, read once and emitted."""
+    """The engine's ZeRO stage, GA, clipping and micro-batch, read once and emitted.
+
+    Not guarded here: the rules that judge a DeepSpeed run (its division by GA, its
+    default clip, its boundary) need these facts, so a failure to read them is accumguard's
+    own failure, recorded by the door this runs behind (a forward hook or a patch), never
+    a run judged without them."""
     if obs.engine_info is not None:
         return
     engine = as_deepspeed(module)
-    with contextlib.suppress(Exception):
-        raw = getattr(getattr(engine, "_config", None), "_param_dict", None) or {}
-        managed = getattr(engine, "managed_gradient_accumulation", None)
-        clip = float(engine.gradient_clipping() or 0.0)
-        asked = obs.trainer_clip  # (see _patch_trainers)
-        obs.engine_info = EngineInfo(
-            engine="deepspeed",
-            zero_stage=int(engine.zero_optimization_stage()),
-            gradient_accumulation_steps=int(engine.gradient_accumulation_steps()),
-            gradient_clipping=clip,
-            # the HF Trainer's max_grad_norm equal to the engine's clip asked for it too
-            clipping_set_by_user="gradient_clipping" in raw or asked == clip,
-            requested_clipping=asked,
-            managed_accumulation=bool(managed()) if callable(managed) else True,
-            micro_batch=int(engine.train_micro_batch_size_per_gpu()),
-            ignored_accumulation=_ignored_accumulation(raw))
-        for fn in obs._handlers.on_engine:
-            fn(obs.engine_info)
+    raw = getattr(getattr(engine, "_config", None), "_param_dict", None) or {}
+    managed = getattr(engine, "managed_gradient_accumulation", None)
+    clip = float(engine.gradient_clipping() or 0.0)
+    asked = obs.trainer_clip  # (see _patch_trainers)
+    obs.engine_info = EngineInfo(
+        engine="deepspeed",
+        zero_stage=int(engine.zero_optimization_stage()),
+        gradient_accumulation_steps=int(engine.gradient_accumulation_steps()),
+        gradient_clipping=clip,
+        # the HF Trainer's max_grad_norm equal to the engine's clip asked for it too
+        clipping_set_by_user="gradient_clipping" in raw or asked == clip,
+        requested_clipping=asked,
+        managed_accumulation=bool(managed()) if callable(managed) else True,
+        micro_batch=int(engine.train_micro_batch_size_per_gpu()),
+        ignored_accumulation=_ignored_accumulation(raw))
+    for fn in obs._handlers.on_engine:
+        fn(obs.engine_info)
 
 
 def _ignored_accumulation(raw: object) -> list[object] | None:
