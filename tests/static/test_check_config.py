@@ -202,6 +202,22 @@ def test_a_misspelled_key_carries_the_failure_its_absence_causes() -> None:
                    "train_batch_size": 64}) == ""
 
 
+def test_a_clip_written_under_a_key_deepspeed_ignores_is_an_error() -> None:
+    """The script wrote its clip (0: none) where DeepSpeed never reads it, and DeepSpeed clips
+    at its default 1.0: an F9 error. A value of 1.0 (what runs anyway) or a
+    `gradient_clipping` beside it is no error."""
+    base = {k: v for k, v in GOOD.items() if k != "gradient_clipping"}
+
+    def ag206(cfg: dict[str, object]) -> list[tuple[str, str]]:
+        return [(f.cls, f.severity.value) for f in check_config(cfg, world_size=2)
+                if f.code == "AG206"]
+
+    assert ag206({**base, "max_grad_norm": 0.0}) == [("F9", "error")]
+    assert ag206({**base, "grad_clip": 5}) == [("F9", "error")]
+    assert ag206({**base, "gradient_clip": 1.0}) == [("F9", "warning")]
+    assert ag206({**base, "max_grad_norm": 0.0, "gradient_clipping": 0.0}) == [("", "warning")]
+
+
 def test_misspelled_nested_key() -> None:
     cfg = {**GOOD, "data_types": {"grad_acum_dtype": "fp32"}}
     found = check_config(cfg, world_size=2)

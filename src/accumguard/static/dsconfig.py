@@ -539,8 +539,20 @@ def _check_keys(c: _Collector) -> None:
                 msg += (f"; with no `gradient_accumulation_steps` nor `train_batch_size`, DeepSpeed "
                         f"runs an accumulation of 1, not {ignored[1]}: every `engine.step()` steps")
                 fix = f"name it `gradient_accumulation_steps` ({key} = {ignored[1]} is ignored)"
+            clip = ignored_clip(c.cfg) if section == () else None
+            if clip is not None and clip[0] == key:
+                # a clip value written under a key DeepSpeed never reads: the engine clips
+                # at its default 1.0, not at the value the script chose
+                cls = "F9"
+                meant = "no clipping" if clip[1] == 0 else f"a clip at {clip[1]:g}"
+                msg = (f"unknown key `{key}`: DeepSpeed does not read it, and with no "
+                       f"`gradient_clipping` it clips every update at its default norm 1.0, "
+                       f"not {meant} as `{key}: {clip[1]!r}` asks")
+                fix = f"name it `gradient_clipping` ({key} = {clip[1]!r} is ignored)"
+            proven = (ignored is not None and ignored[0] == key) or \
+                (clip is not None and clip[0] == key)
             c.add("AG206", msg, key=(*section, key), fix=fix,
-                  severity=Severity.ERROR if ignored is not None and ignored[0] == key else None)
+                  severity=Severity.ERROR if proven else None)
             if cls:
                 c.findings[-1] = replace(c.findings[-1], cls=cls)
 
@@ -560,6 +572,25 @@ def ignored_accumulation(cfg: Mapping[str, object]) -> tuple[str, int] | None:
         k = _positive_int(value)
         if (close or "accum" in key.lower()) and k is not None and k > 1:
             return key, k
+    return None
+
+
+_CLIP_WORDS = re.compile(r"clip|max_grad_norm|grad_norm", re.IGNORECASE)
+
+
+def ignored_clip(cfg: Mapping[str, object]) -> tuple[str, float] | None:
+    """(key, value) when the config writes a clip value other than DeepSpeed's default 1.0
+    under a top-level key DeepSpeed does not read (``gradient_clip``, the HF Trainer's
+    ``max_grad_norm``) and sets no ``gradient_clipping``: the engine clips every update at
+    1.0, not at the value written (0: no clipping meant). Lint's AG206 at error (F9)."""
+    if "gradient_clipping" in cfg:
+        return None
+    for key, value in cfg.items():
+        if not isinstance(key, str) or key in _KNOWN_TOP or not _CLIP_WORDS.search(key):
+            continue
+        if isinstance(value, int | float) and not isinstance(value, bool) \
+                and value >= 0 and value != 1.0:
+            return key, float(value)
     return None
 
 

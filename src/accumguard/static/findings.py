@@ -711,7 +711,7 @@ RULES: dict[str, Rule] = {
             "(recurse=True, the default), or set_requires_gradient_sync(is_last_micro_step)",
         ),
         _rule(
-            "AG182", "deepspeed-zero-clip-dropped", "F9", W, HI,
+            "AG182", "deepspeed-zero-clip-dropped", "F9", E, HI,
             "a DeepSpeed config's gradient_clipping of 0 (no clipping meant) is dropped by a "
             "filter that keeps truthy values only: DeepSpeed clips at its default 1.0",
             "filter on `v is not None`, not on truthiness, or set gradient_clipping after the filter",
@@ -1045,7 +1045,7 @@ RULES: dict[str, Rule] = {
             "spell it max_grad_norm (0.0 turns the Trainer's clipping off)",
         ),
         _rule(
-            "AG328", "clip-none-dropped-by-filter", "F9", W, MED,
+            "AG328", "clip-none-dropped-by-filter", "F9", E, MED,
             "a setting max_grad_norm = None or 0.0 (clipping off) filtered out with the other "
             "None (or false) values before TrainingArguments(**kwargs): the Trainer clips at "
             "its default 1.0",

@@ -329,7 +329,7 @@ def clip_none_dropped_by_filter(ctx: FileContext) -> Iterator[Finding]:
                 f"`{name}(**...)` (line {call.lineno}): the key never arrives, max_grad_norm "
                 "keeps its default 1.0 and the Trainer clips every update whose gradient norm "
                 "exceeds 1")
-            yield replace(f, severity=Severity.WARNING, confidence=Confidence.MEDIUM)
+            yield replace(f, confidence=Confidence.MEDIUM)
             return
 
 
