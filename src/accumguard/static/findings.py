@@ -1296,6 +1296,14 @@ RULES: dict[str, Rule] = {
             "parameters are never averaged",
             "wrap the whole module (model = DDP(net)) and call it through the wrapper",
         ),
+        _rule(
+            "AG364", "peft-adapters-kept-low-precision", "F12", E, HI,
+            "PEFT told not to upcast the adapters (autocast_adapter_dtype=False) of a bf16/fp16 "
+            "base: the trainable adapters and their .grad stay low precision, and each window's "
+            "K micro-batches are summed in that dtype, a drift growing with K",
+            "leave autocast_adapter_dtype at its default True (fp32 adapters on a bf16 base), "
+            "or cast the adapters to fp32 after get_peft_model",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

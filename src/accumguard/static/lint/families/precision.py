@@ -15,6 +15,11 @@ added into a bf16 buffer and the rounding drift grows like u*sqrt(K). With ``red
 fp32 FSDP2 accumulates the unsharded gradient in fp32. The severity follows the watch
 rule (core/precision): an error when every K in sight is at least ``_F12_ERROR_K`` (4), a
 warning when a K is not known.
+
+AG364: PEFT's ``get_peft_model(base, cfg, autocast_adapter_dtype=False)`` on a bf16/fp16 base
+with K > 1: the adapters, the only trainable parameters, stay in the base's dtype and their
+``.grad`` sums every window in it (PEFT upcasts them to fp32 unless told not to). The same
+severity rule as AG120.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from dataclasses import replace
 
 from accumguard.core.precision import f12_error_k
 from accumguard.static.findings import Confidence, Finding, Severity
-from accumguard.static.lint._ast import FUNCS, call_attr, dotted, receiver
+from accumguard.static.lint._ast import FUNCS, call_attr, dotted, receiver, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._lightning import lightning_accumulates
@@ -384,4 +389,99 @@ def lightning_true_precision_accumulation(ctx: FileContext) -> Iterator[Finding]
             fix="use precision=\"bf16-mixed\" (fp32 parameters and gradients, bf16 compute) "
                 "when accumulating",
         )
+        return
+
+
+# ------------------------------------------------------ AG364: PEFT adapters kept in bf16/fp16
+
+_PEFT_BUILDERS = ("get_peft_model", "from_pretrained", "prepare_model_for_kbit_training")
+
+
+def _low_precision_base(ctx: FileContext, expr: ast.AST) -> ast.AST | None:
+    """The cast (or the ``torch_dtype=``/``dtype=`` keyword) that makes the model ``expr``
+    stands for bf16/fp16: the expression itself, or the one value its name is bound to, or a
+    function of the file returning it; None when not in sight."""
+    def low(node: ast.AST) -> ast.AST | None:
+        for n in walk_all(node):
+            if _low_precision_cast(n):
+                return n
+            if isinstance(n, ast.keyword) and n.arg in ("torch_dtype", "dtype") \
+                    and (dotted(n.value) or "").split(".")[-1] in _LOW_DTYPES:
+                return n.value
+        return None
+
+    if (found := low(expr)) is not None:
+        return found
+    for _ in range(3):  # a name bound to a name bound to the model
+        if isinstance(expr, ast.Name):
+            bound = ctx.values_by_name().get(expr.id, [])
+            if len(bound) != 1:
+                return None
+            expr = bound[0]
+        elif isinstance(expr, ast.Call) and (fn := ctx.callee_of(expr)) is not None:
+            returns = [n.value for n in ctx.local_nodes(fn) if isinstance(n, ast.Return) and n.value]
+            if len(returns) != 1:
+                return None
+            expr = returns[0]
+        else:
+            return None
+        if (found := low(expr)) is not None:
+            return found
+    # the base cast in place before it reaches PEFT (`base.to(torch.bfloat16)`)
+    return None
+
+
+def _accumulation_ks(ctx: FileContext) -> set[int | None]:
+    """Every K the file gives: an accumulation keyword (``TrainingArguments``/TRL configs,
+    ``Accelerator``, Lightning's ``Trainer``), a ``GradientAccumulationPlugin``, and the
+    K of each hand-written accumulating window."""
+    from accumguard.static.lint.families.accelerate import accelerator_ks
+
+    out: set[int | None] = set(accelerator_ks(ctx))
+    for call in ctx.of(ast.Call):
+        for kw in call.keywords:
+            if kw.arg in ("gradient_accumulation_steps", "accumulate_grad_batches"):
+                out |= k_values(ctx, kw.value, call)
+    for w in ctx.windows():
+        facts = ctx.window_facts(w)
+        if facts.accumulating and not facts.accelerate and not facts.engine_backward:
+            out |= _window_k(ctx, w)  # (an accumulate() block's K is the Accelerator's)
+    return out
+
+
+@rule("AG364")
+def peft_adapters_kept_low_precision(ctx: FileContext) -> Iterator[Finding]:
+    """PEFT's ``autocast_adapter_dtype=False`` on a bf16/fp16 base: the trainable adapters
+    stay in the base's dtype (PEFT upcasts them to fp32 by default), so their ``.grad``
+    sums the K micro-batches of every window in bf16/fp16."""
+    for call in ctx.of(ast.Call):
+        if (call_attr(call) or "") not in _PEFT_BUILDERS:
+            continue
+        off = next((k for k in call.keywords if k.arg == "autocast_adapter_dtype"), None)
+        if off is None or not (isinstance(off.value, ast.Constant) and off.value.value is False):
+            continue
+        base = call.args[0] if call.args else next(
+            (k.value for k in call.keywords if k.arg == "model"), None)
+        cast = _low_precision_base(ctx, base) if base is not None else None
+        if cast is None:
+            continue
+        ks = _accumulation_ks(ctx)
+        known = sorted(k for k in ks if k is not None)
+        if not ks or (known and known[-1] <= 1 and None not in ks):
+            continue  # no accumulation in sight
+        error = bool(known) and None not in ks and known[0] >= _F12_ERROR_K
+        dtype = "fp16" if "float16" in ast.unparse(cast).replace("bfloat16", "") \
+            or "half" in ast.unparse(cast) else "bf16"
+        k_text = f"K = {known[0]}" if len(set(known)) == 1 and None not in ks else "K > 1"
+        finding = ctx.finding(
+            "AG364",
+            off,
+            f"`autocast_adapter_dtype=False` keeps the LoRA adapters in the base model's {dtype} "
+            f"(cast at line {getattr(cast, 'lineno', '?')}): the only trainable parameters, and "
+            f"their .grad sums the {k_text} micro-batches of every window in {dtype}, rounded "
+            "at each addition (PEFT upcasts adapters to fp32 by default)"
+            + (f"; an error from K >= {_F12_ERROR_K}, the watch rule's bound" if error else ""))
+        if not error:
+            finding = replace(finding, severity=Severity.WARNING, confidence=Confidence.MEDIUM)
+        yield finding
         return
