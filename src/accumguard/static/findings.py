@@ -1304,6 +1304,13 @@ RULES: dict[str, Rule] = {
             "leave autocast_adapter_dtype at its default True (fp32 adapters on a bf16 base), "
             "or cast the adapters to fp32 after get_peft_model",
         ),
+        _rule(
+            "AG365", "lightning-backward-hook-term-not-divided-by-k", "LOSS_SCALE", E, HI,
+            "a LightningModule's backward(loss) override adds a term to the loss it is given, "
+            "which Lightning has already divided by accumulate_grad_batches: the term is not, "
+            "and weighs K times its large-batch share",
+            "divide the term by self.trainer.accumulate_grad_batches, or add it in training_step",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

@@ -60,7 +60,8 @@
 ``tokhorizon`` AG145               an iteration horizon converted from tokens by one micro-batch's size
 ``factored``   AG146               a factor undoing the engine's averages multiplies an unnormalised term too
 ``lgmanual``   AG115               Lightning manual optimisation stepping on `batch_idx % K == 0`
-``lgwindow``   AG144 AG173         a Lightning training_step divided by the window's count, or by K, /K again
+``lgwindow``   AG144 AG173 AG365   a Lightning training_step divided by the window's count, or by K, /K again;
+                                   a term added in a backward(loss) override, not /K
 ``microstat``  AG147               a micro-batch's values whitened by its own statistics, K > 1
 ``prefetch``   AG148               a window drawn ahead of accelerator.accumulate with dataloader sync
 ``acctail``    AG157               Accelerate stepping a pass's short last window, its loss still /K

@@ -13,6 +13,10 @@ return of a loss helper of the file it calls)
 (``loss / self.trainer.accumulate_grad_batches``, or the value the Trainer's
 ``accumulate_grad_batches=`` is given), the habit of a hand-written loop: Lightning divides
 the returned loss by K again, so each micro-batch weighs 1/K^2 and the update is G / K.
+
+AG365 (LOSS_SCALE): a ``backward(self, loss)`` override adds a term (a regulariser kept out
+of the logged loss) to the loss Lightning hands it, which Lightning has already divided by K:
+the term weighs K times its share.
 """
 
 from __future__ import annotations
@@ -31,8 +35,8 @@ from accumguard.static.lint.families._lightning import (
     returned_losses,
 )
 
-__all__ = ["lightning_loss_divided_by_k", "lightning_window_count_divided_by_k",
-           "window_count_division"]
+__all__ = ["lightning_backward_term_not_divided_by_k", "lightning_loss_divided_by_k",
+           "lightning_window_count_divided_by_k", "window_count_division"]
 
 #: a count of the whole window (every micro-batch of the step), by its name
 _WINDOW_COUNT = re.compile(r"(^|_)(win|window)(_|$)|num_items_in_batch|items_in_window|"
@@ -192,3 +196,54 @@ def lightning_loss_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
                     "itself",
             )
             break
+
+
+def _added_terms(fn: ast.FunctionDef, loss: str) -> list[ast.AST]:
+    """Terms ``fn`` adds to its ``loss`` parameter: ``loss + term`` (either side), ``loss +=
+    term``; a term that itself reads ``loss`` is a rescaling of it, not a term."""
+    def reads_loss(node: ast.AST) -> bool:
+        return any(isinstance(n, ast.Name) and n.id == loss for n in walk_all(node))
+
+    out: list[ast.AST] = []
+    for n in walk_all(fn):
+        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Add | ast.Sub):
+            for side, other in ((n.left, n.right), (n.right, n.left)):
+                if isinstance(side, ast.Name) and side.id == loss and not reads_loss(other):
+                    out.append(other)
+        elif isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Add | ast.Sub) \
+                and isinstance(n.target, ast.Name) and n.target.id == loss \
+                and not reads_loss(n.value):
+            out.append(n.value)
+    return out
+
+
+@rule("AG365")
+def lightning_backward_term_not_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
+    """AG365 (LOSS_SCALE): a ``LightningModule.backward(self, loss)`` override adds a term to
+    the loss it is given. Under automatic optimisation with ``accumulate_grad_batches`` K > 1
+    that loss is already divided by K (Lightning divides the closure's loss before it calls
+    the hook); the term, added after, is not, and weighs K times its large-batch share."""
+    if not lightning_accumulates(ctx):
+        return
+    for fn in ctx.of(ast.FunctionDef):
+        if fn.name != "backward" or not automatic_lightning_module(ctx, fn):
+            continue
+        params = [a.arg for a in fn.args.args]
+        if len(params) < 2 or not any(isinstance(n, ast.Call) and call_attr(n) in (
+                "backward", "manual_backward") for n in walk_all(fn)):
+            continue
+        for term in _added_terms(fn, params[1]):
+            parts = _expanded(fn, term)  # (`reg = w * penalty / K` ... `loss + reg`)
+            if any(ctx.mentions_accum(p) or "accumulate_grad_batches" in ast.unparse(p)
+                   for p in parts):
+                continue
+            yield ctx.finding(
+                "AG365",
+                term,
+                f"`backward` adds `{ast.unparse(term)}` to the loss Lightning hands it, which "
+                "Lightning has already divided by accumulate_grad_batches (K); the term is not "
+                "divided, so over a window it weighs K times its large-batch share",
+                fix="divide the term by `self.trainer.accumulate_grad_batches`, or add it to "
+                    "the loss `training_step` returns (Lightning divides that by K)",
+            )
+            return
