@@ -1,4 +1,4 @@
-# corpus: style=deepspeed class=F13 miss=AG152 warns as batch arithmetic, a finding with no failure class
+# corpus: style=deepspeed class=F1
 # the config is written to a JSON file from a dataclass: train_batch_size forgets the world
 # size, so DeepSpeed derives gradient_accumulation_steps = ACCUM / W on W processes
 import json

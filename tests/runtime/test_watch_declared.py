@@ -426,3 +426,31 @@ def test_a_none_clip_filtered_out_before_the_trainer_is_f9_when_the_run_shows_th
     assert "lint AG328" in kept[0].evidence and "filtered out" in kept[0].evidence
     ok = ["python", str(corpus / "ok_hf_none_filter_puts_clip_off_back.py")]
     assert clip_source_findings(rec, findings, ok) == []
+
+
+def test_a_deepspeed_train_batch_without_the_world_is_f1_when_the_run_had_several_ranks() -> None:
+    """Blind round 130 a_b02, recorded on 2 gloo ranks: a batch ramp calls
+    ``engine.set_train_batch_size(micro * k)``; DeepSpeed's train batch is global, so each
+    rank stepped after k / 2 micro-batches. Lint can only warn (AG152: right on one process);
+    the run had 2, so the report keeps it as an F1 error. Not for the twin that multiplies by
+    the ranks, not on one process, not beside an F1 error of the run's own."""
+    import dataclasses
+
+    from accumguard.observe._records import _mk
+    from accumguard.observe.rules import analyze
+    from accumguard.watch._findings import load_recordings
+    from accumguard.watch._source_claims import world_source_findings
+    from tests.helpers import RECORDED
+
+    corpus = Path(__file__).parents[1] / "lint_corpus"
+    rec = load_recordings(RECORDED / "r130_ds_train_batch_ramp_without_world")
+    findings, _, _ = analyze(rec, k_flag=None)
+    assert not [f for f in findings if f.severity == "error"], findings  # the run alone: silent
+    bug = ["python", str(corpus / "bug_ds_batch_ramp_without_world.py")]
+    kept = world_source_findings(rec, findings, bug)
+    assert [(f.cls, f.severity) for f in kept] == [("F1", "error")], kept
+    assert "lint AG152" in kept[0].evidence and "the run had 2 processes" in kept[0].evidence
+    ok = ["python", str(corpus / "ok_ds_batch_ramp_with_world.py")]
+    assert world_source_findings(rec, findings, ok) == []
+    assert world_source_findings(dataclasses.replace(rec, world=1), findings, bug) == []
+    assert world_source_findings(rec, [_mk("F1", "error", None, 0, None, "own")], bug) == []

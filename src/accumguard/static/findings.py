@@ -488,7 +488,7 @@ RULES: dict[str, Rule] = {
             "decide the sync against the window's own length: `j < len(window) - 1`",
         ),
         _rule(
-            "AG152", "ds-train-batch-without-world", "", W, MED,
+            "AG152", "ds-train-batch-without-world", "F1", W, MED,
             "a DeepSpeed config gives train_batch_size as micro-batch x K without the number "
             "of processes and no gradient_accumulation_steps: DeepSpeed derives the "
             "accumulation as K / W, so on W > 1 processes each rank steps W times as often",

@@ -162,6 +162,7 @@ def _judge(out_dir: str | os.PathLike[str], *, command: Sequence[str],
         resume_source_findings,
         scale_source_findings,
         schedule_source_findings,
+        world_source_findings,
     )
 
     out_dir = Path(out_dir)
@@ -186,6 +187,8 @@ def _judge(out_dir: str | os.PathLike[str], *, command: Sequence[str],
         findings += rule("scale_source_findings", scale_source_findings, rec, findings,
                          command, default=none)
         findings += rule("clip_source_findings", clip_source_findings, rec, findings,
+                         command, default=none)
+        findings += rule("world_source_findings", world_source_findings, rec, findings,
                          command, default=none)
     findings = merge_ranks(findings, rec.ranks)  # what every rank saw alike: one finding
     steps = {r: s for r, s in rec.steps.items()}

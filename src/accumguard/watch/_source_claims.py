@@ -28,6 +28,12 @@ A clip setting the Hugging Face Trainer never receives (a settings key that is n
 never passed) leaves the Trainer's default clip at 1.0: lint can only warn, since it changes
 only updates whose norm exceeds 1. The run shows it: lint's warning is kept as an F9 error
 when a norm clip shrank some update of the run (its factor read from the norm it returned).
+
+A DeepSpeed train batch written as micro-batch x K without the number of processes (a
+config's ``train_batch_size`` with no ``gradient_accumulation_steps``, or
+``engine.set_train_batch_size(micro * k)`` in a batch ramp) is right on one process and K / W
+on W: lint can only warn. The run shows W: lint's warning is kept as an F1 error when a
+DeepSpeed run had several ranks.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from typing import Any
 from accumguard.observe._records import Finding, RunRecording, _mk
 
 __all__ = ["clip_source_findings", "resume_source_findings", "scale_source_findings",
-           "schedule_source_findings"]
+           "schedule_source_findings", "world_source_findings"]
 
 #: lint's warnings that the script's clip setting never reaches the HF Trainer (which then
 #: clips at its default 1.0): whether that changed an update is the run's to show
@@ -53,6 +59,10 @@ _COEFFICIENT_CODES = ("AG330",)
 #: mean (``loss_is_scaled_for_ga = True``; a ``compute_loss_func`` ignoring
 #: ``num_items_in_batch``): the loss record cannot tell whose division is missing
 _SCALE_CODES = ("AG174", "AG336")
+
+#: lint's warning that a DeepSpeed train batch leaves out the number of processes (right on
+#: one process only): the run shows how many it had
+_WORLD_CODES = ("AG152",)
 
 #: lint's F13 rules about a resume's own arithmetic (what the run cannot show)
 _RESUME_CODES = ("AG318", "AG327", "AG329", "AG331", "AG332")
@@ -170,3 +180,26 @@ def clip_source_findings(rec: RunRecording, findings: list[Finding],
                    f"{min(c for _, c in shrunk):.3g} (first at optimizer step {steps[0] + 1})",
                    title="the script's clip setting never reaches the Trainer: its default "
                          "clip at 1.0 shrank updates")]
+
+
+def world_source_findings(rec: RunRecording, findings: list[Finding],
+                          command: Sequence[str]) -> list[Finding]:
+    """F1 when lint warns that a DeepSpeed train batch leaves out the number of processes and
+    the run was DeepSpeed on several ranks; [] otherwise (or beside an F1 error of the run's
+    own)."""
+    if rec.world < 2 or any(f.cls == "F1" and f.severity == "error" for f in findings):
+        return []
+    if not any(e.get("engine") == "deepspeed" for e in rec.engine.values()):
+        return []
+    said = _lint_hit(command, lambda f: f.code in _WORLD_CODES, levels=("error", "warning"))
+    if said is None:
+        return []
+    windows = sorted({int(s.get("backwards", 0) or 0) for ss in rec.steps.values() for s in ss
+                      if s.get("applied", True)})
+    seen = "" if not windows else (
+        f"; its optimizer stepped after {' or '.join(map(str, windows[:4]))} backward pass(es)")
+    return [_claim("F1", 0, said,
+                   f"the run had {rec.world} processes, so DeepSpeed's accumulation was 1/"
+                   f"{rec.world} of the micro-batches meant{seen}",
+                   title=f"DeepSpeed's train batch leaves out the {rec.world} processes: each "
+                         f"rank stepped after 1/{rec.world} of the window")]
