@@ -184,7 +184,9 @@ def horizon_in_micro_batches(ctx: FileContext) -> Iterator[Finding]:
                 break
             facts = ctx.window_facts(window)
             if (not facts.accumulating or facts.accelerate or facts.summed_loss
-                    or facts.unguarded_optimizer_steps or not ctx.guarded(site, window)):
+                    or facts.unguarded_optimizer_steps
+                    # (the boundary's `if` around the helper's call, or the helper's own)
+                    or not (ctx.guarded(site, window) or ctx.guarded(call, window))):
                 break
             counted = _counts_batches(ctx, parts, loaders, window)
             if counted is None:
