@@ -8,8 +8,8 @@ class Trainer:
     def __init__(self, model, loader, epochs, accum):
         self.model, self.loader, self.epochs, self.accum = model, loader, epochs, accum
         self.opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        self.sched = torch.optim.lr_scheduler.CosineAnnealingLR(
-            self.opt, T_max=epochs * len(self.loader))  # expect: AG124
+        self.sched = torch.optim.lr_scheduler.CosineAnnealingLR(  # expect: AG124
+            self.opt, T_max=epochs * len(self.loader))
         self.micro = 0
 
     def _at_boundary(self):
