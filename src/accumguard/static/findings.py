@@ -1311,6 +1311,13 @@ RULES: dict[str, Rule] = {
             "and weighs K times its large-batch share",
             "divide the term by self.trainer.accumulate_grad_batches, or add it in training_step",
         ),
+        _rule(
+            "AG366", "parameters-assigned-after-wrap", "F10", E, HI,
+            "load_state_dict(..., assign=True) after DDP wrapped the model: the "
+            "loaded tensors replace the parameters the wrapper registered, so nothing averages "
+            "the gradients of the ones the forward uses",
+            "drop assign=True, or load before wrapping (and build the optimizer after)",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

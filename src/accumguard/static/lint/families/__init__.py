@@ -127,8 +127,9 @@
 ``fabricunset`` AG341             a module an optimizer steps that a data-parallel Fabric never set up
 ``plainheads`` AG344              modules an optimizer steps held in a plain dict or list under data parallelism
 ``lateunfreeze`` AG346            a parameter unfrozen after accelerator.prepare wrapped the model
-``latemodule`` AG196 AG356        a submodule assigned to the model itself after DDP(...) wrapped it; a parameter or
-                                   module made in a LightningModule's configure_optimizers under DDP
+``latemodule`` AG196 AG356 AG366  a submodule assigned to the model itself after DDP(...) wrapped it; a parameter or
+                                   module made in a LightningModule's configure_optimizers under DDP;
+                                   load_state_dict(assign=True) after the wrap
 ``hookcount`` AG354 AG355         a post-accumulate-grad hook scaling the running sum; a 1-based index tested with (i + 1) % K
 ``fabricbypass`` AG300             a submodule called through the model fabric.setup returned
 ``syncwhole``  AG111               every backward of the window inside one `with model.no_sync():`

@@ -25,6 +25,10 @@ AG356 (F10): a ``LightningModule`` that creates a parameter or a submodule in
 ``Trainer`` (several devices, or a DDP strategy). Lightning's DDP strategy wraps the module
 before it calls ``configure_optimizers``: DDP never registered what is made there, and each
 rank steps it on its own gradient.
+
+AG366 (F10): ``model.load_state_dict(state, assign=True)`` (a warm start from an mmap-ed
+checkpoint) after ``DDP(model)``: assign=True swaps the loaded tensors in for the
+parameters, which DDP never registered. (FSDP2 re-registers them in a post-load hook.)
 """
 
 from __future__ import annotations
@@ -39,7 +43,8 @@ from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._parallel import multi_device
 from accumguard.static.lint.families.unreduced import _reduces_by_hand
 
-__all__ = ["made_in_configure_optimizers", "module_replaced_by_a_model_method_after_wrap", "module_set_after_ddp"]
+__all__ = ["made_in_configure_optimizers", "module_replaced_by_a_model_method_after_wrap", "module_set_after_ddp",
+           "parameters_assigned_after_wrap"]
 
 _DDP = frozenset({"DistributedDataParallel", "DDP"})
 
@@ -250,4 +255,58 @@ def made_in_configure_optimizers(ctx: FileContext) -> Iterator[Finding]:
                 + ("parameter" if _new_parameter(node.value) else "module's parameters")
                 + " and each rank steps it on its own gradient",
                 fix="create it in __init__ (or setup), before the strategy wraps the module")
+            return
+
+
+def _wrapped_names(ctx: FileContext) -> list[tuple[ast.Call, set[str]]]:
+    """Each ``DDP(...)`` call with the names the wrapped model goes by:
+    its argument's, and the name the wrapper is assigned to with its ``.module``
+    (``self.model = DDP(Net(cfg))``: ``self.model``, ``self.model.module``)."""
+    out = []
+    for c in ctx.of(ast.Call):
+        if (dotted(c.func) or "").rsplit(".", 1)[-1] not in _DDP or not c.args:
+            continue
+        names = {d} if (d := dotted(c.args[0])) else set()
+        parent = ctx.parents.get(c)
+        if isinstance(parent, ast.Assign) and len(parent.targets) == 1 \
+                and (t := dotted(parent.targets[0])):
+            names |= {t, f"{t}.module"}
+        if names:
+            out.append((c, names))
+    return out
+
+
+@rule("AG366")
+def parameters_assigned_after_wrap(ctx: FileContext) -> Iterator[Finding]:
+    """AG366 (F10): ``load_state_dict(state, assign=True)`` on a model after ``DDP(...)``
+    wrapped it. ``assign=True`` puts the checkpoint's tensors in place of the model's
+    parameters (it does not copy into them): DDP's reducer keeps the old ones, and the new
+    ones, which the forward uses and an optimizer built after steps, are averaged by nothing.
+    Not FSDP2: ``fully_shard`` re-registers what ``load_state_dict(assign=True)`` puts in
+    place (a post-load hook; the meta-device initialisation loads DTensors that way)."""
+    if _reduces_by_hand(ctx):
+        return
+    wraps = _wrapped_names(ctx)
+    for call in ctx.of(ast.Call):
+        if not (isinstance(call.func, ast.Attribute) and call.func.attr == "load_state_dict"
+                and any(k.arg == "assign" and isinstance(k.value, ast.Constant)
+                        and k.value.value is True for k in call.keywords)):
+            continue
+        recv = dotted(call.func.value) or ""
+        for wrap, names in wraps:
+            if recv not in names or not _called_after(ctx, call, wrap):
+                continue
+            if any(names & n and _called_after(ctx, w, call) for w, n in wraps if w is not wrap):
+                continue  # wrapped again after the load
+            yield ctx.finding(
+                "AG366", call,
+                f"`{ast.unparse(call.func)}(..., assign=True)` runs after "
+                f"`{ast.unparse(wrap.func)}(...)` (line {wrap.lineno}) wrapped the model: "
+                "assign=True puts the loaded tensors in place of the parameters instead of "
+                "copying into them, so DDP's reducer keeps hooking the old parameters, and the "
+                "new ones the forward uses are never averaged over the ranks: "
+                "each rank steps them on its own gradient",
+                fix="drop assign=True (copy into the wrapped parameters), or load with "
+                    "assign=True before wrapping the model and build the optimizer after",
+            )
             return
