@@ -1,0 +1,50 @@
+"""Shapes from blind round 130 (lint): a backward before the training loop (a throughput
+benchmark, a compile warm-up) is an F7 error when it runs through the model the loop trains
+(its parameters go to the optimizer), a warning when which parameters it reached is not in
+sight (130 c_b03; also 110 c_b02 and 119 a_b03, warnings before)."""
+
+from __future__ import annotations
+
+import textwrap
+
+from accumguard.static.lint import lint_source
+
+
+def _ag316(src: str) -> list[str]:
+    return [f.severity.value for f in lint_source(textwrap.dedent(src)) if f.code == "AG316"]
+
+
+_LOOP = """
+import torch
+
+def benchmark(net, x, y):
+    torch.nn.functional.mse_loss(net(x), y).backward()
+
+student = Student()
+teacher = Teacher()
+opt = torch.optim.AdamW(student.parameters(), lr=1e-3)
+benchmark({probe}, x0, y0)
+for step in range(100):
+    for micro in range(4):
+        x, y = next(batches)
+        with torch.no_grad():
+            hint = teacher(x)
+        (torch.nn.functional.mse_loss(student(x), y + hint) / 4).backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def test_a_benchmark_backward_through_the_trained_model_is_an_error() -> None:
+    assert _ag316(_LOOP.format(probe="student")) == ["error"]
+
+
+def test_one_through_a_model_the_optimizer_does_not_hold_is_a_warning() -> None:
+    """The teacher is called in the loop too, but its parameters are in no optimizer: its
+    gradient from the benchmark never reaches an update."""
+    assert _ag316(_LOOP.format(probe="teacher")) == ["warning"]
+
+
+def test_a_benchmark_cleared_before_the_loop_is_silent() -> None:
+    src = _LOOP.format(probe="student").replace("for step in", "opt.zero_grad()\nfor step in")
+    assert _ag316(src) == []
