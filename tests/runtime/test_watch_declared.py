@@ -454,3 +454,29 @@ def test_a_deepspeed_train_batch_without_the_world_is_f1_when_the_run_had_severa
     assert world_source_findings(rec, findings, ok) == []
     assert world_source_findings(dataclasses.replace(rec, world=1), findings, bug) == []
     assert world_source_findings(rec, [_mk("F1", "error", None, 0, None, "own")], bug) == []
+
+
+def test_a_target_network_moved_every_micro_step_is_f4_when_the_windows_show_k() -> None:
+    """Blind round 130 c_b02, recorded on 2 gloo ranks: a Fabric DQN's Polyak target update
+    runs on every micro-batch, K = 4 per optimizer step, at a constant learning rate: the run
+    alone said nothing. Lint's F4 error (AG158) needs only the windows the run shows, as a KL
+    controller's does; not for the twin that updates at the boundary, nor on a run of one
+    backward per step."""
+    from accumguard.observe.rules import analyze
+    from accumguard.watch._findings import load_recordings
+    from accumguard.watch._source_claims import schedule_source_findings
+    from tests.helpers import RECORDED
+
+    corpus = Path(__file__).parents[1] / "lint_corpus"
+    rec = load_recordings(RECORDED / "r130_fabric_target_update_every_micro_step")
+    findings, _, _ = analyze(rec, k_flag=None)
+    assert not [f for f in findings if f.severity == "error"], findings  # the run alone
+    bug = ["python", str(corpus / "bug_momentum_teacher_lerp_every_micro_step.py")]
+    kept = schedule_source_findings(rec, findings, bug)
+    assert [(f.cls, f.severity) for f in kept] == [("F4", "error")], kept
+    assert "lint AG158" in kept[0].evidence and "once per 4 backward passes" in kept[0].evidence
+    assert "learning rate" not in kept[0].evidence
+    ok = ["python", str(corpus / "ok_momentum_teacher_at_the_boundary.py")]
+    assert schedule_source_findings(rec, findings, ok) == []
+    one = load_recordings(RECORDED / "r101_k_one_every_step")
+    assert schedule_source_findings(one, analyze(one, k_flag=None)[0], bug) == []

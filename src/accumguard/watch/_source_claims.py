@@ -10,8 +10,8 @@ rests on: the optimizer stepped once per K >= 2 backward passes, and the rate ch
 during the run (a schedule acted); and only when the run's own rules said nothing about
 the schedule (no F4 finding at any level: a file may hold several modes, and a rate the run
 judged itself, as a token-count schedule's warning, is the run's word). A loss coefficient's
-schedule (a KL controller moved on every micro-step) needs the windows only: the rate is not
-what it moves.
+schedule (a KL controller moved on every micro-step) and a weight average or target network
+updated on every micro-step need the windows only: the rate is not what they move.
 
 A resume's arithmetic (the iteration counter restored one past the iteration the checkpoint
 saved still to run: a whole window skipped) is not in the run either: its windows are K
@@ -51,9 +51,10 @@ __all__ = ["clip_source_findings", "resume_source_findings", "scale_source_findi
 #: clips at its default 1.0): whether that changed an update is the run's to show
 _CLIP_CODES = ("AG326", "AG328", "AG177")
 
-#: lint's F4 rules about a loss coefficient's schedule (a KL controller moved every
-#: micro-step): the run need only show the windows, not a change of the learning rate
-_COEFFICIENT_CODES = ("AG330",)
+#: lint's F4 rules about something other than the learning rate moved on every micro-step
+#: (a loss coefficient's KL controller, AG330; a weight average or a target network's soft
+#: update, AG158): the run need only show the windows, not a change of the learning rate
+_WINDOW_ONLY_CODES = ("AG330", "AG158")
 
 #: lint's LOSS_SCALE rules about a Trainer skipping its division by K on a per-micro-batch
 #: mean (``loss_is_scaled_for_ga = True``; a ``compute_loss_func`` ignoring
@@ -114,7 +115,7 @@ def schedule_source_findings(rec: RunRecording, findings: list[Finding],
     k, n, rates = confirmed
     shows = (f"the run shows what that rests on: the optimizer stepped once per {k} backward "
              f"passes ({n} steps)")
-    if said[1].code in _COEFFICIENT_CODES:  # a loss coefficient's schedule, not the rate's
+    if said[1].code in _WINDOW_ONLY_CODES:  # a coefficient's or an average's, not the rate's
         return [_claim("F4", 0, said, shows)]
     if len(rates) < 2:
         return []
