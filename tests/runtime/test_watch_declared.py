@@ -480,3 +480,31 @@ def test_a_target_network_moved_every_micro_step_is_f4_when_the_windows_show_k()
     assert schedule_source_findings(rec, findings, ok) == []
     one = load_recordings(RECORDED / "r101_k_one_every_step")
     assert schedule_source_findings(one, analyze(one, k_flag=None)[0], bug) == []
+
+
+def test_a_clamp_in_a_tensor_hook_is_f8_when_the_windows_show_k() -> None:
+    """Blind round 128 b_b01, recorded on 2 gloo ranks: a "spike guard" clamps each LoRA
+    parameter's gradient in ``p.register_hook``, on every micro-batch's contribution, under
+    the Trainer's K = 4; no clipping call shows it, and the run alone said nothing. Lint's F8
+    error (AG138) is kept when the run's windows are K >= 2 backwards: not for the twin that
+    clamps before the optimizer step, not beside an F8 error of the run's own, not on a run
+    of one backward per step."""
+    from accumguard.observe._records import _mk
+    from accumguard.observe.rules import analyze
+    from accumguard.watch._findings import load_recordings
+    from accumguard.watch._source_claims import hook_clip_source_findings
+    from tests.helpers import RECORDED
+
+    corpus = Path(__file__).parents[1] / "lint_corpus"
+    rec = load_recordings(RECORDED / "r128_hf_clamp_in_tensor_hook")
+    findings, _, _ = analyze(rec, k_flag=None)
+    assert not [f for f in findings if f.severity == "error"], findings  # the run alone
+    bug = ["python", str(corpus / "bug_hf_trainer_clamp_in_param_hook.py")]
+    kept = hook_clip_source_findings(rec, findings, bug)
+    assert [(f.cls, f.severity) for f in kept] == [("F8", "error")], kept
+    assert "lint AG138" in kept[0].evidence and "once per 4 backward passes" in kept[0].evidence
+    ok = ["python", str(corpus / "ok_hf_trainer_clamp_before_optimizer_step.py")]
+    assert hook_clip_source_findings(rec, findings, ok) == []
+    assert hook_clip_source_findings(rec, [_mk("F8", "error", None, 0, None, "own")], bug) == []
+    one = load_recordings(RECORDED / "r101_k_one_every_step")
+    assert hook_clip_source_findings(one, analyze(one, k_flag=None)[0], bug) == []

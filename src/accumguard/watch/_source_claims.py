@@ -29,6 +29,11 @@ never passed) leaves the Trainer's default clip at 1.0: lint can only warn, sinc
 only updates whose norm exceeds 1. The run shows it: lint's warning is kept as an F9 error
 when a norm clip shrank some update of the run (its factor read from the norm it returned).
 
+A clip inside a gradient hook (an element-wise clamp from ``p.register_hook``) runs on each
+backward's contribution, not on the window's sum; no clipping call shows it in the run.
+Lint's F8 error on it is kept when the run's windows are K >= 2 backwards and its rules made
+no F8 error.
+
 A DeepSpeed train batch written as micro-batch x K without the number of processes (a
 config's ``train_batch_size`` with no ``gradient_accumulation_steps``, or
 ``engine.set_train_batch_size(micro * k)`` in a batch ramp) is right on one process and K / W
@@ -44,8 +49,8 @@ from typing import Any
 
 from accumguard.observe._records import Finding, RunRecording, _mk
 
-__all__ = ["clip_source_findings", "resume_source_findings", "scale_source_findings",
-           "schedule_source_findings", "world_source_findings"]
+__all__ = ["clip_source_findings", "hook_clip_source_findings", "resume_source_findings",
+           "scale_source_findings", "schedule_source_findings", "world_source_findings"]
 
 #: lint's warnings that the script's clip setting never reaches the HF Trainer (which then
 #: clips at its default 1.0): whether that changed an update is the run's to show
@@ -64,6 +69,11 @@ _SCALE_CODES = ("AG174", "AG336")
 #: lint's warning that a DeepSpeed train batch leaves out the number of processes (right on
 #: one process only): the run shows how many it had
 _WORLD_CODES = ("AG152",)
+
+#: lint's F8 rules about a clip inside a gradient hook or a per-backward callback (a
+#: ``p.register_hook`` clamp, ``on_after_backward``): no clipping call the run records may
+#: show it, and it changes the update only when the window holds several backwards
+_HOOK_CLIP_CODES = ("AG138", "AG319")
 
 #: lint's F13 rules about a resume's own arithmetic (what the run cannot show)
 _RESUME_CODES = ("AG318", "AG327", "AG329", "AG331", "AG332")
@@ -204,3 +214,21 @@ def world_source_findings(rec: RunRecording, findings: list[Finding],
                    f"{rec.world} of the micro-batches meant{seen}",
                    title=f"DeepSpeed's train batch leaves out the {rec.world} processes: each "
                          f"rank stepped after 1/{rec.world} of the window")]
+
+
+def hook_clip_source_findings(rec: RunRecording, findings: list[Finding],
+                              command: Sequence[str]) -> list[Finding]:
+    """The script's F8 errors about a clip in a gradient hook (lint), when the run's windows
+    are K >= 2 backwards and its rules made no F8 error; [] otherwise."""
+    if any(f.cls == "F8" and f.severity == "error" for f in findings):
+        return []
+    confirmed = _confirmed(rec)
+    if confirmed is None:
+        return []
+    said = _lint_hit(command, lambda f: f.code in _HOOK_CLIP_CODES)
+    if said is None:
+        return []
+    k, n, _ = confirmed
+    return [_claim("F8", 0, said,
+                   f"the run shows what that rests on: the optimizer stepped once per {k} "
+                   f"backward passes ({n} steps), so the hook acted on each of them")]
