@@ -1318,6 +1318,16 @@ RULES: dict[str, Rule] = {
             "the gradients of the ones the forward uses",
             "drop assign=True, or load before wrapping (and build the optimizer after)",
         ),
+        _rule(
+            "AG367", "accelerator-step-read-as-optimizer-step", "F4", E, HI,
+            "a learning rate computed from accelerator.step, Accelerate's micro-batch counter "
+            "(it moves on every accumulate() and restarts with each prepared loader), as if it "
+            "counted optimizer steps: the schedule moves K times per update and restarts every "
+            "epoch",
+            "count the optimizer steps yourself (`completed_steps += 1` when "
+            "accelerator.sync_gradients) and compute the rate from that, or use a scheduler "
+            "prepared by the Accelerator",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,
