@@ -508,3 +508,25 @@ def test_a_clamp_in_a_tensor_hook_is_f8_when_the_windows_show_k() -> None:
     assert hook_clip_source_findings(rec, [_mk("F8", "error", None, 0, None, "own")], bug) == []
     one = load_recordings(RECORDED / "r101_k_one_every_step")
     assert hook_clip_source_findings(one, analyze(one, k_flag=None)[0], bug) == []
+
+
+def test_a_rate_from_accelerators_micro_batch_counter_is_f4_when_the_rate_moved() -> None:
+    """Blind round 129 b_b02, recorded on 2 gloo ranks: a hand warm-up reads
+    ``accelerator.step`` (Accelerate's micro-batch counter, reset with each loader) as the
+    optimizer's step, K = 4; the run alone said nothing. Lint's AG367 is kept as an F4 error:
+    the windows are 4 backwards and the rate moved. Not for the twin counting its updates."""
+    from accumguard.observe.rules import analyze
+    from accumguard.watch._findings import load_recordings
+    from accumguard.watch._source_claims import schedule_source_findings
+    from tests.helpers import RECORDED
+
+    corpus = Path(__file__).parents[1] / "lint_corpus"
+    rec = load_recordings(RECORDED / "r129_accelerate_lr_from_accelerator_step")
+    findings, _, _ = analyze(rec, k_flag=None)
+    assert not [f for f in findings if f.severity == "error"], findings  # the run alone
+    bug = ["python", str(corpus / "bug_accelerate_warmup_from_accelerator_step.py")]
+    kept = schedule_source_findings(rec, findings, bug)
+    assert [(f.cls, f.severity) for f in kept] == [("F4", "error")], kept
+    assert "lint AG367" in kept[0].evidence and "once per 4 backward passes" in kept[0].evidence
+    ok = ["python", str(corpus / "ok_accelerate_warmup_from_own_update_count.py")]
+    assert schedule_source_findings(rec, findings, ok) == []
