@@ -530,3 +530,31 @@ def test_a_rate_from_accelerators_micro_batch_counter_is_f4_when_the_rate_moved(
     assert "lint AG367" in kept[0].evidence and "once per 4 backward passes" in kept[0].evidence
     ok = ["python", str(corpus / "ok_accelerate_warmup_from_own_update_count.py")]
     assert schedule_source_findings(rec, findings, ok) == []
+
+
+def test_an_overrides_own_window_counter_is_f13_when_the_run_shows_a_short_window() -> None:
+    """Blind round 129 b_b01, recorded on 2 gloo ranks: a Trainer subclass adds a per-update
+    penalty when its own micro-batch counter is a multiple of K = 4, while the Trainer's
+    epochs of 5 micro-batches run windows of 4 and 1; the run alone said nothing. Lint warns
+    (AG368: it needs such an epoch); the run shows the short window, so the report keeps it as
+    an F13 error. Not for the twin, not on a run whose windows are all K long."""
+    import dataclasses
+
+    from accumguard.observe.rules import analyze
+    from accumguard.watch._findings import load_recordings
+    from accumguard.watch._source_claims import counter_source_findings
+    from tests.helpers import RECORDED
+
+    corpus = Path(__file__).parents[1] / "lint_corpus"
+    rec = load_recordings(RECORDED / "r129_hf_own_window_counter")
+    findings, _, _ = analyze(rec, k_flag=None)
+    assert not [f for f in findings if f.severity == "error"], findings  # the run alone
+    bug = ["python", str(corpus / "bug_hf_training_step_own_window_counter.py")]
+    kept = counter_source_findings(rec, findings, bug)
+    assert [(f.cls, f.severity) for f in kept] == [("F13", "error")], kept
+    assert "lint AG368" in kept[0].evidence and "after 1 backward pass" in kept[0].evidence
+    ok = ["python", str(corpus / "ok_hf_training_step_window_from_global_step.py")]
+    assert counter_source_findings(rec, findings, ok) == []
+    full = dataclasses.replace(rec, steps={r: [{**s, "backwards": 4} for s in ss]
+                                           for r, ss in rec.steps.items()})
+    assert counter_source_findings(full, findings, bug) == []

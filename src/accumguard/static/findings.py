@@ -1328,6 +1328,13 @@ RULES: dict[str, Rule] = {
             "accelerator.sync_gradients) and compute the rate from that, or use a scheduler "
             "prepared by the Accelerator",
         ),
+        _rule(
+            "AG368", "trainer-override-counts-its-own-windows", "F13", W, MED,
+            "a Trainer override finds the window with a micro-batch counter of its own, which "
+            "runs on across epochs while the Trainer starts its windows again every epoch: "
+            "after the first short window the test fires off the boundaries",
+            "act when self.state.global_step differs from the step you last acted on",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

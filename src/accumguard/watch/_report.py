@@ -159,6 +159,7 @@ def _judge(out_dir: str | os.PathLike[str], *, command: Sequence[str],
     )
     from accumguard.watch._source_claims import (
         clip_source_findings,
+        counter_source_findings,
         hook_clip_source_findings,
         resume_source_findings,
         scale_source_findings,
@@ -192,6 +193,8 @@ def _judge(out_dir: str | os.PathLike[str], *, command: Sequence[str],
         findings += rule("world_source_findings", world_source_findings, rec, findings,
                          command, default=none)
         findings += rule("hook_clip_source_findings", hook_clip_source_findings, rec, findings,
+                         command, default=none)
+        findings += rule("counter_source_findings", counter_source_findings, rec, findings,
                          command, default=none)
     findings = merge_ranks(findings, rec.ranks)  # what every rank saw alike: one finding
     steps = {r: s for r, s in rec.steps.items()}

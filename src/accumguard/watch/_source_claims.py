@@ -34,6 +34,11 @@ backward's contribution, not on the window's sum; no clipping call shows it in t
 Lint's F8 error on it is kept when the run's windows are K >= 2 backwards and its rules made
 no F8 error.
 
+A Trainer override that finds the window with a micro-batch counter of its own (a
+per-update penalty on ``self._micro % K == 0``) stays on the Trainer's boundaries only while
+every window is K long; lint can only warn. The run shows a short window before its end (an
+epoch of no multiple of K): lint's warning is kept as an F13 error.
+
 A DeepSpeed train batch written as micro-batch x K without the number of processes (a
 config's ``train_batch_size`` with no ``gradient_accumulation_steps``, or
 ``engine.set_train_batch_size(micro * k)`` in a batch ramp) is right on one process and K / W
@@ -49,8 +54,9 @@ from typing import Any
 
 from accumguard.observe._records import Finding, RunRecording, _mk
 
-__all__ = ["clip_source_findings", "hook_clip_source_findings", "resume_source_findings",
-           "scale_source_findings", "schedule_source_findings", "world_source_findings"]
+__all__ = ["clip_source_findings", "counter_source_findings", "hook_clip_source_findings",
+           "resume_source_findings", "scale_source_findings", "schedule_source_findings",
+           "world_source_findings"]
 
 #: lint's warnings that the script's clip setting never reaches the HF Trainer (which then
 #: clips at its default 1.0): whether that changed an update is the run's to show
@@ -74,6 +80,10 @@ _WORLD_CODES = ("AG152",)
 #: ``p.register_hook`` clamp, ``on_after_backward``): no clipping call the run records may
 #: show it, and it changes the update only when the window holds several backwards
 _HOOK_CLIP_CODES = ("AG138", "AG319")
+
+#: lint's warning that a Trainer override finds the window with a counter of its own, which
+#: leaves the Trainer's boundaries at the first short window: the run shows such a window
+_COUNTER_CODES = ("AG368",)
 
 #: lint's F13 rules about a resume's own arithmetic (what the run cannot show)
 _RESUME_CODES = ("AG318", "AG327", "AG329", "AG331", "AG332")
@@ -232,3 +242,34 @@ def hook_clip_source_findings(rec: RunRecording, findings: list[Finding],
     return [_claim("F8", 0, said,
                    f"the run shows what that rests on: the optimizer stepped once per {k} "
                    f"backward passes ({n} steps), so the hook acted on each of them")]
+
+
+def counter_source_findings(rec: RunRecording, findings: list[Finding],
+                            command: Sequence[str]) -> list[Finding]:
+    """F13 when lint warns that a Trainer override counts its own windows and the run shows
+    a window shorter than K before its last step (after it, the override's counter is off
+    the Trainer's boundaries); [] otherwise (or beside an F13 error of the run's own)."""
+    if any(f.cls == "F13" and f.severity == "error" for f in findings):
+        return []
+    confirmed = _confirmed(rec)
+    if confirmed is None:
+        return []
+    k = confirmed[0]
+    short: list[tuple[int, int]] = []
+    for r in rec.ranks:
+        steps = [s for s in rec.steps.get(r, []) if s.get("applied", True)]
+        short += [(int(s.get("step", i)), int(s.get("backwards", 0) or 0))
+                  for i, s in enumerate(steps[:-1]) if 0 < int(s.get("backwards", 0) or 0) < k]
+        break  # (every rank runs the Trainer's windows alike)
+    if not short:
+        return []
+    said = _lint_hit(command, lambda f: f.code in _COUNTER_CODES, levels=("error", "warning"))
+    if said is None:
+        return []
+    step, n = short[0]
+    return [_claim("F13", step, said,
+                   f"the run shows such a window: optimizer step {step + 1} came after {n} "
+                   f"backward pass(es) where the others took {k}, so the counter's test left "
+                   "the Trainer's boundaries from there",
+                   title="the override's own window counter leaves the Trainer's windows "
+                         "after a short one")]

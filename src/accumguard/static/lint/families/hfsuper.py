@@ -36,6 +36,12 @@ default) the count is the window's over every process, and the parent multiplies
 by ``num_processes`` to undo DDP's average; the added term is not, so after the average it
 weighs 1/W of its coefficient. An error when the file's ``TrainingArguments`` set a ``ddp_*``
 option (several processes meant), a warning otherwise.
+
+AG368 (F13, a warning): a ``compute_loss``/``training_step`` override finding the window with
+a counter of its own (``if self._micro % self.args.gradient_accumulation_steps == 0``), which
+does not restart with the Trainer's per-epoch windows: off the boundaries after the first
+short window. A warning (it needs an epoch that is no multiple of K); ``accumguard watch``
+makes it an error when the run shows such a window.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ from accumguard.static.lint._ast import dotted
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._hftrainer import trainer_methods
+from accumguard.static.lint.families._modguard import mod_term
 from accumguard.static.lint.families.hfheld import _multi_process
 from accumguard.static.lint.families.hfscale import _model_without_loss_kwargs, _per_rank_counts
 
@@ -244,3 +251,46 @@ def _over_count(ctx: FileContext, expr: ast.AST, fn: ast.AST) -> ast.AST | None:
                 seen.add(n.id)
                 todo += values[n.id]
     return None
+
+
+def _own_counter_tests(fn: ast.FunctionDef) -> list[tuple[ast.If, str]]:
+    """``if self.c % self.args.gradient_accumulation_steps == 0:`` in ``fn`` with ``self.c
+    += 1`` in ``fn`` too: (the test, the counter)."""
+    bumped = {dotted(n.target) for n in ast.walk(fn) if isinstance(n, ast.AugAssign)
+              and isinstance(n.op, ast.Add) and (dotted(n.target) or "").startswith("self.")}
+    out = []
+    for n in ast.walk(fn):
+        if isinstance(n, ast.If) and (g := mod_term(n.test)) is not None \
+                and g.counter in bumped and "gradient_accumulation_steps" in ast.unparse(g.modulus):
+            out.append((n, g.counter))
+    return out
+
+
+@rule("AG368")
+def trainer_override_counts_its_own_windows(ctx: FileContext) -> Iterator[Finding]:
+    """AG368 (F13, a warning): a ``compute_loss``/``training_step`` override of a Trainer
+    subclass tests its own micro-batch counter against ``gradient_accumulation_steps`` to act
+    once per window (a per-update penalty, a log). The Trainer starts its windows again at
+    every epoch (an epoch whose micro-batches are no multiple of K ends with a short window);
+    the counter runs on, so from the first short window its test fires off the Trainer's
+    boundaries: windows without the term, or with it twice."""
+    for method in ("compute_loss", "training_step"):
+        for cls, fn in trainer_methods(ctx, method):
+            for test, counter in _own_counter_tests(fn):
+                reset = any(isinstance(n, ast.Assign) and any(dotted(t) == counter for t in n.targets)
+                            and ctx.enclosing(n, (ast.FunctionDef,)) not in (fn,)
+                            and getattr(ctx.enclosing(n, (ast.FunctionDef,)), "name", "") != "__init__"
+                            for n in ast.walk(cls))
+                if reset:
+                    continue  # set back elsewhere (an epoch callback): not judged
+                f = ctx.finding(
+                    "AG368", test,
+                    f"`{ast.unparse(test.test)}` finds the window with the override's own counter "
+                    f"`{counter}`, which runs on across epochs, while the Trainer starts its windows "
+                    "again at every epoch (a short last window when an epoch's micro-batches are "
+                    "no multiple of K): from the first short window the test fires off the "
+                    "Trainer's boundaries",
+                    fix="test the Trainer's own step: act when `self.state.global_step` differs "
+                        "from the step you last acted on")
+                yield replace(f, severity=Severity.WARNING, confidence=Confidence.MEDIUM)
+                return
