@@ -393,7 +393,8 @@ def test_counter_bumped_inside_a_with_block_counts_as_every_iteration() -> None:
         ("K = 4", "error"),
         ("K = cfg['gradient_accumulation_steps'] if use_ds else 1", "error"),  # computed, not 1
         ("if use_ds:\n    K = cfg['gradient_accumulation_steps']\nelse:\n    K = 1", "warning"),
-        ("p.add_argument('--k', type=int, default=1)\nK = args.k", "error"),  # K itself is a name
+        # `K = args.k` is read through to the argparse default, 1, as `args.k` itself is
+        ("p.add_argument('--k', type=int, default=1)\nK = args.k", "warning"),
         ("p.add_argument('--k', type=int, default=1)", "warning"),  # args.k defaults to 1
     ],
 )

@@ -142,7 +142,24 @@ class ValueFacts(FileIndex):
         values = set(self._int_assignments().get(d, ()))
         if "." in d:
             values |= self._int_defaults().get(last_part(d), set())
+        elif values == {None}:
+            # `K = args.accum` assigned once: the attribute's default (argparse, a field)
+            sources = self._sole_attribute_sources().get(d)
+            if sources is not None:
+                values = set(self._int_defaults().get(last_part(sources), set())) or values
         return values or {None}
+
+    def _sole_attribute_sources(self) -> dict[str, str]:
+        """Plain names assigned exactly once in the file, to an attribute (``K = args.accum``):
+        name -> the attribute's dotted name."""
+        def compute() -> dict[str, str]:
+            seen: dict[str, list[ast.AST]] = {}
+            for names, value in self._assigns:
+                for name in names:
+                    seen.setdefault(name, []).append(value if len(names) == 1 else ast.Pass())
+            return {name: d for name, vals in seen.items() if "." not in name and len(vals) == 1
+                    and isinstance(vals[0], ast.Attribute) and (d := dotted(vals[0])) is not None}
+        return self._cached("sole_attribute_sources", self.tree, compute)  # type: ignore[no-any-return]
 
     def _dict_entry(self, expr: ast.Subscript) -> int | None:
         """The integer literal :meth:`dict_entry` finds."""

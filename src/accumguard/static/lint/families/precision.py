@@ -379,16 +379,26 @@ def lightning_true_precision_accumulation(ctx: FileContext) -> Iterator[Finding]
         if setting not in ("bf16-true", "16-true"):
             continue
         dtype = "bf16" if setting.startswith("bf16") else "fp16"
-        yield ctx.finding(
+        ks: set[int | None] = set()
+        for c in ctx.of(ast.Call):
+            for kw in c.keywords:
+                if kw.arg == "accumulate_grad_batches":
+                    ks |= ctx.int_candidates(kw.value)
+        error = bool(ks) and None not in ks and min(k for k in ks if k is not None) >= _F12_ERROR_K
+        finding = ctx.finding(
             "AG120",
             call,
             f"`precision=\"{setting}\"` casts the model's parameters to {dtype}, and "
             "`accumulate_grad_batches` > 1 sums the window's micro-batches into their "
             f"{dtype} .grad: each micro-batch's gradient is rounded as it is added, an error "
-            "that grows with K",
+            "that grows with K"
+            + (f" (K = {min(k for k in ks if k is not None)}: an error from K >= {_F12_ERROR_K}, "
+               "the watch rule's bound)" if error else ""),
             fix="use precision=\"bf16-mixed\" (fp32 parameters and gradients, bf16 compute) "
                 "when accumulating",
         )
+        yield replace(finding, severity=Severity.ERROR, confidence=Confidence.HIGH) if error \
+            else finding
         return
 
 
