@@ -558,3 +558,27 @@ def test_an_overrides_own_window_counter_is_f13_when_the_run_shows_a_short_windo
     full = dataclasses.replace(rec, steps={r: [{**s, "backwards": 4} for s in ss]
                                            for r, ss in rec.steps.items()})
     assert counter_source_findings(full, findings, bug) == []
+
+
+def test_a_gradient_term_added_after_every_backward_is_loss_scale_when_the_windows_show_k() -> None:
+    """Blind round 131 c_b01, recorded on 2 gloo ranks: Lightning's ``on_after_backward`` adds
+    an L2-SP gradient to ``.grad`` after every micro-batch, K = 4. The run sees the gradient
+    grow between backward passes (a LOSS_SCALE warning: it cannot tell whether the term was
+    divided by K; it said F3 at error before). Lint's AG369 reads that it was not, and the
+    report keeps it as a LOSS_SCALE error on the K = 4 windows; not for the twin dividing it."""
+    from accumguard.observe.rules import analyze
+    from accumguard.watch._findings import load_recordings
+    from accumguard.watch._source_claims import scale_source_findings
+    from tests.helpers import RECORDED
+
+    corpus = Path(__file__).parents[1] / "lint_corpus"
+    rec = load_recordings(RECORDED / "r131_lightning_grad_term_on_after_backward")
+    findings, _, _ = analyze(rec, k_flag=None)
+    assert not [f for f in findings if f.severity == "error"], findings
+    assert {f.cls for f in findings if f.severity == "warning"} == {"LOSS_SCALE"}, findings
+    bug = ["python", str(corpus / "bug_lightning_weight_decay_grad_on_after_backward.py")]
+    kept = scale_source_findings(rec, findings, bug)
+    assert [(f.cls, f.severity) for f in kept] == [("LOSS_SCALE", "error")], kept
+    assert "lint AG369" in kept[0].evidence
+    ok = ["python", str(corpus / "ok_lightning_weight_decay_grad_over_k.py")]
+    assert scale_source_findings(rec, findings, ok) == []

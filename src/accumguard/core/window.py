@@ -59,6 +59,10 @@ class Conservation:
     #: whose signed terms cancel, so it understates what was lost
     wipes: tuple[int, ...] = ()
     lost: float = 0.0
+    #: for a "wiped" verdict (else 0): the share of the window's gradient by absolute mass
+    #: that appeared between backward passes (a term added to ``.grad`` by a hook or a
+    #: callback, or the running sum scaled up); a recording made before it reads 0
+    added: float = 0.0
     #: the common scale c between what the optimizer received and the sum of the
     #: contributions (received ~ c * sum): 1 when nothing rescaled the gradient between the
     #: last backward and the step; clipping/unscaling give c < 1, a hand-written

@@ -176,12 +176,15 @@ def conservation(*, starts: list[torch.Tensor], ends: list[torch.Tensor],
     wiped_t = torch.zeros_like(received)
     wipes: list[int] = []
     lost = 0.0
+    added = 0.0
     for i in range(1, len(starts)):
         gap = ends[i - 1] - starts[i]
         wiped_t += gap
         if _rel(gap, scale) > tol:
             wipes.append(i)
-            lost += max(0.0, float(gap[:, 2].sum())) / scale
+            mass = float(gap[:, 2].sum())
+            lost += max(0.0, mass) / scale
+            added += max(0.0, -mass) / scale
     if wipes:  # a leftover the clears removed is not the window's gradient
         lost = lost_share(lost, starts, scale)
     first_wipe = wipes[0] if wipes else None
@@ -214,5 +217,6 @@ def conservation(*, starts: list[torch.Tensor], ends: list[torch.Tensor],
     return Conservation(n, wiped, stale, received_rel, ok, reason,
                         first_wipe=None if reason == "stale" else first_wipe,
                         wipes=() if reason == "stale" else tuple(wipes),
-                        lost=min(lost, 1.0) if reason == "wiped" else 0.0, scale=c,
+                        lost=min(lost, 1.0) if reason == "wiped" else 0.0,
+                        added=added if reason == "wiped" else 0.0, scale=c,
                         contrib_sums=tuple(b.tolist()), received_sums=tuple(a.tolist()))

@@ -40,10 +40,49 @@ def wipe_finding(rank: int, w: StepWindow, n: int, after_collective: set[int],
                        "then / W), or reduce each micro-step's own gradient before it is added "
                        "to .grad (DDP with no_sync does this for you).")
     cons = w.conservation
+    if _grown(w):
+        return _grown_finding(rank, w)
     cls = conservation_class(cons.reason if cons is not None else None,
                              zero_grad_inside=bool(int(w.zero_grads_between)),
                              engine_reset=w.source == "deepspeed" or w.engine == "deepspeed")
     return _mk(cls, "error", rank, w.step, None, _wipe_text(w, cls, n), **_partial_wipe_words(w, cls))
+
+
+#: below this share of the window's gradient (by absolute mass) a change is rounding's
+_MASS = 0.005
+
+
+def _grown(w: StepWindow) -> bool:
+    """The gradient grew between backward passes, by something other than a backward, and
+    lost nothing (a torch loop, no ``zero_grad`` inside): a term added to ``.grad`` on
+    every micro-step (``on_after_backward``, a hook), or the running sum scaled up. Whether
+    that is wrong depends on the term's size, which the run does not know: a term divided by
+    K and added on each of K micro-steps is added once in all."""
+    cons = w.conservation
+    return (cons is not None and cons.reason == "wiped" and not int(w.zero_grads_between)
+            and w.source == "torch" and w.engine != "deepspeed"
+            and float(cons.lost) < _MASS and float(cons.added) >= _MASS)
+
+
+def _grown_finding(rank: int, w: StepWindow) -> Finding:
+    cons = w.conservation
+    assert cons is not None  # (_grown's)
+    wipes = ", ".join(str(int(j) + 1) for j in cons.wipes)
+    return _mk(
+        "LOSS_SCALE", "warning", rank, w.step, None,
+        f"at optimizer step {_n(w.step)} the gradient grew before backward pass(es) {wipes} "
+        f"of {w.backwards} by something other than a backward (about "
+        f"{100 * float(cons.added):.0f}% of the window's gradient by absolute mass; no "
+        "zero_grad ran, nothing was removed): a term added to .grad on every micro-step (a "
+        "hook, a callback such as Lightning's on_after_backward or the Trainer's "
+        "on_substep_end) counts once per micro-step; it weighs what the large batch gives it "
+        "only if it was divided by K",
+        title_="something other than a backward added to the gradient between backward "
+               "passes: a term added on every micro-step counts K times unless divided by K",
+        fix="Add a per-update term to the gradient once per window, after its last backward "
+            "(Lightning: on_before_optimizer_step; the HF Trainer: a callback's "
+            "on_pre_optimizer_step; a plain loop: right before optimizer.step()), or divide "
+            "what each micro-step adds by K; or add the term to the loss before its backward.")
 
 
 def _reduced_inside(w: StepWindow, after_collective: set[int]) -> bool:

@@ -1335,6 +1335,14 @@ RULES: dict[str, Rule] = {
             "after the first short window the test fires off the boundaries",
             "act when self.state.global_step differs from the step you last acted on",
         ),
+        _rule(
+            "AG369", "lightning-gradient-term-after-each-backward", "LOSS_SCALE", E, HI,
+            "a LightningModule's on_after_backward adds a term to .grad while the Trainer "
+            "accumulates: it runs after every micro-batch, so the term counts K times per "
+            "update",
+            "add it in on_before_optimizer_step, or divide it by "
+            "self.trainer.accumulate_grad_batches",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

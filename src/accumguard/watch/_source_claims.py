@@ -69,8 +69,10 @@ _WINDOW_ONLY_CODES = ("AG330", "AG158")
 
 #: lint's LOSS_SCALE rules about a Trainer skipping its division by K on a per-micro-batch
 #: mean (``loss_is_scaled_for_ga = True``; a ``compute_loss_func`` ignoring
-#: ``num_items_in_batch``): the loss record cannot tell whose division is missing
-_SCALE_CODES = ("AG174", "AG336")
+#: ``num_items_in_batch``): the loss record cannot tell whose division is missing; and a
+#: term added to ``.grad`` after every backward (AG369): the run sees the gradient grow, not
+#: whether the term was divided by K
+_SCALE_CODES = ("AG174", "AG336", "AG369")
 
 #: lint's warning that a DeepSpeed train batch leaves out the number of processes (right on
 #: one process only): the run shows how many it had

@@ -61,7 +61,8 @@
 ``factored``   AG146               a factor undoing the engine's averages multiplies an unnormalised term too
 ``lgmanual``   AG115               Lightning manual optimisation stepping on `batch_idx % K == 0`
 ``lgwindow``   AG144 AG173 AG365   a Lightning training_step divided by the window's count, or by K, /K again;
-                                   a term added in a backward(loss) override, not /K
+               AG369               a term added in a backward(loss) override, not /K; a term added to
+                                   .grad in on_after_backward
 ``microstat``  AG147               a micro-batch's values whitened by its own statistics, K > 1
 ``prefetch``   AG148               a window drawn ahead of accelerator.accumulate with dataloader sync
 ``acctail``    AG157               Accelerate stepping a pass's short last window, its loss still /K

@@ -17,6 +17,9 @@ the returned loss by K again, so each micro-batch weighs 1/K^2 and the update is
 AG365 (LOSS_SCALE): a ``backward(self, loss)`` override adds a term (a regulariser kept out
 of the logged loss) to the loss Lightning hands it, which Lightning has already divided by K:
 the term weighs K times its share.
+
+AG369 (LOSS_SCALE): an ``on_after_backward`` that adds a term to the parameters' ``.grad``
+(an L2-SP gradient written by hand): it runs after every micro-batch, K times per update.
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ from accumguard.static.lint.families._lightning import (
     returned_losses,
 )
 
-__all__ = ["lightning_backward_term_not_divided_by_k", "lightning_loss_divided_by_k",
+__all__ = ["lightning_backward_term_not_divided_by_k", "lightning_gradient_term_after_each_backward",
+           "lightning_loss_divided_by_k",
            "lightning_window_count_divided_by_k", "window_count_division"]
 
 #: a count of the whole window (every micro-batch of the step), by its name
@@ -245,5 +249,54 @@ def lightning_backward_term_not_divided_by_k(ctx: FileContext) -> Iterator[Findi
                 "divided, so over a window it weighs K times its large-batch share",
                 fix="divide the term by `self.trainer.accumulate_grad_batches`, or add it to "
                     "the loss `training_step` returns (Lightning divides that by K)",
+            )
+            return
+
+
+def _grad_additions(fn: ast.FunctionDef) -> list[tuple[ast.AST, ast.AST]]:
+    """(statement, added term) for each in-place addition to a ``.grad`` in ``fn``:
+    ``p.grad.add_(t)``, ``p.grad += t``, ``p.grad = p.grad + t``."""
+    out: list[tuple[ast.AST, ast.AST]] = []
+    for n in walk_all(fn):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "add_" \
+                and isinstance(n.func.value, ast.Attribute) and n.func.value.attr == "grad" and n.args:
+            out.append((n, ast.Tuple(elts=[*n.args, *(k.value for k in n.keywords)], ctx=ast.Load())))
+        elif isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Add | ast.Sub) \
+                and isinstance(n.target, ast.Attribute) and n.target.attr == "grad":
+            out.append((n, n.value))
+        elif isinstance(n, ast.Assign) and len(n.targets) == 1 \
+                and isinstance(t := n.targets[0], ast.Attribute) and t.attr == "grad" \
+                and isinstance(n.value, ast.BinOp) and isinstance(n.value.op, ast.Add | ast.Sub) \
+                and ast.dump(n.value.left) == ast.dump(t):
+            out.append((n, n.value.right))
+    return sorted(out, key=lambda a: (getattr(a[0], "lineno", 0), getattr(a[0], "col_offset", 0)))
+
+
+@rule("AG369")
+def lightning_gradient_term_after_each_backward(ctx: FileContext) -> Iterator[Finding]:
+    """AG369 (LOSS_SCALE): a ``LightningModule.on_after_backward`` that adds a term to the
+    parameters' ``.grad`` (an L2-SP or weight-decay gradient written by hand) while the
+    Trainer accumulates K > 1: the hook runs after every micro-batch's backward, so the term
+    is added K times per update where the large batch adds it once. Silent when the term is
+    divided by K (``self.trainer.accumulate_grad_batches`` or the Trainer's value)."""
+    if not lightning_accumulates(ctx):
+        return
+    for fn in ctx.of(ast.FunctionDef):
+        if fn.name != "on_after_backward" or not automatic_lightning_module(ctx, fn):
+            continue
+        for stmt, term in _grad_additions(fn):
+            parts = _expanded(fn, term)
+            if any(ctx.mentions_accum(p) or "accumulate_grad_batches" in ast.unparse(p)
+                   for p in parts):
+                continue
+            yield ctx.finding(
+                "AG369",
+                stmt,
+                f"`{ast.unparse(stmt).splitlines()[0]}` adds a term to the gradient in "
+                "`on_after_backward`, which Lightning calls after every micro-batch's backward: "
+                "with accumulate_grad_batches = K the term is added K times per optimizer step, "
+                "where the large batch adds it once",
+                fix="add it once per update in `on_before_optimizer_step` (after the window's "
+                    "last backward), or divide it by `self.trainer.accumulate_grad_batches`",
             )
             return

@@ -1,0 +1,27 @@
+# corpus: style=lightning class=OK
+# the weight decay added after every backward is divided by accumulate_grad_batches: once
+# per update in all
+import lightning.pytorch as pl
+import torch
+
+
+class Net(pl.LightningModule):
+    def __init__(self, wd=1e-2):
+        super().__init__()
+        self.wd = wd
+        self.body = torch.nn.Linear(16, 4)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self.body(x), y)
+
+    def on_after_backward(self):
+        for p in self.parameters():
+            if p.grad is not None:
+                p.grad += self.wd * p.detach() / self.trainer.accumulate_grad_batches
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+pl.Trainer(max_epochs=2, accumulate_grad_batches=8).fit(Net(), loader)
