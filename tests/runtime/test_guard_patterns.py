@@ -245,3 +245,25 @@ def test_grouped_checksums_equal_per_parameter_sums() -> None:
         f = p.grad.reshape(-1).double()
         want = torch.stack([f.sum(), f[::2].sum(), f.abs().sum()])
         torch.testing.assert_close(got[i], want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("divided", [True, False])
+def test_a_term_added_to_grad_after_every_backward_is_a_note_not_an_f3(divided: bool) -> None:
+    """A weight-decay gradient added to ``.grad`` after each backward: divided by K it is the
+    large batch's, in full it counts K times; the guard cannot tell them apart, so neither
+    raises (it raised F3 before, also on the divided form) and both are noted as LOSS_SCALE
+    (the same decision as watch's, :func:`accumguard.observe._shared_rules.grew`)."""
+    torch.manual_seed(0)
+    model = TokenMLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with guard(model, opt, accumulation_steps=K) as g:
+        for i, batch in enumerate(_data()):
+            (token_loss(model, batch)[0] / K).backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.grad.add_(p, alpha=0.05 / (K if divided else 1))
+            if (i + 1) % K == 0:
+                opt.step()
+                opt.zero_grad()
+    assert g.violations == [] and g.optimizer_steps == 2
+    assert {n.kind for n in g.notes} == {"note_grad_grew"}

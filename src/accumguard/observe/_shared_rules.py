@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Literal
 
 __all__ = ["ClipVerdict", "ShortVerdict", "SyncVerdict", "clip_verdict", "conservation_class",
-           "continues_saved_window", "double_gating", "early_step", "engine_resets",
+           "continues_saved_window", "double_gating", "early_step", "engine_resets", "grew",
            "long_window_class", "micro_sync", "overrun", "scheduler_ahead", "short_window",
            "step_without_backward"]
 
@@ -82,6 +82,23 @@ def conservation_class(reason: str | None, *, zero_grad_inside: bool,
     if reason == "stale":
         return "F7"
     return "F3" if zero_grad_inside or not engine_reset else "F2/F3"
+
+
+#: below this share of the window's gradient (by absolute mass) a change between backward
+#: passes is rounding's, not a removal nor an addition
+CHANGE_MASS = 0.005
+
+
+def grew(reason: str | None, lost: float, added: float, *, zero_grad_inside: bool,
+         engine_reset: bool) -> bool:
+    """A broken conservation ("wiped") where the gradient only grew between backward passes,
+    by something other than a backward: a term added to ``.grad`` on every micro-step (a
+    callback, a hook), or the running sum scaled up. Not F3: nothing was removed, and a term
+    divided by K added on each of K micro-steps is the large batch's; what the run sees
+    cannot tell it from a term added in full (LOSS_SCALE, K times), so neither the guard nor
+    ``watch`` makes it an error."""
+    return (reason == "wiped" and not zero_grad_inside and not engine_reset
+            and lost < CHANGE_MASS <= added)
 
 
 #: Where a clip (or a GradScaler unscale) ran against the window it acts on (see

@@ -13,7 +13,7 @@ where the gradient changed between the window's backward passes.
 from __future__ import annotations
 
 from accumguard.observe._records import Finding, StepWindow, _mk, _n
-from accumguard.observe._shared_rules import conservation_class
+from accumguard.observe._shared_rules import conservation_class, grew
 
 __all__ = ["wipe_finding"]
 
@@ -48,20 +48,12 @@ def wipe_finding(rank: int, w: StepWindow, n: int, after_collective: set[int],
     return _mk(cls, "error", rank, w.step, None, _wipe_text(w, cls, n), **_partial_wipe_words(w, cls))
 
 
-#: below this share of the window's gradient (by absolute mass) a change is rounding's
-_MASS = 0.005
-
-
 def _grown(w: StepWindow) -> bool:
-    """The gradient grew between backward passes, by something other than a backward, and
-    lost nothing (a torch loop, no ``zero_grad`` inside): a term added to ``.grad`` on
-    every micro-step (``on_after_backward``, a hook), or the running sum scaled up. Whether
-    that is wrong depends on the term's size, which the run does not know: a term divided by
-    K and added on each of K micro-steps is added once in all."""
+    """The gradient only grew between backward passes (:func:`._shared_rules.grew`)."""
     cons = w.conservation
-    return (cons is not None and cons.reason == "wiped" and not int(w.zero_grads_between)
-            and w.source == "torch" and w.engine != "deepspeed"
-            and float(cons.lost) < _MASS and float(cons.added) >= _MASS)
+    return cons is not None and grew(cons.reason, float(cons.lost), float(cons.added),
+                                     zero_grad_inside=bool(int(w.zero_grads_between)),
+                                     engine_reset=w.source != "torch" or w.engine == "deepspeed")
 
 
 def _grown_finding(rank: int, w: StepWindow) -> Finding:

@@ -169,6 +169,9 @@ NOTE_CLASSES: dict[str, tuple[str, Severity, str]] = {
     "note_short_window": ("F13", Severity.NOTE,
                           "optimizer step before the window is complete, in a run that reads "
                           "no DataLoader (an epoch's last window, or a boundary off by one)"),
+    "note_grad_grew": ("LOSS_SCALE", Severity.WARNING,
+                       "a term added to the gradient between backward passes (counts K times "
+                       "unless divided by K)"),
     "note_zero_unverified": ("F3", Severity.WARNING,
                              "zero_grad inside the window, not verified"),
 }

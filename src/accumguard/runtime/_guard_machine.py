@@ -40,6 +40,7 @@ from accumguard.observe._shared_rules import (
     conservation_class,
     continues_saved_window,
     early_step,
+    grew,
     long_window_class,
     micro_sync,
     overrun,
@@ -335,6 +336,11 @@ class GuardMachine:
             cls = conservation_class(conservation.reason, zero_grad_inside=zero_at is not None)
             if cls == "F7":
                 self.report("stale", 0, stale=conservation.stale)
+            elif grew(conservation.reason, conservation.lost, conservation.added,
+                      zero_grad_inside=zero_at is not None, engine_reset=deepspeed):
+                # grew, nothing removed: a term added per micro-step, right if divided by K
+                wipe = conservation.first_wipe or 1
+                self.note("note_grad_grew", wipe, wipe=wipe + 1)
             elif cls == "F3" and zero_at is not None:
                 self.report("zero_grad_wiped", zero_at - 1, zn=zero_at, wiped=conservation.wiped)
             else:

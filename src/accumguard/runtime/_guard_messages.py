@@ -230,6 +230,12 @@ RULES: dict[str, Rule] = {
                               "fine at an epoch's end when the window is normalised by its own "
                               "count; otherwise the boundary is off (F13): step when "
                               "(micro_step + 1) % {k} == 0"),
+    "note_grad_grew": Rule(None, "the gradient grew before backward pass {wipe} of {size} by "
+                           "something other than a backward (nothing was removed, no "
+                           "zero_grad ran): a term added to .grad on every micro-step",
+                           "a per-update term added once per window, or divided by {size}",
+                           "add it after the window's last backward (right before "
+                           "optimizer.step()), or divide what each micro-step adds by K"),
     "note_zero_unverified": Rule(None, "zero_grad() after {zn} of {size} backward passes; "
                                  "whether the removed gradient reached the optimizer was not "
                                  "checked ({why})", "zero_grad() only after optimizer.step()",
