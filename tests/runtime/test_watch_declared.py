@@ -582,3 +582,26 @@ def test_a_gradient_term_added_after_every_backward_is_loss_scale_when_the_windo
     assert "lint AG369" in kept[0].evidence
     ok = ["python", str(corpus / "ok_lightning_weight_decay_grad_over_k.py")]
     assert scale_source_findings(rec, findings, ok) == []
+
+
+def test_a_hand_built_penalty_beside_a_divided_task_loss_is_loss_scale_on_k_windows() -> None:
+    """Blind round 131 a_b03, recorded on 2 gloo ranks (FSDP2): a trainer's backwarded loss
+    is a helper's sum, the task loss divided by K in its own helper and an orthogonality
+    penalty built by hand beside it in full, on every micro-batch. The loss record holds the
+    task loss only, and the run alone said nothing. Lint's AG127 (followed into the helpers)
+    is kept as a LOSS_SCALE error on the K >= 2 windows; not for the twin dividing both."""
+    from accumguard.observe.rules import analyze
+    from accumguard.watch._findings import load_recordings
+    from accumguard.watch._source_claims import scale_source_findings
+    from tests.helpers import RECORDED
+
+    corpus = Path(__file__).parents[1] / "lint_corpus"
+    rec = load_recordings(RECORDED / "r131_fsdp2_penalty_beside_divided_task")
+    findings, _, _ = analyze(rec, k_flag=None)
+    assert not [f for f in findings if f.severity == "error"], findings
+    bug = ["python", str(corpus / "bug_trainer_helper_sum_penalty_not_over_k.py")]
+    kept = scale_source_findings(rec, findings, bug)
+    assert [(f.cls, f.severity) for f in kept] == [("LOSS_SCALE", "error")], kept
+    assert "lint AG127" in kept[0].evidence
+    ok = ["python", str(corpus / "ok_trainer_helper_sum_both_over_k.py")]
+    assert scale_source_findings(rec, findings, ok) == []

@@ -71,8 +71,9 @@ _WINDOW_ONLY_CODES = ("AG330", "AG158")
 #: mean (``loss_is_scaled_for_ga = True``; a ``compute_loss_func`` ignoring
 #: ``num_items_in_batch``): the loss record cannot tell whose division is missing; and a
 #: term added to ``.grad`` after every backward (AG369): the run sees the gradient grow, not
-#: whether the term was divided by K
-_SCALE_CODES = ("AG174", "AG336", "AG369")
+#: whether the term was divided by K; a loss term beside a term divided by K, not divided
+#: itself (AG127: a regulariser built by hand, which the loss record does not hold)
+_SCALE_CODES = ("AG174", "AG336", "AG369", "AG127")
 
 #: lint's warning that a DeepSpeed train batch leaves out the number of processes (right on
 #: one process only): the run shows how many it had

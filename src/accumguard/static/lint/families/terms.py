@@ -90,6 +90,10 @@ def _helper_divides_by_k(ctx: FileContext, call: ast.Call, k_names: set[str]) ->
     if params and params[0] in ("self", "cls") and isinstance(call.func, ast.Attribute):
         params = params[1:]
     rets = [n for n in walk_local(fn) if isinstance(n, ast.Return)]
+    if rets and all(isinstance(r.value, ast.BinOp) and isinstance(r.value.op, ast.Div)
+                    and not isinstance(r.value.right, ast.Name) and ctx.mentions_accum(r.value.right)
+                    for r in rets):
+        return True  # `return mse(...) / self.args.accum`: divided by K inside
     if not rets or not all(isinstance(r.value, ast.BinOp) and isinstance(r.value.op, ast.Div)
                            and isinstance(r.value.right, ast.Name) for r in rets):
         return False
@@ -168,7 +172,26 @@ class _Follow:
             if sub:  # a term read from a tuple unpacking has no place: the name's own
                 return [t if hasattr(t.expr, "lineno") else _Term(expr, t.divided, t.normalised)
                         for t in sub]
+        if isinstance(expr, ast.Call) and depth > 0 and not _helper_divides_by_k(self.ctx, expr, self.k):
+            sub = self.returned_terms(expr, depth)
+            if sub is not None and len(sub) >= 2:
+                return sub  # `self.training_step(x, y)` returning `task + penalty`
         return [self.term(expr, at, depth)]
+
+    def returned_terms(self, call: ast.Call, depth: int) -> list[_Term] | None:
+        """The terms of the one ``return`` of the file's function ``call`` calls (followed in
+        that function, one level less deep), or None."""
+        fn = self.ctx.callee_of(call)
+        if fn is None or fn is self.window:
+            return None
+        rets = [n for n in walk_local(fn) if isinstance(n, ast.Return) and n.value is not None]
+        if len(rets) != 1:
+            return None
+        inner = _Follow(self.ctx, fn, self.k)
+        inner.active = set(self.active)
+        value = rets[0].value
+        assert value is not None
+        return inner.split(value, "", None, rets[0], depth - 1)
 
     def terms_at(self, name: str, use: ast.AST, depth: int = _DEPTH) -> list[_Term] | None:
         """The terms of ``name`` when ``use`` runs, from the window's assignments before it

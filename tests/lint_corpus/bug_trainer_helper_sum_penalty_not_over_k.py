@@ -1,0 +1,30 @@
+# corpus: style=trainer class=LOSS_SCALE
+# the backwarded loss is a helper's sum: the task term is divided by K in its own helper,
+# the weight penalty beside it is not, so it counts K times per update
+import torch
+
+
+class Trainer:
+    def __init__(self, model, accum=4, l2=1e-3):
+        self.model, self.accum, self.l2 = model, accum, l2
+        self.opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def task(self, x, y):
+        return torch.nn.functional.mse_loss(self.model(x), y) / self.accum
+
+    def penalty(self):
+        return self.l2 * sum(p.pow(2).sum() for p in self.model.parameters())
+
+    def step_loss(self, x, y):
+        return self.task(x, y) + self.penalty()  # expect: AG127
+
+    def window(self, batches):
+        for x, y in batches:
+            self.step_loss(x, y).backward()
+        self.opt.step()
+        self.opt.zero_grad()
+
+
+t = Trainer(model)
+for _ in range(10):
+    t.window([next(data) for _ in range(t.accum)])
