@@ -426,6 +426,13 @@ def test_a_none_clip_filtered_out_before_the_trainer_is_f9_when_the_run_shows_th
     assert "lint AG328" in kept[0].evidence and "filtered out" in kept[0].evidence
     ok = ["python", str(corpus / "ok_hf_none_filter_puts_clip_off_back.py")]
     assert clip_source_findings(rec, findings, ok) == []
+    # blind round 131 b_b03: clipping "off" by leaving max_grad_norm out of the arguments
+    # (AG370, an error of its own at lint), kept on the same evidence of the clip acting
+    left_out = ["python", str(corpus / "bug_hf_clip_off_by_leaving_max_grad_norm_out.py")]
+    kept = clip_source_findings(rec, findings, left_out)
+    assert [(f.cls, f.severity) for f in kept] == [("F9", "error")] and "lint AG370" in kept[0].evidence
+    zero = ["python", str(corpus / "ok_hf_clip_off_as_max_grad_norm_zero.py")]
+    assert clip_source_findings(rec, findings, zero) == []
 
 
 def test_a_deepspeed_train_batch_without_the_world_is_f1_when_the_run_had_several_ranks() -> None:

@@ -1343,6 +1343,12 @@ RULES: dict[str, Rule] = {
             "add it in on_before_optimizer_step, or divide it by "
             "self.trainer.accumulate_grad_batches",
         ),
+        _rule(
+            "AG370", "clip-switched-off-by-leaving-it-out", "F9", E, HI,
+            "clipping switched off by leaving max_grad_norm out of the Trainer's arguments: "
+            "it keeps its default 1.0, and the Trainer clips every update whose norm exceeds 1",
+            "pass max_grad_norm=0.0 when clipping is off",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

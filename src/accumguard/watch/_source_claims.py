@@ -60,7 +60,7 @@ __all__ = ["clip_source_findings", "counter_source_findings", "hook_clip_source_
 
 #: lint's warnings that the script's clip setting never reaches the HF Trainer (which then
 #: clips at its default 1.0): whether that changed an update is the run's to show
-_CLIP_CODES = ("AG326", "AG328", "AG177")
+_CLIP_CODES = ("AG326", "AG328", "AG177", "AG370")
 
 #: lint's F4 rules about something other than the learning rate moved on every micro-step
 #: (a loss coefficient's KL controller, AG330; a weight average or a target network's soft

@@ -80,7 +80,8 @@
                                    a window hook stepping every K windows of the loop's own
 ``dphorizon``  AG169 AG175 AG353   a horizon over the whole dataset a DistributedSampler splits, or over a rank's loader
                                    divided by the world size again
-``hfclip``     AG177 AG182         a clip setting that never reaches TrainingArguments or DeepSpeed
+``hfclip``     AG177 AG182 AG370   a clip setting that never reaches TrainingArguments or DeepSpeed;
+                                   clipping switched off by leaving max_grad_norm out
                                    (their default clip, 1.0)
 ``spawnworld`` AG170               WORLD_SIZE read (default 1) in ranks mp.spawn started
 ``dsstep``     AG188 AG349         a DeepSpeed engine's step() never called, its optimizer stepped; stepped after every

@@ -12,6 +12,10 @@ constant or an argparse default) and never read; a warning, since the default ma
 acceptable. Also warned: an argparse clip option that is None when not given, with a help
 text saying that means no clipping, passed to TrainingArguments through a ``**`` dict that
 drops the None values (the Trainer never hears of it).
+
+AG370 (F9): clipping switched off by leaving ``max_grad_norm`` out of the Trainer's arguments
+(``{"max_grad_norm": m} if cfg.clip_grad else {}`` spread in): the Trainer's default 1.0
+clips; an error when the switch is off by default.
 """
 
 from __future__ import annotations
@@ -19,13 +23,15 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Iterator
+from dataclasses import replace
 
-from accumguard.static.findings import Finding
+from accumguard.static.findings import Confidence, Finding, Severity
 from accumguard.static.lint._ast import dotted, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 
-__all__ = ["clip_setting_never_given_to_trainer", "zero_clip_dropped_before_deepspeed"]
+__all__ = ["clip_setting_never_given_to_trainer", "clip_switched_off_by_leaving_it_out",
+           "zero_clip_dropped_before_deepspeed"]
 
 _ARGS = re.compile(r"TrainingArguments$|^(SFT|DPO|GRPO|Reward|PPO|KTO|ORPO|CPO)Config$")
 _CLIP = re.compile(r"^(grad_clip|clip_grad|clip_grad_norm|grad_norm_clip|max_grad_norm|"
@@ -235,3 +241,68 @@ def zero_clip_dropped_before_deepspeed(ctx: FileContext) -> Iterator[Finding]:
                     "DeepSpeed, which then clips every step at its default norm of 1.0",
                 )
                 return
+
+
+def _flag_default(ctx: FileContext, flag: ast.AST) -> bool | None:
+    """The boolean a switch ``flag`` (``r.clip_grad``, ``args.clip``) holds by default: its
+    dataclass field's literal, or an argparse ``store_true`` (False) / ``store_false``
+    (True) option; None when not in sight or defined several ways."""
+    name = flag.attr if isinstance(flag, ast.Attribute) else flag.id if isinstance(flag, ast.Name) else None
+    if name is None:
+        return None
+    found: list[bool] = []
+    for n in ctx.of(ast.AnnAssign, ast.Assign):
+        targets = [n.target] if isinstance(n, ast.AnnAssign) else n.targets
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets) \
+                and isinstance(n.value, ast.Constant) and isinstance(n.value.value, bool):
+            found.append(n.value.value)
+    for c in ctx.of(ast.Call):
+        if (dotted(c.func) or "").endswith("add_argument") and any(
+                isinstance(a, ast.Constant) and isinstance(a.value, str)
+                and a.value.lstrip("-").replace("-", "_") == name for a in c.args):
+            action = next((k.value.value for k in c.keywords if k.arg == "action"
+                           and isinstance(k.value, ast.Constant)), None)
+            if action in ("store_true", "store_false"):
+                found.append(action == "store_false")
+    return found[0] if len(set(found)) == 1 else None
+
+
+@rule("AG370")
+def clip_switched_off_by_leaving_it_out(ctx: FileContext) -> Iterator[Finding]:
+    """AG370 (F9): clipping "switched off" by leaving ``max_grad_norm`` out of the Trainer's
+    arguments (``clip = {"max_grad_norm": m} if cfg.clip_grad else {}`` spread into
+    ``TrainingArguments(**clip)``): left out, it keeps its default 1.0 and the Trainer clips
+    every update whose norm exceeds 1 (0.0 turns it off)."""
+    spreads = {dotted(k.value): c for c in ctx.of(ast.Call)
+               if _ARGS.search((dotted(c.func) or "").rsplit(".", 1)[-1])
+               and not any(k.arg == "max_grad_norm" for k in c.keywords)
+               for k in c.keywords if k.arg is None and dotted(k.value)}
+    if not spreads:
+        return
+    for n in ctx.of(ast.Assign):
+        if len(n.targets) != 1 or (target := dotted(n.targets[0])) not in spreads \
+                or not isinstance(n.value, ast.IfExp):
+            continue
+        on, off, flag = n.value.body, n.value.orelse, n.value.test
+        negated = isinstance(flag, ast.UnaryOp) and isinstance(flag.op, ast.Not)
+        if negated:
+            on, off, flag = off, on, flag.operand  # type: ignore[attr-defined]
+        if not (isinstance(on, ast.Dict) and isinstance(off, ast.Dict) and not off.keys
+                and any(isinstance(k, ast.Constant) and k.value == "max_grad_norm" for k in on.keys)
+                and "clip" in ast.unparse(flag).lower()):
+            continue
+        default = _flag_default(ctx, flag)
+        f = ctx.finding(
+            "AG370", n,
+            f"clipping is switched off by leaving `max_grad_norm` out (`{ast.unparse(n.value)}`), "
+            f"but `{(dotted(spreads[target].func) or 'TrainingArguments').rsplit('.', 1)[-1]}(...)` "
+            "then keeps its default max_grad_norm = 1.0: the Trainer clips every update whose "
+            "norm exceeds 1"
+            + (f" (`{ast.unparse(flag)}` is False by default: as written, the run clips)"
+               if default is False else ""),
+            fix="pass max_grad_norm=0.0 when clipping is off "
+                f"(`{{\"max_grad_norm\": m if {ast.unparse(flag)} else 0.0}}`)")
+        if default is not False:
+            f = replace(f, severity=Severity.WARNING, confidence=Confidence.MEDIUM)
+        yield f
+        return
