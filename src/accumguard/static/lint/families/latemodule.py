@@ -148,7 +148,8 @@ def module_set_after_ddp(ctx: FileContext) -> Iterator[Finding]:
 def _replacing_methods(ctx: FileContext) -> dict[str, str]:
     """Methods of the file's ``nn.Module`` classes that set a new module on ``self``
     (``self.embed = new`` with ``new = nn.Embedding(...)`` in the method, or ``self.embed,
-    self.lm_head = new_e, new_h``): method name -> the attribute set."""
+    self.lm_head = new_e, new_h``) or a new parameter below it (nanoGPT's
+    ``self.transformer.wpe.weight = nn.Parameter(...)``): method name -> what it sets."""
     def compute() -> dict[str, str]:
         out: dict[str, str] = {}
         for cls in ctx.of(ast.ClassDef):
@@ -169,7 +170,12 @@ def _replacing_methods(ctx: FileContext) -> dict[str, str]:
                     for tt, vv in pairs:
                         if isinstance(tt, ast.Attribute) and dotted(tt.value) == "self" and (
                                 _module_ctor(ctx, vv) or (isinstance(vv, ast.Name) and vv.id in made)):
-                            out.setdefault(fn.name, tt.attr)
+                            out.setdefault(fn.name, f"module on the model (`self.{tt.attr}`)")
+                        elif isinstance(tt, ast.Attribute) and (dotted(tt.value) or "").startswith("self.") \
+                                and _new_parameter(vv):
+                            # nanoGPT's crop_block_size: `self.transformer.wpe.weight =
+                            # nn.Parameter(...)`, a parameter the wrapper never registered
+                            out.setdefault(fn.name, f"parameter on the model (`{dotted(tt)}`)")
         return out
     return ctx._cached("latemodule_replacing", ctx.tree, compute)  # type: ignore[no-any-return]
 
@@ -216,9 +222,9 @@ def module_replaced_by_a_model_method_after_wrap(ctx: FileContext) -> Iterator[F
                 not in ast.unparse(wrap.func) else "FSDP2 sharded the parameters the model had then (the new ones are plain tensors on each rank)"
             yield ctx.finding(
                 "AG196", call,
-                f"`{ast.unparse(call.func)}(...)` sets a new module on the model "
-                f"(`self.{methods[call.func.attr]}`) after `{ast.unparse(wrap.func)}({model}, ...)` "
-                f"(line {wrap.lineno}) wrapped it: {what}, so the new module's gradients are "
+                f"`{ast.unparse(call.func)}(...)` sets a new {methods[call.func.attr]} "
+                f"after `{ast.unparse(wrap.func)}({model}, ...)` "
+                f"(line {wrap.lineno}) wrapped it: {what}, so the new one's gradients are "
                 "never averaged over the ranks and each rank steps it on its own",
                 fix="grow or replace the module before wrapping the model (and build the "
                     "optimizer after), or wrap again",
