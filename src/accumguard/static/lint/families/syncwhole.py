@@ -1,4 +1,5 @@
-"""AG111's shape with no flag: the whole window inside one ``with model.no_sync():``.
+"""AG111's shape with no flag: the whole window inside one ``with model.no_sync():`` (or
+Fabric's ``with fabric.no_backward_sync(model, enabled=...):``, entered once around the loop).
 
 ``no_sync()`` switches DDP's reduction off for the backwards run inside it; leaving the
 block does not reduce what was accumulated (DDP reduces in the first synced backward after
@@ -80,6 +81,16 @@ def _step_before_backward(ctx: FileContext, stmts: list[ast.stmt]) -> ast.Call |
     return None
 
 
+def _fabric_block(call: ast.Call) -> bool:
+    """``fabric.no_backward_sync(model)`` / ``(model, enabled=<one value for the block>)``:
+    entered once around the window's loop, its ``enabled`` is fixed for every backward in it
+    (only a literal False leaves the sync on)."""
+    if call_attr(call) != "no_backward_sync" or len(call.args) != 1:
+        return False
+    enabled = next((k.value for k in call.keywords if k.arg == "enabled"), None)
+    return not (isinstance(enabled, ast.Constant) and enabled.value is False)
+
+
 def _reduces_by_hand(ctx: FileContext) -> bool:
     return any(call_attr(c) in ("all_reduce", "all_reduce_coalesced", "reduce_scatter",
                                 "all_gather", "reduce") for c in ctx.of(ast.Call))
@@ -91,8 +102,9 @@ def whole_window_under_no_sync(ctx: FileContext) -> Iterator[Finding]:
         return
     for with_ in ctx.of(ast.With):
         ctxs = [i.context_expr for i in with_.items]
-        sync = next((c for c in ctxs if isinstance(c, ast.Call) and call_attr(c) == "no_sync"
-                     and not c.args and not c.keywords), None)
+        sync = next((c for c in ctxs if isinstance(c, ast.Call) and (
+            (call_attr(c) == "no_sync" and not c.args and not c.keywords)
+            or _fabric_block(c))), None)
         stacked = False
         if sync is None:
             sync = _stacked_no_sync(with_)
@@ -109,6 +121,10 @@ def whole_window_under_no_sync(ctx: FileContext) -> Iterator[Finding]:
         if not isinstance(step, ast.Call):
             continue
         recv = ast.unparse(sync.func.value) if isinstance(sync.func, ast.Attribute) else "model"
+        fabric = call_attr(sync) == "no_backward_sync"
+        model = ast.unparse(sync.args[0]) if fabric else ""
+        per_step = (f"{recv}.no_backward_sync({model}, enabled=not last)" if fabric
+                    else f"(contextlib.nullcontext() if last else {recv}.no_sync())")
         inside = (f"`{ast.unparse(sync)}` entered on an ExitStack that spans the window's "
                   f"loop (line {with_.lineno}: a context entered there stays open until the "
                   "block ends, so every backward after the first entry runs inside it)"
@@ -118,13 +134,12 @@ def whole_window_under_no_sync(ctx: FileContext) -> Iterator[Finding]:
             "AG111", sync,
             f"every backward of the window runs inside {inside} and the optimizer steps at "
             f"line {step.lineno} with no "
-            f"backward after the block: leaving no_sync() does not reduce what was "
+            f"backward after the block: leaving it does not reduce what was "
             f"accumulated (DDP reduces in the next synced backward), so each rank steps on its "
-            f"own gradient; run the window's last micro-step outside the block "
-            f"(`nullcontext() if last else {recv}.no_sync()`)",
-            fix=f"enter a fresh context on each micro-step, `with (contextlib.nullcontext() if "
-                f"last else {recv}.no_sync()):` around its forward and backward, so the window's "
-                "last backward runs with DDP's reduction on"
+            f"own gradient; run the window's last micro-step with the sync on "
+            f"(`{per_step}`)",
+            fix=f"enter a fresh context on each micro-step, `with {per_step}:` around its "
+                "forward and backward, so the window's last backward runs with DDP's reduction on"
                 + (" (not one ExitStack around the whole window)" if stacked else ""))
 
 
