@@ -1349,6 +1349,14 @@ RULES: dict[str, Rule] = {
             "it keeps its default 1.0, and the Trainer clips every update whose norm exceeds 1",
             "pass max_grad_norm=0.0 when clipping is off",
         ),
+        _rule(
+            "AG371", "backward-left-in-a-trainer-callback", "F7", E, HI,
+            "a TrainerCallback hook runs a backward of its own and clears nothing after it: "
+            "the Trainer clears only after each optimizer step, so that gradient joins a "
+            "window's sum",
+            "clear it after reading (model.zero_grad(set_to_none=True)), or use "
+            "torch.autograd.grad",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

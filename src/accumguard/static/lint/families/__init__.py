@@ -54,8 +54,8 @@
 ``synctail``   AG151 AG178 AG342   a sync decided against K in windows that can be shorter; a step test wider than the sync;
                AG348               the leftover stepped (or, under FSDP2, thrown away) after a loop that synced at multiples of K only
 ``resume``     AG150               a checkpoint inside a window, resumed with its counter as saved
-``hookgrad``   AG149 AG192         a gradient changed in HF's on_substep_end (never after the last micro-batch);
-                                   zero_grad in a Lightning hook run on every batch
+``hookgrad``   AG149 AG192 AG371   a gradient changed in HF's on_substep_end (never after the last micro-batch);
+                                   zero_grad in a Lightning hook run on every batch; a TrainerCallback's own backward left in .grad
 ``fused``      AG137               an optimizer stepped in a post-accumulate-grad hook, loop accumulating
 ``tokhorizon`` AG145               an iteration horizon converted from tokens by one micro-batch's size
 ``factored``   AG146               a factor undoing the engine's averages multiplies an unnormalised term too

@@ -19,6 +19,10 @@ the module) calls ``zero_grad`` with no condition, while the Trainer is given
 each step receives the last micro-batch (or none) of its window. The validation hooks count
 too when the Trainer validates every N training batches (``val_check_interval=N``) with N not
 a multiple of K: validation then lands inside a window.
+
+AG371 (F7): a ``TrainerCallback`` hook runs a backward of its own (a probe batch) and clears
+nothing after it: the Trainer clears only after each optimizer step, so that gradient joins
+a window's sum.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import ast
 from collections.abc import Iterator
 
 from accumguard.static.findings import Finding
-from accumguard.static.lint._ast import FUNCS, call_attr, receiver
+from accumguard.static.lint._ast import FUNCS, call_attr, dotted, receiver
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._ctx_reach import MAX_DEPTH
 from accumguard.static.lint._rule import rule
@@ -208,4 +212,60 @@ def zero_grad_in_per_batch_lightning_hook(ctx: FileContext) -> Iterator[Finding]
                 "gradient the window has summed so far, so each optimizer step receives only "
                 "the gradient of the batches after the last clear",
             )
+            return
+
+
+#: the Hugging Face Trainer's callback hooks that run while training, between windows or
+#: inside one: a gradient left there is added to a window's sum
+_HF_TRAINING_HOOKS = ("on_step_begin", "on_step_end", "on_substep_end", "on_pre_optimizer_step",
+                      "on_optimizer_step", "on_epoch_begin", "on_epoch_end", "on_log",
+                      "on_evaluate", "on_save")
+
+
+def _callback_class(cls: ast.ClassDef) -> bool:
+    return any((dotted(b) or "").rsplit(".", 1)[-1] == "TrainerCallback" for b in cls.bases)
+
+
+@rule("AG371")
+def backward_left_in_a_trainer_callback(ctx: FileContext) -> Iterator[Finding]:
+    """AG371 (F7): a ``TrainerCallback`` hook runs a backward of its own (a probe batch's
+    gradient norm, a sensitivity measure) and clears nothing after it. The Trainer clears
+    the gradient only after each optimizer step, so what the probe left in ``.grad`` is added
+    to the next window's sum (``on_step_end``, ``on_step_begin``) or to the current one's
+    (``on_substep_end``, ``on_pre_optimizer_step``): that update is not the large batch's."""
+    for cls in ctx.of(ast.ClassDef):
+        if not _callback_class(cls):
+            continue
+        for fn in cls.body:
+            if not isinstance(fn, ast.FunctionDef) or fn.name not in _HF_TRAINING_HOOKS:
+                continue
+            calls = sorted((n for n in ast.walk(fn) if isinstance(n, ast.Call)),
+                           key=lambda n: (n.lineno, n.col_offset))
+            backs = [c for c in calls if call_attr(c) == "backward"
+                     and (dotted(receiver(c)) or "") not in ("accelerator", "self.accelerator")]
+            if not backs:
+                continue
+            last = backs[-1]
+            cleared = any((call_attr(c) in ("zero_grad", "zero_") and "grad" in ast.unparse(c))
+                          or call_attr(c) == "zero_grad"
+                          for c in calls if (c.lineno, c.col_offset) > (last.lineno, last.col_offset))
+            cleared = cleared or any(
+                isinstance(n, ast.Assign) and any(isinstance(t, ast.Attribute) and t.attr == "grad"
+                                                  for t in n.targets)
+                and isinstance(n.value, ast.Constant) and n.value.value is None
+                and n.lineno > last.lineno for n in ast.walk(fn))
+            if cleared:
+                continue
+            when = ("the next window's" if fn.name in ("on_step_end", "on_step_begin", "on_epoch_begin",
+                                                      "on_epoch_end", "on_log", "on_evaluate",
+                                                      "on_save", "on_optimizer_step")
+                    else "this window's")
+            yield ctx.finding(
+                "AG371", last,
+                f"`{ast.unparse(last)}` in the callback's `{fn.name}` leaves its gradient in "
+                f".grad (nothing clears it after): the Trainer clears only after each optimizer "
+                f"step, so it is added to {when} sum and that update is not the large batch's",
+                fix="clear what the probe left (`model.zero_grad(set_to_none=True)` after "
+                    "reading it), or compute it with torch.autograd.grad, which leaves .grad "
+                    "alone")
             return
