@@ -444,6 +444,22 @@ def _freezes(node: ast.AST) -> tuple[str, bool] | None:
     return None
 
 
+def _loop_owner(ctx: FileContext, node: ast.AST, target: str) -> str:
+    """``target`` as the parameters of a module when it is the loop variable of ``for p in
+    X.parameters()`` / ``for name, p in X.named_parameters()`` around ``node``: ``X.*``;
+    else ``target``."""
+    cur = ctx.parents.get(node)
+    while cur is not None and not isinstance(cur, FUNCS):
+        if isinstance(cur, ast.For) and isinstance(cur.iter, ast.Call) \
+                and call_attr(cur.iter) in ("parameters", "named_parameters") \
+                and isinstance(cur.iter.func, ast.Attribute) \
+                and target in {dotted(t) for t in ast.walk(cur.target) if isinstance(t, ast.Name)} \
+                and (owner := dotted(cur.iter.func.value)):
+            return owner + ".*"
+        cur = ctx.parents.get(cur)
+    return target
+
+
 @rule("AG301")
 def unfrozen_after_ddp_was_built(ctx: FileContext) -> Iterator[Finding]:
     """A parameter (or module) frozen before ``DDP(net)`` and unfrozen after it, with no
@@ -456,7 +472,13 @@ def unfrozen_after_ddp_was_built(ctx: FileContext) -> Iterator[Finding]:
              and (dotted(n.value.func) or "").split(".")[-1] in _WRAPPERS]
     if not wraps:
         return
-    toggles = [(n, got) for n in ctx.of(ast.Call, ast.Assign) if (got := _freezes(n))]
+    toggles = [(n, (_loop_owner(ctx, n, got[0]), got[1]))
+               for n in ctx.of(ast.Call, ast.Assign) if (got := _freezes(n))]
+    # `p.requires_grad_(name.startswith("head."))` over a model's parameters: some frozen
+    toggles += [(n, (owner, False)) for n in ctx.of(ast.Call)
+                if call_attr(n) == "requires_grad_" and isinstance(n.func, ast.Attribute)
+                and n.args and not isinstance(n.args[0], ast.Constant)
+                and (owner := _loop_owner(ctx, n, dotted(n.func.value) or "")).endswith(".*")]
     for wrap, raw in wraps:
         if raw is None:
             continue
@@ -468,12 +490,15 @@ def unfrozen_after_ddp_was_built(ctx: FileContext) -> Iterator[Finding]:
             rewrapped = any(position(w) > position(node) and r == raw for w, r in wraps)
             if rewrapped:
                 continue
+            head = (f"parameters of `{target[:-2]}` frozen before `{ast.unparse(wrap)}` "
+                    f"(line {wrap.lineno}) are unfrozen here" if target.endswith(".*") else
+                    f"`{target}` was frozen before `{ast.unparse(wrap)}` (line {wrap.lineno}) "
+                    "and is unfrozen here")
             yield ctx.finding(
                 "AG301", node,
-                f"`{target}` was frozen before `{ast.unparse(wrap)}` (line {wrap.lineno}) and "
-                "is unfrozen here, with no DDP built again after: DDP's reducer holds the "
-                "parameters that required a gradient when it was built, so this one's "
-                "gradient is never averaged over the ranks and each rank steps it on its own")
+                f"{head}, with no DDP built again after: DDP's reducer holds the "
+                "parameters that required a gradient when it was built, so their "
+                "gradient is never averaged over the ranks and each rank steps them on its own")
 
 
 #: LightningModule methods that run before the DDP strategy wraps the module
