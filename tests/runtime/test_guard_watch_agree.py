@@ -54,6 +54,10 @@ def _loop(bug: str | None, model: torch.nn.Module, opt: torch.optim.Optimizer, s
                 model.require_backward_grad_sync = last  # after the forward: too late
             loss = torch.nn.functional.cross_entropy(out, y, reduction="sum") / (5 * K)
             loss.backward()
+        if bug == "GREW":  # a weight-decay gradient added after every backward
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.grad.add_(p, alpha=0.01)
         if bug == "F8":
             torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
         if bug == "F4":
@@ -108,6 +112,16 @@ def test_guard_and_watch_name_the_same_class_single_process(bug: str | None) -> 
     by_guard, dirs, _ = _both(bug)
     by_watch = _judge(sorted(dirs))
     assert by_guard == by_watch == ({bug} if bug else set())
+
+
+def test_guard_and_watch_both_only_warn_on_a_gradient_grown_between_backwards() -> None:
+    """A term added to .grad after every backward: right if divided by K, K times too much if
+    not; neither can tell, so neither makes an error (both said F3 before), and both say it
+    (the guard's LOSS_SCALE note, watch's LOSS_SCALE warning): ``_shared_rules.grew``."""
+    by_guard, dirs, notes = _both("GREW")
+    assert by_guard == set() and _judge(sorted(dirs)) == set()
+    assert "note_grad_grew" in notes
+    assert _judge(sorted(dirs), severity="warning") == {"LOSS_SCALE"}
 
 
 def _ddp_rank(rank: int, world: int) -> dict[str, tuple[set[str], set[str], set[str]]]:
