@@ -151,18 +151,25 @@ def scale_source_findings(rec: RunRecording, findings: list[Finding],
     """The script's LOSS_SCALE errors that only the source shows (a Trainer told its
     per-micro-batch mean is already scaled for accumulation: lint), when the run shows the
     windows they rest on (K >= 2 backwards per step) and its rules made no LOSS_SCALE error."""
-    if any(f.cls == "LOSS_SCALE" and f.severity == "error" for f in findings):
+    return _on_windows(rec, findings, command, "LOSS_SCALE", _SCALE_CODES)
+
+
+def _on_windows(rec: RunRecording, findings: list[Finding], command: Sequence[str], cls: str,
+                codes: tuple[str, ...], also: str = "") -> list[Finding]:
+    """Lint's ``cls`` error of one of ``codes``, kept when the run's windows are K >= 2
+    backwards and its rules made no ``cls`` error; [] otherwise."""
+    if any(f.cls == cls and f.severity == "error" for f in findings):
         return []
     confirmed = _confirmed(rec)
     if confirmed is None:
         return []
-    said = _lint_hit(command, lambda f: f.code in _SCALE_CODES)
+    said = _lint_hit(command, lambda f: f.code in codes)
     if said is None:
         return []
     k, n, _ = confirmed
-    return [_claim("LOSS_SCALE", 0, said,
+    return [_claim(cls, 0, said,
                    f"the run shows what that rests on: the optimizer stepped once per {k} "
-                   f"backward passes ({n} steps)")]
+                   f"backward passes ({n} steps){also}")]
 
 
 def resume_source_findings(rec: RunRecording, findings: list[Finding],
@@ -233,18 +240,8 @@ def hook_clip_source_findings(rec: RunRecording, findings: list[Finding],
                               command: Sequence[str]) -> list[Finding]:
     """The script's F8 errors about a clip in a gradient hook (lint), when the run's windows
     are K >= 2 backwards and its rules made no F8 error; [] otherwise."""
-    if any(f.cls == "F8" and f.severity == "error" for f in findings):
-        return []
-    confirmed = _confirmed(rec)
-    if confirmed is None:
-        return []
-    said = _lint_hit(command, lambda f: f.code in _HOOK_CLIP_CODES)
-    if said is None:
-        return []
-    k, n, _ = confirmed
-    return [_claim("F8", 0, said,
-                   f"the run shows what that rests on: the optimizer stepped once per {k} "
-                   f"backward passes ({n} steps), so the hook acted on each of them")]
+    return _on_windows(rec, findings, command, "F8", _HOOK_CLIP_CODES,
+                       ", so the hook acted on each of them")
 
 
 def counter_source_findings(rec: RunRecording, findings: list[Finding],

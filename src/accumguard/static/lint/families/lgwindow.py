@@ -202,6 +202,14 @@ def lightning_loss_divided_by_k(ctx: FileContext) -> Iterator[Finding]:
             break
 
 
+def _over_k(ctx: FileContext, fn: ast.AST, term: ast.AST) -> bool:
+    """``term`` (as its local names are assigned in ``fn``: ``reg = w * penalty / K`` ...
+    ``loss + reg``) reads K: Lightning's ``accumulate_grad_batches`` or a name the file says
+    is the accumulation count."""
+    return any(ctx.mentions_accum(p) or "accumulate_grad_batches" in ast.unparse(p)
+               for p in _expanded(fn, term))
+
+
 def _added_terms(fn: ast.FunctionDef, loss: str) -> list[ast.AST]:
     """Terms ``fn`` adds to its ``loss`` parameter: ``loss + term`` (either side), ``loss +=
     term``; a term that itself reads ``loss`` is a rescaling of it, not a term."""
@@ -237,9 +245,7 @@ def lightning_backward_term_not_divided_by_k(ctx: FileContext) -> Iterator[Findi
                 "backward", "manual_backward") for n in walk_all(fn)):
             continue
         for term in _added_terms(fn, params[1]):
-            parts = _expanded(fn, term)  # (`reg = w * penalty / K` ... `loss + reg`)
-            if any(ctx.mentions_accum(p) or "accumulate_grad_batches" in ast.unparse(p)
-                   for p in parts):
+            if _over_k(ctx, fn, term):
                 continue
             yield ctx.finding(
                 "AG365",
@@ -285,9 +291,7 @@ def lightning_gradient_term_after_each_backward(ctx: FileContext) -> Iterator[Fi
         if fn.name != "on_after_backward" or not automatic_lightning_module(ctx, fn):
             continue
         for stmt, term in _grad_additions(fn):
-            parts = _expanded(fn, term)
-            if any(ctx.mentions_accum(p) or "accumulate_grad_batches" in ast.unparse(p)
-                   for p in parts):
+            if _over_k(ctx, fn, term):
                 continue
             yield ctx.finding(
                 "AG369",
