@@ -1357,6 +1357,12 @@ RULES: dict[str, Rule] = {
             "clear it after reading (model.zero_grad(set_to_none=True)), or use "
             "torch.autograd.grad",
         ),
+        _rule(
+            "AG372", "hf-trainer-low-precision-model", "F12", E, HI,
+            "the Hugging Face Trainer trains a model built in bf16/fp16: its .grad sums each "
+            "window's micro-batches in that dtype (bf16=True is autocast, no fp32 gradients)",
+            "build the model in float32 and let bf16=True (autocast) compute in bf16",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

@@ -8,7 +8,7 @@
                                    for an Accelerate-prepared scheduler (Lightning's step
                                    interval under accumulate_grad_batches too), or times the
                                    processes under split_batches
-``precision``  AG120 AG126 AG364   a model cast to bf16/fp16 accumulating its .grad; FSDP2 bf16
+``precision``  AG120 AG126 AG364   a model cast to bf16/fp16 accumulating its .grad (AG372: under the HF Trainer); FSDP2 bf16
                                    reduce_dtype with the sync deferred over the window; PEFT
                                    adapters kept in a bf16 base's dtype
 ``loss``       AG104 AG112 AG113   loss normalisation: mean of means, /W under DDP, rank means

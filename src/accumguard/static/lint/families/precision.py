@@ -411,12 +411,20 @@ def _low_precision_base(ctx: FileContext, expr: ast.AST) -> ast.AST | None:
     """The cast (or the ``torch_dtype=``/``dtype=`` keyword) that makes the model ``expr``
     stands for bf16/fp16: the expression itself, or the one value its name is bound to, or a
     function of the file returning it; None when not in sight."""
+    def low_dtype(value: ast.AST) -> bool:
+        if isinstance(value, ast.Name):  # `dtype=MODEL_DTYPE` with `MODEL_DTYPE = torch.bfloat16`
+            bound = ctx.values_by_name().get(value.id, [])
+            value = bound[0] if len(bound) == 1 else value
+        if isinstance(value, ast.Constant) and isinstance(value.value, str):
+            return value.value in ("bfloat16", "float16", "bf16", "fp16", "half")
+        return (dotted(value) or "").split(".")[-1] in _LOW_DTYPES
+
     def low(node: ast.AST) -> ast.AST | None:
         for n in walk_all(node):
             if _low_precision_cast(n):
                 return n
             if isinstance(n, ast.keyword) and n.arg in ("torch_dtype", "dtype") \
-                    and (dotted(n.value) or "").split(".")[-1] in _LOW_DTYPES:
+                    and low_dtype(n.value):
                 return n.value
         return None
 
@@ -494,4 +502,50 @@ def peft_adapters_kept_low_precision(ctx: FileContext) -> Iterator[Finding]:
         if not error:
             finding = replace(finding, severity=Severity.WARNING, confidence=Confidence.MEDIUM)
         yield finding
+        return
+
+
+# ------------------------------------------- AG372: the HF Trainer training a bf16/fp16 model
+
+_HF_TRAINERS = ("Trainer", "SFTTrainer", "DPOTrainer", "RewardTrainer", "GRPOTrainer")
+
+
+@rule("AG372")
+def hf_trainer_low_precision_model(ctx: FileContext) -> Iterator[Finding]:
+    """The Hugging Face Trainer (or a TRL trainer) given a model built in bf16/fp16
+    (``from_config(cfg, dtype=torch.bfloat16)``, ``from_pretrained(..., torch_dtype=...)``,
+    ``.to(torch.bfloat16)``) and no PEFT adapters (AG364's): its parameters, and the
+    ``.grad`` the Trainer accumulates ``gradient_accumulation_steps`` micro-batches into, are
+    bf16/fp16 (``bf16=True`` is autocast; it does not keep fp32 weights or gradients)."""
+    if any((call_attr(c) or "") in ("get_peft_model", "LoraConfig") or
+           (dotted(c.func) or "").rsplit(".", 1)[-1] in ("get_peft_model", "LoraConfig")
+           for c in ctx.of(ast.Call)):
+        return
+    for call in ctx.of(ast.Call):
+        if (dotted(call.func) or "").rsplit(".", 1)[-1] not in _HF_TRAINERS:
+            continue
+        model = next((k.value for k in call.keywords if k.arg == "model"),
+                     call.args[0] if call.args else None)
+        cast = _low_precision_base(ctx, model) if model is not None else None
+        if cast is None:
+            continue
+        ks: set[int | None] = set()
+        for c in ctx.of(ast.Call):
+            for kw in c.keywords:
+                if kw.arg == "gradient_accumulation_steps":
+                    ks |= k_values(ctx, kw.value, c)
+        known = sorted(k for k in ks if k is not None)
+        if not ks or (known and known[-1] <= 1 and None not in ks):
+            continue  # no accumulation in sight
+        error = bool(known) and None not in ks and known[0] >= _F12_ERROR_K
+        dtype = "fp16" if "float16" in ast.unparse(cast).replace("bfloat16", "") else "bf16"
+        k_text = f"K = {known[0]}" if len(set(known)) == 1 and None not in ks else "K > 1"
+        f = ctx.finding(
+            "AG372", call,
+            f"the Trainer trains a model built in {dtype} (line "
+            f"{getattr(cast, 'lineno', '?')}): its parameters and the .grad it sums the "
+            f"{k_text} micro-batches of every window into are {dtype}, rounded at each "
+            "addition (bf16=True/fp16=True is autocast: it keeps no fp32 weights or gradients)"
+            + (f"; an error from K >= {_F12_ERROR_K}, the watch rule's bound" if error else ""))
+        yield f if error else replace(f, severity=Severity.WARNING, confidence=Confidence.MEDIUM)
         return
