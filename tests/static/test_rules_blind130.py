@@ -48,3 +48,25 @@ def test_one_through_a_model_the_optimizer_does_not_hold_is_a_warning() -> None:
 def test_a_benchmark_cleared_before_the_loop_is_silent() -> None:
     src = _LOOP.format(probe="student").replace("for step in", "opt.zero_grad()\nfor step in")
     assert _ag316(src) == []
+
+
+_TOKENS = """
+import argparse
+from transformers import TrainingArguments
+ap = argparse.ArgumentParser()
+ap.add_argument("--sync-tokens", action="store_true"{default})
+args = ap.parse_args()
+TrainingArguments(output_dir="o", gradient_accumulation_steps=4,
+                  average_tokens_across_devices=args.sync_tokens)
+"""
+
+
+def test_token_averaging_switched_by_an_option_off_by_default_is_f6() -> None:
+    """Round 132 b_b03: ``average_tokens_across_devices`` from a ``store_true`` option,
+    off unless given (AG140's F6 warning); an explicit ``default=True`` is on: silent."""
+    def ag140(default: str) -> list[str]:
+        return [f.cls for f in lint_source(textwrap.dedent(_TOKENS.format(default=default)))
+                if f.code == "AG140"]
+    assert ag140("") == ["F6"]
+    assert ag140(", default=False") == ["F6"]
+    assert ag140(", default=True") == []

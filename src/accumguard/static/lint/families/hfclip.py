@@ -262,7 +262,12 @@ def _flag_default(ctx: FileContext, flag: ast.AST) -> bool | None:
                 and a.value.lstrip("-").replace("-", "_") == name for a in c.args):
             action = next((k.value.value for k in c.keywords if k.arg == "action"
                            and isinstance(k.value, ast.Constant)), None)
-            if action in ("store_true", "store_false"):
+            given = next((k.value.value for k in c.keywords if k.arg == "default"
+                          and isinstance(k.value, ast.Constant)
+                          and isinstance(k.value.value, bool)), None)
+            if given is not None:
+                found.append(given)  # `store_true` with `default=True`: on
+            elif action in ("store_true", "store_false"):
                 found.append(action == "store_false")
     return found[0] if len(set(found)) == 1 else None
 

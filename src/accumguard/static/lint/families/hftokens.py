@@ -26,6 +26,7 @@ from accumguard.static.lint._ast import dotted
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._hftrainer import trainer_methods
+from accumguard.static.lint.families.hfclip import _flag_default
 
 __all__ = ["batch_samples_count_not_gathered", "tokens_not_averaged_across_devices"]
 
@@ -55,10 +56,13 @@ def _dict_keywords(ctx: FileContext) -> dict[str | None, list[ast.keyword]]:
 
 def _false(ctx: FileContext, value: ast.AST) -> bool:
     """``False``, or a name the file assigns ``False`` once and nothing else
-    (``AVG_TOKENS = False`` then ``average_tokens_across_devices=AVG_TOKENS``)."""
+    (``AVG_TOKENS = False`` then ``average_tokens_across_devices=AVG_TOKENS``), or a switch
+    off by default (``args.sync_tokens`` of a ``store_true`` option, a field ``= False``)."""
     if isinstance(value, ast.Name):
         values = ctx.values_by_name().get(value.id, [])
         value = values[0] if len(values) == 1 else value
+    if isinstance(value, ast.Attribute):  # `args.sync_tokens`: a store_true option, a field
+        return _flag_default(ctx, value) is False
     return isinstance(value, ast.Constant) and value.value is False
 
 
