@@ -11,7 +11,8 @@ in another method of the class whose ``__init__`` calls ``prepare``; and the fil
 something before (``get_peft_model``, or ``requires_grad_(False)`` / ``requires_grad = False``
 before ``prepare``). A warning: on one process there is no DDP and nothing to average (the
 launch is not in the file). Silent when ``prepare`` runs again after the unfreeze, or when the
-script reduces gradients by hand.
+script reduces gradients by hand. The same for a PEFT adapter added after ``prepare``
+(``add_adapter``): its parameters did not exist when DDP was built.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families.unreduced import _reduces_by_hand
 from accumguard.static.lint.families.wrapbypass import _freezes
 
-__all__ = ["unfrozen_after_prepare"]
+__all__ = ["adapter_added_after_prepare", "unfrozen_after_prepare"]
 
 
 def _prepares(ctx: FileContext) -> list[ast.Call]:
@@ -71,4 +72,37 @@ def unfrozen_after_prepare(ctx: FileContext) -> Iterator[Finding]:
             + ": on several processes DDP's reducer holds the parameters that required a "
             "gradient when it was built, so this one's gradient is never averaged over the "
             "ranks and each rank steps it on its own")
+        return
+
+
+@rule("AG346")
+def adapter_added_after_prepare(ctx: FileContext) -> Iterator[Finding]:
+    """AG346 for a PEFT adapter added after ``prepare`` (``model.add_adapter("task", cfg)``,
+    then ``set_adapter``): its parameters are made after Accelerate's DDP was built, so no
+    reducer holds them. Silent when the model is prepared again after it."""
+    preps = _prepares(ctx)
+    if not preps or _reduces_by_hand(ctx):
+        return
+    model_preps = [p for p in preps if any("model" in (dotted(a) or "").lower() or
+                                           isinstance(a, ast.Name) for a in p.args)]
+    for call in ctx.of(ast.Call):
+        if call_attr(call) != "add_adapter":
+            continue
+        prep = next((p for p in preps if _after(ctx, call, p)), None)
+        if prep is None:
+            continue
+        again = [p for p in model_preps if p is not prep and (
+            _after(ctx, p, call) or (ctx.enclosing(p, FUNCS) is ctx.enclosing(call, FUNCS)
+                                     and p.lineno > call.lineno))]
+        if any(len(p.args) > 1 or "model" in ast.unparse(p).lower() for p in again):
+            continue  # the model prepared again after the new adapter
+        yield ctx.finding(
+            "AG346", call,
+            f"`{ast.unparse(call.func)}(...)` adds an adapter after `{ast.unparse(prep.func)}"
+            f"(...)` (line {prep.lineno}) wrapped the model: on several processes DDP's "
+            "reducer holds the parameters that required a gradient when it was built, so "
+            "the new adapter's gradient is never averaged over the ranks and each rank steps "
+            "it on its own",
+            fix="add the adapter before preparing the model, or prepare the model again "
+                "after adding it (and build its optimizer after)")
         return
