@@ -23,7 +23,7 @@ from accumguard.static.findings import Confidence, Finding, Severity
 from accumguard.static.lint._ast import FUNCS, call_attr, dotted, last_part
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
-from accumguard.static.lint.families._modguard import k_values
+from accumguard.static.lint.families._modguard import k_values, param_arguments
 
 _MAKERS = frozenset({"zeros_like", "zeros", "empty_like", "empty", "full_like", "full",
                      "new_zeros", "new_empty", "new_full"})
@@ -74,8 +74,41 @@ def _dtype_names(ctx: FileContext, expr: ast.AST) -> set[str | None]:
     return table.get(d if "." not in d else "." + last_part(d), {None})
 
 
+def _constructor_arguments(ctx: FileContext, init: ast.FunctionDef | ast.AsyncFunctionDef,
+                           name: str) -> list[ast.AST | None]:
+    """What the file's ``Cls(...)`` calls pass for ``__init__``'s parameter ``name`` (None
+    for a call that passes it out of sight)."""
+    cls = ctx.enclosing(init, (ast.ClassDef,))
+    if not isinstance(cls, ast.ClassDef):
+        return [None]
+    params = [a.arg for a in init.args.args][1:]
+    i = params.index(name)
+    out: list[ast.AST | None] = []
+    for call in ctx.of(ast.Call):
+        if (dotted(call.func) or "").rsplit(".", 1)[-1] != cls.name:
+            continue
+        kw = next((k.value for k in call.keywords if k.arg == name), None)
+        if kw is not None:
+            out.append(kw)
+        elif i < len(call.args) and not any(isinstance(a, ast.Starred) for a in call.args[:i + 1]):
+            out.append(call.args[i])
+        else:
+            out.append(None)
+    return out or [None]
+
+
 def _low(ctx: FileContext, expr: ast.AST | None) -> bool:
     names = _dtype_names(ctx, expr) if expr is not None else {None}
+    if names == {None} and isinstance(expr, ast.Name):
+        # a parameter of the function around it (`def __init__(self, params, dtype)`): what
+        # the file's calls of that function pass for it
+        fn = ctx.enclosing(expr, (ast.FunctionDef, ast.AsyncFunctionDef))
+        if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) \
+                and expr.id in {a.arg for a in fn.args.args}:
+            passed = _constructor_arguments(ctx, fn, expr.id) if fn.name == "__init__" \
+                else param_arguments(ctx, fn, expr.id)
+            names = set().union(*(_dtype_names(ctx, a) if a is not None else {None}
+                                  for a in passed)) if passed else {None}
     return bool(names) and all(n is not None and n in _LOW for n in names)
 
 
