@@ -124,7 +124,7 @@ def grad_changed_in_substep_hook(ctx: FileContext) -> Iterator[Finding]:
 
 
 
-_VALIDATION_HOOKS = ("on_validation_start", "on_validation_epoch_start", "on_validation_end",
+_VALIDATION_HOOKS = ("validation_step", "on_validation_start", "on_validation_epoch_start", "on_validation_end",
                      "on_validation_epoch_end", "on_validation_batch_start",
                      "on_validation_batch_end", "on_validation_model_eval")
 
