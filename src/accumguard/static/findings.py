@@ -1363,6 +1363,12 @@ RULES: dict[str, Rule] = {
             "window's micro-batches in that dtype (bf16=True is autocast, no fp32 gradients)",
             "build the model in float32 and let bf16=True (autocast) compute in bf16",
         ),
+        _rule(
+            "AG375", "boundary-method-never-called", "F1", E, HI,
+            "a boundary test names a method without calling it (if self.at_boundary:): the "
+            "bound method is always true, so the optimizer steps on every micro-batch",
+            "call it: if self.at_boundary():",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,
