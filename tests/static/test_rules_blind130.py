@@ -70,3 +70,45 @@ def test_token_averaging_switched_by_an_option_off_by_default_is_f6() -> None:
     assert ag140("") == ["F6"]
     assert ag140(", default=False") == ["F6"]
     assert ag140(", default=True") == []
+
+
+_RANK_COUNT = """
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+class T:
+    def __init__(self, net):
+        self.world = dist.get_world_size()
+        self.ddp = DDP(net)
+        self.opt = torch.optim.SGD(self.ddp.parameters(), lr=0.1)
+
+    def count(self, window):
+        n_local = torch.tensor(float(sum(len(x) for x, _ in window)))
+        n_global = n_local.clone()
+        dist.all_reduce(n_global)
+        return {ret}
+
+    def step_window(self, window):
+        n = self.count(window)
+        for x, y in window:
+            (({scaled}) / n).backward()
+        self.opt.step()
+        self.opt.zero_grad()
+"""
+
+
+def test_a_loss_times_the_world_over_the_all_ranks_count_is_no_f10() -> None:
+    """Round 132 a_c02 (a false AG123 error on a correct script): `(err * self.world /
+    n_all).backward()` scales the loss by W itself; the statement's backward says what the
+    world size scales."""
+    src = _RANK_COUNT.format(ret="n_global", scaled="(self.ddp(x) - y).pow(2).sum() * self.world")
+    assert [f.code for f in lint_source(textwrap.dedent(src)) if f.severity.value == "error"] == []
+
+
+def test_a_helper_returning_the_local_count_beside_a_reduced_one_is_f6_not_f10() -> None:
+    """Round 132 a_b03: the helper all-reduces a copy and returns the rank's own count: not
+    "a count summed over every rank" (AG123's F10 said so), the rank-local normalisation."""
+    src = _RANK_COUNT.format(ret="n_local", scaled="(self.ddp(x) - y).pow(2).sum()")
+    found = {(f.code, f.cls) for f in lint_source(textwrap.dedent(src))}
+    assert ("AG123", "F10") not in found and ("AG113", "F6") in found, found

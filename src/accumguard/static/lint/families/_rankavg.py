@@ -117,9 +117,25 @@ def returned_reduced(ctx: FileContext, divisor: ast.AST, *, summed: bool = False
                 continue
             reductions = [x for x in ast.walk(defs[0]) if isinstance(x, ast.Call)
                           and (call_attr(x) or "") in _REDUCES]
-            if reductions and (not summed or all(_sums(x) for x in reductions)):
+            if reductions and (not summed or all(_sums(x) for x in reductions)) \
+                    and _returns_reduced(defs[0], reductions):
                 return True
     return False
+
+
+def _returns_reduced(fn: ast.AST, reductions: list[ast.Call]) -> bool:
+    """Some ``return`` of ``fn`` reads a value it reduced (the all-reduced name, a name
+    assigned from it, or the reduction itself): ``n_global = n.clone(); all_reduce(n_global);
+    return n_local`` reduces one count and returns the other."""
+    reduced = {d for r in reductions for a in r.args[:1] for x in ast.walk(a) if (d := dotted(x))}
+    for _ in range(2):
+        for n in ast.walk(fn):
+            if isinstance(n, ast.Assign) and any(dotted(x) in reduced for x in ast.walk(n.value)):
+                reduced |= {d for t in n.targets for x in ast.walk(t) if (d := dotted(x))}
+    rets = [r.value for r in ast.walk(fn) if isinstance(r, ast.Return) and r.value is not None]
+    return not rets or any(
+        any(dotted(x) in reduced for x in ast.walk(v)) or any(x in reductions for x in ast.walk(v))
+        for v in rets)
 
 
 def _op(call: ast.Call) -> ast.AST | None:

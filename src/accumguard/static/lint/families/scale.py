@@ -244,6 +244,9 @@ def _about_scale(ctx: FileContext, node: ast.AST) -> bool:
     cur: ast.AST | None = node
     while cur is not None and not isinstance(cur, ast.stmt):
         cur = ctx.parents.get(cur)
+    if cur is not None and any(isinstance(x, ast.Call) and call_attr(x) in (
+            "backward", "manual_backward") for x in ast.walk(cur)):
+        return True  # `(err * world / n_all).backward()`: what it scales is the loss
     reduced = ctx.all_reduced_names(ctx.scope_of(node)) | ctx.all_reduced_names(ctx.tree)
     return any(isinstance(x, ast.Name | ast.Attribute) and (_SCALED_RE.search(
         (x.id if isinstance(x, ast.Name) else x.attr).lower()) or dotted(x) in reduced)
