@@ -129,6 +129,34 @@ class ValueFacts(FileIndex):
             v = next(iter(found)) if len(found) == 1 else None
         return v
 
+    def switch_default(self, flag: ast.AST) -> bool | None:
+        """The boolean a switch ``flag`` (``r.clip_grad``, ``args.clip``) holds by default: its
+        dataclass field's literal, or an argparse ``store_true`` (False) / ``store_false``
+        (True) option; None when not in sight or defined several ways."""
+        name = flag.attr if isinstance(flag, ast.Attribute) else flag.id if isinstance(flag, ast.Name) else None
+        if name is None:
+            return None
+        found: list[bool] = []
+        for n in self.of(ast.AnnAssign, ast.Assign):
+            targets = [n.target] if isinstance(n, ast.AnnAssign) else n.targets
+            if any(isinstance(t, ast.Name) and t.id == name for t in targets) \
+                    and isinstance(n.value, ast.Constant) and isinstance(n.value.value, bool):
+                found.append(n.value.value)
+        for c in self.of(ast.Call):
+            if (dotted(c.func) or "").endswith("add_argument") and any(
+                    isinstance(a, ast.Constant) and isinstance(a.value, str)
+                    and a.value.lstrip("-").replace("-", "_") == name for a in c.args):
+                action = next((k.value.value for k in c.keywords if k.arg == "action"
+                               and isinstance(k.value, ast.Constant)), None)
+                given = next((k.value.value for k in c.keywords if k.arg == "default"
+                              and isinstance(k.value, ast.Constant)
+                              and isinstance(k.value.value, bool)), None)
+                if given is not None:
+                    found.append(given)  # `store_true` with `default=True`: on
+                elif action in ("store_true", "store_false"):
+                    found.append(action == "store_false")
+        return found[0] if len(set(found)) == 1 else None
+
     def int_candidates(self, expr: ast.AST | None) -> set[int | None]:
         """Every integer the file gives ``expr`` (None for a computed value): its literal, each
         assignment to the name, and for ``args.x`` / ``cfg.x`` the argparse or field default."""

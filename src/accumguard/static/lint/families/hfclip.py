@@ -243,35 +243,6 @@ def zero_clip_dropped_before_deepspeed(ctx: FileContext) -> Iterator[Finding]:
                 return
 
 
-def _flag_default(ctx: FileContext, flag: ast.AST) -> bool | None:
-    """The boolean a switch ``flag`` (``r.clip_grad``, ``args.clip``) holds by default: its
-    dataclass field's literal, or an argparse ``store_true`` (False) / ``store_false``
-    (True) option; None when not in sight or defined several ways."""
-    name = flag.attr if isinstance(flag, ast.Attribute) else flag.id if isinstance(flag, ast.Name) else None
-    if name is None:
-        return None
-    found: list[bool] = []
-    for n in ctx.of(ast.AnnAssign, ast.Assign):
-        targets = [n.target] if isinstance(n, ast.AnnAssign) else n.targets
-        if any(isinstance(t, ast.Name) and t.id == name for t in targets) \
-                and isinstance(n.value, ast.Constant) and isinstance(n.value.value, bool):
-            found.append(n.value.value)
-    for c in ctx.of(ast.Call):
-        if (dotted(c.func) or "").endswith("add_argument") and any(
-                isinstance(a, ast.Constant) and isinstance(a.value, str)
-                and a.value.lstrip("-").replace("-", "_") == name for a in c.args):
-            action = next((k.value.value for k in c.keywords if k.arg == "action"
-                           and isinstance(k.value, ast.Constant)), None)
-            given = next((k.value.value for k in c.keywords if k.arg == "default"
-                          and isinstance(k.value, ast.Constant)
-                          and isinstance(k.value.value, bool)), None)
-            if given is not None:
-                found.append(given)  # `store_true` with `default=True`: on
-            elif action in ("store_true", "store_false"):
-                found.append(action == "store_false")
-    return found[0] if len(set(found)) == 1 else None
-
-
 @rule("AG370")
 def clip_switched_off_by_leaving_it_out(ctx: FileContext) -> Iterator[Finding]:
     """AG370 (F9): clipping "switched off" by leaving ``max_grad_norm`` out of the Trainer's
@@ -296,7 +267,7 @@ def clip_switched_off_by_leaving_it_out(ctx: FileContext) -> Iterator[Finding]:
                 and any(isinstance(k, ast.Constant) and k.value == "max_grad_norm" for k in on.keys)
                 and "clip" in ast.unparse(flag).lower()):
             continue
-        default = _flag_default(ctx, flag)
+        default = ctx.switch_default(flag)
         f = ctx.finding(
             "AG370", n,
             f"clipping is switched off by leaving `max_grad_norm` out (`{ast.unparse(n.value)}`), "

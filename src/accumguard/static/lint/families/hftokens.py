@@ -26,7 +26,6 @@ from accumguard.static.lint._ast import dotted
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._hftrainer import trainer_methods
-from accumguard.static.lint.families.hfclip import _flag_default
 
 __all__ = ["batch_samples_count_not_gathered", "tokens_not_averaged_across_devices"]
 
@@ -62,7 +61,7 @@ def _false(ctx: FileContext, value: ast.AST) -> bool:
         values = ctx.values_by_name().get(value.id, [])
         value = values[0] if len(values) == 1 else value
     if isinstance(value, ast.Attribute):  # `args.sync_tokens`: a store_true option, a field
-        return _flag_default(ctx, value) is False
+        return ctx.switch_default(value) is False
     return isinstance(value, ast.Constant) and value.value is False
 
 
