@@ -612,3 +612,26 @@ def test_a_hand_built_penalty_beside_a_divided_task_loss_is_loss_scale_on_k_wind
     assert "lint AG127" in kept[0].evidence
     ok = ["python", str(corpus / "ok_trainer_helper_sum_both_over_k.py")]
     assert scale_source_findings(rec, findings, ok) == []
+
+
+def test_a_client_scheduler_period_in_micro_batches_is_f4_when_the_run_confirms() -> None:
+    """Blind round 132 a_b01, recorded on 2 gloo ranks: a ZeRO-1 trainer hands DeepSpeed a
+    `StepLR(step_size=len(loader))` meant to decay once per epoch; the engine steps it once per
+    optimizer step (GA = 3), so it decays once per 3 epochs. The run alone said nothing: its
+    rates are a schedule's. Lint's AG124 (the client scheduler's shape) is kept as F4 when the
+    run shows the K >= 2 windows and the rate moving; not for the twin sized in updates."""
+    from accumguard.observe.rules import analyze
+    from accumguard.watch._findings import load_recordings
+    from accumguard.watch._source_claims import schedule_source_findings
+    from tests.helpers import RECORDED
+
+    corpus = Path(__file__).parents[1] / "lint_corpus"
+    rec = load_recordings(RECORDED / "r132_ds_client_steplr_period_micro_batches")
+    findings, _, _ = analyze(rec, k_flag=None)
+    assert not [f for f in findings if f.severity == "error"], findings  # the run alone: silent
+    bug = ["python", str(corpus / "bug_deepspeed_client_steplr_period_in_micro_batches.py")]
+    kept = schedule_source_findings(rec, findings, bug)
+    assert [(f.cls, f.severity) for f in kept] == [("F4", "error")], kept
+    assert "lint AG124" in kept[0].evidence and "once per 3 backward passes" in kept[0].evidence
+    ok = ["python", str(corpus / "ok_deepspeed_client_schedulers_in_optimizer_steps.py")]
+    assert schedule_source_findings(rec, findings, ok) == []

@@ -9,23 +9,30 @@ the steps the run makes: the decay never gets past 1/GA of its way. Judged only 
 config's ``gradient_accumulation_steps`` is an integer above 1 the file spells, the horizon
 holds no K (``// GA``) and no other divisor than that loader's batch size, and a loop over
 that loader calls an engine's backward.
+
+The client shape: a torch scheduler handed to ``deepspeed.initialize(lr_scheduler=sched)``
+is stepped by the engine the same way, once per optimizer step. Its horizon (``T_max``,
+``total_iters``, ...) or a ``StepLR``'s period (``step_size=len(loader)``, "decay every
+epoch") counted in the loader's micro-batches is GA times long: the decay comes every GA
+epochs, the anneal never gets past 1/GA of its way.
 """
 
 from __future__ import annotations
 
 import ast
 
-from accumguard.static.lint._ast import FUNCS, call_attr
+from accumguard.static.lint._ast import FUNCS, call_attr, dotted
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint.families._horizonexpr import (
     divides,
     expand,
+    horizon_expr,
     iterated,
     len_args,
     outside_len,
 )
 
-__all__ = ["deepspeed_micro_horizons"]
+__all__ = ["deepspeed_client_horizons", "deepspeed_micro_horizons"]
 
 #: DeepSpeed's schedulers whose end is ``total_num_steps``
 _DECAYING = ("WarmupDecayLR", "WarmupCosineLR")
@@ -55,13 +62,16 @@ def _from_caller(ctx: FileContext, name: ast.AST) -> ast.AST:
     return given if given is not None else name
 
 
-def _engine_walks(ctx: FileContext, loader: str) -> bool:
-    """A loop over ``loader`` whose body calls an engine's backward (``engine.backward(loss)``)."""
+def _engine_walks(ctx: FileContext, loader: str, *, innermost: bool = False) -> bool:
+    """A loop over ``loader`` whose body calls an engine's backward (``engine.backward(loss)``);
+    with ``innermost``, a backward whose nearest loop is that one (one backward per batch of
+    the loader, not per batch of an inner loop over a window's micro-batches)."""
     for loop in ctx.of(ast.For, ast.AsyncFor):
         if iterated(loop) != loader:
             continue
         if any(isinstance(c, ast.Call) and call_attr(c) == "backward" and c.args
                and ctx.kind_of_receiver(c.func.value) == "engine"  # type: ignore[attr-defined]
+               and (not innermost or ctx.enclosing(c, (ast.For, ast.AsyncFor, ast.While)) is loop)
                for c in ctx.local_nodes(loop)):
             return True
     return False
@@ -107,4 +117,71 @@ def deepspeed_micro_horizons(ctx: FileContext) -> list[tuple[ast.AST, str]]:
                     f"engine accumulates gradient_accumulation_steps = {ga} of them per optimizer "
                     "step and steps its scheduler once per optimizer step: the schedule is "
                     f"{ga} times longer than training and never gets past 1/{ga} of its way"))
+    return out
+
+
+#: torch schedulers whose argument is a period, not an end: (keyword, position)
+_PERIOD_ARG = {"StepLR": ("step_size", 1)}
+
+
+def _config_ga(ctx: FileContext) -> int | None:
+    """The ``gradient_accumulation_steps`` every config dict of the file gives, when they agree."""
+    found = {ctx.int_value(_entry(d, "gradient_accumulation_steps")) for d in ctx.of(ast.Dict)
+             if _entry(d, "gradient_accumulation_steps") is not None}
+    return found.pop() if len(found) == 1 else None
+
+
+def _client_scheduler(ctx: FileContext, name: str) -> tuple[ast.Call, ast.AST, str] | None:
+    """(constructor, horizon or period, what it is) of the one scheduler built under ``name``."""
+    ctors = [v for v in ctx.values_by_name().get(name, []) if isinstance(v, ast.Call)]
+    if len(ctors) != 1:
+        return None
+    ctor = ctors[0]
+    kind = (dotted(ctor.func) or "").rsplit(".", 1)[-1]
+    if kind in _PERIOD_ARG:
+        kw, pos = _PERIOD_ARG[kind]
+        period = next((k.value for k in ctor.keywords if k.arg == kw),
+                      ctor.args[pos] if len(ctor.args) > pos else None)
+        return (ctor, period, "period") if period is not None else None
+    horizon = horizon_expr(ctx, ctor)
+    return (ctor, horizon, "horizon") if horizon is not None else None
+
+
+def deepspeed_client_horizons(ctx: FileContext) -> list[tuple[ast.AST, str]]:
+    """(the horizon's node, the message) for each torch scheduler handed to
+    ``deepspeed.initialize`` whose horizon or period counts a loader's micro-batches."""
+    if not ctx.deepspeed:
+        return []
+    out: list[tuple[ast.AST, str]] = []
+    for call in ctx.of(ast.Call):
+        if call_attr(call) != "initialize" or not (dotted(call.func) or "").startswith("deepspeed"):
+            continue
+        given = next((k.value for k in call.keywords if k.arg == "lr_scheduler"), None)
+        name = dotted(given) if given is not None else None
+        ga = _config_ga(ctx)
+        if name is None or ga is None or ga < 2 or (built := _client_scheduler(ctx, name)) is None:
+            continue
+        ctor, horizon, what = built
+        parts = expand(ctx, horizon)
+        loaders = len_args(parts)
+        if len(loaders) != 1 or divides(parts) or any(
+                ctx.mentions_accum(n) for p in parts for n in outside_len(p)
+                if isinstance(n, ast.Name | ast.Attribute)):
+            continue
+        loader = next(iter(loaders))
+        if not _engine_walks(ctx, loader, innermost=True):
+            continue
+        kind = (dotted(ctor.func) or "").rsplit(".", 1)[-1]
+        stepped = (f"`deepspeed.initialize` was given `{name}` and the engine steps it once per "
+                   f"optimizer step, every gradient_accumulation_steps = {ga} micro-batches")
+        if what == "period":
+            out.append((horizon,
+                        f"{kind}'s step_size `{ast.unparse(horizon)}` counts the micro-batches of "
+                        f"`{loader}`, but {stepped}: the rate decays once per {ga} passes over "
+                        f"`{loader}` instead of once per pass"))
+        else:
+            out.append((horizon,
+                        f"{kind}'s horizon `{ast.unparse(horizon)}` counts the micro-batches of "
+                        f"`{loader}`, but {stepped}: the schedule is {ga} times longer than "
+                        f"training and never gets past 1/{ga} of its way"))
     return out

@@ -39,7 +39,10 @@ from accumguard.static.lint._ast import FUNCS, call_attr, dotted, mult_factors, 
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._acchorizon import accelerate_micro_horizon
-from accumguard.static.lint.families._dshorizon import deepspeed_micro_horizons
+from accumguard.static.lint.families._dshorizon import (
+    deepspeed_client_horizons,
+    deepspeed_micro_horizons,
+)
 from accumguard.static.lint.families._hfhorizon import hf_trainer_micro_horizon
 from accumguard.static.lint.families._horizonexpr import (
     calls_by_attr,
@@ -205,6 +208,8 @@ def horizon_in_micro_batches(ctx: FileContext) -> Iterator[Finding]:
         yield ctx.finding("AG124", ctor, message, fix=_LIGHTNING_FIX)
     for node, message in deepspeed_micro_horizons(ctx):
         yield ctx.finding("AG124", node, message, fix=_DS_FIX)
+    for node, message in deepspeed_client_horizons(ctx):
+        yield ctx.finding("AG124", node, message, fix=_DS_CLIENT_FIX)
 
 
 _HF_FIX = ("size the horizon in optimizer steps: divide the micro-batches per epoch by "
@@ -213,6 +218,9 @@ _HF_FIX = ("size the horizon in optimizer steps: divide the micro-batches per ep
            "(lr_scheduler_type, warmup_ratio), which counts in optimizer steps")
 _DS_FIX = ("size total_num_steps in optimizer steps: the micro-batches per epoch divided by "
            "gradient_accumulation_steps, times the epochs (`epochs * len(loader) // GA`)")
+_DS_CLIENT_FIX = ("count the scheduler in optimizer steps, the steps DeepSpeed gives it: divide the "
+                  "micro-batches by gradient_accumulation_steps (`len(loader) // GA` per epoch), or "
+                  "step the scheduler yourself and do not pass it to `deepspeed.initialize`")
 _LIGHTNING_FIX = ("size the horizon in optimizer steps: `self.trainer.estimated_stepping_batches` (it "
                   "counts accumulate_grad_batches and max_epochs), or divide the batches per epoch by "
                   "accumulate_grad_batches: `math.ceil(len(self.train_dataloader()) / "
