@@ -1369,6 +1369,12 @@ RULES: dict[str, Rule] = {
             "bound method is always true, so the optimizer steps on every micro-batch",
             "call it: if self.at_boundary():",
         ),
+        _rule(
+            "AG376", "window-helper-gated-again", "F14", E, MED,
+            "a helper that runs a whole window of K backwards is called by a loop that still "
+            "steps only every K calls: each step sums K windows, K times fewer steps",
+            "step after every call of the helper, or pass it one micro-batch per call",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

@@ -76,8 +76,9 @@
 ``unclearedopt`` AG165             an optimizer stepped at the boundary that nothing ever clears
 ``fsdproot``   AG166               FSDP2 applied to a model's submodules only, never to the model
 ``gradwrite``  AG167               .grad overwritten from autograd.grad on every micro-step
-``wrapgate``   AG168 AG194         an optimizer wrapper that gates itself, gated again by the loop;
-                                   a window hook stepping every K windows of the loop's own
+``wrapgate``   AG168 AG194 AG376   an optimizer wrapper that gates itself, gated again by the loop;
+                                   a window hook stepping every K windows of the loop's own; a
+                                   helper running a whole window, stepped every K calls
 ``dphorizon``  AG169 AG175 AG353   a horizon over the whole dataset a DistributedSampler splits, or over a rank's loader
                                    divided by the world size again
 ``hfclip``     AG177 AG182 AG370   a clip setting that never reaches TrainingArguments or DeepSpeed;

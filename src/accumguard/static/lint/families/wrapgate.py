@@ -16,6 +16,13 @@ counter of windows it increments is a multiple of the accumulation count
 (``self.windows_seen += 1; if self.windows_seen % self.config.grad_accum == 0: step``): the
 loop groups K micro-batches per window and the hook steps every K windows, K x K micro-batches
 per step with the loss normalised for K.
+
+AG376 (F14): the same twice-gating with the window in a helper: a loop calls a function or
+method of the file that runs a whole window itself (its loop over K micro-batches runs the
+backwards: ``def train_step(self, micro_batches): for x in micro_batches: ...backward()``, fed
+``[next(it) for _ in range(K)]``), and steps the optimizer only when its own counter is a
+multiple of K (``if (self.iter_num + 1) % K == 0: self.optimizer_step()``): each step sums K
+windows, K x K micro-batches normalised for K, and training makes K times fewer steps.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from accumguard.static.lint._ast import call_attr, dotted, receiver
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 
-__all__ = ["window_hook_gated_again", "wrapper_gated_twice"]
+__all__ = ["window_helper_gated_again", "window_hook_gated_again", "wrapper_gated_twice"]
 
 
 def _self_attrs(expr: ast.AST) -> set[str]:
@@ -193,5 +200,94 @@ def window_hook_gated_again(ctx: FileContext) -> Iterator[Finding]:
                 "once every K windows, on the K x K micro-batches since its last step",
                 fix=f"step in `{fn.name}()` on every call (the loop's windows are the "
                     "accumulation), or drop the loop's grouping and keep the counter",
+            )
+            return
+
+
+def _k_items(ctx: FileContext, expr: ast.AST | None) -> bool:
+    """``expr`` holds K items: ``range(K)``, or a comprehension over ``range(K)``, K a name of
+    the accumulation count (``[next(it) for _ in range(cfg.grad_accum)]``)."""
+    if isinstance(expr, ast.ListComp | ast.GeneratorExp) and len(expr.generators) == 1:
+        expr = expr.generators[0].iter
+    return (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id == "range"
+            and len(expr.args) == 1 and ctx.mentions_accum(expr.args[0]))
+
+
+def _given(ctx: FileContext, site: ast.Call, fn: ast.FunctionDef | ast.AsyncFunctionDef,
+           param: str) -> ast.AST | None:
+    """What ``site`` passes for ``param`` of ``fn``, a name followed to its one value."""
+    params = [a.arg for a in fn.args.args]
+    if params and params[0] == "self" and isinstance(site.func, ast.Attribute):
+        params = params[1:]
+    given: ast.AST | None = next((k.value for k in site.keywords if k.arg == param), None)
+    if given is None and param in params and params.index(param) < len(site.args):
+        given = site.args[params.index(param)]
+    if isinstance(given, ast.Name):
+        values = ctx.assigned_in(ctx.scope_of(site)).get(given.id, [])
+        given = values[0] if len(values) == 1 else given
+    return given
+
+
+def _steps_optimizer(ctx: FileContext, body: list[ast.stmt]) -> bool:
+    """``body`` steps an optimizer, directly or in a function of the file it calls."""
+    for stmt in body:
+        for n in ast.walk(stmt):
+            if not isinstance(n, ast.Call):
+                continue
+            if call_attr(n) == "step" and ctx.kind_of_receiver(receiver(n)) == "optimizer":
+                return True
+            fn = ctx.callee_of(n)
+            if fn is not None and any(isinstance(c, ast.Call) and call_attr(c) == "step"
+                                      and ctx.kind_of_receiver(receiver(c)) == "optimizer"
+                                      for c in ast.walk(fn)):
+                return True
+    return False
+
+
+def _mod_k_gate(ctx: FileContext, test: ast.AST) -> bool:
+    """``(n + 1) % K == 0`` or ``n % K == 0``, K a name of the accumulation count."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+        return False
+    sides = [test.left, test.comparators[0]]
+    mod = [x for x in sides if isinstance(x, ast.BinOp) and isinstance(x.op, ast.Mod)]
+    return (bool(mod) and any(isinstance(x, ast.Constant) and x.value == 0 for x in sides)
+            and ctx.mentions_accum(mod[0].right))
+
+
+@rule("AG376")
+def window_helper_gated_again(ctx: FileContext) -> Iterator[Finding]:
+    for window in ctx.windows():
+        if not isinstance(window, ast.For) or ctx.window_facts(window).steps:
+            continue
+        fn = ctx.enclosing(window, (ast.FunctionDef, ast.AsyncFunctionDef))
+        if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for site in ctx.call_sites(fn):
+            loop = ctx.enclosing(site, (ast.For, ast.While))
+            if loop is None or ctx.enclosing(site, (ast.FunctionDef, ast.AsyncFunctionDef)) is fn:
+                continue
+            iterated = window.iter
+            if isinstance(iterated, ast.Call) and dotted(iterated.func) == "enumerate" and iterated.args:
+                iterated = iterated.args[0]
+            items = iterated if _k_items(ctx, iterated) else (
+                _given(ctx, site, fn, iterated.id) if isinstance(iterated, ast.Name) else None)
+            if items is None or not _k_items(ctx, items):
+                continue
+            gates = [n for n in ctx.local_nodes(loop) if isinstance(n, ast.If)
+                     and ctx.enclosing(n, (ast.For, ast.While)) is loop
+                     and _mod_k_gate(ctx, n.test) and _steps_optimizer(ctx, n.body)
+                     and site not in {c for b in n.body for c in ast.walk(b)}]
+            if not gates:
+                continue
+            yield ctx.finding(
+                "AG376",
+                gates[0],
+                f"`{fn.name}()` (line {site.lineno}) already runs a whole window: its loop at line "
+                f"{window.lineno} runs the backward of each of K micro-batches "
+                f"(`{ast.unparse(items)}`), and this loop still steps the optimizer only when "
+                f"`{ast.unparse(gates[0].test)}`: the step is gated twice, so each step sums K windows "
+                "(K x K micro-batches) and training makes K times fewer steps",
+                fix=f"step after every call of `{fn.name}()` (its window is the accumulation), or "
+                    "pass it one micro-batch per call and keep the loop's counter",
             )
             return
