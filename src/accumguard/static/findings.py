@@ -1375,6 +1375,14 @@ RULES: dict[str, Rule] = {
             "steps only every K calls: each step sums K windows, K times fewer steps",
             "step after every call of the helper, or pass it one micro-batch per call",
         ),
+        _rule(
+            "AG377", "wrapper-dropped", "F10", E, HI,
+            "the data-parallel wrapper is made and then dropped (the call's result never bound, "
+            "or its name rebound to something built from the inner module): the training "
+            "forward runs on a bare module, DDP never averages the gradients",
+            "bind the wrapper and train through it (`model = accelerator.prepare_model(model)`); "
+            "compile before wrapping (`model = DDP(torch.compile(model))`) or compile the wrapper",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

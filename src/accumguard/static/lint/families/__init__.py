@@ -131,6 +131,7 @@
 ``plainheads`` AG344              modules an optimizer steps held in a plain dict or list under data parallelism
 ``lateunfreeze`` AG346            a parameter unfrozen after accelerator.prepare wrapped the model
 ``uncalled``   AG375               a boundary test naming a method without calling it (always true)
+``droppedwrap`` AG377              the data-parallel wrapper made, then dropped before training
 ``accstep``    AG367               a learning rate computed from accelerator.step, Accelerate's micro-batch counter
 ``latemodule`` AG196 AG356 AG366  a submodule assigned to the model itself after DDP(...) wrapped it; a parameter or
                                    module made in a LightningModule's configure_optimizers under DDP;
@@ -166,6 +167,7 @@ from accumguard.static.lint.families import (
     commhook,
     deepspeed,
     dphorizon,
+    droppedwrap,
     dsbatch,
     dsblocks,
     dslateflag,
@@ -250,4 +252,4 @@ from accumguard.static.lint.families import (
     wrapgate,
 )
 
-__all__ = ["accelerate", "accloader", "accstep", "acctwice", "acctail", "ampclip", "argdrop", "chunktail", "clipgrads", "cliporder", "coefstep", "commhook", "deepspeed", "dphorizon", "dsbatch", "dsblocks", "dslateflag", "dssched", "dsstep", "dsunmanaged", "dszero", "emastep", "epochtail", "fabricbypass", "fabricunset", "factored", "fracepoch", "fsdpfactor", "fsdproot", "funcclip", "fsdpunits", "fused", "gatedclip", "gradwrite", "hookclip", "hookgrad", "hookreduce", "hfmean", "kworld", "hfmodel", "hfclip", "hfheld", "hflossfunc", "hfscale", "hfsetters", "hfsuper", "hfterms", "hftokens", "handhorizon", "hfwarmup", "horizon", "lastpass", "lateunfreeze", "latemodule", "hookcount", "lgkschedule", "lgmanual", "lgstep", "lgunsplit", "lgwindow", "loss", "lowbuffer", "lrcounter", "meancount", "microstat", "moeaux", "plainheads", "precision", "prefetch", "probebackward", "reduce", "resume", "resumeskip", "scale", "schedule", "spawnworld", "stephorizon", "sync", "syncclip", "syncorder", "syncwhole", "synctail", "tailscale", "tempreduce", "terms", "tokenmean", "tokhorizon", "tokiters", "twice", "uncalled", "unclearedopt", "unreduced", "unregistered", "window", "wrapbypass", "wrapgate"]
+__all__ = ["accelerate", "accloader", "accstep", "acctwice", "acctail", "ampclip", "argdrop", "chunktail", "clipgrads", "cliporder", "coefstep", "commhook", "deepspeed", "dphorizon", "droppedwrap", "dsbatch", "dsblocks", "dslateflag", "dssched", "dsstep", "dsunmanaged", "dszero", "emastep", "epochtail", "fabricbypass", "fabricunset", "factored", "fracepoch", "fsdpfactor", "fsdproot", "funcclip", "fsdpunits", "fused", "gatedclip", "gradwrite", "hookclip", "hookgrad", "hookreduce", "hfmean", "kworld", "hfmodel", "hfclip", "hfheld", "hflossfunc", "hfscale", "hfsetters", "hfsuper", "hfterms", "hftokens", "handhorizon", "hfwarmup", "horizon", "lastpass", "lateunfreeze", "latemodule", "hookcount", "lgkschedule", "lgmanual", "lgstep", "lgunsplit", "lgwindow", "loss", "lowbuffer", "lrcounter", "meancount", "microstat", "moeaux", "plainheads", "precision", "prefetch", "probebackward", "reduce", "resume", "resumeskip", "scale", "schedule", "spawnworld", "stephorizon", "sync", "syncclip", "syncorder", "syncwhole", "synctail", "tailscale", "tempreduce", "terms", "tokenmean", "tokhorizon", "tokiters", "twice", "uncalled", "unclearedopt", "unreduced", "unregistered", "window", "wrapbypass", "wrapgate"]

@@ -20,7 +20,7 @@ from accumguard.static.findings import Finding
 from accumguard.static.lint._ast import call_attr, dotted
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
-from accumguard.static.lint.families.wrapbypass import _in_training_loop
+from accumguard.static.lint.families._wrapfacts import in_training_loop
 
 __all__ = ["submodule_through_the_fabric_wrapper"]
 
@@ -108,7 +108,7 @@ def _handed_in_a_training_loop(ctx: FileContext, call: ast.Call, name: str, mode
     for site in by_name.get(fn.name, []):
         given = next((k.value for k in site.keywords if k.arg == name),
                      site.args[i] if i < len(site.args) else None)
-        if isinstance(given, ast.Name) and given.id in models and _in_training_loop(ctx, site):
+        if isinstance(given, ast.Name) and given.id in models and in_training_loop(ctx, site):
             return True
     return False
 
@@ -124,7 +124,7 @@ def submodule_through_the_fabric_wrapper(ctx: FileContext) -> Iterator[Finding]:
         if not (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)
                 and func.attr in attrs):
             continue
-        if func.value.id in models and _in_training_loop(ctx, call):
+        if func.value.id in models and in_training_loop(ctx, call):
             pass
         elif not _handed_in_a_training_loop(ctx, call, func.value.id, models):
             continue

@@ -32,9 +32,16 @@ import re
 from collections.abc import Iterator
 
 from accumguard.static.findings import Finding
-from accumguard.static.lint._ast import FUNCS, call_attr, dotted, is_backward, position
+from accumguard.static.lint._ast import FUNCS, call_attr, dotted, position
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families._wrapfacts import (
+    in_training_loop,
+    mentions_fsdp,
+    no_grad,
+    trains,
+    under_no_grad,
+)
 
 __all__ = ["forward_on_the_unwrapped_module", "forward_through_the_inner_module",
            "module_replaced_after_wrapping", "unfrozen_after_ddp_was_built"]
@@ -68,64 +75,21 @@ def _wraps(ctx: FileContext) -> list[tuple[ast.Call, str, str]]:
     return out
 
 
-def _no_grad(node: ast.AST) -> bool:
-    """``node`` is ``torch.no_grad()`` / ``inference_mode()`` (as a decorator or context)."""
-    text = ast.unparse(node)
-    return "no_grad" in text or "inference_mode" in text
-
-
 def _calls_param(ctx: FileContext, fn: ast.FunctionDef | ast.AsyncFunctionDef, index: int) -> bool:
     """``fn``'s parameter ``index`` is called in its body (``net(x)``) with gradients on (no
     ``no_grad`` decorator or block around it: a rollout, an evaluation)."""
     args = fn.args.args
-    if index >= len(args) or any(_no_grad(d) for d in fn.decorator_list):
+    if index >= len(args) or any(no_grad(d) for d in fn.decorator_list):
         return False
     p = args[index].arg
     return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == p
-               and not _under_no_grad(ctx, n, fn) for n in ast.walk(fn))
-
-
-def _under_no_grad(ctx: FileContext, node: ast.AST, stop: ast.AST) -> bool:
-    cur = ctx.parents.get(node)
-    while cur is not None and cur is not stop:
-        if isinstance(cur, ast.With) and any(_no_grad(i.context_expr) for i in cur.items):
-            return True
-        cur = ctx.parents.get(cur)
-    return False
-
-
-def _in_training_loop(ctx: FileContext, node: ast.AST) -> bool:
-    loop = ctx.parents.get(node)
-    while loop is not None and not isinstance(loop, FUNCS):
-        if isinstance(loop, ast.With) and any(_no_grad(i.context_expr) for i in loop.items):
-            return False
-        if isinstance(loop, ast.For | ast.While) and any(
-                isinstance(c, ast.Call) and is_backward(c) for c in ast.walk(loop)):
-            return True
-        loop = ctx.parents.get(loop)
-    return False
-
-
-def _mentions_fsdp(ctx: FileContext) -> bool:
-    """An identifier or string of the file names FSDP (``fully_shard``, ``strategy="fsdp"``);
-    once per file (both rules of this family ask)."""
-    return ctx._cached("mentions_fsdp", ctx.tree, lambda: _scan_fsdp(ctx))  # type: ignore[no-any-return]
-
-
-def _scan_fsdp(ctx: FileContext) -> bool:
-    for n in ast.walk(ctx.tree):
-        text = n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute) \
-            else n.value if isinstance(n, ast.Constant) and isinstance(n.value, str) \
-            else n.name if isinstance(n, ast.alias) else ""
-        if "fsdp" in text.lower() or "fully_shard" in text.lower():
-            return True
-    return False
+               and not under_no_grad(ctx, n, fn) for n in ast.walk(fn))
 
 
 @rule("AG189")
 def forward_on_the_unwrapped_module(ctx: FileContext) -> Iterator[Finding]:
     wraps = _wraps(ctx)
-    if not wraps or _mentions_fsdp(ctx):
+    if not wraps or mentions_fsdp(ctx):
         return
     defs = ctx.functions_by_name()
     for wrap, raw, wrapped in wraps:
@@ -142,7 +106,7 @@ def forward_on_the_unwrapped_module(ctx: FileContext) -> Iterator[Finding]:
                     if isinstance(a, ast.Name) and a.id == raw and any(
                             _calls_param(ctx, f, i) for f in defs.get(call.func.id, [])):
                         helper = call.func.id
-            if not (direct or helper) or not _in_training_loop(ctx, call):
+            if not (direct or helper) or not in_training_loop(ctx, call):
                 continue
             yield ctx.finding(
                 "AG189",
@@ -185,7 +149,7 @@ def _assigns_param_attr(fn: ast.FunctionDef | ast.AsyncFunctionDef, index: int) 
 
 @rule("AG196")
 def module_replaced_after_wrapping(ctx: FileContext) -> Iterator[Finding]:
-    if _mentions_fsdp(ctx):
+    if mentions_fsdp(ctx):
         return
     defs = ctx.functions_by_name()
     for node in ctx.of(ast.Assign, ast.Call):
@@ -276,20 +240,6 @@ def _compiled_inner(ctx: FileContext, inner: dict[str, str]) -> dict[str, tuple[
     return out
 
 
-def _trains(ctx: FileContext, node: ast.AST, depth: int = 2) -> bool:
-    """``node`` runs with gradients on inside a loop that runs a backward, in a function
-    that runs one, or in a function of the file called from those (``depth`` levels)."""
-    if _in_training_loop(ctx, node):
-        return True
-    fn = ctx.enclosing(node, FUNCS)
-    if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) \
-            or any(_no_grad(d) for d in fn.decorator_list) or _under_no_grad(ctx, node, fn):
-        return False
-    if any(isinstance(c, ast.Call) and is_backward(c) for c in ctx.local_nodes(fn)):
-        return True  # a micro-step method: its forward feeds the backward it runs
-    return depth > 0 and any(_trains(ctx, site, depth - 1) for site in ctx.call_sites(fn))
-
-
 _NOT_MODELS = re.compile(r"opt|loader|sched|data|scaler", re.IGNORECASE)
 
 
@@ -340,7 +290,7 @@ def forward_through_the_inner_module(ctx: FileContext) -> Iterator[Finding]:
         inner.update(_unwrapped_of(ctx, prepared))
         wrappers |= set(inner.values())
     accel = set(inner.values())
-    if not wrappers or _mentions_fsdp(ctx):
+    if not wrappers or mentions_fsdp(ctx):
         return
     inner.update(_inner_of(ctx, _ddp_names(ctx)))
     compiled = _compiled_inner(ctx, inner)
@@ -348,7 +298,7 @@ def forward_through_the_inner_module(ctx: FileContext) -> Iterator[Finding]:
         func = call.func
         name = dotted(func)
         if name in compiled and position(call) > position(compiled[name][1]):
-            if not _trains(ctx, call):
+            if not trains(ctx, call):
                 continue
             wrapper, bound = compiled[name]
             yield ctx.finding(
@@ -382,7 +332,7 @@ def forward_through_the_inner_module(ctx: FileContext) -> Iterator[Finding]:
             via = dotted(call.args[at]) or ""
             what = f"`{ast.unparse(call.func)}(...)`, which calls the `{via}` it is handed,"
         wrapper = inner[via]
-        if not _trains(ctx, call) or _frozen_at(ctx, call, {via, wrapper}):
+        if not trains(ctx, call) or _frozen_at(ctx, call, {via, wrapper}):
             continue
         yield ctx.finding(
             "AG300", call,
@@ -465,7 +415,7 @@ def unfrozen_after_ddp_was_built(ctx: FileContext) -> Iterator[Finding]:
     """A parameter (or module) frozen before ``DDP(net)`` and unfrozen after it, with no
     DDP built again after the unfreeze: DDP's reducer holds the parameters that required a
     gradient when it was built."""
-    if _mentions_fsdp(ctx):
+    if mentions_fsdp(ctx):
         return
     wraps = [(n.value, dotted(n.value.args[0])) for n in ctx.of(ast.Assign)
              if isinstance(n.value, ast.Call) and n.value.args
@@ -527,7 +477,7 @@ def _lightning_ddp(ctx: FileContext) -> bool:
 @rule("AG301")
 def lightning_unfrozen_after_wrap(ctx: FileContext) -> Iterator[Finding]:
     """The Lightning form of AG301 (see the module)."""
-    if _mentions_fsdp(ctx) or not _lightning_ddp(ctx):
+    if mentions_fsdp(ctx) or not _lightning_ddp(ctx):
         return
     for cls in ctx.of(ast.ClassDef):
         if not isinstance(cls, ast.ClassDef) or not any(
