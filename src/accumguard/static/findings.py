@@ -1383,6 +1383,14 @@ RULES: dict[str, Rule] = {
             "bind the wrapper and train through it (`model = accelerator.prepare_model(model)`); "
             "compile before wrapping (`model = DDP(torch.compile(model))`) or compile the wrapper",
         ),
+        _rule(
+            "AG378", "token-lm-refuses-item-count", "F5", W, MED,
+            "a token-level LM class sets accepts_loss_kwargs = False under the stock Trainer "
+            "with K > 1: each micro-batch's token mean divided by K, a mean of means",
+            "drop the attribute (the class's loss honours num_items_in_batch), or, when the "
+            "forward cannot take it, override compute_loss to sum the tokens and divide by "
+            "num_items_in_batch",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

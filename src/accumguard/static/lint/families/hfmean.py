@@ -19,6 +19,14 @@ A ``nn.Module`` of the file is judged the same way: its ``forward`` takes ``**kw
 reads, names no ``num_items_in_batch``, and computes a mean loss call (the stock Trainer then
 counts its loss as normalised over the window). Not reported when the file sets ``accepts_loss_kwargs`` (``model.accepts_loss_kwargs =
 False`` makes the Trainer divide by K) or when K is not in sight.
+
+AG378 (F5, a warning): the other side of that switch. A token-level language model of the
+file (a subclass of ``*ForCausalLM``, ``*ForConditionalGeneration``, ``*ForMaskedLM``) sets
+``accepts_loss_kwargs = False`` (as some vision-language classes do) and the stock Trainer
+trains it with K > 1: the Trainer then passes no ``num_items_in_batch``, the model returns
+each micro-batch's own token mean and the Trainer divides it by K, a mean of K per-micro-batch
+means. Right in scale; wrong whenever the micro-batches hold different numbers of
+supervised tokens (padding, masked prompts), which the run shows and the source does not.
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ from accumguard.static.lint.families._lossexpr import MEAN_LOSS_FUNCS, mean_crit
 from accumguard.static.lint.families.epochtail import single_assignments
 from accumguard.static.lint.families.moeaux import model_class, stock_trainers
 
-__all__ = ["hf_trainer_model_mean_loss_not_divided"]
+__all__ = ["hf_trainer_model_mean_loss_not_divided", "token_lm_refuses_item_count"]
 
 _WRAPPERS = frozenset({"get_peft_model", "prepare_model_for_kbit_training", "to"})
 
@@ -128,3 +136,45 @@ def hf_trainer_model_mean_loss_not_divided(ctx: FileContext) -> Iterator[Finding
             "micro-batch's mean reaches the gradient undivided: K times the large batch's "
             "gradient (and a mean of per-micro-batch means when their label counts differ)",
         )
+
+
+_TOKEN_LM = ("ForCausalLM", "ForConditionalGeneration", "ForMaskedLM")
+
+
+def _refusing_token_lms(ctx: FileContext) -> dict[str, ast.Assign]:
+    """Classes of the file built on a token-level LM that set ``accepts_loss_kwargs = False``."""
+    out: dict[str, ast.Assign] = {}
+    for cls in ctx.of(ast.ClassDef):
+        if not any((dotted(b) or "").endswith(_TOKEN_LM) for b in cls.bases):
+            continue
+        for st in cls.body:
+            if isinstance(st, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "accepts_loss_kwargs"
+                                                  for t in st.targets) \
+                    and isinstance(st.value, ast.Constant) and st.value.value is False:
+                out[cls.name] = st
+    return out
+
+
+@rule("AG378")
+def token_lm_refuses_item_count(ctx: FileContext) -> Iterator[Finding]:
+    refusing = _refusing_token_lms(ctx)
+    if not refusing:
+        return
+    ga, how = ctx.trainer_ga()
+    if ga is None or ga <= 1:
+        return
+    for call in stock_trainers(ctx):
+        model = next((k.value for k in call.keywords if k.arg == "model"), call.args[0] if call.args else None)
+        cls = _resolved_class(ctx, model) if model is not None else None
+        if cls not in refusing:
+            continue
+        yield ctx.finding(
+            "AG378",
+            refusing[cls],
+            f"`{cls}` sets accepts_loss_kwargs = False and the Trainer (line {call.lineno}) trains "
+            f"it with {how}: the Trainer passes it no num_items_in_batch, so its loss is each "
+            "micro-batch's own token mean, which the Trainer divides by K: a mean of K "
+            "per-micro-batch means, not the window's token mean, whenever the micro-batches hold "
+            "different numbers of supervised tokens (padding, masked prompts)",
+        )
+        return
