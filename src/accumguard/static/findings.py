@@ -1391,6 +1391,13 @@ RULES: dict[str, Rule] = {
             "forward cannot take it, override compute_loss to sum the tokens and divide by "
             "num_items_in_batch",
         ),
+        _rule(
+            "AG379", "item-count-skips-other-tokens", "LOSS_SCALE", E, MED,
+            "a Trainer loss divided by num_items_in_batch ignores another label value than "
+            "-100 (ignore_index=PAD_ID): the Trainer counts those positions, the loss skips them",
+            "label the positions to skip with -100 (`labels[mask == 0] = -100`) and use "
+            "ignore_index=-100, the value the Trainer's count leaves out",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

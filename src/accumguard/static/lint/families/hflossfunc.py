@@ -13,6 +13,15 @@ the file's ``gradient_accumulation_steps`` is above 1 (a warning when it is not 
 AG338 (F10): the function multiplies its loss by the world size itself (an Accelerate recipe's
 ``* num_processes`` ported over): the Trainer multiplies by the processes again, so the
 update is W times the large batch's.
+
+AG379 (LOSS_SCALE): the function (or a Trainer subclass's ``compute_loss``) divides a token
+sum by ``num_items_in_batch`` but skips other tokens than the Trainer counts: its loss call
+says ``ignore_index=PAD_ID`` while the Trainer's count is of the labels that are not -100 (and
+the function does not map -100 to that id itself).
+Positions labelled with the pad id are then in the denominator and not in the sum: each
+window's loss is scaled down by its own share of padding (a different factor per window,
+so no learning rate undoes it). An error when the file fills a tensor with that id (the
+collator's padding); a warning when the source does not show labels carrying it.
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ from accumguard.static.lint._ast import FUNCS, WORLD_RE, dotted, last_part, walk
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 
-__all__ = ["compute_loss_func_ignores_count", "compute_loss_func_times_world"]
+__all__ = ["compute_loss_func_ignores_count", "compute_loss_func_times_world", "count_skips_other_tokens"]
 
 Func = ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda
 
@@ -125,3 +134,71 @@ def compute_loss_func_times_world(ctx: FileContext) -> Iterator[Finding]:
             "by the processes itself (average_tokens_across_devices, its default) to undo DDP's "
             "average: the update is W times the large batch's",
         )
+
+
+def _counted_losses(ctx: FileContext) -> Iterator[Func]:
+    """The Trainer's loss functions that read ``num_items_in_batch``: a ``compute_loss_func``
+    of the file, or ``compute_loss`` of a Trainer subclass."""
+    for _, fn in _loss_funcs(ctx):
+        yield fn
+    for cls in ctx.of(ast.ClassDef):
+        if any((dotted(b) or "").endswith("Trainer") for b in cls.bases):
+            yield from (f for f in cls.body
+                        if isinstance(f, ast.FunctionDef) and f.name == "compute_loss")
+
+
+def _other_ignore_index(ctx: FileContext, fn: Func) -> ast.AST | None:
+    """The ``ignore_index=`` of a loss call in ``fn`` that is not -100, when ``fn`` reads
+    ``num_items_in_batch``."""
+    nodes = list(walk_all(fn))
+    if not any(isinstance(n, ast.Name) and n.id == "num_items_in_batch" for n in nodes) or any(
+            isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub) and isinstance(n.operand, ast.Constant)
+            and n.operand.value == 100 for n in nodes):
+        return None  # (a function that maps -100 itself, `labels[labels == -100] = pad_id`)
+    for n in nodes:
+        if not isinstance(n, ast.Call):
+            continue
+        given = next((k.value for k in n.keywords if k.arg == "ignore_index"), None)
+        if given is None:
+            continue
+        value = ctx.int_value(given)
+        if (value is not None and value != -100) or (value is None and "pad" in ast.unparse(given).lower()):
+            return given
+    return None
+
+
+_FILLS = frozenset({"full", "new_full", "full_like", "pad"})
+
+
+def _fills_with(ctx: FileContext, value: ast.AST) -> ast.Call | None:
+    """A call of the file filling a tensor with ``value`` (``torch.full(shape, PAD_ID)``,
+    ``ids.new_full(shape, pad_id)``, ``F.pad(x, (0, n), value=PAD_ID)``)."""
+    text = ast.unparse(value)
+    for c in ctx.of(ast.Call):
+        if not isinstance(c, ast.Call) or (dotted(c.func) or "").rsplit(".", 1)[-1] not in _FILLS:
+            continue
+        if any(ast.unparse(a) == text for a in (*c.args[1:], *(k.value for k in c.keywords
+                                                               if k.arg in ("fill_value", "value")))):
+            return c
+    return None
+
+
+@rule("AG379")
+def count_skips_other_tokens(ctx: FileContext) -> Iterator[Finding]:
+    for fn in _counted_losses(ctx):
+        skipped = _other_ignore_index(ctx, fn)
+        if skipped is None:
+            continue
+        fill = _fills_with(ctx, skipped)
+        where = "the lambda" if isinstance(fn, ast.Lambda) else f"`{fn.name}`"
+        f = ctx.finding(
+            "AG379",
+            skipped,
+            f"{where} divides its loss by num_items_in_batch, which the Trainer counts as the "
+            f"labels that are not -100, but its loss skips `ignore_index={ast.unparse(skipped)}`"
+            + (f", the value the file pads with (line {fill.lineno})" if fill is not None else "")
+            + ": those positions are counted and not summed, so each window's loss is scaled "
+            "down by its own share of them, a different factor per window",
+        )
+        yield f if fill is not None else replace(f, severity=Severity.WARNING)
+        return
