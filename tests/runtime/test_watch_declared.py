@@ -635,3 +635,26 @@ def test_a_client_scheduler_period_in_micro_batches_is_f4_when_the_run_confirms(
     assert "lint AG124" in kept[0].evidence and "once per 3 backward passes" in kept[0].evidence
     ok = ["python", str(corpus / "ok_deepspeed_client_schedulers_in_optimizer_steps.py")]
     assert schedule_source_findings(rec, findings, ok) == []
+
+
+def test_a_trainer_loss_skipping_the_pad_id_it_counts_is_loss_scale_on_windows() -> None:
+    """Blind round 133 b_b01, recorded on 2 gloo ranks: a `compute_loss_func` sums the token
+    loss with `ignore_index=PAD_ID` and divides by `num_items_in_batch`, which the Trainer
+    counts over the labels that are not -100, padding included (the collator clones the
+    padded ids into the labels). The run alone said nothing; lint's AG379 is kept as
+    LOSS_SCALE on the K >= 2 windows the run shows; not for the twin that labels padding -100."""
+    from accumguard.observe.rules import analyze
+    from accumguard.watch._findings import load_recordings
+    from accumguard.watch._source_claims import scale_source_findings
+    from tests.helpers import RECORDED
+
+    corpus = Path(__file__).parents[1] / "lint_corpus"
+    rec = load_recordings(RECORDED / "r133_hf_loss_func_skips_pad_id_in_item_count")
+    findings, _, _ = analyze(rec, k_flag=None)
+    assert not [f for f in findings if f.severity == "error"], findings  # the run alone: silent
+    bug = ["python", str(corpus / "bug_hf_compute_loss_ignores_pad_id_over_item_count.py")]
+    kept = scale_source_findings(rec, findings, bug)
+    assert [(f.cls, f.severity) for f in kept] == [("LOSS_SCALE", "error")], kept
+    assert "lint AG379" in kept[0].evidence and "backward passes" in kept[0].evidence
+    ok = ["python", str(corpus / "ok_hf_loss_func_maps_ignored_to_pad_id.py")]
+    assert scale_source_findings(rec, findings, ok) == []

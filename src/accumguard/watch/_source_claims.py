@@ -72,8 +72,10 @@ _WINDOW_ONLY_CODES = ("AG330", "AG158")
 #: ``num_items_in_batch``): the loss record cannot tell whose division is missing; and a
 #: term added to ``.grad`` after every backward (AG369): the run sees the gradient grow, not
 #: whether the term was divided by K; a loss term beside a term divided by K, not divided
-#: itself (AG127: a regulariser built by hand, which the loss record does not hold)
-_SCALE_CODES = ("AG174", "AG336", "AG369", "AG127")
+#: itself (AG127: a regulariser built by hand, which the loss record does not hold); a loss
+#: over ``num_items_in_batch`` skipping the pad id the Trainer counts (AG379: the record
+#: holds the count, not which label values the loss skipped)
+_SCALE_CODES = ("AG174", "AG336", "AG369", "AG127", "AG379")
 
 #: lint's warning that a DeepSpeed train batch leaves out the number of processes (right on
 #: one process only): the run shows how many it had
