@@ -52,3 +52,17 @@ def test_a_name_holding_the_reciprocal_of_the_world_size_divides_by_it(
     _ledger_source._parsed.cache_clear()
     assert (3, "*1/") in _ledger_source.world_divisions(str(script))
     assert not any(ln == 5 for ln, _ in _ledger_source.world_divisions(str(script)))
+
+
+def test_a_loss_over_a_count_the_file_divides_by_the_world_size_is_f10(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blind round 133 a_b02, recorded on 2 gloo ranks: a DDP trainer derives ``accum_steps =
+    micro_batches_per_step // world`` and divides each micro-batch's mean by
+    ``micro_batches_per_step`` (K x W = 8), so DDP's average divides by W twice. The file's
+    own arithmetic shows the divisor holds W as a factor; the run shows the division was by
+    exactly K x W: F10, the evidence naming the count. The twin (``/ accum_steps``) is silent."""
+    errors = _errors("r133_ddp_loss_over_all_ranks_micro_batches", monkeypatch)
+    assert [f.cls for f in errors] == ["F10"], errors  # type: ignore[attr-defined]
+    evidence = errors[0].evidence  # type: ignore[attr-defined]
+    assert "8 (K x W = 4 x 2)" in evidence and "a count with the world size as a factor" in evidence
+    assert _errors("r133_ddp_loss_over_rank_micro_batches", monkeypatch) == []

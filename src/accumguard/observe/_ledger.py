@@ -363,7 +363,7 @@ def _f10(judged: list[LedgerStep], world: int, target: float, k: int | None = No
         why = (f"; every micro-step's loss on every rank was {'divided' if small else 'multiplied'}"
                f" by {by_what} before its backward and the script "
                f"{'divides' if small else 'multiplies'} the loss by "
-               f"{'a count with the world size as a factor' if global_n else 'the world size'}"
+               f"{'a count with the world size as a factor' if global_n or abs(used - world) > 1e-9 else 'the world size'}"
                f" there ({path})")
     elif s.factor is not None and abs(s.factor * world - 1.0) > 1e-6 \
             and all(not d for x in judged for d in x.divs):

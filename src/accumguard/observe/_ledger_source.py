@@ -37,7 +37,8 @@ class _Scan(ast.NodeVisitor):
     def __init__(self) -> None:
         self.world: set[str] = set()  # names assigned from a world-size expression
         # names assigned a product with a world-size factor (``global_batch = micro * K *
-        # world``): a divisor by such a name divides by W among other factors
+        # world``), or divided by the world size to give a per-rank count (``accum =
+        # total_micro // world``): a divisor by such a name divides by W among other factors
         self.world_product: set[str] = set()
         # names assigned the reciprocal of such a value (``self.loss_scale = 1.0 / (K *
         # world)``): a loss multiplied by one is divided by W among other factors
@@ -85,6 +86,12 @@ class _Scan(ast.NodeVisitor):
                      if isinstance(t, ast.Tuple) and isinstance(node.value, ast.Tuple)
                      else [(t, node.value)])
             for tgt, val in pairs:
+                if (isinstance(val, ast.BinOp) and isinstance(val.op, ast.Div | ast.FloorDiv)
+                        and isinstance(val.left, ast.Name | ast.Attribute) and self.is_world(val.right)):
+                    # ``accum = micro_batches_per_step // world``: the dividend holds W as a
+                    # factor (the micro-batches of all ranks), whatever it was built from
+                    left = val.left
+                    self.world_product.add(left.id if isinstance(left, ast.Name) else left.attr)
                 if isinstance(tgt, ast.Name) and self.is_world(val):
                     self.world.add(tgt.id)
                 elif (isinstance(tgt, (ast.Name, ast.Attribute)) and isinstance(val, ast.BinOp)
