@@ -307,7 +307,10 @@ def loss_divided_by_world_under_ddp(ctx: FileContext) -> Iterator[Finding]:
         yield ctx.finding(
             "AG112",
             node,
-            "the loss is divided by the world size before backward while the model is wrapped in "
+            ("the loss is divided by the world size" if ctx.mentions_world(divisor) else
+             f"the loss is divided by `{ast.unparse(divisor)}`, a count with the world size as a "
+             "factor,")
+            + " before backward while the model is wrapped in "
             + ("DDP/FSDP" if ctx.ddp_wrapped else "a DeepSpeed engine" if engine else
                "DDP by accelerator.prepare() on several processes")
             + ", which already averages gradients over ranks: the optimizer receives G / W",
