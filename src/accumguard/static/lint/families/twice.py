@@ -52,6 +52,7 @@ from accumguard.static.lint._ast import (
 )
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families._dswincount import helper_window_division
 from accumguard.static.lint.families._lossexpr import (
     MEAN_LOSS_FUNCS,
     division,
@@ -328,6 +329,26 @@ def window_count_before_engine_backward(ctx: FileContext) -> Iterator[Finding]:
     if ref is None:
         return
     for call in _engine_loop_backwards(ctx):
+        via = helper_window_division(ctx, call)
+        if via is not None:
+            verdict, how = _config_ga(ctx, ref, set())
+            if verdict != "one":
+                window, count, fn = via
+                name = dotted(receiver(call)) or "engine"
+                yield ctx.finding(
+                    "AG134",
+                    call,
+                    f"the loss divides a sum by `{count}`, counted over all the micro-batches of "
+                    f"`{window}` before they run"
+                    + (f" (in `{fn.name}`)" if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) else "")
+                    + f", and `{name}.backward()` divides it again by the config's "
+                    f"gradient_accumulation_steps {how or '(K, out of sight here)'} ({ref.where}; "
+                    "scale_wrt_gas=True by default): each update is 1/K of the large batch's",
+                    fix="multiply the window-normalised loss by the gradient accumulation steps "
+                        "(sum * K * W / window_count), or call engine.backward(loss, "
+                        "scale_wrt_gas=False)",
+                )
+                continue
         loss: ast.AST | None = call.args[0]
         if isinstance(loss, ast.Name):
             loss = value_before(ctx, loss)
