@@ -267,7 +267,7 @@ def horizon_findings(rank: int, events: list[JsonObject], total_steps: int,
                      backwards: int = 0, whole_epochs: bool = False,
                      serials: list[int | None] | None = None,
                      step_backwards: list[int] | None = None,
-                     k_scheduled: bool = False) -> list[Finding]:
+                     k_scheduled: bool = False, warm_up: bool = False) -> list[Finding]:
     """F4 from a stated horizon. ``events``: the rank's scheduler records; ``total_steps``:
     the optimizer steps the rank made; ``epochs``: passes over a DataLoader seen (the slack
     of per-epoch rounding); ``complete``: the run went to its own end (a horizon longer
@@ -352,7 +352,17 @@ def horizon_findings(rank: int, events: list[JsonObject], total_steps: int,
                 ((c, name) for c, name in _factors(world, k)
                  if abs(per_step - c) < 1e-9 and abs(h - pos0 - span) <= slack), None)
             pick = hit if hit is not None else fast
-            if pick is not None:
+            if pick is not None and warm_up and hit is not None:
+                # the rates rose to the end and held it: a warm-up, whose length is its own
+                # choice, not the run's (three warm-up steps of a twelve-step run "end 4x
+                # early" by the same arithmetic)
+                out.append(_mk("F4", "note", rank, at - 1, None,
+                               f"the LR schedule ({what}) reached its end at optimizer step "
+                               f"{at} of the run's {steps} ({rate}) and the learning rate then "
+                               "held its highest value: a warm-up, whose length is not judged "
+                               "against the run's",
+                               title_="a warm-up reached its peak (length not judged)"))
+            elif pick is not None:
                 c, name = pick
                 why = (f"it ends {c}x early ({name})" if hit is not None else
                        f"its horizon ({h - pos0}) counts the {span} optimizer steps it lived "
@@ -509,12 +519,30 @@ def run_horizon_findings(rec: RunRecording, rank: int, k: int | None) -> list[Fi
             backwards=0 if several else backwards + int(tail.get("backwards", 0)),
             whole_epochs=whole, serials=None)
     return horizon_findings(rank, events, total, rec.world, k, len(eps),
-                            complete, backwards=backwards,
+                            complete, backwards=backwards, warm_up=_rises_to_plateau(
+                                rec.steps.get(rank, [])),
                             whole_epochs=complete_epochs(steps, pending),
                             serials=[s.opt_serial for s in steps],
                             step_backwards=[int(s.backwards or 0) for s in steps],
                             k_scheduled=bool(end.get("k_changes")) and "Lightning" in str(
                                 end.get("k_changes_by") or "Lightning"))
+
+
+def _rises_to_plateau(steps: list[JsonObject]) -> bool:
+    """Every optimizer's recorded learning rate never fell over the run and one of them rose:
+    a warm-up to a constant rate (a schedule that decays shows it falling)."""
+    by_opt: dict[object, list[float]] = {}
+    for s in steps:
+        lr = s.get("lr")
+        if isinstance(lr, (int, float)) and not isinstance(lr, bool):
+            by_opt.setdefault(s.get("optimizer_index"), []).append(float(lr))
+    rose = False
+    for rates in by_opt.values():
+        for a, b in zip(rates, rates[1:], strict=False):
+            if b < a * (1 - 1e-9):
+                return False
+            rose = rose or b > a * (1 + 1e-9)
+    return rose
 
 
 def _passes(steps: list[StepRecord], tail: JsonObject) -> tuple[int, bool]:
