@@ -213,13 +213,32 @@ def _inner_of(ctx: FileContext, wrappers: set[str]) -> dict[str, str]:
         # (only a choice by a flag, `model.module if ddp else model`: one by a test of the
         # micro-step, `ddp if j == n - 1 else ddp.module`, skips the reduction on purpose
         # until the window's last micro-step)
-        srcs = ([v.body, v.orelse] if isinstance(v.test, ast.Name | ast.Attribute) else []) \
+        srcs = ([v.body, v.orelse] if isinstance(v.test, ast.Name | ast.Attribute)
+                and not _micro_step_flag(ctx, v.test) else []) \
             if isinstance(v, ast.IfExp) else [v]
         src = next((d for e in srcs if (d := dotted(e)) in out), None)
         if src is not None and len(node.targets) == 1 and (d := dotted(node.targets[0])) is not None \
                 and len(ctx.values_by_name().get(d, [])) == 1:
             out[d] = out[src]
     return out
+
+
+def _micro_step_flag(ctx: FileContext, test: ast.AST) -> bool:
+    """``test`` is a name bound to a comparison of a loop's variable (``last = j ==
+    len(window) - 1``): a test of the micro-step, not a flag of the run (nanoGPT's ``ddp =
+    int(os.environ.get("RANK", -1)) != -1``)."""
+    if not isinstance(test, ast.Name):
+        return False
+    values = ctx.values_by_name().get(test.id, [])
+    if not values or not all(isinstance(v, ast.Compare) for v in values):
+        return False
+    for v in values:
+        loop = ctx.enclosing(v, (ast.For, ast.AsyncFor))
+        targets = {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)} \
+            if isinstance(loop, ast.For | ast.AsyncFor) else set()
+        if not targets & {n.id for n in ast.walk(v) if isinstance(n, ast.Name)}:
+            return False
+    return True
 
 
 def _compiled_inner(ctx: FileContext, inner: dict[str, str]) -> dict[str, tuple[str, ast.Assign]]:
