@@ -315,6 +315,14 @@ def _divides(x: LedgerStep, d: list[Any], op: str, v: float | None) -> bool:
     return str(d[0]) == op and x.near(float(d[1]), want)
 
 
+def _rank_means(judged: list[LedgerStep]) -> bool:
+    """Every rank's units weighed 1 in all before the factor after the backwards (its window's
+    mean, whatever constants the loss carried): a total off by W then comes from that factor."""
+    return all(x.factor and x.weights and all(
+        x.near(sum(w * c for w, c in zip(ws, x.counts.get(r, []), strict=False)) / x.factor, 1.0)
+        for r, ws in x.weights.items()) for x in judged)
+
+
 def _f10(judged: list[LedgerStep], world: int, target: float, k: int | None = None
          ) -> list[Finding]:
     s = judged[0]
@@ -366,15 +374,22 @@ def _f10(judged: list[LedgerStep], world: int, target: float, k: int | None = No
                f"{'a count with the world size as a factor' if global_n or abs(used - world) > 1e-9 else 'the world size'}"
                f" there ({path})")
     elif s.factor is not None and abs(s.factor * world - 1.0) > 1e-6 \
-            and all(not d for x in judged for d in x.divs):
-        # no constant between any loss call and its backward: the total is the engine's
-        # factor at work, not a weight the loop chose
-        why = (f"; every micro-step's loss was a plain mean (no constant between the loss "
-               f"call and its backward), and {engine}'s reduction multiplied the sum over the "
-               f"ranks by {s.factor:.4g} where an average over the {world} ranks is "
-               f"{1 / world:.4g}: the engine's own divisor (an FSDP2 "
-               f"set_gradient_divide_factor({1 / s.factor:g}), a hook) replaced the average "
-               "over the ranks")
+            and (plain := all(not d for x in judged for d in x.divs)) | (small and _rank_means(judged)):
+        # (a total of W under rank means is a sum over the ranks: a summing hook's own rule,
+        # or a hand reduction's, says so with the mechanism)
+        # no constant between any loss call and its backward, or constants that leave each
+        # rank's tokens weighing its own window's mean: the total is the factor applied
+        # after the backwards at work, not a weight the loop chose
+        how = ("every micro-step's loss was a plain mean (no constant between the loss "
+               "call and its backward)" if plain else
+               f"each rank's {u} weighed 1 in all before the reduction (the loss was its "
+               "window's mean)")
+        why = (f"; {how}, and what multiplied the gradients after the backwards ({engine}'s "
+               f"reduction, and anything the script did to .grad before the step) gave the sum "
+               f"over the ranks a factor of {s.factor:.4g} where an average over the {world} "
+               f"ranks is {1 / world:.4g}: a divisor of its own (an FSDP2 "
+               f"set_gradient_divide_factor({1 / s.factor:g}), a hook, .grad divided by the "
+               "world size by hand under DDP) replaced or repeated the average over the ranks")
     else:
         return [_mk("LOSS_SCALE", "note", None, s.step, None,
                     f"{seen}. That is what a loss divided by the world size gives on top of "
