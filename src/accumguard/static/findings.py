@@ -1398,6 +1398,12 @@ RULES: dict[str, Rule] = {
             "label the positions to skip with -100 (`labels[mask == 0] = -100`) and use "
             "ignore_index=-100, the value the Trainer's count leaves out",
         ),
+        _rule(
+            "AG381", "grads-divided-by-world-under-ddp", "F10", E, MED,
+            "the gradients are divided by the world size by hand while DDP/FSDP already "
+            "averaged them (DDP does not sum): the optimizer receives G / W",
+            "drop the division: DDP's all-reduce averages the gradients over the ranks",
+        ),
         # ---- config rules (accumguard check-config) ----
         _rule(
             "AG200", "config-invalid-value", "", E, HI,

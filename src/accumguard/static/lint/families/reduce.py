@@ -2,6 +2,7 @@
 
 AG107 gradients all-reduced with SUM and never divided by W (W x G).
 AG108 gradients reduced by hand on top of DDP/FSDP, which already averaged them.
+AG381 gradients divided by W by hand (no reduction of the script's) on top of DDP/FSDP's average.
 """
 
 from __future__ import annotations
@@ -285,3 +286,48 @@ def reduce_on_top_of_ddp(ctx: FileContext) -> Iterator[Finding]:
             **({"fix": "drop the hand SUM and multiply the loss by the world size instead "
                        "(DDP's average then gives the same mean)"} if restores else {}),
         )
+
+
+def _grad_world_division(ctx: FileContext) -> ast.AST | None:
+    """The first in-place division of a gradient by the world size (``p.grad.div_(world)``,
+    ``p.grad /= W``, ``g.mul_(1 / W)``), outside a branch for an unwrapped model."""
+    def grad_like(expr: ast.AST | None) -> bool:
+        return expr is not None and any(
+            (isinstance(x, ast.Attribute) and x.attr == "grad")
+            or (isinstance(x, ast.Name) and GRAD_TENSOR_RE.search(x.id) is not None)
+            for x in walk_all(expr))
+    for sub in ctx.of(ast.Call, ast.AugAssign):
+        if isinstance(sub, ast.AugAssign):
+            hit = isinstance(sub.op, ast.Div) and grad_like(sub.target) and ctx.mentions_world(sub.value)
+        else:
+            hit = (call_attr(sub) in ("div_", "true_divide_", "divide_") and bool(sub.args)
+                   and isinstance(sub.func, ast.Attribute) and grad_like(sub.func.value)
+                   and ctx.mentions_world(sub.args[0]))
+        if hit and not _under_wrapper_branch(ctx, sub) and not _in_unused_function(ctx, sub):
+            found: ast.AST = sub
+            return found
+    return None
+
+
+def _loss_times_world(ctx: FileContext) -> bool:
+    """A loss is multiplied by the world size somewhere (``loss * world / n_global``): a
+    division of the gradients by W may be its undoing."""
+    return any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult)
+               and any(ctx.mentions_world(side) for side in (n.left, n.right))
+               for n in ctx.of(ast.BinOp))
+
+
+@rule("AG381")
+def grads_divided_by_world_under_ddp(ctx: FileContext) -> Iterator[Finding]:
+    if not ctx.ddp_wrapped or any(True for _ in _gradient_reduces(ctx)):
+        return  # (a hand reduction is AG107's or AG108's)
+    node = _grad_world_division(ctx)
+    if node is None or _loss_times_world(ctx):
+        return
+    yield ctx.finding(
+        "AG381",
+        node,
+        "the gradients are divided by the world size by hand, with no reduction of the "
+        "script's own, while the model is wrapped in DDP/FSDP, whose backward already "
+        "averaged them over the ranks: the optimizer receives G / W",
+    )
