@@ -312,13 +312,24 @@ def _model_loss_without_count(ctx: FileContext, fn: ast.FunctionDef | ast.AsyncF
     return not _window_normalised(ctx, fn, node)
 
 
-def _scaled_flag(cls: ast.ClassDef) -> bool | None:
-    """The class's ``loss_is_scaled_for_ga`` (transformers 5), when set to a constant."""
+def _scaled_flag(cls: ast.ClassDef, ctx: FileContext | None = None, depth: int = 4) -> bool | None:
+    """The class's ``loss_is_scaled_for_ga`` (transformers 5), when set to a constant; with
+    ``ctx``, inherited from a base class of the file when the class does not set it (a team's
+    token-loss base class with ``loss_is_scaled_for_ga = True``, subclassed for a mean loss)."""
     for n in walk_all(cls):
         if isinstance(n, ast.Assign | ast.AnnAssign) and n.value is not None:
             targets = n.targets if isinstance(n, ast.Assign) else [n.target]
             if any((dotted(t) or "").endswith("loss_is_scaled_for_ga") for t in targets):
                 return n.value.value if isinstance(n.value, ast.Constant) and isinstance(n.value.value, bool) else None
+    if ctx is None or depth <= 0:
+        return None
+    classes = {c.name: c for c in ctx.of(ast.ClassDef) if isinstance(c, ast.ClassDef)}
+    for base in cls.bases:
+        parent = classes.get(dotted(base) or "")
+        if parent is not None and parent is not cls:
+            got = _scaled_flag(parent, ctx, depth - 1)
+            if got is not None:
+                return got
     return None
 
 
@@ -432,14 +443,14 @@ def hf_compute_loss_ignores_num_items(ctx: FileContext) -> Iterator[Finding]:
         if ga == 1:
             continue  # no accumulation: a micro-batch is the batch
         node, what = site
-        flag = _scaled_flag(cls)
+        flag = _scaled_flag(cls, ctx)
         by_k = next((n for n in walk_all(fn)
                      if (d := division(n)) is not None and ctx.mentions_accum(d[1])), None)
         k_note = (
             f"; it divides by K itself (`{ast.unparse(by_k)}`): the right scale when transformers "
             "5 counts the loss as normalised (the model's forward takes **kwargs), 1/K too "
             "small when the Trainer divides again" if by_k is not None else
-            "" if flag is False else
+            "" if flag is not None else
             "; and since the class does not set `loss_is_scaled_for_ga = False`, transformers 5 "
             "counts the loss as already normalised whenever the model's forward takes **kwargs "
             "(most HF models) and the batch has `labels`, and skips its own division by K: the "
@@ -451,8 +462,9 @@ def hf_compute_loss_ignores_num_items(ctx: FileContext) -> Iterator[Finding]:
             # divides the returned mean by K itself (no K x scale; a mean of means only)
             k_note = (f"; `{plain_model.name}.forward` takes no **kwargs, so the Trainer "
                       "divides the returned mean by K itself")
-        sure = not (ga is None or flag is False or by_k is not None or (
-            plain_model is not None and flag is not True))
+        sure = not (ga is None or flag is not None or by_k is not None or plain_model is not None)
+        # (flag True: the K x scale is certain and AG174's to say; the mean of means alone is
+        # exact on equal micro-batches, a warning like the other uncertain cases)
         # (only the K x scale makes it sure; a mean of means is exact when every micro-batch of
         # a window holds as many tokens or samples: a classifier on full batches)
         effect = ("so the tokens of short micro-batches weigh more than in the large batch "
@@ -478,7 +490,8 @@ def hf_compute_loss_ignores_num_items(ctx: FileContext) -> Iterator[Finding]:
             yield ctx.finding(
                 "AG174",
                 node,
-                f"`{cls.name}` sets `loss_is_scaled_for_ga = True`, so the Trainer does not "
+                f"`{cls.name}` " + ("sets" if _scaled_flag(cls) else "inherits")
+                + " `loss_is_scaled_for_ga = True`, so the Trainer does not "
                 f"divide the loss by K, but `compute_loss` returns a per-micro-batch mean "
                 f"({what}), not the window's share: the window's gradient is the sum of K "
                 "micro-batch means, K times the large batch's",
