@@ -12,7 +12,9 @@ Also through a method of the model's own class that sets a new module on ``self`
 ``fully_shard(model)`` (FSDP2 leaves the new parameters plain tensors on every rank).
 
 Under a data-parallel ``Fabric`` the wrap is ``fabric.setup(model, ...)`` (``student.hint =
-nn.Linear(...)`` after it: the same).
+nn.Linear(...)`` after it: the same); under FSDP2 it is ``fully_shard(model)``, which manages
+the parameters the module holds then (a head set afterwards stays a plain tensor on each
+rank, its gradient never reduced), unless the new module is sharded itself afterwards.
 
 Reported on the assignment when it runs after the wrap: below it in the same function, in
 another method of the class whose ``__init__`` wraps, or in a method called on the same
@@ -62,6 +64,8 @@ def _wraps(ctx: FileContext) -> list[tuple[ast.Call, str]]:
         if name in _DDP and name in DDP_WRAPPERS and c.args and (d := dotted(c.args[0])) or fabric_ddp and name in ("setup", "setup_module") and "fabric" in (dotted(c.func) or "").lower() \
                 and c.args and (d := dotted(c.args[0])):
             out.append((c, d))
+        elif name == "fully_shard" and c.args and (d := dotted(c.args[0])):
+            out.append((c, d))  # FSDP2 manages the parameters the module holds at the call
     return out
 
 
@@ -128,15 +132,18 @@ def module_set_after_ddp(ctx: FileContext) -> Iterator[Finding]:
         for wrap, model in wraps:
             if owner not in (model, f"{model}.module") or not _runs_after(ctx, node, wrap):
                 continue
-            if any(m == model and _runs_after(ctx, w, node) for w, m in wraps if w is not wrap):
-                continue  # wrapped again after the new module
-            by = "Fabric's DDP" if "setup" in ast.unparse(wrap.func) else "DDP's reducer"
+            target = ast.unparse(node.targets[0])
+            if any(m in (model, target) and _runs_after(ctx, w, node) for w, m in wraps if w is not wrap):
+                continue  # wrapped again after the new module (or the new module sharded itself)
+            fsdp = "fully_shard" in ast.unparse(wrap.func)
+            by = ("FSDP2" if fsdp else "Fabric's DDP" if "setup" in ast.unparse(wrap.func)
+                  else "DDP's reducer")
             yield ctx.finding(
                 "AG196", node,
                 f"`{ast.unparse(node.targets[0])}` gets a new "
                 f"`{(dotted(node.value.func) or 'module').rsplit('.', 1)[-1] if isinstance(node.value, ast.Call) else 'module'}`"
                 f" after `{ast.unparse(wrap.func)}({model}, ...)` (line {wrap.lineno}) wrapped "
-                f"the model: {by} holds the parameters the model had then, so this "
+                f"the model: {by} {'manages' if fsdp else 'holds'} the parameters the model had then, so this "
                 "module's gradients are never averaged over the ranks and each rank steps it on "
                 "its own",
                 fix="set the new module before the wrap (DDP(...), fabric.setup(...)) (and build the optimizer "

@@ -1,0 +1,23 @@
+# corpus: style=fsdp2 class=OK
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.fsdp import fully_shard
+
+
+def build(backbone, n_classes):
+    # the new head is set before the root is sharded: FSDP2 manages it
+    backbone.classifier = nn.Linear(backbone.dim, n_classes)
+    fully_shard(backbone)
+    return backbone
+
+
+def train(backbone, loader, k=4):
+    model = build(backbone, 10)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for i, (x, y) in enumerate(loader):
+        model.set_requires_gradient_sync((i + 1) % k == 0)
+        (F.cross_entropy(model(x), y) / k).backward()
+        if (i + 1) % k == 0:
+            opt.step()
+            opt.zero_grad()
