@@ -1,0 +1,1 @@
+python c_b03.py

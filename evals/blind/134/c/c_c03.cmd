@@ -1,0 +1,1 @@
+python c_c03.py
