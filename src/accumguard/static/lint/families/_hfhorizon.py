@@ -50,13 +50,20 @@ def _batch_sizes(ctx: FileContext) -> set[str]:
         ast.unparse(k.value) for c in ctx.of(ast.Call) for k in c.keywords if k.arg == _BATCH})
 
 
-def _loader_len_at(horizon: ast.AST, sizes: set[str]) -> bool:
-    """``len(DataLoader(ds, batch_size=<the per-device batch size>))`` in the horizon: the
+def _loader_len_at(ctx: FileContext, horizon: ast.AST, sizes: set[str]) -> bool:
+    """``len(DataLoader(ds, batch_size=<the per-device batch size>))`` in the horizon, inline or
+    through a name assigned that loader once (``count_loader = DataLoader(...)``): the
     micro-batches of one pass, counted by a loader of the Trainer's micro-batch size."""
     for n in ast.walk(horizon):
-        if isinstance(n, ast.Call) and dotted(n.func) == "len" and n.args \
-                and isinstance(n.args[0], ast.Call) and call_attr(n.args[0]) == "DataLoader":
-            bs = next((k.value for k in n.args[0].keywords if k.arg == "batch_size"), None)
+        if not (isinstance(n, ast.Call) and dotted(n.func) == "len" and n.args):
+            continue
+        loader: ast.AST = n.args[0]
+        if isinstance(loader, ast.Name):
+            values = ctx.values_by_name().get(loader.id, [])
+            loader = values[0] if len(values) == 1 else loader
+        if isinstance(loader, ast.Call) and call_attr(loader) == "DataLoader":
+            bs = next((k.value for k in loader.keywords if k.arg == "batch_size"),
+                      loader.args[1] if len(loader.args) > 1 else None)
             if bs is not None and ast.unparse(bs) in sizes:
                 return True
     return False
@@ -72,7 +79,7 @@ def hf_trainer_micro_horizon(ctx: FileContext, name: str, horizon: ast.AST,
     if k_outside_len:
         return None
     sizes = _batch_sizes(ctx)
-    if not divisors and not any(_loader_len_at(p, sizes) for p in (parts or [horizon])):
+    if not divisors and not any(_loader_len_at(ctx, p, sizes) for p in (parts or [horizon])):
         return None
     for d in divisors:
         text = ast.unparse(d)
