@@ -77,6 +77,17 @@ def _engine_walks(ctx: FileContext, loader: str, *, innermost: bool = False) -> 
     return False
 
 
+def _counted_loader(ctx: FileContext, parts: list[ast.AST]) -> str | None:
+    """The one loader whose ``len()`` a horizon's parts count, with no division and no K
+    outside it: a plain count of that loader's micro-batches."""
+    loaders = len_args(parts)
+    if len(loaders) != 1 or divides(parts) or any(
+            ctx.mentions_accum(n) for p in parts for n in outside_len(p)
+            if isinstance(n, ast.Name | ast.Attribute)):
+        return None
+    return next(iter(loaders))
+
+
 def _shown(source: ast.AST, parts: list[ast.AST]) -> str:
     text = f"`{ast.unparse(source)}`"
     return text + f" = `{ast.unparse(parts[1])}`" if len(parts) > 1 and isinstance(source, ast.Name) else text
@@ -103,13 +114,8 @@ def deepspeed_micro_horizons(ctx: FileContext) -> list[tuple[ast.AST, str]]:
             rets = [r.value for r in ast.walk(fn) if isinstance(r, ast.Return) and r.value is not None]
             source = rets[0] if len(rets) == 1 else source  # `self.total_training_steps()`
         parts = expand(ctx, source)
-        loaders = len_args(parts)
-        if len(loaders) != 1 or divides(parts) or any(
-                ctx.mentions_accum(n) for p in parts for n in outside_len(p)
-                if isinstance(n, ast.Name | ast.Attribute)):
-            continue
-        loader = next(iter(loaders))
-        if not _engine_walks(ctx, loader):
+        loader = _counted_loader(ctx, parts)
+        if loader is None or not _engine_walks(ctx, loader):
             continue
         out.append((horizon,
                     f"the config's {kind.value} `total_num_steps` "
@@ -162,14 +168,8 @@ def deepspeed_client_horizons(ctx: FileContext) -> list[tuple[ast.AST, str]]:
         if name is None or ga is None or ga < 2 or (built := _client_scheduler(ctx, name)) is None:
             continue
         ctor, horizon, what = built
-        parts = expand(ctx, horizon)
-        loaders = len_args(parts)
-        if len(loaders) != 1 or divides(parts) or any(
-                ctx.mentions_accum(n) for p in parts for n in outside_len(p)
-                if isinstance(n, ast.Name | ast.Attribute)):
-            continue
-        loader = next(iter(loaders))
-        if not _engine_walks(ctx, loader, innermost=True):
+        loader = _counted_loader(ctx, expand(ctx, horizon))
+        if loader is None or not _engine_walks(ctx, loader, innermost=True):
             continue
         kind = (dotted(ctor.func) or "").rsplit(".", 1)[-1]
         stepped = (f"`deepspeed.initialize` was given `{name}` and the engine steps it once per "
