@@ -378,6 +378,8 @@ def checkpoint_inside_window(ctx: FileContext) -> Iterator[Finding]:
     if not saves:
         return
     counters, ks = _k_moduli(ctx)
+    if not counters:
+        yield from _accelerate_checkpoint_inside_window(ctx, saves)
     if len(ks) > 1 or not counters:
         return
     k = next(iter(ks), None)  # (a checkpoint at the boundary needs no value of K)
@@ -482,3 +484,50 @@ def micro_counter_restored_from_steps(ctx: FileContext) -> Iterator[Finding]:
             f"every later one is shifted; start it at `{start} * K`",
         )
         return
+
+
+def _accelerate_k(ctx: FileContext) -> int | None:
+    """K of the file's ``Accelerator(gradient_accumulation_steps=K)`` (one integer for all),
+    when its loop steps inside ``accelerator.accumulate(...)``."""
+    if not any(call_attr(c) == "accumulate" for c in ctx.of(ast.Call)):
+        return None
+    ks = {ctx.int_value(k.value) for c in ctx.of(ast.Call)
+          if (dotted(c.func) or "").rsplit(".", 1)[-1] == "Accelerator"
+          for k in c.keywords if k.arg == "gradient_accumulation_steps"}
+    return ks.pop() if len(ks) == 1 else None
+
+
+def _accelerate_checkpoint_inside_window(ctx: FileContext, saves: list[ast.Call]) -> Iterator[Finding]:
+    """AG150's Accelerate shape: Accelerate counts the window itself (``accumulate()``), and
+    a fresh Accelerator counts from 0, so a training state saved every N batches with N not a
+    multiple of K and resumed with its batch counter starts a new window at the resume point:
+    the saved window's partial gradient is gone and every later window is shifted."""
+    k = _accelerate_k(ctx)
+    if k is None or k < 2 or any(call_attr(c) == "load_state" for c in ctx.of(ast.Call)):
+        return
+    for save in saves:
+        d = _payload(ctx, save)
+        if d is None or not _training_state(ctx, d):
+            continue
+        keys = {key.value: _identifiers(value) for key, value in zip(d.keys, d.values, strict=True)
+                if isinstance(key, ast.Constant) and isinstance(key.value, str) and dotted(value) is not None}
+        restores = _restores(ctx, {key: names for key, names in keys.items() if names})
+        saved: set[str] = set().union(*keys.values()) if keys else set()
+        if not restores:
+            continue
+        for test, mod in _triggers(ctx, save):
+            n = _bound_int(ctx, mod.right)
+            if n is None or n % k == 0 or not (_identifiers(mod.left) & saved):
+                continue
+            restore = restores[0]
+            yield ctx.finding(
+                "AG150",
+                test,
+                f"a checkpoint every {n} batches (`{ast.unparse(test.test)}`) while Accelerate "
+                f"steps every {k} (`accumulate()`): a checkpoint inside a window keeps the weights "
+                "and the optimizer but not the gradient accumulated since the window began, and "
+                f"the resume restores the counter (`{ast.unparse(restore)}`, line {restore.lineno}) "
+                "into an Accelerator that counts its windows from 0 again: the saved window's "
+                "first batches are lost and every later window is shifted",
+            )
+            return
