@@ -23,7 +23,7 @@ from accumguard.static.lint._ast import OPTIMIZER_CLASSES, call_attr, dotted, la
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._parallel import multi_device
-from accumguard.static.lint.families.unreduced import _reduces_by_hand
+from accumguard.static.lint.families.unreduced import reduces_grads_by_hand
 
 __all__ = ["module_fabric_never_set_up"]
 
@@ -103,7 +103,7 @@ def _module_attrs(ctx: FileContext, root: str) -> set[str] | None:
 
 @rule("AG341")
 def module_fabric_never_set_up(ctx: FileContext) -> Iterator[Finding]:
-    if not _data_parallel_fabric(ctx) or _reduces_by_hand(ctx):
+    if not _data_parallel_fabric(ctx) or reduces_grads_by_hand(ctx):
         return
     done = _set_up(ctx)
     if not done:

@@ -8,7 +8,8 @@ loss weights kept as an attribute of the Trainer (``self.score_head = score_head
 override listing ``self.score_head.parameters()``, or ``self.logit_scale`` itself in a param
 group) is never averaged: each process steps its
 own copy on its own gradient. Reported when the file never registers it in the model
-(``model.add_module(...)``, ``setattr(model, ...)``, ``model.x = ...``); an error when the
+(``model.add_module(...)``, ``setattr(model, ...)``, ``model.x = ...``) and reduces no
+gradient by hand (a ``TrainerCallback`` all-reducing its ``.grad``); an error when the
 file's ``TrainingArguments`` set a ``ddp_*`` option (the run is meant for several
 processes), a warning otherwise (on one process the two are the same).
 """
@@ -24,6 +25,7 @@ from accumguard.static.lint._ast import call_attr, dotted, last_part, walk_all
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._hftrainer import trainer_methods
+from accumguard.static.lint.families.unreduced import reduces_grads_by_hand
 
 __all__ = ["module_held_on_the_trainer"]
 
@@ -63,6 +65,8 @@ def _multi_process(ctx: FileContext) -> bool:
 
 @rule("AG325")
 def module_held_on_the_trainer(ctx: FileContext) -> Iterator[Finding]:
+    if reduces_grads_by_hand(ctx):
+        return  # (a callback or hook averaging the held parameter's .grad itself)
     for cls, init in trainer_methods(ctx, "__init__"):
         held = _held(init)
         if not held:

@@ -43,7 +43,7 @@ from accumguard.static.lint._ast import DDP_WRAPPERS, FUNCS, dotted
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._parallel import multi_device
-from accumguard.static.lint.families.unreduced import _reduces_by_hand
+from accumguard.static.lint.families.unreduced import reduces_grads_by_hand
 
 __all__ = ["made_in_configure_optimizers", "module_replaced_by_a_model_method_after_wrap", "module_set_after_ddp",
            "parameters_assigned_after_wrap"]
@@ -122,7 +122,7 @@ def _runs_after(ctx: FileContext, node: ast.AST, wrap: ast.Call) -> bool:
 @rule("AG196")
 def module_set_after_ddp(ctx: FileContext) -> Iterator[Finding]:
     wraps = _wraps(ctx)
-    if not wraps or _reduces_by_hand(ctx):
+    if not wraps or reduces_grads_by_hand(ctx):
         return
     for node in ctx.of(ast.Assign):
         if len(node.targets) != 1 or not isinstance(node.targets[0], ast.Attribute) \
@@ -211,7 +211,7 @@ def module_replaced_by_a_model_method_after_wrap(ctx: FileContext) -> Iterator[F
     ``fully_shard(model)``: the new module's parameters are not in DDP's reducer, nor in any
     FSDP2 unit (plain tensors on each rank), so nothing averages their gradients."""
     methods = _replacing_methods(ctx)
-    if not methods or _reduces_by_hand(ctx):
+    if not methods or reduces_grads_by_hand(ctx):
         return
     wraps = [(c, d) for c in ctx.of(ast.Call)
              if (dotted(c.func) or "").rsplit(".", 1)[-1] in _DDP | {"fully_shard"}
@@ -247,7 +247,7 @@ def _new_parameter(value: ast.AST) -> bool:
 @rule("AG356")
 def made_in_configure_optimizers(ctx: FileContext) -> Iterator[Finding]:
     trainers = [c for c in ctx.of(ast.Call) if (dotted(c.func) or "").rsplit(".", 1)[-1] == "Trainer"]
-    if not trainers or not all(multi_device(c) for c in trainers) or _reduces_by_hand(ctx) \
+    if not trainers or not all(multi_device(c) for c in trainers) or reduces_grads_by_hand(ctx) \
             or any("deepspeed" in ast.unparse(k.value).lower() for c in trainers for k in c.keywords
                    if k.arg == "strategy"):
         return  # (DeepSpeed's strategy builds its engine from configure_optimizers' result)
@@ -297,7 +297,7 @@ def parameters_assigned_after_wrap(ctx: FileContext) -> Iterator[Finding]:
     ones, which the forward uses and an optimizer built after steps, are averaged by nothing.
     Not FSDP2: ``fully_shard`` re-registers what ``load_state_dict(assign=True)`` puts in
     place (a post-load hook; the meta-device initialisation loads DTensors that way)."""
-    if _reduces_by_hand(ctx):
+    if reduces_grads_by_hand(ctx):
         return
     wraps = _wrapped_names(ctx)
     for call in ctx.of(ast.Call):

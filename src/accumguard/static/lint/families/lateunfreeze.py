@@ -24,7 +24,7 @@ from accumguard.static.findings import Finding
 from accumguard.static.lint._ast import FUNCS, call_attr, dotted
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
-from accumguard.static.lint.families.unreduced import _reduces_by_hand
+from accumguard.static.lint.families.unreduced import reduces_grads_by_hand
 from accumguard.static.lint.families.wrapbypass import _freezes
 
 __all__ = ["adapter_added_after_prepare", "unfrozen_after_prepare"]
@@ -50,7 +50,7 @@ def _after(ctx: FileContext, node: ast.AST, prep: ast.Call) -> bool:
 @rule("AG346")
 def unfrozen_after_prepare(ctx: FileContext) -> Iterator[Finding]:
     preps = _prepares(ctx)
-    if not preps or _reduces_by_hand(ctx):
+    if not preps or reduces_grads_by_hand(ctx):
         return  # (gradients reduced by hand: the script may average them itself)
     toggles = [(n, got) for n in ctx.of(ast.Call, ast.Assign) if (got := _freezes(n))]
     peft = any((dotted(c.func) or "").rsplit(".", 1)[-1] == "get_peft_model" for c in ctx.of(ast.Call))
@@ -81,7 +81,7 @@ def adapter_added_after_prepare(ctx: FileContext) -> Iterator[Finding]:
     then ``set_adapter``): its parameters are made after Accelerate's DDP was built, so no
     reducer holds them. Silent when the model is prepared again after it."""
     preps = _prepares(ctx)
-    if not preps or _reduces_by_hand(ctx):
+    if not preps or reduces_grads_by_hand(ctx):
         return
     model_preps = [p for p in preps if any("model" in (dotted(a) or "").lower() or
                                            isinstance(a, ast.Name) for a in p.args)]

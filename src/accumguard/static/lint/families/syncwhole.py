@@ -91,14 +91,14 @@ def _fabric_block(call: ast.Call) -> bool:
     return not (isinstance(enabled, ast.Constant) and enabled.value is False)
 
 
-def _reduces_by_hand(ctx: FileContext) -> bool:
+def reduces_grads_by_hand(ctx: FileContext) -> bool:
     return any(call_attr(c) in ("all_reduce", "all_reduce_coalesced", "reduce_scatter",
                                 "all_gather", "reduce") for c in ctx.of(ast.Call))
 
 
 @rule("AG111")
 def whole_window_under_no_sync(ctx: FileContext) -> Iterator[Finding]:
-    if _reduces_by_hand(ctx):
+    if reduces_grads_by_hand(ctx):
         return
     for with_ in ctx.of(ast.With):
         ctxs = [i.context_expr for i in with_.items]

@@ -53,7 +53,7 @@ from accumguard.static.lint._ast import (
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 
-__all__ = ["copy_reduced_not_written_back", "fsdp_ignored", "fsdp_ignored_params_never_reduced", "loop_variable_rebound", "generator_spent_before_write_back", "list_built_before_unfreeze",
+__all__ = ["copy_reduced_not_written_back", "reduces_grads_by_hand", "fsdp_ignored", "fsdp_ignored_params_never_reduced", "loop_variable_rebound", "generator_spent_before_write_back", "list_built_before_unfreeze",
            "module_outside_the_wrapper",
            "outside_modules", "reduce_over_one_group", "reduces_an_outside_module"]
 
@@ -196,7 +196,10 @@ def _given_away(ctx: FileContext, ref: str) -> bool:
                                               for t in n.targets) for n in ctx.of(ast.Assign))
 
 
-def _reduces_by_hand(ctx: FileContext) -> bool:
+def reduces_grads_by_hand(ctx: FileContext) -> bool:
+    """The script all-reduces (or reduce-scatters) a gradient itself somewhere
+    (``dist.all_reduce(p.grad)``, a callback averaging a held parameter's ``.grad``): the
+    rules about gradients nothing averages stay silent."""
     for call in ctx.of(ast.Call):
         if call_attr(call) in _REDUCERS and call.args and ".grad" in ast.unparse(call.args[0]):
             return True
@@ -261,7 +264,7 @@ def reduces_an_outside_module(ctx: FileContext, reduce: ast.AST) -> bool:
 
 @rule("AG180")
 def module_outside_the_wrapper(ctx: FileContext) -> Iterator[Finding]:
-    if _reduces_by_hand(ctx):
+    if reduces_grads_by_hand(ctx):
         return
     for ref, cls, opt in outside_modules(ctx):
         what = (f"a `{cls}`, which holds an nn.Parameter" if cls

@@ -26,7 +26,7 @@ from accumguard.static.lint._ast import OPTIMIZER_CLASSES, call_attr, dotted, la
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._rule import rule
 from accumguard.static.lint.families._parallel import data_parallel
-from accumguard.static.lint.families.unreduced import _in_module_class, _reduces_by_hand
+from accumguard.static.lint.families.unreduced import _in_module_class, reduces_grads_by_hand
 
 __all__ = ["grad_tensor_outside_the_reduction", "submodule_wrapped_in_place",
            "trained_parameters_ignored_by_ddp"]
@@ -90,7 +90,7 @@ def grad_tensor_outside_the_reduction(ctx: FileContext) -> Iterator[Finding]:
     attribute of a module, ``self.log_std = torch.full(..., requires_grad=True)``) in a
     data-parallel file, that an optimizer steps: the wrappers reduce the gradients of
     parameters only."""
-    if not data_parallel(ctx) or _reduces_by_hand(ctx):
+    if not data_parallel(ctx) or reduces_grads_by_hand(ctx):
         return
     for node, attr, kind in _grad_tensors(ctx):
         opt = _tensor_stepped(ctx, attr)
@@ -131,7 +131,7 @@ def trained_parameters_ignored_by_ddp(ctx: FileContext) -> Iterator[Finding]:
     """AG359 (F10): ``DDP._set_params_and_buffers_to_ignore_for_model(model, names)`` with
     names taken from ``named_parameters()`` (not only buffers) and not filtered to the frozen
     ones: DDP never all-reduces an ignored parameter's gradient, so each rank steps its own."""
-    if _reduces_by_hand(ctx):
+    if reduces_grads_by_hand(ctx):
         return
     for call in ctx.of(ast.Call):
         if call_attr(call) != "_set_params_and_buffers_to_ignore_for_model" or len(call.args) < 2:
@@ -173,7 +173,7 @@ def submodule_wrapped_in_place(ctx: FileContext) -> Iterator[Finding]:
     each rank's own gradient."""
     wraps = [c for c in ctx.of(ast.Call) if (dotted(c.func) or "").rsplit(".", 1)[-1]
              in ("DDP", "DistributedDataParallel", "fully_shard", "FSDP", "FullyShardedDataParallel")]
-    if len(wraps) != 1 or _reduces_by_hand(ctx):
+    if len(wraps) != 1 or reduces_grads_by_hand(ctx):
         return
     wrap = wraps[0]
     owner = ctx.parents.get(wrap)
