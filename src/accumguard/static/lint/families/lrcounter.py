@@ -26,9 +26,10 @@ from accumguard.static.lint._ast import FUNCS, dotted, sum_terms, walk_all, walk
 from accumguard.static.lint._context import FileContext
 from accumguard.static.lint._ctx_boundary import bound_argument
 from accumguard.static.lint._rule import rule
+from accumguard.static.lint.families._horizonexpr import lambda_body
 from accumguard.static.lint.families.deepspeed import _name_values
 
-__all__ = ["lr_from_lightning_batch_idx", "lr_from_micro_counter", "update_counter_started_from_micro_batches"]
+__all__ = ["lambda_from_lightning_loop_counter", "lr_from_lightning_batch_idx", "lr_from_micro_counter", "update_counter_started_from_micro_batches"]
 
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
 
@@ -405,6 +406,55 @@ def lr_from_lightning_batch_idx(ctx: FileContext) -> Iterator[Finding]:
             "it once per optimizer step)",
             fix="compute it from `trainer.global_step` (optimizer steps), or use an LR scheduler "
                 "with interval 'step' in configure_optimizers",
+        )
+        yield f if k is not None else replace(f, severity=Severity.WARNING, confidence=Confidence.LOW)
+
+
+def _resolved_attr(ctx: FileContext, node: ast.Attribute, scope: ast.AST) -> str:
+    """``loop.total_batch_idx`` with ``loop = self.trainer.fit_loop`` assigned once in
+    ``scope``: ``self.trainer.fit_loop.total_batch_idx``."""
+    text = dotted(node) or ""
+    head, _, rest = text.partition(".")
+    values = ctx.assigned_in(scope).get(head, []) if rest else []
+    if len(values) == 1 and (base := dotted(values[0])) is not None:
+        return f"{base}.{rest}"
+    return text
+
+
+@rule("AG130")
+def lambda_from_lightning_loop_counter(ctx: FileContext) -> Iterator[Finding]:
+    """A ``LambdaLR`` whose function ignores the step it is given and reads one of the
+    Lightning loop's batch counters instead (``loop = self.trainer.fit_loop`` then
+    ``loop.total_batch_idx``), with ``accumulate_grad_batches`` > 1: the counter advances K
+    per optimizer step, the scheduler once, so the schedule runs K times fast."""
+    k, given = _lightning_k(ctx)
+    if not given or k == 1:
+        return
+    for call in ctx.of(ast.Call):
+        if (dotted(call.func) or "").rsplit(".", 1)[-1] != "LambdaLR":
+            continue
+        fn = lambda_body(ctx, call)
+        if fn is None or not fn.args.args:
+            continue
+        step = fn.args.args[0].arg
+        body: list[ast.AST] = [fn.body] if isinstance(fn, ast.Lambda) else list(fn.body)
+        if any(isinstance(n, ast.Name) and n.id == step for b in body for n in walk_all(b)):
+            continue  # it reads its step
+        scope = ctx.enclosing(fn, FUNCS) or ctx.tree
+        counter = next((r for b in body for n in walk_all(b) if isinstance(n, ast.Attribute)
+                        and (r := _resolved_attr(ctx, n, scope)).endswith(_LOOP_COUNTERS)), None)
+        if counter is None:
+            continue
+        f = ctx.finding(
+            "AG130",
+            call,
+            f"the LambdaLR's function ignores the step it is given and reads `{counter}`, which "
+            "counts micro-batches, while `accumulate_grad_batches`"
+            + (f" = {k}" if k is not None else " is set")
+            + ": Lightning steps the scheduler once per optimizer step, but the rate it computes "
+            "advances K positions per step, so the schedule runs K times fast",
+            fix="compute the factor from the step LambdaLR passes (it counts the scheduler's "
+                "steps), or from `trainer.global_step`",
         )
         yield f if k is not None else replace(f, severity=Severity.WARNING, confidence=Confidence.LOW)
 
