@@ -658,3 +658,26 @@ def test_a_trainer_loss_skipping_the_pad_id_it_counts_is_loss_scale_on_windows()
     assert "lint AG379" in kept[0].evidence and "backward passes" in kept[0].evidence
     ok = ["python", str(corpus / "ok_hf_loss_func_maps_ignored_to_pad_id.py")]
     assert scale_source_findings(rec, findings, ok) == []
+
+
+def test_a_lightning_lambda_reading_the_batch_counter_is_f4_when_the_run_confirms() -> None:
+    """Blind round 135 c_b02, recorded on 2 gloo ranks: a Lightning `LambdaLR` whose function
+    ignores its step and reads `trainer.fit_loop.total_batch_idx` (micro-batches) under
+    `accumulate_grad_batches=3`: the warm-up and decay run 3 times fast. The run alone sees a
+    schedule that moves; lint's AG130 is kept as F4 on the K >= 2 windows with the rate
+    moving; not for the twin whose lambda reads its step."""
+    from accumguard.observe.rules import analyze
+    from accumguard.watch._findings import load_recordings
+    from accumguard.watch._source_claims import schedule_source_findings
+    from tests.helpers import RECORDED
+
+    corpus = Path(__file__).parents[1] / "lint_corpus"
+    rec = load_recordings(RECORDED / "r135_lightning_lambda_reads_batch_counter")
+    findings, _, _ = analyze(rec, k_flag=None)
+    assert not [f for f in findings if f.severity == "error"], findings  # the run alone: silent
+    bug = ["python", str(corpus / "bug_lightning_lambda_reads_batch_counter.py")]
+    kept = schedule_source_findings(rec, findings, bug)
+    assert [(f.cls, f.severity) for f in kept] == [("F4", "error")], kept
+    assert "lint AG130" in kept[0].evidence and "once per 3 backward passes" in kept[0].evidence
+    ok = ["python", str(corpus / "ok_lightning_lambda_reads_its_step.py")]
+    assert schedule_source_findings(rec, findings, ok) == []
