@@ -1,0 +1,1 @@
+torchrun --nproc-per-node 2 --master-addr 127.0.0.1 --master-port 49014 a_b02_fixed.py

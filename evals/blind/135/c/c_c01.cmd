@@ -1,0 +1,1 @@
+torchrun --nproc-per-node 2 --master-addr 127.0.0.1 --master-port 49211 c_c01.py
