@@ -3,7 +3,9 @@
 accelerator.accumulate(model):`` advances only on the sync steps (once per window; times
 ``num_processes``, which a horizon read from the loader *before* ``prepare`` already counts),
 so a horizon of ``epochs * len(loader)`` micro-batches with no division by K is K times long.
-A horizon read from the prepared (per-process) loader is off by K / W: not judged here."""
+A horizon read from the prepared (per-process) loader is off by K / W: not judged here, unless
+it is multiplied by ``num_processes`` (the recipe of Accelerate's examples without its
+``/ gradient_accumulation_steps``): then it is K times long as well."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import ast
 
 from accumguard.static.lint._ast import call_attr, dotted, receiver, walk_all
 from accumguard.static.lint._context import FileContext
+from accumguard.static.lint.families._horizonexpr import multiplies_by_world
 from accumguard.static.lint.families._modguard import k_values
 
 __all__ = ["accelerate_ga_above_one", "accelerate_micro_horizon"]
@@ -93,9 +96,12 @@ def accelerate_micro_horizon(ctx: FileContext, name: str, parts: list[ast.AST],
         return None  # (an unprepared scheduler stepped on every micro-batch is AG103's)
     lens = [n for p in parts for n in walk_all(p) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
             and n.func.id == "len" and len(n.args) == 1 and dotted(n.args[0]) in loaders]
-    for n in lens:  # read after the loader was prepared: one process's shard, off by K / W
-        if prepared and any(dotted(t) == dotted(n.args[0]) and line < n.lineno for ts, _, line in prepares for t in ts):
-            return None
+    # read after the loader was prepared: one process's shard, off by K / W; times
+    # `num_processes` (the scheduler's steps per optimizer step) it is K times long again
+    if prepared and any(dotted(t) == dotted(n.args[0]) and line < n.lineno
+                        for n in lens for ts, _, line in prepares for t in ts) \
+            and not multiplies_by_world(parts, ctx):
+        return None
     # the prepared loader: the prepare output at the position of a counted loader
     prepared_as: dict[str, str] = {}
     for ts, call, _ in prepares:
@@ -118,6 +124,8 @@ def accelerate_micro_horizon(ctx: FileContext, name: str, parts: list[ast.AST],
     todo: list[ast.AST] = list(parts)
     while todo:  # the horizon's arithmetic, outside len(...)
         node = todo.pop()
+        if isinstance(node, ast.Call) and (dotted(node.func) or "").rsplit(".", 1)[-1] == "Accelerator":
+            continue  # (the value of `accelerator` in `accelerator.num_processes`, not arithmetic)
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div | ast.FloorDiv):
             return None  # scaled by something: not a plain count of batches
         if isinstance(node, ast.Name | ast.Attribute) and ctx.mentions_accum(node):
