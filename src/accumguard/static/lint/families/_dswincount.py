@@ -10,6 +10,7 @@ import ast
 
 from accumguard.static.lint._ast import FUNCS, call_attr, dotted, walk_all
 from accumguard.static.lint._context import FileContext
+from accumguard.static.lint._ctx_boundary import bound_argument
 
 __all__ = ["helper_window_division"]
 
@@ -57,13 +58,11 @@ def _normalised_by(ctx: FileContext, value: ast.AST, counts: set[str]) -> tuple[
         fn = ctx.callee_of(call)
         if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
             continue
-        params = [a.arg for a in fn.args.args]
-        if params and params[0] == "self" and isinstance(call.func, ast.Attribute):
-            params = params[1:]
-        for i, arg in enumerate(call.args):
-            if dotted(arg) in counts and i < len(params):
+        for param in (a.arg for a in fn.args.args):
+            arg = bound_argument(fn, call, param)
+            if arg is not None and dotted(arg) in counts:
                 rets = [r.value for r in walk_all(fn) if isinstance(r, ast.Return) and r.value is not None]
-                if rets and all(_divides_by(r, params[i]) for r in rets) and _sums(fn) \
+                if rets and all(_divides_by(r, param) for r in rets) and _sums(fn) \
                         and not any(_names_k(ctx, r) for r in rets):
                     return dotted(arg) or "", fn
     return None

@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from accumguard.static.findings import Finding
 from accumguard.static.lint._ast import call_attr, dotted, receiver
 from accumguard.static.lint._context import FileContext
+from accumguard.static.lint._ctx_boundary import bound_argument
 from accumguard.static.lint._rule import rule
 
 __all__ = ["window_helper_gated_again", "window_hook_gated_again", "wrapper_gated_twice"]
@@ -216,12 +217,7 @@ def _k_items(ctx: FileContext, expr: ast.AST | None) -> bool:
 def _given(ctx: FileContext, site: ast.Call, fn: ast.FunctionDef | ast.AsyncFunctionDef,
            param: str) -> ast.AST | None:
     """What ``site`` passes for ``param`` of ``fn``, a name followed to its one value."""
-    params = [a.arg for a in fn.args.args]
-    if params and params[0] == "self" and isinstance(site.func, ast.Attribute):
-        params = params[1:]
-    given: ast.AST | None = next((k.value for k in site.keywords if k.arg == param), None)
-    if given is None and param in params and params.index(param) < len(site.args):
-        given = site.args[params.index(param)]
+    given = bound_argument(fn, site, param)
     if isinstance(given, ast.Name):
         values = ctx.assigned_in(ctx.scope_of(site)).get(given.id, [])
         given = values[0] if len(values) == 1 else given
